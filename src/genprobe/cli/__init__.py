@@ -1,0 +1,52 @@
+"""The ``genprobe`` command. Thin: parses arguments, calls library functions, prints.
+
+Each sub-command lives in a module ``genprobe.cli.cmd_<name>`` exposing ``register(subparsers)``;
+modules are discovered, so adding a command never edits this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+import warnings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Assemble the parser from every ``cmd_*`` module of this package."""
+    parser = argparse.ArgumentParser(
+        prog="genprobe",
+        description="Measure and fix the inference-time behaviour of autoregressive transformer LMs.",
+    )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"genprobe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("cmd_"):
+            importlib.import_module(f"{__name__}.{info.name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    warnings.simplefilter("default")
+    try:
+        rc = args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"genprobe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Character-level tokenizer: ``<pad>`` = 0, ``<unk>`` = 1 (as in the seed), then the V most frequent characters."""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+
+PAD_ID = 0
+UNK_ID = 1
+PAD_TOKEN = "<pad>"
+UNK_TOKEN = "<unk>"
+SPECIALS = (PAD_TOKEN, UNK_TOKEN)
+
+
+class UnknownCharactersWarning(UserWarning):
+    """Emitted when encoded text contains characters outside the vocabulary."""
+
+
+@dataclass
+class EncodeResult:
+    """Token ids plus the characters that had to become ``<unk>`` (in order of first appearance)."""
+
+    ids: list[int]
+    unknown_chars: list[str]
+    unknown_positions: list[int]
+
+
+class CharTokenizer:
+    """Maps characters to ids; anything outside the top-V characters becomes ``<unk>``."""
+
+    def __init__(self, chars: list[str]):
+        if len(set(chars)) != len(chars):
+            raise ValueError("vocabulary characters must be unique")
+        for c in chars:
+            if len(c) != 1:
+                raise ValueError(f"vocabulary entries must be single characters, got {c!r}")
+        self.chars: list[str] = list(chars)
+        self.itos: list[str] = list(SPECIALS) + self.chars
+        self.stoi: dict[str, int] = {c: i + len(SPECIALS) for i, c in enumerate(self.chars)}
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_text(cls, text: str, max_chars: int = 1200) -> "CharTokenizer":
+        """Keep the ``max_chars`` most frequent characters of ``text`` (ties: first occurrence)."""
+        if max_chars < 1:
+            raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+        counts = Counter(text)
+        return cls([c for c, _ in counts.most_common(max_chars)])
+
+    @classmethod
+    def from_itos(cls, itos: list[str]) -> "CharTokenizer":
+        """Rebuild from a saved id→token list (specials first)."""
+        if list(itos[: len(SPECIALS)]) != list(SPECIALS):
+            raise ValueError(f"vocabulary must start with {SPECIALS}, got {itos[:2]}")
+        return cls(list(itos[len(SPECIALS):]))
+
+    # ---- properties -------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids including specials."""
+        return len(self.itos)
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the id→token list; two tokenizers match iff fingerprints match."""
+        return hashlib.sha256("\n".join(self.itos).encode("utf-8")).hexdigest()
+
+    def coverage(self, text: str) -> dict:
+        """Share of characters of ``text`` inside the vocabulary and the ``<unk>`` share of positions."""
+        if not text:
+            return {"chars": 0, "coverage": 0.0, "unk_share": 0.0}
+        known = sum(1 for c in text if c in self.stoi)
+        return {"chars": len(text), "coverage": known / len(text), "unk_share": 1.0 - known / len(text)}
+
+    # ---- encode / decode ----------------------------------------------------------------
+    def encode_with_report(self, text: str) -> EncodeResult:
+        """Encode and report which characters became ``<unk>``."""
+        ids: list[int] = []
+        unknown: list[str] = []
+        positions: list[int] = []
+        for i, c in enumerate(text):
+            t = self.stoi.get(c)
+            if t is None:
+                ids.append(UNK_ID)
+                positions.append(i)
+                if c not in unknown:
+                    unknown.append(c)
+            else:
+                ids.append(t)
+        return EncodeResult(ids=ids, unknown_chars=unknown, unknown_positions=positions)
+
+    def encode(self, text: str, warn: bool = True) -> list[int]:
+        """Encode ``text``; warn (UnknownCharactersWarning) naming characters that became ``<unk>``."""
+        res = self.encode_with_report(text)
+        if warn and res.unknown_chars:
+            warnings.warn(
+                f"{len(res.unknown_positions)} character(s) of the prompt are not in the vocabulary "
+                f"and encode to <unk>: {''.join(res.unknown_chars)!r} "
+                f"(the corpus may use a different script, e.g. traditional vs simplified)",
+                UnknownCharactersWarning,
+                stacklevel=2,
+            )
+        return res.ids
+
+    def decode(self, ids, show_unk: bool = False, unk_text: str = UNK_TOKEN) -> str:
+        """Ids → text. ``<pad>`` is always dropped; ``<unk>`` is dropped unless ``show_unk``."""
+        out = []
+        for t in ids:
+            t = int(t)
+            if t == PAD_ID:
+                continue
+            if t == UNK_ID:
+                if show_unk:
+                    out.append(unk_text)
+                continue
+            if not 0 <= t < len(self.itos):
+                raise ValueError(f"token id {t} outside vocabulary of size {len(self.itos)}")
+            out.append(self.itos[t])
+        return "".join(out)
+
+    def token_str(self, t: int) -> str:
+        """Display string of one id (specials as ``<pad>``/``<unk>``)."""
+        return self.itos[int(t)]
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form."""
+        return {"type": "char", "itos": self.itos, "pad_id": PAD_ID, "unk_id": UNK_ID}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CharTokenizer":
+        """Inverse of :meth:`to_dict`."""
+        if d.get("type") != "char" or "itos" not in d:
+            raise ValueError("not a genprobe char tokenizer description")
+        return cls.from_itos(d["itos"])

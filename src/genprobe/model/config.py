@@ -1,0 +1,58 @@
+"""The one configuration dataclass of the reference GPT (defaults = the seed chapter's table)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+POS_ENCODINGS = ("learned", "rope", "alibi", "none")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Hyper-parameters of the reference model; defaults reproduce seed §3.1.6 (≈426k parameters).
+
+    ``vocab_size`` = 1,200 characters + ``<pad>`` + ``<unk>``.
+    """
+
+    vocab_size: int = 1202
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 128
+    d_ff: int = 256
+    block_size: int = 64
+    pos_encoding: str = "learned"
+    dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_ff", "block_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {v!r}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if self.pos_encoding not in POS_ENCODINGS:
+            raise ValueError(f"pos_encoding must be one of {POS_ENCODINGS}, got {self.pos_encoding!r}")
+        if self.pos_encoding == "rope" and (self.d_model // self.n_head) % 2:
+            raise ValueError("rope needs an even head dimension")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def d_head(self) -> int:
+        """Per-head dimension."""
+        return self.d_model // self.n_head
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        """Build from a dict, refusing unknown keys (a config for another model family)."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown GPTConfig keys: {sorted(unknown)}")
+        return cls(**d)

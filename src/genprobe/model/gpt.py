@@ -1,0 +1,292 @@
+"""The reference GPT: GPT-2 layout (pre-LN, GELU, tied embeddings) with one position-driven forward.
+
+Every phase — training, prefill, single-token decode, chunked prefill, multi-token verification —
+goes through :meth:`GPT.forward`. Visibility is decided from *absolute positions* (a key is visible
+to a query iff ``pos_k <= pos_q``, it is not padding, and, when packing, it belongs to the same
+document), never from tensor indices. That is what makes a cache, left padding, a sliding window
+and packing one code path instead of four (seed §3.9, §3.10).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import GPTConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.cache import KVCache
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """Per-head ALiBi slopes (Press et al. 2022), geometric from 2^(-8/n)."""
+
+    def _pow2(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * (start**i) for i in range(n)]
+
+    if math.log2(n_head).is_integer():
+        s = _pow2(n_head)
+    else:
+        closest = 2 ** math.floor(math.log2(n_head))
+        s = _pow2(closest) + _pow2(2 * closest)[0::2][: n_head - closest]
+    return torch.tensor(s, dtype=torch.float32)
+
+
+def rope_rotate(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotate (B, H, T, Dh) by absolute ``positions`` (B, T) — rotate-half (NeoX/Llama) convention."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = positions.to(torch.float32)[:, None, :, None] * inv_freq  # (B,1,T,d/2)
+    cos = torch.cat([ang.cos(), ang.cos()], dim=-1).to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], dim=-1).to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    rot = torch.cat([-x2, x1], dim=-1)
+    return x * cos + rot * sin
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head attention with a fused QKV projection (GPT-2 ``c_attn``) and output ``c_proj``."""
+
+    def __init__(self, cfg: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.cfg = cfg
+        self.layer_idx = layer_idx
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.attn_dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+        cache: "KVCache | None",
+        alibi: torch.Tensor | None,
+        attn_store: list | None,
+    ) -> torch.Tensor:
+        B, T, C = x.shape
+        H, Dh = self.cfg.n_head, self.cfg.d_head
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, H, Dh).transpose(1, 2)
+        k = k.view(B, T, H, Dh).transpose(1, 2)
+        v = v.view(B, T, H, Dh).transpose(1, 2)
+        if self.cfg.pos_encoding == "rope":
+            q = rope_rotate(q, positions, self.cfg.rope_base)
+            k = rope_rotate(k, positions, self.cfg.rope_base)
+        if cache is not None:
+            # Keys/values of this step are written in place; attention reads the live region.
+            k, v = cache.write(self.layer_idx, k, v)
+        mask = visible[:, None, :, :]  # (B,1,Tq,Tk) bool
+        if alibi is not None:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf")) + alibi
+        if attn_store is not None:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(Dh))
+            if mask.dtype == torch.bool:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            else:
+                scores = scores + mask
+            probs = torch.softmax(scores, dim=-1)
+            attn_store.append(probs.detach())
+            y = probs @ v
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0
+            )
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """GPT-2 feed-forward: ``c_fc`` → GELU (tanh form, as GPT-2's gelu_new) → ``c_proj``."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, cfg: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.attn = CausalSelfAttention(cfg, layer_idx)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, positions, visible, cache, alibi, attn_store):
+        x = x + self.attn(self.ln_1(x), positions, visible, cache, alibi, attn_store)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    """Character-level GPT, GPT-2 compatible when ``pos_encoding == 'learned'``."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.pos_encoding == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.h = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)])
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as GPT-2
+        if cfg.pos_encoding == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(cfg.n_head), persistent=False)
+        else:
+            self.alibi_slopes = None
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self) -> int:
+        """Number of distinct parameters (tied embedding counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    # ------------------------------------------------------------------------------------------
+    def check_positions(self, positions: torch.Tensor) -> None:
+        """Raise ValueError naming the context length if any position is outside the position table."""
+        if positions.numel() == 0:
+            return
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0:
+            raise ValueError(f"negative position {lo}: positions must be >= 0")
+        if self.cfg.pos_encoding == "learned" and hi >= self.cfg.block_size:
+            raise ValueError(
+                f"context overflow: position {hi} needs a sequence of {hi + 1} tokens but the model's "
+                f"context length (block_size, rows of the learned position table) is {self.cfg.block_size}"
+            )
+
+    def _visibility(
+        self,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        k_valid: torch.Tensor | None,
+        q_doc: torch.Tensor | None,
+        k_doc: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """(B,Tq,Tk) bool: key visible to query iff pos_k <= pos_q, key is real, same document."""
+        vis = k_pos[:, None, :] <= q_pos[:, :, None]
+        if k_valid is not None:
+            vis = vis & k_valid[:, None, :]
+        if q_doc is not None and k_doc is not None:
+            vis = vis & (k_doc[:, None, :] == q_doc[:, :, None])
+        # A query with no visible key (a padding query) would give NaN; let it see everything.
+        # Its output is never used: padded positions are excluded from logits comparisons and loss.
+        empty = ~vis.any(dim=-1, keepdim=True)
+        return vis | empty
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: "KVCache | None" = None,
+        attention_mask: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        attn_store: list | None = None,
+        hidden_store: list | None = None,
+    ) -> torch.Tensor:
+        """Logits (B, T, V) for ``ids`` (B, T) at absolute ``positions`` (B, T).
+
+        ``attention_mask`` (B, T) marks real (1) vs padding (0) tokens of *this call*; earlier keys'
+        validity lives in the cache. ``document_ids`` (B, T) gives packed rows a block-diagonal
+        causal mask. ``attn_store`` receives per-layer attention probabilities (B, H, Tq, Tk);
+        ``hidden_store`` the residual stream after every block. Use :func:`genprobe.engine.forward_step`
+        for cache-aware default positions.
+        """
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (batch, time), got shape {tuple(ids.shape)}")
+        B, T = ids.shape
+        if T == 0:
+            raise ValueError("ids has no tokens")
+        if positions is None:
+            positions = default_positions(B, T, cache, attention_mask, ids.device)
+        if positions.shape != (B, T):
+            raise ValueError(f"positions shape {tuple(positions.shape)} != ids shape {(B, T)}")
+        self.check_positions(positions)  # before any embedding lookup
+        if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
+            raise ValueError(
+                f"token id out of range [0, {self.cfg.vocab_size}): min {int(ids.min())}, max {int(ids.max())}"
+            )
+        valid = None if attention_mask is None else attention_mask.to(torch.bool)
+        if valid is not None and valid.shape != (B, T):
+            raise ValueError(f"attention_mask shape {tuple(valid.shape)} != ids shape {(B, T)}")
+        if cache is not None:
+            if document_ids is not None:
+                raise ValueError("document_ids (packing) is a training-time feature; not supported with a cache")
+            k_pos, k_valid = cache.reserve(positions, valid)
+            visible = self._visibility(positions, k_pos, k_valid, None, None)
+        else:
+            visible = self._visibility(positions, positions, valid, document_ids, document_ids)
+            k_pos = positions
+        alibi = None
+        if self.alibi_slopes is not None:
+            dist = (positions[:, None, :, None] - k_pos[:, None, None, :]).to(torch.float32)
+            alibi = -self.alibi_slopes.view(1, -1, 1, 1) * dist.clamp(min=0)
+        x = self.wte(ids)
+        if self.wpe is not None:
+            x = x + self.wpe(positions)
+        x = self.drop(x)
+        for block in self.h:
+            x = block(x, positions, visible, cache, alibi, attn_store)
+            if hidden_store is not None:
+                hidden_store.append(x)
+        if cache is not None:
+            cache.commit()
+        return self.lm_head(self.ln_f(x))
+
+
+def default_positions(
+    B: int, T: int, cache: "KVCache | None", attention_mask: torch.Tensor | None, device
+) -> torch.Tensor:
+    """Positions when none are given: continue the cache's per-row count; padding does not advance it."""
+    if cache is not None:
+        return cache.default_positions(T, None if attention_mask is None else attention_mask.to(torch.bool))
+    if attention_mask is not None:
+        return (attention_mask.to(torch.long).cumsum(1) - 1).clamp(min=0)
+    return torch.arange(T, device=device).expand(B, T)
+
+
+def masked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy over real positions only: Σ mask·CE / Σ mask (seed Eq. 3.4)."""
+    ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+    if loss_mask is None:
+        return ce.mean()
+    m = loss_mask.reshape(-1).to(ce.dtype)
+    denom = m.sum()
+    if float(denom) == 0:
+        raise ValueError("loss_mask selects no position: the loss is undefined")
+    return (ce * m).sum() / denom
+
+
+def packed_positions(document_ids: torch.Tensor) -> torch.Tensor:
+    """Positions restarting at 0 at every document boundary of a packed row (B, T)."""
+    B, T = document_ids.shape
+    idx = torch.arange(T, device=document_ids.device).expand(B, T)
+    start = torch.ones_like(document_ids, dtype=torch.bool)
+    start[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - first

@@ -1,0 +1,107 @@
+"""Exact conversion between the reference GPT and ``transformers.GPT2LMHeadModel`` (no network, no pickle)."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import GPTConfig
+from .gpt import GPT
+
+# Our nn.Linear stores (out, in); GPT-2's Conv1D stores (in, out): these weights are transposed.
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def _is_mask_buffer(key: str) -> bool:
+    """Old GPT-2 checkpoints carry causal-mask buffers ``h.N.attn.bias`` / ``masked_bias``: not weights."""
+    parts = key.split(".")
+    return len(parts) >= 2 and parts[-2] == "attn" and parts[-1] in ("bias", "masked_bias")
+
+
+def hf_gpt2_config(cfg: GPTConfig):
+    """The ``GPT2Config`` that describes ``cfg`` exactly (learned positions only)."""
+    from transformers import GPT2Config
+
+    if cfg.pos_encoding != "learned":
+        raise ValueError(
+            f"only pos_encoding='learned' maps onto GPT2LMHeadModel; this model uses {cfg.pos_encoding!r}"
+        )
+    return GPT2Config(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.block_size,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_inner=cfg.d_ff,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=cfg.layer_norm_eps,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+
+
+def to_hf_gpt2(model: GPT, attn_implementation: str = "eager"):
+    """A ``GPT2LMHeadModel`` (eval mode) holding exactly ``model``'s weights."""
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel(hf_gpt2_config(model.cfg)).eval()
+    if hasattr(hf, "set_attn_implementation"):
+        try:
+            hf.set_attn_implementation(attn_implementation)
+        except Exception:  # older transformers: attribute on config
+            hf.config._attn_implementation = attn_implementation
+    else:
+        hf.config._attn_implementation = attn_implementation
+    sd = {}
+    for k, v in model.state_dict().items():
+        if k == "lm_head.weight":
+            continue
+        w = v.detach().clone()
+        if any(k.endswith(s) for s in _CONV1D):
+            w = w.t().contiguous()
+        sd[f"transformer.{k}"] = w
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    missing = [m for m in missing if not _is_mask_buffer(m) and m != "lm_head.weight"]
+    if missing or unexpected:
+        raise RuntimeError(f"GPT-2 conversion mismatch: missing {missing}, unexpected {unexpected}")
+    hf.tie_weights()
+    return hf
+
+
+def from_hf_gpt2(hf) -> GPT:
+    """The reference GPT holding exactly a ``GPT2LMHeadModel``'s weights."""
+    c = hf.config
+    if getattr(c, "model_type", None) != "gpt2":
+        raise ValueError(f"expected a GPT-2 model, got model_type {getattr(c, 'model_type', None)!r}")
+    act = getattr(c, "activation_function", "gelu_new")
+    if act not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"GPT-2 activation {act!r} is not the tanh GELU the reference GPT uses")
+    cfg = GPTConfig(
+        vocab_size=c.vocab_size,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        d_model=c.n_embd,
+        d_ff=c.n_inner or 4 * c.n_embd,
+        block_size=c.n_positions,
+        pos_encoding="learned",
+        layer_norm_eps=c.layer_norm_epsilon,
+    )
+    model = GPT(cfg)
+    sd = {}
+    for k, v in hf.state_dict().items():
+        if not k.startswith("transformer.") or _is_mask_buffer(k):
+            continue
+        name = k[len("transformer.") :]
+        w = v.detach().clone()
+        if any(name.endswith(s) for s in _CONV1D):
+            w = w.t().contiguous()
+        sd[name] = w
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [m for m in missing if m != "lm_head.weight"]
+    if missing or unexpected:
+        raise ValueError(f"GPT-2 weights do not fit: missing {missing}, unexpected {unexpected}")
+    return model.eval()

@@ -1,0 +1,209 @@
+"""Trainer for the reference GPT: AdamW, linear warmup + cosine decay, seeded and deterministic on CPU."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from ..corpus.tang import Corpus
+from ..corpus.tokenizer import PAD_ID, CharTokenizer
+from .config import GPTConfig
+from .gpt import GPT, masked_cross_entropy, packed_positions
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings; defaults are the seed's (lr 3e-3, warmup 100, cosine, 2,000 steps)."""
+
+    steps: int = 2000
+    batch_size: int = 32
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 250
+    pack: bool = False  # rows made of whole documents with a block-diagonal causal mask (seed Eq. 3.16)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(f"steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    """Learning rate at ``step`` (0-based): linear warmup, then cosine down to ``min_lr_ratio``·lr."""
+    if tc.warmup and step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    span = max(1, tc.steps - tc.warmup)
+    progress = min(1.0, (step - tc.warmup) / span)
+    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def unigram_cross_entropy(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_size: int) -> float:
+    """Cross-entropy (nats) on ``val_ids`` of "guess by character frequency" fit on ``train_ids`` (add-one)."""
+    counts = torch.bincount(train_ids, minlength=vocab_size).double() + 1.0
+    logp = (counts / counts.sum()).log()
+    return float(-logp[val_ids].mean())
+
+
+@torch.no_grad()
+def evaluate_loss(model: GPT, ids: torch.Tensor, block_size: int | None = None, batch_size: int = 64) -> float:
+    """Mean next-token loss over ``ids`` cut into non-overlapping windows (every target counted once)."""
+    T = block_size or model.cfg.block_size
+    was_training = model.training
+    model.eval()
+    n = (len(ids) - 1) // T
+    if n < 1:
+        raise ValueError(f"need more than {T} tokens to evaluate, got {len(ids)}")
+    x = ids[: n * T].view(n, T)
+    y = ids[1 : n * T + 1].view(n, T)
+    total, count = 0.0, 0
+    for i in range(0, n, batch_size):
+        logits = model(x[i : i + batch_size])
+        loss = masked_cross_entropy(logits, y[i : i + batch_size])
+        total += float(loss) * y[i : i + batch_size].numel()
+        count += y[i : i + batch_size].numel()
+    model.train(was_training)
+    return total / count
+
+
+def _random_windows(ids: torch.Tensor, T: int, B: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    ix = torch.randint(0, len(ids) - T - 1, (B,), generator=gen)
+    x = torch.stack([ids[i : i + T] for i in ix.tolist()])
+    y = torch.stack([ids[i + 1 : i + T + 1] for i in ix.tolist()])
+    return x, y
+
+
+def _packed_rows(docs: list[torch.Tensor], T: int, B: int, gen: torch.Generator):
+    """Rows of whole documents (greedy fill), with document ids, targets and a loss mask for padding."""
+    x = torch.full((B, T), PAD_ID, dtype=torch.long)
+    y = torch.full((B, T), PAD_ID, dtype=torch.long)
+    doc = torch.full((B, T), -1, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    for b in range(B):
+        t, d = 0, 0
+        while t < T - 1:
+            seq = docs[int(torch.randint(0, len(docs), (1,), generator=gen))][: T + 1]
+            n = min(len(seq) - 1, T - t)
+            if n < 1:
+                break
+            x[b, t : t + n] = seq[:n]
+            y[b, t : t + n] = seq[1 : n + 1]
+            doc[b, t : t + n] = d
+            mask[b, t : t + n] = True
+            t, d = t + n, d + 1
+        doc[b, t:] = d  # padding tail is its own "document"
+    return x, y, doc, mask
+
+
+@dataclass
+class TrainResult:
+    """What a training run produced."""
+
+    model: GPT
+    tokenizer: CharTokenizer
+    summary: dict = field(default_factory=dict)
+
+
+def train(
+    corpus: Corpus,
+    tokenizer: CharTokenizer,
+    cfg: GPTConfig | None = None,
+    tc: TrainConfig | None = None,
+    progress: bool = True,
+    on_backward: Callable[[int, GPT], None] | None = None,
+) -> TrainResult:
+    """Train a GPT on ``corpus``; ``on_backward(step, model)`` sees gradients before each update."""
+    tc = tc or TrainConfig()
+    cfg = cfg or GPTConfig(vocab_size=tokenizer.vocab_size)
+    if cfg.vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"config vocab_size {cfg.vocab_size} != tokenizer vocab_size {tokenizer.vocab_size}")
+    torch.manual_seed(tc.seed)
+    gen = torch.Generator().manual_seed(tc.seed)
+    t0 = time.time()
+    train_ids = torch.tensor(tokenizer.encode(corpus.train, warn=False), dtype=torch.long)
+    val_ids = torch.tensor(tokenizer.encode(corpus.val, warn=False), dtype=torch.long)
+    if len(train_ids) <= cfg.block_size + 1:
+        raise ValueError(f"training text has {len(train_ids)} tokens; need more than {cfg.block_size + 1}")
+    docs = None
+    if tc.pack:
+        cut = len(corpus.train)
+        docs, pos = [], 0
+        for d in corpus.documents:
+            if pos >= cut:
+                break
+            docs.append(torch.tensor(tokenizer.encode(d[: cut - pos], warn=False), dtype=torch.long))
+            pos += len(d)
+        docs = [d for d in docs if len(d) >= 2] or [train_ids]
+    model = GPT(cfg)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr,
+        betas=tc.betas,
+    )
+    history: list[dict] = []
+    model.train()
+    bar = tqdm(range(tc.steps), desc="train", disable=not progress, dynamic_ncols=True)
+    ema = None
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, tc)
+        if docs is not None:
+            x, y, doc, mask = _packed_rows(docs, cfg.block_size, tc.batch_size, gen)
+            logits = model(x, positions=packed_positions(doc), document_ids=doc)
+            loss = masked_cross_entropy(logits, y, mask)
+        else:
+            x, y = _random_windows(train_ids, cfg.block_size, tc.batch_size, gen)
+            loss = masked_cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if on_backward is not None:
+            on_backward(step, model)
+        if tc.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        opt.step()
+        lv = float(loss.detach())
+        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+        last = step == tc.steps - 1
+        if (tc.eval_every and (step + 1) % tc.eval_every == 0) or last:
+            vl = evaluate_loss(model, val_ids)
+            history.append({"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(vl, 4)})
+            bar.set_postfix(loss=f"{ema:.3f}", val=f"{vl:.3f}")
+        elif step % 10 == 0:
+            bar.set_postfix(loss=f"{ema:.3f}")
+    model.eval()
+    train_eval = evaluate_loss(model, train_ids)
+    val_eval = evaluate_loss(model, val_ids)
+    cov = tokenizer.coverage(corpus.text)
+    summary = {
+        "parameters": model.num_parameters(),
+        "train_loss": round(train_eval, 4),
+        "val_loss": round(val_eval, 4),
+        "unigram_ce": round(unigram_cross_entropy(train_ids, val_ids, cfg.vocab_size), 4),
+        "coverage": round(cov["coverage"], 4),
+        "unk_share": round(cov["unk_share"], 4),
+        "corpus": corpus.summary(),
+        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()},
+        "history": history,
+        "seconds": round(time.time() - t0, 1),
+        "torch": torch.__version__,
+    }
+    return TrainResult(model=model, tokenizer=tokenizer, summary=summary)
+
+
+def quick_train_config(seed: int = 0) -> TrainConfig:
+    """The reduced recipe used by ``genprobe case --quick`` and the test-suite's shared checkpoint."""
+    return TrainConfig(steps=600, batch_size=32, seed=seed, eval_every=200)
