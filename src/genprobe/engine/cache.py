@@ -47,6 +47,10 @@ class KVCache:
         self.n_layer = n_layer
         self.seen = 0  # tokens ever written (per row, padding included)
         self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)
+        # True while every slot ever written held a real token: lets a plain decode step skip its mask.
+        self.all_valid = True
+        # True while every write used default positions (GPT.forward clears it when given explicit ones).
+        self.default_positions_only = True
         self._slots: torch.Tensor | slice | None = None
         self._live = 0
 
@@ -65,6 +69,8 @@ class KVCache:
         self.seen = 0
         self.next_pos.zero_()
         self.valid.zero_()
+        self.all_valid = True
+        self.default_positions_only = True
         self._slots = None
 
     def truncate(self, length: int) -> None:
@@ -83,6 +89,8 @@ class KVCache:
     def default_positions(self, T: int, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Per-row positions for ``T`` new tokens: continue each row's count of real tokens."""
         if valid is None:
+            if T == 1:  # a decode step: the positions are the per-row counters themselves (a view, no op)
+                return self.next_pos[:, None]
             return self.next_pos[:, None] + torch.arange(T, device=self.next_pos.device)
         steps = valid.to(torch.long).cumsum(1) - 1
         return self.next_pos[:, None] + steps.clamp(min=0)
@@ -93,8 +101,8 @@ class KVCache:
         B, T = positions.shape
         if B != self.batch_size:
             raise ValueError(f"batch size {B} does not match the cache's {self.batch_size}")
-        if valid is None:
-            valid = torch.ones(B, T, dtype=torch.bool, device=positions.device)
+        if valid is not None and self.all_valid:
+            self.all_valid = bool(valid.all())
         end = self.seen + T
         if end <= self.capacity:
             slots: torch.Tensor | slice = slice(self.seen, end)
@@ -114,7 +122,10 @@ class KVCache:
             slots = slice(slot, slot + 1)
             live = self.capacity
         self.pos[:, slots] = positions
-        self.valid[:, slots] = valid
+        if valid is None:
+            self.valid[:, slots] = True
+        else:
+            self.valid[:, slots] = valid
         self._slots, self._live, self._T = slots, live, T
         self._new_valid = valid
         return self.pos[:, :live], self.valid[:, :live]
@@ -128,7 +139,10 @@ class KVCache:
     def commit(self) -> None:
         """Advance the write pointer after all layers have written."""
         self.seen += self._T
-        self.next_pos = self.next_pos + self._new_valid.to(torch.long).sum(1)
+        if self._new_valid is None:
+            self.next_pos = self.next_pos + self._T
+        else:
+            self.next_pos = self.next_pos + self._new_valid.to(torch.long).sum(1)
         self._slots = None
 
     def memory_bytes(self) -> int:

@@ -1,14 +1,19 @@
 """Checkpoint directory = ``model.safetensors`` + ``genprobe.json`` (config, vocabulary, summary, hashes).
 
 Loading never unpickles: weights come from safetensors, metadata from JSON. Both files are written
-atomically (temp file + rename), weights first, so a crash at any point leaves either the previous
-checkpoint or the new one — and the JSON's sha256 of the weights catches a torn pair.
+atomically (temp file + rename), weights first, and the JSON (which records the weights' sha256) is
+the commit point. Until it is renamed, the previous weights stay reachable as a hard link
+``.model.safetensors.prev``: a failed save rolls back to them, and after a hard crash between the two
+renames the loader finds the weights whose sha256 the (old) JSON names there — so an interrupted
+save always leaves the previous checkpoint loadable.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +21,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .._io import atomic_write, atomic_write_json, sha256_file
+from .._io import atomic_write_json, sha256_file
 from ..corpus.tokenizer import CharTokenizer
 from .config import GPTConfig
 from .gpt import GPT
 
 WEIGHTS = "model.safetensors"
+PREV_WEIGHTS = ".model.safetensors.prev"  # previous weights, kept only while a save is in flight
 META = "genprobe.json"
 FORMAT = "genprobe-checkpoint-v1"
 
@@ -46,18 +52,63 @@ def save_checkpoint(
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     state = _state_for_save(model)
-    atomic_write(d / WEIGHTS, lambda tmp: save_file(state, tmp, metadata={"format": FORMAT}))
-    meta = {
-        "format": FORMAT,
-        "config": model.cfg.to_dict(),
-        "tokenizer": tokenizer.to_dict(),
-        "tokenizer_sha256": tokenizer.fingerprint,
-        "weights_sha256": sha256_file(d / WEIGHTS),
-        "parameters": model.num_parameters(),
-        "summary": summary or {},
-    }
-    atomic_write_json(d / META, meta)
+    fd, w_tmp = tempfile.mkstemp(prefix=f".{WEIGHTS}.", suffix=".tmp", dir=d)
+    os.close(fd)
+    weights, prev = d / WEIGHTS, d / PREV_WEIGHTS
+    try:
+        save_file(state, w_tmp, metadata={"format": FORMAT})
+        with open(w_tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        meta = {
+            "format": FORMAT,
+            "config": model.cfg.to_dict(),
+            "tokenizer": tokenizer.to_dict(),
+            "tokenizer_sha256": tokenizer.fingerprint,
+            "weights_sha256": sha256_file(w_tmp),
+            "parameters": model.num_parameters(),
+            "summary": summary or {},
+        }
+        json.dumps(meta, allow_nan=False)  # fail on a bad summary before anything on disk changes
+        _keep_previous(weights, prev)
+        try:
+            os.replace(w_tmp, weights)
+            atomic_write_json(d / META, meta)  # commit point
+        except BaseException:
+            if prev.exists():  # roll back: the old JSON still names the old weights
+                if weights.exists() and os.path.samefile(prev, weights):
+                    prev.unlink()  # weights never replaced (rename onto the same inode is a no-op)
+                else:
+                    os.replace(prev, weights)
+            raise
+    finally:
+        if os.path.exists(w_tmp):
+            os.unlink(w_tmp)
+    if prev.exists():
+        prev.unlink()
     return d
+
+
+def _keep_previous(weights: Path, prev: Path) -> None:
+    """Keep the committed weights reachable as ``prev`` (hard link, copy where links are unsupported)."""
+    if prev.exists():
+        committed = _committed_sha(weights.parent)
+        weights_ok = weights.exists() and sha256_file(weights) == committed
+        if committed is not None and not weights_ok and sha256_file(prev) == committed:
+            return  # an earlier save crashed mid-way: ``prev`` already holds the committed weights
+        prev.unlink()
+    if not weights.exists():
+        return
+    try:
+        os.link(weights, prev)
+    except OSError:
+        shutil.copy2(weights, prev)
+
+
+def _committed_sha(d: Path) -> str | None:
+    try:
+        return json.loads((d / META).read_text(encoding="utf-8")).get("weights_sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def read_meta(directory: str | os.PathLike) -> dict:
@@ -86,6 +137,10 @@ def load_weights_into(model: GPT, directory: str | os.PathLike, expected_sha256:
         raise CheckpointError(f"weights file missing: {wp}")
     if expected_sha256 is not None:
         actual = sha256_file(wp)
+        prev = Path(directory) / PREV_WEIGHTS
+        if actual != expected_sha256 and prev.is_file() and sha256_file(prev) == expected_sha256:
+            # A save crashed between its two renames: the JSON still describes the previous weights.
+            wp, actual = prev, expected_sha256
         if actual != expected_sha256:
             raise CheckpointError(
                 f"{wp}: sha256 {actual[:12]}… does not match the recorded {expected_sha256[:12]}… "

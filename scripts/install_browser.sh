@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install Debian's chromium (+ CJK fonts) for the report browser tests.
+# Idempotent: does nothing when /usr/bin/chromium and a CJK font are already present.
+# We never run `playwright install`: the PyPI playwright package drives this system chromium.
+set -euo pipefail
+
+need=()
+[ -x /usr/bin/chromium ] || need+=(chromium)
+# Chinese characters render as boxes without a CJK font.
+fc-list 2>/dev/null | grep -qi 'cjk' || need+=(fonts-noto-cjk)
+
+if [ ${#need[@]} -eq 0 ]; then
+    echo "chromium and CJK fonts already installed: $(/usr/bin/chromium --version 2>/dev/null || echo /usr/bin/chromium)"
+    exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "need root (or sudo) to apt-get install ${need[*]}" >&2; exit 1; }
+    SUDO=sudo
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+/usr/bin/chromium --version

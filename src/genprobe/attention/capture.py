@@ -1,0 +1,123 @@
+"""Capture attention probabilities per layer and head, from our GPT or any ``transformers`` causal LM.
+
+Our GPT records probabilities through the explicit-softmax path of its one forward (``attn_store``).
+HF models only return weights with the ``eager`` implementation: with ``sdpa`` / ``flash_attention_*``
+``output_attentions=True`` silently yields an empty tuple, so we switch to eager for the call (and back),
+and say so in the result; a model that cannot switch raises :class:`AttentionUnavailableError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..model.gpt import GPT
+
+
+class AttentionUnavailableError(ValueError):
+    """The model's attention implementation cannot return attention weights."""
+
+
+@dataclass
+class AttentionCapture:
+    """Attention of one sequence: ``probs`` (L, H, T, T), ``visible`` (T, T) bool, ``positions`` (T,)."""
+
+    probs: torch.Tensor
+    visible: torch.Tensor
+    positions: torch.Tensor
+    tokens: list[int]
+    implementation: str = "genprobe"
+    note: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_layer(self) -> int:
+        """Number of layers captured."""
+        return int(self.probs.shape[0])
+
+    @property
+    def n_head(self) -> int:
+        """Heads per layer."""
+        return int(self.probs.shape[1])
+
+
+def unwrap_model(model_like):
+    """The underlying ``torch.nn.Module`` of a GPT, an HF model, or an adapter holding one as ``.model``/``.hf``."""
+    if isinstance(model_like, torch.nn.Module):
+        return model_like
+    for attr in ("model", "hf", "hf_model"):
+        inner = getattr(model_like, attr, None)
+        if isinstance(inner, torch.nn.Module):
+            return inner
+    raise ValueError(f"expected a genprobe GPT or a transformers causal LM, got {type(model_like).__name__}")
+
+
+def is_hf_model(model) -> bool:
+    """True for a ``transformers`` model (has a ``config`` with ``model_type``)."""
+    return not isinstance(model, GPT) and hasattr(getattr(model, "config", None), "model_type")
+
+
+def attn_implementation(model) -> str:
+    """The attention implementation an HF model uses now (``eager``, ``sdpa``, ``flash_attention_2`` …)."""
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def _set_impl(model, impl: str) -> None:
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(impl)
+    else:  # pragma: no cover - older transformers
+        model.config._attn_implementation = impl
+
+
+@torch.no_grad()
+def hf_attentions(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kw) -> tuple[list, str | None]:
+    """Per-layer (B, H, T, T) attention of an HF model, switching to eager for the call if needed."""
+    impl = attn_implementation(model)
+    note = None
+    if impl != "eager":
+        try:
+            _set_impl(model, "eager")
+        except Exception as exc:  # noqa: BLE001 - any refusal means "cannot return weights"
+            raise AttentionUnavailableError(
+                f"attention implementation {impl!r} cannot return attention weights and the model refused to "
+                f"switch to 'eager' ({exc}); reload it with attn_implementation='eager'"
+            ) from None
+        note = f"model used attn_implementation={impl!r}, which returns no weights; switched to 'eager' for capture"
+    try:
+        out = model(input_ids=ids, attention_mask=attention_mask, output_attentions=True, use_cache=False, **kw)
+    finally:
+        if impl != "eager":
+            _set_impl(model, impl)
+    att = getattr(out, "attentions", None)
+    if not att or any(a is None for a in att):
+        raise AttentionUnavailableError(
+            f"model {type(model).__name__} (attn_implementation={attn_implementation(model)!r}) returned no attention "
+            "weights with output_attentions=True; load it with attn_implementation='eager'"
+        )
+    return [a.detach().float() for a in att], note
+
+
+@torch.no_grad()
+def capture_attention(model_like, ids: list[int] | torch.Tensor) -> AttentionCapture:
+    """Attention probabilities of one unpadded sequence ``ids`` through every layer and head."""
+    model = unwrap_model(model_like)
+    x = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1)
+    T = x.shape[1]
+    if T == 0:
+        raise ValueError("need at least one token to capture attention")
+    dev = next(model.parameters()).device
+    x = x.to(dev)
+    visible = torch.ones(T, T, dtype=torch.bool).tril()
+    positions = torch.arange(T)
+    if isinstance(model, GPT):
+        store: list = []
+        model(x, attn_store=store)
+        probs = torch.stack([p[0].float().cpu() for p in store])
+        return AttentionCapture(probs, visible, positions, x[0].tolist())
+    if not is_hf_model(model):
+        raise ValueError(f"cannot capture attention from {type(model).__name__}: not a GPT nor a transformers model")
+    att, note = hf_attentions(model, x)
+    probs = torch.stack([a[0].cpu() for a in att])
+    # Visibility is taken as plain causal; a sliding-window layer would see fewer keys than assumed here.
+    return AttentionCapture(probs, visible, positions, x[0].tolist(), implementation="eager", note=note)

@@ -1,0 +1,133 @@
+"""Per-step L2 norms of the Q, K and V projection gradients of every layer (seed 002 §4.2).
+
+Use as the ``on_backward`` hook of :func:`genprobe.model.train.train` (called after ``backward``, before
+clipping, so the norms are the raw gradients)::
+
+    tracker = QKVGradTracker()
+    train(corpus, tok, tc=tc, on_backward=tracker)
+    tracker.save("runs/grads")   # qkv_grad_norms.csv / .json / .png
+
+Supported layouts: a fused ``c_attn`` — ours (``nn.Linear``, weight (3C, C): Q/K/V are row thirds) or
+HF GPT-2's ``Conv1D`` (weight (C, 3C): column thirds) — and Llama-style separate ``q_proj``/``k_proj``/
+``v_proj`` (any sizes, so grouped-query attention works). Weight and bias gradients are combined into
+one norm per projection: ``sqrt(|dW|² + |db|²)``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import torch
+
+from .._io import atomic_write_json, atomic_write_text
+
+
+def _grad_sq(t: torch.Tensor | None) -> float | None:
+    return None if t is None else float(t.detach().double().pow(2).sum())
+
+
+def _combine(*parts: float | None) -> float | None:
+    vals = [p for p in parts if p is not None]
+    return math.sqrt(sum(vals)) if vals else None
+
+
+def _fused_norms(m: torch.nn.Module) -> tuple[float | None, ...]:
+    w, b = m.weight, getattr(m, "bias", None)
+    conv1d = hasattr(m, "nf") or type(m).__name__ == "Conv1D"  # (in, 3C): split columns
+    dim = 1 if conv1d else 0
+    out = []
+    for i in range(3):
+        gw = None if w.grad is None else w.grad.chunk(3, dim=dim)[i]
+        gb = None if b is None or b.grad is None else b.grad.chunk(3)[i]
+        out.append(_combine(_grad_sq(gw), _grad_sq(gb)))
+    return tuple(out)
+
+
+def _linear_norm(m: torch.nn.Module) -> float | None:
+    b = getattr(m, "bias", None)
+    return _combine(_grad_sq(m.weight.grad), _grad_sq(None if b is None else b.grad))
+
+
+def attention_projections(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The attention modules holding Q/K/V projections, in layer order (name, module)."""
+    found = []
+    for name, m in model.named_modules():
+        if isinstance(getattr(m, "c_attn", None), torch.nn.Module) and hasattr(m.c_attn, "weight"):
+            found.append((name, m))
+        elif all(isinstance(getattr(m, p, None), torch.nn.Module) for p in ("q_proj", "k_proj", "v_proj")):
+            found.append((name, m))
+    return found
+
+
+class QKVGradTracker:
+    """Callable ``tracker(step, model)`` recording Q/K/V gradient norms per layer; see module docstring."""
+
+    def __init__(self, every: int = 1):
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.every = every
+        self._rows: list[dict] = []
+        self.layer_names: list[str] = []
+
+    def __call__(self, step: int, model: torch.nn.Module) -> None:
+        """Record the current gradients of ``model`` as training step ``step``."""
+        if step % self.every:
+            return
+        mods = attention_projections(model)
+        if not mods:
+            raise ValueError(
+                f"{type(model).__name__} has no attention module with a fused c_attn or q_proj/k_proj/v_proj"
+            )
+        self.layer_names = [n for n, _ in mods]
+        for layer, (_, m) in enumerate(mods):
+            if hasattr(m, "c_attn"):
+                q, k, v = _fused_norms(m.c_attn)
+            else:
+                q, k, v = (_linear_norm(getattr(m, p)) for p in ("q_proj", "k_proj", "v_proj"))
+            self._rows.append({"step": int(step), "layer": layer, "q": q, "k": k, "v": v})
+
+    def rows(self) -> list[dict]:
+        """One dict per (step, layer): ``{step, layer, q, k, v}`` (None where a gradient was absent)."""
+        return [dict(r) for r in self._rows]
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"layers": self.layer_names, "every": self.every, "rows": self.rows()}
+
+    def save(self, out_dir: str | Path) -> dict:
+        """Write ``qkv_grad_norms.csv``, ``.json`` and ``.png`` into ``out_dir``; return their paths + counts."""
+        if not self._rows:
+            raise ValueError("no gradients recorded: pass the tracker as on_backward to train() first")
+        out = Path(out_dir)
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=["step", "layer", "q", "k", "v"], lineterminator="\n")
+        w.writeheader()
+        w.writerows(self._rows)
+        paths = {"csv": out / "qkv_grad_norms.csv", "json": out / "qkv_grad_norms.json", "png": out / "qkv_grad_norms.png"}
+        atomic_write_text(paths["csv"], buf.getvalue())
+        atomic_write_json(paths["json"], self.to_dict())
+        self.plot(paths["png"])
+        steps = sorted({r["step"] for r in self._rows})
+        return {**{k: str(v) for k, v in paths.items()}, "steps": len(steps),
+                "layers": len({r["layer"] for r in self._rows}), "rows": len(self._rows)}
+
+    def plot(self, path: str | Path) -> Path:
+        """Log-scale gradient norm vs step: one panel per projection, one line per layer."""
+        from .plots import plt, save_figure
+
+        layers = sorted({r["layer"] for r in self._rows})
+        fig, axes = plt.subplots(1, 3, figsize=(11, 3.3), sharey=True)
+        for ax, proj in zip(axes, ("q", "k", "v")):
+            for layer in layers:
+                pts = [(r["step"], r[proj]) for r in self._rows if r["layer"] == layer and r[proj]]
+                if pts:
+                    ax.plot(*zip(*pts), label=f"layer {layer}", lw=1)
+            ax.set_title(f"{proj.upper()} projection")
+            ax.set_xlabel("step")
+            ax.set_yscale("log")
+        axes[0].set_ylabel("gradient L2 norm")
+        axes[-1].legend(fontsize=7)
+        return save_figure(fig, path)

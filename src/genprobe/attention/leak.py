@@ -1,0 +1,154 @@
+"""Padding-leak test: a sequence's logits alone vs the same sequence inside a left- / right-padded batch.
+
+A correct implementation gives the same logits on real positions (float noise, < 1e-4). Two classic
+leaks: padding keys that stay visible (a broken mask), and left padding without ``position_ids`` —
+HF GPT-2 then numbers positions by tensor index, so every real token sits at the wrong position
+(the nnsight / GPT-2 report). Our engine derives positions from the mask, so it passes either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ..model.gpt import GPT
+from .capture import is_hf_model, unwrap_model
+
+LEAK_THRESHOLD = 1e-4
+
+
+@dataclass
+class SequenceLeak:
+    """Max |Δlogit| over the real positions of one sequence, per padding side."""
+
+    index: int
+    length: int
+    delta: dict[str, float]  # side -> max |Δlogit|
+    max_delta: float
+    leak: bool
+
+
+@dataclass
+class LeakReport:
+    """Result of :func:`padding_leak`."""
+
+    model: str
+    position_ids: bool
+    threshold: float
+    sides: list[str]
+    sequences: list[SequenceLeak] = field(default_factory=list)
+
+    @property
+    def max_delta(self) -> float:
+        """Largest |Δlogit| over every sequence and side."""
+        return max((s.max_delta for s in self.sequences), default=0.0)
+
+    @property
+    def leak(self) -> bool:
+        """True when any sequence exceeds the threshold."""
+        return any(s.leak for s in self.sequences)
+
+    def to_dict(self) -> dict:
+        """JSON form (with the verdict)."""
+        d = asdict(self)
+        d.update(max_delta=self.max_delta, leak=self.leak,
+                 verdict="LEAK" if self.leak else "ok")
+        return d
+
+
+def _max_positions(model) -> int | None:
+    if isinstance(model, GPT):
+        return model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+    c = getattr(model, "config", None)
+    return getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None)
+
+
+@torch.no_grad()
+def _logits(model, ids: torch.Tensor, mask: torch.Tensor | None, position_ids: bool) -> torch.Tensor:
+    if isinstance(model, GPT):
+        from ..engine.step import forward_step
+
+        return forward_step(model, ids, attention_mask=mask).float()
+    if not is_hf_model(model):
+        raise ValueError(f"padding_leak needs a genprobe GPT or a transformers causal LM, got {type(model).__name__}")
+    kw = {"input_ids": ids, "use_cache": False}
+    if mask is not None:
+        kw["attention_mask"] = mask
+        if position_ids:
+            kw["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return model(**kw).logits.float()
+
+
+def _pad(seqs: list[list[int]], width: int, pad_id: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        sl = slice(width - len(s), width) if side == "left" else slice(0, len(s))
+        ids[i, sl] = torch.tensor(s, dtype=torch.long)
+        mask[i, sl] = 1
+    return ids, mask
+
+
+def padding_leak(
+    model_like,
+    sequences: list[list[int]],
+    pad_id: int,
+    sides: tuple[str, ...] = ("left", "right"),
+    position_ids: bool = True,
+    extra_pad: int = 2,
+    threshold: float = LEAK_THRESHOLD,
+) -> LeakReport:
+    """Run each sequence alone and inside padded batches; max |Δlogit| on its real positions.
+
+    ``position_ids=True`` passes positions derived from the mask (``cumsum - 1``) to HF models;
+    ``False`` passes none, leaving the model's default. Every row gets at least ``extra_pad`` pads.
+    """
+    model = unwrap_model(model_like)
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise ValueError("padding_leak needs at least one sequence, and no empty sequence")
+    bad = set(sides) - {"left", "right"}
+    if bad:
+        raise ValueError(f"sides must be 'left' and/or 'right', got {sorted(bad)}")
+    if extra_pad < 0:
+        raise ValueError(f"extra_pad must be >= 0, got {extra_pad}")
+    width = max(len(s) for s in sequences) + extra_pad
+    limit = _max_positions(model)
+    if limit is not None and width > limit:
+        raise ValueError(
+            f"padded batch width {width} (longest sequence {width - extra_pad} + {extra_pad} pads) exceeds the "
+            f"model's {limit} positions; use shorter sequences"
+        )
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    try:
+        alone = [_logits(model, torch.tensor([s], device=dev), None, position_ids)[0].cpu() for s in sequences]
+        deltas: dict[int, dict[str, float]] = {i: {} for i in range(len(sequences))}
+        for side in sides:
+            ids, mask = _pad(sequences, width, pad_id, side)
+            out = _logits(model, ids.to(dev), mask.to(dev), position_ids).cpu()
+            for i, s in enumerate(sequences):
+                real = out[i, width - len(s):] if side == "left" else out[i, : len(s)]
+                deltas[i][side] = float((real - alone[i]).abs().max())
+    finally:
+        model.train(was_training)
+    name = type(model).__name__
+    if is_hf_model(model):
+        name += f" ({getattr(model.config, '_attn_implementation', None) or 'eager'})"
+    rep = LeakReport(model=name, position_ids=position_ids, threshold=threshold, sides=list(sides))
+    for i, s in enumerate(sequences):
+        m = max(deltas[i].values())
+        rep.sequences.append(SequenceLeak(i, len(s), deltas[i], m, m > threshold))
+    return rep
+
+
+def format_leak(rep: LeakReport) -> str:
+    """Text table: one line per sequence."""
+    lines = [f"padding leak — {rep.model}, position_ids={'yes' if rep.position_ids else 'no'}, threshold {rep.threshold:g}"]
+    lines.append(f"{'seq':>4} {'len':>4} " + " ".join(f"{'Δ ' + s:>10}" for s in rep.sides) + "  verdict")
+    for s in rep.sequences:
+        lines.append(f"{s.index:>4} {s.length:>4} " + " ".join(f"{s.delta[side]:>10.2e}" for side in rep.sides)
+                     + ("  LEAK" if s.leak else "  ok"))
+    lines.append(f"max |Δlogit| = {rep.max_delta:.3e} → {'LEAK' if rep.leak else 'ok'}")
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""Validate ``input_ids`` / ``attention_mask`` (/ ``position_ids``) batches before they reach a model.
+
+Rules (each :class:`Finding` names the row, the position — ``None`` for a whole-row finding — and the rule):
+
+=====================  =======================================================================
+``length_mismatch``    a row's ``attention_mask`` / ``position_ids`` length differs from ``input_ids``
+``ragged_batch``       rows of different lengths (a batch must be rectangular)
+``non_binary``         a mask value other than 0/1 (``True``/``False`` accepted)
+``inverted_mask``      the mask is 1 exactly on the padding and 0 on the content
+``pad_unmasked``       a ``pad_token_id`` position has mask 1 (if pad == eos this may be deliberate)
+``mask_hole``          zeros in the middle of a row: padding must be one block at one end
+``mixed_padding_side`` some rows padded on the left, others on the right
+``empty_row``          no position has mask 1: the row's queries have no visible key
+``positions``          ``position_ids`` of real tokens are not 0, 1, 2, … — with left padding this is
+                       the textbook bug of positions counted from the tensor index, not from the first
+                       real token (``positions_not_restarting``)
+=====================  =======================================================================
+
+The inverted-mask check is exact with ``pad_token_id``; without it, a row whose unmasked tokens are
+all one repeated id while its masked tokens vary is reported as a suspected inversion.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+RULES = (
+    "length_mismatch",
+    "ragged_batch",
+    "non_binary",
+    "inverted_mask",
+    "pad_unmasked",
+    "mask_hole",
+    "mixed_padding_side",
+    "empty_row",
+    "positions_not_restarting",
+    "positions",
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One violated rule at (row, position); position is None for whole-row findings."""
+
+    row: int
+    position: int | None
+    rule: str
+    message: str
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        where = f"row {self.row}" + ("" if self.position is None else f", position {self.position}")
+        return f"[{self.rule}] {where}: {self.message}"
+
+
+def _as_rows(x, name: str) -> list[list]:
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    if not isinstance(x, (list, tuple)):
+        raise ValueError(f"{name} must be a list of rows (or a 2-D tensor), got {type(x).__name__}")
+    if x and not isinstance(x[0], (list, tuple)):
+        x = [x]  # a single row
+    return [list(r) for r in x]
+
+
+def _side(mask: list[int]) -> str | None:
+    """'left', 'right', None (no padding) or 'hole' for a 0/1 row."""
+    if all(mask) or not any(mask):
+        return None
+    first = mask.index(1)
+    last = len(mask) - 1 - mask[::-1].index(1)
+    if any(m == 0 for m in mask[first : last + 1]):
+        return "hole"
+    if first > 0 and last < len(mask) - 1:
+        return "hole"  # padded on both ends
+    return "left" if first > 0 else "right"
+
+
+def check_masks(
+    input_ids,
+    attention_mask,
+    position_ids=None,
+    pad_token_id: int | None = None,
+) -> list[Finding]:
+    """All rule violations of a batch (empty list = valid). Accepts lists of rows or 2-D tensors."""
+    ids = _as_rows(input_ids, "input_ids")
+    masks = _as_rows(attention_mask, "attention_mask")
+    pos = None if position_ids is None else _as_rows(position_ids, "position_ids")
+    findings: list[Finding] = []
+    if len(masks) != len(ids):
+        findings.append(Finding(min(len(ids), len(masks)), None, "length_mismatch",
+                                f"input_ids has {len(ids)} rows but attention_mask has {len(masks)}"))
+    if pos is not None and len(pos) != len(ids):
+        findings.append(Finding(min(len(ids), len(pos)), None, "length_mismatch",
+                                f"input_ids has {len(ids)} rows but position_ids has {len(pos)}"))
+    lengths = {len(r) for r in ids}
+    if len(lengths) > 1:
+        common = max(lengths, key=lambda n: sum(len(r) == n for r in ids))
+        for i, r in enumerate(ids):
+            if len(r) != common:
+                findings.append(Finding(i, None, "ragged_batch", f"row has {len(r)} tokens, most rows have {common}"))
+    sides: dict[int, str] = {}
+    for i, (row_ids, row_mask) in enumerate(zip(ids, masks)):
+        if len(row_mask) != len(row_ids):
+            findings.append(Finding(i, min(len(row_ids), len(row_mask)), "length_mismatch",
+                                    f"attention_mask has {len(row_mask)} entries, input_ids {len(row_ids)}"))
+            continue
+        bad = [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]
+        if bad:
+            t, m = bad[0]
+            findings.append(Finding(i, t, "non_binary",
+                                    f"attention_mask value {m!r} is not 0/1 ({len(bad)} such value(s) in the row)"))
+            continue
+        m = [int(v) for v in row_mask]
+        if not any(m):
+            findings.append(Finding(i, None, "empty_row", "attention_mask is all zeros: no query has a visible key"))
+            continue
+        if _inverted(row_ids, m, pad_token_id):
+            findings.append(Finding(i, m.index(1), "inverted_mask",
+                                    "mask is 1 on the padding and 0 on the content — inverted "
+                                    "(e.g. built as input_ids == pad instead of != pad)"))
+            continue
+        if pad_token_id is not None:
+            leaks = [t for t, (tok, v) in enumerate(zip(row_ids, m)) if tok == pad_token_id and v == 1]
+            if leaks:
+                findings.append(Finding(i, leaks[0], "pad_unmasked",
+                                        f"pad token {pad_token_id} has mask 1 at {len(leaks)} position(s) "
+                                        f"{leaks[:8]} — padding would be attended to"))
+        side = _side(m)
+        if side == "hole":
+            first = m.index(1)
+            hole = next(t for t in range(first, len(m)) if m[t] == 0 and any(m[t:]))
+            findings.append(Finding(i, hole, "mask_hole", "mask has zeros between real tokens (or padding on both ends)"))
+        elif side is not None:
+            sides[i] = side
+        if pos is not None and i < len(pos):
+            findings.extend(_check_positions(i, pos[i], m, side))
+    if len(set(sides.values())) > 1:
+        majority = max(("left", "right"), key=lambda s: sum(v == s for v in sides.values()))
+        for i, s in sides.items():
+            if s != majority:
+                findings.append(Finding(i, None, "mixed_padding_side",
+                                        f"row is {s}-padded while the other padded rows are {majority}-padded"))
+    return findings
+
+
+def _inverted(row_ids: Sequence[int], m: list[int], pad: int | None) -> bool:
+    on = [t for t, v in zip(row_ids, m) if v == 1]
+    off = [t for t, v in zip(row_ids, m) if v == 0]
+    if not off:
+        return False
+    if pad is not None:
+        return all(t == pad for t in on) and not any(t == pad for t in off)
+    # Heuristic without a pad id: the "real" tokens are one id repeated, the masked ones vary.
+    return len(on) >= 2 and len(set(on)) == 1 and len(set(off)) >= 2
+
+
+def _check_positions(i: int, p: list, m: list[int], side: str | None) -> list[Finding]:
+    if len(p) != len(m):
+        return [Finding(i, min(len(p), len(m)), "length_mismatch",
+                        f"position_ids has {len(p)} entries, input_ids {len(m)}")]
+    real = [t for t, v in enumerate(m) if v == 1]
+    for k, t in enumerate(real):
+        if p[t] != k:
+            if side == "left" and k == 0:
+                return [Finding(i, t, "positions_not_restarting",
+                                f"first real token after left padding has position {p[t]}, expected 0 — positions "
+                                "count padding (use attention_mask.cumsum(-1) - 1)")]
+            return [Finding(i, t, "positions", f"real token #{k} has position {p[t]}, expected {k}")]
+    return []
+
+
+def load_batch_jsonl(path: str | Path) -> dict:
+    """Read a batch file: JSONL, one object per row ``{"input_ids": [...], "attention_mask": [...],
+    "position_ids": [...]?}``; or a single JSON object whose values are lists of rows.
+
+    Returns ``{"input_ids": rows, "attention_mask": rows, "position_ids": rows | None, "pad_token_id": int | None}``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"batch file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    objs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            objs.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if n == 1:
+                try:  # one pretty-printed JSON object over several lines
+                    objs = [json.loads(text)]
+                    break
+                except json.JSONDecodeError:
+                    pass
+            raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+    if not objs:
+        raise ValueError(f"{path}: no rows")
+    for n, o in enumerate(objs, 1):
+        if not isinstance(o, dict) or "input_ids" not in o or "attention_mask" not in o:
+            raise ValueError(f"{path}: object {n} needs keys 'input_ids' and 'attention_mask'")
+    pad = next((o["pad_token_id"] for o in objs if "pad_token_id" in o), None)
+    if len(objs) == 1 and objs[0]["input_ids"] and isinstance(objs[0]["input_ids"][0], list):
+        o = objs[0]
+        return {"input_ids": o["input_ids"], "attention_mask": o["attention_mask"],
+                "position_ids": o.get("position_ids"), "pad_token_id": pad}
+    has_pos = [("position_ids" in o) for o in objs]
+    if any(has_pos) and not all(has_pos):
+        raise ValueError(f"{path}: position_ids given for some rows but not all")
+    return {
+        "input_ids": [o["input_ids"] for o in objs],
+        "attention_mask": [o["attention_mask"] for o in objs],
+        "position_ids": [o["position_ids"] for o in objs] if all(has_pos) else None,
+        "pad_token_id": pad,
+    }

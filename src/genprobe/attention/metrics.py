@@ -1,0 +1,182 @@
+"""Per-layer/per-head attention statistics: entropy, normalised entropy, far / sink / diagonal / local mass.
+
+Conventions (one query row = one probability distribution over its visible keys):
+
+* entropy ``H = -Σ p ln p`` in nats, with ``0 ln 0 = 0``; it lies in ``[0, ln n]`` for ``n`` visible keys.
+* normalised entropy ``H / ln n``; a row with a single visible key has no choice to make (``ln 1 = 0``),
+  so it is *undefined* there (``None`` per position) and excluded from the normalised mean.
+* far mass: probability on keys with ``pos_q - pos_k > distance``; sink mass: on the first real token
+  (smallest position); diagonal mass: on the query itself; local mass: on keys with
+  ``0 <= pos_q - pos_k <= local_window``.
+* means are over query positions (rows); rows with no visible key are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+METRICS = ("entropy", "norm_entropy", "far_mass", "sink_mass", "diag_mass", "local_mass")
+
+
+@dataclass
+class HeadStats:
+    """Averages over query positions for one (layer, head)."""
+
+    layer: int
+    head: int
+    entropy: float
+    norm_entropy: float | None
+    far_mass: float
+    sink_mass: float
+    diag_mass: float
+    local_mass: float
+    max_entropy: float  # mean of ln(visible keys): the uniform-attention reference
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return asdict(self)
+
+
+def _rows(probs: torch.Tensor) -> torch.Tensor:
+    if probs.dim() == 2:
+        return probs[None, None]
+    if probs.dim() == 3:
+        return probs[None]
+    if probs.dim() == 4:
+        return probs
+    raise ValueError(f"attention probabilities must be (T,T), (H,T,T) or (L,H,T,T); got shape {tuple(probs.shape)}")
+
+
+def per_position(
+    probs: torch.Tensor,
+    visible: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    distance: int = 8,
+    local_window: int = 2,
+) -> dict[str, torch.Tensor]:
+    """Per-query statistics, each (L, H, Tq) float tensors (NaN where undefined), plus ``n_visible`` (Tq,)."""
+    if distance < 0 or local_window < 0:
+        raise ValueError(f"distance ({distance}) and local_window ({local_window}) must be >= 0")
+    p = _rows(probs).double()
+    Tq, Tk = p.shape[-2:]
+    if visible is None:
+        visible = torch.ones(Tq, Tk, dtype=torch.bool).tril(diagonal=Tk - Tq)
+    if tuple(visible.shape) != (Tq, Tk):
+        raise ValueError(f"visible mask shape {tuple(visible.shape)} != attention shape {(Tq, Tk)}")
+    if positions is None:
+        positions = torch.arange(Tk)
+    k_pos = positions[-Tk:].long()
+    q_pos = positions[-Tq:].long()
+    dist = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk)
+    vis = visible.bool()
+    n_vis = vis.sum(-1)  # (Tq,)
+    p = p * vis  # mass on invisible keys would be a masking bug; the validator, not the metric, reports it
+    plogp = torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))
+    ent = -plogp.sum(-1)
+    log_n = n_vis.double().clamp_min(1).log()
+    norm = torch.where(n_vis > 1, ent / log_n.clamp_min(1e-12), torch.full_like(ent, float("nan")))
+    sink_pos = k_pos[vis.any(0)].min() if vis.any() else k_pos.min()
+    out = {
+        "entropy": ent,
+        "norm_entropy": norm,
+        "far_mass": (p * (dist > distance)).sum(-1),
+        "sink_mass": (p * (k_pos == sink_pos)[None, :]).sum(-1),
+        "diag_mass": (p * (dist == 0)).sum(-1),
+        "local_mass": (p * ((dist >= 0) & (dist <= local_window))).sum(-1),
+        "max_entropy": log_n.expand_as(ent),
+    }
+    empty = n_vis == 0
+    if empty.any():
+        for k in out:
+            out[k] = out[k].masked_fill(empty, float("nan"))
+    out["n_visible"] = n_vis
+    return out
+
+
+def _nanmean(x: torch.Tensor) -> float | None:
+    ok = ~torch.isnan(x)
+    return float(x[ok].mean()) if ok.any() else None
+
+
+def head_stats(
+    probs: torch.Tensor,
+    visible: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    distance: int = 8,
+    local_window: int = 2,
+) -> list[HeadStats]:
+    """One :class:`HeadStats` per (layer, head), averaged over query positions."""
+    pp = per_position(probs, visible, positions, distance, local_window)
+    L, H = pp["entropy"].shape[:2]
+    stats = []
+    for layer in range(L):
+        for head in range(H):
+            vals = {k: _nanmean(pp[k][layer, head]) for k in (*METRICS, "max_entropy")}
+            stats.append(HeadStats(layer=layer, head=head, **vals))
+    return stats
+
+
+def attention_report(capture, distance: int = 8, local_window: int = 2, tokens_text: list[str] | None = None) -> dict:
+    """Plain-data report of an :class:`AttentionCapture`: per-head means, per-layer means, per-position values."""
+    pp = per_position(capture.probs, capture.visible, capture.positions, distance, local_window)
+    heads = head_stats(capture.probs, capture.visible, capture.positions, distance, local_window)
+    layers = []
+    for layer in range(capture.n_layer):
+        hs = [h for h in heads if h.layer == layer]
+        row = {"layer": layer}
+        for k in (*METRICS, "max_entropy"):
+            vals = [getattr(h, k) for h in hs if getattr(h, k) is not None]
+            row[k] = sum(vals) / len(vals) if vals else None
+        layers.append(row)
+
+    def _list(t: torch.Tensor) -> list:
+        return [[[None if math.isnan(v) else round(v, 6) for v in row] for row in lay] for lay in t.tolist()]
+
+    return {
+        "distance": distance,
+        "local_window": local_window,
+        "seq_len": len(capture.tokens),
+        "n_layer": capture.n_layer,
+        "n_head": capture.n_head,
+        "implementation": capture.implementation,
+        "note": capture.note,
+        "tokens": capture.tokens,
+        "tokens_text": tokens_text,
+        "definitions": {
+            "entropy": "-sum p ln p over visible keys (nats), mean over query positions",
+            "norm_entropy": "entropy / ln(visible keys); rows with one visible key excluded",
+            "far_mass": f"mass on keys more than {distance} positions before the query",
+            "sink_mass": "mass on the first token",
+            "diag_mass": "mass on the query's own position",
+            "local_mass": f"mass on keys 0..{local_window} positions back",
+        },
+        "heads": [h.to_dict() for h in heads],
+        "layers": layers,
+        "per_position": {k: _list(pp[k]) for k in METRICS},
+        "n_visible": pp["n_visible"].tolist(),
+    }
+
+
+def format_table(report: dict) -> str:
+    """Fixed-width text table, one line per (layer, head) plus a per-layer mean line."""
+    d = report["distance"]
+    hdr = f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(d) + ' far':>7} {'sink':>6} {'diag':>6} {'local':>6}"
+    lines = [hdr, "-" * len(hdr)]
+
+    def fmt(v, w=6, p=3):
+        return f"{'—':>{w}}" if v is None else f"{v:>{w}.{p}f}"
+
+    for layer in report["layers"]:
+        for h in (h for h in report["heads"] if h["layer"] == layer["layer"]):
+            lines.append(
+                f"{h['layer']:>5} {h['head']:>4} {fmt(h['entropy'], 8)} {fmt(h['norm_entropy'])} "
+                f"{fmt(h['far_mass'], 7)} {fmt(h['sink_mass'])} {fmt(h['diag_mass'])} {fmt(h['local_mass'])}"
+            )
+        lines.append(
+            f"{layer['layer']:>5} {'mean':>4} {fmt(layer['entropy'], 8)} {fmt(layer['norm_entropy'])} "
+            f"{fmt(layer['far_mass'], 7)} {fmt(layer['sink_mass'])} {fmt(layer['diag_mass'])} {fmt(layer['local_mass'])}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""``genprobe case``: the seed chapter's case study as one command → ch3_case.json, figures, report.html."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ._common import add_json_flag, emit_json, info
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``case`` sub-command."""
+    p = sub.add_parser(
+        "case",
+        help="run the case study: train/reuse the default model, every experiment, JSON + figures + HTML report",
+        description="Reproduce the seed chapter's measurements on the bundled Tang-poem GPT. Writes "
+        "OUT/ch3_case.json, OUT/fig_*.png and one offline OUT/report.html. Without --ckpt the default "
+        "model is trained into OUT/model (reused when already there).",
+    )
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--ckpt", type=Path, default=None, help="checkpoint directory to study (default: train one)")
+    p.add_argument("--quick", action="store_true",
+                   help="reduced run for CI / first contact (quick training recipe, fewer timing reps, a shrunk scaling model)")
+    p.add_argument("--only", nargs="+", metavar="EXP", default=None,
+                   help="run only these experiments (decoding sampling exposure cache_exact cache_bugs mask_noop cache_timing cache_scaling)")
+    p.add_argument("--skip", nargs="+", metavar="EXP", default=(), help="skip these experiments")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def _model(args, corpus, progress: bool):
+    from ..corpus import CharTokenizer
+    from ..model.checkpoint import is_checkpoint, load_checkpoint, read_meta, save_checkpoint
+    from ..model.train import TrainConfig, quick_train_config, train
+
+    if args.ckpt is not None:
+        if not args.ckpt.exists():
+            raise FileNotFoundError(f"checkpoint directory not found: {args.ckpt}")
+        info(f"case: using checkpoint {args.ckpt}")
+        return (*load_checkpoint(args.ckpt), str(args.ckpt))
+    d = args.out / "model"
+    tc = quick_train_config() if args.quick else TrainConfig()
+    if is_checkpoint(d) and read_meta(d).get("summary", {}).get("train_config", {}).get("steps") == tc.steps:
+        info(f"case: reusing the model already trained in {d}")
+        return (*load_checkpoint(d), str(d))
+    info(f"case: training the default model ({tc.steps} steps) into {d}")
+    tok = CharTokenizer.from_text(corpus.text, 1200)
+    res = train(corpus, tok, tc=tc, progress=progress)
+    save_checkpoint(d, res.model, tok, res.summary)
+    return (*load_checkpoint(d), str(d))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler: train or load, run the experiments, write JSON, figures and the report."""
+    import sys
+
+    from .._io import atomic_write_json
+    from ..corpus import load_corpus
+    from ..experiments.case import CASE_KEYS, run_case
+    from ..experiments.seed import seed_tables
+    from ..report import write_figures, write_report
+    from ..report.html import headline_rows
+
+    t0 = time.perf_counter()
+    progress = not args.no_progress and sys.stderr.isatty()
+    names = [k for k in CASE_KEYS if k != "model"]
+    bad = [x for x in list(args.only or []) + list(args.skip) if x not in names]
+    if bad:
+        raise ValueError(f"unknown experiment(s) {bad}; choose from {names}")
+    only = tuple(x for x in (args.only or names) if x not in set(args.skip))
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} exists and is not a directory")
+    args.out.mkdir(parents=True, exist_ok=True)
+    corpus = load_corpus()
+    model, tok, meta, ckpt = _model(args, corpus, progress)
+    t_model = time.perf_counter() - t0
+    info("case: running experiments " + ", ".join(only))
+    case = run_case(model, tok, corpus, meta, quick=args.quick, progress=progress, only=only, log=info)
+    case["meta"]["checkpoint"] = ckpt
+    case["meta"]["model_seconds"] = round(t_model, 1)
+    seed = seed_tables()
+    json_path = args.out / "ch3_case.json"
+    atomic_write_json(json_path, case)
+    figs = write_figures(case, args.out, seed)
+    report = write_report(case, args.out, seed, figs)
+    total = time.perf_counter() - t0
+    case["meta"]["total_seconds"] = round(total, 1)
+    atomic_write_json(json_path, case)  # again, now with the total
+    rows = headline_rows(case, seed)
+    if args.json:
+        emit_json({"out": str(args.out), "json": str(json_path), "report": str(report),
+                   "figures": sorted(str(args.out / n) for n in figs), "seconds": round(total, 1),
+                   "headline": [{"metric": a, "ours": b, "seed": c} for a, b, c, _ in rows]})
+    else:
+        w = max(len(a) for a, *_ in rows)
+        print(f"{'':{w}}  {'ours':>14}  {'seed':>14}")
+        for a, b, c, _ in rows:
+            print(f"{a:{w}}  {_short(b):>14}  {_short(c):>14}")
+        print(f"\nwrote {json_path}, {len(figs)} figures and {report} in {total:.0f} s")
+    return 0
+
+
+def _short(x) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 1e-3 and x != 0 else f"{x:.4g}"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return str(x)

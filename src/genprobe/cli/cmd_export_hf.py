@@ -1,0 +1,69 @@
+"""``genprobe export-hf`` / ``genprobe import-hf``: checkpoint ⇄ ``GPT2LMHeadModel`` directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ._common import add_json_flag, emit_json, info
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``export-hf`` and ``import-hf`` sub-commands."""
+    p = sub.add_parser(
+        "export-hf",
+        help="write a checkpoint as a directory GPT2LMHeadModel.from_pretrained loads offline",
+        description="Export a genprobe checkpoint (learned positions only) to a Hugging Face GPT-2 directory: "
+        "config.json + model.safetensors + a character-level tokenizer.json (AutoTokenizer) + genprobe_tokenizer.json.",
+    )
+    p.add_argument("ckpt", type=Path, help="genprobe checkpoint directory")
+    p.add_argument("out", type=Path, help="directory to write (must be empty or absent unless --force)")
+    p.add_argument("--force", action="store_true", help="replace an existing non-empty OUT")
+    add_json_flag(p)
+    p.set_defaults(func=run_export)
+
+    q = sub.add_parser(
+        "import-hf",
+        help="turn a GPT-2 directory (safetensors) back into a genprobe checkpoint",
+        description="Load a Hugging Face GPT-2 directory (offline, safetensors only, never pickle) with its "
+        "character vocabulary and save it as a genprobe checkpoint.",
+    )
+    q.add_argument("hf_dir", type=Path, help="directory written by export-hf (or any char-level GPT-2 dir)")
+    q.add_argument("out_ckpt", type=Path, help="genprobe checkpoint directory to write")
+    add_json_flag(q)
+    q.set_defaults(func=run_import)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Export and report what was written."""
+    from ..model.hf_dir import export_hf_dir
+
+    res = export_hf_dir(args.ckpt, args.out, overwrite=args.force)
+    info(f"wrote {res['out']}: {', '.join(res['files'])} ({res['parameters']:,} parameters)")
+    info(f"load it with GPT2LMHeadModel.from_pretrained({str(res['out'])!r}) and AutoTokenizer.from_pretrained(...)")
+    if args.json:
+        emit_json(res)
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    """Import and save as a checkpoint."""
+    from ..model.checkpoint import META, save_checkpoint
+    from ..model.hf_dir import import_hf_dir
+
+    out: Path = args.out_ckpt
+    if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
+        raise ValueError(f"{out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it")
+    model, tok = import_hf_dir(args.hf_dir)
+    save_checkpoint(out, model, tok, {"imported_from": str(args.hf_dir)})
+    res = {
+        "out": str(out),
+        "source": str(args.hf_dir),
+        "parameters": model.num_parameters(),
+        "vocab_size": tok.vocab_size,
+        "config": model.cfg.to_dict(),
+    }
+    info(f"wrote checkpoint {out} ({res['parameters']:,} parameters, vocabulary {tok.vocab_size:,} ids)")
+    if args.json:
+        emit_json(res)
+    return 0

@@ -1,0 +1,261 @@
+"""Generation loops: naive (recompute the prefix every step) and cached (KV cache + ``forward_step``).
+
+Prompts of different lengths are left-padded into one batch. Padding is invisible: it gets no
+position (positions count only real tokens) and its keys are masked, so a padded row yields the
+same logits as the same prompt alone (seed §3.4.10). The loop writes into a preallocated token
+buffer (no per-step ``torch.cat``, seed §3.10.7) and runs under ``torch.inference_mode()``.
+
+``model`` is a :class:`~genprobe.model.GPT` or anything with the runner protocol of
+:class:`Runner` — e.g. :class:`genprobe.engine.hf_adapter.HFCausalLM`, which drives a
+``transformers`` causal LM with its own cache.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from ..model.gpt import GPT
+from .cache import KVCache
+from .sampling import SamplerConfig, process_logits, sample_next
+
+GREEDY = SamplerConfig(greedy=True)
+
+
+class Runner(Protocol):
+    """What :func:`generate` needs from a model (our GPT is wrapped in :class:`GPTRunner`)."""
+
+    vocab_size: int
+    max_positions: int | None  # hard context limit (learned positions), None if unbounded
+    pad_id: int
+
+    def new_state(self, batch_size: int, max_len: int) -> Any:
+        """Fresh per-generation cache state for ``batch_size`` rows of up to ``max_len`` tokens."""
+
+    def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: Any) -> torch.Tensor:
+        """Cached forward of new tokens ``ids`` (B, T), ``valid`` (B, T) bool or None → logits (B, T, V)."""
+
+    def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Uncached forward of the whole sequence (B, T) with key-padding ``valid`` → logits (B, T, V)."""
+
+
+class GPTRunner:
+    """The reference GPT behind the :class:`Runner` protocol (cache = our preallocated :class:`KVCache`)."""
+
+    pad_id = 0
+
+    def __init__(self, model: GPT):
+        self.model = model
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.vocab_size = model.cfg.vocab_size
+        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+
+    def new_state(self, batch_size: int, max_len: int) -> KVCache:
+        return KVCache.for_model(self.model.cfg, batch_size, max_len=max_len, dtype=self.dtype, device=self.device)
+
+    def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: KVCache) -> torch.Tensor:
+        return self.model(ids, cache=state, attention_mask=valid)
+
+    def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, attention_mask=valid)
+
+
+def as_runner(model: Any) -> Runner:
+    """Wrap a GPT; pass anything already following the runner protocol through."""
+    if isinstance(model, GPT):
+        return GPTRunner(model)
+    if all(hasattr(model, a) for a in ("new_state", "step", "full", "vocab_size")):
+        return model
+    raise TypeError(
+        f"generate() needs a genprobe GPT or a runner (e.g. HFCausalLM(hf_model)), got {type(model).__name__}"
+    )
+
+
+@dataclass
+class GenerationResult:
+    """New tokens per row plus what the run cost; ``step_logits`` are the RAW model logits of each step."""
+
+    tokens: list[list[int]]
+    prompt_tokens: list[list[int]]
+    finished: list[str]  # per row: "length" | "eos"
+    token_forwards: int  # token positions pushed through the model per row (padding included)
+    forward_calls: int
+    mode: str
+    sampler: dict
+    seconds: float = 0.0
+    step_logits: list[torch.Tensor] | None = None  # per step (B, V), raw model output
+    step_probs: list[torch.Tensor] | None = None  # per step (B, V), the sampling distribution
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self, with_steps: bool = False) -> dict:
+        """Plain-JSON form (per-step tensors only if ``with_steps``)."""
+        d = {
+            "tokens": self.tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "finished": self.finished,
+            "token_forwards": self.token_forwards,
+            "forward_calls": self.forward_calls,
+            "mode": self.mode,
+            "sampler": self.sampler,
+            "seconds": self.seconds,
+        }
+        if with_steps and self.step_logits is not None:
+            d["step_logits"] = [t.tolist() for t in self.step_logits]
+        if with_steps and self.step_probs is not None:
+            d["step_probs"] = [t.tolist() for t in self.step_probs]
+        return d
+
+
+def token_forward_count(prompt_len: int, new_tokens: int, mode: str) -> int:
+    """Token forwards to generate ``new_tokens`` after ``prompt_len`` (seed §3.3.2): naive Σ(P+i), cached P+N−1."""
+    if new_tokens <= 0:
+        return 0
+    if mode == "naive":
+        return sum(prompt_len + i for i in range(new_tokens))
+    return prompt_len + new_tokens - 1
+
+
+def _check_inputs(runner: Runner, prompts: Sequence[Sequence[int]], max_new_tokens: int, mode: str) -> int:
+    if mode not in ("cached", "naive"):
+        raise ValueError(f"mode must be 'cached' or 'naive', got {mode!r}")
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt")
+    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+        lo, hi = min(p), max(p)
+        if lo < 0 or hi >= runner.vocab_size:
+            raise ValueError(f"prompt {i} holds token id outside [0, {runner.vocab_size}): min {lo}, max {hi}")
+    P = max(len(p) for p in prompts)
+    limit = runner.max_positions
+    if limit is not None and P + max_new_tokens > limit:
+        raise ValueError(
+            f"context overflow: longest prompt ({P} tokens) + max_new_tokens ({max_new_tokens}) = "
+            f"{P + max_new_tokens} exceeds the model's context length {limit} (block_size); "
+            f"ask for at most {max(limit - P, 0)} new tokens"
+        )
+    return P
+
+
+def generate(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampler: SamplerConfig | None = None,
+    mode: str = "cached",
+    seed: int = 0,
+    eos_id: int | None = None,
+    return_logits: bool = False,
+    return_probs: bool = False,
+    on_token: Callable[[int, list[int]], None] | None = None,
+) -> GenerationResult:
+    """Generate ``max_new_tokens`` after each prompt (left-padded batch); greedy when ``sampler`` is None.
+
+    ``on_token(step, token_ids)`` is called after every step with one new id per row (rows that
+    already finished get ``-1``). Rows stop at ``eos_id`` (the eos token is kept in ``tokens``).
+    """
+    runner = as_runner(model)
+    cfg = sampler or GREEDY
+    P = _check_inputs(runner, prompts, max_new_tokens, mode)
+    N = int(max_new_tokens)
+    B = len(prompts)
+    device = getattr(runner, "device", None) or _device_of(model)
+    gen = None if cfg.greedy else torch.Generator(device="cpu").manual_seed(int(seed))
+
+    # Preallocated token buffer and key-validity buffer (left padding = invalid).
+    buf = torch.full((B, P + N), runner.pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros((B, P + N), dtype=torch.bool, device=device)
+    for b, p in enumerate(prompts):
+        buf[b, P - len(p) : P] = torch.as_tensor(list(p), dtype=torch.long)
+        valid[b, P - len(p) : P] = True
+    padded = not bool(valid[:, :P].all())
+    plain_greedy = cfg.greedy and cfg.is_identity  # argmax of the raw logits, nothing to process
+    # The validity buffer only needs updating when something reads it after the prompt.
+    track_valid = mode == "naive" or eos_id is not None or cfg.uses_history or on_token is not None
+    history_buf = torch.where(valid, buf, -1) if cfg.uses_history else None
+
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    lengths = [N] * B
+    finished = ["length"] * B
+    step_logits: list[torch.Tensor] | None = [] if return_logits else None
+    step_probs: list[torch.Tensor] | None = [] if return_probs else None
+    forwards = calls = 0
+    steps_done = 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        state = runner.new_state(B, P + N) if mode == "cached" else None
+        for i in range(N):
+            cur = P + i
+            if mode == "naive" or i == 0:
+                ids = buf[:, :cur]
+                if mode == "naive":
+                    logits = runner.full(ids, valid[:, :cur])[:, -1]
+                else:
+                    logits = runner.step(ids, valid[:, :cur] if padded else None, state)[:, -1]
+                forwards += cur
+            else:
+                col = valid[:, cur - 1 : cur] if eos_id is not None else None
+                logits = runner.step(buf[:, cur - 1 : cur], col, state)[:, -1]
+                forwards += 1
+            calls += 1
+            hist = history_buf[:, :cur] if history_buf is not None else None
+            processed = None
+            if plain_greedy and not return_probs:
+                nxt = logits.argmax(dim=-1)
+            else:
+                if return_probs or not cfg.is_identity:
+                    processed = process_logits(logits, hist, cfg, prompt_len=P)
+                nxt = sample_next(logits, hist, cfg, gen, processed=processed)
+            if return_logits:
+                step_logits.append(logits.detach().float().clone())
+            if return_probs:
+                step_probs.append(torch.softmax(processed, dim=-1))
+            if eos_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, runner.pad_id), nxt)
+                valid[:, cur] = ~done
+            elif track_valid:
+                valid[:, cur] = True
+            buf[:, cur] = nxt
+            if history_buf is not None:
+                history_buf[:, cur] = torch.where(valid[:, cur], nxt, -1)
+            steps_done = i + 1
+            if on_token is not None:
+                on_token(i, torch.where(valid[:, cur], nxt, -1).tolist())
+            if eos_id is not None:
+                newly = (nxt == eos_id) & ~done
+                if bool(newly.any()):
+                    for b in newly.nonzero().flatten().tolist():
+                        lengths[b] = i + 1
+                        finished[b] = "eos"
+                    done |= newly
+                    if bool(done.all()):
+                        break
+    seconds = time.perf_counter() - t0
+    out = buf[:, P : P + steps_done].tolist()
+    tokens = [row[: min(lengths[b], steps_done)] for b, row in enumerate(out)]
+    return GenerationResult(
+        tokens=tokens,
+        prompt_tokens=[list(map(int, p)) for p in prompts],
+        finished=finished,
+        token_forwards=forwards,
+        forward_calls=calls,
+        mode=mode,
+        sampler=cfg.to_dict(),
+        seconds=seconds,
+        step_logits=step_logits,
+        step_probs=step_probs,
+    )
+
+
+def _device_of(model: Any) -> torch.device:
+    m = getattr(model, "model", model)
+    try:
+        return next(m.parameters()).device
+    except (AttributeError, StopIteration, TypeError):
+        return torch.device("cpu")

@@ -1,0 +1,171 @@
+"""Drive any ``transformers`` causal LM with genprobe's generation loop (and every sampler).
+
+:class:`HFCausalLM` follows the :class:`genprobe.engine.generate.Runner` protocol: the HF model
+keeps its *own* cache (``DynamicCache``), we only supply the attention mask over everything seen so
+far and ``position_ids`` that count real tokens (left padding gets no position — the same rule our
+GPT uses, and what HF's ``generate`` does). :func:`load_causal_lm` opens a genprobe checkpoint dir
+or an HF model dir offline, with a tokenizer behind one tiny protocol (:class:`TokenizerLike`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+
+class TokenizerLike(Protocol):
+    """What the CLI needs from a tokenizer."""
+
+    vocab_size: int
+    unk_id: int | None
+
+    def encode(self, text: str) -> list[int]:
+        """Text → ids (no special tokens added)."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Ids → text."""
+
+
+class _HFCacheState:
+    """Per-generation state: HF's own cache + the key-validity mask of everything fed so far."""
+
+    def __init__(self, cache: Any, batch_size: int, max_len: int, device: torch.device):
+        self.cache = cache
+        self.mask = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
+        self.length = 0
+        self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.padded = False
+
+
+class HFCausalLM:
+    """A ``transformers`` causal LM behind the runner protocol (``vocab_size``, ``max_positions``, ``step``, ``full``)."""
+
+    def __init__(self, hf_model: Any):
+        if not hasattr(hf_model, "config") or not callable(hf_model):
+            raise TypeError(f"HFCausalLM needs a transformers model, got {type(hf_model).__name__}")
+        self.model = hf_model.eval()
+        c = hf_model.config
+        out_emb = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
+        self.vocab_size = int(out_emb.weight.shape[0]) if out_emb is not None else int(c.vocab_size)
+        self.max_positions = getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None)
+        pad = getattr(c, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None and 0 <= int(pad) < self.vocab_size else 0
+        params = inspect.signature(hf_model.forward).parameters
+        # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; support both.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def config(self) -> Any:
+        """The wrapped model's config."""
+        return self.model.config
+
+    def parameters(self):
+        """The wrapped model's parameters (device/dtype discovery)."""
+        return self.model.parameters()
+
+    def new_state(self, batch_size: int, max_len: int) -> _HFCacheState:
+        """A fresh ``DynamicCache`` plus a preallocated attention-mask buffer."""
+        from transformers import DynamicCache
+
+        try:
+            cache = DynamicCache(config=self.model.config)
+        except TypeError:  # older transformers
+            cache = DynamicCache()
+        device = next(self.model.parameters()).device
+        return _HFCacheState(cache, batch_size, max_len, device)
+
+    def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState) -> torch.Tensor:
+        """Cached forward of new tokens (B, T) → logits (B, T, V); positions continue each row's real count."""
+        B, T = ids.shape
+        end = state.length + T
+        if end > state.mask.shape[1]:
+            raise ValueError(f"HF cache state overflow: {state.length} + {T} > {state.mask.shape[1]}")
+        if valid is None:
+            state.mask[:, state.length : end] = 1
+            positions = state.next_pos[:, None] + torch.arange(T, device=ids.device)
+        else:
+            v = valid.to(torch.long)
+            state.mask[:, state.length : end] = v
+            positions = state.next_pos[:, None] + (v.cumsum(1) - 1).clamp(min=0)
+            state.padded = state.padded or not bool(valid.all())
+        if self.max_positions is not None and int(positions.max()) >= self.max_positions:
+            raise ValueError(
+                f"context overflow: position {int(positions.max())} is beyond the model's context length "
+                f"{self.max_positions} (n_positions / max_position_embeddings)"
+            )
+        kwargs = {self._cache_kw: state.cache, "use_cache": True, "position_ids": positions}
+        if state.padded:
+            kwargs["attention_mask"] = state.mask[:, :end]
+        out = self.model(input_ids=ids, **kwargs)
+        state.length = end
+        state.next_pos = state.next_pos + (T if valid is None else valid.to(torch.long).sum(1))
+        return out.logits
+
+    def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Uncached forward of the whole (left-padded) sequence → logits (B, T, V)."""
+        v = valid.to(torch.long)
+        positions = (v.cumsum(1) - 1).clamp(min=0)
+        return self.model(input_ids=ids, attention_mask=v, position_ids=positions, use_cache=False).logits
+
+
+class HFTokenizer:
+    """An ``AutoTokenizer`` behind :class:`TokenizerLike` (no special tokens added on encode)."""
+
+    def __init__(self, tok: Any):
+        self.tok = tok
+        self.vocab_size = len(tok)
+        self.unk_id = tok.unk_token_id
+
+    def encode(self, text: str, warn: bool = True) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int], show_unk: bool = False) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=not show_unk)
+
+
+def _char_tokenizer(d: dict):
+    from ..corpus.tokenizer import UNK_ID, CharTokenizer
+
+    tok = CharTokenizer.from_dict(d)
+    tok.unk_id = UNK_ID  # type: ignore[attr-defined]  # TokenizerLike
+    return tok
+
+
+def load_causal_lm(path: str | os.PathLike) -> tuple[Any, Any]:
+    """Open a genprobe checkpoint dir (→ GPT, CharTokenizer) or an HF model dir (→ HFCausalLM, tokenizer), offline."""
+    from ..model.checkpoint import is_checkpoint, load_checkpoint
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no such checkpoint or model directory: {p}")
+    if is_checkpoint(p):
+        model, tok, _ = load_checkpoint(p)
+        from ..corpus.tokenizer import UNK_ID
+
+        tok.unk_id = UNK_ID  # type: ignore[attr-defined]
+        return model, tok
+    if not (p.is_dir() and (p / "config.json").exists()):
+        raise ValueError(
+            f"{p} is neither a genprobe checkpoint (genprobe.json + model.safetensors) nor a transformers "
+            "model directory (config.json)"
+        )
+    from transformers import AutoModelForCausalLM
+
+    if not any(p.glob("*.safetensors")):
+        # Pickled weights (pytorch_model.bin) can run code on load: genprobe never unpickles.
+        raise ValueError(f"{p} holds no *.safetensors weights; genprobe loads safetensors only (never pickles)")
+    hf = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, trust_remote_code=False, use_safetensors=True)
+    model = HFCausalLM(hf.eval())
+    tok_file = p / "genprobe_tokenizer.json"
+    if tok_file.exists():
+        tok = _char_tokenizer(json.loads(tok_file.read_text(encoding="utf-8")))
+    else:
+        from transformers import AutoTokenizer
+
+        tok = HFTokenizer(AutoTokenizer.from_pretrained(p, local_files_only=True, trust_remote_code=False))
+    return model, tok

@@ -1,0 +1,23 @@
+"""The seed chapter's experiments as functions returning plain data (the keys of ``ch3_case.json``)."""
+
+from .case import CASE_KEYS, model_summary, run_case
+from .decoding import STRATEGIES, run_decoding
+from .exposure import run_exposure
+from .findings import findings
+from .sampling import run_sampling
+from .seed import seed_tables
+from .timing import run_cache_scaling, run_cache_timing
+
+__all__ = [
+    "CASE_KEYS",
+    "STRATEGIES",
+    "findings",
+    "model_summary",
+    "run_cache_scaling",
+    "run_cache_timing",
+    "run_case",
+    "run_decoding",
+    "run_exposure",
+    "run_sampling",
+    "seed_tables",
+]

@@ -1,0 +1,52 @@
+"""Small helpers shared by the experiments: prompt encoding, next-token logits, rounding."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from ..corpus import CharTokenizer
+from ..model.gpt import GPT
+
+CASE_PROMPT = "春江潮水连海平"
+
+
+def encode_prompt(tok: CharTokenizer, text: str) -> tuple[list[int], list[str]]:
+    """Ids of ``text`` and the characters that became ``<unk>`` (reported, not warned: the case expects them)."""
+    if not text:
+        raise ValueError("prompt must not be empty")
+    res = tok.encode_with_report(text)
+    return res.ids, res.unknown_chars
+
+
+@torch.no_grad()
+def next_token_logits(model: GPT, ids: list[int]) -> torch.Tensor:
+    """Raw logits (V,) of the next token after ``ids`` (last ``block_size`` tokens)."""
+    ids = ids[-model.cfg.block_size :]
+    return model(torch.tensor([ids], dtype=torch.long))[0, -1].float()
+
+
+def entropy_nats(logits: torch.Tensor, temperature: float = 1.0) -> tuple[float, float]:
+    """(entropy in nats, max probability) of softmax(logits / τ), computed in float64."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    p = logp.exp()
+    h = float(-(p * logp.nan_to_num(neginf=0.0)).sum())
+    return h, float(p.max())
+
+
+def r(x: float | None, nd: int = 4) -> float | None:
+    """Round for JSON (None and non-finite values pass as None)."""
+    if x is None or not math.isfinite(x):
+        return None
+    return round(float(x), nd)
+
+
+def quiet_encode(tok: CharTokenizer, text: str) -> list[int]:
+    """Encode corpus text without the unknown-character warning (corpus text has them by design)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tok.encode(text, warn=False)

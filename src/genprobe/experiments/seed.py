@@ -1,0 +1,17 @@
+"""The seed chapter's own figures (``seed_tables.json``), keyed like ``ch3_case.json``."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+
+@lru_cache(maxsize=1)
+def _load() -> str:
+    return (resources.files("genprobe.experiments") / "seed_tables.json").read_text(encoding="utf-8")
+
+
+def seed_tables() -> dict:
+    """A fresh copy of the transcribed seed figures (safe to mutate)."""
+    return json.loads(_load())

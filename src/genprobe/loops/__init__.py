@@ -1,0 +1,12 @@
+"""Loop observatory and directional repair (seed 001): scan, contrast, direction, locate, edit, patch."""
+
+from .arch import MLPSite, forward_logits, get_columns, mlp_sites, set_columns, state_sha256
+from .edit import FORMS, EditSpec, column_scores, edit_columns, make_patch, select_columns
+from .hooks import ablate, capture, remove_direction
+from .patch import Patch, PatchError, PatchTarget, apply_patch, finalise, load_patch, revert_patch, save_patch
+
+__all__ = [
+    "FORMS", "EditSpec", "MLPSite", "Patch", "PatchError", "PatchTarget", "ablate", "apply_patch", "capture",
+    "column_scores", "edit_columns", "finalise", "forward_logits", "get_columns", "load_patch", "make_patch",
+    "mlp_sites", "remove_direction", "revert_patch", "save_patch", "select_columns", "set_columns", "state_sha256",
+]

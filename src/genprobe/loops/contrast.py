@@ -1,0 +1,131 @@
+"""Contrastive activations: positions inside loops versus positions outside them.
+
+Each scanned sequence (prompt + generated tokens) is run once more, teacher-forced, with capture
+hooks on every layer. Position ``t`` is labelled by the token it *predicts* (generated index
+``j = t + 1 − len(prompt)``):
+
+* **loop**: the generation loops and ``j >= onset + period`` — the model is repeating the unit;
+* **reference**: ``j >= 0`` in a non-looping generation, or ``j < onset`` before a loop starts.
+
+If the generations give fewer than ``min_reference`` reference positions (a model that loops on
+nearly every prompt), teacher-forced held-out text is added as reference and this is reported.
+Right padding is used so no real position ever sees padding (causal attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from .arch import forward_logits, mlp_sites
+from .hooks import capture
+
+
+@dataclass
+class Contrast:
+    """Per layer: stacked loop / reference MLP-output vectors, residual means, unit means in loops."""
+
+    loop: dict[int, torch.Tensor]  # layer -> (N_loop, d_model) MLP outputs
+    reference: dict[int, torch.Tensor]  # layer -> (N_ref, d_model)
+    unit_mean_loop: dict[int, torch.Tensor]  # layer -> (d_ff,)
+    unit_mean_reference: dict[int, torch.Tensor]
+    resid_mean_loop: dict[int, torch.Tensor]
+    resid_mean_reference: dict[int, torch.Tensor]
+    counts: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """Counts and sources (JSON)."""
+        return dict(self.counts)
+
+
+def _labels(prompt_len: int, total: int, rec: dict) -> tuple[list[int], list[int]]:
+    loop, ref = [], []
+    for t in range(total - 1):
+        j = t + 1 - prompt_len
+        if j < 0:
+            continue
+        if rec["looping"] and j >= rec["onset"] + rec["period"]:
+            loop.append(t)
+        elif not rec["looping"] or j < rec["onset"]:
+            ref.append(t)
+    return loop, ref
+
+
+@torch.no_grad()
+def _collect(model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int):
+    n_layers = len(mlp_sites(model))
+    acc = {"loop": {l: {"mlp_out": [], "resid": [], "units": []} for l in range(n_layers)},
+           "ref": {l: {"mlp_out": [], "resid": [], "units": []} for l in range(n_layers)}}
+    for s in range(0, len(seqs), batch_size):
+        chunk, lab = seqs[s : s + batch_size], labels[s : s + batch_size]
+        T = max(len(x) for x in chunk)
+        ids = torch.full((len(chunk), T), pad_id, dtype=torch.long)
+        valid = torch.zeros((len(chunk), T), dtype=torch.bool)
+        for i, x in enumerate(chunk):
+            ids[i, : len(x)] = torch.tensor(x)
+            valid[i, : len(x)] = True
+        sel = {"loop": ([], []), "ref": ([], [])}
+        for i, (lp, rp) in enumerate(lab):
+            for name, pos in (("loop", lp), ("ref", rp)):
+                sel[name][0].extend([i] * len(pos))
+                sel[name][1].extend(pos)
+        dev = next(iter(mlp_sites(model)[0].down.parameters())).device
+        with capture(model, kinds=("mlp_out", "resid", "units")) as cap:
+            forward_logits(model, ids.to(dev), None if bool(valid.all()) else valid.to(dev))
+        for name, (rows, cols) in sel.items():
+            if not rows:
+                continue
+            r, c = torch.tensor(rows), torch.tensor(cols)
+            for l in range(n_layers):
+                for kind in ("mlp_out", "resid", "units"):
+                    acc[name][l][kind].append(cap.get(kind, l)[0][r, c].float().cpu())
+    return acc
+
+
+def collect_contrast(
+    model: Any,
+    records: Sequence[dict],
+    *,
+    batch_size: int = 64,
+    pad_id: int = 0,
+    reference_text_windows: Sequence[list[int]] | None = None,
+    min_reference: int = 256,
+) -> Contrast:
+    """Teacher-force every record (``prompt_ids`` + ``tokens`` + loop fields) and split positions."""
+    seqs, labels = [], []
+    for rec in records:
+        seq = list(rec["prompt_ids"]) + list(rec["tokens"])
+        seqs.append(seq)
+        labels.append(_labels(len(rec["prompt_ids"]), len(seq), rec))
+    acc = _collect(model, seqs, labels, batch_size, pad_id)
+    n_layers = len(acc["loop"])
+    n_loop = sum(len(l) for l, _ in labels)
+    n_ref = sum(len(r) for _, r in labels)
+    counts = {"loop_positions": n_loop, "reference_positions_generated": n_ref, "reference_positions_text": 0,
+              "sequences": len(seqs), "looping_sequences": sum(1 for r in records if r["looping"])}
+    if n_loop == 0:
+        raise ValueError("no loop positions: none of the scanned generations loops, so there is nothing to contrast")
+    if n_ref < min_reference and reference_text_windows:
+        text_labels = [([], list(range(len(w) - 1))) for w in reference_text_windows]
+        extra = _collect(model, list(reference_text_windows), text_labels, batch_size, pad_id)
+        for l in range(n_layers):
+            for kind in ("mlp_out", "resid", "units"):
+                acc["ref"][l][kind].extend(extra["ref"][l][kind])
+        counts["reference_positions_text"] = sum(len(w) - 1 for w in reference_text_windows)
+    if n_ref + counts["reference_positions_text"] == 0:
+        raise ValueError("no reference positions: every generated position is inside a loop and no reference text was given")
+
+    def cat(name: str, l: int, kind: str) -> torch.Tensor:
+        return torch.cat(acc[name][l][kind]) if acc[name][l][kind] else torch.empty(0)
+
+    return Contrast(
+        loop={l: cat("loop", l, "mlp_out") for l in range(n_layers)},
+        reference={l: cat("ref", l, "mlp_out") for l in range(n_layers)},
+        unit_mean_loop={l: cat("loop", l, "units").mean(0) for l in range(n_layers)},
+        unit_mean_reference={l: cat("ref", l, "units").mean(0) for l in range(n_layers)},
+        resid_mean_loop={l: cat("loop", l, "resid").mean(0) for l in range(n_layers)},
+        resid_mean_reference={l: cat("ref", l, "resid").mean(0) for l in range(n_layers)},
+        counts=counts,
+    )

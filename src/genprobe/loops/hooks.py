@@ -1,0 +1,101 @@
+"""Forward hooks that are always removed: activation capture and direction ablation.
+
+Both are context managers; hooks are registered on entry and removed in ``finally`` — also when
+the body raises — so a model never keeps a stale hook (checked by the tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .arch import mlp_sites
+
+KINDS = ("mlp_out", "resid", "units")
+
+
+def _first(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+@dataclass
+class Captured:
+    """Per layer and kind, the tensors seen by the hooks, one entry per forward call."""
+
+    data: dict[str, dict[int, list[torch.Tensor]]] = field(default_factory=dict)
+
+    def get(self, kind: str, layer: int) -> list[torch.Tensor]:
+        """Tensors (B, T, D) captured for ``kind`` at ``layer``, in call order."""
+        return self.data.get(kind, {}).get(layer, [])
+
+
+@contextlib.contextmanager
+def capture(
+    model: Any, layers: list[int] | None = None, kinds: tuple[str, ...] = ("mlp_out",),
+    transform: Callable[[str, int, torch.Tensor], torch.Tensor] | None = None,
+) -> Iterator[Captured]:
+    """Record ``mlp_out`` (MLP output added to the residual), ``resid`` (block output) and/or
+    ``units`` (input of the down-projection: post-activation unit values) per layer.
+
+    ``transform(kind, layer, tensor)`` may reduce what is stored (e.g. select positions).
+    """
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ValueError(f"unknown capture kinds {bad}; choose from {KINDS}")
+    sites = mlp_sites(model)
+    layers = list(range(len(sites))) if layers is None else list(layers)
+    for l in layers:
+        if not 0 <= l < len(sites):
+            raise ValueError(f"layer {l} out of range: the model has {len(sites)} layers")
+    cap = Captured({k: {l: [] for l in layers} for k in kinds})
+
+    def store(kind: str, layer: int, t: torch.Tensor) -> None:
+        t = t.detach()
+        cap.data[kind][layer].append(transform(kind, layer, t) if transform else t.clone())
+
+    handles = []
+    try:
+        for l in layers:
+            s = sites[l]
+            if "mlp_out" in kinds:
+                handles.append(s.mlp.register_forward_hook(lambda m, i, o, l=l: store("mlp_out", l, _first(o))))
+            if "resid" in kinds:
+                handles.append(s.block.register_forward_hook(lambda m, i, o, l=l: store("resid", l, _first(o))))
+            if "units" in kinds:
+                handles.append(s.down.register_forward_pre_hook(lambda m, i, l=l: store("units", l, i[0])))
+        yield cap
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def remove_direction(h: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """h − (h·d) d for a unit vector d, over the last dimension."""
+    d = d.to(dtype=h.dtype, device=h.device)
+    return h - (h @ d)[..., None] * d
+
+
+@contextlib.contextmanager
+def ablate(model: Any, directions: dict[int, torch.Tensor]) -> Iterator[None]:
+    """While active, each listed layer's MLP output loses its component along that layer's direction."""
+    sites = mlp_sites(model)
+    handles = []
+    try:
+        for l, d in directions.items():
+            if not 0 <= l < len(sites):
+                raise ValueError(f"layer {l} out of range: the model has {len(sites)} layers")
+            d = d / d.norm()
+
+            def hook(m, i, o, d=d):
+                if isinstance(o, (tuple, list)):
+                    return (remove_direction(o[0], d), *o[1:])
+                return remove_direction(o, d)
+
+            handles.append(sites[l].mlp.register_forward_hook(hook))
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,196 @@
+"""Weight patches: what changed (tensor, columns, original and new values, direction) plus hashes.
+
+On disk a patch is two files written atomically: ``<name>.safetensors`` (tensors) and
+``<name>.json`` (edit parameters, target names, fraction of weights changed, and the sha256 of the
+model's full state before and after — see :func:`genprobe.loops.arch.state_sha256`).
+:func:`apply_patch` refuses a model whose state hash is not the recorded "before";
+:func:`revert_patch` refuses one that is not the recorded "after", writes back the original values
+and checks that the "before" hash is reproduced bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .._io import atomic_write, atomic_write_json, sha256_file
+from .arch import count_parameters, mlp_sites, set_columns, state_sha256
+
+FORMAT = "genprobe-loop-patch-v1"
+
+
+class PatchError(ValueError):
+    """A patch does not fit the model it is applied to (hash mismatch, shapes, unknown tensors)."""
+
+
+@dataclass
+class PatchTarget:
+    """Edited columns of one down-projection: W[:, columns] went from ``original`` to ``new`` (rows = columns)."""
+
+    name: str
+    layer: int
+    layout: str
+    columns: torch.Tensor  # (k,) int64
+    original: torch.Tensor  # (k, d_model)
+    new: torch.Tensor  # (k, d_model)
+    direction: torch.Tensor  # (d_model,) float32
+    alpha: float = 0.0  # the absolute strength used in this tensor
+
+    def changed(self) -> int:
+        """Number of weights whose value actually changes."""
+        return int((self.original != self.new).sum())
+
+
+@dataclass
+class Patch:
+    """A set of column edits plus metadata (hashes are filled by :func:`apply_patch` / :func:`finalise`)."""
+
+    targets: list[PatchTarget]
+    meta: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """The JSON side of the patch."""
+        d = dict(self.meta)
+        d["format"] = FORMAT
+        d["targets"] = [
+            {"name": t.name, "layer": t.layer, "layout": t.layout, "columns": t.columns.tolist(), "changed": t.changed(),
+             "alpha": t.alpha}
+            for t in self.targets
+        ]
+        return d
+
+
+def _site_for(model: Any, t: PatchTarget):
+    sites = mlp_sites(model)
+    if not 0 <= t.layer < len(sites) or sites[t.layer].weight_name != t.name:
+        raise PatchError(f"patch target {t.name} (layer {t.layer}) does not exist in this model")
+    s = sites[t.layer]
+    if s.layout != t.layout or t.original.shape != (t.columns.numel(), s.d_model) or int(t.columns.max()) >= s.d_ff:
+        raise PatchError(
+            f"patch target {t.name}: shape/layout mismatch (patch {t.layout} columns {t.columns.numel()}×"
+            f"{tuple(t.original.shape)}, model {s.layout} d_model={s.d_model} d_ff={s.d_ff})"
+        )
+    return s
+
+
+def write_values(model: Any, patch: Patch, which: str) -> None:
+    """Write ``which`` ("new" or "original") values of every target into the model, unchecked."""
+    for t in patch.targets:
+        set_columns(_site_for(model, t), t.columns, t.new if which == "new" else t.original)
+
+
+def finalise(model: Any, patch: Patch) -> Patch:
+    """Record before/after hashes and the fraction of weights changed (model left unchanged)."""
+    before = state_sha256(model)
+    write_values(model, patch, "new")
+    try:
+        after = state_sha256(model)
+    finally:
+        write_values(model, patch, "original")
+    if state_sha256(model) != before:  # pragma: no cover - set_columns is an exact copy
+        raise PatchError("restoring the original columns did not reproduce the model's hash")
+    changed = sum(t.changed() for t in patch.targets)
+    total = count_parameters(model)
+    patch.meta.update(
+        sha256_before=before,
+        sha256_after=after,
+        weights_changed=changed,
+        total_parameters=total,
+        fraction_changed=changed / total,
+    )
+    return patch
+
+
+def apply_patch(model: Any, patch: Patch) -> str:
+    """Apply in place; refuses unless the model's state hash equals the patch's "before". Returns the new hash."""
+    want = patch.meta.get("sha256_before")
+    if not want:
+        raise PatchError("patch has no recorded sha256_before; call finalise() on the model it was made for")
+    have = state_sha256(model)
+    if have != want:
+        raise PatchError(
+            f"refusing to apply: the model's weights (sha256 {have}) are not the ones this patch was made for "
+            f"(sha256_before {want})"
+        )
+    for t in patch.targets:
+        _site_for(model, t)
+    write_values(model, patch, "new")
+    after = state_sha256(model)
+    if after != patch.meta.get("sha256_after"):
+        write_values(model, patch, "original")
+        raise PatchError(f"patched weights hash {after} != recorded sha256_after {patch.meta.get('sha256_after')}; rolled back")
+    return after
+
+
+def revert_patch(model: Any, patch: Patch) -> str:
+    """Restore the original values exactly; refuses unless the model is the patched one; checks the "before" hash."""
+    have = state_sha256(model)
+    want = patch.meta.get("sha256_after")
+    if have != want:
+        raise PatchError(
+            f"refusing to revert: the model's weights (sha256 {have}) are not the patched weights "
+            f"(sha256_after {want})"
+        )
+    write_values(model, patch, "original")
+    back = state_sha256(model)
+    if back != patch.meta["sha256_before"]:  # pragma: no cover - exact copy
+        write_values(model, patch, "new")
+        raise PatchError(f"revert produced sha256 {back}, expected sha256_before {patch.meta['sha256_before']}")
+    return back
+
+
+def _paths(path: str | os.PathLike) -> tuple[Path, Path]:
+    p = Path(path)
+    stem = p.with_suffix("") if p.suffix in (".json", ".safetensors") else p
+    return stem.with_name(stem.name + ".safetensors"), stem.with_name(stem.name + ".json")
+
+
+def save_patch(patch: Patch, path: str | os.PathLike) -> tuple[Path, Path]:
+    """Write ``<path>.safetensors`` then ``<path>.json`` atomically (``path`` may carry either suffix)."""
+    st, js = _paths(path)
+    tensors = {}
+    for i, t in enumerate(patch.targets):
+        tensors[f"target{i}.columns"] = t.columns.to(torch.int64).contiguous()
+        tensors[f"target{i}.original"] = t.original.contiguous()
+        tensors[f"target{i}.new"] = t.new.contiguous()
+        tensors[f"target{i}.direction"] = t.direction.float().contiguous()
+    atomic_write(st, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
+    d = patch.to_dict()
+    d["tensors_file"] = st.name
+    d["tensors_sha256"] = sha256_file(st)
+    atomic_write_json(js, d)
+    return st, js
+
+
+def load_patch(path: str | os.PathLike) -> Patch:
+    """Read a patch written by :func:`save_patch` (checks the tensors file's sha256)."""
+    st, js = _paths(path)
+    if not js.exists():
+        raise FileNotFoundError(f"patch metadata not found: {js}")
+    if not st.exists():
+        raise FileNotFoundError(f"patch tensors not found: {st}")
+    try:
+        meta = json.loads(js.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PatchError(f"{js} is not valid JSON: {exc}") from None
+    if meta.get("format") != FORMAT:
+        raise PatchError(f"{js}: unknown format {meta.get('format')!r}, expected {FORMAT!r}")
+    if meta.get("tensors_sha256") and sha256_file(st) != meta["tensors_sha256"]:
+        raise PatchError(f"{st}: sha256 does not match the one recorded in {js.name} (replaced or truncated)")
+    tensors = load_file(str(st))
+    targets = []
+    for i, td in enumerate(meta["targets"]):
+        targets.append(
+            PatchTarget(
+                td["name"], td["layer"], td["layout"], tensors[f"target{i}.columns"], tensors[f"target{i}.original"],
+                tensors[f"target{i}.new"], tensors[f"target{i}.direction"], float(td.get("alpha", 0.0)),
+            )
+        )
+    rest = {k: v for k, v in meta.items() if k not in ("targets", "format", "tensors_file", "tensors_sha256")}
+    return Patch(targets, rest)

@@ -1,0 +1,54 @@
+"""Regression checks for an edit: KL(base ‖ edited) of next-token distributions and loss on held-out text."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .arch import forward_logits
+
+
+def text_windows(ids: Sequence[int], width: int, max_windows: int | None = None) -> list[list[int]]:
+    """Non-overlapping windows of ``width`` tokens (the last partial one dropped)."""
+    if width < 2:
+        raise ValueError(f"window width must be >= 2, got {width}")
+    ids = list(ids)
+    n = len(ids) // width
+    if max_windows is not None:
+        n = min(n, max_windows)
+    if n < 1:
+        raise ValueError(f"need at least {width} tokens of held-out text, got {len(ids)}")
+    return [ids[i * width : (i + 1) * width] for i in range(n)]
+
+
+class RegressionProbe:
+    """Base log-probs on fixed held-out windows, kept once; :meth:`measure` compares an edited model."""
+
+    def __init__(self, model: Any, windows: Sequence[list[int]], batch_size: int = 64):
+        self.ids = torch.tensor([list(w) for w in windows], dtype=torch.long)
+        if self.ids.dim() != 2 or self.ids.shape[1] < 2:
+            raise ValueError("regression windows must be equal-length lists of >= 2 tokens")
+        self.batch_size = batch_size
+        self.base_logp = self._logp(model)
+        self.base_loss = self._loss(self.base_logp)
+
+    @torch.no_grad()
+    def _logp(self, model: Any) -> torch.Tensor:
+        outs = []
+        for s in range(0, self.ids.shape[0], self.batch_size):
+            logits = forward_logits(model, self.ids[s : s + self.batch_size])
+            outs.append(F.log_softmax(logits[:, :-1].float(), dim=-1).cpu())
+        return torch.cat(outs)
+
+    def _loss(self, logp: torch.Tensor) -> float:
+        tgt = self.ids[:, 1:]
+        return float(-logp.gather(-1, tgt[..., None]).mean())
+
+    def measure(self, model: Any) -> dict:
+        """``kl`` = mean over positions of KL(base ‖ model) in nats; ``loss``, ``dloss`` = loss − base loss."""
+        logp = self._logp(model)
+        kl = (self.base_logp.exp() * (self.base_logp - logp)).sum(-1).mean()
+        loss = self._loss(logp)
+        return {"kl": float(kl), "loss": loss, "base_loss": self.base_loss, "dloss": loss - self.base_loss}

@@ -1,0 +1,181 @@
+"""Hugging Face *directory* form of a checkpoint: what ``GPT2LMHeadModel.from_pretrained(DIR)`` loads offline.
+
+The directory holds ``config.json`` + ``model.safetensors`` (``save_pretrained``), our vocabulary as
+``genprobe_tokenizer.json`` and a character-level ``tokenizer.json`` (WordLevel vocabulary, one token per
+character, ``<pad>``=0, ``<unk>``=1) so ``AutoTokenizer.from_pretrained(DIR)`` works too. It is assembled in
+a temporary sibling directory and renamed into place, so a crash never leaves a half-written export.
+Import reads safetensors only (``use_safetensors=True``): a ``pytorch_model.bin`` is never unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._io import atomic_write_json
+from ..corpus.tokenizer import PAD_TOKEN, UNK_TOKEN, CharTokenizer
+from .checkpoint import load_checkpoint
+from .gpt import GPT
+from .hf import from_hf_gpt2, to_hf_gpt2
+
+TOKENIZER_FILE = "genprobe_tokenizer.json"
+
+
+@contextlib.contextmanager
+def _quiet_transformers(progress: bool):
+    """Hide transformers' own weight-loading/writing progress bars unless asked (restores the setting)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def _hf_char_tokenizer(tokenizer: CharTokenizer):
+    """A ``PreTrainedTokenizerFast`` that maps every character to our id (unknown → ``<unk>``)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(tokenizer.itos)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # One pre-token per character, newlines and spaces included ([\s\S], not '.', which skips '\n').
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()  # join characters without the default space separator
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token=UNK_TOKEN, pad_token=PAD_TOKEN, clean_up_tokenization_spaces=False
+    )
+
+
+def _resolve_source(source: str | os.PathLike | GPT, tokenizer: CharTokenizer | None) -> tuple[GPT, CharTokenizer | None]:
+    if isinstance(source, GPT):
+        return source, tokenizer
+    model, tok, _ = load_checkpoint(source)
+    return model, tok
+
+
+def export_hf_dir(
+    source: str | os.PathLike | GPT,
+    out_dir: str | os.PathLike,
+    tokenizer: CharTokenizer | None = None,
+    overwrite: bool = False,
+    hf_tokenizer: bool = True,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Write a ``from_pretrained``-loadable GPT-2 directory from a checkpoint dir (or a GPT + tokenizer)."""
+    model, tok = _resolve_source(source, tokenizer)
+    if model.cfg.pos_encoding != "learned":
+        raise ValueError(
+            f"export-hf needs pos_encoding='learned' (GPT2LMHeadModel has a learned position table); "
+            f"this model uses {model.cfg.pos_encoding!r}"
+        )
+    if tok is not None and tok.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model's vocab_size is {model.cfg.vocab_size}")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"export target exists and is not a directory: {out}")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"export target {out} exists and is not empty (pass overwrite=True / --force)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    hf = to_hf_gpt2(model)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        with _quiet_transformers(progress):
+            hf.save_pretrained(tmp)
+        if tok is not None:
+            atomic_write_json(tmp / TOKENIZER_FILE, tok.to_dict())
+            if hf_tokenizer:
+                _hf_char_tokenizer(tok).save_pretrained(tmp)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "out": str(out),
+        "files": sorted(p.name for p in out.iterdir()),
+        "parameters": model.num_parameters(),
+        "vocab_size": model.cfg.vocab_size,
+        "block_size": model.cfg.block_size,
+        "tokenizer": tok is not None,
+        "hf_tokenizer": tok is not None and hf_tokenizer,
+    }
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished ``tmp`` dir to ``out``; an existing ``out`` is moved aside first, then removed."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)  # put the previous export back
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _read_tokenizer(d: Path) -> CharTokenizer | None:
+    p = d / TOKENIZER_FILE
+    if p.is_file():
+        try:
+            return CharTokenizer.from_dict(json.loads(p.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, ValueError) as exc:
+            raise ValueError(f"{p} is not a genprobe char vocabulary ({exc})") from None
+    p = d / "tokenizer.json"
+    if p.is_file():  # a char-level WordLevel tokenizer written by us (or compatible): rebuild from its vocab
+        try:
+            vocab = json.loads(p.read_text(encoding="utf-8"))["model"]["vocab"]
+            itos = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+            if [vocab[t] for t in itos] != list(range(len(itos))):
+                raise ValueError("ids are not contiguous")
+            return CharTokenizer.from_itos(itos)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{p} is not a character-level WordLevel vocabulary genprobe can use ({exc})") from None
+    return None
+
+
+def import_hf_dir(hf_dir: str | os.PathLike, progress: bool = False) -> tuple[GPT, CharTokenizer]:
+    """Load a GPT-2 directory (safetensors only, offline) back into the reference GPT and its vocabulary."""
+    from transformers import GPT2LMHeadModel
+
+    d = Path(hf_dir)
+    if not d.is_dir():
+        raise FileNotFoundError(f"HF model directory does not exist: {d}")
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise ValueError(f"{d} is not a Hugging Face model directory: config.json is missing")
+    try:
+        model_type = json.loads(cfg_path.read_text(encoding="utf-8")).get("model_type")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{cfg_path} is not valid JSON ({exc})") from None
+    if model_type != "gpt2":
+        raise ValueError(f"{d}: model_type is {model_type!r}; only 'gpt2' maps onto the reference GPT")
+    if not any(d.glob("*.safetensors")):
+        raise ValueError(f"{d} has no *.safetensors weights (genprobe never loads pickled .bin weights)")
+    tok = _read_tokenizer(d)
+    if tok is None:
+        raise ValueError(f"{d} has neither {TOKENIZER_FILE} nor a character-level tokenizer.json")
+    try:
+        with _quiet_transformers(progress):
+            hf = GPT2LMHeadModel.from_pretrained(d, local_files_only=True, use_safetensors=True, dtype=torch.float32)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{d}: transformers could not load the GPT-2 weights ({exc})") from None
+    model = from_hf_gpt2(hf)
+    if tok.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"{d}: vocabulary has {tok.vocab_size} ids but config.json has vocab_size {model.cfg.vocab_size}")
+    return model, tok

@@ -1,0 +1,160 @@
+"""PNG figures of the case study (seed Fig. 3.1, 3.4, 3.5 and the perturbation shadow), via matplotlib (Agg).
+
+Labels are ASCII on purpose: CJK fonts may be absent on a CI machine and boxes help no one; the
+HTML report shows every Chinese text next to the figures.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from .._io import atomic_write_bytes
+
+GREEN, RED, TEAL, ORANGE, GREY = "#2e7d32", "#c62828", "#00838f", "#ef6c00", "#9e9e9e"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
+                         "figure.dpi": 110, "savefig.bbox": "tight"})
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def decoding_bars(case: dict) -> bytes:
+    """Fig. 3.1: distinct-2 per decoding strategy (red = deterministic, green = sampled), ours beside the seed's."""
+    plt = _plt()
+    rows = case["decoding"]["rows"]
+    seed = {r["strategy"]: r for r in case.get("seed", {}).get("decoding", {}).get("rows", [])}
+    names = [r["strategy"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    y = range(len(rows))
+    colors = [RED if r["sampler"]["greedy"] else GREEN for r in rows]
+    ax.barh([i + 0.2 for i in y], [r["distinct_2"] for r in rows], height=0.4, color=colors, label="ours")
+    if seed:
+        ax.barh([i - 0.2 for i in y], [seed.get(n, {}).get("distinct_2", 0) for n in names], height=0.4,
+                color=GREY, alpha=0.6, label="seed")
+    for i, r in enumerate(rows):
+        rep = r.get("longest_repeat")
+        ax.text(r["distinct_2"] + 0.01, i + 0.2, f"{rep}-gram" if rep and rep >= 2 else "none", va="center", fontsize=7)
+    ax.set_yticks(list(y), names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.15)
+    ax.axvline(0.9, color="k", lw=0.6, ls=":")
+    ax.set_xlabel("distinct-2 (higher = less repetitive); label: longest n-gram seen >= 3 times")
+    ax.legend(loc="lower right", fontsize=7, frameon=False)
+    ax.set_title("Decoding strategies on the case prompt (50 new tokens)")
+    return _png(fig)
+
+
+def entropy_vs_temperature(case: dict) -> bytes:
+    """Fig. 3.5: entropy (left axis) and max probability (right axis) against τ."""
+    plt = _plt()
+    s = case["sampling"]
+    rows = s["entropy_vs_temperature"]
+    taus = [r["tau"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.0, 3.0))
+    ax.plot(taus, [r["entropy"] for r in rows], "o-", color=TEAL, label="entropy (nats)")
+    ax.axhline(s["log_vocab"], color=TEAL, ls=":", lw=0.8)
+    ax.text(taus[-1], s["log_vocab"], f"ln V = {s['log_vocab']:.2f}", va="bottom", ha="right", fontsize=7, color=TEAL)
+    seed = case.get("seed", {}).get("sampling", {}).get("entropy_vs_temperature")
+    if seed:
+        ax.plot([r["tau"] for r in seed], [r["entropy"] for r in seed], "x--", color=TEAL, alpha=0.45, label="seed entropy")
+    ax.set_xlabel("temperature tau")
+    ax.set_ylabel("entropy (nats)", color=TEAL)
+    ax2 = ax.twinx()
+    ax2.plot(taus, [r["max_prob"] for r in rows], "s-", color=ORANGE, label="max prob")
+    if seed:
+        ax2.plot([r["tau"] for r in seed], [r["max_prob"] for r in seed], "x--", color=ORANGE, alpha=0.45, label="seed max prob")
+    ax2.set_ylabel("max probability", color=ORANGE)
+    ax2.set_ylim(0, 1.05)
+    ax2.spines["right"].set_visible(True)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, frameon=False, loc="center right")
+    ax.set_title("Temperature reshapes the real next-token distribution")
+    return _png(fig)
+
+
+def compute_vs_speedup(case: dict) -> bytes:
+    """Fig. 3.4: compute saved by the KV cache (counted token forwards) vs measured wall-clock speed-up."""
+    plt = _plt()
+    labels, compute, speed = [], [], []
+    for r in case.get("cache_timing", {}).get("rows", []):
+        labels.append(f"small, batch {r['batch']}")
+        compute.append(r["compute_ratio"])
+        speed.append(r["speedup"])
+    for r in case.get("cache_scaling", {}).get("rows", []):
+        labels.append(f"8-layer, {r['new_tokens']} new")
+        compute.append(r["compute_ratio"])
+        speed.append(r["speedup"])
+    fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(labels) + 1.0))
+    y = range(len(labels))
+    ax.barh([i - 0.2 for i in y], compute, height=0.4, color=GREY, label="compute saved (x)")
+    ax.barh([i + 0.2 for i in y], speed, height=0.4, color=TEAL, label="wall-clock speed-up (x)")
+    for i in y:
+        ax.text(compute[i], i - 0.2, f" {compute[i]:.1f}x", va="center", fontsize=7)
+        ax.text(speed[i], i + 0.2, f" {speed[i]:.2f}x", va="center", fontsize=7)
+    ax.set_yticks(list(y), labels)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1, color="k", lw=0.6)
+    ax.set_xlabel("ratio naive / cached (log scale), CPU")
+    ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+    ax.set_title("KV cache: arithmetic saved vs time saved")
+    return _png(fig)
+
+
+def perturbation_curves(case: dict) -> bytes:
+    """Seed §3.7.5: Δloss per step after one wrong token, for each perturbed position k."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.0, 3.0))
+    for p, c in zip(case["exposure"]["perturbation"], (TEAL, ORANGE, RED, GREEN, GREY)):
+        xs = list(range(1, len(p["curve"]) + 1))
+        ax.plot(xs, p["curve"], "o-", ms=3, color=c, label=f"k = {p['k']}")
+    seed = case.get("seed", {}).get("exposure", {}).get("perturbation_curve_k8")
+    if seed:
+        ax.plot(range(1, len(seed) + 1), seed, "x--", color="k", alpha=0.35, label="seed k = 8")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xlabel("steps after the wrong token")
+    ax.set_ylabel("delta loss (nats)")
+    ax.legend(fontsize=7, frameon=False, ncol=2)
+    ax.set_title("The shadow of one wrong token (real text fed afterwards)")
+    return _png(fig)
+
+
+FIGURES = {
+    "fig_decoding_distinct2.png": (decoding_bars, ("decoding",)),
+    "fig_entropy_temperature.png": (entropy_vs_temperature, ("sampling",)),
+    "fig_cache_compute_vs_speed.png": (compute_vs_speedup, ("cache_timing",)),
+    "fig_perturbation_shadow.png": (perturbation_curves, ("exposure",)),
+}
+
+
+def render_figures(case: dict, seed: dict | None = None) -> dict[str, bytes]:
+    """Name → PNG bytes for every figure whose data is present in ``case`` (seed figures drawn beside)."""
+    from ..experiments.seed import seed_tables
+
+    full = {**case, "seed": seed_tables() if seed is None else seed}
+    return {name: fn(full) for name, (fn, needs) in FIGURES.items() if all(k in case for k in needs)}
+
+
+def write_figures(case: dict, out_dir: str | Path, seed: dict | None = None) -> dict[str, bytes]:
+    """Write the PNG figures into ``out_dir`` (atomically); returns name → PNG bytes (for inlining)."""
+    out = render_figures(case, seed)
+    for name, data in out.items():
+        atomic_write_bytes(Path(out_dir) / name, data)
+    return out

@@ -1,0 +1,235 @@
+"""The adapter protocol that lets the verifier drive *any* KV-cache implementation, plus built-ins.
+
+An implementation under test is any object with three methods (no base class needed)::
+
+    reset() -> None
+        Forget every cached token; the next call starts a new sequence.
+    prefill(ids: LongTensor (B, T), attention_mask: LongTensor (B, T) | None = None) -> logits (B, T, V)
+        First call after ``reset()``: run the prompt through the model *and fill the cache*.
+        ``attention_mask`` is 1 for real tokens, 0 for (left) padding. An implementation without
+        padding support may raise ``NotImplementedError`` when a mask is given; the verifier then
+        skips its padded-batch phase.
+    step(ids: LongTensor (B, T_new)) -> logits (B, T_new, V)
+        Continue the cached sequence with ``T_new`` real tokens (1 = decode, > 1 = a chunk).
+
+The reference it is compared against is full recomputation without any cache::
+
+    full(ids: LongTensor (B, T), attention_mask=None) -> logits (B, T, V)
+
+Both may optionally expose ``max_positions`` (longest sequence they accept); the verifier refuses a
+run that would exceed it, naming the limit, instead of letting an embedding lookup fail.
+
+Built-ins: :class:`EngineAdapter` (genprobe's ``KVCache`` + ``forward_step``), :class:`FullRecompute`
+(reference for a genprobe ``GPT``), :class:`HFAdapter` / :class:`HFReference` for any
+``transformers`` causal LM, and :func:`load_impl` for a user factory given as ``"pkg.module:factory"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import torch
+
+from ..engine import KVCache, forward_step
+from ..model.gpt import GPT
+
+
+@runtime_checkable
+class CacheImpl(Protocol):
+    """A cached implementation under test (see the module docstring)."""
+
+    def reset(self) -> None: ...
+
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Reference(Protocol):
+    """Full recomputation without a cache: the ground truth."""
+
+    def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+class ImplSpecError(ValueError):
+    """A ``--impl`` specification that cannot be imported or does not yield an adapter."""
+
+
+# ---- genprobe GPT ----------------------------------------------------------------------------------
+class FullRecompute:
+    """Reference for a genprobe ``GPT``: one uncached forward over the whole sequence."""
+
+    name = "reference"
+
+    def __init__(self, model: GPT):
+        self.model = model.eval()
+        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+
+    @torch.no_grad()
+    def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of every position, recomputed from scratch."""
+        return self.model(ids, attention_mask=attention_mask)
+
+
+class EngineAdapter:
+    """genprobe's own engine: preallocated ``KVCache`` + ``forward_step``."""
+
+    name = "engine"
+
+    def __init__(self, model: GPT, max_len: int | None = None):
+        self.model = model.eval()
+        self.max_len = max_len or model.cfg.block_size
+        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        self.cache: KVCache | None = None
+
+    def reset(self) -> None:
+        """Drop the cache; the next ``prefill`` allocates one for its batch size."""
+        self.cache = None
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Fill a fresh cache with the prompt."""
+        self.cache = KVCache.for_model(self.model.cfg, ids.shape[0], max_len=self.max_len)
+        return forward_step(self.model, ids, cache=self.cache, attention_mask=attention_mask)
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """Continue the cached sequence."""
+        if self.cache is None:
+            raise RuntimeError("step() before prefill()")
+        return forward_step(self.model, ids, cache=self.cache)
+
+
+# ---- transformers causal LMs -----------------------------------------------------------------------
+def _cache_kwarg(hf_model) -> str:
+    """transformers v5 renamed ``past_key_values`` to ``cache``; use whichever forward accepts."""
+    params = inspect.signature(hf_model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _returned_cache(out) -> Any:
+    for key in ("cache", "past_key_values"):
+        if key in out and out[key] is not None:
+            return out[key]
+    raise RuntimeError("the model returned no cache although use_cache=True")
+
+
+def _hf_max_positions(hf_model) -> int | None:
+    return getattr(hf_model.config, "n_positions", None) or getattr(hf_model.config, "max_position_embeddings", None)
+
+
+class HFReference:
+    """Reference for a ``transformers`` causal LM: ``use_cache=False``, explicit positions from the mask."""
+
+    name = "hf-reference"
+
+    def __init__(self, hf_model):
+        self.hf = hf_model.eval()
+        self.max_positions = _hf_max_positions(hf_model)
+
+    @torch.no_grad()
+    def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of every position without a cache."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(ids)
+        positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+        out = self.hf(input_ids=ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+        return out.logits.float()
+
+
+class HFAdapter:
+    """A ``transformers`` causal LM driven through its own cache (``DynamicCache``).
+
+    With ``pass_position_ids=True`` each call passes per-row positions counted from the attention
+    mask, which is what ``generate()`` does. With ``False`` only the mask is passed and the model
+    falls back to ``cache length + arange(T)``: under left padding the shorter rows get shifted
+    absolute positions — the classic GPT-2 batched-generation bug. (Relative encodings such as RoPE
+    are immune to a constant shift, so Llama/Qwen pass either way up to float noise.)
+    """
+
+    def __init__(self, hf_model, pass_position_ids: bool = True):
+        self.hf = hf_model.eval()
+        self.pass_position_ids = pass_position_ids
+        self.name = f"hf:{getattr(hf_model.config, 'model_type', 'model')}" + ("" if pass_position_ids else "-no-position-ids")
+        self.max_positions = _hf_max_positions(hf_model)
+        self._kw = _cache_kwarg(hf_model)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the cache, mask and per-row positions."""
+        self.cache = None
+        self.mask: torch.Tensor | None = None
+        self.next_pos: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def _call(self, ids: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+        self.mask = new_mask if self.mask is None else torch.cat([self.mask, new_mask], dim=1)
+        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": self.mask, "use_cache": True}
+        if self.cache is not None:
+            kwargs[self._kw] = self.cache
+        if self.pass_position_ids:
+            steps = (new_mask.long().cumsum(1) - 1).clamp(min=0)
+            kwargs["position_ids"] = self.next_pos[:, None] + steps
+        out = self.hf(**kwargs)
+        self.cache = _returned_cache(out)
+        self.next_pos = self.next_pos + new_mask.long().sum(1)
+        return out.logits.float()
+
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the prompt with ``use_cache=True`` and keep the returned cache."""
+        self.reset()
+        self.next_pos = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask.long()
+        return self._call(ids, mask)
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """Feed new real tokens through the kept cache."""
+        if self.next_pos is None:
+            raise RuntimeError("step() before prefill()")
+        return self._call(ids, torch.ones_like(ids))
+
+
+# ---- user implementations --------------------------------------------------------------------------
+def check_impl(obj: Any, what: str = "implementation") -> None:
+    """Raise ImplSpecError unless ``obj`` has callable ``reset``, ``prefill`` and ``step``."""
+    missing = [m for m in ("reset", "prefill", "step") if not callable(getattr(obj, m, None))]
+    if missing:
+        raise ImplSpecError(
+            f"{what} of type {type(obj).__name__} lacks {', '.join(missing)}(): an implementation needs "
+            "reset(), prefill(ids, attention_mask=None) and step(ids) (see genprobe.verify.adapters)"
+        )
+
+
+def load_impl(spec: str, model: Any = None) -> Any:
+    """Import ``"pkg.module:factory"`` and return ``factory(model)`` (or ``factory()``), checked."""
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ImplSpecError(f"--impl expects 'package.module:factory', got {spec!r}")
+    mod_name, attr = spec.split(":")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise ImplSpecError(f"cannot import module {mod_name!r} of --impl {spec!r}: {exc}") from None
+    factory: Callable | None = getattr(module, attr, None)
+    if factory is None:
+        raise ImplSpecError(f"module {mod_name!r} has no attribute {attr!r} (--impl {spec!r})")
+    if not callable(factory):
+        raise ImplSpecError(f"{spec!r} is not callable")
+    try:
+        params = [
+            p
+            for p in inspect.signature(factory).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):  # builtins without a signature: assume it takes the model
+        params = []
+    n_required = sum(1 for p in params if p.default is inspect.Parameter.empty)
+    if n_required > 1:
+        raise ImplSpecError(f"factory {spec!r} must take at most one argument (the model), it requires {n_required}")
+    if n_required == 1 and model is None:
+        raise ImplSpecError(f"factory {spec!r} needs a model: pass --model CKPT_OR_HF_DIR")
+    impl = factory(model) if params and model is not None else factory()
+    check_impl(impl, f"{spec!r} returned an object that")
+    return impl

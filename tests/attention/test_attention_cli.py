@@ -1,0 +1,78 @@
+"""CLI: `genprobe attention` (model path or action as first positional), check-masks, padding-leak."""
+
+import json
+
+import pytest
+import torch
+
+from genprobe.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory, tokenizer):
+    from genprobe.model import GPT, GPTConfig
+    from genprobe.model.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32))
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", model.eval(), tokenizer)
+
+
+def test_attention_table_and_files(tiny_ckpt, tmp_path, capsys):
+    assert main(["attention", str(tiny_ckpt), "--text", "白日依山盡黃河入海流", "--out", str(tmp_path), "--distance", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "H/lnN" in out and "mean" in out
+    rep = json.loads((tmp_path / "attention.json").read_text())
+    assert rep["distance"] == 4 and len(rep["heads"]) == 4 and rep["seq_len"] == 10
+    assert (tmp_path / "entropy.png").exists() and (tmp_path / "attn_L1_H1.png").exists()
+
+
+def test_check_masks_exit_codes(tmp_path, capsys):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"input_ids": [0, 5, 6], "attention_mask": [0, 1, 1], "position_ids": [0, 0, 1], "pad_token_id": 0}\n'
+                    '{"input_ids": [7, 8, 9], "attention_mask": [1, 1, 1], "position_ids": [0, 1, 2]}\n')
+    assert main(["attention", "check-masks", str(good)]) == 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_ids": [0, 5, 6], "attention_mask": [0, 1, 1], "position_ids": [0, 1, 2]}\n'
+                   '{"input_ids": [7, 8, 9], "attention_mask": [1, 1, 1], "position_ids": [0, 1, 2]}\n')
+    capsys.readouterr()
+    assert main(["attention", "check-masks", str(bad), "--json"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert [f["rule"] for f in rep["findings"]] == ["positions_not_restarting"]
+    assert main(["attention", "check-masks", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_padding_leak_cli(tiny_ckpt, capsys):
+    assert main(["attention", "padding-leak", str(tiny_ckpt), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["verdict"] == "ok" and rep["max_delta"] < 1e-4 and len(rep["sequences"]) == 3
+
+
+def test_attention_needs_a_model(capsys):
+    assert main(["attention"]) == 2
+    assert "checkpoint" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=2, n_inner=64,
+                     bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    d = tmp_path_factory.mktemp("hf") / "gpt2-tiny"
+    GPT2LMHeadModel(cfg).save_pretrained(d, safe_serialization=True)
+    return d
+
+
+def test_hf_attention_and_leak_cli(hf_dir, capsys):
+    assert main(["attention", "--hf", str(hf_dir), "--ids", "5,6,7,8,9", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["n_layer"] == 2 and rep["seq_len"] == 5 and rep["implementation"] == "eager"
+    # The textbook leak: GPT-2 with left padding and no position_ids.
+    assert main(["attention", "padding-leak", "--hf", str(hf_dir), "--ids", "5,6,7,8,9", "--no-position-ids", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["verdict"] == "LEAK"
+    assert main(["attention", "padding-leak", "--hf", str(hf_dir), "--ids", "5,6,7,8,9", "--json"]) == 0
+    # --text without a tokenizer: a clear error, exit 2
+    assert main(["attention", "--hf", str(hf_dir), "--text", "hello"]) == 2
+    assert "--ids" in capsys.readouterr().err

@@ -1,0 +1,105 @@
+"""Synthetic long-range generators place key/value at the requested distance; a tiny smoke run."""
+
+import pytest
+import torch
+
+from genprobe.attention.longrange import (
+    CorpusExtrapolationConfig,
+    LagTask,
+    LongRangeConfig,
+    PasskeyTask,
+    SyntheticConfig,
+    lag_accuracy,
+    passkey_accuracy,
+    run_longrange,
+    train_synthetic,
+    window_losses,
+)
+
+
+def test_passkey_places_value_at_distance():
+    task = PasskeyTask()
+    gen = torch.Generator().manual_seed(0)
+    d = torch.tensor([1, 5, 14, 30])
+    x, y = task.batch(d, 32, gen)
+    assert x.shape == (4, 32)
+    for row, dist, val in zip(x, d.tolist(), y.tolist()):
+        q = 31
+        assert int(row[q]) == task.QUERY
+        assert int(row[q - dist]) == val and task.VALUE0 <= val < task.vocab_size
+        assert int(row[q - dist - 1]) == task.KEY
+        assert int((row == task.KEY).sum()) == 1
+        assert int((row >= task.VALUE0).sum()) == 1  # the value occurs once: content alone finds it
+    with pytest.raises(ValueError, match="distances"):
+        task.batch(torch.tensor([31]), 32, gen)
+
+
+def test_lag_targets_are_tokens_k_back():
+    task = LagTask(3)
+    gen = torch.Generator().manual_seed(1)
+    x, y = task.batch(4, 16, gen)
+    assert (y[:, :3] == -100).all()
+    assert torch.equal(y[:, 3:], x[:, :13])
+    with pytest.raises(ValueError, match="lag"):
+        LagTask(0)
+    with pytest.raises(ValueError, match="places after"):
+        task.batch(2, 3, gen)
+
+
+def test_learned_positions_beyond_context_are_recorded_as_error():
+    sc = SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=2, lag_steps=2, lags=(1,), batch_size=4)
+    task = PasskeyTask()
+    model, summary = train_synthetic(task, "learned", sc)
+    assert summary["steps"] == 2
+    acc = passkey_accuracy(model, task, 12, 14, samples=4)
+    assert isinstance(acc, str) and acc.startswith("error:") and "context" in acc
+    assert 0.0 <= passkey_accuracy(model, task, 3, 8, samples=4) <= 1.0
+    rope, _ = train_synthetic(task, "rope", sc)
+    assert isinstance(passkey_accuracy(rope, task, 12, 14, samples=4), float)
+    lag_model, _ = train_synthetic(LagTask(1), "learned", sc)
+    assert lag_accuracy(lag_model, LagTask(1), 16, 8, samples=4).startswith("error:")
+    assert 0.0 <= lag_accuracy(lag_model, LagTask(1), 8, 8, samples=4) <= 1.0
+
+
+def test_lag_accuracy_counts_only_positions_beyond_context():
+    class Oracle(torch.nn.Module):  # perfect before position 8, always wrong from position 8 on
+        def forward(self, x):
+            y = torch.roll(x, 1, dims=1)
+            logits = torch.nn.functional.one_hot(y, LagTask.vocab_size).float()
+            logits[:, 8:] = torch.roll(logits[:, 8:], 1, dims=-1)
+            return logits
+
+    assert lag_accuracy(Oracle(), LagTask(1), 8, 8, samples=4) == 1.0
+    assert lag_accuracy(Oracle(), LagTask(1), 16, 8, samples=4) == 0.0
+
+
+def test_window_losses_learned_refuses_long_windows(tiny_model):
+    ids = torch.randint(0, 50, (200,))
+    r = window_losses(tiny_model, ids, 16, context=32)
+    assert r["loss_beyond_context"] is None and r["windows"] == 12
+    with pytest.raises(ValueError, match="context"):
+        window_losses(tiny_model, ids, 64, context=32)
+
+
+def test_smoke_run_longrange():
+    lc = LongRangeConfig(
+        pos_encodings=["learned", "alibi"],
+        synthetic=SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=3, lag_steps=2, lags=(1, 3),
+                                  batch_size=8, eval_samples=8),
+        corpus=CorpusExtrapolationConfig(context=16, eval_lengths=(8, 16, 32), steps=2, batch_size=4, warmup=1,
+                                         max_val_tokens=256, poems=60,
+                                         model={"n_layer": 1, "n_head": 2, "d_model": 16, "d_ff": 32}),
+    )
+    res = run_longrange(lc)
+    syn = res["synthetic"]["tasks"]
+    assert set(syn) == {"passkey", "lag"}
+    assert isinstance(syn["passkey"]["encodings"]["learned"]["accuracy"]["30"], str)  # beyond context: error
+    assert isinstance(syn["passkey"]["encodings"]["alibi"]["accuracy"]["30"], float)
+    corp = res["corpus"]["encodings"]
+    assert corp["learned"]["by_length"]["32"].startswith("error:")
+    assert isinstance(corp["alibi"]["by_length"]["32"]["loss"], float)
+    assert res["summary"]["learned"]["passkey_mean_beyond"] == "error"
+    assert set(syn["lag"]["encodings"]["alibi"]["accuracy"]["16"]) == {"1", "3"}
+    assert syn["lag"]["encodings"]["learned"]["accuracy"]["32"]["3"].startswith("error:")
+    with pytest.raises(ValueError, match="position encodings"):
+        run_longrange(LongRangeConfig(pos_encodings=["sinusoidal"]))

@@ -1,0 +1,49 @@
+"""Fixtures of the verifier tests: tiny models whose logits have a trained model's scale.
+
+A freshly initialised GPT (std 0.02) has logits of magnitude ~0.1, so even a grossly wrong cache
+moves them by < 1 and the seed's absolute scale (> 1 = bug) could not fire. Scaling every weight
+matrix by 10 gives logits of the trained model's order (~10) without training.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from genprobe.model import GPT, GPTConfig
+
+PROMPT = [3, 7, 11, 5, 9, 2, 8]  # 7 tokens: longer than every chunk size the tests use
+
+
+def sharpen(model: torch.nn.Module, scale: float = 10.0) -> torch.nn.Module:
+    """Multiply every weight matrix by ``scale`` (in place)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(scale)
+    return model
+
+
+def make_sharp_model() -> GPT:
+    """A seeded tiny GPT (learned positions) with trained-scale logits."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32)
+    return sharpen(GPT(cfg)).eval()
+
+
+@pytest.fixture
+def sharp_model() -> GPT:
+    """A fresh :func:`make_sharp_model` per test."""
+    return make_sharp_model()
+
+
+@pytest.fixture(scope="module")
+def shared_sharp_model() -> GPT:
+    """One :func:`make_sharp_model` per test module, for read-only use by module-scoped fixtures."""
+    return make_sharp_model()
+
+
+@pytest.fixture
+def prompt() -> list[int]:
+    """The default 7-token prompt."""
+    return list(PROMPT)
