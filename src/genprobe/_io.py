@@ -16,6 +16,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    # mkstemp creates 0600; give the result the permissions a plain open() would have.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         write(tmp)
         with open(tmp, "rb") as fh:

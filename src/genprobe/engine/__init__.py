@@ -1,6 +1,17 @@
 """Inference engine: KV cache, forward_step, sampler chain and generation loops."""
 
 from .cache import KVCache
+from .generate import GenerationResult, generate
+from .sampling import SamplerConfig, kept_set_size, process_logits, sample_next
 from .step import forward_step
 
-__all__ = ["KVCache", "forward_step"]
+__all__ = [
+    "KVCache",
+    "forward_step",
+    "generate",
+    "GenerationResult",
+    "SamplerConfig",
+    "kept_set_size",
+    "process_logits",
+    "sample_next",
+]
