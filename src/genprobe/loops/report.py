@@ -30,12 +30,15 @@ def sweep_figure(report: dict) -> bytes:
     groups: dict[tuple, list[dict]] = {}
     for r in s["candidates"]:
         groups.setdefault((r["form"], tuple(r["layers"]), r["k"]), []).append(r)
+    combos = sorted({(layers, k) for (_, layers, k) in groups})
+    colours = {c: plt.cm.tab10(i % 10) for i, c in enumerate(combos)}  # colour = layers × k, style = form
     for (form, layers, k), rs in sorted(groups.items()):
         rs = sorted(rs, key=lambda r: r["alpha"])
         xs = [r["alpha"] for r in rs if r["loop_rate"] is not None]
         ys = [r["loop_rate"] for r in rs if r["loop_rate"] is not None]
         ls = "-" if form == "subtract" else "--"
-        ax2.plot(xs, ys, ls, marker="o", ms=3, label=f"{form} L{''.join(map(str, layers))} k={k}")
+        ax2.plot(xs, ys, ls, marker="o" if form == "subtract" else "s", ms=3, color=colours[(layers, k)],
+                 label=f"{form} L{''.join(map(str, layers))} k={k}")
         over = [r["alpha"] for r in rs
                 if r["kl"] is None or not (r["kl"] <= s["limits"]["max_kl"] and r["dloss"] <= s["limits"]["max_dloss"])]
         if over:
@@ -44,6 +47,10 @@ def sweep_figure(report: dict) -> bytes:
     if s.get("chosen"):
         ax2.plot([s["chosen"]["alpha"]], [s["chosen"]["loop_rate"]], "*", color="gold", ms=14, mec="k", label="chosen")
     ax2.set_xscale("log")
+    ticks = sorted({r["alpha"] for r in s["candidates"]})
+    ax2.set_xticks(ticks)
+    ax2.set_xticklabels([f"{t:g}" for t in ticks])
+    ax2.minorticks_off()
     ax2.set_xlabel("α (subtract: relative to the loop gap; project: fraction)")
     ax2.set_ylabel("estimated loop rate (search set)")
     ax2.set_title("strength sweep (red × = over KL/Δloss limit)")
