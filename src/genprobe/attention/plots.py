@@ -84,7 +84,9 @@ def longrange_plot(res: dict, path: str | Path) -> Path:
     pk = syn["tasks"]["passkey"]
     for pe, r in pk["encodings"].items():
         pts = [(int(d), num(a)) for d, a in r["accuracy"].items() if num(a) is not None]
-        ax.plot(*zip(*pts), "-o", ms=3, color=colors.get(pe), label=pe)
+        # Encodings often tie at 1.0: distinct markers/sizes keep every line visible.
+        mk = {"learned": ("o", 7), "rope": ("s", 5), "alibi": ("^", 3)}.get(pe, ("x", 4))
+        ax.plot(*zip(*pts), "-", marker=mk[0], ms=mk[1], color=colors.get(pe), label=pe, alpha=0.8)
     ax.axvline(L - 1.5, color="k", ls=":", lw=1)
     ax.text(L - 1.5, 0.02, " training context", fontsize=7)
     ax.set_xscale("log", base=2)
