@@ -42,7 +42,10 @@ def _model(args, corpus, progress: bool):
         return (*load_checkpoint(args.ckpt), str(args.ckpt))
     d = args.out / "model"
     tc = quick_train_config() if args.quick else TrainConfig()
-    if is_checkpoint(d) and read_meta(d).get("summary", {}).get("train_config", {}).get("steps") == tc.steps:
+    from dataclasses import asdict
+
+    wanted = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
+    if is_checkpoint(d) and read_meta(d).get("summary", {}).get("train_config") == wanted:
         info(f"case: reusing the model already trained in {d}")
         return (*load_checkpoint(d), str(d))
     info(f"case: training the default model ({tc.steps} steps) into {d}")

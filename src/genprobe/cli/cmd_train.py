@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"rows per step (default {d.batch_size})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
-    p.add_argument("--dropout", type=float, default=GPTConfig().dropout, help="dropout probability (default: the seed's 0)")
+    p.add_argument("--dropout", type=float, default=d.dropout, help=f"dropout probability while training (default {d.dropout})")
     p.add_argument("--corpus", type=Path, default=None, help="your own UTF-8 .txt or .jsonl(.xz) file")
     p.add_argument("--pack", action="store_true", help="pack whole documents per row (block-diagonal causal mask)")
     p.add_argument("--pe", choices=POS_ENCODINGS, default="learned", help="position encoding (default learned)")
@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it")
     if args.vocab < 1:
         raise ValueError(f"--vocab must be >= 1, got {args.vocab}")
-    tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, lr=args.lr, pack=args.pack)
+    tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, lr=args.lr, pack=args.pack,
+                     dropout=args.dropout)
     corpus = load_corpus(args.corpus, poems=args.poems)
     tok = CharTokenizer.from_text(corpus.text, args.vocab)
     cfg = GPTConfig(vocab_size=tok.vocab_size, pos_encoding=args.pe, dropout=args.dropout)

@@ -21,7 +21,11 @@ class TrainConfig:
     """Optimisation settings; defaults are the seed's (lr 3e-3, warmup 100, cosine, 2,000 steps)."""
 
     steps: int = 2000
-    batch_size: int = 32
+    # 64 rows × 64 tokens with dropout 0.1 is the setting that reached the seed's side of val ≤ 4.40 on
+    # this 214k-character corpus in ≈5 min on 2 cores (batch 32: 4.46; batch 64 without dropout
+    # overfits: train 3.70, val 4.43).
+    batch_size: int = 64
+    dropout: float = 0.1  # used when train() builds the model itself (cfg=None)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup: int = 100
@@ -126,7 +130,7 @@ def train(
 ) -> TrainResult:
     """Train a GPT on ``corpus``; ``on_backward(step, model)`` sees gradients before each update."""
     tc = tc or TrainConfig()
-    cfg = cfg or GPTConfig(vocab_size=tokenizer.vocab_size)
+    cfg = cfg or GPTConfig(vocab_size=tokenizer.vocab_size, dropout=tc.dropout)
     if cfg.vocab_size != tokenizer.vocab_size:
         raise ValueError(f"config vocab_size {cfg.vocab_size} != tokenizer vocab_size {tokenizer.vocab_size}")
     torch.manual_seed(tc.seed)
@@ -206,4 +210,4 @@ def train(
 
 def quick_train_config(seed: int = 0) -> TrainConfig:
     """The reduced recipe used by ``genprobe case --quick`` and the test-suite's shared checkpoint."""
-    return TrainConfig(steps=600, batch_size=32, seed=seed, eval_every=200)
+    return TrainConfig(steps=600, batch_size=32, dropout=0.0, seed=seed, eval_every=200)
