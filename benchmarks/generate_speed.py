@@ -1,6 +1,6 @@
 """Greedy generation speed: our cached engine vs our naive loop vs ``transformers`` ``generate``.
 
-Same weights everywhere: the checkpoint (``--ckpt``, default ``runs/default`` if present, else a
+Same weights everywhere: the checkpoint (``--ckpt``, default ``out/case/model`` if present, else a
 random default-config GPT) is exported with ``to_hf_gpt2`` to a ``GPT2LMHeadModel``. For each batch
 size, 50 new tokens after a 7-token prompt, repetitions interleaved (cached, naive, hf, cached, ...)
 so machine noise hits all three alike; the median is reported, by wall time and by this process's CPU
@@ -34,7 +34,7 @@ def load_model(ckpt: str | None):
     from genprobe.model import GPT, GPTConfig
     from genprobe.model.checkpoint import is_checkpoint, load_checkpoint
 
-    path = Path(ckpt) if ckpt else REPO / "runs" / "default"
+    path = Path(ckpt) if ckpt else REPO / "out" / "case" / "model"
     if is_checkpoint(path):
         model, tok, _ = load_checkpoint(path)
         with warnings.catch_warnings():
@@ -71,7 +71,7 @@ def hf_generate_fn(hf, ids: torch.Tensor, new_tokens: int):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ckpt", default=None, help="genprobe checkpoint dir (default runs/default if present)")
+    ap.add_argument("--ckpt", default=None, help="genprobe checkpoint dir (default out/case/model if present)")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--new-tokens", type=int, default=50)
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions per engine (median reported)")

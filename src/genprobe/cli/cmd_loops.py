@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ._common import add_json_flag, emit_json, info
 
-DEFAULT_CKPT = Path("runs/default")
+DEFAULT_CKPT = Path("out/case/model")  # what `bash scripts/case.sh` trains
 
 
 def register(sub: argparse._SubParsersAction) -> None:
