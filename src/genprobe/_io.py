@@ -58,3 +58,16 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def read_format_json(path: str | os.PathLike, expected_format: str, error: type[Exception] = ValueError) -> dict:
+    """Read a genprobe JSON file and check its ``format`` field; raise ``error`` naming the file otherwise."""
+    path = Path(path)
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != expected_format:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise error(f"{path}: unknown format {found!r}, expected {expected_format!r}")
+    return meta

@@ -10,7 +10,6 @@ and checks that the "before" hash is reproduced bit for bit.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from .._io import atomic_write, atomic_write_json, sha256_file
+from .._io import atomic_write, atomic_write_json, read_format_json, sha256_file
 from .arch import count_parameters, mlp_sites, set_columns, state_sha256
 
 FORMAT = "genprobe-loop-patch-v1"
@@ -175,12 +174,7 @@ def load_patch(path: str | os.PathLike) -> Patch:
         raise FileNotFoundError(f"patch metadata not found: {js}")
     if not st.exists():
         raise FileNotFoundError(f"patch tensors not found: {st}")
-    try:
-        meta = json.loads(js.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PatchError(f"{js} is not valid JSON: {exc}") from None
-    if meta.get("format") != FORMAT:
-        raise PatchError(f"{js}: unknown format {meta.get('format')!r}, expected {FORMAT!r}")
+    meta = read_format_json(js, FORMAT, PatchError)
     if meta.get("tensors_sha256") and sha256_file(st) != meta["tensors_sha256"]:
         raise PatchError(f"{st}: sha256 does not match the one recorded in {js.name} (replaced or truncated)")
     tensors = load_file(str(st))

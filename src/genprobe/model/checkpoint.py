@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .._io import atomic_write_json, sha256_file
+from .._io import atomic_write_json, read_format_json, sha256_file
 from ..corpus.tokenizer import CharTokenizer
 from .config import GPTConfig
 from .gpt import GPT
@@ -121,13 +121,7 @@ def read_meta(directory: str | os.PathLike) -> dict:
     mp = d / META
     if not mp.exists():
         raise CheckpointError(f"{d} is not a genprobe checkpoint: {META} is missing")
-    try:
-        meta = json.loads(mp.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{mp} is not valid JSON: {exc}") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{mp}: unknown format {meta.get('format')!r}, expected {FORMAT!r}")
-    return meta
+    return read_format_json(mp, FORMAT, CheckpointError)
 
 
 def load_weights_into(model: GPT, directory: str | os.PathLike, expected_sha256: str | None = None) -> None:
