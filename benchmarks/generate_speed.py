@@ -1,11 +1,13 @@
-"""Greedy generation speed: our cached engine vs our naive loop vs ``transformers`` ``generate``.
+"""Greedy generation speed: our cached engine (eager and compiled) vs our naive loop vs HF ``generate``.
 
 Same weights everywhere: the checkpoint (``--ckpt``, default ``out/case/model`` if present, else a
 random default-config GPT) is exported with ``to_hf_gpt2`` to a ``GPT2LMHeadModel``. For each batch
-size, 50 new tokens after a 7-token prompt, repetitions interleaved (cached, naive, hf, cached, ...)
-so machine noise hits all three alike; the median is reported, by wall time and by this process's CPU
+size, 50 new tokens after a 7-token prompt, repetitions interleaved (cached, compiled, naive, hf,
+cached, ...) so machine noise hits all four alike; "compiled" is the same cached engine with its decode
+step through ``torch.compile`` (``generate(..., compile=True)``), its one-off compilation excluded from
+the timings and printed separately; the median is reported, by wall time and by this process's CPU
 time (on a shared, oversubscribed machine the CPU-time ratio is the steadier one). Also checks that the
-three produce the same greedy tokens. Trains nothing.
+four produce the same greedy tokens. Trains nothing.
 
     python benchmarks/generate_speed.py [--ckpt DIR] [--batch 1 16 64] [--reps 3] [--threads N] [--json]
 
@@ -100,11 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         ids = torch.tensor(prompts, dtype=torch.long)
         engines = {
             "cached": lambda: generate(model, prompts, N, mode="cached").tokens,
+            "compiled": lambda: generate(model, prompts, N, mode="cached", compile=True).tokens,
             "naive": lambda: generate(model, prompts, N, mode="naive").tokens,
             "hf": hf_generate_fn(hf, ids, N),
         }
-        for fn in engines.values():  # warm-up (allocator, kernels, HF first-call setup)
+        warmup = {}
+        for name, fn in engines.items():  # warm-up (allocator, kernels, HF first-call setup, compilation)
+            t0 = time.perf_counter()
             fn()
+            warmup[name] = time.perf_counter() - t0
         times: dict[str, list[float]] = {k: [] for k in engines}
         cpu: dict[str, list[float]] = {k: [] for k in engines}
         outputs: dict[str, list[list[int]]] = {}
@@ -124,20 +130,28 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": med,
             "tokens_per_s": tps,
             "cached_over_hf": med["hf"] / med["cached"],
+            "compiled_over_hf": med["hf"] / med["compiled"],
+            "compiled_over_cached": med["cached"] / med["compiled"],
+            "compiled_over_naive": med["naive"] / med["compiled"],
+            "compile_seconds": warmup["compiled"],
             "cached_over_naive": med["naive"] / med["cached"],
             "cpu_seconds": cmed,
             "cpu_cached_over_hf": cmed["hf"] / cmed["cached"],
+            "cpu_compiled_over_hf": cmed["hf"] / cmed["compiled"],
             "cpu_cached_over_naive": cmed["naive"] / cmed["cached"],
-            "greedy_tokens_agree": outputs["cached"] == outputs["naive"] == outputs["hf"],
+            "greedy_tokens_agree": outputs["cached"] == outputs["compiled"] == outputs["naive"] == outputs["hf"],
             "all_times": times,
         }
         rows.append(row)
         if not args.json:
             print(
-                f"batch {B:3d}: cached {tps['cached']:9.0f} tok/s | naive {tps['naive']:9.0f} tok/s | "
-                f"hf {tps['hf']:9.0f} tok/s | cached/hf {row['cached_over_hf']:5.2f}x | "
-                f"cached/naive {row['cached_over_naive']:5.2f}x | by CPU time: cached/hf {row['cpu_cached_over_hf']:5.2f}x "
-                f"cached/naive {row['cpu_cached_over_naive']:5.2f}x | greedy tokens agree: {row['greedy_tokens_agree']}",
+                f"batch {B:3d}: tok/s cached {tps['cached']:8.0f} | compiled {tps['compiled']:8.0f} | "
+                f"naive {tps['naive']:8.0f} | hf {tps['hf']:8.0f} || cached/hf {row['cached_over_hf']:5.2f}x | "
+                f"compiled/hf {row['compiled_over_hf']:5.2f}x | cached/naive {row['cached_over_naive']:5.2f}x | "
+                f"compiled/naive {row['compiled_over_naive']:5.2f}x || "
+                f"by CPU time: cached/hf {row['cpu_cached_over_hf']:5.2f}x compiled/hf {row['cpu_compiled_over_hf']:5.2f}x "
+                f"cached/naive {row['cpu_cached_over_naive']:5.2f}x || first compiled call {warmup['compiled']:.1f} s | "
+                f"greedy tokens agree: {row['greedy_tokens_agree']}",
                 flush=True,
             )
     result = {

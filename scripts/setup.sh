@@ -18,7 +18,7 @@ $VPIP install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || tr
 $VPIP install -q --disable-pip-version-check "torch==2.13.0"
 if [ "${1:-}" = "--test" ]; then
   $VPIP install -q --disable-pip-version-check -e ".[test]"
-  bash scripts/install_browser.sh
+  bash scripts/install_system_packages.sh
 else
   $VPIP install -q --disable-pip-version-check -e .
 fi

@@ -78,3 +78,13 @@ def test_cli_generate_from_hf_dir(tmp_path, tiny_ckpt, tiny_model, capsys):
     assert main(["generate", str(tmp_path / "hf")] + args) == 0
     b = json.loads(capsys.readouterr().out)
     assert a["tokens"] == b["tokens"]
+
+
+def test_cli_generate_compile_flag_gives_the_same_text(tiny_ckpt, capsys):
+    ck, tok = tiny_ckpt
+    args = ["generate", str(ck), "--prompt", tok.chars[3] + tok.chars[4], "--greedy", "--max-new-tokens", "8", "--json"]
+    assert main(args) == 0
+    eager = json.loads(capsys.readouterr().out)
+    assert main(args + ["--compile"]) == 0
+    compiled = json.loads(capsys.readouterr().out)
+    assert compiled["tokens"] == eager["tokens"] and compiled["text"] == eager["text"]

@@ -1,4 +1,4 @@
-"""The speed benchmark runs end to end (tiny checkpoint, one repetition) and its three engines agree."""
+"""The speed benchmark runs end to end (tiny checkpoint, one repetition) and its four engines agree."""
 
 from __future__ import annotations
 
@@ -22,4 +22,4 @@ def test_generate_speed_benchmark_smoke(tmp_path, tiny_model, capsys):
     assert [r["batch"] for r in d["rows"]] == [1, 3]
     for r in d["rows"]:
         assert r["greedy_tokens_agree"] is True
-        assert set(r["tokens_per_s"]) == {"cached", "naive", "hf"} and all(v > 0 for v in r["tokens_per_s"].values())
+        assert set(r["tokens_per_s"]) == {"cached", "compiled", "naive", "hf"} and all(v > 0 for v in r["tokens_per_s"].values())

@@ -1,7 +1,7 @@
 """The report's interactive experiments in a real headless Chromium (system chromium driven by PyPI playwright).
 
 Skips only when /usr/bin/chromium is absent and we are not in CI (``CI`` set → the absence fails).
-Install it with ``scripts/install_browser.sh``.
+Install it with ``scripts/install_system_packages.sh``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 def _need_browser():
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
-            pytest.fail("CI: /usr/bin/chromium is missing — run scripts/install_browser.sh")
-        pytest.skip("headless Chromium not installed (/usr/bin/chromium); run scripts/install_browser.sh")
+            pytest.fail("CI: /usr/bin/chromium is missing — run scripts/install_system_packages.sh")
+        pytest.skip("headless Chromium not installed (/usr/bin/chromium); run scripts/install_system_packages.sh")
     return pytest.importorskip("playwright.sync_api")
 
 

@@ -122,3 +122,16 @@ def test_hf_directory_and_position_id_bug(capsys, tmp_path, user_impls):
     rc, out, err = run_cli(capsys, "--impl", f"{user_impls}:hf_cached", "--model", str(tmp_path / "hf"), "--steps", "3",
                            "--chunk-sizes", "4")
     assert rc == 0 and "user_impls:hf_cached" in out, out + err
+
+
+def test_compiled_decode_path_is_verified_too(capsys, tiny_ckpt):
+    rc, out, err = run_cli(capsys, str(tiny_ckpt), "--compiled", "--steps", "6", "--chunk-sizes", "1,3", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["failing"] == [], err
+    names = [i["impl"] for i in d["implementations"]]
+    assert names == ["engine", "engine-compiled"]
+    compiled = d["implementations"][1]
+    assert compiled["verdict"] == "pass"
+    assert set(compiled["max_abs_dlogit_by_phase"]) == {"prefill", "incremental", "chunk_1", "chunk_3", "padded_batch"}
+    assert main(["verify-cache", "--hf", "nowhere", "--compiled"]) == 2
+    assert "--compiled verifies genprobe's own compiled decode path" in capsys.readouterr().err

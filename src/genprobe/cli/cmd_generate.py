@@ -41,6 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eos-id", type=int, default=None, help="stop when this token id is generated")
     p.add_argument("--show-unk", action="store_true", help="print <unk> instead of dropping it")
     p.add_argument("--top", type=int, default=0, metavar="N", help="per step, show the top-N candidates and entropy")
+    p.add_argument(
+        "--compile", action="store_true",
+        help="genprobe checkpoints: run decode steps through torch.compile (compiling takes ~15-30 s once per "
+        "process and batch size; pays off for long generations, not for one short prompt)",
+    )
     p.add_argument("--mode", choices=["cached", "naive"], default="cached", help=argparse.SUPPRESS)
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -131,7 +136,13 @@ def run(args: argparse.Namespace) -> int:
             eos_id=args.eos_id,
             return_probs=want_probs,
             on_token=on_token,
+            compile=args.compile,
         )
+    if args.compile:
+        from ..engine.compiled import compile_error
+
+        if compile_error() is not None:
+            info(f"warning: torch.compile failed, decoded eagerly instead ({compile_error()})")
     tokens = res.tokens[0]
     for i, t in enumerate(tokens):
         entry: dict = {"step": i, "token": t, "text": _token_str(tok, t)}

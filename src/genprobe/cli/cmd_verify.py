@@ -34,6 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hf", type=Path, metavar="DIR", help="transformers model directory (loaded offline)")
     p.add_argument("--impl", metavar="MOD:FACTORY", help="user implementation: factory(model) or factory()")
     p.add_argument("--model", metavar="CKPT_OR_HF", help="model handed to --impl's factory and used as reference")
+    p.add_argument(
+        "--compiled", action="store_true",
+        help="with CKPT: also verify the torch.compile'd decode path (StaticKVCache; the first run compiles, ~30 s)",
+    )
     p.add_argument("--mutants", action="store_true", help="also run the planted-bug mutants (genprobe models)")
     p.add_argument("--steps", type=int, default=50, help="greedy decode steps after prefill (default 50)")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="prompt text (repeatable)")
@@ -134,13 +138,15 @@ def _chunk_sizes(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Build targets, run the harness (and mutants), print the table; exit 1 on a bug."""
-    from ..verify import EngineAdapter, FullRecompute, HFAdapter, HFReference, Thresholds, load_impl
+    from ..verify import CompiledEngineAdapter, EngineAdapter, FullRecompute, HFAdapter, HFReference, Thresholds, load_impl
     from ..verify.harness import ReferenceRun, verify_implementation
     from ..verify.mutants import DEFAULT_PROMPT, MUTANTS, mask_noop, report_row, run_mutant_reports
 
     targets = [x for x in (args.ckpt, args.hf, args.impl) if x is not None]
     if len(targets) != 1:
         raise ValueError("give exactly one target: CKPT, --hf DIR or --impl MOD:FACTORY")
+    if args.compiled and args.ckpt is None:
+        raise ValueError("--compiled verifies genprobe's own compiled decode path: give a genprobe CKPT")
     if args.model is not None and args.impl is None:
         raise ValueError("--model only goes with --impl")
     if args.steps < 0:
@@ -157,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.ckpt} is a transformers directory: use --hf {args.ckpt}")
         reference = FullRecompute(gpt)
         impls.append(EngineAdapter(gpt))
+        if args.compiled:
+            impls.append(CompiledEngineAdapter(gpt))
         vocab = gpt.cfg.vocab_size
     elif args.hf is not None:
         hf = _load_hf(args.hf)

@@ -154,12 +154,23 @@ def generate(
     return_logits: bool = False,
     return_probs: bool = False,
     on_token: Callable[[int, list[int]], None] | None = None,
+    compile: bool = False,
 ) -> GenerationResult:
     """Generate ``max_new_tokens`` after each prompt (left-padded batch); greedy when ``sampler`` is None.
 
     ``on_token(step, token_ids)`` is called after every step with one new id per row (rows that
     already finished get ``-1``). Rows stop at ``eos_id`` (the eos token is kept in ``tokens``).
+    ``compile=True`` runs the cached decode steps of a genprobe GPT through ``torch.compile``
+    (:mod:`genprobe.engine.compiled`); the first call per model and batch size pays the compilation.
     """
+    if compile:
+        if mode != "cached":
+            raise ValueError("compile=True speeds up cached decoding; it does not apply to mode='naive'")
+        if not isinstance(model, GPT):
+            raise ValueError(f"compile=True is for genprobe GPT models, got {type(model).__name__}")
+        from .compiled import CompiledGPTRunner
+
+        model = CompiledGPTRunner(model)
     runner = as_runner(model)
     cfg = sampler or GREEDY
     P = _check_inputs(runner, prompts, max_new_tokens, mode)

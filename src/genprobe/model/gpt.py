@@ -183,6 +183,12 @@ class GPT(nn.Module):
                 f"context length (block_size, rows of the learned position table) is {self.cfg.block_size}"
             )
 
+    def check_ids(self, ids: torch.Tensor) -> None:
+        """Raise ValueError naming the vocabulary size if any token id is outside the embedding table."""
+        id_lo, id_hi = (int(t) for t in torch.aminmax(ids))
+        if id_lo < 0 or id_hi >= self.cfg.vocab_size:
+            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size}): min {id_lo}, max {id_hi}")
+
     def _visibility(
         self,
         q_pos: torch.Tensor,
@@ -233,10 +239,11 @@ class GPT(nn.Module):
             positions = default_positions(B, T, cache, attention_mask, ids.device)
         if positions.shape != (B, T):
             raise ValueError(f"positions shape {tuple(positions.shape)} != ids shape {(B, T)}")
-        self.check_positions(positions)  # before any embedding lookup
-        id_lo, id_hi = (int(t) for t in torch.aminmax(ids))
-        if id_lo < 0 or id_hi >= self.cfg.vocab_size:
-            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size}): min {id_lo}, max {id_hi}")
+        if not torch.compiler.is_compiling():
+            # Range checks read tensor values on the host, which would split a compiled graph; a compiled
+            # caller (genprobe.engine.compiled) checks the same limits before it calls.
+            self.check_positions(positions)  # before any embedding lookup
+            self.check_ids(ids)
         valid = None if attention_mask is None else attention_mask.to(torch.bool)
         if valid is not None and valid.shape != (B, T):
             raise ValueError(f"attention_mask shape {tuple(valid.shape)} != ids shape {(B, T)}")

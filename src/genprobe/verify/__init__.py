@@ -2,6 +2,7 @@
 
 from .adapters import (
     CacheImpl,
+    CompiledEngineAdapter,
     EngineAdapter,
     FullRecompute,
     HFAdapter,
@@ -16,6 +17,7 @@ from .mutants import MUTANTS, TeachingCache, cache_exact, mask_noop, run_mutant_
 
 __all__ = [
     "CacheImpl",
+    "CompiledEngineAdapter",
     "EngineAdapter",
     "FullRecompute",
     "HFAdapter",

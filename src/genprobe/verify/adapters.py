@@ -19,7 +19,8 @@ The reference it is compared against is full recomputation without any cache::
 Both may optionally expose ``max_positions`` (longest sequence they accept); the verifier refuses a
 run that would exceed it, naming the limit, instead of letting an embedding lookup fail.
 
-Built-ins: :class:`EngineAdapter` (genprobe's ``KVCache`` + ``forward_step``), :class:`FullRecompute`
+Built-ins: :class:`EngineAdapter` (genprobe's ``KVCache`` + ``forward_step``),
+:class:`CompiledEngineAdapter` (its decode path under ``torch.compile``), :class:`FullRecompute`
 (reference for a genprobe ``GPT``), :class:`HFAdapter` / :class:`HFReference` for any
 ``transformers`` causal LM, and :func:`load_impl` for a user factory given as ``"pkg.module:factory"``.
 """
@@ -101,6 +102,39 @@ class EngineAdapter:
         if self.cache is None:
             raise RuntimeError("step() before prefill()")
         return forward_step(self.model, ids, cache=self.cache)
+
+
+class CompiledEngineAdapter:
+    """genprobe's compiled decode path: ``StaticKVCache``, single-token steps through ``torch.compile``."""
+
+    name = "engine-compiled"
+
+    def __init__(self, model: GPT, max_len: int | None = None):
+        from ..engine.compiled import CompiledGPTRunner
+
+        self.model = model.eval()
+        self.runner = CompiledGPTRunner(self.model)
+        self.max_len = max_len or model.cfg.block_size
+        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        self.cache = None
+
+    def reset(self) -> None:
+        """Drop the cache; the next ``prefill`` allocates one for its batch size."""
+        self.cache = None
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Fill a fresh static cache with the prompt (eager, as in generation)."""
+        self.cache = self.runner.new_state(ids.shape[0], self.max_len)
+        valid = None if attention_mask is None else attention_mask.to(torch.bool)
+        return self.runner.step(ids, valid, self.cache).clone()
+
+    @torch.inference_mode()
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """Continue: one token through the compiled graph, a chunk eagerly through the same cache."""
+        if self.cache is None:
+            raise RuntimeError("step() before prefill()")
+        return self.runner.step(ids, None, self.cache).clone()
 
 
 # ---- transformers causal LMs -----------------------------------------------------------------------

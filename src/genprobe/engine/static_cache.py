@@ -1,0 +1,116 @@
+"""A fixed-shape KV cache for compiled decoding (gpt-fast's static cache, on our position-driven mask).
+
+:class:`KVCache` hands attention only the live slots (``[:length]``), so every decode step has a new
+key length; eager PyTorch does not care, but ``torch.compile`` would see a new shape every step.
+:class:`StaticKVCache` keeps every tensor at full capacity and holds its write pointer in a tensor:
+each step writes its keys with ``index_copy_`` and attends over *all* slots, the unwritten ones being
+invalid and therefore masked (the model decides visibility from per-slot positions and validity, as
+it does for every cache). A decode step is then the same graph at every position — compiled once,
+replayed for the whole generation — and no Python number changes between steps, so nothing forces
+a recompile. Same three-call protocol as :class:`KVCache` (``reserve`` / ``write`` / ``commit``), so
+it runs through the model's one forward, eager or compiled. No sliding window: a ring buffer needs a
+data-dependent slot, which is what this cache exists to avoid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model.config import GPTConfig
+
+
+class StaticKVCache:
+    """Per-layer K/V buffers of fixed capacity with a tensor write pointer (compile-friendly)."""
+
+    def __init__(
+        self,
+        n_layer: int,
+        batch_size: int,
+        n_head: int,
+        d_head: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        if batch_size < 1 or max_len < 1:
+            raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
+        self.capacity = max_len
+        self.batch_size = batch_size
+        self.n_layer = n_layer
+        # One base tensor per layer (not one 5-D tensor): a write into a *view* of a larger buffer is
+        # functionalised by torch.compile into a copy of the whole buffer every step; into a base tensor
+        # it is re-inplaced into a scatter of the new rows.
+        shape = (batch_size, n_head, max_len, d_head)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.pos = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
+        self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.write_ptr = torch.zeros(1, dtype=torch.long, device=device)  # slots written so far
+        self._slot_offsets = torch.arange(max_len, device=device)
+        self._step: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    @classmethod
+    def for_model(cls, cfg: GPTConfig, batch_size: int = 1, max_len: int | None = None, **kw) -> "StaticKVCache":
+        """A cache shaped for ``cfg`` (capacity defaults to the model's context length)."""
+        return cls(cfg.n_layer, batch_size, cfg.n_head, cfg.d_head, max_len or cfg.block_size, **kw)
+
+    @property
+    def length(self) -> int:
+        """Number of slots written (a host read of the pointer: call it outside compiled code)."""
+        return int(self.write_ptr)
+
+    def reset(self) -> None:
+        """Forget everything (buffers are reused, not reallocated)."""
+        self.write_ptr.zero_()
+        self.next_pos.zero_()
+        self.valid.zero_()
+        self._step = None
+
+    def default_positions(self, T: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-row positions for ``T`` new tokens: continue each row's count of real tokens."""
+        if valid is None:
+            return self.next_pos[:, None] + self._slot_offsets[:T]
+        steps = valid.to(torch.long).cumsum(1) - 1
+        return self.next_pos[:, None] + steps.clamp(min=0)
+
+    # ---- the three calls the model makes during one forward ------------------------------------
+    def reserve(self, positions: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Record positions/validity of T new tokens at the write pointer; return all slots' (pos, valid)."""
+        B, T = positions.shape
+        if B != self.batch_size:
+            raise ValueError(f"batch size {B} does not match the cache's {self.batch_size}")
+        if not torch.compiler.is_compiling():
+            # The capacity check needs the pointer on the host; compiled decoders check before the call.
+            seen = int(self.write_ptr)
+            if seen + T > self.capacity:
+                raise ValueError(f"KV cache overflow: {seen} cached + {T} new tokens > capacity {self.capacity}")
+        slots = self.write_ptr + self._slot_offsets[:T]
+        self.pos[:, slots] = positions
+        self.valid[:, slots] = True if valid is None else valid
+        self._step = (slots, valid)
+        return self.pos, self.valid
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's K/V of ``layer`` at the reserved slots; return the full buffers."""
+        slots = self._step[0]
+        # Advanced-index assignment (index_put_) into the layer's base tensor, as gpt-fast does.
+        k_buf, v_buf = self.k[layer], self.v[layer]
+        k_buf[:, :, slots] = k
+        v_buf[:, :, slots] = v
+        return k_buf, v_buf
+
+    def commit(self) -> None:
+        """Advance the write pointer and the per-row position counters after all layers have written."""
+        slots, valid = self._step
+        T = slots.shape[0]
+        self.write_ptr.add_(T)
+        if valid is None:
+            self.next_pos.add_(T)
+        else:
+            self.next_pos.add_(valid.to(torch.long).sum(1))
+        self._step = None
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the K and V buffers."""
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
