@@ -30,6 +30,7 @@ def test_static_cache_eager_matches_full_recomputation_every_step(trained):
         cache = StaticKVCache.for_model(model.cfg, 1, max_len=ids.shape[1])
         pre = model(ids[:, :4], cache=cache)
         steps = [model(ids[:, t : t + 1], cache=cache)[:, 0] for t in range(4, ids.shape[1])]
+    assert torch.equal(pre, model(ids[:, :4]))  # eager calls attend over written slots only, like KVCache
     assert float((pre - full[:, :4]).abs().max()) < 1e-5
     worst = max(float((s - full[:, 4 + i]).abs().max()) for i, s in enumerate(steps))
     assert worst < 1e-4, worst

@@ -130,6 +130,10 @@ class CompiledGPTRunner:
             stance.enter_context(torch._inductor.config.patch(compile_config(ids.shape[0])))
             # One graph per (model, weights, batch size, capacity): allow more than Dynamo's default 8.
             stance.enter_context(torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT))
+            # Compiling imports and calls torch internals that emit deprecation notices about torch's own
+            # code (torch.jit.script_method, TypedStorage); they say nothing to our users.
+            stance.enter_context(warnings.catch_warnings())
+            warnings.filterwarnings("ignore", message=r".*(torch\.jit\.script_method|TypedStorage) is deprecated")
             self._version = weights_version(self.model)
         else:
             stance = torch.compiler.set_stance(skip_guard_eval_unsafe=True)

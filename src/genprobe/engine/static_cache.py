@@ -3,7 +3,7 @@
 :class:`KVCache` hands attention only the live slots (``[:length]``), so every decode step has a new
 key length; eager PyTorch does not care, but ``torch.compile`` would see a new shape every step.
 :class:`StaticKVCache` keeps every tensor at full capacity and holds its write pointer in a tensor:
-each step writes its keys with ``index_copy_`` and attends over *all* slots, the unwritten ones being
+each step writes its keys with ``index_put_`` and attends over *all* slots, the unwritten ones being
 invalid and therefore masked (the model decides visibility from per-slot positions and validity, as
 it does for every cache). A decode step is then the same graph at every position — compiled once,
 replayed for the whole generation — and no Python number changes between steps, so nothing forces
@@ -48,7 +48,7 @@ class StaticKVCache:
         self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.write_ptr = torch.zeros(1, dtype=torch.long, device=device)  # slots written so far
         self._slot_offsets = torch.arange(max_len, device=device)
-        self._step: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._step: tuple[torch.Tensor, torch.Tensor | None, int | None] | None = None
 
     @classmethod
     def for_model(cls, cfg: GPTConfig, batch_size: int = 1, max_len: int | None = None, **kw) -> "StaticKVCache":
@@ -80,29 +80,37 @@ class StaticKVCache:
         B, T = positions.shape
         if B != self.batch_size:
             raise ValueError(f"batch size {B} does not match the cache's {self.batch_size}")
+        live = None
         if not torch.compiler.is_compiling():
-            # The capacity check needs the pointer on the host; compiled decoders check before the call.
+            # Eager calls (prefill) read the pointer on the host: to check capacity, and to attend over the
+            # written slots only, exactly as KVCache does (so prefill is bit-identical to no cache). Compiled
+            # decoders check capacity before the call, and attend over every slot (one shape for all steps).
             seen = int(self.write_ptr)
             if seen + T > self.capacity:
                 raise ValueError(f"KV cache overflow: {seen} cached + {T} new tokens > capacity {self.capacity}")
+            live = seen + T
         slots = self.write_ptr + self._slot_offsets[:T]
         self.pos[:, slots] = positions
         self.valid[:, slots] = True if valid is None else valid
-        self._step = (slots, valid)
-        return self.pos, self.valid
+        self._step = (slots, valid, live)
+        if live is None:
+            return self.pos, self.valid
+        return self.pos[:, :live], self.valid[:, :live]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's K/V of ``layer`` at the reserved slots; return the full buffers."""
-        slots = self._step[0]
+        slots, _, live = self._step
         # Advanced-index assignment (index_put_) into the layer's base tensor, as gpt-fast does.
         k_buf, v_buf = self.k[layer], self.v[layer]
         k_buf[:, :, slots] = k
         v_buf[:, :, slots] = v
-        return k_buf, v_buf
+        if live is None:
+            return k_buf, v_buf
+        return k_buf[:, :, :live], v_buf[:, :, :live]
 
     def commit(self) -> None:
         """Advance the write pointer and the per-row position counters after all layers have written."""
-        slots, valid = self._step
+        slots, valid, _ = self._step
         T = slots.shape[0]
         self.write_ptr.add_(T)
         if valid is None:
