@@ -145,3 +145,22 @@ def test_compile_refuses_non_genprobe_models(tiny_model):
     with pytest.raises(ValueError, match="compile=True is for genprobe GPT models"):
         generate(HFCausalLM(to_hf_gpt2(tiny_model)), [[1, 2]], 3, compile=True)
 
+
+
+@pytest.mark.parametrize("pe", ["rope", "alibi"])
+def test_compiled_generation_equals_eager_for_rope_and_alibi(pe):
+    """The position encodings computed inside the forward (rotations, ALiBi bias) compile to the same logits."""
+    from genprobe.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32, pos_encoding=pe))
+    with torch.no_grad():  # trained-scale logits, so a wrong position would show (see tests/verify/conftest.py)
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(10)
+    model.eval()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    a = generate(model, prompts, 20, compile=True, return_logits=True)
+    assert compiled_mod.compile_error() is None
+    b = generate(model, prompts, 20, return_logits=True)
+    assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
