@@ -164,3 +164,21 @@ def test_compiled_generation_equals_eager_for_rope_and_alibi(pe):
     assert compiled_mod.compile_error() is None
     b = generate(model, prompts, 20, return_logits=True)
     assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
+
+
+def test_static_capacity_rounds_lengths_up_so_they_share_a_graph():
+    assert compiled_mod.static_capacity(11, 64) == 64 and compiled_mod.static_capacity(64, 64) == 64
+    assert compiled_mod.static_capacity(11, None) == 64
+    assert compiled_mod.static_capacity(65, None) == 128 and compiled_mod.static_capacity(200, None) == 256
+
+
+def test_prompts_of_other_lengths_reuse_the_compiled_graph(tiny_model):
+    """Capacity is rounded to the context length: a new prompt length or token count does not recompile."""
+    from torch._dynamo.utils import counters
+
+    generate(tiny_model, [[1, 2, 3]], 5, compile=True)
+    before = counters["stats"]["unique_graphs"]
+    a = generate(tiny_model, [[4, 5, 6, 7, 8, 9]], 11, compile=True, return_logits=True)
+    assert counters["stats"]["unique_graphs"] == before
+    b = generate(tiny_model, [[4, 5, 6, 7, 8, 9]], 11, return_logits=True)
+    assert a.tokens == b.tokens and _max_diff(a, b) < 1e-5

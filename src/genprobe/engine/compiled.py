@@ -85,6 +85,18 @@ def compiled_decode_fn() -> Any:
     return _compiled_decode
 
 
+def static_capacity(max_len: int, max_positions: int | None) -> int:
+    """Cache capacity for a generation of ``max_len`` tokens, rounded up so that lengths share a graph.
+
+    The capacity is part of the compiled graph's shape: sized to each prompt + new tokens, every new
+    length would recompile. So it is the model's context length when it has one (learned positions),
+    else the next power of two (at least 64); the extra slots are masked and cost little.
+    """
+    if max_positions is not None and max_len <= max_positions:
+        return max_positions
+    return max(64, 1 << (max_len - 1).bit_length())
+
+
 def compile_error() -> str | None:
     """Why compilation failed in this process (None if it worked or was not tried yet)."""
     return _compile_error
@@ -107,8 +119,9 @@ class CompiledGPTRunner:
         self._version = 0
 
     def new_state(self, batch_size: int, max_len: int) -> StaticKVCache:
-        """A fresh static cache (its first decode step evaluates the compiled graph's guards)."""
-        return StaticKVCache.for_model(self.model.cfg, batch_size, max_len=max_len, dtype=self.dtype, device=self.device)
+        """A fresh static cache of capacity :func:`static_capacity` (one compiled graph serves many lengths)."""
+        cap = static_capacity(max_len, self.max_positions)
+        return StaticKVCache.for_model(self.model.cfg, batch_size, max_len=cap, dtype=self.dtype, device=self.device)
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         """Prefill (T > 1) eagerly; a one-token step through the compiled graph. Logits (B, T, V)."""
@@ -122,6 +135,11 @@ class CompiledGPTRunner:
         if self.max_positions is not None and held + 1 > self.max_positions:
             raise ValueError(f"context overflow: the model's context length (block_size) is {self.max_positions}")
         self.model.check_ids(ids)
+        # Inputs with their own contiguous strides: a column sliced from a (B, P+N) buffer has stride P+N,
+        # which Dynamo guards on, so every new prompt length would otherwise recompile.
+        ids = ids.clone(memory_format=torch.contiguous_format)
+        if valid is not None:
+            valid = valid.clone(memory_format=torch.contiguous_format)
         first = state not in self._warm
         # The first step of a generation evaluates every guard (new model, batch size, capacity or weights
         # recompile) under COMPILE_CONFIG; the rest of the generation replays with only new tensor values.
