@@ -119,9 +119,10 @@ def test_compile_failure_warns_and_decodes_eagerly(tiny_model, monkeypatch):
 def test_compiled_runner_checks_limits_the_graph_skips(tiny_model):
     runner = compiled_mod.CompiledGPTRunner(tiny_model)
     state = runner.new_state(1, 4)
+    assert state.capacity == tiny_model.cfg.block_size == 32  # rounded up: see static_capacity
     with torch.inference_mode():
-        runner.step(torch.tensor([[1, 2, 3, 4]]), None, state)
-        with pytest.raises(ValueError, match="capacity 4"):
+        runner.step(torch.arange(1, 33)[None, :] % 50, None, state)
+        with pytest.raises(ValueError, match="capacity 32"):
             runner.step(torch.tensor([[1]]), None, state)
         state = runner.new_state(1, 8)
         runner.step(torch.tensor([[1, 2]]), None, state)
