@@ -3,10 +3,12 @@
 from .cache import KVCache
 from .generate import GenerationResult, generate
 from .sampling import SamplerConfig, kept_set_size, process_logits, sample_next
+from .static_cache import StaticKVCache
 from .step import forward_step
 
 __all__ = [
     "KVCache",
+    "StaticKVCache",
     "forward_step",
     "generate",
     "GenerationResult",
