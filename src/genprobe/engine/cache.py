@@ -14,6 +14,20 @@ import torch
 from ..model.config import GPTConfig
 
 
+def padded_positions(next_pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Positions of new tokens (B, T) continuing per-row counters ``next_pos``; padding does not advance them."""
+    steps = valid.to(torch.long).cumsum(1) - 1
+    return next_pos[:, None] + steps.clamp(min=0)
+
+
+def check_batch(positions: torch.Tensor, batch_size: int) -> tuple[int, int]:
+    """(B, T) of ``positions``, refusing a batch size other than the cache's."""
+    B, T = positions.shape
+    if B != batch_size:
+        raise ValueError(f"batch size {B} does not match the cache's {batch_size}")
+    return B, T
+
+
 class KVCache:
     """Per-layer K/V buffers plus slot positions/validity; ``length`` = entries currently held."""
 
@@ -92,15 +106,12 @@ class KVCache:
             if T == 1:  # a decode step: the positions are the per-row counters themselves (a view, no op)
                 return self.next_pos[:, None]
             return self.next_pos[:, None] + torch.arange(T, device=self.next_pos.device)
-        steps = valid.to(torch.long).cumsum(1) - 1
-        return self.next_pos[:, None] + steps.clamp(min=0)
+        return padded_positions(self.next_pos, valid)
 
     # ---- the three calls the model makes during one forward ------------------------------------
     def reserve(self, positions: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Claim slots for T new tokens, record their positions/validity; return live (pos, valid)."""
-        B, T = positions.shape
-        if B != self.batch_size:
-            raise ValueError(f"batch size {B} does not match the cache's {self.batch_size}")
+        B, T = check_batch(positions, self.batch_size)
         if valid is not None and self.all_valid:
             self.all_valid = bool(valid.all())
         end = self.seen + T

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..model.config import GPTConfig
+from .cache import check_batch, padded_positions
 
 
 class StaticKVCache:
@@ -71,15 +72,12 @@ class StaticKVCache:
         """Per-row positions for ``T`` new tokens: continue each row's count of real tokens."""
         if valid is None:
             return self.next_pos[:, None] + self._slot_offsets[:T]
-        steps = valid.to(torch.long).cumsum(1) - 1
-        return self.next_pos[:, None] + steps.clamp(min=0)
+        return padded_positions(self.next_pos, valid)
 
     # ---- the three calls the model makes during one forward ------------------------------------
     def reserve(self, positions: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Record positions/validity of T new tokens at the write pointer; return all slots' (pos, valid)."""
-        B, T = positions.shape
-        if B != self.batch_size:
-            raise ValueError(f"batch size {B} does not match the cache's {self.batch_size}")
+        B, T = check_batch(positions, self.batch_size)
         live = None
         if not torch.compiler.is_compiling():
             # Eager calls (prefill) read the pointer on the host: to check capacity, and to attend over the
