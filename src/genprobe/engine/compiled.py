@@ -158,7 +158,7 @@ class CompiledGPTRunner:
         try:
             with stance:
                 logits = compiled_decode_fn()(self.model, ids, valid, state, self._version)
-        except Exception as exc:  # no C++ compiler, unsupported platform, ...: same forward, eagerly
+        except torch._dynamo.exc.TorchDynamoException as exc:  # no C++ compiler, unsupported op, ...
             if not first:
                 raise
             lines = str(exc).strip().splitlines()
