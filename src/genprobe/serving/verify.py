@@ -1,0 +1,254 @@
+"""verify-serving: does a vLLM deployment compute the model's log-probabilities?
+
+A serving engine changes *how* the forward is computed — continuous batching, prefix caching,
+chunked prefill, reduced precision — and each can go wrong without the text looking wrong. Each
+phase below sends a workload that exercises one of them (greedy, ``prompt_logprobs`` and per-step
+top-k ``logprobs``) and compares every returned log-probability with float32 recomputation of the
+same tokens (:mod:`genprobe.serving.compare`):
+
+==================  ==============================================================================
+``alone``           short prompts, one request per call (nothing shared)
+``batch``           prompts of mixed lengths and mixed token budgets in one call: requests join and
+                    leave the running batch (continuous batching)
+``prefix_cached``   the same long prefix twice; the second request reads the first one's KV blocks
+                    (``num_cached_tokens`` > 0 shows it did)
+``prefix_uncached`` the second request again with ``skip_reading_prefix_cache`` (recomputed)
+``chunked_prefill`` prompts longer than ``max_num_batched_tokens``: prefilled in several chunks
+==================  ==============================================================================
+
+Each deployment dtype is its own engine; the reference is always float32. The verdict per phase is
+verify-cache's scale on max |Δ log p| plus "a top-1 token that differs is at least suspicious"
+(:func:`genprobe.serving.verdict.serving_verdict`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+from .compare import LogprobStats, ReferenceLogprobs, compare_outputs
+from .engine import EngineOptions, ServingEngine, shared_engine
+from .verdict import Thresholds, serving_verdict, worst_verdict
+
+PHASES = ("alone", "batch", "prefix_cached", "prefix_uncached", "chunked_prefill")
+
+
+@dataclass
+class PhaseReport:
+    """One phase on one deployment: the largest |Δ log p|, top-1 agreement, first divergence, verdict."""
+
+    phase: str
+    dtype: str
+    requests: int = 0
+    positions: int = 0
+    max_abs_dlogp: float | None = None
+    mean_abs_dlogp: float | None = None
+    top1_agreement: float | None = None
+    top1_disagreements: int = 0
+    first_divergence: dict | None = None
+    verdict: str = "pass"
+    cached_tokens: int | None = None  # prefix phases: tokens of the second request served from the cache
+    prefill_chunks: int | None = None  # chunked phase: most chunks any prompt was prefilled in
+    note: str | None = None
+    skipped: str | None = None
+
+    def to_dict(self) -> dict:
+        """JSON form (no NaN/inf: unknown values are None)."""
+        d = asdict(self)
+        for k in ("max_abs_dlogp", "mean_abs_dlogp"):
+            if d[k] is not None and not math.isfinite(d[k]):
+                d[k] = "inf"
+        return d
+
+
+@dataclass
+class ServingReport:
+    """verify-serving's result for every deployment dtype and phase."""
+
+    model: str
+    reference: str
+    phases: list[PhaseReport]
+    thresholds: Thresholds
+    steps: int
+    top_k: int
+    engines: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """The worst phase verdict over all deployments."""
+        return worst_verdict([p.verdict for p in self.phases if not p.skipped])
+
+    def verdict_by_dtype(self) -> dict[str, str]:
+        """The worst phase verdict per deployment dtype."""
+        out: dict[str, list[str]] = {}
+        for p in self.phases:
+            out.setdefault(p.dtype, []).append(p.verdict if not p.skipped else "pass")
+        return {k: worst_verdict(v) for k, v in out.items()}
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"model": self.model, "reference": self.reference, "steps": self.steps, "top_k": self.top_k,
+                "thresholds": self.thresholds.to_dict(), "verdict": self.verdict,
+                "verdict_by_dtype": self.verdict_by_dtype(), "phases": [p.to_dict() for p in self.phases],
+                "engines": self.engines, "errors": self.errors}
+
+
+# ---- workloads ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Workload:
+    """Token-id prompts for each phase, sized to the engine's context and token budget."""
+
+    alone: list[list[int]]
+    batch: list[list[int]]
+    prefix_first: list[int]
+    prefix_second: list[int]
+    long: list[list[int]]
+
+
+def _stream(pool: Sequence[Sequence[int]], vocab: int, seed: int) -> Callable[[int], list[int]]:
+    """``take(n)``: the next n tokens of the user's prompts cycled, or of seeded random ids when none are given."""
+    rng = random.Random(seed)
+    flat = [int(t) for p in pool for t in p]
+    pos = [0]
+
+    def take(n: int) -> list[int]:
+        if flat:
+            out = [flat[(pos[0] + i) % len(flat)] for i in range(n)]
+            pos[0] += n
+            return out
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    return take
+
+
+def build_workload(room: int, budget: int, vocab: int, prompts: Sequence[Sequence[int]] = (), seed: int = 0) -> Workload:
+    """Prompts for every phase: ``room`` = longest admissible prompt, ``budget`` = max_num_batched_tokens."""
+    if room < 4:
+        raise ValueError(f"the context leaves room for prompts of only {room} tokens; lower the number of steps")
+    take = _stream(prompts, vocab, seed)
+    short_max = max(2, min(room, budget))
+    alone = [list(p)[:room] for p in prompts if p] or [take(n) for n in sorted({2, max(2, short_max // 2), short_max})]
+    lengths = [max(2, round(2 + (room - 2) * f)) for f in (0.0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)]
+    batch = [take(n) for n in lengths]
+    prefix = take(max(2, room - 4))
+    long = [take(n) for n in sorted({room, max(budget + 1, (room + budget + 1) // 2)}) if budget < n <= room]
+    return Workload(alone, batch, prefix + take(4), prefix + take(4), long)
+
+
+# ---- phases ------------------------------------------------------------------------------------------
+def _params(steps: int, k: int, prompt_logprobs: bool = True, **kw: Any) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=steps, logprobs=k, prompt_logprobs=k if prompt_logprobs else None,
+                          detokenize=False, ignore_eos=True, **kw)
+
+
+def _report(phase: str, dtype: str, outputs: Sequence[Any], ref: Any, th: Thresholds, **extra: Any) -> PhaseReport:
+    st: LogprobStats = compare_outputs(outputs, ref, th.noise)
+    return PhaseReport(
+        phase, dtype, len(outputs), st.positions, st.max_abs_dlogp, st.mean_abs_dlogp, st.top1_agreement,
+        st.top1_disagreements, st.first.to_dict() if st.first else None,
+        serving_verdict(st.max_abs_dlogp, st.top1_disagreements, th), **extra,
+    )
+
+
+def run_phases(engine: ServingEngine, ref: Any, work: Workload, steps: int, k: int, th: Thresholds) -> list[PhaseReport]:
+    """All phases on one started engine (its dtype is the deployment under test)."""
+    dtype = engine.options.dtype
+    sp = _params(steps, k)
+    out = [engine.generate([p], sp)[0] for p in work.alone]
+    reports = [_report("alone", dtype, out, ref, th)]
+    budgets = [_params(max(1, steps - 3 * (i % 3)), k) for i in range(len(work.batch))]
+    reports.append(_report("batch", dtype, engine.generate(work.batch, budgets), ref, th))
+    reports += _prefix_phases(engine, ref, work, steps, k, th)
+    reports.append(_chunked_phase(engine, ref, work, sp, th))
+    return reports
+
+
+def _prefix_phases(engine: ServingEngine, ref: Any, work: Workload, steps: int, k: int, th: Thresholds) -> list[PhaseReport]:
+    dtype = engine.options.dtype
+    # vLLM never reads the prefix cache for a request that asks for prompt_logprobs (it must score every
+    # prompt token), so these requests compare generation steps only; step 0 is computed on the cached prefix.
+    engine.llm.reset_prefix_cache()
+    engine.generate([work.prefix_first], _params(steps, k, prompt_logprobs=False))
+    hit = engine.generate([work.prefix_second], _params(steps, k, prompt_logprobs=False))
+    miss = engine.generate([work.prefix_second], _params(steps, k, prompt_logprobs=False, skip_reading_prefix_cache=True))
+    cached, uncached = int(hit[0].num_cached_tokens or 0), int(miss[0].num_cached_tokens or 0)
+    note = None
+    if cached == 0:
+        bs = engine.llm.llm_engine.vllm_config.cache_config.block_size
+        why = "prefix caching is off" if not engine.options.enable_prefix_caching else \
+            f"the shared prefix ({len(work.prefix_first) - 4} tokens) is shorter than a KV block ({bs})"
+        note = f"the second request was not served from the prefix cache: {why}"
+    return [
+        _report("prefix_cached", dtype, hit, ref, th, cached_tokens=cached, note=note),
+        _report("prefix_uncached", dtype, miss, ref, th, cached_tokens=uncached),
+    ]
+
+
+def _chunked_phase(engine: ServingEngine, ref: Any, work: Workload, sp: Any, th: Thresholds) -> PhaseReport:
+    budget = scheduler_budget(engine)
+    if not work.long:
+        return PhaseReport("chunked_prefill", engine.options.dtype, skipped=(
+            f"max_num_batched_tokens ({budget}) is not below the longest admissible prompt: set it lower to force "
+            "chunked prefill"))
+    chunks = max(math.ceil(len(p) / budget) for p in work.long)
+    return _report("chunked_prefill", engine.options.dtype, engine.generate(work.long, sp), ref, th, prefill_chunks=chunks)
+
+
+def scheduler_budget(engine: ServingEngine) -> int:
+    """The engine's per-step token budget (``max_num_batched_tokens`` as vLLM resolved it)."""
+    return int(engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
+
+
+# ---- the whole check ---------------------------------------------------------------------------------
+def verify_serving(
+    model: str | os.PathLike,
+    reference: str | os.PathLike | None = None,
+    *,
+    dtypes: Sequence[str] = ("float32", "bfloat16"),
+    options: EngineOptions | None = None,
+    prompts: Sequence[Sequence[int]] = (),
+    steps: int = 16,
+    top_k: int = 5,
+    thresholds: Thresholds | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> ServingReport:
+    """Serve ``model`` with vLLM once per dtype and compare every phase with float32 recomputation of ``reference``.
+
+    ``reference`` defaults to the served weights themselves (a different directory checks that the
+    deployment serves the weights you expect). ``options`` are the deployment's engine settings;
+    their ``dtype`` is replaced by each of ``dtypes`` in turn.
+    """
+    from ..model.load import load_model
+    from .model_dir import served_model
+
+    if steps < 1 or top_k < 1:
+        raise ValueError(f"steps and top_k must be >= 1, got steps={steps}, top_k={top_k}")
+    if not dtypes:
+        raise ValueError("give at least one deployment dtype")
+    th = thresholds or Thresholds()
+    opts = options or EngineOptions()
+    served = served_model(model)
+    ref_model = load_model(reference if reference is not None else served.path)
+    if ref_model.vocab_size != served.vocab_size:
+        served.cleanup()
+        raise ValueError(f"the reference has {ref_model.vocab_size} output ids but the served model has {served.vocab_size}")
+    ref = ReferenceLogprobs(ref_model)
+    report = ServingReport(str(model), str(reference if reference is not None else model), [], th, steps, top_k)
+    try:
+        for dt in dtypes:
+            if log:
+                log(f"starting vLLM ({dt}) on {served.path} …")
+            engine = shared_engine(served.path, replace(opts, dtype=dt))
+            report.engines.append(engine.describe())
+            work = build_workload(engine.max_model_len - steps, scheduler_budget(engine), served.vocab_size, prompts, seed)
+            report.phases += run_phases(engine, ref, work, steps, top_k, th)
+    finally:
+        served.cleanup()
+    return report

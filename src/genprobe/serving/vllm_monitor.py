@@ -1,0 +1,154 @@
+"""The online loop monitor as a vLLM V1 logits-processor plug-in.
+
+Register it when the engine starts (``EngineOptions(loop_monitor=True)``, i.e. ``LLM(...,
+logits_processors=["genprobe.serving.vllm_monitor:LoopMonitorProcessor"])``); it then acts only on
+requests whose ``SamplingParams.extra_args`` carry a ``"genprobe_loop_monitor"`` entry
+(:func:`monitor_request_kwargs` builds it). Before each step it feeds every watched request's new
+output tokens to that request's incremental detector (:mod:`genprobe.serving.monitor`); once a loop
+is detected it either
+
+* ``"stop"``s the request: every logit but ``stop_token_id``'s becomes ``-inf``, so the next token is
+  the stop token and vLLM finishes the request (``finish_reason="stop"``, ``stop_reason`` = that id), or
+* ``"break"``s the loop: the token that would continue it is banned for as long as it loops.
+
+The plug-in runs inside vLLM's engine process, so it reports through the token stream only;
+:func:`monitor_result` recovers the loop's period and onset from the returned tokens by replaying
+the same detector (deterministic), which works with or without engine multiprocessing.
+
+Interface: ``vllm/v1/sample/logits_processor/interface.py`` (``LogitsProcessor``, ``BatchUpdate``):
+``update_state`` sees requests added/removed/moved (each added request brings a live reference to its
+output-token list) and runs before the forward pass; ``apply`` edits the batch logits.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from ..metrics.loop import DEFAULT_MIN_TAIL, LoopInfo
+from .monitor import DEFAULT_MAX_PERIOD, Detection, ExactPeriodDetector, IncrementalDetector, loop_continuation, replay
+
+EXTRA_KEY = "genprobe_loop_monitor"
+ACTIONS = ("stop", "break")
+
+
+def _detector_factory(cfg: dict) -> Callable[[], IncrementalDetector]:
+    """``cfg["detector"]`` ("module:Class", default the exact-period detector) called with ``cfg["detector_kwargs"]``."""
+    spec = cfg.get("detector")
+    kwargs = dict(cfg.get("detector_kwargs") or {})
+    if spec is None:
+        return lambda: ExactPeriodDetector(**kwargs)
+    mod, _, name = str(spec).partition(":")
+    if not mod or not name:
+        raise ValueError(f"{EXTRA_KEY}.detector must be 'module:Class', got {spec!r}")
+    cls = getattr(importlib.import_module(mod), name)
+    return lambda: cls(**kwargs)
+
+
+def _check(cfg: Any, stop_ids: Sequence[int] | None) -> dict:
+    if not isinstance(cfg, dict):
+        raise ValueError(f"extra_args[{EXTRA_KEY!r}] must be a dict, got {type(cfg).__name__}")
+    action = cfg.get("action", "stop")
+    if action not in ACTIONS:
+        raise ValueError(f"{EXTRA_KEY}.action must be one of {ACTIONS}, got {action!r}")
+    if action == "stop":
+        sid = cfg.get("stop_token_id")
+        if not isinstance(sid, int) or sid not in (stop_ids or ()):
+            raise ValueError(f"{EXTRA_KEY}: action 'stop' needs an int stop_token_id that is also in stop_token_ids")
+    _detector_factory(cfg)()  # fail at validation, not mid-generation
+    return cfg
+
+
+@dataclass
+class _Watched:
+    """One watched request: its detector, live output list, tokens fed so far and the latest answer."""
+
+    detector: IncrementalDetector
+    output: list[int]  # vLLM's live list of this request's output tokens
+    action: str
+    stop_token_id: int | None
+    fed: int = 0
+    loop: LoopInfo | None = None
+
+    def catch_up(self) -> None:
+        for t in self.output[self.fed :]:
+            self.loop = self.detector.push(int(t))
+        self.fed = len(self.output)
+
+
+class LoopMonitorProcessor(LogitsProcessor):
+    """vLLM V1 logits processor: stop or break looping requests that asked for the monitor."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        """Reject a malformed monitor request before it enters the batch."""
+        cfg = (sampling_params.extra_args or {}).get(EXTRA_KEY)
+        if cfg is not None:
+            _check(cfg, sampling_params.stop_token_ids)
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool):
+        self.rows: dict[int, _Watched] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        """Stopping or banning a token changes the argmax."""
+        return False
+
+    @staticmethod
+    def _new(params: Any, _prompt: list[int] | None, output: list[int]) -> _Watched | None:
+        cfg = (params.extra_args or {}).get(EXTRA_KEY) if params is not None else None
+        if cfg is None:
+            return None
+        return _Watched(_detector_factory(cfg)(), output, cfg.get("action", "stop"), cfg.get("stop_token_id"))
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Track added/removed/moved requests, then feed each watched request its new tokens."""
+        process_dict_updates(self.rows, batch_update, self._new)
+        for w in self.rows.values():
+            w.catch_up()
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Force the stop token (``stop``) or ban the loop's next token (``break``) on rows that loop now."""
+        for row, w in self.rows.items():
+            if w.loop is None or row >= logits.shape[0]:
+                continue
+            if w.action == "stop":
+                logits[row] = float("-inf")
+                logits[row, w.stop_token_id] = 0.0
+            else:
+                logits[row, loop_continuation(w.output, w.loop)] = float("-inf")
+        return logits
+
+
+def monitor_request_kwargs(stop_token_id: int | None, action: str = "stop", *, max_period: int = DEFAULT_MAX_PERIOD,
+                           min_tail: int = DEFAULT_MIN_TAIL, min_repeats: float = 2,
+                           stop_token_ids: Sequence[int] = (), detector: str | None = None) -> dict:
+    """``SamplingParams`` keyword arguments that turn the monitor on for one request."""
+    cfg: dict[str, Any] = {"action": action}
+    if detector is None:
+        cfg["detector_kwargs"] = {"max_period": max_period, "min_tail": min_tail, "min_repeats": min_repeats}
+    else:
+        cfg["detector"] = detector
+    stops = list(stop_token_ids)
+    if action == "stop":
+        if stop_token_id is None:
+            raise ValueError("action 'stop' needs a stop_token_id (a token the request may end with)")
+        cfg["stop_token_id"] = int(stop_token_id)
+        stops.append(int(stop_token_id))
+    _check(cfg, stops)
+    return {"extra_args": {EXTRA_KEY: cfg}, "stop_token_ids": stops or None}
+
+
+def monitor_result(output: Any, stop_token_id: int, make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector
+                   ) -> Detection | None:
+    """The monitor's detection for a finished request (None when the monitor did not stop it)."""
+    comp = output.outputs[0]
+    toks = list(comp.token_ids)
+    if comp.finish_reason != "stop" or comp.stop_reason != stop_token_id or not toks or toks[-1] != stop_token_id:
+        return None
+    det = replay(toks[:-1], make_detector)
+    return det if det is not None and det.step == len(toks) - 2 else None
