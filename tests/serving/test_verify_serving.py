@@ -53,7 +53,10 @@ def test_bfloat16_deployment_is_suspicious_not_pass(vllm_ready, served_dirs, eng
     from genprobe.cli import main
 
     rc = main(["verify-serving", str(served_dirs["patched"]), "--dtypes", "bfloat16", "--json", *engine_flags])
-    out = json.loads(capsys.readouterr().out)
+    cap = capsys.readouterr()
+    text = cap.out
+    assert text.startswith("{"), (rc, text[:500], cap.err[-3000:])  # stdout holds the JSON only (vLLM's logs and bars go elsewhere)
+    out = json.loads(text)
     assert out["verdict_by_dtype"] == {"bfloat16": "suspicious"}, [(p["phase"], p["max_abs_dlogp"]) for p in out["phases"]]
     assert rc == 0  # --fail-on bug (the default): suspicious is reported, not failed
     assert all(1e-3 <= p["max_abs_dlogp"] <= 1.0 for p in out["phases"] if not p["skipped"])

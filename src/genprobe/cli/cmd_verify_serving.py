@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--distributed-executor-backend", choices=("mp", "ray", "uni"), help="vLLM executor (ray: multi-node)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.1,
                    help="fraction of device memory reserved; on CPU the fraction of host RAM (default 0.1)")
+    g.add_argument("--kv-cache-memory-bytes", type=int,
+                   help="explicit KV-cache size instead of the memory fraction (robust on a shared machine)")
     g.add_argument("--compile", action="store_true", help="let vLLM compile the model (default: enforce_eager)")
     g.add_argument("--in-process", action="store_true", help="run vLLM's engine core in this process (faster start on CPU)")
     p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on |Δ log p| (default 1e-4)")
@@ -66,7 +68,8 @@ def _options(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, block_size=args.block_size, tensor_parallel_size=args.tensor_parallel_size,
         distributed_executor_backend=args.distributed_executor_backend,
-        gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed, multiprocessing=not args.in_process,
+        gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        seed=args.seed, multiprocessing=not args.in_process,
     )
 
 

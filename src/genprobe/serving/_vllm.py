@@ -7,6 +7,7 @@ from deep inside an import.
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 INSTALL_HINT = "pip install 'genprobe[vllm]'"
@@ -16,8 +17,16 @@ class VLLMNotAvailableError(ImportError):
     """vLLM is not installed (or cannot be imported) in this environment."""
 
 
+def _quiet_defaults() -> None:
+    """vLLM logs INFO lines to *stdout* by default, which would corrupt ``--json`` output: send them to stderr
+    and keep only warnings, unless the user chose otherwise (these are read when vllm is first imported)."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
 def require_vllm() -> ModuleType:
     """Import and return the ``vllm`` module, or raise :class:`VLLMNotAvailableError` saying how to install it."""
+    _quiet_defaults()
     try:
         import vllm
     except ImportError as exc:
@@ -30,6 +39,7 @@ def require_vllm() -> ModuleType:
 
 def vllm_import_problem() -> str | None:
     """Why ``vllm``'s engine API cannot be imported here, or None when it can (for test skips and doctor output)."""
+    _quiet_defaults()
     try:
         from vllm import LLM, SamplingParams  # noqa: F401
     except ImportError as exc:

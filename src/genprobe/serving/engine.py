@@ -101,6 +101,7 @@ class EngineOptions:
             "seed": self.seed,
             "skip_tokenizer_init": True,  # genprobe passes token ids and decodes with its own tokenizer
             "trust_remote_code": False,
+            "use_tqdm_on_load": False,  # its progress bar goes to stdout, which belongs to the caller (--json)
         }
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
                      "distributed_executor_backend", "kv_cache_memory_bytes"):
