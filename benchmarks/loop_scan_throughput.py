@@ -11,8 +11,8 @@ the ratios are measured in this one run. The engine start-up is excluded and pri
     python benchmarks/loop_scan_throughput.py [MODEL] [--prompts 256] [--batch1-prompts 32] [--reps 3] [--json]
 
 vLLM's CPU backend binds its model threads to cores and reserves one core for the engine process: on a
-2-core machine it computes on one core, while our engine uses ``--threads`` (default: torch's). Numbers
-on a shared machine are noisy; rerun when it is quiet.
+2-core machine it computes on one core; our engine uses ``--threads`` (default 1, the same). Numbers on a
+shared machine are noisy; rerun when it is quiet.
 """
 
 from __future__ import annotations
@@ -37,13 +37,10 @@ def _verdicts(res) -> list[tuple]:
     return [(r["looping"], r["period"], r["onset"]) for r in res.records]
 
 
-def _time(fn, reps: int) -> tuple[float, object]:
-    times, res = [], None
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        res = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), res
+def _timed(fn) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    res = fn()
+    return time.perf_counter() - t0, res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch1-prompts", type=int, default=32, help="prompts scanned at batch 1 (default 32)")
     ap.add_argument("--max-new-tokens", type=int, default=57)
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (median reported)")
-    ap.add_argument("--threads", type=int, help="torch threads of our engine")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of our engine (default 1, like vLLM's one compute core on a 2-core machine; "
+                         "more threads than free cores make every tiny op wait for a scheduler slice)")
     ap.add_argument("--in-process", action="store_true", help="vLLM engine core in this process")
     ap.add_argument("--compile", action="store_true", help="let vLLM compile (default enforce_eager)")
     ap.add_argument("--json", action="store_true")
@@ -66,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from genprobe.serving import EngineOptions, shared_engine
     from genprobe.serving.scan import scan_loops_vllm
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     model = load_model(args.model)
     prompts = _prompts(model, max(args.prompts, args.batch1_prompts))
     sampler = chanting_sampler(model.unk_id if model.unk_id is not None else -1)
@@ -82,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         ps = prompts[:n]
         ours_t, vllm_t, ours, theirs = [], [], None, None
         for _ in range(args.reps):  # interleaved: machine noise hits both alike
-            t, ours = _time(lambda: scan_loops(model.runner, ps, N, sampler, batch_size=batch), 1)
+            t, ours = _timed(lambda: scan_loops(model.runner, ps, N, sampler, batch_size=batch))
             ours_t.append(t)
-            t, theirs = _time(lambda: scan_loops_vllm(eng, ps, N, sampler, batch_size=batch), 1)
+            t, theirs = _timed(lambda: scan_loops_vllm(eng, ps, N, sampler, batch_size=batch))
             vllm_t.append(t)
         o, v = statistics.median(ours_t), statistics.median(vllm_t)
         agree[batch] = {
@@ -94,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows.append({"batch": batch, "prompts": n, "ours_prompts_per_s": n / o, "vllm_prompts_per_s": n / v,
                      "vllm_over_ours": o / v, "ours_s": o, "vllm_s": v})
-    out = {"model": args.model, "max_new_tokens": N, "reps": args.reps, "vllm_startup_s": startup,
+    out = {"model": args.model, "max_new_tokens": N, "reps": args.reps, "vllm_startup_s": startup, "threads": args.threads,
            "engine": eng.options.to_dict(), "rows": rows, "agreement": agree}
     _print(out, file=sys.stderr if args.json else sys.stdout)
     if args.json:
