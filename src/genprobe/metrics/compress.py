@@ -1,0 +1,54 @@
+"""Tail compression ratio: how many copy-or-new pieces does it take to write the tail down?
+
+We factorise the last ``window`` tokens greedily, LZ77-style: at each position take the longest
+copy of an earlier stretch of the sequence (it may start anywhere before the current position,
+inside or before the tail, and may overlap the text it produces), or a single new token when
+nothing matches. ``tail_compression = tail length / number of pieces``: about 1 for text that
+does not repeat itself, the whole tail length when the tail continues a loop that started earlier.
+
+Why a token-level factorisation and not zlib on the tail's bytes: a 32-character Chinese tail is
+~96 UTF-8 bytes, and zlib's fixed costs (header, checksum, block and Huffman-table overhead) are a
+large, length-dependent part of such a short output, so its ratio mostly measures overhead; bytes
+per token also differ between alphabets (a CJK character is 3 bytes, a subword token many), so a
+byte ratio would not compare token-level with character-level figures or one tokenizer with
+another; and zlib's output depends on its version and level. The factorisation is exact, works on
+any sequence of hashables (token ids or characters) and reads directly: "the tail is k pieces".
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+from .nearloop import DEFAULT_WINDOW
+
+
+def _longest_earlier_copy(seq: tuple, i: int) -> int:
+    best = 0
+    for j in range(i):
+        n = 0
+        while i + n < len(seq) and seq[j + n] == seq[i + n]:
+            n += 1
+        best = max(best, n)
+    return best
+
+
+def lz_pieces(tokens: Sequence[Hashable], start: int = 0) -> int:
+    """Number of pieces (longest earlier copy, else one new token) that write ``tokens[start:]``."""
+    seq = tuple(tokens)
+    if not 0 <= start <= len(seq):
+        raise ValueError(f"start must be in [0, {len(seq)}], got {start}")
+    i, pieces = start, 0
+    while i < len(seq):
+        i += max(_longest_earlier_copy(seq, i), 1)
+        pieces += 1
+    return pieces
+
+
+def tail_compression(tokens: Sequence[Hashable], window: int = DEFAULT_WINDOW) -> float:
+    """Last ``window`` tokens / their LZ pieces (references may reach before the tail); 0.0 for an empty input."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    seq = tuple(tokens)
+    start = max(0, len(seq) - window)
+    pieces = lz_pieces(seq, start)
+    return (len(seq) - start) / pieces if pieces else 0.0
