@@ -50,9 +50,11 @@ def test_exact_loops_are_near_loops_with_the_same_period(unit, prefix_len):
     seq = list(range(100, 100 + prefix_len)) + unit * (60 // len(unit) + 1)
     seq = seq[:57]
     exact, near = detect_loop(seq), detect_near_loop(seq)
-    assert exact.looping and near.near_looping and near.match_share == 1.0
-    assert near.period == exact.period  # period 4 is reported as 4, not 2 (fully matched two periods back) or 8
-    assert near.onset == exact.onset or exact.onset > len(seq) - 32 - near.period
+    assert exact.looping
+    if exact.onset + exact.period <= len(seq) - 32:  # every compared tail position has its copy inside the loop
+        assert near.near_looping and near.match_share == 1.0 and near.onset == exact.onset
+    if near.near_looping:  # period 4 is reported as 4, not 2 (fully matched two periods back) or 8
+        assert near.period == exact.period
 
 
 def test_onset_follows_the_start_of_the_repetition():
