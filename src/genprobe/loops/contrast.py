@@ -2,7 +2,9 @@
 
 Each scanned sequence (prompt + generated tokens) is run once more, teacher-forced, with capture
 hooks on every layer. Position ``t`` is labelled by the token it *predicts* (generated index
-``j = t + 1 − len(prompt)``):
+``j = t + 1 − len(prompt)``). A generation "loops" when its tail is exactly *or* nearly periodic
+(:attr:`genprobe.metrics.LoopMeasures.any_loop`; onset and period of the exact loop when there is
+one, else of the near loop), so near loops are neither missed as loops nor mixed into the reference:
 
 * **loop**: the generation loops and ``j >= onset + period`` — the model is repeating the unit;
 * **reference**: ``j >= 0`` in a non-looping generation, or ``j < onset`` before a loop starts.
@@ -14,13 +16,30 @@ Right padding is used so no real position ever sees padding (causal attention).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import torch
 
+from ..metrics import LoopMeasures
 from .arch import forward_logits, mlp_sites
 from .hooks import capture
+from .scan import GenerationRecord
+
+
+@dataclass
+class ContrastCounts:
+    """How many positions each class holds, and where the reference positions came from."""
+
+    loop_positions: int
+    reference_positions_generated: int
+    reference_positions_text: int
+    sequences: int
+    looping_sequences: int
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
 
 
 @dataclass
@@ -33,22 +52,23 @@ class Contrast:
     unit_mean_reference: dict[int, torch.Tensor]
     resid_mean_loop: dict[int, torch.Tensor]
     resid_mean_reference: dict[int, torch.Tensor]
-    counts: dict = field(default_factory=dict)
+    counts: ContrastCounts
 
     def summary(self) -> dict:
         """Counts and sources (JSON)."""
-        return dict(self.counts)
+        return self.counts.to_dict()
 
 
-def _labels(prompt_len: int, total: int, rec: dict) -> tuple[list[int], list[int]]:
+def _labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:
     loop, ref = [], []
+    looping, onset, period = m.any_loop, m.any_onset, m.any_period
     for t in range(total - 1):
         j = t + 1 - prompt_len
         if j < 0:
             continue
-        if rec["looping"] and j >= rec["onset"] + rec["period"]:
+        if looping and j >= onset + period:
             loop.append(t)
-        elif not rec["looping"] or j < rec["onset"]:
+        elif not looping or j < onset:
             ref.append(t)
     return loop, ref
 
@@ -86,25 +106,24 @@ def _collect(model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[
 
 def collect_contrast(
     model: Any,
-    records: Sequence[dict],
+    records: Sequence[GenerationRecord],
     *,
     batch_size: int = 64,
     pad_id: int = 0,
     reference_text_windows: Sequence[list[int]] | None = None,
     min_reference: int = 256,
 ) -> Contrast:
-    """Teacher-force every record (``prompt_ids`` + ``tokens`` + loop fields) and split positions."""
+    """Teacher-force every record (prompt + generated tokens) and split positions by its loop measures."""
     seqs, labels = [], []
     for rec in records:
-        seq = list(rec["prompt_ids"]) + list(rec["tokens"])
+        seq = list(rec.prompt_ids) + list(rec.tokens)
         seqs.append(seq)
-        labels.append(_labels(len(rec["prompt_ids"]), len(seq), rec))
+        labels.append(_labels(len(rec.prompt_ids), len(seq), rec.measures))
     acc = _collect(model, seqs, labels, batch_size, pad_id)
     n_layers = len(acc["loop"])
     n_loop = sum(len(l) for l, _ in labels)
     n_ref = sum(len(r) for _, r in labels)
-    counts = {"loop_positions": n_loop, "reference_positions_generated": n_ref, "reference_positions_text": 0,
-              "sequences": len(seqs), "looping_sequences": sum(1 for r in records if r["looping"])}
+    counts = ContrastCounts(n_loop, n_ref, 0, len(seqs), sum(1 for r in records if r.any_loop))
     if n_loop == 0:
         raise ValueError("no loop positions: none of the scanned generations loops, so there is nothing to contrast")
     if n_ref < min_reference and reference_text_windows:
@@ -113,8 +132,8 @@ def collect_contrast(
         for l in range(n_layers):
             for kind in ("mlp_out", "resid", "units"):
                 acc["ref"][l][kind].extend(extra["ref"][l][kind])
-        counts["reference_positions_text"] = sum(len(w) - 1 for w in reference_text_windows)
-    if n_ref + counts["reference_positions_text"] == 0:
+        counts.reference_positions_text = sum(len(w) - 1 for w in reference_text_windows)
+    if n_ref + counts.reference_positions_text == 0:
         raise ValueError("no reference positions: every generated position is inside a loop and no reference text was given")
 
     def cat(name: str, l: int, kind: str) -> torch.Tensor:

@@ -54,12 +54,18 @@ class LoopMeasures:
         """The exact period when exactly looping, else the near period when near-looping, else None."""
         return self.period if self.looping else self.near_period if self.near_looping else None
 
+    @property
+    def any_onset(self) -> int | None:
+        """Onset belonging to :attr:`any_period`."""
+        return self.onset if self.looping else self.near_onset if self.near_looping else None
+
     def to_dict(self) -> dict:
         """Plain JSON-serialisable dict (unit as a list, derived fields included)."""
         d = asdict(self)
         d["unit"] = list(self.unit)
         d["any_loop"] = self.any_loop
         d["any_period"] = self.any_period
+        d["any_onset"] = self.any_onset
         return d
 
 
