@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
+    warnings.formatwarning = _format_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -46,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001
+    """Warnings as one line a user can read (no source path and line)."""
+    return f"genprobe: {category.__name__}: {message}\n"
 
 
 if __name__ == "__main__":  # pragma: no cover
