@@ -21,7 +21,10 @@ from genprobe.loops import (
     select_columns,
     state_sha256,
 )
+from dataclasses import replace
+
 from genprobe.loops.arch import all_columns, forward_logits
+from genprobe.metrics import measure_loops
 
 
 @pytest.fixture(autouse=True)
@@ -225,12 +228,10 @@ def test_scan_and_contrast_through_hf_adapter(make):
     torch.manual_seed(0)
     prompts = [torch.randint(2, 50, (4,)).tolist() for _ in range(6)]
     res = scan_loops(runner, prompts, 24, batch_size=3, unk_id=1)
-    assert res.summary["n"] == 6
+    assert res.summary.n == 6
     # force a labelled loop so the contrast has both classes whatever the random model did
-    recs = [dict(r) for r in res.records]
-    recs[0].update(looping=True, onset=0, period=2)
-    for r in recs[1:]:
-        r.update(looping=False)
+    recs = [replace(r, measures=measure_loops(list(range(1000, 1024)))) for r in res.records]
+    recs[0] = replace(recs[0], measures=measure_loops([7, 8] * 12))
     con = collect_contrast(runner, recs, batch_size=4)
     # record 0: prompt 4 + 24 generated; positions t = 5..26 predict generated indices >= onset + period = 2
     assert con.loop[0].shape == (22, 32)
@@ -239,4 +240,4 @@ def test_scan_and_contrast_through_hf_adapter(make):
     assert abs(float(d.norm()) - 1) < 1e-5
     probe = RegressionProbe(runner, [list(range(2, 18))] * 3)
     m = probe.measure(runner)
-    assert abs(m["kl"]) < 1e-6 and abs(m["dloss"]) < 1e-6
+    assert abs(m.kl) < 1e-6 and abs(m.dloss) < 1e-6

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import torch
 
 METHODS = ("mean_diff", "pca")
@@ -44,7 +46,21 @@ def loop_direction(loop: torch.Tensor, reference: torch.Tensor, method: str = "m
     raise ValueError(f"direction method must be one of {METHODS}, got {method!r}")
 
 
-def separation(loop: torch.Tensor, reference: torch.Tensor, d: torch.Tensor) -> dict:
+@dataclass(frozen=True)
+class Separation:
+    """Projections of loop and reference vectors on a direction: means, pooled-std effect size, AUC."""
+
+    mean_loop: float
+    mean_reference: float
+    effect_size: float
+    auc: float
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+def separation(loop: torch.Tensor, reference: torch.Tensor, d: torch.Tensor) -> Separation:
     """How well projections on ``d`` separate loop from reference: mean gap, pooled-std effect size, AUC."""
     pl, pr = loop.float() @ d.float(), reference.float() @ d.float()
     pooled = ((pl.var(unbiased=False) + pr.var(unbiased=False)) / 2).sqrt()
@@ -53,9 +69,5 @@ def separation(loop: torch.Tensor, reference: torch.Tensor, d: torch.Tensor) -> 
     ranks = allv.argsort().argsort().float() + 1
     r_loop = ranks[: pl.numel()].sum()
     auc = (r_loop - pl.numel() * (pl.numel() + 1) / 2) / (pl.numel() * pr.numel())
-    return {
-        "mean_loop": float(pl.mean()),
-        "mean_reference": float(pr.mean()),
-        "effect_size": float((pl.mean() - pr.mean()) / pooled) if float(pooled) > 0 else 0.0,
-        "auc": float(auc),
-    }
+    effect = float((pl.mean() - pr.mean()) / pooled) if float(pooled) > 0 else 0.0
+    return Separation(float(pl.mean()), float(pr.mean()), effect, float(auc))
