@@ -222,7 +222,8 @@ def _repair_cfg(args: argparse.Namespace, **over: Any) -> Any:
     from ..loops.repair import RepairConfig
 
     return RepairConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
-                        prefix_chars=args.prefix, loop=_loop_settings(args), val_window=args.val_window, **over)
+                        prefix_chars=args.prefix, loop=_loop_settings(args), val_window=getattr(args, "val_window", None),
+                        **over)
 
 
 def _inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:

@@ -112,8 +112,10 @@ def _down_projection(i: int, block: nn.Module, arch: str) -> tuple[nn.Module, nn
                 f"{arch} layer {i}: down-projection {dname} is a {type(down).__name__}, not an nn.Linear or Conv1D"
             )
         return mlp, down, dname, layout
+    moe = " — it is a mixture-of-experts block, whose experts have no single down-projection to edit" if any(
+        hasattr(mlp, n) for n in ("experts", "gate", "router")) and not hasattr(mlp, "up_proj") else ""
     raise UnsupportedArchitectureError(
-        f"{arch} layer {i}: MLP {type(mlp).__name__} has no down-projection (looked for {', '.join(DOWN_NAMES)})"
+        f"{arch} layer {i}: MLP {type(mlp).__name__} has no down-projection (looked for {', '.join(DOWN_NAMES)}){moe}"
     )
 
 
