@@ -22,10 +22,12 @@ from typing import Hashable, Sequence
 from .nearloop import DEFAULT_WINDOW
 
 
-def _longest_earlier_copy(seq: tuple, i: int) -> int:
+def _longest_earlier_copy(seq: tuple, i: int, starts: list[int]) -> int:
     best = 0
-    for j in range(i):
-        n = 0
+    for j in starts:  # earlier positions holding the same token as position i
+        if j >= i:
+            break
+        n = 1
         while i + n < len(seq) and seq[j + n] == seq[i + n]:
             n += 1
         best = max(best, n)
@@ -37,9 +39,12 @@ def lz_pieces(tokens: Sequence[Hashable], start: int = 0) -> int:
     seq = tuple(tokens)
     if not 0 <= start <= len(seq):
         raise ValueError(f"start must be in [0, {len(seq)}], got {start}")
+    where: dict[Hashable, list[int]] = {}
+    for j, t in enumerate(seq):
+        where.setdefault(t, []).append(j)
     i, pieces = start, 0
     while i < len(seq):
-        i += max(_longest_earlier_copy(seq, i), 1)
+        i += max(_longest_earlier_copy(seq, i, where[seq[i]]), 1)
         pieces += 1
     return pieces
 

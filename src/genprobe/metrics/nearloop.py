@@ -73,10 +73,14 @@ def match_share(tokens: Sequence[Hashable], period: int, window: int = DEFAULT_W
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     seq = tuple(tokens)
-    m = _matches(seq, period, two_back)
     start = max(len(seq) - window, period)
     compared = len(seq) - start
-    return sum(m[start:]) / compared if compared > 0 else 0.0
+    if compared <= 0:
+        return 0.0
+    p2 = 2 * period
+    hits = sum(1 for i in range(start, len(seq))
+               if seq[i] == seq[i - period] or (two_back and i >= p2 and seq[i] == seq[i - p2]))
+    return hits / compared
 
 
 def _onset(m: list[bool], p: int, window: int, min_match: float) -> int:
