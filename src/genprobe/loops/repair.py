@@ -35,13 +35,22 @@ from ..metrics import LoopSettings
 from .arch import mlp_sites
 from .contrast import Contrast, collect_contrast
 from .direction import Separation, loop_direction, separation
-from .edit import FORMS, EditSpec, make_patch
+from .edit import FORMS, make_patch
 from .locate import Located, locate_layers
 from .patch import Patch, apply_patch, finalise, revert_patch
 from .prompts import prompt_sets, split_prompts
 from .regress import Regression, RegressionProbe, text_windows, window_length
-from .scan import GenerationRecord, LoopRates, ScanResult, chanting_sampler, greedy_sampler, loop_rates, scan_loops
-from .scan import study_sampler
+from .scan import (
+    END_TOKEN_NOTE,
+    GenerationRecord,
+    LoopRates,
+    ScanResult,
+    chanting_sampler,
+    greedy_sampler,
+    loop_rates,
+    scan_loops,
+    study_sampler,
+)
 from .search import Candidate, Limits, Objective, Strata, choose, grid, run_search
 
 UNK_SHOW = "▯"
@@ -170,8 +179,6 @@ class LoopStudy:
     @property
     def end_token(self) -> EndToken:
         """Whether the end token exists and is banned (with the note the CLI prints)."""
-        from .scan import END_TOKEN_NOTE
-
         if self.eos_id is None:
             return EndToken(None, False, None)
         return EndToken(self.eos_id, True, END_TOKEN_NOTE.format(eos=self.eos_id, n=self.cfg.max_new_tokens))
