@@ -26,8 +26,8 @@ MEAN_ROWS = (  # (label, key, format)
     ("long exact loops", "long_loop_rate", "pct"),
     ("short / long, exact or near", None, "short_long_any"),
     ("mean distinct-2", "mean_distinct_2", "{:.3f}"),
-    ("mean longest repeat (tokens)", "mean_longest_repeat", "{:.2f}"),
-    ("mean tail compression (tokens per LZ piece)", "mean_tail_compression", "{:.2f}"),
+    ("mean longest repeat ({unit}s)", "mean_longest_repeat", "{:.2f}"),
+    ("mean tail compression ({unit}s per LZ piece)", "mean_tail_compression", "{:.2f}"),
     ("mean seq-rep-4", "mean_seq_rep_4", "{:.3f}"),
 )
 
@@ -113,12 +113,12 @@ def _cell(b: dict | None, key: str | None, fmt: str) -> str:
     return _pct(b[key]) if fmt == "pct" else fmt.format(b[key])
 
 
-def rate_rows(before: dict, after: dict) -> list[dict]:
+def rate_rows(before: dict, after: dict, unit: str = "token") -> list[dict]:
     """Rows of (label, before, after) for one pair of LoopRates dicts: rates with CIs, then means."""
     rows = [{"label": label, "before": _with_ci(before, key), "after": _with_ci(after, key), "strong": key == "any_loop_rate"}
             for label, key, _ in RATE_ROWS]
-    rows += [{"label": label, "before": _cell(before, key, fmt), "after": _cell(after, key, fmt), "strong": False}
-             for label, key, fmt in MEAN_ROWS]
+    rows += [{"label": label.format(unit=unit), "before": _cell(before, key, fmt), "after": _cell(after, key, fmt),
+              "strong": False} for label, key, fmt in MEAN_ROWS]
     return rows
 
 
@@ -129,7 +129,7 @@ def _tables(report: dict) -> list[dict]:
     tables = [{"title": f"all held-out prompts (n = {v['before']['n']}), tokens", "rows": rate_rows(v["before"], v["after"])}]
     if v["before"].get("chars") and v["after"].get("chars"):
         tables.append({"title": "the same generations measured on characters",
-                       "rows": rate_rows(v["before"]["chars"], v["after"]["chars"])})
+                       "rows": rate_rows(v["before"]["chars"], v["after"]["chars"], unit="character")})
     tables.append({"title": f"loop-prone held-out prompts (n = {v['loop_prone_before']['n']})",
                    "rows": rate_rows(v["loop_prone_before"], v["loop_prone_after"])})
     pg = v.get("plain_greedy")
