@@ -205,3 +205,22 @@ def test_cli_scan_char_model_defaults_and_deprecated_aliases(trained_ckpt, capsy
     assert json.loads(capsys.readouterr().out)["max_new_tokens"] == 20
     assert main(["loops", "scan", str(trained_ckpt), "--max-new-tokens", "5"]) == 2
     assert "--max-new-tokens must be >= 16" in capsys.readouterr().err
+
+
+def test_cli_locate_char_model(trained_ckpt, capsys):
+    assert main(["loops", "locate", str(trained_ckpt), "--n", "64", "--max-new-tokens", "32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["inputs"]["prompt_source"] == "tang-heldout-openings" and out["inputs"]["direction"]["n"] == 64
+    assert {a["layer"] for a in out["locate"]["per_layer"]} == {0, 1}
+    assert len(out["directions"]["0"]["vector"]) == 128  # d_model of the quick recipe
+    assert out["scan"]["any_loop_rate"] >= out["scan"]["loop_rate"]
+
+
+def test_cli_scan_prompts_given_on_the_command_line_or_tang_explicitly(hf_dir, capsys):
+    assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "舉頭望", "--max-new-tokens", "16",
+                 "--setting", "greedy", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompts"] == 2 and out["prompt_source"] == "command line"
+    assert main(["loops", "scan", str(hf_dir), "--tang-prompts", "--n", "3", "--max-new-tokens", "16",
+                 "--setting", "greedy", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt_source"] == "tang-heldout-openings"
