@@ -105,7 +105,8 @@ def test_scan_hf_model_bans_end_token_and_reports_chars(hf_dir, prompt_file, cap
     assert out["end_token"] == {"id": 0, "banned": True, "note": out["end_token"]["note"]}
     s = out["scans"]["chanting"]
     assert s["settings"]["eos_banned"] and s["summary"]["n"] == 20
-    for key in ("loop_rate", "near_loop_rate", "any_loop_rate", "mean_tail_compression", "mean_seq_rep_4"):
+    for key in ("loop_rate", "near_loop_rate", "any_loop_rate", "repetitive_rate", "degenerate_rate",
+                "mean_tail_compression", "mean_seq_rep_4"):
         assert key in s["summary"] and key in s["summary"]["chars"]  # tokens and characters side by side
     recs = json.loads((tmp_path / "scan.json").read_text(encoding="utf-8"))["scans"]["chanting"]["records"]
     assert all(len(r["tokens"]) == 24 and 0 not in r["tokens"] for r in recs)
@@ -193,8 +194,10 @@ def test_cli_scan_char_model_defaults_and_deprecated_aliases(trained_ckpt, capsy
     assert set(out["scans"]) == {"chanting", "greedy"} and out["prompt_source"] == "tang-heldout-openings"
     assert out["end_token"]["banned"] is False  # the char vocabulary has no end token
     for s in out["scans"].values():
-        assert s["summary"]["n"] == 12 and 0.0 <= s["summary"]["any_loop_rate"] <= 1.0
-        assert s["summary"]["any_loop_rate"] >= max(s["summary"]["loop_rate"], s["summary"]["near_loop_rate"])
+        r = s["summary"]
+        assert r["n"] == 12 and 0.0 <= r["degenerate_rate"] <= 1.0
+        assert r["degenerate_rate"] >= max(r["any_loop_rate"], r["repetitive_rate"])
+        assert r["any_loop_rate"] >= max(r["loop_rate"], r["near_loop_rate"])
     full = json.loads((tmp_path / "scan.json").read_text(encoding="utf-8"))
     recs = full["scans"]["chanting"]["records"]
     assert len(recs) == 12 and all(1 not in r["tokens"] for r in recs)  # <unk> banned in the chanting setting
@@ -213,7 +216,7 @@ def test_cli_locate_char_model(trained_ckpt, capsys):
     assert out["inputs"]["prompt_source"] == "tang-heldout-openings" and out["inputs"]["direction"]["n"] == 64
     assert {a["layer"] for a in out["locate"]["per_layer"]} == {0, 1}
     assert len(out["directions"]["0"]["vector"]) == 128  # d_model of the quick recipe
-    assert out["scan"]["any_loop_rate"] >= out["scan"]["loop_rate"]
+    assert out["scan"]["degenerate_rate"] >= out["scan"]["loop_rate"]
 
 
 def test_cli_scan_prompts_given_on_the_command_line_or_tang_explicitly(hf_dir, capsys):

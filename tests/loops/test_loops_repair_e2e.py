@@ -43,10 +43,10 @@ def test_small_repair_end_to_end(trained_ckpt, tmp_path):
     else:
         c = s.chosen
         assert c.regression.kl <= cfg.max_kl and c.regression.dloss <= cfg.max_dloss
-        assert c.objective.any_loop_rate < s.baseline.any_loop_rate  # what decided: exact or near loops
+        assert c.objective.degenerate_rate < s.baseline.degenerate_rate  # what decided: exact, near or repetitive
         v = report.validation
         assert v.before.n == v.after.n == 64
-        assert v.loop_prone_before.any_loop_rate == 1.0
+        assert v.loop_prone_before.degenerate_rate == 1.0
         assert v.before.chars is not None and v.before.chars.n == 64  # character-level figures beside tokens
         assert v.regression.kl == pytest.approx(c.regression.kl, abs=1e-5)  # same windows, same edit
         assert 0 < report.patch["fraction_changed"] < 0.01

@@ -1,6 +1,8 @@
 """Search choice rule and objective (an edit that only breaks exact periodicity must not win), scan aggregation,
 prompt files and sets, contrast labels."""
 
+import random
+
 import pytest
 import torch
 
@@ -41,6 +43,15 @@ def _substitute_one_per_cycle(gen: list[str], period: int, onset: int) -> list[s
     return out
 
 
+def _shift_one_per_cycle(unit: str, start: int) -> list[str]:
+    """The other gamed 'edit': the unit grows by one repeated token each cycle (a shifting chant, no period)."""
+    rng = random.Random(start)
+    out = list(PROSE[start : start + 9])
+    while len(out) < 57:  # 君不見。 君不見君， 君不見君家。 …: irregular lengths, so no period fits the tail
+        out += list(unit[: rng.choice((3, 4, 5))]) + [rng.choice("，。")]
+    return out[:57]
+
+
 def _fixed(start: int) -> list[str]:
     return list((PROSE * 2)[start : start + 57])
 
@@ -55,7 +66,7 @@ def test_substituting_one_token_per_cycle_is_not_rewarded_by_the_objective():
     control = [_fixed(3 * i) for i in range(5)]
     strata = Strata(prone=5, control=5, prone_all=10, control_all=90)
     base = strata.objective(_measures(prone), _measures(control))
-    assert base.loop_rate == base.any_loop_rate == pytest.approx(0.10)
+    assert base.loop_rate == base.degenerate_rate == pytest.approx(0.10)
 
     gamed = []
     for g in prone:
@@ -63,11 +74,11 @@ def test_substituting_one_token_per_cycle_is_not_rewarded_by_the_objective():
         gamed.append(_substitute_one_per_cycle(g, info.period, info.onset))
     after_gamed = strata.objective(_measures(gamed), _measures(control))
     assert after_gamed.loop_rate == 0.0  # the exact detector calls every chant fixed
-    assert after_gamed.any_loop_rate == base.any_loop_rate  # the objective does not
+    assert after_gamed.degenerate_rate == base.degenerate_rate  # the objective does not
 
     real = [_fixed(40 + i) for i in range(3)] + gamed[3:]  # three chants really broken, two only disguised
     after_real = strata.objective(_measures(real), _measures(control))
-    assert after_real.any_loop_rate == pytest.approx(0.04)
+    assert after_real.degenerate_rate == pytest.approx(0.04)
 
     lim = Limits()
     reg = Regression(0.01, 4.0, 4.0, 0.0)
@@ -75,6 +86,23 @@ def test_substituting_one_token_per_cycle_is_not_rewarded_by_the_objective():
     real_c = Candidate(EditSpec((1,), 8, "subtract", 1.0), Regression(0.05, 4.0, 4.0, 0.01), after_real, 400)
     assert choose([gamed_c], base, lim) is None  # alone, the disguise does not pass as a repair
     assert choose([gamed_c, real_c], base, lim) is real_c  # beside a real repair, it loses despite 0% exact loops
+
+
+def test_shifting_the_unit_every_cycle_is_not_rewarded_either():
+    """A chant whose unit grows/shrinks each cycle has no period (exact or near) but a repetitive tail."""
+    prone = [_looping("君不見君家。", i) for i in range(4)]
+    shifted = [_shift_one_per_cycle("君不見君家。", i) for i in (0, 1, 3, 4)]  # seed 2 happens to end exactly periodic
+    for g in shifted:
+        m = measure_loops(g)
+        assert not m.looping and not m.near_looping  # both period detectors are dodged
+        assert m.repetitive and m.degenerate  # the LZ compression of the tail is not
+    control = _measures([_fixed(3 * i) for i in range(4)])
+    strata = Strata(4, 4, 4, 36)
+    base = strata.objective(_measures(prone), control)
+    after = strata.objective(_measures(shifted), control)
+    assert after.loop_rate == after.any_loop_rate == 0.0 and after.degenerate_rate == base.degenerate_rate
+    assert choose([Candidate(EditSpec((0,), 8, "subtract", 1.0), Regression(0.0, 4.0, 4.0, 0.0), after, 10)],
+                  base, Limits()) is None
 
 
 def test_gamed_edit_loses_inside_run_search(tiny_model):
@@ -103,13 +131,13 @@ def test_gamed_edit_loses_inside_run_search(tiny_model):
 
 
 def _cand(any_rate, kl, dloss, changed=100, exact=None, tag=""):
-    obj = None if any_rate is None else Objective(any_rate, any_rate if exact is None else exact, 0.0, 0, 0)
+    obj = None if any_rate is None else Objective(any_rate, any_rate, any_rate if exact is None else exact, 0.0, 0, 0)
     return Candidate(EditSpec((0,), 4, "subtract", 1.0), Regression(kl, 4.0, 4.0, dloss), obj, changed, error=tag or None)
 
 
 def test_choose_best_admissible_and_limits():
     lim = Limits(max_kl=0.1, max_dloss=0.02)
-    base = Objective(0.3, 0.3, 0.0, 0, 0)
+    base = Objective(0.3, 0.3, 0.3, 0.0, 0, 0)
     cs = [
         _cand(0.00, 0.50, 0.001, tag="too much KL"),
         _cand(0.01, 0.05, 0.030, tag="too much loss"),
@@ -119,7 +147,7 @@ def test_choose_best_admissible_and_limits():
         _cand(None, 0.01, 0.0, tag="not measured"),
     ]
     assert choose(cs, base, lim).error == "best, small"
-    # equal any-loop rates: the lower exact rate wins before size
+    # equal degenerate and periodic rates: the lower exact rate wins before size
     assert choose([_cand(0.05, 0.0, 0.0, 10, exact=0.04, tag="a"), _cand(0.05, 0.0, 0.0, 999, exact=0.01, tag="b")],
                   base, lim).error == "b"
     assert choose([_cand(0.1, 0.1, 0.02)], base, lim) is not None  # boundaries are inclusive
@@ -132,7 +160,7 @@ def test_strata_weights_and_validation():
     loop, clean = measure_loops(list("ab") * 20), measure_loops(list(PROSE[:40]))
     o = s.objective([loop, clean], [clean, clean, clean, loop])
     # prone: 1 of 2 still loops -> 5 of 10; controls: 1 of 4 new loop -> 10 of 40; (5 + 10) / 50
-    assert o.any_loop_rate == pytest.approx(0.3) and o.prone_any == 1 and o.control_any == 1
+    assert o.degenerate_rate == pytest.approx(0.3) and o.prone_degenerate == 1 and o.control_degenerate == 1
     with pytest.raises(ValueError, match="expected 2 loop-prone"):
         s.objective([loop], [clean] * 4)
 
@@ -167,7 +195,7 @@ def test_run_search_restores_model_and_reports_unbuildable(tiny_model):
     bad = run_search(tiny_model, specs[:1], dirs, units, evaluate, gaps={0: 1.0, 1: 1.0})
     assert bad[0].error and "non-positive mean activation" in bad[0].error and bad[0].objective is None
     row = bad[0].to_dict()
-    assert row["any_loop_rate"] is None and row["kl"] is None and row["layers"] == [0]
+    assert row["degenerate_rate"] is None and row["kl"] is None and row["layers"] == [0]
 
 
 # ---- scan ------------------------------------------------------------------------------------
@@ -179,26 +207,27 @@ def _rec(tokens, hit=True, chars=None):
 def test_summarise_exact_near_any_rates_and_histograms():
     chant = _looping("君不見君家。", 0)
     disguised = _substitute_one_per_cycle(chant, 6, detect_loop(chant).onset)
+    shifted = _shift_one_per_cycle("君不見君家。", 1)
     recs = [_rec([1, 2, 3] + [7, 8] * 10), _rec([5] * 3 + list(range(100, 110)) * 3), _rec(disguised),
-            _rec(list(range(40))), _rec(list(range(50, 90)), hit=False)]
+            _rec(list(range(40))), _rec(list(range(50, 90)), hit=False), _rec(shifted)]
     s = summarise(recs)
-    assert (s.n, s.loops, s.near_loops, s.any_loops) == (5, 2, 3, 3)
-    assert s.loop_rate == 0.4 and s.any_loop_rate == 0.6
-    assert s.short_loop_rate == 0.2 and s.long_loop_rate == 0.2  # period 2 vs period 10
-    assert s.short_any_rate == 0.2 and s.long_any_rate == pytest.approx(0.4)  # + the disguised period-6 chant
+    assert (s.n, s.loops, s.near_loops, s.any_loops, s.repetitive, s.degenerate) == (6, 2, 3, 3, 3, 4)
+    assert s.loop_rate == pytest.approx(2 / 6) and s.any_loop_rate == 0.5 and s.degenerate_rate == pytest.approx(4 / 6)
+    assert s.short_loop_rate == pytest.approx(1 / 6) and s.long_loop_rate == pytest.approx(1 / 6)  # period 2 vs 10
+    assert s.short_any_rate == pytest.approx(1 / 6) and s.long_any_rate == pytest.approx(2 / 6)  # + disguised period 6
     assert s.period_hist == {"2": 1, "10": 1} and s.near_period_hist == {"2": 1, "6": 1, "10": 1}
-    assert s.onset_hist == {"0-7": 2} and s.length_capped_rate == 0.8
-    lo, hi = s.any_loop_rate_ci95
-    assert lo < 0.6 < hi
+    assert s.onset_hist == {"0-7": 2} and s.length_capped_rate == pytest.approx(5 / 6)
+    lo, hi = s.degenerate_rate_ci95
+    assert lo < 4 / 6 < hi
     assert s.chars is None  # no record was decoded
     d = s.to_dict()
-    assert d["chars"] is None and d["near_loop_rate"] == 0.6
+    assert d["chars"] is None and d["near_loop_rate"] == 0.5
 
 
 def test_character_rates_when_every_record_is_decoded():
     recs = [_rec([1, 2] * 20, chars="ab" * 20), _rec(list(range(40)), chars=PROSE[:40])]
     s = summarise(recs)
-    assert s.chars is not None and s.chars.n == 2 and s.chars.any_loop_rate == 0.5
+    assert s.chars is not None and s.chars.n == 2 and s.chars.degenerate_rate == 0.5
 
 
 def test_scan_on_tiny_model_batches_consistently(tiny_model):
@@ -238,3 +267,6 @@ def test_contrast_labels_use_exact_or_near_loops():
     assert not near.looping and near.near_looping
     loop, ref = _labels(1, 58, near)  # a near loop is a loop for the contrast, not reference text
     assert len(loop) > 30 and all(t + 1 - 1 >= near.near_onset + 6 for t in loop)
+    shifted = measure_loops(_shift_one_per_cycle("君不見君家。", 1))
+    assert shifted.degenerate and not shifted.any_loop
+    assert _labels(1, 58, shifted) == ([], [])  # degenerate without an onset: neither class

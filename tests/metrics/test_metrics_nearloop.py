@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from genprobe.metrics import (
+    LoopSettings,
     detect_loop,
     detect_near_loop,
     lz_pieces,
@@ -150,8 +151,25 @@ def test_seq_rep_4_is_welleck_definition(tokens):
 def test_measure_loops_any_loop_and_period():
     gen = (PREFIX + one_substitution_per_cycle("肅肅嚴禋，肅肅肅肅。", 6))[:57]
     m = measure_loops(gen)
-    assert not m.looping and m.near_looping and m.any_loop and m.any_period == 10
+    assert not m.looping and m.near_looping and m.any_loop and m.any_period == 10 and m.degenerate
     d = m.to_dict()
-    assert d["any_loop"] and d["near_period"] == 10 and isinstance(d["unit"], list)
+    assert d["any_loop"] and d["degenerate"] and d["near_period"] == 10 and isinstance(d["unit"], list)
     clean = measure_loops(list("春江潮水連海平，海上明月共潮生。灩灩隨波千萬里，何處春江無月明。"))
-    assert not clean.any_loop and clean.any_period is None
+    assert not clean.any_loop and clean.any_period is None and not clean.repetitive and not clean.degenerate
+
+
+def test_repetitive_tail_catches_a_chant_whose_unit_shifts():
+    """The issue's second sample: '君不見，君不見君家。君不見君，…' repeats with insertions, so no period fits."""
+    gen = list("，何處不堪眠。君不見，君不見君家。君不見君，君不見。君不見君家，君不見君。君不見，君不見君家。")
+    m = measure_loops(gen)
+    assert not m.looping and not m.near_looping
+    assert m.tail_compression >= 2.5 and m.repetitive and m.degenerate
+    with pytest.raises(ValueError, match="min_compression"):
+        LoopSettings(min_compression=0.5)
+
+
+def test_no_repetitive_tail_in_human_text(corpus):
+    val = corpus.val
+    windows = [val[i : i + 57] for i in range(0, len(val) - 57 + 1, 7) if "□" not in val[i : i + 57]]
+    assert len(windows) > 3000
+    assert not any(measure_loops(w).degenerate for w in windows[::5])

@@ -63,6 +63,8 @@ def _model_args(q: argparse.ArgumentParser) -> None:
                    help=f"near loop: longest period tried (default {d.loop.max_period})")
     q.add_argument("--near-min-match", type=float, default=d.loop.min_match,
                    help=f"near loop: share of tail tokens that must repeat (default {d.loop.min_match})")
+    q.add_argument("--min-compression", type=float, default=d.loop.min_compression,
+                   help=f"repetitive tail: tail tokens per LZ piece (default {d.loop.min_compression})")
     q.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: a small model's decode steps are dominated by thread "
                    "synchronisation, and one thread is many times faster on a shared machine)")
@@ -215,7 +217,7 @@ def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
 def _loop_settings(args: argparse.Namespace) -> Any:
     from ..metrics import LoopSettings
 
-    return LoopSettings(args.min_tail, args.near_window, args.near_max_period, args.near_min_match)
+    return LoopSettings(args.min_tail, args.near_window, args.near_max_period, args.near_min_match, args.min_compression)
 
 
 def _repair_cfg(args: argparse.Namespace, **over: Any) -> Any:
@@ -304,7 +306,7 @@ def run_locate(args: argparse.Namespace) -> int:
     inputs = _inputs(args, model, cfg, ("direction",))
     rep = locate_only(model, inputs, cfg, progress=_progress(args), log=info)
     for a in rep.locate.per_layer:
-        info(f"  layer {a.layers[0]}: exact-or-near loop rate {a.any_loop_rate:.3f} (exact {a.loop_rate:.3f}; "
+        info(f"  layer {a.layers[0]}: degenerate rate {a.degenerate_rate:.3f} (exact loops {a.loop_rate:.3f}; "
              f"reduction {a.reduction:+.3f})")
     info(f"  ranking: {rep.locate.ranking}")
     if args.out:
@@ -365,7 +367,8 @@ def _print_validation(report: Any) -> None:
         return
     b, a = v.before, v.after
     info(f"  held-out exact loop rate {b.loop_rate:.3f} → {a.loop_rate:.3f}; near {b.near_loop_rate:.3f} → "
-         f"{a.near_loop_rate:.3f}; exact or near {b.any_loop_rate:.3f} → {a.any_loop_rate:.3f}")
+         f"{a.near_loop_rate:.3f}; repetitive {b.repetitive_rate:.3f} → {a.repetitive_rate:.3f}; degenerate "
+         f"{b.degenerate_rate:.3f} → {a.degenerate_rate:.3f}")
     info(f"  tail compression {b.mean_tail_compression:.2f} → {a.mean_tail_compression:.2f}; seq-rep-4 "
          f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}; "
          f"{100 * report.patch['fraction_changed']:.3f}% of weights")

@@ -7,7 +7,10 @@ hooks on every layer. Position ``t`` is labelled by the token it *predicts* (gen
 one, else of the near loop), so near loops are neither missed as loops nor mixed into the reference:
 
 * **loop**: the generation loops and ``j >= onset + period`` — the model is repeating the unit;
-* **reference**: ``j >= 0`` in a non-looping generation, or ``j < onset`` before a loop starts.
+* **reference**: ``j >= 0`` in a non-degenerate generation, or ``j < onset`` before a loop starts.
+
+A generation that is degenerate only by its repetitive tail (no period, so no onset) gives no
+position to either class: its positions are neither clean reference text nor a located loop.
 
 If the generations give fewer than ``min_reference`` reference positions (a model that loops on
 nearly every prompt), teacher-forced held-out text is added as reference and this is reported.
@@ -62,6 +65,8 @@ class Contrast:
 def _labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:
     loop, ref = [], []
     looping, onset, period = m.any_loop, m.any_onset, m.any_period
+    if m.degenerate and not looping:
+        return loop, ref
     for t in range(total - 1):
         j = t + 1 - prompt_len
         if j < 0:
@@ -123,7 +128,7 @@ def collect_contrast(
     n_layers = len(acc["loop"])
     n_loop = sum(len(l) for l, _ in labels)
     n_ref = sum(len(r) for _, r in labels)
-    counts = ContrastCounts(n_loop, n_ref, 0, len(seqs), sum(1 for r in records if r.any_loop))
+    counts = ContrastCounts(n_loop, n_ref, 0, len(seqs), sum(1 for r in records if r.degenerate))
     if n_loop == 0:
         raise ValueError("no loop positions: none of the scanned generations loops, so there is nothing to contrast")
     if n_ref < min_reference and reference_text_windows:

@@ -12,10 +12,10 @@ from .hooks import ablate
 
 @dataclass(frozen=True)
 class Ablation:
-    """Loop rates with one layer's (or all layers') direction removed; ``reduction`` is in the any-loop rate."""
+    """Loop rates with one layer's (or all layers') direction removed; ``reduction`` is in the degenerate rate."""
 
     layers: tuple[int, ...]
-    any_loop_rate: float
+    degenerate_rate: float
     loop_rate: float
     reduction: float
 
@@ -24,7 +24,7 @@ class Ablation:
 class Located:
     """Baseline rates, one ablation per layer (and all together), layers ranked by any-loop reduction."""
 
-    base_any_loop_rate: float
+    base_degenerate_rate: float
     base_loop_rate: float
     per_layer: list[Ablation]
     ranking: list[int]
@@ -39,22 +39,22 @@ class Located:
         return d
 
 
-RatesOf = Callable[[Any], tuple[float, float]]  # model -> (any-loop rate, exact loop rate)
+RatesOf = Callable[[Any], tuple[float, float]]  # model -> (degenerate rate, exact loop rate)
 
 
 def locate_layers(model: Any, directions: dict[int, torch.Tensor], rates_of: RatesOf, *, include_all: bool = True) -> Located:
     """Loop rates with no ablation, with each single layer ablated, and (optionally) all at once.
 
-    ``rates_of(model)`` runs the scan; layers are ranked by the reduction of the any-loop rate (largest first).
+    ``rates_of(model)`` runs the scan; layers are ranked by the reduction of the degenerate rate (largest first).
     """
-    base_any, base_exact = rates_of(model)
+    base_deg, base_exact = rates_of(model)
 
     def ablated(layers: dict[int, torch.Tensor]) -> Ablation:
         with ablate(model, layers):
             a, e = rates_of(model)
-        return Ablation(tuple(sorted(layers)), a, e, base_any - a)
+        return Ablation(tuple(sorted(layers)), a, e, base_deg - a)
 
     per_layer = [ablated({l: d}) for l, d in sorted(directions.items())]
     ranking = [a.layers[0] for a in sorted(per_layer, key=lambda a: (-a.reduction, a.layers[0]))]
     together = ablated(dict(directions)) if include_all and len(directions) > 1 else None
-    return Located(base_any, base_exact, per_layer, ranking, together)
+    return Located(base_deg, base_exact, per_layer, ranking, together)

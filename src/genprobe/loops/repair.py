@@ -15,9 +15,10 @@ split by :func:`genprobe.loops.prompts.split_prompts`, and their own text (:meth
 * ``validate`` set: never seen by the search — rates before/after on all of it and on its
   loop-prone subset, short/long periods, distinct-2, longest repeat, compression, seq-rep-4, samples.
 
-"Loop" means exact *or* near loop everywhere a decision is made (which prompts are loop-prone,
-which positions are loop positions, what the search minimises); the exact rate is reported beside
-it. Regression (KL and Δloss) is measured on windows of the validation text. A model with an
+Decisions use the *degenerate* verdict — exact loop, near loop or repetitive tail — (which prompts
+are loop-prone, what the search minimises, which held-out prompts are "new loops"); loop positions
+for the direction come from exact or near loops (they have an onset); the exact rate is reported
+beside everything. Regression (KL and Δloss) is measured on windows of the validation text. A model with an
 end-of-text token generates a fixed number of tokens with that token banned (:class:`EndToken`).
 """
 
@@ -200,10 +201,10 @@ class LoopStudy:
                           progress=self.progress and decoded, desc=desc)
 
     def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:
-        """A function model → (any-loop rate, exact rate) on ``ids`` (for :func:`locate_layers`)."""
+        """A function model → (degenerate rate, exact rate) on ``ids`` (for :func:`locate_layers`)."""
         def rates(_model: Any) -> tuple[float, float]:
             s = self.scan(ids, decoded=False).summary
-            return s.any_loop_rate, s.loop_rate
+            return s.degenerate_rate, s.loop_rate
 
         return rates
 
@@ -293,11 +294,11 @@ class SearchStage:
     chosen: Candidate | None
 
     def to_dict(self) -> dict:
-        """JSON (``base_loop_rate`` is the baseline's any-loop rate: what the search minimises)."""
+        """JSON (``base_loop_rate`` is the baseline's degenerate rate: what the search minimises)."""
         return {"n_prompts": self.strata.prone + self.strata.control, "prone": self.strata.prone,
                 "control": self.strata.control, "prone_in_full_set": self.strata.prone_all,
-                "full_set": self.strata.prone_all + self.strata.control_all, "objective": "any_loop_rate",
-                "baseline": self.baseline.to_dict(), "base_loop_rate": self.baseline.any_loop_rate,
+                "full_set": self.strata.prone_all + self.strata.control_all, "objective": "degenerate_rate",
+                "baseline": self.baseline.to_dict(), "base_loop_rate": self.baseline.degenerate_rate,
                 "base_exact_loop_rate": self.baseline.loop_rate, "limits": self.limits.to_dict(),
                 "candidates": [c.to_dict() for c in self.candidates],
                 "admissible": sum(1 for c in self.candidates if self.limits.admits(c.regression)),
@@ -325,7 +326,7 @@ class Validation:
     after: LoopRates
     loop_prone_before: LoopRates
     loop_prone_after: LoopRates
-    new_loops: int  # any-loop after the edit on prompts that did not loop before
+    new_loops: int  # degenerate after the edit on prompts that were not before
     new_exact_loops: int
     regression: Regression
     samples: list[Sample]
@@ -398,8 +399,8 @@ def direction_stage(study: LoopStudy, val_text: str, records: Sequence[Generatio
 
 
 def _prone_and_control(study: LoopStudy, records: Sequence[GenerationRecord]) -> tuple[list, list]:
-    prone = [r for r in records if r.any_loop][: study.cfg.search_prone]
-    control = [r for r in records if not r.any_loop][: study.cfg.search_control]
+    prone = [r for r in records if r.degenerate][: study.cfg.search_prone]
+    control = [r for r in records if not r.degenerate][: study.cfg.search_control]
     return prone, control
 
 
@@ -413,10 +414,10 @@ def locate_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
 
 
 def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord]) -> SearchStage:
-    """Evaluate every edit of the grid on a stratified search set; choose by the any-loop rate."""
+    """Evaluate every edit of the grid on a stratified search set; choose by the degenerate rate."""
     cfg = study.cfg
     prone, control = _prone_and_control(study, records)
-    n_prone_all = sum(1 for r in records if r.any_loop)
+    n_prone_all = sum(1 for r in records if r.degenerate)
     strata = Strata(len(prone), len(control), n_prone_all, len(records) - n_prone_all)
     baseline = strata.objective([r.measures for r in prone], [r.measures for r in control])
     limits = Limits(cfg.max_kl, cfg.max_dloss)
@@ -440,8 +441,8 @@ def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
 def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:
     """The chosen edit as a finalised patch (hashes before/after recorded; model left unchanged)."""
     patch = finalise(study.module, make_patch(study.module, chosen.spec, stage.directions, stage.unit_means, stage.gaps))
-    patch.meta.update(edit=chosen.spec.to_dict(), sampler=study.sampler.to_dict(), objective="any_loop_rate",
-                      search_any_loop_rate=chosen.objective.any_loop_rate, search_loop_rate=chosen.objective.loop_rate,
+    patch.meta.update(edit=chosen.spec.to_dict(), sampler=study.sampler.to_dict(), objective="degenerate_rate",
+                      search_degenerate_rate=chosen.objective.degenerate_rate, search_loop_rate=chosen.objective.loop_rate,
                       kl=chosen.regression.kl, dloss=chosen.regression.dloss)
     return patch
 
@@ -463,7 +464,7 @@ def validate_stage(study: LoopStudy, patch: Patch, before: ScanResult, ids: list
     finally:
         revert_patch(study.module, patch)
     pairs = list(zip(before.records, after.records))
-    prone = [(b, a) for b, a in pairs if b.any_loop]
+    prone = [(b, a) for b, a in pairs if b.degenerate]
     samples = [Sample(b.prompt or "", b.text or "", a.text or "", b.measures.period, a.measures.period,
                       b.measures.near_period if b.measures.near_looping else None,
                       a.measures.near_period if a.measures.near_looping else None)
@@ -471,7 +472,7 @@ def validate_stage(study: LoopStudy, patch: Patch, before: ScanResult, ids: list
     return Validation(
         before.summary, after.summary,
         _subset_rates([b for b, _ in prone]), _subset_rates([a for _, a in prone]),
-        sum(1 for b, a in pairs if a.any_loop and not b.any_loop),
+        sum(1 for b, a in pairs if a.degenerate and not b.degenerate),
         sum(1 for b, a in pairs if a.looping and not b.looping),
         regression, samples,
         {"before": plain_before, "after": plain_after} if plain_before is not None else None,
@@ -510,15 +511,15 @@ def repair(
 
     base = baseline_scans(study, inputs)
     clock.tick("baseline_scans")
-    log("baseline any-loop (exact) rates: " + ", ".join(
-        f"{k} {v.summary.any_loop_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.scans.items()))
+    log("baseline degenerate (exact loop) rates: " + ", ".join(
+        f"{k} {v.summary.degenerate_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.scans.items()))
 
     stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
     clock.tick("contrast_direction")
     located = locate_stage(study, stage, base.scans["direction"].records)
     clock.tick("locate")
-    log(f"locate: base any-loop rate {located.base_any_loop_rate:.3f}, " + ", ".join(
-        f"L{a.layers[0]} ablated {a.any_loop_rate:.3f}" for a in located.per_layer))
+    log(f"locate: base degenerate rate {located.base_degenerate_rate:.3f}, " + ", ".join(
+        f"L{a.layers[0]} ablated {a.degenerate_rate:.3f}" for a in located.per_layer))
 
     search = search_stage(study, stage, base.scans["search"].records)
     clock.tick("search")
@@ -541,7 +542,7 @@ def _verdict(search: SearchStage) -> str:
     if search.strata.prone == 0:
         return "no loop-prone prompt in the search set: nothing to repair"
     if search.chosen is None:
-        return "no edit passed the limits (or none lowered the any-loop rate within them)"
+        return "no edit passed the limits (or none lowered the degenerate rate within them)"
     return "edit passed the limits"
 
 
@@ -575,7 +576,8 @@ def locate_only(model: Any, inputs: RepairInputs, cfg: RepairConfig | None = Non
     base = baseline_scans(study, inputs, sets=("direction",))
     clock.tick("scan")
     rates = base.scans["direction"].summary
-    log(f"direction set: any-loop rate {rates.any_loop_rate:.3f} (exact {rates.loop_rate:.3f}) over {rates.n} prompts")
+    log(f"direction set: degenerate rate {rates.degenerate_rate:.3f} (exact loops {rates.loop_rate:.3f}) over "
+        f"{rates.n} prompts")
     stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
     clock.tick("contrast_direction")
     located = locate_stage(study, stage, base.scans["direction"].records)

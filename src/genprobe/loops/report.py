@@ -19,7 +19,9 @@ from .._io import atomic_write_bytes, atomic_write_text
 RATE_ROWS = (  # (label, key of a LoopRates dict, with a 95% CI)
     ("exact loop rate (periodic tail)", "loop_rate", True),
     ("near-loop rate (≥ 80% of the tail repeats p back)", "near_loop_rate", True),
-    ("exact or near loop (what the search lowers)", "any_loop_rate", True),
+    ("exact or near loop", "any_loop_rate", True),
+    ("repetitive tail (≥ 2.5 tail tokens per LZ piece)", "repetitive_rate", True),
+    ("degenerate: any of the three (what the search lowers)", "degenerate_rate", True),
 )
 MEAN_ROWS = (  # (label, key, format)
     ("short (period ≤ 4) exact loops", "short_loop_rate", "pct"),
@@ -33,7 +35,7 @@ MEAN_ROWS = (  # (label, key, format)
 
 
 def sweep_figure(report: dict) -> bytes:
-    """PNG: (left) any-loop rate with each layer's direction ablated; (right) search rates and limits against α."""
+    """PNG: (left) degenerate rate with each layer's direction ablated; (right) search rates and limits against α."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,12 +52,12 @@ def sweep_figure(report: dict) -> bytes:
 
 
 def _locate_panel(ax: Any, loc: dict) -> None:
-    rows = [("none", loc["base_any_loop_rate"], loc["base_loop_rate"])]
-    rows += [(f"L{r['layer']}", r["any_loop_rate"], r["loop_rate"]) for r in loc["per_layer"]]
+    rows = [("none", loc["base_degenerate_rate"], loc["base_loop_rate"])]
+    rows += [(f"L{r['layer']}", r["degenerate_rate"], r["loop_rate"]) for r in loc["per_layer"]]
     if loc.get("all_layers"):
-        rows.append(("all", loc["all_layers"]["any_loop_rate"], loc["all_layers"]["loop_rate"]))
+        rows.append(("all", loc["all_layers"]["degenerate_rate"], loc["all_layers"]["loop_rate"]))
     xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r[1] for r in rows], 0.4, color="#4a7", label="exact or near")
+    ax.bar([x - 0.2 for x in xs], [r[1] for r in rows], 0.4, color="#4a7", label="degenerate")
     ax.bar([x + 0.2 for x in xs], [r[2] for r in rows], 0.4, color="#bbb", label="exact only")
     ax.set_xticks(list(xs))
     ax.set_xticklabels([r[0] for r in rows])
@@ -73,7 +75,7 @@ def _sweep_panel(ax: Any, s: dict, plt: Any) -> None:
     lim = s["limits"]
     for (form, layers, k), rs in sorted(groups.items()):
         rs = sorted(rs, key=lambda r: r["alpha"])
-        pts = [(r["alpha"], r["any_loop_rate"]) for r in rs if r["any_loop_rate"] is not None]
+        pts = [(r["alpha"], r["degenerate_rate"]) for r in rs if r["degenerate_rate"] is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if form == "subtract" else "--",
                 marker="o" if form == "subtract" else "s", ms=3, color=colours[(layers, k)],
                 label=f"{form} L{''.join(map(str, layers))} k={k}")
@@ -82,7 +84,7 @@ def _sweep_panel(ax: Any, s: dict, plt: Any) -> None:
             ax.plot(over, [0] * len(over), "x", color="red", ms=5)
     ax.axhline(s["base_loop_rate"], color="#888", lw=1, label="no edit")
     if s.get("chosen"):
-        ax.plot([s["chosen"]["alpha"]], [s["chosen"]["any_loop_rate"]], "*", color="gold", ms=14, mec="k", label="chosen")
+        ax.plot([s["chosen"]["alpha"]], [s["chosen"]["degenerate_rate"]], "*", color="gold", ms=14, mec="k", label="chosen")
     ticks = sorted({r["alpha"] for r in s["candidates"]})
     if ticks:
         ax.set_xscale("log")
@@ -90,7 +92,7 @@ def _sweep_panel(ax: Any, s: dict, plt: Any) -> None:
         ax.set_xticklabels([f"{t:g}" for t in ticks])
         ax.minorticks_off()
     ax.set_xlabel("α (subtract: relative to the loop gap; project: fraction)")
-    ax.set_ylabel("estimated exact-or-near loop rate (search set)")
+    ax.set_ylabel("estimated degenerate rate (search set)")
     ax.set_title("strength sweep (red × = over KL/Δloss limit)")
     ax.legend(fontsize=6, ncol=2)
 
@@ -115,7 +117,7 @@ def _cell(b: dict | None, key: str | None, fmt: str) -> str:
 
 def rate_rows(before: dict, after: dict, unit: str = "token") -> list[dict]:
     """Rows of (label, before, after) for one pair of LoopRates dicts: rates with CIs, then means."""
-    rows = [{"label": label, "before": _with_ci(before, key), "after": _with_ci(after, key), "strong": key == "any_loop_rate"}
+    rows = [{"label": label, "before": _with_ci(before, key), "after": _with_ci(after, key), "strong": key == "degenerate_rate"}
             for label, key, _ in RATE_ROWS]
     rows += [{"label": label.format(unit=unit), "before": _cell(before, key, fmt), "after": _cell(after, key, fmt),
               "strong": False} for label, key, fmt in MEAN_ROWS]

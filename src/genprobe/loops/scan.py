@@ -3,7 +3,8 @@
 Every generation is measured on its tokens (periods in tokens) and, when a decoder is given, on the
 decoded characters too (periods in characters) — for a subword model the two differ, for the char
 GPT they coincide. Each measurement carries the exact-loop, near-loop and any-loop (either) rates
-side by side, with tail compression and seq-rep-4: the exact rate alone can be gamed.
+side by side with the repetitive-tail rate (LZ compression), the degenerate rate (any of the
+three: what a repair must lower), tail compression and seq-rep-4 — the exact rate alone can be gamed.
 
 Loop studies generate a fixed number of new tokens. A model with an end-of-text token would stop
 early (and an early stop hides a loop that would have followed), so :func:`study_sampler` bans the
@@ -69,8 +70,13 @@ class GenerationRecord:
 
     @property
     def any_loop(self) -> bool:
-        """Exact or near loop (tokens): the robust per-generation verdict."""
+        """Exact or near loop (tokens): the tail has a period."""
         return self.measures.any_loop
+
+    @property
+    def degenerate(self) -> bool:
+        """Exact loop, near loop or repetitive tail (tokens): the robust per-generation verdict."""
+        return self.measures.degenerate
 
     def to_dict(self) -> dict:
         """Token measures at the top level (as before), character measures under ``chars``."""
@@ -96,6 +102,12 @@ class LoopRates:
     any_loops: int
     any_loop_rate: float
     any_loop_rate_ci95: list[float]
+    repetitive: int
+    repetitive_rate: float
+    repetitive_rate_ci95: list[float]
+    degenerate: int
+    degenerate_rate: float  # exact loop, near loop or repetitive tail: what a repair must lower
+    degenerate_rate_ci95: list[float]
     short_period_max: int
     short_loop_rate: float  # exact loops with period <= short_period_max
     long_loop_rate: float
@@ -129,7 +141,7 @@ def _onset_hist(onsets: Sequence[int]) -> dict[str, int]:
 
 
 def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_PERIOD_MAX) -> LoopRates:
-    """Exact, near and any-loop rates (+ Wilson 95% CIs), short/long split, histograms and mean measures."""
+    """Exact, near, any-loop, repetitive and degenerate rates (+ Wilson 95% CIs), short/long, histograms, means."""
     n = len(measures)
     exact = [m for m in measures if m.looping]
     near = [m for m in measures if m.near_looping]
@@ -143,10 +155,15 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
     lr, lr_ci = _rate(len(exact), n)
     nr, nr_ci = _rate(len(near), n)
     ar, ar_ci = _rate(len(anyl), n)
+    n_rep, n_deg = sum(m.repetitive for m in measures), sum(m.degenerate for m in measures)
+    rr, rr_ci = _rate(n_rep, n)
+    dr, dr_ci = _rate(n_deg, n)
     return LoopRates(
         n=n, loops=len(exact), loop_rate=lr, loop_rate_ci95=lr_ci,
         near_loops=len(near), near_loop_rate=nr, near_loop_rate_ci95=nr_ci,
         any_loops=len(anyl), any_loop_rate=ar, any_loop_rate_ci95=ar_ci,
+        repetitive=n_rep, repetitive_rate=rr, repetitive_rate_ci95=rr_ci,
+        degenerate=n_deg, degenerate_rate=dr, degenerate_rate_ci95=dr_ci,
         short_period_max=short_period_max,
         short_loop_rate=short / n if n else 0.0, long_loop_rate=(len(exact) - short) / n if n else 0.0,
         short_any_rate=short_any / n if n else 0.0, long_any_rate=(len(anyl) - short_any) / n if n else 0.0,
@@ -276,6 +293,8 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
         ("exact loop rate", lambda s: _ci(s.loop_rate, s.loop_rate_ci95)),
         ("near-loop rate", lambda s: _ci(s.near_loop_rate, s.near_loop_rate_ci95)),
         ("exact or near", lambda s: _ci(s.any_loop_rate, s.any_loop_rate_ci95)),
+        ("repetitive tail", lambda s: _ci(s.repetitive_rate, s.repetitive_rate_ci95)),
+        ("degenerate (any of them)", lambda s: _ci(s.degenerate_rate, s.degenerate_rate_ci95)),
         (f"  short (≤{summary.short_period_max}) exact/any", lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}"),
         ("  long exact/any", lambda s: f"{_pct(s.long_loop_rate)} / {_pct(s.long_any_rate)}"),
         ("mean distinct-2", lambda s: f"{s.mean_distinct_2:.3f}"),

@@ -1,22 +1,24 @@
 """Strength / layer-set / k / form search under regression limits, optimising a loop rate that cannot be gamed.
 
 Every candidate is applied in place, evaluated, and reverted exactly (original columns written
-back), so the model leaves the search bit-identical. What the search minimises is the **any-loop
-rate** — generations whose tail is exactly *or* nearly periodic (:class:`genprobe.metrics.LoopMeasures`)
-— estimated on a stratified search set; the exact-loop rate is measured and reported beside it but
-never decides. An edit that merely changes one token per cycle turns exact loops into near loops:
-the exact rate drops, the any-loop rate does not, and such an edit does not win (see the tests).
+back), so the model leaves the search bit-identical. What the search minimises is the **degenerate
+rate** — generations whose tail loops exactly, nearly (up to substitutions) or is repetitive (a few
+LZ copies of earlier text; :class:`genprobe.metrics.LoopMeasures`) — estimated on a stratified
+search set; the exact-loop rate is measured and reported beside it but never decides. An edit that
+merely changes one token per cycle turns exact loops into near loops, one that shifts the unit each
+cycle turns them into repetitive tails: the exact rate drops, the degenerate rate does not, and such
+edits do not win (see the tests).
 
 The choice rule is pure (:func:`choose`): among candidates with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss``
-and an any-loop rate strictly below the baseline's, take the lowest any-loop rate; ties go to the
-lower exact rate, then fewer weights changed, then lower KL.
+and a degenerate rate strictly below the baseline's, take the lowest degenerate rate; ties go to the
+lower periodic (exact-or-near) rate, the lower exact rate, then fewer weights changed, then lower KL.
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 import torch
@@ -50,18 +52,18 @@ class Limits:
 
 @dataclass(frozen=True)
 class Objective:
-    """Stratified loop rates on the search set: ``any_loop_rate`` is minimised, the others are reported."""
+    """Stratified rates on the search set: ``degenerate_rate`` is minimised, the others are reported."""
 
+    degenerate_rate: float
     any_loop_rate: float
     loop_rate: float
     near_loop_rate: float
-    prone_any: int  # loop-prone prompts still looping (exact or near)
-    control_any: int  # control prompts that loop after the edit (new loops)
+    prone_degenerate: int  # loop-prone prompts still degenerate
+    control_degenerate: int  # control prompts that degenerate after the edit (new loops)
 
     def to_dict(self) -> dict:
         """Plain dict."""
-        return {"any_loop_rate": self.any_loop_rate, "loop_rate": self.loop_rate, "near_loop_rate": self.near_loop_rate,
-                "prone_any": self.prone_any, "control_any": self.control_any}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,9 @@ class Strata:
         def rate(hit: Callable[[LoopMeasures], bool]) -> float:
             return (w_p * sum(map(hit, prone)) + w_c * sum(map(hit, control))) / n if n else 0.0
 
-        return Objective(rate(lambda m: m.any_loop), rate(lambda m: m.looping), rate(lambda m: m.near_looping),
-                         sum(m.any_loop for m in prone), sum(m.any_loop for m in control))
+        return Objective(rate(lambda m: m.degenerate), rate(lambda m: m.any_loop), rate(lambda m: m.looping),
+                         rate(lambda m: m.near_looping), sum(m.degenerate for m in prone),
+                         sum(m.degenerate for m in control))
 
 
 @dataclass
@@ -107,8 +110,7 @@ class Candidate:
     def to_dict(self) -> dict:
         """Flat JSON row (spec, regression, objective, columns)."""
         reg = self.regression
-        obj = self.objective.to_dict() if self.objective else dict.fromkeys(
-            ("any_loop_rate", "loop_rate", "near_loop_rate", "prone_any", "control_any"))
+        obj = self.objective.to_dict() if self.objective else dict.fromkeys(f.name for f in fields(Objective))
         return {**self.spec.to_dict(), "kl": reg.kl if reg else None, "dloss": reg.dloss if reg else None,
                 "loss": reg.loss if reg else None, **obj, "weights_changed": self.weights_changed,
                 "alpha_abs": {str(k): v for k, v in self.alpha_abs.items()},
@@ -129,12 +131,13 @@ def grid(
 
 
 def choose(candidates: Sequence[Candidate], baseline: Objective, limits: Limits) -> Candidate | None:
-    """The best admissible candidate (see module doc) or ``None`` if none lowers the any-loop rate within the limits."""
+    """The best admissible candidate (see module doc) or ``None`` if none lowers the degenerate rate within the limits."""
     ok = [c for c in candidates if limits.admits(c.regression) and c.objective is not None
-          and c.objective.any_loop_rate < baseline.any_loop_rate]
+          and c.objective.degenerate_rate < baseline.degenerate_rate]
     if not ok:
         return None
-    return min(ok, key=lambda c: (c.objective.any_loop_rate, c.objective.loop_rate, c.weights_changed, c.regression.kl))
+    return min(ok, key=lambda c: (c.objective.degenerate_rate, c.objective.any_loop_rate, c.objective.loop_rate,
+                                  c.weights_changed, c.regression.kl))
 
 
 Evaluate = Callable[[Any], tuple[Regression, Objective | None]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Hashable, Sequence
 
-from .compress import tail_compression
+from .compress import DEFAULT_MIN_COMPRESSION, tail_compression
 from .loop import DEFAULT_MIN_TAIL, detect_loop
 from .nearloop import DEFAULT_MAX_PERIOD, DEFAULT_MIN_MATCH, DEFAULT_WINDOW, detect_near_loop
 from .ngrams import distinct_n, longest_repeated_ngram, seq_rep_n, unk_share
@@ -13,12 +13,18 @@ from .ngrams import distinct_n, longest_repeated_ngram, seq_rep_n, unk_share
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """Detector parameters: exact loop (``min_tail``) and near loop / compression (``window``, ``max_period``, ``min_match``)."""
+    """Detector parameters: exact loop (``min_tail``), near loop (``window``, ``max_period``, ``min_match``)
+    and repetitive tail (``window``, ``min_compression``)."""
 
     min_tail: int = DEFAULT_MIN_TAIL
     window: int = DEFAULT_WINDOW
     max_period: int = DEFAULT_MAX_PERIOD
     min_match: float = DEFAULT_MIN_MATCH
+    min_compression: float = DEFAULT_MIN_COMPRESSION
+
+    def __post_init__(self) -> None:
+        if self.min_compression < 1.0:
+            raise ValueError(f"min_compression must be >= 1 tail token per piece, got {self.min_compression}")
 
     def to_dict(self) -> dict:
         """Plain dict."""
@@ -40,14 +46,24 @@ class LoopMeasures:
     near_match: float
     near_onset: int | None
     tail_compression: float  # tail tokens per LZ piece (genprobe.metrics.tail_compression)
+    repetitive: bool  # tail_compression >= LoopSettings.min_compression: the tail copies earlier text
     seq_rep_4: float  # Welleck et al. 2019
     distinct_2: float
     longest_repeat: int  # longest n-gram seen >= 3 times
 
     @property
     def any_loop(self) -> bool:
-        """Exact or near loop: the measure a repair must lower (an edit cannot win by breaking exact periodicity)."""
+        """Exact or near loop: the tail is periodic, exactly or up to substitutions (it has a period)."""
         return self.looping or self.near_looping
+
+    @property
+    def degenerate(self) -> bool:
+        """Exact loop, near loop or repetitive tail: the measure a repair must lower.
+
+        Each detector alone can be dodged — exact periodicity by one substitution per cycle, the
+        near-loop share by shifting the unit — but not all three without writing new text.
+        """
+        return self.looping or self.near_looping or self.repetitive
 
     @property
     def any_period(self) -> int | None:
@@ -66,6 +82,7 @@ class LoopMeasures:
         d["any_loop"] = self.any_loop
         d["any_period"] = self.any_period
         d["any_onset"] = self.any_onset
+        d["degenerate"] = self.degenerate
         return d
 
 
@@ -75,11 +92,13 @@ def measure_loops(tokens: Sequence[Hashable], settings: LoopSettings | None = No
     seq = tuple(tokens)
     exact = detect_loop(seq, min_tail=s.min_tail)
     near = detect_near_loop(seq, window=s.window, max_period=s.max_period, min_match=s.min_match)
+    compression = tail_compression(seq, s.window)
     return LoopMeasures(
         length=len(seq),
         looping=exact.looping, period=exact.period, onset=exact.onset, unit=exact.unit, repeats=exact.repeats,
         near_looping=near.near_looping, near_period=near.period, near_match=near.match_share, near_onset=near.onset,
-        tail_compression=tail_compression(seq, s.window),
+        tail_compression=compression,
+        repetitive=compression >= s.min_compression,
         seq_rep_4=seq_rep_n(seq, 4),
         distinct_2=distinct_n(seq, 2),
         longest_repeat=longest_repeated_ngram(seq, 3)[0],
