@@ -61,8 +61,9 @@ def findings(case: dict) -> list[dict]:
     m = case.get("mask_noop")
     if m:
         chunk = next((v for k, v in m.items() if k.startswith("no_mask_chunk")), None)
+        chunk_txt = "none measured" if chunk is None else f"{chunk:.3g}"
         out.append(_check("no_mask is invisible at T_new = 1 and visible in chunks", m.get("no_mask_t_new_1") == 0.0 and (chunk or 0) > 1e-3,
-                          f"T_new=1: {m.get('no_mask_t_new_1')}, chunks: {chunk:.3g}"))
+                          f"T_new=1: {m.get('no_mask_t_new_1')}, chunks: {chunk_txt}"))
     t = case.get("cache_timing")
     if t:
         r1 = t["rows"][0]
