@@ -80,17 +80,18 @@ def run(args: argparse.Namespace) -> int:
     model, tok, meta, ckpt = _model(args, corpus, progress)
     t_model = time.perf_counter() - t0
     info("case: running experiments " + ", ".join(only))
-    case = run_case(model, tok, corpus, meta, quick=args.quick, progress=progress, only=only, log=info)
-    case["meta"]["checkpoint"] = ckpt
-    case["meta"]["model_seconds"] = round(t_model, 1)
+    result = run_case(model, tok, corpus, meta, quick=args.quick, progress=progress, only=only, log=info)
+    result.meta.checkpoint = ckpt
+    result.meta.model_seconds = round(t_model, 1)
+    case = result.to_dict()
     seed = seed_tables()
     json_path = args.out / "ch3_case.json"
     atomic_write_json(json_path, case)
     figs = write_figures(case, args.out, seed)
     report = write_report(case, args.out, seed, figs)
     total = time.perf_counter() - t0
-    case["meta"]["total_seconds"] = round(total, 1)
-    atomic_write_json(json_path, case)  # again, now with the total
+    result.meta.total_seconds = round(total, 1)
+    atomic_write_json(json_path, result.to_dict())  # again, now with the total
     rows = headline_rows(case, seed)
     if args.json:
         emit_json({"out": str(args.out), "json": str(json_path), "report": str(report),
