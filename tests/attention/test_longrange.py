@@ -84,7 +84,9 @@ def test_window_losses_learned_refuses_long_windows(tiny_model):
         window_losses(tiny_model, ids, 64, context=32)
 
 
-def test_smoke_run_longrange():
+@pytest.fixture(scope="module")
+def smoke():
+    """A tiny run of everything: learned (refuses rows past its table) beside ALiBi (does not)."""
     lc = LongRangeConfig(
         pos_encodings=["learned", "alibi"],
         synthetic=SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=3, lag_steps=2, lags=(1, 3),
@@ -93,7 +95,11 @@ def test_smoke_run_longrange():
                                          max_val_tokens=256, poems=60,
                                          model={"n_layer": 1, "n_head": 2, "d_model": 16, "d_ff": 32}),
     )
-    res = run_longrange(lc)
+    return run_longrange(lc)
+
+
+def test_smoke_run_longrange(smoke):
+    res = smoke
     syn = res.synthetic
     # learned positions refuse rows past their table: None in the number, the model's error in `errors`
     assert syn.passkey["learned"].accuracy[30] is None
@@ -129,3 +135,27 @@ def _leaves(x):
             yield from _leaves(v)
     else:
         yield x
+
+
+def test_text_tables_and_plot_show_refusals(smoke, tmp_path):
+    from genprobe.attention.plots import longrange_plot
+    from genprobe.cli.cmd_longrange import format_results
+
+    text = format_results(smoke)
+    learned = next(line for line in text.splitlines() if line.strip().startswith("learned |"))
+    assert learned.split()[-1] == "err"  # distance 30 > context: refused, shown as err, not a number
+    assert "learned (distance 10 (rows of 12)): " in text  # the first refusal, with the model's own message
+    assert "alibi (" not in text
+    assert "error" in next(line for line in reversed(text.splitlines()) if line.strip().startswith("learned |"))
+    assert longrange_plot(smoke, tmp_path / "lr.png").stat().st_size > 10_000
+
+
+def test_pe_list_is_space_separated_and_the_comma_form_warns():
+    from genprobe.cli import build_parser
+    from genprobe.cli.cmd_longrange import position_encodings
+
+    args = build_parser().parse_args(["longrange", "--pe", "learned", "alibi"])
+    assert position_encodings(args.pe) == ["learned", "alibi"]
+    assert position_encodings(build_parser().parse_args(["longrange"]).pe) == ["learned", "rope", "alibi"]
+    with pytest.warns(FutureWarning, match="comma-separated --pe"):
+        assert position_encodings(["learned,rope", "alibi"]) == ["learned", "rope", "alibi"]

@@ -32,7 +32,7 @@ def case_run(trained_ckpt, tmp_path_factory):
     out = tmp_path_factory.mktemp("case")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main(["case", "--ckpt", str(trained_ckpt), "--quick", "--out", str(out), "--skip", "cache_scaling",
+        rc = main(["case", str(trained_ckpt), "--quick", "--out", str(out), "--skip", "cache_scaling",
                    "--no-progress", "--json"])
     assert rc == 0
     return out, json.loads(buf.getvalue()), json.loads((out / "ch3_case.json").read_text(encoding="utf-8"))
