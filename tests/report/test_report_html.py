@@ -55,8 +55,8 @@ def test_seed_numbers_beside_ours(small_case):
 def test_findings_report_failures_honestly(small_case):
     case = json.loads(json.dumps(small_case))
     case["cache_exact"]["incremental_max_abs_dlogit"] = 0.5
-    f = {x["claim"]: x for x in findings(case)}
-    assert not f["KV cache: prefill Δ = 0.0, incremental < 1e-4"]["holds"]
+    f = {x.claim: x for x in findings(case)}
+    assert not f["KV cache: prefill Δ = 0.0, incremental < 1e-4"].holds
     assert "does NOT hold" in render_report(case, figures={})
 
 
