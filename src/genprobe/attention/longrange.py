@@ -56,10 +56,6 @@ class PasskeyTask:
     VALUE0 = QUERY + 1
     vocab_size = VALUE0 + N_VALUE
 
-    def min_length(self, distance: int) -> int:
-        """Shortest row that fits ``distance`` (KEY, value, …, QUERY)."""
-        return distance + 2
-
     def batch(self, distances: torch.Tensor, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows (B, length) and answers (B,) for per-row ``distances`` (each in [1, length-2])."""
         distances = distances.long()
