@@ -386,7 +386,7 @@ def window_losses(model: GPT, ids: torch.Tensor, length: int, context: int, batc
 
 @dataclass
 class CorpusExtrapolationConfig:
-    """Recipe for the Tang-corpus extrapolation runs (defaults: the seed model, full training)."""
+    """Recipe for the Tang-corpus extrapolation runs (defaults: the chapter's reference model, full training)."""
 
     context: int = 64
     eval_lengths: tuple[int, ...] = (32, 64, 128, 256)

@@ -1,6 +1,7 @@
-"""Seed §3.1.2–3.1.4: seven decoding strategies on one prompt, greedy on three more, and why it is not the model.
+"""The chapter's opening experiment: seven decoding strategies on one prompt, greedy on three more prompts,
+and the check that rules out "the model is not trained" (validation loss against the unigram baseline).
 
-Metrics are computed on the generated tokens only (the seed's 50, not prompt + 50), with
+Metrics are computed on the generated tokens only (the chapter's 50, not prompt + 50), with
 ``<unk>`` kept as a token: decode() hides it, so the texts are given both ways.
 """
 
@@ -18,8 +19,8 @@ from ..model.gpt import GPT
 from ..model.train import evaluate_loss, unigram_cross_entropy
 from ._common import CASE_PROMPT, encode_prompt, quiet_encode, r
 
-#: (name as in the seed's table, sampler) — sampling strategies all use the same fixed seed.
-#: The seed's table gives 0% ``<unk>`` for every sampling row, which cannot happen by chance when
+#: (name as in the chapter's table, sampler) — sampling strategies all use the same fixed seed.
+#: The chapter's table gives 0% ``<unk>`` for every sampling row, which cannot happen by chance when
 #: ~12–19% of training positions are ``<unk>``: its sampling rows ban ``<unk>``, and so do ours.
 #: The same strategies WITHOUT the ban are reported too (``rows_sampling_with_unk``).
 _BAN = (UNK_ID,)
@@ -133,7 +134,7 @@ class OtherPrompt:
 
     @property
     def loop_unit(self) -> str | None:
-        """What greedy repeats once ``<unk>`` is out of the way (the seed's units are real characters)."""
+        """What greedy repeats once ``<unk>`` is out of the way (the chapter's units are real characters)."""
         b = self.greedy_ban_unk.metrics
         return b["loop_unit"] or b["longest_repeat_text"]
 

@@ -1,13 +1,14 @@
-"""Seed §3.2.2 and §3.7: teacher forcing on real text, confidence, and the shadow of one wrong token.
+"""Training vs inference: teacher forcing on real text, confidence on real vs own text, and the shadow of
+one wrong token (exposure bias, as the chapter measures it).
 
-Protocols (matching the seed):
+Protocols (matching the chapter):
 - teacher-forcing table: the model reads the snippet from its first character; row ``i`` predicts
   snippet token ``i+1`` from tokens ``0..i`` (loss, top-3 candidates).
 - perturbation at ``k``: the true token ``k+1`` is replaced by the model's own argmax at row ``k``
   (``<unk>`` excluded; its runner-up when the argmax IS the truth), real text is fed again from ``k+2``; ``Δloss(s)`` = perturbed − clean loss
   of row ``k+s`` (s = 1 is the first prediction that sees the wrong token). ``peak`` = max Δ,
   ``tail_mean`` = mean Δ over steps ``TAIL_FROM..window``, ``half_life_steps`` = first step s with
-  Δ ≤ peak/2 (the seed's "回落一半用了" column).
+  Δ ≤ peak/2 (the chapter's "回落一半用了", steps-to-half column).
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ def _free_generation_prompts(val_ids: list[int], n: int) -> list[list[int]]:
 
 
 def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = False, seed: int = 0) -> ExposureResult:
-    """Teacher forcing on the seed's snippet, confidence on real vs generated text, and the one-wrong-token shadows."""
+    """Teacher forcing on the chapter's snippet, confidence on real vs generated text, and the one-wrong-token shadows."""
     split, at = find_snippet(corpus)
     source = corpus.val if split == "val" else corpus.text
     T = model.cfg.block_size

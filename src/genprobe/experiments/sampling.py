@@ -1,7 +1,7 @@
 """How temperature, top-k/top-p and their order reshape ONE real next-token distribution.
 
 Everything here is computed on the distribution after the case prompt, so the numbers are
-directly comparable with the seed's tables (entropy vs τ, nucleus curve, order trap) and the
+directly comparable with the chapter's tables (entropy vs τ, nucleus curve, order trap) and the
 exported distribution drives the report's sampling lab.
 """
 

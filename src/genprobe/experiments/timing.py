@@ -1,8 +1,8 @@
-"""Seed §3.3.2 / §3.4.4: the KV cache saves ~28× token forwards, yet wall-clock barely moves.
+"""Compute saved vs time saved: the KV cache saves ~28× token forwards, yet wall-clock barely moves.
 
 Both paths go through the engine's ``generate`` (same sampler, same seed); only ``mode`` differs.
 Wall time is the median of ``reps`` runs after one warm-up; the counted compute ratio comes from
-the engine's own ``token_forwards`` counter, and the closed-form ratio from seed §3.3.2.
+the engine's own ``token_forwards`` counter, and the closed-form ratio from the sum below.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ SCALING_TOKENS = (32, 64, 128)
 
 
 def naive_token_forwards(prompt_len: int, new_tokens: int) -> int:
-    """Seed §3.3.2: Σ_{i<N} (P + i) tokens processed by full recomputation."""
+    """Σ_{i<N} (P + i): tokens processed when every step recomputes the whole prefix (no cache)."""
     return new_tokens * prompt_len + new_tokens * (new_tokens - 1) // 2
 
 
@@ -126,7 +126,7 @@ def run_cache_timing(model: GPT, prompt_ids: list[int], new_tokens: int = 50, ba
 
 def scaling_config(vocab_size: int = 1202, max_new: int = max(SCALING_TOKENS), prompt_len: int = 7,
                    small: bool = False) -> GPTConfig:
-    """The seed's larger random model: 8 layers, d_model 768, 12 heads, d_ff 3072 (``small``: d_model 256, for --quick)."""
+    """The chapter's larger random model: 8 layers, d_model 768, 12 heads, d_ff 3072 (``small``: d_model 256, for --quick)."""
     block = max(160, prompt_len + max_new + 1)
     if small:
         return GPTConfig(vocab_size=vocab_size, n_layer=8, n_head=4, d_model=256, d_ff=1024, block_size=block)

@@ -1,10 +1,10 @@
-"""The headline comparison, ours beside the seed chapter's figures, as plain rows (report, CLI, README)."""
+"""The headline comparison, ours beside the chapter's published figures, as plain rows (report, CLI, README)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-#: (label, ours, seed's, kind); kind says how to format both values: int, f3, f2, pct, e (scientific), str.
+#: (label, ours, the chapter's, kind); kind says how to format both values: int, f3, f2, pct, e (scientific), str.
 Row = tuple[str, Any, Any, str]
 
 

@@ -1,4 +1,5 @@
-"""One self-contained, offline ``report.html``: our numbers beside the seed's, figures, interactive pages.
+"""One self-contained, offline ``report.html``: our numbers beside those published in the chapter
+《训练与推理的两副面孔》 ("The two faces of training and inference"), figures, interactive pages.
 
 The page is rendered from the Jinja2 templates in ``templates/`` (autoescaped); CSS, JS, the case data
 (a JSON script block) and the figures (base64 PNG) are all inlined, so the file opens from disk with no
