@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from genprobe.attention.capture import capture_attention
 from genprobe.attention.metrics import attention_report, format_table, head_stats, per_position
@@ -111,9 +113,6 @@ def test_capture_matches_hf_export(tiny_model):
     theirs = capture_attention(to_hf_gpt2(tiny_model), ids).probs
     assert (ours - theirs).abs().max() < 1e-5
 
-
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 @settings(max_examples=40, deadline=None)

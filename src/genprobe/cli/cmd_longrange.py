@@ -18,7 +18,6 @@ from pathlib import Path
 
 from ._common import add_json_flag, emit_json, info
 
-
 DEFAULT_PE = ("learned", "rope", "alibi")
 
 

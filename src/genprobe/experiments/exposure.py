@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..corpus import CharTokenizer, Corpus, UNK_ID
+from ..corpus import UNK_ID, CharTokenizer, Corpus
 from ..engine.generate import generate
 from ..engine.sampling import SamplerConfig
 from ..model.gpt import GPT
