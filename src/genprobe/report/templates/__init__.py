@@ -98,7 +98,7 @@ def environment(package: str = "genprobe.report") -> jinja2.Environment:
     )
     env.filters.update(num=num, pct=pct, sci=sci, dash=dash, index_by=index_by, png_data_uri=png_data_uri)
     env.globals["asset"] = _asset_reader(package)
-    # |tojson output sits inside <script> elements: Jinja escapes <, >, & and ' as \u00XX; keep it compact,
+    # |tojson output sits inside script elements: Jinja escapes <, >, & and ' as \u00XX; keep it compact,
     # readable (no \u escapes for CJK text) and strict (NaN is not JSON).
     env.policies["json.dumps_kwargs"] = {"ensure_ascii": False, "separators": (",", ":"), "allow_nan": False}
     return env
