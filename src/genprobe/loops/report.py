@@ -1,20 +1,18 @@
 """Short HTML + PNG summary of a repair run, rendered from ``repair.json``'s dict.
 
-The page comes from the Jinja2 template ``templates/repair.html.j2`` (package data, autoescaping
-on); the environment is a tiny local one (:func:`_environment`) until the report package's shared
-template helper is merged.
+The page comes from the Jinja2 template ``templates/repair.html.j2`` (package data), rendered in the
+shared environment of :mod:`genprobe.report.templates` (autoescaping on, strict undefined).
 """
 
 from __future__ import annotations
 
-import base64
 import io
 import os
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_bytes, atomic_write_text
+from ..report.templates import environment
 
 RATE_ROWS = (  # (label, key of a LoopRates dict, with a 95% CI)
     ("exact loop rate (periodic tail)", "loop_rate", True),
@@ -141,24 +139,14 @@ def _tables(report: dict) -> list[dict]:
     return tables
 
 
-@lru_cache(maxsize=1)
-def _environment() -> Any:
-    """A local Jinja2 environment over this package's templates (autoescape on)."""
-    import jinja2
-
-    return jinja2.Environment(loader=jinja2.PackageLoader("genprobe.loops", "templates"),
-                              autoescape=jinja2.select_autoescape(default=True, default_for_string=True),
-                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-
-
 def render_html(report: dict, png: bytes) -> str:
     """Self-contained HTML (figure inlined as base64)."""
     v = report.get("validation") or {}
     reg = v.get("regression")
-    return _environment().get_template("repair.html.j2").render(
+    return environment("genprobe.loops").get_template("repair.html.j2").render(
         report=report, tables=_tables(report), samples=v.get("samples", []), patch=report.get("patch"),
         regression=reg, new_loops=v.get("new_loops"), new_exact_loops=v.get("new_exact_loops"),
-        end_token=report.get("end_token"), search=report["search"], image=base64.b64encode(png).decode(),
+        end_token=report.get("end_token"), search=report["search"], image=png,
     )
 
 
