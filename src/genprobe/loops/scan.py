@@ -301,12 +301,12 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
         ("mean seq-rep-4", lambda s: f"{s.mean_seq_rep_4:.3f}"),
         ("mean tail compression", lambda s: f"{s.mean_tail_compression:.2f}"),
         ("mean longest repeat", lambda s: f"{s.mean_longest_repeat:.1f}"),
-        ("exact periods", lambda s: str(s.period_hist)),
-        ("near periods", lambda s: str(s.near_period_hist)),
     ]
     lines = [title] if title else []
     lines.append(f"  generations {summary.n}; hit the length limit {_pct(summary.length_capped_rate or 0.0)}")
     lines.append("  " + " " * 30 + "".join(f"{name:<28}" for name, _ in cols))
     for label, fmt in rows:
         lines.append(f"  {label:<30}" + "".join(f"{fmt(s):<28}" for _, s in cols))
+    for name, s in cols:
+        lines.append(f"  periods ({name}): exact {s.period_hist}; near {s.near_period_hist}")
     return "\n".join(lines)
