@@ -20,7 +20,7 @@ def test_distinct_n_values():
     # "abab": bigrams ab, ba, ab -> 2 unique / 3
     assert distinct_n("abab", 2) == pytest.approx(2 / 3)
     assert distinct_n([5, 5, 5, 5], 1) == 0.25
-    # seed §3.5.8 walk-through: 9 distinct bigrams then alternating U。/。， ... check a constructed case
+    # the chapter's walk-through: 9 distinct bigrams then alternating U。/。， ... check a constructed case
     text = "春江潮水海平U。，U。，U。，"
     grams = [text[i : i + 2] for i in range(len(text) - 1)]
     assert distinct_n(text, 2) == len(set(grams)) / len(grams)

@@ -1,6 +1,6 @@
 """Column selection and the two edit forms on the MLP down-projection W (d_model × d_ff).
 
-* ``subtract`` (the seed's form):   W[:, c] ← W[:, c] − α·d
+* ``subtract`` (the article's form): W[:, c] ← W[:, c] − α·d   (the loop-repair article cited in :mod:`genprobe.loops`)
 * ``project`` (projection removal): W[:, c] ← W[:, c] − α·d·(dᵀW[:, c])   (α = 1 removes it exactly)
 
 ``d`` is a unit vector in d_model space — the loop direction measured at that layer's MLP output,

@@ -33,7 +33,7 @@ END_TOKEN_NOTE = (
 
 
 def chanting_sampler(unk_id: int | None = 1, eos_id: int | None = None) -> SamplerConfig:
-    """The seed's "chanting" setting: greedy with ``<unk>`` banned (and the end token, when there is one)."""
+    """The chapter's "chanting" setting: greedy with ``<unk>`` banned (and the end token, when there is one)."""
     return SamplerConfig(greedy=True, ban_ids=tuple(i for i in (unk_id, eos_id) if i is not None))
 
 
