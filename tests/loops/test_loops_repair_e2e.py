@@ -34,7 +34,7 @@ def test_small_repair_end_to_end(trained_ckpt, tmp_path):
         assert c.regression.kl >= -1e-6 and len(c.columns) == len(c.spec.layers)
         assert all(len(cols) == c.spec.k for cols in c.columns.values())
     assert {a.layers[0] for a in report.locate.per_layer} == {0, 1}
-    assert report.contrast["loop_positions"] > 0
+    assert report.contrast.loop_positions > 0
     assert not report.end_token.banned  # the char vocabulary has no end token
     data = report.to_dict()
     json.dumps(data, allow_nan=False)  # repair.json is strict JSON
@@ -49,7 +49,7 @@ def test_small_repair_end_to_end(trained_ckpt, tmp_path):
         assert v.loop_prone_before.degenerate_rate == 1.0
         assert v.before.chars is not None and v.before.chars.n == 64  # character-level figures beside tokens
         assert v.regression.kl == pytest.approx(c.regression.kl, abs=1e-5)  # same windows, same edit
-        assert 0 < report.patch["fraction_changed"] < 0.01
+        assert 0 < report.patch.fraction_changed < 0.01
         save_patch(patch, tmp_path / "patch")
         p = load_patch(tmp_path / "patch.json")
         assert apply_patch(model.module, p) == p.meta["sha256_after"]

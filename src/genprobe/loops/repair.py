@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..engine.sampling import SamplerConfig
-from .contrast import Contrast, collect_contrast
+from .contrast import Contrast, ContrastCounts, collect_contrast
 from .direction import Separation, loop_direction, separation
 from .edit import make_patch
 from .locate import Located, locate_layers
@@ -51,9 +51,9 @@ class Baselines:
     scans: dict[str, ScanResult]
     ids: dict[str, list[list[int]]]
 
-    def rates(self) -> dict[str, dict]:
-        """Rates per set (JSON)."""
-        return {k: v.summary.to_dict() for k, v in self.scans.items()}
+    def rates(self) -> dict[str, LoopRates]:
+        """Rates per set."""
+        return {k: v.summary for k, v in self.scans.items()}
 
 
 @dataclass
@@ -167,24 +167,26 @@ class RepairReport:
     model: dict
     inputs: dict
     end_token: EndToken
-    baseline: dict[str, dict]
-    contrast: dict
+    baseline: dict[str, LoopRates]
+    contrast: ContrastCounts
     directions: dict[int, LayerDirection]
     locate: Located
     search: SearchStage
     verdict: str
     validation: Validation | None = None
-    patch: dict | None = None
+    patch: PatchSummary | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """Plain JSON, readable (stage by stage)."""
         return {
             "verdict": self.verdict, "config": self.config.to_dict(), "sampler": self.sampler, "model": self.model,
-            "inputs": self.inputs, "end_token": self.end_token.to_dict(), "baseline": self.baseline,
-            "contrast": self.contrast, "directions": {str(l): d.to_dict() for l, d in self.directions.items()},
+            "inputs": self.inputs, "end_token": self.end_token.to_dict(),
+            "baseline": {k: v.to_dict() for k, v in self.baseline.items()}, "contrast": self.contrast.to_dict(),
+            "directions": {str(l): d.to_dict() for l, d in self.directions.items()},
             "locate": self.locate.to_dict(), "search": self.search.to_dict(),
-            "validation": self.validation.to_dict() if self.validation else None, "patch": self.patch,
+            "validation": self.validation.to_dict() if self.validation else None,
+            "patch": self.patch.to_dict() if self.patch else None,
             "timings_s": self.timings_s,
         }
 
@@ -302,9 +304,26 @@ def _subset_rates(records: Sequence[GenerationRecord]) -> LoopRates:
     return rates
 
 
-def _patch_summary(patch: Patch) -> dict:
-    return {k: patch.meta[k] for k in ("edit", "weights_changed", "total_parameters", "fraction_changed",
-                                       "sha256_before", "sha256_after")}
+@dataclass(frozen=True)
+class PatchSummary:
+    """What the chosen patch changes and the model hashes it connects."""
+
+    edit: dict
+    weights_changed: int
+    total_parameters: int
+    fraction_changed: float
+    sha256_before: str
+    sha256_after: str
+
+    @classmethod
+    def of(cls, patch: Patch) -> "PatchSummary":
+        """From a finalised patch's metadata."""
+        return cls(*(patch.meta[f] for f in ("edit", "weights_changed", "total_parameters", "fraction_changed",
+                                              "sha256_before", "sha256_after")))
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
 
 
 # ---- the pipeline ---------------------------------------------------------------------------
@@ -340,14 +359,14 @@ def repair(
     clock.tick("search")
 
     report = RepairReport(cfg, study.sampler.to_dict(), study.model.describe(), inputs.summary(), study.end_token,
-                          base.rates(), stage.contrast.summary(), stage.layers, located, search,
+                          base.rates(), stage.contrast.counts, stage.layers, located, search,
                           verdict=_verdict(search))
     patch = None
     if search.chosen is not None:
         patch = build_patch(study, stage, search.chosen)
         report.validation = validate_stage(study, patch, base.scans["validate"], base.ids["validate"],
                                            inputs.validate, stage.probe)
-        report.patch = _patch_summary(patch)
+        report.patch = PatchSummary.of(patch)
         clock.tick("validate")
     report.timings_s = clock.to_dict()
     return report, patch
@@ -369,7 +388,7 @@ class LocateReport:
     end_token: EndToken
     inputs: dict
     scan: LoopRates
-    contrast: dict
+    contrast: ContrastCounts
     directions: dict[int, LayerDirection]
     locate: Located
     timings_s: dict[str, float]
@@ -377,7 +396,7 @@ class LocateReport:
     def to_dict(self) -> dict:
         """Plain JSON (direction vectors included)."""
         return {"sampler": self.sampler, "end_token": self.end_token.to_dict(), "inputs": self.inputs,
-                "scan": self.scan.to_dict(), "contrast": self.contrast,
+                "scan": self.scan.to_dict(), "contrast": self.contrast.to_dict(),
                 "directions": {str(l): d.to_dict(with_vector=True) for l, d in self.directions.items()},
                 "locate": self.locate.to_dict(), "timings_s": self.timings_s}
 
@@ -397,5 +416,5 @@ def locate_only(model: Any, inputs: RepairInputs, cfg: RepairConfig | None = Non
     clock.tick("contrast_direction")
     located = locate_stage(study, stage, base.scans["direction"].records)
     clock.tick("locate")
-    return LocateReport(study.sampler.to_dict(), study.end_token, inputs.summary(), rates, stage.contrast.summary(),
+    return LocateReport(study.sampler.to_dict(), study.end_token, inputs.summary(), rates, stage.contrast.counts,
                         stage.layers, located, clock.to_dict())
