@@ -4,11 +4,13 @@ A removed token gets ``-inf``, never 0 (a 0 is a legal logit whose probability i
 ``hf`` and ``vllm`` functions repeat their engine's tensor operations in the same order and dtype,
 so ties and exactly-hit thresholds fall the same way:
 
-* top-p, ``hf`` (TopPLogitsWarper) and ``vllm`` (apply_top_k_top_p_pytorch): sort *ascending*,
-  drop the prefix whose float32 cumulative mass is ``<= 1 - p`` — among tied tokens at the cut the
-  lower ids go first. HF compares with ``float32(1 - p)``, vLLM with ``1 - float32(p)``.
+* top-p, ``hf`` (TopPLogitsWarper) and ``vllm`` (apply_top_k_top_p_pytorch): sort *ascending*
+  with the same ``torch.sort`` call, drop the prefix whose float32 cumulative mass is ``<= 1 - p``
+  — among tied tokens at the cut the ones sorted first go (on CPU the lower ids, for short rows).
+  HF compares with ``float32(1 - p)``, vLLM with ``1 - float32(p)``.
 * top-p, ``genprobe``: the smallest prefix by descending probability (ties: lower id first) whose
-  mass reaches ``p``, accumulated in float64 — the report's sampling lab computes the same.
+  mass reaches ``p``, accumulated in float64 (a mass within 1e-12 of ``p`` reaches it) — the
+  report's sampling lab computes the same, without the tolerance.
 * top-k keeps every token tied with the k-th value in all three (llama.cpp keeps exactly k).
 * vLLM raises 0 < τ < 0.01 to 0.01 (SamplingParams.__post_init__) and divides in float32.
 """
@@ -19,6 +21,9 @@ import torch
 
 NEG_INF = float("-inf")
 VLLM_MIN_TEMPERATURE = 0.01  # vllm/sampling_params.py: _MAX_TEMP
+# A float64 mass within this of p counts as reaching it: rounding must not add a token when the
+# mass hits p exactly (ten equal logits, p = 0.8: 0.1 summed eight times is 0.7999999999999999).
+TOP_P_TOLERANCE = 1e-12
 
 
 def temperature(logits: torch.Tensor, t: float, engine: str) -> torch.Tensor:
@@ -46,7 +51,7 @@ def top_p_genprobe(logits: torch.Tensor, p: float) -> torch.Tensor:
     probs = torch.softmax(srt, dim=-1)
     cum = probs.cumsum(-1)
     before = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], dim=-1)  # float64 mass before each token
-    remove_sorted = before >= p
+    remove_sorted = before >= p - TOP_P_TOLERANCE
     remove_sorted[..., 0] = False  # the top token is always kept
     remove = torch.zeros_like(remove_sorted).scatter_(-1, idx, remove_sorted)
     return logits.masked_fill(remove, NEG_INF)
@@ -56,7 +61,7 @@ def top_p_ascending(logits: torch.Tensor, p: float, engine: str) -> torch.Tensor
     """HF/vLLM top-p: ascending stable sort, remove where float32 cumsum <= 1 - p, keep the last."""
     if p is None or p >= 1.0:
         return logits
-    srt, idx = torch.sort(logits, dim=-1, descending=False, stable=True)
+    srt, idx = torch.sort(logits, dim=-1, descending=False)  # the engines' own call: ties fall as theirs do
     cum = srt.softmax(dim=-1).cumsum(dim=-1)
     if engine == "vllm":
         threshold = 1 - torch.tensor([p], dtype=torch.float32, device=logits.device)  # float32 arithmetic
