@@ -11,9 +11,9 @@ sequential float32 sum), so exactly-hit thresholds fall as in llama.cpp:
 * min-p compares *logits*: ``logit >= max_logit + logf(p)``;
 * typical-p, top-n-σ and XTC as in their ``*_apply`` functions; temperature divides last.
 
-Two deliberate differences, neither changing which tokens survive: candidates whose logit is
-``-inf`` (bans, no-repeat-n-gram, top-n-σ) leave the array instead of staying with p = 0, and
-typical-p counts ``0·log 0`` as 0 where llama.cpp would turn the entropy into NaN.
+Candidates whose logit is ``-inf`` (bans, no-repeat-n-gram, top-n-σ) stay in the array with
+p = 0, as in llama.cpp; that includes its typical-p quirk: ``0·log 0`` makes the entropy NaN, every
+surprisal NaN, the sort keeps the probability order and typical-p cuts like a top-p with ``>``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ class Candidates:
     """llama_token_data_array: ids, logits, probabilities and whether the array is sorted by logit."""
 
     def __init__(self, logits: np.ndarray):
-        keep = np.isfinite(logits)
-        self.ids = np.nonzero(keep)[0]
-        self.logit = logits[keep].astype(F32)
+        self.ids = np.arange(len(logits))
+        self.logit = logits.astype(F32)
         self.p = np.zeros_like(self.logit)
         self.sorted = False
 
@@ -48,7 +47,8 @@ class Candidates:
         """llama_sampler_softmax_impl: exp(logit − max) summed in array order, in float32."""
         if do_sort:
             self.sort()
-        e = np.exp(self.logit - self.logit.max(), dtype=F32)
+        with np.errstate(invalid="ignore"):
+            e = np.exp(self.logit - self.logit.max(), dtype=F32)
         self.p = e / np.cumsum(e, dtype=F32)[-1]
 
 
@@ -89,25 +89,26 @@ def typical(c: Candidates, p: float) -> None:
     c.softmax(do_sort=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         logp = np.log(c.p, dtype=F32)
-        terms = np.where(c.p > 0, -c.p * logp, F32(0)).astype(F32)
-    entropy = np.cumsum(terms, dtype=F32)[-1]
-    shifted = np.abs(-logp - entropy, dtype=F32)
-    order = np.argsort(shifted, kind="stable")
+        entropy = np.cumsum(-c.p * logp, dtype=F32)[-1]  # NaN when some p == 0, as in llama.cpp
+        shifted = np.abs(-logp - entropy, dtype=F32)
+    order = np.argsort(shifted, kind="stable")  # all-NaN keys: the probability order stays
     over = np.nonzero(np.cumsum(c.p[order], dtype=F32) > F32(p))[0]
     c.take(order[: over[0] + 1] if len(over) else order)
     c.sorted = False
 
 
 def top_n_sigma(c: Candidates, n: float) -> None:
-    """llama_sampler_top_n_sigma_apply: drop logits below max − n·σ (population σ over the candidates)."""
+    """llama_sampler_top_n_sigma_apply: set logits below max − n·σ to -inf (population σ over finite logits)."""
     if n <= 0 or len(c.ids) <= 1:
         return
-    mean = F32(np.cumsum(c.logit, dtype=F32)[-1] / F32(len(c.ids)))
+    finite = c.logit[c.logit != -np.inf]
+    count = F32(max(len(finite), 1))
+    mean = F32(np.cumsum(finite, dtype=F32)[-1] / count) if len(finite) else F32(0)
     acc = F32(0)
-    for x in c.logit:  # acc (float) += pow(x − mean, 2) (a double)
+    for x in finite:  # acc (float) += pow(x − mean, 2) (a double)
         acc = F32(float(acc) + float(F32(x - mean)) ** 2)
-    std = F32(np.sqrt(F32(acc / F32(len(c.ids)))))
-    c.take(np.nonzero(~(c.logit < F32(c.logit.max() - F32(F32(n) * std))))[0])
+    std = F32(np.sqrt(F32(acc / count)))
+    c.logit = np.where(c.logit < F32(finite.max() - F32(F32(n) * std)), F32(-np.inf), c.logit).astype(F32)
     c.softmax(do_sort=True)
 
 
@@ -116,8 +117,8 @@ def xtc(c: Candidates, probability: float, threshold: float, chance: float) -> N
     if probability <= 0 or threshold > 0.5 or len(c.ids) < 2 or chance > probability:
         return
     c.softmax(do_sort=True)
-    above = np.nonzero(c.p < F32(threshold))[0]
-    pos_last = (above[0] if len(above) else len(c.ids)) - 1
+    below = np.nonzero(c.p < F32(threshold))[0]  # p is sorted: the above-threshold run ends here
+    pos_last = (below[0] if len(below) else len(c.ids)) - 1
     if pos_last > 0:
         c.take(np.arange(pos_last, len(c.ids)))
 
