@@ -8,6 +8,7 @@ import sys
 import warnings
 
 from ._common import add_json_flag, emit_json, info
+from ._sampler_args import add_sampler_arguments, sampler_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,22 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", metavar="CKPT_OR_HF_DIR", help="genprobe checkpoint dir or transformers model dir")
     p.add_argument("--prompt", required=True, help="prompt text")
-    p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sample)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None, help="keep the K most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus: smallest set whose mass reaches P")
-    p.add_argument("--min-p", type=float, default=None, help="keep tokens with p >= M * p_max")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL/HF penalty (1 = off)")
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="vLLM presence penalty")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="vLLM frequency penalty")
-    p.add_argument("--no-repeat-ngram", type=int, default=0, help="ban tokens completing a repeated N-gram")
-    p.add_argument(
-        "--order",
-        default="trunc_then_temp",
-        choices=["trunc_then_temp", "temp_then_trunc", "hf", "vllm", "llama.cpp"],
-        help="where temperature sits relative to truncation (default: trunc_then_temp)",
-    )
-    p.add_argument("--ban-unk", action="store_true", help="never generate <unk>")
+    add_sampler_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eos-id", type=int, default=None, help="stop when this token id is generated")
@@ -77,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ..engine.generate import generate
     from ..engine.hf_adapter import load_causal_lm
-    from ..engine.sampling import SamplerConfig
 
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
@@ -90,25 +75,7 @@ def run(args: argparse.Namespace) -> int:
             f"warning: {len(unknown)} prompt character(s) are not in the vocabulary and become <unk>: "
             f"{''.join(unknown)!r} (a different script, e.g. simplified vs traditional?)"
         )
-    ban = []
-    if args.ban_unk:
-        unk = getattr(tok, "unk_id", None)
-        if unk is None:
-            raise ValueError("--ban-unk: this tokenizer has no <unk> token")
-        ban.append(int(unk))
-    cfg = SamplerConfig(
-        greedy=args.greedy,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        ban_ids=tuple(ban),
-        repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty,
-        no_repeat_ngram=args.no_repeat_ngram,
-        order=args.order,
-    )
+    cfg = sampler_from_args(args, tok)
     steps: list[dict] = []
     stream = not args.json and not args.top  # --top prints a per-step table after generating
     if stream:
