@@ -74,7 +74,8 @@ def min_p(c: Candidates, p: float) -> None:
     """llama_sampler_min_p_apply: keep logits >= max_logit + logf(p) (array order kept when unsorted)."""
     if p <= 0 or not len(c.ids):
         return
-    min_logit = F32(c.logit.max() + np.log(F32(p)))
+    with np.errstate(divide="ignore"):  # a denormal p rounds to 0 in float32: logf gives -inf, as in C
+        min_logit = F32(c.logit.max() + np.log(F32(p)))
     if c.sorted:
         below = np.nonzero(c.logit[1:] < min_logit)[0]
         c.take(np.arange(below[0] + 1 if len(below) else len(c.ids)))
