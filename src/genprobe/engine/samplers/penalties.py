@@ -41,16 +41,21 @@ def last_real_tokens(history: torch.Tensor, n: int) -> torch.Tensor:
     return torch.where(real & (from_end <= n), history, torch.full_like(history, -1))
 
 
-def apply_repetition_penalty(logits: torch.Tensor, counts: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL/HF: for tokens already seen, negative logits are multiplied by ``penalty``, others divided."""
-    pen = torch.where(logits < 0, logits * penalty, logits / penalty)
-    return torch.where(counts > 0, pen, logits)
+def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float, engine: str) -> torch.Tensor:
+    """Penalise the ids in ``history`` once each, gathering only those columns (as HF does).
 
-
-def apply_repetition_penalty_vllm(logits: torch.Tensor, counts: torch.Tensor, penalty: float) -> torch.Tensor:
-    """vLLM: ``logits *= where(logits > 0, 1/p, p)`` on seen tokens, in float32 (a reciprocal, not a division)."""
-    p = torch.where(counts > 0, torch.tensor(penalty, dtype=torch.float32, device=logits.device), 1.0)
-    return logits * torch.where(logits > 0, 1.0 / p, p)
+    HF/genprobe: ``where(x < 0, x·p, x/p)``; vLLM: ``x · where(x > 0, 1/p, p)`` with ``p`` in float32.
+    """
+    B, V = logits.shape
+    idx = torch.where(history >= 0, history, torch.full_like(history, V))  # padding → a spare column
+    ext = torch.cat([logits, logits.new_zeros(B, 1)], dim=1)
+    x = ext.gather(1, idx)
+    if engine == "vllm":
+        p = torch.tensor(penalty, dtype=torch.float32, device=logits.device)
+        x = x * torch.where(x > 0, 1.0 / p, p)
+    else:
+        x = torch.where(x < 0, x * penalty, x / penalty)
+    return ext.scatter(1, idx, x)[:, :V]
 
 
 def apply_presence_frequency(logits: torch.Tensor, counts: torch.Tensor, presence: float, frequency: float) -> torch.Tensor:
@@ -99,14 +104,12 @@ def apply_penalties(logits: torch.Tensor, history: torch.Tensor, cfg: SamplerCon
     if n == 0:
         return logits
     scoped = history if n < 0 else last_real_tokens(history, n)
-    counts = history_counts(scoped, V)
     if cfg.engine == "llama.cpp":
-        return apply_llama_cpp_penalties(logits, counts, cfg)
+        return apply_llama_cpp_penalties(logits, history_counts(scoped, V), cfg)
     if cfg.repetition_penalty != 1.0:
-        rep = apply_repetition_penalty_vllm if cfg.engine == "vllm" else apply_repetition_penalty
-        logits = rep(logits, counts, cfg.repetition_penalty)
+        logits = apply_repetition_penalty(logits, scoped, cfg.repetition_penalty, cfg.engine)
     if cfg.presence_penalty or cfg.frequency_penalty:
-        out_counts = history_counts(scoped[:, prompt_len:], V) if prompt_len > 0 else counts
+        out_counts = history_counts(scoped[:, prompt_len:], V)
         logits = apply_presence_frequency(logits, out_counts, cfg.presence_penalty, cfg.frequency_penalty)
     return logits
 
