@@ -95,7 +95,7 @@ def sampler_from_args(args: argparse.Namespace, tokenizer: Any = None) -> Sample
     if getattr(args, "ban_unk", False):
         unk = getattr(tokenizer, "unk_id", None)
         if unk is None:
-            raise ValueError("--ban-unk: this tokenizer has no <unk> token")
+            raise ValueError("--ban-unk: this tokenizer has no unknown token")
         given["ban_ids"] = (int(unk),)
     cfg = SamplerConfig.preset(args.preset, **given) if getattr(args, "preset", None) else SamplerConfig(**given)
     if cfg.dry_active:
