@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from ..engine.samplers.config import ENGINES, ORDERS, PRESETS, SamplerConfig
-from ..engine.samplers.dry import DEFAULT_BREAKERS, breakers_from_strings
+from ..engine.samplers.dry import DEFAULT_BREAKERS, tokenizer_breakers
 
 # flag dest → SamplerConfig field, for the plain valued flags
 _FIELDS = (
@@ -72,19 +72,10 @@ def unescape(s: str) -> str:
 def _breakers(strings: list[str] | None, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
     if strings == ["none"]:
         return ()
-    strings = [unescape(s) for s in strings] if strings else list(DEFAULT_BREAKERS)
     if tokenizer is None:
-        raise ValueError("DRY sequence breakers are strings and need the model's tokenizer; this model has none "
-                         "(pass the breakers 'none')")
-    text = getattr(tokenizer, "token_str", None) or (lambda i: tokenizer.decode([i]))
-
-    def encode(s: str) -> list[int]:
-        try:
-            return list(tokenizer.encode(s, warn=False))
-        except TypeError:
-            return list(tokenizer.encode(s))
-
-    return breakers_from_strings(strings, tokenizer.vocab_size, text, encode)
+        raise ValueError("--dry-sequence-breakers are strings and need the model's tokenizer; this model has none "
+                         "(pass --dry-sequence-breakers none)")
+    return tokenizer_breakers(tokenizer, [unescape(s) for s in strings] if strings else DEFAULT_BREAKERS)
 
 
 def sampler_from_args(args: argparse.Namespace, tokenizer: Any = None) -> SamplerConfig:

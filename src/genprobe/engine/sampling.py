@@ -71,6 +71,7 @@ from .samplers import (
     process_logits,
     sample_next,
     sampling_probs,
+    tokenizer_breakers,
     top_p_filter,
 )
 
@@ -89,5 +90,6 @@ __all__ = [
     "process_logits",
     "sample_next",
     "sampling_probs",
+    "tokenizer_breakers",
     "top_p_filter",
 ]

@@ -20,7 +20,7 @@ from .chain import (
     sampling_probs,
 )
 from .config import ENGINES, ORDERS, PRESETS, SamplerConfig
-from .dry import DEFAULT_BREAKERS, breakers_from_strings, dry_penalties
+from .dry import DEFAULT_BREAKERS, breakers_from_strings, dry_penalties, tokenizer_breakers
 from .penalties import no_repeat_ngram_mask
 from .truncation import top_p_genprobe as top_p_filter
 
@@ -41,5 +41,6 @@ __all__ = [
     "run_stages",
     "sample_next",
     "sampling_probs",
+    "tokenizer_breakers",
     "top_p_filter",
 ]

@@ -18,7 +18,7 @@ to 40 characters).
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -146,3 +146,19 @@ def breakers_from_strings(
                     seqs.append((tid, *tail))
     table = breaker_table(seqs)
     return tuple((head, *tail) for head, tails in table.items() for tail in tails)
+
+
+def tokenizer_breakers(tokenizer: Any, strings: Iterable[str] = DEFAULT_BREAKERS) -> tuple[tuple[int, ...], ...]:
+    """:func:`breakers_from_strings` for a genprobe ``Tokenizer`` (``vocab_size``, ``token_str``, ``encode``).
+
+    E.g. ``tokenizer_breakers(tok, ["，", "。"])`` for Tang poems; llama.cpp's defaults otherwise.
+    """
+    text = getattr(tokenizer, "token_str", None) or (lambda i: tokenizer.decode([i]))
+
+    def encode(s: str) -> list[int]:
+        try:
+            return list(tokenizer.encode(s, warn=False))
+        except TypeError:  # tokenizers without a warn flag
+            return list(tokenizer.encode(s))
+
+    return breakers_from_strings(strings, tokenizer.vocab_size, text, encode)
