@@ -24,10 +24,13 @@ from .xtc import xtc, xtc_draws
 NEG_INF = float("-inf")
 
 
-def check_logits(logits: torch.Tensor, sampling: bool = True) -> None:
-    """Raise ValueError naming the first bad row when logits hold NaN (or +inf when sampling)."""
-    if math.isfinite(float(logits.sum())):  # one reduction on the common path; -inf/NaN/+inf look closer
-        return
+def check_logits(logits: torch.Tensor, sampling: bool = True) -> bool:
+    """Raise ValueError naming the first bad row when logits hold NaN (or +inf when sampling).
+
+    Returns True when every logit is finite (the common case, decided by one reduction).
+    """
+    if math.isfinite(float(logits.sum())):
+        return True
     bad = torch.isnan(logits)
     if sampling:
         bad = bad | (logits == float("inf"))
@@ -38,6 +41,7 @@ def check_logits(logits: torch.Tensor, sampling: bool = True) -> None:
             f"logits hold {what} (first bad row {row}): the model output is not a distribution "
             "(overflow in half precision, or corrupted weights?)"
         )
+    return False
 
 
 def _as_history(history: torch.Tensor | None, B: int, V: int) -> torch.Tensor | None:
@@ -58,7 +62,7 @@ def adjust_logits(
 ) -> torch.Tensor:
     """Bans, penalties, no-repeat-n-gram and DRY (the order-independent first stages); a new float32 tensor."""
     B, V = logits.shape
-    out = logits.float().clone()
+    out = logits.float()
     hist = _as_history(history, B, V) if cfg.uses_history else None
     if hist is not None:
         out = apply_penalties(out, hist, cfg, prompt_len)
@@ -68,7 +72,7 @@ def adjust_logits(
             out = apply_dry(out, hist, cfg)
     if cfg.ban_ids:
         out = apply_bans(out, cfg.ban_ids)
-    return out
+    return out.clone() if out is logits else out  # every step above is out of place
 
 
 def _torch_stage(z: torch.Tensor, stage: str, cfg: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
@@ -118,9 +122,10 @@ def process_logits(
         logits = logits[None, :]
     if logits.dim() != 2:
         raise ValueError(f"logits must be (batch, vocab), got shape {tuple(logits.shape)}")
-    check_logits(logits, sampling=not cfg.greedy)
+    all_finite = check_logits(logits, sampling=not cfg.greedy)
     z = adjust_logits(logits, history, cfg, prompt_len)
-    if not torch.isfinite(z).any(-1).all():  # truncations always keep one token; adjustments may not
+    may_empty = not all_finite or cfg.ban_ids or cfg.no_repeat_ngram or cfg.dry_active  # penalties keep x finite
+    if may_empty and not torch.isfinite(z).any(-1).all():  # truncations always keep one token
         raise ValueError("every token is banned at this step (no_repeat_ngram / ban_ids left nothing)")
     return z if cfg.greedy else run_stages(z, cfg, generator)
 
