@@ -88,6 +88,51 @@ def rank_candidates(
     return torch.stack(torch.split(score, k)).max(dim=-1).indices
 
 
+class _Search:
+    """One contrastive search over a left-padded batch: the cache state, the context's hidden states, the next logits."""
+
+    def __init__(self, runner: Any, cfg: SamplerConfig, buf: torch.Tensor, valid: torch.Tensor, P: int):
+        self.runner, self.cfg, self.buf, self.valid, self.P = runner, cfg, buf, valid, P
+        self.k = int(cfg.top_k)
+        self.history = torch.where(valid, buf, -1)  # what the penalties read; -1 = padding
+        self.groups = torch.arange(buf.shape[0], device=buf.device) * self.k
+
+    def prefill(self) -> None:
+        """Run the prompts once (B rows), keep their hidden states, then repeat the cache k times."""
+        B, P = self.buf.shape[0], self.P
+        state = self.runner.new_state(B, self.buf.shape[1])
+        padded = not bool(self.valid[:, :P].all())
+        logits, hidden = step_with_hidden(self.runner, self.buf[:, :P], self.valid[:, :P] if padded else None, state)
+        self.context = hidden.new_zeros(B, self.buf.shape[1], hidden.shape[-1])
+        self.context[:, :P] = hidden
+        self.next_logits = logits[:, -1].float()
+        self.state = expand_state(state, self.k)
+
+    def step(self, cur: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Choose the token at position ``cur`` per row → (token ids (B,), candidate distribution (B, V))."""
+        check_logits(self.next_logits, sampling=False)
+        adjusted = adjust_logits(self.next_logits, self.history[:, :cur], self.cfg, prompt_len=self.P)
+        probs = torch.softmax(adjusted, dim=-1)
+        cand_probs, cand_ids = torch.topk(probs, dim=-1, k=self.k)
+        out, cand_hidden = step_with_hidden(self.runner, cand_ids.reshape(-1, 1), None, self.state)
+        sel = rank_candidates(self.context[:, :cur], self.valid[:, :cur], cand_hidden, cand_probs, self.cfg.penalty_alpha)
+        chosen = self.groups + sel
+        keep_rows(self.state, chosen.repeat_interleave(self.k))
+        self.context[:, cur] = cand_hidden[chosen, -1]
+        self.next_logits = out[chosen, -1].float()
+        return cand_ids[torch.arange(len(sel), device=sel.device), sel], probs
+
+
+def _left_padded(prompts: Sequence[Sequence[int]], P: int, N: int, pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token buffer (B, P+N) and key validity of left-padded prompts (padding invalid)."""
+    buf = torch.full((len(prompts), P + N), pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros((len(prompts), P + N), dtype=torch.bool, device=device)
+    for b, p in enumerate(prompts):
+        buf[b, P - len(p) : P] = torch.as_tensor(list(p), dtype=torch.long)
+        valid[b, P - len(p) : P] = True
+    return buf, valid
+
+
 def contrastive_generate(
     model: Any,
     prompts: Sequence[Sequence[int]],
@@ -106,55 +151,30 @@ def contrastive_generate(
 
     runner = as_runner(model)
     P = _check_inputs(runner, prompts, max_new_tokens, "cached")
-    N, B, k, cfg = int(max_new_tokens), len(prompts), int(sampler.top_k), sampler
-    if k > runner.vocab_size:
-        raise ValueError(f"top_k={k} candidates exceed the vocabulary of {runner.vocab_size} tokens")
-    device = getattr(runner, "device", None) or _device_of(model)
-    buf = torch.full((B, P + N), runner.pad_id, dtype=torch.long, device=device)
-    valid = torch.zeros((B, P + N), dtype=torch.bool, device=device)
-    for b, p in enumerate(prompts):
-        buf[b, P - len(p) : P] = torch.as_tensor(list(p), dtype=torch.long)
-        valid[b, P - len(p) : P] = True
-    history = torch.where(valid, buf, -1)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    lengths, finished = [N] * B, ["length"] * B
+    N, B = int(max_new_tokens), len(prompts)
+    if sampler.top_k > runner.vocab_size:
+        raise ValueError(f"top_k={sampler.top_k} candidates exceed the vocabulary of {runner.vocab_size} tokens")
+    buf, valid = _left_padded(prompts, P, N, runner.pad_id, getattr(runner, "device", None) or _device_of(model))
+    search = _Search(runner, sampler, buf, valid, P)
+    done = torch.zeros(B, dtype=torch.bool, device=buf.device)
+    lengths, finished, steps = [N] * B, ["length"] * B, 0
     step_logits: list[torch.Tensor] | None = [] if return_logits else None
     step_probs: list[torch.Tensor] | None = [] if return_probs else None
-    steps = 0
     t0 = time.perf_counter()
     with torch.inference_mode():
-        state = runner.new_state(B, P + N)
-        padded = not bool(valid[:, :P].all())
-        logits, hidden = step_with_hidden(runner, buf[:, :P], valid[:, :P] if padded else None, state)
-        context = torch.zeros(B, P + N, hidden.shape[-1], dtype=hidden.dtype, device=device)
-        context[:, :P] = hidden
-        next_logits = logits[:, -1].float()
-        state = expand_state(state, k)
-        groups = torch.arange(B, device=device) * k
+        search.prefill()
         for i in range(N):
-            cur = P + i
             if return_logits:
-                step_logits.append(next_logits.detach().clone())
-            check_logits(next_logits, sampling=False)
-            adjusted = adjust_logits(next_logits, history[:, :cur], cfg, prompt_len=P)
-            probs = torch.softmax(adjusted, dim=-1)
+                step_logits.append(search.next_logits.detach().clone())
+            nxt, probs = search.step(P + i)
             if return_probs:
                 step_probs.append(probs)
-            cand_probs, cand_ids = torch.topk(probs, dim=-1, k=k)
-            out, cand_hidden = step_with_hidden(runner, cand_ids.reshape(-1, 1), None, state)
-            sel = rank_candidates(context[:, :cur], valid[:, :cur], cand_hidden, cand_probs, cfg.penalty_alpha)
-            chosen = groups + sel
-            keep_rows(state, chosen.repeat_interleave(k))
-            nxt = cand_ids[torch.arange(B, device=device), sel]
-            context[:, cur] = cand_hidden[chosen, -1]
-            next_logits = out[chosen, -1].float()
-            if eos_id is not None:
-                nxt = torch.where(done, torch.full_like(nxt, runner.pad_id), nxt)
-            buf[:, cur], valid[:, cur] = nxt, True  # the chosen token is in the cache either way
-            history[:, cur] = torch.where(done, torch.full_like(nxt, -1), nxt)
+            shown = torch.where(done, torch.full_like(nxt, -1), nxt)  # finished rows emit nothing
+            buf[:, P + i], valid[:, P + i] = torch.where(done, runner.pad_id, nxt), True  # in the cache either way
+            search.history[:, P + i] = shown
             steps = i + 1
             if on_token is not None:
-                on_token(i, torch.where(done, torch.full_like(nxt, -1), nxt).tolist())
+                on_token(i, shown.tolist())
             if eos_id is not None:
                 for b in ((nxt == eos_id) & ~done).nonzero().flatten().tolist():
                     lengths[b], finished[b] = i + 1, "eos"
@@ -166,10 +186,10 @@ def contrastive_generate(
         tokens=[row[: min(lengths[b], steps)] for b, row in enumerate(rows)],
         prompt_tokens=[list(map(int, p)) for p in prompts],
         finished=finished,
-        token_forwards=P + steps * k,
+        token_forwards=P + steps * search.k,
         forward_calls=1 + steps,
         mode="contrastive",
-        sampler=cfg.to_dict(),
+        sampler=sampler.to_dict(),
         seconds=time.perf_counter() - t0,
         step_logits=step_logits,
         step_probs=step_probs,
