@@ -68,16 +68,21 @@ def _interleaved(fns: dict, reps: int) -> tuple[dict, dict, dict]:
 
 def generation_rows(model, hf, prompt: list[int], N: int, reps: int) -> dict:
     """Whole-generation timings and per-token overheads (ours vs HF)."""
-    from genprobe.engine.generate import generate
-    from genprobe.engine.sampling import SamplerConfig
     from transformers.generation.utils import GenerationMixin
 
+    from genprobe.engine.generate import generate
+    from genprobe.engine.sampling import SamplerConfig
+
     ids = torch.tensor([prompt])
+
+    def ours(cfg: SamplerConfig | None):
+        return lambda: generate(model, [prompt], N, sampler=cfg).tokens[0]
+
     fns = {
-        "ours_greedy": lambda: generate(model, [prompt], N).tokens[0],
-        "ours_dry": lambda: generate(model, [prompt], N, sampler=SamplerConfig(greedy=True, **DRY)).tokens[0],
-        "ours_rep": lambda: generate(model, [prompt], N, sampler=SamplerConfig(greedy=True, repetition_penalty=REP)).tokens[0],
-        "ours_contrastive": lambda: generate(model, [prompt], N, sampler=SamplerConfig(penalty_alpha=ALPHA, top_k=K)).tokens[0],
+        "ours_greedy": ours(None),
+        "ours_dry": ours(SamplerConfig(greedy=True, **DRY)),
+        "ours_rep": ours(SamplerConfig(greedy=True, repetition_penalty=REP)),
+        "ours_contrastive": ours(SamplerConfig(penalty_alpha=ALPHA, top_k=K)),
         "hf_greedy": _hf_fn(hf, ids, N),
         "hf_rep": _hf_fn(hf, ids, N, repetition_penalty=REP),
     }
@@ -114,8 +119,9 @@ def generation_rows(model, hf, prompt: list[int], N: int, reps: int) -> dict:
 
 def processor_rows(V: int, histories: list[int], reps: int) -> list[dict]:
     """One processor call on a (1, V) row: our DRY and repetition penalty vs HF's repetition penalty."""
-    from genprobe.engine.sampling import SamplerConfig, process_logits
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from genprobe.engine.sampling import SamplerConfig, process_logits
 
     rows = []
     g = torch.Generator().manual_seed(0)
@@ -127,15 +133,16 @@ def processor_rows(V: int, histories: list[int], reps: int) -> list[dict]:
         hist = cycle.repeat(L // 7 + 1)[:L][None, :]  # a 7-token loop: every position repeats
         calls = max(5, 2000 // max(L // 64, 1))
 
-        def timed(fn):
-            return lambda: [fn() for _ in range(calls)]
+        def timed(fn, h=hist, n=calls):
+            return lambda: [fn(h) for _ in range(n)]
 
-        wall, cpu, _ = _interleaved({"ours_dry": timed(lambda: process_logits(z, hist, dry)),
-                                     "ours_rep": timed(lambda: process_logits(z, hist, rep)),
-                                     "hf_rep": timed(lambda: hf_rep(hist, z.clone()))}, reps)
+        wall, cpu, _ = _interleaved({"ours_dry": timed(lambda h: process_logits(z, h, dry)),
+                                     "ours_rep": timed(lambda h: process_logits(z, h, rep)),
+                                     "hf_rep": timed(lambda h: hf_rep(h, z.clone()))}, reps)
         us = {k: 1e6 * v / calls for k, v in wall.items()}
         rows.append({"history": L, "us_per_call": us, "cpu_us_per_call": {k: 1e6 * v / calls for k, v in cpu.items()},
-                     "ours_dry_over_hf_rep": us["ours_dry"] / us["hf_rep"], "ours_rep_over_hf_rep": us["ours_rep"] / us["hf_rep"]})
+                     "ours_dry_over_hf_rep": us["ours_dry"] / us["hf_rep"],
+                     "ours_rep_over_hf_rep": us["ours_rep"] / us["hf_rep"]})
     return rows
 
 
@@ -177,14 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     print("ms/token: " + "  ".join(f"{k} {v:.3f}" for k, v in ms.items()))
     print("overhead ms/token over the engine's greedy: " + "  ".join(f"{k} {fmt(v)}" for k, v in ov.items()))
     print(f"ratios: DRY/greedy (ours) {r['ours_dry_over_ours_greedy']:.2f}x | rep/greedy (HF) "
-          f"{r['hf_rep_over_hf_greedy']:.2f}x | ours DRY vs HF rep-penalty generation {r['ours_dry_time_over_hf_rep_time']:.2f}x | "
-          f"contrastive/greedy (ours) {r['ours_contrastive_over_ours_greedy']:.2f}x | ours/HF contrastive "
+          f"{r['hf_rep_over_hf_greedy']:.2f}x | ours DRY vs HF rep-penalty generation "
+          f"{r['ours_dry_time_over_hf_rep_time']:.2f}x | contrastive/greedy (ours) "
+          f"{r['ours_contrastive_over_ours_greedy']:.2f}x | ours/HF contrastive "
           f"{fmt(r['ours_contrastive_time_over_hf_contrastive_time'])}x")
     print(f"tokens agree with HF: {gen['tokens_agree']}")
     for p in proc:
         u = p["us_per_call"]
-        print(f"processor call, history {p['history']:5d}: ours DRY {u['ours_dry']:8.1f} us | ours rep {u['ours_rep']:6.1f} us | "
-              f"HF rep {u['hf_rep']:6.1f} us | DRY/HF-rep {p['ours_dry_over_hf_rep']:6.1f}x")
+        print(f"processor call, history {p['history']:5d}: ours DRY {u['ours_dry']:8.1f} us | "
+              f"ours rep {u['ours_rep']:6.1f} us | HF rep {u['hf_rep']:6.1f} us | "
+              f"DRY/HF-rep {p['ours_dry_over_hf_rep']:6.1f}x")
     return 0
 
 

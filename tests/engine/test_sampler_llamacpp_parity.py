@@ -67,10 +67,12 @@ def test_min_p_vectors(p, expected):
 def test_xtc_vectors(t, expected):
     """test-sampling.cpp test_xtc (llama_sample_xtc_apply), XTC certain to fire (their seed-0 draw fires at 0.99)."""
     cfg = LLAMA.replace(xtc_probability=1.0, xtc_threshold=t)
-    _check(sampling_probs(_logits([0.4, 0.3, 0.2, 0.1]), None, cfg, generator=torch.Generator().manual_seed(0)), expected)
+    probs = sampling_probs(_logits([0.4, 0.3, 0.2, 0.1]), None, cfg, generator=torch.Generator().manual_seed(0))
+    _check(probs, expected)
 
 
-@pytest.mark.parametrize("probs, expected", [([0.97, 0.01, 0.01, 0.01], [0.97]), ([0.4, 0.2, 0.2, 0.2], [0.2, 0.2, 0.2])])
+@pytest.mark.parametrize("probs, expected", [([0.97, 0.01, 0.01, 0.01], [0.97]),
+                                             ([0.4, 0.2, 0.2, 0.2], [0.2, 0.2, 0.2])])
 def test_typical_vectors(probs, expected):
     """test-sampling.cpp test_typical (llama_sampler_typical_apply)."""
     _check(sampling_probs(_logits(probs), None, LLAMA.replace(typical_p=0.5)), expected)
@@ -127,7 +129,7 @@ _FIELDS = {
 def _config(c: dict) -> SamplerConfig:
     kw: dict = {"dry_sequence_breakers": tuple(tuple(b) for b in c["breakers"])}
     for stage, *values in c["stages"]:
-        kw.update(zip(_FIELDS[stage], values))
+        kw.update(zip(_FIELDS[stage], values, strict=True))
     return LLAMA.replace(**kw)
 
 
@@ -145,7 +147,8 @@ def test_llama_cpp_compiled_vectors(c):
     with np.errstate(over="ignore"):
         out = process_logits(z, hist, _config(c), generator=torch.Generator().manual_seed(0))[0]
     ours = {i: float(out[i]) for i in torch.isfinite(out).nonzero().flatten().tolist()}
-    theirs = {i: _float(v) for i, v in zip(c["expected_ids"], c["expected_logits"]) if not math.isinf(_float(v))}
+    pairs = zip(c["expected_ids"], c["expected_logits"], strict=True)
+    theirs = {i: _float(v) for i, v in pairs if not math.isinf(_float(v))}
     if ours.keys() == theirs.keys():
         assert all(ours[i] == theirs[i] for i in ours), (ours, theirs)
         return

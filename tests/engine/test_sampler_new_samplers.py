@@ -21,7 +21,7 @@ from genprobe.engine.sampling import SamplerConfig, process_logits, sample_next,
 
 # ---- DRY -----------------------------------------------------------------------------------------
 def test_dry_penalty_formula_and_allowed_length():
-    """A candidate extending a repeat of length L loses multiplier·base^(L − allowed_length) (llama_sampler_dry_apply)."""
+    """Extending a repeat of length L costs multiplier·base^(L − allowed_length) (llama_sampler_dry_apply)."""
     ctx = [5, 1, 2, 3, 9, 1, 2, 3]  # "1 2 3" repeats; after its first copy came 9
     pens = dry_penalties(ctx, 0.8, 1.75, 2, -1, {})
     assert set(pens) == {9} and float(pens[9]) == pytest.approx(0.8 * 1.75 ** (3 - 2), rel=1e-7)
@@ -96,7 +96,9 @@ def test_xtc_removes_top_choices_but_the_least_likely_and_is_reproducible():
     off = SamplerConfig(xtc_probability=1.0, xtc_threshold=0.51)  # above 0.5: off
     assert torch.isfinite(process_logits(z, None, off, generator=torch.Generator())).all()
     cfg = SamplerConfig(xtc_probability=0.5, xtc_threshold=0.15)
-    draws = lambda seed: sample_next(z.repeat(64, 1), None, cfg, torch.Generator().manual_seed(seed)).tolist()
+    def draws(seed: int) -> list[int]:
+        return sample_next(z.repeat(64, 1), None, cfg, torch.Generator().manual_seed(seed)).tolist()
+
     assert draws(1) == draws(1) and draws(1) != draws(2)
     frac = sum(d in (0, 1) for d in draws(3)) / 64  # top choices survive only when XTC does not fire
     assert 0.1 < frac < 0.6

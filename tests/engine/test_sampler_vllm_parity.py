@@ -71,7 +71,8 @@ def test_vllm_penalty_scopes():
     """Repetition: prompt ∪ output. Frequency/presence: output only (prompt = first 3 history columns)."""
     hist = torch.tensor([[2, 2, 0, 2, 3, 3]])
     z = torch.full((1, 5), 2.0)
-    cfg = SamplerConfig(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25, greedy=True, engine="vllm")
+    cfg = SamplerConfig(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25, greedy=True,
+                        engine="vllm")
     out = process_logits(z, hist, cfg, prompt_len=3)[0].tolist()
     # id 0: prompt only → 2/2 = 1; id 2: 2/2 − 0.5·1 − 0.25 = 0.25; id 3: 1 − 0.5·2 − 0.25 = −0.25
     assert out == [1.0, 2.0, 0.25, -0.25, 2.0]
@@ -91,7 +92,7 @@ def test_vllm_top_k_keeps_ties_and_min_p_runs_before_top_p():
 # ---- against vLLM itself, when installed ------------------------------------------------------
 def _vllm_top_k_top_p():
     ops = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
-    fn = getattr(ops, "apply_top_k_top_p_pytorch", None) or getattr(ops, "apply_top_k_top_p")
+    fn = getattr(ops, "apply_top_k_top_p_pytorch", None) or ops.apply_top_k_top_p
     return fn
 
 
@@ -119,6 +120,7 @@ def test_penalties_equal_vllm_itself():
         prompt, output = torch.randint(0, 12, (2, 5), generator=g), torch.randint(0, 12, (2, 4), generator=g)
         theirs = utils.apply_penalties(z.clone(), prompt, output, torch.full((2,), 0.3), torch.full((2,), 0.2),
                                        torch.full((2,), 1.3))
-        cfg = SamplerConfig(repetition_penalty=1.3, presence_penalty=0.3, frequency_penalty=0.2, greedy=True, engine="vllm")
+        cfg = SamplerConfig(repetition_penalty=1.3, presence_penalty=0.3, frequency_penalty=0.2, greedy=True,
+                            engine="vllm")
         ours = process_logits(z, torch.cat([prompt, output], 1), cfg, prompt_len=5)
         assert torch.allclose(ours, theirs, atol=0, rtol=0)

@@ -29,7 +29,8 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
                    "(llama.cpp: τ 0.8, top-k 40, top-p 0.95, min-p 0.05; hf: top-k 50); other flags override")
     g.add_argument("--greedy", action="store_true", help="argmax decoding (bans, penalties and DRY still apply)")
     g.add_argument("--temperature", type=float, help="divide logits by T > 0 (default 1)")
-    g.add_argument("--top-k", type=int, help="keep the K most likely tokens (0 = off); with --penalty-alpha: candidates")
+    g.add_argument("--top-k", type=int,
+                   help="keep the K most likely tokens (0 = off); with --penalty-alpha: candidates")
     g.add_argument("--top-p", type=float, help="nucleus: smallest set whose mass reaches P (1 = off)")
     g.add_argument("--min-p", type=float, help="keep tokens with p >= M * p_max (0 = off)")
     g.add_argument("--typical-p", type=float, help="locally typical sampling mass (1 = off; HF semantics)")

@@ -30,7 +30,9 @@ from .samplers.chain import adjust_logits, check_logits
 from .samplers.config import SamplerConfig
 
 
-def step_with_hidden(runner: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def step_with_hidden(
+    runner: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cached forward → (logits (B, T, V), last hidden state after the final norm (B, T, d))."""
     if hasattr(runner, "step_with_hidden"):
         return runner.step_with_hidden(ids, valid, state)
@@ -89,7 +91,7 @@ def rank_candidates(
 
 
 class _Search:
-    """One contrastive search over a left-padded batch: the cache state, the context's hidden states, the next logits."""
+    """One contrastive search over a left-padded batch: cache state, context hidden states, next logits."""
 
     def __init__(self, runner: Any, cfg: SamplerConfig, buf: torch.Tensor, valid: torch.Tensor, P: int):
         self.runner, self.cfg, self.buf, self.valid, self.P = runner, cfg, buf, valid, P
@@ -115,7 +117,8 @@ class _Search:
         probs = torch.softmax(adjusted, dim=-1)
         cand_probs, cand_ids = torch.topk(probs, dim=-1, k=self.k)
         out, cand_hidden = step_with_hidden(self.runner, cand_ids.reshape(-1, 1), None, self.state)
-        sel = rank_candidates(self.context[:, :cur], self.valid[:, :cur], cand_hidden, cand_probs, self.cfg.penalty_alpha)
+        alpha = self.cfg.penalty_alpha
+        sel = rank_candidates(self.context[:, :cur], self.valid[:, :cur], cand_hidden, cand_probs, alpha)
         chosen = self.groups + sel
         keep_rows(self.state, chosen.repeat_interleave(self.k))
         self.context[:, cur] = cand_hidden[chosen, -1]
@@ -123,7 +126,9 @@ class _Search:
         return cand_ids[torch.arange(len(sel), device=sel.device), sel], probs
 
 
-def _left_padded(prompts: Sequence[Sequence[int]], P: int, N: int, pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _left_padded(
+    prompts: Sequence[Sequence[int]], P: int, N: int, pad_id: int, device: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token buffer (B, P+N) and key validity of left-padded prompts (padding invalid)."""
     buf = torch.full((len(prompts), P + N), pad_id, dtype=torch.long, device=device)
     valid = torch.zeros((len(prompts), P + N), dtype=torch.bool, device=device)

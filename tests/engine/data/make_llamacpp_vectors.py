@@ -63,7 +63,8 @@ def build_cases() -> list[dict]:
     for i in range(30):
         hist = [int(t) for t in rng.integers(0, 10, int(rng.integers(1, 15)))]
         z = tie_logits(rng, 10)
-        st = ("penalties", int(rng.integers(1, 10)), [1.3, 0.8, 2.0][i % 3], [0.0, 0.5][i % 2], [0.0, 0.3][(i // 2) % 2])
+        st = ("penalties", int(rng.integers(1, 10)), [1.3, 0.8, 2.0][i % 3], [0.0, 0.5][i % 2],
+              [0.0, 0.3][(i // 2) % 2])
         cases.append(case(f"penalties_{i}", z, [st], history=hist))
     cases += dry_cases(rng)
     for i in range(20):  # llama.cpp's default order with its preset values, plus penalties and DRY

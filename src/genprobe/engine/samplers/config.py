@@ -72,7 +72,8 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ban_ids", tuple(int(i) for i in self.ban_ids))
-        object.__setattr__(self, "dry_sequence_breakers", tuple(tuple(int(t) for t in s) for s in self.dry_sequence_breakers))
+        breakers = tuple(tuple(int(t) for t in s) for s in self.dry_sequence_breakers)
+        object.__setattr__(self, "dry_sequence_breakers", breakers)
         if self.engine is None:
             object.__setattr__(self, "engine", self.order if self.order in ENGINES else "genprobe")
         _check_choices(self)
@@ -226,8 +227,9 @@ def _check_contrastive(c: SamplerConfig) -> None:
         raise ValueError(f"penalty_alpha > 0 (contrastive search) needs top_k >= 2 candidates, got top_k={c.top_k!r}")
     if c.greedy:
         raise ValueError("penalty_alpha > 0 is contrastive search, its own deterministic mode: do not also set greedy")
-    ignored = [n for n, off in (("temperature", c.temperature == 1.0), ("top_p", c.top_p in (None, 1.0)),
-                                ("min_p", not c.min_p), ("typical_p", c.typical_p in (None, 1.0)),
-                                ("top_n_sigma", not c.top_n_sigma), ("xtc_probability", not c.xtc_probability)) if not off]
+    off = {"temperature": c.temperature == 1.0, "top_p": c.top_p in (None, 1.0), "min_p": not c.min_p,
+           "typical_p": c.typical_p in (None, 1.0), "top_n_sigma": not c.top_n_sigma,
+           "xtc_probability": not c.xtc_probability}
+    ignored = [name for name, is_off in off.items() if not is_off]
     if ignored:
         raise ValueError(f"contrastive search (penalty_alpha > 0) does not sample: unset {', '.join(ignored)}")

@@ -128,7 +128,7 @@ def apply_dry(logits: torch.Tensor, history: torch.Tensor, cfg) -> torch.Tensor:
 def breakers_from_strings(
     strings: Iterable[str], vocab_size: int, token_text: Callable[[int], str], encode: Callable[[str], list[int]]
 ) -> tuple[tuple[int, ...], ...]:
-    """Token sequences ``(head, *tail)`` for breaker strings, as llama.cpp's get_overlapping_token_sequences builds them."""
+    """Token sequences ``(head, *tail)`` for breaker strings (llama.cpp's get_overlapping_token_sequences)."""
     seqs: list[tuple[int, ...]] = []
     for s in strings:
         if not s:

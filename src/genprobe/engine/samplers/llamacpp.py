@@ -18,6 +18,8 @@ surprisal NaN, the sort keeps the probability order and typical-p cuts like a to
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -129,7 +131,9 @@ def temperature(c: Candidates, t: float) -> None:
     c.logit = (c.logit / F32(t)).astype(F32)
 
 
-def apply_llama_cpp_stages(logits: torch.Tensor, stages: tuple[str, ...], cfg, draws: torch.Tensor | None) -> torch.Tensor:
+def apply_llama_cpp_stages(
+    logits: torch.Tensor, stages: tuple[str, ...], cfg: Any, draws: torch.Tensor | None
+) -> torch.Tensor:
     """Run ``stages`` row by row on candidate arrays; removed tokens come back as ``-inf``."""
     out = torch.full_like(logits, float("-inf"))
     for b, row in enumerate(logits.detach().float().cpu().numpy()):

@@ -58,7 +58,9 @@ def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalt
     return ext.scatter(1, idx, x)[:, :V]
 
 
-def apply_presence_frequency(logits: torch.Tensor, counts: torch.Tensor, presence: float, frequency: float) -> torch.Tensor:
+def apply_presence_frequency(
+    logits: torch.Tensor, counts: torch.Tensor, presence: float, frequency: float
+) -> torch.Tensor:
     """OpenAI/vLLM: subtract ``frequency * count + presence * 1[count > 0]``."""
     logits = logits - frequency * counts.to(logits.dtype)
     return logits - presence * (counts > 0).to(logits.dtype)

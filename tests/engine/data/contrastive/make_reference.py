@@ -48,7 +48,7 @@ gen_utils._ranking_fast = _recording_ranking
 def _scaled(model: torch.nn.Module, std: float) -> torch.nn.Module:
     """Larger random weights than the default init, so next-token distributions are not flat."""
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, std)
     return model.eval()
@@ -107,7 +107,8 @@ def main() -> None:
             raise SystemExit(f"case {case} is decided by a margin of {min(margins):.2e}: pick another")
         results.append({**case, "tokens": tokens, "min_margin": min(margins)})
     ref = {
-        "reference": f"transformers {transformers.__version__} GenerationMixin._contrastive_search (torch {torch.__version__})",
+        "reference": f"transformers {transformers.__version__} GenerationMixin._contrastive_search "
+                     f"(torch {torch.__version__})",
         "cases": results,
     }
     lines = ",\n".join("  " + json.dumps(c) for c in results)
