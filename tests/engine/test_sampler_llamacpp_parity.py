@@ -6,8 +6,9 @@ give the probabilities left after one sampler for logits = logf(probs). Part 2 h
 produced by compiling llama.cpp's src/llama-sampler.cpp (ggml-org/llama.cpp, commit d1b67c94,
 2026-05-30) and calling its public samplers (llama_sampler_init_top_k / _top_p / _min_p / _typical /
 _top_n_sigma / _xtc / _penalties and llama_sampler_init_dry_testing) on logits with ties, -inf
-entries and exactly-hit thresholds — see ``data/llamacpp_vectors.json`` and the harness that wrote
-it, ``data/llamacpp_harness.cpp``.
+entries and exactly-hit thresholds, recorded once as data in ``data/llamacpp_vectors.json`` (each case:
+logits, history, breakers, the stage list, and the candidates llama.cpp left in its array, in order).
+No llama.cpp code or build recipe is kept in this repository: the vectors are its observed behaviour.
 """
 
 from __future__ import annotations
