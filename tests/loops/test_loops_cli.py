@@ -227,3 +227,12 @@ def test_cli_scan_prompts_given_on_the_command_line_or_tang_explicitly(hf_dir, c
     assert main(["loops", "scan", str(hf_dir), "--tang-prompts", "--n", "3", "--max-new-tokens", "16",
                  "--setting", "greedy", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["prompt_source"] == "tang-heldout-openings"
+
+
+def test_cli_scan_sample_setting_uses_the_shared_sampler_flags(hf_dir, capsys):
+    assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "--setting", "sample", "--temperature", "0.8",
+                 "--top-p", "0.9", "--max-new-tokens", "16", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)["scans"]["sample"]["settings"]
+    assert s["sampler"]["temperature"] == 0.8 and s["sampler"]["top_p"] == 0.9 and s["eos_banned"]
+    assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "--setting", "sample", "--top-p", "1.5"]) == 2
+    assert "top_p" in capsys.readouterr().err  # validated by the shared sampler config

@@ -23,6 +23,7 @@ from ._common import (
     model_path,
     read_prompts,
 )
+from ._sampler_args import add_sampler_arguments, sampler_from_args
 
 DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
 
@@ -93,11 +94,9 @@ def _register_scan(lsub: Any) -> None:
     _data_args(s, with_val=False)
     s.add_argument("--n", type=int, default=256, help="number of Tang openings with --tang-prompts (default 256)")
     s.add_argument("--setting", choices=("both", "chanting", "greedy", "sample"), default="both",
-                   help="both = chanting (greedy, <unk> banned) and plain greedy; sample = --temperature/--top-k/--top-p")
-    s.add_argument("--temperature", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=None)
-    s.add_argument("--top-p", type=float, default=None)
-    s.add_argument("--ban-unk", action="store_true", help="with --setting sample: ban <unk>")
+                   help="both = chanting (greedy, <unk> banned) and plain greedy; sample = the sampler flags below "
+                   "(the end-of-text token is banned in every setting)")
+    add_sampler_arguments(s)
     s.add_argument("--out", type=Path, default=None, help="write the full scan (with per-generation records) as JSON")
     s.set_defaults(func=run_scan)
 
@@ -244,17 +243,15 @@ def _inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...
 
 # ---- scan -----------------------------------------------------------------------------------
 def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
-    from ..engine.sampling import SamplerConfig
     from ..loops.scan import chanting_sampler, greedy_sampler
 
     unk = model.unk_id
-    sample = SamplerConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                           ban_ids=(unk,) if args.ban_unk and unk is not None else ())
+    if args.setting == "sample":
+        return {"sample": sampler_from_args(args, model.tokenizer)}
     return {
         "both": {"chanting": chanting_sampler(unk), "greedy": greedy_sampler()},
         "chanting": {"chanting": chanting_sampler(unk)},
         "greedy": {"greedy": greedy_sampler()},
-        "sample": {"sample": sample},
     }[args.setting]
 
 
