@@ -120,10 +120,18 @@ def _decoder(tokenizer: Any) -> Callable[[list[int]], str]:
 
 
 def encode_quiet(tokenizer: Any, text: str) -> list[int]:
-    """Encode without the char tokenizer's unknown-character warning (callers report coverage themselves)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return list(tokenizer.encode(text))
+    """Encode without the char tokenizer's unknown-character warning (callers report coverage themselves) and
+    without transformers' "longer than the maximum sequence length" notice (long texts are cut into windows)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return list(tokenizer.encode(text))
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 class LoopStudy:
