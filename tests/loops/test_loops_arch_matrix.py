@@ -65,8 +65,8 @@ def _save(arch: str, d):
 def _patch(module):
     sites = mlp_sites(module)
     torch.manual_seed(1)
-    dirs = {l: torch.randn(s.d_model) for l, s in enumerate(sites)}
-    units = {l: torch.rand(s.d_ff) for l, s in enumerate(sites)}
+    dirs = {layer: torch.randn(s.d_model) for layer, s in enumerate(sites)}
+    units = {layer: torch.rand(s.d_ff) for layer, s in enumerate(sites)}
     return finalise(module, make_patch(module, EditSpec((0, 1), 4, "project", 1.0), dirs, units))
 
 

@@ -35,9 +35,9 @@ def hf_dir(tmp_path):
     tok.train_from_iterator([POEM] * 5, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     fast = T.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    cfg = T.Qwen2Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=128, eos_token_id=fast.eos_token_id,
-                        bos_token_id=None, pad_token_id=None)
+    cfg = T.Qwen2Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                        eos_token_id=fast.eos_token_id, bos_token_id=None, pad_token_id=None)
     torch.manual_seed(0)
     d = tmp_path / "qwen"
     T.Qwen2ForCausalLM(cfg).save_pretrained(d)
@@ -131,9 +131,10 @@ def test_repair_apply_revert_on_a_transformers_dir(hf_dir, prompt_file, tmp_path
     directory that from_pretrained loads, revert it to the original file bit for bit."""
     val = tmp_path / "val.txt"
     val.write_text(POEM * 8, encoding="utf-8")
-    rc = main(["loops", "repair", str(hf_dir), "--prompts", str(prompt_file), "--val-text", str(val), "--val-window", "32",
-               "--out", str(tmp_path / "r"), "--max-new-tokens", "24", "--ks", "4", "--subtract-alphas", "0.5", "1",
-               "--project-alphas", "1", "--max-kl", "10", "--max-dloss", "10", "--json"])
+    rc = main(["loops", "repair", str(hf_dir), "--prompts", str(prompt_file), "--val-text", str(val),
+               "--val-window", "32", "--out", str(tmp_path / "r"), "--max-new-tokens", "24", "--ks", "4",
+               "--subtract-alphas", "0.5", "1", "--project-alphas", "1", "--max-kl", "10", "--max-dloss", "10",
+               "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     rep = json.loads((tmp_path / "r" / "repair.json").read_text(encoding="utf-8"))
@@ -149,7 +150,8 @@ def test_repair_apply_revert_on_a_transformers_dir(hf_dir, prompt_file, tmp_path
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "patched", local_files_only=True)  # loads as a plain HF dir
     assert load_model(tmp_path / "patched").state_sha256() == applied["state_sha256"] == out["patch"]["sha256_after"]
-    assert main(["loops", "revert", str(tmp_path / "patched"), str(patch_json), "--out", str(tmp_path / "back"), "--json"]) == 0
+    assert main(["loops", "revert", str(tmp_path / "patched"), str(patch_json), "--out", str(tmp_path / "back"),
+                 "--json"]) == 0
     back = json.loads(capsys.readouterr().out)
     assert back["matches_original"] is True and back["state_sha256"] == out["patch"]["sha256_before"]
     assert sha256_file(tmp_path / "back" / "model.safetensors") == sha256_file(hf_dir / "model.safetensors")
@@ -170,7 +172,8 @@ def test_cli_apply_revert_roundtrip_and_refusal(tiny_cfg, corpus, tmp_path, caps
     units = {0: torch.rand(64), 1: torch.rand(64)}
     patch = finalise(model, make_patch(model, EditSpec((0, 1), 5, "project", 1.0), dirs, units))
     save_patch(patch, tmp_path / "p")
-    assert main(["loops", "apply", str(tmp_path / "orig"), str(tmp_path / "p.json"), "--out", str(tmp_path / "new"), "--json"]) == 0
+    assert main(["loops", "apply", str(tmp_path / "orig"), str(tmp_path / "p.json"), "--out", str(tmp_path / "new"),
+                 "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["state_sha256"] == patch.meta["sha256_after"]
     m2, _, meta = load_checkpoint(tmp_path / "new")
@@ -179,7 +182,8 @@ def test_cli_apply_revert_roundtrip_and_refusal(tiny_cfg, corpus, tmp_path, caps
     assert main(["loops", "apply", str(tmp_path / "new"), str(tmp_path / "p.json"), "--in-place"]) == 2
     err = capsys.readouterr().err
     assert patch.meta["sha256_before"] in err and patch.meta["sha256_after"] in err
-    assert main(["loops", "revert", str(tmp_path / "new"), str(tmp_path / "p.json"), "--out", str(tmp_path / "back")]) == 0
+    assert main(["loops", "revert", str(tmp_path / "new"), str(tmp_path / "p.json"), "--out",
+                 str(tmp_path / "back")]) == 0
     m3, _, _ = load_checkpoint(tmp_path / "back")
     assert state_sha256(m3) == state_sha256(model) == patch.meta["sha256_before"]
     assert sha256_file(tmp_path / "back" / "model.safetensors") == sha256_file(tmp_path / "orig" / "model.safetensors")

@@ -1,5 +1,7 @@
 """Hooks capture the right tensors and never leak; edit formulas; apply/revert exact; wrong model refused."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,8 +23,6 @@ from genprobe.loops import (
     select_columns,
     state_sha256,
 )
-from dataclasses import replace
-
 from genprobe.loops.arch import all_columns, forward_logits
 from genprobe.metrics import measure_loops
 
@@ -81,7 +81,8 @@ def test_capture_matches_manual_computation_and_leaves_no_hook(any_model):
     sites = mlp_sites(any_model)
     assert [s.layer for s in sites] == [0, 1]
     mlp_in = {}
-    pre = [s.mlp.register_forward_pre_hook(lambda m, i, l=s.layer: mlp_in.__setitem__(l, i[0].detach())) for s in sites]
+    pre = [s.mlp.register_forward_pre_hook(lambda m, i, layer=s.layer: mlp_in.__setitem__(layer, i[0].detach()))
+           for s in sites]
     try:
         with torch.no_grad(), capture(any_model, kinds=("mlp_out", "resid", "units")) as cap:
             logits = forward_logits(any_model, ids)
@@ -157,8 +158,8 @@ def test_select_columns_top_k():
 def _patch_for(model, form="subtract", k=4, layers=(0, 1)):
     sites = mlp_sites(model)
     torch.manual_seed(1)
-    dirs = {l: torch.randn(sites[l].d_model) for l in layers}
-    units = {l: torch.rand(sites[l].d_ff) for l in layers}
+    dirs = {layer: torch.randn(sites[layer].d_model) for layer in layers}
+    units = {layer: torch.rand(sites[layer].d_ff) for layer in layers}
     return finalise(model, make_patch(model, EditSpec(tuple(layers), k, form, 0.3), dirs, units))
 
 

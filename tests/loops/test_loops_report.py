@@ -22,9 +22,11 @@ def _report(with_edit: bool) -> dict:
         "validation": None, "patch": None,
     }
     if with_edit:
-        before, after = _rates(["ab" * 20, "春江潮水連海平" * 3]), _rates(["abcdefghijklmnopqrstuvwxyz", "春江潮水連海平"])
+        before = _rates(["ab" * 20, "春江潮水連海平" * 3])
+        after = _rates(["abcdefghijklmnopqrstuvwxyz", "春江潮水連海平"])
         rep.update(verdict="edit passed the limits", search=dict(rep["search"], chosen=cands[0]),
-                   patch={"edit": {"layers": [0]}, "weights_changed": 128, "total_parameters": 1000, "fraction_changed": 0.128},
+                   patch={"edit": {"layers": [0]}, "weights_changed": 128, "total_parameters": 1000,
+                          "fraction_changed": 0.128},
                    validation={"before": before, "after": after, "loop_prone_before": before, "loop_prone_after": after,
                                "regression": {"kl": 0.01, "dloss": 0.001, "loss": 4.0, "base_loss": 4.0},
                                "new_loops": 0, "new_exact_loops": 0,
@@ -55,5 +57,5 @@ def test_summary_with_an_edit_escapes_text_and_shows_every_measure(tmp_path):
 def test_rate_rows_carry_cis_for_rates():
     rows = rate_rows(_rates(["ab" * 20]), _rates(["abcdefghij" * 2]))
     first = rows[0]
-    assert first["label"].startswith("exact loop rate") and "[" in first["before"] and first["before"].startswith("100.0%")
+    assert first["label"].startswith("exact loop rate") and first["before"].startswith("100.0% [")
     assert any(r["strong"] and r["label"].startswith("degenerate") for r in rows)

@@ -13,7 +13,8 @@ from genprobe.loops.scan import GenerationRecord, scan_loops, summarise
 from genprobe.loops.search import Candidate, Limits, Objective, Strata, choose, grid, run_search
 from genprobe.metrics import LoopSettings, detect_loop, measure_loops
 
-PROSE = "春江潮水連海平海上明月共潮生灩灩隨波千萬里何處春江無月明江流宛轉遶芳甸月照花林皆似霰空裏流霜不覺飛汀上白沙看不見"
+PROSE = ("春江潮水連海平海上明月共潮生灩灩隨波千萬里何處春江無月明"
+         "江流宛轉遶芳甸月照花林皆似霰空裏流霜不覺飛汀上白沙看不見")
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +35,7 @@ def _looping(unit: str, start: int) -> list[str]:
 
 
 def _substitute_one_per_cycle(gen: list[str], period: int, onset: int) -> list[str]:
-    """The gamed 'edit': in every cycle of the loop, one token (a different phase each cycle) becomes a new character."""
+    """The gamed 'edit': in every cycle of the loop one token (another phase each cycle) becomes a new character."""
     out = list(gen)
     for k, start in enumerate(range(onset, len(out), period)):
         i = start + k % period
@@ -106,19 +107,19 @@ def test_shifting_the_unit_every_cycle_is_not_rewarded_either():
 
 
 def test_gamed_edit_loses_inside_run_search(tiny_model):
-    """The same through run_search: a candidate's evaluation returns the objective of the generations its edit yields."""
+    """The same through run_search: a candidate's evaluation is the objective of the generations its edit yields."""
     sites = mlp_sites(tiny_model)
     torch.manual_seed(0)
-    dirs = {l: torch.randn(s.d_model) for l, s in enumerate(sites)}
-    units = {l: torch.rand(s.d_ff) for l, s in enumerate(sites)}
-    w0 = {l: s.down.weight.detach().clone() for l, s in enumerate(sites)}
+    dirs = {layer: torch.randn(s.d_model) for layer, s in enumerate(sites)}
+    units = {layer: torch.rand(s.d_ff) for layer, s in enumerate(sites)}
+    w0 = {layer: s.down.weight.detach().clone() for layer, s in enumerate(sites)}
     prone = [_looping(u, i) for i, u in enumerate(LOOP_UNITS)]
     control = _measures([_fixed(3 * i) for i in range(5)])
     strata = Strata(5, 5, 10, 90)
     disguised = [_substitute_one_per_cycle(g, detect_loop(g).period, detect_loop(g).onset) for g in prone]
 
     def evaluate(m):
-        edited = [l for l, s in enumerate(sites) if not torch.equal(s.down.weight, w0[l])]
+        edited = [layer for layer, s in enumerate(sites) if not torch.equal(s.down.weight, w0[layer])]
         # an edit of layer 0 only disguises the chants; an edit of layer 1 really breaks two of them
         gens = disguised if edited == [0] else [_fixed(40), _fixed(41)] + prone[2:]
         return Regression(0.01, 4.0, 4.0, 0.0), strata.objective(_measures(gens), control)
@@ -132,7 +133,8 @@ def test_gamed_edit_loses_inside_run_search(tiny_model):
 
 def _cand(any_rate, kl, dloss, changed=100, exact=None, tag=""):
     obj = None if any_rate is None else Objective(any_rate, any_rate, any_rate if exact is None else exact, 0.0, 0, 0)
-    return Candidate(EditSpec((0,), 4, "subtract", 1.0), Regression(kl, 4.0, 4.0, dloss), obj, changed, error=tag or None)
+    reg = Regression(kl, 4.0, 4.0, dloss)
+    return Candidate(EditSpec((0,), 4, "subtract", 1.0), reg, obj, changed, error=tag or None)
 
 
 def test_choose_best_admissible_and_limits():
@@ -166,7 +168,8 @@ def test_strata_weights_and_validation():
 
 
 def test_grid_size_and_validation():
-    specs = grid([(0,), (1,), (0, 1)], [8, 32], ["subtract", "project"], {"subtract": [1, 2, 3, 4, 5], "project": [.1, .2, .3, .4, .5]})
+    alphas = {"subtract": [1, 2, 3, 4, 5], "project": [.1, .2, .3, .4, .5]}
+    specs = grid([(0,), (1,), (0, 1)], [8, 32], ["subtract", "project"], alphas)
     assert len(specs) == 3 * 2 * 2 * 5
     with pytest.raises(ValueError, match="no alpha grid"):
         grid([(0,)], [8], ["project"], {"subtract": [1.0]})
@@ -177,8 +180,8 @@ def test_grid_size_and_validation():
 def test_run_search_restores_model_and_reports_unbuildable(tiny_model):
     sites = mlp_sites(tiny_model)
     torch.manual_seed(0)
-    dirs = {l: torch.randn(s.d_model) for l, s in enumerate(sites)}
-    units = {l: torch.rand(s.d_ff) for l, s in enumerate(sites)}
+    dirs = {layer: torch.randn(s.d_model) for layer, s in enumerate(sites)}
+    units = {layer: torch.rand(s.d_ff) for layer, s in enumerate(sites)}
     before = state_sha256(tiny_model)
     seen = []
 

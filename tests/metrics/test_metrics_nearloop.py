@@ -3,7 +3,8 @@
 from collections import Counter
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from genprobe.metrics import (
     LoopSettings,

@@ -54,7 +54,8 @@ def _model_args(q: argparse.ArgumentParser) -> None:
                    help=f"a genprobe checkpoint or a transformers model directory (default {DEFAULT_MODEL})")
     add_model_aliases(q, "--ckpt")
     add_max_new_tokens(q, d.max_new_tokens, "--new-tokens")
-    q.add_argument("--batch-size", type=int, default=d.batch_size, help=f"prompts per generation batch (default {d.batch_size})")
+    q.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help=f"prompts per generation batch (default {d.batch_size})")
     q.add_argument("--seed", type=int, default=d.seed, help="sampling seed (default 0)")
     q.add_argument("--min-tail", type=int, default=d.loop.min_tail,
                    help=f"exact loop: minimal periodic tail in tokens (default {d.loop.min_tail})")
@@ -105,7 +106,8 @@ def _register_locate(lsub: Any) -> None:
     from ..loops.repair import RepairConfig
 
     d = RepairConfig()
-    lo = lsub.add_parser("locate", help="loop direction per layer and the loop rate with each layer's direction ablated")
+    lo = lsub.add_parser("locate",
+                         help="loop direction per layer and the loop rate with each layer's direction ablated")
     _model_args(lo)
     _data_args(lo, with_val=True)
     lo.add_argument("--n", type=int, default=d.n_direction, help=f"direction-set prompts (default {d.n_direction})")
@@ -121,13 +123,17 @@ def _register_repair(lsub: Any) -> None:
     r = lsub.add_parser("repair", help="full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch")
     _model_args(r)
     _data_args(r, with_val=True)
-    r.add_argument("--out", type=Path, required=True, help="directory for repair.json, patch.*, repair.html, repair.png")
+    r.add_argument("--out", type=Path, required=True,
+                   help="directory for repair.json, patch.*, repair.html, repair.png")
     r.add_argument("--n-direction", type=int, default=d.n_direction)
     r.add_argument("--n-search", type=int, default=d.n_search)
     r.add_argument("--n-validate", type=int, default=d.n_validate)
-    r.add_argument("--search-prone", type=int, default=d.search_prone, help="loop-prone prompts per candidate evaluation")
-    r.add_argument("--search-control", type=int, default=d.search_control, help="non-looping control prompts per candidate")
-    r.add_argument("--ks", type=int, nargs="+", default=list(d.ks), help=f"columns per layer to try (default {list(d.ks)})")
+    r.add_argument("--search-prone", type=int, default=d.search_prone,
+                   help="loop-prone prompts per candidate evaluation")
+    r.add_argument("--search-control", type=int, default=d.search_control,
+                   help="non-looping control prompts per candidate")
+    r.add_argument("--ks", type=int, nargs="+", default=list(d.ks),
+                   help=f"columns per layer to try (default {list(d.ks)})")
     r.add_argument("--subtract-alphas", type=float, nargs="+", default=list(d.subtract_alphas),
                    help="relative strengths for W[:,c] -= α·d (1 = remove the mean loop gap)")
     r.add_argument("--project-alphas", type=float, nargs="+", default=list(d.project_alphas),
@@ -135,7 +141,8 @@ def _register_repair(lsub: Any) -> None:
     r.add_argument("--forms", nargs="+", choices=("subtract", "project"), default=list(d.forms))
     r.add_argument("--method", choices=("mean_diff", "pca"), default=d.method)
     r.add_argument("--max-kl", type=float, default=d.max_kl, help="KL(base‖edited) limit, nats (default 0.1)")
-    r.add_argument("--max-dloss", type=float, default=d.max_dloss, help="validation-loss increase limit, nats (default 0.02)")
+    r.add_argument("--max-dloss", type=float, default=d.max_dloss,
+                   help="validation-loss increase limit, nats (default 0.02)")
     r.set_defaults(func=run_repair)
 
 
@@ -216,14 +223,16 @@ def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
 def _loop_settings(args: argparse.Namespace) -> Any:
     from ..metrics import LoopSettings
 
-    return LoopSettings(args.min_tail, args.near_window, args.near_max_period, args.near_min_match, args.min_compression)
+    return LoopSettings(args.min_tail, args.near_window, args.near_max_period, args.near_min_match,
+                        args.min_compression)
 
 
 def _repair_cfg(args: argparse.Namespace, **over: Any) -> Any:
     from ..loops.repair import RepairConfig
 
     return RepairConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
-                        prefix_chars=args.prefix, loop=_loop_settings(args), val_window=getattr(args, "val_window", None),
+                        prefix_chars=args.prefix, loop=_loop_settings(args),
+                        val_window=getattr(args, "val_window", None),
                         **over)
 
 
@@ -279,9 +288,11 @@ def run_scan(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         res = study.scan(ids, texts, sampler=sampler, desc=name)
         info(scan_table(res.summary, f"{name} ({time.perf_counter() - t0:.1f} s)"))
-        examples = [{"prompt": r.prompt, "text": r.text, "period": r.measures.period, "near_period": r.measures.near_period,
-                     "near_match": r.measures.near_match, "unit_text": r.unit_text} for r in res.records[:5]]
-        out["scans"][name] = {"settings": res.settings.to_dict(), "summary": res.summary.to_dict(), "examples": examples}
+        examples = [{"prompt": r.prompt, "text": r.text, "period": r.measures.period,
+                     "near_period": r.measures.near_period, "near_match": r.measures.near_match,
+                     "degenerate": r.degenerate, "unit_text": r.unit_text} for r in res.records[:5]]
+        out["scans"][name] = {"settings": res.settings.to_dict(), "summary": res.summary.to_dict(),
+                              "examples": examples}
         full["scans"][name] = res.to_dict()
     if args.out:
         atomic_write_json(args.out, full)
@@ -316,7 +327,8 @@ def run_locate(args: argparse.Namespace) -> int:
 def _check_repair_args(args: argparse.Namespace) -> None:
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} exists and is not a directory")
-    for name, vals in (("--ks", args.ks), ("--subtract-alphas", args.subtract_alphas), ("--project-alphas", args.project_alphas)):
+    grids = (("--ks", args.ks), ("--subtract-alphas", args.subtract_alphas), ("--project-alphas", args.project_alphas))
+    for name, vals in grids:
         if any(x <= 0 for x in vals):
             raise ValueError(f"{name} values must be > 0, got {vals}")
 
@@ -352,8 +364,8 @@ def run_repair(args: argparse.Namespace) -> int:
     info(f"verdict: {report.verdict} ({data['wall_seconds']} s); wrote {args.out}")
     _print_validation(report)
     if args.json:
-        keys = ("verdict", "end_token", "inputs", "baseline", "locate", "validation", "patch", "timings_s", "wall_seconds",
-                "files")
+        keys = ("verdict", "end_token", "inputs", "baseline", "locate", "validation", "patch", "timings_s",
+                "wall_seconds", "files")
         emit_json({k: data[k] for k in keys} | {"chosen": data["search"]["chosen"]})
     return 0
 
@@ -380,7 +392,8 @@ def _write_ckpt(args: argparse.Namespace, model: Any, note: dict) -> Path:
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} exists and is not a directory")
         if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
-            raise ValueError(f"--out {out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it")
+            raise ValueError(f"--out {out} is a non-empty directory that is not a genprobe checkpoint; "
+                             "refusing to write into it")
     summary = dict(model.meta.get("summary", {}))
     summary.pop("loop_patch", None)
     if note:
@@ -409,8 +422,8 @@ def _apply_or_revert(args: argparse.Namespace, revert: bool) -> int:
     else:
         out = src if args.in_place else args.out
         r = (revert_dir if revert else apply_to_dir)(src, patch, out)
-        res.update(out=r.out, state_sha256=r.state_sha256, weight_files=r.rewritten, matches_original=r.matches_original,
-                   notes=r.notes)
+        res.update(out=r.out, state_sha256=r.state_sha256, weight_files=r.rewritten,
+                   matches_original=r.matches_original, notes=r.notes)
         for n in r.notes:
             info(f"note: {n}")
     info(f"{action}: wrote {res['out']} (state sha256 {res['state_sha256'][:16]}…)")

@@ -34,7 +34,9 @@ import torch.nn as nn
 from ..model.gpt import GPT
 from ..model.load import UnsupportedArchitectureError
 
-LAYER_PATHS = ("transformer.h", "model.layers", "gpt_neox.layers", "model.language_model.layers", "language_model.layers")
+LAYER_PATHS = (
+    "transformer.h", "model.layers", "gpt_neox.layers", "model.language_model.layers", "language_model.layers",
+)
 DOWN_NAMES = ("down_proj", "c_proj", "dense_4h_to_h")
 
 __all__ = ["MLPSite", "UnsupportedArchitectureError", "mlp_sites", "get_columns", "set_columns", "all_columns",
@@ -64,7 +66,7 @@ class MLPSite:
 
 
 def unwrap(model: Any) -> nn.Module:
-    """The ``nn.Module`` behind a model or a runner/adapter that wraps one (``.model`` / ``.hf_model`` / ``.module``)."""
+    """The ``nn.Module`` behind a model or a runner/adapter wrapping one (``.model``, ``.hf_model``, ``.module``)."""
     if isinstance(model, nn.Module):
         return model
     for attr in ("hf_model", "model", "module"):

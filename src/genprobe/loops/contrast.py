@@ -79,10 +79,12 @@ def _labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], li
 
 
 @torch.no_grad()
-def _collect(model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int):
+def _collect(
+    model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int
+) -> dict:
     n_layers = len(mlp_sites(model))
-    acc = {"loop": {l: {"mlp_out": [], "resid": [], "units": []} for l in range(n_layers)},
-           "ref": {l: {"mlp_out": [], "resid": [], "units": []} for l in range(n_layers)}}
+    acc = {"loop": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
+           "ref": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)}}
     for s in range(0, len(seqs), batch_size):
         chunk, lab = seqs[s : s + batch_size], labels[s : s + batch_size]
         T = max(len(x) for x in chunk)
@@ -103,9 +105,9 @@ def _collect(model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[
             if not rows:
                 continue
             r, c = torch.tensor(rows), torch.tensor(cols)
-            for l in range(n_layers):
+            for layer in range(n_layers):
                 for kind in ("mlp_out", "resid", "units"):
-                    acc[name][l][kind].append(cap.get(kind, l)[0][r, c].float().cpu())
+                    acc[name][layer][kind].append(cap.get(kind, layer)[0][r, c].float().cpu())
     return acc
 
 
@@ -126,7 +128,7 @@ def collect_contrast(
         labels.append(_labels(len(rec.prompt_ids), len(seq), rec.measures))
     acc = _collect(model, seqs, labels, batch_size, pad_id)
     n_layers = len(acc["loop"])
-    n_loop = sum(len(l) for l, _ in labels)
+    n_loop = sum(len(loop) for loop, _ in labels)
     n_ref = sum(len(r) for _, r in labels)
     counts = ContrastCounts(n_loop, n_ref, 0, len(seqs), sum(1 for r in records if r.degenerate))
     if n_loop == 0:
@@ -134,22 +136,23 @@ def collect_contrast(
     if n_ref < min_reference and reference_text_windows:
         text_labels = [([], list(range(len(w) - 1))) for w in reference_text_windows]
         extra = _collect(model, list(reference_text_windows), text_labels, batch_size, pad_id)
-        for l in range(n_layers):
+        for layer in range(n_layers):
             for kind in ("mlp_out", "resid", "units"):
-                acc["ref"][l][kind].extend(extra["ref"][l][kind])
+                acc["ref"][layer][kind].extend(extra["ref"][layer][kind])
         counts.reference_positions_text = sum(len(w) - 1 for w in reference_text_windows)
     if n_ref + counts.reference_positions_text == 0:
-        raise ValueError("no reference positions: every generated position is inside a loop and no reference text was given")
+        raise ValueError("no reference positions: every generated position is inside a loop and no reference text "
+                         "was given")
 
-    def cat(name: str, l: int, kind: str) -> torch.Tensor:
-        return torch.cat(acc[name][l][kind]) if acc[name][l][kind] else torch.empty(0)
+    def cat(name: str, layer: int, kind: str) -> torch.Tensor:
+        return torch.cat(acc[name][layer][kind]) if acc[name][layer][kind] else torch.empty(0)
 
     return Contrast(
-        loop={l: cat("loop", l, "mlp_out") for l in range(n_layers)},
-        reference={l: cat("ref", l, "mlp_out") for l in range(n_layers)},
-        unit_mean_loop={l: cat("loop", l, "units").mean(0) for l in range(n_layers)},
-        unit_mean_reference={l: cat("ref", l, "units").mean(0) for l in range(n_layers)},
-        resid_mean_loop={l: cat("loop", l, "resid").mean(0) for l in range(n_layers)},
-        resid_mean_reference={l: cat("ref", l, "resid").mean(0) for l in range(n_layers)},
+        loop={layer: cat("loop", layer, "mlp_out") for layer in range(n_layers)},
+        reference={layer: cat("ref", layer, "mlp_out") for layer in range(n_layers)},
+        unit_mean_loop={layer: cat("loop", layer, "units").mean(0) for layer in range(n_layers)},
+        unit_mean_reference={layer: cat("ref", layer, "units").mean(0) for layer in range(n_layers)},
+        resid_mean_loop={layer: cat("loop", layer, "resid").mean(0) for layer in range(n_layers)},
+        resid_mean_reference={layer: cat("ref", layer, "resid").mean(0) for layer in range(n_layers)},
         counts=counts,
     )

@@ -20,7 +20,9 @@ def mean_difference(loop: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
     return diff / n
 
 
-def pca_of_differences(loop: torch.Tensor, reference: torch.Tensor, seed: int = 0, max_pairs: int = 4096) -> torch.Tensor:
+def pca_of_differences(
+    loop: torch.Tensor, reference: torch.Tensor, seed: int = 0, max_pairs: int = 4096
+) -> torch.Tensor:
     """First right-singular vector of (loop_i − reference_j) over random pairs (repeng-style, uncentred),
     signed to agree with the mean difference."""
     g = torch.Generator().manual_seed(seed)
@@ -37,7 +39,9 @@ def pca_of_differences(loop: torch.Tensor, reference: torch.Tensor, seed: int = 
     return d / d.norm()
 
 
-def loop_direction(loop: torch.Tensor, reference: torch.Tensor, method: str = "mean_diff", seed: int = 0) -> torch.Tensor:
+def loop_direction(
+    loop: torch.Tensor, reference: torch.Tensor, method: str = "mean_diff", seed: int = 0
+) -> torch.Tensor:
     """Unit loop direction by ``method`` ("mean_diff" or "pca")."""
     if method == "mean_diff":
         return mean_difference(loop, reference)

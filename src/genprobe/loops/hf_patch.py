@@ -63,7 +63,7 @@ def weight_map(model_dir: Path) -> dict[str, str]:
 
 
 def _file_key(names: dict[str, str], target: PatchTarget, base_prefix: str | None) -> str:
-    """The stored tensor name of a target (checkpoints may omit the base-model prefix, e.g. GPT-2's ``transformer.``)."""
+    """The stored name of a target (a checkpoint may omit the base-model prefix, e.g. GPT-2's ``transformer.``)."""
     if target.name in names:
         return target.name
     if base_prefix and target.name.startswith(base_prefix + "."):

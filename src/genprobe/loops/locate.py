@@ -42,7 +42,9 @@ class Located:
 RatesOf = Callable[[Any], tuple[float, float]]  # model -> (degenerate rate, exact loop rate)
 
 
-def locate_layers(model: Any, directions: dict[int, torch.Tensor], rates_of: RatesOf, *, include_all: bool = True) -> Located:
+def locate_layers(
+    model: Any, directions: dict[int, torch.Tensor], rates_of: RatesOf, *, include_all: bool = True
+) -> Located:
     """Loop rates with no ablation, with each single layer ablated, and (optionally) all at once.
 
     ``rates_of(model)`` runs the scan; layers are ranked by the reduction of the degenerate rate (largest first).
@@ -54,7 +56,7 @@ def locate_layers(model: Any, directions: dict[int, torch.Tensor], rates_of: Rat
             a, e = rates_of(model)
         return Ablation(tuple(sorted(layers)), a, e, base_deg - a)
 
-    per_layer = [ablated({l: d}) for l, d in sorted(directions.items())]
+    per_layer = [ablated({layer: d}) for layer, d in sorted(directions.items())]
     ranking = [a.layers[0] for a in sorted(per_layer, key=lambda a: (-a.reduction, a.layers[0]))]
     together = ablated(dict(directions)) if include_all and len(directions) > 1 else None
     return Located(base_deg, base_exact, per_layer, ranking, together)

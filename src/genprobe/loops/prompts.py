@@ -114,7 +114,7 @@ def read_prompt_file(path: str | os.PathLike) -> list[str]:
         raise ValueError(f"prompt file {p} is empty: it has no non-empty line")
     jsonl = p.suffix == ".jsonl" or all(ln.startswith("{") for _, ln in lines)
     prompts = [_jsonl_prompt(p, i, ln) for i, ln in lines] if jsonl else [ln for _, ln in lines]
-    empty = [i for (i, _), t in zip(lines, prompts) if not t.strip()]
+    empty = [i for (i, _), t in zip(lines, prompts, strict=True) if not t.strip()]
     if empty:
         raise ValueError(f"{p}: line {empty[0]} holds an empty prompt; every prompt needs at least one character")
     return prompts

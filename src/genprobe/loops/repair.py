@@ -70,7 +70,8 @@ class LayerDirection:
     def to_dict(self, with_vector: bool = False) -> dict:
         """Plain dict (the vector only on request)."""
         d = {"layer": self.layer, "gap": self.gap, **self.separation.to_dict(),
-             "resid_mean_gap_norm": self.resid_mean_gap_norm, "cos_resid_vs_mlp_direction": self.cos_resid_vs_mlp_direction}
+             "resid_mean_gap_norm": self.resid_mean_gap_norm,
+             "cos_resid_vs_mlp_direction": self.cos_resid_vs_mlp_direction}
         if with_vector:
             d["vector"] = self.vector.tolist()
         return d
@@ -87,11 +88,11 @@ class DirectionStage:
 
     @property
     def directions(self) -> dict[int, torch.Tensor]:
-        return {l: d.vector for l, d in self.layers.items()}
+        return {layer: d.vector for layer, d in self.layers.items()}
 
     @property
     def gaps(self) -> dict[int, float]:
-        return {l: d.gap for l, d in self.layers.items()}
+        return {layer: d.gap for layer, d in self.layers.items()}
 
     @property
     def unit_means(self) -> dict[int, torch.Tensor]:
@@ -183,7 +184,7 @@ class RepairReport:
             "verdict": self.verdict, "config": self.config.to_dict(), "sampler": self.sampler, "model": self.model,
             "inputs": self.inputs, "end_token": self.end_token.to_dict(),
             "baseline": {k: v.to_dict() for k, v in self.baseline.items()}, "contrast": self.contrast.to_dict(),
-            "directions": {str(l): d.to_dict() for l, d in self.directions.items()},
+            "directions": {str(layer): d.to_dict() for layer, d in self.directions.items()},
             "locate": self.locate.to_dict(), "search": self.search.to_dict(),
             "validation": self.validation.to_dict() if self.validation else None,
             "patch": self.patch.to_dict() if self.patch else None,
@@ -205,12 +206,14 @@ def direction_stage(study: LoopStudy, val_text: str, records: Sequence[Generatio
     windows = text_windows(encode_quiet(study.tokenizer, val_text), width, study.cfg.regression_windows)
     con = collect_contrast(study.module, records, batch_size=study.cfg.batch_size, reference_text_windows=windows[:32])
     layers = {}
-    for l in range(study.n_layers):
-        d = loop_direction(con.loop[l], con.reference[l], study.cfg.method, study.cfg.seed)
-        gap = float((con.loop[l].mean(0) - con.reference[l].mean(0)) @ d)
-        rd = con.resid_mean_loop[l] - con.resid_mean_reference[l]  # how the residual stream separates (reported only)
+    for layer in range(study.n_layers):
+        d = loop_direction(con.loop[layer], con.reference[layer], study.cfg.method, study.cfg.seed)
+        gap = float((con.loop[layer].mean(0) - con.reference[layer].mean(0)) @ d)
+        # how the residual stream after the block separates (reported only)
+        rd = con.resid_mean_loop[layer] - con.resid_mean_reference[layer]
         cos = float(rd @ d / rd.norm()) if float(rd.norm()) > 0 else 0.0
-        layers[l] = LayerDirection(l, d, gap, separation(con.loop[l], con.reference[l], d), float(rd.norm()), cos)
+        sep = separation(con.loop[layer], con.reference[layer], d)
+        layers[layer] = LayerDirection(layer, d, gap, sep, float(rd.norm()), cos)
     probe = RegressionProbe(study.module, windows, batch_size=study.cfg.batch_size)
     return DirectionStage(con, layers, probe, width)
 
@@ -247,7 +250,7 @@ def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
         recs = study.scan(ids, decoded=False).records
         return reg, strata.objective([r.measures for r in recs[: len(prone)]], [r.measures for r in recs[len(prone) :]])
 
-    layer_sets = cfg.layer_sets or tuple((l,) for l in range(study.n_layers)) + (
+    layer_sets = cfg.layer_sets or tuple((layer,) for layer in range(study.n_layers)) + (
         (tuple(range(study.n_layers)),) if study.n_layers > 1 else ())
     specs = grid(layer_sets, cfg.ks, cfg.forms, {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas})
     candidates = run_search(study.module, specs, stage.directions, stage.unit_means, evaluate, gaps=stage.gaps,
@@ -257,9 +260,11 @@ def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
 
 def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:
     """The chosen edit as a finalised patch (hashes before/after recorded; model left unchanged)."""
-    patch = finalise(study.module, make_patch(study.module, chosen.spec, stage.directions, stage.unit_means, stage.gaps))
+    edit = make_patch(study.module, chosen.spec, stage.directions, stage.unit_means, stage.gaps)
+    patch = finalise(study.module, edit)
     patch.meta.update(edit=chosen.spec.to_dict(), sampler=study.sampler.to_dict(), objective="degenerate_rate",
-                      search_degenerate_rate=chosen.objective.degenerate_rate, search_loop_rate=chosen.objective.loop_rate,
+                      search_degenerate_rate=chosen.objective.degenerate_rate,
+                      search_loop_rate=chosen.objective.loop_rate,
                       kl=chosen.regression.kl, dloss=chosen.regression.dloss)
     return patch
 
@@ -280,7 +285,7 @@ def validate_stage(study: LoopStudy, patch: Patch, before: ScanResult, ids: list
         plain_after = _plain_greedy(study, plain_ids)
     finally:
         revert_patch(study.module, patch)
-    pairs = list(zip(before.records, after.records))
+    pairs = list(zip(before.records, after.records, strict=True))
     prone = [(b, a) for b, a in pairs if b.degenerate]
     samples = [Sample(b.prompt or "", b.text or "", a.text or "", b.measures.period, a.measures.period,
                       b.measures.near_period if b.measures.near_looping else None,
@@ -336,7 +341,7 @@ def repair(
     progress: bool = False,
     log: Callable[[str], None] = lambda msg: None,
 ) -> tuple[RepairReport, Patch | None]:
-    """Run the pipeline on a :class:`genprobe.model.load.Model`; returns the report and the patch (None if no edit passed)."""
+    """Run the pipeline on a :class:`genprobe.model.load.Model`; the report and the patch (None if no edit passed)."""
     cfg = cfg or RepairConfig()
     study = LoopStudy(model, cfg, sampler, progress)
     clock = Clock()
@@ -397,12 +402,14 @@ class LocateReport:
         """Plain JSON (direction vectors included)."""
         return {"sampler": self.sampler, "end_token": self.end_token.to_dict(), "inputs": self.inputs,
                 "scan": self.scan.to_dict(), "contrast": self.contrast.to_dict(),
-                "directions": {str(l): d.to_dict(with_vector=True) for l, d in self.directions.items()},
+                "directions": {str(layer): d.to_dict(with_vector=True) for layer, d in self.directions.items()},
                 "locate": self.locate.to_dict(), "timings_s": self.timings_s}
 
 
-def locate_only(model: Any, inputs: RepairInputs, cfg: RepairConfig | None = None, *, sampler: SamplerConfig | None = None,
-                progress: bool = False, log: Callable[[str], None] = lambda msg: None) -> LocateReport:
+def locate_only(
+    model: Any, inputs: RepairInputs, cfg: RepairConfig | None = None, *, sampler: SamplerConfig | None = None,
+    progress: bool = False, log: Callable[[str], None] = lambda msg: None,
+) -> LocateReport:
     """Scan the direction set, estimate directions and rank layers by ablation (no edit)."""
     cfg = cfg or RepairConfig()
     study = LoopStudy(model, cfg, sampler, progress)

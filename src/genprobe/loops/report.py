@@ -77,12 +77,14 @@ def _sweep_panel(ax: Any, s: dict, plt: Any) -> None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if form == "subtract" else "--",
                 marker="o" if form == "subtract" else "s", ms=3, color=colours[(layers, k)],
                 label=f"{form} L{''.join(map(str, layers))} k={k}")
-        over = [r["alpha"] for r in rs if r["kl"] is None or not (r["kl"] <= lim["max_kl"] and r["dloss"] <= lim["max_dloss"])]
+        over = [r["alpha"] for r in rs
+                if r["kl"] is None or not (r["kl"] <= lim["max_kl"] and r["dloss"] <= lim["max_dloss"])]
         if over:
             ax.plot(over, [0] * len(over), "x", color="red", ms=5)
     ax.axhline(s["base_loop_rate"], color="#888", lw=1, label="no edit")
     if s.get("chosen"):
-        ax.plot([s["chosen"]["alpha"]], [s["chosen"]["degenerate_rate"]], "*", color="gold", ms=14, mec="k", label="chosen")
+        c = s["chosen"]
+        ax.plot([c["alpha"]], [c["degenerate_rate"]], "*", color="gold", ms=14, mec="k", label="chosen")
     ticks = sorted({r["alpha"] for r in s["candidates"]})
     if ticks:
         ax.set_xscale("log")
@@ -115,8 +117,8 @@ def _cell(b: dict | None, key: str | None, fmt: str) -> str:
 
 def rate_rows(before: dict, after: dict, unit: str = "token") -> list[dict]:
     """Rows of (label, before, after) for one pair of LoopRates dicts: rates with CIs, then means."""
-    rows = [{"label": label, "before": _with_ci(before, key), "after": _with_ci(after, key), "strong": key == "degenerate_rate"}
-            for label, key, _ in RATE_ROWS]
+    rows = [{"label": label, "before": _with_ci(before, key), "after": _with_ci(after, key),
+             "strong": key == "degenerate_rate"} for label, key, _ in RATE_ROWS]
     rows += [{"label": label.format(unit=unit), "before": _cell(before, key, fmt), "after": _cell(after, key, fmt),
               "strong": False} for label, key, fmt in MEAN_ROWS]
     return rows
@@ -126,7 +128,8 @@ def _tables(report: dict) -> list[dict]:
     v = report.get("validation")
     if not v:
         return []
-    tables = [{"title": f"all held-out prompts (n = {v['before']['n']}), tokens", "rows": rate_rows(v["before"], v["after"])}]
+    tables = [{"title": f"all held-out prompts (n = {v['before']['n']}), tokens",
+               "rows": rate_rows(v["before"], v["after"])}]
     if v["before"].get("chars") and v["after"].get("chars"):
         tables.append({"title": "the same generations measured on characters",
                        "rows": rate_rows(v["before"]["chars"], v["after"]["chars"], unit="character")})

@@ -136,7 +136,8 @@ def _rate(k: int, n: int) -> tuple[float, list[float]]:
 
 
 def _onset_hist(onsets: Sequence[int]) -> dict[str, int]:
-    hist: Counter = Counter(f"{(o // ONSET_BIN) * ONSET_BIN}-{(o // ONSET_BIN) * ONSET_BIN + ONSET_BIN - 1}" for o in onsets)
+    starts = [(o // ONSET_BIN) * ONSET_BIN for o in onsets]
+    hist: Counter = Counter(f"{lo}-{lo + ONSET_BIN - 1}" for lo in starts)
     return dict(sorted(hist.items(), key=lambda kv: int(kv[0].split("-")[0])))
 
 
@@ -295,7 +296,8 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
         ("exact or near", lambda s: _ci(s.any_loop_rate, s.any_loop_rate_ci95)),
         ("repetitive tail", lambda s: _ci(s.repetitive_rate, s.repetitive_rate_ci95)),
         ("degenerate (any of them)", lambda s: _ci(s.degenerate_rate, s.degenerate_rate_ci95)),
-        (f"  short (≤{summary.short_period_max}) exact/any", lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}"),
+        (f"  short (≤{summary.short_period_max}) exact/any",
+         lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}"),
         ("  long exact/any", lambda s: f"{_pct(s.long_loop_rate)} / {_pct(s.long_any_rate)}"),
         ("mean distinct-2", lambda s: f"{s.mean_distinct_2:.3f}"),
         ("mean seq-rep-4", lambda s: f"{s.mean_seq_rep_4:.3f}"),

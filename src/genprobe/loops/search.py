@@ -68,7 +68,7 @@ class Objective:
 
 @dataclass(frozen=True)
 class Strata:
-    """How the search set was drawn: ``prone``/``control`` prompts out of ``prone_all``/``control_all`` in the full set."""
+    """How the search set was drawn: ``prone``/``control`` prompts of ``prone_all``/``control_all`` in the full set."""
 
     prone: int
     control: int
@@ -131,7 +131,7 @@ def grid(
 
 
 def choose(candidates: Sequence[Candidate], baseline: Objective, limits: Limits) -> Candidate | None:
-    """The best admissible candidate (see module doc) or ``None`` if none lowers the degenerate rate within the limits."""
+    """The best admissible candidate (see module doc); ``None`` if none lowers the degenerate rate within the limits."""
     ok = [c for c in candidates if limits.admits(c.regression) and c.objective is not None
           and c.objective.degenerate_rate < baseline.degenerate_rate]
     if not ok:
@@ -156,7 +156,8 @@ def run_search(
     """Evaluate every spec with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
     before = state_sha256(model)
     out = []
-    bar = tqdm(specs, desc="search", unit="edit", file=sys.stderr, disable=not progress or not sys.stderr.isatty(), leave=False)
+    bar = tqdm(specs, desc="search", unit="edit", file=sys.stderr, disable=not progress or not sys.stderr.isatty(),
+               leave=False)
     for spec in bar:
         try:
             patch = make_patch(model, spec, directions, unit_means, gaps)

@@ -161,13 +161,15 @@ class LoopStudy:
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Prompts → ids; an empty encoding is refused (it cannot be continued)."""
         ids = [encode_quiet(self.tokenizer, t) for t in texts]
-        empty = [t for t, i in zip(texts, ids) if not i]
+        empty = [t for t, i in zip(texts, ids, strict=True) if not i]
         if empty:
             raise ValueError(f"prompt {empty[0]!r} encodes to no token")
         return ids
 
-    def scan(self, ids: Sequence[list[int]], texts: Sequence[str] | None = None, *, sampler: SamplerConfig | None = None,
-             desc: str = "scan", decoded: bool = True) -> ScanResult:
+    def scan(
+        self, ids: Sequence[list[int]], texts: Sequence[str] | None = None, *, sampler: SamplerConfig | None = None,
+        desc: str = "scan", decoded: bool = True,
+    ) -> ScanResult:
         """Scan ``ids`` on the model as it is now (edits applied in place are seen)."""
         return scan_loops(self.engine, ids, self.cfg.max_new_tokens, sampler or self.sampler,
                           batch_size=self.cfg.batch_size, seed=self.cfg.seed, eos_id=self.eos_id, unk_id=self.unk_id,

@@ -15,9 +15,10 @@ so one changed token per cycle is tolerated for periods of 6 or more, 5 being th
 shorter loop with a token changed in every cycle has a quarter or more of its tokens changed and
 is not a near loop by this rule; the tail compression ratio (:mod:`.compress`), reported beside it,
 still shows it (more than 2 tail tokens per LZ piece, against under 1.9 in every 57-character window
-of the validation poems without lost-character placeholders) — that is the documented limit of this detector. The reported period is the
-one with the highest share; ties go to the higher plain lag-p share (an exact period-4 loop also
-matches fully at p = 2 two periods back) and then to the smallest period (4, not 8).
+of the validation poems without lost-character placeholders) — that is the documented limit of this
+detector. The reported period is the one with the highest share; ties go to the higher plain lag-p
+share (an exact period-4 loop also matches fully at p = 2 two periods back) and then to the smallest
+period (4, not 8).
 
 The onset is where the approximate repetition begins: windows of ``window`` tokens are slid back
 from the end while their share at that period stays >= ``min_match``; leading mismatches of the
@@ -63,7 +64,9 @@ def _matches(seq: tuple, p: int, two_back: bool = True) -> list[bool]:
     ]
 
 
-def match_share(tokens: Sequence[Hashable], period: int, window: int = DEFAULT_WINDOW, *, two_back: bool = True) -> float:
+def match_share(
+    tokens: Sequence[Hashable], period: int, window: int = DEFAULT_WINDOW, *, two_back: bool = True
+) -> float:
     """Share of the last ``window`` positions (those with a token ``period`` back) that repeat it (see module doc).
 
     ``two_back=False`` compares with one period back only (the plain lag-p share).
