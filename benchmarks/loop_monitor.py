@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = load_model(args.model)
     prompts = [model.encode(t) for t in heldout_openings(model.tokenizer, args.prompts)]
-    sampler = chanting_sampler(model.unk_id if model.unk_id is not None else -1)
+    sampler = chanting_sampler(model.unk_id, model.eos_id)
     eng = shared_engine(args.model, EngineOptions(max_num_seqs=64, max_num_batched_tokens=512,
                                                   kv_cache_memory_bytes=256 << 20, multiprocessing=not args.in_process))
     N = args.max_new_tokens

@@ -34,7 +34,7 @@ def _prompts(model, n: int) -> list[list[int]]:
 
 
 def _verdicts(res) -> list[tuple]:
-    return [(r["looping"], r["period"], r["onset"]) for r in res.records]
+    return [(r.looping, r.measures.period, r.measures.onset) for r in res.records]
 
 
 def _timed(fn) -> tuple[float, object]:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
     prompts = _prompts(model, max(args.prompts, args.batch1_prompts))
-    sampler = chanting_sampler(model.unk_id if model.unk_id is not None else -1)
+    sampler = chanting_sampler(model.unk_id, model.eos_id)
     t0 = time.perf_counter()
     eng = shared_engine(args.model, EngineOptions(
         max_num_seqs=64, max_num_batched_tokens=max(256, 64 * 8), enforce_eager=not args.compile,
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         o, v = statistics.median(ours_t), statistics.median(vllm_t)
         agree[batch] = {
             "verdicts": sum(a == b for a, b in zip(_verdicts(ours), _verdicts(theirs))),
-            "tokens": sum(a["tokens"] == b["tokens"] for a, b in zip(ours.records, theirs.records)),
-            "n": n, "loop_rate_ours": ours.summary["loop_rate"], "loop_rate_vllm": theirs.summary["loop_rate"],
+            "tokens": sum(a.tokens == b.tokens for a, b in zip(ours.records, theirs.records)),
+            "n": n, "loop_rate_ours": ours.summary.loop_rate, "loop_rate_vllm": theirs.summary.loop_rate,
         }
         rows.append({"batch": batch, "prompts": n, "ours_prompts_per_s": n / o, "vllm_prompts_per_s": n / v,
                      "vllm_over_ours": o / v, "ours_s": o, "vllm_s": v})

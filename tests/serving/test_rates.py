@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from genprobe.loops.scan import ScanResult, summarise
+from genprobe.loops.scan import ScanResult, ScanSettings, _record, summarise
+from genprobe.metrics import LoopSettings
 from genprobe.serving.rates import compare_loop_rates
 
+LOOPING = [5, 6, 7, 8] * 6  # period 4, 24 tokens
+FREE = list(range(10, 34))  # no repetition at all
 
-def _scan(looping: list[bool], tokens: list[list[int]] | None = None) -> ScanResult:
-    recs = []
-    for i, lp in enumerate(looping):
-        recs.append({"prompt_ids": [i], "tokens": tokens[i] if tokens else [i, i], "looping": lp,
-                     "period": 2 if lp else None, "onset": 0 if lp else None, "hit_limit": True, "distinct_2": 0.5,
-                     "seq_rep_4": 0.0, "longest_repeat": 0, "unk_share": 0.0})
-    return ScanResult(recs, summarise(recs))
+
+def _scan(looping: list[bool]) -> ScanResult:
+    loop = LoopSettings()
+    recs = [_record([i], LOOPING if lp else FREE, True, None, loop, None, None) for i, lp in enumerate(looping)]
+    return ScanResult(recs, summarise(recs), ScanSettings({}, 24, 0, loop.to_dict()))
 
 
 def test_same_rate_is_consistent_and_a_far_rate_is_not():
@@ -30,6 +31,6 @@ def test_same_rate_is_consistent_and_a_far_rate_is_not():
 def test_different_prompt_sets_are_refused():
     a = _scan([True, False])
     b = _scan([True, False])
-    b.records[1]["prompt_ids"] = [7]
+    b.records[1].prompt_ids = [7]
     with pytest.raises(ValueError, match="same prompts"):
         compare_loop_rates(a, b)

@@ -37,13 +37,10 @@ def scans(vllm_ready, served_dirs, patched_model, heldout, engine_options):
 
 def test_greedy_loop_verdicts_and_records_equal_our_engine(scans):
     ours, theirs = scans
-    assert [r.keys() for r in ours.records] == [r.keys() for r in theirs.records]  # same JSON format
+    assert ours.to_dict() == theirs.to_dict()  # same JSON: settings, summary, every record and its loop measures
     for a, b in zip(ours.records, theirs.records):
-        assert (a["looping"], a["period"], a["onset"]) == (b["looping"], b["period"], b["onset"])
-        assert a["tokens"] == b["tokens"]
-    assert 0 < ours.summary["loops"] < len(ours.records)  # both outcomes occur: the check is not vacuous
-    assert {k: v for k, v in ours.summary.items()} == theirs.summary
-    assert theirs.settings["backend"] == "vllm"
+        assert (a.looping, a.measures.period, a.measures.onset) == (b.looping, b.measures.period, b.measures.onset)
+    assert 0 < ours.summary.loops < len(ours.records)  # both outcomes occur: the check is not vacuous
 
 
 def test_served_patched_model_gives_our_loop_rate(scans):
@@ -51,19 +48,20 @@ def test_served_patched_model_gives_our_loop_rate(scans):
     ours, theirs = scans
     cmp = compare_loop_rates(ours, theirs)
     assert cmp.consistent and cmp.verdict_agreement == 1.0 and cmp.token_agreement == 1.0
-    assert cmp.to_dict()["served_rate"] == ours.summary["loop_rate"]
+    assert cmp.to_dict()["served_rate"] == ours.summary.loop_rate
 
 
 def test_penalties_and_bans_reach_the_engine_exactly(engine, patched_model, heldout):
     """Greedy with repetition/presence/frequency penalties and a ban: vLLM's tokens are our engine's tokens."""
     _, prompts = heldout
-    cfg = SamplerConfig(greedy=True, ban_ids=(1, 2), repetition_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1)
+    cfg = SamplerConfig(greedy=True, ban_ids=(1, 2), repetition_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1,
+                        engine="vllm")
     ours = scan_loops(patched_model.runner, prompts[:8], 24, cfg)
     theirs = scan_loops_vllm(engine, prompts[:8], 24, cfg)
-    assert [r["tokens"] for r in ours.records] == [r["tokens"] for r in theirs.records]
+    assert [r.tokens for r in ours.records] == [r.tokens for r in theirs.records]
     plain = scan_loops_vllm(engine, prompts[:8], 24, SamplerConfig(greedy=True))
-    assert [r["tokens"] for r in plain.records] != [r["tokens"] for r in theirs.records]  # the settings did act
-    assert all(t not in (1, 2) for r in theirs.records for t in r["tokens"])
+    assert [r.tokens for r in plain.records] != [r.tokens for r in theirs.records]  # the settings did act
+    assert all(t not in (1, 2) for r in theirs.records for t in r.tokens)
 
 
 def test_sampled_scan_is_reproducible_by_seed(engine, heldout):
@@ -72,8 +70,8 @@ def test_sampled_scan_is_reproducible_by_seed(engine, heldout):
     a = scan_loops_vllm(engine, prompts[:6], 16, cfg, seed=3)
     b = scan_loops_vllm(engine, prompts[:6], 16, cfg, seed=3)
     c = scan_loops_vllm(engine, prompts[:6], 16, cfg, seed=4)
-    assert [r["tokens"] for r in a.records] == [r["tokens"] for r in b.records]
-    assert [r["tokens"] for r in a.records] != [r["tokens"] for r in c.records]
+    assert [r.tokens for r in a.records] == [r.tokens for r in b.records]
+    assert [r.tokens for r in a.records] != [r.tokens for r in c.records]
 
 
 def test_bad_requests_are_refused_before_generation(engine, heldout):

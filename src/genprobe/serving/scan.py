@@ -1,8 +1,8 @@
 """Loop scan through vLLM: the same prompts, sampler and records as :func:`genprobe.loops.scan.scan_loops`.
 
 Generation runs in ``LLM.generate`` (continuous batching, any parallelism the engine was started
-with); loop detection and degeneration metrics are genprobe's own (:mod:`genprobe.metrics`) on the
-returned token ids, and the records/summary have the same fields as our engine's scan, so a
+with); loop measures are genprobe's own (:mod:`genprobe.metrics`) on the returned token ids, and the
+result is the same :class:`~genprobe.loops.scan.ScanResult` as our engine's scan, so a
 ``loops scan --backend vllm`` result is read by the same code. Greedy scans give the same tokens as
 our engine up to float noise (tested); sampled scans use vLLM's random streams (seed ``seed + i``
 for prompt ``i``), so they agree in distribution, not token by token.
@@ -14,35 +14,19 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..engine.sampling import SamplerConfig
-from ..loops.scan import SHORT_PERIOD_MAX, ScanResult, chanting_sampler, summarise
-from ..metrics import DEFAULT_MIN_TAIL, degeneracy_metrics
+from ..loops.scan import (
+    END_TOKEN_NOTE,
+    SHORT_PERIOD_MAX,
+    ScanResult,
+    ScanSettings,
+    _record,
+    chanting_sampler,
+    study_sampler,
+    summarise,
+)
+from ..metrics import LoopSettings
 from .engine import ServingEngine
 from .sampling import to_sampling_params
-
-
-def loop_record(prompt_ids: Sequence[int], tokens: Sequence[int], hit_limit: bool, *, unk_id: int | None,
-                min_tail: int, decode: Callable[[Sequence[int]], str] | None = None, prompt_text: str | None = None) -> dict:
-    """One scan record (the fields of ``genprobe.loops.scan.scan_loops``' records) for generated ``tokens``."""
-    m = degeneracy_metrics(list(tokens), unk_id=unk_id if unk_id is not None else -1, min_tail=min_tail)
-    rec = {
-        "prompt_ids": list(prompt_ids),
-        "tokens": list(tokens),
-        "looping": m["looping"],
-        "period": m["loop_period"],
-        "onset": m["loop_onset"],
-        "unit": m["loop_unit"],
-        "repeats": m["loop_repeats"],
-        "hit_limit": hit_limit,
-        "distinct_2": m["distinct_2"],
-        "seq_rep_4": m["seq_rep_4"],
-        "longest_repeat": m["longest_repeat"],
-        "unk_share": m["unk_share"],
-    }
-    if decode is not None:
-        rec["prompt"] = prompt_text if prompt_text is not None else decode(prompt_ids)
-        rec["text"] = decode(tokens)
-        rec["unit_text"] = decode(m["loop_unit"]) if m["looping"] else ""
-    return rec
 
 
 def scan_loops_vllm(
@@ -54,35 +38,40 @@ def scan_loops_vllm(
     batch_size: int = 64,
     seed: int = 0,
     eos_id: int | None = None,
-    unk_id: int = 1,
-    min_tail: int = DEFAULT_MIN_TAIL,
-    decode: Callable[[Sequence[int]], str] | None = None,
+    unk_id: int | None = 1,
+    loop: LoopSettings | None = None,
+    decode: Callable[[list[int]], str] | None = None,
     prompt_texts: Sequence[str] | None = None,
     short_period_max: int = SHORT_PERIOD_MAX,
     progress: bool = False,
     desc: str = "scan",
 ) -> ScanResult:
-    """:func:`genprobe.loops.scan.scan_loops` with generation in vLLM (``batch_size`` prompts per ``LLM.generate`` call)."""
+    """:func:`genprobe.loops.scan.scan_loops` with generation in vLLM (``batch_size`` prompts per ``LLM.generate`` call).
+
+    Same arguments and result; ``eos_id`` is banned, never a stop (fixed-length loop studies), exactly
+    as in our engine's scan. Records are built by the loops package's own ``_record``.
+    """
     if not prompts:
         raise ValueError("no prompts to scan")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     _check_prompts(engine, prompts, max_new_tokens)
-    sampler = sampler or chanting_sampler(unk_id)
-    params = [to_sampling_params(sampler, engine.vocab_size, max_new_tokens, eos_id=eos_id,
-                                 seed=None if sampler.greedy else seed + i) for i in range(len(prompts))]
-    records: list[dict] = []
-    t0 = time.perf_counter()
+    loop = loop or LoopSettings()
+    sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
+    params = [to_sampling_params(sampler, engine.vocab_size, max_new_tokens, seed=None if sampler.greedy else seed + i)
+              for i in range(len(prompts))]
+    records = []
     for start in range(0, len(prompts), batch_size):
         chunk = [list(p) for p in prompts[start : start + batch_size]]
         outs = engine.generate(chunk, params[start : start + batch_size], use_tqdm=progress)
         for j, out in enumerate(outs):
             comp = out.outputs[0]
             text = prompt_texts[start + j] if prompt_texts is not None else None
-            records.append(loop_record(chunk[j], list(comp.token_ids), comp.finish_reason == "length", unk_id=unk_id,
-                                       min_tail=min_tail, decode=decode, prompt_text=text))
-    settings = {"sampler": sampler.to_dict(), "max_new_tokens": max_new_tokens, "seed": seed, "min_tail": min_tail,
-                "backend": "vllm", "engine": engine.options.to_dict(), "seconds": time.perf_counter() - t0}
+            records.append(_record(chunk[j], list(comp.token_ids), comp.finish_reason == "length", unk_id, loop,
+                                   decode, text))
+    banned = eos_id is not None and eos_id in sampler.ban_ids
+    settings = ScanSettings(sampler.to_dict(), max_new_tokens, seed, loop.to_dict(), eos_id, banned,
+                            END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None)
     return ScanResult(records, summarise(records, short_period_max), settings)
 
 
