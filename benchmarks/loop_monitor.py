@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass
 class Detector:
-    """A named online detector: ``fire(tokens) -> step`` of its first firing, or None; plus live SamplingParams kwargs."""
+    """A named online detector: ``fire(tokens)`` → step of its first firing (or None), and its live request kwargs."""
 
     name: str
     fire: Callable[[list[int]], int | None]
@@ -51,8 +51,11 @@ def _ours(max_period: int, min_repeats: float) -> Detector:
         d = replay(toks, lambda: ExactPeriodDetector(max_period=max_period, min_repeats=min_repeats))
         return None if d is None else d.step
 
-    return Detector(f"genprobe monitor (p ≤ {max_period}, ≥{min_repeats:g} units, ≥8 tokens)", fire,
-                    lambda stop: monitor_request_kwargs(stop, "stop", max_period=max_period, min_repeats=min_repeats))
+    return Detector(
+        f"genprobe monitor (p ≤ {max_period}, ≥{min_repeats:g} units, ≥8 tokens)",
+        fire,
+        lambda stop: monitor_request_kwargs(stop, "stop", max_period=max_period, min_repeats=min_repeats),
+    )
 
 
 def _vllm(max_pattern: int, min_count: int, min_pattern: int = 1) -> Detector:
@@ -64,8 +67,11 @@ def _vllm(max_pattern: int, min_count: int, min_pattern: int = 1) -> Detector:
     def fire(toks):
         return next((n - 1 for n in range(1, len(toks) + 1) if check_sequence_repetition(toks[:n], rd)), None)
 
-    return Detector(f"vLLM RepetitionDetection (size {min_pattern}–{max_pattern}, ×{min_count})", fire,
-                    lambda stop: {"repetition_detection": rd})
+    return Detector(
+        f"vLLM RepetitionDetection (size {min_pattern}–{max_pattern}, ×{min_count})",
+        fire,
+        lambda stop: {"repetition_detection": rd},
+    )
 
 
 def _quantile(xs: list[float], q: float) -> float | None:
@@ -83,7 +89,7 @@ def score(det: Detector, free: list[list[int]]) -> dict:
     t0 = time.perf_counter()
     fires = [det.fire(t) for t in free]
     replay_s = time.perf_counter() - t0
-    for toks, step in zip(free, fires):
+    for toks, step in zip(free, fires, strict=True):
         truth = detect_loop(toks)
         loops += truth.looping
         if step is None:
@@ -95,10 +101,19 @@ def score(det: Detector, free: list[list[int]]) -> dict:
         else:
             false_stops += 1
     n_tok = sum(len(t) for t in free)
-    return {"detector": det.name, "loops": loops, "found": found, "recall": found / loops if loops else None,
-            "lag_median": _quantile(lags, 0.5), "lag_p90": _quantile(lags, 0.9),
-            "non_looping": len(free) - loops, "false_stops": false_stops, "tokens_saved": saved, "tokens": n_tok,
-            "replay_us_per_token": 1e6 * replay_s / n_tok}
+    return {
+        "detector": det.name,
+        "loops": loops,
+        "found": found,
+        "recall": found / loops if loops else None,
+        "lag_median": _quantile(lags, 0.5),
+        "lag_p90": _quantile(lags, 0.9),
+        "non_looping": len(free) - loops,
+        "false_stops": false_stops,
+        "tokens_saved": saved,
+        "tokens": n_tok,
+        "replay_us_per_token": 1e6 * replay_s / n_tok,
+    }
 
 
 def live_runs(eng, prompts, base_kwargs: Callable[..., object], dets: list[Detector], reps: int, stop: int) -> dict:
@@ -140,8 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model)
     prompts = [model.encode(t) for t in heldout_openings(model.tokenizer, args.prompts)]
     sampler = chanting_sampler(model.unk_id, model.eos_id)
-    eng = shared_engine(args.model, EngineOptions(max_num_seqs=64, max_num_batched_tokens=512,
-                                                  kv_cache_memory_bytes=256 << 20, multiprocessing=not args.in_process))
+    eng = shared_engine(
+        args.model,
+        EngineOptions(
+            max_num_seqs=64,
+            max_num_batched_tokens=512,
+            kv_cache_memory_bytes=256 << 20,
+            multiprocessing=not args.in_process,
+        ),
+    )
     N = args.max_new_tokens
     base = lambda **kw: to_sampling_params(sampler, eng.vocab_size, N, **kw)  # noqa: E731
     free = [list(o.outputs[0].token_ids) for o in eng.generate(prompts, base())]
@@ -149,8 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     dets = [_ours(64, 2), _ours(64, 3), _vllm(64, 2), _vllm(64, 3)]
     rows = [score(d, free) for d in dets]
     live = live_runs(eng, prompts, base, dets, args.reps, stop)
-    out = {"model": args.model, "prompts": len(prompts), "max_new_tokens": N, "rows": rows, "live": live,
-           "live_prompts": len(prompts), "reps": args.reps}
+    out = {
+        "model": args.model,
+        "prompts": len(prompts),
+        "max_new_tokens": N,
+        "rows": rows,
+        "live": live,
+        "live_prompts": len(prompts),
+        "reps": args.reps,
+    }
     _print(out, sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(out, indent=2))
@@ -163,20 +192,32 @@ def _fmt(x, spec=".1f"):
 
 def _print(out: dict, file) -> None:
     r0 = out["rows"][0]
-    print(f"{out['prompts']} continuations of {out['max_new_tokens']} tokens; {r0['loops']} end in a loop "
-          f"(offline detect_loop), {r0['non_looping']} do not", file=file)
-    print(f"{'detector':<58} {'found':>9} {'lag med/p90':>11} {'false stops':>12} {'saved tok':>9} "
-          f"{'replay µs/tok':>13}", file=file)
+    print(
+        f"{out['prompts']} continuations of {out['max_new_tokens']} tokens; {r0['loops']} end in a loop "
+        f"(offline detect_loop), {r0['non_looping']} do not",
+        file=file,
+    )
+    print(
+        f"{'detector':<58} {'found':>9} {'lag med/p90':>11} {'false stops':>12} {'saved tok':>9} {'replay µs/tok':>13}",
+        file=file,
+    )
     for r in out["rows"]:
-        print(f"{r['detector']:<58} {r['found']:>4}/{r['loops']:<4} {_fmt(r['lag_median'], 'd'):>5}/{_fmt(r['lag_p90'], 'd'):<5} "
-              f"{r['false_stops']:>5}/{r['non_looping']:<6} {r['tokens_saved']:>9} {r['replay_us_per_token']:>13.2f}", file=file)
+        print(
+            f"{r['detector']:<58} {r['found']:>4}/{r['loops']:<4} "
+            f"{_fmt(r['lag_median'], 'd'):>5}/{_fmt(r['lag_p90'], 'd'):<5} "
+            f"{r['false_stops']:>5}/{r['non_looping']:<6} {r['tokens_saved']:>9} {r['replay_us_per_token']:>13.2f}",
+            file=file,
+        )
     live = out["live"]
     off = live["off"]
     print(f"live in vLLM ({out['live_prompts']} prompts, median of {out['reps']} interleaved runs):", file=file)
     print(f"  {'run':<58} {'seconds':>8} {'tokens':>7} {'µs/token':>9} {'time vs off':>11}", file=file)
     for name, r in live.items():
-        print(f"  {name:<58} {r['seconds']:>8.2f} {r['tokens']:>7} {1e6 * r['seconds'] / r['tokens']:>9.0f} "
-              f"{r['seconds'] / off['seconds']:>10.2f}×", file=file)
+        print(
+            f"  {name:<58} {r['seconds']:>8.2f} {r['tokens']:>7} {1e6 * r['seconds'] / r['tokens']:>9.0f} "
+            f"{r['seconds'] / off['seconds']:>10.2f}×",
+            file=file,
+        )
 
 
 if __name__ == "__main__":  # vLLM spawns worker processes: the guard is required

@@ -50,9 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch1-prompts", type=int, default=32, help="prompts scanned at batch 1 (default 32)")
     ap.add_argument("--max-new-tokens", type=int, default=57)
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (median reported)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads of our engine (default 1, like vLLM's one compute core on a 2-core machine; "
-                         "more threads than free cores make every tiny op wait for a scheduler slice)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of our engine (default 1, like vLLM's one compute core on a 2-core machine; "
+        "more threads than free cores make every tiny op wait for a scheduler slice)",
+    )
     ap.add_argument("--in-process", action="store_true", help="vLLM engine core in this process")
     ap.add_argument("--compile", action="store_true", help="let vLLM compile (default enforce_eager)")
     ap.add_argument("--json", action="store_true")
@@ -70,9 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     prompts = _prompts(model, max(args.prompts, args.batch1_prompts))
     sampler = chanting_sampler(model.unk_id, model.eos_id)
     t0 = time.perf_counter()
-    eng = shared_engine(args.model, EngineOptions(
-        max_num_seqs=64, max_num_batched_tokens=max(256, 64 * 8), enforce_eager=not args.compile,
-        kv_cache_memory_bytes=256 << 20, multiprocessing=not args.in_process))
+    eng = shared_engine(
+        args.model,
+        EngineOptions(
+            max_num_seqs=64,
+            max_num_batched_tokens=max(256, 64 * 8),
+            enforce_eager=not args.compile,
+            kv_cache_memory_bytes=256 << 20,
+            multiprocessing=not args.in_process,
+        ),
+    )
     startup = time.perf_counter() - t0
     N = args.max_new_tokens
     rows, agree = [], {}
@@ -80,20 +91,39 @@ def main(argv: list[str] | None = None) -> int:
         ps = prompts[:n]
         ours_t, vllm_t, ours, theirs = [], [], None, None
         for _ in range(args.reps):  # interleaved: machine noise hits both alike
-            t, ours = _timed(lambda: scan_loops(model.runner, ps, N, sampler, batch_size=batch))
+            t, ours = _timed(lambda ps=ps, b=batch: scan_loops(model.runner, ps, N, sampler, batch_size=b))
             ours_t.append(t)
-            t, theirs = _timed(lambda: scan_loops_vllm(eng, ps, N, sampler, batch_size=batch))
+            t, theirs = _timed(lambda ps=ps, b=batch: scan_loops_vllm(eng, ps, N, sampler, batch_size=b))
             vllm_t.append(t)
         o, v = statistics.median(ours_t), statistics.median(vllm_t)
         agree[batch] = {
-            "verdicts": sum(a == b for a, b in zip(_verdicts(ours), _verdicts(theirs))),
-            "tokens": sum(a.tokens == b.tokens for a, b in zip(ours.records, theirs.records)),
-            "n": n, "loop_rate_ours": ours.summary.loop_rate, "loop_rate_vllm": theirs.summary.loop_rate,
+            "verdicts": sum(a == b for a, b in zip(_verdicts(ours), _verdicts(theirs), strict=True)),
+            "tokens": sum(a.tokens == b.tokens for a, b in zip(ours.records, theirs.records, strict=True)),
+            "n": n,
+            "loop_rate_ours": ours.summary.loop_rate,
+            "loop_rate_vllm": theirs.summary.loop_rate,
         }
-        rows.append({"batch": batch, "prompts": n, "ours_prompts_per_s": n / o, "vllm_prompts_per_s": n / v,
-                     "vllm_over_ours": o / v, "ours_s": o, "vllm_s": v})
-    out = {"model": args.model, "max_new_tokens": N, "reps": args.reps, "vllm_startup_s": startup, "threads": args.threads,
-           "engine": eng.options.to_dict(), "rows": rows, "agreement": agree}
+        rows.append(
+            {
+                "batch": batch,
+                "prompts": n,
+                "ours_prompts_per_s": n / o,
+                "vllm_prompts_per_s": n / v,
+                "vllm_over_ours": o / v,
+                "ours_s": o,
+                "vllm_s": v,
+            }
+        )
+    out = {
+        "model": args.model,
+        "max_new_tokens": N,
+        "reps": args.reps,
+        "vllm_startup_s": startup,
+        "threads": args.threads,
+        "engine": eng.options.to_dict(),
+        "rows": rows,
+        "agreement": agree,
+    }
     _print(out, file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(out, indent=2))
@@ -101,15 +131,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(out: dict, file) -> None:
-    print(f"loop scan, chanting setting, {out['max_new_tokens']} new tokens, median of {out['reps']} interleaved runs; "
-          f"vLLM start-up {out['vllm_startup_s']:.1f} s (excluded)", file=file)
-    print(f"{'batch':>5} {'prompts':>7} {'ours p/s':>9} {'vLLM p/s':>9} {'vLLM/ours':>9} {'same verdicts':>14} {'same tokens':>12} "
-          f"{'loop rate ours / vLLM':>22}", file=file)
+    print(
+        f"loop scan, chanting setting, {out['max_new_tokens']} new tokens, median of {out['reps']} interleaved runs; "
+        f"vLLM start-up {out['vllm_startup_s']:.1f} s (excluded)",
+        file=file,
+    )
+    print(
+        f"{'batch':>5} {'prompts':>7} {'ours p/s':>9} {'vLLM p/s':>9} {'vLLM/ours':>9} {'same verdicts':>14} "
+        f"{'same tokens':>12} "
+        f"{'loop rate ours / vLLM':>22}",
+        file=file,
+    )
     for r in out["rows"]:
         a = out["agreement"][r["batch"]]
-        print(f"{r['batch']:>5} {r['prompts']:>7} {r['ours_prompts_per_s']:>9.1f} {r['vllm_prompts_per_s']:>9.1f} "
-              f"{r['vllm_over_ours']:>8.2f}× {a['verdicts']:>7}/{a['n']:<6} {a['tokens']:>5}/{a['n']:<6} "
-              f"{a['loop_rate_ours']:>10.3f} / {a['loop_rate_vllm']:.3f}", file=file)
+        print(
+            f"{r['batch']:>5} {r['prompts']:>7} {r['ours_prompts_per_s']:>9.1f} {r['vllm_prompts_per_s']:>9.1f} "
+            f"{r['vllm_over_ours']:>8.2f}× {a['verdicts']:>7}/{a['n']:<6} {a['tokens']:>5}/{a['n']:<6} "
+            f"{a['loop_rate_ours']:>10.3f} / {a['loop_rate_vllm']:.3f}",
+            file=file,
+        )
 
 
 if __name__ == "__main__":  # vLLM spawns worker processes: the guard is required

@@ -64,8 +64,8 @@ def served_dirs(trained_ckpt, tmp_path_factory) -> dict[str, Path]:
     export_hf_dir(trained_ckpt, base)
     hf = GPT2LMHeadModel.from_pretrained(base, local_files_only=True, use_safetensors=True).eval()
     d = hf.config.n_embd
-    dirs = {l: torch.randn(d, generator=torch.Generator().manual_seed(l)) for l in range(hf.config.n_layer)}
-    means = {l: torch.ones(hf.config.n_inner or 4 * d) for l in dirs}
+    dirs = {layer: torch.randn(d, generator=torch.Generator().manual_seed(layer)) for layer in range(hf.config.n_layer)}
+    means = {layer: torch.ones(hf.config.n_inner or 4 * d) for layer in dirs}
     patch = make_patch(hf, EditSpec(tuple(dirs), 32, "subtract", PATCH_ALPHA), dirs, means)
     finalise(hf, patch)
     apply_patch(hf, patch)

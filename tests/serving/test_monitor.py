@@ -40,7 +40,9 @@ def looping_sequences(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(looping_sequences(), st.sampled_from([1, 3, 8, 64]), st.sampled_from([1, 4, 8, 12]), st.sampled_from([2, 2.5, 3]))
+@given(
+    looping_sequences(), st.sampled_from([1, 3, 8, 64]), st.sampled_from([1, 4, 8, 12]), st.sampled_from([2, 2.5, 3])
+)
 def test_incremental_detector_equals_detect_loop_at_every_prefix(seq, max_period, min_tail, min_repeats):
     det = ExactPeriodDetector(max_period=max_period, min_tail=min_tail, min_repeats=min_repeats)
     for n, t in enumerate(seq):
@@ -106,9 +108,10 @@ def hf_gpt2():
 
 def _greedy(model, prompt, n, **kw):
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                         pad_token_id=0, **kw)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0, **kw
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_hf_stopping_criteria_stops_where_replay_fires(hf_gpt2):

@@ -36,7 +36,7 @@ def test_stop_action_ends_each_sequence_where_the_detector_fires(engine, free_ru
     sp = to_sampling_params(chanting_sampler(1), engine.vocab_size, NEW, **monitor_request_kwargs(STOP, "stop"))
     outs = engine.generate(prompts, sp)
     fired = 0
-    for out, ref in zip(outs, free):
+    for out, ref in zip(outs, free, strict=True):
         want = replay(ref)
         got = monitor_result(out, STOP)
         assert got == want
@@ -59,7 +59,7 @@ def test_break_action_never_continues_a_detected_loop(engine, free_run):
         assert not any(_continues_loop(toks, n) for n in range(len(toks) - 1))
     # The free text is changed exactly at the first token that would have continued a detected loop.
     changed = 0
-    for out, ref in zip(outs, free):
+    for out, ref in zip(outs, free, strict=True):
         first = next((n + 1 for n in range(len(ref) - 1) if _continues_loop(ref, n)), None)
         if first is None:
             assert out == ref
@@ -97,7 +97,7 @@ def test_vllm_repetition_detection_replays_offline(engine, free_run):
     sp = to_sampling_params(chanting_sampler(1), engine.vocab_size, NEW, repetition_detection=rd)
     outs = engine.generate(prompts, sp)
     stops = 0
-    for out, ref in zip(outs, free):
+    for out, ref in zip(outs, free, strict=True):
         first = next((n for n in range(1, len(ref) + 1) if check_sequence_repetition(ref[:n], rd)), None)
         toks = list(out.outputs[0].token_ids)
         assert toks == (ref if first is None else ref[:first])

@@ -20,8 +20,11 @@ def no_vllm(monkeypatch):
 def test_library_entry_points_name_the_extra(no_vllm, tmp_path):
     from genprobe.serving import ServingEngine
 
-    for call in (require_vllm, lambda: ServingEngine(tmp_path),
-                 lambda: to_sampling_params(SamplerConfig(greedy=True), 10, 5)):
+    for call in (
+        require_vllm,
+        lambda: ServingEngine(tmp_path),
+        lambda: to_sampling_params(SamplerConfig(greedy=True), 10, 5),
+    ):
         with pytest.raises(VLLMNotAvailableError, match=r"pip install 'genprobe\[vllm\]'"):
             call()
     assert INSTALL_HINT in vllm_import_problem()

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from genprobe.engine.sampling import SamplerConfig, adjust_logits, process_logits
-
-NEG_INF = float("-inf")
 from genprobe.serving import sampling as smap
 from genprobe.serving.sampling import UnsupportedSamplerError, sampling_kwargs
+
+NEG_INF = float("-inf")
 
 V = 12
 
@@ -28,13 +28,15 @@ V = 12
 def hard_logits() -> torch.Tensor:
     """Rows with ties at the k-th value, -inf entries, a dominant token, a flat row, and probabilities
     0.4/0.3/0.2/0.1 (where top-p 0.5 and min-p 0.6 keep 2 tokens in one order and 1 in the other)."""
-    return torch.tensor([
-        [3.0, 2.0, 2.0, 2.0, 1.0, 0.5, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0],
-        [5.0, NEG_INF, 1.0, 1.0, 0.2, 0.2, 0.2, NEG_INF, -1.0, -1.0, -9.0, 0.0],
-        [0.0] * V,
-        [10.0, 9.0, 8.5, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2],
-        [math.log(0.4), math.log(0.3), math.log(0.2), math.log(0.1)] + [-60.0] * (V - 4),
-    ])
+    return torch.tensor(
+        [
+            [3.0, 2.0, 2.0, 2.0, 1.0, 0.5, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0],
+            [5.0, NEG_INF, 1.0, 1.0, 0.2, 0.2, 0.2, NEG_INF, -1.0, -1.0, -9.0, 0.0],
+            [0.0] * V,
+            [10.0, 9.0, 8.5, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2],
+            [math.log(0.4), math.log(0.3), math.log(0.2), math.log(0.1)] + [-60.0] * (V - 4),
+        ]
+    )
 
 
 # ---- the mapping itself (no vLLM needed) -------------------------------------------------------------
@@ -48,25 +50,31 @@ def test_greedy_and_plain_fields_map_one_to_one():
     sampling_kwargs(SamplerConfig(greedy=True, ban_ids=(1,)), V)  # greedy + ban: any engine
 
 
-@pytest.mark.parametrize("cfg", [
-    SamplerConfig(greedy=True, repetition_penalty=1.3),  # genprobe: x/p; vLLM: x·(1/p) in float32
-    SamplerConfig(temperature=0.7, top_p=0.9, order="vllm", engine="genprobe"),  # float64 nucleus, lower-id ties
-    SamplerConfig(top_k=5, order="hf"),  # hf engine
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplerConfig(greedy=True, repetition_penalty=1.3),  # genprobe: x/p; vLLM: x·(1/p) in float32
+        SamplerConfig(temperature=0.7, top_p=0.9, order="vllm", engine="genprobe"),  # float64 nucleus, lower-id ties
+        SamplerConfig(top_k=5, order="hf"),  # hf engine
+    ],
+)
 def test_other_engines_arithmetic_is_refused(cfg):
     with pytest.raises(UnsupportedSamplerError, match="engine='vllm'"):
         sampling_kwargs(cfg, V)
 
 
-@pytest.mark.parametrize("cfg, name", [
-    (SamplerConfig(greedy=True, no_repeat_ngram=3), "no_repeat_ngram"),
-    (SamplerConfig(typical_p=0.9, order="vllm"), "typical_p"),
-    (SamplerConfig(top_n_sigma=1.0, order="vllm"), "top_n_sigma"),
-    (SamplerConfig(greedy=True, dry_multiplier=0.8), "DRY"),
-    (SamplerConfig(xtc_probability=0.5, order="vllm"), "XTC"),
-    (SamplerConfig(top_k=4, penalty_alpha=0.6, order="vllm"), "contrastive"),
-    (SamplerConfig(greedy=True, repetition_penalty=1.1, penalty_last_n=64), "penalty_last_n"),
-])
+@pytest.mark.parametrize(
+    "cfg, name",
+    [
+        (SamplerConfig(greedy=True, no_repeat_ngram=3), "no_repeat_ngram"),
+        (SamplerConfig(typical_p=0.9, order="vllm"), "typical_p"),
+        (SamplerConfig(top_n_sigma=1.0, order="vllm"), "top_n_sigma"),
+        (SamplerConfig(greedy=True, dry_multiplier=0.8), "DRY"),
+        (SamplerConfig(xtc_probability=0.5, order="vllm"), "XTC"),
+        (SamplerConfig(top_k=4, penalty_alpha=0.6, order="vllm"), "contrastive"),
+        (SamplerConfig(greedy=True, repetition_penalty=1.1, penalty_last_n=64), "penalty_last_n"),
+    ],
+)
 def test_samplers_vllm_lacks_are_refused_by_name(cfg, name):
     with pytest.raises(UnsupportedSamplerError, match=name):
         sampling_kwargs(cfg, V)
@@ -84,12 +92,15 @@ def test_ban_is_an_exact_whitelist_not_a_logit_bias():
         sampling_kwargs(SamplerConfig(greedy=True, ban_ids=(V,)), V)
 
 
-@pytest.mark.parametrize("cfg", [
-    SamplerConfig(temperature=0.5, top_p=0.9, engine="vllm"),  # trunc_then_temp: top-p before τ; vLLM: τ first
-    SamplerConfig(temperature=2.0, min_p=0.1, order="hf", engine="vllm"),  # hf: τ → min-p is fine, but …
-    SamplerConfig(top_p=0.5, min_p=0.6, order="hf", engine="vllm"),  # … top-p before min-p is not vLLM's order
-    SamplerConfig(temperature=0.5, min_p=0.1, order="llama.cpp", engine="vllm"),
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplerConfig(temperature=0.5, top_p=0.9, engine="vllm"),  # trunc_then_temp: top-p before τ; vLLM: τ first
+        SamplerConfig(temperature=2.0, min_p=0.1, order="hf", engine="vllm"),  # hf: τ → min-p is fine, but …
+        SamplerConfig(top_p=0.5, min_p=0.6, order="hf", engine="vllm"),  # … top-p before min-p is not vLLM's order
+        SamplerConfig(temperature=0.5, min_p=0.1, order="llama.cpp", engine="vllm"),
+    ],
+)
 def test_orders_vllm_cannot_follow_are_refused_and_really_differ(cfg):
     """Each refused config has a hard-case input where its order and vLLM's order give different distributions."""
     if cfg.order == "hf" and cfg.top_p is None:
@@ -103,12 +114,15 @@ def test_orders_vllm_cannot_follow_are_refused_and_really_differ(cfg):
     assert not torch.allclose(ours, theirs, atol=1e-6)
 
 
-@pytest.mark.parametrize("cfg", [
-    SamplerConfig(temperature=0.5, top_k=3, engine="vllm"),  # trunc_then_temp: top-k → τ; top-k commutes with τ
-    SamplerConfig(top_p=0.9, engine="vllm"),  # a single truncation at τ = 1: the order is moot
-    SamplerConfig(temperature=1.5, order="hf", engine="vllm"),
-    SamplerConfig(temperature=0.5, top_k=3, top_p=0.8, order="hf", engine="vllm"),  # τ, top-k, top-p: vLLM's order
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplerConfig(temperature=0.5, top_k=3, engine="vllm"),  # trunc_then_temp: top-k → τ; top-k commutes with τ
+        SamplerConfig(top_p=0.9, engine="vllm"),  # a single truncation at τ = 1: the order is moot
+        SamplerConfig(temperature=1.5, order="hf", engine="vllm"),
+        SamplerConfig(temperature=0.5, top_k=3, top_p=0.8, order="hf", engine="vllm"),  # τ, top-k, top-p: vLLM's order
+    ],
+)
 def test_accepted_orders_give_vllms_distribution(cfg):
     sampling_kwargs(cfg, V)
     z = hard_logits()
@@ -151,13 +165,16 @@ def _vllm_min_p(z: torch.Tensor, min_p: float) -> torch.Tensor:
     return proc.apply(z)
 
 
-@pytest.mark.parametrize("cfg", [
-    SamplerConfig(temperature=0.7, top_k=3, order="vllm"),
-    SamplerConfig(temperature=1.3, top_k=4, top_p=0.6, min_p=0.05, order="vllm"),
-    SamplerConfig(top_p=0.5, order="vllm"),
-    SamplerConfig(temperature=0.5, min_p=0.3, order="vllm"),
-    SamplerConfig(temperature=0.5, top_k=2, engine="vllm"),  # default order: accepted, top-k commutes with τ
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplerConfig(temperature=0.7, top_k=3, order="vllm"),
+        SamplerConfig(temperature=1.3, top_k=4, top_p=0.6, min_p=0.05, order="vllm"),
+        SamplerConfig(top_p=0.5, order="vllm"),
+        SamplerConfig(temperature=0.5, min_p=0.3, order="vllm"),
+        SamplerConfig(temperature=0.5, top_k=2, engine="vllm"),  # default order: accepted, top-k commutes with τ
+    ],
+)
 def test_mapped_sampler_equals_vllms_pipeline(vllm_ops, cfg):
     top_k_top_p, _ = vllm_ops
     kw = sampling_kwargs(cfg, V)
@@ -182,12 +199,15 @@ def test_penalties_equal_vllms(vllm_ops):
     outputs = [[1, 2, 2, 2], [3], [5, 5, 6], [7, 8], [0, 0, 0, 0]]
     cfg = SamplerConfig(greedy=True, repetition_penalty=1.7, presence_penalty=0.4, frequency_penalty=0.3, engine="vllm")
     P = max(map(len, prompts))
-    hist = torch.tensor([[-1] * (P - len(p)) + p + o + [-1] * (4 - len(o)) for p, o in zip(prompts, outputs)])
+    hist = torch.tensor(
+        [[-1] * (P - len(p)) + p + o + [-1] * (4 - len(o)) for p, o in zip(prompts, outputs, strict=True)]
+    )
     ours = adjust_logits(z, hist, cfg, prompt_len=P)
     pad = lambda rows, n: torch.tensor([r + [V] * (n - len(r)) for r in rows])  # noqa: E731 - vLLM pads with V
     B = z.shape[0]
-    theirs = apply_penalties(z.clone(), pad(prompts, P), pad(outputs, 4), torch.full((B,), 0.4), torch.full((B,), 0.3),
-                             torch.full((B,), 1.7))
+    theirs = apply_penalties(
+        z.clone(), pad(prompts, P), pad(outputs, 4), torch.full((B,), 0.4), torch.full((B,), 0.3), torch.full((B,), 1.7)
+    )
     fin = torch.isfinite(ours)
     assert torch.equal(fin, torch.isfinite(theirs))
     assert torch.equal(ours[fin], theirs[fin])  # op for op: bit-identical

@@ -38,7 +38,7 @@ def scans(vllm_ready, served_dirs, patched_model, heldout, engine_options):
 def test_greedy_loop_verdicts_and_records_equal_our_engine(scans):
     ours, theirs = scans
     assert ours.to_dict() == theirs.to_dict()  # same JSON: settings, summary, every record and its loop measures
-    for a, b in zip(ours.records, theirs.records):
+    for a, b in zip(ours.records, theirs.records, strict=True):
         assert (a.looping, a.measures.period, a.measures.onset) == (b.looping, b.measures.period, b.measures.onset)
     assert 0 < ours.summary.loops < len(ours.records)  # both outcomes occur: the check is not vacuous
 
@@ -54,8 +54,9 @@ def test_served_patched_model_gives_our_loop_rate(scans):
 def test_penalties_and_bans_reach_the_engine_exactly(engine, patched_model, heldout):
     """Greedy with repetition/presence/frequency penalties and a ban: vLLM's tokens are our engine's tokens."""
     _, prompts = heldout
-    cfg = SamplerConfig(greedy=True, ban_ids=(1, 2), repetition_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1,
-                        engine="vllm")
+    cfg = SamplerConfig(
+        greedy=True, ban_ids=(1, 2), repetition_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1, engine="vllm"
+    )
     ours = scan_loops(patched_model.runner, prompts[:8], 24, cfg)
     theirs = scan_loops_vllm(engine, prompts[:8], 24, cfg)
     assert [r.tokens for r in ours.records] == [r.tokens for r in theirs.records]

@@ -40,8 +40,20 @@ def test_serving_other_weights_is_a_bug_and_exits_1(vllm_ready, served_dirs, eng
     """The deployment serves the patched weights where the unpatched ones are expected (--reference)."""
     from genprobe.cli import main
 
-    rc = main(["verify-serving", str(served_dirs["patched"]), "--reference", str(served_dirs["base"]),
-               "--dtypes", "float32", "--prompt", "春江潮水連海平", "--json", *engine_flags])
+    rc = main(
+        [
+            "verify-serving",
+            str(served_dirs["patched"]),
+            "--reference",
+            str(served_dirs["base"]),
+            "--dtypes",
+            "float32",
+            "--prompt",
+            "春江潮水連海平",
+            "--json",
+            *engine_flags,
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and out["exit_status"] == 1 and out["verdict"] == "bug"
     alone = next(p for p in out["phases"] if p["phase"] == "alone")
@@ -55,8 +67,14 @@ def test_bfloat16_deployment_is_suspicious_not_pass(vllm_ready, served_dirs, eng
     rc = main(["verify-serving", str(served_dirs["patched"]), "--dtypes", "bfloat16", "--json", *engine_flags])
     cap = capsys.readouterr()
     text = cap.out
-    assert text.startswith("{"), (rc, text[:500], cap.err[-3000:])  # stdout holds the JSON only (vLLM's logs and bars go elsewhere)
+    assert text.startswith("{"), (
+        rc,
+        text[:500],
+        cap.err[-3000:],
+    )  # stdout holds the JSON only (vLLM's logs and bars go elsewhere)
     out = json.loads(text)
-    assert out["verdict_by_dtype"] == {"bfloat16": "suspicious"}, [(p["phase"], p["max_abs_dlogp"]) for p in out["phases"]]
+    assert out["verdict_by_dtype"] == {"bfloat16": "suspicious"}, [
+        (p["phase"], p["max_abs_dlogp"]) for p in out["phases"]
+    ]
     assert rc == 0  # --fail-on bug (the default): suspicious is reported, not failed
     assert all(1e-3 <= p["max_abs_dlogp"] <= 1.0 for p in out["phases"] if not p["skipped"])

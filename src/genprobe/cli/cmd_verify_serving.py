@@ -12,7 +12,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._common import add_json_flag, add_max_new_tokens, add_model_argument, add_prompt_arguments, emit_json, info, read_prompts
+from ._common import (
+    add_json_flag,
+    add_max_new_tokens,
+    add_model_argument,
+    add_prompt_arguments,
+    emit_json,
+    info,
+    read_prompts,
+)
 
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
 
@@ -21,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``verify-serving`` sub-command."""
     p = sub.add_parser(
         "verify-serving",
-        help="check a vLLM deployment's log-probabilities against float32 recomputation (batching, prefix cache, chunked prefill, dtype)",
+        help="check a vLLM deployment's log-probabilities against float32 recomputation "
+        "(batching, prefix cache, chunked prefill, dtype)",
         description="Serve MODEL with vLLM and compare its prompt and per-step top-k log-probabilities (greedy) with "
         "float32 recomputation of the same tokens: prompts alone, a mixed-length batch, a shared prefix with prefix "
         "caching on and off, prompts longer than --max-num-batched-tokens (chunked prefill); once per --dtypes entry. "
@@ -29,33 +38,65 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_argument(p)
     p.add_argument("--engine", choices=("vllm",), default="vllm", help="serving engine (default vllm)")
-    p.add_argument("--reference", metavar="MODEL", help="the weights the deployment should serve (default: MODEL itself)")
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=("float32", "bfloat16", "float16"),
-                   help="deployment dtypes, one engine each (default float32 bfloat16)")
+    p.add_argument(
+        "--reference", metavar="MODEL", help="the weights the deployment should serve (default: MODEL itself)"
+    )
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "bfloat16"],
+        choices=("float32", "bfloat16", "float16"),
+        help="deployment dtypes, one engine each (default float32 bfloat16)",
+    )
     add_max_new_tokens(p, 16)
     p.add_argument("--top-k", type=int, default=5, help="log-probabilities compared per position (default 5)")
     add_prompt_arguments(p, help_default=" (default: seeded random token ids)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
     g = p.add_argument_group("engine (passed to vllm.LLM)")
     g.add_argument("--max-model-len", type=int, help="context length the engine admits (default: the model's)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=32,
-                   help="per-step token budget; prompts longer than it are prefilled in chunks (default 32)")
-    g.add_argument("--max-num-seqs", type=int, default=32, help="concurrent sequences, <= the token budget (default 32)")
-    g.add_argument("--block-size", type=int, default=32,
-                   help="KV-cache block; prefixes shorter than it are never cached (default 32; CPU needs multiples of 32)")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=32,
+        help="per-step token budget; prompts longer than it are prefilled in chunks (default 32)",
+    )
+    g.add_argument(
+        "--max-num-seqs", type=int, default=32, help="concurrent sequences, <= the token budget (default 32)"
+    )
+    g.add_argument(
+        "--block-size",
+        type=int,
+        default=32,
+        help="KV-cache block; prefixes shorter than it are never cached (default 32; CPU needs multiples of 32)",
+    )
     g.add_argument("--no-prefix-caching", action="store_true", help="start the engine without prefix caching")
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="tensor-parallel shards (default 1)")
-    g.add_argument("--distributed-executor-backend", choices=("mp", "ray", "uni"), help="vLLM executor (ray: multi-node)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.1,
-                   help="fraction of device memory reserved; on CPU the fraction of host RAM (default 0.1)")
-    g.add_argument("--kv-cache-memory-bytes", type=int,
-                   help="explicit KV-cache size instead of the memory fraction (robust on a shared machine)")
+    g.add_argument(
+        "--distributed-executor-backend", choices=("mp", "ray", "uni"), help="vLLM executor (ray: multi-node)"
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.1,
+        help="fraction of device memory reserved; on CPU the fraction of host RAM (default 0.1)",
+    )
+    g.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        help="explicit KV-cache size instead of the memory fraction (robust on a shared machine)",
+    )
     g.add_argument("--compile", action="store_true", help="let vLLM compile the model (default: enforce_eager)")
-    g.add_argument("--in-process", action="store_true", help="run vLLM's engine core in this process (faster start on CPU)")
+    g.add_argument(
+        "--in-process", action="store_true", help="run vLLM's engine core in this process (faster start on CPU)"
+    )
     p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on |Δ log p| (default 1e-4)")
     p.add_argument("--bug", type=float, default=1.0, help="bug threshold on max |Δ log p| (default 1.0)")
-    p.add_argument("--fail-on", choices=sorted(FAIL_ON), default="bug",
-                   help="lowest phase verdict that makes the exit status 1 (default bug)")
+    p.add_argument(
+        "--fail-on",
+        choices=sorted(FAIL_ON),
+        default="bug",
+        help="lowest phase verdict that makes the exit status 1 (default bug)",
+    )
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -64,12 +105,18 @@ def _options(args: argparse.Namespace):
     from ..serving.engine import EngineOptions
 
     return EngineOptions(
-        enforce_eager=not args.compile, enable_prefix_caching=not args.no_prefix_caching,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len, block_size=args.block_size, tensor_parallel_size=args.tensor_parallel_size,
+        enforce_eager=not args.compile,
+        enable_prefix_caching=not args.no_prefix_caching,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        tensor_parallel_size=args.tensor_parallel_size,
         distributed_executor_backend=args.distributed_executor_backend,
-        gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        seed=args.seed, multiprocessing=not args.in_process,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        seed=args.seed,
+        multiprocessing=not args.in_process,
     )
 
 
@@ -96,8 +143,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
     report = verify_serving(
-        args.model, args.reference, dtypes=args.dtypes, options=_options(args), prompts=_encode_prompts(args),
-        steps=args.max_new_tokens, top_k=args.top_k, thresholds=th, seed=args.seed, log=info,
+        args.model,
+        args.reference,
+        dtypes=args.dtypes,
+        options=_options(args),
+        prompts=_encode_prompts(args),
+        steps=args.max_new_tokens,
+        top_k=args.top_k,
+        thresholds=th,
+        seed=args.seed,
+        log=info,
     )
     failing = [f"{p.dtype}/{p.phase}" for p in report.phases if not p.skipped and p.verdict in FAIL_ON[args.fail_on]]
     rc = 1 if failing else 0
@@ -122,8 +177,10 @@ def _first(d: dict | None) -> str:
 def print_table(report, file=None) -> None:
     """One row per (dtype, phase): max |Δ log p| over the top-k, top-1 agreement, first divergence, verdict."""
     out = file or sys.stdout
-    head = (f"{'dtype':<9} {'phase':<16} {'req':>4} {'pos':>5} {'max |Δlogp|':>12} {'top-1 agree':>11} "
-            f"{'first divergence':>26} {'cached':>6} {'chunks':>6} {'verdict':>10}")
+    head = (
+        f"{'dtype':<9} {'phase':<16} {'req':>4} {'pos':>5} {'max |Δlogp|':>12} {'top-1 agree':>11} "
+        f"{'first divergence':>26} {'cached':>6} {'chunks':>6} {'verdict':>10}"
+    )
     print(head, file=out)
     print("-" * len(head), file=out)
     for p in report.phases:
@@ -131,12 +188,20 @@ def print_table(report, file=None) -> None:
             print(f"{p.dtype:<9} {p.phase:<16} skipped: {p.skipped}", file=out)
             continue
         agree = "—" if p.top1_agreement is None else f"{p.top1_agreement:.4f}"
-        print(f"{p.dtype:<9} {p.phase:<16} {p.requests:>4} {p.positions:>5} {_fmt(p.max_abs_dlogp, '.3g'):>12} {agree:>11} "
-              f"{_first(p.first_divergence):>26} {_fmt(p.cached_tokens, 'd'):>6} {_fmt(p.prefill_chunks, 'd'):>6} "
-              f"{p.verdict:>10}", file=out)
+        print(
+            f"{p.dtype:<9} {p.phase:<16} {p.requests:>4} {p.positions:>5} "
+            f"{_fmt(p.max_abs_dlogp, '.3g'):>12} {agree:>11} "
+            f"{_first(p.first_divergence):>26} {_fmt(p.cached_tokens, 'd'):>6} {_fmt(p.prefill_chunks, 'd'):>6} "
+            f"{p.verdict:>10}",
+            file=out,
+        )
         if p.note:
             print(f"{'':<27}note: {p.note}", file=out)
     th = report.thresholds
-    print(f"verdict scale (verify-cache's): < {th.noise:g} pass, < {th.suspicious:g} small, ≤ {th.bug:g} suspicious, "
-          f"> {th.bug:g} bug, on max |Δ log p| over the top-{report.top_k}; a differing top-1 token is at least suspicious. "
-          f"reference: float32 recomputation of {report.reference}.", file=out)
+    print(
+        f"verdict scale (verify-cache's): < {th.noise:g} pass, < {th.suspicious:g} small, ≤ {th.bug:g} suspicious, "
+        f"> {th.bug:g} bug, on max |Δ log p| over the top-{report.top_k}; "
+        "a differing top-1 token is at least suspicious. "
+        f"reference: float32 recomputation of {report.reference}.",
+        file=out,
+    )

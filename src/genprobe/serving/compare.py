@@ -61,13 +61,14 @@ def _entries(d: dict) -> tuple[list[int], list[float], int]:
     ids = [int(t) for t in d]
     lps = [float(v.logprob) for v in d.values()]
     ranks = [getattr(v, "rank", None) for v in d.values()]
-    known = [(r, i) for r, i in zip(ranks, ids) if r is not None]
+    known = [(r, i) for r, i in zip(ranks, ids, strict=True) if r is not None]
     top = min(known)[1] if known else ids[max(range(len(ids)), key=lps.__getitem__)]
     return ids, lps, top
 
 
-def _compare_position(stats: LogprobStats, d: dict, ref_row: torch.Tensor, req: int, where: str, index: int,
-                      noise: float, tie: float) -> float:
+def _compare_position(
+    stats: LogprobStats, d: dict, ref_row: torch.Tensor, req: int, where: str, index: int, noise: float, tie: float
+) -> float:
     ids, lps, top = _entries(d)
     ref = ref_row[ids].double()
     diff = (torch.tensor(lps, dtype=torch.float64) - ref).abs()
@@ -86,8 +87,9 @@ def _compare_position(stats: LogprobStats, d: dict, ref_row: torch.Tensor, req: 
     return mx
 
 
-def compare_request(stats: LogprobStats, output: Any, ref_logprobs: torch.Tensor, req: int,
-                    noise: float, tie: float) -> None:
+def compare_request(
+    stats: LogprobStats, output: Any, ref_logprobs: torch.Tensor, req: int, noise: float, tie: float
+) -> None:
     """Add one vLLM ``RequestOutput`` (greedy, with prompt_logprobs and logprobs) to ``stats``."""
     P = len(output.prompt_token_ids)
     comp = output.outputs[0]
@@ -101,7 +103,7 @@ def compare_request(stats: LogprobStats, output: Any, ref_logprobs: torch.Tensor
 
 
 class ReferenceLogprobs:
-    """float32 ``log_softmax`` of one uncached forward of a :class:`genprobe.model.load.Model` (memoised per sequence)."""
+    """float32 ``log_softmax`` of one uncached forward of a loaded ``Model`` (memoised per sequence)."""
 
     def __init__(self, model: Any):
         self.model = model
@@ -119,8 +121,9 @@ class ReferenceLogprobs:
         return self._cache[key]
 
 
-def compare_outputs(outputs: Sequence[Any], reference: Callable[[Sequence[int]], torch.Tensor],
-                    noise: float, tie: float | None = None) -> LogprobStats:
+def compare_outputs(
+    outputs: Sequence[Any], reference: Callable[[Sequence[int]], torch.Tensor], noise: float, tie: float | None = None
+) -> LogprobStats:
     """Compare every request of one phase with recomputation of its own prompt + generated tokens."""
     stats = LogprobStats()
     for r, out in enumerate(outputs):

@@ -84,7 +84,8 @@ class EngineOptions:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
             raise ValueError(
-                f"distributed_executor_backend must be one of {DISTRIBUTED_BACKENDS}, got {self.distributed_executor_backend!r}"
+                f"distributed_executor_backend must be one of {DISTRIBUTED_BACKENDS}, "
+                f"got {self.distributed_executor_backend!r}"
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
@@ -103,8 +104,14 @@ class EngineOptions:
             "trust_remote_code": False,
             "use_tqdm_on_load": False,  # its progress bar goes to stdout, which belongs to the caller (--json)
         }
-        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
-                     "distributed_executor_backend", "kv_cache_memory_bytes"):
+        for name in (
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "max_model_len",
+            "block_size",
+            "distributed_executor_backend",
+            "kv_cache_memory_bytes",
+        ):
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)
         if self.loop_monitor:
@@ -152,8 +159,12 @@ class ServingEngine:
 
     def describe(self) -> dict:
         """JSON summary: model, options, start-up time, context length."""
-        return {"model": self.served.to_dict(), "options": self.options.to_dict(),
-                "startup_seconds": self.startup_seconds, "max_model_len": self.max_model_len}
+        return {
+            "model": self.served.to_dict(),
+            "options": self.options.to_dict(),
+            "startup_seconds": self.startup_seconds,
+            "max_model_len": self.max_model_len,
+        }
 
 
 def _start_llm(path: Path, options: EngineOptions) -> Any:
@@ -187,7 +198,7 @@ _KEY: tuple | None = None
 
 
 def shared_engine(model: str | os.PathLike, options: EngineOptions | None = None) -> ServingEngine:
-    """The process's engine for (``model``, ``options``): reused when both match, else the old one is shut down first."""
+    """The process's engine for (``model``, ``options``): reused when both match, else the old one stops first."""
     global _CURRENT, _KEY
     options = options or EngineOptions()
     key = (str(Path(model).resolve()), options)

@@ -45,7 +45,9 @@ class ExactPeriodDetector:
 
     def __init__(self, max_period: int = DEFAULT_MAX_PERIOD, min_repeats: int = 2, min_tail: int = DEFAULT_MIN_TAIL):
         if max_period < 1 or min_repeats < 2 or min_tail < 1:
-            raise ValueError(f"need max_period >= 1, min_repeats >= 2, min_tail >= 1; got {max_period}, {min_repeats}, {min_tail}")
+            raise ValueError(
+                f"need max_period >= 1, min_repeats >= 2, min_tail >= 1; got {max_period}, {min_repeats}, {min_tail}"
+            )
         self.max_period, self.min_repeats, self.min_tail = int(max_period), min_repeats, int(min_tail)
         self._periods = np.arange(1, self.max_period + 1)
         self.reset()
@@ -148,7 +150,9 @@ class LoopMonitor:
         return self.detections[row]
 
 
-def replay(tokens: Sequence[int], make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector) -> Detection | None:
+def replay(
+    tokens: Sequence[int], make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector
+) -> Detection | None:
     """Run a detector over a finished sequence token by token: where would the online monitor have fired?"""
     mon = LoopMonitor(make_detector)
     mon.start(1)

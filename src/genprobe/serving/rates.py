@@ -44,7 +44,7 @@ class RateComparison:
 def compare_loop_rates(ours: ScanResult, served: ScanResult) -> RateComparison:
     """Compare two scans of the same prompts (refuses scans of different prompt sets)."""
     a, b = ours.records, served.records
-    if len(a) != len(b) or any(x.prompt_ids != y.prompt_ids for x, y in zip(a, b)):
+    if len(a) != len(b) or any(x.prompt_ids != y.prompt_ids for x, y in zip(a, b, strict=True)):
         raise ValueError("the two scans are not over the same prompts in the same order")
     if not a:
         raise ValueError("the scans hold no records")
@@ -52,10 +52,13 @@ def compare_loop_rates(ours: ScanResult, served: ScanResult) -> RateComparison:
     lo, hi = sa.loop_rate_ci95
     return RateComparison(
         n=len(a),
-        ours_rate=sa.loop_rate, ours_ci95=(lo, hi),
-        served_rate=sb.loop_rate, served_ci95=tuple(sb.loop_rate_ci95),
+        ours_rate=sa.loop_rate,
+        ours_ci95=(lo, hi),
+        served_rate=sb.loop_rate,
+        served_ci95=tuple(sb.loop_rate_ci95),
         served_within_ours_ci=lo <= sb.loop_rate <= hi,
-        ours_degenerate_rate=sa.degenerate_rate, served_degenerate_rate=sb.degenerate_rate,
-        verdict_agreement=sum(x.looping == y.looping for x, y in zip(a, b)) / len(a),
-        token_agreement=sum(x.tokens == y.tokens for x, y in zip(a, b)) / len(a),
+        ours_degenerate_rate=sa.degenerate_rate,
+        served_degenerate_rate=sb.degenerate_rate,
+        verdict_agreement=sum(x.looping == y.looping for x, y in zip(a, b, strict=True)) / len(a),
+        token_agreement=sum(x.tokens == y.tokens for x, y in zip(a, b, strict=True)) / len(a),
     )

@@ -88,7 +88,8 @@ def _order_engine(cfg: SamplerConfig, vocab: int) -> dict:
         )
     if stages and not _equivalent(stages, _active_stages(cfg, VLLM_ORDER)):
         raise UnsupportedSamplerError(
-            f"sampler order {cfg.order!r} applies {' → '.join(stages)}; vLLM always applies temperature → min_p → top_k → "
+            f"sampler order {cfg.order!r} applies {' → '.join(stages)}; "
+            "vLLM always applies temperature → min_p → top_k → "
             f"top_p, which gives a different distribution for these settings. Use order='vllm' to scan with vLLM"
         )
     return {}
@@ -97,8 +98,12 @@ def _order_engine(cfg: SamplerConfig, vocab: int) -> dict:
 def _sampling(cfg: SamplerConfig, vocab: int) -> dict:
     if cfg.greedy:
         return {"temperature": 0.0}
-    return {"temperature": float(cfg.temperature), "top_k": int(cfg.top_k or 0),
-            "top_p": float(cfg.top_p) if cfg.top_p is not None else 1.0, "min_p": float(cfg.min_p or 0.0)}
+    return {
+        "temperature": float(cfg.temperature),
+        "top_k": int(cfg.top_k or 0),
+        "top_p": float(cfg.top_p) if cfg.top_p is not None else 1.0,
+        "min_p": float(cfg.min_p or 0.0),
+    }
 
 
 def _bans(cfg: SamplerConfig, vocab: int) -> dict:
@@ -119,8 +124,11 @@ def _penalties(cfg: SamplerConfig, vocab: int) -> dict:
         raise UnsupportedSamplerError(
             f"penalty_last_n={cfg.penalty_last_n}: vLLM's penalties see the whole prompt and output, it has no window"
         )
-    return {"repetition_penalty": float(cfg.repetition_penalty), "presence_penalty": float(cfg.presence_penalty),
-            "frequency_penalty": float(cfg.frequency_penalty)}
+    return {
+        "repetition_penalty": float(cfg.repetition_penalty),
+        "presence_penalty": float(cfg.presence_penalty),
+        "frequency_penalty": float(cfg.frequency_penalty),
+    }
 
 
 def _refuse_if(active: Callable[[SamplerConfig], bool], what: str) -> Callable[[SamplerConfig, int], dict]:
@@ -146,25 +154,43 @@ _contrastive = _refuse_if(lambda c: c.is_contrastive, "contrastive search (penal
 # SamplerConfig field → the function that maps it (one function may cover several fields). Samplers vLLM
 # lacks come first so their error is the one reported.
 _MAPPERS: dict[str, Callable[[SamplerConfig, int], dict]] = {
-    "no_repeat_ngram": _no_repeat, "typical_p": _typical, "top_n_sigma": _sigma,
-    "dry_multiplier": _dry, "dry_base": _dry, "dry_allowed_length": _dry, "dry_last_n": _dry,
-    "dry_sequence_breakers": _dry, "xtc_probability": _xtc, "xtc_threshold": _xtc, "penalty_alpha": _contrastive,
+    "no_repeat_ngram": _no_repeat,
+    "typical_p": _typical,
+    "top_n_sigma": _sigma,
+    "dry_multiplier": _dry,
+    "dry_base": _dry,
+    "dry_allowed_length": _dry,
+    "dry_last_n": _dry,
+    "dry_sequence_breakers": _dry,
+    "xtc_probability": _xtc,
+    "xtc_threshold": _xtc,
+    "penalty_alpha": _contrastive,
     "penalty_last_n": _penalties,
-    "order": _order_engine, "engine": _order_engine,
-    "greedy": _sampling, "temperature": _sampling, "top_k": _sampling, "top_p": _sampling, "min_p": _sampling,
+    "order": _order_engine,
+    "engine": _order_engine,
+    "greedy": _sampling,
+    "temperature": _sampling,
+    "top_k": _sampling,
+    "top_p": _sampling,
+    "min_p": _sampling,
     "ban_ids": _bans,
-    "repetition_penalty": _penalties, "presence_penalty": _penalties, "frequency_penalty": _penalties,
+    "repetition_penalty": _penalties,
+    "presence_penalty": _penalties,
+    "frequency_penalty": _penalties,
 }
 
 
 def _unknown_settings(cfg: SamplerConfig) -> list[str]:
     default = {f.name: f.default for f in fields(SamplerConfig)}
-    return [f"{f.name}={getattr(cfg, f.name)!r}" for f in fields(cfg)
-            if f.name not in _MAPPERS and getattr(cfg, f.name) != default.get(f.name)]
+    return [
+        f"{f.name}={getattr(cfg, f.name)!r}"
+        for f in fields(cfg)
+        if f.name not in _MAPPERS and getattr(cfg, f.name) != default.get(f.name)
+    ]
 
 
 def sampling_kwargs(cfg: SamplerConfig, vocab_size: int) -> dict[str, Any]:
-    """``SamplingParams`` keyword arguments equivalent to ``cfg`` for a model of ``vocab_size`` ids; raises if inexact."""
+    """``SamplingParams`` keyword arguments equal to ``cfg`` for a model of ``vocab_size`` ids; raises if inexact."""
     unknown = _unknown_settings(cfg)
     if unknown:
         raise UnsupportedSamplerError(
@@ -176,8 +202,15 @@ def sampling_kwargs(cfg: SamplerConfig, vocab_size: int) -> dict[str, Any]:
     return kw
 
 
-def to_sampling_params(cfg: SamplerConfig, vocab_size: int, max_new_tokens: int, *, seed: int | None = None,
-                       eos_id: int | None = None, **extra: Any) -> Any:
+def to_sampling_params(
+    cfg: SamplerConfig,
+    vocab_size: int,
+    max_new_tokens: int,
+    *,
+    seed: int | None = None,
+    eos_id: int | None = None,
+    **extra: Any,
+) -> Any:
     """A vLLM ``SamplingParams`` for ``cfg``: exactly ``max_new_tokens`` tokens unless ``eos_id`` is generated."""
     from ._vllm import require_vllm
 
@@ -188,5 +221,12 @@ def to_sampling_params(cfg: SamplerConfig, vocab_size: int, max_new_tokens: int,
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     stop = {"stop_token_ids": [int(eos_id)]} if eos_id is not None else {}
     # ignore_eos: the model config's own end-of-text id must not stop a scan; only ``eos_id`` (if given) does.
-    return SamplingParams(max_tokens=int(max_new_tokens), seed=seed, ignore_eos=True, detokenize=False,
-                          **sampling_kwargs(cfg, vocab_size), **stop, **extra)
+    return SamplingParams(
+        max_tokens=int(max_new_tokens),
+        seed=seed,
+        ignore_eos=True,
+        detokenize=False,
+        **sampling_kwargs(cfg, vocab_size),
+        **stop,
+        **extra,
+    )

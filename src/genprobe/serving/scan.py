@@ -10,7 +10,6 @@ for prompt ``i``), so they agree in distribution, not token by token.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Sequence
 
 from ..engine.sampling import SamplerConfig
@@ -46,7 +45,7 @@ def scan_loops_vllm(
     progress: bool = False,
     desc: str = "scan",
 ) -> ScanResult:
-    """:func:`genprobe.loops.scan.scan_loops` with generation in vLLM (``batch_size`` prompts per ``LLM.generate`` call).
+    """:func:`genprobe.loops.scan.scan_loops` with generation in vLLM (``batch_size`` prompts per generate call).
 
     Same arguments and result; ``eos_id`` is banned, never a stop (fixed-length loop studies), exactly
     as in our engine's scan. Records are built by the loops package's own ``_record``.
@@ -58,8 +57,10 @@ def scan_loops_vllm(
     _check_prompts(engine, prompts, max_new_tokens)
     loop = loop or LoopSettings()
     sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
-    params = [to_sampling_params(sampler, engine.vocab_size, max_new_tokens, seed=None if sampler.greedy else seed + i)
-              for i in range(len(prompts))]
+    params = [
+        to_sampling_params(sampler, engine.vocab_size, max_new_tokens, seed=None if sampler.greedy else seed + i)
+        for i in range(len(prompts))
+    ]
     records = []
     for start in range(0, len(prompts), batch_size):
         chunk = [list(p) for p in prompts[start : start + batch_size]]
@@ -67,11 +68,19 @@ def scan_loops_vllm(
         for j, out in enumerate(outs):
             comp = out.outputs[0]
             text = prompt_texts[start + j] if prompt_texts is not None else None
-            records.append(_record(chunk[j], list(comp.token_ids), comp.finish_reason == "length", unk_id, loop,
-                                   decode, text))
+            records.append(
+                _record(chunk[j], list(comp.token_ids), comp.finish_reason == "length", unk_id, loop, decode, text)
+            )
     banned = eos_id is not None and eos_id in sampler.ban_ids
-    settings = ScanSettings(sampler.to_dict(), max_new_tokens, seed, loop.to_dict(), eos_id, banned,
-                            END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None)
+    settings = ScanSettings(
+        sampler.to_dict(),
+        max_new_tokens,
+        seed,
+        loop.to_dict(),
+        eos_id,
+        banned,
+        END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None,
+    )
     return ScanResult(records, summarise(records, short_period_max), settings)
 
 

@@ -91,10 +91,18 @@ class ServingReport:
 
     def to_dict(self) -> dict:
         """JSON form."""
-        return {"model": self.model, "reference": self.reference, "steps": self.steps, "top_k": self.top_k,
-                "thresholds": self.thresholds.to_dict(), "verdict": self.verdict,
-                "verdict_by_dtype": self.verdict_by_dtype(), "phases": [p.to_dict() for p in self.phases],
-                "engines": self.engines, "errors": self.errors}
+        return {
+            "model": self.model,
+            "reference": self.reference,
+            "steps": self.steps,
+            "top_k": self.top_k,
+            "thresholds": self.thresholds.to_dict(),
+            "verdict": self.verdict,
+            "verdict_by_dtype": self.verdict_by_dtype(),
+            "phases": [p.to_dict() for p in self.phases],
+            "engines": self.engines,
+            "errors": self.errors,
+        }
 
 
 # ---- workloads ---------------------------------------------------------------------------------------
@@ -125,7 +133,9 @@ def _stream(pool: Sequence[Sequence[int]], vocab: int, seed: int) -> Callable[[i
     return take
 
 
-def build_workload(room: int, budget: int, vocab: int, prompts: Sequence[Sequence[int]] = (), seed: int = 0) -> Workload:
+def build_workload(
+    room: int, budget: int, vocab: int, prompts: Sequence[Sequence[int]] = (), seed: int = 0
+) -> Workload:
     """Prompts for every phase: ``room`` = longest admissible prompt, ``budget`` = max_num_batched_tokens."""
     if room < 4:
         raise ValueError(f"the context leaves room for prompts of only {room} tokens; lower the number of steps")
@@ -143,20 +153,37 @@ def build_workload(room: int, budget: int, vocab: int, prompts: Sequence[Sequenc
 def _params(steps: int, k: int, prompt_logprobs: bool = True, **kw: Any) -> Any:
     from vllm import SamplingParams
 
-    return SamplingParams(temperature=0.0, max_tokens=steps, logprobs=k, prompt_logprobs=k if prompt_logprobs else None,
-                          detokenize=False, ignore_eos=True, **kw)
+    return SamplingParams(
+        temperature=0.0,
+        max_tokens=steps,
+        logprobs=k,
+        prompt_logprobs=k if prompt_logprobs else None,
+        detokenize=False,
+        ignore_eos=True,
+        **kw,
+    )
 
 
 def _report(phase: str, dtype: str, outputs: Sequence[Any], ref: Any, th: Thresholds, **extra: Any) -> PhaseReport:
     st: LogprobStats = compare_outputs(outputs, ref, th.noise)
     return PhaseReport(
-        phase, dtype, len(outputs), st.positions, st.max_abs_dlogp, st.mean_abs_dlogp, st.top1_agreement,
-        st.top1_disagreements, st.first.to_dict() if st.first else None,
-        serving_verdict(st.max_abs_dlogp, st.top1_disagreements, th), **extra,
+        phase,
+        dtype,
+        len(outputs),
+        st.positions,
+        st.max_abs_dlogp,
+        st.mean_abs_dlogp,
+        st.top1_agreement,
+        st.top1_disagreements,
+        st.first.to_dict() if st.first else None,
+        serving_verdict(st.max_abs_dlogp, st.top1_disagreements, th),
+        **extra,
     )
 
 
-def run_phases(engine: ServingEngine, ref: Any, work: Workload, steps: int, k: int, th: Thresholds) -> list[PhaseReport]:
+def run_phases(
+    engine: ServingEngine, ref: Any, work: Workload, steps: int, k: int, th: Thresholds
+) -> list[PhaseReport]:
     """All phases on one started engine (its dtype is the deployment under test)."""
     dtype = engine.options.dtype
     sp = _params(steps, k)
@@ -169,20 +196,27 @@ def run_phases(engine: ServingEngine, ref: Any, work: Workload, steps: int, k: i
     return reports
 
 
-def _prefix_phases(engine: ServingEngine, ref: Any, work: Workload, steps: int, k: int, th: Thresholds) -> list[PhaseReport]:
+def _prefix_phases(
+    engine: ServingEngine, ref: Any, work: Workload, steps: int, k: int, th: Thresholds
+) -> list[PhaseReport]:
     dtype = engine.options.dtype
     # vLLM never reads the prefix cache for a request that asks for prompt_logprobs (it must score every
     # prompt token), so these requests compare generation steps only; step 0 is computed on the cached prefix.
     engine.llm.reset_prefix_cache()
     engine.generate([work.prefix_first], _params(steps, k, prompt_logprobs=False))
     hit = engine.generate([work.prefix_second], _params(steps, k, prompt_logprobs=False))
-    miss = engine.generate([work.prefix_second], _params(steps, k, prompt_logprobs=False, skip_reading_prefix_cache=True))
+    miss = engine.generate(
+        [work.prefix_second], _params(steps, k, prompt_logprobs=False, skip_reading_prefix_cache=True)
+    )
     cached, uncached = int(hit[0].num_cached_tokens or 0), int(miss[0].num_cached_tokens or 0)
     note = None
     if cached == 0:
         bs = engine.llm.llm_engine.vllm_config.cache_config.block_size
-        why = "prefix caching is off" if not engine.options.enable_prefix_caching else \
-            f"the shared prefix ({len(work.prefix_first) - 4} tokens) is shorter than a KV block ({bs})"
+        why = (
+            "prefix caching is off"
+            if not engine.options.enable_prefix_caching
+            else f"the shared prefix ({len(work.prefix_first) - 4} tokens) is shorter than a KV block ({bs})"
+        )
         note = f"the second request was not served from the prefix cache: {why}"
     return [
         _report("prefix_cached", dtype, hit, ref, th, cached_tokens=cached, note=note),
@@ -193,11 +227,18 @@ def _prefix_phases(engine: ServingEngine, ref: Any, work: Workload, steps: int, 
 def _chunked_phase(engine: ServingEngine, ref: Any, work: Workload, sp: Any, th: Thresholds) -> PhaseReport:
     budget = scheduler_budget(engine)
     if not work.long:
-        return PhaseReport("chunked_prefill", engine.options.dtype, skipped=(
-            f"max_num_batched_tokens ({budget}) is not below the longest admissible prompt: set it lower to force "
-            "chunked prefill"))
+        return PhaseReport(
+            "chunked_prefill",
+            engine.options.dtype,
+            skipped=(
+                f"max_num_batched_tokens ({budget}) is not below the longest admissible prompt: set it lower to force "
+                "chunked prefill"
+            ),
+        )
     chunks = max(math.ceil(len(p) / budget) for p in work.long)
-    return _report("chunked_prefill", engine.options.dtype, engine.generate(work.long, sp), ref, th, prefill_chunks=chunks)
+    return _report(
+        "chunked_prefill", engine.options.dtype, engine.generate(work.long, sp), ref, th, prefill_chunks=chunks
+    )
 
 
 def scheduler_budget(engine: ServingEngine) -> int:
@@ -238,7 +279,9 @@ def verify_serving(
     ref_model = load_model(reference if reference is not None else served.path)
     if ref_model.vocab_size != served.vocab_size:
         served.cleanup()
-        raise ValueError(f"the reference has {ref_model.vocab_size} output ids but the served model has {served.vocab_size}")
+        raise ValueError(
+            f"the reference has {ref_model.vocab_size} output ids but the served model has {served.vocab_size}"
+        )
     ref = ReferenceLogprobs(ref_model)
     report = ServingReport(str(model), str(reference if reference is not None else model), [], th, steps, top_k)
     try:
@@ -247,7 +290,9 @@ def verify_serving(
                 log(f"starting vLLM ({dt}) on {served.path} …")
             engine = shared_engine(served.path, replace(opts, dtype=dt))
             report.engines.append(engine.describe())
-            work = build_workload(engine.max_model_len - steps, scheduler_budget(engine), served.vocab_size, prompts, seed)
+            work = build_workload(
+                engine.max_model_len - steps, scheduler_budget(engine), served.vocab_size, prompts, seed
+            )
             report.phases += run_phases(engine, ref, work, steps, top_k, th)
     finally:
         served.cleanup()

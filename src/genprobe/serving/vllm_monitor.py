@@ -38,7 +38,7 @@ ACTIONS = ("stop", "break")
 
 
 def _detector_factory(cfg: dict) -> Callable[[], IncrementalDetector]:
-    """``cfg["detector"]`` ("module:Class", default the exact-period detector) called with ``cfg["detector_kwargs"]``."""
+    """``cfg["detector"]`` ("module:Class"; default the exact-period detector) built with ``cfg["detector_kwargs"]``."""
     spec = cfg.get("detector")
     kwargs = dict(cfg.get("detector_kwargs") or {})
     if spec is None:
@@ -124,9 +124,16 @@ class LoopMonitorProcessor(LogitsProcessor):
         return logits
 
 
-def monitor_request_kwargs(stop_token_id: int | None, action: str = "stop", *, max_period: int = DEFAULT_MAX_PERIOD,
-                           min_tail: int = DEFAULT_MIN_TAIL, min_repeats: float = 2,
-                           stop_token_ids: Sequence[int] = (), detector: str | None = None) -> dict:
+def monitor_request_kwargs(
+    stop_token_id: int | None,
+    action: str = "stop",
+    *,
+    max_period: int = DEFAULT_MAX_PERIOD,
+    min_tail: int = DEFAULT_MIN_TAIL,
+    min_repeats: float = 2,
+    stop_token_ids: Sequence[int] = (),
+    detector: str | None = None,
+) -> dict:
     """``SamplingParams`` keyword arguments that turn the monitor on for one request."""
     cfg: dict[str, Any] = {"action": action}
     if detector is None:
@@ -143,8 +150,9 @@ def monitor_request_kwargs(stop_token_id: int | None, action: str = "stop", *, m
     return {"extra_args": {EXTRA_KEY: cfg}, "stop_token_ids": stops or None}
 
 
-def monitor_result(output: Any, stop_token_id: int, make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector
-                   ) -> Detection | None:
+def monitor_result(
+    output: Any, stop_token_id: int, make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector
+) -> Detection | None:
     """The monitor's detection for a finished request (None when the monitor did not stop it)."""
     comp = output.outputs[0]
     toks = list(comp.token_ids)
