@@ -83,6 +83,22 @@ def test_recompute_detector_is_pluggable():
         RecomputeDetector(every=0)
 
 
+def test_near_loop_detector_plugs_in():
+    """genprobe.metrics.detect_near_loop in the monitor: a cycle with a substitution in every other unit is a
+    near loop from its first token (onset 2), which the exact rule never calls a loop on the whole text."""
+    from genprobe.metrics import detect_near_loop
+
+    unit = [1, 2, 3, 4, 5, 6]
+    seq = [9, 8]
+    for k in range(8):
+        seq += unit[: k % 6] + [20 + k] + unit[k % 6 + 1 :] if k % 2 else unit
+    near = replay(seq, lambda: RecomputeDetector(detect_near_loop, every=1))
+    assert (near.period, near.onset) == (6, 2)
+    assert not detect_loop(seq).looping
+    with pytest.raises(TypeError, match="looping"):
+        RecomputeDetector(lambda toks: 42).push(1)
+
+
 def test_monitor_records_first_detection_and_lag():
     mon = LoopMonitor(lambda: ExactPeriodDetector(min_tail=4))
     mon.start(2)

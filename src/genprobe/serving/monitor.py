@@ -8,8 +8,9 @@ None`` and ``reset()``. Two are provided:
   kept up to date in O(``max_period``) per token: for every p it keeps the length of the run of
   positions with ``t[i] == t[i - p]`` ending at the newest token. At every prefix it answers exactly
   what ``detect_loop(prefix, max_period=...)`` answers (tested).
-* :class:`RecomputeDetector` — wraps any offline detector ``fn(tokens) -> LoopInfo`` (e.g. a
-  near-loop detector) and calls it every ``every`` tokens.
+* :class:`RecomputeDetector` — wraps any offline detector ``fn(tokens)`` (e.g.
+  :func:`genprobe.metrics.detect_near_loop`, which also sees loops with a substitution) and calls it
+  every ``every`` tokens.
 
 The monitor is wired into generation as a ``transformers`` :class:`LoopStoppingCriteria` (stop),
 a ``transformers`` :class:`LoopBreakingLogitsProcessor` (intervene: ban the token that would
@@ -82,9 +83,14 @@ class ExactPeriodDetector:
 
 
 class RecomputeDetector:
-    """Any offline detector ``fn(tokens) -> LoopInfo`` run on the whole sequence every ``every`` tokens."""
+    """Any offline detector ``fn(tokens)`` run on the whole sequence every ``every`` tokens.
 
-    def __init__(self, fn: Callable[[Sequence[Hashable]], LoopInfo] = detect_loop, every: int = 1):
+    ``fn`` may return a :class:`~genprobe.metrics.loop.LoopInfo` or anything with ``period`` and
+    ``onset`` and a ``looping`` / ``near_looping`` flag (e.g. :func:`genprobe.metrics.detect_near_loop`'s
+    result); it is reported as a ``LoopInfo`` over the tail from ``onset``.
+    """
+
+    def __init__(self, fn: Callable[[Sequence[Hashable]], object] = detect_loop, every: int = 1):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.fn, self.every = fn, every
@@ -99,8 +105,24 @@ class RecomputeDetector:
         self.tokens.append(int(token))
         if len(self.tokens) % self.every:
             return None
-        info = self.fn(self.tokens)
-        return info if info.looping else None
+        return as_loop_info(self.fn(self.tokens), self.tokens)
+
+
+def as_loop_info(result: object, tokens: Sequence[int]) -> LoopInfo | None:
+    """A detector's result as a ``LoopInfo`` (None when it reports no loop)."""
+    if isinstance(result, LoopInfo):
+        return result if result.looping else None
+    flag = getattr(result, "looping", None)
+    if flag is None:
+        flag = getattr(result, "near_looping", None)
+    if flag is None:
+        raise TypeError(
+            f"a loop detector must return a result with .looping or .near_looping, got {type(result).__name__}"
+        )
+    if not flag:
+        return None
+    period, onset = int(result.period), int(result.onset)
+    return LoopInfo(True, period, onset, tuple(tokens[onset : onset + period]), (len(tokens) - onset) / period)
 
 
 @dataclass
