@@ -28,7 +28,7 @@ def test_engine_passes_with_exact_prefill(sharp_model, prompt):
     assert r.phase("prefill").max_abs_dlogit == 0.0
     assert r.phase("incremental").max_abs_dlogit < 1e-4
     assert r.phase("padded_batch").skipped is None and r.phase("padded_batch").max_abs_dlogit < 1e-4
-    assert {p.phase for p in r.phases} == {"prefill", "incremental", "chunk_1", "chunk_4", "padded_batch"}
+    assert {p.phase for p in r.phases} == {"prefill", "incremental", "chunk_1", "chunk_4", "padded_batch", "isolation"}
     assert r.verdict == "pass" and r.text_divergences == 0 and r.first_diff_step is None
 
 
