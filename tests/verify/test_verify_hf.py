@@ -92,6 +92,16 @@ def test_cli_hf_cache_static_passes(capsys, tmp_path, arch):
         "prefill", "incremental", "chunk_1", "chunk_4", "padded_batch", "isolation"}
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind, cls", [("static", "StaticCache"), ("dynamic", "DynamicCache")])
+def test_the_named_cache_class_is_the_one_driven(arch, kind, cls):
+    hf = tiny_hf(arch, init=0.2)
+    a = HFAdapter(hf, cache=kind, max_cache_len=20)
+    r = verify_implementation(a, HFReference(hf), PROMPTS, steps=4, chunk_sizes=(4,))
+    assert r.verdict == "pass", r.max_by_phase()
+    assert type(a.cache).__name__ == cls  # the cache the model filled and returned is of that class
+
+
 def test_cli_hf_cache_all_reports_every_class(capsys, tmp_path):
     from genprobe.cli import main
     from genprobe.verify.hf_caches import quantized_backend
