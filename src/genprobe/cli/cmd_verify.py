@@ -48,8 +48,8 @@ in the wrong order (e.g. drops the sinks first) fails. Applies to genprobe model
 genprobe MODEL (your factory must build its cache with the same W and S). A transformers model's window
 comes from its config (sliding_window), which both its reference and its caches follow.
 
-transformers caches: --hf-cache dynamic static sliding quantized offloaded verifies each of the model's
-own cache classes (a fresh cache per sequence); kinds this transformers version or machine lacks are
+transformers caches: --hf-cache dynamic static sliding quantized offloaded (or all) verifies each of the
+model's own cache classes (a fresh cache per sequence); kinds this transformers version or machine lacks are
 reported as unavailable with the reason. quantized is lossy by design: expect suspicious or bug.
 """
 
@@ -59,12 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify-cache",
         help="check that a KV-cache implementation is equivalent to recomputation (logits, not text)",
-        description="Verify a cached implementation against full recomputation, step by step: prefill "
-        "(bit-identical?), N greedy decode steps, chunked prefill, a left-padded batch, and isolation (a "
-        "different sequence, reset(), then the prompt: nothing may survive reset). MODEL alone verifies its "
-        "own cache (our engine for a genprobe checkpoint, transformers' caches for a transformers directory); "
-        "with --impl MOD:FACTORY it verifies your adapter (reset(), prefill(ids, attention_mask=None), "
-        "step(ids)) built by factory(MODEL), with MODEL as the reference.",
+        description="Verify a cached implementation against full recomputation, step by step: prefill\n"
+        "(bit-identical?), N greedy decode steps, chunked prefill, a left-padded batch, and isolation (another\n"
+        "sequence, reset(), then the prompt: nothing may survive reset). MODEL alone verifies its own cache\n"
+        "(our engine for a genprobe checkpoint, transformers' caches for a transformers directory); with\n"
+        "--impl MOD:FACTORY it verifies your adapter (reset(), prefill(ids, attention_mask=None), step(ids))\n"
+        "built by factory(MODEL), with MODEL as the reference.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
