@@ -31,15 +31,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
+    shown = warnings.formatwarning
     warnings.formatwarning = _format_warning
+    try:
+        return _run(argv)
+    finally:
+        warnings.formatwarning = shown
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    warnings.simplefilter("default")
     try:
-        rc = args.func(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            rc = args.func(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"genprobe {args.command}: error: {exc}", file=sys.stderr)
         return 2
