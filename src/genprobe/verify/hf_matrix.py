@@ -1,8 +1,8 @@
 """``transformers``' cache classes × architectures: the verifier's verdict for each pair, on tiny random models.
 
 Run ``python -m genprobe.verify.hf_matrix [--init 0.02] [--steps 8]`` for the markdown table. The models
-are built from small configs (no download): GPT-2, Llama, Qwen2 (grouped-query attention) and Mistral
-with a sliding window shorter than the sequences, so its caches must evict.
+are built from small configs (no download): GPT-2, Llama, Qwen2, Phi-3, GPT-NeoX, and Mistral / Gemma 2 /
+Gemma 3 with a sliding window (6) shorter than the sequences, so their sliding layers must evict.
 """
 
 from __future__ import annotations
@@ -18,28 +18,40 @@ from .adapters import HFAdapter, HFReference
 from .harness import ReferenceRun, verify_implementation
 from .hf_caches import CACHE_KINDS, describe, unavailable_reason
 
-ARCHS = ("gpt2", "llama", "qwen2", "mistral")
+ARCHS = ("gpt2", "llama", "qwen2", "mistral", "gemma2", "gemma3", "phi3", "gpt_neox")
 PROMPTS = [[5, 17, 42, 8, 91, 23, 64, 30], [12, 77, 3, 56, 9], [40, 2, 88]]
 
 
+def tiny_config(arch: str, init: float = 0.02, window: int = 6):
+    """A 2-layer config of ``arch`` (vocab 100; grouped-query attention and a sliding window where it has them)."""
+    import transformers as T
+
+    ids = dict(bos_token_id=None, eos_token_id=None, pad_token_id=0, initializer_range=init)
+    common = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, **ids)
+    builders = {
+        "gpt2": lambda: T.GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=2, **ids),
+        "llama": lambda: T.LlamaConfig(**common),
+        "qwen2": lambda: T.Qwen2Config(**common),
+        "mistral": lambda: T.MistralConfig(**common, sliding_window=window),
+        "gemma2": lambda: T.Gemma2Config(**common, head_dim=8, sliding_window=window),
+        "gemma3": lambda: T.Gemma3TextConfig(**common, head_dim=8, sliding_window=window),
+        "phi3": lambda: T.Phi3Config(**common),
+        "gpt_neox": lambda: T.GPTNeoXConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, max_position_embeddings=64, **ids),
+    }
+    if arch not in builders:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {list(ARCHS)}")
+    return builders[arch]()
+
+
 def tiny_model(arch: str, init: float = 0.02, window: int = 6):
-    """A seeded random causal LM of ``arch`` (vocab 100, 2 layers, eager attention)."""
+    """A seeded random causal LM of ``arch`` in eval mode, eager attention."""
     import transformers
 
+    cfg = tiny_config(arch, init, window)
     torch.manual_seed(0)
-    common = dict(vocab_size=100, initializer_range=init, attn_implementation="eager",
-                  bos_token_id=None, eos_token_id=None, pad_token_id=0)
-    if arch == "gpt2":
-        return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, **common)).eval()
-    kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=64, **common)
-    if arch == "llama":
-        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw)).eval()
-    if arch == "qwen2":
-        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw)).eval()
-    if arch == "mistral":
-        return transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=window, **kw)).eval()
-    raise ValueError(f"unknown architecture {arch!r}; choose from {list(ARCHS)}")
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
 
 
 @dataclass
