@@ -233,6 +233,20 @@ def _isolation_phase(impl: Any, run: ReferenceRun, tr: ReferenceTrajectory, a: l
     _teacher_forced(impl, tr, None, tr_)
 
 
+def _greedy_phases(impl: Any, trajs: list[ReferenceTrajectory], pre: PhaseTracker, inc: PhaseTracker) -> list:
+    """Prefill and teacher-forced decoding of every prompt; the implementation's argmaxes (None where it raised)."""
+    own: list[list[int] | None] = [None] * len(trajs)
+    try:
+        for i, tr in enumerate(trajs):
+            own[i] = _teacher_forced(impl, tr, pre, inc)
+    except ImplCrash as crash:  # a crash in reset() or prefill belongs to the prefill phase
+        target = pre if crash.call in (0, None) else inc
+        target.fail(PhaseError.from_exception(target.r.phase, crash.exc, crash.call))
+        if target is pre and inc.r.calls == 0:
+            inc.skip("not reached: the prefill call raised")
+    return own
+
+
 def _run_phase(tracker: PhaseTracker, body: Callable[[], None], skip_not_implemented: str | None = None) -> None:
     """Run one phase; an implementation crash is recorded (or, for optional features, turns into a skip)."""
     try:
@@ -284,15 +298,7 @@ def verify_implementation(
     trajs = [run.trajectory(p) for p in prompts]
 
     pre, inc = PhaseTracker("prefill", th.noise), PhaseTracker("incremental", th.noise)
-    own: list[list[int] | None] = [None] * len(trajs)
-    try:
-        for i, tr in enumerate(trajs):
-            own[i] = _teacher_forced(impl, tr, pre, inc)
-    except ImplCrash as crash:  # a crash in reset() or prefill belongs to the prefill phase
-        target = pre if crash.call in (0, None) else inc
-        target.fail(PhaseError.from_exception(target.r.phase, crash.exc, crash.call))
-        if target is pre and inc.r.calls == 0:
-            inc.skip("not reached: the prefill call raised")
+    own = _greedy_phases(impl, trajs, pre, inc)
     trackers = [pre, inc]
     for c in chunk_sizes:
         t = PhaseTracker(f"chunk_{int(c)}", th.noise)
@@ -305,9 +311,9 @@ def verify_implementation(
         trackers.append(t)
     if isolation:
         t = PhaseTracker("isolation", th.noise)
-        vocab = trajs[0].prefill_logits.shape[-1]
-        room = None if run.max_positions is None else run.max_positions - steps
-        a = isolation_partner(prompts[0], prompts[1:], vocab, room)
+        limits = [m for m in (run.max_positions, getattr(impl, "max_positions", None)) if m is not None]
+        room = min(limits) - steps if limits else None
+        a = isolation_partner(prompts[0], prompts[1:], trajs[0].prefill_logits.shape[-1], room)
         _run_phase(t, lambda: _isolation_phase(impl, run, trajs[0], a, t))
         trackers.append(t)
     texts_tracker = PhaseTracker("greedy_text", th.noise)
