@@ -238,6 +238,8 @@ def test_wrong_logit_shape_is_an_implementation_error(sharp_model, prompt):
     err = r.phase("incremental").error
     assert err.type == "ValueError" and "expected logits of shape" in err.message and err.call == 1
     assert r.phase("prefill").verdict == "pass"
+    narrow = run(sharp_model, prompt, lambda s, kind, ids, mask, out: out[..., :-1] if kind == "step" else out)
+    assert narrow.verdict == "error" and "expected logits of shape (1, 1, 50)" in narrow.errors[0].message
 
 
 # ---- an implementation that raises: its own outcome, the other phases still run ------------------------

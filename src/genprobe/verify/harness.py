@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .compare import Thresholds, compare_rows, max_abs_diff
+from .compare import Thresholds, max_abs_diff
 from .report import PhaseError, PhaseResult, PhaseTracker, VerifyReport, overall_verdict
 
 __all__ = [
@@ -48,6 +48,11 @@ class ReferenceTrajectory:
     step_logits: list[torch.Tensor]  # N+1 vectors (V,): step 0 = last prompt position, step k after k tokens
     tokens: list[int]  # N+1 greedy tokens chosen from step_logits
     seq_logits: torch.Tensor  # (P+N, V): one uncached forward over prompt + tokens[:N]
+
+    @property
+    def vocab(self) -> int:
+        """V, the size of the logit vectors."""
+        return int(self.prefill_logits.shape[-1])
 
 
 class ReferenceRun:
@@ -68,7 +73,7 @@ class ReferenceRun:
     def _full(self, ids: list[int]) -> torch.Tensor:
         x = torch.tensor([ids], dtype=torch.long)
         out = self.reference.full(x)
-        _check_logits(out, (1, len(ids)), "reference.full")
+        _check_logits(out, (1, len(ids), None), "reference.full")
         return out[0].float()
 
     def check_length(self, n_prompt: int) -> None:
@@ -112,17 +117,20 @@ class ImplCrash(Exception):
         self.call, self.exc = call, exc
 
 
-def _check_logits(x: Any, lead: tuple[int, int], where: str) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[:2]) != tuple(lead):
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{where} returned {shape}; expected logits of shape ({lead[0]}, {lead[1]}, vocab)")
+def _check_logits(x: Any, shape: tuple[int, int, int | None], where: str) -> None:
+    """Raise ValueError unless ``x`` is a (B, T, V) tensor (V unchecked when None)."""
+    want = tuple(shape) if shape[2] is not None else tuple(shape[:2])
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[: len(want)]) != want:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        v = "vocab" if shape[2] is None else shape[2]
+        raise ValueError(f"{where} returned {got}; expected logits of shape ({shape[0]}, {shape[1]}, {v})")
 
 
-def _call(call: int, fn: Callable, ids: torch.Tensor, lead: tuple[int, int], where: str, **kw) -> torch.Tensor:
+def _call(call: int, fn: Callable, ids: torch.Tensor, shape: tuple[int, int, int], where: str, **kw) -> torch.Tensor:
     """``fn(ids, **kw)`` with its logits' shape checked; any exception becomes :class:`ImplCrash`."""
     try:
         out = fn(ids, **kw)
-        _check_logits(out, lead, where)
+        _check_logits(out, shape, where)
         return out
     except Exception as exc:  # noqa: BLE001 — whatever the implementation raises is what we report
         raise ImplCrash(call, exc) from exc
@@ -144,12 +152,12 @@ def _t(ids: Sequence[int]) -> torch.Tensor:
 def _teacher_forced(impl: Any, tr: ReferenceTrajectory, pre: PhaseTracker | None, inc: PhaseTracker) -> list[int]:
     """Prefill ``tr.prompt`` then step through the reference's greedy tokens; returns the implementation's argmaxes."""
     _reset(impl)
-    out = _call(0, impl.prefill, _t(tr.prompt), (1, len(tr.prompt)), "prefill")
-    (pre or inc).add(0, compare_rows(out[0], tr.prefill_logits))
+    out = _call(0, impl.prefill, _t(tr.prompt), (1, len(tr.prompt), tr.vocab), "prefill")
+    (pre or inc).add(0, out[0], tr.prefill_logits)
     own = [int(out[0, -1].argmax())]
     for k in range(1, len(tr.step_logits)):
-        out = _call(k, impl.step, _t([tr.tokens[k - 1]]), (1, 1), "step")
-        inc.add(k, compare_rows(out[0, -1], tr.step_logits[k]))
+        out = _call(k, impl.step, _t([tr.tokens[k - 1]]), (1, 1, tr.vocab), "step")
+        inc.add(k, out[0, -1], tr.step_logits[k])
         own.append(int(out[0, -1].argmax()))
     return own
 
@@ -158,10 +166,10 @@ def _teacher_forced(impl: Any, tr: ReferenceTrajectory, pre: PhaseTracker | None
 def _free_text(impl: Any, tr: ReferenceTrajectory) -> list[int]:
     """The implementation's own greedy tokens (N+1 of them), fed back to itself."""
     _reset(impl)
-    out = _call(0, impl.prefill, _t(tr.prompt), (1, len(tr.prompt)), "prefill")
+    out = _call(0, impl.prefill, _t(tr.prompt), (1, len(tr.prompt), tr.vocab), "prefill")
     toks = [int(out[0, -1].argmax())]
     for k in range(1, len(tr.tokens)):
-        out = _call(k, impl.step, _t([toks[-1]]), (1, 1), "step")
+        out = _call(k, impl.step, _t([toks[-1]]), (1, 1, tr.vocab), "step")
         toks.append(int(out[0, -1].argmax()))
     return toks
 
@@ -175,8 +183,8 @@ def _chunk_phase(impl: Any, trajs: list[ReferenceTrajectory], chunk: int, tr_: P
         for call, start in enumerate(range(0, len(seq), chunk)):
             piece = seq[start : start + chunk]
             fn = impl.prefill if call == 0 else impl.step
-            out = _call(call, fn, _t(piece), (1, len(piece)), f"chunk_{chunk} call {call}")
-            tr_.add(call, compare_rows(out[0], tr.seq_logits[start : start + len(piece)]))
+            out = _call(call, fn, _t(piece), (1, len(piece), tr.vocab), f"chunk_{chunk} call {call}")
+            tr_.add(call, out[0], tr.seq_logits[start : start + len(piece)])
 
 
 def padded_prompts(prompts: list[list[int]]) -> list[list[int]]:
@@ -200,12 +208,13 @@ def _padded_phase(impl: Any, run: ReferenceRun, prompts: list[list[int]], tr_: P
         ids[b, L - len(p) :] = torch.tensor(p)
         mask[b, L - len(p) :] = 1
     _reset(impl)
-    out = _call(0, impl.prefill, ids, (B, L), "padded prefill", attention_mask=mask)
+    V = trajs[0].vocab
+    out = _call(0, impl.prefill, ids, (B, L, V), "padded prefill", attention_mask=mask)
     got = torch.cat([out[b, L - len(p) :] for b, p in enumerate(prompts)])
-    tr_.add(0, compare_rows(got, torch.cat([t.prefill_logits for t in trajs])))
+    tr_.add(0, got, torch.cat([t.prefill_logits for t in trajs]))
     for k in range(1, run.steps + 1):
-        out = _call(k, impl.step, torch.tensor([[t.tokens[k - 1]] for t in trajs], dtype=torch.long), (B, 1), "padded step")
-        tr_.add(k, compare_rows(out[:, -1], torch.stack([t.step_logits[k] for t in trajs])))
+        out = _call(k, impl.step, torch.tensor([[t.tokens[k - 1]] for t in trajs], dtype=torch.long), (B, 1, V), "padded step")
+        tr_.add(k, out[:, -1], torch.stack([t.step_logits[k] for t in trajs]))
 
 
 def isolation_partner(b: list[int], others: Sequence[Sequence[int]], vocab_size: int, max_len: int | None) -> list[int]:
@@ -227,9 +236,9 @@ def isolation_partner(b: list[int], others: Sequence[Sequence[int]], vocab_size:
 def _isolation_phase(impl: Any, run: ReferenceRun, tr: ReferenceTrajectory, a: list[int], tr_: PhaseTracker) -> None:
     """Sequence A run to the end on the implementation's own tokens, ``reset()``, then B teacher-forced vs B alone."""
     _reset(impl)
-    out = _call(0, impl.prefill, _t(a), (1, len(a)), "isolation: prefill of sequence A")
+    out = _call(0, impl.prefill, _t(a), (1, len(a), tr.vocab), "isolation: prefill of sequence A")
     for k in range(1, run.steps + 1):
-        out = _call(k, impl.step, _t([int(out[0, -1].argmax())]), (1, 1), "isolation: step of sequence A")
+        out = _call(k, impl.step, _t([int(out[0, -1].argmax())]), (1, 1, tr.vocab), "isolation: step of sequence A")
     _teacher_forced(impl, tr, None, tr_)
 
 

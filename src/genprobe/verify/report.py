@@ -11,8 +11,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
+import torch
+
 from .._io import json_safe
-from .compare import RowStats, Thresholds, worst
+from .compare import Thresholds, compare_rows, max_abs_diff, worst
 
 OUTCOMES = ("pass", "small", "suspicious", "bug", "error", "unavailable")
 # a phase's verdict is one of VERDICTS, "error" (the implementation raised in it) or "skipped"
@@ -72,30 +74,32 @@ class PhaseResult:
 
 
 class PhaseTracker:
-    """Accumulates one phase call by call, then judges it."""
+    """Accumulates one phase call by call, then judges it.
+
+    Each call's max |Δ| is taken at once (it dates the first difference); the measures over the
+    whole phase (reference spread, top-k |Δ log p|, top-1 agreement) are computed once at the end
+    over all compared rows — one batch of tensor ops instead of one per call.
+    """
 
     def __init__(self, phase: str, noise: float):
         self.r = PhaseResult(phase)
         self.noise = noise
-        self._stds: list[float] = []
-        self._agree = 0
-        self._dlogp = 0.0
+        self._got: list[torch.Tensor] = []
+        self._ref: list[torch.Tensor] = []
 
-    def add(self, call: int, s: RowStats) -> None:
-        """Fold in one call's comparison."""
+    def add(self, call: int, got: torch.Tensor, ref: torch.Tensor) -> None:
+        """Compare one call's logits (rows, V) — or (V,) — with the reference's."""
         r = self.r
+        d = max_abs_diff(got, ref)
         r.calls += 1
-        r.rows += s.rows
-        r.max_abs_dlogit = max(r.max_abs_dlogit, s.max_abs)
-        r.nonfinite_logits = r.nonfinite_logits or s.nonfinite
-        self._stds.extend(s.ref_std.tolist())
-        self._agree += s.top1_agree
-        self._dlogp = max(self._dlogp, s.max_dlogp_topk)
-        if s.max_abs > 0:  # exact: equal entries count 0, so any bit difference is > 0
+        r.max_abs_dlogit = max(r.max_abs_dlogit, d)
+        self._got.append(got.detach().float().reshape(-1, got.shape[-1]).clone())  # the implementation may reuse its buffer
+        self._ref.append(ref.float().reshape(-1, ref.shape[-1]))
+        if d > 0:  # exact: equal entries count 0, so any bit difference is > 0
             r.bit_identical = False
             if r.first_any_diff_step is None:
                 r.first_any_diff_step = call
-        if s.max_abs >= self.noise and r.first_diff_step is None:
+        if d >= self.noise and r.first_diff_step is None:
             r.first_diff_step = call
 
     def skip(self, reason: str) -> PhaseResult:
@@ -111,11 +115,15 @@ class PhaseTracker:
     def finish(self, th: Thresholds) -> PhaseResult:
         """Summary measures and the phase verdict."""
         r = self.r
-        if r.rows:
-            r.ref_logit_std = statistics.median(self._stds)
+        if self._got:
+            s = compare_rows(torch.cat(self._got), torch.cat(self._ref))
+            r.rows = s.rows
+            r.ref_logit_std = statistics.median(s.ref_std.tolist())
             r.rel_dlogit = r.max_abs_dlogit / r.ref_logit_std if r.ref_logit_std > 0 else float("inf")
-            r.max_abs_dlogprob_topk = self._dlogp
-            r.top1_agreement = self._agree / r.rows
+            r.max_abs_dlogprob_topk = s.max_dlogp_topk
+            r.top1_agreement = s.top1_agree / s.rows
+            r.nonfinite_logits = s.nonfinite
+            self._got, self._ref = [], []
         if r.error is not None:
             r.verdict = "error"
         elif r.skipped is None:
