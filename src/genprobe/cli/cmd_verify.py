@@ -367,10 +367,11 @@ def print_tables(reports: list, mutant_reports: list, mutant_rows: list[dict], n
             print(f"unavailable: {r.impl}: {r.unavailable}", file=out)
     print(
         f"verdict: the worse of max |Δlogit| (< {th.noise:g} pass, < {th.suspicious:g} small, ≤ {th.bug:g} suspicious, "
-        f"> {th.bug:g} bug) and Δ/σ, |Δ| in standard deviations of the reference logits (> {th.rel_bug:g} bug, "
-        f"≥ {th.rel_suspicious:g} suspicious; only above {th.noise:g}). top-1 agree: lowest share of positions "
-        "whose argmax matches, over phases. text div.: greedy text positions that differ; text only: would "
-        "comparing text alone have caught it.",
+        f"> {th.bug:g} bug)\n"
+        f"  and Δ/σ, |Δ| in standard deviations of the reference logits (> {th.rel_bug:g} bug, ≥ {th.rel_suspicious:g} "
+        f"suspicious; only for |Δ| ≥ {th.noise:g}).\n"
+        "top-1 agree: lowest share of positions whose argmax matches the reference's, over phases. text div.: greedy\n"
+        "  text positions that differ; text only: would comparing text alone have caught it. —: phase not run.",
         file=out,
     )
     if noop:
