@@ -90,7 +90,7 @@ class EngineAdapter:
 
     A windowed ``KVCache`` is a ring buffer of ``sinks + window`` slots that accepts one token per call
     once full (a chunk would overwrite keys its own first queries still need). Past that point the
-    adapter feeds chunks token by token, as generation does.
+    adapter feeds a chunk token by token, as any decode loop over a windowed cache must.
     """
 
     def __init__(self, model: GPT, max_len: int | None = None, window: int | None = None, sinks: int = 0):
