@@ -7,6 +7,7 @@ import sys
 import warnings
 
 from ._common import add_json_flag, add_max_new_tokens, add_model_argument, add_prompt_arguments, emit_json, info, load_model_arg, read_prompts
+from ._sampler_args import add_sampler_arguments, sampler_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,22 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_argument(p)
     add_prompt_arguments(p, required=True)
-    p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sample)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None, help="keep the K most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus: smallest set whose mass reaches P")
-    p.add_argument("--min-p", type=float, default=None, help="keep tokens with p >= M * p_max")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL/HF penalty (1 = off)")
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="vLLM presence penalty")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="vLLM frequency penalty")
-    p.add_argument("--no-repeat-ngram", type=int, default=0, help="ban tokens completing a repeated N-gram")
-    p.add_argument(
-        "--order",
-        default="trunc_then_temp",
-        choices=["trunc_then_temp", "temp_then_trunc", "hf", "vllm", "llama.cpp"],
-        help="where temperature sits relative to truncation (default: trunc_then_temp)",
-    )
-    p.add_argument("--ban-unk", action="store_true", help="never generate <unk>")
+    add_sampler_arguments(p)
     add_max_new_tokens(p, 50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eos-id", type=int, default=None, help="stop at this token id (default: the tokenizer's end-of-text token)")
@@ -49,21 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=["cached", "naive"], default="cached", help=argparse.SUPPRESS)
     add_json_flag(p)
     p.set_defaults(func=run)
-
-
-def _sampler(args: argparse.Namespace, tok):
-    from ..engine.sampling import SamplerConfig
-
-    ban = []
-    if args.ban_unk:
-        if tok.unk_id is None:
-            raise ValueError("--ban-unk: this tokenizer has no unknown token")
-        ban.append(int(tok.unk_id))
-    return SamplerConfig(
-        greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        ban_ids=tuple(ban), repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty, no_repeat_ngram=args.no_repeat_ngram, order=args.order,
-    )
 
 
 def _encode(model, texts: list[str]) -> list[list[int]]:
@@ -92,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     texts = read_prompts(args)
     model = load_model_arg(args)
     tok = model._require_tokenizer()
-    sampler = _sampler(args, tok)
+    sampler = sampler_from_args(args, tok)
     prompts = _encode(model, texts)
     stream = len(prompts) == 1 and not args.json and not args.top
     if stream:

@@ -65,6 +65,16 @@ class HFCausalLM:
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState) -> torch.Tensor:
         """Cached forward of new tokens (B, T) → logits (B, T, V); positions continue each row's real count."""
+        return self._cached_forward(ids, valid, state, hidden=False).logits
+
+    def step_with_hidden(
+        self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step` plus the last hidden state (after the final norm: ``hidden_states[-1]``), for contrastive search."""
+        out = self._cached_forward(ids, valid, state, hidden=True)
+        return out.logits, out.hidden_states[-1]
+
+    def _cached_forward(self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState, hidden: bool) -> Any:
         B, T = ids.shape
         end = state.length + T
         if end > state.mask.shape[1]:
@@ -85,10 +95,12 @@ class HFCausalLM:
         kwargs = {self._cache_kw: state.cache, "use_cache": True, "position_ids": positions}
         if state.padded:
             kwargs["attention_mask"] = state.mask[:, :end]
+        if hidden:
+            kwargs["output_hidden_states"] = True
         out = self.model(input_ids=ids, **kwargs)
         state.length = end
         state.next_pos = state.next_pos + (T if valid is None else valid.to(torch.long).sum(1))
-        return out.logits
+        return out
 
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Uncached forward of the whole (left-padded) sequence → logits (B, T, V)."""
