@@ -100,9 +100,9 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(_abs_diff(a, b).max()) if a.numel() else 0.0
 
 
-def row_std(ref: torch.Tensor) -> torch.Tensor:
+def row_std(ref: torch.Tensor, finite: torch.Tensor | None = None) -> torch.Tensor:
     """Standard deviation of each row of reference logits over its finite entries (a masked vocabulary is -inf)."""
-    finite = torch.isfinite(ref)
+    finite = torch.isfinite(ref) if finite is None else finite
     if bool(finite.all()):
         return ref.std(dim=-1)
     n = finite.sum(-1).clamp(min=2)
@@ -134,11 +134,12 @@ def compare_rows(got: torch.Tensor, ref: torch.Tensor) -> RowStats:
     top = ref.topk(k, dim=-1).indices  # log p of the top-k only: z_i - logsumexp(z), no full log-softmax
     lp_got = got.gather(-1, top) - torch.logsumexp(got, dim=-1, keepdim=True)
     lp_ref = ref.gather(-1, top) - torch.logsumexp(ref, dim=-1, keepdim=True)
+    ref_finite = torch.isfinite(ref)
     return RowStats(
         max_abs=max_abs,
         rows=ref.shape[0],
-        ref_std=row_std(ref),
+        ref_std=row_std(ref, ref_finite),
         max_dlogp_topk=float(_abs_diff(lp_got, lp_ref).max()),
         top1_agree=int((got.argmax(-1) == ref.argmax(-1)).sum()),
-        nonfinite=bool((~torch.isfinite(got) & torch.isfinite(ref)).any()),
+        nonfinite=bool((~torch.isfinite(got) & ref_finite).any()),
     )

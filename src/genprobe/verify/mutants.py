@@ -21,7 +21,6 @@ as flags in the engine: production code carries no bug switches.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -128,19 +127,11 @@ class TeachingCache:
                 q = rope_rotate(q, emb_pos_b, cfg.rope_base)
                 k = rope_rotate(k, emb_pos_b, cfg.rope_base)
             K, V = self._append(i, k, v)
-            y = _attend(q, K, V, mask)
+            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
             x = x + a.c_proj(y.transpose(1, 2).reshape(B, T, C))
             x = x + block.mlp(block.ln_2(x))
         self.past += T
         return m.lm_head(m.ln_f(x))
-
-
-def _attend(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked attention; a single query takes two small matmuls (CPU SDPA is tuned for long query blocks)."""
-    if q.shape[-2] != 1:
-        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
-    scores = (q @ K.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ V
 
 
 def mutant(model: GPT, name: str) -> TeachingCache:
