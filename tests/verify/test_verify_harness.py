@@ -154,7 +154,8 @@ def test_text_divergence_count(sharp_model, prompt):
 
 
 @pytest.mark.parametrize(
-    "offset, verdict", [(0.0, "pass"), (3e-5, "pass"), (5e-4, "small"), (0.05, "suspicious"), (0.9, "suspicious"), (2.0, "bug")]
+    "offset, verdict",
+    [(0.0, "pass"), (3e-5, "pass"), (5e-4, "small"), (0.05, "suspicious"), (0.9, "suspicious"), (2.0, "bug")],
 )
 def test_verdict_scale(sharp_model, prompt, offset, verdict):
     r = run(sharp_model, prompt, lambda s, kind, ids, mask, out: out + offset if kind == "step" else out)
@@ -164,7 +165,8 @@ def test_verdict_scale(sharp_model, prompt, offset, verdict):
 def test_thresholds_are_configurable(sharp_model, prompt):
     fault = lambda s, kind, ids, mask, out: out + 0.05 if kind == "step" else out  # noqa: E731
     assert run(sharp_model, prompt, fault, thresholds=Thresholds(noise=0.1, bug=1.0, suspicious=0.5)).verdict == "pass"
-    assert run(sharp_model, prompt, fault, thresholds=Thresholds(noise=1e-4, bug=0.01, suspicious=1e-3)).verdict == "bug"
+    strict = Thresholds(noise=1e-4, bug=0.01, suspicious=1e-3)
+    assert run(sharp_model, prompt, fault, thresholds=strict).verdict == "bug"
 
 
 def test_first_any_vs_first_above_noise(sharp_model, prompt):

@@ -142,6 +142,13 @@ def test_mistral_sliding_window_caches_pass():
     assert (HFReference(hf).full(ids) - windowed).abs().max() > 1e-3
 
 
+def test_cli_offers_exactly_the_library_cache_kinds():
+    from genprobe.cli.cmd_verify import HF_CACHE_KINDS
+    from genprobe.verify import CACHE_KINDS
+
+    assert HF_CACHE_KINDS == CACHE_KINDS
+
+
 def test_unavailable_cache_is_refused_by_the_adapter():
     from genprobe.verify import CacheUnavailableError
 

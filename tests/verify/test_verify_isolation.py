@@ -44,7 +44,7 @@ def test_correct_list_cache_passes_isolation(sharp_model, prompt, U):
 def test_isolation_partner_differs_in_every_token_and_in_length():
     b = [3, 7, 11, 5]
     a = isolation_partner(b, [], vocab_size=12, max_len=32)
-    assert len(a) == len(b) + 1 and all(x != y for x, y in zip(a, b))
+    assert len(a) == len(b) + 1 and all(x != y for x, y in zip(a, b, strict=False))
     assert isolation_partner(b, [], 12, max_len=4) == [4, 8, 0]  # no room for a longer one: shorter
     assert isolation_partner(b, [[3, 7]], 12, 32) == [4, 8, 0, 6, 7]  # a prefix of B would replay B's keys
     assert isolation_partner(b, [[9, 9, 9]], 12, 32) == [9, 9, 9]  # another prompt of another length

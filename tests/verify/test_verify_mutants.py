@@ -35,7 +35,8 @@ def test_engine_passes_with_exact_prefill(sharp_model, prompt):
 @pytest.mark.parametrize("pos_encoding", ["rope", "none"])
 def test_engine_passes_other_position_encodings(pos_encoding, prompt):
     torch.manual_seed(0)
-    m = GPT(GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32, pos_encoding=pos_encoding))
+    cfg = GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32, pos_encoding=pos_encoding)
+    m = GPT(cfg)
     r = verify_implementation(EngineAdapter(m), FullRecompute(m), [prompt], steps=6, chunk_sizes=(3,))
     assert r.verdict == "pass" and r.prefill_bit_identical
 
@@ -92,7 +93,7 @@ def trained_rows(trained):
 def test_trained_mutant_table(trained_rows):
     rows, _, _ = trained_rows
     assert set(rows) == set(MUTANTS)
-    for name, row in rows.items():
+    for row in rows.values():
         assert row["as_expected"], row
     for bug in BUGS:
         assert rows[bug]["verdict"] == "bug" and rows[bug]["max_abs_dlogit"] > 1.0

@@ -36,6 +36,8 @@ from ._common import (
 
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
 EXIT_PASS, EXIT_BUG, EXIT_USAGE, EXIT_IMPL_ERROR = 0, 1, 2, 3
+# genprobe.verify.hf_caches.CACHE_KINDS, spelled out so that building the parser does not import torch
+HF_CACHE_KINDS = ("dynamic", "static", "sliding", "quantized", "offloaded")
 SECOND_PROMPT = "白日依山盡"  # the default's second prompt: other characters, other length (isolation, padding)
 
 EPILOG = """\
@@ -73,17 +75,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--impl", metavar="MOD:FACTORY", help="your implementation: factory(model) or factory()")
     p.add_argument(
         "--compiled", action="store_true",
-        help="genprobe MODEL: also verify the torch.compile'd decode path (StaticKVCache; the first run compiles, ~30 s)",
+        help="genprobe MODEL: also verify the torch.compile'd decode path (StaticKVCache; the first run compiles, "
+        "~30 s)",
     )
     p.add_argument("--mutants", action="store_true", help="also run the planted-bug mutants (genprobe or GPT-2 models)")
     add_max_new_tokens(p, 50, "--steps")
-    add_prompt_arguments(p, help_default=" (default: two Tang openings for a genprobe checkpoint, random ids otherwise)")
+    add_prompt_arguments(
+        p, help_default=" (default: two Tang openings for a genprobe checkpoint, random ids otherwise)"
+    )
     p.add_argument("--chunk-sizes", nargs="+", default=["1", "4"], metavar="C",
                    help="chunk sizes of the chunked-prefill phases (default 1 4)")
-    p.add_argument("--window", type=int, metavar="W", help="sliding window of the reference (and of our engine's cache)")
+    p.add_argument("--window", type=int, metavar="W",
+                   help="sliding window of the reference (and of our engine's cache)")
     p.add_argument("--sinks", type=int, default=0, metavar="S", help="attention sinks kept with --window (default 0)")
-    p.add_argument("--hf-cache", nargs="+", metavar="KIND", choices=("dynamic", "static", "sliding", "quantized", "offloaded", "all"),
-                   help="transformers MODEL: verify these cache classes: dynamic static sliding quantized offloaded, or all")
+    p.add_argument("--hf-cache", nargs="+", metavar="KIND", choices=(*HF_CACHE_KINDS, "all"),
+                   help="transformers MODEL: verify these cache classes: " + " ".join(HF_CACHE_KINDS) + ", or all")
     p.add_argument("--no-padded-batch", action="store_true", help="skip the left-padded batch comparison")
     p.add_argument("--no-isolation", action="store_true", help="skip the isolation (state surviving reset) comparison")
     p.add_argument(
@@ -124,7 +130,8 @@ def _check_args(args: argparse.Namespace, model) -> None:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     kind = None if model is None else model.kind
     if args.compiled and (kind != "genprobe" or args.impl):
-        raise ValueError("--compiled verifies genprobe's own compiled decode path: give a genprobe checkpoint as MODEL, without --impl")
+        raise ValueError("--compiled verifies genprobe's own compiled decode path: give a genprobe checkpoint as "
+                         "MODEL, without --impl")
     if args.window is not None:
         if args.window < 1 or args.sinks < 0:
             raise ValueError(f"--window must be >= 1 and --sinks >= 0, got {args.window} and {args.sinks}")
@@ -156,8 +163,8 @@ def _prompts(args: argparse.Namespace, model, impl, max_pos: int | None) -> list
     texts = read_prompts(args)
     if texts is not None:
         if model is None or model.tokenizer is None:
-            raise ValueError("--prompt/--prompts need a model with a tokenizer (a genprobe checkpoint, or a transformers "
-                             "directory with tokenizer files)")
+            raise ValueError("--prompt/--prompts need a model with a tokenizer (a genprobe checkpoint, or a "
+                             "transformers directory with tokenizer files)")
         prompts = [model.encode(t) for t in texts]
         if any(not p for p in prompts):
             raise ValueError("a prompt encodes to no tokens")
@@ -173,8 +180,16 @@ def _prompts(args: argparse.Namespace, model, impl, max_pos: int | None) -> list
 # ---- targets -------------------------------------------------------------------------------------------
 def _targets(args: argparse.Namespace, model, th) -> tuple[Any, list[tuple[str | None, Any]]]:
     """(reference, [(display name or None, implementation — or the report of one that could not be built)])."""
-    from ..verify import CompiledEngineAdapter, EngineAdapter, FullRecompute, HFAdapter, HFReference, ImplFactoryError, load_impl
-    from ..verify.hf_caches import CACHE_KINDS, unavailable_reason
+    from ..verify import (
+        CompiledEngineAdapter,
+        EngineAdapter,
+        FullRecompute,
+        HFAdapter,
+        HFReference,
+        ImplFactoryError,
+        load_impl,
+    )
+    from ..verify.hf_caches import unavailable_reason
     from ..verify.report import PhaseError, VerifyReport
     from ..verify.window import WindowedRecompute
 
@@ -201,12 +216,14 @@ def _targets(args: argparse.Namespace, model, th) -> tuple[Any, list[tuple[str |
             reference = impl
         return reference, [(args.impl, impl)]
     if model.kind == "genprobe":
-        impls: list[tuple[str | None, Any]] = [(None, EngineAdapter(model.module, window=args.window, sinks=args.sinks))]
+        engine = EngineAdapter(model.module, window=args.window, sinks=args.sinks)
+        impls: list[tuple[str | None, Any]] = [(None, engine)]
         if args.compiled:
             impls.append((None, CompiledEngineAdapter(model.module)))
         return reference, impls
     impls = []
-    kinds = list(CACHE_KINDS) if args.hf_cache and "all" in args.hf_cache else list(dict.fromkeys(args.hf_cache or [None]))
+    asked = args.hf_cache or [None]  # None: the model's own default cache
+    kinds = list(HF_CACHE_KINDS) if "all" in asked else list(dict.fromkeys(asked))
     for kind in kinds:
         why = None if kind is None else unavailable_reason(model.module, kind)
         if why is not None:
@@ -266,9 +283,10 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(impl, VerifyReport):  # could not be built: the report says why
             reports.append(impl)
             continue
-        if getattr(impl, "cache_kind", None) == "static":  # a static cache attends over all its slots: size it to the run
+        if getattr(impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
             impl.max_cache_len = max(len(p) for p in prompts) + steps + 1
-        info(f"verifying {name or getattr(impl, 'name', type(impl).__name__)} on {len(prompts)} prompt(s), {steps} steps …")
+        label = name or getattr(impl, "name", type(impl).__name__)
+        info(f"verifying {label} on {len(prompts)} prompt(s), {steps} steps …")
         reports.append(verify_implementation(
             impl, run_, prompts, steps=steps, chunk_sizes=chunks, padded_batch=not args.no_padded_batch,
             thresholds=th, name=name, pad_id=model.pad_id if model is not None else 0, isolation=not args.no_isolation,
@@ -318,7 +336,8 @@ def _summary_line(r, row_expected: dict | None = None) -> str:
     rel = max((p.rel_dlogit or 0.0 for p in judged), default=None) if judged else None
     agree = min((p.top1_agreement for p in judged if p.top1_agreement is not None), default=None)
     line = (
-        f"{r.impl[:30]:<30} {r.verdict:>11} {('yes' if r.prefill_bit_identical else 'no'):>8} {_g(r.max_abs_dlogit, '.4g'):>11} "
+        f"{r.impl[:30]:<30} {r.verdict:>11} {('yes' if r.prefill_bit_identical else 'no'):>8} "
+        f"{_g(r.max_abs_dlogit, '.4g'):>11} "
         f"{_g(rel, '.3g'):>8} {_g(agree, '.3f'):>7} {str(r.worst_phase or '—'):>12} {r.text_divergences:>5} "
         f"{('yes' if r.text_only_would_catch else 'no'):>5}"
     )
@@ -336,7 +355,9 @@ def _phase_cell(p) -> str:
     return cell if p.first_diff_step is None else f"{cell} @{p.first_diff_step}"
 
 
-def print_tables(reports: list, mutant_reports: list, mutant_rows: list[dict], noop: dict | None, th, file=None) -> None:
+def print_tables(
+    reports: list, mutant_reports: list, mutant_rows: list[dict], noop: dict | None, th, file=None
+) -> None:
     """The seed §3.9.8 summary, then each phase's max |Δlogit| @ first differing call, then errors/unavailable."""
     out = file or sys.stdout
     head = (f"{'implementation':<30} {'verdict':>11} {'prefill':>8} {'max |Δ|':>11} {'Δ/σ':>8} {'top-1':>7} "
@@ -349,7 +370,7 @@ def print_tables(reports: list, mutant_reports: list, mutant_rows: list[dict], n
     print("-" * len(head), file=out)
     for r in reports:
         print(_summary_line(r), file=out)
-    for row, r in zip(mutant_rows, mutant_reports):
+    for row, r in zip(mutant_rows, mutant_reports, strict=True):
         print(_summary_line(r, row), file=out)
     phases = list(dict.fromkeys(p.phase for r in reports + mutant_reports for p in r.phases))
     if phases:

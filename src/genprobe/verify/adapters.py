@@ -129,7 +129,8 @@ class EngineAdapter:
             # a full ring buffer takes one token per call; before that, as many as still fit
             n = T - start if self.capacity is None else max(1, min(T - start, self.capacity - self.fed))
             piece_mask = None if mask is None else mask[:, start : start + n]
-            outs.append(forward_step(self.model, ids[:, start : start + n], cache=self.cache, attention_mask=piece_mask))
+            piece = ids[:, start : start + n]
+            outs.append(forward_step(self.model, piece, cache=self.cache, attention_mask=piece_mask))
             self.fed += n
             start += n
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)

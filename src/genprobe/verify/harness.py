@@ -213,7 +213,8 @@ def _padded_phase(impl: Any, run: ReferenceRun, prompts: list[list[int]], tr_: P
     got = torch.cat([out[b, L - len(p) :] for b, p in enumerate(prompts)])
     tr_.add(0, got, torch.cat([t.prefill_logits for t in trajs]))
     for k in range(1, run.steps + 1):
-        out = _call(k, impl.step, torch.tensor([[t.tokens[k - 1]] for t in trajs], dtype=torch.long), (B, 1, V), "padded step")
+        step_ids = torch.tensor([[t.tokens[k - 1]] for t in trajs], dtype=torch.long)
+        out = _call(k, impl.step, step_ids, (B, 1, V), "padded step")
         tr_.add(k, out[:, -1], torch.stack([t.step_logits[k] for t in trajs]))
 
 
@@ -333,14 +334,16 @@ def verify_implementation(
     return _report(impl, name, steps, prompts, phases, texts, th, run.name)
 
 
-def _texts(impl: Any, trajs: list[ReferenceTrajectory], own: list[list[int] | None], tracker: PhaseTracker) -> list[dict]:
+def _texts(
+    impl: Any, trajs: list[ReferenceTrajectory], own: list[list[int] | None], tracker: PhaseTracker
+) -> list[dict]:
     """Per prompt: the reference's greedy ids and the implementation's own (free-running) greedy ids.
 
     When the implementation's argmax matched the reference's token at every teacher-forced step, its
     free run would be fed exactly the same tokens, so the teacher-forced argmaxes *are* its free run.
     """
     texts = []
-    for tr, teacher in zip(trajs, own):
+    for tr, teacher in zip(trajs, own, strict=True):
         ids = teacher if teacher in (None, tr.tokens) else None  # None: the greedy run itself crashed
         if ids is None:
             try:
@@ -351,10 +354,12 @@ def _texts(impl: Any, trajs: list[ReferenceTrajectory], own: list[list[int] | No
     return texts
 
 
-def _report(impl, name, steps, prompts, phases: list[PhaseResult], texts, th: Thresholds, reference: str) -> VerifyReport:
+def _report(
+    impl, name, steps, prompts, phases: list[PhaseResult], texts, th: Thresholds, reference: str
+) -> VerifyReport:
     divergences, first_div, total = 0, None, 0
     for t in texts:
-        diff = [i for i, (a, b) in enumerate(zip(t["implementation"], t["reference"])) if a != b]
+        diff = [i for i, (a, b) in enumerate(zip(t["implementation"], t["reference"], strict=False)) if a != b]
         divergences += len(diff)
         total += len(t["implementation"])
         if diff:

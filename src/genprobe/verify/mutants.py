@@ -212,7 +212,9 @@ def _chunked(impl: TeachingCache, seq: list[int], chunk: int) -> torch.Tensor:
     return torch.cat(outs, dim=1)
 
 
-def mask_noop(model: GPT, prompt_ids: list[int], steps: int = 50, chunk: int = 4, run: ReferenceRun | None = None) -> dict:
+def mask_noop(
+    model: GPT, prompt_ids: list[int], steps: int = 50, chunk: int = 4, run: ReferenceRun | None = None
+) -> dict:
     """no_mask vs correct on the same cached path: exactly 0 at T_new = 1, non-zero with chunks (§3.9.4)."""
     run = run or ReferenceRun(FullRecompute(model), steps)
     tr = run.trajectory(prompt_ids)
@@ -227,8 +229,8 @@ def mask_noop(model: GPT, prompt_ids: list[int], steps: int = 50, chunk: int = 4
 def cache_exact(model: GPT, prompt_ids: list[int], steps: int = 50) -> dict:
     """The engine vs full recomputation (seed §3.4.3: prefill 0.0, incremental ~1.9e-6)."""
     r = verify_implementation(
-        EngineAdapter(model), FullRecompute(model), [list(prompt_ids)], steps=steps, chunk_sizes=(4,), padded_batch=False,
-        isolation=False,
+        EngineAdapter(model), FullRecompute(model), [list(prompt_ids)], steps=steps, chunk_sizes=(4,),
+        padded_batch=False, isolation=False,
     )
     return {
         "prefill_max_abs_dlogit": r.phase("prefill").max_abs_dlogit,

@@ -1,4 +1,4 @@
-"""Typed results of the cache verifier: one :class:`PhaseResult` per comparison, one :class:`VerifyReport` per implementation.
+"""Typed results of the cache verifier: :class:`PhaseResult` per comparison, :class:`VerifyReport` per implementation.
 
 Outcomes of an implementation: a verdict on the scale of :mod:`genprobe.verify.compare`
 (``pass`` < ``small`` < ``suspicious`` < ``bug``), or ``error`` when the implementation raised (the
@@ -93,7 +93,8 @@ class PhaseTracker:
         d = max_abs_diff(got, ref)
         r.calls += 1
         r.max_abs_dlogit = max(r.max_abs_dlogit, d)
-        self._got.append(got.detach().float().reshape(-1, got.shape[-1]).clone())  # the implementation may reuse its buffer
+        # a copy: the implementation may write its next logits into the same buffer
+        self._got.append(got.detach().float().reshape(-1, got.shape[-1]).clone())
         self._ref.append(ref.float().reshape(-1, ref.shape[-1]))
         if d > 0:  # exact: equal entries count 0, so any bit difference is > 0
             r.bit_identical = False
@@ -155,8 +156,10 @@ class VerifyReport:
     texts: list[dict] = field(default_factory=list)  # per prompt: reference vs implementation greedy ids
 
     @classmethod
-    def not_run(cls, impl: str, thresholds: Thresholds, *, error: PhaseError | None = None,
-                unavailable: str | None = None, steps: int = 0, reference: str = "full recomputation") -> "VerifyReport":
+    def not_run(
+        cls, impl: str, thresholds: Thresholds, *, error: PhaseError | None = None, unavailable: str | None = None,
+        steps: int = 0, reference: str = "full recomputation",
+    ) -> "VerifyReport":
         """A report for an implementation that never ran: its factory raised, or it is unavailable here."""
         return cls(
             impl=impl, steps=steps, prompt_lengths=[], phases=[], prefill_bit_identical=False, max_abs_dlogit=0.0,

@@ -45,7 +45,8 @@ def windowed_forward(
         dist = (positions[:, None, :, None] - positions[:, None, None, :]).to(torch.float32)
         bias = -model.alibi_slopes.view(1, -1, 1, 1) * dist.clamp(min=0)
         dtype = model.wte.weight.dtype
-        mask = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, float("-inf")) + bias.to(dtype)
+        blocked = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, float("-inf"))
+        mask = blocked + bias.to(dtype)
     x = model.wte(ids)
     if model.wpe is not None:
         x = x + model.wpe(positions)
