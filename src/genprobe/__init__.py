@@ -26,6 +26,12 @@ _EXPORTS = {
     "ModelLoadError": "genprobe.model.load:ModelLoadError",
     "SamplingParams": "genprobe.engine.sampling:SamplerConfig",
     "Completion": "genprobe.engine.text:Completion",
+    "scan_loops": "genprobe.api:scan_loops",
+    "repair_loops": "genprobe.api:repair_loops",
+    "RepairConfig": "genprobe.loops.study:RepairConfig",
+    "attention_heads": "genprobe.api:attention_heads",
+    "padding_leak": "genprobe.api:padding_leak",
+    "run_case": "genprobe.api:run_case",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -53,8 +53,10 @@ def head_heatmaps(capture, out_dir: str | Path, labels: list[str] | None = None)
     return paths
 
 
-def entropy_plot(report: dict, path: str | Path) -> Path:
+def entropy_plot(report, path: str | Path) -> Path:
     """Per-layer attention entropy: each head's mean (dots), layer mean (line), uniform ln(N) reference."""
+    if hasattr(report, "to_dict"):
+        report = report.to_dict()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     layers = [row["layer"] for row in report["layers"]]
     for h in report["heads"]:

@@ -178,7 +178,7 @@ def run_heads(args) -> int:
     if cap.note:
         info(f"note: {cap.note}")
     labels = [model.tokenizer.token_str(i) if model.tokenizer else str(i) for i in cap.tokens]
-    rep = attention_report(cap, distance=args.distance, local_window=args.local_window, tokens_text=labels)
+    rep = attention_report(cap, distance=args.distance, local_window=args.local_window, tokens_text=labels).to_dict()
     if args.out:
         rep["files"] = _write_heads_files(rep, cap, labels, Path(args.out))
     if args.json:
