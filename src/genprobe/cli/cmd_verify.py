@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
     """Build targets, run the harness (and mutants), print the tables; exit 0/1/3 (2 via ValueError)."""
     from ..verify import FullRecompute, Thresholds
     from ..verify.harness import ReferenceRun, verify_implementation
-    from ..verify.mutants import MUTANTS, mask_noop, report_row, run_mutant_reports
+    from ..verify.mutants import MUTANTS, mask_noop, report_row_detailed, run_mutant_reports
     from ..verify.report import VerifyReport
 
     path = model_path(args, required=False)
@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         mrun = run_ if isinstance(reference, FullRecompute) else None  # same reference: reuse trajectories
         # the seed's §3.9.1 experiment: one prompt (the first), every phase but padding and isolation
         mreports = run_mutant_reports(gpt, prompts[:1], steps, chunk_sizes=chunks, thresholds=th, run=mrun)
-        mutant_rows = [report_row(r, MUTANTS[r.impl]) for r in mreports]
+        mutant_rows = [report_row_detailed(r, MUTANTS[r.impl]) for r in mreports]
         failing += [f"mutant {r['impl']} ({'not caught' if r['expected'] != 'pass' else 'flagged'})"
                     for r in mutant_rows if not r["as_expected"]]
         noop = mask_noop(gpt, prompts[0], steps, chunk=max(chunks) if max(chunks) > 1 else 4, run=mrun)

@@ -169,31 +169,36 @@ def run_mutant_reports(
 
 
 def report_row(r: VerifyReport, expected: str | None = None) -> dict:
-    """One row of the seed's §3.9.8 table (JSON-safe), with every phase's first differing step."""
-    judged = [p for p in r.phases if p.judged]
-    worst_rel = max(judged, key=lambda p: p.rel_dlogit or 0.0, default=None)
+    """One row of the seed's §3.9.8 table (its keys are what the case study's ch3_case.json records)."""
     row = {
         "impl": r.impl,
         "prefill_bit_identical": r.prefill_bit_identical,
         "first_any_diff_step": r.first_any_diff_step,
         "first_diff_step": r.first_diff_step,
-        "first_diff_step_by_phase": r.first_diff_by_phase(),
         "max_abs_dlogit": r.max_abs_dlogit,
-        "max_rel_dlogit": None if worst_rel is None else worst_rel.rel_dlogit,
         "worst_phase": r.worst_phase,
         "greedy_max_abs_dlogit": r.greedy_max_abs_dlogit,
         "max_abs_dlogit_by_phase": r.max_by_phase(),
-        "verdict_by_phase": {p.phase: p.verdict for p in r.phases},
         "text_divergences": r.text_divergences,
         "text_only_would_catch": r.text_only_would_catch,
         "verdict": r.verdict,
-        "errors": [e.to_dict() for e in r.errors],
-        "unavailable": r.unavailable,
     }
     if expected is not None:
         row["expected"] = expected
         row["as_expected"] = (r.verdict == "pass") == (expected == "pass")  # see as_expected()
     return json_safe(row)
+
+
+def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict:
+    """:func:`report_row` plus every phase's first differing step and verdict, the relative scale and errors."""
+    judged = [p for p in r.phases if p.judged]
+    return json_safe({
+        **report_row(r, expected),
+        "first_diff_step_by_phase": r.first_diff_by_phase(),
+        "verdict_by_phase": {p.phase: p.verdict for p in r.phases},
+        "max_rel_dlogit": max((p.rel_dlogit or 0.0 for p in judged), default=None),
+        "errors": [e.to_dict() for e in r.errors],
+    })
 
 
 def run_mutants(model: GPT, prompt_ids: list[int], steps: int = 50, thresholds: Thresholds | None = None) -> list[dict]:
