@@ -44,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"rows per step (default gpt {d.batch_size}, llama/qwen2 {q.batch_size})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     p.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default gpt {d.lr}, llama/qwen2 {q.lr})")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="seconds-long recipe for tests and smoke runs (explicit flags win)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("--arch gpt only")
@@ -72,6 +73,12 @@ SUBWORD_ONLY = {"layers": "--layers", "d_model": "--d-model", "heads": "--heads"
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch on ``--arch``, refusing flags that belong to the other architecture."""
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     other, owner = (GPT_ONLY, "gpt") if args.arch != "gpt" else (SUBWORD_ONLY, "llama/qwen2")
     used = [flag for name, flag in other.items() if getattr(args, name) not in (None, False)]
     if used:

@@ -122,3 +122,15 @@ def char_gpt_bits_per_char(model: torch.nn.Module, tokenizer, text: str, oov_cos
     extra = sum(oov_cost[text[p]] for p in unk)
     raw = float(nll.sum()) / math.log(2) / (len(text) - 1)
     return _score(nll, len(text) - 1, window, stride, extra, unk_targets=len(unk), bits_per_char_unk_as_symbol=raw)
+
+
+def char_gpt_reference(model: torch.nn.Module, tokenizer, window: int | None = None,
+                       stride: int | None = None) -> BitsPerChar:
+    """The char GPT on its own validation text (default corpus), ``<unk>`` priced by the bundled corpus's
+    out-of-vocabulary characters — the figure to set beside a subword model's ``val_bits_per_char``."""
+    from ..corpus.tang import bundled_documents, load_corpus
+
+    corpus = load_corpus()
+    alphabet = set("".join(bundled_documents()))
+    cost = oov_unigram_cost(tokenizer, corpus.train, alphabet)
+    return char_gpt_bits_per_char(model, tokenizer, corpus.val, cost, window, stride)
