@@ -85,10 +85,9 @@ def quick_train_config(seed: int = 0) -> TrainConfig:
 
 def build_model(cfg: SubwordModelConfig, eos_id: int, seed: int = 0) -> torch.nn.Module:
     """A freshly initialised transformers causal LM of ``cfg`` (float32, SDPA attention, tied embeddings)."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
 
-    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[cfg.arch]
-    hf_cfg = config_cls(
+    hf_cfg = {"llama": LlamaConfig, "qwen2": Qwen2Config}[cfg.arch](
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.d_model,
         intermediate_size=cfg.d_ff,
@@ -103,7 +102,7 @@ def build_model(cfg: SubwordModelConfig, eos_id: int, seed: int = 0) -> torch.nn
         pad_token_id=eos_id,
     )
     torch.manual_seed(seed)
-    model = model_cls._from_config(hf_cfg, attn_implementation="sdpa", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="sdpa", dtype=torch.float32)
     model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     return model
 
@@ -134,7 +133,8 @@ def _val(model: torch.nn.Module, tok, docs: list[str], window: int) -> BitsPerCh
 def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig | None = None,
                   tc: TrainConfig | None = None, progress: bool = True,
                   heldout_docs: int = HELDOUT_EVAL_DOCS) -> SubwordTrainResult:
-    """Train BPE on ``texts.train``, then the model on its ``<|endoftext|>``-joined stream; validate on the char GPT's text."""
+    """Train BPE on ``texts.train``, then the model on its ``<|endoftext|>``-joined stream (validated on the
+    char GPT's validation text)."""
     cfg, tc = cfg or SubwordModelConfig(), tc or default_train_config()
     t0, c0 = time.time(), time.process_time()
     tok = bpe.train_bpe(texts.train, cfg.vocab_size, TOKENIZER_STYLE[cfg.arch])
@@ -176,7 +176,8 @@ def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig
     loop_seconds = time.time() - t_loop
     model.eval()
     summary = _summary(model, tok, texts, split, cfg, tc, ema, history, heldout_docs)
-    summary.update(initial_loss=round(first, 4), seconds=round(time.time() - t0, 1), cpu_seconds=round(time.process_time() - c0, 1),
+    summary.update(initial_loss=round(first, 4), seconds=round(time.time() - t0, 1),
+                   cpu_seconds=round(time.process_time() - c0, 1),
                    threads=torch.get_num_threads(), bpe_seconds=round(t_bpe, 1),
                    train_loop_seconds=round(loop_seconds, 1), steps_per_second=round(tc.steps / loop_seconds, 3))
     return SubwordTrainResult(model=model, tokenizer=tok, summary=summary)

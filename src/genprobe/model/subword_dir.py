@@ -39,7 +39,8 @@ def save_subword_dir(out: str | os.PathLike, model: torch.nn.Module, tok, summar
     out = Path(out)
     check_writable(out)
     if tok.get_vocab_size() != model.config.vocab_size:
-        raise ValueError(f"tokenizer has {tok.get_vocab_size()} ids but the model's vocab_size is {model.config.vocab_size}")
+        raise ValueError(f"tokenizer has {tok.get_vocab_size()} ids but the model's vocab_size is "
+                         f"{model.config.vocab_size}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
