@@ -99,6 +99,7 @@ SUBWORD_REQUIRED = ("parameters", "train_loss", "val_loss", "val_bits_per_char",
                     "seconds", "cpu_seconds", "initial_loss")
 
 
+@pytest.mark.slow
 def test_train_subword_quick_json_and_loadable_directory(tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -18,6 +18,8 @@ from genprobe.corpus.tang import bundled_documents, corpus_split, split_texts
 from genprobe.model import hf_train
 from genprobe.model.subword_dir import SUMMARY_FILE, load_subword_dir, read_summary, save_subword_dir
 
+pytestmark = pytest.mark.slow  # trains small models (≈ 30 s of CPU in all)
+
 FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
          SUMMARY_FILE}
 
@@ -29,11 +31,11 @@ def data():
     return split, split_texts(docs, split)
 
 
-def _train(data, arch="llama", **tc):
+def _train(data, arch="llama", samples=0, **tc):
     split, texts = data
     cfg = hf_train.quick_model_config(arch)
     return hf_train.train_subword(texts, split, cfg, replace(hf_train.quick_train_config(), **tc),
-                                  progress=False, heldout_docs=50)
+                                  progress=False, heldout_docs=50, samples=samples)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def small():
 
 @pytest.fixture(scope="module")
 def run(data):
-    return _train(data)
+    return _train(data, samples=2)
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +73,13 @@ def test_loss_decreases(run):
     s = run.summary
     assert s["initial_loss"] == pytest.approx(math.log(512), abs=0.3)  # untrained: ≈ uniform over the vocabulary
     assert s["val_loss"] < s["initial_loss"] - 0.8 and s["train_loss"] < s["initial_loss"] - 0.8
+
+
+def test_samples_continue_held_out_openings(run, data):
+    """Greedy samples of the first held-out openings: as trained, and with end-of-text suppressed."""
+    s = run.summary["samples"]
+    assert [x["prompt"] for x in s] == [d[:5] for d in data[1].heldout[:2]]
+    assert all(x["greedy_no_eos"] and bpe.EOS_TOKEN not in x["greedy_no_eos"] for x in s)
 
 
 def test_summary_figures_are_consistent(run, data):
@@ -163,7 +172,7 @@ def test_bad_model_config_values():
     with pytest.raises(ValueError, match=r"\[257, 65536\]"):
         hf_train.SubwordModelConfig(vocab_size=100)
     with pytest.raises(ValueError, match="multiple of n_kv_head"):
-        hf_train.SubwordModelConfig(n_head=6, n_kv_head=4)
+        hf_train.SubwordModelConfig(d_model=192, n_head=6, n_kv_head=4)
     with pytest.raises(ValueError, match="arch must be one of"):
         hf_train.SubwordModelConfig(arch="gpt2")
     with pytest.raises(ValueError, match="block_size must be >= 8"):

@@ -169,7 +169,8 @@ def _run_subword(args: argparse.Namespace) -> int:
          f"{len(texts.char_val_text):,} chars; held out {len(texts.heldout):,} poems from {split.heldout_start:,}")
     progress = not args.no_progress and sys.stderr.isatty()
     result = hf_train.train_subword(texts, split, cfg, tc, progress=progress,
-                                    heldout_docs=100 if args.quick else hf_train.HELDOUT_EVAL_DOCS)
+                                    heldout_docs=100 if args.quick else hf_train.HELDOUT_EVAL_DOCS,
+                                    samples=1 if args.quick else 4)
     save_subword_dir(args.out, result.model, result.tokenizer, result.summary)
     s = dict(result.summary, out=str(args.out))
     info(_subword_table(s))

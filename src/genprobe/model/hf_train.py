@@ -138,7 +138,7 @@ def _val(model: torch.nn.Module, tok, docs: list[str], window: int) -> BitsPerCh
 
 def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig | None = None,
                   tc: TrainConfig | None = None, progress: bool = True,
-                  heldout_docs: int = HELDOUT_EVAL_DOCS) -> SubwordTrainResult:
+                  heldout_docs: int = HELDOUT_EVAL_DOCS, samples: int = 4) -> SubwordTrainResult:
     """Train BPE on ``texts.train``, then the model on its ``<|endoftext|>``-joined stream (validated on the
     char GPT's validation text)."""
     cfg, tc = cfg or SubwordModelConfig(), tc or default_train_config()
@@ -182,6 +182,7 @@ def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig
     loop_seconds = time.time() - t_loop
     model.eval()
     summary = _summary(model, tok, texts, split, cfg, tc, ema, history, heldout_docs)
+    summary["samples"] = greedy_samples(model, tok, [d[:5] for d in texts.heldout[:samples]])
     summary.update(initial_loss=round(first, 4), seconds=round(time.time() - t0, 1),
                    cpu_seconds=round(time.process_time() - c0, 1),
                    threads=torch.get_num_threads(), bpe_seconds=round(t_bpe, 1),
@@ -226,7 +227,6 @@ def _summary(model, tok, texts: SplitTexts, split: CorpusSplit, cfg: SubwordMode
         "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()
                          if k not in ("dropout", "pack")},
         "history": history,
-        "samples": greedy_samples(model, tok, [d[:5] for d in texts.heldout[:4]]),
         "torch": torch.__version__,
         "bits_per_char_definition": "-log2 P(text)/chars over <eos>-joined poems, each target once, "
         "sliding window of block_size tokens with stride block_size/2 (document ends are scored too)",
