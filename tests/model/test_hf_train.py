@@ -179,3 +179,16 @@ def test_bad_model_config_values():
         hf_train.SubwordModelConfig(block_size=4)
     with pytest.raises(ValueError, match="even size"):
         hf_train.SubwordModelConfig(d_model=18, n_head=6, n_kv_head=2)
+
+
+def test_the_one_loader_reads_the_directory(run, saved):
+    """genprobe.model.load.load_model detects a transformers directory and finds the SwiGLU down-projections."""
+    from genprobe.model.load import load_model
+
+    m = load_model(saved)
+    assert (m.kind, m.arch, m.vocab_size, m.max_positions) == ("hf", "llama", 512, 64)
+    assert (m.eos_id, m.pad_id, m.unk_id, m.tokenizer.kind) == (0, 0, None, "subword")
+    text = "春眠不覺曉，處處聞啼鳥。😀"
+    assert m.encode(text) == run.tokenizer.encode(text).ids and m.decode(m.encode(text)) == text
+    assert m.tokenizer.unknown_chars(text) == []
+    assert [s.weight_name for s in m.mlp_sites()] == [f"model.layers.{i}.mlp.down_proj.weight" for i in range(2)]

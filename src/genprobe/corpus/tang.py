@@ -192,7 +192,11 @@ def corpus_split(
 
 
 def reference_split(subword_poems: int = DEFAULT_SUBWORD_POEMS) -> CorpusSplit:
-    """The split of the bundled corpus used by ``genprobe train`` (both architectures) and the loop prompts."""
+    """The split of the bundled corpus used by ``genprobe train`` (both architectures) and the loop prompts.
+
+    Held-out prompts for either reference model: openings of poems from ``reference_split().heldout_start``
+    on (50,000); everything before it is training or validation text of one of the two models.
+    """
     return corpus_split(bundled_documents(), subword_poems)
 
 
