@@ -38,7 +38,6 @@ FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("smal
 EXIT_PASS, EXIT_BUG, EXIT_USAGE, EXIT_IMPL_ERROR = 0, 1, 2, 3
 # genprobe.verify.hf_caches.CACHE_KINDS, spelled out so that building the parser does not import torch
 HF_CACHE_KINDS = ("dynamic", "static", "sliding", "quantized", "offloaded")
-SECOND_PROMPT = "白日依山盡"  # the default's second prompt: other characters, other length (isolation, padding)
 
 EPILOG = """\
 exit status: 0 pass, 1 bug (or a mutant not caught), 2 bad input/usage, 3 the implementation raised.
@@ -147,18 +146,8 @@ def _check_args(args: argparse.Namespace, model) -> None:
                          "as MODEL, without --impl")
 
 
-def _random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int = 0) -> list[list[int]]:
-    import torch
-
-    room = 8 if max_positions is None else max(1, min(8, max_positions - steps))
-    lengths = sorted({room, max(1, room * 5 // 8), max(1, room * 3 // 8)}, reverse=True)
-    g = torch.Generator().manual_seed(seed)
-    lo = 1 if vocab > 2 else 0
-    return [torch.randint(lo, vocab, (n,), generator=g).tolist() for n in lengths]
-
-
 def _prompts(args: argparse.Namespace, model, impl, max_pos: int | None) -> list[list[int]]:
-    from ..verify.mutants import DEFAULT_PROMPT
+    from ..verify.api import default_prompts, random_prompts
 
     texts = read_prompts(args)
     if texts is not None:
@@ -169,36 +158,23 @@ def _prompts(args: argparse.Namespace, model, impl, max_pos: int | None) -> list
         if any(not p for p in prompts):
             raise ValueError("a prompt encodes to no tokens")
         return prompts
-    if model is not None and model.kind == "genprobe" and model.tokenizer is not None:
-        return [model.encode(DEFAULT_PROMPT), model.encode(SECOND_PROMPT)]  # the seed's prompt, and a second one
-    vocab = model.vocab_size if model is not None else getattr(impl, "vocab_size", None)
+    if model is not None:
+        return default_prompts(model, args.max_new_tokens)
+    vocab = getattr(impl, "vocab_size", None)
     if vocab is None:
         raise ValueError("cannot tell the vocabulary size for random prompts: give --prompt, or MODEL")
-    return _random_prompts(int(vocab), max_pos, args.max_new_tokens)
+    return random_prompts(int(vocab), max_pos, args.max_new_tokens)
 
 
 # ---- targets -------------------------------------------------------------------------------------------
 def _targets(args: argparse.Namespace, model, th) -> tuple[Any, list[tuple[str | None, Any]]]:
     """(reference, [(display name or None, implementation — or the report of one that could not be built)])."""
-    from ..verify import (
-        CompiledEngineAdapter,
-        EngineAdapter,
-        FullRecompute,
-        HFAdapter,
-        HFReference,
-        ImplFactoryError,
-        load_impl,
-    )
+    from ..verify import CompiledEngineAdapter, HFAdapter, ImplFactoryError, load_impl
+    from ..verify.api import own_cache, reference_for
     from ..verify.hf_caches import unavailable_reason
     from ..verify.report import PhaseError, VerifyReport
-    from ..verify.window import WindowedRecompute
 
-    reference = None
-    if model is not None and model.kind == "genprobe":
-        gpt = model.module
-        reference = FullRecompute(gpt) if args.window is None else WindowedRecompute(gpt, args.window, args.sinks)
-    elif model is not None:
-        reference = HFReference(model.module)
+    reference = None if model is None else reference_for(model, args.window, args.sinks)
     if args.impl:
         if os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
             sys.path.insert(0, os.getcwd())
@@ -216,8 +192,7 @@ def _targets(args: argparse.Namespace, model, th) -> tuple[Any, list[tuple[str |
             reference = impl
         return reference, [(args.impl, impl)]
     if model.kind == "genprobe":
-        engine = EngineAdapter(model.module, window=args.window, sinks=args.sinks)
-        impls: list[tuple[str | None, Any]] = [(None, engine)]
+        impls: list[tuple[str | None, Any]] = [(None, own_cache(model, args.window, args.sinks))]
         if args.compiled:
             impls.append((None, CompiledEngineAdapter(model.module)))
         return reference, impls

@@ -14,6 +14,7 @@ from .adapters import (
     check_impl,
     load_impl,
 )
+from .api import verify_cache
 from .compare import Thresholds, max_abs_diff
 from .harness import ReferenceRun, verify_implementation
 from .hf_caches import CACHE_KINDS
@@ -42,6 +43,7 @@ __all__ = [
     "VerifyReport",
     "WindowedRecompute",
     "max_abs_diff",
+    "verify_cache",
     "verify_implementation",
     "windowed_forward",
     "MUTANTS",
