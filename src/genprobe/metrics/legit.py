@@ -13,7 +13,7 @@ Tang poems repeat on purpose in two ways:
 
 Both are rates per 100 Han characters, pooled over a set of texts (total events / total
 characters), with a percentile bootstrap 95% interval over texts. Other genres get the share of
-repeated n-grams (seq-rep-n over characters, or over words when the text is space-separated) —
+repeated n-grams (seq-rep-n over characters for Chinese text, over whitespace words otherwise) —
 compared with the same share in human continuations of the same prompts, when there are some.
 """
 
@@ -87,10 +87,11 @@ def couplet_parallels(text: str) -> tuple[int, int, int]:
 
 
 def ngram_units(text: str) -> list[str]:
-    """Words when the text is space-separated (>= 1 space per 20 characters), else non-space characters."""
-    if text.count(" ") * 20 >= len(text) and text.split():
-        return text.split()
-    return [c for c in text if not c.isspace()]
+    """Characters (spaces dropped) for Chinese text — half or more of them Han — else whitespace-separated words."""
+    chars = [c for c in text if not c.isspace()]
+    if chars and 2 * sum(is_han(c) for c in chars) >= len(chars):
+        return chars
+    return text.split()
 
 
 @dataclass(frozen=True)
