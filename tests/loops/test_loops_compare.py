@@ -268,3 +268,29 @@ def test_best_rule_limits_and_fallback():
     fallback = choose_best(results[:4], human, cfg)
     assert not fallback.acceptable and fallback.name in ("slow", "garbled", "flat")
     assert fallback.name == "slow"  # lowest degenerate rate; ties -> lower NLL (3.0 beats 4.5, slow before flat)
+
+
+def test_compare_on_a_transformers_model_with_human_continuations(judge_dir, tiny, tmp_path):
+    """The user's own model (subword, end token) and prompts file: end token banned in every row, the edit applied
+    to the transformers module and reverted, the genre-free measure (repeated n-grams) from the file's
+    continuations, and the char GPT as the judge."""
+    from genprobe.loops import mlp_sites
+
+    model = load_model(judge_dir)
+    sites = mlp_sites(model.module)
+    torch.manual_seed(1)
+    dirs = {i: torch.randn(s.d_model) for i, s in enumerate(sites)}
+    units = {i: torch.rand(s.d_ff) for i, s in enumerate(sites)}
+    patch = finalise(model.module, make_patch(model.module, EditSpec((0, 1), 16, "subtract", 4.0), dirs, units))
+    prompts = ["Once upon a time", "The cat sat", "It was late"]
+    conts = [" there was a cat and a cat and a dog.", " on the mat.", None]
+    cfg = CompareConfig(max_new_tokens=16, batch_size=3, methods=("dry-lines", "contrastive", EDIT), timing_rounds=1)
+    before = model.state_sha256()
+    res = compare_fixes(model, prompts, cfg, patch=patch, judge=load_model(tiny.ckpt), continuations=conts)
+    assert model.state_sha256() == before and res.patch.reverted
+    assert res.human.genre == "text" and res.human.n == 2 and "continuation" in res.human.source
+    assert res.human.legit.repeated_ngram_rate is not None and res.breakers == "\n.!?"
+    for r in res.methods:
+        assert 0 in r.method.sampler.ban_ids  # the end token is banned in every row
+        assert r.rates.n == 3 and r.judge is not None and r.judge.model == str(tiny.ckpt)
+    assert res.method(EDIT).texts != res.method("greedy").texts

@@ -405,7 +405,8 @@ def _register_compare(lsub: Any) -> None:
     c.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                    help=f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}")
     c.add_argument("--patch", type=Path, default=None,
-                   help="loop patch from `loops repair` for the edit rows (applied in memory, reverted, sha256-checked)")
+                   help="loop patch from `loops repair` for the edit rows (applied in memory, reverted, "
+                   "sha256-checked)")
     c.add_argument("--judge", default=None, metavar="MODEL",
                    help="a second model that scores every method's text (NLL per character)")
     c.add_argument("--genre", choices=GENRES, default="auto",

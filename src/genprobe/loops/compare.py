@@ -34,7 +34,14 @@ from .compare_breakers import ClassRate, OwnLoops, class_rates, own_loops, unit_
 from .compare_fluency import Fluency, fluency, score_continuations
 from .compare_human import HumanTexts, human_texts
 from .compare_methods import (
-    BASELINE, EDIT, EDIT_BEST, POEM_BREAKERS, TEXT_BREAKERS, Method, build_methods, check_methods, edit_with,
+    BASELINE,
+    EDIT_BEST,
+    POEM_BREAKERS,
+    TEXT_BREAKERS,
+    Method,
+    build_methods,
+    check_methods,
+    edit_with,
 )
 from .patch import Patch, apply_patch, revert_patch
 from .scan import LoopRates, ScanResult, study_sampler
@@ -448,7 +455,7 @@ def _patch_check(model: Any, patch: Patch | None, path: str | None, sha0: str) -
 
 def _stage_times(clock: dict[str, float]) -> dict[str, float]:
     keys = list(clock)
-    out = {k: round(clock[k] - clock[p], 2) for p, k in zip(keys, keys[1:])}
+    out = {k: round(clock[k] - clock[p], 2) for p, k in zip(keys, keys[1:], strict=False)}
     out["total"] = round(time.perf_counter() - clock["start"], 2)
     return out
 

@@ -78,7 +78,7 @@ def couplet_parallels(text: str) -> tuple[int, int, int]:
     couplets = len(lines) // 2
     for k in range(couplets):
         a, b = lines[2 * k], lines[2 * k + 1]
-        same = sum(1 for x, y in zip(a, b) if x == y and is_han(x))
+        same = sum(1 for x, y in zip(a, b, strict=False) if x == y and is_han(x))
         if a == b or 2 * same > min(len(a), len(b)):
             copied += 1
         else:
