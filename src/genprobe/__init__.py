@@ -32,6 +32,7 @@ _EXPORTS = {
     "attention_heads": "genprobe.api:attention_heads",
     "padding_leak": "genprobe.api:padding_leak",
     "run_case": "genprobe.api:run_case",
+    "verify_cache": "genprobe.verify.api:verify_cache",
 }
 
 __all__ = ["__version__", *_EXPORTS]

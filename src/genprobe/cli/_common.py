@@ -15,8 +15,11 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
 
 
 def emit_json(obj: Any) -> None:
-    """Print ``obj`` as JSON on stdout (UTF-8, characters kept readable)."""
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, indent=2, default=_default) + "\n")
+    """Print ``obj`` as strict JSON on stdout (UTF-8, readable; NaN/inf spelled out by ``json_safe``)."""
+    from .._io import json_safe
+
+    text = json.dumps(json_safe(obj), ensure_ascii=False, indent=2, default=_default, allow_nan=False)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
