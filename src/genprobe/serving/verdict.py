@@ -1,15 +1,17 @@
 """The verdict of a served model against recomputation, on verify-cache's scale.
 
-The scale is verify-cache's :class:`genprobe.verify.harness.Thresholds` (seed §3.4.3: < 1e-4 float
+The scale is verify-cache's :class:`genprobe.verify.compare.Thresholds` (seed §3.4.3: < 1e-4 float
 noise → pass, < 1e-3 small, ≤ 1 suspicious, > 1 bug), applied to max |Δ log p| over the top-k
-log-probabilities. One rule is added for serving: a position where the served model's top-1 token is
-not the reference's (beyond a float-noise tie) is at least "suspicious" — a greedy deployment would
-emit different text there, whatever the size of the log-probability difference.
+log-probabilities. Only the absolute scale: verify-cache's relative scale (Δ in standard deviations of
+the reference *logits*) does not apply to log-probabilities, which are normalised already. One rule
+is added for serving: a position where the served model's top-1 token is not the reference's (beyond
+a float-noise tie) is at least "suspicious" — a greedy deployment would emit different text there,
+whatever the size of the log-probability difference.
 """
 
 from __future__ import annotations
 
-from ..verify.harness import VERDICTS, Thresholds
+from ..verify.compare import VERDICTS, Thresholds
 
 __all__ = ["Thresholds", "VERDICTS", "serving_verdict", "worst_verdict"]
 

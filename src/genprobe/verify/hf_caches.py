@@ -80,11 +80,11 @@ def unavailable_reason(hf_model, kind: str) -> str | None:
     if kind == "sliding" and "config" not in _params(cu.DynamicCache):
         return f"{version}: DynamicCache takes no config, so it cannot build sliding-window layers"
     if kind == "quantized":
-        backend = quantized_backend()
-        if backend is None:
-            return f"{version} offers no quantized-cache backend here (fp8 absent; optimum-quanto / hqq not installed)"
+        # the model's own reason first: it holds whatever transformers version and backends are installed
         if model_window(hf_model) is not None:
             return "QuantizedCache supports full-attention layers only; this model has a sliding window"
+        if quantized_backend() is None:
+            return f"{version} offers no quantized-cache backend here (fp8 absent; optimum-quanto / hqq not installed)"
     if kind == "offloaded":
         if not hasattr(cu, "OffloadedCache") and "offloading" not in _params(cu.DynamicCache):
             return f"{version} has neither OffloadedCache nor DynamicCache(offloading=True)"
