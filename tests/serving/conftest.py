@@ -95,6 +95,13 @@ def engine_flags() -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def scan_engine_flags() -> list[str]:
+    """``loops scan --backend vllm`` flags that reproduce the tests' engine options (verify-serving's defaults
+    spelled out: scans leave these to vLLM by default)."""
+    return [*ENGINE_FLAGS, "--max-num-batched-tokens", "32", "--max-num-seqs", "32", "--block-size", "32"]
+
+
+@pytest.fixture(scope="session")
 def heldout(trained):
     """(texts, token ids) of 32 held-out Tang openings."""
     from genprobe.loops.prompts import heldout_openings

@@ -51,3 +51,10 @@ def test_a_broken_torchvision_is_explained(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake)
     msg = vllm_import_problem()
     assert "torchvision" in msg and "uninstall" in msg
+
+
+def test_loops_scan_backend_vllm_exits_2_with_the_install_line(no_vllm, trained_ckpt, capsys):
+    from genprobe.cli import main
+
+    assert main(["loops", "scan", str(trained_ckpt), "--backend", "vllm", "--n", "2"]) == 2
+    assert "pip install 'genprobe[vllm]'" in capsys.readouterr().err

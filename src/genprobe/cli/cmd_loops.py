@@ -25,6 +25,7 @@ from ._common import (
     read_prompts,
 )
 from ._sampler_args import add_sampler_arguments, sampler_from_args
+from ._vllm_args import add_engine_arguments, engine_options, vllm_missing
 
 DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
 
@@ -101,6 +102,10 @@ def _register_scan(lsub: Any) -> None:
                    "(the end-of-text token is banned in every setting)")
     add_sampler_arguments(s)
     s.add_argument("--out", type=Path, default=None, help="write the full scan (with per-generation records) as JSON")
+    s.add_argument("--backend", choices=("genprobe", "vllm"), default="genprobe",
+                   help="who generates: genprobe's engine (default) or vLLM (continuous batching, tensor/pipeline "
+                   "parallel, Ray; same JSON; a sampler vLLM cannot express exactly is refused)")
+    add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
     s.set_defaults(func=run_scan)
 
 
@@ -274,6 +279,8 @@ def run_scan(args: argparse.Namespace) -> int:
     from ..loops.scan import scan_table
 
     _check_common(args)
+    if args.backend == "vllm" and vllm_missing("loops scan"):
+        return 2
     model = _load(args)
     texts, source = _prompts(args, model)
     if texts is None:
@@ -283,12 +290,14 @@ def run_scan(args: argparse.Namespace) -> int:
     end = study.end_token
     if end.banned:
         info(f"note: {end.note}")
+    settings = _scan_settings(args, model)
+    scan, backend = _scan_backend(args, model, study, settings)
     out = {"model": str(model.source), "prompts": len(texts), "prompt_source": source,
-           "max_new_tokens": args.max_new_tokens, "end_token": end.to_dict(), "scans": {}}
+           "max_new_tokens": args.max_new_tokens, "end_token": end.to_dict(), **backend, "scans": {}}
     full = {**out, "scans": {}}
-    for name, sampler in _scan_settings(args, model).items():
+    for name, sampler in settings.items():
         t0 = time.perf_counter()
-        res = study.scan(ids, texts, sampler=sampler, desc=name)
+        res = scan(ids, texts, sampler=sampler, desc=name)
         info(scan_table(res.summary, f"{name} ({time.perf_counter() - t0:.1f} s)"))
         examples = [{"prompt": r.prompt, "text": r.text, "period": r.measures.period,
                      "near_period": r.measures.near_period, "near_match": r.measures.near_match,
@@ -302,6 +311,30 @@ def run_scan(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(out)
     return 0
+
+
+def _scan_backend(args: argparse.Namespace, model: Any, study: Any, settings: dict) -> tuple[Any, dict]:
+    """The scan function of ``--backend`` and what the JSON says about it (every sampler is checked before vLLM
+    starts: a setting it cannot express exactly is refused, never approximated)."""
+    if args.backend == "genprobe":
+        return study.scan, {"backend": "genprobe"}
+    from ..serving.engine import shared_engine
+    from ..serving.sampling import UnsupportedSamplerError
+    from ..serving.scan import check_sampler_vllm, scan_study_vllm
+
+    for name, sampler in settings.items():
+        try:
+            check_sampler_vllm(sampler, model.vocab_size, model.eos_id)
+        except UnsupportedSamplerError as exc:
+            hint = " (on the command line: --preset vllm or --order vllm)" if "engine=" in str(exc) else ""
+            raise ValueError(f"--backend vllm cannot run the {name!r} setting exactly: {exc}{hint}") from None
+    engine = shared_engine(model.source, engine_options(args, seed=args.seed))
+    info(f"vLLM engine ready ({engine.startup_seconds:.1f} s)")
+
+    def scan(ids: Any, texts: Any, *, sampler: Any, desc: str) -> Any:
+        return scan_study_vllm(engine, study, ids, texts, sampler=sampler, desc=desc)
+
+    return scan, {"backend": "vllm", "vllm": engine.describe()}
 
 
 # ---- locate and repair ----------------------------------------------------------------------

@@ -21,6 +21,7 @@ from ._common import (
     info,
     read_prompts,
 )
+from ._vllm_args import add_engine_arguments, engine_options, vllm_missing
 
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
 
@@ -52,43 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=5, help="log-probabilities compared per position (default 5)")
     add_prompt_arguments(p, help_default=" (default: seeded random token ids)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
-    g = p.add_argument_group("engine (passed to vllm.LLM)")
-    g.add_argument("--max-model-len", type=int, help="context length the engine admits (default: the model's)")
-    g.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=32,
-        help="per-step token budget; prompts longer than it are prefilled in chunks (default 32)",
-    )
-    g.add_argument(
-        "--max-num-seqs", type=int, default=32, help="concurrent sequences, <= the token budget (default 32)"
-    )
-    g.add_argument(
-        "--block-size",
-        type=int,
-        default=32,
-        help="KV-cache block; prefixes shorter than it are never cached (default 32; CPU needs multiples of 32)",
-    )
-    g.add_argument("--no-prefix-caching", action="store_true", help="start the engine without prefix caching")
-    g.add_argument("--tensor-parallel-size", type=int, default=1, help="tensor-parallel shards (default 1)")
-    g.add_argument(
-        "--distributed-executor-backend", choices=("mp", "ray", "uni"), help="vLLM executor (ray: multi-node)"
-    )
-    g.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.1,
-        help="fraction of device memory reserved; on CPU the fraction of host RAM (default 0.1)",
-    )
-    g.add_argument(
-        "--kv-cache-memory-bytes",
-        type=int,
-        help="explicit KV-cache size instead of the memory fraction (robust on a shared machine)",
-    )
-    g.add_argument("--compile", action="store_true", help="let vLLM compile the model (default: enforce_eager)")
-    g.add_argument(
-        "--in-process", action="store_true", help="run vLLM's engine core in this process (faster start on CPU)"
-    )
+    add_engine_arguments(p, max_num_batched_tokens=32, max_num_seqs=32, block_size=32)
     p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on |Δ log p| (default 1e-4)")
     p.add_argument("--bug", type=float, default=1.0, help="bug threshold on max |Δ log p| (default 1.0)")
     p.add_argument(
@@ -102,22 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(args: argparse.Namespace):
-    from ..serving.engine import EngineOptions
-
-    return EngineOptions(
-        enforce_eager=not args.compile,
-        enable_prefix_caching=not args.no_prefix_caching,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        tensor_parallel_size=args.tensor_parallel_size,
-        distributed_executor_backend=args.distributed_executor_backend,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        seed=args.seed,
-        multiprocessing=not args.in_process,
-    )
+    return engine_options(args, seed=args.seed)
 
 
 def _encode_prompts(args: argparse.Namespace) -> list[list[int]]:
@@ -132,14 +82,10 @@ def _encode_prompts(args: argparse.Namespace) -> list[list[int]]:
 
 def run(args: argparse.Namespace) -> int:
     """Run every phase per dtype, print the table; exit 1 when a phase reaches --fail-on."""
-    from ..serving._vllm import VLLMNotAvailableError, require_vllm_engine
     from ..serving.verify import verify_serving
-    from ..verify.harness import Thresholds
+    from ..verify.compare import Thresholds
 
-    try:
-        require_vllm_engine()
-    except VLLMNotAvailableError as exc:
-        print(f"genprobe verify-serving: error: {exc}", file=sys.stderr)
+    if vllm_missing("verify-serving"):
         return 2
     th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
     report = verify_serving(

@@ -25,7 +25,7 @@ from ..loops.scan import (
 )
 from ..metrics import LoopSettings
 from .engine import ServingEngine
-from .sampling import to_sampling_params
+from .sampling import sampling_kwargs, to_sampling_params
 
 
 def scan_loops_vllm(
@@ -96,6 +96,41 @@ def _check_prompts(engine: ServingEngine, prompts: Sequence[Sequence[int]], max_
             f"context overflow: longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
             f"engine's max_model_len {engine.max_model_len}"
         )
+
+
+def check_sampler_vllm(sampler: SamplerConfig, vocab_size: int, eos_id: int | None = None) -> None:
+    """Raise :class:`~genprobe.serving.sampling.UnsupportedSamplerError` now (before any engine starts) when vLLM
+    cannot express ``sampler`` exactly (with the end-token ban a scan adds)."""
+    sampling_kwargs(study_sampler(sampler, eos_id), vocab_size)
+
+
+def scan_study_vllm(
+    engine: ServingEngine,
+    study: Any,
+    ids: Sequence[Sequence[int]],
+    texts: Sequence[str] | None = None,
+    *,
+    sampler: SamplerConfig | None = None,
+    desc: str = "scan",
+) -> ScanResult:
+    """:meth:`genprobe.loops.study.LoopStudy.scan` through vLLM: the study's budget, batch, seed, bans, detector
+    settings and decoder, so the result is what the study would have measured on our engine."""
+    cfg = study.cfg
+    return scan_loops_vllm(
+        engine,
+        ids,
+        cfg.max_new_tokens,
+        sampler or study.sampler,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        eos_id=study.eos_id,
+        unk_id=study.unk_id,
+        loop=cfg.loop,
+        decode=study.decode,
+        prompt_texts=texts,
+        progress=study.progress,
+        desc=desc,
+    )
 
 
 def scan_loops_backend(backend: str, model: Any, *args: Any, engine_options: Any = None, **kw: Any) -> ScanResult:
