@@ -75,7 +75,7 @@ def _continues_loop(toks, n):
     return info.looping and toks[n + 1] == loop_continuation(toks[: n + 1], info)
 
 
-def test_malformed_monitor_request_is_refused():
+def test_malformed_monitor_request_is_refused(vllm_ready):
     from genprobe.serving.vllm_monitor import monitor_request_kwargs
 
     with pytest.raises(ValueError, match="stop_token_id"):
