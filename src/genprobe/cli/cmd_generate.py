@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="genprobe checkpoints: run decode steps through torch.compile (compiling takes ~15-30 s once per "
         "process and batch size; pays off for long generations, not for one short prompt)",
     )
-    p.add_argument("--mode", choices=["cached", "naive"], default="cached", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=["cached", "naive"], default="cached",
+                   help="cached: KV cache (default); naive: recompute the whole sequence every step (the reference)")
     add_json_flag(p)
     p.set_defaults(func=run)
 

@@ -24,7 +24,7 @@ from ._common import (
     model_path,
     read_prompts,
 )
-from ._sampler_args import add_sampler_arguments, sampler_from_args
+from ._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 from ._vllm_args import add_engine_arguments, engine_options, vllm_missing
 
 DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
@@ -97,9 +97,9 @@ def _register_scan(lsub: Any) -> None:
     _model_args(s)
     _data_args(s, with_val=False)
     s.add_argument("--n", type=int, default=256, help="number of Tang openings with --tang-prompts (default 256)")
-    s.add_argument("--setting", choices=("both", "chanting", "greedy", "sample"), default="both",
-                   help="both = chanting (greedy, <unk> banned) and plain greedy; sample = the sampler flags below "
-                   "(the end-of-text token is banned in every setting)")
+    s.add_argument("--setting", choices=("both", "chanting", "greedy", "sample"), default=None,
+                   help="both = chanting (greedy, <unk> banned) and plain greedy (the default); sample = the sampler "
+                   "flags below (the default when any is given); the end-of-text token is banned in every setting")
     add_sampler_arguments(s)
     s.add_argument("--out", type=Path, default=None, help="write the full scan (with per-generation records) as JSON")
     s.add_argument("--backend", choices=("genprobe", "vllm"), default="genprobe",
@@ -262,13 +262,17 @@ def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
     from ..loops.scan import chanting_sampler, greedy_sampler
 
     unk = model.unk_id
-    if args.setting == "sample":
+    given = sampler_flags_given(args)
+    setting = args.setting or ("sample" if given else "both")
+    if given and setting != "sample":  # never ignore a sampler flag silently
+        raise ValueError(f"{' '.join(given)} set the sampler of --setting sample, not of --setting {setting}")
+    if setting == "sample":
         return {"sample": sampler_from_args(args, model.tokenizer)}
     return {
         "both": {"chanting": chanting_sampler(unk), "greedy": greedy_sampler()},
         "chanting": {"chanting": chanting_sampler(unk)},
         "greedy": {"greedy": greedy_sampler()},
-    }[args.setting]
+    }[setting]
 
 
 def run_scan(args: argparse.Namespace) -> int:
