@@ -21,7 +21,7 @@ Only generated tokens are watched — a prompt that repeats itself is the user's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Protocol, Sequence
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -108,7 +108,7 @@ class RecomputeDetector:
         return as_loop_info(self.fn(self.tokens), self.tokens)
 
 
-def as_loop_info(result: object, tokens: Sequence[int]) -> LoopInfo | None:
+def as_loop_info(result: Any, tokens: Sequence[int]) -> LoopInfo | None:
     """A detector's result as a ``LoopInfo`` (None when it reports no loop)."""
     if isinstance(result, LoopInfo):
         return result if result.looping else None
@@ -168,6 +168,7 @@ class LoopMonitor:
         self.lengths[row] += 1
         if info is None or self.detections[row] is not None:
             return None
+        assert info.period is not None and info.onset is not None  # a detector's LoopInfo is looping
         self.detections[row] = Detection(self.lengths[row] - 1, int(info.period), int(info.onset), list(info.unit))
         return self.detections[row]
 
@@ -223,7 +224,7 @@ class LoopStoppingCriteria(_hf_bases()[0]):  # type: ignore[misc]
         """The monitor (its ``detections`` say period and onset per row)."""
         return self.watch.monitor
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.BoolTensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         self.watch.observe(input_ids)
         return torch.tensor([d is not None for d in self.monitor.detections], dtype=torch.bool, device=input_ids.device)
 
@@ -244,7 +245,7 @@ class LoopBreakingLogitsProcessor(_hf_bases()[1]):  # type: ignore[misc]
         """The monitor (first detection per row)."""
         return self.watch.monitor
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.watch.prompt_length is None:  # called before the first new token: the prompt is all of input_ids
             self.watch.prompt_length = input_ids.shape[1]
         self.watch.observe(input_ids)
@@ -257,4 +258,6 @@ class LoopBreakingLogitsProcessor(_hf_bases()[1]):  # type: ignore[misc]
 
 def loop_continuation(tokens: Sequence[int], info: LoopInfo) -> int:
     """The token that would continue a loop of period ``info.period`` at the end of ``tokens``."""
+    if info.period is None:
+        raise ValueError("loop_continuation needs a looping LoopInfo (its period is None)")
     return int(tokens[len(tokens) - info.period])

@@ -55,7 +55,7 @@ def compare_loop_rates(ours: ScanResult, served: ScanResult) -> RateComparison:
         ours_rate=sa.loop_rate,
         ours_ci95=(lo, hi),
         served_rate=sb.loop_rate,
-        served_ci95=tuple(sb.loop_rate_ci95),
+        served_ci95=(sb.loop_rate_ci95[0], sb.loop_rate_ci95[1]),
         served_within_ours_ci=lo <= sb.loop_rate <= hi,
         ours_degenerate_rate=sa.degenerate_rate,
         served_degenerate_rate=sb.degenerate_rate,
