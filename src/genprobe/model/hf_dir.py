@@ -86,7 +86,7 @@ def export_hf_dir(
     if out.exists() and not out.is_dir():
         raise ValueError(f"export target exists and is not a directory: {out}")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"export target {out} exists and is not empty (pass overwrite=True / --force)")
+        raise ValueError(f"export target {out} exists and is not empty (overwrite=True replaces it)")
     out.parent.mkdir(parents=True, exist_ok=True)
     hf = to_hf_gpt2(model)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))

@@ -294,15 +294,15 @@ def check_impl(obj: Any, what: str = "implementation") -> None:
 def load_impl(spec: str, model: Any = None) -> Any:
     """Import ``"pkg.module:factory"`` and return ``factory(model)`` (or ``factory()``), checked."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise ImplSpecError(f"--impl expects 'package.module:factory', got {spec!r}")
+        raise ImplSpecError(f"an implementation spec is 'package.module:factory', got {spec!r}")
     mod_name, attr = spec.split(":")
     try:
         module = importlib.import_module(mod_name)
     except ImportError as exc:
-        raise ImplSpecError(f"cannot import module {mod_name!r} of --impl {spec!r}: {exc}") from None
+        raise ImplSpecError(f"cannot import module {mod_name!r} of implementation {spec!r}: {exc}") from None
     factory: Callable | None = getattr(module, attr, None)
     if factory is None:
-        raise ImplSpecError(f"module {mod_name!r} has no attribute {attr!r} (--impl {spec!r})")
+        raise ImplSpecError(f"module {mod_name!r} has no attribute {attr!r} (implementation {spec!r})")
     if not callable(factory):
         raise ImplSpecError(f"{spec!r} is not callable")
     try:
