@@ -14,8 +14,8 @@ import json
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,7 +63,9 @@ def _hf_char_tokenizer(tokenizer: CharTokenizer) -> PreTrainedTokenizerFast:
     )
 
 
-def _resolve_source(source: str | os.PathLike[str] | GPT, tokenizer: CharTokenizer | None) -> tuple[GPT, CharTokenizer | None]:
+def _resolve_source(
+    source: str | os.PathLike[str] | GPT, tokenizer: CharTokenizer | None
+) -> tuple[GPT, CharTokenizer | None]:
     if isinstance(source, GPT):
         return source, tokenizer
     model, tok, _ = load_checkpoint(source)
@@ -182,5 +184,7 @@ def import_hf_dir(hf_dir: str | os.PathLike[str], progress: bool = False) -> tup
         raise ValueError(f"{d}: transformers could not load the GPT-2 weights ({exc})") from None
     model = from_hf_gpt2(hf)
     if tok.vocab_size != model.cfg.vocab_size:
-        raise ValueError(f"{d}: vocabulary has {tok.vocab_size} ids but config.json has vocab_size {model.cfg.vocab_size}")
+        raise ValueError(
+            f"{d}: vocabulary has {tok.vocab_size} ids but config.json has vocab_size {model.cfg.vocab_size}"
+        )
     return model, tok

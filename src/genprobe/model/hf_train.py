@@ -205,8 +205,8 @@ def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig
     return SubwordTrainResult(model=model, tokenizer=tok, summary=summary)
 
 
-def _summary(model: PreTrainedModel, tok: Tokenizer, texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig, tc: TrainConfig,
-             ema: float | None, history: list[dict[str, Any]], heldout_docs: int) -> dict[str, Any]:
+def _summary(model: PreTrainedModel, tok: Tokenizer, texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig,
+             tc: TrainConfig, ema: float | None, history: list[dict[str, Any]], heldout_docs: int) -> dict[str, Any]:
     """Final figures: losses in nats/token, bits/char on the char GPT's validation text, chars/token."""
     val = _val(model, tok, texts.char_val_documents, cfg.block_size)
     # the char GPT's context length (block_size 64): how much of the gap is context, not modelling
@@ -254,7 +254,9 @@ def _chars_per_token(tok: Tokenizer, docs: list[str]) -> float:
 
 
 @torch.no_grad()
-def greedy_samples(model: CausalLM, tok: Tokenizer, openings: list[str], max_new_tokens: int = 60) -> list[dict[str, Any]]:
+def greedy_samples(
+    model: CausalLM, tok: Tokenizer, openings: list[str], max_new_tokens: int = 60
+) -> list[dict[str, Any]]:
     """Greedy continuations of ``<|endoftext|>`` + opening by ``transformers.generate``: as trained (stops at
     end-of-text) and with end-of-text suppressed for exactly ``max_new_tokens`` (how loop studies run it)."""
     eos = bpe.eos_id(tok)

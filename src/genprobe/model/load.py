@@ -114,7 +114,7 @@ class SubwordTokenizer:
             return []
         enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
         out: list[str] = []
-        for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]):
+        for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
             for ch in text[a:b] if tid == self.unk_id else ():
                 if ch not in out:
                     out.append(ch)
@@ -257,7 +257,9 @@ class Model:
 
 
 # ---- loading --------------------------------------------------------------------------------
-def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Model:
+def load_model(
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> Model:
     """Load a genprobe checkpoint or a ``transformers`` model directory (auto-detected, offline, safetensors only)."""
     from .checkpoint import is_checkpoint
 

@@ -83,8 +83,9 @@ def load_subword_dir(directory: str | os.PathLike[str]) -> tuple[PreTrainedModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with _quiet_transformers(False):
-        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True,
-                                                     dtype=torch.float32)
+        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+            directory, local_files_only=True, use_safetensors=True, dtype=torch.float32
+        )
     tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() override is unannotated
     return model, tok
