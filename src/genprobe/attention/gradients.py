@@ -22,6 +22,7 @@ import csv
 import io
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -37,8 +38,12 @@ def _combine(*parts: float | None) -> float | None:
     return math.sqrt(sum(vals)) if vals else None
 
 
+def _weight(m: torch.nn.Module) -> torch.Tensor:
+    return cast(torch.Tensor, m.weight)  # a Linear's or Conv1D's weight; Module attributes are typed Tensor | Module
+
+
 def _fused_norms(m: torch.nn.Module) -> tuple[float | None, ...]:
-    w, b = m.weight, getattr(m, "bias", None)
+    w, b = _weight(m), getattr(m, "bias", None)
     conv1d = hasattr(m, "nf") or type(m).__name__ == "Conv1D"  # (in, 3C): split columns
     dim = 1 if conv1d else 0
     out = []
@@ -51,7 +56,7 @@ def _fused_norms(m: torch.nn.Module) -> tuple[float | None, ...]:
 
 def _linear_norm(m: torch.nn.Module) -> float | None:
     b = getattr(m, "bias", None)
-    return _combine(_grad_sq(m.weight.grad), _grad_sq(None if b is None else b.grad))
+    return _combine(_grad_sq(_weight(m).grad), _grad_sq(None if b is None else b.grad))
 
 
 def attention_projections(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -87,7 +92,7 @@ class QKVGradTracker:
         self.layer_names = [n for n, _ in mods]
         for layer, (_, m) in enumerate(mods):
             if hasattr(m, "c_attn"):
-                q, k, v = _fused_norms(m.c_attn)
+                q, k, v = _fused_norms(m.get_submodule("c_attn"))
             else:
                 q, k, v = (_linear_norm(getattr(m, p)) for p in ("q_proj", "k_proj", "v_proj"))
             self._rows.append({"step": int(step), "layer": layer, "q": q, "k": k, "v": v})

@@ -27,13 +27,14 @@ class HeadStats:
 
     layer: int
     head: int
-    entropy: float
+    # Each a mean over the query positions where it is defined; None when it is defined at none.
+    entropy: float | None
     norm_entropy: float | None
-    far_mass: float
-    sink_mass: float
-    diag_mass: float
-    local_mass: float
-    max_entropy: float  # mean of ln(visible keys): the uniform-attention reference
+    far_mass: float | None
+    sink_mass: float | None
+    diag_mass: float | None
+    local_mass: float | None
+    max_entropy: float | None  # mean of ln(visible keys): the uniform-attention reference
 
     def to_dict(self) -> dict:
         """JSON form."""
