@@ -185,7 +185,7 @@ def run_case(model: GPT, tok: CharTokenizer, corpus: Corpus, meta: dict | None =
         t0 = time.perf_counter()
         with torch.inference_mode(False), torch.no_grad():
             results[name] = run()
-        seconds[name] = r(time.perf_counter() - t0, 2)
+        seconds[name] = round(time.perf_counter() - t0, 2)  # finite: r() would only round it
         if log:
             log(f"  {name}: {seconds[name]:.1f}s")
     summary = model_summary(model, meta, results.get("decoding"))

@@ -147,6 +147,7 @@ def confidence_free_generation(model: GPT, prompts: list[list[int]], new_tokens:
                                name: str, seed: int = 0) -> FreeGenerationConfidence:
     """Mean probability / NLL the model gives its own choices while generating freely (``name``: the sampler's label)."""
     res = generate(model, prompts, new_tokens, sampler=sampler, seed=seed, return_logits=True)
+    assert res.step_logits is not None  # return_logits=True
     chosen = torch.tensor(res.tokens, dtype=torch.long)  # (B, N)
     logits = torch.stack(res.step_logits, 1).double()  # (B, N, V)
     lp = torch.log_softmax(logits, -1).gather(-1, chosen[..., None])[..., 0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from .case import CASE_KEYS, CaseResult, run_case
 
@@ -34,7 +34,7 @@ class CaseStudy:
                 "headline": [{"metric": a, "ours": b, "seed": c} for a, b, c in self.headline]}
 
 
-def select_experiments(only: list[str] | tuple[str, ...] | None, skip: list[str] | tuple[str, ...] = ()) -> tuple[str, ...]:
+def select_experiments(only: Sequence[str] | None, skip: Sequence[str] = ()) -> tuple[str, ...]:
     """The experiments ``only`` / ``skip`` leave, in the case study's order; unknown names are an error."""
     bad = [x for x in list(only or []) + list(skip) if x not in EXPERIMENTS]
     if bad:

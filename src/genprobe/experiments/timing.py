@@ -29,7 +29,8 @@ def naive_token_forwards(prompt_len: int, new_tokens: int) -> int:
 def _time(model, prompts, new_tokens: int, mode: str, reps: int, budget_s: float) -> tuple[float, int, int]:
     """(median seconds, token forwards, runs): at least one timed run, more while under ``budget_s``."""
     generate(model, prompts, min(2, new_tokens), mode=mode)  # warm-up (allocator, kernels)
-    times, forwards = [], 0
+    times: list[float] = []
+    forwards = 0
     while len(times) < reps and (not times or sum(times) < budget_s):
         t0 = time.perf_counter()
         res = generate(model, prompts, new_tokens, mode=mode)

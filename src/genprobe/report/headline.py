@@ -57,7 +57,7 @@ def _cache_rows(case: dict, seed: dict) -> list[Row]:
                   sc.get("incremental_max_abs_dlogit"), "e")]
     t = case.get("cache_timing")
     if t and t.get("rows"):
-        seed_cpu1 = next((r for r in seed.get("cache_timing", {}).get("rows", [])
+        seed_cpu1: dict[str, Any] = next((r for r in seed.get("cache_timing", {}).get("rows", [])
                           if r["device"] == "cpu" and r["batch"] == 1), {})
         seed_tf = seed.get("token_forwards", {})
         rows += [("token forwards naive / cached (P=7, N=50)",
