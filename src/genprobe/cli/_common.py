@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import warnings
-from typing import Any
+from typing import Any, Literal, overload
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
@@ -78,6 +78,10 @@ def add_model_aliases(p: argparse.ArgumentParser, *old: str) -> None:
         deprecated_alias(p, flag, "the MODEL positional argument", dest="model_alias")
 
 
+@overload
+def model_path(args: argparse.Namespace, required: Literal[True] = True) -> str: ...
+@overload
+def model_path(args: argparse.Namespace, required: bool) -> str | None: ...
 def model_path(args: argparse.Namespace, required: bool = True) -> str | None:
     """MODEL from the positional or a deprecated alias; refuses both at once."""
     alias = getattr(args, "model_alias", None)

@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
     texts = read_prompts(args)
+    assert texts is not None  # the prompt arguments are required (add_prompt_arguments(required=True))
     model = load_model_arg(args)
     tok = model._require_tokenizer()
     sampler = sampler_from_args(args, tok)
