@@ -87,7 +87,7 @@ def test_ragged_batch():
 def test_load_batch_jsonl_both_layouts(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("\n".join(json.dumps({"input_ids": i, "attention_mask": m, "position_ids": p})
-                              for i, m, p in zip(LEFT_IDS, LEFT_MASK, LEFT_POS)) + "\n")
+                              for i, m, p in zip(LEFT_IDS, LEFT_MASK, LEFT_POS, strict=True)) + "\n")
     b = load_batch_jsonl(rows)
     assert b["input_ids"] == LEFT_IDS and b["position_ids"] == LEFT_POS
     one = tmp_path / "one.json"

@@ -25,7 +25,7 @@ def test_passkey_places_value_at_distance():
     d = torch.tensor([1, 5, 14, 30])
     x, y = task.batch(d, 32, gen)
     assert x.shape == (4, 32)
-    for row, dist, val in zip(x, d.tolist(), y.tolist()):
+    for row, dist, val in zip(x, d.tolist(), y.tolist(), strict=True):
         q = 31
         assert int(row[q]) == task.QUERY
         assert int(row[q - dist]) == val and task.VALUE0 <= val < task.vocab_size

@@ -66,7 +66,7 @@ def differences(want, got, path: str = "") -> list[str]:
     if isinstance(want, list) and isinstance(got, list):
         if len(want) != len(got):
             return [f"{path}: {len(want)} items -> {len(got)}"]
-        return [d for i, (a, b) in enumerate(zip(want, got)) for d in differences(a, b, f"{path}[{i}]")]
+        return [d for i, (a, b) in enumerate(zip(want, got, strict=True)) for d in differences(a, b, f"{path}[{i}]")]
     if isinstance(want, float) and isinstance(got, float) and not isinstance(want, bool):
         return [] if math.isclose(want, got, abs_tol=2e-4) else [f"{path}: {want} -> {got}"]
     if type(want) is not type(got) or want != got:

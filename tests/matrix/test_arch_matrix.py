@@ -114,9 +114,9 @@ def test_unsupported_architecture_is_refused(tmp_path):
     """A config whose model_type transformers does not know is refused, naming the type and the supported ones."""
     import json
 
-    from genprobe.model.load import ModelLoadError
-
     from safetensors.torch import save_file
+
+    from genprobe.model.load import ModelLoadError
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "not_a_real_arch", "vocab_size": 8}))
     save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))

@@ -30,7 +30,8 @@ def _tiny_llama(vocab: int = 64):
 
 def _bpe_tokenizer(d, vocab_size: int):
     """A byte-level BPE trained on a few lines, saved as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer as HFTok, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = HFTok(models.BPE())

@@ -128,11 +128,11 @@ class QKVGradTracker:
 
         layers = sorted({r["layer"] for r in self._rows})
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.3), sharey=True)
-        for ax, proj in zip(axes, ("q", "k", "v")):
+        for ax, proj in zip(axes, ("q", "k", "v"), strict=True):
             for layer in layers:
                 pts = [(r["step"], r[proj]) for r in self._rows if r["layer"] == layer and r[proj]]
                 if pts:
-                    ax.plot(*zip(*pts), label=f"layer {layer}", lw=1)
+                    ax.plot(*zip(*pts, strict=True), label=f"layer {layer}", lw=1)
             ax.set_title(f"{proj.upper()} projection")
             ax.set_xlabel("step")
             ax.set_yscale("log")

@@ -6,7 +6,16 @@ import argparse
 import sys
 import warnings
 
-from ._common import add_json_flag, add_max_new_tokens, add_model_argument, add_prompt_arguments, emit_json, info, load_model_arg, read_prompts
+from ._common import (
+    add_json_flag,
+    add_max_new_tokens,
+    add_model_argument,
+    add_prompt_arguments,
+    emit_json,
+    info,
+    load_model_arg,
+    read_prompts,
+)
 from ._sampler_args import add_sampler_arguments, sampler_from_args
 
 
@@ -84,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                    compile=args.compile)
     _warn_if_compile_failed(args)
     results = []
-    for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens)):
+    for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens, strict=True)):
         steps = step_stats(new, res.step_probs, tok.token_str, row=row, top=args.top)
         results.append({"prompt": text, "prompt_tokens": ids, "unknown_prompt_chars": tok.unknown_chars(text),
                         "text": _show(tok, new, args.show_unk), "tokens": new, "finished": res.finished[row],

@@ -93,7 +93,7 @@ def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: st
         top = torch.topk(logp[j].exp(), 3)
         rows.append(TeacherForcingRow(i, tok.decode(ids[: i + 1], show_unk=True), tok.token_str(ids[i + 1]),
                                       float(loss[j]),
-                                      [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices)]))
+                                      [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices, strict=True)]))
     scored = loss[start : start + len(ids) - 1]
     return TeacherForcing(rows, float(scored.mean()), len(lead_in))
 

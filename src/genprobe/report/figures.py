@@ -122,7 +122,8 @@ def perturbation_curves(case: dict) -> bytes:
     """Δloss per step after one wrong token, for each perturbed position k (the chapter's k = 8 curve dashed)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.0, 3.0))
-    for p, c in zip(case["exposure"]["perturbation"], (TEAL, ORANGE, RED, GREEN, GREY)):
+    # one colour per curve: fewer curves (PERTURB_POSITIONS, 4) than colours, so the colours are cut short
+    for p, c in zip(case["exposure"]["perturbation"], (TEAL, ORANGE, RED, GREEN, GREY), strict=False):
         xs = list(range(1, len(p["curve"]) + 1))
         ax.plot(xs, p["curve"], "o-", ms=3, color=c, label=f"k = {p['k']}")
     seed = case.get("seed", {}).get("exposure", {}).get("perturbation_curve_k8")
