@@ -65,7 +65,8 @@ def test_positions_not_restarting_after_left_padding():
 
 
 def test_mixed_padding_side_and_holes():
-    f = check_masks([LEFT_IDS[0], RIGHT_IDS[0], RIGHT_IDS[0]], [LEFT_MASK[0], RIGHT_MASK[0], RIGHT_MASK[0]], pad_token_id=PAD)
+    f = check_masks([LEFT_IDS[0], RIGHT_IDS[0], RIGHT_IDS[0]], [LEFT_MASK[0], RIGHT_MASK[0], RIGHT_MASK[0]],
+        pad_token_id=PAD)
     assert [(x.rule, x.row) for x in f] == [("mixed_padding_side", 0)]
     f = check_masks([[5, 0, 7, 8]], [[1, 0, 1, 1]], pad_token_id=PAD)
     assert [(x.rule, x.position) for x in f] == [("mask_hole", 1)]

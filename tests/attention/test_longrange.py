@@ -49,7 +49,8 @@ def test_lag_targets_are_tokens_k_back():
 
 
 def test_learned_positions_beyond_context_raise_the_models_error():
-    sc = SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=2, lag_steps=2, lags=(1,), batch_size=4)
+    sc = SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=2, lag_steps=2, lags=(1,),
+        batch_size=4)
     task = PasskeyTask()
     model, summary = train_synthetic(task, "learned", sc)
     assert summary.steps == 2

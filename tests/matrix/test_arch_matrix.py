@@ -40,7 +40,8 @@ def test_generate(arch, tiny_hf_dirs):
         assert ours.tokens[row] == _hf_greedy(model.module, [p], NEW)[0]
     assert len({t for row in ours.tokens for t in row}) > 3  # the continuation is not one repeated token
     # Every cached step's logits equal a full recomputation of the sequence so far (last real position).
-    full = model.runner.full(torch.tensor([PROMPTS[0] + ours.tokens[0]]), torch.ones(1, len(PROMPTS[0]) + NEW, dtype=torch.bool))
+    full = model.runner.full(torch.tensor([PROMPTS[0] + ours.tokens[0]]), torch.ones(1, len(PROMPTS[0]) + NEW,
+        dtype=torch.bool))
     P = len(PROMPTS[0])
     for i, step in enumerate(ours.step_logits):
         assert torch.allclose(step[0], full[0, P - 1 + i], atol=1e-4), f"step {i}"

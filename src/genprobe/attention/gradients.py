@@ -114,7 +114,8 @@ class QKVGradTracker:
         w = csv.DictWriter(buf, fieldnames=["step", "layer", "q", "k", "v"], lineterminator="\n")
         w.writeheader()
         w.writerows(self._rows)
-        paths = {"csv": out / "qkv_grad_norms.csv", "json": out / "qkv_grad_norms.json", "png": out / "qkv_grad_norms.png"}
+        paths = {"csv": out / "qkv_grad_norms.csv", "json": out / "qkv_grad_norms.json",
+            "png": out / "qkv_grad_norms.png"}
         atomic_write_text(paths["csv"], buf.getvalue())
         atomic_write_json(paths["json"], self.to_dict())
         self.plot(paths["png"])

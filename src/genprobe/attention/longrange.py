@@ -437,7 +437,8 @@ class CorpusResult:
                 "encodings": {pe: r.to_dict() for pe, r in self.encodings.items()}}
 
 
-def corpus_extrapolation(pos_encodings: list[str], cc: CorpusExtrapolationConfig, progress: bool = False) -> CorpusResult:
+def corpus_extrapolation(pos_encodings: list[str], cc: CorpusExtrapolationConfig,
+    progress: bool = False) -> CorpusResult:
     """Train the Tang GPT at ``cc.context`` per encoding; validation loss at each evaluation length."""
     from ..corpus import CharTokenizer, load_corpus
     from ..model.train import TrainConfig, train

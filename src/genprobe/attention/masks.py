@@ -130,7 +130,8 @@ def _row_findings(i: int, row_ids: list, row_mask: list, row_pos: list | None,
     bad = [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]
     if bad:
         t, m = bad[0]
-        return [Finding(i, t, "non_binary", f"attention_mask value {m!r} is not 0/1 ({len(bad)} such value(s) in the row)")], None
+        return [Finding(i, t, "non_binary",
+            f"attention_mask value {m!r} is not 0/1 ({len(bad)} such value(s) in the row)")], None
     m = [int(v) for v in row_mask]
     if not any(m):
         return [Finding(i, None, "empty_row", "attention_mask is all zeros: no query has a visible key")], None
@@ -141,7 +142,8 @@ def _row_findings(i: int, row_ids: list, row_mask: list, row_pos: list | None,
     if pad is not None:
         leaks = [t for t, (tok, v) in enumerate(zip(row_ids, m, strict=True)) if tok == pad and v == 1]
         if leaks:
-            findings.append(Finding(i, leaks[0], "pad_unmasked", f"pad token {pad} has mask 1 at {len(leaks)} position(s) "
+            findings.append(Finding(i, leaks[0], "pad_unmasked",
+                f"pad token {pad} has mask 1 at {len(leaks)} position(s) "
                                     f"{leaks[:8]} — padding would be attended to"))
     side = _side(m)
     if side == "hole":
@@ -159,7 +161,8 @@ def _mixed_side_findings(sides: dict[int, str]) -> list[Finding]:
     if len(set(sides.values())) <= 1:
         return []
     majority = max(("left", "right"), key=lambda s: sum(v == s for v in sides.values()))
-    return [Finding(i, None, "mixed_padding_side", f"row is {s}-padded while the other padded rows are {majority}-padded")
+    return [Finding(i, None, "mixed_padding_side",
+        f"row is {s}-padded while the other padded rows are {majority}-padded")
             for i, s in sides.items() if s != majority]
 
 

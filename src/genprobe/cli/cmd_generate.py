@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
         help="generate text (greedy or sampled) from a checkpoint or HF model directory",
-        description="Generate text after each prompt (one prompt streams to stdout; several run as one left-padded batch). Sampling parameters are validated; "
+        description="Generate text after each prompt (one prompt streams to stdout; several run as one left-padded "
+        "batch). Sampling parameters are validated; "
         "greedy is an explicit argmax (bans and penalties still apply).",
     )
     add_model_argument(p)
@@ -32,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_sampler_arguments(p)
     add_max_new_tokens(p, 50)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eos-id", type=int, default=None, help="stop at this token id (default: the tokenizer's end-of-text token)")
+    p.add_argument("--eos-id", type=int, default=None,
+        help="stop at this token id (default: the tokenizer's end-of-text token)")
     p.add_argument("--ignore-eos", action="store_true", help="never stop early at the end-of-text token")
     p.add_argument("--show-unk", action="store_true", help="print <unk> instead of dropping it")
     p.add_argument("--top", type=int, default=0, metavar="N", help="per step, show the top-N candidates and entropy")

@@ -51,7 +51,8 @@ def _decoding_findings(d: dict) -> list[Finding]:
     out.append(_check("banning <unk> changes the loop unit but output still repeats",
                       b["loop_unit"] != g["loop_unit"] and ban_repeats and b["distinct_2"] < 0.9,
                       f"exact loop: {'period ' + str(b['loop_period']) if b['looping'] else 'none within 50 tokens'}; "
-                      f"longest n-gram seen ≥3×: {b['longest_repeat']} ({b['longest_repeat_text']}); distinct-2 {b['distinct_2']}"))
+                      f"longest n-gram seen ≥3×: {b['longest_repeat']} ({b['longest_repeat_text']}); "
+                      f"distinct-2 {b['distinct_2']}"))
     out.append(_check("every sampling strategy has distinct-2 ≥ 0.9", min_s >= 0.9,
                       ", ".join(f"{r['strategy']} {r['distinct_2']}" for r in samp)))
     return out
@@ -96,7 +97,8 @@ def _cache_findings(case: dict) -> list[Finding]:
     if m:
         chunk = next((v for k, v in m.items() if k.startswith("no_mask_chunk")), None)
         chunk_txt = "none measured" if chunk is None else f"{chunk:.3g}"
-        out.append(_check("no_mask is invisible at T_new = 1 and visible in chunks", m.get("no_mask_t_new_1") == 0.0 and (chunk or 0) > 1e-3,
+        out.append(_check("no_mask is invisible at T_new = 1 and visible in chunks",
+            m.get("no_mask_t_new_1") == 0.0 and (chunk or 0) > 1e-3,
                           f"T_new=1: {m.get('no_mask_t_new_1')}, chunks: {chunk_txt}"))
     t = case.get("cache_timing")
     if t:

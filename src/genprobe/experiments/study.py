@@ -43,7 +43,8 @@ def select_experiments(only: Sequence[str] | None, skip: Sequence[str] = ()) -> 
 
 
 def study_model(model_path: str | Path | None, out: Path, quick: bool, progress: bool, log: Callable[[str], None]):
-    """The model to study (the one loader's Model): ``model_path``, else the default trained (or reused) in OUT/model."""
+    """The model to study (the one loader's Model): ``model_path``, else the default trained (or reused) in
+    OUT/model."""
     from ..corpus import CharTokenizer, load_corpus
     from ..model.checkpoint import is_checkpoint, read_meta, save_checkpoint
     from ..model.load import load_model

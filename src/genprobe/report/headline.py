@@ -28,7 +28,8 @@ def _decoding_rows(d: dict, seed: dict) -> list[Row]:
     sampled = [r for r in d["rows"] if not r["sampler"]["greedy"]]
     return [("greedy distinct-2", g["distinct_2"], sd.get("greedy", {}).get("distinct_2"), "f3"),
             ("greedy <unk> share", g["unk_share"], sd.get("greedy", {}).get("unk_share"), "pct"),
-            ("greedy + ban <unk> distinct-2", b["distinct_2"], sd.get("greedy + ban <unk>", {}).get("distinct_2"), "f3"),
+            ("greedy + ban <unk> distinct-2", b["distinct_2"], sd.get("greedy + ban <unk>", {}).get("distinct_2"),
+                "f3"),
             ("lowest distinct-2 among sampling strategies", min(r["distinct_2"] for r in sampled),
              min((r["distinct_2"] for r in seed_rows[2:]), default=None), "f3")]
 
