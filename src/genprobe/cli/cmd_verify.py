@@ -271,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
 
     mreports, mutant_rows, noop = [], [], None
     if args.mutants:
+        assert gpt is not None  # refused above when --mutants has no GPT to plant bugs into
         info(f"running {len(MUTANTS)} mutants …")
         mrun = run_ if isinstance(reference, FullRecompute) else None  # same reference: reuse trajectories
         # the seed's §3.9.1 experiment: one prompt (the first), every phase but padding and isolation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 POS_ENCODINGS = ("learned", "rope", "alibi", "none")
 
@@ -49,12 +50,12 @@ class GPTConfig:
         """Longest sequence the model accepts: ``block_size`` for a learned position table, else None (unbounded)."""
         return self.block_size if self.pos_encoding == "learned" else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GPTConfig":
+    def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
         """Build from a dict, refusing unknown keys (a config for another model family)."""
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -89,7 +89,9 @@ def _random_windows(ids: torch.Tensor, T: int, B: int, gen: torch.Generator) -> 
     return x, y
 
 
-def _packed_rows(docs: list[torch.Tensor], T: int, B: int, gen: torch.Generator):
+def _packed_rows(
+    docs: list[torch.Tensor], T: int, B: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows of whole documents (greedy fill), with document ids, targets and a loss mask for padding."""
     x = torch.full((B, T), PAD_ID, dtype=torch.long)
     y = torch.full((B, T), PAD_ID, dtype=torch.long)
@@ -128,7 +130,7 @@ class TrainResult:
 
     model: GPT
     tokenizer: CharTokenizer
-    summary: dict = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
 
 
 def train(
@@ -163,7 +165,7 @@ def train(
         docs = [d for d in docs if len(d) >= 2] or [train_ids]
     model = GPT(cfg)
     opt = build_optimizer(model, tc)
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
     model.train()
     bar = tqdm(range(tc.steps), desc="train", disable=not progress, dynamic_ncols=True)
     ema = None
@@ -178,7 +180,7 @@ def train(
             x, y = _random_windows(train_ids, cfg.block_size, tc.batch_size, gen)
             loss = masked_cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
         if on_backward is not None:
             on_backward(step, model)
         if tc.grad_clip:

@@ -15,7 +15,9 @@ reference's top-k tokens and the share of positions whose top-1 token agrees.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -23,7 +25,7 @@ VERDICTS = ("pass", "small", "suspicious", "bug")  # ordered by severity
 TOPK = 10  # tokens of the reference's top-k over which |Δ log p| is measured
 
 
-def worst(verdicts) -> str:
+def worst(verdicts: Iterable[str]) -> str:
     """The most severe of ``verdicts`` (``"pass"`` when there are none)."""
     return max(verdicts, key=VERDICTS.index, default="pass")
 
@@ -81,7 +83,7 @@ class Thresholds:
         """The more severe of the absolute and the relative verdict."""
         return worst([self.absolute_verdict(max_abs_dlogit), self.relative_verdict(max_abs_dlogit, ref_std)])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         return asdict(self)
 
