@@ -1,7 +1,7 @@
 """``genprobe verify-cache``: is a KV-cache implementation equivalent to full recomputation?
 
 Compares logits step by step (prefill, greedy decode, chunked prefill, left-padded batch, isolation
-across ``reset()``) and prints the seed §3.9.8-style table plus each phase's max |Δlogit| and first
+across ``reset()``) and prints the chapter §3.9.8-style table plus each phase's max |Δlogit| and first
 differing step. Exit status, usable in another project's CI:
 
 * 0 — every implementation under test is within the allowed verdict (``--fail-on``);
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         assert gpt is not None  # refused above when --mutants has no GPT to plant bugs into
         info(f"running {len(MUTANTS)} mutants …")
         mrun = run_ if isinstance(reference, FullRecompute) else None  # same reference: reuse trajectories
-        # the seed's §3.9.1 experiment: one prompt (the first), every phase but padding and isolation
+        # the chapter's §3.9.1 experiment: one prompt (the first), every phase but padding and isolation
         mreports = run_mutant_reports(gpt, prompts[:1], steps, chunk_sizes=chunks, thresholds=th, run=mrun)
         mutant_rows = [report_row_detailed(r, MUTANTS[r.impl]) for r in mreports]
         failing += [f"mutant {r['impl']} ({'not caught' if r['expected'] != 'pass' else 'flagged'})"
@@ -334,7 +334,7 @@ def _phase_cell(p) -> str:
 def print_tables(
     reports: list, mutant_reports: list, mutant_rows: list[dict], noop: dict | None, th, file=None
 ) -> None:
-    """The seed §3.9.8 summary, then each phase's max |Δlogit| @ first differing call, then errors/unavailable."""
+    """The chapter §3.9.8 summary, then each phase's max |Δlogit| @ first differing call, then errors/unavailable."""
     out = file or sys.stdout
     head = (f"{'implementation':<30} {'verdict':>11} {'prefill':>8} {'max |Δ|':>11} {'Δ/σ':>8} {'top-1':>7} "
             f"{'worst phase':>12} {'text':>5} {'text':>5}")

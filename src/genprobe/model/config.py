@@ -1,4 +1,4 @@
-"""The one configuration dataclass of the reference GPT (defaults = the seed chapter's table)."""
+"""The one configuration dataclass of the reference GPT (defaults = the chapter's table)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ POS_ENCODINGS = ("learned", "rope", "alibi", "none")
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Hyper-parameters of the reference model; defaults reproduce seed §3.1.6 (≈426k parameters).
+    """Hyper-parameters of the reference model; defaults reproduce chapter §3.1.6 (≈426k parameters).
 
     ``vocab_size`` = 1,200 characters + ``<pad>`` + ``<unk>``.
     """

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..model.gpt import GPT
     from ..model.load import Model
 
-DEFAULT_PROMPTS = (DEFAULT_PROMPT, "白日依山盡")  # the seed's prompt (§3.9.1) and a second of another length
+DEFAULT_PROMPTS = (DEFAULT_PROMPT, "白日依山盡")  # the chapter's prompt (§3.9.1) and a second of another length
 
 
 def default_prompts(model: "Model", max_new_tokens: int, vocab_size: int | None = None) -> list[list[int]]:

@@ -1,6 +1,6 @@
 """Cache-equivalence harness: compare an implementation's logits with full recomputation, step by step.
 
-A KV cache is a mathematical identity (seed §3.4.2), so the test compares *logits*, not text
+A KV cache is a mathematical identity (chapter §3.4.2), so the test compares *logits*, not text
 (§3.9.1: a missing mask moved logits by 2.10 and the greedy text by 0 characters). Each comparison
 can see a different class of bug:
 
@@ -17,7 +17,7 @@ can see a different class of bug:
   then sequence B, compared with B alone: state that survives ``reset()`` shows here even when
   every other phase replays one prompt, whose leaked keys would coincide with the real ones.
 
-Verdicts: see :mod:`genprobe.verify.compare` (the seed's absolute scale, raised by a scale relative
+Verdicts: see :mod:`genprobe.verify.compare` (the chapter's absolute scale, raised by a scale relative
 to the reference's logits). An exception inside the implementation makes its phase ``error`` (phase,
 type, message recorded) and the harness moves on to the next phase.
 """

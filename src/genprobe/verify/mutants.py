@@ -1,6 +1,6 @@
-"""Deliberately broken cached-attention implementations: the tests of the test (seed §3.4.9, §3.9).
+"""Deliberately broken cached-attention implementations: the tests of the test (chapter §3.4.9, §3.9).
 
-:class:`TeachingCache` is the seed's §3.10 teaching version — a list of per-layer K/V grown with
+:class:`TeachingCache` is the chapter's §3.10 teaching version — a list of per-layer K/V grown with
 ``torch.cat`` — run over a genprobe ``GPT``'s own weights, with one line switched per mutant:
 
 =============  ==============================================  =========================
@@ -42,7 +42,7 @@ MUTANTS: dict[str, str] = {
     "cat_order": "pass",
 }
 
-DEFAULT_PROMPT = "春江潮水连海平"  # the seed's prompt (§3.9.1), 50 greedy steps
+DEFAULT_PROMPT = "春江潮水连海平"  # the chapter's prompt (§3.9.1), 50 greedy steps
 
 
 class TeachingCache:
@@ -170,7 +170,7 @@ def run_mutant_reports(
 
 
 def report_row(r: VerifyReport, expected: str | None = None) -> dict[str, Any]:
-    """One row of the seed's §3.9.8 table (its keys are what the case study's ch3_case.json records)."""
+    """One row of the chapter's §3.9.8 table (its keys are what the case study's ch3_case.json records)."""
     row: dict[str, Any] = {
         "impl": r.impl,
         "prefill_bit_identical": r.prefill_bit_identical,
@@ -205,7 +205,7 @@ def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict[st
 def run_mutants(
     model: GPT, prompt_ids: list[int], steps: int = 50, thresholds: Thresholds | None = None
 ) -> list[dict[str, Any]]:
-    """The seed §3.9.1 table: one row per mutant (``cache_bugs`` in the case study)."""
+    """The chapter §3.9.1 table: one row per mutant (``cache_bugs`` in the case study)."""
     reports = run_mutant_reports(model, [list(prompt_ids)], steps, thresholds=thresholds)
     return [report_row(r, MUTANTS[r.impl]) for r in reports]
 
@@ -235,7 +235,7 @@ def mask_noop(
 
 
 def cache_exact(model: GPT, prompt_ids: list[int], steps: int = 50) -> dict[str, Any]:
-    """The engine vs full recomputation (seed §3.4.3: prefill 0.0, incremental ~1.9e-6)."""
+    """The engine vs full recomputation (chapter §3.4.3: prefill 0.0, incremental ~1.9e-6)."""
     r = verify_implementation(
         EngineAdapter(model), FullRecompute(model), [list(prompt_ids)], steps=steps, chunk_sizes=(4,),
         padded_batch=False, isolation=False,

@@ -193,7 +193,7 @@ class VerifyReport:
 
     @property
     def greedy_max_abs_dlogit(self) -> float:
-        """max |Δ| over prefill + incremental only: the quantity of the seed's §3.9.1 table."""
+        """max |Δ| over prefill + incremental only: the quantity of the chapter's §3.9.1 table."""
         return max((p.max_abs_dlogit for p in self.phases if p.phase in ("prefill", "incremental")), default=0.0)
 
     @property
