@@ -28,7 +28,9 @@ def test_public_names_are_exported():
 def test_load_and_generate(trained_ckpt):
     model = genprobe.load(trained_ckpt)
     greedy = model.generate("白日依山盡", max_new_tokens=12)
-    sampled = model.generate(["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9), max_new_tokens=12, seed=1)
+    sampled = model.generate(["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9),
+        max_new_tokens=12,
+        seed=1)
     assert len(greedy[0].token_ids) == 12 and greedy[0].finished == "length"
     assert [c.prompt for c in sampled] == ["白日依山盡", "黃河"]
     assert sampled == model.generate(["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9),

@@ -40,7 +40,8 @@ def test_generate(arch, tiny_hf_dirs):
         assert ours.tokens[row] == _hf_greedy(model.module, [p], NEW)[0]
     assert len({t for row in ours.tokens for t in row}) > 3  # the continuation is not one repeated token
     # Every cached step's logits equal a full recomputation of the sequence so far (last real position).
-    full = model.runner.full(torch.tensor([PROMPTS[0] + ours.tokens[0]]), torch.ones(1, len(PROMPTS[0]) + NEW, dtype=torch.bool))
+    full = model.runner.full(torch.tensor([PROMPTS[0] + ours.tokens[0]]), torch.ones(1, len(PROMPTS[0]) + NEW,
+        dtype=torch.bool))
     P = len(PROMPTS[0])
     for i, step in enumerate(ours.step_logits):
         assert torch.allclose(step[0], full[0, P - 1 + i], atol=1e-4), f"step {i}"
@@ -114,9 +115,9 @@ def test_unsupported_architecture_is_refused(tmp_path):
     """A config whose model_type transformers does not know is refused, naming the type and the supported ones."""
     import json
 
-    from genprobe.model.load import ModelLoadError
-
     from safetensors.torch import save_file
+
+    from genprobe.model.load import ModelLoadError
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "not_a_real_arch", "vocab_size": 8}))
     save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))

@@ -81,14 +81,15 @@ def score_continuations(
 ) -> list[TextScore | None]:
     """NLL of each continuation given its prompt under ``model`` (a loaded Model); None where nothing is scored."""
     pairs = [None if c is None else _encode_pair(model, p, c) for p, c in zip(prompts, continuations, strict=True)]
-    order = sorted((i for i, x in enumerate(pairs) if x is not None), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+    scored = {i: x for i, x in enumerate(pairs) if x is not None}
+    order = sorted(scored, key=lambda i: len(scored[i][0]) + len(scored[i][1]))
     out: list[TextScore | None] = [None] * len(pairs)
     unk = model.unk_id
     for s in range(0, len(order), batch_size):
         idx = order[s : s + batch_size]
-        nll = _score_batch(model, [(pairs[i][0], pairs[i][1]) for i in idx])
+        nll = _score_batch(model, [(scored[i][0], scored[i][1]) for i in idx])
         for i, v in zip(idx, nll, strict=True):
-            p, c, chars, cut = pairs[i]
+            p, c, chars, cut = scored[i]
             out[i] = TextScore(v, chars, len(c), sum(1 for t in c if t == unk) if unk is not None else 0, cut)
     return out
 

@@ -70,7 +70,7 @@ def human_texts(prompts: Sequence[str], continuations: Sequence[str | None] | No
         raise ValueError(f"genre must be one of {GENRES}, got {genre!r}")
     if continuations is not None and len(continuations) != len(prompts):
         raise ValueError(f"{len(continuations)} continuations for {len(prompts)} prompts; give one per prompt")
-    lookup = bundled_poems_for(prompts) if genre != "text" else [None] * len(prompts)
+    lookup: list[str | None] = bundled_poems_for(prompts) if genre != "text" else [None] * len(prompts)
     if genre == "auto":
         found = sum(p is not None for p in lookup)
         genre = "tang" if prompts and found >= TANG_SHARE * len(prompts) else "text"

@@ -56,7 +56,8 @@ def reduplications(text: str) -> tuple[int, int]:
 
 def poem_lines(text: str) -> list[str]:
     """Complete lines: the text between line-ending marks, each followed by one (a trailing fragment is dropped)."""
-    lines, cur = [], []
+    lines: list[str] = []
+    cur: list[str] = []
     for ch in text:
         if ch in LINE_ENDS:
             if cur:
