@@ -393,7 +393,7 @@ def run_repair(args: argparse.Namespace) -> int:
     report, patch = repair(model, inputs, cfg, progress=_progress(args), log=info)
     data = report.to_dict()
     args.out.mkdir(parents=True, exist_ok=True)
-    files = {}
+    files: dict[str, str] = {}
     if patch is not None:
         st, js = save_patch(patch, args.out / "patch")
         files.update(patch_tensors=str(st), patch=str(js))
