@@ -7,7 +7,7 @@ each step writes its keys with ``index_put_`` and attends over *all* slots, the 
 invalid and therefore masked (the model decides visibility from per-slot positions and validity, as
 it does for every cache). A decode step is then the same graph at every position — compiled once,
 replayed for the whole generation — and no Python number changes between steps, so nothing forces
-a recompile. Same three-call protocol as :class:`KVCache` (``reserve`` / ``write`` / ``commit``), so
+a recompile. Same protocol as :class:`KVCache` (:class:`~genprobe.engine.cache.CacheLike`), so
 it runs through the model's one forward, eager or compiled. No sliding window: a ring buffer needs a
 data-dependent slot, which is what this cache exists to avoid.
 """
@@ -68,6 +68,11 @@ class StaticKVCache:
         self.valid.zero_()
         self._step = None
 
+    @property
+    def decode_mask_free(self) -> bool:
+        """Always False: attention reads every slot, and the unwritten ones must be masked."""
+        return False
+
     def default_positions(self, T: int, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Per-row positions for ``T`` new tokens: continue each row's count of real tokens."""
         if valid is None:
@@ -75,8 +80,13 @@ class StaticKVCache:
         return padded_positions(self.next_pos, valid)
 
     # ---- the three calls the model makes during one forward ------------------------------------
-    def reserve(self, positions: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Record positions/validity of T new tokens at the write pointer; return all slots' (pos, valid)."""
+    def reserve(
+        self, positions: torch.Tensor, valid: torch.Tensor | None, explicit_positions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Record positions/validity of T new tokens at the write pointer; return all slots' (pos, valid).
+
+        ``explicit_positions`` changes nothing here: the mask is always built from the slots' positions.
+        """
         B, T = check_batch(positions, self.batch_size)
         live = None
         if not torch.compiler.is_compiling():
@@ -116,7 +126,3 @@ class StaticKVCache:
         else:
             self.next_pos.add_(valid.to(torch.long).sum(1))
         self._step = None
-
-    def memory_bytes(self) -> int:
-        """Bytes held by the K and V buffers."""
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
