@@ -56,6 +56,20 @@ class StaticKVCache:
         """A cache shaped for ``cfg`` (capacity defaults to the model's context length)."""
         return cls(cfg.n_layer, batch_size, cfg.n_head, cfg.d_head, max_len or cfg.block_size, **kw)
 
+    def view(self) -> "StaticKVCache":
+        """The same cache (every buffer shared) with per-forward bookkeeping of its own.
+
+        A compiled decode loop (``torch.while_loop``) may mutate tensors from outside its body but not
+        Python attributes of outside objects; one forward through a view created inside the body keeps
+        ``reserve``/``write``/``commit``'s hand-over (``_step``) inside the body.
+        """
+        v = object.__new__(StaticKVCache)
+        v.capacity, v.batch_size, v.n_layer = self.capacity, self.batch_size, self.n_layer
+        v.k, v.v, v.pos, v.valid = self.k, self.v, self.pos, self.valid
+        v.next_pos, v.write_ptr, v._slot_offsets = self.next_pos, self.write_ptr, self._slot_offsets
+        v._step = None
+        return v
+
     @property
     def length(self) -> int:
         """Number of slots written (a host read of the pointer: call it outside compiled code)."""
