@@ -1,3 +1,52 @@
-"""genprobe: make the inference-time behaviour of autoregressive transformer LMs measurable and fixable."""
+"""genprobe: make the inference-time behaviour of autoregressive transformer LMs measurable and fixable.
 
-__version__ = "0.1.0"
+The public API, in one screen::
+
+    import genprobe
+
+    model = genprobe.load("out/case/model")           # a genprobe checkpoint or a transformers directory
+    out = model.generate("床前明月光", genprobe.SamplingParams(temperature=0.8, top_p=0.9), max_new_tokens=50)
+    print(out[0].text)
+
+Names are imported lazily, so ``import genprobe`` (and ``genprobe --version``) stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"
+
+# public name -> "module:attribute" (imported on first use)
+_EXPORTS = {
+    "load": "genprobe.model.load:load_model",
+    "Model": "genprobe.model.load:Model",
+    "Tokenizer": "genprobe.model.load:Tokenizer",
+    "ModelLoadError": "genprobe.model.load:ModelLoadError",
+    "SamplingParams": "genprobe.engine.sampling:SamplerConfig",
+    "Completion": "genprobe.engine.text:Completion",
+    "scan_loops": "genprobe.api:scan_loops",
+    "repair_loops": "genprobe.api:repair_loops",
+    "RepairConfig": "genprobe.loops.study:RepairConfig",
+    "attention_heads": "genprobe.api:attention_heads",
+    "padding_leak": "genprobe.api:padding_leak",
+    "run_case": "genprobe.api:run_case",
+    "verify_cache": "genprobe.verify.api:verify_cache",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'genprobe' has no attribute {name!r}")
+    module, attr = target.split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

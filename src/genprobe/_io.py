@@ -4,10 +4,38 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float spelled ``"nan"``, ``"inf"`` or ``"-inf"``: strict JSON, nothing lost.
+
+    ``json.dumps`` would write ``NaN``/``Infinity``, which strict parsers (JavaScript, jq, Go) reject.
+    Recurses into dicts, lists, tuples, objects with ``to_dict()``, dataclasses and tensors/arrays (``tolist()``).
+    """
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "to_dict"):
+        return json_safe(obj.to_dict())
+    if hasattr(obj, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return json_safe(asdict(obj))
+    if hasattr(obj, "tolist"):  # tensors, numpy arrays and scalars
+        return json_safe(obj.tolist())
+    return obj
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:

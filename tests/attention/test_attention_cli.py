@@ -1,4 +1,4 @@
-"""CLI: `genprobe attention` (model path or action as first positional), check-masks, padding-leak."""
+"""CLI: `genprobe attention heads | check-masks | padding-leak`, and the deprecated spellings (they warn)."""
 
 import json
 
@@ -19,7 +19,8 @@ def tiny_ckpt(tmp_path_factory, tokenizer):
 
 
 def test_attention_table_and_files(tiny_ckpt, tmp_path, capsys):
-    assert main(["attention", str(tiny_ckpt), "--text", "白日依山盡黃河入海流", "--out", str(tmp_path), "--distance", "4"]) == 0
+    assert main(["attention", "heads", str(tiny_ckpt), "--prompt", "白日依山盡黃河入海流", "--out", str(tmp_path),
+                 "--distance", "4"]) == 0
     out = capsys.readouterr().out
     assert "H/lnN" in out and "mean" in out
     rep = json.loads((tmp_path / "attention.json").read_text())
@@ -46,11 +47,33 @@ def test_padding_leak_cli(tiny_ckpt, capsys):
     assert main(["attention", "padding-leak", str(tiny_ckpt), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["verdict"] == "ok" and rep["max_delta"] < 1e-4 and len(rep["sequences"]) == 3
+    assert main(["attention", "padding-leak", str(tiny_ckpt), "--prompt", "白日依山盡", "春眠不覺曉處處", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert [s["length"] for s in rep["sequences"]] == [5, 7]
 
 
-def test_attention_needs_a_model(capsys):
+def test_attention_needs_a_sub_command_or_a_model(capsys):
     assert main(["attention"]) == 2
-    assert "checkpoint" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "heads MODEL" in err and "checkpoint" in err and "deprecated" not in err
+    assert main(["attention", "heads"]) == 2
+    assert "give MODEL" in capsys.readouterr().err
+
+
+def test_old_spellings_still_work_and_warn(tiny_ckpt, tmp_path, capsys):
+    """One release of grace: `attention CKPT`, `--text` (repeatable), comma `--ids` give the same result, with a warning."""
+    assert main(["attention", "heads", str(tiny_ckpt), "--prompt", "白日依山盡", "--json"]) == 0
+    new = json.loads(capsys.readouterr().out)
+    with pytest.warns(FutureWarning) as caught:
+        assert main(["attention", str(tiny_ckpt), "--text", "白日依山盡", "--json"]) == 0
+    messages = " | ".join(str(w.message) for w in caught)
+    assert "use `genprobe attention heads" in messages and "use --prompt" in messages
+    old = json.loads(capsys.readouterr().out)
+    assert old["heads"] == new["heads"] and old["tokens"] == new["tokens"]
+    with pytest.warns(FutureWarning, match="--prompt"):
+        assert main(["attention", "padding-leak", str(tiny_ckpt), "--text", "白日依山盡", "--text", "春眠不覺曉處處",
+                     "--json"]) == 0
+    assert [s["length"] for s in json.loads(capsys.readouterr().out)["sequences"]] == [5, 7]
 
 
 @pytest.fixture(scope="module")
@@ -66,13 +89,26 @@ def hf_dir(tmp_path_factory):
 
 
 def test_hf_attention_and_leak_cli(hf_dir, capsys):
-    assert main(["attention", "--hf", str(hf_dir), "--ids", "5,6,7,8,9", "--json"]) == 0
+    assert main(["attention", "heads", str(hf_dir), "--ids", "5", "6", "7", "8", "9", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["n_layer"] == 2 and rep["seq_len"] == 5 and rep["implementation"] == "eager"
     # The textbook leak: GPT-2 with left padding and no position_ids.
-    assert main(["attention", "padding-leak", "--hf", str(hf_dir), "--ids", "5,6,7,8,9", "--no-position-ids", "--json"]) == 1
+    assert main(["attention", "padding-leak", str(hf_dir), "--ids", "5", "6", "7", "8", "9", "--no-position-ids",
+                 "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["verdict"] == "LEAK"
-    assert main(["attention", "padding-leak", "--hf", str(hf_dir), "--ids", "5,6,7,8,9", "--json"]) == 0
-    # --text without a tokenizer: a clear error, exit 2
-    assert main(["attention", "--hf", str(hf_dir), "--text", "hello"]) == 2
+    assert main(["attention", "padding-leak", str(hf_dir), "--ids", "5", "6", "7", "8", "9", "--json"]) == 0
+    # text without a tokenizer: a clear error, exit 2
+    assert main(["attention", "heads", str(hf_dir), "--prompt", "hello"]) == 2
     assert "--ids" in capsys.readouterr().err
+
+
+def test_hf_old_spellings_warn(hf_dir, capsys):
+    with pytest.warns(FutureWarning) as caught:
+        assert main(["attention", "--hf", str(hf_dir), "--ids", "5,6,7,8,9", "--json"]) == 0
+    assert {"attention heads DIR", "--ids 5 6 7"} <= {m for w in caught for m in ("attention heads DIR", "--ids 5 6 7")
+                                                       if m in str(w.message)}
+    assert json.loads(capsys.readouterr().out)["seq_len"] == 5
+    with pytest.warns(FutureWarning, match="MODEL positional"):
+        assert main(["attention", "padding-leak", "--hf", str(hf_dir), "--ids", "5", "6", "7", "--no-position-ids",
+                     "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["verdict"] == "LEAK"

@@ -19,7 +19,7 @@ def test_three_step_training_run(tokenizer, tmp_path):
     train(corpus, tokenizer, cfg=cfg, tc=TrainConfig(steps=3, batch_size=4, warmup=1, eval_every=0), progress=False,
           on_backward=tracker)
     rows = tracker.rows()
-    assert sorted((r["step"], r["layer"]) for r in rows) == [(s, l) for s in range(3) for l in range(2)]
+    assert sorted((r["step"], r["layer"]) for r in rows) == [(s, layer) for s in range(3) for layer in range(2)]
     for r in rows:
         for k in ("q", "k", "v"):
             assert isinstance(r[k], float) and r[k] > 0

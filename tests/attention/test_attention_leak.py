@@ -53,3 +53,20 @@ def test_bad_input(tiny_model):
         padding_leak(tiny_model, [[1, 2], []], pad_id=0)
     with pytest.raises(ValueError, match="exceeds"):
         padding_leak(tiny_model, [list(range(1, 32))], pad_id=0)
+
+
+def test_only_a_learned_position_table_limits_the_padded_width():
+    """GPTConfig.max_positions: block_size for learned positions, None (no limit) for RoPE / ALiBi / none."""
+    from genprobe.model import GPT, GPTConfig
+
+    seq = [list(range(1, 32))]  # 31 tokens + 2 pads = 33 > block_size 32
+    for pe, limit in (("learned", 32), ("rope", None), ("alibi", None), ("none", None)):
+        cfg = GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, d_ff=32, block_size=32, pos_encoding=pe)
+        assert cfg.max_positions == limit
+        torch.manual_seed(0)
+        model = GPT(cfg).eval()
+        if limit is None:
+            assert not padding_leak(model, seq, pad_id=0).leak
+        else:
+            with pytest.raises(ValueError, match="exceeds the model's 32 positions"):
+                padding_leak(model, seq, pad_id=0)

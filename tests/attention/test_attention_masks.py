@@ -71,6 +71,14 @@ def test_mixed_padding_side_and_holes():
     assert [(x.rule, x.position) for x in f] == [("mask_hole", 1)]
 
 
+def test_padding_on_both_ends_is_a_finding_not_a_crash():
+    """Used to raise StopIteration: no zero lies between the real tokens, the padding sits on both sides."""
+    f = check_masks([[0, 5, 6, 0, 0]], [[0, 1, 1, 0, 0]], pad_token_id=PAD)
+    assert [(x.rule, x.row, x.position) for x in f] == [("mask_hole", 0, 3)]
+    f = check_masks([[0, 5, 0, 6, 0]], [[0, 1, 0, 1, 0]], pad_token_id=PAD)  # both: the hole inside is named
+    assert [(x.rule, x.position) for x in f] == [("mask_hole", 2)]
+
+
 def test_ragged_batch():
     f = check_masks([[1, 2, 3], [1, 2, 3], [1, 2]], [[1, 1, 1], [1, 1, 1], [1, 1]])
     assert [(x.rule, x.row) for x in f] == [("ragged_batch", 2)]

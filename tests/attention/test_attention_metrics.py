@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from genprobe.attention.capture import capture_attention
 from genprobe.attention.metrics import attention_report, format_table, head_stats, per_position
@@ -79,7 +81,7 @@ def test_trained_model_entropies_within_bounds(trained):
     n_vis = torch.arange(1, len(ids) + 1, dtype=torch.float64)
     assert (ent >= -1e-9).all()
     assert (ent <= n_vis.log() + 1e-6).all()
-    rep = attention_report(cap)
+    rep = attention_report(cap).to_dict()
     for h in rep["heads"]:
         assert 0.0 <= h["entropy"] <= h["max_entropy"] + 1e-9
         assert 0.0 <= h["norm_entropy"] <= 1.0 + 1e-9
@@ -112,9 +114,6 @@ def test_capture_matches_hf_export(tiny_model):
     assert (ours - theirs).abs().max() < 1e-5
 
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 
 @settings(max_examples=40, deadline=None)
 @given(T=st.integers(1, 12), H=st.integers(1, 3), scale=st.floats(0.0, 30.0), seed=st.integers(0, 10_000),
@@ -131,3 +130,13 @@ def test_random_attention_metrics_stay_in_range(T, H, scale, seed, d):
     if d >= 1:  # far (> d) and local (<= 1) are disjoint key sets
         assert (pp["far_mass"] + pp["local_mass"] <= 1 + 1e-6).all()
     assert torch.all(pp["diag_mass"] <= pp["local_mass"] + 1e-12)
+
+
+def test_capture_accepts_a_loaded_model(tiny_model):
+    """capture_attention takes the loader's Model (its .module) as well as a bare module."""
+    from genprobe.attention import capture_attention
+    from genprobe.model.load import Model
+
+    a = capture_attention(tiny_model, [1, 2, 3, 4])
+    b = capture_attention(Model.from_module(tiny_model), [1, 2, 3, 4])
+    assert torch.equal(a.probs, b.probs) and a.probs.shape == (2, 2, 4, 4)

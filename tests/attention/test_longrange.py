@@ -1,5 +1,7 @@
 """Synthetic long-range generators place key/value at the requested distance; a tiny smoke run."""
 
+import json
+
 import pytest
 import torch
 
@@ -46,18 +48,19 @@ def test_lag_targets_are_tokens_k_back():
         task.batch(2, 3, gen)
 
 
-def test_learned_positions_beyond_context_are_recorded_as_error():
+def test_learned_positions_beyond_context_raise_the_models_error():
     sc = SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=2, lag_steps=2, lags=(1,), batch_size=4)
     task = PasskeyTask()
     model, summary = train_synthetic(task, "learned", sc)
-    assert summary["steps"] == 2
-    acc = passkey_accuracy(model, task, 12, 14, samples=4)
-    assert isinstance(acc, str) and acc.startswith("error:") and "context" in acc
+    assert summary.steps == 2
+    with pytest.raises(ValueError, match="context"):
+        passkey_accuracy(model, task, 12, 14, samples=4)
     assert 0.0 <= passkey_accuracy(model, task, 3, 8, samples=4) <= 1.0
     rope, _ = train_synthetic(task, "rope", sc)
     assert isinstance(passkey_accuracy(rope, task, 12, 14, samples=4), float)
     lag_model, _ = train_synthetic(LagTask(1), "learned", sc)
-    assert lag_accuracy(lag_model, LagTask(1), 16, 8, samples=4).startswith("error:")
+    with pytest.raises(ValueError, match="context"):
+        lag_accuracy(lag_model, LagTask(1), 16, 8, samples=4)
     assert 0.0 <= lag_accuracy(lag_model, LagTask(1), 8, 8, samples=4) <= 1.0
 
 
@@ -76,12 +79,14 @@ def test_lag_accuracy_counts_only_positions_beyond_context():
 def test_window_losses_learned_refuses_long_windows(tiny_model):
     ids = torch.randint(0, 50, (200,))
     r = window_losses(tiny_model, ids, 16, context=32)
-    assert r["loss_beyond_context"] is None and r["windows"] == 12
+    assert r.loss_beyond_context is None and r.windows == 12
     with pytest.raises(ValueError, match="context"):
         window_losses(tiny_model, ids, 64, context=32)
 
 
-def test_smoke_run_longrange():
+@pytest.fixture(scope="module")
+def smoke():
+    """A tiny run of everything: learned (refuses rows past its table) beside ALiBi (does not)."""
     lc = LongRangeConfig(
         pos_encodings=["learned", "alibi"],
         synthetic=SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=3, lag_steps=2, lags=(1, 3),
@@ -90,16 +95,67 @@ def test_smoke_run_longrange():
                                          max_val_tokens=256, poems=60,
                                          model={"n_layer": 1, "n_head": 2, "d_model": 16, "d_ff": 32}),
     )
-    res = run_longrange(lc)
-    syn = res["synthetic"]["tasks"]
-    assert set(syn) == {"passkey", "lag"}
-    assert isinstance(syn["passkey"]["encodings"]["learned"]["accuracy"]["30"], str)  # beyond context: error
-    assert isinstance(syn["passkey"]["encodings"]["alibi"]["accuracy"]["30"], float)
-    corp = res["corpus"]["encodings"]
-    assert corp["learned"]["by_length"]["32"].startswith("error:")
-    assert isinstance(corp["alibi"]["by_length"]["32"]["loss"], float)
-    assert res["summary"]["learned"]["passkey_mean_beyond"] == "error"
-    assert set(syn["lag"]["encodings"]["alibi"]["accuracy"]["16"]) == {"1", "3"}
-    assert syn["lag"]["encodings"]["learned"]["accuracy"]["32"]["3"].startswith("error:")
+    return run_longrange(lc)
+
+
+def test_smoke_run_longrange(smoke):
+    res = smoke
+    syn = res.synthetic
+    # learned positions refuse rows past their table: None in the number, the model's error in `errors`
+    assert syn.passkey["learned"].accuracy[30] is None
+    assert any(e.at == "distance 30 (rows of 32)" and "context" in e.message for e in syn.passkey["learned"].errors)
+    assert isinstance(syn.passkey["alibi"].accuracy[30], float) and not syn.passkey["alibi"].errors
+    corp = res.corpus.encodings
+    assert corp["learned"].by_length[32] is None and [e.at for e in corp["learned"].errors] == ["windows of 32"]
+    assert isinstance(corp["alibi"].by_length[32].loss, float)
+    assert res.summary["learned"].passkey_mean_beyond is None
+    assert isinstance(res.summary["alibi"].passkey_mean_beyond, float)
+    assert set(syn.lag["alibi"].accuracy[16]) == {1, 3}
+    assert syn.lag["learned"].accuracy[32][3] is None
+    assert res.errors["learned"] and not res.errors["alibi"]
+    # the JSON form: same layout as before, numbers or null, never a string in a numeric field
+    d = json.loads(json.dumps(res.to_dict(), allow_nan=False))
+    tasks = d["synthetic"]["tasks"]
+    assert set(tasks) == {"passkey", "lag"}
+    assert tasks["passkey"]["encodings"]["learned"]["accuracy"]["30"] is None
+    assert d["corpus"]["encodings"]["learned"]["by_length"]["32"] is None
+    assert d["summary"]["learned"]["passkey_mean_beyond"] is None
+    assert set(d["summary"]["alibi"]) >= {"passkey_min_inside", "lag_mean_len16", "val_loss_len32"}
+    assert not [v for v in _leaves(d["synthetic"]["tasks"]) if isinstance(v, str) and v.startswith("error")]
     with pytest.raises(ValueError, match="position encodings"):
         run_longrange(LongRangeConfig(pos_encodings=["sinusoidal"]))
+
+
+def _leaves(x):
+    if isinstance(x, dict):
+        for v in x.values():
+            yield from _leaves(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _leaves(v)
+    else:
+        yield x
+
+
+def test_text_tables_and_plot_show_refusals(smoke, tmp_path):
+    from genprobe.attention.plots import longrange_plot
+    from genprobe.cli.cmd_longrange import format_results
+
+    text = format_results(smoke)
+    learned = next(line for line in text.splitlines() if line.strip().startswith("learned |"))
+    assert learned.split()[-1] == "err"  # distance 30 > context: refused, shown as err, not a number
+    assert "learned (distance 10 (rows of 12)): " in text  # the first refusal, with the model's own message
+    assert "alibi (" not in text
+    assert "error" in next(line for line in reversed(text.splitlines()) if line.strip().startswith("learned |"))
+    assert longrange_plot(smoke, tmp_path / "lr.png").stat().st_size > 10_000
+
+
+def test_pe_list_is_space_separated_and_the_comma_form_warns():
+    from genprobe.cli import build_parser
+    from genprobe.cli.cmd_longrange import position_encodings
+
+    args = build_parser().parse_args(["longrange", "--pe", "learned", "alibi"])
+    assert position_encodings(args.pe) == ["learned", "alibi"]
+    assert position_encodings(build_parser().parse_args(["longrange"]).pe) == ["learned", "rope", "alibi"]
+    with pytest.warns(FutureWarning, match="comma-separated --pe"):
+        assert position_encodings(["learned,rope", "alibi"]) == ["learned", "rope", "alibi"]

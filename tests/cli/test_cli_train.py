@@ -91,3 +91,68 @@ def test_errors_exit_2_with_a_readable_message(tmp_path, capsys, argv, message):
     assert message in cap.err
     assert "Traceback" not in cap.err
     assert (tmp_path / "busy" / "thesis.tex").read_text(encoding="utf-8") == "precious"
+
+
+# ---- --arch llama / qwen2: the subword reference model ------------------------------------------------
+
+SUBWORD_REQUIRED = ("parameters", "train_loss", "val_loss", "val_bits_per_char", "heldout_loss", "chars_per_token",
+                    "seconds", "cpu_seconds", "initial_loss")
+
+
+@pytest.mark.slow
+def test_train_subword_quick_json_and_loadable_directory(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "sub"
+    rc = main(["train", "--arch", "llama", "--quick", "--steps", "4", "--poems", "1200", "--out", str(out), "--json"])
+    assert rc == 0
+    cap = capsys.readouterr()
+    s = json.loads(cap.out)
+    for k in SUBWORD_REQUIRED:
+        assert isinstance(s[k], (int, float)), k
+    assert "bits/char" in cap.err and "held out" in cap.err
+    assert s["train_config"]["steps"] == 4 and s["model_config"]["arch"] == "llama"
+    assert s["split"]["subword_train"] == [[0, 1200]] and s["split"]["heldout"] == [4003, 57607]
+    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert model.config.model_type == "llama" and tok.decode(tok.encode("春眠不覺曉。")) == "春眠不覺曉。"
+    assert sum(p.numel() for p in model.parameters()) == s["parameters"]
+
+
+def test_gpt_quick_recipe(tmp_path, capsys):
+    rc = main(["train", "--quick", "--steps", "2", "--batch-size", "2", "--poems", "100", "--vocab", "100",
+               "--out", str(tmp_path / "ck"), "--json"])
+    assert rc == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["train_config"]["steps"] == 2 and s["train_config"]["dropout"] == 0.0  # the quick recipe's dropout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--arch", "llama", "--vocab", "256"], "--vocab must be in [257, 65536]"),
+        (["--arch", "llama", "--poems", "0"], "--poems must be in [1, 57606]"),
+        (["--arch", "qwen2", "--poems", "57607"], "--poems must be in [1, 57606]"),
+        (["--arch", "llama", "--pe", "rope"], "--pe is for --arch gpt only, not --arch llama"),
+        (["--arch", "llama", "--dropout", "0.1", "--pack"], "--dropout, --pack are for --arch gpt only"),
+        (["--arch", "llama", "--corpus", "x.jsonl"], "--corpus is for --arch gpt only"),
+        (["--kv-heads", "2"], "--kv-heads is for --arch llama/qwen2 only, not --arch gpt"),
+        (["--arch", "llama", "--d-model", "96", "--heads", "6", "--kv-heads", "4"], "must be a multiple of n_kv_head"),
+        (["--arch", "llama", "--block-size", "4"], "block_size must be >= 8"),
+        (["--arch", "llama", "--steps", "0"], "steps and batch_size must be >= 1"),
+        (["--arch", "llama", "--lr", "0"], "lr must be > 0"),
+        (["--arch", "llama", "--out", "{tmp}/busy"], "not a genprobe-trained model; refusing"),
+    ],
+)
+def test_subword_bad_flags_exit_2_naming_the_limit(tmp_path, capsys, argv, message):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "thesis.tex").write_text("precious", encoding="utf-8")
+    if "--out" not in argv:
+        argv = argv + ["--out", str(tmp_path / "t")]
+    rc = main(["train", "--quick"] + [a.replace("{tmp}", str(tmp_path)) for a in argv])
+    cap = capsys.readouterr()
+    assert rc == 2, cap.err
+    assert message in cap.err
+    assert "Traceback" not in cap.err
+    assert not (tmp_path / "t").exists()
+    assert (tmp_path / "busy" / "thesis.tex").read_text(encoding="utf-8") == "precious"

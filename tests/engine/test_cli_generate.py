@@ -88,3 +88,24 @@ def test_cli_generate_compile_flag_gives_the_same_text(tiny_ckpt, capsys):
     assert main(args + ["--compile"]) == 0
     compiled = json.loads(capsys.readouterr().out)
     assert compiled["tokens"] == eager["tokens"] and compiled["text"] == eager["text"]
+
+
+def test_cli_generate_batch_from_prompt_list_and_file(tiny_ckpt, tmp_path, capsys):
+    ck, tok = tiny_ckpt
+    p1, p2 = tok.chars[3] + tok.chars[4], tok.chars[7]
+    assert main(["generate", str(ck), "--prompt", p1, p2, "--greedy", "--max-new-tokens", "5", "--json"]) == 0
+    batch = json.loads(capsys.readouterr().out)["results"]
+    assert [r["prompt"] for r in batch] == [p1, p2] and all(len(r["tokens"]) == 5 for r in batch)
+    f = tmp_path / "prompts.txt"
+    f.write_text(p2 + "\n", encoding="utf-8")
+    assert main(["generate", str(ck), "--prompts", str(f), "--greedy", "--max-new-tokens", "5", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert alone["tokens"] == batch[1]["tokens"]  # a left-padded row equals the prompt alone
+
+
+def test_cli_generate_needs_a_prompt_and_refuses_an_empty_one(tiny_ckpt, capsys):
+    ck, _ = tiny_ckpt
+    with pytest.raises(SystemExit):
+        main(["generate", str(ck)])
+    assert main(["generate", str(ck), "--prompt", ""]) == 2
+    assert "empty prompt" in capsys.readouterr().err

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from genprobe.cli import main
 
 
@@ -13,8 +15,35 @@ def test_case_rejects_unknown_experiment(tmp_path, capsys):
 
 
 def test_case_missing_checkpoint(tmp_path, capsys):
-    assert main(["case", "--out", str(tmp_path / "o"), "--ckpt", str(tmp_path / "nope")]) == 2
-    assert "not found" in capsys.readouterr().err
+    assert main(["case", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    assert "no such model directory" in capsys.readouterr().err
+
+
+def test_case_refuses_a_transformers_model(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    d = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)).save_pretrained(d)
+    assert main(["case", str(d), "--out", str(tmp_path / "o"), "--only", "sampling"]) == 2
+    assert "needs a genprobe checkpoint" in capsys.readouterr().err
+
+
+def test_case_model_positional_and_deprecated_ckpt(trained_ckpt, tmp_path, capsys):
+    """MODEL first; --ckpt still works for one release, warns, and gives the same result."""
+    import warnings
+
+    assert main(["case", str(trained_ckpt), "--quick", "--out", str(tmp_path / "a"), "--only", "sampling",
+                 "--no-progress"]) == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["case", "--ckpt", str(trained_ckpt), "--quick", "--out", str(tmp_path / "b"), "--only", "sampling",
+                     "--no-progress"]) == 0
+    assert any(issubclass(w.category, FutureWarning) and "--ckpt is deprecated" in str(w.message) for w in caught)
+    a, b = (json.loads((tmp_path / x / "ch3_case.json").read_text(encoding="utf-8")) for x in "ab")
+    assert a["sampling"] == b["sampling"] and a["meta"]["checkpoint"] == b["meta"]["checkpoint"] == str(trained_ckpt)
+    with pytest.warns(FutureWarning):
+        assert main(["case", str(trained_ckpt), "--ckpt", str(trained_ckpt), "--out", str(tmp_path / "c")]) == 2
+    assert "give the model once" in capsys.readouterr().err
 
 
 def test_case_reuses_model_in_out_dir(trained_ckpt, tmp_path, capsys):

@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
+from genprobe.cli import main
 from genprobe.engine.generate import generate
 from genprobe.engine.sampling import SamplerConfig, kept_set_size
 from genprobe.experiments._common import CASE_PROMPT, encode_prompt, next_token_logits
-from genprobe.cli import main
 from genprobe.experiments.exposure import PERTURB_POSITIONS, SHADOW_WINDOW, find_snippet, perturbation
 from genprobe.experiments.findings import findings
 from genprobe.experiments.timing import naive_token_forwards
@@ -32,7 +32,7 @@ def case_run(trained_ckpt, tmp_path_factory):
     out = tmp_path_factory.mktemp("case")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main(["case", "--ckpt", str(trained_ckpt), "--quick", "--out", str(out), "--skip", "cache_scaling",
+        rc = main(["case", str(trained_ckpt), "--quick", "--out", str(out), "--skip", "cache_scaling",
                    "--no-progress", "--json"])
     assert rc == 0
     return out, json.loads(buf.getvalue()), json.loads((out / "ch3_case.json").read_text(encoding="utf-8"))
@@ -151,7 +151,7 @@ def test_cache_exact(case):
 def test_all_findings_hold(case):
     # "every sampling strategy has distinct-2 >= 0.9" may fail on the quick model via top-k 10 at
     # seed 0 (see test_every_sampling_strategy_is_diverse); the report then shows it as NOT holding.
-    failed = [f for f in findings(case) if not f["holds"] and not f["claim"].startswith("every sampling strategy")]
+    failed = [f for f in findings(case) if not f.holds and not f.claim.startswith("every sampling strategy")]
     assert not failed, failed
 
 

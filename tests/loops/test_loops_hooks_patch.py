@@ -1,5 +1,7 @@
 """Hooks capture the right tensors and never leak; edit formulas; apply/revert exact; wrong model refused."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,7 @@ from genprobe.loops import (
     state_sha256,
 )
 from genprobe.loops.arch import all_columns, forward_logits
+from genprobe.metrics import measure_loops
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +81,8 @@ def test_capture_matches_manual_computation_and_leaves_no_hook(any_model):
     sites = mlp_sites(any_model)
     assert [s.layer for s in sites] == [0, 1]
     mlp_in = {}
-    pre = [s.mlp.register_forward_pre_hook(lambda m, i, l=s.layer: mlp_in.__setitem__(l, i[0].detach())) for s in sites]
+    pre = [s.mlp.register_forward_pre_hook(lambda m, i, layer=s.layer: mlp_in.__setitem__(layer, i[0].detach()))
+           for s in sites]
     try:
         with torch.no_grad(), capture(any_model, kinds=("mlp_out", "resid", "units")) as cap:
             logits = forward_logits(any_model, ids)
@@ -154,8 +158,8 @@ def test_select_columns_top_k():
 def _patch_for(model, form="subtract", k=4, layers=(0, 1)):
     sites = mlp_sites(model)
     torch.manual_seed(1)
-    dirs = {l: torch.randn(sites[l].d_model) for l in layers}
-    units = {l: torch.rand(sites[l].d_ff) for l in layers}
+    dirs = {layer: torch.randn(sites[layer].d_model) for layer in layers}
+    units = {layer: torch.rand(sites[layer].d_ff) for layer in layers}
     return finalise(model, make_patch(model, EditSpec(tuple(layers), k, form, 0.3), dirs, units))
 
 
@@ -225,12 +229,10 @@ def test_scan_and_contrast_through_hf_adapter(make):
     torch.manual_seed(0)
     prompts = [torch.randint(2, 50, (4,)).tolist() for _ in range(6)]
     res = scan_loops(runner, prompts, 24, batch_size=3, unk_id=1)
-    assert res.summary["n"] == 6
+    assert res.summary.n == 6
     # force a labelled loop so the contrast has both classes whatever the random model did
-    recs = [dict(r) for r in res.records]
-    recs[0].update(looping=True, onset=0, period=2)
-    for r in recs[1:]:
-        r.update(looping=False)
+    recs = [replace(r, measures=measure_loops(list(range(1000, 1024)))) for r in res.records]
+    recs[0] = replace(recs[0], measures=measure_loops([7, 8] * 12))
     con = collect_contrast(runner, recs, batch_size=4)
     # record 0: prompt 4 + 24 generated; positions t = 5..26 predict generated indices >= onset + period = 2
     assert con.loop[0].shape == (22, 32)
@@ -239,4 +241,4 @@ def test_scan_and_contrast_through_hf_adapter(make):
     assert abs(float(d.norm()) - 1) < 1e-5
     probe = RegressionProbe(runner, [list(range(2, 18))] * 3)
     m = probe.measure(runner)
-    assert abs(m["kl"]) < 1e-6 and abs(m["dloss"]) < 1e-6
+    assert abs(m.kl) < 1e-6 and abs(m.dloss) < 1e-6

@@ -3,7 +3,8 @@
 import random
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from genprobe.metrics import detect_loop, periodic_tail_length
 

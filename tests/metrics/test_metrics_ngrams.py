@@ -3,7 +3,8 @@
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from genprobe.metrics import (
     degeneracy_metrics,
@@ -20,7 +21,7 @@ def test_distinct_n_values():
     # "abab": bigrams ab, ba, ab -> 2 unique / 3
     assert distinct_n("abab", 2) == pytest.approx(2 / 3)
     assert distinct_n([5, 5, 5, 5], 1) == 0.25
-    # seed §3.5.8 walk-through: 9 distinct bigrams then alternating U。/。， ... check a constructed case
+    # the chapter's walk-through: 9 distinct bigrams then alternating U。/。， ... check a constructed case
     text = "春江潮水海平U。，U。，U。，"
     grams = [text[i : i + 2] for i in range(len(text) - 1)]
     assert distinct_n(text, 2) == len(set(grams)) / len(grams)

@@ -34,7 +34,7 @@ def _need_browser():
 def report(trained, tmp_path_factory):
     """A report holding the trained model's real next-token distribution (sampling section only)."""
     model, tok, _ = trained
-    case = {"meta": {"genprobe": "test", "quick": True}, "sampling": run_sampling(model, tok)}
+    case = {"meta": {"genprobe": "test", "quick": True}, "sampling": run_sampling(model, tok).to_dict()}
     out = tmp_path_factory.mktemp("report")
     return write_report(case, out, figures={}), case
 

@@ -7,6 +7,8 @@ matrix by 10 gives logits of the trained model's order (~10) without training.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -47,3 +49,38 @@ def shared_sharp_model() -> GPT:
 def prompt() -> list[int]:
     """The default 7-token prompt."""
     return list(PROMPT)
+
+
+# distinct characters: the two default prompts first (the seed's and a second), then consecutive CJK code points
+CHARS = "".join(dict.fromkeys("春江潮水连海平白日依山盡" + "".join(chr(0x4E00 + i) for i in range(60))))
+HERE = Path(__file__).resolve().parent
+
+
+def save_tiny_ckpt(directory: Path, model: GPT) -> Path:
+    """``model`` saved as a genprobe checkpoint with a character vocabulary of its size."""
+    from genprobe.corpus import CharTokenizer
+    from genprobe.model.checkpoint import save_checkpoint
+
+    tok = CharTokenizer(list(CHARS[: model.cfg.vocab_size - 2]))
+    return save_checkpoint(directory, model, tok, {})
+
+
+@pytest.fixture
+def tiny_ckpt(tmp_path, sharp_model) -> Path:
+    """The sharp tiny model as a genprobe checkpoint directory."""
+    return save_tiny_ckpt(tmp_path / "ckpt", sharp_model)
+
+
+@pytest.fixture
+def user_impls(monkeypatch):
+    """The module name of tests/verify/user_impls.py, importable for ``--impl user_impls:factory``."""
+    monkeypatch.syspath_prepend(str(HERE))
+    return "user_impls"
+
+
+@pytest.fixture
+def U(user_impls):
+    """The imported user_impls module (a user's implementations, written outside genprobe)."""
+    import importlib
+
+    return importlib.import_module(user_impls)

@@ -2,11 +2,14 @@
 
 Every fault wraps the (correct) engine and corrupts one kind of call, chosen so that exactly one
 phase of the harness makes that call. Deleting that comparison from the harness turns the matching
-test red.
+test red. The isolation phase replays the prompt's greedy run after another sequence, so these
+faults would show there too: it is off here, and its own fault — state that survives ``reset()`` —
+is tested in test_verify_isolation.py.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -44,6 +47,7 @@ class Faulty(EngineAdapter):
 
 def run(model, prompt, fault, **kw):
     kw.setdefault("steps", STEPS)
+    kw.setdefault("isolation", False)
     return verify_implementation(Faulty(model, fault), FullRecompute(model), [prompt], **kw)
 
 
@@ -150,7 +154,8 @@ def test_text_divergence_count(sharp_model, prompt):
 
 
 @pytest.mark.parametrize(
-    "offset, verdict", [(0.0, "pass"), (3e-5, "pass"), (5e-4, "small"), (0.05, "suspicious"), (0.9, "suspicious"), (2.0, "bug")]
+    "offset, verdict",
+    [(0.0, "pass"), (3e-5, "pass"), (5e-4, "small"), (0.05, "suspicious"), (0.9, "suspicious"), (2.0, "bug")],
 )
 def test_verdict_scale(sharp_model, prompt, offset, verdict):
     r = run(sharp_model, prompt, lambda s, kind, ids, mask, out: out + offset if kind == "step" else out)
@@ -160,7 +165,8 @@ def test_verdict_scale(sharp_model, prompt, offset, verdict):
 def test_thresholds_are_configurable(sharp_model, prompt):
     fault = lambda s, kind, ids, mask, out: out + 0.05 if kind == "step" else out  # noqa: E731
     assert run(sharp_model, prompt, fault, thresholds=Thresholds(noise=0.1, bug=1.0, suspicious=0.5)).verdict == "pass"
-    assert run(sharp_model, prompt, fault, thresholds=Thresholds(noise=1e-4, bug=0.01, suspicious=1e-3)).verdict == "bug"
+    strict = Thresholds(noise=1e-4, bug=0.01, suspicious=1e-3)
+    assert run(sharp_model, prompt, fault, thresholds=strict).verdict == "bug"
 
 
 def test_first_any_vs_first_above_noise(sharp_model, prompt):
@@ -187,6 +193,22 @@ def test_thresholds_validation_and_boundaries():
     assert th.verdict(float("nan")) == "bug"
     with pytest.raises(ValueError, match="noise <= suspicious <= bug"):
         Thresholds(noise=1.0, bug=0.1)
+    with pytest.raises(ValueError, match="rel_suspicious <= rel_bug"):
+        Thresholds(rel_suspicious=2.0, rel_bug=1.0)
+
+
+def test_relative_scale_raises_verdicts_only_above_the_noise_floor():
+    th = Thresholds()
+    # Δ 0.6 where the reference logits spread by 0.16: suspicious on the seed's scale, 3.75 σ → bug
+    assert th.absolute_verdict(0.6) == "suspicious" and th.verdict(0.6, ref_std=0.16) == "bug"
+    assert th.verdict(0.6, ref_std=3.0) == "suspicious"  # 0.2 σ on a trained-scale model
+    assert th.verdict(5e-4, ref_std=1e-3) == "suspicious"  # 0.5 σ of tiny logits
+    # float noise stays "pass" however small the logits: the relative scale starts at the absolute floor
+    assert th.verdict(5e-5, ref_std=1e-6) == "pass" and th.verdict(5e-5, ref_std=0.0) == "pass"
+    assert th.verdict(2e-4, ref_std=0.0) == "bug"  # constant reference logits, an above-noise change
+    assert th.verdict(float("nan"), ref_std=1.0) == "bug"
+    # the relative scale never lowers the seed's verdict
+    assert th.verdict(2.0, ref_std=100.0) == "bug"
 
 
 def test_max_abs_diff_handles_infinities():
@@ -211,15 +233,81 @@ def test_bad_inputs_are_refused(sharp_model, prompt):
         verify_implementation(eng, ReferenceRun(ref, 3), [prompt], steps=2)
 
 
-def test_wrong_logit_shape_is_reported(sharp_model, prompt):
-    r = lambda s, kind, ids, mask, out: out[:, -1] if kind == "step" else out  # noqa: E731  (B,V) instead of (B,1,V)
-    with pytest.raises(ValueError, match="expected logits of shape"):
-        run(sharp_model, prompt, r)
+def test_wrong_logit_shape_is_an_implementation_error(sharp_model, prompt):
+    fault = lambda s, kind, ids, mask, out: out[:, -1] if kind == "step" else out  # noqa: E731  (B,V) not (B,1,V)
+    r = run(sharp_model, prompt, fault)
+    assert r.verdict == "error"
+    err = r.phase("incremental").error
+    assert err.type == "ValueError" and "expected logits of shape" in err.message and err.call == 1
+    assert r.phase("prefill").verdict == "pass"
+    narrow = run(sharp_model, prompt, lambda s, kind, ids, mask, out: out[..., :-1] if kind == "step" else out)
+    assert narrow.verdict == "error" and "expected logits of shape (1, 1, 50)" in narrow.errors[0].message
+
+
+# ---- an implementation that raises: its own outcome, the other phases still run ------------------------
+def test_exception_in_one_phase_is_error_and_the_rest_still_run(sharp_model, prompt):
+    def fault(s, kind, ids, mask, out):
+        if kind == "step" and ids.shape[1] > 1:
+            raise RuntimeError("chunk kernel missing")
+        return out
+
+    r = run(sharp_model, prompt, fault, isolation=True)
+    assert r.verdict == "error"
+    (err,) = r.errors
+    assert (err.phase, err.type, err.message, err.call) == ("chunk_4", "RuntimeError", "chunk kernel missing", 1)
+    verdicts = {p.phase: p.verdict for p in r.phases}
+    assert verdicts == {"prefill": "pass", "incremental": "pass", "chunk_1": "pass", "chunk_4": "error",
+                        "padded_batch": "pass", "isolation": "pass"}
+    assert r.phase("chunk_4").calls == 1  # the prefill chunk was compared before the step raised
+    d = json.loads(json.dumps(r.to_dict(), allow_nan=False))
+    assert d["verdict"] == "error" and d["errors"][0]["type"] == "RuntimeError"
+
+
+def test_exception_in_prefill_and_reset(sharp_model, prompt):
+    def fault(s, kind, ids, mask, out):
+        if kind == "prefill" and mask is None and ids.shape[1] > 4:
+            raise MemoryError("no room for the prompt")
+        return out
+
+    r = run(sharp_model, prompt, fault)
+    assert r.verdict == "error" and r.errors[0].phase == "prefill" and r.errors[0].type == "MemoryError"
+    assert r.phase("incremental").skipped and r.phase("chunk_4").verdict == "pass"
+
+    class BadReset(Faulty):
+        def reset(self):
+            raise KeyError("cache")
+
+    bad = verify_implementation(BadReset(sharp_model, lambda *a: a[-1]), FullRecompute(sharp_model), [prompt], steps=2)
+    assert bad.verdict == "error" and {e.phase for e in bad.errors} >= {"prefill", "chunk_1", "isolation"}
+
+
+# ---- the first differing step of every phase ----------------------------------------------------------
+def test_first_diff_step_is_reported_per_phase(sharp_model, prompt):
+    def fault(s, kind, ids, mask, out):
+        if kind == "step" and ids.shape[1] > 1 and s.calls == 2:
+            return out + 3.0  # the 2nd chunk of 4: greedy run clean
+        return out
+
+    r = run(sharp_model, prompt, fault)
+    by_phase = r.first_diff_by_phase()
+    assert by_phase["chunk_4"] == 2 and by_phase["incremental"] is None and r.first_diff_step is None
+    assert r.to_dict()["first_diff_step_by_phase"]["chunk_4"] == 2
+
+
+def test_nan_logits_give_strict_json(sharp_model, prompt):
+    r = run(sharp_model, prompt, lambda s, kind, ids, mask, out: out * float("nan") if kind == "step" else out)
+    p = r.phase("incremental")
+    assert r.verdict == "bug" and p.nonfinite_logits and math.isinf(p.max_abs_dlogit)
+
+    def no_constants(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    text = json.dumps(r.to_dict(), allow_nan=False)  # raises ValueError if a NaN/inf float is left
+    d = json.loads(text, parse_constant=no_constants)
+    assert d["max_abs_dlogit"] == "inf" and d["phases"][1]["max_abs_dlogit"] == "inf"
 
 
 def test_report_is_json_serialisable(sharp_model, prompt):
-    import json
-
     d = run(sharp_model, prompt, lambda s, kind, ids, mask, out: out).to_dict()
     json.dumps(d)
     assert d["verdict"] == "pass" and set(d["max_abs_dlogit_by_phase"]) >= {"prefill", "incremental"}

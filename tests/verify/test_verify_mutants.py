@@ -28,14 +28,15 @@ def test_engine_passes_with_exact_prefill(sharp_model, prompt):
     assert r.phase("prefill").max_abs_dlogit == 0.0
     assert r.phase("incremental").max_abs_dlogit < 1e-4
     assert r.phase("padded_batch").skipped is None and r.phase("padded_batch").max_abs_dlogit < 1e-4
-    assert {p.phase for p in r.phases} == {"prefill", "incremental", "chunk_1", "chunk_4", "padded_batch"}
+    assert {p.phase for p in r.phases} == {"prefill", "incremental", "chunk_1", "chunk_4", "padded_batch", "isolation"}
     assert r.verdict == "pass" and r.text_divergences == 0 and r.first_diff_step is None
 
 
 @pytest.mark.parametrize("pos_encoding", ["rope", "none"])
 def test_engine_passes_other_position_encodings(pos_encoding, prompt):
     torch.manual_seed(0)
-    m = GPT(GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32, pos_encoding=pos_encoding))
+    cfg = GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32, pos_encoding=pos_encoding)
+    m = GPT(cfg)
     r = verify_implementation(EngineAdapter(m), FullRecompute(m), [prompt], steps=6, chunk_sizes=(3,))
     assert r.verdict == "pass" and r.prefill_bit_identical
 
@@ -92,7 +93,7 @@ def trained_rows(trained):
 def test_trained_mutant_table(trained_rows):
     rows, _, _ = trained_rows
     assert set(rows) == set(MUTANTS)
-    for name, row in rows.items():
+    for row in rows.values():
         assert row["as_expected"], row
     for bug in BUGS:
         assert rows[bug]["verdict"] == "bug" and rows[bug]["max_abs_dlogit"] > 1.0

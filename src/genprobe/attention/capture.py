@@ -8,7 +8,7 @@ and say so in the result; a model that cannot switch raises :class:`AttentionUna
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,7 +29,6 @@ class AttentionCapture:
     tokens: list[int]
     implementation: str = "genprobe"
     note: str | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def n_layer(self) -> int:
@@ -43,10 +42,11 @@ class AttentionCapture:
 
 
 def unwrap_model(model_like):
-    """The underlying ``torch.nn.Module`` of a GPT, an HF model, or an adapter holding one as ``.model``/``.hf``."""
+    """The ``torch.nn.Module`` of a GPT, an HF model, a loaded :class:`genprobe.model.load.Model` (``.module``),
+    or an adapter holding one as ``.model``/``.hf``."""
     if isinstance(model_like, torch.nn.Module):
         return model_like
-    for attr in ("model", "hf", "hf_model"):
+    for attr in ("module", "model", "hf", "hf_model"):
         inner = getattr(model_like, attr, None)
         if isinstance(inner, torch.nn.Module):
             return inner

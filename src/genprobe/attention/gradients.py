@@ -1,4 +1,7 @@
-"""Per-step L2 norms of the Q, K and V projection gradients of every layer (seed 002 §4.2).
+"""Per-step L2 norms of the Q, K and V projection gradients of every layer.
+
+The article on attention failures with long-range dependencies names gradient dilution as a cause;
+these norms show whether one projection's gradient vanishes or explodes while the others train.
 
 Use as the ``on_backward`` hook of :func:`genprobe.model.train.train` (called after ``backward``, before
 clipping, so the norms are the raw gradients)::

@@ -59,7 +59,7 @@ class LeakReport:
 
 def _max_positions(model) -> int | None:
     if isinstance(model, GPT):
-        return model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        return model.cfg.max_positions
     c = getattr(model, "config", None)
     return getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None)
 

@@ -1,4 +1,7 @@
-"""Synthetic long-range tasks and position-encoding extrapolation (seed 002 §2.2, §4.3; ALiBi paper style).
+"""Synthetic long-range tasks and position-encoding extrapolation (ALiBi-paper style).
+
+The article on attention failures with long-range dependencies blames position encodings used past
+the range they were trained on; this module measures that claim on tiny models.
 
 Two synthetic tasks with a tiny GPT trained on rows of the training context ``L``:
 
@@ -13,7 +16,8 @@ Two synthetic tasks with a tiny GPT trained on rows of the training context ``L`
   signal is a monotone distance penalty, is expected to fail for ``k > 1``; learned / RoPE learn it.
   Evaluated on rows of ``L`` and on longer rows (positions ``>= L`` only).
 
-A learned position table past ``L`` raises the model's ``ValueError``, recorded as ``"error: ..."``.
+A learned position table past ``L`` raises the model's ``ValueError``: the measurement is then ``None``
+and the refusal is listed in the result's ``errors`` (never a string in a numeric field).
 
 :func:`corpus_extrapolation` trains the Tang model once per encoding at ``L = 64`` and measures the
 validation loss at several evaluation lengths over *non-overlapping* windows (every target counted
@@ -30,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..model.config import GPTConfig
+from ..model.config import POS_ENCODINGS, GPTConfig
 from ..model.gpt import GPT
 
 PAD = 0
@@ -51,10 +55,6 @@ class PasskeyTask:
     QUERY = KEY + 1
     VALUE0 = QUERY + 1
     vocab_size = VALUE0 + N_VALUE
-
-    def min_length(self, distance: int) -> int:
-        """Shortest row that fits ``distance`` (KEY, value, …, QUERY)."""
-        return distance + 2
 
     def batch(self, distances: torch.Tensor, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows (B, length) and answers (B,) for per-row ``distances`` (each in [1, length-2])."""
@@ -135,8 +135,42 @@ def _passkey_sampler(task: PasskeyTask, L: int, n: int):
     return sample
 
 
+@dataclass(frozen=True)
+class TrainSummary:
+    """How one synthetic model trained: steps, mean loss over the last 20 steps, wall seconds."""
+
+    steps: int
+    final_loss: float
+    seconds: float
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EvalError:
+    """A measurement the model refused (learned positions past their table): where, and the model's error."""
+
+    at: str
+    message: str
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return asdict(self)
+
+
+def _lr_factor(step: int, steps: int, warmup: int) -> float:
+    """Linear warm-up, then cosine decay, floored at 5% of the peak."""
+    if step < warmup:
+        frac = (step + 1) / warmup
+    else:
+        frac = 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+    return max(frac, 0.05)
+
+
 def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | None = None,
-                    progress: bool = False) -> tuple[GPT, dict]:
+                    progress: bool = False) -> tuple[GPT, TrainSummary]:
     """Train a tiny GPT on ``task`` with rows of ``sc.context`` tokens (passkey: distance uniform in [1, L-2])."""
     torch.manual_seed(sc.seed)
     gen = torch.Generator().manual_seed(sc.seed)
@@ -154,12 +188,8 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
     losses = []
     model.train()
     for step in tqdm(range(steps), desc=f"{task.name}/{pos_encoding}", disable=not progress, leave=False):
-        if step < sc.warmup:
-            frac = (step + 1) / sc.warmup
-        else:
-            frac = 0.5 * (1 + math.cos(math.pi * (step - sc.warmup) / max(1, steps - sc.warmup)))
         for g in opt.param_groups:
-            g["lr"] = sc.lr * max(frac, 0.05)
+            g["lr"] = sc.lr * _lr_factor(step, steps, sc.warmup)
         x, y = sample(gen)
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
@@ -170,39 +200,43 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
         losses.append(float(loss.detach()))
     model.eval()
     tail = losses[-20:]
-    return model, {"steps": steps, "final_loss": round(sum(tail) / len(tail), 4), "seconds": round(time.time() - t0, 1)}
+    return model, TrainSummary(steps, round(sum(tail) / len(tail), 4), round(time.time() - t0, 1))
 
 
 @torch.no_grad()
 def passkey_accuracy(model: GPT, task: PasskeyTask, distance: int, length: int, samples: int,
-                     seed: int = 1234, batch: int = 256) -> float | str:
-    """Passkey accuracy at one (distance, row length); ``"error: ..."`` when the model refuses the length."""
+                     seed: int = 1234, batch: int = 256) -> float:
+    """Passkey accuracy at one (distance, row length); the model's ``ValueError`` when it refuses the length."""
     gen = torch.Generator().manual_seed(seed + 7919 * distance + length)
     correct = 0
-    try:
-        for start in range(0, samples, batch):
-            n = min(batch, samples - start)
-            x, v = task.batch(torch.full((n,), distance), length, gen)
-            correct += int((model(x)[:, -1].argmax(-1) == v).sum())
-    except ValueError as exc:
-        return f"error: {exc}"
+    for start in range(0, samples, batch):
+        n = min(batch, samples - start)
+        x, v = task.batch(torch.full((n,), distance), length, gen)
+        correct += int((model(x)[:, -1].argmax(-1) == v).sum())
     return correct / samples
 
 
 @torch.no_grad()
-def lag_accuracy(model: GPT, task: LagTask, length: int, context: int, samples: int, seed: int = 4321) -> float | str:
+def lag_accuracy(model: GPT, task: LagTask, length: int, context: int, samples: int, seed: int = 4321) -> float:
     """Lag-task accuracy on rows of ``length``: over positions ``k <= t < context`` when ``length <= context``,
-    else over the positions beyond the training context only (``t >= context``)."""
+    else over the positions beyond the training context only (``t >= context``); the model's ``ValueError``
+    when it refuses the length."""
     gen = torch.Generator().manual_seed(seed + length)
-    try:
-        x, y = task.batch(samples, length, gen)
-        pred = model(x).argmax(-1)
-    except ValueError as exc:
-        return f"error: {exc}"
+    x, y = task.batch(samples, length, gen)
+    pred = model(x).argmax(-1)
     sel = y != -100
     if length > context:
         sel[:, :context] = False
     return float((pred[sel] == y[sel]).float().mean())
+
+
+def _measured(errors: list[EvalError], at: str, measure, *args):
+    """``measure(*args)``, or None with the model's refusal (its ``ValueError``) recorded in ``errors``."""
+    try:
+        return measure(*args)
+    except ValueError as exc:
+        errors.append(EvalError(at, str(exc)))
+        return None
 
 
 def passkey_grid(context: int) -> list[int]:
@@ -212,43 +246,128 @@ def passkey_grid(context: int) -> list[int]:
     return [d for d in inside if d >= 1] + beyond
 
 
-def run_synthetic(pos_encodings: list[str], sc: SyntheticConfig, progress: bool = False) -> dict:
-    """Both tasks × each encoding: training summaries and accuracy inside/beyond the training context."""
-    L = sc.context
-    out = {"config": {**asdict(sc), "lags": list(sc.lags)}, "context": L, "tasks": {}}
-    bar = tqdm(total=(1 + len(sc.lags)) * len(pos_encodings), desc="synthetic", disable=not progress)
+@dataclass
+class PasskeyResult:
+    """One encoding on the passkey task: training summary and accuracy per distance (None: refused)."""
+
+    train: TrainSummary
+    accuracy: dict[int, float | None]
+    errors: list[EvalError] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON form (distances as string keys)."""
+        return {"train": self.train.to_dict(), "accuracy": {str(d): a for d, a in self.accuracy.items()},
+                "errors": [e.to_dict() for e in self.errors]}
+
+
+@dataclass
+class LagResult:
+    """One encoding on the lag task: one model per lag; accuracy per evaluation length, then per lag."""
+
+    train: dict[int, TrainSummary]
+    accuracy: dict[int, dict[int, float | None]]
+    errors: list[EvalError] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON form (lengths and lags as string keys)."""
+        return {"train": {str(k): t.to_dict() for k, t in self.train.items()},
+                "accuracy": {str(n): {str(k): a for k, a in accs.items()} for n, accs in self.accuracy.items()},
+                "errors": [e.to_dict() for e in self.errors]}
+
+
+def run_passkey(pos_encoding: str, sc: SyntheticConfig) -> PasskeyResult:
+    """Train on passkey at ``sc.context``; accuracy at every :func:`passkey_grid` distance (rows ``max(L, d+2)``)."""
     task = PasskeyTask()
-    pk: dict = {"vocab_size": task.vocab_size, "distances": passkey_grid(L), "row_length": "max(context, distance + 2)",
-                "chance": 1 / N_VALUE, "encodings": {}}
+    model, summary = train_synthetic(task, pos_encoding, sc)
+    res = PasskeyResult(summary, {})
+    for d in passkey_grid(sc.context):
+        n = max(sc.context, d + 2)
+        res.accuracy[d] = _measured(res.errors, f"distance {d} (rows of {n})", passkey_accuracy,
+                                    model, task, d, n, sc.eval_samples)
+    return res
+
+
+def lag_eval_lengths(context: int) -> list[int]:
+    """Row lengths the lag task is evaluated at: the training context, 2× and 4×."""
+    return [context, 2 * context, 4 * context]
+
+
+def run_lag(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> LagResult:
+    """One model per lag in ``sc.lags``; accuracy at each :func:`lag_eval_lengths` length."""
+    L = sc.context
+    res = LagResult({}, {n: {} for n in lag_eval_lengths(L)})
+    for k in sc.lags:
+        task = LagTask(k)
+        model, res.train[k] = train_synthetic(task, pos_encoding, sc)
+        for n in res.accuracy:
+            res.accuracy[n][k] = _measured(res.errors, f"lag {k}, rows of {n}", lag_accuracy,
+                                           model, task, n, L, max(8, sc.eval_samples // 4))
+        if on_model:
+            on_model()
+    return res
+
+
+@dataclass
+class SyntheticResult:
+    """Both synthetic tasks for every encoding, trained at ``config.context``."""
+
+    config: SyntheticConfig
+    passkey: dict[str, PasskeyResult]
+    lag: dict[str, LagResult]
+
+    @property
+    def context(self) -> int:
+        """The training context L."""
+        return self.config.context
+
+    def to_dict(self) -> dict:
+        """JSON form: the config, then per task its settings and per-encoding results."""
+        L = self.context
+        return {
+            "config": {**asdict(self.config), "lags": list(self.config.lags)},
+            "context": L,
+            "tasks": {
+                "passkey": {"vocab_size": PasskeyTask.vocab_size, "distances": passkey_grid(L),
+                            "row_length": "max(context, distance + 2)", "chance": 1 / N_VALUE,
+                            "encodings": {pe: r.to_dict() for pe, r in self.passkey.items()}},
+                "lag": {"vocab_size": LagTask.vocab_size, "lags": list(self.config.lags),
+                        "eval_lengths": lag_eval_lengths(L), "chance": 1 / N_CONTENT,
+                        "measure": f"length {L}: positions k..{L - 1}; longer rows: positions >= {L} only",
+                        "encodings": {pe: r.to_dict() for pe, r in self.lag.items()}},
+            },
+        }
+
+
+def run_synthetic(pos_encodings: list[str], sc: SyntheticConfig, progress: bool = False) -> SyntheticResult:
+    """Both tasks × each encoding: training summaries and accuracy inside/beyond the training context."""
+    bar = tqdm(total=(1 + len(sc.lags)) * len(pos_encodings), desc="synthetic", disable=not progress)
+    passkey = {}
     for pe in pos_encodings:
-        model, summary = train_synthetic(task, pe, sc)
-        acc = {str(d): passkey_accuracy(model, task, d, max(L, d + 2), sc.eval_samples) for d in pk["distances"]}
-        pk["encodings"][pe] = {"train": summary, "accuracy": acc}
+        passkey[pe] = run_passkey(pe, sc)
         bar.update(1)
-    lag: dict = {"vocab_size": LagTask.vocab_size, "lags": list(sc.lags), "eval_lengths": [L, 2 * L, 4 * L],
-                 "chance": 1 / N_CONTENT,
-                 "measure": f"length {L}: positions k..{L - 1}; longer rows: positions >= {L} only", "encodings": {}}
-    for pe in pos_encodings:
-        acc: dict = {str(n): {} for n in lag["eval_lengths"]}
-        trains = {}
-        for k in sc.lags:
-            lt = LagTask(k)
-            model, summary = train_synthetic(lt, pe, sc)
-            trains[str(k)] = summary
-            for n in lag["eval_lengths"]:
-                acc[str(n)][str(k)] = lag_accuracy(model, lt, n, L, max(8, sc.eval_samples // 4))
-            bar.update(1)
-        lag["encodings"][pe] = {"train": trains, "accuracy": acc}
+    lag = {pe: run_lag(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
     bar.close()
-    out["tasks"] = {"passkey": pk, "lag": lag}
-    return out
+    return SyntheticResult(sc, passkey, lag)
 
 
 # ---------------------------------------------------------------------------------------------
 # the real corpus: validation loss vs evaluation length
 # ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WindowLoss:
+    """Mean loss over non-overlapping windows: all positions, and positions >= the training context only."""
+
+    loss: float
+    loss_beyond_context: float | None
+    windows: int
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return asdict(self)
+
+
 @torch.no_grad()
-def window_losses(model: GPT, ids: torch.Tensor, length: int, context: int, batch_size: int = 32) -> dict:
+def window_losses(model: GPT, ids: torch.Tensor, length: int, context: int, batch_size: int = 32) -> WindowLoss:
     """Mean loss over non-overlapping windows of ``length`` (all positions, and positions >= ``context``)."""
     n = (len(ids) - 1) // length
     if n < 1:
@@ -261,16 +380,13 @@ def window_losses(model: GPT, ids: torch.Tensor, length: int, context: int, batc
         ce = F.cross_entropy(logits.transpose(1, 2), y[i : i + batch_size], reduction="none")
         tot += ce.double().sum(0)
     per_pos = tot / n
-    return {
-        "loss": round(float(per_pos.mean()), 4),
-        "loss_beyond_context": round(float(per_pos[context:].mean()), 4) if length > context else None,
-        "windows": n,
-    }
+    beyond = round(float(per_pos[context:].mean()), 4) if length > context else None
+    return WindowLoss(round(float(per_pos.mean()), 4), beyond, n)
 
 
 @dataclass
 class CorpusExtrapolationConfig:
-    """Recipe for the Tang-corpus extrapolation runs (defaults: the seed model, full training)."""
+    """Recipe for the Tang-corpus extrapolation runs (defaults: the chapter's reference model, full training)."""
 
     context: int = 64
     eval_lengths: tuple[int, ...] = (32, 64, 128, 256)
@@ -287,7 +403,40 @@ class CorpusExtrapolationConfig:
             raise ValueError(f"eval lengths must be >= 2, got {self.eval_lengths}")
 
 
-def corpus_extrapolation(pos_encodings: list[str], cc: CorpusExtrapolationConfig, progress: bool = False) -> dict:
+@dataclass
+class CorpusEncodingResult:
+    """One encoding on the corpus: training time and final validation loss, then loss per evaluation length."""
+
+    train_seconds: float
+    train_val_loss: float | None
+    by_length: dict[int, WindowLoss | None]
+    errors: list[EvalError] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON form (lengths as string keys; None where the model refused the length)."""
+        return {"train_seconds": self.train_seconds, "train_val_loss": self.train_val_loss,
+                "by_length": {str(n): None if w is None else w.to_dict() for n, w in self.by_length.items()},
+                "errors": [e.to_dict() for e in self.errors]}
+
+
+@dataclass
+class CorpusResult:
+    """Validation loss vs evaluation length for every encoding, trained on the Tang corpus at ``config.context``."""
+
+    config: CorpusExtrapolationConfig
+    val_tokens: int
+    encodings: dict[str, CorpusEncodingResult]
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"config": {**asdict(self.config), "eval_lengths": list(self.config.eval_lengths)},
+                "val_tokens": self.val_tokens,
+                "averaging": "non-overlapping windows; 'loss' = mean over all positions (ALiBi paper), "
+                             "'loss_beyond_context' = mean over positions >= context only",
+                "encodings": {pe: r.to_dict() for pe, r in self.encodings.items()}}
+
+
+def corpus_extrapolation(pos_encodings: list[str], cc: CorpusExtrapolationConfig, progress: bool = False) -> CorpusResult:
     """Train the Tang GPT at ``cc.context`` per encoding; validation loss at each evaluation length."""
     from ..corpus import CharTokenizer, load_corpus
     from ..model.train import TrainConfig, train
@@ -297,22 +446,16 @@ def corpus_extrapolation(pos_encodings: list[str], cc: CorpusExtrapolationConfig
     val = torch.tensor(tok.encode(corpus.val, warn=False), dtype=torch.long)
     if cc.max_val_tokens:
         val = val[: cc.max_val_tokens + 1]
-    out = {"config": {**asdict(cc), "eval_lengths": list(cc.eval_lengths)}, "val_tokens": len(val) - 1,
-           "averaging": "non-overlapping windows; 'loss' = mean over all positions (ALiBi paper), "
-                        "'loss_beyond_context' = mean over positions >= context only",
-           "encodings": {}}
+    out = CorpusResult(cc, len(val) - 1, {})
     for pe in pos_encodings:
         cfg = GPTConfig(**{**cc.model, "vocab_size": tok.vocab_size, "block_size": cc.context, "pos_encoding": pe})
         tc = TrainConfig(steps=cc.steps, batch_size=cc.batch_size, warmup=cc.warmup, seed=cc.seed, eval_every=0)
         t0 = time.time()
         r = train(corpus, tok, cfg=cfg, tc=tc, progress=progress)
-        res: dict = {"train_seconds": round(time.time() - t0, 1), "train_val_loss": r.summary["val_loss"], "by_length": {}}
+        res = CorpusEncodingResult(round(time.time() - t0, 1), r.summary["val_loss"], {})
         for n in cc.eval_lengths:
-            try:
-                res["by_length"][str(n)] = window_losses(r.model, val, n, cc.context)
-            except ValueError as exc:
-                res["by_length"][str(n)] = f"error: {exc}"
-        out["encodings"][pe] = res
+            res.by_length[n] = _measured(res.errors, f"windows of {n}", window_losses, r.model, val, n, cc.context)
+        out.encodings[pe] = res
     return out
 
 
@@ -337,49 +480,96 @@ def quick_config(pos_encodings: list[str] | None = None) -> LongRangeConfig:
     )
 
 
-def run_longrange(lc: LongRangeConfig, progress: bool = False) -> dict:
-    """Synthetic tasks + corpus extrapolation for every encoding; plain JSON-ready data."""
-    bad = [p for p in lc.pos_encodings if p not in ("learned", "rope", "alibi", "none")]
-    if bad or not lc.pos_encodings:
-        raise ValueError(f"position encodings must be among learned, rope, alibi, none; got {lc.pos_encodings}")
-    t0 = time.time()
-    out = {"pos_encodings": list(lc.pos_encodings), "synthetic": run_synthetic(lc.pos_encodings, lc.synthetic, progress)}
-    if lc.corpus is not None:
-        out["corpus"] = corpus_extrapolation(lc.pos_encodings, lc.corpus, progress)
-    out["seconds"] = round(time.time() - t0, 1)
-    out["summary"] = summarize(out)
-    return out
+@dataclass
+class EncodingSummary:
+    """Headline numbers of one encoding (None where a measurement was refused or not run)."""
+
+    passkey_min_inside: float | None
+    passkey_mean_beyond: float | None
+    lag_mean: dict[int, float | None]  # evaluation length -> mean accuracy over lags
+    val_loss: dict[int, float | None] = field(default_factory=dict)  # evaluation length -> corpus loss
+    val_loss_increase_at_longest: float | None = None
+
+    def to_dict(self) -> dict:
+        """JSON form with flat keys (``lag_mean_len32``, ``val_loss_len128`` …)."""
+        d: dict = {"passkey_min_inside": self.passkey_min_inside, "passkey_mean_beyond": self.passkey_mean_beyond}
+        d.update({f"lag_mean_len{n}": v for n, v in self.lag_mean.items()})
+        d.update({f"val_loss_len{n}": v for n, v in self.val_loss.items()})
+        if self.val_loss_increase_at_longest is not None:
+            d["val_loss_increase_at_longest"] = self.val_loss_increase_at_longest
+        return d
 
 
-def _num(v) -> float | None:
-    return v if isinstance(v, (int, float)) else None
+def _mean(values: list[float | None]) -> float | None:
+    """Mean of ``values``; None when any is missing (a partial mean would hide the refusal)."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)  # type: ignore[arg-type]
 
 
-def summarize(res: dict) -> dict:
-    """Headline numbers per encoding: in-/beyond-context accuracy means and loss growth past L."""
-    syn = res["synthetic"]
-    L = syn["context"]
-    s: dict = {}
-    for pe in res["pos_encodings"]:
-        row: dict = {}
-        pk = syn["tasks"]["passkey"]["encodings"][pe]["accuracy"]
-        inside = [_num(v) for d, v in pk.items() if int(d) <= L - 2]
-        beyond = [_num(v) for d, v in pk.items() if int(d) > L - 2]
-        row["passkey_min_inside"] = min(inside) if all(v is not None for v in inside) else None
-        row["passkey_mean_beyond"] = (sum(beyond) / len(beyond)) if all(v is not None for v in beyond) else "error"
-        lag = syn["tasks"]["lag"]["encodings"][pe]["accuracy"]
-        for n, accs in lag.items():
-            vals = [_num(v) for v in accs.values()]
-            row[f"lag_mean_len{n}"] = (sum(vals) / len(vals)) if all(v is not None for v in vals) else "error"
-        if "corpus" in res:
-            by = res["corpus"]["encodings"][pe]["by_length"]
-            ctx = str(res["corpus"]["config"]["context"])
-            base = by.get(ctx)
-            for n, v in by.items():
-                row[f"val_loss_len{n}"] = v["loss"] if isinstance(v, dict) else "error"
-            if isinstance(base, dict):
-                longest = max(by, key=int)
-                if isinstance(by[longest], dict) and int(longest) > int(ctx):
-                    row["val_loss_increase_at_longest"] = round(by[longest]["loss"] - base["loss"], 4)
-        s[pe] = row
+def _min(values: list[float | None]) -> float | None:
+    return None if not values or any(v is None for v in values) else min(values)  # type: ignore[type-var]
+
+
+def summarize_encoding(pe: str, syn: SyntheticResult, corpus: CorpusResult | None) -> EncodingSummary:
+    """In-/beyond-context passkey accuracy, mean lag accuracy per length, corpus loss and its growth past L."""
+    L = syn.context
+    pk = syn.passkey[pe].accuracy
+    s = EncodingSummary(
+        passkey_min_inside=_min([a for d, a in pk.items() if d <= L - 2]),
+        passkey_mean_beyond=_mean([a for d, a in pk.items() if d > L - 2]),
+        lag_mean={n: _mean(list(accs.values())) for n, accs in syn.lag[pe].accuracy.items()},
+    )
+    if corpus is not None:
+        by = corpus.encodings[pe].by_length
+        s.val_loss = {n: None if w is None else w.loss for n, w in by.items()}
+        base, longest = by.get(corpus.config.context), max(by)
+        if base is not None and by[longest] is not None and longest > corpus.config.context:
+            s.val_loss_increase_at_longest = round(by[longest].loss - base.loss, 4)
     return s
+
+
+@dataclass
+class LongRangeResult:
+    """What ``genprobe longrange`` measures: synthetic tasks, corpus extrapolation, and a summary per encoding."""
+
+    pos_encodings: list[str]
+    synthetic: SyntheticResult
+    corpus: CorpusResult | None
+    seconds: float
+
+    @property
+    def summary(self) -> dict[str, EncodingSummary]:
+        """Headline numbers per encoding."""
+        return {pe: summarize_encoding(pe, self.synthetic, self.corpus) for pe in self.pos_encodings}
+
+    @property
+    def errors(self) -> dict[str, list[EvalError]]:
+        """Every refused measurement, per encoding (synthetic tasks first, then the corpus)."""
+        out: dict[str, list[EvalError]] = {}
+        for pe in self.pos_encodings:
+            errs = self.synthetic.passkey[pe].errors + self.synthetic.lag[pe].errors
+            if self.corpus is not None:
+                errs = errs + self.corpus.encodings[pe].errors
+            out[pe] = errs
+        return out
+
+    def to_dict(self) -> dict:
+        """JSON form (``longrange.json``)."""
+        d = {"pos_encodings": list(self.pos_encodings), "synthetic": self.synthetic.to_dict()}
+        if self.corpus is not None:
+            d["corpus"] = self.corpus.to_dict()
+        d["seconds"] = self.seconds
+        d["summary"] = {pe: s.to_dict() for pe, s in self.summary.items()}
+        return d
+
+
+def run_longrange(lc: LongRangeConfig, progress: bool = False) -> LongRangeResult:
+    """Synthetic tasks + corpus extrapolation for every encoding."""
+    bad = [p for p in lc.pos_encodings if p not in POS_ENCODINGS]
+    if bad or not lc.pos_encodings:
+        raise ValueError(f"position encodings must be among {', '.join(POS_ENCODINGS)}; got {lc.pos_encodings}")
+    t0 = time.time()
+    syn = run_synthetic(lc.pos_encodings, lc.synthetic, progress)
+    corpus = corpus_extrapolation(lc.pos_encodings, lc.corpus, progress) if lc.corpus is not None else None
+    return LongRangeResult(list(lc.pos_encodings), syn, corpus, round(time.time() - t0, 1))

@@ -92,6 +92,19 @@ def check_masks(
     ids = _as_rows(input_ids, "input_ids")
     masks = _as_rows(attention_mask, "attention_mask")
     pos = None if position_ids is None else _as_rows(position_ids, "position_ids")
+    findings = _batch_findings(ids, masks, pos)
+    sides: dict[int, str] = {}
+    for i, (row_ids, row_mask) in enumerate(zip(ids, masks)):
+        row_pos = pos[i] if pos is not None and i < len(pos) else None
+        row, side = _row_findings(i, row_ids, row_mask, row_pos, pad_token_id)
+        findings += row
+        if side is not None:
+            sides[i] = side
+    return findings + _mixed_side_findings(sides)
+
+
+def _batch_findings(ids: list[list], masks: list[list], pos: list[list] | None) -> list[Finding]:
+    """Row counts that differ between the tensors, and rows whose length differs from most rows."""
     findings: list[Finding] = []
     if len(masks) != len(ids):
         findings.append(Finding(min(len(ids), len(masks)), None, "length_mismatch",
@@ -102,52 +115,51 @@ def check_masks(
     lengths = {len(r) for r in ids}
     if len(lengths) > 1:
         common = max(lengths, key=lambda n: sum(len(r) == n for r in ids))
-        for i, r in enumerate(ids):
-            if len(r) != common:
-                findings.append(Finding(i, None, "ragged_batch", f"row has {len(r)} tokens, most rows have {common}"))
-    sides: dict[int, str] = {}
-    for i, (row_ids, row_mask) in enumerate(zip(ids, masks)):
-        if len(row_mask) != len(row_ids):
-            findings.append(Finding(i, min(len(row_ids), len(row_mask)), "length_mismatch",
-                                    f"attention_mask has {len(row_mask)} entries, input_ids {len(row_ids)}"))
-            continue
-        bad = [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]
-        if bad:
-            t, m = bad[0]
-            findings.append(Finding(i, t, "non_binary",
-                                    f"attention_mask value {m!r} is not 0/1 ({len(bad)} such value(s) in the row)"))
-            continue
-        m = [int(v) for v in row_mask]
-        if not any(m):
-            findings.append(Finding(i, None, "empty_row", "attention_mask is all zeros: no query has a visible key"))
-            continue
-        if _inverted(row_ids, m, pad_token_id):
-            findings.append(Finding(i, m.index(1), "inverted_mask",
-                                    "mask is 1 on the padding and 0 on the content — inverted "
-                                    "(e.g. built as input_ids == pad instead of != pad)"))
-            continue
-        if pad_token_id is not None:
-            leaks = [t for t, (tok, v) in enumerate(zip(row_ids, m)) if tok == pad_token_id and v == 1]
-            if leaks:
-                findings.append(Finding(i, leaks[0], "pad_unmasked",
-                                        f"pad token {pad_token_id} has mask 1 at {len(leaks)} position(s) "
-                                        f"{leaks[:8]} — padding would be attended to"))
-        side = _side(m)
-        if side == "hole":
-            first = m.index(1)
-            hole = next(t for t in range(first, len(m)) if m[t] == 0 and any(m[t:]))
-            findings.append(Finding(i, hole, "mask_hole", "mask has zeros between real tokens (or padding on both ends)"))
-        elif side is not None:
-            sides[i] = side
-        if pos is not None and i < len(pos):
-            findings.extend(_check_positions(i, pos[i], m, side))
-    if len(set(sides.values())) > 1:
-        majority = max(("left", "right"), key=lambda s: sum(v == s for v in sides.values()))
-        for i, s in sides.items():
-            if s != majority:
-                findings.append(Finding(i, None, "mixed_padding_side",
-                                        f"row is {s}-padded while the other padded rows are {majority}-padded"))
+        findings += [Finding(i, None, "ragged_batch", f"row has {len(r)} tokens, most rows have {common}")
+                     for i, r in enumerate(ids) if len(r) != common]
     return findings
+
+
+def _row_findings(i: int, row_ids: list, row_mask: list, row_pos: list | None,
+                  pad: int | None) -> tuple[list[Finding], str | None]:
+    """Findings of row ``i`` and its padding side ('left'/'right'; None when unpadded or unusable)."""
+    if len(row_mask) != len(row_ids):
+        return [Finding(i, min(len(row_ids), len(row_mask)), "length_mismatch",
+                        f"attention_mask has {len(row_mask)} entries, input_ids {len(row_ids)}")], None
+    bad = [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]
+    if bad:
+        t, m = bad[0]
+        return [Finding(i, t, "non_binary", f"attention_mask value {m!r} is not 0/1 ({len(bad)} such value(s) in the row)")], None
+    m = [int(v) for v in row_mask]
+    if not any(m):
+        return [Finding(i, None, "empty_row", "attention_mask is all zeros: no query has a visible key")], None
+    if _inverted(row_ids, m, pad):
+        return [Finding(i, m.index(1), "inverted_mask", "mask is 1 on the padding and 0 on the content — inverted "
+                        "(e.g. built as input_ids == pad instead of != pad)")], None
+    findings: list[Finding] = []
+    if pad is not None:
+        leaks = [t for t, (tok, v) in enumerate(zip(row_ids, m)) if tok == pad and v == 1]
+        if leaks:
+            findings.append(Finding(i, leaks[0], "pad_unmasked", f"pad token {pad} has mask 1 at {len(leaks)} position(s) "
+                                    f"{leaks[:8]} — padding would be attended to"))
+    side = _side(m)
+    if side == "hole":
+        first, last = m.index(1), len(m) - 1 - m[::-1].index(1)
+        # the first zero between real tokens; padded on both ends instead: where the trailing padding starts
+        hole = next((t for t in range(first, last) if m[t] == 0), last + 1)
+        findings.append(Finding(i, hole, "mask_hole", "mask has zeros between real tokens (or padding on both ends)"))
+    if row_pos is not None:
+        findings += _check_positions(i, row_pos, m, side)
+    return findings, (side if side != "hole" else None)
+
+
+def _mixed_side_findings(sides: dict[int, str]) -> list[Finding]:
+    """Rows padded on the minority side when padded rows disagree."""
+    if len(set(sides.values())) <= 1:
+        return []
+    majority = max(("left", "right"), key=lambda s: sum(v == s for v in sides.values()))
+    return [Finding(i, None, "mixed_padding_side", f"row is {s}-padded while the other padded rows are {majority}-padded")
+            for i, s in sides.items() if s != majority]
 
 
 def _inverted(row_ids: Sequence[int], m: list[int], pad: int | None) -> bool:

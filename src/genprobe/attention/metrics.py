@@ -119,49 +119,99 @@ def head_stats(
     return stats
 
 
-def attention_report(capture, distance: int = 8, local_window: int = 2, tokens_text: list[str] | None = None) -> dict:
-    """Plain-data report of an :class:`AttentionCapture`: per-head means, per-layer means, per-position values."""
+@dataclass
+class LayerStats:
+    """One layer's head-mean of every metric (None where no head had a value)."""
+
+    layer: int
+    entropy: float | None
+    norm_entropy: float | None
+    far_mass: float | None
+    sink_mass: float | None
+    diag_mass: float | None
+    local_mass: float | None
+    max_entropy: float | None
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+@dataclass
+class AttentionReport:
+    """Per-head and per-layer attention statistics of one sequence, plus the per-position values behind them."""
+
+    distance: int
+    local_window: int
+    tokens: list[int]
+    tokens_text: list[str] | None
+    n_layer: int
+    n_head: int
+    implementation: str
+    note: str | None
+    heads: list[HeadStats]
+    layers: list[LayerStats]
+    per_position: dict[str, list]
+    n_visible: list
+
+    def head(self, layer: int, head: int) -> HeadStats:
+        """The statistics of one head."""
+        return next(h for h in self.heads if h.layer == layer and h.head == head)
+
+    def to_dict(self) -> dict:
+        """The ``attention.json`` layout."""
+        return {
+            "distance": self.distance, "local_window": self.local_window, "seq_len": len(self.tokens),
+            "n_layer": self.n_layer, "n_head": self.n_head, "implementation": self.implementation, "note": self.note,
+            "tokens": self.tokens, "tokens_text": self.tokens_text, "definitions": definitions(self.distance, self.local_window),
+            "heads": [h.to_dict() for h in self.heads], "layers": [row.to_dict() for row in self.layers],
+            "per_position": self.per_position, "n_visible": self.n_visible,
+        }
+
+
+def definitions(distance: int, local_window: int) -> dict[str, str]:
+    """What each metric measures, in words (shipped inside every report)."""
+    return {
+        "entropy": "-sum p ln p over visible keys (nats), mean over query positions",
+        "norm_entropy": "entropy / ln(visible keys); rows with one visible key excluded",
+        "far_mass": f"mass on keys more than {distance} positions before the query",
+        "sink_mass": "mass on the first token",
+        "diag_mass": "mass on the query's own position",
+        "local_mass": f"mass on keys 0..{local_window} positions back",
+    }
+
+
+def _layer_means(heads: list[HeadStats], n_layer: int) -> list[LayerStats]:
+    rows = []
+    for layer in range(n_layer):
+        hs = [h for h in heads if h.layer == layer]
+        vals = {}
+        for k in (*METRICS, "max_entropy"):
+            got = [getattr(h, k) for h in hs if getattr(h, k) is not None]
+            vals[k] = sum(got) / len(got) if got else None
+        rows.append(LayerStats(layer=layer, **vals))
+    return rows
+
+
+def attention_report(capture, distance: int = 8, local_window: int = 2, tokens_text: list[str] | None = None) -> AttentionReport:
+    """Per-head means, per-layer means and per-position values of an :class:`AttentionCapture`."""
     pp = per_position(capture.probs, capture.visible, capture.positions, distance, local_window)
     heads = head_stats(capture.probs, capture.visible, capture.positions, distance, local_window)
-    layers = []
-    for layer in range(capture.n_layer):
-        hs = [h for h in heads if h.layer == layer]
-        row = {"layer": layer}
-        for k in (*METRICS, "max_entropy"):
-            vals = [getattr(h, k) for h in hs if getattr(h, k) is not None]
-            row[k] = sum(vals) / len(vals) if vals else None
-        layers.append(row)
 
     def _list(t: torch.Tensor) -> list:
         return [[[None if math.isnan(v) else round(v, 6) for v in row] for row in lay] for lay in t.tolist()]
 
-    return {
-        "distance": distance,
-        "local_window": local_window,
-        "seq_len": len(capture.tokens),
-        "n_layer": capture.n_layer,
-        "n_head": capture.n_head,
-        "implementation": capture.implementation,
-        "note": capture.note,
-        "tokens": capture.tokens,
-        "tokens_text": tokens_text,
-        "definitions": {
-            "entropy": "-sum p ln p over visible keys (nats), mean over query positions",
-            "norm_entropy": "entropy / ln(visible keys); rows with one visible key excluded",
-            "far_mass": f"mass on keys more than {distance} positions before the query",
-            "sink_mass": "mass on the first token",
-            "diag_mass": "mass on the query's own position",
-            "local_mass": f"mass on keys 0..{local_window} positions back",
-        },
-        "heads": [h.to_dict() for h in heads],
-        "layers": layers,
-        "per_position": {k: _list(pp[k]) for k in METRICS},
-        "n_visible": pp["n_visible"].tolist(),
-    }
+    return AttentionReport(
+        distance, local_window, list(capture.tokens), tokens_text, capture.n_layer, capture.n_head,
+        capture.implementation, capture.note, heads, _layer_means(heads, capture.n_layer),
+        {k: _list(pp[k]) for k in METRICS}, pp["n_visible"].tolist(),
+    )
 
 
-def format_table(report: dict) -> str:
+def format_table(report: AttentionReport | dict) -> str:
     """Fixed-width text table, one line per (layer, head) plus a per-layer mean line."""
+    if isinstance(report, AttentionReport):
+        report = report.to_dict()
     d = report["distance"]
     hdr = f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(d) + ' far':>7} {'sink':>6} {'diag':>6} {'local':>6}"
     lines = [hdr, "-" * len(hdr)]

@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .._io import atomic_write  # noqa: E402
+from .longrange import N_CONTENT  # noqa: E402
 
 
 def save_figure(fig, path: str | Path) -> Path:
@@ -52,8 +53,10 @@ def head_heatmaps(capture, out_dir: str | Path, labels: list[str] | None = None)
     return paths
 
 
-def entropy_plot(report: dict, path: str | Path) -> Path:
+def entropy_plot(report, path: str | Path) -> Path:
     """Per-layer attention entropy: each head's mean (dots), layer mean (line), uniform ln(N) reference."""
+    if hasattr(report, "to_dict"):
+        report = report.to_dict()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     layers = [row["layer"] for row in report["layers"]]
     for h in report["heads"]:
@@ -69,56 +72,61 @@ def entropy_plot(report: dict, path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def longrange_plot(res: dict, path: str | Path) -> Path:
-    """Three panels: passkey accuracy vs distance, lag accuracy vs lag (per eval length), val loss vs length."""
-    syn = res["synthetic"]
-    L = syn["context"]
-    has_corpus = "corpus" in res
-    fig, axes = plt.subplots(1, 3 if has_corpus else 2, figsize=(15 if has_corpus else 10, 3.8))
-    colors = {"learned": "tab:blue", "rope": "tab:orange", "alibi": "tab:green", "none": "tab:gray"}
+_PE_COLORS = {"learned": "tab:blue", "rope": "tab:orange", "alibi": "tab:green", "none": "tab:gray"}
 
-    def num(v):
-        return v if isinstance(v, (int, float)) else None
 
-    ax = axes[0]
-    pk = syn["tasks"]["passkey"]
-    for pe, r in pk["encodings"].items():
-        pts = [(int(d), num(a)) for d, a in r["accuracy"].items() if num(a) is not None]
+def _present(points: dict[int, float | None]) -> list[tuple[int, float]]:
+    return [(x, y) for x, y in points.items() if y is not None]
+
+
+def _passkey_panel(ax, syn) -> None:
+    L = syn.context
+    for pe, r in syn.passkey.items():
         # Encodings often tie at 1.0: distinct markers/sizes keep every line visible.
         mk = {"learned": ("o", 7), "rope": ("s", 5), "alibi": ("^", 3)}.get(pe, ("x", 4))
-        ax.plot(*zip(*pts), "-", marker=mk[0], ms=mk[1], color=colors.get(pe), label=pe, alpha=0.8)
+        ax.plot(*zip(*_present(r.accuracy)), "-", marker=mk[0], ms=mk[1], color=_PE_COLORS.get(pe), label=pe, alpha=0.8)
     ax.axvline(L - 1.5, color="k", ls=":", lw=1)
     ax.text(L - 1.5, 0.02, " training context", fontsize=7)
     ax.set_xscale("log", base=2)
     ax.set(title="passkey (content suffices)", xlabel="distance value→query", ylabel="accuracy", ylim=(-0.03, 1.03))
     ax.legend(fontsize=7)
 
-    ax = axes[1]
-    lag = syn["tasks"]["lag"]
+
+def _lag_panel(ax, syn) -> None:
     styles = ["-", "--", ":"]
-    for pe, r in lag["encodings"].items():
-        for i, (n, accs) in enumerate(r["accuracy"].items()):
-            pts = [(int(k), num(a)) for k, a in accs.items() if num(a) is not None]
+    for pe, r in syn.lag.items():
+        for i, (n, accs) in enumerate(r.accuracy.items()):
+            pts = _present(accs)
             if pts:
-                ax.plot(*zip(*pts), styles[i % 3], marker="o", ms=3, color=colors.get(pe), label=f"{pe}, len {n}")
-    ax.axhline(lag["chance"], color="gray", lw=0.8)
+                ax.plot(*zip(*pts), styles[i % 3], marker="o", ms=3, color=_PE_COLORS.get(pe), label=f"{pe}, len {n}")
+    ax.axhline(1 / N_CONTENT, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
-    ax.set(title=f"token k back (position only), trained at len {L}", xlabel="lag k", ylabel="accuracy", ylim=(-0.03, 1.03))
+    ax.set(title=f"token k back (position only), trained at len {syn.context}", xlabel="lag k", ylabel="accuracy",
+           ylim=(-0.03, 1.03))
     ax.legend(fontsize=6, ncol=2)
 
+
+def _corpus_panel(ax, corpus) -> None:
+    ctx = corpus.config.context
+    for pe, r in corpus.encodings.items():
+        pts = [(n, w.loss) for n, w in r.by_length.items() if w is not None]
+        ax.plot(*zip(*pts), "-o", ms=3, color=_PE_COLORS.get(pe), label=pe)
+        for n in (n for n, w in r.by_length.items() if w is None):
+            ax.annotate("✗", (n, pts[-1][1]), color=_PE_COLORS.get(pe), ha="center")
+    ax.axvline(ctx, color="k", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set(title=f"Tang validation loss, trained at L={ctx}", xlabel="evaluation length", ylabel="loss (nats)")
+    ax.legend(fontsize=7)
+
+
+def longrange_plot(res, path: str | Path) -> Path:
+    """Three panels of a :class:`~genprobe.attention.longrange.LongRangeResult`: passkey accuracy vs distance,
+    lag accuracy vs lag (per evaluation length), validation loss vs length (refused lengths marked ✗)."""
+    has_corpus = res.corpus is not None
+    fig, axes = plt.subplots(1, 3 if has_corpus else 2, figsize=(15 if has_corpus else 10, 3.8))
+    _passkey_panel(axes[0], res.synthetic)
+    _lag_panel(axes[1], res.synthetic)
     if has_corpus:
-        ax = axes[2]
-        c = res["corpus"]
-        ctx = c["config"]["context"]
-        for pe, r in c["encodings"].items():
-            pts = [(int(n), v["loss"]) for n, v in r["by_length"].items() if isinstance(v, dict)]
-            ax.plot(*zip(*pts), "-o", ms=3, color=colors.get(pe), label=pe)
-            errs = [int(n) for n, v in r["by_length"].items() if not isinstance(v, dict)]
-            for n in errs:
-                ax.annotate("✗", (n, pts[-1][1]), color=colors.get(pe), ha="center")
-        ax.axvline(ctx, color="k", ls=":", lw=1)
-        ax.set_xscale("log", base=2)
-        ax.set(title=f"Tang validation loss, trained at L={ctx}", xlabel="evaluation length", ylabel="loss (nats)")
-        ax.legend(fontsize=7)
+        _corpus_panel(axes[2], res.corpus)
     fig.tight_layout()
     return save_figure(fig, path)

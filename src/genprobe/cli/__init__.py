@@ -31,14 +31,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
+    shown = warnings.formatwarning
+    warnings.formatwarning = _format_warning
+    try:
+        return _run(argv)
+    finally:
+        warnings.formatwarning = shown
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    warnings.simplefilter("default")
     try:
-        rc = args.func(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            rc = args.func(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"genprobe {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -46,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001
+    """Warnings as one line a user can read (no source path and line)."""
+    return f"genprobe: {category.__name__}: {message}\n"
 
 
 if __name__ == "__main__":  # pragma: no cover

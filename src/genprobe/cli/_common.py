@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Any
 
 
@@ -14,8 +15,11 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
 
 
 def emit_json(obj: Any) -> None:
-    """Print ``obj`` as JSON on stdout (UTF-8, characters kept readable)."""
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, indent=2, default=_default) + "\n")
+    """Print ``obj`` as strict JSON on stdout (UTF-8, readable; NaN/inf spelled out by ``json_safe``)."""
+    from .._io import json_safe
+
+    text = json.dumps(json_safe(obj), ensure_ascii=False, indent=2, default=_default, allow_nan=False)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
@@ -35,3 +39,85 @@ def info(msg: str, quiet: bool = False) -> None:
     """Human-readable progress goes to stderr so ``--json`` stdout stays clean."""
     if not quiet:
         print(msg, file=sys.stderr, flush=True)
+
+
+# ---- the one CLI grammar: genprobe COMMAND [MODEL] [options] -------------------------------------
+MODEL_HELP = "a genprobe checkpoint directory or a transformers model directory (safetensors; detected automatically)"
+
+
+def add_model_argument(p: argparse.ArgumentParser, required: bool = True, help: str = MODEL_HELP) -> None:
+    """MODEL, always the first positional of a command that studies a model."""
+    p.add_argument("model", metavar="MODEL", nargs=None if required else "?", default=None, help=help)
+
+
+class _DeprecatedFlag(argparse.Action):
+    """An old flag spelling: stores into the new flag's destination and warns once per use."""
+
+    def __init__(self, option_strings, dest, replacement: str, **kw):
+        self.replacement = replacement
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        warnings.warn(
+            f"{option_string} is deprecated and will be removed in the next release; use {self.replacement}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def deprecated_alias(p: argparse.ArgumentParser, old: str, replacement: str, dest: str, **kw: Any) -> None:
+    """Accept ``old`` for one release: it fills ``dest`` (the new flag's) and warns, naming ``replacement``."""
+    p.add_argument(old, dest=dest, action=_DeprecatedFlag, replacement=replacement, help=argparse.SUPPRESS,
+                   default=argparse.SUPPRESS, **kw)
+
+
+def add_model_aliases(p: argparse.ArgumentParser, *old: str) -> None:
+    """Old model flags (``--ckpt``, ``--hf``) as deprecated aliases of the MODEL positional."""
+    for flag in old:
+        deprecated_alias(p, flag, "the MODEL positional argument", dest="model_alias")
+
+
+def model_path(args: argparse.Namespace, required: bool = True) -> str | None:
+    """MODEL from the positional or a deprecated alias; refuses both at once."""
+    alias = getattr(args, "model_alias", None)
+    if alias is not None and args.model is not None:
+        raise ValueError(f"give the model once: MODEL {args.model!r} and a deprecated flag {alias!r}")
+    path = args.model if args.model is not None else alias
+    if path is None and required:
+        raise ValueError("give MODEL: a genprobe checkpoint or a transformers model directory")
+    return None if path is None else str(path)
+
+
+def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, help_default: str = "") -> None:
+    """``--prompt TEXT [TEXT ...]`` or ``--prompts FILE`` (one per line, or JSONL with a prompt/text field)."""
+    g = p.add_mutually_exclusive_group(required=required)
+    g.add_argument("--prompt", nargs="+", metavar="TEXT", help="prompt text(s)" + help_default)
+    g.add_argument("--prompts", metavar="FILE", help="prompt file: one prompt per line, or JSONL with a 'prompt' or 'text' field")
+
+
+def read_prompts(args: argparse.Namespace) -> list[str] | None:
+    """The prompts given by ``--prompt`` / ``--prompts``, or None when neither was given."""
+    if getattr(args, "prompt", None):
+        if any(not t for t in args.prompt):
+            raise ValueError("--prompt: an empty prompt; every prompt needs at least one character")
+        return list(args.prompt)
+    if getattr(args, "prompts", None):
+        from ..loops.prompts import read_prompt_file
+
+        return read_prompt_file(args.prompts)
+    return None
+
+
+def add_max_new_tokens(p: argparse.ArgumentParser, default: int, *old: str) -> None:
+    """``--max-new-tokens N`` (the token budget, one spelling everywhere); ``old`` spellings warn."""
+    p.add_argument("--max-new-tokens", type=int, default=default, metavar="N", help=f"new tokens per prompt (default {default})")
+    for flag in old:
+        deprecated_alias(p, flag, "--max-new-tokens", dest="max_new_tokens", type=int)
+
+
+def load_model_arg(args: argparse.Namespace):
+    """Load MODEL through the one loader (``genprobe.model.load.load_model``)."""
+    from ..model.load import load_model
+
+    return load_model(model_path(args))

@@ -1,145 +1,186 @@
 """``genprobe attention``: per-head attention diagnostics, mask validation and the padding-leak test.
 
-Usage (the first positional is either a model checkpoint or one of the two actions)::
+    genprobe attention heads MODEL [--prompt TEXT | --ids ID ...] [--distance 8] [--out DIR] [--json]
+    genprobe attention check-masks BATCH.jsonl [--pad-id N] [--json]                 # exit 1 on findings
+    genprobe attention padding-leak MODEL [--prompt TEXT ... | --ids ID ...] [--no-position-ids]  # exit 1 on a leak
 
-    genprobe attention CKPT --text 白日依山盡 [--distance 8] [--out DIR] [--json]
-    genprobe attention --hf DIR --text "hello world" [--out DIR]
-    genprobe attention check-masks BATCH.jsonl [--pad-id N] [--json]      # exit 1 on findings
-    genprobe attention padding-leak (CKPT | --hf DIR) [--no-position-ids]  # exit 1 on a leak
-
-A checkpoint directory literally named ``check-masks`` / ``padding-leak`` must be written ``./check-masks``.
+MODEL is a genprobe checkpoint or a transformers directory (safetensors), detected automatically.
+``heads`` reports, per layer and head, the attention entropy and where the probability mass goes
+(far keys, the first token, the query itself, the last few keys), with heatmaps and an entropy plot.
+A model directory literally named like a sub-command must be written ``./heads``.
 
 BATCH.jsonl: one JSON object per row, ``{"input_ids": [...], "attention_mask": [...],
 "position_ids": [...]}`` (position_ids optional, all rows or none; ``"pad_token_id"`` may appear on any
 row), or a single object whose values are lists of rows.
+
+Deprecated for one release (they warn): ``genprobe attention MODEL …`` and ``genprobe attention --hf DIR …``
+(= ``heads``), ``--hf DIR`` (= MODEL), ``--text`` (= ``--prompt``), comma-separated ``--ids 5,6,7``.
 """
 
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
-from ._common import add_json_flag, emit_json, info
+from ._common import (
+    _DeprecatedFlag,
+    add_json_flag,
+    add_model_aliases,
+    add_model_argument,
+    add_prompt_arguments,
+    emit_json,
+    info,
+    load_model_arg,
+    model_path,
+    read_prompts,
+)
 
-ACTIONS = ("check-masks", "padding-leak")
 DEFAULT_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
 LEAK_TEXTS = ("已驚飛。方從列子御", "白日依山盡黃河入海流", "春眠不覺曉處處聞啼鳥夜來風雨聲花落知多少")
+SUBCOMMANDS = ("heads", "check-masks", "padding-leak")
 
 
 def register(sub) -> None:
-    """Add the ``attention`` sub-command."""
-    p = sub.add_parser(
-        "attention",
-        help="attention entropy / long-range mass per head, mask validation, padding-leak test",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("target", nargs="?", help="checkpoint directory, or the action 'check-masks' / 'padding-leak'")
-    p.add_argument("path", nargs="?", help="check-masks: the BATCH.jsonl file; padding-leak: the checkpoint")
-    p.add_argument("--hf", metavar="DIR", help="a local transformers causal-LM directory (safetensors) instead of CKPT")
-    p.add_argument("--text", action="append", help="text to analyse (padding-leak: repeatable, one sequence each)")
-    p.add_argument("--ids", help="comma-separated token ids instead of --text (e.g. for an HF model without tokenizer)")
-    p.add_argument("--distance", type=int, default=8, help="far-mass threshold d in positions (default 8)")
-    p.add_argument("--local-window", type=int, default=2, help="local mass: keys 0..W positions back (default 2)")
-    p.add_argument("--out", metavar="DIR", help="write attention.json, per-head heatmaps and entropy.png here")
-    p.add_argument("--pad-id", type=int, help="pad token id (check-masks: overrides the file; padding-leak: default tokenizer's)")
-    p.add_argument("--no-position-ids", action="store_true", help="padding-leak: do not pass position_ids (HF)")
-    p.add_argument("--threshold", type=float, default=1e-4, help="padding-leak: max |Δlogit| tolerated (default 1e-4)")
-    add_json_flag(p)
-    p.set_defaults(func=run)
+    """Add ``attention`` and its sub-commands ``heads``, ``check-masks``, ``padding-leak``."""
+    p = sub.add_parser("attention", help="attention entropy / mass per head, mask validation, padding-leak test",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # The pre-sub-command spelling `genprobe attention --hf DIR --text …` parses on this parser itself.
+    _add_heads_options(p, hidden=True)
+    p.set_defaults(func=_legacy_heads, model=None)
+    actions = p.add_subparsers(dest="action", metavar="SUBCOMMAND", action=_LegacyModelFirst)
+
+    h = actions.add_parser("heads", help="entropy and attention mass per layer and head, heatmaps",
+                           description="Per layer and head: attention entropy (nats and normalised), mass on far "
+                           "keys, on the first token, on the query itself and on the last few keys.")
+    add_model_argument(h, required=False)
+    _add_heads_options(h, hidden=False)
+    h.set_defaults(func=run_heads)
+
+    c = actions.add_parser("check-masks", help="validate input_ids / attention_mask / position_ids batches (exit 1 on findings)")
+    c.add_argument("batch", metavar="BATCH.jsonl", help="one JSON object per row (see `genprobe attention -h`)")
+    c.add_argument("--pad-id", type=int, help="pad token id (overrides the file's pad_token_id)")
+    add_json_flag(c)
+    c.set_defaults(func=run_check_masks)
+
+    k = actions.add_parser("padding-leak", help="logits alone vs inside left/right-padded batches (exit 1 on a leak)")
+    add_model_argument(k, required=False)
+    add_model_aliases(k, "--hf")
+    add_prompt_arguments(k, help_default=" (one sequence each; default: three Tang lines)")
+    _add_text_alias(k)
+    k.add_argument("--ids", nargs="+", metavar="ID", help="token ids of one sequence instead of --prompt")
+    k.add_argument("--pad-id", type=int, help="pad token id (default: the model's)")
+    k.add_argument("--no-position-ids", action="store_true", help="do not pass position_ids (transformers models)")
+    k.add_argument("--threshold", type=float, default=1e-4, help="max |Δlogit| tolerated (default 1e-4)")
+    add_json_flag(k)
+    k.set_defaults(func=run_padding_leak)
 
 
-def run(args) -> int:
-    """Dispatch on the first positional."""
-    if args.target == "check-masks":
-        return _check_masks(args)
-    if args.target == "padding-leak":
-        return _padding_leak(args, args.path)
-    if args.path is not None:
-        raise ValueError(f"unexpected extra argument {args.path!r} (actions are {', '.join(ACTIONS)})")
-    return _analyse(args, args.target)
+def _add_heads_options(p: argparse.ArgumentParser, hidden: bool) -> None:
+    """The options of ``heads``; ``hidden`` puts them, undocumented, on ``attention`` itself for the old spelling."""
+    def show(text: str) -> str:
+        return argparse.SUPPRESS if hidden else text
+
+    add_model_aliases(p, "--hf")
+    if hidden:
+        p.add_argument("--prompt", nargs="+", metavar="TEXT", help=argparse.SUPPRESS)
+        p.add_argument("--prompts", metavar="FILE", help=argparse.SUPPRESS)
+    else:
+        add_prompt_arguments(p, help_default=f" (default: {DEFAULT_TEXT})")
+    _add_text_alias(p)
+    p.add_argument("--ids", nargs="+", metavar="ID", help=show("token ids instead of --prompt (a model without tokenizer)"))
+    p.add_argument("--distance", type=int, default=8, help=show("far-mass threshold d in positions (default 8)"))
+    p.add_argument("--local-window", type=int, default=2, help=show("local mass: keys 0..W positions back (default 2)"))
+    p.add_argument("--out", metavar="DIR", help=show("write attention.json, per-head heatmaps and entropy.png here"))
+    p.add_argument("--json", action="store_true", help=show("print a machine-readable JSON summary on stdout"))
+
+
+class _AnyWord(dict):
+    """argparse's choice check for the first word: lets anything through to :class:`_LegacyModelFirst`."""
+
+    def __contains__(self, key) -> bool:
+        return True
+
+
+class _LegacyModelFirst(argparse._SubParsersAction):
+    """Sub-commands, plus the old ``genprobe attention MODEL …``: an unknown first word is read as ``heads MODEL``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.choices = _AnyWord()
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values and values[0] not in self._name_parser_map:
+            warnings.warn(f"`genprobe attention {values[0]} …` is deprecated and will be removed in the next release; "
+                          f"use `genprobe attention heads {values[0]} …`", FutureWarning, stacklevel=2)
+            values = ["heads", *values]
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _DeprecatedText(_DeprecatedFlag):
+    """``--text`` (repeatable, one sequence each) as a deprecated spelling of ``--prompt TEXT [TEXT ...]``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None) or []
+        super().__call__(parser, namespace, values, option_string)
+        setattr(namespace, self.dest, [*before, values])
+
+
+def _add_text_alias(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--text", dest="prompt", action=_DeprecatedText, replacement="--prompt TEXT [TEXT ...]",
+                   help=argparse.SUPPRESS, default=argparse.SUPPRESS)
 
 
 # ------------------------------------------------------------------------------------------------
-def load_model(ckpt: str | None, hf_dir: str | None):
-    """(model, encode(text)->ids, decode_token(id)->str, pad_id) for a checkpoint or an HF directory."""
-    if (ckpt is None) == (hf_dir is None):
-        raise ValueError("give exactly one model: a checkpoint directory or --hf DIR")
-    if ckpt is not None:
-        from ..model.checkpoint import load_checkpoint
-
-        model, tok, _ = load_checkpoint(ckpt)
-        return model, tok.encode, tok.token_str, 0
-    d = Path(hf_dir)
-    if not d.is_dir():
-        raise FileNotFoundError(f"--hf directory not found: {d}")
-    from transformers import AutoModelForCausalLM
-
-    # Eager attention is the only implementation that returns weights; never run remote code or unpickle.
-    model = AutoModelForCausalLM.from_pretrained(
-        d, attn_implementation="eager", local_files_only=True, use_safetensors=True, trust_remote_code=False
-    ).eval()
-    tok = None
-    if any((d / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
-        try:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(d, local_files_only=True, trust_remote_code=False)
-        except Exception as exc:  # noqa: BLE001 - unreadable tokenizer: ids only
-            info(f"note: could not load the tokenizer of {d} ({exc}); use --ids")
-
-    def encode(text: str) -> list[int]:
-        if tok is None:
-            raise ValueError(f"{d} has no tokenizer; pass --ids instead of --text")
-        ids = list(tok(text, add_special_tokens=False)["input_ids"])
-        if not ids:
-            raise ValueError(f"text {text!r} encodes to no tokens")
-        return ids
-
-    def token_str(i: int) -> str:
-        return str(i) if tok is None else tok.decode([i])
-
-    pad = getattr(tok, "pad_token_id", None) if tok is not None else None
-    if pad is None:
-        pad = getattr(model.config, "pad_token_id", None) or getattr(model.config, "eos_token_id", None) or 0
-    if isinstance(pad, list):
-        pad = pad[0]
-    return model, encode, token_str, int(pad)
+def _token_ids(values: list[str]) -> list[int]:
+    """``--ids 5 6 7`` (or the deprecated ``--ids 5,6,7``) as integers."""
+    if any("," in v for v in values):
+        warnings.warn("comma-separated --ids is deprecated and will be removed in the next release; "
+                      "separate ids with spaces (--ids 5 6 7)", FutureWarning, stacklevel=2)
+    try:
+        return [int(t) for v in values for t in v.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--ids must be integers, got {' '.join(values)!r}") from None
 
 
-def _ids_from(args, encode) -> list[list[int]]:
+def _sequences(args, model, default: tuple[str, ...]) -> list[list[int]]:
+    """Token ids of each sequence: ``--ids``, else the prompts (or ``default``) through the model's tokenizer."""
     if args.ids:
-        try:
-            return [[int(t) for t in args.ids.split(",") if t.strip()]]
-        except ValueError:
-            raise ValueError(f"--ids must be comma-separated integers, got {args.ids!r}") from None
-    return [encode(t) for t in (args.text or [DEFAULT_TEXT])]
+        return [_token_ids(args.ids)]
+    if model.tokenizer is None:
+        raise ValueError(f"{model.source} has no tokenizer: give token ids with --ids instead of text")
+    seqs = [model.encode(t) for t in (read_prompts(args) or default)]
+    if any(not s for s in seqs):
+        raise ValueError("a prompt encodes to no tokens")
+    return seqs
 
 
-def _analyse(args, ckpt: str | None) -> int:
+def _legacy_heads(args) -> int:
+    """``genprobe attention`` without a sub-command: the old ``--hf DIR`` spelling of ``heads``, or help."""
+    if model_path(args, required=False) is None:
+        raise ValueError("choose a sub-command: heads MODEL, check-masks BATCH.jsonl, or padding-leak MODEL "
+                         "(MODEL: a genprobe checkpoint or a transformers model directory)")
+    warnings.warn("`genprobe attention --hf DIR …` is deprecated and will be removed in the next release; "
+                  "use `genprobe attention heads DIR …`", FutureWarning, stacklevel=2)
+    return run_heads(args)
+
+
+def run_heads(args) -> int:
+    """Per-head attention statistics of one sequence; optional JSON, heatmaps and entropy plot."""
     from ..attention.capture import capture_attention
     from ..attention.metrics import attention_report, format_table
 
-    if ckpt is None and args.hf is None:
-        raise ValueError("give a checkpoint directory, --hf DIR, or an action (check-masks, padding-leak)")
-    model, encode, token_str, _ = load_model(ckpt, args.hf)
-    ids = _ids_from(args, encode)[0]
-    cap = capture_attention(model, ids)
+    model = load_model_arg(args)
+    seqs = _sequences(args, model, (DEFAULT_TEXT,))
+    if len(seqs) > 1:
+        raise ValueError(f"heads analyses one sequence; got {len(seqs)} prompts")
+    cap = capture_attention(model.module, seqs[0])
     if cap.note:
         info(f"note: {cap.note}")
-    labels = [token_str(i) for i in cap.tokens]
-    rep = attention_report(cap, distance=args.distance, local_window=args.local_window, tokens_text=labels)
+    labels = [model.tokenizer.token_str(i) if model.tokenizer else str(i) for i in cap.tokens]
+    rep = attention_report(cap, distance=args.distance, local_window=args.local_window, tokens_text=labels).to_dict()
     if args.out:
-        from .._io import atomic_write_json
-        from ..attention.plots import entropy_plot, head_heatmaps
-
-        out = Path(args.out)
-        atomic_write_json(out / "attention.json", rep)
-        maps = head_heatmaps(cap, out, labels)
-        entropy_plot(rep, out / "entropy.png")
-        rep["files"] = {"json": str(out / "attention.json"), "entropy_plot": str(out / "entropy.png"),
-                        "heatmaps": [str(m) for m in maps]}
-        info(f"wrote {out}/attention.json, entropy.png and {len(maps)} heatmaps")
+        rep["files"] = _write_heads_files(rep, cap, labels, Path(args.out))
     if args.json:
         emit_json({k: v for k, v in rep.items() if k != "per_position"} | {"per_position": "see attention.json"})
     else:
@@ -150,16 +191,26 @@ def _analyse(args, ckpt: str | None) -> int:
     return 0
 
 
-def _check_masks(args) -> int:
+def _write_heads_files(rep: dict, cap, labels: list[str], out: Path) -> dict:
+    from .._io import atomic_write_json
+    from ..attention.plots import entropy_plot, head_heatmaps
+
+    atomic_write_json(out / "attention.json", rep)
+    maps = head_heatmaps(cap, out, labels)
+    entropy_plot(rep, out / "entropy.png")
+    info(f"wrote {out}/attention.json, entropy.png and {len(maps)} heatmaps")
+    return {"json": str(out / "attention.json"), "entropy_plot": str(out / "entropy.png"), "heatmaps": [str(m) for m in maps]}
+
+
+def run_check_masks(args) -> int:
+    """Validate a batch file; exit status 1 when any rule is violated."""
     from ..attention.masks import check_masks, load_batch_jsonl
 
-    if not args.path:
-        raise ValueError("check-masks needs a BATCH.jsonl file")
-    batch = load_batch_jsonl(args.path)
+    batch = load_batch_jsonl(args.batch)
     pad = args.pad_id if args.pad_id is not None else batch["pad_token_id"]
     findings = check_masks(batch["input_ids"], batch["attention_mask"], batch["position_ids"], pad)
     if args.json:
-        emit_json({"file": args.path, "rows": len(batch["input_ids"]), "pad_token_id": pad,
+        emit_json({"file": args.batch, "rows": len(batch["input_ids"]), "pad_token_id": pad,
                    "findings": [f.to_dict() for f in findings], "ok": not findings})
     else:
         for f in findings:
@@ -168,14 +219,14 @@ def _check_masks(args) -> int:
     return 1 if findings else 0
 
 
-def _padding_leak(args, ckpt: str | None) -> int:
+def run_padding_leak(args) -> int:
+    """Each sequence alone vs inside padded batches; exit status 1 on a leak."""
     from ..attention.leak import format_leak, padding_leak
 
-    model, encode, _, pad = load_model(ckpt, args.hf)
-    if args.pad_id is not None:
-        pad = args.pad_id
-    seqs = _ids_from(args, encode) if (args.text or args.ids) else [encode(t) for t in LEAK_TEXTS]
-    rep = padding_leak(model, seqs, pad, position_ids=not args.no_position_ids, threshold=args.threshold)
+    model = load_model_arg(args)
+    pad = args.pad_id if args.pad_id is not None else model.pad_id
+    rep = padding_leak(model.module, _sequences(args, model, LEAK_TEXTS), pad,
+                       position_ids=not args.no_position_ids, threshold=args.threshold)
     if args.json:
         emit_json(rep.to_dict())
     else:

@@ -1,13 +1,13 @@
-"""``genprobe generate``: stream text from a genprobe checkpoint or a transformers model directory."""
+"""``genprobe generate MODEL``: stream text from a genprobe checkpoint or a transformers model directory."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import warnings
 
-from ._common import add_json_flag, emit_json, info
+from ._common import add_json_flag, add_max_new_tokens, add_model_argument, add_prompt_arguments, emit_json, info, load_model_arg, read_prompts
+from ._sampler_args import add_sampler_arguments, sampler_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,30 +15,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
         help="generate text (greedy or sampled) from a checkpoint or HF model directory",
-        description="Generate text after --prompt, streaming it to stdout. Sampling parameters are validated; "
+        description="Generate text after each prompt (one prompt streams to stdout; several run as one left-padded batch). Sampling parameters are validated; "
         "greedy is an explicit argmax (bans and penalties still apply).",
     )
-    p.add_argument("model", metavar="CKPT_OR_HF_DIR", help="genprobe checkpoint dir or transformers model dir")
-    p.add_argument("--prompt", required=True, help="prompt text")
-    p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sample)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None, help="keep the K most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus: smallest set whose mass reaches P")
-    p.add_argument("--min-p", type=float, default=None, help="keep tokens with p >= M * p_max")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL/HF penalty (1 = off)")
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="vLLM presence penalty")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="vLLM frequency penalty")
-    p.add_argument("--no-repeat-ngram", type=int, default=0, help="ban tokens completing a repeated N-gram")
-    p.add_argument(
-        "--order",
-        default="trunc_then_temp",
-        choices=["trunc_then_temp", "temp_then_trunc", "hf", "vllm", "llama.cpp"],
-        help="where temperature sits relative to truncation (default: trunc_then_temp)",
-    )
-    p.add_argument("--ban-unk", action="store_true", help="never generate <unk>")
-    p.add_argument("--max-new-tokens", type=int, default=50)
+    add_model_argument(p)
+    add_prompt_arguments(p, required=True)
+    add_sampler_arguments(p)
+    add_max_new_tokens(p, 50)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eos-id", type=int, default=None, help="stop when this token id is generated")
+    p.add_argument("--eos-id", type=int, default=None, help="stop at this token id (default: the tokenizer's end-of-text token)")
+    p.add_argument("--ignore-eos", action="store_true", help="never stop early at the end-of-text token")
     p.add_argument("--show-unk", action="store_true", help="print <unk> instead of dropping it")
     p.add_argument("--top", type=int, default=0, metavar="N", help="per step, show the top-N candidates and entropy")
     p.add_argument(
@@ -51,140 +37,72 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _decode(tok, ids: list[int], show_unk: bool) -> str:
-    try:
-        return tok.decode(ids, show_unk=show_unk)
-    except TypeError:  # a tokenizer without show_unk
-        return tok.decode(ids)
+def _encode(model, texts: list[str]) -> list[list[int]]:
+    tok = model.tokenizer
+    for t in texts:
+        unknown = tok.unknown_chars(t)
+        if unknown:
+            info(f"warning: {len(unknown)} prompt character(s) are not in the vocabulary and become <unk>: "
+                 f"{''.join(unknown)!r} (a different script, e.g. simplified vs traditional?)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # reported once, above
+        return [model.encode(t) for t in texts]
 
 
-def _token_str(tok, t: int, show_unk: bool = True) -> str:
-    if hasattr(tok, "token_str"):
-        return tok.token_str(t)
-    return _decode(tok, [t], show_unk)
-
-
-def _encode_prompt(tok, text: str) -> tuple[list[int], list[str]]:
-    if hasattr(tok, "encode_with_report"):
-        r = tok.encode_with_report(text)
-        return r.ids, r.unknown_chars
-    return tok.encode(text), []
+def _show(tok, ids: list[int], show_unk: bool) -> str:
+    return tok.decode(ids, show_unk=show_unk) if tok.kind == "char" else tok.decode(ids)
 
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``genprobe generate``."""
-    import torch
-
     from ..engine.generate import generate
-    from ..engine.hf_adapter import load_causal_lm
-    from ..engine.sampling import SamplerConfig
+    from ..engine.steps import format_steps, step_stats
 
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
-    if not args.prompt:
-        raise ValueError("--prompt is empty: give at least one character")
-    model, tok = load_causal_lm(args.model)
-    ids, unknown = _encode_prompt(tok, args.prompt)
-    if unknown:
-        info(
-            f"warning: {len(unknown)} prompt character(s) are not in the vocabulary and become <unk>: "
-            f"{''.join(unknown)!r} (a different script, e.g. simplified vs traditional?)"
-        )
-    ban = []
-    if args.ban_unk:
-        unk = getattr(tok, "unk_id", None)
-        if unk is None:
-            raise ValueError("--ban-unk: this tokenizer has no <unk> token")
-        ban.append(int(unk))
-    cfg = SamplerConfig(
-        greedy=args.greedy,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        ban_ids=tuple(ban),
-        repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty,
-        no_repeat_ngram=args.no_repeat_ngram,
-        order=args.order,
-    )
-    steps: list[dict] = []
-    stream = not args.json and not args.top  # --top prints a per-step table after generating
+    texts = read_prompts(args)
+    model = load_model_arg(args)
+    tok = model._require_tokenizer()
+    sampler = sampler_from_args(args, tok)
+    prompts = _encode(model, texts)
+    stream = len(prompts) == 1 and not args.json and not args.top
     if stream:
-        sys.stdout.write(_decode(tok, ids, args.show_unk))
+        sys.stdout.write(_show(tok, prompts[0], args.show_unk))
         sys.stdout.flush()
-    want_probs = bool(args.top) or args.json
 
     def on_token(step: int, row: list[int]) -> None:
-        t = row[0]
-        if t < 0:
-            return
-        if stream:
-            sys.stdout.write(_decode(tok, [t], args.show_unk))
+        if row[0] >= 0:
+            sys.stdout.write(_show(tok, [row[0]], args.show_unk))
             sys.stdout.flush()
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the prompt's <unk> warning was already shown once, above
-        res = generate(
-            model,
-            [ids],
-            args.max_new_tokens,
-            sampler=cfg,
-            mode=args.mode,
-            seed=args.seed,
-            eos_id=args.eos_id,
-            return_probs=want_probs,
-            on_token=on_token,
-            compile=args.compile,
-        )
+    eos = None if args.ignore_eos else (args.eos_id if args.eos_id is not None else model.eos_id)
+    engine_model = model.module if model.kind == "genprobe" else model.runner
+    res = generate(engine_model, prompts, args.max_new_tokens, sampler=sampler, mode=args.mode, seed=args.seed,
+                   eos_id=eos, return_probs=bool(args.top) or args.json, on_token=on_token if stream else None,
+                   compile=args.compile)
+    _warn_if_compile_failed(args)
+    results = []
+    for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens)):
+        steps = step_stats(new, res.step_probs, tok.token_str, row=row, top=args.top)
+        results.append({"prompt": text, "prompt_tokens": ids, "unknown_prompt_chars": tok.unknown_chars(text),
+                        "text": _show(tok, new, args.show_unk), "tokens": new, "finished": res.finished[row],
+                        "steps": [s.to_dict() for s in steps]})
+        if args.top and not args.json:
+            print(format_steps(steps))
+        if not stream and not args.json:
+            print(_show(tok, ids, args.show_unk) + results[-1]["text"])
+    if stream:
+        print()
+    if args.json:
+        common = {"model": str(model.source), "sampler": sampler.to_dict(), "seed": args.seed,
+                  "token_forwards": res.token_forwards}
+        emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
+    return 0
+
+
+def _warn_if_compile_failed(args: argparse.Namespace) -> None:
     if args.compile:
         from ..engine.compiled import compile_error
 
         if compile_error() is not None:
             info(f"warning: torch.compile failed, decoded eagerly instead ({compile_error()})")
-    tokens = res.tokens[0]
-    for i, t in enumerate(tokens):
-        entry: dict = {"step": i, "token": t, "text": _token_str(tok, t)}
-        if res.step_probs is not None:
-            pr = res.step_probs[i][0]
-            nz = pr[pr > 0]
-            entry["prob"] = float(pr[t])
-            entry["entropy_nats"] = float(-(nz * nz.log()).sum())
-            entry["kept"] = int((pr > 0).sum())
-            if args.top:
-                v, k = torch.topk(pr, min(args.top, pr.numel()))
-                entry["top"] = [
-                    {"token": int(j), "text": _token_str(tok, int(j)), "prob": float(p)} for p, j in zip(v, k) if p > 0
-                ]
-        steps.append(entry)
-    text = _decode(tok, tokens, args.show_unk)
-    if args.json:
-        emit_json(
-            {
-                "model": str(args.model),
-                "prompt": args.prompt,
-                "prompt_tokens": ids,
-                "unknown_prompt_chars": unknown,
-                "text": text,
-                "tokens": tokens,
-                "finished": res.finished[0],
-                "sampler": cfg.to_dict(),
-                "seed": args.seed,
-                "token_forwards": res.token_forwards,
-                "steps": steps,
-            }
-        )
-        return 0
-    if args.top:
-        for s in steps:
-            cands = "  ".join(f"{c['text']}:{c['prob']:.3f}" for c in s["top"])
-            sys.stdout.write(
-                f"step {s['step']:3d} → {s['text']!s:6} p={s['prob']:.3f}  H={s['entropy_nats']:.2f} nats "
-                f"({s['entropy_nats'] / math.log(2):.2f} bits)  kept={s['kept']}  | {cands}\n"
-            )
-        sys.stdout.write(_decode(tok, ids, args.show_unk) + text + "\n")
-    else:
-        sys.stdout.write("\n")
-    sys.stdout.flush()
-    return 0

@@ -1,27 +1,40 @@
 """``genprobe longrange``: synthetic long-range tasks and position-encoding extrapolation.
 
-    genprobe longrange [--pe learned,rope,alibi] [--quick] [--no-corpus] [--out DIR] [--json]
+    genprobe longrange [--pe learned rope alibi] [--quick] [--no-corpus] [--out DIR] [--json]
 
 Prints, per position encoding, accuracy vs distance on the passkey task (content suffices) and on the
 position-only "token k places back" task — inside and beyond the training context — and the Tang
 validation loss vs evaluation length (models trained at L = 64). Learned positions past their table
 show the model's own error instead of a number. Writes ``longrange.json`` and ``longrange.png`` to --out.
+The comma-separated ``--pe learned,rope`` is deprecated (it warns).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from ._common import add_json_flag, emit_json, info
+
+DEFAULT_PE = ("learned", "rope", "alibi")
+
+
+def position_encodings(values: list[str]) -> list[str]:
+    """``--pe learned rope`` as a list; the old comma form ``--pe learned,rope`` still works and warns."""
+    if any("," in v for v in values):
+        warnings.warn("comma-separated --pe is deprecated and will be removed in the next release; "
+                      "separate encodings with spaces (--pe learned rope alibi)", FutureWarning, stacklevel=2)
+    return [p.strip() for v in values for p in v.split(",") if p.strip()]
 
 
 def register(sub) -> None:
     """Add the ``longrange`` sub-command."""
     p = sub.add_parser("longrange", help="synthetic long-range tasks + position-encoding extrapolation",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pe", default="learned,rope,alibi", help="comma-separated encodings (learned, rope, alibi, none)")
+    p.add_argument("--pe", nargs="+", metavar="PE", default=list(DEFAULT_PE),
+                   help=f"position encodings to compare, among learned rope alibi none (default: {' '.join(DEFAULT_PE)})")
     p.add_argument("--quick", action="store_true", help="few training steps (a few minutes on 2 CPU cores)")
     p.add_argument("--no-corpus", action="store_true", help="skip the Tang-corpus extrapolation runs")
     p.add_argument("--seed", type=int, default=0)
@@ -31,58 +44,53 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _cell(v) -> str:
-    if isinstance(v, str):
-        return "  err"
-    return f"{v:5.2f}"
+def _cell(v: float | None) -> str:
+    return "  err" if v is None else f"{v:5.2f}"
 
 
-def format_results(res: dict) -> str:
-    """Text tables of a :func:`run_longrange` result."""
-    syn = res["synthetic"]
-    L = syn["context"]
-    lines = []
-    pk = syn["tasks"]["passkey"]
-    dists = pk["distances"]
-    lines.append(f"passkey accuracy vs distance (trained at length {L}; distances > {L - 2} need longer rows; chance {pk['chance']:.2f})")
-    lines.append(f"{'encoding':>9} | " + " ".join(f"{d:>5}" for d in dists))
-    for pe, r in pk["encodings"].items():
-        lines.append(f"{pe:>9} | " + " ".join(_cell(r["accuracy"][str(d)]) for d in dists))
-    lag = syn["tasks"]["lag"]
-    lines.append("")
-    lines.append(f"'token k places back' accuracy vs lag k (position only; chance {lag['chance']:.2f})")
-    lines.append(f"{'encoding':>9} {'len':>4} | " + " ".join(f"{k:>5}" for k in lag["lags"]))
-    for pe, r in lag["encodings"].items():
-        for n, accs in r["accuracy"].items():
-            lines.append(f"{pe:>9} {n:>4} | " + " ".join(_cell(accs[str(k)]) for k in lag["lags"]))
-    errors: dict[tuple[str, str], str] = {}
-    for pe, r in pk["encodings"].items():
-        first = next((v for v in r["accuracy"].values() if isinstance(v, str)), None)
-        if first:
-            errors[(pe, "synthetic")] = first
-    if "corpus" in res:
-        c = res["corpus"]
-        lens = c["config"]["eval_lengths"]
+def _synthetic_lines(syn) -> list[str]:
+    from ..attention.longrange import N_CONTENT, N_VALUE
+
+    L = syn.context
+    dists = list(next(iter(syn.passkey.values())).accuracy)
+    lines = [f"passkey accuracy vs distance (trained at length {L}; distances > {L - 2} need longer rows; "
+             f"chance {1 / N_VALUE:.2f})",
+             f"{'encoding':>9} | " + " ".join(f"{d:>5}" for d in dists)]
+    lines += [f"{pe:>9} | " + " ".join(_cell(r.accuracy[d]) for d in dists) for pe, r in syn.passkey.items()]
+    lines += ["", f"'token k places back' accuracy vs lag k (position only; chance {1 / N_CONTENT:.2f})",
+              f"{'encoding':>9} {'len':>4} | " + " ".join(f"{k:>5}" for k in syn.config.lags)]
+    for pe, r in syn.lag.items():
+        for n, accs in r.accuracy.items():
+            lines.append(f"{pe:>9} {n:>4} | " + " ".join(_cell(accs[k]) for k in syn.config.lags))
+    return lines
+
+
+def _corpus_cell(w) -> str:
+    if w is None:
+        return f"{'error':>15}"
+    extra = "" if w.loss_beyond_context is None else f" [{w.loss_beyond_context:.3f}]"
+    return f"{w.loss:.3f}{extra}".rjust(15)
+
+
+def _corpus_lines(c) -> list[str]:
+    lens = c.config.eval_lengths
+    lines = ["", f"Tang validation loss vs evaluation length (trained at L={c.config.context}, "
+                 f"{c.config.steps} steps; non-overlapping windows, all positions; [positions >= L])",
+             f"{'encoding':>9} | " + " ".join(f"{n:>15}" for n in lens)]
+    lines += [f"{pe:>9} | " + " ".join(_corpus_cell(r.by_length[n]) for n in lens) for pe, r in c.encodings.items()]
+    return lines
+
+
+def format_results(res) -> str:
+    """Text tables of a :class:`~genprobe.attention.longrange.LongRangeResult`, then each encoding's first refusal."""
+    lines = _synthetic_lines(res.synthetic)
+    if res.corpus is not None:
+        lines += _corpus_lines(res.corpus)
+    first = {pe: errs[0] for pe, errs in res.errors.items() if errs}
+    if first:
         lines.append("")
-        lines.append(f"Tang validation loss vs evaluation length (trained at L={c['config']['context']}, "
-                     f"{c['config']['steps']} steps; non-overlapping windows, all positions; [positions >= L])")
-        lines.append(f"{'encoding':>9} | " + " ".join(f"{n:>15}" for n in lens))
-        for pe, r in c["encodings"].items():
-            cells = []
-            for n in lens:
-                v = r["by_length"][str(n)]
-                if isinstance(v, str):
-                    cells.append(f"{'error':>15}")
-                    errors.setdefault((pe, "corpus"), v)
-                else:
-                    extra = "" if v["loss_beyond_context"] is None else f" [{v['loss_beyond_context']:.3f}]"
-                    cells.append(f"{v['loss']:.3f}{extra}".rjust(15))
-            lines.append(f"{pe:>9} | " + " ".join(cells))
-    if errors:
-        lines.append("")
-        for (pe, where), e in errors.items():
-            lines.append(f"{pe} ({where}): {e}")
-    lines.append(f"\n({res['seconds']:.0f} s)")
+        lines += [f"{pe} ({e.at}): {e.message}" for pe, e in first.items()]
+    lines.append(f"\n({res.seconds:.0f} s)")
     return "\n".join(lines)
 
 
@@ -92,7 +100,7 @@ def run(args) -> int:
     from ..attention.longrange import LongRangeConfig, quick_config, run_longrange
     from ..attention.plots import longrange_plot
 
-    pes = [p.strip() for p in args.pe.split(",") if p.strip()]
+    pes = position_encodings(args.pe)
     lc = quick_config(pes) if args.quick else LongRangeConfig(pos_encodings=pes)
     lc.synthetic.seed = args.seed
     if lc.corpus is not None:
@@ -101,13 +109,12 @@ def run(args) -> int:
         lc.corpus = None
     info(f"longrange: {', '.join(pes)}{' (quick)' if args.quick else ''}")
     res = run_longrange(lc, progress=not args.no_progress and sys.stderr.isatty())
-    res["quick"] = bool(args.quick)
+    data = {**res.to_dict(), "quick": bool(args.quick)}
     out = Path(args.out)
-    atomic_write_json(out / "longrange.json", res)
+    atomic_write_json(out / "longrange.json", data)
     longrange_plot(res, out / "longrange.png")
-    res["files"] = {"json": str(out / "longrange.json"), "plot": str(out / "longrange.png")}
     if args.json:
-        emit_json(res)
+        emit_json({**data, "files": {"json": str(out / "longrange.json"), "plot": str(out / "longrange.png")}})
     else:
         print(format_results(res))
         info(f"wrote {out / 'longrange.json'} and {out / 'longrange.png'}")

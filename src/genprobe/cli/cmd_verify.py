@@ -1,23 +1,58 @@
 """``genprobe verify-cache``: is a KV-cache implementation equivalent to full recomputation?
 
-Compares logits step by step (prefill, greedy decode, chunked prefill, left-padded batch) and prints
-the seed §3.9.8-style table. Exit status: 0 when every implementation under test is within the
-allowed verdict, 1 when one is judged a bug (or, with ``--mutants``, when a mutant is not caught or
-``cat_order`` is flagged), 2 on bad input — usable in another project's CI.
+Compares logits step by step (prefill, greedy decode, chunked prefill, left-padded batch, isolation
+across ``reset()``) and prints the seed §3.9.8-style table plus each phase's max |Δlogit| and first
+differing step. Exit status, usable in another project's CI:
+
+* 0 — every implementation under test is within the allowed verdict (``--fail-on``);
+* 1 — one is judged a bug (or, with ``--mutants``, a mutant is not caught or ``cat_order`` is flagged);
+* 2 — bad input or usage (unreadable model, unknown flag combination, context too short, …);
+* 3 — an implementation under test raised (verdict ``error``: phase, exception type and message in
+  the table and the JSON). Takes precedence over 1.
+
+``--json`` output is strict JSON (non-finite numbers spelled ``"nan"``/``"inf"``), written in every
+one of these cases except 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
+import warnings
 from typing import Any
 
-from ._common import add_json_flag, emit_json, info
+from ._common import (
+    add_json_flag,
+    add_max_new_tokens,
+    add_model_aliases,
+    add_model_argument,
+    add_prompt_arguments,
+    emit_json,
+    info,
+    model_path,
+    read_prompts,
+)
 
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
+EXIT_PASS, EXIT_BUG, EXIT_USAGE, EXIT_IMPL_ERROR = 0, 1, 2, 3
+# genprobe.verify.hf_caches.CACHE_KINDS, spelled out so that building the parser does not import torch
+HF_CACHE_KINDS = ("dynamic", "static", "sliding", "quantized", "offloaded")
+
+EPILOG = """\
+exit status: 0 pass, 1 bug (or a mutant not caught), 2 bad input/usage, 3 the implementation raised.
+
+sliding windows: --window W [--sinks S] makes the reference full recomputation under a sliding window
+(a query at position q sees keys at q-W+1..q, plus positions 0..S-1 when S sinks are kept) and runs our
+engine with a ring-buffer KVCache of S+W slots. A correct windowed cache then passes; one that evicts
+in the wrong order (e.g. drops the sinks first) fails. Applies to genprobe models and to --impl with a
+genprobe MODEL (your factory must build its cache with the same W and S). A transformers model's window
+comes from its config (sliding_window), which both its reference and its caches follow.
+
+transformers caches: --hf-cache dynamic static sliding quantized offloaded (or all) verifies each of the
+model's own cache classes (a fresh cache per sequence); kinds this transformers version or machine lacks are
+reported as unavailable with the reason. quantized is lossy by design: expect suspicious or bug.
+"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,30 +60,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify-cache",
         help="check that a KV-cache implementation is equivalent to recomputation (logits, not text)",
-        description="Verify a cached implementation against full recomputation, step by step: prefill "
-        "(bit-identical?), N greedy decode steps, chunked prefill, a left-padded batch. Targets: a genprobe "
-        "checkpoint (our engine), --hf DIR (any transformers causal LM and its own cache), or --impl "
-        "MOD:FACTORY (your adapter: reset(), prefill(ids, attention_mask=None), step(ids)).",
+        description="Verify a cached implementation against full recomputation, step by step: prefill\n"
+        "(bit-identical?), N greedy decode steps, chunked prefill, a left-padded batch, and isolation (another\n"
+        "sequence, reset(), then the prompt: nothing may survive reset). MODEL alone verifies its own cache\n"
+        "(our engine for a genprobe checkpoint, transformers' caches for a transformers directory); with\n"
+        "--impl MOD:FACTORY it verifies your adapter (reset(), prefill(ids, attention_mask=None), step(ids))\n"
+        "built by factory(MODEL), with MODEL as the reference.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("ckpt", nargs="?", type=Path, help="genprobe checkpoint directory (verifies the engine)")
-    p.add_argument("--hf", type=Path, metavar="DIR", help="transformers model directory (loaded offline)")
-    p.add_argument("--impl", metavar="MOD:FACTORY", help="user implementation: factory(model) or factory()")
-    p.add_argument("--model", metavar="CKPT_OR_HF", help="model handed to --impl's factory and used as reference")
+    add_model_argument(p, required=False)
+    add_model_aliases(p, "--hf", "--model")
+    p.add_argument("--impl", metavar="MOD:FACTORY", help="your implementation: factory(model) or factory()")
     p.add_argument(
         "--compiled", action="store_true",
-        help="with CKPT: also verify the torch.compile'd decode path (StaticKVCache; the first run compiles, ~30 s)",
+        help="genprobe MODEL: also verify the torch.compile'd decode path (StaticKVCache; the first run compiles, "
+        "~30 s)",
     )
-    p.add_argument("--mutants", action="store_true", help="also run the planted-bug mutants (genprobe models)")
-    p.add_argument("--steps", type=int, default=50, help="greedy decode steps after prefill (default 50)")
-    p.add_argument("--prompt", action="append", metavar="TEXT", help="prompt text (repeatable)")
-    p.add_argument("--chunk-sizes", default="1,4", help="comma-separated chunk sizes (default 1,4)")
+    p.add_argument("--mutants", action="store_true", help="also run the planted-bug mutants (genprobe or GPT-2 models)")
+    add_max_new_tokens(p, 50, "--steps")
+    add_prompt_arguments(
+        p, help_default=" (default: two Tang openings for a genprobe checkpoint, random ids otherwise)"
+    )
+    p.add_argument("--chunk-sizes", nargs="+", default=["1", "4"], metavar="C",
+                   help="chunk sizes of the chunked-prefill phases (default 1 4)")
+    p.add_argument("--window", type=int, metavar="W",
+                   help="sliding window of the reference (and of our engine's cache)")
+    p.add_argument("--sinks", type=int, default=0, metavar="S", help="attention sinks kept with --window (default 0)")
+    p.add_argument("--hf-cache", nargs="+", metavar="KIND", choices=(*HF_CACHE_KINDS, "all"),
+                   help="transformers MODEL: verify these cache classes: " + " ".join(HF_CACHE_KINDS) + ", or all")
     p.add_argument("--no-padded-batch", action="store_true", help="skip the left-padded batch comparison")
+    p.add_argument("--no-isolation", action="store_true", help="skip the isolation (state surviving reset) comparison")
     p.add_argument(
         "--hf-no-position-ids", action="store_true",
-        help="drive the HF model without position_ids (reproduces the left-padding position bug class)",
+        help="drive the transformers model without position_ids (reproduces the left-padding position bug class)",
     )
-    p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold (default 1e-4)")
+    p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on max |Δlogit| (default 1e-4)")
     p.add_argument("--bug", type=float, default=1.0, help="bug threshold on max |Δlogit| (default 1.0)")
+    p.add_argument("--rel-bug", type=float, default=1.0,
+                   help="bug threshold in standard deviations of the reference logits (default 1.0)")
     p.add_argument(
         "--fail-on", choices=sorted(FAIL_ON), default="bug",
         help="lowest verdict of an implementation under test that makes the exit status 1 (default bug)",
@@ -57,184 +107,183 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-# ---- loading -------------------------------------------------------------------------------------------
-def _load_hf(d: Path):
-    from transformers import AutoModelForCausalLM
-
-    if not (d / "config.json").is_file():
-        raise FileNotFoundError(f"{d} is not a transformers model directory (config.json missing)")
-    return AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, trust_remote_code=False).eval()
-
-
-def _hf_encoder(d: Path):
-    """A text → ids function for an HF directory: genprobe_tokenizer.json, else AutoTokenizer, else None."""
-    gp = d / "genprobe_tokenizer.json"
-    if gp.is_file():
-        from ..corpus import CharTokenizer
-
-        spec = json.loads(gp.read_text(encoding="utf-8"))
-        tok = CharTokenizer.from_dict(spec.get("tokenizer", spec) if isinstance(spec, dict) else spec)
-        return lambda text: _encode_char(tok, text)
-    if any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True, trust_remote_code=False)
-        return lambda text: list(tok.encode(text, add_special_tokens=False))
-    return None
-
-
-def _encode_char(tok, text: str) -> list[int]:
-    rep = tok.encode_with_report(text)
-    if rep.unknown_chars:
-        info(f"note: {''.join(rep.unknown_chars)!r} not in the vocabulary → <unk> in prompt {text!r}")
-    return list(rep.ids)
-
-
-def _load_model(spec: str):
-    """(kind, model, encoder) for a genprobe checkpoint or an HF directory."""
-    from ..model.checkpoint import is_checkpoint, load_checkpoint
-
-    d = Path(spec)
-    if is_checkpoint(d):
-        model, tok, _ = load_checkpoint(d)
-        return "genprobe", model, (lambda text: _encode_char(tok, text))
-    if (d / "config.json").is_file():
-        return "hf", _load_hf(d), _hf_encoder(d)
-    raise FileNotFoundError(f"{d} is neither a genprobe checkpoint nor a transformers model directory")
-
-
-def _random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int = 0) -> list[list[int]]:
-    import torch
-
-    room = 8 if max_positions is None else max(1, min(8, max_positions - steps))
-    lengths = sorted({room, max(1, room * 5 // 8), max(1, room * 3 // 8)}, reverse=True)
-    g = torch.Generator().manual_seed(seed)
-    lo = 1 if vocab > 2 else 0
-    return [torch.randint(lo, vocab, (n,), generator=g).tolist() for n in lengths]
-
-
-def _vocab_of(obj: Any, hf=None) -> int:
-    if hf is not None:
-        return int(hf.config.vocab_size)
-    cfg = getattr(obj, "cfg", None)
-    if cfg is not None:
-        return int(cfg.vocab_size)
-    v = getattr(obj, "vocab_size", None)
-    if v is None:
-        raise ValueError("cannot tell the vocabulary size for random prompts: give --prompt or --model")
-    return int(v)
-
-
-# ---- the command ---------------------------------------------------------------------------------------
-def _chunk_sizes(text: str) -> list[int]:
+# ---- arguments -----------------------------------------------------------------------------------------
+def chunk_sizes(values: list[str]) -> list[int]:
+    """``--chunk-sizes 1 4``; the old comma form ``1,4`` still works for one release, with a warning."""
+    if any("," in v for v in values):
+        warnings.warn("--chunk-sizes with commas is deprecated; give sizes separated by spaces: --chunk-sizes 1 4",
+                      FutureWarning, stacklevel=2)
     try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
+        sizes = [int(x) for v in values for x in v.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--chunk-sizes expects comma-separated integers, got {text!r}") from None
+        raise ValueError(f"--chunk-sizes expects integers, got {' '.join(values)!r}") from None
     if any(s < 1 for s in sizes):
         raise ValueError(f"--chunk-sizes must all be >= 1, got {sizes}")
     return sizes
 
 
-def run(args: argparse.Namespace) -> int:
-    """Build targets, run the harness (and mutants), print the table; exit 1 on a bug."""
-    from ..verify import CompiledEngineAdapter, EngineAdapter, FullRecompute, HFAdapter, HFReference, Thresholds, load_impl
-    from ..verify.harness import ReferenceRun, verify_implementation
-    from ..verify.mutants import DEFAULT_PROMPT, MUTANTS, mask_noop, report_row, run_mutant_reports
-
-    targets = [x for x in (args.ckpt, args.hf, args.impl) if x is not None]
-    if len(targets) != 1:
-        raise ValueError("give exactly one target: CKPT, --hf DIR or --impl MOD:FACTORY")
-    if args.compiled and args.ckpt is None:
-        raise ValueError("--compiled verifies genprobe's own compiled decode path: give a genprobe CKPT")
-    if args.model is not None and args.impl is None:
-        raise ValueError("--model only goes with --impl")
-    if args.steps < 0:
-        raise ValueError(f"--steps must be >= 0, got {args.steps}")
-    chunks = _chunk_sizes(args.chunk_sizes)
-    th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
-
-    gpt = None  # a genprobe GPT, when there is one (mutants need it)
-    encoder = None
-    impls: list[Any] = []
-    if args.ckpt is not None:
-        kind, gpt, encoder = _load_model(str(args.ckpt))
+def _check_args(args: argparse.Namespace, model) -> None:
+    if model is None and args.impl is None:
+        raise ValueError("give MODEL (a genprobe checkpoint or a transformers directory) and/or --impl MOD:FACTORY")
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    kind = None if model is None else model.kind
+    if args.compiled and (kind != "genprobe" or args.impl):
+        raise ValueError("--compiled verifies genprobe's own compiled decode path: give a genprobe checkpoint as "
+                         "MODEL, without --impl")
+    if args.window is not None:
+        if args.window < 1 or args.sinks < 0:
+            raise ValueError(f"--window must be >= 1 and --sinks >= 0, got {args.window} and {args.sinks}")
         if kind != "genprobe":
-            raise ValueError(f"{args.ckpt} is a transformers directory: use --hf {args.ckpt}")
-        reference = FullRecompute(gpt)
-        impls.append(EngineAdapter(gpt))
-        if args.compiled:
-            impls.append(CompiledEngineAdapter(gpt))
-        vocab = gpt.cfg.vocab_size
-    elif args.hf is not None:
-        hf = _load_hf(args.hf)
-        encoder = _hf_encoder(args.hf)
-        reference = HFReference(hf)
-        impls.append(HFAdapter(hf, pass_position_ids=not args.hf_no_position_ids))
-        vocab = _vocab_of(None, hf)
-        if args.mutants:
-            from ..model.hf import from_hf_gpt2
+            raise ValueError("--window sets the window of a genprobe model's reference; a transformers model's window "
+                             "comes from its config (sliding_window)")
+        if args.compiled or args.mutants:
+            raise ValueError("--window cannot be combined with --compiled or --mutants (their caches have no window)")
+    elif args.sinks:
+        raise ValueError("--sinks only makes sense with --window")
+    if args.hf_cache and (kind != "hf" or args.impl):
+        raise ValueError("--hf-cache verifies a transformers model's own cache classes: give a transformers directory "
+                         "as MODEL, without --impl")
 
-            gpt = from_hf_gpt2(hf)  # mutants run over our GPT; only GPT-2 maps onto it
-    else:
+
+def _prompts(args: argparse.Namespace, model, impl, max_pos: int | None) -> list[list[int]]:
+    from ..verify.api import default_prompts, random_prompts
+
+    texts = read_prompts(args)
+    if texts is not None:
+        if model is None or model.tokenizer is None:
+            raise ValueError("--prompt/--prompts need a model with a tokenizer (a genprobe checkpoint, or a "
+                             "transformers directory with tokenizer files)")
+        prompts = [model.encode(t) for t in texts]
+        if any(not p for p in prompts):
+            raise ValueError("a prompt encodes to no tokens")
+        return prompts
+    if model is not None:
+        return default_prompts(model, args.max_new_tokens)
+    vocab = getattr(impl, "vocab_size", None)
+    if vocab is None:
+        raise ValueError("cannot tell the vocabulary size for random prompts: give --prompt, or MODEL")
+    return random_prompts(int(vocab), max_pos, args.max_new_tokens)
+
+
+# ---- targets -------------------------------------------------------------------------------------------
+def _targets(args: argparse.Namespace, model, th) -> tuple[Any, list[tuple[str | None, Any]]]:
+    """(reference, [(display name or None, implementation — or the report of one that could not be built)])."""
+    from ..verify import CompiledEngineAdapter, HFAdapter, ImplFactoryError, load_impl
+    from ..verify.api import own_cache, reference_for
+    from ..verify.hf_caches import unavailable_reason
+    from ..verify.report import PhaseError, VerifyReport
+
+    reference = None if model is None else reference_for(model, args.window, args.sinks)
+    if args.impl:
         if os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
             sys.path.insert(0, os.getcwd())
-        model = None
-        if args.model is not None:
-            kind, model, encoder = _load_model(args.model)
-            if kind == "genprobe":
-                gpt, reference = model, FullRecompute(model)
-            else:
-                reference = HFReference(model)
-        impl = load_impl(args.impl, model)
-        if model is None:
+        try:
+            impl = load_impl(args.impl, None if model is None else model.module)
+        except ImplFactoryError as exc:
+            err = PhaseError.from_exception("factory", exc.exc)
+            return reference, [(args.impl, VerifyReport.not_run(args.impl, th, error=err, steps=args.max_new_tokens))]
+        if reference is None:
             if not callable(getattr(impl, "full", None)):
                 raise ValueError(
-                    f"{args.impl} was built without a model: pass --model CKPT_OR_HF as the reference, or give "
-                    "the adapter a full(ids, attention_mask=None) method that recomputes without a cache"
+                    f"{args.impl} was built without a model: give MODEL as the reference, or give the adapter a "
+                    "full(ids, attention_mask=None) method that recomputes without a cache"
                 )
             reference = impl
-        impls.append(impl)
-        vocab = gpt.cfg.vocab_size if gpt is not None else _vocab_of(impl, model)
+        return reference, [(args.impl, impl)]
+    if model.kind == "genprobe":
+        impls: list[tuple[str | None, Any]] = [(None, own_cache(model, args.window, args.sinks))]
+        if args.compiled:
+            impls.append((None, CompiledEngineAdapter(model.module)))
+        return reference, impls
+    impls = []
+    asked = args.hf_cache or [None]  # None: the model's own default cache
+    kinds = list(HF_CACHE_KINDS) if "all" in asked else list(dict.fromkeys(asked))
+    for kind in kinds:
+        why = None if kind is None else unavailable_reason(model.module, kind)
+        if why is not None:
+            name = f"hf:{model.arch}[{kind}]"
+            impls.append((name, VerifyReport.not_run(name, th, unavailable=why, steps=args.max_new_tokens)))
+        else:
+            impls.append((None, HFAdapter(model.module, pass_position_ids=not args.hf_no_position_ids, cache=kind)))
+    return reference, impls
+
+
+def _mutant_model(model):
+    """A genprobe GPT to plant bugs into: the model itself, or a GPT-2 converted to ours."""
+    if model is None:
+        return None
+    if model.kind == "genprobe":
+        return model.module
+    if model.arch == "gpt2":
+        from ..model.hf import from_hf_gpt2
+
+        return from_hf_gpt2(model.module)
+    return None
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    """Build targets, run the harness (and mutants), print the tables; exit 0/1/3 (2 via ValueError)."""
+    from ..verify import FullRecompute, Thresholds
+    from ..verify.harness import ReferenceRun, verify_implementation
+    from ..verify.mutants import MUTANTS, mask_noop, report_row_detailed, run_mutant_reports
+    from ..verify.report import VerifyReport
+
+    path = model_path(args, required=False)
+    model = None
+    if path is not None:
+        from ..model.load import load_model
+
+        model = load_model(path)
+    _check_args(args, model)
+    chunks = chunk_sizes(args.chunk_sizes)
+    steps = args.max_new_tokens
+    th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)),
+                    rel_bug=args.rel_bug, rel_suspicious=min(0.01, args.rel_bug))
+    gpt = _mutant_model(model) if args.mutants else None
     if args.mutants and gpt is None:
-        raise ValueError("--mutants needs a genprobe checkpoint (or a GPT-2 model) to plant bugs into")
+        raise ValueError("--mutants needs a genprobe checkpoint (or a GPT-2 transformers model) to plant bugs into")
 
-    max_pos = getattr(reference, "max_positions", None)
-    if args.prompt:
-        if encoder is None:
-            raise ValueError("--prompt needs a tokenizer (genprobe checkpoint, genprobe_tokenizer.json or an HF tokenizer)")
-        prompts = [encoder(t) for t in args.prompt]
-        if any(not p for p in prompts):
-            raise ValueError("a --prompt encodes to no tokens")
-    elif gpt is not None and args.hf is None and encoder is not None:  # the seed's prompt
-        prompts = [encoder(DEFAULT_PROMPT)]
-    else:
-        prompts = _random_prompts(vocab, max_pos, args.steps)
-
-    run_ = ReferenceRun(reference, args.steps)
-    reports = []
-    for impl in impls:
-        info(f"verifying {getattr(impl, 'name', type(impl).__name__)} on {len(prompts)} prompt(s), {args.steps} steps …")
-        reports.append(
-            verify_implementation(
-                impl, run_, prompts, steps=args.steps, chunk_sizes=chunks, padded_batch=not args.no_padded_batch,
-                thresholds=th, name=args.impl if args.impl else None,
-            )
-        )
+    reference, targets = _targets(args, model, th)
+    runnable = [impl for _, impl in targets if not isinstance(impl, VerifyReport)]
+    prompts: list[list[int]] = []
+    if model is not None or runnable:  # a model-less factory that raised leaves nothing to take prompts from
+        max_pos = model.max_positions if model is not None else getattr(reference, "max_positions", None)
+        prompts = _prompts(args, model, runnable[0] if runnable else None, max_pos)
+    reports, run_ = [], None
+    if runnable:
+        run_ = ReferenceRun(reference, steps)
+    for name, impl in targets:
+        if isinstance(impl, VerifyReport):  # could not be built: the report says why
+            reports.append(impl)
+            continue
+        if getattr(impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
+            impl.max_cache_len = max(len(p) for p in prompts) + steps + 1
+        label = name or getattr(impl, "name", type(impl).__name__)
+        info(f"verifying {label} on {len(prompts)} prompt(s), {steps} steps …")
+        reports.append(verify_implementation(
+            impl, run_, prompts, steps=steps, chunk_sizes=chunks, padded_batch=not args.no_padded_batch,
+            thresholds=th, name=name, pad_id=model.pad_id if model is not None else 0, isolation=not args.no_isolation,
+        ))
     failing = [r.impl for r in reports if r.verdict in FAIL_ON[args.fail_on]]
+    errored = [r.impl for r in reports if r.verdict == "error"]
 
-    mutant_rows, noop = [], None
+    mreports, mutant_rows, noop = [], [], None
     if args.mutants:
         info(f"running {len(MUTANTS)} mutants …")
         mrun = run_ if isinstance(reference, FullRecompute) else None  # same reference: reuse trajectories
-        mreports = run_mutant_reports(gpt, prompts, args.steps, chunk_sizes=chunks, thresholds=th, run=mrun)
-        mutant_rows = [report_row(r, MUTANTS[r.impl]) for r in mreports]
+        # the seed's §3.9.1 experiment: one prompt (the first), every phase but padding and isolation
+        mreports = run_mutant_reports(gpt, prompts[:1], steps, chunk_sizes=chunks, thresholds=th, run=mrun)
+        mutant_rows = [report_row_detailed(r, MUTANTS[r.impl]) for r in mreports]
         failing += [f"mutant {r['impl']} ({'not caught' if r['expected'] != 'pass' else 'flagged'})"
                     for r in mutant_rows if not r["as_expected"]]
-        noop = mask_noop(gpt, prompts[0], args.steps, chunk=max(chunks) if max(chunks) > 1 else 4)
+        noop = mask_noop(gpt, prompts[0], steps, chunk=max(chunks) if max(chunks) > 1 else 4, run=mrun)
 
-    rc = 1 if failing else 0
-    print_table([report_row(r) for r in reports], mutant_rows, noop, th, file=sys.stderr if args.json else sys.stdout)
+    rc = EXIT_IMPL_ERROR if errored else EXIT_BUG if failing else EXIT_PASS
+    print_tables(reports, mreports, mutant_rows, noop, th, file=sys.stderr if args.json else sys.stdout)
+    if errored:
+        info(f"ERROR: {', '.join(errored)} raised (exit status {EXIT_IMPL_ERROR})")
     if failing:
         info(f"FAIL: {', '.join(failing)}")
     if args.json:
@@ -243,39 +292,82 @@ def run(args: argparse.Namespace) -> int:
             "mutants": mutant_rows,
             "mask_noop": noop,
             "prompts": prompts,
+            "reference": run_.name if run_ is not None else None,
             "thresholds": th.to_dict(),
             "failing": failing,
+            "errors": errored,
             "exit_status": rc,
         })
     return rc
 
 
-def _fmt_step(any_: int | None, above: int | None) -> str:
-    if any_ is None:
-        return "—"
-    return f"{any_}" if any_ == above else f"{any_} (noise)" if above is None else f"{any_} / {above}"
+# ---- tables --------------------------------------------------------------------------------------------
+def _g(x: float | None, spec: str = ".3g") -> str:
+    return "—" if x is None else format(x, spec)
 
 
-def print_table(rows: list[dict], mutant_rows: list[dict], noop: dict | None, th, file=None) -> None:
-    """The seed §3.9.8 table: one line per implementation, mutants below with their expectation."""
+def _summary_line(r, row_expected: dict | None = None) -> str:
+    judged = [p for p in r.phases if p.judged]
+    rel = max((p.rel_dlogit or 0.0 for p in judged), default=None) if judged else None
+    agree = min((p.top1_agreement for p in judged if p.top1_agreement is not None), default=None)
+    line = (
+        f"{r.impl[:30]:<30} {r.verdict:>11} {('yes' if r.prefill_bit_identical else 'no'):>8} "
+        f"{_g(r.max_abs_dlogit, '.4g'):>11} "
+        f"{_g(rel, '.3g'):>8} {_g(agree, '.3f'):>7} {str(r.worst_phase or '—'):>12} {r.text_divergences:>5} "
+        f"{('yes' if r.text_only_would_catch else 'no'):>5}"
+    )
+    if row_expected is not None:
+        line += f" {row_expected['expected']:>9} {('✓' if row_expected['as_expected'] else '✗'):>3}"
+    return line
+
+
+def _phase_cell(p) -> str:
+    if p.error is not None:
+        return "error"
+    if not p.judged:
+        return "skipped"
+    cell = f"{p.max_abs_dlogit:.3g}"
+    return cell if p.first_diff_step is None else f"{cell} @{p.first_diff_step}"
+
+
+def print_tables(
+    reports: list, mutant_reports: list, mutant_rows: list[dict], noop: dict | None, th, file=None
+) -> None:
+    """The seed §3.9.8 summary, then each phase's max |Δlogit| @ first differing call, then errors/unavailable."""
     out = file or sys.stdout
-    head = f"{'implementation':<28} {'prefill exact':>13} {'first diff step':>16} {'max |Δlogit|':>13} " \
-           f"{'worst phase':>12} {'text div.':>9} {'text-only catches':>17} {'verdict':>10}"
-    print(head + (f" {'expected':>9} {'ok':>3}" if mutant_rows else ""), file=out)
-    print("-" * (len(head) + (14 if mutant_rows else 0)), file=out)
-    for r in rows + mutant_rows:
-        line = (
-            f"{r['impl'][:28]:<28} {('yes' if r['prefill_bit_identical'] else 'no'):>13} "
-            f"{_fmt_step(r['first_any_diff_step'], r['first_diff_step']):>16} {r['max_abs_dlogit']:>13.4g} "
-            f"{r['worst_phase']:>12} {r['text_divergences']:>9} {('yes' if r['text_only_would_catch'] else 'no'):>17} {r['verdict']:>10}"
-        )
-        if "expected" in r:
-            line += f" {r['expected']:>9} {('✓' if r['as_expected'] else '✗'):>3}"
-        print(line, file=out)
+    head = (f"{'implementation':<30} {'verdict':>11} {'prefill':>8} {'max |Δ|':>11} {'Δ/σ':>8} {'top-1':>7} "
+            f"{'worst phase':>12} {'text':>5} {'text':>5}")
+    head2 = (f"{'':<30} {'':>11} {'exact':>8} {'logit':>11} {'':>8} {'agree':>7} {'':>12} {'div.':>5} {'only':>5}")
+    if mutant_rows:
+        head, head2 = head + f" {'expected':>9} {'ok':>3}", head2
+    print(head, file=out)
+    print(head2, file=out)
+    print("-" * len(head), file=out)
+    for r in reports:
+        print(_summary_line(r), file=out)
+    for row, r in zip(mutant_rows, mutant_reports, strict=True):
+        print(_summary_line(r, row), file=out)
+    phases = list(dict.fromkeys(p.phase for r in reports + mutant_reports for p in r.phases))
+    if phases:
+        print("", file=out)
+        print("max |Δlogit| per phase, @ first call above noise (0 = prefill call, k = k-th step or chunk):", file=out)
+        print(f"{'implementation':<30} " + " ".join(f"{ph:>14}" for ph in phases), file=out)
+        for r in reports + mutant_reports:
+            cells = {p.phase: _phase_cell(p) for p in r.phases}
+            print(f"{r.impl[:30]:<30} " + " ".join(f"{cells.get(ph, '—'):>14}" for ph in phases), file=out)
+    for r in reports:
+        for e in r.errors:
+            at = "" if e.call is None else f" at call {e.call}"
+            print(f"error: {r.impl} raised in phase {e.phase}{at}: {e.type}: {e.message}", file=out)
+        if r.unavailable:
+            print(f"unavailable: {r.impl}: {r.unavailable}", file=out)
     print(
-        f"verdict scale: < {th.noise:g} pass (float noise), < {th.suspicious:g} small, ≤ {th.bug:g} suspicious, "
-        f"> {th.bug:g} bug. first diff step (greedy run): 0 = prefill, k = k-th decode step; "
-        f"'(noise)' = differences only below {th.noise:g}. worst phase: where max |Δlogit| occurred.",
+        f"verdict: the worse of max |Δlogit| (< {th.noise:g} pass, < {th.suspicious:g} small, ≤ {th.bug:g} suspicious, "
+        f"> {th.bug:g} bug)\n"
+        f"  and Δ/σ, |Δ| in standard deviations of the reference logits (> {th.rel_bug:g} bug, ≥ {th.rel_suspicious:g} "
+        f"suspicious; only for |Δ| ≥ {th.noise:g}).\n"
+        "top-1 agree: lowest share of positions whose argmax matches the reference's, over phases. text div.: greedy\n"
+        "  text positions that differ; text only: would comparing text alone have caught it. —: phase not run.",
         file=out,
     )
     if noop:

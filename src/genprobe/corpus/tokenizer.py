@@ -1,4 +1,4 @@
-"""Character-level tokenizer: ``<pad>`` = 0, ``<unk>`` = 1 (as in the seed), then the V most frequent characters."""
+"""Character-level tokenizer: ``<pad>`` = 0, ``<unk>`` = 1 (as in the chapter's model), then the V most frequent characters."""
 
 from __future__ import annotations
 
@@ -29,6 +29,12 @@ class EncodeResult:
 
 class CharTokenizer:
     """Maps characters to ids; anything outside the top-V characters becomes ``<unk>``."""
+
+    # The genprobe.model.load.Tokenizer protocol: a character vocabulary has no end-of-text token.
+    kind = "char"
+    unk_id = UNK_ID
+    pad_id = PAD_ID
+    eos_id = None
 
     def __init__(self, chars: list[str]):
         if len(set(chars)) != len(chars):
@@ -119,6 +125,10 @@ class CharTokenizer:
                 raise ValueError(f"token id {t} outside vocabulary of size {len(self.itos)}")
             out.append(self.itos[t])
         return "".join(out)
+
+    def unknown_chars(self, text: str) -> list[str]:
+        """Characters of ``text`` outside the vocabulary (each once, in order of first appearance)."""
+        return self.encode_with_report(text).unknown_chars
 
     def token_str(self, t: int) -> str:
         """Display string of one id (specials as ``<pad>``/``<unk>``)."""

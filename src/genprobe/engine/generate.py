@@ -20,7 +20,7 @@ import torch
 
 from ..model.gpt import GPT
 from .cache import KVCache
-from .sampling import SamplerConfig, process_logits, sample_next
+from .sampling import SamplerConfig, check_logits, process_logits, sample_next
 
 GREEDY = SamplerConfig(greedy=True)
 
@@ -162,7 +162,14 @@ def generate(
     already finished get ``-1``). Rows stop at ``eos_id`` (the eos token is kept in ``tokens``).
     ``compile=True`` runs the cached decode steps of a genprobe GPT through ``torch.compile``
     (:mod:`genprobe.engine.compiled`); the first call per model and batch size pays the compilation.
+    A sampler with ``penalty_alpha`` > 0 runs contrastive search (:mod:`genprobe.engine.contrastive`).
     """
+    if sampler is not None and sampler.is_contrastive:
+        if compile or mode != "cached":
+            raise ValueError("contrastive search runs eagerly over the KV cache: no compile=True, no mode='naive'")
+        from .contrastive import contrastive_generate
+
+        return contrastive_generate(model, prompts, max_new_tokens, sampler, eos_id, on_token, return_logits, return_probs)
     if compile:
         if mode != "cached":
             raise ValueError("compile=True speeds up cached decoding; it does not apply to mode='naive'")
@@ -231,11 +238,12 @@ def generate(
             hist = history_buf[:, :cur] if history_buf is not None else None
             processed = None
             if plain_greedy and not return_probs:
+                check_logits(logits, sampling=False)
                 nxt = logits.argmax(dim=-1)
             else:
                 if return_probs or not cfg.is_identity:
-                    processed = process_logits(logits, hist, cfg, prompt_len=P)
-                nxt = sample_next(logits, hist, cfg, gen, processed=processed)
+                    processed = process_logits(logits, hist, cfg, prompt_len=P, generator=gen)
+                nxt = sample_next(logits, hist, cfg, gen, processed=processed, prompt_len=P)
             if return_logits:
                 step_logits.append(logits.detach().float().clone())
             if return_probs:

@@ -3,32 +3,16 @@
 :class:`HFCausalLM` follows the :class:`genprobe.engine.generate.Runner` protocol: the HF model
 keeps its *own* cache (``DynamicCache``), we only supply the attention mask over everything seen so
 far and ``position_ids`` that count real tokens (left padding gets no position — the same rule our
-GPT uses, and what HF's ``generate`` does). :func:`load_causal_lm` opens a genprobe checkpoint dir
-or an HF model dir offline, with a tokenizer behind one tiny protocol (:class:`TokenizerLike`).
+GPT uses, and what HF's ``generate`` does). Models are loaded by :func:`genprobe.model.load.load_model`.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import os
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-
-
-class TokenizerLike(Protocol):
-    """What the CLI needs from a tokenizer."""
-
-    vocab_size: int
-    unk_id: int | None
-
-    def encode(self, text: str) -> list[int]:
-        """Text → ids (no special tokens added)."""
-
-    def decode(self, ids: list[int]) -> str:
-        """Ids → text."""
 
 
 class _HFCacheState:
@@ -81,6 +65,16 @@ class HFCausalLM:
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState) -> torch.Tensor:
         """Cached forward of new tokens (B, T) → logits (B, T, V); positions continue each row's real count."""
+        return self._cached_forward(ids, valid, state, hidden=False).logits
+
+    def step_with_hidden(
+        self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step` plus the last hidden state (after the final norm: ``hidden_states[-1]``), for contrastive search."""
+        out = self._cached_forward(ids, valid, state, hidden=True)
+        return out.logits, out.hidden_states[-1]
+
+    def _cached_forward(self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState, hidden: bool) -> Any:
         B, T = ids.shape
         end = state.length + T
         if end > state.mask.shape[1]:
@@ -101,10 +95,12 @@ class HFCausalLM:
         kwargs = {self._cache_kw: state.cache, "use_cache": True, "position_ids": positions}
         if state.padded:
             kwargs["attention_mask"] = state.mask[:, :end]
+        if hidden:
+            kwargs["output_hidden_states"] = True
         out = self.model(input_ids=ids, **kwargs)
         state.length = end
         state.next_pos = state.next_pos + (T if valid is None else valid.to(torch.long).sum(1))
-        return out.logits
+        return out
 
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Uncached forward of the whole (left-padded) sequence → logits (B, T, V)."""
@@ -113,59 +109,9 @@ class HFCausalLM:
         return self.model(input_ids=ids, attention_mask=v, position_ids=positions, use_cache=False).logits
 
 
-class HFTokenizer:
-    """An ``AutoTokenizer`` behind :class:`TokenizerLike` (no special tokens added on encode)."""
-
-    def __init__(self, tok: Any):
-        self.tok = tok
-        self.vocab_size = len(tok)
-        self.unk_id = tok.unk_token_id
-
-    def encode(self, text: str, warn: bool = True) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=False))
-
-    def decode(self, ids: list[int], show_unk: bool = False) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=not show_unk)
-
-
-def _char_tokenizer(d: dict):
-    from ..corpus.tokenizer import UNK_ID, CharTokenizer
-
-    tok = CharTokenizer.from_dict(d)
-    tok.unk_id = UNK_ID  # type: ignore[attr-defined]  # TokenizerLike
-    return tok
-
-
 def load_causal_lm(path: str | os.PathLike) -> tuple[Any, Any]:
-    """Open a genprobe checkpoint dir (→ GPT, CharTokenizer) or an HF model dir (→ HFCausalLM, tokenizer), offline."""
-    from ..model.checkpoint import is_checkpoint, load_checkpoint
+    """(runner-or-GPT, tokenizer) through the one loader, :func:`genprobe.model.load.load_model`."""
+    from ..model.load import load_model
 
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"no such checkpoint or model directory: {p}")
-    if is_checkpoint(p):
-        model, tok, _ = load_checkpoint(p)
-        from ..corpus.tokenizer import UNK_ID
-
-        tok.unk_id = UNK_ID  # type: ignore[attr-defined]
-        return model, tok
-    if not (p.is_dir() and (p / "config.json").exists()):
-        raise ValueError(
-            f"{p} is neither a genprobe checkpoint (genprobe.json + model.safetensors) nor a transformers "
-            "model directory (config.json)"
-        )
-    from transformers import AutoModelForCausalLM
-
-    if not any(p.glob("*.safetensors")):
-        # Pickled weights (pytorch_model.bin) can run code on load: genprobe never unpickles.
-        raise ValueError(f"{p} holds no *.safetensors weights; genprobe loads safetensors only (never pickles)")
-    hf = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, trust_remote_code=False, use_safetensors=True)
-    model = HFCausalLM(hf.eval())
-    tok_file = p / "genprobe_tokenizer.json"
-    if tok_file.exists():
-        tok = _char_tokenizer(json.loads(tok_file.read_text(encoding="utf-8")))
-    else:
-        from transformers import AutoTokenizer
-
-        tok = HFTokenizer(AutoTokenizer.from_pretrained(p, local_files_only=True, trust_remote_code=False))
-    return model, tok
+    m = load_model(path)
+    return (m.module if m.kind == "genprobe" else m.runner), m.tokenizer

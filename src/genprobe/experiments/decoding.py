@@ -1,14 +1,17 @@
-"""Seed §3.1.2–3.1.4: seven decoding strategies on one prompt, greedy on three more, and why it is not the model.
+"""The chapter's opening experiment: seven decoding strategies on one prompt, greedy on three more prompts,
+and the check that rules out "the model is not trained" (validation loss against the unigram baseline).
 
-Metrics are computed on the generated tokens only (the seed's 50, not prompt + 50), with
+Metrics are computed on the generated tokens only (the chapter's 50, not prompt + 50), with
 ``<unk>`` kept as a token: decode() hides it, so the texts are given both ways.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..corpus import CharTokenizer, Corpus, UNK_ID
+from ..corpus import UNK_ID, CharTokenizer, Corpus
 from ..engine.generate import generate
 from ..engine.sampling import SamplerConfig
 from ..metrics import degeneracy_metrics
@@ -16,8 +19,8 @@ from ..model.gpt import GPT
 from ..model.train import evaluate_loss, unigram_cross_entropy
 from ._common import CASE_PROMPT, encode_prompt, quiet_encode, r
 
-#: (name as in the seed's table, sampler) — sampling strategies all use the same fixed seed.
-#: The seed's table gives 0% ``<unk>`` for every sampling row, which cannot happen by chance when
+#: (name as in the chapter's table, sampler) — sampling strategies all use the same fixed seed.
+#: The chapter's table gives 0% ``<unk>`` for every sampling row, which cannot happen by chance when
 #: ~12–19% of training positions are ``<unk>``: its sampling rows ban ``<unk>``, and so do ours.
 #: The same strategies WITHOUT the ban are reported too (``rows_sampling_with_unk``).
 _BAN = (UNK_ID,)
@@ -39,6 +42,31 @@ NEW_TOKENS = 50
 SPREAD_SEEDS = (0, 1, 2, 3, 4)
 
 
+#: What the other-prompt rows report of each generation.
+OTHER_PROMPT_KEYS = ("text", "text_with_unk", "distinct_2", "looping", "loop_unit", "loop_period", "longest_repeat",
+                     "longest_repeat_text")
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One generation after a prompt: its texts, the new token ids and their degeneration metrics."""
+
+    text: str
+    text_with_unk: str
+    new_ids: list[int]
+    metrics: dict  # the keys of _metrics(): distinct-n, longest repeat, <unk> share, loop fields
+
+    @property
+    def distinct_2(self) -> float:
+        """Distinct bigrams / bigrams of the new tokens (rounded)."""
+        return self.metrics["distinct_2"]
+
+    def to_dict(self, keys: tuple[str, ...] | None = None) -> dict:
+        """JSON form; ``keys`` keeps only those fields."""
+        d = {"text": self.text, "text_with_unk": self.text_with_unk, "new_ids": self.new_ids, **self.metrics}
+        return d if keys is None else {k: d[k] for k in keys}
+
+
 def _metrics(tok: CharTokenizer, ids: list[int]) -> dict:
     m = degeneracy_metrics(ids, UNK_ID)
     return {
@@ -57,65 +85,138 @@ def _metrics(tok: CharTokenizer, ids: list[int]) -> dict:
 
 
 def decode_once(model: GPT, tok: CharTokenizer, prompt_ids: list[int], sampler: SamplerConfig,
-                new_tokens: int = NEW_TOKENS, seed: int = 0) -> dict:
+                new_tokens: int = NEW_TOKENS, seed: int = 0) -> Decoded:
     """Generate ``new_tokens`` after ``prompt_ids`` and describe the result (texts + degeneration metrics)."""
     res = generate(model, [prompt_ids], new_tokens, sampler=sampler, seed=seed)
     ids = list(res.tokens[0])
-    return {
-        "text": tok.decode(prompt_ids + ids),
-        "text_with_unk": tok.decode(prompt_ids + ids, show_unk=True),
-        "new_ids": ids,
-        **_metrics(tok, ids),
-    }
+    return Decoded(tok.decode(prompt_ids + ids), tok.decode(prompt_ids + ids, show_unk=True), ids, _metrics(tok, ids))
+
+
+@dataclass(frozen=True)
+class StrategyRow:
+    """One decoding strategy on the case prompt (sampled rows: with distinct-2 over a few seeds)."""
+
+    strategy: str
+    sampler: SamplerConfig
+    seed: int
+    decoded: Decoded
+    spread: dict[int, float] | None = None  # seed -> distinct-2, sampled strategies only
+
+    def to_dict(self) -> dict:
+        """JSON form: the strategy, its sampler and seed, then the generation's fields."""
+        d = {"strategy": self.strategy, "sampler": self.sampler.to_dict(), "seed": self.seed, **self.decoded.to_dict()}
+        if self.spread is not None:
+            vals = list(self.spread.values())
+            d["distinct_2_over_seeds"] = {"seeds": list(self.spread), "values": vals, "mean": r(sum(vals) / len(vals)),
+                                          "min": min(vals)}
+        return d
+
+
+def run_strategy(model: GPT, tok: CharTokenizer, ids: list[int], name: str, sampler: SamplerConfig,
+                 new_tokens: int, seed: int, spread_seeds: tuple[int, ...]) -> StrategyRow:
+    """One strategy at ``seed``; a sampled one also at every seed of ``spread_seeds`` (distinct-2 only)."""
+    decoded = decode_once(model, tok, ids, sampler, new_tokens, seed)
+    if sampler.greedy:
+        return StrategyRow(name, sampler, seed, decoded)
+    spread = {s: decoded.distinct_2 if s == seed else decode_once(model, tok, ids, sampler, new_tokens, s).distinct_2
+              for s in spread_seeds}
+    return StrategyRow(name, sampler, seed, decoded, spread)
+
+
+@dataclass(frozen=True)
+class OtherPrompt:
+    """Greedy, with and without ``<unk>`` banned, on one more prompt."""
+
+    prompt: str
+    prompt_unknown_chars: list[str]
+    greedy: Decoded
+    greedy_ban_unk: Decoded
+
+    @property
+    def loop_unit(self) -> str | None:
+        """What greedy repeats once ``<unk>`` is out of the way (the chapter's units are real characters)."""
+        b = self.greedy_ban_unk.metrics
+        return b["loop_unit"] or b["longest_repeat_text"]
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"prompt": self.prompt, "prompt_unknown_chars": self.prompt_unknown_chars,
+                "greedy": self.greedy.to_dict(OTHER_PROMPT_KEYS),
+                "greedy_ban_unk": self.greedy_ban_unk.to_dict(OTHER_PROMPT_KEYS)}
+
+
+@dataclass(frozen=True)
+class TeacherForcingCheck:
+    """Suspect one, "the model is not trained": validation loss beside the unigram baseline."""
+
+    val_loss: float
+    tokens: int
+    unigram_ce: float
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded)."""
+        return {"val_loss": r(self.val_loss), "tokens": self.tokens, "unigram_ce": r(self.unigram_ce)}
+
+
+def teacher_forcing_check(model: GPT, tok: CharTokenizer, corpus: Corpus, tf_tokens: int | None) -> TeacherForcingCheck:
+    """Validation loss (the first ``tf_tokens`` tokens, None = all) and the unigram baseline's cross-entropy."""
+    tr = torch.tensor(quiet_encode(tok, corpus.train), dtype=torch.long)
+    va = torch.tensor(quiet_encode(tok, corpus.val), dtype=torch.long)
+    scored = va if tf_tokens is None else va[: tf_tokens + 1]
+    return TeacherForcingCheck(evaluate_loss(model, scored), len(scored) - 1, unigram_cross_entropy(tr, va, tok.vocab_size))
+
+
+@dataclass(frozen=True)
+class DecodingResult:
+    """The ``decoding`` key: seven strategies on the case prompt, sampling without the ``<unk>`` ban, other prompts."""
+
+    prompt: str
+    prompt_ids: list[int]
+    prompt_unknown_chars: list[str]
+    new_tokens: int
+    rows: list[StrategyRow]
+    rows_sampling_with_unk: list[StrategyRow]
+    other_prompts: list[OtherPrompt]
+    teacher_forcing: TeacherForcingCheck | None = None
+
+    def to_dict(self) -> dict:
+        """JSON form (the ``decoding`` key of ``ch3_case.json``)."""
+        out = {
+            "prompt": self.prompt,
+            "prompt_ids": self.prompt_ids,
+            "prompt_unknown_chars": self.prompt_unknown_chars,
+            "new_tokens": self.new_tokens,
+            "rows": [row.to_dict() for row in self.rows],
+            "sampling_bans_unk": True,
+            "rows_sampling_with_unk": [{"strategy": w.strategy, "seed": w.seed,
+                                        **{k: v for k, v in w.decoded.to_dict().items() if k != "new_ids"}}
+                                       for w in self.rows_sampling_with_unk],
+            "greedy_text": self.rows[0].decoded.text,
+            "greedy_ban_unk_text": self.rows[1].decoded.text,
+            "other_prompts": [o.to_dict() for o in self.other_prompts],
+            "other_prompts_loop_units": {o.prompt: o.loop_unit for o in self.other_prompts},
+        }
+        if self.teacher_forcing is not None:
+            out["teacher_forcing"] = self.teacher_forcing.to_dict()
+        return out
+
+
+def other_prompt(model: GPT, tok: CharTokenizer, prompt: str, new_tokens: int, seed: int) -> OtherPrompt:
+    """Greedy and greedy-with-``<unk>``-banned after ``prompt``."""
+    ids, unknown = encode_prompt(tok, prompt)
+    greedy, ban = STRATEGIES[0][1], STRATEGIES[1][1]
+    return OtherPrompt(prompt, unknown, decode_once(model, tok, ids, greedy, new_tokens, seed),
+                       decode_once(model, tok, ids, ban, new_tokens, seed))
 
 
 def run_decoding(model: GPT, tok: CharTokenizer, corpus: Corpus | None = None, prompt: str = CASE_PROMPT,
                  new_tokens: int = NEW_TOKENS, seed: int = 0, tf_tokens: int | None = None,
-                 spread_seeds: tuple[int, ...] = SPREAD_SEEDS) -> dict:
-    """The ``decoding`` key of ``ch3_case.json`` (``tf_tokens`` caps the validation text scored, None = all)."""
+                 spread_seeds: tuple[int, ...] = SPREAD_SEEDS) -> DecodingResult:
+    """Every strategy on ``prompt``, sampling without the ban, greedy on other prompts, the teacher-forcing check."""
     ids, unknown = encode_prompt(tok, prompt)
-    rows = []
-    for name, sampler in STRATEGIES:
-        row = {"strategy": name, "sampler": sampler.to_dict(), "seed": seed,
-               **decode_once(model, tok, ids, sampler, new_tokens, seed)}
-        if not sampler.greedy:
-            vals = [row["distinct_2"] if s == seed else decode_once(model, tok, ids, sampler, new_tokens, s)["distinct_2"]
-                    for s in spread_seeds]
-            row["distinct_2_over_seeds"] = {"seeds": list(spread_seeds), "values": vals,
-                                            "mean": r(sum(vals) / len(vals)), "min": min(vals)}
-        rows.append(row)
-    with_unk = []
-    for name, kw in SAMPLING:
-        d = decode_once(model, tok, ids, SamplerConfig(**kw), new_tokens, seed)
-        with_unk.append({"strategy": name, "seed": seed, **{k: v for k, v in d.items() if k != "new_ids"}})
-    others = []
-    keys = ("text", "text_with_unk", "distinct_2", "looping", "loop_unit", "loop_period", "longest_repeat",
-            "longest_repeat_text")
-    for p in OTHER_PROMPTS:
-        pids, punk = encode_prompt(tok, p)
-        g = decode_once(model, tok, pids, STRATEGIES[0][1], new_tokens, seed)
-        b = decode_once(model, tok, pids, STRATEGIES[1][1], new_tokens, seed)
-        others.append({"prompt": p, "prompt_unknown_chars": punk,
-                       "greedy": {k: g[k] for k in keys}, "greedy_ban_unk": {k: b[k] for k in keys}})
-    out = {
-        "prompt": prompt,
-        "prompt_ids": ids,
-        "prompt_unknown_chars": unknown,
-        "new_tokens": new_tokens,
-        "rows": rows,
-        "sampling_bans_unk": True,
-        "rows_sampling_with_unk": with_unk,
-        "greedy_text": rows[0]["text"],
-        "greedy_ban_unk_text": rows[1]["text"],
-        "other_prompts": others,
-        # the seed's units are real characters, i.e. what greedy repeats once <unk> is out of the way
-        "other_prompts_loop_units": {o["prompt"]: o["greedy_ban_unk"]["loop_unit"] or o["greedy_ban_unk"]["longest_repeat_text"]
-                                     for o in others},
-    }
-    if corpus is not None:
-        tr = torch.tensor(quiet_encode(tok, corpus.train), dtype=torch.long)
-        va = torch.tensor(quiet_encode(tok, corpus.val), dtype=torch.long)
-        scored = va if tf_tokens is None else va[: tf_tokens + 1]
-        out["teacher_forcing"] = {"val_loss": r(evaluate_loss(model, scored)), "tokens": len(scored) - 1,
-                                  "unigram_ce": r(unigram_cross_entropy(tr, va, tok.vocab_size))}
-    return out
+    rows = [run_strategy(model, tok, ids, name, sampler, new_tokens, seed, spread_seeds) for name, sampler in STRATEGIES]
+    with_unk = [StrategyRow(name, SamplerConfig(**kw), seed, decode_once(model, tok, ids, SamplerConfig(**kw), new_tokens, seed))
+                for name, kw in SAMPLING]
+    others = [other_prompt(model, tok, p, new_tokens, seed) for p in OTHER_PROMPTS]
+    tf = teacher_forcing_check(model, tok, corpus, tf_tokens) if corpus is not None else None
+    return DecodingResult(prompt, ids, unknown, new_tokens, rows, with_unk, others, tf)

@@ -1,22 +1,26 @@
-"""Seed §3.2.2 and §3.7: teacher forcing on real text, confidence, and the shadow of one wrong token.
+"""Training vs inference: teacher forcing on real text, confidence on real vs own text, and the shadow of
+one wrong token (exposure bias, as the chapter measures it).
 
-Protocols (matching the seed):
+Protocols (matching the chapter):
 - teacher-forcing table: the model reads the snippet from its first character; row ``i`` predicts
   snippet token ``i+1`` from tokens ``0..i`` (loss, top-3 candidates).
 - perturbation at ``k``: the true token ``k+1`` is replaced by the model's own argmax at row ``k``
   (``<unk>`` excluded; its runner-up when the argmax IS the truth), real text is fed again from ``k+2``; ``Δloss(s)`` = perturbed − clean loss
   of row ``k+s`` (s = 1 is the first prediction that sees the wrong token). ``peak`` = max Δ,
   ``tail_mean`` = mean Δ over steps ``TAIL_FROM..window``, ``half_life_steps`` = first step s with
-  Δ ≤ peak/2 (the seed's "回落一半用了" column).
+  Δ ≤ peak/2 (the chapter's "回落一半用了", steps-to-half column).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from ..corpus import CharTokenizer, Corpus, UNK_ID
+from ..corpus import UNK_ID, CharTokenizer, Corpus
+from ..engine.generate import generate
+from ..engine.sampling import SamplerConfig
 from ..model.gpt import GPT
 from ._common import quiet_encode, r
 
@@ -46,7 +50,37 @@ def _row_losses(model: GPT, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]
     return -logp.gather(1, y[:, None])[:, 0], logp
 
 
-def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: str = "") -> dict:
+@dataclass(frozen=True)
+class TeacherForcingRow:
+    """Row ``pos`` of the teacher-forcing table: the context so far, the true next token, its loss, the top 3."""
+
+    pos: int
+    context: str
+    truth: str
+    loss: float
+    top3: list[tuple[str, float]]  # (token, probability)
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded)."""
+        return {"pos": self.pos, "context": self.context, "truth": self.truth, "loss": r(self.loss, 6),
+                "top3": [{"token": t, "prob": r(p)} for t, p in self.top3]}
+
+
+@dataclass(frozen=True)
+class TeacherForcing:
+    """Per-position loss of a text read under teacher forcing, and its mean over the scored rows."""
+
+    rows: list[TeacherForcingRow]
+    mean_loss: float
+    lead_in_chars: int
+
+    @property
+    def perplexity(self) -> float:
+        """exp(mean loss)."""
+        return math.exp(self.mean_loss)
+
+
+def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: str = "") -> TeacherForcing:
     """Per-position loss and top-3 of ``text`` (optionally preceded by ``lead_in`` as unscored context)."""
     pre = quiet_encode(tok, lead_in)
     ids = quiet_encode(tok, text)
@@ -57,20 +91,30 @@ def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: st
     for i in range(len(ids) - 1):
         j = start + i
         top = torch.topk(logp[j].exp(), 3)
-        rows.append({
-            "pos": i,
-            "context": tok.decode(ids[: i + 1], show_unk=True),
-            "truth": tok.token_str(ids[i + 1]),
-            "loss": r(float(loss[j]), 6),
-            "top3": [{"token": tok.token_str(int(t)), "prob": r(float(p))} for p, t in zip(top.values, top.indices)],
-        })
+        rows.append(TeacherForcingRow(i, tok.decode(ids[: i + 1], show_unk=True), tok.token_str(ids[i + 1]),
+                                      float(loss[j]),
+                                      [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices)]))
     scored = loss[start : start + len(ids) - 1]
-    mean = float(scored.mean())
-    return {"rows": rows, "mean_loss": r(mean), "perplexity": r(math.exp(mean), 2), "lead_in_chars": len(lead_in)}
+    return TeacherForcing(rows, float(scored.mean()), len(lead_in))
+
+
+@dataclass(frozen=True)
+class RealTextConfidence:
+    """How sure the model is of its own argmax on real text, and what the truth costs there."""
+
+    positions: int
+    mean_argmax_prob: float
+    mean_nll: float
+    mean_truth_nll: float
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded)."""
+        return {"positions": self.positions, "mean_argmax_prob": r(self.mean_argmax_prob), "mean_nll": r(self.mean_nll),
+                "mean_truth_nll": r(self.mean_truth_nll)}
 
 
 @torch.no_grad()
-def confidence_real_text(model: GPT, ids: list[int], windows: int = 32) -> dict:
+def confidence_real_text(model: GPT, ids: list[int], windows: int = 32) -> RealTextConfidence:
     """Mean probability / NLL of the model's own argmax on real text (plus the NLL of the truth)."""
     T = model.cfg.block_size
     n = min(windows, (len(ids) - 1) // T)
@@ -80,65 +124,142 @@ def confidence_real_text(model: GPT, ids: list[int], windows: int = 32) -> dict:
     logp = torch.log_softmax(model(x[:-1].view(n, T)).double(), -1)
     best = logp.max(-1).values
     truth = logp.gather(-1, x[1:].view(n, T, 1))[..., 0]
-    return {
-        "positions": n * T,
-        "mean_argmax_prob": r(float(best.exp().mean())),
-        "mean_nll": r(float(-best.mean())),
-        "mean_truth_nll": r(float(-truth.mean())),
-    }
+    return RealTextConfidence(n * T, float(best.exp().mean()), float(-best.mean()), float(-truth.mean()))
 
 
-def confidence_free_generation(model: GPT, prompts: list[list[int]], new_tokens: int, sampler, seed: int = 0) -> dict:
-    """Mean probability / NLL the model gives its own choices while generating freely."""
-    from ..engine.generate import generate
+@dataclass(frozen=True)
+class FreeGenerationConfidence:
+    """How sure the model is of the tokens it chose itself while generating with ``sampler``."""
 
+    sampler: str
+    samples: int
+    new_tokens: int
+    mean_chosen_prob: float
+    mean_nll: float
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded)."""
+        return {"samples": self.samples, "new_tokens": self.new_tokens, "mean_chosen_prob": r(self.mean_chosen_prob),
+                "mean_nll": r(self.mean_nll), "sampler": self.sampler}
+
+
+def confidence_free_generation(model: GPT, prompts: list[list[int]], new_tokens: int, sampler: SamplerConfig,
+                               name: str, seed: int = 0) -> FreeGenerationConfidence:
+    """Mean probability / NLL the model gives its own choices while generating freely (``name``: the sampler's label)."""
     res = generate(model, prompts, new_tokens, sampler=sampler, seed=seed, return_logits=True)
     chosen = torch.tensor(res.tokens, dtype=torch.long)  # (B, N)
     logits = torch.stack(res.step_logits, 1).double()  # (B, N, V)
     lp = torch.log_softmax(logits, -1).gather(-1, chosen[..., None])[..., 0]
-    return {"samples": len(prompts), "new_tokens": new_tokens, "mean_chosen_prob": r(float(lp.exp().mean())),
-            "mean_nll": r(float(-lp.mean()))}
+    return FreeGenerationConfidence(name, len(prompts), new_tokens, float(lp.exp().mean()), float(-lp.mean()))
 
 
-def perturbation(model: GPT, tok: CharTokenizer, ids: list[int], k: int, window: int = SHADOW_WINDOW) -> dict:
+@dataclass(frozen=True)
+class Shadow:
+    """Δloss after one true token (``k + 1``) is replaced by what the model wanted there."""
+
+    k: int
+    truth: str
+    model_wanted: str
+    argmax_was_truth: bool  # the model's argmax was the truth, so its runner-up was written instead
+    curve: list[float]  # Δloss at steps 1..window
+
+    @property
+    def peak(self) -> float:
+        """Largest Δloss."""
+        return max(self.curve)
+
+    @property
+    def half_life_steps(self) -> int | None:
+        """First step whose Δloss is at most half the peak."""
+        return next((s + 1 for s, d in enumerate(self.curve) if d <= self.peak / 2), None)
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded)."""
+        tail = self.curve[TAIL_FROM - 1 :]
+        return {
+            "k": self.k,
+            "truth": self.truth,
+            "model_wanted": self.model_wanted,
+            "argmax_was_truth": self.argmax_was_truth,
+            "next_dloss": r(self.curve[0]),
+            "peak": r(self.peak),
+            "tail_mean": r(sum(tail) / len(tail)),
+            "peak_step": self.curve.index(self.peak) + 1,
+            "half_life_steps": self.half_life_steps,
+            "curve": [r(d) for d in self.curve],
+        }
+
+
+def _wanted_instead(logp_row: torch.Tensor, truth: int) -> tuple[int, bool]:
+    """The model's argmax (never ``<unk>``), or its runner-up when the argmax IS the truth."""
+    logp = logp_row.clone()
+    logp[UNK_ID] = -math.inf
+    wanted = int(logp.argmax())
+    if wanted != truth:
+        return wanted, False
+    logp[wanted] = -math.inf
+    return int(logp.argmax()), True
+
+
+def perturbation(model: GPT, tok: CharTokenizer, ids: list[int], k: int, window: int = SHADOW_WINDOW) -> Shadow:
     """Replace token ``k+1`` by the model's argmax (not ``<unk>``) and measure Δloss on the next ``window`` rows."""
     if not 0 <= k or k + 2 + window > len(ids):
         raise ValueError(f"perturbation at k={k} with window {window} needs {k + 2 + window} tokens, got {len(ids)}")
     ids = ids[: k + 2 + window]
     clean, logp = _row_losses(model, ids)
-    wanted_logp = logp[k].clone()
-    wanted_logp[UNK_ID] = -math.inf
-    wanted = int(wanted_logp.argmax())
-    same = wanted == ids[k + 1]
-    if same:  # the model would have written the truth: perturb with its runner-up instead
-        wanted_logp[wanted] = -math.inf
-        wanted = int(wanted_logp.argmax())
+    wanted, runner_up = _wanted_instead(logp[k], ids[k + 1])
     bad = list(ids)
     bad[k + 1] = wanted
     pert, _ = _row_losses(model, bad)
     delta = (pert - clean)[k + 1 : k + 1 + window].tolist()
-    peak = max(delta)
-    peak_step = delta.index(peak) + 1
-    half = next((s + 1 for s, d in enumerate(delta) if d <= peak / 2), None)
-    tail = delta[TAIL_FROM - 1 :]
-    return {
-        "k": k,
-        "truth": tok.token_str(ids[k + 1]),
-        "model_wanted": tok.token_str(wanted),
-        "argmax_was_truth": same,
-        "next_dloss": r(delta[0]),
-        "peak": r(peak),
-        "tail_mean": r(sum(tail) / len(tail)),
-        "peak_step": peak_step,
-        "half_life_steps": half,
-        "curve": [r(d) for d in delta],
-    }
+    return Shadow(k, tok.token_str(ids[k + 1]), tok.token_str(wanted), runner_up, delta)
 
 
-def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = False, seed: int = 0) -> dict:
-    """The ``exposure`` key of ``ch3_case.json``."""
-    from ..engine.sampling import SamplerConfig
+@dataclass(frozen=True)
+class ExposureResult:
+    """The ``exposure`` key: teacher forcing on a real snippet, confidence on real vs own text, one wrong token."""
 
+    snippet: str
+    snippet_found_in: str
+    snippet_offset: int
+    teacher_forcing: TeacherForcing
+    teacher_forcing_with_lead_in: TeacherForcing
+    confidence_real_text: RealTextConfidence
+    confidence_free_generation: FreeGenerationConfidence
+    confidence_free_generation_greedy: FreeGenerationConfidence
+    perturbation_passage: str
+    perturbation: list[Shadow]
+
+    def to_dict(self) -> dict:
+        """JSON form (the ``exposure`` key of ``ch3_case.json``)."""
+        tf, lead = self.teacher_forcing, self.teacher_forcing_with_lead_in
+        return {
+            "teacher_forcing_snippet": self.snippet,
+            "snippet_found_in": self.snippet_found_in,
+            "snippet_offset": self.snippet_offset,
+            "teacher_forcing_rows": [row.to_dict() for row in tf.rows],
+            "teacher_forcing_mean_loss": r(tf.mean_loss),
+            "teacher_forcing_perplexity": r(tf.perplexity, 2),
+            "teacher_forcing_with_lead_in": {"lead_in_chars": lead.lead_in_chars, "mean_loss": r(lead.mean_loss),
+                                             "perplexity": r(lead.perplexity, 2)},
+            "confidence_real_text": self.confidence_real_text.to_dict(),
+            "confidence_free_generation": self.confidence_free_generation.to_dict(),
+            "confidence_free_generation_greedy": self.confidence_free_generation_greedy.to_dict(),
+            "perturbation_passage": self.perturbation_passage,
+            "perturbation_window": SHADOW_WINDOW,
+            "perturbation_tail_from": TAIL_FROM,
+            "perturbation": [p.to_dict() for p in self.perturbation],
+        }
+
+
+def _free_generation_prompts(val_ids: list[int], n: int) -> list[list[int]]:
+    """``n`` 8-token prompts spread evenly over the validation text."""
+    stride = max(1, (len(val_ids) - 16) // n)
+    return [val_ids[i * stride : i * stride + 8] for i in range(n)]
+
+
+def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = False, seed: int = 0) -> ExposureResult:
+    """Teacher forcing on the chapter's snippet, confidence on real vs generated text, and the one-wrong-token shadows."""
     split, at = find_snippet(corpus)
     source = corpus.val if split == "val" else corpus.text
     T = model.cfg.block_size
@@ -147,29 +268,8 @@ def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = F
     passage = quiet_encode(tok, source[at : at + T])
     val_ids = quiet_encode(tok, corpus.val)
     real = confidence_real_text(model, val_ids, windows=8 if quick else 32)
-    n_prompts = 4 if quick else 16
-    stride = max(1, (len(val_ids) - 16) // n_prompts)
-    prompts = [val_ids[i * stride : i * stride + 8] for i in range(n_prompts)]
-    gen_tokens = T - 8
-    free = confidence_free_generation(model, prompts, gen_tokens, SamplerConfig(temperature=1.0), seed=seed)
-    free["sampler"] = "temperature 1.0"
-    greedy = confidence_free_generation(model, prompts, gen_tokens, SamplerConfig(greedy=True), seed=seed)
-    greedy["sampler"] = "greedy"
+    prompts = _free_generation_prompts(val_ids, 4 if quick else 16)
+    free = confidence_free_generation(model, prompts, T - 8, SamplerConfig(temperature=1.0), "temperature 1.0", seed=seed)
+    greedy = confidence_free_generation(model, prompts, T - 8, SamplerConfig(greedy=True), "greedy", seed=seed)
     shadows = [perturbation(model, tok, passage, k) for k in PERTURB_POSITIONS if k + 2 + SHADOW_WINDOW <= len(passage)]
-    return {
-        "teacher_forcing_snippet": SNIPPET,
-        "snippet_found_in": split,
-        "snippet_offset": at,
-        "teacher_forcing_rows": tf["rows"],
-        "teacher_forcing_mean_loss": tf["mean_loss"],
-        "teacher_forcing_perplexity": tf["perplexity"],
-        "teacher_forcing_with_lead_in": {"lead_in_chars": tf_lead["lead_in_chars"], "mean_loss": tf_lead["mean_loss"],
-                                         "perplexity": tf_lead["perplexity"]},
-        "confidence_real_text": real,
-        "confidence_free_generation": free,
-        "confidence_free_generation_greedy": greedy,
-        "perturbation_passage": tok.decode(passage, show_unk=True),
-        "perturbation_window": SHADOW_WINDOW,
-        "perturbation_tail_from": TAIL_FROM,
-        "perturbation": shadows,
-    }
+    return ExposureResult(SNIPPET, split, at, tf, tf_lead, real, free, greedy, tok.decode(passage, show_unk=True), shadows)

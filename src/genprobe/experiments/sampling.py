@@ -1,13 +1,14 @@
-"""Seed §3.5: how temperature, top-k/top-p and their order reshape ONE real next-token distribution.
+"""How temperature, top-k/top-p and their order reshape ONE real next-token distribution.
 
 Everything here is computed on the distribution after the case prompt, so the numbers are
-directly comparable with the seed's tables (entropy vs τ, nucleus curve, order trap) and the
+directly comparable with the chapter's tables (entropy vs τ, nucleus curve, order trap) and the
 exported distribution drives the report's sampling lab.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -22,56 +23,102 @@ ORDER_TAUS = (0.5, 1.0, 1.5, 2.0)
 ORDERS = ("trunc_then_temp", "temp_then_trunc", "hf", "vllm", "llama.cpp")
 
 
-def entropy_table(logits: torch.Tensor, temperatures=TEMPERATURES) -> list[dict]:
-    """Entropy (nats), perplexity and max probability of softmax(logits/τ) for each τ (seed §3.5.2)."""
-    rows = []
-    for tau in temperatures:
-        h, pmax = entropy_nats(logits, tau)
-        rows.append({"tau": tau, "entropy": r(h), "perplexity": r(math.exp(h), 2), "max_prob": r(pmax)})
-    return rows
+@dataclass(frozen=True)
+class TemperatureRow:
+    """Entropy (nats), perplexity and max probability of softmax(logits / τ)."""
+
+    tau: float
+    entropy: float
+    max_prob: float
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded)."""
+        return {"tau": self.tau, "entropy": r(self.entropy), "perplexity": r(math.exp(self.entropy), 2),
+                "max_prob": r(self.max_prob)}
 
 
-def nucleus_curve(logits: torch.Tensor, ps=NUCLEUS_PS) -> list[dict]:
-    """Tokens kept by top-p at τ = 1 for each p (seed §3.5.4)."""
+@dataclass(frozen=True)
+class NucleusRow:
+    """Tokens kept by top-p ``p`` at τ = 1, of ``vocab_size``."""
+
+    p: float
+    kept: int
+    vocab_size: int
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"p": self.p, "kept": self.kept, "share_of_vocab": r(self.kept / self.vocab_size)}
+
+
+@dataclass(frozen=True)
+class OrderTrapRow:
+    """Kept-set size at one τ under each sampler order / engine preset."""
+
+    tau: float
+    kept: dict[str, int]
+
+    def to_dict(self) -> dict:
+        """JSON form: ``{"tau": τ, order: kept, ...}``."""
+        return {"tau": self.tau, **self.kept}
+
+
+def entropy_table(logits: torch.Tensor, temperatures=TEMPERATURES) -> list[TemperatureRow]:
+    """Entropy, perplexity and max probability of softmax(logits/τ) for each τ."""
+    return [TemperatureRow(tau, *entropy_nats(logits, tau)) for tau in temperatures]
+
+
+def nucleus_curve(logits: torch.Tensor, ps=NUCLEUS_PS) -> list[NucleusRow]:
+    """Tokens kept by top-p at τ = 1 for each p."""
     V = logits.numel()
-    out = []
-    for p in ps:
-        k = kept_set_size(logits, SamplerConfig(top_p=p))
-        out.append({"p": p, "kept": k, "share_of_vocab": r(k / V)})
-    return out
+    return [NucleusRow(p, kept_set_size(logits, SamplerConfig(top_p=p)), V) for p in ps]
 
 
-def order_trap(logits: torch.Tensor, top_p: float = 0.9, taus=ORDER_TAUS, orders=ORDERS) -> list[dict]:
-    """Kept-set size at top-p ``top_p`` under each sampler order / engine preset for each τ (seed §3.5.5)."""
-    rows = []
-    for tau in taus:
-        row: dict = {"tau": tau}
-        for order in orders:
-            row[order] = kept_set_size(logits, SamplerConfig(temperature=tau, top_p=top_p, order=order))
-        rows.append(row)
-    return rows
+def order_trap(logits: torch.Tensor, top_p: float = 0.9, taus=ORDER_TAUS, orders=ORDERS) -> list[OrderTrapRow]:
+    """Kept-set size at top-p ``top_p`` under each sampler order / engine preset for each τ."""
+    return [OrderTrapRow(tau, {o: kept_set_size(logits, SamplerConfig(temperature=tau, top_p=top_p, order=o)) for o in orders})
+            for tau in taus]
 
 
-def run_sampling(model: GPT, tok: CharTokenizer, prompt: str = CASE_PROMPT) -> dict:
-    """The ``sampling`` key of ``ch3_case.json``: tables plus the full distribution for the sampling lab."""
+@dataclass
+class SamplingResult:
+    """The ``sampling`` key: how τ, top-p and their order reshape one real next-token distribution."""
+
+    prompt: str
+    prompt_unknown_chars: list[str]
+    logits: torch.Tensor  # (V,) float32, the raw next-token logits after the prompt
+    token_strs: list[str]  # the vocabulary as text, for the report's sampling lab
+    entropy_vs_temperature: list[TemperatureRow]
+    nucleus_curve_tau_1: list[NucleusRow]
+    order_trap_top_p_0_9: list[OrderTrapRow]
+
+    def top(self, n: int = 10) -> list[dict]:
+        """The ``n`` most likely next tokens (token, id, probability)."""
+        probs = torch.softmax(self.logits.double(), -1)
+        return [{"token": self.token_strs[int(t)], "id": int(t), "prob": r(float(probs[t]))}
+                for t in torch.argsort(probs, descending=True)[:n]]
+
+    def to_dict(self) -> dict:
+        """JSON form (the ``sampling`` key of ``ch3_case.json``)."""
+        V = int(self.logits.numel())
+        return {
+            "prompt": self.prompt,
+            "prompt_unknown_chars": self.prompt_unknown_chars,
+            "vocab_size": V,
+            "log_vocab": r(math.log(V)),
+            "entropy_vs_temperature": [row.to_dict() for row in self.entropy_vs_temperature],
+            "nucleus_curve_tau_1": [row.to_dict() for row in self.nucleus_curve_tau_1],
+            "order_trap_top_p_0_9": [row.to_dict() for row in self.order_trap_top_p_0_9],
+            "top10": self.top(10),
+            # The whole distribution, so the report's sampling lab re-computes everything in the browser.
+            # float32 logits as exact decimal strings would be wasteful; 6 decimals is far below any
+            # kept-set boundary effect the lab can show (the browser test compares on these same values).
+            "distribution": {"tokens": list(self.token_strs), "logits": [round(float(x), 6) for x in self.logits]},
+        }
+
+
+def run_sampling(model: GPT, tok: CharTokenizer, prompt: str = CASE_PROMPT) -> SamplingResult:
+    """Temperature, nucleus and order-trap tables on the distribution after ``prompt``, plus that distribution."""
     ids, unknown = encode_prompt(tok, prompt)
     logits = next_token_logits(model, ids)
-    probs = torch.softmax(logits.double(), -1)
-    top = torch.argsort(probs, descending=True)[:10]
-    return {
-        "prompt": prompt,
-        "prompt_unknown_chars": unknown,
-        "vocab_size": int(logits.numel()),
-        "log_vocab": r(math.log(logits.numel())),
-        "entropy_vs_temperature": entropy_table(logits),
-        "nucleus_curve_tau_1": nucleus_curve(logits),
-        "order_trap_top_p_0_9": order_trap(logits),
-        "top10": [{"token": tok.token_str(int(t)), "id": int(t), "prob": r(float(probs[t]))} for t in top],
-        # The whole distribution, so the report's sampling lab re-computes everything in the browser.
-        # float32 logits as exact decimal strings would be wasteful; 6 decimals is far below any
-        # kept-set boundary effect the lab can show (the browser test compares on these same values).
-        "distribution": {
-            "tokens": [tok.token_str(i) for i in range(logits.numel())],
-            "logits": [round(float(x), 6) for x in logits],
-        },
-    }
+    return SamplingResult(prompt, unknown, logits, [tok.token_str(i) for i in range(logits.numel())],
+                          entropy_table(logits), nucleus_curve(logits), order_trap(logits))

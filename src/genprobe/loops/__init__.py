@@ -1,4 +1,8 @@
-"""Loop observatory and directional repair (seed 001): scan, contrast, direction, locate, edit, patch."""
+"""Loop observatory and directional repair: scan, contrast, direction, locate, edit, patch.
+
+The repair follows the article 《大模型推理死循环的定点修复机制》 ("A targeted fix for inference loops
+in large models"): find a loop direction, edit a few MLP down-projection columns, check the cost.
+"""
 
 from .arch import MLPSite, forward_logits, get_columns, mlp_sites, set_columns, state_sha256
 from .edit import FORMS, EditSpec, column_scores, edit_columns, make_patch, select_columns

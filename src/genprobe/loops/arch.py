@@ -1,9 +1,25 @@
-"""Where the MLPs are: one :class:`MLPSite` per layer for our GPT, GPT-2 and Llama/Qwen-style models.
+"""Where the MLPs are: one :class:`MLPSite` per layer, for our GPT and the common ``transformers`` families.
 
 The loop repair edits the MLP down-projection W, which we always think of as the (d_model × d_ff)
 map from unit activations to the residual stream: column ``c`` is what unit ``c`` writes. Storage
 differs — ``nn.Linear`` keeps ``weight`` as (d_model, d_ff), GPT-2's ``Conv1D`` as (d_ff, d_model) —
 so every read/write of columns goes through :func:`get_columns` / :func:`set_columns`.
+
+Supported layouts (decoder layer list → MLP module → down-projection):
+
+| family | layers | down-projection |
+|---|---|---|
+| genprobe GPT | ``h[i]`` | ``mlp.c_proj`` (Linear) |
+| GPT-2 | ``transformer.h[i]`` | ``mlp.c_proj`` (Conv1D) |
+| Llama, Qwen2, Mistral, Gemma 2, Gemma 3, Phi-3 (fused ``gate_up_proj``) | ``model.layers[i]`` | ``mlp.down_proj`` |
+| Gemma 3 multimodal wrapper | ``model.language_model.layers[i]`` | ``mlp.down_proj`` |
+| GPT-NeoX (Pythia) | ``gpt_neox.layers[i]`` | ``mlp.dense_4h_to_h`` |
+
+Gemma 2/3 normalise the MLP output (``post_feedforward_layernorm``) before it joins the residual; the
+loop direction is measured on the MLP module's output, which is W's output space, so edits and
+ablations stay consistent. Anything else — no layer list, a mixture-of-experts block without a
+dense ``mlp``, an unknown down-projection — is refused with :class:`UnsupportedArchitectureError`
+naming what is missing.
 """
 
 from __future__ import annotations
@@ -16,6 +32,15 @@ import torch
 import torch.nn as nn
 
 from ..model.gpt import GPT
+from ..model.load import UnsupportedArchitectureError
+
+LAYER_PATHS = (
+    "transformer.h", "model.layers", "gpt_neox.layers", "model.language_model.layers", "language_model.layers",
+)
+DOWN_NAMES = ("down_proj", "c_proj", "dense_4h_to_h")
+
+__all__ = ["MLPSite", "UnsupportedArchitectureError", "mlp_sites", "get_columns", "set_columns", "all_columns",
+           "state_sha256", "count_parameters", "forward_logits", "unwrap"]
 
 
 @dataclass
@@ -41,7 +66,7 @@ class MLPSite:
 
 
 def unwrap(model: Any) -> nn.Module:
-    """The ``nn.Module`` behind a model or a runner/adapter that wraps one (``.model`` / ``.hf_model``)."""
+    """The ``nn.Module`` behind a model or a runner/adapter wrapping one (``.model``, ``.hf_model``, ``.module``)."""
     if isinstance(model, nn.Module):
         return model
     for attr in ("hf_model", "model", "module"):
@@ -51,39 +76,58 @@ def unwrap(model: Any) -> nn.Module:
     raise TypeError(f"cannot find an nn.Module inside {type(model).__name__}")
 
 
+def _get(m: nn.Module, path: str) -> Any:
+    for part in path.split("."):
+        m = getattr(m, part, None)
+        if m is None:
+            return None
+    return m
+
+
 def _blocks(m: nn.Module) -> tuple[nn.ModuleList, str]:
     if isinstance(m, GPT):
         return m.h, "h"
-    tr = getattr(m, "transformer", None)
-    if tr is not None and hasattr(tr, "h"):  # GPT-2 family
-        return tr.h, "transformer.h"
-    inner = getattr(m, "model", None)
-    if inner is not None and hasattr(inner, "layers"):  # Llama, Qwen, Mistral, ...
-        return inner.layers, "model.layers"
-    if hasattr(m, "layers"):
-        return m.layers, "layers"
-    raise ValueError(
-        f"unsupported architecture {type(m).__name__}: expected our GPT, a GPT-2 model (transformer.h[i].mlp.c_proj) "
-        "or a Llama/Qwen-style model (model.layers[i].mlp.down_proj)"
+    for path in LAYER_PATHS:
+        layers = _get(m, path)
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            return layers, path
+    raise UnsupportedArchitectureError(
+        f"unsupported architecture {type(m).__name__}: no decoder layer list found (looked for "
+        f"{', '.join(LAYER_PATHS)}); loop repair supports our GPT, GPT-2, Llama, Qwen2, Mistral, Gemma 2/3, Phi-3 "
+        "and GPT-NeoX"
+    )
+
+
+def _down_projection(i: int, block: nn.Module, arch: str) -> tuple[nn.Module, nn.Module, str, str]:
+    mlp = getattr(block, "mlp", None)
+    if mlp is None:
+        moe = [n for n in ("block_sparse_moe", "moe", "experts", "feed_forward") if hasattr(block, n)]
+        found = f" (found {moe[0]}: mixture-of-experts MLPs have no single down-projection to edit)" if moe else ""
+        raise UnsupportedArchitectureError(f"{arch} layer {i} has no dense 'mlp' module{found}")
+    for dname in DOWN_NAMES:
+        down = getattr(mlp, dname, None)
+        if down is None:
+            continue
+        layout = "linear" if isinstance(down, nn.Linear) else "conv1d" if type(down).__name__ == "Conv1D" else None
+        if layout is None:
+            raise UnsupportedArchitectureError(
+                f"{arch} layer {i}: down-projection {dname} is a {type(down).__name__}, not an nn.Linear or Conv1D"
+            )
+        return mlp, down, dname, layout
+    moe = " — it is a mixture-of-experts block, whose experts have no single down-projection to edit" if any(
+        hasattr(mlp, n) for n in ("experts", "gate", "router")) and not hasattr(mlp, "up_proj") else ""
+    raise UnsupportedArchitectureError(
+        f"{arch} layer {i}: MLP {type(mlp).__name__} has no down-projection (looked for {', '.join(DOWN_NAMES)}){moe}"
     )
 
 
 def mlp_sites(model: Any) -> list[MLPSite]:
-    """One site per layer, in order."""
+    """One site per layer, in order; :class:`UnsupportedArchitectureError` names what is missing."""
     m = unwrap(model)
     blocks, prefix = _blocks(m)
     sites = []
     for i, block in enumerate(blocks):
-        mlp = block.mlp
-        if hasattr(mlp, "down_proj"):
-            down, dname = mlp.down_proj, "down_proj"
-        elif hasattr(mlp, "c_proj"):
-            down, dname = mlp.c_proj, "c_proj"
-        else:
-            raise ValueError(f"layer {i}: MLP {type(mlp).__name__} has neither down_proj nor c_proj")
-        layout = "linear" if isinstance(down, nn.Linear) else "conv1d" if type(down).__name__ == "Conv1D" else None
-        if layout is None:
-            raise ValueError(f"layer {i}: unsupported down-projection type {type(down).__name__}")
+        mlp, down, dname, layout = _down_projection(i, block, type(m).__name__)
         sites.append(MLPSite(i, mlp, down, block, f"{prefix}.{i}.mlp.{dname}.weight", layout))
     return sites
 

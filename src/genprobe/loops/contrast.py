@@ -2,10 +2,15 @@
 
 Each scanned sequence (prompt + generated tokens) is run once more, teacher-forced, with capture
 hooks on every layer. Position ``t`` is labelled by the token it *predicts* (generated index
-``j = t + 1 − len(prompt)``):
+``j = t + 1 − len(prompt)``). A generation "loops" when its tail is exactly *or* nearly periodic
+(:attr:`genprobe.metrics.LoopMeasures.any_loop`; onset and period of the exact loop when there is
+one, else of the near loop), so near loops are neither missed as loops nor mixed into the reference:
 
 * **loop**: the generation loops and ``j >= onset + period`` — the model is repeating the unit;
-* **reference**: ``j >= 0`` in a non-looping generation, or ``j < onset`` before a loop starts.
+* **reference**: ``j >= 0`` in a non-degenerate generation, or ``j < onset`` before a loop starts.
+
+A generation that is degenerate only by its repetitive tail (no period, so no onset) gives no
+position to either class: its positions are neither clean reference text nor a located loop.
 
 If the generations give fewer than ``min_reference`` reference positions (a model that loops on
 nearly every prompt), teacher-forced held-out text is added as reference and this is reported.
@@ -14,13 +19,30 @@ Right padding is used so no real position ever sees padding (causal attention).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import torch
 
+from ..metrics import LoopMeasures
 from .arch import forward_logits, mlp_sites
 from .hooks import capture
+from .scan import GenerationRecord
+
+
+@dataclass
+class ContrastCounts:
+    """How many positions each class holds, and where the reference positions came from."""
+
+    loop_positions: int
+    reference_positions_generated: int
+    reference_positions_text: int
+    sequences: int
+    looping_sequences: int
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
 
 
 @dataclass
@@ -33,31 +55,36 @@ class Contrast:
     unit_mean_reference: dict[int, torch.Tensor]
     resid_mean_loop: dict[int, torch.Tensor]
     resid_mean_reference: dict[int, torch.Tensor]
-    counts: dict = field(default_factory=dict)
+    counts: ContrastCounts
 
     def summary(self) -> dict:
         """Counts and sources (JSON)."""
-        return dict(self.counts)
+        return self.counts.to_dict()
 
 
-def _labels(prompt_len: int, total: int, rec: dict) -> tuple[list[int], list[int]]:
+def _labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:
     loop, ref = [], []
+    looping, onset, period = m.any_loop, m.any_onset, m.any_period
+    if m.degenerate and not looping:
+        return loop, ref
     for t in range(total - 1):
         j = t + 1 - prompt_len
         if j < 0:
             continue
-        if rec["looping"] and j >= rec["onset"] + rec["period"]:
+        if looping and j >= onset + period:
             loop.append(t)
-        elif not rec["looping"] or j < rec["onset"]:
+        elif not looping or j < onset:
             ref.append(t)
     return loop, ref
 
 
 @torch.no_grad()
-def _collect(model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int):
+def _collect(
+    model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int
+) -> dict:
     n_layers = len(mlp_sites(model))
-    acc = {"loop": {l: {"mlp_out": [], "resid": [], "units": []} for l in range(n_layers)},
-           "ref": {l: {"mlp_out": [], "resid": [], "units": []} for l in range(n_layers)}}
+    acc = {"loop": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
+           "ref": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)}}
     for s in range(0, len(seqs), batch_size):
         chunk, lab = seqs[s : s + batch_size], labels[s : s + batch_size]
         T = max(len(x) for x in chunk)
@@ -78,54 +105,54 @@ def _collect(model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[
             if not rows:
                 continue
             r, c = torch.tensor(rows), torch.tensor(cols)
-            for l in range(n_layers):
+            for layer in range(n_layers):
                 for kind in ("mlp_out", "resid", "units"):
-                    acc[name][l][kind].append(cap.get(kind, l)[0][r, c].float().cpu())
+                    acc[name][layer][kind].append(cap.get(kind, layer)[0][r, c].float().cpu())
     return acc
 
 
 def collect_contrast(
     model: Any,
-    records: Sequence[dict],
+    records: Sequence[GenerationRecord],
     *,
     batch_size: int = 64,
     pad_id: int = 0,
     reference_text_windows: Sequence[list[int]] | None = None,
     min_reference: int = 256,
 ) -> Contrast:
-    """Teacher-force every record (``prompt_ids`` + ``tokens`` + loop fields) and split positions."""
+    """Teacher-force every record (prompt + generated tokens) and split positions by its loop measures."""
     seqs, labels = [], []
     for rec in records:
-        seq = list(rec["prompt_ids"]) + list(rec["tokens"])
+        seq = list(rec.prompt_ids) + list(rec.tokens)
         seqs.append(seq)
-        labels.append(_labels(len(rec["prompt_ids"]), len(seq), rec))
+        labels.append(_labels(len(rec.prompt_ids), len(seq), rec.measures))
     acc = _collect(model, seqs, labels, batch_size, pad_id)
     n_layers = len(acc["loop"])
-    n_loop = sum(len(l) for l, _ in labels)
+    n_loop = sum(len(loop) for loop, _ in labels)
     n_ref = sum(len(r) for _, r in labels)
-    counts = {"loop_positions": n_loop, "reference_positions_generated": n_ref, "reference_positions_text": 0,
-              "sequences": len(seqs), "looping_sequences": sum(1 for r in records if r["looping"])}
+    counts = ContrastCounts(n_loop, n_ref, 0, len(seqs), sum(1 for r in records if r.degenerate))
     if n_loop == 0:
         raise ValueError("no loop positions: none of the scanned generations loops, so there is nothing to contrast")
     if n_ref < min_reference and reference_text_windows:
         text_labels = [([], list(range(len(w) - 1))) for w in reference_text_windows]
         extra = _collect(model, list(reference_text_windows), text_labels, batch_size, pad_id)
-        for l in range(n_layers):
+        for layer in range(n_layers):
             for kind in ("mlp_out", "resid", "units"):
-                acc["ref"][l][kind].extend(extra["ref"][l][kind])
-        counts["reference_positions_text"] = sum(len(w) - 1 for w in reference_text_windows)
-    if n_ref + counts["reference_positions_text"] == 0:
-        raise ValueError("no reference positions: every generated position is inside a loop and no reference text was given")
+                acc["ref"][layer][kind].extend(extra["ref"][layer][kind])
+        counts.reference_positions_text = sum(len(w) - 1 for w in reference_text_windows)
+    if n_ref + counts.reference_positions_text == 0:
+        raise ValueError("no reference positions: every generated position is inside a loop and no reference text "
+                         "was given")
 
-    def cat(name: str, l: int, kind: str) -> torch.Tensor:
-        return torch.cat(acc[name][l][kind]) if acc[name][l][kind] else torch.empty(0)
+    def cat(name: str, layer: int, kind: str) -> torch.Tensor:
+        return torch.cat(acc[name][layer][kind]) if acc[name][layer][kind] else torch.empty(0)
 
     return Contrast(
-        loop={l: cat("loop", l, "mlp_out") for l in range(n_layers)},
-        reference={l: cat("ref", l, "mlp_out") for l in range(n_layers)},
-        unit_mean_loop={l: cat("loop", l, "units").mean(0) for l in range(n_layers)},
-        unit_mean_reference={l: cat("ref", l, "units").mean(0) for l in range(n_layers)},
-        resid_mean_loop={l: cat("loop", l, "resid").mean(0) for l in range(n_layers)},
-        resid_mean_reference={l: cat("ref", l, "resid").mean(0) for l in range(n_layers)},
+        loop={layer: cat("loop", layer, "mlp_out") for layer in range(n_layers)},
+        reference={layer: cat("ref", layer, "mlp_out") for layer in range(n_layers)},
+        unit_mean_loop={layer: cat("loop", layer, "units").mean(0) for layer in range(n_layers)},
+        unit_mean_reference={layer: cat("ref", layer, "units").mean(0) for layer in range(n_layers)},
+        resid_mean_loop={layer: cat("loop", layer, "resid").mean(0) for layer in range(n_layers)},
+        resid_mean_reference={layer: cat("ref", layer, "resid").mean(0) for layer in range(n_layers)},
         counts=counts,
     )

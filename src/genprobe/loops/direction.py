@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import torch
 
 METHODS = ("mean_diff", "pca")
@@ -18,7 +20,9 @@ def mean_difference(loop: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
     return diff / n
 
 
-def pca_of_differences(loop: torch.Tensor, reference: torch.Tensor, seed: int = 0, max_pairs: int = 4096) -> torch.Tensor:
+def pca_of_differences(
+    loop: torch.Tensor, reference: torch.Tensor, seed: int = 0, max_pairs: int = 4096
+) -> torch.Tensor:
     """First right-singular vector of (loop_i − reference_j) over random pairs (repeng-style, uncentred),
     signed to agree with the mean difference."""
     g = torch.Generator().manual_seed(seed)
@@ -35,7 +39,9 @@ def pca_of_differences(loop: torch.Tensor, reference: torch.Tensor, seed: int = 
     return d / d.norm()
 
 
-def loop_direction(loop: torch.Tensor, reference: torch.Tensor, method: str = "mean_diff", seed: int = 0) -> torch.Tensor:
+def loop_direction(
+    loop: torch.Tensor, reference: torch.Tensor, method: str = "mean_diff", seed: int = 0
+) -> torch.Tensor:
     """Unit loop direction by ``method`` ("mean_diff" or "pca")."""
     if method == "mean_diff":
         return mean_difference(loop, reference)
@@ -44,7 +50,21 @@ def loop_direction(loop: torch.Tensor, reference: torch.Tensor, method: str = "m
     raise ValueError(f"direction method must be one of {METHODS}, got {method!r}")
 
 
-def separation(loop: torch.Tensor, reference: torch.Tensor, d: torch.Tensor) -> dict:
+@dataclass(frozen=True)
+class Separation:
+    """Projections of loop and reference vectors on a direction: means, pooled-std effect size, AUC."""
+
+    mean_loop: float
+    mean_reference: float
+    effect_size: float
+    auc: float
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+def separation(loop: torch.Tensor, reference: torch.Tensor, d: torch.Tensor) -> Separation:
     """How well projections on ``d`` separate loop from reference: mean gap, pooled-std effect size, AUC."""
     pl, pr = loop.float() @ d.float(), reference.float() @ d.float()
     pooled = ((pl.var(unbiased=False) + pr.var(unbiased=False)) / 2).sqrt()
@@ -53,9 +73,5 @@ def separation(loop: torch.Tensor, reference: torch.Tensor, d: torch.Tensor) -> 
     ranks = allv.argsort().argsort().float() + 1
     r_loop = ranks[: pl.numel()].sum()
     auc = (r_loop - pl.numel() * (pl.numel() + 1) / 2) / (pl.numel() * pr.numel())
-    return {
-        "mean_loop": float(pl.mean()),
-        "mean_reference": float(pr.mean()),
-        "effect_size": float((pl.mean() - pr.mean()) / pooled) if float(pooled) > 0 else 0.0,
-        "auc": float(auc),
-    }
+    effect = float((pl.mean() - pr.mean()) / pooled) if float(pooled) > 0 else 0.0
+    return Separation(float(pl.mean()), float(pr.mean()), effect, float(auc))

@@ -1,6 +1,6 @@
 """Column selection and the two edit forms on the MLP down-projection W (d_model × d_ff).
 
-* ``subtract`` (the seed's form):   W[:, c] ← W[:, c] − α·d
+* ``subtract`` (the article's form): W[:, c] ← W[:, c] − α·d   (the loop-repair article cited in :mod:`genprobe.loops`)
 * ``project`` (projection removal): W[:, c] ← W[:, c] − α·d·(dᵀW[:, c])   (α = 1 removes it exactly)
 
 ``d`` is a unit vector in d_model space — the loop direction measured at that layer's MLP output,
@@ -65,7 +65,8 @@ def column_scores(model: Any, layer: int, d: torch.Tensor, unit_mean_in_loops: t
     site = mlp_sites(model)[layer]
     W = all_columns(site)  # (d_ff, d_model)
     if unit_mean_in_loops.shape != (W.shape[0],):
-        raise ValueError(f"unit means have shape {tuple(unit_mean_in_loops.shape)}, layer {layer} has d_ff={W.shape[0]}")
+        raise ValueError(f"unit means have shape {tuple(unit_mean_in_loops.shape)}, "
+                         f"layer {layer} has d_ff={W.shape[0]}")
     return (W @ (d.float() / d.norm())).abs() * unit_mean_in_loops.float()
 
 
@@ -91,19 +92,21 @@ def make_patch(
     """
     sites = mlp_sites(model)
     targets = []
-    for l in spec.layers:
-        if not 0 <= l < len(sites):
-            raise ValueError(f"layer {l} out of range: the model has {len(sites)} layers")
-        d = directions[l].float()
+    for layer in spec.layers:
+        if not 0 <= layer < len(sites):
+            raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
+        d = directions[layer].float()
         d = d / d.norm()
-        cols = select_columns(column_scores(model, l, d, unit_means[l]), spec.k)
-        orig = get_columns(sites[l], cols)
+        cols = select_columns(column_scores(model, layer, d, unit_means[layer]), spec.k)
+        orig = get_columns(sites[layer], cols)
         alpha = spec.alpha
         if gaps is not None and spec.form == "subtract":
-            act = float(unit_means[l].float()[cols].sum())
+            act = float(unit_means[layer].float()[cols].sum())
             if act <= 0:
-                raise ValueError(f"layer {l}: selected columns have non-positive mean activation {act:.3g}; cannot scale alpha")
-            alpha = spec.alpha * gaps[l] / act
+                raise ValueError(f"layer {layer}: selected columns have non-positive mean activation {act:.3g}; "
+                                 "cannot scale alpha")
+            alpha = spec.alpha * gaps[layer] / act
         new = edit_columns(orig.float(), d, alpha, spec.form).to(orig.dtype)
-        targets.append(PatchTarget(sites[l].weight_name, l, sites[l].layout, cols, orig, new, d, float(alpha)))
+        site = sites[layer]
+        targets.append(PatchTarget(site.weight_name, layer, site.layout, cols, orig, new, d, float(alpha)))
     return Patch(targets=targets, meta={"edit": spec.to_dict()})

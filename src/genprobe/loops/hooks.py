@@ -47,25 +47,31 @@ def capture(
         raise ValueError(f"unknown capture kinds {bad}; choose from {KINDS}")
     sites = mlp_sites(model)
     layers = list(range(len(sites))) if layers is None else list(layers)
-    for l in layers:
-        if not 0 <= l < len(sites):
-            raise ValueError(f"layer {l} out of range: the model has {len(sites)} layers")
-    cap = Captured({k: {l: [] for l in layers} for k in kinds})
+    for layer in layers:
+        if not 0 <= layer < len(sites):
+            raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
+    cap = Captured({k: {layer: [] for layer in layers} for k in kinds})
 
     def store(kind: str, layer: int, t: torch.Tensor) -> None:
         t = t.detach()
         cap.data[kind][layer].append(transform(kind, layer, t) if transform else t.clone())
 
+    def output_hook(kind: str, layer: int) -> Callable:
+        return lambda module, inputs, output: store(kind, layer, _first(output))
+
+    def input_hook(kind: str, layer: int) -> Callable:
+        return lambda module, inputs: store(kind, layer, inputs[0])
+
     handles = []
     try:
-        for l in layers:
-            s = sites[l]
+        for layer in layers:
+            s = sites[layer]
             if "mlp_out" in kinds:
-                handles.append(s.mlp.register_forward_hook(lambda m, i, o, l=l: store("mlp_out", l, _first(o))))
+                handles.append(s.mlp.register_forward_hook(output_hook("mlp_out", layer)))
             if "resid" in kinds:
-                handles.append(s.block.register_forward_hook(lambda m, i, o, l=l: store("resid", l, _first(o))))
+                handles.append(s.block.register_forward_hook(output_hook("resid", layer)))
             if "units" in kinds:
-                handles.append(s.down.register_forward_pre_hook(lambda m, i, l=l: store("units", l, i[0])))
+                handles.append(s.down.register_forward_pre_hook(input_hook("units", layer)))
         yield cap
     finally:
         for h in handles:
@@ -84,9 +90,9 @@ def ablate(model: Any, directions: dict[int, torch.Tensor]) -> Iterator[None]:
     sites = mlp_sites(model)
     handles = []
     try:
-        for l, d in directions.items():
-            if not 0 <= l < len(sites):
-                raise ValueError(f"layer {l} out of range: the model has {len(sites)} layers")
+        for layer, d in directions.items():
+            if not 0 <= layer < len(sites):
+                raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
             d = d / d.norm()
 
             def hook(m, i, o, d=d):
@@ -94,7 +100,7 @@ def ablate(model: Any, directions: dict[int, torch.Tensor]) -> Iterator[None]:
                     return (remove_direction(o[0], d), *o[1:])
                 return remove_direction(o, d)
 
-            handles.append(sites[l].mlp.register_forward_hook(hook))
+            handles.append(sites[layer].mlp.register_forward_hook(hook))
         yield
     finally:
         for h in handles:

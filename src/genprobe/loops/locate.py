@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -9,27 +10,53 @@ import torch
 from .hooks import ablate
 
 
-def locate_layers(
-    model: Any,
-    directions: dict[int, torch.Tensor],
-    loop_rate_of: Callable[[Any], float],
-    *,
-    include_all: bool = True,
-) -> dict:
-    """Loop rate with no ablation, with each single layer ablated, and (optionally) all at once.
+@dataclass(frozen=True)
+class Ablation:
+    """Loop rates with one layer's (or all layers') direction removed; ``reduction`` is in the degenerate rate."""
 
-    ``loop_rate_of(model)`` runs the scan; layers are ranked by loop-rate reduction (largest first).
+    layers: tuple[int, ...]
+    degenerate_rate: float
+    loop_rate: float
+    reduction: float
+
+
+@dataclass
+class Located:
+    """Baseline rates, one ablation per layer (and all together), layers ranked by any-loop reduction."""
+
+    base_degenerate_rate: float
+    base_loop_rate: float
+    per_layer: list[Ablation]
+    ranking: list[int]
+    all_layers: Ablation | None = None
+    n_prompts: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """Plain JSON."""
+        d = asdict(self)
+        d["per_layer"] = [dict(asdict(a), layer=a.layers[0]) for a in self.per_layer]
+        return d
+
+
+RatesOf = Callable[[Any], tuple[float, float]]  # model -> (degenerate rate, exact loop rate)
+
+
+def locate_layers(
+    model: Any, directions: dict[int, torch.Tensor], rates_of: RatesOf, *, include_all: bool = True
+) -> Located:
+    """Loop rates with no ablation, with each single layer ablated, and (optionally) all at once.
+
+    ``rates_of(model)`` runs the scan; layers are ranked by the reduction of the degenerate rate (largest first).
     """
-    base = loop_rate_of(model)
-    per_layer = []
-    for l, d in sorted(directions.items()):
-        with ablate(model, {l: d}):
-            rate = loop_rate_of(model)
-        per_layer.append({"layer": l, "loop_rate": rate, "reduction": base - rate})
-    out = {"base_loop_rate": base, "per_layer": per_layer}
-    out["ranking"] = [r["layer"] for r in sorted(per_layer, key=lambda r: (-r["reduction"], r["layer"]))]
-    if include_all and len(directions) > 1:
-        with ablate(model, dict(directions)):
-            rate = loop_rate_of(model)
-        out["all_layers"] = {"layers": sorted(directions), "loop_rate": rate, "reduction": base - rate}
-    return out
+    base_deg, base_exact = rates_of(model)
+
+    def ablated(layers: dict[int, torch.Tensor]) -> Ablation:
+        with ablate(model, layers):
+            a, e = rates_of(model)
+        return Ablation(tuple(sorted(layers)), a, e, base_deg - a)
+
+    per_layer = [ablated({layer: d}) for layer, d in sorted(directions.items())]
+    ranking = [a.layers[0] for a in sorted(per_layer, key=lambda a: (-a.reduction, a.layers[0]))]
+    together = ablated(dict(directions)) if include_all and len(directions) > 1 else None
+    return Located(base_deg, base_exact, per_layer, ranking, together)

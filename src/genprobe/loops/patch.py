@@ -58,8 +58,8 @@ class Patch:
         d = dict(self.meta)
         d["format"] = FORMAT
         d["targets"] = [
-            {"name": t.name, "layer": t.layer, "layout": t.layout, "columns": t.columns.tolist(), "changed": t.changed(),
-             "alpha": t.alpha}
+            {"name": t.name, "layer": t.layer, "layout": t.layout, "columns": t.columns.tolist(),
+             "changed": t.changed(), "alpha": t.alpha}
             for t in self.targets
         ]
         return d
@@ -123,7 +123,8 @@ def apply_patch(model: Any, patch: Patch) -> str:
     after = state_sha256(model)
     if after != patch.meta.get("sha256_after"):
         write_values(model, patch, "original")
-        raise PatchError(f"patched weights hash {after} != recorded sha256_after {patch.meta.get('sha256_after')}; rolled back")
+        raise PatchError(f"patched weights hash {after} != recorded sha256_after {patch.meta.get('sha256_after')}; "
+                         "rolled back")
     return after
 
 

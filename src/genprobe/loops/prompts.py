@@ -1,18 +1,31 @@
-"""Prompt sets for loop scans: openings of Tang poems the default model never saw.
+"""Prompt sets for loop studies: the user's own prompts, or openings of Tang poems the default model never saw.
 
-The default corpus is the first 4,003 poems of the bundled file (its last 10% of characters is the
-validation split). Poems after those 4,003 are outside both training and validation text, so their
-openings are clean held-out prompts. Sets are drawn in file order, deduplicated, and skip openings
-holding a character outside the vocabulary (it would become ``<unk>``) or a placeholder (□), and
-openings that occur anywhere in the default corpus text (the same poem is sometimes recorded
-twice, and a few openings are stock phrases) — so the model never saw any prompt verbatim.
-Consecutive, disjoint slices give the scan / search / validation sets.
+**Your prompts** (``read_prompt_file``: one per line, or JSONL with a "prompt" or "text" field) are
+split into disjoint direction / search / validation sets by :func:`split_prompts`: duplicates are
+dropped (first occurrence kept), the rest ordered by the sha256 of their UTF-8 text — a fixed
+shuffle that depends neither on the file's order nor on any random generator — and cut into
+consecutive slices in proportion to the requested set sizes (each at most its size). The same file
+always gives the same sets, and a prompt lands in exactly one of them.
+
+**Tang openings** (the default for the bundled character model only; an explicit choice for any
+other model): the default corpus is the first 4,003 poems of the bundled file (its last 10% of
+characters is the validation split). Poems after those 4,003 are outside both training and
+validation text, so their openings are clean held-out prompts. ``from_end=True`` reads the poems
+from the last one backwards instead, for a model trained on a longer prefix of the file (the
+openings must then be outside *its* training text — pass that text as ``exclude_text``). Sets are
+deduplicated, skip openings holding a character outside the vocabulary (it would become ``<unk>``)
+or a placeholder (□), and openings that occur anywhere in ``exclude_text`` (the same poem is
+sometimes recorded twice, and a few openings are stock phrases) — so the model never saw any
+prompt verbatim. Consecutive, disjoint slices give the scan / search / validation sets.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 from ..corpus.tang import DEFAULT_POEMS, _read_jsonl, bundled_corpus_path
 
@@ -20,23 +33,31 @@ PUNCT = set("，。、；：？！「」『』（）《》□")
 
 
 def heldout_openings(
-    tokenizer, count: int, prefix_chars: int = 5, skip_poems: int = DEFAULT_POEMS, exclude_text: str | None = None
+    tokenizer, count: int, prefix_chars: int = 5, skip_poems: int = DEFAULT_POEMS, exclude_text: str | None = None,
+    *, from_end: bool = False,
 ) -> list[str]:
     """The first ``count`` distinct usable ``prefix_chars``-character openings of poems after ``skip_poems``.
 
     ``exclude_text`` (default: the first ``skip_poems`` poems) — openings found in it are skipped.
+    ``from_end``: walk the bundled poems from the last one backwards (``skip_poems`` is then ignored
+    and ``exclude_text`` must be given: the text the model was trained on).
     """
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     if prefix_chars < 1:
         raise ValueError(f"prefix_chars must be >= 1, got {prefix_chars}")
+    if from_end and exclude_text is None:
+        raise ValueError("from_end=True needs exclude_text: the text the model was trained on")
     out: list[str] = []
     seen: set[str] = set()
-    limit = skip_poems + 40 * count + 1000  # read only as far as needed
-    docs = _read_jsonl(bundled_corpus_path(), limit)
-    if exclude_text is None:
-        exclude_text = "".join(docs[:skip_poems])
-    for doc in docs[skip_poems:]:
+    if from_end:
+        pool = list(reversed(_read_jsonl(bundled_corpus_path(), None)))
+    else:
+        docs = _read_jsonl(bundled_corpus_path(), skip_poems + 40 * count + 1000)  # read only as far as needed
+        if exclude_text is None:
+            exclude_text = "".join(docs[:skip_poems])
+        pool = docs[skip_poems:]
+    for doc in pool:
         head = doc[:prefix_chars]
         if len(head) < prefix_chars or head in seen:
             continue
@@ -52,10 +73,12 @@ def heldout_openings(
     raise ValueError(f"only {len(out)} usable held-out openings found, {count} requested")
 
 
-def prompt_sets(tokenizer, sizes: dict[str, int], prefix_chars: int = 5) -> dict[str, list[str]]:
-    """Disjoint consecutive slices, e.g. ``{"scan": 256, "search": 64, "validate": 256}`` (order kept)."""
+def prompt_sets(
+    tokenizer, sizes: dict[str, int], prefix_chars: int = 5, *, from_end: bool = False, exclude_text: str | None = None
+) -> dict[str, list[str]]:
+    """Disjoint consecutive slices of held-out openings, e.g. ``{"scan": 256, "search": 64, "validate": 256}``."""
     total = sum(sizes.values())
-    pool = heldout_openings(tokenizer, total, prefix_chars)
+    pool = heldout_openings(tokenizer, total, prefix_chars, exclude_text=exclude_text, from_end=from_end)
     sets, i = {}, 0
     for name, n in sizes.items():
         sets[name] = pool[i : i + n]
@@ -63,16 +86,56 @@ def prompt_sets(tokenizer, sizes: dict[str, int], prefix_chars: int = 5) -> dict
     return sets
 
 
+def _jsonl_prompt(p: Path, lineno: int, line: str) -> str:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p}: line {lineno} is not valid JSON ({exc.msg})") from None
+    if isinstance(obj, str):
+        return obj
+    for key in ("prompt", "text"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), str):
+            return obj[key]
+    raise ValueError(f"{p}: line {lineno} has neither a 'prompt' nor a 'text' string field")
+
+
 def read_prompt_file(path: str | os.PathLike) -> list[str]:
-    """One prompt per non-empty line (UTF-8)."""
+    """Prompts from a UTF-8 file: one per non-empty line, or JSONL (``.jsonl``, or every line a JSON object)
+    with a "prompt" or "text" field. Empty prompts are refused."""
     p = Path(path)
-    if not p.exists():
+    if not p.is_file():
         raise FileNotFoundError(f"prompt file not found: {p}")
     try:
-        lines = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines()]
+        lines = [(i, ln.strip()) for i, ln in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)]
     except UnicodeDecodeError as exc:
         raise ValueError(f"{p} is not UTF-8 text ({exc.reason})") from None
-    prompts = [ln for ln in lines if ln]
-    if not prompts:
-        raise ValueError(f"prompt file {p} has no non-empty line")
+    lines = [(i, ln) for i, ln in lines if ln]
+    if not lines:
+        raise ValueError(f"prompt file {p} is empty: it has no non-empty line")
+    jsonl = p.suffix == ".jsonl" or all(ln.startswith("{") for _, ln in lines)
+    prompts = [_jsonl_prompt(p, i, ln) for i, ln in lines] if jsonl else [ln for _, ln in lines]
+    empty = [i for (i, _), t in zip(lines, prompts, strict=True) if not t.strip()]
+    if empty:
+        raise ValueError(f"{p}: line {empty[0]} holds an empty prompt; every prompt needs at least one character")
     return prompts
+
+
+def split_prompts(prompts: Sequence[str], sizes: dict[str, int]) -> dict[str, list[str]]:
+    """Disjoint, deterministic sets from the user's prompts (see module doc): sha256 order, proportional slices."""
+    if not sizes or any(n < 1 for n in sizes.values()):
+        raise ValueError(f"every set needs a size >= 1, got {sizes}")
+    unique = list(dict.fromkeys(t for t in prompts))
+    if len(unique) < len(sizes):
+        raise ValueError(f"{len(unique)} distinct prompt(s) cannot fill {len(sizes)} disjoint sets "
+                         f"({', '.join(sizes)}); give at least {len(sizes)}")
+    ordered = sorted(unique, key=lambda t: hashlib.sha256(t.encode("utf-8")).hexdigest())
+    total = sum(sizes.values())
+    scale = min(1.0, len(ordered) / total)
+    counts = {k: max(1, int(n * scale)) for k, n in sizes.items()}
+    sets, i = {}, 0
+    for name, n in counts.items():
+        sets[name] = ordered[i : i + n]
+        i += n
+        if not sets[name]:
+            raise ValueError(f"{len(ordered)} distinct prompts leave the {name!r} set empty; give more prompts")
+    return sets

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from .arch import forward_logits
+
+DEFAULT_WINDOW = 64  # the char GPT's context; long-context models are measured on windows of this length
 
 
 def text_windows(ids: Sequence[int], width: int, max_windows: int | None = None) -> list[list[int]]:
@@ -19,8 +22,16 @@ def text_windows(ids: Sequence[int], width: int, max_windows: int | None = None)
     if max_windows is not None:
         n = min(n, max_windows)
     if n < 1:
-        raise ValueError(f"need at least {width} tokens of held-out text, got {len(ids)}")
+        raise ValueError(
+            f"the validation text is {len(ids)} tokens long, shorter than one regression window of {width} tokens "
+            f"(the window length is the model's context, at most {DEFAULT_WINDOW}): give a longer validation text"
+        )
     return [ids[i * width : (i + 1) * width] for i in range(n)]
+
+
+def window_length(max_positions: int | None, cap: int = DEFAULT_WINDOW) -> int:
+    """Regression window: the model's context length, capped at ``cap`` tokens (long-context models)."""
+    return cap if max_positions is None else max(2, min(int(max_positions), cap))
 
 
 class RegressionProbe:
@@ -46,9 +57,23 @@ class RegressionProbe:
         tgt = self.ids[:, 1:]
         return float(-logp.gather(-1, tgt[..., None]).mean())
 
-    def measure(self, model: Any) -> dict:
-        """``kl`` = mean over positions of KL(base ‖ model) in nats; ``loss``, ``dloss`` = loss − base loss."""
+    def measure(self, model: Any) -> "Regression":
+        """Mean KL(base ‖ model) over positions and the loss change on the same windows (nats)."""
         logp = self._logp(model)
         kl = (self.base_logp.exp() * (self.base_logp - logp)).sum(-1).mean()
         loss = self._loss(logp)
-        return {"kl": float(kl), "loss": loss, "base_loss": self.base_loss, "dloss": loss - self.base_loss}
+        return Regression(float(kl), loss, self.base_loss, loss - self.base_loss)
+
+
+@dataclass(frozen=True)
+class Regression:
+    """What an edit costs on held-out text: KL(base ‖ edited) per position and the loss change, in nats."""
+
+    kl: float
+    loss: float
+    base_loss: float
+    dloss: float
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)

@@ -1,306 +1,427 @@
-"""The whole repair pipeline (seed 001): scan → contrast → direction → locate → search → validate → patch.
+"""The whole repair pipeline: scan → contrast → direction → locate → search → validate → patch.
 
-Prompt sets are disjoint openings of held-out poems (see :mod:`.prompts`):
+:func:`repair` reads top to bottom as its stages; each stage returns a dataclass the next one takes.
+
+Inputs (:class:`RepairInputs`): three disjoint prompt sets and a validation text. For the bundled
+character model the defaults are held-out Tang openings and the corpus validation split
+(:meth:`RepairInputs.tang`); for any other model the caller chooses — the user's own prompt file,
+split by :func:`genprobe.loops.prompts.split_prompts`, and their own text (:meth:`RepairInputs.from_prompts`).
 
 * ``direction`` set: scanned; its loops vs its non-loop positions give the direction per layer;
   its loop-prone prompts (+ as many non-looping controls) are the locate set;
 * ``search`` set: scanned; up to ``search_prone`` loop-prone + ``search_control`` non-looping
   prompts form the set on which every candidate edit is evaluated (controls catch edits that
   create new loops);
-* ``validate`` set: never seen by the search — loop rate before/after on all of it and on its
-  loop-prone subset, short/long periods, distinct-2, longest repeat, sample texts.
+* ``validate`` set: never seen by the search — rates before/after on all of it and on its
+  loop-prone subset, short/long periods, distinct-2, longest repeat, compression, seq-rep-4, samples.
 
-Regression (KL and Δloss) is measured on windows of the corpus validation text.
+Decisions use the *degenerate* verdict — exact loop, near loop or repetitive tail — (which prompts
+are loop-prone, what the search minimises, which held-out prompts are "new loops"); loop positions
+for the direction come from exact or near loops (they have an onset); the exact rate is reported
+beside everything. Regression (KL and Δloss) is measured on windows of the validation text. A model with an
+end-of-text token generates a fixed number of tokens with that token banned (:class:`EndToken`).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
 
 from ..engine.sampling import SamplerConfig
-from ..metrics import wilson_interval
-from .arch import count_parameters, mlp_sites
-from .contrast import collect_contrast
-from .direction import loop_direction, separation
-from .edit import FORMS, EditSpec, make_patch
-from .locate import locate_layers
+from .contrast import Contrast, ContrastCounts, collect_contrast
+from .direction import Separation, loop_direction, separation
+from .edit import make_patch
+from .locate import Located, locate_layers
 from .patch import Patch, apply_patch, finalise, revert_patch
-from .prompts import prompt_sets
-from .regress import RegressionProbe, text_windows
-from .scan import chanting_sampler, greedy_sampler, scan_loops
-from .search import Limits, choose, grid, run_search
+from .regress import Regression, RegressionProbe, text_windows, window_length
+from .scan import GenerationRecord, LoopRates, ScanResult, greedy_sampler, loop_rates
+from .search import Candidate, Limits, Objective, Strata, choose, grid, run_search
+from .study import SET_NAMES, Clock, EndToken, LoopStudy, RepairConfig, RepairInputs, encode_quiet
 
-UNK_SHOW = "▯"
+__all__ = ["RepairConfig", "RepairInputs", "RepairReport", "LocateReport", "LoopStudy", "repair", "locate_only"]
+
+
+# ---- stage results --------------------------------------------------------------------------
+@dataclass
+class Baselines:
+    """Scans of the three prompt sets on the unedited model, with the encoded prompts."""
+
+    scans: dict[str, ScanResult]
+    ids: dict[str, list[list[int]]]
+
+    def rates(self) -> dict[str, LoopRates]:
+        """Rates per set."""
+        return {k: v.summary for k, v in self.scans.items()}
 
 
 @dataclass
-class RepairConfig:
-    """Sizes, grids and limits of a repair run (defaults = the CLI's, budgeted for ≤ 10 CPU minutes)."""
+class LayerDirection:
+    """One layer's loop direction: the loop gap along it and how it separates loop from reference."""
 
-    n_direction: int = 768
-    n_search: int = 1024
-    n_validate: int = 1024
-    prefix_chars: int = 5
-    max_new_tokens: int = 57
-    search_prone: int = 48
-    search_control: int = 96
-    scan_inadmissible: bool = False  # also generate for candidates already over the regression limits
-    ks: tuple[int, ...] = (8, 32)
-    subtract_alphas: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)  # relative to the loop gap (see make_patch)
-    project_alphas: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5, 2.0)  # fraction of the projection removed
-    forms: tuple[str, ...] = FORMS
-    layer_sets: tuple[tuple[int, ...], ...] | None = None  # None: each layer alone and all together
-    method: str = "mean_diff"
-    max_kl: float = 0.1
-    max_dloss: float = 0.02
-    regression_windows: int = 96
-    batch_size: int = 128
-    seed: int = 0
-    samples: int = 6
-    min_tail: int = 8  # loop detector: minimal periodic tail in tokens (see genprobe.metrics.detect_loop)
-    plain_greedy_check: int = 256  # validate prompts also scanned under plain greedy before/after (0 = skip)
+    layer: int
+    vector: torch.Tensor
+    gap: float
+    separation: Separation
+    resid_mean_gap_norm: float
+    cos_resid_vs_mlp_direction: float
+
+    def to_dict(self, with_vector: bool = False) -> dict:
+        """Plain dict (the vector only on request)."""
+        d = {"layer": self.layer, "gap": self.gap, **self.separation.to_dict(),
+             "resid_mean_gap_norm": self.resid_mean_gap_norm,
+             "cos_resid_vs_mlp_direction": self.cos_resid_vs_mlp_direction}
+        if with_vector:
+            d["vector"] = self.vector.tolist()
+        return d
+
+
+@dataclass
+class DirectionStage:
+    """Contrast of loop vs reference positions, one direction per layer, and the regression probe."""
+
+    contrast: Contrast
+    layers: dict[int, LayerDirection]
+    probe: RegressionProbe
+    window: int
+
+    @property
+    def directions(self) -> dict[int, torch.Tensor]:
+        return {layer: d.vector for layer, d in self.layers.items()}
+
+    @property
+    def gaps(self) -> dict[int, float]:
+        return {layer: d.gap for layer, d in self.layers.items()}
+
+    @property
+    def unit_means(self) -> dict[int, torch.Tensor]:
+        return dict(self.contrast.unit_mean_loop)
+
+
+@dataclass
+class SearchStage:
+    """The stratified search set, the baseline objective, every candidate and the chosen one."""
+
+    strata: Strata
+    baseline: Objective
+    limits: Limits
+    candidates: list[Candidate]
+    chosen: Candidate | None
+
+    def to_dict(self) -> dict:
+        """JSON (``base_loop_rate`` is the baseline's degenerate rate: what the search minimises)."""
+        return {"n_prompts": self.strata.prone + self.strata.control, "prone": self.strata.prone,
+                "control": self.strata.control, "prone_in_full_set": self.strata.prone_all,
+                "full_set": self.strata.prone_all + self.strata.control_all, "objective": "degenerate_rate",
+                "baseline": self.baseline.to_dict(), "base_loop_rate": self.baseline.degenerate_rate,
+                "base_exact_loop_rate": self.baseline.loop_rate, "limits": self.limits.to_dict(),
+                "candidates": [c.to_dict() for c in self.candidates],
+                "admissible": sum(1 for c in self.candidates if self.limits.admits(c.regression)),
+                "chosen": self.chosen.to_dict() if self.chosen else None}
+
+
+@dataclass
+class Sample:
+    """One loop-prone held-out prompt before and after the edit."""
+
+    prompt: str
+    before: str
+    after: str
+    before_period: int | None
+    after_period: int | None
+    before_near_period: int | None
+    after_near_period: int | None
+
+
+@dataclass
+class Validation:
+    """Held-out rates before/after (all prompts and the loop-prone subset), new loops, regression, samples."""
+
+    before: LoopRates
+    after: LoopRates
+    loop_prone_before: LoopRates
+    loop_prone_after: LoopRates
+    new_loops: int  # degenerate after the edit on prompts that were not before
+    new_exact_loops: int
+    regression: Regression
+    samples: list[Sample]
+    plain_greedy: dict[str, LoopRates] | None = None
+
+    def to_dict(self) -> dict:
+        """Plain JSON."""
+        d = {k: getattr(self, k).to_dict() for k in ("before", "after", "loop_prone_before", "loop_prone_after",
+                                                     "regression")}
+        d.update(new_loops=self.new_loops, new_exact_loops=self.new_exact_loops,
+                 samples=[asdict(s) for s in self.samples])
+        if self.plain_greedy:
+            d["plain_greedy"] = {k: v.to_dict() for k, v in self.plain_greedy.items()}
+        return d
+
+
+@dataclass
+class RepairReport:
+    """Everything a repair run measured (``to_dict`` is ``repair.json``)."""
+
+    config: RepairConfig
+    sampler: dict
+    model: dict
+    inputs: dict
+    end_token: EndToken
+    baseline: dict[str, LoopRates]
+    contrast: ContrastCounts
+    directions: dict[int, LayerDirection]
+    locate: Located
+    search: SearchStage
+    verdict: str
+    validation: Validation | None = None
+    patch: PatchSummary | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """Plain JSON, readable (stage by stage)."""
+        return {
+            "verdict": self.verdict, "config": self.config.to_dict(), "sampler": self.sampler, "model": self.model,
+            "inputs": self.inputs, "end_token": self.end_token.to_dict(),
+            "baseline": {k: v.to_dict() for k, v in self.baseline.items()}, "contrast": self.contrast.to_dict(),
+            "directions": {str(layer): d.to_dict() for layer, d in self.directions.items()},
+            "locate": self.locate.to_dict(), "search": self.search.to_dict(),
+            "validation": self.validation.to_dict() if self.validation else None,
+            "patch": self.patch.to_dict() if self.patch else None,
+            "timings_s": self.timings_s,
+        }
+
+
+# ---- stages ---------------------------------------------------------------------------------
+def baseline_scans(study: LoopStudy, inputs: RepairInputs, sets: Sequence[str] = SET_NAMES) -> Baselines:
+    """Scan each prompt set on the unedited model."""
+    ids = {k: study.encode(getattr(inputs, k)) for k in sets}
+    scans = {k: study.scan(ids[k], getattr(inputs, k), desc=f"scan {k}") for k in sets}
+    return Baselines(scans, ids)
+
+
+def direction_stage(study: LoopStudy, val_text: str, records: Sequence[GenerationRecord]) -> DirectionStage:
+    """Contrast loop vs reference positions of ``records``; one unit direction per layer; the regression probe."""
+    width = study.cfg.val_window or window_length(study.model.max_positions)
+    windows = text_windows(encode_quiet(study.tokenizer, val_text), width, study.cfg.regression_windows)
+    con = collect_contrast(study.module, records, batch_size=study.cfg.batch_size, reference_text_windows=windows[:32])
+    layers = {}
+    for layer in range(study.n_layers):
+        d = loop_direction(con.loop[layer], con.reference[layer], study.cfg.method, study.cfg.seed)
+        gap = float((con.loop[layer].mean(0) - con.reference[layer].mean(0)) @ d)
+        # how the residual stream after the block separates (reported only)
+        rd = con.resid_mean_loop[layer] - con.resid_mean_reference[layer]
+        cos = float(rd @ d / rd.norm()) if float(rd.norm()) > 0 else 0.0
+        sep = separation(con.loop[layer], con.reference[layer], d)
+        layers[layer] = LayerDirection(layer, d, gap, sep, float(rd.norm()), cos)
+    probe = RegressionProbe(study.module, windows, batch_size=study.cfg.batch_size)
+    return DirectionStage(con, layers, probe, width)
+
+
+def _prone_and_control(study: LoopStudy, records: Sequence[GenerationRecord]) -> tuple[list, list]:
+    prone = [r for r in records if r.degenerate][: study.cfg.search_prone]
+    control = [r for r in records if not r.degenerate][: study.cfg.search_control]
+    return prone, control
+
+
+def locate_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord]) -> Located:
+    """Ablate each layer's direction on loop-prone + control prompts of the direction set; rank layers."""
+    prone, control = _prone_and_control(study, records)
+    ids = [r.prompt_ids for r in prone + control]
+    located = locate_layers(study.module, stage.directions, study.rates_of(ids))
+    located.n_prompts = len(ids)
+    return located
+
+
+def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord]) -> SearchStage:
+    """Evaluate every edit of the grid on a stratified search set; choose by the degenerate rate."""
+    cfg = study.cfg
+    prone, control = _prone_and_control(study, records)
+    n_prone_all = sum(1 for r in records if r.degenerate)
+    strata = Strata(len(prone), len(control), n_prone_all, len(records) - n_prone_all)
+    baseline = strata.objective([r.measures for r in prone], [r.measures for r in control])
+    limits = Limits(cfg.max_kl, cfg.max_dloss)
+    ids = [r.prompt_ids for r in prone + control]
+
+    def evaluate(model: Any) -> tuple[Regression, Objective | None]:
+        reg = stage.probe.measure(model)
+        if not cfg.scan_inadmissible and not limits.admits(reg):
+            return reg, None
+        recs = study.scan(ids, decoded=False).records
+        return reg, strata.objective([r.measures for r in recs[: len(prone)]], [r.measures for r in recs[len(prone) :]])
+
+    layer_sets = cfg.layer_sets or tuple((layer,) for layer in range(study.n_layers)) + (
+        (tuple(range(study.n_layers)),) if study.n_layers > 1 else ())
+    specs = grid(layer_sets, cfg.ks, cfg.forms, {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas})
+    candidates = run_search(study.module, specs, stage.directions, stage.unit_means, evaluate, gaps=stage.gaps,
+                            progress=study.progress) if prone else []
+    return SearchStage(strata, baseline, limits, candidates, choose(candidates, baseline, limits))
+
+
+def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:
+    """The chosen edit as a finalised patch (hashes before/after recorded; model left unchanged)."""
+    edit = make_patch(study.module, chosen.spec, stage.directions, stage.unit_means, stage.gaps)
+    patch = finalise(study.module, edit)
+    patch.meta.update(edit=chosen.spec.to_dict(), sampler=study.sampler.to_dict(), objective="degenerate_rate",
+                      search_degenerate_rate=chosen.objective.degenerate_rate,
+                      search_loop_rate=chosen.objective.loop_rate,
+                      kl=chosen.regression.kl, dloss=chosen.regression.dloss)
+    return patch
+
+
+def _plain_greedy(study: LoopStudy, ids: list[list[int]]) -> LoopRates | None:
+    return study.scan(ids, sampler=greedy_sampler(study.eos_id), decoded=False).summary if ids else None
+
+
+def validate_stage(study: LoopStudy, patch: Patch, before: ScanResult, ids: list[list[int]], texts: list[str],
+                   probe: RegressionProbe) -> Validation:
+    """Apply the patch, rescan the held-out set (and plain greedy), measure regression, revert exactly."""
+    plain_ids = ids[: study.cfg.plain_greedy_check] if study.sampler != greedy_sampler(study.eos_id) else []
+    plain_before = _plain_greedy(study, plain_ids)
+    apply_patch(study.module, patch)
+    try:
+        after = study.scan(ids, texts, desc="validate")
+        regression = probe.measure(study.module)
+        plain_after = _plain_greedy(study, plain_ids)
+    finally:
+        revert_patch(study.module, patch)
+    pairs = list(zip(before.records, after.records, strict=True))
+    prone = [(b, a) for b, a in pairs if b.degenerate]
+    samples = [Sample(b.prompt or "", b.text or "", a.text or "", b.measures.period, a.measures.period,
+                      b.measures.near_period if b.measures.near_looping else None,
+                      a.measures.near_period if a.measures.near_looping else None)
+               for b, a in prone[: study.cfg.samples]]
+    return Validation(
+        before.summary, after.summary,
+        _subset_rates([b for b, _ in prone]), _subset_rates([a for _, a in prone]),
+        sum(1 for b, a in pairs if a.degenerate and not b.degenerate),
+        sum(1 for b, a in pairs if a.looping and not b.looping),
+        regression, samples,
+        {"before": plain_before, "after": plain_after} if plain_before is not None else None,
+    )
+
+
+def _subset_rates(records: Sequence[GenerationRecord]) -> LoopRates:
+    rates = loop_rates([r.measures for r in records])
+    chars = [r.char_measures for r in records if r.char_measures is not None]
+    if records and len(chars) == len(records):
+        rates.chars = loop_rates(chars)
+    return rates
+
+
+@dataclass(frozen=True)
+class PatchSummary:
+    """What the chosen patch changes and the model hashes it connects."""
+
+    edit: dict
+    weights_changed: int
+    total_parameters: int
+    fraction_changed: float
+    sha256_before: str
+    sha256_after: str
+
+    @classmethod
+    def of(cls, patch: Patch) -> "PatchSummary":
+        """From a finalised patch's metadata."""
+        return cls(*(patch.meta[f] for f in ("edit", "weights_changed", "total_parameters", "fraction_changed",
+                                              "sha256_before", "sha256_after")))
 
     def to_dict(self) -> dict:
         """Plain dict."""
         return asdict(self)
 
 
-def _decode(tokenizer):
-    def dec(ids):
-        try:
-            return tokenizer.decode(ids, show_unk=True, unk_text=UNK_SHOW)
-        except TypeError:  # tokenizers without the show_unk/unk_text options
-            return tokenizer.decode(ids)
-
-    return dec
-
-
-def _unk_id(tokenizer) -> int:
-    u = getattr(tokenizer, "unk_id", None)
-    return int(u) if u is not None else 1  # genprobe.corpus.UNK_ID
-
-
-def _rate_block(summary: dict) -> dict:
-    keys = ("n", "loops", "loop_rate", "loop_rate_ci95", "short_loop_rate", "long_loop_rate", "length_capped_rate",
-            "mean_distinct_2", "mean_seq_rep_4", "mean_longest_repeat", "period_hist", "onset_hist")
-    return {k: summary[k] for k in keys}
-
-
-def _subset_summary(records: list[dict]) -> dict:
-    n = len(records)
-    k = sum(1 for r in records if r["looping"])
-    return {"n": n, "loops": k, "loop_rate": k / n if n else 0.0, "loop_rate_ci95": list(wilson_interval(k, n)),
-            "mean_distinct_2": sum(r["distinct_2"] for r in records) / n if n else 0.0,
-            "mean_longest_repeat": sum(r["longest_repeat"] for r in records) / n if n else 0.0}
-
-
+# ---- the pipeline ---------------------------------------------------------------------------
 def repair(
     model: Any,
-    tokenizer,
-    val_text: str,
+    inputs: RepairInputs,
     cfg: RepairConfig | None = None,
     *,
     sampler: SamplerConfig | None = None,
     progress: bool = False,
-    log=lambda msg: None,
-) -> tuple[dict, Patch | None]:
-    """Run the pipeline; returns (report dict, finalised patch or None when no edit passed the limits)."""
+    log: Callable[[str], None] = lambda msg: None,
+) -> tuple[RepairReport, Patch | None]:
+    """Run the pipeline on a :class:`genprobe.model.load.Model`; the report and the patch (None if no edit passed)."""
     cfg = cfg or RepairConfig()
-    t_start = time.perf_counter()
-    unk = _unk_id(tokenizer)
-    sampler = sampler or chanting_sampler(unk)
-    decode = _decode(tokenizer)
-    n_layers = len(mlp_sites(model))
-    if cfg.max_new_tokens < 16:
-        raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {cfg.max_new_tokens}")
-    timings: dict[str, float] = {}
+    study = LoopStudy(model, cfg, sampler, progress)
+    clock = Clock()
+    if study.end_token.banned:
+        log(f"note: {study.end_token.note}")
 
-    def tick(name: str, t0: float) -> None:
-        timings[name] = round(time.perf_counter() - t0, 2)
+    base = baseline_scans(study, inputs)
+    clock.tick("baseline_scans")
+    log("baseline degenerate (exact loop) rates: " + ", ".join(
+        f"{k} {v.summary.degenerate_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.scans.items()))
 
-    def scan(prompts_ids, texts=None, desc="scan"):
-        return scan_loops(model, prompts_ids, cfg.max_new_tokens, sampler, batch_size=cfg.batch_size, seed=cfg.seed,
-                          unk_id=unk, min_tail=cfg.min_tail, decode=decode, prompt_texts=texts, progress=progress, desc=desc)
+    stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
+    clock.tick("contrast_direction")
+    located = locate_stage(study, stage, base.scans["direction"].records)
+    clock.tick("locate")
+    log(f"locate: base degenerate rate {located.base_degenerate_rate:.3f}, " + ", ".join(
+        f"L{a.layers[0]} ablated {a.degenerate_rate:.3f}" for a in located.per_layer))
 
-    # 1. prompt sets and baseline scans --------------------------------------------------------
-    t0 = time.perf_counter()
-    sets = prompt_sets(tokenizer, {"direction": cfg.n_direction, "search": cfg.n_search, "validate": cfg.n_validate},
-                       cfg.prefix_chars)
-    enc = {k: [tokenizer.encode(p) for p in v] for k, v in sets.items()}
-    base = {k: scan(enc[k], sets[k], desc=f"scan {k}") for k in sets}
-    tick("baseline_scans", t0)
-    log(f"baseline loop rates: " + ", ".join(f"{k} {base[k].summary['loop_rate']:.3f}" for k in base))
+    search = search_stage(study, stage, base.scans["search"].records)
+    clock.tick("search")
 
-    # 2–3. contrast, directions, locate --------------------------------------------------------
-    stage = _direction_stage(model, tokenizer, val_text, cfg, sampler, base["direction"].records, unk, progress, log, tick)
-    directions, gaps, con, windows = stage["directions"], stage["gaps"], stage["contrast"], stage["windows"]
-    sep, located = stage["separation"], stage["locate"]
-
-    # 4. search ----------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    s_recs = base["search"].records
-    prone = [r for r in s_recs if r["looping"]][: cfg.search_prone]
-    control = [r for r in s_recs if not r["looping"]][: cfg.search_control]
-    search_prompts = [r["prompt_ids"] for r in prone + control]
-    # Stratified estimate of the loop rate on the whole search set: loop-prone and control prompts
-    # are weighted by how many of each the full set holds, so a new loop among the controls counts
-    # as much as it would in the natural mix.
-    n_prone_all = sum(1 for r in s_recs if r["looping"])
-    w_prone = n_prone_all / len(prone) if prone else 0.0
-    w_control = (len(s_recs) - n_prone_all) / len(control) if control else 0.0
-    base_search_rate = n_prone_all / len(s_recs)
-    probe = RegressionProbe(model, windows, batch_size=cfg.batch_size)
-    limits = Limits(cfg.max_kl, cfg.max_dloss)
-
-    def evaluate(m):
-        r = probe.measure(m)
-        if not cfg.scan_inadmissible and not limits.admits(r):
-            r.update(loop_rate=None, prone_loops=None, control_loops=None)
-            return r
-        recs = scan_loops(m, search_prompts, cfg.max_new_tokens, sampler, batch_size=cfg.batch_size,
-                          seed=cfg.seed, unk_id=unk, min_tail=cfg.min_tail).records
-        lp = sum(1 for x in recs[: len(prone)] if x["looping"])
-        lc = sum(1 for x in recs[len(prone) :] if x["looping"])
-        r.update(loop_rate=(lp * w_prone + lc * w_control) / len(s_recs), prone_loops=lp, control_loops=lc)
-        return r
-
-    layer_sets = cfg.layer_sets or tuple((l,) for l in range(n_layers)) + ((tuple(range(n_layers)),) if n_layers > 1 else ())
-    alphas = {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas}
-    specs = grid(layer_sets, cfg.ks, cfg.forms, alphas)
-    unit_means = {l: con.unit_mean_loop[l] for l in range(n_layers)}
-    results = run_search(model, specs, directions, unit_means, evaluate, gaps=gaps, progress=progress) if prone else []
-    best = choose(results, base_search_rate, limits)
-    tick("search", t0)
-
-    report: dict = {
-        "config": cfg.to_dict(),
-        "sampler": sampler.to_dict(),
-        "model": {"parameters": count_parameters(model), "layers": n_layers},
-        "prompt_sets": {k: {"n": len(v), "first": v[:3]} for k, v in sets.items()},
-        "baseline": {k: _rate_block(v.summary) for k, v in base.items()},
-        "contrast": con.summary(),
-        "directions": {str(l): {"gap": gaps[l], **sep[l]} for l in range(n_layers)},
-        "locate": located,
-        "search": {"n_prompts": len(search_prompts), "prone": len(prone), "control": len(control),
-                   "prone_in_full_set": n_prone_all, "full_set": len(s_recs), "weights": [w_prone, w_control],
-                   "base_loop_rate": base_search_rate, "limits": asdict(limits), "candidates": results,
-                   "admissible": sum(1 for r in results if limits.admits(r)),
-                   "chosen": best},
-    }
-    if not prone:
-        report["verdict"] = "no loop-prone prompt in the search set: nothing to repair"
-    elif best is None:
-        report["verdict"] = "no edit passed the limits (or none reduced the loop rate within them)"
+    report = RepairReport(cfg, study.sampler.to_dict(), study.model.describe(), inputs.summary(), study.end_token,
+                          base.rates(), stage.contrast.counts, stage.layers, located, search,
+                          verdict=_verdict(search))
     patch = None
-    if best is not None:
-        # 5. validate on the held-out set --------------------------------------------------------
-        t0 = time.perf_counter()
-        spec = EditSpec(tuple(best["layers"]), best["k"], best["form"], best["alpha"])
-        patch = finalise(model, make_patch(model, spec, directions, unit_means, gaps))
-        patch.meta.update(edit=spec.to_dict(), sampler=sampler.to_dict(), search_loop_rate=best["loop_rate"],
-                          kl=best["kl"], dloss=best["dloss"])
-        before = base["validate"]
-        greedy_ids = enc["validate"][: cfg.plain_greedy_check]
-        plain = {}
-        if greedy_ids:
-            plain["before"] = scan_loops(model, greedy_ids, cfg.max_new_tokens, greedy_sampler(), batch_size=cfg.batch_size,
-                                         unk_id=unk, min_tail=cfg.min_tail).summary
-        apply_patch(model, patch)
-        try:
-            after = scan(enc["validate"], sets["validate"], desc="validate")
-            regression = probe.measure(model)
-            if greedy_ids:
-                plain["after"] = scan_loops(model, greedy_ids, cfg.max_new_tokens, greedy_sampler(),
-                                            batch_size=cfg.batch_size, unk_id=unk, min_tail=cfg.min_tail).summary
-        finally:
-            revert_patch(model, patch)
-        prone_idx = [i for i, r in enumerate(before.records) if r["looping"]]
-        samples = [
-            {"prompt": before.records[i]["prompt"], "before": before.records[i]["text"], "after": after.records[i]["text"],
-             "before_period": before.records[i]["period"], "after_period": after.records[i]["period"]}
-            for i in prone_idx[: cfg.samples]
-        ]
-        report["validation"] = {
-            "before": _rate_block(before.summary),
-            "after": _rate_block(after.summary),
-            "loop_prone_before": _subset_summary([before.records[i] for i in prone_idx]),
-            "loop_prone_after": _subset_summary([after.records[i] for i in prone_idx]),
-            "new_loops": sum(1 for b, a in zip(before.records, after.records) if a["looping"] and not b["looping"]),
-            "regression": regression,
-            "samples": samples,
-        }
-        if plain:
-            report["validation"]["plain_greedy"] = {k: _rate_block(v) for k, v in plain.items()}
-        report["patch"] = {k: patch.meta[k] for k in ("edit", "weights_changed", "total_parameters", "fraction_changed",
-                                                     "sha256_before", "sha256_after")}
-        report["verdict"] = "edit passed the limits"
-        tick("validate", t0)
-    timings["total"] = round(time.perf_counter() - t_start, 2)
-    report["timings_s"] = timings
+    if search.chosen is not None:
+        patch = build_patch(study, stage, search.chosen)
+        report.validation = validate_stage(study, patch, base.scans["validate"], base.ids["validate"],
+                                           inputs.validate, stage.probe)
+        report.patch = PatchSummary.of(patch)
+        clock.tick("validate")
+    report.timings_s = clock.to_dict()
     return report, patch
 
 
-def _direction_stage(model, tokenizer, val_text, cfg, sampler, d_recs, unk, progress, log, tick) -> dict:
-    """Contrast the direction-set records, estimate a direction per layer, ablate each to locate."""
-    n_layers = len(mlp_sites(model))
-    t0 = time.perf_counter()
-    val_ids = tokenizer.encode(val_text, warn=False)
-    block = getattr(getattr(model, "cfg", None), "block_size", None) or getattr(model, "max_positions", None) or 64
-    windows = text_windows(val_ids, block, cfg.regression_windows)
-    con = collect_contrast(model, d_recs, batch_size=cfg.batch_size, reference_text_windows=windows[:32])
-    directions, gaps, sep = {}, {}, {}
-    for l in range(n_layers):
-        d = loop_direction(con.loop[l], con.reference[l], cfg.method, cfg.seed)
-        directions[l] = d
-        gaps[l] = float((con.loop[l].mean(0) - con.reference[l].mean(0)) @ d)
-        sep[l] = separation(con.loop[l], con.reference[l], d)
-        # how the residual stream after the block separates (reported only)
-        rd = con.resid_mean_loop[l] - con.resid_mean_reference[l]
-        sep[l]["resid_mean_gap_norm"] = float(rd.norm())
-        sep[l]["cos_resid_vs_mlp_direction"] = float(rd @ d / rd.norm()) if float(rd.norm()) > 0 else 0.0
-    tick("contrast_direction", t0)
-    t0 = time.perf_counter()
-    loc_prompts = [r["prompt_ids"] for r in d_recs if r["looping"]][: cfg.search_prone] + \
-                  [r["prompt_ids"] for r in d_recs if not r["looping"]][: cfg.search_control]
-
-    def rate(m):
-        return scan_loops(m, loc_prompts, cfg.max_new_tokens, sampler, batch_size=cfg.batch_size, seed=cfg.seed,
-                          unk_id=unk, min_tail=cfg.min_tail).summary["loop_rate"]
-
-    located = locate_layers(model, directions, rate)
-    located["n_prompts"] = len(loc_prompts)
-    tick("locate", t0)
-    log("locate (loop rate on loop-prone + control prompts): base "
-        f"{located['base_loop_rate']:.3f}, " + ", ".join(f"L{r['layer']} ablated {r['loop_rate']:.3f}" for r in located["per_layer"]))
-    return {"directions": directions, "gaps": gaps, "contrast": con, "windows": windows, "separation": sep, "locate": located}
+def _verdict(search: SearchStage) -> str:
+    if search.strata.prone == 0:
+        return "no loop-prone prompt in the search set: nothing to repair"
+    if search.chosen is None:
+        return "no edit passed the limits (or none lowered the degenerate rate within them)"
+    return "edit passed the limits"
 
 
-def locate_only(model: Any, tokenizer, val_text: str, cfg: RepairConfig | None = None, *, sampler: SamplerConfig | None = None,
-                progress: bool = False, log=lambda msg: None) -> dict:
+@dataclass
+class LocateReport:
+    """What ``loops locate`` measured: the direction-set scan, the directions and the layer ablations."""
+
+    sampler: dict
+    end_token: EndToken
+    inputs: dict
+    scan: LoopRates
+    contrast: ContrastCounts
+    directions: dict[int, LayerDirection]
+    locate: Located
+    timings_s: dict[str, float]
+
+    def to_dict(self) -> dict:
+        """Plain JSON (direction vectors included)."""
+        return {"sampler": self.sampler, "end_token": self.end_token.to_dict(), "inputs": self.inputs,
+                "scan": self.scan.to_dict(), "contrast": self.contrast.to_dict(),
+                "directions": {str(layer): d.to_dict(with_vector=True) for layer, d in self.directions.items()},
+                "locate": self.locate.to_dict(), "timings_s": self.timings_s}
+
+
+def locate_only(
+    model: Any, inputs: RepairInputs, cfg: RepairConfig | None = None, *, sampler: SamplerConfig | None = None,
+    progress: bool = False, log: Callable[[str], None] = lambda msg: None,
+) -> LocateReport:
     """Scan the direction set, estimate directions and rank layers by ablation (no edit)."""
     cfg = cfg or RepairConfig()
-    unk = _unk_id(tokenizer)
-    sampler = sampler or chanting_sampler(unk)
-    timings: dict[str, float] = {}
-
-    def tick(name: str, t0: float) -> None:
-        timings[name] = round(time.perf_counter() - t0, 2)
-
-    t0 = time.perf_counter()
-    texts = prompt_sets(tokenizer, {"direction": cfg.n_direction}, cfg.prefix_chars)["direction"]
-    base = scan_loops(model, [tokenizer.encode(p) for p in texts], cfg.max_new_tokens, sampler, batch_size=cfg.batch_size,
-                      seed=cfg.seed, unk_id=unk, min_tail=cfg.min_tail, progress=progress, desc="scan")
-    tick("scan", t0)
-    log(f"direction set: loop rate {base.summary['loop_rate']:.3f} over {len(texts)} prompts")
-    st = _direction_stage(model, tokenizer, val_text, cfg, sampler, base.records, unk, progress, log, tick)
-    return {
-        "sampler": sampler.to_dict(),
-        "scan": _rate_block(base.summary),
-        "contrast": st["contrast"].summary(),
-        "directions": {str(l): {"gap": st["gaps"][l], **st["separation"][l], "vector": st["directions"][l].tolist()}
-                       for l in st["directions"]},
-        "locate": st["locate"],
-        "timings_s": timings,
-    }
+    study = LoopStudy(model, cfg, sampler, progress)
+    clock = Clock()
+    base = baseline_scans(study, inputs, sets=("direction",))
+    clock.tick("scan")
+    rates = base.scans["direction"].summary
+    log(f"direction set: degenerate rate {rates.degenerate_rate:.3f} (exact loops {rates.loop_rate:.3f}) over "
+        f"{rates.n} prompts")
+    stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
+    clock.tick("contrast_direction")
+    located = locate_stage(study, stage, base.scans["direction"].records)
+    clock.tick("locate")
+    return LocateReport(study.sampler.to_dict(), study.end_token, inputs.summary(), rates, stage.contrast.counts,
+                        stage.layers, located, clock.to_dict())

@@ -1,80 +1,235 @@
-"""Loop scan: generate after every prompt (batched), detect loops, aggregate rates and histograms."""
+"""Loop scan: generate after every prompt (batched), measure loops, aggregate rates and histograms.
+
+Every generation is measured on its tokens (periods in tokens) and, when a decoder is given, on the
+decoded characters too (periods in characters) — for a subword model the two differ, for the char
+GPT they coincide. Each measurement carries the exact-loop, near-loop and any-loop (either) rates
+side by side with the repetitive-tail rate (LZ compression), the degenerate rate (any of the
+three: what a repair must lower), tail compression and seq-rep-4 — the exact rate alone can be gamed.
+
+Loop studies generate a fixed number of new tokens. A model with an end-of-text token would stop
+early (and an early stop hides a loop that would have followed), so :func:`study_sampler` bans the
+end token and :class:`ScanSettings` records that it did.
+"""
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
 from ..engine.generate import generate
 from ..engine.sampling import SamplerConfig
-from ..metrics import DEFAULT_MIN_TAIL, degeneracy_metrics, wilson_interval
+from ..metrics import LoopMeasures, LoopSettings, measure_loops, unk_share, wilson_interval
 
 SHORT_PERIOD_MAX = 4  # "chanting": units of 1–4 tokens; longer periods are couplet-like cycles
 ONSET_BIN = 8
+END_TOKEN_NOTE = (
+    "the end-of-text token (id {eos}) is banned: every generation has exactly {n} new tokens, so a loop cannot "
+    "hide behind an early stop; the rates describe the model forced to continue"
+)
 
 
-def chanting_sampler(unk_id: int = 1) -> SamplerConfig:
-    """The seed's "chanting" setting: greedy with ``<unk>`` banned."""
-    return SamplerConfig(greedy=True, ban_ids=(unk_id,))
+def chanting_sampler(unk_id: int | None = 1, eos_id: int | None = None) -> SamplerConfig:
+    """The chapter's "chanting" setting: greedy with ``<unk>`` banned (and the end token, when there is one)."""
+    return SamplerConfig(greedy=True, ban_ids=tuple(i for i in (unk_id, eos_id) if i is not None))
 
 
-def greedy_sampler() -> SamplerConfig:
-    """Plain greedy (argmax)."""
-    return SamplerConfig(greedy=True)
+def greedy_sampler(eos_id: int | None = None) -> SamplerConfig:
+    """Plain greedy (argmax); the end token banned when there is one (fixed-length loop studies)."""
+    return SamplerConfig(greedy=True, ban_ids=(eos_id,) if eos_id is not None else ())
+
+
+def study_sampler(sampler: SamplerConfig, eos_id: int | None) -> SamplerConfig:
+    """``sampler`` with the end token added to its banned ids (unchanged when there is no end token)."""
+    if eos_id is None or eos_id in sampler.ban_ids:
+        return sampler
+    return replace(sampler, ban_ids=tuple(sampler.ban_ids) + (int(eos_id),))
+
+
+@dataclass
+class GenerationRecord:
+    """One prompt's generation and its loop measures (tokens; characters when decoded)."""
+
+    prompt_ids: list[int]
+    tokens: list[int]
+    hit_limit: bool
+    unk_share: float
+    measures: LoopMeasures
+    char_measures: LoopMeasures | None = None
+    prompt: str | None = None
+    text: str | None = None
+    unit_text: str = ""
+
+    @property
+    def looping(self) -> bool:
+        """Exactly periodic tail (tokens)."""
+        return self.measures.looping
+
+    @property
+    def any_loop(self) -> bool:
+        """Exact or near loop (tokens): the tail has a period."""
+        return self.measures.any_loop
+
+    @property
+    def degenerate(self) -> bool:
+        """Exact loop, near loop or repetitive tail (tokens): the robust per-generation verdict."""
+        return self.measures.degenerate
+
+    def to_dict(self) -> dict:
+        """Token measures at the top level (as before), character measures under ``chars``."""
+        d: dict[str, Any] = {"prompt": self.prompt, "text": self.text, "prompt_ids": self.prompt_ids,
+                             "tokens": self.tokens, "hit_limit": self.hit_limit, "unk_share": self.unk_share,
+                             "unit_text": self.unit_text}
+        d.update(self.measures.to_dict())
+        d["chars"] = self.char_measures.to_dict() if self.char_measures is not None else None
+        return d
+
+
+@dataclass
+class LoopRates:
+    """Aggregate loop measures of a set of sequences (one alphabet: tokens or characters)."""
+
+    n: int
+    loops: int
+    loop_rate: float
+    loop_rate_ci95: list[float]
+    near_loops: int
+    near_loop_rate: float
+    near_loop_rate_ci95: list[float]
+    any_loops: int
+    any_loop_rate: float
+    any_loop_rate_ci95: list[float]
+    repetitive: int
+    repetitive_rate: float
+    repetitive_rate_ci95: list[float]
+    degenerate: int
+    degenerate_rate: float  # exact loop, near loop or repetitive tail: what a repair must lower
+    degenerate_rate_ci95: list[float]
+    short_period_max: int
+    short_loop_rate: float  # exact loops with period <= short_period_max
+    long_loop_rate: float
+    short_any_rate: float  # exact-or-near loops by their period (exact period first)
+    long_any_rate: float
+    mean_distinct_2: float
+    mean_seq_rep_4: float
+    mean_longest_repeat: float
+    mean_tail_compression: float
+    mean_near_match: float
+    period_hist: dict[str, int]
+    near_period_hist: dict[str, int]
+    onset_hist: dict[str, int]
+    length_capped_rate: float | None = None
+    chars: "LoopRates | None" = None
+
+    def to_dict(self) -> dict:
+        """Plain JSON (character-level figures nested under ``chars``)."""
+        d = asdict(self)
+        d["chars"] = self.chars.to_dict() if self.chars is not None else None
+        return d
+
+
+def _rate(k: int, n: int) -> tuple[float, list[float]]:
+    return (k / n if n else 0.0), list(wilson_interval(k, n))
+
+
+def _onset_hist(onsets: Sequence[int]) -> dict[str, int]:
+    starts = [(o // ONSET_BIN) * ONSET_BIN for o in onsets]
+    hist: Counter = Counter(f"{lo}-{lo + ONSET_BIN - 1}" for lo in starts)
+    return dict(sorted(hist.items(), key=lambda kv: int(kv[0].split("-")[0])))
+
+
+def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_PERIOD_MAX) -> LoopRates:
+    """Exact, near, any-loop, repetitive and degenerate rates (+ Wilson 95% CIs), short/long, histograms, means."""
+    n = len(measures)
+    exact = [m for m in measures if m.looping]
+    near = [m for m in measures if m.near_looping]
+    anyl = [m for m in measures if m.any_loop]
+    short = sum(1 for m in exact if m.period <= short_period_max)
+    short_any = sum(1 for m in anyl if m.any_period <= short_period_max)
+
+    def mean(get: Callable[[LoopMeasures], float]) -> float:
+        return sum(get(m) for m in measures) / n if n else 0.0
+
+    lr, lr_ci = _rate(len(exact), n)
+    nr, nr_ci = _rate(len(near), n)
+    ar, ar_ci = _rate(len(anyl), n)
+    n_rep, n_deg = sum(m.repetitive for m in measures), sum(m.degenerate for m in measures)
+    rr, rr_ci = _rate(n_rep, n)
+    dr, dr_ci = _rate(n_deg, n)
+    return LoopRates(
+        n=n, loops=len(exact), loop_rate=lr, loop_rate_ci95=lr_ci,
+        near_loops=len(near), near_loop_rate=nr, near_loop_rate_ci95=nr_ci,
+        any_loops=len(anyl), any_loop_rate=ar, any_loop_rate_ci95=ar_ci,
+        repetitive=n_rep, repetitive_rate=rr, repetitive_rate_ci95=rr_ci,
+        degenerate=n_deg, degenerate_rate=dr, degenerate_rate_ci95=dr_ci,
+        short_period_max=short_period_max,
+        short_loop_rate=short / n if n else 0.0, long_loop_rate=(len(exact) - short) / n if n else 0.0,
+        short_any_rate=short_any / n if n else 0.0, long_any_rate=(len(anyl) - short_any) / n if n else 0.0,
+        mean_distinct_2=mean(lambda m: m.distinct_2), mean_seq_rep_4=mean(lambda m: m.seq_rep_4),
+        mean_longest_repeat=mean(lambda m: m.longest_repeat), mean_tail_compression=mean(lambda m: m.tail_compression),
+        mean_near_match=mean(lambda m: m.near_match),
+        period_hist={str(p): c for p, c in sorted(Counter(m.period for m in exact).items())},
+        near_period_hist={str(p): c for p, c in sorted(Counter(m.near_period for m in near).items())},
+        onset_hist=_onset_hist([m.onset for m in exact]),
+    )
+
+
+def summarise(records: Sequence[GenerationRecord], short_period_max: int = SHORT_PERIOD_MAX) -> LoopRates:
+    """Token-level rates of ``records`` with the length-capped share and, when decoded, character-level rates."""
+    rates = loop_rates([r.measures for r in records], short_period_max)
+    rates.length_capped_rate = sum(1 for r in records if r.hit_limit) / len(records) if records else 0.0
+    chars = [r.char_measures for r in records if r.char_measures is not None]
+    if records and len(chars) == len(records):
+        rates.chars = loop_rates(chars, short_period_max)
+    return rates
+
+
+@dataclass
+class ScanSettings:
+    """How a scan was run (JSON): sampler, budget, seed, detector settings, end-token handling."""
+
+    sampler: dict
+    max_new_tokens: int
+    seed: int
+    loop: dict
+    eos_id: int | None = None
+    eos_banned: bool = False
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
 
 
 @dataclass
 class ScanResult:
     """Per-generation records and the aggregate summary of one scan."""
 
-    records: list[dict]
-    summary: dict
-    settings: dict = field(default_factory=dict)
+    records: list[GenerationRecord]
+    summary: LoopRates
+    settings: ScanSettings
 
     def to_dict(self, with_records: bool = True) -> dict:
         """Plain JSON."""
-        d = {"settings": self.settings, "summary": self.summary}
+        d: dict[str, Any] = {"settings": self.settings.to_dict(), "summary": self.summary.to_dict()}
         if with_records:
-            d["records"] = self.records
+            d["records"] = [r.to_dict() for r in self.records]
         return d
 
 
-def summarise(records: Sequence[dict], short_period_max: int = SHORT_PERIOD_MAX) -> dict:
-    """Loop rate (+ Wilson 95% CI), length-capped rate, short/long-period rates, histograms, mean metrics."""
-    n = len(records)
-    loops = [r for r in records if r["looping"]]
-    short = sum(1 for r in loops if r["period"] <= short_period_max)
-    capped = sum(1 for r in records if r["hit_limit"])
-    onset_hist: Counter = Counter()
-    for r in loops:
-        lo = (r["onset"] // ONSET_BIN) * ONSET_BIN
-        onset_hist[f"{lo}-{lo + ONSET_BIN - 1}"] += 1
-
-    def mean(key: str) -> float:
-        return sum(r[key] for r in records) / n if n else 0.0
-
-    return {
-        "n": n,
-        "loops": len(loops),
-        "loop_rate": len(loops) / n if n else 0.0,
-        "loop_rate_ci95": list(wilson_interval(len(loops), n)),
-        "short_period_max": short_period_max,
-        "short_loops": short,
-        "short_loop_rate": short / n if n else 0.0,
-        "long_loops": len(loops) - short,
-        "long_loop_rate": (len(loops) - short) / n if n else 0.0,
-        "length_capped": capped,
-        "length_capped_rate": capped / n if n else 0.0,
-        "period_hist": {str(p): c for p, c in sorted(Counter(r["period"] for r in loops).items())},
-        "onset_hist": dict(sorted(onset_hist.items(), key=lambda kv: int(kv[0].split("-")[0]))),
-        "mean_distinct_2": mean("distinct_2"),
-        "mean_seq_rep_4": mean("seq_rep_4"),
-        "mean_longest_repeat": mean("longest_repeat"),
-    }
+def _record(prompt: list[int], toks: list[int], hit_limit: bool, unk_id: int | None, loop: LoopSettings,
+            decode: Callable[[list[int]], str] | None, prompt_text: str | None) -> GenerationRecord:
+    m = measure_loops(toks, loop)
+    rec = GenerationRecord(prompt, toks, hit_limit, unk_share(toks, unk_id) if unk_id is not None else 0.0, m)
+    if decode is not None:
+        rec.prompt = prompt_text if prompt_text is not None else decode(prompt)
+        rec.text = decode(toks)
+        rec.char_measures = measure_loops(rec.text, loop)
+        rec.unit_text = decode(list(m.unit)) if m.looping else ""
+    return rec
 
 
 def scan_loops(
@@ -86,72 +241,74 @@ def scan_loops(
     batch_size: int = 64,
     seed: int = 0,
     eos_id: int | None = None,
-    unk_id: int = 1,
-    min_tail: int = DEFAULT_MIN_TAIL,
-    decode=None,
+    unk_id: int | None = 1,
+    loop: LoopSettings | None = None,
+    decode: Callable[[list[int]], str] | None = None,
     prompt_texts: Sequence[str] | None = None,
     short_period_max: int = SHORT_PERIOD_MAX,
     progress: bool = False,
     desc: str = "scan",
 ) -> ScanResult:
-    """Generate ``max_new_tokens`` after each prompt in batches and measure loops on the generated tokens.
+    """Generate exactly ``max_new_tokens`` after each prompt in batches and measure loops.
 
-    ``decode(ids) -> str`` (e.g. ``tokenizer.decode``) adds texts to the records. Batch ``i`` uses
-    seed ``seed + i`` so sampled scans are reproducible.
+    ``eos_id`` (the model's end token) is banned, never used to stop (see module doc). ``decode``
+    (ids -> str) adds texts and character-level measures. Batch ``i`` uses seed ``seed + i``.
     """
     if not prompts:
         raise ValueError("no prompts to scan")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    sampler = sampler or chanting_sampler(unk_id)
-    records: list[dict] = []
-    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr, disable=not progress or not sys.stderr.isatty(), leave=False)
+    loop = loop or LoopSettings()
+    sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
+    records: list[GenerationRecord] = []
+    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr,
+               disable=not progress or not sys.stderr.isatty(), leave=False)
     try:
         for bi, start in enumerate(range(0, len(prompts), batch_size)):
             chunk = [list(p) for p in prompts[start : start + batch_size]]
-            res = generate(model, chunk, max_new_tokens, sampler, seed=seed + bi, eos_id=eos_id)
+            res = generate(model, chunk, max_new_tokens, sampler, seed=seed + bi)
             for j, toks in enumerate(res.tokens):
-                m = degeneracy_metrics(toks, unk_id=unk_id, min_tail=min_tail)
-                rec = {
-                    "prompt_ids": chunk[j],
-                    "tokens": toks,
-                    "looping": m["looping"],
-                    "period": m["loop_period"],
-                    "onset": m["loop_onset"],
-                    "unit": m["loop_unit"],
-                    "repeats": m["loop_repeats"],
-                    "hit_limit": res.finished[j] == "length",
-                    "distinct_2": m["distinct_2"],
-                    "seq_rep_4": m["seq_rep_4"],
-                    "longest_repeat": m["longest_repeat"],
-                    "unk_share": m["unk_share"],
-                }
-                if decode is not None:
-                    rec["prompt"] = prompt_texts[start + j] if prompt_texts is not None else decode(chunk[j])
-                    rec["text"] = decode(toks)
-                    rec["unit_text"] = decode(m["loop_unit"]) if m["looping"] else ""
-                records.append(rec)
+                text = prompt_texts[start + j] if prompt_texts is not None else None
+                records.append(_record(chunk[j], toks, res.finished[j] == "length", unk_id, loop, decode, text))
             bar.update(len(chunk))
     finally:
         bar.close()
-    settings = {"sampler": sampler.to_dict(), "max_new_tokens": max_new_tokens, "seed": seed, "min_tail": min_tail}
+    banned = eos_id is not None and eos_id in sampler.ban_ids
+    settings = ScanSettings(sampler.to_dict(), max_new_tokens, seed, loop.to_dict(), eos_id, banned,
+                            END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None)
     return ScanResult(records, summarise(records, short_period_max), settings)
 
 
-def scan_table(summary: dict, title: str = "") -> str:
-    """A short human-readable table of a scan summary."""
-    lo, hi = summary["loop_rate_ci95"]
-    lines = [title] if title else []
-    lines += [
-        f"  generations        {summary['n']}",
-        f"  loop rate          {summary['loop_rate']:.3f}  (95% CI {lo:.3f}–{hi:.3f})",
-        f"    short (≤{summary['short_period_max']})        {summary['short_loop_rate']:.3f}",
-        f"    long              {summary['long_loop_rate']:.3f}",
-        f"  hit length limit   {summary['length_capped_rate']:.3f}",
-        f"  mean distinct-2    {summary['mean_distinct_2']:.3f}",
-        f"  mean seq-rep-4     {summary['mean_seq_rep_4']:.3f}",
-        f"  mean longest rep.  {summary['mean_longest_repeat']:.1f}",
-        f"  periods            {summary['period_hist']}",
-        f"  onsets             {summary['onset_hist']}",
+def _pct(x: float) -> str:
+    return f"{100 * x:5.1f}%"
+
+
+def _ci(rate: float, ci: Sequence[float]) -> str:
+    return f"{_pct(rate)}  [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]"
+
+
+def scan_table(summary: LoopRates, title: str = "") -> str:
+    """A short human-readable table: tokens beside characters when both were measured."""
+    cols = [("tokens", summary)] + ([("chars", summary.chars)] if summary.chars is not None else [])
+    rows = [
+        ("exact loop rate", lambda s: _ci(s.loop_rate, s.loop_rate_ci95)),
+        ("near-loop rate", lambda s: _ci(s.near_loop_rate, s.near_loop_rate_ci95)),
+        ("exact or near", lambda s: _ci(s.any_loop_rate, s.any_loop_rate_ci95)),
+        ("repetitive tail", lambda s: _ci(s.repetitive_rate, s.repetitive_rate_ci95)),
+        ("degenerate (any of them)", lambda s: _ci(s.degenerate_rate, s.degenerate_rate_ci95)),
+        (f"  short (≤{summary.short_period_max}) exact/any",
+         lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}"),
+        ("  long exact/any", lambda s: f"{_pct(s.long_loop_rate)} / {_pct(s.long_any_rate)}"),
+        ("mean distinct-2", lambda s: f"{s.mean_distinct_2:.3f}"),
+        ("mean seq-rep-4", lambda s: f"{s.mean_seq_rep_4:.3f}"),
+        ("mean tail compression", lambda s: f"{s.mean_tail_compression:.2f}"),
+        ("mean longest repeat", lambda s: f"{s.mean_longest_repeat:.1f}"),
     ]
+    lines = [title] if title else []
+    lines.append(f"  generations {summary.n}; hit the length limit {_pct(summary.length_capped_rate or 0.0)}")
+    lines.append("  " + " " * 30 + "".join(f"{name:<28}" for name, _ in cols))
+    for label, fmt in rows:
+        lines.append(f"  {label:<30}" + "".join(f"{fmt(s):<28}" for _, s in cols))
+    for name, s in cols:
+        lines.append(f"  periods ({name}): exact {s.period_hist}; near {s.near_period_hist}")
     return "\n".join(lines)

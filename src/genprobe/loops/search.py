@@ -1,24 +1,34 @@
-"""Strength / layer-set / k / form search under regression limits.
+"""Strength / layer-set / k / form search under regression limits, optimising a loop rate that cannot be gamed.
 
 Every candidate is applied in place, evaluated, and reverted exactly (original columns written
-back), so the model leaves the search bit-identical. The choice rule is pure (:func:`choose`):
-among candidates with KL ≤ ``max_kl`` and Δloss ≤ ``max_dloss`` and a loop rate strictly below the
-baseline, take the lowest loop rate; ties go to fewer weights changed, then lower KL.
+back), so the model leaves the search bit-identical. What the search minimises is the **degenerate
+rate** — generations whose tail loops exactly, nearly (up to substitutions) or is repetitive (a few
+LZ copies of earlier text; :class:`genprobe.metrics.LoopMeasures`) — estimated on a stratified
+search set; the exact-loop rate is measured and reported beside it but never decides. An edit that
+merely changes one token per cycle turns exact loops into near loops, one that shifts the unit each
+cycle turns them into repetitive tails: the exact rate drops, the degenerate rate does not, and such
+edits do not win (see the tests).
+
+The choice rule is pure (:func:`choose`): among candidates with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss``
+and a degenerate rate strictly below the baseline's, take the lowest degenerate rate; ties go to the
+lower periodic (exact-or-near) rate, the lower exact rate, then fewer weights changed, then lower KL.
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 import torch
 from tqdm import tqdm
 
+from ..metrics import LoopMeasures
 from .arch import state_sha256
 from .edit import EditSpec, make_patch
 from .patch import write_values
+from .regress import Regression
 
 DEFAULT_MAX_KL = 0.1
 DEFAULT_MAX_DLOSS = 0.02
@@ -31,10 +41,80 @@ class Limits:
     max_kl: float = DEFAULT_MAX_KL
     max_dloss: float = DEFAULT_MAX_DLOSS
 
-    def admits(self, result: dict) -> bool:
+    def admits(self, reg: Regression | None) -> bool:
         """True when KL and Δloss are both within the limits."""
-        kl, dl = result.get("kl"), result.get("dloss")
-        return kl is not None and dl is not None and kl <= self.max_kl and dl <= self.max_dloss
+        return reg is not None and reg.kl <= self.max_kl and reg.dloss <= self.max_dloss
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return {"max_kl": self.max_kl, "max_dloss": self.max_dloss}
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Stratified rates on the search set: ``degenerate_rate`` is minimised, the others are reported."""
+
+    degenerate_rate: float
+    any_loop_rate: float
+    loop_rate: float
+    near_loop_rate: float
+    prone_degenerate: int  # loop-prone prompts still degenerate
+    control_degenerate: int  # control prompts that degenerate after the edit (new loops)
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Strata:
+    """How the search set was drawn: ``prone``/``control`` prompts of ``prone_all``/``control_all`` in the full set."""
+
+    prone: int
+    control: int
+    prone_all: int
+    control_all: int
+
+    def objective(self, prone: Sequence[LoopMeasures], control: Sequence[LoopMeasures]) -> Objective:
+        """Loop rates on the full set estimated from the two strata, each weighted by its share of the full set.
+
+        A new loop among the controls counts as much as it would in the natural mix of prompts.
+        """
+        if len(prone) != self.prone or len(control) != self.control:
+            raise ValueError(f"expected {self.prone} loop-prone and {self.control} control measures, "
+                             f"got {len(prone)} and {len(control)}")
+        n = self.prone_all + self.control_all
+        w_p = self.prone_all / self.prone if self.prone else 0.0
+        w_c = self.control_all / self.control if self.control else 0.0
+
+        def rate(hit: Callable[[LoopMeasures], bool]) -> float:
+            return (w_p * sum(map(hit, prone)) + w_c * sum(map(hit, control))) / n if n else 0.0
+
+        return Objective(rate(lambda m: m.degenerate), rate(lambda m: m.any_loop), rate(lambda m: m.looping),
+                         rate(lambda m: m.near_looping), sum(m.degenerate for m in prone),
+                         sum(m.degenerate for m in control))
+
+
+@dataclass
+class Candidate:
+    """One evaluated edit: its spec, what it costs (regression), what it does (objective), what it touches."""
+
+    spec: EditSpec
+    regression: Regression | None = None
+    objective: Objective | None = None  # None: not scanned (over the limits) or not buildable
+    weights_changed: int = 0
+    alpha_abs: dict[int, float] = field(default_factory=dict)
+    columns: dict[int, list[int]] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        """Flat JSON row (spec, regression, objective, columns)."""
+        reg = self.regression
+        obj = self.objective.to_dict() if self.objective else dict.fromkeys(f.name for f in fields(Objective))
+        return {**self.spec.to_dict(), "kl": reg.kl if reg else None, "dloss": reg.dloss if reg else None,
+                "loss": reg.loss if reg else None, **obj, "weights_changed": self.weights_changed,
+                "alpha_abs": {str(k): v for k, v in self.alpha_abs.items()},
+                "columns": {str(k): v for k, v in self.columns.items()}, "error": self.error}
 
 
 def grid(
@@ -50,12 +130,17 @@ def grid(
     return out
 
 
-def choose(results: Sequence[dict], base_loop_rate: float, limits: Limits) -> dict | None:
-    """The best admissible candidate (see module doc) or ``None`` if none improves within the limits."""
-    ok = [r for r in results if limits.admits(r) and r.get("loop_rate") is not None and r["loop_rate"] < base_loop_rate]
+def choose(candidates: Sequence[Candidate], baseline: Objective, limits: Limits) -> Candidate | None:
+    """The best admissible candidate (see module doc); ``None`` if none lowers the degenerate rate within the limits."""
+    ok = [c for c in candidates if limits.admits(c.regression) and c.objective is not None
+          and c.objective.degenerate_rate < baseline.degenerate_rate]
     if not ok:
         return None
-    return min(ok, key=lambda r: (r["loop_rate"], r["weights_changed"], r["kl"]))
+    return min(ok, key=lambda c: (c.objective.degenerate_rate, c.objective.any_loop_rate, c.objective.loop_rate,
+                                  c.weights_changed, c.regression.kl))
+
+
+Evaluate = Callable[[Any], tuple[Regression, Objective | None]]
 
 
 def run_search(
@@ -63,32 +148,30 @@ def run_search(
     specs: Sequence[EditSpec],
     directions: dict[int, torch.Tensor],
     unit_means: dict[int, torch.Tensor],
-    evaluate: Callable[[Any], dict],
+    evaluate: Evaluate,
     *,
     gaps: dict[int, float] | None = None,
     progress: bool = False,
-) -> list[dict]:
-    """Evaluate every spec: ``evaluate(model)`` must return at least ``loop_rate`` (None = not measured), ``kl``, ``dloss``."""
+) -> list[Candidate]:
+    """Evaluate every spec with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
     before = state_sha256(model)
-    results = []
-    bar = tqdm(specs, desc="search", unit="edit", file=sys.stderr, disable=not progress or not sys.stderr.isatty(), leave=False)
+    out = []
+    bar = tqdm(specs, desc="search", unit="edit", file=sys.stderr, disable=not progress or not sys.stderr.isatty(),
+               leave=False)
     for spec in bar:
         try:
             patch = make_patch(model, spec, directions, unit_means, gaps)
         except ValueError as exc:  # e.g. selected units never active in loops: this candidate cannot be built
-            results.append({**spec.to_dict(), "error": str(exc), "loop_rate": None, "kl": None, "dloss": None,
-                            "weights_changed": 0})
+            out.append(Candidate(spec, error=str(exc)))
             continue
         write_values(model, patch, "new")
         try:
-            r = dict(evaluate(model))
+            reg, obj = evaluate(model)
         finally:
             write_values(model, patch, "original")
-        r.update(spec.to_dict())
-        r["weights_changed"] = sum(t.changed() for t in patch.targets)
-        r["alpha_abs"] = {str(t.layer): t.alpha for t in patch.targets}
-        r["columns"] = {str(t.layer): t.columns.tolist() for t in patch.targets}
-        results.append(r)
+        out.append(Candidate(spec, reg, obj, sum(t.changed() for t in patch.targets),
+                             {t.layer: t.alpha for t in patch.targets},
+                             {t.layer: t.columns.tolist() for t in patch.targets}))
     if state_sha256(model) != before:  # pragma: no cover - exact restore
         raise RuntimeError("search left the model modified")
-    return results
+    return out

@@ -1,20 +1,118 @@
-"""All degeneration metrics of one generated sequence, as one plain dict."""
+"""All degeneration measures of one generated sequence: exact loop, near loop, tail compression, n-gram repeats."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Hashable, Sequence
 
+from .compress import DEFAULT_MIN_COMPRESSION, tail_compression
 from .loop import DEFAULT_MIN_TAIL, detect_loop
+from .nearloop import DEFAULT_MAX_PERIOD, DEFAULT_MIN_MATCH, DEFAULT_WINDOW, detect_near_loop
 from .ngrams import distinct_n, longest_repeated_ngram, seq_rep_n, unk_share
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """Detector parameters: exact loop (``min_tail``), near loop (``window``, ``max_period``, ``min_match``)
+    and repetitive tail (``window``, ``min_compression``)."""
+
+    min_tail: int = DEFAULT_MIN_TAIL
+    window: int = DEFAULT_WINDOW
+    max_period: int = DEFAULT_MAX_PERIOD
+    min_match: float = DEFAULT_MIN_MATCH
+    min_compression: float = DEFAULT_MIN_COMPRESSION
+
+    def __post_init__(self) -> None:
+        if self.min_compression < 1.0:
+            raise ValueError(f"min_compression must be >= 1 tail token per piece, got {self.min_compression}")
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LoopMeasures:
+    """Loop and repetition measures of one sequence (token ids or characters)."""
+
+    length: int
+    looping: bool  # exactly periodic tail (genprobe.metrics.detect_loop)
+    period: int | None
+    onset: int | None
+    unit: tuple
+    repeats: float
+    near_looping: bool  # approximately periodic tail (genprobe.metrics.detect_near_loop)
+    near_period: int | None
+    near_match: float
+    near_onset: int | None
+    tail_compression: float  # tail tokens per LZ piece (genprobe.metrics.tail_compression)
+    repetitive: bool  # tail_compression >= LoopSettings.min_compression: the tail copies earlier text
+    seq_rep_4: float  # Welleck et al. 2019
+    distinct_2: float
+    longest_repeat: int  # longest n-gram seen >= 3 times
+
+    @property
+    def any_loop(self) -> bool:
+        """Exact or near loop: the tail is periodic, exactly or up to substitutions (it has a period)."""
+        return self.looping or self.near_looping
+
+    @property
+    def degenerate(self) -> bool:
+        """Exact loop, near loop or repetitive tail: the measure a repair must lower.
+
+        Each detector alone can be dodged — exact periodicity by one substitution per cycle, the
+        near-loop share by shifting the unit — but not all three without writing new text.
+        """
+        return self.looping or self.near_looping or self.repetitive
+
+    @property
+    def any_period(self) -> int | None:
+        """The exact period when exactly looping, else the near period when near-looping, else None."""
+        return self.period if self.looping else self.near_period if self.near_looping else None
+
+    @property
+    def any_onset(self) -> int | None:
+        """Onset belonging to :attr:`any_period`."""
+        return self.onset if self.looping else self.near_onset if self.near_looping else None
+
+    def to_dict(self) -> dict:
+        """Plain JSON-serialisable dict (unit as a list, derived fields included)."""
+        d = asdict(self)
+        d["unit"] = list(self.unit)
+        d["any_loop"] = self.any_loop
+        d["any_period"] = self.any_period
+        d["any_onset"] = self.any_onset
+        d["degenerate"] = self.degenerate
+        return d
+
+
+def measure_loops(tokens: Sequence[Hashable], settings: LoopSettings | None = None) -> LoopMeasures:
+    """Exact and near loop, tail compression, seq-rep-4, distinct-2 and longest repeat of one sequence."""
+    s = settings or LoopSettings()
+    seq = tuple(tokens)
+    exact = detect_loop(seq, min_tail=s.min_tail)
+    near = detect_near_loop(seq, window=s.window, max_period=s.max_period, min_match=s.min_match)
+    compression = tail_compression(seq, s.window)
+    return LoopMeasures(
+        length=len(seq),
+        looping=exact.looping, period=exact.period, onset=exact.onset, unit=exact.unit, repeats=exact.repeats,
+        near_looping=near.near_looping, near_period=near.period, near_match=near.match_share, near_onset=near.onset,
+        tail_compression=compression,
+        repetitive=compression >= s.min_compression,
+        seq_rep_4=seq_rep_n(seq, 4),
+        distinct_2=distinct_n(seq, 2),
+        longest_repeat=longest_repeated_ngram(seq, 3)[0],
+    )
 
 
 def degeneracy_metrics(
     tokens: Sequence[Hashable], unk_id: int = 1, *, min_tail: int = DEFAULT_MIN_TAIL
 ) -> dict:
-    """distinct-1/2/3, longest n-gram seen >= 3 times, ``<unk>`` share, seq-rep-4 and the loop fields."""
+    """distinct-1/2/3, longest n-gram seen >= 3 times, ``<unk>`` share, seq-rep-4, exact and near loop fields."""
     seq = list(tokens)
     rep_len, rep = longest_repeated_ngram(seq, 3)
     loop = detect_loop(seq, min_tail=min_tail)
+    near = detect_near_loop(seq)
     return {
         "length": len(seq),
         "distinct_1": distinct_n(seq, 1),
@@ -29,4 +127,8 @@ def degeneracy_metrics(
         "loop_onset": loop.onset,
         "loop_unit": list(loop.unit),
         "loop_repeats": loop.repeats,
+        "near_looping": near.near_looping,
+        "near_period": near.period,
+        "near_match": near.match_share,
+        "tail_compression": tail_compression(seq),
     }

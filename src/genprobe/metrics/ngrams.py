@@ -29,7 +29,7 @@ def ngrams(tokens: Tokens, n: int) -> list[tuple]:
 
 
 def distinct_n(tokens: Tokens, n: int) -> float:
-    """Unique n-grams / total n-grams (seed Eq. 3.22); 0.0 when there is no n-gram."""
+    """Unique n-grams / total n-grams (the chapter's distinct-n); 0.0 when there is no n-gram."""
     grams = ngrams(tokens, n)
     return len(set(grams)) / len(grams) if grams else 0.0
 

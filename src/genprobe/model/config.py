@@ -44,6 +44,11 @@ class GPTConfig:
         """Per-head dimension."""
         return self.d_model // self.n_head
 
+    @property
+    def max_positions(self) -> int | None:
+        """Longest sequence the model accepts: ``block_size`` for a learned position table, else None (unbounded)."""
+        return self.block_size if self.pos_encoding == "learned" else None
+
     def to_dict(self) -> dict:
         """JSON-serialisable form."""
         return asdict(self)

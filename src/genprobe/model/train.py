@@ -111,6 +111,17 @@ def _packed_rows(docs: list[torch.Tensor], T: int, B: int, gen: torch.Generator)
     return x, y, doc, mask
 
 
+def build_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (biases, norms and gains are not decayed)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr,
+        betas=tc.betas,
+    )
+
+
 @dataclass
 class TrainResult:
     """What a training run produced."""
@@ -151,13 +162,7 @@ def train(
             pos += len(d)
         docs = [d for d in docs if len(d) >= 2] or [train_ids]
     model = GPT(cfg)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tc.lr,
-        betas=tc.betas,
-    )
+    opt = build_optimizer(model, tc)
     history: list[dict] = []
     model.train()
     bar = tqdm(range(tc.steps), desc="train", disable=not progress, dynamic_ncols=True)

@@ -35,7 +35,7 @@ def _png(fig) -> bytes:
 
 
 def decoding_bars(case: dict) -> bytes:
-    """Fig. 3.1: distinct-2 per decoding strategy (red = deterministic, green = sampled), ours beside the seed's."""
+    """Fig. 3.1: distinct-2 per decoding strategy (red = deterministic, green = sampled), ours beside the chapter's."""
     plt = _plt()
     rows = case["decoding"]["rows"]
     seed = {r["strategy"]: r for r in case.get("seed", {}).get("decoding", {}).get("rows", [])}
@@ -119,7 +119,7 @@ def compute_vs_speedup(case: dict) -> bytes:
 
 
 def perturbation_curves(case: dict) -> bytes:
-    """Seed §3.7.5: Δloss per step after one wrong token, for each perturbed position k."""
+    """Δloss per step after one wrong token, for each perturbed position k (the chapter's k = 8 curve dashed)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.0, 3.0))
     for p, c in zip(case["exposure"]["perturbation"], (TEAL, ORANGE, RED, GREEN, GREY)):

@@ -2,36 +2,50 @@
 
 from .adapters import (
     CacheImpl,
+    CacheUnavailableError,
     CompiledEngineAdapter,
     EngineAdapter,
     FullRecompute,
     HFAdapter,
     HFReference,
+    ImplFactoryError,
     ImplSpecError,
     Reference,
     check_impl,
     load_impl,
 )
-from .harness import PhaseResult, ReferenceRun, Thresholds, VerifyReport, max_abs_diff, verify_implementation
+from .api import verify_cache
+from .compare import Thresholds, max_abs_diff
+from .harness import ReferenceRun, verify_implementation
+from .hf_caches import CACHE_KINDS
 from .mutants import MUTANTS, TeachingCache, cache_exact, mask_noop, run_mutant_reports, run_mutants
+from .report import PhaseError, PhaseResult, VerifyReport
+from .window import WindowedRecompute, windowed_forward
 
 __all__ = [
+    "CACHE_KINDS",
     "CacheImpl",
+    "CacheUnavailableError",
     "CompiledEngineAdapter",
     "EngineAdapter",
     "FullRecompute",
     "HFAdapter",
     "HFReference",
+    "ImplFactoryError",
     "ImplSpecError",
     "Reference",
     "check_impl",
     "load_impl",
+    "PhaseError",
     "PhaseResult",
     "ReferenceRun",
     "Thresholds",
     "VerifyReport",
+    "WindowedRecompute",
     "max_abs_diff",
+    "verify_cache",
     "verify_implementation",
+    "windowed_forward",
     "MUTANTS",
     "TeachingCache",
     "cache_exact",

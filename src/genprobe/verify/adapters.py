@@ -19,10 +19,12 @@ The reference it is compared against is full recomputation without any cache::
 Both may optionally expose ``max_positions`` (longest sequence they accept); the verifier refuses a
 run that would exceed it, naming the limit, instead of letting an embedding lookup fail.
 
-Built-ins: :class:`EngineAdapter` (genprobe's ``KVCache`` + ``forward_step``),
-:class:`CompiledEngineAdapter` (its decode path under ``torch.compile``), :class:`FullRecompute`
-(reference for a genprobe ``GPT``), :class:`HFAdapter` / :class:`HFReference` for any
-``transformers`` causal LM, and :func:`load_impl` for a user factory given as ``"pkg.module:factory"``.
+Built-ins: :class:`EngineAdapter` (genprobe's ``KVCache`` + ``forward_step``, optionally a sliding
+window with sinks), :class:`CompiledEngineAdapter` (its decode path under ``torch.compile``),
+:class:`FullRecompute` (reference for a genprobe ``GPT``; the windowed one is
+:class:`genprobe.verify.window.WindowedRecompute`), :class:`HFAdapter` (any ``transformers`` causal LM
+through one of its own cache classes) / :class:`HFReference`, and :func:`load_impl` for a user factory
+given as ``"pkg.module:factory"``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ class ImplSpecError(ValueError):
     """A ``--impl`` specification that cannot be imported or does not yield an adapter."""
 
 
+class ImplFactoryError(Exception):
+    """The user's factory raised while building the implementation (a crash of the implementation, not bad input)."""
+
+    def __init__(self, spec: str, exc: BaseException):
+        super().__init__(f"factory {spec!r} raised {type(exc).__name__}: {exc}")
+        self.spec, self.exc = spec, exc
+
+
 # ---- genprobe GPT ----------------------------------------------------------------------------------
 class FullRecompute:
     """Reference for a genprobe ``GPT``: one uncached forward over the whole sequence."""
@@ -76,32 +86,54 @@ class FullRecompute:
 
 
 class EngineAdapter:
-    """genprobe's own engine: preallocated ``KVCache`` + ``forward_step``."""
+    """genprobe's own engine: preallocated ``KVCache`` + ``forward_step``, optionally a sliding window + sinks.
 
-    name = "engine"
+    A windowed ``KVCache`` is a ring buffer of ``sinks + window`` slots that accepts one token per call
+    once full (a chunk would overwrite keys its own first queries still need). Past that point the
+    adapter feeds a chunk token by token, as any decode loop over a windowed cache must.
+    """
 
-    def __init__(self, model: GPT, max_len: int | None = None):
+    def __init__(self, model: GPT, max_len: int | None = None, window: int | None = None, sinks: int = 0):
         self.model = model.eval()
-        self.max_len = max_len or model.cfg.block_size
+        self.window, self.sinks = window, sinks
+        self.capacity = None if window is None else sinks + window
+        self.max_len = self.capacity or max_len or model.cfg.block_size
         self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        self.name = "engine" if window is None else f"engine (window {window}, sinks {sinks})"
         self.cache: KVCache | None = None
+        self.fed = 0  # tokens written into the cache (padding included)
 
     def reset(self) -> None:
         """Drop the cache; the next ``prefill`` allocates one for its batch size."""
         self.cache = None
+        self.fed = 0
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Fill a fresh cache with the prompt."""
-        self.cache = KVCache.for_model(self.model.cfg, ids.shape[0], max_len=self.max_len)
-        return forward_step(self.model, ids, cache=self.cache, attention_mask=attention_mask)
+        kw = {} if self.window is None else {"window": self.window, "sinks": self.sinks}
+        self.cache = KVCache.for_model(self.model.cfg, ids.shape[0], max_len=self.max_len, **kw)
+        self.fed = 0
+        return self._feed(ids, attention_mask)
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor) -> torch.Tensor:
         """Continue the cached sequence."""
         if self.cache is None:
             raise RuntimeError("step() before prefill()")
-        return forward_step(self.model, ids, cache=self.cache)
+        return self._feed(ids, None)
+
+    def _feed(self, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        outs, start, T = [], 0, ids.shape[1]
+        while start < T:
+            # a full ring buffer takes one token per call; before that, as many as still fit
+            n = T - start if self.capacity is None else max(1, min(T - start, self.capacity - self.fed))
+            piece_mask = None if mask is None else mask[:, start : start + n]
+            piece = ids[:, start : start + n]
+            outs.append(forward_step(self.model, piece, cache=self.cache, attention_mask=piece_mask))
+            self.fed += n
+            start += n
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
 class CompiledEngineAdapter:
@@ -175,7 +207,11 @@ class HFReference:
 
 
 class HFAdapter:
-    """A ``transformers`` causal LM driven through its own cache (``DynamicCache``).
+    """A ``transformers`` causal LM driven through its own cache.
+
+    ``cache`` names one of ``transformers``' cache classes (:mod:`genprobe.verify.hf_caches`): a fresh one
+    is built for every sequence; ``None`` lets the model build its default (``DynamicCache(config)``).
+    ``max_cache_len`` sizes a static cache (default: the model's context length).
 
     With ``pass_position_ids=True`` each call passes per-row positions counted from the attention
     mask, which is what ``generate()`` does. With ``False`` only the mask is passed and the model
@@ -184,11 +220,21 @@ class HFAdapter:
     are immune to a constant shift, so Llama/Qwen pass either way up to float noise.)
     """
 
-    def __init__(self, hf_model, pass_position_ids: bool = True):
+    def __init__(self, hf_model, pass_position_ids: bool = True, cache: str | None = None,
+                 max_cache_len: int | None = None):
+        from .hf_caches import unavailable_reason
+
         self.hf = hf_model.eval()
         self.pass_position_ids = pass_position_ids
-        self.name = f"hf:{getattr(hf_model.config, 'model_type', 'model')}" + ("" if pass_position_ids else "-no-position-ids")
+        self.cache_kind = cache
+        if cache is not None:
+            why = unavailable_reason(hf_model, cache)
+            if why is not None:
+                raise CacheUnavailableError(f"cache {cache!r} is unavailable: {why}")
         self.max_positions = _hf_max_positions(hf_model)
+        self.max_cache_len = max_cache_len or self.max_positions or 2048
+        arch = getattr(hf_model.config, "model_type", "model")
+        self.name = f"hf:{arch}" + (f"[{cache}]" if cache else "") + ("" if pass_position_ids else "-no-position-ids")
         self._kw = _cache_kwarg(hf_model)
         self.reset()
 
@@ -213,8 +259,12 @@ class HFAdapter:
         return out.logits.float()
 
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the prompt with ``use_cache=True`` and keep the returned cache."""
+        """Run the prompt with ``use_cache=True`` into a fresh cache and keep it."""
+        from .hf_caches import make_cache
+
         self.reset()
+        if self.cache_kind is not None:
+            self.cache = make_cache(self.hf, self.cache_kind, ids.shape[0], self.max_cache_len)
         self.next_pos = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask.long()
         return self._call(ids, mask)
@@ -224,6 +274,10 @@ class HFAdapter:
         if self.next_pos is None:
             raise RuntimeError("step() before prefill()")
         return self._call(ids, torch.ones_like(ids))
+
+
+class CacheUnavailableError(ValueError):
+    """A ``transformers`` cache class that the installed version (or this machine) cannot provide."""
 
 
 # ---- user implementations --------------------------------------------------------------------------
@@ -263,7 +317,10 @@ def load_impl(spec: str, model: Any = None) -> Any:
     if n_required > 1:
         raise ImplSpecError(f"factory {spec!r} must take at most one argument (the model), it requires {n_required}")
     if n_required == 1 and model is None:
-        raise ImplSpecError(f"factory {spec!r} needs a model: pass --model CKPT_OR_HF_DIR")
-    impl = factory(model) if params and model is not None else factory()
+        raise ImplSpecError(f"factory {spec!r} needs a model: give the model (checkpoint or transformers directory)")
+    try:
+        impl = factory(model) if params and model is not None else factory()
+    except Exception as exc:  # noqa: BLE001 — the implementation's own failure: reported, not a usage error
+        raise ImplFactoryError(spec, exc) from exc
     check_impl(impl, f"{spec!r} returned an object that")
     return impl

@@ -1,137 +1,41 @@
 """Cache-equivalence harness: compare an implementation's logits with full recomputation, step by step.
 
 A KV cache is a mathematical identity (seed §3.4.2), so the test compares *logits*, not text
-(§3.9.1: a missing mask moved logits by 2.10 and the greedy text by 0 characters). Four
-comparisons, each able to see a different class of bug:
+(§3.9.1: a missing mask moved logits by 2.10 and the greedy text by 0 characters). Each comparison
+can see a different class of bug:
 
 * **prefill** — the prompt in one cached call vs one uncached forward: should be bit-identical
   (same code path, §3.4.9), reported as ``torch.equal`` and max |Δ|.
 * **incremental** — greedy decoding for N steps, teacher-forced with the *reference's* greedy tokens,
   so each step's logits are compared on the very same prefix (step 0 = prefill, step k = k-th
-  ``step()``); the implementation is also run free on its own argmax to count text divergences.
+  ``step()``); the implementation's own greedy text is compared too, to count text divergences.
 * **chunk_c** — the reference's greedy sequence fed in chunks of c tokens (T_new > 1 is where a
   missing causal mask shows, §3.9.4).
 * **padded_batch** — prompts of different lengths left-padded into one batch vs each alone
   (where wrong absolute positions show, the GPT-2 ``position_ids`` bug class).
+* **isolation** — a different sequence A (other tokens, other length) run to the end, ``reset()``,
+  then sequence B, compared with B alone: state that survives ``reset()`` shows here even when
+  every other phase replays one prompt, whose leaked keys would coincide with the real ones.
 
-Verdict on the seed's scale (§3.4.3): < 1e-4 float noise (pass), < 1e-3 small, ≤ 1 suspicious,
-> 1 bug — all thresholds configurable.
+Verdicts: see :mod:`genprobe.verify.compare` (the seed's absolute scale, raised by a scale relative
+to the reference's logits). An exception inside the implementation makes its phase ``error`` (phase,
+type, message recorded) and the harness moves on to the next phase.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 
-VERDICTS = ("pass", "small", "suspicious", "bug")
+from .compare import Thresholds, max_abs_diff
+from .report import PhaseError, PhaseResult, PhaseTracker, VerifyReport, overall_verdict
 
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Verdict scale for max |Δlogit|: < noise pass, < suspicious small, ≤ bug suspicious, > bug bug."""
-
-    noise: float = 1e-4
-    bug: float = 1.0
-    suspicious: float = 1e-3
-    exact_prefill: bool = False  # when True a prefill that is not bit-identical is at least "small"
-
-    def __post_init__(self) -> None:
-        if not (0.0 <= self.noise <= self.suspicious <= self.bug):
-            raise ValueError(
-                f"thresholds must satisfy 0 <= noise <= suspicious <= bug, got noise={self.noise}, "
-                f"suspicious={self.suspicious}, bug={self.bug}"
-            )
-
-    def verdict(self, max_abs_dlogit: float) -> str:
-        """Classify one max |Δlogit| on the seed's scale."""
-        d = float(max_abs_dlogit)
-        if d != d or d > self.bug:  # NaN counts as a bug
-            return "bug"
-        if d >= self.suspicious:
-            return "suspicious"
-        if d >= self.noise:
-            return "small"
-        return "pass"
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return asdict(self)
-
-
-@dataclass
-class PhaseResult:
-    """One comparison: ``first_*_step`` index the calls (0 = prefill call, k = k-th step/chunk)."""
-
-    phase: str
-    max_abs_dlogit: float = 0.0
-    bit_identical: bool = True
-    first_any_diff_step: int | None = None
-    first_diff_step: int | None = None
-    calls: int = 0
-    skipped: str | None = None
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return asdict(self)
-
-
-@dataclass
-class VerifyReport:
-    """Everything the harness measured for one implementation."""
-
-    impl: str
-    steps: int
-    prompt_lengths: list[int]
-    phases: list[PhaseResult]
-    prefill_bit_identical: bool
-    max_abs_dlogit: float
-    first_any_diff_step: int | None
-    first_diff_step: int | None
-    text_divergences: int
-    text_tokens: int
-    first_text_divergence: int | None
-    text_only_would_catch: bool
-    verdict: str
-    thresholds: Thresholds
-    texts: list[dict] = field(default_factory=list)  # per prompt: reference vs implementation greedy ids
-
-    def phase(self, name: str) -> PhaseResult:
-        """The result of phase ``name`` (KeyError if it was not run)."""
-        for p in self.phases:
-            if p.phase == name:
-                return p
-        raise KeyError(f"no phase {name!r}; have {[p.phase for p in self.phases]}")
-
-    def max_by_phase(self) -> dict[str, float | None]:
-        """max |Δlogit| per phase (None for skipped phases)."""
-        return {p.phase: (None if p.skipped else p.max_abs_dlogit) for p in self.phases}
-
-    @property
-    def worst_phase(self) -> str:
-        """The phase with the largest max |Δlogit|."""
-        run = [p for p in self.phases if not p.skipped]
-        return max(run, key=lambda p: p.max_abs_dlogit).phase
-
-    @property
-    def greedy_max_abs_dlogit(self) -> float:
-        """max |Δ| over prefill + incremental only: the quantity of the seed's §3.9.1 table."""
-        return max(self.phase("prefill").max_abs_dlogit, self.phase("incremental").max_abs_dlogit)
-
-    @property
-    def passed(self) -> bool:
-        """True when the verdict is float noise."""
-        return self.verdict == "pass"
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        d = asdict(self)
-        d["max_abs_dlogit_by_phase"] = self.max_by_phase()
-        d["passed"] = self.passed
-        d["worst_phase"] = self.worst_phase
-        d["greedy_max_abs_dlogit"] = self.greedy_max_abs_dlogit
-        return d
+__all__ = [
+    "PhaseError", "PhaseResult", "ReferenceRun", "Thresholds", "VerifyReport", "isolation_partner",
+    "max_abs_diff", "padded_prompts", "verify_implementation",
+]
 
 
 # ---- reference trajectories --------------------------------------------------------------------------
@@ -145,6 +49,11 @@ class ReferenceTrajectory:
     tokens: list[int]  # N+1 greedy tokens chosen from step_logits
     seq_logits: torch.Tensor  # (P+N, V): one uncached forward over prompt + tokens[:N]
 
+    @property
+    def vocab(self) -> int:
+        """V, the size of the logit vectors."""
+        return int(self.prefill_logits.shape[-1])
+
 
 class ReferenceRun:
     """Reference trajectories for a set of prompts, computed once and shared by many implementations."""
@@ -157,14 +66,24 @@ class ReferenceRun:
         self.reference = reference
         self.steps = steps
         self.max_positions = getattr(reference, "max_positions", None)
+        self.name = getattr(reference, "description", None) or "full recomputation"
         self._runs: dict[tuple[int, ...], ReferenceTrajectory] = {}
 
     @torch.no_grad()
     def _full(self, ids: list[int]) -> torch.Tensor:
         x = torch.tensor([ids], dtype=torch.long)
         out = self.reference.full(x)
-        _check_logits(out, (1, len(ids)), "reference.full")
+        _check_logits(out, (1, len(ids), None), "reference.full")
         return out[0].float()
+
+    def check_length(self, n_prompt: int) -> None:
+        """Raise ValueError when a prompt of ``n_prompt`` tokens plus the steps exceeds the context."""
+        need = n_prompt + self.steps
+        if self.max_positions is not None and need > self.max_positions:
+            raise ValueError(
+                f"prompt of {n_prompt} tokens + {self.steps} steps needs {need} positions but the model's "
+                f"context length is {self.max_positions}: shorten the prompt or lower the number of new tokens"
+            )
 
     def trajectory(self, prompt: Sequence[int]) -> ReferenceTrajectory:
         """Greedy reference run on ``prompt`` (cached)."""
@@ -173,12 +92,7 @@ class ReferenceRun:
             return self._runs[key]
         if not key:
             raise ValueError("empty prompt: the harness needs at least one token per prompt")
-        need = len(key) + self.steps
-        if self.max_positions is not None and need > self.max_positions:
-            raise ValueError(
-                f"prompt of {len(key)} tokens + {self.steps} steps needs {need} positions but the model's "
-                f"context length is {self.max_positions}: shorten the prompt or lower --steps"
-            )
+        self.check_length(len(key))
         seq = list(key)
         prefill = self._full(seq)
         step_logits = [prefill[-1]]
@@ -194,92 +108,83 @@ class ReferenceRun:
         return traj
 
 
-# ---- comparisons -------------------------------------------------------------------------------------
-def _check_logits(x: Any, lead: tuple[int, int], where: str) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[:2]) != tuple(lead):
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{where} returned {shape}; expected logits of shape ({lead[0]}, {lead[1]}, vocab)")
+# ---- calling the implementation: its exceptions are findings, not harness failures ---------------------
+class ImplCrash(Exception):
+    """The implementation under test raised (or returned logits of the wrong shape) at ``call``."""
+
+    def __init__(self, call: int | None, exc: BaseException):
+        super().__init__(str(exc))
+        self.call, self.exc = call, exc
 
 
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| where equal entries (including equal infinities) count 0 and NaN counts +inf."""
-    a, b = a.float(), b.float()
-    if a.shape != b.shape:
-        raise ValueError(f"cannot compare logits of shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    d = torch.where(a == b, torch.zeros_like(a), (a - b).abs())
-    d = torch.nan_to_num(d, nan=float("inf"), posinf=float("inf"))
-    return float(d.max()) if d.numel() else 0.0
+def _check_logits(x: Any, shape: tuple[int, int, int | None], where: str) -> None:
+    """Raise ValueError unless ``x`` is a (B, T, V) tensor (V unchecked when None)."""
+    want = tuple(shape) if shape[2] is not None else tuple(shape[:2])
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[: len(want)]) != want:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        v = "vocab" if shape[2] is None else shape[2]
+        raise ValueError(f"{where} returned {got}; expected logits of shape ({shape[0]}, {shape[1]}, {v})")
 
 
-class _Tracker:
-    """Accumulates one phase: max |Δ|, bit identity and the first call that differs."""
-
-    def __init__(self, phase: str, noise: float):
-        self.r = PhaseResult(phase)
-        self.noise = noise
-
-    def add(self, call: int, got: torch.Tensor, ref: torch.Tensor) -> None:
-        d = max_abs_diff(got, ref)
-        self.r.calls += 1
-        self.r.max_abs_dlogit = max(self.r.max_abs_dlogit, d)
-        if d > 0:  # exact: equal entries count 0, so any bit difference is > 0
-            self.r.bit_identical = False
-            if self.r.first_any_diff_step is None:
-                self.r.first_any_diff_step = call
-        if d >= self.noise and self.r.first_diff_step is None:
-            self.r.first_diff_step = call
+def _call(call: int, fn: Callable, ids: torch.Tensor, shape: tuple[int, int, int], where: str, **kw) -> torch.Tensor:
+    """``fn(ids, **kw)`` with its logits' shape checked; any exception becomes :class:`ImplCrash`."""
+    try:
+        out = fn(ids, **kw)
+        _check_logits(out, shape, where)
+        return out
+    except Exception as exc:  # noqa: BLE001 — whatever the implementation raises is what we report
+        raise ImplCrash(call, exc) from exc
 
 
-def _first(*xs: int | None) -> int | None:
-    xs2 = [x for x in xs if x is not None]
-    return min(xs2) if xs2 else None
+def _reset(impl: Any) -> None:
+    try:
+        impl.reset()
+    except Exception as exc:  # noqa: BLE001
+        raise ImplCrash(None, exc) from exc
 
 
 def _t(ids: Sequence[int]) -> torch.Tensor:
     return torch.tensor([list(ids)], dtype=torch.long)
 
 
+# ---- phases ------------------------------------------------------------------------------------------
 @torch.no_grad()
-def _greedy_phases(impl: Any, trajs: list[ReferenceTrajectory], noise: float) -> tuple[_Tracker, _Tracker]:
-    """Prefill (step 0) and teacher-forced incremental decoding (steps 1..N)."""
-    pre, inc = _Tracker("prefill", noise), _Tracker("incremental", noise)
-    for tr in trajs:
-        impl.reset()
-        out = impl.prefill(_t(tr.prompt))
-        _check_logits(out, (1, len(tr.prompt)), "prefill")
-        pre.add(0, out[0], tr.prefill_logits)
-        for k in range(1, len(tr.step_logits)):
-            out = impl.step(_t([tr.tokens[k - 1]]))
-            _check_logits(out, (1, 1), "step")
-            inc.add(k, out[0, -1], tr.step_logits[k])
-    return pre, inc
+def _teacher_forced(impl: Any, tr: ReferenceTrajectory, pre: PhaseTracker | None, inc: PhaseTracker) -> list[int]:
+    """Prefill ``tr.prompt`` then step through the reference's greedy tokens; returns the implementation's argmaxes."""
+    _reset(impl)
+    out = _call(0, impl.prefill, _t(tr.prompt), (1, len(tr.prompt), tr.vocab), "prefill")
+    (pre or inc).add(0, out[0], tr.prefill_logits)
+    own = [int(out[0, -1].argmax())]
+    for k in range(1, len(tr.step_logits)):
+        out = _call(k, impl.step, _t([tr.tokens[k - 1]]), (1, 1, tr.vocab), "step")
+        inc.add(k, out[0, -1], tr.step_logits[k])
+        own.append(int(out[0, -1].argmax()))
+    return own
 
 
 @torch.no_grad()
 def _free_text(impl: Any, tr: ReferenceTrajectory) -> list[int]:
     """The implementation's own greedy tokens (N+1 of them), fed back to itself."""
-    impl.reset()
-    out = impl.prefill(_t(tr.prompt))
+    _reset(impl)
+    out = _call(0, impl.prefill, _t(tr.prompt), (1, len(tr.prompt), tr.vocab), "prefill")
     toks = [int(out[0, -1].argmax())]
-    for _ in range(len(tr.tokens) - 1):
-        out = impl.step(_t([toks[-1]]))
+    for k in range(1, len(tr.tokens)):
+        out = _call(k, impl.step, _t([toks[-1]]), (1, 1, tr.vocab), "step")
         toks.append(int(out[0, -1].argmax()))
     return toks
 
 
 @torch.no_grad()
-def _chunk_phase(impl: Any, trajs: list[ReferenceTrajectory], chunk: int, noise: float) -> _Tracker:
+def _chunk_phase(impl: Any, trajs: list[ReferenceTrajectory], chunk: int, tr_: PhaseTracker) -> None:
     """The reference's whole greedy sequence fed in chunks of ``chunk`` tokens."""
-    tr_ = _Tracker(f"chunk_{chunk}", noise)
     for tr in trajs:
         seq = tr.prompt + tr.tokens[:-1]
-        impl.reset()
+        _reset(impl)
         for call, start in enumerate(range(0, len(seq), chunk)):
             piece = seq[start : start + chunk]
-            out = impl.prefill(_t(piece)) if call == 0 else impl.step(_t(piece))
-            _check_logits(out, (1, len(piece)), f"chunk_{chunk} call {call}")
+            fn = impl.prefill if call == 0 else impl.step
+            out = _call(call, fn, _t(piece), (1, len(piece), tr.vocab), f"chunk_{chunk} call {call}")
             tr_.add(call, out[0], tr.seq_logits[start : start + len(piece)])
-    return tr_
 
 
 def padded_prompts(prompts: list[list[int]]) -> list[list[int]]:
@@ -293,30 +198,94 @@ def padded_prompts(prompts: list[list[int]]) -> list[list[int]]:
 
 
 @torch.no_grad()
-def _padded_phase(impl: Any, run: ReferenceRun, prompts: list[list[int]], noise: float, pad_id: int) -> _Tracker:
+def _padded_phase(impl: Any, run: ReferenceRun, prompts: list[list[int]], tr_: PhaseTracker, pad_id: int) -> None:
     """Left-padded batch (prefill + teacher-forced decode) vs each prompt alone."""
-    tr_ = _Tracker("padded_batch", noise)
     trajs = [run.trajectory(p) for p in prompts]
-    L = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    B, L = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
     for b, p in enumerate(prompts):
         ids[b, L - len(p) :] = torch.tensor(p)
         mask[b, L - len(p) :] = 1
-    impl.reset()
-    try:
-        out = impl.prefill(ids, attention_mask=mask)
-    except NotImplementedError as exc:
-        tr_.r.skipped = f"implementation does not support padding ({exc or 'NotImplementedError'})"
-        return tr_
-    _check_logits(out, (len(prompts), L), "padded prefill")
+    _reset(impl)
+    V = trajs[0].vocab
+    out = _call(0, impl.prefill, ids, (B, L, V), "padded prefill", attention_mask=mask)
     got = torch.cat([out[b, L - len(p) :] for b, p in enumerate(prompts)])
     tr_.add(0, got, torch.cat([t.prefill_logits for t in trajs]))
     for k in range(1, run.steps + 1):
-        out = impl.step(torch.tensor([[t.tokens[k - 1]] for t in trajs], dtype=torch.long))
-        _check_logits(out, (len(prompts), 1), "padded step")
+        step_ids = torch.tensor([[t.tokens[k - 1]] for t in trajs], dtype=torch.long)
+        out = _call(k, impl.step, step_ids, (B, 1, V), "padded step")
         tr_.add(k, out[:, -1], torch.stack([t.step_logits[k] for t in trajs]))
-    return tr_
+
+
+def isolation_partner(b: list[int], others: Sequence[Sequence[int]], vocab_size: int, max_len: int | None) -> list[int]:
+    """Sequence A to run before B: another prompt that differs in length and tokens, else one derived from B.
+
+    The derived A shifts every token of B by one (mod the vocabulary, so no position holds B's token)
+    and is one token longer (shorter when the context has no room): its keys can coincide with none of B's.
+    """
+    for a in others:
+        if len(a) != len(b) and list(a[: len(b)]) != list(b[: len(a)]):
+            return [int(t) for t in a]
+    shifted = [(int(t) + 1) % vocab_size for t in b]
+    if max_len is None or len(b) + 1 <= max_len:
+        return shifted + [(int(b[-1]) + 2) % vocab_size]
+    return shifted[:-1] if len(b) > 1 else shifted
+
+
+@torch.no_grad()
+def _isolation_phase(impl: Any, run: ReferenceRun, tr: ReferenceTrajectory, a: list[int], tr_: PhaseTracker) -> None:
+    """Sequence A run to the end on the implementation's own tokens, ``reset()``, then B teacher-forced vs B alone."""
+    _reset(impl)
+    out = _call(0, impl.prefill, _t(a), (1, len(a), tr.vocab), "isolation: prefill of sequence A")
+    for k in range(1, run.steps + 1):
+        out = _call(k, impl.step, _t([int(out[0, -1].argmax())]), (1, 1, tr.vocab), "isolation: step of sequence A")
+    _teacher_forced(impl, tr, None, tr_)
+
+
+def _greedy_phases(impl: Any, trajs: list[ReferenceTrajectory], pre: PhaseTracker, inc: PhaseTracker) -> list:
+    """Prefill and teacher-forced decoding of every prompt; the implementation's argmaxes (None where it raised)."""
+    own: list[list[int] | None] = [None] * len(trajs)
+    try:
+        for i, tr in enumerate(trajs):
+            own[i] = _teacher_forced(impl, tr, pre, inc)
+    except ImplCrash as crash:  # a crash in reset() or prefill belongs to the prefill phase
+        target = pre if crash.call in (0, None) else inc
+        target.fail(PhaseError.from_exception(target.r.phase, crash.exc, crash.call))
+        if target is pre and inc.r.calls == 0:
+            inc.skip("not reached: the prefill call raised")
+    return own
+
+
+def _run_phase(tracker: PhaseTracker, body: Callable[[], None], skip_not_implemented: str | None = None) -> None:
+    """Run one phase; an implementation crash is recorded (or, for optional features, turns into a skip)."""
+    try:
+        body()
+    except ImplCrash as crash:
+        if skip_not_implemented and isinstance(crash.exc, NotImplementedError) and crash.call == 0:
+            tracker.skip(f"{skip_not_implemented} ({crash.exc or 'NotImplementedError'})")
+            return
+        tracker.fail(PhaseError.from_exception(tracker.r.phase, crash.exc, crash.call))
+
+
+# ---- the whole verification --------------------------------------------------------------------------
+def _check_inputs(impl: Any, run: ReferenceRun, prompts: list[list[int]], steps: int, chunk_sizes) -> None:
+    from .adapters import check_impl
+
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
+    if any(int(c) < 1 for c in chunk_sizes):
+        raise ValueError(f"chunk sizes must be >= 1, got {list(chunk_sizes)}")
+    check_impl(impl)
+    if run.steps != steps:
+        raise ValueError(f"the shared ReferenceRun was computed for {run.steps} steps, not {steps}")
+    impl_max = getattr(impl, "max_positions", None)
+    need = max(len(p) for p in prompts) + steps
+    if impl_max is not None and need > impl_max:
+        raise ValueError(
+            f"{need} positions needed but the implementation's context length is {impl_max}: "
+            "shorten the prompts or lower the number of new tokens"
+        )
 
 
 def verify_implementation(
@@ -329,64 +298,95 @@ def verify_implementation(
     thresholds: Thresholds | None = None,
     name: str | None = None,
     pad_id: int = 0,
+    isolation: bool = True,
 ) -> VerifyReport:
     """Compare ``impl`` with full recomputation (a reference or a shared :class:`ReferenceRun`)."""
     th = thresholds or Thresholds()
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-    if any(int(c) < 1 for c in chunk_sizes):
-        raise ValueError(f"chunk sizes must be >= 1, got {list(chunk_sizes)}")
-    from .adapters import check_impl
-
-    check_impl(impl)
     run = reference if isinstance(reference, ReferenceRun) else ReferenceRun(reference, steps)
-    if run.steps != steps:
-        raise ValueError(f"the shared ReferenceRun was computed for {run.steps} steps, not {steps}")
-    impl_max = getattr(impl, "max_positions", None)
-    need = max(len(p) for p in prompts) + steps
-    if impl_max is not None and need > impl_max:
-        raise ValueError(
-            f"{need} positions needed but the implementation's context length is {impl_max}: "
-            "shorten the prompts or lower --steps"
-        )
+    _check_inputs(impl, run, prompts, steps, chunk_sizes)
     prompts = [[int(t) for t in p] for p in prompts]
     trajs = [run.trajectory(p) for p in prompts]
 
-    pre, inc = _greedy_phases(impl, trajs, th.noise)
-    phases = [pre.r, inc.r]
+    pre, inc = PhaseTracker("prefill", th.noise), PhaseTracker("incremental", th.noise)
+    own = _greedy_phases(impl, trajs, pre, inc)
+    trackers = [pre, inc]
     for c in chunk_sizes:
-        phases.append(_chunk_phase(impl, trajs, int(c), th.noise).r)
+        t = PhaseTracker(f"chunk_{int(c)}", th.noise)
+        _run_phase(t, lambda t=t, c=int(c): _chunk_phase(impl, trajs, c, t))
+        trackers.append(t)
     if padded_batch:
-        phases.append(_padded_phase(impl, run, padded_prompts(prompts), th.noise, pad_id).r)
+        t = PhaseTracker("padded_batch", th.noise)
+        _run_phase(t, lambda: _padded_phase(impl, run, padded_prompts(prompts), t, pad_id),
+                   skip_not_implemented="implementation does not support padding")
+        trackers.append(t)
+    if isolation:
+        t = PhaseTracker("isolation", th.noise)
+        limits = [m for m in (run.max_positions, getattr(impl, "max_positions", None)) if m is not None]
+        room = min(limits) - steps if limits else None
+        a = isolation_partner(prompts[0], prompts[1:], trajs[0].prefill_logits.shape[-1], room)
+        _run_phase(t, lambda: _isolation_phase(impl, run, trajs[0], a, t))
+        trackers.append(t)
+    texts_tracker = PhaseTracker("greedy_text", th.noise)
+    texts = _texts(impl, trajs, own, texts_tracker)
+    phases = [t.finish(th) for t in trackers]
+    if texts_tracker.r.error is not None:
+        phases.append(texts_tracker.finish(th))
+    return _report(impl, name, steps, prompts, phases, texts, th, run.name)
 
-    texts, divergences, first_div, total = [], 0, None, 0
-    for tr in trajs:
-        own = _free_text(impl, tr)
-        diff = [i for i, (a, b) in enumerate(zip(own, tr.tokens)) if a != b]
+
+def _texts(
+    impl: Any, trajs: list[ReferenceTrajectory], own: list[list[int] | None], tracker: PhaseTracker
+) -> list[dict]:
+    """Per prompt: the reference's greedy ids and the implementation's own (free-running) greedy ids.
+
+    When the implementation's argmax matched the reference's token at every teacher-forced step, its
+    free run would be fed exactly the same tokens, so the teacher-forced argmaxes *are* its free run.
+    """
+    texts = []
+    for tr, teacher in zip(trajs, own, strict=True):
+        ids = teacher if teacher in (None, tr.tokens) else None  # None: the greedy run itself crashed
+        if ids is None:
+            try:
+                ids = _free_text(impl, tr)
+            except ImplCrash as crash:
+                tracker.fail(PhaseError.from_exception("greedy_text", crash.exc, crash.call))
+        texts.append({"prompt": tr.prompt, "reference": tr.tokens, "implementation": ids or []})
+    return texts
+
+
+def _report(
+    impl, name, steps, prompts, phases: list[PhaseResult], texts, th: Thresholds, reference: str
+) -> VerifyReport:
+    divergences, first_div, total = 0, None, 0
+    for t in texts:
+        diff = [i for i, (a, b) in enumerate(zip(t["implementation"], t["reference"], strict=False)) if a != b]
         divergences += len(diff)
-        total += len(own)
+        total += len(t["implementation"])
         if diff:
             first_div = diff[0] if first_div is None else min(first_div, diff[0])
-        texts.append({"prompt": tr.prompt, "reference": tr.tokens, "implementation": own})
-
-    overall = max(p.max_abs_dlogit for p in phases if not p.skipped)
-    verdict = th.verdict(overall)
-    if th.exact_prefill and not pre.r.bit_identical and verdict == "pass":
-        verdict = "small"
+    pre, inc = phases[0], phases[1]
+    judged = [p for p in phases if p.judged]
     return VerifyReport(
         impl=name or getattr(impl, "name", None) or type(impl).__name__,
         steps=steps,
         prompt_lengths=[len(p) for p in prompts],
         phases=phases,
-        prefill_bit_identical=pre.r.bit_identical,
-        max_abs_dlogit=overall,
-        first_any_diff_step=_first(pre.r.first_any_diff_step, inc.r.first_any_diff_step),
-        first_diff_step=_first(pre.r.first_diff_step, inc.r.first_diff_step),
+        prefill_bit_identical=pre.bit_identical and pre.judged,
+        max_abs_dlogit=max((p.max_abs_dlogit for p in judged), default=0.0),
+        first_any_diff_step=_first(pre.first_any_diff_step, inc.first_any_diff_step),
+        first_diff_step=_first(pre.first_diff_step, inc.first_diff_step),
         text_divergences=divergences,
         text_tokens=total,
         first_text_divergence=first_div,
         text_only_would_catch=divergences > 0,
-        verdict=verdict,
+        verdict=overall_verdict(phases, th.exact_prefill),
         thresholds=th,
+        reference=reference,
+        errors=[p.error for p in phases if p.error is not None],
         texts=texts,
     )
+
+
+def _first(*xs: int | None) -> int | None:
+    xs2 = [x for x in xs if x is not None]
+    return min(xs2) if xs2 else None

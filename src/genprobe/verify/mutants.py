@@ -26,9 +26,12 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from .._io import json_safe
 from ..model.gpt import GPT, rope_rotate
 from .adapters import EngineAdapter, FullRecompute
-from .harness import ReferenceRun, Thresholds, VerifyReport, max_abs_diff, verify_implementation
+from .compare import Thresholds, max_abs_diff
+from .harness import ReferenceRun, verify_implementation
+from .report import VerifyReport
 
 MUTANTS: dict[str, str] = {
     "correct": "pass",
@@ -150,19 +153,23 @@ def run_mutant_reports(
     thresholds: Thresholds | None = None,
     run: ReferenceRun | None = None,
 ) -> list[VerifyReport]:
-    """Full harness reports for each mutant (reference trajectories computed once)."""
+    """Full harness reports for each mutant (reference trajectories computed once).
+
+    No padded batch (the teaching cache has no padding) and no isolation phase: every mutant shares
+    the same correct ``reset()``, so isolation would only repeat the incremental phase's finding.
+    """
     run = run or ReferenceRun(FullRecompute(model), steps)
     return [
         verify_implementation(
             mutant(model, n), run, prompts, steps=steps, chunk_sizes=chunk_sizes, padded_batch=False,
-            thresholds=thresholds, name=n,
+            thresholds=thresholds, name=n, isolation=False,
         )
         for n in names
     ]
 
 
 def report_row(r: VerifyReport, expected: str | None = None) -> dict:
-    """One row of the seed's §3.9.8 table."""
+    """One row of the seed's §3.9.8 table (its keys are what the case study's ch3_case.json records)."""
     row = {
         "impl": r.impl,
         "prefill_bit_identical": r.prefill_bit_identical,
@@ -179,7 +186,19 @@ def report_row(r: VerifyReport, expected: str | None = None) -> dict:
     if expected is not None:
         row["expected"] = expected
         row["as_expected"] = (r.verdict == "pass") == (expected == "pass")  # see as_expected()
-    return row
+    return json_safe(row)
+
+
+def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict:
+    """:func:`report_row` plus every phase's first differing step and verdict, the relative scale and errors."""
+    judged = [p for p in r.phases if p.judged]
+    return json_safe({
+        **report_row(r, expected),
+        "first_diff_step_by_phase": r.first_diff_by_phase(),
+        "verdict_by_phase": {p.phase: p.verdict for p in r.phases},
+        "max_rel_dlogit": max((p.rel_dlogit or 0.0 for p in judged), default=None),
+        "errors": [e.to_dict() for e in r.errors],
+    })
 
 
 def run_mutants(model: GPT, prompt_ids: list[int], steps: int = 50, thresholds: Thresholds | None = None) -> list[dict]:
@@ -198,9 +217,11 @@ def _chunked(impl: TeachingCache, seq: list[int], chunk: int) -> torch.Tensor:
     return torch.cat(outs, dim=1)
 
 
-def mask_noop(model: GPT, prompt_ids: list[int], steps: int = 50, chunk: int = 4) -> dict:
+def mask_noop(
+    model: GPT, prompt_ids: list[int], steps: int = 50, chunk: int = 4, run: ReferenceRun | None = None
+) -> dict:
     """no_mask vs correct on the same cached path: exactly 0 at T_new = 1, non-zero with chunks (§3.9.4)."""
-    run = ReferenceRun(FullRecompute(model), steps)
+    run = run or ReferenceRun(FullRecompute(model), steps)
     tr = run.trajectory(prompt_ids)
     seq = tr.prompt + tr.tokens[:-1]
     good, bad = TeachingCache(model, "correct"), TeachingCache(model, "no_mask")
@@ -213,7 +234,8 @@ def mask_noop(model: GPT, prompt_ids: list[int], steps: int = 50, chunk: int = 4
 def cache_exact(model: GPT, prompt_ids: list[int], steps: int = 50) -> dict:
     """The engine vs full recomputation (seed §3.4.3: prefill 0.0, incremental ~1.9e-6)."""
     r = verify_implementation(
-        EngineAdapter(model), FullRecompute(model), [list(prompt_ids)], steps=steps, chunk_sizes=(4,), padded_batch=False
+        EngineAdapter(model), FullRecompute(model), [list(prompt_ids)], steps=steps, chunk_sizes=(4,),
+        padded_batch=False, isolation=False,
     )
     return {
         "prefill_max_abs_dlogit": r.phase("prefill").max_abs_dlogit,

@@ -1,4 +1,5 @@
-/* genprobe case report: the three interactive experiments of seed §3.8 (no dependencies, offline).
+/* genprobe case report: the chapter's three interactive experiments — sampling lab, order trap,
+ * KV-cache workload grid (no dependencies, offline).
  *
  * The sampler mirrors genprobe.engine.sampling exactly for what the lab exposes:
  *   trunc_then_temp : top-k -> top-p on the tau = 1 distribution, then tau on the survivors

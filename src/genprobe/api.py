@@ -1,0 +1,143 @@
+"""The library's entry points, each taking a loaded :class:`~genprobe.model.load.Model` and returning a typed result.
+
+Every result has ``to_dict()`` (plain JSON). The CLI commands are thin shells over the same functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .attention.leak import LeakReport
+    from .attention.metrics import AttentionReport
+    from .engine.sampling import SamplerConfig
+    from .experiments.study import CaseStudy
+    from .loops.patch import Patch
+    from .loops.repair import RepairConfig, RepairReport
+    from .loops.scan import ScanResult
+    from .model.load import Model
+
+DEFAULT_ATTENTION_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
+
+
+def _default_prompts(model: "Model", count: int) -> list[str]:
+    """Held-out Tang openings for the bundled char model; any other model must be given prompts."""
+    from .loops.prompts import heldout_openings
+
+    if model.tokenizer is None or model.tokenizer.kind != "char":
+        raise ValueError("this model is not the bundled character model: pass prompts (a list of strings)")
+    return heldout_openings(model.tokenizer, count)
+
+
+def scan_loops(
+    model: "Model",
+    prompts: Sequence[str] | None = None,
+    *,
+    max_new_tokens: int = 57,
+    sampling: "SamplerConfig | None" = None,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = False,
+) -> "ScanResult":
+    """Generate after every prompt and measure loops (exact, near, repetitive tail, degenerate) with CIs.
+
+    The default decoding is the loop studies' setting: greedy with the unknown and end tokens banned, a
+    fixed number of new tokens. ``prompts`` defaults to held-out Tang openings for the bundled char model.
+    """
+    from .loops.study import LoopStudy, RepairConfig
+
+    texts = list(prompts) if prompts is not None else _default_prompts(model, 256)
+    study = LoopStudy(model, RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed),
+                      sampling, progress)
+    return study.scan(study.encode(texts), texts)
+
+
+@dataclass
+class LoopRepair:
+    """A loop repair's report, the patch it chose (None when no edit passed the limits) and the files written."""
+
+    report: "RepairReport"
+    patch: "Patch | None"
+    files: dict[str, str]
+
+    def to_dict(self) -> dict:
+        """The ``repair.json`` layout plus the files written."""
+        return self.report.to_dict() | {"files": self.files}
+
+
+def repair_loops(
+    model: "Model",
+    prompts: Sequence[str] | None = None,
+    val_text: str | None = None,
+    *,
+    config: "RepairConfig | None" = None,
+    out: str | Path | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda msg: None,
+) -> LoopRepair:
+    """Find a loop direction, search a small MLP edit under KL/Δloss limits, validate it on held-out prompts.
+
+    ``prompts`` are split disjointly into direction / search / validation sets; ``val_text`` is held-out text
+    for the regression limits. Both default to the Tang sets only for the bundled char model. With ``out``,
+    writes repair.json, the patch, repair.html and repair.png there. The model is left unchanged.
+    """
+    from ._io import atomic_write_json
+    from .corpus import load_corpus
+    from .loops.patch import save_patch
+    from .loops.report import write_summary
+    from .loops.repair import repair
+    from .loops.study import RepairConfig, RepairInputs
+
+    cfg = config or RepairConfig()
+    if val_text is None:
+        _default_prompts(model, 1)  # the Tang validation text fits only the bundled char model
+        val_text = load_corpus().val
+    if prompts is None:
+        inputs = RepairInputs.tang(model.tokenizer, cfg, ("direction", "search", "validate"))
+        inputs.val_text = val_text
+    else:
+        inputs = RepairInputs.from_prompts(list(prompts), val_text, cfg, "prompts", "val_text")
+    report, patch = repair(model, inputs, cfg, progress=progress, log=log)
+    files: dict[str, str] = {}
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        if patch is not None:
+            st, js = save_patch(patch, out / "patch")
+            files.update(patch_tensors=str(st), patch=str(js))
+        data = report.to_dict()
+        files.update({k: str(v) for k, v in write_summary(data, out).items()})
+        atomic_write_json(out / "repair.json", data | {"files": files})
+    return LoopRepair(report, patch, files)
+
+
+def attention_heads(model: "Model", text: str | Sequence[int] = DEFAULT_ATTENTION_TEXT, *, distance: int = 8,
+                    local_window: int = 2) -> "AttentionReport":
+    """Per-head attention entropy, long-range (> ``distance``), sink, diagonal and local mass on one sequence."""
+    from .attention.capture import capture_attention
+    from .attention.metrics import attention_report
+
+    ids = model.encode(text) if isinstance(text, str) else [int(t) for t in text]
+    cap = capture_attention(model.module, ids)
+    labels = [model.tokenizer.token_str(i) if model.tokenizer else str(i) for i in cap.tokens]
+    return attention_report(cap, distance=distance, local_window=local_window, tokens_text=labels)
+
+
+def padding_leak(model: "Model", texts: Sequence[str] = ("已驚飛。方從列子御", "白日依山盡黃河入海流"), *,
+                 position_ids: bool = True, threshold: float = 1e-4) -> "LeakReport":
+    """Does padding change a sequence's logits? Each text alone vs inside left- and right-padded batches."""
+    from .attention.leak import padding_leak as _padding_leak
+
+    return _padding_leak(model.module, [model.encode(t) for t in texts], model.pad_id,
+                         position_ids=position_ids, threshold=threshold)
+
+
+def run_case(out: str | Path, model: str | Path | None = None, *, quick: bool = False,
+             only: Sequence[str] | None = None, progress: bool = False) -> "CaseStudy":
+    """The chapter's case study: train (or reuse) the default model, run every experiment, write JSON, figures, HTML."""
+    from .experiments.study import case_study, select_experiments
+
+    return case_study(out, model, quick=quick, only=select_experiments(only), progress=progress)
+

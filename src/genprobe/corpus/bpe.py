@@ -1,0 +1,123 @@
+"""Byte-level BPE for the subword reference model, trained with the ``tokenizers`` library.
+
+Byte-level means the base alphabet is the 256 byte values, so every string encodes — no ``<unk>``
+— and the ``ByteLevel`` decoder maps the pieces back to the exact bytes: ``decode(encode(t)) == t``.
+What keeps it lossless is what is *absent*: no normaliser (NFKC would fold the full-width ``，`` into
+``,``), no prefix space, no whitespace clean-up on decode. One special token, ``<|endoftext|>``,
+separates documents (it is id 0, and eos = pad, as in Qwen2's base tokenizer).
+
+Two pipelines (``STYLES``), because ``AutoTokenizer`` does not always run the ``tokenizer.json`` it finds:
+
+* ``"gpt2"`` (for Llama): no normaliser, GPT-2's split regex inside ``ByteLevel`` (a poem is cut at its
+  punctuation, so merges never straddle ``，``/``。``). Lossless on any text.
+* ``"qwen2"``: transformers 5 loads a ``model_type == "qwen2"`` directory with ``Qwen2Tokenizer``, which
+  rebuilds the pipeline from the vocabulary and merges (transformers/models/qwen2/tokenization_qwen2.py:
+  NFC normaliser, Qwen2's split regex, ``ByteLevel`` without its own regex). Training with that same
+  pipeline keeps ``tokenizer.json`` and ``AutoTokenizer`` identical. NFC makes it lossless only on
+  NFC-normal text — every text of the bundled corpus is (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+EOS_TOKEN = "<|endoftext|>"
+BYTE_ALPHABET = 256
+MIN_VOCAB = BYTE_ALPHABET + 1  # the bytes plus <|endoftext|>, zero merges
+MAX_VOCAB = 65536
+STYLES = ("gpt2", "qwen2")
+# Qwen2's pre-tokenisation pattern (as in transformers' Qwen2Tokenizer): a letter run may take one leading
+# non-letter, digits are split one by one.
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def check_vocab_size(vocab_size: int) -> None:
+    """Raise ValueError unless ``vocab_size`` is within [MIN_VOCAB, MAX_VOCAB]."""
+    if not isinstance(vocab_size, int) or not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise ValueError(
+            f"BPE vocabulary size must be an integer in [{MIN_VOCAB}, {MAX_VOCAB}] "
+            f"(256 byte tokens + {EOS_TOKEN} + merges), got {vocab_size!r}"
+        )
+
+
+def _pipeline(tok, style: str) -> None:
+    """Set normaliser, pre-tokeniser and decoder of ``tok`` for ``style`` (see module doc)."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+
+    if style not in STYLES:
+        raise ValueError(f"tokenizer style must be one of {STYLES}, got {style!r}")
+    if style == "gpt2":
+        tok.normalizer = None
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    tok.decoder = decoders.ByteLevel()
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, style: str = "gpt2", min_frequency: int = 2):
+    """Train a byte-level BPE ``tokenizers.Tokenizer`` on ``texts`` (deterministic: no seed involved)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    check_vocab_size(vocab_size)
+    tok = Tokenizer(models.BPE())
+    _pipeline(tok, style)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOS_TOKEN],
+        # all 256 bytes up front: a character never seen in training still encodes (as its bytes)
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def eos_id(tok) -> int:
+    """Id of ``<|endoftext|>`` in a tokenizer made by :func:`train_bpe`."""
+    i = tok.token_to_id(EOS_TOKEN)
+    if i is None:
+        raise ValueError(f"tokenizer has no {EOS_TOKEN} token")
+    return int(i)
+
+
+def encode_batch(tok, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of each text, no special tokens added (Rust-side batching)."""
+    return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def lossless_failures(tok, texts: Sequence[str]) -> list[int]:
+    """Indices of the texts for which ``decode(encode(t)) != t`` (empty list = lossless)."""
+    ids = encode_batch(tok, texts)
+    back = tok.decode_batch(ids, skip_special_tokens=False)
+    return [i for i, (t, b) in enumerate(zip(texts, back)) if t != b]
+
+
+def stream_ids(tok, texts: Sequence[str]) -> list[int]:
+    """``<eos> t0 <eos> t1 ... <eos>``: the documents joined by end-of-text, which also opens the first."""
+    eos = eos_id(tok)
+    out = [eos]
+    for ids in encode_batch(tok, texts):
+        out.extend(ids)
+        out.append(eos)
+    return out
+
+
+def to_hf_tokenizer(tok, model_max_length: int | None = None):
+    """Wrap as ``PreTrainedTokenizerFast``: eos = pad = ``<|endoftext|>``, no bos, decode without clean-up."""
+    from transformers import PreTrainedTokenizerFast
+
+    kw = {} if model_max_length is None else {"model_max_length": model_max_length}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        clean_up_tokenization_spaces=False,
+        add_prefix_space=False,
+        **kw,
+    )

@@ -1,0 +1,190 @@
+"""The sampler chain: adjustments (bans, penalties, no-repeat-n-gram, DRY), then the order's stages.
+
+``process_logits`` maps raw logits (B, V) to the logits whose softmax is the sampling
+distribution; removed tokens are ``-inf``. Greedy is its own path: the argmax of the *adjusted*
+logits (truncations, typical-p, XTC and τ are sampling stages, as in HF where warpers only run
+when sampling). NaN logits raise in every path; so does ``+inf`` when sampling (softmax of ``+inf``
+is undefined).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from . import truncation as tr
+from .config import ORDERS, SamplerConfig
+from .dry import apply_dry
+from .llamacpp import apply_llama_cpp_stages
+from .penalties import apply_bans, apply_penalties, no_repeat_ngram_mask
+from .xtc import xtc, xtc_draws
+
+NEG_INF = float("-inf")
+
+
+def check_logits(logits: torch.Tensor, sampling: bool = True) -> bool:
+    """Raise ValueError naming the first bad row when logits hold NaN (or +inf when sampling).
+
+    Returns True when every logit is finite (the common case, decided by one reduction).
+    """
+    if math.isfinite(float(logits.sum())):
+        return True
+    bad = torch.isnan(logits)
+    if sampling:
+        bad = bad | (logits == float("inf"))
+    if bool(bad.any()):
+        row = int(bad.any(-1).nonzero()[0, 0]) if logits.dim() == 2 else 0
+        what = "NaN" if bool(torch.isnan(logits).any()) else "+inf"
+        raise ValueError(
+            f"logits hold {what} (first bad row {row}): the model output is not a distribution "
+            "(overflow in half precision, or corrupted weights?)"
+        )
+    return False
+
+
+def _as_history(history: torch.Tensor | None, B: int, V: int) -> torch.Tensor | None:
+    if history is None or not history.numel():
+        return None
+    history = history.to(torch.long)
+    if history.dim() == 1:
+        history = history[None, :].expand(B, -1)
+    if history.shape[0] != B:
+        raise ValueError(f"history has {history.shape[0]} rows but logits have {B}")
+    if int(history.max()) >= V:
+        raise ValueError(f"history holds token id {int(history.max())} outside the vocabulary of {V}")
+    return history
+
+
+def adjust_logits(
+    logits: torch.Tensor, history: torch.Tensor | None, cfg: SamplerConfig, prompt_len: int = 0
+) -> torch.Tensor:
+    """Bans, penalties, no-repeat-n-gram and DRY (the order-independent first stages); a new float32 tensor."""
+    B, V = logits.shape
+    out = logits.float()
+    hist = _as_history(history, B, V) if cfg.uses_history else None
+    if hist is not None:
+        out = apply_penalties(out, hist, cfg, prompt_len)
+        if cfg.no_repeat_ngram:
+            out = out.masked_fill(no_repeat_ngram_mask(hist, cfg.no_repeat_ngram, V), NEG_INF)
+        if cfg.dry_active:
+            out = apply_dry(out, hist, cfg)
+    if cfg.ban_ids:
+        out = apply_bans(out, cfg.ban_ids)
+    return out.clone() if out is logits else out  # every step above is out of place
+
+
+def _torch_stage(z: torch.Tensor, stage: str, cfg: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
+    if stage == "temp":
+        return tr.temperature(z, cfg.temperature, cfg.engine)
+    if stage == "top_k":
+        return tr.top_k(z, cfg.top_k or 0)
+    if stage == "top_p":
+        p = cfg.top_p if cfg.top_p is not None else 1.0
+        return tr.top_p_genprobe(z, p) if cfg.engine == "genprobe" else tr.top_p_ascending(z, p, cfg.engine)
+    if stage == "min_p":
+        return tr.min_p(z, cfg.min_p or 0.0)
+    if stage == "typical":
+        return tr.typical(z, cfg.typical_p if cfg.typical_p is not None else 1.0)
+    if stage == "top_n_sigma":
+        return tr.top_n_sigma(z, cfg.top_n_sigma or 0.0)
+    if stage == "xtc" and draws is not None:
+        return xtc(z, cfg.xtc_probability, cfg.xtc_threshold, draws)
+    return z
+
+
+def run_stages(z: torch.Tensor, cfg: SamplerConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The order's truncation/temperature stages with the engine's arithmetic."""
+    draws = xtc_draws(z.shape[0], generator) if cfg.xtc_active else None
+    if cfg.engine == "llama.cpp":
+        return apply_llama_cpp_stages(z, ORDERS[cfg.order], cfg, draws)
+    for stage in ORDERS[cfg.order]:
+        z = _torch_stage(z, stage, cfg, draws)
+    return z
+
+
+def process_logits(
+    logits: torch.Tensor,
+    history: torch.Tensor | None,
+    cfg: SamplerConfig,
+    prompt_len: int = 0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Final logits (B, V) whose softmax is the sampling distribution; removed tokens are ``-inf``.
+
+    ``history`` (B, t) holds the tokens the penalties and DRY read (prompt + generated); entries
+    < 0 are padding; the first ``prompt_len`` columns are the prompt (presence/frequency penalties
+    count only what follows). ``generator`` feeds XTC's per-step draw. In greedy mode only the
+    adjustments apply (truncation and τ never change an argmax).
+    """
+    if logits.dim() == 1:
+        logits = logits[None, :]
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (batch, vocab), got shape {tuple(logits.shape)}")
+    all_finite = check_logits(logits, sampling=not cfg.greedy)
+    z = adjust_logits(logits, history, cfg, prompt_len)
+    may_empty = not all_finite or cfg.ban_ids or cfg.no_repeat_ngram or cfg.dry_active  # penalties keep x finite
+    if may_empty and not torch.isfinite(z).any(-1).all():  # truncations always keep one token
+        raise ValueError("every token is banned at this step (no_repeat_ngram / ban_ids left nothing)")
+    return z if cfg.greedy else run_stages(z, cfg, generator)
+
+
+def sampling_probs(
+    logits: torch.Tensor,
+    history: torch.Tensor | None,
+    cfg: SamplerConfig,
+    prompt_len: int = 0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The sampling distribution (B, V) — exact zeros for removed tokens."""
+    return torch.softmax(process_logits(logits, history, cfg, prompt_len, generator), dim=-1)
+
+
+def sample_next(
+    logits: torch.Tensor,
+    history: torch.Tensor | None,
+    cfg: SamplerConfig,
+    generator: torch.Generator | None = None,
+    processed: torch.Tensor | None = None,
+    prompt_len: int = 0,
+) -> torch.Tensor:
+    """Next token ids (B,): argmax of the processed logits if greedy, else one draw with ``generator``.
+
+    ``processed`` lets a caller pass logits it already ran through :func:`process_logits`.
+    """
+    if logits.dim() == 1:
+        logits = logits[None, :]
+    if cfg.greedy and cfg.is_identity:
+        check_logits(logits, sampling=False)
+        return logits.argmax(dim=-1)
+    z = process_logits(logits, history, cfg, prompt_len, generator) if processed is None else processed
+    if cfg.greedy:
+        return z.argmax(dim=-1)
+    probs = torch.softmax(z, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def kept_set_size(logits: torch.Tensor, cfg: SamplerConfig, history: torch.Tensor | None = None) -> int:
+    """How many tokens keep a non-zero probability for one row of ``logits`` (V,) under ``cfg``."""
+    if logits.dim() != 1:
+        raise ValueError(f"kept_set_size takes one row of logits (V,), got shape {tuple(logits.shape)}")
+    gen = torch.Generator().manual_seed(0) if cfg.xtc_active else None
+    z = process_logits(logits[None, :], None if history is None else history.reshape(1, -1), cfg, generator=gen)
+    if cfg.greedy:
+        return 1
+    return int(torch.isfinite(z).sum())
+
+
+def kept_set_sizes(
+    logits: torch.Tensor, temperatures: Sequence[float], top_p: float,
+    orders: Sequence[str] = ("trunc_then_temp", "temp_then_trunc"),
+) -> list[dict]:
+    """The order-trap table (seed §3.5.5): kept-set size per temperature under each order."""
+    rows = []
+    for t in temperatures:
+        row = {"temperature": float(t)}
+        for o in orders:
+            row[o] = kept_set_size(logits, SamplerConfig(temperature=t, top_p=top_p, order=o))
+        rows.append(row)
+    return rows

@@ -1,0 +1,204 @@
+"""A loop study: the model under study, how it generates (end token banned) and what it is run on.
+
+:class:`RepairConfig` holds the sizes, grids and limits; :class:`RepairInputs` the three disjoint prompt
+sets and the validation text with where they came from; :class:`LoopStudy` wraps a loaded model
+(:class:`genprobe.model.load.Model`) with its sampler and scans prompt sets on it as it is *now*, so
+edits applied in place are seen by the next scan.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..engine.sampling import SamplerConfig
+from ..metrics import LoopSettings
+from .arch import mlp_sites
+from .edit import FORMS
+from .prompts import prompt_sets, split_prompts
+from .scan import END_TOKEN_NOTE, ScanResult, chanting_sampler, scan_loops, study_sampler
+
+UNK_SHOW = "▯"
+SET_NAMES = ("direction", "search", "validate")
+
+
+@dataclass
+class RepairConfig:
+    """Sizes, grids and limits of a repair run (defaults = the CLI's, budgeted for ≤ 10 CPU minutes)."""
+
+    n_direction: int = 768
+    n_search: int = 1024
+    n_validate: int = 1024
+    prefix_chars: int = 5
+    max_new_tokens: int = 57
+    search_prone: int = 48
+    search_control: int = 96
+    scan_inadmissible: bool = False  # also generate for candidates already over the regression limits
+    ks: tuple[int, ...] = (8, 32)
+    subtract_alphas: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)  # relative to the loop gap (see make_patch)
+    project_alphas: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5, 2.0)  # fraction of the projection removed
+    forms: tuple[str, ...] = FORMS
+    layer_sets: tuple[tuple[int, ...], ...] | None = None  # None: each layer alone and all together
+    method: str = "mean_diff"
+    max_kl: float = 0.1
+    max_dloss: float = 0.02
+    regression_windows: int = 96
+    val_window: int | None = None  # tokens per regression window; None: the model's context, at most 64
+    batch_size: int = 128
+    seed: int = 0
+    samples: int = 6
+    loop: LoopSettings = field(default_factory=LoopSettings)  # exact + near loop detector settings
+    plain_greedy_check: int = 256  # validate prompts also scanned under plain greedy before/after (0 = skip)
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+    def sizes(self) -> dict[str, int]:
+        """Requested size of each prompt set."""
+        return {"direction": self.n_direction, "search": self.n_search, "validate": self.n_validate}
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+@dataclass
+class RepairInputs:
+    """Three disjoint prompt sets and the validation text, with where each came from."""
+
+    direction: list[str]
+    search: list[str]
+    validate: list[str]
+    val_text: str
+    prompt_source: str
+    val_source: str
+
+    @classmethod
+    def tang(cls, tokenizer: Any, cfg: RepairConfig, sets: Sequence[str] = SET_NAMES) -> "RepairInputs":
+        """Held-out Tang openings and the bundled corpus's validation text (the bundled char model's defaults)."""
+        from ..corpus import load_corpus
+
+        got = prompt_sets(tokenizer, {k: cfg.sizes()[k] for k in sets}, cfg.prefix_chars)
+        return cls(got.get("direction", []), got.get("search", []), got.get("validate", []), load_corpus().val,
+                   "tang-heldout-openings", "tang-validation-split")
+
+    @classmethod
+    def from_prompts(cls, prompts: Sequence[str], val_text: str, cfg: RepairConfig, prompt_source: str = "prompts",
+                     val_source: str = "text") -> "RepairInputs":
+        """The user's prompts, split disjointly and deterministically (see :func:`split_prompts`), and their text."""
+        got = split_prompts(prompts, cfg.sizes())
+        return cls(got["direction"], got["search"], got["validate"], val_text, prompt_source, val_source)
+
+    def summary(self) -> dict:
+        """Sources, sizes and the first prompts of each set (JSON)."""
+        return {"prompt_source": self.prompt_source, "val_source": self.val_source, "val_chars": len(self.val_text),
+                **{k: {"n": len(getattr(self, k)), "first": getattr(self, k)[:3]} for k in SET_NAMES}}
+
+
+# ---- how we generate and measure ------------------------------------------------------------
+@dataclass(frozen=True)
+class EndToken:
+    """The model's end-of-text token and whether loop studies ban it (they do whenever there is one)."""
+
+    id: int | None
+    banned: bool
+    note: str | None
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+def _decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    def dec(ids: list[int]) -> str:
+        try:
+            return tokenizer.decode(ids, show_unk=True, unk_text=UNK_SHOW)
+        except TypeError:  # subword tokenizers: no show_unk option
+            return tokenizer.decode(ids)
+
+    return dec
+
+
+def encode_quiet(tokenizer: Any, text: str) -> list[int]:
+    """Encode without the char tokenizer's unknown-character warning (callers report coverage themselves) and
+    without transformers' "longer than the maximum sequence length" notice (long texts are cut into windows)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return list(tokenizer.encode(text))
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+class LoopStudy:
+    """One model under study: its engine, tokenizer, sampler (end token banned) and the scan settings."""
+
+    def __init__(self, model: Any, cfg: RepairConfig, sampler: SamplerConfig | None = None, progress: bool = False):
+        if model.tokenizer is None:
+            raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
+        if cfg.max_new_tokens < 16:
+            raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {cfg.max_new_tokens}")
+        self.model, self.cfg, self.progress = model, cfg, progress
+        self.module = model.module
+        self.engine = model.module if model.kind == "genprobe" else model.runner
+        self.tokenizer = model.tokenizer
+        self.unk_id, self.eos_id = model.unk_id, model.eos_id
+        self.sampler = study_sampler(sampler or chanting_sampler(self.unk_id), self.eos_id)
+        self.decode = _decoder(self.tokenizer)
+        self.n_layers = len(mlp_sites(self.module))
+
+    @property
+    def end_token(self) -> EndToken:
+        """Whether the end token exists and is banned (with the note the CLI prints)."""
+        if self.eos_id is None:
+            return EndToken(None, False, None)
+        return EndToken(self.eos_id, True, END_TOKEN_NOTE.format(eos=self.eos_id, n=self.cfg.max_new_tokens))
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Prompts → ids; an empty encoding is refused (it cannot be continued)."""
+        ids = [encode_quiet(self.tokenizer, t) for t in texts]
+        empty = [t for t, i in zip(texts, ids, strict=True) if not i]
+        if empty:
+            raise ValueError(f"prompt {empty[0]!r} encodes to no token")
+        return ids
+
+    def scan(
+        self, ids: Sequence[list[int]], texts: Sequence[str] | None = None, *, sampler: SamplerConfig | None = None,
+        desc: str = "scan", decoded: bool = True,
+    ) -> ScanResult:
+        """Scan ``ids`` on the model as it is now (edits applied in place are seen)."""
+        return scan_loops(self.engine, ids, self.cfg.max_new_tokens, sampler or self.sampler,
+                          batch_size=self.cfg.batch_size, seed=self.cfg.seed, eos_id=self.eos_id, unk_id=self.unk_id,
+                          loop=self.cfg.loop, decode=self.decode if decoded else None, prompt_texts=texts,
+                          progress=self.progress and decoded, desc=desc)
+
+    def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:
+        """A function model → (degenerate rate, exact rate) on ``ids`` (for :func:`locate_layers`)."""
+        def rates(_model: Any) -> tuple[float, float]:
+            s = self.scan(ids, decoded=False).summary
+            return s.degenerate_rate, s.loop_rate
+
+        return rates
+
+
+class Clock:
+    """Wall-clock seconds per named stage."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.last = self.t0
+        self.stages: dict[str, float] = {}
+
+    def tick(self, name: str) -> None:
+        """Record the time since the previous tick under ``name``."""
+        now = time.perf_counter()
+        self.stages[name] = round(now - self.last, 2)
+        self.last = now
+
+    def to_dict(self) -> dict[str, float]:
+        """Stage times and the total."""
+        return {**self.stages, "total": round(time.perf_counter() - self.t0, 2)}

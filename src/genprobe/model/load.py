@@ -1,0 +1,368 @@
+"""One loader: a genprobe checkpoint or a ``transformers`` directory becomes one :class:`Model`.
+
+Every command and every library entry point takes a :class:`Model`; nothing else needs to know which
+kind of directory it came from. The object carries the module (our GPT or a ``transformers`` causal
+LM, in eval mode), its tokenizer (character-level or subword, behind one :class:`Tokenizer`
+protocol), its limits (context length, sliding window) and where its MLP down-projections are.
+
+Loading rules, the same for every caller:
+
+- the kind is detected from the directory: ``genprobe.json`` + ``model.safetensors`` is a genprobe
+  checkpoint, ``config.json`` a ``transformers`` model directory;
+- weights are read from safetensors only: pickled ``*.bin`` / ``*.pt`` files can execute code when
+  loaded, so a directory that has only those is refused with instructions to convert it;
+- offline (``local_files_only``) and never ``trust_remote_code``: an architecture that needs code from
+  the Hub is refused by name;
+- a weights file that leaves parameters uninitialised, and a tokenizer with more tokens than the
+  model has embedding rows, are errors rather than warnings: both give silently wrong numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import torch
+import torch.nn as nn
+
+PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+class ModelLoadError(ValueError):
+    """A model directory cannot be loaded (missing files, pickled weights, unsupported architecture, …)."""
+
+
+class UnsupportedArchitectureError(ModelLoadError):
+    """The architecture lacks something a genprobe capability needs (named in the message)."""
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What genprobe needs from a tokenizer, character-level or subword."""
+
+    kind: str  # "char" | "subword"
+    vocab_size: int
+    unk_id: int | None
+    eos_id: int | None
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]:
+        """Text → ids, no special tokens added."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids → text (padding and special tokens dropped)."""
+        ...
+
+    def token_str(self, token_id: int) -> str:
+        """Display form of one id."""
+        ...
+
+    def unknown_chars(self, text: str) -> list[str]:
+        """Characters of ``text`` the vocabulary cannot represent (they become the unknown token)."""
+        ...
+
+
+class SubwordTokenizer:
+    """A ``transformers`` fast tokenizer (BPE, WordPiece, …) behind :class:`Tokenizer`."""
+
+    kind = "subword"
+
+    def __init__(self, hf_tokenizer: Any):
+        self.hf = hf_tokenizer
+        self.vocab_size = len(hf_tokenizer)
+        self.unk_id = hf_tokenizer.unk_token_id
+        self.eos_id = hf_tokenizer.eos_token_id
+        pad = hf_tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.eos_id if self.eos_id is not None else 0)
+
+    def encode(self, text: str) -> list[int]:
+        """Text → ids, no special tokens added (a prompt is continued, not wrapped)."""
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids → text, special tokens (end of text, padding) dropped."""
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def token_str(self, token_id: int) -> str:
+        """The text of one token (a partial UTF-8 sequence shows as U+FFFD)."""
+        return self.hf.decode([int(token_id)])
+
+    def unknown_chars(self, text: str) -> list[str]:
+        """Characters that encode to the unknown token (none for byte-level BPE)."""
+        if self.unk_id is None or not text:
+            return []
+        enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        out: list[str] = []
+        for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]):
+            for ch in text[a:b] if tid == self.unk_id else ():
+                if ch not in out:
+                    out.append(ch)
+        return out
+
+
+@dataclass(eq=False)
+class Model:
+    """A loaded causal LM: module + tokenizer + limits + where its MLPs are. Build with :func:`load_model`."""
+
+    module: nn.Module
+    tokenizer: Tokenizer | None
+    kind: str  # "genprobe" | "hf"
+    arch: str  # "gpt" for ours, else the transformers ``model_type``
+    source: Path | None = None
+    meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_module(cls, module: nn.Module, tokenizer: Tokenizer | None = None, source: Path | None = None) -> "Model":
+        """Wrap an in-memory genprobe GPT or ``transformers`` causal LM."""
+        from .gpt import GPT
+
+        if isinstance(module, GPT):
+            return cls(module.eval(), tokenizer, "genprobe", "gpt", source)
+        config = getattr(module, "config", None)
+        if config is None or not callable(module):
+            raise TypeError(f"expected a genprobe GPT or a transformers causal LM, got {type(module).__name__}")
+        return cls(module.eval(), tokenizer, "hf", str(getattr(config, "model_type", type(module).__name__)), source)
+
+    # ---- limits -----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output embedding (what a token id must stay below)."""
+        return int(self.runner.vocab_size)
+
+    @property
+    def max_positions(self) -> int | None:
+        """Context length: the learned position table's rows, or the HF config's; None when unbounded."""
+        return self.runner.max_positions
+
+    @property
+    def window(self) -> int | None:
+        """Sliding-window length when (some of) the model's layers attend over a window, else None."""
+        if self.kind != "hf":
+            return None
+        c = self.module.config
+        w = getattr(c, "sliding_window", None)
+        if not w or getattr(c, "use_sliding_window", True) is False:
+            return None
+        return int(w)
+
+    # ---- engine and tokens ------------------------------------------------------------------
+    @cached_property
+    def runner(self) -> Any:
+        """The generation runner (``genprobe.engine.generate.Runner``) that drives this model."""
+        if self.kind == "genprobe":
+            from ..engine.generate import GPTRunner
+
+            return GPTRunner(self.module)
+        from ..engine.hf_adapter import HFCausalLM
+
+        return HFCausalLM(self.module)
+
+    @property
+    def eos_id(self) -> int | None:
+        """End-of-text token id, if the tokenizer has one."""
+        return None if self.tokenizer is None else self.tokenizer.eos_id
+
+    @property
+    def unk_id(self) -> int | None:
+        """Unknown-token id, if the tokenizer has one."""
+        return None if self.tokenizer is None else self.tokenizer.unk_id
+
+    @property
+    def pad_id(self) -> int:
+        """A safe id to fill left padding with (never attended to)."""
+        return self.tokenizer.pad_id if self.tokenizer is not None else int(self.runner.pad_id)
+
+    def _require_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            where = f" {self.source}" if self.source else ""
+            raise ValueError(f"the model{where} has no tokenizer: text cannot be encoded; pass token ids instead")
+        return self.tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        """Text → ids (no special tokens added)."""
+        return self._require_tokenizer().encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids → text."""
+        return self._require_tokenizer().decode(ids)
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        sampling: Any = None,
+        max_new_tokens: int = 50,
+        seed: int = 0,
+        stop_at_eos: bool = True,
+        compile: bool = False,
+    ) -> list[Any]:
+        """Text continuations (``genprobe.engine.text.Completion``) of one prompt or a batch; greedy by default."""
+        from ..engine.text import complete
+
+        return complete(self, prompts, sampling, max_new_tokens, seed, stop_at_eos, compile)
+
+    def mlp_sites(self) -> list[Any]:
+        """One ``genprobe.loops.arch.MLPSite`` per layer (the MLP down-projections a loop patch edits)."""
+        from ..loops.arch import mlp_sites
+
+        return mlp_sites(self.module)
+
+    def state_sha256(self) -> str:
+        """sha256 over the full state dict (what a loop patch checks before and after)."""
+        from ..loops.arch import state_sha256
+
+        return state_sha256(self.module)
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (tied embeddings counted once)."""
+        return sum(p.numel() for p in self.module.parameters())
+
+    def describe(self) -> dict:
+        """A JSON-ready summary: kind, architecture, size, limits, tokenizer."""
+        tok = self.tokenizer
+        return {
+            "source": str(self.source) if self.source else None,
+            "kind": self.kind,
+            "arch": self.arch,
+            "parameters": self.num_parameters(),
+            "vocab_size": self.vocab_size,
+            "max_positions": self.max_positions,
+            "window": self.window,
+            "tokenizer": None if tok is None else {"kind": tok.kind, "vocab_size": tok.vocab_size,
+                                                   "eos_id": tok.eos_id, "unk_id": tok.unk_id},
+        }
+
+
+# ---- loading --------------------------------------------------------------------------------
+def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Model:
+    """Load a genprobe checkpoint or a ``transformers`` model directory (auto-detected, offline, safetensors only)."""
+    from .checkpoint import is_checkpoint
+
+    d = Path(path)
+    if not d.exists():
+        raise FileNotFoundError(f"no such model directory: {d}")
+    if not d.is_dir():
+        raise ModelLoadError(f"{d} is a file; a model is a directory (a genprobe checkpoint or a transformers model)")
+    if is_checkpoint(d):
+        return _load_genprobe(d, dtype, device)
+    if (d / "config.json").is_file():
+        return _load_transformers(d, dtype, device)
+    raise ModelLoadError(
+        f"{d} is neither a genprobe checkpoint (genprobe.json + model.safetensors) nor a transformers model "
+        "directory (config.json + *.safetensors)"
+    )
+
+
+def _load_genprobe(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
+    from .checkpoint import load_checkpoint
+
+    module, tok, meta = load_checkpoint(d, device=str(device))
+    return Model(module.to(dtype), tok, "genprobe", "gpt", d, meta)
+
+
+def _read_config(d: Path) -> dict:
+    try:
+        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{d / 'config.json'} is not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{d / 'config.json'} does not hold a JSON object")
+    return cfg
+
+
+def check_weights_files(d: Path) -> None:
+    """Refuse a directory whose weights are missing or pickled (genprobe never unpickles)."""
+    if any(d.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in d.iterdir() if p.suffix in PICKLED_SUFFIXES)
+    if pickled:
+        raise ModelLoadError(
+            f"{d} holds only pickled weights ({', '.join(pickled)}); genprobe loads safetensors only, because "
+            "unpickling can run arbitrary code. Convert it once, where you trust the file: "
+            "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)"
+        )
+    raise ModelLoadError(f"{d} has a config.json but no weights (*.safetensors)")
+
+
+def _check_architecture(d: Path, cfg: dict) -> str:
+    from transformers import CONFIG_MAPPING
+
+    model_type = cfg.get("model_type")
+    if not model_type:
+        raise ModelLoadError(f"{d / 'config.json'} has no model_type")
+    if model_type not in CONFIG_MAPPING:
+        remote = " and needs remote code (auto_map)" if "auto_map" in cfg else ""
+        raise UnsupportedArchitectureError(
+            f"{d}: model_type {model_type!r} is not an architecture of the installed transformers{remote}; "
+            "genprobe never runs trust_remote_code"
+        )
+    return str(model_type)
+
+
+def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    cfg = _read_config(d)
+    check_weights_files(d)
+    arch = _check_architecture(d, cfg)
+    hf_logging.disable_progress_bar()
+    try:
+        module, info = AutoModelForCausalLM.from_pretrained(
+            d, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=dtype,
+            output_loading_info=True,
+        )
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"{d}: transformers could not load the model ({type(exc).__name__}: {exc})") from None
+    finally:
+        hf_logging.enable_progress_bar()
+    missing = [k for k in info.get("missing_keys", ()) if k not in _tied_names(module)]
+    if missing:
+        raise ModelLoadError(
+            f"{d}: the weights leave {len(missing)} parameter(s) uninitialised (e.g. {missing[:3]}); "
+            "the safetensors file does not belong to this config"
+        )
+    tok = load_tokenizer(d)
+    model = Model(module.to(device).eval(), tok, "hf", arch, d, {"config": cfg})
+    if tok is not None and tok.vocab_size > model.vocab_size:
+        raise ModelLoadError(
+            f"{d}: the tokenizer has {tok.vocab_size} tokens but the model's output embedding has only "
+            f"{model.vocab_size} rows; the tokenizer does not belong to this model"
+        )
+    return model
+
+
+def _tied_names(module: nn.Module) -> set[str]:
+    """Parameter names that are tied to another (not stored in safetensors, so legitimately 'missing')."""
+    keys = getattr(module, "_tied_weights_keys", None) or ()
+    if isinstance(keys, dict):
+        return set(keys)
+    return set(keys)
+
+
+def load_tokenizer(d: Path) -> Tokenizer | None:
+    """The tokenizer stored beside a transformers model: genprobe's char vocabulary, else AutoTokenizer, else None."""
+    from .hf_dir import TOKENIZER_FILE
+
+    char_file = d / TOKENIZER_FILE
+    if char_file.is_file():
+        from ..corpus.tokenizer import CharTokenizer
+
+        try:
+            return CharTokenizer.from_dict(json.loads(char_file.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, ValueError) as exc:
+            raise ModelLoadError(f"{char_file} is not a genprobe char vocabulary ({exc})") from None
+    if not any((d / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        hf_tok = AutoTokenizer.from_pretrained(d, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{d}: the tokenizer files could not be loaded ({type(exc).__name__}: {exc})") from None
+    return SubwordTokenizer(hf_tok)

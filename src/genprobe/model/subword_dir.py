@@ -1,0 +1,83 @@
+"""Write the subword reference model as a standard transformers directory, atomically.
+
+Files: ``config.json``, ``generation_config.json``, ``model.safetensors`` (``save_pretrained``),
+``tokenizer.json`` + ``tokenizer_config.json`` (``PreTrainedTokenizerFast.save_pretrained``) and
+``genprobe_training.json`` (recipe, split, losses, bits/char; *not* named ``genprobe.json``, which marks
+a genprobe char checkpoint). The directory is assembled in a temporary sibling and renamed into place,
+so a crash never leaves a half-written model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .._io import atomic_write_json, read_format_json
+from ..corpus import bpe
+from .hf_dir import _quiet_transformers, _swap_into_place
+
+SUMMARY_FILE = "genprobe_training.json"
+SUMMARY_FORMAT = "genprobe-subword-training-v1"
+
+
+def check_writable(out: Path) -> None:
+    """Refuse a target that is a file, or a non-empty directory this writer did not make."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / SUMMARY_FILE).is_file():
+        raise ValueError(f"output {out} is a non-empty directory that is not a genprobe-trained model; "
+                         f"refusing to write into it")
+
+
+def save_subword_dir(out: str | os.PathLike, model: torch.nn.Module, tok, summary: dict) -> Path:
+    """Write ``model`` + BPE ``tok`` + ``summary`` to ``out`` (replacing an earlier run there)."""
+    out = Path(out)
+    check_writable(out)
+    if tok.get_vocab_size() != model.config.vocab_size:
+        raise ValueError(f"tokenizer has {tok.get_vocab_size()} ids but the model's vocab_size is "
+                         f"{model.config.vocab_size}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        with _quiet_transformers(False):
+            model.save_pretrained(tmp, safe_serialization=True)
+        bpe.to_hf_tokenizer(tok, model.config.max_position_embeddings).save_pretrained(tmp)
+        _portable_tokenizer_class(tmp / "tokenizer_config.json")
+        atomic_write_json(tmp / SUMMARY_FILE, {"format": SUMMARY_FORMAT, **summary})
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _portable_tokenizer_class(path: Path) -> None:
+    """Name the class both transformers 4 and 5 resolve to "load tokenizer.json as is".
+
+    transformers 5 writes ``TokenizersBackend``, a name transformers 4 does not know;
+    ``PreTrainedTokenizerFast`` is that class in 4 and an alias of it in 5.
+    """
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    atomic_write_json(path, cfg)
+
+
+def read_summary(directory: str | os.PathLike) -> dict:
+    """The training summary of a directory written by :func:`save_subword_dir`."""
+    return read_format_json(Path(directory) / SUMMARY_FILE, SUMMARY_FORMAT)
+
+
+def load_subword_dir(directory: str | os.PathLike):
+    """``(model, tokenizer)`` through the public transformers API: offline, safetensors only, float32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _quiet_transformers(False):
+        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True,
+                                                     dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    return model.eval(), tok

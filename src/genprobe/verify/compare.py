@@ -1,0 +1,145 @@
+"""Comparing an implementation's logits with the reference's, and judging the difference on two scales.
+
+The seed's scale is absolute (§3.4.3): max |Δlogit| < 1e-4 is float noise, 1e-3…1 suspicious, > 1 a bug.
+That scale assumes trained logits, which spread by several units across the vocabulary. A model with
+small logits (a freshly initialised ``transformers`` GPT-2: std ≈ 0.16) can have its whole distribution
+reordered by a Δ of 0.6 and still read "suspicious". So each phase is also judged relative to the
+reference's own spread: Δ in standard deviations of the reference logits (over the vocabulary, median
+over the compared positions). The relative scale only ever *raises* a verdict, and only for differences
+above the absolute noise floor, so float noise stays "pass" however small the logits are.
+
+Two measures are reported beside the verdict (not used by it): the largest |Δ log p| over the
+reference's top-k tokens and the share of positions whose top-1 token agrees.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+VERDICTS = ("pass", "small", "suspicious", "bug")  # ordered by severity
+TOPK = 10  # tokens of the reference's top-k over which |Δ log p| is measured
+
+
+def worst(verdicts) -> str:
+    """The most severe of ``verdicts`` (``"pass"`` when there are none)."""
+    return max(verdicts, key=VERDICTS.index, default="pass")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Verdict scales: absolute max |Δlogit| (the seed's) and Δ in standard deviations of the reference logits.
+
+    Absolute: < ``noise`` pass, < ``suspicious`` small, ≤ ``bug`` suspicious, > ``bug`` bug.
+    Relative (only for Δ ≥ ``noise``): ≥ ``rel_suspicious`` σ suspicious, > ``rel_bug`` σ bug.
+    The verdict of a phase is the more severe of the two.
+    """
+
+    noise: float = 1e-4
+    bug: float = 1.0
+    suspicious: float = 1e-3
+    rel_bug: float = 1.0
+    rel_suspicious: float = 0.01
+    exact_prefill: bool = False  # when True a prefill that is not bit-identical is at least "small"
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.noise <= self.suspicious <= self.bug):
+            raise ValueError(
+                f"thresholds must satisfy 0 <= noise <= suspicious <= bug, got noise={self.noise}, "
+                f"suspicious={self.suspicious}, bug={self.bug}"
+            )
+        if not (0.0 < self.rel_suspicious <= self.rel_bug):
+            raise ValueError(
+                f"relative thresholds must satisfy 0 < rel_suspicious <= rel_bug, got rel_suspicious="
+                f"{self.rel_suspicious}, rel_bug={self.rel_bug}"
+            )
+
+    def absolute_verdict(self, max_abs_dlogit: float) -> str:
+        """Classify one max |Δlogit| on the seed's absolute scale (NaN counts as a bug)."""
+        d = float(max_abs_dlogit)
+        if d != d or d > self.bug:
+            return "bug"
+        if d >= self.suspicious:
+            return "suspicious"
+        if d >= self.noise:
+            return "small"
+        return "pass"
+
+    def relative_verdict(self, max_abs_dlogit: float, ref_std: float | None) -> str:
+        """Classify Δ in standard deviations of the reference logits; below the absolute noise floor: pass."""
+        d = float(max_abs_dlogit)
+        if ref_std is None or not (d >= self.noise):  # also False for NaN, which the absolute scale handles
+            return "pass"
+        sigmas = d / ref_std if ref_std > 0 else math.inf
+        if sigmas > self.rel_bug:
+            return "bug"
+        return "suspicious" if sigmas >= self.rel_suspicious else "pass"
+
+    def verdict(self, max_abs_dlogit: float, ref_std: float | None = None) -> str:
+        """The more severe of the absolute and the relative verdict."""
+        return worst([self.absolute_verdict(max_abs_dlogit), self.relative_verdict(max_abs_dlogit, ref_std)])
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return asdict(self)
+
+
+def _abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| where equal entries (including equal infinities) count 0 and NaN counts +inf."""
+    d = torch.where(a == b, torch.zeros_like(a), (a - b).abs())
+    return torch.nan_to_num(d, nan=math.inf, posinf=math.inf)
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| where equal entries (including equal infinities) count 0 and NaN counts +inf."""
+    a, b = a.float(), b.float()
+    if a.shape != b.shape:
+        raise ValueError(f"cannot compare logits of shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    return float(_abs_diff(a, b).max()) if a.numel() else 0.0
+
+
+def row_std(ref: torch.Tensor, finite: torch.Tensor | None = None) -> torch.Tensor:
+    """Standard deviation of each row of reference logits over its finite entries (a masked vocabulary is -inf)."""
+    finite = torch.isfinite(ref) if finite is None else finite
+    if bool(finite.all()):
+        return ref.std(dim=-1)
+    n = finite.sum(-1).clamp(min=2)
+    x = torch.where(finite, ref, torch.zeros_like(ref))
+    mean = x.sum(-1, keepdim=True) / n[:, None]
+    var = torch.where(finite, (x - mean) ** 2, torch.zeros_like(ref)).sum(-1) / (n - 1)
+    return var.sqrt()
+
+
+@dataclass
+class RowStats:
+    """What one comparison call measured over its rows (positions)."""
+
+    max_abs: float
+    rows: int
+    ref_std: torch.Tensor  # (rows,)
+    max_dlogp_topk: float
+    top1_agree: int
+    nonfinite: bool
+
+
+def compare_rows(got: torch.Tensor, ref: torch.Tensor) -> RowStats:
+    """Compare (rows, V) logits with the reference's: max |Δ|, reference spread, |Δ log p| over top-k, top-1."""
+    got, ref = got.float().reshape(-1, got.shape[-1]), ref.float().reshape(-1, ref.shape[-1])
+    if got.shape != ref.shape:
+        raise ValueError(f"cannot compare logits of shapes {tuple(got.shape)} and {tuple(ref.shape)}")
+    max_abs = float(_abs_diff(got, ref).max()) if got.numel() else 0.0
+    k = min(TOPK, ref.shape[-1])
+    top = ref.topk(k, dim=-1).indices  # log p of the top-k only: z_i - logsumexp(z), no full log-softmax
+    lp_got = got.gather(-1, top) - torch.logsumexp(got, dim=-1, keepdim=True)
+    lp_ref = ref.gather(-1, top) - torch.logsumexp(ref, dim=-1, keepdim=True)
+    ref_finite = torch.isfinite(ref)
+    return RowStats(
+        max_abs=max_abs,
+        rows=ref.shape[0],
+        ref_std=row_std(ref, ref_finite),
+        max_dlogp_topk=float(_abs_diff(lp_got, lp_ref).max()),
+        top1_agree=int((got.argmax(-1) == ref.argmax(-1)).sum()),
+        nonfinite=bool((~torch.isfinite(got) & ref_finite).any()),
+    )

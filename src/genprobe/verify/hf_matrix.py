@@ -1,0 +1,144 @@
+"""``transformers``' cache classes × architectures: the verifier's verdict for each pair, on tiny random models.
+
+Run ``python -m genprobe.verify.hf_matrix [--init 0.02] [--steps 8]`` for the markdown table. The models
+are built from small configs (no download): GPT-2, Llama, Qwen2, Phi-3, GPT-NeoX, and Mistral / Gemma 2 /
+Gemma 3 with a sliding window (6) shorter than the sequences, so their sliding layers must evict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .._io import json_safe
+from .adapters import HFAdapter, HFReference
+from .harness import ReferenceRun, verify_implementation
+from .hf_caches import CACHE_KINDS, describe, unavailable_reason
+
+ARCHS = ("gpt2", "llama", "qwen2", "mistral", "gemma2", "gemma3", "phi3", "gpt_neox")
+PROMPTS = [[5, 17, 42, 8, 91, 23, 64, 30], [12, 77, 3, 56, 9], [40, 2, 88]]
+
+
+def tiny_config(arch: str, init: float = 0.02, window: int = 6):
+    """A 2-layer config of ``arch`` (vocab 100; grouped-query attention and a sliding window where it has them)."""
+    import transformers as T
+
+    ids = dict(bos_token_id=None, eos_token_id=None, pad_token_id=0, initializer_range=init)
+    common = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, **ids)
+    builders = {
+        "gpt2": lambda: T.GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=2, **ids),
+        "llama": lambda: T.LlamaConfig(**common),
+        "qwen2": lambda: T.Qwen2Config(**common),
+        "mistral": lambda: T.MistralConfig(**common, sliding_window=window),
+        "gemma2": lambda: T.Gemma2Config(**common, head_dim=8, sliding_window=window),
+        "gemma3": lambda: T.Gemma3TextConfig(**common, head_dim=8, sliding_window=window),
+        "phi3": lambda: T.Phi3Config(**common),
+        "gpt_neox": lambda: T.GPTNeoXConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, max_position_embeddings=64, **ids),
+    }
+    if arch not in builders:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {list(ARCHS)}")
+    return builders[arch]()
+
+
+def tiny_model(arch: str, init: float = 0.02, window: int = 6):
+    """A seeded random causal LM of ``arch`` in eval mode, eager attention."""
+    import transformers
+
+    cfg = tiny_config(arch, init, window)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+
+
+@dataclass
+class MatrixCell:
+    """One cache class on one architecture."""
+
+    arch: str
+    cache: str
+    verdict: str
+    max_abs_dlogit: float | None = None
+    rel_dlogit: float | None = None
+    worst_phase: str | None = None
+    reason: str | None = None  # why unavailable, or the error
+
+    def text(self) -> str:
+        """Short markdown cell."""
+        if self.verdict == "unavailable":
+            return "unavailable"
+        if self.verdict == "error":
+            return f"error ({self.reason})"
+        return f"{self.verdict} ({self.max_abs_dlogit:.2g}; {self.rel_dlogit:.2g} σ)"
+
+
+@dataclass
+class CacheMatrix:
+    """Verdicts of every (architecture, cache class) pair, plus the environment they were measured in."""
+
+    cells: list[MatrixCell]
+    transformers: str
+    torch: str
+    init: float
+    steps: int
+    notes: dict[str, list[str]] = field(default_factory=dict)  # why unavailable → the "kind on arch" pairs
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return json_safe(asdict(self))
+
+    def markdown(self) -> str:
+        """Rows: cache classes; columns: architectures."""
+        archs = list(dict.fromkeys(c.arch for c in self.cells))
+        kinds = list(dict.fromkeys(c.cache for c in self.cells))
+        at = {(c.arch, c.cache): c for c in self.cells}
+        lines = ["| cache class | " + " | ".join(archs) + " |", "|---|" + "---|" * len(archs)]
+        for k in kinds:
+            lines.append(f"| `{k}` {describe(k)} | " + " | ".join(at[(a, k)].text() for a in archs) + " |")
+        return "\n".join(lines)
+
+
+def cache_matrix(archs=ARCHS, kinds=CACHE_KINDS, init: float = 0.02, steps: int = 8) -> CacheMatrix:
+    """Verify every cache class on every architecture (full harness: prefill, decode, chunks, padding, isolation)."""
+    import transformers
+
+    cells, notes = [], {}
+    for arch in archs:
+        hf = tiny_model(arch, init)
+        run = ReferenceRun(HFReference(hf), steps)
+        for kind in kinds:
+            why = unavailable_reason(hf, kind)
+            if why is not None:
+                cells.append(MatrixCell(arch, kind, "unavailable", reason=why))
+                notes.setdefault(why, []).append(f"{kind} on {arch}")
+                continue
+            r = verify_implementation(HFAdapter(hf, cache=kind, max_cache_len=max(map(len, PROMPTS)) + steps + 1), run,
+                                      PROMPTS, steps=steps, chunk_sizes=(1, 4))
+            judged = [p for p in r.phases if p.judged]
+            rel = max((p.rel_dlogit or 0.0 for p in judged), default=0.0)
+            reason = "; ".join(f"{e.phase}: {e.type}: {e.message}" for e in r.errors) or None
+            cells.append(MatrixCell(arch, kind, r.verdict, r.max_abs_dlogit, rel, r.worst_phase, reason))
+    return CacheMatrix(cells, transformers.__version__, torch.__version__, init, steps, notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the markdown matrix (and the reasons for unavailable classes)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--init", type=float, default=0.02, help="initializer_range of the random models (default 0.02)")
+    ap.add_argument("--max-new-tokens", type=int, default=8, help="greedy steps per prompt (default 8)")
+    args = ap.parse_args(argv)
+    m = cache_matrix(init=args.init, steps=args.max_new_tokens)
+    print(f"transformers {m.transformers}, torch {m.torch}; random tiny models, initializer_range {m.init}, "
+          f"{m.steps} greedy steps; cell: verdict (max |Δlogit|; in σ of the reference logits)\n")
+    print(m.markdown())
+    print()
+    for why, where in m.notes.items():
+        print(f"- unavailable ({', '.join(where)}): {why}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
