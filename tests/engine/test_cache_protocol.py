@@ -50,7 +50,7 @@ def test_decode_after_explicit_later_positions_masks_the_later_key():
     def decode(cache: KVCache, forget_explicit: bool) -> torch.Tensor:
         forward_step(model, ids[:, :4], cache, positions=pos[:, :4])
         if forget_explicit:  # the bug this guards against: a cache that ignores explicit_positions
-            cache._default_positions_only = True
+            cache.default_positions_only = True
         return forward_step(model, ids[:, 4:], cache)[:, -1]  # default position: 4
 
     with torch.inference_mode():

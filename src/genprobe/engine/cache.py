@@ -97,9 +97,9 @@ class KVCache:
         self.seen = 0  # tokens ever written (per row, padding included)
         self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)
         # True while every slot ever written held a real token ...
-        self._all_valid = True
+        self.all_valid = True
         # ... and every write used default positions: then a plain decode step may skip its mask.
-        self._default_positions_only = True
+        self.default_positions_only = True
         self._slots: torch.Tensor | slice | None = None
         self._live = 0
 
@@ -118,14 +118,14 @@ class KVCache:
         self.seen = 0
         self.next_pos.zero_()
         self.valid.zero_()
-        self._all_valid = True
-        self._default_positions_only = True
+        self.all_valid = True
+        self.default_positions_only = True
         self._slots = None
 
     @property
     def decode_mask_free(self) -> bool:
         """True while every key is real and at an earlier default position: a decode step sees them all."""
-        return self._all_valid and self._default_positions_only
+        return self.all_valid and self.default_positions_only
 
     def default_positions(self, T: int, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Per-row positions for ``T`` new tokens: continue each row's count of real tokens."""
@@ -142,9 +142,9 @@ class KVCache:
         """Claim slots for T new tokens, record their positions/validity; return live (pos, valid)."""
         B, T = check_batch(positions, self.batch_size)
         if explicit_positions:  # the caller's positions: later keys may not all be earlier than a query
-            self._default_positions_only = False
-        if valid is not None and self._all_valid:
-            self._all_valid = bool(valid.all())
+            self.default_positions_only = False
+        if valid is not None and self.all_valid:
+            self.all_valid = bool(valid.all())
         end = self.seen + T
         if end <= self.capacity:
             slots: torch.Tensor | slice = slice(self.seen, end)
