@@ -75,6 +75,12 @@ def load_bundle(which: str, ckpt: str | None) -> tuple[Bundle, list[int]]:
     return Bundle(model, tok, source), [(7 * i + 3) % cfg.vocab_size for i in range(len(PROMPT))]
 
 
+def load_model(ckpt: str | None):
+    """(GPT, prompt ids, description) of ``--model default``: what ``sampler_overhead.py`` benchmarks too."""
+    bundle, ids = load_bundle("default", ckpt)
+    return bundle.model, ids, bundle.source
+
+
 @dataclass
 class Row:
     """One batch size: per-engine timings, time to first token, memory and token agreement."""
@@ -236,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             if any(s.busy for s in row.series.values()):
                 print(f"  warning: the machine was busy during batch {B} (spread > 25%): compare the best-time ratios, "
                       "or re-run when `uptime` shows a load below the core count", file=show)
-        print("\n" + markdown_table(rows, N), file=show)
+        table = markdown_table(rows, N)
+        print("\n" + table, file=show)
         result = {
             "model": bundle.source,
             "parameters": bundle.model.num_parameters(),
@@ -255,10 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         bundle.close()
     if args.out:
-        from genprobe._io import atomic_write_json
+        from genprobe._io import atomic_write_json, atomic_write_text
 
         args.out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.out / f"speed-{args.model}.json", result)
+        atomic_write_text(args.out / f"speed-{args.model}.md", table + "\n")
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")

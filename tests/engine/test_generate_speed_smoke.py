@@ -49,6 +49,7 @@ def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
         assert set(r["memory_mb"]) == expected
     assert "2 repetition(s)" in cap.err  # fewer than 3: the benchmark says a busy repetition can decide
     assert (tmp_path / "o" / "speed-default.json").exists()
+    assert "| batch |" in (tmp_path / "o" / "speed-default.md").read_text()
 
 
 def test_generate_speed_scaling_writes_table_and_plot(ckpt, tmp_path, capsys):
