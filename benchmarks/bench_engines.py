@@ -139,9 +139,12 @@ def ct2_generator(b: Bundle, threads: int):
     # (end_token=[] below); what matters is that the file names one.
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg.update(bos_token=b.tokenizer.itos[0], eos_token=b.tokenizer.itos[0], layer_norm_epsilon=b.model.cfg.layer_norm_eps)
+    end = b.tokenizer.itos[0]
+    cfg.update(bos_token=end, eos_token=end, layer_norm_epsilon=b.model.cfg.layer_norm_eps)
     cfg_path.write_text(json.dumps(cfg))
-    b._ct2 = ctranslate2.Generator(str(out), device="cpu", compute_type="float32", intra_threads=threads, inter_threads=1)
+    b._ct2 = ctranslate2.Generator(
+        str(out), device="cpu", compute_type="float32", intra_threads=threads, inter_threads=1
+    )
     return b._ct2
 
 

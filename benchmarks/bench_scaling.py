@@ -14,7 +14,6 @@ import io
 from typing import Any, TextIO
 
 import torch
-
 from bench_engines import Bundle, EngineUnavailable, make_engine
 from bench_stats import interleaved, load_average
 
@@ -32,7 +31,9 @@ def _engines(bundle: Bundle, names: list[str], prompts: list[list[int]], n: int,
     return out
 
 
-def batch_scaling(bundle: Bundle, names: list[str], prompt: list[int], batches: list[int], n: int, reps: int) -> list[dict]:
+def batch_scaling(
+    bundle: Bundle, names: list[str], prompt: list[int], batches: list[int], n: int, reps: int
+) -> list[dict]:
     """Tokens/s (median, min-time) per engine at each batch size."""
     rows = []
     for B in batches:
@@ -90,13 +91,14 @@ def plot(batch_rows: list[dict], ctx_rows: list[dict], title: str) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    names = sorted({k for r in batch_rows for k in r["tokens_per_s"]} | {k for r in ctx_rows for k in r["decode_tokens_per_s"]})
+    names = sorted({k for r in batch_rows for k in r["tokens_per_s"]}
+                   | {k for r in ctx_rows for k in r["decode_tokens_per_s"]})
     for k in names:
         xs = [r["batch"] for r in batch_rows if k in r["tokens_per_s"]]
         a.plot(xs, [r["tokens_per_s"][k] for r in batch_rows if k in r["tokens_per_s"]], marker="o", label=k)
         pts = [(r["context"], r["decode_tokens_per_s"][k]) for r in ctx_rows if r["decode_tokens_per_s"].get(k)]
         if pts:
-            b.plot(*zip(*pts), marker="o", label=k)
+            b.plot(*zip(*pts, strict=True), marker="o", label=k)
     a.set(xscale="log", yscale="log", xlabel="batch size", ylabel="tokens/s (median)", title="throughput vs batch")
     a.set_xscale("log", base=2)
     b.set(xlabel="context length (tokens)", ylabel="decode tokens/s (median)", yscale="log",
@@ -117,7 +119,8 @@ def table(batch_rows: list[dict], ctx_rows: list[dict]) -> str:
     names = sorted({k for r in batch_rows for k in r["tokens_per_s"]})
     out = ["| batch | " + " | ".join(names) + " | load |", "|" + "---|" * (len(names) + 2)]
     for r in batch_rows:
-        out.append(f"| {r['batch']} | " + " | ".join(f"{r['tokens_per_s'][k]:,.0f}" if k in r["tokens_per_s"] else "–" for k in names)
+        cells = (f"{r['tokens_per_s'][k]:,.0f}" if k in r["tokens_per_s"] else "–" for k in names)
+        out.append(f"| {r['batch']} | " + " | ".join(cells)
                    + f" | {r['load_average'] if r['load_average'] is None else round(r['load_average'], 1)} |")
     names = sorted({k for r in ctx_rows for k in r["decode_tokens_per_s"]})
     out += ["", "| context | " + " | ".join(names) + " | load |", "|" + "---|" * (len(names) + 2)]
@@ -128,7 +131,9 @@ def table(batch_rows: list[dict], ctx_rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def run_scaling(bundle: Bundle, names: list[str], prompt: list[int], args: argparse.Namespace, show: TextIO) -> dict[str, Any]:
+def run_scaling(
+    bundle: Bundle, names: list[str], prompt: list[int], args: argparse.Namespace, show: TextIO
+) -> dict[str, Any]:
     """Both sweeps; writes scaling PNG to ``args.out`` when given; returns the JSON-able result."""
     block = bundle.model.cfg.block_size
     n = args.new_tokens
@@ -137,7 +142,9 @@ def run_scaling(bundle: Bundle, names: list[str], prompt: list[int], args: argpa
     contexts = args.contexts or default_contexts(block, n_ctx)
     bad = [c for c in contexts if c <= n_ctx or c > block]
     if bad:
-        raise SystemExit(f"--contexts must lie in ({n_ctx}, {block}] (decode {n_ctx} tokens, context length {block}); got {bad}")
+        raise SystemExit(
+            f"--contexts must lie in ({n_ctx}, {block}] (decode {n_ctx} tokens, context length {block}); got {bad}"
+        )
     ctx_rows = context_scaling(bundle, names, contexts, n_ctx, 1, args.reps)
     print("\n" + table(batch_rows, ctx_rows), file=show, flush=True)
     res = {"batch": batch_rows, "context": ctx_rows, "context_new_tokens": n_ctx, "threads": torch.get_num_threads()}
@@ -145,7 +152,8 @@ def run_scaling(bundle: Bundle, names: list[str], prompt: list[int], args: argpa
         from genprobe._io import atomic_write_bytes, atomic_write_text
 
         args.out.mkdir(parents=True, exist_ok=True)
-        title = f"{bundle.source} ({bundle.model.num_parameters():,} parameters), float32, greedy, {torch.get_num_threads()} threads"
+        size = f"{bundle.model.num_parameters():,} parameters"
+        title = f"{bundle.source} ({size}), float32, greedy, {torch.get_num_threads()} threads"
         atomic_write_bytes(args.out / f"scaling-{args.model}.png", plot(batch_rows, ctx_rows, title))
         atomic_write_text(args.out / f"scaling-{args.model}.md", table(batch_rows, ctx_rows) + "\n")
     return res

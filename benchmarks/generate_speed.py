@@ -25,7 +25,6 @@ Run it on a quiet machine: every row prints the 1-minute load average it was mea
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import time
@@ -38,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this script
 
 from bench_engines import Bundle, EngineUnavailable, make_engine  # noqa: E402
-from bench_stats import Series, interleaved, load_average, peak_rss_during, rss_bytes, timed  # noqa: E402
+from bench_stats import Series, interleaved, load_average, peak_rss_during, rss_bytes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "白日依山盡，黃"  # 7 characters, all in the default vocabulary
@@ -148,7 +147,9 @@ def build_engines(bundle: Bundle, names: list[str], prompts: list[list[int]], n:
     return engines, setup, mem
 
 
-def measure_row(bundle: Bundle, names: list[str], prompt: list[int], batch: int, n: int, reps: int, memory: bool) -> Row:
+def measure_row(
+    bundle: Bundle, names: list[str], prompt: list[int], batch: int, n: int, reps: int, memory: bool
+) -> Row:
     """Time every engine on ``batch`` copies of ``prompt``: interleaved repetitions, TTFT, memory, agreement."""
     prompts = [list(prompt)] * batch
     skipped: dict[str, str] = {}
@@ -162,21 +163,25 @@ def measure_row(bundle: Bundle, names: list[str], prompt: list[int], batch: int,
             peak, _ = peak_rss_during(e.run)
             mem[k]["run_peak_rss_mb"] = peak / 2**20
     ref = outputs.get("cached")
-    agree = {k: (ref is None or v == ref) and len(v) == batch and all(len(r) == n for r in v) for k, v in outputs.items()}
+    agree = {
+        k: (ref is None or v == ref) and len(v) == batch and all(len(r) == n for r in v) for k, v in outputs.items()
+    }
     return Row(batch, load_before, load_after, series, ttft, setup, mem, agree, skipped)
 
 
 def format_row(row: Row, n: int) -> str:
     """One printed line per engine plus the ratios, for a terminal."""
     tps, tmin = row.tokens_per_s(n), row.tokens_per_s(n, "min")
-    lines = [f"batch {row.batch} (load {row.load_before:.1f} -> {row.load_after:.1f})" if row.load_before is not None else f"batch {row.batch}"]
+    load = f" (load {row.load_before:.1f} -> {row.load_after:.1f})" if row.load_before is not None else ""
+    lines = [f"batch {row.batch}{load}"]
     for k in row.series:
         s = row.series[k]
         mem = row.memory_mb.get(k, {})
         lines.append(
             f"  {k:9s} {tps[k]:10,.0f} tok/s (best {tmin[k]:10,.0f}) spread {100 * s.spread:5.1f}%"
             f"{' BUSY' if s.busy else '     '} | TTFT {1e3 * row.ttft[k].median:8.2f} ms"
-            f" | run peak +{mem.get('run_peak_rss_mb', float('nan')):7.1f} MB, setup +{mem.get('setup_rss_mb', 0):7.1f} MB"
+            f" | run peak +{mem.get('run_peak_rss_mb', float('nan')):7.1f} MB"
+            f", setup +{mem.get('setup_rss_mb', 0):7.1f} MB"
             f" ({row.setup_seconds[k]:.1f} s) | tokens agree: {row.agree_with_cached[k]}"
         )
     for k, why in row.skipped.items():
@@ -191,7 +196,8 @@ def format_row(row: Row, n: int) -> str:
 def markdown_table(rows: list[Row], n: int) -> str:
     """The speed table: tokens/s (median) per engine and batch, ratios of our fast path."""
     names = [k for k in ENGINES if any(k in r.series for r in rows)]
-    head = "| batch | " + " | ".join(names) + f" | {OURS}/ct2 | {OURS}/hf | TTFT {OURS} / ct2 / hf (ms) | agree | busy |"
+    tail = f" | {OURS}/ct2 | {OURS}/hf | TTFT {OURS} / ct2 / hf (ms) | agree | busy |"
+    head = "| batch | " + " | ".join(names) + tail
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         tps, rat = r.tokens_per_s(n), r.ratios(n)
@@ -199,14 +205,17 @@ def markdown_table(rows: list[Row], n: int) -> str:
         ttft = " / ".join(f"{1e3 * r.ttft[k].median:.2f}" if k in r.ttft else "–" for k in (OURS, "ct2", "hf"))
         ratio = [f"{rat[f'{OURS}/{o}']:.2f}x" if f"{OURS}/{o}" in rat else "–" for o in ("ct2", "hf")]
         busy = ",".join(k for k, s in r.series.items() if s.busy) or "no"
-        out.append(f"| {r.batch} | " + " | ".join(cells) + f" | {' | '.join(ratio)} | {ttft} | {all(r.agree_with_cached.values())} | {busy} |")
+        agree = all(r.agree_with_cached.values())
+        out.append(f"| {r.batch} | " + " | ".join(cells) + f" | {' | '.join(ratio)} | {ttft} | {agree} | {busy} |")
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="default", choices=["default", "58m"], help="which model (default: the checkpoint)")
-    ap.add_argument("--ckpt", default=None, help="genprobe checkpoint dir for --model default (default out/case/model if present)")
+    ap.add_argument("--model", default="default", choices=["default", "58m"],
+                    help="which model (default: the checkpoint)")
+    ap.add_argument("--ckpt", default=None,
+                    help="genprobe checkpoint dir for --model default (default out/case/model if present)")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--new-tokens", type=int, default=50)
     ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions per engine (median and min reported)")
@@ -216,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-memory", action="store_true", help="skip the memory pass")
     ap.add_argument("--scaling", action="store_true", help="also tokens/s vs batch size and vs context length")
     ap.add_argument("--scaling-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
-    ap.add_argument("--contexts", type=int, nargs="+", default=None, help="context lengths (default: up to the model's)")
+    ap.add_argument("--contexts", type=int, nargs="+", default=None,
+                    help="context lengths (default: up to the model's)")
     ap.add_argument("--out", type=Path, default=None, help="directory for speed.json / scaling.json / scaling.png")
     ap.add_argument("--json", action="store_true", help="JSON on stdout (tables go to stderr)")
     args = ap.parse_args(argv)

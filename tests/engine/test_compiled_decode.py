@@ -32,7 +32,7 @@ def _scaled_model(seed: int = 0, **kw):
 
 
 def _max_diff(a, b) -> float:
-    return max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits))
+    return max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True))
 
 
 def test_static_cache_eager_matches_full_recomputation_every_step(trained):
@@ -117,7 +117,8 @@ def test_without_a_cxx_compiler_it_warns_once_and_decodes_eagerly(monkeypatch):
     from genprobe.model import GPT, GPTConfig
 
     real = compiled_mod.compile_config
-    monkeypatch.setattr(compiled_mod, "compile_config", lambda m, b: {**real(m, b), "cpp.cxx": ("no-such-cxx-compiler",)})
+    no_cxx = {"cpp.cxx": ("no-such-cxx-compiler",)}
+    monkeypatch.setattr(compiled_mod, "compile_config", lambda m, b: {**real(m, b), **no_cxx})
     monkeypatch.setattr(compiled_mod, "_compile_error", None)
     torch.manual_seed(1)  # a model of its own, so no graph compiled earlier in the session can serve it
     model = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, d_ff=32, block_size=16)).eval()
@@ -234,7 +235,8 @@ def test_greedy_loop_equals_eager_on_a_padded_batch_where_every_row_stops_at_eos
     eos = common[0]
     calls = _spy_calls(monkeypatch)
     seen_a, seen_b = [], []
-    a = generate(model, prompts, 20, compile=True, eos_id=eos, return_logits=True, on_token=lambda i, t: seen_a.append((i, t)))
+    a = generate(model, prompts, 20, compile=True, eos_id=eos, return_logits=True,
+                 on_token=lambda i, t: seen_a.append((i, t)))
     assert compiled_mod.compile_error() is None
     b = generate(model, prompts, 20, eos_id=eos, return_logits=True, on_token=lambda i, t: seen_b.append((i, t)))
     assert calls == [(19, True)]  # every step after the prefill in one compiled call

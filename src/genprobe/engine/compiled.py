@@ -41,7 +41,6 @@ import torch
 from ..model.gpt import GPT
 from .static_cache import StaticKVCache
 
-
 # Read by Inductor when a graph is compiled, so they are switched on only around first steps (a patch
 # around every replay would cost more than the guards it sits beside).
 RECOMPILE_LIMIT = 64
@@ -327,7 +326,8 @@ class CompiledGPTRunner:
             # No C++ compiler, an unsupported op, ...: say so once and decode eagerly from now on.
             lines = str(exc).strip().splitlines()
             _compile_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-            warnings.warn(f"torch.compile failed, decoding eagerly instead ({_compile_error})", RuntimeWarning, stacklevel=4)
+            msg = f"torch.compile failed, decoding eagerly instead ({_compile_error})"
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
             # Dynamo applies a graph's mutations only when it runs, so the cache is untouched.
             return None
         warm.add(situation)

@@ -169,7 +169,9 @@ def generate(
             raise ValueError("contrastive search runs eagerly over the KV cache: no compile=True, no mode='naive'")
         from .contrastive import contrastive_generate
 
-        return contrastive_generate(model, prompts, max_new_tokens, sampler, eos_id, on_token, return_logits, return_probs)
+        return contrastive_generate(
+            model, prompts, max_new_tokens, sampler, eos_id, on_token, return_logits, return_probs
+        )
     if compile:
         if mode != "cached":
             raise ValueError("compile=True speeds up cached decoding; it does not apply to mode='naive'")
@@ -215,7 +217,9 @@ def generate(
         while i < N:
             cur = P + i
             if fused and i > 0:
-                taken = _greedy_chunk(runner, state, buf, valid, done, i, P, N - i, eos_id, on_token, step_logits, lengths, finished)
+                taken = _greedy_chunk(
+                    runner, state, buf, valid, done, i, P, N - i, eos_id, on_token, step_logits, lengths, finished
+                )
                 if taken is None:  # compilation unavailable: the per-step path below decodes eagerly
                     fused = False
                     continue
