@@ -74,3 +74,16 @@ def test_busy_spread_flags_one_slow_repetition_without_letting_it_decide_the_med
     assert s.median == 1.02 and s.best == 1.0 and not s.busy  # one busy repetition: the median ignores it
     s = stats.Series(wall=[1.0, 1.6, 1.7], cpu=[1.0, 1.0, 1.0])
     assert s.busy  # most repetitions disturbed: flagged
+
+
+def test_profile_breaks_a_step_down_per_engine(ckpt, tmp_path, capsys):
+    prof = _load("bench_profile")
+    argv = ["--ckpt", str(ckpt), "--batch", "2", "--reps", "1", "--new-tokens", "5", "--engines", "cached", "compiled",
+            "--out", str(tmp_path)]
+    assert prof.main(argv) == 0
+    d = json.loads((tmp_path / "profile-default-b2.json").read_text())
+    assert set(d["engines"]) == {"cached", "compiled"} and all(c["step_us"] != 0 for c in d["engines"].values())
+    model = _load("generate_speed").load_bundle("default", str(ckpt))[0].model
+    assert d["roofline"]["weight_bytes"] == 4 * sum(p.numel() for p in model.parameters())  # float32 weights
+    assert any("addmm" in o["op"] or "mm" in o["op"] for o in d["eager_top_ops"])
+    assert "step" in capsys.readouterr().out
