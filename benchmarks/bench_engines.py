@@ -177,7 +177,9 @@ def vllm_engine(b: Bundle, prompts: Tokens, n: int) -> Engine:
     except Exception as exc:  # ImportError, or a vLLM build that fails to initialise on this machine
         raise EngineUnavailable(f"vllm is not importable ({type(exc).__name__}: {exc})") from exc
     if getattr(b, "_vllm", None) is None:
-        b._vllm = LLM(model=str(b.hf_dir()), dtype="float32", skip_tokenizer_init=True, seed=0)
+        # A KV-cache reservation sized for these models (vLLM's CPU default takes GiBs), batches up to 128.
+        b._vllm = LLM(model=str(b.hf_dir()), dtype="float32", skip_tokenizer_init=True, seed=0,
+                      max_num_seqs=128, kv_cache_memory_bytes=256 << 20)
     llm = b._vllm
     reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
 
