@@ -7,7 +7,7 @@ into a few C++ kernels. The traced code is the same forward every other phase ru
 second implementation of the model to keep in sync — and prefill (any length, left padding) stays
 eager: it runs once per generation.
 
-What makes a step cheap, each measured (``benchmarks/generate_speed.py``, ``benchmarks/RESULTS.md``):
+What makes a step cheap, each measured (``benchmarks/generate_speed.py``, ``benchmarks/bench_profile.py``):
 
 - the decode loop itself is compiled (:func:`_decode_loop`, a ``torch.while_loop``): greedy argmax,
   eos and padding of finished rows happen inside the graph, so a whole greedy generation after the
