@@ -12,7 +12,11 @@ import sys
 from pathlib import Path
 
 LONG = 60
-HTML_TAG = re.compile(r"</?(html|head|body|div|span|table|tr|td|th|p|h[1-6]|ul|li|section|figure|img|script|style|a|code|pre|details|summary)\b[^>]*>", re.I)
+HTML_TAG = re.compile(
+    r"</?(html|head|body|div|span|table|tr|td|th|p|h[1-6]|ul|li|section|figure|img|script|style|a|code|pre|details"
+    r"|summary)\b[^>]*>",
+    re.I,
+)
 LOADER_CALLS = ("from_pretrained(", "load_checkpoint(", "load_causal_lm(", "load_model(")
 
 
@@ -31,7 +35,9 @@ def long_functions(src: Path) -> list[str]:
 
 def html_lines_in_python(src: Path) -> int:
     """Lines of .py files that contain an HTML tag inside the code (hand-written HTML)."""
-    return sum(1 for f in src.rglob("*.py") for line in f.read_text(encoding="utf-8").splitlines() if HTML_TAG.search(line))
+    return sum(
+        1 for f in src.rglob("*.py") for line in f.read_text(encoding="utf-8").splitlines() if HTML_TAG.search(line)
+    )
 
 
 def model_loading_sites(src: Path) -> list[str]:

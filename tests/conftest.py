@@ -48,9 +48,10 @@ def tiny_model(tiny_cfg) -> GPT:
 @pytest.fixture(scope="session")
 def trained_ckpt(corpus, tokenizer) -> Path:
     """Path of a Tang checkpoint trained with the quick recipe (shared by all tests)."""
+    from dataclasses import asdict
+
     from genprobe.model.checkpoint import is_checkpoint, save_checkpoint
     from genprobe.model.train import quick_train_config, train
-    from dataclasses import asdict
 
     tc = quick_train_config()
     key = hashlib.sha256(json.dumps(asdict(tc), sort_keys=True).encode() + torch.__version__.encode()).hexdigest()[:12]

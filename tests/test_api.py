@@ -28,7 +28,9 @@ def test_public_names_are_exported():
 def test_load_and_generate(trained_ckpt):
     model = genprobe.load(trained_ckpt)
     greedy = model.generate("白日依山盡", max_new_tokens=12)
-    sampled = model.generate(["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9), max_new_tokens=12, seed=1)
+    sampled = model.generate(["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9),
+        max_new_tokens=12,
+        seed=1)
     assert len(greedy[0].token_ids) == 12 and greedy[0].finished == "length"
     assert [c.prompt for c in sampled] == ["白日依山盡", "黃河"]
     assert sampled == model.generate(["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9),
@@ -71,3 +73,21 @@ def test_run_case_quick(trained_ckpt, tmp_path):
     study = genprobe.run_case(tmp_path / "case", trained_ckpt, quick=True, only=["decoding", "sampling"])
     assert study.report.is_file() and study.json_path.is_file()
     assert set(json.loads(study.json_path.read_text())) >= {"meta", "model", "decoding", "sampling"}
+
+
+@pytest.mark.slow
+def test_readme_library_example_runs(trained_ckpt, tmp_path, monkeypatch, capsys):
+    """The README's library block, as written (only the checkpoint path points at the test model)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Library", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert code.startswith("import genprobe\n") and "from genprobe" not in code  # only the public API
+    assert '"out/case/model"' in code
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace('"out/case/model"', repr(str(trained_ckpt))), "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "verify-cache: pass" in out and "padding leak: False" in out and "repair:" in out
+    assert (tmp_path / "runs" / "api-repair" / "repair.json").is_file()

@@ -11,6 +11,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+def json_safe_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """:func:`json_safe` of a dict (same keys), typed as one: what a ``to_dict()`` returns."""
+    return {k: json_safe(v) for k, v in d.items()}
+
+
 def json_safe(obj: Any) -> Any:
     """``obj`` with every non-finite float spelled ``"nan"``, ``"inf"`` or ``"-inf"``: strict JSON, nothing lost.
 

@@ -86,8 +86,8 @@ def repair_loops(
     from ._io import atomic_write_json
     from .corpus import load_corpus
     from .loops.patch import save_patch
-    from .loops.report import write_summary
     from .loops.repair import repair
+    from .loops.report import write_summary
     from .loops.study import RepairConfig, RepairInputs
 
     cfg = config or RepairConfig()

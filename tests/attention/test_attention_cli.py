@@ -30,7 +30,8 @@ def test_attention_table_and_files(tiny_ckpt, tmp_path, capsys):
 
 def test_check_masks_exit_codes(tmp_path, capsys):
     good = tmp_path / "good.jsonl"
-    good.write_text('{"input_ids": [0, 5, 6], "attention_mask": [0, 1, 1], "position_ids": [0, 0, 1], "pad_token_id": 0}\n'
+    good.write_text('{"input_ids": [0, 5, 6], "attention_mask": [0, 1, 1], "position_ids": [0, 0, 1], '
+                    '"pad_token_id": 0}\n'
                     '{"input_ids": [7, 8, 9], "attention_mask": [1, 1, 1], "position_ids": [0, 1, 2]}\n')
     assert main(["attention", "check-masks", str(good)]) == 0
     bad = tmp_path / "bad.jsonl"
@@ -47,7 +48,8 @@ def test_padding_leak_cli(tiny_ckpt, capsys):
     assert main(["attention", "padding-leak", str(tiny_ckpt), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["verdict"] == "ok" and rep["max_delta"] < 1e-4 and len(rep["sequences"]) == 3
-    assert main(["attention", "padding-leak", str(tiny_ckpt), "--prompt", "白日依山盡", "春眠不覺曉處處", "--json"]) == 0
+    assert main(["attention", "padding-leak", str(tiny_ckpt), "--prompt", "白日依山盡", "春眠不覺曉處處",
+        "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert [s["length"] for s in rep["sequences"]] == [5, 7]
 
@@ -61,7 +63,8 @@ def test_attention_needs_a_sub_command_or_a_model(capsys):
 
 
 def test_old_spellings_still_work_and_warn(tiny_ckpt, tmp_path, capsys):
-    """One release of grace: `attention CKPT`, `--text` (repeatable), comma `--ids` give the same result, with a warning."""
+    """One release of grace: `attention CKPT`, `--text` (repeatable), comma `--ids` give the same result, with a
+    warning."""
     assert main(["attention", "heads", str(tiny_ckpt), "--prompt", "白日依山盡", "--json"]) == 0
     new = json.loads(capsys.readouterr().out)
     with pytest.warns(FutureWarning) as caught:

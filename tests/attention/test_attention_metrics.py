@@ -94,7 +94,8 @@ def test_hf_capture_switches_from_sdpa_to_eager():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=None, eos_token_id=None)
+    cfg = GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=None,
+        eos_token_id=None)
     hf = GPT2LMHeadModel(cfg).eval()
     hf.set_attn_implementation("sdpa")
     cap = capture_attention(hf, [3, 4, 5, 6])

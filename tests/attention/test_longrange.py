@@ -25,7 +25,7 @@ def test_passkey_places_value_at_distance():
     d = torch.tensor([1, 5, 14, 30])
     x, y = task.batch(d, 32, gen)
     assert x.shape == (4, 32)
-    for row, dist, val in zip(x, d.tolist(), y.tolist()):
+    for row, dist, val in zip(x, d.tolist(), y.tolist(), strict=True):
         q = 31
         assert int(row[q]) == task.QUERY
         assert int(row[q - dist]) == val and task.VALUE0 <= val < task.vocab_size
@@ -49,7 +49,8 @@ def test_lag_targets_are_tokens_k_back():
 
 
 def test_learned_positions_beyond_context_raise_the_models_error():
-    sc = SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=2, lag_steps=2, lags=(1,), batch_size=4)
+    sc = SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=2, lag_steps=2, lags=(1,),
+        batch_size=4)
     task = PasskeyTask()
     model, summary = train_synthetic(task, "learned", sc)
     assert summary.steps == 2

@@ -7,6 +7,7 @@ test here, so the end-to-end check and the findings cost one case run together.
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import pytest
 import torch
@@ -110,15 +111,15 @@ def test_decoding_texts_hide_and_show_unk(case):
 def test_entropy_rises_with_tau_and_is_bounded(case):
     s = case["sampling"]
     ent = [r["entropy"] for r in s["entropy_vs_temperature"]]
-    assert all(b >= a for a, b in zip(ent, ent[1:])) and ent[-1] > ent[0] + 3
+    assert all(b >= a for a, b in pairwise(ent)) and ent[-1] > ent[0] + 3
     assert max(ent) <= math.log(s["vocab_size"]) + 1e-9
     pm = [r["max_prob"] for r in s["entropy_vs_temperature"]]
-    assert all(b <= a for a, b in zip(pm, pm[1:]))
+    assert all(b <= a for a, b in pairwise(pm))
 
 
 def test_nucleus_grows_with_p(case):
     kept = [r["kept"] for r in case["sampling"]["nucleus_curve_tau_1"]]
-    assert all(b >= a for a, b in zip(kept, kept[1:])) and kept[-1] > 10 * kept[0]
+    assert all(b >= a for a, b in pairwise(kept)) and kept[-1] > 10 * kept[0]
 
 
 def test_order_trap(case):
@@ -126,7 +127,7 @@ def test_order_trap(case):
     a = [r["trunc_then_temp"] for r in trap]
     b = [r["temp_then_trunc"] for r in trap]
     assert len(set(a)) == 1
-    assert all(y >= x for x, y in zip(b, b[1:])) and b[-1] > b[0]
+    assert all(y >= x for x, y in pairwise(b)) and b[-1] > b[0]
     at1 = next(r for r in trap if r["tau"] == 1.0)
     assert at1["trunc_then_temp"] == at1["temp_then_trunc"]
     assert all(r["hf"] == r["temp_then_trunc"] and r["llama.cpp"] == r["trunc_then_temp"] for r in trap)

@@ -46,7 +46,8 @@ def tiny_case() -> dict:
                         "corpus": {"documents": 4003, "chars": 123}, "train_config": {"steps": 0}, "seconds": 0.0}}
 
     def tiny_scaling(vocab_size, max_new, prompt_len, small=False):
-        return GPTConfig(vocab_size=vocab_size, n_layer=1, n_head=2, d_model=32, d_ff=64, block_size=prompt_len + max_new + 1)
+        return GPTConfig(vocab_size=vocab_size, n_layer=1, n_head=2, d_model=32, d_ff=64,
+            block_size=prompt_len + max_new + 1)
 
     with mock.patch.object(timing, "scaling_config", tiny_scaling):
         return run_case(model, tok, corpus, meta, quick=True, progress=False).to_dict()
@@ -66,7 +67,7 @@ def differences(want, got, path: str = "") -> list[str]:
     if isinstance(want, list) and isinstance(got, list):
         if len(want) != len(got):
             return [f"{path}: {len(want)} items -> {len(got)}"]
-        return [d for i, (a, b) in enumerate(zip(want, got)) for d in differences(a, b, f"{path}[{i}]")]
+        return [d for i, (a, b) in enumerate(zip(want, got, strict=True)) for d in differences(a, b, f"{path}[{i}]")]
     if isinstance(want, float) and isinstance(got, float) and not isinstance(want, bool):
         return [] if math.isclose(want, got, abs_tol=2e-4) else [f"{path}: {want} -> {got}"]
     if type(want) is not type(got) or want != got:

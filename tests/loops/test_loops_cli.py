@@ -240,3 +240,13 @@ def test_cli_scan_sample_setting_uses_the_shared_sampler_flags(hf_dir, capsys):
     assert s["sampler"]["temperature"] == 0.8 and s["sampler"]["top_p"] == 0.9 and s["eos_banned"]
     assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "--setting", "sample", "--top-p", "1.5"]) == 2
     assert "top_p" in capsys.readouterr().err  # validated by the shared sampler config
+
+
+def test_cli_scan_sampler_flags_are_never_ignored(hf_dir, capsys):
+    """Sampler flags without --setting scan with them; beside a greedy setting they are an error, not ignored."""
+    assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "--temperature", "0.8", "--top-p", "0.9",
+                 "--max-new-tokens", "16", "--json"]) == 0
+    scans = json.loads(capsys.readouterr().out)["scans"]
+    assert list(scans) == ["sample"] and scans["sample"]["settings"]["sampler"]["top_p"] == 0.9
+    assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "--setting", "chanting", "--top-p", "0.9"]) == 2
+    assert "--top-p set the sampler of --setting sample" in capsys.readouterr().err

@@ -60,3 +60,43 @@ def tiny_hf_dirs(tmp_path_factory) -> dict[str, Path]:
         build_tiny(arch).save_pretrained(root / arch)
         out[arch] = root / arch
     return out
+
+
+# --- the README's architecture table, written from the outcomes of this directory's tests ---------------------------
+
+COLUMNS = {  # test function → column title
+    "test_generate": "generate = transformers greedy",
+    "test_verify_cache": "verify-cache",
+    "test_attention_capture": "attention capture",
+    "test_mlp_sites_and_patch": "MLP sites + patch/revert",
+}
+_OUTCOMES: dict[tuple[str, str], str] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Remember each matrix cell's outcome (the call phase decides; a setup error counts as a failure)."""
+    report = (yield).get_result()
+    name = getattr(item, "originalname", item.name)
+    arch = getattr(item, "callspec", None) and item.callspec.params.get("arch")
+    if name in COLUMNS and arch and (report.when == "call" or report.failed):
+        _OUTCOMES[(arch, name)] = "pass" if report.passed else "FAIL"
+
+
+def matrix_markdown(outcomes: dict[tuple[str, str], str]) -> str:
+    """architecture × capability → pass/FAIL as a markdown table (cells not run are '—')."""
+    lines = ["| architecture | " + " | ".join(COLUMNS.values()) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for arch in ARCHS:
+        lines.append(f"| {arch} | " + " | ".join(outcomes.get((arch, c), "—") for c in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With GENPROBE_MATRIX_OUT=FILE, write the table (atomically) after the run."""
+    import os
+
+    out = os.environ.get("GENPROBE_MATRIX_OUT")
+    if out and _OUTCOMES:
+        from genprobe._io import atomic_write_text
+
+        atomic_write_text(out, matrix_markdown(_OUTCOMES))

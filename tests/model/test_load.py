@@ -30,7 +30,8 @@ def _tiny_llama(vocab: int = 64):
 
 def _bpe_tokenizer(d, vocab_size: int):
     """A byte-level BPE trained on a few lines, saved as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer as HFTok, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = HFTok(models.BPE())
@@ -127,7 +128,8 @@ def test_tokenizer_larger_than_the_vocabulary(tmp_path):
     d = tmp_path / "small-vocab"
     _tiny_llama(vocab=40).save_pretrained(d)
     _bpe_tokenizer(d, vocab_size=300)
-    with pytest.raises(ModelLoadError, match=r"tokenizer has \d+ tokens but the model's output embedding has only 40 rows"):
+    with pytest.raises(ModelLoadError,
+        match=r"tokenizer has \d+ tokens but the model's output embedding has only 40 rows"):
         load_model(d)
 
 

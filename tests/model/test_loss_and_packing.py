@@ -99,17 +99,18 @@ def test_packed_document_logits_equal_document_alone(pe):
     docs = [torch.randint(2, 50, (n,), generator=g) for n in (7, 12, 9)]
     ids, doc, spans = _pack(docs, 32)
     packed = m(ids, positions=packed_positions(doc), document_ids=doc)
-    for d, (a, b) in zip(docs, spans):
+    for d, (a, b) in zip(docs, spans, strict=True):
         alone = m(d[None])
         assert (packed[0, a:b] - alone[0]).abs().max() < 1e-5
     # Without the block-diagonal mask, later documents attend to earlier ones: their logits change.
     leaky = m(ids, positions=packed_positions(doc))
-    for d, (a, b) in list(zip(docs, spans))[1:]:
+    for d, (a, b) in list(zip(docs, spans, strict=True))[1:]:
         assert (leaky[0, a:b] - m(d[None])[0]).abs().max() > 1e-2
 
 
 @settings(max_examples=8, deadline=None)
-@given(lengths=st.lists(st.integers(1, 10), min_size=1, max_size=3), seed=st.integers(0, 2**16))  # ≤ 30 tokens: one row of block_size 32
+@given(lengths=st.lists(st.integers(1, 10), min_size=1, max_size=3), seed=st.integers(0,
+    2**16))  # ≤ 30 tokens: one row of block_size 32
 @torch.no_grad()
 def test_packing_property_any_document_lengths(lengths, seed):
     m = _MODEL
@@ -117,7 +118,7 @@ def test_packing_property_any_document_lengths(lengths, seed):
     docs = [torch.randint(2, 50, (n,), generator=g) for n in lengths]
     ids, doc, spans = _pack(docs, 32)
     packed = m(ids, positions=packed_positions(doc), document_ids=doc)
-    for d, (a, b) in zip(docs, spans):
+    for d, (a, b) in zip(docs, spans, strict=True):
         assert (packed[0, a:b] - m(d[None])[0]).abs().max() < 1e-5
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
 
@@ -69,9 +71,9 @@ def test_lr_schedule_shape():
     tc = TrainConfig()  # seed: lr 3e-3, warmup 100, cosine over 2,000 steps
     lrs = [lr_at(s, tc) for s in range(tc.steps)]
     assert lrs[0] == pytest.approx(tc.lr / tc.warmup)
-    assert all(b > a for a, b in zip(lrs[: tc.warmup - 1], lrs[1 : tc.warmup]))  # linear warmup
+    assert all(b > a for a, b in pairwise(lrs[: tc.warmup]))  # linear warmup
     assert lrs[tc.warmup - 1] == pytest.approx(tc.lr) and max(lrs) == pytest.approx(tc.lr)
-    assert all(b <= a for a, b in zip(lrs[tc.warmup :], lrs[tc.warmup + 1 :]))  # then never increases
+    assert all(b <= a for a, b in pairwise(lrs[tc.warmup :]))  # then never increases
     mid = tc.warmup + (tc.steps - tc.warmup) // 2
     assert lrs[mid] == pytest.approx(tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) / 2), rel=1e-3)  # cosine midpoint
     assert lr_at(tc.steps, tc) == pytest.approx(tc.lr * tc.min_lr_ratio)

@@ -23,18 +23,21 @@ def small_case(corpus):
     case = {
         "meta": {"genprobe": "test", "torch": torch.__version__, "threads": 1, "device": "cpu", "quick": True,
                  "created_utc": "2026-01-01T00:00:00Z", "seconds": {"sampling": 0.1}},
-        "model": {"params": model.num_parameters(), "val_loss": 4.0, "unigram_ce": 5.0, "coverage_1200": 0.5, "unk_share": 0.5},
+        "model": {"params": model.num_parameters(), "val_loss": 4.0, "unigram_ce": 5.0, "coverage_1200": 0.5,
+            "unk_share": 0.5},
         "decoding": _fake_decoding(),
         "sampling": run_sampling(model, tok).to_dict(),
         "exposure": run_exposure(model, tok, corpus, quick=True).to_dict(),
-        "cache_exact": {"prefill_max_abs_dlogit": 0.0, "incremental_max_abs_dlogit": 1e-6, "chunk4_max_abs_dlogit": 1e-6,
+        "cache_exact": {"prefill_max_abs_dlogit": 0.0, "incremental_max_abs_dlogit": 1e-6,
+            "chunk4_max_abs_dlogit": 1e-6,
                         "verdict": "pass"},
         "cache_bugs": [dict(r, verdict="pass" if r["impl"] in ("correct", "cat_order") else "bug", as_expected=True)
                        for r in seed["cache_bugs"]],
         "mask_noop": dict(seed["mask_noop"]),
         "cache_timing": run_cache_timing(model, [3, 4, 5], new_tokens=4, batches=(1, 2), reps=1).to_dict(),
         "cache_scaling": run_cache_scaling([3, 4, 5], tok.vocab_size, new_tokens=(2, 4), reps=1,
-                                           cfg=GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, d_model=32, d_ff=64, block_size=16)).to_dict(),
+                                           cfg=GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, d_model=32,
+                                               d_ff=64, block_size=16)).to_dict(),
     }
     return case
 

@@ -27,7 +27,8 @@ HOSTILE = '<img src=x onerror="alert(1)">&'
 
 def test_every_template_is_package_data():
     """A template missing from pyproject's package-data works from a checkout and breaks once installed."""
-    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["genprobe.report"]
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["genprobe.report"]
     folder = resources.files("genprobe.report") / "templates"
     names = [p.name for p in folder.iterdir() if p.name.endswith(".j2")]
     assert "report.html.j2" in names

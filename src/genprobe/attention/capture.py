@@ -71,7 +71,9 @@ def _set_impl(model, impl: str) -> None:
 
 
 @torch.no_grad()
-def hf_attentions(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kw) -> tuple[list, str | None]:
+def hf_attentions(
+    model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kw
+) -> tuple[list, str | None]:
     """Per-layer (B, H, T, T) attention of an HF model, switching to eager for the call if needed."""
     impl = attn_implementation(model)
     note = None

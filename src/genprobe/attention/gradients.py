@@ -22,6 +22,7 @@ import csv
 import io
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -37,8 +38,12 @@ def _combine(*parts: float | None) -> float | None:
     return math.sqrt(sum(vals)) if vals else None
 
 
+def _weight(m: torch.nn.Module) -> torch.Tensor:
+    return cast(torch.Tensor, m.weight)  # a Linear's or Conv1D's weight; Module attributes are typed Tensor | Module
+
+
 def _fused_norms(m: torch.nn.Module) -> tuple[float | None, ...]:
-    w, b = m.weight, getattr(m, "bias", None)
+    w, b = _weight(m), getattr(m, "bias", None)
     conv1d = hasattr(m, "nf") or type(m).__name__ == "Conv1D"  # (in, 3C): split columns
     dim = 1 if conv1d else 0
     out = []
@@ -51,7 +56,7 @@ def _fused_norms(m: torch.nn.Module) -> tuple[float | None, ...]:
 
 def _linear_norm(m: torch.nn.Module) -> float | None:
     b = getattr(m, "bias", None)
-    return _combine(_grad_sq(m.weight.grad), _grad_sq(None if b is None else b.grad))
+    return _combine(_grad_sq(_weight(m).grad), _grad_sq(None if b is None else b.grad))
 
 
 def attention_projections(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -87,7 +92,7 @@ class QKVGradTracker:
         self.layer_names = [n for n, _ in mods]
         for layer, (_, m) in enumerate(mods):
             if hasattr(m, "c_attn"):
-                q, k, v = _fused_norms(m.c_attn)
+                q, k, v = _fused_norms(m.get_submodule("c_attn"))
             else:
                 q, k, v = (_linear_norm(getattr(m, p)) for p in ("q_proj", "k_proj", "v_proj"))
             self._rows.append({"step": int(step), "layer": layer, "q": q, "k": k, "v": v})
@@ -109,7 +114,8 @@ class QKVGradTracker:
         w = csv.DictWriter(buf, fieldnames=["step", "layer", "q", "k", "v"], lineterminator="\n")
         w.writeheader()
         w.writerows(self._rows)
-        paths = {"csv": out / "qkv_grad_norms.csv", "json": out / "qkv_grad_norms.json", "png": out / "qkv_grad_norms.png"}
+        paths = {"csv": out / "qkv_grad_norms.csv", "json": out / "qkv_grad_norms.json",
+            "png": out / "qkv_grad_norms.png"}
         atomic_write_text(paths["csv"], buf.getvalue())
         atomic_write_json(paths["json"], self.to_dict())
         self.plot(paths["png"])
@@ -123,11 +129,11 @@ class QKVGradTracker:
 
         layers = sorted({r["layer"] for r in self._rows})
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.3), sharey=True)
-        for ax, proj in zip(axes, ("q", "k", "v")):
+        for ax, proj in zip(axes, ("q", "k", "v"), strict=True):
             for layer in layers:
                 pts = [(r["step"], r[proj]) for r in self._rows if r["layer"] == layer and r[proj]]
                 if pts:
-                    ax.plot(*zip(*pts), label=f"layer {layer}", lw=1)
+                    ax.plot(*zip(*pts, strict=True), label=f"layer {layer}", lw=1)
             ax.set_title(f"{proj.upper()} projection")
             ax.set_xlabel("step")
             ax.set_yscale("log")

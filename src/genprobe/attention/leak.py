@@ -145,7 +145,8 @@ def padding_leak(
 
 def format_leak(rep: LeakReport) -> str:
     """Text table: one line per sequence."""
-    lines = [f"padding leak — {rep.model}, position_ids={'yes' if rep.position_ids else 'no'}, threshold {rep.threshold:g}"]
+    lines = [f"padding leak — {rep.model}, position_ids={'yes' if rep.position_ids else 'no'}, "
+             f"threshold {rep.threshold:g}"]
     lines.append(f"{'seq':>4} {'len':>4} " + " ".join(f"{'Δ ' + s:>10}" for s in rep.sides) + "  verdict")
     for s in rep.sequences:
         lines.append(f"{s.index:>4} {s.length:>4} " + " ".join(f"{s.delta[side]:>10.2e}" for side in rep.sides)

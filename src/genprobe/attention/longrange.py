@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -436,7 +437,8 @@ class CorpusResult:
                 "encodings": {pe: r.to_dict() for pe, r in self.encodings.items()}}
 
 
-def corpus_extrapolation(pos_encodings: list[str], cc: CorpusExtrapolationConfig, progress: bool = False) -> CorpusResult:
+def corpus_extrapolation(pos_encodings: list[str], cc: CorpusExtrapolationConfig,
+    progress: bool = False) -> CorpusResult:
     """Train the Tang GPT at ``cc.context`` per encoding; validation loss at each evaluation length."""
     from ..corpus import CharTokenizer, load_corpus
     from ..model.train import TrainConfig, train
@@ -524,8 +526,9 @@ def summarize_encoding(pe: str, syn: SyntheticResult, corpus: CorpusResult | Non
         by = corpus.encodings[pe].by_length
         s.val_loss = {n: None if w is None else w.loss for n, w in by.items()}
         base, longest = by.get(corpus.config.context), max(by)
-        if base is not None and by[longest] is not None and longest > corpus.config.context:
-            s.val_loss_increase_at_longest = round(by[longest].loss - base.loss, 4)
+        last = by[longest]
+        if base is not None and last is not None and longest > corpus.config.context:
+            s.val_loss_increase_at_longest = round(last.loss - base.loss, 4)
     return s
 
 
@@ -556,7 +559,7 @@ class LongRangeResult:
 
     def to_dict(self) -> dict:
         """JSON form (``longrange.json``)."""
-        d = {"pos_encodings": list(self.pos_encodings), "synthetic": self.synthetic.to_dict()}
+        d: dict[str, Any] = {"pos_encodings": list(self.pos_encodings), "synthetic": self.synthetic.to_dict()}
         if self.corpus is not None:
             d["corpus"] = self.corpus.to_dict()
         d["seconds"] = self.seconds

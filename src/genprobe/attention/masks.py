@@ -94,7 +94,8 @@ def check_masks(
     pos = None if position_ids is None else _as_rows(position_ids, "position_ids")
     findings = _batch_findings(ids, masks, pos)
     sides: dict[int, str] = {}
-    for i, (row_ids, row_mask) in enumerate(zip(ids, masks)):
+    # a row-count mismatch is one of _batch_findings; the rows both have are still checked
+    for i, (row_ids, row_mask) in enumerate(zip(ids, masks, strict=False)):
         row_pos = pos[i] if pos is not None and i < len(pos) else None
         row, side = _row_findings(i, row_ids, row_mask, row_pos, pad_token_id)
         findings += row
@@ -129,7 +130,8 @@ def _row_findings(i: int, row_ids: list, row_mask: list, row_pos: list | None,
     bad = [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]
     if bad:
         t, m = bad[0]
-        return [Finding(i, t, "non_binary", f"attention_mask value {m!r} is not 0/1 ({len(bad)} such value(s) in the row)")], None
+        return [Finding(i, t, "non_binary",
+            f"attention_mask value {m!r} is not 0/1 ({len(bad)} such value(s) in the row)")], None
     m = [int(v) for v in row_mask]
     if not any(m):
         return [Finding(i, None, "empty_row", "attention_mask is all zeros: no query has a visible key")], None
@@ -138,9 +140,10 @@ def _row_findings(i: int, row_ids: list, row_mask: list, row_pos: list | None,
                         "(e.g. built as input_ids == pad instead of != pad)")], None
     findings: list[Finding] = []
     if pad is not None:
-        leaks = [t for t, (tok, v) in enumerate(zip(row_ids, m)) if tok == pad and v == 1]
+        leaks = [t for t, (tok, v) in enumerate(zip(row_ids, m, strict=True)) if tok == pad and v == 1]
         if leaks:
-            findings.append(Finding(i, leaks[0], "pad_unmasked", f"pad token {pad} has mask 1 at {len(leaks)} position(s) "
+            findings.append(Finding(i, leaks[0], "pad_unmasked",
+                f"pad token {pad} has mask 1 at {len(leaks)} position(s) "
                                     f"{leaks[:8]} — padding would be attended to"))
     side = _side(m)
     if side == "hole":
@@ -158,13 +161,14 @@ def _mixed_side_findings(sides: dict[int, str]) -> list[Finding]:
     if len(set(sides.values())) <= 1:
         return []
     majority = max(("left", "right"), key=lambda s: sum(v == s for v in sides.values()))
-    return [Finding(i, None, "mixed_padding_side", f"row is {s}-padded while the other padded rows are {majority}-padded")
+    return [Finding(i, None, "mixed_padding_side",
+        f"row is {s}-padded while the other padded rows are {majority}-padded")
             for i, s in sides.items() if s != majority]
 
 
 def _inverted(row_ids: Sequence[int], m: list[int], pad: int | None) -> bool:
-    on = [t for t, v in zip(row_ids, m) if v == 1]
-    off = [t for t, v in zip(row_ids, m) if v == 0]
+    on = [t for t, v in zip(row_ids, m, strict=True) if v == 1]
+    off = [t for t, v in zip(row_ids, m, strict=True) if v == 0]
     if not off:
         return False
     if pad is not None:

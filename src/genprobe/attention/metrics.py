@@ -27,13 +27,14 @@ class HeadStats:
 
     layer: int
     head: int
-    entropy: float
+    # Each a mean over the query positions where it is defined; None when it is defined at none.
+    entropy: float | None
     norm_entropy: float | None
-    far_mass: float
-    sink_mass: float
-    diag_mass: float
-    local_mass: float
-    max_entropy: float  # mean of ln(visible keys): the uniform-attention reference
+    far_mass: float | None
+    sink_mass: float | None
+    diag_mass: float | None
+    local_mass: float | None
+    max_entropy: float | None  # mean of ln(visible keys): the uniform-attention reference
 
     def to_dict(self) -> dict:
         """JSON form."""
@@ -163,7 +164,8 @@ class AttentionReport:
         return {
             "distance": self.distance, "local_window": self.local_window, "seq_len": len(self.tokens),
             "n_layer": self.n_layer, "n_head": self.n_head, "implementation": self.implementation, "note": self.note,
-            "tokens": self.tokens, "tokens_text": self.tokens_text, "definitions": definitions(self.distance, self.local_window),
+            "tokens": self.tokens, "tokens_text": self.tokens_text, "definitions": definitions(self.distance,
+                self.local_window),
             "heads": [h.to_dict() for h in self.heads], "layers": [row.to_dict() for row in self.layers],
             "per_position": self.per_position, "n_visible": self.n_visible,
         }
@@ -193,7 +195,8 @@ def _layer_means(heads: list[HeadStats], n_layer: int) -> list[LayerStats]:
     return rows
 
 
-def attention_report(capture, distance: int = 8, local_window: int = 2, tokens_text: list[str] | None = None) -> AttentionReport:
+def attention_report(capture, distance: int = 8, local_window: int = 2,
+    tokens_text: list[str] | None = None) -> AttentionReport:
     """Per-head means, per-layer means and per-position values of an :class:`AttentionCapture`."""
     pp = per_position(capture.probs, capture.visible, capture.positions, distance, local_window)
     heads = head_stats(capture.probs, capture.visible, capture.positions, distance, local_window)
@@ -213,7 +216,8 @@ def format_table(report: AttentionReport | dict) -> str:
     if isinstance(report, AttentionReport):
         report = report.to_dict()
     d = report["distance"]
-    hdr = f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(d) + ' far':>7} {'sink':>6} {'diag':>6} {'local':>6}"
+    hdr = (f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(d) + ' far':>7} "
+           f"{'sink':>6} {'diag':>6} {'local':>6}")
     lines = [hdr, "-" * len(hdr)]
 
     def fmt(v, w=6, p=3):
@@ -227,6 +231,7 @@ def format_table(report: AttentionReport | dict) -> str:
             )
         lines.append(
             f"{layer['layer']:>5} {'mean':>4} {fmt(layer['entropy'], 8)} {fmt(layer['norm_entropy'])} "
-            f"{fmt(layer['far_mass'], 7)} {fmt(layer['sink_mass'])} {fmt(layer['diag_mass'])} {fmt(layer['local_mass'])}"
+            f"{fmt(layer['far_mass'], 7)} {fmt(layer['sink_mass'])} {fmt(layer['diag_mass'])} "
+            f"{fmt(layer['local_mass'])}"
         )
     return "\n".join(lines)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import warnings
-from typing import Any
+from typing import Any, Literal, overload
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
@@ -78,6 +78,10 @@ def add_model_aliases(p: argparse.ArgumentParser, *old: str) -> None:
         deprecated_alias(p, flag, "the MODEL positional argument", dest="model_alias")
 
 
+@overload
+def model_path(args: argparse.Namespace, required: Literal[True] = True) -> str: ...
+@overload
+def model_path(args: argparse.Namespace, required: bool) -> str | None: ...
 def model_path(args: argparse.Namespace, required: bool = True) -> str | None:
     """MODEL from the positional or a deprecated alias; refuses both at once."""
     alias = getattr(args, "model_alias", None)
@@ -93,7 +97,8 @@ def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, hel
     """``--prompt TEXT [TEXT ...]`` or ``--prompts FILE`` (one per line, or JSONL with a prompt/text field)."""
     g = p.add_mutually_exclusive_group(required=required)
     g.add_argument("--prompt", nargs="+", metavar="TEXT", help="prompt text(s)" + help_default)
-    g.add_argument("--prompts", metavar="FILE", help="prompt file: one prompt per line, or JSONL with a 'prompt' or 'text' field")
+    g.add_argument("--prompts", metavar="FILE",
+        help="prompt file: one prompt per line, or JSONL with a 'prompt' or 'text' field")
 
 
 def read_prompts(args: argparse.Namespace) -> list[str] | None:
@@ -111,7 +116,8 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
 
 def add_max_new_tokens(p: argparse.ArgumentParser, default: int, *old: str) -> None:
     """``--max-new-tokens N`` (the token budget, one spelling everywhere); ``old`` spellings warn."""
-    p.add_argument("--max-new-tokens", type=int, default=default, metavar="N", help=f"new tokens per prompt (default {default})")
+    p.add_argument("--max-new-tokens", type=int, default=default, metavar="N",
+        help=f"new tokens per prompt (default {default})")
     for flag in old:
         deprecated_alias(p, flag, "--max-new-tokens", dest="max_new_tokens", type=int)
 

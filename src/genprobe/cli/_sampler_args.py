@@ -57,6 +57,17 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ban-unk", action="store_true", help="never generate <unk>")
 
 
+SAMPLER_DESTS = ("preset", "greedy", "temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma",
+                 "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_last_n", "no_repeat_ngram",
+                 "dry_multiplier", "dry_base", "dry_allowed_length", "dry_last_n", "dry_sequence_breakers",
+                 "xtc_probability", "xtc_threshold", "penalty_alpha", "order", "engine", "ban_unk")
+
+
+def sampler_flags_given(args: argparse.Namespace) -> list[str]:
+    """The sampler flags set on this command line, spelled as typed (``--top-p``), in a fixed order."""
+    return ["--" + d.replace("_", "-") for d in SAMPLER_DESTS if getattr(args, d, None) not in (None, False)]
+
+
 def unescape(s: str) -> str:
     """Backslash escapes of a breaker string typed on a command line (``\\n`` → newline)."""
     out, i = [], 0

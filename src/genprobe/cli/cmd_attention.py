@@ -57,7 +57,8 @@ def register(sub) -> None:
     _add_heads_options(h, hidden=False)
     h.set_defaults(func=run_heads)
 
-    c = actions.add_parser("check-masks", help="validate input_ids / attention_mask / position_ids batches (exit 1 on findings)")
+    c = actions.add_parser("check-masks",
+        help="validate input_ids / attention_mask / position_ids batches (exit 1 on findings)")
     c.add_argument("batch", metavar="BATCH.jsonl", help="one JSON object per row (see `genprobe attention -h`)")
     c.add_argument("--pad-id", type=int, help="pad token id (overrides the file's pad_token_id)")
     add_json_flag(c)
@@ -88,7 +89,8 @@ def _add_heads_options(p: argparse.ArgumentParser, hidden: bool) -> None:
     else:
         add_prompt_arguments(p, help_default=f" (default: {DEFAULT_TEXT})")
     _add_text_alias(p)
-    p.add_argument("--ids", nargs="+", metavar="ID", help=show("token ids instead of --prompt (a model without tokenizer)"))
+    p.add_argument("--ids", nargs="+", metavar="ID",
+        help=show("token ids instead of --prompt (a model without tokenizer)"))
     p.add_argument("--distance", type=int, default=8, help=show("far-mass threshold d in positions (default 8)"))
     p.add_argument("--local-window", type=int, default=2, help=show("local mass: keys 0..W positions back (default 2)"))
     p.add_argument("--out", metavar="DIR", help=show("write attention.json, per-head heatmaps and entropy.png here"))
@@ -199,7 +201,8 @@ def _write_heads_files(rep: dict, cap, labels: list[str], out: Path) -> dict:
     maps = head_heatmaps(cap, out, labels)
     entropy_plot(rep, out / "entropy.png")
     info(f"wrote {out}/attention.json, entropy.png and {len(maps)} heatmaps")
-    return {"json": str(out / "attention.json"), "entropy_plot": str(out / "entropy.png"), "heatmaps": [str(m) for m in maps]}
+    return {"json": str(out / "attention.json"), "entropy_plot": str(out / "entropy.png"),
+        "heatmaps": [str(m) for m in maps]}
 
 
 def run_check_masks(args) -> int:
@@ -215,7 +218,8 @@ def run_check_masks(args) -> int:
     else:
         for f in findings:
             print(f)
-        print(f"{len(batch['input_ids'])} rows, {len(findings)} finding(s)" + ("" if findings else ": masks look valid"))
+        print(f"{len(batch['input_ids'])} rows, {len(findings)} finding(s)"
+              + ("" if findings else ": masks look valid"))
     return 1 if findings else 0
 
 

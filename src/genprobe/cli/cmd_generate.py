@@ -6,7 +6,16 @@ import argparse
 import sys
 import warnings
 
-from ._common import add_json_flag, add_max_new_tokens, add_model_argument, add_prompt_arguments, emit_json, info, load_model_arg, read_prompts
+from ._common import (
+    add_json_flag,
+    add_max_new_tokens,
+    add_model_argument,
+    add_prompt_arguments,
+    emit_json,
+    info,
+    load_model_arg,
+    read_prompts,
+)
 from ._sampler_args import add_sampler_arguments, sampler_from_args
 
 
@@ -15,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
         help="generate text (greedy or sampled) from a checkpoint or HF model directory",
-        description="Generate text after each prompt (one prompt streams to stdout; several run as one left-padded batch). Sampling parameters are validated; "
+        description="Generate text after each prompt (one prompt streams to stdout; several run as one left-padded "
+        "batch). Sampling parameters are validated; "
         "greedy is an explicit argmax (bans and penalties still apply).",
     )
     add_model_argument(p)
@@ -23,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_sampler_arguments(p)
     add_max_new_tokens(p, 50)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eos-id", type=int, default=None, help="stop at this token id (default: the tokenizer's end-of-text token)")
+    p.add_argument("--eos-id", type=int, default=None,
+        help="stop at this token id (default: the tokenizer's end-of-text token)")
     p.add_argument("--ignore-eos", action="store_true", help="never stop early at the end-of-text token")
     p.add_argument("--show-unk", action="store_true", help="print <unk> instead of dropping it")
     p.add_argument("--top", type=int, default=0, metavar="N", help="per step, show the top-N candidates and entropy")
@@ -32,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="genprobe checkpoints: run decode steps through torch.compile (compiling takes ~15-30 s once per "
         "process and batch size; pays off for long generations, not for one short prompt)",
     )
-    p.add_argument("--mode", choices=["cached", "naive"], default="cached", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=["cached", "naive"], default="cached",
+                   help="cached: KV cache (default); naive: recompute the whole sequence every step (the reference)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -61,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
     texts = read_prompts(args)
+    assert texts is not None  # the prompt arguments are required (add_prompt_arguments(required=True))
     model = load_model_arg(args)
     tok = model._require_tokenizer()
     sampler = sampler_from_args(args, tok)
@@ -82,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                    compile=args.compile)
     _warn_if_compile_failed(args)
     results = []
-    for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens)):
+    for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens, strict=True)):
         steps = step_stats(new, res.step_probs, tok.token_str, row=row, top=args.top)
         results.append({"prompt": text, "prompt_tokens": ids, "unknown_prompt_chars": tok.unknown_chars(text),
                         "text": _show(tok, new, args.show_unk), "tokens": new, "finished": res.finished[row],

@@ -34,7 +34,8 @@ def register(sub) -> None:
     p = sub.add_parser("longrange", help="synthetic long-range tasks + position-encoding extrapolation",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pe", nargs="+", metavar="PE", default=list(DEFAULT_PE),
-                   help=f"position encodings to compare, among learned rope alibi none (default: {' '.join(DEFAULT_PE)})")
+                   help="position encodings to compare, among learned rope alibi none "
+                   f"(default: {' '.join(DEFAULT_PE)})")
     p.add_argument("--quick", action="store_true", help="few training steps (a few minutes on 2 CPU cores)")
     p.add_argument("--no-corpus", action="store_true", help="skip the Tang-corpus extrapolation runs")
     p.add_argument("--seed", type=int, default=0)

@@ -1,4 +1,5 @@
-"""``genprobe loops scan|locate|repair|apply|revert MODEL``: loop observatory and directional weight repair.
+"""``genprobe loops scan|locate|repair|apply|revert|compare MODEL``: loop observatory, directional weight repair,
+and the comparison of the repair with decode-time samplers.
 
 Prompts and validation text: ``--prompts FILE`` / ``--prompt TEXT ...`` and ``--val-text FILE`` for any
 model; ``--tang-prompts`` / ``--tang-val`` (held-out Tang openings, the corpus validation split) are the
@@ -23,7 +24,7 @@ from ._common import (
     model_path,
     read_prompts,
 )
-from ._sampler_args import add_sampler_arguments, sampler_from_args
+from ._sampler_args import add_sampler_arguments, sampler_from_args, sampler_flags_given
 
 DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
 
@@ -42,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_repair(lsub)
     _register_patch_action(lsub, "apply", "apply a patch to a model directory (refused if its weights hash differs)")
     _register_patch_action(lsub, "revert", "restore the exact original weights of a patched model directory")
+    _register_compare(lsub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -94,9 +96,9 @@ def _register_scan(lsub: Any) -> None:
     _model_args(s)
     _data_args(s, with_val=False)
     s.add_argument("--n", type=int, default=256, help="number of Tang openings with --tang-prompts (default 256)")
-    s.add_argument("--setting", choices=("both", "chanting", "greedy", "sample"), default="both",
-                   help="both = chanting (greedy, <unk> banned) and plain greedy; sample = the sampler flags below "
-                   "(the end-of-text token is banned in every setting)")
+    s.add_argument("--setting", choices=("both", "chanting", "greedy", "sample"), default=None,
+                   help="both = chanting (greedy, <unk> banned) and plain greedy (the default); sample = the sampler "
+                   "flags below (the default when any is given); the end-of-text token is banned in every setting")
     add_sampler_arguments(s)
     s.add_argument("--out", type=Path, default=None, help="write the full scan (with per-generation records) as JSON")
     s.set_defaults(func=run_scan)
@@ -255,13 +257,17 @@ def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
     from ..loops.scan import chanting_sampler, greedy_sampler
 
     unk = model.unk_id
-    if args.setting == "sample":
+    given = sampler_flags_given(args)
+    setting = args.setting or ("sample" if given else "both")
+    if given and setting != "sample":  # never ignore a sampler flag silently
+        raise ValueError(f"{' '.join(given)} set the sampler of --setting sample, not of --setting {setting}")
+    if setting == "sample":
         return {"sample": sampler_from_args(args, model.tokenizer)}
     return {
         "both": {"chanting": chanting_sampler(unk), "greedy": greedy_sampler()},
         "chanting": {"chanting": chanting_sampler(unk)},
         "greedy": {"greedy": greedy_sampler()},
-    }[args.setting]
+    }[setting]
 
 
 def run_scan(args: argparse.Namespace) -> int:
@@ -381,6 +387,93 @@ def _print_validation(report: Any) -> None:
     info(f"  tail compression {b.mean_tail_compression:.2f} → {a.mean_tail_compression:.2f}; seq-rep-4 "
          f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}; "
          f"{100 * report.patch.fraction_changed:.3f}% of weights")
+
+
+# ---- compare --------------------------------------------------------------------------------
+COMPARE_SKIP = 2816  # direction + search + validation sets of a default `loops repair` (768 + 1024 + 1024)
+
+
+def _register_compare(lsub: Any) -> None:
+    from ..loops.compare_human import GENRES
+    from ..loops.compare_methods import METHODS
+
+    c = lsub.add_parser("compare", help="which fix for loops: decode-time samplers beside the weight edit "
+                        "(one table, one figure, one HTML page)")
+    _model_args(c)
+    _data_args(c, with_val=False)
+    c.add_argument("--n", type=int, default=None,
+                   help="at most N prompts (default: 512 Tang openings; every prompt of a file)")
+    c.add_argument("--skip", type=int, default=COMPARE_SKIP,
+                   help=f"Tang openings skipped first (default {COMPARE_SKIP}: the sets a default `loops repair` "
+                   "uses, so no opening the edit was chosen on is compared)")
+    c.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   help=f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}")
+    c.add_argument("--patch", type=Path, default=None,
+                   help="loop patch from `loops repair` for the edit rows (applied in memory, reverted, "
+                   "sha256-checked)")
+    c.add_argument("--judge", default=None, metavar="MODEL",
+                   help="a second model that scores every method's text (NLL per character)")
+    c.add_argument("--genre", choices=GENRES, default="auto",
+                   help="tang: reduplication and couplet parallels; text: repeated n-grams (default: auto)")
+    c.add_argument("--timing-rounds", type=int, default=3,
+                   help="interleaved rounds of one batch per method for tokens/s (default 3)")
+    c.add_argument("--out", type=Path, required=True,
+                   help="directory for compare.json, compare-texts.json, compare.md, compare.png, compare.html")
+    c.set_defaults(func=run_compare)
+
+
+def _compare_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str], list | None, str]:
+    """Prompts, human continuations from a JSONL file (or None) and the prompt source."""
+    from ..loops.compare_human import read_continuations
+    from ..loops.prompts import heldout_openings
+
+    if args.n is not None and args.n < 1:
+        raise ValueError(f"--n must be >= 1, got {args.n}")
+    if args.skip < 0:
+        raise ValueError(f"--skip must be >= 0, got {args.skip}")
+    texts, source = _prompts(args, model)
+    conts = read_continuations(args.prompts) if texts is not None and getattr(args, "prompts", None) else None
+    if texts is None:
+        n = args.n or 512
+        texts = heldout_openings(model.tokenizer, args.skip + n, args.prefix)[args.skip :]
+        source = f"tang-heldout-openings (after the first {args.skip})"
+    n = args.n or len(texts)
+    return texts[:n], (conts[:n] if conts is not None else None), source
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """Compare the fixes on one prompt set; write JSON, table, figure and page into --out."""
+    from ..loops.compare import CompareConfig, compare_fixes
+    from ..loops.compare_report import breaker_table, markdown_table, write_outputs
+    from ..loops.patch import load_patch
+    from ..model.load import load_model
+
+    _check_common(args)
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} exists and is not a directory")
+    model = _load(args)
+    texts, conts, source = _compare_prompts(args, model)
+    cfg = CompareConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+                        loop=_loop_settings(args), methods=tuple(args.methods) if args.methods else None,
+                        genre=args.genre, timing_rounds=args.timing_rounds)
+    patch = load_patch(args.patch) if args.patch else None
+    judge = load_model(args.judge) if args.judge else None
+    res = compare_fixes(model, texts, cfg, patch=patch, patch_path=str(args.patch) if args.patch else None,
+                        judge=judge, continuations=conts, prompt_source=source, progress=_progress(args), log=info)
+    files = write_outputs(res, args.out)
+    info(markdown_table(res))
+    info(breaker_table(res))
+    if res.best is not None:
+        info(f"best decode-time method: {res.best.name} (acceptable: {res.best.acceptable})")
+    info(f"wrote {args.out} ({res.timings_s['total']} s)")
+    if args.json:
+        d = res.to_dict()
+        emit_json({k: d[k] for k in ("model", "judge", "n_prompts", "config", "best", "patch", "timings_s", "notes")}
+                  | {"methods": {m["name"]: {"sampler": m["sampler"], "rates": m["rates"], "legit": m["legit"],
+                                             "nll_own": m["nll_own"], "nll_judge": m["nll_judge"], "cost": m["cost"]}
+                                 for m in d["methods"]},
+                     "human": d["human"], "files": {k: str(v) for k, v in files.items()}})
+    return 0
 
 
 # ---- apply / revert -------------------------------------------------------------------------

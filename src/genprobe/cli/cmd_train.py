@@ -36,19 +36,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="directory to write")
     p.add_argument("--poems", type=int, default=None,
                    help=f"gpt: first N poems / JSONL lines (default {DEFAULT_POEMS}); llama/qwen2: train on poems "
-                   f"before N except the char GPT's validation poems, hold out the rest (default {DEFAULT_SUBWORD_POEMS:,})")
+                   f"before N except the char GPT's validation poems, hold out the rest "
+                   f"(default {DEFAULT_SUBWORD_POEMS:,})")
     p.add_argument("--vocab", type=int, default=None,
-                   help=f"gpt: characters in the vocabulary (default 1200); llama/qwen2: BPE vocabulary size (default {m.vocab_size})")
-    p.add_argument("--steps", type=int, default=None, help=f"optimizer steps (default gpt {d.steps}, llama/qwen2 {q.steps})")
+                   help="gpt: characters in the vocabulary (default 1200); llama/qwen2: BPE vocabulary size "
+                   f"(default {m.vocab_size})")
+    p.add_argument("--steps", type=int, default=None,
+        help=f"optimizer steps (default gpt {d.steps}, llama/qwen2 {q.steps})")
     p.add_argument("--batch-size", type=int, default=None,
                    help=f"rows per step (default gpt {d.batch_size}, llama/qwen2 {q.batch_size})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
-    p.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default gpt {d.lr}, llama/qwen2 {q.lr})")
+    p.add_argument("--lr", type=float, default=None,
+        help=f"peak learning rate (default gpt {d.lr}, llama/qwen2 {q.lr})")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--quick", action="store_true", help="seconds-long recipe for tests and smoke runs (explicit flags win)")
+    p.add_argument("--quick", action="store_true",
+        help="seconds-long recipe for tests and smoke runs (explicit flags win)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("--arch gpt only")
-    g.add_argument("--dropout", type=float, default=None, help=f"dropout probability while training (default {d.dropout})")
+    g.add_argument("--dropout", type=float, default=None,
+        help=f"dropout probability while training (default {d.dropout})")
     g.add_argument("--corpus", type=Path, default=None, help="your own UTF-8 .txt or .jsonl(.xz) file")
     g.add_argument("--pack", action="store_true", help="pack whole documents per row (block-diagonal causal mask)")
     g.add_argument("--pe", choices=POS_ENCODINGS, default=None, help="position encoding (default learned)")
@@ -57,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--layers", type=int, default=None, help=f"transformer layers (default {m.n_layer})")
     h.add_argument("--d-model", type=int, default=None, help=f"hidden size (default {m.d_model})")
     h.add_argument("--heads", type=int, default=None, help=f"query heads (default {m.n_head})")
-    h.add_argument("--kv-heads", type=int, default=None, help=f"key/value heads, divides --heads (default {m.n_kv_head})")
+    h.add_argument("--kv-heads", type=int, default=None,
+        help=f"key/value heads, divides --heads (default {m.n_kv_head})")
     h.add_argument("--d-ff", type=int, default=None, help=f"SwiGLU width (default {m.d_ff})")
     h.add_argument("--block-size", type=int, default=None,
                    help=f"training window in tokens = max_position_embeddings (default {m.block_size})")
@@ -66,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-GPT_ONLY = {"dropout": "--dropout", "corpus": "--corpus", "pack": "--pack", "pe": "--pe", "track_grads": "--track-grads"}
+GPT_ONLY = {"dropout": "--dropout", "corpus": "--corpus", "pack": "--pack", "pe": "--pe",
+    "track_grads": "--track-grads"}
 SUBWORD_ONLY = {"layers": "--layers", "d_model": "--d-model", "heads": "--heads", "kv_heads": "--kv-heads",
                 "d_ff": "--d-ff", "block_size": "--block-size", "warmup": "--warmup"}
 
@@ -99,7 +107,9 @@ def _run_gpt(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
-        raise ValueError(f"--out {out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it")
+        raise ValueError(
+            f"--out {out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it"
+        )
     vocab = 1200 if args.vocab is None else args.vocab
     if vocab < 1:
         raise ValueError(f"--vocab must be >= 1, got {vocab}")

@@ -1,7 +1,7 @@
 """``genprobe verify-cache``: is a KV-cache implementation equivalent to full recomputation?
 
 Compares logits step by step (prefill, greedy decode, chunked prefill, left-padded batch, isolation
-across ``reset()``) and prints the seed §3.9.8-style table plus each phase's max |Δlogit| and first
+across ``reset()``) and prints the chapter §3.9.8-style table plus each phase's max |Δlogit| and first
 differing step. Exit status, usable in another project's CI:
 
 * 0 — every implementation under test is within the allowed verdict (``--fail-on``);
@@ -225,9 +225,7 @@ def _mutant_model(model):
 # ---- the command ---------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     """Build targets, run the harness (and mutants), print the tables; exit 0/1/3 (2 via ValueError)."""
-    from ..verify import FullRecompute, Thresholds
-    from ..verify.harness import ReferenceRun, verify_implementation
-    from ..verify.mutants import MUTANTS, mask_noop, report_row_detailed, run_mutant_reports
+    from ..verify import Thresholds
     from ..verify.report import VerifyReport
 
     path = model_path(args, required=False)
@@ -237,8 +235,6 @@ def run(args: argparse.Namespace) -> int:
 
         model = load_model(path)
     _check_args(args, model)
-    chunks = chunk_sizes(args.chunk_sizes)
-    steps = args.max_new_tokens
     th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)),
                     rel_bug=args.rel_bug, rel_suspicious=min(0.01, args.rel_bug))
     gpt = _mutant_model(model) if args.mutants else None
@@ -251,34 +247,12 @@ def run(args: argparse.Namespace) -> int:
     if model is not None or runnable:  # a model-less factory that raised leaves nothing to take prompts from
         max_pos = model.max_positions if model is not None else getattr(reference, "max_positions", None)
         prompts = _prompts(args, model, runnable[0] if runnable else None, max_pos)
-    reports, run_ = [], None
-    if runnable:
-        run_ = ReferenceRun(reference, steps)
-    for name, impl in targets:
-        if isinstance(impl, VerifyReport):  # could not be built: the report says why
-            reports.append(impl)
-            continue
-        if getattr(impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
-            impl.max_cache_len = max(len(p) for p in prompts) + steps + 1
-        label = name or getattr(impl, "name", type(impl).__name__)
-        info(f"verifying {label} on {len(prompts)} prompt(s), {steps} steps …")
-        reports.append(verify_implementation(
-            impl, run_, prompts, steps=steps, chunk_sizes=chunks, padded_batch=not args.no_padded_batch,
-            thresholds=th, name=name, pad_id=model.pad_id if model is not None else 0, isolation=not args.no_isolation,
-        ))
+    reports, run_ = _verify_targets(args, model, reference, targets, prompts, th)
     failing = [r.impl for r in reports if r.verdict in FAIL_ON[args.fail_on]]
     errored = [r.impl for r in reports if r.verdict == "error"]
-
-    mreports, mutant_rows, noop = [], [], None
-    if args.mutants:
-        info(f"running {len(MUTANTS)} mutants …")
-        mrun = run_ if isinstance(reference, FullRecompute) else None  # same reference: reuse trajectories
-        # the seed's §3.9.1 experiment: one prompt (the first), every phase but padding and isolation
-        mreports = run_mutant_reports(gpt, prompts[:1], steps, chunk_sizes=chunks, thresholds=th, run=mrun)
-        mutant_rows = [report_row_detailed(r, MUTANTS[r.impl]) for r in mreports]
-        failing += [f"mutant {r['impl']} ({'not caught' if r['expected'] != 'pass' else 'flagged'})"
-                    for r in mutant_rows if not r["as_expected"]]
-        noop = mask_noop(gpt, prompts[0], steps, chunk=max(chunks) if max(chunks) > 1 else 4, run=mrun)
+    mreports, mutant_rows, noop = _run_mutants(args, gpt, reference, run_, prompts, th) if gpt else ([], [], None)
+    failing += [f"mutant {r['impl']} ({'not caught' if r['expected'] != 'pass' else 'flagged'})"
+                for r in mutant_rows if not r["as_expected"]]
 
     rc = EXIT_IMPL_ERROR if errored else EXIT_BUG if failing else EXIT_PASS
     print_tables(reports, mreports, mutant_rows, noop, th, file=sys.stderr if args.json else sys.stdout)
@@ -299,6 +273,48 @@ def run(args: argparse.Namespace) -> int:
             "exit_status": rc,
         })
     return rc
+
+
+def _verify_targets(args: argparse.Namespace, model: Any, reference: Any, targets: list[tuple[str | None, Any]],
+                    prompts: list[list[int]], th: Any) -> tuple[list[Any], Any]:
+    """One report per target (a target that could not be built already is its report) and the shared reference run."""
+    from ..verify.harness import ReferenceRun, verify_implementation
+    from ..verify.report import VerifyReport
+
+    steps = args.max_new_tokens
+    run_ = ReferenceRun(reference, steps) if any(not isinstance(i, VerifyReport) for _, i in targets) else None
+    reports = []
+    for name, impl in targets:
+        if isinstance(impl, VerifyReport):  # could not be built: the report says why
+            reports.append(impl)
+            continue
+        if getattr(impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
+            impl.max_cache_len = max(len(p) for p in prompts) + steps + 1
+        label = name or getattr(impl, "name", type(impl).__name__)
+        info(f"verifying {label} on {len(prompts)} prompt(s), {steps} steps …")
+        reports.append(verify_implementation(
+            impl, run_, prompts, steps=steps, chunk_sizes=chunk_sizes(args.chunk_sizes),
+            padded_batch=not args.no_padded_batch, thresholds=th, name=name,
+            pad_id=model.pad_id if model is not None else 0, isolation=not args.no_isolation,
+        ))
+    return reports, run_
+
+
+def _run_mutants(args: argparse.Namespace, gpt: Any, reference: Any, run_: Any, prompts: list[list[int]],
+                 th: Any) -> tuple[list[Any], list[dict[str, Any]], Any]:
+    """The planted-bug mutants on the chapter's §3.9.1 experiment: the first prompt, every phase but padding and
+    isolation; plus no_mask's one-token no-op."""
+    from ..verify import FullRecompute
+    from ..verify.mutants import MUTANTS, mask_noop, report_row_detailed, run_mutant_reports
+
+    chunks = chunk_sizes(args.chunk_sizes)
+    steps = args.max_new_tokens
+    info(f"running {len(MUTANTS)} mutants …")
+    mrun = run_ if isinstance(reference, FullRecompute) else None  # same reference: reuse trajectories
+    mreports = run_mutant_reports(gpt, prompts[:1], steps, chunk_sizes=chunks, thresholds=th, run=mrun)
+    rows = [report_row_detailed(r, MUTANTS[r.impl]) for r in mreports]
+    noop = mask_noop(gpt, prompts[0], steps, chunk=max(chunks) if max(chunks) > 1 else 4, run=mrun)
+    return mreports, rows, noop
 
 
 # ---- tables --------------------------------------------------------------------------------------------
@@ -333,7 +349,7 @@ def _phase_cell(p) -> str:
 def print_tables(
     reports: list, mutant_reports: list, mutant_rows: list[dict], noop: dict | None, th, file=None
 ) -> None:
-    """The seed §3.9.8 summary, then each phase's max |Δlogit| @ first differing call, then errors/unavailable."""
+    """The chapter §3.9.8 summary, then each phase's max |Δlogit| @ first differing call, then errors/unavailable."""
     out = file or sys.stdout
     head = (f"{'implementation':<30} {'verdict':>11} {'prefill':>8} {'max |Δ|':>11} {'Δ/σ':>8} {'top-1':>7} "
             f"{'worst phase':>12} {'text':>5} {'text':>5}")

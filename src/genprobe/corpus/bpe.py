@@ -95,7 +95,7 @@ def lossless_failures(tok, texts: Sequence[str]) -> list[int]:
     """Indices of the texts for which ``decode(encode(t)) != t`` (empty list = lossless)."""
     ids = encode_batch(tok, texts)
     back = tok.decode_batch(ids, skip_special_tokens=False)
-    return [i for i, (t, b) in enumerate(zip(texts, back)) if t != b]
+    return [i for i, (t, b) in enumerate(zip(texts, back, strict=True)) if t != b]
 
 
 def stream_ids(tok, texts: Sequence[str]) -> list[int]:

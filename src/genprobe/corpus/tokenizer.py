@@ -1,4 +1,5 @@
-"""Character-level tokenizer: ``<pad>`` = 0, ``<unk>`` = 1 (as in the chapter's model), then the V most frequent characters."""
+"""Character-level tokenizer: ``<pad>`` = 0, ``<unk>`` = 1 (as in the chapter's model), then the V most frequent
+characters."""
 
 from __future__ import annotations
 

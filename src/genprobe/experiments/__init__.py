@@ -1,5 +1,5 @@
-"""The experiments of the chapter 《训练与推理的两副面孔》 ("The two faces of training and inference"), as functions returning typed results;
-their ``to_dict()`` forms are the keys of ``ch3_case.json``."""
+"""The experiments of the chapter 《训练与推理的两副面孔》 ("The two faces of training and inference"), as functions
+returning typed results; their ``to_dict()`` forms are the keys of ``ch3_case.json``."""
 
 from .case import CASE_KEYS, model_summary, run_case
 from .decoding import STRATEGIES, run_decoding

@@ -110,7 +110,8 @@ class CaseMeta:
             "steps": self.steps,
             "seconds": self.seconds,
         }
-        extra = {"checkpoint": self.checkpoint, "model_seconds": self.model_seconds, "total_seconds": self.total_seconds}
+        extra = {"checkpoint": self.checkpoint, "model_seconds": self.model_seconds,
+            "total_seconds": self.total_seconds}
         return d | {k: v for k, v in extra.items() if v is not None}
 
 
@@ -153,7 +154,8 @@ def case_stages(model: GPT, tok: CharTokenizer, corpus: Corpus, prompt_ids: list
         ("cache_timing", lambda: run_cache_timing(model, prompt_ids, new_tokens=steps["decode"], reps=1 if quick else 3,
                                                   batches=(1, 8) if quick else (1, 16, 64))),
         ("cache_scaling", lambda: run_cache_scaling(prompt_ids, tok.vocab_size,
-                                                    new_tokens=(16, 32) if quick else (32, 64, 128), reps=1, small=quick)),
+                                                    new_tokens=(16, 32) if quick else (32, 64, 128), reps=1,
+                                                        small=quick)),
     ]
 
 
@@ -171,7 +173,8 @@ def run_case(model: GPT, tok: CharTokenizer, corpus: Corpus, meta: dict | None =
              log: Callable[[str], None] | None = None) -> CaseResult:
     """Run every experiment (or those named in ``only``) on ``model``."""
     model = model.eval()
-    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None  # timing context: a busy machine skews wall clock
+    # timing context: a busy machine skews wall clock
+    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     prompt_ids, _ = encode_prompt(tok, CASE_PROMPT)
     short = min(DECODE_STEPS, model.cfg.block_size - len(prompt_ids))
     # the mutant table recomputes every step: cheaper when quick
@@ -185,9 +188,10 @@ def run_case(model: GPT, tok: CharTokenizer, corpus: Corpus, meta: dict | None =
         t0 = time.perf_counter()
         with torch.inference_mode(False), torch.no_grad():
             results[name] = run()
-        seconds[name] = r(time.perf_counter() - t0, 2)
+        seconds[name] = round(time.perf_counter() - t0, 2)  # finite: r() would only round it
         if log:
             log(f"  {name}: {seconds[name]:.1f}s")
     summary = model_summary(model, meta, results.get("decoding"))
-    case_meta = CaseMeta(quick=quick, steps=steps, seconds=seconds, load_average=[round(x, 2) for x in load] if load else None)
+    case_meta = CaseMeta(quick=quick, steps=steps, seconds=seconds,
+                         load_average=[round(x, 2) for x in load] if load else None)
     return CaseResult(case_meta, summary, results)

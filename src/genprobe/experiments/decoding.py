@@ -163,7 +163,8 @@ def teacher_forcing_check(model: GPT, tok: CharTokenizer, corpus: Corpus, tf_tok
     tr = torch.tensor(quiet_encode(tok, corpus.train), dtype=torch.long)
     va = torch.tensor(quiet_encode(tok, corpus.val), dtype=torch.long)
     scored = va if tf_tokens is None else va[: tf_tokens + 1]
-    return TeacherForcingCheck(evaluate_loss(model, scored), len(scored) - 1, unigram_cross_entropy(tr, va, tok.vocab_size))
+    return TeacherForcingCheck(evaluate_loss(model, scored), len(scored) - 1,
+                               unigram_cross_entropy(tr, va, tok.vocab_size))
 
 
 @dataclass(frozen=True)
@@ -214,8 +215,10 @@ def run_decoding(model: GPT, tok: CharTokenizer, corpus: Corpus | None = None, p
                  spread_seeds: tuple[int, ...] = SPREAD_SEEDS) -> DecodingResult:
     """Every strategy on ``prompt``, sampling without the ban, greedy on other prompts, the teacher-forcing check."""
     ids, unknown = encode_prompt(tok, prompt)
-    rows = [run_strategy(model, tok, ids, name, sampler, new_tokens, seed, spread_seeds) for name, sampler in STRATEGIES]
-    with_unk = [StrategyRow(name, SamplerConfig(**kw), seed, decode_once(model, tok, ids, SamplerConfig(**kw), new_tokens, seed))
+    rows = [run_strategy(model, tok, ids, name, sampler, new_tokens, seed, spread_seeds)
+            for name, sampler in STRATEGIES]
+    with_unk = [StrategyRow(name, SamplerConfig(**kw), seed, decode_once(model, tok, ids, SamplerConfig(**kw),
+        new_tokens, seed))
                 for name, kw in SAMPLING]
     others = [other_prompt(model, tok, p, new_tokens, seed) for p in OTHER_PROMPTS]
     tf = teacher_forcing_check(model, tok, corpus, tf_tokens) if corpus is not None else None

@@ -5,9 +5,9 @@ Protocols (matching the chapter):
 - teacher-forcing table: the model reads the snippet from its first character; row ``i`` predicts
   snippet token ``i+1`` from tokens ``0..i`` (loss, top-3 candidates).
 - perturbation at ``k``: the true token ``k+1`` is replaced by the model's own argmax at row ``k``
-  (``<unk>`` excluded; its runner-up when the argmax IS the truth), real text is fed again from ``k+2``; ``Δloss(s)`` = perturbed − clean loss
-  of row ``k+s`` (s = 1 is the first prediction that sees the wrong token). ``peak`` = max Δ,
-  ``tail_mean`` = mean Δ over steps ``TAIL_FROM..window``, ``half_life_steps`` = first step s with
+  (``<unk>`` excluded; its runner-up when the argmax IS the truth), real text is fed again from ``k+2``;
+  ``Δloss(s)`` = perturbed − clean loss of row ``k+s`` (s = 1 is the first prediction that sees the wrong token).
+  ``peak`` = max Δ, ``tail_mean`` = mean Δ over steps ``TAIL_FROM..window``, ``half_life_steps`` = first step s with
   Δ ≤ peak/2 (the chapter's "回落一半用了", steps-to-half column).
 """
 
@@ -93,7 +93,8 @@ def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: st
         top = torch.topk(logp[j].exp(), 3)
         rows.append(TeacherForcingRow(i, tok.decode(ids[: i + 1], show_unk=True), tok.token_str(ids[i + 1]),
                                       float(loss[j]),
-                                      [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices)]))
+                                      [(tok.token_str(int(t)), float(p))
+                                       for p, t in zip(top.values, top.indices, strict=True)]))
     scored = loss[start : start + len(ids) - 1]
     return TeacherForcing(rows, float(scored.mean()), len(lead_in))
 
@@ -145,8 +146,10 @@ class FreeGenerationConfidence:
 
 def confidence_free_generation(model: GPT, prompts: list[list[int]], new_tokens: int, sampler: SamplerConfig,
                                name: str, seed: int = 0) -> FreeGenerationConfidence:
-    """Mean probability / NLL the model gives its own choices while generating freely (``name``: the sampler's label)."""
+    """Mean probability / NLL the model gives its own choices while generating freely (``name``: the sampler's
+    label)."""
     res = generate(model, prompts, new_tokens, sampler=sampler, seed=seed, return_logits=True)
+    assert res.step_logits is not None  # return_logits=True
     chosen = torch.tensor(res.tokens, dtype=torch.long)  # (B, N)
     logits = torch.stack(res.step_logits, 1).double()  # (B, N, V)
     lp = torch.log_softmax(logits, -1).gather(-1, chosen[..., None])[..., 0]
@@ -259,7 +262,8 @@ def _free_generation_prompts(val_ids: list[int], n: int) -> list[list[int]]:
 
 
 def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = False, seed: int = 0) -> ExposureResult:
-    """Teacher forcing on the chapter's snippet, confidence on real vs generated text, and the one-wrong-token shadows."""
+    """Teacher forcing on the chapter's snippet, confidence on real vs generated text, and the one-wrong-token
+    shadows."""
     split, at = find_snippet(corpus)
     source = corpus.val if split == "val" else corpus.text
     T = model.cfg.block_size
@@ -269,7 +273,9 @@ def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = F
     val_ids = quiet_encode(tok, corpus.val)
     real = confidence_real_text(model, val_ids, windows=8 if quick else 32)
     prompts = _free_generation_prompts(val_ids, 4 if quick else 16)
-    free = confidence_free_generation(model, prompts, T - 8, SamplerConfig(temperature=1.0), "temperature 1.0", seed=seed)
+    free = confidence_free_generation(model, prompts, T - 8, SamplerConfig(temperature=1.0), "temperature 1.0",
+        seed=seed)
     greedy = confidence_free_generation(model, prompts, T - 8, SamplerConfig(greedy=True), "greedy", seed=seed)
     shadows = [perturbation(model, tok, passage, k) for k in PERTURB_POSITIONS if k + 2 + SHADOW_WINDOW <= len(passage)]
-    return ExposureResult(SNIPPET, split, at, tf, tf_lead, real, free, greedy, tok.decode(passage, show_unk=True), shadows)
+    return ExposureResult(SNIPPET, split, at, tf, tf_lead, real, free, greedy, tok.decode(passage, show_unk=True),
+        shadows)

@@ -7,6 +7,7 @@ model is reported with its evidence instead of being hidden.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ def _decoding_findings(d: dict) -> list[Finding]:
     out.append(_check("banning <unk> changes the loop unit but output still repeats",
                       b["loop_unit"] != g["loop_unit"] and ban_repeats and b["distinct_2"] < 0.9,
                       f"exact loop: {'period ' + str(b['loop_period']) if b['looping'] else 'none within 50 tokens'}; "
-                      f"longest n-gram seen ≥3×: {b['longest_repeat']} ({b['longest_repeat_text']}); distinct-2 {b['distinct_2']}"))
+                      f"longest n-gram seen ≥3×: {b['longest_repeat']} ({b['longest_repeat_text']}); "
+                      f"distinct-2 {b['distinct_2']}"))
     out.append(_check("every sampling strategy has distinct-2 ≥ 0.9", min_s >= 0.9,
                       ", ".join(f"{r['strategy']} {r['distinct_2']}" for r in samp)))
     return out
@@ -60,11 +62,11 @@ def _sampling_findings(s: dict) -> list[Finding]:
     """Entropy grows with τ, the kept set with p; truncating before the temperature freezes the kept set."""
     out: list[Finding] = []
     ent = [r["entropy"] for r in s["entropy_vs_temperature"]]
-    rising = all(b_ > a_ for a_, b_ in zip(ent, ent[1:]) if a_ > 1e-6 or b_ > 1e-6)
+    rising = all(b_ > a_ for a_, b_ in pairwise(ent) if a_ > 1e-6 or b_ > 1e-6)
     out.append(_check("entropy rises with τ and stays ≤ ln V", rising and max(ent) <= s["log_vocab"] + 1e-9,
                       f"entropies {ent}, ln V = {s['log_vocab']}"))
     kept = [r["kept"] for r in s["nucleus_curve_tau_1"]]
-    out.append(_check("kept-set size grows with p", all(b_ >= a_ for a_, b_ in zip(kept, kept[1:])) and kept[-1] > kept[0],
+    out.append(_check("kept-set size grows with p", all(b_ >= a_ for a_, b_ in pairwise(kept)) and kept[-1] > kept[0],
                       f"kept {kept} for p {[r['p'] for r in s['nucleus_curve_tau_1']]}"))
     trap = s["order_trap_top_p_0_9"]
     a = [r["trunc_then_temp"] for r in trap]
@@ -72,7 +74,7 @@ def _sampling_findings(s: dict) -> list[Finding]:
     at1 = [r for r in trap if r["tau"] == 1.0]
     out.append(_check("trunc_then_temp: the same kept set for every τ", len(set(a)) == 1, f"{a}"))
     out.append(_check("temp_then_trunc: kept set grows with τ, equal to trunc_then_temp at τ = 1",
-                      all(y >= x for x, y in zip(bb, bb[1:])) and bb[-1] > bb[0]
+                      all(y >= x for x, y in pairwise(bb)) and bb[-1] > bb[0]
                       and all(r["trunc_then_temp"] == r["temp_then_trunc"] for r in at1),
                       f"{bb} for τ {[r['tau'] for r in trap]}"))
     return out
@@ -95,7 +97,8 @@ def _cache_findings(case: dict) -> list[Finding]:
     if m:
         chunk = next((v for k, v in m.items() if k.startswith("no_mask_chunk")), None)
         chunk_txt = "none measured" if chunk is None else f"{chunk:.3g}"
-        out.append(_check("no_mask is invisible at T_new = 1 and visible in chunks", m.get("no_mask_t_new_1") == 0.0 and (chunk or 0) > 1e-3,
+        out.append(_check("no_mask is invisible at T_new = 1 and visible in chunks",
+            m.get("no_mask_t_new_1") == 0.0 and (chunk or 0) > 1e-3,
                           f"T_new=1: {m.get('no_mask_t_new_1')}, chunks: {chunk_txt}"))
     t = case.get("cache_timing")
     if t:

@@ -75,7 +75,8 @@ def nucleus_curve(logits: torch.Tensor, ps=NUCLEUS_PS) -> list[NucleusRow]:
 
 def order_trap(logits: torch.Tensor, top_p: float = 0.9, taus=ORDER_TAUS, orders=ORDERS) -> list[OrderTrapRow]:
     """Kept-set size at top-p ``top_p`` under each sampler order / engine preset for each τ."""
-    return [OrderTrapRow(tau, {o: kept_set_size(logits, SamplerConfig(temperature=tau, top_p=top_p, order=o)) for o in orders})
+    return [OrderTrapRow(tau, {o: kept_set_size(logits, SamplerConfig(temperature=tau, top_p=top_p, order=o))
+                               for o in orders})
             for tau in taus]
 
 

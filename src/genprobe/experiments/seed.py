@@ -1,5 +1,5 @@
-"""The figures published in the chapter 《训练与推理的两副面孔》 ("The two faces of training and inference"), transcribed in ``seed_tables.json``
-and keyed like ``ch3_case.json`` (the report prints them beside ours)."""
+"""The figures published in the chapter 《训练与推理的两副面孔》 ("The two faces of training and inference"),
+transcribed in ``seed_tables.json`` and keyed like ``ch3_case.json`` (the report prints them beside ours)."""
 
 from __future__ import annotations
 

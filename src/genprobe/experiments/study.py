@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from .case import CASE_KEYS, CaseResult, run_case
 
@@ -34,7 +34,7 @@ class CaseStudy:
                 "headline": [{"metric": a, "ours": b, "seed": c} for a, b, c in self.headline]}
 
 
-def select_experiments(only: list[str] | tuple[str, ...] | None, skip: list[str] | tuple[str, ...] = ()) -> tuple[str, ...]:
+def select_experiments(only: Sequence[str] | None, skip: Sequence[str] = ()) -> tuple[str, ...]:
     """The experiments ``only`` / ``skip`` leave, in the case study's order; unknown names are an error."""
     bad = [x for x in list(only or []) + list(skip) if x not in EXPERIMENTS]
     if bad:
@@ -43,7 +43,8 @@ def select_experiments(only: list[str] | tuple[str, ...] | None, skip: list[str]
 
 
 def study_model(model_path: str | Path | None, out: Path, quick: bool, progress: bool, log: Callable[[str], None]):
-    """The model to study (the one loader's Model): ``model_path``, else the default trained (or reused) in OUT/model."""
+    """The model to study (the one loader's Model): ``model_path``, else the default trained (or reused) in
+    OUT/model."""
     from ..corpus import CharTokenizer, load_corpus
     from ..model.checkpoint import is_checkpoint, read_meta, save_checkpoint
     from ..model.load import load_model

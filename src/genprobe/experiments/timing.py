@@ -29,7 +29,8 @@ def naive_token_forwards(prompt_len: int, new_tokens: int) -> int:
 def _time(model, prompts, new_tokens: int, mode: str, reps: int, budget_s: float) -> tuple[float, int, int]:
     """(median seconds, token forwards, runs): at least one timed run, more while under ``budget_s``."""
     generate(model, prompts, min(2, new_tokens), mode=mode)  # warm-up (allocator, kernels)
-    times, forwards = [], 0
+    times: list[float] = []
+    forwards = 0
     while len(times) < reps and (not times or sum(times) < budget_s):
         t0 = time.perf_counter()
         res = generate(model, prompts, new_tokens, mode=mode)
@@ -126,7 +127,8 @@ def run_cache_timing(model: GPT, prompt_ids: list[int], new_tokens: int = 50, ba
 
 def scaling_config(vocab_size: int = 1202, max_new: int = max(SCALING_TOKENS), prompt_len: int = 7,
                    small: bool = False) -> GPTConfig:
-    """The chapter's larger random model: 8 layers, d_model 768, 12 heads, d_ff 3072 (``small``: d_model 256, for --quick)."""
+    """The chapter's larger random model: 8 layers, d_model 768, 12 heads, d_ff 3072 (``small``: d_model 256, for
+    --quick)."""
     block = max(160, prompt_len + max_new + 1)
     if small:
         return GPTConfig(vocab_size=vocab_size, n_layer=8, n_head=4, d_model=256, d_ff=1024, block_size=block)
@@ -143,7 +145,8 @@ class SkippedLength:
 
     def to_dict(self) -> dict:
         """JSON form."""
-        return {"new_tokens": self.new_tokens, "predicted_naive_s": r(self.predicted_naive_s, 1), "budget_s": self.budget_s}
+        return {"new_tokens": self.new_tokens, "predicted_naive_s": r(self.predicted_naive_s, 1),
+            "budget_s": self.budget_s}
 
 
 @dataclass(frozen=True)

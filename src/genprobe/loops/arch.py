@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -55,13 +55,18 @@ class MLPSite:
     layout: str  # "linear": weight (d_model, d_ff); "conv1d": weight (d_ff, d_model)
 
     @property
+    def weight(self) -> torch.Tensor:
+        """The down-projection's weight parameter (``nn.Linear`` and ``Conv1D`` both name it ``weight``)."""
+        return cast(torch.Tensor, self.down.weight)  # nn.Module attributes are typed Tensor | Module
+
+    @property
     def d_model(self) -> int:
-        w = self.down.weight
+        w = self.weight
         return w.shape[0] if self.layout == "linear" else w.shape[1]
 
     @property
     def d_ff(self) -> int:
-        w = self.down.weight
+        w = self.weight
         return w.shape[1] if self.layout == "linear" else w.shape[0]
 
 
@@ -77,11 +82,12 @@ def unwrap(model: Any) -> nn.Module:
 
 
 def _get(m: nn.Module, path: str) -> Any:
+    obj: Any = m
     for part in path.split("."):
-        m = getattr(m, part, None)
-        if m is None:
+        obj = getattr(obj, part, None)
+        if obj is None:
             return None
-    return m
+    return obj
 
 
 def _blocks(m: nn.Module) -> tuple[nn.ModuleList, str]:
@@ -114,10 +120,11 @@ def _down_projection(i: int, block: nn.Module, arch: str) -> tuple[nn.Module, nn
                 f"{arch} layer {i}: down-projection {dname} is a {type(down).__name__}, not an nn.Linear or Conv1D"
             )
         return mlp, down, dname, layout
-    moe = " — it is a mixture-of-experts block, whose experts have no single down-projection to edit" if any(
+    moe_note = " — it is a mixture-of-experts block, whose experts have no single down-projection to edit" if any(
         hasattr(mlp, n) for n in ("experts", "gate", "router")) and not hasattr(mlp, "up_proj") else ""
     raise UnsupportedArchitectureError(
-        f"{arch} layer {i}: MLP {type(mlp).__name__} has no down-projection (looked for {', '.join(DOWN_NAMES)}){moe}"
+        f"{arch} layer {i}: MLP {type(mlp).__name__} has no down-projection (looked for {', '.join(DOWN_NAMES)})"
+        f"{moe_note}"
     )
 
 
@@ -134,14 +141,14 @@ def mlp_sites(model: Any) -> list[MLPSite]:
 
 def get_columns(site: MLPSite, cols: torch.Tensor) -> torch.Tensor:
     """Columns ``cols`` of W (d_model × d_ff) as rows of a (k, d_model) tensor (a copy)."""
-    w = site.down.weight
+    w = site.weight
     return (w[:, cols].T if site.layout == "linear" else w[cols, :]).detach().clone()
 
 
 @torch.no_grad()
 def set_columns(site: MLPSite, cols: torch.Tensor, values: torch.Tensor) -> None:
     """Write (k, d_model) ``values`` into columns ``cols`` of W, in place."""
-    w = site.down.weight
+    w = site.weight
     values = values.to(dtype=w.dtype, device=w.device)
     if site.layout == "linear":
         w[:, cols] = values.T
@@ -151,7 +158,7 @@ def set_columns(site: MLPSite, cols: torch.Tensor, values: torch.Tensor) -> None
 
 def all_columns(site: MLPSite) -> torch.Tensor:
     """W's columns as a (d_ff, d_model) float tensor (row c = what unit c writes)."""
-    w = site.down.weight.detach().float()
+    w = site.weight.detach().float()
     return w.T if site.layout == "linear" else w
 
 

@@ -63,28 +63,37 @@ class Contrast:
 
 
 def _labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:
-    loop, ref = [], []
+    loop: list[int] = []
+    ref: list[int] = []
     looping, onset, period = m.any_loop, m.any_onset, m.any_period
     if m.degenerate and not looping:
         return loop, ref
+    if looping:
+        assert onset is not None and period is not None  # any_loop: a period and its onset exist
+        loop_from, ref_until = onset + period, onset  # one full period past the onset loops; before it is reference
+    else:
+        loop_from, ref_until = total, total  # j < total always: every generated position is reference
     for t in range(total - 1):
         j = t + 1 - prompt_len
         if j < 0:
             continue
-        if looping and j >= onset + period:
+        if j >= loop_from:
             loop.append(t)
-        elif not looping or j < onset:
+        elif j < ref_until:
             ref.append(t)
     return loop, ref
+
+
+Captured = dict[str, dict[int, dict[str, list[torch.Tensor]]]]  # "loop"/"ref" → layer → site kind → row blocks
 
 
 @torch.no_grad()
 def _collect(
     model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int
-) -> dict:
+) -> Captured:
     n_layers = len(mlp_sites(model))
-    acc = {"loop": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
-           "ref": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)}}
+    acc: Captured = {"loop": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
+                     "ref": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)}}
     for s in range(0, len(seqs), batch_size):
         chunk, lab = seqs[s : s + batch_size], labels[s : s + batch_size]
         T = max(len(x) for x in chunk)
@@ -93,7 +102,7 @@ def _collect(
         for i, x in enumerate(chunk):
             ids[i, : len(x)] = torch.tensor(x)
             valid[i, : len(x)] = True
-        sel = {"loop": ([], []), "ref": ([], [])}
+        sel: dict[str, tuple[list[int], list[int]]] = {"loop": ([], []), "ref": ([], [])}
         for i, (lp, rp) in enumerate(lab):
             for name, pos in (("loop", lp), ("ref", rp)):
                 sel[name][0].extend([i] * len(pos))
@@ -134,7 +143,7 @@ def collect_contrast(
     if n_loop == 0:
         raise ValueError("no loop positions: none of the scanned generations loops, so there is nothing to contrast")
     if n_ref < min_reference and reference_text_windows:
-        text_labels = [([], list(range(len(w) - 1))) for w in reference_text_windows]
+        text_labels: list[tuple[list[int], list[int]]] = [([], list(range(len(w) - 1))) for w in reference_text_windows]
         extra = _collect(model, list(reference_text_windows), text_labels, batch_size, pad_id)
         for layer in range(n_layers):
             for kind in ("mlp_out", "resid", "units"):

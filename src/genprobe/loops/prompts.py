@@ -57,6 +57,7 @@ def heldout_openings(
         if exclude_text is None:
             exclude_text = "".join(docs[:skip_poems])
         pool = docs[skip_poems:]
+    assert exclude_text is not None  # from_end refuses None above; otherwise it defaults to the skipped poems
     for doc in pool:
         head = doc[:prefix_chars]
         if len(head) < prefix_chars or head in seen:

@@ -260,6 +260,7 @@ def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
 
 def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:
     """The chosen edit as a finalised patch (hashes before/after recorded; model left unchanged)."""
+    assert chosen.objective is not None and chosen.regression is not None  # choose() returns scanned, admitted ones
     edit = make_patch(study.module, chosen.spec, stage.directions, stage.unit_means, stage.gaps)
     patch = finalise(study.module, edit)
     patch.meta.update(edit=chosen.spec.to_dict(), sampler=study.sampler.to_dict(), objective="degenerate_rate",
@@ -297,7 +298,7 @@ def validate_stage(study: LoopStudy, patch: Patch, before: ScanResult, ids: list
         sum(1 for b, a in pairs if a.degenerate and not b.degenerate),
         sum(1 for b, a in pairs if a.looping and not b.looping),
         regression, samples,
-        {"before": plain_before, "after": plain_after} if plain_before is not None else None,
+        None if plain_before is None or plain_after is None else {"before": plain_before, "after": plain_after},
     )
 
 

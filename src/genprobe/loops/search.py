@@ -136,8 +136,13 @@ def choose(candidates: Sequence[Candidate], baseline: Objective, limits: Limits)
           and c.objective.degenerate_rate < baseline.degenerate_rate]
     if not ok:
         return None
-    return min(ok, key=lambda c: (c.objective.degenerate_rate, c.objective.any_loop_rate, c.objective.loop_rate,
-                                  c.weights_changed, c.regression.kl))
+    return min(ok, key=_rank)
+
+
+def _rank(c: Candidate) -> tuple[float, float, float, int, float]:
+    assert c.objective is not None and c.regression is not None  # choose() ranks scanned, admitted candidates only
+    return (c.objective.degenerate_rate, c.objective.any_loop_rate, c.objective.loop_rate, c.weights_changed,
+            c.regression.kl)
 
 
 Evaluate = Callable[[Any], tuple[Regression, Objective | None]]

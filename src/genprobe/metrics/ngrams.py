@@ -83,7 +83,7 @@ def longest_repeated_ngram(
     return best
 
 
-def unk_share(ids: Sequence[int], unk_id: int = 1) -> float:
+def unk_share(ids: Sequence[Hashable], unk_id: int = 1) -> float:
     """Fraction of tokens equal to ``unk_id``; 0.0 for an empty sequence."""
     ids = list(ids)
     return sum(1 for t in ids if t == unk_id) / len(ids) if ids else 0.0

@@ -18,10 +18,16 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # annotations only: bpc is imported by the trainers, and tokenizers/transformers are optional
+    from tokenizers import Tokenizer
+
+    from ..corpus.tokenizer import CharTokenizer
+    from .gpt import GPT
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # (B, T) ids -> (B, T, V) logits
 
@@ -73,18 +79,19 @@ class BitsPerChar:
     unk_targets: int = 0  # char GPT only: targets that were <unk>
     bits_per_char_unk_as_symbol: float | None = None  # char GPT only: <unk> scored as if it were a character
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (floats rounded)."""
         return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def _score(nll: torch.Tensor, chars: int, window: int, stride: int, extra: float = 0.0, **kw) -> BitsPerChar:
+def _score(nll: torch.Tensor, chars: int, window: int, stride: int, extra: float = 0.0, unk_targets: int = 0,
+           bits_per_char_unk_as_symbol: float | None = None) -> BitsPerChar:
     total = float(nll.sum()) + extra
     return BitsPerChar(total, len(nll), chars, window, stride, float(nll.sum()) / len(nll),
-                       total / math.log(2) / chars, **kw)
+                       total / math.log(2) / chars, unk_targets, bits_per_char_unk_as_symbol)
 
 
-def subword_bits_per_char(model: torch.nn.Module, tok, documents: list[str], window: int,
+def subword_bits_per_char(model: torch.nn.Module, tok: Tokenizer, documents: list[str], window: int,
                           stride: int | None = None) -> BitsPerChar:
     """Score a transformers causal LM on ``<eos> d0 <eos> d1 ... <eos>``: every text token and every
     document end is a target (so it also pays for knowing where poems end); chars = sum of len(d)."""
@@ -96,7 +103,7 @@ def subword_bits_per_char(model: torch.nn.Module, tok, documents: list[str], win
     return _score(nll, sum(len(d) for d in documents), window, stride)
 
 
-def oov_unigram_cost(tokenizer, train_text: str, alphabet: set[str]) -> dict[str, float]:
+def oov_unigram_cost(tokenizer: CharTokenizer, train_text: str, alphabet: set[str]) -> dict[str, float]:
     """``-ln q(c)`` for each character of ``alphabet`` outside the char vocabulary (add-one over ``train_text``)."""
     oov = sorted(c for c in alphabet if c not in tokenizer.stoi)
     counts = Counter(c for c in train_text if c not in tokenizer.stoi)
@@ -104,7 +111,7 @@ def oov_unigram_cost(tokenizer, train_text: str, alphabet: set[str]) -> dict[str
     return {c: -math.log((counts[c] + 1) / total) for c in oov}
 
 
-def char_gpt_bits_per_char(model: torch.nn.Module, tokenizer, text: str, oov_cost: dict[str, float],
+def char_gpt_bits_per_char(model: GPT, tokenizer: CharTokenizer, text: str, oov_cost: dict[str, float],
                            window: int | None = None, stride: int | None = None) -> BitsPerChar:
     """Score the char GPT on ``text``; ``<unk>`` targets are charged ``oov_cost[c]`` more (see module doc)."""
     res = tokenizer.encode_with_report(text)
@@ -124,7 +131,7 @@ def char_gpt_bits_per_char(model: torch.nn.Module, tokenizer, text: str, oov_cos
     return _score(nll, len(text) - 1, window, stride, extra, unk_targets=len(unk), bits_per_char_unk_as_symbol=raw)
 
 
-def char_gpt_reference(model: torch.nn.Module, tokenizer, window: int | None = None,
+def char_gpt_reference(model: GPT, tokenizer: CharTokenizer, window: int | None = None,
                        stride: int | None = None) -> BitsPerChar:
     """The char GPT on its own validation text (default corpus), ``<unk>`` priced by the bundled corpus's
     out-of-vocabulary characters — the figure to set beside a subword model's ``val_bits_per_char``."""

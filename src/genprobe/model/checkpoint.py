@@ -42,7 +42,7 @@ def _state_for_save(model: GPT) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(
-    directory: str | os.PathLike, model: GPT, tokenizer: CharTokenizer, summary: dict[str, Any] | None = None
+    directory: str | os.PathLike[str], model: GPT, tokenizer: CharTokenizer, summary: dict[str, Any] | None = None
 ) -> Path:
     """Write ``model`` + ``tokenizer`` (+ training summary) to ``directory`` atomically."""
     if tokenizer.vocab_size != model.cfg.vocab_size:
@@ -106,12 +106,13 @@ def _keep_previous(weights: Path, prev: Path) -> None:
 
 def _committed_sha(d: Path) -> str | None:
     try:
-        return json.loads((d / META).read_text(encoding="utf-8")).get("weights_sha256")
+        sha: str | None = json.loads((d / META).read_text(encoding="utf-8")).get("weights_sha256")
+        return sha
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def read_meta(directory: str | os.PathLike) -> dict:
+def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and sanity-check ``genprobe.json`` of a checkpoint directory."""
     d = Path(directory)
     if not d.exists():
@@ -124,7 +125,7 @@ def read_meta(directory: str | os.PathLike) -> dict:
     return read_format_json(mp, FORMAT, CheckpointError)
 
 
-def load_weights_into(model: GPT, directory: str | os.PathLike, expected_sha256: str | None = None) -> None:
+def load_weights_into(model: GPT, directory: str | os.PathLike[str], expected_sha256: str | None = None) -> None:
     """Load safetensors weights into ``model``, refusing truncated files and any shape/key mismatch."""
     wp = Path(directory) / WEIGHTS
     if not wp.exists():
@@ -159,8 +160,8 @@ def load_weights_into(model: GPT, directory: str | os.PathLike, expected_sha256:
 
 
 def load_checkpoint(
-    directory: str | os.PathLike, expect_tokenizer: CharTokenizer | None = None, device: str = "cpu"
-) -> tuple[GPT, CharTokenizer, dict]:
+    directory: str | os.PathLike[str], expect_tokenizer: CharTokenizer | None = None, device: str = "cpu"
+) -> tuple[GPT, CharTokenizer, dict[str, Any]]:
     """Load (model in eval mode, tokenizer, metadata); refuse a vocabulary other than ``expect_tokenizer``."""
     meta = read_meta(directory)
     try:
@@ -183,7 +184,7 @@ def load_checkpoint(
     return model.to(device).eval(), tok, meta
 
 
-def is_checkpoint(directory: str | os.PathLike) -> bool:
+def is_checkpoint(directory: str | os.PathLike[str]) -> bool:
     """True when ``directory`` holds a genprobe checkpoint (both files present)."""
     d = Path(directory)
     return (d / META).is_file() and (d / WEIGHTS).is_file()

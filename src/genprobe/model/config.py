@@ -1,15 +1,16 @@
-"""The one configuration dataclass of the reference GPT (defaults = the seed chapter's table)."""
+"""The one configuration dataclass of the reference GPT (defaults = the chapter's table)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 POS_ENCODINGS = ("learned", "rope", "alibi", "none")
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Hyper-parameters of the reference model; defaults reproduce seed §3.1.6 (≈426k parameters).
+    """Hyper-parameters of the reference model; defaults reproduce chapter §3.1.6 (≈426k parameters).
 
     ``vocab_size`` = 1,200 characters + ``<pad>`` + ``<unk>``.
     """
@@ -49,12 +50,12 @@ class GPTConfig:
         """Longest sequence the model accepts: ``block_size`` for a learned position table, else None (unbounded)."""
         return self.block_size if self.pos_encoding == "learned" else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GPTConfig":
+    def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
         """Build from a dict, refusing unknown keys (a config for another model family)."""
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .config import GPTConfig
 from .gpt import GPT
+
+if TYPE_CHECKING:  # transformers is imported lazily at run time (optional, slow to import)
+    from transformers import GPT2Config, GPT2LMHeadModel
 
 # Our nn.Linear stores (out, in); GPT-2's Conv1D stores (in, out): these weights are transposed.
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -17,7 +22,7 @@ def _is_mask_buffer(key: str) -> bool:
     return len(parts) >= 2 and parts[-2] == "attn" and parts[-1] in ("bias", "masked_bias")
 
 
-def hf_gpt2_config(cfg: GPTConfig):
+def hf_gpt2_config(cfg: GPTConfig) -> GPT2Config:
     """The ``GPT2Config`` that describes ``cfg`` exactly (learned positions only)."""
     from transformers import GPT2Config
 
@@ -44,11 +49,12 @@ def hf_gpt2_config(cfg: GPTConfig):
     )
 
 
-def to_hf_gpt2(model: GPT, attn_implementation: str = "eager"):
+def to_hf_gpt2(model: GPT, attn_implementation: str = "eager") -> GPT2LMHeadModel:
     """A ``GPT2LMHeadModel`` (eval mode) holding exactly ``model``'s weights."""
     from transformers import GPT2LMHeadModel
 
-    hf = GPT2LMHeadModel(hf_gpt2_config(model.cfg)).eval()
+    # transformers overrides Module.eval() without annotations: a stub gap, not an untyped call of ours.
+    hf: GPT2LMHeadModel = GPT2LMHeadModel(hf_gpt2_config(model.cfg)).eval()  # type: ignore[no-untyped-call]
     if hasattr(hf, "set_attn_implementation"):
         try:
             hf.set_attn_implementation(attn_implementation)
@@ -56,7 +62,7 @@ def to_hf_gpt2(model: GPT, attn_implementation: str = "eager"):
             hf.config._attn_implementation = attn_implementation
     else:
         hf.config._attn_implementation = attn_implementation
-    sd = {}
+    sd: dict[str, torch.Tensor] = {}
     for k, v in model.state_dict().items():
         if k == "lm_head.weight":
             continue
@@ -72,7 +78,7 @@ def to_hf_gpt2(model: GPT, attn_implementation: str = "eager"):
     return hf
 
 
-def from_hf_gpt2(hf) -> GPT:
+def from_hf_gpt2(hf: GPT2LMHeadModel) -> GPT:
     """The reference GPT holding exactly a ``GPT2LMHeadModel``'s weights."""
     c = hf.config
     if getattr(c, "model_type", None) != "gpt2":
@@ -91,7 +97,7 @@ def from_hf_gpt2(hf) -> GPT:
         layer_norm_eps=c.layer_norm_epsilon,
     )
     model = GPT(cfg)
-    sd = {}
+    sd: dict[str, torch.Tensor] = {}
     for k, v in hf.state_dict().items():
         if not k.startswith("transformer.") or _is_mask_buffer(k):
             continue

@@ -14,8 +14,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,25 +26,28 @@ from .checkpoint import load_checkpoint
 from .gpt import GPT
 from .hf import from_hf_gpt2, to_hf_gpt2
 
+if TYPE_CHECKING:  # transformers is imported lazily at run time
+    from transformers import PreTrainedTokenizerFast
+
 TOKENIZER_FILE = "genprobe_tokenizer.json"
 
 
 @contextlib.contextmanager
-def _quiet_transformers(progress: bool):
+def _quiet_transformers(progress: bool) -> Iterator[None]:
     """Hide transformers' own weight-loading/writing progress bars unless asked (restores the setting)."""
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
     if not progress:
-        hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     try:
         yield
     finally:
         if was:
-            hf_logging.enable_progress_bar()
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
-def _hf_char_tokenizer(tokenizer: CharTokenizer):
+def _hf_char_tokenizer(tokenizer: CharTokenizer) -> PreTrainedTokenizerFast:
     """A ``PreTrainedTokenizerFast`` that maps every character to our id (unknown → ``<unk>``)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -53,12 +57,15 @@ def _hf_char_tokenizer(tokenizer: CharTokenizer):
     # One pre-token per character, newlines and spaces included ([\s\S], not '.', which skips '\n').
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()  # join characters without the default space separator
-    return PreTrainedTokenizerFast(
+    # transformers' tokenizer __init__ takes **kwargs unannotated: a stub gap.
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=core, unk_token=UNK_TOKEN, pad_token=PAD_TOKEN, clean_up_tokenization_spaces=False
     )
 
 
-def _resolve_source(source: str | os.PathLike | GPT, tokenizer: CharTokenizer | None) -> tuple[GPT, CharTokenizer | None]:
+def _resolve_source(
+    source: str | os.PathLike[str] | GPT, tokenizer: CharTokenizer | None
+) -> tuple[GPT, CharTokenizer | None]:
     if isinstance(source, GPT):
         return source, tokenizer
     model, tok, _ = load_checkpoint(source)
@@ -66,8 +73,8 @@ def _resolve_source(source: str | os.PathLike | GPT, tokenizer: CharTokenizer | 
 
 
 def export_hf_dir(
-    source: str | os.PathLike | GPT,
-    out_dir: str | os.PathLike,
+    source: str | os.PathLike[str] | GPT,
+    out_dir: str | os.PathLike[str],
     tokenizer: CharTokenizer | None = None,
     overwrite: bool = False,
     hf_tokenizer: bool = True,
@@ -86,7 +93,7 @@ def export_hf_dir(
     if out.exists() and not out.is_dir():
         raise ValueError(f"export target exists and is not a directory: {out}")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"export target {out} exists and is not empty (pass overwrite=True / --force)")
+        raise ValueError(f"export target {out} exists and is not empty (overwrite=True replaces it)")
     out.parent.mkdir(parents=True, exist_ok=True)
     hf = to_hf_gpt2(model)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -149,7 +156,7 @@ def _read_tokenizer(d: Path) -> CharTokenizer | None:
     return None
 
 
-def import_hf_dir(hf_dir: str | os.PathLike, progress: bool = False) -> tuple[GPT, CharTokenizer]:
+def import_hf_dir(hf_dir: str | os.PathLike[str], progress: bool = False) -> tuple[GPT, CharTokenizer]:
     """Load a GPT-2 directory (safetensors only, offline) back into the reference GPT and its vocabulary."""
     from transformers import GPT2LMHeadModel
 
@@ -177,5 +184,7 @@ def import_hf_dir(hf_dir: str | os.PathLike, progress: bool = False) -> tuple[GP
         raise ValueError(f"{d}: transformers could not load the GPT-2 weights ({exc})") from None
     model = from_hf_gpt2(hf)
     if tok.vocab_size != model.cfg.vocab_size:
-        raise ValueError(f"{d}: vocabulary has {tok.vocab_size} ids but config.json has vocab_size {model.cfg.vocab_size}")
+        raise ValueError(
+            f"{d}: vocabulary has {tok.vocab_size} ids but config.json has vocab_size {model.cfg.vocab_size}"
+        )
     return model, tok

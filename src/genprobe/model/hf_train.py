@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,14 @@ from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
 from .bpc import BitsPerChar, subword_bits_per_char
 from .train import TrainConfig, _random_windows, build_optimizer, lr_at
+
+if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
+    from tokenizers import Tokenizer
+    from transformers import GenerationMixin, PreTrainedModel
+
+    # PreTrainedModel.__init_subclass__ is unannotated in transformers: a stub gap.
+    class CausalLM(PreTrainedModel, GenerationMixin):  # type: ignore[no-untyped-call]
+        """What ``AutoModelForCausalLM`` builds: a pretrained model that can ``generate`` (typing only)."""
 
 ARCHS = ("llama", "qwen2")
 TOKENIZER_STYLE = {"llama": "gpt2", "qwen2": "qwen2"}  # the BPE pipeline AutoTokenizer runs for each arch
@@ -66,7 +75,7 @@ class SubwordModelConfig:
         if self.block_size < 8:
             raise ValueError(f"block_size must be >= 8, got {self.block_size}")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
         return asdict(self)
 
@@ -89,7 +98,7 @@ def quick_train_config(seed: int = 0) -> TrainConfig:
     return TrainConfig(steps=60, batch_size=8, lr=3e-3, warmup=10, dropout=0.0, seed=seed, eval_every=0)
 
 
-def build_model(cfg: SubwordModelConfig, eos_id: int, seed: int = 0) -> torch.nn.Module:
+def build_model(cfg: SubwordModelConfig, eos_id: int, seed: int = 0) -> CausalLM:
     """A freshly initialised transformers causal LM of ``cfg`` (float32, SDPA attention, tied embeddings)."""
     from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
 
@@ -108,8 +117,13 @@ def build_model(cfg: SubwordModelConfig, eos_id: int, seed: int = 0) -> torch.nn
         pad_token_id=eos_id,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="sdpa", dtype=torch.float32)
-    model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    # from_config and GenerationConfig take unannotated **kwargs in transformers: stub gaps.
+    model: CausalLM = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        hf_cfg, attn_implementation="sdpa", dtype=torch.float32
+    )
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id
+    )
     return model
 
 
@@ -117,9 +131,9 @@ def build_model(cfg: SubwordModelConfig, eos_id: int, seed: int = 0) -> torch.nn
 class SubwordTrainResult:
     """What a subword training run produced."""
 
-    model: torch.nn.Module
-    tokenizer: object  # tokenizers.Tokenizer (wrap with bpe.to_hf_tokenizer to save)
-    summary: dict = field(default_factory=dict)
+    model: CausalLM
+    tokenizer: Tokenizer  # wrap with bpe.to_hf_tokenizer to save
+    summary: dict[str, Any] = field(default_factory=dict)
 
 
 def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -127,7 +141,7 @@ def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
 
-def _val(model: torch.nn.Module, tok, docs: list[str], window: int) -> BitsPerChar:
+def _val(model: torch.nn.Module, tok: Tokenizer, docs: list[str], window: int) -> BitsPerChar:
     was = model.training
     model.eval()
     try:
@@ -154,7 +168,7 @@ def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig
     model = build_model(cfg, bpe.eos_id(tok), tc.seed)
     opt = build_optimizer(model, tc)
     gen = torch.Generator().manual_seed(tc.seed)
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
     model.train()
     t_loop, ema, first = time.time(), None, None
     bar = tqdm(range(tc.steps), desc="train", disable=not progress, dynamic_ncols=True)
@@ -164,7 +178,7 @@ def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig
         x, y = _random_windows(train_ids, cfg.block_size, tc.batch_size, gen)
         loss = _loss(model, x, y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
         if tc.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         opt.step()
@@ -180,7 +194,8 @@ def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig
         elif step % 10 == 0:
             bar.set_postfix(loss=f"{ema:.3f}")
     loop_seconds = time.time() - t_loop
-    model.eval()
+    assert first is not None  # set on the first step, and TrainConfig refuses steps < 1
+    model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() override is unannotated
     summary = _summary(model, tok, texts, split, cfg, tc, ema, history, heldout_docs)
     summary["samples"] = greedy_samples(model, tok, [d[:5] for d in texts.heldout[:samples]])
     summary.update(initial_loss=round(first, 4), seconds=round(time.time() - t0, 1),
@@ -190,8 +205,8 @@ def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig
     return SubwordTrainResult(model=model, tokenizer=tok, summary=summary)
 
 
-def _summary(model, tok, texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig, tc: TrainConfig,
-             ema: float | None, history: list[dict], heldout_docs: int) -> dict:
+def _summary(model: PreTrainedModel, tok: Tokenizer, texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig,
+             tc: TrainConfig, ema: float | None, history: list[dict[str, Any]], heldout_docs: int) -> dict[str, Any]:
     """Final figures: losses in nats/token, bits/char on the char GPT's validation text, chars/token."""
     val = _val(model, tok, texts.char_val_documents, cfg.block_size)
     # the char GPT's context length (block_size 64): how much of the gap is context, not modelling
@@ -233,17 +248,19 @@ def _summary(model, tok, texts: SplitTexts, split: CorpusSplit, cfg: SubwordMode
     }
 
 
-def _chars_per_token(tok, docs: list[str]) -> float:
+def _chars_per_token(tok: Tokenizer, docs: list[str]) -> float:
     n = sum(len(i) for i in bpe.encode_batch(tok, docs))
     return round(sum(len(d) for d in docs) / max(1, n), 4)
 
 
 @torch.no_grad()
-def greedy_samples(model: torch.nn.Module, tok, openings: list[str], max_new_tokens: int = 60) -> list[dict]:
+def greedy_samples(
+    model: CausalLM, tok: Tokenizer, openings: list[str], max_new_tokens: int = 60
+) -> list[dict[str, Any]]:
     """Greedy continuations of ``<|endoftext|>`` + opening by ``transformers.generate``: as trained (stops at
     end-of-text) and with end-of-text suppressed for exactly ``max_new_tokens`` (how loop studies run it)."""
     eos = bpe.eos_id(tok)
-    out = []
+    out: list[dict[str, Any]] = []
     for text in openings:
         x = torch.tensor([[eos, *tok.encode(text).ids]])
         kw = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)

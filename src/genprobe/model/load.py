@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, cast, runtime_checkable
 
 import torch
 import torch.nn as nn
@@ -46,10 +46,23 @@ class Tokenizer(Protocol):
     """What genprobe needs from a tokenizer, character-level or subword."""
 
     kind: str  # "char" | "subword"
-    vocab_size: int
-    unk_id: int | None
-    eos_id: int | None
     pad_id: int
+
+    # Read-only: genprobe never sets them, and CharTokenizer derives vocab_size and fixes the special ids.
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids."""
+        ...
+
+    @property
+    def unk_id(self) -> int | None:
+        """Id of the unknown token, None when every text encodes."""
+        ...
+
+    @property
+    def eos_id(self) -> int | None:
+        """Id of the end-of-text token, None when the vocabulary has none."""
+        ...
 
     def encode(self, text: str) -> list[int]:
         """Text → ids, no special tokens added."""
@@ -87,11 +100,13 @@ class SubwordTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids → text, special tokens (end of text, padding) dropped."""
-        return self.hf.decode([int(i) for i in ids], skip_special_tokens=True)
+        text: str = self.hf.decode([int(i) for i in ids], skip_special_tokens=True)
+        return text
 
     def token_str(self, token_id: int) -> str:
         """The text of one token (a partial UTF-8 sequence shows as U+FFFD)."""
-        return self.hf.decode([int(token_id)])
+        text: str = self.hf.decode([int(token_id)])
+        return text
 
     def unknown_chars(self, text: str) -> list[str]:
         """Characters that encode to the unknown token (none for byte-level BPE)."""
@@ -99,7 +114,7 @@ class SubwordTokenizer:
             return []
         enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
         out: list[str] = []
-        for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]):
+        for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
             for ch in text[a:b] if tid == self.unk_id else ():
                 if ch not in out:
                     out.append(ch)
@@ -115,7 +130,7 @@ class Model:
     kind: str  # "genprobe" | "hf"
     arch: str  # "gpt" for ours, else the transformers ``model_type``
     source: Path | None = None
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_module(cls, module: nn.Module, tokenizer: Tokenizer | None = None, source: Path | None = None) -> "Model":
@@ -138,7 +153,8 @@ class Model:
     @property
     def max_positions(self) -> int | None:
         """Context length: the learned position table's rows, or the HF config's; None when unbounded."""
-        return self.runner.max_positions
+        positions: int | None = self.runner.max_positions
+        return positions
 
     @property
     def window(self) -> int | None:
@@ -157,8 +173,10 @@ class Model:
         """The generation runner (``genprobe.engine.generate.Runner``) that drives this model."""
         if self.kind == "genprobe":
             from ..engine.generate import GPTRunner
+            from .gpt import GPT
 
-            return GPTRunner(self.module)
+            # kind "genprobe" is set only for a GPT module (from_module, _load_genprobe)
+            return GPTRunner(cast(GPT, self.module))
         from ..engine.hf_adapter import HFCausalLM
 
         return HFCausalLM(self.module)
@@ -222,7 +240,7 @@ class Model:
         """Distinct parameters (tied embeddings counted once)."""
         return sum(p.numel() for p in self.module.parameters())
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """A JSON-ready summary: kind, architecture, size, limits, tokenizer."""
         tok = self.tokenizer
         return {
@@ -239,7 +257,9 @@ class Model:
 
 
 # ---- loading --------------------------------------------------------------------------------
-def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Model:
+def load_model(
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> Model:
     """Load a genprobe checkpoint or a ``transformers`` model directory (auto-detected, offline, safetensors only)."""
     from .checkpoint import is_checkpoint
 
@@ -265,7 +285,7 @@ def _load_genprobe(d: Path, dtype: torch.dtype, device: str | torch.device) -> M
     return Model(module.to(dtype), tok, "genprobe", "gpt", d, meta)
 
 
-def _read_config(d: Path) -> dict:
+def _read_config(d: Path) -> dict[str, Any]:
     try:
         cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -289,7 +309,7 @@ def check_weights_files(d: Path) -> None:
     raise ModelLoadError(f"{d} has a config.json but no weights (*.safetensors)")
 
 
-def _check_architecture(d: Path, cfg: dict) -> str:
+def _check_architecture(d: Path, cfg: dict[str, Any]) -> str:
     from transformers import CONFIG_MAPPING
 
     model_type = cfg.get("model_type")
@@ -311,16 +331,18 @@ def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) 
     cfg = _read_config(d)
     check_weights_files(d)
     arch = _check_architecture(d, cfg)
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     try:
-        module, info = AutoModelForCausalLM.from_pretrained(
+        loaded = AutoModelForCausalLM.from_pretrained(
             d, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=dtype,
             output_loading_info=True,
         )
+        # output_loading_info=True returns (model, info); transformers annotates the model alone
+        module, info = cast(tuple[nn.Module, dict[str, Any]], loaded)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelLoadError(f"{d}: transformers could not load the model ({type(exc).__name__}: {exc})") from None
     finally:
-        hf_logging.enable_progress_bar()
+        hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     missing = [k for k in info.get("missing_keys", ()) if k not in _tied_names(module)]
     if missing:
         raise ModelLoadError(

@@ -14,12 +14,17 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._io import atomic_write_json, read_format_json
 from ..corpus import bpe
 from .hf_dir import _quiet_transformers, _swap_into_place
+
+if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SUMMARY_FILE = "genprobe_training.json"
 SUMMARY_FORMAT = "genprobe-subword-training-v1"
@@ -34,7 +39,8 @@ def check_writable(out: Path) -> None:
                          f"refusing to write into it")
 
 
-def save_subword_dir(out: str | os.PathLike, model: torch.nn.Module, tok, summary: dict) -> Path:
+def save_subword_dir(out: str | os.PathLike[str], model: PreTrainedModel, tok: Tokenizer,
+                     summary: dict[str, Any]) -> Path:
     """Write ``model`` + BPE ``tok`` + ``summary`` to ``out`` (replacing an earlier run there)."""
     out = Path(out)
     check_writable(out)
@@ -67,17 +73,19 @@ def _portable_tokenizer_class(path: Path) -> None:
     atomic_write_json(path, cfg)
 
 
-def read_summary(directory: str | os.PathLike) -> dict:
+def read_summary(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The training summary of a directory written by :func:`save_subword_dir`."""
     return read_format_json(Path(directory) / SUMMARY_FILE, SUMMARY_FORMAT)
 
 
-def load_subword_dir(directory: str | os.PathLike):
+def load_subword_dir(directory: str | os.PathLike[str]) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` through the public transformers API: offline, safetensors only, float32."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with _quiet_transformers(False):
-        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True,
-                                                     dtype=torch.float32)
+        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+            directory, local_files_only=True, use_safetensors=True, dtype=torch.float32
+        )
     tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    return model.eval(), tok
+    model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() override is unannotated
+    return model, tok

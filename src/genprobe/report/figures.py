@@ -1,4 +1,4 @@
-"""PNG figures of the case study (seed Fig. 3.1, 3.4, 3.5 and the perturbation shadow), via matplotlib (Agg).
+"""PNG figures of the case study (the chapter's Fig. 3.1, 3.4, 3.5 and the perturbation shadow), via matplotlib (Agg).
 
 Labels are ASCII on purpose: CJK fonts may be absent on a CI machine and boxes help no one; the
 HTML report shows every Chinese text next to the figures.
@@ -72,13 +72,15 @@ def entropy_vs_temperature(case: dict) -> bytes:
     ax.text(taus[-1], s["log_vocab"], f"ln V = {s['log_vocab']:.2f}", va="bottom", ha="right", fontsize=7, color=TEAL)
     seed = case.get("seed", {}).get("sampling", {}).get("entropy_vs_temperature")
     if seed:
-        ax.plot([r["tau"] for r in seed], [r["entropy"] for r in seed], "x--", color=TEAL, alpha=0.45, label="seed entropy")
+        ax.plot([r["tau"] for r in seed], [r["entropy"] for r in seed], "x--", color=TEAL, alpha=0.45,
+            label="seed entropy")
     ax.set_xlabel("temperature tau")
     ax.set_ylabel("entropy (nats)", color=TEAL)
     ax2 = ax.twinx()
     ax2.plot(taus, [r["max_prob"] for r in rows], "s-", color=ORANGE, label="max prob")
     if seed:
-        ax2.plot([r["tau"] for r in seed], [r["max_prob"] for r in seed], "x--", color=ORANGE, alpha=0.45, label="seed max prob")
+        ax2.plot([r["tau"] for r in seed], [r["max_prob"] for r in seed], "x--", color=ORANGE, alpha=0.45,
+            label="seed max prob")
     ax2.set_ylabel("max probability", color=ORANGE)
     ax2.set_ylim(0, 1.05)
     ax2.spines["right"].set_visible(True)
@@ -122,7 +124,8 @@ def perturbation_curves(case: dict) -> bytes:
     """Δloss per step after one wrong token, for each perturbed position k (the chapter's k = 8 curve dashed)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.0, 3.0))
-    for p, c in zip(case["exposure"]["perturbation"], (TEAL, ORANGE, RED, GREEN, GREY)):
+    # one colour per curve: fewer curves (PERTURB_POSITIONS, 4) than colours, so the colours are cut short
+    for p, c in zip(case["exposure"]["perturbation"], (TEAL, ORANGE, RED, GREEN, GREY), strict=False):
         xs = list(range(1, len(p["curve"]) + 1))
         ax.plot(xs, p["curve"], "o-", ms=3, color=c, label=f"k = {p['k']}")
     seed = case.get("seed", {}).get("exposure", {}).get("perturbation_curve_k8")

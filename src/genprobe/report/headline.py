@@ -28,7 +28,8 @@ def _decoding_rows(d: dict, seed: dict) -> list[Row]:
     sampled = [r for r in d["rows"] if not r["sampler"]["greedy"]]
     return [("greedy distinct-2", g["distinct_2"], sd.get("greedy", {}).get("distinct_2"), "f3"),
             ("greedy <unk> share", g["unk_share"], sd.get("greedy", {}).get("unk_share"), "pct"),
-            ("greedy + ban <unk> distinct-2", b["distinct_2"], sd.get("greedy + ban <unk>", {}).get("distinct_2"), "f3"),
+            ("greedy + ban <unk> distinct-2", b["distinct_2"], sd.get("greedy + ban <unk>", {}).get("distinct_2"),
+                "f3"),
             ("lowest distinct-2 among sampling strategies", min(r["distinct_2"] for r in sampled),
              min((r["distinct_2"] for r in seed_rows[2:]), default=None), "f3")]
 
@@ -57,7 +58,7 @@ def _cache_rows(case: dict, seed: dict) -> list[Row]:
                   sc.get("incremental_max_abs_dlogit"), "e")]
     t = case.get("cache_timing")
     if t and t.get("rows"):
-        seed_cpu1 = next((r for r in seed.get("cache_timing", {}).get("rows", [])
+        seed_cpu1: dict[str, Any] = next((r for r in seed.get("cache_timing", {}).get("rows", [])
                           if r["device"] == "cpu" and r["batch"] == 1), {})
         seed_tf = seed.get("token_forwards", {})
         rows += [("token forwards naive / cached (P=7, N=50)",

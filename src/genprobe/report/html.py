@@ -41,7 +41,9 @@ def render_report(case: dict, seed: dict | None = None, figures: dict[str, bytes
     )
 
 
-def write_report(case: dict, out_dir: str | Path, seed: dict | None = None, figures: dict[str, bytes] | None = None) -> Path:
+def write_report(
+    case: dict, out_dir: str | Path, seed: dict | None = None, figures: dict[str, bytes] | None = None
+) -> Path:
     """Write ``report.html`` into ``out_dir`` atomically and return its path."""
     path = Path(out_dir) / "report.html"
     atomic_write_text(path, render_report(case, seed, figures))

@@ -35,7 +35,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
-from ..engine import KVCache, forward_step
+from ..engine import KVCache, StaticKVCache, forward_step
 from ..model.gpt import GPT
 
 
@@ -82,7 +82,8 @@ class FullRecompute:
     @torch.no_grad()
     def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of every position, recomputed from scratch."""
-        return self.model(ids, attention_mask=attention_mask)
+        logits: torch.Tensor = self.model(ids, attention_mask=attention_mask)
+        return logits
 
 
 class EngineAdapter:
@@ -148,7 +149,7 @@ class CompiledEngineAdapter:
         self.runner = CompiledGPTRunner(self.model)
         self.max_len = max_len or model.cfg.block_size
         self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
-        self.cache = None
+        self.cache: StaticKVCache | None = None
 
     def reset(self) -> None:
         """Drop the cache; the next ``prefill`` allocates one for its batch size."""
@@ -157,9 +158,9 @@ class CompiledEngineAdapter:
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Fill a fresh static cache with the prompt (eager, as in generation)."""
-        self.cache = self.runner.new_state(ids.shape[0], self.max_len)
+        self.cache = cache = self.runner.new_state(ids.shape[0], self.max_len)
         valid = None if attention_mask is None else attention_mask.to(torch.bool)
-        return self.runner.step(ids, valid, self.cache).clone()
+        return self.runner.step(ids, valid, cache).clone()
 
     @torch.inference_mode()
     def step(self, ids: torch.Tensor) -> torch.Tensor:
@@ -170,20 +171,20 @@ class CompiledEngineAdapter:
 
 
 # ---- transformers causal LMs -----------------------------------------------------------------------
-def _cache_kwarg(hf_model) -> str:
+def _cache_kwarg(hf_model: torch.nn.Module) -> str:
     """transformers v5 renamed ``past_key_values`` to ``cache``; use whichever forward accepts."""
     params = inspect.signature(hf_model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _returned_cache(out) -> Any:
+def _returned_cache(out: Any) -> Any:  # a transformers ModelOutput -> its Cache
     for key in ("cache", "past_key_values"):
         if key in out and out[key] is not None:
             return out[key]
     raise RuntimeError("the model returned no cache although use_cache=True")
 
 
-def _hf_max_positions(hf_model) -> int | None:
+def _hf_max_positions(hf_model: torch.nn.Module) -> int | None:
     return getattr(hf_model.config, "n_positions", None) or getattr(hf_model.config, "max_position_embeddings", None)
 
 
@@ -192,7 +193,7 @@ class HFReference:
 
     name = "hf-reference"
 
-    def __init__(self, hf_model):
+    def __init__(self, hf_model: torch.nn.Module):
         self.hf = hf_model.eval()
         self.max_positions = _hf_max_positions(hf_model)
 
@@ -203,7 +204,8 @@ class HFReference:
             attention_mask = torch.ones_like(ids)
         positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
         out = self.hf(input_ids=ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
-        return out.logits.float()
+        logits: torch.Tensor = out.logits.float()
+        return logits
 
 
 class HFAdapter:
@@ -220,7 +222,7 @@ class HFAdapter:
     are immune to a constant shift, so Llama/Qwen pass either way up to float noise.)
     """
 
-    def __init__(self, hf_model, pass_position_ids: bool = True, cache: str | None = None,
+    def __init__(self, hf_model: torch.nn.Module, pass_position_ids: bool = True, cache: str | None = None,
                  max_cache_len: int | None = None):
         from .hf_caches import unavailable_reason
 
@@ -240,12 +242,13 @@ class HFAdapter:
 
     def reset(self) -> None:
         """Forget the cache, mask and per-row positions."""
-        self.cache = None
+        self.cache: Any = None  # a transformers Cache, whichever class the kind builds
         self.mask: torch.Tensor | None = None
         self.next_pos: torch.Tensor | None = None
 
     @torch.no_grad()
     def _call(self, ids: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+        assert self.next_pos is not None  # prefill() sets it before any call
         self.mask = new_mask if self.mask is None else torch.cat([self.mask, new_mask], dim=1)
         kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": self.mask, "use_cache": True}
         if self.cache is not None:
@@ -256,7 +259,8 @@ class HFAdapter:
         out = self.hf(**kwargs)
         self.cache = _returned_cache(out)
         self.next_pos = self.next_pos + new_mask.long().sum(1)
-        return out.logits.float()
+        logits: torch.Tensor = out.logits.float()
+        return logits
 
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run the prompt with ``use_cache=True`` into a fresh cache and keep it."""
@@ -294,15 +298,15 @@ def check_impl(obj: Any, what: str = "implementation") -> None:
 def load_impl(spec: str, model: Any = None) -> Any:
     """Import ``"pkg.module:factory"`` and return ``factory(model)`` (or ``factory()``), checked."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise ImplSpecError(f"--impl expects 'package.module:factory', got {spec!r}")
+        raise ImplSpecError(f"an implementation spec is 'package.module:factory', got {spec!r}")
     mod_name, attr = spec.split(":")
     try:
         module = importlib.import_module(mod_name)
     except ImportError as exc:
-        raise ImplSpecError(f"cannot import module {mod_name!r} of --impl {spec!r}: {exc}") from None
-    factory: Callable | None = getattr(module, attr, None)
+        raise ImplSpecError(f"cannot import module {mod_name!r} of implementation {spec!r}: {exc}") from None
+    factory: Callable[..., Any] | None = getattr(module, attr, None)
     if factory is None:
-        raise ImplSpecError(f"module {mod_name!r} has no attribute {attr!r} (--impl {spec!r})")
+        raise ImplSpecError(f"module {mod_name!r} has no attribute {attr!r} (implementation {spec!r})")
     if not callable(factory):
         raise ImplSpecError(f"{spec!r} is not callable")
     try:

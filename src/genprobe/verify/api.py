@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import torch
 
@@ -11,9 +11,10 @@ from .mutants import DEFAULT_PROMPT
 from .report import VerifyReport
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..model.gpt import GPT
     from ..model.load import Model
 
-DEFAULT_PROMPTS = (DEFAULT_PROMPT, "白日依山盡")  # the seed's prompt (§3.9.1) and a second of another length
+DEFAULT_PROMPTS = (DEFAULT_PROMPT, "白日依山盡")  # the chapter's prompt (§3.9.1) and a second of another length
 
 
 def default_prompts(model: "Model", max_new_tokens: int, vocab_size: int | None = None) -> list[list[int]]:
@@ -34,13 +35,18 @@ def random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int 
     return [torch.randint(lo, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
+def _gpt(model: "Model") -> GPT:
+    """The module of a ``kind == "genprobe"`` model, which :class:`Model` only gives that kind for a GPT."""
+    return cast("GPT", model.module)
+
+
 def reference_for(model: "Model", window: int | None = None, sinks: int = 0) -> Any:
     """Full recomputation for ``model``: windowed for a genprobe GPT when ``window`` is given."""
     from .adapters import FullRecompute, HFReference
     from .window import WindowedRecompute
 
     if model.kind == "genprobe":
-        return FullRecompute(model.module) if window is None else WindowedRecompute(model.module, window, sinks)
+        return FullRecompute(_gpt(model)) if window is None else WindowedRecompute(_gpt(model), window, sinks)
     if window is not None:
         raise ValueError("a window applies to a genprobe model's reference; a transformers model's window comes "
                          "from its config (sliding_window)")
@@ -54,7 +60,7 @@ def own_cache(model: "Model", window: int | None = None, sinks: int = 0, hf_cach
     if model.kind == "genprobe":
         if hf_cache is not None:
             raise ValueError("hf_cache names a transformers cache class; this is a genprobe model")
-        return EngineAdapter(model.module, window=window, sinks=sinks)
+        return EngineAdapter(_gpt(model), window=window, sinks=sinks)
     return HFAdapter(model.module, cache=hf_cache)
 
 

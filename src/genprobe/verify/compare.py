@@ -1,6 +1,6 @@
 """Comparing an implementation's logits with the reference's, and judging the difference on two scales.
 
-The seed's scale is absolute (§3.4.3): max |Δlogit| < 1e-4 is float noise, 1e-3…1 suspicious, > 1 a bug.
+The chapter's scale is absolute (§3.4.3): max |Δlogit| < 1e-4 is float noise, 1e-3…1 suspicious, > 1 a bug.
 That scale assumes trained logits, which spread by several units across the vocabulary. A model with
 small logits (a freshly initialised ``transformers`` GPT-2: std ≈ 0.16) can have its whole distribution
 reordered by a Δ of 0.6 and still read "suspicious". So each phase is also judged relative to the
@@ -15,7 +15,9 @@ reference's top-k tokens and the share of positions whose top-1 token agrees.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -23,14 +25,14 @@ VERDICTS = ("pass", "small", "suspicious", "bug")  # ordered by severity
 TOPK = 10  # tokens of the reference's top-k over which |Δ log p| is measured
 
 
-def worst(verdicts) -> str:
+def worst(verdicts: Iterable[str]) -> str:
     """The most severe of ``verdicts`` (``"pass"`` when there are none)."""
     return max(verdicts, key=VERDICTS.index, default="pass")
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Verdict scales: absolute max |Δlogit| (the seed's) and Δ in standard deviations of the reference logits.
+    """Verdict scales: absolute max |Δlogit| (the chapter's) and Δ in standard deviations of the reference logits.
 
     Absolute: < ``noise`` pass, < ``suspicious`` small, ≤ ``bug`` suspicious, > ``bug`` bug.
     Relative (only for Δ ≥ ``noise``): ≥ ``rel_suspicious`` σ suspicious, > ``rel_bug`` σ bug.
@@ -57,7 +59,7 @@ class Thresholds:
             )
 
     def absolute_verdict(self, max_abs_dlogit: float) -> str:
-        """Classify one max |Δlogit| on the seed's absolute scale (NaN counts as a bug)."""
+        """Classify one max |Δlogit| on the chapter's absolute scale (NaN counts as a bug)."""
         d = float(max_abs_dlogit)
         if d != d or d > self.bug:
             return "bug"
@@ -81,7 +83,7 @@ class Thresholds:
         """The more severe of the absolute and the relative verdict."""
         return worst([self.absolute_verdict(max_abs_dlogit), self.relative_verdict(max_abs_dlogit, ref_std)])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         return asdict(self)
 

@@ -1,6 +1,6 @@
 """Cache-equivalence harness: compare an implementation's logits with full recomputation, step by step.
 
-A KV cache is a mathematical identity (seed §3.4.2), so the test compares *logits*, not text
+A KV cache is a mathematical identity (chapter §3.4.2), so the test compares *logits*, not text
 (§3.9.1: a missing mask moved logits by 2.10 and the greedy text by 0 characters). Each comparison
 can see a different class of bug:
 
@@ -17,13 +17,14 @@ can see a different class of bug:
   then sequence B, compared with B alone: state that survives ``reset()`` shows here even when
   every other phase replays one prompt, whose leaked keys would coincide with the real ones.
 
-Verdicts: see :mod:`genprobe.verify.compare` (the seed's absolute scale, raised by a scale relative
+Verdicts: see :mod:`genprobe.verify.compare` (the chapter's absolute scale, raised by a scale relative
 to the reference's logits). An exception inside the implementation makes its phase ``error`` (phase,
 type, message recorded) and the harness moves on to the next phase.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -72,7 +73,7 @@ class ReferenceRun:
     @torch.no_grad()
     def _full(self, ids: list[int]) -> torch.Tensor:
         x = torch.tensor([ids], dtype=torch.long)
-        out = self.reference.full(x)
+        out: torch.Tensor = self.reference.full(x)
         _check_logits(out, (1, len(ids), None), "reference.full")
         return out[0].float()
 
@@ -126,7 +127,10 @@ def _check_logits(x: Any, shape: tuple[int, int, int | None], where: str) -> Non
         raise ValueError(f"{where} returned {got}; expected logits of shape ({shape[0]}, {shape[1]}, {v})")
 
 
-def _call(call: int, fn: Callable, ids: torch.Tensor, shape: tuple[int, int, int], where: str, **kw) -> torch.Tensor:
+def _call(
+    call: int, fn: Callable[..., torch.Tensor], ids: torch.Tensor, shape: tuple[int, int, int], where: str,
+    **kw: torch.Tensor | None,
+) -> torch.Tensor:
     """``fn(ids, **kw)`` with its logits' shape checked; any exception becomes :class:`ImplCrash`."""
     try:
         out = fn(ids, **kw)
@@ -243,7 +247,9 @@ def _isolation_phase(impl: Any, run: ReferenceRun, tr: ReferenceTrajectory, a: l
     _teacher_forced(impl, tr, None, tr_)
 
 
-def _greedy_phases(impl: Any, trajs: list[ReferenceTrajectory], pre: PhaseTracker, inc: PhaseTracker) -> list:
+def _greedy_phases(
+    impl: Any, trajs: list[ReferenceTrajectory], pre: PhaseTracker, inc: PhaseTracker
+) -> list[list[int] | None]:
     """Prefill and teacher-forced decoding of every prompt; the implementation's argmaxes (None where it raised)."""
     own: list[list[int] | None] = [None] * len(trajs)
     try:
@@ -269,7 +275,9 @@ def _run_phase(tracker: PhaseTracker, body: Callable[[], None], skip_not_impleme
 
 
 # ---- the whole verification --------------------------------------------------------------------------
-def _check_inputs(impl: Any, run: ReferenceRun, prompts: list[list[int]], steps: int, chunk_sizes) -> None:
+def _check_inputs(
+    impl: Any, run: ReferenceRun, prompts: list[list[int]], steps: int, chunk_sizes: Sequence[int]
+) -> None:
     from .adapters import check_impl
 
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -312,7 +320,7 @@ def verify_implementation(
     trackers = [pre, inc]
     for c in chunk_sizes:
         t = PhaseTracker(f"chunk_{int(c)}", th.noise)
-        _run_phase(t, lambda t=t, c=int(c): _chunk_phase(impl, trajs, c, t))
+        _run_phase(t, functools.partial(_chunk_phase, impl, trajs, int(c), t))
         trackers.append(t)
     if padded_batch:
         t = PhaseTracker("padded_batch", th.noise)
@@ -336,13 +344,13 @@ def verify_implementation(
 
 def _texts(
     impl: Any, trajs: list[ReferenceTrajectory], own: list[list[int] | None], tracker: PhaseTracker
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Per prompt: the reference's greedy ids and the implementation's own (free-running) greedy ids.
 
     When the implementation's argmax matched the reference's token at every teacher-forced step, its
     free run would be fed exactly the same tokens, so the teacher-forced argmaxes *are* its free run.
     """
-    texts = []
+    texts: list[dict[str, Any]] = []
     for tr, teacher in zip(trajs, own, strict=True):
         ids = teacher if teacher in (None, tr.tokens) else None  # None: the greedy run itself crashed
         if ids is None:
@@ -355,7 +363,8 @@ def _texts(
 
 
 def _report(
-    impl, name, steps, prompts, phases: list[PhaseResult], texts, th: Thresholds, reference: str
+    impl: Any, name: str | None, steps: int, prompts: list[list[int]], phases: list[PhaseResult],
+    texts: list[dict[str, Any]], th: Thresholds, reference: str,
 ) -> VerifyReport:
     divergences, first_div, total = 0, None, 0
     for t in texts:

@@ -27,7 +27,7 @@ import torch
 CACHE_KINDS = ("dynamic", "static", "sliding", "quantized", "offloaded")
 
 
-def _cache_utils():
+def _cache_utils() -> Any:  # transformers.cache_utils (probed by hasattr across versions), or None
     try:
         from transformers import cache_utils
     except ImportError:  # pragma: no cover — transformers is a dependency of the HF paths only
@@ -35,14 +35,14 @@ def _cache_utils():
     return cache_utils
 
 
-def _params(cls) -> set[str]:
+def _params(cls: Any) -> set[str]:  # a transformers cache class, whichever this version has
     try:
         return set(inspect.signature(cls.__init__).parameters)
     except (TypeError, ValueError):
         return set()
 
 
-def model_window(hf_model) -> int | None:
+def model_window(hf_model: torch.nn.Module) -> int | None:
     """The sliding window of ``hf_model``'s config (None when it has none)."""
     w = getattr(hf_model.config, "sliding_window", None)
     return int(w) if isinstance(w, int) and w > 0 else None
@@ -62,7 +62,7 @@ def quantized_backend() -> str | None:
     return None
 
 
-def unavailable_reason(hf_model, kind: str) -> str | None:
+def unavailable_reason(hf_model: torch.nn.Module, kind: str) -> str | None:
     """Why cache ``kind`` cannot be used with ``hf_model`` here (None when it can)."""
     import transformers
 
@@ -106,7 +106,7 @@ def describe(kind: str) -> str:
     }[kind]
 
 
-def make_cache(hf_model, kind: str, batch_size: int, max_cache_len: int) -> Any:
+def make_cache(hf_model: torch.nn.Module, kind: str, batch_size: int, max_cache_len: int) -> Any:
     """A fresh, empty cache of ``kind`` for ``hf_model`` (call :func:`unavailable_reason` first)."""
     cu = _cache_utils()
     config = hf_model.config

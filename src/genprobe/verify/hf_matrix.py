@@ -10,26 +10,30 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from .._io import json_safe
+from .._io import json_safe_dict
 from .adapters import HFAdapter, HFReference
 from .harness import ReferenceRun, verify_implementation
 from .hf_caches import CACHE_KINDS, describe, unavailable_reason
+
+if TYPE_CHECKING:  # transformers is imported lazily at run time
+    from transformers import PretrainedConfig, PreTrainedModel
 
 ARCHS = ("gpt2", "llama", "qwen2", "mistral", "gemma2", "gemma3", "phi3", "gpt_neox")
 PROMPTS = [[5, 17, 42, 8, 91, 23, 64, 30], [12, 77, 3, 56, 9], [40, 2, 88]]
 
 
-def tiny_config(arch: str, init: float = 0.02, window: int = 6):
+def tiny_config(arch: str, init: float = 0.02, window: int = 6) -> PretrainedConfig:
     """A 2-layer config of ``arch`` (vocab 100; grouped-query attention and a sliding window where it has them)."""
     import transformers as T
 
-    ids = dict(bos_token_id=None, eos_token_id=None, pad_token_id=0, initializer_range=init)
-    common = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, **ids)
-    builders = {
+    ids: dict[str, Any] = dict(bos_token_id=None, eos_token_id=None, pad_token_id=0, initializer_range=init)
+    common: dict[str, Any] = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **ids)
+    builders: dict[str, Callable[[], PretrainedConfig]] = {
         "gpt2": lambda: T.GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=2, **ids),
         "llama": lambda: T.LlamaConfig(**common),
         "qwen2": lambda: T.Qwen2Config(**common),
@@ -45,13 +49,18 @@ def tiny_config(arch: str, init: float = 0.02, window: int = 6):
     return builders[arch]()
 
 
-def tiny_model(arch: str, init: float = 0.02, window: int = 6):
+def tiny_model(arch: str, init: float = 0.02, window: int = 6) -> PreTrainedModel:
     """A seeded random causal LM of ``arch`` in eval mode, eager attention."""
     import transformers
 
     cfg = tiny_config(arch, init, window)
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    # from_config and transformers' eval() override are unannotated: stub gaps
+    model: PreTrainedModel = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        cfg, attn_implementation="eager"
+    )
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
 
 
 @dataclass
@@ -86,9 +95,9 @@ class CacheMatrix:
     steps: int
     notes: dict[str, list[str]] = field(default_factory=dict)  # why unavailable → the "kind on arch" pairs
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return json_safe(asdict(self))
+        return json_safe_dict(asdict(self))
 
     def markdown(self) -> str:
         """Rows: cache classes; columns: architectures."""
@@ -101,11 +110,14 @@ class CacheMatrix:
         return "\n".join(lines)
 
 
-def cache_matrix(archs=ARCHS, kinds=CACHE_KINDS, init: float = 0.02, steps: int = 8) -> CacheMatrix:
+def cache_matrix(
+    archs: Sequence[str] = ARCHS, kinds: Sequence[str] = CACHE_KINDS, init: float = 0.02, steps: int = 8
+) -> CacheMatrix:
     """Verify every cache class on every architecture (full harness: prefill, decode, chunks, padding, isolation)."""
     import transformers
 
-    cells, notes = [], {}
+    cells: list[MatrixCell] = []
+    notes: dict[str, list[str]] = {}
     for arch in archs:
         hf = tiny_model(arch, init)
         run = ReferenceRun(HFReference(hf), steps)

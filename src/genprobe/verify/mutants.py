@@ -1,6 +1,6 @@
-"""Deliberately broken cached-attention implementations: the tests of the test (seed §3.4.9, §3.9).
+"""Deliberately broken cached-attention implementations: the tests of the test (chapter §3.4.9, §3.9).
 
-:class:`TeachingCache` is the seed's §3.10 teaching version — a list of per-layer K/V grown with
+:class:`TeachingCache` is the chapter's §3.10 teaching version — a list of per-layer K/V grown with
 ``torch.cat`` — run over a genprobe ``GPT``'s own weights, with one line switched per mutant:
 
 =============  ==============================================  =========================
@@ -21,13 +21,13 @@ as flags in the engine: production code carries no bug switches.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence, cast
 
 import torch
 import torch.nn.functional as F
 
-from .._io import json_safe
-from ..model.gpt import GPT, rope_rotate
+from .._io import json_safe_dict
+from ..model.gpt import GPT, Block, rope_rotate
 from .adapters import EngineAdapter, FullRecompute
 from .compare import Thresholds, max_abs_diff
 from .harness import ReferenceRun, verify_implementation
@@ -42,7 +42,7 @@ MUTANTS: dict[str, str] = {
     "cat_order": "pass",
 }
 
-DEFAULT_PROMPT = "春江潮水连海平"  # the seed's prompt (§3.9.1), 50 greedy steps
+DEFAULT_PROMPT = "春江潮水连海平"  # the chapter's prompt (§3.9.1), 50 greedy steps
 
 
 class TeachingCache:
@@ -80,7 +80,7 @@ class TeachingCache:
 
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         K, V = self.k[layer], self.v[layer]
-        if K is None or self.bug == "no_cat":
+        if K is None or V is None or self.bug == "no_cat":  # K and V are set together
             K, V = k, v  # no_cat: the cache is overwritten, history is lost
         elif self.bug == "kv_mismatch":
             K, V = torch.cat([k, K], dim=-2), torch.cat([V, v], dim=-2)
@@ -117,7 +117,7 @@ class TeachingCache:
         x = m.wte(ids)
         if m.wpe is not None:
             x = x + m.wpe(emb_pos_b)
-        for i, block in enumerate(m.h):
+        for i, block in enumerate(cast(Sequence[Block], m.h)):  # GPT.h: a ModuleList of Blocks (untyped items)
             a = block.attn
             q, k, v = a.c_attn(block.ln_1(x)).split(C, dim=2)
             q = q.view(B, T, H, Dh).transpose(1, 2)
@@ -131,7 +131,8 @@ class TeachingCache:
             x = x + a.c_proj(y.transpose(1, 2).reshape(B, T, C))
             x = x + block.mlp(block.ln_2(x))
         self.past += T
-        return m.lm_head(m.ln_f(x))
+        logits: torch.Tensor = m.lm_head(m.ln_f(x))
+        return logits
 
 
 def mutant(model: GPT, name: str) -> TeachingCache:
@@ -168,9 +169,9 @@ def run_mutant_reports(
     ]
 
 
-def report_row(r: VerifyReport, expected: str | None = None) -> dict:
-    """One row of the seed's §3.9.8 table (its keys are what the case study's ch3_case.json records)."""
-    row = {
+def report_row(r: VerifyReport, expected: str | None = None) -> dict[str, Any]:
+    """One row of the chapter's §3.9.8 table (its keys are what the case study's ch3_case.json records)."""
+    row: dict[str, Any] = {
         "impl": r.impl,
         "prefill_bit_identical": r.prefill_bit_identical,
         "first_any_diff_step": r.first_any_diff_step,
@@ -186,13 +187,13 @@ def report_row(r: VerifyReport, expected: str | None = None) -> dict:
     if expected is not None:
         row["expected"] = expected
         row["as_expected"] = (r.verdict == "pass") == (expected == "pass")  # see as_expected()
-    return json_safe(row)
+    return json_safe_dict(row)
 
 
-def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict:
+def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict[str, Any]:
     """:func:`report_row` plus every phase's first differing step and verdict, the relative scale and errors."""
     judged = [p for p in r.phases if p.judged]
-    return json_safe({
+    return json_safe_dict({
         **report_row(r, expected),
         "first_diff_step_by_phase": r.first_diff_by_phase(),
         "verdict_by_phase": {p.phase: p.verdict for p in r.phases},
@@ -201,8 +202,10 @@ def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict:
     })
 
 
-def run_mutants(model: GPT, prompt_ids: list[int], steps: int = 50, thresholds: Thresholds | None = None) -> list[dict]:
-    """The seed §3.9.1 table: one row per mutant (``cache_bugs`` in the case study)."""
+def run_mutants(
+    model: GPT, prompt_ids: list[int], steps: int = 50, thresholds: Thresholds | None = None
+) -> list[dict[str, Any]]:
+    """The chapter §3.9.1 table: one row per mutant (``cache_bugs`` in the case study)."""
     reports = run_mutant_reports(model, [list(prompt_ids)], steps, thresholds=thresholds)
     return [report_row(r, MUTANTS[r.impl]) for r in reports]
 
@@ -219,7 +222,7 @@ def _chunked(impl: TeachingCache, seq: list[int], chunk: int) -> torch.Tensor:
 
 def mask_noop(
     model: GPT, prompt_ids: list[int], steps: int = 50, chunk: int = 4, run: ReferenceRun | None = None
-) -> dict:
+) -> dict[str, Any]:
     """no_mask vs correct on the same cached path: exactly 0 at T_new = 1, non-zero with chunks (§3.9.4)."""
     run = run or ReferenceRun(FullRecompute(model), steps)
     tr = run.trajectory(prompt_ids)
@@ -231,8 +234,8 @@ def mask_noop(
     }
 
 
-def cache_exact(model: GPT, prompt_ids: list[int], steps: int = 50) -> dict:
-    """The engine vs full recomputation (seed §3.4.3: prefill 0.0, incremental ~1.9e-6)."""
+def cache_exact(model: GPT, prompt_ids: list[int], steps: int = 50) -> dict[str, Any]:
+    """The engine vs full recomputation (chapter §3.4.3: prefill 0.0, incremental ~1.9e-6)."""
     r = verify_implementation(
         EngineAdapter(model), FullRecompute(model), [list(prompt_ids)], steps=steps, chunk_sizes=(4,),
         padded_batch=False, isolation=False,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
-from .._io import json_safe
+from .._io import json_safe_dict
 from .compare import Thresholds, compare_rows, max_abs_diff, worst
 
 OUTCOMES = ("pass", "small", "suspicious", "bug", "error", "unavailable")
@@ -34,7 +35,7 @@ class PhaseError:
         """Record ``exc`` (type name and message, no traceback objects)."""
         return cls(phase, type(exc).__name__, str(exc) or repr(exc), call)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         return asdict(self)
 
@@ -68,9 +69,9 @@ class PhaseResult:
         """True when the phase compared something (not skipped); a crashed phase keeps what it compared."""
         return self.skipped is None and self.calls > 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON form (non-finite numbers spelled out)."""
-        return json_safe(asdict(self))
+        return json_safe_dict(asdict(self))
 
 
 class PhaseTracker:
@@ -153,7 +154,7 @@ class VerifyReport:
     reference: str = "full recomputation"
     errors: list[PhaseError] = field(default_factory=list)
     unavailable: str | None = None  # why the implementation could not be built here
-    texts: list[dict] = field(default_factory=list)  # per prompt: reference vs implementation greedy ids
+    texts: list[dict[str, Any]] = field(default_factory=list)  # per prompt: reference vs implementation greedy ids
 
     @classmethod
     def not_run(
@@ -192,7 +193,7 @@ class VerifyReport:
 
     @property
     def greedy_max_abs_dlogit(self) -> float:
-        """max |Δ| over prefill + incremental only: the quantity of the seed's §3.9.1 table."""
+        """max |Δ| over prefill + incremental only: the quantity of the chapter's §3.9.1 table."""
         return max((p.max_abs_dlogit for p in self.phases if p.phase in ("prefill", "incremental")), default=0.0)
 
     @property
@@ -200,15 +201,15 @@ class VerifyReport:
         """True when the verdict is float noise."""
         return self.verdict == "pass"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON form (non-finite numbers spelled out: strict JSON)."""
-        d = asdict(self)
+        d: dict[str, Any] = asdict(self)
         d["max_abs_dlogit_by_phase"] = self.max_by_phase()
         d["first_diff_step_by_phase"] = self.first_diff_by_phase()
         d["passed"] = self.passed
         d["worst_phase"] = self.worst_phase
         d["greedy_max_abs_dlogit"] = self.greedy_max_abs_dlogit
-        return json_safe(d)
+        return json_safe_dict(d)
 
 
 def overall_verdict(phases: list[PhaseResult], exact_prefill: bool) -> str:

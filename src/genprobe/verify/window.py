@@ -52,7 +52,8 @@ def windowed_forward(
         x = x + model.wpe(positions)
     for block in model.h:
         x = block(x, positions, mask, None, None)
-    return model.lm_head(model.ln_f(x))
+    logits: torch.Tensor = model.lm_head(model.ln_f(x))
+    return logits
 
 
 class WindowedRecompute:

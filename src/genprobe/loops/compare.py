@@ -1,0 +1,472 @@
+"""``loops compare``: which fix for loops? Decode-time samplers beside the directional weight edit, with numbers.
+
+:func:`compare_fixes` reads top to bottom as its stages:
+
+1. every method (:mod:`genprobe.loops.compare_methods`) generates the same number of new tokens after
+   the same prompts (end token banned, as in every loop study), the edit rows with the patch applied
+   in memory and reverted afterwards (sha256-checked both ways, and the model's hash compared with
+   the one it had before the comparison);
+2. loops: the typed loop measures of the scans (:class:`~genprobe.loops.scan.LoopRates`): exact
+   (short/long periods), near, repetitive-tail and *degenerate* rates with 95% CIs, distinct-2,
+   longest repeat, tail compression, seq-rep-4 — the degenerate rate is the headline (the exact
+   rate alone can be gamed);
+3. legitimate repetition kept (:mod:`genprobe.metrics.legit`) beside the same rates in human texts
+   (:mod:`genprobe.loops.compare_human`), over all generations and over the non-degenerate ones;
+4. fluency: NLL per character under the *unmodified* model and under a second model, the judge
+   (:mod:`genprobe.loops.compare_fluency`), so that no method wins with text only its own model likes;
+5. the best decode-time method by :data:`BEST_RULE`, then the edit combined with it;
+6. cost: tokens/s of every method relative to greedy on one batch, repetitions interleaved, medians;
+7. DRY and sequence breakers (:mod:`genprobe.loops.compare_breakers`): rates per class of baseline loop.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from ..engine.generate import generate
+from ..metrics import LoopSettings
+from ..metrics.legit import LegitRates, legit_counts, legit_rates
+from .compare_breakers import ClassRate, OwnLoops, class_rates, own_loops, unit_class
+from .compare_fluency import Fluency, fluency, score_continuations
+from .compare_human import HumanTexts, human_texts
+from .compare_methods import (
+    BASELINE,
+    EDIT_BEST,
+    POEM_BREAKERS,
+    TEXT_BREAKERS,
+    Method,
+    build_methods,
+    check_methods,
+    edit_with,
+)
+from .patch import Patch, apply_patch, revert_patch
+from .scan import LoopRates, ScanResult, study_sampler
+from .study import EndToken, LoopStudy, RepairConfig
+
+BACKENDS = ("genprobe",)
+BEST_RULE = (
+    "best decode-time method = the lowest degenerate rate among the methods (greedy and the edit rows excluded) "
+    "that (a) run at >= {min_speed:g}x greedy's tokens/s, (b) write text no more surprising to the judge than the "
+    "human texts are (NLL per character under the judge -- the model itself when there is none -- at most the human "
+    "texts' NLL under it), and (c) keep >= {min_kept:.0%} of the genre's legitimate repetition (Tang: the lower of "
+    "the reduplication and couplet-parallel rates relative to human; other text: the repeated n-gram rate relative "
+    "to human); ties go to the lower NLL. A criterion that cannot be measured is skipped (said in 'skipped'). When "
+    "no method qualifies, the lowest degenerate rate is chosen and flagged acceptable=false."
+)
+
+
+@dataclass
+class CompareConfig:
+    """Budget, batch, seed, detector settings, methods and the best-method limits of one comparison."""
+
+    max_new_tokens: int = 57
+    batch_size: int = 128
+    seed: int = 0
+    loop: LoopSettings = field(default_factory=LoopSettings)
+    methods: tuple[str, ...] | None = None  # None: every method (edit rows when a patch is given)
+    genre: str = "auto"
+    timing_rounds: int = 3
+    samples: int = 3
+    min_speed: float = 0.25
+    min_kept: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.timing_rounds < 1:
+            raise ValueError(f"timing_rounds must be >= 1, got {self.timing_rounds}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+@dataclass
+class Cost:
+    """Generation cost: the whole scan's wall time, and tokens/s on one batch (median of interleaved rounds)."""
+
+    scan_seconds: float
+    tokens: int
+    timing_batch: int
+    timing_seconds: list[float]
+    tokens_per_s: float | None
+    speed_vs_greedy: float | None  # tokens/s relative to greedy, same batch, same run
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+@dataclass
+class MethodResult:
+    """Everything measured for one method."""
+
+    method: Method
+    rates: LoopRates
+    legit: LegitRates  # all generations
+    legit_clean: LegitRates  # generations that are not degenerate
+    own: Fluency  # NLL under the unmodified model
+    judge: Fluency | None
+    cost: Cost
+    classes: list[ClassRate]
+    own_loops: OwnLoops
+    samples: list[str]
+    texts: list[str] = field(repr=False)
+    degenerate: list[bool] = field(repr=False)
+
+    def to_dict(self) -> dict:
+        """Plain JSON (texts are written separately)."""
+        return {**self.method.to_dict(), "rates": self.rates.to_dict(), "legit": self.legit.to_dict(),
+                "legit_clean": self.legit_clean.to_dict(), "nll_own": self.own.to_dict(),
+                "nll_judge": self.judge.to_dict() if self.judge else None, "cost": self.cost.to_dict(),
+                "breaker_classes": [c.to_dict() for c in self.classes], "own_loops": self.own_loops.to_dict(),
+                "samples": self.samples}
+
+
+@dataclass
+class Candidate:
+    """One decode-time method judged against the best-method rule."""
+
+    name: str
+    degenerate_rate: float
+    speed_vs_greedy: float | None
+    nll_per_char: float | None
+    kept: float | None
+    acceptable: bool
+    reasons: list[str]
+
+
+@dataclass
+class BestChoice:
+    """The chosen decode-time method, the rule, its limits and every candidate's verdict."""
+
+    name: str | None
+    acceptable: bool
+    rule: str
+    nll_model: str
+    nll_limit: float | None
+    skipped: list[str]
+    candidates: list[Candidate]
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+@dataclass
+class HumanReference:
+    """The human texts' genre-repetition rates and NLL (same caps as the generations)."""
+
+    genre: str
+    source: str | None
+    reason: str | None
+    n: int
+    cap_chars: int
+    legit: LegitRates | None
+    own: Fluency | None
+    judge: Fluency | None
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return {"genre": self.genre, "source": self.source, "reason": self.reason, "n": self.n,
+                "cap_chars": self.cap_chars, "legit": self.legit.to_dict() if self.legit else None,
+                "nll_own": self.own.to_dict() if self.own else None,
+                "nll_judge": self.judge.to_dict() if self.judge else None}
+
+
+@dataclass
+class PatchCheck:
+    """The patch used by the edit rows and the proof that the model was given back unchanged."""
+
+    path: str | None
+    edit: dict | None
+    sha256_model: str  # before the comparison
+    sha256_patched: str  # the patch's sha256_after
+    sha256_after: str  # after the comparison
+    reverted: bool
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+@dataclass
+class CompareResult:
+    """The whole comparison (JSON via :meth:`to_dict`; texts via :meth:`texts_dict`)."""
+
+    model: str | None
+    judge: str | None
+    backend: str
+    prompt_source: str
+    prompts: list[str]
+    config: CompareConfig
+    end_token: EndToken
+    ban_ids: list[int]
+    breakers: str
+    methods: list[MethodResult]
+    human: HumanReference
+    best: BestChoice | None
+    patch: PatchCheck | None
+    sample_prompts: list[int]
+    baseline_classes: dict[str, int]
+    timings_s: dict[str, float]
+    notes: list[str]
+
+    def method(self, name: str) -> MethodResult:
+        """The result of one method by name."""
+        return next(m for m in self.methods if m.method.name == name)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-safe dict (no NaN: unmeasurable values are None)."""
+        return {"model": self.model, "judge": self.judge, "backend": self.backend, "prompt_source": self.prompt_source,
+                "n_prompts": len(self.prompts), "config": self.config.to_dict(), "end_token": self.end_token.to_dict(),
+                "ban_ids": self.ban_ids, "breakers": self.breakers, "best_rule": self.best.rule if self.best else None,
+                "methods": [m.to_dict() for m in self.methods], "human": self.human.to_dict(),
+                "best": self.best.to_dict() if self.best else None,
+                "patch": self.patch.to_dict() if self.patch else None,
+                "sample_prompts": [self.prompts[i] for i in self.sample_prompts],
+                "baseline_classes": self.baseline_classes, "timings_s": self.timings_s, "notes": self.notes}
+
+    def texts_dict(self) -> dict:
+        """Every prompt with every method's generated text (for audit)."""
+        return {"prompts": self.prompts, "texts": {m.method.name: m.texts for m in self.methods}}
+
+
+# ---- stages ---------------------------------------------------------------------------------
+@contextmanager
+def patched(module: Any, patch: Patch) -> Iterator[None]:
+    """Apply ``patch`` in place for the block and always revert it (both sha256-checked by the patch module)."""
+    apply_patch(module, patch)
+    try:
+        yield
+    finally:
+        revert_patch(module, patch)
+
+
+def _bans(model: Any) -> list[int]:
+    """The ids every method bans: ``<unk>`` (the chanting setting) and the end token."""
+    return [i for i in (model.unk_id, model.eos_id) if i is not None]
+
+
+def _scan(study: LoopStudy, method: Method, ids: list[list[int]], prompts: Sequence[str], patch: Patch | None,
+          log: Callable[[str], None]) -> tuple[ScanResult, float]:
+    t0 = time.perf_counter()
+    with patched(study.module, patch) if method.patched else nullcontext():
+        scan = study.scan(ids, list(prompts), sampler=method.sampler, desc=method.name)
+    seconds = time.perf_counter() - t0
+    s = scan.summary
+    log(f"  {method.name:<12} degenerate {s.degenerate_rate:6.1%}  exact {s.loop_rate:6.1%}  ({seconds:.1f} s)")
+    return scan, seconds
+
+
+def _legit(prompts: Sequence[str], texts: Sequence[str], keep: Sequence[bool] | None = None) -> LegitRates:
+    counts = [legit_counts(p + t, t) for i, (p, t) in enumerate(zip(prompts, texts, strict=True))
+              if keep is None or keep[i]]
+    return legit_rates(counts)
+
+
+def _human_reference(model: Any, judge: Any, prompts: Sequence[str], human: HumanTexts, cap: int,
+                     batch_size: int) -> HumanReference:
+    """Legit rates and NLL of the human texts, each cut to its prompt + ``cap`` characters."""
+    if human.available == 0:
+        return HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
+    pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(prompts, human.poems, strict=True) if h is not None]
+    ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
+    own = fluency(str(model.source), score_continuations(model, ps, conts, batch_size))
+    jud = fluency(str(judge.source), score_continuations(judge, ps, conts, batch_size)) if judge else None
+    return HumanReference(human.genre, human.source, None, len(pairs), cap, _legit(ps, conts), own, jud)
+
+
+def _score(model: Any, judge: Any, prompts: Sequence[str], method: Method, scan: ScanResult, seconds: float,
+           classes: Sequence[str], breakers: str, cfg: CompareConfig) -> MethodResult:
+    """Loop rates, legit repetition, fluency (unmodified model + judge), breaker classes; cost filled later."""
+    recs = scan.records
+    texts = [r.text or "" for r in recs]
+    clean = [not r.degenerate for r in recs]
+    own = fluency(str(model.source), score_continuations(model, prompts, texts, cfg.batch_size))
+    jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, cfg.batch_size)) if judge else None
+    degenerate = [r.degenerate for r in recs]
+    cost = Cost(round(seconds, 2), sum(len(r.tokens) for r in recs), 0, [], None, None)
+    return MethodResult(method, scan.summary, _legit(prompts, texts), _legit(prompts, texts, clean), own, jud, cost,
+                        class_rates(classes, degenerate),
+                        own_loops(texts, [r.char_measures for r in recs], breakers), [], texts, degenerate)
+
+
+def _kept(r: MethodResult, human: HumanReference) -> float | None:
+    """The method's legitimate repetition relative to human (see :data:`BEST_RULE`), None when not measurable."""
+    h = human.legit
+    if h is None:
+        return None
+    if human.genre == "tang":
+        ratios = [getattr(r.legit, k) / getattr(h, k) for k in ("reduplication_per100", "parallel_per100")
+                  if getattr(h, k) and getattr(r.legit, k) is not None]
+        return min(ratios) if ratios else None
+    if h.repeated_ngram_rate and r.legit.repeated_ngram_rate is not None:
+        return r.legit.repeated_ngram_rate / h.repeated_ngram_rate
+    return None
+
+
+def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: CompareConfig) -> BestChoice:
+    """Apply :data:`BEST_RULE` to the decode-time methods of ``results``."""
+    ref = human.judge if human.judge is not None else human.own
+    limit = ref.nll_per_char if ref is not None else None
+    skipped = [] if limit is not None else ["NLL limit: no human texts to set it"]
+    cands = []
+    for r in (r for r in results if _is_sampler(r.method)):
+        flu = r.judge if human.judge is not None else r.own
+        nll, speed, kept = flu.nll_per_char, r.cost.speed_vs_greedy, _kept(r, human)
+        reasons = []
+        if speed is not None and speed < cfg.min_speed:
+            reasons.append(f"speed {speed:.2f}x greedy < {cfg.min_speed:g}x")
+        if limit is not None and nll is not None and nll > limit:
+            reasons.append(f"NLL {nll:.3f} > human {limit:.3f} nats/char")
+        if kept is not None and kept < cfg.min_kept:
+            reasons.append(f"keeps {kept:.0%} < {cfg.min_kept:.0%} of the legitimate repetition")
+        cands.append(Candidate(r.method.name, r.rates.degenerate_rate, speed, nll, kept, not reasons, reasons))
+    if human.legit is None:
+        skipped.append("legitimate repetition: " + (human.reason or "no human rates"))
+    ok = [c for c in cands if c.acceptable] or cands
+    best = min(ok, key=lambda c: (c.degenerate_rate, c.nll_per_char if c.nll_per_char is not None else 0.0))
+    rule = BEST_RULE.format(min_speed=cfg.min_speed, min_kept=cfg.min_kept)
+    nll_model = "judge" if human.judge is not None else "own model"
+    return BestChoice(best.name, best.acceptable, rule, nll_model, limit, skipped, cands)
+
+
+def _timing(study: LoopStudy, methods: Sequence[Method], ids: list[list[int]], patch: Patch | None,
+            cfg: CompareConfig) -> dict[str, list[float]]:
+    """Seconds to generate one batch per method, rounds interleaved across methods (shared-machine noise)."""
+    batch = ids[: cfg.batch_size]
+    times: dict[str, list[float]] = {m.name: [] for m in methods}
+    for _ in range(cfg.timing_rounds):
+        for m in methods:
+            sampler = study_sampler(m.sampler, study.eos_id)
+            with patched(study.module, patch) if m.patched else nullcontext():
+                t0 = time.perf_counter()
+                generate(study.engine, batch, cfg.max_new_tokens, sampler, seed=cfg.seed)
+                times[m.name].append(time.perf_counter() - t0)
+    return times
+
+
+def _fill_costs(results: Sequence[MethodResult], times: dict[str, list[float]], batch: int, n_new: int) -> None:
+    tps = {k: batch * n_new / statistics.median(v) for k, v in times.items()}
+    base = tps.get(BASELINE)
+    for r in results:
+        c = r.cost
+        c.timing_batch, c.timing_seconds = batch, [round(t, 4) for t in times[r.method.name]]
+        c.tokens_per_s = tps[r.method.name]
+        c.speed_vs_greedy = tps[r.method.name] / base if base else None
+
+
+def _sample_prompts(greedy: MethodResult, k: int) -> list[int]:
+    """Up to ``k`` prompts: the first loop-prone ones (greedy degenerate), and one clean prompt when there is one."""
+    bad = [i for i, d in enumerate(greedy.degenerate) if d]
+    good = [i for i, d in enumerate(greedy.degenerate) if not d]
+    pick = bad[: max(k - 1, 0)] + good[:1] if good else bad[:k]
+    rest = [i for i in range(len(greedy.degenerate)) if i not in pick]
+    return sorted((pick + rest)[:k])
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not available for loop comparisons yet; choose one of {BACKENDS}")
+
+
+def compare_fixes(
+    model: Any,
+    prompts: Sequence[str],
+    cfg: CompareConfig | None = None,
+    *,
+    patch: Patch | None = None,
+    patch_path: str | None = None,
+    judge: Any = None,
+    continuations: Sequence[str | None] | None = None,
+    prompt_source: str = "prompts",
+    backend: str = "genprobe",
+    progress: bool = False,
+    log: Callable[[str], None] = lambda s: None,
+) -> CompareResult:
+    """Run every method on ``prompts`` with a loaded Model (and an optional judge Model); see the module doc."""
+    _check_backend(backend)
+    cfg = cfg or CompareConfig()
+    names = check_methods(cfg.methods, patch is not None)
+    clock = {"start": time.perf_counter()}
+    study = LoopStudy(model, RepairConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+                                          seed=cfg.seed, loop=cfg.loop), progress=progress)
+    ids = study.encode(prompts)
+    human = human_texts(prompts, continuations, cfg.genre)
+    breakers = "".join(POEM_BREAKERS if human.genre == "tang" else TEXT_BREAKERS)
+    methods = build_methods(names, model.tokenizer, _bans(model), human.genre)
+    sha0 = model.state_sha256()
+    log(f"generating {len(prompts)} prompts x {cfg.max_new_tokens} tokens, {len(names)} methods ({human.genre} genre)")
+    scans = {m.name: _scan(study, m, ids, prompts, patch, log) for m in methods}
+    clock["generate"] = time.perf_counter()
+    greedy_recs = scans[BASELINE][0].records
+    classes = [unit_class(r.text or "", r.char_measures, breakers) for r in greedy_recs]
+    cap = int(statistics.median(len(r.text or "") for r in greedy_recs))
+    ref = _human_reference(model, judge, prompts, human, cap, cfg.batch_size)
+    results = [_score(model, judge, prompts, m, *scans[m.name], classes, breakers, cfg) for m in methods]
+    clock["score"] = time.perf_counter()
+    _fill_costs(results, _timing(study, methods, ids, patch, cfg), len(ids[: cfg.batch_size]), cfg.max_new_tokens)
+    clock["timing"] = time.perf_counter()
+    best = choose_best(results, ref, cfg) if any(_is_sampler(r.method) for r in results) else None
+    if EDIT_BEST in names and best is not None:
+        results.append(_run_combined(study, model, judge, prompts, ids, patch, results, best.name, classes,
+                                     breakers, cfg, log))
+        clock["edit+best"] = time.perf_counter()
+    picks = _sample_prompts(results[0], cfg.samples)
+    for r in results:
+        r.samples = [r.texts[i] for i in picks]
+    return CompareResult(
+        str(model.source) if model.source else None, str(judge.source) if judge is not None else None, backend,
+        prompt_source, list(prompts), cfg, study.end_token, _bans(model), breakers, results, ref, best,
+        _patch_check(model, patch, patch_path, sha0), picks,
+        {c: sum(k == c for k in classes) for c in dict.fromkeys(classes)}, _stage_times(clock),
+        _notes(study, human, judge, ref),
+    )
+
+
+def _is_sampler(m: Method) -> bool:
+    """A decode-time method (not the greedy baseline, not an edit row)."""
+    return m.name != BASELINE and not m.patched
+
+
+def _run_combined(study: LoopStudy, model: Any, judge: Any, prompts: Sequence[str], ids: list[list[int]],
+                  patch: Patch, results: list[MethodResult], best: str, classes: Sequence[str], breakers: str,
+                  cfg: CompareConfig, log: Callable[[str], None]) -> MethodResult:
+    """The edit with the best decode-time method: scanned, scored and timed against greedy in its own rounds."""
+    m = edit_with(next(r.method for r in results if r.method.name == best))
+    r = _score(model, judge, prompts, m, *_scan(study, m, ids, prompts, patch, log), classes, breakers, cfg)
+    greedy = results[0]
+    times = _timing(study, [greedy.method, m], ids, patch, cfg)
+    _fill_costs([r], times, len(ids[: cfg.batch_size]), cfg.max_new_tokens)
+    return r
+
+
+def _patch_check(model: Any, patch: Patch | None, path: str | None, sha0: str) -> PatchCheck | None:
+    if patch is None:
+        return None
+    after = model.state_sha256()
+    return PatchCheck(path, patch.meta.get("edit"), sha0, patch.meta.get("sha256_after", ""), after, after == sha0)
+
+
+def _stage_times(clock: dict[str, float]) -> dict[str, float]:
+    keys = list(clock)
+    out = {k: round(clock[k] - clock[p], 2) for p, k in zip(keys, keys[1:], strict=False)}
+    out["total"] = round(time.perf_counter() - clock["start"], 2)
+    return out
+
+
+def _notes(study: LoopStudy, human: HumanTexts, judge: Any, ref: HumanReference) -> list[str]:
+    notes = [study.end_token.note] if study.end_token.note else []
+    if human.reason:
+        notes.append(human.reason)
+    if judge is None:
+        notes.append("no judge model: fluency is measured under the model itself only, which a method can game")
+    elif ref.judge is not None and ref.judge.unk_share > 0:
+        notes.append(f"the judge's tokenizer maps {ref.judge.unk_share:.1%} of the human texts' tokens to <unk>; "
+                     "its NLL counts them as one class")
+    return notes

@@ -1,0 +1,89 @@
+"""Does DRY miss loops whose period spans a sequence breaker? Classify loops by their unit, measure per class.
+
+DRY never extends a repeated match back past the most recent sequence breaker, so a loop whose
+repeating unit *contains* a breaker (a multi-line cycle: 玉樹春風起，金花落日斜。玉樹…) can only be
+penalised over the part of the unit after the last breaker, while a loop inside one line (君不見君
+不見…) is penalised over its whole length. To measure exactly that, every prompt is put in a class by
+the loop the *baseline* (greedy) produced on it:
+
+* ``spans a breaker`` — greedy's tail is periodic (exactly or nearly, in characters) and one period
+  of it holds a breaker character (every window of one period of a periodic text is a rotation of
+  the unit, so "the last period characters" is the unit up to rotation);
+* ``within a line`` — periodic, no breaker in the unit;
+* ``no baseline loop`` — greedy's tail is not periodic (a repetitive-tail-only or clean generation);
+
+and each method's degenerate rate is reported per class (with Wilson intervals). Each method's own
+remaining loops are also split by whether their unit spans a breaker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from ..metrics import LoopMeasures, wilson_interval
+
+SPANS, WITHIN, NO_LOOP = "spans a breaker", "within a line", "no baseline loop"
+CLASSES = (SPANS, WITHIN, NO_LOOP)
+
+
+def loop_unit(text: str, measures: LoopMeasures) -> str | None:
+    """One period of a periodic tail (characters; exact period first, else the near period), or None."""
+    p = measures.any_period
+    return text[-p:] if p else None
+
+
+def unit_class(text: str, measures: LoopMeasures, breakers: str) -> str:
+    """:data:`SPANS`, :data:`WITHIN` or :data:`NO_LOOP` for one generation measured on its characters."""
+    unit = loop_unit(text, measures)
+    if unit is None:
+        return NO_LOOP
+    return SPANS if any(ch in breakers for ch in unit) else WITHIN
+
+
+@dataclass
+class ClassRate:
+    """A method's degenerate rate on the prompts of one baseline-loop class."""
+
+    cls: str
+    n: int
+    degenerate: int
+    rate: float | None
+    ci95: list[float]
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+def class_rates(classes: Sequence[str], degenerate: Sequence[bool]) -> list[ClassRate]:
+    """Degenerate counts and rates per class (every class listed, empty ones with rate None)."""
+    out = []
+    for c in CLASSES:
+        flags = [d for k, d in zip(classes, degenerate, strict=True) if k == c]
+        k = sum(flags)
+        out.append(ClassRate(c, len(flags), k, k / len(flags) if flags else None, list(wilson_interval(k, len(flags)))))
+    return out
+
+
+@dataclass
+class OwnLoops:
+    """A method's own periodic tails (characters), and how many of them have a unit that spans a breaker."""
+
+    loops: int
+    spanning: int
+
+    @property
+    def spanning_share(self) -> float | None:
+        """Share of the loops whose unit holds a breaker."""
+        return self.spanning / self.loops if self.loops else None
+
+    def to_dict(self) -> dict:
+        """Plain dict with the share."""
+        return {"loops": self.loops, "spanning": self.spanning, "spanning_share": self.spanning_share}
+
+
+def own_loops(texts: Sequence[str], measures: Sequence[LoopMeasures], breakers: str) -> OwnLoops:
+    """Count periodic tails and those whose unit holds a breaker."""
+    classes = [unit_class(t, m, breakers) for t, m in zip(texts, measures, strict=True)]
+    return OwnLoops(sum(c != NO_LOOP for c in classes), sum(c == SPANS for c in classes))

@@ -1,0 +1,102 @@
+"""Fluency of generated (or human) continuations: NLL per character under a model, any tokenizer.
+
+Text, not token ids, is scored: the prompt and the continuation are encoded with the scoring
+model's own tokenizer (so a second model with another vocabulary — the *judge* — scores the same
+text), the continuation's tokens are scored given the prompt's, and the sum is divided by the
+continuation's characters, which makes a char model and a BPE model comparable. Rows are
+right-padded: a causal model's logits at real positions never see later padding, so no mask is
+needed and positions are 0, 1, … as in training. A prompt + continuation longer than the model's
+context is cut to the context (the continuation's end is dropped) and counted as truncated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .arch import forward_logits
+from .study import encode_quiet
+
+
+@dataclass(frozen=True)
+class TextScore:
+    """Summed NLL (nats) of one continuation's scored tokens, its scored characters and tokens."""
+
+    nll: float
+    chars: int
+    tokens: int
+    unk: int
+    truncated: bool
+
+
+@dataclass
+class Fluency:
+    """Pooled NLL per character of a set of continuations under one model."""
+
+    model: str
+    nll_per_char: float | None
+    texts: int
+    chars: int
+    unk_share: float  # share of scored tokens that are the scoring tokenizer's unknown token
+    truncated: int
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+def _chars_of(tokenizer: Any, ids: list[int]) -> int:
+    return len(ids) if tokenizer.kind == "char" else len(tokenizer.decode(ids))
+
+
+def _encode_pair(model: Any, prompt: str, cont: str) -> tuple[list[int], list[int], int, bool] | None:
+    """(prompt ids, continuation ids, continuation characters, truncated), or None when nothing can be scored."""
+    tok = model.tokenizer
+    p, c = encode_quiet(tok, prompt), encode_quiet(tok, cont)
+    if not p or not c:
+        return None
+    limit = model.max_positions
+    if limit is None or len(p) + len(c) <= limit:
+        return p, c, len(cont), False
+    c = c[: max(0, limit - len(p))]
+    return (p, c, _chars_of(tok, c), True) if c else None
+
+
+@torch.no_grad()
+def _score_batch(model: Any, rows: list[tuple[list[int], list[int]]]) -> list[float]:
+    width = max(len(p) + len(c) for p, c in rows)
+    ids = torch.full((len(rows), width), model.pad_id, dtype=torch.long)
+    for i, (p, c) in enumerate(rows):
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+    logp = F.log_softmax(forward_logits(model.module, ids)[:, :-1].float(), dim=-1)
+    tok_logp = logp.gather(-1, ids[:, 1:, None])[..., 0]
+    return [-float(tok_logp[i, len(p) - 1 : len(p) + len(c) - 1].sum()) for i, (p, c) in enumerate(rows)]
+
+
+def score_continuations(
+    model: Any, prompts: Sequence[str], continuations: Sequence[str | None], batch_size: int = 64
+) -> list[TextScore | None]:
+    """NLL of each continuation given its prompt under ``model`` (a loaded Model); None where nothing is scored."""
+    pairs = [None if c is None else _encode_pair(model, p, c) for p, c in zip(prompts, continuations, strict=True)]
+    scored = {i: x for i, x in enumerate(pairs) if x is not None}
+    order = sorted(scored, key=lambda i: len(scored[i][0]) + len(scored[i][1]))
+    out: list[TextScore | None] = [None] * len(pairs)
+    unk = model.unk_id
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        nll = _score_batch(model, [(scored[i][0], scored[i][1]) for i in idx])
+        for i, v in zip(idx, nll, strict=True):
+            p, c, chars, cut = scored[i]
+            out[i] = TextScore(v, chars, len(c), sum(1 for t in c if t == unk) if unk is not None else 0, cut)
+    return out
+
+
+def fluency(name: str, scores: Sequence[TextScore | None]) -> Fluency:
+    """Pool text scores: total NLL / total characters."""
+    got = [s for s in scores if s is not None]
+    chars, tokens = sum(s.chars for s in got), sum(s.tokens for s in got)
+    return Fluency(name, sum(s.nll for s in got) / chars if chars else None, len(got), chars,
+                   sum(s.unk for s in got) / tokens if tokens else 0.0, sum(s.truncated for s in got))

@@ -1,0 +1,127 @@
+"""The fixes ``loops compare`` puts side by side: decode-time samplers, the weight edit, and the edit + best sampler.
+
+Every method generates the same number of new tokens after the same prompts with the same bans
+(the end-of-text token, and ``<unk>`` for the char GPT: the "chanting" setting the loop patches are
+made for). Deterministic knobs are put on top of greedy so that each row differs from the baseline
+by that knob only; XTC only acts when sampling, so it is put on top of the ``sample`` row.
+
+========================  =====================================================================
+``greedy``                baseline: argmax
+``sample``                temperature 0.8, top-p 0.95
+``rep-1.1|1.2|1.3``       greedy + CTRL repetition penalty (HF scope: prompt + output)
+``no-repeat-3``           greedy + no_repeat_ngram_size 3 (HF semantics)
+``pres-freq``             greedy + presence 0.5 and frequency 0.5 penalties (OpenAI/vLLM: output only)
+``dry``                   greedy + DRY, llama.cpp defaults (base 1.75, allowed length 2, whole context,
+                          breakers ``\\n : " *``) with multiplier 0.8 (llama.cpp's default 0 is "off";
+                          0.8 is the value the DRY author recommends)
+``dry-lines``             the same DRY with breakers suited to the text: ``，。`` for poems, sentence ends
+                          (``\\n . ! ?``) for other text
+``xtc``                   ``sample`` + XTC (probability 0.5, threshold 0.1)
+``contrastive``           contrastive search, α 0.6, k 4 (HF semantics)
+``edit``                  greedy on the model with the loop patch applied (reverted afterwards)
+``edit+best``             the patch with the best decode-time method (chosen after the others are scored)
+========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..engine.samplers import DEFAULT_BREAKERS, SamplerConfig, tokenizer_breakers
+
+EDIT, EDIT_BEST = "edit", "edit+best"
+BASELINE = "greedy"
+POEM_BREAKERS = ("，", "。")
+TEXT_BREAKERS = ("\n", ".", "!", "?")
+DRY = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2, "dry_last_n": -1}
+SAMPLE = {"temperature": 0.8, "top_p": 0.95}
+
+METHODS: dict[str, str] = {  # name -> label; the default order
+    "greedy": "greedy (baseline)",
+    "sample": "sampling τ 0.8, top-p 0.95",
+    "rep-1.1": "repetition penalty 1.1",
+    "rep-1.2": "repetition penalty 1.2",
+    "rep-1.3": "repetition penalty 1.3",
+    "no-repeat-3": "no-repeat 3-gram",
+    "pres-freq": "presence 0.5 + frequency 0.5",
+    "dry": "DRY 0.8, default breakers",
+    "dry-lines": "DRY 0.8, line breakers",
+    "xtc": "sampling + XTC 0.5/0.1",
+    "contrastive": "contrastive search α 0.6, k 4",
+    EDIT: "weight edit (greedy)",
+    EDIT_BEST: "weight edit + best sampler",
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of the comparison: a name, its exact sampler (bans included) and whether the patch is applied."""
+
+    name: str
+    label: str
+    sampler: SamplerConfig
+    patched: bool = False
+
+    def to_dict(self) -> dict:
+        """Name, label, patched flag and the exact SamplerConfig."""
+        return {"name": self.name, "label": self.label, "patched": self.patched, "sampler": self.sampler.to_dict()}
+
+
+def check_methods(names: Sequence[str] | None, have_patch: bool) -> list[str]:
+    """Validated method names, the greedy baseline first; the edit rows need a patch.
+
+    ``None`` = every method (the two edit rows only when there is a patch).
+    """
+    if names is None:
+        names = [n for n in METHODS if have_patch or n not in (EDIT, EDIT_BEST)]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    dupes = sorted({n for n in names if list(names).count(n) > 1})
+    if dupes:
+        raise ValueError(f"method(s) listed twice: {dupes}")
+    if not have_patch and (EDIT in names or EDIT_BEST in names):
+        raise ValueError(f"methods {EDIT!r} and {EDIT_BEST!r} need a loop patch (from `loops repair`); none was given")
+    if EDIT_BEST in names and not [n for n in names if n not in (BASELINE, EDIT, EDIT_BEST)]:
+        raise ValueError(f"{EDIT_BEST!r} needs at least one decode-time method to choose the best from "
+                         f"(e.g. {', '.join(n for n in METHODS if n not in (BASELINE, EDIT, EDIT_BEST))})")
+    return [BASELINE] + [n for n in names if n != BASELINE]
+
+
+def _builders(breakers: Callable[[Sequence[str]], tuple], genre: str) -> dict[str, Callable[[], dict]]:
+    lines = POEM_BREAKERS if genre == "tang" else TEXT_BREAKERS
+    return {
+        "greedy": lambda: {"greedy": True},
+        "sample": lambda: dict(SAMPLE),
+        "rep-1.1": lambda: {"greedy": True, "repetition_penalty": 1.1},
+        "rep-1.2": lambda: {"greedy": True, "repetition_penalty": 1.2},
+        "rep-1.3": lambda: {"greedy": True, "repetition_penalty": 1.3},
+        "no-repeat-3": lambda: {"greedy": True, "no_repeat_ngram": 3},
+        "pres-freq": lambda: {"greedy": True, "presence_penalty": 0.5, "frequency_penalty": 0.5},
+        "dry": lambda: {"greedy": True, **DRY, "dry_sequence_breakers": breakers(DEFAULT_BREAKERS)},
+        "dry-lines": lambda: {"greedy": True, **DRY, "dry_sequence_breakers": breakers(lines)},
+        "xtc": lambda: {**SAMPLE, "xtc_probability": 0.5, "xtc_threshold": 0.1},
+        "contrastive": lambda: {"penalty_alpha": 0.6, "top_k": 4},
+        EDIT: lambda: {"greedy": True},
+    }
+
+
+def build_methods(names: Sequence[str], tokenizer: Any, ban_ids: Sequence[int], genre: str) -> list[Method]:
+    """The :class:`Method` of every name except ``edit+best`` (built by :func:`edit_with`)."""
+    cache: dict[tuple, tuple] = {}
+
+    def breakers(strings: Sequence[str]) -> tuple:
+        key = tuple(strings)
+        if key not in cache:
+            cache[key] = tokenizer_breakers(tokenizer, list(strings))
+        return cache[key]
+
+    build = _builders(breakers, genre)
+    return [Method(n, METHODS[n], SamplerConfig(**build[n](), ban_ids=tuple(ban_ids)), patched=n == EDIT)
+            for n in names if n != EDIT_BEST]
+
+
+def edit_with(best: Method) -> Method:
+    """The weight edit combined with ``best``'s sampler."""
+    return Method(EDIT_BEST, f"weight edit + {best.name}", best.sampler, patched=True)

@@ -1,0 +1,187 @@
+"""The comparison as one table (Markdown, also printed), one figure (PNG) and one HTML page (Jinja2).
+
+Everything here reads the typed :class:`~genprobe.loops.compare.CompareResult`; nothing is measured.
+The page comes from ``templates/compare.html.j2`` rendered in the shared environment of
+:mod:`genprobe.report.templates` (autoescaping on, strict undefined).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from .._io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..report.templates import environment
+from .compare import CompareResult, MethodResult
+from .compare_breakers import CLASSES
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+def _ci(rate: float, ci: list[float] | None) -> str:
+    return f"{_pct(rate)} [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]" if ci else _pct(rate)
+
+
+def _legit_cols(genre: str, ascii_only: bool = False) -> list[tuple[str, str]]:
+    if genre == "tang":  # the figure's font has no CJK glyphs
+        return [("reduplication /100" if ascii_only else "疊字 /100", "reduplication_per100"),
+                ("parallels /100", "parallel_per100"), ("stutter /100", "stutter_per100")]
+    return [("repeated 4-grams", "repeated_ngram_rate")]
+
+
+def headers(result: CompareResult) -> list[str]:
+    """Column names of the comparison table."""
+    legit = [name for name, _ in _legit_cols(result.human.genre)]
+    return ["method", "degenerate [95% CI]", "exact (short / long)", "near", "repetitive tail", "distinct-2",
+            "longest repeat", "tail compr.", "seq-rep-4", *legit, "NLL own", "NLL judge", "speed × greedy"]
+
+
+def method_row(r: MethodResult, genre: str) -> list[str]:
+    """One method's cells (token-level loop measures; legit rates over all its generations)."""
+    s = r.rates
+    legit = [_num(getattr(r.legit, k), "{:.2f}" if k.endswith("100") else "{:.3f}") for _, k in _legit_cols(genre)]
+    return [r.method.name, _ci(s.degenerate_rate, s.degenerate_rate_ci95),
+            f"{_pct(s.loop_rate)} ({_pct(s.short_loop_rate)} / {_pct(s.long_loop_rate)})", _pct(s.near_loop_rate),
+            _pct(s.repetitive_rate), f"{s.mean_distinct_2:.3f}", f"{s.mean_longest_repeat:.1f}",
+            f"{s.mean_tail_compression:.2f}", f"{s.mean_seq_rep_4:.3f}", *legit,
+            _num(r.own.nll_per_char, "{:.3f}"), _num(r.judge.nll_per_char if r.judge else None, "{:.3f}"),
+            _num(r.cost.speed_vs_greedy, "{:.2f}×")]
+
+
+def human_row(result: CompareResult) -> list[str]:
+    """The human texts' row: legit rates and NLL; loop cells empty."""
+    h = result.human
+    genre = h.genre
+    legit = [_num(getattr(h.legit, k) if h.legit else None, "{:.2f}" if k.endswith("100") else "{:.3f}")
+             for _, k in _legit_cols(genre)]
+    return [f"human (n = {h.n})", *["—"] * 8, *legit, _num(h.own.nll_per_char if h.own else None, "{:.3f}"),
+            _num(h.judge.nll_per_char if h.judge else None, "{:.3f}"), "—"]
+
+
+def rows(result: CompareResult) -> list[list[str]]:
+    """Every method's row, then the human row."""
+    return [method_row(r, result.human.genre) for r in result.methods] + [human_row(result)]
+
+
+def markdown_table(result: CompareResult) -> str:
+    """The comparison table in Markdown."""
+    hs = headers(result)
+    lines = ["| " + " | ".join(hs) + " |", "|" + "---|" * len(hs)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(result)]
+    return "\n".join(lines)
+
+
+def breaker_rows(result: CompareResult) -> list[list[str]]:
+    """Per method: degenerate rate on the prompts of each baseline-loop class, and its own loops spanning a breaker."""
+    out = []
+    for r in result.methods:
+        cells = [f"{_pct(c.rate)} ({c.degenerate}/{c.n})" for c in r.classes]
+        own = r.own_loops
+        out.append([r.method.name, *cells, f"{own.spanning}/{own.loops} ({_pct(own.spanning_share)})"])
+    return out
+
+
+def breaker_table(result: CompareResult) -> str:
+    """The DRY / sequence-breaker table in Markdown."""
+    hs = ["method", *[f"degenerate on '{c}' prompts" for c in CLASSES], "own loops whose unit spans a breaker"]
+    lines = ["| " + " | ".join(hs) + " |", "|" + "---|" * len(hs)]
+    lines += ["| " + " | ".join(r) + " |" for r in breaker_rows(result)]
+    return "\n".join(lines)
+
+
+# ---- figure ---------------------------------------------------------------------------------
+def figure(result: CompareResult) -> bytes:
+    """PNG: degenerate rate per method (CI bars, exact rate dots); degenerate vs judge NLL; legit repetition."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    _rates_panel(axes[0], result)
+    _nll_panel(axes[1], result)
+    _legit_panel(axes[2], result)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _rates_panel(ax: Any, result: CompareResult) -> None:
+    names = [r.method.name for r in result.methods]
+    deg = [r.rates.degenerate_rate for r in result.methods]
+    lo = [d - r.rates.degenerate_rate_ci95[0] for d, r in zip(deg, result.methods, strict=True)]
+    hi = [r.rates.degenerate_rate_ci95[1] - d for d, r in zip(deg, result.methods, strict=True)]
+    xs = range(len(names))
+    ax.bar(xs, deg, yerr=[lo, hi], color=["#c55" if r.method.patched else "#4a7" for r in result.methods],
+           capsize=2, label="degenerate (95% CI)")
+    ax.plot(xs, [r.rates.loop_rate for r in result.methods], "k.", label="exact loop")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("share of generations")
+    ax.set_title("loops (red: weight edit)")
+    ax.legend(fontsize=7)
+
+
+def _nll_panel(ax: Any, result: CompareResult) -> None:
+    use_judge = result.judge is not None
+    for r in result.methods:
+        f = r.judge if use_judge else r.own
+        if f is not None and f.nll_per_char is not None:
+            ax.plot(f.nll_per_char, r.rates.degenerate_rate, "o", color="#c55" if r.method.patched else "#4a7")
+            ax.annotate(r.method.name, (f.nll_per_char, r.rates.degenerate_rate), fontsize=7)
+    h = result.human.judge if use_judge else result.human.own
+    if h is not None and h.nll_per_char is not None:
+        ax.axvline(h.nll_per_char, color="#888", lw=1, ls="--", label="human texts")
+        ax.legend(fontsize=7)
+    ax.set_xlabel(f"NLL per character under the {'judge' if use_judge else 'model itself'} (nats)")
+    ax.set_ylabel("degenerate rate")
+    ax.set_title("loops vs fluency")
+
+
+def _legit_panel(ax: Any, result: CompareResult) -> None:
+    cols = _legit_cols(result.human.genre, ascii_only=True)[:2]
+    names = [r.method.name for r in result.methods]
+    width = 0.8 / len(cols)
+    for j, (label, key) in enumerate(cols):
+        vals = [getattr(r.legit, key) or 0.0 for r in result.methods]
+        ax.bar([i + j * width for i in range(len(names))], vals, width, label=label)
+        h = getattr(result.human.legit, key) if result.human.legit else None
+        if h is not None:
+            ax.axhline(h, color=f"C{j}", lw=1, ls="--", label=f"{label}, human")
+    ax.set_xticks([i + width * (len(cols) - 1) / 2 for i in range(len(names))])
+    ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
+    ax.set_title("legitimate repetition kept (dashed: human)")
+    ax.legend(fontsize=7)
+
+
+# ---- HTML and files -------------------------------------------------------------------------
+def render_html(result: CompareResult, png: bytes) -> str:
+    """Self-contained HTML page (figure inlined)."""
+    return environment("genprobe.loops").get_template("compare.html.j2").render(
+        r=result, headers=headers(result), rows=rows(result), classes=CLASSES, breaker_rows=breaker_rows(result),
+        sample_prompts=[result.prompts[i] for i in result.sample_prompts], image=png, pct=_pct, num=_num,
+    )
+
+
+def write_outputs(result: CompareResult, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write compare.json, compare-texts.json, compare.md, compare.png and compare.html atomically."""
+    out = Path(out_dir)
+    png = figure(result)
+    files = {"json": out / "compare.json", "texts": out / "compare-texts.json", "table": out / "compare.md",
+             "png": out / "compare.png", "html": out / "compare.html"}
+    atomic_write_json(files["json"], result.to_dict())
+    atomic_write_json(files["texts"], result.texts_dict(), indent=None)
+    atomic_write_text(files["table"], markdown_table(result) + "\n\n" + breaker_table(result) + "\n")
+    atomic_write_bytes(files["png"], png)
+    atomic_write_text(files["html"], render_html(result, png))
+    return files
