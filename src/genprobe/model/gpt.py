@@ -259,7 +259,9 @@ class GPT(nn.Module):
             else:
                 visible = self._visibility(positions, k_pos, k_valid, None, None, queries_real=valid is None)
         else:
-            visible = self._visibility(positions, positions, valid, document_ids, document_ids, queries_real=valid is None)
+            visible = self._visibility(
+                positions, positions, valid, document_ids, document_ids, queries_real=valid is None
+            )
             k_pos = positions
         # The (B,1,Tq,Tk) mask is built once per forward and shared by all layers.
         mask = None if visible is None else visible[:, None, :, :]
@@ -267,7 +269,8 @@ class GPT(nn.Module):
             dist = (positions[:, None, :, None] - k_pos[:, None, None, :]).to(torch.float32)
             alibi = -self.alibi_slopes.view(1, -1, 1, 1) * dist.clamp(min=0)
             dtype = self.wte.weight.dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, float("-inf")) + alibi.to(dtype)
+            blocked = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, float("-inf"))
+            mask = blocked + alibi.to(dtype)
         x = self.wte(ids)
         if self.wpe is not None:
             x = x + self.wpe(positions)
@@ -293,7 +296,9 @@ def default_positions(
     return torch.arange(T, device=device).expand(B, T)
 
 
-def masked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+def masked_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Mean next-token cross-entropy over real positions only: Σ mask·CE / Σ mask (seed Eq. 3.4)."""
     ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
     if loss_mask is None:
