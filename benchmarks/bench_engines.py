@@ -10,7 +10,7 @@ optional); the benchmark then prints the reason and carries on without it.
   with ``compile=True``, recomputation without a cache);
 - ``hf``: ``transformers`` ``GPT2LMHeadModel.generate`` (SDPA attention) on the exported weights;
 - ``ct2``: CTranslate2's ``Generator`` on the same export converted by its ``TransformersConverter``
-  (float32, ``intra_threads`` = torch's thread count);
+  (float32, ``intra_threads`` = torch's thread count); ``ct2-1t``: the same with one thread;
 - ``vllm``: a slot for vLLM's offline ``LLM`` (skipped unless ``import vllm`` works).
 """
 
@@ -51,7 +51,7 @@ class Bundle:
     source: str
     _hf: Any = None
     _tmp: Path | None = None
-    _ct2: Any = None
+    _ct2: dict[int, Any] = field(default_factory=dict)  # CTranslate2 generators by intra_threads
     _ct2_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -123,34 +123,38 @@ def hf_engine(b: Bundle, prompts: Tokens, n: int) -> Engine:
 # ---- CTranslate2 ------------------------------------------------------------------------------------
 def ct2_generator(b: Bundle, threads: int):
     """CTranslate2 ``Generator`` for the model, converting the export on first use (float32)."""
-    if b._ct2 is not None:
-        return b._ct2
+    if threads in b._ct2:
+        return b._ct2[threads]
     try:
         import ctranslate2
         from ctranslate2.converters import TransformersConverter
     except ImportError as exc:
         raise EngineUnavailable(f"ctranslate2 is not installed ({exc}); pip install 'genprobe[bench]'") from exc
     out = b.tmpdir() / "ct2"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        TransformersConverter(str(b.hf_dir())).convert(str(out), quantization="float32", force=True)
-    # The converter leaves these null for our export: CTranslate2 then falls back to its own layer-norm
-    # epsilon (not GPT-2's 1e-5) and has no start/end token. The end token is never generated here
-    # (end_token=[] below); what matters is that the file names one.
-    cfg_path = out / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    end = b.tokenizer.itos[0]
-    cfg.update(bos_token=end, eos_token=end, layer_norm_epsilon=b.model.cfg.layer_norm_eps)
-    cfg_path.write_text(json.dumps(cfg))
-    b._ct2 = ctranslate2.Generator(
+    if not b._ct2:  # converted once; each thread count loads the same files
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            TransformersConverter(str(b.hf_dir())).convert(str(out), quantization="float32", force=True)
+        # The converter leaves these null for our export: CTranslate2 then falls back to its own layer-norm
+        # epsilon (not GPT-2's 1e-5) and has no start/end token. The end token is never generated here
+        # (end_token=[] below); what matters is that the file names one.
+        cfg_path = out / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        end = b.tokenizer.itos[0]
+        cfg.update(bos_token=end, eos_token=end, layer_norm_epsilon=b.model.cfg.layer_norm_eps)
+        cfg_path.write_text(json.dumps(cfg))
+    b._ct2[threads] = ctranslate2.Generator(
         str(out), device="cpu", compute_type="float32", intra_threads=threads, inter_threads=1
     )
-    return b._ct2
+    return b._ct2[threads]
 
 
-def ct2_engine(b: Bundle, prompts: Tokens, n: int) -> Engine:
-    """CTranslate2 greedy ``generate_batch`` for exactly ``n`` new tokens, prompt forwarded at once."""
-    gen = ct2_generator(b, torch.get_num_threads())
+def ct2_engine(b: Bundle, prompts: Tokens, n: int, threads: int | None = None) -> Engine:
+    """CTranslate2 greedy ``generate_batch`` for exactly ``n`` new tokens, prompt forwarded at once.
+
+    ``threads`` (CTranslate2's ``intra_threads``) defaults to torch's thread count.
+    """
+    gen = ct2_generator(b, threads or torch.get_num_threads())
     start = [[b.tokenizer.itos[i] for i in p] for p in prompts]
 
     def run(k: int = n) -> Tokens:
@@ -197,6 +201,9 @@ FACTORIES: dict[str, Callable[[Bundle, Tokens, int], Engine]] = {
     "naive": ours("naive"),
     "hf": hf_engine,
     "ct2": ct2_engine,
+    # One thread: a small model's step at low batch is faster without a fork/join per operator (our compiled
+    # loop makes the same choice, genprobe.engine.compiled.compile_config), so CTranslate2 gets it too.
+    "ct2-1t": lambda b, prompts, n: ct2_engine(b, prompts, n, threads=1),
     "vllm": vllm_engine,
 }
 

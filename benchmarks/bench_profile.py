@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=50)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--engines", nargs="+", default=["cached", "compiled", "ct2"])
+    ap.add_argument("--engines", nargs="+", default=["cached", "compiled", "ct2", "ct2-1t"])
     ap.add_argument("--out", type=Path, default=None, help="write profile-<model>-b<batch>.json here")
     args = ap.parse_args(argv)
     if args.threads:

@@ -41,7 +41,7 @@ from bench_stats import Series, interleaved, load_average, peak_rss_during, rss_
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "白日依山盡，黃"  # 7 characters, all in the default vocabulary
-ENGINES = ("cached", "compiled", "naive", "hf", "ct2", "vllm")
+ENGINES = ("cached", "compiled", "naive", "hf", "ct2", "ct2-1t", "vllm")
 OURS = "compiled"  # our fast path: the engine the ratios are about
 
 
@@ -103,7 +103,7 @@ class Row:
         out = {}
         if OURS not in self.series:
             return out
-        for other in ("ct2", "hf", "cached", "vllm", "naive"):
+        for other in ("ct2", "ct2-1t", "hf", "cached", "vllm", "naive"):
             if other in self.series:
                 out[f"{OURS}/{other}"] = self.series[other].median / self.series[OURS].median
                 out[f"{OURS}/{other}_min"] = self.series[other].best / self.series[OURS].best
@@ -196,14 +196,14 @@ def format_row(row: Row, n: int) -> str:
 def markdown_table(rows: list[Row], n: int) -> str:
     """The speed table: tokens/s (median) per engine and batch, ratios of our fast path."""
     names = [k for k in ENGINES if any(k in r.series for r in rows)]
-    tail = f" | {OURS}/ct2 | {OURS}/hf | TTFT {OURS} / ct2 / hf (ms) | agree | busy |"
+    tail = f" | {OURS}/ct2 | {OURS}/ct2-1t | {OURS}/hf | TTFT {OURS} / ct2 / hf (ms) | agree | busy |"
     head = "| batch | " + " | ".join(names) + tail
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         tps, rat = r.tokens_per_s(n), r.ratios(n)
         cells = [f"{tps[k]:,.0f}" if k in tps else "–" for k in names]
         ttft = " / ".join(f"{1e3 * r.ttft[k].median:.2f}" if k in r.ttft else "–" for k in (OURS, "ct2", "hf"))
-        ratio = [f"{rat[f'{OURS}/{o}']:.2f}x" if f"{OURS}/{o}" in rat else "–" for o in ("ct2", "hf")]
+        ratio = [f"{rat[f'{OURS}/{o}']:.2f}x" if f"{OURS}/{o}" in rat else "–" for o in ("ct2", "ct2-1t", "hf")]
         busy = ",".join(k for k, s in r.series.items() if s.busy) or "no"
         agree = all(r.agree_with_cached.values())
         out.append(f"| {r.batch} | " + " | ".join(cells) + f" | {' | '.join(ratio)} | {ttft} | {agree} | {busy} |")

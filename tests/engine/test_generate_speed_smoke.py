@@ -39,7 +39,7 @@ def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
     d = json.loads(cap.out)
     assert [r["batch"] for r in d["rows"]] == [1, 3]
     ct2 = importlib.util.find_spec("ctranslate2") is not None
-    expected = {"cached", "compiled", "naive", "hf"} | ({"ct2"} if ct2 else set())
+    expected = {"cached", "compiled", "naive", "hf"} | ({"ct2", "ct2-1t"} if ct2 else set())
     for r in d["rows"]:
         assert set(r["tokens_per_s"]) == expected and all(v > 0 for v in r["tokens_per_s"].values())
         assert r["all_agree"] is True and set(r["greedy_tokens_agree"]) == expected
