@@ -20,6 +20,12 @@ for every engine, as a table, JSON and a PNG plot in ``--out``.
     python benchmarks/generate_speed.py --model default --scaling --out out/bench
 
 Run it on a quiet machine: every row prints the 1-minute load average it was measured under.
+
+CTranslate2 and torch each bring their own OpenMP runtime. In one process, the threads one runtime
+leaves spinning after its parallel regions take cores from the other's (measured on a quiet 2-core
+machine: our compiled path 2–4x slower at batch 16/64 with CTranslate2 loaded beside it). For figures
+to quote, time the two families in separate processes: ``--engines cached compiled hf`` and
+``--engines ct2 ct2-1t`` (token agreement is then checked within each run only).
 """
 
 from __future__ import annotations
