@@ -1,170 +1,288 @@
-"""Greedy generation speed: our cached engine (eager and compiled) vs our naive loop vs HF ``generate``.
+"""Greedy generation speed of our engine against transformers, CTranslate2 (and vLLM when installed).
 
-Same weights everywhere: the checkpoint (``--ckpt``, default ``out/case/model`` if present, else a
-random default-config GPT) is exported with ``to_hf_gpt2`` to a ``GPT2LMHeadModel``. For each batch
-size, 50 new tokens after a 7-token prompt, repetitions interleaved (cached, compiled, naive, hf,
-cached, ...) so machine noise hits all four alike; "compiled" is the same cached engine with its decode
-step through ``torch.compile`` (``generate(..., compile=True)``), its one-off compilation excluded from
-the timings and printed separately; the median is reported, by wall time and by this process's CPU
-time (on a shared, oversubscribed machine the CPU-time ratio is the steadier one). Also checks that the
-four produce the same greedy tokens. Trains nothing.
+Same float32 weights everywhere: ``--model default`` is the checkpoint (``--ckpt``, default
+``out/case/model`` if present, else a random default-config GPT, 427k parameters); ``--model 58m`` is
+a random GPT-2-layout model of 57.8M parameters (8 layers, d_model 768, 12 heads, vocabulary 1,202,
+context 160: the case study's ``cache_scaling`` model). Engines (see ``bench_engines.py``): ``cached``
+(our eager KV-cache engine), ``compiled`` (the same with ``compile=True``), ``naive`` (no cache),
+``hf`` (``transformers`` ``generate``), ``ct2`` (CTranslate2, converted automatically into a temp
+dir) and ``vllm`` (skipped unless ``import vllm`` works). For each batch size: ``--new-tokens`` greedy
+tokens after a 7-token prompt, repetitions interleaved with the order rotated (see ``bench_stats.py``),
+median and min reported, rows flagged when the spread shows the machine was busy. Also per engine: the
+time to first token (a one-token generation: prefill + first step), memory (peak RSS above the
+starting RSS during one generation; RSS added by building and warming the engine), and whether its
+greedy tokens equal our eager engine's. One-off compilation/conversion is excluded from timings and
+printed separately. ``--scaling`` adds tokens/s vs batch size and decode tokens/s vs context length
+for every engine, as a table, JSON and a PNG plot in ``--out``.
 
-    python benchmarks/generate_speed.py [--ckpt DIR] [--batch 1 16 64] [--reps 3] [--threads N] [--json]
+    python benchmarks/generate_speed.py --model default --batch 1 16 64 --reps 5 --threads 2
+    python benchmarks/generate_speed.py --model 58m --batch 1 16 64 --reps 5 --threads 2
+    python benchmarks/generate_speed.py --model default --scaling --out out/bench
 
-On a busy machine pass ``--threads 1``: with more OpenMP threads than free cores every tiny op can wait a
-whole scheduler slice, which swamps what is being measured.
+Run it on a quiet machine: every row prints the 1-minute load average it was measured under.
+
+CTranslate2 and torch each bring their own OpenMP runtime. In one process, the threads one runtime
+leaves spinning after its parallel regions take cores from the other's (measured on a quiet 2-core
+machine: our compiled path 2–4x slower at batch 16/64 with CTranslate2 loaded beside it). For figures
+to quote, time the two families in separate processes: ``--engines cached compiled hf`` and
+``--engines ct2 ct2-1t`` (token agreement is then checked within each run only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this script
+
+from bench_engines import Bundle, EngineUnavailable, make_engine  # noqa: E402
+from bench_stats import Series, interleaved, load_average, peak_rss_during, rss_bytes  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "白日依山盡，黃"  # 7 characters, all in the default vocabulary
+ENGINES = ("cached", "compiled", "naive", "hf", "ct2", "ct2-1t", "vllm")
+OURS = "compiled"  # our fast path: the engine the ratios are about
 
 
-def load_model(ckpt: str | None):
-    """(GPT, prompt ids, description) from a checkpoint dir, or a random default-config GPT."""
+def load_bundle(which: str, ckpt: str | None) -> tuple[Bundle, list[int]]:
+    """(model bundle, prompt ids) for ``--model default`` (checkpoint or random) or ``--model 58m``."""
+    from genprobe.corpus import CharTokenizer
     from genprobe.model import GPT, GPTConfig
     from genprobe.model.checkpoint import is_checkpoint, load_checkpoint
 
-    path = Path(ckpt) if ckpt else REPO / "out" / "case" / "model"
-    if is_checkpoint(path):
-        model, tok, _ = load_checkpoint(path)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ids = tok.encode(PROMPT)
-        return model.eval(), ids, str(path)
-    if ckpt:
-        raise SystemExit(f"not a genprobe checkpoint: {ckpt}")
+    if which == "default":
+        path = Path(ckpt) if ckpt else REPO / "out" / "case" / "model"
+        if is_checkpoint(path):
+            model, tok, _ = load_checkpoint(path)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ids = tok.encode(PROMPT)
+            return Bundle(model.eval(), tok, str(path)), ids
+        if ckpt:
+            raise SystemExit(f"not a genprobe checkpoint: {ckpt}")
+        cfg, source = GPTConfig(), "random default-config GPT"
+    elif which == "58m":
+        from genprobe.experiments.timing import scaling_config
+
+        cfg, source = scaling_config(), "random 8x768 GPT-2-layout model (case study cache_scaling)"
+    else:
+        raise SystemExit(f"--model must be default or 58m, got {which!r}")
     torch.manual_seed(0)
-    model = GPT(GPTConfig()).eval()
-    return model, [(7 * i + 3) % model.cfg.vocab_size for i in range(len(PROMPT))], "random default-config GPT"
+    model = GPT(cfg).eval()
+    tok = CharTokenizer([chr(0x4E00 + i) for i in range(cfg.vocab_size - 2)])  # ids only: any 1-char tokens
+    return Bundle(model, tok, source), [(7 * i + 3) % cfg.vocab_size for i in range(len(PROMPT))]
 
 
-def hf_generate_fn(hf, ids: torch.Tensor, new_tokens: int):
-    """A closure running HF ``generate`` greedily for exactly ``new_tokens`` tokens."""
-    mask = torch.ones_like(ids)
+def load_model(ckpt: str | None):
+    """(GPT, prompt ids, description) of ``--model default``: what ``sampler_overhead.py`` benchmarks too."""
+    bundle, ids = load_bundle("default", ckpt)
+    return bundle.model, ids, bundle.source
 
-    def run() -> list[list[int]]:
-        with torch.inference_mode():
-            out = hf.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                pad_token_id=0,
-                eos_token_id=None,
-                num_beams=1,
-            )
-        return out[:, ids.shape[1] :].tolist()
 
-    return run
+@dataclass
+class Row:
+    """One batch size: per-engine timings, time to first token, memory and token agreement."""
+
+    batch: int
+    load_before: float | None
+    load_after: float | None
+    series: dict[str, Series]
+    ttft: dict[str, Series]
+    setup_seconds: dict[str, float]
+    memory_mb: dict[str, dict[str, float]]
+    agree_with_cached: dict[str, bool]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def tokens_per_s(self, n: int, stat: str = "median") -> dict[str, float]:
+        """Tokens/s per engine from the median (or ``"min"``) wall time."""
+        return {k: self.batch * n / (s.median if stat == "median" else s.best) for k, s in self.series.items()}
+
+    def ratios(self, n: int) -> dict[str, float]:
+        """Our fast path over each other engine (>1: ours faster), from median and from min times."""
+        out = {}
+        if OURS not in self.series:
+            return out
+        for other in ("ct2", "ct2-1t", "hf", "cached", "vllm", "naive"):
+            if other in self.series:
+                out[f"{OURS}/{other}"] = self.series[other].median / self.series[OURS].median
+                out[f"{OURS}/{other}_min"] = self.series[other].best / self.series[OURS].best
+        return out
+
+    def to_dict(self, n: int) -> dict:
+        """Plain-JSON form."""
+        return {
+            "batch": self.batch,
+            "load_average": [self.load_before, self.load_after],
+            "tokens_per_s": self.tokens_per_s(n),
+            "tokens_per_s_min_time": self.tokens_per_s(n, "min"),
+            "ratios": self.ratios(n),
+            "ttft_ms": {k: 1e3 * s.median for k, s in self.ttft.items()},
+            "setup_seconds": self.setup_seconds,
+            "memory_mb": self.memory_mb,
+            "greedy_tokens_agree": self.agree_with_cached,
+            "all_agree": all(self.agree_with_cached.values()),
+            "busy": sorted(k for k, s in self.series.items() if s.busy),
+            "series": {k: s.to_dict() for k, s in self.series.items()},
+            "skipped": self.skipped,
+        }
+
+
+def build_engines(bundle: Bundle, names: list[str], prompts: list[list[int]], n: int, skipped: dict[str, str]):
+    """Engines that can run here (warmed up once), with setup seconds and RSS added by building them."""
+    engines, setup, mem = {}, {}, {}
+    for name in names:
+        before = rss_bytes()
+        try:
+            t0 = time.perf_counter()
+            e = make_engine(name, bundle, prompts, n)
+            e.run()  # warm-up: allocator, first-call setup, compilation, conversion
+            e.first_token()
+        except EngineUnavailable as exc:
+            skipped[name] = str(exc)
+            continue
+        setup[name] = time.perf_counter() - t0
+        mem[name] = {"setup_rss_mb": (rss_bytes() - before) / 2**20}
+        engines[name] = e
+    return engines, setup, mem
+
+
+def measure_row(
+    bundle: Bundle, names: list[str], prompt: list[int], batch: int, n: int, reps: int, memory: bool
+) -> Row:
+    """Time every engine on ``batch`` copies of ``prompt``: interleaved repetitions, TTFT, memory, agreement."""
+    prompts = [list(prompt)] * batch
+    skipped: dict[str, str] = {}
+    engines, setup, mem = build_engines(bundle, names, prompts, n, skipped)
+    load_before = load_average()
+    series, outputs = interleaved({k: e.run for k, e in engines.items()}, reps)
+    ttft, _ = interleaved({k: e.first_token for k, e in engines.items()}, reps)
+    load_after = load_average()
+    if memory:
+        for k, e in engines.items():
+            peak, _ = peak_rss_during(e.run)
+            mem[k]["run_peak_rss_mb"] = peak / 2**20
+    ref = outputs.get("cached")
+    agree = {
+        k: (ref is None or v == ref) and len(v) == batch and all(len(r) == n for r in v) for k, v in outputs.items()
+    }
+    return Row(batch, load_before, load_after, series, ttft, setup, mem, agree, skipped)
+
+
+def format_row(row: Row, n: int) -> str:
+    """One printed line per engine plus the ratios, for a terminal."""
+    tps, tmin = row.tokens_per_s(n), row.tokens_per_s(n, "min")
+    load = f" (load {row.load_before:.1f} -> {row.load_after:.1f})" if row.load_before is not None else ""
+    lines = [f"batch {row.batch}{load}"]
+    for k in row.series:
+        s = row.series[k]
+        mem = row.memory_mb.get(k, {})
+        lines.append(
+            f"  {k:9s} {tps[k]:10,.0f} tok/s (best {tmin[k]:10,.0f}) spread {100 * s.spread:5.1f}%"
+            f"{' BUSY' if s.busy else '     '} | TTFT {1e3 * row.ttft[k].median:8.2f} ms"
+            f" | run peak +{mem.get('run_peak_rss_mb', float('nan')):7.1f} MB"
+            f", setup +{mem.get('setup_rss_mb', 0):7.1f} MB"
+            f" ({row.setup_seconds[k]:.1f} s) | tokens agree: {row.agree_with_cached[k]}"
+        )
+    for k, why in row.skipped.items():
+        lines.append(f"  {k:9s} skipped: {why}")
+    r = row.ratios(n)
+    if r:
+        lines.append("  ratios (median; min-time in brackets): " + ", ".join(
+            f"{k} {v:.2f}x [{r[k + '_min']:.2f}x]" for k, v in r.items() if not k.endswith("_min")))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[Row], n: int) -> str:
+    """The speed table: tokens/s (median) per engine and batch, ratios of our fast path."""
+    names = [k for k in ENGINES if any(k in r.series for r in rows)]
+    tail = f" | {OURS}/ct2 | {OURS}/ct2-1t | {OURS}/hf | TTFT {OURS} / ct2 / hf (ms) | agree | busy |"
+    head = "| batch | " + " | ".join(names) + tail
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        tps, rat = r.tokens_per_s(n), r.ratios(n)
+        cells = [f"{tps[k]:,.0f}" if k in tps else "–" for k in names]
+        ttft = " / ".join(f"{1e3 * r.ttft[k].median:.2f}" if k in r.ttft else "–" for k in (OURS, "ct2", "hf"))
+        ratio = [f"{rat[f'{OURS}/{o}']:.2f}x" if f"{OURS}/{o}" in rat else "–" for o in ("ct2", "ct2-1t", "hf")]
+        busy = ",".join(k for k, s in r.series.items() if s.busy) or "no"
+        agree = all(r.agree_with_cached.values())
+        out.append(f"| {r.batch} | " + " | ".join(cells) + f" | {' | '.join(ratio)} | {ttft} | {agree} | {busy} |")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ckpt", default=None, help="genprobe checkpoint dir (default out/case/model if present)")
+    ap.add_argument("--model", default="default", choices=["default", "58m"],
+                    help="which model (default: the checkpoint)")
+    ap.add_argument("--ckpt", default=None,
+                    help="genprobe checkpoint dir for --model default (default out/case/model if present)")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--new-tokens", type=int, default=50)
-    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions per engine (median reported)")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: leave as is)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions per engine (median and min reported)")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads and CTranslate2 intra_threads")
+    ap.add_argument("--engines", nargs="+", default=None, choices=ENGINES,
+                    help="engines to run (default: all; naive only for --model default)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the memory pass")
+    ap.add_argument("--scaling", action="store_true", help="also tokens/s vs batch size and vs context length")
+    ap.add_argument("--scaling-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    ap.add_argument("--contexts", type=int, nargs="+", default=None,
+                    help="context lengths (default: up to the model's)")
+    ap.add_argument("--out", type=Path, default=None, help="directory for speed.json / scaling.json / scaling.png")
+    ap.add_argument("--json", action="store_true", help="JSON on stdout (tables go to stderr)")
     args = ap.parse_args(argv)
     if args.reps < 1:
         raise SystemExit("--reps must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-
     import transformers
 
-    from genprobe.engine.generate import generate
-    from genprobe.model.hf import to_hf_gpt2
-
     transformers.logging.set_verbosity_error()
-    model, prompt, source = load_model(args.ckpt)
-    hf = to_hf_gpt2(model, attn_implementation="sdpa")
-    hf.generation_config.pad_token_id = 0
-    hf.generation_config.eos_token_id = None
+    bundle, prompt = load_bundle(args.model, args.ckpt)
+    names = args.engines or [k for k in ENGINES if k != "naive" or args.model == "default"]
+    show = sys.stderr if args.json else sys.stdout
+    if args.reps < 3:
+        print(f"note: {args.reps} repetition(s): a single busy repetition can decide a row; use --reps >= 3", file=show)
     N = args.new_tokens
-    rows = []
-    for B in args.batch:
-        prompts = [list(prompt)] * B
-        ids = torch.tensor(prompts, dtype=torch.long)
-        engines = {
-            "cached": lambda: generate(model, prompts, N, mode="cached").tokens,
-            "compiled": lambda: generate(model, prompts, N, mode="cached", compile=True).tokens,
-            "naive": lambda: generate(model, prompts, N, mode="naive").tokens,
-            "hf": hf_generate_fn(hf, ids, N),
+    try:
+        rows = []
+        for B in args.batch:
+            row = measure_row(bundle, names, prompt, B, N, args.reps, not args.no_memory)
+            rows.append(row)
+            print(format_row(row, N), file=show, flush=True)
+            if any(s.busy for s in row.series.values()):
+                print(f"  warning: the machine was busy during batch {B} (spread > 25%): compare the best-time ratios, "
+                      "or re-run when `uptime` shows a load below the core count", file=show)
+        table = markdown_table(rows, N)
+        print("\n" + table, file=show)
+        result = {
+            "model": bundle.source,
+            "parameters": bundle.model.num_parameters(),
+            "prompt_tokens": len(prompt),
+            "new_tokens": N,
+            "reps": args.reps,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "rows": [r.to_dict(N) for r in rows],
         }
-        warmup = {}
-        for name, fn in engines.items():  # warm-up (allocator, kernels, HF first-call setup, compilation)
-            t0 = time.perf_counter()
-            fn()
-            warmup[name] = time.perf_counter() - t0
-        times: dict[str, list[float]] = {k: [] for k in engines}
-        cpu: dict[str, list[float]] = {k: [] for k in engines}
-        outputs: dict[str, list[list[int]]] = {}
-        for _ in range(args.reps):
-            for name, fn in engines.items():
-                c0, t0 = time.process_time(), time.perf_counter()
-                outputs[name] = fn()
-                times[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.process_time() - c0)
-        med = {k: statistics.median(v) for k, v in times.items()}
-        # CPU seconds of this process: on a shared, oversubscribed machine they track quiet-machine wall time
-        # far better than wall time does (which includes waiting for a core).
-        cmed = {k: statistics.median(v) for k, v in cpu.items()}
-        tps = {k: B * N / v for k, v in med.items()}
-        row = {
-            "batch": B,
-            "seconds": med,
-            "tokens_per_s": tps,
-            "cached_over_hf": med["hf"] / med["cached"],
-            "compiled_over_hf": med["hf"] / med["compiled"],
-            "compiled_over_cached": med["cached"] / med["compiled"],
-            "compiled_over_naive": med["naive"] / med["compiled"],
-            "compile_seconds": warmup["compiled"],
-            "cached_over_naive": med["naive"] / med["cached"],
-            "cpu_seconds": cmed,
-            "cpu_cached_over_hf": cmed["hf"] / cmed["cached"],
-            "cpu_compiled_over_hf": cmed["hf"] / cmed["compiled"],
-            "cpu_cached_over_naive": cmed["naive"] / cmed["cached"],
-            "greedy_tokens_agree": outputs["cached"] == outputs["compiled"] == outputs["naive"] == outputs["hf"],
-            "all_times": times,
-        }
-        rows.append(row)
-        if not args.json:
-            print(
-                f"batch {B:3d}: tok/s cached {tps['cached']:8.0f} | compiled {tps['compiled']:8.0f} | "
-                f"naive {tps['naive']:8.0f} | hf {tps['hf']:8.0f} || cached/hf {row['cached_over_hf']:5.2f}x | "
-                f"compiled/hf {row['compiled_over_hf']:5.2f}x | cached/naive {row['cached_over_naive']:5.2f}x | "
-                f"compiled/naive {row['compiled_over_naive']:5.2f}x || "
-                f"by CPU time: cached/hf {row['cpu_cached_over_hf']:5.2f}x compiled/hf {row['cpu_compiled_over_hf']:5.2f}x "
-                f"cached/naive {row['cpu_cached_over_naive']:5.2f}x || first compiled call {warmup['compiled']:.1f} s | "
-                f"greedy tokens agree: {row['greedy_tokens_agree']}",
-                flush=True,
-            )
-    result = {
-        "model": source,
-        "parameters": model.num_parameters(),
-        "prompt_tokens": len(prompt),
-        "new_tokens": N,
-        "reps": args.reps,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "rows": rows,
-    }
+        if args.scaling:
+            from bench_scaling import run_scaling
+
+            result["scaling"] = run_scaling(bundle, names, prompt, args, show)
+    finally:
+        bundle.close()
+    if args.out:
+        from genprobe._io import atomic_write_json, atomic_write_text
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.out / f"speed-{args.model}.json", result)
+        atomic_write_text(args.out / f"speed-{args.model}.md", table + "\n")
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")

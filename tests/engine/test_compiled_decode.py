@@ -1,7 +1,7 @@
 """Compiled decoding (torch.compile over the model's one forward, StaticKVCache) equals eager decoding.
 
-Each compiled test pays one compilation of the tiny or quick-trained model (Inductor's on-disk cache
-makes reruns cheap), so the shapes are shared between tests where possible.
+Each compiled test pays one compilation of the tiny or quick-trained model (frozen graphs are not
+cached on disk), so the shapes are shared between tests where possible.
 """
 
 from __future__ import annotations
@@ -17,8 +17,22 @@ from genprobe.engine.sampling import SamplerConfig
 from genprobe.engine.static_cache import StaticKVCache
 
 
+def _scaled_model(seed: int = 0, **kw):
+    """A small random GPT with trained-scale logits (see tests/verify/conftest.py), so a wrong key shows."""
+    from genprobe.model import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32) | kw
+    model = GPT(GPTConfig(**cfg))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(10)
+    return model.eval()
+
+
 def _max_diff(a, b) -> float:
-    return max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits))
+    return max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True))
 
 
 def test_static_cache_eager_matches_full_recomputation_every_step(trained):
@@ -103,7 +117,8 @@ def test_without_a_cxx_compiler_it_warns_once_and_decodes_eagerly(monkeypatch):
     from genprobe.model import GPT, GPTConfig
 
     real = compiled_mod.compile_config
-    monkeypatch.setattr(compiled_mod, "compile_config", lambda b: {**real(b), "cpp.cxx": ("no-such-cxx-compiler",)})
+    no_cxx = {"cpp.cxx": ("no-such-cxx-compiler",)}
+    monkeypatch.setattr(compiled_mod, "compile_config", lambda m, b: {**real(m, b), **no_cxx})
     monkeypatch.setattr(compiled_mod, "_compile_error", None)
     torch.manual_seed(1)  # a model of its own, so no graph compiled earlier in the session can serve it
     model = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, d_ff=32, block_size=16)).eval()
@@ -168,15 +183,7 @@ def test_compile_refuses_non_genprobe_models(tiny_model):
 @pytest.mark.parametrize("pe", ["rope", "alibi"])
 def test_compiled_generation_equals_eager_for_rope_and_alibi(pe):
     """The position encodings computed inside the forward (rotations, ALiBi bias) compile to the same logits."""
-    from genprobe.model import GPT, GPTConfig
-
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32, pos_encoding=pe))
-    with torch.no_grad():  # trained-scale logits, so a wrong position would show (see tests/verify/conftest.py)
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(10)
-    model.eval()
+    model = _scaled_model(pos_encoding=pe)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
     a = generate(model, prompts, 20, compile=True, return_logits=True)
     assert compiled_mod.compile_error() is None
@@ -194,9 +201,93 @@ def test_prompts_of_other_lengths_reuse_the_compiled_graph(tiny_model):
     """Capacity is rounded to the context length: a new prompt length or token count does not recompile."""
     from torch._dynamo.utils import counters
 
-    generate(tiny_model, [[1, 2, 3]], 5, compile=True)
+    generate(tiny_model, [[1, 2, 3]], 5, compile=True, return_logits=True)
     before = counters["stats"]["unique_graphs"]
     a = generate(tiny_model, [[4, 5, 6, 7, 8, 9]], 11, compile=True, return_logits=True)
     assert counters["stats"]["unique_graphs"] == before
     b = generate(tiny_model, [[4, 5, 6, 7, 8, 9]], 11, return_logits=True)
     assert a.tokens == b.tokens and _max_diff(a, b) < 1e-5
+
+
+# ---- the compiled greedy loop (every step after the prefill in one call) -----------------------------
+def _spy_calls(monkeypatch) -> list[tuple[int, bool]]:
+    """Record (steps asked, logits asked) of every compiled loop call, so a test knows which path ran."""
+    calls: list[tuple[int, bool]] = []
+    real = compiled_mod.CompiledGPTRunner.decode_greedy
+
+    def spy(self, ids, valid, done, state, steps, eos_id=None, with_logits=False):
+        calls.append((steps, with_logits))
+        return real(self, ids, valid, done, state, steps, eos_id, with_logits)
+
+    monkeypatch.setattr(compiled_mod.CompiledGPTRunner, "decode_greedy", spy)
+    return calls
+
+
+def test_greedy_loop_equals_eager_on_a_padded_batch_where_every_row_stops_at_eos(monkeypatch):
+    """One call runs the loop (argmax, eos and padding inside the graph) and stops where the last row ends:
+    tokens, finish reasons, raw logits of every step, what on_token sees and the forward count all equal
+    the per-step eager loop's."""
+    model = _scaled_model(seed=0)  # its rows stop at steps 8, 5 and 17 with this eos
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    plain = generate(model, prompts, 20).tokens
+    common = [t for t in plain[0][1:] if all(t in row[1:] for row in plain)]
+    assert common, plain  # a token every row emits after the prefill: all rows stop inside the loop
+    eos = common[0]
+    calls = _spy_calls(monkeypatch)
+    seen_a, seen_b = [], []
+    a = generate(model, prompts, 20, compile=True, eos_id=eos, return_logits=True,
+                 on_token=lambda i, t: seen_a.append((i, t)))
+    assert compiled_mod.compile_error() is None
+    b = generate(model, prompts, 20, eos_id=eos, return_logits=True, on_token=lambda i, t: seen_b.append((i, t)))
+    assert calls == [(19, True)]  # every step after the prefill in one compiled call
+    assert a.tokens == b.tokens and a.finished == b.finished == ["eos"] * 3
+    assert max(len(t) for t in a.tokens) < 20  # stopped early, where the last row hit eos
+    assert seen_a == seen_b
+    assert len(a.step_logits) == len(b.step_logits) and _max_diff(a, b) < 1e-4
+    assert a.forward_calls == b.forward_calls and a.token_forwards == b.token_forwards
+
+
+def test_greedy_loop_without_logits_or_eos_equals_eager(monkeypatch):
+    model = _scaled_model(seed=3)
+    calls = _spy_calls(monkeypatch)
+    a = generate(model, [[1, 2, 3, 4], [5, 6]], 20, compile=True)
+    b = generate(model, [[1, 2, 3, 4], [5, 6]], 20)
+    assert calls == [(19, False)] and a.tokens == b.tokens
+
+
+def test_samplers_take_the_one_step_path_of_the_same_loop(monkeypatch):
+    """A sampled generation calls the compiled loop for one step at a time, with logits."""
+    model = _scaled_model(seed=3)
+    calls = _spy_calls(monkeypatch)
+    s = SamplerConfig(temperature=0.8, top_k=10)
+    a = generate(model, [[1, 2, 3]], 6, sampler=s, seed=1, compile=True)
+    b = generate(model, [[1, 2, 3]], 6, sampler=s, seed=1)
+    assert calls == [(1, True)] * 5 and a.tokens == b.tokens
+
+
+def test_a_hook_added_between_generations_reaches_the_compiled_graph():
+    """Guards are skipped for a situation seen before; a new forward hook must not count as seen."""
+    model = _scaled_model(seed=4)
+    generate(model, [[1, 2, 3]], 12, compile=True, return_logits=True)
+    handle = model.h[0].mlp.register_forward_hook(lambda mod, inp, out: out * 3.0)
+    try:
+        a = generate(model, [[1, 2, 3]], 12, compile=True, return_logits=True)
+        b = generate(model, [[1, 2, 3]], 12, return_logits=True)
+        assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
+    finally:
+        handle.remove()
+    c = generate(model, [[1, 2, 3]], 12, compile=True, return_logits=True)
+    d = generate(model, [[1, 2, 3]], 12, return_logits=True)
+    assert _max_diff(c, d) < 1e-4 and _max_diff(a, c) > 1e-3  # the hook mattered, and its removal too
+
+
+def test_threads_follow_the_size_of_a_step():
+    class Sized:
+        def __init__(self, n):
+            self.n = n
+
+        def num_parameters(self):
+            return self.n
+
+    assert compiled_mod.compile_config(Sized(427_264), 1)["cpp.threads"] == 1
+    assert compiled_mod.compile_config(Sized(57_750_528), 1)["cpp.threads"] == -1  # 231 MB of weights: every core

@@ -1,25 +1,89 @@
-"""The speed benchmark runs end to end (tiny checkpoint, one repetition) and its four engines agree."""
+"""The speed benchmark runs end to end (tiny checkpoint, tiny settings) and its engines agree."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "generate_speed.py"
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def test_generate_speed_benchmark_smoke(tmp_path, tiny_model, capsys):
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def ckpt(tmp_path, tiny_model):
     from genprobe.corpus import CharTokenizer
     from genprobe.model.checkpoint import save_checkpoint
 
-    ck = save_checkpoint(tmp_path / "ck", tiny_model, CharTokenizer(list("白日依山盡，黃河入海流") + [chr(0x4E00 + i) for i in range(37)]))
-    spec = importlib.util.spec_from_file_location("generate_speed", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.main(["--ckpt", str(ck), "--batch", "1", "3", "--reps", "1", "--new-tokens", "6", "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    chars = list("白日依山盡，黃河入海流") + [chr(0x4E00 + i) for i in range(37)]
+    return save_checkpoint(tmp_path / "ck", tiny_model, CharTokenizer(chars))
+
+
+def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
+    mod = _load("generate_speed")
+    argv = ["--ckpt", str(ckpt), "--batch", "1", "3", "--reps", "2", "--new-tokens", "6", "--json",
+            "--out", str(tmp_path / "o")]
+    assert mod.main(argv) == 0
+    cap = capsys.readouterr()
+    d = json.loads(cap.out)
     assert [r["batch"] for r in d["rows"]] == [1, 3]
+    ct2 = importlib.util.find_spec("ctranslate2") is not None
+    expected = {"cached", "compiled", "naive", "hf"} | ({"ct2", "ct2-1t"} if ct2 else set())
     for r in d["rows"]:
-        assert r["greedy_tokens_agree"] is True
-        assert set(r["tokens_per_s"]) == {"cached", "compiled", "naive", "hf"} and all(v > 0 for v in r["tokens_per_s"].values())
+        assert set(r["tokens_per_s"]) == expected and all(v > 0 for v in r["tokens_per_s"].values())
+        assert r["all_agree"] is True and set(r["greedy_tokens_agree"]) == expected
+        assert set(r["ttft_ms"]) == expected and all(v > 0 for v in r["ttft_ms"].values())
+        assert all(len(s["wall"]) == 2 for s in r["series"].values())  # interleaved repetitions, all kept
+        assert "compiled/hf" in r["ratios"] and ("compiled/ct2" in r["ratios"]) == ct2
+        assert "vllm" in r["skipped"] or "vllm" in r["tokens_per_s"]  # a slot: skipped with its reason
+        assert set(r["memory_mb"]) == expected
+    assert "2 repetition(s)" in cap.err  # fewer than 3: the benchmark says a busy repetition can decide
+    assert (tmp_path / "o" / "speed-default.json").exists()
+    assert "| batch |" in (tmp_path / "o" / "speed-default.md").read_text()
+
+
+def test_generate_speed_scaling_writes_table_and_plot(ckpt, tmp_path, capsys):
+    mod = _load("generate_speed")
+    out = tmp_path / "o"
+    argv = ["--ckpt", str(ckpt), "--batch", "2", "--reps", "1", "--new-tokens", "4",
+            "--engines", "cached", "compiled", "hf", "--no-memory", "--scaling", "--scaling-batches", "1", "2",
+            "--contexts", "12", "32", "--out", str(out), "--json"]
+    assert mod.main(argv) == 0
+    d = json.loads(capsys.readouterr().out)["scaling"]
+    assert [r["batch"] for r in d["batch"]] == [1, 2] and [r["context"] for r in d["context"]] == [12, 32]
+    for r in d["batch"]:
+        assert set(r["tokens_per_s"]) == {"cached", "compiled", "hf"}
+    assert (out / "scaling-default.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| context |" in (out / "scaling-default.md").read_text()
+
+
+def test_busy_spread_flags_one_slow_repetition_without_letting_it_decide_the_median():
+    stats = _load("bench_stats")
+    s = stats.Series(wall=[1.0, 1.02, 3.0], cpu=[1.0, 1.0, 1.0])
+    assert s.median == 1.02 and s.best == 1.0 and not s.busy  # one busy repetition: the median ignores it
+    s = stats.Series(wall=[1.0, 1.6, 1.7], cpu=[1.0, 1.0, 1.0])
+    assert s.busy  # most repetitions disturbed: flagged
+
+
+def test_profile_breaks_a_step_down_per_engine(ckpt, tmp_path, capsys):
+    prof = _load("bench_profile")
+    argv = ["--ckpt", str(ckpt), "--batch", "2", "--reps", "1", "--new-tokens", "5", "--engines", "cached", "compiled",
+            "--out", str(tmp_path)]
+    assert prof.main(argv) == 0
+    d = json.loads((tmp_path / "profile-default-b2.json").read_text())
+    assert set(d["engines"]) == {"cached", "compiled"} and all(c["step_us"] != 0 for c in d["engines"].values())
+    model = _load("generate_speed").load_bundle("default", str(ckpt))[0].model
+    assert d["roofline"]["weight_bytes"] == 4 * sum(p.numel() for p in model.parameters())  # float32 weights
+    assert any("addmm" in o["op"] or "mm" in o["op"] for o in d["eager_top_ops"])
+    assert "step" in capsys.readouterr().out

@@ -1,12 +1,13 @@
 """Inference engine: KV cache, forward_step, sampler chain and generation loops."""
 
-from .cache import KVCache
+from .cache import CacheLike, KVCache
 from .generate import GenerationResult, generate
 from .sampling import SamplerConfig, kept_set_size, process_logits, sample_next
 from .static_cache import StaticKVCache
 from .step import forward_step
 
 __all__ = [
+    "CacheLike",
     "KVCache",
     "StaticKVCache",
     "forward_step",

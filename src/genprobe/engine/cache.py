@@ -9,9 +9,44 @@ keys and values, seed Eq. 3.26–3.29). That is what lets the sliding window be 
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
 from ..model.config import GPTConfig
+
+
+@runtime_checkable
+class CacheLike(Protocol):
+    """What :meth:`genprobe.model.GPT.forward` needs from a KV cache (:class:`KVCache`, ``StaticKVCache``).
+
+    One forward makes exactly these calls: ``default_positions`` (only when the caller gave no
+    positions), ``reserve`` once, ``write`` once per layer, ``commit`` once; and reads
+    ``decode_mask_free`` to decide whether a plain decode step may skip its attention mask.
+    """
+
+    @property
+    def decode_mask_free(self) -> bool:
+        """True when a one-token step at the default position sees every cached key (its mask is all-True)."""
+        ...
+
+    def default_positions(self, T: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Positions (B, T) of ``T`` new tokens continuing each row's count of real tokens."""
+        ...
+
+    def reserve(
+        self, positions: torch.Tensor, valid: torch.Tensor | None, explicit_positions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Claim slots for the new tokens; return (positions, validity) of every key attention reads."""
+        ...
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``layer``'s new keys/values; return the keys/values attention reads."""
+        ...
+
+    def commit(self) -> None:
+        """Advance the write pointer once every layer has written."""
+        ...
 
 
 def padded_positions(next_pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -61,9 +96,9 @@ class KVCache:
         self.n_layer = n_layer
         self.seen = 0  # tokens ever written (per row, padding included)
         self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)
-        # True while every slot ever written held a real token: lets a plain decode step skip its mask.
+        # True while every slot ever written held a real token ...
         self.all_valid = True
-        # True while every write used default positions (GPT.forward clears it when given explicit ones).
+        # ... and every write used default positions: then a plain decode step may skip its mask.
         self.default_positions_only = True
         self._slots: torch.Tensor | slice | None = None
         self._live = 0
@@ -87,18 +122,10 @@ class KVCache:
         self.default_positions_only = True
         self._slots = None
 
-    def truncate(self, length: int) -> None:
-        """Drop the newest entries, keeping ``length`` (speculative-decoding rollback; not with a window)."""
-        if self.window is not None and self.seen > self.capacity:
-            raise ValueError("cannot truncate a sliding-window cache that has wrapped around")
-        if not 0 <= length <= self.length:
-            raise ValueError(f"truncate length {length} outside [0, {self.length}]")
-        self.valid[:, length:] = False
-        self.seen = length
-        kept = self.valid[:, :length]
-        self.next_pos = torch.where(
-            kept.any(1), (self.pos[:, :length].masked_fill(~kept, -1)).max(1).values + 1, torch.zeros_like(self.next_pos)
-        )
+    @property
+    def decode_mask_free(self) -> bool:
+        """True while every key is real and at an earlier default position: a decode step sees them all."""
+        return self.all_valid and self.default_positions_only
 
     def default_positions(self, T: int, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Per-row positions for ``T`` new tokens: continue each row's count of real tokens."""
@@ -109,9 +136,13 @@ class KVCache:
         return padded_positions(self.next_pos, valid)
 
     # ---- the three calls the model makes during one forward ------------------------------------
-    def reserve(self, positions: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def reserve(
+        self, positions: torch.Tensor, valid: torch.Tensor | None, explicit_positions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Claim slots for T new tokens, record their positions/validity; return live (pos, valid)."""
         B, T = check_batch(positions, self.batch_size)
+        if explicit_positions:  # the caller's positions: later keys may not all be earlier than a query
+            self.default_positions_only = False
         if valid is not None and self.all_valid:
             self.all_valid = bool(valid.all())
         end = self.seen + T
@@ -155,7 +186,3 @@ class KVCache:
         else:
             self.next_pos = self.next_pos + self._new_valid.to(torch.long).sum(1)
         self._slots = None
-
-    def memory_bytes(self) -> int:
-        """Bytes held by the K and V buffers."""
-        return 2 * self.k.numel() * self.k.element_size()

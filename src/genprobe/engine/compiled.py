@@ -1,24 +1,28 @@
-"""Compiled decoding: the model's one forward, captured once by ``torch.compile`` (gpt-fast's recipe).
+"""Compiled decoding: the model's one forward, captured by ``torch.compile`` inside a compiled decode loop.
 
 At batch 1 a decode step of a small model is ~40 tiny kernels whose cost is almost all framework
-overhead (dispatch, allocation, Python), not arithmetic. ``torch.compile`` removes most of it: it
-traces :meth:`GPT.forward` for a single-token step over a :class:`StaticKVCache` into one graph,
-fuses the element-wise work into a few C++ kernels and calls the matrix products directly. The
-traced code is the same forward every other phase runs — there is no second implementation of the
-model to keep in sync — and prefill (any length, left padding) stays eager: it runs once per
-generation.
+overhead (dispatch, allocation, Python), not arithmetic. ``torch.compile`` removes it: it traces
+:meth:`GPT.forward` for one-token steps over a :class:`StaticKVCache` and fuses the element-wise work
+into a few C++ kernels. The traced code is the same forward every other phase runs — there is no
+second implementation of the model to keep in sync — and prefill (any length, left padding) stays
+eager: it runs once per generation.
 
-What makes the replay cheap, each measured with ``benchmarks/generate_speed.py``:
+What makes a step cheap, each measured (``benchmarks/generate_speed.py``, ``benchmarks/bench_profile.py``):
 
+- the decode loop itself is compiled (:func:`_decode_loop`, a ``torch.while_loop``): greedy argmax,
+  eos and padding of finished rows happen inside the graph, so a whole greedy generation after the
+  prefill is one call and no Python runs between steps. A sampled generation calls the same loop for
+  one step at a time and samples in Python;
 - a static cache (one base tensor per layer, written with ``index_put_``), so every step has the same
-  shapes, the graph is compiled once per batch size, and the write is a scatter, not a copy;
-- ``freezing`` + ``max_autotune``: weights become constants, so GEMMs use prepacked kernels chosen
-  for the exact shape. A frozen graph holds a copy of the weights, so the call also carries
-  :func:`weights_version` and an in-place weight edit recompiles instead of replaying stale weights;
+  shapes and one graph serves every prompt length and token count of a (batch size, capacity);
+- ``freezing``: weights become constants of the graph. A frozen graph holds a copy of the weights, so
+  the call carries :func:`version_of` the model's :func:`fingerprint` (weights, hooks, modes) and an
+  in-place weight edit or a new hook recompiles instead of replaying stale weights;
+- at batch 1 the matrix-vector products are generated as fused C++ loops (see :func:`compile_config`),
+  single-threaded for small models;
 - ``cpp_wrapper``: the graph is driven from C++ rather than a Python wrapper;
-- single-threaded kernels up to ``SINGLE_THREAD_MAX_BATCH`` rows (a fork/join costs more than it saves);
-- guard evaluation only on the *first* step of a generation (where a new model, weights, batch size
-  or capacity recompiles); the remaining steps replay with new tensor values, which guards never read.
+- Dynamo's guards (~1.5 ms) are evaluated only the first time a situation (batch size, capacity,
+  logits or not, fingerprint) is met in the process; later generations replay.
 
 ``torch.compile`` needs a C++ compiler on CPU. Without one (or if compilation fails for another
 reason) the runner warns once, naming the error, and runs the same forward eagerly.
@@ -29,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,36 +41,86 @@ import torch
 from ..model.gpt import GPT
 from .static_cache import StaticKVCache
 
-
 # Read by Inductor when a graph is compiled, so they are switched on only around first steps (a patch
 # around every replay would cost more than the guards it sits beside).
 RECOMPILE_LIMIT = 64
 COMPILE_CONFIG = {"cpp_wrapper": True, "freezing": True, "max_autotune": True, "coordinate_descent_tuning": True}
-SINGLE_THREAD_MAX_BATCH = 4
 
 
-def compile_config(batch_size: int) -> dict:
-    """Inductor settings for a decode graph of ``batch_size`` rows.
+# Measured on the 2-core machine (see compile_config): below this many parameter-rows per step
+# (parameters x batch) a step's kernels are too small to split across threads.
+SINGLE_THREAD_MAX_WORK = 4_000_000
 
-    Up to ``SINGLE_THREAD_MAX_BATCH`` rows a step's kernels are too small to split: an OpenMP region
-    costs more than it saves (measured: 193 µs vs 277 µs per step at batch 1 on 2 cores), so the
-    generated kernels are compiled single-threaded; larger batches keep every thread.
+
+def compile_config(model: GPT, batch_size: int) -> dict:
+    """Inductor settings for the decode loop of ``batch_size`` rows of ``model``.
+
+    - Threads: when a step is tiny (parameters x rows below ``SINGLE_THREAD_MAX_WORK``) an OpenMP
+      region costs more than it saves, so the generated kernels are single-threaded; larger steps keep
+      every thread (a 58M-parameter model at batch 1 is bound by reading its weights, which two cores
+      do faster than one).
+    - Batch 1: every matrix product is a matrix-vector product, bound by reading the weights. Inside
+      the compiled loop an ATen ``addmm`` call per product costs more than the product itself for a
+      small model, so Inductor's ``decompose_mm_pass`` turns them into multiply-and-sum loops it
+      generates and fuses like any other kernel (same float32 maths, summed in another order).
     """
-    threads = 1 if batch_size <= SINGLE_THREAD_MAX_BATCH else -1
-    return {**COMPILE_CONFIG, "cpp.threads": threads}
+    threads = 1 if model.num_parameters() * batch_size <= SINGLE_THREAD_MAX_WORK else -1
+    cfg = {**COMPILE_CONFIG, "cpp.threads": threads}
+    if batch_size == 1:
+        cfg["post_grad_fusion_options"] = {"decompose_mm_pass": {"cpu_max_other_dimension_decomposition": 1 << 30}}
+    return cfg
 
 
-def _decode_one_token(
-    model: GPT, ids: torch.Tensor, valid: torch.Tensor | None, cache: StaticKVCache, weights_version: int
-) -> torch.Tensor:
-    """One cached forward of one new token per row; logits (B, V). This is what gets compiled.
+def _decode_loop(
+    model: GPT,
+    ids: torch.Tensor,
+    valid: torch.Tensor,
+    done: torch.Tensor,
+    eos: torch.Tensor,
+    cache: StaticKVCache,
+    version: int,
+    steps: torch.Tensor,
+    tokens: torch.Tensor,
+    valids: torch.Tensor,
+    logits: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to ``steps`` greedy decode steps in one call, each step's token fed to the next. This is what gets compiled.
 
-    ``weights_version`` is unused by the maths; it is there to be guarded on: the frozen graph holds a
-    copy of the weights, so weights edited in place (a loop patch, ``load_state_dict``) must recompile.
+    The loop is a ``torch.while_loop``: compiled once, it runs in the generated C++ for any number of
+    steps, so no Python runs between steps. ``ids`` (B, 1) is the first step's input and ``valid``
+    (B, 1) its key validity. Each step does what :func:`genprobe.engine.generate.generate` does per
+    step with an eos token (``eos`` (1,), -1 for none): a row already ``done`` emits ``pad_id`` (0) as
+    a padding token (invalid: no position, no attention), a row finishes at its eos, and the loop stops
+    early once every row has. Step ``i`` writes its token, the token's validity and (when ``logits`` is
+    given) its raw logits at index ``i`` of ``tokens``/``valids`` (B, S) and ``logits`` (B, S, V).
+    Returns (steps run, finished rows).
+
+    ``version`` (:func:`version_of` the model's :func:`fingerprint`) is unused by the maths; it is there
+    to be guarded on: the frozen graph holds a copy of the weights, so weights edited in place (a loop
+    patch, ``load_state_dict``) must recompile, and so must a forward hook added since (Dynamo's default
+    ``skip_nnmodule_hook_guards`` does not notice one).
     """
-    if weights_version == -1:  # a branch on the value is what makes Dynamo guard on it
-        raise ValueError("weights_version -1 is reserved")
-    return model(ids, cache=cache, attention_mask=valid)[:, -1]
+    if version == -1:  # a branch on the value is what makes Dynamo guard on it
+        raise ValueError("version -1 is reserved")
+
+    def more(i, ids, valid, done):
+        return (i < steps) & ~done.all()
+
+    def step(i, ids, valid, done):
+        # A fresh view per step: the loop body may not set attributes of the cache object itself.
+        step_logits = model(ids, cache=cache.view(), attention_mask=valid)[:, -1]
+        nxt = torch.where(done, 0, step_logits.argmax(dim=-1))
+        emitted_valid = ~done  # the emitted token is real unless its row had finished before it
+        at = i.view(1)
+        tokens.index_copy_(1, at, nxt[:, None])
+        valids.index_copy_(1, at, emitted_valid[:, None])
+        if logits is not None:
+            logits.index_copy_(1, at, step_logits[:, None])
+        return i + 1, nxt[:, None], emitted_valid[:, None], done | (nxt == eos)
+
+    start = torch.zeros((), dtype=torch.long, device=ids.device)
+    ran, _, _, done = torch._higher_order_ops.while_loop(more, step, (start, ids, valid, done))
+    return ran, done
 
 
 def weights_version(model: torch.nn.Module) -> int:
@@ -73,15 +128,37 @@ def weights_version(model: torch.nn.Module) -> int:
     return hash(tuple((id(t), t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))) & (2**62 - 1)
 
 
+def fingerprint(model: torch.nn.Module) -> tuple:
+    """What a compiled graph of ``model`` depends on besides input shapes, cheap enough to check per generation.
+
+    Dynamo's own guards check all of it and more, but evaluating them costs ~1.5 ms per call; they
+    run on the first call in each new fingerprint (see :meth:`CompiledGPTRunner._call`).
+    """
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    hooks += len(torch.nn.modules.module._global_forward_hooks) + len(torch.nn.modules.module._global_forward_pre_hooks)
+    cfg = getattr(model, "cfg", None)
+    modes = (model.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_num_threads())
+    return (weights_version(model), hooks, id(cfg), cfg, *modes)
+
+
+def version_of(fp: tuple) -> int:
+    """The fingerprint as the int the compiled loop is guarded on (Dynamo itself does not guard on hooks)."""
+    return hash(fp) & (2**62 - 1)
+
+
+# Per model, the situations (loop length, batch size, capacity, fingerprint) its graphs have run in.
+_warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple]] = weakref.WeakKeyDictionary()
+
+
 _compiled_decode: Any = None
 _compile_error: str | None = None  # set once per process when compilation fails: not retried every call
 
 
 def compiled_decode_fn() -> Any:
-    """The process-wide compiled decode step (compiled lazily, cached by torch per model and shape)."""
+    """The process-wide compiled decode loop (compiled lazily, cached by torch per model and shape)."""
     global _compiled_decode
     if _compiled_decode is None:
-        _compiled_decode = torch.compile(_decode_one_token, fullgraph=True, dynamic=False)
+        _compiled_decode = torch.compile(_decode_loop, fullgraph=True, dynamic=False)
     return _compiled_decode
 
 
@@ -102,10 +179,20 @@ def compile_error() -> str | None:
     return _compile_error
 
 
+@dataclass
+class GreedyChunk:
+    """What one compiled call of greedy decode steps returns (see :func:`_decode_loop`)."""
+
+    tokens: torch.Tensor  # (B, steps run) long
+    valid: torch.Tensor  # (B, steps run) bool: False for the padding a finished row emits
+    done: torch.Tensor  # (B,) bool, rows finished after the call
+    logits: torch.Tensor | None  # (B, steps run, V) raw logits of every step, when asked for
+
+
 class CompiledGPTRunner:
     """The reference GPT behind the generation ``Runner`` protocol, decode steps compiled (see module doc)."""
 
-    pad_id = 0
+    pad_id = 0  # what _decode_loop emits for finished rows
 
     def __init__(self, model: GPT):
         if not isinstance(model, GPT):
@@ -115,8 +202,9 @@ class CompiledGPTRunner:
         self.device, self.dtype = p.device, p.dtype
         self.vocab_size = model.cfg.vocab_size
         self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
-        self._warm: weakref.WeakSet[StaticKVCache] = weakref.WeakSet()  # states past their first step
-        self._version = 0
+        # Per state (one generation): the model's fingerprint at its first compiled call, output buffers.
+        self._fingerprints: weakref.WeakKeyDictionary[StaticKVCache, tuple] = weakref.WeakKeyDictionary()
+        self._outputs: weakref.WeakKeyDictionary[StaticKVCache, dict] = weakref.WeakKeyDictionary()
 
     def new_state(self, batch_size: int, max_len: int) -> StaticKVCache:
         """A fresh static cache of capacity :func:`static_capacity` (one compiled graph serves many lengths)."""
@@ -124,50 +212,126 @@ class CompiledGPTRunner:
         return StaticKVCache.for_model(self.model.cfg, batch_size, max_len=cap, dtype=self.dtype, device=self.device)
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
-        """Prefill (T > 1) eagerly; a one-token step through the compiled graph. Logits (B, T, V)."""
-        global _compile_error
+        """Prefill (T > 1) eagerly; a one-token step through the compiled loop (one iteration). Logits (B, T, V)."""
         if ids.shape[1] != 1 or _compile_error is not None:
             return self.model(ids, cache=state, attention_mask=valid)
         # The compiled graph skips the host-side range checks of GPT.forward; the same limits, checked here.
-        held = state.length
-        if held + 1 > state.capacity:
-            raise ValueError(f"KV cache overflow: {held} cached + 1 new token > capacity {state.capacity}")
-        if self.max_positions is not None and held + 1 > self.max_positions:
-            raise ValueError(f"context overflow: the model's context length (block_size) is {self.max_positions}")
         self.model.check_ids(ids)
-        # Inputs with their own contiguous strides: a column sliced from a (B, P+N) buffer has stride P+N,
-        # which Dynamo guards on, so every new prompt length would otherwise recompile.
+        chunk = self.decode_greedy(ids, valid, torch.zeros(ids.shape[0], dtype=torch.bool), state, 1, None, True)
+        if chunk is None:  # compilation failed just now: redo eagerly
+            return self.model(ids, cache=state, attention_mask=valid)
+        return chunk.logits
+
+    def decode_greedy(
+        self,
+        ids: torch.Tensor,
+        valid: torch.Tensor | None,
+        done: torch.Tensor,
+        state: StaticKVCache,
+        steps: int,
+        eos_id: int | None = None,
+        with_logits: bool = False,
+    ) -> GreedyChunk | None:
+        """Up to ``steps`` greedy decode steps in one compiled call (None when compilation is unavailable).
+
+        ``ids`` (B, 1) are the last chosen tokens (in range: they came from an argmax or were checked),
+        ``valid`` (B, 1) their validity (None when every row is real), ``done`` (B,) the rows that
+        already hit ``eos_id``. Fewer steps run when every row reaches ``eos_id``.
+        """
+        if _compile_error is not None:
+            return None
+        self._check_room(state, steps)
+        B = ids.shape[0]
+        if valid is None:
+            valid = torch.ones((B, 1), dtype=torch.bool, device=ids.device)
+        eos = torch.full((1,), -1 if eos_id is None else eos_id, dtype=torch.long, device=ids.device)
+        out = self._outputs.get(state)
+        if out is None or (with_logits and out["logits"] is None):  # one set per generation, capacity-shaped
+            V, cap = self.vocab_size, state.capacity
+            out = self._outputs[state] = {
+                "tokens": torch.zeros((B, cap), dtype=torch.long, device=ids.device),
+                "valids": torch.zeros((B, cap), dtype=torch.bool, device=ids.device),
+                "logits": torch.zeros((B, cap, V), dtype=self.dtype, device=ids.device) if with_logits else None,
+            }
+        logits = out["logits"] if with_logits else None
+        n = torch.full((), steps, dtype=torch.long)
+        res = self._call(ids, valid, done, eos, state, n, out["tokens"], out["valids"], logits)
+        if res is None:
+            return None
+        ran, done = int(res[0]), res[1]
+        return GreedyChunk(
+            out["tokens"][:, :ran].clone(), out["valids"][:, :ran].clone(), done,
+            logits[:, :ran].clone() if logits is not None else None,
+        )
+
+    def _check_room(self, state: StaticKVCache, steps: int) -> None:
+        held = state.length
+        if held + steps > state.capacity:
+            raise ValueError(f"KV cache overflow: {held} cached + {steps} new token(s) > capacity {state.capacity}")
+        if self.max_positions is not None and held + steps > self.max_positions:
+            raise ValueError(f"context overflow: the model's context length (block_size) is {self.max_positions}")
+
+    def _call(
+        self,
+        ids: torch.Tensor,
+        valid: torch.Tensor,
+        done: torch.Tensor,
+        eos: torch.Tensor,
+        state: StaticKVCache,
+        steps: torch.Tensor,
+        tokens: torch.Tensor,
+        valids: torch.Tensor,
+        logits: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Run the compiled loop; a first call per situation evaluates guards, compiling if needed."""
+        global _compile_error
+        # Fresh contiguous copies: a column sliced from a (B, P+N) buffer has stride P+N, which Dynamo guards
+        # on (every prompt length would recompile), and copies made here share one tensor kind (inference
+        # mode or not), which guards check too.
         ids = ids.clone(memory_format=torch.contiguous_format)
-        if valid is not None:
-            valid = valid.clone(memory_format=torch.contiguous_format)
-        first = state not in self._warm
-        # The first step of a generation evaluates every guard (new model, batch size, capacity or weights
-        # recompile) under COMPILE_CONFIG; the rest of the generation replays with only new tensor values.
+        valid = valid.clone(memory_format=torch.contiguous_format)
+        done = done.clone()
+        fp = self._fingerprints.get(state)
+        if fp is None:  # once per generation: a weight edit, a hook or a mode switch between generations shows
+            fp = self._fingerprints[state] = fingerprint(self.model)
+        situation = (state.batch_size, state.capacity, logits is None, fp)
+        warm = _warm.setdefault(self.model, set())
+        first = situation not in warm
+        # A first call evaluates every Dynamo guard (a new model, weights, batch size or capacity recompiles)
+        # under the Inductor settings for this shape. A situation seen before replays the graph it selected
+        # then, evaluating only the guards that tell the cached graphs apart.
         if first:
             stance = contextlib.ExitStack()
-            stance.enter_context(torch._inductor.config.patch(compile_config(ids.shape[0])))
-            # One graph per (model, weights, batch size, capacity): allow more than Dynamo's default 8.
+            stance.enter_context(torch._inductor.config.patch(compile_config(self.model, ids.shape[0])))
+            # One graph per (model, weights, batch size, capacity, logits or not): allow more than Dynamo's 8.
             stance.enter_context(torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT))
             # Compiling imports and calls torch internals that emit deprecation notices about torch's own
             # code (torch.jit.script_method, TypedStorage); they say nothing to our users.
             stance.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=r".*(torch\.jit\.script_method|TypedStorage) is deprecated")
-            self._version = weights_version(self.model)
         else:
             stance = torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+        args = (self.model, ids, valid, done, eos, state, version_of(fp), steps, tokens, valids, logits)
         try:
             with stance:
-                logits = compiled_decode_fn()(self.model, ids, valid, state, self._version)
-        except torch._dynamo.exc.TorchDynamoException as exc:  # no C++ compiler, unsupported op, ...
-            if not first:
+                out = compiled_decode_fn()(*args)
+        except RuntimeError as exc:  # Dynamo's and Inductor's exceptions are RuntimeErrors too
+            if not first and "skip_guard_eval_unsafe" in str(exc):
+                # Dynamo found no cached graph for these inputs (something the fingerprint does not cover
+                # changed): forget the situation and take the path of a first call, guards and all.
+                warm.discard(situation)
+                return self._call(ids, valid, done, eos, state, steps, tokens, valids, logits)
+            if not first or not isinstance(exc, torch._dynamo.exc.TorchDynamoException):
                 raise
+            # No C++ compiler, an unsupported op, ...: say so once and decode eagerly from now on.
             lines = str(exc).strip().splitlines()
             _compile_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-            warnings.warn(f"torch.compile failed, decoding eagerly instead ({_compile_error})", RuntimeWarning, stacklevel=2)
-            # Dynamo applies a graph's mutations only when it runs, so the cache is untouched: redo eagerly.
-            return self.model(ids, cache=state, attention_mask=valid)
-        self._warm.add(state)
-        return logits[:, None, :]
+            msg = f"torch.compile failed, decoding eagerly instead ({_compile_error})"
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+            # Dynamo applies a graph's mutations only when it runs, so the cache is untouched.
+            return None
+        warm.add(situation)
+        return out
 
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Uncached forward of the whole sequence (eager)."""

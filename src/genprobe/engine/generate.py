@@ -169,7 +169,9 @@ def generate(
             raise ValueError("contrastive search runs eagerly over the KV cache: no compile=True, no mode='naive'")
         from .contrastive import contrastive_generate
 
-        return contrastive_generate(model, prompts, max_new_tokens, sampler, eos_id, on_token, return_logits, return_probs)
+        return contrastive_generate(
+            model, prompts, max_new_tokens, sampler, eos_id, on_token, return_logits, return_probs
+        )
     if compile:
         if mode != "cached":
             raise ValueError("compile=True speeds up cached decoding; it does not apply to mode='naive'")
@@ -205,11 +207,26 @@ def generate(
     step_probs: list[torch.Tensor] | None = [] if return_probs else None
     forwards = calls = 0
     steps_done = 0
+    # Compiled plain greedy decoding runs every step after the prefill in one call: the loop, the argmax
+    # and eos are inside the compiled graph (genprobe.engine.compiled._decode_loop).
+    fused = compile and plain_greedy and not return_probs
     t0 = time.perf_counter()
     with torch.inference_mode():
         state = runner.new_state(B, P + N) if mode == "cached" else None
-        for i in range(N):
+        i = 0
+        while i < N:
             cur = P + i
+            if fused and i > 0:
+                taken = _greedy_chunk(
+                    runner, state, buf, valid, done, i, P, N - i, eos_id, on_token, step_logits, lengths, finished
+                )
+                if taken is None:  # compilation unavailable: the per-step path below decodes eagerly
+                    fused = False
+                    continue
+                forwards += taken
+                calls += taken
+                steps_done = i + taken
+                break
             if mode == "naive" or i == 0:
                 ids = buf[:, :cur]
                 if mode == "naive":
@@ -255,6 +272,7 @@ def generate(
                     done |= newly
                     if bool(done.all()):
                         break
+            i += 1
     seconds = time.perf_counter() - t0
     out = buf[:, P : P + steps_done].tolist()
     tokens = [row[: min(lengths[b], steps_done)] for b, row in enumerate(out)]
@@ -270,6 +288,51 @@ def generate(
         step_logits=step_logits,
         step_probs=step_probs,
     )
+
+
+def _greedy_chunk(
+    runner: Any,
+    state: Any,
+    buf: torch.Tensor,
+    valid: torch.Tensor,
+    done: torch.Tensor,
+    i: int,
+    P: int,
+    steps: int,
+    eos_id: int | None,
+    on_token: Callable[[int, list[int]], None] | None,
+    step_logits: list[torch.Tensor] | None,
+    lengths: list[int],
+    finished: list[str],
+) -> int | None:
+    """Greedy steps ``i .. i+steps-1`` in one compiled call, booked as the per-step loop books them.
+
+    Returns the steps taken (fewer when every row hits eos: the loop stops there, as the per-step loop
+    does), or None when the runner could not compile. ``buf``, ``valid``, ``done``, ``lengths``,
+    ``finished`` and ``step_logits`` are updated in place.
+    """
+    cur = P + i
+    col = valid[:, cur - 1 : cur] if eos_id is not None else None
+    chunk = runner.decode_greedy(buf[:, cur - 1 : cur], col, done, state, steps, eos_id, step_logits is not None)
+    if chunk is None:
+        return None
+    taken = chunk.tokens.shape[1]
+    buf[:, cur : cur + taken] = chunk.tokens
+    valid[:, cur : cur + taken] = chunk.valid
+    if eos_id is not None:
+        before = done.tolist()
+        for b, row in enumerate(chunk.tokens.tolist()):
+            if not before[b] and eos_id in row:
+                lengths[b] = i + row.index(eos_id) + 1
+                finished[b] = "eos"
+        done.copy_(chunk.done)
+    if step_logits is not None:
+        step_logits.extend(chunk.logits[:, j].float().clone() for j in range(taken))
+    if on_token is not None:
+        shown = torch.where(valid[:, cur : cur + taken], buf[:, cur : cur + taken], -1).tolist()
+        for j in range(taken):
+            on_token(i + j, [row[j] for row in shown])
+    return taken
 
 
 def _device_of(model: Any) -> torch.device:

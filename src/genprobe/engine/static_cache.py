@@ -7,7 +7,7 @@ each step writes its keys with ``index_put_`` and attends over *all* slots, the 
 invalid and therefore masked (the model decides visibility from per-slot positions and validity, as
 it does for every cache). A decode step is then the same graph at every position — compiled once,
 replayed for the whole generation — and no Python number changes between steps, so nothing forces
-a recompile. Same three-call protocol as :class:`KVCache` (``reserve`` / ``write`` / ``commit``), so
+a recompile. Same protocol as :class:`KVCache` (:class:`~genprobe.engine.cache.CacheLike`), so
 it runs through the model's one forward, eager or compiled. No sliding window: a ring buffer needs a
 data-dependent slot, which is what this cache exists to avoid.
 """
@@ -56,6 +56,20 @@ class StaticKVCache:
         """A cache shaped for ``cfg`` (capacity defaults to the model's context length)."""
         return cls(cfg.n_layer, batch_size, cfg.n_head, cfg.d_head, max_len or cfg.block_size, **kw)
 
+    def view(self) -> "StaticKVCache":
+        """The same cache (every buffer shared) with per-forward bookkeeping of its own.
+
+        A compiled decode loop (``torch.while_loop``) may mutate tensors from outside its body but not
+        Python attributes of outside objects; one forward through a view created inside the body keeps
+        ``reserve``/``write``/``commit``'s hand-over (``_step``) inside the body.
+        """
+        v = object.__new__(StaticKVCache)
+        v.capacity, v.batch_size, v.n_layer = self.capacity, self.batch_size, self.n_layer
+        v.k, v.v, v.pos, v.valid = self.k, self.v, self.pos, self.valid
+        v.next_pos, v.write_ptr, v._slot_offsets = self.next_pos, self.write_ptr, self._slot_offsets
+        v._step = None
+        return v
+
     @property
     def length(self) -> int:
         """Number of slots written (a host read of the pointer: call it outside compiled code)."""
@@ -68,6 +82,11 @@ class StaticKVCache:
         self.valid.zero_()
         self._step = None
 
+    @property
+    def decode_mask_free(self) -> bool:
+        """Always False: attention reads every slot, and the unwritten ones must be masked."""
+        return False
+
     def default_positions(self, T: int, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Per-row positions for ``T`` new tokens: continue each row's count of real tokens."""
         if valid is None:
@@ -75,8 +94,13 @@ class StaticKVCache:
         return padded_positions(self.next_pos, valid)
 
     # ---- the three calls the model makes during one forward ------------------------------------
-    def reserve(self, positions: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Record positions/validity of T new tokens at the write pointer; return all slots' (pos, valid)."""
+    def reserve(
+        self, positions: torch.Tensor, valid: torch.Tensor | None, explicit_positions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Record positions/validity of T new tokens at the write pointer; return all slots' (pos, valid).
+
+        ``explicit_positions`` changes nothing here: the mask is always built from the slots' positions.
+        """
         B, T = check_batch(positions, self.batch_size)
         live = None
         if not torch.compiler.is_compiling():
@@ -116,7 +140,3 @@ class StaticKVCache:
         else:
             self.next_pos.add_(valid.to(torch.long).sum(1))
         self._step = None
-
-    def memory_bytes(self) -> int:
-        """Bytes held by the K and V buffers."""
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))

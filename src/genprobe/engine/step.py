@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from ..model.gpt import GPT
-from .cache import KVCache
+from .cache import CacheLike
 
 
 def forward_step(
     model: GPT,
     ids: torch.Tensor,
-    cache: KVCache | None = None,
+    cache: CacheLike | None = None,
     positions: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from .config import GPTConfig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.cache import KVCache
+    # Annotation only: genprobe.engine imports this module, so a runtime import would be circular.
+    from ..engine.cache import CacheLike
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
@@ -66,7 +67,7 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor | None,
-        cache: "KVCache | None",
+        cache: "CacheLike | None",
         attn_store: list | None,
     ) -> torch.Tensor:
         """``mask``: (B,1,Tq,Tk) bool visibility or float additive bias (ALiBi), built once per forward."""
@@ -215,7 +216,7 @@ class GPT(nn.Module):
         self,
         ids: torch.Tensor,
         positions: torch.Tensor | None = None,
-        cache: "KVCache | None" = None,
+        cache: "CacheLike | None" = None,
         attention_mask: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
         attn_store: list | None = None,
@@ -250,18 +251,17 @@ class GPT(nn.Module):
         if cache is not None:
             if document_ids is not None:
                 raise ValueError("document_ids (packing) is a training-time feature; not supported with a cache")
-            if not defaulted and hasattr(cache, "default_positions_only"):
-                cache.default_positions_only = False  # explicit positions: keys may not all be earlier
-            plain = getattr(cache, "all_valid", False) and getattr(cache, "default_positions_only", False)
-            k_pos, k_valid = cache.reserve(positions, valid)
-            if T == 1 and valid is None and defaulted and plain and self.alibi_slopes is None:
+            k_pos, k_valid = cache.reserve(positions, valid, explicit_positions=not defaulted)
+            if T == 1 and valid is None and defaulted and cache.decode_mask_free and self.alibi_slopes is None:
                 # Plain decode step: one real query at the newest position, every cached key real and at
                 # an earlier default position — all keys are visible, the mask would be all-True: skip it.
                 visible = None
             else:
                 visible = self._visibility(positions, k_pos, k_valid, None, None, queries_real=valid is None)
         else:
-            visible = self._visibility(positions, positions, valid, document_ids, document_ids, queries_real=valid is None)
+            visible = self._visibility(
+                positions, positions, valid, document_ids, document_ids, queries_real=valid is None
+            )
             k_pos = positions
         # The (B,1,Tq,Tk) mask is built once per forward and shared by all layers.
         mask = None if visible is None else visible[:, None, :, :]
@@ -269,7 +269,8 @@ class GPT(nn.Module):
             dist = (positions[:, None, :, None] - k_pos[:, None, None, :]).to(torch.float32)
             alibi = -self.alibi_slopes.view(1, -1, 1, 1) * dist.clamp(min=0)
             dtype = self.wte.weight.dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, float("-inf")) + alibi.to(dtype)
+            blocked = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, float("-inf"))
+            mask = blocked + alibi.to(dtype)
         x = self.wte(ids)
         if self.wpe is not None:
             x = x + self.wpe(positions)
@@ -285,7 +286,7 @@ class GPT(nn.Module):
 
 
 def default_positions(
-    B: int, T: int, cache: "KVCache | None", attention_mask: torch.Tensor | None, device
+    B: int, T: int, cache: "CacheLike | None", attention_mask: torch.Tensor | None, device
 ) -> torch.Tensor:
     """Positions when none are given: continue the cache's per-row count; padding does not advance it."""
     if cache is not None:
@@ -295,7 +296,9 @@ def default_positions(
     return torch.arange(T, device=device).expand(B, T)
 
 
-def masked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+def masked_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Mean next-token cross-entropy over real positions only: Σ mask·CE / Σ mask (seed Eq. 3.4)."""
     ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
     if loss_mask is None:
