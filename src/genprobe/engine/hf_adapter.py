@@ -27,7 +27,10 @@ class _HFCacheState:
 
 
 class HFCausalLM:
-    """A ``transformers`` causal LM behind the runner protocol (``vocab_size``, ``max_positions``, ``step``, ``full``)."""
+    """A ``transformers`` causal LM behind the runner protocol.
+
+    It exposes ``vocab_size``, ``max_positions``, ``step`` and ``full``.
+    """
 
     def __init__(self, hf_model: Any):
         if not hasattr(hf_model, "config") or not callable(hf_model):
@@ -70,7 +73,10 @@ class HFCausalLM:
     def step_with_hidden(
         self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`step` plus the last hidden state (after the final norm: ``hidden_states[-1]``), for contrastive search."""
+        """:meth:`step` plus the last hidden state, for contrastive search.
+
+        The hidden state is taken after the final norm (``hidden_states[-1]``).
+        """
         out = self._cached_forward(ids, valid, state, hidden=True)
         return out.logits, out.hidden_states[-1]
 

@@ -62,7 +62,8 @@ def step_stats(
             stat.prob, stat.entropy_nats, stat.kept = float(p[t]), entropy_nats(p), int((p > 0).sum())
             if top:
                 vals, idx = torch.topk(p, min(top, p.numel()))
-                stat.top = [Candidate(int(j), token_str(int(j)), float(v)) for v, j in zip(vals, idx) if v > 0]
+                pairs = zip(vals.tolist(), idx.tolist(), strict=True)
+                stat.top = [Candidate(j, token_str(j), v) for v, j in pairs if v > 0]
         out.append(stat)
     return out
 

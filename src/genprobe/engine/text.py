@@ -54,5 +54,5 @@ def complete(
     )
     return [
         Completion(t, tok.decode(new), p, new, fin, unk)
-        for t, p, new, fin, unk in zip(texts, ids, res.tokens, res.finished, unknown)
+        for t, p, new, fin, unk in zip(texts, ids, res.tokens, res.finished, unknown, strict=True)
     ]
