@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -35,7 +35,7 @@ class StepStat:
         """Entropy in bits."""
         return None if self.entropy_nats is None else self.entropy_nats / math.log(2)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
         return asdict(self)
 
