@@ -45,7 +45,8 @@ def test_cli_generate_warns_about_unknown_prompt_chars_and_bans_unk(tiny_ckpt, c
 
 def test_cli_generate_top_table(tiny_ckpt, capsys):
     ck, tok = tiny_ckpt
-    assert main(["generate", str(ck), "--prompt", tok.chars[2], "--top", "3", "--max-new-tokens", "4", "--seed", "1"]) == 0
+    argv = ["generate", str(ck), "--prompt", tok.chars[2], "--top", "3", "--max-new-tokens", "4", "--seed", "1"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.count("step ") == 4 and "H=" in out and "kept=" in out
 

@@ -76,10 +76,13 @@ def test_sliding_window_at_least_as_long_as_sequence_equals_full_cache(tiny_mode
         a = KVCache.for_model(tiny_model.cfg, 1)
         b = KVCache.for_model(tiny_model.cfg, 1, window=24)
         c = KVCache.for_model(tiny_model.cfg, 1, window=20, sinks=4)
-        ra = [forward_step(tiny_model, ids[:, :5], a)] + [forward_step(tiny_model, ids[:, t : t + 1], a) for t in range(5, 24)]
-        rb = [forward_step(tiny_model, ids[:, :5], b)] + [forward_step(tiny_model, ids[:, t : t + 1], b) for t in range(5, 24)]
-        rc = [forward_step(tiny_model, ids[:, :5], c)] + [forward_step(tiny_model, ids[:, t : t + 1], c) for t in range(5, 24)]
-    for x, y, z in zip(ra, rb, rc):
+
+        def run(cache: KVCache) -> list[torch.Tensor]:
+            first = forward_step(tiny_model, ids[:, :5], cache)  # the prompt must go in before the steps
+            return [first] + [forward_step(tiny_model, ids[:, t : t + 1], cache) for t in range(5, 24)]
+
+        ra, rb, rc = run(a), run(b), run(c)
+    for x, y, z in zip(ra, rb, rc, strict=True):
         assert torch.equal(x, y) and torch.equal(x, z)
 
 
@@ -115,7 +118,7 @@ def test_left_padded_batch_matches_each_prompt_alone(trained):
         alone = generate(model, [p], 20, return_logits=True)
         assert alone.tokens[0] == batch.tokens[b]
         assert tok.decode(alone.tokens[0]) == tok.decode(batch.tokens[b])
-        worst = max(float((x[0] - y[b]).abs().max()) for x, y in zip(alone.step_logits, batch.step_logits))
+        worst = max(float((x[0] - y[b]).abs().max()) for x, y in zip(alone.step_logits, batch.step_logits, strict=True))
         assert worst < 1e-5, (texts[b], worst)
 
 
@@ -125,13 +128,14 @@ def test_left_padded_batch_naive_mode_and_sampling_rows_match(tiny_model):
     a = generate(tiny_model, prompts, 12, mode="naive", return_logits=True)
     b = generate(tiny_model, prompts, 12, mode="cached", return_logits=True)
     assert a.tokens == b.tokens
-    assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits)) < TOL
+    assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True)) < TOL
     # penalties see only real tokens: a padded row draws like the row alone with the same greedy history
     g = SamplerConfig(greedy=True, repetition_penalty=1.5, no_repeat_ngram=2)
     batch = generate(tiny_model, prompts, 12, sampler=g)
     for i, p in enumerate(prompts):
         assert generate(tiny_model, [p], 12, sampler=g).tokens[0] == batch.tokens[i]
-    assert generate(tiny_model, prompts, 12, sampler=cfg, seed=3).tokens == generate(tiny_model, prompts, 12, sampler=cfg, seed=3).tokens
+    first, again = (generate(tiny_model, prompts, 12, sampler=cfg, seed=3) for _ in range(2))
+    assert first.tokens == again.tokens
 
 
 # ---- limits and validation -----------------------------------------------------------------
@@ -198,7 +202,7 @@ def test_step_logits_and_probs(tiny_model):
     r = generate(tiny_model, [[3, 4], [5, 6]], 6, sampler=cfg, return_logits=True, return_probs=True, seed=1)
     assert isinstance(r, GenerationResult)
     assert len(r.step_logits) == len(r.step_probs) == 6
-    for step, (lg, pr) in enumerate(zip(r.step_logits, r.step_probs)):
+    for step, (lg, pr) in enumerate(zip(r.step_logits, r.step_probs, strict=True)):
         assert lg.shape == pr.shape == (2, 50)
         assert torch.allclose(pr.sum(-1), torch.ones(2), atol=1e-5)
         for b in range(2):
@@ -218,12 +222,13 @@ def test_same_seed_same_tokens_different_seed_differs(tiny_model):
 
 def test_rope_model_generates_beyond_nothing_and_matches_naive():
     torch.manual_seed(0)
-    m = GPT(GPTConfig(vocab_size=30, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=16, pos_encoding="rope")).eval()
+    cfg = GPTConfig(vocab_size=30, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=16, pos_encoding="rope")
+    m = GPT(cfg).eval()
     prompts = [[3, 4, 5], [6]]
     a = generate(m, prompts, 20, mode="cached", return_logits=True)  # past block_size: RoPE has no table
     b = generate(m, prompts, 20, mode="naive", return_logits=True)
     assert a.tokens == b.tokens
-    assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits)) < TOL
+    assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True)) < TOL
 
 
 def test_decode_after_explicit_positions_still_masks_later_keys(tiny_model):

@@ -25,8 +25,11 @@ def test_hf_adapter_greedy_matches_our_engine_with_left_padding(tiny_model, hf_t
     ours = generate(tiny_model, prompts, 15, return_logits=True)
     theirs = generate(hf_tiny, prompts, 15, mode=mode, return_logits=True)
     assert theirs.tokens == ours.tokens
-    assert max(float((a - b).abs().max()) for a, b in zip(ours.step_logits, theirs.step_logits)) < 1e-4
-    assert theirs.token_forwards == ours.token_forwards if mode == "cached" else theirs.token_forwards > ours.token_forwards
+    assert max(float((a - b).abs().max()) for a, b in zip(ours.step_logits, theirs.step_logits, strict=True)) < 1e-4
+    if mode == "cached":
+        assert theirs.token_forwards == ours.token_forwards
+    else:
+        assert theirs.token_forwards > ours.token_forwards
 
 
 def test_hf_adapter_padded_row_equals_row_alone(hf_tiny):
@@ -34,12 +37,14 @@ def test_hf_adapter_padded_row_equals_row_alone(hf_tiny):
     batch = generate(hf_tiny, prompts, 10, return_logits=True)
     alone = generate(hf_tiny, [prompts[1]], 10, return_logits=True)
     assert alone.tokens[0] == batch.tokens[1]
-    assert max(float((a[0] - b[1]).abs().max()) for a, b in zip(alone.step_logits, batch.step_logits)) < 1e-5
+    steps = zip(alone.step_logits, batch.step_logits, strict=True)
+    assert max(float((a[0] - b[1]).abs().max()) for a, b in steps) < 1e-5
 
 
 def test_hf_adapter_samplers_and_context_limit(tiny_model, hf_tiny):
     cfg = SamplerConfig(temperature=0.8, top_p=0.9, repetition_penalty=1.3, order="hf")
-    assert generate(hf_tiny, [[3, 4]], 12, sampler=cfg, seed=5).tokens == generate(tiny_model, [[3, 4]], 12, sampler=cfg, seed=5).tokens
+    theirs = generate(hf_tiny, [[3, 4]], 12, sampler=cfg, seed=5)
+    assert theirs.tokens == generate(tiny_model, [[3, 4]], 12, sampler=cfg, seed=5).tokens
     assert hf_tiny.max_positions == 32 and hf_tiny.vocab_size == 50
     with pytest.raises(ValueError, match="context length 32"):
         generate(hf_tiny, [[3] * 30], 5)

@@ -115,7 +115,8 @@ def test_presence_frequency_vllm_semantics():
 
 def test_presence_frequency_count_only_generated_tokens_when_told_the_prompt_length():
     hist = torch.tensor([[3, 3, 1, 2, 2]])  # prompt = first 3 tokens
-    out = process_logits(torch.zeros(1, 4), hist, SamplerConfig(presence_penalty=1.0, frequency_penalty=0.5), prompt_len=3)
+    cfg = SamplerConfig(presence_penalty=1.0, frequency_penalty=0.5)
+    out = process_logits(torch.zeros(1, 4), hist, cfg, prompt_len=3)
     assert out.tolist() == [[0.0, 0.0, -2.0, 0.0]]
     rep = process_logits(torch.ones(1, 4), hist, SamplerConfig(repetition_penalty=2.0), prompt_len=3)
     assert rep.tolist() == [[1.0, 0.5, 0.5, 0.5]]  # the repetition penalty still sees the prompt (HF)
@@ -258,7 +259,10 @@ def test_trunc_then_temp_kept_set_independent_of_tau_and_temp_then_trunc_moves(r
 
 
 def test_orders_differ_where_the_seed_says():
-    """The order trap (seed §3.5.5): with top-p 0.9, temp_then_trunc's kept set moves with τ, trunc_then_temp's does not."""
+    """The order trap (seed §3.5.5).
+
+    With top-p 0.9, temp_then_trunc's kept set moves with τ, trunc_then_temp's does not.
+    """
     logits = torch.log(torch.softmax(torch.linspace(4, -4, 200), 0))  # a smooth, long-tailed distribution
     rows = kept_set_sizes(logits, [0.5, 1.0, 1.5, 2.0], top_p=0.9)
     a = [r["trunc_then_temp"] for r in rows]

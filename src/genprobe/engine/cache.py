@@ -9,7 +9,7 @@ keys and values, seed Eq. 3.26–3.29). That is what lets the sliding window be 
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -104,7 +104,7 @@ class KVCache:
         self._live = 0
 
     @classmethod
-    def for_model(cls, cfg: GPTConfig, batch_size: int = 1, max_len: int | None = None, **kw) -> "KVCache":
+    def for_model(cls, cfg: GPTConfig, batch_size: int = 1, max_len: int | None = None, **kw: Any) -> "KVCache":
         """A cache shaped for ``cfg`` (capacity defaults to the model's context length)."""
         return cls(cfg.n_layer, batch_size, cfg.n_head, cfg.d_head, max_len or cfg.block_size, **kw)
 

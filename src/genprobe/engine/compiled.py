@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,9 @@ import torch
 
 from ..model.gpt import GPT
 from .static_cache import StaticKVCache
+
+#: What a compiled graph of a model depends on besides input shapes (see :func:`fingerprint`).
+Fingerprint = tuple[Hashable, ...]
 
 # Read by Inductor when a graph is compiled, so they are switched on only around first steps (a patch
 # around every replay would cost more than the guards it sits beside).
@@ -52,7 +56,7 @@ COMPILE_CONFIG = {"cpp_wrapper": True, "freezing": True, "max_autotune": True, "
 SINGLE_THREAD_MAX_WORK = 4_000_000
 
 
-def compile_config(model: GPT, batch_size: int) -> dict:
+def compile_config(model: GPT, batch_size: int) -> dict[str, Any]:
     """Inductor settings for the decode loop of ``batch_size`` rows of ``model``.
 
     - Threads: when a step is tiny (parameters x rows below ``SINGLE_THREAD_MAX_WORK``) an OpenMP
@@ -65,7 +69,7 @@ def compile_config(model: GPT, batch_size: int) -> dict:
       generates and fuses like any other kernel (same float32 maths, summed in another order).
     """
     threads = 1 if model.num_parameters() * batch_size <= SINGLE_THREAD_MAX_WORK else -1
-    cfg = {**COMPILE_CONFIG, "cpp.threads": threads}
+    cfg: dict[str, Any] = {**COMPILE_CONFIG, "cpp.threads": threads}
     if batch_size == 1:
         cfg["post_grad_fusion_options"] = {"decompose_mm_pass": {"cpu_max_other_dimension_decomposition": 1 << 30}}
     return cfg
@@ -103,10 +107,12 @@ def _decode_loop(
     if version == -1:  # a branch on the value is what makes Dynamo guard on it
         raise ValueError("version -1 is reserved")
 
-    def more(i, ids, valid, done):
+    def more(i: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         return (i < steps) & ~done.all()
 
-    def step(i, ids, valid, done):
+    def step(
+        i: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor, done: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         # A fresh view per step: the loop body may not set attributes of the cache object itself.
         step_logits = model(ids, cache=cache.view(), attention_mask=valid)[:, -1]
         nxt = torch.where(done, 0, step_logits.argmax(dim=-1))
@@ -119,7 +125,10 @@ def _decode_loop(
         return i + 1, nxt[:, None], emitted_valid[:, None], done | (nxt == eos)
 
     start = torch.zeros((), dtype=torch.long, device=ids.device)
-    ran, _, _, done = torch._higher_order_ops.while_loop(more, step, (start, ids, valid, done))
+    # torch's while_loop higher-order op has no type annotations
+    ran, _, _, done = torch._higher_order_ops.while_loop(  # type: ignore[no-untyped-call]
+        more, step, (start, ids, valid, done)
+    )
     return ran, done
 
 
@@ -128,7 +137,7 @@ def weights_version(model: torch.nn.Module) -> int:
     return hash(tuple((id(t), t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))) & (2**62 - 1)
 
 
-def fingerprint(model: torch.nn.Module) -> tuple:
+def fingerprint(model: torch.nn.Module) -> Fingerprint:
     """What a compiled graph of ``model`` depends on besides input shapes, cheap enough to check per generation.
 
     Dynamo's own guards check all of it and more, but evaluating them costs ~1.5 ms per call; they
@@ -141,13 +150,13 @@ def fingerprint(model: torch.nn.Module) -> tuple:
     return (weights_version(model), hooks, id(cfg), cfg, *modes)
 
 
-def version_of(fp: tuple) -> int:
+def version_of(fp: Fingerprint) -> int:
     """The fingerprint as the int the compiled loop is guarded on (Dynamo itself does not guard on hooks)."""
     return hash(fp) & (2**62 - 1)
 
 
 # Per model, the situations (loop length, batch size, capacity, fingerprint) its graphs have run in.
-_warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple]] = weakref.WeakKeyDictionary()
+_warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[Hashable, ...]]] = weakref.WeakKeyDictionary()
 
 
 _compiled_decode: Any = None
@@ -189,6 +198,15 @@ class GreedyChunk:
     logits: torch.Tensor | None  # (B, steps run, V) raw logits of every step, when asked for
 
 
+@dataclass
+class _Outputs:
+    """Capacity-shaped buffers one generation's compiled calls write into (see :func:`_decode_loop`)."""
+
+    tokens: torch.Tensor  # (B, capacity) long
+    valids: torch.Tensor  # (B, capacity) bool
+    logits: torch.Tensor | None  # (B, capacity, V), when logits were asked for
+
+
 class CompiledGPTRunner:
     """The reference GPT behind the generation ``Runner`` protocol, decode steps compiled (see module doc)."""
 
@@ -203,8 +221,8 @@ class CompiledGPTRunner:
         self.vocab_size = model.cfg.vocab_size
         self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
         # Per state (one generation): the model's fingerprint at its first compiled call, output buffers.
-        self._fingerprints: weakref.WeakKeyDictionary[StaticKVCache, tuple] = weakref.WeakKeyDictionary()
-        self._outputs: weakref.WeakKeyDictionary[StaticKVCache, dict] = weakref.WeakKeyDictionary()
+        self._fingerprints: weakref.WeakKeyDictionary[StaticKVCache, Fingerprint] = weakref.WeakKeyDictionary()
+        self._outputs: weakref.WeakKeyDictionary[StaticKVCache, _Outputs] = weakref.WeakKeyDictionary()
 
     def new_state(self, batch_size: int, max_len: int) -> StaticKVCache:
         """A fresh static cache of capacity :func:`static_capacity` (one compiled graph serves many lengths)."""
@@ -214,13 +232,18 @@ class CompiledGPTRunner:
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         """Prefill (T > 1) eagerly; a one-token step through the compiled loop (one iteration). Logits (B, T, V)."""
         if ids.shape[1] != 1 or _compile_error is not None:
-            return self.model(ids, cache=state, attention_mask=valid)
+            return self._eager_step(ids, valid, state)
         # The compiled graph skips the host-side range checks of GPT.forward; the same limits, checked here.
         self.model.check_ids(ids)
         chunk = self.decode_greedy(ids, valid, torch.zeros(ids.shape[0], dtype=torch.bool), state, 1, None, True)
         if chunk is None:  # compilation failed just now: redo eagerly
-            return self.model(ids, cache=state, attention_mask=valid)
+            return self._eager_step(ids, valid, state)
+        assert chunk.logits is not None  # asked for with_logits=True
         return chunk.logits
+
+    def _eager_step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
+        logits: torch.Tensor = self.model(ids, cache=state, attention_mask=valid)
+        return logits
 
     def decode_greedy(
         self,
@@ -246,21 +269,21 @@ class CompiledGPTRunner:
             valid = torch.ones((B, 1), dtype=torch.bool, device=ids.device)
         eos = torch.full((1,), -1 if eos_id is None else eos_id, dtype=torch.long, device=ids.device)
         out = self._outputs.get(state)
-        if out is None or (with_logits and out["logits"] is None):  # one set per generation, capacity-shaped
+        if out is None or (with_logits and out.logits is None):  # one set per generation, capacity-shaped
             V, cap = self.vocab_size, state.capacity
-            out = self._outputs[state] = {
-                "tokens": torch.zeros((B, cap), dtype=torch.long, device=ids.device),
-                "valids": torch.zeros((B, cap), dtype=torch.bool, device=ids.device),
-                "logits": torch.zeros((B, cap, V), dtype=self.dtype, device=ids.device) if with_logits else None,
-            }
-        logits = out["logits"] if with_logits else None
+            out = self._outputs[state] = _Outputs(
+                tokens=torch.zeros((B, cap), dtype=torch.long, device=ids.device),
+                valids=torch.zeros((B, cap), dtype=torch.bool, device=ids.device),
+                logits=torch.zeros((B, cap, V), dtype=self.dtype, device=ids.device) if with_logits else None,
+            )
+        logits = out.logits if with_logits else None
         n = torch.full((), steps, dtype=torch.long)
-        res = self._call(ids, valid, done, eos, state, n, out["tokens"], out["valids"], logits)
+        res = self._call(ids, valid, done, eos, state, n, out.tokens, out.valids, logits)
         if res is None:
             return None
         ran, done = int(res[0]), res[1]
         return GreedyChunk(
-            out["tokens"][:, :ran].clone(), out["valids"][:, :ran].clone(), done,
+            out.tokens[:, :ran].clone(), out.valids[:, :ran].clone(), done,
             logits[:, :ran].clone() if logits is not None else None,
         )
 
@@ -314,7 +337,7 @@ class CompiledGPTRunner:
         args = (self.model, ids, valid, done, eos, state, version_of(fp), steps, tokens, valids, logits)
         try:
             with stance:
-                out = compiled_decode_fn()(*args)
+                out: tuple[torch.Tensor, torch.Tensor] = compiled_decode_fn()(*args)
         except RuntimeError as exc:  # Dynamo's and Inductor's exceptions are RuntimeErrors too
             if not first and "skip_guard_eval_unsafe" in str(exc):
                 # Dynamo found no cached graph for these inputs (something the fingerprint does not cover
@@ -335,4 +358,5 @@ class CompiledGPTRunner:
 
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Uncached forward of the whole sequence (eager)."""
-        return self.model(ids, attention_mask=valid)
+        logits: torch.Tensor = self.model(ids, attention_mask=valid)
+        return logits

@@ -21,7 +21,7 @@ copied from the chosen row to the others of its group. A transformers cache is h
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -29,18 +29,22 @@ from .cache import KVCache
 from .samplers.chain import adjust_logits, check_logits
 from .samplers.config import SamplerConfig
 
+if TYPE_CHECKING:  # generate imports this module (lazily); at run time the import is inside the function
+    from .generate import GenerationResult
+
 
 def step_with_hidden(
     runner: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cached forward → (logits (B, T, V), last hidden state after the final norm (B, T, d))."""
     if hasattr(runner, "step_with_hidden"):
-        return runner.step_with_hidden(ids, valid, state)
+        out: tuple[torch.Tensor, torch.Tensor] = runner.step_with_hidden(ids, valid, state)
+        return out
     model = getattr(runner, "model", None)
-    if not hasattr(model, "ln_f") or not isinstance(state, KVCache):
+    if model is None or not hasattr(model, "ln_f") or not isinstance(state, KVCache):
         raise TypeError(f"contrastive search needs a genprobe GPT or an HFCausalLM, got {type(runner).__name__}")
     store: list[torch.Tensor] = []
-    logits = model(ids, cache=state, attention_mask=valid, hidden_store=store)
+    logits: torch.Tensor = model(ids, cache=state, attention_mask=valid, hidden_store=store)
     return logits, model.ln_f(store[-1])
 
 
@@ -95,6 +99,7 @@ class _Search:
 
     def __init__(self, runner: Any, cfg: SamplerConfig, buf: torch.Tensor, valid: torch.Tensor, P: int):
         self.runner, self.cfg, self.buf, self.valid, self.P = runner, cfg, buf, valid, P
+        assert cfg.top_k is not None  # SamplerConfig validation: contrastive search needs top_k >= 2
         self.k = int(cfg.top_k)
         self.history = torch.where(valid, buf, -1)  # what the penalties read; -1 = padding
         self.groups = torch.arange(buf.shape[0], device=buf.device) * self.k
@@ -147,7 +152,7 @@ def contrastive_generate(
     on_token: Callable[[int, list[int]], None] | None = None,
     return_logits: bool = False,
     return_probs: bool = False,
-) -> Any:
+) -> GenerationResult:
     """Contrastive search for a left-padded batch; a :class:`~genprobe.engine.generate.GenerationResult`.
 
     ``step_probs`` (``return_probs``) are the candidate distributions: softmax of the adjusted logits.
@@ -157,6 +162,7 @@ def contrastive_generate(
     runner = as_runner(model)
     P = _check_inputs(runner, prompts, max_new_tokens, "cached")
     N, B = int(max_new_tokens), len(prompts)
+    assert sampler.top_k is not None  # SamplerConfig validation: contrastive search needs top_k >= 2
     if sampler.top_k > runner.vocab_size:
         raise ValueError(f"top_k={sampler.top_k} candidates exceed the vocabulary of {runner.vocab_size} tokens")
     buf, valid = _left_padded(prompts, P, N, runner.pad_id, getattr(runner, "device", None) or _device_of(model))
@@ -169,10 +175,10 @@ def contrastive_generate(
     with torch.inference_mode():
         search.prefill()
         for i in range(N):
-            if return_logits:
+            if step_logits is not None:
                 step_logits.append(search.next_logits.detach().clone())
             nxt, probs = search.step(P + i)
-            if return_probs:
+            if step_probs is not None:
                 step_probs.append(probs)
             shown = torch.where(done, torch.full_like(nxt, -1), nxt)  # finished rows emit nothing
             buf[:, P + i], valid[:, P + i] = torch.where(done, runner.pad_id, nxt), True  # in the cache either way

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, cast
 
 import torch
 
@@ -58,10 +58,12 @@ class GPTRunner:
         return KVCache.for_model(self.model.cfg, batch_size, max_len=max_len, dtype=self.dtype, device=self.device)
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: KVCache) -> torch.Tensor:
-        return self.model(ids, cache=state, attention_mask=valid)
+        logits: torch.Tensor = self.model(ids, cache=state, attention_mask=valid)
+        return logits
 
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        return self.model(ids, attention_mask=valid)
+        logits: torch.Tensor = self.model(ids, attention_mask=valid)
+        return logits
 
 
 def as_runner(model: Any) -> Runner:
@@ -69,7 +71,7 @@ def as_runner(model: Any) -> Runner:
     if isinstance(model, GPT):
         return GPTRunner(model)
     if all(hasattr(model, a) for a in ("new_state", "step", "full", "vocab_size")):
-        return model
+        return cast(Runner, model)  # duck-typed: the attributes generate() calls are checked just above
     raise TypeError(
         f"generate() needs a genprobe GPT or a runner (e.g. HFCausalLM(hf_model)), got {type(model).__name__}"
     )
@@ -85,15 +87,15 @@ class GenerationResult:
     token_forwards: int  # token positions pushed through the model per row (padding included)
     forward_calls: int
     mode: str
-    sampler: dict
+    sampler: dict[str, Any]
     seconds: float = 0.0
     step_logits: list[torch.Tensor] | None = None  # per step (B, V), raw model output
     step_probs: list[torch.Tensor] | None = None  # per step (B, V), the sampling distribution
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self, with_steps: bool = False) -> dict:
+    def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
         """Plain-JSON form (per-step tensors only if ``with_steps``)."""
-        d = {
+        d: dict[str, Any] = {
             "tokens": self.tokens,
             "prompt_tokens": self.prompt_tokens,
             "finished": self.finished,
@@ -248,9 +250,10 @@ def generate(
                 if return_probs or not cfg.is_identity:
                     processed = process_logits(logits, hist, cfg, prompt_len=P, generator=gen)
                 nxt = sample_next(logits, hist, cfg, gen, processed=processed, prompt_len=P)
-            if return_logits:
+            if step_logits is not None:
                 step_logits.append(logits.detach().float().clone())
-            if return_probs:
+            if step_probs is not None:
+                assert processed is not None  # computed above whenever probabilities are asked for
                 step_probs.append(torch.softmax(processed, dim=-1))
             if eos_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, runner.pad_id), nxt)
@@ -316,7 +319,7 @@ def _greedy_chunk(
     chunk = runner.decode_greedy(buf[:, cur - 1 : cur], col, done, state, steps, eos_id, step_logits is not None)
     if chunk is None:
         return None
-    taken = chunk.tokens.shape[1]
+    taken: int = chunk.tokens.shape[1]
     buf[:, cur : cur + taken] = chunk.tokens
     valid[:, cur : cur + taken] = chunk.valid
     if eos_id is not None:
@@ -338,6 +341,7 @@ def _greedy_chunk(
 def _device_of(model: Any) -> torch.device:
     m = getattr(model, "model", model)
     try:
-        return next(m.parameters()).device
+        device: torch.device = next(m.parameters()).device
+        return device
     except (AttributeError, StopIteration, TypeError):
         return torch.device("cpu")

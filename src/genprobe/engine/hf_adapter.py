@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -27,7 +27,10 @@ class _HFCacheState:
 
 
 class HFCausalLM:
-    """A ``transformers`` causal LM behind the runner protocol (``vocab_size``, ``max_positions``, ``step``, ``full``)."""
+    """A ``transformers`` causal LM behind the runner protocol.
+
+    It exposes ``vocab_size``, ``max_positions``, ``step`` and ``full``.
+    """
 
     def __init__(self, hf_model: Any):
         if not hasattr(hf_model, "config") or not callable(hf_model):
@@ -48,9 +51,10 @@ class HFCausalLM:
         """The wrapped model's config."""
         return self.model.config
 
-    def parameters(self):
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
         """The wrapped model's parameters (device/dtype discovery)."""
-        return self.model.parameters()
+        params: Iterator[torch.nn.Parameter] = self.model.parameters()
+        return params
 
     def new_state(self, batch_size: int, max_len: int) -> _HFCacheState:
         """A fresh ``DynamicCache`` plus a preallocated attention-mask buffer."""
@@ -65,12 +69,16 @@ class HFCausalLM:
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState) -> torch.Tensor:
         """Cached forward of new tokens (B, T) → logits (B, T, V); positions continue each row's real count."""
-        return self._cached_forward(ids, valid, state, hidden=False).logits
+        logits: torch.Tensor = self._cached_forward(ids, valid, state, hidden=False).logits
+        return logits
 
     def step_with_hidden(
         self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`step` plus the last hidden state (after the final norm: ``hidden_states[-1]``), for contrastive search."""
+        """:meth:`step` plus the last hidden state, for contrastive search.
+
+        The hidden state is taken after the final norm (``hidden_states[-1]``).
+        """
         out = self._cached_forward(ids, valid, state, hidden=True)
         return out.logits, out.hidden_states[-1]
 
@@ -106,10 +114,12 @@ class HFCausalLM:
         """Uncached forward of the whole (left-padded) sequence → logits (B, T, V)."""
         v = valid.to(torch.long)
         positions = (v.cumsum(1) - 1).clamp(min=0)
-        return self.model(input_ids=ids, attention_mask=v, position_ids=positions, use_cache=False).logits
+        out = self.model(input_ids=ids, attention_mask=v, position_ids=positions, use_cache=False)
+        logits: torch.Tensor = out.logits
+        return logits
 
 
-def load_causal_lm(path: str | os.PathLike) -> tuple[Any, Any]:
+def load_causal_lm(path: str | os.PathLike[str]) -> tuple[Any, Any]:
     """(runner-or-GPT, tokenizer) through the one loader, :func:`genprobe.model.load.load_model`."""
     from ..model.load import load_model
 

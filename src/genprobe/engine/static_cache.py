@@ -14,6 +14,8 @@ data-dependent slot, which is what this cache exists to avoid.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..model.config import GPTConfig
@@ -52,7 +54,7 @@ class StaticKVCache:
         self._step: tuple[torch.Tensor, torch.Tensor | None, int | None] | None = None
 
     @classmethod
-    def for_model(cls, cfg: GPTConfig, batch_size: int = 1, max_len: int | None = None, **kw) -> "StaticKVCache":
+    def for_model(cls, cfg: GPTConfig, batch_size: int = 1, max_len: int | None = None, **kw: Any) -> "StaticKVCache":
         """A cache shaped for ``cfg`` (capacity defaults to the model's context length)."""
         return cls(cfg.n_layer, batch_size, cfg.n_head, cfg.d_head, max_len or cfg.block_size, **kw)
 
@@ -121,6 +123,7 @@ class StaticKVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's K/V of ``layer`` at the reserved slots; return the full buffers."""
+        assert self._step is not None, "reserve() must precede write()"
         slots, _, live = self._step
         # Advanced-index assignment (index_put_) into the layer's base tensor, as gpt-fast does.
         k_buf, v_buf = self.k[layer], self.v[layer]
@@ -132,6 +135,7 @@ class StaticKVCache:
 
     def commit(self) -> None:
         """Advance the write pointer and the per-row position counters after all layers have written."""
+        assert self._step is not None, "reserve() must precede commit()"
         slots, valid, _ = self._step
         T = slots.shape[0]
         self.write_ptr.add_(T)

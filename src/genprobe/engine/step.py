@@ -31,4 +31,5 @@ def forward_step(
                 f"attention_mask shape {tuple(attention_mask.shape)} incompatible with ids {tuple(ids.shape)}"
             )
         attention_mask = attention_mask[:, -T:]
-    return model(ids, positions=positions, cache=cache, attention_mask=attention_mask)
+    logits: torch.Tensor = model(ids, positions=positions, cache=cache, attention_mask=attention_mask)
+    return logits

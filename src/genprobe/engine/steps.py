@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -35,7 +35,7 @@ class StepStat:
         """Entropy in bits."""
         return None if self.entropy_nats is None else self.entropy_nats / math.log(2)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
         return asdict(self)
 
@@ -62,7 +62,8 @@ def step_stats(
             stat.prob, stat.entropy_nats, stat.kept = float(p[t]), entropy_nats(p), int((p > 0).sum())
             if top:
                 vals, idx = torch.topk(p, min(top, p.numel()))
-                stat.top = [Candidate(int(j), token_str(int(j)), float(v)) for v, j in zip(vals, idx) if v > 0]
+                pairs = zip(vals.tolist(), idx.tolist(), strict=True)
+                stat.top = [Candidate(j, token_str(j), v) for v, j in pairs if v > 0]
         out.append(stat)
     return out
 

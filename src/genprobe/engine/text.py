@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .generate import generate
 from .sampling import SamplerConfig
@@ -24,7 +24,7 @@ class Completion:
     finished: str  # "length" | "eos"
     unknown_chars: list[str]  # prompt characters the vocabulary lacks (they became the unknown token)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
         return asdict(self)
 
@@ -54,5 +54,5 @@ def complete(
     )
     return [
         Completion(t, tok.decode(new), p, new, fin, unk)
-        for t, p, new, fin, unk in zip(texts, ids, res.tokens, res.finished, unknown)
+        for t, p, new, fin, unk in zip(texts, ids, res.tokens, res.finished, unknown, strict=True)
     ]

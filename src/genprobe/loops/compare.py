@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from ..engine.generate import generate
-from ..metrics import LoopSettings
+from ..metrics import LoopMeasures, LoopSettings
 from ..metrics.legit import LegitRates, legit_counts, legit_rates
 from .compare_breakers import ClassRate, OwnLoops, class_rates, own_loops, unit_class
 from .compare_fluency import Fluency, fluency, score_continuations
@@ -44,7 +44,7 @@ from .compare_methods import (
     edit_with,
 )
 from .patch import Patch, apply_patch, revert_patch
-from .scan import LoopRates, ScanResult, study_sampler
+from .scan import GenerationRecord, LoopRates, ScanResult, study_sampler
 from .study import EndToken, LoopStudy, RepairConfig
 
 BACKENDS = ("genprobe",)
@@ -247,6 +247,20 @@ def patched(module: Any, patch: Patch) -> Iterator[None]:
         revert_patch(module, patch)
 
 
+def _patch_scope(module: Any, patch: Patch | None, on: bool) -> AbstractContextManager[None]:
+    """``patched`` when the method edits the weights, else a no-op (check_methods: edit rows have a patch)."""
+    if not on:
+        return nullcontext()
+    assert patch is not None, "an edit method needs a patch (check_methods enforces it)"
+    return patched(module, patch)
+
+
+def _chars(r: GenerationRecord) -> LoopMeasures:
+    """The record's character-level loop measures (LoopStudy.scan measures every decoded text)."""
+    assert r.char_measures is not None, "compare scans decode every text"
+    return r.char_measures
+
+
 def _bans(model: Any) -> list[int]:
     """The ids every method bans: ``<unk>`` (the chanting setting) and the end token."""
     return [i for i in (model.unk_id, model.eos_id) if i is not None]
@@ -255,7 +269,7 @@ def _bans(model: Any) -> list[int]:
 def _scan(study: LoopStudy, method: Method, ids: list[list[int]], prompts: Sequence[str], patch: Patch | None,
           log: Callable[[str], None]) -> tuple[ScanResult, float]:
     t0 = time.perf_counter()
-    with patched(study.module, patch) if method.patched else nullcontext():
+    with _patch_scope(study.module, patch, method.patched):
         scan = study.scan(ids, list(prompts), sampler=method.sampler, desc=method.name)
     seconds = time.perf_counter() - t0
     s = scan.summary
@@ -293,7 +307,7 @@ def _score(model: Any, judge: Any, prompts: Sequence[str], method: Method, scan:
     cost = Cost(round(seconds, 2), sum(len(r.tokens) for r in recs), 0, [], None, None)
     return MethodResult(method, scan.summary, _legit(prompts, texts), _legit(prompts, texts, clean), own, jud, cost,
                         class_rates(classes, degenerate),
-                        own_loops(texts, [r.char_measures for r in recs], breakers), [], texts, degenerate)
+                        own_loops(texts, [_chars(r) for r in recs], breakers), [], texts, degenerate)
 
 
 def _kept(r: MethodResult, human: HumanReference) -> float | None:
@@ -318,6 +332,7 @@ def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: Com
     cands = []
     for r in (r for r in results if _is_sampler(r.method)):
         flu = r.judge if human.judge is not None else r.own
+        assert flu is not None  # a judged human reference means a judge scored every method too
         nll, speed, kept = flu.nll_per_char, r.cost.speed_vs_greedy, _kept(r, human)
         reasons = []
         if speed is not None and speed < cfg.min_speed:
@@ -344,7 +359,7 @@ def _timing(study: LoopStudy, methods: Sequence[Method], ids: list[list[int]], p
     for _ in range(cfg.timing_rounds):
         for m in methods:
             sampler = study_sampler(m.sampler, study.eos_id)
-            with patched(study.module, patch) if m.patched else nullcontext():
+            with _patch_scope(study.module, patch, m.patched):
                 t0 = time.perf_counter()
                 generate(study.engine, batch, cfg.max_new_tokens, sampler, seed=cfg.seed)
                 times[m.name].append(time.perf_counter() - t0)
@@ -405,7 +420,7 @@ def compare_fixes(
     scans = {m.name: _scan(study, m, ids, prompts, patch, log) for m in methods}
     clock["generate"] = time.perf_counter()
     greedy_recs = scans[BASELINE][0].records
-    classes = [unit_class(r.text or "", r.char_measures, breakers) for r in greedy_recs]
+    classes = [unit_class(r.text or "", _chars(r), breakers) for r in greedy_recs]
     cap = int(statistics.median(len(r.text or "") for r in greedy_recs))
     ref = _human_reference(model, judge, prompts, human, cap, cfg.batch_size)
     results = [_score(model, judge, prompts, m, *scans[m.name], classes, breakers, cfg) for m in methods]
@@ -414,6 +429,7 @@ def compare_fixes(
     clock["timing"] = time.perf_counter()
     best = choose_best(results, ref, cfg) if any(_is_sampler(r.method) for r in results) else None
     if EDIT_BEST in names and best is not None:
+        assert patch is not None and best.name is not None  # check_methods: EDIT_BEST needs a patch; a choice names one
         results.append(_run_combined(study, model, judge, prompts, ids, patch, results, best.name, classes,
                                      breakers, cfg, log))
         clock["edit+best"] = time.perf_counter()

@@ -147,8 +147,9 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
     exact = [m for m in measures if m.looping]
     near = [m for m in measures if m.near_looping]
     anyl = [m for m in measures if m.any_loop]
-    short = sum(1 for m in exact if m.period <= short_period_max)
-    short_any = sum(1 for m in anyl if m.any_period <= short_period_max)
+    # A loop always has a period and an onset; the filters only tell the type checker so.
+    short = sum(1 for m in exact if m.period is not None and m.period <= short_period_max)
+    short_any = sum(1 for m in anyl if m.any_period is not None and m.any_period <= short_period_max)
 
     def mean(get: Callable[[LoopMeasures], float]) -> float:
         return sum(get(m) for m in measures) / n if n else 0.0
@@ -173,7 +174,7 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
         mean_near_match=mean(lambda m: m.near_match),
         period_hist={str(p): c for p, c in sorted(Counter(m.period for m in exact).items())},
         near_period_hist={str(p): c for p, c in sorted(Counter(m.near_period for m in near).items())},
-        onset_hist=_onset_hist([m.onset for m in exact]),
+        onset_hist=_onset_hist([m.onset for m in exact if m.onset is not None]),
     )
 
 

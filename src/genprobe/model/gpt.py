@@ -68,7 +68,7 @@ class CausalSelfAttention(nn.Module):
         positions: torch.Tensor,
         mask: torch.Tensor | None,
         cache: "CacheLike | None",
-        attn_store: list | None,
+        attn_store: list[torch.Tensor] | None,
     ) -> torch.Tensor:
         """``mask``: (B,1,Tq,Tk) bool visibility or float additive bias (ALiBi), built once per forward."""
         B, T, C = x.shape
@@ -100,9 +100,11 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0
             )
-        y = self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        out: torch.Tensor = self.c_proj(y.transpose(1, 2).reshape(B, T, C))
         # Dropout modules are skipped outright in eval: each call costs microseconds per decode step.
-        return self.resid_dropout(y) if self.training else y
+        if self.training:
+            out = self.resid_dropout(out)
+        return out
 
 
 class MLP(nn.Module):
@@ -115,8 +117,10 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
-        return self.dropout(y) if self.training else y
+        y: torch.Tensor = self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        if self.training:
+            y = self.dropout(y)
+        return y
 
 
 class Block(nn.Module):
@@ -129,7 +133,14 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, mask, cache, attn_store):
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: "CacheLike | None",
+        attn_store: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), positions, mask, cache, attn_store)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -219,8 +230,8 @@ class GPT(nn.Module):
         cache: "CacheLike | None" = None,
         attention_mask: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
-        attn_store: list | None = None,
-        hidden_store: list | None = None,
+        attn_store: list[torch.Tensor] | None = None,
+        hidden_store: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, V) for ``ids`` (B, T) at absolute ``positions`` (B, T).
 
@@ -236,7 +247,7 @@ class GPT(nn.Module):
         if T == 0:
             raise ValueError("ids has no tokens")
         defaulted = positions is None
-        if defaulted:
+        if positions is None:
             positions = default_positions(B, T, cache, attention_mask, ids.device)
         if positions.shape != (B, T):
             raise ValueError(f"positions shape {tuple(positions.shape)} != ids shape {(B, T)}")
@@ -282,11 +293,12 @@ class GPT(nn.Module):
                 hidden_store.append(x)
         if cache is not None:
             cache.commit()
-        return self.lm_head(self.ln_f(x))
+        logits: torch.Tensor = self.lm_head(self.ln_f(x))
+        return logits
 
 
 def default_positions(
-    B: int, T: int, cache: "CacheLike | None", attention_mask: torch.Tensor | None, device
+    B: int, T: int, cache: "CacheLike | None", attention_mask: torch.Tensor | None, device: torch.device
 ) -> torch.Tensor:
     """Positions when none are given: continue the cache's per-row count; padding does not advance it."""
     if cache is not None:

@@ -76,6 +76,7 @@ def adjust_logits(
 
 
 def _torch_stage(z: torch.Tensor, stage: str, cfg: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
+    assert cfg.engine is not None  # SamplerConfig.__post_init__ resolves it
     if stage == "temp":
         return tr.temperature(z, cfg.temperature, cfg.engine)
     if stage == "top_k":
@@ -179,11 +180,11 @@ def kept_set_size(logits: torch.Tensor, cfg: SamplerConfig, history: torch.Tenso
 def kept_set_sizes(
     logits: torch.Tensor, temperatures: Sequence[float], top_p: float,
     orders: Sequence[str] = ("trunc_then_temp", "temp_then_trunc"),
-) -> list[dict]:
+) -> list[dict[str, float]]:
     """The order-trap table (seed §3.5.5): kept-set size per temperature under each order."""
     rows = []
     for t in temperatures:
-        row = {"temperature": float(t)}
+        row: dict[str, float] = {"temperature": float(t)}
         for o in orders:
             row[o] = kept_set_size(logits, SamplerConfig(temperature=t, top_p=top_p, order=o))
         rows.append(row)

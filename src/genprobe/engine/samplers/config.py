@@ -135,7 +135,7 @@ class SamplerConfig:
             or self.xtc_active
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (every parameter, the resolved engine included)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}  # asdict() deep-copies: slow per call
         d["ban_ids"] = list(self.ban_ids)

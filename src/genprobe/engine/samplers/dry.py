@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from .config import SamplerConfig
+
 FLOAT_MAX_LOG = np.float32(88.7228391)
 MAX_BREAKER_CHARS = 40
 MAX_BREAKER_TAIL = 20
@@ -110,7 +112,7 @@ def dry_penalties(
     return out
 
 
-def apply_dry(logits: torch.Tensor, history: torch.Tensor, cfg) -> torch.Tensor:
+def apply_dry(logits: torch.Tensor, history: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
     """Subtract each row's DRY penalties (history entries < 0 are padding and skipped)."""
     table = breaker_table(cfg.dry_sequence_breakers)
     out = logits

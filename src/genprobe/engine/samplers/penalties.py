@@ -109,6 +109,7 @@ def apply_penalties(logits: torch.Tensor, history: torch.Tensor, cfg: SamplerCon
     if cfg.engine == "llama.cpp":
         return apply_llama_cpp_penalties(logits, history_counts(scoped, V), cfg)
     if cfg.repetition_penalty != 1.0:
+        assert cfg.engine is not None  # SamplerConfig.__post_init__ resolves it
         logits = apply_repetition_penalty(logits, scoped, cfg.repetition_penalty, cfg.engine)
     if cfg.presence_penalty or cfg.frequency_penalty:
         out_counts = history_counts(scoped[:, prompt_len:], V)
