@@ -112,8 +112,14 @@ def hf_engine(b: Bundle, prompts: Tokens, n: int) -> Engine:
     def run(k: int = n) -> Tokens:
         with torch.inference_mode():
             out = hf.generate(
-                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=k, min_new_tokens=k,
-                pad_token_id=0, eos_token_id=None, num_beams=1,
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=k,
+                min_new_tokens=k,
+                pad_token_id=0,
+                eos_token_id=None,
+                num_beams=1,
             )
         return out[:, ids.shape[1] :].tolist()
 
@@ -159,7 +165,12 @@ def ct2_engine(b: Bundle, prompts: Tokens, n: int, threads: int | None = None) -
 
     def run(k: int = n) -> Tokens:
         res = gen.generate_batch(
-            start, max_length=k, min_length=0, beam_size=1, include_prompt_in_result=False, end_token=[],
+            start,
+            max_length=k,
+            min_length=0,
+            beam_size=1,
+            include_prompt_in_result=False,
+            end_token=[],
             max_batch_size=0,
         )
         return [r.sequences_ids[0] for r in res]
@@ -182,8 +193,14 @@ def vllm_engine(b: Bundle, prompts: Tokens, n: int) -> Engine:
         raise EngineUnavailable(f"vllm is not importable ({type(exc).__name__}: {exc})") from exc
     if getattr(b, "_vllm", None) is None:
         # A KV-cache reservation sized for these models (vLLM's CPU default takes GiBs), batches up to 128.
-        b._vllm = LLM(model=str(b.hf_dir()), dtype="float32", skip_tokenizer_init=True, seed=0,
-                      max_num_seqs=128, kv_cache_memory_bytes=256 << 20)
+        b._vllm = LLM(
+            model=str(b.hf_dir()),
+            dtype="float32",
+            skip_tokenizer_init=True,
+            seed=0,
+            max_num_seqs=128,
+            kv_cache_memory_bytes=256 << 20,
+        )
     llm = b._vllm
     reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
 

@@ -53,8 +53,14 @@ def rooflines(model: torch.nn.Module, batch: int, reps: int) -> dict:
     x = {p.shape[1]: torch.randn(batch, p.shape[1]) for p in weights}
     flops = 2 * batch * sum(p.numel() for p in weights)  # embedding tables counted once: the lm head reads wte
     mm_s = _best_of(lambda: [x[p.shape[1]] @ p.t() for p in weights], reps)
-    return {"weight_bytes": nbytes, "read_GBps": nbytes / read_s / 1e9, "read_weights_us": 1e6 * read_s,
-            "matmul_flops_per_step": flops, "matmuls_us": 1e6 * mm_s, "matmul_GFLOPs": flops / mm_s / 1e9}
+    return {
+        "weight_bytes": nbytes,
+        "read_GBps": nbytes / read_s / 1e9,
+        "read_weights_us": 1e6 * read_s,
+        "matmul_flops_per_step": flops,
+        "matmuls_us": 1e6 * mm_s,
+        "matmul_GFLOPs": flops / mm_s / 1e9,
+    }
 
 
 def step_costs(bundle, prompt: list[int], batch: int, n: int, reps: int, names: list[str]) -> dict:
@@ -69,7 +75,7 @@ def step_costs(bundle, prompt: list[int], batch: int, n: int, reps: int, names: 
             continue
         e.run()
         for k in (1, 2, n):
-            runs[f"{name}@{k}"] = (lambda e=e, k=k: e.run(k))
+            runs[f"{name}@{k}"] = lambda e=e, k=k: e.run(k)
     series, _ = interleaved(runs, reps)
     out = {}
     for name in names:
@@ -77,8 +83,12 @@ def step_costs(bundle, prompt: list[int], batch: int, n: int, reps: int, names: 
             continue
         t1, t2, tn = (series[f"{name}@{k}"].median for k in (1, 2, n))
         step = (tn - t2) / (n - 2)
-        out[name] = {"first_token_us": 1e6 * t1, "step_us": 1e6 * step, "enter_loop_us": 1e6 * (t2 - t1 - step),
-                     "busy": any(series[f"{name}@{k}"].busy for k in (1, 2, n))}
+        out[name] = {
+            "first_token_us": 1e6 * t1,
+            "step_us": 1e6 * step,
+            "enter_loop_us": 1e6 * (t2 - t1 - step),
+            "busy": any(series[f"{name}@{k}"].busy for k in (1, 2, n)),
+        }
     return {"engines": out, "skipped": skipped}
 
 
@@ -118,15 +128,27 @@ def main(argv: list[str] | None = None) -> int:
         ops = top_ops(bundle, prompt, args.batch, args.new_tokens)
     finally:
         bundle.close()
-    result = {"model": bundle.source, "parameters": bundle.model.num_parameters(), "batch": args.batch,
-              "threads": torch.get_num_threads(), "load_average": load, "roofline": roof, **costs, "eager_top_ops": ops}
+    result = {
+        "model": bundle.source,
+        "parameters": bundle.model.num_parameters(),
+        "batch": args.batch,
+        "threads": torch.get_num_threads(),
+        "load_average": load,
+        "roofline": roof,
+        **costs,
+        "eager_top_ops": ops,
+    }
     print(f"{bundle.source}, batch {args.batch}, {torch.get_num_threads()} threads, load {load}")
-    print(f"  weights {roof['weight_bytes'] / 1e6:.1f} MB: read at best in {roof['read_weights_us']:.0f} µs "
-          f"({roof['read_GBps']:.1f} GB/s); the step's matmuls alone (torch) {roof['matmuls_us']:.0f} µs "
-          f"({roof['matmul_GFLOPs']:.1f} GFLOP/s)")
+    print(
+        f"  weights {roof['weight_bytes'] / 1e6:.1f} MB: read at best in {roof['read_weights_us']:.0f} µs "
+        f"({roof['read_GBps']:.1f} GB/s); the step's matmuls alone (torch) {roof['matmuls_us']:.0f} µs "
+        f"({roof['matmul_GFLOPs']:.1f} GFLOP/s)"
+    )
     for k, c in result["engines"].items():
-        print(f"  {k:9s} step {c['step_us']:9.1f} µs | first token {c['first_token_us']:9.1f} µs"
-              f" | entering the loop {c['enter_loop_us']:8.1f} µs{' BUSY' if c['busy'] else ''}")
+        print(
+            f"  {k:9s} step {c['step_us']:9.1f} µs | first token {c['first_token_us']:9.1f} µs"
+            f" | entering the loop {c['enter_loop_us']:8.1f} µs{' BUSY' if c['busy'] else ''}"
+        )
     print("  eager step, top operators (self µs per step):")
     for o in ops:
         print(f"    {o['self_us_per_step']:9.1f} µs  x{o['calls_per_step']:5.1f}  {o['op']}")

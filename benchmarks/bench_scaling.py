@@ -41,14 +41,16 @@ def batch_scaling(
         engines = _engines(bundle, names, [list(prompt)] * B, n, skipped)
         load = load_average()
         series, _ = interleaved({k: e.run for k, e in engines.items()}, reps)
-        rows.append({
-            "batch": B,
-            "load_average": load,
-            "tokens_per_s": {k: B * n / s.median for k, s in series.items()},
-            "tokens_per_s_min_time": {k: B * n / s.best for k, s in series.items()},
-            "busy": sorted(k for k, s in series.items() if s.busy),
-            "skipped": skipped,
-        })
+        rows.append(
+            {
+                "batch": B,
+                "load_average": load,
+                "tokens_per_s": {k: B * n / s.median for k, s in series.items()},
+                "tokens_per_s_min_time": {k: B * n / s.best for k, s in series.items()},
+                "busy": sorted(k for k, s in series.items() if s.busy),
+                "skipped": skipped,
+            }
+        )
     return rows
 
 
@@ -67,13 +69,18 @@ def context_scaling(bundle: Bundle, names: list[str], contexts: list[int], n: in
         for k in engines:
             dt = series[f"{k}:n"].median - series[f"{k}:1"].median
             tps[k] = batch * (n - 1) / dt if dt > 0 else None
-        rows.append({
-            "context": L, "prompt_tokens": L - n, "batch": batch, "load_average": load,
-            "decode_tokens_per_s": tps,
-            "prefill_plus_first_ms": {k: 1e3 * series[f"{k}:1"].median for k in engines},
-            "busy": sorted({k.split(":")[0] for k, s in series.items() if s.busy}),
-            "skipped": skipped,
-        })
+        rows.append(
+            {
+                "context": L,
+                "prompt_tokens": L - n,
+                "batch": batch,
+                "load_average": load,
+                "decode_tokens_per_s": tps,
+                "prefill_plus_first_ms": {k: 1e3 * series[f"{k}:1"].median for k in engines},
+                "busy": sorted({k.split(":")[0] for k, s in series.items() if s.busy}),
+                "skipped": skipped,
+            }
+        )
     return rows
 
 
@@ -91,8 +98,9 @@ def plot(batch_rows: list[dict], ctx_rows: list[dict], title: str) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    names = sorted({k for r in batch_rows for k in r["tokens_per_s"]}
-                   | {k for r in ctx_rows for k in r["decode_tokens_per_s"]})
+    names = sorted(
+        {k for r in batch_rows for k in r["tokens_per_s"]} | {k for r in ctx_rows for k in r["decode_tokens_per_s"]}
+    )
     for k in names:
         xs = [r["batch"] for r in batch_rows if k in r["tokens_per_s"]]
         a.plot(xs, [r["tokens_per_s"][k] for r in batch_rows if k in r["tokens_per_s"]], marker="o", label=k)
@@ -101,8 +109,12 @@ def plot(batch_rows: list[dict], ctx_rows: list[dict], title: str) -> bytes:
             b.plot(*zip(*pts, strict=True), marker="o", label=k)
     a.set(xscale="log", yscale="log", xlabel="batch size", ylabel="tokens/s (median)", title="throughput vs batch")
     a.set_xscale("log", base=2)
-    b.set(xlabel="context length (tokens)", ylabel="decode tokens/s (median)", yscale="log",
-          title=f"decode vs context (batch {ctx_rows[0]['batch'] if ctx_rows else '?'})")
+    b.set(
+        xlabel="context length (tokens)",
+        ylabel="decode tokens/s (median)",
+        yscale="log",
+        title=f"decode vs context (batch {ctx_rows[0]['batch'] if ctx_rows else '?'})",
+    )
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
@@ -120,14 +132,20 @@ def table(batch_rows: list[dict], ctx_rows: list[dict]) -> str:
     out = ["| batch | " + " | ".join(names) + " | load |", "|" + "---|" * (len(names) + 2)]
     for r in batch_rows:
         cells = (f"{r['tokens_per_s'][k]:,.0f}" if k in r["tokens_per_s"] else "–" for k in names)
-        out.append(f"| {r['batch']} | " + " | ".join(cells)
-                   + f" | {r['load_average'] if r['load_average'] is None else round(r['load_average'], 1)} |")
+        out.append(
+            f"| {r['batch']} | "
+            + " | ".join(cells)
+            + f" | {r['load_average'] if r['load_average'] is None else round(r['load_average'], 1)} |"
+        )
     names = sorted({k for r in ctx_rows for k in r["decode_tokens_per_s"]})
     out += ["", "| context | " + " | ".join(names) + " | load |", "|" + "---|" * (len(names) + 2)]
     for r in ctx_rows:
         t = r["decode_tokens_per_s"]
-        out.append(f"| {r['context']} | " + " | ".join(f"{t[k]:,.0f}" if t.get(k) else "–" for k in names)
-                   + f" | {r['load_average'] if r['load_average'] is None else round(r['load_average'], 1)} |")
+        out.append(
+            f"| {r['context']} | "
+            + " | ".join(f"{t[k]:,.0f}" if t.get(k) else "–" for k in names)
+            + f" | {r['load_average'] if r['load_average'] is None else round(r['load_average'], 1)} |"
+        )
     return "\n".join(out)
 
 

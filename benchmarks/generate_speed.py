@@ -194,8 +194,10 @@ def format_row(row: Row, n: int) -> str:
         lines.append(f"  {k:9s} skipped: {why}")
     r = row.ratios(n)
     if r:
-        lines.append("  ratios (median; min-time in brackets): " + ", ".join(
-            f"{k} {v:.2f}x [{r[k + '_min']:.2f}x]" for k, v in r.items() if not k.endswith("_min")))
+        lines.append(
+            "  ratios (median; min-time in brackets): "
+            + ", ".join(f"{k} {v:.2f}x [{r[k + '_min']:.2f}x]" for k, v in r.items() if not k.endswith("_min"))
+        )
     return "\n".join(lines)
 
 
@@ -218,21 +220,29 @@ def markdown_table(rows: list[Row], n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="default", choices=["default", "58m"],
-                    help="which model (default: the checkpoint)")
-    ap.add_argument("--ckpt", default=None,
-                    help="genprobe checkpoint dir for --model default (default out/case/model if present)")
+    ap.add_argument(
+        "--model", default="default", choices=["default", "58m"], help="which model (default: the checkpoint)"
+    )
+    ap.add_argument(
+        "--ckpt", default=None, help="genprobe checkpoint dir for --model default (default out/case/model if present)"
+    )
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--new-tokens", type=int, default=50)
     ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions per engine (median and min reported)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads and CTranslate2 intra_threads")
-    ap.add_argument("--engines", nargs="+", default=None, choices=ENGINES,
-                    help="engines to run (default: all; naive only for --model default)")
+    ap.add_argument(
+        "--engines",
+        nargs="+",
+        default=None,
+        choices=ENGINES,
+        help="engines to run (default: all; naive only for --model default)",
+    )
     ap.add_argument("--no-memory", action="store_true", help="skip the memory pass")
     ap.add_argument("--scaling", action="store_true", help="also tokens/s vs batch size and vs context length")
     ap.add_argument("--scaling-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
-    ap.add_argument("--contexts", type=int, nargs="+", default=None,
-                    help="context lengths (default: up to the model's)")
+    ap.add_argument(
+        "--contexts", type=int, nargs="+", default=None, help="context lengths (default: up to the model's)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="directory for speed.json / scaling.json / scaling.png")
     ap.add_argument("--json", action="store_true", help="JSON on stdout (tables go to stderr)")
     args = ap.parse_args(argv)
@@ -256,8 +266,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(format_row(row, N), file=show, flush=True)
             if any(s.busy for s in row.series.values()):
-                print(f"  warning: the machine was busy during batch {B} (spread > 25%): compare the best-time ratios, "
-                      "or re-run when `uptime` shows a load below the core count", file=show)
+                print(
+                    f"  warning: the machine was busy during batch {B} (spread > 25%): compare the best-time ratios, "
+                    "or re-run when `uptime` shows a load below the core count",
+                    file=show,
+                )
         table = markdown_table(rows, N)
         print("\n" + table, file=show)
         result = {

@@ -53,13 +53,20 @@ def _hf(model, prompts: list[list[int]], new: int):
     ids = torch.full((len(prompts), P), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, P - len(p):] = torch.tensor(p)
-        mask[i, P - len(p):] = 1
+        ids[i, P - len(p) :] = torch.tensor(p)
+        mask[i, P - len(p) :] = 1
 
     def run() -> list[list[int]]:
         with torch.inference_mode():
-            out = model.module.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
-                                        min_new_tokens=new, eos_token_id=None, pad_token_id=pad)
+            out = model.module.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                eos_token_id=None,
+                pad_token_id=pad,
+            )
         return out[:, P:].tolist()
 
     return run
@@ -78,8 +85,11 @@ def measure(model, prompts: list[list[int]], new: int, reps: int) -> dict:
     n_tokens = len(prompts) * new
     row = {"batch": len(prompts), "tokens_equal": tokens["ours"] == tokens["hf"]}
     for k, s in seconds.items():
-        row[k] = {"median_tok_s": n_tokens / statistics.median(s), "best_tok_s": n_tokens / min(s),
-                  "busy": max(s) / min(s) > 1.5}
+        row[k] = {
+            "median_tok_s": n_tokens / statistics.median(s),
+            "best_tok_s": n_tokens / min(s),
+            "busy": max(s) / min(s) > 1.5,
+        }
     row["ratio_median"] = row["ours"]["median_tok_s"] / row["hf"]["median_tok_s"]
     row["ratio_best"] = row["ours"]["best_tok_s"] / row["hf"]["best_tok_s"]
     return row
@@ -100,15 +110,20 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     model = genprobe.load(args.model)
     rows = [measure(model, _prompts(model, args.prompts, b), args.max_new_tokens, args.reps) for b in args.batch]
-    print(f"{model.describe()}; greedy, {args.max_new_tokens} new tokens, {args.threads} thread(s), "
-          f"{args.reps} interleaved rounds", file=sys.stderr)
+    print(
+        f"{model.describe()}; greedy, {args.max_new_tokens} new tokens, {args.threads} thread(s), "
+        f"{args.reps} interleaved rounds",
+        file=sys.stderr,
+    )
     print("| batch | ours tok/s (median / best) | transformers.generate | ours / HF (median / best) | same tokens |")
     print("|---|---|---|---|---|")
     for r in rows:
         busy = " (busy)" if r["ours"]["busy"] or r["hf"]["busy"] else ""
-        print(f"| {r['batch']} | {r['ours']['median_tok_s']:,.0f} / {r['ours']['best_tok_s']:,.0f} | "
-              f"{r['hf']['median_tok_s']:,.0f} / {r['hf']['best_tok_s']:,.0f} | "
-              f"{r['ratio_median']:.2f}× / {r['ratio_best']:.2f}×{busy} | {'yes' if r['tokens_equal'] else 'NO'} |")
+        print(
+            f"| {r['batch']} | {r['ours']['median_tok_s']:,.0f} / {r['ours']['best_tok_s']:,.0f} | "
+            f"{r['hf']['median_tok_s']:,.0f} / {r['hf']['best_tok_s']:,.0f} | "
+            f"{r['ratio_median']:.2f}× / {r['ratio_best']:.2f}×{busy} | {'yes' if r['tokens_equal'] else 'NO'} |"
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
     return 0 if all(r["tokens_equal"] for r in rows) else 1

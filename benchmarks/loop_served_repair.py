@@ -72,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     study = LoopStudy(model, cfg)
     texts = _inputs(report, model.tokenizer, cfg)
     ids = study.encode(texts)
-    eng = shared_engine(args.model, EngineOptions(max_num_seqs=64, max_num_batched_tokens=512,
-                                                  kv_cache_memory_bytes=256 << 20))
+    eng = shared_engine(
+        args.model, EngineOptions(max_num_seqs=64, max_num_batched_tokens=512, kv_cache_memory_bytes=256 << 20)
+    )
     t0 = time.perf_counter()
     ours = study.scan(ids, texts, desc="ours")
     t1 = time.perf_counter()
@@ -84,13 +85,27 @@ def main(argv: list[str] | None = None) -> int:
     for m in MEASURES:
         rep_ci = after[m + "_ci95"]
         v = getattr(served.summary, m)
-        rows.append({"measure": m, "repair": after[m], "repair_ci95": rep_ci, "ours": getattr(ours.summary, m),
-                     "vllm": v, "vllm_ci95": getattr(served.summary, m + "_ci95"),
-                     "vllm_within_repair_ci": rep_ci[0] <= v <= rep_ci[1]})
-    out = {"model": args.model, "repair": str(args.repair_json), "prompts": len(ids), "max_new_tokens":
-           cfg.max_new_tokens, "rows": rows, "agreement": compare_loop_rates(ours, served).to_dict(),
-           "seconds": {"ours": t1 - t0, "vllm": t2 - t1, "vllm_startup": eng.startup_seconds},
-           "engine": eng.options.to_dict()}
+        rows.append(
+            {
+                "measure": m,
+                "repair": after[m],
+                "repair_ci95": rep_ci,
+                "ours": getattr(ours.summary, m),
+                "vllm": v,
+                "vllm_ci95": getattr(served.summary, m + "_ci95"),
+                "vllm_within_repair_ci": rep_ci[0] <= v <= rep_ci[1],
+            }
+        )
+    out = {
+        "model": args.model,
+        "repair": str(args.repair_json),
+        "prompts": len(ids),
+        "max_new_tokens": cfg.max_new_tokens,
+        "rows": rows,
+        "agreement": compare_loop_rates(ours, served).to_dict(),
+        "seconds": {"ours": t1 - t0, "vllm": t2 - t1, "vllm_startup": eng.startup_seconds},
+        "engine": eng.options.to_dict(),
+    }
     _print(out, sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(out, indent=2))
@@ -98,16 +113,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(out: dict, file) -> None:
-    print(f"{out['model']}: {out['prompts']} validation prompts of {out['repair']}, {out['max_new_tokens']} new tokens",
-          file=file)
+    print(
+        f"{out['model']}: {out['prompts']} validation prompts of {out['repair']}, {out['max_new_tokens']} new tokens",
+        file=file,
+    )
     print(f"{'measure':<16} {'loops repair (CI95)':>26} {'ours now':>9} {'vLLM (CI95)':>26} {'in CI':>6}", file=file)
     for r in out["rows"]:
         ci, vci = r["repair_ci95"], r["vllm_ci95"]
-        print(f"{r['measure']:<16} {r['repair']:>7.3f} [{ci[0]:.3f}, {ci[1]:.3f}] {r['ours']:>9.3f} "
-              f"{r['vllm']:>7.3f} [{vci[0]:.3f}, {vci[1]:.3f}] {str(r['vllm_within_repair_ci']):>6}", file=file)
+        print(
+            f"{r['measure']:<16} {r['repair']:>7.3f} [{ci[0]:.3f}, {ci[1]:.3f}] {r['ours']:>9.3f} "
+            f"{r['vllm']:>7.3f} [{vci[0]:.3f}, {vci[1]:.3f}] {str(r['vllm_within_repair_ci']):>6}",
+            file=file,
+        )
     a = out["agreement"]
-    print(f"per prompt: same loop verdict {a['verdict_agreement']:.4f}, same tokens {a['token_agreement']:.4f}",
-          file=file)
+    print(
+        f"per prompt: same loop verdict {a['verdict_agreement']:.4f}, same tokens {a['token_agreement']:.4f}", file=file
+    )
 
 
 if __name__ == "__main__":  # vLLM spawns worker processes: the guard is required

@@ -45,9 +45,17 @@ def _hf_fn(hf, ids: torch.Tensor, N: int, **kw):
 
     def run() -> list[int]:
         with torch.inference_mode():
-            out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=N,
-                              min_new_tokens=N, pad_token_id=0, eos_token_id=None, **kw)
-        return out[0, ids.shape[1]:].tolist()
+            out = hf.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=N,
+                min_new_tokens=N,
+                pad_token_id=0,
+                eos_token_id=None,
+                **kw,
+            )
+        return out[0, ids.shape[1] :].tolist()
 
     return run
 
@@ -93,9 +101,12 @@ def generation_rows(model, hf, prompt: list[int], N: int, reps: int) -> dict:
     per_tok = {k: v / N for k, v in wall.items()}
     over = lambda a, b: (wall[a] - wall[b]) / N  # noqa: E731
     row = {
-        "seconds": wall, "cpu_seconds": cpu, "ms_per_token": {k: 1e3 * v for k, v in per_tok.items()},
+        "seconds": wall,
+        "cpu_seconds": cpu,
+        "ms_per_token": {k: 1e3 * v for k, v in per_tok.items()},
         "overhead_ms_per_token": {
-            "ours_dry": 1e3 * over("ours_dry", "ours_greedy"), "ours_rep": 1e3 * over("ours_rep", "ours_greedy"),
+            "ours_dry": 1e3 * over("ours_dry", "ours_greedy"),
+            "ours_rep": 1e3 * over("ours_rep", "ours_greedy"),
             "hf_rep": 1e3 * over("hf_rep", "hf_greedy"),
             "ours_contrastive": 1e3 * over("ours_contrastive", "ours_greedy"),
             "hf_contrastive": 1e3 * over("hf_contrastive", "hf_greedy") if hf_contrastive else None,
@@ -105,12 +116,14 @@ def generation_rows(model, hf, prompt: list[int], N: int, reps: int) -> dict:
             "hf_rep_over_hf_greedy": wall["hf_rep"] / wall["hf_greedy"],
             "ours_dry_time_over_hf_rep_time": wall["ours_dry"] / wall["hf_rep"],
             "ours_contrastive_over_ours_greedy": wall["ours_contrastive"] / wall["ours_greedy"],
-            "ours_contrastive_time_over_hf_contrastive_time":
-                wall["ours_contrastive"] / wall["hf_contrastive"] if hf_contrastive else None,
+            "ours_contrastive_time_over_hf_contrastive_time": wall["ours_contrastive"] / wall["hf_contrastive"]
+            if hf_contrastive
+            else None,
         },
         "hf_contrastive_available": hf_contrastive,
         "tokens_agree": {
-            "greedy": outs["ours_greedy"] == outs["hf_greedy"], "rep": outs["ours_rep"] == outs["hf_rep"],
+            "greedy": outs["ours_greedy"] == outs["hf_greedy"],
+            "rep": outs["ours_rep"] == outs["hf_rep"],
             "contrastive": outs["ours_contrastive"] == outs["hf_contrastive"] if hf_contrastive else None,
         },
     }
@@ -136,13 +149,24 @@ def processor_rows(V: int, histories: list[int], reps: int) -> list[dict]:
         def timed(fn, h=hist, n=calls):
             return lambda: [fn(h) for _ in range(n)]
 
-        wall, cpu, _ = _interleaved({"ours_dry": timed(lambda h: process_logits(z, h, dry)),
-                                     "ours_rep": timed(lambda h: process_logits(z, h, rep)),
-                                     "hf_rep": timed(lambda h: hf_rep(h, z.clone()))}, reps)
+        wall, cpu, _ = _interleaved(
+            {
+                "ours_dry": timed(lambda h: process_logits(z, h, dry)),
+                "ours_rep": timed(lambda h: process_logits(z, h, rep)),
+                "hf_rep": timed(lambda h: hf_rep(h, z.clone())),
+            },
+            reps,
+        )
         us = {k: 1e6 * v / calls for k, v in wall.items()}
-        rows.append({"history": L, "us_per_call": us, "cpu_us_per_call": {k: 1e6 * v / calls for k, v in cpu.items()},
-                     "ours_dry_over_hf_rep": us["ours_dry"] / us["hf_rep"],
-                     "ours_rep_over_hf_rep": us["ours_rep"] / us["hf_rep"]})
+        rows.append(
+            {
+                "history": L,
+                "us_per_call": us,
+                "cpu_us_per_call": {k: 1e6 * v / calls for k, v in cpu.items()},
+                "ours_dry_over_hf_rep": us["ours_dry"] / us["hf_rep"],
+                "ours_rep_over_hf_rep": us["ours_rep"] / us["hf_rep"],
+            }
+        )
     return rows
 
 
@@ -170,30 +194,44 @@ def main(argv: list[str] | None = None) -> int:
         hf = to_hf_gpt2(model, attn_implementation="eager")
     gen = generation_rows(model, hf, list(prompt), args.new_tokens, args.reps)
     proc = processor_rows(model.cfg.vocab_size, args.history, args.reps)
-    result = {"model": source, "prompt": PROMPT, "new_tokens": args.new_tokens, "reps": args.reps,
-              "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
-              "generation": gen, "processors": proc}
+    result = {
+        "model": source,
+        "prompt": PROMPT,
+        "new_tokens": args.new_tokens,
+        "reps": args.reps,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "generation": gen,
+        "processors": proc,
+    }
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     ms, ov, r = gen["ms_per_token"], gen["overhead_ms_per_token"], gen["ratios"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-    print(f"{source}, {args.new_tokens} new tokens, batch 1, transformers {transformers.__version__}, "
-          f"median of {args.reps} interleaved reps")
+    print(
+        f"{source}, {args.new_tokens} new tokens, batch 1, transformers {transformers.__version__}, "
+        f"median of {args.reps} interleaved reps"
+    )
     print("ms/token: " + "  ".join(f"{k} {v:.3f}" for k, v in ms.items()))
     print("overhead ms/token over the engine's greedy: " + "  ".join(f"{k} {fmt(v)}" for k, v in ov.items()))
-    print(f"ratios: DRY/greedy (ours) {r['ours_dry_over_ours_greedy']:.2f}x | rep/greedy (HF) "
-          f"{r['hf_rep_over_hf_greedy']:.2f}x | ours DRY vs HF rep-penalty generation "
-          f"{r['ours_dry_time_over_hf_rep_time']:.2f}x | contrastive/greedy (ours) "
-          f"{r['ours_contrastive_over_ours_greedy']:.2f}x | ours/HF contrastive "
-          f"{fmt(r['ours_contrastive_time_over_hf_contrastive_time'])}x")
+    print(
+        f"ratios: DRY/greedy (ours) {r['ours_dry_over_ours_greedy']:.2f}x | rep/greedy (HF) "
+        f"{r['hf_rep_over_hf_greedy']:.2f}x | ours DRY vs HF rep-penalty generation "
+        f"{r['ours_dry_time_over_hf_rep_time']:.2f}x | contrastive/greedy (ours) "
+        f"{r['ours_contrastive_over_ours_greedy']:.2f}x | ours/HF contrastive "
+        f"{fmt(r['ours_contrastive_time_over_hf_contrastive_time'])}x"
+    )
     print(f"tokens agree with HF: {gen['tokens_agree']}")
     for p in proc:
         u = p["us_per_call"]
-        print(f"processor call, history {p['history']:5d}: ours DRY {u['ours_dry']:8.1f} us | "
-              f"ours rep {u['ours_rep']:6.1f} us | HF rep {u['hf_rep']:6.1f} us | "
-              f"DRY/HF-rep {p['ours_dry_over_hf_rep']:6.1f}x")
+        print(
+            f"processor call, history {p['history']:5d}: ours DRY {u['ours_dry']:8.1f} us | "
+            f"ours rep {u['ours_rep']:6.1f} us | HF rep {u['hf_rep']:6.1f} us | "
+            f"DRY/HF-rep {p['ours_dry_over_hf_rep']:6.1f}x"
+        )
     return 0
 
 

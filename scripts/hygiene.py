@@ -56,12 +56,17 @@ def model_loading_sites(src: Path) -> list[str]:
 def main() -> None:
     src = Path(sys.argv[1] if len(sys.argv) > 1 else "src/genprobe")
     longs = long_functions(src)
-    print(json.dumps({
-        "functions_over_60_lines": len(longs),
-        "long_functions": longs,
-        "html_lines_in_python": html_lines_in_python(src),
-        "model_loading_call_sites": model_loading_sites(src),
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "functions_over_60_lines": len(longs),
+                "long_functions": longs,
+                "html_lines_in_python": html_lines_in_python(src),
+                "model_loading_call_sites": model_loading_sites(src),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

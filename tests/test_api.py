@@ -19,8 +19,19 @@ def _one_thread():
 
 
 def test_public_names_are_exported():
-    for name in ("load", "Model", "SamplingParams", "Completion", "scan_loops", "repair_loops", "RepairConfig",
-                 "attention_heads", "padding_leak", "run_case", "verify_cache"):
+    for name in (
+        "load",
+        "Model",
+        "SamplingParams",
+        "Completion",
+        "scan_loops",
+        "repair_loops",
+        "RepairConfig",
+        "attention_heads",
+        "padding_leak",
+        "run_case",
+        "verify_cache",
+    ):
         assert name in dir(genprobe), name
         assert getattr(genprobe, name) is not None
 
@@ -28,13 +39,14 @@ def test_public_names_are_exported():
 def test_load_and_generate(trained_ckpt):
     model = genprobe.load(trained_ckpt)
     greedy = model.generate("白日依山盡", max_new_tokens=12)
-    sampled = model.generate(["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9),
-        max_new_tokens=12,
-        seed=1)
+    sampled = model.generate(
+        ["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9), max_new_tokens=12, seed=1
+    )
     assert len(greedy[0].token_ids) == 12 and greedy[0].finished == "length"
     assert [c.prompt for c in sampled] == ["白日依山盡", "黃河"]
-    assert sampled == model.generate(["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9),
-                                     max_new_tokens=12, seed=1)  # seeded: reproducible
+    assert sampled == model.generate(
+        ["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9), max_new_tokens=12, seed=1
+    )  # seeded: reproducible
     json.dumps([c.to_dict() for c in sampled], ensure_ascii=False)
 
 
@@ -43,8 +55,18 @@ def test_scan_and_repair_loops(trained_ckpt, tmp_path):
     before = model.state_sha256()
     scan = genprobe.scan_loops(model, ["白日依山盡", "黃河入海流", "床前看月光"], max_new_tokens=24)
     assert scan.summary.n == 3 and 0.0 <= scan.summary.degenerate_rate <= 1.0
-    cfg = genprobe.RepairConfig(n_direction=96, n_search=48, n_validate=32, search_prone=6, search_control=6, ks=(4,),
-                                subtract_alphas=(1.0,), project_alphas=(), forms=("subtract",), regression_windows=8)
+    cfg = genprobe.RepairConfig(
+        n_direction=96,
+        n_search=48,
+        n_validate=32,
+        search_prone=6,
+        search_control=6,
+        ks=(4,),
+        subtract_alphas=(1.0,),
+        project_alphas=(),
+        forms=("subtract",),
+        regression_windows=8,
+    )
     fix = genprobe.repair_loops(model, config=cfg, out=tmp_path / "repair")
     assert model.state_sha256() == before  # the search leaves the model as it found it
     assert (tmp_path / "repair" / "repair.json").is_file()

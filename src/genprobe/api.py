@@ -49,8 +49,9 @@ def scan_loops(
     from .loops.study import LoopStudy, RepairConfig
 
     texts = list(prompts) if prompts is not None else _default_prompts(model, 256)
-    study = LoopStudy(model, RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed),
-                      sampling, progress)
+    study = LoopStudy(
+        model, RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed), sampling, progress
+    )
     return study.scan(study.encode(texts), texts)
 
 
@@ -113,8 +114,9 @@ def repair_loops(
     return LoopRepair(report, patch, files)
 
 
-def attention_heads(model: "Model", text: str | Sequence[int] = DEFAULT_ATTENTION_TEXT, *, distance: int = 8,
-                    local_window: int = 2) -> "AttentionReport":
+def attention_heads(
+    model: "Model", text: str | Sequence[int] = DEFAULT_ATTENTION_TEXT, *, distance: int = 8, local_window: int = 2
+) -> "AttentionReport":
     """Per-head attention entropy, long-range (> ``distance``), sink, diagonal and local mass on one sequence."""
     from .attention.capture import capture_attention
     from .attention.metrics import attention_report
@@ -125,19 +127,30 @@ def attention_heads(model: "Model", text: str | Sequence[int] = DEFAULT_ATTENTIO
     return attention_report(cap, distance=distance, local_window=local_window, tokens_text=labels)
 
 
-def padding_leak(model: "Model", texts: Sequence[str] = ("已驚飛。方從列子御", "白日依山盡黃河入海流"), *,
-                 position_ids: bool = True, threshold: float = 1e-4) -> "LeakReport":
+def padding_leak(
+    model: "Model",
+    texts: Sequence[str] = ("已驚飛。方從列子御", "白日依山盡黃河入海流"),
+    *,
+    position_ids: bool = True,
+    threshold: float = 1e-4,
+) -> "LeakReport":
     """Does padding change a sequence's logits? Each text alone vs inside left- and right-padded batches."""
     from .attention.leak import padding_leak as _padding_leak
 
-    return _padding_leak(model.module, [model.encode(t) for t in texts], model.pad_id,
-                         position_ids=position_ids, threshold=threshold)
+    return _padding_leak(
+        model.module, [model.encode(t) for t in texts], model.pad_id, position_ids=position_ids, threshold=threshold
+    )
 
 
-def run_case(out: str | Path, model: str | Path | None = None, *, quick: bool = False,
-             only: Sequence[str] | None = None, progress: bool = False) -> "CaseStudy":
+def run_case(
+    out: str | Path,
+    model: str | Path | None = None,
+    *,
+    quick: bool = False,
+    only: Sequence[str] | None = None,
+    progress: bool = False,
+) -> "CaseStudy":
     """The chapter's case study: train (or reuse) the default model, run every experiment, write JSON, figures, HTML."""
     from .experiments.study import case_study, select_experiments
 
     return case_study(out, model, quick=quick, only=select_experiments(only), progress=progress)
-

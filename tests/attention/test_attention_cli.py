@@ -19,8 +19,22 @@ def tiny_ckpt(tmp_path_factory, tokenizer):
 
 
 def test_attention_table_and_files(tiny_ckpt, tmp_path, capsys):
-    assert main(["attention", "heads", str(tiny_ckpt), "--prompt", "白日依山盡黃河入海流", "--out", str(tmp_path),
-                 "--distance", "4"]) == 0
+    assert (
+        main(
+            [
+                "attention",
+                "heads",
+                str(tiny_ckpt),
+                "--prompt",
+                "白日依山盡黃河入海流",
+                "--out",
+                str(tmp_path),
+                "--distance",
+                "4",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "H/lnN" in out and "mean" in out
     rep = json.loads((tmp_path / "attention.json").read_text())
@@ -30,13 +44,17 @@ def test_attention_table_and_files(tiny_ckpt, tmp_path, capsys):
 
 def test_check_masks_exit_codes(tmp_path, capsys):
     good = tmp_path / "good.jsonl"
-    good.write_text('{"input_ids": [0, 5, 6], "attention_mask": [0, 1, 1], "position_ids": [0, 0, 1], '
-                    '"pad_token_id": 0}\n'
-                    '{"input_ids": [7, 8, 9], "attention_mask": [1, 1, 1], "position_ids": [0, 1, 2]}\n')
+    good.write_text(
+        '{"input_ids": [0, 5, 6], "attention_mask": [0, 1, 1], "position_ids": [0, 0, 1], '
+        '"pad_token_id": 0}\n'
+        '{"input_ids": [7, 8, 9], "attention_mask": [1, 1, 1], "position_ids": [0, 1, 2]}\n'
+    )
     assert main(["attention", "check-masks", str(good)]) == 0
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"input_ids": [0, 5, 6], "attention_mask": [0, 1, 1], "position_ids": [0, 1, 2]}\n'
-                   '{"input_ids": [7, 8, 9], "attention_mask": [1, 1, 1], "position_ids": [0, 1, 2]}\n')
+    bad.write_text(
+        '{"input_ids": [0, 5, 6], "attention_mask": [0, 1, 1], "position_ids": [0, 1, 2]}\n'
+        '{"input_ids": [7, 8, 9], "attention_mask": [1, 1, 1], "position_ids": [0, 1, 2]}\n'
+    )
     capsys.readouterr()
     assert main(["attention", "check-masks", str(bad), "--json"]) == 1
     rep = json.loads(capsys.readouterr().out)
@@ -48,8 +66,9 @@ def test_padding_leak_cli(tiny_ckpt, capsys):
     assert main(["attention", "padding-leak", str(tiny_ckpt), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["verdict"] == "ok" and rep["max_delta"] < 1e-4 and len(rep["sequences"]) == 3
-    assert main(["attention", "padding-leak", str(tiny_ckpt), "--prompt", "白日依山盡", "春眠不覺曉處處",
-        "--json"]) == 0
+    assert (
+        main(["attention", "padding-leak", str(tiny_ckpt), "--prompt", "白日依山盡", "春眠不覺曉處處", "--json"]) == 0
+    )
     rep = json.loads(capsys.readouterr().out)
     assert [s["length"] for s in rep["sequences"]] == [5, 7]
 
@@ -74,8 +93,21 @@ def test_old_spellings_still_work_and_warn(tiny_ckpt, tmp_path, capsys):
     old = json.loads(capsys.readouterr().out)
     assert old["heads"] == new["heads"] and old["tokens"] == new["tokens"]
     with pytest.warns(FutureWarning, match="--prompt"):
-        assert main(["attention", "padding-leak", str(tiny_ckpt), "--text", "白日依山盡", "--text", "春眠不覺曉處處",
-                     "--json"]) == 0
+        assert (
+            main(
+                [
+                    "attention",
+                    "padding-leak",
+                    str(tiny_ckpt),
+                    "--text",
+                    "白日依山盡",
+                    "--text",
+                    "春眠不覺曉處處",
+                    "--json",
+                ]
+            )
+            == 0
+        )
     assert [s["length"] for s in json.loads(capsys.readouterr().out)["sequences"]] == [5, 7]
 
 
@@ -84,8 +116,17 @@ def hf_dir(tmp_path_factory):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=2, n_inner=64,
-                     bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    cfg = GPT2Config(
+        vocab_size=50,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_inner=64,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     d = tmp_path_factory.mktemp("hf") / "gpt2-tiny"
     GPT2LMHeadModel(cfg).save_pretrained(d, safe_serialization=True)
     return d
@@ -96,8 +137,12 @@ def test_hf_attention_and_leak_cli(hf_dir, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["n_layer"] == 2 and rep["seq_len"] == 5 and rep["implementation"] == "eager"
     # The textbook leak: GPT-2 with left padding and no position_ids.
-    assert main(["attention", "padding-leak", str(hf_dir), "--ids", "5", "6", "7", "8", "9", "--no-position-ids",
-                 "--json"]) == 1
+    assert (
+        main(
+            ["attention", "padding-leak", str(hf_dir), "--ids", "5", "6", "7", "8", "9", "--no-position-ids", "--json"]
+        )
+        == 1
+    )
     assert json.loads(capsys.readouterr().out)["verdict"] == "LEAK"
     assert main(["attention", "padding-leak", str(hf_dir), "--ids", "5", "6", "7", "8", "9", "--json"]) == 0
     # text without a tokenizer: a clear error, exit 2
@@ -108,10 +153,26 @@ def test_hf_attention_and_leak_cli(hf_dir, capsys):
 def test_hf_old_spellings_warn(hf_dir, capsys):
     with pytest.warns(FutureWarning) as caught:
         assert main(["attention", "--hf", str(hf_dir), "--ids", "5,6,7,8,9", "--json"]) == 0
-    assert {"attention heads DIR", "--ids 5 6 7"} <= {m for w in caught for m in ("attention heads DIR", "--ids 5 6 7")
-                                                       if m in str(w.message)}
+    assert {"attention heads DIR", "--ids 5 6 7"} <= {
+        m for w in caught for m in ("attention heads DIR", "--ids 5 6 7") if m in str(w.message)
+    }
     assert json.loads(capsys.readouterr().out)["seq_len"] == 5
     with pytest.warns(FutureWarning, match="MODEL positional"):
-        assert main(["attention", "padding-leak", "--hf", str(hf_dir), "--ids", "5", "6", "7", "--no-position-ids",
-                     "--json"]) == 1
+        assert (
+            main(
+                [
+                    "attention",
+                    "padding-leak",
+                    "--hf",
+                    str(hf_dir),
+                    "--ids",
+                    "5",
+                    "6",
+                    "7",
+                    "--no-position-ids",
+                    "--json",
+                ]
+            )
+            == 1
+        )
     assert json.loads(capsys.readouterr().out)["verdict"] == "LEAK"

@@ -16,8 +16,14 @@ def test_three_step_training_run(tokenizer, tmp_path):
     corpus = load_corpus(poems=200)
     tracker = QKVGradTracker()
     cfg = GPTConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=16)
-    train(corpus, tokenizer, cfg=cfg, tc=TrainConfig(steps=3, batch_size=4, warmup=1, eval_every=0), progress=False,
-          on_backward=tracker)
+    train(
+        corpus,
+        tokenizer,
+        cfg=cfg,
+        tc=TrainConfig(steps=3, batch_size=4, warmup=1, eval_every=0),
+        progress=False,
+        on_backward=tracker,
+    )
     rows = tracker.rows()
     assert sorted((r["step"], r["layer"]) for r in rows) == [(s, layer) for s in range(3) for layer in range(2)]
     for r in rows:
@@ -65,8 +71,15 @@ def test_llama_style_separate_projections():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    cfg = LlamaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     m = LlamaForCausalLM(cfg)
     out = m(torch.randint(0, 40, (2, 8)), labels=torch.randint(0, 40, (2, 8)))
     out.loss.backward()

@@ -13,8 +13,9 @@ def tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=2, n_inner=64,
-                     bos_token_id=None, eos_token_id=None)
+    cfg = GPT2Config(
+        vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=2, n_inner=64, bos_token_id=None, eos_token_id=None
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 

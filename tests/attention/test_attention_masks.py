@@ -65,8 +65,9 @@ def test_positions_not_restarting_after_left_padding():
 
 
 def test_mixed_padding_side_and_holes():
-    f = check_masks([LEFT_IDS[0], RIGHT_IDS[0], RIGHT_IDS[0]], [LEFT_MASK[0], RIGHT_MASK[0], RIGHT_MASK[0]],
-        pad_token_id=PAD)
+    f = check_masks(
+        [LEFT_IDS[0], RIGHT_IDS[0], RIGHT_IDS[0]], [LEFT_MASK[0], RIGHT_MASK[0], RIGHT_MASK[0]], pad_token_id=PAD
+    )
     assert [(x.rule, x.row) for x in f] == [("mixed_padding_side", 0)]
     f = check_masks([[5, 0, 7, 8]], [[1, 0, 1, 1]], pad_token_id=PAD)
     assert [(x.rule, x.position) for x in f] == [("mask_hole", 1)]
@@ -87,8 +88,13 @@ def test_ragged_batch():
 
 def test_load_batch_jsonl_both_layouts(tmp_path):
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("\n".join(json.dumps({"input_ids": i, "attention_mask": m, "position_ids": p})
-                              for i, m, p in zip(LEFT_IDS, LEFT_MASK, LEFT_POS, strict=True)) + "\n")
+    rows.write_text(
+        "\n".join(
+            json.dumps({"input_ids": i, "attention_mask": m, "position_ids": p})
+            for i, m, p in zip(LEFT_IDS, LEFT_MASK, LEFT_POS, strict=True)
+        )
+        + "\n"
+    )
     b = load_batch_jsonl(rows)
     assert b["input_ids"] == LEFT_IDS and b["position_ids"] == LEFT_POS
     one = tmp_path / "one.json"

@@ -94,8 +94,9 @@ def test_hf_capture_switches_from_sdpa_to_eager():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=None,
-        eos_token_id=None)
+    cfg = GPT2Config(
+        vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=None, eos_token_id=None
+    )
     hf = GPT2LMHeadModel(cfg).eval()
     hf.set_attn_implementation("sdpa")
     cap = capture_attention(hf, [3, 4, 5, 6])
@@ -115,10 +116,14 @@ def test_capture_matches_hf_export(tiny_model):
     assert (ours - theirs).abs().max() < 1e-5
 
 
-
 @settings(max_examples=40, deadline=None)
-@given(T=st.integers(1, 12), H=st.integers(1, 3), scale=st.floats(0.0, 30.0), seed=st.integers(0, 10_000),
-       d=st.integers(0, 12))
+@given(
+    T=st.integers(1, 12),
+    H=st.integers(1, 3),
+    scale=st.floats(0.0, 30.0),
+    seed=st.integers(0, 10_000),
+    d=st.integers(0, 12),
+)
 def test_random_attention_metrics_stay_in_range(T, H, scale, seed, d):
     g = torch.Generator().manual_seed(seed)
     scores = torch.randn(H, T, T, generator=g) * scale

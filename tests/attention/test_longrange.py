@@ -49,8 +49,9 @@ def test_lag_targets_are_tokens_k_back():
 
 
 def test_learned_positions_beyond_context_raise_the_models_error():
-    sc = SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=2, lag_steps=2, lags=(1,),
-        batch_size=4)
+    sc = SyntheticConfig(
+        context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=2, lag_steps=2, lags=(1,), batch_size=4
+    )
     task = PasskeyTask()
     model, summary = train_synthetic(task, "learned", sc)
     assert summary.steps == 2
@@ -90,11 +91,27 @@ def smoke():
     """A tiny run of everything: learned (refuses rows past its table) beside ALiBi (does not)."""
     lc = LongRangeConfig(
         pos_encodings=["learned", "alibi"],
-        synthetic=SyntheticConfig(context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=3, lag_steps=2, lags=(1, 3),
-                                  batch_size=8, eval_samples=8),
-        corpus=CorpusExtrapolationConfig(context=16, eval_lengths=(8, 16, 32), steps=2, batch_size=4, warmup=1,
-                                         max_val_tokens=256, poems=60,
-                                         model={"n_layer": 1, "n_head": 2, "d_model": 16, "d_ff": 32}),
+        synthetic=SyntheticConfig(
+            context=8,
+            d_model=16,
+            n_head=2,
+            d_ff=32,
+            passkey_steps=3,
+            lag_steps=2,
+            lags=(1, 3),
+            batch_size=8,
+            eval_samples=8,
+        ),
+        corpus=CorpusExtrapolationConfig(
+            context=16,
+            eval_lengths=(8, 16, 32),
+            steps=2,
+            batch_size=4,
+            warmup=1,
+            max_val_tokens=256,
+            poems=60,
+            model={"n_layer": 1, "n_head": 2, "d_model": 16, "d_ff": 32},
+        ),
     )
     return run_longrange(lc)
 

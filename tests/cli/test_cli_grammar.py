@@ -16,11 +16,13 @@ from genprobe.cli import build_parser
 
 NO_MODEL = {"train", "longrange", "attention check-masks"}  # train/longrange build their own model; BATCH.jsonl
 # concept → the one visible spelling, and spellings that may only survive as hidden deprecated aliases
-CANONICAL = {"--max-new-tokens": ("--new-tokens", "--tokens", "--n-tokens", "--num-tokens", "--gen-tokens"),
-             "--prompt": ("--text", "--prompt-text"),
-             "--seed": ("--random-seed", "--rng-seed"),
-             "--out": ("--output", "--out-dir", "--output-dir", "-o"),
-             "--json": ("--as-json", "--json-out")}
+CANONICAL = {
+    "--max-new-tokens": ("--new-tokens", "--tokens", "--n-tokens", "--num-tokens", "--gen-tokens"),
+    "--prompt": ("--text", "--prompt-text"),
+    "--seed": ("--random-seed", "--rng-seed"),
+    "--out": ("--output", "--out-dir", "--output-dir", "-o"),
+    "--json": ("--as-json", "--json-out"),
+}
 MODEL_FLAGS = ("--ckpt", "--hf", "--model", "--checkpoint")
 
 
@@ -45,8 +47,19 @@ def _hidden(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def test_the_walk_reaches_every_command():
-    assert {"generate", "verify-cache", "case", "attention heads", "attention padding-leak", "loops scan",
-            "loops repair", "loops compare", "loops apply", "loops revert", "train"} <= set(LEAVES)
+    assert {
+        "generate",
+        "verify-cache",
+        "case",
+        "attention heads",
+        "attention padding-leak",
+        "loops scan",
+        "loops repair",
+        "loops compare",
+        "loops apply",
+        "loops revert",
+        "train",
+    } <= set(LEAVES)
 
 
 @pytest.mark.parametrize("path", sorted(LEAVES))
@@ -91,12 +104,15 @@ def test_no_comma_separated_lists():
                 assert "comma" not in action.help.lower(), f"{path} {action.option_strings}: lists are nargs"
 
 
-@pytest.mark.parametrize("argv, old", [
-    (["verify-cache", "--steps", "5"], "--steps"),
-    (["loops", "scan", "--ckpt", "m"], "--ckpt"),
-    (["loops", "scan", "m", "--new-tokens", "5"], "--new-tokens"),
-    (["attention", "m"], "genprobe attention m"),
-])
+@pytest.mark.parametrize(
+    "argv, old",
+    [
+        (["verify-cache", "--steps", "5"], "--steps"),
+        (["loops", "scan", "--ckpt", "m"], "--ckpt"),
+        (["loops", "scan", "m", "--new-tokens", "5"], "--new-tokens"),
+        (["attention", "m"], "genprobe attention m"),
+    ],
+)
 def test_old_spellings_warn(argv, old):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

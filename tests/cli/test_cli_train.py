@@ -22,8 +22,9 @@ def _json_out(capsys) -> dict:
 
 def test_train_json_summary(tmp_path, capsys):
     out = tmp_path / "ck"
-    rc = main(["train", "--steps", "5", "--batch-size", "4", "--poems", "200", "--vocab", "300",
-               "--out", str(out), "--json"])
+    rc = main(
+        ["train", "--steps", "5", "--batch-size", "4", "--poems", "200", "--vocab", "300", "--out", str(out), "--json"]
+    )
     assert rc == 0
     s = _json_out(capsys)
     for k in REQUIRED:
@@ -36,8 +37,24 @@ def test_train_json_summary(tmp_path, capsys):
 
 
 def test_train_human_output_rope_and_grad_tracking(tmp_path, capsys):
-    rc = main(["train", "--steps", "3", "--batch-size", "2", "--poems", "100", "--vocab", "100",
-               "--pe", "rope", "--track-grads", "--out", str(tmp_path / "ck")])
+    rc = main(
+        [
+            "train",
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--poems",
+            "100",
+            "--vocab",
+            "100",
+            "--pe",
+            "rope",
+            "--track-grads",
+            "--out",
+            str(tmp_path / "ck"),
+        ]
+    )
     assert rc == 0
     cap = capsys.readouterr()
     assert cap.out == ""  # without --json, stdout stays empty
@@ -51,8 +68,9 @@ def test_train_human_output_rope_and_grad_tracking(tmp_path, capsys):
 def _tiny_ckpt(path, pe="learned"):
     tok = CharTokenizer.from_text("春眠不覺曉處處聞啼鳥夜來風雨聲花落知多少", 30)
     torch.manual_seed(0)
-    m = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, d_model=16, d_ff=32, block_size=16,
-                      pos_encoding=pe))
+    m = GPT(
+        GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, d_model=16, d_ff=32, block_size=16, pos_encoding=pe)
+    )
     save_checkpoint(path, m, tok)
     return m, tok
 
@@ -95,8 +113,17 @@ def test_errors_exit_2_with_a_readable_message(tmp_path, capsys, argv, message):
 
 # ---- --arch llama / qwen2: the subword reference model ------------------------------------------------
 
-SUBWORD_REQUIRED = ("parameters", "train_loss", "val_loss", "val_bits_per_char", "heldout_loss", "chars_per_token",
-                    "seconds", "cpu_seconds", "initial_loss")
+SUBWORD_REQUIRED = (
+    "parameters",
+    "train_loss",
+    "val_loss",
+    "val_bits_per_char",
+    "heldout_loss",
+    "chars_per_token",
+    "seconds",
+    "cpu_seconds",
+    "initial_loss",
+)
 
 
 @pytest.mark.slow
@@ -120,8 +147,23 @@ def test_train_subword_quick_json_and_loadable_directory(tmp_path, capsys):
 
 
 def test_gpt_quick_recipe(tmp_path, capsys):
-    rc = main(["train", "--quick", "--steps", "2", "--batch-size", "2", "--poems", "100", "--vocab", "100",
-               "--out", str(tmp_path / "ck"), "--json"])
+    rc = main(
+        [
+            "train",
+            "--quick",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--poems",
+            "100",
+            "--vocab",
+            "100",
+            "--out",
+            str(tmp_path / "ck"),
+            "--json",
+        ]
+    )
     assert rc == 0
     s = json.loads(capsys.readouterr().out)
     assert s["train_config"]["steps"] == 2 and s["train_config"]["dropout"] == 0.0  # the quick recipe's dropout

@@ -34,8 +34,24 @@ def test_cli_generate_streams_text_and_json(tiny_ckpt, capsys):
 
 def test_cli_generate_warns_about_unknown_prompt_chars_and_bans_unk(tiny_ckpt, capsys):
     ck, tok = tiny_ckpt
-    rc = main(["generate", str(ck), "--prompt", tok.chars[1] + "连", "--ban-unk", "--temperature", "1.2",
-               "--top-p", "0.9", "--max-new-tokens", "20", "--seed", "3", "--json"])
+    rc = main(
+        [
+            "generate",
+            str(ck),
+            "--prompt",
+            tok.chars[1] + "连",
+            "--ban-unk",
+            "--temperature",
+            "1.2",
+            "--top-p",
+            "0.9",
+            "--max-new-tokens",
+            "20",
+            "--seed",
+            "3",
+            "--json",
+        ]
+    )
     assert rc == 0
     cap = capsys.readouterr()
     assert "连" in cap.err and "<unk>" in cap.err

@@ -179,7 +179,6 @@ def test_compile_refuses_non_genprobe_models(tiny_model):
         generate(HFCausalLM(to_hf_gpt2(tiny_model)), [[1, 2]], 3, compile=True)
 
 
-
 @pytest.mark.parametrize("pe", ["rope", "alibi"])
 def test_compiled_generation_equals_eager_for_rope_and_alibi(pe):
     """The position encodings computed inside the forward (rotations, ALiBi bias) compile to the same logits."""
@@ -235,8 +234,9 @@ def test_greedy_loop_equals_eager_on_a_padded_batch_where_every_row_stops_at_eos
     eos = common[0]
     calls = _spy_calls(monkeypatch)
     seen_a, seen_b = [], []
-    a = generate(model, prompts, 20, compile=True, eos_id=eos, return_logits=True,
-                 on_token=lambda i, t: seen_a.append((i, t)))
+    a = generate(
+        model, prompts, 20, compile=True, eos_id=eos, return_logits=True, on_token=lambda i, t: seen_a.append((i, t))
+    )
     assert compiled_mod.compile_error() is None
     b = generate(model, prompts, 20, eos_id=eos, return_logits=True, on_token=lambda i, t: seen_b.append((i, t)))
     assert calls == [(19, True)]  # every step after the prefill in one compiled call

@@ -96,7 +96,7 @@ def test_window_with_sinks_keeps_sinks_plus_newest_and_attends_to_exactly_those(
     W, S = 8, 2
     with torch.inference_mode():
         cache = KVCache.for_model(model.cfg, 1, window=W, sinks=S)
-        forward_step(model, ids[:, :S + W], cache)
+        forward_step(model, ids[:, : S + W], cache)
         for t in range(S + W, 30):
             last = forward_step(model, ids[:, t : t + 1], cache)[0, -1]
             kept = list(range(S)) + list(range(t - W + 1, t + 1))

@@ -32,8 +32,20 @@ def ckpt(tmp_path, tiny_model):
 
 def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
     mod = _load("generate_speed")
-    argv = ["--ckpt", str(ckpt), "--batch", "1", "3", "--reps", "2", "--new-tokens", "6", "--json",
-            "--out", str(tmp_path / "o")]
+    argv = [
+        "--ckpt",
+        str(ckpt),
+        "--batch",
+        "1",
+        "3",
+        "--reps",
+        "2",
+        "--new-tokens",
+        "6",
+        "--json",
+        "--out",
+        str(tmp_path / "o"),
+    ]
     assert mod.main(argv) == 0
     cap = capsys.readouterr()
     d = json.loads(cap.out)
@@ -56,9 +68,31 @@ def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
 def test_generate_speed_scaling_writes_table_and_plot(ckpt, tmp_path, capsys):
     mod = _load("generate_speed")
     out = tmp_path / "o"
-    argv = ["--ckpt", str(ckpt), "--batch", "2", "--reps", "1", "--new-tokens", "4",
-            "--engines", "cached", "compiled", "hf", "--no-memory", "--scaling", "--scaling-batches", "1", "2",
-            "--contexts", "12", "32", "--out", str(out), "--json"]
+    argv = [
+        "--ckpt",
+        str(ckpt),
+        "--batch",
+        "2",
+        "--reps",
+        "1",
+        "--new-tokens",
+        "4",
+        "--engines",
+        "cached",
+        "compiled",
+        "hf",
+        "--no-memory",
+        "--scaling",
+        "--scaling-batches",
+        "1",
+        "2",
+        "--contexts",
+        "12",
+        "32",
+        "--out",
+        str(out),
+        "--json",
+    ]
     assert mod.main(argv) == 0
     d = json.loads(capsys.readouterr().out)["scaling"]
     assert [r["batch"] for r in d["batch"]] == [1, 2] and [r["context"] for r in d["context"]] == [12, 32]
@@ -78,8 +112,21 @@ def test_busy_spread_flags_one_slow_repetition_without_letting_it_decide_the_med
 
 def test_profile_breaks_a_step_down_per_engine(ckpt, tmp_path, capsys):
     prof = _load("bench_profile")
-    argv = ["--ckpt", str(ckpt), "--batch", "2", "--reps", "1", "--new-tokens", "5", "--engines", "cached", "compiled",
-            "--out", str(tmp_path)]
+    argv = [
+        "--ckpt",
+        str(ckpt),
+        "--batch",
+        "2",
+        "--reps",
+        "1",
+        "--new-tokens",
+        "5",
+        "--engines",
+        "cached",
+        "compiled",
+        "--out",
+        str(tmp_path),
+    ]
     assert prof.main(argv) == 0
     d = json.loads((tmp_path / "profile-default-b2.json").read_text())
     assert set(d["engines"]) == {"cached", "compiled"} and all(c["step_us"] != 0 for c in d["engines"].values())

@@ -231,8 +231,10 @@ def test_banned_tokens_never_drawn(row, ban, cfg, seed):
 def test_orders_agree_at_temperature_one(row, k, p, mp):
     # Same engine (arithmetic), different orders: at τ = 1 only the truncation order can matter.
     logits = torch.tensor([row])
-    outs = {o: process_logits(logits, None, SamplerConfig(top_k=k, top_p=p, min_p=mp, order=o, engine="genprobe"))
-            for o in ORDERS}
+    outs = {
+        o: process_logits(logits, None, SamplerConfig(top_k=k, top_p=p, min_p=mp, order=o, engine="genprobe"))
+        for o in ORDERS
+    }
     same_chain = ["trunc_then_temp", "temp_then_trunc", "hf", "llama.cpp"]
     for o in same_chain[1:]:
         assert torch.equal(outs[o], outs[same_chain[0]]), o
@@ -249,7 +251,8 @@ def test_trunc_then_temp_kept_set_independent_of_tau_and_temp_then_trunc_moves(r
     assert kept_set_size(logits, SamplerConfig(top_p=p, temperature=t, order="trunc_then_temp")) == base
     # llama.cpp applies τ last too (its own float32 arithmetic may keep a different set than genprobe's)
     assert kept_set_size(logits, SamplerConfig(top_p=p, temperature=t, order="llama.cpp")) == kept_set_size(
-        logits, SamplerConfig(top_p=p, order="llama.cpp"))
+        logits, SamplerConfig(top_p=p, order="llama.cpp")
+    )
     b = kept_set_size(logits, SamplerConfig(top_p=p, temperature=t, order="temp_then_trunc"))
     # a sharper distribution (τ<1) reaches p with fewer tokens, a flatter one (τ>1) needs more
     if t < 1:

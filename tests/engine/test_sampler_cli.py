@@ -28,10 +28,37 @@ def _run(capsys, ck, tok, *flags):
 
 def test_every_new_parameter_reaches_the_json(tiny_ckpt, capsys):
     ck, tok = tiny_ckpt
-    rc, d = _run(capsys, ck, tok, "--dry-multiplier", "0.8", "--dry-base", "1.5", "--dry-allowed-length", "3",
-                 "--dry-last-n", "32", "--dry-sequence-breakers", "，", "--xtc-probability", "0.5",
-                 "--xtc-threshold", "0.2", "--typical-p", "0.9", "--top-n-sigma", "2", "--penalty-last-n", "16",
-                 "--repetition-penalty", "1.1", "--engine", "llama.cpp", "--seed", "4")
+    rc, d = _run(
+        capsys,
+        ck,
+        tok,
+        "--dry-multiplier",
+        "0.8",
+        "--dry-base",
+        "1.5",
+        "--dry-allowed-length",
+        "3",
+        "--dry-last-n",
+        "32",
+        "--dry-sequence-breakers",
+        "，",
+        "--xtc-probability",
+        "0.5",
+        "--xtc-threshold",
+        "0.2",
+        "--typical-p",
+        "0.9",
+        "--top-n-sigma",
+        "2",
+        "--penalty-last-n",
+        "16",
+        "--repetition-penalty",
+        "1.1",
+        "--engine",
+        "llama.cpp",
+        "--seed",
+        "4",
+    )
     assert rc == 0, d
     s = d["sampler"]
     assert (s["dry_multiplier"], s["dry_base"], s["dry_allowed_length"], s["dry_last_n"]) == (0.8, 1.5, 3, 32)

@@ -30,13 +30,15 @@ def _hf(name: str):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_pretrained(DATA / name, local_files_only=True, use_safetensors=True,
-                                                    attn_implementation="eager").eval()
+        return AutoModelForCausalLM.from_pretrained(
+            DATA / name, local_files_only=True, use_safetensors=True, attn_implementation="eager"
+        ).eval()
 
 
 def _cfg(case: dict) -> SamplerConfig:
-    return SamplerConfig(penalty_alpha=case["penalty_alpha"], top_k=case["top_k"],
-                         repetition_penalty=case.get("repetition_penalty", 1.0))
+    return SamplerConfig(
+        penalty_alpha=case["penalty_alpha"], top_k=case["top_k"], repetition_penalty=case.get("repetition_penalty", 1.0)
+    )
 
 
 @pytest.mark.parametrize("case", REF["cases"], ids=lambda c: f"{c['model']}-k{c['top_k']}-B{len(c['prompts'])}")
@@ -56,8 +58,12 @@ def test_reference_cases_are_not_greedy():
     """The reference would prove nothing if contrastive search picked the argmax anyway."""
     differ = 0
     for case in REF["cases"]:
-        greedy = generate(HFCausalLM(_hf(case["model"])), case["prompts"], case["max_new_tokens"],
-                          sampler=SamplerConfig(greedy=True, repetition_penalty=case.get("repetition_penalty", 1.0)))
+        greedy = generate(
+            HFCausalLM(_hf(case["model"])),
+            case["prompts"],
+            case["max_new_tokens"],
+            sampler=SamplerConfig(greedy=True, repetition_penalty=case.get("repetition_penalty", 1.0)),
+        )
         differ += greedy.tokens != case["tokens"]
     assert differ == len(REF["cases"])
 

@@ -114,8 +114,17 @@ def hf_gpt2_80():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=80, n_positions=64, n_embd=32, n_layer=2, n_head=2, n_inner=64,
-                     pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    cfg = GPT2Config(
+        vocab_size=80,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_inner=64,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -133,8 +142,15 @@ def test_sampled_generation_equals_transformers_generate(hf_gpt2_80, kw):
     torch.manual_seed(123)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = hf_gpt2_80.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=20,
-                                     min_new_tokens=20, pad_token_id=0, **kw)[0, 3:].tolist()
+        theirs = hf_gpt2_80.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            max_new_tokens=20,
+            min_new_tokens=20,
+            pad_token_id=0,
+            **kw,
+        )[0, 3:].tolist()
     runner = HFCausalLM(hf_gpt2_80)
     assert generate(runner, [[3, 4, 5]], 20, sampler=SamplerConfig.preset("hf", **kw), seed=123).tokens[0] == theirs
     if "top_k" not in kw:  # without the implicit top_k=50 the same seed draws other tokens

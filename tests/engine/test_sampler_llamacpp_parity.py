@@ -42,29 +42,43 @@ def _check(probs_after: torch.Tensor, expected: list[float]) -> None:
 P4 = [0.1, 0.2, 0.3, 0.4]
 
 
-@pytest.mark.parametrize("k, expected", [(1, [1.0]), (3, [0.44444, 0.33333, 0.22222]), (4, [0.4, 0.3, 0.2, 0.1]),
-                                         (0, [0.1, 0.2, 0.3, 0.4])])
+@pytest.mark.parametrize(
+    "k, expected", [(1, [1.0]), (3, [0.44444, 0.33333, 0.22222]), (4, [0.4, 0.3, 0.2, 0.1]), (0, [0.1, 0.2, 0.3, 0.4])]
+)
 def test_top_k_vectors(k, expected):
     """test-sampling.cpp test_top_k (llama_sampler_top_k_impl)."""
     _check(sampling_probs(_logits(P4), None, LLAMA.replace(top_k=k)), expected)
 
 
-@pytest.mark.parametrize("p, expected", [(0.7, [0.571429, 0.428571]), (0.8, [0.44444, 0.33333, 0.22222]),
-                                         (1.0, [0.1, 0.2, 0.3, 0.4])])
+@pytest.mark.parametrize(
+    "p, expected", [(0.7, [0.571429, 0.428571]), (0.8, [0.44444, 0.33333, 0.22222]), (1.0, [0.1, 0.2, 0.3, 0.4])]
+)
 def test_top_p_vectors(p, expected):
     """test-sampling.cpp test_top_p (llama_sampler_top_p_apply); p = 0 is refused by our validation."""
     _check(sampling_probs(_logits(P4), None, LLAMA.replace(top_p=p)), expected)
 
 
-@pytest.mark.parametrize("p, expected", [(0.0, P4), (0.24, P4), (0.26, [0.2, 0.3, 0.4]), (0.49, [0.2, 0.3, 0.4]),
-                                         (0.51, [0.3, 0.4]), (0.74, [0.3, 0.4]), (0.76, [0.4]), (1.0, [0.4])])
+@pytest.mark.parametrize(
+    "p, expected",
+    [
+        (0.0, P4),
+        (0.24, P4),
+        (0.26, [0.2, 0.3, 0.4]),
+        (0.49, [0.2, 0.3, 0.4]),
+        (0.51, [0.3, 0.4]),
+        (0.74, [0.3, 0.4]),
+        (0.76, [0.4]),
+        (1.0, [0.4]),
+    ],
+)
 def test_min_p_vectors(p, expected):
     """test-sampling.cpp test_min_p (llama_sampler_min_p_apply); min_p > 1 is refused by our validation."""
     _check(sampling_probs(_logits(P4), None, LLAMA.replace(min_p=p)), expected)
 
 
-@pytest.mark.parametrize("t, expected", [(0.09, [0.1]), (0.19, [0.2, 0.1]), (0.29, [0.3, 0.2, 0.1]),
-                                         (0.39, [0.4, 0.3, 0.2, 0.1])])
+@pytest.mark.parametrize(
+    "t, expected", [(0.09, [0.1]), (0.19, [0.2, 0.1]), (0.29, [0.3, 0.2, 0.1]), (0.39, [0.4, 0.3, 0.2, 0.1])]
+)
 def test_xtc_vectors(t, expected):
     """test-sampling.cpp test_xtc (llama_sample_xtc_apply), XTC certain to fire (their seed-0 draw fires at 0.99)."""
     cfg = LLAMA.replace(xtc_probability=1.0, xtc_threshold=t)
@@ -72,8 +86,9 @@ def test_xtc_vectors(t, expected):
     _check(probs, expected)
 
 
-@pytest.mark.parametrize("probs, expected", [([0.97, 0.01, 0.01, 0.01], [0.97]),
-                                             ([0.4, 0.2, 0.2, 0.2], [0.2, 0.2, 0.2])])
+@pytest.mark.parametrize(
+    "probs, expected", [([0.97, 0.01, 0.01, 0.01], [0.97]), ([0.4, 0.2, 0.2, 0.2], [0.2, 0.2, 0.2])]
+)
 def test_typical_vectors(probs, expected):
     """test-sampling.cpp test_typical (llama_sampler_typical_apply)."""
     _check(sampling_probs(_logits(probs), None, LLAMA.replace(typical_p=0.5)), expected)
@@ -81,12 +96,14 @@ def test_typical_vectors(probs, expected):
 
 @pytest.mark.parametrize(
     "last, expected, rep, freq, pres",
-    [([0], [0, 0.25, 0.25, 0.25, 0.25], 50.0, 0.0, 0.0),
-     ([0, 1, 2], [0, 0, 0, 0.5, 0.5], 50.0, 0.0, 0.0),
-     ([0, 1, 2, 0, 0], [0, 0, 0, 0.5, 0.5], 50.0, 0.0, 0.0),
-     ([0], [0.000011, 0.249997, 0.249997, 0.249997, 0.249997], 1.0, 5.0, 5.0),
-     ([0, 1, 2], [0.000023, 0.000023, 0.000023, 0.499966, 0.499966], 1.0, 5.0, 5.0),
-     ([0, 1, 2, 0, 0], [0.000000, 0.000023, 0.000023, 0.499977, 0.499977], 1.0, 5.0, 5.0)],
+    [
+        ([0], [0, 0.25, 0.25, 0.25, 0.25], 50.0, 0.0, 0.0),
+        ([0, 1, 2], [0, 0, 0, 0.5, 0.5], 50.0, 0.0, 0.0),
+        ([0, 1, 2, 0, 0], [0, 0, 0, 0.5, 0.5], 50.0, 0.0, 0.0),
+        ([0], [0.000011, 0.249997, 0.249997, 0.249997, 0.249997], 1.0, 5.0, 5.0),
+        ([0, 1, 2], [0.000023, 0.000023, 0.000023, 0.499966, 0.499966], 1.0, 5.0, 5.0),
+        ([0, 1, 2, 0, 0], [0.000000, 0.000023, 0.000023, 0.499977, 0.499977], 1.0, 5.0, 5.0),
+    ],
 )
 def test_penalty_vectors(last, expected, rep, freq, pres):
     """test-sampling.cpp test_penalties (llama_sampler_penalties_apply), window = len(last_tokens)."""
@@ -97,16 +114,23 @@ def test_penalty_vectors(last, expected, rep, freq, pres):
 
 @pytest.mark.parametrize(
     "probs, last, expected, mult, base, allowed, last_n, breakers",
-    [([0.25] * 4, [0, 1], [0.25] * 4, 1.0, 1.1, 2, 4, []),
-     ([0.25] * 4, [0, 1, 2, 0, 1], [0.296923, 0.296923, 0.109232, 0.296923], 1.0, 1.1, 2, 5, []),
-     ([0.2] * 5, [0, 1, 3, 4, 0, 1], [0.2] * 5, 1.0, 1.1, 2, 6, [[3]]),
-     ([0.2] * 5, [0, 1, 2, 0, 1], [0.241818, 0.241818, 0.032727, 0.241818, 0.241818], 2.0, 1.1, 2, 5, []),
-     ([0.2] * 5, [0, 1, 2, 3, 4, 0, 1], [0.2] * 5, 1.0, 1.1, 4, 7, [])],
+    [
+        ([0.25] * 4, [0, 1], [0.25] * 4, 1.0, 1.1, 2, 4, []),
+        ([0.25] * 4, [0, 1, 2, 0, 1], [0.296923, 0.296923, 0.109232, 0.296923], 1.0, 1.1, 2, 5, []),
+        ([0.2] * 5, [0, 1, 3, 4, 0, 1], [0.2] * 5, 1.0, 1.1, 2, 6, [[3]]),
+        ([0.2] * 5, [0, 1, 2, 0, 1], [0.241818, 0.241818, 0.032727, 0.241818, 0.241818], 2.0, 1.1, 2, 5, []),
+        ([0.2] * 5, [0, 1, 2, 3, 4, 0, 1], [0.2] * 5, 1.0, 1.1, 4, 7, []),
+    ],
 )
 def test_dry_vectors(probs, last, expected, mult, base, allowed, last_n, breakers):
     """test-sampling.cpp test_dry (llama_sampler_dry_apply via llama_sampler_init_dry_testing)."""
-    cfg = LLAMA.replace(dry_multiplier=mult, dry_base=base, dry_allowed_length=allowed, dry_last_n=last_n,
-                        dry_sequence_breakers=tuple(tuple(b) for b in breakers))
+    cfg = LLAMA.replace(
+        dry_multiplier=mult,
+        dry_base=base,
+        dry_allowed_length=allowed,
+        dry_last_n=last_n,
+        dry_sequence_breakers=tuple(tuple(b) for b in breakers),
+    )
     got = sampling_probs(_logits(probs), torch.tensor([last]), cfg)[0].double().numpy()
     assert np.allclose(got, expected, atol=1e-5), got
 
@@ -120,8 +144,13 @@ def test_top_n_sigma_vectors(n, expected):
 # ---- part 2: vectors from llama.cpp's compiled samplers --------------------------------------
 VECTORS = json.loads((DATA / "llamacpp_vectors.json").read_text(encoding="utf-8"))["cases"]
 _FIELDS = {
-    "top_k": ("top_k",), "top_p": ("top_p",), "min_p": ("min_p",), "typical": ("typical_p",),
-    "top_n_sigma": ("top_n_sigma",), "xtc": ("xtc_probability", "xtc_threshold"), "temp": ("temperature",),
+    "top_k": ("top_k",),
+    "top_p": ("top_p",),
+    "min_p": ("min_p",),
+    "typical": ("typical_p",),
+    "top_n_sigma": ("top_n_sigma",),
+    "xtc": ("xtc_probability", "xtc_threshold"),
+    "temp": ("temperature",),
     "penalties": ("penalty_last_n", "repetition_penalty", "frequency_penalty", "presence_penalty"),
     "dry": ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_last_n"),
 }

@@ -43,7 +43,7 @@ def test_dry_breakers_cut_matches_and_window_limits_the_scan():
 def test_dry_exponent_cap_keeps_the_penalty_finite():
     """max exponent int(88.7228391 / ln base): base 1.75 → 158, so a 400-token loop costs 1.75^158, not inf."""
     pens = dry_penalties([0, 1] * 200, 1.0, 1.75, 2, -1, {})
-    assert math.isfinite(float(pens[0])) and float(pens[0]) == pytest.approx(1.75 ** 158, rel=1e-6)
+    assert math.isfinite(float(pens[0])) and float(pens[0]) == pytest.approx(1.75**158, rel=1e-6)
 
 
 def test_dry_in_generation_breaks_a_greedy_loop_and_ignores_padding(tiny_model):
@@ -70,7 +70,7 @@ class _Tok:
         while s:
             best = max((t for t in self.vocab if s.startswith(t)), key=len)
             out.append(self.vocab.index(best))
-            s = s[len(best):]
+            s = s[len(best) :]
         return out
 
 
@@ -96,6 +96,7 @@ def test_xtc_removes_top_choices_but_the_least_likely_and_is_reproducible():
     off = SamplerConfig(xtc_probability=1.0, xtc_threshold=0.51)  # above 0.5: off
     assert torch.isfinite(process_logits(z, None, off, generator=torch.Generator())).all()
     cfg = SamplerConfig(xtc_probability=0.5, xtc_threshold=0.15)
+
     def draws(seed: int) -> list[int]:
         return sample_next(z.repeat(64, 1), None, cfg, torch.Generator().manual_seed(seed)).tolist()
 
@@ -173,13 +174,22 @@ def test_new_parameters_validated(kwargs, needle):
 
 
 # ---- NaN -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cfg", [SamplerConfig(greedy=True), SamplerConfig(greedy=True, repetition_penalty=1.2),
-                                 SamplerConfig(temperature=0.7, top_p=0.9), SamplerConfig(order="llama.cpp", top_k=3)])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplerConfig(greedy=True),
+        SamplerConfig(greedy=True, repetition_penalty=1.2),
+        SamplerConfig(temperature=0.7, top_p=0.9),
+        SamplerConfig(order="llama.cpp", top_k=3),
+    ],
+)
 def test_nan_logits_raise_in_every_path(cfg):
     z = torch.tensor([[0.1, float("nan"), 0.3]])
-    for call in (lambda: process_logits(z, torch.tensor([[0]]), cfg),
-                 lambda: sample_next(z, torch.tensor([[0]]), cfg, torch.Generator()),
-                 lambda: sampling_probs(z, torch.tensor([[0]]), cfg)):
+    for call in (
+        lambda: process_logits(z, torch.tensor([[0]]), cfg),
+        lambda: sample_next(z, torch.tensor([[0]]), cfg, torch.Generator()),
+        lambda: sampling_probs(z, torch.tensor([[0]]), cfg),
+    ):
         with pytest.raises(ValueError, match="NaN"):
             call()
 

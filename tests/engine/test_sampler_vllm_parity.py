@@ -71,8 +71,9 @@ def test_vllm_penalty_scopes():
     """Repetition: prompt ∪ output. Frequency/presence: output only (prompt = first 3 history columns)."""
     hist = torch.tensor([[2, 2, 0, 2, 3, 3]])
     z = torch.full((1, 5), 2.0)
-    cfg = SamplerConfig(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25, greedy=True,
-                        engine="vllm")
+    cfg = SamplerConfig(
+        repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25, greedy=True, engine="vllm"
+    )
     out = process_logits(z, hist, cfg, prompt_len=3)[0].tolist()
     # id 0: prompt only → 2/2 = 1; id 2: 2/2 − 0.5·1 − 0.25 = 0.25; id 3: 1 − 0.5·2 − 0.25 = −0.25
     assert out == [1.0, 2.0, 0.25, -0.25, 2.0]
@@ -81,7 +82,12 @@ def test_vllm_penalty_scopes():
 def test_vllm_top_k_keeps_ties_and_min_p_runs_before_top_p():
     """top-k 2 on (1, 2, 2, 2, 0) keeps the three 2s; min-p then top-p differs from HF's top-p then min-p."""
     assert _kept(process_logits(torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.0]]), None, VLLM.replace(top_k=2))) == [
-        False, True, True, True, False]
+        False,
+        True,
+        True,
+        True,
+        False,
+    ]
     z = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
     # vLLM: min-p 0.3 drops 0.1 (< 0.12); renormalised 0.444, 0.333, 0.222 → top-p 0.75 keeps two.
     assert sum(_kept(process_logits(z, None, VLLM.replace(min_p=0.3, top_p=0.75)))) == 2
@@ -118,9 +124,11 @@ def test_penalties_equal_vllm_itself():
     for _ in range(50):
         z = torch.randn(2, 12, generator=g)
         prompt, output = torch.randint(0, 12, (2, 5), generator=g), torch.randint(0, 12, (2, 4), generator=g)
-        theirs = utils.apply_penalties(z.clone(), prompt, output, torch.full((2,), 0.3), torch.full((2,), 0.2),
-                                       torch.full((2,), 1.3))
-        cfg = SamplerConfig(repetition_penalty=1.3, presence_penalty=0.3, frequency_penalty=0.2, greedy=True,
-                            engine="vllm")
+        theirs = utils.apply_penalties(
+            z.clone(), prompt, output, torch.full((2,), 0.3), torch.full((2,), 0.2), torch.full((2,), 1.3)
+        )
+        cfg = SamplerConfig(
+            repetition_penalty=1.3, presence_penalty=0.3, frequency_penalty=0.2, greedy=True, engine="vllm"
+        )
         ours = process_logits(z, torch.cat([prompt, output], 1), cfg, prompt_len=5)
         assert torch.allclose(ours, theirs, atol=0, rtol=0)

@@ -32,12 +32,30 @@ def test_case_model_positional_and_deprecated_ckpt(trained_ckpt, tmp_path, capsy
     """MODEL first; --ckpt still works for one release, warns, and gives the same result."""
     import warnings
 
-    assert main(["case", str(trained_ckpt), "--quick", "--out", str(tmp_path / "a"), "--only", "sampling",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            ["case", str(trained_ckpt), "--quick", "--out", str(tmp_path / "a"), "--only", "sampling", "--no-progress"]
+        )
+        == 0
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert main(["case", "--ckpt", str(trained_ckpt), "--quick", "--out", str(tmp_path / "b"), "--only", "sampling",
-                     "--no-progress"]) == 0
+        assert (
+            main(
+                [
+                    "case",
+                    "--ckpt",
+                    str(trained_ckpt),
+                    "--quick",
+                    "--out",
+                    str(tmp_path / "b"),
+                    "--only",
+                    "sampling",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
     assert any(issubclass(w.category, FutureWarning) and "--ckpt is deprecated" in str(w.message) for w in caught)
     a, b = (json.loads((tmp_path / x / "ch3_case.json").read_text(encoding="utf-8")) for x in "ab")
     assert a["sampling"] == b["sampling"] and a["meta"]["checkpoint"] == b["meta"]["checkpoint"] == str(trained_ckpt)

@@ -33,8 +33,19 @@ def case_run(trained_ckpt, tmp_path_factory):
     out = tmp_path_factory.mktemp("case")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main(["case", str(trained_ckpt), "--quick", "--out", str(out), "--skip", "cache_scaling",
-                   "--no-progress", "--json"])
+        rc = main(
+            [
+                "case",
+                str(trained_ckpt),
+                "--quick",
+                "--out",
+                str(out),
+                "--skip",
+                "cache_scaling",
+                "--no-progress",
+                "--json",
+            ]
+        )
     assert rc == 0
     return out, json.loads(buf.getvalue()), json.loads((out / "ch3_case.json").read_text(encoding="utf-8"))
 
@@ -46,8 +57,17 @@ def case(case_run):
 
 def test_case_quick_end_to_end(case_run, trained_ckpt):
     out, summary, case = case_run
-    assert set(case) == {"meta", "model", "decoding", "sampling", "exposure", "cache_exact", "cache_bugs",
-                         "mask_noop", "cache_timing"}
+    assert set(case) == {
+        "meta",
+        "model",
+        "decoding",
+        "sampling",
+        "exposure",
+        "cache_exact",
+        "cache_bugs",
+        "mask_noop",
+        "cache_timing",
+    }
     assert case["meta"]["quick"] is True and case["meta"]["checkpoint"] == str(trained_ckpt)
     assert case["model"]["params"] > 400_000 and case["model"]["val_loss"] < case["model"]["unigram_ce"]
     assert all(r["as_expected"] for r in case["cache_bugs"])

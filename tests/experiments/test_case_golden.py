@@ -23,8 +23,23 @@ pytestmark = pytest.mark.slow  # about 25 s of CPU: every experiment of the case
 
 GOLDEN = Path(__file__).parent / "data" / "ch3_case_tiny.json"
 #: Fields whose values are wall-clock or describe the machine: compared by type, never by value.
-VOLATILE = {"created_utc", "seconds", "load_average", "threads", "cpu_count", "genprobe", "torch", "python", "machine",
-            "naive_s", "cached_s", "speedup", "predicted_naive_s", "runs", "skipped"}
+VOLATILE = {
+    "created_utc",
+    "seconds",
+    "load_average",
+    "threads",
+    "cpu_count",
+    "genprobe",
+    "torch",
+    "python",
+    "machine",
+    "naive_s",
+    "cached_s",
+    "speedup",
+    "predicted_naive_s",
+    "runs",
+    "skipped",
+}
 
 
 def tiny_case() -> dict:
@@ -42,12 +57,23 @@ def tiny_case() -> dict:
     tok = CharTokenizer.from_text(corpus.text, 1200)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, d_model=32, d_ff=64, block_size=64)).eval()
-    meta = {"summary": {"train_loss": 5.0, "val_loss": 5.1, "unigram_ce": 5.6, "coverage": 0.87, "unk_share": 0.12,
-                        "corpus": {"documents": 4003, "chars": 123}, "train_config": {"steps": 0}, "seconds": 0.0}}
+    meta = {
+        "summary": {
+            "train_loss": 5.0,
+            "val_loss": 5.1,
+            "unigram_ce": 5.6,
+            "coverage": 0.87,
+            "unk_share": 0.12,
+            "corpus": {"documents": 4003, "chars": 123},
+            "train_config": {"steps": 0},
+            "seconds": 0.0,
+        }
+    }
 
     def tiny_scaling(vocab_size, max_new, prompt_len, small=False):
-        return GPTConfig(vocab_size=vocab_size, n_layer=1, n_head=2, d_model=32, d_ff=64,
-            block_size=prompt_len + max_new + 1)
+        return GPTConfig(
+            vocab_size=vocab_size, n_layer=1, n_head=2, d_model=32, d_ff=64, block_size=prompt_len + max_new + 1
+        )
 
     with mock.patch.object(timing, "scaling_config", tiny_scaling):
         return run_case(model, tok, corpus, meta, quick=True, progress=False).to_dict()
@@ -57,8 +83,11 @@ def differences(want, got, path: str = "") -> list[str]:
     """Human-readable differences between the golden case and a new one."""
     key = path.rsplit(".", 1)[-1].split("[")[0]
     if key in VOLATILE:
-        same_kind = (want is None) == (got is None) and isinstance(got, type(want)) or (
-            isinstance(want, (int, float)) and isinstance(got, (int, float)))
+        same_kind = (
+            (want is None) == (got is None)
+            and isinstance(got, type(want))
+            or (isinstance(want, (int, float)) and isinstance(got, (int, float)))
+        )
         return [] if same_kind else [f"{path}: type {type(want).__name__} -> {type(got).__name__}"]
     if isinstance(want, dict) and isinstance(got, dict):
         if list(want) != list(got):

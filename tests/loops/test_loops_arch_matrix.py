@@ -13,8 +13,17 @@ from genprobe.loops.hf_patch import NOTE_FILE, apply_to_dir, revert_dir
 from genprobe.loops.scan import scan_loops
 from genprobe.model.load import UnsupportedArchitectureError, load_model
 
-COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              max_position_embeddings=128, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+COMMON = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=128,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 
 
 def _config(arch: str):
@@ -22,8 +31,9 @@ def _config(arch: str):
 
     gqa = dict(COMMON, num_key_value_heads=2)
     return {
-        "gpt2": lambda: T.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=None,
-                                     eos_token_id=None),
+        "gpt2": lambda: T.GPT2Config(
+            vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=None, eos_token_id=None
+        ),
         "llama": lambda: T.LlamaConfig(**gqa),
         "qwen2": lambda: T.Qwen2Config(**gqa),
         "mistral": lambda: T.MistralConfig(sliding_window=8, **gqa),  # window shorter than the 24-token scan
@@ -136,8 +146,9 @@ def test_unsupported_architectures_are_named():
     import transformers as T
 
     torch.manual_seed(0)
-    moe = T.AutoModelForCausalLM.from_config(T.MixtralConfig(num_key_value_heads=2, num_local_experts=2,
-                                                             num_experts_per_tok=1, **COMMON))
+    moe = T.AutoModelForCausalLM.from_config(
+        T.MixtralConfig(num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1, **COMMON)
+    )
     with pytest.raises(UnsupportedArchitectureError, match="MixtralForCausalLM layer 0.*no down-projection.*mixture"):
         mlp_sites(moe)
 

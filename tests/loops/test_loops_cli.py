@@ -32,12 +32,25 @@ def hf_dir(tmp_path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([POEM] * 5, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        [POEM] * 5,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     fast = T.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    cfg = T.Qwen2Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                        eos_token_id=fast.eos_token_id, bos_token_id=None, pad_token_id=None)
+    cfg = T.Qwen2Config(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        eos_token_id=fast.eos_token_id,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     torch.manual_seed(0)
     d = tmp_path / "qwen"
     T.Qwen2ForCausalLM(cfg).save_pretrained(d)
@@ -97,16 +110,40 @@ def test_scan_hf_model_needs_explicit_prompts(hf_dir, capsys):
 
 
 def test_scan_hf_model_bans_end_token_and_reports_chars(hf_dir, prompt_file, capsys, tmp_path):
-    assert main(["loops", "scan", str(hf_dir), "--prompts", str(prompt_file), "--max-new-tokens", "24",
-                 "--setting", "chanting", "--json", "--out", str(tmp_path / "scan.json")]) == 0
+    assert (
+        main(
+            [
+                "loops",
+                "scan",
+                str(hf_dir),
+                "--prompts",
+                str(prompt_file),
+                "--max-new-tokens",
+                "24",
+                "--setting",
+                "chanting",
+                "--json",
+                "--out",
+                str(tmp_path / "scan.json"),
+            ]
+        )
+        == 0
+    )
     cap = capsys.readouterr()
     out = json.loads(cap.out)
     assert "note: the end-of-text token (id 0) is banned" in cap.err
     assert out["end_token"] == {"id": 0, "banned": True, "note": out["end_token"]["note"]}
     s = out["scans"]["chanting"]
     assert s["settings"]["eos_banned"] and s["summary"]["n"] == 20
-    for key in ("loop_rate", "near_loop_rate", "any_loop_rate", "repetitive_rate", "degenerate_rate",
-                "mean_tail_compression", "mean_seq_rep_4"):
+    for key in (
+        "loop_rate",
+        "near_loop_rate",
+        "any_loop_rate",
+        "repetitive_rate",
+        "degenerate_rate",
+        "mean_tail_compression",
+        "mean_seq_rep_4",
+    ):
         assert key in s["summary"] and key in s["summary"]["chars"]  # tokens and characters side by side
     recs = json.loads((tmp_path / "scan.json").read_text(encoding="utf-8"))["scans"]["chanting"]["records"]
     assert all(len(r["tokens"]) == 24 and 0 not in r["tokens"] for r in recs)
@@ -116,9 +153,30 @@ def test_scan_hf_model_bans_end_token_and_reports_chars(hf_dir, prompt_file, cap
 def test_repair_val_text_shorter_than_a_window(hf_dir, prompt_file, tmp_path, capsys):
     short = tmp_path / "val.txt"
     short.write_text(POEM[:10], encoding="utf-8")
-    assert main(["loops", "repair", str(hf_dir), "--prompts", str(prompt_file), "--val-text", str(short),
-                 "--out", str(tmp_path / "r"), "--max-new-tokens", "24", "--ks", "4", "--subtract-alphas", "1",
-                 "--project-alphas", "1"]) == 2
+    assert (
+        main(
+            [
+                "loops",
+                "repair",
+                str(hf_dir),
+                "--prompts",
+                str(prompt_file),
+                "--val-text",
+                str(short),
+                "--out",
+                str(tmp_path / "r"),
+                "--max-new-tokens",
+                "24",
+                "--ks",
+                "4",
+                "--subtract-alphas",
+                "1",
+                "--project-alphas",
+                "1",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "shorter than one regression window of 64 tokens" in err
     assert main(["loops", "repair", str(hf_dir), "--prompts", str(prompt_file), "--out", str(tmp_path / "r")]) == 2
@@ -131,10 +189,35 @@ def test_repair_apply_revert_on_a_transformers_dir(hf_dir, prompt_file, tmp_path
     directory that from_pretrained loads, revert it to the original file bit for bit."""
     val = tmp_path / "val.txt"
     val.write_text(POEM * 8, encoding="utf-8")
-    rc = main(["loops", "repair", str(hf_dir), "--prompts", str(prompt_file), "--val-text", str(val),
-               "--val-window", "32", "--out", str(tmp_path / "r"), "--max-new-tokens", "24", "--ks", "4",
-               "--subtract-alphas", "0.5", "1", "--project-alphas", "1", "--max-kl", "10", "--max-dloss", "10",
-               "--json"])
+    rc = main(
+        [
+            "loops",
+            "repair",
+            str(hf_dir),
+            "--prompts",
+            str(prompt_file),
+            "--val-text",
+            str(val),
+            "--val-window",
+            "32",
+            "--out",
+            str(tmp_path / "r"),
+            "--max-new-tokens",
+            "24",
+            "--ks",
+            "4",
+            "--subtract-alphas",
+            "0.5",
+            "1",
+            "--project-alphas",
+            "1",
+            "--max-kl",
+            "10",
+            "--max-dloss",
+            "10",
+            "--json",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     rep = json.loads((tmp_path / "r" / "repair.json").read_text(encoding="utf-8"))
@@ -150,8 +233,10 @@ def test_repair_apply_revert_on_a_transformers_dir(hf_dir, prompt_file, tmp_path
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "patched", local_files_only=True)  # loads as a plain HF dir
     assert load_model(tmp_path / "patched").state_sha256() == applied["state_sha256"] == out["patch"]["sha256_after"]
-    assert main(["loops", "revert", str(tmp_path / "patched"), str(patch_json), "--out", str(tmp_path / "back"),
-                 "--json"]) == 0
+    assert (
+        main(["loops", "revert", str(tmp_path / "patched"), str(patch_json), "--out", str(tmp_path / "back"), "--json"])
+        == 0
+    )
     back = json.loads(capsys.readouterr().out)
     assert back["matches_original"] is True and back["state_sha256"] == out["patch"]["sha256_before"]
     assert sha256_file(tmp_path / "back" / "model.safetensors") == sha256_file(hf_dir / "model.safetensors")
@@ -172,8 +257,20 @@ def test_cli_apply_revert_roundtrip_and_refusal(tiny_cfg, corpus, tmp_path, caps
     units = {0: torch.rand(64), 1: torch.rand(64)}
     patch = finalise(model, make_patch(model, EditSpec((0, 1), 5, "project", 1.0), dirs, units))
     save_patch(patch, tmp_path / "p")
-    assert main(["loops", "apply", str(tmp_path / "orig"), str(tmp_path / "p.json"), "--out", str(tmp_path / "new"),
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "loops",
+                "apply",
+                str(tmp_path / "orig"),
+                str(tmp_path / "p.json"),
+                "--out",
+                str(tmp_path / "new"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["state_sha256"] == patch.meta["sha256_after"]
     m2, _, meta = load_checkpoint(tmp_path / "new")
@@ -182,8 +279,9 @@ def test_cli_apply_revert_roundtrip_and_refusal(tiny_cfg, corpus, tmp_path, caps
     assert main(["loops", "apply", str(tmp_path / "new"), str(tmp_path / "p.json"), "--in-place"]) == 2
     err = capsys.readouterr().err
     assert patch.meta["sha256_before"] in err and patch.meta["sha256_after"] in err
-    assert main(["loops", "revert", str(tmp_path / "new"), str(tmp_path / "p.json"), "--out",
-                 str(tmp_path / "back")]) == 0
+    assert (
+        main(["loops", "revert", str(tmp_path / "new"), str(tmp_path / "p.json"), "--out", str(tmp_path / "back")]) == 0
+    )
     m3, _, _ = load_checkpoint(tmp_path / "back")
     assert state_sha256(m3) == state_sha256(model) == patch.meta["sha256_before"]
     assert sha256_file(tmp_path / "back" / "model.safetensors") == sha256_file(tmp_path / "orig" / "model.safetensors")
@@ -192,8 +290,23 @@ def test_cli_apply_revert_roundtrip_and_refusal(tiny_cfg, corpus, tmp_path, caps
 
 
 def test_cli_scan_char_model_defaults_and_deprecated_aliases(trained_ckpt, capsys, tmp_path):
-    assert main(["loops", "scan", str(trained_ckpt), "--n", "12", "--max-new-tokens", "24", "--json",
-                 "--out", str(tmp_path / "scan.json")]) == 0
+    assert (
+        main(
+            [
+                "loops",
+                "scan",
+                str(trained_ckpt),
+                "--n",
+                "12",
+                "--max-new-tokens",
+                "24",
+                "--json",
+                "--out",
+                str(tmp_path / "scan.json"),
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert set(out["scans"]) == {"chanting", "greedy"} and out["prompt_source"] == "tang-heldout-openings"
     assert out["end_token"]["banned"] is False  # the char vocabulary has no end token
@@ -207,8 +320,24 @@ def test_cli_scan_char_model_defaults_and_deprecated_aliases(trained_ckpt, capsy
     assert len(recs) == 12 and all(1 not in r["tokens"] for r in recs)  # <unk> banned in the chanting setting
     with pytest.warns(FutureWarning, match="--ckpt is deprecated"):
         with pytest.warns(FutureWarning, match="--new-tokens is deprecated.*--max-new-tokens"):
-            assert main(["loops", "scan", "--ckpt", str(trained_ckpt), "--n", "4", "--new-tokens", "20",
-                         "--setting", "chanting", "--json"]) == 0
+            assert (
+                main(
+                    [
+                        "loops",
+                        "scan",
+                        "--ckpt",
+                        str(trained_ckpt),
+                        "--n",
+                        "4",
+                        "--new-tokens",
+                        "20",
+                        "--setting",
+                        "chanting",
+                        "--json",
+                    ]
+                )
+                == 0
+            )
     assert json.loads(capsys.readouterr().out)["max_new_tokens"] == 20
     assert main(["loops", "scan", str(trained_ckpt), "--max-new-tokens", "5"]) == 2
     assert "--max-new-tokens must be >= 16" in capsys.readouterr().err
@@ -224,18 +353,69 @@ def test_cli_locate_char_model(trained_ckpt, capsys):
 
 
 def test_cli_scan_prompts_given_on_the_command_line_or_tang_explicitly(hf_dir, capsys):
-    assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "舉頭望", "--max-new-tokens", "16",
-                 "--setting", "greedy", "--json"]) == 0
+    assert (
+        main(
+            [
+                "loops",
+                "scan",
+                str(hf_dir),
+                "--prompt",
+                "床前明月",
+                "舉頭望",
+                "--max-new-tokens",
+                "16",
+                "--setting",
+                "greedy",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["prompts"] == 2 and out["prompt_source"] == "command line"
-    assert main(["loops", "scan", str(hf_dir), "--tang-prompts", "--n", "3", "--max-new-tokens", "16",
-                 "--setting", "greedy", "--json"]) == 0
+    assert (
+        main(
+            [
+                "loops",
+                "scan",
+                str(hf_dir),
+                "--tang-prompts",
+                "--n",
+                "3",
+                "--max-new-tokens",
+                "16",
+                "--setting",
+                "greedy",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["prompt_source"] == "tang-heldout-openings"
 
 
 def test_cli_scan_sample_setting_uses_the_shared_sampler_flags(hf_dir, capsys):
-    assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "--setting", "sample", "--temperature", "0.8",
-                 "--top-p", "0.9", "--max-new-tokens", "16", "--json"]) == 0
+    assert (
+        main(
+            [
+                "loops",
+                "scan",
+                str(hf_dir),
+                "--prompt",
+                "床前明月",
+                "--setting",
+                "sample",
+                "--temperature",
+                "0.8",
+                "--top-p",
+                "0.9",
+                "--max-new-tokens",
+                "16",
+                "--json",
+            ]
+        )
+        == 0
+    )
     s = json.loads(capsys.readouterr().out)["scans"]["sample"]["settings"]
     assert s["sampler"]["temperature"] == 0.8 and s["sampler"]["top_p"] == 0.9 and s["eos_banned"]
     assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "--setting", "sample", "--top-p", "1.5"]) == 2
@@ -244,8 +424,25 @@ def test_cli_scan_sample_setting_uses_the_shared_sampler_flags(hf_dir, capsys):
 
 def test_cli_scan_sampler_flags_are_never_ignored(hf_dir, capsys):
     """Sampler flags without --setting scan with them; beside a greedy setting they are an error, not ignored."""
-    assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "--temperature", "0.8", "--top-p", "0.9",
-                 "--max-new-tokens", "16", "--json"]) == 0
+    assert (
+        main(
+            [
+                "loops",
+                "scan",
+                str(hf_dir),
+                "--prompt",
+                "床前明月",
+                "--temperature",
+                "0.8",
+                "--top-p",
+                "0.9",
+                "--max-new-tokens",
+                "16",
+                "--json",
+            ]
+        )
+        == 0
+    )
     scans = json.loads(capsys.readouterr().out)["scans"]
     assert list(scans) == ["sample"] and scans["sample"]["settings"]["sampler"]["top_p"] == 0.9
     assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "--setting", "chanting", "--top-p", "0.9"]) == 2

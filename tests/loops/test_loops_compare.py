@@ -61,12 +61,25 @@ def judge_dir(tmp_path_factory):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([POEM] * 5, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        [POEM] * 5,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     fast = T.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    cfg = T.Qwen2Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                        eos_token_id=fast.eos_token_id, bos_token_id=None, pad_token_id=None)
+    cfg = T.Qwen2Config(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        eos_token_id=fast.eos_token_id,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("judge") / "qwen"
     T.Qwen2ForCausalLM(cfg).save_pretrained(d)
@@ -83,10 +96,37 @@ def openings(tokenizer):
 # ---- the command end to end -----------------------------------------------------------------
 def test_compare_command_end_to_end(tiny, judge_dir, tmp_path, capsys):
     out = tmp_path / "cmp"
-    rc = main(["loops", "compare", str(tiny.ckpt), "--n", "6", "--skip", "0", "--max-new-tokens", "16",
-               "--batch-size", "4", "--methods", "rep-1.2", "dry-lines", "contrastive", EDIT, EDIT_BEST,
-               "--patch", str(tiny.patch_json), "--judge", str(judge_dir), "--timing-rounds", "1",
-               "--out", str(out), "--json", "--no-progress"])
+    rc = main(
+        [
+            "loops",
+            "compare",
+            str(tiny.ckpt),
+            "--n",
+            "6",
+            "--skip",
+            "0",
+            "--max-new-tokens",
+            "16",
+            "--batch-size",
+            "4",
+            "--methods",
+            "rep-1.2",
+            "dry-lines",
+            "contrastive",
+            EDIT,
+            EDIT_BEST,
+            "--patch",
+            str(tiny.patch_json),
+            "--judge",
+            str(judge_dir),
+            "--timing-rounds",
+            "1",
+            "--out",
+            str(out),
+            "--json",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     cap = capsys.readouterr()
     summary = json.loads(cap.out)
@@ -128,8 +168,9 @@ def test_method_list_is_validated(tiny, capsys):
         check_methods([EDIT, EDIT_BEST], have_patch=True)
     assert check_methods(["dry"], have_patch=False) == ["greedy", "dry"]
     assert check_methods(None, have_patch=False) == [n for n in METHODS if n not in (EDIT, EDIT_BEST)]
-    assert main(["loops", "compare", str(tiny.ckpt), "--methods", "greedy", "nucleus", "--out",
-                 str(tiny.root / "x")]) == 2
+    assert (
+        main(["loops", "compare", str(tiny.ckpt), "--methods", "greedy", "nucleus", "--out", str(tiny.root / "x")]) == 2
+    )
     err = capsys.readouterr().err
     assert "unknown method(s) ['nucleus']" in err and "dry-lines" in err  # names the valid choices
 
@@ -205,7 +246,7 @@ def test_breaker_classes_hand_built():
     assert unit_class(within, measure_loops(within), "，。") == WITHIN
     assert unit_class(clean, measure_loops(clean), "，。") == NO_LOOP
     # relative to breakers that never occur in poems (llama.cpp's defaults) the same cycle spans none
-    assert unit_class(spans, measure_loops(spans), "\n:\"*") == WITHIN
+    assert unit_class(spans, measure_loops(spans), '\n:"*') == WITHIN
     rates = {c.cls: c for c in class_rates([SPANS, SPANS, WITHIN, NO_LOOP], [True, False, True, False])}
     assert (rates[SPANS].degenerate, rates[SPANS].n, rates[SPANS].rate) == (1, 2, 0.5)
     assert (rates[WITHIN].rate, rates[NO_LOOP].rate) == (1.0, 0.0)
@@ -246,19 +287,32 @@ def test_human_texts_from_the_corpus_a_jsonl_file_or_none(tmp_path, openings):
 # ---- the best-method rule -------------------------------------------------------------------
 def _fake(name, degenerate, speed, nll, redup, parallel=1.0, patched=False):
     return SimpleNamespace(
-        method=SimpleNamespace(name=name, patched=patched), rates=SimpleNamespace(degenerate_rate=degenerate),
-        cost=SimpleNamespace(speed_vs_greedy=speed), own=SimpleNamespace(nll_per_char=nll),
+        method=SimpleNamespace(name=name, patched=patched),
+        rates=SimpleNamespace(degenerate_rate=degenerate),
+        cost=SimpleNamespace(speed_vs_greedy=speed),
+        own=SimpleNamespace(nll_per_char=nll),
         judge=SimpleNamespace(nll_per_char=nll),
-        legit=SimpleNamespace(reduplication_per100=redup, parallel_per100=parallel, repeated_ngram_rate=None))
+        legit=SimpleNamespace(reduplication_per100=redup, parallel_per100=parallel, repeated_ngram_rate=None),
+    )
 
 
 def test_best_rule_limits_and_fallback():
-    human = SimpleNamespace(genre="tang", judge=SimpleNamespace(nll_per_char=4.0), own=None, reason=None,
-                            legit=SimpleNamespace(reduplication_per100=1.0, parallel_per100=1.0))
+    human = SimpleNamespace(
+        genre="tang",
+        judge=SimpleNamespace(nll_per_char=4.0),
+        own=None,
+        reason=None,
+        legit=SimpleNamespace(reduplication_per100=1.0, parallel_per100=1.0),
+    )
     cfg = CompareConfig()
-    results = [_fake("greedy", 0.5, 1.0, 2.0, 1.0), _fake("slow", 0.0, 0.2, 3.0, 1.0),
-               _fake("garbled", 0.0, 1.0, 4.5, 1.0), _fake("flat", 0.0, 1.0, 3.0, 0.4),
-               _fake("ok", 0.05, 0.9, 3.5, 0.8), _fake("edit", 0.0, 1.0, 2.0, 1.0, patched=True)]
+    results = [
+        _fake("greedy", 0.5, 1.0, 2.0, 1.0),
+        _fake("slow", 0.0, 0.2, 3.0, 1.0),
+        _fake("garbled", 0.0, 1.0, 4.5, 1.0),
+        _fake("flat", 0.0, 1.0, 3.0, 0.4),
+        _fake("ok", 0.05, 0.9, 3.5, 0.8),
+        _fake("edit", 0.0, 1.0, 2.0, 1.0, patched=True),
+    ]
     best = choose_best(results, human, cfg)
     assert best.name == "ok" and best.acceptable and best.nll_limit == 4.0
     why = {c.name: c.reasons for c in best.candidates}

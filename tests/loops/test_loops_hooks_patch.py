@@ -40,9 +40,18 @@ def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=64, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=None)
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -50,8 +59,9 @@ def _gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=None,
-                     eos_token_id=None)
+    cfg = GPT2Config(
+        vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=None, eos_token_id=None
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -81,8 +91,10 @@ def test_capture_matches_manual_computation_and_leaves_no_hook(any_model):
     sites = mlp_sites(any_model)
     assert [s.layer for s in sites] == [0, 1]
     mlp_in = {}
-    pre = [s.mlp.register_forward_pre_hook(lambda m, i, layer=s.layer: mlp_in.__setitem__(layer, i[0].detach()))
-           for s in sites]
+    pre = [
+        s.mlp.register_forward_pre_hook(lambda m, i, layer=s.layer: mlp_in.__setitem__(layer, i[0].detach()))
+        for s in sites
+    ]
     try:
         with torch.no_grad(), capture(any_model, kinds=("mlp_out", "resid", "units")) as cap:
             logits = forward_logits(any_model, ids)

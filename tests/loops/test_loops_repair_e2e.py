@@ -24,8 +24,18 @@ def _single_thread():
 def test_small_repair_end_to_end(trained_ckpt, tmp_path):
     model = load_model(trained_ckpt)
     before = state_sha256(model.module)
-    cfg = RepairConfig(n_direction=160, n_search=96, n_validate=64, search_prone=8, search_control=8, ks=(4, 16),
-                       subtract_alphas=(0.5, 1.0), project_alphas=(1.0,), regression_windows=16, batch_size=64)
+    cfg = RepairConfig(
+        n_direction=160,
+        n_search=96,
+        n_validate=64,
+        search_prone=8,
+        search_control=8,
+        ks=(4, 16),
+        subtract_alphas=(0.5, 1.0),
+        project_alphas=(1.0,),
+        regression_windows=16,
+        batch_size=64,
+    )
     report, patch = repair(model, RepairInputs.tang(model.tokenizer, cfg), cfg)
     assert state_sha256(model.module) == before  # the pipeline leaves the model exactly as it found it
     s = report.search

@@ -13,8 +13,9 @@ from genprobe.loops.scan import GenerationRecord, scan_loops, summarise
 from genprobe.loops.search import Candidate, Limits, Objective, Strata, choose, grid, run_search
 from genprobe.metrics import LoopSettings, detect_loop, measure_loops
 
-PROSE = ("春江潮水連海平海上明月共潮生灩灩隨波千萬里何處春江無月明"
-         "江流宛轉遶芳甸月照花林皆似霰空裏流霜不覺飛汀上白沙看不見")
+PROSE = (
+    "春江潮水連海平海上明月共潮生灩灩隨波千萬里何處春江無月明江流宛轉遶芳甸月照花林皆似霰空裏流霜不覺飛汀上白沙看不見"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -102,8 +103,12 @@ def test_shifting_the_unit_every_cycle_is_not_rewarded_either():
     base = strata.objective(_measures(prone), control)
     after = strata.objective(_measures(shifted), control)
     assert after.loop_rate == after.any_loop_rate == 0.0 and after.degenerate_rate == base.degenerate_rate
-    assert choose([Candidate(EditSpec((0,), 8, "subtract", 1.0), Regression(0.0, 4.0, 4.0, 0.0), after, 10)],
-                  base, Limits()) is None
+    assert (
+        choose(
+            [Candidate(EditSpec((0,), 8, "subtract", 1.0), Regression(0.0, 4.0, 4.0, 0.0), after, 10)], base, Limits()
+        )
+        is None
+    )
 
 
 def test_gamed_edit_loses_inside_run_search(tiny_model):
@@ -150,8 +155,12 @@ def test_choose_best_admissible_and_limits():
     ]
     assert choose(cs, base, lim).error == "best, small"
     # equal degenerate and periodic rates: the lower exact rate wins before size
-    assert choose([_cand(0.05, 0.0, 0.0, 10, exact=0.04, tag="a"), _cand(0.05, 0.0, 0.0, 999, exact=0.01, tag="b")],
-                  base, lim).error == "b"
+    assert (
+        choose(
+            [_cand(0.05, 0.0, 0.0, 10, exact=0.04, tag="a"), _cand(0.05, 0.0, 0.0, 999, exact=0.01, tag="b")], base, lim
+        ).error
+        == "b"
+    )
     assert choose([_cand(0.1, 0.1, 0.02)], base, lim) is not None  # boundaries are inclusive
     assert choose([_cand(0.3, 0.01, 0.0), _cand(0.0, 0.2, 0.0)], base, lim) is None
     assert choose([], base, lim) is None
@@ -168,7 +177,7 @@ def test_strata_weights_and_validation():
 
 
 def test_grid_size_and_validation():
-    alphas = {"subtract": [1, 2, 3, 4, 5], "project": [.1, .2, .3, .4, .5]}
+    alphas = {"subtract": [1, 2, 3, 4, 5], "project": [0.1, 0.2, 0.3, 0.4, 0.5]}
     specs = grid([(0,), (1,), (0, 1)], [8, 32], ["subtract", "project"], alphas)
     assert len(specs) == 3 * 2 * 2 * 5
     with pytest.raises(ValueError, match="no alpha grid"):
@@ -203,16 +212,23 @@ def test_run_search_restores_model_and_reports_unbuildable(tiny_model):
 
 # ---- scan ------------------------------------------------------------------------------------
 def _rec(tokens, hit=True, chars=None):
-    return GenerationRecord([1], list(tokens), hit, 0.0, measure_loops(tokens),
-                            measure_loops(chars) if chars is not None else None)
+    return GenerationRecord(
+        [1], list(tokens), hit, 0.0, measure_loops(tokens), measure_loops(chars) if chars is not None else None
+    )
 
 
 def test_summarise_exact_near_any_rates_and_histograms():
     chant = _looping("君不見君家。", 0)
     disguised = _substitute_one_per_cycle(chant, 6, detect_loop(chant).onset)
     shifted = _shift_one_per_cycle("君不見君家。", 1)
-    recs = [_rec([1, 2, 3] + [7, 8] * 10), _rec([5] * 3 + list(range(100, 110)) * 3), _rec(disguised),
-            _rec(list(range(40))), _rec(list(range(50, 90)), hit=False), _rec(shifted)]
+    recs = [
+        _rec([1, 2, 3] + [7, 8] * 10),
+        _rec([5] * 3 + list(range(100, 110)) * 3),
+        _rec(disguised),
+        _rec(list(range(40))),
+        _rec(list(range(50, 90)), hit=False),
+        _rec(shifted),
+    ]
     s = summarise(recs)
     assert (s.n, s.loops, s.near_loops, s.any_loops, s.repetitive, s.degenerate) == (6, 2, 3, 3, 3, 4)
     assert s.loop_rate == pytest.approx(2 / 6) and s.any_loop_rate == 0.5 and s.degenerate_rate == pytest.approx(4 / 6)

@@ -25,8 +25,16 @@ def tiny_config(arch: str):
     # Gemma scales embeddings by sqrt(hidden) and ties them to the output: a large init makes it echo its input.
     init = 0.05 if arch.startswith("gemma") else 0.3
     ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=init)
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, **ids)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **ids,
+    )
     builders = {
         "gpt2": lambda: T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, **ids),
         "llama": lambda: T.LlamaConfig(**common),
@@ -35,8 +43,15 @@ def tiny_config(arch: str):
         "gemma2": lambda: T.Gemma2Config(**common, head_dim=8, sliding_window=SLIDING_WINDOW),
         "gemma3": lambda: T.Gemma3TextConfig(**common, head_dim=8, sliding_window=SLIDING_WINDOW),
         "phi3": lambda: T.Phi3Config(**common),
-        "gpt_neox": lambda: T.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, max_position_embeddings=64, **ids),
+        "gpt_neox": lambda: T.GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            **ids,
+        ),
     }
     return builders[arch]()
 

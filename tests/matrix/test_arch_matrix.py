@@ -23,10 +23,17 @@ def _hf_greedy(module, prompts: list[list[int]], new: int) -> list[list[int]]:
     ids = torch.zeros(len(prompts), P, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, P - len(p):] = torch.tensor(p)
-        mask[i, P - len(p):] = 1
-    out = module.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)
+        ids[i, P - len(p) :] = torch.tensor(p)
+        mask[i, P - len(p) :] = 1
+    out = module.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     return out[:, P:].tolist()
 
 
@@ -40,8 +47,9 @@ def test_generate(arch, tiny_hf_dirs):
         assert ours.tokens[row] == _hf_greedy(model.module, [p], NEW)[0]
     assert len({t for row in ours.tokens for t in row}) > 3  # the continuation is not one repeated token
     # Every cached step's logits equal a full recomputation of the sequence so far (last real position).
-    full = model.runner.full(torch.tensor([PROMPTS[0] + ours.tokens[0]]), torch.ones(1, len(PROMPTS[0]) + NEW,
-        dtype=torch.bool))
+    full = model.runner.full(
+        torch.tensor([PROMPTS[0] + ours.tokens[0]]), torch.ones(1, len(PROMPTS[0]) + NEW, dtype=torch.bool)
+    )
     P = len(PROMPTS[0])
     for i, step in enumerate(ours.step_logits):
         assert torch.allclose(step[0], full[0, P - 1 + i], atol=1e-4), f"step {i}"

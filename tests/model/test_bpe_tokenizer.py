@@ -18,8 +18,7 @@ from genprobe.corpus.tang import bundled_documents
 # Hard cases: text never seen in training (Latin, emoji, private use, combining marks), spaces that a
 # prefix-space or clean-up setting would alter, full-width punctuation that NFKC would fold, the literal
 # special-token string.
-HARD = ["Hello  world ,.", " 春", "春 ", "a\n\tb\r\n", "😀\ue829⿰", "，。！？「」", "e\u0301", "x<|endoftext|>y",
-        ""]
+HARD = ["Hello  world ,.", " 春", "春 ", "a\n\tb\r\n", "😀\ue829⿰", "，。！？「」", "e\u0301", "x<|endoftext|>y", ""]
 
 
 @pytest.fixture(scope="module")

@@ -204,7 +204,6 @@ def test_loading_never_unpickles(saved, tmp_path, monkeypatch):
     assert marker.exists()
 
 
-
 def test_save_after_a_crashed_save_keeps_committed_weights_recoverable(saved, monkeypatch):
     """Crash 1 leaves (old JSON, new weights, PREV=old); a second save crashing too must not lose PREV."""
     d, m_old, tok = saved

@@ -62,8 +62,12 @@ def test_no_protected_text_in_subword_training(docs, ref):
 
 @pytest.mark.parametrize(
     "n, train, heldout_start",
-    [(1000, [[0, 1000]], 4003), (3800, [[0, 3604]], 4003), (4003, [[0, 3604]], 4003),
-     (4004, [[0, 3604], [4003, 4004]], 4004)],
+    [
+        (1000, [[0, 1000]], 4003),
+        (3800, [[0, 3604]], 4003),
+        (4003, [[0, 3604]], 4003),
+        (4004, [[0, 3604], [4003, 4004]], 4004),
+    ],
 )
 def test_small_subword_ranges(docs, n, train, heldout_start):
     s = corpus_split(docs, n)

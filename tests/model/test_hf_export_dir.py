@@ -13,8 +13,11 @@ from genprobe.model import GPT, GPTConfig
 from genprobe.model.checkpoint import save_checkpoint
 from genprobe.model.hf_dir import TOKENIZER_FILE, export_hf_dir, import_hf_dir
 
-PROMPTS = ["春眠不覺曉", "床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。",
-    "白日依山盡黃河入海流欲窮千里目更上一層樓" * 3]
+PROMPTS = [
+    "春眠不覺曉",
+    "床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。",
+    "白日依山盡黃河入海流欲窮千里目更上一層樓" * 3,
+]
 
 
 @pytest.fixture(scope="module")

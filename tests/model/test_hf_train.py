@@ -20,8 +20,14 @@ from genprobe.model.subword_dir import SUMMARY_FILE, load_subword_dir, read_summ
 
 pytestmark = pytest.mark.slow  # trains small models (≈ 30 s of CPU in all)
 
-FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-         SUMMARY_FILE}
+FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    SUMMARY_FILE,
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +40,15 @@ def data():
 def _train(data, arch="llama", samples=0, **tc):
     split, texts = data
     cfg = hf_train.quick_model_config(arch)
-    return hf_train.train_subword(texts, split, cfg, replace(hf_train.quick_train_config(), **tc),
-                                  progress=False, heldout_docs=50, samples=samples)
+    return hf_train.train_subword(
+        texts,
+        split,
+        cfg,
+        replace(hf_train.quick_train_config(), **tc),
+        progress=False,
+        heldout_docs=50,
+        samples=samples,
+    )
 
 
 @pytest.fixture(scope="module")

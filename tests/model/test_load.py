@@ -23,8 +23,15 @@ def _tiny_llama(vocab: int = 64):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -37,8 +44,12 @@ def _bpe_tokenizer(d, vocab_size: int):
     core = HFTok(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     core.train_from_iterator(["白日依山盡", "黃河入海流", "hello world"] * 20, trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>")
     tok.save_pretrained(d)
@@ -128,8 +139,9 @@ def test_tokenizer_larger_than_the_vocabulary(tmp_path):
     d = tmp_path / "small-vocab"
     _tiny_llama(vocab=40).save_pretrained(d)
     _bpe_tokenizer(d, vocab_size=300)
-    with pytest.raises(ModelLoadError,
-        match=r"tokenizer has \d+ tokens but the model's output embedding has only 40 rows"):
+    with pytest.raises(
+        ModelLoadError, match=r"tokenizer has \d+ tokens but the model's output embedding has only 40 rows"
+    ):
         load_model(d)
 
 

@@ -109,8 +109,9 @@ def test_packed_document_logits_equal_document_alone(pe):
 
 
 @settings(max_examples=8, deadline=None)
-@given(lengths=st.lists(st.integers(1, 10), min_size=1, max_size=3), seed=st.integers(0,
-    2**16))  # ≤ 30 tokens: one row of block_size 32
+@given(
+    lengths=st.lists(st.integers(1, 10), min_size=1, max_size=3), seed=st.integers(0, 2**16)
+)  # ≤ 30 tokens: one row of block_size 32
 @torch.no_grad()
 def test_packing_property_any_document_lengths(lengths, seed):
     m = _MODEL

@@ -40,9 +40,12 @@ def report(trained, tmp_path_factory):
 
 
 def _set(page, sel: str, value) -> None:
-    page.eval_on_selector(sel,
+    page.eval_on_selector(
+        sel,
         "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input', {bubbles: true})); "
-                               "el.dispatchEvent(new Event('change', {bubbles: true})); }", value)
+        "el.dispatchEvent(new Event('change', {bubbles: true})); }",
+        value,
+    )
 
 
 def _val(page, sel: str) -> str:
@@ -67,11 +70,16 @@ def test_interactive_report_in_chromium(report, tmp_path):
 
             # --- sampling lab: kept-set size equals Python's kept_set_size for the same settings
             assert int(_val(page, "#lab-kept")) == V  # nothing truncated at the start
-            settings = [(1.0, 0, 0.9, "trunc_then_temp"), (0.5, 0, 0.9, "trunc_then_temp"), (0.5, 0, 0.9,
-                "temp_then_trunc"),
-                        (2.0, 0, 0.9, "temp_then_trunc"), (1.5, 50, 0.95, "temp_then_trunc"), (0.8, 10, 1.0,
-                            "trunc_then_temp"),
-                        (1.0, 0, 0.5, "trunc_then_temp"), (3.0, 0, 0.99, "temp_then_trunc")]
+            settings = [
+                (1.0, 0, 0.9, "trunc_then_temp"),
+                (0.5, 0, 0.9, "trunc_then_temp"),
+                (0.5, 0, 0.9, "temp_then_trunc"),
+                (2.0, 0, 0.9, "temp_then_trunc"),
+                (1.5, 50, 0.95, "temp_then_trunc"),
+                (0.8, 10, 1.0, "trunc_then_temp"),
+                (1.0, 0, 0.5, "trunc_then_temp"),
+                (3.0, 0, 0.99, "temp_then_trunc"),
+            ]
             for tau, k, top_p, order in settings:
                 _set(page, "#lab-tau", tau)
                 _set(page, "#lab-topk", k)

@@ -15,8 +15,12 @@ from genprobe.report.html import headline_rows, render_report
 
 def test_report_is_self_contained(small_case, tmp_path):
     figs = write_figures(small_case, tmp_path)
-    assert set(figs) == {"fig_decoding_distinct2.png", "fig_entropy_temperature.png",
-                         "fig_cache_compute_vs_speed.png", "fig_perturbation_shadow.png"}
+    assert set(figs) == {
+        "fig_decoding_distinct2.png",
+        "fig_entropy_temperature.png",
+        "fig_cache_compute_vs_speed.png",
+        "fig_perturbation_shadow.png",
+    }
     for name in figs:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     path = write_report(small_case, tmp_path, figures=figs)
@@ -26,8 +30,20 @@ def test_report_is_self_contained(small_case, tmp_path):
         assert attr.startswith(("data:", "#")), attr
     assert "http://" not in html and "https://" not in html and "@import" not in html
     assert html.count("data:image/png;base64,") == 4
-    for el in ("lab-tau", "lab-topk", "lab-topp", "lab-kept", "lab-draw", "trap-a", "trap-b", "kv-len",
-               "kv-naive-count", "kv-cached-count", "headline", "findings"):
+    for el in (
+        "lab-tau",
+        "lab-topk",
+        "lab-topp",
+        "lab-kept",
+        "lab-draw",
+        "trap-a",
+        "trap-b",
+        "kv-len",
+        "kv-naive-count",
+        "kv-cached-count",
+        "headline",
+        "findings",
+    ):
         assert f'id="{el}"' in html, el
 
 

@@ -67,9 +67,18 @@ def _hostile_case(small_case: dict) -> dict:
         r["text_with_unk"] = HOSTILE + "<unk>"
     d["prompt_unknown_chars"] = [HOSTILE]
     d["rows_sampling_with_unk"] = [{"strategy": HOSTILE, "distinct_2": 0.5, "unk_share": 0.1}]
-    d["other_prompts"] = [{"prompt": HOSTILE, "greedy": {"loop_unit": HOSTILE, "distinct_2": 0.1},
-                           "greedy_ban_unk": {"loop_unit": HOSTILE, "longest_repeat_text": HOSTILE, "distinct_2": 0.2,
-                                              "text": HOSTILE}}]
+    d["other_prompts"] = [
+        {
+            "prompt": HOSTILE,
+            "greedy": {"loop_unit": HOSTILE, "distinct_2": 0.1},
+            "greedy_ban_unk": {
+                "loop_unit": HOSTILE,
+                "longest_repeat_text": HOSTILE,
+                "distinct_2": 0.2,
+                "text": HOSTILE,
+            },
+        }
+    ]
     case["sampling"]["prompt"] = HOSTILE
     case["sampling"]["top10"][0]["token"] = HOSTILE
     case["exposure"]["teacher_forcing_rows"][0]["context"] = HOSTILE
@@ -92,8 +101,11 @@ def test_every_interpolated_string_is_escaped(small_case):
 
 
 def _html_lines_in_python(path: Path) -> list[int]:
-    tags = re.compile(r"</?(?:html|head|body|main|h[1-6]|p|div|span|table|tr|td|th|b|code|br|img|figure|nav|"
-                      r"label|input|output|select|option|button|canvas|script|style)\b[^<>]*>|<!doctype", re.I)
+    tags = re.compile(
+        r"</?(?:html|head|body|main|h[1-6]|p|div|span|table|tr|td|th|b|code|br|img|figure|nav|"
+        r"label|input|output|select|option|button|canvas|script|style)\b[^<>]*>|<!doctype",
+        re.I,
+    )
     lines = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and tags.search(node.value):
@@ -109,7 +121,7 @@ def test_no_hand_written_html_in_the_report_package():
 
 def test_the_detector_finds_f_string_html(tmp_path):
     p = tmp_path / "x.py"
-    p.write_text('x = 1\ny = f\'<td class="num">{x}</td>\'\n')
+    p.write_text("x = 1\ny = f'<td class=\"num\">{x}</td>'\n")
     assert _html_lines_in_python(p) == [2]
 
 

@@ -18,8 +18,24 @@ NEW = 57  # the repair setting: 5-character openings + 57 new tokens = the 64-to
 
 
 def _scan(model, out, backend: str, flags: list[str], *extra: str) -> dict:
-    argv = ["loops", "scan", str(model), "--tang-prompts", "--n", "32", "--max-new-tokens", str(NEW),
-            "--batch-size", "16", "--backend", backend, "--out", str(out), "--no-progress", *extra]
+    argv = [
+        "loops",
+        "scan",
+        str(model),
+        "--tang-prompts",
+        "--n",
+        "32",
+        "--max-new-tokens",
+        str(NEW),
+        "--batch-size",
+        "16",
+        "--backend",
+        backend,
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
     if backend == "vllm":
         argv += flags
     assert main(argv) == 0
@@ -49,8 +65,10 @@ def test_cli_vllm_scan_gives_our_engine_verdicts_and_json(both):
     for name in ("chanting", "greedy"):
         a, b = ours["scans"][name], theirs["scans"][name]
         assert a["settings"] == b["settings"] and a["summary"] == b["summary"]
-        verdicts = [[(r["looping"], r["period"], r["onset"], r["near_looping"], r["repetitive"]) for r in s["records"]]
-                    for s in (a, b)]
+        verdicts = [
+            [(r["looping"], r["period"], r["onset"], r["near_looping"], r["repetitive"]) for r in s["records"]]
+            for s in (a, b)
+        ]
         assert verdicts[0] == verdicts[1]
     loops = [r["looping"] for r in ours["scans"]["chanting"]["records"]]
     assert 0 < sum(loops) < len(loops)  # both outcomes occur: the comparison is not vacuous
@@ -58,8 +76,19 @@ def test_cli_vllm_scan_gives_our_engine_verdicts_and_json(both):
 
 
 def test_a_sampler_vllm_cannot_express_is_refused_by_name(vllm_ready, served_dirs, scan_engine_flags, capsys):
-    base = ["loops", "scan", str(served_dirs["patched"]), "--tang-prompts", "--n", "2", "--backend", "vllm",
-            "--setting", "sample", *scan_engine_flags]
+    base = [
+        "loops",
+        "scan",
+        str(served_dirs["patched"]),
+        "--tang-prompts",
+        "--n",
+        "2",
+        "--backend",
+        "vllm",
+        "--setting",
+        "sample",
+        *scan_engine_flags,
+    ]
     assert main([*base, "--no-repeat-ngram", "3"]) == 2
     assert "no_repeat_ngram" in capsys.readouterr().err
     assert main([*base, "--temperature", "0.8"]) == 2  # genprobe's arithmetic for τ: not vLLM's

@@ -19,8 +19,9 @@ def test_engine_by_default_on_default_prompts(sharp_model):
 
 def test_text_prompts_window_and_a_user_implementation(tiny_ckpt, U):
     model = genprobe.load(tiny_ckpt)
-    r = genprobe.verify_cache(model, prompts=["春江潮水连海平", "白日"], max_new_tokens=16, window=8, sinks=2,
-                              padded_batch=False)
+    r = genprobe.verify_cache(
+        model, prompts=["春江潮水连海平", "白日"], max_new_tokens=16, window=8, sinks=2, padded_batch=False
+    )
     assert r.prompt_lengths == [7, 2] and r.reference == "windowed recomputation (window 8, sinks 2)"
     assert r.verdict == "pass"
     bad = genprobe.verify_cache(model, U.window8_sinks2_fifo(model.module), max_new_tokens=16, window=8, sinks=2)

@@ -136,26 +136,44 @@ def test_usage_errors_exit_2(capsys, tiny_ckpt, tmp_path):
 
 def test_deprecated_spellings_still_work_and_warn(capsys, tiny_ckpt, user_impls):
     with pytest.warns(FutureWarning) as record:
-        rc, out, err = run_cli(capsys, "--impl", f"{user_impls}:correct", "--model", str(tiny_ckpt), "--steps", "3",
-                               "--chunk-sizes", "1,4", "--json")
+        rc, out, err = run_cli(
+            capsys,
+            "--impl",
+            f"{user_impls}:correct",
+            "--model",
+            str(tiny_ckpt),
+            "--steps",
+            "3",
+            "--chunk-sizes",
+            "1,4",
+            "--json",
+        )
     assert rc == 0, err
     said = " ".join(str(w.message) for w in record)
     assert "--model is deprecated" in said and "--steps is deprecated" in said and "--chunk-sizes with commas" in said
     d = strict_json(out)
     assert d["implementations"][0]["steps"] == 3 and {"chunk_1", "chunk_4"} <= set(
-        d["implementations"][0]["max_abs_dlogit_by_phase"])
+        d["implementations"][0]["max_abs_dlogit_by_phase"]
+    )
 
 
 def test_compiled_decode_path_is_verified_too(capsys, tiny_ckpt):
-    rc, out, err = run_cli(capsys, str(tiny_ckpt), "--compiled", "--max-new-tokens", "6", "--chunk-sizes", "1", "3",
-                           "--json")
+    rc, out, err = run_cli(
+        capsys, str(tiny_ckpt), "--compiled", "--max-new-tokens", "6", "--chunk-sizes", "1", "3", "--json"
+    )
     d = strict_json(out)
     assert rc == 0 and d["failing"] == [], err
     names = [i["impl"] for i in d["implementations"]]
     assert names == ["engine", "engine-compiled"]
     compiled = d["implementations"][1]
     assert compiled["verdict"] == "pass"
-    assert set(compiled["max_abs_dlogit_by_phase"]) == {"prefill", "incremental", "chunk_1", "chunk_3", "padded_batch",
-                                                        "isolation"}
+    assert set(compiled["max_abs_dlogit_by_phase"]) == {
+        "prefill",
+        "incremental",
+        "chunk_1",
+        "chunk_3",
+        "padded_batch",
+        "isolation",
+    }
     assert main(["verify-cache", "--impl", "x:y", "--compiled"]) == 2
     assert "--compiled verifies genprobe's own compiled decode path" in capsys.readouterr().err

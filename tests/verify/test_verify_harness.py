@@ -188,7 +188,12 @@ def test_nan_logits_are_a_bug(sharp_model, prompt):
 def test_thresholds_validation_and_boundaries():
     th = Thresholds()
     assert [th.verdict(x) for x in (0.0, 9.99e-5, 1e-4, 1e-3, 1.0, 1.0001)] == [
-        "pass", "pass", "small", "suspicious", "suspicious", "bug"
+        "pass",
+        "pass",
+        "small",
+        "suspicious",
+        "suspicious",
+        "bug",
     ]
     assert th.verdict(float("nan")) == "bug"
     with pytest.raises(ValueError, match="noise <= suspicious <= bug"):
@@ -256,8 +261,14 @@ def test_exception_in_one_phase_is_error_and_the_rest_still_run(sharp_model, pro
     (err,) = r.errors
     assert (err.phase, err.type, err.message, err.call) == ("chunk_4", "RuntimeError", "chunk kernel missing", 1)
     verdicts = {p.phase: p.verdict for p in r.phases}
-    assert verdicts == {"prefill": "pass", "incremental": "pass", "chunk_1": "pass", "chunk_4": "error",
-                        "padded_batch": "pass", "isolation": "pass"}
+    assert verdicts == {
+        "prefill": "pass",
+        "incremental": "pass",
+        "chunk_1": "pass",
+        "chunk_4": "error",
+        "padded_batch": "pass",
+        "isolation": "pass",
+    }
     assert r.phase("chunk_4").calls == 1  # the prefill chunk was compared before the step raised
     d = json.loads(json.dumps(r.to_dict(), allow_nan=False))
     assert d["verdict"] == "error" and d["errors"][0]["type"] == "RuntimeError"

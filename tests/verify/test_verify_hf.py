@@ -18,14 +18,28 @@ STEPS = 4
 def tiny_hf(kind: str, init: float = 0.02):
     """A seeded random causal LM from a small config (eager attention, vocab 100)."""
     torch.manual_seed(0)
-    common = dict(vocab_size=100, initializer_range=init, attn_implementation="eager",
-                  bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    common = dict(
+        vocab_size=100,
+        initializer_range=init,
+        attn_implementation="eager",
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     if kind == "gpt2":
-        cfg = transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
-                                      embd_pdrop=0.0, attn_pdrop=0.0, **common)
+        cfg = transformers.GPT2Config(
+            n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common
+        )
         return transformers.GPT2LMHeadModel(cfg).eval()
-    kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, **common)
+    kw = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **common,
+    )
     if kind == "llama":
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw)).eval()
     return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw)).eval()
@@ -42,22 +56,25 @@ def test_hf_models_pass(kind):
 
 def test_gpt2_left_padding_without_position_ids_is_flagged():
     hf = tiny_hf("gpt2", init=0.2)
-    bad = verify_implementation(HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=STEPS,
-                                chunk_sizes=(4,))
+    bad = verify_implementation(
+        HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=(4,)
+    )
     assert bad.verdict == "bug", bad.max_by_phase()
     assert bad.worst_phase == "padded_batch"
     # unpadded runs are fine: the bug needs left padding, which only the padded-batch comparison makes
     assert all(p.max_abs_dlogit < 1e-4 for p in bad.phases if p.phase != "padded_batch")
-    good = verify_implementation(HFAdapter(hf, pass_position_ids=True), HFReference(hf), PROMPTS, steps=STEPS,
-                                 chunk_sizes=())
+    good = verify_implementation(
+        HFAdapter(hf, pass_position_ids=True), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=()
+    )
     assert good.verdict == "pass", good.max_by_phase()
 
 
 def test_llama_rope_is_immune_to_the_position_shift():
     # RoPE scores depend on position differences only; a constant per-row shift changes nothing
     hf = tiny_hf("llama", init=0.2)
-    r = verify_implementation(HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=STEPS,
-                              chunk_sizes=())
+    r = verify_implementation(
+        HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=()
+    )
     assert r.verdict == "pass", r.max_by_phase()
 
 
@@ -89,7 +106,13 @@ def test_cli_hf_cache_static_passes(capsys, tmp_path, arch):
     (impl,) = json.loads(out.out)["implementations"]
     assert impl["impl"] == f"hf:{arch}[static]" and impl["verdict"] == "pass"
     assert {p["phase"] for p in impl["phases"] if p["verdict"] == "pass"} == {
-        "prefill", "incremental", "chunk_1", "chunk_4", "padded_batch", "isolation"}
+        "prefill",
+        "incremental",
+        "chunk_1",
+        "chunk_4",
+        "padded_batch",
+        "isolation",
+    }
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -131,8 +154,9 @@ def test_mistral_sliding_window_caches_pass():
     hf = tiny_model("mistral", init=0.2, window=6)
     for kind in ("dynamic", "static", "sliding"):
         assert unavailable_reason(hf, kind) is None
-        r = verify_implementation(HFAdapter(hf, cache=kind, max_cache_len=24), HFReference(hf), PROMPTS, steps=8,
-                                  chunk_sizes=(4,))
+        r = verify_implementation(
+            HFAdapter(hf, cache=kind, max_cache_len=24), HFReference(hf), PROMPTS, steps=8, chunk_sizes=(4,)
+        )
         assert r.verdict == "pass", (kind, r.max_by_phase())
     assert "full-attention layers only" in unavailable_reason(hf, "quantized")
     # the reference really is windowed: it differs from the same weights without the window

@@ -30,14 +30,12 @@ def test_state_leaking_across_reset_is_a_bug(sharp_model, prompt, U):
 
 def test_without_the_isolation_phase_the_leak_passes(sharp_model, prompt, U):
     """The reason for the phase (issue 12): with one prompt, nothing else sees the leak."""
-    r = verify_implementation(U.leaky(sharp_model), FullRecompute(sharp_model), [prompt], steps=10,
-                              isolation=False)
+    r = verify_implementation(U.leaky(sharp_model), FullRecompute(sharp_model), [prompt], steps=10, isolation=False)
     assert r.verdict == "pass"
 
 
 def test_correct_list_cache_passes_isolation(sharp_model, prompt, U):
-    r = verify_implementation(U.list_cache(sharp_model), FullRecompute(sharp_model), [prompt, prompt[:3]],
-                              steps=10)
+    r = verify_implementation(U.list_cache(sharp_model), FullRecompute(sharp_model), [prompt, prompt[:3]], steps=10)
     assert r.verdict == "pass" and r.phase("isolation").verdict == "pass"
 
 

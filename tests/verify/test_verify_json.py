@@ -27,11 +27,21 @@ class Result:
 
 
 def test_json_safe_spells_out_non_finite_numbers():
-    obj = {"a": math.nan, "b": [math.inf, -math.inf, 1.5, None, True, 3], "c": (2.0, "inf"),
-           "d": Result(math.nan, [torch.tensor([1.0, math.inf])]), "e": torch.tensor(math.nan)}
+    obj = {
+        "a": math.nan,
+        "b": [math.inf, -math.inf, 1.5, None, True, 3],
+        "c": (2.0, "inf"),
+        "d": Result(math.nan, [torch.tensor([1.0, math.inf])]),
+        "e": torch.tensor(math.nan),
+    }
     safe = json_safe(obj)
-    assert safe == {"a": "nan", "b": ["inf", "-inf", 1.5, None, True, 3], "c": [2.0, "inf"],
-                    "d": {"x": "nan", "ys": [[1.0, "inf"]]}, "e": "nan"}
+    assert safe == {
+        "a": "nan",
+        "b": ["inf", "-inf", 1.5, None, True, 3],
+        "c": [2.0, "inf"],
+        "d": {"x": "nan", "ys": [[1.0, "inf"]]},
+        "e": "nan",
+    }
     json.loads(json.dumps(safe, allow_nan=False), parse_constant=refuse)
 
 

@@ -25,17 +25,27 @@ PROMPTS = [[5, 17, 42, 8, 91, 23, 64, 30], [12, 77, 3, 56, 9], [40, 2, 88]]
 
 def gpt2(init: float):
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                                  initializer_range=init, attn_implementation="eager", bos_token_id=None,
-                                  eos_token_id=None, pad_token_id=0)
+    cfg = transformers.GPT2Config(
+        vocab_size=100,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        initializer_range=init,
+        attn_implementation="eager",
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(cfg).eval()
 
 
 @pytest.mark.parametrize("init, spread", [(0.02, (0.05, 0.3)), (0.2, (0.5, 3.0))])
 def test_padding_leak_is_a_bug_on_small_and_large_logits(init, spread):
     hf = gpt2(init)
-    bad = verify_implementation(HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=4,
-                                chunk_sizes=(4,))
+    bad = verify_implementation(
+        HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=4, chunk_sizes=(4,)
+    )
     p = bad.phase("padded_batch")
     assert spread[0] < p.ref_logit_std < spread[1]  # the two models really differ in scale
     assert bad.verdict == "bug" and p.verdict == "bug" and p.rel_dlogit > 1.0, p.to_dict()
@@ -76,5 +86,11 @@ def test_reports_carry_both_scales_and_the_second_measures(sharp_model, prompt):
     p = r.phase("incremental").to_dict()
     assert p["ref_logit_std"] > 0 and p["rel_dlogit"] == pytest.approx(p["max_abs_dlogit"] / p["ref_logit_std"])
     assert p["top1_agreement"] == 1.0 and p["max_abs_dlogprob_topk"] < 1e-4
-    assert r.thresholds.to_dict() == {"noise": 1e-4, "bug": 1.0, "suspicious": 1e-3, "rel_bug": 1.0,
-                                      "rel_suspicious": 0.01, "exact_prefill": False}
+    assert r.thresholds.to_dict() == {
+        "noise": 1e-4,
+        "bug": 1.0,
+        "suspicious": 1e-3,
+        "rel_bug": 1.0,
+        "rel_suspicious": 0.01,
+        "exact_prefill": False,
+    }

@@ -51,23 +51,37 @@ def test_correct_window_passes_wrong_eviction_fails(sharp_model, U):
     # decode step 10 - P + 1); the next step is the first whose query misses that sink
     assert bad.phase("incremental").first_diff_step == 10 - len(PROMPTS[0]) + 2
     # and against the unwindowed reference the correct window is (rightly) a bug
-    assert verify_implementation(U.window8_sinks2(sharp_model), FullRecompute(sharp_model), PROMPTS,
-                                 steps=STEPS).verdict == "bug"
+    assert (
+        verify_implementation(U.window8_sinks2(sharp_model), FullRecompute(sharp_model), PROMPTS, steps=STEPS).verdict
+        == "bug"
+    )
 
 
 @pytest.mark.parametrize("window, sinks", [(8, 0), (5, 0), (8, 2), (5, 1)])
 def test_engine_ring_buffer_passes_the_windowed_reference(sharp_model, window, sinks):
-    r = verify_implementation(EngineAdapter(sharp_model, window=window, sinks=sinks),
-                              WindowedRecompute(sharp_model, window, sinks), PROMPTS, steps=STEPS,
-                              padded_batch=sinks == 0)
+    r = verify_implementation(
+        EngineAdapter(sharp_model, window=window, sinks=sinks),
+        WindowedRecompute(sharp_model, window, sinks),
+        PROMPTS,
+        steps=STEPS,
+        padded_batch=sinks == 0,
+    )
     assert r.verdict == "pass", r.max_by_phase()
 
 
-@pytest.mark.xfail(strict=True, reason="finding for engine/cache.py: with left padding the sink slots of the ring "
-                                       "buffer hold padding, so the row's real first tokens are evicted")
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding for engine/cache.py: with left padding the sink slots of the ring "
+    "buffer hold padding, so the row's real first tokens are evicted",
+)
 def test_engine_sinks_under_left_padding(sharp_model):
-    r = verify_implementation(EngineAdapter(sharp_model, window=8, sinks=2), WindowedRecompute(sharp_model, 8, 2),
-                              PROMPTS, steps=STEPS, chunk_sizes=())
+    r = verify_implementation(
+        EngineAdapter(sharp_model, window=8, sinks=2),
+        WindowedRecompute(sharp_model, 8, 2),
+        PROMPTS,
+        steps=STEPS,
+        chunk_sizes=(),
+    )
     assert r.phase("padded_batch").verdict == "pass", r.phase("padded_batch").to_dict()
 
 
@@ -80,8 +94,10 @@ def test_cli_window_flags(capsys, tiny_ckpt, user_impls):
     assert main(["verify-cache", *base, "--impl", f"{user_impls}:window8_sinks2_fifo"]) == 1
     assert json.loads(capsys.readouterr().out)["implementations"][0]["verdict"] == "bug"
     # without --window the correct window is judged against full attention: a bug
-    assert main(["verify-cache", str(tiny_ckpt), "--max-new-tokens", str(STEPS), "--impl",
-                 f"{user_impls}:window8_sinks2"]) == 1
+    assert (
+        main(["verify-cache", str(tiny_ckpt), "--max-new-tokens", str(STEPS), "--impl", f"{user_impls}:window8_sinks2"])
+        == 1
+    )
     capsys.readouterr()
     # our engine with the same window (no sinks: see the xfail above) passes
     assert main(["verify-cache", str(tiny_ckpt), "--max-new-tokens", str(STEPS), "--window", "6"]) == 0
@@ -89,12 +105,15 @@ def test_cli_window_flags(capsys, tiny_ckpt, user_impls):
     assert "engine (window 6, sinks 0)" in out
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["--window", "0"], "--window must be >= 1"),
-    (["--sinks", "2"], "--sinks only makes sense with --window"),
-    (["--window", "4", "--mutants"], "cannot be combined"),
-    (["--window", "4", "--compiled"], "cannot be combined"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["--window", "0"], "--window must be >= 1"),
+        (["--sinks", "2"], "--sinks only makes sense with --window"),
+        (["--window", "4", "--mutants"], "cannot be combined"),
+        (["--window", "4", "--compiled"], "cannot be combined"),
+    ],
+)
 def test_cli_window_usage_errors(capsys, tiny_ckpt, argv, msg):
     assert main(["verify-cache", str(tiny_ckpt), *argv]) == 2
     assert msg in capsys.readouterr().err

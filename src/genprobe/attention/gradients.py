@@ -114,14 +114,21 @@ class QKVGradTracker:
         w = csv.DictWriter(buf, fieldnames=["step", "layer", "q", "k", "v"], lineterminator="\n")
         w.writeheader()
         w.writerows(self._rows)
-        paths = {"csv": out / "qkv_grad_norms.csv", "json": out / "qkv_grad_norms.json",
-            "png": out / "qkv_grad_norms.png"}
+        paths = {
+            "csv": out / "qkv_grad_norms.csv",
+            "json": out / "qkv_grad_norms.json",
+            "png": out / "qkv_grad_norms.png",
+        }
         atomic_write_text(paths["csv"], buf.getvalue())
         atomic_write_json(paths["json"], self.to_dict())
         self.plot(paths["png"])
         steps = sorted({r["step"] for r in self._rows})
-        return {**{k: str(v) for k, v in paths.items()}, "steps": len(steps),
-                "layers": len({r["layer"] for r in self._rows}), "rows": len(self._rows)}
+        return {
+            **{k: str(v) for k, v in paths.items()},
+            "steps": len(steps),
+            "layers": len({r["layer"] for r in self._rows}),
+            "rows": len(self._rows),
+        }
 
     def plot(self, path: str | Path) -> Path:
         """Log-scale gradient norm vs step: one panel per projection, one line per layer."""

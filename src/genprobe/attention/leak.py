@@ -52,8 +52,7 @@ class LeakReport:
     def to_dict(self) -> dict:
         """JSON form (with the verdict)."""
         d = asdict(self)
-        d.update(max_delta=self.max_delta, leak=self.leak,
-                 verdict="LEAK" if self.leak else "ok")
+        d.update(max_delta=self.max_delta, leak=self.leak, verdict="LEAK" if self.leak else "ok")
         return d
 
 
@@ -129,7 +128,7 @@ def padding_leak(
             ids, mask = _pad(sequences, width, pad_id, side)
             out = _logits(model, ids.to(dev), mask.to(dev), position_ids).cpu()
             for i, s in enumerate(sequences):
-                real = out[i, width - len(s):] if side == "left" else out[i, : len(s)]
+                real = out[i, width - len(s) :] if side == "left" else out[i, : len(s)]
                 deltas[i][side] = float((real - alone[i]).abs().max())
     finally:
         model.train(was_training)
@@ -145,11 +144,15 @@ def padding_leak(
 
 def format_leak(rep: LeakReport) -> str:
     """Text table: one line per sequence."""
-    lines = [f"padding leak — {rep.model}, position_ids={'yes' if rep.position_ids else 'no'}, "
-             f"threshold {rep.threshold:g}"]
+    lines = [
+        f"padding leak — {rep.model}, position_ids={'yes' if rep.position_ids else 'no'}, threshold {rep.threshold:g}"
+    ]
     lines.append(f"{'seq':>4} {'len':>4} " + " ".join(f"{'Δ ' + s:>10}" for s in rep.sides) + "  verdict")
     for s in rep.sequences:
-        lines.append(f"{s.index:>4} {s.length:>4} " + " ".join(f"{s.delta[side]:>10.2e}" for side in rep.sides)
-                     + ("  LEAK" if s.leak else "  ok"))
+        lines.append(
+            f"{s.index:>4} {s.length:>4} "
+            + " ".join(f"{s.delta[side]:>10.2e}" for side in rep.sides)
+            + ("  LEAK" if s.leak else "  ok")
+        )
     lines.append(f"max |Δlogit| = {rep.max_delta:.3e} → {'LEAK' if rep.leak else 'ok'}")
     return "\n".join(lines)

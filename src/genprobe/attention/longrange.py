@@ -170,15 +170,23 @@ def _lr_factor(step: int, steps: int, warmup: int) -> float:
     return max(frac, 0.05)
 
 
-def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | None = None,
-                    progress: bool = False) -> tuple[GPT, TrainSummary]:
+def train_synthetic(
+    task, pos_encoding: str, sc: SyntheticConfig, steps: int | None = None, progress: bool = False
+) -> tuple[GPT, TrainSummary]:
     """Train a tiny GPT on ``task`` with rows of ``sc.context`` tokens (passkey: distance uniform in [1, L-2])."""
     torch.manual_seed(sc.seed)
     gen = torch.Generator().manual_seed(sc.seed)
     L = sc.context
     steps = steps or (sc.lag_steps if isinstance(task, LagTask) else sc.passkey_steps)
-    cfg = GPTConfig(vocab_size=task.vocab_size, n_layer=sc.n_layer, n_head=sc.n_head, d_model=sc.d_model,
-                    d_ff=sc.d_ff, block_size=L, pos_encoding=pos_encoding)
+    cfg = GPTConfig(
+        vocab_size=task.vocab_size,
+        n_layer=sc.n_layer,
+        n_head=sc.n_head,
+        d_model=sc.d_model,
+        d_ff=sc.d_ff,
+        block_size=L,
+        pos_encoding=pos_encoding,
+    )
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=(0.9, 0.95), weight_decay=0.0)
     if isinstance(task, LagTask):
@@ -205,8 +213,9 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
 
 
 @torch.no_grad()
-def passkey_accuracy(model: GPT, task: PasskeyTask, distance: int, length: int, samples: int,
-                     seed: int = 1234, batch: int = 256) -> float:
+def passkey_accuracy(
+    model: GPT, task: PasskeyTask, distance: int, length: int, samples: int, seed: int = 1234, batch: int = 256
+) -> float:
     """Passkey accuracy at one (distance, row length); the model's ``ValueError`` when it refuses the length."""
     gen = torch.Generator().manual_seed(seed + 7919 * distance + length)
     correct = 0
@@ -257,8 +266,11 @@ class PasskeyResult:
 
     def to_dict(self) -> dict:
         """JSON form (distances as string keys)."""
-        return {"train": self.train.to_dict(), "accuracy": {str(d): a for d, a in self.accuracy.items()},
-                "errors": [e.to_dict() for e in self.errors]}
+        return {
+            "train": self.train.to_dict(),
+            "accuracy": {str(d): a for d, a in self.accuracy.items()},
+            "errors": [e.to_dict() for e in self.errors],
+        }
 
 
 @dataclass
@@ -271,9 +283,11 @@ class LagResult:
 
     def to_dict(self) -> dict:
         """JSON form (lengths and lags as string keys)."""
-        return {"train": {str(k): t.to_dict() for k, t in self.train.items()},
-                "accuracy": {str(n): {str(k): a for k, a in accs.items()} for n, accs in self.accuracy.items()},
-                "errors": [e.to_dict() for e in self.errors]}
+        return {
+            "train": {str(k): t.to_dict() for k, t in self.train.items()},
+            "accuracy": {str(n): {str(k): a for k, a in accs.items()} for n, accs in self.accuracy.items()},
+            "errors": [e.to_dict() for e in self.errors],
+        }
 
 
 def run_passkey(pos_encoding: str, sc: SyntheticConfig) -> PasskeyResult:
@@ -283,8 +297,9 @@ def run_passkey(pos_encoding: str, sc: SyntheticConfig) -> PasskeyResult:
     res = PasskeyResult(summary, {})
     for d in passkey_grid(sc.context):
         n = max(sc.context, d + 2)
-        res.accuracy[d] = _measured(res.errors, f"distance {d} (rows of {n})", passkey_accuracy,
-                                    model, task, d, n, sc.eval_samples)
+        res.accuracy[d] = _measured(
+            res.errors, f"distance {d} (rows of {n})", passkey_accuracy, model, task, d, n, sc.eval_samples
+        )
     return res
 
 
@@ -301,8 +316,9 @@ def run_lag(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> LagResult:
         task = LagTask(k)
         model, res.train[k] = train_synthetic(task, pos_encoding, sc)
         for n in res.accuracy:
-            res.accuracy[n][k] = _measured(res.errors, f"lag {k}, rows of {n}", lag_accuracy,
-                                           model, task, n, L, max(8, sc.eval_samples // 4))
+            res.accuracy[n][k] = _measured(
+                res.errors, f"lag {k}, rows of {n}", lag_accuracy, model, task, n, L, max(8, sc.eval_samples // 4)
+            )
         if on_model:
             on_model()
     return res
@@ -328,13 +344,21 @@ class SyntheticResult:
             "config": {**asdict(self.config), "lags": list(self.config.lags)},
             "context": L,
             "tasks": {
-                "passkey": {"vocab_size": PasskeyTask.vocab_size, "distances": passkey_grid(L),
-                            "row_length": "max(context, distance + 2)", "chance": 1 / N_VALUE,
-                            "encodings": {pe: r.to_dict() for pe, r in self.passkey.items()}},
-                "lag": {"vocab_size": LagTask.vocab_size, "lags": list(self.config.lags),
-                        "eval_lengths": lag_eval_lengths(L), "chance": 1 / N_CONTENT,
-                        "measure": f"length {L}: positions k..{L - 1}; longer rows: positions >= {L} only",
-                        "encodings": {pe: r.to_dict() for pe, r in self.lag.items()}},
+                "passkey": {
+                    "vocab_size": PasskeyTask.vocab_size,
+                    "distances": passkey_grid(L),
+                    "row_length": "max(context, distance + 2)",
+                    "chance": 1 / N_VALUE,
+                    "encodings": {pe: r.to_dict() for pe, r in self.passkey.items()},
+                },
+                "lag": {
+                    "vocab_size": LagTask.vocab_size,
+                    "lags": list(self.config.lags),
+                    "eval_lengths": lag_eval_lengths(L),
+                    "chance": 1 / N_CONTENT,
+                    "measure": f"length {L}: positions k..{L - 1}; longer rows: positions >= {L} only",
+                    "encodings": {pe: r.to_dict() for pe, r in self.lag.items()},
+                },
             },
         }
 
@@ -415,9 +439,12 @@ class CorpusEncodingResult:
 
     def to_dict(self) -> dict:
         """JSON form (lengths as string keys; None where the model refused the length)."""
-        return {"train_seconds": self.train_seconds, "train_val_loss": self.train_val_loss,
-                "by_length": {str(n): None if w is None else w.to_dict() for n, w in self.by_length.items()},
-                "errors": [e.to_dict() for e in self.errors]}
+        return {
+            "train_seconds": self.train_seconds,
+            "train_val_loss": self.train_val_loss,
+            "by_length": {str(n): None if w is None else w.to_dict() for n, w in self.by_length.items()},
+            "errors": [e.to_dict() for e in self.errors],
+        }
 
 
 @dataclass
@@ -430,15 +457,18 @@ class CorpusResult:
 
     def to_dict(self) -> dict:
         """JSON form."""
-        return {"config": {**asdict(self.config), "eval_lengths": list(self.config.eval_lengths)},
-                "val_tokens": self.val_tokens,
-                "averaging": "non-overlapping windows; 'loss' = mean over all positions (ALiBi paper), "
-                             "'loss_beyond_context' = mean over positions >= context only",
-                "encodings": {pe: r.to_dict() for pe, r in self.encodings.items()}}
+        return {
+            "config": {**asdict(self.config), "eval_lengths": list(self.config.eval_lengths)},
+            "val_tokens": self.val_tokens,
+            "averaging": "non-overlapping windows; 'loss' = mean over all positions (ALiBi paper), "
+            "'loss_beyond_context' = mean over positions >= context only",
+            "encodings": {pe: r.to_dict() for pe, r in self.encodings.items()},
+        }
 
 
-def corpus_extrapolation(pos_encodings: list[str], cc: CorpusExtrapolationConfig,
-    progress: bool = False) -> CorpusResult:
+def corpus_extrapolation(
+    pos_encodings: list[str], cc: CorpusExtrapolationConfig, progress: bool = False
+) -> CorpusResult:
     """Train the Tang GPT at ``cc.context`` per encoding; validation loss at each evaluation length."""
     from ..corpus import CharTokenizer, load_corpus
     from ..model.train import TrainConfig, train

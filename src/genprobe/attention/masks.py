@@ -108,43 +108,79 @@ def _batch_findings(ids: list[list], masks: list[list], pos: list[list] | None) 
     """Row counts that differ between the tensors, and rows whose length differs from most rows."""
     findings: list[Finding] = []
     if len(masks) != len(ids):
-        findings.append(Finding(min(len(ids), len(masks)), None, "length_mismatch",
-                                f"input_ids has {len(ids)} rows but attention_mask has {len(masks)}"))
+        findings.append(
+            Finding(
+                min(len(ids), len(masks)),
+                None,
+                "length_mismatch",
+                f"input_ids has {len(ids)} rows but attention_mask has {len(masks)}",
+            )
+        )
     if pos is not None and len(pos) != len(ids):
-        findings.append(Finding(min(len(ids), len(pos)), None, "length_mismatch",
-                                f"input_ids has {len(ids)} rows but position_ids has {len(pos)}"))
+        findings.append(
+            Finding(
+                min(len(ids), len(pos)),
+                None,
+                "length_mismatch",
+                f"input_ids has {len(ids)} rows but position_ids has {len(pos)}",
+            )
+        )
     lengths = {len(r) for r in ids}
     if len(lengths) > 1:
         common = max(lengths, key=lambda n: sum(len(r) == n for r in ids))
-        findings += [Finding(i, None, "ragged_batch", f"row has {len(r)} tokens, most rows have {common}")
-                     for i, r in enumerate(ids) if len(r) != common]
+        findings += [
+            Finding(i, None, "ragged_batch", f"row has {len(r)} tokens, most rows have {common}")
+            for i, r in enumerate(ids)
+            if len(r) != common
+        ]
     return findings
 
 
-def _row_findings(i: int, row_ids: list, row_mask: list, row_pos: list | None,
-                  pad: int | None) -> tuple[list[Finding], str | None]:
+def _row_findings(
+    i: int, row_ids: list, row_mask: list, row_pos: list | None, pad: int | None
+) -> tuple[list[Finding], str | None]:
     """Findings of row ``i`` and its padding side ('left'/'right'; None when unpadded or unusable)."""
     if len(row_mask) != len(row_ids):
-        return [Finding(i, min(len(row_ids), len(row_mask)), "length_mismatch",
-                        f"attention_mask has {len(row_mask)} entries, input_ids {len(row_ids)}")], None
+        return [
+            Finding(
+                i,
+                min(len(row_ids), len(row_mask)),
+                "length_mismatch",
+                f"attention_mask has {len(row_mask)} entries, input_ids {len(row_ids)}",
+            )
+        ], None
     bad = [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]
     if bad:
         t, m = bad[0]
-        return [Finding(i, t, "non_binary",
-            f"attention_mask value {m!r} is not 0/1 ({len(bad)} such value(s) in the row)")], None
+        return [
+            Finding(i, t, "non_binary", f"attention_mask value {m!r} is not 0/1 ({len(bad)} such value(s) in the row)")
+        ], None
     m = [int(v) for v in row_mask]
     if not any(m):
         return [Finding(i, None, "empty_row", "attention_mask is all zeros: no query has a visible key")], None
     if _inverted(row_ids, m, pad):
-        return [Finding(i, m.index(1), "inverted_mask", "mask is 1 on the padding and 0 on the content — inverted "
-                        "(e.g. built as input_ids == pad instead of != pad)")], None
+        return [
+            Finding(
+                i,
+                m.index(1),
+                "inverted_mask",
+                "mask is 1 on the padding and 0 on the content — inverted "
+                "(e.g. built as input_ids == pad instead of != pad)",
+            )
+        ], None
     findings: list[Finding] = []
     if pad is not None:
         leaks = [t for t, (tok, v) in enumerate(zip(row_ids, m, strict=True)) if tok == pad and v == 1]
         if leaks:
-            findings.append(Finding(i, leaks[0], "pad_unmasked",
-                f"pad token {pad} has mask 1 at {len(leaks)} position(s) "
-                                    f"{leaks[:8]} — padding would be attended to"))
+            findings.append(
+                Finding(
+                    i,
+                    leaks[0],
+                    "pad_unmasked",
+                    f"pad token {pad} has mask 1 at {len(leaks)} position(s) "
+                    f"{leaks[:8]} — padding would be attended to",
+                )
+            )
     side = _side(m)
     if side == "hole":
         first, last = m.index(1), len(m) - 1 - m[::-1].index(1)
@@ -161,9 +197,11 @@ def _mixed_side_findings(sides: dict[int, str]) -> list[Finding]:
     if len(set(sides.values())) <= 1:
         return []
     majority = max(("left", "right"), key=lambda s: sum(v == s for v in sides.values()))
-    return [Finding(i, None, "mixed_padding_side",
-        f"row is {s}-padded while the other padded rows are {majority}-padded")
-            for i, s in sides.items() if s != majority]
+    return [
+        Finding(i, None, "mixed_padding_side", f"row is {s}-padded while the other padded rows are {majority}-padded")
+        for i, s in sides.items()
+        if s != majority
+    ]
 
 
 def _inverted(row_ids: Sequence[int], m: list[int], pad: int | None) -> bool:
@@ -179,15 +217,22 @@ def _inverted(row_ids: Sequence[int], m: list[int], pad: int | None) -> bool:
 
 def _check_positions(i: int, p: list, m: list[int], side: str | None) -> list[Finding]:
     if len(p) != len(m):
-        return [Finding(i, min(len(p), len(m)), "length_mismatch",
-                        f"position_ids has {len(p)} entries, input_ids {len(m)}")]
+        return [
+            Finding(i, min(len(p), len(m)), "length_mismatch", f"position_ids has {len(p)} entries, input_ids {len(m)}")
+        ]
     real = [t for t, v in enumerate(m) if v == 1]
     for k, t in enumerate(real):
         if p[t] != k:
             if side == "left" and k == 0:
-                return [Finding(i, t, "positions_not_restarting",
-                                f"first real token after left padding has position {p[t]}, expected 0 — positions "
-                                "count padding (use attention_mask.cumsum(-1) - 1)")]
+                return [
+                    Finding(
+                        i,
+                        t,
+                        "positions_not_restarting",
+                        f"first real token after left padding has position {p[t]}, expected 0 — positions "
+                        "count padding (use attention_mask.cumsum(-1) - 1)",
+                    )
+                ]
             return [Finding(i, t, "positions", f"real token #{k} has position {p[t]}, expected {k}")]
     return []
 
@@ -224,8 +269,12 @@ def load_batch_jsonl(path: str | Path) -> dict:
     pad = next((o["pad_token_id"] for o in objs if "pad_token_id" in o), None)
     if len(objs) == 1 and objs[0]["input_ids"] and isinstance(objs[0]["input_ids"][0], list):
         o = objs[0]
-        return {"input_ids": o["input_ids"], "attention_mask": o["attention_mask"],
-                "position_ids": o.get("position_ids"), "pad_token_id": pad}
+        return {
+            "input_ids": o["input_ids"],
+            "attention_mask": o["attention_mask"],
+            "position_ids": o.get("position_ids"),
+            "pad_token_id": pad,
+        }
     has_pos = [("position_ids" in o) for o in objs]
     if any(has_pos) and not all(has_pos):
         raise ValueError(f"{path}: position_ids given for some rows but not all")

@@ -162,12 +162,20 @@ class AttentionReport:
     def to_dict(self) -> dict:
         """The ``attention.json`` layout."""
         return {
-            "distance": self.distance, "local_window": self.local_window, "seq_len": len(self.tokens),
-            "n_layer": self.n_layer, "n_head": self.n_head, "implementation": self.implementation, "note": self.note,
-            "tokens": self.tokens, "tokens_text": self.tokens_text, "definitions": definitions(self.distance,
-                self.local_window),
-            "heads": [h.to_dict() for h in self.heads], "layers": [row.to_dict() for row in self.layers],
-            "per_position": self.per_position, "n_visible": self.n_visible,
+            "distance": self.distance,
+            "local_window": self.local_window,
+            "seq_len": len(self.tokens),
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "implementation": self.implementation,
+            "note": self.note,
+            "tokens": self.tokens,
+            "tokens_text": self.tokens_text,
+            "definitions": definitions(self.distance, self.local_window),
+            "heads": [h.to_dict() for h in self.heads],
+            "layers": [row.to_dict() for row in self.layers],
+            "per_position": self.per_position,
+            "n_visible": self.n_visible,
         }
 
 
@@ -195,8 +203,9 @@ def _layer_means(heads: list[HeadStats], n_layer: int) -> list[LayerStats]:
     return rows
 
 
-def attention_report(capture, distance: int = 8, local_window: int = 2,
-    tokens_text: list[str] | None = None) -> AttentionReport:
+def attention_report(
+    capture, distance: int = 8, local_window: int = 2, tokens_text: list[str] | None = None
+) -> AttentionReport:
     """Per-head means, per-layer means and per-position values of an :class:`AttentionCapture`."""
     pp = per_position(capture.probs, capture.visible, capture.positions, distance, local_window)
     heads = head_stats(capture.probs, capture.visible, capture.positions, distance, local_window)
@@ -205,9 +214,18 @@ def attention_report(capture, distance: int = 8, local_window: int = 2,
         return [[[None if math.isnan(v) else round(v, 6) for v in row] for row in lay] for lay in t.tolist()]
 
     return AttentionReport(
-        distance, local_window, list(capture.tokens), tokens_text, capture.n_layer, capture.n_head,
-        capture.implementation, capture.note, heads, _layer_means(heads, capture.n_layer),
-        {k: _list(pp[k]) for k in METRICS}, pp["n_visible"].tolist(),
+        distance,
+        local_window,
+        list(capture.tokens),
+        tokens_text,
+        capture.n_layer,
+        capture.n_head,
+        capture.implementation,
+        capture.note,
+        heads,
+        _layer_means(heads, capture.n_layer),
+        {k: _list(pp[k]) for k in METRICS},
+        pp["n_visible"].tolist(),
     )
 
 
@@ -216,8 +234,10 @@ def format_table(report: AttentionReport | dict) -> str:
     if isinstance(report, AttentionReport):
         report = report.to_dict()
     d = report["distance"]
-    hdr = (f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(d) + ' far':>7} "
-           f"{'sink':>6} {'diag':>6} {'local':>6}")
+    hdr = (
+        f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(d) + ' far':>7} "
+        f"{'sink':>6} {'diag':>6} {'local':>6}"
+    )
     lines = [hdr, "-" * len(hdr)]
 
     def fmt(v, w=6, p=3):

@@ -62,8 +62,13 @@ def entropy_plot(report, path: str | Path) -> Path:
     for h in report["heads"]:
         ax.scatter(h["layer"], h["entropy"], s=18, color="tab:blue", alpha=0.6)
     ax.plot(layers, [row["entropy"] for row in report["layers"]], "-o", color="tab:blue", label="layer mean")
-    ax.plot(layers, [row["max_entropy"] for row in report["layers"]], "--", color="gray",
-        label="uniform: mean ln(visible keys)")
+    ax.plot(
+        layers,
+        [row["max_entropy"] for row in report["layers"]],
+        "--",
+        color="gray",
+        label="uniform: mean ln(visible keys)",
+    )
     ax.set_xticks(layers)
     ax.set_xlabel("layer")
     ax.set_ylabel("attention entropy (nats)")
@@ -85,8 +90,15 @@ def _passkey_panel(ax, syn) -> None:
     for pe, r in syn.passkey.items():
         # Encodings often tie at 1.0: distinct markers/sizes keep every line visible.
         mk = {"learned": ("o", 7), "rope": ("s", 5), "alibi": ("^", 3)}.get(pe, ("x", 4))
-        ax.plot(*zip(*_present(r.accuracy), strict=True), "-", marker=mk[0], ms=mk[1], color=_PE_COLORS.get(pe),
-            label=pe, alpha=0.8)
+        ax.plot(
+            *zip(*_present(r.accuracy), strict=True),
+            "-",
+            marker=mk[0],
+            ms=mk[1],
+            color=_PE_COLORS.get(pe),
+            label=pe,
+            alpha=0.8,
+        )
     ax.axvline(L - 1.5, color="k", ls=":", lw=1)
     ax.text(L - 1.5, 0.02, " training context", fontsize=7)
     ax.set_xscale("log", base=2)
@@ -100,12 +112,22 @@ def _lag_panel(ax, syn) -> None:
         for i, (n, accs) in enumerate(r.accuracy.items()):
             pts = _present(accs)
             if pts:
-                ax.plot(*zip(*pts, strict=True), styles[i % 3], marker="o", ms=3, color=_PE_COLORS.get(pe),
-                    label=f"{pe}, len {n}")
+                ax.plot(
+                    *zip(*pts, strict=True),
+                    styles[i % 3],
+                    marker="o",
+                    ms=3,
+                    color=_PE_COLORS.get(pe),
+                    label=f"{pe}, len {n}",
+                )
     ax.axhline(1 / N_CONTENT, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
-    ax.set(title=f"token k back (position only), trained at len {syn.context}", xlabel="lag k", ylabel="accuracy",
-           ylim=(-0.03, 1.03))
+    ax.set(
+        title=f"token k back (position only), trained at len {syn.context}",
+        xlabel="lag k",
+        ylabel="accuracy",
+        ylim=(-0.03, 1.03),
+    )
     ax.legend(fontsize=6, ncol=2)
 
 

@@ -68,8 +68,15 @@ class _DeprecatedFlag(argparse.Action):
 
 def deprecated_alias(p: argparse.ArgumentParser, old: str, replacement: str, dest: str, **kw: Any) -> None:
     """Accept ``old`` for one release: it fills ``dest`` (the new flag's) and warns, naming ``replacement``."""
-    p.add_argument(old, dest=dest, action=_DeprecatedFlag, replacement=replacement, help=argparse.SUPPRESS,
-                   default=argparse.SUPPRESS, **kw)
+    p.add_argument(
+        old,
+        dest=dest,
+        action=_DeprecatedFlag,
+        replacement=replacement,
+        help=argparse.SUPPRESS,
+        default=argparse.SUPPRESS,
+        **kw,
+    )
 
 
 def add_model_aliases(p: argparse.ArgumentParser, *old: str) -> None:
@@ -97,8 +104,9 @@ def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, hel
     """``--prompt TEXT [TEXT ...]`` or ``--prompts FILE`` (one per line, or JSONL with a prompt/text field)."""
     g = p.add_mutually_exclusive_group(required=required)
     g.add_argument("--prompt", nargs="+", metavar="TEXT", help="prompt text(s)" + help_default)
-    g.add_argument("--prompts", metavar="FILE",
-        help="prompt file: one prompt per line, or JSONL with a 'prompt' or 'text' field")
+    g.add_argument(
+        "--prompts", metavar="FILE", help="prompt file: one prompt per line, or JSONL with a 'prompt' or 'text' field"
+    )
 
 
 def read_prompts(args: argparse.Namespace) -> list[str] | None:
@@ -116,8 +124,9 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
 
 def add_max_new_tokens(p: argparse.ArgumentParser, default: int, *old: str) -> None:
     """``--max-new-tokens N`` (the token budget, one spelling everywhere); ``old`` spellings warn."""
-    p.add_argument("--max-new-tokens", type=int, default=default, metavar="N",
-        help=f"new tokens per prompt (default {default})")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=default, metavar="N", help=f"new tokens per prompt (default {default})"
+    )
     for flag in old:
         deprecated_alias(p, flag, "--max-new-tokens", dest="max_new_tokens", type=int)
 

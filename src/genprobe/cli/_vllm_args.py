@@ -29,26 +29,49 @@ def add_engine_arguments(
     """Add the engine flags; ``None`` defaults leave the setting to vLLM."""
     g = p.add_argument_group(title, EXTRA_HELP)
     g.add_argument("--max-model-len", type=int, help="context length the engine admits (default: the model's)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens,
-                   help="per-step token budget; prompts longer than it are prefilled in chunks "
-                   f"(default {max_num_batched_tokens or 'vLLM’s'})")
-    g.add_argument("--max-num-seqs", type=int, default=max_num_seqs,
-                   help=f"concurrent sequences (continuous batching; default {max_num_seqs or 'vLLM’s'})")
-    g.add_argument("--block-size", type=int, default=block_size,
-                   help="KV-cache block; prefixes shorter than it are never cached (CPU needs multiples of 32; "
-                   f"default {block_size or 'vLLM’s'})")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=max_num_batched_tokens,
+        help="per-step token budget; prompts longer than it are prefilled in chunks "
+        f"(default {max_num_batched_tokens or 'vLLM’s'})",
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=max_num_seqs,
+        help=f"concurrent sequences (continuous batching; default {max_num_seqs or 'vLLM’s'})",
+    )
+    g.add_argument(
+        "--block-size",
+        type=int,
+        default=block_size,
+        help="KV-cache block; prefixes shorter than it are never cached (CPU needs multiples of 32; "
+        f"default {block_size or 'vLLM’s'})",
+    )
     g.add_argument("--no-prefix-caching", action="store_true", help="start the engine without prefix caching")
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="tensor-parallel shards (default 1)")
     g.add_argument("--pipeline-parallel-size", type=int, default=1, help="pipeline stages (default 1)")
-    g.add_argument("--distributed-executor-backend", choices=("mp", "ray", "uni"),
-                   help="vLLM executor: mp (one host), ray (multi-node; needs a Ray cluster), uni (in-process)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.1,
-                   help="fraction of device memory reserved; on CPU the fraction of host RAM (default 0.1)")
-    g.add_argument("--kv-cache-memory-bytes", type=int,
-                   help="explicit KV-cache size instead of the memory fraction (robust on a shared machine)")
+    g.add_argument(
+        "--distributed-executor-backend",
+        choices=("mp", "ray", "uni"),
+        help="vLLM executor: mp (one host), ray (multi-node; needs a Ray cluster), uni (in-process)",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.1,
+        help="fraction of device memory reserved; on CPU the fraction of host RAM (default 0.1)",
+    )
+    g.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        help="explicit KV-cache size instead of the memory fraction (robust on a shared machine)",
+    )
     g.add_argument("--compile", action="store_true", help="let vLLM compile the model (default: enforce_eager)")
-    g.add_argument("--in-process", action="store_true",
-                   help="run vLLM's engine core in this process (faster start on CPU)")
+    g.add_argument(
+        "--in-process", action="store_true", help="run vLLM's engine core in this process (faster start on CPU)"
+    )
 
 
 def engine_options(args: argparse.Namespace, *, seed: int = 0, dtype: str = "float32") -> Any:

@@ -43,22 +43,30 @@ SUBCOMMANDS = ("heads", "check-masks", "padding-leak")
 
 def register(sub) -> None:
     """Add ``attention`` and its sub-commands ``heads``, ``check-masks``, ``padding-leak``."""
-    p = sub.add_parser("attention", help="attention entropy / mass per head, mask validation, padding-leak test",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "attention",
+        help="attention entropy / mass per head, mask validation, padding-leak test",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     # The pre-sub-command spelling `genprobe attention --hf DIR --text …` parses on this parser itself.
     _add_heads_options(p, hidden=True)
     p.set_defaults(func=_legacy_heads, model=None)
     actions = p.add_subparsers(dest="action", metavar="SUBCOMMAND", action=_LegacyModelFirst)
 
-    h = actions.add_parser("heads", help="entropy and attention mass per layer and head, heatmaps",
-                           description="Per layer and head: attention entropy (nats and normalised), mass on far "
-                           "keys, on the first token, on the query itself and on the last few keys.")
+    h = actions.add_parser(
+        "heads",
+        help="entropy and attention mass per layer and head, heatmaps",
+        description="Per layer and head: attention entropy (nats and normalised), mass on far "
+        "keys, on the first token, on the query itself and on the last few keys.",
+    )
     add_model_argument(h, required=False)
     _add_heads_options(h, hidden=False)
     h.set_defaults(func=run_heads)
 
-    c = actions.add_parser("check-masks",
-        help="validate input_ids / attention_mask / position_ids batches (exit 1 on findings)")
+    c = actions.add_parser(
+        "check-masks", help="validate input_ids / attention_mask / position_ids batches (exit 1 on findings)"
+    )
     c.add_argument("batch", metavar="BATCH.jsonl", help="one JSON object per row (see `genprobe attention -h`)")
     c.add_argument("--pad-id", type=int, help="pad token id (overrides the file's pad_token_id)")
     add_json_flag(c)
@@ -79,6 +87,7 @@ def register(sub) -> None:
 
 def _add_heads_options(p: argparse.ArgumentParser, hidden: bool) -> None:
     """The options of ``heads``; ``hidden`` puts them, undocumented, on ``attention`` itself for the old spelling."""
+
     def show(text: str) -> str:
         return argparse.SUPPRESS if hidden else text
 
@@ -89,8 +98,9 @@ def _add_heads_options(p: argparse.ArgumentParser, hidden: bool) -> None:
     else:
         add_prompt_arguments(p, help_default=f" (default: {DEFAULT_TEXT})")
     _add_text_alias(p)
-    p.add_argument("--ids", nargs="+", metavar="ID",
-        help=show("token ids instead of --prompt (a model without tokenizer)"))
+    p.add_argument(
+        "--ids", nargs="+", metavar="ID", help=show("token ids instead of --prompt (a model without tokenizer)")
+    )
     p.add_argument("--distance", type=int, default=8, help=show("far-mass threshold d in positions (default 8)"))
     p.add_argument("--local-window", type=int, default=2, help=show("local mass: keys 0..W positions back (default 2)"))
     p.add_argument("--out", metavar="DIR", help=show("write attention.json, per-head heatmaps and entropy.png here"))
@@ -113,8 +123,12 @@ class _LegacyModelFirst(argparse._SubParsersAction):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if values and values[0] not in self._name_parser_map:
-            warnings.warn(f"`genprobe attention {values[0]} …` is deprecated and will be removed in the next release; "
-                          f"use `genprobe attention heads {values[0]} …`", FutureWarning, stacklevel=2)
+            warnings.warn(
+                f"`genprobe attention {values[0]} …` is deprecated and will be removed in the next release; "
+                f"use `genprobe attention heads {values[0]} …`",
+                FutureWarning,
+                stacklevel=2,
+            )
             values = ["heads", *values]
         super().__call__(parser, namespace, values, option_string)
 
@@ -129,16 +143,26 @@ class _DeprecatedText(_DeprecatedFlag):
 
 
 def _add_text_alias(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--text", dest="prompt", action=_DeprecatedText, replacement="--prompt TEXT [TEXT ...]",
-                   help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+    p.add_argument(
+        "--text",
+        dest="prompt",
+        action=_DeprecatedText,
+        replacement="--prompt TEXT [TEXT ...]",
+        help=argparse.SUPPRESS,
+        default=argparse.SUPPRESS,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 def _token_ids(values: list[str]) -> list[int]:
     """``--ids 5 6 7`` (or the deprecated ``--ids 5,6,7``) as integers."""
     if any("," in v for v in values):
-        warnings.warn("comma-separated --ids is deprecated and will be removed in the next release; "
-                      "separate ids with spaces (--ids 5 6 7)", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "comma-separated --ids is deprecated and will be removed in the next release; "
+            "separate ids with spaces (--ids 5 6 7)",
+            FutureWarning,
+            stacklevel=2,
+        )
     try:
         return [int(t) for v in values for t in v.split(",") if t.strip()]
     except ValueError:
@@ -160,10 +184,16 @@ def _sequences(args, model, default: tuple[str, ...]) -> list[list[int]]:
 def _legacy_heads(args) -> int:
     """``genprobe attention`` without a sub-command: the old ``--hf DIR`` spelling of ``heads``, or help."""
     if model_path(args, required=False) is None:
-        raise ValueError("choose a sub-command: heads MODEL, check-masks BATCH.jsonl, or padding-leak MODEL "
-                         "(MODEL: a genprobe checkpoint or a transformers model directory)")
-    warnings.warn("`genprobe attention --hf DIR …` is deprecated and will be removed in the next release; "
-                  "use `genprobe attention heads DIR …`", FutureWarning, stacklevel=2)
+        raise ValueError(
+            "choose a sub-command: heads MODEL, check-masks BATCH.jsonl, or padding-leak MODEL "
+            "(MODEL: a genprobe checkpoint or a transformers model directory)"
+        )
+    warnings.warn(
+        "`genprobe attention --hf DIR …` is deprecated and will be removed in the next release; "
+        "use `genprobe attention heads DIR …`",
+        FutureWarning,
+        stacklevel=2,
+    )
     return run_heads(args)
 
 
@@ -201,8 +231,11 @@ def _write_heads_files(rep: dict, cap, labels: list[str], out: Path) -> dict:
     maps = head_heatmaps(cap, out, labels)
     entropy_plot(rep, out / "entropy.png")
     info(f"wrote {out}/attention.json, entropy.png and {len(maps)} heatmaps")
-    return {"json": str(out / "attention.json"), "entropy_plot": str(out / "entropy.png"),
-        "heatmaps": [str(m) for m in maps]}
+    return {
+        "json": str(out / "attention.json"),
+        "entropy_plot": str(out / "entropy.png"),
+        "heatmaps": [str(m) for m in maps],
+    }
 
 
 def run_check_masks(args) -> int:
@@ -213,13 +246,21 @@ def run_check_masks(args) -> int:
     pad = args.pad_id if args.pad_id is not None else batch["pad_token_id"]
     findings = check_masks(batch["input_ids"], batch["attention_mask"], batch["position_ids"], pad)
     if args.json:
-        emit_json({"file": args.batch, "rows": len(batch["input_ids"]), "pad_token_id": pad,
-                   "findings": [f.to_dict() for f in findings], "ok": not findings})
+        emit_json(
+            {
+                "file": args.batch,
+                "rows": len(batch["input_ids"]),
+                "pad_token_id": pad,
+                "findings": [f.to_dict() for f in findings],
+                "ok": not findings,
+            }
+        )
     else:
         for f in findings:
             print(f)
-        print(f"{len(batch['input_ids'])} rows, {len(findings)} finding(s)"
-              + ("" if findings else ": masks look valid"))
+        print(
+            f"{len(batch['input_ids'])} rows, {len(findings)} finding(s)" + ("" if findings else ": masks look valid")
+        )
     return 1 if findings else 0
 
 
@@ -229,8 +270,13 @@ def run_padding_leak(args) -> int:
 
     model = load_model_arg(args)
     pad = args.pad_id if args.pad_id is not None else model.pad_id
-    rep = padding_leak(model.module, _sequences(args, model, LEAK_TEXTS), pad,
-                       position_ids=not args.no_position_ids, threshold=args.threshold)
+    rep = padding_leak(
+        model.module,
+        _sequences(args, model, LEAK_TEXTS),
+        pad,
+        position_ids=not args.no_position_ids,
+        threshold=args.threshold,
+    )
     if args.json:
         emit_json(rep.to_dict())
     else:

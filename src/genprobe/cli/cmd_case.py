@@ -24,16 +24,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "OUT/ch3_case.json, OUT/fig_*.png and one offline OUT/report.html. Without MODEL the default "
         "model is trained into OUT/model (reused when already there).",
     )
-    add_model_argument(p, required=False,
-        help="a genprobe checkpoint directory to study (default: train one into OUT/model)")
+    add_model_argument(
+        p, required=False, help="a genprobe checkpoint directory to study (default: train one into OUT/model)"
+    )
     add_model_aliases(p, "--ckpt")
     p.add_argument("--out", required=True, type=Path, help="output directory")
-    p.add_argument("--quick", action="store_true",
-                   help="reduced run for CI / first contact (quick training recipe, fewer timing reps, "
-                   "a shrunk scaling model)")
-    p.add_argument("--only", nargs="+", metavar="EXP", default=None,
-                   help="run only these experiments (decoding sampling exposure cache_exact cache_bugs mask_noop "
-                   "cache_timing cache_scaling)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="reduced run for CI / first contact (quick training recipe, fewer timing reps, a shrunk scaling model)",
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="EXP",
+        default=None,
+        help="run only these experiments (decoding sampling exposure cache_exact cache_bugs mask_noop "
+        "cache_timing cache_scaling)",
+    )
     p.add_argument("--skip", nargs="+", metavar="EXP", default=(), help="skip these experiments")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_json_flag(p)
@@ -48,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
 
     only = select_experiments(args.only, args.skip)
     progress = not args.no_progress and sys.stderr.isatty()
-    study = case_study(args.out, model_path(args, required=False), quick=args.quick, only=only,
-                       progress=progress, log=info)
+    study = case_study(
+        args.out, model_path(args, required=False), quick=args.quick, only=only, progress=progress, log=info
+    )
     if args.json:
         emit_json(study.to_dict())
         return 0

@@ -28,8 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Load a Hugging Face GPT-2 directory (offline, safetensors only, never pickle) with its "
         "character vocabulary and save it as a genprobe checkpoint.",
     )
-    q.add_argument("model", type=Path, metavar="MODEL",
-        help="transformers directory written by export-hf (or any char-level GPT-2 dir)")
+    q.add_argument(
+        "model",
+        type=Path,
+        metavar="MODEL",
+        help="transformers directory written by export-hf (or any char-level GPT-2 dir)",
+    )
     q.add_argument("out_ckpt", type=Path, help="genprobe checkpoint directory to write")
     add_json_flag(q)
     q.set_defaults(func=run_import)

@@ -33,18 +33,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_sampler_arguments(p)
     add_max_new_tokens(p, 50)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eos-id", type=int, default=None,
-        help="stop at this token id (default: the tokenizer's end-of-text token)")
+    p.add_argument(
+        "--eos-id", type=int, default=None, help="stop at this token id (default: the tokenizer's end-of-text token)"
+    )
     p.add_argument("--ignore-eos", action="store_true", help="never stop early at the end-of-text token")
     p.add_argument("--show-unk", action="store_true", help="print <unk> instead of dropping it")
     p.add_argument("--top", type=int, default=0, metavar="N", help="per step, show the top-N candidates and entropy")
     p.add_argument(
-        "--compile", action="store_true",
+        "--compile",
+        action="store_true",
         help="genprobe checkpoints: run decode steps through torch.compile (compiling takes ~15-30 s once per "
         "process and batch size; pays off for long generations, not for one short prompt)",
     )
-    p.add_argument("--mode", choices=["cached", "naive"], default="cached",
-                   help="cached: KV cache (default); naive: recompute the whole sequence every step (the reference)")
+    p.add_argument(
+        "--mode",
+        choices=["cached", "naive"],
+        default="cached",
+        help="cached: KV cache (default); naive: recompute the whole sequence every step (the reference)",
+    )
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -54,8 +60,10 @@ def _encode(model, texts: list[str]) -> list[list[int]]:
     for t in texts:
         unknown = tok.unknown_chars(t)
         if unknown:
-            info(f"warning: {len(unknown)} prompt character(s) are not in the vocabulary and become <unk>: "
-                 f"{''.join(unknown)!r} (a different script, e.g. simplified vs traditional?)")
+            info(
+                f"warning: {len(unknown)} prompt character(s) are not in the vocabulary and become <unk>: "
+                f"{''.join(unknown)!r} (a different script, e.g. simplified vs traditional?)"
+            )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reported once, above
         return [model.encode(t) for t in texts]
@@ -90,16 +98,33 @@ def run(args: argparse.Namespace) -> int:
 
     eos = None if args.ignore_eos else (args.eos_id if args.eos_id is not None else model.eos_id)
     engine_model = model.module if model.kind == "genprobe" else model.runner
-    res = generate(engine_model, prompts, args.max_new_tokens, sampler=sampler, mode=args.mode, seed=args.seed,
-                   eos_id=eos, return_probs=bool(args.top) or args.json, on_token=on_token if stream else None,
-                   compile=args.compile)
+    res = generate(
+        engine_model,
+        prompts,
+        args.max_new_tokens,
+        sampler=sampler,
+        mode=args.mode,
+        seed=args.seed,
+        eos_id=eos,
+        return_probs=bool(args.top) or args.json,
+        on_token=on_token if stream else None,
+        compile=args.compile,
+    )
     _warn_if_compile_failed(args)
     results = []
     for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens, strict=True)):
         steps = step_stats(new, res.step_probs, tok.token_str, row=row, top=args.top)
-        results.append({"prompt": text, "prompt_tokens": ids, "unknown_prompt_chars": tok.unknown_chars(text),
-                        "text": _show(tok, new, args.show_unk), "tokens": new, "finished": res.finished[row],
-                        "steps": [s.to_dict() for s in steps]})
+        results.append(
+            {
+                "prompt": text,
+                "prompt_tokens": ids,
+                "unknown_prompt_chars": tok.unknown_chars(text),
+                "text": _show(tok, new, args.show_unk),
+                "tokens": new,
+                "finished": res.finished[row],
+                "steps": [s.to_dict() for s in steps],
+            }
+        )
         if args.top and not args.json:
             print(format_steps(steps))
         if not stream and not args.json:
@@ -107,8 +132,12 @@ def run(args: argparse.Namespace) -> int:
     if stream:
         print()
     if args.json:
-        common = {"model": str(model.source), "sampler": sampler.to_dict(), "seed": args.seed,
-                  "token_forwards": res.token_forwards}
+        common = {
+            "model": str(model.source),
+            "sampler": sampler.to_dict(),
+            "seed": args.seed,
+            "token_forwards": res.token_forwards,
+        }
         emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
     return 0
 

@@ -24,18 +24,30 @@ DEFAULT_PE = ("learned", "rope", "alibi")
 def position_encodings(values: list[str]) -> list[str]:
     """``--pe learned rope`` as a list; the old comma form ``--pe learned,rope`` still works and warns."""
     if any("," in v for v in values):
-        warnings.warn("comma-separated --pe is deprecated and will be removed in the next release; "
-                      "separate encodings with spaces (--pe learned rope alibi)", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "comma-separated --pe is deprecated and will be removed in the next release; "
+            "separate encodings with spaces (--pe learned rope alibi)",
+            FutureWarning,
+            stacklevel=2,
+        )
     return [p.strip() for v in values for p in v.split(",") if p.strip()]
 
 
 def register(sub) -> None:
     """Add the ``longrange`` sub-command."""
-    p = sub.add_parser("longrange", help="synthetic long-range tasks + position-encoding extrapolation",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pe", nargs="+", metavar="PE", default=list(DEFAULT_PE),
-                   help="position encodings to compare, among learned rope alibi none "
-                   f"(default: {' '.join(DEFAULT_PE)})")
+    p = sub.add_parser(
+        "longrange",
+        help="synthetic long-range tasks + position-encoding extrapolation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--pe",
+        nargs="+",
+        metavar="PE",
+        default=list(DEFAULT_PE),
+        help=f"position encodings to compare, among learned rope alibi none (default: {' '.join(DEFAULT_PE)})",
+    )
     p.add_argument("--quick", action="store_true", help="few training steps (a few minutes on 2 CPU cores)")
     p.add_argument("--no-corpus", action="store_true", help="skip the Tang-corpus extrapolation runs")
     p.add_argument("--seed", type=int, default=0)
@@ -54,12 +66,17 @@ def _synthetic_lines(syn) -> list[str]:
 
     L = syn.context
     dists = list(next(iter(syn.passkey.values())).accuracy)
-    lines = [f"passkey accuracy vs distance (trained at length {L}; distances > {L - 2} need longer rows; "
-             f"chance {1 / N_VALUE:.2f})",
-             f"{'encoding':>9} | " + " ".join(f"{d:>5}" for d in dists)]
+    lines = [
+        f"passkey accuracy vs distance (trained at length {L}; distances > {L - 2} need longer rows; "
+        f"chance {1 / N_VALUE:.2f})",
+        f"{'encoding':>9} | " + " ".join(f"{d:>5}" for d in dists),
+    ]
     lines += [f"{pe:>9} | " + " ".join(_cell(r.accuracy[d]) for d in dists) for pe, r in syn.passkey.items()]
-    lines += ["", f"'token k places back' accuracy vs lag k (position only; chance {1 / N_CONTENT:.2f})",
-              f"{'encoding':>9} {'len':>4} | " + " ".join(f"{k:>5}" for k in syn.config.lags)]
+    lines += [
+        "",
+        f"'token k places back' accuracy vs lag k (position only; chance {1 / N_CONTENT:.2f})",
+        f"{'encoding':>9} {'len':>4} | " + " ".join(f"{k:>5}" for k in syn.config.lags),
+    ]
     for pe, r in syn.lag.items():
         for n, accs in r.accuracy.items():
             lines.append(f"{pe:>9} {n:>4} | " + " ".join(_cell(accs[k]) for k in syn.config.lags))
@@ -75,9 +92,12 @@ def _corpus_cell(w) -> str:
 
 def _corpus_lines(c) -> list[str]:
     lens = c.config.eval_lengths
-    lines = ["", f"Tang validation loss vs evaluation length (trained at L={c.config.context}, "
-                 f"{c.config.steps} steps; non-overlapping windows, all positions; [positions >= L])",
-             f"{'encoding':>9} | " + " ".join(f"{n:>15}" for n in lens)]
+    lines = [
+        "",
+        f"Tang validation loss vs evaluation length (trained at L={c.config.context}, "
+        f"{c.config.steps} steps; non-overlapping windows, all positions; [positions >= L])",
+        f"{'encoding':>9} | " + " ".join(f"{n:>15}" for n in lens),
+    ]
     lines += [f"{pe:>9} | " + " ".join(_corpus_cell(r.by_length[n]) for n in lens) for pe, r in c.encodings.items()]
     return lines
 

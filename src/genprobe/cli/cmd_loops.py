@@ -53,43 +53,89 @@ def _model_args(q: argparse.ArgumentParser) -> None:
     from ..loops.repair import RepairConfig
 
     d = RepairConfig()
-    q.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                   help=f"a genprobe checkpoint or a transformers model directory (default {DEFAULT_MODEL})")
+    q.add_argument(
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        default=None,
+        help=f"a genprobe checkpoint or a transformers model directory (default {DEFAULT_MODEL})",
+    )
     add_model_aliases(q, "--ckpt")
     add_max_new_tokens(q, d.max_new_tokens, "--new-tokens")
-    q.add_argument("--batch-size", type=int, default=d.batch_size,
-                   help=f"prompts per generation batch (default {d.batch_size})")
+    q.add_argument(
+        "--batch-size", type=int, default=d.batch_size, help=f"prompts per generation batch (default {d.batch_size})"
+    )
     q.add_argument("--seed", type=int, default=d.seed, help="sampling seed (default 0)")
-    q.add_argument("--min-tail", type=int, default=d.loop.min_tail,
-                   help=f"exact loop: minimal periodic tail in tokens (default {d.loop.min_tail})")
-    q.add_argument("--near-window", type=int, default=d.loop.window,
-                   help=f"near loop and compression: tail length in tokens (default {d.loop.window})")
-    q.add_argument("--near-max-period", type=int, default=d.loop.max_period,
-                   help=f"near loop: longest period tried (default {d.loop.max_period})")
-    q.add_argument("--near-min-match", type=float, default=d.loop.min_match,
-                   help=f"near loop: share of tail tokens that must repeat (default {d.loop.min_match})")
-    q.add_argument("--min-compression", type=float, default=d.loop.min_compression,
-                   help=f"repetitive tail: tail tokens per LZ piece (default {d.loop.min_compression})")
-    q.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: a small model's decode steps are dominated by thread "
-                   "synchronisation, and one thread is many times faster on a shared machine)")
+    q.add_argument(
+        "--min-tail",
+        type=int,
+        default=d.loop.min_tail,
+        help=f"exact loop: minimal periodic tail in tokens (default {d.loop.min_tail})",
+    )
+    q.add_argument(
+        "--near-window",
+        type=int,
+        default=d.loop.window,
+        help=f"near loop and compression: tail length in tokens (default {d.loop.window})",
+    )
+    q.add_argument(
+        "--near-max-period",
+        type=int,
+        default=d.loop.max_period,
+        help=f"near loop: longest period tried (default {d.loop.max_period})",
+    )
+    q.add_argument(
+        "--near-min-match",
+        type=float,
+        default=d.loop.min_match,
+        help=f"near loop: share of tail tokens that must repeat (default {d.loop.min_match})",
+    )
+    q.add_argument(
+        "--min-compression",
+        type=float,
+        default=d.loop.min_compression,
+        help=f"repetitive tail: tail tokens per LZ piece (default {d.loop.min_compression})",
+    )
+    q.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: a small model's decode steps are dominated by thread "
+        "synchronisation, and one thread is many times faster on a shared machine)",
+    )
     q.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_json_flag(q)
 
 
 def _data_args(q: argparse.ArgumentParser, with_val: bool) -> None:
     add_prompt_arguments(q, help_default=" (default for the bundled char model: held-out Tang openings)")
-    q.add_argument("--tang-prompts", action="store_true",
-                   help="openings of Tang poems outside the default corpus (the default for the bundled char model)")
+    q.add_argument(
+        "--tang-prompts",
+        action="store_true",
+        help="openings of Tang poems outside the default corpus (the default for the bundled char model)",
+    )
     q.add_argument("--prefix", type=int, default=5, help="characters per Tang opening (default 5)")
     if with_val:
         g = q.add_mutually_exclusive_group()
-        g.add_argument("--val-text", type=Path, default=None, metavar="FILE",
-                       help="UTF-8 text for the regression check (KL, Δloss); at least one window of tokens")
-        g.add_argument("--tang-val", action="store_true",
-                       help="the bundled corpus's validation split (the default for the bundled char model)")
-        q.add_argument("--val-window", type=int, default=None, metavar="N",
-                       help="tokens per regression window (default: the model's context, at most 64)")
+        g.add_argument(
+            "--val-text",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="UTF-8 text for the regression check (KL, Δloss); at least one window of tokens",
+        )
+        g.add_argument(
+            "--tang-val",
+            action="store_true",
+            help="the bundled corpus's validation split (the default for the bundled char model)",
+        )
+        q.add_argument(
+            "--val-window",
+            type=int,
+            default=None,
+            metavar="N",
+            help="tokens per regression window (default: the model's context, at most 64)",
+        )
 
 
 def _register_scan(lsub: Any) -> None:
@@ -97,14 +143,22 @@ def _register_scan(lsub: Any) -> None:
     _model_args(s)
     _data_args(s, with_val=False)
     s.add_argument("--n", type=int, default=256, help="number of Tang openings with --tang-prompts (default 256)")
-    s.add_argument("--setting", choices=("both", "chanting", "greedy", "sample"), default=None,
-                   help="both = chanting (greedy, <unk> banned) and plain greedy (the default); sample = the sampler "
-                   "flags below (the default when any is given); the end-of-text token is banned in every setting")
+    s.add_argument(
+        "--setting",
+        choices=("both", "chanting", "greedy", "sample"),
+        default=None,
+        help="both = chanting (greedy, <unk> banned) and plain greedy (the default); sample = the sampler "
+        "flags below (the default when any is given); the end-of-text token is banned in every setting",
+    )
     add_sampler_arguments(s)
     s.add_argument("--out", type=Path, default=None, help="write the full scan (with per-generation records) as JSON")
-    s.add_argument("--backend", choices=("genprobe", "vllm"), default="genprobe",
-                   help="who generates: genprobe's engine (default) or vLLM (continuous batching, tensor/pipeline "
-                   "parallel, Ray; same JSON; a sampler vLLM cannot express exactly is refused)")
+    s.add_argument(
+        "--backend",
+        choices=("genprobe", "vllm"),
+        default="genprobe",
+        help="who generates: genprobe's engine (default) or vLLM (continuous batching, tensor/pipeline "
+        "parallel, Ray; same JSON; a sampler vLLM cannot express exactly is refused)",
+    )
     add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
     s.set_defaults(func=run_scan)
 
@@ -113,8 +167,9 @@ def _register_locate(lsub: Any) -> None:
     from ..loops.repair import RepairConfig
 
     d = RepairConfig()
-    lo = lsub.add_parser("locate",
-                         help="loop direction per layer and the loop rate with each layer's direction ablated")
+    lo = lsub.add_parser(
+        "locate", help="loop direction per layer and the loop rate with each layer's direction ablated"
+    )
     _model_args(lo)
     _data_args(lo, with_val=True)
     lo.add_argument("--n", type=int, default=d.n_direction, help=f"direction-set prompts (default {d.n_direction})")
@@ -130,26 +185,41 @@ def _register_repair(lsub: Any) -> None:
     r = lsub.add_parser("repair", help="full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch")
     _model_args(r)
     _data_args(r, with_val=True)
-    r.add_argument("--out", type=Path, required=True,
-                   help="directory for repair.json, patch.*, repair.html, repair.png")
+    r.add_argument(
+        "--out", type=Path, required=True, help="directory for repair.json, patch.*, repair.html, repair.png"
+    )
     r.add_argument("--n-direction", type=int, default=d.n_direction)
     r.add_argument("--n-search", type=int, default=d.n_search)
     r.add_argument("--n-validate", type=int, default=d.n_validate)
-    r.add_argument("--search-prone", type=int, default=d.search_prone,
-                   help="loop-prone prompts per candidate evaluation")
-    r.add_argument("--search-control", type=int, default=d.search_control,
-                   help="non-looping control prompts per candidate")
-    r.add_argument("--ks", type=int, nargs="+", default=list(d.ks),
-                   help=f"columns per layer to try (default {list(d.ks)})")
-    r.add_argument("--subtract-alphas", type=float, nargs="+", default=list(d.subtract_alphas),
-                   help="relative strengths for W[:,c] -= α·d (1 = remove the mean loop gap)")
-    r.add_argument("--project-alphas", type=float, nargs="+", default=list(d.project_alphas),
-                   help="fractions for W[:,c] -= α·d(dᵀW[:,c])")
+    r.add_argument(
+        "--search-prone", type=int, default=d.search_prone, help="loop-prone prompts per candidate evaluation"
+    )
+    r.add_argument(
+        "--search-control", type=int, default=d.search_control, help="non-looping control prompts per candidate"
+    )
+    r.add_argument(
+        "--ks", type=int, nargs="+", default=list(d.ks), help=f"columns per layer to try (default {list(d.ks)})"
+    )
+    r.add_argument(
+        "--subtract-alphas",
+        type=float,
+        nargs="+",
+        default=list(d.subtract_alphas),
+        help="relative strengths for W[:,c] -= α·d (1 = remove the mean loop gap)",
+    )
+    r.add_argument(
+        "--project-alphas",
+        type=float,
+        nargs="+",
+        default=list(d.project_alphas),
+        help="fractions for W[:,c] -= α·d(dᵀW[:,c])",
+    )
     r.add_argument("--forms", nargs="+", choices=("subtract", "project"), default=list(d.forms))
     r.add_argument("--method", choices=("mean_diff", "pca"), default=d.method)
     r.add_argument("--max-kl", type=float, default=d.max_kl, help="KL(base‖edited) limit, nats (default 0.1)")
-    r.add_argument("--max-dloss", type=float, default=d.max_dloss,
-                   help="validation-loss increase limit, nats (default 0.02)")
+    r.add_argument(
+        "--max-dloss", type=float, default=d.max_dloss, help="validation-loss increase limit, nats (default 0.02)"
+    )
     r.set_defaults(func=run_repair)
 
 
@@ -230,17 +300,23 @@ def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
 def _loop_settings(args: argparse.Namespace) -> Any:
     from ..metrics import LoopSettings
 
-    return LoopSettings(args.min_tail, args.near_window, args.near_max_period, args.near_min_match,
-                        args.min_compression)
+    return LoopSettings(
+        args.min_tail, args.near_window, args.near_max_period, args.near_min_match, args.min_compression
+    )
 
 
 def _repair_cfg(args: argparse.Namespace, **over: Any) -> Any:
     from ..loops.repair import RepairConfig
 
-    return RepairConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
-                        prefix_chars=args.prefix, loop=_loop_settings(args),
-                        val_window=getattr(args, "val_window", None),
-                        **over)
+    return RepairConfig(
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        prefix_chars=args.prefix,
+        loop=_loop_settings(args),
+        val_window=getattr(args, "val_window", None),
+        **over,
+    )
 
 
 def _inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:
@@ -296,18 +372,37 @@ def run_scan(args: argparse.Namespace) -> int:
         info(f"note: {end.note}")
     settings = _scan_settings(args, model)
     scan, backend = _scan_backend(args, model, study, settings)
-    out = {"model": str(model.source), "prompts": len(texts), "prompt_source": source,
-           "max_new_tokens": args.max_new_tokens, "end_token": end.to_dict(), **backend, "scans": {}}
+    out = {
+        "model": str(model.source),
+        "prompts": len(texts),
+        "prompt_source": source,
+        "max_new_tokens": args.max_new_tokens,
+        "end_token": end.to_dict(),
+        **backend,
+        "scans": {},
+    }
     full = {**out, "scans": {}}
     for name, sampler in settings.items():
         t0 = time.perf_counter()
         res = scan(ids, texts, sampler=sampler, desc=name)
         info(scan_table(res.summary, f"{name} ({time.perf_counter() - t0:.1f} s)"))
-        examples = [{"prompt": r.prompt, "text": r.text, "period": r.measures.period,
-                     "near_period": r.measures.near_period, "near_match": r.measures.near_match,
-                     "degenerate": r.degenerate, "unit_text": r.unit_text} for r in res.records[:5]]
-        out["scans"][name] = {"settings": res.settings.to_dict(), "summary": res.summary.to_dict(),
-                              "examples": examples}
+        examples = [
+            {
+                "prompt": r.prompt,
+                "text": r.text,
+                "period": r.measures.period,
+                "near_period": r.measures.near_period,
+                "near_match": r.measures.near_match,
+                "degenerate": r.degenerate,
+                "unit_text": r.unit_text,
+            }
+            for r in res.records[:5]
+        ]
+        out["scans"][name] = {
+            "settings": res.settings.to_dict(),
+            "summary": res.summary.to_dict(),
+            "examples": examples,
+        }
         full["scans"][name] = res.to_dict()
     if args.out:
         atomic_write_json(args.out, full)
@@ -353,8 +448,10 @@ def run_locate(args: argparse.Namespace) -> int:
     inputs = _inputs(args, model, cfg, ("direction",))
     rep = locate_only(model, inputs, cfg, progress=_progress(args), log=info)
     for a in rep.locate.per_layer:
-        info(f"  layer {a.layers[0]}: degenerate rate {a.degenerate_rate:.3f} (exact loops {a.loop_rate:.3f}; "
-             f"reduction {a.reduction:+.3f})")
+        info(
+            f"  layer {a.layers[0]}: degenerate rate {a.degenerate_rate:.3f} (exact loops {a.loop_rate:.3f}; "
+            f"reduction {a.reduction:+.3f})"
+        )
     info(f"  ranking: {rep.locate.ranking}")
     if args.out:
         atomic_write_json(args.out, rep.to_dict())
@@ -384,10 +481,19 @@ def run_repair(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model = _load(args)
     cfg = _repair_cfg(
-        args, n_direction=args.n_direction, n_search=args.n_search, n_validate=args.n_validate,
-        search_prone=args.search_prone, search_control=args.search_control, ks=tuple(args.ks),
-        subtract_alphas=tuple(args.subtract_alphas), project_alphas=tuple(args.project_alphas), forms=tuple(args.forms),
-        method=args.method, max_kl=args.max_kl, max_dloss=args.max_dloss,
+        args,
+        n_direction=args.n_direction,
+        n_search=args.n_search,
+        n_validate=args.n_validate,
+        search_prone=args.search_prone,
+        search_control=args.search_control,
+        ks=tuple(args.ks),
+        subtract_alphas=tuple(args.subtract_alphas),
+        project_alphas=tuple(args.project_alphas),
+        forms=tuple(args.forms),
+        method=args.method,
+        max_kl=args.max_kl,
+        max_dloss=args.max_dloss,
     )
     inputs = _inputs(args, model, cfg, ("direction", "search", "validate"))
     report, patch = repair(model, inputs, cfg, progress=_progress(args), log=info)
@@ -403,8 +509,18 @@ def run_repair(args: argparse.Namespace) -> int:
     info(f"verdict: {report.verdict} ({data['wall_seconds']} s); wrote {args.out}")
     _print_validation(report)
     if args.json:
-        keys = ("verdict", "end_token", "inputs", "baseline", "locate", "validation", "patch", "timings_s",
-                "wall_seconds", "files")
+        keys = (
+            "verdict",
+            "end_token",
+            "inputs",
+            "baseline",
+            "locate",
+            "validation",
+            "patch",
+            "timings_s",
+            "wall_seconds",
+            "files",
+        )
         emit_json({k: data[k] for k in keys} | {"chosen": data["search"]["chosen"]})
     return 0
 
@@ -414,12 +530,16 @@ def _print_validation(report: Any) -> None:
     if v is None:
         return
     b, a = v.before, v.after
-    info(f"  held-out exact loop rate {b.loop_rate:.3f} → {a.loop_rate:.3f}; near {b.near_loop_rate:.3f} → "
-         f"{a.near_loop_rate:.3f}; repetitive {b.repetitive_rate:.3f} → {a.repetitive_rate:.3f}; degenerate "
-         f"{b.degenerate_rate:.3f} → {a.degenerate_rate:.3f}")
-    info(f"  tail compression {b.mean_tail_compression:.2f} → {a.mean_tail_compression:.2f}; seq-rep-4 "
-         f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}; "
-         f"{100 * report.patch.fraction_changed:.3f}% of weights")
+    info(
+        f"  held-out exact loop rate {b.loop_rate:.3f} → {a.loop_rate:.3f}; near {b.near_loop_rate:.3f} → "
+        f"{a.near_loop_rate:.3f}; repetitive {b.repetitive_rate:.3f} → {a.repetitive_rate:.3f}; degenerate "
+        f"{b.degenerate_rate:.3f} → {a.degenerate_rate:.3f}"
+    )
+    info(
+        f"  tail compression {b.mean_tail_compression:.2f} → {a.mean_tail_compression:.2f}; seq-rep-4 "
+        f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}; "
+        f"{100 * report.patch.fraction_changed:.3f}% of weights"
+    )
 
 
 # ---- compare --------------------------------------------------------------------------------
@@ -430,28 +550,59 @@ def _register_compare(lsub: Any) -> None:
     from ..loops.compare_human import GENRES
     from ..loops.compare_methods import METHODS
 
-    c = lsub.add_parser("compare", help="which fix for loops: decode-time samplers beside the weight edit "
-                        "(one table, one figure, one HTML page)")
+    c = lsub.add_parser(
+        "compare",
+        help="which fix for loops: decode-time samplers beside the weight edit (one table, one figure, one HTML page)",
+    )
     _model_args(c)
     _data_args(c, with_val=False)
-    c.add_argument("--n", type=int, default=None,
-                   help="at most N prompts (default: 512 Tang openings; every prompt of a file)")
-    c.add_argument("--skip", type=int, default=COMPARE_SKIP,
-                   help=f"Tang openings skipped first (default {COMPARE_SKIP}: the sets a default `loops repair` "
-                   "uses, so no opening the edit was chosen on is compared)")
-    c.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
-                   help=f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}")
-    c.add_argument("--patch", type=Path, default=None,
-                   help="loop patch from `loops repair` for the edit rows (applied in memory, reverted, "
-                   "sha256-checked)")
-    c.add_argument("--judge", default=None, metavar="MODEL",
-                   help="a second model that scores every method's text (NLL per character)")
-    c.add_argument("--genre", choices=GENRES, default="auto",
-                   help="tang: reduplication and couplet parallels; text: repeated n-grams (default: auto)")
-    c.add_argument("--timing-rounds", type=int, default=3,
-                   help="interleaved rounds of one batch per method for tokens/s (default 3)")
-    c.add_argument("--out", type=Path, required=True,
-                   help="directory for compare.json, compare-texts.json, compare.md, compare.png, compare.html")
+    c.add_argument(
+        "--n", type=int, default=None, help="at most N prompts (default: 512 Tang openings; every prompt of a file)"
+    )
+    c.add_argument(
+        "--skip",
+        type=int,
+        default=COMPARE_SKIP,
+        help=f"Tang openings skipped first (default {COMPARE_SKIP}: the sets a default `loops repair` "
+        "uses, so no opening the edit was chosen on is compared)",
+    )
+    c.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        metavar="METHOD",
+        help=f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}",
+    )
+    c.add_argument(
+        "--patch",
+        type=Path,
+        default=None,
+        help="loop patch from `loops repair` for the edit rows (applied in memory, reverted, sha256-checked)",
+    )
+    c.add_argument(
+        "--judge",
+        default=None,
+        metavar="MODEL",
+        help="a second model that scores every method's text (NLL per character)",
+    )
+    c.add_argument(
+        "--genre",
+        choices=GENRES,
+        default="auto",
+        help="tang: reduplication and couplet parallels; text: repeated n-grams (default: auto)",
+    )
+    c.add_argument(
+        "--timing-rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds of one batch per method for tokens/s (default 3)",
+    )
+    c.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="directory for compare.json, compare-texts.json, compare.md, compare.png, compare.html",
+    )
     c.set_defaults(func=run_compare)
 
 
@@ -486,13 +637,29 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} exists and is not a directory")
     model = _load(args)
     texts, conts, source = _compare_prompts(args, model)
-    cfg = CompareConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
-                        loop=_loop_settings(args), methods=tuple(args.methods) if args.methods else None,
-                        genre=args.genre, timing_rounds=args.timing_rounds)
+    cfg = CompareConfig(
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        loop=_loop_settings(args),
+        methods=tuple(args.methods) if args.methods else None,
+        genre=args.genre,
+        timing_rounds=args.timing_rounds,
+    )
     patch = load_patch(args.patch) if args.patch else None
     judge = load_model(args.judge) if args.judge else None
-    res = compare_fixes(model, texts, cfg, patch=patch, patch_path=str(args.patch) if args.patch else None,
-                        judge=judge, continuations=conts, prompt_source=source, progress=_progress(args), log=info)
+    res = compare_fixes(
+        model,
+        texts,
+        cfg,
+        patch=patch,
+        patch_path=str(args.patch) if args.patch else None,
+        judge=judge,
+        continuations=conts,
+        prompt_source=source,
+        progress=_progress(args),
+        log=info,
+    )
     files = write_outputs(res, args.out)
     info(markdown_table(res))
     info(breaker_table(res))
@@ -501,11 +668,24 @@ def run_compare(args: argparse.Namespace) -> int:
     info(f"wrote {args.out} ({res.timings_s['total']} s)")
     if args.json:
         d = res.to_dict()
-        emit_json({k: d[k] for k in ("model", "judge", "n_prompts", "config", "best", "patch", "timings_s", "notes")}
-                  | {"methods": {m["name"]: {"sampler": m["sampler"], "rates": m["rates"], "legit": m["legit"],
-                                             "nll_own": m["nll_own"], "nll_judge": m["nll_judge"], "cost": m["cost"]}
-                                 for m in d["methods"]},
-                     "human": d["human"], "files": {k: str(v) for k, v in files.items()}})
+        emit_json(
+            {k: d[k] for k in ("model", "judge", "n_prompts", "config", "best", "patch", "timings_s", "notes")}
+            | {
+                "methods": {
+                    m["name"]: {
+                        "sampler": m["sampler"],
+                        "rates": m["rates"],
+                        "legit": m["legit"],
+                        "nll_own": m["nll_own"],
+                        "nll_judge": m["nll_judge"],
+                        "cost": m["cost"],
+                    }
+                    for m in d["methods"]
+                },
+                "human": d["human"],
+                "files": {k: str(v) for k, v in files.items()},
+            }
+        )
     return 0
 
 
@@ -518,8 +698,9 @@ def _write_ckpt(args: argparse.Namespace, model: Any, note: dict) -> Path:
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} exists and is not a directory")
         if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
-            raise ValueError(f"--out {out} is a non-empty directory that is not a genprobe checkpoint; "
-                             "refusing to write into it")
+            raise ValueError(
+                f"--out {out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it"
+            )
     summary = dict(model.meta.get("summary", {}))
     summary.pop("loop_patch", None)
     if note:
@@ -537,19 +718,36 @@ def _apply_or_revert(args: argparse.Namespace, revert: bool) -> int:
     patch = load_patch(args.patch)
     src = Path(args.model)
     action = "revert" if revert else "apply"
-    res: dict[str, Any] = {"action": action, "model": str(src), "weights_changed": patch.meta.get("weights_changed"),
-                           "fraction_changed": patch.meta.get("fraction_changed")}
+    res: dict[str, Any] = {
+        "action": action,
+        "model": str(src),
+        "weights_changed": patch.meta.get("weights_changed"),
+        "fraction_changed": patch.meta.get("fraction_changed"),
+    }
     if is_checkpoint(src):
         model = load_model(src)
         sha = (revert_patch if revert else apply_patch)(model.module, patch)
-        note = {} if revert else {"patch": str(args.patch), "sha256_before": patch.meta["sha256_before"],
-                                  "sha256_after": patch.meta["sha256_after"], "edit": patch.meta.get("edit")}
+        note = (
+            {}
+            if revert
+            else {
+                "patch": str(args.patch),
+                "sha256_before": patch.meta["sha256_before"],
+                "sha256_after": patch.meta["sha256_after"],
+                "edit": patch.meta.get("edit"),
+            }
+        )
         res.update(out=str(_write_ckpt(args, model, note)), state_sha256=sha)
     else:
         out = src if args.in_place else args.out
         r = (revert_dir if revert else apply_to_dir)(src, patch, out)
-        res.update(out=r.out, state_sha256=r.state_sha256, weight_files=r.rewritten,
-                   matches_original=r.matches_original, notes=r.notes)
+        res.update(
+            out=r.out,
+            state_sha256=r.state_sha256,
+            weight_files=r.rewritten,
+            matches_original=r.matches_original,
+            notes=r.notes,
+        )
         for n in r.notes:
             info(f"note: {n}")
     info(f"{action}: wrote {res['out']} (state sha256 {res['state_sha256'][:16]}…)")

@@ -31,30 +31,50 @@ def register(sub: argparse._SubParsersAction) -> None:
         "byte-level BPE (--arch llama|qwen2, a transformers directory) on the bundled Tang poems, and save it "
         "to --out. Progress goes to stderr; --json prints the summary on stdout.",
     )
-    p.add_argument("--arch", choices=("gpt", *ARCHS), default="gpt",
-                   help="gpt: character GPT (default); llama / qwen2: transformers model with a BPE tokenizer")
+    p.add_argument(
+        "--arch",
+        choices=("gpt", *ARCHS),
+        default="gpt",
+        help="gpt: character GPT (default); llama / qwen2: transformers model with a BPE tokenizer",
+    )
     p.add_argument("--out", required=True, type=Path, help="directory to write")
-    p.add_argument("--poems", type=int, default=None,
-                   help=f"gpt: first N poems / JSONL lines (default {DEFAULT_POEMS}); llama/qwen2: train on poems "
-                   f"before N except the char GPT's validation poems, hold out the rest "
-                   f"(default {DEFAULT_SUBWORD_POEMS:,})")
-    p.add_argument("--vocab", type=int, default=None,
-                   help="gpt: characters in the vocabulary (default 1200); llama/qwen2: BPE vocabulary size "
-                   f"(default {m.vocab_size})")
-    p.add_argument("--steps", type=int, default=None,
-        help=f"optimizer steps (default gpt {d.steps}, llama/qwen2 {q.steps})")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help=f"rows per step (default gpt {d.batch_size}, llama/qwen2 {q.batch_size})")
+    p.add_argument(
+        "--poems",
+        type=int,
+        default=None,
+        help=f"gpt: first N poems / JSONL lines (default {DEFAULT_POEMS}); llama/qwen2: train on poems "
+        f"before N except the char GPT's validation poems, hold out the rest "
+        f"(default {DEFAULT_SUBWORD_POEMS:,})",
+    )
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=None,
+        help="gpt: characters in the vocabulary (default 1200); llama/qwen2: BPE vocabulary size "
+        f"(default {m.vocab_size})",
+    )
+    p.add_argument(
+        "--steps", type=int, default=None, help=f"optimizer steps (default gpt {d.steps}, llama/qwen2 {q.steps})"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"rows per step (default gpt {d.batch_size}, llama/qwen2 {q.batch_size})",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
-    p.add_argument("--lr", type=float, default=None,
-        help=f"peak learning rate (default gpt {d.lr}, llama/qwen2 {q.lr})")
+    p.add_argument(
+        "--lr", type=float, default=None, help=f"peak learning rate (default gpt {d.lr}, llama/qwen2 {q.lr})"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--quick", action="store_true",
-        help="seconds-long recipe for tests and smoke runs (explicit flags win)")
+    p.add_argument(
+        "--quick", action="store_true", help="seconds-long recipe for tests and smoke runs (explicit flags win)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("--arch gpt only")
-    g.add_argument("--dropout", type=float, default=None,
-        help=f"dropout probability while training (default {d.dropout})")
+    g.add_argument(
+        "--dropout", type=float, default=None, help=f"dropout probability while training (default {d.dropout})"
+    )
     g.add_argument("--corpus", type=Path, default=None, help="your own UTF-8 .txt or .jsonl(.xz) file")
     g.add_argument("--pack", action="store_true", help="pack whole documents per row (block-diagonal causal mask)")
     g.add_argument("--pe", choices=POS_ENCODINGS, default=None, help="position encoding (default learned)")
@@ -63,20 +83,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--layers", type=int, default=None, help=f"transformer layers (default {m.n_layer})")
     h.add_argument("--d-model", type=int, default=None, help=f"hidden size (default {m.d_model})")
     h.add_argument("--heads", type=int, default=None, help=f"query heads (default {m.n_head})")
-    h.add_argument("--kv-heads", type=int, default=None,
-        help=f"key/value heads, divides --heads (default {m.n_kv_head})")
+    h.add_argument(
+        "--kv-heads", type=int, default=None, help=f"key/value heads, divides --heads (default {m.n_kv_head})"
+    )
     h.add_argument("--d-ff", type=int, default=None, help=f"SwiGLU width (default {m.d_ff})")
-    h.add_argument("--block-size", type=int, default=None,
-                   help=f"training window in tokens = max_position_embeddings (default {m.block_size})")
+    h.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help=f"training window in tokens = max_position_embeddings (default {m.block_size})",
+    )
     h.add_argument("--warmup", type=int, default=None, help=f"warmup steps (default {q.warmup})")
     add_json_flag(p)
     p.set_defaults(func=run)
 
 
-GPT_ONLY = {"dropout": "--dropout", "corpus": "--corpus", "pack": "--pack", "pe": "--pe",
-    "track_grads": "--track-grads"}
-SUBWORD_ONLY = {"layers": "--layers", "d_model": "--d-model", "heads": "--heads", "kv_heads": "--kv-heads",
-                "d_ff": "--d-ff", "block_size": "--block-size", "warmup": "--warmup"}
+GPT_ONLY = {
+    "dropout": "--dropout",
+    "corpus": "--corpus",
+    "pack": "--pack",
+    "pe": "--pe",
+    "track_grads": "--track-grads",
+}
+SUBWORD_ONLY = {
+    "layers": "--layers",
+    "d_model": "--d-model",
+    "heads": "--heads",
+    "kv_heads": "--kv-heads",
+    "d_ff": "--d-ff",
+    "block_size": "--block-size",
+    "warmup": "--warmup",
+}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,27 +197,48 @@ def _run_subword(args: argparse.Namespace) -> int:
 
     check_writable(args.out)
     if args.vocab is not None and not bpe.MIN_VOCAB <= args.vocab <= bpe.MAX_VOCAB:
-        raise ValueError(f"--vocab must be in [{bpe.MIN_VOCAB}, {bpe.MAX_VOCAB}] for a byte-level BPE "
-                         f"(256 bytes + <|endoftext|> + merges), got {args.vocab}")
+        raise ValueError(
+            f"--vocab must be in [{bpe.MIN_VOCAB}, {bpe.MAX_VOCAB}] for a byte-level BPE "
+            f"(256 bytes + <|endoftext|> + merges), got {args.vocab}"
+        )
     docs = bundled_documents()
     poems = args.poems if args.poems is not None else (2000 if args.quick else DEFAULT_SUBWORD_POEMS)
     if not 1 <= poems < len(docs):
-        raise ValueError(f"--poems must be in [1, {len(docs) - 1}] (the bundled corpus has {len(docs):,} poems "
-                         f"and some must stay held out), got {poems}")
+        raise ValueError(
+            f"--poems must be in [1, {len(docs) - 1}] (the bundled corpus has {len(docs):,} poems "
+            f"and some must stay held out), got {poems}"
+        )
     base_cfg = hf_train.quick_model_config(args.arch) if args.quick else hf_train.SubwordModelConfig(arch=args.arch)
-    cfg = _override(base_cfg, arch=args.arch, vocab_size=args.vocab, n_layer=args.layers, d_model=args.d_model,
-                    n_head=args.heads, n_kv_head=args.kv_heads, d_ff=args.d_ff, block_size=args.block_size)
+    cfg = _override(
+        base_cfg,
+        arch=args.arch,
+        vocab_size=args.vocab,
+        n_layer=args.layers,
+        d_model=args.d_model,
+        n_head=args.heads,
+        n_kv_head=args.kv_heads,
+        d_ff=args.d_ff,
+        block_size=args.block_size,
+    )
     base_tc = hf_train.quick_train_config(args.seed) if args.quick else hf_train.default_train_config(args.seed)
     tc = _override(base_tc, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup)
     split = corpus_split(docs, poems)
     texts = split_texts(docs, split)
-    info(f"split: train {len(texts.train):,} poems (documents {[[r.start, r.stop] for r in split.subword_train]}, "
-         f"{texts.duplicates_dropped} duplicates of protected poems dropped); char-GPT validation text "
-         f"{len(texts.char_val_text):,} chars; held out {len(texts.heldout):,} poems from {split.heldout_start:,}")
+    info(
+        f"split: train {len(texts.train):,} poems (documents {[[r.start, r.stop] for r in split.subword_train]}, "
+        f"{texts.duplicates_dropped} duplicates of protected poems dropped); char-GPT validation text "
+        f"{len(texts.char_val_text):,} chars; held out {len(texts.heldout):,} poems from {split.heldout_start:,}"
+    )
     progress = not args.no_progress and sys.stderr.isatty()
-    result = hf_train.train_subword(texts, split, cfg, tc, progress=progress,
-                                    heldout_docs=100 if args.quick else hf_train.HELDOUT_EVAL_DOCS,
-                                    samples=1 if args.quick else 4)
+    result = hf_train.train_subword(
+        texts,
+        split,
+        cfg,
+        tc,
+        progress=progress,
+        heldout_docs=100 if args.quick else hf_train.HELDOUT_EVAL_DOCS,
+        samples=1 if args.quick else 4,
+    )
     save_subword_dir(args.out, result.model, result.tokenizer, result.summary)
     s = dict(result.summary, out=str(args.out))
     info(_subword_table(s))

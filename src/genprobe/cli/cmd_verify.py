@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_aliases(p, "--hf", "--model")
     p.add_argument("--impl", metavar="MOD:FACTORY", help="your implementation: factory(model) or factory()")
     p.add_argument(
-        "--compiled", action="store_true",
+        "--compiled",
+        action="store_true",
         help="genprobe MODEL: also verify the torch.compile'd decode path (StaticKVCache; the first run compiles, "
         "~30 s)",
     )
@@ -82,25 +83,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_prompt_arguments(
         p, help_default=" (default: two Tang openings for a genprobe checkpoint, random ids otherwise)"
     )
-    p.add_argument("--chunk-sizes", nargs="+", default=["1", "4"], metavar="C",
-                   help="chunk sizes of the chunked-prefill phases (default 1 4)")
-    p.add_argument("--window", type=int, metavar="W",
-                   help="sliding window of the reference (and of our engine's cache)")
+    p.add_argument(
+        "--chunk-sizes",
+        nargs="+",
+        default=["1", "4"],
+        metavar="C",
+        help="chunk sizes of the chunked-prefill phases (default 1 4)",
+    )
+    p.add_argument(
+        "--window", type=int, metavar="W", help="sliding window of the reference (and of our engine's cache)"
+    )
     p.add_argument("--sinks", type=int, default=0, metavar="S", help="attention sinks kept with --window (default 0)")
-    p.add_argument("--hf-cache", nargs="+", metavar="KIND", choices=(*HF_CACHE_KINDS, "all"),
-                   help="transformers MODEL: verify these cache classes: " + " ".join(HF_CACHE_KINDS) + ", or all")
+    p.add_argument(
+        "--hf-cache",
+        nargs="+",
+        metavar="KIND",
+        choices=(*HF_CACHE_KINDS, "all"),
+        help="transformers MODEL: verify these cache classes: " + " ".join(HF_CACHE_KINDS) + ", or all",
+    )
     p.add_argument("--no-padded-batch", action="store_true", help="skip the left-padded batch comparison")
     p.add_argument("--no-isolation", action="store_true", help="skip the isolation (state surviving reset) comparison")
     p.add_argument(
-        "--hf-no-position-ids", action="store_true",
+        "--hf-no-position-ids",
+        action="store_true",
         help="drive the transformers model without position_ids (reproduces the left-padding position bug class)",
     )
     p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on max |Δlogit| (default 1e-4)")
     p.add_argument("--bug", type=float, default=1.0, help="bug threshold on max |Δlogit| (default 1.0)")
-    p.add_argument("--rel-bug", type=float, default=1.0,
-                   help="bug threshold in standard deviations of the reference logits (default 1.0)")
     p.add_argument(
-        "--fail-on", choices=sorted(FAIL_ON), default="bug",
+        "--rel-bug",
+        type=float,
+        default=1.0,
+        help="bug threshold in standard deviations of the reference logits (default 1.0)",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=sorted(FAIL_ON),
+        default="bug",
         help="lowest verdict of an implementation under test that makes the exit status 1 (default bug)",
     )
     add_json_flag(p)
@@ -111,8 +130,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def chunk_sizes(values: list[str]) -> list[int]:
     """``--chunk-sizes 1 4``; the old comma form ``1,4`` still works for one release, with a warning."""
     if any("," in v for v in values):
-        warnings.warn("--chunk-sizes with commas is deprecated; give sizes separated by spaces: --chunk-sizes 1 4",
-                      FutureWarning, stacklevel=2)
+        warnings.warn(
+            "--chunk-sizes with commas is deprecated; give sizes separated by spaces: --chunk-sizes 1 4",
+            FutureWarning,
+            stacklevel=2,
+        )
     try:
         sizes = [int(x) for v in values for x in v.split(",") if x.strip()]
     except ValueError:
@@ -129,21 +151,27 @@ def _check_args(args: argparse.Namespace, model) -> None:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     kind = None if model is None else model.kind
     if args.compiled and (kind != "genprobe" or args.impl):
-        raise ValueError("--compiled verifies genprobe's own compiled decode path: give a genprobe checkpoint as "
-                         "MODEL, without --impl")
+        raise ValueError(
+            "--compiled verifies genprobe's own compiled decode path: give a genprobe checkpoint as "
+            "MODEL, without --impl"
+        )
     if args.window is not None:
         if args.window < 1 or args.sinks < 0:
             raise ValueError(f"--window must be >= 1 and --sinks >= 0, got {args.window} and {args.sinks}")
         if kind != "genprobe":
-            raise ValueError("--window sets the window of a genprobe model's reference; a transformers model's window "
-                             "comes from its config (sliding_window)")
+            raise ValueError(
+                "--window sets the window of a genprobe model's reference; a transformers model's window "
+                "comes from its config (sliding_window)"
+            )
         if args.compiled or args.mutants:
             raise ValueError("--window cannot be combined with --compiled or --mutants (their caches have no window)")
     elif args.sinks:
         raise ValueError("--sinks only makes sense with --window")
     if args.hf_cache and (kind != "hf" or args.impl):
-        raise ValueError("--hf-cache verifies a transformers model's own cache classes: give a transformers directory "
-                         "as MODEL, without --impl")
+        raise ValueError(
+            "--hf-cache verifies a transformers model's own cache classes: give a transformers directory "
+            "as MODEL, without --impl"
+        )
 
 
 def _prompts(args: argparse.Namespace, model, impl, max_pos: int | None) -> list[list[int]]:
@@ -152,8 +180,10 @@ def _prompts(args: argparse.Namespace, model, impl, max_pos: int | None) -> list
     texts = read_prompts(args)
     if texts is not None:
         if model is None or model.tokenizer is None:
-            raise ValueError("--prompt/--prompts need a model with a tokenizer (a genprobe checkpoint, or a "
-                             "transformers directory with tokenizer files)")
+            raise ValueError(
+                "--prompt/--prompts need a model with a tokenizer (a genprobe checkpoint, or a "
+                "transformers directory with tokenizer files)"
+            )
         prompts = [model.encode(t) for t in texts]
         if any(not p for p in prompts):
             raise ValueError("a prompt encodes to no tokens")
@@ -235,8 +265,13 @@ def run(args: argparse.Namespace) -> int:
 
         model = load_model(path)
     _check_args(args, model)
-    th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)),
-                    rel_bug=args.rel_bug, rel_suspicious=min(0.01, args.rel_bug))
+    th = Thresholds(
+        noise=args.noise,
+        bug=args.bug,
+        suspicious=max(args.noise, min(1e-3, args.bug)),
+        rel_bug=args.rel_bug,
+        rel_suspicious=min(0.01, args.rel_bug),
+    )
     gpt = _mutant_model(model) if args.mutants else None
     if args.mutants and gpt is None:
         raise ValueError("--mutants needs a genprobe checkpoint (or a GPT-2 transformers model) to plant bugs into")
@@ -251,8 +286,11 @@ def run(args: argparse.Namespace) -> int:
     failing = [r.impl for r in reports if r.verdict in FAIL_ON[args.fail_on]]
     errored = [r.impl for r in reports if r.verdict == "error"]
     mreports, mutant_rows, noop = _run_mutants(args, gpt, reference, run_, prompts, th) if gpt else ([], [], None)
-    failing += [f"mutant {r['impl']} ({'not caught' if r['expected'] != 'pass' else 'flagged'})"
-                for r in mutant_rows if not r["as_expected"]]
+    failing += [
+        f"mutant {r['impl']} ({'not caught' if r['expected'] != 'pass' else 'flagged'})"
+        for r in mutant_rows
+        if not r["as_expected"]
+    ]
 
     rc = EXIT_IMPL_ERROR if errored else EXIT_BUG if failing else EXIT_PASS
     print_tables(reports, mreports, mutant_rows, noop, th, file=sys.stderr if args.json else sys.stdout)
@@ -261,22 +299,30 @@ def run(args: argparse.Namespace) -> int:
     if failing:
         info(f"FAIL: {', '.join(failing)}")
     if args.json:
-        emit_json({
-            "implementations": [r.to_dict() for r in reports],
-            "mutants": mutant_rows,
-            "mask_noop": noop,
-            "prompts": prompts,
-            "reference": run_.name if run_ is not None else None,
-            "thresholds": th.to_dict(),
-            "failing": failing,
-            "errors": errored,
-            "exit_status": rc,
-        })
+        emit_json(
+            {
+                "implementations": [r.to_dict() for r in reports],
+                "mutants": mutant_rows,
+                "mask_noop": noop,
+                "prompts": prompts,
+                "reference": run_.name if run_ is not None else None,
+                "thresholds": th.to_dict(),
+                "failing": failing,
+                "errors": errored,
+                "exit_status": rc,
+            }
+        )
     return rc
 
 
-def _verify_targets(args: argparse.Namespace, model: Any, reference: Any, targets: list[tuple[str | None, Any]],
-                    prompts: list[list[int]], th: Any) -> tuple[list[Any], Any]:
+def _verify_targets(
+    args: argparse.Namespace,
+    model: Any,
+    reference: Any,
+    targets: list[tuple[str | None, Any]],
+    prompts: list[list[int]],
+    th: Any,
+) -> tuple[list[Any], Any]:
     """One report per target (a target that could not be built already is its report) and the shared reference run."""
     from ..verify.harness import ReferenceRun, verify_implementation
     from ..verify.report import VerifyReport
@@ -292,16 +338,26 @@ def _verify_targets(args: argparse.Namespace, model: Any, reference: Any, target
             impl.max_cache_len = max(len(p) for p in prompts) + steps + 1
         label = name or getattr(impl, "name", type(impl).__name__)
         info(f"verifying {label} on {len(prompts)} prompt(s), {steps} steps …")
-        reports.append(verify_implementation(
-            impl, run_, prompts, steps=steps, chunk_sizes=chunk_sizes(args.chunk_sizes),
-            padded_batch=not args.no_padded_batch, thresholds=th, name=name,
-            pad_id=model.pad_id if model is not None else 0, isolation=not args.no_isolation,
-        ))
+        reports.append(
+            verify_implementation(
+                impl,
+                run_,
+                prompts,
+                steps=steps,
+                chunk_sizes=chunk_sizes(args.chunk_sizes),
+                padded_batch=not args.no_padded_batch,
+                thresholds=th,
+                name=name,
+                pad_id=model.pad_id if model is not None else 0,
+                isolation=not args.no_isolation,
+            )
+        )
     return reports, run_
 
 
-def _run_mutants(args: argparse.Namespace, gpt: Any, reference: Any, run_: Any, prompts: list[list[int]],
-                 th: Any) -> tuple[list[Any], list[dict[str, Any]], Any]:
+def _run_mutants(
+    args: argparse.Namespace, gpt: Any, reference: Any, run_: Any, prompts: list[list[int]], th: Any
+) -> tuple[list[Any], list[dict[str, Any]], Any]:
     """The planted-bug mutants on the chapter's §3.9.1 experiment: the first prompt, every phase but padding and
     isolation; plus no_mask's one-token no-op."""
     from ..verify import FullRecompute
@@ -351,9 +407,11 @@ def print_tables(
 ) -> None:
     """The chapter §3.9.8 summary, then each phase's max |Δlogit| @ first differing call, then errors/unavailable."""
     out = file or sys.stdout
-    head = (f"{'implementation':<30} {'verdict':>11} {'prefill':>8} {'max |Δ|':>11} {'Δ/σ':>8} {'top-1':>7} "
-            f"{'worst phase':>12} {'text':>5} {'text':>5}")
-    head2 = (f"{'':<30} {'':>11} {'exact':>8} {'logit':>11} {'':>8} {'agree':>7} {'':>12} {'div.':>5} {'only':>5}")
+    head = (
+        f"{'implementation':<30} {'verdict':>11} {'prefill':>8} {'max |Δ|':>11} {'Δ/σ':>8} {'top-1':>7} "
+        f"{'worst phase':>12} {'text':>5} {'text':>5}"
+    )
+    head2 = f"{'':<30} {'':>11} {'exact':>8} {'logit':>11} {'':>8} {'agree':>7} {'':>12} {'div.':>5} {'only':>5}"
     if mutant_rows:
         head, head2 = head + f" {'expected':>9} {'ok':>3}", head2
     print(head, file=out)

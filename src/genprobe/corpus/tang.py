@@ -59,9 +59,7 @@ def _read_jsonl(path: Path, limit: int | None) -> list[str]:
             elif isinstance(obj, dict) and isinstance(obj.get("text"), str):
                 docs.append(obj["text"])
             else:
-                raise ValueError(
-                    f"{path}: line {lineno} has neither a 'paragraphs' list nor a 'text' string"
-                )
+                raise ValueError(f"{path}: line {lineno} has neither a 'paragraphs' list nor a 'text' string")
     return docs
 
 
@@ -186,8 +184,10 @@ def corpus_split(
         start += 1
     split = CorpusSplit(n, char_poems, start, cut - pos, subword_poems)
     if not any(len(r) for r in split.subword_train):
-        raise ValueError(f"subword_poems={subword_poems} leaves no training documents before the char GPT's "
-                         f"validation text (it starts at document {start})")
+        raise ValueError(
+            f"subword_poems={subword_poems} leaves no training documents before the char GPT's "
+            f"validation text (it starts at document {start})"
+        )
     return split
 
 
@@ -217,7 +217,7 @@ def split_texts(documents: list[str], split: CorpusSplit) -> SplitTexts:
         raise ValueError(f"split is for {split.documents} documents, got {len(documents)}")
     val_docs = [documents[i] for i in split.char_val]
     if val_docs:
-        val_docs[0] = val_docs[0][split.char_val_offset:]
+        val_docs[0] = val_docs[0][split.char_val_offset :]
     heldout = [documents[i] for i in split.heldout]
     # The corpus records some poems twice: a copy in the training range would leak protected text.
     protected = {documents[i] for i in split.char_val} | set(heldout)

@@ -61,7 +61,7 @@ class CharTokenizer:
         """Rebuild from a saved id→token list (specials first)."""
         if list(itos[: len(SPECIALS)]) != list(SPECIALS):
             raise ValueError(f"vocabulary must start with {SPECIALS}, got {itos[:2]}")
-        return cls(list(itos[len(SPECIALS):]))
+        return cls(list(itos[len(SPECIALS) :]))
 
     # ---- properties -------------------------------------------------------------------
     @property

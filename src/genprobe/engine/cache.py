@@ -150,9 +150,7 @@ class KVCache:
             slots: torch.Tensor | slice = slice(self.seen, end)
             live = end
         elif self.window is None:
-            raise ValueError(
-                f"KV cache overflow: {self.seen} cached + {T} new tokens > capacity {self.capacity}"
-            )
+            raise ValueError(f"KV cache overflow: {self.seen} cached + {T} new tokens > capacity {self.capacity}")
         else:
             if T != 1 and self.seen + T > self.capacity:
                 raise ValueError(

@@ -283,7 +283,9 @@ class CompiledGPTRunner:
             return None
         ran, done = int(res[0]), res[1]
         return GreedyChunk(
-            out.tokens[:, :ran].clone(), out.valids[:, :ran].clone(), done,
+            out.tokens[:, :ran].clone(),
+            out.valids[:, :ran].clone(),
+            done,
             logits[:, :ran].clone() if logits is not None else None,
         )
 

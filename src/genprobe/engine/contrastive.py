@@ -53,8 +53,15 @@ def expand_state(state: Any, k: int) -> Any:
     if isinstance(state, KVCache):
         if state.window is not None:
             raise ValueError("contrastive search does not support a sliding-window KVCache")
-        big = KVCache(state.n_layer, state.batch_size * k, state.k.shape[2], state.k.shape[4], state.capacity,
-                      dtype=state.k.dtype, device=state.k.device)
+        big = KVCache(
+            state.n_layer,
+            state.batch_size * k,
+            state.k.shape[2],
+            state.k.shape[4],
+            state.capacity,
+            dtype=state.k.dtype,
+            device=state.k.device,
+        )
         big.k.copy_(state.k.repeat_interleave(k, dim=1))
         big.v.copy_(state.v.repeat_interleave(k, dim=1))
         big.pos.copy_(state.pos.repeat_interleave(k, dim=0))

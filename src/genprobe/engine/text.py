@@ -49,8 +49,13 @@ def complete(
         ids = [tok.encode(t) for t in texts]
     engine_model = model.module if model.kind == "genprobe" else model.runner
     res = generate(
-        engine_model, ids, max_new_tokens, sampler=sampling, seed=seed,
-        eos_id=model.eos_id if stop_at_eos else None, compile=compile,
+        engine_model,
+        ids,
+        max_new_tokens,
+        sampler=sampling,
+        seed=seed,
+        eos_id=model.eos_id if stop_at_eos else None,
+        compile=compile,
     )
     return [
         Completion(t, tok.decode(new), p, new, fin, unk)

@@ -28,8 +28,17 @@ from .exposure import run_exposure
 from .sampling import run_sampling
 from .timing import run_cache_scaling, run_cache_timing
 
-CASE_KEYS = ("model", "decoding", "sampling", "exposure", "cache_exact", "cache_bugs", "mask_noop",
-             "cache_timing", "cache_scaling")
+CASE_KEYS = (
+    "model",
+    "decoding",
+    "sampling",
+    "exposure",
+    "cache_exact",
+    "cache_bugs",
+    "mask_noop",
+    "cache_timing",
+    "cache_scaling",
+)
 #: Tokens generated after the case prompt (the chapter's 50).
 DECODE_STEPS = 50
 
@@ -110,8 +119,11 @@ class CaseMeta:
             "steps": self.steps,
             "seconds": self.seconds,
         }
-        extra = {"checkpoint": self.checkpoint, "model_seconds": self.model_seconds,
-            "total_seconds": self.total_seconds}
+        extra = {
+            "checkpoint": self.checkpoint,
+            "model_seconds": self.model_seconds,
+            "total_seconds": self.total_seconds,
+        }
         return d | {k: v for k, v in extra.items() if v is not None}
 
 
@@ -138,24 +150,45 @@ class CaseResult:
         return out | {k: as_json(self.experiments[k]) for k in CASE_KEYS if k in self.experiments}
 
 
-def case_stages(model: GPT, tok: CharTokenizer, corpus: Corpus, prompt_ids: list[int], quick: bool,
-                steps: dict[str, int]) -> list[tuple[str, Callable[[], object]]]:
+def case_stages(
+    model: GPT, tok: CharTokenizer, corpus: Corpus, prompt_ids: list[int], quick: bool, steps: dict[str, int]
+) -> list[tuple[str, Callable[[], object]]]:
     """(name, run) of every experiment, in order; ``quick`` shrinks only what costs time."""
     from ..verify import cache_exact, mask_noop, run_mutants
 
     return [
-        ("decoding", lambda: run_decoding(model, tok, corpus, seed=0, tf_tokens=4096 if quick else None,
-                                          spread_seeds=(0, 1, 2) if quick else (0, 1, 2, 3, 4))),
+        (
+            "decoding",
+            lambda: run_decoding(
+                model,
+                tok,
+                corpus,
+                seed=0,
+                tf_tokens=4096 if quick else None,
+                spread_seeds=(0, 1, 2) if quick else (0, 1, 2, 3, 4),
+            ),
+        ),
         ("sampling", lambda: run_sampling(model, tok)),
         ("exposure", lambda: run_exposure(model, tok, corpus, quick=quick)),
         ("cache_exact", lambda: cache_exact(model, prompt_ids, steps=steps["cache_exact"])),
         ("cache_bugs", lambda: run_mutants(model, prompt_ids, steps=steps["mutants"])),
         ("mask_noop", lambda: mask_noop(model, prompt_ids, steps=steps["mutants"])),
-        ("cache_timing", lambda: run_cache_timing(model, prompt_ids, new_tokens=steps["decode"], reps=1 if quick else 3,
-                                                  batches=(1, 8) if quick else (1, 16, 64))),
-        ("cache_scaling", lambda: run_cache_scaling(prompt_ids, tok.vocab_size,
-                                                    new_tokens=(16, 32) if quick else (32, 64, 128), reps=1,
-                                                        small=quick)),
+        (
+            "cache_timing",
+            lambda: run_cache_timing(
+                model,
+                prompt_ids,
+                new_tokens=steps["decode"],
+                reps=1 if quick else 3,
+                batches=(1, 8) if quick else (1, 16, 64),
+            ),
+        ),
+        (
+            "cache_scaling",
+            lambda: run_cache_scaling(
+                prompt_ids, tok.vocab_size, new_tokens=(16, 32) if quick else (32, 64, 128), reps=1, small=quick
+            ),
+        ),
     ]
 
 
@@ -168,9 +201,16 @@ def _select(stages: list, only: tuple[str, ...] | None) -> list:
     return [s for s in stages if s[0] in only]
 
 
-def run_case(model: GPT, tok: CharTokenizer, corpus: Corpus, meta: dict | None = None, quick: bool = False,
-             progress: bool = True, only: tuple[str, ...] | None = None,
-             log: Callable[[str], None] | None = None) -> CaseResult:
+def run_case(
+    model: GPT,
+    tok: CharTokenizer,
+    corpus: Corpus,
+    meta: dict | None = None,
+    quick: bool = False,
+    progress: bool = True,
+    only: tuple[str, ...] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> CaseResult:
     """Run every experiment (or those named in ``only``) on ``model``."""
     model = model.eval()
     # timing context: a busy machine skews wall clock
@@ -192,6 +232,7 @@ def run_case(model: GPT, tok: CharTokenizer, corpus: Corpus, meta: dict | None =
         if log:
             log(f"  {name}: {seconds[name]:.1f}s")
     summary = model_summary(model, meta, results.get("decoding"))
-    case_meta = CaseMeta(quick=quick, steps=steps, seconds=seconds,
-                         load_average=[round(x, 2) for x in load] if load else None)
+    case_meta = CaseMeta(
+        quick=quick, steps=steps, seconds=seconds, load_average=[round(x, 2) for x in load] if load else None
+    )
     return CaseResult(case_meta, summary, results)

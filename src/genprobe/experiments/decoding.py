@@ -43,8 +43,16 @@ SPREAD_SEEDS = (0, 1, 2, 3, 4)
 
 
 #: What the other-prompt rows report of each generation.
-OTHER_PROMPT_KEYS = ("text", "text_with_unk", "distinct_2", "looping", "loop_unit", "loop_period", "longest_repeat",
-                     "longest_repeat_text")
+OTHER_PROMPT_KEYS = (
+    "text",
+    "text_with_unk",
+    "distinct_2",
+    "looping",
+    "loop_unit",
+    "loop_period",
+    "longest_repeat",
+    "longest_repeat_text",
+)
 
 
 @dataclass(frozen=True)
@@ -84,8 +92,14 @@ def _metrics(tok: CharTokenizer, ids: list[int]) -> dict:
     }
 
 
-def decode_once(model: GPT, tok: CharTokenizer, prompt_ids: list[int], sampler: SamplerConfig,
-                new_tokens: int = NEW_TOKENS, seed: int = 0) -> Decoded:
+def decode_once(
+    model: GPT,
+    tok: CharTokenizer,
+    prompt_ids: list[int],
+    sampler: SamplerConfig,
+    new_tokens: int = NEW_TOKENS,
+    seed: int = 0,
+) -> Decoded:
     """Generate ``new_tokens`` after ``prompt_ids`` and describe the result (texts + degeneration metrics)."""
     res = generate(model, [prompt_ids], new_tokens, sampler=sampler, seed=seed)
     ids = list(res.tokens[0])
@@ -107,19 +121,33 @@ class StrategyRow:
         d = {"strategy": self.strategy, "sampler": self.sampler.to_dict(), "seed": self.seed, **self.decoded.to_dict()}
         if self.spread is not None:
             vals = list(self.spread.values())
-            d["distinct_2_over_seeds"] = {"seeds": list(self.spread), "values": vals, "mean": r(sum(vals) / len(vals)),
-                                          "min": min(vals)}
+            d["distinct_2_over_seeds"] = {
+                "seeds": list(self.spread),
+                "values": vals,
+                "mean": r(sum(vals) / len(vals)),
+                "min": min(vals),
+            }
         return d
 
 
-def run_strategy(model: GPT, tok: CharTokenizer, ids: list[int], name: str, sampler: SamplerConfig,
-                 new_tokens: int, seed: int, spread_seeds: tuple[int, ...]) -> StrategyRow:
+def run_strategy(
+    model: GPT,
+    tok: CharTokenizer,
+    ids: list[int],
+    name: str,
+    sampler: SamplerConfig,
+    new_tokens: int,
+    seed: int,
+    spread_seeds: tuple[int, ...],
+) -> StrategyRow:
     """One strategy at ``seed``; a sampled one also at every seed of ``spread_seeds`` (distinct-2 only)."""
     decoded = decode_once(model, tok, ids, sampler, new_tokens, seed)
     if sampler.greedy:
         return StrategyRow(name, sampler, seed, decoded)
-    spread = {s: decoded.distinct_2 if s == seed else decode_once(model, tok, ids, sampler, new_tokens, s).distinct_2
-              for s in spread_seeds}
+    spread = {
+        s: decoded.distinct_2 if s == seed else decode_once(model, tok, ids, sampler, new_tokens, s).distinct_2
+        for s in spread_seeds
+    }
     return StrategyRow(name, sampler, seed, decoded, spread)
 
 
@@ -140,9 +168,12 @@ class OtherPrompt:
 
     def to_dict(self) -> dict:
         """JSON form."""
-        return {"prompt": self.prompt, "prompt_unknown_chars": self.prompt_unknown_chars,
-                "greedy": self.greedy.to_dict(OTHER_PROMPT_KEYS),
-                "greedy_ban_unk": self.greedy_ban_unk.to_dict(OTHER_PROMPT_KEYS)}
+        return {
+            "prompt": self.prompt,
+            "prompt_unknown_chars": self.prompt_unknown_chars,
+            "greedy": self.greedy.to_dict(OTHER_PROMPT_KEYS),
+            "greedy_ban_unk": self.greedy_ban_unk.to_dict(OTHER_PROMPT_KEYS),
+        }
 
 
 @dataclass(frozen=True)
@@ -163,8 +194,9 @@ def teacher_forcing_check(model: GPT, tok: CharTokenizer, corpus: Corpus, tf_tok
     tr = torch.tensor(quiet_encode(tok, corpus.train), dtype=torch.long)
     va = torch.tensor(quiet_encode(tok, corpus.val), dtype=torch.long)
     scored = va if tf_tokens is None else va[: tf_tokens + 1]
-    return TeacherForcingCheck(evaluate_loss(model, scored), len(scored) - 1,
-                               unigram_cross_entropy(tr, va, tok.vocab_size))
+    return TeacherForcingCheck(
+        evaluate_loss(model, scored), len(scored) - 1, unigram_cross_entropy(tr, va, tok.vocab_size)
+    )
 
 
 @dataclass(frozen=True)
@@ -189,9 +221,14 @@ class DecodingResult:
             "new_tokens": self.new_tokens,
             "rows": [row.to_dict() for row in self.rows],
             "sampling_bans_unk": True,
-            "rows_sampling_with_unk": [{"strategy": w.strategy, "seed": w.seed,
-                                        **{k: v for k, v in w.decoded.to_dict().items() if k != "new_ids"}}
-                                       for w in self.rows_sampling_with_unk],
+            "rows_sampling_with_unk": [
+                {
+                    "strategy": w.strategy,
+                    "seed": w.seed,
+                    **{k: v for k, v in w.decoded.to_dict().items() if k != "new_ids"},
+                }
+                for w in self.rows_sampling_with_unk
+            ],
             "greedy_text": self.rows[0].decoded.text,
             "greedy_ban_unk_text": self.rows[1].decoded.text,
             "other_prompts": [o.to_dict() for o in self.other_prompts],
@@ -206,20 +243,35 @@ def other_prompt(model: GPT, tok: CharTokenizer, prompt: str, new_tokens: int, s
     """Greedy and greedy-with-``<unk>``-banned after ``prompt``."""
     ids, unknown = encode_prompt(tok, prompt)
     greedy, ban = STRATEGIES[0][1], STRATEGIES[1][1]
-    return OtherPrompt(prompt, unknown, decode_once(model, tok, ids, greedy, new_tokens, seed),
-                       decode_once(model, tok, ids, ban, new_tokens, seed))
+    return OtherPrompt(
+        prompt,
+        unknown,
+        decode_once(model, tok, ids, greedy, new_tokens, seed),
+        decode_once(model, tok, ids, ban, new_tokens, seed),
+    )
 
 
-def run_decoding(model: GPT, tok: CharTokenizer, corpus: Corpus | None = None, prompt: str = CASE_PROMPT,
-                 new_tokens: int = NEW_TOKENS, seed: int = 0, tf_tokens: int | None = None,
-                 spread_seeds: tuple[int, ...] = SPREAD_SEEDS) -> DecodingResult:
+def run_decoding(
+    model: GPT,
+    tok: CharTokenizer,
+    corpus: Corpus | None = None,
+    prompt: str = CASE_PROMPT,
+    new_tokens: int = NEW_TOKENS,
+    seed: int = 0,
+    tf_tokens: int | None = None,
+    spread_seeds: tuple[int, ...] = SPREAD_SEEDS,
+) -> DecodingResult:
     """Every strategy on ``prompt``, sampling without the ban, greedy on other prompts, the teacher-forcing check."""
     ids, unknown = encode_prompt(tok, prompt)
-    rows = [run_strategy(model, tok, ids, name, sampler, new_tokens, seed, spread_seeds)
-            for name, sampler in STRATEGIES]
-    with_unk = [StrategyRow(name, SamplerConfig(**kw), seed, decode_once(model, tok, ids, SamplerConfig(**kw),
-        new_tokens, seed))
-                for name, kw in SAMPLING]
+    rows = [
+        run_strategy(model, tok, ids, name, sampler, new_tokens, seed, spread_seeds) for name, sampler in STRATEGIES
+    ]
+    with_unk = [
+        StrategyRow(
+            name, SamplerConfig(**kw), seed, decode_once(model, tok, ids, SamplerConfig(**kw), new_tokens, seed)
+        )
+        for name, kw in SAMPLING
+    ]
     others = [other_prompt(model, tok, p, new_tokens, seed) for p in OTHER_PROMPTS]
     tf = teacher_forcing_check(model, tok, corpus, tf_tokens) if corpus is not None else None
     return DecodingResult(prompt, ids, unknown, new_tokens, rows, with_unk, others, tf)

@@ -62,8 +62,13 @@ class TeacherForcingRow:
 
     def to_dict(self) -> dict:
         """JSON form (rounded)."""
-        return {"pos": self.pos, "context": self.context, "truth": self.truth, "loss": r(self.loss, 6),
-                "top3": [{"token": t, "prob": r(p)} for t, p in self.top3]}
+        return {
+            "pos": self.pos,
+            "context": self.context,
+            "truth": self.truth,
+            "loss": r(self.loss, 6),
+            "top3": [{"token": t, "prob": r(p)} for t, p in self.top3],
+        }
 
 
 @dataclass(frozen=True)
@@ -91,10 +96,15 @@ def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: st
     for i in range(len(ids) - 1):
         j = start + i
         top = torch.topk(logp[j].exp(), 3)
-        rows.append(TeacherForcingRow(i, tok.decode(ids[: i + 1], show_unk=True), tok.token_str(ids[i + 1]),
-                                      float(loss[j]),
-                                      [(tok.token_str(int(t)), float(p))
-                                       for p, t in zip(top.values, top.indices, strict=True)]))
+        rows.append(
+            TeacherForcingRow(
+                i,
+                tok.decode(ids[: i + 1], show_unk=True),
+                tok.token_str(ids[i + 1]),
+                float(loss[j]),
+                [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices, strict=True)],
+            )
+        )
     scored = loss[start : start + len(ids) - 1]
     return TeacherForcing(rows, float(scored.mean()), len(lead_in))
 
@@ -110,8 +120,12 @@ class RealTextConfidence:
 
     def to_dict(self) -> dict:
         """JSON form (rounded)."""
-        return {"positions": self.positions, "mean_argmax_prob": r(self.mean_argmax_prob), "mean_nll": r(self.mean_nll),
-                "mean_truth_nll": r(self.mean_truth_nll)}
+        return {
+            "positions": self.positions,
+            "mean_argmax_prob": r(self.mean_argmax_prob),
+            "mean_nll": r(self.mean_nll),
+            "mean_truth_nll": r(self.mean_truth_nll),
+        }
 
 
 @torch.no_grad()
@@ -140,12 +154,18 @@ class FreeGenerationConfidence:
 
     def to_dict(self) -> dict:
         """JSON form (rounded)."""
-        return {"samples": self.samples, "new_tokens": self.new_tokens, "mean_chosen_prob": r(self.mean_chosen_prob),
-                "mean_nll": r(self.mean_nll), "sampler": self.sampler}
+        return {
+            "samples": self.samples,
+            "new_tokens": self.new_tokens,
+            "mean_chosen_prob": r(self.mean_chosen_prob),
+            "mean_nll": r(self.mean_nll),
+            "sampler": self.sampler,
+        }
 
 
-def confidence_free_generation(model: GPT, prompts: list[list[int]], new_tokens: int, sampler: SamplerConfig,
-                               name: str, seed: int = 0) -> FreeGenerationConfidence:
+def confidence_free_generation(
+    model: GPT, prompts: list[list[int]], new_tokens: int, sampler: SamplerConfig, name: str, seed: int = 0
+) -> FreeGenerationConfidence:
     """Mean probability / NLL the model gives its own choices while generating freely (``name``: the sampler's
     label)."""
     res = generate(model, prompts, new_tokens, sampler=sampler, seed=seed, return_logits=True)
@@ -243,8 +263,11 @@ class ExposureResult:
             "teacher_forcing_rows": [row.to_dict() for row in tf.rows],
             "teacher_forcing_mean_loss": r(tf.mean_loss),
             "teacher_forcing_perplexity": r(tf.perplexity, 2),
-            "teacher_forcing_with_lead_in": {"lead_in_chars": lead.lead_in_chars, "mean_loss": r(lead.mean_loss),
-                                             "perplexity": r(lead.perplexity, 2)},
+            "teacher_forcing_with_lead_in": {
+                "lead_in_chars": lead.lead_in_chars,
+                "mean_loss": r(lead.mean_loss),
+                "perplexity": r(lead.perplexity, 2),
+            },
             "confidence_real_text": self.confidence_real_text.to_dict(),
             "confidence_free_generation": self.confidence_free_generation.to_dict(),
             "confidence_free_generation_greedy": self.confidence_free_generation_greedy.to_dict(),
@@ -273,9 +296,11 @@ def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = F
     val_ids = quiet_encode(tok, corpus.val)
     real = confidence_real_text(model, val_ids, windows=8 if quick else 32)
     prompts = _free_generation_prompts(val_ids, 4 if quick else 16)
-    free = confidence_free_generation(model, prompts, T - 8, SamplerConfig(temperature=1.0), "temperature 1.0",
-        seed=seed)
+    free = confidence_free_generation(
+        model, prompts, T - 8, SamplerConfig(temperature=1.0), "temperature 1.0", seed=seed
+    )
     greedy = confidence_free_generation(model, prompts, T - 8, SamplerConfig(greedy=True), "greedy", seed=seed)
     shadows = [perturbation(model, tok, passage, k) for k in PERTURB_POSITIONS if k + 2 + SHADOW_WINDOW <= len(passage)]
-    return ExposureResult(SNIPPET, split, at, tf, tf_lead, real, free, greedy, tok.decode(passage, show_unk=True),
-        shadows)
+    return ExposureResult(
+        SNIPPET, split, at, tf, tf_lead, real, free, greedy, tok.decode(passage, show_unk=True), shadows
+    )

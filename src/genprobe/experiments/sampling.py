@@ -33,8 +33,12 @@ class TemperatureRow:
 
     def to_dict(self) -> dict:
         """JSON form (rounded)."""
-        return {"tau": self.tau, "entropy": r(self.entropy), "perplexity": r(math.exp(self.entropy), 2),
-                "max_prob": r(self.max_prob)}
+        return {
+            "tau": self.tau,
+            "entropy": r(self.entropy),
+            "perplexity": r(math.exp(self.entropy), 2),
+            "max_prob": r(self.max_prob),
+        }
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,12 @@ def nucleus_curve(logits: torch.Tensor, ps=NUCLEUS_PS) -> list[NucleusRow]:
 
 def order_trap(logits: torch.Tensor, top_p: float = 0.9, taus=ORDER_TAUS, orders=ORDERS) -> list[OrderTrapRow]:
     """Kept-set size at top-p ``top_p`` under each sampler order / engine preset for each τ."""
-    return [OrderTrapRow(tau, {o: kept_set_size(logits, SamplerConfig(temperature=tau, top_p=top_p, order=o))
-                               for o in orders})
-            for tau in taus]
+    return [
+        OrderTrapRow(
+            tau, {o: kept_set_size(logits, SamplerConfig(temperature=tau, top_p=top_p, order=o)) for o in orders}
+        )
+        for tau in taus
+    ]
 
 
 @dataclass
@@ -95,8 +102,10 @@ class SamplingResult:
     def top(self, n: int = 10) -> list[dict]:
         """The ``n`` most likely next tokens (token, id, probability)."""
         probs = torch.softmax(self.logits.double(), -1)
-        return [{"token": self.token_strs[int(t)], "id": int(t), "prob": r(float(probs[t]))}
-                for t in torch.argsort(probs, descending=True)[:n]]
+        return [
+            {"token": self.token_strs[int(t)], "id": int(t), "prob": r(float(probs[t]))}
+            for t in torch.argsort(probs, descending=True)[:n]
+        ]
 
     def to_dict(self) -> dict:
         """JSON form (the ``sampling`` key of ``ch3_case.json``)."""
@@ -121,5 +130,12 @@ def run_sampling(model: GPT, tok: CharTokenizer, prompt: str = CASE_PROMPT) -> S
     """Temperature, nucleus and order-trap tables on the distribution after ``prompt``, plus that distribution."""
     ids, unknown = encode_prompt(tok, prompt)
     logits = next_token_logits(model, ids)
-    return SamplingResult(prompt, unknown, logits, [tok.token_str(i) for i in range(logits.numel())],
-                          entropy_table(logits), nucleus_curve(logits), order_trap(logits))
+    return SamplingResult(
+        prompt,
+        unknown,
+        logits,
+        [tok.token_str(i) for i in range(logits.numel())],
+        entropy_table(logits),
+        nucleus_curve(logits),
+        order_trap(logits),
+    )

@@ -29,9 +29,14 @@ class CaseStudy:
 
     def to_dict(self) -> dict:
         """The ``genprobe case --json`` summary."""
-        return {"out": str(self.out), "json": str(self.json_path), "report": str(self.report),
-                "figures": sorted(str(p) for p in self.figures), "seconds": round(self.seconds, 1),
-                "headline": [{"metric": a, "ours": b, "seed": c} for a, b, c in self.headline]}
+        return {
+            "out": str(self.out),
+            "json": str(self.json_path),
+            "report": str(self.report),
+            "figures": sorted(str(p) for p in self.figures),
+            "seconds": round(self.seconds, 1),
+            "headline": [{"metric": a, "ours": b, "seed": c} for a, b, c in self.headline],
+        }
 
 
 def select_experiments(only: Sequence[str] | None, skip: Sequence[str] = ()) -> tuple[str, ...]:
@@ -67,14 +72,21 @@ def study_model(model_path: str | Path | None, out: Path, quick: bool, progress:
         log(f"case: using checkpoint {model_path}")
     m = load_model(model_path)
     if m.kind != "genprobe":
-        raise ValueError(f"{model_path} is a {m.arch} transformers model; the case study needs a genprobe checkpoint "
-                         "(the character-level Tang GPT the chapter studies)")
+        raise ValueError(
+            f"{model_path} is a {m.arch} transformers model; the case study needs a genprobe checkpoint "
+            "(the character-level Tang GPT the chapter studies)"
+        )
     return m
 
 
-def case_study(out: str | Path, model: str | Path | None = None, quick: bool = False,
-               only: tuple[str, ...] | None = None, progress: bool = False,
-               log: Callable[[str], None] = lambda msg: None) -> CaseStudy:
+def case_study(
+    out: str | Path,
+    model: str | Path | None = None,
+    quick: bool = False,
+    only: tuple[str, ...] | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda msg: None,
+) -> CaseStudy:
     """Run the chapter's case study into ``out``: ch3_case.json, figures and one offline report.html."""
     from .._io import atomic_write_json
     from ..corpus import load_corpus

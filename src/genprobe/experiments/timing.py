@@ -77,8 +77,9 @@ class ModeTiming:
         }
 
 
-def time_modes(model: GPT, prompt_ids: list[int], batch: int, new_tokens: int, reps: int = 3,
-               budget_s: float = 5.0) -> ModeTiming:
+def time_modes(
+    model: GPT, prompt_ids: list[int], batch: int, new_tokens: int, reps: int = 3, budget_s: float = 5.0
+) -> ModeTiming:
     """Naive vs cached wall time (median of up to ``reps`` runs, fewer past ``budget_s``) and token forwards."""
     prompts = [list(prompt_ids)] * batch
     with torch.inference_mode():
@@ -118,15 +119,17 @@ class CacheTiming:
         }
 
 
-def run_cache_timing(model: GPT, prompt_ids: list[int], new_tokens: int = 50, batches=BATCHES, reps: int = 3,
-                     budget_s: float = 5.0) -> CacheTiming:
+def run_cache_timing(
+    model: GPT, prompt_ids: list[int], new_tokens: int = 50, batches=BATCHES, reps: int = 3, budget_s: float = 5.0
+) -> CacheTiming:
     """Naive vs cached at each batch size beside the compute ratio."""
     rows = [time_modes(model, prompt_ids, b, new_tokens, reps, budget_s) for b in batches]
     return CacheTiming(len(prompt_ids), new_tokens, torch.get_num_threads(), reps, rows)
 
 
-def scaling_config(vocab_size: int = 1202, max_new: int = max(SCALING_TOKENS), prompt_len: int = 7,
-                   small: bool = False) -> GPTConfig:
+def scaling_config(
+    vocab_size: int = 1202, max_new: int = max(SCALING_TOKENS), prompt_len: int = 7, small: bool = False
+) -> GPTConfig:
     """The chapter's larger random model: 8 layers, d_model 768, 12 heads, d_ff 3072 (``small``: d_model 256, for
     --quick)."""
     block = max(160, prompt_len + max_new + 1)
@@ -145,8 +148,11 @@ class SkippedLength:
 
     def to_dict(self) -> dict:
         """JSON form."""
-        return {"new_tokens": self.new_tokens, "predicted_naive_s": r(self.predicted_naive_s, 1),
-            "budget_s": self.budget_s}
+        return {
+            "new_tokens": self.new_tokens,
+            "predicted_naive_s": r(self.predicted_naive_s, 1),
+            "budget_s": self.budget_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -174,9 +180,16 @@ class CacheScaling:
         }
 
 
-def run_cache_scaling(prompt_ids: list[int], vocab_size: int = 1202, new_tokens=SCALING_TOKENS, reps: int = 1,
-                      cfg: GPTConfig | None = None, seed: int = 0, small: bool = False,
-                      max_naive_s: float = 150.0) -> CacheScaling:
+def run_cache_scaling(
+    prompt_ids: list[int],
+    vocab_size: int = 1202,
+    new_tokens=SCALING_TOKENS,
+    reps: int = 1,
+    cfg: GPTConfig | None = None,
+    seed: int = 0,
+    small: bool = False,
+    max_naive_s: float = 150.0,
+) -> CacheScaling:
     """The same comparison on a random 8×768 model over generation lengths.
 
     The naive loop grows quadratically; a length whose naive run is predicted (from the previous

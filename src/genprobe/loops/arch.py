@@ -35,12 +35,26 @@ from ..model.gpt import GPT
 from ..model.load import UnsupportedArchitectureError
 
 LAYER_PATHS = (
-    "transformer.h", "model.layers", "gpt_neox.layers", "model.language_model.layers", "language_model.layers",
+    "transformer.h",
+    "model.layers",
+    "gpt_neox.layers",
+    "model.language_model.layers",
+    "language_model.layers",
 )
 DOWN_NAMES = ("down_proj", "c_proj", "dense_4h_to_h")
 
-__all__ = ["MLPSite", "UnsupportedArchitectureError", "mlp_sites", "get_columns", "set_columns", "all_columns",
-           "state_sha256", "count_parameters", "forward_logits", "unwrap"]
+__all__ = [
+    "MLPSite",
+    "UnsupportedArchitectureError",
+    "mlp_sites",
+    "get_columns",
+    "set_columns",
+    "all_columns",
+    "state_sha256",
+    "count_parameters",
+    "forward_logits",
+    "unwrap",
+]
 
 
 @dataclass
@@ -120,8 +134,11 @@ def _down_projection(i: int, block: nn.Module, arch: str) -> tuple[nn.Module, nn
                 f"{arch} layer {i}: down-projection {dname} is a {type(down).__name__}, not an nn.Linear or Conv1D"
             )
         return mlp, down, dname, layout
-    moe_note = " — it is a mixture-of-experts block, whose experts have no single down-projection to edit" if any(
-        hasattr(mlp, n) for n in ("experts", "gate", "router")) and not hasattr(mlp, "up_proj") else ""
+    moe_note = (
+        " — it is a mixture-of-experts block, whose experts have no single down-projection to edit"
+        if any(hasattr(mlp, n) for n in ("experts", "gate", "router")) and not hasattr(mlp, "up_proj")
+        else ""
+    )
     raise UnsupportedArchitectureError(
         f"{arch} layer {i}: MLP {type(mlp).__name__} has no down-projection (looked for {', '.join(DOWN_NAMES)})"
         f"{moe_note}"

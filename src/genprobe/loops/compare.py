@@ -120,11 +120,18 @@ class MethodResult:
 
     def to_dict(self) -> dict:
         """Plain JSON (texts are written separately)."""
-        return {**self.method.to_dict(), "rates": self.rates.to_dict(), "legit": self.legit.to_dict(),
-                "legit_clean": self.legit_clean.to_dict(), "nll_own": self.own.to_dict(),
-                "nll_judge": self.judge.to_dict() if self.judge else None, "cost": self.cost.to_dict(),
-                "breaker_classes": [c.to_dict() for c in self.classes], "own_loops": self.own_loops.to_dict(),
-                "samples": self.samples}
+        return {
+            **self.method.to_dict(),
+            "rates": self.rates.to_dict(),
+            "legit": self.legit.to_dict(),
+            "legit_clean": self.legit_clean.to_dict(),
+            "nll_own": self.own.to_dict(),
+            "nll_judge": self.judge.to_dict() if self.judge else None,
+            "cost": self.cost.to_dict(),
+            "breaker_classes": [c.to_dict() for c in self.classes],
+            "own_loops": self.own_loops.to_dict(),
+            "samples": self.samples,
+        }
 
 
 @dataclass
@@ -172,10 +179,16 @@ class HumanReference:
 
     def to_dict(self) -> dict:
         """Plain dict."""
-        return {"genre": self.genre, "source": self.source, "reason": self.reason, "n": self.n,
-                "cap_chars": self.cap_chars, "legit": self.legit.to_dict() if self.legit else None,
-                "nll_own": self.own.to_dict() if self.own else None,
-                "nll_judge": self.judge.to_dict() if self.judge else None}
+        return {
+            "genre": self.genre,
+            "source": self.source,
+            "reason": self.reason,
+            "n": self.n,
+            "cap_chars": self.cap_chars,
+            "legit": self.legit.to_dict() if self.legit else None,
+            "nll_own": self.own.to_dict() if self.own else None,
+            "nll_judge": self.judge.to_dict() if self.judge else None,
+        }
 
 
 @dataclass
@@ -222,14 +235,26 @@ class CompareResult:
 
     def to_dict(self) -> dict:
         """Plain JSON-safe dict (no NaN: unmeasurable values are None)."""
-        return {"model": self.model, "judge": self.judge, "backend": self.backend, "prompt_source": self.prompt_source,
-                "n_prompts": len(self.prompts), "config": self.config.to_dict(), "end_token": self.end_token.to_dict(),
-                "ban_ids": self.ban_ids, "breakers": self.breakers, "best_rule": self.best.rule if self.best else None,
-                "methods": [m.to_dict() for m in self.methods], "human": self.human.to_dict(),
-                "best": self.best.to_dict() if self.best else None,
-                "patch": self.patch.to_dict() if self.patch else None,
-                "sample_prompts": [self.prompts[i] for i in self.sample_prompts],
-                "baseline_classes": self.baseline_classes, "timings_s": self.timings_s, "notes": self.notes}
+        return {
+            "model": self.model,
+            "judge": self.judge,
+            "backend": self.backend,
+            "prompt_source": self.prompt_source,
+            "n_prompts": len(self.prompts),
+            "config": self.config.to_dict(),
+            "end_token": self.end_token.to_dict(),
+            "ban_ids": self.ban_ids,
+            "breakers": self.breakers,
+            "best_rule": self.best.rule if self.best else None,
+            "methods": [m.to_dict() for m in self.methods],
+            "human": self.human.to_dict(),
+            "best": self.best.to_dict() if self.best else None,
+            "patch": self.patch.to_dict() if self.patch else None,
+            "sample_prompts": [self.prompts[i] for i in self.sample_prompts],
+            "baseline_classes": self.baseline_classes,
+            "timings_s": self.timings_s,
+            "notes": self.notes,
+        }
 
     def texts_dict(self) -> dict:
         """Every prompt with every method's generated text (for audit)."""
@@ -266,8 +291,14 @@ def _bans(model: Any) -> list[int]:
     return [i for i in (model.unk_id, model.eos_id) if i is not None]
 
 
-def _scan(study: LoopStudy, method: Method, ids: list[list[int]], prompts: Sequence[str], patch: Patch | None,
-          log: Callable[[str], None]) -> tuple[ScanResult, float]:
+def _scan(
+    study: LoopStudy,
+    method: Method,
+    ids: list[list[int]],
+    prompts: Sequence[str],
+    patch: Patch | None,
+    log: Callable[[str], None],
+) -> tuple[ScanResult, float]:
     t0 = time.perf_counter()
     with _patch_scope(study.module, patch, method.patched):
         scan = study.scan(ids, list(prompts), sampler=method.sampler, desc=method.name)
@@ -278,13 +309,15 @@ def _scan(study: LoopStudy, method: Method, ids: list[list[int]], prompts: Seque
 
 
 def _legit(prompts: Sequence[str], texts: Sequence[str], keep: Sequence[bool] | None = None) -> LegitRates:
-    counts = [legit_counts(p + t, t) for i, (p, t) in enumerate(zip(prompts, texts, strict=True))
-              if keep is None or keep[i]]
+    counts = [
+        legit_counts(p + t, t) for i, (p, t) in enumerate(zip(prompts, texts, strict=True)) if keep is None or keep[i]
+    ]
     return legit_rates(counts)
 
 
-def _human_reference(model: Any, judge: Any, prompts: Sequence[str], human: HumanTexts, cap: int,
-                     batch_size: int) -> HumanReference:
+def _human_reference(
+    model: Any, judge: Any, prompts: Sequence[str], human: HumanTexts, cap: int, batch_size: int
+) -> HumanReference:
     """Legit rates and NLL of the human texts, each cut to its prompt + ``cap`` characters."""
     if human.available == 0:
         return HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
@@ -295,8 +328,17 @@ def _human_reference(model: Any, judge: Any, prompts: Sequence[str], human: Huma
     return HumanReference(human.genre, human.source, None, len(pairs), cap, _legit(ps, conts), own, jud)
 
 
-def _score(model: Any, judge: Any, prompts: Sequence[str], method: Method, scan: ScanResult, seconds: float,
-           classes: Sequence[str], breakers: str, cfg: CompareConfig) -> MethodResult:
+def _score(
+    model: Any,
+    judge: Any,
+    prompts: Sequence[str],
+    method: Method,
+    scan: ScanResult,
+    seconds: float,
+    classes: Sequence[str],
+    breakers: str,
+    cfg: CompareConfig,
+) -> MethodResult:
     """Loop rates, legit repetition, fluency (unmodified model + judge), breaker classes; cost filled later."""
     recs = scan.records
     texts = [r.text or "" for r in recs]
@@ -305,9 +347,20 @@ def _score(model: Any, judge: Any, prompts: Sequence[str], method: Method, scan:
     jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, cfg.batch_size)) if judge else None
     degenerate = [r.degenerate for r in recs]
     cost = Cost(round(seconds, 2), sum(len(r.tokens) for r in recs), 0, [], None, None)
-    return MethodResult(method, scan.summary, _legit(prompts, texts), _legit(prompts, texts, clean), own, jud, cost,
-                        class_rates(classes, degenerate),
-                        own_loops(texts, [_chars(r) for r in recs], breakers), [], texts, degenerate)
+    return MethodResult(
+        method,
+        scan.summary,
+        _legit(prompts, texts),
+        _legit(prompts, texts, clean),
+        own,
+        jud,
+        cost,
+        class_rates(classes, degenerate),
+        own_loops(texts, [_chars(r) for r in recs], breakers),
+        [],
+        texts,
+        degenerate,
+    )
 
 
 def _kept(r: MethodResult, human: HumanReference) -> float | None:
@@ -316,8 +369,11 @@ def _kept(r: MethodResult, human: HumanReference) -> float | None:
     if h is None:
         return None
     if human.genre == "tang":
-        ratios = [getattr(r.legit, k) / getattr(h, k) for k in ("reduplication_per100", "parallel_per100")
-                  if getattr(h, k) and getattr(r.legit, k) is not None]
+        ratios = [
+            getattr(r.legit, k) / getattr(h, k)
+            for k in ("reduplication_per100", "parallel_per100")
+            if getattr(h, k) and getattr(r.legit, k) is not None
+        ]
         return min(ratios) if ratios else None
     if h.repeated_ngram_rate and r.legit.repeated_ngram_rate is not None:
         return r.legit.repeated_ngram_rate / h.repeated_ngram_rate
@@ -351,8 +407,9 @@ def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: Com
     return BestChoice(best.name, best.acceptable, rule, nll_model, limit, skipped, cands)
 
 
-def _timing(study: LoopStudy, methods: Sequence[Method], ids: list[list[int]], patch: Patch | None,
-            cfg: CompareConfig) -> dict[str, list[float]]:
+def _timing(
+    study: LoopStudy, methods: Sequence[Method], ids: list[list[int]], patch: Patch | None, cfg: CompareConfig
+) -> dict[str, list[float]]:
     """Seconds to generate one batch per method, rounds interleaved across methods (shared-machine noise)."""
     batch = ids[: cfg.batch_size]
     times: dict[str, list[float]] = {m.name: [] for m in methods}
@@ -409,8 +466,11 @@ def compare_fixes(
     cfg = cfg or CompareConfig()
     names = check_methods(cfg.methods, patch is not None)
     clock = {"start": time.perf_counter()}
-    study = LoopStudy(model, RepairConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-                                          seed=cfg.seed, loop=cfg.loop), progress=progress)
+    study = LoopStudy(
+        model,
+        RepairConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed, loop=cfg.loop),
+        progress=progress,
+    )
     ids = study.encode(prompts)
     human = human_texts(prompts, continuations, cfg.genre)
     breakers = "".join(POEM_BREAKERS if human.genre == "tang" else TEXT_BREAKERS)
@@ -430,17 +490,30 @@ def compare_fixes(
     best = choose_best(results, ref, cfg) if any(_is_sampler(r.method) for r in results) else None
     if EDIT_BEST in names and best is not None:
         assert patch is not None and best.name is not None  # check_methods: EDIT_BEST needs a patch; a choice names one
-        results.append(_run_combined(study, model, judge, prompts, ids, patch, results, best.name, classes,
-                                     breakers, cfg, log))
+        results.append(
+            _run_combined(study, model, judge, prompts, ids, patch, results, best.name, classes, breakers, cfg, log)
+        )
         clock["edit+best"] = time.perf_counter()
     picks = _sample_prompts(results[0], cfg.samples)
     for r in results:
         r.samples = [r.texts[i] for i in picks]
     return CompareResult(
-        str(model.source) if model.source else None, str(judge.source) if judge is not None else None, backend,
-        prompt_source, list(prompts), cfg, study.end_token, _bans(model), breakers, results, ref, best,
-        _patch_check(model, patch, patch_path, sha0), picks,
-        {c: sum(k == c for k in classes) for c in dict.fromkeys(classes)}, _stage_times(clock),
+        str(model.source) if model.source else None,
+        str(judge.source) if judge is not None else None,
+        backend,
+        prompt_source,
+        list(prompts),
+        cfg,
+        study.end_token,
+        _bans(model),
+        breakers,
+        results,
+        ref,
+        best,
+        _patch_check(model, patch, patch_path, sha0),
+        picks,
+        {c: sum(k == c for k in classes) for c in dict.fromkeys(classes)},
+        _stage_times(clock),
         _notes(study, human, judge, ref),
     )
 
@@ -450,9 +523,20 @@ def _is_sampler(m: Method) -> bool:
     return m.name != BASELINE and not m.patched
 
 
-def _run_combined(study: LoopStudy, model: Any, judge: Any, prompts: Sequence[str], ids: list[list[int]],
-                  patch: Patch, results: list[MethodResult], best: str, classes: Sequence[str], breakers: str,
-                  cfg: CompareConfig, log: Callable[[str], None]) -> MethodResult:
+def _run_combined(
+    study: LoopStudy,
+    model: Any,
+    judge: Any,
+    prompts: Sequence[str],
+    ids: list[list[int]],
+    patch: Patch,
+    results: list[MethodResult],
+    best: str,
+    classes: Sequence[str],
+    breakers: str,
+    cfg: CompareConfig,
+    log: Callable[[str], None],
+) -> MethodResult:
     """The edit with the best decode-time method: scanned, scored and timed against greedy in its own rounds."""
     m = edit_with(next(r.method for r in results if r.method.name == best))
     r = _score(model, judge, prompts, m, *_scan(study, m, ids, prompts, patch, log), classes, breakers, cfg)
@@ -483,6 +567,8 @@ def _notes(study: LoopStudy, human: HumanTexts, judge: Any, ref: HumanReference)
     if judge is None:
         notes.append("no judge model: fluency is measured under the model itself only, which a method can game")
     elif ref.judge is not None and ref.judge.unk_share > 0:
-        notes.append(f"the judge's tokenizer maps {ref.judge.unk_share:.1%} of the human texts' tokens to <unk>; "
-                     "its NLL counts them as one class")
+        notes.append(
+            f"the judge's tokenizer maps {ref.judge.unk_share:.1%} of the human texts' tokens to <unk>; "
+            "its NLL counts them as one class"
+        )
     return notes

@@ -98,5 +98,11 @@ def fluency(name: str, scores: Sequence[TextScore | None]) -> Fluency:
     """Pool text scores: total NLL / total characters."""
     got = [s for s in scores if s is not None]
     chars, tokens = sum(s.chars for s in got), sum(s.tokens for s in got)
-    return Fluency(name, sum(s.nll for s in got) / chars if chars else None, len(got), chars,
-                   sum(s.unk for s in got) / tokens if tokens else 0.0, sum(s.truncated for s in got))
+    return Fluency(
+        name,
+        sum(s.nll for s in got) / chars if chars else None,
+        len(got),
+        chars,
+        sum(s.unk for s in got) / tokens if tokens else 0.0,
+        sum(s.truncated for s in got),
+    )

@@ -21,8 +21,10 @@ from ..corpus.tang import _read_jsonl, bundled_corpus_path
 
 TANG_SHARE = 0.8
 GENRES = ("auto", "tang", "text")
-NO_HUMAN = ("no human texts: the prompts file gives no 'continuation' field (JSONL) and the prompts are not "
-            "openings of bundled Tang poems")
+NO_HUMAN = (
+    "no human texts: the prompts file gives no 'continuation' field (JSONL) and the prompts are not "
+    "openings of bundled Tang poems"
+)
 
 
 def read_continuations(path: str | os.PathLike) -> list[str | None] | None:
@@ -33,8 +35,9 @@ def read_continuations(path: str | os.PathLike) -> list[str | None] | None:
     if not (p.suffix == ".jsonl" or all(ln.startswith("{") for ln in lines)):
         return None
     objs = [json.loads(ln) for ln in lines]
-    conts = [o.get("continuation") if isinstance(o, dict) and isinstance(o.get("continuation"), str) else None
-             for o in objs]
+    conts = [
+        o.get("continuation") if isinstance(o, dict) and isinstance(o.get("continuation"), str) else None for o in objs
+    ]
     return conts if any(c is not None for c in conts) else None
 
 

@@ -84,8 +84,10 @@ def check_methods(names: Sequence[str] | None, have_patch: bool) -> list[str]:
     if not have_patch and (EDIT in names or EDIT_BEST in names):
         raise ValueError(f"methods {EDIT!r} and {EDIT_BEST!r} need a loop patch (from `loops repair`); none was given")
     if EDIT_BEST in names and not [n for n in names if n not in (BASELINE, EDIT, EDIT_BEST)]:
-        raise ValueError(f"{EDIT_BEST!r} needs at least one decode-time method to choose the best from "
-                         f"(e.g. {', '.join(n for n in METHODS if n not in (BASELINE, EDIT, EDIT_BEST))})")
+        raise ValueError(
+            f"{EDIT_BEST!r} needs at least one decode-time method to choose the best from "
+            f"(e.g. {', '.join(n for n in METHODS if n not in (BASELINE, EDIT, EDIT_BEST))})"
+        )
     return [BASELINE] + [n for n in names if n != BASELINE]
 
 
@@ -118,8 +120,11 @@ def build_methods(names: Sequence[str], tokenizer: Any, ban_ids: Sequence[int], 
         return cache[key]
 
     build = _builders(breakers, genre)
-    return [Method(n, METHODS[n], SamplerConfig(**build[n](), ban_ids=tuple(ban_ids)), patched=n == EDIT)
-            for n in names if n != EDIT_BEST]
+    return [
+        Method(n, METHODS[n], SamplerConfig(**build[n](), ban_ids=tuple(ban_ids)), patched=n == EDIT)
+        for n in names
+        if n != EDIT_BEST
+    ]
 
 
 def edit_with(best: Method) -> Method:

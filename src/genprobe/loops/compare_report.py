@@ -32,38 +32,71 @@ def _ci(rate: float, ci: list[float] | None) -> str:
 
 def _legit_cols(genre: str, ascii_only: bool = False) -> list[tuple[str, str]]:
     if genre == "tang":  # the figure's font has no CJK glyphs
-        return [("reduplication /100" if ascii_only else "疊字 /100", "reduplication_per100"),
-                ("parallels /100", "parallel_per100"), ("stutter /100", "stutter_per100")]
+        return [
+            ("reduplication /100" if ascii_only else "疊字 /100", "reduplication_per100"),
+            ("parallels /100", "parallel_per100"),
+            ("stutter /100", "stutter_per100"),
+        ]
     return [("repeated 4-grams", "repeated_ngram_rate")]
 
 
 def headers(result: CompareResult) -> list[str]:
     """Column names of the comparison table."""
     legit = [name for name, _ in _legit_cols(result.human.genre)]
-    return ["method", "degenerate [95% CI]", "exact (short / long)", "near", "repetitive tail", "distinct-2",
-            "longest repeat", "tail compr.", "seq-rep-4", *legit, "NLL own", "NLL judge", "speed × greedy"]
+    return [
+        "method",
+        "degenerate [95% CI]",
+        "exact (short / long)",
+        "near",
+        "repetitive tail",
+        "distinct-2",
+        "longest repeat",
+        "tail compr.",
+        "seq-rep-4",
+        *legit,
+        "NLL own",
+        "NLL judge",
+        "speed × greedy",
+    ]
 
 
 def method_row(r: MethodResult, genre: str) -> list[str]:
     """One method's cells (token-level loop measures; legit rates over all its generations)."""
     s = r.rates
     legit = [_num(getattr(r.legit, k), "{:.2f}" if k.endswith("100") else "{:.3f}") for _, k in _legit_cols(genre)]
-    return [r.method.name, _ci(s.degenerate_rate, s.degenerate_rate_ci95),
-            f"{_pct(s.loop_rate)} ({_pct(s.short_loop_rate)} / {_pct(s.long_loop_rate)})", _pct(s.near_loop_rate),
-            _pct(s.repetitive_rate), f"{s.mean_distinct_2:.3f}", f"{s.mean_longest_repeat:.1f}",
-            f"{s.mean_tail_compression:.2f}", f"{s.mean_seq_rep_4:.3f}", *legit,
-            _num(r.own.nll_per_char, "{:.3f}"), _num(r.judge.nll_per_char if r.judge else None, "{:.3f}"),
-            _num(r.cost.speed_vs_greedy, "{:.2f}×")]
+    return [
+        r.method.name,
+        _ci(s.degenerate_rate, s.degenerate_rate_ci95),
+        f"{_pct(s.loop_rate)} ({_pct(s.short_loop_rate)} / {_pct(s.long_loop_rate)})",
+        _pct(s.near_loop_rate),
+        _pct(s.repetitive_rate),
+        f"{s.mean_distinct_2:.3f}",
+        f"{s.mean_longest_repeat:.1f}",
+        f"{s.mean_tail_compression:.2f}",
+        f"{s.mean_seq_rep_4:.3f}",
+        *legit,
+        _num(r.own.nll_per_char, "{:.3f}"),
+        _num(r.judge.nll_per_char if r.judge else None, "{:.3f}"),
+        _num(r.cost.speed_vs_greedy, "{:.2f}×"),
+    ]
 
 
 def human_row(result: CompareResult) -> list[str]:
     """The human texts' row: legit rates and NLL; loop cells empty."""
     h = result.human
     genre = h.genre
-    legit = [_num(getattr(h.legit, k) if h.legit else None, "{:.2f}" if k.endswith("100") else "{:.3f}")
-             for _, k in _legit_cols(genre)]
-    return [f"human (n = {h.n})", *["—"] * 8, *legit, _num(h.own.nll_per_char if h.own else None, "{:.3f}"),
-            _num(h.judge.nll_per_char if h.judge else None, "{:.3f}"), "—"]
+    legit = [
+        _num(getattr(h.legit, k) if h.legit else None, "{:.2f}" if k.endswith("100") else "{:.3f}")
+        for _, k in _legit_cols(genre)
+    ]
+    return [
+        f"human (n = {h.n})",
+        *["—"] * 8,
+        *legit,
+        _num(h.own.nll_per_char if h.own else None, "{:.3f}"),
+        _num(h.judge.nll_per_char if h.judge else None, "{:.3f}"),
+        "—",
+    ]
 
 
 def rows(result: CompareResult) -> list[list[str]]:
@@ -122,8 +155,14 @@ def _rates_panel(ax: Any, result: CompareResult) -> None:
     lo = [d - r.rates.degenerate_rate_ci95[0] for d, r in zip(deg, result.methods, strict=True)]
     hi = [r.rates.degenerate_rate_ci95[1] - d for d, r in zip(deg, result.methods, strict=True)]
     xs = range(len(names))
-    ax.bar(xs, deg, yerr=[lo, hi], color=["#c55" if r.method.patched else "#4a7" for r in result.methods],
-           capsize=2, label="degenerate (95% CI)")
+    ax.bar(
+        xs,
+        deg,
+        yerr=[lo, hi],
+        color=["#c55" if r.method.patched else "#4a7" for r in result.methods],
+        capsize=2,
+        label="degenerate (95% CI)",
+    )
     ax.plot(xs, [r.rates.loop_rate for r in result.methods], "k.", label="exact loop")
     ax.set_xticks(list(xs))
     ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
@@ -167,9 +206,20 @@ def _legit_panel(ax: Any, result: CompareResult) -> None:
 # ---- HTML and files -------------------------------------------------------------------------
 def render_html(result: CompareResult, png: bytes) -> str:
     """Self-contained HTML page (figure inlined)."""
-    return environment("genprobe.loops").get_template("compare.html.j2").render(
-        r=result, headers=headers(result), rows=rows(result), classes=CLASSES, breaker_rows=breaker_rows(result),
-        sample_prompts=[result.prompts[i] for i in result.sample_prompts], image=png, pct=_pct, num=_num,
+    return (
+        environment("genprobe.loops")
+        .get_template("compare.html.j2")
+        .render(
+            r=result,
+            headers=headers(result),
+            rows=rows(result),
+            classes=CLASSES,
+            breaker_rows=breaker_rows(result),
+            sample_prompts=[result.prompts[i] for i in result.sample_prompts],
+            image=png,
+            pct=_pct,
+            num=_num,
+        )
     )
 
 
@@ -177,8 +227,13 @@ def write_outputs(result: CompareResult, out_dir: str | os.PathLike) -> dict[str
     """Write compare.json, compare-texts.json, compare.md, compare.png and compare.html atomically."""
     out = Path(out_dir)
     png = figure(result)
-    files = {"json": out / "compare.json", "texts": out / "compare-texts.json", "table": out / "compare.md",
-             "png": out / "compare.png", "html": out / "compare.html"}
+    files = {
+        "json": out / "compare.json",
+        "texts": out / "compare-texts.json",
+        "table": out / "compare.md",
+        "png": out / "compare.png",
+        "html": out / "compare.html",
+    }
     atomic_write_json(files["json"], result.to_dict())
     atomic_write_json(files["texts"], result.texts_dict(), indent=None)
     atomic_write_text(files["table"], markdown_table(result) + "\n\n" + breaker_table(result) + "\n")

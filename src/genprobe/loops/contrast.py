@@ -92,8 +92,10 @@ def _collect(
     model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int
 ) -> Captured:
     n_layers = len(mlp_sites(model))
-    acc: Captured = {"loop": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
-                     "ref": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)}}
+    acc: Captured = {
+        "loop": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
+        "ref": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
+    }
     for s in range(0, len(seqs), batch_size):
         chunk, lab = seqs[s : s + batch_size], labels[s : s + batch_size]
         T = max(len(x) for x in chunk)
@@ -150,8 +152,9 @@ def collect_contrast(
                 acc["ref"][layer][kind].extend(extra["ref"][layer][kind])
         counts.reference_positions_text = sum(len(w) - 1 for w in reference_text_windows)
     if n_ref + counts.reference_positions_text == 0:
-        raise ValueError("no reference positions: every generated position is inside a loop and no reference text "
-                         "was given")
+        raise ValueError(
+            "no reference positions: every generated position is inside a loop and no reference text was given"
+        )
 
     def cat(name: str, layer: int, kind: str) -> torch.Tensor:
         return torch.cat(acc[name][layer][kind]) if acc[name][layer][kind] else torch.empty(0)

@@ -65,8 +65,9 @@ def column_scores(model: Any, layer: int, d: torch.Tensor, unit_mean_in_loops: t
     site = mlp_sites(model)[layer]
     W = all_columns(site)  # (d_ff, d_model)
     if unit_mean_in_loops.shape != (W.shape[0],):
-        raise ValueError(f"unit means have shape {tuple(unit_mean_in_loops.shape)}, "
-                         f"layer {layer} has d_ff={W.shape[0]}")
+        raise ValueError(
+            f"unit means have shape {tuple(unit_mean_in_loops.shape)}, layer {layer} has d_ff={W.shape[0]}"
+        )
     return (W @ (d.float() / d.norm())).abs() * unit_mean_in_loops.float()
 
 
@@ -103,8 +104,9 @@ def make_patch(
         if gaps is not None and spec.form == "subtract":
             act = float(unit_means[layer].float()[cols].sum())
             if act <= 0:
-                raise ValueError(f"layer {layer}: selected columns have non-positive mean activation {act:.3g}; "
-                                 "cannot scale alpha")
+                raise ValueError(
+                    f"layer {layer}: selected columns have non-positive mean activation {act:.3g}; cannot scale alpha"
+                )
             alpha = spec.alpha * gaps[layer] / act
         new = edit_columns(orig.float(), d, alpha, spec.form).to(orig.dtype)
         site = sites[layer]

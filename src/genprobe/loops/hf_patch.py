@@ -81,8 +81,9 @@ def _write_columns(w: torch.Tensor, t: PatchTarget, expect: torch.Tensor, values
         )
     view = w[:, t.columns].T if t.layout == "linear" else w[t.columns, :]
     if not torch.equal(view, expect):
-        raise PatchError(f"{where}: the edited columns do not hold the values the patch expects (another edit, "
-                         "or a different model)")
+        raise PatchError(
+            f"{where}: the edited columns do not hold the values the patch expects (another edit, or a different model)"
+        )
     if t.layout == "linear":
         w[:, t.columns] = values.T
     else:
@@ -124,8 +125,10 @@ def _patch_dir(src: Path, patch: Patch, out: Path, revert: bool) -> tuple[dict[s
     have = model.state_sha256()
     if have != want:
         side = "patched" if revert else "original"
-        raise PatchError(f"refusing to {'revert' if revert else 'apply'}: the weights in {src} (sha256 {have}) are not "
-                         f"the {side} weights of this patch ({'sha256_after' if revert else 'sha256_before'} {want})")
+        raise PatchError(
+            f"refusing to {'revert' if revert else 'apply'}: the weights in {src} (sha256 {have}) are not "
+            f"the {side} weights of this patch ({'sha256_after' if revert else 'sha256_before'} {want})"
+        )
     names = weight_map(src)
     base = getattr(model.module, "base_model_prefix", None)
     per_file: dict[str, list[tuple[str, PatchTarget]]] = {}
@@ -152,8 +155,14 @@ def apply_to_dir(src: str | os.PathLike, patch: Patch, out: str | os.PathLike) -
     """Write a patched copy of a transformers directory to ``out`` (``out == src``: in place)."""
     src, out = Path(src), Path(out)
     before, after = _patch_dir(src, patch, out, revert=False)
-    note = {"format": NOTE_FORMAT, "edit": patch.meta.get("edit"), "sha256_before": patch.meta["sha256_before"],
-            "sha256_after": patch.meta["sha256_after"], "original_weight_files": before, "patched_weight_files": after}
+    note = {
+        "format": NOTE_FORMAT,
+        "edit": patch.meta.get("edit"),
+        "sha256_before": patch.meta["sha256_before"],
+        "sha256_after": patch.meta["sha256_after"],
+        "original_weight_files": before,
+        "patched_weight_files": after,
+    }
     atomic_write_json(out / NOTE_FILE, note)
     sha = _check_state(out, patch.meta["sha256_after"], "sha256_after")
     return DirPatchResult("apply", str(src), str(out), sha, after)
@@ -170,8 +179,9 @@ def revert_dir(src: str | os.PathLike, patch: Patch, out: str | os.PathLike) -> 
     sha = _check_state(out, patch.meta["sha256_before"], "sha256_before")
     result = DirPatchResult("revert", str(src), str(out), sha, after)
     if note is None or note.get("format") != NOTE_FORMAT:
-        result.notes.append(f"{src} has no {NOTE_FILE}: the restored state hash is checked, the original file hashes "
-                            "are unknown")
+        result.notes.append(
+            f"{src} has no {NOTE_FILE}: the restored state hash is checked, the original file hashes are unknown"
+        )
     else:
         result.matches_original = all(note["original_weight_files"].get(f) == h for f, h in after.items())
     return result

@@ -34,7 +34,9 @@ class Captured:
 
 @contextlib.contextmanager
 def capture(
-    model: Any, layers: list[int] | None = None, kinds: tuple[str, ...] = ("mlp_out",),
+    model: Any,
+    layers: list[int] | None = None,
+    kinds: tuple[str, ...] = ("mlp_out",),
     transform: Callable[[str, int, torch.Tensor], torch.Tensor] | None = None,
 ) -> Iterator[Captured]:
     """Record ``mlp_out`` (MLP output added to the residual), ``resid`` (block output) and/or

@@ -58,8 +58,14 @@ class Patch:
         d = dict(self.meta)
         d["format"] = FORMAT
         d["targets"] = [
-            {"name": t.name, "layer": t.layer, "layout": t.layout, "columns": t.columns.tolist(),
-             "changed": t.changed(), "alpha": t.alpha}
+            {
+                "name": t.name,
+                "layer": t.layer,
+                "layout": t.layout,
+                "columns": t.columns.tolist(),
+                "changed": t.changed(),
+                "alpha": t.alpha,
+            }
             for t in self.targets
         ]
         return d
@@ -123,8 +129,9 @@ def apply_patch(model: Any, patch: Patch) -> str:
     after = state_sha256(model)
     if after != patch.meta.get("sha256_after"):
         write_values(model, patch, "original")
-        raise PatchError(f"patched weights hash {after} != recorded sha256_after {patch.meta.get('sha256_after')}; "
-                         "rolled back")
+        raise PatchError(
+            f"patched weights hash {after} != recorded sha256_after {patch.meta.get('sha256_after')}; rolled back"
+        )
     return after
 
 
@@ -134,8 +141,7 @@ def revert_patch(model: Any, patch: Patch) -> str:
     want = patch.meta.get("sha256_after")
     if have != want:
         raise PatchError(
-            f"refusing to revert: the model's weights (sha256 {have}) are not the patched weights "
-            f"(sha256_after {want})"
+            f"refusing to revert: the model's weights (sha256 {have}) are not the patched weights (sha256_after {want})"
         )
     write_values(model, patch, "original")
     back = state_sha256(model)
@@ -183,8 +189,14 @@ def load_patch(path: str | os.PathLike) -> Patch:
     for i, td in enumerate(meta["targets"]):
         targets.append(
             PatchTarget(
-                td["name"], td["layer"], td["layout"], tensors[f"target{i}.columns"], tensors[f"target{i}.original"],
-                tensors[f"target{i}.new"], tensors[f"target{i}.direction"], float(td.get("alpha", 0.0)),
+                td["name"],
+                td["layer"],
+                td["layout"],
+                tensors[f"target{i}.columns"],
+                tensors[f"target{i}.original"],
+                tensors[f"target{i}.new"],
+                tensors[f"target{i}.direction"],
+                float(td.get("alpha", 0.0)),
             )
         )
     rest = {k: v for k, v in meta.items() if k not in ("targets", "format", "tensors_file", "tensors_sha256")}

@@ -33,8 +33,13 @@ PUNCT = set("，。、；：？！「」『』（）《》□")
 
 
 def heldout_openings(
-    tokenizer, count: int, prefix_chars: int = 5, skip_poems: int = DEFAULT_POEMS, exclude_text: str | None = None,
-    *, from_end: bool = False,
+    tokenizer,
+    count: int,
+    prefix_chars: int = 5,
+    skip_poems: int = DEFAULT_POEMS,
+    exclude_text: str | None = None,
+    *,
+    from_end: bool = False,
 ) -> list[str]:
     """The first ``count`` distinct usable ``prefix_chars``-character openings of poems after ``skip_poems``.
 
@@ -127,8 +132,10 @@ def split_prompts(prompts: Sequence[str], sizes: dict[str, int]) -> dict[str, li
         raise ValueError(f"every set needs a size >= 1, got {sizes}")
     unique = list(dict.fromkeys(t for t in prompts))
     if len(unique) < len(sizes):
-        raise ValueError(f"{len(unique)} distinct prompt(s) cannot fill {len(sizes)} disjoint sets "
-                         f"({', '.join(sizes)}); give at least {len(sizes)}")
+        raise ValueError(
+            f"{len(unique)} distinct prompt(s) cannot fill {len(sizes)} disjoint sets "
+            f"({', '.join(sizes)}); give at least {len(sizes)}"
+        )
     ordered = sorted(unique, key=lambda t: hashlib.sha256(t.encode("utf-8")).hexdigest())
     total = sum(sizes.values())
     scale = min(1.0, len(ordered) / total)

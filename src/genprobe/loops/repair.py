@@ -69,9 +69,13 @@ class LayerDirection:
 
     def to_dict(self, with_vector: bool = False) -> dict:
         """Plain dict (the vector only on request)."""
-        d = {"layer": self.layer, "gap": self.gap, **self.separation.to_dict(),
-             "resid_mean_gap_norm": self.resid_mean_gap_norm,
-             "cos_resid_vs_mlp_direction": self.cos_resid_vs_mlp_direction}
+        d = {
+            "layer": self.layer,
+            "gap": self.gap,
+            **self.separation.to_dict(),
+            "resid_mean_gap_norm": self.resid_mean_gap_norm,
+            "cos_resid_vs_mlp_direction": self.cos_resid_vs_mlp_direction,
+        }
         if with_vector:
             d["vector"] = self.vector.tolist()
         return d
@@ -111,14 +115,21 @@ class SearchStage:
 
     def to_dict(self) -> dict:
         """JSON (``base_loop_rate`` is the baseline's degenerate rate: what the search minimises)."""
-        return {"n_prompts": self.strata.prone + self.strata.control, "prone": self.strata.prone,
-                "control": self.strata.control, "prone_in_full_set": self.strata.prone_all,
-                "full_set": self.strata.prone_all + self.strata.control_all, "objective": "degenerate_rate",
-                "baseline": self.baseline.to_dict(), "base_loop_rate": self.baseline.degenerate_rate,
-                "base_exact_loop_rate": self.baseline.loop_rate, "limits": self.limits.to_dict(),
-                "candidates": [c.to_dict() for c in self.candidates],
-                "admissible": sum(1 for c in self.candidates if self.limits.admits(c.regression)),
-                "chosen": self.chosen.to_dict() if self.chosen else None}
+        return {
+            "n_prompts": self.strata.prone + self.strata.control,
+            "prone": self.strata.prone,
+            "control": self.strata.control,
+            "prone_in_full_set": self.strata.prone_all,
+            "full_set": self.strata.prone_all + self.strata.control_all,
+            "objective": "degenerate_rate",
+            "baseline": self.baseline.to_dict(),
+            "base_loop_rate": self.baseline.degenerate_rate,
+            "base_exact_loop_rate": self.baseline.loop_rate,
+            "limits": self.limits.to_dict(),
+            "candidates": [c.to_dict() for c in self.candidates],
+            "admissible": sum(1 for c in self.candidates if self.limits.admits(c.regression)),
+            "chosen": self.chosen.to_dict() if self.chosen else None,
+        }
 
 
 @dataclass
@@ -150,10 +161,13 @@ class Validation:
 
     def to_dict(self) -> dict:
         """Plain JSON."""
-        d = {k: getattr(self, k).to_dict() for k in ("before", "after", "loop_prone_before", "loop_prone_after",
-                                                     "regression")}
-        d.update(new_loops=self.new_loops, new_exact_loops=self.new_exact_loops,
-                 samples=[asdict(s) for s in self.samples])
+        d = {
+            k: getattr(self, k).to_dict()
+            for k in ("before", "after", "loop_prone_before", "loop_prone_after", "regression")
+        }
+        d.update(
+            new_loops=self.new_loops, new_exact_loops=self.new_exact_loops, samples=[asdict(s) for s in self.samples]
+        )
         if self.plain_greedy:
             d["plain_greedy"] = {k: v.to_dict() for k, v in self.plain_greedy.items()}
         return d
@@ -181,11 +195,17 @@ class RepairReport:
     def to_dict(self) -> dict:
         """Plain JSON, readable (stage by stage)."""
         return {
-            "verdict": self.verdict, "config": self.config.to_dict(), "sampler": self.sampler, "model": self.model,
-            "inputs": self.inputs, "end_token": self.end_token.to_dict(),
-            "baseline": {k: v.to_dict() for k, v in self.baseline.items()}, "contrast": self.contrast.to_dict(),
+            "verdict": self.verdict,
+            "config": self.config.to_dict(),
+            "sampler": self.sampler,
+            "model": self.model,
+            "inputs": self.inputs,
+            "end_token": self.end_token.to_dict(),
+            "baseline": {k: v.to_dict() for k, v in self.baseline.items()},
+            "contrast": self.contrast.to_dict(),
             "directions": {str(layer): d.to_dict() for layer, d in self.directions.items()},
-            "locate": self.locate.to_dict(), "search": self.search.to_dict(),
+            "locate": self.locate.to_dict(),
+            "search": self.search.to_dict(),
             "validation": self.validation.to_dict() if self.validation else None,
             "patch": self.patch.to_dict() if self.patch else None,
             "timings_s": self.timings_s,
@@ -251,10 +271,16 @@ def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
         return reg, strata.objective([r.measures for r in recs[: len(prone)]], [r.measures for r in recs[len(prone) :]])
 
     layer_sets = cfg.layer_sets or tuple((layer,) for layer in range(study.n_layers)) + (
-        (tuple(range(study.n_layers)),) if study.n_layers > 1 else ())
+        (tuple(range(study.n_layers)),) if study.n_layers > 1 else ()
+    )
     specs = grid(layer_sets, cfg.ks, cfg.forms, {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas})
-    candidates = run_search(study.module, specs, stage.directions, stage.unit_means, evaluate, gaps=stage.gaps,
-                            progress=study.progress) if prone else []
+    candidates = (
+        run_search(
+            study.module, specs, stage.directions, stage.unit_means, evaluate, gaps=stage.gaps, progress=study.progress
+        )
+        if prone
+        else []
+    )
     return SearchStage(strata, baseline, limits, candidates, choose(candidates, baseline, limits))
 
 
@@ -263,10 +289,15 @@ def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> P
     assert chosen.objective is not None and chosen.regression is not None  # choose() returns scanned, admitted ones
     edit = make_patch(study.module, chosen.spec, stage.directions, stage.unit_means, stage.gaps)
     patch = finalise(study.module, edit)
-    patch.meta.update(edit=chosen.spec.to_dict(), sampler=study.sampler.to_dict(), objective="degenerate_rate",
-                      search_degenerate_rate=chosen.objective.degenerate_rate,
-                      search_loop_rate=chosen.objective.loop_rate,
-                      kl=chosen.regression.kl, dloss=chosen.regression.dloss)
+    patch.meta.update(
+        edit=chosen.spec.to_dict(),
+        sampler=study.sampler.to_dict(),
+        objective="degenerate_rate",
+        search_degenerate_rate=chosen.objective.degenerate_rate,
+        search_loop_rate=chosen.objective.loop_rate,
+        kl=chosen.regression.kl,
+        dloss=chosen.regression.dloss,
+    )
     return patch
 
 
@@ -274,8 +305,9 @@ def _plain_greedy(study: LoopStudy, ids: list[list[int]]) -> LoopRates | None:
     return study.scan(ids, sampler=greedy_sampler(study.eos_id), decoded=False).summary if ids else None
 
 
-def validate_stage(study: LoopStudy, patch: Patch, before: ScanResult, ids: list[list[int]], texts: list[str],
-                   probe: RegressionProbe) -> Validation:
+def validate_stage(
+    study: LoopStudy, patch: Patch, before: ScanResult, ids: list[list[int]], texts: list[str], probe: RegressionProbe
+) -> Validation:
     """Apply the patch, rescan the held-out set (and plain greedy), measure regression, revert exactly."""
     plain_ids = ids[: study.cfg.plain_greedy_check] if study.sampler != greedy_sampler(study.eos_id) else []
     plain_before = _plain_greedy(study, plain_ids)
@@ -288,16 +320,27 @@ def validate_stage(study: LoopStudy, patch: Patch, before: ScanResult, ids: list
         revert_patch(study.module, patch)
     pairs = list(zip(before.records, after.records, strict=True))
     prone = [(b, a) for b, a in pairs if b.degenerate]
-    samples = [Sample(b.prompt or "", b.text or "", a.text or "", b.measures.period, a.measures.period,
-                      b.measures.near_period if b.measures.near_looping else None,
-                      a.measures.near_period if a.measures.near_looping else None)
-               for b, a in prone[: study.cfg.samples]]
+    samples = [
+        Sample(
+            b.prompt or "",
+            b.text or "",
+            a.text or "",
+            b.measures.period,
+            a.measures.period,
+            b.measures.near_period if b.measures.near_looping else None,
+            a.measures.near_period if a.measures.near_looping else None,
+        )
+        for b, a in prone[: study.cfg.samples]
+    ]
     return Validation(
-        before.summary, after.summary,
-        _subset_rates([b for b, _ in prone]), _subset_rates([a for _, a in prone]),
+        before.summary,
+        after.summary,
+        _subset_rates([b for b, _ in prone]),
+        _subset_rates([a for _, a in prone]),
         sum(1 for b, a in pairs if a.degenerate and not b.degenerate),
         sum(1 for b, a in pairs if a.looping and not b.looping),
-        regression, samples,
+        regression,
+        samples,
         None if plain_before is None or plain_after is None else {"before": plain_before, "after": plain_after},
     )
 
@@ -324,8 +367,19 @@ class PatchSummary:
     @classmethod
     def of(cls, patch: Patch) -> "PatchSummary":
         """From a finalised patch's metadata."""
-        return cls(*(patch.meta[f] for f in ("edit", "weights_changed", "total_parameters", "fraction_changed",
-                                              "sha256_before", "sha256_after")))
+        return cls(
+            *(
+                patch.meta[f]
+                for f in (
+                    "edit",
+                    "weights_changed",
+                    "total_parameters",
+                    "fraction_changed",
+                    "sha256_before",
+                    "sha256_after",
+                )
+            )
+        )
 
     def to_dict(self) -> dict:
         """Plain dict."""
@@ -351,27 +405,42 @@ def repair(
 
     base = baseline_scans(study, inputs)
     clock.tick("baseline_scans")
-    log("baseline degenerate (exact loop) rates: " + ", ".join(
-        f"{k} {v.summary.degenerate_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.scans.items()))
+    log(
+        "baseline degenerate (exact loop) rates: "
+        + ", ".join(f"{k} {v.summary.degenerate_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.scans.items())
+    )
 
     stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
     clock.tick("contrast_direction")
     located = locate_stage(study, stage, base.scans["direction"].records)
     clock.tick("locate")
-    log(f"locate: base degenerate rate {located.base_degenerate_rate:.3f}, " + ", ".join(
-        f"L{a.layers[0]} ablated {a.degenerate_rate:.3f}" for a in located.per_layer))
+    log(
+        f"locate: base degenerate rate {located.base_degenerate_rate:.3f}, "
+        + ", ".join(f"L{a.layers[0]} ablated {a.degenerate_rate:.3f}" for a in located.per_layer)
+    )
 
     search = search_stage(study, stage, base.scans["search"].records)
     clock.tick("search")
 
-    report = RepairReport(cfg, study.sampler.to_dict(), study.model.describe(), inputs.summary(), study.end_token,
-                          base.rates(), stage.contrast.counts, stage.layers, located, search,
-                          verdict=_verdict(search))
+    report = RepairReport(
+        cfg,
+        study.sampler.to_dict(),
+        study.model.describe(),
+        inputs.summary(),
+        study.end_token,
+        base.rates(),
+        stage.contrast.counts,
+        stage.layers,
+        located,
+        search,
+        verdict=_verdict(search),
+    )
     patch = None
     if search.chosen is not None:
         patch = build_patch(study, stage, search.chosen)
-        report.validation = validate_stage(study, patch, base.scans["validate"], base.ids["validate"],
-                                           inputs.validate, stage.probe)
+        report.validation = validate_stage(
+            study, patch, base.scans["validate"], base.ids["validate"], inputs.validate, stage.probe
+        )
         report.patch = PatchSummary.of(patch)
         clock.tick("validate")
     report.timings_s = clock.to_dict()
@@ -401,15 +470,26 @@ class LocateReport:
 
     def to_dict(self) -> dict:
         """Plain JSON (direction vectors included)."""
-        return {"sampler": self.sampler, "end_token": self.end_token.to_dict(), "inputs": self.inputs,
-                "scan": self.scan.to_dict(), "contrast": self.contrast.to_dict(),
-                "directions": {str(layer): d.to_dict(with_vector=True) for layer, d in self.directions.items()},
-                "locate": self.locate.to_dict(), "timings_s": self.timings_s}
+        return {
+            "sampler": self.sampler,
+            "end_token": self.end_token.to_dict(),
+            "inputs": self.inputs,
+            "scan": self.scan.to_dict(),
+            "contrast": self.contrast.to_dict(),
+            "directions": {str(layer): d.to_dict(with_vector=True) for layer, d in self.directions.items()},
+            "locate": self.locate.to_dict(),
+            "timings_s": self.timings_s,
+        }
 
 
 def locate_only(
-    model: Any, inputs: RepairInputs, cfg: RepairConfig | None = None, *, sampler: SamplerConfig | None = None,
-    progress: bool = False, log: Callable[[str], None] = lambda msg: None,
+    model: Any,
+    inputs: RepairInputs,
+    cfg: RepairConfig | None = None,
+    *,
+    sampler: SamplerConfig | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda msg: None,
 ) -> LocateReport:
     """Scan the direction set, estimate directions and rank layers by ablation (no edit)."""
     cfg = cfg or RepairConfig()
@@ -418,11 +498,21 @@ def locate_only(
     base = baseline_scans(study, inputs, sets=("direction",))
     clock.tick("scan")
     rates = base.scans["direction"].summary
-    log(f"direction set: degenerate rate {rates.degenerate_rate:.3f} (exact loops {rates.loop_rate:.3f}) over "
-        f"{rates.n} prompts")
+    log(
+        f"direction set: degenerate rate {rates.degenerate_rate:.3f} (exact loops {rates.loop_rate:.3f}) over "
+        f"{rates.n} prompts"
+    )
     stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
     clock.tick("contrast_direction")
     located = locate_stage(study, stage, base.scans["direction"].records)
     clock.tick("locate")
-    return LocateReport(study.sampler.to_dict(), study.end_token, inputs.summary(), rates, stage.contrast.counts,
-                        stage.layers, located, clock.to_dict())
+    return LocateReport(
+        study.sampler.to_dict(),
+        study.end_token,
+        inputs.summary(),
+        rates,
+        stage.contrast.counts,
+        stage.layers,
+        located,
+        clock.to_dict(),
+    )

@@ -74,11 +74,20 @@ def _sweep_panel(ax: Any, s: dict, plt: Any) -> None:
     for (form, layers, k), rs in sorted(groups.items()):
         rs = sorted(rs, key=lambda r: r["alpha"])
         pts = [(r["alpha"], r["degenerate_rate"]) for r in rs if r["degenerate_rate"] is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if form == "subtract" else "--",
-                marker="o" if form == "subtract" else "s", ms=3, color=colours[(layers, k)],
-                label=f"{form} L{''.join(map(str, layers))} k={k}")
-        over = [r["alpha"] for r in rs
-                if r["kl"] is None or not (r["kl"] <= lim["max_kl"] and r["dloss"] <= lim["max_dloss"])]
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            "-" if form == "subtract" else "--",
+            marker="o" if form == "subtract" else "s",
+            ms=3,
+            color=colours[(layers, k)],
+            label=f"{form} L{''.join(map(str, layers))} k={k}",
+        )
+        over = [
+            r["alpha"]
+            for r in rs
+            if r["kl"] is None or not (r["kl"] <= lim["max_kl"] and r["dloss"] <= lim["max_dloss"])
+        ]
         if over:
             ax.plot(over, [0] * len(over), "x", color="red", ms=5)
     ax.axhline(s["base_loop_rate"], color="#888", lw=1, label="no edit")
@@ -117,10 +126,24 @@ def _cell(b: dict | None, key: str | None, fmt: str) -> str:
 
 def rate_rows(before: dict, after: dict, unit: str = "token") -> list[dict]:
     """Rows of (label, before, after) for one pair of LoopRates dicts: rates with CIs, then means."""
-    rows = [{"label": label, "before": _with_ci(before, key), "after": _with_ci(after, key),
-             "strong": key == "degenerate_rate"} for label, key, _ in RATE_ROWS]
-    rows += [{"label": label.format(unit=unit), "before": _cell(before, key, fmt), "after": _cell(after, key, fmt),
-              "strong": False} for label, key, fmt in MEAN_ROWS]
+    rows = [
+        {
+            "label": label,
+            "before": _with_ci(before, key),
+            "after": _with_ci(after, key),
+            "strong": key == "degenerate_rate",
+        }
+        for label, key, _ in RATE_ROWS
+    ]
+    rows += [
+        {
+            "label": label.format(unit=unit),
+            "before": _cell(before, key, fmt),
+            "after": _cell(after, key, fmt),
+            "strong": False,
+        }
+        for label, key, fmt in MEAN_ROWS
+    ]
     return rows
 
 
@@ -128,17 +151,30 @@ def _tables(report: dict) -> list[dict]:
     v = report.get("validation")
     if not v:
         return []
-    tables = [{"title": f"all held-out prompts (n = {v['before']['n']}), tokens",
-               "rows": rate_rows(v["before"], v["after"])}]
+    tables = [
+        {"title": f"all held-out prompts (n = {v['before']['n']}), tokens", "rows": rate_rows(v["before"], v["after"])}
+    ]
     if v["before"].get("chars") and v["after"].get("chars"):
-        tables.append({"title": "the same generations measured on characters",
-                       "rows": rate_rows(v["before"]["chars"], v["after"]["chars"], unit="character")})
-    tables.append({"title": f"loop-prone held-out prompts (n = {v['loop_prone_before']['n']})",
-                   "rows": rate_rows(v["loop_prone_before"], v["loop_prone_after"])})
+        tables.append(
+            {
+                "title": "the same generations measured on characters",
+                "rows": rate_rows(v["before"]["chars"], v["after"]["chars"], unit="character"),
+            }
+        )
+    tables.append(
+        {
+            "title": f"loop-prone held-out prompts (n = {v['loop_prone_before']['n']})",
+            "rows": rate_rows(v["loop_prone_before"], v["loop_prone_after"]),
+        }
+    )
     pg = v.get("plain_greedy")
     if pg and pg.get("after"):
-        tables.append({"title": f"plain greedy, <unk> allowed (n = {pg['before']['n']})",
-                       "rows": rate_rows(pg["before"], pg["after"])})
+        tables.append(
+            {
+                "title": f"plain greedy, <unk> allowed (n = {pg['before']['n']})",
+                "rows": rate_rows(pg["before"], pg["after"]),
+            }
+        )
     return tables
 
 
@@ -146,10 +182,21 @@ def render_html(report: dict, png: bytes) -> str:
     """Self-contained HTML (figure inlined as base64)."""
     v = report.get("validation") or {}
     reg = v.get("regression")
-    return environment("genprobe.loops").get_template("repair.html.j2").render(
-        report=report, tables=_tables(report), samples=v.get("samples", []), patch=report.get("patch"),
-        regression=reg, new_loops=v.get("new_loops"), new_exact_loops=v.get("new_exact_loops"),
-        end_token=report.get("end_token"), search=report["search"], image=png,
+    return (
+        environment("genprobe.loops")
+        .get_template("repair.html.j2")
+        .render(
+            report=report,
+            tables=_tables(report),
+            samples=v.get("samples", []),
+            patch=report.get("patch"),
+            regression=reg,
+            new_loops=v.get("new_loops"),
+            new_exact_loops=v.get("new_exact_loops"),
+            end_token=report.get("end_token"),
+            search=report["search"],
+            image=png,
+        )
     )
 
 

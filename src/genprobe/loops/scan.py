@@ -80,9 +80,15 @@ class GenerationRecord:
 
     def to_dict(self) -> dict:
         """Token measures at the top level (as before), character measures under ``chars``."""
-        d: dict[str, Any] = {"prompt": self.prompt, "text": self.text, "prompt_ids": self.prompt_ids,
-                             "tokens": self.tokens, "hit_limit": self.hit_limit, "unk_share": self.unk_share,
-                             "unit_text": self.unit_text}
+        d: dict[str, Any] = {
+            "prompt": self.prompt,
+            "text": self.text,
+            "prompt_ids": self.prompt_ids,
+            "tokens": self.tokens,
+            "hit_limit": self.hit_limit,
+            "unk_share": self.unk_share,
+            "unit_text": self.unit_text,
+        }
         d.update(self.measures.to_dict())
         d["chars"] = self.char_measures.to_dict() if self.char_measures is not None else None
         return d
@@ -161,16 +167,31 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
     rr, rr_ci = _rate(n_rep, n)
     dr, dr_ci = _rate(n_deg, n)
     return LoopRates(
-        n=n, loops=len(exact), loop_rate=lr, loop_rate_ci95=lr_ci,
-        near_loops=len(near), near_loop_rate=nr, near_loop_rate_ci95=nr_ci,
-        any_loops=len(anyl), any_loop_rate=ar, any_loop_rate_ci95=ar_ci,
-        repetitive=n_rep, repetitive_rate=rr, repetitive_rate_ci95=rr_ci,
-        degenerate=n_deg, degenerate_rate=dr, degenerate_rate_ci95=dr_ci,
+        n=n,
+        loops=len(exact),
+        loop_rate=lr,
+        loop_rate_ci95=lr_ci,
+        near_loops=len(near),
+        near_loop_rate=nr,
+        near_loop_rate_ci95=nr_ci,
+        any_loops=len(anyl),
+        any_loop_rate=ar,
+        any_loop_rate_ci95=ar_ci,
+        repetitive=n_rep,
+        repetitive_rate=rr,
+        repetitive_rate_ci95=rr_ci,
+        degenerate=n_deg,
+        degenerate_rate=dr,
+        degenerate_rate_ci95=dr_ci,
         short_period_max=short_period_max,
-        short_loop_rate=short / n if n else 0.0, long_loop_rate=(len(exact) - short) / n if n else 0.0,
-        short_any_rate=short_any / n if n else 0.0, long_any_rate=(len(anyl) - short_any) / n if n else 0.0,
-        mean_distinct_2=mean(lambda m: m.distinct_2), mean_seq_rep_4=mean(lambda m: m.seq_rep_4),
-        mean_longest_repeat=mean(lambda m: m.longest_repeat), mean_tail_compression=mean(lambda m: m.tail_compression),
+        short_loop_rate=short / n if n else 0.0,
+        long_loop_rate=(len(exact) - short) / n if n else 0.0,
+        short_any_rate=short_any / n if n else 0.0,
+        long_any_rate=(len(anyl) - short_any) / n if n else 0.0,
+        mean_distinct_2=mean(lambda m: m.distinct_2),
+        mean_seq_rep_4=mean(lambda m: m.seq_rep_4),
+        mean_longest_repeat=mean(lambda m: m.longest_repeat),
+        mean_tail_compression=mean(lambda m: m.tail_compression),
         mean_near_match=mean(lambda m: m.near_match),
         period_hist={str(p): c for p, c in sorted(Counter(m.period for m in exact).items())},
         near_period_hist={str(p): c for p, c in sorted(Counter(m.near_period for m in near).items())},
@@ -221,8 +242,15 @@ class ScanResult:
         return d
 
 
-def _record(prompt: list[int], toks: list[int], hit_limit: bool, unk_id: int | None, loop: LoopSettings,
-            decode: Callable[[list[int]], str] | None, prompt_text: str | None) -> GenerationRecord:
+def _record(
+    prompt: list[int],
+    toks: list[int],
+    hit_limit: bool,
+    unk_id: int | None,
+    loop: LoopSettings,
+    decode: Callable[[list[int]], str] | None,
+    prompt_text: str | None,
+) -> GenerationRecord:
     m = measure_loops(toks, loop)
     rec = GenerationRecord(prompt, toks, hit_limit, unk_share(toks, unk_id) if unk_id is not None else 0.0, m)
     if decode is not None:
@@ -262,8 +290,14 @@ def scan_loops(
     loop = loop or LoopSettings()
     sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
     records: list[GenerationRecord] = []
-    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr,
-               disable=not progress or not sys.stderr.isatty(), leave=False)
+    bar = tqdm(
+        total=len(prompts),
+        desc=desc,
+        unit="prompt",
+        file=sys.stderr,
+        disable=not progress or not sys.stderr.isatty(),
+        leave=False,
+    )
     try:
         for bi, start in enumerate(range(0, len(prompts), batch_size)):
             chunk = [list(p) for p in prompts[start : start + batch_size]]
@@ -275,8 +309,15 @@ def scan_loops(
     finally:
         bar.close()
     banned = eos_id is not None and eos_id in sampler.ban_ids
-    settings = ScanSettings(sampler.to_dict(), max_new_tokens, seed, loop.to_dict(), eos_id, banned,
-                            END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None)
+    settings = ScanSettings(
+        sampler.to_dict(),
+        max_new_tokens,
+        seed,
+        loop.to_dict(),
+        eos_id,
+        banned,
+        END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None,
+    )
     return ScanResult(records, summarise(records, short_period_max), settings)
 
 
@@ -297,8 +338,10 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
         ("exact or near", lambda s: _ci(s.any_loop_rate, s.any_loop_rate_ci95)),
         ("repetitive tail", lambda s: _ci(s.repetitive_rate, s.repetitive_rate_ci95)),
         ("degenerate (any of them)", lambda s: _ci(s.degenerate_rate, s.degenerate_rate_ci95)),
-        (f"  short (≤{summary.short_period_max}) exact/any",
-         lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}"),
+        (
+            f"  short (≤{summary.short_period_max}) exact/any",
+            lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}",
+        ),
         ("  long exact/any", lambda s: f"{_pct(s.long_loop_rate)} / {_pct(s.long_any_rate)}"),
         ("mean distinct-2", lambda s: f"{s.mean_distinct_2:.3f}"),
         ("mean seq-rep-4", lambda s: f"{s.mean_seq_rep_4:.3f}"),

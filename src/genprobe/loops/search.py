@@ -81,8 +81,10 @@ class Strata:
         A new loop among the controls counts as much as it would in the natural mix of prompts.
         """
         if len(prone) != self.prone or len(control) != self.control:
-            raise ValueError(f"expected {self.prone} loop-prone and {self.control} control measures, "
-                             f"got {len(prone)} and {len(control)}")
+            raise ValueError(
+                f"expected {self.prone} loop-prone and {self.control} control measures, "
+                f"got {len(prone)} and {len(control)}"
+            )
         n = self.prone_all + self.control_all
         w_p = self.prone_all / self.prone if self.prone else 0.0
         w_c = self.control_all / self.control if self.control else 0.0
@@ -90,9 +92,14 @@ class Strata:
         def rate(hit: Callable[[LoopMeasures], bool]) -> float:
             return (w_p * sum(map(hit, prone)) + w_c * sum(map(hit, control))) / n if n else 0.0
 
-        return Objective(rate(lambda m: m.degenerate), rate(lambda m: m.any_loop), rate(lambda m: m.looping),
-                         rate(lambda m: m.near_looping), sum(m.degenerate for m in prone),
-                         sum(m.degenerate for m in control))
+        return Objective(
+            rate(lambda m: m.degenerate),
+            rate(lambda m: m.any_loop),
+            rate(lambda m: m.looping),
+            rate(lambda m: m.near_looping),
+            sum(m.degenerate for m in prone),
+            sum(m.degenerate for m in control),
+        )
 
 
 @dataclass
@@ -111,10 +118,17 @@ class Candidate:
         """Flat JSON row (spec, regression, objective, columns)."""
         reg = self.regression
         obj = self.objective.to_dict() if self.objective else dict.fromkeys(f.name for f in fields(Objective))
-        return {**self.spec.to_dict(), "kl": reg.kl if reg else None, "dloss": reg.dloss if reg else None,
-                "loss": reg.loss if reg else None, **obj, "weights_changed": self.weights_changed,
-                "alpha_abs": {str(k): v for k, v in self.alpha_abs.items()},
-                "columns": {str(k): v for k, v in self.columns.items()}, "error": self.error}
+        return {
+            **self.spec.to_dict(),
+            "kl": reg.kl if reg else None,
+            "dloss": reg.dloss if reg else None,
+            "loss": reg.loss if reg else None,
+            **obj,
+            "weights_changed": self.weights_changed,
+            "alpha_abs": {str(k): v for k, v in self.alpha_abs.items()},
+            "columns": {str(k): v for k, v in self.columns.items()},
+            "error": self.error,
+        }
 
 
 def grid(
@@ -132,8 +146,13 @@ def grid(
 
 def choose(candidates: Sequence[Candidate], baseline: Objective, limits: Limits) -> Candidate | None:
     """The best admissible candidate (see module doc); ``None`` if none lowers the degenerate rate within the limits."""
-    ok = [c for c in candidates if limits.admits(c.regression) and c.objective is not None
-          and c.objective.degenerate_rate < baseline.degenerate_rate]
+    ok = [
+        c
+        for c in candidates
+        if limits.admits(c.regression)
+        and c.objective is not None
+        and c.objective.degenerate_rate < baseline.degenerate_rate
+    ]
     if not ok:
         return None
     return min(ok, key=_rank)
@@ -141,8 +160,13 @@ def choose(candidates: Sequence[Candidate], baseline: Objective, limits: Limits)
 
 def _rank(c: Candidate) -> tuple[float, float, float, int, float]:
     assert c.objective is not None and c.regression is not None  # choose() ranks scanned, admitted candidates only
-    return (c.objective.degenerate_rate, c.objective.any_loop_rate, c.objective.loop_rate, c.weights_changed,
-            c.regression.kl)
+    return (
+        c.objective.degenerate_rate,
+        c.objective.any_loop_rate,
+        c.objective.loop_rate,
+        c.weights_changed,
+        c.regression.kl,
+    )
 
 
 Evaluate = Callable[[Any], tuple[Regression, Objective | None]]
@@ -161,8 +185,9 @@ def run_search(
     """Evaluate every spec with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
     before = state_sha256(model)
     out = []
-    bar = tqdm(specs, desc="search", unit="edit", file=sys.stderr, disable=not progress or not sys.stderr.isatty(),
-               leave=False)
+    bar = tqdm(
+        specs, desc="search", unit="edit", file=sys.stderr, disable=not progress or not sys.stderr.isatty(), leave=False
+    )
     for spec in bar:
         try:
             patch = make_patch(model, spec, directions, unit_means, gaps)
@@ -174,9 +199,16 @@ def run_search(
             reg, obj = evaluate(model)
         finally:
             write_values(model, patch, "original")
-        out.append(Candidate(spec, reg, obj, sum(t.changed() for t in patch.targets),
-                             {t.layer: t.alpha for t in patch.targets},
-                             {t.layer: t.columns.tolist() for t in patch.targets}))
+        out.append(
+            Candidate(
+                spec,
+                reg,
+                obj,
+                sum(t.changed() for t in patch.targets),
+                {t.layer: t.alpha for t in patch.targets},
+                {t.layer: t.columns.tolist() for t in patch.targets},
+            )
+        )
     if state_sha256(model) != before:  # pragma: no cover - exact restore
         raise RuntimeError("search left the model modified")
     return out

@@ -79,20 +79,36 @@ class RepairInputs:
         from ..corpus import load_corpus
 
         got = prompt_sets(tokenizer, {k: cfg.sizes()[k] for k in sets}, cfg.prefix_chars)
-        return cls(got.get("direction", []), got.get("search", []), got.get("validate", []), load_corpus().val,
-                   "tang-heldout-openings", "tang-validation-split")
+        return cls(
+            got.get("direction", []),
+            got.get("search", []),
+            got.get("validate", []),
+            load_corpus().val,
+            "tang-heldout-openings",
+            "tang-validation-split",
+        )
 
     @classmethod
-    def from_prompts(cls, prompts: Sequence[str], val_text: str, cfg: RepairConfig, prompt_source: str = "prompts",
-                     val_source: str = "text") -> "RepairInputs":
+    def from_prompts(
+        cls,
+        prompts: Sequence[str],
+        val_text: str,
+        cfg: RepairConfig,
+        prompt_source: str = "prompts",
+        val_source: str = "text",
+    ) -> "RepairInputs":
         """The user's prompts, split disjointly and deterministically (see :func:`split_prompts`), and their text."""
         got = split_prompts(prompts, cfg.sizes())
         return cls(got["direction"], got["search"], got["validate"], val_text, prompt_source, val_source)
 
     def summary(self) -> dict:
         """Sources, sizes and the first prompts of each set (JSON)."""
-        return {"prompt_source": self.prompt_source, "val_source": self.val_source, "val_chars": len(self.val_text),
-                **{k: {"n": len(getattr(self, k)), "first": getattr(self, k)[:3]} for k in SET_NAMES}}
+        return {
+            "prompt_source": self.prompt_source,
+            "val_source": self.val_source,
+            "val_chars": len(self.val_text),
+            **{k: {"n": len(getattr(self, k)), "first": getattr(self, k)[:3]} for k in SET_NAMES},
+        }
 
 
 # ---- how we generate and measure ------------------------------------------------------------
@@ -167,17 +183,34 @@ class LoopStudy:
         return ids
 
     def scan(
-        self, ids: Sequence[list[int]], texts: Sequence[str] | None = None, *, sampler: SamplerConfig | None = None,
-        desc: str = "scan", decoded: bool = True,
+        self,
+        ids: Sequence[list[int]],
+        texts: Sequence[str] | None = None,
+        *,
+        sampler: SamplerConfig | None = None,
+        desc: str = "scan",
+        decoded: bool = True,
     ) -> ScanResult:
         """Scan ``ids`` on the model as it is now (edits applied in place are seen)."""
-        return scan_loops(self.engine, ids, self.cfg.max_new_tokens, sampler or self.sampler,
-                          batch_size=self.cfg.batch_size, seed=self.cfg.seed, eos_id=self.eos_id, unk_id=self.unk_id,
-                          loop=self.cfg.loop, decode=self.decode if decoded else None, prompt_texts=texts,
-                          progress=self.progress and decoded, desc=desc)
+        return scan_loops(
+            self.engine,
+            ids,
+            self.cfg.max_new_tokens,
+            sampler or self.sampler,
+            batch_size=self.cfg.batch_size,
+            seed=self.cfg.seed,
+            eos_id=self.eos_id,
+            unk_id=self.unk_id,
+            loop=self.cfg.loop,
+            decode=self.decode if decoded else None,
+            prompt_texts=texts,
+            progress=self.progress and decoded,
+            desc=desc,
+        )
 
     def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:
         """A function model → (degenerate rate, exact rate) on ``ids`` (for :func:`locate_layers`)."""
+
         def rates(_model: Any) -> tuple[float, float]:
             s = self.scan(ids, decoded=False).summary
             return s.degenerate_rate, s.loop_rate

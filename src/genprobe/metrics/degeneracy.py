@@ -95,8 +95,15 @@ def measure_loops(tokens: Sequence[Hashable], settings: LoopSettings | None = No
     compression = tail_compression(seq, s.window)
     return LoopMeasures(
         length=len(seq),
-        looping=exact.looping, period=exact.period, onset=exact.onset, unit=exact.unit, repeats=exact.repeats,
-        near_looping=near.near_looping, near_period=near.period, near_match=near.match_share, near_onset=near.onset,
+        looping=exact.looping,
+        period=exact.period,
+        onset=exact.onset,
+        unit=exact.unit,
+        repeats=exact.repeats,
+        near_looping=near.near_looping,
+        near_period=near.period,
+        near_match=near.match_share,
+        near_onset=near.onset,
         tail_compression=compression,
         repetitive=compression >= s.min_compression,
         seq_rep_4=seq_rep_n(seq, 4),
@@ -105,9 +112,7 @@ def measure_loops(tokens: Sequence[Hashable], settings: LoopSettings | None = No
     )
 
 
-def degeneracy_metrics(
-    tokens: Sequence[Hashable], unk_id: int = 1, *, min_tail: int = DEFAULT_MIN_TAIL
-) -> dict:
+def degeneracy_metrics(tokens: Sequence[Hashable], unk_id: int = 1, *, min_tail: int = DEFAULT_MIN_TAIL) -> dict:
     """distinct-1/2/3, longest n-gram seen >= 3 times, ``<unk>`` share, seq-rep-4, exact and near loop fields."""
     seq = list(tokens)
     rep_len, rep = longest_repeated_ngram(seq, 3)

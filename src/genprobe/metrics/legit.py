@@ -34,8 +34,7 @@ BOOTSTRAP = 1000
 def is_han(ch: str) -> bool:
     """True for a CJK ideograph (unified, extension A, compatibility, supplementary planes)."""
     o = ord(ch)
-    return (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0xF900 <= o <= 0xFAFF
-            or 0x20000 <= o <= 0x3134F)
+    return 0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0xF900 <= o <= 0xFAFF or 0x20000 <= o <= 0x3134F
 
 
 def reduplications(text: str) -> tuple[int, int]:
@@ -115,8 +114,16 @@ def legit_counts(poem: str, continuation: str | None = None, n: int = NGRAM_N) -
     redup, stutter = reduplications(poem)
     parallel, copied, couplets = couplet_parallels(poem)
     grams = ngrams(ngram_units(poem if continuation is None else continuation), n)
-    return LegitCounts(sum(1 for c in poem if is_han(c)), redup, stutter, parallel, copied, couplets,
-                       len(grams), len(grams) - len(set(grams)))
+    return LegitCounts(
+        sum(1 for c in poem if is_han(c)),
+        redup,
+        stutter,
+        parallel,
+        copied,
+        couplets,
+        len(grams),
+        len(grams) - len(set(grams)),
+    )
 
 
 @dataclass

@@ -81,8 +81,11 @@ def match_share(
     if compared <= 0:
         return 0.0
     p2 = 2 * period
-    hits = sum(1 for i in range(start, len(seq))
-               if seq[i] == seq[i - period] or (two_back and i >= p2 and seq[i] == seq[i - p2]))
+    hits = sum(
+        1
+        for i in range(start, len(seq))
+        if seq[i] == seq[i - period] or (two_back and i >= p2 and seq[i] == seq[i - p2])
+    )
     return hits / compared
 
 

@@ -33,8 +33,9 @@ LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # (B, T) ids -> (B, T, V) log
 
 
 @torch.no_grad()
-def sliding_nll(logits_fn: LogitsFn, ids: torch.Tensor, window: int, stride: int | None = None,
-                batch_size: int = 16) -> torch.Tensor:
+def sliding_nll(
+    logits_fn: LogitsFn, ids: torch.Tensor, window: int, stride: int | None = None, batch_size: int = 16
+) -> torch.Tensor:
     """Per-target negative log-likelihood (nats, float64) of ``ids[1:]``, each target scored exactly once."""
     stride = max(1, window // 2) if stride is None else stride
     if window < 2 or not 1 <= stride <= window - 1:
@@ -84,15 +85,32 @@ class BitsPerChar:
         return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def _score(nll: torch.Tensor, chars: int, window: int, stride: int, extra: float = 0.0, unk_targets: int = 0,
-           bits_per_char_unk_as_symbol: float | None = None) -> BitsPerChar:
+def _score(
+    nll: torch.Tensor,
+    chars: int,
+    window: int,
+    stride: int,
+    extra: float = 0.0,
+    unk_targets: int = 0,
+    bits_per_char_unk_as_symbol: float | None = None,
+) -> BitsPerChar:
     total = float(nll.sum()) + extra
-    return BitsPerChar(total, len(nll), chars, window, stride, float(nll.sum()) / len(nll),
-                       total / math.log(2) / chars, unk_targets, bits_per_char_unk_as_symbol)
+    return BitsPerChar(
+        total,
+        len(nll),
+        chars,
+        window,
+        stride,
+        float(nll.sum()) / len(nll),
+        total / math.log(2) / chars,
+        unk_targets,
+        bits_per_char_unk_as_symbol,
+    )
 
 
-def subword_bits_per_char(model: torch.nn.Module, tok: Tokenizer, documents: list[str], window: int,
-                          stride: int | None = None) -> BitsPerChar:
+def subword_bits_per_char(
+    model: torch.nn.Module, tok: Tokenizer, documents: list[str], window: int, stride: int | None = None
+) -> BitsPerChar:
     """Score a transformers causal LM on ``<eos> d0 <eos> d1 ... <eos>``: every text token and every
     document end is a target (so it also pays for knowing where poems end); chars = sum of len(d)."""
     from ..corpus.bpe import stream_ids
@@ -111,8 +129,14 @@ def oov_unigram_cost(tokenizer: CharTokenizer, train_text: str, alphabet: set[st
     return {c: -math.log((counts[c] + 1) / total) for c in oov}
 
 
-def char_gpt_bits_per_char(model: GPT, tokenizer: CharTokenizer, text: str, oov_cost: dict[str, float],
-                           window: int | None = None, stride: int | None = None) -> BitsPerChar:
+def char_gpt_bits_per_char(
+    model: GPT,
+    tokenizer: CharTokenizer,
+    text: str,
+    oov_cost: dict[str, float],
+    window: int | None = None,
+    stride: int | None = None,
+) -> BitsPerChar:
     """Score the char GPT on ``text``; ``<unk>`` targets are charged ``oov_cost[c]`` more (see module doc)."""
     res = tokenizer.encode_with_report(text)
     ids = torch.tensor(res.ids, dtype=torch.long)
@@ -131,8 +155,9 @@ def char_gpt_bits_per_char(model: GPT, tokenizer: CharTokenizer, text: str, oov_
     return _score(nll, len(text) - 1, window, stride, extra, unk_targets=len(unk), bits_per_char_unk_as_symbol=raw)
 
 
-def char_gpt_reference(model: GPT, tokenizer: CharTokenizer, window: int | None = None,
-                       stride: int | None = None) -> BitsPerChar:
+def char_gpt_reference(
+    model: GPT, tokenizer: CharTokenizer, window: int | None = None, stride: int | None = None
+) -> BitsPerChar:
     """The char GPT on its own validation text (default corpus), ``<unk>`` priced by the bundled corpus's
     out-of-vocabulary characters — the figure to set beside a subword model's ``val_bits_per_char``."""
     from ..corpus.tang import bundled_documents, load_corpus

@@ -27,9 +27,7 @@ def hf_gpt2_config(cfg: GPTConfig) -> GPT2Config:
     from transformers import GPT2Config
 
     if cfg.pos_encoding != "learned":
-        raise ValueError(
-            f"only pos_encoding='learned' maps onto GPT2LMHeadModel; this model uses {cfg.pos_encoding!r}"
-        )
+        raise ValueError(f"only pos_encoding='learned' maps onto GPT2LMHeadModel; this model uses {cfg.pos_encoding!r}")
     return GPT2Config(
         vocab_size=cfg.vocab_size,
         n_positions=cfg.block_size,

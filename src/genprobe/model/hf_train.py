@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
     class CausalLM(PreTrainedModel, GenerationMixin):  # type: ignore[no-untyped-call]
         """What ``AutoModelForCausalLM`` builds: a pretrained model that can ``generate`` (typing only)."""
 
+
 ARCHS = ("llama", "qwen2")
 TOKENIZER_STYLE = {"llama": "gpt2", "qwen2": "qwen2"}  # the BPE pipeline AutoTokenizer runs for each arch
 HELDOUT_EVAL_DOCS = 500  # held-out poems scored at the end (a second validation set, never trained on)
@@ -89,8 +90,9 @@ def default_train_config(seed: int = 0) -> TrainConfig:
 
 def quick_model_config(arch: str = "llama") -> SubwordModelConfig:
     """A tiny shape for tests and ``--quick`` (seconds)."""
-    return SubwordModelConfig(arch=arch, vocab_size=512, n_layer=2, d_model=64, n_head=4, n_kv_head=2,
-                              d_ff=128, block_size=64)
+    return SubwordModelConfig(
+        arch=arch, vocab_size=512, n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=128, block_size=64
+    )
 
 
 def quick_train_config(seed: int = 0) -> TrainConfig:
@@ -150,17 +152,25 @@ def _val(model: torch.nn.Module, tok: Tokenizer, docs: list[str], window: int) -
         model.train(was)
 
 
-def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig | None = None,
-                  tc: TrainConfig | None = None, progress: bool = True,
-                  heldout_docs: int = HELDOUT_EVAL_DOCS, samples: int = 4) -> SubwordTrainResult:
+def train_subword(
+    texts: SplitTexts,
+    split: CorpusSplit,
+    cfg: SubwordModelConfig | None = None,
+    tc: TrainConfig | None = None,
+    progress: bool = True,
+    heldout_docs: int = HELDOUT_EVAL_DOCS,
+    samples: int = 4,
+) -> SubwordTrainResult:
     """Train BPE on ``texts.train``, then the model on its ``<|endoftext|>``-joined stream (validated on the
     char GPT's validation text)."""
     cfg, tc = cfg or SubwordModelConfig(), tc or default_train_config()
     t0, c0 = time.time(), time.process_time()
     tok = bpe.train_bpe(texts.train, cfg.vocab_size, TOKENIZER_STYLE[cfg.arch])
     if tok.get_vocab_size() != cfg.vocab_size:  # too little text for the requested number of merges
-        raise ValueError(f"BPE reached only {tok.get_vocab_size()} tokens of the requested {cfg.vocab_size}: "
-                         f"the {len(texts.train)} training documents hold too few repeated pairs")
+        raise ValueError(
+            f"BPE reached only {tok.get_vocab_size()} tokens of the requested {cfg.vocab_size}: "
+            f"the {len(texts.train)} training documents hold too few repeated pairs"
+        )
     t_bpe = time.time() - t0
     train_ids = torch.tensor(bpe.stream_ids(tok, texts.train), dtype=torch.long)
     if len(train_ids) <= cfg.block_size + 1:
@@ -188,8 +198,14 @@ def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig
         ema = 0.95 * ema + 0.05 * lv
         if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
             vl = _val(model, tok, texts.char_val_documents, cfg.block_size)
-            history.append({"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(vl.nats_per_token, 4),
-                            "seconds": round(time.time() - t_loop, 1)})
+            history.append(
+                {
+                    "step": step + 1,
+                    "train_loss": round(ema, 4),
+                    "val_loss": round(vl.nats_per_token, 4),
+                    "seconds": round(time.time() - t_loop, 1),
+                }
+            )
             bar.set_postfix(loss=f"{ema:.3f}", val=f"{vl.nats_per_token:.3f}")
         elif step % 10 == 0:
             bar.set_postfix(loss=f"{ema:.3f}")
@@ -198,22 +214,41 @@ def train_subword(texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig
     model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() override is unannotated
     summary = _summary(model, tok, texts, split, cfg, tc, ema, history, heldout_docs)
     summary["samples"] = greedy_samples(model, tok, [d[:5] for d in texts.heldout[:samples]])
-    summary.update(initial_loss=round(first, 4), seconds=round(time.time() - t0, 1),
-                   cpu_seconds=round(time.process_time() - c0, 1),
-                   threads=torch.get_num_threads(), bpe_seconds=round(t_bpe, 1),
-                   train_loop_seconds=round(loop_seconds, 1), steps_per_second=round(tc.steps / loop_seconds, 3))
+    summary.update(
+        initial_loss=round(first, 4),
+        seconds=round(time.time() - t0, 1),
+        cpu_seconds=round(time.process_time() - c0, 1),
+        threads=torch.get_num_threads(),
+        bpe_seconds=round(t_bpe, 1),
+        train_loop_seconds=round(loop_seconds, 1),
+        steps_per_second=round(tc.steps / loop_seconds, 3),
+    )
     return SubwordTrainResult(model=model, tokenizer=tok, summary=summary)
 
 
-def _summary(model: PreTrainedModel, tok: Tokenizer, texts: SplitTexts, split: CorpusSplit, cfg: SubwordModelConfig,
-             tc: TrainConfig, ema: float | None, history: list[dict[str, Any]], heldout_docs: int) -> dict[str, Any]:
+def _summary(
+    model: PreTrainedModel,
+    tok: Tokenizer,
+    texts: SplitTexts,
+    split: CorpusSplit,
+    cfg: SubwordModelConfig,
+    tc: TrainConfig,
+    ema: float | None,
+    history: list[dict[str, Any]],
+    heldout_docs: int,
+) -> dict[str, Any]:
     """Final figures: losses in nats/token, bits/char on the char GPT's validation text, chars/token."""
     val = _val(model, tok, texts.char_val_documents, cfg.block_size)
     # the char GPT's context length (block_size 64): how much of the gap is context, not modelling
     val_short = val if cfg.block_size == 64 else _val(model, tok, texts.char_val_documents, 64)
     heldout = _val(model, tok, texts.heldout[:heldout_docs], cfg.block_size)
-    history.append({"step": tc.steps, "train_loss": round(ema, 4) if ema is not None else None,
-                    "val_loss": round(val.nats_per_token, 4)})
+    history.append(
+        {
+            "step": tc.steps,
+            "train_loss": round(ema, 4) if ema is not None else None,
+            "val_loss": round(val.nats_per_token, 4),
+        }
+    )
     n_tokens = sum(len(i) for i in bpe.encode_batch(tok, texts.train))
     return {
         "arch": cfg.arch,
@@ -239,8 +274,9 @@ def _summary(model: PreTrainedModel, tok: Tokenizer, texts: SplitTexts, split: C
         "val_window64": val_short.to_dict(),
         "heldout": heldout.to_dict(),
         "model_config": cfg.to_dict(),
-        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()
-                         if k not in ("dropout", "pack")},
+        "train_config": {
+            k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items() if k not in ("dropout", "pack")
+        },
         "history": history,
         "torch": torch.__version__,
         "bits_per_char_definition": "-log2 P(text)/chars over <eos>-joined poems, each target once, "
@@ -264,8 +300,9 @@ def greedy_samples(
     for text in openings:
         x = torch.tensor([[eos, *tok.encode(text).ids]])
         kw = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)
-        stop = model.generate(x, **kw)[0, x.shape[1]:].tolist()
-        full = model.generate(x, suppress_tokens=[eos], min_new_tokens=max_new_tokens, **kw)[0, x.shape[1]:].tolist()
-        out.append({"prompt": text, "greedy": tok.decode([t for t in stop if t != eos]),
-                    "greedy_no_eos": tok.decode(full)})
+        stop = model.generate(x, **kw)[0, x.shape[1] :].tolist()
+        full = model.generate(x, suppress_tokens=[eos], min_new_tokens=max_new_tokens, **kw)[0, x.shape[1] :].tolist()
+        out.append(
+            {"prompt": text, "greedy": tok.decode([t for t in stop if t != eos]), "greedy_no_eos": tok.decode(full)}
+        )
     return out

@@ -251,8 +251,9 @@ class Model:
             "vocab_size": self.vocab_size,
             "max_positions": self.max_positions,
             "window": self.window,
-            "tokenizer": None if tok is None else {"kind": tok.kind, "vocab_size": tok.vocab_size,
-                                                   "eos_id": tok.eos_id, "unk_id": tok.unk_id},
+            "tokenizer": None
+            if tok is None
+            else {"kind": tok.kind, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "unk_id": tok.unk_id},
         }
 
 
@@ -334,7 +335,11 @@ def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     try:
         loaded = AutoModelForCausalLM.from_pretrained(
-            d, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=dtype,
+            d,
+            local_files_only=True,
+            trust_remote_code=False,
+            use_safetensors=True,
+            dtype=dtype,
             output_loading_info=True,
         )
         # output_loading_info=True returns (model, info); transformers annotates the model alone

@@ -35,18 +35,21 @@ def check_writable(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ValueError(f"output {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / SUMMARY_FILE).is_file():
-        raise ValueError(f"output {out} is a non-empty directory that is not a genprobe-trained model; "
-                         f"refusing to write into it")
+        raise ValueError(
+            f"output {out} is a non-empty directory that is not a genprobe-trained model; refusing to write into it"
+        )
 
 
-def save_subword_dir(out: str | os.PathLike[str], model: PreTrainedModel, tok: Tokenizer,
-                     summary: dict[str, Any]) -> Path:
+def save_subword_dir(
+    out: str | os.PathLike[str], model: PreTrainedModel, tok: Tokenizer, summary: dict[str, Any]
+) -> Path:
     """Write ``model`` + BPE ``tok`` + ``summary`` to ``out`` (replacing an earlier run there)."""
     out = Path(out)
     check_writable(out)
     if tok.get_vocab_size() != model.config.vocab_size:
-        raise ValueError(f"tokenizer has {tok.get_vocab_size()} ids but the model's vocab_size is "
-                         f"{model.config.vocab_size}")
+        raise ValueError(
+            f"tokenizer has {tok.get_vocab_size()} ids but the model's vocab_size is {model.config.vocab_size}"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:

@@ -198,8 +198,9 @@ def _packed_documents(corpus: Corpus, tokenizer: CharTokenizer, train_ids: torch
     return [d for d in docs if len(d) >= 2] or [train_ids]
 
 
-def _batch_loss(model: GPT, train_ids: torch.Tensor, docs: list[torch.Tensor] | None, batch_size: int,
-                gen: torch.Generator) -> torch.Tensor:
+def _batch_loss(
+    model: GPT, train_ids: torch.Tensor, docs: list[torch.Tensor] | None, batch_size: int, gen: torch.Generator
+) -> torch.Tensor:
     """Loss of one random batch: windows of the text, or rows packed with whole documents (block-diagonal mask)."""
     block = model.cfg.block_size
     if docs is not None:
@@ -210,8 +211,14 @@ def _batch_loss(model: GPT, train_ids: torch.Tensor, docs: list[torch.Tensor] | 
     return masked_cross_entropy(model(x), y)
 
 
-def _summary(model: GPT, corpus: Corpus, tokenizer: CharTokenizer, train_ids: torch.Tensor, val_ids: torch.Tensor,
-             tc: TrainConfig) -> dict[str, Any]:
+def _summary(
+    model: GPT,
+    corpus: Corpus,
+    tokenizer: CharTokenizer,
+    train_ids: torch.Tensor,
+    val_ids: torch.Tensor,
+    tc: TrainConfig,
+) -> dict[str, Any]:
     """The trained model's figures beside the unigram baseline and the vocabulary's coverage."""
     cov = tokenizer.coverage(corpus.text)
     return {

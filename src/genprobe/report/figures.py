@@ -20,8 +20,15 @@ def _plt():
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
-                         "figure.dpi": 110, "savefig.bbox": "tight"})
+    plt.rcParams.update(
+        {
+            "font.size": 9,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "figure.dpi": 110,
+            "savefig.bbox": "tight",
+        }
+    )
     return plt
 
 
@@ -45,8 +52,14 @@ def decoding_bars(case: dict) -> bytes:
     colors = [RED if r["sampler"]["greedy"] else GREEN for r in rows]
     ax.barh([i + 0.2 for i in y], [r["distinct_2"] for r in rows], height=0.4, color=colors, label="ours")
     if seed:
-        ax.barh([i - 0.2 for i in y], [seed.get(n, {}).get("distinct_2", 0) for n in names], height=0.4,
-                color=GREY, alpha=0.6, label="seed")
+        ax.barh(
+            [i - 0.2 for i in y],
+            [seed.get(n, {}).get("distinct_2", 0) for n in names],
+            height=0.4,
+            color=GREY,
+            alpha=0.6,
+            label="seed",
+        )
     for i, r in enumerate(rows):
         rep = r.get("longest_repeat")
         ax.text(r["distinct_2"] + 0.01, i + 0.2, f"{rep}-gram" if rep and rep >= 2 else "none", va="center", fontsize=7)
@@ -72,15 +85,22 @@ def entropy_vs_temperature(case: dict) -> bytes:
     ax.text(taus[-1], s["log_vocab"], f"ln V = {s['log_vocab']:.2f}", va="bottom", ha="right", fontsize=7, color=TEAL)
     seed = case.get("seed", {}).get("sampling", {}).get("entropy_vs_temperature")
     if seed:
-        ax.plot([r["tau"] for r in seed], [r["entropy"] for r in seed], "x--", color=TEAL, alpha=0.45,
-            label="seed entropy")
+        ax.plot(
+            [r["tau"] for r in seed], [r["entropy"] for r in seed], "x--", color=TEAL, alpha=0.45, label="seed entropy"
+        )
     ax.set_xlabel("temperature tau")
     ax.set_ylabel("entropy (nats)", color=TEAL)
     ax2 = ax.twinx()
     ax2.plot(taus, [r["max_prob"] for r in rows], "s-", color=ORANGE, label="max prob")
     if seed:
-        ax2.plot([r["tau"] for r in seed], [r["max_prob"] for r in seed], "x--", color=ORANGE, alpha=0.45,
-            label="seed max prob")
+        ax2.plot(
+            [r["tau"] for r in seed],
+            [r["max_prob"] for r in seed],
+            "x--",
+            color=ORANGE,
+            alpha=0.45,
+            label="seed max prob",
+        )
     ax2.set_ylabel("max probability", color=ORANGE)
     ax2.set_ylim(0, 1.05)
     ax2.spines["right"].set_visible(True)

@@ -14,11 +14,13 @@ def _first(rows: list[dict], key: str, value: Any) -> dict:
 
 def _model_rows(case: dict, seed: dict) -> list[Row]:
     m, sm = case.get("model", {}), seed.get("model", {})
-    return [("parameters", m.get("params"), sm.get("params"), "int"),
-            ("validation loss (nats)", m.get("val_loss"), sm.get("val_loss"), "f3"),
-            ("unigram baseline CE (nats)", m.get("unigram_ce"), sm.get("unigram_ce"), "f3"),
-            ("vocabulary coverage (1,200 chars)", m.get("coverage_1200"), sm.get("coverage_1200"), "pct"),
-            ("<unk> share of corpus positions", m.get("unk_share"), sm.get("unk_share_claimed"), "pct")]
+    return [
+        ("parameters", m.get("params"), sm.get("params"), "int"),
+        ("validation loss (nats)", m.get("val_loss"), sm.get("val_loss"), "f3"),
+        ("unigram baseline CE (nats)", m.get("unigram_ce"), sm.get("unigram_ce"), "f3"),
+        ("vocabulary coverage (1,200 chars)", m.get("coverage_1200"), sm.get("coverage_1200"), "pct"),
+        ("<unk> share of corpus positions", m.get("unk_share"), sm.get("unk_share_claimed"), "pct"),
+    ]
 
 
 def _decoding_rows(d: dict, seed: dict) -> list[Row]:
@@ -26,12 +28,17 @@ def _decoding_rows(d: dict, seed: dict) -> list[Row]:
     sd = {r["strategy"]: r for r in seed_rows}
     g, b = d["rows"][0], d["rows"][1]
     sampled = [r for r in d["rows"] if not r["sampler"]["greedy"]]
-    return [("greedy distinct-2", g["distinct_2"], sd.get("greedy", {}).get("distinct_2"), "f3"),
-            ("greedy <unk> share", g["unk_share"], sd.get("greedy", {}).get("unk_share"), "pct"),
-            ("greedy + ban <unk> distinct-2", b["distinct_2"], sd.get("greedy + ban <unk>", {}).get("distinct_2"),
-                "f3"),
-            ("lowest distinct-2 among sampling strategies", min(r["distinct_2"] for r in sampled),
-             min((r["distinct_2"] for r in seed_rows[2:]), default=None), "f3")]
+    return [
+        ("greedy distinct-2", g["distinct_2"], sd.get("greedy", {}).get("distinct_2"), "f3"),
+        ("greedy <unk> share", g["unk_share"], sd.get("greedy", {}).get("unk_share"), "pct"),
+        ("greedy + ban <unk> distinct-2", b["distinct_2"], sd.get("greedy + ban <unk>", {}).get("distinct_2"), "f3"),
+        (
+            "lowest distinct-2 among sampling strategies",
+            min(r["distinct_2"] for r in sampled),
+            min((r["distinct_2"] for r in seed_rows[2:]), default=None),
+            "f3",
+        ),
+    ]
 
 
 def _sampling_rows(s: dict, seed: dict) -> list[Row]:
@@ -42,10 +49,16 @@ def _sampling_rows(s: dict, seed: dict) -> list[Row]:
     sn9 = _first(ss.get("nucleus_curve_tau_1", []), "p", 0.9)
     t2 = _first(s["order_trap_top_p_0_9"], "tau", 2.0)
     st2 = _first(ss.get("order_trap_top_p_0_9", []), "tau", 2.0)
-    return [("entropy after the prompt at τ = 1 (nats)", e1.get("entropy"), se1.get("entropy"), "f3"),
-            ("top-p 0.9 kept set at τ = 1", n9.get("kept"), sn9.get("kept"), "int"),
-            ("order trap τ = 2: trunc→temp / temp→trunc", f"{t2.get('trunc_then_temp')} / {t2.get('temp_then_trunc')}",
-             f"{st2.get('trunc_then_temp')} / {st2.get('temp_then_trunc')}", "str")]
+    return [
+        ("entropy after the prompt at τ = 1 (nats)", e1.get("entropy"), se1.get("entropy"), "f3"),
+        ("top-p 0.9 kept set at τ = 1", n9.get("kept"), sn9.get("kept"), "int"),
+        (
+            "order trap τ = 2: trunc→temp / temp→trunc",
+            f"{t2.get('trunc_then_temp')} / {t2.get('temp_then_trunc')}",
+            f"{st2.get('trunc_then_temp')} / {st2.get('temp_then_trunc')}",
+            "str",
+        ),
+    ]
 
 
 def _cache_rows(case: dict, seed: dict) -> list[Row]:
@@ -53,18 +66,30 @@ def _cache_rows(case: dict, seed: dict) -> list[Row]:
     c = case.get("cache_exact")
     if c:
         sc = seed.get("cache_exact", {})
-        rows += [("KV cache prefill max |Δlogit|", c["prefill_max_abs_dlogit"], sc.get("prefill_max_abs_dlogit"), "e"),
-                 ("KV cache incremental max |Δlogit|", c["incremental_max_abs_dlogit"],
-                  sc.get("incremental_max_abs_dlogit"), "e")]
+        rows += [
+            ("KV cache prefill max |Δlogit|", c["prefill_max_abs_dlogit"], sc.get("prefill_max_abs_dlogit"), "e"),
+            (
+                "KV cache incremental max |Δlogit|",
+                c["incremental_max_abs_dlogit"],
+                sc.get("incremental_max_abs_dlogit"),
+                "e",
+            ),
+        ]
     t = case.get("cache_timing")
     if t and t.get("rows"):
-        seed_cpu1: dict[str, Any] = next((r for r in seed.get("cache_timing", {}).get("rows", [])
-                          if r["device"] == "cpu" and r["batch"] == 1), {})
+        seed_cpu1: dict[str, Any] = next(
+            (r for r in seed.get("cache_timing", {}).get("rows", []) if r["device"] == "cpu" and r["batch"] == 1), {}
+        )
         seed_tf = seed.get("token_forwards", {})
-        rows += [("token forwards naive / cached (P=7, N=50)",
-                  f"{t['token_forwards']['naive_counted']:,} / {t['token_forwards']['cached_counted']:,}",
-                  f"{seed_tf.get('naive_counted', '–'):,} / {seed_tf.get('cached_counted', '–'):,}", "str"),
-                 ("CPU wall-clock speed-up, batch 1", t["rows"][0]["speedup"], seed_cpu1.get("speedup"), "f2")]
+        rows += [
+            (
+                "token forwards naive / cached (P=7, N=50)",
+                f"{t['token_forwards']['naive_counted']:,} / {t['token_forwards']['cached_counted']:,}",
+                f"{seed_tf.get('naive_counted', '–'):,} / {seed_tf.get('cached_counted', '–'):,}",
+                "str",
+            ),
+            ("CPU wall-clock speed-up, batch 1", t["rows"][0]["speedup"], seed_cpu1.get("speedup"), "f2"),
+        ]
     return rows
 
 
@@ -76,6 +101,12 @@ def headline_rows(case: dict, seed: dict) -> list[Row]:
     if case.get("sampling"):
         rows += _sampling_rows(case["sampling"], seed)
     if case.get("exposure"):
-        rows.append(("teacher forcing on 已驚飛。方從列子御: mean loss", case["exposure"]["teacher_forcing_mean_loss"],
-                     seed.get("exposure", {}).get("teacher_forcing_mean_loss"), "f3"))
+        rows.append(
+            (
+                "teacher forcing on 已驚飛。方從列子御: mean loss",
+                case["exposure"]["teacher_forcing_mean_loss"],
+                seed.get("exposure", {}).get("teacher_forcing_mean_loss"),
+                "f3",
+            )
+        )
     return rows + _cache_rows(case, seed)

@@ -222,8 +222,13 @@ class HFAdapter:
     are immune to a constant shift, so Llama/Qwen pass either way up to float noise.)
     """
 
-    def __init__(self, hf_model: torch.nn.Module, pass_position_ids: bool = True, cache: str | None = None,
-                 max_cache_len: int | None = None):
+    def __init__(
+        self,
+        hf_model: torch.nn.Module,
+        pass_position_ids: bool = True,
+        cache: str | None = None,
+        max_cache_len: int | None = None,
+    ):
         from .hf_caches import unavailable_reason
 
         self.hf = hf_model.eval()

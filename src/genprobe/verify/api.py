@@ -48,8 +48,10 @@ def reference_for(model: "Model", window: int | None = None, sinks: int = 0) -> 
     if model.kind == "genprobe":
         return FullRecompute(_gpt(model)) if window is None else WindowedRecompute(_gpt(model), window, sinks)
     if window is not None:
-        raise ValueError("a window applies to a genprobe model's reference; a transformers model's window comes "
-                         "from its config (sliding_window)")
+        raise ValueError(
+            "a window applies to a genprobe model's reference; a transformers model's window comes "
+            "from its config (sliding_window)"
+        )
     return HFReference(model.module)
 
 
@@ -96,6 +98,13 @@ def verify_cache(
         target.max_cache_len = max(len(p) for p in ids) + max_new_tokens + 1
     run = ReferenceRun(reference_for(model, window, sinks), max_new_tokens)
     return verify_implementation(
-        target, run, ids, steps=max_new_tokens, chunk_sizes=chunk_sizes, padded_batch=padded_batch,
-        thresholds=thresholds, pad_id=model.pad_id, isolation=isolation,
+        target,
+        run,
+        ids,
+        steps=max_new_tokens,
+        chunk_sizes=chunk_sizes,
+        padded_batch=padded_batch,
+        thresholds=thresholds,
+        pad_id=model.pad_id,
+        isolation=isolation,
     )

@@ -34,8 +34,15 @@ from .compare import Thresholds, max_abs_diff
 from .report import PhaseError, PhaseResult, PhaseTracker, VerifyReport, overall_verdict
 
 __all__ = [
-    "PhaseError", "PhaseResult", "ReferenceRun", "Thresholds", "VerifyReport", "isolation_partner",
-    "max_abs_diff", "padded_prompts", "verify_implementation",
+    "PhaseError",
+    "PhaseResult",
+    "ReferenceRun",
+    "Thresholds",
+    "VerifyReport",
+    "isolation_partner",
+    "max_abs_diff",
+    "padded_prompts",
+    "verify_implementation",
 ]
 
 
@@ -128,7 +135,11 @@ def _check_logits(x: Any, shape: tuple[int, int, int | None], where: str) -> Non
 
 
 def _call(
-    call: int, fn: Callable[..., torch.Tensor], ids: torch.Tensor, shape: tuple[int, int, int], where: str,
+    call: int,
+    fn: Callable[..., torch.Tensor],
+    ids: torch.Tensor,
+    shape: tuple[int, int, int],
+    where: str,
     **kw: torch.Tensor | None,
 ) -> torch.Tensor:
     """``fn(ids, **kw)`` with its logits' shape checked; any exception becomes :class:`ImplCrash`."""
@@ -324,8 +335,11 @@ def verify_implementation(
         trackers.append(t)
     if padded_batch:
         t = PhaseTracker("padded_batch", th.noise)
-        _run_phase(t, lambda: _padded_phase(impl, run, padded_prompts(prompts), t, pad_id),
-                   skip_not_implemented="implementation does not support padding")
+        _run_phase(
+            t,
+            lambda: _padded_phase(impl, run, padded_prompts(prompts), t, pad_id),
+            skip_not_implemented="implementation does not support padding",
+        )
         trackers.append(t)
     if isolation:
         t = PhaseTracker("isolation", th.noise)
@@ -363,8 +377,14 @@ def _texts(
 
 
 def _report(
-    impl: Any, name: str | None, steps: int, prompts: list[list[int]], phases: list[PhaseResult],
-    texts: list[dict[str, Any]], th: Thresholds, reference: str,
+    impl: Any,
+    name: str | None,
+    steps: int,
+    prompts: list[list[int]],
+    phases: list[PhaseResult],
+    texts: list[dict[str, Any]],
+    th: Thresholds,
+    reference: str,
 ) -> VerifyReport:
     divergences, first_div, total = 0, None, 0
     for t in texts:

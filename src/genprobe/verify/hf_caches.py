@@ -75,8 +75,10 @@ def unavailable_reason(hf_model: torch.nn.Module, kind: str) -> str | None:
     if kind == "static" and not hasattr(cu, "StaticCache"):
         return f"{version} has no StaticCache"
     if kind == "sliding" and model_window(hf_model) is None:
-        return ("the model's config has no sliding_window: DynamicCache(config=...) would hold the same "
-                "full-attention layers as 'dynamic'")
+        return (
+            "the model's config has no sliding_window: DynamicCache(config=...) would hold the same "
+            "full-attention layers as 'dynamic'"
+        )
     if kind == "sliding" and "config" not in _params(cu.DynamicCache):
         return f"{version}: DynamicCache takes no config, so it cannot build sliding-window layers"
     if kind == "quantized":

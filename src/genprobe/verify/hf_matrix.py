@@ -31,8 +31,16 @@ def tiny_config(arch: str, init: float = 0.02, window: int = 6) -> PretrainedCon
     import transformers as T
 
     ids: dict[str, Any] = dict(bos_token_id=None, eos_token_id=None, pad_token_id=0, initializer_range=init)
-    common: dict[str, Any] = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **ids)
+    common: dict[str, Any] = dict(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **ids,
+    )
     builders: dict[str, Callable[[], PretrainedConfig]] = {
         "gpt2": lambda: T.GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=2, **ids),
         "llama": lambda: T.LlamaConfig(**common),
@@ -41,8 +49,15 @@ def tiny_config(arch: str, init: float = 0.02, window: int = 6) -> PretrainedCon
         "gemma2": lambda: T.Gemma2Config(**common, head_dim=8, sliding_window=window),
         "gemma3": lambda: T.Gemma3TextConfig(**common, head_dim=8, sliding_window=window),
         "phi3": lambda: T.Phi3Config(**common),
-        "gpt_neox": lambda: T.GPTNeoXConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, max_position_embeddings=64, **ids),
+        "gpt_neox": lambda: T.GPTNeoXConfig(
+            vocab_size=100,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            **ids,
+        ),
     }
     if arch not in builders:
         raise ValueError(f"unknown architecture {arch!r}; choose from {list(ARCHS)}")
@@ -127,8 +142,13 @@ def cache_matrix(
                 cells.append(MatrixCell(arch, kind, "unavailable", reason=why))
                 notes.setdefault(why, []).append(f"{kind} on {arch}")
                 continue
-            r = verify_implementation(HFAdapter(hf, cache=kind, max_cache_len=max(map(len, PROMPTS)) + steps + 1), run,
-                                      PROMPTS, steps=steps, chunk_sizes=(1, 4))
+            r = verify_implementation(
+                HFAdapter(hf, cache=kind, max_cache_len=max(map(len, PROMPTS)) + steps + 1),
+                run,
+                PROMPTS,
+                steps=steps,
+                chunk_sizes=(1, 4),
+            )
             judged = [p for p in r.phases if p.judged]
             rel = max((p.rel_dlogit or 0.0 for p in judged), default=0.0)
             reason = "; ".join(f"{e.phase}: {e.type}: {e.message}" for e in r.errors) or None
@@ -143,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=8, help="greedy steps per prompt (default 8)")
     args = ap.parse_args(argv)
     m = cache_matrix(init=args.init, steps=args.max_new_tokens)
-    print(f"transformers {m.transformers}, torch {m.torch}; random tiny models, initializer_range {m.init}, "
-          f"{m.steps} greedy steps; cell: verdict (max |Δlogit|; in σ of the reference logits)\n")
+    print(
+        f"transformers {m.transformers}, torch {m.torch}; random tiny models, initializer_range {m.init}, "
+        f"{m.steps} greedy steps; cell: verdict (max |Δlogit|; in σ of the reference logits)\n"
+    )
     print(m.markdown())
     print()
     for why, where in m.notes.items():

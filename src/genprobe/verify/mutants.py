@@ -162,8 +162,15 @@ def run_mutant_reports(
     run = run or ReferenceRun(FullRecompute(model), steps)
     return [
         verify_implementation(
-            mutant(model, n), run, prompts, steps=steps, chunk_sizes=chunk_sizes, padded_batch=False,
-            thresholds=thresholds, name=n, isolation=False,
+            mutant(model, n),
+            run,
+            prompts,
+            steps=steps,
+            chunk_sizes=chunk_sizes,
+            padded_batch=False,
+            thresholds=thresholds,
+            name=n,
+            isolation=False,
         )
         for n in names
     ]
@@ -193,13 +200,15 @@ def report_row(r: VerifyReport, expected: str | None = None) -> dict[str, Any]:
 def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict[str, Any]:
     """:func:`report_row` plus every phase's first differing step and verdict, the relative scale and errors."""
     judged = [p for p in r.phases if p.judged]
-    return json_safe_dict({
-        **report_row(r, expected),
-        "first_diff_step_by_phase": r.first_diff_by_phase(),
-        "verdict_by_phase": {p.phase: p.verdict for p in r.phases},
-        "max_rel_dlogit": max((p.rel_dlogit or 0.0 for p in judged), default=None),
-        "errors": [e.to_dict() for e in r.errors],
-    })
+    return json_safe_dict(
+        {
+            **report_row(r, expected),
+            "first_diff_step_by_phase": r.first_diff_by_phase(),
+            "verdict_by_phase": {p.phase: p.verdict for p in r.phases},
+            "max_rel_dlogit": max((p.rel_dlogit or 0.0 for p in judged), default=None),
+            "errors": [e.to_dict() for e in r.errors],
+        }
+    )
 
 
 def run_mutants(
@@ -237,8 +246,13 @@ def mask_noop(
 def cache_exact(model: GPT, prompt_ids: list[int], steps: int = 50) -> dict[str, Any]:
     """The engine vs full recomputation (chapter §3.4.3: prefill 0.0, incremental ~1.9e-6)."""
     r = verify_implementation(
-        EngineAdapter(model), FullRecompute(model), [list(prompt_ids)], steps=steps, chunk_sizes=(4,),
-        padded_batch=False, isolation=False,
+        EngineAdapter(model),
+        FullRecompute(model),
+        [list(prompt_ids)],
+        steps=steps,
+        chunk_sizes=(4,),
+        padded_batch=False,
+        isolation=False,
     )
     return {
         "prefill_max_abs_dlogit": r.phase("prefill").max_abs_dlogit,

@@ -158,16 +158,34 @@ class VerifyReport:
 
     @classmethod
     def not_run(
-        cls, impl: str, thresholds: Thresholds, *, error: PhaseError | None = None, unavailable: str | None = None,
-        steps: int = 0, reference: str = "full recomputation",
+        cls,
+        impl: str,
+        thresholds: Thresholds,
+        *,
+        error: PhaseError | None = None,
+        unavailable: str | None = None,
+        steps: int = 0,
+        reference: str = "full recomputation",
     ) -> "VerifyReport":
         """A report for an implementation that never ran: its factory raised, or it is unavailable here."""
         return cls(
-            impl=impl, steps=steps, prompt_lengths=[], phases=[], prefill_bit_identical=False, max_abs_dlogit=0.0,
-            first_any_diff_step=None, first_diff_step=None, text_divergences=0, text_tokens=0,
-            first_text_divergence=None, text_only_would_catch=False,
-            verdict="error" if error is not None else "unavailable", thresholds=thresholds, reference=reference,
-            errors=[error] if error is not None else [], unavailable=unavailable,
+            impl=impl,
+            steps=steps,
+            prompt_lengths=[],
+            phases=[],
+            prefill_bit_identical=False,
+            max_abs_dlogit=0.0,
+            first_any_diff_step=None,
+            first_diff_step=None,
+            text_divergences=0,
+            text_tokens=0,
+            first_text_divergence=None,
+            text_only_would_catch=False,
+            verdict="error" if error is not None else "unavailable",
+            thresholds=thresholds,
+            reference=reference,
+            errors=[error] if error is not None else [],
+            unavailable=unavailable,
         )
 
     def phase(self, name: str) -> PhaseResult:

@@ -178,7 +178,9 @@ def kept_set_size(logits: torch.Tensor, cfg: SamplerConfig, history: torch.Tenso
 
 
 def kept_set_sizes(
-    logits: torch.Tensor, temperatures: Sequence[float], top_p: float,
+    logits: torch.Tensor,
+    temperatures: Sequence[float],
+    top_p: float,
     orders: Sequence[str] = ("trunc_then_temp", "temp_then_trunc"),
 ) -> list[dict[str, float]]:
     """The order-trap table (seed §3.5.5): kept-set size per temperature under each order."""

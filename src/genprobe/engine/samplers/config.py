@@ -227,9 +227,14 @@ def _check_contrastive(c: SamplerConfig) -> None:
         raise ValueError(f"penalty_alpha > 0 (contrastive search) needs top_k >= 2 candidates, got top_k={c.top_k!r}")
     if c.greedy:
         raise ValueError("penalty_alpha > 0 is contrastive search, its own deterministic mode: do not also set greedy")
-    off = {"temperature": c.temperature == 1.0, "top_p": c.top_p in (None, 1.0), "min_p": not c.min_p,
-           "typical_p": c.typical_p in (None, 1.0), "top_n_sigma": not c.top_n_sigma,
-           "xtc_probability": not c.xtc_probability}
+    off = {
+        "temperature": c.temperature == 1.0,
+        "top_p": c.top_p in (None, 1.0),
+        "min_p": not c.min_p,
+        "typical_p": c.typical_p in (None, 1.0),
+        "top_n_sigma": not c.top_n_sigma,
+        "xtc_probability": not c.xtc_probability,
+    }
     ignored = [name for name, is_off in off.items() if not is_off]
     if ignored:
         raise ValueError(f"contrastive search (penalty_alpha > 0) does not sample: unset {', '.join(ignored)}")

@@ -117,8 +117,9 @@ def apply_dry(logits: torch.Tensor, history: torch.Tensor, cfg: SamplerConfig) -
     table = breaker_table(cfg.dry_sequence_breakers)
     out = logits
     for b, row in enumerate(history.tolist()):
-        pens = dry_penalties([t for t in row if t >= 0], cfg.dry_multiplier, cfg.dry_base,
-                             cfg.dry_allowed_length, cfg.dry_last_n, table)
+        pens = dry_penalties(
+            [t for t in row if t >= 0], cfg.dry_multiplier, cfg.dry_base, cfg.dry_allowed_length, cfg.dry_last_n, table
+        )
         if pens:
             if out is logits:
                 out = logits.clone()
@@ -144,7 +145,7 @@ def breakers_from_strings(
             for pos in (i for i, ch in enumerate(word) if ch == s[0]):
                 rest = word[pos:]
                 if s.startswith(rest):  # the token ends with a prefix of the breaker
-                    tail = tuple(encode(s[len(rest):]))[:MAX_BREAKER_TAIL]
+                    tail = tuple(encode(s[len(rest) :]))[:MAX_BREAKER_TAIL]
                     seqs.append((tid, *tail))
     table = breaker_table(seqs)
     return tuple((head, *tail) for head, tails in table.items() for tail in tails)

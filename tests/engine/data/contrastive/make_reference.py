@@ -56,27 +56,72 @@ def _scaled(model: torch.nn.Module, std: float) -> torch.nn.Module:
 
 def build_models() -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(
-        vocab_size=50, n_positions=64, n_embd=32, n_layer=2, n_head=2, n_inner=64, activation_function="gelu_new",
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=None, pad_token_id=0, attn_implementation="eager"))
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=50,
+            n_positions=64,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            n_inner=64,
+            activation_function="gelu_new",
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            layer_norm_epsilon=1e-5,
+            tie_word_embeddings=True,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=0,
+            attn_implementation="eager",
+        )
+    )
     torch.manual_seed(1)
-    llama = LlamaForCausalLM(LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=None, pad_token_id=0, attn_implementation="eager"))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=0,
+            attn_implementation="eager",
+        )
+    )
     return {"gpt2-tiny": _scaled(gpt2, 0.25), "llama-tiny": _scaled(llama, 0.25)}
 
 
 CASES = [
     {"model": "gpt2-tiny", "prompts": [[3, 4, 5, 6]], "penalty_alpha": 0.6, "top_k": 4, "max_new_tokens": 24},
-    {"model": "gpt2-tiny", "prompts": [[7, 8, 9, 10, 11], [12, 13]], "penalty_alpha": 0.5, "top_k": 3,
-     "max_new_tokens": 20},
-    {"model": "gpt2-tiny", "prompts": [[20, 21, 22]], "penalty_alpha": 0.6, "top_k": 5, "max_new_tokens": 20,
-     "repetition_penalty": 1.3},
+    {
+        "model": "gpt2-tiny",
+        "prompts": [[7, 8, 9, 10, 11], [12, 13]],
+        "penalty_alpha": 0.5,
+        "top_k": 3,
+        "max_new_tokens": 20,
+    },
+    {
+        "model": "gpt2-tiny",
+        "prompts": [[20, 21, 22]],
+        "penalty_alpha": 0.6,
+        "top_k": 5,
+        "max_new_tokens": 20,
+        "repetition_penalty": 1.3,
+    },
     {"model": "llama-tiny", "prompts": [[5, 9, 14, 2]], "penalty_alpha": 0.6, "top_k": 4, "max_new_tokens": 24},
-    {"model": "llama-tiny", "prompts": [[30, 31, 32, 33, 34, 35], [40, 41, 42]], "penalty_alpha": 0.4, "top_k": 6,
-     "max_new_tokens": 20},
+    {
+        "model": "llama-tiny",
+        "prompts": [[30, 31, 32, 33, 34, 35], [40, 41, 42]],
+        "penalty_alpha": 0.4,
+        "top_k": 6,
+        "max_new_tokens": 20,
+    },
 ]
 
 
@@ -85,11 +130,17 @@ def run_case(model: torch.nn.Module, case: dict) -> list[list[int]]:
     ids = torch.zeros(len(case["prompts"]), P, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for b, p in enumerate(case["prompts"]):
-        ids[b, P - len(p):] = torch.tensor(p)
-        mask[b, P - len(p):] = 1
-    gc = GenerationConfig(do_sample=False, penalty_alpha=case["penalty_alpha"], top_k=case["top_k"],
-                          max_new_tokens=case["max_new_tokens"], min_new_tokens=case["max_new_tokens"],
-                          repetition_penalty=case.get("repetition_penalty", 1.0), pad_token_id=0)
+        ids[b, P - len(p) :] = torch.tensor(p)
+        mask[b, P - len(p) :] = 1
+    gc = GenerationConfig(
+        do_sample=False,
+        penalty_alpha=case["penalty_alpha"],
+        top_k=case["top_k"],
+        max_new_tokens=case["max_new_tokens"],
+        min_new_tokens=case["max_new_tokens"],
+        repetition_penalty=case.get("repetition_penalty", 1.0),
+        pad_token_id=0,
+    )
     with torch.no_grad():
         out = model.generate(ids, attention_mask=mask, generation_config=gc)
     return out[:, P:].tolist()
@@ -108,7 +159,7 @@ def main() -> None:
         results.append({**case, "tokens": tokens, "min_margin": min(margins)})
     ref = {
         "reference": f"transformers {transformers.__version__} GenerationMixin._contrastive_search "
-                     f"(torch {torch.__version__})",
+        f"(torch {torch.__version__})",
         "cases": results,
     }
     lines = ",\n".join("  " + json.dumps(c) for c in results)
