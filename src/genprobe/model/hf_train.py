@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -299,9 +299,11 @@ def greedy_samples(
     out: list[dict[str, Any]] = []
     for text in openings:
         x = torch.tensor([[eos, *tok.encode(text).ids]])
-        kw = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)
-        stop = model.generate(x, **kw)[0, x.shape[1] :].tolist()
-        full = model.generate(x, suppress_tokens=[eos], min_new_tokens=max_new_tokens, **kw)[0, x.shape[1] :].tolist()
+        kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        # transformers' own annotation of generate's ``self`` differs between 5.19 and 5.24: call it untyped
+        generate = cast(Any, model).generate
+        stop = generate(x, **kw)[0, x.shape[1] :].tolist()
+        full = generate(x, suppress_tokens=[eos], min_new_tokens=max_new_tokens, **kw)[0, x.shape[1] :].tolist()
         out.append(
             {"prompt": text, "greedy": tok.decode([t for t in stop if t != eos]), "greedy_no_eos": tok.decode(full)}
         )
