@@ -193,14 +193,17 @@ def vllm_engine(b: Bundle, prompts: Tokens, n: int) -> Engine:
         raise EngineUnavailable(f"vllm is not importable ({type(exc).__name__}: {exc})") from exc
     if getattr(b, "_vllm", None) is None:
         # A KV-cache reservation sized for these models (vLLM's CPU default takes GiBs), batches up to 128.
-        b._vllm = LLM(
-            model=str(b.hf_dir()),
-            dtype="float32",
-            skip_tokenizer_init=True,
-            seed=0,
-            max_num_seqs=128,
-            kv_cache_memory_bytes=256 << 20,
-        )
+        try:
+            b._vllm = LLM(
+                model=str(b.hf_dir()),
+                dtype="float32",
+                skip_tokenizer_init=True,
+                seed=0,
+                max_num_seqs=128,
+                kv_cache_memory_bytes=256 << 20,
+            )
+        except Exception as exc:  # e.g. vLLM's CPU attention has no kernel for this head size: skip the row, say why
+            raise EngineUnavailable(f"vLLM could not start on this model ({type(exc).__name__}: {exc})") from exc
     llm = b._vllm
     reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
 

