@@ -87,32 +87,8 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ban-unk", action="store_true", help="never generate <unk>")
 
 
-SAMPLER_DESTS = (
-    "preset",
-    "greedy",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "top_n_sigma",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "penalty_last_n",
-    "no_repeat_ngram",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_last_n",
-    "dry_sequence_breakers",
-    "xtc_probability",
-    "xtc_threshold",
-    "penalty_alpha",
-    "order",
-    "engine",
-    "ban_unk",
-)
+# every sampler flag's dest: the valued fields plus the switches and the non-numeric options
+SAMPLER_DESTS = ("preset", "greedy", *_FIELDS, "dry_sequence_breakers", "ban_unk")
 
 
 def sampler_flags_given(args: argparse.Namespace) -> list[str]:
