@@ -12,7 +12,7 @@ from genprobe.loops import EditSpec, finalise, make_patch, save_patch, state_sha
 from genprobe.loops.prompts import read_prompt_file, split_prompts
 from genprobe.model.load import load_model
 
-POEM = "床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。春眠不覺曉，處處聞啼鳥。夜來風雨聲，花落知多少。"
+from .conftest import POEM, save_tiny_qwen2
 
 
 @pytest.fixture(autouse=True)
@@ -25,37 +25,8 @@ def _single_thread():
 
 @pytest.fixture
 def hf_dir(tmp_path):
-    """A tiny random Qwen2 with a byte-level BPE whose end-of-text token is id 0, saved as a transformers dir."""
-    import transformers as T
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
-        [POEM] * 5,
-        trainers.BpeTrainer(
-            vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-        ),
-    )
-    fast = T.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    cfg = T.Qwen2Config(
-        vocab_size=320,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        eos_token_id=fast.eos_token_id,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
-    torch.manual_seed(0)
-    d = tmp_path / "qwen"
-    T.Qwen2ForCausalLM(cfg).save_pretrained(d)
-    fast.save_pretrained(d)
-    return d
+    """A tiny random Qwen2 with a byte-level BPE (end-of-text id 0), saved as a transformers directory."""
+    return save_tiny_qwen2(tmp_path / "qwen")
 
 
 @pytest.fixture
