@@ -135,13 +135,13 @@ def test_without_a_cxx_compiler_it_warns_once_and_decodes_eagerly(monkeypatch):
 def test_errors_that_are_not_compilation_failures_propagate(tiny_model, monkeypatch):
     """Only Dynamo/Inductor failures fall back to eager; anything else is a bug to surface, not hide."""
 
-    def broken():
+    def broken(kind):
         def fn(*a, **k):
             raise KeyError("a bug, not a missing compiler")
 
         return fn
 
-    monkeypatch.setattr(compiled_mod, "compiled_decode_fn", broken)
+    monkeypatch.setattr(compiled_mod, "compiled_fn", broken)
     monkeypatch.setattr(compiled_mod, "_compile_error", None)
     with pytest.raises(KeyError, match="a bug"):
         generate(tiny_model, [[1, 2, 3]], 4, compile=True)
@@ -291,3 +291,89 @@ def test_threads_follow_the_size_of_a_step():
 
     assert compiled_mod.compile_config(Sized(427_264), 1)["cpp.threads"] == 1
     assert compiled_mod.compile_config(Sized(57_750_528), 1)["cpp.threads"] == -1  # 231 MB of weights: every core
+
+
+# ---- large steps: one compiled step per iteration (weights packed for oneDNN), compiled prefill -------------
+def _spy_kinds(monkeypatch) -> list[str]:
+    """Record which compiled function ("loop", "stepwise", "prefill") every compiled call ran."""
+    kinds: list[str] = []
+    real = compiled_mod.compiled_fn
+
+    def spy(kind):
+        kinds.append(kind)
+        return real(kind)
+
+    monkeypatch.setattr(compiled_mod, "compiled_fn", spy)
+    return kinds
+
+
+def test_the_strategy_follows_the_measured_work_of_a_step():
+    """README "Decoding speed": the loop wins for small steps, one compiled step per call for large ones."""
+
+    class Sized:
+        def __init__(self, n):
+            self.n = n
+
+        def num_parameters(self):
+            return self.n
+
+    small, large = Sized(427_264), Sized(57_750_528)
+    assert [compiled_mod.decode_strategy(small, b) for b in (1, 16, 64)] == ["loop", "loop", "stepwise"]
+    assert [compiled_mod.decode_strategy(large, b) for b in (1, 16, 64)] == ["loop", "stepwise", "stepwise"]
+
+
+def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch):
+    """Tokens, finish reasons, raw logits, on_token and forward counts equal the eager loop's; the batch is a
+    symbol (one graph for batch 3 and 2) and the frozen weights were packed (what makes the path fast)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
+    model = _scaled_model(seed=0)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    plain = generate(model, prompts, 20).tokens
+    eos = [t for t in plain[0][1:] if all(t in row[1:] for row in plain)][0]
+    kinds = _spy_kinds(monkeypatch)
+    packed = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
+    seen_a, seen_b = [], []
+    kw = dict(eos_id=eos, return_logits=True)
+    a = generate(model, prompts, 20, compile=True, on_token=lambda i, t: seen_a.append(t), **kw)
+    b = generate(model, prompts, 20, on_token=lambda i, t: seen_b.append(t), **kw)
+    assert compiled_mod.compile_error() is None
+    assert set(kinds) == {"prefill", "stepwise"}  # no "loop": the compiled step ran, driven from Python
+    assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > packed
+    assert a.tokens == b.tokens and a.finished == b.finished == ["eos"] * 3 and seen_a == seen_b
+    assert _max_diff(a, b) < 1e-4 and a.forward_calls == b.forward_calls and a.token_forwards == b.token_forwards
+    graphs = counters["stats"]["unique_graphs"]
+    c = generate(model, prompts[:2], 12, compile=True, return_logits=True)
+    d = generate(model, prompts[:2], 12, return_logits=True)
+    assert c.tokens == d.tokens and _max_diff(c, d) < 1e-4
+    # Batch 2: one new graph, the prefill's (its batch size stays static); the decode step is reused.
+    assert counters["stats"]["unique_graphs"] == graphs + 1
+
+
+def test_stepwise_decoding_picks_up_weights_edited_in_place(monkeypatch):
+    monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
+    model = _scaled_model(seed=5)
+    prompts = [[1, 2, 3], [4, 5]]
+    generate(model, prompts, 10, compile=True)
+    with torch.no_grad():
+        model.h[0].mlp.c_fc.weight.mul_(1.5)
+    a = generate(model, prompts, 10, compile=True, return_logits=True)
+    b = generate(model, prompts, 10, return_logits=True)
+    assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
+
+
+def test_stepwise_path_passes_the_cache_verifier(monkeypatch):
+    """The verifier's harness (decode, prefill in chunks of 4, padded batch) on the stepwise path and prefill."""
+    from genprobe.verify import CompiledEngineAdapter, FullRecompute
+    from genprobe.verify.harness import ReferenceRun, verify_implementation
+
+    monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
+    model = _scaled_model(seed=6)
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9]]
+    kinds = _spy_kinds(monkeypatch)
+    rep = verify_implementation(
+        CompiledEngineAdapter(model), ReferenceRun(FullRecompute(model), 12), prompts, steps=12, chunk_sizes=[1, 4]
+    )
+    assert rep.verdict == "pass", rep.to_dict()
+    assert {"prefill", "stepwise"} <= set(kinds)

@@ -4,8 +4,21 @@ At batch 1 a decode step of a small model is ~40 tiny kernels whose cost is almo
 overhead (dispatch, allocation, Python), not arithmetic. ``torch.compile`` removes it: it traces
 :meth:`GPT.forward` for one-token steps over a :class:`StaticKVCache` and fuses the element-wise work
 into a few C++ kernels. The traced code is the same forward every other phase runs — there is no
-second implementation of the model to keep in sync — and prefill (any length, left padding) stays
-eager: it runs once per generation.
+second implementation of the model to keep in sync.
+
+Three compiled functions, chosen per shape from measurements on the 2-core machine (see
+:func:`decode_strategy` and the README's "Decoding speed"):
+
+- ``loop`` (:func:`_decode_loop`): every greedy step of a generation in one call. For small steps (the
+  427k model up to batch 16, any model at batch 1), where framework overhead is most of a step;
+- ``stepwise`` (:func:`_decode_step`): one compiled step per Python iteration, the batch dimension a
+  symbol. For large steps, which are matrix products: as graph constants (not loop operands) the frozen
+  weights are packed once for oneDNN, whose fp32 GEMMs run at 2.6-3.2x the speed of the unpacked
+  ``addmm`` on this AMD CPU (MKL takes a slower path there); the Python loop costs < 1% of such a step;
+- ``prefill`` (:func:`_prefill`): the prompt's forward with its length a symbol (one graph for every
+  length), for models of ``STEPWISE_MIN_WORK`` parameters or more and prompts of up to
+  ``COMPILED_PREFILL_MAX_ROWS`` tokens; otherwise the prompt is prefilled eagerly (measured: there the
+  compiled call costs more than it saves).
 
 What makes a step cheap, each measured (``benchmarks/generate_speed.py``, ``benchmarks/bench_profile.py``):
 
@@ -33,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +68,17 @@ COMPILE_CONFIG = {"cpp_wrapper": True, "freezing": True, "max_autotune": True, "
 # (parameters x batch) a step's kernels are too small to split across threads.
 SINGLE_THREAD_MAX_WORK = 4_000_000
 
+# Measured on the 2-core machine (benchmarks/generate_speed.py, README "Decoding speed"): from this many
+# parameter-rows per step, with at least two rows, a step is dominated by its matrix products and runs
+# faster as one compiled step per Python iteration (weights frozen as graph constants, packed once for
+# oneDNN: 2-3x the GFLOP/s of an unpacked addmm here) than inside the compiled loop, whose body receives
+# the weights as loop operands that cannot be packed. Below it, the per-step overhead of a Python loop
+# dominates and the whole loop stays in one call. (427k parameters: loop at batch 16, stepwise at 64;
+# 57.8M: loop at batch 1, stepwise at 16 and 64.)
+STEPWISE_MIN_WORK = 16_000_000
+# Prompts of models that large are prefilled by a compiled graph up to this many tokens (batch x length).
+COMPILED_PREFILL_MAX_ROWS = 256
+
 
 def compile_config(model: GPT, batch_size: int) -> dict[str, Any]:
     """Inductor settings for the decode loop of ``batch_size`` rows of ``model``.
@@ -75,14 +99,65 @@ def compile_config(model: GPT, batch_size: int) -> dict[str, Any]:
     return cfg
 
 
-def _decode_loop(
+def decode_strategy(model: GPT, batch_size: int) -> str:
+    """How greedy steps of ``batch_size`` rows of ``model`` are compiled: ``"loop"`` or ``"stepwise"`` (see above)."""
+    if batch_size >= 2 and model.num_parameters() * batch_size >= STEPWISE_MIN_WORK:
+        return "stepwise"
+    return "loop"
+
+
+def stepwise_config() -> dict[str, Any]:
+    """Inductor settings for one compiled step of a large batch (see :func:`_decode_step`).
+
+    No ``max_autotune``: its GEMM templates would compete with the oneDNN-packed products the batch
+    dimension being a symbol selects (Inductor packs frozen fp32 weights for oneDNN when the batch is
+    dynamic, for MKL's packed GEMM when it is static; the oneDNN kernels are the fast ones here).
+    """
+    return {"cpp_wrapper": True, "freezing": True, "cpp.threads": -1}
+
+
+def _decode_step(
     model: GPT,
+    version: int,
+    cache: StaticKVCache,
     ids: torch.Tensor,
     valid: torch.Tensor,
     done: torch.Tensor,
     eos: torch.Tensor,
-    cache: StaticKVCache,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One greedy step, as one iteration of :func:`_decode_loop` does it. Returns (token, its validity, done, logits).
+
+    Compiled with the batch dimension as a symbol: one graph serves every batch size from 2 up.
+    """
+    if version == -1:  # a branch on the value is what makes Dynamo guard on it (see _decode_loop)
+        raise ValueError("version -1 is reserved")
+    step_logits = model(ids, cache=cache.view(), attention_mask=valid)[:, -1]
+    nxt = torch.where(done, 0, step_logits.argmax(dim=-1))
+    return nxt, ~done, done | (nxt == eos), step_logits
+
+
+def _prefill(
+    model: GPT, version: int, cache: StaticKVCache, ids: torch.Tensor, valid: torch.Tensor | None
+) -> torch.Tensor:
+    """The prompt's forward (B, T > 1) into the static cache: logits (B, T, V). Compiled with T as a symbol.
+
+    One graph then serves every prompt length of a (batch size, capacity), and the symbolic row count
+    (B x T) makes Inductor pack the frozen weights for oneDNN, as for :func:`_decode_step`.
+    """
+    if version == -1:  # guarded on, see _decode_loop
+        raise ValueError("version -1 is reserved")
+    logits: torch.Tensor = model(ids, cache=cache.view(), attention_mask=valid)
+    return logits
+
+
+def _decode_loop(
+    model: GPT,
     version: int,
+    cache: StaticKVCache,
+    ids: torch.Tensor,
+    valid: torch.Tensor,
+    done: torch.Tensor,
+    eos: torch.Tensor,
     steps: torch.Tensor,
     tokens: torch.Tensor,
     valids: torch.Tensor,
@@ -132,9 +207,33 @@ def _decode_loop(
     return ran, done
 
 
+# Bumped whenever any module anywhere gets a new submodule: the cached module lists below are then stale.
+_module_epoch = [0]
+
+
+def _bump_epoch(module: torch.nn.Module, name: str, submodule: torch.nn.Module | None) -> None:
+    _module_epoch[0] += 1  # returns None: the hook must not replace the submodule
+
+
+torch.nn.modules.module.register_module_module_registration_hook(_bump_epoch)
+_module_lists: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, list[torch.nn.Module]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _modules_of(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """``list(model.modules())``, cached until a submodule is registered anywhere (walking it costs ~40 µs)."""
+    cached = _module_lists.get(model)
+    if cached is None or cached[0] != _module_epoch[0]:
+        cached = _module_lists[model] = (_module_epoch[0], list(model.modules()))
+    return cached[1]
+
+
 def weights_version(model: torch.nn.Module) -> int:
     """A number that changes whenever a parameter or buffer is replaced or modified in place."""
-    return hash(tuple((id(t), t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))) & (2**62 - 1)
+    # Read from each module's own dicts every time: a replaced parameter or buffer shows without any hook.
+    tensors = (t for m in _modules_of(model) for d in (m._parameters, m._buffers) for t in d.values() if t is not None)
+    return hash(tuple((id(t), t.data_ptr(), t._version) for t in tensors)) & (2**62 - 1)
 
 
 def fingerprint(model: torch.nn.Module) -> Fingerprint:
@@ -143,7 +242,7 @@ def fingerprint(model: torch.nn.Module) -> Fingerprint:
     Dynamo's own guards check all of it and more, but evaluating them costs ~1.5 ms per call; they
     run on the first call in each new fingerprint (see :meth:`CompiledGPTRunner._call`).
     """
-    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in _modules_of(model))
     hooks += len(torch.nn.modules.module._global_forward_hooks) + len(torch.nn.modules.module._global_forward_pre_hooks)
     cfg = getattr(model, "cfg", None)
     modes = (model.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_num_threads())
@@ -159,16 +258,19 @@ def version_of(fp: Fingerprint) -> int:
 _warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[Hashable, ...]]] = weakref.WeakKeyDictionary()
 
 
-_compiled_decode: Any = None
+_compiled: dict[str, Any] = {}
 _compile_error: str | None = None  # set once per process when compilation fails: not retried every call
 
 
-def compiled_decode_fn() -> Any:
-    """The process-wide compiled decode loop (compiled lazily, cached by torch per model and shape)."""
-    global _compiled_decode
-    if _compiled_decode is None:
-        _compiled_decode = torch.compile(_decode_loop, fullgraph=True, dynamic=False)
-    return _compiled_decode
+_FUNCTIONS: dict[str, Callable[..., Any]] = {"loop": _decode_loop, "stepwise": _decode_step, "prefill": _prefill}
+
+
+def compiled_fn(kind: str) -> Any:
+    """The process-wide compiled ``kind`` ("loop", "stepwise" or "prefill"), compiled lazily, cached by torch."""
+    if kind not in _compiled:
+        # dynamic=False: only the dimensions the runner marks (batch, prompt length) become symbols.
+        _compiled[kind] = torch.compile(_FUNCTIONS[kind], fullgraph=True, dynamic=False)
+    return _compiled[kind]
 
 
 def static_capacity(max_len: int, max_positions: int | None) -> int:
@@ -230,8 +332,18 @@ class CompiledGPTRunner:
         return StaticKVCache.for_model(self.model.cfg, batch_size, max_len=cap, dtype=self.dtype, device=self.device)
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
-        """Prefill (T > 1) eagerly; a one-token step through the compiled loop (one iteration). Logits (B, T, V)."""
-        if ids.shape[1] != 1 or _compile_error is not None:
+        """Prefill (T > 1) compiled, a one-token step through the compiled loop: logits (B, T, V)."""
+        if _compile_error is not None:
+            return self._eager_step(ids, valid, state)
+        if ids.shape[1] > 1:
+            # Measured (time to first token, 7-token prompts): a compiled prefill pays off for a large model
+            # over a few hundred rows (57.8M parameters: 23 -> 10 ms at batch 1, 82 -> 48 ms at 16, but
+            # 285 -> 329 ms at 64); for the 427k model its call costs more than it saves at every batch size
+            # (0.37 -> 0.51 ms at 1, 1.3 -> 1.6 ms at 16).
+            if self.model.num_parameters() >= STEPWISE_MIN_WORK and ids.numel() <= COMPILED_PREFILL_MAX_ROWS:
+                logits = self._prefill(ids, valid, state)
+                if logits is not None:
+                    return logits
             return self._eager_step(ids, valid, state)
         # The compiled graph skips the host-side range checks of GPT.forward; the same limits, checked here.
         self.model.check_ids(ids)
@@ -240,6 +352,13 @@ class CompiledGPTRunner:
             return self._eager_step(ids, valid, state)
         assert chunk.logits is not None  # asked for with_logits=True
         return chunk.logits
+
+    def _prefill(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor | None:
+        """The compiled :func:`_prefill` (None when compilation is unavailable), after the checks its graph skips."""
+        self.model.check_ids(ids)
+        self._check_room(state, ids.shape[1])
+        logits: torch.Tensor | None = self._call("prefill", state, ids, valid, ())
+        return logits
 
     def _eager_step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         logits: torch.Tensor = self.model(ids, cache=state, attention_mask=valid)
@@ -277,8 +396,11 @@ class CompiledGPTRunner:
                 logits=torch.zeros((B, cap, V), dtype=self.dtype, device=ids.device) if with_logits else None,
             )
         logits = out.logits if with_logits else None
-        n = torch.full((), steps, dtype=torch.long)
-        res = self._call(ids, valid, done, eos, state, n, out.tokens, out.valids, logits)
+        if decode_strategy(self.model, B) == "stepwise":
+            res = self._decode_stepwise(ids, valid, done, eos, state, steps, out.tokens, out.valids, logits)
+        else:
+            n = torch.full((), steps, dtype=torch.long)
+            res = self._call("loop", state, ids, valid, (done.clone(), eos, n, out.tokens, out.valids, logits))
         if res is None:
             return None
         ran, done = int(res[0]), res[1]
@@ -296,56 +418,80 @@ class CompiledGPTRunner:
         if self.max_positions is not None and held + steps > self.max_positions:
             raise ValueError(f"context overflow: the model's context length (block_size) is {self.max_positions}")
 
-    def _call(
+    def _decode_stepwise(
         self,
         ids: torch.Tensor,
         valid: torch.Tensor,
         done: torch.Tensor,
         eos: torch.Tensor,
         state: StaticKVCache,
-        steps: torch.Tensor,
+        steps: int,
         tokens: torch.Tensor,
         valids: torch.Tensor,
         logits: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Run the compiled loop; a first call per situation evaluates guards, compiling if needed."""
+    ) -> tuple[int, torch.Tensor] | None:
+        """Up to ``steps`` greedy steps, one compiled :func:`_decode_step` call each, stopping as the loop does."""
+        ran = 0
+        replay = None  # after the first call, later steps replay its graph without _call's bookkeeping
+        while ran < steps and not bool(done.all()):
+            res = None
+            if replay is not None:
+                try:
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                        res = replay(self.model, version_of(self._fingerprints[state]), state, ids, valid, done, eos)
+                except RuntimeError as exc:
+                    if "skip_guard_eval_unsafe" not in str(exc):
+                        raise
+            if res is None:  # the first step, or a replay Dynamo refused: guards (and compilation) as usual
+                res = self._call("stepwise", state, ids, valid, (done.clone(), eos))
+                if res is None:
+                    return None
+                replay = compiled_fn("stepwise")
+            nxt, emitted_valid, done, step_logits = res
+            tokens[:, ran] = nxt
+            valids[:, ran] = emitted_valid
+            if logits is not None:
+                logits[:, ran] = step_logits
+            ids, valid = nxt.view(-1, 1), emitted_valid.view(-1, 1)
+            ran += 1
+        return ran, done
+
+    def _call(
+        self, kind: str, state: StaticKVCache, ids: torch.Tensor, valid: torch.Tensor | None, rest: tuple[Any, ...]
+    ) -> Any | None:
+        """Run the compiled ``kind`` (:func:`compiled_fn`); a first call per situation evaluates guards, compiling.
+
+        Returns what the compiled function returns, or None when compilation failed (then the caller runs
+        the step eagerly; the cache is untouched).
+        """
         global _compile_error
         # Fresh contiguous copies: a column sliced from a (B, P+N) buffer has stride P+N, which Dynamo guards
         # on (every prompt length would recompile), and copies made here share one tensor kind (inference
         # mode or not), which guards check too.
         ids = ids.clone(memory_format=torch.contiguous_format)
-        valid = valid.clone(memory_format=torch.contiguous_format)
-        done = done.clone()
+        valid = None if valid is None else valid.clone(memory_format=torch.contiguous_format)
         fp = self._fingerprints.get(state)
         if fp is None:  # once per generation: a weight edit, a hook or a mode switch between generations shows
             fp = self._fingerprints[state] = fingerprint(self.model)
-        situation = (state.batch_size, state.capacity, logits is None, fp)
+        shape = ids.shape[0] if kind != "prefill" else (ids.shape[0], valid is None)
+        situation = (kind, shape, state.capacity, kind == "loop" and rest[-1] is None, fp)
         warm = _warm.setdefault(self.model, set())
         first = situation not in warm
         # A first call evaluates every Dynamo guard (a new model, weights, batch size or capacity recompiles)
         # under the Inductor settings for this shape. A situation seen before replays the graph it selected
         # then, evaluating only the guards that tell the cached graphs apart.
-        if first:
-            stance = contextlib.ExitStack()
-            stance.enter_context(torch._inductor.config.patch(compile_config(self.model, ids.shape[0])))
-            # One graph per (model, weights, batch size, capacity, logits or not): allow more than Dynamo's 8.
-            stance.enter_context(torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT))
-            # Compiling imports and calls torch internals that emit deprecation notices about torch's own
-            # code (torch.jit.script_method, TypedStorage); they say nothing to our users.
-            stance.enter_context(warnings.catch_warnings())
-            warnings.filterwarnings("ignore", message=r".*(torch\.jit\.script_method|TypedStorage) is deprecated")
-        else:
+        stance = self._first_call_stance(kind, state, ids, valid, rest) if first else None
+        if stance is None:
             stance = torch.compiler.set_stance(skip_guard_eval_unsafe=True)
-        args = (self.model, ids, valid, done, eos, state, version_of(fp), steps, tokens, valids, logits)
         try:
             with stance:
-                out: tuple[torch.Tensor, torch.Tensor] = compiled_decode_fn()(*args)
+                out = compiled_fn(kind)(self.model, version_of(fp), state, ids, valid, *rest)
         except RuntimeError as exc:  # Dynamo's and Inductor's exceptions are RuntimeErrors too
             if not first and "skip_guard_eval_unsafe" in str(exc):
                 # Dynamo found no cached graph for these inputs (something the fingerprint does not cover
                 # changed): forget the situation and take the path of a first call, guards and all.
                 warm.discard(situation)
-                return self._call(ids, valid, done, eos, state, steps, tokens, valids, logits)
+                return self._call(kind, state, ids, valid, rest)
             if not first or not isinstance(exc, torch._dynamo.exc.TorchDynamoException):
                 raise
             # No C++ compiler, an unsupported op, ...: say so once and decode eagerly from now on.
@@ -357,6 +503,31 @@ class CompiledGPTRunner:
             return None
         warm.add(situation)
         return out
+
+    def _first_call_stance(
+        self, kind: str, state: StaticKVCache, ids: torch.Tensor, valid: torch.Tensor | None, rest: tuple[Any, ...]
+    ) -> contextlib.ExitStack:
+        """Settings for a first call: this shape's Inductor config, symbolic dimensions marked, quiet warnings."""
+        if kind == "loop":
+            config = compile_config(self.model, ids.shape[0])
+        else:
+            config = stepwise_config()
+        if kind == "stepwise":  # the batch size as a symbol: what makes Inductor pack weights for oneDNN
+            for t in (ids, valid, rest[0], state.pos, state.valid, state.next_pos, *state.k, *state.v):
+                torch._dynamo.mark_dynamic(t, 0)
+        if kind == "prefill":  # the prompt length as a symbol: one graph for every length
+            for t in (ids, valid):
+                if t is not None:
+                    torch._dynamo.mark_dynamic(t, 1)
+        stance = contextlib.ExitStack()
+        stance.enter_context(torch._inductor.config.patch(config))
+        # One graph per (model, weights, batch size, capacity, logits or not): allow more than Dynamo's 8.
+        stance.enter_context(torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT))
+        # Compiling imports and calls torch internals that emit deprecation notices about torch's own
+        # code (torch.jit.script_method, TypedStorage); they say nothing to our users.
+        stance.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=r".*(torch\.jit\.script_method|TypedStorage)`? is deprecated")
+        return stance
 
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Uncached forward of the whole sequence (eager)."""

@@ -38,7 +38,6 @@ class StaticKVCache:
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
         self.capacity = max_len
-        self.batch_size = batch_size
         self.n_layer = n_layer
         # One base tensor per layer (not one 5-D tensor): a write into a *view* of a larger buffer is
         # functionalised by torch.compile into a copy of the whole buffer every step; into a base tensor
@@ -66,11 +65,16 @@ class StaticKVCache:
         ``reserve``/``write``/``commit``'s hand-over (``_step``) inside the body.
         """
         v = object.__new__(StaticKVCache)
-        v.capacity, v.batch_size, v.n_layer = self.capacity, self.batch_size, self.n_layer
+        v.capacity, v.n_layer = self.capacity, self.n_layer
         v.k, v.v, v.pos, v.valid = self.k, self.v, self.pos, self.valid
         v.next_pos, v.write_ptr, v._slot_offsets = self.next_pos, self.write_ptr, self._slot_offsets
         v._step = None
         return v
+
+    @property
+    def batch_size(self) -> int:
+        """Rows of the cache, read from a buffer's shape: a symbol, not a Python int, when compiled for any batch."""
+        return int(self.next_pos.shape[0])
 
     @property
     def length(self) -> int:
@@ -103,7 +107,12 @@ class StaticKVCache:
 
         ``explicit_positions`` changes nothing here: the mask is always built from the slots' positions.
         """
-        B, T = check_batch(positions, self.batch_size)
+        if torch.compiler.is_compiling():
+            # A compiled step may take the batch size as a symbol (see genprobe.engine.compiled): comparing it
+            # with the Python int here would specialise it. The compiled runner built this cache for its batch.
+            B, T = positions.shape
+        else:
+            B, T = check_batch(positions, self.batch_size)
         live = None
         if not torch.compiler.is_compiling():
             # Eager calls (prefill) read the pointer on the host: to check capacity, and to attend over the
