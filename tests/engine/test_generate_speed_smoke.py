@@ -139,3 +139,21 @@ def test_profile_breaks_a_step_down_per_engine(ckpt, tmp_path, capsys):
     assert d["roofline"]["weight_bytes"] == 4 * sum(p.numel() for p in model.parameters())  # float32 weights
     assert any("addmm" in o["op"] or "mm" in o["op"] for o in d["eager_top_ops"])
     assert "step" in capsys.readouterr().out
+
+
+def test_alternating_processes_give_one_ratio_per_round_and_their_median(ckpt, tmp_path, capsys):
+    """bench_alternate.py: one generate_speed.py process per group per round, ratios per round, median of them."""
+    mod = _load("bench_alternate")
+    argv = ["--rounds", "2", "--group", "cached", "--group", "hf", "--ours", "cached", "--out", str(tmp_path)]
+    argv += ["--", "--ckpt", str(ckpt), "--batch", "1", "2", "--reps", "1", "--new-tokens", "4"]
+    assert mod.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "round 1:" in out and "round 2:" in out and "round 3:" not in out and "| 1 |" in out and "| 2 |" in out
+    d = json.loads((tmp_path / "alternate-default.json").read_text())
+    assert len(d["rounds"]) == 2 and set(d["median_ratio"]) == {"1", "2"}
+    for merged in d["rounds"]:  # both processes' engines landed in every round's rows
+        assert all(set(speeds) == {"cached", "hf"} for speeds in merged.values())
+    r1 = [m["1"]["cached"] / m["1"]["hf"] for m in d["rounds"]]
+    assert d["median_ratio"]["1"] == pytest.approx(sorted(r1)[0] / 2 + sorted(r1)[1] / 2)
+    with pytest.raises(SystemExit, match="exactly one"):
+        mod.main(["--group", "cached hf", "--ours", "cached"])
