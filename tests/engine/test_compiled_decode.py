@@ -31,6 +31,16 @@ def _scaled_model(seed: int = 0, **kw):
     return model.eval()
 
 
+class _Sized:
+    """Stands in for a model of ``n`` parameters where only the size matters."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def num_parameters(self):
+        return self.n
+
+
 def _max_diff(a, b) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True))
 
@@ -282,15 +292,8 @@ def test_a_hook_added_between_generations_reaches_the_compiled_graph():
 
 
 def test_threads_follow_the_size_of_a_step():
-    class Sized:
-        def __init__(self, n):
-            self.n = n
-
-        def num_parameters(self):
-            return self.n
-
-    assert compiled_mod.compile_config(Sized(427_264), 1)["cpp.threads"] == 1
-    assert compiled_mod.compile_config(Sized(57_750_528), 1)["cpp.threads"] == -1  # 231 MB of weights: every core
+    assert compiled_mod.compile_config(_Sized(427_264), 1)["cpp.threads"] == 1
+    assert compiled_mod.compile_config(_Sized(57_750_528), 1)["cpp.threads"] == -1  # 231 MB of weights: every core
 
 
 # ---- large steps: one compiled step per iteration (weights packed for oneDNN), compiled prefill -------------
@@ -310,14 +313,7 @@ def _spy_kinds(monkeypatch) -> list[str]:
 def test_the_strategy_follows_the_measured_work_of_a_step():
     """README "Decoding speed": the loop wins for small steps, one compiled step per call for large ones."""
 
-    class Sized:
-        def __init__(self, n):
-            self.n = n
-
-        def num_parameters(self):
-            return self.n
-
-    small, large = Sized(427_264), Sized(57_750_528)
+    small, large = _Sized(427_264), _Sized(57_750_528)
     assert [compiled_mod.decode_strategy(small, b) for b in (1, 16, 64)] == ["loop", "loop", "stepwise"]
     assert [compiled_mod.decode_strategy(large, b) for b in (1, 16, 64)] == ["loop", "stepwise", "stepwise"]
 
