@@ -261,6 +261,29 @@ def _record(
     return rec
 
 
+def scan_result(
+    records: list[GenerationRecord],
+    sampler: SamplerConfig,
+    max_new_tokens: int,
+    seed: int,
+    loop: LoopSettings,
+    eos_id: int | None,
+    short_period_max: int,
+) -> ScanResult:
+    """The records of a scan with its summary and the settings that produced them (any generation backend)."""
+    banned = eos_id is not None and eos_id in sampler.ban_ids
+    settings = ScanSettings(
+        sampler.to_dict(),
+        max_new_tokens,
+        seed,
+        loop.to_dict(),
+        eos_id,
+        banned,
+        END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None,
+    )
+    return ScanResult(records, summarise(records, short_period_max), settings)
+
+
 def scan_loops(
     model: Any,
     prompts: Sequence[Sequence[int]],
@@ -308,17 +331,7 @@ def scan_loops(
             bar.update(len(chunk))
     finally:
         bar.close()
-    banned = eos_id is not None and eos_id in sampler.ban_ids
-    settings = ScanSettings(
-        sampler.to_dict(),
-        max_new_tokens,
-        seed,
-        loop.to_dict(),
-        eos_id,
-        banned,
-        END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None,
-    )
-    return ScanResult(records, summarise(records, short_period_max), settings)
+    return scan_result(records, sampler, max_new_tokens, seed, loop, eos_id, short_period_max)
 
 
 def _pct(x: float) -> str:

@@ -14,14 +14,12 @@ from typing import Any, Callable, Sequence
 
 from ..engine.sampling import SamplerConfig
 from ..loops.scan import (
-    END_TOKEN_NOTE,
     SHORT_PERIOD_MAX,
     ScanResult,
-    ScanSettings,
     _record,
     chanting_sampler,
+    scan_result,
     study_sampler,
-    summarise,
 )
 from ..metrics import LoopSettings
 from .engine import ServingEngine
@@ -71,17 +69,7 @@ def scan_loops_vllm(
             records.append(
                 _record(chunk[j], list(comp.token_ids), comp.finish_reason == "length", unk_id, loop, decode, text)
             )
-    banned = eos_id is not None and eos_id in sampler.ban_ids
-    settings = ScanSettings(
-        sampler.to_dict(),
-        max_new_tokens,
-        seed,
-        loop.to_dict(),
-        eos_id,
-        banned,
-        END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None,
-    )
-    return ScanResult(records, summarise(records, short_period_max), settings)
+    return scan_result(records, sampler, max_new_tokens, seed, loop, eos_id, short_period_max)
 
 
 def _check_prompts(engine: ServingEngine, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
