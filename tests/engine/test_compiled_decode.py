@@ -1,7 +1,9 @@
-"""Compiled decoding (torch.compile over the model's one forward, StaticKVCache) equals eager decoding.
+"""Compiled decoding through torch.compile (the model's one forward over a StaticKVCache) equals eager decoding.
 
-Each compiled test pays one compilation of the tiny or quick-trained model (frozen graphs are not
-cached on disk), so the shapes are shared between tests where possible.
+This is the path that decodes where the ahead-of-time programs (genprobe.engine.aot, tested in
+test_aot_decode.py) do not apply or cannot be built, so every test here turns them off. Each compiled test pays
+one compilation of the tiny or quick-trained model (frozen graphs are not cached on disk), so the shapes are
+shared between tests where possible.
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ from genprobe.engine import compiled as compiled_mod
 from genprobe.engine.generate import generate
 from genprobe.engine.sampling import SamplerConfig
 from genprobe.engine.static_cache import StaticKVCache
+
+
+@pytest.fixture(autouse=True)
+def _torch_compile_path(monkeypatch):
+    """Decode through torch.compile, not the AOT programs (which take these shapes when they can)."""
+    monkeypatch.setenv(compiled_mod.AOT_ENV, "0")
 
 
 def _scaled_model(seed: int = 0, **kw):
@@ -36,6 +44,7 @@ class _Sized:
 
     def __init__(self, n):
         self.n = n
+        self.wte = torch.nn.Embedding(1, 1)  # float32, as the kernels' check reads it
 
     def num_parameters(self):
         return self.n
@@ -323,7 +332,12 @@ def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch):
     symbol (one graph for batch 3 and 2) and the frozen weights were packed (what makes the path fast)."""
     from torch._dynamo.utils import counters
 
+    # First a small model's compiled prefill in this process (its products on genprobe's kernels): Inductor sets
+    # up its weight-packing patterns once per process, and that compile must not leave them switched off.
+    generate(_scaled_model(seed=9), [[1, 2, 3]], 3, compile=True)
     monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
+    # A graph served from Inductor's on-disk cache skips the pattern matcher, whose counter shows the packing.
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
     model = _scaled_model(seed=0)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
     plain = generate(model, prompts, 20).tokens
@@ -336,7 +350,7 @@ def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch):
     b = generate(model, prompts, 20, on_token=lambda i, t: seen_b.append(t), **kw)
     assert compiled_mod.compile_error() is None
     assert set(kinds) == {"prefill", "stepwise"}  # no "loop": the compiled step ran, driven from Python
-    assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > packed
+    assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > packed, dict(counters["inductor"])
     assert a.tokens == b.tokens and a.finished == b.finished == ["eos"] * 3 and seen_a == seen_b
     assert _max_diff(a, b) < 1e-4 and a.forward_calls == b.forward_calls and a.token_forwards == b.token_forwards
     graphs = counters["stats"]["unique_graphs"]
@@ -373,3 +387,15 @@ def test_stepwise_path_passes_the_cache_verifier(monkeypatch):
     )
     assert rep.verdict == "pass", rep.to_dict()
     assert {"prefill", "stepwise"} <= set(kinds)
+
+
+def test_weights_version_is_unique_to_a_model_object():
+    """Two model objects never share a version, even over the very same tensors: ids and addresses of a freed
+    model come back for the next one built like it, which must not inherit the freed model's frozen graph."""
+    import copy
+
+    a = _scaled_model(seed=1)
+    b = copy.copy(a)  # another module object over the same parameter tensors (same ids, addresses, counters)
+    assert all(p is q for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert compiled_mod.weights_version(a) != compiled_mod.weights_version(b)
+    assert compiled_mod.weights_version(a) == compiled_mod.weights_version(a)  # stable while nothing changes

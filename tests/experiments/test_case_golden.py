@@ -79,9 +79,19 @@ def tiny_case() -> dict:
         return run_case(model, tok, corpus, meta, quick=True, progress=False).to_dict()
 
 
+#: Below this, a logit difference is float32 rounding, whose size (and so which phase shows the most of it) depends
+#: on the CPU's kernels: the phase named the worst is then compared by type only.
+ROUNDING_DLOGIT = 1e-5
+
+
 def differences(want, got, path: str = "") -> list[str]:
     """Human-readable differences between the golden case and a new one."""
     key = path.rsplit(".", 1)[-1].split("[")[0]
+    if isinstance(want, dict) and isinstance(got, dict) and "worst_phase" in want and "worst_phase" in got:
+        if max(want.get("max_abs_dlogit") or 0.0, got.get("max_abs_dlogit") or 0.0) < ROUNDING_DLOGIT:
+            want, got = dict(want), dict(got)
+            if isinstance(want["worst_phase"], str) and isinstance(got["worst_phase"], str):
+                want["worst_phase"] = got["worst_phase"]
     if key in VOLATILE:
         same_kind = (
             (want is None) == (got is None)
@@ -132,8 +142,13 @@ def test_the_comparison_catches_changes(case):
     dropped["decoding"]["rows"].pop()
     timing = json.loads(json.dumps(case))
     timing["cache_timing"]["rows"][0]["naive_s"] *= 3  # wall clock: allowed to move
-    assert differences(case, case) == [] and differences(case, timing) == []
-    for changed in (renamed, moved, dropped):
+    rounding = json.loads(json.dumps(case))  # which phase shows the most float32 rounding: CPU-dependent
+    bug = json.loads(json.dumps(case))  # which phase shows a real difference: pinned
+    for variant, big in ((rounding, False), (bug, True)):
+        row = next(r for r in variant["cache_bugs"] if (r["max_abs_dlogit"] >= ROUNDING_DLOGIT) == big)
+        row["worst_phase"] = "prefill" if row["worst_phase"] != "prefill" else "incremental"
+    assert differences(case, case) == [] and differences(case, timing) == [] and differences(case, rounding) == []
+    for changed in (renamed, moved, dropped, bug):
         assert differences(case, changed)
 
 

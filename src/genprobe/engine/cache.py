@@ -51,6 +51,8 @@ class CacheLike(Protocol):
 
 def padded_positions(next_pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Positions of new tokens (B, T) continuing per-row counters ``next_pos``; padding does not advance them."""
+    if valid.shape[1] == 1:  # a decode step: the row's count, real or padding (the cumsum below gives the same)
+        return next_pos[:, None].clone()
     steps = valid.to(torch.long).cumsum(1) - 1
     return next_pos[:, None] + steps.clamp(min=0)
 

@@ -44,6 +44,8 @@ reason) the runner warns once, naming the error, and runs the same forward eager
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import warnings
 import weakref
 from collections.abc import Callable, Hashable
@@ -53,6 +55,7 @@ from typing import Any
 import torch
 
 from ..model.gpt import GPT
+from . import kernels
 from .static_cache import StaticKVCache
 
 #: What a compiled graph of a model depends on besides input shapes (see :func:`fingerprint`).
@@ -78,6 +81,15 @@ SINGLE_THREAD_MAX_WORK = 4_000_000
 STEPWISE_MIN_WORK = 16_000_000
 # Prompts of models that large are prefilled by a compiled graph up to this many tokens (batch x length).
 COMPILED_PREFILL_MAX_ROWS = 256
+# Decode steps of up to this many rows run their matrix products on genprobe.engine.kernels (see compile_config).
+KERNEL_MAX_ROWS = 64
+
+
+def uses_kernels(model: GPT, batch_size: int) -> bool:
+    """Whether the decode loop of ``batch_size`` rows of ``model`` runs its products on genprobe's kernels."""
+    if batch_size > KERNEL_MAX_ROWS or model.wte.weight.dtype != torch.float32:
+        return False
+    return kernels.load().available
 
 
 def compile_config(model: GPT, batch_size: int) -> dict[str, Any]:
@@ -87,23 +99,98 @@ def compile_config(model: GPT, batch_size: int) -> dict[str, Any]:
       region costs more than it saves, so the generated kernels are single-threaded; larger steps keep
       every thread (a 58M-parameter model at batch 1 is bound by reading its weights, which two cores
       do faster than one).
-    - Batch 1: every matrix product is a matrix-vector product, bound by reading the weights. Inside
-      the compiled loop an ATen ``addmm`` call per product costs more than the product itself for a
-      small model, so Inductor's ``decompose_mm_pass`` turns them into multiply-and-sum loops it
-      generates and fuses like any other kernel (same float32 maths, summed in another order).
+    - Matrix products: a decode step's products have one row per sequence and are bound by reading the
+      weights. Up to ``KERNEL_MAX_ROWS`` rows they go to :mod:`genprobe.engine.kernels` (register-tiled
+      dot products called directly from the generated C++: 1.6-2x the weight bandwidth of Inductor's
+      own code on the benchmark machine). Without those kernels, at batch 1 Inductor's
+      ``decompose_mm_pass`` turns them into multiply-and-sum loops it fuses like any other kernel
+      (an ATen ``addmm`` call per product costs more than the product itself for a small model).
+      Either way the same float32 maths, summed in another order.
     """
     threads = 1 if model.num_parameters() * batch_size <= SINGLE_THREAD_MAX_WORK else -1
     cfg: dict[str, Any] = {**COMPILE_CONFIG, "cpp.threads": threads}
-    if batch_size == 1:
+    if uses_kernels(model, batch_size):
+        cfg.update(kernels.inductor_config(KERNEL_MAX_ROWS))
+    elif batch_size == 1:
         cfg["post_grad_fusion_options"] = {"decompose_mm_pass": {"cpu_max_other_dimension_decomposition": 1 << 30}}
     return cfg
 
 
 def decode_strategy(model: GPT, batch_size: int) -> str:
     """How greedy steps of ``batch_size`` rows of ``model`` are compiled: ``"loop"`` or ``"stepwise"`` (see above)."""
-    if batch_size >= 2 and model.num_parameters() * batch_size >= STEPWISE_MIN_WORK:
+    if batch_size >= 2 and parameter_count(model) * batch_size >= STEPWISE_MIN_WORK:
         return "stepwise"
     return "loop"
+
+
+def prefill_config(model: GPT) -> dict[str, Any]:
+    """Inductor settings for the compiled prompt forward (:func:`_prefill`) of ``model``.
+
+    A model below ``STEPWISE_MIN_WORK`` parameters runs the prompt's products on genprobe's kernels, single-threaded
+    (a few rows: oneDNN's per-call primitive setup, measured ~0.1 ms per product here, would cost more than the
+    products); a large model keeps :func:`stepwise_config` (frozen weights packed for oneDNN, whose GEMMs are
+    several times faster than the kernels once the rows are many).
+    """
+    if model.num_parameters() < STEPWISE_MIN_WORK and uses_kernels(model, 1):
+        # Not frozen: freezing would pack the weights for oneDNN before the kernels' pass sees the products. (Nor
+        # ``cpp.weight_prepack: False``: Inductor registers its packing patterns once per process, on first use,
+        # and a first use with packing off would leave every later stepwise graph unpacked.)
+        cfg = {"cpp_wrapper": True, "freezing": False, "cpp.threads": 1}
+        return {**cfg, **kernels.inductor_config(None)}
+    return stepwise_config()
+
+
+#: Set to ``0`` to decode through ``torch.compile``'s loop instead of the AOT-compiled programs (genprobe.engine.aot).
+AOT_ENV = "GENPROBE_AOT"
+
+
+def uses_aot(model: GPT, batch_size: int, fp: Fingerprint | None = None) -> bool:
+    """Whether greedy steps of ``batch_size`` rows of ``model`` run through :mod:`genprobe.engine.aot` (see its doc).
+
+    For the loop-strategy shapes of a float32 model in eval mode without hooks, when the kernels' library is
+    available (it holds the C++ loop) and ``GENPROBE_AOT`` is not ``0``. Hooks and training mode change what a
+    forward does, which an exported program cannot follow; those calls take the ``torch.compile`` path, whose
+    guards see them. ``fp``: the model's :func:`fingerprint`, when the caller has it.
+    """
+    if os.environ.get(AOT_ENV, "1") == "0" or model.training or batch_size > KERNEL_MAX_ROWS:
+        return False
+    # A large model's batched steps are GEMMs that oneDNN's packed kernels (the stepwise path) run faster.
+    if batch_size > 1 and parameter_count(model) >= STEPWISE_MIN_WORK:
+        return False
+    fp = fingerprint(model) if fp is None else fp
+    return fp[1] == 0 and uses_kernels(model, batch_size)
+
+
+# Per model, its AOT decoders by (batch, capacity); None records a shape whose compilation failed (not retried).
+_aot_decoders: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int], Any]] = weakref.WeakKeyDictionary()
+
+
+def aot_decoder(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | None = None) -> Any | None:
+    """The :class:`~genprobe.engine.aot.AOTDecoder` for this shape (built on first use), bound to the current weights.
+
+    None where :func:`uses_aot` says no, or where building failed (warned once per shape; the ``torch.compile``
+    path then decodes it). ``fp``: the model's :func:`fingerprint`, when the caller has it.
+    """
+    fp = fingerprint(model) if fp is None else fp
+    if not uses_aot(model, batch_size, fp):
+        return None
+    decoders = _aot_decoders.setdefault(model, {})
+    key = (batch_size, capacity)
+    if key not in decoders:
+        from .aot import AOTDecoder
+
+        threads = 1 if model.num_parameters() * batch_size <= SINGLE_THREAD_MAX_WORK else -1
+        try:
+            decoders[key] = AOTDecoder(model, batch_size, capacity, threads)
+        except Exception as exc:  # export or AOTInductor refused this model: the torch.compile path takes over
+            decoders[key] = None
+            lines = str(exc).strip().splitlines()
+            msg = f"ahead-of-time compilation failed ({type(exc).__name__}: {lines[0] if lines else ''}); "
+            warnings.warn(msg + "decoding through torch.compile instead", RuntimeWarning, stacklevel=3)
+    decoder = decoders[key]
+    if decoder is not None:
+        decoder.bind(fp[0])
+    return decoder
 
 
 def stepwise_config() -> dict[str, Any]:
@@ -207,16 +294,25 @@ def _decode_loop(
     return ran, done
 
 
-# Bumped whenever any module anywhere gets a new submodule: the cached module lists below are then stale.
+# Bumped whenever any module anywhere gets a new submodule, parameter or buffer: cached lists below are then stale.
 _module_epoch = [0]
 
 
-def _bump_epoch(module: torch.nn.Module, name: str, submodule: torch.nn.Module | None) -> None:
-    _module_epoch[0] += 1  # returns None: the hook must not replace the submodule
+def _bump_epoch(module: torch.nn.Module, name: str, value: Any) -> None:
+    _module_epoch[0] += 1  # returns None: the hook must not replace what is being registered
 
 
 torch.nn.modules.module.register_module_module_registration_hook(_bump_epoch)
+torch.nn.modules.module.register_module_parameter_registration_hook(_bump_epoch)
+torch.nn.modules.module.register_module_buffer_registration_hook(_bump_epoch)
 _module_lists: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, list[torch.nn.Module]]] = (
+    weakref.WeakKeyDictionary()
+)
+_parameter_counts: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, int]] = weakref.WeakKeyDictionary()
+_hook_dict_lists: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, list[dict[Any, Any]]]] = (
+    weakref.WeakKeyDictionary()
+)
+_tensor_slot_lists: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, list[tuple[dict[str, Any], str]]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -229,11 +325,64 @@ def _modules_of(model: torch.nn.Module) -> list[torch.nn.Module]:
     return cached[1]
 
 
+def _tensor_slots(model: torch.nn.Module) -> list[tuple[dict[str, Any], str]]:
+    """(dict, key) of every parameter and buffer of ``model``, cached until anything is registered anywhere."""
+    cached = _tensor_slot_lists.get(model)
+    if cached is None or cached[0] != _module_epoch[0]:
+        slots = [
+            (d, k)
+            for m in _modules_of(model)
+            for d in (m._parameters, m._buffers)
+            for k, t in d.items()
+            if t is not None
+        ]
+        cached = _tensor_slot_lists[model] = (_module_epoch[0], slots)
+    return cached[1]
+
+
+def _hook_dicts(model: torch.nn.Module) -> list[dict[Any, Any]]:
+    """Every module's forward and forward-pre hook dicts, cached with the module list (they are the modules' own
+    dicts, so a hook added later shows), plus the global ones."""
+    cached = _hook_dict_lists.get(model)
+    if cached is None or cached[0] != _module_epoch[0]:
+        dicts = [d for m in _modules_of(model) for d in (m._forward_hooks, m._forward_pre_hooks)]
+        dicts += [torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks]
+        cached = _hook_dict_lists[model] = (_module_epoch[0], dicts)
+    return cached[1]
+
+
+def parameter_count(model: GPT) -> int:
+    """``model.num_parameters()``, cached until a parameter is registered anywhere (a sum over every parameter)."""
+    cached = _parameter_counts.get(model)
+    if cached is None or cached[0] != _module_epoch[0]:
+        cached = _parameter_counts[model] = (_module_epoch[0], model.num_parameters())
+    return cached[1]
+
+
+_model_serials: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+_next_serial = itertools.count(1)
+
+
+def _serial_of(model: torch.nn.Module) -> int:
+    """A number no other module object of this process ever gets (unlike ``id``, reused once a model is freed)."""
+    serial = _model_serials.get(model)
+    if serial is None:
+        serial = _model_serials[model] = next(_next_serial)
+    return serial
+
+
 def weights_version(model: torch.nn.Module) -> int:
-    """A number that changes whenever a parameter or buffer is replaced or modified in place."""
-    # Read from each module's own dicts every time: a replaced parameter or buffer shows without any hook.
-    tensors = (t for m in _modules_of(model) for d in (m._parameters, m._buffers) for t in d.values() if t is not None)
-    return hash(tuple((id(t), t.data_ptr(), t._version) for t in tensors)) & (2**62 - 1)
+    """A number that changes whenever a parameter or buffer is replaced or modified in place, unique to ``model``.
+
+    Tensor ids and addresses alone are not enough: a model built where a freed one was (same architecture, the
+    allocator handing out the same blocks) can show the same ids, addresses and version counters, and would
+    then be given the frozen graph of the freed model's weights. The model's serial rules that out.
+    """
+    # The tensors are read from each module's own dicts every time: a replaced parameter or buffer shows
+    # (assignments that register a new name bump the epoch, so the slot list itself is rebuilt then).
+    tensors = [d.get(k) for d, k in _tensor_slots(model)]  # None where one was deleted since: a new version
+    state = tuple([(id(t), t.data_ptr(), t._version) if t is not None else None for t in tensors])
+    return hash((_serial_of(model), state)) & (2**62 - 1)
 
 
 def fingerprint(model: torch.nn.Module) -> Fingerprint:
@@ -242,8 +391,7 @@ def fingerprint(model: torch.nn.Module) -> Fingerprint:
     Dynamo's own guards check all of it and more, but evaluating them costs ~1.5 ms per call; they
     run on the first call in each new fingerprint (see :meth:`CompiledGPTRunner._call`).
     """
-    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in _modules_of(model))
-    hooks += len(torch.nn.modules.module._global_forward_hooks) + len(torch.nn.modules.module._global_forward_pre_hooks)
+    hooks = sum(map(len, _hook_dicts(model)))
     cfg = getattr(model, "cfg", None)
     modes = (model.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_num_threads())
     return (weights_version(model), hooks, id(cfg), cfg, *modes)
@@ -259,6 +407,7 @@ _warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[Hashable, ...]]] = w
 
 
 _compiled: dict[str, Any] = {}
+_runners: weakref.WeakKeyDictionary[torch.nn.Module, "CompiledGPTRunner"] = weakref.WeakKeyDictionary()
 _compile_error: str | None = None  # set once per process when compilation fails: not retried every call
 
 
@@ -266,7 +415,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {"loop": _decode_loop, "stepwise": _
 
 
 def compiled_fn(kind: str) -> Any:
-    """The process-wide compiled ``kind`` ("loop", "stepwise" or "prefill"), compiled lazily, cached by torch."""
+    """The process-wide compiled ``kind`` (a key of ``_FUNCTIONS``), compiled lazily, cached by torch."""
     if kind not in _compiled:
         # dynamic=False: only the dimensions the runner marks (batch, prompt length) become symbols.
         _compiled[kind] = torch.compile(_FUNCTIONS[kind], fullgraph=True, dynamic=False)
@@ -325,22 +474,65 @@ class CompiledGPTRunner:
         # Per state (one generation): the model's fingerprint at its first compiled call, output buffers.
         self._fingerprints: weakref.WeakKeyDictionary[StaticKVCache, Fingerprint] = weakref.WeakKeyDictionary()
         self._outputs: weakref.WeakKeyDictionary[StaticKVCache, _Outputs] = weakref.WeakKeyDictionary()
+        self._pool: dict[tuple[int, int], list[StaticKVCache]] = {}
+        self._marked: weakref.WeakSet[StaticKVCache] = weakref.WeakSet()  # caches with symbolic-dimension marks
+
+    @classmethod
+    def for_model(cls, model: GPT) -> "CompiledGPTRunner":
+        """The runner of ``model`` (one per model, so that its pooled caches and buffers outlive a generation)."""
+        runner = _runners.get(model)
+        if runner is None:
+            runner = _runners[model] = cls(model)
+        return runner
 
     def new_state(self, batch_size: int, max_len: int) -> StaticKVCache:
-        """A fresh static cache of capacity :func:`static_capacity` (one compiled graph serves many lengths)."""
+        """An empty static cache of capacity :func:`static_capacity` (one compiled graph serves many lengths).
+
+        A cache given back with :meth:`release_state` is reused (reset, with its output buffers) instead of
+        allocating a new one.
+        """
         cap = static_capacity(max_len, self.max_positions)
+        pool = self._pool.get((batch_size, cap))
+        if pool:
+            state = pool.pop()
+            state.reset()
+            self._fingerprints.pop(state, None)  # the model may have changed since: fingerprint it afresh
+            return state
         return StaticKVCache.for_model(self.model.cfg, batch_size, max_len=cap, dtype=self.dtype, device=self.device)
+
+    def release_state(self, state: StaticKVCache) -> None:
+        """Give back a cache nobody uses any more, for :meth:`new_state` to reuse.
+
+        Not one that a stepwise call marked (``torch._dynamo.mark_dynamic`` records a symbolic batch on the tensors
+        themselves, which the next generation's prefill graph, specialised on the batch, would then refuse).
+        """
+        if state not in self._marked:
+            self._pool.setdefault((state.batch_size, state.capacity), []).append(state)
+
+    def _fingerprint(self, state: StaticKVCache) -> Fingerprint:
+        """The model's fingerprint, taken once per generation (per state): a weight edit between generations shows."""
+        fp = self._fingerprints.get(state)
+        if fp is None:
+            fp = self._fingerprints[state] = fingerprint(self.model)
+        return fp
+
+    def _aot(self, batch: int, state: StaticKVCache) -> Any | None:
+        return aot_decoder(self.model, batch, state.capacity, self._fingerprint(state))
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         """Prefill (T > 1) compiled, a one-token step through the compiled loop: logits (B, T, V)."""
         if _compile_error is not None:
             return self._eager_step(ids, valid, state)
+        aot = self._aot(ids.shape[0], state)
+        if aot is not None:
+            return self._aot_step(aot.decoder, ids, valid, state)
         if ids.shape[1] > 1:
-            # Measured (time to first token, 7-token prompts): a compiled prefill pays off for a large model
-            # over a few hundred rows (57.8M parameters: 23 -> 10 ms at batch 1, 82 -> 48 ms at 16, but
-            # 285 -> 329 ms at 64); for the 427k model its call costs more than it saves at every batch size
-            # (0.37 -> 0.51 ms at 1, 1.3 -> 1.6 ms at 16).
-            if self.model.num_parameters() >= STEPWISE_MIN_WORK and ids.numel() <= COMPILED_PREFILL_MAX_ROWS:
+            # Measured (time to first token, 7-token prompts): a compiled prefill pays off up to a few hundred
+            # rows (57.8M parameters: 23 -> 10 ms at batch 1, 82 -> 48 ms at 16, but 285 -> 329 ms at 64). For a
+            # small model it pays off once its products run on genprobe's kernels (see prefill_config).
+            if ids.numel() <= COMPILED_PREFILL_MAX_ROWS and (
+                self.model.num_parameters() >= STEPWISE_MIN_WORK or uses_kernels(self.model, 1)
+            ):
                 logits = self._prefill(ids, valid, state)
                 if logits is not None:
                     return logits
@@ -352,6 +544,53 @@ class CompiledGPTRunner:
             return self._eager_step(ids, valid, state)
         assert chunk.logits is not None  # asked for with_logits=True
         return chunk.logits
+
+    def _aot_step(
+        self, decoder: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache
+    ) -> torch.Tensor:
+        """Logits (B, T, V) of ``ids`` through the AOT chunk program (T > 1) or step program (T == 1)."""
+        self.model.check_ids(ids)  # the compiled programs skip GPT.forward's host-side checks
+        self._check_room(state, ids.shape[1])
+        ids = ids.contiguous()
+        valid = torch.ones_like(ids, dtype=torch.bool) if valid is None else valid.to(torch.bool).contiguous()
+        if ids.shape[1] > 1:
+            logits: torch.Tensor = decoder.forward(ids, valid, state.tensors())
+            return logits
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        out = decoder.step(ids, valid, done, self._eos(None), state.tensors())
+        step_logits: torch.Tensor = out[3]
+        return step_logits[:, None]
+
+    def generate_greedy(
+        self,
+        prompt: torch.Tensor,
+        prompt_valid: torch.Tensor | None,
+        state: StaticKVCache,
+        steps: int,
+        eos_id: int | None = None,
+        with_logits: bool = False,
+    ) -> GreedyChunk | None:
+        """A whole greedy generation into a fresh ``state`` in one call: the prompt's forward, then ``steps`` tokens.
+
+        Runs the AOT programs' C++ loop (:mod:`genprobe.engine.aot`); None where they do not apply, and the
+        caller prefills and then calls :meth:`decode_greedy`. Fewer tokens come back when every row ends with
+        ``eos_id``.
+        """
+        B = prompt.shape[0]
+        aot = None if _compile_error is not None else self._aot(B, state)
+        if aot is None:
+            return None
+        self.model.check_ids(prompt)
+        self._check_room(state, prompt.shape[1] + steps - 1)
+        prompt = prompt.contiguous()
+        if prompt_valid is None:
+            prompt_valid = torch.ones_like(prompt, dtype=torch.bool)
+        out = self._buffers(state, B, with_logits)
+        logits = out.logits if with_logits else None
+        done = torch.zeros(B, dtype=torch.bool, device=prompt.device)
+        args = (prompt, prompt_valid.contiguous(), done, self._eos(eos_id), state.tensors(), steps)
+        ran = aot.decoder.generate(*args, out.tokens, out.valids, logits)
+        return self._chunk(out, (ran, done), logits)
 
     def _prefill(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor | None:
         """The compiled :func:`_prefill` (None when compilation is unavailable), after the checks its graph skips."""
@@ -386,28 +625,55 @@ class CompiledGPTRunner:
         B = ids.shape[0]
         if valid is None:
             valid = torch.ones((B, 1), dtype=torch.bool, device=ids.device)
-        eos = torch.full((1,), -1 if eos_id is None else eos_id, dtype=torch.long, device=ids.device)
-        out = self._outputs.get(state)
-        if out is None or (with_logits and out.logits is None):  # one set per generation, capacity-shaped
-            V, cap = self.vocab_size, state.capacity
-            out = self._outputs[state] = _Outputs(
-                tokens=torch.zeros((B, cap), dtype=torch.long, device=ids.device),
-                valids=torch.zeros((B, cap), dtype=torch.bool, device=ids.device),
-                logits=torch.zeros((B, cap, V), dtype=self.dtype, device=ids.device) if with_logits else None,
-            )
+        eos = self._eos(eos_id)
+        out = self._buffers(state, B, with_logits)
         logits = out.logits if with_logits else None
+        aot = self._aot(B, state)
+        if aot is not None:
+            done = done.clone()
+            ran = aot.decoder.decode(
+                ids.contiguous(),
+                valid.contiguous(),
+                done,
+                eos,
+                state.tensors(),
+                steps,
+                out.tokens,
+                out.valids,
+                logits,
+                0,
+            )
+            return self._chunk(out, (ran, done), logits)
         if decode_strategy(self.model, B) == "stepwise":
             res = self._decode_stepwise(ids, valid, done, eos, state, steps, out.tokens, out.valids, logits)
         else:
             n = torch.full((), steps, dtype=torch.long)
             res = self._call("loop", state, ids, valid, (done.clone(), eos, n, out.tokens, out.valids, logits))
-        if res is None:
-            return None
-        ran, done = int(res[0]), res[1]
+        return None if res is None else self._chunk(out, res, logits)
+
+    def _eos(self, eos_id: int | None) -> torch.Tensor:
+        return torch.full((1,), -1 if eos_id is None else eos_id, dtype=torch.long, device=self.device)
+
+    def _buffers(self, state: StaticKVCache, batch: int, with_logits: bool) -> _Outputs:
+        """The generation's output buffers, capacity-shaped (made on its first call, or when logits are first asked)."""
+        out = self._outputs.get(state)
+        if out is None or (with_logits and out.logits is None):
+            V, cap, dev = self.vocab_size, state.capacity, self.device
+            out = self._outputs[state] = _Outputs(
+                tokens=torch.zeros((batch, cap), dtype=torch.long, device=dev),
+                valids=torch.zeros((batch, cap), dtype=torch.bool, device=dev),
+                logits=torch.zeros((batch, cap, V), dtype=self.dtype, device=dev) if with_logits else None,
+            )
+        return out
+
+    @staticmethod
+    def _chunk(out: _Outputs, res: tuple[Any, torch.Tensor], logits: torch.Tensor | None) -> GreedyChunk:
+        """The first ``res[0]`` entries of the output buffers (copies: the buffers are reused) and ``res[1]`` (done)."""
+        ran = int(res[0])
         return GreedyChunk(
             out.tokens[:, :ran].clone(),
             out.valids[:, :ran].clone(),
-            done,
+            res[1],
             logits[:, :ran].clone() if logits is not None else None,
         )
 
@@ -470,9 +736,7 @@ class CompiledGPTRunner:
         # mode or not), which guards check too.
         ids = ids.clone(memory_format=torch.contiguous_format)
         valid = None if valid is None else valid.clone(memory_format=torch.contiguous_format)
-        fp = self._fingerprints.get(state)
-        if fp is None:  # once per generation: a weight edit, a hook or a mode switch between generations shows
-            fp = self._fingerprints[state] = fingerprint(self.model)
+        fp = self._fingerprint(state)  # once per generation: a weight edit, hook or mode switch between them shows
         shape = ids.shape[0] if kind != "prefill" else (ids.shape[0], valid is None)
         situation = (kind, shape, state.capacity, kind == "loop" and rest[-1] is None, fp)
         warm = _warm.setdefault(self.model, set())
@@ -510,9 +774,12 @@ class CompiledGPTRunner:
         """Settings for a first call: this shape's Inductor config, symbolic dimensions marked, quiet warnings."""
         if kind == "loop":
             config = compile_config(self.model, ids.shape[0])
+        elif kind == "prefill":
+            config = prefill_config(self.model)
         else:
             config = stepwise_config()
         if kind == "stepwise":  # the batch size as a symbol: what makes Inductor pack weights for oneDNN
+            self._marked.add(state)
             for t in (ids, valid, rest[0], state.pos, state.valid, state.next_pos, *state.k, *state.v):
                 torch._dynamo.mark_dynamic(t, 0)
         if kind == "prefill":  # the prompt length as a symbol: one graph for every length

@@ -181,7 +181,7 @@ def generate(
             raise ValueError(f"compile=True is for genprobe GPT models, got {type(model).__name__}")
         from .compiled import CompiledGPTRunner
 
-        model = CompiledGPTRunner(model)
+        model = CompiledGPTRunner.for_model(model)
     runner = as_runner(model)
     cfg = sampler or GREEDY
     P = _check_inputs(runner, prompts, max_new_tokens, mode)
@@ -196,7 +196,7 @@ def generate(
     for b, p in enumerate(prompts):
         buf[b, P - len(p) : P] = torch.as_tensor(list(p), dtype=torch.long)
         valid[b, P - len(p) : P] = True
-    padded = not bool(valid[:, :P].all())
+    padded = any(len(p) < P for p in prompts)
     plain_greedy = cfg.greedy and cfg.is_identity  # argmax of the raw logits, nothing to process
     # The validity buffer only needs updating when something reads it after the prompt.
     track_valid = mode == "naive" or eos_id is not None or cfg.uses_history or on_token is not None
@@ -218,6 +218,13 @@ def generate(
         i = 0
         while i < N:
             cur = P + i
+            if fused and i == 0:  # the whole generation in one call, where the runner can (genprobe.engine.aot)
+                taken = _whole_greedy(
+                    runner, state, buf, valid, padded, done, P, N, eos_id, on_token, step_logits, lengths, finished
+                )
+                if taken is not None:
+                    forwards, calls, steps_done = P + taken - 1, taken, taken
+                    break
             if fused and i > 0:
                 taken = _greedy_chunk(
                     runner, state, buf, valid, done, i, P, N - i, eos_id, on_token, step_logits, lengths, finished
@@ -276,6 +283,9 @@ def generate(
                     if bool(done.all()):
                         break
             i += 1
+        release = getattr(runner, "release_state", None)
+        if release is not None and state is not None:  # a pooling runner reuses the cache for the next generation
+            release(state)
     seconds = time.perf_counter() - t0
     out = buf[:, P : P + steps_done].tolist()
     tokens = [row[: min(lengths[b], steps_done)] for b, row in enumerate(out)]
@@ -291,6 +301,30 @@ def generate(
         step_logits=step_logits,
         step_probs=step_probs,
     )
+
+
+def _whole_greedy(
+    runner: Any,
+    state: Any,
+    buf: torch.Tensor,
+    valid: torch.Tensor,
+    padded: bool,
+    done: torch.Tensor,
+    P: int,
+    N: int,
+    eos_id: int | None,
+    on_token: Callable[[int, list[int]], None] | None,
+    step_logits: list[torch.Tensor] | None,
+    lengths: list[int],
+    finished: list[str],
+) -> int | None:
+    """All ``N`` greedy steps, the prompt's forward included, in one runner call (None where the runner has none)."""
+    whole = getattr(runner, "generate_greedy", None)
+    prompt_valid = valid[:, :P] if padded else None
+    chunk = None if whole is None else whole(buf[:, :P], prompt_valid, state, N, eos_id, step_logits is not None)
+    if chunk is None:
+        return None
+    return _book_chunk(chunk, buf, valid, done, 0, P, eos_id, on_token, step_logits, lengths, finished)
 
 
 def _greedy_chunk(
@@ -319,6 +353,24 @@ def _greedy_chunk(
     chunk = runner.decode_greedy(buf[:, cur - 1 : cur], col, done, state, steps, eos_id, step_logits is not None)
     if chunk is None:
         return None
+    return _book_chunk(chunk, buf, valid, done, i, P, eos_id, on_token, step_logits, lengths, finished)
+
+
+def _book_chunk(
+    chunk: Any,
+    buf: torch.Tensor,
+    valid: torch.Tensor,
+    done: torch.Tensor,
+    i: int,
+    P: int,
+    eos_id: int | None,
+    on_token: Callable[[int, list[int]], None] | None,
+    step_logits: list[torch.Tensor] | None,
+    lengths: list[int],
+    finished: list[str],
+) -> int:
+    """Book the tokens of ``chunk`` (steps ``i``, ``i+1``, ...) as the per-step loop books them; returns how many."""
+    cur = P + i
     taken: int = chunk.tokens.shape[1]
     buf[:, cur : cur + taken] = chunk.tokens
     valid[:, cur : cur + taken] = chunk.valid

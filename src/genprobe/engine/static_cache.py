@@ -71,6 +71,21 @@ class StaticKVCache:
         v._step = None
         return v
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every buffer, in the order :meth:`from_tensors` takes them (the inputs of an exported program)."""
+        kv = [t for layer in range(self.n_layer) for t in (self.k[layer], self.v[layer])]
+        return [self.pos, self.valid, self.next_pos, self.write_ptr, self._slot_offsets, *kv]
+
+    @classmethod
+    def from_tensors(cls, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> "StaticKVCache":
+        """A cache over the buffers of :meth:`tensors` (shared, not copied): how exported programs receive one."""
+        c = object.__new__(cls)
+        c.pos, c.valid, c.next_pos, c.write_ptr, c._slot_offsets, *kv = tensors
+        c.k, c.v = list(kv[0::2]), list(kv[1::2])
+        c.capacity, c.n_layer = c.pos.shape[1], len(c.k)
+        c._step = None
+        return c
+
     @property
     def batch_size(self) -> int:
         """Rows of the cache, read from a buffer's shape: a symbol, not a Python int, when compiled for any batch."""

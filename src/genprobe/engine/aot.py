@@ -1,0 +1,187 @@
+"""Compiled decoding ahead of time: the one forward exported, compiled by AOTInductor, driven by a C++ loop.
+
+For small decode steps (the shapes :func:`genprobe.engine.compiled.decode_strategy` runs as a loop) the cost of
+a greedy generation is not arithmetic but what surrounds it: entering a compiled graph from Python, and the
+wrapper work of a ``torch.while_loop`` iteration. Here the forward is exported twice with ``torch.export``
+over a :class:`~genprobe.engine.static_cache.StaticKVCache` whose tensors are graph inputs:
+
+- a **step** program: one token per row, then the greedy argmax, the padding of finished rows and the
+  end-token bookkeeping (what one iteration of ``compiled._decode_loop`` does);
+- a **chunk** program: ``T >= 2`` tokens per row (``T`` symbolic), for prompts and multi-token chunks.
+
+AOTInductor compiles each into a library (their matrix products on :mod:`genprobe.engine.kernels`), and
+``GreedyDecoder`` (C++, in the same library as the kernels) runs a whole generation in one call: the
+prompt's chunk, then one step per token. The weights are bound as user-managed constants, so the compiled
+programs read the model's own parameters: an in-place edit is seen by the next call with nothing recompiled,
+and a replaced parameter is re-bound before the next generation (see :meth:`AOTDecoder.bind`).
+
+Compiled programs are cached on disk (``kernels.build.cache_dir()/aot``) under a hash of everything they depend
+on but the weights: the model's configuration, batch size and cache capacity, the torch version and the
+source of the forward, the cache and the kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..model.gpt import GPT
+from . import kernels
+from .static_cache import StaticKVCache
+
+_HERE = Path(__file__).resolve().parent
+# What a compiled program depends on besides the model's configuration and shapes.
+_SOURCES = (
+    _HERE.parent / "model" / "gpt.py",
+    _HERE / "cache.py",
+    _HERE / "static_cache.py",
+    Path(__file__).resolve(),
+    *kernels.build.SOURCES,
+    _HERE / "kernels" / "inductor_pass.py",
+)
+
+
+class StepProgram(torch.nn.Module):
+    """One greedy decode step of ``model`` over a static cache given as tensors (what the step library runs)."""
+
+    def __init__(self, model: GPT):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, ids: torch.Tensor, valid: torch.Tensor, done: torch.Tensor, eos: torch.Tensor, *cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(next token (B, 1), its validity (B, 1), done (B,), raw logits (B, V)); finished rows emit padding (0)."""
+        logits = self.model(ids, cache=StaticKVCache.from_tensors(cache), attention_mask=valid)[:, -1]
+        nxt = torch.where(done, 0, logits.argmax(dim=-1))
+        return nxt[:, None], (~done)[:, None], done | (nxt == eos), logits
+
+
+class ChunkProgram(torch.nn.Module):
+    """``T >= 2`` new tokens per row through ``model`` into a static cache given as tensors: logits (B, T, V)."""
+
+    def __init__(self, model: GPT):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
+        """Logits of every new position; ``valid`` (B, T) marks real tokens (left padding is invalid)."""
+        logits: torch.Tensor = self.model(ids, cache=StaticKVCache.from_tensors(cache), attention_mask=valid)
+        return logits
+
+
+def cache_key(model: GPT, batch: int, capacity: int, threads: int) -> str:
+    """Hash of everything the compiled programs depend on except the weights."""
+    h = hashlib.sha256()
+    p = next(model.parameters())
+    for part in (repr(model.cfg), batch, capacity, threads, p.dtype, torch.__version__):
+        h.update(repr(part).encode())
+    for src in _SOURCES:
+        h.update(src.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def _example_cache(model: GPT, batch: int, capacity: int) -> StaticKVCache:
+    p = next(model.parameters())
+    return StaticKVCache.for_model(model.cfg, batch, max_len=capacity, dtype=p.dtype, device=p.device)
+
+
+def _inductor_config(model: GPT, rows: int | None, threads: int) -> dict[str, Any]:
+    # Weights stay out of the library: they are bound at load time to the model's own tensors.
+    cfg: dict[str, Any] = {"cpp.threads": threads, "aot_inductor.package_constants_in_so": False}
+    if rows is None or rows <= kernels_max_rows():
+        cfg.update(kernels.inductor_config(rows))
+    return cfg
+
+
+def kernels_max_rows() -> int:
+    """Rows up to which the step program's products run on the kernels (the compiled loop's limit)."""
+    from .compiled import KERNEL_MAX_ROWS
+
+    return KERNEL_MAX_ROWS
+
+
+def _compile(program: torch.nn.Module, args: tuple[Any, ...], dynamic: Any, cfg: dict[str, Any], path: Path) -> None:
+    """Export ``program`` and compile it with AOTInductor into the package ``path`` (written atomically)."""
+    with torch.no_grad():
+        ep = torch.export.export(program, args, dynamic_shapes=dynamic, strict=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.pt2", dir=path.parent)
+    os.close(fd)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*(torch\.jit\.script_method|TypedStorage)`? is deprecated")
+            warnings.filterwarnings(
+                "ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+            )
+            torch._inductor.aoti_compile_and_package(ep, package_path=tmp, inductor_configs=cfg)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def build_programs(model: GPT, batch: int, capacity: int, threads: int) -> tuple[Path, Path]:
+    """(step package, chunk package) for ``batch`` rows and ``capacity`` cache slots, compiled unless cached."""
+    from .compiled import STEPWISE_MIN_WORK
+
+    root = kernels.build.cache_dir().parent / "aot"
+    key = cache_key(model, batch, capacity, threads)
+    step_path, chunk_path = root / f"{key}-step.pt2", root / f"{key}-chunk.pt2"
+    cache = _example_cache(model, batch, capacity)
+    tensors = tuple(cache.tensors())
+    if not step_path.exists():
+        ids = torch.zeros((batch, 1), dtype=torch.long)
+        valid = torch.ones((batch, 1), dtype=torch.bool)
+        done = torch.zeros(batch, dtype=torch.bool)
+        eos = torch.full((1,), -1, dtype=torch.long)
+        args = (ids, valid, done, eos, *tensors)
+        _compile(StepProgram(model), args, None, _inductor_config(model, batch, threads), step_path)
+    if not chunk_path.exists():
+        tokens = torch.export.Dim("tokens", min=2, max=capacity)
+        ids = torch.zeros((batch, min(capacity, 8)), dtype=torch.long)
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        dynamic = ({1: tokens}, {1: tokens}, (None,) * len(tensors))  # the cache: the *args of forward
+        # A small model's prompt products on the kernels (any number of rows); a large model's on Inductor's GEMMs.
+        rows = None if model.num_parameters() < STEPWISE_MIN_WORK else 0
+        _compile(
+            ChunkProgram(model), (ids, valid, *tensors), dynamic, _inductor_config(model, rows, threads), chunk_path
+        )
+    return step_path, chunk_path
+
+
+class AOTDecoder:
+    """The compiled step and chunk programs of one (model, batch size, capacity), bound to the model's weights."""
+
+    def __init__(self, model: GPT, batch: int, capacity: int, threads: int):
+        self.model, self.batch, self.capacity = model, batch, capacity
+        step_path, chunk_path = build_programs(model, batch, capacity, threads)
+        # A program compiled single-threaded keeps its products on the calling thread as well.
+        self.decoder = torch.classes.genprobe.GreedyDecoder(str(step_path), str(chunk_path), threads == 1)
+        self._names = list(self.decoder.constant_names())
+        self._bound: int | None = None
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        named: dict[str, torch.Tensor] = dict(self.model.named_parameters(prefix="model", remove_duplicate=False))
+        named.update(self.model.named_buffers(prefix="model", remove_duplicate=False))
+        missing = [n for n in self._names if n not in named]
+        if missing:
+            raise RuntimeError(f"compiled program reads weights the model does not have: {missing[:3]}")
+        return {n: named[n].detach() for n in self._names}
+
+    def bind(self, version: int) -> None:
+        """Point the programs at the model's current weight tensors (again only after one changed or was replaced).
+
+        ``version`` is :func:`~genprobe.engine.compiled.weights_version` of the model (computed once per generation).
+        The binding shares storage: an in-place edit alone needs no new binding, but re-binding then is harmless,
+        and the version cannot tell the two apart.
+        """
+        if version != self._bound:
+            self.decoder.bind_weights(self._weights())
+            self._bound = version

@@ -1,0 +1,173 @@
+"""Build ``linear.cpp`` and ``decoder.cpp`` into one library on first use and load it (cached per source and toolchain).
+
+Like ``torch.compile`` on CPU, this needs a C++ compiler; :func:`load` never raises for a machine that lacks one
+(or lacks AVX2): it returns a :class:`KernelStatus` saying why the kernels are unavailable, and the compiled decode
+path then keeps Inductor's own code for the products. The library is written once per (source, torch version,
+compiler, flags) into the cache directory, atomically, so concurrent first uses cannot load a half-written file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCES = (Path(__file__).with_name("linear.cpp"), Path(__file__).with_name("decoder.cpp"))
+SOURCE = SOURCES[0]
+#: Set to ``0`` to turn the kernels off (the compiled path then uses Inductor's code for every product).
+DISABLE_ENV = "GENPROBE_KERNELS"
+#: Where built libraries are kept (default: ``$XDG_CACHE_HOME/genprobe/kernels`` or ``~/.cache/genprobe/kernels``).
+CACHE_ENV = "GENPROBE_CACHE_DIR"
+BUILD_TIMEOUT_S = 600
+ISA_FLAGS = ("-mavx2", "-mfma")
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    """Whether the kernels are loaded in this process, and if not, why."""
+
+    available: bool
+    reason: str = ""
+    library: str | None = None
+
+
+_status: KernelStatus | None = None
+
+
+def status() -> KernelStatus:
+    """The outcome of :func:`load` in this process (loads on first call)."""
+    return load()
+
+
+def load() -> KernelStatus:
+    """Build (once per toolchain) and load the kernels; ``available=False`` with the reason when they cannot be."""
+    global _status
+    if _status is None:
+        try:
+            _status = _load()
+        except _Unavailable as exc:
+            _status = KernelStatus(False, str(exc))
+    return _status
+
+
+class _Unavailable(RuntimeError):
+    """Why the kernels cannot run here (a missing compiler, a CPU without AVX2, a failed build)."""
+
+
+def cache_dir() -> Path:
+    """Directory of built libraries (``GENPROBE_CACHE_DIR``, else the XDG cache directory)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]) / "kernels"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "genprobe" / "kernels"
+
+
+def compiler() -> str | None:
+    """The C++ compiler to build with: ``$CXX``, else the first of g++, c++, clang++ on the PATH."""
+    if os.environ.get("CXX"):
+        return os.environ["CXX"]
+    return next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
+
+
+def build_command(cxx: str, output: Path) -> list[str]:
+    """The compiler command that builds the kernels' sources into ``output`` against the installed torch."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    torch_lib = library_paths()[0]
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        cxx,
+        "-O3",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-fopenmp",  # at::parallel_for's template is an OpenMP region compiled here; torch's libgomp is reused
+        *ISA_FLAGS,
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *(f"-I{p}" for p in include_paths()),
+        *(str(src) for src in SOURCES),
+        "-o",
+        str(output),
+        f"-L{torch_lib}",
+        "-lc10",
+        "-ltorch_cpu",
+        "-ltorch",
+        f"-Wl,-rpath,{torch_lib}",
+    ]
+
+
+def _compiler_version(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except OSError as exc:
+        raise _Unavailable(f"C++ compiler {cxx!r} cannot run ({exc})") from exc
+    return out.stdout.splitlines()[0] if out.stdout else cxx
+
+
+def library_path(cxx: str) -> Path:
+    """Where the library built by ``cxx`` for this source and torch lives (a content hash names it)."""
+    key = hashlib.sha256()
+    for part in (*(src.read_bytes() for src in SOURCES), torch.__version__.encode(), _compiler_version(cxx).encode()):
+        key.update(part)
+    key.update(" ".join(build_command(cxx, Path("out"))).encode())
+    return cache_dir() / f"linear-{key.hexdigest()[:20]}.so"
+
+
+def _check_machine() -> None:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise _Unavailable(f"the kernels are x86-64 (AVX2) code; this machine is {platform.machine()}")
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        raise _Unavailable(f"the kernels need AVX2 and FMA; torch reports CPU capability {capability}")
+
+
+def _build(cxx: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run(
+            build_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+        )
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            raise _Unavailable(f"building genprobe's kernels with {cxx} failed (exit {proc.returncode}): {tail}")
+        os.replace(tmp, target)  # atomic: another process sees the old file or the whole new one
+    except subprocess.TimeoutExpired as exc:
+        raise _Unavailable(f"building genprobe's kernels took more than {BUILD_TIMEOUT_S} s") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load() -> KernelStatus:
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        raise _Unavailable(f"turned off by {DISABLE_ENV}=0")
+    _check_machine()
+    cxx = compiler()
+    if cxx is None:
+        raise _Unavailable("no C++ compiler found (install g++, or set CXX)")
+    path = library_path(cxx)
+    if not path.exists():
+        _build(cxx, path)
+    torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
+    # Inductor's generated library calls the C shim by name when it is loaded: make this library's symbols global.
+    ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+    _register_fake()
+    return KernelStatus(True, "", str(path))
+
+
+def _register_fake() -> None:
+    """Shapes for tracing: what ``torch.compile`` needs to put the op in a graph."""
+
+    @torch.library.register_fake("genprobe::small_linear")  # type: ignore[untyped-decorator]
+    def _small_linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))

@@ -1,0 +1,195 @@
+// The C++ loop of greedy decoding over two AOTInductor-compiled graphs of genprobe's one forward.
+//
+// genprobe.engine.aot exports GPT.forward twice over a StaticKVCache whose tensors are graph inputs: a
+// "chunk" graph (T >= 2 new tokens, T symbolic: prompts and chunks) and a "step" graph (one token per row,
+// plus the greedy argmax and end-token bookkeeping of a decode step). AOTInductor compiles each into a
+// library; this class loads both and runs a whole greedy generation in one call: the prompt's forward,
+// then one step per token until every row has finished or the budget is spent. No Python and no
+// per-call framework machinery runs between steps, and each step is one call into generated C++.
+//
+// The weights are bound as user-managed constants: the graphs read the model's own parameter tensors,
+// so an in-place edit (a loop patch) is seen by the next call without recompiling.
+#include <ATen/ATen.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace genprobe {
+// Defined in linear.cpp: keep genprobe::small_linear on the calling thread (true) or let it split (false);
+// returns the previous setting.
+bool set_serial_products(bool serial);
+}  // namespace genprobe
+
+namespace {
+
+using torch::inductor::AOTIModelPackageLoader;
+
+// For the duration of a call: the products of programs compiled single-threaded stay on this thread. A step
+// that small gains little from a second core, and loses a lot when a neighbour holds it (every split waits
+// for the slower thread).
+class SerialProducts {
+ public:
+  explicit SerialProducts(bool serial) : before_(genprobe::set_serial_products(serial)) {}
+  ~SerialProducts() { genprobe::set_serial_products(before_); }
+  SerialProducts(const SerialProducts&) = delete;
+  SerialProducts& operator=(const SerialProducts&) = delete;
+
+ private:
+  bool before_;
+};
+
+std::unique_ptr<AOTIModelPackageLoader> open_package(const std::string& path) {
+  // One runner, run single-threaded: this object is driven by one thread at a time, so the container's
+  // model pool and its locks are not needed.
+  return std::make_unique<AOTIModelPackageLoader>(path, "model", /*run_single_threaded=*/true, /*num_runners=*/1);
+}
+
+std::vector<at::Tensor> with_cache(std::vector<at::Tensor> head, const std::vector<at::Tensor>& cache) {
+  head.insert(head.end(), cache.begin(), cache.end());
+  return head;
+}
+
+}  // namespace
+
+class GreedyDecoder : public torch::CustomClassHolder {
+ public:
+  // ``serial``: the programs were compiled single-threaded, and their products run on the calling thread too.
+  GreedyDecoder(const std::string& step_package, const std::string& chunk_package, bool serial)
+      : step_(open_package(step_package)), chunk_(open_package(chunk_package)), serial_(serial) {}
+
+  // Names of the weights each graph reads (the exported module's parameter names).
+  std::vector<std::string> constant_names() { return step_->get_constant_fqns(); }
+
+  // Point both graphs at these tensors (no copy): later in-place edits of them are seen by every call.
+  void bind_weights(c10::Dict<std::string, at::Tensor> weights) {
+    std::unordered_map<std::string, at::Tensor> map;
+    for (const auto& item : weights) map.emplace(item.key(), item.value());
+    step_->load_constants(map, /*use_inactive=*/false, /*check_full_update=*/true, /*user_managed=*/true);
+    chunk_->load_constants(map, /*use_inactive=*/false, /*check_full_update=*/true, /*user_managed=*/true);
+  }
+
+  // T >= 2 tokens (B, T) with their validity (B, T) through the chunk graph: logits (B, T, V).
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& valid, const std::vector<at::Tensor>& cache) {
+    SerialProducts scope(serial_);
+    return chunk_->run(with_cache({ids, valid}, cache))[0];
+  }
+
+  // One decode step: [next token (B, 1), its validity (B, 1), done (B,), raw logits (B, V)].
+  std::vector<at::Tensor> step(const at::Tensor& ids, const at::Tensor& valid, const at::Tensor& done,
+                               const at::Tensor& eos, const std::vector<at::Tensor>& cache) {
+    SerialProducts scope(serial_);
+    return step_->run(with_cache({ids, valid, done, eos}, cache));
+  }
+
+  // Greedy steps from the last chosen tokens ``ids`` (B, 1): step i writes column ``first + i`` of ``tokens``,
+  // ``valids`` and (when defined) ``logits``; stops after ``steps`` steps or once every row is done.
+  // Returns the number of steps run. ``done`` is updated in place.
+  int64_t decode(at::Tensor ids, at::Tensor valid, const at::Tensor& done, const at::Tensor& eos,
+                 const std::vector<at::Tensor>& cache, int64_t steps, const at::Tensor& tokens,
+                 const at::Tensor& valids, const std::optional<at::Tensor>& logits, int64_t first) {
+    check_outputs(tokens, valids, logits, first + steps);
+    at::Tensor d = done.contiguous();
+    int64_t ran = 0;
+    for (; ran < steps && !all_true(d); ++ran) {
+      std::vector<at::Tensor> out = step(ids, valid, d, eos, cache);
+      record(out[0], out[1], out[3], tokens, valids, logits, first + ran);
+      ids = out[0];
+      valid = out[1];
+      d = out[2];
+    }
+    done.copy_(d);
+    return ran;
+  }
+
+  // A whole generation into a fresh cache: the prompt (B, P) with its validity, then up to ``steps`` tokens
+  // (the first from the prompt's last position). Returns the number of tokens generated; ``done`` (B,)
+  // starts all false and ends with the rows that emitted ``eos``.
+  int64_t generate(const at::Tensor& prompt, const at::Tensor& prompt_valid, const at::Tensor& done,
+                   const at::Tensor& eos, const std::vector<at::Tensor>& cache, int64_t steps,
+                   const at::Tensor& tokens, const at::Tensor& valids, const std::optional<at::Tensor>& logits) {
+    TORCH_CHECK(steps >= 1, "generate: steps must be >= 1, got ", steps);
+    check_outputs(tokens, valids, logits, steps);
+    at::Tensor first, first_valid, d, last;
+    if (prompt.size(1) == 1) {  // a one-token prompt is a decode step into the empty cache
+      std::vector<at::Tensor> out = step(prompt, prompt_valid, done.contiguous(), eos, cache);
+      first = out[0];
+      first_valid = out[1];
+      d = out[2];
+      last = out[3];
+    } else {
+      last = forward(prompt, prompt_valid, cache).select(1, -1);
+      first = last.argmax(-1, /*keepdim=*/true);
+      first_valid = at::ones_like(first, first.options().dtype(at::kBool));
+      d = done.logical_or(first.squeeze(1) == eos);
+    }
+    record(first, first_valid, last, tokens, valids, logits, 0);
+    done.copy_(d);
+    return 1 + decode(first, first_valid, done, eos, cache, steps - 1, tokens, valids, logits, 1);
+  }
+
+ private:
+  std::unique_ptr<AOTIModelPackageLoader> step_;
+  std::unique_ptr<AOTIModelPackageLoader> chunk_;
+  bool serial_;
+
+  static bool all_true(const at::Tensor& done) {
+    const bool* p = done.data_ptr<bool>();
+    for (int64_t b = 0; b < done.numel(); ++b)
+      if (!p[b]) return false;
+    return true;
+  }
+
+  static void check_outputs(const at::Tensor& tokens, const at::Tensor& valids, const std::optional<at::Tensor>& logits,
+                            int64_t columns) {
+    TORCH_CHECK(tokens.is_contiguous() && tokens.scalar_type() == at::kLong && tokens.dim() == 2,
+                "decode: tokens must be a contiguous (B, S) int64 tensor");
+    TORCH_CHECK(valids.is_contiguous() && valids.scalar_type() == at::kBool && valids.sizes() == tokens.sizes(),
+                "decode: valids must be a contiguous bool tensor shaped like tokens");
+    TORCH_CHECK(tokens.size(1) >= columns, "decode: ", columns, " columns needed, tokens has ", tokens.size(1));
+    if (logits.has_value() && logits->defined())
+      TORCH_CHECK(logits->is_contiguous() && logits->scalar_type() == at::kFloat && logits->dim() == 3 &&
+                      logits->size(0) == tokens.size(0) && logits->size(1) >= columns,
+                  "decode: logits must be a contiguous (B, S, V) float32 tensor with ", columns, " columns");
+  }
+
+  // Column ``at`` of the outputs: tokens and validity (B, 1), raw logits (B, V) when asked for.
+  static void record(const at::Tensor& token, const at::Tensor& token_valid, const at::Tensor& step_logits,
+                     const at::Tensor& tokens, const at::Tensor& valids, const std::optional<at::Tensor>& logits,
+                     int64_t at) {
+    const int64_t B = tokens.size(0), S = tokens.size(1);
+    const at::Tensor t = token.contiguous(), v = token_valid.contiguous();
+    const int64_t* tp = t.data_ptr<int64_t>();
+    const bool* vp = v.data_ptr<bool>();
+    int64_t* out_t = tokens.data_ptr<int64_t>();
+    bool* out_v = valids.data_ptr<bool>();
+    for (int64_t b = 0; b < B; ++b) {
+      out_t[b * S + at] = tp[b];
+      out_v[b * S + at] = vp[b];
+    }
+    if (logits.has_value() && logits->defined()) {
+      const at::Tensor l = step_logits.contiguous();
+      const int64_t V = l.size(-1), LS = logits->size(1);
+      const float* lp = l.data_ptr<float>();
+      float* out_l = logits->data_ptr<float>();
+      for (int64_t b = 0; b < B; ++b) std::memcpy(out_l + (b * LS + at) * V, lp + b * V, sizeof(float) * V);
+    }
+  }
+};
+
+TORCH_LIBRARY_FRAGMENT(genprobe, m) {
+  m.class_<GreedyDecoder>("GreedyDecoder")
+      .def(torch::init<std::string, std::string, bool>())
+      .def("constant_names", &GreedyDecoder::constant_names)
+      .def("bind_weights", &GreedyDecoder::bind_weights)
+      .def("forward", &GreedyDecoder::forward)
+      .def("step", &GreedyDecoder::step)
+      .def("decode", &GreedyDecoder::decode)
+      .def("generate", &GreedyDecoder::generate);
+}

@@ -1,0 +1,150 @@
+"""The Inductor graph pass that hands the small matrix products of a compiled decode graph to ``small_linear``.
+
+After AOT dispatch a linear layer is ``addmm(bias, x, permute(W, [1, 0]))`` (``mm`` without a bias). When ``x``
+has a static number of rows no larger than ``max_rows`` (or any number, symbolic included, when ``max_rows`` is
+None: a small model's prompt) and everything is float32 on the CPU, the pass replaces the product by
+``genprobe.small_linear(x, W, bias)``: the same maths, summed in another order by the kernels of ``linear.cpp``.
+Other products (more rows, other dtypes, a non-contiguous weight) keep Inductor's lowering. The pass runs as Inductor's
+``post_grad_custom_pre_pass``, before its own passes, on the graph and on every subgraph (a ``while_loop`` body).
+:func:`inductor_config` also names the op's C shim, so that the generated C++ calls the kernel directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from .build import SOURCE
+
+aten = torch.ops.aten
+
+#: The C declaration Inductor's C++ wrapper calls (``aoti_torch_<device>_<op name>``, defined in ``linear.cpp``).
+SHIM_DECLARATION = (
+    "AOTITorchError aoti_torch_cpu_small_linear("
+    "AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias, AtenTensorHandle* ret0)"
+)
+_SHIM_CONFIG_KEY = "aot_inductor.custom_ops_to_c_shims"
+
+
+def _float32_matrix(node: Any) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dim() == 2 and val.dtype == torch.float32:
+        return val
+    return None
+
+
+def _weight_of(wt: Any, graph: torch.fx.Graph, before: torch.fx.Node) -> torch.fx.Node | None:
+    """A node holding the (N, K) contiguous weight whose transpose is ``wt`` (inserted if needed), else None.
+
+    ``wt`` is ``permute(W, [1, 0])`` of the layer's weight, or, in a frozen graph, the constant that folding made
+    of that permute (a (K, N) view with strides (1, K)), whose transpose is a free view.
+    """
+    if isinstance(wt, torch.fx.Node) and wt.target == aten.permute.default and list(wt.args[1]) == [1, 0]:  # type: ignore[arg-type]
+        w = _float32_matrix(wt.args[0])
+        return wt.args[0] if w is not None and w.is_contiguous() else None  # type: ignore[return-value]
+    val = _float32_matrix(wt)
+    if val is None or not val.t().is_contiguous():
+        return None
+    with graph.inserting_before(before):
+        weight = graph.call_function(aten.permute.default, (wt, [1, 0]))
+    weight.meta["val"] = val.t()
+    return weight
+
+
+def _small_rows(x: Any, max_rows: int | None) -> bool:
+    """True when ``x`` is a float32 CPU matrix with at most ``max_rows`` rows (static), or any rows when None."""
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() != 2 or val.dtype != torch.float32 or val.device.type != "cpu":
+        return False
+    rows = val.shape[0]
+    return max_rows is None or (isinstance(rows, int) and rows <= max_rows)
+
+
+def _plain_bias(bias: Any) -> bool:
+    val = bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dim() == 1 and val.dtype == torch.float32
+
+
+def _linear_operands(node: torch.fx.Node, max_rows: int | None) -> tuple[Any, torch.fx.Node, Any] | None:
+    """(x, W, bias or None) when ``node`` is a small-row linear layer the kernels can take, else None.
+
+    May insert a free transposing view of a frozen weight before ``node`` (see :func:`_weight_of`).
+    """
+    if node.target == aten.addmm.default:
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1 or len(node.args) != 3:
+            return None
+        bias, x, wt = node.args
+        if not _plain_bias(bias):
+            return None
+    elif node.target == aten.mm.default:
+        (x, wt), bias = node.args, None
+    else:
+        return None
+    if not _small_rows(x, max_rows):
+        return None
+    weight = _weight_of(wt, node.graph, node)
+    return None if weight is None else (x, weight, bias)
+
+
+def rewrite_small_linears(graph: torch.fx.Graph, max_rows: int | None) -> int:
+    """Replace every linear layer of ``graph`` with at most ``max_rows`` rows (None: any) by ``genprobe.small_linear``.
+
+    Returns how many were replaced.
+    """
+    op = torch.ops.genprobe.small_linear.default
+    replaced = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        operands = _linear_operands(node, max_rows)
+        if operands is None:
+            continue
+        with graph.inserting_before(node):
+            new = graph.call_function(op, operands)
+        new.meta.update(node.meta)  # same value ("val"), same stack trace for Inductor's provenance
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        replaced += 1
+    if replaced:
+        graph.eliminate_dead_code()  # the permutes nobody reads any more
+    return replaced
+
+
+class SmallLinearPass(CustomGraphPass):
+    """:func:`rewrite_small_linears` as an Inductor custom pass; its uuid keys Inductor's graph cache."""
+
+    def __init__(self, max_rows: int | None):
+        self.max_rows = max_rows
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        rewrite_small_linears(graph, self.max_rows)
+
+    def uuid(self) -> str:
+        h = hashlib.sha256(Path(__file__).read_bytes() + SOURCE.read_bytes())
+        h.update(str(self.max_rows).encode())
+        return h.hexdigest()
+
+
+def inductor_config(max_rows: int | None) -> dict[str, Any]:
+    """Inductor settings that route products of up to ``max_rows`` rows (None: any) to the kernels (after load)."""
+    _keep_graph_cache()
+    return {
+        "post_grad_custom_pre_pass": SmallLinearPass(max_rows),
+        _SHIM_CONFIG_KEY: {torch.ops.genprobe.small_linear.default: [SHIM_DECLARATION]},
+    }
+
+
+def _keep_graph_cache() -> None:
+    """Leave the shim table out of Inductor's cache key (its keys are op objects that do not pickle).
+
+    Without this every compile bypasses Inductor's FX graph cache. The table's content is fixed by this module,
+    and the pass's uuid (which covers the kernel source) is part of the key, so nothing the graph depends on
+    is lost. ``_cache_config_ignore_prefix`` is private: on a torch without it the cache is bypassed, nothing worse.
+    """
+    ignore = getattr(torch._inductor.config, "_cache_config_ignore_prefix", None)
+    if isinstance(ignore, list) and _SHIM_CONFIG_KEY not in ignore:
+        ignore.append(_SHIM_CONFIG_KEY)

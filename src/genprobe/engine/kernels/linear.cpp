@@ -1,0 +1,483 @@
+// Small-M float32 linear layers for compiled decoding: y = x W^T (+ b), x (M, K), W (N, K), M small.
+//
+// A decode step multiplies a handful of rows (one per sequence) by every weight matrix, so each
+// product is a matrix-vector product bound by reading W. Inductor generates it as one dot product
+// per output with a single accumulator, whose add chain, not memory, sets the pace (about 30 GB/s
+// of weights on the benchmark machine, where the L3 streams 55-75 GB/s to one core). These kernels
+// keep 8-12 independent FMA accumulators in flight: a tile of MR rows of x times NR rows of W, dot
+// products along k (W's rows are contiguous, so no packing is needed and in-place weight edits are
+// seen on the next call), lanes summed once per tile.
+//
+// genprobe.engine.kernels builds this file on first use and registers `genprobe::small_linear`
+// with the dispatcher, plus the C shim `aoti_torch_cpu_small_linear` through which Inductor's C++
+// wrapper calls it directly (no dispatcher, no Python) inside a compiled graph.
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "genprobe's small-M linear kernels need AVX2 and FMA (compile with -mavx2 -mfma)"
+#endif
+
+namespace {
+
+// Lanes k .. k+rem-1 of p (rem < 8), zeros elsewhere: the K tail without reading past the row.
+inline __m256 load_tail(const float* p, int64_t rem) {
+  alignas(32) static const int32_t ramp[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(rem)),
+                                          _mm256_load_si256(reinterpret_cast<const __m256i*>(ramp)));
+  return _mm256_maskload_ps(p, mask);
+}
+
+inline float lane_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
+// out[i * ldo + j] = bias[j] + sum_k x[i * K + k] * w[j * K + k] for i < MR, j < NR.
+template <int MR, int NR>
+inline void dot_tile(const float* x, const float* w, const float* bias, float* out, int64_t K, int64_t ldo) {
+  // Every loop over MR or NR is unrolled explicitly: GCC otherwise keeps the accumulator array in memory and
+  // stores it back on every iteration (measured: 2.5x slower).
+  __m256 acc[MR][NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  const int64_t k8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < k8; k += 8) {
+    __m256 wv[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * K + k);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (k8 < K) {
+    __m256 wv[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) wv[j] = load_tail(w + j * K + k8, K - k8);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = load_tail(x + i * K + k8, K - k8);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] = lane_sum(acc[i][j]) + (bias ? bias[j] : 0.0f);
+}
+
+// Rows MR at a time (tail rows one by one) of the output columns [n0, n1), NR columns at a time.
+template <int MR, int NR>
+void tiles(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+           int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) {
+    const float* bn = bias ? bias + n : nullptr;
+    int64_t m = 0;
+    for (; m + MR <= M; m += MR) dot_tile<MR, NR>(x + m * K, w + n * K, bn, y + m * N + n, K, N);
+    for (; m < M; ++m) dot_tile<1, NR>(x + m * K, w + n * K, bn, y + m * N + n, K, N);
+  }
+  for (; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m)
+      dot_tile<1, 1>(x + m * K, w + n * K, bias ? bias + n : nullptr, y + m * N + n, K, N);
+}
+
+// Tile shapes measured on the benchmark machine (AVX2, 16 vector registers): one row, 8 accumulators;
+// two rows, 2 x 4; three to five, 3 x 4 (the most reuse of each loaded vector that stays in registers).
+void columns(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+             int64_t n0, int64_t n1) {
+  if (M == 1)
+    tiles<1, 8>(x, w, bias, y, M, N, K, n0, n1);
+  else if (M == 2)
+    tiles<2, 4>(x, w, bias, y, M, N, K, n0, n1);
+  else
+    tiles<3, 4>(x, w, bias, y, M, N, K, n0, n1);
+}
+
+// ---- six rows or more: outer products over a packed panel of W ------------------------------------
+// With many rows each weight is reused from registers across rows instead of across k: a panel of 16 output
+// columns is packed k-major (one copy of W per call, small beside M times as many multiply-adds), then every
+// block of up to 6 rows runs 6 x 16 outer products per k (12 accumulators, 2 loads and 6 broadcasts per 12
+// FMAs). Measured at 16-64 rows: 1.6-2x the dot-product tiles above.
+constexpr int64_t kPanel = 16;   // output columns per packed panel (two vectors)
+constexpr int64_t kDepth = 256;  // k per packed block: a 16 KB panel stays in L1/L2 while every row block uses it
+constexpr int64_t kPackedMinRows = 6;
+
+// Transpose the 8 x 8 block r[0..7] (rows) in place into columns.
+inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// panel[kk * P + j] = w[(n + j) * K + k0 + kk] for j < cols (zero columns beyond), kk < depth: whole 8 x 8
+// blocks by vector transposes (the pack is one pass over W per call), the ragged edges one value at a time.
+template <int64_t P>
+inline void pack_panel(const float* w, int64_t K, int64_t n, int64_t cols, int64_t k0, int64_t depth, float* panel) {
+  const int64_t d8 = cols == P ? depth & ~int64_t(7) : 0;
+  for (int64_t kk = 0; kk < d8; kk += 8) {
+    for (int64_t part = 0; part < P; part += 8) {
+      __m256 r[8];
+      for (int64_t j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(w + (n + part + j) * K + k0 + kk);
+      transpose8(r);
+      for (int64_t c = 0; c < 8; ++c) _mm256_storeu_ps(panel + (kk + c) * P + part, r[c]);
+    }
+  }
+  for (int64_t j = 0; j < P; ++j) {
+    const float* row = w + (n + j) * K + k0;
+    for (int64_t kk = d8; kk < depth; ++kk) panel[kk * P + j] = j < cols ? row[kk] : 0.0f;
+  }
+}
+
+// y[i * N + j] = (first ? bias[j] : y[i * N + j]) + sum_kk x[i * K + kk] * panel[kk * 16 + j], i < MR, j < cols.
+template <int MR>
+inline void outer_tile(const float* x, int64_t K, const float* panel, int64_t depth, float* y, int64_t N,
+                       int64_t cols, const float* bias, bool first) {
+  __m256 acc[MR][2];  // loops over MR unrolled explicitly, as in dot_tile
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t kk = 0; kk < depth; ++kk) {
+    const __m256 b0 = _mm256_loadu_ps(panel + kk * kPanel), b1 = _mm256_loadu_ps(panel + kk * kPanel + 8);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_broadcast_ss(x + i * K + kk);
+      acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    alignas(32) float out[kPanel];
+    _mm256_store_ps(out, acc[i][0]);
+    _mm256_store_ps(out + 8, acc[i][1]);
+    float* yi = y + i * N;
+    for (int64_t j = 0; j < cols; ++j) yi[j] = (first ? (bias ? bias[j] : 0.0f) : yi[j]) + out[j];
+  }
+}
+
+// Panels [p0, p1) of the output (16 columns each), every row of x.
+void packed_columns(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                    int64_t p0, int64_t p1) {
+  alignas(64) float panel[kDepth * kPanel];
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t n = p * kPanel, cols = std::min(kPanel, N - n);
+    const float* bn = bias ? bias + n : nullptr;
+    for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
+      const int64_t depth = std::min(kDepth, K - k0);
+      pack_panel<kPanel>(w, K, n, cols, k0, depth, panel);
+      const bool first = k0 == 0;
+      int64_t m = 0;
+      for (; m + 6 <= M; m += 6) outer_tile<6>(x + m * K + k0, K, panel, depth, y + m * N + n, N, cols, bn, first);
+      float* ym = y + m * N + n;
+      const float* xm = x + m * K + k0;
+      switch (M - m) {
+        case 5: outer_tile<5>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        case 4: outer_tile<4>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        case 3: outer_tile<3>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        case 2: outer_tile<2>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        case 1: outer_tile<1>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        default: break;
+      }
+    }
+  }
+}
+
+// ---- the same outer products with AVX-512, where the CPU has it ---------------------------------------------
+// 32 output columns (two 16-lane vectors) by 8 rows: 16 accumulators of the 32 registers, 2 loads and 8
+// broadcasts per 16 FMAs; twice the work per instruction of the AVX2 panels. Chosen at run time.
+#define GENPROBE_AVX512 __attribute__((target("avx512f")))
+constexpr int64_t kPanel512 = 32;
+constexpr int kRows512 = 8;
+
+// Lanes [0, count) of a 16-lane vector, count clamped to [0, 16].
+GENPROBE_AVX512 inline __mmask16 first_lanes(int64_t count) {
+  return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1u);
+}
+
+// y[i * N + j] = (first ? bias[j] : y[i * N + j]) + sum_kk x[i * K + kk] * panel[kk * 32 + j], i < MR, j < cols.
+template <int MR>
+GENPROBE_AVX512 inline void outer_tile512(const float* x, int64_t K, const float* panel, int64_t depth, float* y,
+                                          int64_t N, int64_t cols, const float* bias, bool first) {
+  __m512 acc[MR][2];  // loops over MR unrolled explicitly, as in dot_tile
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < depth; ++kk) {
+    const __m512 b0 = _mm512_loadu_ps(panel + kk * kPanel512), b1 = _mm512_loadu_ps(panel + kk * kPanel512 + 16);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(x[i * K + kk]);
+      acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+    }
+  }
+  const __mmask16 m0 = first_lanes(cols), m1 = first_lanes(cols - 16);
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    float* yi = y + i * N;
+    const float* base = first ? bias : yi;  // the bias (or nothing) on the first k block, the partial sum after
+    const __m512 c0 = base ? _mm512_maskz_loadu_ps(m0, base) : _mm512_setzero_ps();
+    const __m512 c1 = base ? _mm512_maskz_loadu_ps(m1, base + 16) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(yi, m0, _mm512_add_ps(c0, acc[i][0]));
+    _mm512_mask_storeu_ps(yi + 16, m1, _mm512_add_ps(c1, acc[i][1]));
+  }
+}
+
+// Panels [p0, p1) of the output (32 columns each), every row of x.
+GENPROBE_AVX512 void packed_columns512(const float* x, const float* w, const float* bias, float* y, int64_t M,
+                                       int64_t N, int64_t K, int64_t p0, int64_t p1) {
+  alignas(64) float panel[kDepth * kPanel512];
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t n = p * kPanel512, cols = std::min(kPanel512, N - n);
+    const float* bn = bias ? bias + n : nullptr;
+    for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
+      const int64_t depth = std::min(kDepth, K - k0);
+      pack_panel<kPanel512>(w, K, n, cols, k0, depth, panel);
+      const bool first = k0 == 0;
+      int64_t m = 0;
+      for (; m + kRows512 <= M; m += kRows512)
+        outer_tile512<kRows512>(x + m * K + k0, K, panel, depth, y + m * N + n, N, cols, bn, first);
+      float* ym = y + m * N + n;
+      const float* xm = x + m * K + k0;
+      switch (M - m) {
+        case 7: outer_tile512<7>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        case 6: outer_tile512<6>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        case 5: outer_tile512<5>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        case 4: outer_tile512<4>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        case 3: outer_tile512<3>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        case 2: outer_tile512<2>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        case 1: outer_tile512<1>(xm, K, panel, depth, ym, N, cols, bn, first); break;
+        default: break;
+      }
+    }
+  }
+}
+
+// The CPU has AVX-512 and torch uses it too (torch's own choice, which ATEN_CPU_CAPABILITY can lower).
+// The dot-product tiles of a few rows (see dot_tile) with 16-lane vectors: half the instructions along k.
+template <int MR, int NR>
+GENPROBE_AVX512 inline void dot_tile512(const float* x, const float* w, const float* bias, float* out, int64_t K,
+                                        int64_t ldo) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t k16 = K & ~int64_t(15);
+  for (int64_t k = 0; k < k16; k += 16) {
+    __m512 wv[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * K + k);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * K + k);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (k16 < K) {  // the k tail, masked: no read past a row
+    const __mmask16 tail = first_lanes(K - k16);
+    __m512 wv[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(tail, w + j * K + k16);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(tail, x + i * K + k16);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]) + (bias ? bias[j] : 0.0f);
+}
+
+template <int MR, int NR>
+GENPROBE_AVX512 void tiles512(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
+                              int64_t K, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) {
+    const float* bn = bias ? bias + n : nullptr;
+    int64_t m = 0;
+    for (; m + MR <= M; m += MR) dot_tile512<MR, NR>(x + m * K, w + n * K, bn, y + m * N + n, K, N);
+    for (; m < M; ++m) dot_tile512<1, NR>(x + m * K, w + n * K, bn, y + m * N + n, K, N);
+  }
+  for (; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m)
+      dot_tile512<1, 1>(x + m * K, w + n * K, bias ? bias + n : nullptr, y + m * N + n, K, N);
+}
+
+// The tile shapes of columns() (the same register budget suits both: the loads, not the registers, limit).
+GENPROBE_AVX512 void columns512(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
+                                int64_t K, int64_t n0, int64_t n1) {
+  if (M == 1)
+    tiles512<1, 8>(x, w, bias, y, M, N, K, n0, n1);
+  else if (M == 2)
+    tiles512<2, 4>(x, w, bias, y, M, N, K, n0, n1);
+  else
+    tiles512<3, 4>(x, w, bias, y, M, N, K, n0, n1);
+}
+
+bool cpu_has_avx512() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0 && at::get_cpu_capability() == "AVX512";
+  }();
+  return has;
+}
+
+// Whether the kernels take their AVX-512 forms: the CPU has them and they were not turned off (tests turn
+// them off to check the AVX2 forms on the same machine).
+std::atomic<bool> avx512_allowed{true};
+
+bool use_avx512() { return avx512_allowed.load(std::memory_order_relaxed) && cpu_has_avx512(); }
+
+// Split across threads only when a product is big enough that a fork/join (about a microsecond) is small
+// beside it: enough multiply-adds when several rows share each weight (a batch), or, for one row, a weight of
+// 64 KB or more. A one-row product streams its weight from L3 or memory, and measured in a decode step on the
+// benchmark machine (the weights evicted between steps by everything else the step and the machine do) two
+// cores pulling halves of it take ~10% off the step, although two threads are slower than one in a loop that
+// keeps the weights hot in L2/L3.
+constexpr int64_t kParallelMinMacs = int64_t(1) << 18;
+constexpr int64_t kParallelMinWeightBytes = int64_t(1) << 16;
+
+// Set by genprobe::SerialProducts (decoder.cpp) on the thread running a compiled program built single-threaded:
+// its products then stay on that thread too, as every other kernel of such a small step does.
+thread_local bool serial_products = false;
+
+void linear_into(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
+  const bool big = M > 1 ? M * N * K >= kParallelMinMacs : N * K * int64_t(sizeof(float)) >= kParallelMinWeightBytes;
+  const bool split = !serial_products && at::get_num_threads() > 1 && N >= 64 && big;
+  if (M >= kPackedMinRows) {
+    const bool wide = use_avx512();
+    const int64_t width = wide ? kPanel512 : kPanel, panels = (N + width - 1) / width;
+    const auto run = [&](int64_t begin, int64_t end) {
+      if (wide)
+        packed_columns512(x, w, bias, y, M, N, K, begin, end);
+      else
+        packed_columns(x, w, bias, y, M, N, K, begin, end);
+    };
+    if (split)
+      at::parallel_for(0, panels, 1, run);
+    else
+      run(0, panels);
+    return;
+  }
+  const bool wide = use_avx512();
+  const auto run = [&](int64_t n0, int64_t n1) {
+    if (wide)
+      columns512(x, w, bias, y, M, N, K, n0, n1);
+    else
+      columns(x, w, bias, y, M, N, K, n0, n1);
+  };
+  if (!split) {
+    run(0, N);
+    return;
+  }
+  const int64_t blocks = N / 8;  // threads take whole 8-column blocks; the last one takes the remainder
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) { run(begin * 8, end == blocks ? N : end * 8); });
+}
+
+}  // namespace
+
+namespace genprobe {
+bool set_serial_products(bool serial) {
+  const bool before = serial_products;
+  serial_products = serial;
+  return before;
+}
+}  // namespace genprobe
+
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
+              "small_linear: float32 only, got ", x.scalar_type(), " and ", weight.scalar_type());
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "small_linear: CPU tensors only");
+  TORCH_CHECK(weight.dim() == 2, "small_linear: weight must be (out_features, in_features), got ", weight.sizes());
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "small_linear: x ", x.sizes(), " does not match weight ",
+              weight.sizes());
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor wc = weight.contiguous();
+  const int64_t M = K == 0 ? 0 : xc.numel() / K;
+  const float* b = nullptr;
+  at::Tensor bc;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == N, "small_linear: bias must be float32 of ", N,
+                " elements, got ", bias->sizes());
+    bc = bias->contiguous();
+    b = bc.data_ptr<float>();
+  }
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = N;
+  at::Tensor y = at::empty(out_shape, x.options());
+  if (K == 0) {
+    y.zero_();
+    if (b != nullptr) y.add_(bc);
+    return y;
+  }
+  linear_into(xc.data_ptr<float>(), wc.data_ptr<float>(), b, y.data_ptr<float>(), M, N, K);
+  return y;
+}
+
+// Which instruction set the kernels use: "avx512" or "avx2". ``allow_avx512`` false keeps them on AVX2
+// (for tests), true lets them use AVX-512 where the CPU has it.
+std::string small_linear_isa(std::optional<bool> allow_avx512) {
+  if (allow_avx512.has_value()) avx512_allowed.store(*allow_avx512);
+  return use_avx512() ? "avx512" : "avx2";
+}
+
+TORCH_LIBRARY(genprobe, m) {
+  m.def("small_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  m.def("small_linear_isa(bool? allow_avx512=None) -> str", small_linear_isa);
+}
+
+TORCH_LIBRARY_IMPL(genprobe, CPU, m) {
+  m.impl("small_linear", small_linear);
+}
+
+// The C shim Inductor's C++ wrapper calls (its naming rule: aoti_torch_<device>_<op name>). Errors become
+// an error code, which the wrapper turns into an exception.
+extern "C" AOTITorchError aoti_torch_cpu_small_linear(AtenTensorHandle x, AtenTensorHandle weight,
+                                                      AtenTensorHandle* bias, AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    std::optional<at::Tensor> b;
+    if (bias != nullptr && *bias != nullptr) b = *torch::aot_inductor::tensor_handle_to_tensor_pointer(*bias);
+    *ret0 = torch::aot_inductor::new_tensor_handle(small_linear(*torch::aot_inductor::tensor_handle_to_tensor_pointer(x),
+                                                                *torch::aot_inductor::tensor_handle_to_tensor_pointer(weight), b));
+  });
+}

@@ -1,0 +1,161 @@
+"""Compiled decoding ahead of time (genprobe.engine.aot: exported programs, AOTInductor, the C++ loop) equals eager.
+
+Two shapes (1 and 3 rows of one small model) are compiled once for the whole module and shared by every test; the
+compiled programs are cached on disk, so a second run of the suite reuses them.
+"""
+
+from __future__ import annotations
+
+import warnings
+import zipfile
+
+import pytest
+import torch
+
+from genprobe.engine import aot as aot_mod
+from genprobe.engine import compiled as compiled_mod
+from genprobe.engine.generate import generate
+from genprobe.engine.sampling import SamplerConfig
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A small random GPT with trained-scale logits, so a wrong key or a stale weight shows in the tokens."""
+    from genprobe.model import GPT, GPTConfig
+
+    torch.manual_seed(3)
+    m = GPT(GPTConfig(vocab_size=60, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32))
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.mul_(10)
+    return m.eval()
+
+
+def _decoder(model, batch):
+    return compiled_mod._aot_decoders.get(model, {}).get((batch, model.cfg.block_size))
+
+
+def _max_diff(a, b) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True))
+
+
+def test_generation_runs_through_the_aot_programs_and_equals_eager(model):
+    prompts = [[5, 9, 2, 41, 7]]
+    a = generate(model, prompts, 20, compile=True, return_logits=True)
+    b = generate(model, prompts, 20, return_logits=True)
+    assert _decoder(model, 1) is not None  # the AOT path ran, not the torch.compile fallback
+    assert a.tokens == b.tokens and a.finished == b.finished
+    assert (a.token_forwards, a.forward_calls) == (b.token_forwards, b.forward_calls)
+    assert _max_diff(a, b) < 1e-4
+
+
+def test_the_step_program_calls_the_kernels(model):
+    """The compiled step program's C++ calls genprobe's small-M kernel directly (the pass and the shim are wired)."""
+    generate(model, [[1, 2]], 2, compile=True)
+    step_path, _ = aot_mod.build_programs(model, 1, model.cfg.block_size, threads=1)
+    with zipfile.ZipFile(step_path) as z:
+        wrapper = next(n for n in z.namelist() if n.endswith("wrapper.cpp"))
+        code = z.read(wrapper).decode()
+    assert code.count("aoti_torch_cpu_small_linear(") >= 2 * model.cfg.n_layer + 1
+
+
+def test_padded_batch_with_eos_and_callbacks_equals_eager(model):
+    prompts = [[3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14]]
+    probe = generate(model, prompts, 24)
+    eos = probe.tokens[1][5]  # a token one row emits mid-generation: rows finish at different steps
+    seen = {True: [], False: []}
+    kw = dict(eos_id=eos, return_logits=True)
+    a = generate(model, prompts, 24, compile=True, on_token=lambda i, t: seen[True].append((i, t)), **kw)
+    b = generate(model, prompts, 24, on_token=lambda i, t: seen[False].append((i, t)), **kw)
+    assert _decoder(model, 3) is not None
+    assert "eos" in a.finished and a.finished == b.finished and a.tokens == b.tokens
+    assert seen[True] == seen[False]
+    assert _max_diff(a, b) < 1e-4
+
+
+def test_one_token_prompt_is_a_decode_step(model):
+    a = generate(model, [[17]], 10, compile=True, return_logits=True)
+    b = generate(model, [[17]], 10, return_logits=True)
+    assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
+
+
+def test_sampled_generation_steps_through_the_step_program(model):
+    cfg = SamplerConfig(temperature=0.9, top_k=20)
+    a = generate(model, [[5, 6, 7]], 16, sampler=cfg, seed=4, compile=True, return_logits=True)
+    b = generate(model, [[5, 6, 7]], 16, sampler=cfg, seed=4, return_logits=True)
+    assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
+
+
+def test_weight_edits_are_seen_without_recompiling(model, monkeypatch):
+    """The programs read the model's own tensors: an in-place edit shows at once, a replaced tensor is re-bound."""
+    prompts = [[2, 3, 4]]
+    generate(model, prompts, 4, compile=True)  # built and bound
+    monkeypatch.setattr(aot_mod, "_compile", lambda *a, **k: pytest.fail("a weight edit must not recompile"))
+    w = model.h[0].mlp.c_proj.weight
+    original = w.detach().clone()
+    try:
+        with torch.no_grad():
+            w.add_(3.0)  # in place, as a loop patch is applied
+        a, b = (
+            generate(model, prompts, 12, compile=True, return_logits=True),
+            generate(model, prompts, 12, return_logits=True),
+        )
+        assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
+        model.h[0].mlp.c_proj.weight = torch.nn.Parameter(original * -1.0)  # a new tensor object
+        a, b = (
+            generate(model, prompts, 12, compile=True, return_logits=True),
+            generate(model, prompts, 12, return_logits=True),
+        )
+        assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
+    finally:
+        model.h[0].mlp.c_proj.weight = torch.nn.Parameter(original)
+
+
+def test_a_forward_hook_takes_the_torch_compile_path(model):
+    """An exported program cannot run a hook: with one registered, AOT does not apply and the hook still acts."""
+    handle = model.h[1].mlp.register_forward_hook(lambda mod, args, out: out * 0.0)
+    try:
+        assert not compiled_mod.uses_aot(model, 1)
+        a = generate(model, [[8, 9, 10]], 6, compile=True, return_logits=True)
+        b = generate(model, [[8, 9, 10]], 6, return_logits=True)
+        assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
+    finally:
+        handle.remove()
+    assert compiled_mod.uses_aot(model, 1)
+
+
+def test_a_failed_build_warns_once_and_decodes_through_torch_compile(monkeypatch):
+    from genprobe.model import GPT, GPTConfig
+
+    torch.manual_seed(5)
+    other = GPT(GPTConfig(vocab_size=40, n_layer=1, n_head=2, d_model=16, d_ff=32, block_size=16)).eval()
+
+    def refuse(*a, **k):
+        raise RuntimeError("export refused this model")
+
+    monkeypatch.setattr(aot_mod, "build_programs", refuse)
+    with pytest.warns(RuntimeWarning, match="ahead-of-time compilation failed .*export refused this model"):
+        a = generate(other, [[1, 2, 3]], 6, compile=True, return_logits=True)
+    b = generate(other, [[1, 2, 3]], 6, return_logits=True)
+    assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the failure is remembered for the shape: no second warning
+        generate(other, [[1, 2, 3]], 6, compile=True)
+
+
+def test_programs_are_cached_on_disk(model, monkeypatch):
+    generate(model, [[1, 2, 3]], 3, compile=True)
+    monkeypatch.setattr(aot_mod, "_compile", lambda *a, **k: pytest.fail("cached programs must not recompile"))
+    again = aot_mod.AOTDecoder(model, 1, model.cfg.block_size, threads=1)
+    assert sorted(again.decoder.constant_names()) == sorted(_decoder(model, 1).decoder.constant_names())
+
+
+def test_the_cache_verifier_passes_on_the_aot_path(model):
+    from genprobe.verify.adapters import CompiledEngineAdapter, FullRecompute
+    from genprobe.verify.harness import verify_implementation
+
+    report = verify_implementation(
+        CompiledEngineAdapter(model), FullRecompute(model), [[4, 5, 6, 7], [8, 9]], steps=12, chunk_sizes=(1, 4)
+    )
+    assert report.verdict == "pass", report.to_dict()

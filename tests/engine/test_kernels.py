@@ -1,0 +1,189 @@
+"""genprobe's small-M linear kernels (engine/kernels/linear.cpp) against torch's F.linear, and the graph pass.
+
+The kernels must build on every machine the test suite runs on (scripts/test.sh installs g++): a failed build
+fails here with the compiler's message instead of silently falling back.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from genprobe.engine import kernels
+from genprobe.engine.kernels.inductor_pass import rewrite_small_linears
+
+
+@pytest.fixture(scope="module")
+def small_linear():
+    status = kernels.load()
+    assert status.available, f"genprobe's kernels did not build: {status.reason}"
+    return torch.ops.genprobe.small_linear
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+def _assert_close(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
+    """Within float32 rounding of a K-term sum: relative to sum |x||w| (+|b|), not to the result."""
+    ref = _reference(x, w, b)
+    scale = F.linear(x.double().abs(), w.double().abs()) + (0 if b is None else b.double().abs())
+    err = (y.double() - ref).abs()
+    assert y.dtype == torch.float32 and y.shape == ref.shape
+    assert bool((err <= 1e-5 * scale + 1e-6).all()), float((err / (scale + 1e-6)).max())
+
+
+# Rows: the one-row GEMV (1), the dot-product tiles (2-5, with row tails), the packed outer products (6+, with
+# 6-row tails). Columns: tile tails (8-column, 4-column, 16-column panels). Depth: the masked k tail (< 8, not a
+# multiple of 8) and more than one 256-deep packed block (257, 600).
+SHAPES = [
+    (1, 1, 1),
+    (1, 13, 7),
+    (1, 384, 128),
+    (1, 1202, 128),
+    (2, 9, 9),
+    (3, 5, 8),
+    (4, 17, 130),
+    (5, 129, 33),
+    (6, 16, 1),
+    (7, 31, 257),
+    (13, 1202, 128),
+    (16, 384, 128),
+    (33, 50, 600),
+    (64, 129, 64),
+    (8, 32, 16),  # one whole AVX-512 block: 8 rows by a 32-column panel
+    (15, 47, 9),  # a 7-row tail and a panel of 15 columns (one full vector of 16 and none of the second)
+    (17, 1202, 513),  # a 1-row tail, a 18-column last panel, three 256-deep blocks
+]
+
+
+def _cpu_has_avx512() -> bool:
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
+@pytest.fixture(params=["avx2", "avx512"])
+def isa(request, small_linear):
+    """Run a test on the AVX2 panels and again on the AVX-512 ones (the latter where the CPU has them)."""
+    if request.param == "avx512" and not _cpu_has_avx512():
+        pytest.skip("this CPU has no AVX-512: only the AVX2 kernels can run here")
+    chosen = torch.ops.genprobe.small_linear_isa(request.param == "avx512")
+    assert chosen == request.param
+    yield request.param
+    torch.ops.genprobe.small_linear_isa(True)
+
+
+def test_avx512_is_chosen_where_the_cpu_has_it(small_linear):
+    assert torch.ops.genprobe.small_linear_isa(True) == ("avx512" if _cpu_has_avx512() else "avx2")
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_small_linear_equals_linear_on_ragged_shapes(small_linear, isa, M, N, K, with_bias):
+    torch.manual_seed(M * 1000 + N + K)
+    x, w = torch.randn(M, K), torch.randn(N, K)
+    b = torch.randn(N) if with_bias else None
+    _assert_close(small_linear(x, w, b), x, w, b)
+
+
+def test_non_contiguous_and_batched_inputs(small_linear):
+    torch.manual_seed(0)
+    w, b = torch.randn(24, 40), torch.randn(24)
+    x_t = torch.randn(40, 7).t()  # (7, 40), not contiguous
+    assert not x_t.is_contiguous()
+    _assert_close(small_linear(x_t, w, b), x_t, w, b)
+    x3 = torch.randn(3, 2, 40)  # leading dimensions kept, as F.linear keeps them
+    y3 = small_linear(x3, w, b)
+    assert y3.shape == (3, 2, 24)
+    _assert_close(y3.reshape(6, 24), x3.reshape(6, 40), w, b)
+    w_t = torch.randn(40, 24).t()  # a transposed weight is copied to rows first
+    _assert_close(small_linear(x3.reshape(6, 40), w_t, None), x3.reshape(6, 40), w_t, None)
+
+
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_infinities_and_nans_propagate_like_linear(small_linear, isa, M):
+    """Non-finite inputs give the same non-finite outputs (inf stays inf, inf - inf and nan give nan)."""
+    torch.manual_seed(M)
+    K, N = 19, 21
+    x, w, b = torch.randn(M, K), torch.randn(N, K), torch.randn(N)
+    x[0, 3] = float("inf")
+    w[5, 3] = 0.0  # inf * 0 = nan in that column
+    w[6, :] = w[6, :].abs()
+    x[-1, 10] = float("nan")
+    if M > 1:
+        x[1, :] = 1.0
+        w[7, 0], w[7, 1] = float("inf"), float("-inf")  # +inf - inf: nan
+    y, ref = small_linear(x, w, b), F.linear(x, w, b)
+    assert torch.equal(torch.isnan(y), torch.isnan(ref))
+    assert torch.equal(torch.isinf(y), torch.isinf(ref)) and torch.equal(y[torch.isinf(y)], ref[torch.isinf(ref)])
+    finite = torch.isfinite(ref)
+    assert bool(finite.any()) == (M > 1)  # one row holds an inf in every column of a nonzero weight
+    if M > 1:
+        assert float((y[finite] - ref[finite]).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 1202, 128), (3, 1202, 128), (16, 384, 128), (64, 1202, 128), (7, 2304, 300)])
+def test_thread_split_covers_every_column_once(small_linear, isa, M, N, K):
+    """Shapes above the kernels' threading thresholds: each output's sum is the same with 1 or 2 threads, bit for bit
+    (threads split columns, never a sum), so a column lost or written twice at a split boundary shows."""
+    torch.manual_seed(N)
+    x, w, b = torch.randn(M, K), torch.randn(N, K), torch.randn(N)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = small_linear(x, w, b)
+        torch.set_num_threads(2)
+        two = small_linear(x, w, b)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+    _assert_close(two, x, w, b)
+
+
+def test_bad_inputs_name_the_problem(small_linear):
+    with pytest.raises(RuntimeError, match="float32 only"):
+        small_linear(torch.randn(2, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64), None)
+    with pytest.raises(RuntimeError, match="does not match weight"):
+        small_linear(torch.randn(2, 5), torch.randn(3, 4), None)
+    with pytest.raises(RuntimeError, match="bias must be float32 of 3 elements"):
+        small_linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(4))
+
+
+# ---- the Inductor pass -------------------------------------------------------------------------------------
+def _aten_graph(rows: int | None, dtype: torch.dtype = torch.float32) -> tuple[torch.fx.GraphModule, tuple]:
+    """F.linear with and without a bias, traced to the ATen ops a post-grad graph holds (addmm/mm of a permute).
+
+    The weights are graph inputs, as in a ``while_loop`` body; returns the graph and example inputs.
+    """
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def two_layers(x, w1, b1, w2):
+        return F.linear(torch.tanh(F.linear(x, w1, b1)), w2)
+
+    torch.manual_seed(0)
+    args = tuple(torch.randn(*s, dtype=dtype) for s in ((rows or 9, 8), (12, 8), (12,), (5, 12)))
+    mode = "symbolic" if rows is None else "real"
+    return make_fx(two_layers, decomposition_table=core_aten_decompositions(), tracing_mode=mode)(*args), args
+
+
+def _count(gm: torch.fx.GraphModule, target) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target == target)
+
+
+def test_pass_replaces_small_row_products_and_keeps_the_values(small_linear):
+    gm, args = _aten_graph(rows=3)
+    expected = gm(*args)
+    assert _count(gm, torch.ops.aten.addmm.default) + _count(gm, torch.ops.aten.mm.default) == 2
+    assert rewrite_small_linears(gm.graph, max_rows=4) == 2
+    gm.recompile()
+    assert _count(gm, torch.ops.genprobe.small_linear.default) == 2
+    assert _count(gm, torch.ops.aten.addmm.default) + _count(gm, torch.ops.aten.mm.default) == 0
+    assert float((gm(*args) - expected).abs().max()) < 1e-5
+
+
+def test_pass_leaves_products_it_cannot_take(small_linear):
+    assert rewrite_small_linears(_aten_graph(rows=5)[0].graph, max_rows=4) == 0  # more rows than allowed
+    assert rewrite_small_linears(_aten_graph(rows=3, dtype=torch.float64)[0].graph, max_rows=4) == 0  # not float32
+    assert rewrite_small_linears(_aten_graph(rows=None)[0].graph, max_rows=4) == 0  # a symbolic row count...
+    assert rewrite_small_linears(_aten_graph(rows=None)[0].graph, max_rows=None) == 2  # ...unless any is allowed
