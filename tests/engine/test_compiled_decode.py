@@ -327,7 +327,15 @@ def test_the_strategy_follows_the_measured_work_of_a_step():
     assert [compiled_mod.decode_strategy(large, b) for b in (1, 16, 64)] == ["loop", "stepwise", "stepwise"]
 
 
-def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch):
+@pytest.fixture
+def inductor_caches_off():
+    """Inductor's on-disk caches off for one test: a graph served from them skips the pattern matcher, whose
+    counters show the weight packing. (config.patch: monkeypatch's undo deletes the entry from Inductor's config.)"""
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield
+
+
+def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch, inductor_caches_off):
     """Tokens, finish reasons, raw logits, on_token and forward counts equal the eager loop's; the batch is a
     symbol (one graph for batch 3 and 2) and the frozen weights were packed (what makes the path fast)."""
     from torch._dynamo.utils import counters
@@ -336,8 +344,6 @@ def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch):
     # up its weight-packing patterns once per process, and that compile must not leave them switched off.
     generate(_scaled_model(seed=9), [[1, 2, 3]], 3, compile=True)
     monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
-    # A graph served from Inductor's on-disk cache skips the pattern matcher, whose counter shows the packing.
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
     model = _scaled_model(seed=0)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
     plain = generate(model, prompts, 20).tokens
