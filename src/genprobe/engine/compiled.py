@@ -67,9 +67,12 @@ RECOMPILE_LIMIT = 64
 COMPILE_CONFIG = {"cpp_wrapper": True, "freezing": True, "max_autotune": True, "coordinate_descent_tuning": True}
 
 
-# Measured on the 2-core machine (see compile_config): below this many parameter-rows per step
-# (parameters x batch) a step's kernels are too small to split across threads.
-SINGLE_THREAD_MAX_WORK = 4_000_000
+# Measured on the 2-core machines (see compile_config): up to this many parameter-rows per step
+# (parameters x batch) a step's kernels are too small to split across threads. On the Intel Xeon of the
+# README, ahead of time, the 427k model at batch 4 and 8 ran 1.2x and 1.4x faster on two threads than on one
+# (19.8k -> 23.7k, 24.3k -> 34.6k tok/s) and batch 2 the same; 4M, the AMD machine's while_loop figure, kept
+# batch 8 on one core.
+SINGLE_THREAD_MAX_WORK = 1_000_000
 
 # Measured on the 2-core machine (benchmarks/generate_speed.py, README "Decoding speed"): from this many
 # parameter-rows per step, with at least two rows, a step is dominated by its matrix products and runs
