@@ -10,6 +10,8 @@ moves one round's ratio, not the verdict::
 
     python benchmarks/bench_alternate.py --model 58m --rounds 3 -- --batch 1 16 64 --reps 3 --threads 2
     # groups default to "cached compiled hf" and "ct2 ct2-1t"; anything after -- goes to generate_speed.py
+    python benchmarks/bench_alternate.py --model 58m --group "cached compiled compiled-bf16 hf" \
+        --group "ct2 ct2-1t" --versus compiled-bf16 -- --batch 1 --reps 3 --threads 2
 """
 
 from __future__ import annotations
@@ -46,6 +48,18 @@ def ratios(merged: dict[int, dict[str, float]], ours: str, against: list[str]) -
     return out
 
 
+def print_summary(rounds: list[dict[int, dict[str, float]]], ours: str, against: list[str]) -> dict[int, float]:
+    """Print the per-round ratios of ``ours`` over the best of ``against`` and their median; return the medians."""
+    per_round = [ratios(m, ours, against) for m in rounds]
+    print(f"\n| batch | {ours} / best of {', '.join(against)} per round | median |\n|---|---|---|")
+    summary = {}
+    for batch in sorted(per_round[0]):
+        values = [rr[batch] for rr in per_round if batch in rr]
+        summary[batch] = statistics.median(values)
+        print(f"| {batch} | {' / '.join(f'{v:.2f}x' for v in values)} | **{summary[batch]:.2f}x** |")
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     """Alternate the groups for ``--rounds`` rounds; print each round's ratios and their median."""
     argv = sys.argv[1:] if argv is None else argv
@@ -57,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", action="append", default=None, help="engines of one process, space-separated")
     ap.add_argument("--ours", default="compiled", help="the engine the ratios are about")
     ap.add_argument("--out", type=Path, default=None, help="write alternate-MODEL.json here")
+    ap.add_argument(
+        "--versus",
+        nargs="+",
+        default=None,
+        help="more engines to rate the same way (e.g. compiled-bf16), and against hf when in its process",
+    )
     args = ap.parse_args(own)
     if args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
@@ -73,18 +93,19 @@ def main(argv: list[str] | None = None) -> int:
         rounds.append(merged)
         line = ", ".join(f"b{b} {v:.2f}x" for b, v in sorted(ratios(merged, args.ours, others).items()))
         print(f"round {r + 1}: {args.ours} / best of {' '.join(others)}: {line}", flush=True)
-    per_round = [ratios(m, args.ours, others) for m in rounds]
-    print(f"\n| batch | {args.ours} / best of {', '.join(others)} per round | median |\n|---|---|---|")
-    summary = {}
-    for batch in sorted(per_round[0]):
-        values = [rr[batch] for rr in per_round if batch in rr]
-        summary[batch] = statistics.median(values)
-        print(f"| {batch} | {' / '.join(f'{v:.2f}x' for v in values)} | **{summary[batch]:.2f}x** |")
+    summary = print_summary(rounds, args.ours, others)
+    versus = {}
+    for engine in [args.ours, *(args.versus or [])]:  # e.g. compiled-bf16 against the same peers
+        if engine != args.ours:
+            versus[engine] = print_summary(rounds, engine, [e for g in groups if engine not in g for e in g])
+        if any("hf" in g and engine in g for g in groups):  # transformers in the same process: its own ratio
+            versus[f"{engine}/hf"] = print_summary(rounds, engine, ["hf"])
     if args.out:
         from genprobe._io import atomic_write_json
 
         args.out.mkdir(parents=True, exist_ok=True)
         doc = {"model": args.model, "groups": groups, "ours": args.ours, "rounds": rounds, "median_ratio": summary}
+        doc["versus"] = versus
         atomic_write_json(args.out / f"alternate-{args.model}.json", doc)
     return 0
 

@@ -47,7 +47,9 @@ from bench_stats import Series, interleaved, load_average, peak_rss_during, rss_
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "白日依山盡，黃"  # 7 characters, all in the default vocabulary
-ENGINES = ("cached", "compiled", "naive", "hf", "ct2", "ct2-1t", "vllm")
+ENGINES = ("cached", "compiled", "naive", "hf", "ct2", "ct2-1t", "vllm", "cached-bf16", "compiled-bf16")
+# Opt-in engines (an approximation of the float32 model): run only when named in --engines.
+OPT_IN = ("cached-bf16", "compiled-bf16")
 OURS = "compiled"  # our fast path: the engine the ratios are about
 
 
@@ -99,6 +101,8 @@ class Row:
     memory_mb: dict[str, dict[str, float]]
     agree_with_cached: dict[str, bool]
     skipped: dict[str, str] = field(default_factory=dict)
+    # Weight-only bfloat16 engines: the fraction of their tokens equal to the float32 model's (eager engine).
+    match_float32: dict[str, float] = field(default_factory=dict)
 
     def tokens_per_s(self, n: int, stat: str = "median") -> dict[str, float]:
         """Tokens/s per engine from the median (or ``"min"``) wall time."""
@@ -109,10 +113,11 @@ class Row:
         out = {}
         if OURS not in self.series:
             return out
-        for other in ("ct2", "ct2-1t", "hf", "cached", "vllm", "naive"):
-            if other in self.series:
-                out[f"{OURS}/{other}"] = self.series[other].median / self.series[OURS].median
-                out[f"{OURS}/{other}_min"] = self.series[other].best / self.series[OURS].best
+        for ours in (OURS, "compiled-bf16"):
+            for other in ("ct2", "ct2-1t", "hf", "cached", "vllm", "naive"):
+                if ours in self.series and other in self.series:
+                    out[f"{ours}/{other}"] = self.series[other].median / self.series[ours].median
+                    out[f"{ours}/{other}_min"] = self.series[other].best / self.series[ours].best
         return out
 
     def to_dict(self, n: int) -> dict:
@@ -127,6 +132,7 @@ class Row:
             "setup_seconds": self.setup_seconds,
             "memory_mb": self.memory_mb,
             "greedy_tokens_agree": self.agree_with_cached,
+            "bf16_tokens_matching_float32": self.match_float32,
             "all_agree": all(self.agree_with_cached.values()),
             "busy": sorted(k for k, s in self.series.items() if s.busy),
             "series": {k: s.to_dict() for k, s in self.series.items()},
@@ -168,11 +174,25 @@ def measure_row(
         for k, e in engines.items():
             peak, _ = peak_rss_during(e.run)
             mem[k]["run_peak_rss_mb"] = peak / 2**20
-    ref = outputs.get("cached")
-    agree = {
-        k: (ref is None or v == ref) and len(v) == batch and all(len(r) == n for r in v) for k, v in outputs.items()
-    }
-    return Row(batch, load_before, load_after, series, ttft, setup, mem, agree, skipped)
+    agree = {k: same_tokens(v, _reference(k, outputs), batch, n) for k, v in outputs.items()}
+    match = {k: token_match(v, outputs["cached"]) for k, v in outputs.items() if k in OPT_IN and "cached" in outputs}
+    return Row(batch, load_before, load_after, series, ttft, setup, mem, agree, skipped, match)
+
+
+def _reference(engine: str, outputs: dict[str, list[list[int]]]) -> list[list[int]] | None:
+    """What ``engine``'s tokens must equal: its own model's eager engine (float32 or weight-only bfloat16)."""
+    return outputs.get("cached-bf16" if engine in OPT_IN else "cached")
+
+
+def same_tokens(tokens: list[list[int]], ref: list[list[int]] | None, batch: int, n: int) -> bool:
+    """``batch`` rows of ``n`` tokens, equal to ``ref`` when there is one."""
+    return (ref is None or tokens == ref) and len(tokens) == batch and all(len(r) == n for r in tokens)
+
+
+def token_match(tokens: list[list[int]], ref: list[list[int]]) -> float:
+    """Fraction of positions where ``tokens`` equals ``ref`` (rows of equal length)."""
+    pairs = [(a, b) for row, ref_row in zip(tokens, ref, strict=True) for a, b in zip(row, ref_row, strict=True)]
+    return sum(a == b for a, b in pairs) / max(1, len(pairs))
 
 
 def format_row(row: Row, n: int) -> str:
@@ -189,6 +209,7 @@ def format_row(row: Row, n: int) -> str:
             f" | run peak +{mem.get('run_peak_rss_mb', float('nan')):7.1f} MB"
             f", setup +{mem.get('setup_rss_mb', 0):7.1f} MB"
             f" ({row.setup_seconds[k]:.1f} s) | tokens agree: {row.agree_with_cached[k]}"
+            + (f" (float32 model's tokens: {100 * row.match_float32[k]:.0f}%)" if k in row.match_float32 else "")
         )
     for k, why in row.skipped.items():
         lines.append(f"  {k:9s} skipped: {why}")
@@ -204,14 +225,17 @@ def format_row(row: Row, n: int) -> str:
 def markdown_table(rows: list[Row], n: int) -> str:
     """The speed table: tokens/s (median) per engine and batch, ratios of our fast path."""
     names = [k for k in ENGINES if any(k in r.series for r in rows)]
-    tail = f" | {OURS}/ct2 | {OURS}/ct2-1t | {OURS}/hf | TTFT {OURS} / ct2 / hf (ms) | agree | busy |"
+    pairs = [f"{OURS}/{o}" for o in ("ct2", "ct2-1t", "hf")]
+    if "compiled-bf16" in names:
+        pairs += ["compiled-bf16/ct2", "compiled-bf16/hf"]
+    tail = f" | {' | '.join(pairs)} | TTFT {OURS} / ct2 / hf (ms) | agree | busy |"
     head = "| batch | " + " | ".join(names) + tail
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         tps, rat = r.tokens_per_s(n), r.ratios(n)
         cells = [f"{tps[k]:,.0f}" if k in tps else "–" for k in names]
         ttft = " / ".join(f"{1e3 * r.ttft[k].median:.2f}" if k in r.ttft else "–" for k in (OURS, "ct2", "hf"))
-        ratio = [f"{rat[f'{OURS}/{o}']:.2f}x" if f"{OURS}/{o}" in rat else "–" for o in ("ct2", "ct2-1t", "hf")]
+        ratio = [f"{rat[p]:.2f}x" if p in rat else "–" for p in pairs]
         busy = ",".join(k for k, s in r.series.items() if s.busy) or "no"
         agree = all(r.agree_with_cached.values())
         out.append(f"| {r.batch} | " + " | ".join(cells) + f" | {' | '.join(ratio)} | {ttft} | {agree} | {busy} |")
@@ -235,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=None,
         choices=ENGINES,
-        help="engines to run (default: all; naive only for --model default)",
+        help="engines to run (default: all but the weight-only bfloat16 ones; naive only for --model default)",
     )
     ap.add_argument("--no-memory", action="store_true", help="skip the memory pass")
     ap.add_argument("--scaling", action="store_true", help="also tokens/s vs batch size and vs context length")
@@ -254,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.logging.set_verbosity_error()
     bundle, prompt = load_bundle(args.model, args.ckpt)
-    names = args.engines or [k for k in ENGINES if k != "naive" or args.model == "default"]
+    names = args.engines or [k for k in ENGINES if k not in OPT_IN and (k != "naive" or args.model == "default")]
     show = sys.stderr if args.json else sys.stdout
     if args.reps < 3:
         print(f"note: {args.reps} repetition(s): a single busy repetition can decide a row; use --reps >= 3", file=show)

@@ -15,3 +15,22 @@ def _single_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _sharp_gpt(seed: int = 3):
+    """A small random GPT with trained-scale logits (matrices x 10), so a wrong or stale weight shows in the tokens."""
+    from genprobe.model import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    m = GPT(GPTConfig(vocab_size=60, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32))
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.mul_(10)
+    return m.eval()
+
+
+@pytest.fixture(scope="session")
+def sharp_gpt():
+    """The builder of :func:`_sharp_gpt` models (``sharp_gpt(seed=3)``), for module- and function-scoped use."""
+    return _sharp_gpt

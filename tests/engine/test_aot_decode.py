@@ -19,17 +19,9 @@ from genprobe.engine.sampling import SamplerConfig
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(sharp_gpt):
     """A small random GPT with trained-scale logits, so a wrong key or a stale weight shows in the tokens."""
-    from genprobe.model import GPT, GPTConfig
-
-    torch.manual_seed(3)
-    m = GPT(GPTConfig(vocab_size=60, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32))
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.mul_(10)
-    return m.eval()
+    return sharp_gpt(3)
 
 
 def _decoder(model, batch):

@@ -57,8 +57,13 @@ def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
     d = json.loads(cap.out)
     assert [r["batch"] for r in d["rows"]] == [1, 3]
     ct2 = importlib.util.find_spec("ctranslate2") is not None
-    expected = {"cached", "compiled", "naive", "hf"} | ({"ct2", "ct2-1t"} if ct2 else set())
+    bf16 = {"cached-bf16", "compiled-bf16"}  # opt-in engines, named explicitly here
+    expected = {"cached", "compiled", "naive", "hf"} | bf16 | ({"ct2", "ct2-1t"} if ct2 else set())
     for r in d["rows"]:
+        # bfloat16 engines: checked against their own eager engine; their match with the float32 model reported
+        assert set(r["bf16_tokens_matching_float32"]) == bf16
+        assert all(0.0 <= v <= 1.0 for v in r["bf16_tokens_matching_float32"].values())
+        assert "compiled-bf16/hf" in r["ratios"]
         assert set(r["tokens_per_s"]) == expected and all(v > 0 for v in r["tokens_per_s"].values())
         assert r["all_agree"] is True and set(r["greedy_tokens_agree"]) == expected
         assert set(r["ttft_ms"]) == expected and all(v > 0 for v in r["ttft_ms"].values())

@@ -122,12 +122,14 @@ def test_infinities_and_nans_propagate_like_linear(small_linear, isa, M):
         assert float((y[finite] - ref[finite]).abs().max()) < 1e-4
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("M,N,K", [(1, 1202, 128), (3, 1202, 128), (16, 384, 128), (64, 1202, 128), (7, 2304, 300)])
-def test_thread_split_covers_every_column_once(small_linear, isa, M, N, K):
+def test_thread_split_covers_every_column_once(small_linear, isa, M, N, K, dtype):
     """Shapes above the kernels' threading thresholds: each output's sum is the same with 1 or 2 threads, bit for bit
-    (threads split columns, never a sum), so a column lost or written twice at a split boundary shows."""
+    (threads split columns, never a sum), so a column lost or written twice at a split boundary shows. (The one-row
+    threshold is in bytes: a bfloat16 weight splits from twice the elements.)"""
     torch.manual_seed(N)
-    x, w, b = torch.randn(M, K), torch.randn(N, K), torch.randn(N)
+    x, w, b = torch.randn(M, K), torch.randn(N, K).to(dtype), torch.randn(N)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -137,16 +139,77 @@ def test_thread_split_covers_every_column_once(small_linear, isa, M, N, K):
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
-    _assert_close(two, x, w, b)
+    _assert_close(two, x, w.float(), b)
 
 
 def test_bad_inputs_name_the_problem(small_linear):
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="x float32 and weight float32 or bfloat16, got Double and Double"):
         small_linear(torch.randn(2, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64), None)
+    with pytest.raises(RuntimeError, match="weight float32 or bfloat16, got Float and Half"):
+        small_linear(torch.randn(2, 4), torch.randn(3, 4, dtype=torch.float16), None)
     with pytest.raises(RuntimeError, match="does not match weight"):
         small_linear(torch.randn(2, 5), torch.randn(3, 4), None)
     with pytest.raises(RuntimeError, match="bias must be float32 of 3 elements"):
         small_linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(4))
+
+
+GLOBAL_SCOPE_PROBE = """
+import ctypes, torch
+scope = ctypes.CDLL(None)  # dlopen(NULL): what a library loaded later resolves its symbols against
+before = hasattr(scope, "SGEMM")  # a BLAS symbol libtorch_cpu.so exports (its MKL)
+from genprobe.engine import kernels
+assert kernels.load().available, kernels.load().reason
+print(before, hasattr(scope, "SGEMM"), hasattr(scope, "aoti_torch_cpu_small_linear"))
+"""
+
+
+def test_loading_the_kernels_puts_only_the_shim_in_the_global_scope(small_linear):
+    """Compiled programs find ``aoti_torch_cpu_small_linear`` globally, but torch's own exports must stay local:
+    promoted with the kernels' library, libtorch_cpu's BLAS/oneDNN symbols took the place of CTranslate2's own
+    (it then generated garbage in the same process). A fresh interpreter, so that nothing else has loaded them."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", GLOBAL_SCOPE_PROBE], capture_output=True, text=True, check=True)
+    before, after, shim = out.stdout.split()
+    if before == "True":
+        pytest.skip("this torch build already exports its BLAS symbols globally: nothing to protect")
+    assert (after, shim) == ("False", "True")
+
+
+# ---- weight-only bfloat16 weights ----------------------------------------------------------------------------
+def _bf16_with_hard_values(N: int, K: int) -> torch.Tensor:
+    """Random bfloat16 weights plus the values whose widening is easy to get wrong: the sign bit, zero and minus
+    zero, the smallest subnormal, the largest finite bfloat16, and ties (many equal weights)."""
+    w = torch.randn(N, K).to(torch.bfloat16)
+    specials = torch.tensor([-0.0, 0.0, 9.2e-41, -3.3895e38, 3.3895e38, 1.0, 1.0, -1.0], dtype=torch.bfloat16)
+    flat = w.view(-1)
+    flat[: min(flat.numel(), specials.numel())] = specials[: flat.numel()]
+    return w
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_bfloat16_weights_are_widened_exactly(small_linear, isa, M, N, K):
+    """A bfloat16 weight gives bit for bit what the same values in float32 give (same tiles, same sums): the
+    widening is exact, every k tail is read (a lane dropped or read past the row changes a bit)."""
+    torch.manual_seed(M * 1000 + N + K)
+    x, w, b = torch.randn(M, K) * 1e-3, _bf16_with_hard_values(N, K), torch.randn(N)
+    y = small_linear(x, w, b)
+    assert torch.equal(y, small_linear(x, w.float(), b))
+    _assert_close(y, x, w.float(), b)
+
+
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_bfloat16_infinities_and_nans_propagate_like_linear(small_linear, isa, M):
+    torch.manual_seed(M)
+    K, N = 37, 21
+    x, w = torch.randn(M, K), torch.randn(N, K)
+    w[2, 5], w[3, 36], w[4, 0] = float("inf"), float("-inf"), float("nan")  # k 36: in the masked tail
+    w = w.to(torch.bfloat16)
+    y, ref = small_linear(x, w, None), F.linear(x, w.float())
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)) and bool(torch.isnan(y).any())
+    assert torch.equal(torch.isinf(y), torch.isinf(ref)) and torch.equal(y[torch.isinf(y)], ref[torch.isinf(ref)])
+    assert bool(torch.isinf(y).any())
 
 
 # ---- the Inductor pass -------------------------------------------------------------------------------------
@@ -179,6 +242,27 @@ def test_pass_replaces_small_row_products_and_keeps_the_values(small_linear):
     gm.recompile()
     assert _count(gm, torch.ops.genprobe.small_linear.default) == 2
     assert _count(gm, torch.ops.aten.addmm.default) + _count(gm, torch.ops.aten.mm.default) == 0
+    assert float((gm(*args) - expected).abs().max()) < 1e-5
+
+
+def test_pass_hands_bfloat16_weights_to_the_kernels_unwidened(small_linear):
+    """``F.linear(x, W.float())`` of a bfloat16 ``W``: the kernel gets ``W`` itself, no float32 copy is left."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def layer(x, w, b):
+        return F.linear(x, w.to(torch.float32), b)
+
+    torch.manual_seed(0)
+    args = (torch.randn(3, 40), torch.randn(24, 40).to(torch.bfloat16), torch.randn(24))
+    gm = make_fx(layer, decomposition_table=select_decomp_table())(*args)  # what Inductor lowers with
+    expected = gm(*args)
+    assert _count(gm, torch.ops.prims.convert_element_type.default) == 1
+    assert rewrite_small_linears(gm.graph, max_rows=4) == 1
+    gm.recompile()
+    (call,) = [n for n in gm.graph.nodes if n.target == torch.ops.genprobe.small_linear.default]
+    assert call.args[1].meta["val"].dtype == torch.bfloat16
+    assert _count(gm, torch.ops.prims.convert_element_type.default) == 0  # the widened copy is gone
     assert float((gm(*args) - expected).abs().max()) < 1e-5
 
 

@@ -131,8 +131,29 @@ def add_max_new_tokens(p: argparse.ArgumentParser, default: int, *old: str) -> N
         deprecated_alias(p, flag, "--max-new-tokens", dest="max_new_tokens", type=int)
 
 
-def load_model_arg(args: argparse.Namespace):
-    """Load MODEL through the one loader (``genprobe.model.load.load_model``)."""
-    from ..model.load import load_model
+#: ``--weight-dtype`` choices (genprobe.model.weight_only.WEIGHT_DTYPES; spelled here so parsing imports no torch).
+WEIGHT_DTYPE_NAMES = ("float32", "bfloat16")
 
-    return load_model(model_path(args))
+
+def add_weight_dtype(p: argparse.ArgumentParser) -> None:
+    """``--weight-dtype``: the storage of a genprobe model's linear-layer weights (bfloat16: opt-in, weight-only)."""
+    p.add_argument(
+        "--weight-dtype",
+        choices=WEIGHT_DTYPE_NAMES,
+        default="float32",
+        help="genprobe checkpoints: store the linear layers' weights in this dtype, computing in float32 "
+        "(bfloat16: half the bytes a decode step reads, an approximation of the model; default float32)",
+    )
+
+
+def load_model_arg(args: argparse.Namespace):
+    """Load MODEL through the one loader (``genprobe.model.load.load_model``), in ``--weight-dtype`` if given."""
+    return load_model_from(model_path(args), args)
+
+
+def load_model_from(path: str, args: argparse.Namespace):
+    """Load ``path`` through the one loader with the options of ``args`` that concern loading (``--weight-dtype``)."""
+    from ..model.load import load_model
+    from ..model.weight_only import weight_dtype_of
+
+    return load_model(path, weight_dtype=weight_dtype_of(getattr(args, "weight_dtype", "float32")))

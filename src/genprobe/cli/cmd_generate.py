@@ -11,6 +11,7 @@ from ._common import (
     add_max_new_tokens,
     add_model_argument,
     add_prompt_arguments,
+    add_weight_dtype,
     emit_json,
     info,
     load_model_arg,
@@ -45,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="genprobe checkpoints: run decode steps through torch.compile (compiling takes ~15-30 s once per "
         "process and batch size; pays off for long generations, not for one short prompt)",
     )
+    add_weight_dtype(p)
     p.add_argument(
         "--mode",
         choices=["cached", "naive"],
@@ -136,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             "model": str(model.source),
             "sampler": sampler.to_dict(),
             "seed": args.seed,
+            "weight_dtype": args.weight_dtype,
             "token_forwards": res.token_forwards,
         }
         emit_json(common | results[0] if len(results) == 1 else common | {"results": results})

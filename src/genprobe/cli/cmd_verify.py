@@ -28,8 +28,10 @@ from ._common import (
     add_model_aliases,
     add_model_argument,
     add_prompt_arguments,
+    add_weight_dtype,
     emit_json,
     info,
+    load_model_from,
     model_path,
     read_prompts,
 )
@@ -78,6 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="genprobe MODEL: also verify the torch.compile'd decode path (StaticKVCache; the first run compiles, "
         "~30 s)",
     )
+    add_weight_dtype(p)
     p.add_argument("--mutants", action="store_true", help="also run the planted-bug mutants (genprobe or GPT-2 models)")
     add_max_new_tokens(p, 50, "--steps")
     add_prompt_arguments(
@@ -261,9 +264,9 @@ def run(args: argparse.Namespace) -> int:
     path = model_path(args, required=False)
     model = None
     if path is not None:
-        from ..model.load import load_model
-
-        model = load_model(path)
+        model = load_model_from(path, args)
+        if args.weight_dtype != "float32":
+            info(f"weights: linear layers stored in {args.weight_dtype} (weight-only): the verdict is that model's")
     _check_args(args, model)
     th = Thresholds(
         noise=args.noise,
@@ -307,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
                 "prompts": prompts,
                 "reference": run_.name if run_ is not None else None,
                 "thresholds": th.to_dict(),
+                "weight_dtype": args.weight_dtype,
                 "failing": failing,
                 "errors": errored,
                 "exit_status": rc,

@@ -259,9 +259,16 @@ class Model:
 
 # ---- loading --------------------------------------------------------------------------------
 def load_model(
-    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    path: str | os.PathLike[str],
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    weight_dtype: torch.dtype = torch.float32,
 ) -> Model:
-    """Load a genprobe checkpoint or a ``transformers`` model directory (auto-detected, offline, safetensors only)."""
+    """Load a genprobe checkpoint or a ``transformers`` model directory (auto-detected, offline, safetensors only).
+
+    ``weight_dtype=torch.bfloat16`` (genprobe checkpoints, float32) stores the linear layers' weights in bfloat16,
+    computing in float32: an opt-in approximation, see :mod:`genprobe.model.weight_only`.
+    """
     from .checkpoint import is_checkpoint
 
     d = Path(path)
@@ -270,8 +277,18 @@ def load_model(
     if not d.is_dir():
         raise ModelLoadError(f"{d} is a file; a model is a directory (a genprobe checkpoint or a transformers model)")
     if is_checkpoint(d):
-        return _load_genprobe(d, dtype, device)
+        model = _load_genprobe(d, dtype, device)
+        if weight_dtype != dtype:
+            from .weight_only import with_weight_dtype
+
+            model.module = with_weight_dtype(model.module, weight_dtype)
+        return model
     if (d / "config.json").is_file():
+        if weight_dtype != dtype:
+            raise ModelLoadError(
+                f"weight-only {weight_dtype} storage is for genprobe checkpoints; {d} is a transformers model "
+                "(load it in another dtype with dtype=...)"
+            )
         return _load_transformers(d, dtype, device)
     raise ModelLoadError(
         f"{d} is neither a genprobe checkpoint (genprobe.json + model.safetensors) nor a transformers model "

@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,8 @@ import torch
 
 SOURCES = (Path(__file__).with_name("linear.cpp"), Path(__file__).with_name("decoder.cpp"))
 SOURCE = SOURCES[0]
+#: The C shim compiled programs call by name, built into a library of its own that depends on nothing (see shim.c).
+SHIM_SOURCE = Path(__file__).with_name("shim.c")
 #: Set to ``0`` to turn the kernels off (the compiled path then uses Inductor's code for every product).
 DISABLE_ENV = "GENPROBE_KERNELS"
 #: Where built libraries are kept (default: ``$XDG_CACHE_HOME/genprobe/kernels`` or ``~/.cache/genprobe/kernels``).
@@ -112,13 +115,37 @@ def _compiler_version(cxx: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else cxx
 
 
+def shim_command(cxx: str, output: Path) -> list[str]:
+    """The command that builds ``shim.c`` alone (as C, linked against nothing but the C library)."""
+    return [
+        cxx,
+        "-x",
+        "c",
+        "-O2",
+        "-shared",
+        "-fPIC",
+        str(SHIM_SOURCE),
+        "-x",
+        "none",
+        "-Wl,--as-needed",
+        "-o",
+        str(output),
+    ]
+
+
 def library_path(cxx: str) -> Path:
     """Where the library built by ``cxx`` for this source and torch lives (a content hash names it)."""
     key = hashlib.sha256()
-    for part in (*(src.read_bytes() for src in SOURCES), torch.__version__.encode(), _compiler_version(cxx).encode()):
-        key.update(part)
-    key.update(" ".join(build_command(cxx, Path("out"))).encode())
+    for src in (*SOURCES, SHIM_SOURCE):
+        key.update(src.read_bytes())
+    for part in (torch.__version__, _compiler_version(cxx), " ".join(build_command(cxx, Path("out")))):
+        key.update(part.encode())
     return cache_dir() / f"linear-{key.hexdigest()[:20]}.so"
+
+
+def shim_path(library: Path) -> Path:
+    """The shim library built beside ``library`` (same hash)."""
+    return library.with_name(library.name.replace("linear-", "shim-", 1))
 
 
 def _check_machine() -> None:
@@ -129,13 +156,14 @@ def _check_machine() -> None:
         raise _Unavailable(f"the kernels need AVX2 and FMA; torch reports CPU capability {capability}")
 
 
-def _build(cxx: str, target: Path) -> None:
+def _build(command: Callable[[str, Path], list[str]], cxx: str, target: Path) -> None:
+    """Run ``command(cxx, output)`` into a temporary output file, then move that to ``target`` (atomically)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
     os.close(fd)
     try:
         proc = subprocess.run(
-            build_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+            command(cxx, Path(tmp)), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
         )
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
@@ -156,11 +184,17 @@ def _load() -> KernelStatus:
     if cxx is None:
         raise _Unavailable("no C++ compiler found (install g++, or set CXX)")
     path = library_path(cxx)
+    shim = shim_path(path)
     if not path.exists():
-        _build(cxx, path)
+        _build(build_command, cxx, path)
+    if not shim.exists():
+        _build(shim_command, cxx, shim)
     torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
-    # Inductor's generated library calls the C shim by name when it is loaded: make this library's symbols global.
-    ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+    # Inductor's generated library calls the C shim by name: the shim's library (and only it: it has no
+    # dependencies) goes into the global scope, pointed at this library's entry point.
+    shim_lib = ctypes.CDLL(str(shim), mode=os.RTLD_GLOBAL)
+    entry = ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD).genprobe_small_linear_c  # a handle: nothing made global
+    shim_lib.genprobe_set_small_linear(ctypes.cast(entry, ctypes.c_void_p))
     _register_fake()
     return KernelStatus(True, "", str(path))
 

@@ -1,4 +1,6 @@
-// Small-M float32 linear layers for compiled decoding: y = x W^T (+ b), x (M, K), W (N, K), M small.
+// Small-M linear layers for compiled decoding: y = x W^T (+ b), x (M, K), W (N, K), M small; x, b and y
+// float32, W float32 or bfloat16 (weight-only: each weight widened exactly to float32 as it is loaded, the
+// arithmetic float32; half the bytes to read where a step is bound by reading its weights).
 //
 // A decode step multiplies a handful of rows (one per sequence) by every weight matrix, so each
 // product is a matrix-vector product bound by reading W. Inductor generates it as one dot product
@@ -9,8 +11,8 @@
 // seen on the next call), lanes summed once per tile.
 //
 // genprobe.engine.kernels builds this file on first use and registers `genprobe::small_linear`
-// with the dispatcher, plus the C shim `aoti_torch_cpu_small_linear` through which Inductor's C++
-// wrapper calls it directly (no dispatcher, no Python) inside a compiled graph.
+// with the dispatcher, plus the C entry point behind the shim `aoti_torch_cpu_small_linear` (shim.c)
+// through which Inductor's C++ wrapper calls it directly (no dispatcher, no Python) inside a compiled graph.
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <ATen/core/Tensor.h>
@@ -24,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,7 +37,31 @@
 
 namespace {
 
+// A bfloat16 weight as its 16 bits (at::BFloat16's storage): the high half of the float32 it stands for.
+using bf16_bits = uint16_t;
+
+inline float to_float(float v) { return v; }
+inline float to_float(bf16_bits v) {
+  const uint32_t bits = uint32_t(v) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+// Eight consecutive weights as float32 (bfloat16 widened exactly: its bits shifted into the high half).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const bf16_bits* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
 // Lanes k .. k+rem-1 of p (rem < 8), zeros elsewhere: the K tail without reading past the row.
+inline __m256 load_tail(const bf16_bits* p, int64_t rem) {
+  bf16_bits part[8] = {};
+  std::memcpy(part, p, size_t(rem) * sizeof(bf16_bits));
+  return load8(part);
+}
+
 inline __m256 load_tail(const float* p, int64_t rem) {
   alignas(32) static const int32_t ramp[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(rem)),
@@ -50,8 +77,8 @@ inline float lane_sum(__m256 v) {
 }
 
 // out[i * ldo + j] = bias[j] + sum_k x[i * K + k] * w[j * K + k] for i < MR, j < NR.
-template <int MR, int NR>
-inline void dot_tile(const float* x, const float* w, const float* bias, float* out, int64_t K, int64_t ldo) {
+template <int MR, int NR, typename W>
+inline void dot_tile(const float* x, const W* w, const float* bias, float* out, int64_t K, int64_t ldo) {
   // Every loop over MR or NR is unrolled explicitly: GCC otherwise keeps the accumulator array in memory and
   // stores it back on every iteration (measured: 2.5x slower).
   __m256 acc[MR][NR];
@@ -63,7 +90,7 @@ inline void dot_tile(const float* x, const float* w, const float* bias, float* o
   for (int64_t k = 0; k < k8; k += 8) {
     __m256 wv[NR];
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
+    for (int j = 0; j < NR; ++j) wv[j] = load8(w + j * K + k);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m256 xv = _mm256_loadu_ps(x + i * K + k);
@@ -89,8 +116,8 @@ inline void dot_tile(const float* x, const float* w, const float* bias, float* o
 }
 
 // Rows MR at a time (tail rows one by one) of the output columns [n0, n1), NR columns at a time.
-template <int MR, int NR>
-void tiles(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+template <int MR, int NR, typename W>
+void tiles(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
            int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) {
@@ -106,7 +133,8 @@ void tiles(const float* x, const float* w, const float* bias, float* y, int64_t 
 
 // Tile shapes measured on the benchmark machine (AVX2, 16 vector registers): one row, 8 accumulators;
 // two rows, 2 x 4; three to five, 3 x 4 (the most reuse of each loaded vector that stays in registers).
-void columns(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+template <typename W>
+void columns(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
              int64_t n0, int64_t n1) {
   if (M == 1)
     tiles<1, 8>(x, w, bias, y, M, N, K, n0, n1);
@@ -147,20 +175,20 @@ inline void transpose8(__m256 r[8]) {
 
 // panel[kk * P + j] = w[(n + j) * K + k0 + kk] for j < cols (zero columns beyond), kk < depth: whole 8 x 8
 // blocks by vector transposes (the pack is one pass over W per call), the ragged edges one value at a time.
-template <int64_t P>
-inline void pack_panel(const float* w, int64_t K, int64_t n, int64_t cols, int64_t k0, int64_t depth, float* panel) {
+template <int64_t P, typename W>
+inline void pack_panel(const W* w, int64_t K, int64_t n, int64_t cols, int64_t k0, int64_t depth, float* panel) {
   const int64_t d8 = cols == P ? depth & ~int64_t(7) : 0;
   for (int64_t kk = 0; kk < d8; kk += 8) {
     for (int64_t part = 0; part < P; part += 8) {
       __m256 r[8];
-      for (int64_t j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(w + (n + part + j) * K + k0 + kk);
+      for (int64_t j = 0; j < 8; ++j) r[j] = load8(w + (n + part + j) * K + k0 + kk);
       transpose8(r);
       for (int64_t c = 0; c < 8; ++c) _mm256_storeu_ps(panel + (kk + c) * P + part, r[c]);
     }
   }
   for (int64_t j = 0; j < P; ++j) {
-    const float* row = w + (n + j) * K + k0;
-    for (int64_t kk = d8; kk < depth; ++kk) panel[kk * P + j] = j < cols ? row[kk] : 0.0f;
+    const W* row = w + (n + j) * K + k0;
+    for (int64_t kk = d8; kk < depth; ++kk) panel[kk * P + j] = j < cols ? to_float(row[kk]) : 0.0f;
   }
 }
 
@@ -191,7 +219,8 @@ inline void outer_tile(const float* x, int64_t K, const float* panel, int64_t de
 }
 
 // Panels [p0, p1) of the output (16 columns each), every row of x.
-void packed_columns(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+template <typename W>
+void packed_columns(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
                     int64_t p0, int64_t p1) {
   alignas(64) float panel[kDepth * kPanel];
   for (int64_t p = p0; p < p1; ++p) {
@@ -229,6 +258,22 @@ GENPROBE_AVX512 inline __mmask16 first_lanes(int64_t count) {
   return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1u);
 }
 
+// Sixteen consecutive weights as float32 (bfloat16 widened as in load8); the masked forms read only lanes
+// [0, count) and zero the rest.
+GENPROBE_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+GENPROBE_AVX512 inline __m512 load16(const bf16_bits* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+GENPROBE_AVX512 inline __m512 load16_tail(__mmask16 lanes, int64_t, const float* p) {
+  return _mm512_maskz_loadu_ps(lanes, p);
+}
+GENPROBE_AVX512 inline __m512 load16_tail(__mmask16, int64_t count, const bf16_bits* p) {
+  bf16_bits part[16] = {};
+  std::memcpy(part, p, size_t(count) * sizeof(bf16_bits));
+  return load16(part);
+}
+
 // y[i * N + j] = (first ? bias[j] : y[i * N + j]) + sum_kk x[i * K + kk] * panel[kk * 32 + j], i < MR, j < cols.
 template <int MR>
 GENPROBE_AVX512 inline void outer_tile512(const float* x, int64_t K, const float* panel, int64_t depth, float* y,
@@ -258,7 +303,8 @@ GENPROBE_AVX512 inline void outer_tile512(const float* x, int64_t K, const float
 }
 
 // Panels [p0, p1) of the output (32 columns each), every row of x.
-GENPROBE_AVX512 void packed_columns512(const float* x, const float* w, const float* bias, float* y, int64_t M,
+template <typename W>
+GENPROBE_AVX512 void packed_columns512(const float* x, const W* w, const float* bias, float* y, int64_t M,
                                        int64_t N, int64_t K, int64_t p0, int64_t p1) {
   alignas(64) float panel[kDepth * kPanel512];
   for (int64_t p = p0; p < p1; ++p) {
@@ -289,8 +335,8 @@ GENPROBE_AVX512 void packed_columns512(const float* x, const float* w, const flo
 
 // The CPU has AVX-512 and torch uses it too (torch's own choice, which ATEN_CPU_CAPABILITY can lower).
 // The dot-product tiles of a few rows (see dot_tile) with 16-lane vectors: half the instructions along k.
-template <int MR, int NR>
-GENPROBE_AVX512 inline void dot_tile512(const float* x, const float* w, const float* bias, float* out, int64_t K,
+template <int MR, int NR, typename W>
+GENPROBE_AVX512 inline void dot_tile512(const float* x, const W* w, const float* bias, float* out, int64_t K,
                                         int64_t ldo) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 16
@@ -301,7 +347,7 @@ GENPROBE_AVX512 inline void dot_tile512(const float* x, const float* w, const fl
   for (int64_t k = 0; k < k16; k += 16) {
     __m512 wv[NR];
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * K + k);
+    for (int j = 0; j < NR; ++j) wv[j] = load16(w + j * K + k);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_loadu_ps(x + i * K + k);
@@ -313,7 +359,7 @@ GENPROBE_AVX512 inline void dot_tile512(const float* x, const float* w, const fl
     const __mmask16 tail = first_lanes(K - k16);
     __m512 wv[NR];
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(tail, w + j * K + k16);
+    for (int j = 0; j < NR; ++j) wv[j] = load16_tail(tail, K - k16, w + j * K + k16);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_maskz_loadu_ps(tail, x + i * K + k16);
@@ -327,8 +373,8 @@ GENPROBE_AVX512 inline void dot_tile512(const float* x, const float* w, const fl
     for (int j = 0; j < NR; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]) + (bias ? bias[j] : 0.0f);
 }
 
-template <int MR, int NR>
-GENPROBE_AVX512 void tiles512(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
+template <int MR, int NR, typename W>
+GENPROBE_AVX512 void tiles512(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N,
                               int64_t K, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) {
@@ -343,7 +389,8 @@ GENPROBE_AVX512 void tiles512(const float* x, const float* w, const float* bias,
 }
 
 // The tile shapes of columns() (the same register budget suits both: the loads, not the registers, limit).
-GENPROBE_AVX512 void columns512(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
+template <typename W>
+GENPROBE_AVX512 void columns512(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N,
                                 int64_t K, int64_t n0, int64_t n1) {
   if (M == 1)
     tiles512<1, 8>(x, w, bias, y, M, N, K, n0, n1);
@@ -380,8 +427,9 @@ constexpr int64_t kParallelMinWeightBytes = int64_t(1) << 16;
 // its products then stay on that thread too, as every other kernel of such a small step does.
 thread_local bool serial_products = false;
 
-void linear_into(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
-  const bool big = M > 1 ? M * N * K >= kParallelMinMacs : N * K * int64_t(sizeof(float)) >= kParallelMinWeightBytes;
+template <typename W>
+void linear_into(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
+  const bool big = M > 1 ? M * N * K >= kParallelMinMacs : N * K * int64_t(sizeof(W)) >= kParallelMinWeightBytes;
   const bool split = !serial_products && at::get_num_threads() > 1 && N >= 64 && big;
   if (M >= kPackedMinRows) {
     const bool wide = use_avx512();
@@ -424,8 +472,9 @@ bool set_serial_products(bool serial) {
 }  // namespace genprobe
 
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
-              "small_linear: float32 only, got ", x.scalar_type(), " and ", weight.scalar_type());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16),
+              "small_linear: x float32 and weight float32 or bfloat16, got ", x.scalar_type(), " and ",
+              weight.scalar_type());
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "small_linear: CPU tensors only");
   TORCH_CHECK(weight.dim() == 2, "small_linear: weight must be (out_features, in_features), got ", weight.sizes());
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "small_linear: x ", x.sizes(), " does not match weight ",
@@ -450,7 +499,11 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const std
     if (b != nullptr) y.add_(bc);
     return y;
   }
-  linear_into(xc.data_ptr<float>(), wc.data_ptr<float>(), b, y.data_ptr<float>(), M, N, K);
+  if (wc.scalar_type() == at::kBFloat16)
+    linear_into(xc.data_ptr<float>(), reinterpret_cast<const bf16_bits*>(wc.data_ptr<at::BFloat16>()), b,
+                y.data_ptr<float>(), M, N, K);
+  else
+    linear_into(xc.data_ptr<float>(), wc.data_ptr<float>(), b, y.data_ptr<float>(), M, N, K);
   return y;
 }
 
@@ -470,10 +523,11 @@ TORCH_LIBRARY_IMPL(genprobe, CPU, m) {
   m.impl("small_linear", small_linear);
 }
 
-// The C shim Inductor's C++ wrapper calls (its naming rule: aoti_torch_<device>_<op name>). Errors become
-// an error code, which the wrapper turns into an exception.
-extern "C" AOTITorchError aoti_torch_cpu_small_linear(AtenTensorHandle x, AtenTensorHandle weight,
-                                                      AtenTensorHandle* bias, AtenTensorHandle* ret0) {
+// What the C shim Inductor's C++ wrapper calls (aoti_torch_cpu_small_linear, its naming rule
+// aoti_torch_<device>_<op name>) runs; the shim itself lives in shim.c (see there why). Errors become an error
+// code, which the wrapper turns into an exception.
+extern "C" AOTITorchError genprobe_small_linear_c(AtenTensorHandle x, AtenTensorHandle weight,
+                                                  AtenTensorHandle* bias, AtenTensorHandle* ret0) {
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
     std::optional<at::Tensor> b;
     if (bias != nullptr && *bias != nullptr) b = *torch::aot_inductor::tensor_handle_to_tensor_pointer(*bias);

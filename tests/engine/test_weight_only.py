@@ -1,0 +1,145 @@
+"""Weight-only bfloat16 linear layers (genprobe.model.weight_only): the conversion, the loader and CLI option, and
+the compiled path reading the narrow weights (equal to the same model run eagerly, edits seen, cache verified)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from genprobe.engine import compiled as compiled_mod
+from genprobe.engine.generate import generate
+from genprobe.model import GPT
+from genprobe.model.load import ModelLoadError, load_model
+from genprobe.model.weight_only import WeightOnlyLinear, weight_dtype_of, with_weight_dtype
+
+
+@pytest.fixture(scope="module")
+def bf16_model(sharp_gpt) -> GPT:
+    return with_weight_dtype(sharp_gpt(), torch.bfloat16)
+
+
+def test_conversion_rounds_the_linear_layers_only_and_leaves_the_original_alone(sharp_gpt):
+    m = sharp_gpt()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    out = with_weight_dtype(m, torch.bfloat16)
+    assert out is not m and isinstance(out, GPT)
+    layers = [mod for mod in out.modules() if isinstance(mod, WeightOnlyLinear)]
+    assert len(layers) == 4 * m.cfg.n_layer  # c_attn, c_proj, fc, proj per block
+    assert all(lay.weight.dtype == torch.bfloat16 and lay.bias.dtype == torch.float32 for lay in layers)
+    assert out.wte.weight.dtype == torch.float32 and out.lm_head.weight is out.wte.weight  # still tied, float32
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())  # the original is untouched
+    assert out.h[0].attn.c_attn.weight.data_ptr() != m.h[0].attn.c_attn.weight.data_ptr()
+    assert torch.equal(out.h[0].mlp.c_fc.weight.float(), m.h[0].mlp.c_fc.weight.to(torch.bfloat16).float())
+    assert with_weight_dtype(m, torch.float32) is m
+
+
+def test_a_layer_computes_float32_maths_on_the_rounded_weights():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(40, 24)
+    layer = WeightOnlyLinear(lin, torch.bfloat16)
+    x = torch.randn(5, 40)
+    expected = F.linear(x, lin.weight.detach().to(torch.bfloat16).float(), lin.bias.detach())
+    assert torch.equal(layer(x), expected)
+    assert layer(x).dtype == torch.float32 and "weight_dtype=torch.bfloat16" in repr(layer)
+
+
+def test_bad_weight_dtypes_name_the_choices(sharp_gpt):
+    with pytest.raises(ValueError, match=r"weight dtype must be one of \['bfloat16', 'float32'\], got 'int8'"):
+        weight_dtype_of("int8")
+    with pytest.raises(ValueError, match="supports bfloat16, got torch.float16"):
+        with_weight_dtype(sharp_gpt(), torch.float16)
+    with pytest.raises(ValueError, match="converts a float32 model"):
+        with_weight_dtype(sharp_gpt().double(), torch.bfloat16)
+
+
+def test_compiled_generation_reads_the_narrow_weights_and_equals_eager(bf16_model, sharp_gpt):
+    prompts = [[5, 9, 2, 41, 7]]
+    a = generate(bf16_model, prompts, 20, compile=True, return_logits=True)
+    b = generate(bf16_model, prompts, 20, return_logits=True)
+    decoder = compiled_mod._aot_decoders.get(bf16_model, {}).get((1, bf16_model.cfg.block_size))
+    assert decoder is not None  # the AOT path ran
+    bound = decoder._weights()
+    assert bound["model.h.0.attn.c_attn.weight"].dtype == torch.bfloat16  # bound as stored: no float32 copy
+    assert a.tokens == b.tokens
+    assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True)) < 1e-4
+    # The rounding matters at this scale: the float32 model's logits are not these.
+    f32 = generate(sharp_gpt(), prompts, 20, return_logits=True)
+    assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, f32.step_logits, strict=True)) > 1e-3
+
+
+def test_in_place_edits_of_narrow_weights_are_seen(bf16_model):
+    prompts = [[2, 3, 4]]
+    generate(bf16_model, prompts, 4, compile=True)
+    w = bf16_model.h[0].mlp.c_proj.weight
+    original = w.detach().clone()
+    try:
+        with torch.no_grad():
+            w.mul_(-1.0)
+        a = generate(bf16_model, prompts, 12, compile=True, return_logits=True)
+        b = generate(bf16_model, prompts, 12, return_logits=True)
+        assert a.tokens == b.tokens
+        assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True)) < 1e-4
+    finally:
+        with torch.no_grad():
+            w.copy_(original)
+
+
+def test_the_cache_verifier_passes_on_the_narrow_compiled_path(bf16_model):
+    from genprobe.verify.adapters import CompiledEngineAdapter, FullRecompute
+    from genprobe.verify.harness import verify_implementation
+
+    report = verify_implementation(
+        CompiledEngineAdapter(bf16_model), FullRecompute(bf16_model), [[4, 5, 6, 7], [8, 9]], steps=12
+    )
+    assert report.verdict == "pass", report.to_dict()
+
+
+def _save(tmp_path, model: GPT):
+    from genprobe.corpus import CharTokenizer
+    from genprobe.model.checkpoint import save_checkpoint
+
+    tok = CharTokenizer([chr(0x4E00 + i) for i in range(model.cfg.vocab_size - 2)])
+    return save_checkpoint(tmp_path / "ckpt", model, tok, {})
+
+
+def test_the_loader_converts_genprobe_checkpoints_and_refuses_transformers_models(tmp_path, sharp_gpt):
+    path = _save(tmp_path, sharp_gpt())
+    m = load_model(path, weight_dtype=torch.bfloat16)
+    assert isinstance(m.module.h[1].mlp.c_fc, WeightOnlyLinear)
+    assert isinstance(load_model(path).module.h[1].mlp.c_fc, torch.nn.Linear)
+    from genprobe.model.hf_dir import export_hf_dir
+
+    hf = tmp_path / "hf"
+    export_hf_dir(sharp_gpt(), hf)
+    with pytest.raises(ModelLoadError, match="weight-only torch.bfloat16 storage is for genprobe checkpoints"):
+        load_model(hf, weight_dtype=torch.bfloat16)
+
+
+def test_verify_cache_gives_the_narrow_model_its_own_verdict(tmp_path, capsys, sharp_gpt):
+    from genprobe.cli import main
+
+    path = _save(tmp_path, sharp_gpt())
+    args = ["verify-cache", str(path), "--weight-dtype", "bfloat16", "--compiled", "--max-new-tokens", "8"]
+    rc = main([*args, "--prompt", "一丁七万", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["weight_dtype"] == "bfloat16"
+    assert [r["verdict"] for r in out["implementations"]] == ["pass", "pass"]
+
+
+def test_generate_takes_the_weight_dtype(tmp_path, capsys, sharp_gpt):
+    from genprobe.cli import main
+
+    path = _save(tmp_path, sharp_gpt())
+    args = ["generate", str(path), "--prompt", "一丁七万", "--greedy", "--ignore-eos", "--max-new-tokens", "16"]
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        assert main([*args, "--weight-dtype", dtype, "--json"]) == 0
+        runs[dtype] = json.loads(capsys.readouterr().out)
+    assert runs["bfloat16"]["weight_dtype"] == "bfloat16"
+    prompt = [runs["bfloat16"]["prompt_tokens"]]
+    for dtype, model in (("float32", sharp_gpt()), ("bfloat16", with_weight_dtype(sharp_gpt(), torch.bfloat16))):
+        assert runs[dtype]["tokens"] == generate(model, prompt, 16).tokens[0]
+    assert runs["bfloat16"]["steps"] != runs["float32"]["steps"]  # the rounding moves the step probabilities
