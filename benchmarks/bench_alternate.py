@@ -1,17 +1,21 @@
 """Engine groups in separate processes, alternated: robust cross-engine ratios on a shared machine.
 
 CTranslate2 and PyTorch each bring an OpenMP runtime; in one process the threads one leaves spinning take
-the cores of the other (see ``generate_speed.py``), so they must be timed in separate processes. But two
-processes run at different moments, and on a shared machine a neighbour can slow one of them by more than
-the margins being measured. This script runs ``generate_speed.py --json`` once per group per round,
-alternating the groups (A, B, A, B, ...), and reports, per batch size, the ratio of ``--ours`` to the best
+the cores of the other (see ``generate_speed.py``), so they must be timed in separate processes. Engines of
+one runtime disturb each other too, less: interleaved in one process, the engine timed after a two-thread
+eager one (``hf``, ``cached``, ``ct2``) starts while that one's OpenMP workers still spin and with its own
+weights evicted from the caches. So by default every engine whose ratio is the verdict runs in a process
+of its own (``compiled``, ``ct2``, ``ct2-1t``; ``cached`` and ``hf``, the references, share one). Processes
+run at different moments, and on a shared machine a neighbour can slow one of them by more than the margins
+being measured. This script runs ``generate_speed.py --json`` once per group per round, alternating the
+order of the groups from round to round, and reports, per batch size, the ratio of ``--ours`` to the best
 engine of the other groups *in each round* and the median over rounds: a moment that slowed one process
 moves one round's ratio, not the verdict::
 
     python benchmarks/bench_alternate.py --model 58m --rounds 3 -- --batch 1 16 64 --reps 3 --threads 2
-    # groups default to "cached compiled hf" and "ct2 ct2-1t"; anything after -- goes to generate_speed.py
-    python benchmarks/bench_alternate.py --model 58m --group "cached compiled compiled-bf16 hf" \
-        --group "ct2 ct2-1t" --versus compiled-bf16 -- --batch 1 --reps 3 --threads 2
+    # groups default to "compiled", "cached hf", "ct2" and "ct2-1t"; anything after -- goes to generate_speed.py
+    python benchmarks/bench_alternate.py --model 58m --group compiled --group compiled-bf16 --group "cached hf" \
+        --group ct2 --group ct2-1t --versus compiled-bf16 -- --batch 1 --reps 3 --threads 2
 """
 
 from __future__ import annotations
@@ -24,17 +28,24 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_GROUPS = ["cached compiled hf", "ct2 ct2-1t"]
+DEFAULT_GROUPS = ["compiled", "cached hf", "ct2", "ct2-1t"]
 
 
 def run_group(model: str, engines: list[str], passthrough: list[str]) -> dict[int, dict[str, float]]:
-    """One ``generate_speed.py`` process for ``engines``: {batch: {engine: median tok/s}}."""
+    """One ``generate_speed.py`` process for ``engines``: {batch: {engine: median tok/s}}.
+
+    Exits when an engine's greedy tokens differ from our eager engine's (checked in every process): a ratio
+    between engines that do not compute the same thing is not a speed-up.
+    """
     cmd = [sys.executable, str(HERE / "generate_speed.py"), "--model", model, "--engines", *engines, "--json"]
     cmd += ["--no-memory", *passthrough]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"generate_speed.py failed ({' '.join(engines)}):\n{proc.stderr[-2000:]}")
     result = json.loads(proc.stdout)
+    wrong = [(row["batch"], k) for row in result["rows"] for k, ok in row["greedy_tokens_agree"].items() if not ok]
+    if wrong:
+        raise SystemExit(f"greedy tokens differ from our eager engine's (batch, engine): {wrong}")
     return {row["batch"]: dict(row["tokens_per_s"]) for row in result["rows"]}
 
 
@@ -75,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "--versus",
         nargs="+",
         default=None,
-        help="more engines to rate the same way (e.g. compiled-bf16), and against hf when in its process",
+        help="more engines to rate the same way (e.g. compiled-bf16), and against hf",
     )
     args = ap.parse_args(own)
     if args.rounds < 1:
@@ -83,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     groups = [g.split() for g in (args.group or DEFAULT_GROUPS)]
     if sum(args.ours in g for g in groups) != 1 or len(groups) < 2:
         raise SystemExit(f"--ours {args.ours} must be in exactly one of two or more --group's, got {groups}")
-    others = [e for g in groups if args.ours not in g for e in g]  # the peers: engines of the other processes
+    versus = args.versus or []
+    # The peers: engines of the other processes, not our own variants rated beside (--versus).
+    others = [e for g in groups if args.ours not in g for e in g if e not in versus]
     rounds = []
     for r in range(args.rounds):
         merged: dict[int, dict[str, float]] = {}
@@ -94,18 +107,18 @@ def main(argv: list[str] | None = None) -> int:
         line = ", ".join(f"b{b} {v:.2f}x" for b, v in sorted(ratios(merged, args.ours, others).items()))
         print(f"round {r + 1}: {args.ours} / best of {' '.join(others)}: {line}", flush=True)
     summary = print_summary(rounds, args.ours, others)
-    versus = {}
-    for engine in [args.ours, *(args.versus or [])]:  # e.g. compiled-bf16 against the same peers
+    against = {}
+    for engine in [args.ours, *versus]:  # e.g. compiled-bf16 against the same peers
         if engine != args.ours:
-            versus[engine] = print_summary(rounds, engine, [e for g in groups if engine not in g for e in g])
-        if any("hf" in g and engine in g for g in groups):  # transformers in the same process: its own ratio
-            versus[f"{engine}/hf"] = print_summary(rounds, engine, ["hf"])
+            against[engine] = print_summary(rounds, engine, others)
+        if "hf" in others:  # and against transformers alone
+            against[f"{engine}/hf"] = print_summary(rounds, engine, ["hf"])
     if args.out:
         from genprobe._io import atomic_write_json
 
         args.out.mkdir(parents=True, exist_ok=True)
         doc = {"model": args.model, "groups": groups, "ours": args.ours, "rounds": rounds, "median_ratio": summary}
-        doc["versus"] = versus
+        doc["versus"] = against
         atomic_write_json(args.out / f"alternate-{args.model}.json", doc)
     return 0
 

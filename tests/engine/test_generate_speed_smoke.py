@@ -156,9 +156,45 @@ def test_alternating_processes_give_one_ratio_per_round_and_their_median(ckpt, t
     assert "round 1:" in out and "round 2:" in out and "round 3:" not in out and "| 1 |" in out and "| 2 |" in out
     d = json.loads((tmp_path / "alternate-default.json").read_text())
     assert len(d["rounds"]) == 2 and set(d["median_ratio"]) == {"1", "2"}
+    assert set(d["versus"]) == {"cached/hf"}  # ours against transformers alone, from the same rounds
     for merged in d["rounds"]:  # both processes' engines landed in every round's rows
         assert all(set(speeds) == {"cached", "hf"} for speeds in merged.values())
     r1 = [m["1"]["cached"] / m["1"]["hf"] for m in d["rounds"]]
     assert d["median_ratio"]["1"] == pytest.approx(sorted(r1)[0] / 2 + sorted(r1)[1] / 2)
     with pytest.raises(SystemExit, match="exactly one"):
         mod.main(["--group", "cached hf", "--ours", "cached"])
+
+
+def test_engines_rated_beside_ours_are_not_its_peers(tmp_path, monkeypatch, capsys):
+    """--versus compiled-bf16: rated against the same peers as --ours, and never counted as one of ours' peers
+    (our own approximation beating our float32 path says nothing about CTranslate2)."""
+    mod = _load("bench_alternate")
+    speeds = {"compiled": 100.0, "compiled-bf16": 180.0, "ct2": 80.0, "hf": 50.0}
+    monkeypatch.setattr(mod, "run_group", lambda model, engines, passthrough: {1: {e: speeds[e] for e in engines}})
+    groups = ["--group", "compiled", "--group", "compiled-bf16", "--group", "ct2", "--group", "hf"]
+    assert mod.main(["--rounds", "3", *groups, "--versus", "compiled-bf16", "--out", str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "alternate-default.json").read_text())
+    assert d["median_ratio"] == {"1": pytest.approx(100 / 80)}  # against ct2 (the best peer), not compiled-bf16
+    assert d["versus"] == {
+        "compiled/hf": {"1": pytest.approx(2.0)},
+        "compiled-bf16": {"1": pytest.approx(180 / 80)},
+        "compiled-bf16/hf": {"1": pytest.approx(3.6)},
+    }
+    assert "compiled / best of ct2, hf per round" in capsys.readouterr().out
+
+
+def test_a_process_with_one_engine_still_checks_its_tokens(tiny_model):
+    """With no eager engine timed beside it, the reference tokens are generated untimed: a wrong engine shows."""
+    mod = _load("generate_speed")
+    from bench_engines import Bundle
+
+    from genprobe.engine.generate import generate
+
+    bundle = Bundle(tiny_model, None, "tiny")
+    prompts, n = [[3, 4, 5], [6, 7, 8]], 5
+    right = generate(tiny_model, prompts, n, compile=True).tokens
+    wrong = [[(t + 1) % tiny_model.cfg.vocab_size for t in row] for row in right]
+    refs = mod.reference_tokens(bundle, prompts, n, {"compiled": right})
+    assert mod.same_tokens(right, refs["cached"], 2, n) and not mod.same_tokens(wrong, refs["cached"], 2, n)
+    refs = mod.reference_tokens(bundle, prompts, n, {"compiled-bf16": right})  # its own model's eager tokens
+    assert refs["cached-bf16"] == generate(bundle.bf16(), prompts, n).tokens
