@@ -479,6 +479,9 @@ class CompiledGPTRunner:
         self._outputs: weakref.WeakKeyDictionary[StaticKVCache, _Outputs] = weakref.WeakKeyDictionary()
         self._pool: dict[tuple[int, int], list[StaticKVCache]] = {}
         self._marked: weakref.WeakSet[StaticKVCache] = weakref.WeakSet()  # caches with symbolic-dimension marks
+        # Read-only inputs of the compiled programs, made once: the end token by id, all-true masks by shape.
+        self._eos_tensors: dict[int | None, torch.Tensor] = {}
+        self._masks: dict[tuple[int, ...], torch.Tensor] = {}
 
     @classmethod
     def for_model(cls, model: GPT) -> "CompiledGPTRunner":
@@ -586,14 +589,20 @@ class CompiledGPTRunner:
         self.model.check_ids(prompt)
         self._check_room(state, prompt.shape[1] + steps - 1)
         prompt = prompt.contiguous()
-        if prompt_valid is None:
-            prompt_valid = torch.ones_like(prompt, dtype=torch.bool)
-        out = self._buffers(state, B, with_logits)
-        logits = out.logits if with_logits else None
-        done = torch.zeros(B, dtype=torch.bool, device=prompt.device)
-        args = (prompt, prompt_valid.contiguous(), done, self._eos(eos_id), state.tensors(), steps)
-        ran = aot.decoder.generate(*args, out.tokens, out.valids, logits)
-        return self._chunk(out, (ran, done), logits)
+        valid = self._all_valid(prompt) if prompt_valid is None else prompt_valid.to(torch.bool).contiguous()
+        # The C++ loop allocates what it returns: a generation is one call, with nothing to copy after it.
+        tokens, valids, done, logits = aot.decoder.generate(
+            prompt, valid, self._eos(eos_id), state.tensors(), steps, with_logits
+        )
+        return GreedyChunk(tokens, valids, done, logits if with_logits else None)
+
+    def _all_valid(self, ids: torch.Tensor) -> torch.Tensor:
+        """An all-true validity mask shaped like ``ids`` (kept per shape: a generation reads it and never writes)."""
+        key = tuple(ids.shape)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._masks[key] = torch.ones(key, dtype=torch.bool, device=ids.device)
+        return mask
 
     def _prefill(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor | None:
         """The compiled :func:`_prefill` (None when compilation is unavailable), after the checks its graph skips."""
@@ -655,7 +664,12 @@ class CompiledGPTRunner:
         return None if res is None else self._chunk(out, res, logits)
 
     def _eos(self, eos_id: int | None) -> torch.Tensor:
-        return torch.full((1,), -1 if eos_id is None else eos_id, dtype=torch.long, device=self.device)
+        """The end token as the compiled programs take it, (1,) int64 (-1: none); kept per id, never written."""
+        eos = self._eos_tensors.get(eos_id)
+        if eos is None:
+            value = -1 if eos_id is None else eos_id
+            eos = self._eos_tensors[eos_id] = torch.full((1,), value, dtype=torch.long, device=self.device)
+        return eos
 
     def _buffers(self, state: StaticKVCache, batch: int, with_logits: bool) -> _Outputs:
         """The generation's output buffers, capacity-shaped (made on its first call, or when logits are first asked)."""

@@ -193,10 +193,13 @@ def generate(
     # Preallocated token buffer and key-validity buffer (left padding = invalid).
     buf = torch.full((B, P + N), runner.pad_id, dtype=torch.long, device=device)
     valid = torch.zeros((B, P + N), dtype=torch.bool, device=device)
-    for b, p in enumerate(prompts):
+    padded = any(len(p) < P for p in prompts)
+    if not padded:  # one assignment for the whole batch (64 rows: 0.27 vs 2.9 ms row by row)
+        buf[:, :P] = torch.tensor([[int(t) for t in p] for p in prompts], dtype=torch.long)
+        valid[:, :P] = True
+    for b, p in enumerate(prompts if padded else ()):
         buf[b, P - len(p) : P] = torch.as_tensor(list(p), dtype=torch.long)
         valid[b, P - len(p) : P] = True
-    padded = any(len(p) < P for p in prompts)
     plain_greedy = cfg.greedy and cfg.is_identity  # argmax of the raw logits, nothing to process
     # The validity buffer only needs updating when something reads it after the prompt.
     track_valid = mode == "naive" or eos_id is not None or cfg.uses_history or on_token is not None

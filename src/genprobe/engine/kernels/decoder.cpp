@@ -109,16 +109,19 @@ class GreedyDecoder : public torch::CustomClassHolder {
   }
 
   // A whole generation into a fresh cache: the prompt (B, P) with its validity, then up to ``steps`` tokens
-  // (the first from the prompt's last position). Returns the number of tokens generated; ``done`` (B,)
-  // starts all false and ends with the rows that emitted ``eos``.
-  int64_t generate(const at::Tensor& prompt, const at::Tensor& prompt_valid, const at::Tensor& done,
-                   const at::Tensor& eos, const std::vector<at::Tensor>& cache, int64_t steps,
-                   const at::Tensor& tokens, const at::Tensor& valids, const std::optional<at::Tensor>& logits) {
+  // (the first from the prompt's last position). Returns [tokens (B, n) int64, their validity (B, n), done (B,)
+  // (the rows that emitted ``eos``), raw logits (B, n, V) when ``with_logits`` else an undefined tensor], n the
+  // number of tokens generated. The outputs are allocated here: one call from Python, nothing to copy after.
+  std::vector<at::Tensor> generate(const at::Tensor& prompt, const at::Tensor& prompt_valid, const at::Tensor& eos,
+                                   const std::vector<at::Tensor>& cache, int64_t steps, bool with_logits) {
     TORCH_CHECK(steps >= 1, "generate: steps must be >= 1, got ", steps);
-    check_outputs(tokens, valids, logits, steps);
+    const int64_t B = prompt.size(0);
+    const at::Tensor tokens = at::empty({B, steps}, prompt.options().dtype(at::kLong));
+    const at::Tensor valids = at::empty({B, steps}, prompt.options().dtype(at::kBool));
+    std::optional<at::Tensor> logits;
     at::Tensor first, first_valid, d, last;
     if (prompt.size(1) == 1) {  // a one-token prompt is a decode step into the empty cache
-      std::vector<at::Tensor> out = step(prompt, prompt_valid, done.contiguous(), eos, cache);
+      std::vector<at::Tensor> out = step(prompt, prompt_valid, at::zeros({B}, valids.options()), eos, cache);
       first = out[0];
       first_valid = out[1];
       d = out[2];
@@ -127,11 +130,14 @@ class GreedyDecoder : public torch::CustomClassHolder {
       last = forward(prompt, prompt_valid, cache).select(1, -1);
       first = last.argmax(-1, /*keepdim=*/true);
       first_valid = at::ones_like(first, first.options().dtype(at::kBool));
-      d = done.logical_or(first.squeeze(1) == eos);
+      d = first.squeeze(1) == eos;
     }
+    if (with_logits) logits = at::empty({B, steps, last.size(-1)}, last.options());
     record(first, first_valid, last, tokens, valids, logits, 0);
-    done.copy_(d);
-    return 1 + decode(first, first_valid, done, eos, cache, steps - 1, tokens, valids, logits, 1);
+    const at::Tensor done = d.contiguous().clone();
+    const int64_t ran = 1 + decode(first, first_valid, done, eos, cache, steps - 1, tokens, valids, logits, 1);
+    return {tokens.narrow(1, 0, ran), valids.narrow(1, 0, ran), done,
+            with_logits ? logits->narrow(1, 0, ran) : at::Tensor()};
   }
 
  private:
