@@ -37,6 +37,9 @@ def test_generation_runs_through_the_aot_programs_and_equals_eager(model):
     a = generate(model, prompts, 20, compile=True, return_logits=True)
     b = generate(model, prompts, 20, return_logits=True)
     assert _decoder(model, 1) is not None  # the AOT path ran, not the torch.compile fallback
+    # The prompt went through the prompt program (the head on its last position only): a generation never needs
+    # the logits of every position, so the chunk program is not even built.
+    assert not _decoder(model, 1).decoder.has_chunk()
     assert a.tokens == b.tokens and a.finished == b.finished
     assert (a.token_forwards, a.forward_calls) == (b.token_forwards, b.forward_calls)
     assert _max_diff(a, b) < 1e-4
@@ -45,7 +48,7 @@ def test_generation_runs_through_the_aot_programs_and_equals_eager(model):
 def test_the_step_program_calls_the_kernels(model):
     """The compiled step program's C++ calls genprobe's small-M kernel directly (the pass and the shim are wired)."""
     generate(model, [[1, 2]], 2, compile=True)
-    step_path, _ = aot_mod.build_programs(model, 1, model.cfg.block_size, threads=1)
+    step_path = aot_mod.build_program(model, 1, model.cfg.block_size, threads=1, kind="step")
     with zipfile.ZipFile(step_path) as z:
         wrapper = next(n for n in z.namelist() if n.endswith("wrapper.cpp"))
         code = z.read(wrapper).decode()
@@ -126,7 +129,7 @@ def test_a_failed_build_warns_once_and_decodes_through_torch_compile(monkeypatch
     def refuse(*a, **k):
         raise RuntimeError("export refused this model")
 
-    monkeypatch.setattr(aot_mod, "build_programs", refuse)
+    monkeypatch.setattr(aot_mod, "build_program", refuse)
     with pytest.warns(RuntimeWarning, match="ahead-of-time compilation failed .*export refused this model"):
         a = generate(other, [[1, 2, 3]], 6, compile=True, return_logits=True)
     b = generate(other, [[1, 2, 3]], 6, return_logits=True)
@@ -143,6 +146,30 @@ def test_programs_are_cached_on_disk(model, monkeypatch):
     assert sorted(again.decoder.constant_names()) == sorted(_decoder(model, 1).decoder.constant_names())
 
 
+def test_the_chunk_program_loaded_after_a_replaced_weight_reads_the_new_one(model):
+    """The chunk program, loaded on first use, is bound to the tensors the other programs read now (not stale ones)."""
+    from genprobe.engine.compiled import CompiledGPTRunner
+
+    generate(model, [[1, 2, 3]], 2, compile=True)
+    aot = _decoder(model, 1)
+    assert not aot.decoder.has_chunk()  # nothing before this test needed every position's logits at batch 1
+    original = model.h[1].attn.c_attn.weight.detach().clone()
+    try:
+        model.h[1].attn.c_attn.weight = torch.nn.Parameter(original * -2.0)  # a new tensor object
+        generate(model, [[1, 2, 3]], 2, compile=True)  # re-binds the step and prompt programs to it
+        runner = CompiledGPTRunner.for_model(model)
+        ids = torch.tensor([[4, 5, 6, 7, 8]])
+        with torch.inference_mode():  # as generate() runs (the runner's pooled caches are inference tensors)
+            state = runner.new_state(1, 8)
+            got = runner.step(ids, None, state)  # T > 1: the chunk program, loaded now
+            runner.release_state(state)
+            want = model(ids)
+        assert aot.decoder.has_chunk()
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    finally:
+        model.h[1].attn.c_attn.weight = torch.nn.Parameter(original)
+
+
 def test_the_cache_verifier_passes_on_the_aot_path(model):
     from genprobe.verify.adapters import CompiledEngineAdapter, FullRecompute
     from genprobe.verify.harness import verify_implementation
@@ -151,3 +178,5 @@ def test_the_cache_verifier_passes_on_the_aot_path(model):
         CompiledEngineAdapter(model), FullRecompute(model), [[4, 5, 6, 7], [8, 9]], steps=12, chunk_sizes=(1, 4)
     )
     assert report.verdict == "pass", report.to_dict()
+    # Its chunks of 4 need every position's logits: the chunk program was built and bound on first use.
+    assert any(d is not None and d.decoder.has_chunk() for d in compiled_mod._aot_decoders[model].values())

@@ -241,3 +241,23 @@ def test_decode_after_explicit_positions_still_masks_later_keys(tiny_model):
         got = forward_step(tiny_model, ids[:, 5:], cache)  # default position = 5 real tokens so far
         alone = tiny_model(ids[:, 5:], positions=torch.tensor([[5]]))
     assert torch.allclose(got, alone, atol=1e-6)
+
+
+@pytest.mark.parametrize("keep", [1, 3, 7])
+def test_logits_to_keep_is_the_last_positions_of_the_full_forward(tiny_model, keep):
+    """``logits_to_keep`` (transformers' argument of that name) slices before the head: same rows, same cache."""
+    ids = torch.tensor([[5, 9, 2, 41, 7, 3, 8], [0, 0, 4, 4, 4, 4, 1]])
+    mask = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])
+    full_cache, kept_cache = KVCache.for_model(tiny_model.cfg, 2, 16), KVCache.for_model(tiny_model.cfg, 2, 16)
+    full = tiny_model(ids, cache=full_cache, attention_mask=mask)
+    kept = tiny_model(ids, cache=kept_cache, attention_mask=mask, logits_to_keep=keep)
+    assert kept.shape == (2, keep, tiny_model.cfg.vocab_size)
+    # The head's product over fewer rows may sum in another order: equal up to float32 rounding.
+    torch.testing.assert_close(kept, full[:, -keep:], rtol=0, atol=1e-5)
+    step = torch.tensor([[3], [4]])  # the cache holds the same keys either way
+    assert torch.equal(tiny_model(step, cache=kept_cache), tiny_model(step, cache=full_cache))
+
+
+def test_logits_to_keep_below_zero_is_refused(tiny_model):
+    with pytest.raises(ValueError, match="logits_to_keep must be >= 0"):
+        tiny_model(torch.tensor([[1, 2]]), logits_to_keep=-1)

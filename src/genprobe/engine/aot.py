@@ -2,16 +2,19 @@
 
 For small decode steps (the shapes :func:`genprobe.engine.compiled.decode_strategy` runs as a loop) the cost of
 a greedy generation is not arithmetic but what surrounds it: entering a compiled graph from Python, and the
-wrapper work of a ``torch.while_loop`` iteration. Here the forward is exported twice with ``torch.export``
-over a :class:`~genprobe.engine.static_cache.StaticKVCache` whose tensors are graph inputs:
+wrapper work of a ``torch.while_loop`` iteration. Here the forward is exported with ``torch.export`` over a
+:class:`~genprobe.engine.static_cache.StaticKVCache` whose tensors are graph inputs, as three programs:
 
 - a **step** program: one token per row, then the greedy argmax, the padding of finished rows and the
   end-token bookkeeping (what one iteration of ``compiled._decode_loop`` does);
-- a **chunk** program: ``T >= 2`` tokens per row (``T`` symbolic), for prompts and multi-token chunks.
+- a **prompt** program: the same with ``T >= 2`` tokens per row (``T`` symbolic) and the logits of the last
+  position only (``logits_to_keep=1``): what starts a generation. The head is skipped for every other row;
+- a **chunk** program: ``T >= 2`` tokens per row with the logits of every position, for multi-token chunks
+  (verify-cache, chunked prefill). Built on first use: a generation never needs it.
 
 AOTInductor compiles each into a library (their matrix products on :mod:`genprobe.engine.kernels`), and
 ``GreedyDecoder`` (C++, in the same library as the kernels) runs a whole generation in one call: the
-prompt's chunk, then one step per token. The weights are bound as user-managed constants, so the compiled
+prompt program, then one step per token. The weights are bound as user-managed constants, so the compiled
 programs read the model's own parameters: an in-place edit is seen by the next call with nothing recompiled,
 and a replaced parameter is re-bound before the next generation (see :meth:`AOTDecoder.bind`).
 
@@ -49,7 +52,8 @@ _SOURCES = (
 
 
 class StepProgram(torch.nn.Module):
-    """One greedy decode step of ``model`` over a static cache given as tensors (what the step library runs)."""
+    """A greedy step of ``model`` over a static cache given as tensors: the step program (T = 1) and the prompt
+    program (T >= 2, the first token of a generation) are this module exported for those shapes."""
 
     def __init__(self, model: GPT):
         super().__init__()
@@ -59,7 +63,8 @@ class StepProgram(torch.nn.Module):
         self, ids: torch.Tensor, valid: torch.Tensor, done: torch.Tensor, eos: torch.Tensor, *cache: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(next token (B, 1), its validity (B, 1), done (B,), raw logits (B, V)); finished rows emit padding (0)."""
-        logits = self.model(ids, cache=StaticKVCache.from_tensors(cache), attention_mask=valid)[:, -1]
+        cached = StaticKVCache.from_tensors(cache)
+        logits = self.model(ids, cache=cached, attention_mask=valid, logits_to_keep=1)[:, -1]
         nxt = torch.where(done, 0, logits.argmax(dim=-1))
         return nxt[:, None], (~done)[:, None], done | (nxt == eos), logits
 
@@ -75,6 +80,10 @@ class ChunkProgram(torch.nn.Module):
         """Logits of every new position; ``valid`` (B, T) marks real tokens (left padding is invalid)."""
         logits: torch.Tensor = self.model(ids, cache=StaticKVCache.from_tensors(cache), attention_mask=valid)
         return logits
+
+
+#: The programs of one (model, batch size, capacity), see the module doc.
+KINDS = ("step", "prompt", "chunk")
 
 
 def cache_key(model: GPT, batch: int, capacity: int, threads: int) -> str:
@@ -128,44 +137,55 @@ def _compile(program: torch.nn.Module, args: tuple[Any, ...], dynamic: Any, cfg:
             os.unlink(tmp)
 
 
-def build_programs(model: GPT, batch: int, capacity: int, threads: int) -> tuple[Path, Path]:
-    """(step package, chunk package) for ``batch`` rows and ``capacity`` cache slots, compiled unless cached."""
-    root = kernels.build.cache_dir().parent / "aot"
-    key = cache_key(model, batch, capacity, threads)
-    step_path, chunk_path = root / f"{key}-step.pt2", root / f"{key}-chunk.pt2"
-    cache = _example_cache(model, batch, capacity)
-    tensors = tuple(cache.tensors())
-    if not step_path.exists():
+def build_program(model: GPT, batch: int, capacity: int, threads: int, kind: str) -> Path:
+    """The package of the ``kind`` program (one of :data:`KINDS`) for ``batch`` rows and ``capacity`` cache slots,
+    compiled unless cached."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    path = kernels.build.cache_dir().parent / "aot" / f"{cache_key(model, batch, capacity, threads)}-{kind}.pt2"
+    if path.exists():
+        return path
+    cache = tuple(_example_cache(model, batch, capacity).tensors())
+    done = torch.zeros(batch, dtype=torch.bool)
+    eos = torch.full((1,), -1, dtype=torch.long)
+    if kind == "step":
         ids = torch.zeros((batch, 1), dtype=torch.long)
-        valid = torch.ones((batch, 1), dtype=torch.bool)
-        done = torch.zeros(batch, dtype=torch.bool)
-        eos = torch.full((1,), -1, dtype=torch.long)
-        args = (ids, valid, done, eos, *tensors)
-        _compile(StepProgram(model), args, None, _inductor_config(model, batch, threads), step_path)
-    if not chunk_path.exists():
-        tokens = torch.export.Dim("tokens", min=2, max=capacity)
-        ids = torch.zeros((batch, min(capacity, 8)), dtype=torch.long)
-        valid = torch.ones_like(ids, dtype=torch.bool)
-        dynamic = ({1: tokens}, {1: tokens}, (None,) * len(tensors))  # the cache: the *args of forward
-        # The prompt's products on the kernels too, whatever the number of rows. Measured on the 57.8M model at
-        # batch 1 (AMD EPYC, 2 threads): 7 tokens 17.6 ms vs 29.6 ms on Inductor's GEMMs, 150 tokens 101 vs 117 ms;
-        # with weight-only bfloat16 weights Inductor would also widen every weight to a float32 copy first.
-        _compile(
-            ChunkProgram(model), (ids, valid, *tensors), dynamic, _inductor_config(model, None, threads), chunk_path
-        )
-    return step_path, chunk_path
+        args = (ids, torch.ones_like(ids, dtype=torch.bool), done, eos, *cache)
+        _compile(StepProgram(model), args, None, _inductor_config(model, batch, threads), path)
+        return path
+    tokens = torch.export.Dim("tokens", min=2, max=capacity)
+    ids = torch.zeros((batch, min(capacity, 8)), dtype=torch.long)
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    # The products of a multi-token program on the kernels too, whatever the number of rows. Measured on the 57.8M
+    # model at batch 1 (AMD EPYC, 2 threads): 7 tokens 17.6 ms vs 29.6 ms on Inductor's GEMMs, 150 tokens 101 vs
+    # 117 ms; with weight-only bfloat16 weights Inductor would also widen every weight to a float32 copy first.
+    cfg = _inductor_config(model, None, threads)
+    if kind == "prompt":
+        dynamic: tuple[Any, ...] = ({1: tokens}, {1: tokens}, None, None, (None,) * len(cache))
+        _compile(StepProgram(model), (ids, valid, done, eos, *cache), dynamic, cfg, path)
+    else:
+        dynamic = ({1: tokens}, {1: tokens}, (None,) * len(cache))  # the cache: the *args of forward
+        _compile(ChunkProgram(model), (ids, valid, *cache), dynamic, cfg, path)
+    return path
 
 
 class AOTDecoder:
-    """The compiled step and chunk programs of one (model, batch size, capacity), bound to the model's weights."""
+    """The compiled programs of one (model, batch size, capacity), bound to the model's weights."""
 
     def __init__(self, model: GPT, batch: int, capacity: int, threads: int):
-        self.model, self.batch, self.capacity = model, batch, capacity
-        step_path, chunk_path = build_programs(model, batch, capacity, threads)
+        self.model, self.batch, self.capacity, self.threads = model, batch, capacity, threads
+        step_path, prompt_path = (build_program(model, batch, capacity, threads, k) for k in ("step", "prompt"))
         # A program compiled single-threaded keeps its products on the calling thread as well.
-        self.decoder = torch.classes.genprobe.GreedyDecoder(str(step_path), str(chunk_path), threads == 1)
+        self.decoder = torch.classes.genprobe.GreedyDecoder(str(step_path), str(prompt_path), threads == 1)
         self._names = list(self.decoder.constant_names())
         self._bound: int | None = None
+
+    def with_chunk(self) -> Any:
+        """The decoder, with the chunk program (logits of every position) loaded: built and bound on first use."""
+        if not self.decoder.has_chunk():
+            path = build_program(self.model, self.batch, self.capacity, self.threads, "chunk")
+            self.decoder.load_chunk(str(path))  # bound to the weights the other programs read
+        return self.decoder
 
     def _weights(self) -> dict[str, torch.Tensor]:
         named: dict[str, torch.Tensor] = dict(self.model.named_parameters(prefix="model", remove_duplicate=False))

@@ -531,7 +531,7 @@ class CompiledGPTRunner:
             return self._eager_step(ids, valid, state)
         aot = self._aot(ids.shape[0], state)
         if aot is not None:
-            return self._aot_step(aot.decoder, ids, valid, state)
+            return self._aot_step(aot, ids, valid, state)
         if ids.shape[1] > 1:
             # Measured (time to first token, 7-token prompts): a compiled prefill pays off up to a few hundred
             # rows (57.8M parameters: 23 -> 10 ms at batch 1, 82 -> 48 ms at 16, but 285 -> 329 ms at 64). For a
@@ -551,21 +551,36 @@ class CompiledGPTRunner:
         assert chunk.logits is not None  # asked for with_logits=True
         return chunk.logits
 
-    def _aot_step(
-        self, decoder: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache
-    ) -> torch.Tensor:
+    def _aot_step(self, aot: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         """Logits (B, T, V) of ``ids`` through the AOT chunk program (T > 1) or step program (T == 1)."""
         self.model.check_ids(ids)  # the compiled programs skip GPT.forward's host-side checks
         self._check_room(state, ids.shape[1])
         ids = ids.contiguous()
         valid = torch.ones_like(ids, dtype=torch.bool) if valid is None else valid.to(torch.bool).contiguous()
         if ids.shape[1] > 1:
-            logits: torch.Tensor = decoder.forward(ids, valid, state.tensors())
+            logits: torch.Tensor = aot.with_chunk().forward(ids, valid, state.tensors())
             return logits
         done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        out = decoder.step(ids, valid, done, self._eos(None), state.tensors())
+        out = aot.decoder.step(ids, valid, done, self._eos(None), state.tensors())
         step_logits: torch.Tensor = out[3]
         return step_logits[:, None]
+
+    def last_logits(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
+        """What :meth:`step` gives for the last position only, (B, V): a prompt's forward before sampling.
+
+        Through the AOT prompt program where it applies (the head applied to that position alone), else
+        ``step(...)[:, -1]``.
+        """
+        aot = None if _compile_error is not None else self._aot(ids.shape[0], state)
+        if aot is None:
+            return self.step(ids, valid, state)[:, -1]
+        self.model.check_ids(ids)
+        self._check_room(state, ids.shape[1])
+        ids = ids.contiguous()
+        valid = self._all_valid(ids) if valid is None else valid.to(torch.bool).contiguous()
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        logits: torch.Tensor = aot.decoder.step(ids, valid, done, self._eos(None), state.tensors())[3]
+        return logits
 
     def generate_greedy(
         self,

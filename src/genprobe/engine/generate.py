@@ -188,6 +188,14 @@ def generate(
     N = int(max_new_tokens)
     B = len(prompts)
     device = getattr(runner, "device", None) or _device_of(model)
+    plain_greedy = cfg.greedy and cfg.is_identity  # argmax of the raw logits, nothing to process
+    # Compiled plain greedy decoding runs every step after the prefill in one call: the loop, the argmax
+    # and eos are inside the compiled graph (genprobe.engine.compiled._decode_loop), and where the runner can
+    # (genprobe.engine.aot) the prompt's forward too: the whole generation is one call.
+    fused = compile and plain_greedy and not return_probs
+    whole = _whole_greedy(runner, prompts, P, N, eos_id, on_token, return_logits, cfg) if fused else None
+    if whole is not None:
+        return whole
     gen = None if cfg.greedy else torch.Generator(device="cpu").manual_seed(int(seed))
 
     # Preallocated token buffer and key-validity buffer (left padding = invalid).
@@ -200,7 +208,6 @@ def generate(
     for b, p in enumerate(prompts if padded else ()):
         buf[b, P - len(p) : P] = torch.as_tensor(list(p), dtype=torch.long)
         valid[b, P - len(p) : P] = True
-    plain_greedy = cfg.greedy and cfg.is_identity  # argmax of the raw logits, nothing to process
     # The validity buffer only needs updating when something reads it after the prompt.
     track_valid = mode == "naive" or eos_id is not None or cfg.uses_history or on_token is not None
     history_buf = torch.where(valid, buf, -1) if cfg.uses_history else None
@@ -212,22 +219,12 @@ def generate(
     step_probs: list[torch.Tensor] | None = [] if return_probs else None
     forwards = calls = 0
     steps_done = 0
-    # Compiled plain greedy decoding runs every step after the prefill in one call: the loop, the argmax
-    # and eos are inside the compiled graph (genprobe.engine.compiled._decode_loop).
-    fused = compile and plain_greedy and not return_probs
     t0 = time.perf_counter()
     with torch.inference_mode():
         state = runner.new_state(B, P + N) if mode == "cached" else None
         i = 0
         while i < N:
             cur = P + i
-            if fused and i == 0:  # the whole generation in one call, where the runner can (genprobe.engine.aot)
-                taken = _whole_greedy(
-                    runner, state, buf, valid, padded, done, P, N, eos_id, on_token, step_logits, lengths, finished
-                )
-                if taken is not None:
-                    forwards, calls, steps_done = P + taken - 1, taken, taken
-                    break
             if fused and i > 0:
                 taken = _greedy_chunk(
                     runner, state, buf, valid, done, i, P, N - i, eos_id, on_token, step_logits, lengths, finished
@@ -244,7 +241,13 @@ def generate(
                 if mode == "naive":
                     logits = runner.full(ids, valid[:, :cur])[:, -1]
                 else:
-                    logits = runner.step(ids, valid[:, :cur] if padded else None, state)[:, -1]
+                    # A runner that can skip the head for all but the last position (compiled) says so.
+                    last = getattr(runner, "last_logits", None)
+                    prompt_valid = valid[:, :cur] if padded else None
+                    if last is not None:
+                        logits = last(ids, prompt_valid, state)
+                    else:
+                        logits = runner.step(ids, prompt_valid, state)[:, -1]
                 forwards += cur
             else:
                 col = valid[:, cur - 1 : cur] if eos_id is not None else None
@@ -308,26 +311,73 @@ def generate(
 
 def _whole_greedy(
     runner: Any,
-    state: Any,
-    buf: torch.Tensor,
-    valid: torch.Tensor,
-    padded: bool,
-    done: torch.Tensor,
+    prompts: Sequence[Sequence[int]],
     P: int,
     N: int,
     eos_id: int | None,
     on_token: Callable[[int, list[int]], None] | None,
-    step_logits: list[torch.Tensor] | None,
-    lengths: list[int],
-    finished: list[str],
-) -> int | None:
-    """All ``N`` greedy steps, the prompt's forward included, in one runner call (None where the runner has none)."""
+    return_logits: bool,
+    cfg: SamplerConfig,
+) -> GenerationResult | None:
+    """A plain greedy generation as one runner call, prompt included (None where the runner has no such call).
+
+    What the step loop of :func:`generate` computes, without its token buffers: at a few hundred microseconds per
+    generation of a small model, the Python around the call is a fair share of the time.
+    """
     whole = getattr(runner, "generate_greedy", None)
-    prompt_valid = valid[:, :P] if padded else None
-    chunk = None if whole is None else whole(buf[:, :P], prompt_valid, state, N, eos_id, step_logits is not None)
+    if whole is None:
+        return None
+    B = len(prompts)
+    valid = None
+    if all(len(p) == P for p in prompts):
+        prompt = torch.tensor(prompts, dtype=torch.long)
+    else:  # left padding: invisible, no position (see the module doc)
+        prompt = torch.full((B, P), runner.pad_id, dtype=torch.long)
+        valid = torch.zeros((B, P), dtype=torch.bool)
+        for b, p in enumerate(prompts):
+            prompt[b, P - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            valid[b, P - len(p) :] = True
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        state = runner.new_state(B, P + N)
+        chunk = whole(
+            prompt.to(runner.device),
+            None if valid is None else valid.to(runner.device),
+            state,
+            N,
+            eos_id,
+            return_logits,
+        )
+        release = getattr(runner, "release_state", None)
+        if release is not None:
+            release(state)
     if chunk is None:
         return None
-    return _book_chunk(chunk, buf, valid, done, 0, P, eos_id, on_token, step_logits, lengths, finished)
+    seconds = time.perf_counter() - t0
+    taken: int = chunk.tokens.shape[1]
+    rows: list[list[int]] = chunk.tokens.tolist()
+    finished = ["length"] * B
+    if eos_id is not None:
+        for b, row in enumerate(rows):
+            if eos_id in row:  # a finished row emits padding after its eos: cut there
+                rows[b] = row[: row.index(eos_id) + 1]
+                finished[b] = "eos"
+    if on_token is not None:
+        shown = torch.where(chunk.valid, chunk.tokens, -1).tolist()
+        for j in range(taken):
+            on_token(j, [row[j] for row in shown])
+    return GenerationResult(
+        tokens=rows,
+        prompt_tokens=[list(map(int, p)) for p in prompts],
+        finished=finished,
+        token_forwards=P + taken - 1,
+        forward_calls=taken,
+        mode="cached",
+        sampler=cfg.to_dict(),
+        seconds=seconds,
+        step_logits=[chunk.logits[:, j].float().clone() for j in range(taken)] if return_logits else None,
+        step_probs=None,
+    )
 
 
 def _greedy_chunk(

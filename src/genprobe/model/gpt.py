@@ -232,20 +232,25 @@ class GPT(nn.Module):
         document_ids: torch.Tensor | None = None,
         attn_store: list[torch.Tensor] | None = None,
         hidden_store: list[torch.Tensor] | None = None,
+        logits_to_keep: int = 0,
     ) -> torch.Tensor:
         """Logits (B, T, V) for ``ids`` (B, T) at absolute ``positions`` (B, T).
 
         ``attention_mask`` (B, T) marks real (1) vs padding (0) tokens of *this call*; earlier keys'
         validity lives in the cache. ``document_ids`` (B, T) gives packed rows a block-diagonal
         causal mask. ``attn_store`` receives per-layer attention probabilities (B, H, Tq, Tk);
-        ``hidden_store`` the residual stream after every block. Use :func:`genprobe.engine.forward_step`
-        for cache-aware default positions.
+        ``hidden_store`` the residual stream after every block. ``logits_to_keep`` > 0 returns the logits
+        of the last that many positions only (B, logits_to_keep, V), as ``transformers``' argument of that
+        name: a prompt's forward needs only its last position, and the head is the largest product of a
+        small-vocabulary model. Use :func:`genprobe.engine.forward_step` for cache-aware default positions.
         """
         if ids.dim() != 2:
             raise ValueError(f"ids must be (batch, time), got shape {tuple(ids.shape)}")
         B, T = ids.shape
         if T == 0:
             raise ValueError("ids has no tokens")
+        if logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be >= 0 (0 keeps every position), got {logits_to_keep}")
         defaulted = positions is None
         if positions is None:
             positions = default_positions(B, T, cache, attention_mask, ids.device)
@@ -293,6 +298,8 @@ class GPT(nn.Module):
                 hidden_store.append(x)
         if cache is not None:
             cache.commit()
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
         logits: torch.Tensor = self.lm_head(self.ln_f(x))
         return logits
 

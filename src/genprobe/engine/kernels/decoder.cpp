@@ -1,11 +1,12 @@
-// The C++ loop of greedy decoding over two AOTInductor-compiled graphs of genprobe's one forward.
+// The C++ loop of greedy decoding over AOTInductor-compiled graphs of genprobe's one forward.
 //
-// genprobe.engine.aot exports GPT.forward twice over a StaticKVCache whose tensors are graph inputs: a
-// "chunk" graph (T >= 2 new tokens, T symbolic: prompts and chunks) and a "step" graph (one token per row,
-// plus the greedy argmax and end-token bookkeeping of a decode step). AOTInductor compiles each into a
-// library; this class loads both and runs a whole greedy generation in one call: the prompt's forward,
-// then one step per token until every row has finished or the budget is spent. No Python and no
-// per-call framework machinery runs between steps, and each step is one call into generated C++.
+// genprobe.engine.aot exports GPT.forward over a StaticKVCache whose tensors are graph inputs: a "step" graph
+// (one token per row, plus the greedy argmax and end-token bookkeeping of a decode step), a "prompt" graph
+// (the same for T >= 2 tokens, T symbolic, the head applied to the last position only) and a "chunk" graph
+// (T >= 2 tokens, the logits of every position: verify-cache and chunked prefill; loaded on first use).
+// AOTInductor compiles each into a library; this class loads them and runs a whole greedy generation in one
+// call: the prompt graph, then one step per token until every row has finished or the budget is spent. No
+// Python and no per-call framework machinery runs between steps, and each step is one call into generated C++.
 //
 // The weights are bound as user-managed constants: the graphs read the model's own parameter tensors,
 // so an in-place edit (a loop patch) is seen by the next call without recompiling.
@@ -61,22 +62,32 @@ std::vector<at::Tensor> with_cache(std::vector<at::Tensor> head, const std::vect
 class GreedyDecoder : public torch::CustomClassHolder {
  public:
   // ``serial``: the programs were compiled single-threaded, and their products run on the calling thread too.
-  GreedyDecoder(const std::string& step_package, const std::string& chunk_package, bool serial)
-      : step_(open_package(step_package)), chunk_(open_package(chunk_package)), serial_(serial) {}
+  GreedyDecoder(const std::string& step_package, const std::string& prompt_package, bool serial)
+      : step_(open_package(step_package)), prompt_(open_package(prompt_package)), serial_(serial) {}
 
   // Names of the weights each graph reads (the exported module's parameter names).
   std::vector<std::string> constant_names() { return step_->get_constant_fqns(); }
 
-  // Point both graphs at these tensors (no copy): later in-place edits of them are seen by every call.
+  // Point every loaded graph at these tensors (no copy): later in-place edits of them are seen by every call.
   void bind_weights(c10::Dict<std::string, at::Tensor> weights) {
-    std::unordered_map<std::string, at::Tensor> map;
-    for (const auto& item : weights) map.emplace(item.key(), item.value());
-    step_->load_constants(map, /*use_inactive=*/false, /*check_full_update=*/true, /*user_managed=*/true);
-    chunk_->load_constants(map, /*use_inactive=*/false, /*check_full_update=*/true, /*user_managed=*/true);
+    weights_.clear();
+    for (const auto& item : weights) weights_.emplace(item.key(), item.value());
+    for (AOTIModelPackageLoader* graph : {step_.get(), prompt_.get(), chunk_.get()})
+      if (graph != nullptr) bind(*graph);
+  }
+
+  bool has_chunk() const { return chunk_ != nullptr; }
+
+  // Load the chunk graph, bound to the weights the other graphs read (if any were bound yet).
+  void load_chunk(const std::string& chunk_package) {
+    std::unique_ptr<AOTIModelPackageLoader> chunk = open_package(chunk_package);
+    if (!weights_.empty()) bind(*chunk);
+    chunk_ = std::move(chunk);
   }
 
   // T >= 2 tokens (B, T) with their validity (B, T) through the chunk graph: logits (B, T, V).
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& valid, const std::vector<at::Tensor>& cache) {
+    TORCH_CHECK(chunk_ != nullptr, "forward: the chunk program is not loaded (load_chunk first)");
     SerialProducts scope(serial_);
     return chunk_->run(with_cache({ids, valid}, cache))[0];
   }
@@ -85,7 +96,8 @@ class GreedyDecoder : public torch::CustomClassHolder {
   std::vector<at::Tensor> step(const at::Tensor& ids, const at::Tensor& valid, const at::Tensor& done,
                                const at::Tensor& eos, const std::vector<at::Tensor>& cache) {
     SerialProducts scope(serial_);
-    return step_->run(with_cache({ids, valid, done, eos}, cache));
+    AOTIModelPackageLoader& graph = ids.size(1) == 1 ? *step_ : *prompt_;
+    return graph.run(with_cache({ids, valid, done, eos}, cache));
   }
 
   // Greedy steps from the last chosen tokens ``ids`` (B, 1): step i writes column ``first + i`` of ``tokens``,
@@ -119,19 +131,9 @@ class GreedyDecoder : public torch::CustomClassHolder {
     const at::Tensor tokens = at::empty({B, steps}, prompt.options().dtype(at::kLong));
     const at::Tensor valids = at::empty({B, steps}, prompt.options().dtype(at::kBool));
     std::optional<at::Tensor> logits;
-    at::Tensor first, first_valid, d, last;
-    if (prompt.size(1) == 1) {  // a one-token prompt is a decode step into the empty cache
-      std::vector<at::Tensor> out = step(prompt, prompt_valid, at::zeros({B}, valids.options()), eos, cache);
-      first = out[0];
-      first_valid = out[1];
-      d = out[2];
-      last = out[3];
-    } else {
-      last = forward(prompt, prompt_valid, cache).select(1, -1);
-      first = last.argmax(-1, /*keepdim=*/true);
-      first_valid = at::ones_like(first, first.options().dtype(at::kBool));
-      d = first.squeeze(1) == eos;
-    }
+    // The step graph for a one-token prompt, the prompt graph (head on the last position only) for longer ones.
+    std::vector<at::Tensor> out = step(prompt, prompt_valid, at::zeros({B}, valids.options()), eos, cache);
+    const at::Tensor &first = out[0], &first_valid = out[1], &d = out[2], &last = out[3];
     if (with_logits) logits = at::empty({B, steps, last.size(-1)}, last.options());
     record(first, first_valid, last, tokens, valids, logits, 0);
     const at::Tensor done = d.contiguous().clone();
@@ -142,8 +144,14 @@ class GreedyDecoder : public torch::CustomClassHolder {
 
  private:
   std::unique_ptr<AOTIModelPackageLoader> step_;
-  std::unique_ptr<AOTIModelPackageLoader> chunk_;
+  std::unique_ptr<AOTIModelPackageLoader> prompt_;
+  std::unique_ptr<AOTIModelPackageLoader> chunk_;  // null until load_chunk
   bool serial_;
+  std::unordered_map<std::string, at::Tensor> weights_;  // what bind_weights was given last
+
+  void bind(AOTIModelPackageLoader& graph) {
+    graph.load_constants(weights_, /*use_inactive=*/false, /*check_full_update=*/true, /*user_managed=*/true);
+  }
 
   static bool all_true(const at::Tensor& done) {
     const bool* p = done.data_ptr<bool>();
@@ -194,6 +202,8 @@ TORCH_LIBRARY_FRAGMENT(genprobe, m) {
       .def(torch::init<std::string, std::string, bool>())
       .def("constant_names", &GreedyDecoder::constant_names)
       .def("bind_weights", &GreedyDecoder::bind_weights)
+      .def("has_chunk", &GreedyDecoder::has_chunk)
+      .def("load_chunk", &GreedyDecoder::load_chunk)
       .def("forward", &GreedyDecoder::forward)
       .def("step", &GreedyDecoder::step)
       .def("decode", &GreedyDecoder::decode)
