@@ -180,3 +180,28 @@ def test_the_cache_verifier_passes_on_the_aot_path(model):
     assert report.verdict == "pass", report.to_dict()
     # Its chunks of 4 need every position's logits: the chunk program was built and bound on first use.
     assert any(d is not None and d.decoder.has_chunk() for d in compiled_mod._aot_decoders[model].values())
+
+
+def test_generations_in_threads_alongside_other_allocations_equal_eager(model):
+    """The C++ loop recycles its buffers through c10's CPU allocator while it runs (decoder.cpp, BlockPool):
+    generations in several threads, with the main thread allocating and freeing tensors meanwhile, stay exact."""
+    import threading
+
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]]
+    want = [generate(model, [p], 16, return_logits=True) for p in prompts]
+    got: dict[int, list] = {}
+
+    def run(i: int) -> None:
+        got[i] = [generate(model, [prompts[i % 2]], 16, compile=True, return_logits=True) for _ in range(5)]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    scratch = [torch.full((n % 7 + 1, 300), float(n)) for n in range(400)]  # sizes the decoder's buffers share
+    for t in threads:
+        t.join()
+    assert all(float(s[0, 0]) == n for n, s in enumerate(scratch))
+    for i in range(4):
+        for a in got[i]:
+            assert a.tokens == want[i % 2].tokens
+            assert _max_diff(a, want[i % 2]) < 1e-4

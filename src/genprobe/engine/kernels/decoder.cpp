@@ -11,12 +11,15 @@
 // The weights are bound as user-managed constants: the graphs read the model's own parameter tensors,
 // so an in-place edit (a loop patch) is seen by the next call without recompiling.
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -44,6 +47,101 @@ class SerialProducts {
 
  private:
   bool before_;
+};
+
+// CPU buffers recycled by size. A decode step of a small model allocates about twenty buffers of a few KB (its
+// intermediates and every product's output), and glibc serves each through its aligned-allocation path, which
+// bypasses its per-thread cache: measured on the default model at batch 1 (Intel Xeon), with glibc's caches
+// widened through GLIBC_TUNABLES a step took 43.9 instead of 46.8 us. Buffers up to kMaxBytes are kept on a
+// free list per size when released (at most kPerSize each) and handed out again; larger ones go to the
+// allocator this one replaced. A block is 64-byte aligned, as c10's own, behind a 64-byte header holding its size.
+class BlockPool final : public c10::Allocator {
+ public:
+  static constexpr size_t kMaxBytes = size_t(1) << 20, kPerSize = 64, kHeader = 64;
+
+  explicit BlockPool(c10::Allocator* fallback) : fallback_(fallback) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    const size_t bytes = (n + 63) & ~size_t(63);
+    if (n == 0 || bytes > kMaxBytes) return fallback_->allocate(n);
+    void* block = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::vector<void*>& free = free_[bytes];
+      if (!free.empty()) {
+        block = free.back();
+        free.pop_back();
+      }
+    }
+    if (block == nullptr) {
+      block = c10::alloc_cpu(bytes + kHeader);
+      *static_cast<size_t*>(block) = bytes;
+    }
+    void* data = static_cast<char*>(block) + kHeader;
+    return {data, block, &BlockPool::release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  void copy_data(void* dest, const void* src, size_t count) const override { default_copy_data(dest, src, count); }
+
+ private:
+  c10::Allocator* fallback_;
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+
+  static void release(void* block) {
+    BlockPool& pool = instance();
+    const size_t bytes = *static_cast<size_t*>(block);
+    {
+      std::lock_guard<std::mutex> lock(pool.mutex_);
+      std::vector<void*>& free = pool.free_[bytes];
+      if (free.size() < kPerSize) {
+        free.push_back(block);
+        return;
+      }
+    }
+    c10::free_cpu(block);
+  }
+
+ public:
+  // One per process, never destroyed: a buffer may be released at any time, at exit included.
+  static BlockPool& instance() {
+    static BlockPool* pool = new BlockPool(c10::GetCPUAllocator());
+    return *pool;
+  }
+};
+
+// For the duration of a program run: CPU tensors come from the BlockPool. c10 has one CPU allocator per process,
+// so it is replaced while a run is in progress in any thread and put back when the last one ends. (If another
+// library installed an allocator of higher priority, c10 keeps that one and nothing changes.)
+class PooledBuffers {
+ public:
+  PooledBuffers() {
+    std::lock_guard<std::mutex> lock(mutex());
+    if (depth()++ == 0) {
+      previous() = c10::GetCPUAllocator();
+      c10::SetCPUAllocator(&BlockPool::instance(), 0);
+    }
+  }
+  ~PooledBuffers() {
+    std::lock_guard<std::mutex> lock(mutex());
+    if (--depth() == 0) c10::SetCPUAllocator(previous(), 0);
+  }
+  PooledBuffers(const PooledBuffers&) = delete;
+  PooledBuffers& operator=(const PooledBuffers&) = delete;
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static int& depth() {
+    static int d = 0;
+    return d;
+  }
+  static c10::Allocator*& previous() {
+    static c10::Allocator* p = nullptr;
+    return p;
+  }
 };
 
 std::unique_ptr<AOTIModelPackageLoader> open_package(const std::string& path) {
@@ -89,6 +187,7 @@ class GreedyDecoder : public torch::CustomClassHolder {
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& valid, const std::vector<at::Tensor>& cache) {
     TORCH_CHECK(chunk_ != nullptr, "forward: the chunk program is not loaded (load_chunk first)");
     SerialProducts scope(serial_);
+    PooledBuffers buffers;
     return chunk_->run(with_cache({ids, valid}, cache))[0];
   }
 
@@ -96,6 +195,7 @@ class GreedyDecoder : public torch::CustomClassHolder {
   std::vector<at::Tensor> step(const at::Tensor& ids, const at::Tensor& valid, const at::Tensor& done,
                                const at::Tensor& eos, const std::vector<at::Tensor>& cache) {
     SerialProducts scope(serial_);
+    PooledBuffers buffers;
     AOTIModelPackageLoader& graph = ids.size(1) == 1 ? *step_ : *prompt_;
     return graph.run(with_cache({ids, valid, done, eos}, cache));
   }
