@@ -551,19 +551,28 @@ class CompiledGPTRunner:
         assert chunk.logits is not None  # asked for with_logits=True
         return chunk.logits
 
-    def _aot_step(self, aot: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
-        """Logits (B, T, V) of ``ids`` through the AOT chunk program (T > 1) or step program (T == 1)."""
+    def _aot_inputs(
+        self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids`` and their validity as the AOT programs take them, after the checks those programs skip."""
         self.model.check_ids(ids)  # the compiled programs skip GPT.forward's host-side checks
         self._check_room(state, ids.shape[1])
         ids = ids.contiguous()
-        valid = torch.ones_like(ids, dtype=torch.bool) if valid is None else valid.to(torch.bool).contiguous()
+        return ids, self._all_valid(ids) if valid is None else valid.to(torch.bool).contiguous()
+
+    def _aot_step(self, aot: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
+        """Logits (B, T, V) of ``ids`` through the AOT chunk program (T > 1) or step program (T == 1)."""
+        ids, mask = self._aot_inputs(ids, valid, state)
         if ids.shape[1] > 1:
-            logits: torch.Tensor = aot.with_chunk().forward(ids, valid, state.tensors())
+            logits: torch.Tensor = aot.with_chunk().forward(ids, mask, state.tensors())
             return logits
+        return self._aot_last(aot, ids, mask, state)[:, None]
+
+    def _aot_last(self, aot: Any, ids: torch.Tensor, mask: torch.Tensor, state: StaticKVCache) -> torch.Tensor:
+        """Logits (B, V) of the last position, through the step program (T == 1) or the prompt program (T > 1)."""
         done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        out = aot.decoder.step(ids, valid, done, self._eos(None), state.tensors())
-        step_logits: torch.Tensor = out[3]
-        return step_logits[:, None]
+        logits: torch.Tensor = aot.decoder.step(ids, mask, done, self._eos(None), state.tensors())[3]
+        return logits
 
     def last_logits(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         """What :meth:`step` gives for the last position only, (B, V): a prompt's forward before sampling.
@@ -574,13 +583,8 @@ class CompiledGPTRunner:
         aot = None if _compile_error is not None else self._aot(ids.shape[0], state)
         if aot is None:
             return self.step(ids, valid, state)[:, -1]
-        self.model.check_ids(ids)
-        self._check_room(state, ids.shape[1])
-        ids = ids.contiguous()
-        valid = self._all_valid(ids) if valid is None else valid.to(torch.bool).contiguous()
-        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        logits: torch.Tensor = aot.decoder.step(ids, valid, done, self._eos(None), state.tensors())[3]
-        return logits
+        ids, mask = self._aot_inputs(ids, valid, state)
+        return self._aot_last(aot, ids, mask, state)
 
     def generate_greedy(
         self,
