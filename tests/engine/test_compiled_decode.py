@@ -215,6 +215,13 @@ def test_static_capacity_rounds_lengths_up_so_they_share_a_graph():
     assert compiled_mod.static_capacity(65, None) == 128 and compiled_mod.static_capacity(200, None) == 256
 
 
+def test_static_capacity_is_a_power_of_two_bucket_within_the_context():
+    # Not the whole context: the attention of a step reads every slot of the capacity.
+    assert compiled_mod.static_capacity(57, 160) == 64 and compiled_mod.static_capacity(64, 160) == 64
+    assert compiled_mod.static_capacity(65, 160) == 128 and compiled_mod.static_capacity(129, 160) == 160
+    assert compiled_mod.static_capacity(160, 160) == 160 and compiled_mod.static_capacity(3, 32) == 32
+
+
 def test_prompts_of_other_lengths_reuse_the_compiled_graph(tiny_model):
     """Capacity is rounded to the context length: a new prompt length or token count does not recompile."""
     from torch._dynamo.utils import counters

@@ -429,12 +429,15 @@ def static_capacity(max_len: int, max_positions: int | None) -> int:
     """Cache capacity for a generation of ``max_len`` tokens, rounded up so that lengths share a graph.
 
     The capacity is part of the compiled graph's shape: sized to each prompt + new tokens, every new
-    length would recompile. So it is the model's context length when it has one (learned positions),
-    else the next power of two (at least 64); the extra slots are masked and cost little.
+    length would recompile. So it is the next power of two (at least 64), and never more than the model's
+    context length when it has one (learned positions). Not the context length itself: a decode step's
+    attention reads every slot of the capacity (the unfilled ones masked), and at batch 64 of a 57.8M model
+    with a 160-position context those reads made a 57-token generation 1.3x slower than with 64 slots.
     """
+    bucket = max(64, 1 << (max_len - 1).bit_length())
     if max_positions is not None and max_len <= max_positions:
-        return max_positions
-    return max(64, 1 << (max_len - 1).bit_length())
+        return min(bucket, max_positions)
+    return bucket
 
 
 def compile_error() -> str | None:
