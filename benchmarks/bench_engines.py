@@ -8,10 +8,11 @@ optional); the benchmark then prints the reason and carries on without it.
 
 - ``cached`` / ``compiled`` / ``naive``: :func:`genprobe.engine.generate` (eager KV cache, the same
   with ``compile=True``, recomputation without a cache);
-- ``cached-bf16`` / ``compiled-bf16``: the same two on the model with weight-only bfloat16 linear layers
-  (:mod:`genprobe.model.weight_only`, the opt-in approximation: float32 arithmetic, half the weight bytes).
-  A different model from the float32 one: its rows are its own, its tokens are checked against its own eager
-  engine, and how many of them match the float32 model's is reported beside;
+- ``cached-bf16`` / ``compiled-bf16`` and ``cached-int8`` / ``compiled-int8``: the same two on the model with
+  weight-only bfloat16 or int8 linear layers (:mod:`genprobe.model.weight_only`, the opt-in approximations:
+  float32 arithmetic, a half or a quarter of the weight bytes). Each is a different model from the float32
+  one: its rows are its own, its tokens are checked against its own eager engine, and how many of them match
+  the float32 model's is reported beside;
 - ``hf``: ``transformers`` ``GPT2LMHeadModel.generate`` (SDPA attention) on the exported weights;
 - ``ct2``: CTranslate2's ``Generator`` on the same export converted by its ``TransformersConverter``
   (float32, ``intra_threads`` = torch's thread count); ``ct2-1t``: the same with one thread;
@@ -54,7 +55,7 @@ class Bundle:
     tokenizer: Any  # genprobe CharTokenizer of the model's vocabulary (CTranslate2 takes token strings)
     source: str
     _hf: Any = None
-    _bf16: Any = None
+    _narrow: dict[str, Any] = field(default_factory=dict)  # weight-only copies by weight dtype name
     _tmp: Path | None = None
     _ct2: dict[int, Any] = field(default_factory=dict)  # CTranslate2 generators by intra_threads
     _ct2_seconds: float = 0.0
@@ -70,13 +71,17 @@ class Bundle:
             self._hf.generation_config.eos_token_id = None
         return self._hf
 
+    def narrow(self, weight_dtype: str):
+        """The model with its linear layers' weights stored in ``weight_dtype`` ("bfloat16", "int8"; built once)."""
+        if weight_dtype not in self._narrow:
+            from genprobe.model.weight_only import weight_dtype_of, with_weight_dtype
+
+            self._narrow[weight_dtype] = with_weight_dtype(self.model, weight_dtype_of(weight_dtype))
+        return self._narrow[weight_dtype]
+
     def bf16(self):
         """The model with its linear layers' weights stored in bfloat16 (a converted copy, built once)."""
-        if self._bf16 is None:
-            from genprobe.model.weight_only import with_weight_dtype
-
-            self._bf16 = with_weight_dtype(self.model, torch.bfloat16)
-        return self._bf16
+        return self.narrow("bfloat16")
 
     def tmpdir(self) -> Path:
         """A private temporary directory removed by :meth:`close`."""
@@ -101,14 +106,14 @@ class Bundle:
 
 
 # ---- our engine -------------------------------------------------------------------------------------
-def ours(mode: str, compile: bool = False, bf16: bool = False) -> Callable[[Bundle, Tokens, int], Engine]:
-    """Factory for :func:`genprobe.engine.generate` in ``mode`` (``compile`` for the compiled decode; ``bf16``
-    for the model with weight-only bfloat16 linear layers)."""
+def ours(mode: str, compile: bool = False, weight_dtype: str = "float32") -> Callable[[Bundle, Tokens, int], Engine]:
+    """Factory for :func:`genprobe.engine.generate` in ``mode`` (``compile`` for the compiled decode;
+    ``weight_dtype`` "bfloat16" or "int8" for the model with weight-only narrow linear layers)."""
 
     def make(b: Bundle, prompts: Tokens, n: int) -> Engine:
         from genprobe.engine.generate import generate
 
-        model = b.bf16() if bf16 else b.model
+        model = b.model if weight_dtype == "float32" else b.narrow(weight_dtype)
 
         def run(k: int = n) -> Tokens:
             return generate(model, prompts, k, mode=mode, compile=compile).tokens
@@ -235,8 +240,10 @@ FACTORIES: dict[str, Callable[[Bundle, Tokens, int], Engine]] = {
     "cached": ours("cached"),
     "compiled": ours("cached", compile=True),
     "naive": ours("naive"),
-    "cached-bf16": ours("cached", bf16=True),
-    "compiled-bf16": ours("cached", compile=True, bf16=True),
+    "cached-bf16": ours("cached", weight_dtype="bfloat16"),
+    "compiled-bf16": ours("cached", compile=True, weight_dtype="bfloat16"),
+    "cached-int8": ours("cached", weight_dtype="int8"),
+    "compiled-int8": ours("cached", compile=True, weight_dtype="int8"),
     "hf": hf_engine,
     "ct2": ct2_engine,
     # One thread: a small model's step at low batch is faster without a fork/join per operator (our compiled

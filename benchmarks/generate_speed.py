@@ -47,9 +47,28 @@ from bench_stats import Series, interleaved, load_average, peak_rss_during, rss_
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "白日依山盡，黃"  # 7 characters, all in the default vocabulary
-ENGINES = ("cached", "compiled", "naive", "hf", "ct2", "ct2-1t", "vllm", "cached-bf16", "compiled-bf16")
-# Opt-in engines (an approximation of the float32 model): run only when named in --engines.
-OPT_IN = ("cached-bf16", "compiled-bf16")
+ENGINES = (
+    "cached",
+    "compiled",
+    "naive",
+    "hf",
+    "ct2",
+    "ct2-1t",
+    "vllm",
+    "cached-bf16",
+    "compiled-bf16",
+    "cached-int8",
+    "compiled-int8",
+)
+# Opt-in engines (an approximation of the float32 model): run only when named in --engines. Each one's tokens
+# must equal its own model's eager engine (the value here), not the float32 model's.
+OPT_IN = {
+    "cached-bf16": "cached-bf16",
+    "compiled-bf16": "cached-bf16",
+    "cached-int8": "cached-int8",
+    "compiled-int8": "cached-int8",
+}
+OPT_IN_FAST = ("compiled-bf16", "compiled-int8")  # rated against the peers like OURS
 OURS = "compiled"  # our fast path: the engine the ratios are about
 
 
@@ -101,7 +120,7 @@ class Row:
     memory_mb: dict[str, dict[str, float]]
     agree_with_cached: dict[str, bool]
     skipped: dict[str, str] = field(default_factory=dict)
-    # Weight-only bfloat16 engines: the fraction of their tokens equal to the float32 model's (eager engine).
+    # Weight-only (opt-in) engines: the fraction of their tokens equal to the float32 model's (eager engine).
     match_float32: dict[str, float] = field(default_factory=dict)
 
     def tokens_per_s(self, n: int, stat: str = "median") -> dict[str, float]:
@@ -113,7 +132,7 @@ class Row:
         out = {}
         if OURS not in self.series:
             return out
-        for ours in (OURS, "compiled-bf16"):
+        for ours in (OURS, *OPT_IN_FAST):
             for other in ("ct2", "ct2-1t", "hf", "cached", "vllm", "naive"):
                 if ours in self.series and other in self.series:
                     out[f"{ours}/{other}"] = self.series[other].median / self.series[ours].median
@@ -132,7 +151,7 @@ class Row:
             "setup_seconds": self.setup_seconds,
             "memory_mb": self.memory_mb,
             "greedy_tokens_agree": self.agree_with_cached,
-            "bf16_tokens_matching_float32": self.match_float32,
+            "opt_in_tokens_matching_float32": self.match_float32,
             "all_agree": all(self.agree_with_cached.values()),
             "busy": sorted(k for k, s in self.series.items() if s.busy),
             "series": {k: s.to_dict() for k, s in self.series.items()},
@@ -175,7 +194,7 @@ def measure_row(
             peak, _ = peak_rss_during(e.run)
             mem[k]["run_peak_rss_mb"] = peak / 2**20
     refs = reference_tokens(bundle, prompts, n, outputs)
-    agree = {k: same_tokens(v, refs["cached-bf16" if k in OPT_IN else "cached"], batch, n) for k, v in outputs.items()}
+    agree = {k: same_tokens(v, refs[OPT_IN.get(k, "cached")], batch, n) for k, v in outputs.items()}
     match = {k: token_match(v, refs["cached"]) for k, v in outputs.items() if k in OPT_IN}
     return Row(batch, load_before, load_after, series, ttft, setup, mem, agree, skipped, match)
 
@@ -183,15 +202,16 @@ def measure_row(
 def reference_tokens(
     bundle: Bundle, prompts: list[list[int]], n: int, outputs: dict[str, list[list[int]]]
 ) -> dict[str, list[list[int]]]:
-    """What each engine's tokens must equal: its own model's eager engine (float32, or weight-only bfloat16),
+    """What each engine's tokens must equal: its own model's eager engine (float32, or weight-only bfloat16/int8),
     timed above when it ran, else generated here untimed, so that a process holding one engine still checks it."""
     from genprobe.engine.generate import generate
 
-    refs = {k: outputs[k] for k in ("cached", "cached-bf16") if k in outputs}
+    refs = {k: outputs[k] for k in ("cached", *OPT_IN.values()) if k in outputs}
     if "cached" not in refs:
         refs["cached"] = generate(bundle.model, prompts, n).tokens
-    if "cached-bf16" not in refs and any(k in OPT_IN for k in outputs):
-        refs["cached-bf16"] = generate(bundle.bf16(), prompts, n).tokens
+    for ref in {OPT_IN[k] for k in outputs if k in OPT_IN} - set(refs):
+        dtype = {"cached-bf16": "bfloat16", "cached-int8": "int8"}[ref]
+        refs[ref] = generate(bundle.narrow(dtype), prompts, n).tokens
     return refs
 
 
@@ -237,8 +257,9 @@ def markdown_table(rows: list[Row], n: int) -> str:
     """The speed table: tokens/s (median) per engine and batch, ratios of our fast path."""
     names = [k for k in ENGINES if any(k in r.series for r in rows)]
     pairs = [f"{OURS}/{o}" for o in ("ct2", "ct2-1t", "hf")]
-    if "compiled-bf16" in names:
-        pairs += ["compiled-bf16/ct2", "compiled-bf16/hf"]
+    for fast in OPT_IN_FAST:
+        if fast in names:
+            pairs += [f"{fast}/ct2", f"{fast}/hf"]
     tail = f" | {' | '.join(pairs)} | TTFT {OURS} / ct2 / hf (ms) | agree | busy |"
     head = "| batch | " + " | ".join(names) + tail
     out = [head, "|" + "---|" * (head.count("|") - 1)]

@@ -57,13 +57,13 @@ def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
     d = json.loads(cap.out)
     assert [r["batch"] for r in d["rows"]] == [1, 3]
     ct2 = importlib.util.find_spec("ctranslate2") is not None
-    bf16 = {"cached-bf16", "compiled-bf16"}  # opt-in engines, named explicitly here
-    expected = {"cached", "compiled", "naive", "hf"} | bf16 | ({"ct2", "ct2-1t"} if ct2 else set())
+    narrow = {"cached-bf16", "compiled-bf16", "cached-int8", "compiled-int8"}  # opt-in engines, named explicitly
+    expected = {"cached", "compiled", "naive", "hf"} | narrow | ({"ct2", "ct2-1t"} if ct2 else set())
     for r in d["rows"]:
-        # bfloat16 engines: checked against their own eager engine; their match with the float32 model reported
-        assert set(r["bf16_tokens_matching_float32"]) == bf16
-        assert all(0.0 <= v <= 1.0 for v in r["bf16_tokens_matching_float32"].values())
-        assert "compiled-bf16/hf" in r["ratios"]
+        # weight-only engines: checked against their own eager engine; their match with the float32 model reported
+        assert set(r["opt_in_tokens_matching_float32"]) == narrow
+        assert all(0.0 <= v <= 1.0 for v in r["opt_in_tokens_matching_float32"].values())
+        assert "compiled-bf16/hf" in r["ratios"] and "compiled-int8/hf" in r["ratios"]
         assert set(r["tokens_per_s"]) == expected and all(v > 0 for v in r["tokens_per_s"].values())
         assert r["all_agree"] is True and set(r["greedy_tokens_agree"]) == expected
         assert set(r["ttft_ms"]) == expected and all(v > 0 for v in r["ttft_ms"].values())
@@ -198,3 +198,6 @@ def test_a_process_with_one_engine_still_checks_its_tokens(tiny_model):
     assert mod.same_tokens(right, refs["cached"], 2, n) and not mod.same_tokens(wrong, refs["cached"], 2, n)
     refs = mod.reference_tokens(bundle, prompts, n, {"compiled-bf16": right})  # its own model's eager tokens
     assert refs["cached-bf16"] == generate(bundle.bf16(), prompts, n).tokens
+    refs = mod.reference_tokens(bundle, prompts, n, {"compiled-int8": right, "compiled": right})
+    assert set(refs) == {"cached", "cached-int8"}
+    assert refs["cached-int8"] == generate(bundle.narrow("int8"), prompts, n).tokens

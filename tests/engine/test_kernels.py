@@ -143,10 +143,12 @@ def test_thread_split_covers_every_column_once(small_linear, isa, M, N, K, dtype
 
 
 def test_bad_inputs_name_the_problem(small_linear):
-    with pytest.raises(RuntimeError, match="x float32 and weight float32 or bfloat16, got Double and Double"):
+    with pytest.raises(RuntimeError, match="x float32 and weight float32, bfloat16 or int8, got Double and Double"):
         small_linear(torch.randn(2, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64), None)
-    with pytest.raises(RuntimeError, match="weight float32 or bfloat16, got Float and Half"):
+    with pytest.raises(RuntimeError, match="weight float32, bfloat16 or int8, got Float and Half"):
         small_linear(torch.randn(2, 4), torch.randn(3, 4, dtype=torch.float16), None)
+    with pytest.raises(RuntimeError, match="int8, got Float and Byte"):  # uint8: zero-extended would be wrong
+        small_linear(torch.randn(2, 4), torch.zeros(3, 4, dtype=torch.uint8), None)
     with pytest.raises(RuntimeError, match="does not match weight"):
         small_linear(torch.randn(2, 5), torch.randn(3, 4), None)
     with pytest.raises(RuntimeError, match="bias must be float32 of 3 elements"):
@@ -212,6 +214,28 @@ def test_bfloat16_infinities_and_nans_propagate_like_linear(small_linear, isa, M
     assert bool(torch.isinf(y).any())
 
 
+def _int8_with_hard_values(N: int, K: int) -> torch.Tensor:
+    """Random int8 weights plus the extremes whose sign extension is easy to get wrong (-128, -127, 127, -1, 0)."""
+    q = torch.randint(-128, 128, (N, K), dtype=torch.int8)
+    specials = torch.tensor([-128, 127, -127, -1, 0, 1, -128, 127], dtype=torch.int8)
+    flat = q.view(-1)
+    flat[: min(flat.numel(), specials.numel())] = specials[: flat.numel()]
+    if K % 8:  # an extreme in the masked k tail of the first row
+        q[0, -1] = -128
+    return q
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_int8_weights_are_widened_exactly(small_linear, isa, M, N, K):
+    """An int8 weight gives bit for bit what the same integers in float32 give: sign-extended, not zero-extended
+    (-128 read as 128 would change the sum), and every k tail is read."""
+    torch.manual_seed(M * 1000 + N + K + 1)
+    x, q, b = torch.randn(M, K), _int8_with_hard_values(N, K), torch.randn(N)
+    y = small_linear(x, q, b)
+    assert torch.equal(y, small_linear(x, q.float(), b))
+    _assert_close(y, x, q.float(), b)
+
+
 # ---- the Inductor pass -------------------------------------------------------------------------------------
 def _aten_graph(rows: int | None, dtype: torch.dtype = torch.float32) -> tuple[torch.fx.GraphModule, tuple]:
     """F.linear with and without a bias, traced to the ATen ops a post-grad graph holds (addmm/mm of a permute).
@@ -264,6 +288,28 @@ def test_pass_hands_bfloat16_weights_to_the_kernels_unwidened(small_linear):
     assert call.args[1].meta["val"].dtype == torch.bfloat16
     assert _count(gm, torch.ops.prims.convert_element_type.default) == 0  # the widened copy is gone
     assert float((gm(*args) - expected).abs().max()) < 1e-5
+
+
+def test_pass_hands_int8_weights_to_the_kernels_at_any_row_count(small_linear):
+    """``F.linear(x, q.float()) * scale + b`` of an int8 ``q`` (genprobe.model.weight_only): the kernel gets ``q``
+    itself even for a symbolic row count above ``max_rows`` (Inductor's lowering would write a float32 copy of
+    the weight on every call); the scale and the bias stay in the graph."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def layer(x, q, scale, b):
+        return F.linear(x, q.to(torch.float32)) * scale + b
+
+    torch.manual_seed(0)
+    args = (torch.randn(9, 40), torch.randint(-127, 128, (24, 40), dtype=torch.int8), torch.rand(24), torch.randn(24))
+    gm = make_fx(layer, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*args)
+    expected = gm(*args)
+    assert rewrite_small_linears(gm.graph, max_rows=4) == 1
+    gm.recompile()
+    (call,) = [n for n in gm.graph.nodes if n.target == torch.ops.genprobe.small_linear.default]
+    assert call.args[1].meta["val"].dtype == torch.int8
+    assert _count(gm, torch.ops.prims.convert_element_type.default) == 0  # the widened copy is gone
+    assert float((gm(*args) - expected).abs().max()) < 1e-4
 
 
 def test_pass_leaves_products_it_cannot_take(small_linear):

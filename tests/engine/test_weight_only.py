@@ -1,5 +1,6 @@
-"""Weight-only bfloat16 linear layers (genprobe.model.weight_only): the conversion, the loader and CLI option, and
-the compiled path reading the narrow weights (equal to the same model run eagerly, edits seen, cache verified)."""
+"""Weight-only bfloat16 and int8 linear layers (genprobe.model.weight_only): the conversion and the int8
+quantization, the loader and CLI option, and the compiled path reading the narrow weights (equal to the same
+model run eagerly, edits seen, cache verified)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from genprobe.engine import compiled as compiled_mod
 from genprobe.engine.generate import generate
 from genprobe.model import GPT
 from genprobe.model.load import ModelLoadError, load_model
-from genprobe.model.weight_only import WeightOnlyLinear, weight_dtype_of, with_weight_dtype
+from genprobe.model.weight_only import WeightOnlyLinear, quantize_int8, weight_dtype_of, with_weight_dtype
+
+NARROW = [torch.bfloat16, torch.int8]
 
 
-@pytest.fixture(scope="module")
-def bf16_model(sharp_gpt) -> GPT:
-    return with_weight_dtype(sharp_gpt(), torch.bfloat16)
+@pytest.fixture(scope="module", params=NARROW, ids=["bfloat16", "int8"])
+def bf16_model(request, sharp_gpt) -> GPT:
+    """The sharp model with its linear layers stored narrow (each test runs once per narrow dtype)."""
+    return with_weight_dtype(sharp_gpt(), request.param)
 
 
 def test_conversion_rounds_the_linear_layers_only_and_leaves_the_original_alone(sharp_gpt):
@@ -46,13 +50,54 @@ def test_a_layer_computes_float32_maths_on_the_rounded_weights():
     assert layer(x).dtype == torch.float32 and "weight_dtype=torch.bfloat16" in repr(layer)
 
 
+def test_an_int8_layer_scales_the_integer_product_per_output():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(40, 24)
+    layer = WeightOnlyLinear(lin, torch.int8)
+    assert layer.weight.dtype == torch.int8 and layer.scale is not None and layer.scale.shape == (24,)
+    x = torch.randn(5, 40)
+    expected = F.linear(x, layer.weight.float()) * layer.scale + lin.bias.detach()
+    assert torch.equal(layer(x), expected) and "weight_dtype=torch.int8" in repr(layer)
+    # The product on the integers, scaled after, is the dequantized layer up to float32 rounding.
+    close = F.linear(x.double(), layer.dequantized().double(), lin.bias.detach().double())
+    assert float((layer(x).double() - close).abs().max()) < 1e-5
+
+
+def test_int8_quantization_keeps_each_rows_extreme_and_rounds_the_rest_within_half_a_step():
+    torch.manual_seed(1)
+    w = torch.randn(16, 33) * torch.logspace(-3, 2, 16)[:, None]  # rows of very different magnitudes
+    w[3] = 0.0  # an all-zero row: no scale from its maximum
+    w[5, :4] = torch.tensor([2.54, -1.27, 0.005, 0.015])  # max 2.54: step 0.02, so 0.005 and 0.015 are ties
+    w[5, 4:] = 0.0
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32 and int(q.min()) >= -127
+    assert torch.equal(q[3], torch.zeros(33, dtype=torch.int8)) and float(scale[3]) == 1.0
+    rows = [n for n in range(16) if n != 3]
+    assert torch.equal(q[rows].abs().amax(dim=1), torch.full((15,), 127, dtype=torch.int8))  # each row's extreme
+    err = (q.float() * scale[:, None] - w).abs()
+    assert bool((err <= scale[:, None] / 2 * (1 + 1e-5)).all())
+    assert q[5, :4].tolist() == [127, -64, 0, 1]  # -63.5 -> -64, 0.25 -> 0, 0.75 -> 1: round to nearest
+    # Ties round half to even (torch.round), whatever the sign.
+    q2, s2 = quantize_int8(torch.tensor([[127.0, 0.5, 1.5, -2.5, 2.5, -0.5]]))
+    assert float(s2[0]) == 1.0 and q2[0].tolist() == [127, 0, 2, -2, 2, 0]
+
+
+def test_int8_quantization_refuses_what_has_no_scale():
+    with pytest.raises(ValueError, match="needs finite weights"):
+        quantize_int8(torch.tensor([[1.0, float("inf")]]))
+    with pytest.raises(ValueError, match="needs finite weights"):
+        quantize_int8(torch.tensor([[float("nan"), 1.0]]))
+    with pytest.raises(ValueError, match="2-D float weight"):
+        quantize_int8(torch.ones(3))
+
+
 def test_bad_weight_dtypes_name_the_choices(sharp_gpt):
-    with pytest.raises(ValueError, match=r"weight dtype must be one of \['bfloat16', 'float32'\], got 'int8'"):
-        weight_dtype_of("int8")
-    with pytest.raises(ValueError, match="supports bfloat16, got torch.float16"):
+    with pytest.raises(ValueError, match=r"weight dtype must be one of \['bfloat16', 'float32', 'int8'\], got 'int4'"):
+        weight_dtype_of("int4")
+    with pytest.raises(ValueError, match="supports bfloat16 and int8, got torch.float16"):
         with_weight_dtype(sharp_gpt(), torch.float16)
     with pytest.raises(ValueError, match="converts a float32 model"):
-        with_weight_dtype(sharp_gpt().double(), torch.bfloat16)
+        with_weight_dtype(sharp_gpt().double(), torch.int8)
 
 
 def test_compiled_generation_reads_the_narrow_weights_and_equals_eager(bf16_model, sharp_gpt):
@@ -62,7 +107,8 @@ def test_compiled_generation_reads_the_narrow_weights_and_equals_eager(bf16_mode
     decoder = compiled_mod._aot_decoders.get(bf16_model, {}).get((1, bf16_model.cfg.block_size))
     assert decoder is not None  # the AOT path ran
     bound = decoder._weights()
-    assert bound["model.h.0.attn.c_attn.weight"].dtype == torch.bfloat16  # bound as stored: no float32 copy
+    stored = bf16_model.h[0].attn.c_attn.weight.dtype
+    assert stored in NARROW and bound["model.h.0.attn.c_attn.weight"].dtype == stored  # as stored: no float32 copy
     assert a.tokens == b.tokens
     assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True)) < 1e-4
     # The rounding matters at this scale: the float32 model's logits are not these.
@@ -73,18 +119,21 @@ def test_compiled_generation_reads_the_narrow_weights_and_equals_eager(bf16_mode
 def test_in_place_edits_of_narrow_weights_are_seen(bf16_model):
     prompts = [[2, 3, 4]]
     generate(bf16_model, prompts, 4, compile=True)
-    w = bf16_model.h[0].mlp.c_proj.weight
-    original = w.detach().clone()
+    layer = bf16_model.h[0].mlp.c_proj
+    edits = [(layer.weight, -1)] + ([] if layer.scale is None else [(layer.scale, 2.0)])  # int8: its scale too
+    originals = [w.detach().clone() for w, _ in edits]
     try:
         with torch.no_grad():
-            w.mul_(-1.0)
+            for w, factor in edits:
+                w.mul_(factor)
         a = generate(bf16_model, prompts, 12, compile=True, return_logits=True)
         b = generate(bf16_model, prompts, 12, return_logits=True)
         assert a.tokens == b.tokens
         assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True)) < 1e-4
     finally:
         with torch.no_grad():
-            w.copy_(original)
+            for (w, _), original in zip(edits, originals, strict=True):
+                w.copy_(original)
 
 
 def test_the_cache_verifier_passes_on_the_narrow_compiled_path(bf16_model):
@@ -109,6 +158,7 @@ def test_the_loader_converts_genprobe_checkpoints_and_refuses_transformers_model
     path = _save(tmp_path, sharp_gpt())
     m = load_model(path, weight_dtype=torch.bfloat16)
     assert isinstance(m.module.h[1].mlp.c_fc, WeightOnlyLinear)
+    assert load_model(path, weight_dtype=torch.int8).module.h[1].mlp.c_fc.weight.dtype == torch.int8
     assert isinstance(load_model(path).module.h[1].mlp.c_fc, torch.nn.Linear)
     from genprobe.model.hf_dir import export_hf_dir
 
@@ -118,14 +168,15 @@ def test_the_loader_converts_genprobe_checkpoints_and_refuses_transformers_model
         load_model(hf, weight_dtype=torch.bfloat16)
 
 
-def test_verify_cache_gives_the_narrow_model_its_own_verdict(tmp_path, capsys, sharp_gpt):
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_verify_cache_gives_the_narrow_model_its_own_verdict(tmp_path, capsys, sharp_gpt, dtype):
     from genprobe.cli import main
 
     path = _save(tmp_path, sharp_gpt())
-    args = ["verify-cache", str(path), "--weight-dtype", "bfloat16", "--compiled", "--max-new-tokens", "8"]
+    args = ["verify-cache", str(path), "--weight-dtype", dtype, "--compiled", "--max-new-tokens", "8"]
     rc = main([*args, "--prompt", "一丁七万", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert rc == 0 and out["weight_dtype"] == "bfloat16"
+    assert rc == 0 and out["weight_dtype"] == dtype
     assert [r["verdict"] for r in out["implementations"]] == ["pass", "pass"]
 
 
@@ -135,11 +186,13 @@ def test_generate_takes_the_weight_dtype(tmp_path, capsys, sharp_gpt):
     path = _save(tmp_path, sharp_gpt())
     args = ["generate", str(path), "--prompt", "一丁七万", "--greedy", "--ignore-eos", "--max-new-tokens", "16"]
     runs = {}
-    for dtype in ("float32", "bfloat16"):
+    for dtype in ("float32", "bfloat16", "int8"):
         assert main([*args, "--weight-dtype", dtype, "--json"]) == 0
         runs[dtype] = json.loads(capsys.readouterr().out)
-    assert runs["bfloat16"]["weight_dtype"] == "bfloat16"
+        assert runs[dtype]["weight_dtype"] == dtype
     prompt = [runs["bfloat16"]["prompt_tokens"]]
-    for dtype, model in (("float32", sharp_gpt()), ("bfloat16", with_weight_dtype(sharp_gpt(), torch.bfloat16))):
+    for dtype in ("float32", "bfloat16", "int8"):
+        model = with_weight_dtype(sharp_gpt(), weight_dtype_of(dtype))
         assert runs[dtype]["tokens"] == generate(model, prompt, 16).tokens[0]
-    assert runs["bfloat16"]["steps"] != runs["float32"]["steps"]  # the rounding moves the step probabilities
+    for dtype in ("bfloat16", "int8"):
+        assert runs[dtype]["steps"] != runs["float32"]["steps"]  # the rounding moves the step probabilities

@@ -132,17 +132,18 @@ def add_max_new_tokens(p: argparse.ArgumentParser, default: int, *old: str) -> N
 
 
 #: ``--weight-dtype`` choices (genprobe.model.weight_only.WEIGHT_DTYPES; spelled here so parsing imports no torch).
-WEIGHT_DTYPE_NAMES = ("float32", "bfloat16")
+WEIGHT_DTYPE_NAMES = ("float32", "bfloat16", "int8")
 
 
 def add_weight_dtype(p: argparse.ArgumentParser) -> None:
-    """``--weight-dtype``: the storage of a genprobe model's linear-layer weights (bfloat16: opt-in, weight-only)."""
+    """``--weight-dtype``: how a genprobe model's linear-layer weights are stored (bfloat16, int8: opt-in)."""
     p.add_argument(
         "--weight-dtype",
         choices=WEIGHT_DTYPE_NAMES,
         default="float32",
         help="genprobe checkpoints: store the linear layers' weights in this dtype, computing in float32 "
-        "(bfloat16: half the bytes a decode step reads, an approximation of the model; default float32)",
+        "(bfloat16: half the bytes a decode step reads; int8, one scale per output row: a quarter; either is an "
+        "approximation of the model; default float32)",
     )
 
 

@@ -266,8 +266,8 @@ def load_model(
 ) -> Model:
     """Load a genprobe checkpoint or a ``transformers`` model directory (auto-detected, offline, safetensors only).
 
-    ``weight_dtype=torch.bfloat16`` (genprobe checkpoints, float32) stores the linear layers' weights in bfloat16,
-    computing in float32: an opt-in approximation, see :mod:`genprobe.model.weight_only`.
+    ``weight_dtype=torch.bfloat16`` or ``torch.int8`` (genprobe checkpoints, float32) stores the linear layers'
+    weights narrow, computing in float32: an opt-in approximation, see :mod:`genprobe.model.weight_only`.
     """
     from .checkpoint import is_checkpoint
 

@@ -1,12 +1,18 @@
-"""Weight-only narrow weights: linear layers that store their weights in bfloat16 and compute in float32.
+"""Weight-only narrow weights: linear layers that store their weights in bfloat16 or int8 and compute in float32.
 
 A decode step at batch 1 of a large model is bound by reading its weights (57.8M parameters: 231 MB of
 float32 per token). Storing the weight matrices of the linear layers in bfloat16 halves those bytes; each
 weight is widened to float32 (exactly: bfloat16 is the top half of a float32) where it is used, so the
-activations, the attention, the cache and every sum stay float32. This is an approximation of the float32
-model, never the default: a converted model is a *different model* (its weights are rounded to 8 significant
-bits), with its own cache verdict (``genprobe verify-cache MODEL --weight-dtype bfloat16`` compares its cache
-against its own full recomputation) and its own figures beside the float32 ones.
+activations, the attention, the cache and every sum stay float32. int8 quarters them: each output row of a
+weight is quantized symmetrically, ``W[n] ≈ scale[n] * q[n]`` with integers ``q`` in [-127, 127] and
+``scale[n] = max|W[n]| / 127`` (per-channel weight-only int8, as in gpt-fast's ``quantize.py`` and torchao's
+int8 weight-only); the product ``x q^T`` is computed in float32 on the integers (widened exactly) and scaled
+after, per output.
+
+Either is an approximation of the float32 model, never the default: a converted model is a *different model*
+(bfloat16: weights rounded to 8 significant bits; int8: to 255 levels per row), with its own cache verdict
+(``genprobe verify-cache MODEL --weight-dtype int8`` compares its cache against its own full recomputation) and
+its own figures beside the float32 ones.
 
 The token embedding (tied to the output layer) and the layer norms stay float32: they are a small part of the
 bytes, and the embedding is also the output layer, whose rounding would move every logit directly.
@@ -21,26 +27,63 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 #: Weight dtypes a genprobe model's linear layers can be stored in (float32: the model as trained).
-WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
+
+#: The integer range of an int8 weight: symmetric, so -128 is never used and a row's sign flip stays in range.
+INT8_MAX = 127
 
 
 class WeightOnlyLinear(nn.Module):
-    """``nn.Linear`` whose weight is stored in a narrower float dtype and widened to the input's dtype on use."""
+    """``nn.Linear`` whose weight is stored narrow (bfloat16, or int8 with a scale per output) and widened on use."""
 
     def __init__(self, linear: nn.Linear, weight_dtype: torch.dtype):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = nn.Parameter(linear.weight.detach().to(weight_dtype), requires_grad=False)
+        w = linear.weight.detach()
+        self.scale: nn.Parameter | None = None
+        if weight_dtype == torch.int8:
+            q, scale = quantize_int8(w)
+            self.weight = nn.Parameter(q, requires_grad=False)
+            self.scale = nn.Parameter(scale, requires_grad=False)
+        else:
+            self.weight = nn.Parameter(w.to(weight_dtype), requires_grad=False)
         bias = linear.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x W^T + b`` with ``W`` widened to ``x``'s dtype (the compiled path reads it narrow, see kernels)."""
-        return F.linear(x, self.weight.to(x.dtype), self.bias)
+        if self.scale is None:
+            return F.linear(x, self.weight.to(x.dtype), self.bias)
+        # The scale after the product, per output: the product reads only the integers (widened exactly).
+        y = F.linear(x, self.weight.to(x.dtype)) * self.scale
+        return y if self.bias is None else y + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight this layer stands for (``scale[n] * q[n]`` for int8)."""
+        w = self.weight.float()
+        return w if self.scale is None else w * self.scale[:, None]
 
     def extra_repr(self) -> str:
         """What ``print(model)`` shows for the layer."""
         return f"in_features={self.in_features}, out_features={self.out_features}, weight_dtype={self.weight.dtype}"
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale): ``w`` (N, K) float as int8 rows ``q`` in [-127, 127] and float32 ``scale`` (N,), ``w ≈ scale * q``.
+
+    ``scale[n] = max|w[n]| / 127`` and ``q = round(w / scale)`` (half to even), so each row's largest weight is
+    exact (±127) and every other is within half a step. An all-zero row gets scale 1 (its q is 0 either way).
+    Refuses non-finite weights: an inf has no finite scale, and a NaN no integer.
+    """
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"int8 quantization takes a 2-D float weight, got {tuple(w.shape)} {w.dtype}")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("int8 quantization needs finite weights; this one holds inf or NaN")
+    w = w.float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
 
 
 def weight_dtype_of(name: str) -> torch.dtype:
@@ -58,11 +101,12 @@ def with_weight_dtype(model: nn.Module, weight_dtype: torch.dtype) -> nn.Module:
     """
     if weight_dtype == torch.float32:
         return model
-    if weight_dtype != torch.bfloat16:
-        raise ValueError(f"weight-only storage supports bfloat16, got {weight_dtype}")
+    if weight_dtype not in (torch.bfloat16, torch.int8):
+        raise ValueError(f"weight-only storage supports bfloat16 and int8, got {weight_dtype}")
     dtypes = {p.dtype for p in model.parameters()}
     if dtypes != {torch.float32}:
-        raise ValueError(f"weight-only bfloat16 converts a float32 model; this one holds {sorted(map(str, dtypes))}")
+        held = sorted(map(str, dtypes))
+        raise ValueError(f"weight-only {weight_dtype} converts a float32 model; this one holds {held}")
     out = copy.deepcopy(model)
     tied = {id(p) for p in _tied_weights(out)}
     for parent in list(out.modules()):

@@ -4,9 +4,10 @@ After AOT dispatch a linear layer is ``addmm(bias, x, permute(W, [1, 0]))`` (``m
 has a static number of rows no larger than ``max_rows`` (or any number, symbolic included, when ``max_rows`` is
 None: a small model's prompt) and everything is float32 on the CPU, the pass replaces the product by
 ``genprobe.small_linear(x, W, bias)``: the same maths, summed in another order by the kernels of ``linear.cpp``.
-A weight stored in bfloat16 (:mod:`genprobe.model.weight_only`) reaches the product as
+A weight stored in bfloat16 or int8 (:mod:`genprobe.model.weight_only`) reaches the product as
 ``permute(convert_element_type(W, float32))``; the kernels take ``W`` itself and widen it as they read it, so
-the step reads half the bytes and no float32 copy of the weight is made.
+the step reads a half or a quarter of the bytes and no float32 copy of the weight is made. Such a product is
+handed over at any row count: the alternative, Inductor's lowering, would write that float32 copy on every call.
 Other products (more rows, other dtypes, a non-contiguous weight) keep Inductor's lowering. The pass runs as Inductor's
 ``post_grad_custom_pre_pass``, before its own passes, on the graph and on every subgraph (a ``while_loop`` body).
 :func:`inductor_config` also names the op's C shim, so that the generated C++ calls the kernel directly.
@@ -40,13 +41,17 @@ def _float32_matrix(node: Any) -> torch.Tensor | None:
     return None
 
 
-def _widened_bfloat16(node: Any) -> torch.fx.Node | None:
-    """``W`` when ``node`` is ``convert_element_type(W, float32)`` of a contiguous bfloat16 matrix, else None."""
+#: Weight dtypes the kernels widen as they read (genprobe.model.weight_only).
+NARROW_WEIGHT_DTYPES = (torch.bfloat16, torch.int8)
+
+
+def _widened_narrow(node: Any) -> torch.fx.Node | None:
+    """``W`` when ``node`` is ``convert_element_type(W, float32)`` of a contiguous bfloat16/int8 matrix, else None."""
     if not isinstance(node, torch.fx.Node) or node.target != torch.ops.prims.convert_element_type.default:
         return None
     source, dtype = node.args
     val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
-    if dtype != torch.float32 or not isinstance(val, torch.Tensor) or val.dtype != torch.bfloat16:
+    if dtype != torch.float32 or not isinstance(val, torch.Tensor) or val.dtype not in NARROW_WEIGHT_DTYPES:
         return None
     return source if val.dim() == 2 and val.is_contiguous() else None  # type: ignore[return-value]
 
@@ -54,12 +59,12 @@ def _widened_bfloat16(node: Any) -> torch.fx.Node | None:
 def _weight_of(wt: Any, graph: torch.fx.Graph, before: torch.fx.Node) -> torch.fx.Node | None:
     """A node holding the (N, K) contiguous weight whose transpose is ``wt`` (inserted if needed), else None.
 
-    ``wt`` is ``permute(W, [1, 0])`` of the layer's weight (``W`` float32, or a bfloat16 weight widened, see
-    :func:`_widened_bfloat16`), or, in a frozen graph, the constant that folding made of that permute (a (K, N)
+    ``wt`` is ``permute(W, [1, 0])`` of the layer's weight (``W`` float32, or a narrow weight widened, see
+    :func:`_widened_narrow`), or, in a frozen graph, the constant that folding made of that permute (a (K, N)
     view with strides (1, K)), whose transpose is a free view.
     """
     if isinstance(wt, torch.fx.Node) and wt.target == aten.permute.default and list(wt.args[1]) == [1, 0]:  # type: ignore[arg-type]
-        narrow = _widened_bfloat16(wt.args[0])
+        narrow = _widened_narrow(wt.args[0])
         if narrow is not None:
             return narrow
         w = _float32_matrix(wt.args[0])
@@ -102,10 +107,17 @@ def _linear_operands(node: torch.fx.Node, max_rows: int | None) -> tuple[Any, to
         (x, wt), bias = node.args, None
     else:
         return None
-    if not _small_rows(x, max_rows):
+    if not _small_rows(x, None if _is_widened_narrow(wt) else max_rows):
         return None
     weight = _weight_of(wt, node.graph, node)
     return None if weight is None else (x, weight, bias)
+
+
+def _is_widened_narrow(wt: Any) -> bool:
+    """True when ``wt`` is ``permute(convert_element_type(W, float32), [1, 0])`` of a narrow weight ``W``."""
+    return (
+        isinstance(wt, torch.fx.Node) and wt.target == aten.permute.default and _widened_narrow(wt.args[0]) is not None
+    )
 
 
 def rewrite_small_linears(graph: torch.fx.Graph, max_rows: int | None) -> int:

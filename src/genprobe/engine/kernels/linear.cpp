@@ -1,6 +1,8 @@
 // Small-M linear layers for compiled decoding: y = x W^T (+ b), x (M, K), W (N, K), M small; x, b and y
-// float32, W float32 or bfloat16 (weight-only: each weight widened exactly to float32 as it is loaded, the
-// arithmetic float32; half the bytes to read where a step is bound by reading its weights).
+// float32, W float32, bfloat16 or int8 (weight-only: each weight widened exactly to float32 as it is loaded,
+// the arithmetic float32; a half or a quarter of the bytes to read where a step is bound by reading its
+// weights). An int8 W holds integers: the per-row scale of a quantized layer is applied by the graph after the
+// product (genprobe.model.weight_only), where Inductor fuses it with the bias into one pass over y.
 //
 // A decode step multiplies a handful of rows (one per sequence) by every weight matrix, so each
 // product is a matrix-vector product bound by reading W. Inductor generates it as one dot product
@@ -40,7 +42,11 @@ namespace {
 // A bfloat16 weight as its 16 bits (at::BFloat16's storage): the high half of the float32 it stands for.
 using bf16_bits = uint16_t;
 
+// An int8 weight: the integer itself (every int8 is exact in float32).
+using i8 = int8_t;
+
 inline float to_float(float v) { return v; }
+inline float to_float(i8 v) { return float(v); }
 inline float to_float(bf16_bits v) {
   const uint32_t bits = uint32_t(v) << 16;
   float out;
@@ -55,10 +61,15 @@ inline __m256 load8(const bf16_bits* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
+inline __m256 load8(const i8* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 // Lanes k .. k+rem-1 of p (rem < 8), zeros elsewhere: the K tail without reading past the row.
-inline __m256 load_tail(const bf16_bits* p, int64_t rem) {
-  bf16_bits part[8] = {};
-  std::memcpy(part, p, size_t(rem) * sizeof(bf16_bits));
+template <typename W>
+inline __m256 load_tail(const W* p, int64_t rem) {
+  W part[8] = {};
+  std::memcpy(part, p, size_t(rem) * sizeof(W));
   return load8(part);
 }
 
@@ -268,9 +279,13 @@ GENPROBE_AVX512 inline __m512 load16(const bf16_bits* p) {
 GENPROBE_AVX512 inline __m512 load16_tail(__mmask16 lanes, int64_t, const float* p) {
   return _mm512_maskz_loadu_ps(lanes, p);
 }
-GENPROBE_AVX512 inline __m512 load16_tail(__mmask16, int64_t count, const bf16_bits* p) {
-  bf16_bits part[16] = {};
-  std::memcpy(part, p, size_t(count) * sizeof(bf16_bits));
+GENPROBE_AVX512 inline __m512 load16(const i8* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+template <typename W>
+GENPROBE_AVX512 inline __m512 load16_tail(__mmask16, int64_t count, const W* p) {
+  W part[16] = {};
+  std::memcpy(part, p, size_t(count) * sizeof(W));
   return load16(part);
 }
 
@@ -472,9 +487,9 @@ bool set_serial_products(bool serial) {
 }  // namespace genprobe
 
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16),
-              "small_linear: x float32 and weight float32 or bfloat16, got ", x.scalar_type(), " and ",
-              weight.scalar_type());
+  const auto wt = weight.scalar_type();
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (wt == at::kFloat || wt == at::kBFloat16 || wt == at::kChar),
+              "small_linear: x float32 and weight float32, bfloat16 or int8, got ", x.scalar_type(), " and ", wt);
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "small_linear: CPU tensors only");
   TORCH_CHECK(weight.dim() == 2, "small_linear: weight must be (out_features, in_features), got ", weight.sizes());
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "small_linear: x ", x.sizes(), " does not match weight ",
@@ -499,9 +514,11 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const std
     if (b != nullptr) y.add_(bc);
     return y;
   }
-  if (wc.scalar_type() == at::kBFloat16)
+  if (wt == at::kBFloat16)
     linear_into(xc.data_ptr<float>(), reinterpret_cast<const bf16_bits*>(wc.data_ptr<at::BFloat16>()), b,
                 y.data_ptr<float>(), M, N, K);
+  else if (wt == at::kChar)
+    linear_into(xc.data_ptr<float>(), wc.data_ptr<i8>(), b, y.data_ptr<float>(), M, N, K);
   else
     linear_into(xc.data_ptr<float>(), wc.data_ptr<float>(), b, y.data_ptr<float>(), M, N, K);
   return y;
