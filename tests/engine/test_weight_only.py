@@ -116,6 +116,19 @@ def test_compiled_generation_reads_the_narrow_weights_and_equals_eager(bf16_mode
     assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, f32.step_logits, strict=True)) > 1e-3
 
 
+def test_a_large_narrow_model_decodes_its_batches_on_the_kernels(monkeypatch, bf16_model, sharp_gpt):
+    """A model counted as large (here by lowering the threshold) decodes batches stepwise when float32, but
+    through the AOT programs when its weights are narrow (the stepwise path would widen them)."""
+    monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 1)
+    assert not compiled_mod.uses_aot(sharp_gpt(), 2) and compiled_mod.uses_aot(bf16_model, 2)
+    prompts = [[5, 9, 2, 41, 7], [3, 8, 1, 6, 4]]
+    a = generate(bf16_model, prompts, 12, compile=True, return_logits=True)
+    b = generate(bf16_model, prompts, 12, return_logits=True)
+    assert (2, bf16_model.cfg.block_size) in compiled_mod._aot_decoders.get(bf16_model, {})
+    assert a.tokens == b.tokens
+    assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True)) < 1e-4
+
+
 def test_in_place_edits_of_narrow_weights_are_seen(bf16_model):
     prompts = [[2, 3, 4]]
     generate(bf16_model, prompts, 4, compile=True)
