@@ -350,6 +350,18 @@ GENPROBE_AVX512 void packed_columns512(const float* x, const W* w, const float* 
 
 // The CPU has AVX-512 and torch uses it too (torch's own choice, which ATEN_CPU_CAPABILITY can lower).
 // The dot-product tiles of a few rows (see dot_tile) with 16-lane vectors: half the instructions along k.
+// The lane sums of a, b, c and d, in that order: the 512-bit halves folded, then two rounds of pairwise adds
+// shared by the four (one tree instead of four).
+GENPROBE_AVX512 inline __m256 fold512(__m512 v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+GENPROBE_AVX512 inline __m128 sum4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m256 ab = _mm256_hadd_ps(fold512(a), fold512(b));  // a01 a23 b01 b23 | a45 a67 b45 b67
+  const __m256 cd = _mm256_hadd_ps(fold512(c), fold512(d));
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);  // a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
 template <int MR, int NR, typename W>
 GENPROBE_AVX512 inline void dot_tile512(const float* x, const W* w, const float* bias, float* out, int64_t K,
                                         int64_t ldo) {
@@ -382,10 +394,21 @@ GENPROBE_AVX512 inline void dot_tile512(const float* x, const W* w, const float*
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
+  if constexpr (NR % 4 == 0) {  // four sums per reduction tree (at K = 128 the sums cost as much as the FMAs)
+    const __m128 zero = _mm_setzero_ps();
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
+    for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]) + (bias ? bias[j] : 0.0f);
+      for (int j = 0; j < NR; j += 4) {
+        const __m128 sums = sum4_512(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+        _mm_storeu_ps(out + i * ldo + j, _mm_add_ps(sums, bias ? _mm_loadu_ps(bias + j) : zero));
+      }
+  } else {
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]) + (bias ? bias[j] : 0.0f);
+  }
 }
 
 template <int MR, int NR, typename W>
@@ -411,6 +434,10 @@ GENPROBE_AVX512 void columns512(const float* x, const W* w, const float* bias, f
     tiles512<1, 8>(x, w, bias, y, M, N, K, n0, n1);
   else if (M == 2)
     tiles512<2, 4>(x, w, bias, y, M, N, K, n0, n1);
+  else if (M == 4)  // one pass over the weights, not 3 rows + 1 (32 registers hold 16 sums, 4 weights, 1 input)
+    tiles512<4, 4>(x, w, bias, y, M, N, K, n0, n1);
+  else if (M == 5)
+    tiles512<5, 4>(x, w, bias, y, M, N, K, n0, n1);
   else
     tiles512<3, 4>(x, w, bias, y, M, N, K, n0, n1);
 }
