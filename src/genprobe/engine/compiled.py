@@ -136,7 +136,9 @@ def _reads_narrow_weights(model: GPT, batch_size: int) -> bool:
     """
     if batch_size > KERNEL_MAX_ROWS:
         return False
-    return any(p.dtype in (torch.bfloat16, torch.int8) for p in model.parameters())
+    from ..model.weight_only import NARROW_WEIGHT_DTYPES
+
+    return any(p.dtype in NARROW_WEIGHT_DTYPES for p in model.parameters())
 
 
 def prefill_config(model: GPT) -> dict[str, Any]:

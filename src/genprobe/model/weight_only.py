@@ -29,6 +29,9 @@ import torch.nn.functional as F
 #: Weight dtypes a genprobe model's linear layers can be stored in (float32: the model as trained).
 WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
+#: The narrow ones: what the compiled path's kernels read and widen as they load.
+NARROW_WEIGHT_DTYPES = (torch.bfloat16, torch.int8)
+
 #: The integer range of an int8 weight: symmetric, so -128 is never used and a row's sign flip stays in range.
 INT8_MAX = 127
 
@@ -101,7 +104,7 @@ def with_weight_dtype(model: nn.Module, weight_dtype: torch.dtype) -> nn.Module:
     """
     if weight_dtype == torch.float32:
         return model
-    if weight_dtype not in (torch.bfloat16, torch.int8):
+    if weight_dtype not in NARROW_WEIGHT_DTYPES:
         raise ValueError(f"weight-only storage supports bfloat16 and int8, got {weight_dtype}")
     dtypes = {p.dtype for p in model.parameters()}
     if dtypes != {torch.float32}:

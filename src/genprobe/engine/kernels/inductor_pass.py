@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from ...model.weight_only import NARROW_WEIGHT_DTYPES
 from .build import SOURCE
 
 aten = torch.ops.aten
@@ -39,10 +40,6 @@ def _float32_matrix(node: Any) -> torch.Tensor | None:
     if isinstance(val, torch.Tensor) and val.dim() == 2 and val.dtype == torch.float32:
         return val
     return None
-
-
-#: Weight dtypes the kernels widen as they read (genprobe.model.weight_only).
-NARROW_WEIGHT_DTYPES = (torch.bfloat16, torch.int8)
 
 
 def _widened_narrow(node: Any) -> torch.fx.Node | None:
