@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from ..model.gpt import GPT
+from ..model.weight_only import NARROW_WEIGHT_DTYPES
 from . import kernels
 from .static_cache import StaticKVCache
 
@@ -136,8 +137,6 @@ def _reads_narrow_weights(model: GPT, batch_size: int) -> bool:
     """
     if batch_size > KERNEL_MAX_ROWS:
         return False
-    from ..model.weight_only import NARROW_WEIGHT_DTYPES
-
     return any(p.dtype in NARROW_WEIGHT_DTYPES for p in model.parameters())
 
 
