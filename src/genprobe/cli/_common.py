@@ -42,7 +42,10 @@ def info(msg: str, quiet: bool = False) -> None:
 
 
 # ---- the one CLI grammar: genprobe COMMAND [MODEL] [options] -------------------------------------
-MODEL_HELP = "a genprobe checkpoint directory or a transformers model directory (safetensors; detected automatically)"
+MODEL_HELP = (
+    "a genprobe checkpoint directory, a transformers model directory (safetensors), a GGUF file, or the name of a "
+    "fetched model (smollm2; see `genprobe fetch`); detected automatically"
+)
 
 
 def add_model_argument(p: argparse.ArgumentParser, required: bool = True, help: str = MODEL_HELP) -> None:

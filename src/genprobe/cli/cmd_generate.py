@@ -38,6 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--eos-id", type=int, default=None, help="stop at this token id (default: the tokenizer's end-of-text token)"
     )
     p.add_argument("--ignore-eos", action="store_true", help="never stop early at the end-of-text token")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="render each prompt as one user turn through the model's chat template (instruction-tuned models) "
+        "and print only the reply",
+    )
     p.add_argument("--show-unk", action="store_true", help="print <unk> instead of dropping it")
     p.add_argument("--top", type=int, default=0, metavar="N", help="per step, show the top-N candidates and entropy")
     p.add_argument(
@@ -87,9 +93,11 @@ def run(args: argparse.Namespace) -> int:
     model = load_model_arg(args)
     tok = model._require_tokenizer()
     sampler = sampler_from_args(args, tok)
+    if args.chat:
+        texts = [model.chat_prompt(t) for t in texts]
     prompts = _encode(model, texts)
     stream = len(prompts) == 1 and not args.json and not args.top
-    if stream:
+    if stream and not args.chat:
         sys.stdout.write(_show(tok, prompts[0], args.show_unk))
         sys.stdout.flush()
 
@@ -130,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         if args.top and not args.json:
             print(format_steps(steps))
         if not stream and not args.json:
-            print(_show(tok, ids, args.show_unk) + results[-1]["text"])
+            print(("" if args.chat else _show(tok, ids, args.show_unk)) + results[-1]["text"])
     if stream:
         print()
     if args.json:
@@ -138,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             "model": str(model.source),
             "sampler": sampler.to_dict(),
             "seed": args.seed,
+            "chat": args.chat,
             "weight_dtype": args.weight_dtype,
             "token_forwards": res.token_forwards,
         }

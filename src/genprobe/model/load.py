@@ -254,7 +254,27 @@ class Model:
             "tokenizer": None
             if tok is None
             else {"kind": tok.kind, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "unk_id": tok.unk_id},
+            "chat_template": self.chat_template is not None,
+            # weights read from a GGUF file: each tensor's quantization type there (Q4_1, Q8_0, F32, …)
+            "gguf": self.meta.get("gguf"),
         }
+
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template (Jinja), when the model ships one."""
+        hf = getattr(self.tokenizer, "hf", None)
+        template = getattr(hf, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    def chat_prompt(self, user_text: str) -> str:
+        """``user_text`` as one user turn rendered by the model's chat template, ready for the assistant's reply."""
+        template = self.chat_template
+        if template is None:
+            raise ValueError(f"the model {self.source or ''} has no chat template; drop --chat")
+        hf: Any = getattr(self.tokenizer, "hf", None)  # a template exists only on a transformers tokenizer
+        messages = [{"role": "user", "content": user_text}]
+        text: str = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return text
 
 
 # ---- loading --------------------------------------------------------------------------------
@@ -273,9 +293,20 @@ def load_model(
 
     d = Path(path)
     if not d.exists():
-        raise FileNotFoundError(f"no such model directory: {d}")
+        from .catalog import resolve_name
+
+        d = resolve_name(str(path))  # a catalog name such as "smollm2" (fetched by `genprobe fetch`), else an error
+    from .gguf import is_gguf_path
+
+    if is_gguf_path(d):
+        if weight_dtype != dtype:
+            raise ModelLoadError(f"weight-only {weight_dtype} storage is for genprobe checkpoints; {d} is a GGUF file")
+        return _load_gguf(d, dtype, device)
     if not d.is_dir():
-        raise ModelLoadError(f"{d} is a file; a model is a directory (a genprobe checkpoint or a transformers model)")
+        raise ModelLoadError(
+            f"{d} is a file but not a .gguf file; a model is a directory (a genprobe checkpoint or a transformers "
+            "model) or a GGUF file"
+        )
     if is_checkpoint(d):
         model = _load_genprobe(d, dtype, device)
         if weight_dtype != dtype:
@@ -291,9 +322,21 @@ def load_model(
             )
         return _load_transformers(d, dtype, device)
     raise ModelLoadError(
-        f"{d} is neither a genprobe checkpoint (genprobe.json + model.safetensors) nor a transformers model "
-        "directory (config.json + *.safetensors)"
+        f"{d} is neither a genprobe checkpoint (genprobe.json + model.safetensors), a transformers model "
+        "directory (config.json + *.safetensors) nor a GGUF file"
     )
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
+    """A GGUF file (or the one in a directory), dequantized by transformers (see :mod:`genprobe.model.gguf`)."""
+    from .gguf import gguf_file_of, read_gguf
+
+    file = gguf_file_of(path)
+    module, hf_tok, summary = read_gguf(file, dtype)
+    arch = str(getattr(getattr(module, "config", None), "model_type", summary.architecture))
+    config: Any = getattr(module, "config", None)
+    meta = {"config": config.to_dict() if config is not None else {}, "gguf": summary.to_dict()}
+    return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", arch, file, meta)
 
 
 def _load_genprobe(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
@@ -371,8 +414,14 @@ def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) 
             f"{d}: the weights leave {len(missing)} parameter(s) uninitialised (e.g. {missing[:3]}); "
             "the safetensors file does not belong to this config"
         )
+    from .gguf import read_sidecar
+
     tok = load_tokenizer(d)
-    model = Model(module.to(device).eval(), tok, "hf", arch, d, {"config": cfg})
+    meta: dict[str, Any] = {"config": cfg}
+    gguf = read_sidecar(d)  # a directory converted from GGUF records the file's tensor types
+    if gguf is not None:
+        meta["gguf"] = gguf
+    model = Model(module.to(device).eval(), tok, "hf", arch, d, meta)
     if tok is not None and tok.vocab_size > model.vocab_size:
         raise ModelLoadError(
             f"{d}: the tokenizer has {tok.vocab_size} tokens but the model's output embedding has only "

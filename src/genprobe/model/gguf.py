@@ -1,0 +1,232 @@
+"""GGUF files (llama.cpp's format) as models, read through the well-kept libraries.
+
+Small models are mostly handed around as GGUF: one file with the weights (often quantized), the
+architecture's hyper-parameters and the tokenizer. genprobe does not parse it itself:
+
+- ``gguf`` (llama.cpp's own Python reader) checks the file and lists each tensor's quantization type
+  (``Q4_1``, ``Q8_0``, ``F32``, …), which :meth:`Model.describe` records;
+- ``transformers``' GGUF support maps the architecture, the hyper-parameters and the tokenizer (chat
+  template included) and dequantizes every tensor to float. The result is an ordinary
+  ``transformers`` causal LM: every genprobe capability runs on it, and its float weights are the
+  exact values llama.cpp multiplies by (dequantization is exact; llama.cpp's own activation
+  quantization is not part of the model).
+
+Both are an optional extra (``pip install 'genprobe[gguf]'``). A file that is not GGUF, a truncated
+one and an architecture ``transformers`` cannot dequantize are refused with a one-line error before
+anything is written. :func:`convert_gguf` writes the float model once as a safetensors directory
+(faster to load than dequantizing on every run).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .load import ModelLoadError, UnsupportedArchitectureError
+
+GGUF_MAGIC = b"GGUF"
+GGUF_SIDECAR = "genprobe_gguf.json"  # what a converted directory records about the GGUF it came from
+# transformers lists two metadata prefixes among its GGUF "architectures"; they are not models
+_NOT_ARCHITECTURES = {"general", "tokenizer"}
+_INSTALL_HINT = "pip install 'genprobe[gguf]' (the gguf and accelerate packages)"
+
+
+@dataclass(frozen=True)
+class GGUFSummary:
+    """What a GGUF file holds, read from its header: architecture, size, each tensor's quantization type."""
+
+    path: str
+    size_bytes: int
+    architecture: str
+    name: str | None
+    context_length: int | None
+    tensor_types: dict[str, str]  # tensor name -> GGML type name (Q4_1, Q8_0, F32, …)
+
+    @property
+    def type_counts(self) -> dict[str, int]:
+        """How many tensors of each quantization type."""
+        return dict(Counter(self.tensor_types.values()).most_common())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON, with the per-type counts."""
+        d = asdict(self)
+        d["type_counts"] = self.type_counts
+        return d
+
+
+def is_gguf_path(path: Path) -> bool:
+    """A ``.gguf`` file, or a directory that holds GGUF file(s) and no ``config.json``."""
+    if path.is_file():
+        return path.suffix.lower() == ".gguf"
+    return path.is_dir() and not (path / "config.json").exists() and any(path.glob("*.gguf"))
+
+
+def gguf_file_of(path: Path) -> Path:
+    """The GGUF file ``path`` names: the file itself, or the one ``*.gguf`` in a directory."""
+    if path.is_file():
+        return path
+    files = sorted(path.glob("*.gguf"))
+    if len(files) != 1:
+        names = ", ".join(f.name for f in files)
+        raise ModelLoadError(f"{path} holds {len(files)} GGUF files ({names}); name the one to load")
+    return files[0]
+
+
+def _require_gguf_package() -> Any:
+    try:
+        import gguf
+    except ImportError:
+        raise ModelLoadError(f"reading GGUF files needs the gguf extra: {_INSTALL_HINT}") from None
+    return gguf
+
+
+def _check_magic(path: Path) -> None:
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head != GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF file: it starts with {head!r}, a GGUF file with {GGUF_MAGIC!r}")
+
+
+def _field_value(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def inspect_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
+    """Read a GGUF file's header (no tensor data): refuse non-GGUF, truncated and unsupported files."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no such GGUF file: {p}")
+    _check_magic(p)
+    gguf = _require_gguf_package()
+    try:
+        reader = gguf.GGUFReader(p, "r")
+    except (ValueError, IndexError, KeyError, OSError, EOFError) as exc:
+        raise ModelLoadError(f"{p} is a truncated or corrupt GGUF file ({type(exc).__name__}: {exc})") from None
+    size = p.stat().st_size
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise ModelLoadError(f"{p} is a truncated GGUF file: its tensors end at byte {end:,}, the file has {size:,}")
+    arch = _field_value(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise ModelLoadError(f"{p} is a GGUF file without general.architecture; it does not describe a model")
+    context = _field_value(reader, f"{arch}.context_length")
+    return GGUFSummary(
+        path=str(p),
+        size_bytes=size,
+        architecture=arch,
+        name=_field_value(reader, "general.name"),
+        context_length=int(context) if context is not None else None,
+        tensor_types={t.name: t.tensor_type.name for t in reader.tensors},
+    )
+
+
+def check_supported(summary: GGUFSummary) -> None:
+    """Refuse an architecture the installed ``transformers`` cannot dequantize into a model."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    supported = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - _NOT_ARCHITECTURES)
+    if summary.architecture not in supported:
+        raise UnsupportedArchitectureError(
+            f"{summary.path}: GGUF architecture {summary.architecture!r} is not one the installed transformers can "
+            f"dequantize (it reads: {', '.join(supported)})"
+        )
+
+
+def read_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any, GGUFSummary]:
+    """Dequantize a GGUF file into a ``transformers`` causal LM (eval mode) and its fast tokenizer."""
+    summary = inspect_gguf(path)
+    check_supported(summary)
+    p = Path(summary.path)
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # transformers' dequantization loop draws its own tqdm bar, which its logging switch does not reach
+    bar = hf_gguf.tqdm
+    hf_gguf.tqdm = functools.partial(bar, disable=True)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    try:
+        kw: dict[str, Any] = {"gguf_file": p.name, "local_files_only": True, "trust_remote_code": False}
+        loaded = AutoModelForCausalLM.from_pretrained(p.parent, dtype=dtype, **kw)
+        hf_tok = AutoTokenizer.from_pretrained(p.parent, **kw)
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
+        raise ModelLoadError(f"{p}: transformers could not read the GGUF file ({type(exc).__name__}: {exc})") from None
+    finally:
+        hf_gguf.tqdm = bar
+        hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    return _plain_float_model(loaded), hf_tok, summary
+
+
+def _plain_float_model(loaded: Any) -> nn.Module:
+    """The same weights in a model built from the config without its GGUF quantization entry.
+
+    transformers keeps ``quantization_config`` (quant_method "gguf") on a model it dequantized, and then
+    refuses to ``save_pretrained`` it; the tensors are plain floats, so a fresh model of that config
+    holds them as an ordinary one.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=loaded.dtype)  # type: ignore[no-untyped-call]
+    fresh.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    fresh.tie_weights()
+    module: nn.Module = fresh.eval()
+    return module
+
+
+def convert_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
+    """Write a GGUF file as a float32 safetensors ``transformers`` directory (tokenizer and chat template included).
+
+    The directory appears whole or not at all (written beside it, then renamed). An existing directory
+    converted from the same file is kept (idempotent); any other existing path is refused.
+    """
+    from ..registry import sha256_file
+
+    src, out = Path(path), Path(out_dir)
+    inspect_gguf(src)  # refuse a bad file before anything is written
+    digest = sha256_file(src)
+    if out.exists():
+        if (read_sidecar(out) or {}).get("sha256") == digest and (out / "model.safetensors").is_file():
+            return out
+        raise ModelLoadError(f"{out} already exists and is not a conversion of {src}; choose another --out")
+    module, hf_tok, summary = read_gguf(src)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the renamed directory is an ordinary one
+        module.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a transformers model
+        hf_tok.save_pretrained(tmp)
+        record = {**summary.to_dict(), "sha256": digest}
+        (tmp / GGUF_SIDECAR).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    return out
+
+
+def read_sidecar(d: Path) -> dict[str, Any] | None:
+    """The GGUF summary a converted directory records, or None for any other directory."""
+    side = d / GGUF_SIDECAR
+    if not side.is_file():
+        return None
+    data = json.loads(side.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else None
