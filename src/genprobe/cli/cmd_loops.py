@@ -159,6 +159,28 @@ def _register_scan(lsub: Any) -> None:
         help="who generates: genprobe's engine (default) or vLLM (continuous batching, tensor/pipeline "
         "parallel, Ray; same JSON; a sampler vLLM cannot express exactly is refused)",
     )
+    c = s.add_mutually_exclusive_group()
+    c.add_argument(
+        "--human-text",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="calibrate the detectors on this human text (UTF-8, one document per line) instead of the corpus "
+        "chosen by the prompts' script (Chinese: held-out Tang poems; otherwise the English corpus, fetched "
+        "once with `genprobe fetch english`)",
+    )
+    c.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="use the detector flags as given (the raw defaults) instead of thresholds calibrated on human text",
+    )
+    s.add_argument(
+        "--human-fpr",
+        type=float,
+        default=0.01,
+        metavar="RATE",
+        help="calibration target: largest share of human text flagged degenerate (default 0.01)",
+    )
     add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
     s.set_defaults(func=run_scan)
 
@@ -351,12 +373,35 @@ def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
     }[setting]
 
 
+def _calibration(args: argparse.Namespace, model: Any, texts: list[str]) -> Any:
+    """The detector calibration of this scan (None with --no-calibrate); says which human text it used."""
+    from ..loops.scan import calibrate_for_scan
+
+    if args.no_calibrate:
+        info("detectors: raw settings (--no-calibrate): no human false-positive rate is measured")
+        return None
+    if not 0.0 <= args.human_fpr < 1.0:
+        raise ValueError(f"--human-fpr must be in [0, 1), got {args.human_fpr}")
+    cal = calibrate_for_scan(
+        model.tokenizer,
+        args.max_new_tokens,
+        texts,
+        human_text=args.human_text,
+        base=_loop_settings(args),
+        target=args.human_fpr,
+        unk_id=model.unk_id,
+    )
+    info(f"detectors: {cal.describe()}")
+    return cal
+
+
 def run_scan(args: argparse.Namespace) -> int:
-    """Scan one or two decoding settings and print the tables (tokens beside characters)."""
+    """Scan one or two decoding settings and print the tables (tokens, characters where they are the unit, and
+    the human false-positive rate of the calibrated detectors)."""
     from .._io import atomic_write_json
     from ..loops.prompts import heldout_openings
     from ..loops.repair import LoopStudy
-    from ..loops.scan import scan_table
+    from ..loops.scan import annotate_scan, scan_table
 
     _check_common(args)
     if args.backend == "vllm" and vllm_missing("loops scan"):
@@ -365,7 +410,12 @@ def run_scan(args: argparse.Namespace) -> int:
     texts, source = _prompts(args, model)
     if texts is None:
         texts = heldout_openings(model.tokenizer, args.n, args.prefix)
-    study = LoopStudy(model, _repair_cfg(args), progress=_progress(args))
+    calibration = _calibration(args, model, texts)
+    cfg = _repair_cfg(args)
+    if calibration is not None:
+        cfg.loop = calibration.settings
+    chars_unit = _is_bundled_char_model(model)
+    study = LoopStudy(model, cfg, progress=_progress(args))
     ids = study.encode(texts)
     end = study.end_token
     if end.banned:
@@ -379,12 +429,13 @@ def run_scan(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "end_token": end.to_dict(),
         **backend,
+        "calibration": calibration.to_dict() if calibration is not None else None,
         "scans": {},
     }
     full = {**out, "scans": {}}
     for name, sampler in settings.items():
         t0 = time.perf_counter()
-        res = scan(ids, texts, sampler=sampler, desc=name)
+        res = annotate_scan(scan(ids, texts, sampler=sampler, desc=name), calibration, chars_unit)
         info(scan_table(res.summary, f"{name} ({time.perf_counter() - t0:.1f} s)"))
         examples = [
             {

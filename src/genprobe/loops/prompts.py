@@ -21,11 +21,12 @@ prompt verbatim. Consecutive, disjoint slices give the scan / search / validatio
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..corpus.tang import DEFAULT_POEMS, _read_jsonl, bundled_corpus_path
 
@@ -147,3 +148,111 @@ def split_prompts(prompts: Sequence[str], sizes: dict[str, int]) -> dict[str, li
         if not sets[name]:
             raise ValueError(f"{len(ordered)} distinct prompts leave the {name!r} set empty; give more prompts")
     return sets
+
+
+# ---- human text for calibrating the loop detectors ------------------------------------------
+HUMAN_COUNT = 1000  # human sequences to calibrate on (fewer when the source holds fewer)
+TANG_PREFIX = 5
+
+
+def is_cjk(texts: Sequence[str]) -> bool:
+    """Whether the texts are Chinese: half or more of their non-space characters are Han."""
+    from ..metrics.legit import is_han
+
+    chars = [c for t in texts for c in t if not c.isspace()]
+    return bool(chars) and 2 * sum(is_han(c) for c in chars) >= len(chars)
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    stoi = getattr(tokenizer, "stoi", None)
+    if getattr(tokenizer, "kind", None) == "char" and isinstance(stoi, dict):
+        # Characters outside the vocabulary keep their identity (a negative id of their own) instead of all
+        # becoming <unk>: human text is measured on what it says, and one <unk> id would fake repetition.
+        return [stoi.get(c, -1 - ord(c)) for c in text]
+    try:
+        return list(tokenizer.encode(text, warn=False))  # the char tokenizer: no OOV warning for reference text
+    except TypeError:
+        return list(tokenizer.encode(text))
+
+
+@functools.lru_cache(maxsize=1)
+def _tang_human_poems() -> tuple[str, ...]:
+    """The first half of the held-out poems (read once per process: the whole file is decompressed)."""
+    from ..corpus.tang import DEFAULT_SUBWORD_POEMS, bundled_documents, corpus_split
+
+    docs = bundled_documents()
+    held = corpus_split(docs, DEFAULT_SUBWORD_POEMS).heldout  # = reference_split(), without reading twice
+    return tuple(docs[held.start : held.start + len(held) // 2])
+
+
+def tang_human_sequences(
+    tokenizer: Any, length: int, count: int = HUMAN_COUNT, unk_id: int | None = None
+) -> list[list[int]]:
+    """Human Tang text: from each held-out poem's start + 5 characters (where a prompt would end), the next
+    ``length`` tokens of the held-out stream (poems back to back, as the models read them).
+
+    The poems are the first half of ``reference_split().heldout`` (poems 50,000 on): outside the training and
+    validation text of both reference models and of the default prompt sets (poems after 4,003, or
+    ``from_end`` from the last poem backwards). Sequences holding ``unk_id`` are skipped (the scans ban it).
+    """
+    poems = _tang_human_poems()
+    out: list[list[int]] = []
+    for i, poem in enumerate(poems):
+        stream = poem[TANG_PREFIX:] + "".join(poems[i + 1 : i + 1 + max(1, 4 * length // 20)])
+        ids = _ids(tokenizer, stream)[:length]
+        if len(ids) == length and (unk_id is None or unk_id not in ids):
+            out.append(ids)
+        if len(out) == count:
+            break
+    return out
+
+
+def file_human_sequences(
+    tokenizer: Any, path: str | os.PathLike, length: int, count: int = HUMAN_COUNT, unk_id: int | None = None
+) -> list[list[int]]:
+    """Human text from a UTF-8 file, one document per line: consecutive ``length``-token windows of each."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"--human-text file not found: {p}")
+    try:
+        docs = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--human-text {p} is not UTF-8 text ({exc.reason})") from None
+    out: list[list[int]] = []
+    for doc in docs:
+        ids = _ids(tokenizer, doc)
+        for start in range(0, len(ids) - length + 1, length):
+            window = ids[start : start + length]
+            if unk_id is None or unk_id not in window:
+                out.append(window)
+            if len(out) == count:
+                return out
+    return out
+
+
+def human_sequences(
+    tokenizer: Any,
+    length: int,
+    prompts: Sequence[str],
+    *,
+    human_text: str | os.PathLike | None = None,
+    count: int = HUMAN_COUNT,
+    unk_id: int | None = None,
+) -> tuple[list[list[int]], str]:
+    """Human sequences of ``length`` tokens and their source name: ``human_text`` (a file) when given, else
+    held-out Tang poems for Chinese prompts, else the English corpus (which must have been fetched)."""
+    if human_text is not None:
+        seqs, source = file_human_sequences(tokenizer, human_text, length, count, unk_id), f"file:{human_text}"
+    elif is_cjk(prompts):
+        seqs, source = tang_human_sequences(tokenizer, length, count, unk_id), "tang:heldout-poems"
+    else:
+        from ..corpus.english import SOURCE_NAME, human_continuations
+
+        got = human_continuations(tokenizer, length, count)
+        seqs, source = [c.ids for c in got if unk_id is None or unk_id not in c.ids], SOURCE_NAME
+    if len(seqs) < 20:
+        raise ValueError(
+            f"{source} gives only {len(seqs)} human sequences of {length} tokens; calibration needs at least 20 "
+            "(use a shorter --max-new-tokens, a longer --human-text, or --no-calibrate)"
+        )
+    return seqs, source

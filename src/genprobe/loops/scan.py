@@ -9,6 +9,15 @@ three: what a repair must lower), tail compression and seq-rep-4 — the exact r
 Loop studies generate a fixed number of new tokens. A model with an end-of-text token would stop
 early (and an early stop hides a loop that would have followed), so :func:`study_sampler` bans the
 end token and :class:`ScanSettings` records that it did.
+
+**Calibration.** A rate is read beside the rate at which the same detectors flag *human* text of the same
+tokenizer and length (:mod:`genprobe.metrics.calibrate`). A scan given a
+:class:`~genprobe.metrics.LoopCalibration` runs with its settings and carries its held-out human
+false-positive rates: ``ScanSettings.calibration``, ``LoopRates.human_fpr`` (one per detector, beside each
+rate) and a "human" column in :func:`scan_table`. :func:`calibrate_for_scan` picks the human text by the
+prompts' script (:func:`genprobe.loops.prompts.human_sequences`). The per-character view is a verdict only
+where characters are the tokenizer's unit (the char model); for a subword tokenizer it is kept in the JSON,
+marked ``chars_unit: false``, and left out of the table: its thresholds were never calibrated on characters.
 """
 
 from __future__ import annotations
@@ -22,8 +31,13 @@ from tqdm import tqdm
 
 from ..engine.generate import generate
 from ..engine.sampling import SamplerConfig
-from ..metrics import LoopMeasures, LoopSettings, measure_loops, unk_share, wilson_interval
+from ..metrics import LoopCalibration, LoopMeasures, LoopSettings, measure_loops, unk_share, wilson_interval
+from ..metrics.calibrate import DEFAULT_TARGET, calibrate_loop_settings
 
+CHARS_NOT_UNIT_NOTE = (
+    "characters are not this tokenizer's unit: the character-level figures (under 'chars') use detector "
+    "thresholds that were not calibrated on characters and are not a verdict"
+)
 SHORT_PERIOD_MAX = 4  # "chanting": units of 1–4 tokens; longer periods are couplet-like cycles
 ONSET_BIN = 8
 END_TOKEN_NOTE = (
@@ -129,6 +143,9 @@ class LoopRates:
     onset_hist: dict[str, int]
     length_capped_rate: float | None = None
     chars: "LoopRates | None" = None
+    human_fpr: dict[str, dict] | None = None  # held-out human false-positive rate per detector (calibrated scans)
+    chars_unit: bool | None = None  # False: the character view is not a verdict (subword tokenizer)
+    chars_note: str | None = None
 
     def to_dict(self) -> dict:
         """Plain JSON (character-level figures nested under ``chars``)."""
@@ -220,6 +237,8 @@ class ScanSettings:
     eos_id: int | None = None
     eos_banned: bool = False
     note: str | None = None
+    calibration: dict | None = None  # LoopCalibration.to_dict() of the settings in ``loop``, when calibrated
+    chars_unit: bool | None = None
 
     def to_dict(self) -> dict:
         """Plain dict."""
@@ -233,6 +252,7 @@ class ScanResult:
     records: list[GenerationRecord]
     summary: LoopRates
     settings: ScanSettings
+    calibration: LoopCalibration | None = None
 
     def to_dict(self, with_records: bool = True) -> dict:
         """Plain JSON."""
@@ -300,16 +320,24 @@ def scan_loops(
     short_period_max: int = SHORT_PERIOD_MAX,
     progress: bool = False,
     desc: str = "scan",
+    calibration: LoopCalibration | None = None,
+    chars_unit: bool | None = None,
 ) -> ScanResult:
     """Generate exactly ``max_new_tokens`` after each prompt in batches and measure loops.
 
     ``eos_id`` (the model's end token) is banned, never used to stop (see module doc). ``decode``
     (ids -> str) adds texts and character-level measures. Batch ``i`` uses seed ``seed + i``.
+    ``calibration`` (of this length) supplies the detector settings and the human rates printed beside
+    the scan's; ``chars_unit`` (default: the calibration's) says whether the character view is a verdict.
     """
     if not prompts:
         raise ValueError("no prompts to scan")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if calibration is not None:
+        if loop is not None and loop != calibration.settings:
+            raise ValueError("give either loop settings or a calibration (which fixes them), not both")
+        loop = calibration.settings
     loop = loop or LoopSettings()
     sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
     records: list[GenerationRecord] = []
@@ -331,7 +359,52 @@ def scan_loops(
             bar.update(len(chunk))
     finally:
         bar.close()
-    return scan_result(records, sampler, max_new_tokens, seed, loop, eos_id, short_period_max)
+    result = scan_result(records, sampler, max_new_tokens, seed, loop, eos_id, short_period_max)
+    return annotate_scan(result, calibration, chars_unit)
+
+
+def annotate_scan(
+    result: ScanResult, calibration: LoopCalibration | None, chars_unit: bool | None = None
+) -> ScanResult:
+    """``result`` with the calibration its detector settings came from (human rates beside every rate) and
+    whether characters are the unit; refused when the scan's length or settings are not the calibration's."""
+    if calibration is not None:
+        if calibration.length != result.settings.max_new_tokens:
+            raise ValueError(
+                f"the calibration is for {calibration.length}-token sequences but the scan generated "
+                f"{result.settings.max_new_tokens} tokens: calibrate at the scan's length"
+            )
+        if result.settings.loop != calibration.settings.to_dict():
+            raise ValueError("the scan ran with other detector settings than the calibration's")
+        result.calibration = calibration
+        result.settings.calibration = calibration.to_dict()
+        result.summary.human_fpr = {k: v.to_dict() for k, v in calibration.heldout_fpr.items()}
+        chars_unit = calibration.chars_unit if chars_unit is None else chars_unit
+    result.settings.chars_unit = chars_unit
+    result.summary.chars_unit = chars_unit
+    if chars_unit is False and result.summary.chars is not None:
+        result.summary.chars_note = CHARS_NOT_UNIT_NOTE
+    return result
+
+
+def calibrate_for_scan(
+    tokenizer: Any,
+    length: int,
+    prompts: Sequence[str],
+    *,
+    human_text: str | None = None,
+    base: LoopSettings | None = None,
+    target: float = DEFAULT_TARGET,
+    unk_id: int | None = None,
+) -> LoopCalibration:
+    """Detector settings calibrated on human text of ``tokenizer`` and ``length`` tokens: the file ``human_text``
+    (one document per line), else the corpus matching the prompts' script (CJK: held-out Tang poems; other:
+    the English corpus)."""
+    from .prompts import human_sequences
+
+    seqs, source = human_sequences(tokenizer, length, prompts, human_text=human_text, unk_id=unk_id)
+    chars_unit = getattr(tokenizer, "kind", None) == "char"
+    return calibrate_loop_settings(seqs, source=source, chars_unit=chars_unit, base=base, target=target)
 
 
 def _pct(x: float) -> str:
@@ -342,30 +415,44 @@ def _ci(rate: float, ci: Sequence[float]) -> str:
     return f"{_pct(rate)}  [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]"
 
 
+def _human(summary: LoopRates, key: str) -> str:
+    h = (summary.human_fpr or {}).get(key)
+    return _ci(h["rate"], h["ci95"]) if h else ""
+
+
 def scan_table(summary: LoopRates, title: str = "") -> str:
-    """A short human-readable table: tokens beside characters when both were measured."""
-    cols = [("tokens", summary)] + ([("chars", summary.chars)] if summary.chars is not None else [])
+    """A short human-readable table: tokens, beside characters only where characters are the unit, and the
+    held-out human false-positive rate of each detector when the scan was calibrated."""
+    show_chars = summary.chars is not None and summary.chars_unit is not False
+    cols = [("tokens", summary)] + ([("chars", summary.chars)] if show_chars and summary.chars is not None else [])
+    human = summary.human_fpr is not None
     rows = [
-        ("exact loop rate", lambda s: _ci(s.loop_rate, s.loop_rate_ci95)),
-        ("near-loop rate", lambda s: _ci(s.near_loop_rate, s.near_loop_rate_ci95)),
-        ("exact or near", lambda s: _ci(s.any_loop_rate, s.any_loop_rate_ci95)),
-        ("repetitive tail", lambda s: _ci(s.repetitive_rate, s.repetitive_rate_ci95)),
-        ("degenerate (any of them)", lambda s: _ci(s.degenerate_rate, s.degenerate_rate_ci95)),
+        ("exact loop rate", lambda s: _ci(s.loop_rate, s.loop_rate_ci95), "exact"),
+        ("near-loop rate", lambda s: _ci(s.near_loop_rate, s.near_loop_rate_ci95), "near"),
+        ("exact or near", lambda s: _ci(s.any_loop_rate, s.any_loop_rate_ci95), "any_loop"),
+        ("repetitive tail", lambda s: _ci(s.repetitive_rate, s.repetitive_rate_ci95), "repetitive"),
+        ("degenerate (any of them)", lambda s: _ci(s.degenerate_rate, s.degenerate_rate_ci95), "degenerate"),
         (
             f"  short (≤{summary.short_period_max}) exact/any",
             lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}",
+            "",
         ),
-        ("  long exact/any", lambda s: f"{_pct(s.long_loop_rate)} / {_pct(s.long_any_rate)}"),
-        ("mean distinct-2", lambda s: f"{s.mean_distinct_2:.3f}"),
-        ("mean seq-rep-4", lambda s: f"{s.mean_seq_rep_4:.3f}"),
-        ("mean tail compression", lambda s: f"{s.mean_tail_compression:.2f}"),
-        ("mean longest repeat", lambda s: f"{s.mean_longest_repeat:.1f}"),
+        ("  long exact/any", lambda s: f"{_pct(s.long_loop_rate)} / {_pct(s.long_any_rate)}", ""),
+        ("mean distinct-2", lambda s: f"{s.mean_distinct_2:.3f}", ""),
+        ("mean seq-rep-4", lambda s: f"{s.mean_seq_rep_4:.3f}", ""),
+        ("mean tail compression", lambda s: f"{s.mean_tail_compression:.2f}", ""),
+        ("mean longest repeat", lambda s: f"{s.mean_longest_repeat:.1f}", ""),
     ]
     lines = [title] if title else []
     lines.append(f"  generations {summary.n}; hit the length limit {_pct(summary.length_capped_rate or 0.0)}")
-    lines.append("  " + " " * 30 + "".join(f"{name:<28}" for name, _ in cols))
-    for label, fmt in rows:
-        lines.append(f"  {label:<30}" + "".join(f"{fmt(s):<28}" for _, s in cols))
+    head = "".join(f"{name:<28}" for name, _ in cols) + ("human text (held out)" if human else "")
+    lines.append("  " + " " * 30 + head)
+    for label, fmt, key in rows:
+        lines.append(
+            f"  {label:<30}" + "".join(f"{fmt(s):<28}" for _, s in cols) + (_human(summary, key) if human else "")
+        )
     for name, s in cols:
         lines.append(f"  periods ({name}): exact {s.period_hist}; near {s.near_period_hist}")
-    return "\n".join(lines)
+    if summary.chars is not None and not show_chars:
+        lines.append("  characters: not shown (" + CHARS_NOT_UNIT_NOTE.split(": ", 1)[1] + ")")
+    return "\n".join(lines).rstrip()

@@ -1,5 +1,6 @@
 """Degeneration metrics: distinct-n, seq-rep-n, longest repeated n-gram, ``<unk>`` share, exact and near loops."""
 
+from .calibrate import HumanRate, LoopCalibration, Margins, calibrate_loop_settings, human_rates, human_scores
 from .compress import lz_pieces, tail_compression
 from .degeneracy import LoopMeasures, LoopSettings, degeneracy_metrics, measure_loops
 from .loop import DEFAULT_MIN_TAIL, LoopInfo, detect_loop, periodic_tail_length
@@ -8,6 +9,12 @@ from .ngrams import distinct_n, longest_repeated_ngram, ngrams, seq_rep_n, unk_s
 from .stats import wilson_interval
 
 __all__ = [
+    "HumanRate",
+    "LoopCalibration",
+    "Margins",
+    "calibrate_loop_settings",
+    "human_rates",
+    "human_scores",
     "DEFAULT_MIN_TAIL",
     "LoopInfo",
     "LoopMeasures",
