@@ -14,7 +14,8 @@ import pytest
 
 from genprobe.cli import build_parser
 
-NO_MODEL = {"train", "longrange", "attention check-masks", "fetch"}  # train/longrange build their own model; fetch names a catalog entry; BATCH.jsonl
+# train/longrange build their own model; fetch names a catalog entry; check-masks reads BATCH.jsonl
+NO_MODEL = {"train", "longrange", "attention check-masks", "fetch"}
 # concept → the one visible spelling, and spellings that may only survive as hidden deprecated aliases
 CANONICAL = {
     "--max-new-tokens": ("--new-tokens", "--tokens", "--n-tokens", "--num-tokens", "--gen-tokens"),
