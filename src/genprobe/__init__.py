@@ -27,12 +27,15 @@ _EXPORTS = {
     "SamplingParams": "genprobe.engine.sampling:SamplerConfig",
     "Completion": "genprobe.engine.text:Completion",
     "scan_loops": "genprobe.api:scan_loops",
+    "calibrate_loops": "genprobe.api:calibrate_loops",
     "repair_loops": "genprobe.api:repair_loops",
     "RepairConfig": "genprobe.loops.study:RepairConfig",
     "attention_heads": "genprobe.api:attention_heads",
     "padding_leak": "genprobe.api:padding_leak",
     "run_case": "genprobe.api:run_case",
     "verify_cache": "genprobe.verify.api:verify_cache",
+    "chapter_phenomena": "genprobe.api:chapter_phenomena",
+    "PhenomenaConfig": "genprobe.experiments.phenomena:PhenomenaConfig",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -13,10 +13,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from .attention.leak import LeakReport
     from .attention.metrics import AttentionReport
     from .engine.sampling import SamplerConfig
+    from .experiments.phenomena import PhenomenaConfig, PhenomenaResult
     from .experiments.study import CaseStudy
     from .loops.patch import Patch
     from .loops.repair import RepairConfig, RepairReport
     from .loops.scan import ScanResult
+    from .metrics import LoopCalibration, LoopSettings
     from .model.load import Model
 
 DEFAULT_ATTENTION_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
@@ -53,6 +55,44 @@ def scan_loops(
         model, RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed), sampling, progress
     )
     return study.scan(study.encode(texts), texts)
+
+
+def calibrate_loops(
+    model: "Model",
+    length: int = 57,
+    human_text: str | Path | None = None,
+    *,
+    prompts: Sequence[str] | None = None,
+    target: float = 0.01,
+    base: "LoopSettings | None" = None,
+) -> "LoopCalibration":
+    """Loop-detector settings under which at most ``target`` of human text is flagged degenerate.
+
+    The human text has the model's tokenizer and ``length`` tokens (a scan's ``max_new_tokens``): the file
+    ``human_text`` (one document per line), else the corpus matching the prompts' script — held-out Tang
+    poems for Chinese prompts (the bundled char model's default), the English corpus otherwise (fetched
+    once with ``genprobe fetch english``). The result's held-out human rates go beside a scan's rates
+    (``genprobe.loops.scan.scan_loops(..., calibration=)``).
+    """
+    from .loops.scan import calibrate_for_scan
+
+    if model.tokenizer is None:
+        raise ValueError("calibration needs the model's tokenizer (human text is measured in its tokens)")
+    if prompts is None and human_text is None and model.tokenizer.kind != "char":
+        raise ValueError(
+            "this model is not the bundled character model: pass prompts (their script chooses the "
+            "human text) or human_text"
+        )
+    texts = list(prompts) if prompts is not None else [DEFAULT_ATTENTION_TEXT]  # Chinese: the Tang poems
+    return calibrate_for_scan(
+        model.tokenizer,
+        length,
+        texts,
+        human_text=None if human_text is None else str(human_text),
+        base=base,
+        target=target,
+        unk_id=model.unk_id,
+    )
 
 
 @dataclass
@@ -154,3 +194,38 @@ def run_case(
     from .experiments.study import case_study, select_experiments
 
     return case_study(out, model, quick=quick, only=select_experiments(only), progress=progress)
+
+
+def chapter_phenomena(
+    model: "Model",
+    prompts: Sequence[str] | None = None,
+    texts: Sequence[str] | None = None,
+    *,
+    corpus: str = "auto",
+    config: "PhenomenaConfig | None" = None,
+    timing: bool = True,
+    out: str | Path | None = None,
+    log: Callable[[str], None] = lambda msg: None,
+) -> "PhenomenaResult":
+    """The chapter's training-free phenomena on any model: greedy vs sampled diversity, entropy vs τ, the
+    sampler-order trap, teacher forcing vs free running, one changed token, naive vs cached generation.
+
+    ``prompts`` / ``texts`` default to inputs held out from the model's ``corpus`` ("tang", "english" — the Lee
+    corpus, fetched once by ``genprobe fetch english`` — or "auto"). With ``out``, writes phenomena.json there.
+    """
+    from ._io import atomic_write_json
+    from .experiments.phenomena import PhenomenaConfig, default_inputs
+    from .experiments.phenomena import chapter_phenomena as _run
+
+    cfg = config or PhenomenaConfig()
+    sources: dict = {}
+    if prompts is None or texts is None:
+        d = default_inputs(model, corpus, 64)
+        prompts = d.prompts if prompts is None else prompts
+        texts = d.texts if texts is None else texts
+        sources = d.sources
+    result = _run(model, list(prompts), list(texts), cfg, timing_on=timing, sources=sources, log=log)
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        atomic_write_json(Path(out) / "phenomena.json", result.to_dict())
+    return result

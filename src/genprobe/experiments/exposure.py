@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
@@ -22,12 +23,16 @@ from ..corpus import UNK_ID, CharTokenizer, Corpus
 from ..engine.generate import generate
 from ..engine.sampling import SamplerConfig
 from ..model.gpt import GPT
+from ..model.load import Tokenizer
 from ._common import quiet_encode, r
 
 SNIPPET = "已驚飛。方從列子御"
 PERTURB_POSITIONS = (4, 8, 16, 24)
 SHADOW_WINDOW = 16
 TAIL_FROM = 5
+
+#: ids (B, T) -> logits (B, T, V): a genprobe GPT is one; ``genprobe.experiments.phenomena`` passes any loaded model.
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 def find_snippet(corpus: Corpus, snippet: str = SNIPPET) -> tuple[str, int]:
@@ -42,7 +47,7 @@ def find_snippet(corpus: Corpus, snippet: str = SNIPPET) -> tuple[str, int]:
 
 
 @torch.no_grad()
-def _row_losses(model: GPT, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_losses(model: GPT | LogitsFn, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row next-token loss (T-1,) and log-probs (T-1, V) of ``ids`` under teacher forcing."""
     x = torch.tensor([ids], dtype=torch.long)
     logp = torch.log_softmax(model(x)[0, :-1].double(), -1)
@@ -213,10 +218,10 @@ class Shadow:
         }
 
 
-def _wanted_instead(logp_row: torch.Tensor, truth: int) -> tuple[int, bool]:
-    """The model's argmax (never ``<unk>``), or its runner-up when the argmax IS the truth."""
+def _wanted_instead(logp_row: torch.Tensor, truth: int, banned: Sequence[int] = (UNK_ID,)) -> tuple[int, bool]:
+    """The model's argmax (never a ``banned`` id: ``<unk>``), or its runner-up when the argmax IS the truth."""
     logp = logp_row.clone()
-    logp[UNK_ID] = -math.inf
+    logp[list(banned)] = -math.inf
     wanted = int(logp.argmax())
     if wanted != truth:
         return wanted, False
@@ -224,13 +229,21 @@ def _wanted_instead(logp_row: torch.Tensor, truth: int) -> tuple[int, bool]:
     return int(logp.argmax()), True
 
 
-def perturbation(model: GPT, tok: CharTokenizer, ids: list[int], k: int, window: int = SHADOW_WINDOW) -> Shadow:
-    """Replace token ``k+1`` by the model's argmax (not ``<unk>``) and measure Δloss on the next ``window`` rows."""
+def perturbation(
+    model: GPT | LogitsFn,
+    tok: CharTokenizer | Tokenizer,
+    ids: list[int],
+    k: int,
+    window: int = SHADOW_WINDOW,
+    banned: Sequence[int] = (UNK_ID,),
+) -> Shadow:
+    """Replace token ``k+1`` by the model's argmax (not a ``banned`` id) and measure Δloss on the next ``window``
+    rows."""
     if not 0 <= k or k + 2 + window > len(ids):
         raise ValueError(f"perturbation at k={k} with window {window} needs {k + 2 + window} tokens, got {len(ids)}")
     ids = ids[: k + 2 + window]
     clean, logp = _row_losses(model, ids)
-    wanted, runner_up = _wanted_instead(logp[k], ids[k + 1])
+    wanted, runner_up = _wanted_instead(logp[k], ids[k + 1], banned)
     bad = list(ids)
     bad[k + 1] = wanted
     pert, _ = _row_losses(model, bad)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -78,9 +79,12 @@ class ModeTiming:
 
 
 def time_modes(
-    model: GPT, prompt_ids: list[int], batch: int, new_tokens: int, reps: int = 3, budget_s: float = 5.0
+    model: Any, prompt_ids: list[int], batch: int, new_tokens: int, reps: int = 3, budget_s: float = 5.0
 ) -> ModeTiming:
-    """Naive vs cached wall time (median of up to ``reps`` runs, fewer past ``budget_s``) and token forwards."""
+    """Naive vs cached wall time (median of up to ``reps`` runs, fewer past ``budget_s``) and token forwards.
+
+    ``model``: a genprobe GPT or any engine runner (``Model.runner``: a ``transformers`` model too).
+    """
     prompts = [list(prompt_ids)] * batch
     with torch.inference_mode():
         naive_s, naive_f, naive_n = _time(model, prompts, new_tokens, "naive", reps, budget_s)

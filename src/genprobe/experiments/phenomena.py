@@ -1,0 +1,670 @@
+"""The chapter's phenomena that need no training, measured on any loaded model (char or subword, genprobe GPT or
+``transformers``), so a 0.4M char GPT, a 1.3M subword Llama and a pretrained 135M model can be put side by side.
+
+The case study (:mod:`genprobe.experiments.case`) measures them on one prompt of the char GPT it trains; here each
+is measured on a set of prompts and real texts through :class:`genprobe.model.load.Model` (ids from
+``model.encode``, logits from ``model.runner``), reusing the case study's functions where they take logits
+(entropy table, order trap), a runner (timing) or a logits function (the one-wrong-token shadow):
+
+- **diversity**: greedy vs sampled continuations of each prompt: distinct-2 of the new tokens, exact-loop share and
+  degenerate share (exact loop, near loop or repetitive tail, :func:`genprobe.metrics.measure_loops`);
+- **entropy** of the next-token distribution right after each prompt vs the temperature τ (mean over prompts);
+- **order trap**: tokens kept by top-p 0.9 when the temperature is applied after (``trunc_then_temp``, the kept set
+  cannot depend on τ) vs before (``temp_then_trunc``) the truncation (median over prompts);
+- **free running**: a real text's first ``prefix_tokens`` tokens, then its next ``N`` tokens read under teacher
+  forcing (fed the truth) vs generated freely (greedy, and τ = 1 sampling): the NLL of the true token and the share
+  of positions where the model's token equals the true one, and how sure the model is of its own tokens;
+- **shadow** (§3.7.2): one true token replaced by what the model wanted there, real text fed again: Δloss;
+- **divergence**: one token of a real prefix (``perturb_back`` tokens before its end) replaced the same way, and
+  the greedy continuations of both prefixes compared step by step;
+- **timing**: naive (recompute the prefix every step) vs cached generation, and whether their greedy tokens agree.
+
+Every generation bans the unknown and the end token (the loop studies' setting), so each row has exactly ``N``
+new tokens; positions whose true token is the unknown token are not scored. Token counts are the model's own
+tokens: characters for the char GPT, subwords otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..engine.generate import generate
+from ..engine.sampling import SamplerConfig
+from ..metrics import measure_loops
+from ._common import r
+from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, _wanted_instead, perturbation
+from .sampling import ORDER_TAUS, TEMPERATURES, entropy_table, order_trap
+from .timing import ModeTiming, time_modes
+
+#: Sampled strategies beside greedy (two of the chapter's seven rows).
+SAMPLED: tuple[tuple[str, dict[str, float]], ...] = (
+    ("temperature 0.8", {"temperature": 0.8}),
+    ("top-p 0.9", {"top_p": 0.9}),
+)
+TRAP_ORDERS = ("trunc_then_temp", "temp_then_trunc")
+TRAP_TOP_P = 0.9
+FREE_TAU = 1.0  # the chapter's free-generation confidence samples at τ = 1
+#: A Tang line; a model whose tokenizer spends at most one token per character on it was trained on Chinese.
+TANG_PROBE = "床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。"
+
+
+@dataclass(frozen=True)
+class PhenomenaConfig:
+    """Sizes of one run (defaults fit a 64-token context: 16 prefix + 48 new tokens)."""
+
+    max_new_tokens: int = 48
+    prefix_tokens: int = 16
+    perturb_back: int = 8  # the divergence run changes prefix token ``prefix_tokens - perturb_back``
+    max_texts: int = 64  # texts read and continued (the first ones long enough)
+    shadow_texts: int = 16
+    shadow_positions: tuple[int, ...] = PERTURB_POSITIONS
+    shadow_window: int = SHADOW_WINDOW
+    batch_size: int = 16
+    seed: int = 0
+    timing_batches: tuple[int, ...] = (1, 16)
+    timing_reps: int = 3
+    timing_budget_s: float = 5.0
+    match_rows: int = 4  # rows generated both naive and cached to compare their tokens
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 8:
+            raise ValueError(f"max_new_tokens must be >= 8 (loops need room), got {self.max_new_tokens}")
+        if not 1 <= self.perturb_back < self.prefix_tokens:
+            raise ValueError(
+                f"prefix_tokens must exceed perturb_back ({self.perturb_back}) and perturb_back be >= 1, "
+                f"got prefix_tokens {self.prefix_tokens}"
+            )
+        if self.shadow_window < TAIL_FROM:
+            raise ValueError(
+                f"shadow_window must be >= {TAIL_FROM} (the tail mean starts there), got {self.shadow_window}"
+            )
+        sizes = (self.batch_size, self.match_rows, self.max_texts, self.shadow_texts, *self.timing_batches)
+        if min(sizes) < 1 or not self.timing_batches:
+            raise ValueError(
+                "batch_size, match_rows, max_texts and shadow_texts must be >= 1, timing_batches non-empty"
+            )
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+# ---- the model under study ------------------------------------------------------------------
+class Subject:
+    """A loaded model as the phenomena need it: ids, batched logits and batched generation with bans."""
+
+    def __init__(self, model: Any, cfg: PhenomenaConfig):
+        if model.tokenizer is None:
+            raise ValueError("the phenomena need the model's tokenizer (prompts and texts are text)")
+        self.model, self.cfg = model, cfg
+        self.engine = model.module if model.kind == "genprobe" else model.runner
+        self.bans = tuple(int(i) for i in (model.unk_id, model.eos_id) if i is not None)
+        self.limit: int | None = model.max_positions
+
+    def encode(self, text: str) -> list[int]:
+        """Text → ids without warnings (the char tokenizer's unknown characters are expected in real text)."""
+        from ..loops.study import encode_quiet
+
+        return encode_quiet(self.model.tokenizer, text)
+
+    def fit(self, new_tokens: int, prompt_len: int) -> int:
+        """``new_tokens``, shortened to what the context leaves after ``prompt_len`` tokens."""
+        room = new_tokens if self.limit is None else min(new_tokens, self.limit - prompt_len)
+        if room < 8:
+            raise ValueError(f"a {prompt_len}-token prompt leaves {room} new tokens in the context {self.limit}")
+        return room
+
+    @torch.inference_mode()
+    def logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Logits (B, T, V) of left-padded ``rows`` in one uncached forward (float32)."""
+        T = max(len(x) for x in rows)
+        ids = torch.full((len(rows), T), self.model.pad_id, dtype=torch.long)
+        valid = torch.zeros((len(rows), T), dtype=torch.bool)
+        for b, x in enumerate(rows):
+            ids[b, T - len(x) :] = torch.tensor(list(x), dtype=torch.long)
+            valid[b, T - len(x) :] = True
+        return self.model.runner.full(ids, valid).float()
+
+    def logits_fn(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) → logits (B, T, V): what :func:`genprobe.experiments.exposure.perturbation` calls."""
+        return self.model.runner.full(ids, torch.ones_like(ids, dtype=torch.bool)).float()
+
+    def last_logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Next-token logits (B, V) after each row, ``batch_size`` rows per forward."""
+        bs = self.cfg.batch_size
+        return torch.cat([self.logits(rows[i : i + bs])[:, -1] for i in range(0, len(rows), bs)])
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampler: SamplerConfig, logits: bool = False):
+        """Yield (tokens (b, n), raw step logits (b, n, V) or None) per batch of ``batch_size`` prompts."""
+        bs = self.cfg.batch_size
+        for i in range(0, len(prompts), bs):
+            res = generate(
+                self.engine, prompts[i : i + bs], n, sampler=sampler, seed=self.cfg.seed + i, return_logits=logits
+            )
+            steps = torch.stack(res.step_logits, 1).float() if res.step_logits is not None else None
+            yield torch.tensor(res.tokens, dtype=torch.long), steps
+
+    def greedy(self) -> SamplerConfig:
+        """Greedy with the unknown and end tokens banned."""
+        return SamplerConfig(greedy=True, ban_ids=self.bans)
+
+    def sampler(self, **kw: Any) -> SamplerConfig:
+        """A sampler with the unknown and end tokens banned."""
+        return SamplerConfig(ban_ids=self.bans, **kw)
+
+
+# ---- diversity --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DiversityRow:
+    """One decoding strategy over every prompt: mean distinct-2 of the new tokens, loop and degenerate counts."""
+
+    strategy: str
+    sampler: SamplerConfig
+    generations: int
+    new_tokens: int
+    distinct_2: float
+    exact_loops: int
+    degenerate: int
+    example: str
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded; shares of the generations)."""
+        n = self.generations
+        return {
+            "strategy": self.strategy,
+            "sampler": _brief(self.sampler),
+            "generations": n,
+            "new_tokens": self.new_tokens,
+            "distinct_2": r(self.distinct_2),
+            "loop_share": r(self.exact_loops / n),
+            "degenerate_share": r(self.degenerate / n),
+            "example": self.example,
+        }
+
+
+def _brief(sampler: SamplerConfig) -> dict:
+    """The sampler's fields that differ from the defaults."""
+    default = SamplerConfig().to_dict()
+    return {k: v for k, v in sampler.to_dict().items() if v != default[k]}
+
+
+def diversity(subject: Subject, prompt_ids: list[list[int]], n: int) -> list[DiversityRow]:
+    """Greedy and each :data:`SAMPLED` strategy on every prompt."""
+    strategies = [("greedy", subject.greedy())] + [(name, subject.sampler(**kw)) for name, kw in SAMPLED]
+    rows = []
+    for name, sampler in strategies:
+        tokens = torch.cat([t for t, _ in subject.generate(prompt_ids, n, sampler)]).tolist()
+        m = [measure_loops(t) for t in tokens]
+        example = subject.model.decode(prompt_ids[0] + tokens[0])
+        rows.append(
+            DiversityRow(
+                name,
+                sampler,
+                len(tokens),
+                n,
+                statistics.fmean(x.distinct_2 for x in m),
+                sum(x.looping for x in m),
+                sum(x.degenerate for x in m),
+                example,
+            )
+        )
+    return rows
+
+
+# ---- entropy and the order trap ------------------------------------------------------------------
+@dataclass(frozen=True)
+class EntropyRow:
+    """Mean over prompts of the entropy (nats) and the max probability of softmax(logits / τ)."""
+
+    tau: float
+    entropy: float
+    max_prob: float
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded)."""
+        return {"tau": self.tau, "entropy": r(self.entropy), "max_prob": r(self.max_prob)}
+
+
+@dataclass(frozen=True)
+class KeptSetRow:
+    """Tokens kept by top-p at one τ under each order: median and mean over prompts."""
+
+    tau: float
+    median: dict[str, float]
+    mean: dict[str, float]
+
+    def to_dict(self) -> dict:
+        """JSON form: ``{"tau": τ, order: median, ..., "mean": {order: mean}}``."""
+        return {"tau": self.tau, **self.median, "mean": {k: r(v, 1) for k, v in self.mean.items()}}
+
+
+@dataclass(frozen=True)
+class DistributionResult:
+    """The next-token distribution right after each prompt: entropy vs τ and the order trap."""
+
+    prompts: int
+    vocab_size: int
+    top_p: float
+    entropy: list[EntropyRow]
+    order_trap: list[KeptSetRow]
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {
+            "prompts": self.prompts,
+            "vocab_size": self.vocab_size,
+            "log_vocab": r(math.log(self.vocab_size)),
+            "entropy_vs_temperature": [row.to_dict() for row in self.entropy],
+            "top_p": self.top_p,
+            "order_trap": [row.to_dict() for row in self.order_trap],
+        }
+
+
+def distribution(logits: torch.Tensor, taus=TEMPERATURES, trap_taus=ORDER_TAUS, top_p=TRAP_TOP_P) -> DistributionResult:
+    """Entropy table and order trap (the case study's functions) of each row of ``logits`` (B, V), aggregated."""
+    tables = [entropy_table(row, taus) for row in logits]
+    entropy = [
+        EntropyRow(tau, statistics.fmean(t[i].entropy for t in tables), statistics.fmean(t[i].max_prob for t in tables))
+        for i, tau in enumerate(taus)
+    ]
+    traps = [order_trap(row, top_p, trap_taus, TRAP_ORDERS) for row in logits]
+    kept = [
+        KeptSetRow(
+            tau,
+            {o: statistics.median(t[i].kept[o] for t in traps) for o in TRAP_ORDERS},
+            {o: statistics.fmean(t[i].kept[o] for t in traps) for o in TRAP_ORDERS},
+        )
+        for i, tau in enumerate(trap_taus)
+    ]
+    return DistributionResult(int(logits.shape[0]), int(logits.shape[1]), top_p, entropy, kept)
+
+
+# ---- teacher forcing vs free running -----------------------------------------------------------
+@dataclass(frozen=True)
+class Reading:
+    """One way of reading a text's continuation, scored against the true tokens."""
+
+    mode: str  # "teacher forcing" | "free running, greedy" | "free running, τ = 1"
+    positions: int
+    truth_nll: float  # mean −log p(true token | the context this mode feeds)
+    accuracy: float  # share of positions where the model's token (argmax, or the one it generated) is the truth
+    own_prob: float  # mean probability of the model's own token there
+    own_nll: float
+    accuracy_by_step: list[float]
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded)."""
+        d = asdict(self)
+        d.update({k: r(v) for k, v in d.items() if isinstance(v, float)})
+        d["accuracy_by_step"] = [r(a, 3) for a in self.accuracy_by_step]
+        return d
+
+
+@dataclass
+class _Scores:
+    """Per-position scores, gathered batch by batch: (rows, N) tensors.
+
+    Scored under the distribution the generations draw from: the ``bans`` (unknown and end token) removed and the
+    rest renormalised, so a char model's large ``<unk>`` mass does not count against its own (never ``<unk>``)
+    tokens; positions whose true token is banned are not scored.
+    """
+
+    bans: tuple[int, ...]
+    truth_logp: list[torch.Tensor] = field(default_factory=list)
+    own_logp: list[torch.Tensor] = field(default_factory=list)
+    hit: list[torch.Tensor] = field(default_factory=list)
+    mask: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, logits: torch.Tensor, truth: torch.Tensor, own: torch.Tensor | None = None) -> None:
+        """Score one batch: logits (b, N, V) at the positions of ``truth`` and of the model's ``own`` tokens (b, N;
+        None: its argmax)."""
+        z = logits.double()
+        z[..., list(self.bans)] = -math.inf
+        logp = torch.log_softmax(z, -1)
+        own = logp.argmax(-1) if own is None else own
+        scored = ~torch.isin(truth, torch.tensor(self.bans, dtype=torch.long))
+        self.truth_logp.append(logp.gather(-1, truth[..., None])[..., 0].masked_fill(~scored, 0.0))
+        self.own_logp.append(logp.gather(-1, own[..., None])[..., 0])
+        self.hit.append(own == truth)
+        self.mask.append(scored)
+
+    def reading(self, mode: str) -> Reading:
+        """Means over the scored positions (the true token is not banned)."""
+        m = torch.cat(self.mask)
+        t, o, h = (torch.cat(x)[m] for x in (self.truth_logp, self.own_logp, self.hit))
+        per_step = (torch.cat(self.hit) & m).sum(0) / m.sum(0).clamp(min=1)
+        return Reading(
+            mode,
+            positions=int(m.sum()),
+            truth_nll=float(-t.mean()),
+            accuracy=float(h.double().mean()),
+            own_prob=float(o.exp().mean()),
+            own_nll=float(-o.mean()),
+            accuracy_by_step=per_step.tolist(),
+        )
+
+
+def teacher_forcing(subject: Subject, texts: list[list[int]], P: int, N: int) -> Reading:
+    """Read ``texts`` (each ``P + N`` tokens) fed the truth; the model's own token is its argmax (bans excluded)."""
+    s, bs = _Scores(subject.bans), subject.cfg.batch_size
+    for i in range(0, len(texts), bs):
+        rows = texts[i : i + bs]
+        logits = subject.logits(rows)[:, P - 1 : P + N - 1]
+        truth = torch.tensor([x[P : P + N] for x in rows], dtype=torch.long)
+        s.add(logits, truth)
+    return s.reading("teacher forcing")
+
+
+def free_running(
+    subject: Subject, texts: list[list[int]], P: int, N: int, sampler: SamplerConfig, mode: str
+) -> tuple[Reading, list[list[int]]]:
+    """Generate ``N`` tokens after each text's first ``P`` and score them against the text (and the generations)."""
+    s, out = _Scores(subject.bans), []
+    prefixes = [x[:P] for x in texts]
+    for b, (tokens, logits) in enumerate(subject.generate(prefixes, N, sampler, logits=True)):
+        rows = texts[b * subject.cfg.batch_size :][: len(tokens)]
+        truth = torch.tensor([x[P : P + N] for x in rows], dtype=torch.long)
+        assert logits is not None  # asked for
+        s.add(logits, truth, tokens)
+        out += tokens.tolist()
+    return s.reading(mode), out
+
+
+# ---- one changed token -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShadowSummary:
+    """The §3.7.2 shadows (Δloss after one true token is replaced) over several texts and positions."""
+
+    texts: int
+    window: int
+    shadows: list[Shadow]
+
+    def to_dict(self) -> dict:
+        """Means over the shadows; the half-life as a median (steps); the mean Δloss curve."""
+        sh = self.shadows
+        tails = [statistics.fmean(s.curve[TAIL_FROM - 1 :]) for s in sh]
+        halves = [s.half_life_steps for s in sh if s.half_life_steps is not None]
+        curve = [statistics.fmean(s.curve[i] for s in sh) for i in range(self.window)]
+        return {
+            "texts": self.texts,
+            "shadows": len(sh),
+            "positions": sorted({s.k for s in sh}),
+            "window": self.window,
+            "tail_from": TAIL_FROM,
+            "mean_next_dloss": r(statistics.fmean(s.curve[0] for s in sh)),
+            "mean_peak": r(statistics.fmean(s.peak for s in sh)),
+            "mean_tail": r(statistics.fmean(tails)),
+            "median_half_life_steps": statistics.median(halves) if halves else None,
+            "mean_curve": [r(x) for x in curve],
+        }
+
+
+def shadows(subject: Subject, texts: list[list[int]]) -> ShadowSummary:
+    """:func:`genprobe.experiments.exposure.perturbation` at every position of the config on the first texts."""
+    cfg = subject.cfg
+    used = texts[: cfg.shadow_texts]
+    with torch.inference_mode():
+        out = [
+            perturbation(subject.logits_fn, subject.model.tokenizer, ids, k, cfg.shadow_window, subject.bans)
+            for ids in used
+            for k in cfg.shadow_positions
+            if k + 2 + cfg.shadow_window <= len(ids)
+        ]
+    if not out:
+        raise ValueError(f"no text is long enough for a shadow ({min(cfg.shadow_positions) + 2 + cfg.shadow_window})")
+    return ShadowSummary(len(used), cfg.shadow_window, out)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Greedy continuations of a real prefix and of the same prefix with one token changed, step by step."""
+
+    rows: int
+    changed_at: int  # index of the changed token in the prefix
+    new_tokens: int
+    agree: list[list[bool]]  # per row, per step: the two continuations hold the same token
+
+    def first_divergence(self) -> list[int | None]:
+        """Per row, the first step (1-based) whose tokens differ; None when the continuations are identical."""
+        return [next((s + 1 for s, a in enumerate(row) if not a), None) for row in self.agree]
+
+    def to_dict(self) -> dict:
+        """Shares of rows: identical so far / agreeing at each step; never diverged; agreement in the last quarter."""
+        n, N = self.rows, self.new_tokens
+        firsts = self.first_divergence()
+        diverged = sorted(f for f in firsts if f is not None)
+        agree_by_step = [sum(row[s] for row in self.agree) / n for s in range(N)]
+        identical = [sum(f is None or f > s + 1 for f in firsts) / n for s in range(N)]
+        q = max(1, N // 4)
+        return {
+            "rows": n,
+            "changed_at": self.changed_at,
+            "new_tokens": N,
+            "never_diverged": r(firsts.count(None) / n),
+            "median_first_divergence": statistics.median_low(diverged) if len(diverged) * 2 > n else None,
+            "tail_agreement": r(statistics.fmean(agree_by_step[-q:])),
+            "identical_by_step": [r(x, 3) for x in identical],
+            "agreement_by_step": [r(x, 3) for x in agree_by_step],
+        }
+
+
+def divergence(subject: Subject, texts: list[list[int]], clean: list[list[int]], P: int, N: int) -> Divergence:
+    """Change prefix token ``P - perturb_back`` to what the model wanted there; greedy again; compare with
+    ``clean`` (the greedy continuations of the unchanged prefixes)."""
+    c = P - subject.cfg.perturb_back
+    prefixes = [x[:P] for x in texts]
+    logp = torch.log_softmax(subject.last_logits([x[:c] for x in prefixes]).double(), -1)
+    changed = [x[:c] + [_wanted_instead(logp[b], x[c], subject.bans)[0]] + x[c + 1 :] for b, x in enumerate(prefixes)]
+    bent = torch.cat([t for t, _ in subject.generate(changed, N, subject.greedy())]).tolist()
+    agree = [[a == b for a, b in zip(x, y, strict=True)] for x, y in zip(clean, bent, strict=True)]
+    return Divergence(len(texts), c, N, agree)
+
+
+# ---- naive vs cached ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Timing:
+    """Naive vs cached wall time (the case study's :func:`time_modes`) and whether their greedy tokens agree."""
+
+    prompt_len: int
+    new_tokens: int
+    threads: int
+    rows: list[ModeTiming]
+    match_rows: int
+    matching_rows: int
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {
+            "prompt_len": self.prompt_len,
+            "new_tokens": self.new_tokens,
+            "threads": self.threads,
+            "rows": [row.to_dict() for row in self.rows],
+            "tokens_match": {"rows": self.match_rows, "identical": self.matching_rows},
+        }
+
+
+def timing(subject: Subject, prompt_ids: list[list[int]], N: int) -> Timing:
+    """Time both modes on the first prompt at each batch size; generate ``match_rows`` prompts both ways."""
+    cfg, engine = subject.cfg, subject.engine
+    rows = [time_modes(engine, prompt_ids[0], b, N, cfg.timing_reps, cfg.timing_budget_s) for b in cfg.timing_batches]
+    few = prompt_ids[: cfg.match_rows]
+    naive = generate(engine, few, N, sampler=subject.greedy(), mode="naive").tokens
+    cached = generate(engine, few, N, sampler=subject.greedy(), mode="cached").tokens
+    same = sum(a == b for a, b in zip(naive, cached, strict=True))
+    return Timing(len(prompt_ids[0]), N, torch.get_num_threads(), rows, len(few), same)
+
+
+# ---- the whole run -------------------------------------------------------------------------------
+@dataclass
+class PhenomenaResult:
+    """Every phenomenon on one model (``phenomena.json``)."""
+
+    model: dict
+    inputs: dict
+    config: PhenomenaConfig
+    new_tokens: int  # generated after each prompt
+    continuation_tokens: int  # scored after each text's prefix
+    diversity: list[DiversityRow]
+    distribution: DistributionResult
+    readings: list[Reading]
+    shadow: ShadowSummary
+    divergence: Divergence
+    timing: Timing | None
+    seconds: dict[str, float]
+
+    def reading(self, mode: str) -> Reading:
+        """The reading called ``mode``."""
+        return next(x for x in self.readings if x.mode == mode)
+
+    def to_dict(self) -> dict:
+        """JSON form (``phenomena.json``)."""
+        return {
+            "format": "genprobe-phenomena/1",
+            "model": self.model,
+            "inputs": self.inputs,
+            "config": self.config.to_dict(),
+            "new_tokens": self.new_tokens,
+            "continuation_tokens": self.continuation_tokens,
+            "diversity": [row.to_dict() for row in self.diversity],
+            "distribution": self.distribution.to_dict(),
+            "free_running": {
+                "prefix_tokens": self.config.prefix_tokens,
+                "readings": [x.to_dict() for x in self.readings],
+            },
+            "shadow": self.shadow.to_dict(),
+            "divergence": self.divergence.to_dict(),
+            "timing": None if self.timing is None else self.timing.to_dict(),
+            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+        }
+
+
+def _model_summary(model: Any) -> dict:
+    tok = model.tokenizer
+    return {
+        "source": str(model.source) if model.source else None,
+        "kind": model.kind,
+        "arch": model.arch,
+        "parameters": model.num_parameters(),
+        "tokenizer": tok.kind,
+        "vocab_size": model.vocab_size,
+        "context": model.max_positions,
+    }
+
+
+def _long_texts(subject: Subject, texts: Sequence[str], need: int) -> list[list[int]]:
+    """Ids of the first ``max_texts`` texts holding at least ``need`` tokens, cut to ``need``."""
+    ids: list[list[int]] = []
+    for t in texts:
+        x = subject.encode(t)
+        if len(x) >= need:
+            ids.append(x[:need])
+        if len(ids) == subject.cfg.max_texts:
+            break
+    if not ids:
+        raise ValueError(f"no text holds {need} tokens (prefix + continuation); give longer texts")
+    return ids
+
+
+def chapter_phenomena(
+    model: Any,
+    prompts: Sequence[str],
+    texts: Sequence[str],
+    config: PhenomenaConfig | None = None,
+    *,
+    timing_on: bool = True,
+    sources: dict | None = None,
+    log: Callable[[str], None] = lambda msg: None,
+) -> PhenomenaResult:
+    """Every phenomenon of the module doc on ``model`` (a :class:`genprobe.model.load.Model`): ``prompts`` are
+    continued, ``texts`` (real text, at least ``prefix_tokens`` + a few tokens each) are read and continued."""
+    cfg = config or PhenomenaConfig()
+    subject = Subject(model, cfg)
+    prompt_ids = [subject.encode(p) for p in prompts]
+    if not prompt_ids or any(not x for x in prompt_ids):
+        raise ValueError("give at least one prompt, none encoding to zero tokens")
+    n_gen = subject.fit(cfg.max_new_tokens, max(len(x) for x in prompt_ids))
+    P = cfg.prefix_tokens
+    n_cont = subject.fit(cfg.max_new_tokens, P)
+    text_ids = _long_texts(subject, texts, P + n_cont)
+    clock, seconds = time.perf_counter(), {}
+
+    def tick(name: str) -> None:
+        nonlocal clock
+        seconds[name] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        log(f"phenomena: {name} done in {seconds[name]:.1f} s")
+
+    div_rows = diversity(subject, prompt_ids, n_gen)
+    tick("diversity")
+    dist = distribution(subject.last_logits(prompt_ids))
+    tick("distribution")
+    tf = teacher_forcing(subject, text_ids, P, n_cont)
+    greedy, clean = free_running(subject, text_ids, P, n_cont, subject.greedy(), "free running, greedy")
+    tau_1 = subject.sampler(temperature=FREE_TAU)
+    sampled, _ = free_running(subject, text_ids, P, n_cont, tau_1, "free running, τ = 1")
+    tick("free_running")
+    shadow = shadows(subject, text_ids)
+    div = divergence(subject, text_ids, clean, P, n_cont)
+    tick("perturbation")
+    times = timing(subject, prompt_ids, n_gen) if timing_on else None
+    tick("timing")
+    inputs = {
+        "prompts": len(prompt_ids),
+        "first_prompts": list(prompts[:3]),
+        "texts": len(text_ids),
+        "texts_given": len(texts),
+        **(sources or {}),
+    }
+    readings = [tf, greedy, sampled]
+    return PhenomenaResult(
+        _model_summary(model), inputs, cfg, n_gen, n_cont, div_rows, dist, readings, shadow, div, times, seconds
+    )
+
+
+# ---- default inputs ------------------------------------------------------------------------------
+def guess_corpus(model: Any) -> str:
+    """The corpus to read: "tang" for the char tokenizer or a tokenizer that spends at most one token per character
+    of a Tang line, else "english"."""
+    if model.tokenizer is None:
+        raise ValueError("the model has no tokenizer")
+    if model.tokenizer.kind == "char":
+        return "tang"
+    return "tang" if len(model.encode(TANG_PROBE)) <= len(TANG_PROBE) else "english"
+
+
+@dataclass(frozen=True)
+class DefaultInputs:
+    """Prompts and texts of one corpus, with where they came from."""
+
+    prompts: list[str]
+    texts: list[str]
+    sources: dict
+
+
+def default_inputs(model: Any, corpus: str = "auto", prompts: int = 64) -> DefaultInputs:
+    """Held-out inputs of the model's corpus: Tang openings and poems held out from both reference models
+    (documents from ``reference_split().heldout_start``), or English sentence openings and the Lee corpus's
+    human-continuation documents (``genprobe.corpus.english``); :func:`chapter_phenomena` reads the first
+    ``max_texts`` texts that are long enough."""
+    corpus = guess_corpus(model) if corpus == "auto" else corpus
+    if corpus == "tang":
+        from ..corpus.tang import bundled_documents, reference_split, split_texts
+        from ..loops.prompts import heldout_openings
+
+        split = reference_split()
+        opens = heldout_openings(model.tokenizer, prompts, skip_poems=split.heldout_start)
+        poems = split_texts(bundled_documents(), split).heldout
+        # The first held-out poems gave the prompts: texts are read from the other end of the held-out range.
+        return DefaultInputs(opens, poems[::-1], {"corpus": "tang", "held_out_from": split.heldout_start})
+    if corpus == "english":
+        from ..corpus.english import SOURCE_NAME, english_prompt_sets, english_split
+
+        opens = english_prompt_sets({"phenomena": prompts})["phenomena"]
+        return DefaultInputs(opens, english_split().human, {"corpus": SOURCE_NAME})
+    raise ValueError(f"corpus must be 'auto', 'tang' or 'english', got {corpus!r}")
