@@ -39,7 +39,30 @@ def test_attention_table_and_files(tiny_ckpt, tmp_path, capsys):
     assert "H/lnN" in out and "mean" in out
     rep = json.loads((tmp_path / "attention.json").read_text())
     assert rep["distance"] == 4 and len(rep["heads"]) == 4 and rep["seq_len"] == 10
-    assert (tmp_path / "entropy.png").exists() and (tmp_path / "attn_L1_H1.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attention.json", "entropy.png", "heads.png"]
+
+
+def test_attention_per_head_maps_only_where_asked(tiny_ckpt, tmp_path, capsys):
+    args = ["attention", "heads", str(tiny_ckpt), "--prompt", "白日依山盡"]
+    assert main([*args, "--out", str(tmp_path / "one"), "--maps", "1"]) == 0
+    assert sorted(p.name for p in (tmp_path / "one").glob("attn_*.png")) == ["attn_L1_H0.png", "attn_L1_H1.png"]
+    assert main([*args, "--out", str(tmp_path / "all"), "--maps"]) == 0
+    assert len(list((tmp_path / "all").glob("attn_*.png"))) == 4
+    capsys.readouterr()
+    assert main([*args, "--maps", "1"]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "bad"), "--maps", "2"]) == 2
+    assert "layers 0..1" in capsys.readouterr().err
+
+
+def test_attention_text_table_long_or_grid(tiny_ckpt, capsys):
+    args = ["attention", "heads", str(tiny_ckpt), "--prompt", "白日依山盡"]
+    assert main(args) == 0  # 4 heads: one line per head
+    out = capsys.readouterr().out
+    assert "H/lnN" in out and "rows: layers" not in out
+    assert main([*args, "--table", "grid"]) == 0
+    out = capsys.readouterr().out
+    assert "rows: layers, columns: heads" in out and "H/lnN" not in out
 
 
 def test_check_masks_exit_codes(tmp_path, capsys):

@@ -19,6 +19,28 @@ class AttentionUnavailableError(ValueError):
     """The model's attention implementation cannot return attention weights."""
 
 
+# Every layer's (heads, T, T) float32 map is held at once (eager attention returns them all together).
+MAX_CAPTURE_BYTES = 4 << 30
+
+
+def capture_bytes(n_layer: int, n_head: int, seq_len: int) -> int:
+    """Bytes of the captured maps: layers × heads × T² float32 values."""
+    return n_layer * n_head * seq_len * seq_len * 4
+
+
+def _check_capture_size(model, seq_len: int, max_bytes: int) -> None:
+    cfg = model.cfg if isinstance(model, GPT) else model.config
+    n_layer = int(getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", 0) or 0)
+    n_head = int(getattr(cfg, "n_head", None) or getattr(cfg, "num_attention_heads", 0) or 0)
+    need = capture_bytes(n_layer, n_head, seq_len)
+    if need > max_bytes:
+        raise ValueError(
+            f"capturing attention over {seq_len} tokens needs {need / 2**30:.1f} GiB "
+            f"({n_layer} layers × {n_head} heads × {seq_len}² float32), over the {max_bytes / 2**30:.1f} GiB limit; "
+            "use a shorter prompt"
+        )
+
+
 @dataclass
 class AttentionCapture:
     """Attention of one sequence: ``probs`` (L, H, T, T), ``visible`` (T, T) bool, ``positions`` (T,)."""
@@ -97,17 +119,24 @@ def hf_attentions(
             f"model {type(model).__name__} (attn_implementation={attn_implementation(model)!r}) returned no attention "
             "weights with output_attentions=True; load it with attn_implementation='eager'"
         )
-    return [a.detach().float() for a in att], note
+    return list(att), note
 
 
 @torch.no_grad()
-def capture_attention(model_like, ids: list[int] | torch.Tensor) -> AttentionCapture:
-    """Attention probabilities of one unpadded sequence ``ids`` through every layer and head."""
+def capture_attention(
+    model_like, ids: list[int] | torch.Tensor, max_bytes: int = MAX_CAPTURE_BYTES
+) -> AttentionCapture:
+    """Attention probabilities of one unpadded sequence ``ids`` through every layer and head.
+
+    Refuses (``ValueError``) a sequence whose maps would exceed ``max_bytes`` (layers × heads × T² × 4 bytes).
+    """
     model = unwrap_model(model_like)
     x = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1)
     T = x.shape[1]
     if T == 0:
         raise ValueError("need at least one token to capture attention")
+    if isinstance(model, GPT) or is_hf_model(model):
+        _check_capture_size(model, T, max_bytes)
     dev = next(model.parameters()).device
     x = x.to(dev)
     visible = torch.ones(T, T, dtype=torch.bool).tril()
@@ -120,6 +149,16 @@ def capture_attention(model_like, ids: list[int] | torch.Tensor) -> AttentionCap
     if not is_hf_model(model):
         raise ValueError(f"cannot capture attention from {type(model).__name__}: not a GPT nor a transformers model")
     att, note = hf_attentions(model, x)
-    probs = torch.stack([a[0].cpu() for a in att])
+    probs = _stack_releasing(att)
     # Visibility is taken as plain causal; a sliding-window layer would see fewer keys than assumed here.
     return AttentionCapture(probs, visible, positions, x[0].tolist(), implementation="eager", note=note)
+
+
+def _stack_releasing(att: list) -> torch.Tensor:
+    """(L, H, T, T) float32 on the CPU from per-layer (1, H, T, T) maps, dropping each layer once copied:
+    the peak stays near one copy of the maps instead of two."""
+    probs = torch.empty((len(att), *att[0].shape[1:]), dtype=torch.float32)
+    for i in range(len(att)):
+        probs[i] = att[i][0].detach().float().cpu()
+        att[i] = None
+    return probs

@@ -61,7 +61,7 @@ def per_position(
     """Per-query statistics, each (L, H, Tq) float tensors (NaN where undefined), plus ``n_visible`` (Tq,)."""
     if distance < 0 or local_window < 0:
         raise ValueError(f"distance ({distance}) and local_window ({local_window}) must be >= 0")
-    p = _rows(probs).double()
+    p = _rows(probs)
     Tq, Tk = p.shape[-2:]
     if visible is None:
         visible = torch.ones(Tq, Tk, dtype=torch.bool).tril(diagonal=Tk - Tq)
@@ -74,27 +74,36 @@ def per_position(
     dist = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk)
     vis = visible.bool()
     n_vis = vis.sum(-1)  # (Tq,)
-    p = p * vis  # mass on invisible keys would be a masking bug; the validator, not the metric, reports it
-    plogp = torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))
-    ent = -plogp.sum(-1)
     log_n = n_vis.double().clamp_min(1).log()
-    norm = torch.where(n_vis > 1, ent / log_n.clamp_min(1e-12), torch.full_like(ent, float("nan")))
     sink_pos = k_pos[vis.any(0)].min() if vis.any() else k_pos.min()
-    out = {
-        "entropy": ent,
-        "norm_entropy": norm,
-        "far_mass": (p * (dist > distance)).sum(-1),
-        "sink_mass": (p * (k_pos == sink_pos)[None, :]).sum(-1),
-        "diag_mass": (p * (dist == 0)).sum(-1),
-        "local_mass": (p * ((dist >= 0) & (dist <= local_window))).sum(-1),
-        "max_entropy": log_n.expand_as(ent),
+    # Key masks of each mass, (Tq, Tk) in double, shared by every layer.
+    masks = {
+        "far_mass": (dist > distance).double(),
+        "sink_mass": (k_pos == sink_pos)[None, :].expand(Tq, Tk).double(),
+        "diag_mass": (dist == 0).double(),
+        "local_mass": ((dist >= 0) & (dist <= local_window)).double(),
     }
+    # One layer at a time in double: a (L, H, T, T) copy in double would be twice the captured maps again.
+    per_layer = [_layer_rows(layer, vis, n_vis, log_n, masks) for layer in p]
+    out = {k: torch.stack([row[k] for row in per_layer]) for k in per_layer[0]}
+    out["max_entropy"] = log_n.expand_as(out["entropy"])
     empty = n_vis == 0
     if empty.any():
         for k in out:
             out[k] = out[k].masked_fill(empty, float("nan"))
     out["n_visible"] = n_vis
     return out
+
+
+def _layer_rows(
+    probs: torch.Tensor, vis: torch.Tensor, n_vis: torch.Tensor, log_n: torch.Tensor, masks: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Per-query statistics of one layer's (H, Tq, Tk) probabilities, each (H, Tq) in double."""
+    p = probs.double() * vis  # mass on invisible keys would be a masking bug; the validator, not the metric, reports it
+    plogp = torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))
+    ent = -plogp.sum(-1)
+    norm = torch.where(n_vis > 1, ent / log_n.clamp_min(1e-12), torch.full_like(ent, float("nan")))
+    return {"entropy": ent, "norm_entropy": norm} | {k: (p * m).sum(-1) for k, m in masks.items()}
 
 
 def _nanmean(x: torch.Tensor) -> float | None:
@@ -110,7 +119,10 @@ def head_stats(
     local_window: int = 2,
 ) -> list[HeadStats]:
     """One :class:`HeadStats` per (layer, head), averaged over query positions."""
-    pp = per_position(probs, visible, positions, distance, local_window)
+    return _heads_from(per_position(probs, visible, positions, distance, local_window))
+
+
+def _heads_from(pp: dict[str, torch.Tensor]) -> list[HeadStats]:
     L, H = pp["entropy"].shape[:2]
     stats = []
     for layer in range(L):
@@ -208,7 +220,7 @@ def attention_report(
 ) -> AttentionReport:
     """Per-head means, per-layer means and per-position values of an :class:`AttentionCapture`."""
     pp = per_position(capture.probs, capture.visible, capture.positions, distance, local_window)
-    heads = head_stats(capture.probs, capture.visible, capture.positions, distance, local_window)
+    heads = _heads_from(pp)
 
     def _list(t: torch.Tensor) -> list:
         return [[[None if math.isnan(v) else round(v, 6) for v in row] for row in lay] for lay in t.tolist()]
@@ -255,3 +267,43 @@ def format_table(report: AttentionReport | dict) -> str:
             f"{fmt(layer['local_mass'])}"
         )
     return "\n".join(lines)
+
+
+def head_matrix(report: AttentionReport | dict, metric: str) -> list[list[float | None]]:
+    """One metric as a layers × heads matrix (``matrix[layer][head]``; None where undefined)."""
+    if isinstance(report, AttentionReport):
+        report = report.to_dict()
+    if metric not in (*METRICS, "max_entropy"):
+        raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
+    grid: list[list[float | None]] = [[None] * report["n_head"] for _ in range(report["n_layer"])]
+    for h in report["heads"]:
+        grid[h["layer"]][h["head"]] = h[metric]
+    return grid
+
+
+GRID_METRICS = ("norm_entropy", "far_mass", "sink_mass")
+
+
+def format_grid(report: AttentionReport | dict, metrics: tuple[str, ...] = GRID_METRICS) -> str:
+    """Compact text form for deep models: per metric, one line per layer and one column per head."""
+    if isinstance(report, AttentionReport):
+        report = report.to_dict()
+    titles = {
+        "entropy": "entropy (nats)",
+        "norm_entropy": "entropy / ln(visible keys)",
+        "far_mass": f"far mass (keys > {report['distance']} back)",
+        "sink_mass": "mass on the first token",
+        "diag_mass": "mass on the query itself",
+        "local_mass": f"local mass (keys 0..{report['local_window']} back)",
+    }
+    blocks = []
+    for metric in metrics:
+        grid = head_matrix(report, metric)
+        lines = [
+            f"{titles[metric]} — rows: layers, columns: heads",
+            "layer " + "".join(f"{h:>6}" for h in range(report["n_head"])),
+        ]
+        for layer, row in enumerate(grid):
+            lines.append(f"{layer:>5} " + "".join(f"{'—':>6}" if v is None else f"{v:>6.2f}" for v in row))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .._io import atomic_write  # noqa: E402
 from .longrange import N_CONTENT  # noqa: E402
+from .metrics import GRID_METRICS, head_matrix  # noqa: E402
 
 
 def save_figure(fig, path: str | Path) -> Path:
@@ -32,13 +34,20 @@ def _cjk_font() -> None:
             return
 
 
-def head_heatmaps(capture, out_dir: str | Path, labels: list[str] | None = None) -> list[Path]:
-    """One PNG per (layer, head): ``attn_L{l}_H{h}.png``, queries as rows, keys as columns."""
+def head_heatmaps(
+    capture, out_dir: str | Path, labels: list[str] | None = None, layers: list[int] | None = None
+) -> list[Path]:
+    """One PNG per (layer, head) of ``layers`` (default: all): ``attn_L{l}_H{h}.png``, queries as rows, keys as
+    columns. A deep model has hundreds of heads: :func:`heads_grid_plot` is the overview, these the close-ups."""
     _cjk_font()
     out_dir = Path(out_dir)
     paths = []
     T = capture.probs.shape[-1]
-    for layer in range(capture.n_layer):
+    chosen = range(capture.n_layer) if layers is None else layers
+    bad = [ly for ly in chosen if not 0 <= ly < capture.n_layer]
+    if bad:
+        raise ValueError(f"layers {bad} do not exist: the model has layers 0..{capture.n_layer - 1}")
+    for layer in chosen:
         for head in range(capture.n_head):
             fig, ax = plt.subplots(figsize=(4.5, 4))
             im = ax.imshow(capture.probs[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
@@ -53,12 +62,64 @@ def head_heatmaps(capture, out_dir: str | Path, labels: list[str] | None = None)
     return paths
 
 
+_GRID_TITLES = {
+    "entropy": "entropy (nats)",
+    "norm_entropy": "entropy / ln(visible keys)",
+    "far_mass": "far mass (> {d} back)",
+    "sink_mass": "mass on the first token",
+    "diag_mass": "mass on the query itself",
+    "local_mass": "local mass (0..{w} back)",
+}
+
+
+def _tick_step(n: int, most: int) -> int:
+    """Label every k-th row/column so that at most ``most`` labels show."""
+    return max(1, math.ceil(n / most))
+
+
+def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_METRICS) -> Path:
+    """Every head of every layer in one figure: one layers × heads heatmap per metric (each in [0, 1]).
+
+    The figure grows with depth and width up to a cap (a 96-layer model stays one page); values are written
+    in the cells when there are few of them.
+    """
+    import numpy as np
+
+    rep = report.to_dict() if hasattr(report, "to_dict") else report
+    n_layer, n_head = rep["n_layer"], rep["n_head"]
+    panel_w = min(8.0, max(2.4, 0.32 * n_head + 1.0))
+    height = min(14.0, max(2.4, 0.2 * n_layer + 1.3))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(panel_w * len(metrics), height), squeeze=False)
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgray")
+    annotate = n_layer * n_head <= 64
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        grid = np.array([[np.nan if v is None else v for v in row] for row in head_matrix(rep, metric)], dtype=float)
+        vmax = float(np.nanmax(grid)) if metric == "entropy" and not np.isnan(grid).all() else 1.0
+        im = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=vmax or 1.0, aspect="auto", interpolation="nearest")
+        ax.set_title(_GRID_TITLES[metric].format(d=rep["distance"], w=rep["local_window"]), fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        xs, ys = range(0, n_head, _tick_step(n_head, 24)), range(0, n_layer, _tick_step(n_layer, 40))
+        ax.set_xticks(list(xs), [str(h) for h in xs], fontsize=7)
+        ax.set_yticks(list(ys), [str(ly) for ly in ys], fontsize=7)
+        if annotate:
+            for (ly, h), v in np.ndenumerate(grid):
+                if not np.isnan(v):
+                    ax.text(
+                        h, ly, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 * vmax else "k"
+                    )
+        fig.colorbar(im, ax=ax, fraction=0.08, pad=0.03).ax.tick_params(labelsize=7)
+    fig.suptitle(f"{n_layer} layers × {n_head} heads, T={rep['seq_len']}", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def entropy_plot(report, path: str | Path) -> Path:
     """Per-layer attention entropy: each head's mean (dots), layer mean (line), uniform ln(N) reference."""
     if hasattr(report, "to_dict"):
         report = report.to_dict()
-    fig, ax = plt.subplots(figsize=(5, 3.5))
     layers = [row["layer"] for row in report["layers"]]
+    fig, ax = plt.subplots(figsize=(min(14.0, max(5.0, 0.22 * len(layers) + 1.5)), 3.5))
     for h in report["heads"]:
         ax.scatter(h["layer"], h["entropy"], s=18, color="tab:blue", alpha=0.6)
     ax.plot(layers, [row["entropy"] for row in report["layers"]], "-o", color="tab:blue", label="layer mean")
@@ -69,7 +130,7 @@ def entropy_plot(report, path: str | Path) -> Path:
         color="gray",
         label="uniform: mean ln(visible keys)",
     )
-    ax.set_xticks(layers)
+    ax.set_xticks(layers[:: _tick_step(len(layers), 48)])
     ax.set_xlabel("layer")
     ax.set_ylabel("attention entropy (nats)")
     ax.set_ylim(bottom=0)

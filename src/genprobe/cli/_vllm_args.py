@@ -28,7 +28,12 @@ def add_engine_arguments(
 ) -> None:
     """Add the engine flags; ``None`` defaults leave the setting to vLLM."""
     g = p.add_argument_group(title, EXTRA_HELP)
-    g.add_argument("--max-model-len", type=int, help="context length the engine admits (default: the model's)")
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        help="context length the engine admits (default: verify-serving sizes it to its prompts + new tokens; "
+        "elsewhere the model's)",
+    )
     g.add_argument(
         "--max-num-batched-tokens",
         type=int,
@@ -60,13 +65,14 @@ def add_engine_arguments(
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        default=0.1,
-        help="fraction of device memory reserved; on CPU the fraction of host RAM (default 0.1)",
+        help="fraction of device memory reserved; on CPU the fraction of host RAM, of which the KV cache gets what "
+        "the weights leave (default: verify-serving sizes an explicit KV cache instead; elsewhere 0.1)",
     )
     g.add_argument(
         "--kv-cache-memory-bytes",
         type=int,
-        help="explicit KV-cache size instead of the memory fraction (robust on a shared machine)",
+        help="explicit KV-cache size instead of the memory fraction (default: verify-serving computes it from "
+        "layers × KV heads × head dim × 4 bytes × context × sequences, with headroom)",
     )
     g.add_argument("--compile", action="store_true", help="let vLLM compile the model (default: enforce_eager)")
     g.add_argument(

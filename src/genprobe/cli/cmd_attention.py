@@ -6,7 +6,9 @@
 
 MODEL is a genprobe checkpoint or a transformers directory (safetensors), detected automatically.
 ``heads`` reports, per layer and head, the attention entropy and where the probability mass goes
-(far keys, the first token, the query itself, the last few keys), with heatmaps and an entropy plot.
+(far keys, the first token, the query itself, the last few keys). ``--out DIR`` writes attention.json,
+heads.png (every head of every layer in one layers × heads heatmap per metric: a 30-layer × 9-head model is
+one figure, not 270) and entropy.png; ``--maps [LAYER ...]`` adds per-head query × key maps of those layers.
 A model directory literally named like a sub-command must be written ``./heads``.
 
 BATCH.jsonl: one JSON object per row, ``{"input_ids": [...], "attention_mask": [...],
@@ -39,6 +41,7 @@ from ._common import (
 DEFAULT_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
 LEAK_TEXTS = ("已驚飛。方從列子御", "白日依山盡黃河入海流", "春眠不覺曉處處聞啼鳥夜來風雨聲花落知多少")
 SUBCOMMANDS = ("heads", "check-masks", "padding-leak")
+LONG_TABLE_HEADS = 64  # above this many heads, the text output is the compact grid (one line per layer)
 
 
 def register(sub) -> None:
@@ -103,7 +106,27 @@ def _add_heads_options(p: argparse.ArgumentParser, hidden: bool) -> None:
     )
     p.add_argument("--distance", type=int, default=8, help=show("far-mass threshold d in positions (default 8)"))
     p.add_argument("--local-window", type=int, default=2, help=show("local mass: keys 0..W positions back (default 2)"))
-    p.add_argument("--out", metavar="DIR", help=show("write attention.json, per-head heatmaps and entropy.png here"))
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help=show("write attention.json, heads.png (layers × heads heatmaps) and entropy.png here"),
+    )
+    p.add_argument(
+        "--maps",
+        nargs="*",
+        type=int,
+        metavar="LAYER",
+        help=show("with --out: also one query × key map per head of these layers (no LAYER: every layer)"),
+    )
+    p.add_argument(
+        "--table",
+        choices=("auto", "long", "grid"),
+        default="auto",
+        help=show(
+            "text output: one line per head (long), a layers × heads grid per metric (grid), or long up to "
+            f"{LONG_TABLE_HEADS} heads and grid above (auto, the default)"
+        ),
+    )
     p.add_argument("--json", action="store_true", help=show("print a machine-readable JSON summary on stdout"))
 
 
@@ -198,10 +221,12 @@ def _legacy_heads(args) -> int:
 
 
 def run_heads(args) -> int:
-    """Per-head attention statistics of one sequence; optional JSON, heatmaps and entropy plot."""
+    """Per-head attention statistics of one sequence; optional JSON, heads grid, entropy plot and per-head maps."""
     from ..attention.capture import capture_attention
-    from ..attention.metrics import attention_report, format_table
+    from ..attention.metrics import attention_report, format_grid, format_table
 
+    if getattr(args, "maps", None) is not None and not args.out:
+        raise ValueError("--maps writes image files: give --out DIR too")
     model = load_model_arg(args)
     seqs = _sequences(args, model, (DEFAULT_TEXT,))
     if len(seqs) > 1:
@@ -212,30 +237,38 @@ def run_heads(args) -> int:
     labels = [model.tokenizer.token_str(i) if model.tokenizer else str(i) for i in cap.tokens]
     rep = attention_report(cap, distance=args.distance, local_window=args.local_window, tokens_text=labels).to_dict()
     if args.out:
-        rep["files"] = _write_heads_files(rep, cap, labels, Path(args.out))
+        rep["files"] = _write_heads_files(rep, cap, labels, Path(args.out), getattr(args, "maps", None))
     if args.json:
         emit_json({k: v for k, v in rep.items() if k != "per_position"} | {"per_position": "see attention.json"})
-    else:
-        print(f"{len(cap.tokens)} tokens: {''.join(labels)}")
-        print(format_table(rep))
-        if not args.out:
-            info("(use --out DIR to save attention.json, per-head heatmaps and the entropy plot)")
+        return 0
+    print(f"{len(cap.tokens)} tokens: {''.join(labels)}")
+    table = getattr(args, "table", "auto")
+    grid = table == "grid" or (table == "auto" and cap.n_layer * cap.n_head > LONG_TABLE_HEADS)
+    print(format_grid(rep) if grid else format_table(rep))
+    if not args.out:
+        info("(use --out DIR to save attention.json, the layers × heads heatmaps and the entropy plot)")
     return 0
 
 
-def _write_heads_files(rep: dict, cap, labels: list[str], out: Path) -> dict:
+def _write_heads_files(rep: dict, cap, labels: list[str], out: Path, maps: list[int] | None) -> dict:
     from .._io import atomic_write_json
-    from ..attention.plots import entropy_plot, head_heatmaps
+    from ..attention.plots import entropy_plot, head_heatmaps, heads_grid_plot
 
     atomic_write_json(out / "attention.json", rep)
-    maps = head_heatmaps(cap, out, labels)
+    heads_grid_plot(rep, out / "heads.png")
     entropy_plot(rep, out / "entropy.png")
-    info(f"wrote {out}/attention.json, entropy.png and {len(maps)} heatmaps")
-    return {
+    files: dict[str, str | list[str]] = {
         "json": str(out / "attention.json"),
+        "heads_plot": str(out / "heads.png"),
         "entropy_plot": str(out / "entropy.png"),
-        "heatmaps": [str(m) for m in maps],
     }
+    if maps is not None:
+        files["heatmaps"] = [str(m) for m in head_heatmaps(cap, out, labels, layers=maps or None)]
+    info(
+        f"wrote {out}/attention.json, heads.png, entropy.png"
+        + (f" and {len(files['heatmaps'])} per-head maps" if maps is not None else "")
+    )
+    return files
 
 
 def run_check_masks(args) -> int:

@@ -4,7 +4,13 @@ Serves MODEL with vLLM once per ``--dtypes`` entry and compares ``prompt_logprob
 ``logprobs`` (greedy) with float32 recomputation, phase by phase: prompts alone, a mixed-length batch
 (continuous batching), a shared prefix with prefix caching on and off, chunked prefill. Exit status
 as verify-cache: 0 when no phase reaches ``--fail-on`` (default bug), 1 when one does, 2 on bad input
-(or when the engine is not installed).
+(or when the engine is not installed, or cannot start: one line naming the setting to change).
+
+The engine is sized to the checks, not to the model (:func:`genprobe.serving.verify.sized_for_checks`):
+``--max-model-len`` defaults to the longest prompt (at least 4 × max(token budget, KV block)) plus
+``--max-new-tokens``, rounded up to a KV block, and the KV cache to an explicit byte budget for the batch
+phase's 8 sequences of that length (layers × KV heads × head dim × 4 bytes, plus headroom); SmolLM2-135M
+gets 160 positions and 85 MiB instead of 8,192 positions and a fraction of RAM.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serve MODEL with vLLM and compare its prompt and per-step top-k log-probabilities (greedy) with "
         "float32 recomputation of the same tokens: prompts alone, a mixed-length batch, a shared prefix with prefix "
         "caching on and off, prompts longer than --max-num-batched-tokens (chunked prefill); once per --dtypes entry. "
-        "Verdicts on verify-cache's scale over max |Δ log p|; a differing top-1 token is at least 'suspicious'.",
+        "Verdicts on verify-cache's scale over max |Δ log p|; a differing top-1 token is at least 'suspicious'. "
+        "The engine's context and KV cache are sized to these checks unless --max-model-len / "
+        "--kv-cache-memory-bytes / --gpu-memory-utilization say otherwise.",
     )
     add_model_argument(p)
     p.add_argument("--engine", choices=("vllm",), default="vllm", help="serving engine (default vllm)")

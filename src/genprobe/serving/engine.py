@@ -16,14 +16,18 @@ Every option genprobe sets is a field of :class:`EngineOptions`, passed to ``vll
 * ``max_num_batched_tokens`` — the per-step token budget; a prompt longer than it is prefilled
   in chunks (chunked prefill is always on in vLLM's V1 engine).
 * ``max_num_seqs`` — how many sequences run concurrently (continuous batching).
-* ``max_model_len`` — context length the engine admits (defaults to the model's).
+* ``max_model_len`` — context length the engine admits (vLLM's default: the model's, e.g. 8,192 positions for
+  SmolLM2, whose KV cache and prompts then dwarf a check; :func:`size_for_workload` sizes it to the workload).
 * ``block_size`` — KV-cache block (the CPU backend needs a multiple of 32; vLLM picks 128 there).
 * ``tensor_parallel_size`` / ``pipeline_parallel_size`` — shard the model across devices.
 * ``distributed_executor_backend`` — "mp" (one host), "ray" (multi-node; needs ``pip install ray``
   and a running Ray cluster), "uni" (in-process), or None for vLLM's choice.
 * ``gpu_memory_utilization`` — fraction of device memory vLLM reserves; **on CPU it is the fraction
-  of host RAM** (vLLM's 0.92 default fails on a shared machine, hence 0.1 here).
-* ``kv_cache_memory_bytes`` — an explicit KV-cache size instead of the fraction above.
+  of host RAM**, and the KV cache gets that fraction minus what the worker process already holds
+  (weights, torch, vLLM) — negative for a 135M float32 model at 0.1 of 24 GB on a busy machine. None
+  (the default) passes 0.1 unless :func:`size_for_workload` replaces it with an explicit byte budget.
+* ``kv_cache_memory_bytes`` — an explicit KV-cache size instead of the fraction above
+  (:func:`kv_cache_budget`: layers × KV heads × head dim × dtype bytes × positions × sequences, with headroom).
 * ``multiprocessing`` — vLLM V1 runs the engine core in a separate process by default (env
   ``VLLM_ENABLE_V1_MULTIPROCESSING``); False runs it in this process, which avoids importing vLLM
   three times (tests, small CPU runs). Scripts that keep it True need an ``if __name__ == "__main__"``
@@ -37,9 +41,11 @@ from __future__ import annotations
 
 import atexit
 import gc
+import json
+import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,6 +54,16 @@ from .model_dir import ServedModel, served_model
 
 MONITOR_FQCN = "genprobe.serving.vllm_monitor:LoopMonitorProcessor"
 DISTRIBUTED_BACKENDS = (None, "mp", "ray", "uni", "external_launcher")
+DEFAULT_MEMORY_FRACTION = 0.1  # vLLM's 0.92 would claim most of a shared machine's RAM on CPU
+CPU_BLOCK_SIZE = 128  # vLLM's KV block on CPU when none is chosen
+DTYPE_BYTES = {"float32": 4, "auto": 4, "bfloat16": 2, "float16": 2}  # "auto" sized as the widest
+KV_HEADROOM = 1.25  # on top of one spare block per sequence: the budget is a ceiling, not a target
+MIB = 1 << 20
+WORKER_OVERHEAD = 256 * MIB  # the least a vLLM worker holds besides the weights (torch alone is more)
+
+
+class EngineStartError(ValueError):
+    """vLLM could not start with these options; the message names the setting to change."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +80,7 @@ class EngineOptions:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None
-    gpu_memory_utilization: float = 0.1
+    gpu_memory_utilization: float | None = None  # None: DEFAULT_MEMORY_FRACTION, or a sized KV cache instead
     kv_cache_memory_bytes: int | None = None
     seed: int = 0
     multiprocessing: bool = True
@@ -87,7 +103,7 @@ class EngineOptions:
                 f"distributed_executor_backend must be one of {DISTRIBUTED_BACKENDS}, "
                 f"got {self.distributed_executor_backend!r}"
             )
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+        if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
 
     def llm_kwargs(self) -> dict[str, Any]:
@@ -98,7 +114,7 @@ class EngineOptions:
             "enable_prefix_caching": self.enable_prefix_caching,
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "gpu_memory_utilization": self.gpu_memory_utilization or DEFAULT_MEMORY_FRACTION,
             "seed": self.seed,
             "skip_tokenizer_init": True,  # genprobe passes token ids and decodes with its own tokenizer
             "trust_remote_code": False,
@@ -126,6 +142,160 @@ class EngineOptions:
         return d
 
 
+# ---- sizing the engine to a workload --------------------------------------------------------------
+@dataclass(frozen=True)
+class KVGeometry:
+    """What one token costs in the KV cache: keys and values of every layer's KV heads."""
+
+    n_layer: int
+    n_kv_heads: int
+    head_dim: int
+    max_positions: int | None = None
+
+    def bytes_per_token(self, dtype: str) -> int:
+        """2 (K and V) × layers × KV heads × head dim × bytes of ``dtype``."""
+        return 2 * self.n_layer * self.n_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
+
+
+def kv_geometry(model_dir: str | os.PathLike) -> KVGeometry:
+    """The KV geometry of a transformers directory, from its ``config.json`` (Llama/Qwen or GPT-2 key names)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} cannot be read as JSON ({exc})") from None
+    n_layer = cfg.get("num_hidden_layers") or cfg.get("n_layer")
+    n_head = cfg.get("num_attention_heads") or cfg.get("n_head")
+    width = cfg.get("hidden_size") or cfg.get("n_embd")
+    if not (n_layer and n_head and (width or cfg.get("head_dim"))):
+        raise ValueError(f"{path} does not give the layers, heads and width needed to size the KV cache")
+    return KVGeometry(
+        n_layer=int(n_layer),
+        n_kv_heads=int(cfg.get("num_key_value_heads") or n_head),
+        head_dim=int(cfg.get("head_dim") or int(width) // int(n_head)),
+        max_positions=cfg.get("max_position_embeddings") or cfg.get("n_positions"),
+    )
+
+
+def kv_cache_budget(
+    geometry: KVGeometry,
+    dtype: str,
+    positions: int,
+    sequences: int,
+    block_size: int = CPU_BLOCK_SIZE,
+    headroom: float = KV_HEADROOM,
+) -> int:
+    """Bytes of a KV cache that holds ``sequences`` sequences of ``positions`` tokens at once.
+
+    Each sequence is counted in whole blocks plus one spare block (vLLM allocates by block), the total is
+    multiplied by ``headroom`` and rounded up to a whole MiB.
+    """
+    if positions < 1 or sequences < 1 or block_size < 1 or headroom < 1.0:
+        raise ValueError(
+            f"positions, sequences and block_size must be >= 1 and headroom >= 1; got {positions}, {sequences}, "
+            f"{block_size}, {headroom}"
+        )
+    tokens = (math.ceil(positions / block_size) + 1) * block_size * sequences
+    return math.ceil(geometry.bytes_per_token(dtype) * tokens * headroom / MIB) * MIB
+
+
+def context_length(longest_prompt: int, new_tokens: int, block_size: int, max_positions: int | None = None) -> int:
+    """``max_model_len`` for prompts up to ``longest_prompt`` tokens plus ``new_tokens``, rounded up to a whole
+    KV block and capped at the model's own positions."""
+    need = math.ceil((longest_prompt + new_tokens) / block_size) * block_size
+    return min(need, max_positions) if max_positions else need
+
+
+def size_for_workload(
+    model_dir: str | os.PathLike,
+    options: EngineOptions,
+    *,
+    longest_prompt: int,
+    new_tokens: int,
+    sequences: int,
+) -> EngineOptions:
+    """``options`` with what the caller left unset sized to a workload, so that vLLM starts on a CPU machine
+    and does not serve (and warm up) a context the workload never uses.
+
+    * ``max_model_len`` (when None): :func:`context_length`; left None when that reaches the model's own
+      context anyway (the same engine, and the same options, as before).
+    * ``kv_cache_memory_bytes`` (when None and no memory fraction was chosen): :func:`kv_cache_budget` for
+      ``min(sequences, max_num_seqs)`` sequences of ``max_model_len`` positions in the widest dtype.
+    """
+    geo = kv_geometry(model_dir)
+    block = options.block_size or CPU_BLOCK_SIZE
+    max_len = options.max_model_len
+    if max_len is None:
+        fitted = context_length(longest_prompt, new_tokens, block, geo.max_positions)
+        max_len = fitted
+        if geo.max_positions is None or fitted < geo.max_positions:
+            options = replace(options, max_model_len=fitted)
+        else:
+            max_len = int(geo.max_positions)
+    if options.kv_cache_memory_bytes is None and options.gpu_memory_utilization is None:
+        seqs = min(sequences, options.max_num_seqs or sequences)
+        options = replace(options, kv_cache_memory_bytes=kv_cache_budget(geo, "float32", max_len, seqs, block))
+    return options
+
+
+def check_kv_fits(model_dir: str | os.PathLike, options: EngineOptions, max_len: int | None = None) -> None:
+    """Refuse before starting vLLM (``EngineStartError``) an explicit KV cache that cannot hold one sequence of
+    the engine's context or that exceeds the memory available now, and a memory fraction that leaves nothing
+    for a KV cache: vLLM's own refusal is a traceback from its worker process."""
+    budget = options.kv_cache_memory_bytes
+    if budget is None:
+        _check_fraction_leaves_room(model_dir, options)
+        return
+    geo = kv_geometry(model_dir)
+    positions = options.max_model_len or max_len or geo.max_positions
+    if positions:
+        one = geo.bytes_per_token(options.dtype) * int(positions)
+        if budget < one:
+            raise EngineStartError(
+                f"--kv-cache-memory-bytes {budget} cannot hold one sequence of {positions} positions "
+                f"({one} bytes in {options.dtype}); raise it or lower --max-model-len"
+            )
+    available = _available_memory()
+    if available is not None and budget > available:
+        raise EngineStartError(
+            f"--kv-cache-memory-bytes {budget} exceeds the {available} bytes of memory available now; lower it "
+            "(or --max-model-len / --max-num-seqs)"
+        )
+
+
+def _check_fraction_leaves_room(model_dir: str | os.PathLike, options: EngineOptions) -> None:
+    """On CPU the KV cache gets the memory fraction of RAM minus what the worker holds, which is at least its
+    weights plus torch itself: when that is already negative, say so now instead of a vLLM traceback."""
+    total = _total_memory()
+    if total is None or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return
+    fraction = options.gpu_memory_utilization or DEFAULT_MEMORY_FRACTION
+    weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    floor = weights + WORKER_OVERHEAD
+    if fraction * total <= floor:
+        raise EngineStartError(
+            f"--gpu-memory-utilization {fraction:g} reserves {fraction * total / 2**30:.2f} GiB of "
+            f"{total / 2**30:.1f} GiB RAM, no more than the worker's weights ({weights / 2**30:.2f} GiB) and runtime "
+            "need before any KV cache; give --kv-cache-memory-bytes instead (or a larger fraction)"
+        )
+
+
+def _total_memory() -> int | None:
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - vLLM depends on psutil
+        return None
+    return int(psutil.virtual_memory().total)
+
+
+def _available_memory() -> int | None:
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - vLLM depends on psutil
+        return None
+    return int(psutil.virtual_memory().available)
+
+
 class ServingEngine:
     """A started ``vllm.LLM`` on one model directory, plus what genprobe needs to know about it."""
 
@@ -133,8 +303,12 @@ class ServingEngine:
         require_vllm_engine()
         self.served = model if isinstance(model, ServedModel) else served_model(model)
         self.options = options or EngineOptions()
+        check_kv_fits(self.served.path, self.options, self.served.max_positions)
         t0 = time.perf_counter()
-        self.llm = _start_llm(self.served.path, self.options)
+        try:
+            self.llm = _start_llm(self.served.path, self.options)
+        except Exception as exc:  # noqa: BLE001 - any start failure becomes one line naming what to change
+            raise EngineStartError(start_failure_message(exc, self.options)) from None
         self.startup_seconds = time.perf_counter() - t0
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
 
@@ -165,6 +339,28 @@ class ServingEngine:
             "startup_seconds": self.startup_seconds,
             "max_model_len": self.max_model_len,
         }
+
+
+def start_failure_message(exc: BaseException, options: EngineOptions) -> str:
+    """One line for a vLLM start-up failure: its own first line, then the setting to change."""
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    text = str(exc).lower()
+    kv = options.kv_cache_memory_bytes
+    memory = (
+        f"--kv-cache-memory-bytes (now {kv})"
+        if kv is not None
+        else f"--kv-cache-memory-bytes (now unset: {options.gpu_memory_utilization or DEFAULT_MEMORY_FRACTION} of RAM "
+        "minus the worker's own memory)"
+    )
+    if "max_model_len" in text or "max seq len" in text or "max_seq_len" in text:
+        hint = f"lower --max-model-len (now {options.max_model_len or 'the model’s'}) or raise {memory}"
+    elif "memory" in text or "kv cache" in text:
+        hint = f"set {memory} to a byte budget that fits, or lower --max-model-len / --max-num-seqs"
+    else:
+        hint = (
+            f"see vLLM's log above; the settings that size the engine are {memory}, --max-model-len and --max-num-seqs"
+        )
+    return f"vLLM failed to start ({type(exc).__name__}: {first[:300]}); {hint}"
 
 
 def _start_llm(path: Path, options: EngineOptions) -> Any:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from .compare import LogprobStats, ReferenceLogprobs, compare_outputs
-from .engine import EngineOptions, ServingEngine, shared_engine
+from .engine import CPU_BLOCK_SIZE, EngineOptions, ServingEngine, shared_engine, size_for_workload
 from .verdict import Thresholds, serving_verdict, worst_verdict
 
 PHASES = ("alone", "batch", "prefix_cached", "prefix_uncached", "chunked_prefill")
@@ -133,6 +133,22 @@ def _stream(pool: Sequence[Sequence[int]], vocab: int, seed: int) -> Callable[[i
     return take
 
 
+BATCH_FRACTIONS = (0.0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # batch phase: prompt lengths as fractions of room
+
+
+def sized_for_checks(
+    model_dir: str | os.PathLike, options: EngineOptions, prompts: Sequence[Sequence[int]], steps: int
+) -> EngineOptions:
+    """``options`` sized to what the phases need (:func:`genprobe.serving.engine.size_for_workload`): room for the
+    longest prompt, and at least 4 × max(token budget, KV block) so that prefixes span cached blocks and long
+    prompts several prefill chunks; as many sequences as the batch phase sends at once."""
+    unit = max(options.max_num_batched_tokens or 0, options.block_size or CPU_BLOCK_SIZE)
+    longest = max([4 * unit, *(len(p) for p in prompts)])
+    return size_for_workload(
+        model_dir, options, longest_prompt=longest, new_tokens=steps, sequences=len(BATCH_FRACTIONS)
+    )
+
+
 def build_workload(
     room: int, budget: int, vocab: int, prompts: Sequence[Sequence[int]] = (), seed: int = 0
 ) -> Workload:
@@ -142,7 +158,7 @@ def build_workload(
     take = _stream(prompts, vocab, seed)
     short_max = max(2, min(room, budget))
     alone = [list(p)[:room] for p in prompts if p] or [take(n) for n in sorted({2, max(2, short_max // 2), short_max})]
-    lengths = [max(2, round(2 + (room - 2) * f)) for f in (0.0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)]
+    lengths = [max(2, round(2 + (room - 2) * f)) for f in BATCH_FRACTIONS]
     batch = [take(n) for n in lengths]
     prefix = take(max(2, room - 4))
     long = [take(n) for n in sorted({room, max(budget + 1, (room + budget + 1) // 2)}) if budget < n <= room]
@@ -276,6 +292,7 @@ def verify_serving(
     th = thresholds or Thresholds()
     opts = options or EngineOptions()
     served = served_model(model)
+    opts = sized_for_checks(served.path, opts, prompts, steps)
     ref_model = load_model(reference if reference is not None else served.path)
     if ref_model.vocab_size != served.vocab_size:
         served.cleanup()
