@@ -84,3 +84,11 @@ def U(user_impls):
     import importlib
 
     return importlib.import_module(user_impls)
+
+
+@pytest.fixture(scope="module")
+def long_model() -> GPT:
+    """A sharp tiny GPT with a 64-position context: room for the prefix-reuse sequences (48 tokens, 3 blocks of 16)."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=64)
+    return sharpen(GPT(cfg)).eval()

@@ -41,7 +41,15 @@ def test_json_output(capsys, tiny_ckpt):
     assert rc == 0 and d["exit_status"] == 0 and d["failing"] == [] and d["errors"] == []
     (impl,) = d["implementations"]
     assert impl["verdict"] == "pass" and impl["prefill_bit_identical"]
-    assert set(impl["max_abs_dlogit_by_phase"]) == {"prefill", "incremental", "chunk_2", "padded_batch", "isolation"}
+    assert set(impl["max_abs_dlogit_by_phase"]) == {
+        "prefill",
+        "incremental",
+        "chunk_2",
+        "padded_batch",
+        "isolation",
+        "prefix_reuse",
+        "prefix_reuse_no_reset",
+    }
     assert set(impl["first_diff_step_by_phase"]) == set(impl["max_abs_dlogit_by_phase"])
     assert d["reference"] == "full recomputation" and len(d["prompts"]) == 2
 
@@ -174,6 +182,8 @@ def test_compiled_decode_path_is_verified_too(capsys, tiny_ckpt):
         "chunk_3",
         "padded_batch",
         "isolation",
+        "prefix_reuse",
+        "prefix_reuse_no_reset",
     }
     assert main(["verify-cache", "--impl", "x:y", "--compiled"]) == 2
     assert "--compiled verifies genprobe's own compiled decode path" in capsys.readouterr().err

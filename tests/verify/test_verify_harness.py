@@ -4,7 +4,8 @@ Every fault wraps the (correct) engine and corrupts one kind of call, chosen so 
 phase of the harness makes that call. Deleting that comparison from the harness turns the matching
 test red. The isolation phase replays the prompt's greedy run after another sequence, so these
 faults would show there too: it is off here, and its own fault — state that survives ``reset()`` —
-is tested in test_verify_isolation.py.
+is tested in test_verify_isolation.py. So are the prefix-reuse phases (their prefills and steps would
+see the prefill and step faults too; their own faults are in test_verify_reuse.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Faulty(EngineAdapter):
 def run(model, prompt, fault, **kw):
     kw.setdefault("steps", STEPS)
     kw.setdefault("isolation", False)
+    kw.setdefault("prefix_reuse", False)
     return verify_implementation(Faulty(model, fault), FullRecompute(model), [prompt], **kw)
 
 

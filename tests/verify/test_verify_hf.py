@@ -112,6 +112,8 @@ def test_cli_hf_cache_static_passes(capsys, tmp_path, arch):
         "chunk_4",
         "padded_batch",
         "isolation",
+        "prefix_reuse",
+        "prefix_reuse_no_reset",
     }
 
 
@@ -119,7 +121,7 @@ def test_cli_hf_cache_static_passes(capsys, tmp_path, arch):
 @pytest.mark.parametrize("kind, cls", [("static", "StaticCache"), ("dynamic", "DynamicCache")])
 def test_the_named_cache_class_is_the_one_driven(arch, kind, cls):
     hf = tiny_hf(arch, init=0.2)
-    a = HFAdapter(hf, cache=kind, max_cache_len=20)
+    a = HFAdapter(hf, cache=kind, max_cache_len=64)  # the prefix-reuse sequences have 48 tokens
     r = verify_implementation(a, HFReference(hf), PROMPTS, steps=4, chunk_sizes=(4,))
     assert r.verdict == "pass", r.max_by_phase()
     assert type(a.cache).__name__ == cls  # the cache the model filled and returned is of that class
@@ -155,7 +157,7 @@ def test_mistral_sliding_window_caches_pass():
     for kind in ("dynamic", "static", "sliding"):
         assert unavailable_reason(hf, kind) is None
         r = verify_implementation(
-            HFAdapter(hf, cache=kind, max_cache_len=24), HFReference(hf), PROMPTS, steps=8, chunk_sizes=(4,)
+            HFAdapter(hf, cache=kind, max_cache_len=64), HFReference(hf), PROMPTS, steps=8, chunk_sizes=(4,)
         )
         assert r.verdict == "pass", (kind, r.max_by_phase())
     assert "full-attention layers only" in unavailable_reason(hf, "quantized")

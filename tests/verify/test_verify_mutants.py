@@ -7,7 +7,6 @@ import torch
 
 from genprobe.model import GPT, GPTConfig
 from genprobe.verify import (
-    MUTANTS,
     EngineAdapter,
     FullRecompute,
     TeachingCache,
@@ -17,7 +16,7 @@ from genprobe.verify import (
     run_mutants,
     verify_implementation,
 )
-from genprobe.verify.mutants import DEFAULT_PROMPT
+from genprobe.verify.mutants import DEFAULT_PROMPT, TEACHING
 
 BUGS = ("pos_zero", "no_cat", "no_mask", "kv_mismatch")
 
@@ -28,7 +27,16 @@ def test_engine_passes_with_exact_prefill(sharp_model, prompt):
     assert r.phase("prefill").max_abs_dlogit == 0.0
     assert r.phase("incremental").max_abs_dlogit < 1e-4
     assert r.phase("padded_batch").skipped is None and r.phase("padded_batch").max_abs_dlogit < 1e-4
-    assert {p.phase for p in r.phases} == {"prefill", "incremental", "chunk_1", "chunk_4", "padded_batch", "isolation"}
+    assert {p.phase for p in r.phases} == {
+        "prefill",
+        "incremental",
+        "chunk_1",
+        "chunk_4",
+        "padded_batch",
+        "isolation",
+        "prefix_reuse",
+        "prefix_reuse_no_reset",
+    }
     assert r.verdict == "pass" and r.text_divergences == 0 and r.first_diff_step is None
 
 
@@ -44,7 +52,7 @@ def test_engine_passes_other_position_encodings(pos_encoding, prompt):
 @pytest.fixture(scope="module")
 def tiny_reports(shared_sharp_model):
     prompt = [3, 7, 11, 5, 9, 2, 8]
-    return {r.impl: r for r in run_mutant_reports(shared_sharp_model, [prompt], steps=10)}
+    return {r.impl: r for r in run_mutant_reports(shared_sharp_model, [prompt], steps=10, names=TEACHING)}
 
 
 def test_teaching_correct_and_cat_order_pass(tiny_reports):
@@ -92,7 +100,7 @@ def trained_rows(trained):
 
 def test_trained_mutant_table(trained_rows):
     rows, _, _ = trained_rows
-    assert set(rows) == set(MUTANTS)
+    assert set(rows) == set(TEACHING)  # the chapter's table: the teaching mutants (prefix ones: test_verify_reuse)
     for row in rows.values():
         assert row["as_expected"], row
     for bug in BUGS:

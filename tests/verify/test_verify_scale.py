@@ -93,4 +93,6 @@ def test_reports_carry_both_scales_and_the_second_measures(sharp_model, prompt):
         "rel_bug": 1.0,
         "rel_suspicious": 0.01,
         "exact_prefill": False,
+        "floor_multiple": 4.0,
+        "floor_cap": 0.1,
     }

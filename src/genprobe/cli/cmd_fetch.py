@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             from ..corpus.english import fetch_english_corpus
 
-            where[name] = str(fetch_english_corpus())
+            where[name] = str(fetch_english_corpus()[0].parent)
         info(f"{name}: {where[name]}")
     if args.json:
         emit_json(where)

@@ -1,8 +1,10 @@
 """``genprobe verify-cache``: is a KV-cache implementation equivalent to full recomputation?
 
 Compares logits step by step (prefill, greedy decode, chunked prefill, left-padded batch, isolation
-across ``reset()``) and prints the chapter §3.9.8-style table plus each phase's max |Δlogit| and first
-differing step. Exit status, usable in another project's CI:
+across ``reset()``, prefix reuse across sequences) and prints the chapter §3.9.8-style table plus each
+phase's max |Δlogit| and first differing step. Verdicts are judged against the reference's own float
+noise on the model at hand (its noise floor, measured first; a difference below ``--floor-multiple``
+times it passes). Exit status, usable in another project's CI:
 
 * 0 — every implementation under test is within the allowed verdict (``--fail-on``);
 * 1 — one is judged a bug (or, with ``--mutants``, a mutant is not caught or ``cat_order`` is flagged);
@@ -54,6 +56,15 @@ comes from its config (sliding_window), which both its reference and its caches 
 transformers caches: --hf-cache dynamic static sliding quantized offloaded (or all) verifies each of the
 model's own cache classes (a fresh cache per sequence); kinds this transformers version or machine lacks are
 reported as unavailable with the reason. quantized is lossy by design: expect suspicious or bug.
+
+prefix reuse: sequences of 48 tokens (fewer in a shorter context) sharing 1, 8, 13, 16, 32 leading tokens
+with a base sequence, one token changed at the last position of a block of 8/16/32, the first 16 tokens
+replaced, and the base again; run with reset() between them, and back to back when the implementation
+sets prefill_starts_sequence = True. The report lists the situations exercised.
+
+noise floor: the reference computes the same logits twice in another order (a padded batch's rows vs each
+row alone; a prefix's positions in a forward over the prefix vs over the whole sequence). The largest
+difference is the floor; a phase passes below max(--noise, --floor-multiple x floor), at most 0.1 x --bug.
 """
 
 
@@ -107,11 +118,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-padded-batch", action="store_true", help="skip the left-padded batch comparison")
     p.add_argument("--no-isolation", action="store_true", help="skip the isolation (state surviving reset) comparison")
     p.add_argument(
+        "--no-prefix-reuse", action="store_true", help="skip the prefix-reuse phases (sequences sharing prefixes)"
+    )
+    p.add_argument(
         "--hf-no-position-ids",
         action="store_true",
         help="drive the transformers model without position_ids (reproduces the left-padding position bug class)",
     )
     p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on max |Δlogit| (default 1e-4)")
+    p.add_argument(
+        "--floor-multiple",
+        type=float,
+        default=4.0,
+        help="a difference below this many times the reference's own noise floor passes (default 4; 0: ignore it)",
+    )
     p.add_argument("--bug", type=float, default=1.0, help="bug threshold on max |Δlogit| (default 1.0)")
     p.add_argument(
         "--rel-bug",
@@ -152,6 +172,8 @@ def _check_args(args: argparse.Namespace, model) -> None:
         raise ValueError("give MODEL (a genprobe checkpoint or a transformers directory) and/or --impl MOD:FACTORY")
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if not args.floor_multiple >= 0:
+        raise ValueError(f"--floor-multiple must be >= 0, got {args.floor_multiple}")
     kind = None if model is None else model.kind
     if args.compiled and (kind != "genprobe" or args.impl):
         raise ValueError(
@@ -243,7 +265,7 @@ def _targets(args: argparse.Namespace, model, th) -> tuple[Any, list[tuple[str |
 
 
 def _mutant_model(model):
-    """A genprobe GPT to plant bugs into: the model itself, or a GPT-2 converted to ours."""
+    """A model to plant bugs into: a genprobe GPT, a GPT-2 converted to ours, or a transformers Llama-family model."""
     if model is None:
         return None
     if model.kind == "genprobe":
@@ -252,6 +274,8 @@ def _mutant_model(model):
         from ..model.hf import from_hf_gpt2
 
         return from_hf_gpt2(model.module)
+    if model.arch in ("llama", "qwen2", "mistral"):
+        return model.module
     return None
 
 
@@ -274,10 +298,14 @@ def run(args: argparse.Namespace) -> int:
         suspicious=max(args.noise, min(1e-3, args.bug)),
         rel_bug=args.rel_bug,
         rel_suspicious=min(0.01, args.rel_bug),
+        floor_multiple=args.floor_multiple,
     )
     gpt = _mutant_model(model) if args.mutants else None
     if args.mutants and gpt is None:
-        raise ValueError("--mutants needs a genprobe checkpoint (or a GPT-2 transformers model) to plant bugs into")
+        raise ValueError(
+            "--mutants needs a genprobe checkpoint or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant "
+            "bugs into"
+        )
 
     reference, targets = _targets(args, model, th)
     runnable = [impl for _, impl in targets if not isinstance(impl, VerifyReport)]
@@ -309,6 +337,8 @@ def run(args: argparse.Namespace) -> int:
                 "mask_noop": noop,
                 "prompts": prompts,
                 "reference": run_.name if run_ is not None else None,
+                "noise_floor": _first_of(reports + mreports, "noise_floor"),
+                "pass_line": _first_of(reports + mreports, "pass_line"),
                 "thresholds": th.to_dict(),
                 "weight_dtype": args.weight_dtype,
                 "failing": failing,
@@ -317,6 +347,18 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     return rc
+
+
+def _first_of(reports: list[Any], attr: str) -> Any:
+    """``attr`` of the first report that has it (every report of a run shares the reference's floor)."""
+    return next((getattr(r, attr) for r in reports if getattr(r, attr, None) is not None), None)
+
+
+def cache_len(prompts: list[list[int]], steps: int) -> int:
+    """Slots a static cache needs for the harness: the longest prompt + steps, or a prefix-reuse sequence."""
+    from ..verify.reuse import REUSE_LENGTH
+
+    return max(max(len(p) for p in prompts) + steps, REUSE_LENGTH) + 1
 
 
 def _verify_targets(
@@ -339,7 +381,7 @@ def _verify_targets(
             reports.append(impl)
             continue
         if getattr(impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
-            impl.max_cache_len = max(len(p) for p in prompts) + steps + 1
+            impl.max_cache_len = cache_len(prompts, steps)
         label = name or getattr(impl, "name", type(impl).__name__)
         info(f"verifying {label} on {len(prompts)} prompt(s), {steps} steps …")
         reports.append(
@@ -354,6 +396,7 @@ def _verify_targets(
                 name=name,
                 pad_id=model.pad_id if model is not None else 0,
                 isolation=not args.no_isolation,
+                prefix_reuse=not args.no_prefix_reuse,
             )
         )
     return reports, run_
@@ -364,20 +407,44 @@ def _run_mutants(
 ) -> tuple[list[Any], list[dict[str, Any]], Any]:
     """The planted-bug mutants on the chapter's §3.9.1 experiment: the first prompt, every phase but padding and
     isolation; plus no_mask's one-token no-op."""
-    from ..verify import FullRecompute
     from ..verify.mutants import MUTANTS, mask_noop, report_row_detailed, run_mutant_reports
 
     chunks = chunk_sizes(args.chunk_sizes)
     steps = args.max_new_tokens
     info(f"running {len(MUTANTS)} mutants …")
-    mrun = run_ if isinstance(reference, FullRecompute) else None  # same reference: reuse trajectories
-    mreports = run_mutant_reports(gpt, prompts[:1], steps, chunk_sizes=chunks, thresholds=th, run=mrun)
+    same = getattr(reference, "model", getattr(reference, "hf", None)) is gpt
+    mrun = run_ if same else None  # the mutants' model is the reference's: reuse its trajectories
+    mreports = run_mutant_reports(
+        gpt, prompts[:1], steps, chunk_sizes=chunks, thresholds=th, run=mrun, prefix_reuse=not args.no_prefix_reuse
+    )
     rows = [report_row_detailed(r, MUTANTS[r.impl]) for r in mreports]
     noop = mask_noop(gpt, prompts[0], steps, chunk=max(chunks) if max(chunks) > 1 else 4, run=mrun)
     return mreports, rows, noop
 
 
 # ---- tables --------------------------------------------------------------------------------------------
+def _print_floor_and_reuse(reports: list, th, out) -> None:
+    """The reference's noise floor and the pass line it sets; the reuse situations; padded rows that disagree."""
+    floor = _first_of(reports, "noise_floor")
+    line = _first_of(reports, "pass_line")
+    if floor is not None:
+        how = ", ".join(f"{k} {v:.3g}" for k, v in floor["sources"].items())
+        print(
+            f"\nnoise floor of the reference on this model: {floor['value']:.3g} ({how}); pass line "
+            f"max({th.noise:g}, {th.floor_multiple:g} x floor) = {line:.3g}",
+            file=out,
+        )
+    reuse = next((r.reuse for r in reports if r.reuse), None)
+    if reuse:
+        print("prefix reuse exercised: " + "; ".join(reuse), file=out)
+    for r in reports:
+        for p in r.phases:
+            bad = [row for row in p.per_row or [] if row["top1_disagreement"] > 0]
+            if bad:
+                cells = ", ".join(f"row of {x['prompt_length']} tokens {x['top1_disagreement']:.0%}" for x in bad)
+                print(f"{r.impl}: padded rows whose top-1 differs from the prompt run alone: {cells}", file=out)
+
+
 def _g(x: float | None, spec: str = ".3g") -> str:
     return "—" if x is None else format(x, spec)
 
@@ -389,7 +456,8 @@ def _summary_line(r, row_expected: dict | None = None) -> str:
     line = (
         f"{r.impl[:30]:<30} {r.verdict:>11} {('yes' if r.prefill_bit_identical else 'no'):>8} "
         f"{_g(r.max_abs_dlogit, '.4g'):>11} "
-        f"{_g(rel, '.3g'):>8} {_g(agree, '.3f'):>7} {str(r.worst_phase or '—'):>12} {r.text_divergences:>5} "
+        f"{_g(rel, '.3g'):>8} {_g(r.bug_margin, '.3g'):>7} {_g(agree, '.3f'):>7} {str(r.worst_phase or '—')[:21]:>21} "
+        f"{r.text_divergences:>5} "
         f"{('yes' if r.text_only_would_catch else 'no'):>5}"
     )
     if row_expected is not None:
@@ -412,10 +480,12 @@ def print_tables(
     """The chapter §3.9.8 summary, then each phase's max |Δlogit| @ first differing call, then errors/unavailable."""
     out = file or sys.stdout
     head = (
-        f"{'implementation':<30} {'verdict':>11} {'prefill':>8} {'max |Δ|':>11} {'Δ/σ':>8} {'top-1':>7} "
-        f"{'worst phase':>12} {'text':>5} {'text':>5}"
+        f"{'implementation':<30} {'verdict':>11} {'prefill':>8} {'max |Δ|':>11} {'Δ/σ':>8} {'margin':>7} {'top-1':>7} "
+        f"{'worst phase':>21} {'text':>5} {'text':>5}"
     )
-    head2 = f"{'':<30} {'':>11} {'exact':>8} {'logit':>11} {'':>8} {'agree':>7} {'':>12} {'div.':>5} {'only':>5}"
+    head2 = (
+        f"{'':<30} {'':>11} {'exact':>8} {'logit':>11} {'':>8} {'':>7} {'agree':>7} {'':>21} {'div.':>5} {'only':>5}"
+    )
     if mutant_rows:
         head, head2 = head + f" {'expected':>9} {'ok':>3}", head2
     print(head, file=out)
@@ -426,6 +496,7 @@ def print_tables(
     for row, r in zip(mutant_rows, mutant_reports, strict=True):
         print(_summary_line(r, row), file=out)
     phases = list(dict.fromkeys(p.phase for r in reports + mutant_reports for p in r.phases))
+    _print_floor_and_reuse(reports + mutant_reports, th, out)
     if phases:
         print("", file=out)
         print("max |Δlogit| per phase, @ first call above noise (0 = prefill call, k = k-th step or chunk):", file=out)
@@ -444,6 +515,7 @@ def print_tables(
         f"> {th.bug:g} bug)\n"
         f"  and Δ/σ, |Δ| in standard deviations of the reference logits (> {th.rel_bug:g} bug, ≥ {th.rel_suspicious:g} "
         f"suspicious; only for |Δ| ≥ {th.noise:g}).\n"
+        "margin: how far past the bug line (max of |Δ|/bug and (Δ/σ)/rel-bug; ≥ 1 is a bug).\n"
         "top-1 agree: lowest share of positions whose argmax matches the reference's, over phases. text div.: greedy\n"
         "  text positions that differ; text only: would comparing text alone have caught it. —: phase not run.",
         file=out,

@@ -3,7 +3,8 @@
 An implementation under test is any object with three methods (no base class needed)::
 
     reset() -> None
-        Forget every cached token; the next call starts a new sequence.
+        End the current sequence; the next call starts a new one. Nothing of an earlier sequence may
+        change a later sequence's logits (a prefix cache may keep blocks it reuses exactly).
     prefill(ids: LongTensor (B, T), attention_mask: LongTensor (B, T) | None = None) -> logits (B, T, V)
         First call after ``reset()``: run the prompt through the model *and fill the cache*.
         ``attention_mask`` is 1 for real tokens, 0 for (left) padding. An implementation without
@@ -18,6 +19,11 @@ The reference it is compared against is full recomputation without any cache::
 
 Both may optionally expose ``max_positions`` (longest sequence they accept); the verifier refuses a
 run that would exceed it, naming the limit, instead of letting an embedding lookup fail.
+
+An implementation may also set ``prefill_starts_sequence = True``: its ``prefill()`` may then be called
+without ``reset()`` before it and starts a new sequence by itself (as a serving engine's next request
+does). The verifier then also runs its prefix-reuse sequences back to back, without ``reset()``
+(:mod:`genprobe.verify.reuse`); without the attribute that phase is skipped and says why.
 
 Built-ins: :class:`EngineAdapter` (genprobe's ``KVCache`` + ``forward_step``, optionally a sliding
 window with sinks), :class:`CompiledEngineAdapter` (its decode path under ``torch.compile``),
@@ -99,8 +105,12 @@ class EngineAdapter:
         self.window, self.sinks = window, sinks
         self.capacity = None if window is None else sinks + window
         self.max_len = self.capacity or max_len or model.cfg.block_size
-        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        learned = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        # Without a window the cache holds max_len tokens: a longer sequence is the adapter's limit too
+        # (a ring buffer takes any length, bounded only by a learned position table).
+        self.max_positions = learned if self.capacity is not None else min(self.max_len, learned or self.max_len)
         self.name = "engine" if window is None else f"engine (window {window}, sinks {sinks})"
+        self.prefill_starts_sequence = True  # prefill() allocates a fresh cache
         self.cache: KVCache | None = None
         self.fed = 0  # tokens written into the cache (padding included)
 
@@ -141,6 +151,7 @@ class CompiledEngineAdapter:
     """genprobe's compiled decode path: ``StaticKVCache``, single-token steps through ``torch.compile``."""
 
     name = "engine-compiled"
+    prefill_starts_sequence = True  # prefill() allocates a fresh static cache
 
     def __init__(self, model: GPT, max_len: int | None = None):
         from ..engine.compiled import CompiledGPTRunner
@@ -233,6 +244,7 @@ class HFAdapter:
 
         self.hf = hf_model.eval()
         self.pass_position_ids = pass_position_ids
+        self.prefill_starts_sequence = True  # prefill() resets and builds a fresh cache
         self.cache_kind = cache
         if cache is not None:
             why = unavailable_reason(hf_model, cache)

@@ -78,6 +78,8 @@ def verify_cache(
     hf_cache: str | None = None,
     padded_batch: bool = True,
     isolation: bool = True,
+    prefix_reuse: bool = True,
+    noise_floor: bool = True,
     thresholds: Thresholds | None = None,
 ) -> VerifyReport:
     """Verify ``impl`` (default: the model's own cache) against full recomputation of ``model``.
@@ -86,8 +88,11 @@ def verify_cache(
     ``prompts`` are texts (encoded with the model's tokenizer) or token-id lists; the default is two
     prompts of different lengths. ``window``/``sinks`` make the reference sliding-window recomputation
     (genprobe models); ``hf_cache`` picks a ``transformers`` cache class (see ``genprobe.verify.hf_caches``).
+    ``prefix_reuse`` runs sequences that share prefixes (:mod:`genprobe.verify.reuse`); ``noise_floor``
+    judges differences against the reference's own float noise on this model (``thresholds.floor_multiple``).
     """
     from .harness import ReferenceRun, verify_implementation
+    from .reuse import REUSE_LENGTH
 
     if prompts is None:
         ids = default_prompts(model, max_new_tokens)
@@ -95,7 +100,7 @@ def verify_cache(
         ids = [model.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
     target = own_cache(model, window, sinks, hf_cache) if impl is None else impl
     if getattr(target, "cache_kind", None) == "static":
-        target.max_cache_len = max(len(p) for p in ids) + max_new_tokens + 1
+        target.max_cache_len = max(max(len(p) for p in ids) + max_new_tokens, REUSE_LENGTH) + 1
     run = ReferenceRun(reference_for(model, window, sinks), max_new_tokens)
     return verify_implementation(
         target,
@@ -107,4 +112,6 @@ def verify_cache(
         thresholds=thresholds,
         pad_id=model.pad_id,
         isolation=isolation,
+        prefix_reuse=prefix_reuse,
+        noise_floor=noise_floor,
     )

@@ -10,6 +10,14 @@ above the absolute noise floor, so float noise stays "pass" however small the lo
 
 Two measures are reported beside the verdict (not used by it): the largest |Δ log p| over the
 reference's top-k tokens and the share of positions whose top-1 token agrees.
+
+**Noise floor.** A deep float32 model's own computation is not reproducible to 1e-4: the same logits
+computed twice in another order (a row of a padded batch vs the row alone, a prefix's positions in a
+forward over the prefix vs over the whole sequence) differ by summation order alone — 30-layer
+SmolLM2-135M moves them by ~1e-3, which the absolute scale would call "small". The harness measures
+that *floor* on the model at hand (:meth:`genprobe.verify.harness.ReferenceRun.noise_floor`) and a
+difference passes when it is below ``floor_multiple`` × the floor (or the absolute ``noise``, whichever
+is larger; capped at ``floor_cap`` × ``bug`` so that a hopelessly noisy reference can never hide a bug).
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ class Thresholds:
     rel_bug: float = 1.0
     rel_suspicious: float = 0.01
     exact_prefill: bool = False  # when True a prefill that is not bit-identical is at least "small"
+    floor_multiple: float = 4.0  # a difference below this many times the reference's own noise floor passes
+    floor_cap: float = 0.1  # the floor can raise the pass line to at most this fraction of ``bug``
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.noise <= self.suspicious <= self.bug):
@@ -57,31 +67,56 @@ class Thresholds:
                 f"relative thresholds must satisfy 0 < rel_suspicious <= rel_bug, got rel_suspicious="
                 f"{self.rel_suspicious}, rel_bug={self.rel_bug}"
             )
+        if not (self.floor_multiple >= 0.0 and 0.0 <= self.floor_cap < 1.0):
+            raise ValueError(
+                f"floor_multiple must be >= 0 and floor_cap in [0, 1), got floor_multiple={self.floor_multiple}, "
+                f"floor_cap={self.floor_cap}"
+            )
 
-    def absolute_verdict(self, max_abs_dlogit: float) -> str:
+    def pass_line(self, floor: float | None = None) -> float:
+        """The largest max |Δlogit| that passes: ``noise``, raised to ``floor_multiple`` × a measured floor."""
+        if floor is None or not (floor == floor) or floor <= 0:  # no floor, NaN or an exactly reproducible model
+            return self.noise
+        return max(self.noise, min(self.floor_multiple * float(floor), self.floor_cap * self.bug))
+
+    def absolute_verdict(self, max_abs_dlogit: float, floor: float | None = None) -> str:
         """Classify one max |Δlogit| on the chapter's absolute scale (NaN counts as a bug)."""
-        d = float(max_abs_dlogit)
+        d, line = float(max_abs_dlogit), self.pass_line(floor)
         if d != d or d > self.bug:
             return "bug"
-        if d >= self.suspicious:
+        if d >= max(self.suspicious, line):
             return "suspicious"
-        if d >= self.noise:
+        if d >= line:
             return "small"
         return "pass"
 
-    def relative_verdict(self, max_abs_dlogit: float, ref_std: float | None) -> str:
-        """Classify Δ in standard deviations of the reference logits; below the absolute noise floor: pass."""
+    def relative_verdict(self, max_abs_dlogit: float, ref_std: float | None, floor: float | None = None) -> str:
+        """Classify Δ in standard deviations of the reference logits; below the pass line: pass."""
         d = float(max_abs_dlogit)
-        if ref_std is None or not (d >= self.noise):  # also False for NaN, which the absolute scale handles
+        if ref_std is None or not (d >= self.pass_line(floor)):  # also False for NaN (the absolute scale's case)
             return "pass"
         sigmas = d / ref_std if ref_std > 0 else math.inf
         if sigmas > self.rel_bug:
             return "bug"
         return "suspicious" if sigmas >= self.rel_suspicious else "pass"
 
-    def verdict(self, max_abs_dlogit: float, ref_std: float | None = None) -> str:
-        """The more severe of the absolute and the relative verdict."""
-        return worst([self.absolute_verdict(max_abs_dlogit), self.relative_verdict(max_abs_dlogit, ref_std)])
+    def verdict(self, max_abs_dlogit: float, ref_std: float | None = None, floor: float | None = None) -> str:
+        """The more severe of the absolute and the relative verdict, with the pass line raised by ``floor``."""
+        return worst(
+            [self.absolute_verdict(max_abs_dlogit, floor), self.relative_verdict(max_abs_dlogit, ref_std, floor)]
+        )
+
+    def bug_margin(self, max_abs_dlogit: float, ref_std: float | None = None) -> float:
+        """How far past the bug line a difference is: the larger of |Δ| / ``bug`` and (|Δ|/σ) / ``rel_bug``.
+
+        ≥ 1 is a bug; the project's own mutants must reach 3 (a decisive catch, not a hair's breadth).
+        """
+        d = float(max_abs_dlogit)
+        if d != d:
+            return math.inf
+        rel = 0.0 if ref_std is None else (d / ref_std if ref_std > 0 else (math.inf if d > 0 else 0.0))
+        absolute = d / self.bug if self.bug > 0 else (math.inf if d > 0 else 0.0)
+        return max(absolute, rel / self.rel_bug)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""

@@ -32,6 +32,7 @@ import torch
 
 from .compare import Thresholds, max_abs_diff
 from .report import PhaseError, PhaseResult, PhaseTracker, VerifyReport, overall_verdict
+from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_extension, reuse_cases, situations
 
 __all__ = [
     "PhaseError",
@@ -76,6 +77,8 @@ class ReferenceRun:
         self.max_positions = getattr(reference, "max_positions", None)
         self.name = getattr(reference, "description", None) or "full recomputation"
         self._runs: dict[tuple[int, ...], ReferenceTrajectory] = {}
+        self._seqs: dict[tuple[int, ...], torch.Tensor] = {}
+        self._floors: dict[tuple[tuple[int, ...], ...], NoiseFloor] = {}
 
     @torch.no_grad()
     def _full(self, ids: list[int]) -> torch.Tensor:
@@ -83,6 +86,50 @@ class ReferenceRun:
         out: torch.Tensor = self.reference.full(x)
         _check_logits(out, (1, len(ids), None), "reference.full")
         return out[0].float()
+
+    def logits(self, seq: Sequence[int]) -> torch.Tensor:
+        """(T, V) logits of every position of ``seq`` in one uncached forward (memoised)."""
+        key = tuple(int(t) for t in seq)
+        if key not in self._seqs:
+            self._seqs[key] = self._full(list(key))
+        return self._seqs[key]
+
+    def noise_floor(self, prompts: list[list[int]], pad_id: int = 0) -> "NoiseFloor":
+        """The reference's own float noise on these prompts: the same logits computed twice in another order.
+
+        * ``prefix_vs_whole`` — each greedy step's logits from a forward over the sequence so far vs the
+          same position in one forward over the whole sequence (free: the trajectories hold both);
+        * ``batched_vs_solo`` — every sequence as a row of one left-padded batch vs the row alone (one
+          batched forward; skipped when the reference takes no attention mask).
+
+        Both are exact identities of a causal model, so whatever they differ by is summation order: the
+        floor below which no cache can be asked to agree (see :meth:`Thresholds.pass_line`).
+        """
+        key = tuple(tuple(p) for p in prompts)
+        if key not in self._floors:
+            trajs = [self.trajectory(p) for p in prompts]
+            sources = {"prefix_vs_whole": max(_prefix_vs_whole(t) for t in trajs)}
+            batched = self._batched_vs_solo(trajs, pad_id)
+            if batched is not None:
+                sources["batched_vs_solo"] = batched
+            self._floors[key] = NoiseFloor(max(sources.values()), sources)
+        return self._floors[key]
+
+    @torch.no_grad()
+    def _batched_vs_solo(self, trajs: list[ReferenceTrajectory], pad_id: int) -> float | None:
+        seqs = [t.prompt + t.tokens[:-1] for t in trajs]
+        if len(seqs) < 2 or len({len(q) for q in seqs}) < 2:  # equal lengths: add a shorter suffix as a row
+            seqs = seqs + [seqs[0][len(seqs[0]) // 2 :]] if len(seqs[0]) > 1 else seqs
+        if len(seqs) < 2:
+            return None
+        ids, mask = _left_pad(seqs, pad_id)
+        try:
+            out = self.reference.full(ids, attention_mask=mask)
+            _check_logits(out, (len(seqs), ids.shape[1], None), "reference.full")
+        except (TypeError, NotImplementedError, ValueError, RuntimeError):  # a reference without padding support
+            return None
+        L = ids.shape[1]
+        return max(max_abs_diff(out[b, L - len(q) :].float(), self.logits(q)) for b, q in enumerate(seqs))
 
     def check_length(self, n_prompt: int) -> None:
         """Raise ValueError when a prompt of ``n_prompt`` tokens plus the steps exceeds the context."""
@@ -110,10 +157,41 @@ class ReferenceRun:
             last = self._full(seq)[-1]
             step_logits.append(last)
             tokens.append(int(last.argmax()))
-        seq_logits = self._full(seq) if self.steps else prefill
+        seq_logits = self.logits(seq) if self.steps else prefill
         traj = ReferenceTrajectory(list(key), prefill, step_logits, tokens, seq_logits)
         self._runs[key] = traj
         return traj
+
+
+@dataclass
+class NoiseFloor:
+    """The reference's own float noise: max |Δlogit| between two orders of one computation, per source."""
+
+    value: float
+    sources: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"value": self.value, "sources": dict(self.sources)}
+
+
+def _prefix_vs_whole(tr: ReferenceTrajectory) -> float:
+    """Step logits (a forward over the sequence so far) vs the same positions of the whole sequence's forward."""
+    P = len(tr.prompt)
+    d = max_abs_diff(tr.prefill_logits, tr.seq_logits[:P])
+    for k in range(1, len(tr.step_logits) - 1):  # the last step's forward *is* the whole sequence's
+        d = max(d, max_abs_diff(tr.step_logits[k], tr.seq_logits[P - 1 + k]))
+    return d
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    B, L = len(seqs), max(len(q) for q in seqs)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    for b, q in enumerate(seqs):
+        ids[b, L - len(q) :] = torch.tensor(q)
+        mask[b, L - len(q) :] = 1
+    return ids, mask
 
 
 # ---- calling the implementation: its exceptions are findings, not harness failures ---------------------
@@ -217,20 +295,33 @@ def _padded_phase(impl: Any, run: ReferenceRun, prompts: list[list[int]], tr_: P
     """Left-padded batch (prefill + teacher-forced decode) vs each prompt alone."""
     trajs = [run.trajectory(p) for p in prompts]
     B, L = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, L - len(p) :] = torch.tensor(p)
-        mask[b, L - len(p) :] = 1
+    ids, mask = _left_pad(prompts, pad_id)
     _reset(impl)
     V = trajs[0].vocab
+    rows: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in prompts]  # per row: (got, ref) per call
     out = _call(0, impl.prefill, ids, (B, L, V), "padded prefill", attention_mask=mask)
-    got = torch.cat([out[b, L - len(p) :] for b, p in enumerate(prompts)])
-    tr_.add(0, got, torch.cat([t.prefill_logits for t in trajs]))
+    for b, (p, t) in enumerate(zip(prompts, trajs, strict=True)):
+        rows[b].append((out[b, L - len(p) :].detach().float().clone(), t.prefill_logits))
+    tr_.add(0, torch.cat([g for g, _ in (r[0] for r in rows)]), torch.cat([t.prefill_logits for t in trajs]))
     for k in range(1, run.steps + 1):
         step_ids = torch.tensor([[t.tokens[k - 1]] for t in trajs], dtype=torch.long)
         out = _call(k, impl.step, step_ids, (B, 1, V), "padded step")
         tr_.add(k, out[:, -1], torch.stack([t.step_logits[k] for t in trajs]))
+        for b, t in enumerate(trajs):
+            rows[b].append((out[b, -1:].detach().float().clone(), t.step_logits[k][None]))
+    tr_.r.per_row = [_row_summary(p, r) for p, r in zip(prompts, rows, strict=True)]
+
+
+def _row_summary(prompt: list[int], calls: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+    """One padded row vs the same prompt run alone: max |Δ| and the share of positions whose top-1 differs."""
+    got, ref = torch.cat([g for g, _ in calls]), torch.cat([r for _, r in calls])
+    disagree = int((got.argmax(-1) != ref.argmax(-1)).sum())
+    return {
+        "prompt_length": len(prompt),
+        "max_abs_dlogit": max_abs_diff(got, ref),
+        "top1_disagreement": disagree / got.shape[0],
+        "positions": int(got.shape[0]),
+    }
 
 
 def isolation_partner(b: list[int], others: Sequence[Sequence[int]], vocab_size: int, max_len: int | None) -> list[int]:
@@ -256,6 +347,47 @@ def _isolation_phase(impl: Any, run: ReferenceRun, tr: ReferenceTrajectory, a: l
     for k in range(1, run.steps + 1):
         out = _call(k, impl.step, _t([int(out[0, -1].argmax())]), (1, 1, tr.vocab), "isolation: step of sequence A")
     _teacher_forced(impl, tr, None, tr_)
+
+
+NO_BACK_TO_BACK = (
+    "the implementation does not declare prefill_starts_sequence = True (its prefill() may need reset() first)"
+)
+
+
+def reuse_base(run: ReferenceRun, prompt: list[int], vocab: int, length: int) -> list[int]:
+    """Sequence A of the prefix-reuse phases: the prompt, its greedy continuation, then random ids to ``length``."""
+    tr = run.trajectory(prompt)
+    a = (tr.prompt + tr.tokens)[:length]
+    return a + random_extension(vocab, length - len(a))
+
+
+@torch.no_grad()
+def _reuse_phase(impl: Any, run: ReferenceRun, cases: list[ReuseCase], tr_: PhaseTracker, reset: bool) -> None:
+    """Each case prefilled (all but its last DECODE tokens) then stepped token by token, vs one forward of it.
+
+    The call index of this phase is the case's; ``tr_.r.cases`` records each case's max |Δ| (and, for
+    the repeat, whether it reproduced the first run of A bit for bit).
+    """
+    tr_.r.cases = []
+    first: torch.Tensor | None = None
+    for i, case in enumerate(cases):
+        seq, where = list(case.seq), f"{tr_.r.phase} ({case.name})"
+        ref = run.logits(seq)
+        V, n = ref.shape[-1], len(seq) - DECODE
+        if reset or i == 0:
+            _reset(impl)
+        outs = [_call(i, impl.prefill, _t(seq[:n]), (1, n, V), f"{where}: prefill")[0]]
+        for j in range(n, len(seq)):
+            outs.append(_call(i, impl.step, _t([seq[j]]), (1, 1, V), f"{where}: step")[0])
+        got = torch.cat(outs).detach().float().clone()
+        tr_.add(i, got, ref)
+        rec: dict[str, Any] = {**case.describe(), "max_abs_dlogit": max_abs_diff(got, ref)}
+        if case.kind == "base":
+            first = got
+        elif case.kind == "repeat" and first is not None:
+            rec["bit_identical_to_first_run"] = bool(torch.equal(got, first))
+            rec["max_abs_dlogit_vs_first_run"] = max_abs_diff(got, first)
+        tr_.r.cases.append(rec)
 
 
 def _greedy_phases(
@@ -318,42 +450,79 @@ def verify_implementation(
     name: str | None = None,
     pad_id: int = 0,
     isolation: bool = True,
+    prefix_reuse: bool = True,
+    noise_floor: bool = True,
 ) -> VerifyReport:
-    """Compare ``impl`` with full recomputation (a reference or a shared :class:`ReferenceRun`)."""
+    """Compare ``impl`` with full recomputation (a reference or a shared :class:`ReferenceRun`).
+
+    ``prefix_reuse``: run the prefix-reuse phases (:mod:`genprobe.verify.reuse`). ``noise_floor``:
+    measure the reference's own float noise on these prompts and pass differences below
+    ``thresholds.floor_multiple`` × that floor (:meth:`Thresholds.pass_line`).
+    """
     th = thresholds or Thresholds()
     run = reference if isinstance(reference, ReferenceRun) else ReferenceRun(reference, steps)
     _check_inputs(impl, run, prompts, steps, chunk_sizes)
     prompts = [[int(t) for t in p] for p in prompts]
     trajs = [run.trajectory(p) for p in prompts]
+    floor = run.noise_floor(prompts, pad_id) if noise_floor else None
+    line = th.pass_line(None if floor is None else floor.value)
 
-    pre, inc = PhaseTracker("prefill", th.noise), PhaseTracker("incremental", th.noise)
+    pre, inc = PhaseTracker("prefill", line), PhaseTracker("incremental", line)
     own = _greedy_phases(impl, trajs, pre, inc)
     trackers = [pre, inc]
     for c in chunk_sizes:
-        t = PhaseTracker(f"chunk_{int(c)}", th.noise)
+        t = PhaseTracker(f"chunk_{int(c)}", line)
         _run_phase(t, functools.partial(_chunk_phase, impl, trajs, int(c), t))
         trackers.append(t)
     if padded_batch:
-        t = PhaseTracker("padded_batch", th.noise)
+        t = PhaseTracker("padded_batch", line)
         _run_phase(
             t,
             lambda: _padded_phase(impl, run, padded_prompts(prompts), t, pad_id),
             skip_not_implemented="implementation does not support padding",
         )
         trackers.append(t)
+    limits = [m for m in (run.max_positions, getattr(impl, "max_positions", None)) if m is not None]
     if isolation:
-        t = PhaseTracker("isolation", th.noise)
-        limits = [m for m in (run.max_positions, getattr(impl, "max_positions", None)) if m is not None]
+        t = PhaseTracker("isolation", line)
         room = min(limits) - steps if limits else None
         a = isolation_partner(prompts[0], prompts[1:], trajs[0].prefill_logits.shape[-1], room)
         _run_phase(t, lambda: _isolation_phase(impl, run, trajs[0], a, t))
         trackers.append(t)
-    texts_tracker = PhaseTracker("greedy_text", th.noise)
+    reuse: list[str] = []
+    if prefix_reuse:
+        reuse_trackers, reuse = _reuse_phases(impl, run, prompts[0], trajs[0].vocab, limits, line)
+        trackers += reuse_trackers
+    texts_tracker = PhaseTracker("greedy_text", line)
     texts = _texts(impl, trajs, own, texts_tracker)
-    phases = [t.finish(th) for t in trackers]
+    fv = None if floor is None else floor.value
+    phases = [t.finish(th, fv) for t in trackers]
     if texts_tracker.r.error is not None:
-        phases.append(texts_tracker.finish(th))
-    return _report(impl, name, steps, prompts, phases, texts, th, run.name)
+        phases.append(texts_tracker.finish(th, fv))
+    report = _report(impl, name, steps, prompts, phases, texts, th, run.name)
+    report.noise_floor = None if floor is None else floor.to_dict()
+    report.pass_line, report.reuse = line, reuse
+    return report
+
+
+def _reuse_phases(
+    impl: Any, run: ReferenceRun, prompt: list[int], vocab: int, limits: list[int], line: float
+) -> tuple[list[PhaseTracker], list[str]]:
+    """The prefix-reuse phases: with reset() between the cases, and back to back where the protocol allows."""
+    length = min([REUSE_LENGTH, *limits])
+    cases = reuse_cases(reuse_base(run, prompt, vocab, length), vocab, length)
+    if not cases:
+        return [], []
+    back_to_back = bool(getattr(impl, "prefill_starts_sequence", False))
+    trackers = []
+    for phase, reset in (("prefix_reuse", True), ("prefix_reuse_no_reset", False)):
+        t = PhaseTracker(phase, line)
+        if reset or back_to_back:
+            _run_phase(t, functools.partial(_reuse_phase, impl, run, cases, t, reset))
+        else:
+            t.skip(NO_BACK_TO_BACK)
+        trackers.append(t)
+    return trackers, situations(cases, None if back_to_back else NO_BACK_TO_BACK)
 
 
 def _texts(

@@ -18,6 +18,7 @@ from .._io import json_safe_dict
 from .adapters import HFAdapter, HFReference
 from .harness import ReferenceRun, verify_implementation
 from .hf_caches import CACHE_KINDS, describe, unavailable_reason
+from .reuse import REUSE_LENGTH
 
 if TYPE_CHECKING:  # transformers is imported lazily at run time
     from transformers import PretrainedConfig, PreTrainedModel
@@ -128,7 +129,8 @@ class CacheMatrix:
 def cache_matrix(
     archs: Sequence[str] = ARCHS, kinds: Sequence[str] = CACHE_KINDS, init: float = 0.02, steps: int = 8
 ) -> CacheMatrix:
-    """Verify every cache class on every architecture (full harness: prefill, decode, chunks, padding, isolation)."""
+    """Verify every cache class on every architecture (full harness: prefill, decode, chunks, padding, isolation,
+    prefix reuse)."""
     import transformers
 
     cells: list[MatrixCell] = []
@@ -143,7 +145,7 @@ def cache_matrix(
                 notes.setdefault(why, []).append(f"{kind} on {arch}")
                 continue
             r = verify_implementation(
-                HFAdapter(hf, cache=kind, max_cache_len=max(map(len, PROMPTS)) + steps + 1),
+                HFAdapter(hf, cache=kind, max_cache_len=max(max(map(len, PROMPTS)) + steps, REUSE_LENGTH) + 1),
                 run,
                 PROMPTS,
                 steps=steps,

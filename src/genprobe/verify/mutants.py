@@ -1,7 +1,8 @@
 """Deliberately broken cached-attention implementations: the tests of the test (chapter §3.4.9, §3.9).
 
 :class:`TeachingCache` is the chapter's §3.10 teaching version — a list of per-layer K/V grown with
-``torch.cat`` — run over a genprobe ``GPT``'s own weights, with one line switched per mutant:
+``torch.cat`` — run over a genprobe ``GPT``'s own weights (or a ``transformers`` Llama / Qwen2 /
+Mistral model's: the same cache over that model's modules), with one line switched per mutant:
 
 =============  ==============================================  =========================
 mutant         the one wrong line                              expected
@@ -13,6 +14,19 @@ no_mask        no causal mask inside the cached path           flagged (prefill/
 kv_mismatch    K prepended, V appended                         flagged
 cat_order      K *and* V prepended (joint permutation)         pass (seed Eq. 3.26–3.29)
 =============  ==============================================  =========================
+
+:class:`PrefixCache` adds what serving engines add: full blocks of 16 tokens (8 in a context under 48)
+kept across sequences
+and reused by a later sequence with the same prefix (the prefix-reuse phases exercise it):
+
+=================  ==========================================  =========================
+mutant             the lookup key of block j                   expected
+=================  ==========================================  =========================
+prefix_correct     every token up to the block's end           pass
+prefix_half_key    … up to the middle of the block             flagged (prefix_reuse)
+prefix_stale_tail  … up to one token before the block's end    flagged (prefix_reuse)
+prefix_no_parent   the block's own tokens (no parent)          flagged (prefix_reuse)
+=================  ==========================================  =========================
 
 The mask is built from the absolute positions stored next to the keys (in the keys' order), so
 ``cat_order`` is a true joint permutation even for multi-token chunks. The mutants live here, not
@@ -40,28 +54,136 @@ MUTANTS: dict[str, str] = {
     "no_mask": "flagged",
     "kv_mismatch": "flagged",
     "cat_order": "pass",
+    "prefix_correct": "pass",
+    "prefix_half_key": "flagged",
+    "prefix_stale_tail": "flagged",
+    "prefix_no_parent": "flagged",
 }
+TEACHING = ("correct", "pos_zero", "no_cat", "no_mask", "kv_mismatch", "cat_order")
+PREFIX_BLOCK = 16  # the block size of the prefix-cache mutants (vLLM's default)
 
 DEFAULT_PROMPT = "春江潮水连海平"  # the chapter's prompt (§3.9.1), 50 greedy steps
+
+
+# ---- the layers a teaching cache runs: a genprobe GPT, or a transformers Llama-family model ---------------
+class _GPTLayers:
+    """A genprobe ``GPT``'s forward, one attention at a time (learned / rope / no positions)."""
+
+    def __init__(self, model: GPT):
+        if model.cfg.pos_encoding not in ("learned", "rope", "none"):
+            raise ValueError(f"mutants support pos_encoding learned/rope/none, not {model.cfg.pos_encoding!r}")
+        self.m, self.cfg = model.eval(), model.cfg
+        self.n_layer = model.cfg.n_layer
+        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+
+    def embed(self, ids: torch.Tensor, pos: torch.Tensor, true_pos: torch.Tensor) -> torch.Tensor:
+        self.m.check_positions(true_pos)
+        x: torch.Tensor = self.m.wte(ids)
+        return x + self.m.wpe(pos) if self.m.wpe is not None else x
+
+    def qkv(self, i: int, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        block, (B, T, C), H = cast(Block, self.m.h[i]), x.shape, self.cfg.n_head
+        q, k, v = (
+            t.view(B, T, H, self.cfg.d_head).transpose(1, 2) for t in block.attn.c_attn(block.ln_1(x)).split(C, 2)
+        )
+        if self.cfg.pos_encoding == "rope":
+            q, k = rope_rotate(q, pos, self.cfg.rope_base), rope_rotate(k, pos, self.cfg.rope_base)
+        return q, k, v
+
+    def block_out(
+        self, i: int, x: torch.Tensor, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        block, (B, T, C) = cast(Block, self.m.h[i]), x.shape
+        y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
+        x = x + block.attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        out: torch.Tensor = x + block.mlp(block.ln_2(x))
+        return out
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.m.lm_head(self.m.ln_f(x))
+        return logits
+
+
+class _LlamaLayers:
+    """A ``transformers`` Llama-family causal LM (Llama, Qwen2, Mistral: RMSNorm, RoPE, GQA, gated MLP).
+
+    Built from the model's own modules and transformers' own ``apply_rotary_pos_emb``/``repeat_kv``, so
+    that the correct teaching cache differs from the model's forward by summation order only.
+    """
+
+    ARCHS = ("llama", "qwen2", "mistral")
+
+    def __init__(self, hf: torch.nn.Module):
+        from transformers.models.llama import modeling_llama
+
+        self.hf = hf.eval()
+        self.inner: Any = getattr(hf, "model")  # noqa: B009 — the decoder stack of a *ForCausalLM
+        self.lm_head: Any = getattr(hf, "lm_head")  # noqa: B009
+        self.n_layer = len(self.inner.layers)
+        self.max_positions = getattr(hf.config, "max_position_embeddings", None)
+        self._rope, self._repeat = modeling_llama.apply_rotary_pos_emb, modeling_llama.repeat_kv
+        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def embed(self, ids: torch.Tensor, pos: torch.Tensor, true_pos: torch.Tensor) -> torch.Tensor:
+        x: torch.Tensor = self.inner.embed_tokens(ids)
+        self._cos_sin = self.inner.rotary_emb(x, position_ids=pos)
+        return x
+
+    def qkv(self, i: int, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        layer = self.inner.layers[i]
+        a, h = layer.self_attn, layer.input_layernorm(x)
+        shape = (*x.shape[:2], -1, a.head_dim)
+        q, k, v = (proj(h).view(shape).transpose(1, 2) for proj in (a.q_proj, a.k_proj, a.v_proj))
+        assert self._cos_sin is not None  # embed() ran first
+        q, k = self._rope(q, k, *self._cos_sin)
+        return q, k, v
+
+    def block_out(
+        self, i: int, x: torch.Tensor, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        layer = self.inner.layers[i]
+        a, n = layer.self_attn, layer.self_attn.num_key_value_groups
+        y = F.scaled_dot_product_attention(q, self._repeat(K, n), self._repeat(V, n), attn_mask=mask, scale=a.scaling)
+        x = x + a.o_proj(y.transpose(1, 2).reshape(*x.shape[:2], -1))
+        out: torch.Tensor = x + layer.mlp(layer.post_attention_layernorm(x))
+        return out
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.lm_head(self.inner.norm(x))
+        return logits.float()
+
+
+def layers_of(model: Any) -> _GPTLayers | _LlamaLayers:
+    """The teaching cache's view of ``model``: a genprobe GPT or a transformers Llama-family model."""
+    if isinstance(model, GPT):
+        return _GPTLayers(model)
+    arch = getattr(getattr(model, "config", None), "model_type", None)
+    if arch in _LlamaLayers.ARCHS and hasattr(model, "model") and hasattr(model, "lm_head"):
+        return _LlamaLayers(model)
+    raise ValueError(
+        f"mutants run on a genprobe GPT or a transformers {'/'.join(_LlamaLayers.ARCHS)} model, "
+        f"not {arch or type(model).__name__!r}"
+    )
 
 
 class TeachingCache:
     """The §3.10 list-and-cat cache over ``model``'s weights, with an optional planted ``bug``."""
 
-    def __init__(self, model: GPT, bug: str = "correct"):
-        if bug not in MUTANTS:
+    prefill_starts_sequence = True  # prefill() resets
+
+    def __init__(self, model: Any, bug: str = "correct"):
+        if bug not in TEACHING:
             raise ValueError(f"unknown mutant {bug!r}; choose from {list(MUTANTS)}")
-        if model.cfg.pos_encoding not in ("learned", "rope", "none"):
-            raise ValueError(f"mutants support pos_encoding learned/rope/none, not {model.cfg.pos_encoding!r}")
-        self.model = model.eval()
+        self.layers = layers_of(model)
+        self.model = model
         self.bug = bug
         self.name = bug
-        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        self.max_positions = self.layers.max_positions
         self.reset()
 
     def reset(self) -> None:
         """Empty per-layer K/V lists and the position counter."""
-        n = self.model.cfg.n_layer
+        n = self.layers.n_layer
         self.k: list[torch.Tensor | None] = [None] * n
         self.v: list[torch.Tensor | None] = [None] * n
         self.kpos: torch.Tensor | None = None  # absolute position of every cached key, in K's order
@@ -100,43 +222,103 @@ class TeachingCache:
 
     @torch.no_grad()
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        m, cfg = self.model, self.model.cfg
         B, T = ids.shape
-        H, Dh, C = cfg.n_head, cfg.d_head, cfg.d_model
         true_pos = torch.arange(self.past, self.past + T)
         # pos_zero: the embedding (and RoPE) positions restart at 0; the mask still uses true positions.
-        emb_pos = torch.arange(T) if self.bug == "pos_zero" else true_pos
-        m.check_positions(true_pos)
-        emb_pos_b = emb_pos.expand(B, T)
+        emb_pos = (torch.arange(T) if self.bug == "pos_zero" else true_pos).expand(B, T)
         self.kpos = self._key_positions(true_pos)
         allow = self.kpos[None, :] <= true_pos[:, None]  # (T, Tk) from absolute positions, not indices
         if self.bug == "no_mask":
             allow = torch.ones_like(allow)
         mask = allow[None, None].expand(B, 1, T, allow.shape[-1])
-
-        x = m.wte(ids)
-        if m.wpe is not None:
-            x = x + m.wpe(emb_pos_b)
-        for i, block in enumerate(cast(Sequence[Block], m.h)):  # GPT.h: a ModuleList of Blocks (untyped items)
-            a = block.attn
-            q, k, v = a.c_attn(block.ln_1(x)).split(C, dim=2)
-            q = q.view(B, T, H, Dh).transpose(1, 2)
-            k = k.view(B, T, H, Dh).transpose(1, 2)
-            v = v.view(B, T, H, Dh).transpose(1, 2)
-            if cfg.pos_encoding == "rope":
-                q = rope_rotate(q, emb_pos_b, cfg.rope_base)
-                k = rope_rotate(k, emb_pos_b, cfg.rope_base)
+        x = self.layers.embed(ids, emb_pos, true_pos)
+        for i in range(self.layers.n_layer):
+            q, k, v = self.layers.qkv(i, x, emb_pos)
             K, V = self._append(i, k, v)
-            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
-            x = x + a.c_proj(y.transpose(1, 2).reshape(B, T, C))
-            x = x + block.mlp(block.ln_2(x))
+            x = self.layers.block_out(i, x, q, K, V, mask)
         self.past += T
-        logits: torch.Tensor = m.lm_head(m.ln_f(x))
-        return logits
+        return self.layers.head(x)
 
 
-def mutant(model: GPT, name: str) -> TeachingCache:
-    """The named mutant adapter over ``model``'s weights."""
+class PrefixCache(TeachingCache):
+    """A prefix cache over the teaching cache: full blocks of ``block`` tokens kept across sequences.
+
+    Like vLLM's prefix caching, a block is stored with the keys/values of every layer (and, since the
+    protocol returns every prompt position's logits, their logits) under a key of the tokens it depends
+    on: all tokens up to its end. A prefill reuses the longest chain of stored blocks that leaves at
+    least one token to compute. ``reset()`` ends the sequence and keeps the blocks. The flaws:
+
+    * ``prefix_half_key`` — the key covers the block's first half only (a hash over part of the block);
+    * ``prefix_stale_tail`` — the key stops one token short of the block's end (a block is reused after
+      its last token changed: an off-by-one in the match);
+    * ``prefix_no_parent`` — the key is the block's own tokens and index, not its prefix (the parent hash
+      forgotten: the same later block after another prefix is reused).
+    """
+
+    FLAWS = ("prefix_correct", "prefix_half_key", "prefix_stale_tail", "prefix_no_parent")
+
+    def __init__(self, model: Any, flaw: str = "prefix_correct", block: int | None = None):
+        if flaw not in self.FLAWS:
+            raise ValueError(f"unknown prefix-cache mutant {flaw!r}; choose from {list(self.FLAWS)}")
+        super().__init__(model, "correct")
+        if block is None:  # 16, or 8 where the context holds fewer than 3 blocks of 16 (a later block must exist)
+            short = self.max_positions is not None and self.max_positions < 3 * PREFIX_BLOCK
+            block = PREFIX_BLOCK // 2 if short else PREFIX_BLOCK
+        self.flaw, self.name, self.block = flaw, flaw, block
+        self.reused = 0  # blocks taken from the store, over all sequences
+        self.store: dict[tuple[Any, ...], tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]] = {}
+
+    def _key(self, ids: list[int], j: int) -> tuple[Any, ...]:
+        """The lookup key of block ``j`` of ``ids``."""
+        b = self.block
+        if self.flaw == "prefix_half_key":
+            return tuple(ids[: j * b + b // 2])
+        if self.flaw == "prefix_stale_tail":
+            return tuple(ids[: (j + 1) * b - 1])
+        if self.flaw == "prefix_no_parent":
+            return (j, *ids[j * b : (j + 1) * b])
+        return tuple(ids[: (j + 1) * b])
+
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Reuse stored blocks (one row, no padding), compute the rest, store the new full blocks."""
+        if ids.shape[0] != 1:
+            return super().prefill(ids, attention_mask)
+        if attention_mask is not None and not bool(attention_mask.bool().all()):
+            raise NotImplementedError("the teaching cache has no left-padding support")
+        self.reset()
+        toks, b = [int(t) for t in ids[0]], self.block
+        hit = 0
+        while (hit + 1) * b < len(toks) and self._key(toks, hit) in self.store:
+            hit += 1
+        blocks = [self.store[self._key(toks, j)] for j in range(hit)]
+        self.reused += hit
+        if blocks:
+            self.k = [torch.cat([blk[0][i] for blk in blocks], dim=-2) for i in range(self.layers.n_layer)]
+            self.v = [torch.cat([blk[1][i] for blk in blocks], dim=-2) for i in range(self.layers.n_layer)]
+            self.kpos, self.past = torch.arange(hit * b), hit * b
+        out = self._forward(ids[:, hit * b :])
+        if blocks:
+            out = torch.cat([torch.cat([blk[2] for blk in blocks], dim=1), out], dim=1)
+        for j in range(len(toks) // b):
+            key = self._key(toks, j)
+            if key not in self.store:  # the first writer wins, as in a block table
+                sl = slice(j * b, (j + 1) * b)
+                k_, v_ = [K[..., sl, :] for K in self.k], [V[..., sl, :] for V in self.v]  # type: ignore[index]
+                self.store[key] = (k_, v_, out[:, sl])
+        return out
+
+
+def reference_of(model: Any) -> Any:
+    """Full recomputation of a mutant's model: ours for a genprobe GPT, ``use_cache=False`` for transformers."""
+    from .adapters import HFReference
+
+    return FullRecompute(model) if isinstance(model, GPT) else HFReference(model)
+
+
+def mutant(model: Any, name: str) -> TeachingCache:
+    """The named mutant adapter over ``model``'s weights (a genprobe GPT or a transformers Llama-family model)."""
+    if name in PrefixCache.FLAWS:
+        return PrefixCache(model, name)
     return TeachingCache(model, name)
 
 
@@ -146,20 +328,22 @@ def as_expected(name: str, verdict: str) -> bool:
 
 
 def run_mutant_reports(
-    model: GPT,
+    model: Any,
     prompts: list[list[int]],
     steps: int = 50,
     names: Sequence[str] = tuple(MUTANTS),
     chunk_sizes: Sequence[int] = (1, 4),
     thresholds: Thresholds | None = None,
     run: ReferenceRun | None = None,
+    prefix_reuse: bool = True,
 ) -> list[VerifyReport]:
     """Full harness reports for each mutant (reference trajectories computed once).
 
     No padded batch (the teaching cache has no padding) and no isolation phase: every mutant shares
-    the same correct ``reset()``, so isolation would only repeat the incremental phase's finding.
+    the same correct ``reset()``, so isolation would only repeat the incremental phase's finding. The
+    prefix-reuse phases run (they are where the prefix-cache mutants show).
     """
-    run = run or ReferenceRun(FullRecompute(model), steps)
+    run = run or ReferenceRun(reference_of(model), steps)
     return [
         verify_implementation(
             mutant(model, n),
@@ -171,6 +355,7 @@ def run_mutant_reports(
             thresholds=thresholds,
             name=n,
             isolation=False,
+            prefix_reuse=prefix_reuse,
         )
         for n in names
     ]
@@ -190,6 +375,7 @@ def report_row(r: VerifyReport, expected: str | None = None) -> dict[str, Any]:
         "text_divergences": r.text_divergences,
         "text_only_would_catch": r.text_only_would_catch,
         "verdict": r.verdict,
+        "bug_margin": r.bug_margin,
     }
     if expected is not None:
         row["expected"] = expected
@@ -214,8 +400,14 @@ def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict[st
 def run_mutants(
     model: GPT, prompt_ids: list[int], steps: int = 50, thresholds: Thresholds | None = None
 ) -> list[dict[str, Any]]:
-    """The chapter §3.9.1 table: one row per mutant (``cache_bugs`` in the case study)."""
-    reports = run_mutant_reports(model, [list(prompt_ids)], steps, thresholds=thresholds)
+    """The chapter §3.9.1 table: one row per teaching mutant (``cache_bugs`` in the case study).
+
+    The chapter's experiment: prefill, decode steps and chunks of one prompt — no prefix-reuse phases
+    and no prefix-cache mutants, so that the case study's figures stay comparable with the chapter's.
+    """
+    reports = run_mutant_reports(
+        model, [list(prompt_ids)], steps, names=TEACHING, thresholds=thresholds, prefix_reuse=False
+    )
     return [report_row(r, MUTANTS[r.impl]) for r in reports]
 
 
@@ -230,10 +422,10 @@ def _chunked(impl: TeachingCache, seq: list[int], chunk: int) -> torch.Tensor:
 
 
 def mask_noop(
-    model: GPT, prompt_ids: list[int], steps: int = 50, chunk: int = 4, run: ReferenceRun | None = None
+    model: Any, prompt_ids: list[int], steps: int = 50, chunk: int = 4, run: ReferenceRun | None = None
 ) -> dict[str, Any]:
     """no_mask vs correct on the same cached path: exactly 0 at T_new = 1, non-zero with chunks (§3.9.4)."""
-    run = run or ReferenceRun(FullRecompute(model), steps)
+    run = run or ReferenceRun(reference_of(model), steps)
     tr = run.trajectory(prompt_ids)
     seq = tr.prompt + tr.tokens[:-1]
     good, bad = TeachingCache(model, "correct"), TeachingCache(model, "no_mask")
@@ -253,6 +445,7 @@ def cache_exact(model: GPT, prompt_ids: list[int], steps: int = 50) -> dict[str,
         chunk_sizes=(4,),
         padded_batch=False,
         isolation=False,
+        prefix_reuse=False,
     )
     return {
         "prefill_max_abs_dlogit": r.phase("prefill").max_abs_dlogit,

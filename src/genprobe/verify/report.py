@@ -45,7 +45,10 @@ class PhaseResult:
     """One comparison. ``first_*_step`` index the calls (0 = prefill call, k = k-th step/chunk).
 
     ``ref_logit_std`` is the reference logits' standard deviation over the vocabulary (median over the
-    compared positions); ``rel_dlogit`` = max |Δlogit| / ``ref_logit_std``.
+    compared positions); ``rel_dlogit`` = max |Δlogit| / ``ref_logit_std``; ``bug_margin`` how far past the
+    bug line the difference is (:meth:`Thresholds.bug_margin`: ≥ 1 is a bug). ``cases``: what the
+    prefix-reuse phases ran, one entry per sequence; ``per_row``: the padded batch's rows, each compared
+    with the same prompt run alone (max |Δ| and the share of its positions whose top-1 token differs).
     """
 
     phase: str
@@ -61,8 +64,11 @@ class PhaseResult:
     first_diff_step: int | None = None
     calls: int = 0
     rows: int = 0
+    bug_margin: float | None = None
     skipped: str | None = None
     error: PhaseError | None = None
+    cases: list[dict[str, Any]] | None = None
+    per_row: list[dict[str, Any]] | None = None
 
     @property
     def judged(self) -> bool:
@@ -114,8 +120,8 @@ class PhaseTracker:
         """Record the implementation's exception (the phase's verdict becomes ``error``)."""
         self.r.error = error
 
-    def finish(self, th: Thresholds) -> PhaseResult:
-        """Summary measures and the phase verdict."""
+    def finish(self, th: Thresholds, floor: float | None = None) -> PhaseResult:
+        """Summary measures and the phase verdict (the pass line raised by the reference's noise ``floor``)."""
         r = self.r
         if self._got:
             s = compare_rows(torch.cat(self._got), torch.cat(self._ref))
@@ -125,11 +131,12 @@ class PhaseTracker:
             r.max_abs_dlogprob_topk = s.max_dlogp_topk
             r.top1_agreement = s.top1_agree / s.rows
             r.nonfinite_logits = s.nonfinite
+            r.bug_margin = th.bug_margin(r.max_abs_dlogit, r.ref_logit_std)
             self._got, self._ref = [], []
         if r.error is not None:
             r.verdict = "error"
         elif r.skipped is None:
-            r.verdict = th.verdict(r.max_abs_dlogit, r.ref_logit_std)
+            r.verdict = th.verdict(r.max_abs_dlogit, r.ref_logit_std, floor)
         return r
 
 
@@ -155,6 +162,10 @@ class VerifyReport:
     errors: list[PhaseError] = field(default_factory=list)
     unavailable: str | None = None  # why the implementation could not be built here
     texts: list[dict[str, Any]] = field(default_factory=list)  # per prompt: reference vs implementation greedy ids
+    # the reference's own float noise on this model: {"value", "sources": {how: max |Δ|}} (None: not measured)
+    noise_floor: dict[str, Any] | None = None
+    pass_line: float | None = None  # the max |Δlogit| below which a phase passes (thresholds.pass_line(floor))
+    reuse: list[str] = field(default_factory=list)  # the cross-sequence reuse situations the run exercised
 
     @classmethod
     def not_run(
@@ -215,6 +226,12 @@ class VerifyReport:
         return max((p.max_abs_dlogit for p in self.phases if p.phase in ("prefill", "incremental")), default=0.0)
 
     @property
+    def bug_margin(self) -> float | None:
+        """The largest bug margin over the judged phases (≥ 1: a bug; None when nothing was compared)."""
+        margins = [p.bug_margin for p in self.phases if p.judged and p.bug_margin is not None]
+        return max(margins) if margins else None
+
+    @property
     def passed(self) -> bool:
         """True when the verdict is float noise."""
         return self.verdict == "pass"
@@ -227,6 +244,7 @@ class VerifyReport:
         d["passed"] = self.passed
         d["worst_phase"] = self.worst_phase
         d["greedy_max_abs_dlogit"] = self.greedy_max_abs_dlogit
+        d["bug_margin"] = self.bug_margin
         return json_safe_dict(d)
 
 

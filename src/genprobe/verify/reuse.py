@@ -1,0 +1,118 @@
+"""The sequences of the prefix-reuse phases: what a cache that reuses blocks across sequences must get right.
+
+Serving engines reuse cached keys/values across requests that share a prefix (vLLM's prefix caching
+hashes blocks of 16 tokens chained to their parent, SGLang's radix cache matches token by token,
+llama.cpp reuses a slot's common prefix). The classic bug is a lookup that matches too little: a
+hash over part of a block, a block without its parent's hash, a match that stops one token short of
+the block's end. Each shows only when two sequences share *some* tokens and differ *somewhere
+specific*, so the plan below is built around common block sizes (8, 16, 32):
+
+* a **base** sequence A (the first prompt, its reference greedy tokens, then seeded random ids of the
+  model's vocabulary up to :data:`REUSE_LENGTH` tokens: several blocks);
+* **continuations**: A's first 1, 8, 13, 16, 32 tokens, then other tokens (13 is a multiple of no block
+  size: the sequences diverge *inside* a block; 8/16/32 diverge exactly *at* a boundary);
+* **one token changed** at position 7, 15, 31 — the last token of a block of 8 / 16 / 32 — with every
+  token after it the same as A's (the same later blocks on another prefix);
+* **first block replaced**: A's first 16 tokens swapped for others, the rest A's, run twice (on the
+  second run its own first blocks are stored, and a later block keyed by its own tokens alone would be
+  found among A's);
+* **repeat**: A again (a cache hit must reproduce A).
+
+Cases that do not fit the context are left out (the report lists what ran). The phases run the cases
+one after another, with ``reset()`` between them and, where the implementation declares that its
+``prefill()`` starts a new sequence (``prefill_starts_sequence = True``), without.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+REUSE_LENGTH = 48  # tokens per sequence: 6 blocks of 8, 3 of 16, 1.5 of 32
+DECODE = 2  # the last tokens of each sequence go through step(), one at a time
+SHARED_CONTINUATIONS = (1, 8, 13, 16, 32)
+CHANGED_TOKENS = (7, 15, 31)  # the last token of a block of 8, 16 and 32
+REPLACED_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class ReuseCase:
+    """One sequence of the prefix-reuse phases and how it relates to the base sequence A."""
+
+    name: str
+    kind: str  # base | continuation | token_changed | block_replaced | block_replaced_again | repeat
+    shared: int  # leading tokens shared with A (len(A) for the repeat)
+    seq: tuple[int, ...]
+
+    def describe(self) -> dict[str, Any]:
+        """JSON form without the token ids."""
+        return {"case": self.name, "kind": self.kind, "shared_prefix": self.shared, "length": len(self.seq)}
+
+
+def _other(t: int, lo: int, vocab: int, k: int = 1) -> int:
+    """A token id in [lo, vocab) other than ``t``."""
+    return lo + (t - lo + k) % (vocab - lo)
+
+
+def reuse_cases(base: Sequence[int], vocab: int, length: int, seed: int = 0) -> list[ReuseCase]:
+    """The plan for a base of at least ``length`` tokens (cases needing more than ``length`` are left out)."""
+    lo = 1 if vocab > 2 else 0
+    if length < DECODE + 2 or vocab - lo < 2:
+        return []
+    a = [int(t) for t in base[:length]]
+    g = torch.Generator().manual_seed(seed + 1)
+    other = torch.randint(lo, vocab, (length,), generator=g).tolist()
+    cases = [ReuseCase("A", "base", length, tuple(a))]
+    last = length - DECODE  # a divergence must lie in the prefilled part, so that decode steps follow it
+    for s in SHARED_CONTINUATIONS:
+        if s < last:
+            cont = other[s:]
+            if cont[0] == a[s]:
+                cont[0] = _other(a[s], lo, vocab)
+            cases.append(ReuseCase(f"shared {s}", "continuation", s, tuple(a[:s] + cont)))
+    for i in CHANGED_TOKENS:
+        if i < last:
+            b = list(a)
+            b[i] = _other(a[i], lo, vocab)
+            cases.append(ReuseCase(f"token {i} changed", "token_changed", i, tuple(b)))
+    if REPLACED_BLOCK < last:
+        head = [_other(t, lo, vocab, 1 + j % 3) for j, t in enumerate(a[:REPLACED_BLOCK])]
+        x = tuple(head + a[REPLACED_BLOCK:])
+        cases.append(ReuseCase(f"first {REPLACED_BLOCK} replaced", "block_replaced", 0, x))
+        # run again: its own first blocks are now stored, and A's later blocks hold the same tokens
+        cases.append(ReuseCase(f"first {REPLACED_BLOCK} replaced, again", "block_replaced_again", len(x), x))
+    cases.append(ReuseCase("A again", "repeat", length, tuple(a)))
+    return cases
+
+
+def random_extension(vocab: int, n: int, seed: int = 0) -> list[int]:
+    """``n`` seeded random token ids of the vocabulary (0 left out when the vocabulary allows: often padding)."""
+    lo = 1 if vocab > 2 else 0
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, vocab, (n,), generator=g).tolist() if n > 0 else []
+
+
+def situations(cases: list[ReuseCase], back_to_back: str | None) -> list[str]:
+    """What the cases exercised, in words (``back_to_back``: None when run without reset(), else why not)."""
+    if not cases:
+        return []
+    by_kind: dict[str, list[int]] = {}
+    for c in cases:
+        by_kind.setdefault(c.kind, []).append(c.shared)
+    out = []
+    if "continuation" in by_kind:
+        out.append(f"shared prefix of {', '.join(map(str, by_kind['continuation']))} tokens, then other tokens")
+    if "token_changed" in by_kind:
+        at = ", ".join(map(str, by_kind["token_changed"]))
+        out.append(f"one token changed at position {at} (last of a block of 8/16/32), the rest identical")
+    if "block_replaced" in by_kind:
+        out.append(f"first {REPLACED_BLOCK} tokens replaced, the rest identical, run twice")
+    if "repeat" in by_kind:
+        out.append("the same sequence twice (a full cache hit)")
+    out.append("with reset() between sequences")
+    out.append(
+        "back to back without reset()" if back_to_back is None else f"not back to back without reset(): {back_to_back}"
+    )
+    return out

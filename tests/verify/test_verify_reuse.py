@@ -1,0 +1,114 @@
+"""Prefix reuse across sequences: the cases, the phases, and the prefix-cache mutants they must catch.
+
+A prefix cache keeps blocks across sequences; its classic bugs (a key over part of the block, a match
+one token short, a key without the parent's tokens) only show when a later sequence shares *some*
+tokens with an earlier one. Every other phase replays one prompt per fresh cache, so without the
+prefix-reuse phases all three flawed caches pass (tested below: the reason for the phases).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from genprobe.verify import EngineAdapter, FullRecompute, verify_implementation
+from genprobe.verify.harness import ReferenceRun
+from genprobe.verify.mutants import MUTANTS, PrefixCache, mutant, run_mutant_reports
+from genprobe.verify.reuse import REUSE_LENGTH, reuse_cases
+
+FLAWS = ("prefix_half_key", "prefix_stale_tail", "prefix_no_parent")
+PROMPT = [3, 7, 11, 5, 9, 2, 8]
+REUSE_PHASES = {"prefix_reuse", "prefix_reuse_no_reset"}
+
+
+def test_the_plan_shares_prefixes_of_several_block_sizes():
+    base = list(range(1, 49))
+    cases = {c.name: c for c in reuse_cases(base, vocab=60, length=REUSE_LENGTH)}
+    for s in (1, 8, 13, 16, 32):  # 13: inside every block size; 8/16/32: at a boundary
+        seq = cases[f"shared {s}"].seq
+        assert list(seq[:s]) == base[:s] and seq[s] != base[s] and len(seq) == 48
+    for i in (7, 15, 31):  # the last token of a block of 8, 16, 32; everything after it A's
+        seq = cases[f"token {i} changed"].seq
+        assert [j for j in range(48) if seq[j] != base[j]] == [i]
+    replaced = cases["first 16 replaced"].seq
+    assert all(replaced[j] != base[j] for j in range(16)) and list(replaced[16:]) == base[16:]
+    assert cases["first 16 replaced, again"].seq == replaced and cases["A again"].seq == tuple(base)
+    # a 32-position context: the cases that need more than 32 tokens are left out
+    short = {c.name for c in reuse_cases(base, vocab=60, length=32)}
+    assert "shared 32" not in short and "token 31 changed" not in short and "shared 16" in short
+
+
+def test_engine_runs_both_phases_and_reproduces_a_repeat(long_model):
+    r = verify_implementation(EngineAdapter(long_model), FullRecompute(long_model), [PROMPT], steps=4)
+    assert r.verdict == "pass"
+    for name in REUSE_PHASES:
+        p = r.phase(name)
+        assert p.verdict == "pass" and p.calls == len(p.cases) == 12
+    repeat = next(c for c in r.phase("prefix_reuse").cases if c["kind"] == "repeat")
+    assert repeat["bit_identical_to_first_run"] and repeat["max_abs_dlogit_vs_first_run"] == 0.0
+    assert any("shared prefix of 1, 8, 13, 16, 32 tokens" in s for s in r.reuse)
+    assert "back to back without reset()" in r.reuse
+
+
+def test_back_to_back_only_where_the_protocol_allows_it(long_model, U):
+    """A user implementation whose prefill() needs reset() first: that phase is skipped, and says why."""
+    r = verify_implementation(U.list_cache(long_model), FullRecompute(long_model), [PROMPT], steps=4)
+    assert r.verdict == "pass" and r.phase("prefix_reuse").verdict == "pass"
+    skipped = r.phase("prefix_reuse_no_reset")
+    assert skipped.verdict == "skipped" and "prefill_starts_sequence" in skipped.skipped
+    assert any(s.startswith("not back to back") for s in r.reuse)
+
+
+@pytest.fixture(scope="module")
+def prefix_reports(long_model):
+    run = ReferenceRun(FullRecompute(long_model), 4)
+    names = ("prefix_correct", *FLAWS)
+    return {r.impl: r for r in run_mutant_reports(long_model, [PROMPT], 4, names=names, chunk_sizes=(4,), run=run)}
+
+
+def test_correct_prefix_cache_passes_and_really_reuses_blocks(long_model):
+    cache = PrefixCache(long_model)
+    r = verify_implementation(cache, FullRecompute(long_model), [PROMPT], steps=4, chunk_sizes=(4,), isolation=False)
+    assert r.verdict == "pass", r.max_by_phase()
+    # blocks of several sequences were kept and reused (a pass without reuse would prove nothing)
+    assert cache.block == 16 and len(cache.store) >= 6 and cache.reused >= 8
+    assert MUTANTS["prefix_correct"] == "pass"
+
+
+@pytest.mark.parametrize("flaw", FLAWS)
+def test_each_prefix_flaw_is_caught_only_by_the_reuse_phases(prefix_reports, flaw):
+    r = prefix_reports[flaw]
+    assert r.verdict == "bug" and MUTANTS[flaw] == "flagged"
+    for p in r.phases:
+        assert (p.verdict == "bug") == (p.phase in REUSE_PHASES), (p.phase, p.verdict)
+    assert prefix_reports["prefix_correct"].verdict == "pass"
+
+
+def test_without_the_reuse_phases_every_prefix_flaw_passes(long_model):
+    run = ReferenceRun(FullRecompute(long_model), 4)
+    for flaw in FLAWS:
+        r = verify_implementation(mutant(long_model, flaw), run, [PROMPT], steps=4, prefix_reuse=False, isolation=False)
+        assert r.verdict == "pass", (flaw, r.max_by_phase())
+
+
+def test_unknown_prefix_flaw_is_refused(long_model):
+    with pytest.raises(ValueError, match="unknown prefix-cache mutant"):
+        PrefixCache(long_model, "prefix_off_by_two")
+
+
+# ---- margins on a trained model: every mutant caught at >= 3x the bug line ---------------------------------
+@pytest.fixture(scope="module")
+def trained_reports(trained):
+    from genprobe.verify.mutants import DEFAULT_PROMPT
+
+    model, tok, _ = trained
+    ids = tok.encode(DEFAULT_PROMPT, warn=False)
+    return {r.impl: r for r in run_mutant_reports(model, [ids], steps=24)}
+
+
+def test_every_mutant_is_caught_decisively_on_a_trained_model(trained_reports):
+    assert set(trained_reports) == set(MUTANTS)
+    for name, r in trained_reports.items():
+        if MUTANTS[name] == "pass":
+            assert r.verdict == "pass", (name, r.max_by_phase())
+        else:
+            assert r.verdict == "bug" and r.bug_margin >= 3.0, (name, r.bug_margin, r.max_by_phase())
