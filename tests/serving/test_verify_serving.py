@@ -10,7 +10,14 @@ import json
 
 import pytest
 
-from genprobe.serving.verify import PHASES, build_workload, verify_serving
+from genprobe.serving.verify import (
+    PHASES,
+    build_workload,
+    divergence_points,
+    diverging_request,
+    reuse_check,
+    verify_serving,
+)
 
 
 def test_workload_shapes_exercise_each_feature():
@@ -24,6 +31,38 @@ def test_workload_shapes_exercise_each_feature():
         build_workload(room=3, budget=32, vocab=100)
 
 
+def test_divergence_points_fall_at_a_boundary_and_inside_a_block():
+    """vLLM's CPU block is 16 (and 128 where the GPU default is used): a boundary, then half a block past it."""
+    assert divergence_points(60, 16) == {"diverge_boundary": 16, "diverge_inside": 24}
+    assert divergence_points(120, 16) == {"diverge_boundary": 48, "diverge_inside": 56}
+    assert divergence_points(17, 16) == {}  # not two tokens after one block: nothing to diverge in
+    assert divergence_points(19, 16) == {"diverge_boundary": 16}  # no room for half a block past it
+    for n, b in [(40, 8), (200, 16), (1000, 128)]:
+        for shared in divergence_points(n, b).values():
+            assert shared <= n - 2
+    req = diverging_request([5, 6, 7, 8, 3], 2, vocab=9)
+    assert req[:2] == [5, 6] and all(a != b for a, b in zip(req[2:], [7, 8, 3], strict=True)) and len(req) == 5
+    assert req[3] == 0  # wraps inside the vocabulary
+
+
+@pytest.mark.parametrize(
+    ("cached", "shared", "block", "wrong"),
+    [
+        (16, 24, 16, False),  # the whole shared block, not the half-shared one: correct
+        (0, 24, 16, False),  # no reuse is slow, not wrong
+        (16, 16, 16, False),  # exactly at the boundary
+        (32, 24, 16, True),  # the half-shared block served too: a hash over part of the block
+        (32, 31, 16, True),  # one token short of the block's end (the stale-tail bug)
+        (17, 16, 16, True),
+    ],
+)
+def test_reuse_beyond_the_shared_prefix_is_a_bug(cached, shared, block, wrong):
+    why = reuse_check(cached, shared, block)
+    assert (why is not None) == wrong
+    if wrong:
+        assert str(cached) in why and str(shared) in why
+
+
 def test_float32_deployment_passes_every_phase(vllm_ready, served_dirs, engine_options):
     rep = verify_serving(served_dirs["patched"], dtypes=("float32",), options=engine_options("float32"))
     assert [p.phase for p in rep.phases] == list(PHASES)
@@ -32,6 +71,10 @@ def test_float32_deployment_passes_every_phase(vllm_ready, served_dirs, engine_o
         assert p.positions > 0 and p.first_divergence is None
     by = {p.phase: p for p in rep.phases}
     assert by["prefix_cached"].cached_tokens >= 32 and by["prefix_uncached"].cached_tokens == 0
+    for name in ("diverge_boundary", "diverge_inside"):  # whole shared blocks served, the half-shared one not
+        d = by[name]
+        bs = rep.engines[0]["block_size"]
+        assert d.shared_tokens and d.cached_tokens == d.shared_tokens // bs * bs > 0, (d, bs)
     assert by["chunked_prefill"].prefill_chunks >= 2
     assert rep.verdict == "pass"
 

@@ -421,7 +421,7 @@ def run_scan(args: argparse.Namespace) -> int:
     if end.banned:
         info(f"note: {end.note}")
     settings = _scan_settings(args, model)
-    scan, backend = _scan_backend(args, model, study, settings)
+    scan, backend = _scan_backend(args, model, study, settings, ids)
     out = {
         "model": str(model.source),
         "prompts": len(texts),
@@ -463,12 +463,14 @@ def run_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scan_backend(args: argparse.Namespace, model: Any, study: Any, settings: dict) -> tuple[Any, dict]:
+def _scan_backend(args: argparse.Namespace, model: Any, study: Any, settings: dict, ids: Any) -> tuple[Any, dict]:
     """The scan function of ``--backend`` and what the JSON says about it (every sampler is checked before vLLM
-    starts: a setting it cannot express exactly is refused, never approximated)."""
+    starts: a setting it cannot express exactly is refused, never approximated). vLLM is sized to the scan as
+    verify-serving sizes it to its checks: the context fits the longest prompt plus the new tokens, and the
+    KV budget what the scan's sequences need (a CPU machine's default memory fraction often leaves none)."""
     if args.backend == "genprobe":
         return study.scan, {"backend": "genprobe"}
-    from ..serving.engine import shared_engine
+    from ..serving.engine import shared_engine, size_for_workload
     from ..serving.sampling import UnsupportedSamplerError
     from ..serving.scan import check_sampler_vllm, scan_study_vllm
 
@@ -478,7 +480,15 @@ def _scan_backend(args: argparse.Namespace, model: Any, study: Any, settings: di
         except UnsupportedSamplerError as exc:
             hint = " (on the command line: --preset vllm or --order vllm)" if "engine=" in str(exc) else ""
             raise ValueError(f"--backend vllm cannot run the {name!r} setting exactly: {exc}{hint}") from None
-    engine = shared_engine(model.source, engine_options(args, seed=args.seed))
+    longest = max(len(p) for p in ids)
+    options = size_for_workload(
+        model.source,
+        engine_options(args, seed=args.seed),
+        longest_prompt=longest,
+        new_tokens=args.max_new_tokens,
+        sequences=max(1, min(len(ids), args.batch_size)),
+    )
+    engine = shared_engine(model.source, options)
     info(f"vLLM engine ready ({engine.startup_seconds:.1f} s)")
 
     def scan(ids: Any, texts: Any, *, sampler: Any, desc: str) -> Any:

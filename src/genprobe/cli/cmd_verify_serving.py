@@ -128,12 +128,18 @@ def _first(d: dict | None) -> str:
     return f"req {d['request']} {d['where']} {d['index']}" + (" (top-1)" if d["top1_mismatch"] else "")
 
 
+def _cached(p) -> str:
+    """Prompt tokens served from the prefix cache, over the tokens shared with the cached request when known."""
+    c = _fmt(p.cached_tokens, "d")
+    return c if p.shared_tokens is None else f"{c}/{p.shared_tokens}"
+
+
 def print_table(report, file=None) -> None:
     """One row per (dtype, phase): max |Δ log p| over the top-k, top-1 agreement, first divergence, verdict."""
     out = file or sys.stdout
     head = (
         f"{'dtype':<9} {'phase':<16} {'req':>4} {'pos':>5} {'max |Δlogp|':>12} {'top-1 agree':>11} "
-        f"{'first divergence':>26} {'cached':>6} {'chunks':>6} {'verdict':>10}"
+        f"{'first divergence':>26} {'cached':>9} {'chunks':>6} {'verdict':>10}"
     )
     print(head, file=out)
     print("-" * len(head), file=out)
@@ -145,13 +151,14 @@ def print_table(report, file=None) -> None:
         print(
             f"{p.dtype:<9} {p.phase:<16} {p.requests:>4} {p.positions:>5} "
             f"{_fmt(p.max_abs_dlogp, '.3g'):>12} {agree:>11} "
-            f"{_first(p.first_divergence):>26} {_fmt(p.cached_tokens, 'd'):>6} {_fmt(p.prefill_chunks, 'd'):>6} "
+            f"{_first(p.first_divergence):>26} {_cached(p):>9} {_fmt(p.prefill_chunks, 'd'):>6} "
             f"{p.verdict:>10}",
             file=out,
         )
         if p.note:
             print(f"{'':<27}note: {p.note}", file=out)
     th = report.thresholds
+    print("cached: prompt tokens served from the prefix cache (/ tokens shared with the cached request)", file=out)
     print(
         f"verdict scale (verify-cache's): < {th.noise:g} pass, < {th.suspicious:g} small, ≤ {th.bug:g} suspicious, "
         f"> {th.bug:g} bug, on max |Δ log p| over the top-{report.top_k}; "

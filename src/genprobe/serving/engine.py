@@ -338,7 +338,13 @@ class ServingEngine:
             "options": self.options.to_dict(),
             "startup_seconds": self.startup_seconds,
             "max_model_len": self.max_model_len,
+            "block_size": self.block_size,
         }
+
+    @property
+    def block_size(self) -> int:
+        """The KV block size vLLM resolved (its prefix cache reuses whole blocks of this many tokens)."""
+        return int(self.llm.llm_engine.vllm_config.cache_config.block_size)
 
 
 def start_failure_message(exc: BaseException, options: EngineOptions) -> str:

@@ -13,6 +13,10 @@ same tokens (:mod:`genprobe.serving.compare`):
 ``prefix_cached``   the same long prefix twice; the second request reads the first one's KV blocks
                     (``num_cached_tokens`` > 0 shows it did)
 ``prefix_uncached`` the second request again with ``skip_reading_prefix_cache`` (recomputed)
+``diverge_boundary`` a request that shares exactly a whole number of KV blocks with a cached one, then differs
+``diverge_inside``  one that shares those blocks and half of the next one, then differs: only whole blocks of
+                    the shared prefix may be served from the cache (a hash over part of a block would
+                    serve the half-shared block too); more cached tokens than shared ones is a bug alone
 ``chunked_prefill`` prompts longer than ``max_num_batched_tokens``: prefilled in several chunks
 ==================  ==============================================================================
 
@@ -33,7 +37,15 @@ from .compare import LogprobStats, ReferenceLogprobs, compare_outputs
 from .engine import CPU_BLOCK_SIZE, EngineOptions, ServingEngine, shared_engine, size_for_workload
 from .verdict import Thresholds, serving_verdict, worst_verdict
 
-PHASES = ("alone", "batch", "prefix_cached", "prefix_uncached", "chunked_prefill")
+PHASES = (
+    "alone",
+    "batch",
+    "prefix_cached",
+    "prefix_uncached",
+    "diverge_boundary",
+    "diverge_inside",
+    "chunked_prefill",
+)
 
 
 @dataclass
@@ -51,6 +63,7 @@ class PhaseReport:
     first_divergence: dict | None = None
     verdict: str = "pass"
     cached_tokens: int | None = None  # prefix phases: tokens of the second request served from the cache
+    shared_tokens: int | None = None  # diverge phases: leading tokens the second request shares with the first
     prefill_chunks: int | None = None  # chunked phase: most chunks any prompt was prefilled in
     note: str | None = None
     skipped: str | None = None
@@ -208,6 +221,7 @@ def run_phases(
     budgets = [_params(max(1, steps - 3 * (i % 3)), k) for i in range(len(work.batch))]
     reports.append(_report("batch", dtype, engine.generate(work.batch, budgets), ref, th))
     reports += _prefix_phases(engine, ref, work, steps, k, th)
+    reports += _divergence_phases(engine, ref, work, steps, k, th)
     reports.append(_chunked_phase(engine, ref, work, sp, th))
     return reports
 
@@ -227,7 +241,7 @@ def _prefix_phases(
     cached, uncached = int(hit[0].num_cached_tokens or 0), int(miss[0].num_cached_tokens or 0)
     note = None
     if cached == 0:
-        bs = engine.llm.llm_engine.vllm_config.cache_config.block_size
+        bs = engine.block_size
         why = (
             "prefix caching is off"
             if not engine.options.enable_prefix_caching
@@ -238,6 +252,69 @@ def _prefix_phases(
         _report("prefix_cached", dtype, hit, ref, th, cached_tokens=cached, note=note),
         _report("prefix_uncached", dtype, miss, ref, th, cached_tokens=uncached),
     ]
+
+
+def diverging_request(base: Sequence[int], shared: int, vocab: int) -> list[int]:
+    """``base``'s first ``shared`` tokens, then every later token replaced by another id (same length)."""
+    return [int(t) for t in base[:shared]] + [(int(t) + 1) % vocab for t in base[shared:]]
+
+
+def divergence_points(length: int, block: int) -> dict[str, int]:
+    """Shared-prefix lengths for a request of ``length`` tokens: a block boundary, and half a block past it.
+
+    Both leave at least two tokens after the divergence (vLLM never serves a prompt's last token from the
+    cache); cases that do not fit (a prompt under two blocks) are left out."""
+    blocks = (length - 2) // block
+    if blocks < 1:
+        return {}
+    boundary = block * max(1, blocks // 2)
+    out = {"diverge_boundary": boundary}
+    if boundary + block // 2 <= length - 2 and block >= 2:
+        out["diverge_inside"] = boundary + block // 2
+    return out
+
+
+def reuse_check(cached: int, shared: int, block: int) -> str | None:
+    """Why serving ``cached`` prompt tokens from the cache is wrong for a request sharing ``shared`` tokens, or None.
+
+    A correct prefix cache serves whole blocks of the shared prefix only: at most ``shared`` rounded down to
+    the block. More means a lookup that matched tokens the requests do not share (the logits may still look
+    close when the wrong tokens' keys happen to be similar, so this is checked on its own)."""
+    allowed = shared // block * block
+    if cached > allowed:
+        return (
+            f"{cached} prompt tokens were served from the prefix cache, but the request shares only {shared} "
+            f"leading tokens with the cached one ({allowed} in whole blocks of {block})"
+        )
+    return None
+
+
+def _divergence_phases(
+    engine: ServingEngine, ref: Any, work: Workload, steps: int, k: int, th: Thresholds
+) -> list[PhaseReport]:
+    dtype = engine.options.dtype
+    block = engine.block_size
+    points = divergence_points(len(work.prefix_first), block)
+    reports = []
+    for phase in ("diverge_boundary", "diverge_inside"):
+        if phase not in points:
+            why = f"the prefix workload ({len(work.prefix_first)} tokens) spans fewer than two KV blocks of {block}"
+            reports.append(PhaseReport(phase, dtype, skipped=why))
+            continue
+        shared = points[phase]
+        engine.llm.reset_prefix_cache()
+        engine.generate([work.prefix_first], _params(steps, k, prompt_logprobs=False))
+        second = diverging_request(work.prefix_first, shared, ref.vocab_size)
+        out = engine.generate([second], _params(steps, k, prompt_logprobs=False))
+        cached = int(out[0].num_cached_tokens or 0)
+        rep = _report(phase, dtype, out, ref, th, cached_tokens=cached, shared_tokens=shared)
+        wrong = reuse_check(cached, shared, block) if engine.options.enable_prefix_caching else None
+        if wrong:
+            rep.verdict, rep.note = "bug", wrong
+        elif cached == 0 and engine.options.enable_prefix_caching:
+            rep.note = "nothing was served from the prefix cache (the engine did not reuse the shared blocks)"
+        reports.append(rep)
+    return reports
 
 
 def _chunked_phase(engine: ServingEngine, ref: Any, work: Workload, sp: Any, th: Thresholds) -> PhaseReport:
