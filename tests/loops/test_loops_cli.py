@@ -418,3 +418,20 @@ def test_cli_scan_sampler_flags_are_never_ignored(hf_dir, capsys):
     assert list(scans) == ["sample"] and scans["sample"]["settings"]["sampler"]["top_p"] == 0.9
     assert main(["loops", "scan", str(hf_dir), "--prompt", "床前明月", "--setting", "chanting", "--top-p", "0.9"]) == 2
     assert "--top-p set the sampler of --setting sample" in capsys.readouterr().err
+
+
+def test_cli_locate_judges_prompts_with_calibrated_detectors(trained_ckpt, tmp_path, capsys):
+    """locate (and repair) calibrate "degenerate" on human text as scan does: which prompts count as loop-prone
+    decides the direction. Human text that itself repeats raises the thresholds, so fewer generations are
+    flagged than with the raw defaults; --no-calibrate keeps the raw ones and records no calibration."""
+    human = tmp_path / "human.txt"  # "human" text that is one long loop: every threshold goes to its cap
+    human.write_text("\n".join(["白雲" * 24 + "山水" * 8] * 30), encoding="utf-8")
+    base = ["loops", "locate", str(trained_ckpt), "--n", "48", "--max-new-tokens", "32", "--json"]
+    assert main([*base, "--human-text", str(human)]) == 0
+    cal = json.loads(capsys.readouterr().out)
+    assert main([*base, "--no-calibrate"]) == 0
+    raw = json.loads(capsys.readouterr().out)
+    assert raw["calibration"] is None
+    c = cal["calibration"]
+    assert c["source"] == f"file:{human}" and c["changed"], c  # the repeating human text moved the thresholds
+    assert cal["scan"]["degenerate_rate"] < raw["scan"]["degenerate_rate"], (cal["scan"], raw["scan"])

@@ -159,7 +159,15 @@ def _register_scan(lsub: Any) -> None:
         help="who generates: genprobe's engine (default) or vLLM (continuous batching, tensor/pipeline "
         "parallel, Ray; same JSON; a sampler vLLM cannot express exactly is refused)",
     )
-    c = s.add_mutually_exclusive_group()
+    _calibration_args(s)
+    add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
+    s.set_defaults(func=run_scan)
+
+
+def _calibration_args(p: Any) -> None:
+    """--human-text / --no-calibrate / --human-fpr: the detectors' thresholds, calibrated on human text by default
+    (scan, locate and repair judge "degenerate" the same way)."""
+    c = p.add_mutually_exclusive_group()
     c.add_argument(
         "--human-text",
         type=Path,
@@ -174,15 +182,13 @@ def _register_scan(lsub: Any) -> None:
         action="store_true",
         help="use the detector flags as given (the raw defaults) instead of thresholds calibrated on human text",
     )
-    s.add_argument(
+    p.add_argument(
         "--human-fpr",
         type=float,
         default=0.01,
         metavar="RATE",
         help="calibration target: largest share of human text flagged degenerate (default 0.01)",
     )
-    add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
-    s.set_defaults(func=run_scan)
 
 
 def _register_locate(lsub: Any) -> None:
@@ -196,6 +202,11 @@ def _register_locate(lsub: Any) -> None:
     _data_args(lo, with_val=True)
     lo.add_argument("--n", type=int, default=d.n_direction, help=f"direction-set prompts (default {d.n_direction})")
     lo.add_argument("--method", choices=("mean_diff", "pca"), default=d.method)
+    lo.add_argument("--search-prone", type=int, default=d.search_prone, help="loop-prone prompts per ablation scan")
+    lo.add_argument(
+        "--search-control", type=int, default=d.search_control, help="non-looping control prompts per ablation scan"
+    )
+    _calibration_args(lo)
     lo.add_argument("--out", type=Path, default=None, help="write the locate report as JSON")
     lo.set_defaults(func=run_locate)
 
@@ -242,6 +253,7 @@ def _register_repair(lsub: Any) -> None:
     r.add_argument(
         "--max-dloss", type=float, default=d.max_dloss, help="validation-loss increase limit, nats (default 0.02)"
     )
+    _calibration_args(r)
     r.set_defaults(func=run_repair)
 
 
@@ -505,8 +517,11 @@ def run_locate(args: argparse.Namespace) -> int:
 
     _check_common(args)
     model = _load(args)
-    cfg = _repair_cfg(args, n_direction=args.n, method=args.method)
+    cfg = _repair_cfg(
+        args, n_direction=args.n, method=args.method, search_prone=args.search_prone, search_control=args.search_control
+    )
     inputs = _inputs(args, model, cfg, ("direction",))
+    calibration = _calibrate_cfg(args, model, cfg, inputs)
     rep = locate_only(model, inputs, cfg, progress=_progress(args), log=info)
     for a in rep.locate.per_layer:
         info(
@@ -514,11 +529,21 @@ def run_locate(args: argparse.Namespace) -> int:
             f"reduction {a.reduction:+.3f})"
         )
     info(f"  ranking: {rep.locate.ranking}")
+    data = rep.to_dict() | {"calibration": calibration.to_dict() if calibration is not None else None}
     if args.out:
-        atomic_write_json(args.out, rep.to_dict())
+        atomic_write_json(args.out, data)
     if args.json:
-        emit_json(rep.to_dict())
+        emit_json(data)
     return 0
+
+
+def _calibrate_cfg(args: argparse.Namespace, model: Any, cfg: Any, inputs: Any) -> Any:
+    """Calibrate the detectors on human text of the direction prompts' language and put them in ``cfg`` (what
+    counts as degenerate decides which prompts are loop-prone); None with --no-calibrate."""
+    calibration = _calibration(args, model, inputs.direction)
+    if calibration is not None:
+        cfg.loop = calibration.settings
+    return calibration
 
 
 def _check_repair_args(args: argparse.Namespace) -> None:
@@ -557,8 +582,9 @@ def run_repair(args: argparse.Namespace) -> int:
         max_dloss=args.max_dloss,
     )
     inputs = _inputs(args, model, cfg, ("direction", "search", "validate"))
+    calibration = _calibrate_cfg(args, model, cfg, inputs)
     report, patch = repair(model, inputs, cfg, progress=_progress(args), log=info)
-    data = report.to_dict()
+    data = report.to_dict() | {"calibration": calibration.to_dict() if calibration is not None else None}
     args.out.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
     if patch is not None:
