@@ -120,6 +120,9 @@ def test_compare_command_end_to_end(tiny, judge_dir, tmp_path, capsys):
     assert data["methods"][0]["cost"]["speed_vs_greedy"] == pytest.approx(1.0)
     assert data["methods"][2]["sampler"]["dry_sequence_breakers"]  # ，。 are in the char vocabulary
     assert data["human"]["genre"] == "tang" and data["human"]["legit"]["reduplication_per100"] is not None
+    cal = data["calibration"]  # "degenerate" judged as loops scan judges it: calibrated on held-out Tang poems
+    assert cal["source"] == "tang:heldout-poems" and data["config"]["loop"] == cal["settings"]
+    assert summary["calibration"] == cal and any(n.startswith("detectors: ") for n in data["notes"])
     assert data["patch"]["reverted"] and data["patch"]["sha256_after"] == load_model(tiny.ckpt).state_sha256()
     html = (out / "compare.html").read_text(encoding="utf-8")
     assert "Which fix for loops?" in html and "weight edit + " in html and "spans a breaker" in html

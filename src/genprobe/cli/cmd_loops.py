@@ -690,6 +690,7 @@ def _register_compare(lsub: Any) -> None:
         required=True,
         help="directory for compare.json, compare-texts.json, compare.md, compare.png, compare.html",
     )
+    _calibration_args(c)
     c.set_defaults(func=run_compare)
 
 
@@ -724,11 +725,12 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} exists and is not a directory")
     model = _load(args)
     texts, conts, source = _compare_prompts(args, model)
+    calibration = _calibration(args, model, texts)
     cfg = CompareConfig(
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         seed=args.seed,
-        loop=_loop_settings(args),
+        loop=calibration.settings if calibration is not None else _loop_settings(args),
         methods=tuple(args.methods) if args.methods else None,
         genre=args.genre,
         timing_rounds=args.timing_rounds,
@@ -747,6 +749,9 @@ def run_compare(args: argparse.Namespace) -> int:
         progress=_progress(args),
         log=info,
     )
+    if calibration is not None:
+        res.calibration = calibration.to_dict()
+        res.notes.append(f"detectors: {calibration.describe()}")
     files = write_outputs(res, args.out)
     info(markdown_table(res))
     info(breaker_table(res))
@@ -756,7 +761,10 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         d = res.to_dict()
         emit_json(
-            {k: d[k] for k in ("model", "judge", "n_prompts", "config", "best", "patch", "timings_s", "notes")}
+            {
+                k: d[k]
+                for k in ("model", "judge", "n_prompts", "config", "best", "patch", "timings_s", "notes", "calibration")
+            }
             | {
                 "methods": {
                     m["name"]: {

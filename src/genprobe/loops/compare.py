@@ -228,6 +228,7 @@ class CompareResult:
     baseline_classes: dict[str, int]
     timings_s: dict[str, float]
     notes: list[str]
+    calibration: dict | None = None  # the detectors' calibration on human text (LoopCalibration.to_dict())
 
     def method(self, name: str) -> MethodResult:
         """The result of one method by name."""
@@ -254,6 +255,7 @@ class CompareResult:
             "baseline_classes": self.baseline_classes,
             "timings_s": self.timings_s,
             "notes": self.notes,
+            "calibration": self.calibration,
         }
 
     def texts_dict(self) -> dict:
