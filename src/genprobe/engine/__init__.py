@@ -1,7 +1,9 @@
 """Inference engine: KV cache, forward_step, sampler chain and generation loops."""
 
-from .cache import CacheLike, KVCache
-from .generate import GenerationResult, generate
+from ..model.cache_protocol import CacheLike
+from .cache import KVCache
+from .generate import generate
+from .runner import GenerationResult
 from .sampling import SamplerConfig, kept_set_size, process_logits, sample_next
 from .static_cache import StaticKVCache
 from .step import forward_step

@@ -105,16 +105,9 @@ def _example_cache(model: GPT, batch: int, capacity: int) -> StaticKVCache:
 def _inductor_config(model: GPT, rows: int | None, threads: int) -> dict[str, Any]:
     # Weights stay out of the library: they are bound at load time to the model's own tensors.
     cfg: dict[str, Any] = {"cpp.threads": threads, "aot_inductor.package_constants_in_so": False}
-    if rows is None or rows <= kernels_max_rows():
+    if rows is None or rows <= kernels.KERNEL_MAX_ROWS:
         cfg.update(kernels.inductor_config(rows))
     return cfg
-
-
-def kernels_max_rows() -> int:
-    """Rows up to which the step program's products run on the kernels (the compiled loop's limit)."""
-    from .compiled import KERNEL_MAX_ROWS
-
-    return KERNEL_MAX_ROWS
 
 
 def _compile(program: torch.nn.Module, args: tuple[Any, ...], dynamic: Any, cfg: dict[str, Any], path: Path) -> None:

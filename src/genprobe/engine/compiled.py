@@ -57,6 +57,7 @@ import torch
 from ..model.gpt import GPT
 from ..model.weight_only import NARROW_WEIGHT_DTYPES
 from . import kernels
+from .kernels import KERNEL_MAX_ROWS
 from .static_cache import StaticKVCache
 
 #: What a compiled graph of a model depends on besides input shapes (see :func:`fingerprint`).
@@ -85,8 +86,6 @@ SINGLE_THREAD_MAX_WORK = 1_000_000
 STEPWISE_MIN_WORK = 16_000_000
 # Prompts of models that large are prefilled by a compiled graph up to this many tokens (batch x length).
 COMPILED_PREFILL_MAX_ROWS = 256
-# Decode steps of up to this many rows run their matrix products on genprobe.engine.kernels (see compile_config).
-KERNEL_MAX_ROWS = 64
 
 
 def uses_kernels(model: GPT, batch_size: int) -> bool:

@@ -21,16 +21,14 @@ copied from the chosen row to the others of its group. A transformers cache is h
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .cache import KVCache
+from .runner import GenerationResult, as_runner, check_inputs, device_of
 from .samplers.chain import adjust_logits, check_logits
 from .samplers.config import SamplerConfig
-
-if TYPE_CHECKING:  # generate imports this module (lazily); at run time the import is inside the function
-    from .generate import GenerationResult
 
 
 def step_with_hidden(
@@ -160,19 +158,17 @@ def contrastive_generate(
     return_logits: bool = False,
     return_probs: bool = False,
 ) -> GenerationResult:
-    """Contrastive search for a left-padded batch; a :class:`~genprobe.engine.generate.GenerationResult`.
+    """Contrastive search for a left-padded batch; a :class:`~genprobe.engine.runner.GenerationResult`.
 
     ``step_probs`` (``return_probs``) are the candidate distributions: softmax of the adjusted logits.
     """
-    from .generate import GenerationResult, _check_inputs, _device_of, as_runner
-
     runner = as_runner(model)
-    P = _check_inputs(runner, prompts, max_new_tokens, "cached")
+    P = check_inputs(runner, prompts, max_new_tokens, "cached")
     N, B = int(max_new_tokens), len(prompts)
     assert sampler.top_k is not None  # SamplerConfig validation: contrastive search needs top_k >= 2
     if sampler.top_k > runner.vocab_size:
         raise ValueError(f"top_k={sampler.top_k} candidates exceed the vocabulary of {runner.vocab_size} tokens")
-    buf, valid = _left_padded(prompts, P, N, runner.pad_id, getattr(runner, "device", None) or _device_of(model))
+    buf, valid = _left_padded(prompts, P, N, runner.pad_id, getattr(runner, "device", None) or device_of(model))
     search = _Search(runner, sampler, buf, valid, P)
     done = torch.zeros(B, dtype=torch.bool, device=buf.device)
     lengths, finished, steps = [N] * B, ["length"] * B, 0

@@ -6,110 +6,26 @@ same logits as the same prompt alone (seed §3.4.10). The loop writes into a pre
 buffer (no per-step ``torch.cat``, seed §3.10.7) and runs under ``torch.inference_mode()``.
 
 ``model`` is a :class:`~genprobe.model.GPT` or anything with the runner protocol of
-:class:`Runner` — e.g. :class:`genprobe.engine.hf_adapter.HFCausalLM`, which drives a
+:class:`~genprobe.engine.runner.Runner` — e.g. :class:`genprobe.engine.hf_adapter.HFCausalLM`, which drives a
 ``transformers`` causal LM with its own cache.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence, cast
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..model.gpt import GPT
-from .cache import KVCache
+from .runner import GenerationResult as GenerationResult  # re-exported: callers import it from here
+from .runner import GPTRunner as GPTRunner
+from .runner import Runner as Runner
+from .runner import as_runner as as_runner
+from .runner import check_inputs, device_of
 from .sampling import SamplerConfig, check_logits, process_logits, sample_next
 
 GREEDY = SamplerConfig(greedy=True)
-
-
-class Runner(Protocol):
-    """What :func:`generate` needs from a model (our GPT is wrapped in :class:`GPTRunner`)."""
-
-    vocab_size: int
-    max_positions: int | None  # hard context limit (learned positions), None if unbounded
-    pad_id: int
-
-    def new_state(self, batch_size: int, max_len: int) -> Any:
-        """Fresh per-generation cache state for ``batch_size`` rows of up to ``max_len`` tokens."""
-
-    def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: Any) -> torch.Tensor:
-        """Cached forward of new tokens ``ids`` (B, T), ``valid`` (B, T) bool or None → logits (B, T, V)."""
-
-    def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Uncached forward of the whole sequence (B, T) with key-padding ``valid`` → logits (B, T, V)."""
-
-
-class GPTRunner:
-    """The reference GPT behind the :class:`Runner` protocol (cache = our preallocated :class:`KVCache`)."""
-
-    pad_id = 0
-
-    def __init__(self, model: GPT):
-        self.model = model
-        p = next(model.parameters())
-        self.device, self.dtype = p.device, p.dtype
-        self.vocab_size = model.cfg.vocab_size
-        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
-
-    def new_state(self, batch_size: int, max_len: int) -> KVCache:
-        return KVCache.for_model(self.model.cfg, batch_size, max_len=max_len, dtype=self.dtype, device=self.device)
-
-    def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: KVCache) -> torch.Tensor:
-        logits: torch.Tensor = self.model(ids, cache=state, attention_mask=valid)
-        return logits
-
-    def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.model(ids, attention_mask=valid)
-        return logits
-
-
-def as_runner(model: Any) -> Runner:
-    """Wrap a GPT; pass anything already following the runner protocol through."""
-    if isinstance(model, GPT):
-        return GPTRunner(model)
-    if all(hasattr(model, a) for a in ("new_state", "step", "full", "vocab_size")):
-        return cast(Runner, model)  # duck-typed: the attributes generate() calls are checked just above
-    raise TypeError(
-        f"generate() needs a genprobe GPT or a runner (e.g. HFCausalLM(hf_model)), got {type(model).__name__}"
-    )
-
-
-@dataclass
-class GenerationResult:
-    """New tokens per row plus what the run cost; ``step_logits`` are the RAW model logits of each step."""
-
-    tokens: list[list[int]]
-    prompt_tokens: list[list[int]]
-    finished: list[str]  # per row: "length" | "eos"
-    token_forwards: int  # token positions pushed through the model per row (padding included)
-    forward_calls: int
-    mode: str
-    sampler: dict[str, Any]
-    seconds: float = 0.0
-    step_logits: list[torch.Tensor] | None = None  # per step (B, V), raw model output
-    step_probs: list[torch.Tensor] | None = None  # per step (B, V), the sampling distribution
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
-        """Plain-JSON form (per-step tensors only if ``with_steps``)."""
-        d: dict[str, Any] = {
-            "tokens": self.tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "finished": self.finished,
-            "token_forwards": self.token_forwards,
-            "forward_calls": self.forward_calls,
-            "mode": self.mode,
-            "sampler": self.sampler,
-            "seconds": self.seconds,
-        }
-        if with_steps and self.step_logits is not None:
-            d["step_logits"] = [t.tolist() for t in self.step_logits]
-        if with_steps and self.step_probs is not None:
-            d["step_probs"] = [t.tolist() for t in self.step_probs]
-        return d
 
 
 def token_forward_count(prompt_len: int, new_tokens: int, mode: str) -> int:
@@ -119,30 +35,6 @@ def token_forward_count(prompt_len: int, new_tokens: int, mode: str) -> int:
     if mode == "naive":
         return sum(prompt_len + i for i in range(new_tokens))
     return prompt_len + new_tokens - 1
-
-
-def _check_inputs(runner: Runner, prompts: Sequence[Sequence[int]], max_new_tokens: int, mode: str) -> int:
-    if mode not in ("cached", "naive"):
-        raise ValueError(f"mode must be 'cached' or 'naive', got {mode!r}")
-    if not prompts:
-        raise ValueError("prompts is empty: give at least one prompt")
-    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
-        lo, hi = min(p), max(p)
-        if lo < 0 or hi >= runner.vocab_size:
-            raise ValueError(f"prompt {i} holds token id outside [0, {runner.vocab_size}): min {lo}, max {hi}")
-    P = max(len(p) for p in prompts)
-    limit = runner.max_positions
-    if limit is not None and P + max_new_tokens > limit:
-        raise ValueError(
-            f"context overflow: longest prompt ({P} tokens) + max_new_tokens ({max_new_tokens}) = "
-            f"{P + max_new_tokens} exceeds the model's context length {limit} (block_size); "
-            f"ask for at most {max(limit - P, 0)} new tokens"
-        )
-    return P
 
 
 def generate(
@@ -184,10 +76,10 @@ def generate(
         model = CompiledGPTRunner.for_model(model)
     runner = as_runner(model)
     cfg = sampler or GREEDY
-    P = _check_inputs(runner, prompts, max_new_tokens, mode)
+    P = check_inputs(runner, prompts, max_new_tokens, mode)
     N = int(max_new_tokens)
     B = len(prompts)
-    device = getattr(runner, "device", None) or _device_of(model)
+    device = getattr(runner, "device", None) or device_of(model)
     plain_greedy = cfg.greedy and cfg.is_identity  # argmax of the raw logits, nothing to process
     # Compiled plain greedy decoding runs every step after the prefill in one call: the loop, the argmax
     # and eos are inside the compiled graph (genprobe.engine.compiled._decode_loop), and where the runner can
@@ -441,12 +333,3 @@ def _book_chunk(
         for j in range(taken):
             on_token(i + j, [row[j] for row in shown])
     return taken
-
-
-def _device_of(model: Any) -> torch.device:
-    m = getattr(model, "model", model)
-    try:
-        device: torch.device = next(m.parameters()).device
-        return device
-    except (AttributeError, StopIteration, TypeError):
-        return torch.device("cpu")

@@ -7,7 +7,7 @@ each step writes its keys with ``index_put_`` and attends over *all* slots, the 
 invalid and therefore masked (the model decides visibility from per-slot positions and validity, as
 it does for every cache). A decode step is then the same graph at every position — compiled once,
 replayed for the whole generation — and no Python number changes between steps, so nothing forces
-a recompile. Same protocol as :class:`KVCache` (:class:`~genprobe.engine.cache.CacheLike`), so
+a recompile. Same protocol as :class:`KVCache` (:class:`~genprobe.model.cache_protocol.CacheLike`), so
 it runs through the model's one forward, eager or compiled. No sliding window: a ring buffer needs a
 data-dependent slot, which is what this cache exists to avoid.
 """

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..model.cache_protocol import CacheLike
 from ..model.gpt import GPT
-from .cache import CacheLike
 
 
 def forward_step(

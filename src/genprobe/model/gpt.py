@@ -10,17 +10,13 @@ and packing one code path instead of four (seed §3.9, §3.10).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .cache_protocol import CacheLike
 from .config import GPTConfig
-
-if TYPE_CHECKING:  # pragma: no cover
-    # Annotation only: genprobe.engine imports this module, so a runtime import would be circular.
-    from ..engine.cache import CacheLike
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:

@@ -12,6 +12,10 @@ from typing import Any
 
 from .build import KernelStatus, load, status
 
+# Decode steps of up to this many rows run their matrix products on these kernels; beyond it the products are
+# GEMMs that oneDNN does better. Here, not in compiled.py, because both compiled.py and aot.py read it.
+KERNEL_MAX_ROWS = 64
+
 
 def inductor_config(max_rows: int | None) -> dict[str, Any]:
     """Inductor settings that route products of up to ``max_rows`` rows (None: any) to the kernels (after load)."""
@@ -20,4 +24,4 @@ def inductor_config(max_rows: int | None) -> dict[str, Any]:
     return config(max_rows)
 
 
-__all__ = ["KernelStatus", "inductor_config", "load", "status"]
+__all__ = ["KERNEL_MAX_ROWS", "KernelStatus", "inductor_config", "load", "status"]
