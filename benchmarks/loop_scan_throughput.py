@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from genprobe.engine.loaded import load_model
     from genprobe.loops.scan import chanting_sampler, scan_loops
-    from genprobe.model.load import load_model
     from genprobe.serving import EngineOptions, shared_engine
     from genprobe.serving.scan import scan_loops_vllm
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
+from ._version import __version__
 
 # public name -> "module:attribute" (imported on first use)
 _EXPORTS = {
-    "load": "genprobe.model.load:load_model",
-    "Model": "genprobe.model.load:Model",
+    "load": "genprobe.engine.loaded:load_model",
+    "Model": "genprobe.engine.loaded:LoadedModel",
     "Tokenizer": "genprobe.model.load:Tokenizer",
     "ModelLoadError": "genprobe.model.load:ModelLoadError",
     "SamplingParams": "genprobe.engine.sampling:SamplerConfig",

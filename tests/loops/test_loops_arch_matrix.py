@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from genprobe._io import sha256_file
+from genprobe.engine.loaded import load_model
 from genprobe.loops import EditSpec, PatchError, finalise, make_patch, mlp_sites, state_sha256
 from genprobe.loops.hf_patch import NOTE_FILE, apply_to_dir, revert_dir
 from genprobe.loops.scan import scan_loops
-from genprobe.model.load import UnsupportedArchitectureError, load_model
+from genprobe.model.load import UnsupportedArchitectureError
 
 COMMON = dict(
     vocab_size=64,

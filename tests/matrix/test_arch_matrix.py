@@ -1,6 +1,6 @@
 """Architecture × capability matrix on tiny random configs (one test per cell).
 
-Run ``GENPROBE_MATRIX_OUT=matrix.md pytest tests/matrix`` to write the table the README shows.
+Run ``GENPROBE_MATRIX_OUT=matrix.md pytest tests/matrix`` to write the table docs/arch-matrix.md shows.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from genprobe.engine.generate import generate
-from genprobe.model.load import load_model
+from genprobe.engine.loaded import load_model
 
 from .conftest import ARCHS, SLIDING_WINDOW
 

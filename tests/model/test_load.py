@@ -10,9 +10,10 @@ import torch
 
 import genprobe
 from genprobe.corpus import CharTokenizer
+from genprobe.engine.loaded import load_model
 from genprobe.model.checkpoint import save_checkpoint
 from genprobe.model.hf import to_hf_gpt2
-from genprobe.model.load import ModelLoadError, SubwordTokenizer, Tokenizer, UnsupportedArchitectureError, load_model
+from genprobe.model.load import ModelLoadError, SubwordTokenizer, Tokenizer, UnsupportedArchitectureError
 
 
 def _char_tok() -> CharTokenizer:

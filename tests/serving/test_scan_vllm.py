@@ -18,7 +18,7 @@ NEW = 57  # the repair setting: 5-character openings + 57 new tokens fill the 64
 
 @pytest.fixture(scope="module")
 def patched_model(served_dirs):
-    from genprobe.model.load import load_model
+    from genprobe.engine.loaded import load_model
 
     return load_model(served_dirs["patched"])
 

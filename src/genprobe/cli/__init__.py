@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="genprobe",
         description="Measure and fix the inference-time behaviour of autoregressive transformer LMs.",
     )
-    from .. import __version__
+    from .._version import __version__
 
     parser.add_argument("--version", action="version", version=f"genprobe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

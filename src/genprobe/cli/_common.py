@@ -151,13 +151,14 @@ def add_weight_dtype(p: argparse.ArgumentParser) -> None:
 
 
 def load_model_arg(args: argparse.Namespace):
-    """Load MODEL through the one loader (``genprobe.model.load.load_model``), in ``--weight-dtype`` if given."""
+    """Load MODEL through the one loader (``genprobe.load``: ``genprobe.model.load.load_model``, ready to generate),
+    in ``--weight-dtype`` if given."""
     return load_model_from(model_path(args), args)
 
 
 def load_model_from(path: str, args: argparse.Namespace):
     """Load ``path`` through the one loader with the options of ``args`` that concern loading (``--weight-dtype``)."""
-    from ..model.load import load_model
+    from ..engine.loaded import load_model
     from ..model.weight_only import weight_dtype_of
 
     return load_model(path, weight_dtype=weight_dtype_of(getattr(args, "weight_dtype", "float32")))

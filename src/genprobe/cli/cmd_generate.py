@@ -84,6 +84,7 @@ def _show(tok, ids: list[int], show_unk: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     """Handler of ``genprobe generate``."""
     from ..engine.generate import generate
+    from ..engine.runner import engine_model
     from ..engine.steps import format_steps, step_stats
 
     if args.top < 0:
@@ -107,9 +108,8 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
 
     eos = None if args.ignore_eos else (args.eos_id if args.eos_id is not None else model.eos_id)
-    engine_model = model.module if model.kind == "genprobe" else model.runner
     res = generate(
-        engine_model,
+        engine_model(model),
         prompts,
         args.max_new_tokens,
         sampler=sampler,

@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 import torch
 
+from ..model import limits
+
 
 class _HFCacheState:
     """Per-generation state: HF's own cache + the key-validity mask of everything fed so far."""
@@ -36,12 +38,9 @@ class HFCausalLM:
         if not hasattr(hf_model, "config") or not callable(hf_model):
             raise TypeError(f"HFCausalLM needs a transformers model, got {type(hf_model).__name__}")
         self.model = hf_model.eval()
-        c = hf_model.config
-        out_emb = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
-        self.vocab_size = int(out_emb.weight.shape[0]) if out_emb is not None else int(c.vocab_size)
-        self.max_positions = getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None)
-        pad = getattr(c, "pad_token_id", None)
-        self.pad_id = int(pad) if pad is not None and 0 <= int(pad) < self.vocab_size else 0
+        self.vocab_size = limits.vocab_size(hf_model)
+        self.max_positions = limits.max_positions(hf_model)
+        self.pad_id = limits.pad_id(hf_model)
         params = inspect.signature(hf_model.forward).parameters
         # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; support both.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -124,4 +123,4 @@ def load_causal_lm(path: str | os.PathLike[str]) -> tuple[Any, Any]:
     from ..model.load import load_model
 
     m = load_model(path)
-    return (m.module if m.kind == "genprobe" else m.runner), m.tokenizer
+    return (m.module if m.kind == "genprobe" else HFCausalLM(m.module)), m.tokenizer

@@ -8,12 +8,16 @@ Its own module, below ``generate`` and ``contrastive``: both loops use these, an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, cast
 
 import torch
 
+from ..model import limits
 from ..model.gpt import GPT
 from .cache import KVCache
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model.load import Model
 
 
 class Runner(Protocol):
@@ -42,8 +46,8 @@ class GPTRunner:
         self.model = model
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.vocab_size = model.cfg.vocab_size
-        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        self.vocab_size = limits.vocab_size(model)
+        self.max_positions = limits.max_positions(model)
 
     def new_state(self, batch_size: int, max_len: int) -> KVCache:
         return KVCache.for_model(self.model.cfg, batch_size, max_len=max_len, dtype=self.dtype, device=self.device)
@@ -66,6 +70,21 @@ def as_runner(model: Any) -> Runner:
     raise TypeError(
         f"generate() needs a genprobe GPT or a runner (e.g. HFCausalLM(hf_model)), got {type(model).__name__}"
     )
+
+
+def engine_model(model: "Model") -> Any:
+    """What :func:`~genprobe.engine.generate.generate` takes for a loaded model: our GPT itself (so ``compile=True``
+    can reach the module), else the transformers model's runner."""
+    return model.module if isinstance(model.module, GPT) else runner_for(model)
+
+
+def runner_for(model: "Model") -> Runner:
+    """The runner that drives a loaded model: :class:`GPTRunner` for ours, ``HFCausalLM`` for a transformers LM."""
+    if isinstance(model.module, GPT):
+        return GPTRunner(model.module)
+    from .hf_adapter import HFCausalLM  # transformers models only: keeps this module free of the adapter
+
+    return HFCausalLM(model.module)
 
 
 @dataclass

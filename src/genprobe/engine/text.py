@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .generate import generate
+from .runner import engine_model
 from .sampling import SamplerConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,9 +48,8 @@ def complete(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unknown characters are reported in Completion.unknown_chars
         ids = [tok.encode(t) for t in texts]
-    engine_model = model.module if model.kind == "genprobe" else model.runner
     res = generate(
-        engine_model,
+        engine_model(model),
         ids,
         max_new_tokens,
         sampler=sampling,

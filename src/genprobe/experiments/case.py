@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from .. import __version__
+from .._version import __version__
 from ..corpus import CharTokenizer, Corpus
 from ..model.gpt import GPT
 from ._common import CASE_PROMPT, encode_prompt, r

@@ -3,7 +3,7 @@
 
 The case study (:mod:`genprobe.experiments.case`) measures them on one prompt of the char GPT it trains; here each
 is measured on a set of prompts and real texts through :class:`genprobe.model.load.Model` (ids from
-``model.encode``, logits from ``model.runner``), reusing the case study's functions where they take logits
+``model.encode``, logits from the model's runner), reusing the case study's functions where they take logits
 (entropy table, order trap), a runner (timing) or a logits function (the one-wrong-token shadow):
 
 - **diversity**: greedy vs sampled continuations of each prompt: distinct-2 of the new tokens, exact-loop share and
@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..engine.generate import generate
+from ..engine.runner import engine_model, runner_for
 from ..engine.sampling import SamplerConfig
 from ..metrics import measure_loops
 from ._common import r
@@ -103,7 +104,8 @@ class Subject:
         if model.tokenizer is None:
             raise ValueError("the phenomena need the model's tokenizer (prompts and texts are text)")
         self.model, self.cfg = model, cfg
-        self.engine = model.module if model.kind == "genprobe" else model.runner
+        self.engine = engine_model(model)
+        self.runner = runner_for(model)
         self.bans = tuple(int(i) for i in (model.unk_id, model.eos_id) if i is not None)
         self.limit: int | None = model.max_positions
 
@@ -129,11 +131,11 @@ class Subject:
         for b, x in enumerate(rows):
             ids[b, T - len(x) :] = torch.tensor(list(x), dtype=torch.long)
             valid[b, T - len(x) :] = True
-        return self.model.runner.full(ids, valid).float()
+        return self.runner.full(ids, valid).float()
 
     def logits_fn(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) → logits (B, T, V): what :func:`genprobe.experiments.exposure.perturbation` calls."""
-        return self.model.runner.full(ids, torch.ones_like(ids, dtype=torch.bool)).float()
+        return self.runner.full(ids, torch.ones_like(ids, dtype=torch.bool)).float()
 
     def last_logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """Next-token logits (B, V) after each row, ``batch_size`` rows per forward."""

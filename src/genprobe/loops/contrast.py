@@ -25,7 +25,8 @@ from typing import Any, Sequence
 import torch
 
 from ..metrics import LoopMeasures
-from .arch import forward_logits, mlp_sites
+from ..model.arch import mlp_sites
+from .arch import forward_logits
 from .hooks import capture
 from .scan import GenerationRecord
 

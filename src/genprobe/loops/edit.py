@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .arch import all_columns, get_columns, mlp_sites
+from ..model.arch import all_columns, get_columns, mlp_sites
 from .patch import Patch, PatchTarget
 
 FORMS = ("subtract", "project")

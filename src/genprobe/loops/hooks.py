@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .arch import mlp_sites
+from ..model.arch import mlp_sites
 
 KINDS = ("mlp_out", "resid", "units")
 

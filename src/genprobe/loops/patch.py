@@ -2,7 +2,7 @@
 
 On disk a patch is two files written atomically: ``<name>.safetensors`` (tensors) and
 ``<name>.json`` (edit parameters, target names, fraction of weights changed, and the sha256 of the
-model's full state before and after — see :func:`genprobe.loops.arch.state_sha256`).
+model's full state before and after — see :func:`genprobe.model.arch.state_sha256`).
 :func:`apply_patch` refuses a model whose state hash is not the recorded "before";
 :func:`revert_patch` refuses one that is not the recorded "after", writes back the original values
 and checks that the "before" hash is reproduced bit for bit.
@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .._io import atomic_write, atomic_write_json, read_format_json, sha256_file
-from .arch import count_parameters, mlp_sites, set_columns, state_sha256
+from ..model.arch import count_parameters, mlp_sites, set_columns, state_sha256
 
 FORMAT = "genprobe-loop-patch-v1"
 

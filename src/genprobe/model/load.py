@@ -3,7 +3,9 @@
 Every command and every library entry point takes a :class:`Model`; nothing else needs to know which
 kind of directory it came from. The object carries the module (our GPT or a ``transformers`` causal
 LM, in eval mode), its tokenizer (character-level or subword, behind one :class:`Tokenizer`
-protocol), its limits (context length, sliding window) and where its MLP down-projections are.
+protocol), its limits (context length, sliding window) and where its MLP down-projections are. Generating
+from it is the engine's job, one layer up: :func:`genprobe.engine.loaded.load_model` (``genprobe.load``) wraps
+this loader and returns a model that also has ``runner`` and ``generate()``.
 
 Loading rules, the same for every caller:
 
@@ -22,23 +24,19 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol, Sequence, cast, runtime_checkable
 
 import torch
 import torch.nn as nn
 
+from . import limits
+from .arch import MLPSite, mlp_sites, state_sha256
+from .errors import ModelLoadError as ModelLoadError  # re-exported: the loader's errors, importable from here
+from .errors import UnsupportedArchitectureError as UnsupportedArchitectureError
+
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-
-
-class ModelLoadError(ValueError):
-    """A model directory cannot be loaded (missing files, pickled weights, unsupported architecture, …)."""
-
-
-class UnsupportedArchitectureError(ModelLoadError):
-    """The architecture lacks something a genprobe capability needs (named in the message)."""
 
 
 @runtime_checkable
@@ -123,7 +121,11 @@ class SubwordTokenizer:
 
 @dataclass(eq=False)
 class Model:
-    """A loaded causal LM: module + tokenizer + limits + where its MLPs are. Build with :func:`load_model`."""
+    """A loaded causal LM: module + tokenizer + limits + where its MLPs are. Build with :func:`load_model`.
+
+    Plain data and what can be read off the module. Generation (``runner``, ``generate()``) is the engine's:
+    :class:`genprobe.engine.loaded.LoadedModel` adds it, and is what ``genprobe.load`` returns.
+    """
 
     module: nn.Module
     tokenizer: Tokenizer | None
@@ -148,13 +150,12 @@ class Model:
     @property
     def vocab_size(self) -> int:
         """Rows of the output embedding (what a token id must stay below)."""
-        return int(self.runner.vocab_size)
+        return limits.vocab_size(self.module)
 
     @property
     def max_positions(self) -> int | None:
         """Context length: the learned position table's rows, or the HF config's; None when unbounded."""
-        positions: int | None = self.runner.max_positions
-        return positions
+        return limits.max_positions(self.module)
 
     @property
     def window(self) -> int | None:
@@ -167,20 +168,7 @@ class Model:
             return None
         return int(w)
 
-    # ---- engine and tokens ------------------------------------------------------------------
-    @cached_property
-    def runner(self) -> Any:
-        """The generation runner (``genprobe.engine.generate.Runner``) that drives this model."""
-        if self.kind == "genprobe":
-            from ..engine.generate import GPTRunner
-            from .gpt import GPT
-
-            # kind "genprobe" is set only for a GPT module (from_module, _load_genprobe)
-            return GPTRunner(cast(GPT, self.module))
-        from ..engine.hf_adapter import HFCausalLM
-
-        return HFCausalLM(self.module)
-
+    # ---- tokens ------------------------------------------------------------------------------
     @property
     def eos_id(self) -> int | None:
         """End-of-text token id, if the tokenizer has one."""
@@ -194,7 +182,7 @@ class Model:
     @property
     def pad_id(self) -> int:
         """A safe id to fill left padding with (never attended to)."""
-        return self.tokenizer.pad_id if self.tokenizer is not None else int(self.runner.pad_id)
+        return self.tokenizer.pad_id if self.tokenizer is not None else limits.pad_id(self.module)
 
     def _require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
@@ -210,30 +198,13 @@ class Model:
         """Ids → text."""
         return self._require_tokenizer().decode(ids)
 
-    def generate(
-        self,
-        prompts: str | Sequence[str],
-        sampling: Any = None,
-        max_new_tokens: int = 50,
-        seed: int = 0,
-        stop_at_eos: bool = True,
-        compile: bool = False,
-    ) -> list[Any]:
-        """Text continuations (``genprobe.engine.text.Completion``) of one prompt or a batch; greedy by default."""
-        from ..engine.text import complete
-
-        return complete(self, prompts, sampling, max_new_tokens, seed, stop_at_eos, compile)
-
-    def mlp_sites(self) -> list[Any]:
-        """One ``genprobe.loops.arch.MLPSite`` per layer (the MLP down-projections a loop patch edits)."""
-        from ..loops.arch import mlp_sites
-
+    # ---- structure ---------------------------------------------------------------------------
+    def mlp_sites(self) -> list[MLPSite]:
+        """One :class:`~genprobe.model.arch.MLPSite` per layer (the MLP down-projections a loop patch edits)."""
         return mlp_sites(self.module)
 
     def state_sha256(self) -> str:
         """sha256 over the full state dict (what a loop patch checks before and after)."""
-        from ..loops.arch import state_sha256
-
         return state_sha256(self.module)
 
     def num_parameters(self) -> int:

@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..engine.runner import runner_for
+
 
 @dataclass
 class Divergence:
@@ -107,6 +109,7 @@ class ReferenceLogprobs:
 
     def __init__(self, model: Any):
         self.model = model
+        self.runner = runner_for(model)
         self.vocab_size = int(model.vocab_size)
         self._cache: dict[tuple[int, ...], torch.Tensor] = {}
 
@@ -116,7 +119,7 @@ class ReferenceLogprobs:
         if key not in self._cache:
             x = torch.tensor([key], dtype=torch.long)
             with torch.inference_mode():
-                logits = self.model.runner.full(x, torch.ones_like(x, dtype=torch.bool))[0]
+                logits = self.runner.full(x, torch.ones_like(x, dtype=torch.bool))[0]
             self._cache[key] = torch.log_softmax(logits.float(), dim=-1)
         return self._cache[key]
 
