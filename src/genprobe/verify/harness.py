@@ -281,13 +281,18 @@ def _chunk_phase(impl: Any, trajs: list[ReferenceTrajectory], chunk: int, tr_: P
 
 
 def padded_prompts(prompts: list[list[int]]) -> list[list[int]]:
-    """Prompts for the padded batch: the given ones, plus a shorter suffix when all lengths are equal."""
+    """Prompts for the padded batch: the given ones, plus a shorter prefix of the first when all lengths are equal.
+
+    A prefix, not a suffix: the rows then end in different tokens, so the last cached entries that a row
+    mix-up exchanges (right-aligned under left padding, they share a slot) hold different keys; a suffix
+    ends in the same token and would hide the mix-up almost entirely."""
     if len({len(p) for p in prompts}) > 1:
         return prompts
     p = prompts[0]
     if len(p) < 2:  # nothing shorter to pad: the batch is just the prompts
         return prompts
-    return prompts + [p[len(p) // 2 :]]
+    shorter = p[: (len(p) + 1) // 2]
+    return prompts + [shorter]
 
 
 @torch.no_grad()

@@ -28,6 +28,12 @@ prefix_stale_tail  … up to one token before the block's end    flagged (prefix
 prefix_no_parent   the block's own tokens (no parent)          flagged (prefix_reuse)
 =================  ==========================================  =========================
 
+One mutant breaks a batched cache, not the teaching one: ``batch_row_swap`` is the engine's own cache
+(our ``KVCache``, or the model's ``transformers`` cache) whose decode-step writes store rows 0 and 1 in
+each other's row (a batch reordered without its cache) — a row mix-up that only a batch shows: the
+padded-batch phase, which compares every row with its prompt run alone, must catch it (it runs for this
+mutant).
+
 The mask is built from the absolute positions stored next to the keys (in the keys' order), so
 ``cat_order`` is a true joint permutation even for multi-token chunks. The mutants live here, not
 as flags in the engine: production code carries no bug switches.
@@ -58,8 +64,10 @@ MUTANTS: dict[str, str] = {
     "prefix_half_key": "flagged",
     "prefix_stale_tail": "flagged",
     "prefix_no_parent": "flagged",
+    "batch_row_swap": "flagged",
 }
 TEACHING = ("correct", "pos_zero", "no_cat", "no_mask", "kv_mismatch", "cat_order")
+BATCHED = ("batch_row_swap",)  # mutants of a batched cache: the padded-batch phase runs for them
 PREFIX_BLOCK = 16  # the block size of the prefix-cache mutants (vLLM's default)
 
 DEFAULT_PROMPT = "春江潮水连海平"  # the chapter's prompt (§3.9.1), 50 greedy steps
@@ -308,6 +316,57 @@ class PrefixCache(TeachingCache):
         return out
 
 
+def _rows_swapped(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (batch first) with rows 0 and 1 exchanged."""
+    order = torch.arange(x.shape[0])
+    order[0], order[1] = 1, 0
+    return x[order]
+
+
+def _swapping(write: Any) -> Any:
+    """A cache write (``write(layer, k, v, ...)`` / transformers' ``update(k, v, layer, ...)``) that stores rows 0
+    and 1 of a batched write in each other's place."""
+
+    def swapped_write(*args: Any, **kw: Any) -> Any:
+        args = tuple(
+            _rows_swapped(a) if isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[0] > 1 else a for a in args
+        )
+        return write(*args, **kw)
+
+    return swapped_write
+
+
+class RowSwapEngine(EngineAdapter):
+    """``batch_row_swap`` on our engine: after the prefill, every batched write stores rows 0 and 1's new
+    keys/values in each other's row (a batch reordered without reordering its cache, as a forgotten
+    ``reorder_cache`` in beam search); a single sequence is untouched."""
+
+    def __init__(self, model: GPT):
+        super().__init__(model)
+        self.name = "batch_row_swap"
+
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        out = super().prefill(ids, attention_mask)
+        if self.cache is not None:
+            self.cache.write = _swapping(self.cache.write)  # type: ignore[method-assign]
+        return out
+
+
+def _row_swap_hf(model: Any) -> Any:
+    """``batch_row_swap`` on a transformers model's own default cache (its ``update`` after the prefill)."""
+    from .adapters import HFAdapter
+
+    class RowSwapHF(HFAdapter):
+        def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+            out = super().prefill(ids, attention_mask)
+            self.cache.update = _swapping(self.cache.update)
+            return out
+
+    impl = RowSwapHF(model)
+    impl.name = "batch_row_swap"
+    return impl
+
+
 def reference_of(model: Any) -> Any:
     """Full recomputation of a mutant's model: ours for a genprobe GPT, ``use_cache=False`` for transformers."""
     from .adapters import HFReference
@@ -315,8 +374,10 @@ def reference_of(model: Any) -> Any:
     return FullRecompute(model) if isinstance(model, GPT) else HFReference(model)
 
 
-def mutant(model: Any, name: str) -> TeachingCache:
+def mutant(model: Any, name: str) -> Any:
     """The named mutant adapter over ``model``'s weights (a genprobe GPT or a transformers Llama-family model)."""
+    if name == "batch_row_swap":
+        return RowSwapEngine(model) if isinstance(model, GPT) else _row_swap_hf(model)
     if name in PrefixCache.FLAWS:
         return PrefixCache(model, name)
     return TeachingCache(model, name)
@@ -339,9 +400,10 @@ def run_mutant_reports(
 ) -> list[VerifyReport]:
     """Full harness reports for each mutant (reference trajectories computed once).
 
-    No padded batch (the teaching cache has no padding) and no isolation phase: every mutant shares
-    the same correct ``reset()``, so isolation would only repeat the incremental phase's finding. The
-    prefix-reuse phases run (they are where the prefix-cache mutants show).
+    No padded batch for the teaching-cache mutants (the teaching cache has no padding; the batched ones,
+    :data:`BATCHED`, get it) and no isolation phase: every mutant shares the same correct ``reset()``, so
+    isolation would only repeat the incremental phase's finding. The prefix-reuse phases run (they are
+    where the prefix-cache mutants show).
     """
     run = run or ReferenceRun(reference_of(model), steps)
     return [
@@ -351,7 +413,7 @@ def run_mutant_reports(
             prompts,
             steps=steps,
             chunk_sizes=chunk_sizes,
-            padded_batch=False,
+            padded_batch=n in BATCHED,
             thresholds=thresholds,
             name=n,
             isolation=False,
