@@ -20,6 +20,7 @@ ROOT = "genprobe"
 # Sub-package (or top-level module) -> layer; "" is genprobe/__init__.py.
 LAYERS = {
     "_io": 0,
+    "_templates": 0,
     "_version": 0,
     "registry": 0,
     "corpus": 0,
@@ -120,10 +121,15 @@ def component(module: str) -> str:
 
 
 def upward(edges: list[Import]) -> list[str]:
-    """Imports of a higher layer, or of a same-layer sub-package that ``PEERS`` does not allow."""
+    """Imports of a higher layer, of a same-layer sub-package that ``PEERS`` does not allow, or of or from a
+    sub-package that ``LAYERS`` does not place."""
     out = []
     for e in edges:
         a, b = component(e.source), component(e.target)
+        if a not in LAYERS or b not in LAYERS:  # a new sub-package must be given its place first
+            missing = a if a not in LAYERS else b
+            out.append(f"{e.path}:{e.line}: {e.source} -> {e.target} ({missing} has no layer in LAYERS)")
+            continue
         la, lb = LAYERS[a], LAYERS[b]
         if lb > la or (lb == la and a != b and (a, b) not in PEERS):
             names = f"layer {la} {a or ROOT} -> layer {lb} {b or ROOT}"

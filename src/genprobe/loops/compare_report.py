@@ -2,7 +2,7 @@
 
 Everything here reads the typed :class:`~genprobe.loops.compare.CompareResult`; nothing is measured.
 The page comes from ``templates/compare.html.j2`` rendered in the shared environment of
-:mod:`genprobe.report.templates` (autoescaping on, strict undefined).
+:mod:`genprobe._templates` (autoescaping on, strict undefined).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from ..report.templates import environment
+from .._templates import environment
 from .compare import CompareResult, MethodResult
 from .compare_breakers import CLASSES
 

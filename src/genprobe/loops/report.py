@@ -1,7 +1,7 @@
 """Short HTML + PNG summary of a repair run, rendered from ``repair.json``'s dict.
 
 The page comes from the Jinja2 template ``templates/repair.html.j2`` (package data), rendered in the
-shared environment of :mod:`genprobe.report.templates` (autoescaping on, strict undefined).
+shared environment of :mod:`genprobe._templates` (autoescaping on, strict undefined).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_bytes, atomic_write_text
-from ..report.templates import environment
+from .._templates import environment
 
 RATE_ROWS = (  # (label, key of a LoopRates dict, with a 95% CI)
     ("exact loop rate (periodic tail)", "loop_rate", True),

@@ -169,7 +169,7 @@ FIGURES = {
 
 def render_figures(case: dict, seed: dict | None = None) -> dict[str, bytes]:
     """Name → PNG bytes for every figure whose data is present in ``case`` (seed figures drawn beside)."""
-    from ..experiments.seed import seed_tables
+    from .seed import seed_tables
 
     full = {**case, "seed": seed_tables() if seed is None else seed}
     return {name: fn(full) for name, (fn, needs) in FIGURES.items() if all(k in case for k in needs)}

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .._io import atomic_write_text
-from ..experiments.findings import findings
-from ..experiments.seed import seed_tables
 from .figures import render_figures
+from .findings import findings
 from .headline import headline_rows
+from .seed import seed_tables
 from .templates import render
 
 __all__ = ["headline_rows", "render_report", "write_report"]

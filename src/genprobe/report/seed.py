@@ -1,5 +1,7 @@
 """The figures published in the chapter 《训练与推理的两副面孔》 ("The two faces of training and inference"),
-transcribed in ``seed_tables.json`` and keyed like ``ch3_case.json`` (the report prints them beside ours)."""
+transcribed in ``seed_tables.json`` and keyed like ``ch3_case.json`` (the report prints them beside ours).
+
+Part of the report, which shows them; ``genprobe.experiments.seed`` re-exports them."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from importlib import resources
 
 @lru_cache(maxsize=1)
 def _load() -> str:
-    return (resources.files("genprobe.experiments") / "seed_tables.json").read_text(encoding="utf-8")
+    return (resources.files("genprobe.report") / "seed_tables.json").read_text(encoding="utf-8")
 
 
 def seed_tables() -> dict:
