@@ -77,7 +77,7 @@ def tiny_hf_dirs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-# --- the architecture table of docs/arch-matrix.md, written from the outcomes of this directory's tests ---------------------------
+# --- the architecture table of docs/arch-matrix.md, written from the outcomes of this directory's tests ------------
 
 COLUMNS = {  # test function → column title
     "test_generate": "generate = transformers greedy",

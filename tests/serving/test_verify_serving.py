@@ -36,7 +36,8 @@ def test_divergence_points_fall_at_a_boundary_and_inside_a_block():
     assert divergence_points(60, 16) == {"diverge_boundary": 16, "diverge_inside": 24}
     assert divergence_points(120, 16) == {"diverge_boundary": 48, "diverge_inside": 56}
     assert divergence_points(17, 16) == {}  # not two tokens after one block: nothing to diverge in
-    assert divergence_points(19, 16) == {"diverge_boundary": 16}  # no room for half a block past it
+    assert divergence_points(19, 16) == {"diverge_boundary": 16, "diverge_inside": 8}  # inside the first block
+    assert divergence_points(48, 32) == {"diverge_boundary": 32, "diverge_inside": 16}  # the tests' engine
     for n, b in [(40, 8), (200, 16), (1000, 128)]:
         for shared in divergence_points(n, b).values():
             assert shared <= n - 2
@@ -74,7 +75,8 @@ def test_float32_deployment_passes_every_phase(vllm_ready, served_dirs, engine_o
     for name in ("diverge_boundary", "diverge_inside"):  # whole shared blocks served, the half-shared one not
         d = by[name]
         bs = rep.engines[0]["block_size"]
-        assert d.shared_tokens and d.cached_tokens == d.shared_tokens // bs * bs > 0, (d, bs)
+        assert d.shared_tokens and d.cached_tokens == d.shared_tokens // bs * bs, (d, bs)
+    assert by["diverge_boundary"].cached_tokens > 0  # whole blocks were shared, and served
     assert by["chunked_prefill"].prefill_chunks >= 2
     assert rep.verdict == "pass"
 

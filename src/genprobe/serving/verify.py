@@ -263,14 +263,17 @@ def divergence_points(length: int, block: int) -> dict[str, int]:
     """Shared-prefix lengths for a request of ``length`` tokens: a block boundary, and half a block past it.
 
     Both leave at least two tokens after the divergence (vLLM never serves a prompt's last token from the
-    cache); cases that do not fit (a prompt under two blocks) are left out."""
+    cache). Inside: half a block past the boundary, or, when that does not fit, half-way into the first block
+    (then no whole block is shared and nothing may be served). Left out when the prompt holds no whole block
+    and two more tokens."""
     blocks = (length - 2) // block
     if blocks < 1:
         return {}
     boundary = block * max(1, blocks // 2)
     out = {"diverge_boundary": boundary}
-    if boundary + block // 2 <= length - 2 and block >= 2:
-        out["diverge_inside"] = boundary + block // 2
+    if block >= 2:
+        past = boundary + block // 2
+        out["diverge_inside"] = past if past <= length - 2 else block // 2
     return out
 
 
