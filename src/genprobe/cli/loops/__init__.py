@@ -1,0 +1,1 @@
+"""The ``genprobe loops`` actions, one module each (the ``loops`` parser is ``cmd_loops``)."""

@@ -1,0 +1,272 @@
+"""Flags, checks and loading shared by the ``genprobe loops`` actions.
+
+Prompts and validation text: ``--prompts FILE`` / ``--prompt TEXT ...`` and ``--val-text FILE`` for any
+model; ``--tang-prompts`` / ``--tang-val`` (held-out Tang openings, the corpus validation split) are the
+defaults for the bundled character model only and explicit choices for every other model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from .._common import (
+    add_json_flag,
+    add_max_new_tokens,
+    add_model_aliases,
+    add_prompt_arguments,
+    info,
+    model_path,
+    read_prompts,
+)
+
+DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
+
+
+# ---- shared flags ---------------------------------------------------------------------------
+def _model_args(q: argparse.ArgumentParser) -> None:
+    from ...loops.repair import RepairConfig
+
+    d = RepairConfig()
+    q.add_argument(
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        default=None,
+        help=f"a genprobe checkpoint or a transformers model directory (default {DEFAULT_MODEL})",
+    )
+    add_model_aliases(q, "--ckpt")
+    add_max_new_tokens(q, d.max_new_tokens, "--new-tokens")
+    q.add_argument(
+        "--batch-size", type=int, default=d.batch_size, help=f"prompts per generation batch (default {d.batch_size})"
+    )
+    q.add_argument("--seed", type=int, default=d.seed, help="sampling seed (default 0)")
+    q.add_argument(
+        "--min-tail",
+        type=int,
+        default=d.loop.min_tail,
+        help=f"exact loop: minimal periodic tail in tokens (default {d.loop.min_tail})",
+    )
+    q.add_argument(
+        "--near-window",
+        type=int,
+        default=d.loop.window,
+        help=f"near loop and compression: tail length in tokens (default {d.loop.window})",
+    )
+    q.add_argument(
+        "--near-max-period",
+        type=int,
+        default=d.loop.max_period,
+        help=f"near loop: longest period tried (default {d.loop.max_period})",
+    )
+    q.add_argument(
+        "--near-min-match",
+        type=float,
+        default=d.loop.min_match,
+        help=f"near loop: share of tail tokens that must repeat (default {d.loop.min_match})",
+    )
+    q.add_argument(
+        "--min-compression",
+        type=float,
+        default=d.loop.min_compression,
+        help=f"repetitive tail: tail tokens per LZ piece (default {d.loop.min_compression})",
+    )
+    q.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: a small model's decode steps are dominated by thread "
+        "synchronisation, and one thread is many times faster on a shared machine)",
+    )
+    q.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_json_flag(q)
+
+
+def _data_args(q: argparse.ArgumentParser, with_val: bool) -> None:
+    add_prompt_arguments(q, help_default=" (default for the bundled char model: held-out Tang openings)")
+    q.add_argument(
+        "--tang-prompts",
+        action="store_true",
+        help="openings of Tang poems outside the default corpus (the default for the bundled char model)",
+    )
+    q.add_argument("--prefix", type=int, default=5, help="characters per Tang opening (default 5)")
+    if with_val:
+        g = q.add_mutually_exclusive_group()
+        g.add_argument(
+            "--val-text",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="UTF-8 text for the regression check (KL, Δloss); at least one window of tokens",
+        )
+        g.add_argument(
+            "--tang-val",
+            action="store_true",
+            help="the bundled corpus's validation split (the default for the bundled char model)",
+        )
+        q.add_argument(
+            "--val-window",
+            type=int,
+            default=None,
+            metavar="N",
+            help="tokens per regression window (default: the model's context, at most 64)",
+        )
+
+
+def _calibration_args(p: Any) -> None:
+    """--human-text / --no-calibrate / --human-fpr: the detectors' thresholds, calibrated on human text by default
+    (scan, locate and repair judge "degenerate" the same way)."""
+    c = p.add_mutually_exclusive_group()
+    c.add_argument(
+        "--human-text",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="calibrate the detectors on this human text (UTF-8, one document per line) instead of the corpus "
+        "chosen by the prompts' script (Chinese: held-out Tang poems; otherwise the English corpus, fetched "
+        "once with `genprobe fetch english`)",
+    )
+    c.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="use the detector flags as given (the raw defaults) instead of thresholds calibrated on human text",
+    )
+    p.add_argument(
+        "--human-fpr",
+        type=float,
+        default=0.01,
+        metavar="RATE",
+        help="calibration target: largest share of human text flagged degenerate (default 0.01)",
+    )
+
+
+# ---- common checks and loading --------------------------------------------------------------
+def _progress(args: argparse.Namespace) -> bool:
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    if args.max_new_tokens < 16:
+        raise ValueError(f"--max-new-tokens must be >= 16 to see loops, got {args.max_new_tokens}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from ...model.load import load_model
+
+    path = model_path(args, required=False) or str(DEFAULT_MODEL)
+    return load_model(path)
+
+
+def _is_bundled_char_model(model: Any) -> bool:
+    return model.tokenizer is not None and model.tokenizer.kind == "char"
+
+
+def _prompts(args: argparse.Namespace, model: Any) -> tuple[list[str] | None, str]:
+    """The user's prompts (None = Tang openings) and a description of where they came from."""
+    given = read_prompts(args)
+    if given is not None and args.tang_prompts:
+        raise ValueError("choose one prompt source: --prompt/--prompts or --tang-prompts")
+    if given is not None:
+        return given, f"file:{args.prompts}" if getattr(args, "prompts", None) else "command line"
+    if not args.tang_prompts and not _is_bundled_char_model(model):
+        raise ValueError(
+            "this model is not the bundled character model, so there is no default prompt set: give --prompts FILE "
+            "(one per line, or JSONL with a 'prompt'/'text' field) or --prompt TEXT ..., or choose --tang-prompts "
+            "(openings of Tang poems outside the default corpus) explicitly"
+        )
+    return None, "tang-heldout-openings"
+
+
+def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
+    if args.val_text is not None:
+        p = Path(args.val_text)
+        if not p.is_file():
+            raise FileNotFoundError(f"--val-text file not found: {p}")
+        try:
+            return p.read_text(encoding="utf-8"), f"file:{p}"
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"--val-text {p} is not UTF-8 text ({exc.reason})") from None
+    if not args.tang_val and not _is_bundled_char_model(model):
+        raise ValueError(
+            "this model is not the bundled character model, so there is no default validation text: give "
+            "--val-text FILE (held-out text in the model's domain) or choose --tang-val explicitly"
+        )
+    from ...corpus import load_corpus
+
+    return load_corpus().val, "tang-validation-split"
+
+
+def _loop_settings(args: argparse.Namespace) -> Any:
+    from ...metrics import LoopSettings
+
+    return LoopSettings(
+        args.min_tail, args.near_window, args.near_max_period, args.near_min_match, args.min_compression
+    )
+
+
+def _repair_cfg(args: argparse.Namespace, **over: Any) -> Any:
+    from ...loops.repair import RepairConfig
+
+    return RepairConfig(
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        prefix_chars=args.prefix,
+        loop=_loop_settings(args),
+        val_window=getattr(args, "val_window", None),
+        **over,
+    )
+
+
+def _inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:
+    from ...loops.repair import RepairInputs
+
+    prompts, source = _prompts(args, model)
+    val, val_source = _val_text(args, model)
+    if prompts is None:
+        inputs = RepairInputs.tang(model.tokenizer, cfg, sets)
+        inputs.val_text, inputs.val_source = val, val_source
+        return inputs
+    if len(sets) == 1:  # locate: every prompt goes to the direction set
+        return RepairInputs(list(dict.fromkeys(prompts)), [], [], val, source, val_source)
+    return RepairInputs.from_prompts(prompts, val, cfg, source, val_source)
+
+
+def _calibration(args: argparse.Namespace, model: Any, texts: list[str]) -> Any:
+    """The detector calibration of this scan (None with --no-calibrate); says which human text it used."""
+    from ...loops.scan import calibrate_for_scan
+
+    if args.no_calibrate:
+        info("detectors: raw settings (--no-calibrate): no human false-positive rate is measured")
+        return None
+    if not 0.0 <= args.human_fpr < 1.0:
+        raise ValueError(f"--human-fpr must be in [0, 1), got {args.human_fpr}")
+    cal = calibrate_for_scan(
+        model.tokenizer,
+        args.max_new_tokens,
+        texts,
+        human_text=args.human_text,
+        base=_loop_settings(args),
+        target=args.human_fpr,
+        unk_id=model.unk_id,
+    )
+    info(f"detectors: {cal.describe()}")
+    return cal
+
+
+def _calibrate_cfg(args: argparse.Namespace, model: Any, cfg: Any, inputs: Any) -> Any:
+    """Calibrate the detectors on human text of the direction prompts' language and put them in ``cfg`` (what
+    counts as degenerate decides which prompts are loop-prone); None with --no-calibrate."""
+    calibration = _calibration(args, model, inputs.direction)
+    if calibration is not None:
+        cfg.loop = calibration.settings
+    return calibration

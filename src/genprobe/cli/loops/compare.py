@@ -1,0 +1,173 @@
+"""``genprobe loops compare MODEL``: decode-time samplers beside the weight edit."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .._common import emit_json, info
+from ._shared import (
+    _calibration,
+    _calibration_args,
+    _check_common,
+    _data_args,
+    _load,
+    _loop_settings,
+    _model_args,
+    _progress,
+    _prompts,
+)
+
+COMPARE_SKIP = 2816  # direction + search + validation sets of a default `loops repair` (768 + 1024 + 1024)
+
+
+def _register_compare(lsub: Any) -> None:
+    from ...loops.compare_human import GENRES
+    from ...loops.compare_methods import METHODS
+
+    c = lsub.add_parser(
+        "compare",
+        help="which fix for loops: decode-time samplers beside the weight edit (one table, one figure, one HTML page)",
+    )
+    _model_args(c)
+    _data_args(c, with_val=False)
+    c.add_argument(
+        "--n", type=int, default=None, help="at most N prompts (default: 512 Tang openings; every prompt of a file)"
+    )
+    c.add_argument(
+        "--skip",
+        type=int,
+        default=COMPARE_SKIP,
+        help=f"Tang openings skipped first (default {COMPARE_SKIP}: the sets a default `loops repair` "
+        "uses, so no opening the edit was chosen on is compared)",
+    )
+    c.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        metavar="METHOD",
+        help=f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}",
+    )
+    c.add_argument(
+        "--patch",
+        type=Path,
+        default=None,
+        help="loop patch from `loops repair` for the edit rows (applied in memory, reverted, sha256-checked)",
+    )
+    c.add_argument(
+        "--judge",
+        default=None,
+        metavar="MODEL",
+        help="a second model that scores every method's text (NLL per character)",
+    )
+    c.add_argument(
+        "--genre",
+        choices=GENRES,
+        default="auto",
+        help="tang: reduplication and couplet parallels; text: repeated n-grams (default: auto)",
+    )
+    c.add_argument(
+        "--timing-rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds of one batch per method for tokens/s (default 3)",
+    )
+    c.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="directory for compare.json, compare-texts.json, compare.md, compare.png, compare.html",
+    )
+    _calibration_args(c)
+    c.set_defaults(func=run_compare)
+
+
+def _compare_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str], list | None, str]:
+    """Prompts, human continuations from a JSONL file (or None) and the prompt source."""
+    from ...loops.compare_human import read_continuations
+    from ...loops.prompts import heldout_openings
+
+    if args.n is not None and args.n < 1:
+        raise ValueError(f"--n must be >= 1, got {args.n}")
+    if args.skip < 0:
+        raise ValueError(f"--skip must be >= 0, got {args.skip}")
+    texts, source = _prompts(args, model)
+    conts = read_continuations(args.prompts) if texts is not None and getattr(args, "prompts", None) else None
+    if texts is None:
+        n = args.n or 512
+        texts = heldout_openings(model.tokenizer, args.skip + n, args.prefix)[args.skip :]
+        source = f"tang-heldout-openings (after the first {args.skip})"
+    n = args.n or len(texts)
+    return texts[:n], (conts[:n] if conts is not None else None), source
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """Compare the fixes on one prompt set; write JSON, table, figure and page into --out."""
+    from ...loops.compare import CompareConfig, compare_fixes
+    from ...loops.compare_report import breaker_table, markdown_table, write_outputs
+    from ...loops.patch import load_patch
+    from ...model.load import load_model
+
+    _check_common(args)
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} exists and is not a directory")
+    model = _load(args)
+    texts, conts, source = _compare_prompts(args, model)
+    calibration = _calibration(args, model, texts)
+    cfg = CompareConfig(
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        loop=calibration.settings if calibration is not None else _loop_settings(args),
+        methods=tuple(args.methods) if args.methods else None,
+        genre=args.genre,
+        timing_rounds=args.timing_rounds,
+    )
+    patch = load_patch(args.patch) if args.patch else None
+    judge = load_model(args.judge) if args.judge else None
+    res = compare_fixes(
+        model,
+        texts,
+        cfg,
+        patch=patch,
+        patch_path=str(args.patch) if args.patch else None,
+        judge=judge,
+        continuations=conts,
+        prompt_source=source,
+        progress=_progress(args),
+        log=info,
+    )
+    if calibration is not None:
+        res.calibration = calibration.to_dict()
+        res.notes.append(f"detectors: {calibration.describe()}")
+    files = write_outputs(res, args.out)
+    info(markdown_table(res))
+    info(breaker_table(res))
+    if res.best is not None:
+        info(f"best decode-time method: {res.best.name} (acceptable: {res.best.acceptable})")
+    info(f"wrote {args.out} ({res.timings_s['total']} s)")
+    if args.json:
+        d = res.to_dict()
+        emit_json(
+            {
+                k: d[k]
+                for k in ("model", "judge", "n_prompts", "config", "best", "patch", "timings_s", "notes", "calibration")
+            }
+            | {
+                "methods": {
+                    m["name"]: {
+                        "sampler": m["sampler"],
+                        "rates": m["rates"],
+                        "legit": m["legit"],
+                        "nll_own": m["nll_own"],
+                        "nll_judge": m["nll_judge"],
+                        "cost": m["cost"],
+                    }
+                    for m in d["methods"]
+                },
+                "human": d["human"],
+                "files": {k: str(v) for k, v in files.items()},
+            }
+        )
+    return 0

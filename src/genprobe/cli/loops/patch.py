@@ -1,0 +1,96 @@
+"""``genprobe loops apply|revert MODEL PATCH``: exact, hash-checked loop patches."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .._common import add_json_flag, emit_json, info
+
+
+def _register_patch_action(lsub: Any, name: str, help: str) -> None:
+    a = lsub.add_parser(name, help=help)
+    a.add_argument("model", metavar="MODEL", help="a genprobe checkpoint or a transformers model directory")
+    a.add_argument("patch", type=Path, help="patch file (.json or .safetensors, the other is found beside it)")
+    g = a.add_mutually_exclusive_group(required=True)
+    g.add_argument("--out", type=Path, help="directory for the written model (new or empty)")
+    g.add_argument("--in-place", action="store_true", help="overwrite MODEL's weight files")
+    add_json_flag(a)
+    a.set_defaults(func=run_apply if name == "apply" else run_revert)
+
+
+def _write_ckpt(args: argparse.Namespace, model: Any, note: dict) -> Path:
+    from ...model.checkpoint import META, save_checkpoint
+
+    out = Path(args.model) if args.in_place else args.out
+    if not args.in_place:
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a directory")
+        if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
+            raise ValueError(
+                f"--out {out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it"
+            )
+    summary = dict(model.meta.get("summary", {}))
+    summary.pop("loop_patch", None)
+    if note:
+        summary["loop_patch"] = note
+    save_checkpoint(out, model.module, model.tokenizer, summary)
+    return out
+
+
+def _apply_or_revert(args: argparse.Namespace, revert: bool) -> int:
+    from ...loops.hf_patch import apply_to_dir, revert_dir
+    from ...loops.patch import apply_patch, load_patch, revert_patch
+    from ...model.checkpoint import is_checkpoint
+    from ...model.load import load_model
+
+    patch = load_patch(args.patch)
+    src = Path(args.model)
+    action = "revert" if revert else "apply"
+    res: dict[str, Any] = {
+        "action": action,
+        "model": str(src),
+        "weights_changed": patch.meta.get("weights_changed"),
+        "fraction_changed": patch.meta.get("fraction_changed"),
+    }
+    if is_checkpoint(src):
+        model = load_model(src)
+        sha = (revert_patch if revert else apply_patch)(model.module, patch)
+        note = (
+            {}
+            if revert
+            else {
+                "patch": str(args.patch),
+                "sha256_before": patch.meta["sha256_before"],
+                "sha256_after": patch.meta["sha256_after"],
+                "edit": patch.meta.get("edit"),
+            }
+        )
+        res.update(out=str(_write_ckpt(args, model, note)), state_sha256=sha)
+    else:
+        out = src if args.in_place else args.out
+        r = (revert_dir if revert else apply_to_dir)(src, patch, out)
+        res.update(
+            out=r.out,
+            state_sha256=r.state_sha256,
+            weight_files=r.rewritten,
+            matches_original=r.matches_original,
+            notes=r.notes,
+        )
+        for n in r.notes:
+            info(f"note: {n}")
+    info(f"{action}: wrote {res['out']} (state sha256 {res['state_sha256'][:16]}…)")
+    if args.json:
+        emit_json(res)
+    return 0
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    """Apply a patch (hash-checked) and write the patched model."""
+    return _apply_or_revert(args, revert=False)
+
+
+def run_revert(args: argparse.Namespace) -> int:
+    """Revert a patch (hash-checked both ways) and write the original model."""
+    return _apply_or_revert(args, revert=True)

@@ -1,0 +1,197 @@
+"""``genprobe loops locate|repair MODEL``: the loop direction per layer, and the directional weight repair."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from .._common import emit_json, info
+from ._shared import (
+    _calibrate_cfg,
+    _calibration_args,
+    _check_common,
+    _data_args,
+    _inputs,
+    _load,
+    _model_args,
+    _progress,
+    _repair_cfg,
+)
+
+
+def _register_locate(lsub: Any) -> None:
+    from ...loops.repair import RepairConfig
+
+    d = RepairConfig()
+    lo = lsub.add_parser(
+        "locate", help="loop direction per layer and the loop rate with each layer's direction ablated"
+    )
+    _model_args(lo)
+    _data_args(lo, with_val=True)
+    lo.add_argument("--n", type=int, default=d.n_direction, help=f"direction-set prompts (default {d.n_direction})")
+    lo.add_argument("--method", choices=("mean_diff", "pca"), default=d.method)
+    lo.add_argument("--search-prone", type=int, default=d.search_prone, help="loop-prone prompts per ablation scan")
+    lo.add_argument(
+        "--search-control", type=int, default=d.search_control, help="non-looping control prompts per ablation scan"
+    )
+    _calibration_args(lo)
+    lo.add_argument("--out", type=Path, default=None, help="write the locate report as JSON")
+    lo.set_defaults(func=run_locate)
+
+
+def _register_repair(lsub: Any) -> None:
+    from ...loops.repair import RepairConfig
+
+    d = RepairConfig()
+    r = lsub.add_parser("repair", help="full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch")
+    _model_args(r)
+    _data_args(r, with_val=True)
+    r.add_argument(
+        "--out", type=Path, required=True, help="directory for repair.json, patch.*, repair.html, repair.png"
+    )
+    r.add_argument("--n-direction", type=int, default=d.n_direction)
+    r.add_argument("--n-search", type=int, default=d.n_search)
+    r.add_argument("--n-validate", type=int, default=d.n_validate)
+    r.add_argument(
+        "--search-prone", type=int, default=d.search_prone, help="loop-prone prompts per candidate evaluation"
+    )
+    r.add_argument(
+        "--search-control", type=int, default=d.search_control, help="non-looping control prompts per candidate"
+    )
+    r.add_argument(
+        "--ks", type=int, nargs="+", default=list(d.ks), help=f"columns per layer to try (default {list(d.ks)})"
+    )
+    r.add_argument(
+        "--subtract-alphas",
+        type=float,
+        nargs="+",
+        default=list(d.subtract_alphas),
+        help="relative strengths for W[:,c] -= α·d (1 = remove the mean loop gap)",
+    )
+    r.add_argument(
+        "--project-alphas",
+        type=float,
+        nargs="+",
+        default=list(d.project_alphas),
+        help="fractions for W[:,c] -= α·d(dᵀW[:,c])",
+    )
+    r.add_argument("--forms", nargs="+", choices=("subtract", "project"), default=list(d.forms))
+    r.add_argument("--method", choices=("mean_diff", "pca"), default=d.method)
+    r.add_argument("--max-kl", type=float, default=d.max_kl, help="KL(base‖edited) limit, nats (default 0.1)")
+    r.add_argument(
+        "--max-dloss", type=float, default=d.max_dloss, help="validation-loss increase limit, nats (default 0.02)"
+    )
+    _calibration_args(r)
+    r.set_defaults(func=run_repair)
+
+
+def run_locate(args: argparse.Namespace) -> int:
+    """Directions and per-layer ablation on the direction set only."""
+    from ..._io import atomic_write_json
+    from ...loops.repair import locate_only
+
+    _check_common(args)
+    model = _load(args)
+    cfg = _repair_cfg(
+        args, n_direction=args.n, method=args.method, search_prone=args.search_prone, search_control=args.search_control
+    )
+    inputs = _inputs(args, model, cfg, ("direction",))
+    calibration = _calibrate_cfg(args, model, cfg, inputs)
+    rep = locate_only(model, inputs, cfg, progress=_progress(args), log=info)
+    for a in rep.locate.per_layer:
+        info(
+            f"  layer {a.layers[0]}: degenerate rate {a.degenerate_rate:.3f} (exact loops {a.loop_rate:.3f}; "
+            f"reduction {a.reduction:+.3f})"
+        )
+    info(f"  ranking: {rep.locate.ranking}")
+    data = rep.to_dict() | {"calibration": calibration.to_dict() if calibration is not None else None}
+    if args.out:
+        atomic_write_json(args.out, data)
+    if args.json:
+        emit_json(data)
+    return 0
+
+
+def _check_repair_args(args: argparse.Namespace) -> None:
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} exists and is not a directory")
+    grids = (("--ks", args.ks), ("--subtract-alphas", args.subtract_alphas), ("--project-alphas", args.project_alphas))
+    for name, vals in grids:
+        if any(x <= 0 for x in vals):
+            raise ValueError(f"{name} values must be > 0, got {vals}")
+
+
+def run_repair(args: argparse.Namespace) -> int:
+    """The whole pipeline; writes report, patch, HTML and PNG into --out."""
+    from ..._io import atomic_write_json
+    from ...loops.patch import save_patch
+    from ...loops.repair import repair
+    from ...loops.report import write_summary
+
+    _check_common(args)
+    _check_repair_args(args)
+    t0 = time.perf_counter()
+    model = _load(args)
+    cfg = _repair_cfg(
+        args,
+        n_direction=args.n_direction,
+        n_search=args.n_search,
+        n_validate=args.n_validate,
+        search_prone=args.search_prone,
+        search_control=args.search_control,
+        ks=tuple(args.ks),
+        subtract_alphas=tuple(args.subtract_alphas),
+        project_alphas=tuple(args.project_alphas),
+        forms=tuple(args.forms),
+        method=args.method,
+        max_kl=args.max_kl,
+        max_dloss=args.max_dloss,
+    )
+    inputs = _inputs(args, model, cfg, ("direction", "search", "validate"))
+    calibration = _calibrate_cfg(args, model, cfg, inputs)
+    report, patch = repair(model, inputs, cfg, progress=_progress(args), log=info)
+    data = report.to_dict() | {"calibration": calibration.to_dict() if calibration is not None else None}
+    args.out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, str] = {}
+    if patch is not None:
+        st, js = save_patch(patch, args.out / "patch")
+        files.update(patch_tensors=str(st), patch=str(js))
+    files.update({k: str(v) for k, v in write_summary(data, args.out).items()})
+    data.update(model_path=str(model.source), wall_seconds=round(time.perf_counter() - t0, 1), files=files)
+    atomic_write_json(args.out / "repair.json", data)
+    info(f"verdict: {report.verdict} ({data['wall_seconds']} s); wrote {args.out}")
+    _print_validation(report)
+    if args.json:
+        keys = (
+            "verdict",
+            "end_token",
+            "inputs",
+            "baseline",
+            "locate",
+            "validation",
+            "patch",
+            "timings_s",
+            "wall_seconds",
+            "files",
+        )
+        emit_json({k: data[k] for k in keys} | {"chosen": data["search"]["chosen"]})
+    return 0
+
+
+def _print_validation(report: Any) -> None:
+    v = report.validation
+    if v is None:
+        return
+    b, a = v.before, v.after
+    info(
+        f"  held-out exact loop rate {b.loop_rate:.3f} → {a.loop_rate:.3f}; near {b.near_loop_rate:.3f} → "
+        f"{a.near_loop_rate:.3f}; repetitive {b.repetitive_rate:.3f} → {a.repetitive_rate:.3f}; degenerate "
+        f"{b.degenerate_rate:.3f} → {a.degenerate_rate:.3f}"
+    )
+    info(
+        f"  tail compression {b.mean_tail_compression:.2f} → {a.mean_tail_compression:.2f}; seq-rep-4 "
+        f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}; "
+        f"{100 * report.patch.fraction_changed:.3f}% of weights"
+    )
