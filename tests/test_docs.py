@@ -293,7 +293,7 @@ def test_checkers_accept_correct_commands():
     good = """\
 ```bash
 genprobe verify-cache MODEL [--impl MOD:FACTORY] [--hf-cache all] [--window W --sinks S] [--json]
-genprobe loops scan MODEL --backend vllm [--setting both|chanting] [--out scan.json] \\
+genprobe loops scan MODEL --backend vllm [--setting both|chanting] [--out DIR] \\
     [--tensor-parallel-size N]
 .venv/bin/genprobe attention padding-leak MODEL --json | jq .
 OMP_NUM_THREADS=1 genprobe fetch smollm2

@@ -95,7 +95,7 @@ def test_scan_hf_model_bans_end_token_and_reports_chars(hf_dir, prompt_file, cap
                 "chanting",
                 "--json",
                 "--out",
-                str(tmp_path / "scan.json"),
+                str(tmp_path / "scan"),
             ]
         )
         == 0
@@ -116,7 +116,7 @@ def test_scan_hf_model_bans_end_token_and_reports_chars(hf_dir, prompt_file, cap
         "mean_seq_rep_4",
     ):
         assert key in s["summary"] and key in s["summary"]["chars"]  # tokens and characters side by side
-    recs = json.loads((tmp_path / "scan.json").read_text(encoding="utf-8"))["scans"]["chanting"]["records"]
+    recs = json.loads((tmp_path / "scan" / "scan.json").read_text(encoding="utf-8"))["scans"]["chanting"]["records"]
     assert all(len(r["tokens"]) == 24 and 0 not in r["tokens"] for r in recs)
     assert all(r["chars"]["length"] == len(r["text"]) for r in recs)
 
@@ -273,7 +273,7 @@ def test_cli_scan_char_model_defaults_and_deprecated_aliases(trained_ckpt, capsy
                 "24",
                 "--json",
                 "--out",
-                str(tmp_path / "scan.json"),
+                str(tmp_path / "scan"),
             ]
         )
         == 0
@@ -286,7 +286,7 @@ def test_cli_scan_char_model_defaults_and_deprecated_aliases(trained_ckpt, capsy
         assert r["n"] == 12 and 0.0 <= r["degenerate_rate"] <= 1.0
         assert r["degenerate_rate"] >= max(r["any_loop_rate"], r["repetitive_rate"])
         assert r["any_loop_rate"] >= max(r["loop_rate"], r["near_loop_rate"])
-    full = json.loads((tmp_path / "scan.json").read_text(encoding="utf-8"))
+    full = json.loads((tmp_path / "scan" / "scan.json").read_text(encoding="utf-8"))
     recs = full["scans"]["chanting"]["records"]
     assert len(recs) == 12 and all(1 not in r["tokens"] for r in recs)  # <unk> banned in the chanting setting
     with pytest.warns(FutureWarning, match="--ckpt is deprecated"):

@@ -39,15 +39,15 @@ def _scan(model, out, backend: str, flags: list[str], *extra: str) -> dict:
     if backend == "vllm":
         argv += flags
     assert main(argv) == 0
-    return json.loads(out.read_text(encoding="utf-8"))
+    return json.loads((out / "scan.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")
 def both(vllm_ready, served_dirs, scan_engine_flags, tmp_path_factory):
     """(our engine's --out JSON, vLLM's --out JSON) of `loops scan` on the patched model, both settings."""
     d = tmp_path_factory.mktemp("cli-scan")
-    ours = _scan(served_dirs["patched"], d / "ours.json", "genprobe", scan_engine_flags)
-    theirs = _scan(served_dirs["patched"], d / "vllm.json", "vllm", scan_engine_flags)
+    ours = _scan(served_dirs["patched"], d / "ours", "genprobe", scan_engine_flags)
+    theirs = _scan(served_dirs["patched"], d / "vllm", "vllm", scan_engine_flags)
     return ours, theirs
 
 

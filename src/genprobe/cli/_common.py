@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, Literal, overload
 
 
@@ -39,6 +40,39 @@ def info(msg: str, quiet: bool = False) -> None:
     """Human-readable progress goes to stderr so ``--json`` stdout stays clean."""
     if not quiet:
         print(msg, file=sys.stderr, flush=True)
+
+
+# ---- list flags: a repeated flag is never silently dropped -----------------------------------------
+class Accumulate(argparse.Action):
+    """A list flag (``nargs="+"``/``"*"``) that accumulates when repeated: ``--prompt A --prompt B`` gives
+    ``[A, B]``. Unlike ``action="extend"`` the first use replaces the default instead of extending it. With
+    ``nargs="*"`` an occurrence without values means "all" and wins over any values."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = getattr(namespace, self.dest, None)
+        first = current is None or current is self.default
+        if self.nargs == "*" and (not values or (not first and not current)):
+            setattr(namespace, self.dest, [])
+            return
+        setattr(namespace, self.dest, [*([] if first else current), *values])
+
+
+class Once(argparse.Action):
+    """A flag whose values belong together (one sequence of token ids): giving it twice is an error, never a
+    silent replacement."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = getattr(namespace, self.dest, None)
+        if current is not None and current is not self.default:
+            parser.error(f"{option_string} given twice: give all its values after one {option_string}")
+        setattr(namespace, self.dest, values)
+
+
+def out_dir(path: Path, names: str) -> Path:
+    """``--out DIR``: refused when ``path`` exists and is not a directory (``names``: the files written there)."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {path} exists and is not a directory (--out is the directory for {names})")
+    return path
 
 
 # ---- the one CLI grammar: genprobe COMMAND [MODEL] [options] -------------------------------------
@@ -106,7 +140,13 @@ def model_path(args: argparse.Namespace, required: bool = True) -> str | None:
 def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, help_default: str = "") -> None:
     """``--prompt TEXT [TEXT ...]`` or ``--prompts FILE`` (one per line, or JSONL with a prompt/text field)."""
     g = p.add_mutually_exclusive_group(required=required)
-    g.add_argument("--prompt", nargs="+", metavar="TEXT", help="prompt text(s)" + help_default)
+    g.add_argument(
+        "--prompt",
+        nargs="+",
+        action=Accumulate,
+        metavar="TEXT",
+        help="prompt text(s); repeat the flag or list several" + help_default,
+    )
     g.add_argument(
         "--prompts", metavar="FILE", help="prompt file: one prompt per line, or JSONL with a 'prompt' or 'text' field"
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..engine.samplers.config import ENGINES, ORDERS, PRESETS, SamplerConfig
 from ..engine.samplers.dry import DEFAULT_BREAKERS, tokenizer_breakers
+from ._common import Accumulate
 
 # flag dest → SamplerConfig field, for the plain valued flags
 _FIELDS = (
@@ -71,6 +72,7 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--dry-sequence-breakers",
         nargs="+",
+        action=Accumulate,
         metavar="S",
         help="strings that cut DRY matches (escapes like \\n work; 'none' = no breakers; "
         "default: llama.cpp's \\n : \" *)",

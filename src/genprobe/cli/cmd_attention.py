@@ -26,6 +26,8 @@ import warnings
 from pathlib import Path
 
 from ._common import (
+    Accumulate,
+    Once,
     _DeprecatedFlag,
     add_json_flag,
     add_model_aliases,
@@ -80,7 +82,7 @@ def register(sub) -> None:
     add_model_aliases(k, "--hf")
     add_prompt_arguments(k, help_default=" (one sequence each; default: three Tang lines)")
     _add_text_alias(k)
-    k.add_argument("--ids", nargs="+", metavar="ID", help="token ids of one sequence instead of --prompt")
+    k.add_argument("--ids", nargs="+", action=Once, metavar="ID", help="token ids of one sequence instead of --prompt")
     k.add_argument("--pad-id", type=int, help="pad token id (default: the model's)")
     k.add_argument("--no-position-ids", action="store_true", help="do not pass position_ids (transformers models)")
     k.add_argument("--threshold", type=float, default=1e-4, help="max |Δlogit| tolerated (default 1e-4)")
@@ -96,13 +98,17 @@ def _add_heads_options(p: argparse.ArgumentParser, hidden: bool) -> None:
 
     add_model_aliases(p, "--hf")
     if hidden:
-        p.add_argument("--prompt", nargs="+", metavar="TEXT", help=argparse.SUPPRESS)
+        p.add_argument("--prompt", nargs="+", action=Accumulate, metavar="TEXT", help=argparse.SUPPRESS)
         p.add_argument("--prompts", metavar="FILE", help=argparse.SUPPRESS)
     else:
         add_prompt_arguments(p, help_default=f" (default: {DEFAULT_TEXT})")
     _add_text_alias(p)
     p.add_argument(
-        "--ids", nargs="+", metavar="ID", help=show("token ids instead of --prompt (a model without tokenizer)")
+        "--ids",
+        nargs="+",
+        action=Once,
+        metavar="ID",
+        help=show("token ids instead of --prompt (a model without tokenizer)"),
     )
     p.add_argument("--distance", type=int, default=8, help=show("far-mass threshold d in positions (default 8)"))
     p.add_argument("--local-window", type=int, default=2, help=show("local mass: keys 0..W positions back (default 2)"))
@@ -114,6 +120,7 @@ def _add_heads_options(p: argparse.ArgumentParser, hidden: bool) -> None:
     p.add_argument(
         "--maps",
         nargs="*",
+        action=Accumulate,
         type=int,
         metavar="LAYER",
         help=show("with --out: also one query × key map per head of these layers (no LAYER: every layer)"),

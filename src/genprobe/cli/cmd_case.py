@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import add_json_flag, add_model_aliases, add_model_argument, emit_json, info, model_path
+from ._common import Accumulate, add_json_flag, add_model_aliases, add_model_argument, emit_json, info, model_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p, required=False, help="a genprobe checkpoint directory to study (default: train one into OUT/model)"
     )
     add_model_aliases(p, "--ckpt")
-    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
     p.add_argument(
         "--quick",
         action="store_true",
@@ -37,12 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--only",
         nargs="+",
+        action=Accumulate,
         metavar="EXP",
         default=None,
         help="run only these experiments (decoding sampling exposure cache_exact cache_bugs mask_noop "
         "cache_timing cache_scaling)",
     )
-    p.add_argument("--skip", nargs="+", metavar="EXP", default=(), help="skip these experiments")
+    p.add_argument("--skip", nargs="+", action=Accumulate, metavar="EXP", default=(), help="skip these experiments")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_json_flag(p)
     p.set_defaults(func=run)

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and genprobe_gguf.json with each tensor's quantization type in the file.",
     )
     p.add_argument("model", type=Path, metavar="MODEL", help="a .gguf file")
-    p.add_argument("--out", type=Path, required=True, help="directory to write (must not exist)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write (must not exist)")
     add_json_flag(p)
     p.set_defaults(func=run)
 

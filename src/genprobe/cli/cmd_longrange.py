@@ -16,7 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ._common import add_json_flag, emit_json, info
+from ._common import Accumulate, add_json_flag, emit_json, info
 
 DEFAULT_PE = ("learned", "rope", "alibi")
 
@@ -44,6 +44,7 @@ def register(sub) -> None:
     p.add_argument(
         "--pe",
         nargs="+",
+        action=Accumulate,
         metavar="PE",
         default=list(DEFAULT_PE),
         help=f"position encodings to compare, among learned rope alibi none (default: {' '.join(DEFAULT_PE)})",

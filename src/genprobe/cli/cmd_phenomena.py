@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import add_json_flag, add_max_new_tokens, add_model_argument, emit_json, info, load_model_arg
+from ._common import Accumulate, add_json_flag, add_max_new_tokens, add_model_argument, emit_json, info, load_model_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="rows per forward (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--timing-batches", type=int, nargs="+", default=[1, 16], metavar="N", help="batch sizes timed (default 1 16)"
+        "--timing-batches",
+        type=int,
+        nargs="+",
+        action=Accumulate,
+        default=[1, 16],
+        metavar="N",
+        help="batch sizes timed (default 1 16)",
     )
     p.add_argument("--no-timing", action="store_true", help="skip the naive vs cached timing")
     p.add_argument("--out", metavar="DIR", type=Path, default=None, help="write DIR/phenomena.json")

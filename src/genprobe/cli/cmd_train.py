@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="gpt",
         help="gpt: character GPT (default); llama / qwen2: transformers model with a BPE tokenizer",
     )
-    p.add_argument("--out", required=True, type=Path, help="directory to write")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory to write")
     p.add_argument(
         "--poems",
         type=int,

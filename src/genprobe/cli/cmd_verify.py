@@ -25,6 +25,7 @@ import warnings
 from typing import Any
 
 from ._common import (
+    Accumulate,
     add_json_flag,
     add_max_new_tokens,
     add_model_aliases,
@@ -100,6 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--chunk-sizes",
         nargs="+",
+        action=Accumulate,
         default=["1", "4"],
         metavar="C",
         help="chunk sizes of the chunked-prefill phases (default 1 4)",
@@ -111,6 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--hf-cache",
         nargs="+",
+        action=Accumulate,
         metavar="KIND",
         choices=(*HF_CACHE_KINDS, "all"),
         help="transformers MODEL: verify these cache classes: " + " ".join(HF_CACHE_KINDS) + ", or all",

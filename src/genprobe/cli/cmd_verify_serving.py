@@ -19,6 +19,7 @@ import argparse
 import sys
 
 from ._common import (
+    Accumulate,
     add_json_flag,
     add_max_new_tokens,
     add_model_argument,
@@ -53,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dtypes",
         nargs="+",
+        action=Accumulate,
         default=["float32", "bfloat16"],
         choices=("float32", "bfloat16", "float16"),
         help="deployment dtypes, one engine each (default float32 bfloat16)",

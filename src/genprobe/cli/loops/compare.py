@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .._common import emit_json, info
+from .._common import Accumulate, emit_json, info, out_dir
 from ._shared import (
     _calibration,
     _calibration_args,
@@ -45,6 +45,7 @@ def _register_compare(lsub: Any) -> None:
     c.add_argument(
         "--methods",
         nargs="+",
+        action=Accumulate,
         default=None,
         metavar="METHOD",
         help=f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}",
@@ -77,6 +78,7 @@ def _register_compare(lsub: Any) -> None:
         "--out",
         type=Path,
         required=True,
+        metavar="DIR",
         help="directory for compare.json, compare-texts.json, compare.md, compare.png, compare.html",
     )
     _calibration_args(c)
@@ -110,8 +112,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from ...model.load import load_model
 
     _check_common(args)
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out} exists and is not a directory")
+    out_dir(args.out, "compare.json, compare-texts.json, compare.md, compare.png, compare.html")
     model = _load(args)
     texts, conts, source = _compare_prompts(args, model)
     calibration = _calibration(args, model, texts)

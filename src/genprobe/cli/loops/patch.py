@@ -14,7 +14,7 @@ def _register_patch_action(lsub: Any, name: str, help: str) -> None:
     a.add_argument("model", metavar="MODEL", help="a genprobe checkpoint or a transformers model directory")
     a.add_argument("patch", type=Path, help="patch file (.json or .safetensors, the other is found beside it)")
     g = a.add_mutually_exclusive_group(required=True)
-    g.add_argument("--out", type=Path, help="directory for the written model (new or empty)")
+    g.add_argument("--out", type=Path, metavar="DIR", help="directory for the written model (new or empty)")
     g.add_argument("--in-place", action="store_true", help="overwrite MODEL's weight files")
     add_json_flag(a)
     a.set_defaults(func=run_apply if name == "apply" else run_revert)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._common import emit_json, info
+from .._common import Accumulate, emit_json, info, out_dir
 from ._shared import (
     _calibrate_cfg,
     _calibration_args,
@@ -19,6 +19,8 @@ from ._shared import (
     _progress,
     _repair_cfg,
 )
+
+LOCATE_FILE = "locate.json"  # what locate --out DIR holds
 
 
 def _register_locate(lsub: Any) -> None:
@@ -37,7 +39,13 @@ def _register_locate(lsub: Any) -> None:
         "--search-control", type=int, default=d.search_control, help="non-looping control prompts per ablation scan"
     )
     _calibration_args(lo)
-    lo.add_argument("--out", type=Path, default=None, help="write the locate report as JSON")
+    lo.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"directory for {LOCATE_FILE}: the locate report (created if missing)",
+    )
     lo.set_defaults(func=run_locate)
 
 
@@ -49,7 +57,11 @@ def _register_repair(lsub: Any) -> None:
     _model_args(r)
     _data_args(r, with_val=True)
     r.add_argument(
-        "--out", type=Path, required=True, help="directory for repair.json, patch.*, repair.html, repair.png"
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="directory for repair.json, patch.*, repair.html, repair.png",
     )
     r.add_argument("--n-direction", type=int, default=d.n_direction)
     r.add_argument("--n-search", type=int, default=d.n_search)
@@ -61,12 +73,18 @@ def _register_repair(lsub: Any) -> None:
         "--search-control", type=int, default=d.search_control, help="non-looping control prompts per candidate"
     )
     r.add_argument(
-        "--ks", type=int, nargs="+", default=list(d.ks), help=f"columns per layer to try (default {list(d.ks)})"
+        "--ks",
+        type=int,
+        nargs="+",
+        action=Accumulate,
+        default=list(d.ks),
+        help=f"columns per layer to try (default {list(d.ks)})",
     )
     r.add_argument(
         "--subtract-alphas",
         type=float,
         nargs="+",
+        action=Accumulate,
         default=list(d.subtract_alphas),
         help="relative strengths for W[:,c] -= α·d (1 = remove the mean loop gap)",
     )
@@ -74,10 +92,11 @@ def _register_repair(lsub: Any) -> None:
         "--project-alphas",
         type=float,
         nargs="+",
+        action=Accumulate,
         default=list(d.project_alphas),
         help="fractions for W[:,c] -= α·d(dᵀW[:,c])",
     )
-    r.add_argument("--forms", nargs="+", choices=("subtract", "project"), default=list(d.forms))
+    r.add_argument("--forms", nargs="+", action=Accumulate, choices=("subtract", "project"), default=list(d.forms))
     r.add_argument("--method", choices=("mean_diff", "pca"), default=d.method)
     r.add_argument("--max-kl", type=float, default=d.max_kl, help="KL(base‖edited) limit, nats (default 0.1)")
     r.add_argument(
@@ -93,6 +112,8 @@ def run_locate(args: argparse.Namespace) -> int:
     from ...loops.repair import locate_only
 
     _check_common(args)
+    if args.out:
+        out_dir(args.out, LOCATE_FILE)
     model = _load(args)
     cfg = _repair_cfg(
         args, n_direction=args.n, method=args.method, search_prone=args.search_prone, search_control=args.search_control
@@ -108,15 +129,15 @@ def run_locate(args: argparse.Namespace) -> int:
     info(f"  ranking: {rep.locate.ranking}")
     data = rep.to_dict() | {"calibration": calibration.to_dict() if calibration is not None else None}
     if args.out:
-        atomic_write_json(args.out, data)
+        atomic_write_json(args.out / LOCATE_FILE, data)
+        info(f"wrote {args.out / LOCATE_FILE}")
     if args.json:
         emit_json(data)
     return 0
 
 
 def _check_repair_args(args: argparse.Namespace) -> None:
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out} exists and is not a directory")
+    out_dir(args.out, "repair.json, patch.*, repair.html, repair.png")
     grids = (("--ks", args.ks), ("--subtract-alphas", args.subtract_alphas), ("--project-alphas", args.project_alphas))
     for name, vals in grids:
         if any(x <= 0 for x in vals):

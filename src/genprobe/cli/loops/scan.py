@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._common import emit_json, info
+from .._common import emit_json, info, out_dir
 from .._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 from .._vllm_args import add_engine_arguments, engine_options, vllm_missing
 from ._shared import (
@@ -23,6 +23,8 @@ from ._shared import (
     _repair_cfg,
 )
 
+SCAN_FILE = "scan.json"  # what --out DIR holds
+
 
 def _register_scan(lsub: Any) -> None:
     s = lsub.add_parser("scan", help="loop rates over a prompt set (chanting and plain greedy by default)")
@@ -37,7 +39,13 @@ def _register_scan(lsub: Any) -> None:
         "flags below (the default when any is given); the end-of-text token is banned in every setting",
     )
     add_sampler_arguments(s)
-    s.add_argument("--out", type=Path, default=None, help="write the full scan (with per-generation records) as JSON")
+    s.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"directory for {SCAN_FILE}: the full scan, with per-generation records (created if missing)",
+    )
     s.add_argument(
         "--backend",
         choices=("genprobe", "vllm"),
@@ -76,6 +84,8 @@ def run_scan(args: argparse.Namespace) -> int:
     from ...loops.scan import annotate_scan, scan_table
 
     _check_common(args)
+    if args.out:
+        out_dir(args.out, SCAN_FILE)
     if args.backend == "vllm" and vllm_missing("loops scan"):
         return 2
     model = _load(args)
@@ -128,8 +138,8 @@ def run_scan(args: argparse.Namespace) -> int:
         }
         full["scans"][name] = res.to_dict()
     if args.out:
-        atomic_write_json(args.out, full)
-        info(f"wrote {args.out}")
+        atomic_write_json(args.out / SCAN_FILE, full)
+        info(f"wrote {args.out / SCAN_FILE}")
     if args.json:
         emit_json(out)
     return 0
