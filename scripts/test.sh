@@ -11,4 +11,5 @@ echo "ruff check / ruff format --check / mypy …"
 .venv/bin/ruff check src tests benchmarks scripts
 .venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
-.venv/bin/python -m pytest -q -p no:randomly "$@"
+# every core (pytest-xdist); the vLLM tests share one worker and its started engines, as do the compiled-code builds
+.venv/bin/python -m pytest -q -p no:randomly -n auto --dist loadgroup "$@"

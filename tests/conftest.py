@@ -1,7 +1,14 @@
 """Shared fixtures: a tiny random model, and one quickly trained Tang checkpoint per test session.
 
 The trained checkpoint (600 steps, ≈70 s on 2 cores) is cached under ``$GENPROBE_TEST_CACHE``
-(default: ``<repo>/.test-cache``) keyed by the recipe, so the suite trains it at most once.
+(default: ``<repo>/.test-cache``) keyed by the recipe, so the suite trains it at most once — also under
+``pytest -n N`` (pytest-xdist, what ``scripts/test.sh`` runs): a file lock lets one worker train while the
+others wait for the file.
+
+Under xdist each worker runs torch on one thread (two workers on two cores, not four threads fighting), and
+tests that share an expensive per-process resource run on one worker (``--dist loadgroup``): every vLLM test
+(one started engine per configuration is reused across them) and every test that builds compiled decode
+code (Inductor / AOT / C++ kernels write the same cache entries).
 """
 
 from __future__ import annotations
@@ -13,11 +20,43 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from genprobe.corpus import CharTokenizer, load_corpus
 from genprobe.model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
+XDIST_GROUPS = {  # test file -> the worker group it must share
+    "vllm": (
+        "serving/test_engine_options.py",
+        "serving/test_loops_cli_vllm.py",
+        "serving/test_monitor_vllm.py",
+        "serving/test_sampling_map.py",
+        "serving/test_scan_vllm.py",
+        "serving/test_verify_serving.py",
+    ),
+    "compiled": (
+        "engine/test_aot_decode.py",
+        "engine/test_compiled_decode.py",
+        "engine/test_generate_speed_smoke.py",
+        "engine/test_kernels.py",
+        "engine/test_weight_only.py",
+        "verify/test_verify_cli.py",
+        "verify/test_verify_window.py",
+    ),
+}
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Pin the tests of :data:`XDIST_GROUPS` to one worker each (a no-op without xdist)."""
+    group_of = {f: g for g, files in XDIST_GROUPS.items() for f in files}
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(REPO / "tests").as_posix()
+        if rel in group_of:
+            item.add_marker(pytest.mark.xdist_group(group_of[rel]))
 
 
 @pytest.fixture(scope="session")
@@ -57,9 +96,11 @@ def trained_ckpt(corpus, tokenizer) -> Path:
     key = hashlib.sha256(json.dumps(asdict(tc), sort_keys=True).encode() + torch.__version__.encode()).hexdigest()[:12]
     root = Path(os.environ.get("GENPROBE_TEST_CACHE", REPO / ".test-cache"))
     d = root / f"tang-quick-{key}"
-    if not is_checkpoint(d):
-        r = train(corpus, tokenizer, tc=tc, progress=False)
-        save_checkpoint(d, r.model, tokenizer, r.summary)
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f"tang-quick-{key}.lock")):  # one xdist worker trains, the others wait
+        if not is_checkpoint(d):
+            r = train(corpus, tokenizer, tc=tc, progress=False)
+            save_checkpoint(d, r.model, tokenizer, r.summary)
     return d
 
 
