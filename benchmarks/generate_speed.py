@@ -37,6 +37,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -275,6 +276,15 @@ def markdown_table(rows: list[Row], n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; with ``--json`` stdout holds the JSON alone: what vLLM or a native library prints goes to
+    stderr (``genprobe._io.json_stdout``)."""
+    from genprobe._io import json_stdout
+
+    with json_stdout("--json" in (sys.argv[1:] if argv is None else argv)) as out:
+        return _main(argv, out)
+
+
+def _main(argv: list[str] | None, out: IO[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--model", default="default", choices=["default", "58m"], help="which model (default: the checkpoint)"
@@ -353,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_json(args.out / f"speed-{args.model}.json", result)
         atomic_write_text(args.out / f"speed-{args.model}.md", table + "\n")
     if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        json.dump(result, out, indent=2)
+        out.write("\n")
     return 0
 
 

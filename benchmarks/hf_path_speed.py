@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -96,6 +97,14 @@ def measure(model, prompts: list[list[int]], new: int, reps: int) -> dict:
 
 
 def main() -> int:
+    """Run the benchmark; with ``--json`` stdout holds the JSON alone (``genprobe._io.json_stdout``)."""
+    from genprobe._io import json_stdout
+
+    with json_stdout("--json" in sys.argv[1:]) as out:
+        return _main(out)
+
+
+def _main(out: IO[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=str(REPO / "out" / "refmodel-llama"))
     ap.add_argument("--prompts", type=Path, default=None)
@@ -125,7 +134,7 @@ def main() -> int:
             f"{r['ratio_median']:.2f}× / {r['ratio_best']:.2f}×{busy} | {'yes' if r['tokens_equal'] else 'NO'} |"
         )
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows, indent=2), file=out)
     return 0 if all(r["tokens_equal"] for r in rows) else 1
 
 

@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,6 +138,15 @@ def live_runs(eng, prompts, base_kwargs: Callable[..., object], dets: list[Detec
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; with ``--json`` stdout holds the JSON alone: what vLLM or a native library prints goes to
+    stderr (``genprobe._io.json_stdout``)."""
+    from genprobe._io import json_stdout
+
+    with json_stdout("--json" in (sys.argv[1:] if argv is None else argv)) as json_out:
+        return _main(argv, json_out)
+
+
+def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=str(REPO / "out" / "case" / "model"))
     ap.add_argument("--prompts", type=int, default=256)
@@ -182,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     _print(out, sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(out, indent=2), file=json_out)
     return 0
 
 

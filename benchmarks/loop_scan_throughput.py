@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,6 +45,15 @@ def _timed(fn) -> tuple[float, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; with ``--json`` stdout holds the JSON alone: what vLLM or a native library prints goes to
+    stderr (``genprobe._io.json_stdout``)."""
+    from genprobe._io import json_stdout
+
+    with json_stdout("--json" in (sys.argv[1:] if argv is None else argv)) as json_out:
+        return _main(argv, json_out)
+
+
+def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=str(REPO / "out" / "case" / "model"))
     ap.add_argument("--prompts", type=int, default=256, help="prompts scanned at batch 64 (default 256)")
@@ -126,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     _print(out, file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(out, indent=2), file=json_out)
     return 0 if all(a["verdicts"] == a["n"] for a in agree.values()) else 1
 
 

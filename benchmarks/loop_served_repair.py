@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 MEASURES = ("loop_rate", "degenerate_rate", "near_loop_rate", "repetitive_rate")
 
@@ -50,6 +51,15 @@ def _config(report: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; with ``--json`` stdout holds the JSON alone: what vLLM or a native library prints goes to
+    stderr (``genprobe._io.json_stdout``)."""
+    from genprobe._io import json_stdout
+
+    with json_stdout("--json" in (sys.argv[1:] if argv is None else argv)) as json_out:
+        return _main(argv, json_out)
+
+
+def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="the patched model (loops apply --out DIR)")
     ap.add_argument("repair_json", type=Path, help="repair.json of the loops repair run that made the patch")
@@ -108,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     _print(out, sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(out, indent=2), file=json_out)
     return 0 if all(r["vllm_within_repair_ci"] for r in rows) else 1
 
 

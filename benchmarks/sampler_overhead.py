@@ -28,6 +28,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -171,6 +172,15 @@ def processor_rows(V: int, histories: list[int], reps: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; with ``--json`` stdout holds the JSON alone: what vLLM or a native library prints goes to
+    stderr (``genprobe._io.json_stdout``)."""
+    from genprobe._io import json_stdout
+
+    with json_stdout("--json" in (sys.argv[1:] if argv is None else argv)) as out:
+        return _main(argv, out)
+
+
+def _main(argv: list[str] | None, out: IO[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ckpt", default=None, help="genprobe checkpoint dir (default out/case/model if present)")
     ap.add_argument("--new-tokens", type=int, default=50)
@@ -206,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         "processors": proc,
     }
     if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        json.dump(result, out, indent=2)
+        out.write("\n")
         return 0
     ms, ov, r = gen["ms_per_token"], gen["overhead_ms_per_token"], gen["ratios"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731

@@ -1,4 +1,5 @@
-"""Atomic file writes: a crash never leaves a half-written file behind."""
+"""Atomic file writes (a crash never leaves a half-written file behind), strict JSON, and a stdout that holds
+only JSON (:func:`json_stdout`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import hashlib
 import json
 import math
 import os
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable, Iterator
 
 
 def json_safe_dict(d: dict[str, Any]) -> dict[str, Any]:
@@ -104,3 +107,51 @@ def read_format_json(path: str | os.PathLike, expected_format: str, error: type[
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise error(f"{path}: unknown format {found!r}, expected {expected_format!r}")
     return meta
+
+
+def _flush_c_stdio() -> None:
+    """Flush the C library's stdio buffers (a native library's ``printf`` output still waiting in them)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C library to reach (an unusual platform): nothing to flush
+        pass
+
+
+@contextmanager
+def json_stdout(enabled: bool = True) -> Iterator[IO[str]]:
+    """Keep stdout for JSON alone: while active, file descriptor 1 points at stderr (what vLLM, C extensions or a
+    stray ``print`` write there lands on stderr, and so does ``sys.stdout``); yields a text stream on the real
+    stdout for the JSON. Restored on exit, every buffer flushed to the side it was written for.
+
+    ``enabled=False`` changes nothing and yields ``sys.stdout`` (``with json_stdout(args.json) as out:``). When
+    ``sys.stdout`` is not the process's fd 1 (replaced by a caller, e.g. a test's capture), the yielded stream is
+    that object and only fd 1 and ``sys.stdout`` are pointed at stderr.
+    """
+    out = sys.stdout
+    if not enabled:
+        yield out
+        return
+    out.flush()
+    _flush_c_stdio()
+    try:
+        on_fd1 = out.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both OSError and ValueError
+        on_fd1 = False
+    saved = os.dup(1)
+    stream: IO[str] = open(os.dup(saved), "w", encoding="utf-8", closefd=True) if on_fd1 else out  # noqa: SIM115
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        yield stream
+    finally:
+        sys.stdout = out
+        out.flush()  # what was written to the old sys.stdout meanwhile belongs to stderr: fd 1 still points there
+        sys.stderr.flush()
+        _flush_c_stdio()
+        os.dup2(saved, 1)
+        os.close(saved)
+        stream.flush()
+        if stream is not out:
+            stream.close()

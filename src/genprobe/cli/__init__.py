@@ -11,6 +11,8 @@ import importlib
 import pkgutil
 import sys
 import warnings
+from contextlib import contextmanager
+from typing import Iterator
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +50,7 @@ def _run(argv: list[str] | None) -> int:
         parser.print_help()
         return 2
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _stdout_for_json(args):
             warnings.simplefilter("default")
             rc = args.func(args)
     except (ValueError, FileNotFoundError) as exc:
@@ -61,6 +63,21 @@ def _run(argv: list[str] | None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
+
+
+@contextmanager
+def _stdout_for_json(args: argparse.Namespace) -> Iterator[None]:
+    """With ``--json``, stdout holds the JSON alone: fd 1 points at stderr while the command runs (vLLM and native
+    libraries print there) and ``emit_json`` writes to the real stdout (``genprobe._io.json_stdout``)."""
+    from .._io import json_stdout
+    from ._common import JSON_STREAM
+
+    with json_stdout(bool(getattr(args, "json", False))) as stream:
+        JSON_STREAM.append(stream)
+        try:
+            yield
+        finally:
+            JSON_STREAM.pop()
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001

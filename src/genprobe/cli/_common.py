@@ -7,7 +7,7 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import IO, Any, Literal, overload
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
@@ -15,13 +15,19 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary on stdout")
 
 
+#: Where ``emit_json`` writes (the last entry): the real stdout while ``genprobe.cli.main`` holds it for JSON
+#: (``--json``: fd 1 points at stderr meanwhile, so nothing a library prints reaches stdout); empty: ``sys.stdout``.
+JSON_STREAM: list[IO[str]] = []
+
+
 def emit_json(obj: Any) -> None:
     """Print ``obj`` as strict JSON on stdout (UTF-8, readable; NaN/inf spelled out by ``json_safe``)."""
     from .._io import json_safe
 
     text = json.dumps(json_safe(obj), ensure_ascii=False, indent=2, default=_default, allow_nan=False)
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    out = JSON_STREAM[-1] if JSON_STREAM else sys.stdout
+    out.write(text + "\n")
+    out.flush()
 
 
 def _default(o: Any) -> Any:
