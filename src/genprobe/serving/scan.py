@@ -119,20 +119,3 @@ def scan_study_vllm(
         progress=study.progress,
         desc=desc,
     )
-
-
-def scan_loops_backend(backend: str, model: Any, *args: Any, engine_options: Any = None, **kw: Any) -> ScanResult:
-    """The hook for ``loops scan --backend {genprobe,vllm}``: same arguments as ``scan_loops`` after ``model``.
-
-    ``model`` is what ``scan_loops`` takes for ``backend="genprobe"``; for ``"vllm"`` it is a model
-    directory (genprobe checkpoint or transformers dir) served by the process's shared engine.
-    """
-    if backend == "genprobe":
-        from ..loops.scan import scan_loops
-
-        return scan_loops(model, *args, **kw)
-    if backend == "vllm":
-        from .engine import shared_engine
-
-        return scan_loops_vllm(shared_engine(model, engine_options), *args, **kw)
-    raise ValueError(f"unknown scan backend {backend!r}; choose 'genprobe' or 'vllm'")
