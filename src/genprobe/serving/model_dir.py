@@ -63,13 +63,30 @@ def _has_tokenizer(d: Path) -> bool:
     return any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"))
 
 
+def _model_path(model: str | os.PathLike) -> Path:
+    """The directory behind ``model``: a path, or a fetched catalog model's name (``smollm2``). A GGUF file is
+    refused with the conversion command: vLLM is given the float directory genprobe compares against."""
+    from ..model.catalog import CATALOG, resolve_name
+
+    src = Path(model)
+    if not src.exists():
+        if str(model) in CATALOG:
+            return resolve_name(str(model))
+        raise FileNotFoundError(f"no such model directory: {src}")
+    ggufs = [src] if src.is_file() else sorted(src.glob("*.gguf"))
+    if src.suffix == ".gguf" or (ggufs and not (src / "config.json").is_file()):
+        raise ValueError(
+            f"{src} is a GGUF model: convert it once with `genprobe convert-gguf {ggufs[0]} --out DIR` and serve DIR "
+            "(the float directory is what the served logits are compared with)"
+        )
+    return src
+
+
 def served_model(model: str | os.PathLike, tmp_root: str | os.PathLike | None = None) -> ServedModel:
     """A transformers directory for ``model`` (an HF dir as is; a genprobe checkpoint exported to a temp dir)."""
     from ..model.checkpoint import is_checkpoint
 
-    src = Path(model)
-    if not src.exists():
-        raise FileNotFoundError(f"no such model directory: {src}")
+    src = _model_path(model)
     if is_checkpoint(src):
         from ..model.hf_dir import export_hf_dir
 
