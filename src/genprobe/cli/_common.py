@@ -143,8 +143,9 @@ def model_path(args: argparse.Namespace, required: bool = True) -> str | None:
     return None if path is None else str(path)
 
 
-def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, help_default: str = "") -> None:
-    """``--prompt TEXT [TEXT ...]`` or ``--prompts FILE`` (one per line, or JSONL with a prompt/text field)."""
+def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, help_default: str = "") -> Any:
+    """``--prompt TEXT [TEXT ...]`` or ``--prompts FILE`` (one per line, or JSONL with a prompt/text field); returns
+    their mutually exclusive group (a command may add another prompt source to it)."""
     g = p.add_mutually_exclusive_group(required=required)
     g.add_argument(
         "--prompt",
@@ -156,6 +157,7 @@ def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, hel
     g.add_argument(
         "--prompts", metavar="FILE", help="prompt file: one prompt per line, or JSONL with a 'prompt' or 'text' field"
     )
+    return g
 
 
 def read_prompts(args: argparse.Namespace) -> list[str] | None:

@@ -30,7 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "greedy is an explicit argmax (bans and penalties still apply).",
     )
     add_model_argument(p)
-    add_prompt_arguments(p, required=True)
+    prompts = add_prompt_arguments(p, required=True)
+    prompts.add_argument(
+        "--ids",
+        nargs="+",
+        action="append",
+        type=int,
+        metavar="ID",
+        help="a prompt as token ids instead of text (a model without a tokenizer); repeat the flag for several "
+        "prompts; prints the ids generated, and their text when the model has a tokenizer",
+    )
     add_sampler_arguments(p)
     add_max_new_tokens(p, 50)
     p.add_argument("--seed", type=int, default=0)
@@ -77,6 +86,19 @@ def _encode(model, texts: list[str]) -> list[list[int]]:
         return [model.encode(t) for t in texts]
 
 
+def check_ids(prompts: list[list[int]], vocab_size: int) -> list[list[int]]:
+    """``--ids`` prompts, each id inside the vocabulary ``[0, vocab_size)``; the error names the limit."""
+    for i, ids in enumerate(prompts):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            which = f" (prompt {i + 1})" if len(prompts) > 1 else ""
+            raise ValueError(
+                f"--ids{which}: token id {bad[0]} is outside the model's vocabulary: ids must be in [0, {vocab_size}), "
+                f"i.e. at most {vocab_size - 1}"
+            )
+    return [list(ids) for ids in prompts]
+
+
 def _show(tok, ids: list[int], show_unk: bool) -> str:
     return tok.decode(ids, show_unk=show_unk) if tok.kind == "char" else tok.decode(ids)
 
@@ -89,21 +111,28 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
-    texts = read_prompts(args)
-    assert texts is not None  # the prompt arguments are required (add_prompt_arguments(required=True))
+    if args.ids and args.chat:
+        raise ValueError("--chat renders text through the chat template: give --prompt, not --ids")
     model = load_model_arg(args)
-    tok = model._require_tokenizer()
+    tok = model.tokenizer
+    if args.ids:
+        prompts = check_ids(args.ids, model.vocab_size)
+        texts: list[str | None] = [None] * len(prompts)
+    else:
+        given = read_prompts(args)
+        assert given is not None  # one prompt source is required (add_prompt_arguments(required=True))
+        tok = model._require_tokenizer()  # names --ids when there is none
+        rendered = [model.chat_prompt(t) for t in given] if args.chat else list(given)
+        texts = list(rendered)
+        prompts = _encode(model, rendered)
     sampler = sampler_from_args(args, tok)
-    if args.chat:
-        texts = [model.chat_prompt(t) for t in texts]
-    prompts = _encode(model, texts)
-    stream = len(prompts) == 1 and not args.json and not args.top
-    if stream and not args.chat:
+    stream = len(prompts) == 1 and not args.json and not args.top and tok is not None
+    if stream and not args.chat and tok is not None:
         sys.stdout.write(_show(tok, prompts[0], args.show_unk))
         sys.stdout.flush()
 
     def on_token(step: int, row: list[int]) -> None:
-        if row[0] >= 0:
+        if row[0] >= 0 and tok is not None:
             sys.stdout.write(_show(tok, [row[0]], args.show_unk))
             sys.stdout.flush()
 
@@ -123,13 +152,13 @@ def run(args: argparse.Namespace) -> int:
     _warn_if_compile_failed(args)
     results = []
     for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens, strict=True)):
-        steps = step_stats(new, res.step_probs, tok.token_str, row=row, top=args.top)
+        steps = step_stats(new, res.step_probs, tok.token_str if tok is not None else str, row=row, top=args.top)
         results.append(
             {
-                "prompt": text,
+                "prompt": text if text is not None or tok is None else _show(tok, ids, args.show_unk),
                 "prompt_tokens": ids,
-                "unknown_prompt_chars": tok.unknown_chars(text),
-                "text": _show(tok, new, args.show_unk),
+                "unknown_prompt_chars": tok.unknown_chars(text) if tok is not None and text is not None else [],
+                "text": _show(tok, new, args.show_unk) if tok is not None else None,
                 "tokens": new,
                 "finished": res.finished[row],
                 "steps": [s.to_dict() for s in steps],
@@ -138,7 +167,10 @@ def run(args: argparse.Namespace) -> int:
         if args.top and not args.json:
             print(format_steps(steps))
         if not stream and not args.json:
-            print(("" if args.chat else _show(tok, ids, args.show_unk)) + results[-1]["text"])
+            if tok is None:  # no tokenizer: the ids are the output
+                print(" ".join(str(i) for i in new))
+            else:
+                print(("" if args.chat else _show(tok, ids, args.show_unk)) + results[-1]["text"])
     if stream:
         print()
     if args.json:

@@ -187,7 +187,10 @@ class Model:
     def _require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
             where = f" {self.source}" if self.source else ""
-            raise ValueError(f"the model{where} has no tokenizer: text cannot be encoded; pass token ids instead")
+            raise ValueError(
+                f"the model{where} has no tokenizer: text cannot be encoded; pass token ids instead "
+                "(on the command line: --ids ID ...)"
+            )
         return self.tokenizer
 
     def encode(self, text: str) -> list[int]:
