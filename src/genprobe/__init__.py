@@ -24,7 +24,7 @@ _EXPORTS = {
     "Model": "genprobe.engine.loaded:LoadedModel",
     "Tokenizer": "genprobe.model.load:Tokenizer",
     "ModelLoadError": "genprobe.model.load:ModelLoadError",
-    "SamplingParams": "genprobe.engine.sampling:SamplerConfig",
+    "SamplingParams": "genprobe.engine.sampling:SamplingParams",
     "Completion": "genprobe.engine.text:Completion",
     "scan_loops": "genprobe.api:scan_loops",
     "calibrate_loops": "genprobe.api:calibrate_loops",
@@ -36,6 +36,23 @@ _EXPORTS = {
     "verify_cache": "genprobe.verify.api:verify_cache",
     "chapter_phenomena": "genprobe.api:chapter_phenomena",
     "PhenomenaConfig": "genprobe.experiments.phenomena:PhenomenaConfig",
+    # what the functions above return (and what those results hold), for annotations and isinstance checks
+    "ScanResult": "genprobe.loops.scan:ScanResult",
+    "LoopRates": "genprobe.loops.scan:LoopRates",
+    "LoopSettings": "genprobe.metrics:LoopSettings",
+    "LoopCalibration": "genprobe.metrics.calibrate:LoopCalibration",
+    "LoopRepair": "genprobe.api:LoopRepair",
+    "RepairReport": "genprobe.loops.repair:RepairReport",
+    "Patch": "genprobe.loops.patch:Patch",
+    "CompareConfig": "genprobe.loops.compare:CompareConfig",
+    "CompareResult": "genprobe.loops.compare:CompareResult",
+    "AttentionReport": "genprobe.attention.metrics:AttentionReport",
+    "LeakReport": "genprobe.attention.leak:LeakReport",
+    "CaseStudy": "genprobe.experiments.study:CaseStudy",
+    "PhenomenaResult": "genprobe.experiments.phenomena:PhenomenaResult",
+    "VerifyReport": "genprobe.verify.report:VerifyReport",
+    "Thresholds": "genprobe.verify.compare:Thresholds",
+    "ServingReport": "genprobe.serving.verify:ServingReport",  # importing it does not import vLLM
 }
 
 __all__ = ["__version__", *_EXPORTS]

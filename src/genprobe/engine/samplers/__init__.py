@@ -19,7 +19,7 @@ from .chain import (
     sample_next,
     sampling_probs,
 )
-from .config import ENGINES, ORDERS, PRESETS, SamplerConfig
+from .config import ENGINES, ORDERS, PRESETS, SamplerConfig, SamplingParams
 from .dry import DEFAULT_BREAKERS, breakers_from_strings, dry_penalties, tokenizer_breakers
 from .penalties import no_repeat_ngram_mask
 from .truncation import top_p_genprobe as top_p_filter
@@ -30,6 +30,7 @@ __all__ = [
     "ORDERS",
     "PRESETS",
     "SamplerConfig",
+    "SamplingParams",
     "adjust_logits",
     "breakers_from_strings",
     "check_logits",

@@ -135,12 +135,32 @@ class SamplerConfig:
             or self.xtc_active
         )
 
+    # A SamplingParams and a SamplerConfig with the same parameters are the same sampler (dataclass equality
+    # would compare the classes too).
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SamplerConfig):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (every parameter, the resolved engine included)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}  # asdict() deep-copies: slow per call
         d["ban_ids"] = list(self.ban_ids)
         d["dry_sequence_breakers"] = [list(s) for s in self.dry_sequence_breakers]
         return d
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingParams(SamplerConfig):
+    """The sampler configuration under its public name (``genprobe.SamplingParams``): a :class:`SamplerConfig`
+    whose repr, presets, copies and argument errors say ``SamplingParams``; equal to a ``SamplerConfig`` with the
+    same parameters and accepted wherever one is."""
 
 
 # ---- validation (one concern per helper; messages name the parameter and its limit) ---------
