@@ -66,6 +66,51 @@ def test_learned_positions_beyond_context_raise_the_models_error():
     assert 0.0 <= lag_accuracy(lag_model, LagTask(1), 8, 8, samples=4) <= 1.0
 
 
+class _PasskeyReader(torch.nn.Module):
+    """A constructed model: at the last position, all logit mass on the token ``offset`` after the KEY (1: the
+    value, the right answer; 0: the KEY itself, always wrong)."""
+
+    def __init__(self, offset: int):
+        super().__init__()
+        self.offset = offset
+
+    def forward(self, x):
+        key = (x == PasskeyTask.KEY).int().argmax(-1)
+        picked = x[torch.arange(x.shape[0]), key + self.offset]
+        logits = torch.zeros(*x.shape, PasskeyTask.vocab_size)
+        logits[:, -1] = torch.nn.functional.one_hot(picked, PasskeyTask.vocab_size).float()
+        return logits
+
+
+@pytest.mark.parametrize("distance, length", [(1, 8), (5, 16), (30, 32)])
+def test_passkey_accuracy_on_models_whose_answer_is_known(distance, length):
+    task = PasskeyTask()
+    # reads the value after the key: every answer right, over several batches (300 samples, batches of 128)
+    assert passkey_accuracy(_PasskeyReader(1), task, distance, length, samples=300, batch=128) == 1.0
+    # reads the key itself: never a value token, every answer wrong
+    assert passkey_accuracy(_PasskeyReader(0), task, distance, length, samples=300, batch=128) == 0.0
+
+
+def test_passkey_accuracy_is_the_share_of_right_answers():
+    """A model right on values of one parity only: the accuracy is that parity's share of the samples."""
+    task = PasskeyTask()
+
+    class EvenOnly(_PasskeyReader):
+        def forward(self, x):
+            logits = super().forward(x)
+            value = logits[:, -1].argmax(-1)
+            odd = value % 2 == 1
+            logits[odd, -1] = torch.roll(logits[odd, -1], 1, dims=-1)  # odd values: the next token instead
+            return logits
+
+    samples, distance, length = 400, 4, 12
+    gen = torch.Generator().manual_seed(1234 + 7919 * distance + length)  # the metric's own draw
+    values = torch.cat([task.batch(torch.full((n,), distance), length, gen)[1] for n in (256, 144)])
+    expected = float((values % 2 == 0).float().mean())
+    assert 0.3 < expected < 0.7
+    assert passkey_accuracy(EvenOnly(1), task, distance, length, samples=samples) == pytest.approx(expected)
+
+
 def test_lag_accuracy_counts_only_positions_beyond_context():
     class Oracle(torch.nn.Module):  # perfect before position 8, always wrong from position 8 on
         def forward(self, x):
