@@ -27,6 +27,7 @@ _EXPORTS = {
     "SamplingParams": "genprobe.engine.sampling:SamplingParams",
     "Completion": "genprobe.engine.text:Completion",
     "scan_loops": "genprobe.api:scan_loops",
+    "scan_loop_settings": "genprobe.loops.scan_settings:scan_loop_settings",
     "calibrate_loops": "genprobe.api:calibrate_loops",
     "repair_loops": "genprobe.api:repair_loops",
     "RepairConfig": "genprobe.loops.study:RepairConfig",
@@ -34,6 +35,7 @@ _EXPORTS = {
     "padding_leak": "genprobe.api:padding_leak",
     "run_case": "genprobe.api:run_case",
     "verify_cache": "genprobe.verify.api:verify_cache",
+    "verify_caches": "genprobe.verify.api:verify_caches",
     "chapter_phenomena": "genprobe.api:chapter_phenomena",
     "PhenomenaConfig": "genprobe.experiments.phenomena:PhenomenaConfig",
     # what the functions above return (and what those results hold), for annotations and isinstance checks
@@ -42,6 +44,7 @@ _EXPORTS = {
     "LoopSettings": "genprobe.metrics:LoopSettings",
     "LoopCalibration": "genprobe.metrics.calibrate:LoopCalibration",
     "LoopRepair": "genprobe.api:LoopRepair",
+    "LoopScans": "genprobe.loops.scan_settings:LoopScans",
     "RepairReport": "genprobe.loops.repair:RepairReport",
     "Patch": "genprobe.loops.patch:Patch",
     "CompareConfig": "genprobe.loops.compare:CompareConfig",
@@ -51,6 +54,8 @@ _EXPORTS = {
     "CaseStudy": "genprobe.experiments.study:CaseStudy",
     "PhenomenaResult": "genprobe.experiments.phenomena:PhenomenaResult",
     "VerifyReport": "genprobe.verify.report:VerifyReport",
+    "CacheVerification": "genprobe.verify.api:CacheVerification",
+    "MutantTable": "genprobe.verify.api:MutantTable",
     "Thresholds": "genprobe.verify.compare:Thresholds",
     "ServingReport": "genprobe.serving.verify:ServingReport",  # importing it does not import vLLM
 }

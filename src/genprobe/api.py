@@ -42,19 +42,31 @@ def scan_loops(
     batch_size: int = 64,
     seed: int = 0,
     progress: bool = False,
+    calibration: "LoopCalibration | None" = None,
+    loop: "LoopSettings | None" = None,
 ) -> "ScanResult":
     """Generate after every prompt and measure loops (exact, near, repetitive tail, degenerate) with CIs.
 
     The default decoding is the loop studies' setting: greedy with the unknown and end tokens banned, a
     fixed number of new tokens. ``prompts`` defaults to held-out Tang openings for the bundled char model.
+    ``calibration`` (:func:`calibrate_loops` at ``max_new_tokens``) fixes the detector settings and puts its
+    human false-positive rates beside the scan's; else ``loop`` (default: the raw defaults). Several settings,
+    the vLLM backend and the ``loops scan`` JSON: :func:`genprobe.scan_loop_settings`.
     """
-    from .loops.study import LoopStudy, RepairConfig
+    from .loops.scan_settings import scan_loop_settings
 
-    texts = list(prompts) if prompts is not None else _default_prompts(model, 256)
-    study = LoopStudy(
-        model, RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed), sampling, progress
+    res = scan_loop_settings(
+        model,
+        prompts,
+        {"scan": sampling},
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        seed=seed,
+        progress=progress,
+        calibration=calibration,
+        loop=loop,
     )
-    return study.scan(study.encode(texts), texts)
+    return res.scans["scan"]
 
 
 def calibrate_loops(

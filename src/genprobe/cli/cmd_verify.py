@@ -39,6 +39,7 @@ from ._common import (
     read_prompts,
 )
 
+# genprobe.verify.api.FAIL_ON, spelled out so that building the parser does not import torch
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
 EXIT_PASS, EXIT_BUG, EXIT_USAGE, EXIT_IMPL_ERROR = 0, 1, 2, 3
 # genprobe.verify.hf_caches.CACHE_KINDS, spelled out so that building the parser does not import torch
@@ -202,91 +203,27 @@ def _check_args(args: argparse.Namespace, model) -> None:
         )
 
 
-def _prompts(args: argparse.Namespace, model, impl, max_pos: int | None) -> list[list[int]]:
-    from ..verify.api import default_prompts, random_prompts
-
+def _prompts(args: argparse.Namespace, model) -> list[list[int]] | None:
+    """``--prompt``/``--prompts`` as token ids; None: the library's defaults (Tang openings or random ids)."""
     texts = read_prompts(args)
-    if texts is not None:
-        if model is None or model.tokenizer is None:
-            raise ValueError(
-                "--prompt/--prompts need a model with a tokenizer (a genprobe checkpoint, or a "
-                "transformers directory with tokenizer files)"
-            )
-        prompts = [model.encode(t) for t in texts]
-        if any(not p for p in prompts):
-            raise ValueError("a prompt encodes to no tokens")
-        return prompts
-    if model is not None:
-        return default_prompts(model, args.max_new_tokens)
-    vocab = getattr(impl, "vocab_size", None)
-    if vocab is None:
-        raise ValueError("cannot tell the vocabulary size for random prompts: give --prompt, or MODEL")
-    return random_prompts(int(vocab), max_pos, args.max_new_tokens)
-
-
-# ---- targets -------------------------------------------------------------------------------------------
-def _targets(args: argparse.Namespace, model, th) -> tuple[Any, list[tuple[str | None, Any]]]:
-    """(reference, [(display name or None, implementation — or the report of one that could not be built)])."""
-    from ..verify import CompiledEngineAdapter, HFAdapter, ImplFactoryError, load_impl
-    from ..verify.api import own_cache, reference_for
-    from ..verify.hf_caches import unavailable_reason
-    from ..verify.report import PhaseError, VerifyReport
-
-    reference = None if model is None else reference_for(model, args.window, args.sinks)
-    if args.impl:
-        if os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
-            sys.path.insert(0, os.getcwd())
-        try:
-            impl = load_impl(args.impl, None if model is None else model.module)
-        except ImplFactoryError as exc:
-            err = PhaseError.from_exception("factory", exc.exc)
-            return reference, [(args.impl, VerifyReport.not_run(args.impl, th, error=err, steps=args.max_new_tokens))]
-        if reference is None:
-            if not callable(getattr(impl, "full", None)):
-                raise ValueError(
-                    f"{args.impl} was built without a model: give MODEL as the reference, or give the adapter a "
-                    "full(ids, attention_mask=None) method that recomputes without a cache"
-                )
-            reference = impl
-        return reference, [(args.impl, impl)]
-    if model.kind == "genprobe":
-        impls: list[tuple[str | None, Any]] = [(None, own_cache(model, args.window, args.sinks))]
-        if args.compiled:
-            impls.append((None, CompiledEngineAdapter(model.module)))
-        return reference, impls
-    impls = []
-    asked = args.hf_cache or [None]  # None: the model's own default cache
-    kinds = list(HF_CACHE_KINDS) if "all" in asked else list(dict.fromkeys(asked))
-    for kind in kinds:
-        why = None if kind is None else unavailable_reason(model.module, kind)
-        if why is not None:
-            name = f"hf:{model.arch}[{kind}]"
-            impls.append((name, VerifyReport.not_run(name, th, unavailable=why, steps=args.max_new_tokens)))
-        else:
-            impls.append((None, HFAdapter(model.module, pass_position_ids=not args.hf_no_position_ids, cache=kind)))
-    return reference, impls
-
-
-def _mutant_model(model):
-    """A model to plant bugs into: a genprobe GPT, a GPT-2 converted to ours, or a transformers Llama-family model."""
-    if model is None:
+    if texts is None:
         return None
-    if model.kind == "genprobe":
-        return model.module
-    if model.arch == "gpt2":
-        from ..model.hf import from_hf_gpt2
-
-        return from_hf_gpt2(model.module)
-    if model.arch in ("llama", "qwen2", "mistral"):
-        return model.module
-    return None
+    if model is None or model.tokenizer is None:
+        raise ValueError(
+            "--prompt/--prompts need a model with a tokenizer (a genprobe checkpoint, or a "
+            "transformers directory with tokenizer files)"
+        )
+    prompts = [model.encode(t) for t in texts]
+    if any(not p for p in prompts):
+        raise ValueError("a prompt encodes to no tokens")
+    return prompts
 
 
 # ---- the command ---------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
-    """Build targets, run the harness (and mutants), print the tables; exit 0/1/3 (2 via ValueError)."""
+    """Parse, call :func:`genprobe.verify_caches`, print the tables; exit 0/1/3 (2 via ValueError)."""
     from ..verify import Thresholds
-    from ..verify.report import VerifyReport
+    from ..verify.api import MUTANT_ARCHS, verify_caches
 
     path = model_path(args, required=False)
     model = None
@@ -303,51 +240,45 @@ def run(args: argparse.Namespace) -> int:
         rel_suspicious=min(0.01, args.rel_bug),
         floor_multiple=args.floor_multiple,
     )
-    gpt = _mutant_model(model) if args.mutants else None
-    if args.mutants and gpt is None:
+    if args.mutants and (model is None or (model.kind != "genprobe" and model.arch not in MUTANT_ARCHS)):
         raise ValueError(
             "--mutants needs a genprobe checkpoint or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant "
             "bugs into"
         )
-
-    reference, targets = _targets(args, model, th)
-    runnable = [impl for _, impl in targets if not isinstance(impl, VerifyReport)]
-    prompts: list[list[int]] = []
-    if model is not None or runnable:  # a model-less factory that raised leaves nothing to take prompts from
-        max_pos = model.max_positions if model is not None else getattr(reference, "max_positions", None)
-        prompts = _prompts(args, model, runnable[0] if runnable else None, max_pos)
-    reports, run_ = _verify_targets(args, model, reference, targets, prompts, th)
-    failing = [r.impl for r in reports if r.verdict in FAIL_ON[args.fail_on]]
-    errored = [r.impl for r in reports if r.verdict == "error"]
-    mreports, mutant_rows, noop = _run_mutants(args, gpt, reference, run_, prompts, th) if gpt else ([], [], None)
-    failing += [
-        f"mutant {r['impl']} ({'not caught' if r['expected'] != 'pass' else 'flagged'})"
-        for r in mutant_rows
-        if not r["as_expected"]
-    ]
-
+    if args.impl and os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
+        sys.path.insert(0, os.getcwd())
+    result = verify_caches(
+        model,
+        args.impl,
+        compiled=args.compiled,
+        hf_caches=args.hf_cache or (),
+        mutants=args.mutants,
+        prompts=_prompts(args, model),
+        max_new_tokens=args.max_new_tokens,
+        chunk_sizes=chunk_sizes(args.chunk_sizes),
+        window=args.window,
+        sinks=args.sinks,
+        hf_position_ids=not args.hf_no_position_ids,
+        padded_batch=not args.no_padded_batch,
+        isolation=not args.no_isolation,
+        prefix_reuse=not args.no_prefix_reuse,
+        thresholds=th,
+        log=info,
+    )
+    failing, errored = result.failing(args.fail_on), result.errors
+    table = result.mutants
     rc = EXIT_IMPL_ERROR if errored else EXIT_BUG if failing else EXIT_PASS
-    print_tables(reports, mreports, mutant_rows, noop, th, file=sys.stderr if args.json else sys.stdout)
+    mreports, rows, noop = (table.reports, table.rows, table.mask_noop) if table is not None else ([], [], None)
+    print_tables(result.reports, mreports, rows, noop, th, file=sys.stderr if args.json else sys.stdout)
     if errored:
         info(f"ERROR: {', '.join(errored)} raised (exit status {EXIT_IMPL_ERROR})")
     if failing:
         info(f"FAIL: {', '.join(failing)}")
     if args.json:
+        d = result.to_dict(args.fail_on)
         emit_json(
-            {
-                "implementations": [r.to_dict() for r in reports],
-                "mutants": mutant_rows,
-                "mask_noop": noop,
-                "prompts": prompts,
-                "reference": run_.name if run_ is not None else None,
-                "noise_floor": _first_of(reports + mreports, "noise_floor"),
-                "pass_line": _first_of(reports + mreports, "pass_line"),
-                "thresholds": th.to_dict(),
-                "weight_dtype": args.weight_dtype,
-                "failing": failing,
-                "errors": errored,
-                "exit_status": rc,
-            }
+            {k: v for k, v in d.items() if k not in ("failing", "errors")}
+            | {"weight_dtype": args.weight_dtype, "failing": failing, "errors": errored, "exit_status": rc}
         )
     return rc
 
@@ -355,74 +286,6 @@ def run(args: argparse.Namespace) -> int:
 def _first_of(reports: list[Any], attr: str) -> Any:
     """``attr`` of the first report that has it (every report of a run shares the reference's floor)."""
     return next((getattr(r, attr) for r in reports if getattr(r, attr, None) is not None), None)
-
-
-def cache_len(prompts: list[list[int]], steps: int) -> int:
-    """Slots a static cache needs for the harness: the longest prompt + steps, or a prefix-reuse sequence."""
-    from ..verify.reuse import REUSE_LENGTH
-
-    return max(max(len(p) for p in prompts) + steps, REUSE_LENGTH) + 1
-
-
-def _verify_targets(
-    args: argparse.Namespace,
-    model: Any,
-    reference: Any,
-    targets: list[tuple[str | None, Any]],
-    prompts: list[list[int]],
-    th: Any,
-) -> tuple[list[Any], Any]:
-    """One report per target (a target that could not be built already is its report) and the shared reference run."""
-    from ..verify.harness import ReferenceRun, verify_implementation
-    from ..verify.report import VerifyReport
-
-    steps = args.max_new_tokens
-    run_ = ReferenceRun(reference, steps) if any(not isinstance(i, VerifyReport) for _, i in targets) else None
-    reports = []
-    for name, impl in targets:
-        if isinstance(impl, VerifyReport):  # could not be built: the report says why
-            reports.append(impl)
-            continue
-        if getattr(impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
-            impl.max_cache_len = cache_len(prompts, steps)
-        label = name or getattr(impl, "name", type(impl).__name__)
-        info(f"verifying {label} on {len(prompts)} prompt(s), {steps} steps …")
-        reports.append(
-            verify_implementation(
-                impl,
-                run_,
-                prompts,
-                steps=steps,
-                chunk_sizes=chunk_sizes(args.chunk_sizes),
-                padded_batch=not args.no_padded_batch,
-                thresholds=th,
-                name=name,
-                pad_id=model.pad_id if model is not None else 0,
-                isolation=not args.no_isolation,
-                prefix_reuse=not args.no_prefix_reuse,
-            )
-        )
-    return reports, run_
-
-
-def _run_mutants(
-    args: argparse.Namespace, gpt: Any, reference: Any, run_: Any, prompts: list[list[int]], th: Any
-) -> tuple[list[Any], list[dict[str, Any]], Any]:
-    """The planted-bug mutants on the chapter's §3.9.1 experiment: the first prompt, every phase but padding and
-    isolation; plus no_mask's one-token no-op."""
-    from ..verify.mutants import MUTANTS, mask_noop, report_row_detailed, run_mutant_reports
-
-    chunks = chunk_sizes(args.chunk_sizes)
-    steps = args.max_new_tokens
-    info(f"running {len(MUTANTS)} mutants …")
-    same = getattr(reference, "model", getattr(reference, "hf", None)) is gpt
-    mrun = run_ if same else None  # the mutants' model is the reference's: reuse its trajectories
-    mreports = run_mutant_reports(
-        gpt, prompts[:1], steps, chunk_sizes=chunks, thresholds=th, run=mrun, prefix_reuse=not args.no_prefix_reuse
-    )
-    rows = [report_row_detailed(r, MUTANTS[r.impl]) for r in mreports]
-    noop = mask_noop(gpt, prompts[0], steps, chunk=max(chunks) if max(chunks) > 1 else 4, run=mrun)
-    return mreports, rows, noop
 
 
 # ---- tables --------------------------------------------------------------------------------------------

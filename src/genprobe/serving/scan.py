@@ -119,3 +119,45 @@ def scan_study_vllm(
         progress=study.progress,
         desc=desc,
     )
+
+
+def vllm_scan_backend(options: Any = None) -> Callable[..., tuple[Callable[..., Any], dict[str, Any]]]:
+    """The vLLM backend of :func:`genprobe.loops.scan_settings.scan_loop_settings` (``backend=``), with these
+    :class:`~genprobe.serving.engine.EngineOptions`. Every setting is checked before vLLM starts (one it cannot
+    express exactly raises :class:`~genprobe.serving.sampling.UnsupportedSamplerError`, never approximated). vLLM is
+    sized to the scan as verify-serving sizes it to its checks: the context fits the longest prompt plus the new
+    tokens, and the KV budget what the scan's sequences need (a CPU machine's default memory fraction often leaves
+    none)."""
+    from .engine import EngineOptions, shared_engine, size_for_workload
+    from .sampling import UnsupportedSamplerError
+
+    def backend(
+        model: Any,
+        study: Any,
+        samplers: dict[str, SamplerConfig],
+        ids: Sequence[Sequence[int]],
+        log: Callable[[str], None],
+    ) -> tuple[Callable[..., Any], dict[str, Any]]:
+        if model.source is None:
+            raise ValueError("vLLM serves a model directory: this model was not loaded from one")
+        for name, sampler in samplers.items():
+            try:
+                check_sampler_vllm(sampler, model.vocab_size, model.eos_id)
+            except UnsupportedSamplerError as exc:
+                raise UnsupportedSamplerError(f"vLLM cannot run the {name!r} setting exactly: {exc}") from None
+        sized = size_for_workload(
+            model.source,
+            options or EngineOptions(),
+            longest_prompt=max(len(p) for p in ids),
+            new_tokens=study.cfg.max_new_tokens,
+            sequences=max(1, min(len(ids), study.cfg.batch_size)),
+        )
+        engine = shared_engine(model.source, sized)
+        log(f"vLLM engine ready ({engine.startup_seconds:.1f} s)")
+
+        def scan(ids: Any, texts: Any, *, sampler: Any, desc: str) -> Any:
+            return scan_study_vllm(engine, study, ids, texts, sampler=sampler, desc=desc)
+
+        return scan, {"backend": "vllm", "vllm": engine.describe()}
+
+    return backend

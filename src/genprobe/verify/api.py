@@ -1,8 +1,12 @@
-"""``genprobe.verify_cache``: the verifier on a loaded :class:`~genprobe.model.load.Model`, one call, one report."""
+"""``genprobe.verify_cache``: the verifier on a loaded :class:`~genprobe.model.load.Model`, one call, one report;
+``genprobe.verify_caches``: everything ``genprobe verify-cache`` runs (several implementations, the compiled decode
+path, transformers' cache classes, a user factory, the planted-bug mutants), one call, one :class:`CacheVerification`.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 
@@ -92,7 +96,6 @@ def verify_cache(
     judges differences against the reference's own float noise on this model (``thresholds.floor_multiple``).
     """
     from .harness import ReferenceRun, verify_implementation
-    from .reuse import REUSE_LENGTH
 
     if prompts is None:
         ids = default_prompts(model, max_new_tokens)
@@ -100,7 +103,7 @@ def verify_cache(
         ids = [model.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
     target = own_cache(model, window, sinks, hf_cache) if impl is None else impl
     if getattr(target, "cache_kind", None) == "static":
-        target.max_cache_len = max(max(len(p) for p in ids) + max_new_tokens, REUSE_LENGTH) + 1
+        target.max_cache_len = cache_len(ids, max_new_tokens)
     run = ReferenceRun(reference_for(model, window, sinks), max_new_tokens)
     return verify_implementation(
         target,
@@ -115,3 +118,384 @@ def verify_cache(
         prefix_reuse=prefix_reuse,
         noise_floor=noise_floor,
     )
+
+
+def cache_len(prompts: Sequence[Sequence[int]], steps: int) -> int:
+    """Slots a static cache needs for the harness: the longest prompt + steps, or a prefix-reuse sequence."""
+    from .reuse import REUSE_LENGTH
+
+    return max(max(len(p) for p in prompts) + steps, REUSE_LENGTH) + 1
+
+
+# ---- several implementations at once: what `genprobe verify-cache` runs ---------------------------------
+HF_CACHE_ALL = "all"  # hf_caches=("all",): every kind of genprobe.verify.hf_caches.CACHE_KINDS
+
+
+@dataclass
+class VerifyTarget:
+    """One implementation to verify, or the report of one that could not be built (``impl`` is then None)."""
+
+    impl: Any
+    name: str | None = None  # display name; None: the implementation's own ``name`` (or its class name)
+    report: VerifyReport | None = None  # not built: unavailable here, or its factory raised
+
+    @property
+    def label(self) -> str:
+        """The name progress messages and reports use."""
+        if self.report is not None:
+            return self.report.impl
+        return str(self.name or getattr(self.impl, "name", type(self.impl).__name__))
+
+
+@dataclass
+class VerifyTargets:
+    """The reference (full recomputation, or a model-less implementation's own ``full``) and the targets."""
+
+    reference: Any
+    targets: list[VerifyTarget]
+
+    @property
+    def runnable(self) -> list[Any]:
+        """The implementations that were built (the others already have their report)."""
+        return [t.impl for t in self.targets if t.report is None]
+
+
+def verify_targets(
+    model: "Model | None",
+    impl: Any = None,
+    *,
+    compiled: bool = False,
+    hf_caches: Sequence[str] = (),
+    window: int | None = None,
+    sinks: int = 0,
+    hf_position_ids: bool = True,
+    steps: int = 50,
+    thresholds: Thresholds | None = None,
+) -> VerifyTargets:
+    """What to verify against what: the reference of ``model`` and the implementations under test.
+
+    ``impl`` is an implementation object or a ``"module:factory"`` spec (built by ``factory(model.module)`` or
+    ``factory()``; a factory that raises gives a target whose report has verdict ``error``, phase ``factory``).
+    Without ``impl``: the model's own cache — our engine (windowed with ``window``/``sinks``) plus, with
+    ``compiled``, the torch.compile'd decode path (:class:`~genprobe.verify.CompiledEngineAdapter`) for a
+    genprobe model; for a transformers model its default cache, or each class named in ``hf_caches`` (``"all"``:
+    every kind), a kind unavailable here being a target whose report has verdict ``unavailable`` and the reason.
+    ``hf_position_ids=False`` drives a transformers model without ``position_ids``. ``steps`` and ``thresholds``
+    go into the reports of targets that could not be built. Without ``model``, ``impl`` must have
+    ``full(ids, attention_mask=None)``, which is then the reference.
+    """
+    from .adapters import CompiledEngineAdapter, HFAdapter, ImplFactoryError, load_impl
+    from .hf_caches import CACHE_KINDS, unavailable_reason
+    from .report import PhaseError
+
+    th = thresholds or Thresholds()
+    kind = None if model is None else model.kind
+    if model is None and impl is None:
+        raise ValueError("give a model (the reference, and its own cache) and/or an implementation")
+    if compiled and (kind != "genprobe" or impl is not None):
+        raise ValueError("compiled verifies genprobe's own compiled decode path: give a genprobe model, no impl")
+    if hf_caches and (kind != "hf" or impl is not None):
+        raise ValueError("hf_caches verifies a transformers model's own cache classes: give one, no impl")
+    if window is not None and kind != "genprobe":
+        raise ValueError(
+            "a window applies to a genprobe model's reference; a transformers model's window comes from its config "
+            "(sliding_window)"
+        )
+    if window is not None and compiled:
+        raise ValueError("a window cannot be combined with the compiled decode path (its cache has no window)")
+    unknown = sorted(set(hf_caches) - {*CACHE_KINDS, HF_CACHE_ALL})
+    if unknown:
+        raise ValueError(f"unknown cache kind(s) {unknown}: choose from {', '.join(CACHE_KINDS)} or {HF_CACHE_ALL}")
+
+    reference = None if model is None else reference_for(model, window, sinks)
+    if impl is not None:
+        name = impl if isinstance(impl, str) else None
+        if isinstance(impl, str):
+            try:
+                impl = load_impl(impl, None if model is None else model.module)
+            except ImplFactoryError as exc:
+                err = PhaseError.from_exception("factory", exc.exc)
+                report = VerifyReport.not_run(cast(str, name), th, error=err, steps=steps)
+                return VerifyTargets(reference, [VerifyTarget(None, name, report)])
+        if reference is None:
+            if not callable(getattr(impl, "full", None)):
+                raise ValueError(
+                    f"{name or type(impl).__name__} was built without a model: give MODEL as the reference, or "
+                    "give the adapter a full(ids, attention_mask=None) method that recomputes without a cache"
+                )
+            reference = impl
+        return VerifyTargets(reference, [VerifyTarget(impl, name)])
+    assert model is not None
+    if model.kind == "genprobe":
+        targets = [VerifyTarget(own_cache(model, window, sinks))]
+        if compiled:
+            targets.append(VerifyTarget(CompiledEngineAdapter(_gpt(model))))
+        return VerifyTargets(reference, targets)
+    asked: list[str | None] = list(hf_caches) or [None]  # None: the model's own default cache
+    kinds = list(CACHE_KINDS) if HF_CACHE_ALL in asked else list(dict.fromkeys(asked))
+    targets = []
+    for k in kinds:
+        why = None if k is None else unavailable_reason(model.module, k)
+        if why is not None:
+            name = f"hf:{model.arch}[{k}]"
+            targets.append(VerifyTarget(None, name, VerifyReport.not_run(name, th, unavailable=why, steps=steps)))
+        else:
+            targets.append(VerifyTarget(HFAdapter(model.module, pass_position_ids=hf_position_ids, cache=k)))
+    return VerifyTargets(reference, targets)
+
+
+MUTANT_ARCHS = ("gpt2", "llama", "qwen2", "mistral")  # transformers architectures the mutants can be planted into
+
+
+def mutant_model(model: "Model | None") -> Any:
+    """A model to plant bugs into: a genprobe GPT, a GPT-2 converted to ours, or a transformers Llama-family
+    model (None for any other)."""
+    if model is None:
+        return None
+    if model.kind == "genprobe":
+        return model.module
+    if model.arch == "gpt2":
+        from ..model.hf import from_hf_gpt2
+
+        return from_hf_gpt2(cast(Any, model.module))
+    if model.arch in MUTANT_ARCHS:
+        return model.module
+    return None
+
+
+@dataclass
+class MutantTable:
+    """The planted-bug mutants' reports, their rows (expected verdict, caught or not) and no_mask's no-op."""
+
+    reports: list[VerifyReport]
+    rows: list[dict[str, Any]]
+    mask_noop: dict[str, Any]
+
+    @property
+    def failing(self) -> list[str]:
+        """The mutants not as expected: a bug not caught, or a correct variant (``cat_order``) flagged."""
+        return [
+            f"mutant {r['impl']} ({'not caught' if r['expected'] != 'pass' else 'flagged'})"
+            for r in self.rows
+            if not r["as_expected"]
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"mutants": rows, "mask_noop": ...}`` (the rows are strict JSON already)."""
+        return {"mutants": self.rows, "mask_noop": self.mask_noop}
+
+
+def mutant_table(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    steps: int = 50,
+    *,
+    chunk_sizes: Sequence[int] = (1, 4),
+    thresholds: Thresholds | None = None,
+    run: Any = None,
+    prefix_reuse: bool = True,
+) -> MutantTable:
+    """The planted-bug mutants on the chapter's §3.9.1 experiment: the first prompt, every phase but padding and
+    isolation; plus no_mask's one-token no-op (§3.9.4). ``model`` is a GPT or a Llama-family transformers model
+    (:func:`mutant_model`); ``run``, a :class:`~genprobe.verify.ReferenceRun` of that same model, reuses its
+    trajectories."""
+    from .mutants import MUTANTS, mask_noop, report_row_detailed, run_mutant_reports
+
+    first = [list(prompts[0])]
+    reports = run_mutant_reports(
+        model, first, steps, chunk_sizes=chunk_sizes, thresholds=thresholds, run=run, prefix_reuse=prefix_reuse
+    )
+    rows = [report_row_detailed(r, MUTANTS[r.impl]) for r in reports]
+    biggest = max(chunk_sizes)
+    noop = mask_noop(model, first[0], steps, chunk=biggest if biggest > 1 else 4, run=run)
+    return MutantTable(reports, rows, noop)
+
+
+FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
+
+
+def _first_of(reports: Sequence[VerifyReport], attr: str) -> Any:
+    """``attr`` of the first report that has it (every report of a run shares the reference's floor)."""
+    return next((getattr(r, attr) for r in reports if getattr(r, attr, None) is not None), None)
+
+
+@dataclass
+class CacheVerification:
+    """Every report of one verification: the implementations', the mutants' (when run), prompts and reference."""
+
+    reports: list[VerifyReport]
+    prompts: list[list[int]]
+    reference: str | None  # the reference's name; None when nothing ran
+    thresholds: Thresholds
+    mutants: MutantTable | None = None
+
+    @property
+    def all_reports(self) -> list[VerifyReport]:
+        """The implementations' reports, then the mutants'."""
+        return self.reports + (self.mutants.reports if self.mutants is not None else [])
+
+    @property
+    def noise_floor(self) -> dict[str, Any] | None:
+        """The reference's noise floor (value and sources), shared by every report."""
+        floor: dict[str, Any] | None = _first_of(self.all_reports, "noise_floor")
+        return floor
+
+    @property
+    def pass_line(self) -> float | None:
+        """The |Δlogit| below which a phase passes: max(noise, floor_multiple x floor)."""
+        line: float | None = _first_of(self.all_reports, "pass_line")
+        return line
+
+    @property
+    def errors(self) -> list[str]:
+        """Implementations that raised (verdict ``error``)."""
+        return [r.impl for r in self.reports if r.verdict == "error"]
+
+    def failing(self, fail_on: str = "bug") -> list[str]:
+        """Implementations whose verdict is ``fail_on`` or worse, then mutants not as expected."""
+        if fail_on not in FAIL_ON:
+            raise ValueError(f"fail_on must be one of {sorted(FAIL_ON)}, got {fail_on!r}")
+        bad = [r.impl for r in self.reports if r.verdict in FAIL_ON[fail_on]]
+        return bad + (self.mutants.failing if self.mutants is not None else [])
+
+    def to_dict(self, fail_on: str = "bug") -> dict[str, Any]:
+        """Plain JSON: ``genprobe verify-cache --json`` less ``weight_dtype`` and ``exit_status``."""
+        return {
+            "implementations": [r.to_dict() for r in self.reports],
+            "mutants": self.mutants.rows if self.mutants is not None else [],
+            "mask_noop": self.mutants.mask_noop if self.mutants is not None else None,
+            "prompts": self.prompts,
+            "reference": self.reference,
+            "noise_floor": self.noise_floor,
+            "pass_line": self.pass_line,
+            "thresholds": self.thresholds.to_dict(),
+            "failing": self.failing(fail_on),
+            "errors": self.errors,
+        }
+
+
+def _prompt_ids(
+    model: "Model | None", prompts: Sequence[str] | Sequence[Sequence[int]] | None, targets: VerifyTargets, steps: int
+) -> list[list[int]]:
+    if prompts is not None:
+        if any(isinstance(p, str) for p in prompts) and (model is None or model.tokenizer is None):
+            raise ValueError("text prompts need a model with a tokenizer: pass token ids")
+        ids = [model.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]  # type: ignore[union-attr]
+        if any(not p for p in ids):
+            raise ValueError("a prompt encodes to no tokens")
+        return ids
+    if model is not None:
+        return default_prompts(model, steps)
+    runnable = targets.runnable
+    if not runnable:  # a model-less factory that raised leaves nothing to take prompts from
+        return []
+    vocab = getattr(runnable[0], "vocab_size", None)
+    if vocab is None:
+        raise ValueError("cannot tell the vocabulary size for random prompts: pass prompts, or a model")
+    return random_prompts(int(vocab), getattr(targets.reference, "max_positions", None), steps)
+
+
+def verify_caches(
+    model: "Model | None",
+    impl: Any = None,
+    *,
+    compiled: bool = False,
+    hf_caches: Sequence[str] = (),
+    mutants: bool = False,
+    prompts: Sequence[str] | Sequence[Sequence[int]] | None = None,
+    max_new_tokens: int = 50,
+    chunk_sizes: Sequence[int] = (1, 4),
+    window: int | None = None,
+    sinks: int = 0,
+    hf_position_ids: bool = True,
+    padded_batch: bool = True,
+    isolation: bool = True,
+    prefix_reuse: bool = True,
+    thresholds: Thresholds | None = None,
+    log: Callable[[str], None] = lambda msg: None,
+) -> CacheVerification:
+    """Verify every target of :func:`verify_targets` against one shared reference run (what ``genprobe
+    verify-cache`` does), and with ``mutants`` the planted-bug mutants on the model (:func:`mutant_table`).
+
+    ``impl``: an implementation object or a ``"module:factory"`` spec; ``compiled``, ``hf_caches``, ``window``,
+    ``sinks`` and ``hf_position_ids`` as in :func:`verify_targets`. ``prompts``: texts or token-id lists (default:
+    :func:`default_prompts`; without a model, random ids in the implementation's ``vocab_size``). ``log`` gets
+    one progress line per implementation. ``result.failing(fail_on)`` and ``result.errors`` are what
+    ``verify-cache`` turns into its exit status.
+    """
+    from .harness import ReferenceRun, verify_implementation
+
+    th = thresholds or Thresholds()
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not th.floor_multiple >= 0:
+        raise ValueError(f"floor_multiple must be >= 0, got {th.floor_multiple}")
+    if window is not None and (window < 1 or sinks < 0):
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got {window} and {sinks}")
+    if window is None and sinks:
+        raise ValueError("sinks only make sense with a window")
+    if any(c < 1 for c in chunk_sizes):
+        raise ValueError(f"chunk sizes must all be >= 1, got {list(chunk_sizes)}")
+    gpt = mutant_model(model) if mutants else None
+    if mutants:
+        if gpt is None:
+            raise ValueError(
+                "mutants need a genprobe model or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant "
+                "bugs into"
+            )
+        if window is not None:
+            raise ValueError("a window cannot be combined with the mutants (their caches have no window)")
+
+    targets = verify_targets(
+        model,
+        impl,
+        compiled=compiled,
+        hf_caches=hf_caches,
+        window=window,
+        sinks=sinks,
+        hf_position_ids=hf_position_ids,
+        steps=max_new_tokens,
+        thresholds=th,
+    )
+    ids = _prompt_ids(model, prompts, targets, max_new_tokens)
+    steps = max_new_tokens
+    run = ReferenceRun(targets.reference, steps) if targets.runnable else None
+    reports = []
+    for t in targets.targets:
+        if t.report is not None:  # could not be built: the report says why
+            reports.append(t.report)
+            continue
+        if getattr(t.impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
+            t.impl.max_cache_len = cache_len(ids, steps)
+        log(f"verifying {t.label} on {len(ids)} prompt(s), {steps} steps …")
+        reports.append(
+            verify_implementation(
+                t.impl,
+                run,
+                ids,
+                steps=steps,
+                chunk_sizes=chunk_sizes,
+                padded_batch=padded_batch,
+                thresholds=th,
+                name=t.name,
+                pad_id=model.pad_id if model is not None else 0,
+                isolation=isolation,
+                prefix_reuse=prefix_reuse,
+            )
+        )
+    table = None
+    if gpt is not None:
+        from .mutants import MUTANTS
+
+        log(f"running {len(MUTANTS)} mutants …")
+        same = getattr(targets.reference, "model", getattr(targets.reference, "hf", None)) is gpt
+        table = mutant_table(  # the mutants' model is the reference's: reuse its trajectories
+            gpt,
+            ids,
+            steps,
+            chunk_sizes=chunk_sizes,
+            thresholds=th,
+            run=run if same else None,
+            prefix_reuse=prefix_reuse,
+        )
+    return CacheVerification(reports, ids, run.name if run is not None else None, th, table)
