@@ -247,7 +247,7 @@ FACTORIES: dict[str, Callable[[Bundle, Tokens, int], Engine]] = {
     "hf": hf_engine,
     "ct2": ct2_engine,
     # One thread: a small model's step at low batch is faster without a fork/join per operator (our compiled
-    # loop makes the same choice, genprobe.engine.compiled.compile_config), so CTranslate2 gets it too.
+    # loop makes the same choice, genprobe.engine.fast.compiled.compile_config), so CTranslate2 gets it too.
     "ct2-1t": lambda b, prompts, n: ct2_engine(b, prompts, n, threads=1),
     "vllm": vllm_engine,
 }

@@ -1,4 +1,4 @@
-"""Compiled decoding ahead of time (genprobe.engine.aot: exported programs, AOTInductor, the C++ loop) equals eager.
+"""Compiled decoding ahead of time (genprobe.engine.fast.aot: exported programs, AOTInductor, C++ loop) equals eager.
 
 Two shapes (1 and 3 rows of one small model) are compiled once for the whole module and shared by every test; the
 compiled programs are cached on disk, so a second run of the suite reuses them.
@@ -12,10 +12,15 @@ import zipfile
 import pytest
 import torch
 
-from genprobe.engine import aot as aot_mod
-from genprobe.engine import compiled as compiled_mod
+from genprobe.engine.fast import aot as aot_mod
+from genprobe.engine.fast import compiled as compiled_mod
+from genprobe.engine.fast import kernels
 from genprobe.engine.generate import generate
 from genprobe.engine.sampling import SamplerConfig
+
+# The AOT programs run on the kernels' library (it holds the C++ loop): without it there is nothing to test here.
+_NO_KERNELS = kernels.build.unsupported_reason()
+pytestmark = pytest.mark.skipif(_NO_KERNELS is not None, reason=f"genprobe's kernels cannot run here: {_NO_KERNELS}")
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +153,7 @@ def test_programs_are_cached_on_disk(model, monkeypatch):
 
 def test_the_chunk_program_loaded_after_a_replaced_weight_reads_the_new_one(model):
     """The chunk program, loaded on first use, is bound to the tensors the other programs read now (not stale ones)."""
-    from genprobe.engine.compiled import CompiledGPTRunner
+    from genprobe.engine.fast.compiled import CompiledGPTRunner
 
     generate(model, [[1, 2, 3]], 2, compile=True)
     aot = _decoder(model, 1)

@@ -1,6 +1,6 @@
 """Compiled decoding through torch.compile (the model's one forward over a StaticKVCache) equals eager decoding.
 
-This is the path that decodes where the ahead-of-time programs (genprobe.engine.aot, tested in
+This is the path that decodes where the ahead-of-time programs (genprobe.engine.fast.aot, tested in
 test_aot_decode.py) do not apply or cannot be built, so every test here turns them off. Each compiled test pays
 one compilation of the tiny or quick-trained model (frozen graphs are not cached on disk), so the shapes are
 shared between tests where possible.
@@ -13,10 +13,10 @@ import warnings
 import pytest
 import torch
 
-from genprobe.engine import compiled as compiled_mod
+from genprobe.engine.fast import compiled as compiled_mod
+from genprobe.engine.fast.static_cache import StaticKVCache
 from genprobe.engine.generate import generate
 from genprobe.engine.sampling import SamplerConfig
-from genprobe.engine.static_cache import StaticKVCache
 
 
 @pytest.fixture(autouse=True)

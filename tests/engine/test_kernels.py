@@ -1,7 +1,9 @@
 """genprobe's small-M linear kernels (engine/kernels/linear.cpp) against torch's F.linear, and the graph pass.
 
-The kernels must build on every machine the test suite runs on (scripts/test.sh installs g++): a failed build
-fails here with the compiler's message instead of silently falling back.
+The kernels are opt-in native code: on a machine without a C++ compiler, without AVX2/FMA (or not x86-64), or
+with ``GENPROBE_KERNELS=0``, these tests are SKIPPED with the reason :func:`kernels.load` gives (the compiled
+decode path then keeps Inductor's own code). A build that fails on a machine that has a compiler and AVX2 is a
+defect, not a skip: it fails here with the compiler's message.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from genprobe.engine import kernels
-from genprobe.engine.kernels.inductor_pass import rewrite_small_linears
+from genprobe.engine.fast import kernels
+from genprobe.engine.fast.kernels.inductor_pass import rewrite_small_linears
 
 
 @pytest.fixture(scope="module")
 def small_linear():
+    reason = kernels.build.unsupported_reason()
+    if reason is not None:
+        pytest.skip(f"genprobe's kernels cannot run here: {reason}")
     status = kernels.load()
     assert status.available, f"genprobe's kernels did not build: {status.reason}"
     return torch.ops.genprobe.small_linear
@@ -160,7 +165,7 @@ GLOBAL_SCOPE_PROBE = """
 import ctypes, torch
 scope = ctypes.CDLL(None)  # dlopen(NULL): what a library loaded later resolves its symbols against
 before = hasattr(scope, "SGEMM")  # a BLAS symbol libtorch_cpu.so exports (its MKL)
-from genprobe.engine import kernels
+from genprobe.engine.fast import kernels
 assert kernels.load().available, kernels.load().reason
 print(before, hasattr(scope, "SGEMM"), hasattr(scope, "aoti_torch_cpu_small_linear"))
 """

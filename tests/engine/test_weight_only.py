@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from genprobe.engine import compiled as compiled_mod
+from genprobe.engine.fast import compiled as compiled_mod
+from genprobe.engine.fast import kernels
 from genprobe.engine.generate import generate
 from genprobe.model import GPT
 from genprobe.model.load import ModelLoadError, load_model
@@ -116,6 +117,10 @@ def test_compiled_generation_reads_the_narrow_weights_and_equals_eager(bf16_mode
     assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, f32.step_logits, strict=True)) > 1e-3
 
 
+@pytest.mark.skipif(
+    kernels.build.unsupported_reason() is not None,
+    reason=f"genprobe's kernels cannot run here: {kernels.build.unsupported_reason()}",
+)
 def test_a_large_narrow_model_decodes_its_batches_on_the_kernels(monkeypatch, bf16_model, sharp_gpt):
     """A model counted as large (here by lowering the threshold) decodes batches stepwise when float32, but
     through the AOT programs when its weights are narrow (the stepwise path would widen them)."""

@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _warn_if_compile_failed(args: argparse.Namespace) -> None:
     if args.compile:
-        from ..engine.compiled import compile_error
+        from ..engine.fast.compiled import compile_error
 
         if compile_error() is not None:
             info(f"warning: torch.compile failed, decoded eagerly instead ({compile_error()})")

@@ -2,10 +2,10 @@
 
 from ..model.cache_protocol import CacheLike
 from .cache import KVCache
+from .fast.static_cache import StaticKVCache
 from .generate import generate
 from .runner import GenerationResult
 from .sampling import SamplerConfig, kept_set_size, process_logits, sample_next
-from .static_cache import StaticKVCache
 from .step import forward_step
 
 __all__ = [

@@ -17,12 +17,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..model.gpt import GPT
 from .runner import GenerationResult as GenerationResult  # re-exported: callers import it from here
 from .runner import GPTRunner as GPTRunner
 from .runner import Runner as Runner
 from .runner import as_runner as as_runner
-from .runner import check_inputs, device_of
+from .runner import check_inputs, device_of, select_runner
 from .sampling import SamplerConfig, check_logits, process_logits, sample_next
 
 GREEDY = SamplerConfig(greedy=True)
@@ -54,8 +53,9 @@ def generate(
 
     ``on_token(step, token_ids)`` is called after every step with one new id per row (rows that
     already finished get ``-1``). Rows stop at ``eos_id`` (the eos token is kept in ``tokens``).
-    ``compile=True`` runs the cached decode steps of a genprobe GPT through ``torch.compile``
-    (:mod:`genprobe.engine.compiled`); the first call per model and batch size pays the compilation.
+    ``compile=True`` drives a genprobe GPT through the fast runner (:mod:`genprobe.engine.fast`: ``torch.compile``,
+    ahead-of-time programs, C++ kernels), chosen once by :func:`~genprobe.engine.runner.select_runner`; the first
+    call per model and batch size pays the compilation. Everything else is the same loop.
     A sampler with ``penalty_alpha`` > 0 runs contrastive search (:mod:`genprobe.engine.contrastive`).
     """
     if sampler is not None and sampler.is_contrastive:
@@ -66,28 +66,31 @@ def generate(
         return contrastive_generate(
             model, prompts, max_new_tokens, sampler, eos_id, on_token, return_logits, return_probs
         )
-    if compile:
-        if mode != "cached":
-            raise ValueError("compile=True speeds up cached decoding; it does not apply to mode='naive'")
-        if not isinstance(model, GPT):
-            raise ValueError(f"compile=True is for genprobe GPT models, got {type(model).__name__}")
-        from .compiled import CompiledGPTRunner
-
-        model = CompiledGPTRunner.for_model(model)
-    runner = as_runner(model)
+    runner = select_runner(model, compile, mode)
     cfg = sampler or GREEDY
     P = check_inputs(runner, prompts, max_new_tokens, mode)
     N = int(max_new_tokens)
     B = len(prompts)
     device = getattr(runner, "device", None) or device_of(model)
     plain_greedy = cfg.greedy and cfg.is_identity  # argmax of the raw logits, nothing to process
-    # Compiled plain greedy decoding runs every step after the prefill in one call: the loop, the argmax
-    # and eos are inside the compiled graph (genprobe.engine.compiled._decode_loop), and where the runner can
-    # (genprobe.engine.aot) the prompt's forward too: the whole generation is one call.
-    fused = compile and plain_greedy and not return_probs
-    whole = _whole_greedy(runner, prompts, P, N, eos_id, on_token, return_logits, cfg) if fused else None
-    if whole is not None:
-        return whole
+    # A runner may run a whole plain greedy generation its own way (the fast runner: in one or two compiled
+    # calls); the per-step loop below is the reference it is tested against, and runs where it declines (None).
+    greedy_all = getattr(runner, "greedy_all", None) if mode == "cached" else None
+    if greedy_all is not None and plain_greedy and not return_probs:
+        run = greedy_all(prompts, N, eos_id, on_token, return_logits)
+        if run is not None:
+            return GenerationResult(
+                tokens=run.tokens,
+                prompt_tokens=[list(map(int, p)) for p in prompts],
+                finished=run.finished,
+                token_forwards=run.token_forwards,
+                forward_calls=run.forward_calls,
+                mode=mode,
+                sampler=cfg.to_dict(),
+                seconds=run.seconds,
+                step_logits=run.step_logits,
+                step_probs=None,
+            )
     gen = None if cfg.greedy else torch.Generator(device="cpu").manual_seed(int(seed))
 
     # Preallocated token buffer and key-validity buffer (left padding = invalid).
@@ -117,17 +120,6 @@ def generate(
         i = 0
         while i < N:
             cur = P + i
-            if fused and i > 0:
-                taken = _greedy_chunk(
-                    runner, state, buf, valid, done, i, P, N - i, eos_id, on_token, step_logits, lengths, finished
-                )
-                if taken is None:  # compilation unavailable: the per-step path below decodes eagerly
-                    fused = False
-                    continue
-                forwards += taken
-                calls += taken
-                steps_done = i + taken
-                break
             if mode == "naive" or i == 0:
                 ids = buf[:, :cur]
                 if mode == "naive":
@@ -199,137 +191,3 @@ def generate(
         step_logits=step_logits,
         step_probs=step_probs,
     )
-
-
-def _whole_greedy(
-    runner: Any,
-    prompts: Sequence[Sequence[int]],
-    P: int,
-    N: int,
-    eos_id: int | None,
-    on_token: Callable[[int, list[int]], None] | None,
-    return_logits: bool,
-    cfg: SamplerConfig,
-) -> GenerationResult | None:
-    """A plain greedy generation as one runner call, prompt included (None where the runner has no such call).
-
-    What the step loop of :func:`generate` computes, without its token buffers: at a few hundred microseconds per
-    generation of a small model, the Python around the call is a fair share of the time.
-    """
-    whole = getattr(runner, "generate_greedy", None)
-    if whole is None:
-        return None
-    B = len(prompts)
-    valid = None
-    if all(len(p) == P for p in prompts):
-        prompt = torch.tensor(prompts, dtype=torch.long)
-    else:  # left padding: invisible, no position (see the module doc)
-        prompt = torch.full((B, P), runner.pad_id, dtype=torch.long)
-        valid = torch.zeros((B, P), dtype=torch.bool)
-        for b, p in enumerate(prompts):
-            prompt[b, P - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
-            valid[b, P - len(p) :] = True
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        state = runner.new_state(B, P + N)
-        chunk = whole(
-            prompt.to(runner.device),
-            None if valid is None else valid.to(runner.device),
-            state,
-            N,
-            eos_id,
-            return_logits,
-        )
-        release = getattr(runner, "release_state", None)
-        if release is not None:
-            release(state)
-    if chunk is None:
-        return None
-    seconds = time.perf_counter() - t0
-    taken: int = chunk.tokens.shape[1]
-    rows: list[list[int]] = chunk.tokens.tolist()
-    finished = ["length"] * B
-    if eos_id is not None:
-        for b, row in enumerate(rows):
-            if eos_id in row:  # a finished row emits padding after its eos: cut there
-                rows[b] = row[: row.index(eos_id) + 1]
-                finished[b] = "eos"
-    if on_token is not None:
-        shown = torch.where(chunk.valid, chunk.tokens, -1).tolist()
-        for j in range(taken):
-            on_token(j, [row[j] for row in shown])
-    return GenerationResult(
-        tokens=rows,
-        prompt_tokens=[list(map(int, p)) for p in prompts],
-        finished=finished,
-        token_forwards=P + taken - 1,
-        forward_calls=taken,
-        mode="cached",
-        sampler=cfg.to_dict(),
-        seconds=seconds,
-        step_logits=[chunk.logits[:, j].float().clone() for j in range(taken)] if return_logits else None,
-        step_probs=None,
-    )
-
-
-def _greedy_chunk(
-    runner: Any,
-    state: Any,
-    buf: torch.Tensor,
-    valid: torch.Tensor,
-    done: torch.Tensor,
-    i: int,
-    P: int,
-    steps: int,
-    eos_id: int | None,
-    on_token: Callable[[int, list[int]], None] | None,
-    step_logits: list[torch.Tensor] | None,
-    lengths: list[int],
-    finished: list[str],
-) -> int | None:
-    """Greedy steps ``i .. i+steps-1`` in one compiled call, booked as the per-step loop books them.
-
-    Returns the steps taken (fewer when every row hits eos: the loop stops there, as the per-step loop
-    does), or None when the runner could not compile. ``buf``, ``valid``, ``done``, ``lengths``,
-    ``finished`` and ``step_logits`` are updated in place.
-    """
-    cur = P + i
-    col = valid[:, cur - 1 : cur] if eos_id is not None else None
-    chunk = runner.decode_greedy(buf[:, cur - 1 : cur], col, done, state, steps, eos_id, step_logits is not None)
-    if chunk is None:
-        return None
-    return _book_chunk(chunk, buf, valid, done, i, P, eos_id, on_token, step_logits, lengths, finished)
-
-
-def _book_chunk(
-    chunk: Any,
-    buf: torch.Tensor,
-    valid: torch.Tensor,
-    done: torch.Tensor,
-    i: int,
-    P: int,
-    eos_id: int | None,
-    on_token: Callable[[int, list[int]], None] | None,
-    step_logits: list[torch.Tensor] | None,
-    lengths: list[int],
-    finished: list[str],
-) -> int:
-    """Book the tokens of ``chunk`` (steps ``i``, ``i+1``, ...) as the per-step loop books them; returns how many."""
-    cur = P + i
-    taken: int = chunk.tokens.shape[1]
-    buf[:, cur : cur + taken] = chunk.tokens
-    valid[:, cur : cur + taken] = chunk.valid
-    if eos_id is not None:
-        before = done.tolist()
-        for b, row in enumerate(chunk.tokens.tolist()):
-            if not before[b] and eos_id in row:
-                lengths[b] = i + row.index(eos_id) + 1
-                finished[b] = "eos"
-        done.copy_(chunk.done)
-    if step_logits is not None:
-        step_logits.extend(chunk.logits[:, j].float().clone() for j in range(taken))
-    if on_token is not None:
-        shown = torch.where(valid[:, cur : cur + taken], buf[:, cur : cur + taken], -1).tolist()
-        for j in range(taken):
-            on_token(i + j, [row[j] for row in shown])
-    return taken

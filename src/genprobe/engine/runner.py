@@ -21,7 +21,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class Runner(Protocol):
-    """What :func:`generate` needs from a model (our GPT is wrapped in :class:`GPTRunner`)."""
+    """What :func:`generate` needs from a model (our GPT is wrapped in :class:`GPTRunner`).
+
+    Optional hooks a runner may add (looked up with ``getattr``; the eager :class:`GPTRunner` has none, and its
+    per-step loop in :func:`~genprobe.engine.generate.generate` is the reference every other runner is tested
+    against):
+
+    - ``greedy_all(prompts, max_new_tokens, eos_id, on_token, return_logits)``: a whole plain greedy generation
+      (argmax of the raw logits, no probabilities asked), or None to let the per-step loop run it;
+    - ``last_logits(ids, valid, state)``: ``step(...)[:, -1]`` (a prompt's forward) computed more cheaply;
+    - ``release_state(state)``: a generation's state given back for reuse.
+
+    The fast runner (:mod:`genprobe.engine.fast`) implements all three.
+    """
 
     vocab_size: int
     max_positions: int | None  # hard context limit (learned positions), None if unbounded
@@ -70,6 +82,20 @@ def as_runner(model: Any) -> Runner:
     raise TypeError(
         f"generate() needs a genprobe GPT or a runner (e.g. HFCausalLM(hf_model)), got {type(model).__name__}"
     )
+
+
+def select_runner(model: Any, compile: bool = False, mode: str = "cached") -> Runner:
+    """The runner a generation drives, chosen once: ``compile=True`` gives a genprobe GPT's fast runner
+    (:func:`genprobe.engine.fast.compiled_runner`, cached decoding only), otherwise :func:`as_runner`."""
+    if not compile:
+        return as_runner(model)
+    if mode != "cached":
+        raise ValueError("compile=True speeds up cached decoding; it does not apply to mode='naive'")
+    if not isinstance(model, GPT):
+        raise ValueError(f"compile=True is for genprobe GPT models, got {type(model).__name__}")
+    from .fast import compiled_runner  # the torch.compile machinery only when asked for
+
+    return cast(Runner, compiled_runner(model))
 
 
 def engine_model(model: "Model") -> Any:

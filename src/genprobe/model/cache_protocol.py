@@ -1,6 +1,6 @@
 """The KV-cache contract :meth:`genprobe.model.GPT.forward` codes against.
 
-It lives with the model, not with the caches (:mod:`genprobe.engine.cache`, :mod:`genprobe.engine.static_cache`):
+It lives with the model, not with the caches (:mod:`genprobe.engine.cache`, :mod:`genprobe.engine.fast.static_cache`):
 the forward is what needs it, and the engine, which implements it, sits above the model.
 """
 

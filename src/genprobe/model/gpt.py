@@ -254,7 +254,7 @@ class GPT(nn.Module):
             raise ValueError(f"positions shape {tuple(positions.shape)} != ids shape {(B, T)}")
         if not torch.compiler.is_compiling():
             # Range checks read tensor values on the host, which would split a compiled graph; a compiled
-            # caller (genprobe.engine.compiled) checks the same limits before it calls.
+            # caller (genprobe.engine.fast.compiled) checks the same limits before it calls.
             self.check_positions(positions)  # before any embedding lookup
             self.check_ids(ids)
         valid = None if attention_mask is None else attention_mask.to(torch.bool)

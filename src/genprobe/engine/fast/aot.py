@@ -1,9 +1,9 @@
 """Compiled decoding ahead of time: the one forward exported, compiled by AOTInductor, driven by a C++ loop.
 
-For small decode steps (the shapes :func:`genprobe.engine.compiled.decode_strategy` runs as a loop) the cost of
+For small decode steps (the shapes :func:`genprobe.engine.fast.compiled.decode_strategy` runs as a loop) the cost of
 a greedy generation is not arithmetic but what surrounds it: entering a compiled graph from Python, and the
 wrapper work of a ``torch.while_loop`` iteration. Here the forward is exported with ``torch.export`` over a
-:class:`~genprobe.engine.static_cache.StaticKVCache` whose tensors are graph inputs, as three programs:
+:class:`~genprobe.engine.fast.static_cache.StaticKVCache` whose tensors are graph inputs, as three programs:
 
 - a **step** program: one token per row, then the greedy argmax, the padding of finished rows and the
   end-token bookkeeping (what one iteration of ``compiled._decode_loop`` does);
@@ -12,7 +12,7 @@ wrapper work of a ``torch.while_loop`` iteration. Here the forward is exported w
 - a **chunk** program: ``T >= 2`` tokens per row with the logits of every position, for multi-token chunks
   (verify-cache, chunked prefill). Built on first use: a generation never needs it.
 
-AOTInductor compiles each into a library (their matrix products on :mod:`genprobe.engine.kernels`), and
+AOTInductor compiles each into a library (their matrix products on :mod:`genprobe.engine.fast.kernels`), and
 ``GreedyDecoder`` (C++, in the same library as the kernels) runs a whole generation in one call: the
 prompt program, then one step per token. The weights are bound as user-managed constants, so the compiled
 programs read the model's own parameters: an in-place edit is seen by the next call with nothing recompiled,
@@ -34,16 +34,17 @@ from typing import Any
 
 import torch
 
-from ..model.gpt import GPT
+from ...model.gpt import GPT
 from . import kernels
 from .static_cache import StaticKVCache
 
-_HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent  # genprobe/engine/fast
+_PACKAGE = _HERE.parent.parent  # genprobe
 # What a compiled program depends on besides the model's configuration and shapes.
 _SOURCES = (
-    _HERE.parent / "model" / "gpt.py",
-    _HERE.parent / "model" / "weight_only.py",
-    _HERE / "cache.py",
+    _PACKAGE / "model" / "gpt.py",
+    _PACKAGE / "model" / "weight_only.py",
+    _HERE.parent / "cache.py",
     _HERE / "static_cache.py",
     Path(__file__).resolve(),
     *kernels.build.SOURCES,
@@ -191,7 +192,7 @@ class AOTDecoder:
     def bind(self, version: int) -> None:
         """Point the programs at the model's current weight tensors (again only after one changed or was replaced).
 
-        ``version`` is :func:`~genprobe.engine.compiled.weights_version` of the model (computed once per generation).
+        ``version`` is :func:`~genprobe.engine.fast.compiled.weights_version` of the model (once per generation).
         The binding shares storage: an in-place edit alone needs no new binding, but re-binding then is harmless,
         and the version cannot tell the two apart.
         """

@@ -39,6 +39,10 @@ What makes a step cheap, each measured (``benchmarks/generate_speed.py``, ``benc
 
 ``torch.compile`` needs a C++ compiler on CPU. Without one (or if compilation fails for another
 reason) the runner warns once, naming the error, and runs the same forward eagerly.
+
+Importing this module has no global effect. On first use: the weight fingerprint installs ``torch.nn``'s global
+module/parameter/buffer registration hooks (:func:`_epoch`, to know when its cached module lists go stale), and the
+first call that can use genprobe's kernels builds and loads them (see :mod:`genprobe.engine.fast.kernels`).
 """
 
 from __future__ import annotations
@@ -48,15 +52,17 @@ import itertools
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..model.gpt import GPT
-from ..model.weight_only import NARROW_WEIGHT_DTYPES
+from ...model.gpt import GPT
+from ...model.weight_only import NARROW_WEIGHT_DTYPES
 from . import kernels
+from .greedy import GreedyRun
+from .greedy import greedy_all as _greedy_all
 from .kernels import KERNEL_MAX_ROWS
 from .static_cache import StaticKVCache
 
@@ -103,7 +109,7 @@ def compile_config(model: GPT, batch_size: int) -> dict[str, Any]:
       every thread (a 58M-parameter model at batch 1 is bound by reading its weights, which two cores
       do faster than one).
     - Matrix products: a decode step's products have one row per sequence and are bound by reading the
-      weights. Up to ``KERNEL_MAX_ROWS`` rows they go to :mod:`genprobe.engine.kernels` (register-tiled
+      weights. Up to ``KERNEL_MAX_ROWS`` rows they go to :mod:`genprobe.engine.fast.kernels` (register-tiled
       dot products called directly from the generated C++: 1.6-2x the weight bandwidth of Inductor's
       own code on the benchmark machine). Without those kernels, at batch 1 Inductor's
       ``decompose_mm_pass`` turns them into multiply-and-sum loops it fuses like any other kernel
@@ -156,12 +162,12 @@ def prefill_config(model: GPT) -> dict[str, Any]:
     return stepwise_config()
 
 
-#: Set to ``0`` to decode through ``torch.compile``'s loop instead of the AOT-compiled programs (genprobe.engine.aot).
+#: Set to ``0`` to decode through ``torch.compile``'s loop instead of the AOT-compiled programs (engine.fast.aot).
 AOT_ENV = "GENPROBE_AOT"
 
 
 def uses_aot(model: GPT, batch_size: int, fp: Fingerprint | None = None) -> bool:
-    """Whether greedy steps of ``batch_size`` rows of ``model`` run through :mod:`genprobe.engine.aot` (see its doc).
+    """Whether greedy steps of ``batch_size`` rows of ``model`` run through :mod:`genprobe.engine.fast.aot` (see there).
 
     For the loop-strategy shapes of a float32 model in eval mode without hooks, when the kernels' library is
     available (it holds the C++ loop) and ``GENPROBE_AOT`` is not ``0``. Hooks and training mode change what a
@@ -182,7 +188,7 @@ _aot_decoders: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int], 
 
 
 def aot_decoder(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | None = None) -> Any | None:
-    """The :class:`~genprobe.engine.aot.AOTDecoder` for this shape (built on first use), bound to the current weights.
+    """The :class:`~genprobe.engine.fast.aot.AOTDecoder` for this shape (built on first use), bound to the weights.
 
     None where :func:`uses_aot` says no, or where building failed (warned once per shape; the ``torch.compile``
     path then decodes it). ``fp``: the model's :func:`fingerprint`, when the caller has it.
@@ -318,9 +324,23 @@ def _bump_epoch(module: torch.nn.Module, name: str, value: Any) -> None:
     _module_epoch[0] += 1  # returns None: the hook must not replace what is being registered
 
 
-torch.nn.modules.module.register_module_module_registration_hook(_bump_epoch)
-torch.nn.modules.module.register_module_parameter_registration_hook(_bump_epoch)
-torch.nn.modules.module.register_module_buffer_registration_hook(_bump_epoch)
+_watching = [False]
+
+
+def _epoch() -> int:
+    """The current module epoch; the first call installs the global registration hooks that bump it.
+
+    Installed on first use of the compiled path, not at import: importing this module changes nothing in
+    ``torch.nn``. No cached list exists before the first call, so none can have missed a registration.
+    """
+    if not _watching[0]:
+        _watching[0] = True
+        torch.nn.modules.module.register_module_module_registration_hook(_bump_epoch)
+        torch.nn.modules.module.register_module_parameter_registration_hook(_bump_epoch)
+        torch.nn.modules.module.register_module_buffer_registration_hook(_bump_epoch)
+    return _module_epoch[0]
+
+
 _module_lists: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, list[torch.nn.Module]]] = (
     weakref.WeakKeyDictionary()
 )
@@ -336,15 +356,17 @@ _tensor_slot_lists: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, list[t
 def _modules_of(model: torch.nn.Module) -> list[torch.nn.Module]:
     """``list(model.modules())``, cached until a submodule is registered anywhere (walking it costs ~40 µs)."""
     cached = _module_lists.get(model)
-    if cached is None or cached[0] != _module_epoch[0]:
-        cached = _module_lists[model] = (_module_epoch[0], list(model.modules()))
+    epoch = _epoch()
+    if cached is None or cached[0] != epoch:
+        cached = _module_lists[model] = (epoch, list(model.modules()))
     return cached[1]
 
 
 def _tensor_slots(model: torch.nn.Module) -> list[tuple[dict[str, Any], str]]:
     """(dict, key) of every parameter and buffer of ``model``, cached until anything is registered anywhere."""
     cached = _tensor_slot_lists.get(model)
-    if cached is None or cached[0] != _module_epoch[0]:
+    epoch = _epoch()
+    if cached is None or cached[0] != epoch:
         slots = [
             (d, k)
             for m in _modules_of(model)
@@ -352,7 +374,7 @@ def _tensor_slots(model: torch.nn.Module) -> list[tuple[dict[str, Any], str]]:
             for k, t in d.items()
             if t is not None
         ]
-        cached = _tensor_slot_lists[model] = (_module_epoch[0], slots)
+        cached = _tensor_slot_lists[model] = (epoch, slots)
     return cached[1]
 
 
@@ -360,18 +382,20 @@ def _hook_dicts(model: torch.nn.Module) -> list[dict[Any, Any]]:
     """Every module's forward and forward-pre hook dicts, cached with the module list (they are the modules' own
     dicts, so a hook added later shows), plus the global ones."""
     cached = _hook_dict_lists.get(model)
-    if cached is None or cached[0] != _module_epoch[0]:
+    epoch = _epoch()
+    if cached is None or cached[0] != epoch:
         dicts = [d for m in _modules_of(model) for d in (m._forward_hooks, m._forward_pre_hooks)]
         dicts += [torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks]
-        cached = _hook_dict_lists[model] = (_module_epoch[0], dicts)
+        cached = _hook_dict_lists[model] = (epoch, dicts)
     return cached[1]
 
 
 def parameter_count(model: GPT) -> int:
     """``model.num_parameters()``, cached until a parameter is registered anywhere (a sum over every parameter)."""
     cached = _parameter_counts.get(model)
-    if cached is None or cached[0] != _module_epoch[0]:
-        cached = _parameter_counts[model] = (_module_epoch[0], model.num_parameters())
+    epoch = _epoch()
+    if cached is None or cached[0] != epoch:
+        cached = _parameter_counts[model] = (epoch, model.num_parameters())
     return cached[1]
 
 
@@ -602,6 +626,21 @@ class CompiledGPTRunner:
         ids, mask = self._aot_inputs(ids, valid, state)
         return self._aot_last(aot, ids, mask, state)
 
+    def greedy_all(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        eos_id: int | None = None,
+        on_token: Callable[[int, list[int]], None] | None = None,
+        return_logits: bool = False,
+    ) -> GreedyRun | None:
+        """The :class:`~genprobe.engine.runner.Runner` protocol's optional plain-greedy hook: a whole greedy
+        generation in one or two compiled calls (:mod:`genprobe.engine.fast.greedy`), equal to the per-step loop's.
+
+        None where compilation is unavailable: :func:`~genprobe.engine.generate.generate` then runs its loop.
+        """
+        return _greedy_all(self, prompts, max_new_tokens, eos_id, on_token, return_logits)
+
     def generate_greedy(
         self,
         prompt: torch.Tensor,
@@ -613,7 +652,7 @@ class CompiledGPTRunner:
     ) -> GreedyChunk | None:
         """A whole greedy generation into a fresh ``state`` in one call: the prompt's forward, then ``steps`` tokens.
 
-        Runs the AOT programs' C++ loop (:mod:`genprobe.engine.aot`); None where they do not apply, and the
+        Runs the AOT programs' C++ loop (:mod:`genprobe.engine.fast.aot`); None where they do not apply, and the
         caller prefills and then calls :meth:`decode_greedy`. Fewer tokens come back when every row ends with
         ``eos_id``.
         """

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..model.config import GPTConfig
-from .cache import check_batch, padded_positions
+from ...model.config import GPTConfig
+from ..cache import check_batch, padded_positions
 
 
 class StaticKVCache:
@@ -123,7 +123,7 @@ class StaticKVCache:
         ``explicit_positions`` changes nothing here: the mask is always built from the slots' positions.
         """
         if torch.compiler.is_compiling():
-            # A compiled step may take the batch size as a symbol (see genprobe.engine.compiled): comparing it
+            # A compiled step may take the batch size as a symbol (see genprobe.engine.fast.compiled): comparing it
             # with the Python int here would specialise it. The compiled runner built this cache for its batch.
             B, T = positions.shape
         else:

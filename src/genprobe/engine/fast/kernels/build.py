@@ -148,6 +148,21 @@ def shim_path(library: Path) -> Path:
     return library.with_name(library.name.replace("linear-", "shim-", 1))
 
 
+def unsupported_reason() -> str | None:
+    """Why this machine cannot have the kernels at all (turned off, not x86-64 with AVX2, no C++ compiler), else None.
+
+    Checks only, no build: what a test or a caller asks before deciding to skip the kernel path. A machine that
+    passes may still fail to build them; :func:`load` says so then.
+    """
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return f"turned off by {DISABLE_ENV}=0"
+    try:
+        _check_machine()
+    except _Unavailable as exc:
+        return str(exc)
+    return None if compiler() is not None else "no C++ compiler found (install g++, or set CXX)"
+
+
 def _check_machine() -> None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise _Unavailable(f"the kernels are x86-64 (AVX2) code; this machine is {platform.machine()}")
@@ -180,6 +195,9 @@ def _load() -> KernelStatus:
     if os.environ.get(DISABLE_ENV, "1") == "0":
         raise _Unavailable(f"turned off by {DISABLE_ENV}=0")
     _check_machine()
+    missing = [src.name for src in (*SOURCES, SHIM_SOURCE) if not src.exists()]
+    if missing:  # an installation that left the package data out
+        raise _Unavailable(f"the kernels' sources are not installed beside {__file__}: {', '.join(missing)}")
     cxx = compiler()
     if cxx is None:
         raise _Unavailable("no C++ compiler found (install g++, or set CXX)")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from ...model.weight_only import NARROW_WEIGHT_DTYPES
+from ....model.weight_only import NARROW_WEIGHT_DTYPES
 from .build import SOURCE
 
 aten = torch.ops.aten

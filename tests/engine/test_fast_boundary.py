@@ -1,0 +1,50 @@
+"""The fast decode path behind one boundary (genprobe.engine.fast): old import paths, and no global effects
+before the compiled path is used."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+MOVED = ["compiled", "aot", "static_cache", "kernels", "kernels.build", "kernels.inductor_pass"]
+
+
+@pytest.mark.parametrize("name", MOVED)
+def test_old_import_paths_are_the_moved_modules(name):
+    old = importlib.import_module(f"genprobe.engine.{name}")
+    assert old is importlib.import_module(f"genprobe.engine.fast.{name}")
+
+
+def test_compile_true_selects_the_fast_runner(tiny_model):
+    from genprobe.engine.fast import compiled_runner
+    from genprobe.engine.fast.compiled import CompiledGPTRunner
+    from genprobe.engine.runner import GPTRunner, select_runner
+
+    assert isinstance(select_runner(tiny_model, compile=True, mode="cached"), CompiledGPTRunner)
+    assert select_runner(tiny_model, compile=True, mode="cached") is compiled_runner(tiny_model)
+    eager = select_runner(tiny_model, compile=False, mode="cached")
+    assert isinstance(eager, GPTRunner) and not hasattr(eager, "greedy_all")
+    with pytest.raises(ValueError, match="mode='naive'"):
+        select_runner(tiny_model, compile=True, mode="naive")
+
+
+IMPORT_PROBE = """
+import ctypes, torch
+import torch.nn.modules.module as m
+import genprobe, genprobe.engine, genprobe.engine.fast.compiled, genprobe.engine.fast.aot
+hooks = (m._global_module_registration_hooks, m._global_parameter_registration_hooks,
+         m._global_buffer_registration_hooks)
+assert not any(hooks), hooks
+assert not hasattr(torch.ops.genprobe, "small_linear"), "the kernels' library was loaded at import"
+assert not hasattr(ctypes.CDLL(None), "genprobe_set_small_linear"), "the shim went global at import"
+print("ok")
+"""
+
+
+def test_importing_the_fast_path_changes_nothing_global():
+    """Hooks in torch.nn, the kernels' library and its RTLD_GLOBAL shim come with first use, never with an import."""
+    out = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
