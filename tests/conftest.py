@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(config, items):
         rel = Path(str(item.fspath)).resolve().relative_to(REPO / "tests").as_posix()
         if rel in group_of:
             item.add_marker(pytest.mark.xdist_group(group_of[rel]))
-            if config.getvalue("loadgroup"):
+            if getattr(config.option, "loadgroup", False):  # set by xdist under -n with --dist loadgroup
                 _group_node_id(item, group_of[rel])
 
 
