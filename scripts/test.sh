@@ -16,6 +16,6 @@ echo "ruff check / ruff format --check / mypy …"
 .venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
 phase "lint and types"
-# every core (pytest-xdist); the vLLM tests share one worker and its started engines, as do the compiled-code builds
-.venv/bin/python -m pytest -q -p no:randomly -n auto --dist loadgroup "$@"
+# every core (pytest-xdist); the vLLM tests share one worker and its started engines
+.venv/bin/python -m pytest -q -p no:randomly -n auto --dist loadgroup --durations=15 "$@"
 phase tests

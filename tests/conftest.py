@@ -6,9 +6,9 @@ The trained checkpoint (600 steps, ≈70 s on 2 cores) is cached under ``$GENPRO
 others wait for the file.
 
 Under xdist each worker runs torch on one thread (two workers on two cores, not four threads fighting), and
-tests that share an expensive per-process resource run on one worker (``--dist loadgroup``): every vLLM test
-(one started engine per configuration is reused across them) and every test that builds compiled decode
-code (Inductor / AOT / C++ kernels write the same cache entries).
+the vLLM tests run on one worker (``--dist loadgroup``): a started engine per configuration is reused across
+them, and each engine holds its own copy of the model and torch. Compiled decode code (Inductor, AOT packages,
+C++ kernels) may be built by two workers at once: every build is written atomically (temp file + rename).
 """
 
 from __future__ import annotations
@@ -34,15 +34,6 @@ XDIST_GROUPS = {  # test file -> the worker group it must share
         "serving/test_sampling_map.py",
         "serving/test_scan_vllm.py",
         "serving/test_verify_serving.py",
-    ),
-    "compiled": (
-        "engine/test_aot_decode.py",
-        "engine/test_compiled_decode.py",
-        "engine/test_generate_speed_smoke.py",
-        "engine/test_kernels.py",
-        "engine/test_weight_only.py",
-        "verify/test_verify_cli.py",
-        "verify/test_verify_window.py",
     ),
 }
 
