@@ -5,6 +5,7 @@ show is used). ``serving.scan.scan_loops_backend``, a hook nothing called, was r
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,10 +24,11 @@ def _text(*dirs: str, suffixes: tuple[str, ...]) -> str:
 def test_every_public_function_is_used_somewhere():
     corpus = _text("src", "tests", "benchmarks", "scripts", suffixes=(".py", ".sh"))
     corpus += _text("docs", suffixes=(".md",)) + (REPO / "README.md").read_text(encoding="utf-8")
+    words = Counter(re.findall(r"\w+", corpus))  # whole-word counts, once (a regex per name took 37 s)
     unused = []
     for path in PKG.rglob("*.py"):
         for name in re.findall(r"^def ([a-z][a-z0-9_]*)\(", path.read_text(encoding="utf-8"), re.M):
-            if len(re.findall(rf"\b{name}\b", corpus)) <= 1:
+            if words[name] <= 1:
                 unused.append(f"{path.relative_to(PKG)}:{name}")
     assert unused == []
 
