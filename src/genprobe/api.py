@@ -129,12 +129,16 @@ def repair_loops(
     out: str | Path | None = None,
     progress: bool = False,
     log: Callable[[str], None] = lambda msg: None,
+    validate_prompts: Sequence[str] | None = None,
+    chat: bool = False,
 ) -> LoopRepair:
     """Find a loop direction, search a small MLP edit under KL/Δloss limits, validate it on held-out prompts.
 
-    ``prompts`` are split disjointly into direction / search / validation sets; ``val_text`` is held-out text
-    for the regression limits. Both default to the Tang sets only for the bundled char model. With ``out``,
-    writes repair.json, the patch, repair.html and repair.png there. The model is left unchanged.
+    ``prompts`` are split disjointly into direction / search / validation sets (only direction / search when
+    ``validate_prompts``, your own held-out set, is given); ``val_text`` is held-out text for the regression limits.
+    Both default to the Tang sets only for the bundled char model. ``chat``: every prompt is a user turn rendered by
+    the model's chat template. With ``out``, writes repair.json, the patch, repair.html and repair.png there. The
+    model is left unchanged.
     """
     from ._io import atomic_write_json
     from .corpus import load_corpus
@@ -148,10 +152,15 @@ def repair_loops(
         _default_prompts(model, 1)  # the Tang validation text fits only the bundled char model
         val_text = load_corpus().val
     if prompts is None:
+        if validate_prompts is not None:
+            raise ValueError("validate_prompts needs prompts for the direction and search sets")
         inputs = RepairInputs.tang(model.tokenizer, cfg, ("direction", "search", "validate"))
         inputs.val_text = val_text
     else:
-        inputs = RepairInputs.from_prompts(list(prompts), val_text, cfg, "prompts", "val_text")
+        inputs = RepairInputs.from_prompts(list(prompts), val_text, cfg, "prompts", "val_text", validate_prompts)
+    if chat and model.chat_template is None:
+        raise ValueError(f"chat=True: the model {model.source or ''} has no chat template")
+    inputs.chat = chat
     report, patch = repair(model, inputs, cfg, progress=progress, log=log)
     files: dict[str, str] = {}
     if out is not None:

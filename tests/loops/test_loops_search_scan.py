@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from genprobe.loops import EditSpec, mlp_sites, state_sha256
-from genprobe.loops.contrast import _labels
+from genprobe.loops.contrast import position_labels
 from genprobe.loops.regress import Regression
 from genprobe.loops.scan import GenerationRecord, scan_loops, summarise
 from genprobe.loops.search import Candidate, Limits, Objective, Strata, choose, grid, run_search
@@ -276,16 +276,16 @@ def test_contrast_labels_use_exact_or_near_loops():
     # prompt of 2 tokens + 9 generated: position t predicts generated index t+1-2
     m = measure_loops([9, 8, 7] + [1, 2] * 3, LoopSettings(min_tail=6))
     assert m.looping and (m.onset, m.period) == (3, 2)
-    loop, ref = _labels(2, 11, m)
+    loop, ref = position_labels(2, 11, m)
     assert ref == [1, 2, 3]  # predicts generated 0,1,2 (before onset)
     assert loop == [6, 7, 8, 9]  # predicts generated 5.. (after the first unit)
-    loop, ref = _labels(2, 6, measure_loops([5, 6, 7, 8]))
+    loop, ref = position_labels(2, 6, measure_loops([5, 6, 7, 8]))
     assert loop == [] and ref == [1, 2, 3, 4]
     chant = _looping("君不見君家。", 0)
     near = measure_loops(_substitute_one_per_cycle(chant, 6, detect_loop(chant).onset))
     assert not near.looping and near.near_looping
-    loop, ref = _labels(1, 58, near)  # a near loop is a loop for the contrast, not reference text
+    loop, ref = position_labels(1, 58, near)  # a near loop is a loop for the contrast, not reference text
     assert len(loop) > 30 and all(t + 1 - 1 >= near.near_onset + 6 for t in loop)
     shifted = measure_loops(_shift_one_per_cycle("君不見君家。", 1))
     assert shifted.degenerate and not shifted.any_loop
-    assert _labels(1, 58, shifted) == ([], [])  # degenerate without an onset: neither class
+    assert position_labels(1, 58, shifted) == ([], [])  # degenerate without an onset: neither class

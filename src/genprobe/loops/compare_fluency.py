@@ -79,7 +79,11 @@ def _score_batch(model: Any, rows: list[tuple[list[int], list[int]]]) -> list[fl
 def score_continuations(
     model: Any, prompts: Sequence[str], continuations: Sequence[str | None], batch_size: int = 64
 ) -> list[TextScore | None]:
-    """NLL of each continuation given its prompt under ``model`` (a loaded Model); None where nothing is scored."""
+    """NLL of each continuation given its prompt under ``model`` (a loaded Model, or a judge with its own
+    ``score``, e.g. :class:`genprobe.loops.ngram_judge.CharNgramJudge`); None where nothing is scored."""
+    if not hasattr(model, "module") and callable(getattr(model, "score", None)):
+        judged: list[TextScore | None] = model.score(prompts, continuations)
+        return judged
     pairs = [None if c is None else _encode_pair(model, p, c) for p, c in zip(prompts, continuations, strict=True)]
     scored = {i: x for i, x in enumerate(pairs) if x is not None}
     order = sorted(scored, key=lambda i: len(scored[i][0]) + len(scored[i][1]))

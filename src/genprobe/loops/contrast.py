@@ -63,7 +63,10 @@ class Contrast:
         return self.counts.to_dict()
 
 
-def _labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:
+def position_labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:
+    """Positions ``t`` of a sequence (prompt + generation, ``total`` tokens) whose next token continues the loop
+    (one full period past its onset) and those before the onset (reference); a repetitive tail without a period
+    gives neither."""
     loop: list[int] = []
     ref: list[int] = []
     looping, onset, period = m.any_loop, m.any_onset, m.any_period
@@ -137,7 +140,7 @@ def collect_contrast(
     for rec in records:
         seq = list(rec.prompt_ids) + list(rec.tokens)
         seqs.append(seq)
-        labels.append(_labels(len(rec.prompt_ids), len(seq), rec.measures))
+        labels.append(position_labels(len(rec.prompt_ids), len(seq), rec.measures))
     acc = _collect(model, seqs, labels, batch_size, pad_id)
     n_layers = len(acc["loop"])
     n_loop = sum(len(loop) for loop, _ in labels)

@@ -30,15 +30,28 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..engine.sampling import SamplerConfig
+from ..model.arch import state_sha256
 from .contrast import Contrast, ContrastCounts, collect_contrast
 from .direction import Separation, loop_direction, separation
-from .edit import make_patch
+from .edit import EditSpec, make_patch
 from .locate import Located, locate_layers
 from .patch import Patch, apply_patch, finalise, revert_patch
 from .regress import Regression, RegressionProbe, text_windows, window_length
+from .scaled import (
+    ScaledTrace,
+    build_with,
+    chains,
+    check_restored,
+    halve,
+    rank_layers,
+    scaled_layer_sets,
+    screen,
+    shortlist,
+)
 from .scan import GenerationRecord, LoopRates, ScanResult, greedy_sampler, loop_rates
+from .screen import LoopProbe
 from .search import Candidate, Limits, Objective, Strata, choose, grid, run_search
-from .study import SET_NAMES, Clock, EndToken, LoopStudy, RepairConfig, RepairInputs, encode_quiet
+from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, EndToken, LoopStudy, RepairConfig, RepairInputs, encode_quiet
 
 __all__ = ["RepairConfig", "RepairInputs", "RepairReport", "LocateReport", "LoopStudy", "repair", "locate_only"]
 
@@ -112,6 +125,9 @@ class SearchStage:
     limits: Limits
     candidates: list[Candidate]
     chosen: Candidate | None
+    method: str = "exhaustive"
+    grid_size: int = 0  # candidates of the full grid (all of them were evaluated when method is exhaustive)
+    scaled: ScaledTrace | None = None
 
     def to_dict(self) -> dict:
         """JSON (``base_loop_rate`` is the baseline's degenerate rate: what the search minimises)."""
@@ -129,6 +145,9 @@ class SearchStage:
             "candidates": [c.to_dict() for c in self.candidates],
             "admissible": sum(1 for c in self.candidates if self.limits.admits(c.regression)),
             "chosen": self.chosen.to_dict() if self.chosen else None,
+            "method": self.method,
+            "grid_size": self.grid_size,
+            "scaled": self.scaled.to_dict() if self.scaled else None,
         }
 
 
@@ -174,6 +193,27 @@ class Validation:
 
 
 @dataclass
+class Transfer:
+    """The edit, searched in one setting (plain prompts or chat turns), measured on held-out prompts in the other."""
+
+    setting: str  # "chat" or "plain": where this was measured
+    searched_in: str
+    before: LoopRates
+    after: LoopRates
+    new_loops: int
+
+    def to_dict(self) -> dict:
+        """Plain JSON."""
+        return {
+            "setting": self.setting,
+            "searched_in": self.searched_in,
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict(),
+            "new_loops": self.new_loops,
+        }
+
+
+@dataclass
 class RepairReport:
     """Everything a repair run measured (``to_dict`` is ``repair.json``)."""
 
@@ -185,12 +225,13 @@ class RepairReport:
     baseline: dict[str, LoopRates]
     contrast: ContrastCounts
     directions: dict[int, LayerDirection]
-    locate: Located
+    locate: Located | None  # None: the scaled search ranked the layers instead (search.scaled.layer_scores)
     search: SearchStage
     verdict: str
     validation: Validation | None = None
     patch: PatchSummary | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
+    transfer: Transfer | None = None
 
     def to_dict(self) -> dict:
         """Plain JSON, readable (stage by stage)."""
@@ -204,10 +245,11 @@ class RepairReport:
             "baseline": {k: v.to_dict() for k, v in self.baseline.items()},
             "contrast": self.contrast.to_dict(),
             "directions": {str(layer): d.to_dict() for layer, d in self.directions.items()},
-            "locate": self.locate.to_dict(),
+            "locate": self.locate.to_dict() if self.locate else None,
             "search": self.search.to_dict(),
             "validation": self.validation.to_dict() if self.validation else None,
             "patch": self.patch.to_dict() if self.patch else None,
+            "transfer": self.transfer.to_dict() if self.transfer else None,
             "timings_s": self.timings_s,
         }
 
@@ -215,7 +257,7 @@ class RepairReport:
 # ---- stages ---------------------------------------------------------------------------------
 def baseline_scans(study: LoopStudy, inputs: RepairInputs, sets: Sequence[str] = SET_NAMES) -> Baselines:
     """Scan each prompt set on the unedited model."""
-    ids = {k: study.encode(getattr(inputs, k)) for k in sets}
+    ids = {k: study.encode(study.render(getattr(inputs, k), inputs.chat)) for k in sets}
     scans = {k: study.scan(ids[k], getattr(inputs, k), desc=f"scan {k}") for k in sets}
     return Baselines(scans, ids)
 
@@ -253,14 +295,40 @@ def locate_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
     return located
 
 
+def edit_grid(study: LoopStudy) -> list[EditSpec]:
+    """Every candidate edit of the configured grid: each layer alone and all together (or ``cfg.layer_sets``)."""
+    cfg = study.cfg
+    layer_sets = cfg.layer_sets or tuple((layer,) for layer in range(study.n_layers)) + (
+        (tuple(range(study.n_layers)),) if study.n_layers > 1 else ()
+    )
+    return grid(layer_sets, cfg.ks, cfg.forms, {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas})
+
+
+def search_method(cfg: RepairConfig, grid_size: int) -> str:
+    """``cfg.search``, with ``auto`` resolved: exhaustive up to :data:`EXHAUSTIVE_MAX` candidates, else scaled."""
+    if cfg.search != "auto":
+        return cfg.search
+    return "exhaustive" if grid_size <= EXHAUSTIVE_MAX else "scaled"
+
+
 def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord]) -> SearchStage:
-    """Evaluate every edit of the grid on a stratified search set; choose by the degenerate rate."""
+    """Choose an edit on a stratified search set by the degenerate rate: every edit of the grid (exhaustive), or
+    ranked, screened and halved (:mod:`genprobe.loops.scaled`) when the grid is large or ``cfg.search`` says so."""
     cfg = study.cfg
     prone, control = _prone_and_control(study, records)
     n_prone_all = sum(1 for r in records if r.degenerate)
     strata = Strata(len(prone), len(control), n_prone_all, len(records) - n_prone_all)
     baseline = strata.objective([r.measures for r in prone], [r.measures for r in control])
     limits = Limits(cfg.max_kl, cfg.max_dloss)
+    specs = edit_grid(study)
+    method = search_method(cfg, len(specs))
+    result = SearchStage(strata, baseline, limits, [], None, method=method, grid_size=len(specs))
+    if not prone:
+        return result
+    if method == "scaled":
+        result.candidates, finalists, result.scaled = _scaled(study, stage, records, strata, limits)
+        result.chosen = choose(finalists, baseline, limits)
+        return result
     ids = [r.prompt_ids for r in prone + control]
 
     def evaluate(model: Any) -> tuple[Regression, Objective | None]:
@@ -270,18 +338,65 @@ def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
         recs = study.scan(ids, decoded=False).records
         return reg, strata.objective([r.measures for r in recs[: len(prone)]], [r.measures for r in recs[len(prone) :]])
 
-    layer_sets = cfg.layer_sets or tuple((layer,) for layer in range(study.n_layers)) + (
-        (tuple(range(study.n_layers)),) if study.n_layers > 1 else ()
+    result.candidates = run_search(
+        study.module, specs, stage.directions, stage.unit_means, evaluate, gaps=stage.gaps, progress=study.progress
     )
-    specs = grid(layer_sets, cfg.ks, cfg.forms, {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas})
-    candidates = (
-        run_search(
-            study.module, specs, stage.directions, stage.unit_means, evaluate, gaps=stage.gaps, progress=study.progress
-        )
-        if prone
-        else []
+    result.chosen = choose(result.candidates, baseline, limits)
+    return result
+
+
+def _scaled(
+    study: LoopStudy,
+    stage: DirectionStage,
+    records: Sequence[GenerationRecord],
+    strata: Strata,
+    limits: Limits,
+) -> tuple[list[Candidate], list[Candidate], ScaledTrace]:
+    """Rank → layer sets → screen → halving (see :mod:`genprobe.loops.scaled`); every candidate, the last rung's."""
+    cfg, model, clock = study.cfg, study.module, Clock()
+    before = state_sha256(model)
+    prone, control = _prone_and_control(study, records)
+    # the search set's loops with an onset (exact or near), the evaluated prone prompts first
+    looping = sorted((r for r in records if r.any_loop), key=lambda r: not any(r is p for p in prone))
+    loops = LoopProbe(model, looping, cfg.screen_sequences, batch_size=cfg.screen_sequences)
+    scores = rank_layers(model, stage.directions, loops, study.progress)
+    clock.tick("rank")
+    sets = scaled_layer_sets([s.layer for s in scores], study.n_layers, cfg.top_layers)
+    build = build_with(model, stage.directions, stage.unit_means, stage.gaps)
+    windows = stage.probe.ids[: cfg.screen_windows].tolist()
+    quick = RegressionProbe(model, windows, batch_size=cfg.batch_size)
+    alphas = {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas}
+    screened = screen(model, chains(sets, cfg.ks, cfg.forms, alphas), build, quick, loops, limits, study.progress)
+    clock.tick("screen")
+    short = shortlist(screened, cfg.keep)
+    for s in screened:
+        s.candidate.screen = {"windows": len(windows), **(s.pressure.to_dict() if s.pressure else {})}
+    finalists, rungs = halve(
+        model,
+        [s.candidate for s in short],
+        build,
+        lambda ids: [r.measures for r in study.scan(ids, decoded=False).records],
+        [r.prompt_ids for r in prone],
+        [r.prompt_ids for r in control],
+        strata,
+        stage.probe.measure,
+        study.progress,
     )
-    return SearchStage(strata, baseline, limits, candidates, choose(candidates, baseline, limits))
+    clock.tick("halving")
+    check_restored(model, before)
+    trace = ScaledTrace(
+        scores,
+        sets,
+        len(screened),
+        sum(1 for s in screened if s.pressure is not None),
+        len(short),
+        rungs,
+        loops.n_sequences,
+        int(loops.targets.numel()),
+        len(windows),
+        clock.to_dict(),
+    )
+    return [s.candidate for s in screened], finalists, trace
 
 
 def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:
@@ -343,6 +458,23 @@ def validate_stage(
         samples,
         None if plain_before is None or plain_after is None else {"before": plain_before, "after": plain_after},
     )
+
+
+def transfer_stage(study: LoopStudy, patch: Patch, texts: Sequence[str], searched_chat: bool) -> Transfer | None:
+    """Held-out prompts in the setting the search did not use, before and after the edit (None when the model has
+    no chat template or ``cfg.transfer`` is 0)."""
+    if study.model.chat_template is None or study.cfg.transfer == 0 or not texts:
+        return None
+    ids = study.encode(study.render(texts[: study.cfg.transfer], not searched_chat))
+    before = study.scan(ids, decoded=False, desc="transfer")
+    apply_patch(study.module, patch)
+    try:
+        after = study.scan(ids, decoded=False, desc="transfer")
+    finally:
+        revert_patch(study.module, patch)
+    new = sum(1 for b, a in zip(before.records, after.records, strict=True) if a.degenerate and not b.degenerate)
+    names = ("plain", "chat")
+    return Transfer(names[not searched_chat], names[searched_chat], before.summary, after.summary, new)
 
 
 def _subset_rates(records: Sequence[GenerationRecord]) -> LoopRates:
@@ -412,12 +544,14 @@ def repair(
 
     stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
     clock.tick("contrast_direction")
-    located = locate_stage(study, stage, base.scans["direction"].records)
-    clock.tick("locate")
-    log(
-        f"locate: base degenerate rate {located.base_degenerate_rate:.3f}, "
-        + ", ".join(f"L{a.layers[0]} ablated {a.degenerate_rate:.3f}" for a in located.per_layer)
-    )
+    located = None
+    if search_method(cfg, len(edit_grid(study))) == "exhaustive":  # the scaled search ranks layers itself, cheaply
+        located = locate_stage(study, stage, base.scans["direction"].records)
+        clock.tick("locate")
+        log(
+            f"locate: base degenerate rate {located.base_degenerate_rate:.3f}, "
+            + ", ".join(f"L{a.layers[0]} ablated {a.degenerate_rate:.3f}" for a in located.per_layer)
+        )
 
     search = search_stage(study, stage, base.scans["search"].records)
     clock.tick("search")
@@ -443,6 +577,9 @@ def repair(
         )
         report.patch = PatchSummary.of(patch)
         clock.tick("validate")
+        report.transfer = transfer_stage(study, patch, inputs.validate, inputs.chat)
+        if report.transfer is not None:
+            clock.tick("transfer")
     report.timings_s = clock.to_dict()
     return report, patch
 

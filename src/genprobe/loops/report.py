@@ -40,7 +40,10 @@ def sweep_figure(report: dict) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    _locate_panel(ax1, report["locate"])
+    if report.get("locate"):
+        _locate_panel(ax1, report["locate"])
+    else:  # the scaled search ranked layers by teacher-forced loop pressure instead of generating per layer
+        _rank_panel(ax1, report["search"]["scaled"])
     _sweep_panel(ax2, report["search"], plt)
     fig.tight_layout()
     buf = io.BytesIO()
@@ -62,6 +65,14 @@ def _locate_panel(ax: Any, loc: dict) -> None:
     ax.set_ylabel("loop rate (locate set)")
     ax.set_title("direction ablated from MLP output")
     ax.legend(fontsize=7)
+
+
+def _rank_panel(ax: Any, scaled: dict | None) -> None:
+    scores = sorted((scaled or {}).get("layer_scores", []), key=lambda r: r["layer"])
+    ax.bar([r["layer"] for r in scores], [r["dlogp"] for r in scores], color="#4a7")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("Δ log p(loop token), nats")
+    ax.set_title("direction ablated: loop pressure (teacher-forced)")
 
 
 def _sweep_panel(ax: Any, s: dict, plt: Any) -> None:

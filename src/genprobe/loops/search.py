@@ -113,6 +113,7 @@ class Candidate:
     alpha_abs: dict[int, float] = field(default_factory=dict)
     columns: dict[int, list[int]] = field(default_factory=dict)
     error: str | None = None
+    screen: dict | None = None  # the scaled search's teacher-forced measures (see genprobe.loops.scaled)
 
     def to_dict(self) -> dict:
         """Flat JSON row (spec, regression, objective, columns)."""
@@ -128,6 +129,7 @@ class Candidate:
             "alpha_abs": {str(k): v for k, v in self.alpha_abs.items()},
             "columns": {str(k): v for k, v in self.columns.items()},
             "error": self.error,
+            "screen": self.screen,
         }
 
 

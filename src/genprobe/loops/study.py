@@ -23,6 +23,8 @@ from .scan import END_TOKEN_NOTE, ScanResult, chanting_sampler, scan_loops, stud
 
 UNK_SHOW = "▯"
 SET_NAMES = ("direction", "search", "validate")
+SEARCHES = ("auto", "exhaustive", "scaled")
+EXHAUSTIVE_MAX = 100  # grid sizes up to this are searched exhaustively under search="auto" (the 4-layer models)
 
 
 @dataclass
@@ -42,6 +44,11 @@ class RepairConfig:
     project_alphas: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5, 2.0)  # fraction of the projection removed
     forms: tuple[str, ...] = FORMS
     layer_sets: tuple[tuple[int, ...], ...] | None = None  # None: each layer alone and all together
+    search: str = "auto"  # exhaustive | scaled | auto (exhaustive up to EXHAUSTIVE_MAX candidates)
+    top_layers: int = 3  # scaled: best-ranked layers tried alone (and together)
+    keep: int = 8  # scaled: screened candidates that go on to generation
+    screen_sequences: int = 8  # scaled: looping generations the loop probe teacher-forces
+    screen_windows: int = 8  # scaled: validation windows of the screening regression check
     method: str = "mean_diff"
     max_kl: float = 0.1
     max_dloss: float = 0.02
@@ -52,6 +59,14 @@ class RepairConfig:
     samples: int = 6
     loop: LoopSettings = field(default_factory=LoopSettings)  # exact + near loop detector settings
     plain_greedy_check: int = 256  # validate prompts also scanned under plain greedy before/after (0 = skip)
+    transfer: int = 128  # validate prompts also scanned in the other setting (chat template or plain; 0 = skip)
+
+    def __post_init__(self) -> None:
+        if self.search not in SEARCHES:
+            raise ValueError(f"search must be one of {SEARCHES}, got {self.search!r}")
+        for name in ("top_layers", "keep", "screen_sequences", "screen_windows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     def to_dict(self) -> dict:
         """Plain dict."""
@@ -73,6 +88,7 @@ class RepairInputs:
     val_text: str
     prompt_source: str
     val_source: str
+    chat: bool = False  # the prompts are user turns, rendered by the model's chat template before encoding
 
     @classmethod
     def tang(cls, tokenizer: Any, cfg: RepairConfig, sets: Sequence[str] = SET_NAMES) -> "RepairInputs":
@@ -97,10 +113,24 @@ class RepairInputs:
         cfg: RepairConfig,
         prompt_source: str = "prompts",
         val_source: str = "text",
+        validate: Sequence[str] | None = None,
     ) -> "RepairInputs":
-        """The user's prompts, split disjointly and deterministically (see :func:`split_prompts`), and their text."""
-        got = split_prompts(prompts, cfg.sizes())
-        return cls(got["direction"], got["search"], got["validate"], val_text, prompt_source, val_source)
+        """The user's prompts, split disjointly and deterministically (see :func:`split_prompts`), and their text.
+
+        ``validate``: the user's own held-out prompts (the first ``cfg.n_validate`` distinct ones); ``prompts`` then
+        only feed the direction and search sets, and a prompt in both is refused (the search would see it)."""
+        if validate is None:
+            got = split_prompts(prompts, cfg.sizes())
+            return cls(got["direction"], got["search"], got["validate"], val_text, prompt_source, val_source)
+        held = list(dict.fromkeys(validate))[: cfg.n_validate]
+        shared = set(held) & set(prompts)
+        if shared:
+            raise ValueError(
+                f"{len(shared)} validation prompt(s) are also search/direction prompts (e.g. {sorted(shared)[0]!r}): "
+                "held-out prompts must be unseen by the search"
+            )
+        got = split_prompts(prompts, {k: n for k, n in cfg.sizes().items() if k != "validate"})
+        return cls(got["direction"], got["search"], held, val_text, prompt_source, val_source)
 
     def summary(self) -> dict:
         """Sources, sizes and the first prompts of each set (JSON)."""
@@ -108,6 +138,7 @@ class RepairInputs:
             "prompt_source": self.prompt_source,
             "val_source": self.val_source,
             "val_chars": len(self.val_text),
+            "chat": self.chat,
             **{k: {"n": len(getattr(self, k)), "first": getattr(self, k)[:3]} for k in SET_NAMES},
         }
 
@@ -174,6 +205,10 @@ class LoopStudy:
         if self.eos_id is None:
             return EndToken(None, False, None)
         return EndToken(self.eos_id, True, END_TOKEN_NOTE.format(eos=self.eos_id, n=self.cfg.max_new_tokens))
+
+    def render(self, texts: Sequence[str], chat: bool) -> list[str]:
+        """``texts`` as they are given to the model: each a user turn of the chat template when ``chat``."""
+        return [self.model.chat_prompt(t) for t in texts] if chat else list(texts)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Prompts → ids; an empty encoding is refused (it cannot be continued)."""

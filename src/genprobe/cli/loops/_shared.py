@@ -84,8 +84,15 @@ def _model_args(q: argparse.ArgumentParser) -> None:
     add_json_flag(q)
 
 
-def _data_args(q: argparse.ArgumentParser, with_val: bool) -> None:
+def _data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True) -> None:
     add_prompt_arguments(q, help_default=" (default for the bundled char model: held-out Tang openings)")
+    if chat:
+        q.add_argument(
+            "--chat",
+            action="store_true",
+            help="give each prompt to the model as a user turn rendered by its chat template (instruction-tuned "
+            "models are used this way); the prompt files hold the user's text",
+        )
     q.add_argument(
         "--tang-prompts",
         action="store_true",
@@ -228,17 +235,34 @@ def _repair_cfg(args: argparse.Namespace, **over: Any) -> Any:
 
 
 def _inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:
+    from ...loops.prompts import read_prompt_file
     from ...loops.repair import RepairInputs
 
     prompts, source = _prompts(args, model)
     val, val_source = _val_text(args, model)
     if prompts is None:
+        if getattr(args, "validate_prompts", None):
+            raise ValueError("--validate-prompts needs --prompts/--prompt for the direction and search sets")
         inputs = RepairInputs.tang(model.tokenizer, cfg, sets)
         inputs.val_text, inputs.val_source = val, val_source
         return inputs
     if len(sets) == 1:  # locate: every prompt goes to the direction set
-        return RepairInputs(list(dict.fromkeys(prompts)), [], [], val, source, val_source)
-    return RepairInputs.from_prompts(prompts, val, cfg, source, val_source)
+        inputs = RepairInputs(list(dict.fromkeys(prompts)), [], [], val, source, val_source)
+    else:
+        validate = getattr(args, "validate_prompts", None)
+        held = read_prompt_file(validate) if validate else None
+        inputs = RepairInputs.from_prompts(prompts, val, cfg, source, val_source, validate=held)
+        if validate:
+            inputs.prompt_source += f"; held-out validation: file:{validate}"
+    inputs.chat = _chat(args, model)
+    return inputs
+
+
+def _chat(args: argparse.Namespace, model: Any) -> bool:
+    """--chat, refused with the reason when the model has no chat template."""
+    if getattr(args, "chat", False) and model.chat_template is None:
+        raise ValueError(f"--chat: the model {model.source or ''} has no chat template")
+    return bool(getattr(args, "chat", False))
 
 
 def _calibration(args: argparse.Namespace, model: Any, texts: list[str]) -> Any:

@@ -31,7 +31,7 @@ def _register_compare(lsub: Any) -> None:
         help="which fix for loops: decode-time samplers beside the weight edit (one table, one figure, one HTML page)",
     )
     _model_args(c)
-    _data_args(c, with_val=False)
+    _data_args(c, with_val=False, chat=False)
     c.add_argument(
         "--n", type=int, default=None, help="at most N prompts (default: 512 Tang openings; every prompt of a file)"
     )
@@ -60,7 +60,8 @@ def _register_compare(lsub: Any) -> None:
         "--judge",
         default=None,
         metavar="MODEL",
-        help="a second model that scores every method's text (NLL per character)",
+        help="a second model that scores every method's text (NLL per character): a model directory or name, or "
+        "ngram:english / ngram:FILE, a character n-gram model of human text (for a language with no second model)",
     )
     c.add_argument(
         "--genre",
@@ -83,6 +84,13 @@ def _register_compare(lsub: Any) -> None:
     )
     _calibration_args(c)
     c.set_defaults(func=run_compare)
+
+
+def _judge(spec: str) -> Any:
+    from ...loops.ngram_judge import NGRAM_PREFIX, ngram_judge
+    from ...model.load import load_model
+
+    return ngram_judge(spec) if spec.startswith(NGRAM_PREFIX) else load_model(spec)
 
 
 def _compare_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str], list | None, str]:
@@ -109,7 +117,6 @@ def run_compare(args: argparse.Namespace) -> int:
     from ...loops.compare import CompareConfig, compare_fixes
     from ...loops.compare_report import breaker_table, markdown_table, write_outputs
     from ...loops.patch import load_patch
-    from ...model.load import load_model
 
     _check_common(args)
     out_dir(args.out, "compare.json, compare-texts.json, compare.md, compare.png, compare.html")
@@ -126,7 +133,7 @@ def run_compare(args: argparse.Namespace) -> int:
         timing_rounds=args.timing_rounds,
     )
     patch = load_patch(args.patch) if args.patch else None
-    judge = load_model(args.judge) if args.judge else None
+    judge = _judge(args.judge) if args.judge else None
     res = compare_fixes(
         model,
         texts,

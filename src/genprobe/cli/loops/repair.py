@@ -63,6 +63,13 @@ def _register_repair(lsub: Any) -> None:
         metavar="DIR",
         help="directory for repair.json, patch.*, repair.html, repair.png",
     )
+    r.add_argument(
+        "--validate-prompts",
+        metavar="FILE",
+        default=None,
+        help="held-out validation prompts of your own (the first --n-validate distinct ones); --prompts then feeds "
+        "only the direction and search sets (a prompt in both files is refused)",
+    )
     r.add_argument("--n-direction", type=int, default=d.n_direction)
     r.add_argument("--n-search", type=int, default=d.n_search)
     r.add_argument("--n-validate", type=int, default=d.n_validate)
@@ -97,6 +104,7 @@ def _register_repair(lsub: Any) -> None:
         help="fractions for W[:,c] -= α·d(dᵀW[:,c])",
     )
     r.add_argument("--forms", nargs="+", action=Accumulate, choices=("subtract", "project"), default=list(d.forms))
+    _search_args(r)
     r.add_argument("--method", choices=("mean_diff", "pca"), default=d.method)
     r.add_argument("--max-kl", type=float, default=d.max_kl, help="KL(base‖edited) limit, nats (default 0.1)")
     r.add_argument(
@@ -104,6 +112,46 @@ def _register_repair(lsub: Any) -> None:
     )
     _calibration_args(r)
     r.set_defaults(func=run_repair)
+
+
+def _search_args(r: argparse.ArgumentParser) -> None:
+    from ...loops.repair import RepairConfig
+    from ...loops.study import EXHAUSTIVE_MAX, SEARCHES
+
+    d = RepairConfig()
+    r.add_argument(
+        "--search",
+        choices=SEARCHES,
+        default=d.search,
+        help=f"exhaustive: generate for every edit of the grid; scaled: rank layers, screen strengths without "
+        f"generating, halve on growing prompt subsets (docs/loop-repair-at-scale.md); auto (default): exhaustive "
+        f"up to {EXHAUSTIVE_MAX} candidates",
+    )
+    r.add_argument("--top-layers", type=int, default=d.top_layers, help="scaled: best-ranked layers tried (default 3)")
+    r.add_argument("--keep", type=int, default=d.keep, help="scaled: screened edits that generate (default 8)")
+    r.add_argument(
+        "--screen-sequences", type=int, default=d.screen_sequences, help="scaled: loops the probe reads (default 8)"
+    )
+    r.add_argument(
+        "--screen-windows",
+        type=int,
+        default=d.screen_windows,
+        help="scaled: validation windows of the screening regression check (default 8)",
+    )
+    r.add_argument(
+        "--regression-windows",
+        type=int,
+        default=d.regression_windows,
+        help=f"validation windows of the regression check (default {d.regression_windows})",
+    )
+    r.add_argument(
+        "--transfer",
+        type=int,
+        default=d.transfer,
+        metavar="N",
+        help=f"held-out prompts also measured in the other setting (chat template or plain) before/after the edit, "
+        f"when the model has a chat template (default {d.transfer}; 0 = skip)",
+    )
 
 
 def run_locate(args: argparse.Namespace) -> int:
@@ -169,6 +217,13 @@ def run_repair(args: argparse.Namespace) -> int:
         method=args.method,
         max_kl=args.max_kl,
         max_dloss=args.max_dloss,
+        search=args.search,
+        top_layers=args.top_layers,
+        keep=args.keep,
+        screen_sequences=args.screen_sequences,
+        screen_windows=args.screen_windows,
+        regression_windows=args.regression_windows,
+        transfer=args.transfer,
     )
     inputs = _inputs(args, model, cfg, ("direction", "search", "validate"))
     calibration = _calibrate_cfg(args, model, cfg, inputs)

@@ -12,6 +12,7 @@ from .._vllm_args import add_engine_arguments, engine_options, vllm_missing
 from ._shared import (
     _calibration,
     _calibration_args,
+    _chat,
     _check_common,
     _data_args,
     _is_bundled_char_model,
@@ -99,7 +100,9 @@ def run_scan(args: argparse.Namespace) -> int:
     texts, source = _prompts(args, model)
     if texts is None:
         texts = heldout_openings(model.tokenizer, args.n, args.prefix)
-    calibration = _calibration(args, model, texts)
+    calibration = _calibration(args, model, texts)  # on the user's text: its language, not the template's
+    if _chat(args, model):
+        texts, source = [model.chat_prompt(t) for t in texts], f"{source} (chat template)"
     settings = _scan_settings(args, model)
     backend = None
     if args.backend == "vllm":
