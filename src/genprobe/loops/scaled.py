@@ -1,0 +1,294 @@
+"""The edit search that scales with depth: rank layers, screen strengths without generating, then halve.
+
+The exhaustive search (:func:`genprobe.loops.search.run_search` over :func:`~genprobe.loops.search.grid`) generates
+for every layer alone and all together × k × form × strength: 620 candidates on a 30-layer model, each scored by
+generating for the whole search set. This search spends generation only where it can decide something:
+
+1. **rank** — each layer's loop direction is ablated from its MLP output (the idealised edit) and the
+   :class:`~genprobe.loops.screen.LoopProbe` reads how much less likely the model becomes to continue its own loops
+   (teacher-forced, a few hundred tokens per layer). Layers are ranked by that drop.
+2. **layer sets** — the ``top_layers`` best layers alone, the best two and the best ``top_layers`` together, and
+   all layers (the exhaustive search's "all together" set).
+3. **screen** — per (layer set, k, form), strengths in increasing order: the regression check on a few windows of
+   the validation text first; the first strength over the limits ends that chain (KL grows with the strength);
+   admissible ones get their loop pressure. The ``keep`` candidates with the largest drop go on.
+4. **halving** — the survivors generate for a quarter of the stratified search set, the better half goes on to
+   half of it, and so on until the whole set; prompts a candidate already generated for are not generated again.
+   The last rung's candidates get the full regression check, and :func:`~genprobe.loops.search.choose` picks among
+   them with the same rule, on the same full search set, as the exhaustive search.
+
+Every edit is written, measured and written back exactly (as in the exhaustive search).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from tqdm import tqdm
+
+from ..metrics import LoopMeasures
+from ..model.arch import state_sha256
+from .edit import EditSpec, make_patch
+from .hooks import ablate
+from .patch import Patch, write_values
+from .regress import Regression, RegressionProbe
+from .screen import LoopProbe, Pressure
+from .search import Candidate, Limits, Strata
+
+Scan = Callable[[Sequence[list[int]]], list[LoopMeasures]]  # prompt ids -> loop measures on the model as it is now
+
+
+@dataclass(frozen=True)
+class LayerScore:
+    """One layer's loop pressure with its direction ablated (rank 1 = the largest drop)."""
+
+    layer: int
+    dlogp: float
+    broken: float
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+@dataclass
+class Rung:
+    """One halving round: how many search prompts each candidate had generated for, and who went on."""
+
+    prone: int
+    control: int
+    candidates: int
+    kept: int
+
+    def to_dict(self) -> dict:
+        """Plain dict."""
+        return asdict(self)
+
+
+@dataclass
+class ScaledTrace:
+    """What the scaled search did at each step (``repair.json`` under ``search.scaled``)."""
+
+    layer_scores: list[LayerScore]
+    layer_sets: list[tuple[int, ...]]
+    screened: int
+    admissible_screened: int
+    shortlisted: int
+    rungs: list[Rung]
+    probe_sequences: int
+    probe_positions: int
+    screen_windows: int
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """Plain JSON."""
+        return {
+            "layer_scores": [s.to_dict() for s in self.layer_scores],
+            "ranking": [s.layer for s in self.layer_scores],
+            "layer_sets": [list(s) for s in self.layer_sets],
+            "screened": self.screened,
+            "admissible_screened": self.admissible_screened,
+            "shortlisted": self.shortlisted,
+            "rungs": [r.to_dict() for r in self.rungs],
+            "probe_sequences": self.probe_sequences,
+            "probe_positions": self.probe_positions,
+            "screen_windows": self.screen_windows,
+            "timings_s": self.timings_s,
+        }
+
+
+def _bar(items: Any, desc: str, unit: str, progress: bool) -> Any:
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, disable=not progress or not sys.stderr.isatty())
+
+
+# ---- 1. rank ----------------------------------------------------------------------------------
+def rank_layers(
+    model: Any, directions: dict[int, torch.Tensor], probe: LoopProbe, progress: bool = False
+) -> list[LayerScore]:
+    """Each layer's direction ablated alone; layers sorted by loop-pressure drop (largest first, then index)."""
+    scores = []
+    for layer in _bar(sorted(directions), "rank layers", "layer", progress):
+        with ablate(model, {layer: directions[layer]}):
+            p = probe.measure(model)
+        scores.append(LayerScore(layer, p.dlogp, p.broken))
+    return sorted(scores, key=lambda s: (s.dlogp, s.layer))
+
+
+def scaled_layer_sets(ranking: Sequence[int], n_layers: int, top: int) -> list[tuple[int, ...]]:
+    """The ``top`` best layers alone, the best 2 and the best ``top`` together, and all layers (no duplicates)."""
+    if top < 1:
+        raise ValueError(f"top layers must be >= 1, got {top}")
+    best = list(ranking[:top])
+    sets: list[tuple[int, ...]] = [(layer,) for layer in best]
+    sets += [tuple(sorted(best[:j])) for j in sorted({2, len(best)}) if 1 < j <= len(best)]
+    if n_layers > 1:
+        sets.append(tuple(range(n_layers)))
+    return list(dict.fromkeys(sets))
+
+
+# ---- 3. screen --------------------------------------------------------------------------------
+@dataclass
+class Screened:
+    """A candidate measured without generation: the patch's cost on a few windows and its loop pressure."""
+
+    candidate: Candidate
+    pressure: Pressure | None  # None: over the limits, or not buildable
+
+
+def chains(
+    layer_sets: Sequence[tuple[int, ...]],
+    ks: Sequence[int],
+    forms: Sequence[str],
+    alphas: Mapping[str, Sequence[float]],
+) -> list[list[EditSpec]]:
+    return [
+        [EditSpec(tuple(layers), int(k), form, float(a)) for a in sorted(alphas[form])]
+        for layers in layer_sets
+        for form in forms
+        for k in ks
+    ]
+
+
+def _screen_one(model: Any, spec: EditSpec, build: Callable[[EditSpec], Patch], probe: RegressionProbe) -> Candidate:
+    patch = build(spec)
+    write_values(model, patch, "new")
+    try:
+        reg = probe.measure(model)
+    finally:
+        write_values(model, patch, "original")
+    return Candidate(
+        spec,
+        reg,
+        None,
+        sum(t.changed() for t in patch.targets),
+        {t.layer: t.alpha for t in patch.targets},
+        {t.layer: t.columns.tolist() for t in patch.targets},
+    )
+
+
+def screen(
+    model: Any,
+    chains: Sequence[Sequence[EditSpec]],
+    build: Callable[[EditSpec], Patch],
+    regression: RegressionProbe,
+    loops: LoopProbe,
+    limits: Limits,
+    progress: bool = False,
+) -> list[Screened]:
+    """Each chain's strengths in increasing order until the first over the limits (see module doc)."""
+    out: list[Screened] = []
+    for chain in _bar(chains, "screen", "chain", progress):
+        for spec in chain:
+            try:
+                cand = _screen_one(model, spec, build, regression)
+            except ValueError as exc:  # e.g. the selected units are never active in loops
+                out.append(Screened(Candidate(spec, error=str(exc)), None))
+                break
+            if not limits.admits(cand.regression):
+                out.append(Screened(cand, None))
+                break
+            with _applied(model, build(spec)):
+                out.append(Screened(cand, loops.measure(model)))
+    return out
+
+
+class _applied:
+    """Context manager: the patch's new values written, the original ones written back on exit."""
+
+    def __init__(self, model: Any, patch: Patch):
+        self.model, self.patch = model, patch
+
+    def __enter__(self) -> None:
+        write_values(self.model, self.patch, "new")
+
+    def __exit__(self, *exc: Any) -> None:
+        write_values(self.model, self.patch, "original")
+
+
+def shortlist(screened: Sequence[Screened], keep: int) -> list[Screened]:
+    """The ``keep`` admissible candidates whose loop pressure dropped most (ties: lower KL, fewer weights)."""
+    ok = [s for s in screened if s.pressure is not None and s.pressure.dlogp < 0]
+    assert all(s.candidate.regression is not None for s in ok)  # screened and admitted: measured
+    ok.sort(key=lambda s: (s.pressure.dlogp, s.candidate.regression.kl, s.candidate.weights_changed))  # type: ignore
+    return ok[:keep]
+
+
+# ---- 4. successive halving --------------------------------------------------------------------
+MIN_RUNG_PRONE = 8  # loop-prone prompts a first rung needs: with fewer, one lucky prompt decides who goes on
+
+
+def rung_sizes(n_prone: int, n_control: int, candidates: int, min_prone: int = MIN_RUNG_PRONE) -> list[tuple[int, int]]:
+    """Prompts per rung, ending on the whole set: each earlier rung has half the prompts of the next (and half as
+    many candidates go on), as long as it keeps ``min_prone`` loop-prone prompts and there are candidates to halve."""
+    sizes = [(n_prone, n_control)]
+    alive = candidates
+    while alive > 2 and sizes[0][0] // 2 >= min_prone:  # the last rung decides between two or more
+        sizes.insert(0, (sizes[0][0] // 2, sizes[0][1] // 2))
+        alive = math.ceil(alive / 2)
+    return sizes
+
+
+def _rank_key(c: Candidate) -> tuple[float, float, float, int, float]:
+    assert c.objective is not None and c.regression is not None
+    o = c.objective
+    return (o.degenerate_rate, o.any_loop_rate, o.loop_rate, c.weights_changed, c.regression.kl)
+
+
+@dataclass
+class _Generated:
+    """Loop measures a candidate has generated so far, per stratum, in prompt order."""
+
+    prone: list[LoopMeasures] = field(default_factory=list)
+    control: list[LoopMeasures] = field(default_factory=list)
+
+
+def halve(
+    model: Any,
+    survivors: Sequence[Candidate],
+    build: Callable[[EditSpec], Patch],
+    scan: Scan,
+    prone_ids: Sequence[list[int]],
+    control_ids: Sequence[list[int]],
+    strata: Strata,
+    final_regression: Callable[[Any], Regression],
+    progress: bool = False,
+) -> tuple[list[Candidate], list[Rung]]:
+    """Successive halving on the search set; returns the last rung's candidates (full regression) and the rungs."""
+    alive = list(survivors)
+    done = {id(c): _Generated() for c in alive}
+    rungs: list[Rung] = []
+    sizes = rung_sizes(len(prone_ids), len(control_ids), len(alive))
+    for r, (n_p, n_c) in enumerate(sizes):
+        last = r == len(sizes) - 1
+        for c in _bar(alive, f"halving {r + 1}/{len(sizes)}", "edit", progress):
+            with _applied(model, build(c.spec)):
+                if last:  # the candidates that may be chosen: the same regression check as the exhaustive search
+                    c.regression = final_regression(model)
+                g = done[id(c)]
+                need_p, need_c = list(prone_ids[len(g.prone) : n_p]), list(control_ids[len(g.control) : n_c])
+                new = scan(need_p + need_c) if need_p or need_c else []
+            g.prone += new[: len(need_p)]
+            g.control += new[len(need_p) :]
+            sub = Strata(n_p, n_c, strata.prone_all, strata.control_all)
+            c.objective = sub.objective(g.prone[:n_p], g.control[:n_c])
+        kept = alive if last else sorted(alive, key=_rank_key)[: max(1, math.ceil(len(alive) / 2))]
+        rungs.append(Rung(n_p, n_c, len(alive), len(kept)))
+        alive = kept
+    return alive, rungs
+
+
+def check_restored(model: Any, before: str) -> None:
+    """Raise if the model's weights are not the ones the search started from."""
+    if state_sha256(model) != before:  # pragma: no cover - every edit is written back exactly
+        raise RuntimeError("the search left the model modified")
+
+
+def build_with(
+    model: Any, directions: dict[int, torch.Tensor], unit_means: dict[int, torch.Tensor], gaps: dict[int, float]
+) -> Callable[[EditSpec], Patch]:
+    """``spec -> patch`` for this model and these directions (not applied)."""
+    return lambda spec: make_patch(model, spec, directions, unit_means, gaps)
