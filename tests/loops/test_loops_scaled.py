@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from genprobe.loops.contrast import position_labels
+from genprobe.loops.edit import EditSpec
 from genprobe.loops.repair import RepairConfig, RepairInputs, repair
 from genprobe.loops.report import write_summary
 from genprobe.loops.scaled import rung_sizes, scaled_layer_sets
@@ -145,11 +146,11 @@ def test_an_interrupted_search_leaves_the_model_and_the_out_dir_untouched(traine
     calls = {"n": 0}
     real = LoopProbe.measure
 
-    def interrupted(self, model):
+    def interrupted(self, model, first_layer=0):
         calls["n"] += 1
         if calls["n"] == 4:  # inside the screening, with an edit written into the weights
             raise KeyboardInterrupt
-        return real(self, model)
+        return real(self, model, first_layer)
 
     monkeypatch.setattr(LoopProbe, "measure", interrupted)
     model = load_model(trained_ckpt)
@@ -163,3 +164,44 @@ def test_an_interrupted_search_leaves_the_model_and_the_out_dir_untouched(traine
     argv = ["loops", "repair", str(trained_ckpt), "--out", str(out), "--search", "scaled", *small, "--no-progress"]
     assert main(argv) == 130
     assert not out.exists() or not any(out.iterdir())  # no report, no patch, no partial file
+
+
+@pytest.mark.parametrize("arch", ["gpt", "qwen2"])
+def test_replayed_lower_layers_give_exactly_the_full_forward(arch, tiny_model, tmp_path):
+    """An edit of layer 1 measured with layer 0 replayed equals the full forward; replaying the edited layer
+    itself would not (so the replay really skips work), and extra calls are refused."""
+    from genprobe.loops.edit import make_patch
+    from genprobe.loops.patch import write_values
+    from genprobe.loops.prefix import FrozenPrefix
+    from genprobe.loops.regress import RegressionProbe
+
+    from .conftest import save_tiny_qwen2
+
+    module = tiny_model.eval() if arch == "gpt" else load_model(save_tiny_qwen2(tmp_path / "q")).module
+    torch.manual_seed(1)
+    vocab = 50 if arch == "gpt" else 300
+    windows = torch.randint(2, vocab, (6, 12)).tolist()
+    d_model = 32
+    d = {layer: torch.randn(d_model) for layer in range(2)}
+    units = {layer: torch.rand(64) + 0.1 for layer in range(2)}
+    fast = RegressionProbe(module, windows, batch_size=4, reuse_prefix=True)
+    full = RegressionProbe(module, windows, batch_size=4)
+    for layer in (0, 1):
+        patch = make_patch(module, EditSpec((layer,), 8, "subtract", 3.0), d, units, {0: 1.0, 1: 1.0})
+        write_values(module, patch, "new")
+        try:
+            want = full.measure(module)
+            assert fast.measure(module, first_layer=layer) == want  # bit for bit
+            if layer == 1:
+                assert fast.measure(module, first_layer=2).kl != want.kl  # replaying the edited layer misses the edit
+        finally:
+            write_values(module, patch, "original")
+    prefix = FrozenPrefix(module)
+    with prefix.recording():
+        from genprobe.loops.arch import forward_logits
+
+        forward_logits(module, torch.tensor(windows[:2]))
+    with prefix.skipping(1), pytest.raises(RuntimeError, match="called more often than recorded"):
+        forward_logits(module, torch.tensor(windows[:2]))
+        forward_logits(module, torch.tensor(windows[:2]))
+    assert "forward" not in prefix.blocks[0].__dict__  # the class's forward is back

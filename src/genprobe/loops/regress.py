@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .arch import forward_logits
+from .prefix import FrozenPrefix
 
 DEFAULT_WINDOW = 64  # the char GPT's context; long-context models are measured on windows of this length
 
@@ -37,12 +39,14 @@ def window_length(max_positions: int | None, cap: int = DEFAULT_WINDOW) -> int:
 class RegressionProbe:
     """Base log-probs on fixed held-out windows, kept once; :meth:`measure` compares an edited model."""
 
-    def __init__(self, model: Any, windows: Sequence[list[int]], batch_size: int = 64):
+    def __init__(self, model: Any, windows: Sequence[list[int]], batch_size: int = 64, reuse_prefix: bool = False):
         self.ids = torch.tensor([list(w) for w in windows], dtype=torch.long)
         if self.ids.dim() != 2 or self.ids.shape[1] < 2:
             raise ValueError("regression windows must be equal-length lists of >= 2 tokens")
         self.batch_size = batch_size
-        self.base_logp = self._logp(model)
+        self.prefix = FrozenPrefix(model) if reuse_prefix else None
+        with self.prefix.recording() if self.prefix else contextlib.nullcontext():
+            self.base_logp = self._logp(model)
         self.base_loss = self._loss(self.base_logp)
 
     @torch.no_grad()
@@ -57,9 +61,11 @@ class RegressionProbe:
         tgt = self.ids[:, 1:]
         return float(-logp.gather(-1, tgt[..., None]).mean())
 
-    def measure(self, model: Any) -> "Regression":
-        """Mean KL(base ‖ model) over positions and the loss change on the same windows (nats)."""
-        logp = self._logp(model)
+    def measure(self, model: Any, first_layer: int = 0) -> "Regression":
+        """Mean KL(base ‖ model) over positions and the loss change on the same windows (nats). ``first_layer``: the
+        lowest layer the edit touches; with ``reuse_prefix`` the blocks below it are not computed again."""
+        with self.prefix.skipping(first_layer) if self.prefix else contextlib.nullcontext():
+            logp = self._logp(model)
         kl = (self.base_logp.exp() * (self.base_logp - logp)).sum(-1).mean()
         loss = self._loss(logp)
         return Regression(float(kl), loss, self.base_loss, loss - self.base_loss)

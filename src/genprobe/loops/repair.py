@@ -358,13 +358,13 @@ def _scaled(
     prone, control = _prone_and_control(study, records)
     # the search set's loops with an onset (exact or near), the evaluated prone prompts first
     looping = sorted((r for r in records if r.any_loop), key=lambda r: not any(r is p for p in prone))
-    loops = LoopProbe(model, looping, cfg.screen_sequences, batch_size=cfg.screen_sequences)
+    loops = LoopProbe(model, looping, cfg.screen_sequences, batch_size=cfg.screen_sequences, reuse_prefix=True)
     scores = rank_layers(model, stage.directions, loops, study.progress)
     clock.tick("rank")
     sets = scaled_layer_sets([s.layer for s in scores], study.n_layers, cfg.top_layers)
     build = build_with(model, stage.directions, stage.unit_means, stage.gaps)
     windows = stage.probe.ids[: cfg.screen_windows].tolist()
-    quick = RegressionProbe(model, windows, batch_size=cfg.batch_size)
+    quick = RegressionProbe(model, windows, batch_size=cfg.batch_size, reuse_prefix=True)
     alphas = {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas}
     screened = screen(model, chains(sets, cfg.ks, cfg.forms, alphas), build, quick, loops, limits, study.progress)
     clock.tick("screen")

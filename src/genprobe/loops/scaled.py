@@ -113,7 +113,7 @@ def rank_layers(
     scores = []
     for layer in _bar(sorted(directions), "rank layers", "layer", progress):
         with ablate(model, {layer: directions[layer]}):
-            p = probe.measure(model)
+            p = probe.measure(model, first_layer=layer)
         scores.append(LayerScore(layer, p.dlogp, p.broken))
     return sorted(scores, key=lambda s: (s.dlogp, s.layer))
 
@@ -157,7 +157,7 @@ def _screen_one(model: Any, spec: EditSpec, build: Callable[[EditSpec], Patch], 
     patch = build(spec)
     write_values(model, patch, "new")
     try:
-        reg = probe.measure(model)
+        reg = probe.measure(model, first_layer=min(spec.layers))
     finally:
         write_values(model, patch, "original")
     return Candidate(
@@ -192,7 +192,7 @@ def screen(
                 out.append(Screened(cand, None))
                 break
             with _applied(model, build(spec)):
-                out.append(Screened(cand, loops.measure(model)))
+                out.append(Screened(cand, loops.measure(model, first_layer=min(spec.layers))))
     return out
 
 

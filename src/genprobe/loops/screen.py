@@ -15,6 +15,7 @@ to choose which candidates to generate for.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 from .arch import forward_logits
 from .contrast import position_labels
+from .prefix import FrozenPrefix
 from .scan import GenerationRecord
 
 
@@ -43,7 +45,13 @@ class LoopProbe:
     """Teacher-forced loop continuations of up to ``max_seqs`` looping records; the base log-probs kept once."""
 
     def __init__(
-        self, model: Any, records: Sequence[GenerationRecord], max_seqs: int = 8, batch_size: int = 8, pad_id: int = 0
+        self,
+        model: Any,
+        records: Sequence[GenerationRecord],
+        max_seqs: int = 8,
+        batch_size: int = 8,
+        pad_id: int = 0,
+        reuse_prefix: bool = False,
     ):
         rows: list[int] = []
         cols: list[int] = []
@@ -72,7 +80,9 @@ class LoopProbe:
         self.rows, self.cols = torch.tensor(rows), torch.tensor(cols)
         self.targets = self.ids[self.rows, self.cols + 1]
         self.batch_size = batch_size
-        self.base_logp, self.base_top = self._read(model)
+        self.prefix = FrozenPrefix(model) if reuse_prefix else None
+        with self.prefix.recording() if self.prefix else contextlib.nullcontext():
+            self.base_logp, self.base_top = self._read(model)
 
     @property
     def n_sequences(self) -> int:
@@ -92,9 +102,11 @@ class LoopProbe:
             top.append(at.argmax(-1) == tgt)
         return torch.cat(logp), torch.cat(top)
 
-    def measure(self, model: Any) -> Pressure:
-        """The edited (or hooked) model's :class:`Pressure` on the probe's loop positions."""
-        logp, top = self._read(model)
+    def measure(self, model: Any, first_layer: int = 0) -> Pressure:
+        """The edited (or hooked) model's :class:`Pressure` on the probe's loop positions. ``first_layer``: the lowest
+        layer the edit touches; with ``reuse_prefix`` the blocks below it are not computed again."""
+        with self.prefix.skipping(first_layer) if self.prefix else contextlib.nullcontext():
+            logp, top = self._read(model)
         was_top = self.base_top
         broken = float((was_top & ~top).sum()) / max(1, int(was_top.sum()))
         return Pressure(float((logp - self.base_logp).mean()), broken, int(logp.numel()))
