@@ -544,15 +544,7 @@ def repair(
 
     stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
     clock.tick("contrast_direction")
-    located = None
-    if search_method(cfg, len(edit_grid(study))) == "exhaustive":  # the scaled search ranks layers itself, cheaply
-        located = locate_stage(study, stage, base.scans["direction"].records)
-        clock.tick("locate")
-        log(
-            f"locate: base degenerate rate {located.base_degenerate_rate:.3f}, "
-            + ", ".join(f"L{a.layers[0]} ablated {a.degenerate_rate:.3f}" for a in located.per_layer)
-        )
-
+    located = _locate_for_exhaustive(study, stage, base.scans["direction"].records, clock, log)
     search = search_stage(study, stage, base.scans["search"].records)
     clock.tick("search")
 
@@ -582,6 +574,26 @@ def repair(
             clock.tick("transfer")
     report.timings_s = clock.to_dict()
     return report, patch
+
+
+def _locate_for_exhaustive(
+    study: LoopStudy,
+    stage: DirectionStage,
+    records: Sequence[GenerationRecord],
+    clock: Clock,
+    log: Callable[[str], None],
+) -> Located | None:
+    """The generation-based locate stage, which the exhaustive search reports beside its grid; the scaled search
+    ranks layers itself, teacher-forced, at a fraction of the cost (None)."""
+    if search_method(study.cfg, len(edit_grid(study))) != "exhaustive":
+        return None
+    located = locate_stage(study, stage, records)
+    clock.tick("locate")
+    log(
+        f"locate: base degenerate rate {located.base_degenerate_rate:.3f}, "
+        + ", ".join(f"L{a.layers[0]} ablated {a.degenerate_rate:.3f}" for a in located.per_layer)
+    )
+    return located
 
 
 def _verdict(search: SearchStage) -> str:

@@ -21,6 +21,20 @@ from ._shared import (
 )
 
 LOCATE_FILE = "locate.json"  # what locate --out DIR holds
+# what `loops repair --json` prints (repair.json in --out holds everything)
+REPAIR_JSON_KEYS = (
+    "verdict",
+    "end_token",
+    "inputs",
+    "baseline",
+    "locate",
+    "validation",
+    "patch",
+    "transfer",
+    "timings_s",
+    "wall_seconds",
+    "files",
+)
 
 
 def _register_locate(lsub: Any) -> None:
@@ -79,6 +93,21 @@ def _register_repair(lsub: Any) -> None:
     r.add_argument(
         "--search-control", type=int, default=d.search_control, help="non-looping control prompts per candidate"
     )
+    _grid_args(r)
+    _search_args(r)
+    r.add_argument("--method", choices=("mean_diff", "pca"), default=d.method)
+    r.add_argument("--max-kl", type=float, default=d.max_kl, help="KL(base‖edited) limit, nats (default 0.1)")
+    r.add_argument(
+        "--max-dloss", type=float, default=d.max_dloss, help="validation-loss increase limit, nats (default 0.02)"
+    )
+    _calibration_args(r)
+    r.set_defaults(func=run_repair)
+
+
+def _grid_args(r: argparse.ArgumentParser) -> None:
+    from ...loops.repair import RepairConfig
+
+    d = RepairConfig()
     r.add_argument(
         "--ks",
         type=int,
@@ -104,14 +133,6 @@ def _register_repair(lsub: Any) -> None:
         help="fractions for W[:,c] -= α·d(dᵀW[:,c])",
     )
     r.add_argument("--forms", nargs="+", action=Accumulate, choices=("subtract", "project"), default=list(d.forms))
-    _search_args(r)
-    r.add_argument("--method", choices=("mean_diff", "pca"), default=d.method)
-    r.add_argument("--max-kl", type=float, default=d.max_kl, help="KL(base‖edited) limit, nats (default 0.1)")
-    r.add_argument(
-        "--max-dloss", type=float, default=d.max_dloss, help="validation-loss increase limit, nats (default 0.02)"
-    )
-    _calibration_args(r)
-    r.set_defaults(func=run_repair)
 
 
 def _search_args(r: argparse.ArgumentParser) -> None:
@@ -240,19 +261,7 @@ def run_repair(args: argparse.Namespace) -> int:
     info(f"verdict: {report.verdict} ({data['wall_seconds']} s); wrote {args.out}")
     _print_validation(report)
     if args.json:
-        keys = (
-            "verdict",
-            "end_token",
-            "inputs",
-            "baseline",
-            "locate",
-            "validation",
-            "patch",
-            "timings_s",
-            "wall_seconds",
-            "files",
-        )
-        emit_json({k: data[k] for k in keys} | {"chosen": data["search"]["chosen"]})
+        emit_json({k: data[k] for k in REPAIR_JSON_KEYS} | {"chosen": data["search"]["chosen"]})
     return 0
 
 
