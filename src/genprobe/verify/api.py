@@ -5,6 +5,7 @@ path, transformers' cache classes, a user factory, the planted-bug mutants), one
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
@@ -184,11 +185,28 @@ def verify_targets(
     go into the reports of targets that could not be built. Without ``model``, ``impl`` must have
     ``full(ids, attention_mask=None)``, which is then the reference.
     """
-    from .adapters import CompiledEngineAdapter, HFAdapter, ImplFactoryError, load_impl
-    from .hf_caches import CACHE_KINDS, unavailable_reason
-    from .report import PhaseError
+    from .adapters import CompiledEngineAdapter
 
     th = thresholds or Thresholds()
+    _check_target_args(model, impl, compiled, hf_caches, window)
+    reference = None if model is None else reference_for(model, window, sinks)
+    if impl is not None:
+        return _impl_targets(model, impl, reference, th, steps)
+    assert model is not None
+    if model.kind == "genprobe":
+        targets = [VerifyTarget(own_cache(model, window, sinks))]
+        if compiled:
+            targets.append(VerifyTarget(CompiledEngineAdapter(_gpt(model))))
+        return VerifyTargets(reference, targets)
+    return VerifyTargets(reference, _hf_targets(model, hf_caches, hf_position_ids, th, steps))
+
+
+def _check_target_args(
+    model: "Model | None", impl: Any, compiled: bool, hf_caches: Sequence[str], window: int | None
+) -> None:
+    """Refuse combinations :func:`verify_targets` cannot honour, before anything is built."""
+    from .hf_caches import CACHE_KINDS
+
     kind = None if model is None else model.kind
     if model is None and impl is None:
         raise ValueError("give a model (the reference, and its own cache) and/or an implementation")
@@ -207,30 +225,39 @@ def verify_targets(
     if unknown:
         raise ValueError(f"unknown cache kind(s) {unknown}: choose from {', '.join(CACHE_KINDS)} or {HF_CACHE_ALL}")
 
-    reference = None if model is None else reference_for(model, window, sinks)
-    if impl is not None:
-        name = impl if isinstance(impl, str) else None
-        if isinstance(impl, str):
-            try:
-                impl = load_impl(impl, None if model is None else model.module)
-            except ImplFactoryError as exc:
-                err = PhaseError.from_exception("factory", exc.exc)
-                report = VerifyReport.not_run(cast(str, name), th, error=err, steps=steps)
-                return VerifyTargets(reference, [VerifyTarget(None, name, report)])
-        if reference is None:
-            if not callable(getattr(impl, "full", None)):
-                raise ValueError(
-                    f"{name or type(impl).__name__} was built without a model: give MODEL as the reference, or "
-                    "give the adapter a full(ids, attention_mask=None) method that recomputes without a cache"
-                )
-            reference = impl
-        return VerifyTargets(reference, [VerifyTarget(impl, name)])
-    assert model is not None
-    if model.kind == "genprobe":
-        targets = [VerifyTarget(own_cache(model, window, sinks))]
-        if compiled:
-            targets.append(VerifyTarget(CompiledEngineAdapter(_gpt(model))))
-        return VerifyTargets(reference, targets)
+
+def _impl_targets(model: "Model | None", impl: Any, reference: Any, th: Thresholds, steps: int) -> VerifyTargets:
+    """The one target of a user implementation (built from its ``"module:factory"`` spec when a string); without a
+    model the implementation's own ``full`` is the reference."""
+    from .adapters import ImplFactoryError, load_impl
+    from .report import PhaseError
+
+    name = impl if isinstance(impl, str) else None
+    if isinstance(impl, str):
+        try:
+            impl = load_impl(impl, None if model is None else model.module)
+        except ImplFactoryError as exc:  # a factory that raises is a report (phase "factory"), not a crash
+            err = PhaseError.from_exception("factory", exc.exc)
+            report = VerifyReport.not_run(cast(str, name), th, error=err, steps=steps)
+            return VerifyTargets(reference, [VerifyTarget(None, name, report)])
+    if reference is None:
+        if not callable(getattr(impl, "full", None)):
+            raise ValueError(
+                f"{name or type(impl).__name__} was built without a model: give MODEL as the reference, or "
+                "give the adapter a full(ids, attention_mask=None) method that recomputes without a cache"
+            )
+        reference = impl
+    return VerifyTargets(reference, [VerifyTarget(impl, name)])
+
+
+def _hf_targets(
+    model: "Model", hf_caches: Sequence[str], hf_position_ids: bool, th: Thresholds, steps: int
+) -> list[VerifyTarget]:
+    """A transformers model's cache classes to verify: its default one, or each kind asked for (``"all"``: every
+    kind); a kind unavailable here is a target already reported ``unavailable`` with the reason."""
+    from .adapters import HFAdapter
+    from .hf_caches import CACHE_KINDS, unavailable_reason
+
     asked: list[str | None] = list(hf_caches) or [None]  # None: the model's own default cache
     kinds = list(CACHE_KINDS) if HF_CACHE_ALL in asked else list(dict.fromkeys(asked))
     targets = []
@@ -241,7 +268,7 @@ def verify_targets(
             targets.append(VerifyTarget(None, name, VerifyReport.not_run(name, th, unavailable=why, steps=steps)))
         else:
             targets.append(VerifyTarget(HFAdapter(model.module, pass_position_ids=hf_position_ids, cache=k)))
-    return VerifyTargets(reference, targets)
+    return targets
 
 
 MUTANT_ARCHS = ("gpt2", "llama", "qwen2", "mistral")  # transformers architectures the mutants can be planted into
@@ -426,26 +453,8 @@ def verify_caches(
     from .harness import ReferenceRun, verify_implementation
 
     th = thresholds or Thresholds()
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not th.floor_multiple >= 0:
-        raise ValueError(f"floor_multiple must be >= 0, got {th.floor_multiple}")
-    if window is not None and (window < 1 or sinks < 0):
-        raise ValueError(f"window must be >= 1 and sinks >= 0, got {window} and {sinks}")
-    if window is None and sinks:
-        raise ValueError("sinks only make sense with a window")
-    if any(c < 1 for c in chunk_sizes):
-        raise ValueError(f"chunk sizes must all be >= 1, got {list(chunk_sizes)}")
-    gpt = mutant_model(model) if mutants else None
-    if mutants:
-        if gpt is None:
-            raise ValueError(
-                "mutants need a genprobe model or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant "
-                "bugs into"
-            )
-        if window is not None:
-            raise ValueError("a window cannot be combined with the mutants (their caches have no window)")
-
+    _check_run_args(th, max_new_tokens, window, sinks, chunk_sizes)
+    gpt = _mutants_model(model, window) if mutants else None
     targets = verify_targets(
         model,
         impl,
@@ -460,42 +469,90 @@ def verify_caches(
     ids = _prompt_ids(model, prompts, targets, max_new_tokens)
     steps = max_new_tokens
     run = ReferenceRun(targets.reference, steps) if targets.runnable else None
-    reports = []
-    for t in targets.targets:
-        if t.report is not None:  # could not be built: the report says why
-            reports.append(t.report)
-            continue
-        if getattr(t.impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
-            t.impl.max_cache_len = cache_len(ids, steps)
-        log(f"verifying {t.label} on {len(ids)} prompt(s), {steps} steps …")
-        reports.append(
-            verify_implementation(
-                t.impl,
-                run,
-                ids,
-                steps=steps,
-                chunk_sizes=chunk_sizes,
-                padded_batch=padded_batch,
-                thresholds=th,
-                name=t.name,
-                pad_id=model.pad_id if model is not None else 0,
-                isolation=isolation,
-                prefix_reuse=prefix_reuse,
-            )
-        )
-    table = None
-    if gpt is not None:
-        from .mutants import MUTANTS
-
-        log(f"running {len(MUTANTS)} mutants …")
-        same = getattr(targets.reference, "model", getattr(targets.reference, "hf", None)) is gpt
-        table = mutant_table(  # the mutants' model is the reference's: reuse its trajectories
-            gpt,
-            ids,
-            steps,
-            chunk_sizes=chunk_sizes,
-            thresholds=th,
-            run=run if same else None,
-            prefix_reuse=prefix_reuse,
-        )
+    verify = functools.partial(  # the same harness settings for every target
+        verify_implementation,
+        chunk_sizes=chunk_sizes,
+        padded_batch=padded_batch,
+        thresholds=th,
+        pad_id=model.pad_id if model is not None else 0,
+        isolation=isolation,
+        prefix_reuse=prefix_reuse,
+    )
+    reports = [_verify_target(t, verify, run, ids, steps, log) for t in targets.targets]
+    table = _mutants_table(gpt, targets.reference, run, ids, steps, chunk_sizes, th, prefix_reuse, log)
     return CacheVerification(reports, ids, run.name if run is not None else None, th, table)
+
+
+def _check_run_args(
+    th: Thresholds, max_new_tokens: int, window: int | None, sinks: int, chunk_sizes: Sequence[int]
+) -> None:
+    """Refuse run settings :func:`verify_caches` cannot honour, before any target is built."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not th.floor_multiple >= 0:
+        raise ValueError(f"floor_multiple must be >= 0, got {th.floor_multiple}")
+    if window is not None and (window < 1 or sinks < 0):
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got {window} and {sinks}")
+    if window is None and sinks:
+        raise ValueError("sinks only make sense with a window")
+    if any(c < 1 for c in chunk_sizes):
+        raise ValueError(f"chunk sizes must all be >= 1, got {list(chunk_sizes)}")
+
+
+def _mutants_model(model: "Model | None", window: int | None) -> Any:
+    """The model to plant the mutants into (:func:`mutant_model`), refusing one they cannot run on."""
+    gpt = mutant_model(model)
+    if gpt is None:
+        raise ValueError(
+            "mutants need a genprobe model or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant bugs into"
+        )
+    if window is not None:
+        raise ValueError("a window cannot be combined with the mutants (their caches have no window)")
+    return gpt
+
+
+def _verify_target(
+    t: VerifyTarget,
+    verify: Callable[..., VerifyReport],
+    run: Any,
+    ids: list[list[int]],
+    steps: int,
+    log: Callable[[str], None],
+) -> VerifyReport:
+    """One target's report: ``verify`` (the harness) on the shared reference run, or that of a target not built."""
+    if t.report is not None:  # could not be built: the report says why
+        return t.report
+    if getattr(t.impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
+        t.impl.max_cache_len = cache_len(ids, steps)
+    log(f"verifying {t.label} on {len(ids)} prompt(s), {steps} steps …")
+    return verify(t.impl, run, ids, steps=steps, name=t.name)
+
+
+def _mutants_table(
+    gpt: Any,
+    reference: Any,
+    run: Any,
+    ids: list[list[int]],
+    steps: int,
+    chunk_sizes: Sequence[int],
+    th: Thresholds,
+    prefix_reuse: bool,
+    log: Callable[[str], None],
+) -> MutantTable | None:
+    """The mutants' table on ``gpt`` (None when no mutants were asked for, ``gpt`` None); when ``gpt`` is the
+    reference's own model, the reference run's trajectories serve."""
+    from .mutants import MUTANTS
+
+    if gpt is None:
+        return None
+    log(f"running {len(MUTANTS)} mutants …")
+    same = getattr(reference, "model", getattr(reference, "hf", None)) is gpt
+    return mutant_table(
+        gpt,
+        ids,
+        steps,
+        chunk_sizes=chunk_sizes,
+        thresholds=th,
+        run=run if same else None,
+        prefix_reuse=prefix_reuse,
+    )
