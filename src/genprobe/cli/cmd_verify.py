@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._common import (
     Accumulate,
@@ -38,6 +38,11 @@ from ._common import (
     model_path,
     read_prompts,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model.load import Model
+    from ..verify import Thresholds
+    from ..verify.api import CacheVerification
 
 # genprobe.verify.api.FAIL_ON, spelled out so that building the parser does not import torch
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
@@ -84,6 +89,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # the groups in the order --help lists them
+    _add_target_arguments(p)
+    _add_run_arguments(p)
+    _add_threshold_arguments(p)
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def _add_target_arguments(p: argparse.ArgumentParser) -> None:
+    """What to verify: MODEL, --impl, --compiled, the weights' dtype, --mutants."""
     add_model_argument(p, required=False)
     add_model_aliases(p, "--hf", "--model")
     p.add_argument("--impl", metavar="MOD:FACTORY", help="your implementation: factory(model) or factory()")
@@ -95,6 +110,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_weight_dtype(p)
     p.add_argument("--mutants", action="store_true", help="also run the planted-bug mutants (genprobe or GPT-2 models)")
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """How to run it: steps, prompts, chunk sizes, window, transformers caches, phases to skip."""
     add_max_new_tokens(p, 50, "--steps")
     add_prompt_arguments(
         p, help_default=" (default: two Tang openings for a genprobe checkpoint, random ids otherwise)"
@@ -129,6 +148,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="drive the transformers model without position_ids (reproduces the left-padding position bug class)",
     )
+
+
+def _add_threshold_arguments(p: argparse.ArgumentParser) -> None:
+    """How to judge it: the verdict thresholds and the lowest verdict that fails the run."""
     p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on max |Δlogit| (default 1e-4)")
     p.add_argument(
         "--floor-multiple",
@@ -149,8 +172,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="bug",
         help="lowest verdict of an implementation under test that makes the exit status 1 (default bug)",
     )
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 # ---- arguments -----------------------------------------------------------------------------------------
@@ -222,29 +243,12 @@ def _prompts(args: argparse.Namespace, model) -> list[list[int]] | None:
 # ---- the command ---------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     """Parse, call :func:`genprobe.verify_caches`, print the tables; exit 0/1/3 (2 via ValueError)."""
-    from ..verify import Thresholds
-    from ..verify.api import MUTANT_ARCHS, verify_caches
+    from ..verify.api import verify_caches
 
-    path = model_path(args, required=False)
-    model = None
-    if path is not None:
-        model = load_model_from(path, args)
-        if args.weight_dtype != "float32":
-            info(f"weights: linear layers stored in {args.weight_dtype} (weight-only): the verdict is that model's")
+    model = _load_model(args)
     _check_args(args, model)
-    th = Thresholds(
-        noise=args.noise,
-        bug=args.bug,
-        suspicious=max(args.noise, min(1e-3, args.bug)),
-        rel_bug=args.rel_bug,
-        rel_suspicious=min(0.01, args.rel_bug),
-        floor_multiple=args.floor_multiple,
-    )
-    if args.mutants and (model is None or (model.kind != "genprobe" and model.arch not in MUTANT_ARCHS)):
-        raise ValueError(
-            "--mutants needs a genprobe checkpoint or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant "
-            "bugs into"
-        )
+    th = _thresholds(args)
+    _check_mutants(args, model)
     if args.impl and os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
         sys.path.insert(0, os.getcwd())
     result = verify_caches(
@@ -265,6 +269,47 @@ def run(args: argparse.Namespace) -> int:
         thresholds=th,
         log=info,
     )
+    return _report(args, result, th)
+
+
+def _load_model(args: argparse.Namespace) -> "Model | None":
+    """MODEL loaded (None when not given), saying when its linear layers are stored in a narrower dtype."""
+    path = model_path(args, required=False)
+    model = None
+    if path is not None:
+        model = load_model_from(path, args)
+        if args.weight_dtype != "float32":
+            info(f"weights: linear layers stored in {args.weight_dtype} (weight-only): the verdict is that model's")
+    return model
+
+
+def _thresholds(args: argparse.Namespace) -> "Thresholds":
+    """The verdict thresholds of --noise, --bug, --rel-bug and --floor-multiple (the in-between ones derived)."""
+    from ..verify import Thresholds
+
+    return Thresholds(
+        noise=args.noise,
+        bug=args.bug,
+        suspicious=max(args.noise, min(1e-3, args.bug)),
+        rel_bug=args.rel_bug,
+        rel_suspicious=min(0.01, args.rel_bug),
+        floor_multiple=args.floor_multiple,
+    )
+
+
+def _check_mutants(args: argparse.Namespace, model) -> None:
+    """Refuse --mutants without a model they can be planted into, before anything runs."""
+    from ..verify.api import MUTANT_ARCHS
+
+    if args.mutants and (model is None or (model.kind != "genprobe" and model.arch not in MUTANT_ARCHS)):
+        raise ValueError(
+            "--mutants needs a genprobe checkpoint or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant "
+            "bugs into"
+        )
+
+
+def _report(args: argparse.Namespace, result: "CacheVerification", th: "Thresholds") -> int:
+    """Print the tables (to stderr under --json), the errors and failures, the JSON; return the exit status."""
     failing, errored = result.failing(args.fail_on), result.errors
     table = result.mutants
     rc = EXIT_IMPL_ERROR if errored else EXIT_BUG if failing else EXIT_PASS
