@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from typing import TYPE_CHECKING, Any
 
 from ._common import (
     add_json_flag,
@@ -18,6 +19,11 @@ from ._common import (
     read_prompts,
 )
 from ._sampler_args import add_sampler_arguments, sampler_from_args
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.runner import GenerationResult
+    from ..engine.samplers.config import SamplerConfig
+    from ..model.load import Model, Tokenizer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -107,24 +113,13 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``genprobe generate``."""
     from ..engine.generate import generate
     from ..engine.runner import engine_model
-    from ..engine.steps import format_steps, step_stats
 
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
     if args.ids and args.chat:
         raise ValueError("--chat renders text through the chat template: give --prompt, not --ids")
     model = load_model_arg(args)
-    tok = model.tokenizer
-    if args.ids:
-        prompts = check_ids(args.ids, model.vocab_size)
-        texts: list[str | None] = [None] * len(prompts)
-    else:
-        given = read_prompts(args)
-        assert given is not None  # one prompt source is required (add_prompt_arguments(required=True))
-        tok = model._require_tokenizer()  # names --ids when there is none
-        rendered = [model.chat_prompt(t) for t in given] if args.chat else list(given)
-        texts = list(rendered)
-        prompts = _encode(model, rendered)
+    tok, texts, prompts = _prompts(args, model)
     sampler = sampler_from_args(args, tok)
     stream = len(prompts) == 1 and not args.json and not args.top and tok is not None
     if stream and not args.chat and tok is not None:
@@ -150,7 +145,41 @@ def run(args: argparse.Namespace) -> int:
         compile=args.compile,
     )
     _warn_if_compile_failed(args)
-    results = []
+    results = _print_results(args, tok, texts, prompts, res, stream)
+    if stream:
+        print()
+    if args.json:
+        _emit_json(args, model, sampler, res, results)
+    return 0
+
+
+def _prompts(args: argparse.Namespace, model: "Model") -> tuple["Tokenizer | None", list[str | None], list[list[int]]]:
+    """The tokenizer, each prompt's text (None for ``--ids``) and its token ids: ``--ids`` checked against the
+    vocabulary, or the texts (rendered through the chat template with ``--chat``) encoded."""
+    tok = model.tokenizer
+    if args.ids:
+        prompts = check_ids(args.ids, model.vocab_size)
+        return tok, [None] * len(prompts), prompts
+    given = read_prompts(args)
+    assert given is not None  # one prompt source is required (add_prompt_arguments(required=True))
+    tok = model._require_tokenizer()  # names --ids when there is none
+    rendered = [model.chat_prompt(t) for t in given] if args.chat else list(given)
+    return tok, list(rendered), _encode(model, rendered)
+
+
+def _print_results(
+    args: argparse.Namespace,
+    tok: "Tokenizer | None",
+    texts: list[str | None],
+    prompts: list[list[int]],
+    res: "GenerationResult",
+    stream: bool,
+) -> list[dict[str, Any]]:
+    """Each row's result (what ``--json`` reports), its steps printed with ``--top`` and, when not streamed and
+    not ``--json``, its text (or ids without a tokenizer) printed as the row is done."""
+    from ..engine.steps import format_steps, step_stats
+
+    results: list[dict[str, Any]] = []
     for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens, strict=True)):
         steps = step_stats(new, res.step_probs, tok.token_str if tok is not None else str, row=row, top=args.top)
         results.append(
@@ -171,19 +200,26 @@ def run(args: argparse.Namespace) -> int:
                 print(" ".join(str(i) for i in new))
             else:
                 print(("" if args.chat else _show(tok, ids, args.show_unk)) + results[-1]["text"])
-    if stream:
-        print()
-    if args.json:
-        common = {
-            "model": str(model.source),
-            "sampler": sampler.to_dict(),
-            "seed": args.seed,
-            "chat": args.chat,
-            "weight_dtype": args.weight_dtype,
-            "token_forwards": res.token_forwards,
-        }
-        emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
-    return 0
+    return results
+
+
+def _emit_json(
+    args: argparse.Namespace,
+    model: "Model",
+    sampler: "SamplerConfig",
+    res: "GenerationResult",
+    results: list[dict[str, Any]],
+) -> None:
+    """``--json``: the run's settings with the one result's fields, or with ``results`` for several prompts."""
+    common = {
+        "model": str(model.source),
+        "sampler": sampler.to_dict(),
+        "seed": args.seed,
+        "chat": args.chat,
+        "weight_dtype": args.weight_dtype,
+        "token_forwards": res.token_forwards,
+    }
+    emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
 
 
 def _warn_if_compile_failed(args: argparse.Namespace) -> None:
