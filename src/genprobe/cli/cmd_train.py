@@ -10,19 +10,23 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._common import add_json_flag, emit_json, info
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model.hf_train import SubwordModelConfig
+    from ..model.train import TrainConfig
 
 SUMMARY_KEYS = ("parameters", "train_loss", "val_loss", "unigram_ce", "coverage", "unk_share", "seconds")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``train`` sub-command."""
-    from ..corpus.tang import DEFAULT_POEMS, DEFAULT_SUBWORD_POEMS
-    from ..model.config import POS_ENCODINGS
-    from ..model.hf_train import ARCHS, SubwordModelConfig, default_train_config
+    from ..model.hf_train import SubwordModelConfig, default_train_config
     from ..model.train import TrainConfig
 
+    # the defaults the help texts quote: the char GPT's, the subword recipe's, the subword model's shape
     d, q, m = TrainConfig(), default_train_config(), SubwordModelConfig()
     p = sub.add_parser(
         "train",
@@ -31,6 +35,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "byte-level BPE (--arch llama|qwen2, a transformers directory) on the bundled Tang poems, and save it "
         "to --out. Progress goes to stderr; --json prints the summary on stdout.",
     )
+    _add_common_arguments(p, d, q, m)
+    _add_gpt_arguments(p, d)
+    _add_subword_arguments(p, q, m)
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def _add_common_arguments(
+    p: argparse.ArgumentParser, d: "TrainConfig", q: "TrainConfig", m: "SubwordModelConfig"
+) -> None:
+    """The flags of both architectures: what to train, on how much, for how long."""
+    from ..corpus.tang import DEFAULT_POEMS, DEFAULT_SUBWORD_POEMS
+    from ..model.hf_train import ARCHS
+
     p.add_argument(
         "--arch",
         choices=("gpt", *ARCHS),
@@ -71,6 +89,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--quick", action="store_true", help="seconds-long recipe for tests and smoke runs (explicit flags win)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_gpt_arguments(p: argparse.ArgumentParser, d: "TrainConfig") -> None:
+    """The ``--arch gpt`` group (:data:`GPT_ONLY`)."""
+    from ..model.config import POS_ENCODINGS
+
     g = p.add_argument_group("--arch gpt only")
     g.add_argument(
         "--dropout", type=float, default=None, help=f"dropout probability while training (default {d.dropout})"
@@ -79,6 +103,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--pack", action="store_true", help="pack whole documents per row (block-diagonal causal mask)")
     g.add_argument("--pe", choices=POS_ENCODINGS, default=None, help="position encoding (default learned)")
     g.add_argument("--track-grads", action="store_true", help="record Q/K/V gradient norms per step into --out")
+
+
+def _add_subword_arguments(p: argparse.ArgumentParser, q: "TrainConfig", m: "SubwordModelConfig") -> None:
+    """The ``--arch llama / qwen2`` group (:data:`SUBWORD_ONLY`): the model's shape and the warmup."""
     h = p.add_argument_group("--arch llama / qwen2 only")
     h.add_argument("--layers", type=int, default=None, help=f"transformer layers (default {m.n_layer})")
     h.add_argument("--d-model", type=int, default=None, help=f"hidden size (default {m.d_model})")
@@ -94,8 +122,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"training window in tokens = max_position_embeddings (default {m.block_size})",
     )
     h.add_argument("--warmup", type=int, default=None, help=f"warmup steps (default {q.warmup})")
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 GPT_ONLY = {
