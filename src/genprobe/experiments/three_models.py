@@ -34,6 +34,11 @@ def _entropy(d: dict, tau: float) -> dict:
 
 def claims(d: dict) -> list[Finding]:
     """The chapter's claims about the measured phenomena, judged on one model's ``phenomena.json``."""
+    return _decoding_claims(d) + _free_running_claims(d) + _timing_claims(d)
+
+
+def _decoding_claims(d: dict) -> list[Finding]:
+    """§3.3 and §3.5: greedy decoding loops, sampling does not, and what temperature and top-p do."""
     g = _row(d, "greedy")
     sampled = [x for x in d["diversity"] if x["strategy"] != "greedy"]
     low = min(x["distinct_2"] for x in sampled)
@@ -41,9 +46,7 @@ def claims(d: dict) -> list[Finding]:
     trap = d["distribution"]["order_trap"]
     first = [x["trunc_then_temp"] for x in trap]
     hot = _trap(d, HEADLINE_TAU)
-    tf, free = _reading(d, "teacher forcing"), _reading(d, "free running, τ = 1")
-    sh, dv = d["shadow"], d["divergence"]
-    out = [
+    return [
         Finding(
             "§3.3 greedy decoding loops (exact loop, near loop or repetitive tail in at least half the continuations)",
             g["degenerate_share"] >= 0.5,
@@ -75,6 +78,14 @@ def claims(d: dict) -> list[Finding]:
             hot["temp_then_trunc"] >= 2 * hot["trunc_then_temp"],
             f"median kept {hot['temp_then_trunc']} vs {hot['trunc_then_temp']}",
         ),
+    ]
+
+
+def _free_running_claims(d: dict) -> list[Finding]:
+    """§3.7: the model on its own tokens, one wrong token's shadow, and loops as fixed points."""
+    tf, free = _reading(d, "teacher forcing"), _reading(d, "free running, τ = 1")
+    sh, dv = d["shadow"], d["divergence"]
+    return [
         Finding(
             "§3.7.3 the model is surer (lower NLL) of its own τ = 1 tokens than of its argmax on real text",
             free["own_nll"] < tf["own_nll"],
@@ -92,16 +103,20 @@ def claims(d: dict) -> list[Finding]:
             f"tail agreement {dv['tail_agreement']}, never diverged {dv['never_diverged']}",
         ),
     ]
-    if d.get("timing"):
-        t1 = d["timing"]["rows"][0]
-        out.append(
-            Finding(
-                "§3.10 the cache saves far more compute than time (compute ratio > 2x the wall-clock speed-up)",
-                t1["compute_ratio"] > 2 * t1["speedup"],
-                f"batch {t1['batch']}: compute {t1['compute_ratio']}x, wall clock {t1['speedup']}x",
-            )
+
+
+def _timing_claims(d: dict) -> list[Finding]:
+    """§3.10, when the run was timed: the cache saves far more compute than wall-clock time."""
+    if not d.get("timing"):
+        return []
+    t1 = d["timing"]["rows"][0]
+    return [
+        Finding(
+            "§3.10 the cache saves far more compute than time (compute ratio > 2x the wall-clock speed-up)",
+            t1["compute_ratio"] > 2 * t1["speedup"],
+            f"batch {t1['batch']}: compute {t1['compute_ratio']}x, wall clock {t1['speedup']}x",
         )
-    return out
+    ]
 
 
 #: (label, getter) rows of the numbers table.
