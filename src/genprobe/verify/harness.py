@@ -474,26 +474,12 @@ def verify_implementation(
 
     pre, inc = PhaseTracker("prefill", line), PhaseTracker("incremental", line)
     own = _greedy_phases(impl, trajs, pre, inc)
-    trackers = [pre, inc]
-    for c in chunk_sizes:
-        t = PhaseTracker(f"chunk_{int(c)}", line)
-        _run_phase(t, functools.partial(_chunk_phase, impl, trajs, int(c), t))
-        trackers.append(t)
+    trackers = [pre, inc, *_chunk_trackers(impl, trajs, chunk_sizes, line)]
     if padded_batch:
-        t = PhaseTracker("padded_batch", line)
-        _run_phase(
-            t,
-            lambda: _padded_phase(impl, run, padded_prompts(prompts), t, pad_id),
-            skip_not_implemented="implementation does not support padding",
-        )
-        trackers.append(t)
+        trackers.append(_padded_batch_tracker(impl, run, prompts, line, pad_id))
     limits = [m for m in (run.max_positions, getattr(impl, "max_positions", None)) if m is not None]
     if isolation:
-        t = PhaseTracker("isolation", line)
-        room = min(limits) - steps if limits else None
-        a = isolation_partner(prompts[0], prompts[1:], trajs[0].prefill_logits.shape[-1], room)
-        _run_phase(t, lambda: _isolation_phase(impl, run, trajs[0], a, t))
-        trackers.append(t)
+        trackers.append(_isolation_tracker(impl, run, prompts, trajs, steps, limits, line))
     reuse: list[str] = []
     if prefix_reuse:
         reuse_trackers, reuse = _reuse_phases(impl, run, prompts[0], trajs[0].vocab, limits, line)
@@ -508,6 +494,48 @@ def verify_implementation(
     report.noise_floor = None if floor is None else floor.to_dict()
     report.pass_line, report.reuse = line, reuse
     return report
+
+
+def _chunk_trackers(
+    impl: Any, trajs: list[ReferenceTrajectory], chunk_sizes: Sequence[int], line: float
+) -> list[PhaseTracker]:
+    """One chunked-prefill phase per chunk size, in the order given."""
+    trackers = []
+    for c in chunk_sizes:
+        t = PhaseTracker(f"chunk_{int(c)}", line)
+        _run_phase(t, functools.partial(_chunk_phase, impl, trajs, int(c), t))
+        trackers.append(t)
+    return trackers
+
+
+def _padded_batch_tracker(
+    impl: Any, run: ReferenceRun, prompts: list[list[int]], line: float, pad_id: int
+) -> PhaseTracker:
+    """The left-padded batch phase; an implementation without padding support (NotImplementedError) skips it."""
+    t = PhaseTracker("padded_batch", line)
+    _run_phase(
+        t,
+        lambda: _padded_phase(impl, run, padded_prompts(prompts), t, pad_id),
+        skip_not_implemented="implementation does not support padding",
+    )
+    return t
+
+
+def _isolation_tracker(
+    impl: Any,
+    run: ReferenceRun,
+    prompts: list[list[int]],
+    trajs: list[ReferenceTrajectory],
+    steps: int,
+    limits: list[int],
+    line: float,
+) -> PhaseTracker:
+    """The isolation phase: a partner sequence A that, with the steps, fits the tighter context, then prompt 0."""
+    t = PhaseTracker("isolation", line)
+    room = min(limits) - steps if limits else None
+    a = isolation_partner(prompts[0], prompts[1:], trajs[0].prefill_logits.shape[-1], room)
+    _run_phase(t, lambda: _isolation_phase(impl, run, trajs[0], a, t))
+    return t
 
 
 def _reuse_phases(
