@@ -127,14 +127,19 @@ def test_the_scaled_search_finds_the_exhaustive_searchs_edit_on_a_trained_model(
 
 
 @pytest.mark.slow
-def test_screening_stops_each_chain_at_the_first_strength_over_the_limits(trained_ckpt):
+def test_screening_reads_the_strongest_admissible_strengths_of_each_chain(trained_ckpt):
     model = load_model(trained_ckpt)
     cfg = replace(SMALL, search="scaled", max_kl=1e-9, n_validate=16)  # every edit is over this KL limit
     report, patch = repair(model, RepairInputs.tang(model.tokenizer, cfg), cfg)
-    n_chains = len(report.search.scaled.layer_sets) * len(cfg.ks) * len(cfg.forms)
-    assert len(report.search.candidates) == n_chains  # one strength per chain, then the chain stops
+    n_strengths = len(cfg.ks) * (len(cfg.subtract_alphas) + len(cfg.project_alphas))
+    assert len(report.search.candidates) == len(report.search.scaled.layer_sets) * n_strengths  # all tried, down
     assert report.search.scaled.shortlisted == 0 and patch is None and report.search.chosen is None
     assert report.verdict.startswith("no edit passed")
+    lenient = replace(SMALL, search="scaled", max_kl=10.0, max_dloss=10.0, n_validate=16, screen_strengths=1)
+    report, _ = repair(model, RepairInputs.tang(model.tokenizer, lenient), lenient)
+    probed = [c for c in report.search.candidates if "dlogp" in (c.screen or {})]
+    assert len(probed) == len(report.search.candidates)  # the strongest is admissible: one strength per chain
+    assert {c.spec.alpha for c in probed} == {max(SMALL.subtract_alphas), max(SMALL.project_alphas)}
 
 
 @pytest.mark.slow

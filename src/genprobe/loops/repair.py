@@ -361,14 +361,22 @@ def _scaled(
     loops = LoopProbe(model, looping, cfg.screen_sequences, batch_size=cfg.screen_sequences, reuse_prefix=True)
     scores = rank_layers(model, stage.directions, loops, study.progress)
     clock.tick("rank")
+    study.log(
+        "rank (Δ log p(loop token), direction ablated): " + ", ".join(f"L{s.layer} {s.dlogp:+.2f}" for s in scores)
+    )
     sets = scaled_layer_sets([s.layer for s in scores], study.n_layers, cfg.top_layers)
     build = build_with(model, stage.directions, stage.unit_means, stage.gaps)
     windows = stage.probe.ids[: cfg.screen_windows].tolist()
     quick = RegressionProbe(model, windows, batch_size=cfg.batch_size, reuse_prefix=True)
     alphas = {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas}
-    screened = screen(model, chains(sets, cfg.ks, cfg.forms, alphas), build, quick, loops, limits, study.progress)
+    grid = chains(sets, cfg.ks, cfg.forms, alphas)
+    screened = screen(model, grid, build, quick, loops, limits, study.progress, cfg.screen_strengths)
     clock.tick("screen")
     short = shortlist(screened, cfg.keep)
+    study.log(
+        f"screen: {len(screened)} edits of layer sets {sets}, {sum(1 for s in screened if s.pressure)} within the "
+        f"limits on {len(windows)} windows; generating for {len(short)}"
+    )
     for s in screened:
         s.candidate.screen = {"windows": len(windows), **(s.pressure.to_dict() if s.pressure else {})}
     finalists, rungs = halve(
@@ -384,6 +392,7 @@ def _scaled(
     )
     clock.tick("halving")
     check_restored(model, before)
+    study.log("halving: " + "; ".join(f"{r.prone}+{r.control} prompts, {r.kept} of {r.candidates} kept" for r in rungs))
     trace = ScaledTrace(
         scores,
         sets,
@@ -530,7 +539,7 @@ def repair(
 ) -> tuple[RepairReport, Patch | None]:
     """Run the pipeline on a :class:`genprobe.model.load.Model`; the report and the patch (None if no edit passed)."""
     cfg = cfg or RepairConfig()
-    study = LoopStudy(model, cfg, sampler, progress)
+    study = LoopStudy(model, cfg, sampler, progress, log)
     clock = Clock()
     if study.end_token.banned:
         log(f"note: {study.end_token.note}")

@@ -9,9 +9,10 @@ generating for the whole search set. This search spends generation only where it
    (teacher-forced, a few hundred tokens per layer). Layers are ranked by that drop.
 2. **layer sets** — the ``top_layers`` best layers alone, the best two and the best ``top_layers`` together, and
    all layers (the exhaustive search's "all together" set).
-3. **screen** — per (layer set, k, form), strengths in increasing order: the regression check on a few windows of
-   the validation text first; the first strength over the limits ends that chain (KL grows with the strength);
-   admissible ones get their loop pressure. The ``keep`` candidates with the largest drop go on.
+3. **screen** — per (layer set, k, form), strengths from the strongest down: the regression check on a few windows
+   of the validation text until one is within the limits; it and the next weaker one get their loop pressure (KL
+   grows with the strength, and the exhaustive search's choices are the strongest admissible strengths or next to
+   them). The ``keep`` candidates with the largest drop go on.
 4. **halving** — the survivors generate for a quarter of the stratified search set, the better half goes on to
    half of it, and so on until the whole set; prompts a candidate already generated for are not generated again.
    The last rung's candidates get the full regression check, and :func:`~genprobe.loops.search.choose` picks among
@@ -178,21 +179,27 @@ def screen(
     loops: LoopProbe,
     limits: Limits,
     progress: bool = False,
+    per_chain: int = 2,
 ) -> list[Screened]:
-    """Each chain's strengths in increasing order until the first over the limits (see module doc)."""
+    """Each chain's strengths from the strongest down: the regression check until one is within the limits, then
+    the loop pressure of it and the next ``per_chain - 1`` weaker ones (see module doc)."""
     out: list[Screened] = []
     for chain in _bar(chains, "screen", "chain", progress):
-        for spec in chain:
+        admitted = 0
+        for spec in sorted(chain, key=lambda s: -s.alpha):
             try:
                 cand = _screen_one(model, spec, build, regression)
-            except ValueError as exc:  # e.g. the selected units are never active in loops
+            except ValueError as exc:  # e.g. the selected units are never active in loops: no strength builds
                 out.append(Screened(Candidate(spec, error=str(exc)), None))
                 break
             if not limits.admits(cand.regression):
                 out.append(Screened(cand, None))
-                break
+                continue
             with _applied(model, build(spec)):
                 out.append(Screened(cand, loops.measure(model, first_layer=min(spec.layers))))
+            admitted += 1
+            if admitted == per_chain:
+                break
     return out
 
 

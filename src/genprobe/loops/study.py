@@ -49,6 +49,7 @@ class RepairConfig:
     keep: int = 8  # scaled: screened candidates that go on to generation
     screen_sequences: int = 8  # scaled: looping generations the loop probe teacher-forces
     screen_windows: int = 8  # scaled: validation windows of the screening regression check
+    screen_strengths: int = 2  # scaled: admissible strengths per chain whose loop pressure is read (strongest first)
     method: str = "mean_diff"
     max_kl: float = 0.1
     max_dloss: float = 0.02
@@ -64,7 +65,7 @@ class RepairConfig:
     def __post_init__(self) -> None:
         if self.search not in SEARCHES:
             raise ValueError(f"search must be one of {SEARCHES}, got {self.search!r}")
-        for name in ("top_layers", "keep", "screen_sequences", "screen_windows"):
+        for name in ("top_layers", "keep", "screen_sequences", "screen_windows", "screen_strengths"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -185,12 +186,19 @@ def encode_quiet(tokenizer: Any, text: str) -> list[int]:
 class LoopStudy:
     """One model under study: its engine, tokenizer, sampler (end token banned) and the scan settings."""
 
-    def __init__(self, model: Any, cfg: RepairConfig, sampler: SamplerConfig | None = None, progress: bool = False):
+    def __init__(
+        self,
+        model: Any,
+        cfg: RepairConfig,
+        sampler: SamplerConfig | None = None,
+        progress: bool = False,
+        log: Callable[[str], None] = lambda msg: None,
+    ):
         if model.tokenizer is None:
             raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
         if cfg.max_new_tokens < 16:
             raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {cfg.max_new_tokens}")
-        self.model, self.cfg, self.progress = model, cfg, progress
+        self.model, self.cfg, self.progress, self.log = model, cfg, progress, log
         self.module = model.module
         self.engine = engine_model(model)
         self.tokenizer = model.tokenizer

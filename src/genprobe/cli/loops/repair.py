@@ -154,6 +154,13 @@ def _search_args(r: argparse.ArgumentParser) -> None:
         "--screen-sequences", type=int, default=d.screen_sequences, help="scaled: loops the probe reads (default 8)"
     )
     r.add_argument(
+        "--screen-strengths",
+        type=int,
+        default=d.screen_strengths,
+        help="scaled: admissible strengths per (layers, k, form) whose loop pressure is read, strongest first "
+        "(default 2)",
+    )
+    r.add_argument(
         "--screen-windows",
         type=int,
         default=d.screen_windows,
@@ -243,6 +250,7 @@ def run_repair(args: argparse.Namespace) -> int:
         keep=args.keep,
         screen_sequences=args.screen_sequences,
         screen_windows=args.screen_windows,
+        screen_strengths=args.screen_strengths,
         regression_windows=args.regression_windows,
         transfer=args.transfer,
     )
