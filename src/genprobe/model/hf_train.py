@@ -165,52 +165,11 @@ def train_subword(
     char GPT's validation text)."""
     cfg, tc = cfg or SubwordModelConfig(), tc or default_train_config()
     t0, c0 = time.time(), time.process_time()
-    tok = bpe.train_bpe(texts.train, cfg.vocab_size, TOKENIZER_STYLE[cfg.arch])
-    if tok.get_vocab_size() != cfg.vocab_size:  # too little text for the requested number of merges
-        raise ValueError(
-            f"BPE reached only {tok.get_vocab_size()} tokens of the requested {cfg.vocab_size}: "
-            f"the {len(texts.train)} training documents hold too few repeated pairs"
-        )
+    tok = _train_bpe(texts.train, cfg)
     t_bpe = time.time() - t0
-    train_ids = torch.tensor(bpe.stream_ids(tok, texts.train), dtype=torch.long)
-    if len(train_ids) <= cfg.block_size + 1:
-        raise ValueError(f"training stream has {len(train_ids)} tokens; need more than {cfg.block_size + 1}")
+    train_ids = _training_stream(tok, texts.train, cfg.block_size)
     model = build_model(cfg, bpe.eos_id(tok), tc.seed)
-    opt = build_optimizer(model, tc)
-    gen = torch.Generator().manual_seed(tc.seed)
-    history: list[dict[str, Any]] = []
-    model.train()
-    t_loop, ema, first = time.time(), None, None
-    bar = tqdm(range(tc.steps), desc="train", disable=not progress, dynamic_ncols=True)
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, tc)
-        x, y = _random_windows(train_ids, cfg.block_size, tc.batch_size, gen)
-        loss = _loss(model, x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
-        if tc.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
-        lv = float(loss.detach())
-        if ema is None:
-            first = ema = lv
-        ema = 0.95 * ema + 0.05 * lv
-        if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
-            vl = _val(model, tok, texts.char_val_documents, cfg.block_size)
-            history.append(
-                {
-                    "step": step + 1,
-                    "train_loss": round(ema, 4),
-                    "val_loss": round(vl.nats_per_token, 4),
-                    "seconds": round(time.time() - t_loop, 1),
-                }
-            )
-            bar.set_postfix(loss=f"{ema:.3f}", val=f"{vl.nats_per_token:.3f}")
-        elif step % 10 == 0:
-            bar.set_postfix(loss=f"{ema:.3f}")
-    loop_seconds = time.time() - t_loop
-    assert first is not None  # set on the first step, and TrainConfig refuses steps < 1
+    ema, first, history, loop_seconds = _train_loop(model, tok, train_ids, texts.char_val_documents, cfg, tc, progress)
     model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() override is unannotated
     summary = _summary(model, tok, texts, split, cfg, tc, ema, history, heldout_docs)
     summary["samples"] = greedy_samples(model, tok, [d[:5] for d in texts.heldout[:samples]])
@@ -224,6 +183,88 @@ def train_subword(
         steps_per_second=round(tc.steps / loop_seconds, 3),
     )
     return SubwordTrainResult(model=model, tokenizer=tok, summary=summary)
+
+
+def _train_bpe(docs: list[str], cfg: SubwordModelConfig) -> Tokenizer:
+    """The byte-level BPE of ``cfg.arch``'s style with exactly ``cfg.vocab_size`` tokens, trained on ``docs``."""
+    tok: Tokenizer = bpe.train_bpe(docs, cfg.vocab_size, TOKENIZER_STYLE[cfg.arch])
+    if tok.get_vocab_size() != cfg.vocab_size:  # too little text for the requested number of merges
+        raise ValueError(
+            f"BPE reached only {tok.get_vocab_size()} tokens of the requested {cfg.vocab_size}: "
+            f"the {len(docs)} training documents hold too few repeated pairs"
+        )
+    return tok
+
+
+def _training_stream(tok: Tokenizer, docs: list[str], block_size: int) -> torch.Tensor:
+    """The training documents' ids joined by ``<|endoftext|>``, refused when no window of ``block_size`` fits."""
+    train_ids = torch.tensor(bpe.stream_ids(tok, docs), dtype=torch.long)
+    if len(train_ids) <= block_size + 1:
+        raise ValueError(f"training stream has {len(train_ids)} tokens; need more than {block_size + 1}")
+    return train_ids
+
+
+def _train_loop(
+    model: CausalLM,
+    tok: Tokenizer,
+    train_ids: torch.Tensor,
+    val_docs: list[str],
+    cfg: SubwordModelConfig,
+    tc: TrainConfig,
+    progress: bool,
+) -> tuple[float, float, list[dict[str, Any]], float]:
+    """``tc.steps`` optimizer steps on random windows of ``train_ids``, validated on ``val_docs`` every
+    ``tc.eval_every`` steps: the smoothed (EMA) train loss, the first step's loss, the history, the loop's seconds."""
+    opt = build_optimizer(model, tc)
+    gen = torch.Generator().manual_seed(tc.seed)
+    history: list[dict[str, Any]] = []
+    model.train()
+    t_loop, ema, first = time.time(), None, None
+    bar = tqdm(range(tc.steps), desc="train", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        lv = _train_step(model, opt, train_ids, step, cfg.block_size, tc, gen)
+        if ema is None:
+            first = ema = lv
+        ema = 0.95 * ema + 0.05 * lv
+        if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
+            vl = _val(model, tok, val_docs, cfg.block_size)
+            history.append(
+                {
+                    "step": step + 1,
+                    "train_loss": round(ema, 4),
+                    "val_loss": round(vl.nats_per_token, 4),
+                    "seconds": round(time.time() - t_loop, 1),
+                }
+            )
+            bar.set_postfix(loss=f"{ema:.3f}", val=f"{vl.nats_per_token:.3f}")
+        elif step % 10 == 0:
+            bar.set_postfix(loss=f"{ema:.3f}")
+    loop_seconds = time.time() - t_loop
+    # set on the first step, and TrainConfig refuses steps < 1
+    assert first is not None and ema is not None
+    return ema, first, history, loop_seconds
+
+
+def _train_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    train_ids: torch.Tensor,
+    step: int,
+    block_size: int,
+    tc: TrainConfig,
+    gen: torch.Generator,
+) -> float:
+    """One optimizer step at the scheduled learning rate on a batch of random windows; the batch's loss."""
+    for g in opt.param_groups:
+        g["lr"] = lr_at(step, tc)
+    x, y = _random_windows(train_ids, block_size, tc.batch_size, gen)
+    loss = _loss(model, x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
+    if tc.grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+    opt.step()
+    return float(loss.detach())
 
 
 def _summary(
