@@ -123,20 +123,14 @@ def scan_loop_settings(
     setting checked first: one vLLM cannot express exactly is refused, never approximated). ``log`` gets the
     end-token note (and the engine's start-up); ``on_scan(name, result, seconds)`` each scan as it finishes.
     """
-    if calibration is not None:
-        if loop is not None and loop != calibration.settings:
-            raise ValueError("give either loop settings or a calibration (which fixes them), not both")
-        loop = calibration.settings
+    loop = _detector_settings(calibration, loop)
     if prompt_source is None:
         prompt_source = "tang-heldout-openings" if prompts is None else "prompts"
     texts = list(prompts) if prompts is not None else _default_prompts(model)
     chosen = dict(settings) if settings is not None else loop_study_settings(model)
     if not chosen:
         raise ValueError("no decoding settings to scan")
-    cfg = RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
-    if loop is not None:
-        cfg.loop = loop
-    study = LoopStudy(model, cfg, progress=progress)
+    study = _loop_study(model, loop, max_new_tokens, batch_size, seed, progress)
     samplers = {name: sampler or study.sampler for name, sampler in chosen.items()}
     ids = study.encode(texts)
     end = study.end_token
@@ -155,3 +149,22 @@ def scan_loop_settings(
         if on_scan is not None:
             on_scan(name, res, result.seconds[name])
     return result
+
+
+def _detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | None) -> LoopSettings | None:
+    """The loop detector's settings: the calibration's when one is given (``loop`` may only repeat them)."""
+    if calibration is None:
+        return loop
+    if loop is not None and loop != calibration.settings:
+        raise ValueError("give either loop settings or a calibration (which fixes them), not both")
+    return calibration.settings
+
+
+def _loop_study(
+    model: Any, loop: LoopSettings | None, max_new_tokens: int, batch_size: int, seed: int, progress: bool
+) -> LoopStudy:
+    """The study that encodes the prompts and scans them (generation length, batch, seed, detector settings)."""
+    cfg = RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    if loop is not None:
+        cfg.loop = loop
+    return LoopStudy(model, cfg, progress=progress)
