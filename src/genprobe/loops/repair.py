@@ -393,18 +393,9 @@ def _scaled(
     clock.tick("halving")
     check_restored(model, before)
     study.log("halving: " + "; ".join(f"{r.prone}+{r.control} prompts, {r.kept} of {r.candidates} kept" for r in rungs))
-    trace = ScaledTrace(
-        scores,
-        sets,
-        len(screened),
-        sum(1 for s in screened if s.pressure is not None),
-        len(short),
-        rungs,
-        loops.n_sequences,
-        int(loops.targets.numel()),
-        len(windows),
-        clock.to_dict(),
-    )
+    admitted = sum(1 for s in screened if s.pressure is not None)
+    counts = (len(screened), admitted, len(short))
+    trace = ScaledTrace(scores, sets, *counts, rungs, loops.n_sequences, loops.positions, len(windows), clock.to_dict())
     return [s.candidate for s in screened], finalists, trace
 
 

@@ -50,19 +50,7 @@ def _register_compare(lsub: Any) -> None:
         metavar="METHOD",
         help=f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}",
     )
-    c.add_argument(
-        "--patch",
-        type=Path,
-        default=None,
-        help="loop patch from `loops repair` for the edit rows (applied in memory, reverted, sha256-checked)",
-    )
-    c.add_argument(
-        "--judge",
-        default=None,
-        metavar="MODEL",
-        help="a second model that scores every method's text (NLL per character): a model directory or name, or "
-        "ngram:english / ngram:FILE, a character n-gram model of human text (for a language with no second model)",
-    )
+    _edit_and_judge_args(c)
     c.add_argument(
         "--genre",
         choices=GENRES,
@@ -84,6 +72,23 @@ def _register_compare(lsub: Any) -> None:
     )
     _calibration_args(c)
     c.set_defaults(func=run_compare)
+
+
+def _edit_and_judge_args(c: argparse.ArgumentParser) -> None:
+    """The weight edit's rows (a patch) and the second scorer of every method's text."""
+    c.add_argument(
+        "--patch",
+        type=Path,
+        default=None,
+        help="loop patch from `loops repair` for the edit rows (applied in memory, reverted, sha256-checked)",
+    )
+    c.add_argument(
+        "--judge",
+        default=None,
+        metavar="MODEL",
+        help="a second model that scores every method's text (NLL per character): a model directory or name, or "
+        "ngram:english / ngram:FILE, a character n-gram model of human text (for a language with no second model)",
+    )
 
 
 def _judge(spec: str) -> Any:
@@ -110,6 +115,17 @@ def _compare_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str], l
         source = f"tang-heldout-openings (after the first {args.skip})"
     n = args.n or len(texts)
     return texts[:n], (conts[:n] if conts is not None else None), source
+
+
+COMPARE_JSON_KEYS = ("model", "judge", "n_prompts", "config", "best", "patch", "timings_s", "notes", "calibration")
+METHOD_JSON_KEYS = ("sampler", "rates", "legit", "nll_own", "nll_judge", "cost")
+
+
+def _json_summary(d: dict, files: dict) -> dict:
+    """What `loops compare --json` prints: the run and each method's measures (compare.json holds the texts too)."""
+    methods = {m["name"]: {k: m[k] for k in METHOD_JSON_KEYS} for m in d["methods"]}
+    files_out = {k: str(v) for k, v in files.items()}
+    return {k: d[k] for k in COMPARE_JSON_KEYS} | {"methods": methods, "human": d["human"], "files": files_out}
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -156,26 +172,5 @@ def run_compare(args: argparse.Namespace) -> int:
         info(f"best decode-time method: {res.best.name} (acceptable: {res.best.acceptable})")
     info(f"wrote {args.out} ({res.timings_s['total']} s)")
     if args.json:
-        d = res.to_dict()
-        emit_json(
-            {
-                k: d[k]
-                for k in ("model", "judge", "n_prompts", "config", "best", "patch", "timings_s", "notes", "calibration")
-            }
-            | {
-                "methods": {
-                    m["name"]: {
-                        "sampler": m["sampler"],
-                        "rates": m["rates"],
-                        "legit": m["legit"],
-                        "nll_own": m["nll_own"],
-                        "nll_judge": m["nll_judge"],
-                        "cost": m["cost"],
-                    }
-                    for m in d["methods"]
-                },
-                "human": d["human"],
-                "files": {k: str(v) for k, v in files.items()},
-            }
-        )
+        emit_json(_json_summary(res.to_dict(), files))
     return 0
