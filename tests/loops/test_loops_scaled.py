@@ -210,3 +210,36 @@ def test_replayed_lower_layers_give_exactly_the_full_forward(arch, tiny_model, t
         forward_logits(module, torch.tensor(windows[:2]))
         forward_logits(module, torch.tensor(windows[:2]))
     assert "forward" not in prefix.blocks[0].__dict__  # the class's forward is back
+
+
+def test_halving_never_carries_an_edit_the_full_regression_check_refuses():
+    """Edit A loops least on the search set but fails the full check: B and C go on, A is never kept."""
+    from genprobe.loops.patch import Patch
+    from genprobe.loops.regress import Regression
+    from genprobe.loops.scaled import full_regression_check, halve
+    from genprobe.loops.search import Candidate, Limits, Strata
+
+    loop, clean = measure_loops([1, 2] * 20), measure_loops(list(range(40)))
+    fixes = {1.0: 1.0, 2.0: 0.5, 3.0: 0.0}  # alpha -> share of loop-prone prompts the edit fixes
+    current = {}
+
+    def build(spec):
+        current["alpha"] = spec.alpha
+        return Patch([])
+
+    def scan(ids):
+        share = fixes[current["alpha"]]
+        return [clean if (i[0] < 100 and (i[0] % 10) < 10 * share) or i[0] >= 100 else loop for i in ids]
+
+    def measure(_model):
+        return Regression(0.5 if current["alpha"] == 1.0 else 0.01, 1.0, 1.0, 0.0)
+
+    cands = [Candidate(EditSpec((0,), 4, "subtract", a), Regression(0.0, 1.0, 1.0, 0.0)) for a in (1.0, 2.0, 3.0)]
+    for c in cands:
+        c.screen = {"windows": 2}
+    prone, control = [[i] for i in range(16)], [[100 + i] for i in range(16)]
+    check = full_regression_check(torch.nn.Linear(1, 1), build, measure, Limits(0.1, 0.02))
+    final, rungs = halve(torch.nn.Linear(1, 1), cands, build, scan, prone, control, Strata(16, 16, 16, 16), check)
+    assert [c.spec.alpha for c in final] == [2.0, 3.0] and rungs[0].kept == 2
+    assert cands[0].screen["full_check"] is False and cands[0].regression.kl == 0.5  # measured, refused, dropped
+    assert all(c.screen["full_check"] for c in final)

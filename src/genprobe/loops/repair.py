@@ -42,6 +42,7 @@ from .scaled import (
     build_with,
     chains,
     check_restored,
+    full_regression_check,
     halve,
     rank_layers,
     scaled_layer_sets,
@@ -387,7 +388,7 @@ def _scaled(
         [r.prompt_ids for r in prone],
         [r.prompt_ids for r in control],
         strata,
-        stage.probe.measure,
+        full_regression_check(model, build, stage.probe.measure, limits),
         study.progress,
     )
     clock.tick("halving")

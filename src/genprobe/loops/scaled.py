@@ -261,31 +261,53 @@ def halve(
     prone_ids: Sequence[list[int]],
     control_ids: Sequence[list[int]],
     strata: Strata,
-    final_regression: Callable[[Any], Regression],
+    full_check: Callable[[Candidate], bool],
     progress: bool = False,
 ) -> tuple[list[Candidate], list[Rung]]:
-    """Successive halving on the search set; returns the last rung's candidates (full regression) and the rungs."""
+    """Successive halving on the search set; returns the last rung's candidates and the rungs.
+
+    Only candidates that pass ``full_check`` (the exhaustive search's regression check on every validation window,
+    which replaces the screening one) go on to the next rung or generate at the last: the screening check on a few
+    windows admits edits the full one refuses, and a rung must not be won by an edit that can never be chosen."""
     alive = list(survivors)
     done = {id(c): _Generated() for c in alive}
     rungs: list[Rung] = []
     sizes = rung_sizes(len(prone_ids), len(control_ids), len(alive))
     for r, (n_p, n_c) in enumerate(sizes):
         last = r == len(sizes) - 1
+        if last:  # only edits that can be chosen generate for the whole set (checked once, when they were kept)
+            alive = [c for c in alive if full_check(c)]
         for c in _bar(alive, f"halving {r + 1}/{len(sizes)}", "edit", progress):
+            g = done[id(c)]
+            need_p, need_c = list(prone_ids[len(g.prone) : n_p]), list(control_ids[len(g.control) : n_c])
             with _applied(model, build(c.spec)):
-                if last:  # the candidates that may be chosen: the same regression check as the exhaustive search
-                    c.regression = final_regression(model)
-                g = done[id(c)]
-                need_p, need_c = list(prone_ids[len(g.prone) : n_p]), list(control_ids[len(g.control) : n_c])
                 new = scan(need_p + need_c) if need_p or need_c else []
             g.prone += new[: len(need_p)]
             g.control += new[len(need_p) :]
-            sub = Strata(n_p, n_c, strata.prone_all, strata.control_all)
-            c.objective = sub.objective(g.prone[:n_p], g.control[:n_c])
-        kept = alive if last else sorted(alive, key=_rank_key)[: max(1, math.ceil(len(alive) / 2))]
+            c.objective = Strata(n_p, n_c, strata.prone_all, strata.control_all).objective(
+                g.prone[:n_p], g.control[:n_c]
+            )
+        n_keep = len(alive) if last else max(1, math.ceil(len(alive) / 2))
+        kept = [c for c in sorted(alive, key=_rank_key) if full_check(c)][:n_keep]
         rungs.append(Rung(n_p, n_c, len(alive), len(kept)))
         alive = kept
     return alive, rungs
+
+
+def full_regression_check(
+    model: Any, build: Callable[[EditSpec], Patch], measure: Callable[[Any], Regression], limits: Limits
+) -> Callable[[Candidate], bool]:
+    """``candidate -> within the limits`` on the full regression check, measured once per candidate (its
+    ``regression`` is replaced by the full one, and ``screen["full_check"]`` records that it was measured)."""
+
+    def check(c: Candidate) -> bool:
+        if c.screen is None or "full_check" not in c.screen:
+            with _applied(model, build(c.spec)):
+                c.regression = measure(model)
+            c.screen = {**(c.screen or {}), "full_check": limits.admits(c.regression)}
+        return bool(c.screen["full_check"])
+
+    return check
 
 
 def check_restored(model: Any, before: str) -> None:
