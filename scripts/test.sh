@@ -12,9 +12,14 @@ phase setup
 .venv/bin/genprobe fetch all
 phase fetch
 echo "ruff check / ruff format --check / mypy …"
+# mypy runs on one core; meanwhile the other builds genprobe's C++ kernels (~35 s), which the compiled-decode tests
+# would otherwise build first (their workers wait on its lock). A build that fails is reported by tests/engine.
+.venv/bin/python -c "from genprobe.engine.fast import kernels; kernels.load()" &
+kernels=$!
 .venv/bin/ruff check src tests benchmarks scripts
 .venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
+wait "$kernels" || echo "building genprobe's kernels failed: tests/engine/test_kernels.py says why"
 phase "lint and types"
 # every core (pytest-xdist); the vLLM tests share one worker and its started engines
 .venv/bin/python -m pytest -q -p no:randomly -n auto --dist loadgroup --durations=15 "$@"

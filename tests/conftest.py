@@ -7,8 +7,9 @@ others wait for the file.
 
 Under xdist each worker runs torch on one thread (two workers on two cores, not four threads fighting), and
 the vLLM tests run on one worker (``--dist loadgroup``): a started engine per configuration is reused across
-them, and each engine holds its own copy of the model and torch. Compiled decode code (Inductor, AOT packages,
-C++ kernels) may be built by two workers at once: every build is written atomically (temp file + rename).
+them, and each engine holds its own copy of the model and torch. So do the tests of each compiled-decode file (see
+:data:`XDIST_GROUPS`). genprobe's kernels and AOT packages are built once under a file lock (a worker needing one
+being built waits for it); Inductor's own code may be built by two workers at once, written atomically by torch.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from genprobe.corpus import CharTokenizer, load_corpus
 from genprobe.model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
-XDIST_GROUPS = {  # test file -> the worker group it must share
+XDIST_GROUPS = {  # worker group -> the test files that share it
     "vllm": (
         "serving/test_engine_options.py",
         "serving/test_loops_cli_vllm.py",
@@ -35,6 +36,15 @@ XDIST_GROUPS = {  # test file -> the worker group it must share
         "serving/test_scan_vllm.py",
         "serving/test_verify_serving.py",
     ),
+    # Each file of compiled-decode tests on one worker: its tests compile the same few shapes (10-30 s of a core
+    # each, cold), often for the same model, which one process compiles once and then reuses; spread over the
+    # workers, as single tests are, both processes would compile them, at the same time. xdist sends the groups
+    # with the most tests first, so the other worker runs the short tests meanwhile.
+    "torch-compile": ("engine/test_compiled_decode.py",),
+    "torch-compile-stepwise": ("engine/test_compiled_stepwise.py",),
+    "aot": ("engine/test_aot_decode.py",),
+    "weight-only": ("engine/test_weight_only.py",),
+    "speed-benchmark": ("engine/test_generate_speed_smoke.py",),
 }
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -18,11 +18,16 @@ def _single_thread():
 
 
 def _sharp_gpt(seed: int = 3):
-    """A small random GPT with trained-scale logits (matrices x 10), so a wrong or stale weight shows in the tokens."""
+    """A small random GPT with trained-scale logits (matrices x 10), so a wrong or stale weight shows in the tokens.
+
+    Its configuration is the one of ``tiny_model`` and the verifier's sharp model: compiled decode programs are
+    cached by configuration and batch size (not weights), so the test files share them instead of each building its
+    own (a build costs 10-30 s of a core).
+    """
     from genprobe.model import GPT, GPTConfig
 
     torch.manual_seed(seed)
-    m = GPT(GPTConfig(vocab_size=60, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32))
+    m = GPT(GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32))
     with torch.no_grad():
         for p in m.parameters():
             if p.dim() == 2:

@@ -2,8 +2,9 @@
 
 This is the path that decodes where the ahead-of-time programs (genprobe.engine.fast.aot, tested in
 test_aot_decode.py) do not apply or cannot be built, so every test here turns them off. Each compiled test pays
-one compilation of the tiny or quick-trained model (frozen graphs are not cached on disk), so the shapes are
-shared between tests where possible.
+one compilation per model and weights (frozen graphs hold the weights), which is quick where Inductor has compiled
+the same shapes before (its code is cached on disk): the shapes are shared between tests where possible. The file
+runs on one worker (tests/conftest.py: XDIST_GROUPS); the large-step tests are in test_compiled_stepwise.py.
 """
 
 from __future__ import annotations
@@ -39,39 +40,8 @@ def _scaled_model(seed: int = 0, **kw):
     return model.eval()
 
 
-class _Sized:
-    """Stands in for a model of ``n`` parameters where only the size matters."""
-
-    def __init__(self, n, weight_dtype=torch.float32):
-        self.n = n
-        self.wte = torch.nn.Embedding(1, 1)  # float32, as the kernels' check reads it
-        self.linear_weight = torch.zeros(1, 1, dtype=weight_dtype)  # weight-only narrow linear layers or not
-
-    def num_parameters(self):
-        return self.n
-
-    def parameters(self):
-        return iter([self.wte.weight, self.linear_weight])
-
-
 def _max_diff(a, b) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True))
-
-
-def test_static_cache_eager_matches_full_recomputation_every_step(trained):
-    """The fixed-shape cache (all slots attended, unwritten ones masked) equals recomputation."""
-    model, tok, _ = trained
-    ids = torch.tensor([tok.encode("白日依山盡，黃河入海流。")])
-    with torch.inference_mode():
-        full = model(ids)
-        cache = StaticKVCache.for_model(model.cfg, 1, max_len=ids.shape[1])
-        pre = model(ids[:, :4], cache=cache)
-        steps = [model(ids[:, t : t + 1], cache=cache)[:, 0] for t in range(4, ids.shape[1])]
-    assert torch.equal(pre, model(ids[:, :4]))  # eager calls attend over written slots only, like KVCache
-    assert float((pre - full[:, :4]).abs().max()) < 1e-5
-    worst = max(float((s - full[:, 4 + i]).abs().max()) for i, s in enumerate(steps))
-    assert worst < 1e-4, worst
-    assert cache.length == ids.shape[1]
 
 
 def test_static_cache_overflow_is_a_value_error_naming_capacity(tiny_model):
@@ -82,57 +52,6 @@ def test_static_cache_overflow_is_a_value_error_naming_capacity(tiny_model):
             tiny_model(torch.tensor([[1, 2]]), cache=cache)
         cache.reset()
         assert cache.length == 0 and not bool(cache.valid.any())
-
-
-def test_compiled_generation_equals_eager_greedy_and_sampled_padded_batch(trained):
-    """Same tokens and per-step logits within 1e-4: greedy, and a left-padded sampled batch with eos."""
-    model, tok, _ = trained
-    prompt = tok.encode("白日依山盡，黃")
-    a = generate(model, [prompt], 40, compile=True, return_logits=True)
-    # Compilation really happened (scripts/setup.sh installs a C++ compiler): not the eager fallback.
-    assert compiled_mod.compile_error() is None, compiled_mod.compile_error()
-    b = generate(model, [prompt], 40, return_logits=True)
-    assert a.tokens == b.tokens
-    assert _max_diff(a, b) < 1e-4
-
-    prompts = [tok.encode("春眠"), tok.encode("白日依山盡，黃")]
-    s = SamplerConfig(temperature=0.9, top_k=20, repetition_penalty=1.2)
-    eos = tok.encode("。")[0]
-    a = generate(model, prompts, 30, sampler=s, seed=5, eos_id=eos, compile=True, return_logits=True)
-    b = generate(model, prompts, 30, sampler=s, seed=5, eos_id=eos, return_logits=True)
-    assert a.tokens == b.tokens and a.finished == b.finished
-    assert _max_diff(a, b) < 1e-4
-
-
-def test_weights_edited_in_place_are_picked_up_by_the_compiled_graph(trained):
-    """The frozen graph holds the weights: editing them must recompile, not replay stale weights."""
-    model, tok, _ = trained
-    prompt = tok.encode("白日依山盡，黃")
-    generate(model, [prompt], 40, compile=True)  # compiled for the current weights
-    w = model.h[1].mlp.c_fc.weight
-    saved = w.detach().clone()
-    try:
-        with torch.no_grad():
-            w.mul_(1.5)
-        a = generate(model, [prompt], 40, compile=True, return_logits=True)
-        b = generate(model, [prompt], 40, return_logits=True)
-        assert _max_diff(a, b) < 1e-4
-    finally:
-        with torch.no_grad():
-            w.copy_(saved)
-
-
-def test_compiled_adapter_passes_the_cache_verifier(trained):
-    """The verifier's own harness (decode, chunks of 4, padded batch) judges the compiled path a pass."""
-    from genprobe.verify import CompiledEngineAdapter, FullRecompute
-    from genprobe.verify.harness import ReferenceRun, verify_implementation
-
-    model, tok, _ = trained
-    prompts = [tok.encode("白日依山盡，黃"), tok.encode("春眠")]
-    rep = verify_implementation(
-        CompiledEngineAdapter(model), ReferenceRun(FullRecompute(model), 20), prompts, steps=20, chunk_sizes=[1, 4]
-    )
-    assert rep.verdict == "pass", rep.to_dict()
 
 
 def test_without_a_cxx_compiler_it_warns_once_and_decodes_eagerly(monkeypatch):
@@ -311,109 +230,6 @@ def test_a_hook_added_between_generations_reaches_the_compiled_graph():
     assert _max_diff(c, d) < 1e-4 and _max_diff(a, c) > 1e-3  # the hook mattered, and its removal too
 
 
-def test_threads_follow_the_size_of_a_step():
-    assert compiled_mod.compile_config(_Sized(427_264), 1)["cpp.threads"] == 1
-    assert compiled_mod.compile_config(_Sized(57_750_528), 1)["cpp.threads"] == -1  # 231 MB of weights: every core
-
-
-# ---- large steps: one compiled step per iteration (weights packed for oneDNN), compiled prefill -------------
-def _spy_kinds(monkeypatch) -> list[str]:
-    """Record which compiled function ("loop", "stepwise", "prefill") every compiled call ran."""
-    kinds: list[str] = []
-    real = compiled_mod.compiled_fn
-
-    def spy(kind):
-        kinds.append(kind)
-        return real(kind)
-
-    monkeypatch.setattr(compiled_mod, "compiled_fn", spy)
-    return kinds
-
-
-def test_the_strategy_follows_the_measured_work_of_a_step():
-    """docs/speed.md: the loop wins for small steps, one compiled step per call for large ones."""
-
-    small, large = _Sized(427_264), _Sized(57_750_528)
-    assert [compiled_mod.decode_strategy(small, b) for b in (1, 16, 64)] == ["loop", "loop", "stepwise"]
-    assert [compiled_mod.decode_strategy(large, b) for b in (1, 16, 64)] == ["loop", "stepwise", "stepwise"]
-
-
-@pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16])
-def test_narrow_weights_stay_on_the_kernels_where_the_stepwise_path_would_widen_them(dtype):
-    """Freezing for oneDNN widens weight-only weights to float32 once; the kernels read them narrow (measured:
-    57.8M int8 at batch 16, 867 vs ~700 tok/s). Beyond the kernels' rows the stepwise path is all there is."""
-    large = _Sized(57_750_528, dtype)
-    assert [compiled_mod.decode_strategy(large, b) for b in (1, 16, 64, 65)] == ["loop", "loop", "loop", "stepwise"]
-
-
-@pytest.fixture
-def inductor_caches_off():
-    """Inductor's on-disk caches off for one test: a graph served from them skips the pattern matcher, whose
-    counters show the weight packing. (config.patch: monkeypatch's undo deletes the entry from Inductor's config.)"""
-    with torch._inductor.config.patch(force_disable_caches=True):
-        yield
-
-
-def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch, inductor_caches_off):
-    """Tokens, finish reasons, raw logits, on_token and forward counts equal the eager loop's; the batch is a
-    symbol (one graph for batch 3 and 2) and the frozen weights were packed (what makes the path fast)."""
-    from torch._dynamo.utils import counters
-
-    # First a small model's compiled prefill in this process (its products on genprobe's kernels): Inductor sets
-    # up its weight-packing patterns once per process, and that compile must not leave them switched off.
-    generate(_scaled_model(seed=9), [[1, 2, 3]], 3, compile=True)
-    monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
-    model = _scaled_model(seed=0)
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
-    plain = generate(model, prompts, 20).tokens
-    eos = [t for t in plain[0][1:] if all(t in row[1:] for row in plain)][0]
-    kinds = _spy_kinds(monkeypatch)
-    packed = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
-    seen_a, seen_b = [], []
-    kw = dict(eos_id=eos, return_logits=True)
-    a = generate(model, prompts, 20, compile=True, on_token=lambda i, t: seen_a.append(t), **kw)
-    b = generate(model, prompts, 20, on_token=lambda i, t: seen_b.append(t), **kw)
-    assert compiled_mod.compile_error() is None
-    assert set(kinds) == {"prefill", "stepwise"}  # no "loop": the compiled step ran, driven from Python
-    assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > packed, dict(counters["inductor"])
-    assert a.tokens == b.tokens and a.finished == b.finished == ["eos"] * 3 and seen_a == seen_b
-    assert _max_diff(a, b) < 1e-4 and a.forward_calls == b.forward_calls and a.token_forwards == b.token_forwards
-    graphs = counters["stats"]["unique_graphs"]
-    c = generate(model, prompts[:2], 12, compile=True, return_logits=True)
-    d = generate(model, prompts[:2], 12, return_logits=True)
-    assert c.tokens == d.tokens and _max_diff(c, d) < 1e-4
-    # Batch 2: one new graph, the prefill's (its batch size stays static); the decode step is reused.
-    assert counters["stats"]["unique_graphs"] == graphs + 1
-
-
-def test_stepwise_decoding_picks_up_weights_edited_in_place(monkeypatch):
-    monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
-    model = _scaled_model(seed=5)
-    prompts = [[1, 2, 3], [4, 5]]
-    generate(model, prompts, 10, compile=True)
-    with torch.no_grad():
-        model.h[0].mlp.c_fc.weight.mul_(1.5)
-    a = generate(model, prompts, 10, compile=True, return_logits=True)
-    b = generate(model, prompts, 10, return_logits=True)
-    assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
-
-
-def test_stepwise_path_passes_the_cache_verifier(monkeypatch):
-    """The verifier's harness (decode, prefill in chunks of 4, padded batch) on the stepwise path and prefill."""
-    from genprobe.verify import CompiledEngineAdapter, FullRecompute
-    from genprobe.verify.harness import ReferenceRun, verify_implementation
-
-    monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
-    model = _scaled_model(seed=6)
-    prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9]]
-    kinds = _spy_kinds(monkeypatch)
-    rep = verify_implementation(
-        CompiledEngineAdapter(model), ReferenceRun(FullRecompute(model), 12), prompts, steps=12, chunk_sizes=[1, 4]
-    )
-    assert rep.verdict == "pass", rep.to_dict()
-    assert {"prefill", "stepwise"} <= set(kinds)
-
-
 def test_weights_version_is_unique_to_a_model_object():
     """Two model objects never share a version, even over the very same tensors: ids and addresses of a freed
     model come back for the next one built like it, which must not inherit the freed model's frozen graph."""
@@ -424,3 +240,74 @@ def test_weights_version_is_unique_to_a_model_object():
     assert all(p is q for p, q in zip(a.parameters(), b.parameters(), strict=True))
     assert compiled_mod.weights_version(a) != compiled_mod.weights_version(b)
     assert compiled_mod.weights_version(a) == compiled_mod.weights_version(a)  # stable while nothing changes
+
+
+# ---- the quick-trained checkpoint (a model of the case study's size) -------------------------------------
+# Last in the file: the shared checkpoint is trained once per run (tests/conftest.py), and the vLLM tests' worker
+# starts by training it; this file's worker compiles the small models' graphs meanwhile instead of waiting.
+def test_static_cache_eager_matches_full_recomputation_every_step(trained):
+    """The fixed-shape cache (all slots attended, unwritten ones masked) equals recomputation."""
+    model, tok, _ = trained
+    ids = torch.tensor([tok.encode("白日依山盡，黃河入海流。")])
+    with torch.inference_mode():
+        full = model(ids)
+        cache = StaticKVCache.for_model(model.cfg, 1, max_len=ids.shape[1])
+        pre = model(ids[:, :4], cache=cache)
+        steps = [model(ids[:, t : t + 1], cache=cache)[:, 0] for t in range(4, ids.shape[1])]
+    assert torch.equal(pre, model(ids[:, :4]))  # eager calls attend over written slots only, like KVCache
+    assert float((pre - full[:, :4]).abs().max()) < 1e-5
+    worst = max(float((s - full[:, 4 + i]).abs().max()) for i, s in enumerate(steps))
+    assert worst < 1e-4, worst
+    assert cache.length == ids.shape[1]
+
+
+def test_compiled_generation_equals_eager_greedy_and_sampled_padded_batch(trained):
+    """Same tokens and per-step logits within 1e-4: greedy, and a left-padded sampled batch with eos."""
+    model, tok, _ = trained
+    prompt = tok.encode("白日依山盡，黃")
+    a = generate(model, [prompt], 40, compile=True, return_logits=True)
+    # Compilation really happened (scripts/setup.sh installs a C++ compiler): not the eager fallback.
+    assert compiled_mod.compile_error() is None, compiled_mod.compile_error()
+    b = generate(model, [prompt], 40, return_logits=True)
+    assert a.tokens == b.tokens
+    assert _max_diff(a, b) < 1e-4
+
+    prompts = [tok.encode("春眠"), tok.encode("白日依山盡，黃")]
+    s = SamplerConfig(temperature=0.9, top_k=20, repetition_penalty=1.2)
+    eos = tok.encode("。")[0]
+    a = generate(model, prompts, 30, sampler=s, seed=5, eos_id=eos, compile=True, return_logits=True)
+    b = generate(model, prompts, 30, sampler=s, seed=5, eos_id=eos, return_logits=True)
+    assert a.tokens == b.tokens and a.finished == b.finished
+    assert _max_diff(a, b) < 1e-4
+
+
+def test_compiled_adapter_passes_the_cache_verifier(trained):
+    """The verifier's own harness (decode, chunks of 4, padded batch) judges the compiled path a pass."""
+    from genprobe.verify import CompiledEngineAdapter, FullRecompute
+    from genprobe.verify.harness import ReferenceRun, verify_implementation
+
+    model, tok, _ = trained
+    prompts = [tok.encode("白日依山盡，黃"), tok.encode("春眠")]
+    rep = verify_implementation(
+        CompiledEngineAdapter(model), ReferenceRun(FullRecompute(model), 20), prompts, steps=20, chunk_sizes=[1, 4]
+    )
+    assert rep.verdict == "pass", rep.to_dict()
+
+
+def test_weights_edited_in_place_are_picked_up_by_the_compiled_graph(trained):
+    """The frozen graph holds the weights: editing them must recompile, not replay stale weights."""
+    model, tok, _ = trained
+    prompt = tok.encode("白日依山盡，黃")
+    # Compiled for the current weights (with logits: the graph the tests above compiled for these weights).
+    generate(model, [prompt], 40, compile=True, return_logits=True)
+    w = model.h[1].mlp.c_fc.weight
+    saved = w.detach().clone()
+    try:
+        with torch.no_grad():
+            w.mul_(1.5)
+        a = generate(model, [prompt], 40, compile=True, return_logits=True)
+        b = generate(model, [prompt], 40, return_logits=True)
+        assert _max_diff(a, b) < 1e-4
+    finally:
+        with torch.no_grad():
+            w.copy_(saved)

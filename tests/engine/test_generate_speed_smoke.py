@@ -34,28 +34,21 @@ def _has_ct2() -> bool:
     return importlib.util.find_spec("ctranslate2") is not None
 
 
+def _speed_argv(ckpt, out, batches: list[str], engines: list[str]) -> list[str]:
+    """generate_speed.py's arguments for a smoke run: 2 repetitions of 6 tokens, JSON, its files under ``out``."""
+    fixed = ["--ckpt", str(ckpt), "--out", str(out), "--reps", "2", "--new-tokens", "6", "--json"]
+    return [*fixed, "--batch", *batches, "--engines", *engines]
+
+
 def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
+    """Every engine but vLLM (its CPU kernels have no head size 16, and tests/serving covers it), at one batch size:
+    each compiled engine is a build of its own per batch size (the rows per batch size: the test below)."""
     mod = _load("generate_speed")
-    argv = [
-        "--ckpt",
-        str(ckpt),
-        "--batch",
-        "1",
-        "3",
-        "--reps",
-        "2",
-        "--new-tokens",
-        "6",
-        "--json",
-        "--out",
-        str(tmp_path / "o"),
-        "--engines",  # every engine but vLLM: its CPU kernels have no head size 16, and tests/serving covers it
-        *[e for e in mod.ENGINES if e != "vllm" and (e not in ("ct2", "ct2-1t") or _has_ct2())],
-    ]
-    assert mod.main(argv) == 0
+    engines = [e for e in mod.ENGINES if e != "vllm" and (e not in ("ct2", "ct2-1t") or _has_ct2())]
+    assert mod.main(_speed_argv(ckpt, tmp_path / "o", ["1"], engines)) == 0
     cap = capsys.readouterr()
     d = json.loads(cap.out)
-    assert [r["batch"] for r in d["rows"]] == [1, 3]
+    assert [r["batch"] for r in d["rows"]] == [1]
     ct2 = importlib.util.find_spec("ctranslate2") is not None
     narrow = {"cached-bf16", "compiled-bf16", "cached-int8", "compiled-int8"}  # opt-in engines, named explicitly
     expected = {"cached", "compiled", "naive", "hf"} | narrow | ({"ct2", "ct2-1t"} if ct2 else set())
@@ -73,6 +66,23 @@ def test_generate_speed_benchmark_smoke(ckpt, tmp_path, capsys):
     assert "2 repetition(s)" in cap.err  # fewer than 3: the benchmark says a busy repetition can decide
     assert (tmp_path / "o" / "speed-default.json").exists()
     assert "| batch |" in (tmp_path / "o" / "speed-default.md").read_text()
+
+
+def test_generate_speed_gives_a_row_per_batch_size(ckpt, tmp_path, capsys):
+    """Each batch size is a row of its own, its engines rebuilt for it and their tokens checked at that size; with
+    engines that compile nothing (a weight-only one among them, checked against its own eager engine)."""
+    mod = _load("generate_speed")
+    engines = {"cached", "naive", "hf", "cached-int8"}
+    assert mod.main(_speed_argv(ckpt, tmp_path / "o", ["1", "3"], sorted(engines))) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["batch"] for r in d["rows"]] == [1, 3]
+    for r in d["rows"]:
+        assert set(r["tokens_per_s"]) == engines and all(v > 0 for v in r["tokens_per_s"].values())
+        assert r["all_agree"] is True and set(r["greedy_tokens_agree"]) == engines
+        assert set(r["opt_in_tokens_matching_float32"]) == {"cached-int8"} and set(r["memory_mb"]) == engines
+        assert all(len(s["wall"]) == 2 for s in r["series"].values())
+    table = (tmp_path / "o" / "speed-default.md").read_text()
+    assert "| 1 |" in table and "| 3 |" in table
 
 
 def test_generate_speed_scaling_writes_table_and_plot(ckpt, tmp_path, capsys):

@@ -137,8 +137,13 @@ def build_program(model: GPT, batch: int, capacity: int, threads: int, kind: str
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     path = kernels.build.cache_dir().parent / "aot" / f"{cache_key(model, batch, capacity, threads)}-{kind}.pt2"
-    if path.exists():
-        return path
+    # Once per key, also across processes (a program takes 10-30 s of a core to compile).
+    kernels.build.build_once(path, lambda: _build_program(model, batch, capacity, threads, kind, path))
+    return path
+
+
+def _build_program(model: GPT, batch: int, capacity: int, threads: int, kind: str, path: Path) -> None:
+    """Export and compile the ``kind`` program into ``path`` (see :func:`build_program`)."""
     cache = tuple(_example_cache(model, batch, capacity).tensors())
     done = torch.zeros(batch, dtype=torch.bool)
     eos = torch.full((1,), -1, dtype=torch.long)
@@ -146,7 +151,7 @@ def build_program(model: GPT, batch: int, capacity: int, threads: int, kind: str
         ids = torch.zeros((batch, 1), dtype=torch.long)
         args = (ids, torch.ones_like(ids, dtype=torch.bool), done, eos, *cache)
         _compile(StepProgram(model), args, None, _inductor_config(model, batch, threads), path)
-        return path
+        return
     tokens = torch.export.Dim("tokens", min=2, max=capacity)
     ids = torch.zeros((batch, min(capacity, 8)), dtype=torch.long)
     valid = torch.ones_like(ids, dtype=torch.bool)
@@ -160,7 +165,6 @@ def build_program(model: GPT, batch: int, capacity: int, threads: int, kind: str
     else:
         dynamic = ({1: tokens}, {1: tokens}, (None,) * len(cache))  # the cache: the *args of forward
         _compile(ChunkProgram(model), (ids, valid, *cache), dynamic, cfg, path)
-    return path
 
 
 class AOTDecoder:

@@ -3,7 +3,8 @@
 Like ``torch.compile`` on CPU, this needs a C++ compiler; :func:`load` never raises for a machine that lacks one
 (or lacks AVX2): it returns a :class:`KernelStatus` saying why the kernels are unavailable, and the compiled decode
 path then keeps Inductor's own code for the products. The library is written once per (source, torch version,
-compiler, flags) into the cache directory, atomically, so concurrent first uses cannot load a half-written file.
+compiler, flags) into the cache directory, atomically, so concurrent first uses cannot load a half-written file, and
+once: one of them builds while the others wait (:func:`build_once`; a build takes ~35 s of a core).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 SOURCES = (Path(__file__).with_name("linear.cpp"), Path(__file__).with_name("decoder.cpp"))
 SOURCE = SOURCES[0]
@@ -191,6 +193,18 @@ def _build(command: Callable[[str, Path], list[str]], cxx: str, target: Path) ->
             os.unlink(tmp)
 
 
+def build_once(target: Path, build: Callable[[], None]) -> None:
+    """Run ``build``, which writes ``target`` atomically, unless ``target`` exists. A file lock beside it makes one
+    process build while the others that need it wait, instead of each building the same file (the test-suite's
+    workers start together)."""
+    if target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{target}.lock"):
+        if not target.exists():  # built by another process while this one waited
+            build()
+
+
 def _load() -> KernelStatus:
     if os.environ.get(DISABLE_ENV, "1") == "0":
         raise _Unavailable(f"turned off by {DISABLE_ENV}=0")
@@ -203,10 +217,8 @@ def _load() -> KernelStatus:
         raise _Unavailable("no C++ compiler found (install g++, or set CXX)")
     path = library_path(cxx)
     shim = shim_path(path)
-    if not path.exists():
-        _build(build_command, cxx, path)
-    if not shim.exists():
-        _build(shim_command, cxx, shim)
+    build_once(path, lambda: _build(build_command, cxx, path))
+    build_once(shim, lambda: _build(shim_command, cxx, shim))
     torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
     # Inductor's generated library calls the C shim by name: the shim's library (and only it: it has no
     # dependencies) goes into the global scope, pointed at this library's entry point.
