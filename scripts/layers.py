@@ -33,6 +33,7 @@ LAYERS = {
     "serving": 3,
     "experiments": 4,
     "report": 4,
+    "doctor": 4,
     "api": 5,
     "cli": 5,
     "__main__": 5,
@@ -44,6 +45,7 @@ PEERS = {
     ("serving", "loops"),  # a loop scan through vLLM reuses the scan's prompts, measures and tables
     ("serving", "verify"),  # verify-serving judges with verify's thresholds and verdicts
     ("experiments", "report"),  # the case study writes its report
+    ("doctor", "experiments"),  # doctor's built-in prompts are the phenomena's held-out inputs (default_inputs)
     ("__main__", "cli"),  # `python -m genprobe` is the CLI
 }
 

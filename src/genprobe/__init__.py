@@ -37,6 +37,7 @@ _EXPORTS = {
     "verify_cache": "genprobe.verify.api:verify_cache",
     "verify_caches": "genprobe.verify.api:verify_caches",
     "chapter_phenomena": "genprobe.api:chapter_phenomena",
+    "diagnose": "genprobe.api:diagnose",
     "PhenomenaConfig": "genprobe.experiments.phenomena:PhenomenaConfig",
     # what the functions above return (and what those results hold), for annotations and isinstance checks
     "ScanResult": "genprobe.loops.scan:ScanResult",
@@ -58,6 +59,8 @@ _EXPORTS = {
     "MutantTable": "genprobe.verify.api:MutantTable",
     "Thresholds": "genprobe.verify.compare:Thresholds",
     "ServingReport": "genprobe.serving.verify:ServingReport",  # importing it does not import vLLM
+    "DoctorReport": "genprobe.doctor:DoctorReport",
+    "Finding": "genprobe.doctor:Finding",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from .attention.leak import LeakReport
     from .attention.metrics import AttentionReport
+    from .doctor import DoctorReport
     from .engine.sampling import SamplerConfig
     from .experiments.phenomena import PhenomenaConfig, PhenomenaResult
     from .experiments.study import CaseStudy
@@ -250,3 +251,46 @@ def chapter_phenomena(
         Path(out).mkdir(parents=True, exist_ok=True)
         atomic_write_json(Path(out) / "phenomena.json", result.to_dict())
     return result
+
+
+def diagnose(
+    model: "Model",
+    *,
+    prompts: Sequence[str] | None = None,
+    sampling: "SamplerConfig | None" = None,
+    chat: bool = False,
+    serving: str | None = None,
+    quick: bool = False,
+    max_loop_rate: float | None = None,
+    with_edit: bool = False,
+    impl: str | None = None,
+    hf_position_ids: bool = True,
+    only: Sequence[str] | None = None,
+    seed: int = 0,
+    out: str | Path | None = None,
+    log: Callable[[str], None] = lambda msg: None,
+) -> "DoctorReport":
+    """Every check genprobe has, on ``model`` as the user runs it, in one :class:`~genprobe.doctor.DoctorReport`:
+    the model card and tokenizer facts, the inference path (caches, padding, ``serving="vllm"``), attention health,
+    degeneration under greedy and ``sampling`` on ``prompts`` (default: held-out prompts of the model's language),
+    which fix (the edit too with ``with_edit``); ``report.exit_status`` is 0 healthy, 1 bug, 4 warnings only.
+    ``impl`` ("module:factory") adds the user's cache implementation; ``hf_position_ids=False`` says the user's
+    code passes no position ids. With ``out``, writes prompts.txt, doctor.json and report.html there.
+    """
+    from .doctor import DoctorOptions, run_doctor
+    from .doctor.options import STAGES
+
+    opts = DoctorOptions(
+        prompts=prompts,
+        sampling=sampling,
+        chat=chat,
+        serving=serving,
+        quick=quick,
+        max_loop_rate=max_loop_rate,
+        with_edit=with_edit,
+        impl=impl,
+        hf_position_ids=hf_position_ids,
+        only=tuple(only) if only is not None else STAGES,
+        seed=seed,
+    )
+    return run_doctor(model, opts, out=out, log=log)

@@ -1,0 +1,131 @@
+"""``genprobe doctor MODEL``: every check in one report (``report.html`` + ``doctor.json``), exit status for CI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ._common import (
+    add_json_flag,
+    add_model_argument,
+    add_prompt_arguments,
+    emit_json,
+    info,
+    load_model_arg,
+    model_path,
+    out_dir,
+    read_prompts,
+)
+from ._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
+
+# genprobe.doctor.options.STAGES, spelled out so that building the parser does not import torch
+STAGES = ("card", "inference", "attention", "degeneration", "fixes")
+FILES = "report.html, doctor.json and prompts.txt"
+EPILOG = """\
+exit status: 0 healthy, 1 a bug found (a cache path that disagrees with recomputation, a padding leak, a broken
+tokenizer round trip, your cache implementation raising), 4 warnings only (e.g. a degenerate rate above
+--max-loop-rate, every generation degenerate, end-of-text equal to padding), 2 bad input.
+
+stages: card (architecture, weights per tensor type, tokenizer facts, generation defaults), inference (every
+cache path against full recomputation, padding leak, --serving vllm), attention (dead / sink-only / position-only
+heads), degeneration (calibrated loop rates for greedy and your sampler, end-of-text behaviour), fixes (the
+decode-time fixes your engine offers, --with-edit the weight edit; skipped by --quick). docs/doctor.md.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``doctor`` sub-command."""
+    p = sub.add_parser(
+        "doctor",
+        help="every check on MODEL and how you run it, in one report; exit status gates a release in CI",
+        description="Run every genprobe check on MODEL under your settings and write report.html + doctor.json "
+        "(every finding with its evidence and the command that reproduces it alone).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_argument(p)
+    add_prompt_arguments(p, help_default=" (default: held-out prompts of the model's language)")
+    add_sampler_arguments(p)
+    _add_doctor_arguments(p)
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat", action="store_true", help="give each prompt as a user turn through the chat template")
+    p.add_argument("--serving", choices=("vllm",), help="also check the serving engine's logits (extra genprobe[vllm])")
+    p.add_argument("--quick", action="store_true", help="the CI gate: fewer prompts and steps, no which-fix stage")
+    p.add_argument(
+        "--max-loop-rate", type=float, metavar="R", help="warn (exit 4) when a setting's degenerate rate exceeds R"
+    )
+    p.add_argument("--with-edit", action="store_true", help="also search the loop-repair weight edit (slow)")
+    p.add_argument("--impl", metavar="MOD:FACTORY", help="also verify your cache implementation: factory(model)")
+    p.add_argument(
+        "--hf-no-position-ids",
+        action="store_true",
+        help="your code drives the transformers model without position_ids: a left-padding leak is then a bug",
+    )
+    p.add_argument("--only", nargs="+", choices=STAGES, metavar="STAGE", help="run these stages: " + " ".join(STAGES))
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help=f"directory for {FILES}")
+
+
+def _options(args: argparse.Namespace, model):
+    from ..doctor import DoctorOptions
+
+    if args.chat and model.chat_template is None:
+        raise ValueError(f"--chat: the model {model_path(args)} has no chat template")
+    given = sampler_flags_given(args)
+    sampling = sampler_from_args(args, model.tokenizer) if given else None
+    return DoctorOptions(
+        prompts=read_prompts(args),
+        sampling=sampling,
+        chat=args.chat,
+        serving=args.serving,
+        quick=args.quick,
+        max_loop_rate=args.max_loop_rate,
+        with_edit=args.with_edit,
+        impl=args.impl,
+        hf_position_ids=not args.hf_no_position_ids,
+        only=tuple(args.only) if args.only else STAGES,
+        seed=args.seed,
+        sampling_flags=_typed_flags(args, given),
+    )
+
+
+def _typed_flags(args: argparse.Namespace, given: list[str]) -> tuple[str, ...]:
+    """The sampler flags given on this command line, with their values (for the reproducing commands)."""
+    out: list[str] = []
+    for flag in given:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is True:
+            out.append(flag)
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return tuple(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the arguments (exit 2 on bad input), run every stage, write the files, print the verdict."""
+    from ..doctor import run_doctor
+
+    out_dir(args.out, FILES)
+    if args.max_loop_rate is not None and not 0.0 <= args.max_loop_rate <= 1.0:
+        raise ValueError(f"--max-loop-rate must be in [0, 1], got {args.max_loop_rate}")
+    model = load_model_arg(args)
+    opts = _options(args, model)
+    if args.impl and os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
+        sys.path.insert(0, os.getcwd())
+    rep = run_doctor(model, opts, model_arg=model_path(args), out=args.out, log=info)
+    v = rep.verdict
+    for f in rep.findings:
+        if f.severity in ("bug", "warning"):
+            info(f"{f.severity.upper()}: [{f.stage}] {f.title}")
+    info(f"verdict: {v.verdict} (exit status {v.exit_status}); wrote {args.out / 'report.html'} and doctor.json")
+    if args.json:
+        emit_json(rep.to_dict())
+    return v.exit_status

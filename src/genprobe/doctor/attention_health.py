@@ -1,0 +1,154 @@
+"""Attention health: per-head entropy and long-range mass on held-out text (one layers × heads heatmap) and the
+heads that are dead (near-uniform), sink-only or position-only, each by a stated criterion, from
+:func:`genprobe.attention.capture.capture_attention` and :func:`genprobe.attention.metrics.per_position`."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from ..attention.capture import capture_attention
+from ..attention.metrics import per_position
+from .findings import Finding
+
+MIN_KEYS = 8  # rows with fewer visible keys are left out of every head mean (a short row is near-uniform anyway)
+DISTANCE = 8  # long-range mass: keys more than this many positions back
+DEAD_ENTROPY = 0.95  # mean normalised entropy at or above this: near-uniform ("dead")
+SINK_MASS = 0.9  # mean mass on the first token at or above this: sink-only
+POSITION_TV = 0.1  # mean total variation between the maps on the text and on its tokens shuffled: position-only
+DEAD_SHARE_WARN = 0.5  # this share of dead heads or more: the model looks untrained or broken
+CRITERIA = {
+    "dead": f"mean entropy / ln(visible keys) >= {DEAD_ENTROPY} over query rows with >= {MIN_KEYS} keys",
+    "sink": f"mean mass on the first token >= {SINK_MASS} over those rows",
+    "position": f"not dead nor sink, and the map on the text and on the same tokens shuffled differ by a mean total "
+    f"variation <= {POSITION_TV}: the head attends by position, not content",
+}
+
+
+@dataclass
+class HeadHealth:
+    """One head's means over query rows with enough keys, and its flag (None: none)."""
+
+    layer: int
+    head: int
+    norm_entropy: float
+    far_mass: float
+    sink_mass: float
+    content_tv: float
+    flag: str | None
+
+
+@dataclass
+class AttentionHealth:
+    """Every head's health on one held-out text (``tokens`` long), the flagged heads and the criteria."""
+
+    tokens: int
+    text: str | None
+    n_layer: int
+    n_head: int
+    implementation: str
+    heads: list[HeadHealth]
+    criteria: dict[str, str]
+    findings: list[Finding] = field(default_factory=list)
+
+    def flagged(self, flag: str) -> list[HeadHealth]:
+        """The heads carrying ``flag`` (dead, sink, position)."""
+        return [h for h in self.heads if h.flag == flag]
+
+    def grid(self) -> list[list[HeadHealth]]:
+        """The heads as rows of layers (what the heatmap draws)."""
+        return [[h for h in self.heads if h.layer == layer] for layer in range(self.n_layer)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON."""
+        return {
+            "tokens": self.tokens,
+            "text": self.text,
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "implementation": self.implementation,
+            "criteria": self.criteria,
+            "heads": [asdict(h) for h in self.heads],
+            "flagged": {k: [[h.layer, h.head] for h in self.flagged(k)] for k in CRITERIA},
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def probe_ids(model: Any, prompts: list[str] | None, length: int) -> list[int]:
+    """``length`` tokens of held-out text (the prompts, joined), or seeded random ids for a model without text."""
+    length = min(length, (model.max_positions or length))
+    ids: list[int] = []
+    if model.tokenizer is not None and prompts:
+        sep = "" if model.tokenizer.kind == "char" else " "
+        text = ""
+        for p in prompts:  # only as many prompts as fill ``length`` tokens (a tokenizer may warn past its limit)
+            text = text + sep + p if text else p
+            if len(text) >= 4 * length:
+                break
+        ids = model.encode(text)[:length]
+    if len(ids) < 2 * MIN_KEYS:
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(2 if model.vocab_size > 3 else 0, model.vocab_size, (length,), generator=g).tolist()
+    return ids
+
+
+def _means(pp: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """(L, H) means of each metric over the rows kept."""
+    return {k: pp[k][:, :, rows].nanmean(-1) for k in ("norm_entropy", "far_mass", "sink_mass")}
+
+
+def _content_tv(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(L, H) mean total variation between two captures' attention rows."""
+    return 0.5 * (a[:, :, rows] - b[:, :, rows]).abs().sum(-1).mean(-1)
+
+
+def _flag(ent: float, sink: float, tv: float) -> str | None:
+    if ent >= DEAD_ENTROPY:
+        return "dead"
+    if sink >= SINK_MASS:
+        return "sink"
+    return "position" if tv <= POSITION_TV else None
+
+
+def attention_health(model: Any, prompts: list[str] | None, length: int, model_arg: str) -> AttentionHealth:
+    """Capture attention on held-out text and on its tokens shuffled; per-head means, flags, findings."""
+    ids = probe_ids(model, prompts, length)
+    shuffled = [ids[i] for i in torch.randperm(len(ids), generator=torch.Generator().manual_seed(1)).tolist()]
+    cap, other = capture_attention(model.module, ids), capture_attention(model.module, shuffled)
+    pp = per_position(cap.probs, cap.visible, cap.positions, DISTANCE)
+    rows = pp["n_visible"] >= MIN_KEYS
+    m, tv = _means(pp, rows), _content_tv(cap.probs, other.probs, rows)
+    heads = []
+    for layer in range(cap.n_layer):
+        for head in range(cap.n_head):
+            ent, far, sink = (float(m[k][layer, head]) for k in ("norm_entropy", "far_mass", "sink_mass"))
+            t = float(tv[layer, head])
+            heads.append(HeadHealth(layer, head, ent, far, sink, t, _flag(ent, sink, t)))
+    text = model.decode(ids) if model.tokenizer is not None and prompts else None
+    res = AttentionHealth(len(ids), text, cap.n_layer, cap.n_head, cap.implementation, heads, dict(CRITERIA))
+    res.findings = _findings(res, _command(model_arg, text, ids))
+    return res
+
+
+def _command(model_arg: str, text: str | None, ids: list[int]) -> str:
+    what = f"--prompt {shlex.quote(text)}" if text is not None else "--ids " + " ".join(map(str, ids))
+    return f"genprobe attention heads {model_arg} {what} --distance {DISTANCE}"
+
+
+def _findings(res: AttentionHealth, command: str) -> list[Finding]:
+    total = len(res.heads)
+    out = []
+    for flag, what in (("dead", "near-uniform (dead)"), ("sink", "sink-only"), ("position", "position-only")):
+        heads = res.flagged(flag)
+        sev = "info" if heads else "ok"
+        if flag == "dead" and total and len(heads) / total >= DEAD_SHARE_WARN:
+            sev = "warning"
+        where = ", ".join(f"L{h.layer}H{h.head}" for h in heads[:12]) + (" …" if len(heads) > 12 else "")
+        title = f"{len(heads)} of {total} heads {what}" + (f": {where}" if heads else "")
+        crit = CRITERIA[flag] + (f"; {DEAD_SHARE_WARN:.0%} of heads or more dead warns" if flag == "dead" else "")
+        ev = {"heads": [[h.layer, h.head] for h in heads], "of": total}
+        out.append(Finding("attention", f"heads.{flag}", sev, title, ev, crit, command))
+    return out

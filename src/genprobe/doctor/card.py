@@ -1,0 +1,158 @@
+"""The model card: architecture, size, weights' dtype (and a GGUF file's quantization) per tensor type, context
+length, generation defaults; the tokenizer's facts live in :mod:`genprobe.doctor.tokenizer_facts`."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .findings import Finding
+from .tokenizer_facts import TokenizerFacts, tokenizer_facts, tokenizer_findings
+
+_LAYER_INDEX = re.compile(r"\.\d+\.")
+_GGUF_BLOCK = re.compile(r"^blk\.\d+\.")
+GENERATION_KEYS = (
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "max_new_tokens",
+    "max_length",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)
+
+
+@dataclass
+class TensorGroup:
+    """Parameters of one tensor type (the name with layer indices as ``*``): dtype, tensors, values."""
+
+    name: str
+    dtype: str
+    tensors: int
+    parameters: int
+    gguf_types: dict[str, int] | None = None  # the GGUF file's quantization types of these tensors
+
+
+@dataclass
+class ModelCard:
+    """What can be read off the model without running it, and its tokenizer's facts."""
+
+    source: str | None
+    kind: str
+    arch: str
+    parameters: int
+    vocab_size: int
+    context_length: int | None
+    window: int | None
+    layers: int
+    tensors: list[TensorGroup]
+    gguf: dict[str, Any] | None
+    generation_defaults: dict[str, Any] | None
+    tokenizer: TokenizerFacts | None
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON."""
+        return {
+            "source": self.source,
+            "kind": self.kind,
+            "arch": self.arch,
+            "parameters": self.parameters,
+            "vocab_size": self.vocab_size,
+            "context_length": self.context_length,
+            "window": self.window,
+            "layers": self.layers,
+            "tensors": [t.__dict__ for t in self.tensors],
+            "gguf": self.gguf,
+            "generation_defaults": self.generation_defaults,
+            "tokenizer": None if self.tokenizer is None else self.tokenizer.to_dict(),
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def gguf_role(name: str) -> str:
+    """A GGUF tensor name with its block index as ``*`` (``blk.3.attn_q.weight`` → ``blk.*.attn_q.weight``)."""
+    return _GGUF_BLOCK.sub("blk.*.", name)
+
+
+def tensor_groups(model: Any) -> list[TensorGroup]:
+    """The module's parameters grouped by tensor type, with the GGUF file's quantization types when it had one."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for name, p in model.module.named_parameters():
+        key = (_LAYER_INDEX.sub(".*.", name), str(p.dtype).replace("torch.", ""))
+        groups.setdefault(key, []).append(p.numel())
+    out = [TensorGroup(n, dt, len(v), sum(v)) for (n, dt), v in groups.items()]
+    gguf = model.meta.get("gguf")
+    if gguf:
+        by_role: dict[str, Counter[str]] = {}
+        for tname, qtype in dict(gguf.get("tensor_types", {})).items():
+            by_role.setdefault(gguf_role(tname), Counter())[qtype] += 1
+        out += [TensorGroup(f"gguf:{r}", "gguf", sum(c.values()), 0, dict(c)) for r, c in by_role.items()]
+    return out
+
+
+def generation_defaults(model: Any) -> dict[str, Any] | None:
+    """The transformers ``generation_config`` values that change decoding (None for a genprobe checkpoint)."""
+    gc = getattr(model.module, "generation_config", None)
+    if gc is None:
+        return None
+    return {k: getattr(gc, k, None) for k in GENERATION_KEYS if getattr(gc, k, None) is not None}
+
+
+def _layers(model: Any) -> int:
+    return len(model.mlp_sites())
+
+
+def model_card(model: Any, prompts: list[str] | None, chat: bool, command: str) -> ModelCard:
+    """The card of ``model`` and its findings (tokenizer checks on ``prompts``; ``command`` reproduces them)."""
+    facts = None if model.tokenizer is None else tokenizer_facts(model, prompts or [], chat)
+    gen = generation_defaults(model)
+    card = ModelCard(
+        source=str(model.source) if model.source else None,
+        kind=model.kind,
+        arch=model.arch,
+        parameters=model.num_parameters(),
+        vocab_size=model.vocab_size,
+        context_length=model.max_positions,
+        window=model.window,
+        layers=_layers(model),
+        tensors=tensor_groups(model),
+        gguf=_gguf_summary(model.meta.get("gguf")),
+        generation_defaults=gen,
+        tokenizer=facts,
+    )
+    card.findings = tokenizer_findings(facts, chat, command) + _generation_findings(model, gen, command)
+    return card
+
+
+def _gguf_summary(gguf: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not gguf:
+        return None
+    return {k: gguf.get(k) for k in ("path", "architecture", "name", "context_length", "type_counts", "sha256")}
+
+
+def _generation_findings(model: Any, gen: dict[str, Any] | None, command: str) -> list[Finding]:
+    """The generation config's end token against the tokenizer's (a mismatch stops generation at the wrong id)."""
+    if not gen or model.tokenizer is None or model.eos_id is None or "eos_token_id" not in gen:
+        return []
+    ids = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
+    if model.eos_id in ids:
+        return []
+    return [
+        Finding(
+            "card",
+            "generation.eos",
+            "warning",
+            f"generation_config stops at id(s) {ids}, the tokenizer's end token is {model.eos_id}",
+            {"generation_eos": ids, "tokenizer_eos": model.eos_id},
+            "the tokenizer's end-of-text id must be among generation_config.eos_token_id",
+            command,
+        )
+    ]

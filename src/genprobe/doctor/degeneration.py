@@ -1,0 +1,212 @@
+"""Degeneration under the user's own settings: calibrated loop / near-loop / degenerate rates with 95% intervals
+and the human false-positive rate beside them, for greedy and for the user's sampler (:func:`genprobe.loops.
+scan_settings.scan_loop_settings`), with examples; and the end-of-text behaviour — how often a generation ends
+when the end token is allowed (the scans ban it: the rates describe the model forced to continue)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..engine.sampling import SamplerConfig
+from ..engine.text import complete
+from ..loops.prompts import is_cjk
+from ..loops.scan import calibrate_for_scan, greedy_sampler
+from ..loops.scan_settings import LoopScans, scan_loop_settings
+from ..metrics import LoopCalibration, wilson_interval
+from .findings import Finding
+from .inputs import vocab_key
+from .options import DoctorOptions
+
+GREEDY, YOURS, DEFAULTS = "greedy", "your sampler", "generation_config"
+EVERY_PROMPT = "every generation degenerate (an exact loop, a near loop or a repetitive tail) warns"
+
+
+@dataclass
+class EndOfText:
+    """Generations with the end token allowed: how many ended before the limit, per setting."""
+
+    eos_id: int
+    max_new_tokens: int
+    ended: dict[str, int]
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON with rates and Wilson intervals."""
+        return {
+            "eos_id": self.eos_id,
+            "max_new_tokens": self.max_new_tokens,
+            "n": self.n,
+            "settings": {
+                k: {"ended": v, "rate": v / self.n if self.n else 0.0, "ci95": list(wilson_interval(v, self.n))}
+                for k, v in self.ended.items()
+            },
+        }
+
+
+@dataclass
+class Degeneration:
+    """The loop scans of the prompts under each setting, the calibration behind them, the end-token behaviour."""
+
+    prompts: list[str]
+    prompt_source: str
+    chat: bool
+    settings: dict[str, SamplerConfig]
+    scans: LoopScans
+    calibration: LoopCalibration | None
+    calibration_error: str | None
+    end_of_text: EndOfText | None
+    findings: list[Finding] = field(default_factory=list)
+
+    def rates(self, name: str) -> Any:
+        """The :class:`~genprobe.loops.scan.LoopRates` of one setting."""
+        return self.scans.scans[name].summary
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: the scans (settings, summary, first generations as examples), calibration, end token."""
+        return {
+            "prompts": self.prompts,
+            "prompt_source": self.prompt_source,
+            "chat": self.chat,
+            "settings": {k: v.to_dict() for k, v in self.settings.items()},
+            "scans": self.scans.to_dict(with_records=False),
+            "calibration_error": self.calibration_error,
+            "end_of_text": None if self.end_of_text is None else self.end_of_text.to_dict(),
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def defaults_sampler(gen: dict[str, Any] | None) -> tuple[SamplerConfig, list[str]] | None:
+    """The model's generation_config as a sampler (transformers semantics) and its flags, when it samples."""
+    if not gen or not gen.get("do_sample"):
+        return None
+    keys = {
+        "temperature": "--temperature",
+        "top_k": "--top-k",
+        "top_p": "--top-p",
+        "min_p": "--min-p",
+        "repetition_penalty": "--repetition-penalty",
+    }
+    given = {k: gen[k] for k in keys if gen.get(k) is not None}
+    flags = ["--preset", "hf"] + [w for k, v in given.items() for w in (keys[k], str(v))]
+    return SamplerConfig.preset("hf", **given), flags
+
+
+def decoding_settings(opts: DoctorOptions, gen: dict[str, Any] | None) -> dict[str, tuple[SamplerConfig, list[str]]]:
+    """Greedy, and the user's sampler (else the model's generation defaults when they sample), with their flags."""
+    out = {GREEDY: (greedy_sampler(), ["--setting", "greedy"])}
+    if opts.sampling is not None:
+        out[YOURS] = (opts.sampling, ["--setting", "sample", *opts.sampling_flags])
+    elif (d := defaults_sampler(gen)) is not None:
+        out[DEFAULTS] = (d[0], ["--setting", "sample", *d[1]])
+    return out
+
+
+_CALIBRATIONS: dict[tuple[Any, ...], LoopCalibration] = {}  # (tokenizer, length, script) -> calibration, per process
+
+
+def _calibrate(model: Any, prompts: list[str], tokens: int) -> tuple[LoopCalibration | None, str | None]:
+    """Detectors calibrated on human text of the prompts' language; the reason when that text is unavailable."""
+    key = (vocab_key(model), model.unk_id, tokens, is_cjk(prompts))
+    try:
+        if key not in _CALIBRATIONS:
+            _CALIBRATIONS[key] = calibrate_for_scan(model.tokenizer, tokens, prompts, unk_id=model.unk_id)
+        return _CALIBRATIONS[key], None
+    except (ValueError, FileNotFoundError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def end_of_text(model: Any, texts: list[str], settings: dict[str, SamplerConfig], tokens: int, seed: int) -> Any:
+    """How many generations end before ``tokens`` when the end token is allowed (None: the model has none)."""
+    if model.eos_id is None or not texts:
+        return None
+    ended = {}
+    for name, sampler in settings.items():
+        outs = complete(model, texts, sampler, tokens, seed, stop_at_eos=True)
+        ended[name] = sum(1 for c in outs if c.finished == "eos")
+    return EndOfText(int(model.eos_id), tokens, ended, len(texts))
+
+
+def degeneration(
+    model: Any,
+    prompts: list[str],
+    source: str,
+    opts: DoctorOptions,
+    gen: dict[str, Any] | None,
+    model_arg: str,
+    log: Callable[[str], None],
+) -> Degeneration:
+    """Scan the prompts under greedy and the user's settings, calibrated; the end-of-text behaviour; findings."""
+    b = opts.plan
+    named = decoding_settings(opts, gen)
+    settings = {k: v[0] for k, v in named.items()}
+    calibration, cal_error = _calibrate(model, prompts, b.scan_tokens)
+    if cal_error:
+        log(f"  detectors not calibrated: {cal_error}")
+    texts = [model.chat_prompt(p) for p in prompts] if opts.chat else list(prompts)
+    scans = scan_loop_settings(
+        model,
+        texts,
+        settings,
+        max_new_tokens=b.scan_tokens,
+        seed=opts.seed,
+        calibration=calibration,
+        prompt_source=source + (" (chat template)" if opts.chat else ""),
+        log=log,
+    )
+    eot = end_of_text(model, texts[: b.eos_prompts], settings, b.scan_tokens, opts.seed)
+    res = Degeneration(list(prompts), source, opts.chat, settings, scans, calibration, cal_error, eot)
+    base = f"genprobe loops scan {model_arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens}"
+    base += " --chat" if opts.chat else ""
+    base += " --no-calibrate" if calibration is None else ""
+    res.findings = [_rate_finding(res, k, opts, base + " " + shlex.join(named[k][1])) for k in named]
+    res.findings += _eot_findings(res, model_arg, opts.chat)
+    return res
+
+
+def _rate_finding(res: Degeneration, name: str, opts: DoctorOptions, command: str) -> Finding:
+    r = res.rates(name)
+    fpr = (r.human_fpr or {}).get("degenerate", {})
+    ev = {
+        "setting": name,
+        "n": r.n,
+        "degenerate_rate": r.degenerate_rate,
+        "degenerate_ci95": r.degenerate_rate_ci95,
+        "loop_rate": r.loop_rate,
+        "loop_ci95": r.loop_rate_ci95,
+        "near_loop_rate": r.near_loop_rate,
+        "near_loop_ci95": r.near_loop_rate_ci95,
+        "human_fpr": fpr.get("rate"),
+        "human_fpr_ci95": fpr.get("ci95"),
+        "max_loop_rate": opts.max_loop_rate,
+    }
+    lo, hi = r.degenerate_rate_ci95
+    title = (
+        f"{name}: degenerate {r.degenerate_rate:.1%} [{lo:.1%}–{hi:.1%}] of {r.n}, exact loops "
+        f"{r.loop_rate:.1%}, near loops {r.near_loop_rate:.1%}"
+    )
+    if fpr.get("rate") is not None:
+        title += f"; human text flagged {fpr['rate']:.1%}"
+    crit = EVERY_PROMPT
+    sev = "info"
+    if opts.max_loop_rate is not None:
+        crit += f"; a degenerate rate above --max-loop-rate {opts.max_loop_rate:g} warns"
+        sev = "warning" if r.degenerate_rate > opts.max_loop_rate else "ok"
+    if r.n and r.degenerate == r.n:
+        sev, title = "warning", f"{name}: every generation degenerates ({r.n} of {r.n}); " + title.split(": ", 1)[1]
+    return Finding("degeneration", f"loops.{name}", sev, title, ev, crit, command)
+
+
+def _eot_findings(res: Degeneration, model_arg: str, chat: bool) -> list[Finding]:
+    e = res.end_of_text
+    if e is None:
+        return []
+    d = e.to_dict()
+    parts = [f"{k} {v['rate']:.0%}" for k, v in d["settings"].items()]
+    never = all(v == 0 for v in e.ended.values())
+    title = f"with the end token allowed, generations end within {e.max_new_tokens} tokens: " + ", ".join(parts)
+    crit = "share of generations that emit the end-of-text token before the limit (reported; never ending is info)"
+    cmd = f"genprobe generate {model_arg} --greedy --max-new-tokens {e.max_new_tokens}" + (" --chat" if chat else "")
+    cmd += " --prompt " + shlex.quote(res.prompts[0])
+    return [Finding("degeneration", "end_of_text", "info" if never else "ok", title, d, crit, cmd)]

@@ -1,0 +1,178 @@
+"""Which fix: the decode-time fixes the user's engine offers, side by side on the same prompts
+(:func:`genprobe.loops.compare.compare_fixes`), optionally the weight edit found by the existing repair
+(:func:`genprobe.api.repair_loops`'s pipeline, :func:`genprobe.loops.repair.repair`), and a recommendation that
+states its evidence and its cost."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..loops.compare import CompareConfig, CompareResult, compare_fixes
+from ..loops.compare_methods import EDIT
+from ..loops.study import RepairConfig, RepairInputs
+from ..metrics import LoopCalibration
+from .findings import Finding
+from .options import DoctorOptions
+
+# The decode-time fixes each engine offers (loops compare's method names); None: genprobe's engine (all of them).
+ENGINE_METHODS: dict[str | None, tuple[str, ...]] = {
+    None: ("sample", "rep-1.2", "no-repeat-3", "pres-freq", "dry"),
+    "genprobe": ("sample", "rep-1.2", "no-repeat-3", "pres-freq", "dry"),
+    "hf": ("sample", "rep-1.2", "no-repeat-3", "contrastive"),
+    "vllm": ("sample", "rep-1.2", "pres-freq"),
+    "llama.cpp": ("sample", "rep-1.2", "pres-freq", "dry", "xtc"),
+}
+EDIT_CONFIG = dict(
+    n_direction=64,
+    n_search=32,
+    n_validate=32,
+    ks=(8,),
+    forms=("subtract",),
+    transfer=0,
+    plain_greedy_check=0,
+    regression_windows=32,
+    search_prone=16,
+    search_control=32,
+)
+
+
+@dataclass
+class FixComparison:
+    """The comparison, the repair's summary when the edit was tried, and the recommendation."""
+
+    engine: str
+    methods: list[str]
+    compare: CompareResult
+    repair: dict[str, Any] | None
+    recommendation: str
+    findings: list[Finding] = field(default_factory=list)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per method: degenerate rate with its interval, exact loops, speed, NLL per character."""
+        return [
+            {
+                "name": m.method.name,
+                "label": m.method.label,
+                "degenerate_rate": m.rates.degenerate_rate,
+                "degenerate_ci95": m.rates.degenerate_rate_ci95,
+                "loop_rate": m.rates.loop_rate,
+                "speed_vs_greedy": m.cost.speed_vs_greedy,
+                "nll_per_char": m.own.nll_per_char,
+                "sample": m.samples[0] if m.samples else None,
+            }
+            for m in self.compare.methods
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: the rows, the comparison's best choice and rule, the repair, the recommendation."""
+        c = self.compare.to_dict()
+        return {
+            "engine": self.engine,
+            "methods": self.methods,
+            "rows": self.rows(),
+            "best": c["best"],
+            "best_rule": c["best_rule"],
+            "n_prompts": c["n_prompts"],
+            "max_new_tokens": c["config"]["max_new_tokens"],
+            "repair": self.repair,
+            "recommendation": self.recommendation,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _edit(model: Any, prompts: list[str], val_text: str, cfg: RepairConfig, log: Callable[[str], None]) -> Any:
+    """The repair's patch (None when no edit passed its limits) and its report's summary."""
+    from ..loops.repair import repair
+
+    inputs = RepairInputs.from_prompts(prompts, val_text, cfg, "doctor prompts", "doctor validation text")
+    report, patch = repair(model, inputs, cfg, log=log)
+    d = report.to_dict()
+    summary = {k: d.get(k) for k in ("verdict", "patch", "timings_s")}
+    return patch, summary
+
+
+def compare(
+    model: Any,
+    prompts: list[str],
+    edit_prompts: list[str],
+    val_text: str | None,
+    opts: DoctorOptions,
+    calibration: LoopCalibration | None,
+    model_arg: str,
+    log: Callable[[str], None],
+) -> FixComparison:
+    """Compare the engine's fixes on ``prompts`` (and the edit searched on ``edit_prompts`` when asked)."""
+    b = opts.plan
+    methods = list(ENGINE_METHODS.get(opts.engine, ENGINE_METHODS[None]))
+    patch, repair_summary = None, None
+    if opts.with_edit:
+        if val_text is None:
+            raise ValueError("the weight edit needs held-out text of the model's language for its regression limits")
+        cfg = RepairConfig(max_new_tokens=b.scan_tokens, seed=opts.seed, **EDIT_CONFIG)  # type: ignore[arg-type]
+        if calibration is not None:
+            cfg.loop = calibration.settings
+        patch, repair_summary = _edit(model, edit_prompts, val_text, cfg, log)
+        methods += [EDIT] if patch is not None else []
+    loop = calibration.settings if calibration is not None else CompareConfig().loop
+    cc = CompareConfig(
+        max_new_tokens=b.scan_tokens,
+        batch_size=64,
+        seed=opts.seed,
+        loop=loop,
+        methods=tuple(["greedy", *methods]),
+        timing_rounds=1,
+        samples=2,
+    )
+    result = compare_fixes(model, prompts, cc, patch=patch, prompt_source="doctor prompts", log=log)
+    fc = FixComparison(opts.engine or "genprobe", ["greedy", *methods], result, repair_summary, "")
+    fc.recommendation = recommend(fc)
+    cmd = (
+        f"genprobe loops compare {model_arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens} "
+        f"--methods {shlex.join(['greedy', *[m for m in methods if m != EDIT]])}"
+    )
+    fc.findings = [
+        Finding(
+            "fixes",
+            "which_fix",
+            "info",
+            fc.recommendation,
+            {"rows": fc.rows(), "best": result.best.to_dict() if result.best else None, "repair": repair_summary},
+            result.best.rule if result.best else None,
+            cmd,
+        )
+    ]
+    return fc
+
+
+def recommend(fc: FixComparison) -> str:
+    """One paragraph: the best decode-time fix against greedy with its evidence and cost, the edit's when tried."""
+    rows = {r["name"]: r for r in fc.rows()}
+    greedy = rows["greedy"]
+    best = fc.compare.best
+    if best is None or best.name is None:
+        return "no decode-time fix was compared"
+    r = rows[best.name]
+    speed, n = r["speed_vs_greedy"], len(fc.compare.prompts)
+    cost = "speed not measured" if speed is None else f"{speed:.2f}x greedy's speed"
+    text = (
+        f"{'use' if best.acceptable else 'no fix met every limit; least bad:'} {r['label']} — degenerate "
+        f"{r['degenerate_rate']:.1%} vs greedy {greedy['degenerate_rate']:.1%} on {n} prompts; cost {cost}, NLL "
+        f"{_nll(r['nll_per_char'])} vs greedy {_nll(greedy['nll_per_char'])} nats/char under the model"
+    )
+    if EDIT in rows:
+        e = rows[EDIT]
+        helps = "lowers" if e["degenerate_rate"] < greedy["degenerate_rate"] else "does not lower"
+        search_s = (fc.repair or {}).get("timings_s", {}).get("total")
+        text += (
+            f". The weight edit {helps} greedy's rate: degenerate {e['degenerate_rate']:.1%}, no decode-time cost "
+            f"(a one-off search of {'?' if search_s is None else f'{search_s:.0f}'} s, a reversible patch)"
+        )
+    elif fc.repair is not None:
+        text += f". The weight edit search found no edit within its limits ({fc.repair.get('verdict')})"
+    return text
+
+
+def _nll(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3f}"

@@ -1,0 +1,267 @@
+"""The inference path: the model's own caches (our engine; the installed ``transformers`` cache classes that apply,
+the sliding one when the config has a window) and the user's cache implementation against full recomputation
+(:func:`genprobe.verify.api.verify_caches`), padding leak (:func:`genprobe.attention.leak.padding_leak`) and, when
+asked, the serving engine's logits (:mod:`genprobe.serving`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..attention.leak import LEAK_THRESHOLD, LeakReport, padding_leak
+from ..verify.api import CacheVerification, verify_caches
+from .findings import Finding
+from .options import DoctorOptions
+
+VERDICT_SEVERITY = {
+    "pass": "ok",
+    "small": "info",
+    "suspicious": "warning",
+    "bug": "bug",
+    "error": "bug",
+    "unavailable": "info",
+}
+VERIFY_CRITERION = (
+    "each phase's max |Δlogit| against full recomputation: below max(1e-4, 4 x the reference's own noise floor) "
+    "pass, above 1 (or 1 standard deviation of the reference logits) bug; an implementation that raises is a bug"
+)
+LEAK_CRITERION = (
+    "a sequence's logits alone vs inside left- and right-padded batches: max |Δlogit| <= the caches' pass line "
+    "(1e-4, raised to 4 x the model's measured noise floor)"
+)
+LEAK_TEXTS = 3
+
+
+@dataclass
+class InferenceCheck:
+    """The inference path's reports: the model's own caches, the user's implementation, padding, serving."""
+
+    caches: CacheVerification
+    impl: CacheVerification | None
+    leak: LeakReport
+    leak_no_position_ids: LeakReport | None
+    serving: dict[str, Any] | None
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def noise_floor(self) -> dict[str, Any] | None:
+        """The reference's own float noise on this model (what the pass line is raised by)."""
+        return self.caches.noise_floor
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON."""
+        return {
+            "caches": self.caches.to_dict(),
+            "impl": None if self.impl is None else self.impl.to_dict(),
+            "padding_leak": self.leak.to_dict(),
+            "padding_leak_no_position_ids": None
+            if self.leak_no_position_ids is None
+            else self.leak_no_position_ids.to_dict(),
+            "serving": self.serving,
+            "noise_floor": self.noise_floor,
+            "pass_line": self.caches.pass_line,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def cache_kinds(model: Any, opts: DoctorOptions) -> tuple[str, ...]:
+    """The transformers cache classes that apply: the default one (quick), dynamic + static (+ sliding when the
+    config has a window) in a full run; none for a genprobe model (its engine's cache is verified)."""
+    if model.kind != "hf" or not opts.plan.all_cache_classes:
+        return ()
+    return ("dynamic", "static") + (("sliding",) if model.window is not None else ())
+
+
+def verify_prompts(model: Any, prompts: list[str] | None, steps: int) -> list[list[int]] | None:
+    """Two of the prompts (distinct lengths where possible, cut to leave room for ``steps``) as ids; None: the
+    verifier's defaults (random ids for a model without a tokenizer)."""
+    if model.tokenizer is None or not prompts:
+        return None
+    room = max(1, min(24, (model.max_positions or 64) - steps - 1))
+    seqs = [ids[:room] for ids in (model.encode(p) for p in prompts[:8]) if ids]
+    by_len = {len(s): s for s in seqs}
+    picked = [by_len[n] for n in sorted(by_len, reverse=True)][:2]
+    return picked if len(picked) == 2 else (seqs[:2] or None)
+
+
+def _verify(
+    model: Any, opts: DoctorOptions, impl: str | None, prompts: list[str] | None, log: Callable[[str], None]
+) -> CacheVerification:
+    b = opts.plan
+    return verify_caches(
+        model,
+        impl,
+        prompts=verify_prompts(model, prompts, b.verify_steps),
+        hf_caches=() if impl is not None else cache_kinds(model, opts),
+        max_new_tokens=b.verify_steps,
+        chunk_sizes=b.verify_chunks,
+        hf_position_ids=opts.hf_position_ids,
+        prefix_reuse=b.verify_prefix_reuse,
+        log=log,
+    )
+
+
+def leak_sequences(model: Any, prompts: list[str] | None) -> list[list[int]]:
+    """Up to three sequences of different lengths: the prompts' ids (cut to fit the context), else fixed ids."""
+    room = min(48, (model.max_positions or 64) - 4)
+    seqs: list[list[int]] = []
+    if model.tokenizer is not None and prompts:
+        seqs = [ids[:room] for ids in (model.encode(p) for p in prompts[: 4 * LEAK_TEXTS]) if ids]
+    if len({len(s) for s in seqs}) < 2:  # no text, or all of one length: fixed ids of three lengths
+        lo = 2 if model.vocab_size > 3 else 0
+        seqs = [[lo + (7 * i + j) % (model.vocab_size - lo) for j in range(n)] for i, n in enumerate((5, 9, 16))]
+        seqs = [s[:room] for s in seqs]
+    by_len = {len(s): s for s in seqs}
+    return [by_len[n] for n in sorted(by_len)][:LEAK_TEXTS]
+
+
+def check_inference(
+    model: Any, opts: DoctorOptions, prompts: list[str] | None, model_arg: str, log: Callable[[str], None]
+) -> InferenceCheck:
+    """Verify the model's caches and the user's, padding, and the serving engine when asked."""
+    caches = _verify(model, opts, None, prompts, log)
+    impl = _verify(model, opts, opts.impl, prompts, log) if opts.impl else None
+    seqs = leak_sequences(model, prompts)
+    line = max(LEAK_THRESHOLD, caches.pass_line or 0.0)  # a deep model's own float noise is not a leak
+    leak = padding_leak(model.module, seqs, model.pad_id, position_ids=True, threshold=line)
+    bare = None
+    if model.kind == "hf":
+        bare = padding_leak(model.module, seqs, model.pad_id, position_ids=False, threshold=line)
+    serving = _serving(model, opts, log) if opts.serving else None
+    check = InferenceCheck(caches, impl, leak, bare, serving)
+    check.findings = _findings(check, opts, model, model_arg)
+    return check
+
+
+def vllm_installed() -> bool:
+    """Whether the optional vLLM extra is importable here (nothing is imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _serving(model: Any, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    """vLLM's float32 deployment of the model against float32 recomputation (``verify-serving``)."""
+    if not vllm_installed():
+        return {"verdict": "unavailable", "reason": "vLLM is not installed (pip install 'genprobe[vllm]')"}
+    from ..serving.verify import verify_serving
+
+    if model.source is None:
+        return {"verdict": "unavailable", "reason": "the model has no directory on disk to serve"}
+    report = verify_serving(str(model.source), dtypes=("float32",), steps=opts.plan.verify_steps, log=log)
+    return report.to_dict()
+
+
+def _verify_command(model_arg: str, opts: DoctorOptions, kinds: tuple[str, ...], impl: str | None) -> str:
+    b = opts.plan
+    parts = [
+        f"genprobe verify-cache {model_arg}",
+        f"--max-new-tokens {b.verify_steps}",
+        "--chunk-sizes " + " ".join(map(str, b.verify_chunks)),
+    ]
+    if impl:
+        parts.append(f"--impl {impl}")
+    if kinds:
+        parts.append("--hf-cache " + " ".join(kinds))
+    if not b.verify_prefix_reuse:
+        parts.append("--no-prefix-reuse")
+    if not opts.hf_position_ids:
+        parts.append("--hf-no-position-ids")
+    return " ".join(parts)
+
+
+def _cache_findings(result: CacheVerification, command: str) -> list[Finding]:
+    out = []
+    for r in result.reports:
+        sev = VERDICT_SEVERITY.get(r.verdict, "warning")
+        worst = r.worst_phase
+        ev = {
+            "impl": r.impl,
+            "verdict": r.verdict,
+            "max_abs_dlogit": r.max_abs_dlogit,
+            "worst_phase": worst,
+            "bug_margin": r.bug_margin,
+            "first_diff_step": r.first_diff_step,
+            "text_divergences": r.text_divergences,
+            "unavailable": r.unavailable,
+            "errors": [e.to_dict() for e in r.errors],
+            "pass_line": r.pass_line,
+        }
+        if r.verdict == "error":
+            title = f"{r.impl} raised: " + "; ".join(f"{e.type} in {e.phase}: {e.message}" for e in r.errors)
+        elif r.verdict == "unavailable":
+            title = f"{r.impl} not verified here: {r.unavailable}"
+        else:
+            title = f"{r.impl}: {r.verdict} (max |Δlogit| {r.max_abs_dlogit:.2e}{f' in {worst}' if worst else ''})"
+        out.append(Finding("inference", f"cache.{r.impl}", sev, title, ev, VERIFY_CRITERION, command))
+    return out
+
+
+def _leak_findings(check: InferenceCheck, opts: DoctorOptions, model_arg: str) -> list[Finding]:
+    leak = check.leak
+    base = f"genprobe attention padding-leak {model_arg} --threshold {leak.threshold:.3g}"
+    out = [
+        Finding(
+            "inference",
+            "padding.leak",
+            "bug" if leak.leak else "ok",
+            f"padding {'changes' if leak.leak else 'leaves'} a sequence's logits (max |Δlogit| "
+            f"{leak.max_delta:.2e}, position ids from the mask)",
+            leak.to_dict(),
+            LEAK_CRITERION,
+            base,
+        )
+    ]
+    bare = check.leak_no_position_ids
+    if bare is not None:
+        sev = "ok" if not bare.leak else "bug" if not opts.hf_position_ids else "info"
+        how = (
+            "your inference code passes no position_ids (--hf-no-position-ids)"
+            if not opts.hf_position_ids
+            else "code that calls the model without position_ids"
+        )
+        title = (
+            f"without position_ids left padding changes the logits (max |Δlogit| {bare.max_delta:.2e}): "
+            f"{how} gets wrong results"
+            if bare.leak
+            else f"without position_ids padding leaves the logits (max |Δlogit| {bare.max_delta:.2e})"
+        )
+        out.append(
+            Finding(
+                "inference",
+                "padding.no_position_ids",
+                sev,
+                title,
+                bare.to_dict(),
+                LEAK_CRITERION + "; a bug when the user's code passes no position_ids",
+                base + " --no-position-ids",
+            )
+        )
+    return out
+
+
+def _serving_findings(serving: dict[str, Any] | None, model_arg: str) -> list[Finding]:
+    if serving is None:
+        return []
+    verdict = serving.get("verdict", "unavailable")
+    sev = VERDICT_SEVERITY.get(verdict, "warning")
+    title = f"vLLM float32 deployment vs recomputation: {verdict}"
+    if serving.get("reason"):
+        title += f" ({serving['reason']})"
+    return [
+        Finding(
+            "inference",
+            "serving.vllm",
+            sev,
+            title,
+            {k: serving.get(k) for k in ("verdict", "reason", "verdict_by_dtype", "errors")},
+            VERIFY_CRITERION,
+            f"genprobe verify-serving {model_arg} --dtypes float32",
+        )
+    ]
+
+
+def _findings(check: InferenceCheck, opts: DoctorOptions, model: Any, model_arg: str) -> list[Finding]:
+    own = _cache_findings(check.caches, _verify_command(model_arg, opts, cache_kinds(model, opts), None))
+    mine = [] if check.impl is None else _cache_findings(check.impl, _verify_command(model_arg, opts, (), opts.impl))
+    return own + mine + _leak_findings(check, opts, model_arg) + _serving_findings(check.serving, model_arg)

@@ -1,0 +1,117 @@
+"""What a doctor run is asked to do (:class:`DoctorOptions`) and the budget of each mode (:class:`Budget`):
+``quick`` for a CI gate, the full run for a release. Every limit is checked on construction."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..engine.sampling import SamplerConfig
+
+STAGES = ("card", "inference", "attention", "degeneration", "fixes")
+TITLES = {
+    "card": "model card",
+    "inference": "inference path",
+    "attention": "attention health",
+    "degeneration": "degeneration under your settings",
+    "fixes": "which fix",
+}
+SERVING = ("vllm",)
+ENGINES = ("hf", "vllm", "llama.cpp")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much each stage runs: verify-cache steps and phases, prompts and tokens of the loop scans, the
+    which-fix comparison's size (0 prompts: skipped)."""
+
+    verify_steps: int
+    verify_prefix_reuse: bool
+    verify_chunks: tuple[int, ...]
+    all_cache_classes: bool
+    scan_prompts: int
+    scan_tokens: int
+    eos_prompts: int
+    fix_prompts: int
+    attention_tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+
+QUICK = Budget(8, False, (4,), False, 32, 32, 16, 0, 48)
+FULL = Budget(24, True, (1, 4), True, 128, 48, 64, 48, 64)
+
+
+@dataclass
+class DoctorOptions:
+    """A doctor run's settings (``genprobe doctor``'s flags): the user's prompts (None: held-out prompts of the
+    model's language), their sampling settings (None: the model's generation defaults when it samples, else
+    greedy only), chat rendering, the serving engine to check, quick mode, the loop-rate threshold that warns,
+    whether to try the weight edit, a cache implementation of theirs (``"module:factory"``), whether their code
+    passes ``position_ids`` to a transformers model, the stages to run, the seed."""
+
+    prompts: Sequence[str] | None = None
+    sampling: SamplerConfig | None = None
+    chat: bool = False
+    serving: str | None = None
+    quick: bool = False
+    max_loop_rate: float | None = None
+    with_edit: bool = False
+    impl: str | None = None
+    hf_position_ids: bool = True
+    only: Sequence[str] = STAGES
+    seed: int = 0
+    sampling_flags: Sequence[str] = ()  # the sampler flags as typed, for the reproducing commands
+    prompts_file: str | None = None  # where the prompts used are written, for the reproducing commands
+    budget: Budget | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.only if s not in STAGES]
+        if unknown or not self.only:
+            raise ValueError(f"stages must be among {', '.join(STAGES)}, got {list(self.only) or 'none'}")
+        if self.serving is not None and self.serving not in SERVING:
+            raise ValueError(f"serving engine must be one of {SERVING}, got {self.serving!r}")
+        if self.max_loop_rate is not None and not 0.0 <= self.max_loop_rate <= 1.0:
+            raise ValueError(f"max_loop_rate must be in [0, 1], got {self.max_loop_rate}")
+        if self.prompts is not None and (not self.prompts or any(not p for p in self.prompts)):
+            raise ValueError("prompts: give at least one prompt, and no empty prompt")
+        if self.with_edit and self.quick:
+            raise ValueError("with_edit runs a repair search, which quick mode leaves out: drop one of them")
+        if self.budget is None:
+            self.budget = QUICK if self.quick else FULL
+
+    @property
+    def plan(self) -> Budget:
+        """The budget in force (set by ``quick`` unless given)."""
+        assert self.budget is not None  # set in __post_init__
+        return self.budget
+
+    @property
+    def engine(self) -> str | None:
+        """The engine whose semantics the user's sampler reproduces (None: genprobe's own)."""
+        return None if self.sampling is None else self.sampling.engine
+
+    def prompts_arg(self) -> str:
+        """``--prompts FILE`` for a reproducing command (a placeholder when the prompts were not written)."""
+        return f"--prompts {shlex.quote(self.prompts_file) if self.prompts_file else 'PROMPTS'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (the prompts themselves are in the degeneration stage)."""
+        return {
+            "prompts": "user" if self.prompts is not None else "built-in held-out",
+            "sampling": None if self.sampling is None else self.sampling.to_dict(),
+            "sampling_flags": list(self.sampling_flags),
+            "chat": self.chat,
+            "serving": self.serving,
+            "quick": self.quick,
+            "max_loop_rate": self.max_loop_rate,
+            "with_edit": self.with_edit,
+            "impl": self.impl,
+            "hf_position_ids": self.hf_position_ids,
+            "stages": list(self.only),
+            "seed": self.seed,
+            "budget": self.plan.to_dict(),
+        }

@@ -1,0 +1,197 @@
+"""``genprobe doctor``: every check in one run, stage by stage with a progress line each, one
+:class:`DoctorReport` (``doctor.json`` + ``report.html``) and a verdict whose exit status gates a release."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .attention_health import AttentionHealth, attention_health
+from .card import ModelCard, model_card
+from .degeneration import Degeneration, degeneration
+from .findings import Finding
+from .fixes import FixComparison, compare
+from .inference import InferenceCheck, check_inference
+from .inputs import DoctorInputs, doctor_inputs
+from .options import STAGES, TITLES, DoctorOptions
+from .verdict import Verdict, verdict_of
+
+PROMPTS_FILE, JSON_FILE, HTML_FILE = "prompts.txt", "doctor.json", "report.html"
+
+
+@dataclass
+class StageRun:
+    """How one stage went: ``ran``, ``skipped`` (with the reason) or ``error`` (the exception, reported)."""
+
+    name: str
+    status: str
+    seconds: float
+    note: str | None = None
+
+
+@dataclass
+class DoctorReport:
+    """Everything one doctor run found: each stage's typed result (None when not run), timings, the verdict."""
+
+    model: str
+    options: DoctorOptions
+    card: ModelCard | None = None
+    inference: InferenceCheck | None = None
+    attention: AttentionHealth | None = None
+    degeneration: Degeneration | None = None
+    fixes: FixComparison | None = None
+    stages: list[StageRun] = field(default_factory=list)
+    errors: list[Finding] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every finding, stage by stage (stage errors last)."""
+        parts = (self.card, self.inference, self.attention, self.degeneration, self.fixes)
+        return [f for p in parts if p is not None for f in p.findings] + self.errors
+
+    @property
+    def verdict(self) -> Verdict:
+        """Healthy / warnings / bug and the exit status."""
+        return verdict_of(self.findings)
+
+    @property
+    def exit_status(self) -> int:
+        """0 healthy, 1 bug, 4 warnings only."""
+        return self.verdict.exit_status
+
+    def to_dict(self) -> dict[str, Any]:
+        """``doctor.json``: strict JSON."""
+        from .._io import json_safe
+        from .._version import __version__
+
+        return json_safe(
+            {
+                "genprobe": __version__,
+                "model": self.model,
+                "options": self.options.to_dict(),
+                **self.verdict.to_dict(),
+                "stages": [s.__dict__ for s in self.stages],
+                "findings": [f.to_dict() for f in self.findings],
+                "card": None if self.card is None else self.card.to_dict(),
+                "inference": None if self.inference is None else self.inference.to_dict(),
+                "attention": None if self.attention is None else self.attention.to_dict(),
+                "degeneration": None if self.degeneration is None else self.degeneration.to_dict(),
+                "fixes": None if self.fixes is None else self.fixes.to_dict(),
+                "files": self.files,
+            }
+        )
+
+
+def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorReport, log: Callable[[str], None]):
+    """Each stage as a function returning (result attribute, value) or raising :class:`_Skip`."""
+    arg = shlex.quote(rep.model)
+
+    def card() -> Any:
+        where = shlex.quote(str(Path(opts.prompts_file).parent / "card")) if opts.prompts_file else "DIR"
+        command = f"genprobe doctor {arg} {opts.prompts_arg()} --only card --out {where}"
+        return model_card(model, inp.prompts, opts.chat, command + (" --chat" if opts.chat else ""))
+
+    def inference() -> Any:
+        return check_inference(model, opts, inp.prompts, arg, lambda m: log("  " + m))
+
+    def attention() -> Any:
+        return attention_health(model, inp.prompts, opts.plan.attention_tokens, arg)
+
+    def degen() -> Any:
+        if inp.prompts is None:
+            raise _Skip(inp.error or "no prompts")
+        gen = rep.card.generation_defaults if rep.card is not None else None
+        return degeneration(model, inp.prompts, inp.source, opts, gen, arg, lambda m: log("  " + m))
+
+    def fixes() -> Any:
+        if opts.plan.fix_prompts == 0:
+            raise _Skip("quick mode")
+        if inp.prompts is None:
+            raise _Skip(inp.error or "no prompts")
+        cal = rep.degeneration.calibration if rep.degeneration is not None else None
+        prompts = inp.prompts[: opts.plan.fix_prompts]
+        return compare(model, prompts, inp.edit_prompts, inp.val_text, opts, cal, arg, lambda m: log("  " + m))
+
+    return {"card": card, "inference": inference, "attention": attention, "degeneration": degen, "fixes": fixes}
+
+
+class _Skip(Exception):
+    """A stage that cannot run on this model or in this mode (the reason is reported)."""
+
+
+def _run_stage(name: str, fn: Callable[[], Any], rep: DoctorReport, i: int, n: int, log: Callable[[str], None]) -> None:
+    log(f"[{i}/{n}] {TITLES[name]} …")
+    t0 = time.perf_counter()
+    try:
+        setattr(rep, "card" if name == "card" else name, fn())
+        status, note = "ran", None
+    except _Skip as why:
+        status, note = "skipped", str(why)
+    except Exception as exc:  # noqa: BLE001 — one stage failing (user code, a missing corpus) must not hide the others
+        status, note = "error", f"{type(exc).__name__}: {exc}"
+        rep.errors.append(
+            Finding(
+                name,
+                f"{name}.error",
+                "warning",
+                f"the {TITLES[name]} stage failed: {note}",
+                {"exception": type(exc).__name__, "message": str(exc)},
+                None,
+                None,
+            )
+        )
+    seconds = time.perf_counter() - t0
+    rep.stages.append(StageRun(name, status, round(seconds, 2), note))
+    found = getattr(rep, name, None)
+    counts = _counts(found.findings) if found is not None else note
+    log(f"[{i}/{n}] {TITLES[name]}: {status} in {seconds:.1f} s" + (f" — {counts}" if counts else ""))
+
+
+def _counts(findings: list[Finding]) -> str:
+    order = ("bug", "warning", "info", "ok")
+    got = {s: sum(1 for f in findings if f.severity == s) for s in order}
+    return ", ".join(f"{v} {k}" for k, v in got.items() if v)
+
+
+def run_doctor(
+    model: Any,
+    opts: DoctorOptions,
+    *,
+    model_arg: str | None = None,
+    out: str | Path | None = None,
+    log: Callable[[str], None] = lambda msg: None,
+) -> DoctorReport:
+    """Run the stages of ``opts.only`` on ``model``; with ``out``, write prompts.txt, doctor.json and report.html."""
+    from .._io import atomic_write_text
+
+    arg = model_arg or (str(model.source) if model.source else "MODEL")
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        opts.prompts_file = str(out / PROMPTS_FILE)
+    rep = DoctorReport(arg, opts)
+    inp = doctor_inputs(model, opts)
+    if out is not None and inp.prompts:
+        atomic_write_text(out / PROMPTS_FILE, "\n".join(p.replace("\n", " ") for p in inp.prompts) + "\n")
+        rep.files["prompts"] = str(out / PROMPTS_FILE)
+    fns = _stage_fns(model, opts, inp, rep, log)
+    chosen = [s for s in STAGES if s in opts.only]
+    for i, name in enumerate(chosen, 1):
+        _run_stage(name, fns[name], rep, i, len(chosen), log)
+    if out is not None:
+        write_files(rep, out)
+    return rep
+
+
+def write_files(rep: DoctorReport, out: Path) -> None:
+    """``doctor.json`` and ``report.html`` into ``out``, atomically."""
+    from .._io import atomic_write_json, atomic_write_text
+    from .report import render_html
+
+    rep.files.update(json=str(out / JSON_FILE), html=str(out / HTML_FILE))
+    atomic_write_json(out / JSON_FILE, rep.to_dict())
+    atomic_write_text(out / HTML_FILE, render_html(rep))
