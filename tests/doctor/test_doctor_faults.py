@@ -154,3 +154,17 @@ def test_serving_without_the_extra_is_said(trained_ckpt, tmp_path, monkeypatch):
     f = _finding(_doctor(out), "serving.vllm")
     assert f["severity"] == "info" and "not installed" in f["title"]
     assert "not installed" in (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_user_code_errors_are_reported_not_raised(trained_ckpt, tmp_path, monkeypatch, capsys):
+    (tmp_path / "raising_cache.py").write_text("def factory(model):\n    raise RuntimeError('my bug')\n")
+    (tmp_path / "broken_module.py").write_text("raise ImportError('half-installed dependency')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "doc"
+    args = ("--quick", "--only", "inference", "--out", out)
+    assert run_cli("doctor", trained_ckpt, *args, "--impl", "raising_cache:factory") == 1
+    f = _finding(_doctor(out), "cache.raising_cache:factory")
+    assert f["severity"] == "bug" and "RuntimeError" in f["title"] and "my bug" in f["title"]
+    assert run_cli("doctor", trained_ckpt, *args, "--impl", "broken_module:factory") == 2
+    assert "half-installed dependency" in capsys.readouterr().err
+    assert run_cli("doctor", trained_ckpt, *args, "--impl", "raising_cache") == 2

@@ -88,6 +88,33 @@ def test_json_flag_prints_the_report(trained_ckpt, tmp_path, capsys):
     assert isinstance(DoctorReport, type)
 
 
+def _reports(full_report: Path) -> list[Path]:
+    """The report of this suite, and those named in GENPROBE_DOCTOR_REPORTS (``os.pathsep``-separated ``--out``
+    directories of doctor runs, e.g. on the three reference models: docs/doctor.md)."""
+    extra = [Path(p) for p in os.environ.get("GENPROBE_DOCTOR_REPORTS", "").split(os.pathsep) if p]
+    return [full_report, *extra]
+
+
+def _check_page(page, out: Path, shot: Path) -> None:
+    """Every section present, the stages that ran shown (not 'not run'), the filter working, a screenshot."""
+    d = _strict((out / "doctor.json").read_text(encoding="utf-8"))
+    page.goto((out / "report.html").resolve().as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=15000)
+    for s in SECTIONS:
+        assert page.is_visible(f"section[data-section='{s}'] h2"), s
+    for stage in d["stages"]:
+        skipped = page.locator(f"section[data-section='{stage['name']}'] .skipped").count()
+        assert (skipped == 0) == (stage["status"] == "ran"), stage
+    if d["attention"] is not None:
+        assert page.locator("#heatmap td").count() == d["attention"]["n_layer"] * d["attention"]["n_head"]
+    assert page.inner_text("#verdict") == d["verdict"]
+    page.select_option("#severity-filter", "ok")
+    rows = "rs => rs.filter(r => r.style.display !== 'none').map(r => r.dataset.severity)"
+    shown = page.eval_on_selector_all("#findings tbody tr", rows)
+    assert set(shown) == {"ok"} and len(shown) == sum(f["severity"] == "ok" for f in d["findings"])
+    page.screenshot(path=str(shot), full_page=True)
+
+
 @pytest.mark.browser
 def test_report_in_chromium(full_report, tmp_path):
     if not CHROMIUM.exists():
@@ -96,28 +123,41 @@ def test_report_in_chromium(full_report, tmp_path):
         pytest.skip("headless Chromium not installed (/usr/bin/chromium)")
     sync = pytest.importorskip("playwright.sync_api")
     errors, requests = [], []
-    shot = tmp_path / "doctor.png"
+    shots = []
     with sync.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
-            page.goto((full_report / "report.html").resolve().as_uri())
-            page.wait_for_selector("body[data-ready='1']", timeout=15000)
-            for s in SECTIONS:
-                assert page.is_visible(f"section[data-section='{s}'] h2"), s
-            assert page.locator("section[data-section='fixes'] .skipped").count() == 0
-            assert page.locator("#heatmap td").count() >= 2
-            assert page.inner_text("#verdict") in ("healthy", "warnings")
-            page.select_option("#severity-filter", "ok")
-            shown = page.eval_on_selector_all(
-                "#findings tbody tr", "rs => rs.filter(r => r.style.display !== 'none').map(r => r.dataset.severity)"
-            )
-            assert shown and set(shown) == {"ok"}
-            page.screenshot(path=str(shot), full_page=True)
+            for i, out in enumerate(_reports(full_report)):
+                page = browser.new_page(viewport={"width": 1200, "height": 900})
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.on(
+                    "request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None
+                )
+                shots.append(Path(os.environ.get("GENPROBE_DOCTOR_SHOTS", tmp_path)) / f"doctor-{i}.png")
+                _check_page(page, out, shots[-1])
+                page.close()
         finally:
             browser.close()
     assert errors == [] and requests == []
-    assert shot.stat().st_size > 10_000
+    assert all(s.stat().st_size > 10_000 for s in shots)
+
+
+def test_head_flags_follow_their_criteria():
+    import torch
+
+    from genprobe.doctor.attention_health import DEAD_ENTROPY, POSITION_TV, SINK_MASS, _content_tv, _flag
+
+    assert _flag(DEAD_ENTROPY, 0.0, 0.0) == "dead"
+    assert _flag(0.5, SINK_MASS, 0.0) == "sink"
+    assert _flag(0.5, 0.2, POSITION_TV) == "position"
+    assert _flag(0.5, 0.2, POSITION_TV + 0.01) is None
+    T = 12
+    prev = torch.zeros(1, 1, T, T)  # a previous-token head: the same map whatever the tokens
+    prev[0, 0, 0, 0] = 1.0
+    for q in range(1, T):
+        prev[0, 0, q, q - 1] = 1.0
+    rows = torch.arange(T) >= 8
+    assert float(_content_tv(prev, prev.clone(), rows)) == 0.0
+    other = torch.roll(prev, 1, dims=-1)
+    assert float(_content_tv(prev, other, rows)) == 1.0

@@ -109,6 +109,22 @@ def _typed_flags(args: argparse.Namespace, given: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _check_impl_spec(spec: str) -> None:
+    """``--impl MOD:FACTORY`` names an importable callable (bad input otherwise); the factory itself runs later, where
+    an exception in it is a finding, not a traceback."""
+    import importlib
+
+    mod, _, attr = spec.partition(":")
+    if not mod or not attr or ":" in attr:
+        raise ValueError(f"--impl expects package.module:factory, got {spec!r}")
+    try:
+        module = importlib.import_module(mod)
+    except Exception as exc:  # noqa: BLE001 — the user's module failing on import is bad input, reported
+        raise ValueError(f"--impl {spec}: cannot import {mod!r} ({type(exc).__name__}: {exc})") from None
+    if not callable(getattr(module, attr, None)):
+        raise ValueError(f"--impl {spec}: {mod!r} has no callable {attr!r}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the arguments (exit 2 on bad input), run every stage, write the files, print the verdict."""
     from ..doctor import run_doctor
@@ -116,10 +132,12 @@ def run(args: argparse.Namespace) -> int:
     out_dir(args.out, FILES)
     if args.max_loop_rate is not None and not 0.0 <= args.max_loop_rate <= 1.0:
         raise ValueError(f"--max-loop-rate must be in [0, 1], got {args.max_loop_rate}")
+    if args.impl:
+        if os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
+            sys.path.insert(0, os.getcwd())
+        _check_impl_spec(args.impl)
     model = load_model_arg(args)
     opts = _options(args, model)
-    if args.impl and os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
-        sys.path.insert(0, os.getcwd())
     rep = run_doctor(model, opts, model_arg=model_path(args), out=args.out, log=info)
     v = rep.verdict
     for f in rep.findings:

@@ -10,6 +10,7 @@ from typing import Any
 from .options import DoctorOptions
 
 EDIT_PROMPTS = 128  # prompts the weight edit searches on, disjoint from the scanned ones when built in
+EDIT_MIN = 64  # your prompts beyond the comparison's that let the edit search on others (else on all of them)
 
 
 @dataclass
@@ -59,7 +60,8 @@ def doctor_inputs(model: Any, opts: DoctorOptions) -> DoctorInputs:
     val = "\n".join(d.texts) if d is not None else None
     if opts.prompts is not None:
         user = list(opts.prompts)
-        return DoctorInputs(user, user, val, "prompts (user)")
+        rest = user[b.fix_prompts :]  # the edit searches on the prompts the comparison does not use, when enough
+        return DoctorInputs(user, rest if len(rest) >= EDIT_MIN else user, val, "prompts (user)")
     assert d is not None
     source = str(d.sources.get("corpus", "held-out"))
     scan = d.prompts[: b.scan_prompts]

@@ -127,7 +127,7 @@ def _run_stage(name: str, fn: Callable[[], Any], rep: DoctorReport, i: int, n: i
     log(f"[{i}/{n}] {TITLES[name]} …")
     t0 = time.perf_counter()
     try:
-        setattr(rep, "card" if name == "card" else name, fn())
+        setattr(rep, name, fn())
         status, note = "ran", None
     except _Skip as why:
         status, note = "skipped", str(why)
@@ -141,7 +141,7 @@ def _run_stage(name: str, fn: Callable[[], Any], rep: DoctorReport, i: int, n: i
                 f"the {TITLES[name]} stage failed: {note}",
                 {"exception": type(exc).__name__, "message": str(exc)},
                 None,
-                None,
+                f"genprobe doctor {shlex.quote(rep.model)} --only {name} --out DIR",
             )
         )
     seconds = time.perf_counter() - t0
