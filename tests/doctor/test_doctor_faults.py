@@ -55,7 +55,12 @@ def test_gpt2_without_position_ids_leaks_under_left_padding(gpt2_dir, tmp_path):
     # the same model driven with position ids: the hazard is said, not a bug
     out2 = tmp_path / "with-ids"
     assert run_cli("doctor", gpt2_dir, "--quick", "--only", "inference", "--out", out2) == 0
-    assert _finding(_doctor(out2), "padding.no_position_ids")["severity"] == "info"
+    d2 = _doctor(out2)
+    assert _finding(d2, "padding.no_position_ids")["severity"] == "info"
+    # GPT2Config's default end token (50256) does not exist in a 64-token vocabulary: said in the model card
+    out3 = tmp_path / "card"
+    assert run_cli("doctor", gpt2_dir, "--only", "card", "--out", out3) == 4
+    assert _finding(_doctor(out3), "generation.eos")["evidence"]["generation_eos"] == [50256]
 
 
 @pytest.mark.parametrize(("pad", "severity", "rc"), [("</s>", "warning", 4), ("<pad>", "ok", 0)])

@@ -139,20 +139,18 @@ def _gguf_summary(gguf: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _generation_findings(model: Any, gen: dict[str, Any] | None, command: str) -> list[Finding]:
-    """The generation config's end token against the tokenizer's (a mismatch stops generation at the wrong id)."""
-    if not gen or model.tokenizer is None or model.eos_id is None or "eos_token_id" not in gen:
+    """The generation config's end token: inside the vocabulary, and the tokenizer's (a mismatch stops generation
+    at the wrong id, or never)."""
+    if not gen or gen.get("eos_token_id") is None:
         return []
     ids = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
-    if model.eos_id in ids:
+    crit = "generation_config.eos_token_id inside the vocabulary and holding the tokenizer's end-of-text id"
+    ev = {"generation_eos": ids, "tokenizer_eos": model.eos_id, "vocab_size": model.vocab_size}
+    outside = [i for i in ids if not 0 <= int(i) < model.vocab_size]
+    if outside:
+        title = f"generation_config stops at id(s) {outside}, outside the {model.vocab_size}-token vocabulary"
+        return [Finding("card", "generation.eos", "warning", title, ev, crit, command)]
+    if model.tokenizer is None or model.eos_id is None or model.eos_id in ids:
         return []
-    return [
-        Finding(
-            "card",
-            "generation.eos",
-            "warning",
-            f"generation_config stops at id(s) {ids}, the tokenizer's end token is {model.eos_id}",
-            {"generation_eos": ids, "tokenizer_eos": model.eos_id},
-            "the tokenizer's end-of-text id must be among generation_config.eos_token_id",
-            command,
-        )
-    ]
+    title = f"generation_config stops at id(s) {ids}, the tokenizer's end token is {model.eos_id}"
+    return [Finding("card", "generation.eos", "warning", title, ev, crit, command)]

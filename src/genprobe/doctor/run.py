@@ -19,6 +19,7 @@ from .inputs import DoctorInputs, doctor_inputs
 from .options import STAGES, TITLES, DoctorOptions
 from .verdict import Verdict, verdict_of
 
+QUICK_SKIP = "quick mode"
 PROMPTS_FILE, JSON_FILE, HTML_FILE = "prompts.txt", "doctor.json", "report.html"
 
 
@@ -109,7 +110,7 @@ def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorRe
 
     def fixes() -> Any:
         if opts.plan.fix_prompts == 0:
-            raise _Skip("quick mode")
+            raise _Skip(QUICK_SKIP)
         if inp.prompts is None:
             raise _Skip(inp.error or "no prompts")
         cal = rep.degeneration.calibration if rep.degeneration is not None else None
@@ -131,6 +132,8 @@ def _run_stage(name: str, fn: Callable[[], Any], rep: DoctorReport, i: int, n: i
         status, note = "ran", None
     except _Skip as why:
         status, note = "skipped", str(why)
+        if note != QUICK_SKIP:  # not checked for want of inputs: said among the findings
+            rep.errors.append(Finding(name, f"{name}.skipped", "info", f"the {TITLES[name]} stage did not run: {note}"))
     except Exception as exc:  # noqa: BLE001 — one stage failing (user code, a missing corpus) must not hide the others
         status, note = "error", f"{type(exc).__name__}: {exc}"
         rep.errors.append(
