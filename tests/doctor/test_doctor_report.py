@@ -161,3 +161,18 @@ def test_head_flags_follow_their_criteria():
     assert float(_content_tv(prev, prev.clone(), rows)) == 0.0
     other = torch.roll(prev, 1, dims=-1)
     assert float(_content_tv(prev, other, rows)) == 1.0
+
+
+def test_card_groups_weights_by_tensor_type_with_the_gguf_quantization(tiny_model):
+    from genprobe.doctor.card import tensor_groups
+    from genprobe.model.load import Model
+
+    model = Model.from_module(tiny_model)
+    model.meta["gguf"] = {
+        "tensor_types": {"token_embd.weight": "Q8_0", "blk.0.ffn_down.weight": "Q4_1", "blk.1.ffn_down.weight": "Q4_1"}
+    }
+    groups = {g.name: g for g in tensor_groups(model)}
+    assert groups["h.*.mlp.c_proj.weight"].tensors == tiny_model.cfg.n_layer
+    assert groups["h.*.mlp.c_proj.weight"].dtype == "float32"
+    assert groups["gguf:blk.*.ffn_down.weight"].gguf_types == {"Q4_1": 2}
+    assert groups["gguf:token_embd.weight"].gguf_types == {"Q8_0": 1}
