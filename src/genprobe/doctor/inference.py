@@ -5,6 +5,7 @@ asked, the serving engine's logits (:mod:`genprobe.serving`)."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -41,6 +42,7 @@ class InferenceCheck:
     leak: LeakReport
     leak_no_position_ids: LeakReport | None
     serving: dict[str, Any] | None
+    prompt_texts: list[str] | None = None  # the verified prompts as text (None: the verifier's default ids)
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -78,20 +80,24 @@ def verify_prompts(model: Any, prompts: list[str] | None, steps: int) -> list[li
     if model.tokenizer is None or not prompts:
         return None
     room = max(1, min(24, (model.max_positions or 64) - steps - 1))
-    seqs = [ids[:room] for ids in (model.encode(p) for p in prompts[:8]) if ids]
-    by_len = {len(s): s for s in seqs}
-    picked = [by_len[n] for n in sorted(by_len, reverse=True)][:2]
-    return picked if len(picked) == 2 else (seqs[:2] or None)
+    seqs = [ids for ids in (model.encode(p) for p in prompts[:8]) if ids]
+    by_len = {len(s[:room]): s[:room] for s in seqs}
+    if len(by_len) >= 2:
+        return [by_len[n] for n in sorted(by_len, reverse=True)][:2]
+    if len(seqs) < 2:
+        return [s[:room] for s in seqs] or None
+    # prompts of one length (Tang openings): two joined make the longer one, so the padded batch has padding
+    return [(seqs[0] + seqs[1])[:room], seqs[-1][: max(1, room - 1)]]
 
 
 def _verify(
-    model: Any, opts: DoctorOptions, impl: str | None, prompts: list[str] | None, log: Callable[[str], None]
+    model: Any, opts: DoctorOptions, impl: str | None, ids: list[list[int]] | None, log: Callable[[str], None]
 ) -> CacheVerification:
     b = opts.plan
     return verify_caches(
         model,
         impl,
-        prompts=verify_prompts(model, prompts, b.verify_steps),
+        prompts=ids,
         hf_caches=() if impl is not None else cache_kinds(model, opts),
         max_new_tokens=b.verify_steps,
         chunk_sizes=b.verify_chunks,
@@ -119,8 +125,9 @@ def check_inference(
     model: Any, opts: DoctorOptions, prompts: list[str] | None, model_arg: str, log: Callable[[str], None]
 ) -> InferenceCheck:
     """Verify the model's caches and the user's, padding, and the serving engine when asked."""
-    caches = _verify(model, opts, None, prompts, log)
-    impl = _verify(model, opts, opts.impl, prompts, log) if opts.impl else None
+    ids = verify_prompts(model, prompts, opts.plan.verify_steps)
+    caches = _verify(model, opts, None, ids, log)
+    impl = _verify(model, opts, opts.impl, ids, log) if opts.impl else None
     seqs = leak_sequences(model, prompts)
     line = max(LEAK_THRESHOLD, caches.pass_line or 0.0)  # a deep model's own float noise is not a leak
     leak = padding_leak(model.module, seqs, model.pad_id, position_ids=True, threshold=line)
@@ -128,7 +135,8 @@ def check_inference(
     if model.kind == "hf":
         bare = padding_leak(model.module, seqs, model.pad_id, position_ids=False, threshold=line)
     serving = _serving(model, opts, log) if opts.serving else None
-    check = InferenceCheck(caches, impl, leak, bare, serving)
+    texts = [model.decode(p) for p in ids] if ids else None
+    check = InferenceCheck(caches, impl, leak, bare, serving, texts if texts and all(texts) else None)
     check.findings = _findings(check, opts, model, model_arg)
     return check
 
@@ -152,10 +160,13 @@ def _serving(model: Any, opts: DoctorOptions, log: Callable[[str], None]) -> dic
     return report.to_dict()
 
 
-def _verify_command(model_arg: str, opts: DoctorOptions, kinds: tuple[str, ...], impl: str | None) -> str:
+def _verify_command(
+    model_arg: str, opts: DoctorOptions, kinds: tuple[str, ...], impl: str | None, texts: list[str] | None
+) -> str:
     b = opts.plan
     parts = [
         f"genprobe verify-cache {model_arg}",
+        *(["--prompt " + shlex.join(texts)] if texts else []),
         f"--max-new-tokens {b.verify_steps}",
         "--chunk-sizes " + " ".join(map(str, b.verify_chunks)),
     ]
@@ -262,6 +273,9 @@ def _serving_findings(serving: dict[str, Any] | None, model_arg: str) -> list[Fi
 
 
 def _findings(check: InferenceCheck, opts: DoctorOptions, model: Any, model_arg: str) -> list[Finding]:
-    own = _cache_findings(check.caches, _verify_command(model_arg, opts, cache_kinds(model, opts), None))
-    mine = [] if check.impl is None else _cache_findings(check.impl, _verify_command(model_arg, opts, (), opts.impl))
+    texts = check.prompt_texts
+    own = _cache_findings(check.caches, _verify_command(model_arg, opts, cache_kinds(model, opts), None, texts))
+    if check.impl is None:
+        return own + _leak_findings(check, opts, model_arg) + _serving_findings(check.serving, model_arg)
+    mine = _cache_findings(check.impl, _verify_command(model_arg, opts, (), opts.impl, texts))
     return own + mine + _leak_findings(check, opts, model_arg) + _serving_findings(check.serving, model_arg)
