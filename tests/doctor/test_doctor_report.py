@@ -135,6 +135,7 @@ def test_report_in_chromium(full_report, tmp_path):
                     "request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None
                 )
                 shots.append(Path(os.environ.get("GENPROBE_DOCTOR_SHOTS", tmp_path)) / f"doctor-{i}.png")
+                shots[-1].parent.mkdir(parents=True, exist_ok=True)
                 _check_page(page, out, shots[-1])
                 page.close()
         finally:
@@ -176,3 +177,17 @@ def test_card_groups_weights_by_tensor_type_with_the_gguf_quantization(tiny_mode
     assert groups["h.*.mlp.c_proj.weight"].dtype == "float32"
     assert groups["gguf:blk.*.ffn_down.weight"].gguf_types == {"Q4_1": 2}
     assert groups["gguf:token_embd.weight"].gguf_types == {"Q8_0": 1}
+
+
+def test_cache_classes_that_apply():
+    from types import SimpleNamespace
+
+    from genprobe.doctor import DoctorOptions
+    from genprobe.doctor.inference import cache_kinds
+
+    full, quick = DoctorOptions(), DoctorOptions(quick=True)
+    windowed = SimpleNamespace(kind="hf", window=16)
+    assert cache_kinds(windowed, full) == ("dynamic", "static", "sliding")
+    assert cache_kinds(SimpleNamespace(kind="hf", window=None), full) == ("dynamic", "static")
+    assert cache_kinds(windowed, quick) == ()  # the model's default cache only
+    assert cache_kinds(SimpleNamespace(kind="genprobe", window=None), full) == ()  # our engine's cache
