@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ._common import (
+    Accumulate,
     add_json_flag,
     add_model_argument,
     add_prompt_arguments,
@@ -67,7 +68,14 @@ def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="your code drives the transformers model without position_ids: a left-padding leak is then a bug",
     )
-    p.add_argument("--only", nargs="+", choices=STAGES, metavar="STAGE", help="run these stages: " + " ".join(STAGES))
+    p.add_argument(
+        "--only",
+        nargs="+",
+        action=Accumulate,
+        choices=STAGES,
+        metavar="STAGE",
+        help="run these stages: " + " ".join(STAGES),
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help=f"directory for {FILES}")
 
