@@ -106,12 +106,18 @@ def test_max_loop_rate_turns_a_rate_into_a_warning(trained_ckpt, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "extra",
-    [("--max-loop-rate", "1.5"), ("--chat",), ("--with-edit", "--quick"), ("--prompts", "/nonexistent/prompts.txt")],
+    ("extra", "says"),
+    [
+        (("--max-loop-rate", "1.5"), "--max-loop-rate must be in [0, 1]"),
+        (("--chat",), "no chat template"),
+        (("--with-edit", "--quick"), "quick mode leaves out"),
+        (("--prompts", "/nonexistent/prompts.txt"), "prompt file not found"),
+        (("--prompt", "白日依山盡" * 20), "context length 64"),  # 100 tokens + the scan's > the 64-token context
+    ],
 )
-def test_bad_input_is_exit_2(trained_ckpt, tmp_path, extra, capsys):
+def test_bad_input_is_exit_2(trained_ckpt, tmp_path, extra, says, capsys):
     assert run_cli("doctor", trained_ckpt, *extra, "--out", tmp_path / "doc") == 2
-    assert "genprobe" in capsys.readouterr().err
+    assert says in capsys.readouterr().err
 
 
 def test_every_reproducing_command_parses(trained_ckpt, tmp_path):

@@ -45,6 +45,23 @@ def held_out(model: Any, count: int) -> Any:
     return _HELD_OUT[key]
 
 
+def check_fits(model: Any, prompts: list[str], tokens: int, chat: bool) -> None:
+    """Refuse (ValueError: bad input) prompts that leave no room for the ``tokens`` a scan generates."""
+    import warnings
+
+    if model.max_positions is None or model.tokenizer is None:
+        return
+    with warnings.catch_warnings():  # unknown characters are the model card's finding
+        warnings.simplefilter("ignore")
+        longest = max(len(model.encode(model.chat_prompt(p) if chat else p)) for p in prompts)
+    if longest + tokens > model.max_positions:
+        raise ValueError(
+            f"prompts: the longest has {longest} tokens, and with the {tokens} new tokens a scan generates it exceeds "
+            f"the model's context length {model.max_positions}; give prompts of at most "
+            f"{max(0, model.max_positions - tokens)} tokens"
+        )
+
+
 def doctor_inputs(model: Any, opts: DoctorOptions) -> DoctorInputs:
     """The user's prompts, else the built-in held-out ones (the reason when there are none)."""
     b = opts.plan
@@ -60,6 +77,7 @@ def doctor_inputs(model: Any, opts: DoctorOptions) -> DoctorInputs:
     val = "\n".join(d.texts) if d is not None else None
     if opts.prompts is not None:
         user = list(opts.prompts)
+        check_fits(model, user, b.scan_tokens, opts.chat)
         rest = user[b.fix_prompts :]  # the edit searches on the prompts the comparison does not use, when enough
         return DoctorInputs(user, rest if len(rest) >= EDIT_MIN else user, val, "prompts (user)")
     assert d is not None
