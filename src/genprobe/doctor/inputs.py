@@ -77,7 +77,8 @@ def doctor_inputs(model: Any, opts: DoctorOptions) -> DoctorInputs:
     val = "\n".join(d.texts) if d is not None else None
     if opts.prompts is not None:
         user = list(opts.prompts)
-        check_fits(model, user, b.scan_tokens, opts.chat)
+        if {"degeneration", "fixes"} & set(opts.only):  # the stages that generate after the prompts
+            check_fits(model, user, b.scan_tokens, opts.chat)
         rest = user[b.fix_prompts :]  # the edit searches on the prompts the comparison does not use, when enough
         return DoctorInputs(user, rest if len(rest) >= EDIT_MIN else user, val, "prompts (user)")
     assert d is not None
