@@ -468,22 +468,15 @@ def compare_fixes(
     cfg = cfg or CompareConfig()
     names = check_methods(cfg.methods, patch is not None)
     clock = {"start": time.perf_counter()}
-    study = LoopStudy(
-        model,
-        RepairConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed, loop=cfg.loop),
-        progress=progress,
-    )
+    study = _study(model, cfg, progress)
     ids = study.encode(prompts)
-    human = human_texts(prompts, continuations, cfg.genre)
-    breakers = "".join(POEM_BREAKERS if human.genre == "tang" else TEXT_BREAKERS)
+    human, breakers = _human_and_breakers(prompts, continuations, cfg.genre)
     methods = build_methods(names, model.tokenizer, _bans(model), human.genre)
     sha0 = model.state_sha256()
     log(f"generating {len(prompts)} prompts x {cfg.max_new_tokens} tokens, {len(names)} methods ({human.genre} genre)")
     scans = {m.name: _scan(study, m, ids, prompts, patch, log) for m in methods}
     clock["generate"] = time.perf_counter()
-    greedy_recs = scans[BASELINE][0].records
-    classes = [unit_class(r.text or "", _chars(r), breakers) for r in greedy_recs]
-    cap = int(statistics.median(len(r.text or "") for r in greedy_recs))
+    classes, cap = _baseline_classes(scans[BASELINE][0].records, breakers)
     ref = _human_reference(model, judge, prompts, human, cap, cfg.batch_size)
     results = [_score(model, judge, prompts, m, *scans[m.name], classes, breakers, cfg) for m in methods]
     clock["score"] = time.perf_counter()
@@ -496,9 +489,7 @@ def compare_fixes(
             _run_combined(study, model, judge, prompts, ids, patch, results, best.name, classes, breakers, cfg, log)
         )
         clock["edit+best"] = time.perf_counter()
-    picks = _sample_prompts(results[0], cfg.samples)
-    for r in results:
-        r.samples = [r.texts[i] for i in picks]
+    picks = _attach_samples(results, cfg.samples)
     return CompareResult(
         str(model.source) if model.source else None,
         str(judge.source) if judge is not None else None,
@@ -518,6 +509,34 @@ def compare_fixes(
         _stage_times(clock),
         _notes(study, human, judge, ref),
     )
+
+
+def _human_and_breakers(
+    prompts: Sequence[str], continuations: Sequence[str | None] | None, genre: str
+) -> tuple[HumanTexts, str]:
+    """The human texts of the prompts (their genre settled) and the sequence breakers of that genre."""
+    human = human_texts(prompts, continuations, genre)
+    return human, "".join(POEM_BREAKERS if human.genre == "tang" else TEXT_BREAKERS)
+
+
+def _baseline_classes(greedy_records: Sequence[Any], breakers: str) -> tuple[list[str], int]:
+    """Each prompt's class by its greedy loop unit, and the median greedy text length (the human texts' cap)."""
+    classes = [unit_class(r.text or "", _chars(r), breakers) for r in greedy_records]
+    return classes, int(statistics.median(len(r.text or "") for r in greedy_records))
+
+
+def _study(model: Any, cfg: CompareConfig, progress: bool) -> LoopStudy:
+    """The loop study every method generates through (the comparison's length, batch, seed and detectors)."""
+    rcfg = RepairConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed, loop=cfg.loop)
+    return LoopStudy(model, rcfg, progress=progress)
+
+
+def _attach_samples(results: Sequence[MethodResult], count: int) -> list[int]:
+    """The sample prompts (chosen on the first row) and each row's texts for them."""
+    picks = _sample_prompts(results[0], count)
+    for r in results:
+        r.samples = [r.texts[i] for i in picks]
+    return picks
 
 
 def _is_sampler(m: Method) -> bool:

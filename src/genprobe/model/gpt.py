@@ -240,49 +240,8 @@ class GPT(nn.Module):
         name: a prompt's forward needs only its last position, and the head is the largest product of a
         small-vocabulary model. Use :func:`genprobe.engine.forward_step` for cache-aware default positions.
         """
-        if ids.dim() != 2:
-            raise ValueError(f"ids must be (batch, time), got shape {tuple(ids.shape)}")
-        B, T = ids.shape
-        if T == 0:
-            raise ValueError("ids has no tokens")
-        if logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep must be >= 0 (0 keeps every position), got {logits_to_keep}")
-        defaulted = positions is None
-        if positions is None:
-            positions = default_positions(B, T, cache, attention_mask, ids.device)
-        if positions.shape != (B, T):
-            raise ValueError(f"positions shape {tuple(positions.shape)} != ids shape {(B, T)}")
-        if not torch.compiler.is_compiling():
-            # Range checks read tensor values on the host, which would split a compiled graph; a compiled
-            # caller (genprobe.engine.fast.compiled) checks the same limits before it calls.
-            self.check_positions(positions)  # before any embedding lookup
-            self.check_ids(ids)
-        valid = None if attention_mask is None else attention_mask.to(torch.bool)
-        if valid is not None and valid.shape != (B, T):
-            raise ValueError(f"attention_mask shape {tuple(valid.shape)} != ids shape {(B, T)}")
-        if cache is not None:
-            if document_ids is not None:
-                raise ValueError("document_ids (packing) is a training-time feature; not supported with a cache")
-            k_pos, k_valid = cache.reserve(positions, valid, explicit_positions=not defaulted)
-            if T == 1 and valid is None and defaulted and cache.decode_mask_free and self.alibi_slopes is None:
-                # Plain decode step: one real query at the newest position, every cached key real and at
-                # an earlier default position — all keys are visible, the mask would be all-True: skip it.
-                visible = None
-            else:
-                visible = self._visibility(positions, k_pos, k_valid, None, None, queries_real=valid is None)
-        else:
-            visible = self._visibility(
-                positions, positions, valid, document_ids, document_ids, queries_real=valid is None
-            )
-            k_pos = positions
-        # The (B,1,Tq,Tk) mask is built once per forward and shared by all layers.
-        mask = None if visible is None else visible[:, None, :, :]
-        if self.alibi_slopes is not None:
-            dist = (positions[:, None, :, None] - k_pos[:, None, None, :]).to(torch.float32)
-            alibi = -self.alibi_slopes.view(1, -1, 1, 1) * dist.clamp(min=0)
-            dtype = self.wte.weight.dtype
-            blocked = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, float("-inf"))
-            mask = blocked + alibi.to(dtype)
+        positions, valid, defaulted = self._checked_inputs(ids, positions, cache, attention_mask, logits_to_keep)
+        mask = self._attention_bias(ids, positions, valid, cache, document_ids, defaulted)
         x = self.wte(ids)
         if self.wpe is not None:
             x = x + self.wpe(positions)
@@ -298,6 +257,74 @@ class GPT(nn.Module):
             x = x[:, -logits_to_keep:]
         logits: torch.Tensor = self.lm_head(self.ln_f(x))
         return logits
+
+    def _checked_inputs(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor | None,
+        cache: "CacheLike | None",
+        attention_mask: torch.Tensor | None,
+        logits_to_keep: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """(positions, key validity of this call or None, whether the positions were defaulted), every shape and
+        range checked before any embedding lookup."""
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (batch, time), got shape {tuple(ids.shape)}")
+        B, T = ids.shape
+        if T == 0:
+            raise ValueError("ids has no tokens")
+        if logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be >= 0 (0 keeps every position), got {logits_to_keep}")
+        defaulted = positions is None
+        if positions is None:
+            positions = default_positions(B, T, cache, attention_mask, ids.device)
+        if positions.shape != (B, T):
+            raise ValueError(f"positions shape {tuple(positions.shape)} != ids shape {(B, T)}")
+        if not torch.compiler.is_compiling():
+            # Range checks read tensor values on the host, which would split a compiled graph; a compiled
+            # caller (genprobe.engine.fast.compiled) checks the same limits before it calls.
+            self.check_positions(positions)
+            self.check_ids(ids)
+        valid = None if attention_mask is None else attention_mask.to(torch.bool)
+        if valid is not None and valid.shape != (B, T):
+            raise ValueError(f"attention_mask shape {tuple(valid.shape)} != ids shape {(B, T)}")
+        return positions, valid, defaulted
+
+    def _attention_bias(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        valid: torch.Tensor | None,
+        cache: "CacheLike | None",
+        document_ids: torch.Tensor | None,
+        defaulted: bool,
+    ) -> torch.Tensor | None:
+        """The (B, 1, Tq, Tk) mask (bool; or additive float with ALiBi) every layer shares, None when every key is
+        visible. With a cache, this call's keys are reserved in it first."""
+        T = ids.shape[1]
+        if cache is not None:
+            if document_ids is not None:
+                raise ValueError("document_ids (packing) is a training-time feature; not supported with a cache")
+            k_pos, k_valid = cache.reserve(positions, valid, explicit_positions=not defaulted)
+            if T == 1 and valid is None and defaulted and cache.decode_mask_free and self.alibi_slopes is None:
+                # Plain decode step: one real query at the newest position, every cached key real and at
+                # an earlier default position — all keys are visible, the mask would be all-True: skip it.
+                visible = None
+            else:
+                visible = self._visibility(positions, k_pos, k_valid, None, None, queries_real=valid is None)
+        else:
+            visible = self._visibility(
+                positions, positions, valid, document_ids, document_ids, queries_real=valid is None
+            )
+            k_pos = positions
+        mask = None if visible is None else visible[:, None, :, :]
+        if self.alibi_slopes is not None:
+            dist = (positions[:, None, :, None] - k_pos[:, None, None, :]).to(torch.float32)
+            alibi = -self.alibi_slopes.view(1, -1, 1, 1) * dist.clamp(min=0)
+            dtype = self.wte.weight.dtype
+            blocked = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, float("-inf"))
+            mask = blocked + alibi.to(dtype)
+        return mask
 
 
 def default_positions(

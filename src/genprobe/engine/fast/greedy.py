@@ -142,11 +142,7 @@ def _prefill_then_loop(
         nxt = logits.argmax(dim=-1)
         if step_logits is not None:
             step_logits.append(logits.detach().float().clone())
-        if eos_id is not None:
-            nxt = torch.where(done, torch.full_like(nxt, runner.pad_id), nxt)
-            valid[:, P] = ~done
-        else:
-            valid[:, P] = True
+        valid[:, P] = True  # no row has finished before its first token
         buf[:, P] = nxt
         steps_done = 1
         if eos_id is not None:
