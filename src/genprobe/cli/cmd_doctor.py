@@ -77,6 +77,13 @@ def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
         help="run these stages: " + " ".join(STAGES),
     )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1, as in `genprobe loops`: a small model's decode steps are dominated by "
+        "thread synchronisation, and one thread is many times faster on a shared machine)",
+    )
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help=f"directory for {FILES}")
 
 
@@ -140,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
     out_dir(args.out, FILES)
     if args.max_loop_rate is not None and not 0.0 <= args.max_loop_rate <= 1.0:
         raise ValueError(f"--max-loop-rate must be in [0, 1], got {args.max_loop_rate}")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    import torch
+
+    torch.set_num_threads(args.threads)
     if args.impl:
         if os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
             sys.path.insert(0, os.getcwd())
