@@ -179,3 +179,21 @@ def test_user_code_errors_are_reported_not_raised(trained_ckpt, tmp_path, monkey
     assert run_cli("doctor", trained_ckpt, *args, "--impl", "broken_module:factory") == 2
     assert "half-installed dependency" in capsys.readouterr().err
     assert run_cli("doctor", trained_ckpt, *args, "--impl", "raising_cache") == 2
+
+
+@pytest.mark.parametrize(("preset", "engine"), [("llama.cpp", "llama.cpp"), (None, None)])
+def test_which_fix_runs_the_fixes_as_the_users_engine_does(trained_ckpt, tmp_path, monkeypatch, preset, engine):
+    """The fixes compared are the ones the user's engine offers, run with that engine's semantics (its preset)."""
+    import genprobe.doctor.fixes as fixes
+
+    seen = []
+
+    def fake_compare(model, prompts, cfg, **kw):
+        seen.append(cfg)
+        raise RuntimeError("stop after the configuration")  # the stage error is reported, the run goes on
+
+    monkeypatch.setattr(fixes, "compare_fixes", fake_compare)
+    extra = ("--preset", preset) if preset else ()
+    run_cli("doctor", trained_ckpt, "--only", "fixes", *extra, "--out", tmp_path / "doc")
+    assert seen and seen[0].engine == engine
+    assert set(seen[0].methods) == {"greedy", *fixes.ENGINE_METHODS[preset]}

@@ -322,3 +322,18 @@ def test_compare_on_a_transformers_model_with_human_continuations(judge_dir, tin
         assert 0 in r.method.sampler.ban_ids  # the end token is banned in every row
         assert r.rates.n == 3 and r.judge is not None and r.judge.model == str(tiny.ckpt)
     assert res.method(EDIT).texts != res.method("greedy").texts
+
+
+def test_methods_run_as_the_named_engine_runs_them():
+    """--engine / CompareConfig.engine: each fix with that engine's defaults under its own parameters, its order and
+    arithmetic (SamplerConfig.preset) — llama.cpp's repeat penalty over its last 64 tokens with top-k 40 / top-p 0.95 /
+    min-p 0.05 / temperature 0.8 on, transformers' sampling with top-k 50; genprobe's plain chain without it."""
+    plain = {m.name: m.sampler for m in build_methods(["sample", "rep-1.2"], None, [0], "text")}
+    cpp = {m.name: m.sampler for m in build_methods(["sample", "rep-1.2"], None, [0], "text", engine="llama.cpp")}
+    hf = {m.name: m.sampler for m in build_methods(["sample"], None, [0], "text", engine="hf")}
+    assert plain["rep-1.2"].penalty_last_n is None and plain["sample"].top_k is None
+    rep = cpp["rep-1.2"]
+    assert (rep.repetition_penalty, rep.penalty_last_n, rep.engine, rep.order) == (1.2, 64, "llama.cpp", "llama.cpp")
+    assert (rep.top_k, rep.top_p, rep.min_p, rep.ban_ids) == (40, 0.95, 0.05, (0,))
+    assert cpp["sample"].temperature == 0.8 and hf["sample"].top_k == 50 and hf["sample"].engine == "hf"
+    assert CompareConfig(engine="vllm").engine == "vllm"

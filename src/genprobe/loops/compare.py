@@ -69,6 +69,7 @@ class CompareConfig:
     loop: LoopSettings = field(default_factory=LoopSettings)
     methods: tuple[str, ...] | None = None  # None: every method (edit rows when a patch is given)
     genre: str = "auto"
+    engine: str | None = None  # a sampler preset: every method as that engine runs it (build_methods)
     timing_rounds: int = 3
     samples: int = 3
     min_speed: float = 0.25
@@ -471,7 +472,7 @@ def compare_fixes(
     study = _study(model, cfg, progress)
     ids = study.encode(prompts)
     human, breakers = _human_and_breakers(prompts, continuations, cfg.genre)
-    methods = build_methods(names, model.tokenizer, _bans(model), human.genre)
+    methods = build_methods(names, model.tokenizer, _bans(model), human.genre, cfg.engine)
     sha0 = model.state_sha256()
     log(f"generating {len(prompts)} prompts x {cfg.max_new_tokens} tokens, {len(names)} methods ({human.genre} genre)")
     scans = {m.name: _scan(study, m, ids, prompts, patch, log) for m in methods}

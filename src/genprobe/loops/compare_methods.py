@@ -109,8 +109,15 @@ def _builders(breakers: Callable[[Sequence[str]], tuple], genre: str) -> dict[st
     }
 
 
-def build_methods(names: Sequence[str], tokenizer: Any, ban_ids: Sequence[int], genre: str) -> list[Method]:
-    """The :class:`Method` of every name except ``edit+best`` (built by :func:`edit_with`)."""
+def build_methods(
+    names: Sequence[str], tokenizer: Any, ban_ids: Sequence[int], genre: str, engine: str | None = None
+) -> list[Method]:
+    """The :class:`Method` of every name except ``edit+best`` (built by :func:`edit_with`).
+
+    ``engine`` (a :data:`~genprobe.engine.samplers.PRESETS` name): each method as that engine runs it — its
+    defaults under the method's own parameters (llama.cpp's top-k 40 / top-p 0.95 / min-p 0.05 / temperature 0.8
+    and 64-token penalty window, ``transformers``' top-k 50), its sampler order and its arithmetic
+    (:meth:`SamplerConfig.preset`); None: genprobe's plain chain."""
     cache: dict[tuple, tuple] = {}
 
     def breakers(strings: Sequence[str]) -> tuple:
@@ -121,10 +128,14 @@ def build_methods(names: Sequence[str], tokenizer: Any, ban_ids: Sequence[int], 
 
     build = _builders(breakers, genre)
     return [
-        Method(n, METHODS[n], SamplerConfig(**build[n](), ban_ids=tuple(ban_ids)), patched=n == EDIT)
-        for n in names
-        if n != EDIT_BEST
+        Method(n, METHODS[n], _sampler(build[n](), ban_ids, engine), patched=n == EDIT) for n in names if n != EDIT_BEST
     ]
+
+
+def _sampler(params: dict, ban_ids: Sequence[int], engine: str | None) -> SamplerConfig:
+    if engine is None:
+        return SamplerConfig(**params, ban_ids=tuple(ban_ids))
+    return SamplerConfig.preset(engine, **params, ban_ids=tuple(ban_ids))
 
 
 def edit_with(best: Method) -> Method:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ...engine.samplers import PRESETS
 from .._common import Accumulate, emit_json, info, out_dir
 from ._shared import (
     _calibration,
@@ -56,6 +57,13 @@ def _register_compare(lsub: Any) -> None:
         choices=GENRES,
         default="auto",
         help="tang: reduplication and couplet parallels; text: repeated n-grams (default: auto)",
+    )
+    c.add_argument(
+        "--engine",
+        choices=sorted(PRESETS),
+        default=None,
+        help="run every method as this engine does: its defaults under the method's parameters, its sampler order "
+        "and arithmetic (default: genprobe's plain chain)",
     )
     c.add_argument(
         "--timing-rounds",
@@ -146,6 +154,7 @@ def run_compare(args: argparse.Namespace) -> int:
         loop=calibration.settings if calibration is not None else _loop_settings(args),
         methods=tuple(args.methods) if args.methods else None,
         genre=args.genre,
+        engine=args.engine,
         timing_rounds=args.timing_rounds,
     )
     patch = load_patch(args.patch) if args.patch else None
