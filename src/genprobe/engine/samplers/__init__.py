@@ -6,6 +6,7 @@ dry         llama.cpp's DRY
 xtc         llama.cpp's XTC
 truncation  temperature, top-k, top-p, min-p, typical-p, top-n-σ (genprobe / HF / vLLM arithmetic)
 llamacpp    the same stages on llama.cpp's float32 candidate array
+cmath       C's expf / logf, as llama.cpp's samplers call them (numpy's float32 ones differ by an ulp)
 chain       process_logits, sample_next and friends
 """
 

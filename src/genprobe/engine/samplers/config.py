@@ -36,7 +36,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "genprobe": {},
     "hf": {"top_k": 50},  # GenerationConfig default: generate(do_sample=True) adds top_k=50
     "vllm": {},
-    "llama.cpp": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "penalty_last_n": 64},
+    # common/common.h (common_params_sampling): penalty_last_n and dry_penalty_last_n are both 64
+    "llama.cpp": {
+        "temperature": 0.8,
+        "top_k": 40,
+        "top_p": 0.95,
+        "min_p": 0.05,
+        "penalty_last_n": 64,
+        "dry_last_n": 64,
+    },
 }
 
 LLAMA_CPP_PENALTY_LAST_N = 64

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from .cmath import logf
 from .config import SamplerConfig
 
 FLOAT_MAX_LOG = np.float32(88.7228391)
@@ -100,7 +101,7 @@ def dry_penalties(
             if longest.get(nxt, -1) < L:
                 longest[nxt] = L
     base32, mult32 = np.float32(base), np.float32(multiplier)
-    max_exp = int(FLOAT_MAX_LOG / np.log(base32)) if base32 > np.float32(1.000001) else 0
+    max_exp = int(FLOAT_MAX_LOG / logf(base32)) if base32 > np.float32(1.000001) else 0  # std::log(float)
     out: dict[int, np.float32] = {}
     for tok, L in longest.items():
         if () in breakers.get(tok, ()):

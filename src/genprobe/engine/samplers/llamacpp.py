@@ -9,11 +9,14 @@ sequential float32 sum), so exactly-hit thresholds fall as in llama.cpp:
   ``std::partial_sort`` there — here the lower ids, from a stable sort);
 * top-p keeps up to the first token whose running float32 sum is ``>= p``;
 * min-p compares *logits*: ``logit >= max_logit + logf(p)``;
+* ``expf`` / ``logf`` are the C library's (:mod:`.cmath`): numpy's float32 ones differ by an ulp often enough
+  to move an exactly-hit threshold;
 * typical-p, top-n-σ and XTC as in their ``*_apply`` functions; temperature divides last.
 
 Candidates whose logit is ``-inf`` (bans, no-repeat-n-gram, top-n-σ) stay in the array with
 p = 0, as in llama.cpp; that includes its typical-p quirk: ``0·log 0`` makes the entropy NaN, every
-surprisal NaN, the sort keeps the probability order and typical-p cuts like a top-p with ``>``.
+surprisal NaN, and typical-p cuts like a top-p with ``>`` over the order libstdc++'s ``std::sort`` leaves
+all-equivalent elements in (:func:`std_sort_equivalent`; the probability order up to 16 candidates).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .cmath import expf, logf
 
 F32 = np.float32
 
@@ -50,7 +55,7 @@ class Candidates:
         if do_sort:
             self.sort()
         with np.errstate(invalid="ignore"):
-            e = np.exp(self.logit - self.logit.max(), dtype=F32)
+            e = expf(self.logit - self.logit.max())  # the C library's expf, not numpy's (see .cmath)
         self.p = e / np.cumsum(e, dtype=F32)[-1]
 
 
@@ -77,7 +82,7 @@ def min_p(c: Candidates, p: float) -> None:
     if p <= 0 or not len(c.ids):
         return
     with np.errstate(divide="ignore"):  # a denormal p rounds to 0 in float32: logf gives -inf, as in C
-        min_logit = F32(c.logit.max() + np.log(F32(p)))
+        min_logit = F32(c.logit.max() + logf(F32(p)))
     if c.sorted:
         below = np.nonzero(c.logit[1:] < min_logit)[0]
         c.take(np.arange(below[0] + 1 if len(below) else len(c.ids)))
@@ -91,13 +96,42 @@ def typical(c: Candidates, p: float) -> None:
         return
     c.softmax(do_sort=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        logp = np.log(c.p, dtype=F32)
+        logp = logf(c.p)
         entropy = np.cumsum(-c.p * logp, dtype=F32)[-1]  # NaN when some p == 0, as in llama.cpp
         shifted = np.abs(-logp - entropy, dtype=F32)
-    order = np.argsort(shifted, kind="stable")  # all-NaN keys: the probability order stays
+    # All-NaN keys compare false both ways: std::sort permutes "equal" elements its own way (below).
+    order = np.argsort(shifted, kind="stable") if not np.isnan(entropy) else std_sort_equivalent(len(c.ids))
     over = np.nonzero(np.cumsum(c.p[order], dtype=F32) > F32(p))[0]
     c.take(order[: over[0] + 1] if len(over) else order)
     c.sorted = False
+
+
+def std_sort_equivalent(n: int) -> np.ndarray:
+    """The order libstdc++'s ``std::sort`` leaves ``n`` elements in when every comparison is false (NaN keys).
+
+    ``std::__introsort_loop``: while more than 16 (``_S_threshold``) remain, ``__move_median_to_first`` swaps the
+    middle element to the front (all comparisons false take its last branch) and ``__unguarded_partition``
+    swaps pairs inward from both ends (reversing the rest), then recurses on the right part and loops on the
+    left; ``__final_insertion_sort`` moves nothing. Up to 16 elements the order stays. (libc++ / MSVC differ.)
+    """
+    a = list(range(n))
+
+    def loop(lo: int, hi: int) -> None:
+        while hi - lo > 16:
+            mid = lo + (hi - lo) // 2
+            a[lo], a[mid] = a[mid], a[lo]
+            first, last = lo + 1, hi
+            while True:
+                last -= 1
+                if not first < last:
+                    break
+                a[first], a[last] = a[last], a[first]
+                first += 1
+            loop(first, hi)
+            hi = first
+
+    loop(0, n)
+    return np.array(a, dtype=np.int64)
 
 
 def top_n_sigma(c: Candidates, n: float) -> None:

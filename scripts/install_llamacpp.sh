@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Install llama.cpp's Python bindings, llama-cpp-python 0.3.36 (genprobe's optional extra `llamacpp`), into .venv.
+#
+# Usage: bash scripts/install_llamacpp.sh        (after scripts/setup.sh; run by users, never by the tests)
+#   LLAMACPP_REBUILD=1         build again even when a cached wheel fits
+#   GENPROBE_LLAMACPP_SDIST=F  use this local copy of the sdist instead of downloading it (its sha256 is checked)
+#
+# The package registry has llama-cpp-python as source only, and `pip install llama-cpp-python` builds it with
+# llama.cpp's default -DGGML_NATIVE=ON, whose quantized kernels crashed on the 2-core test machines. So:
+#   1. a wheel built earlier on this machine for this Python (<cache>/wheels/, beside the wheels `genprobe fetch`
+#      keeps; its build flags recorded next to it) is installed as is — seconds;
+#   2. otherwise the sdist is downloaded with pip (pinned version, sha256 checked), built into a wheel with the
+#      explicit flags below (~6 min on 2 cores), kept in the cache, and installed;
+#   3. llama.cpp's own source tree of that version (convert_hf_to_gguf.py, gguf-py: what the quantization study
+#      writes GGUF files with) is extracted once to <cache>/llama.cpp-0.3.36/.
+# Prints the wall time. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+
+VERSION=0.3.36
+SDIST=llama_cpp_python-$VERSION.tar.gz
+SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+CACHE="${GENPROBE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/genprobe}"  # genprobe.registry.cache_root()
+WHEELS="$CACHE/wheels"
+SOURCE_TREE="$CACHE/llama.cpp-$VERSION"
+PY=.venv/bin/python
+
+# Why each flag:
+#   GGML_NATIVE=OFF      -march=native crashed in the quantized (Q4/Q8) kernels on these machines; name the ISA instead
+#   GGML_AVX/AVX2/FMA/F16C=ON  the x86-64 extensions every machine we run on has (checked below), so the wheel is
+#                        portable across them and still vectorised
+#   GGML_AVX512=OFF      not every CPU here has AVX-512, and a wheel kept in a shared cache must run on all of them
+#   LLAMA_BUILD_TESTS/EXAMPLES/SERVER/TOOLS=OFF  only the library the bindings load: halves the build time
+#   LLAMA_CURL=OFF       no libcurl dependency (genprobe never downloads at run time)
+CMAKE_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF"
+CMAKE_FLAGS="$CMAKE_FLAGS -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"
+CMAKE_FLAGS="$CMAKE_FLAGS -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF"
+
+die() { echo "install_llamacpp: $*" >&2; exit 1; }
+elapsed() { echo "install_llamacpp: done in $(( $(date +%s) - START )) s ($1)"; }
+
+[ -x "$PY" ] || die "no .venv here: run \`bash scripts/setup.sh\` first"
+[ "$(uname -m)" = x86_64 ] || die "this recipe builds for x86-64 (AVX2); on $(uname -m) build llama-cpp-python $VERSION yourself"
+for flag in avx2 fma f16c; do
+  grep -qw "$flag" /proc/cpuinfo 2>/dev/null || die "this CPU lacks $flag, which the pinned build flags (-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON) need"
+done
+mkdir -p "$WHEELS"
+
+# What makes a cached wheel fit: built here (x86-64 Linux) with the same flags, recorded beside it. The wheel is
+# py3-none (the bindings load the library with ctypes), so one build serves every Python 3 of the machine.
+WHEEL_NAME=llama_cpp_python-$VERSION-py3-none-linux_x86_64.whl
+BUILD_INFO="$WHEELS/$WHEEL_NAME.build-flags"
+WHEEL=""
+[ -f "$WHEELS/$WHEEL_NAME" ] && WHEEL="$WHEELS/$WHEEL_NAME"
+
+fetch_sdist() {  # prints the path of the checked sdist (the cache's copy)
+  local dest="$WHEELS/$SDIST"
+  if [ ! -f "$dest" ]; then
+    if [ -n "${GENPROBE_LLAMACPP_SDIST:-}" ]; then
+      cp "$GENPROBE_LLAMACPP_SDIST" "$dest.part"
+    else
+      local tmp; tmp=$(mktemp -d)
+      "$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps -d "$tmp" \
+        "llama-cpp-python==$VERSION" >&2 || die "pip could not download llama-cpp-python==$VERSION (network/registry?)"
+      mv "$tmp/$SDIST" "$dest.part" && rm -rf "$tmp"
+    fi
+    echo "$SDIST_SHA256  $dest.part" | sha256sum -c --quiet - >&2 || { rm -f "$dest.part"; die "$SDIST: sha256 mismatch (expected $SDIST_SHA256)"; }
+    mv "$dest.part" "$dest"
+  fi
+  echo "$dest"
+}
+
+build_wheel() {
+  command -v c++ >/dev/null || command -v g++ >/dev/null \
+    || die "no C++ compiler: install one (Debian/Ubuntu: \`sudo apt-get install g++\`, as scripts/install_system_packages.sh does) and rerun"
+  command -v cmake >/dev/null \
+    || echo "install_llamacpp: no cmake on PATH; pip will fetch cmake for the build (or: sudo apt-get install cmake)" >&2
+  local sdist out
+  sdist=$(fetch_sdist)
+  out=$(mktemp -d)
+  echo "install_llamacpp: building llama-cpp-python $VERSION from source with $CMAKE_FLAGS (~6 min on 2 cores)" >&2
+  CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    "$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$out" "$sdist" \
+    || die "the build failed (see pip's output above); a C++17 compiler and cmake >= 3.21 are needed"
+  [ -f "$out/$WHEEL_NAME" ] || die "the build made $(ls "$out"), not $WHEEL_NAME"
+  mv "$out/$WHEEL_NAME" "$WHEELS/$WHEEL_NAME.part" && mv "$WHEELS/$WHEEL_NAME.part" "$WHEELS/$WHEEL_NAME" && rm -rf "$out"
+  echo "$CMAKE_FLAGS" > "$BUILD_INFO"
+  WHEEL="$WHEELS/$WHEEL_NAME"
+}
+
+extract_source() {  # llama.cpp's tree at this version (converter, gguf-py), once, atomically
+  if [ -f "$SOURCE_TREE/convert_hf_to_gguf.py" ] && [ -d "$SOURCE_TREE/gguf-py" ]; then
+    return
+  fi
+  local sdist tmp
+  sdist=$(fetch_sdist)
+  tmp=$(mktemp -d "$CACHE/.llama.cpp-XXXXXX")
+  tar -xzf "$sdist" -C "$tmp" "llama_cpp_python-$VERSION/vendor/llama.cpp"
+  rm -rf "$SOURCE_TREE" && mv "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp" "$SOURCE_TREE" && rm -rf "$tmp"
+}
+
+how="cached wheel"
+if [ -n "${LLAMACPP_REBUILD:-}" ] || [ -z "$WHEEL" ] || [ "$(cat "$BUILD_INFO" 2>/dev/null)" != "$CMAKE_FLAGS" ]; then
+  build_wheel
+  how="built from source"
+fi
+echo "install_llamacpp: installing $(basename "$WHEEL") ($how)"
+"$PY" -m pip install -q --disable-pip-version-check "$WHEEL"
+extract_source
+echo "install_llamacpp: llama.cpp $VERSION source tree (convert_hf_to_gguf.py, gguf-py): $SOURCE_TREE"
+# Loading the library is the check: a wheel built for another CPU fails here, not in the middle of a run.
+"$PY" - <<'PYEOF' || die "llama_cpp is installed but not usable (above); rebuild with LLAMACPP_REBUILD=1"
+from genprobe.serving.llamacpp import llama_cpp_problem, require_llama_cpp
+
+problem = llama_cpp_problem()
+if problem:
+    raise SystemExit(problem)
+lc = require_llama_cpp()
+sampler = lc.llama_sampler_init_top_k(1)
+lc.llama_sampler_free(sampler)
+print(f"install_llamacpp: llama_cpp {lc.__version__} loads ({lc.__file__})")
+PYEOF
+elapsed "$how"

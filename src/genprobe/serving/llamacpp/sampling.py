@@ -1,0 +1,484 @@
+"""genprobe's :class:`~genprobe.engine.sampling.SamplerConfig` as llama.cpp's own sampler chain — exactly, or refused.
+
+llama.cpp samples through a chain of samplers on a candidate array (``llama_token_data_array``: id, logit, p,
+sorted). ``common_sampler_init`` (common/sampling.cpp) builds it as: ``logit_bias`` (the user's biases), then
+``params.samplers`` in order — by default (common/common.h, ``common_params_sampling::samplers``) penalties, DRY,
+top-n-σ, top-k, typical, top-p, min-p, XTC, temperature (``llama_sampler_init_temp_ext``) — and ``dist(seed)``
+last. genprobe's ``engine="llama.cpp"`` replays the same samplers in float32
+(:mod:`genprobe.engine.samplers.llamacpp`, its adjustments first: penalties, DRY, bans); here the *real* chain is
+built from a config through the C API of llama-cpp-python 0.3.36 (``llama_sampler_chain_init`` /
+``llama_sampler_chain_add`` / ``llama_sampler_init_*``), so the two can be held against each other
+(tests/serving/llamacpp/test_sampler_chain.py) and the scan backend can sample with llama.cpp itself.
+
+How a config maps (each line: llama.cpp's function; src/llama-sampler.cpp unless said):
+
+=======================  =================================================================================
+``ban_ids``              ``llama_sampler_init_logit_bias`` with ``-INFINITY`` biases, first (as common does
+                         with suppressed tokens)
+penalties                ``llama_sampler_init_penalties(n_vocab, last_n, repeat, freq, present)``; the window
+                         None → 64 (common.h); genprobe's ``-1`` (whole history) → the context length, since
+                         llama.cpp clamps a negative window to 0 = *off* (``std::max(penalty_last_n, 0)``)
+DRY                      ``llama_sampler_init_dry(vocab, mult, base, allowed, last_n, breakers)``; breakers are
+                         *strings* tokenized with the model's vocabulary (``get_overlapping_token_sequences``):
+                         pass them as ``dry_breaker_strings``; their expansion must equal the config's
+                         ``dry_sequence_breakers``; ``dry_last_n=-1`` → the context length, as above
+the order's stages       ``ORDERS[cfg.order]`` (``--samplers`` in llama.cpp: any order): ``top_n_sigma(n)``,
+                         ``top_k(k)``, ``typical(p, 0)``, ``top_p(p, 0)``, ``min_p(p, 0)``,
+                         ``xtc(p, t, 0, seed)``, ``temp_ext(τ, 0, 1)`` — min_keep 0, common's default; a
+                         stage that is off is still added with its "off" value, as common does
+``greedy``               ``llama_sampler_init_greedy`` after the adjustments (first maximum in array order).
+                         llama.cpp's own ``--temp 0`` is *not* this: it keeps the truncation stages and then
+                         keeps the first maximum (``llama_sampler_temp_impl``), so typical-p and XTC can move
+                         it; genprobe's greedy is the argmax of the adjusted logits
+draw                     ``llama_sampler_init_dist(seed)`` (a std::mt19937; genprobe's torch generator draws
+                         other numbers: same distribution, different samples — XTC's per-step coin too)
+=======================  =================================================================================
+
+Refused (llama.cpp has no such sampler): ``no_repeat_ngram``, contrastive search (``penalty_alpha``); and any
+active stage whose arithmetic is another engine's (``engine`` ≠ ``"llama.cpp"``): HF's top-k keeps ties,
+vLLM's top-p sorts ascending, etc. A config field this module does not know is refused while it is not at its
+default, so a sampler added later is never dropped silently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ...engine.samplers.dry import breakers_from_strings
+from ...engine.sampling import ORDERS, SamplerConfig
+from ._bindings import require_llama_cpp
+
+#: llama.cpp's default penalty window (common/common.h: ``penalty_last_n = 64``).
+LLAMA_CPP_DEFAULT_PENALTY_LAST_N = 64
+#: The seed of ``llama_sampler_init_dist`` / ``_xtc`` when none is given (any fixed value: runs must repeat).
+DEFAULT_SEED = 1234
+_TOKEN_DTYPE = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
+
+
+class UnsupportedLlamaCppSamplerError(ValueError):
+    """A sampler setting that llama.cpp's sampler chain cannot express exactly (named in the message)."""
+
+
+@dataclass(frozen=True)
+class ChainStage:
+    """One sampler of the chain: llama.cpp's init function (without ``llama_sampler_init_``) and its arguments."""
+
+    name: str
+    args: tuple[Any, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return {"name": self.name, "args": [list(a) if isinstance(a, tuple) else a for a in self.args]}
+
+
+@dataclass(frozen=True)
+class KeptCandidates:
+    """What llama.cpp's chain left in its candidate array for one row, in the array's order.
+
+    ``ids`` / ``logits`` (after every stage, temperature included) hold the candidates whose logit is not
+    ``-inf`` (top-n-σ and the bans leave ``-inf`` entries in the array, with p = 0); ``probs`` is the sampling
+    distribution over them as ``llama_sampler_dist_apply`` computes it (``expf(logit − max)`` in float32, summed
+    in double, each divided by the sum).
+    """
+
+    ids: np.ndarray
+    logits: np.ndarray
+    probs: np.ndarray
+    sorted: bool
+    stages: tuple[ChainStage, ...] = field(default=())
+
+    def as_dict(self) -> dict[int, float]:
+        """``{id: probability}``."""
+        return {int(i): float(p) for i, p in zip(self.ids, self.probs, strict=True)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return {
+            "ids": [int(i) for i in self.ids],
+            "logits": [float(x) for x in self.logits],
+            "probs": [float(p) for p in self.probs],
+            "sorted": self.sorted,
+            "stages": [s.to_dict() for s in self.stages],
+        }
+
+
+# ---- the mapping (pure: no bindings needed) ---------------------------------------------------------------
+_ARITHMETIC_OFF: dict[str, Callable[[SamplerConfig], bool]] = {
+    "temp": lambda c: c.temperature == 1.0,
+    "top_k": lambda c: not c.top_k,
+    "top_p": lambda c: c.top_p is None or c.top_p >= 1.0,
+    "min_p": lambda c: not c.min_p,
+    "typical": lambda c: c.typical_p is None or c.typical_p >= 1.0,
+    "top_n_sigma": lambda c: not c.top_n_sigma,
+    "xtc": lambda c: not c.xtc_active,
+}
+_KNOWN_FIELDS = {
+    *("greedy", "temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma", "ban_ids"),
+    *("repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_last_n"),
+    *("dry_multiplier", "dry_base", "dry_allowed_length", "dry_last_n", "dry_sequence_breakers"),
+    *("xtc_probability", "xtc_threshold", "order", "engine"),
+}
+
+
+def _penalised(cfg: SamplerConfig) -> bool:
+    return cfg.repetition_penalty != 1.0 or cfg.presence_penalty != 0.0 or cfg.frequency_penalty != 0.0
+
+
+def _refuse_unsupported(cfg: SamplerConfig) -> None:
+    if cfg.no_repeat_ngram:
+        raise UnsupportedLlamaCppSamplerError(
+            f"no_repeat_ngram={cfg.no_repeat_ngram}: llama.cpp has no no-repeat-n-gram sampler (use DRY or penalties)"
+        )
+    if cfg.penalty_alpha:
+        raise UnsupportedLlamaCppSamplerError("penalty_alpha > 0 is contrastive search, which llama.cpp does not have")
+    default = SamplerConfig()
+    for f in fields(SamplerConfig):
+        if f.name not in _KNOWN_FIELDS and f.name not in ("no_repeat_ngram", "penalty_alpha"):
+            if getattr(cfg, f.name) != getattr(default, f.name):
+                raise UnsupportedLlamaCppSamplerError(f"{f.name}={getattr(cfg, f.name)!r} has no llama.cpp mapping yet")
+    stages = [] if cfg.greedy else [s for s in ORDERS[cfg.order] if not _ARITHMETIC_OFF[s](cfg)]
+    arithmetic = (["penalties"] if _penalised(cfg) else []) + (["dry"] if cfg.dry_active else []) + stages
+    if arithmetic and cfg.engine != "llama.cpp":
+        raise UnsupportedLlamaCppSamplerError(
+            f"engine={cfg.engine!r} computes {', '.join(arithmetic)} with its own arithmetic (ties, rounding, "
+            "windows); llama.cpp's differs. Describe llama.cpp's sampler with engine='llama.cpp' (e.g. "
+            "SamplerConfig.preset('llama.cpp', ...)) to run it through llama.cpp"
+        )
+
+
+def _window(n: int | None, default: int, context_length: int) -> int:
+    """genprobe's window (None = the engine default, -1 = everything) as llama.cpp's non-negative last_n."""
+    if n is None:
+        return default
+    return context_length if n < 0 else n
+
+
+def _stage(cfg: SamplerConfig, name: str, seed: int) -> ChainStage:
+    if name == "top_n_sigma":
+        return ChainStage("top_n_sigma", (float(cfg.top_n_sigma or -1.0),))  # common.h: -1 = off
+    if name == "top_k":
+        return ChainStage("top_k", (int(cfg.top_k or 0),))
+    if name == "typical":
+        return ChainStage("typical", (float(cfg.typical_p if cfg.typical_p is not None else 1.0), 0))
+    if name == "top_p":
+        return ChainStage("top_p", (float(cfg.top_p if cfg.top_p is not None else 1.0), 0))
+    if name == "min_p":
+        return ChainStage("min_p", (float(cfg.min_p or 0.0), 0))
+    if name == "xtc":
+        return ChainStage("xtc", (float(cfg.xtc_probability), float(cfg.xtc_threshold), 0, seed))
+    return ChainStage("temp_ext", (float(cfg.temperature), 0.0, 1.0))
+
+
+def chain_stages(
+    cfg: SamplerConfig,
+    *,
+    context_length: int,
+    dry_breaker_strings: Sequence[str] = (),
+    seed: int = DEFAULT_SEED,
+    final: str | None = "dist",
+) -> tuple[ChainStage, ...]:
+    """The chain llama.cpp runs for ``cfg`` (refused with the setting's name where it has none).
+
+    ``context_length`` stands for genprobe's ``-1`` windows (llama.cpp has no "whole history"); ``final`` is the
+    selecting sampler: ``"dist"`` (``greedy`` for a greedy config), or None for the candidates only.
+    """
+    _refuse_unsupported(cfg)
+    out: list[ChainStage] = []
+    if cfg.ban_ids:
+        out.append(ChainStage("logit_bias", (tuple(sorted(set(cfg.ban_ids))),)))
+    if _penalised(cfg):
+        last_n = _window(cfg.penalty_last_n, LLAMA_CPP_DEFAULT_PENALTY_LAST_N, context_length)
+        pen = (last_n, float(cfg.repetition_penalty), float(cfg.frequency_penalty), float(cfg.presence_penalty))
+        out.append(ChainStage("penalties", pen))
+    if cfg.dry_active:
+        dry_n = _window(cfg.dry_last_n, context_length, context_length)
+        args = (float(cfg.dry_multiplier), float(cfg.dry_base), int(cfg.dry_allowed_length), dry_n)
+        out.append(ChainStage("dry", (*args, tuple(dry_breaker_strings))))
+    if not cfg.greedy:
+        out.extend(_stage(cfg, name, seed) for name in ORDERS[cfg.order])
+    if final is not None:
+        out.append(ChainStage("greedy", ()) if cfg.greedy else ChainStage("dist", (seed,)))
+    return tuple(out)
+
+
+# ---- the vocabulary DRY needs ------------------------------------------------------------------------------
+_QUIET_LOG: Any = None  # the ctypes callback must outlive every call that may log
+
+
+def _quiet(lc: ModuleType) -> None:
+    """Route llama.cpp's log lines (model loading prints dozens) to nowhere, once per process."""
+    global _QUIET_LOG
+    if _QUIET_LOG is None:
+        _QUIET_LOG = lc.llama_log_callback(lambda level, text, user_data: None)
+        lc.llama_log_set(_QUIET_LOG, ctypes.c_void_p(0))
+
+
+class LlamaVocab:
+    """A GGUF file's vocabulary only (``vocab_only=True``: no weights): what ``llama_sampler_init_dry`` needs.
+
+    Use as a context manager (``llama_model_free`` on exit). :meth:`dry_breakers` expands breaker strings into
+    the token sequences llama.cpp will use (``get_overlapping_token_sequences``, on bytes as there).
+    """
+
+    def __init__(self, gguf_path: str | Path):
+        self.lc = require_llama_cpp()
+        _quiet(self.lc)
+        self.lc.llama_backend_init()
+        params = self.lc.llama_model_default_params()
+        params.vocab_only = True
+        path = Path(gguf_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no GGUF file at {path}")
+        self._model = self.lc.llama_model_load_from_file(str(path).encode(), params)
+        if not self._model:
+            raise ValueError(f"llama.cpp could not read the vocabulary of {path}")
+        self.vocab = self.lc.llama_model_get_vocab(self._model)
+        self.n_tokens = int(self.lc.llama_vocab_n_tokens(self.vocab))
+        self._texts: list[bytes] | None = None
+        self._breakers: dict[tuple[str, ...], tuple[tuple[int, ...], ...]] = {}
+
+    def token_bytes(self, token: int) -> bytes:
+        """``vocab.detokenize({token}, special=true)`` — the text DRY matches breakers against."""
+        ids = (self.lc.llama_token * 1)(token)
+        buf = ctypes.create_string_buffer(256)
+        n = self.lc.llama_detokenize(self.vocab, ids, 1, buf, 256, False, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self.lc.llama_detokenize(self.vocab, ids, 1, buf, -n, False, True)
+        return buf.raw[:n]
+
+    def tokenize(self, text: bytes) -> list[int]:
+        """``vocab.tokenize(text, add_special=false, parse_special=false)``."""
+        cap = len(text) + 8
+        out = (self.lc.llama_token * cap)()
+        n = self.lc.llama_tokenize(self.vocab, text, len(text), out, cap, False, False)
+        return [int(t) for t in out[:n]]
+
+    def dry_breakers(self, strings: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """The ``(head, *tail)`` sequences llama.cpp derives from breaker strings with this vocabulary (cached)."""
+        key = tuple(strings)
+        if key not in self._breakers:
+            self._breakers[key] = self._expand(key)
+        return self._breakers[key]
+
+    def _expand(self, strings: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        if self._texts is None:
+            self._texts = [self.token_bytes(i) for i in range(self.n_tokens)]
+        texts = self._texts
+        as_bytes: Any = [s.encode() for s in strings]  # breakers_from_strings works on bytes as on str
+        text_of: Any = texts.__getitem__
+        encode: Any = self.tokenize
+        return breakers_from_strings(as_bytes, self.n_tokens, text_of, encode)
+
+    def close(self) -> None:
+        """Free the model (idempotent)."""
+        if self._model:
+            self.lc.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "LlamaVocab":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_breakers(cfg: SamplerConfig, strings: Sequence[str], vocab: LlamaVocab | None) -> None:
+    if not cfg.dry_active:
+        return
+    if vocab is None:
+        raise UnsupportedLlamaCppSamplerError(
+            "DRY (dry_multiplier > 0) needs a vocabulary in llama.cpp (llama_sampler_init_dry): pass vocab="
+            "LlamaVocab(<a .gguf file>)"
+        )
+    theirs = set(vocab.dry_breakers(strings)) if strings else set()
+    ours = set(cfg.dry_sequence_breakers)
+    if theirs != ours:
+        raise UnsupportedLlamaCppSamplerError(
+            f"dry_sequence_breakers: llama.cpp takes breakers as strings; dry_breaker_strings={list(strings)!r} "
+            f"expand to {len(theirs)} token sequences with this vocabulary, the config holds {len(ours)} "
+            f"(e.g. only ours: {sorted(ours - theirs)[:3]}, only theirs: {sorted(theirs - ours)[:3]}); build the "
+            "config's breakers with LlamaVocab.dry_breakers(strings)"
+        )
+
+
+# ---- the chain as C objects --------------------------------------------------------------------------------
+def _init(lc: ModuleType, stage: ChainStage, vocab: LlamaVocab | None, n_vocab: int) -> Any:
+    a = stage.args
+    if stage.name == "logit_bias":
+        biases = (lc.llama_logit_bias * len(a[0]))(*[lc.llama_logit_bias(t, float("-inf")) for t in a[0]])
+        return lc.llama_sampler_init_logit_bias(n_vocab, len(a[0]), biases)  # copies the biases
+    if stage.name == "penalties":
+        return lc.llama_sampler_init_penalties(n_vocab, *a)
+    if stage.name == "dry":
+        assert vocab is not None  # _check_breakers refused it
+        strings = [s.encode() for s in a[4]]
+        arr = (ctypes.c_char_p * max(len(strings), 1))(*strings)
+        return lc.llama_sampler_init_dry(vocab.vocab, a[0], a[1], a[2], a[3], arr, len(strings))
+    return getattr(lc, f"llama_sampler_init_{stage.name}")(*a)
+
+
+def build_chain(lc: ModuleType, stages: Sequence[ChainStage], vocab: LlamaVocab | None, n_vocab: int) -> Any:
+    """A ``llama_sampler`` chain owning one sampler per stage (free it with ``llama_sampler_free``)."""
+    params = lc.llama_sampler_chain_default_params()
+    params.no_perf = True
+    chain = lc.llama_sampler_chain_init(params)
+    for stage in stages:
+        lc.llama_sampler_chain_add(chain, _init(lc, stage, vocab, n_vocab))  # the chain takes ownership
+    return chain
+
+
+class _CandidateArray:
+    """A ``llama_token_data_array`` over a buffer this object owns (alive as long as the object is)."""
+
+    def __init__(self, lc: ModuleType, logits: np.ndarray):
+        row = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
+        self.buf = (lc.llama_token_data * len(row))()
+        view = np.frombuffer(self.buf, dtype=_TOKEN_DTYPE)
+        view["id"], view["logit"], view["p"] = np.arange(len(row), dtype=np.int32), row, 0.0
+        self.base = ctypes.addressof(self.buf)
+        data = ctypes.cast(self.buf, lc.llama_token_data_p)
+        self.cur = lc.llama_token_data_array(data, len(row), -1, False)
+
+    def rows(self) -> np.ndarray:
+        """The candidates now in the array (samplers may move ``data`` forward: XTC does) — a copy."""
+        start = (ctypes.cast(self.cur.data, ctypes.c_void_p).value or self.base) - self.base
+        view = np.frombuffer(self.buf, dtype=_TOKEN_DTYPE)
+        first = start // _TOKEN_DTYPE.itemsize
+        return view[first : first + int(self.cur.size)].copy()
+
+    def selected_id(self) -> int:
+        """The id at ``selected`` (set by dist / greedy)."""
+        if self.cur.selected < 0:
+            raise ValueError("llama.cpp's chain selected no token (empty candidate array)")
+        return int(self.cur.data[int(self.cur.selected)].id)  # ``data`` as the chain left it (XTC moves it)
+
+
+def _history(history: Sequence[int] | np.ndarray | None) -> list[int]:
+    if history is None:
+        return []
+    return [int(t) for t in np.asarray(history).reshape(-1) if int(t) >= 0]  # < 0 is genprobe's padding
+
+
+def chain_candidates(
+    logits: np.ndarray | Sequence[float],
+    history: Sequence[int] | np.ndarray | None,
+    cfg: SamplerConfig,
+    *,
+    vocab: LlamaVocab | None = None,
+    dry_breaker_strings: Sequence[str] = (),
+    context_length: int | None = None,
+    seed: int = DEFAULT_SEED,
+) -> KeptCandidates:
+    """Run llama.cpp's chain for ``cfg`` (without the final draw) on one row of logits after ``history``.
+
+    Each history token is accepted first (``llama_sampler_accept``: penalties and DRY keep their own window of
+    them); ``context_length`` (default: the history's length, at least 1) stands for genprobe's ``-1`` windows.
+    """
+    lc = require_llama_cpp()
+    row = np.asarray(logits, dtype=np.float32).reshape(-1)
+    hist = _history(history)
+    ctx = context_length if context_length is not None else max(len(hist), 1)
+    stages = chain_stages(cfg, context_length=ctx, dry_breaker_strings=dry_breaker_strings, seed=seed, final=None)
+    _check_breakers(cfg, dry_breaker_strings, vocab)
+    chain = build_chain(lc, stages, vocab, len(row))
+    dist = lc.llama_sampler_init_dist(seed)
+    try:
+        for t in hist:
+            lc.llama_sampler_accept(chain, t)
+        arr = _CandidateArray(lc, row)
+        lc.llama_sampler_apply(chain, ctypes.byref(arr.cur))
+        is_sorted = bool(arr.cur.sorted)
+        lc.llama_sampler_apply(dist, ctypes.byref(arr.cur))  # only for its probabilities: p = expf(...) / sum
+        kept = arr.rows()
+    finally:
+        lc.llama_sampler_free(dist)
+        lc.llama_sampler_free(chain)
+    live = kept["logit"] != -np.inf
+    ids, lg, p = kept["id"][live], kept["logit"][live], kept["p"][live]
+    return KeptCandidates(ids=ids, logits=lg, probs=p, sorted=is_sorted, stages=stages)
+
+
+class LlamaCppSampler:
+    """llama.cpp's sampler chain for one sequence: :meth:`accept` each token, :meth:`sample` the next one.
+
+    ``with LlamaCppSampler(cfg, n_vocab=V, context_length=C) as s: s.accept_all(prompt); t = s.sample(row)``.
+    The chain (and the samplers it owns) is freed on :meth:`close`. :meth:`sample` does not accept the token
+    it returns: call :meth:`accept` with what the sequence really continues with, as ``common_sampler_accept``.
+    """
+
+    def __init__(
+        self,
+        cfg: SamplerConfig,
+        *,
+        n_vocab: int,
+        context_length: int,
+        vocab: LlamaVocab | None = None,
+        dry_breaker_strings: Sequence[str] = (),
+        seed: int = DEFAULT_SEED,
+    ):
+        self.lc = require_llama_cpp()
+        self.stages = chain_stages(
+            cfg, context_length=context_length, dry_breaker_strings=dry_breaker_strings, seed=seed
+        )
+        _check_breakers(cfg, dry_breaker_strings, vocab)
+        outside = sorted(i for i in set(cfg.ban_ids) if i >= n_vocab)
+        if outside:  # llama.cpp's logit_bias would skip them silently
+            raise UnsupportedLlamaCppSamplerError(f"ban_ids {outside} are outside the vocabulary of {n_vocab}")
+        self.n_vocab = n_vocab
+        self._chain = build_chain(self.lc, self.stages, vocab, n_vocab)
+
+    def accept(self, token: int) -> None:
+        """Tell the chain the sequence continues with ``token`` (penalty and DRY windows, RNG-free)."""
+        self._require_open()
+        self.lc.llama_sampler_accept(self._chain, int(token))
+
+    def accept_all(self, tokens: Sequence[int] | np.ndarray) -> None:
+        """:meth:`accept` each token (a prompt); entries < 0 (padding) are skipped."""
+        for t in _history(tokens):
+            self.accept(t)
+
+    def sample(self, logits: np.ndarray | Sequence[float]) -> int:
+        """One token from a row of ``n_vocab`` logits: the whole chain, its draw (or argmax) included."""
+        self._require_open()
+        row = np.asarray(logits, dtype=np.float32).reshape(-1)
+        if len(row) != self.n_vocab:
+            raise ValueError(f"a row of {len(row)} logits; this sampler was built for a vocabulary of {self.n_vocab}")
+        arr = _CandidateArray(self.lc, row)
+        self.lc.llama_sampler_apply(self._chain, ctypes.byref(arr.cur))
+        return arr.selected_id()
+
+    def reset(self) -> None:
+        """Forget the accepted tokens and reseed (``llama_sampler_reset``): a new sequence."""
+        self._require_open()
+        self.lc.llama_sampler_reset(self._chain)
+
+    def _require_open(self) -> None:
+        if self._chain is None:
+            raise ValueError("this LlamaCppSampler is closed")
+
+    def close(self) -> None:
+        """Free the chain (idempotent)."""
+        if self._chain is not None:
+            self.lc.llama_sampler_free(self._chain)
+            self._chain = None
+
+    def __enter__(self) -> "LlamaCppSampler":
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # a forgotten close() must not leak the C chain
+        try:
+            self.close()
+        except Exception:
+            pass
