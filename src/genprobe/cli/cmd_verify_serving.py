@@ -49,6 +49,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_argument(p)
     p.add_argument("--engine", choices=("vllm",), default="vllm", help="serving engine (default vllm)")
     p.add_argument(
+        "--backend",
+        choices=("vllm", "llama.cpp"),
+        default="vllm",
+        help="vllm (default: the model directory served by vLLM) or llama.cpp (MODEL is a GGUF file, or a catalog "
+        "name whose GGUF `genprobe fetch` kept: every position's logits against float32 recomputation of the same "
+        "weights dequantized and against llama.cpp's own prefill; phases prefill, decode, batch, prompt_cache, "
+        "prompt_cache_diverge, context_shift)",
+    )
+    p.add_argument(
         "--reference", metavar="MODEL", help="the weights the deployment should serve (default: MODEL itself)"
     )
     p.add_argument(
@@ -64,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_prompt_arguments(p, help_default=" (default: seeded random token ids)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
     add_engine_arguments(p, max_num_batched_tokens=32, max_num_seqs=32, block_size=32)
+    _add_llamacpp_arguments(p)
     p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on |Δ log p| (default 1e-4)")
     p.add_argument("--bug", type=float, default=1.0, help="bug threshold on max |Δ log p| (default 1.0)")
     p.add_argument(
@@ -74,6 +84,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_json_flag(p)
     p.set_defaults(func=run)
+
+
+def _add_llamacpp_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("llama.cpp (with --backend llama.cpp)")
+    g.add_argument("--threads", type=int, default=1, help="llama.cpp and torch CPU threads (default 1)")
+    g.add_argument(
+        "--kv-type",
+        choices=("f16", "f32"),
+        default="f16",
+        help="KV-cache element type (default f16, llama.cpp's default; f32 makes an F32 file exact float32 "
+        "arithmetic, judged on recomputation)",
+    )
+    g.add_argument(
+        "--n-ctx", type=int, default=256, help="context length (rounded up to 256 as llama.cpp does; default 256)"
+    )
+    g.add_argument("--n-keep", type=int, default=4, help="tokens the context shift keeps at the start (default 4)")
 
 
 def _options(args: argparse.Namespace):
@@ -95,9 +121,11 @@ def run(args: argparse.Namespace) -> int:
     from ..serving.verify import verify_serving
     from ..verify.compare import Thresholds
 
+    th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
+    if args.backend == "llama.cpp":
+        return run_llamacpp(args, th)
     if vllm_missing("verify-serving"):
         return 2
-    th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
     report = verify_serving(
         args.model,
         args.reference,
@@ -118,6 +146,81 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({**report.to_dict(), "failing": failing, "exit_status": rc})
     return rc
+
+
+def run_llamacpp(args: argparse.Namespace, th) -> int:
+    """``--backend llama.cpp``: every phase on the GGUF file, the llama.cpp table; exit 1 when a phase reaches
+    --fail-on, 2 when the bindings are missing."""
+    import torch
+
+    from ..serving.llamacpp import llama_cpp_problem
+
+    problem = llama_cpp_problem()
+    if problem:
+        print(f"genprobe verify-serving: error: {problem}", file=sys.stderr)
+        return 2
+    from ..serving.llamacpp.scan import gguf_file_for
+    from ..serving.llamacpp.verify import verify_serving_llamacpp
+
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    report = verify_serving_llamacpp(
+        gguf_file_for(args.model),
+        args.reference or args.model,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        kv_type=args.kv_type,
+        prompts=_encode_prompts(args),
+        steps=args.max_new_tokens,
+        n_keep=args.n_keep,
+        thresholds=th,
+        seed=args.seed,
+        log=info,
+    )
+    failing = [p.phase for p in report.phases if not p.skipped and p.verdict in FAIL_ON[args.fail_on]]
+    rc = 1 if failing else 0
+    print_llamacpp_table(report, file=sys.stderr if args.json else sys.stdout)
+    if failing:
+        info(f"FAIL: {', '.join(failing)}")
+    if args.json:
+        emit_json({**report.to_dict(), "failing": failing, "exit_status": rc})
+    return rc
+
+
+def print_llamacpp_table(report, file=None) -> None:
+    """One row per phase: max |Δ log p| (whole vocabulary) and top-1 agreement against float32 recomputation and
+    against llama.cpp's own prefill, tokens served from the prompt cache, which comparison judged, the verdict."""
+    out = file or sys.stdout
+    head = (
+        f"{'phase':<21} {'req':>4} {'pos':>5} {'Δlogp f32':>10} {'top-1 f32':>9} {'Δlogp self':>10} "
+        f"{'top-1 self':>10} {'cached':>9} {'judged on':>10} {'verdict':>10}"
+    )
+    print(f"{report.phases[0].dtype if report.phases else ''}: {report.model}", file=out)
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for p in report.phases:
+        agree = "—" if p.top1_agreement is None else f"{p.top1_agreement:.4f}"
+        self_agree = "—" if p.self_top1_agreement is None else f"{p.self_top1_agreement:.4f}"
+        judged = "f32" if p.judged_on == "reference" else "gap" if p.gap_ratio is None else f"gap {p.gap_ratio:.2f}×"
+        print(
+            f"{p.phase:<21} {p.requests:>4} {p.positions:>5} {_fmt(p.max_abs_dlogp):>10} {agree:>9} "
+            f"{_fmt(p.self_max_abs_dlogp):>10} {self_agree:>10} {_cached(p):>9} {judged:>10} {p.verdict:>10}",
+            file=out,
+        )
+        if p.note:
+            print(f"{'':<22}note: {p.note}", file=out)
+    th = report.thresholds
+    print(
+        "Δlogp: max |Δ log p| over the whole vocabulary at every position; f32: float32 recomputation of "
+        f"{report.reference}; self: llama.cpp's own one-call prefill of the same tokens (context_shift: full "
+        "recomputation of the kept tokens, which a shift does not do; never judged). judged on f32 when the arithmetic "
+        f"is exact (F32 weights, --kv-type f32): < {th.noise:g} pass, < {th.suspicious:g} small, ≤ {th.bug:g} "
+        f"suspicious, > {th.bug:g} bug, a differing top-1 token at least suspicious. Otherwise (quantized activations, "
+        "F16 K/V) on the gap ratio: the phase's mean |Δ log p| to f32 over the prefill's, ≤ 2 pass, ≤ 5 suspicious, "
+        "more a bug. Serving more cached tokens than the prompts share is a bug.",
+        file=out,
+    )
 
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._common import (
+    Accumulate,
     add_json_flag,
     add_max_new_tokens,
     add_model_aliases,
@@ -164,6 +165,56 @@ def _check_common(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-new-tokens must be >= 16 to see loops, got {args.max_new_tokens}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+
+
+def _llamacpp_args(p: argparse.ArgumentParser) -> None:
+    """The llama.cpp backend's flags (``--threads`` is shared: llama.cpp's threads too)."""
+    g = p.add_argument_group("llama.cpp (with --backend llama.cpp; MODEL is the GGUF file)")
+    g.add_argument(
+        "--kv-type",
+        choices=("f16", "f32"),
+        default="f16",
+        help="llama.cpp's KV-cache element type (default f16, its default; f32: exact float32 on an F32 file)",
+    )
+    g.add_argument(
+        "--dry-breakers",
+        nargs="+",
+        action=Accumulate,
+        default=None,
+        metavar="TEXT",
+        help="DRY's sequence breakers as strings for llama.cpp to tokenize (their ids must be the sampler's)",
+    )
+
+
+def _llamacpp_missing(command: str, args: argparse.Namespace) -> bool:
+    """True (after printing why and how to install the extra) when llama.cpp's bindings cannot be used here; a MODEL
+    that is not a GGUF file raises before anything loads."""
+    from ...serving.llamacpp import llama_cpp_problem
+
+    problem = llama_cpp_problem()
+    if problem:
+        print(f"genprobe {command}: error: {problem}", file=sys.stderr)
+        return True
+    from ...serving.llamacpp.scan import gguf_file_for
+
+    gguf_file_for(model_path(args, required=False) or str(DEFAULT_MODEL))
+    return False
+
+
+def _llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> Any:
+    """The llama.cpp scan backend on the GGUF file MODEL names; every setting its sampler chain cannot express
+    exactly is refused first, naming the setting."""
+    from ...serving.llamacpp.sampling import UnsupportedLlamaCppSamplerError
+    from ...serving.llamacpp.scan import check_sampler_llamacpp, gguf_file_for, llamacpp_scan_backend
+
+    gguf = gguf_file_for(model_path(args, required=False) or str(DEFAULT_MODEL))
+    for name, sampler in settings.items():
+        try:
+            check_sampler_llamacpp(sampler, model.max_positions or 2048, model.eos_id)
+        except UnsupportedLlamaCppSamplerError as exc:
+            raise ValueError(f"--backend llama.cpp cannot run the {name!r} setting exactly: {exc}") from None
+    breakers = tuple(args.dry_breakers or ())
+    return llamacpp_scan_backend(gguf, n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers)
 
 
 def _load(args: argparse.Namespace) -> Any:

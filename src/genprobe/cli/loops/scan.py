@@ -1,4 +1,4 @@
-"""``genprobe loops scan MODEL``: loop rates over a prompt set, through our engine or vLLM."""
+"""``genprobe loops scan MODEL``: loop rates over a prompt set, through our engine, vLLM or llama.cpp."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from ._shared import (
     _check_common,
     _data_args,
     _is_bundled_char_model,
+    _llamacpp_args,
+    _llamacpp_backend,
+    _llamacpp_missing,
     _load,
     _loop_settings,
     _model_args,
@@ -48,13 +51,15 @@ def _register_scan(lsub: Any) -> None:
     )
     s.add_argument(
         "--backend",
-        choices=("genprobe", "vllm"),
+        choices=("genprobe", "vllm", "llama.cpp"),
         default="genprobe",
-        help="who generates: genprobe's engine (default) or vLLM (continuous batching, tensor/pipeline "
-        "parallel, Ray; same JSON; a sampler vLLM cannot express exactly is refused)",
+        help="who generates: genprobe's engine (default), vLLM (continuous batching, tensor/pipeline "
+        "parallel, Ray) or llama.cpp (MODEL a GGUF file: generation and sampling by llama.cpp's own sampler "
+        "chain); same JSON; a sampler the engine cannot express exactly is refused",
     )
     _calibration_args(s)
     add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
+    _llamacpp_args(s)
     s.set_defaults(func=run_scan)
 
 
@@ -96,6 +101,8 @@ def run_scan(args: argparse.Namespace) -> int:
         out_dir(args.out, SCAN_FILE)
     if args.backend == "vllm" and vllm_missing("loops scan"):
         return 2
+    if args.backend == "llama.cpp" and _llamacpp_missing("loops scan", args):
+        return 2
     model = _load(args)
     texts, source = _prompts(args, model)
     if texts is None:
@@ -110,6 +117,8 @@ def run_scan(args: argparse.Namespace) -> int:
 
         _check_vllm_settings(settings, model)
         backend = vllm_scan_backend(engine_options(args, seed=args.seed))
+    elif args.backend == "llama.cpp":
+        backend = _llamacpp_backend(args, settings, model)
 
     def table(name: str, res: Any, seconds: float) -> None:
         info(scan_table(res.summary, f"{name} ({seconds:.1f} s)"))

@@ -1,0 +1,93 @@
+"""``genprobe quant-compare MODEL --types F16 Q8_0 ...``: what each llama.cpp quantization type does to a model.
+
+MODEL (a transformers directory or a fetched name such as ``smollm2``) is converted to an F32 GGUF by llama.cpp's
+converter, each type is written by its quantize API, and every type runs in llama.cpp beside the F32 file: KL and
+top-1 agreement on real text, perplexity, first greedy divergence, calibrated loop and degenerate rates with 95%
+intervals, decode speed (:mod:`genprobe.serving.llamacpp.quant_study`). Files, ``quant-<model>.json`` and
+``quant-<model>.md`` go to ``--out``. Exit status 2 when llama.cpp's bindings are not installed (the line says how).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ._common import Accumulate, add_json_flag, add_max_new_tokens, add_model_argument, emit_json, info, out_dir
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``quant-compare`` sub-command."""
+    from ..serving.llamacpp.quantize import DEFAULT_TYPES, QUANT_TYPES
+
+    p = sub.add_parser(
+        "quant-compare",
+        help="llama.cpp quantization types side by side with the F32 GGUF: KL, top-1, perplexity, greedy "
+        "divergence, calibrated loop rates, speed",
+        description="Convert MODEL to an F32 GGUF with llama.cpp's converter, write each --types entry with its "
+        "quantize API, and compare every type with F32 in llama.cpp on real text and held-out prompts (and F32 in "
+        "llama.cpp with transformers float32, the engine itself). Needs the llamacpp extra. "
+        f"Types: {', '.join(QUANT_TYPES)}.",
+    )
+    add_model_argument(
+        p,
+        help="the float model: a transformers directory (safetensors; e.g. the Llama reference from `genprobe train "
+        "--arch llama`) or a fetched name (smollm2); llama.cpp's converter reads it",
+    )
+    p.add_argument(
+        "--types",
+        nargs="+",
+        action=Accumulate,
+        default=list(DEFAULT_TYPES),
+        metavar="TYPE",
+        help=f"GGUF types (default {' '.join(DEFAULT_TYPES)})",
+    )
+    p.add_argument("--out", type=Path, default=Path("out/quant"), metavar="DIR", help="GGUF files and results")
+    p.add_argument("--n-prompts", type=int, default=96, metavar="N", help="held-out prompts per type (default 96)")
+    add_max_new_tokens(p, 64)
+    p.add_argument("--text-windows", type=int, default=16, help="real-text windows for KL/perplexity (default 16)")
+    p.add_argument("--window-tokens", type=int, default=128, help="tokens per text window (default 128)")
+    p.add_argument("--threads", type=int, default=1, help="llama.cpp threads, every type the same (default 1)")
+    p.add_argument("--samples", type=int, default=3, help="sample texts per type where greedy text changes")
+    p.add_argument(
+        "--kv-type",
+        choices=("f32", "f16"),
+        default="f32",
+        help="llama.cpp's KV cache type for every file (default f32: its f16 rounding stays out of the comparison; "
+        "f16 is llama.cpp's own default)",
+    )
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the study, print the markdown table (stderr with --json), the JSON with --json."""
+    from ..serving.llamacpp import llama_cpp_problem
+    from ..serving.llamacpp.quant_study import QuantStudyConfig, run_quant_study, study_markdown
+    from ..serving.llamacpp.quantize import check_types
+
+    types = check_types(args.types)
+    for flag in ("n_prompts", "max_new_tokens", "text_windows", "window_tokens", "threads"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.window_tokens < 2:
+        raise ValueError(f"--window-tokens must be >= 2 (a position needs a next token), got {args.window_tokens}")
+    problem = llama_cpp_problem()
+    if problem:
+        info(f"genprobe quant-compare: {problem}")
+        return 2
+    cfg = QuantStudyConfig(
+        types=tuple(types),
+        prompts=args.n_prompts,
+        max_new_tokens=args.max_new_tokens,
+        text_windows=args.text_windows,
+        window_tokens=args.window_tokens,
+        threads=args.threads,
+        samples=max(0, args.samples),
+        kv_type=args.kv_type,
+    )
+    study = run_quant_study(args.model, out_dir(args.out, "GGUF files and results"), cfg, log=info)
+    print(study_markdown(study), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        emit_json(study.to_dict())
+    return 0

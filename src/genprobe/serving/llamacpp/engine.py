@@ -1,0 +1,465 @@
+"""llama.cpp as an engine: a GGUF file's logits at every position, greedy generation, KV-cache operations.
+
+:class:`LlamaCppModel` opens one GGUF file through ``llama-cpp-python`` (``llama_cpp.Llama``, ``verbose=False``) and
+drives llama.cpp's own context with the low-level API (``llama_batch`` + ``llama_decode``; ``include/llama.h``), so
+every call says exactly what llama.cpp computed: which tokens at which positions in which sequence, which rows'
+logits were asked for. Each public call starts from a fresh KV cache unless it says otherwise.
+
+**How a user's GGUF maps.** The file is the whole deployment: weights in whatever types it holds (F32, F16, Q8_0,
+K-quants, ...), hyper-parameters and the tokenizer (the ``tokenizer.ggml.*`` metadata). :meth:`LlamaCppModel.tokenize`
+is llama.cpp's own tokenizer (``llama_tokenize``, ``src/llama-vocab.cpp``), not ``transformers``'; BOS is added
+when asked and the file says so (``tokenizer.ggml.add_bos_token``). The float32 reference genprobe compares with
+(``genprobe.load(file)``) dequantizes the same tensors through ``transformers``' GGUF support and builds its tokenizer
+from the same metadata; every comparison runs on token ids, so a tokenizer difference never enters a logit
+comparison.
+
+**What llama.cpp computes differently from the weights' float32 recomputation**, by design:
+
+- its KV cache stores K and V in ``kv_type`` (``f16`` by default, as ``llama_context_default_params``): every
+  attention read of a cached key is rounded to half precision — in prefill too, since the graph attends over the
+  cache's view (``src/llama-graph.cpp``, ``build_attn``); ``kv_type="f32"`` removes that rounding;
+- a matrix product with a quantized weight quantizes the *activations* too: ggml-cpu multiplies by the weight type's
+  ``vec_dot_type`` (``ggml/src/ggml-cpu/ggml-cpu.c``, ``type_traits_cpu``: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for
+  Q4_1/Q5_1, Q8_K for the K-quants, F16 for F16 weights), so a quantized file's logits differ from recomputation
+  with its dequantized weights by more than float rounding. Only an F32 file with an F32 KV cache is float32
+  arithmetic throughout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ._bindings import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
+
+#: KV-cache element types a context can be created with (ggml type ids of ``ggml.h``).
+KV_TYPES = {"f32": 0, "f16": 1}
+DEFAULT_N_CTX = 512
+CTX_PAD = 256  # llama.cpp rounds a context's n_ctx up to a multiple of 256 (src/llama-context.cpp, llama_context())
+GGUF_MAGIC = b"GGUF"
+
+# (logits row, tokens so far: prompt + generated) -> next token id
+NextToken = Callable[[np.ndarray, list[int]], int]
+
+
+class LlamaCppDecodeError(RuntimeError):
+    """``llama_decode`` refused a batch (no room in the KV cache, a batch over n_batch, ...)."""
+
+
+def model_file_types(path: str | os.PathLike[str]) -> dict[str, int]:
+    """How many tensors of each GGML type the GGUF file holds (``{"Q4_K": 120, "F32": 61, ...}``), read by ``gguf``."""
+    from ...model.gguf import inspect_gguf
+
+    return inspect_gguf(path).type_counts
+
+
+def _check_gguf_file(path: Path) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"no such GGUF file: {path}")
+    with path.open("rb") as fh:
+        if fh.read(4) != GGUF_MAGIC:
+            raise ValueError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF')")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the llama.cpp context was created (what :meth:`LlamaCppModel.describe` reports)."""
+
+    n_ctx: int
+    n_batch: int
+    n_threads: int
+    kv_type: str
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON."""
+        return {k: getattr(self, k) for k in ("n_ctx", "n_batch", "n_threads", "kv_type", "seed")}
+
+
+class LlamaCppModel:
+    """One GGUF file in llama.cpp: ``logits(ids)`` at every position, ``greedy``, ``generate`` and the KV-cache
+    primitives the verification phases drive (``decode``, ``remove``, ``shift``).
+
+    ``n_ctx`` is rounded up to a multiple of 256, as llama.cpp does. ``n_batch`` (default ``n_ctx``) is both
+    llama.cpp's logical and physical batch (``n_ubatch``): a prompt up to that length is prefilled by one
+    ``llama_decode`` call in one graph. ``kv_type`` is the KV cache's element type (``"f16"``, llama.cpp's default,
+    or ``"f32"``). ``n_threads`` is llama.cpp's thread count for both prompt and generation (default 1: the test
+    machines are shared)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_threads: int = 1,
+        n_batch: int | None = None,
+        seed: int = 0,
+        kv_type: str = "f16",
+    ):
+        self.path = Path(path)
+        if n_ctx < 8 or n_threads < 1:
+            raise ValueError(f"n_ctx must be >= 8 and n_threads >= 1, got n_ctx={n_ctx}, n_threads={n_threads}")
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+        n_ctx = -(-n_ctx // CTX_PAD) * CTX_PAD  # what llama.cpp would make of it anyway: every size below agrees
+        batch = n_ctx if n_batch is None else n_batch
+        if not 1 <= batch <= n_ctx:
+            raise ValueError(f"n_batch must be in [1, n_ctx={n_ctx}], got {batch}")
+        _check_gguf_file(self.path)
+        self._lib = require_llama_cpp()
+        self.llama = self._lib.Llama(
+            model_path=str(self.path),
+            n_ctx=n_ctx,
+            n_batch=batch,
+            n_ubatch=batch,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            seed=seed,
+            logits_all=True,  # Llama.generate's prefix reuse keeps every row it computed (verify's prompt-cache phase)
+            type_k=KV_TYPES[kv_type],
+            type_v=KV_TYPES[kv_type],
+            flash_attn=False,
+            verbose=False,
+        )
+        self.settings = EngineSettings(int(self.llama.n_ctx()), batch, n_threads, kv_type, seed)
+        self.vocab_size = int(self.llama.n_vocab())
+        self.n_ctx = self.settings.n_ctx
+        self.n_batch = batch
+        eos = int(self.llama.token_eos())
+        self.eos_id: int | None = eos if 0 <= eos < self.vocab_size else None
+        bos = int(self.llama.token_bos())
+        self.bos_id: int | None = bos if 0 <= bos < self.vocab_size else None
+        self._batch = self._lib.llama_batch_init(batch, 0, 1)
+        self._closed = False
+
+    # ---- tokenizer (llama.cpp's, from the GGUF metadata) ----------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        """llama.cpp's token ids of ``text`` (BOS first when ``add_bos`` and the file's tokenizer adds one)."""
+        return [int(t) for t in self.llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (invalid UTF-8 byte sequences replaced)."""
+        return self.llama.detokenize([int(t) for t in ids]).decode("utf-8", errors="replace")
+
+    # ---- KV-cache primitives -----------------------------------------------------------------------------------
+    @property
+    def ctx(self) -> Any:
+        """The ``llama_context *`` of this model's one context (sequence 0)."""
+        return self.llama.ctx
+
+    def _memory(self) -> Any:
+        mem = self._lib.llama_get_memory(self.ctx)
+        if mem is None:
+            raise RuntimeError(f"{self.path.name}: this llama.cpp context has no KV cache (an embedding-only model?)")
+        return mem
+
+    def reset(self) -> None:
+        """Empty the KV cache (every sequence, data buffers too) and forget the Llama object's cached prompt."""
+        self._lib.llama_memory_clear(self._memory(), True)
+        self.llama.n_tokens = 0
+
+    def decode(self, tokens: Sequence[int], start: int, *, logits: str = "all", seq_id: int = 0) -> np.ndarray:
+        """Append ``tokens`` at positions ``start, start + 1, ...`` of sequence ``seq_id`` in ONE ``llama_decode``
+        call and return their logits rows, float32 ``(rows, vocab)``: every row (``logits="all"``), the last one
+        (``"last"``) or none (``"none"``; an empty array). Longer than ``n_batch`` is refused, not split."""
+        ids = [int(t) for t in tokens]
+        self._check_ids(ids)
+        if len(ids) > self.n_batch:
+            raise ValueError(f"{len(ids)} tokens in one decode call exceed n_batch={self.n_batch}")
+        if start < 0:
+            raise ValueError(f"positions start at 0, got {start}")
+        b = self._batch
+        b.n_tokens = len(ids)
+        for i, t in enumerate(ids):
+            b.token[i], b.pos[i], b.n_seq_id[i] = t, start + i, 1
+            b.seq_id[i][0] = seq_id
+            b.logits[i] = logits == "all" or (logits == "last" and i == len(ids) - 1)
+        rc = self._lib.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise LlamaCppDecodeError(
+                f"llama_decode returned {rc} for {len(ids)} tokens at position {start} (n_ctx {self.n_ctx})"
+            )
+        rows = {"all": len(ids), "last": 1, "none": 0}[logits]
+        return self._output_rows(rows)
+
+    def _output_rows(self, rows: int) -> np.ndarray:
+        if rows == 0:
+            return np.zeros((0, self.vocab_size), np.float32)
+        ptr = self._lib.llama_get_logits(self.ctx)
+        flat = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(rows * self.vocab_size,))
+        return flat.reshape(rows, self.vocab_size).copy()
+
+    def remove(self, p0: int, p1: int, seq_id: int = 0) -> None:
+        """Drop the cached positions ``[p0, p1)`` of ``seq_id`` (``llama_memory_seq_rm``)."""
+        if not self._lib.llama_memory_seq_rm(self._memory(), seq_id, p0, p1):
+            raise RuntimeError(f"llama.cpp could not remove positions [{p0}, {p1}) of sequence {seq_id}")
+
+    def shift(self, p0: int, p1: int, delta: int, seq_id: int = 0) -> None:
+        """Move the cached positions ``[p0, p1)`` of ``seq_id`` by ``delta`` (``llama_memory_seq_add``: llama.cpp
+        re-rotates the cached keys by the RoPE of ``delta`` before the next decode, ``llama_kv_cache::update``)."""
+        if not self._lib.llama_memory_can_shift(self._memory()):
+            raise RuntimeError(f"{self.path.name}: llama.cpp cannot shift this model's KV cache")
+        self._lib.llama_memory_seq_add(self._memory(), seq_id, p0, p1, delta)
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        if not ids:
+            raise ValueError("no tokens to decode")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+
+    # ---- whole computations (each from a fresh KV cache) ------------------------------------------------------
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """float32 logits ``(len(ids), vocab)`` at every position: a fresh cache, the whole sequence prefilled in
+        one ``llama_decode`` call (``len(ids) <= n_batch``); row t predicts token t + 1."""
+        self.reset()
+        return self.decode(ids, 0, logits="all")
+
+    def stepwise_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """The same rows as :meth:`logits`, computed one token per ``llama_decode`` call through the KV cache."""
+        self.reset()
+        return np.concatenate([self.decode([t], i, logits="all") for i, t in enumerate(ids)])
+
+    def generate(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, next_token: NextToken, stop_ids: Sequence[int] = ()
+    ) -> list[int]:
+        """Prefill ``prompt_ids`` (fresh cache), then ``next_token(logits_row, prompt + generated)`` picks each of
+        at most ``max_new_tokens`` tokens, decoded one per call; stops after a token in ``stop_ids``."""
+        if len(prompt_ids) + max_new_tokens > self.n_ctx:
+            raise ValueError(
+                f"context overflow: prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                f"n_ctx {self.n_ctx}"
+            )
+        self.reset()
+        history = [int(t) for t in prompt_ids]
+        row = self.decode(history, 0, logits="last")[0]
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            tok = int(next_token(row, history))
+            out.append(tok)
+            history.append(tok)
+            if tok in stop_ids or len(out) == max_new_tokens:
+                break
+            row = self.decode([tok], len(history) - 1, logits="last")[0]
+        return out
+
+    def greedy(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_at_eos: bool = True, ban_ids: Sequence[int] = ()
+    ) -> list[int]:
+        """Greedy generation: the argmax of each row (lowest id among ties, as ``torch.argmax``/``np.argmax``),
+        ``ban_ids`` never chosen; stops after EOS when ``stop_at_eos``."""
+        stops = (self.eos_id,) if stop_at_eos and self.eos_id is not None else ()
+        return self.generate(prompt_ids, max_new_tokens, greedy_picker(ban_ids), stops)
+
+    def cached_prompt_logits(self, prompt_ids: Sequence[int]) -> tuple[np.ndarray, int]:
+        """The prompt's logits rows through the ``Llama`` object's own prompt cache, and how many prompt tokens it
+        served from that cache instead of evaluating them.
+
+        ``Llama.generate`` (llama-cpp-python ``llama.py``) keeps the previous call's tokens in the KV cache, finds
+        the longest common prefix with the new prompt, drops the rest (``kv_cache_seq_rm``) and evaluates only the
+        remainder; with ``logits_all`` the reused rows are the earlier call's. The state is NOT reset first: call it
+        twice to reuse. The count is measured, not trusted: the tokens ``Llama.eval`` was actually given."""
+        prompt = [int(t) for t in prompt_ids]
+        self._check_ids(prompt)
+        if len(prompt) > self.n_ctx:
+            raise ValueError(f"a prompt of {len(prompt)} tokens does not fit the context of {self.n_ctx}")
+        evaluated: list[int] = []
+        original_eval = self.llama.eval
+
+        def recording_eval(tokens: Sequence[int]) -> None:
+            evaluated.extend(int(t) for t in tokens)
+            original_eval(tokens)
+
+        self.llama.eval = recording_eval
+        try:
+            gen = self.llama.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True)
+            next(gen)  # evaluates the uncached part of the prompt and samples one token (not evaluated)
+            gen.close()
+        finally:
+            del self.llama.eval  # the class's method again
+        return np.array(self.llama.scores[: len(prompt)], dtype=np.float32), len(prompt) - len(evaluated)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        next_token: NextToken | Sequence[NextToken],
+        *,
+        keep_logits: bool = False,
+    ) -> list[BatchedGeneration]:
+        """Several sequences in one llama.cpp context, one ``seq_id`` each: every prompt prefilled in ONE
+        ``llama_decode`` call, then each step decodes one token of every sequence in one call (what a server's
+        batch does). Exactly ``max_new_tokens`` each (no stop). ``next_token``: one picker for all, or one per
+        sequence (a sampler with per-sequence state). ``keep_logits``: every row, prompt positions
+        included; else only the rows that picked a token. See :class:`SequenceBatch`."""
+        with SequenceBatch(self, prompts, max_new_tokens) as sb:
+            return sb.run(max_new_tokens, next_token, keep_logits)
+
+    # ---- facts ------------------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """The file, its tensor types, llama.cpp's version and build, and how the context was created."""
+        try:
+            types: dict[str, int] | str = model_file_types(self.path)
+        except Exception as exc:  # the gguf reader is an optional extra of its own
+            types = f"unknown ({exc})"
+        return {
+            "engine": "llama.cpp",
+            "file": str(self.path),
+            "size_bytes": self.path.stat().st_size,
+            "tensor_types": types,
+            "llama_cpp_python": getattr(self._lib, "__version__", LLAMA_CPP_PYTHON_VERSION),
+            "system_info": self._lib.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+            "vocab_size": self.vocab_size,
+            **self.settings.to_dict(),
+        }
+
+    def close(self) -> None:
+        """Free the batch, the context and the model (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._lib.llama_batch_free(self._batch)
+        self.llama.close()
+
+    def __enter__(self) -> "LlamaCppModel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _quietly(make: Callable[[], Any]) -> Any:
+    """``make()`` with llama-cpp-python's log forwarding silenced (a sized-to-the-batch context exceeds the model's
+    training context by design, and llama.cpp warns about it on stderr)."""
+    import logging
+
+    log = logging.getLogger("llama-cpp-python")
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)
+    try:
+        return make()
+    finally:
+        log.setLevel(level)
+
+
+def greedy_picker(ban_ids: Sequence[int] = ()) -> NextToken:
+    """``next_token`` of greedy decoding: argmax over the ids not banned (ties: the lowest id)."""
+    banned = np.array(sorted({int(b) for b in ban_ids}), dtype=np.int64)
+
+    def pick(row: np.ndarray, history: list[int]) -> int:
+        if banned.size:
+            row = row.copy()
+            row[banned[banned < row.shape[0]]] = -np.inf
+        return int(np.argmax(row))
+
+    return pick
+
+
+@dataclass
+class BatchedGeneration:
+    """One sequence of :meth:`LlamaCppModel.generate_batch`: its prompt, generated tokens and logits rows
+    (``(len(prompt) + len(tokens) - 1, vocab)`` with ``keep_logits``: row t predicts token t + 1; else one row per
+    generated token)."""
+
+    prompt: list[int]
+    tokens: list[int]
+    logits: np.ndarray
+
+
+class SequenceBatch:
+    """A second llama.cpp context on the same loaded weights, with ``n_seq_max`` = the number of sequences and a
+    unified KV cache (``kv_unified``: one cache shared by every sequence, separated by the attention mask), sized to
+    the batch: ``n_ctx`` = all prompts + all new tokens. Freed on exit."""
+
+    def __init__(self, model: LlamaCppModel, prompts: Sequence[Sequence[int]], max_new_tokens: int):
+        lib = model._lib
+        self.model, self.lib = model, lib
+        self.prompts = [[int(t) for t in p] for p in prompts]
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not self.prompts or any(not p for p in self.prompts):
+            raise ValueError("give at least one prompt, each with at least one token")
+        limit = int(lib.llama_max_parallel_sequences())
+        if len(self.prompts) > limit:
+            raise ValueError(f"{len(self.prompts)} sequences exceed llama.cpp's limit of {limit} per context")
+        for p in self.prompts:
+            model._check_ids(p)
+        prompt_tokens = sum(len(p) for p in self.prompts)
+        params = lib.llama_context_default_params()
+        params.n_ctx = prompt_tokens + len(self.prompts) * max_new_tokens
+        params.n_batch = params.n_ubatch = max(prompt_tokens, len(self.prompts))
+        params.n_seq_max = len(self.prompts)
+        params.kv_unified = True
+        params.type_k = params.type_v = KV_TYPES[model.settings.kv_type]
+        params.n_threads = params.n_threads_batch = model.settings.n_threads
+        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.no_perf = True
+        self.ctx = _quietly(lambda: lib.llama_init_from_model(model.llama.model, params))
+        if self.ctx is None:
+            raise RuntimeError(f"llama.cpp could not create a context for {len(self.prompts)} sequences")
+        self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
+
+    def _decode(self, entries: list[tuple[int, int, int]], want: list[bool]) -> np.ndarray:
+        """One ``llama_decode`` of ``(token, position, seq_id)`` entries; the rows whose ``want`` is set."""
+        b = self.batch
+        b.n_tokens = len(entries)
+        for i, ((tok, pos, seq), w) in enumerate(zip(entries, want, strict=True)):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, w
+            b.seq_id[i][0] = seq
+        rc = self.lib.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise LlamaCppDecodeError(f"llama_decode returned {rc} for a batch of {len(entries)} tokens")
+        rows, vocab = sum(want), self.model.vocab_size
+        ptr = self.lib.llama_get_logits(self.ctx)
+        flat = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(rows * vocab,))
+        return flat.reshape(rows, vocab).copy()
+
+    def run(
+        self, max_new_tokens: int, next_token: NextToken | Sequence[NextToken], keep_logits: bool
+    ) -> list[BatchedGeneration]:
+        """Prefill every prompt in one call, then one call per step for all sequences."""
+        pickers = list(next_token) if isinstance(next_token, Sequence) else [next_token] * len(self.prompts)
+        if len(pickers) != len(self.prompts):
+            raise ValueError(f"{len(pickers)} token pickers for {len(self.prompts)} sequences")
+        entries = [(t, i, s) for s, p in enumerate(self.prompts) for i, t in enumerate(p)]
+        want = [keep_logits or i == len(p) - 1 for p in self.prompts for i in range(len(p))]
+        rows = self._decode(entries, want)
+        per_seq: list[list[np.ndarray]] = []
+        at = 0
+        for p in self.prompts:
+            n = len(p) if keep_logits else 1
+            per_seq.append([rows[at + j] for j in range(n)])
+            at += n
+        histories = [list(p) for p in self.prompts]
+        for step in range(max_new_tokens):
+            new = [int(pickers[s](per_seq[s][-1], h)) for s, h in enumerate(histories)]
+            for h, t in zip(histories, new, strict=True):
+                h.append(t)
+            if step == max_new_tokens - 1:
+                break
+            entries = [(t, len(h) - 1, s) for s, (h, t) in enumerate(zip(histories, new, strict=True))]
+            rows = self._decode(entries, [True] * len(entries))
+            for s in range(len(histories)):
+                per_seq[s].append(rows[s])
+        return [
+            BatchedGeneration(p, h[len(p) :], np.stack(r))
+            for p, h, r in zip(self.prompts, histories, per_seq, strict=True)
+        ]
+
+    def close(self) -> None:
+        """Free the batch and the context (idempotent)."""
+        if self.ctx is not None:
+            self.lib.llama_batch_free(self.batch)
+            self.lib.llama_free(self.ctx)
+            self.ctx = None
+
+    def __enter__(self) -> "SequenceBatch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,278 @@
+"""A float model in, GGUF files of llama.cpp's quantization types out: the converter, then its quantize API.
+
+1. **F32 GGUF.** A ``transformers`` directory (a genprobe catalog name such as ``smollm2``, or the Llama reference
+   model's directory) is written as an all-F32 GGUF by llama.cpp's own converter, ``convert_hf_to_gguf.py`` of the
+   pinned llama.cpp source (``<genprobe cache>/llama.cpp-0.3.36``, extracted by ``scripts/install_llamacpp.sh``),
+   run with this interpreter and that tree's ``gguf-py`` first on ``PYTHONPATH``. The converter names a BPE
+   tokenizer's pre-tokenizer by hashing the token ids of a fixed text (``conversion/base.py``,
+   ``TextModel.get_vocab_base_pre``) and refuses a tokenizer it has never seen, such as a BPE we trained
+   ourselves; ``pre_tokenizer=`` names it instead (``"gpt-2"``: GPT-2's split regex inside ``ByteLevel``, the
+   Llama reference model's), used only where the hash is unknown.
+2. **Each type** through ``llama_model_quantize`` (``src/llama-quant.cpp``, ``llama_model_quantize_impl``), as
+   ``llama-quantize`` calls it. A file type is a *recipe*, not one tensor type: 1-D tensors (norms) stay F32, the
+   K-quant mixes (``_M``/``_S``) give some tensors more bits (``llama_tensor_get_type``), and a tensor whose row
+   length is not a multiple of the type's block (256 for K-quants) falls back to another type
+   (``tensor_type_fallback``: Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0; F16 when even that does not fit). Every
+   :class:`QuantizedFile` records what was actually written: the tensor types read back from the file, which
+   2-D tensors are not at the recipe's main type, which of those were forced by their shape, and the bits per
+   weight.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ._bindings import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
+
+#: GGUF file type name -> (llama_ftype constant of llama.h, the ggml type of its quantized 2-D tensors, that
+#: type's block length). The types ``llama_model_quantize`` writes without an importance matrix.
+QUANT_TYPES: dict[str, tuple[str, str, int]] = {
+    "F32": ("LLAMA_FTYPE_ALL_F32", "F32", 1),
+    "F16": ("LLAMA_FTYPE_MOSTLY_F16", "F16", 1),
+    "BF16": ("LLAMA_FTYPE_MOSTLY_BF16", "BF16", 1),
+    "Q8_0": ("LLAMA_FTYPE_MOSTLY_Q8_0", "Q8_0", 32),
+    "Q6_K": ("LLAMA_FTYPE_MOSTLY_Q6_K", "Q6_K", 256),
+    "Q5_K_M": ("LLAMA_FTYPE_MOSTLY_Q5_K_M", "Q5_K", 256),
+    "Q5_K_S": ("LLAMA_FTYPE_MOSTLY_Q5_K_S", "Q5_K", 256),
+    "Q5_1": ("LLAMA_FTYPE_MOSTLY_Q5_1", "Q5_1", 32),
+    "Q5_0": ("LLAMA_FTYPE_MOSTLY_Q5_0", "Q5_0", 32),
+    "Q4_K_M": ("LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q4_K", 256),
+    "Q4_K_S": ("LLAMA_FTYPE_MOSTLY_Q4_K_S", "Q4_K", 256),
+    "Q4_1": ("LLAMA_FTYPE_MOSTLY_Q4_1", "Q4_1", 32),
+    "Q4_0": ("LLAMA_FTYPE_MOSTLY_Q4_0", "Q4_0", 32),
+    "Q3_K_L": ("LLAMA_FTYPE_MOSTLY_Q3_K_L", "Q3_K", 256),
+    "Q3_K_M": ("LLAMA_FTYPE_MOSTLY_Q3_K_M", "Q3_K", 256),
+    "Q3_K_S": ("LLAMA_FTYPE_MOSTLY_Q3_K_S", "Q3_K", 256),
+    "Q2_K": ("LLAMA_FTYPE_MOSTLY_Q2_K", "Q2_K", 256),
+}
+DEFAULT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
+SOURCE_DIRNAME = f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"
+SOURCE_HINT = "bash scripts/install_llamacpp.sh (it extracts llama.cpp's source, with its converter, to the cache)"
+
+
+class UnsupportedQuantTypeError(ValueError):
+    """A GGUF type genprobe cannot ask llama.cpp to write (unknown, or one that needs an importance matrix)."""
+
+
+def check_types(types: list[str] | tuple[str, ...]) -> list[str]:
+    """The types, upper-cased and de-duplicated in order; an unknown one raises naming it and the supported list."""
+    out: list[str] = []
+    for name in types:
+        t = name.strip().upper()
+        if t not in QUANT_TYPES:
+            raise UnsupportedQuantTypeError(
+                f"GGUF type {name!r} cannot be written by genprobe's quantizer (it is unknown, or like the IQ types "
+                f"needs an importance matrix); supported: {', '.join(QUANT_TYPES)}"
+            )
+        if t not in out:
+            out.append(t)
+    if not out:
+        raise UnsupportedQuantTypeError(f"no GGUF type given; supported: {', '.join(QUANT_TYPES)}")
+    return out
+
+
+def llama_cpp_source_dir() -> Path:
+    """The pinned llama.cpp source tree (converter + gguf-py) in genprobe's cache; an error says how to get it."""
+    from ...registry import cache_root
+
+    d = cache_root() / SOURCE_DIRNAME
+    if not (d / "convert_hf_to_gguf.py").is_file() or not (d / "gguf-py").is_dir():
+        raise FileNotFoundError(f"llama.cpp's converter is not in {d} (convert_hf_to_gguf.py, gguf-py): {SOURCE_HINT}")
+    return d
+
+
+# The converter as a module, with the pre-tokenizer named where its hash table does not know the tokenizer's.
+_CONVERT_LAUNCHER = """
+import os, sys
+sys.argv = [os.environ["GENPROBE_CONVERTER"], *sys.argv[1:]]
+sys.path.insert(0, os.path.dirname(os.environ["GENPROBE_CONVERTER"]))
+pre = os.environ.get("GENPROBE_BPE_PRE")
+if pre:
+    from conversion.base import TextModel
+    known = TextModel.get_vocab_base_pre
+    def get_vocab_base_pre(self, tokenizer):
+        try:
+            return known(self, tokenizer)
+        except NotImplementedError:
+            return pre
+    TextModel.get_vocab_base_pre = get_vocab_base_pre
+import runpy
+runpy.run_path(os.environ["GENPROBE_CONVERTER"], run_name="__main__")
+"""
+
+
+def convert_to_gguf(
+    model_dir: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    *,
+    pre_tokenizer: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Path:
+    """Write ``model_dir`` (a ``transformers`` directory) as an all-F32 GGUF at ``out_path`` with llama.cpp's
+    ``convert_hf_to_gguf.py`` (``--outtype f32``); atomic (a partial file is never left at ``out_path``)."""
+    src = Path(model_dir)
+    if not (src / "config.json").is_file():
+        raise FileNotFoundError(f"{src} is not a transformers directory (no config.json): the converter reads one")
+    tree = llama_cpp_source_dir()
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    env = {**os.environ, "GENPROBE_CONVERTER": str(tree / "convert_hf_to_gguf.py")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "gguf-py"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if pre_tokenizer:
+        env["GENPROBE_BPE_PRE"] = pre_tokenizer
+    cmd = [sys.executable, "-c", _CONVERT_LAUNCHER, str(src), "--outtype", "f32", "--outfile", str(tmp)]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+        raise RuntimeError(f"llama.cpp's converter failed on {src} (exit {proc.returncode}):\n{tail}")
+    os.replace(tmp, out)
+    if log:
+        log(
+            f"converted {src} -> {out} (F32 GGUF, {out.stat().st_size / 2**20:.1f} MiB, "
+            f"{time.perf_counter() - started:.1f} s)"
+        )
+    return out
+
+
+@dataclass
+class QuantizedFile:
+    """One GGUF file as llama.cpp wrote it: the recipe asked for and the tensor types actually written."""
+
+    type: str
+    path: str
+    size_bytes: int
+    bits_per_weight: float  # tensor bytes × 8 / parameters (every tensor, norms included)
+    main_type: str  # the ggml type of the recipe's quantized tensors
+    type_counts: dict[str, int]  # ggml type -> tensors
+    off_target: dict[str, str] = field(default_factory=dict)  # 2-D tensor -> its type, where not main_type
+    shape_fallbacks: list[str] = field(default_factory=list)  # off-target tensors whose row length forced it
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        """Plain JSON."""
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One line: size, bits per weight, what was not written at the main type."""
+        counts = ", ".join(f"{k} ×{v}" for k, v in self.type_counts.items())
+        extra = ""
+        if self.off_target:
+            extra = f"; {len(self.off_target)} 2-D tensor(s) not {self.main_type}"
+            if self.shape_fallbacks:
+                extra += f" ({len(self.shape_fallbacks)} by llama.cpp's shape fallback)"
+        size = f"{self.size_bytes / 2**20:.1f} MiB, {self.bits_per_weight:.2f} bits/weight"
+        return f"{self.type}: {size} [{counts}]{extra}"
+
+
+def describe_gguf(path: str | os.PathLike[str], type_name: str, seconds: float = 0.0) -> QuantizedFile:
+    """Read a GGUF file's tensor table (no data) into a :class:`QuantizedFile` for the recipe ``type_name``."""
+    from ...model.gguf import _require_gguf_package
+
+    gguf = _require_gguf_package()
+    reader = gguf.GGUFReader(Path(path), "r")
+    _, main_type, block = QUANT_TYPES[type_name]
+    counts: dict[str, int] = {}
+    off_target: dict[str, str] = {}
+    fallbacks: list[str] = []
+    n_bytes = n_params = 0
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        counts[kind] = counts.get(kind, 0) + 1
+        n_bytes += int(t.n_bytes)
+        n_params += int(t.n_elements)
+        shape = [int(x) for x in t.shape]  # gguf-py lists ne[0] (the row length) first
+        if len(shape) >= 2 and kind != main_type:
+            off_target[t.name] = kind
+            if shape[0] % block:
+                fallbacks.append(t.name)
+    return QuantizedFile(
+        type=type_name,
+        path=str(path),
+        size_bytes=Path(path).stat().st_size,
+        bits_per_weight=8.0 * n_bytes / max(1, n_params),
+        main_type=main_type,
+        type_counts=dict(sorted(counts.items(), key=lambda kv: -kv[1])),
+        off_target=off_target,
+        shape_fallbacks=fallbacks,
+        seconds=seconds,
+    )
+
+
+@contextmanager
+def _native_stderr_captured() -> Iterator[Path]:
+    """llama.cpp logs every tensor of a quantization to the process's stderr (fd 2): send it to a file for the
+    duration, so that a study prints its own lines; the file is kept for the error message when the call fails."""
+    fd, name = tempfile.mkstemp(prefix="genprobe-quantize-", suffix=".log")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(fd, 2)
+    try:
+        yield Path(name)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+def quantize_gguf(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], type_name: str, *, threads: int = 1
+) -> QuantizedFile:
+    """Quantize the F32 GGUF ``src`` to ``type_name`` at ``dst`` with ``llama_model_quantize`` (llama.cpp's
+    defaults of ``llama_model_quantize_default_params``: output tensor quantized, no importance matrix); atomic."""
+    (name,) = check_types([type_name])
+    lib = require_llama_cpp()
+    source, out = Path(src), Path(dst)
+    if not source.is_file():
+        raise FileNotFoundError(f"no such GGUF file to quantize: {source}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    params = lib.llama_model_quantize_default_params()
+    params.nthread = max(1, int(threads))
+    params.ftype = getattr(lib, QUANT_TYPES[name][0])
+    started = time.perf_counter()
+    with _native_stderr_captured() as captured:
+        rc = lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
+    seconds = time.perf_counter() - started
+    if rc != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        tail = "\n".join(captured.read_text(errors="replace").strip().splitlines()[-6:]) if captured.exists() else ""
+        raise RuntimeError(f"llama_model_quantize failed writing {name} from {source} (return code {rc}):\n{tail}")
+    captured.unlink(missing_ok=True)
+    os.replace(tmp, out)
+    return describe_gguf(out, name, seconds)
+
+
+def quantize_all(
+    f32_gguf: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    types: list[str] | tuple[str, ...],
+    *,
+    threads: int = 1,
+    stem: str = "model",
+    log: Callable[[str], None] | None = None,
+) -> dict[str, QuantizedFile]:
+    """Every type of ``types`` (F32 is the input itself) as ``<out_dir>/<stem>-<TYPE>.gguf``, reused when present."""
+    files: dict[str, QuantizedFile] = {}
+    for name in check_types(types):
+        if name == "F32":
+            files[name] = describe_gguf(f32_gguf, "F32")
+            continue
+        dst = Path(out_dir) / f"{stem}-{name}.gguf"
+        if dst.is_file() and dst.stat().st_mtime >= Path(f32_gguf).stat().st_mtime:
+            files[name] = describe_gguf(dst, name)
+        else:
+            files[name] = quantize_gguf(f32_gguf, dst, name, threads=threads)
+        if log:
+            log(f"quantized {files[name].describe()}")
+    return files
