@@ -61,7 +61,12 @@ def test_without_a_cxx_compiler_it_warns_once_and_decodes_eagerly(monkeypatch):
     real = compiled_mod.compile_config
     no_cxx = {"cpp.cxx": ("no-such-cxx-compiler",)}
     monkeypatch.setattr(compiled_mod, "compile_config", lambda m, b: {**real(m, b), **no_cxx})
+    real_prefill = compiled_mod.prefill_config  # the prompt's graph too: it is compiled first
+    monkeypatch.setattr(compiled_mod, "prefill_config", lambda m: {**real_prefill(m), **no_cxx})
     monkeypatch.setattr(compiled_mod, "_compile_error", None)
+    # torch.compile's path only: the ahead-of-time programs (their own build, tested in test_aot_decode.py) would
+    # otherwise be built first for this shape, with the real compiler, and cost this test ~25 s
+    monkeypatch.setenv(compiled_mod.AOT_ENV, "0")
     torch.manual_seed(1)  # a model of its own, so no graph compiled earlier in the session can serve it
     model = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, d_ff=32, block_size=16)).eval()
     with pytest.warns(RuntimeWarning, match="No working C\\+\\+ compiler"):

@@ -63,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the study, print the markdown table (stderr with --json), the JSON with --json."""
     from ..serving.llamacpp import llama_cpp_problem
-    from ..serving.llamacpp.quant_study import QuantStudyConfig, run_quant_study, study_markdown
+    from ..serving.llamacpp.quant_report import quant_compare, study_markdown
+    from ..serving.llamacpp.quant_study import QuantStudyConfig
     from ..serving.llamacpp.quantize import check_types
 
     types = check_types(args.types)
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         samples=max(0, args.samples),
         kv_type=args.kv_type,
     )
-    study = run_quant_study(args.model, out_dir(args.out, "GGUF files and results"), cfg, log=info)
+    out = out_dir(args.out, "GGUF files and results")
+    study, _, _ = quant_compare(args.model, out, cfg, log=info)
     print(study_markdown(study), file=sys.stderr if args.json else sys.stdout)
     if args.json:
         emit_json(study.to_dict())

@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from genprobe.serving.llamacpp.quant_study import (
+from genprobe.serving.llamacpp.quant_measures import (
     AgreementAccumulator,
     divergence_summary,
     first_divergence,
@@ -99,7 +99,7 @@ def _loops(rate, ci, p=1.0):
 
 
 def test_a_loop_change_needs_the_paired_test_or_apart_intervals():
-    from genprobe.serving.llamacpp.quant_study import SIGNIFICANCE, loop_change
+    from genprobe.serving.llamacpp.quant_report import SIGNIFICANCE, loop_change
 
     ref = _loops(0.765, [0.725, 0.800])
     assert loop_change(_loops(0.812, [0.775, 0.845], p=0.025), ref) == 1  # overlapping, but paired: +60/-37
@@ -232,7 +232,7 @@ def test_the_command_writes_the_table(tiny_dir, tmp_path, capsys):
     table = (out / "quant-tiny-llama.md").read_text(encoding="utf-8")
     assert "| Q4_0 |" in table and "| F32 |" in table and "Findings:" in table
     assert json.loads((out / "quant-tiny-llama.json").read_text(encoding="utf-8"))["rows"][1]["type"] == "Q8_0"
-    from genprobe.serving.llamacpp.quant_study import read_study, study_markdown
+    from genprobe.serving.llamacpp.quant_report import read_study, study_markdown
 
     study = read_study(out / "quant-tiny-llama.json")
     assert study_markdown(study) == table  # the JSON holds the whole study
@@ -243,7 +243,7 @@ def _check_merge(study):
     """Two runs on disjoint types merge back into the one study; runs whose F32 references differ do not."""
     from dataclasses import replace
 
-    from genprobe.serving.llamacpp.quant_study import merge_studies
+    from genprobe.serving.llamacpp.quant_report import merge_studies
 
     f32, q8, q4, km = study.rows
     a = replace(study, rows=[f32, km, q4], samples=[x for x in study.samples if x.type != "Q8_0"])

@@ -11,8 +11,11 @@
   for the scan backend), ``LlamaVocab`` (a GGUF's vocabulary, which DRY needs)
 - :mod:`.quantize` — a transformers directory → F32 GGUF (llama.cpp's converter) → each type (its quantize API),
   with what llama.cpp actually wrote per tensor
+- :mod:`.quant_measures` — the study's pure measures: KL / top-1 / perplexity, first greedy divergence, loop
+  outcomes with the paired sign test
 - :mod:`.quant_study` — ``genprobe quant-compare``: every type beside the F32 GGUF in llama.cpp (KL, top-1,
   perplexity, greedy divergence, calibrated loop rates, speed)
+- :mod:`.quant_report` — the study's findings and markdown table, its JSON / markdown files written, read, merged
 """
 
 from ._bindings import (

@@ -1,0 +1,256 @@
+"""The quantization study's (:mod:`.quant_study`) report and files: what the numbers show.
+
+Findings (sentences that say what the table shows: the engine, each type, and whether low bits loop more), the
+results table, file recipes and sample texts as markdown, and the study's ``quant-<model>.json`` /
+``quant-<model>.md`` written, read back and merged.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from .quant_measures import Divergence, LogitAgreement, LoopOutcome, intervals_overlap
+from .quant_study import Log, QuantStudy, QuantStudyConfig, SampleText, TypeRow, run_quant_study
+from .quantize import QuantizedFile
+
+
+# ---- what the numbers show -------------------------------------------------------------------------------------
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _rate_ci(rate: float, ci: Sequence[float]) -> str:
+    return f"{_pct(rate)} [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]"
+
+
+def _median(div: Divergence, budget: int) -> str:
+    return f"> {budget}" if div.median_step is None else f"{div.median_step:g}"
+
+
+SIGNIFICANCE = 0.05  # two-sided, on the paired sign test
+
+
+def loop_change(row: TypeRow, ref: TypeRow) -> int:
+    """+1 / -1 when the type degenerates more / less often than F32 — the paired sign test on the same prompts
+    below :data:`SIGNIFICANCE`, or the unpaired 95% intervals apart — else 0 (the data does not show a change)."""
+    a, b = row.loops, ref.loops
+    apart = not intervals_overlap(a.degenerate_rate_ci95, b.degenerate_rate_ci95)
+    if a.sign_test_p >= SIGNIFICANCE and not apart:
+        return 0
+    return 1 if a.degenerate_rate > b.degenerate_rate else -1
+
+
+def _loop_verdict(row: TypeRow, ref: TypeRow) -> str:
+    a, b = row.loops, ref.loops
+    paired = (
+        f"paired on the same prompts: {a.became_degenerate} became degenerate, {a.stopped_degenerate} stopped, "
+        f"sign test p = {a.sign_test_p:.2g}"
+    )
+    overlap = intervals_overlap(a.degenerate_rate_ci95, b.degenerate_rate_ci95)
+    intervals = "the unpaired 95% intervals overlap" if overlap else "the unpaired 95% intervals are apart"
+    change = loop_change(row, ref)
+    if change == 0:
+        return (
+            f"{intervals} and the paired test is not significant: the data does not show a change in looping ({paired})"
+        )
+    way = "more" if change > 0 else "less"
+    delta = 100 * (a.degenerate_rate - b.degenerate_rate)
+    return f"this type degenerates {way} often than F32 ({delta:+.1f} points; {intervals}; {paired})"
+
+
+def study_findings(study: QuantStudy) -> list[str]:
+    """Sentences that say what the table shows: the engine, each type, and whether low bits loop more."""
+    ec, ref = study.engine_check, study.rows[0]
+    budget = study.config.max_new_tokens
+    out = [
+        f"Engine: the F32 GGUF in llama.cpp against transformers float32 on the same weights: KL mean "
+        f"{ec.kl_mean:.2g} nats (max {ec.kl_max:.2g}), top-1 agreement {_pct(ec.top1_agreement)}, perplexity "
+        f"{ec.perplexity:.3f} vs {ec.reference_perplexity:.3f} — "
+        + (
+            "float noise: the engine computes the model."
+            if ec.kl_max < 1e-3 and ec.top1_agreement > 0.99
+            else "more than float noise: look at the engine before reading the types."
+        )
+    ]
+    for row in study.rows[1:]:
+        lg, div = row.logits, row.divergence
+        kind = "keeps every greedy text" if div.diverged == 0 else "changes greedy text"
+        out.append(
+            f"{row.type} ({row.file.bits_per_weight:.2f} bits/weight, {row.file.size_bytes / 2**20:.1f} MiB) {kind}: "
+            f"KL mean {lg.kl_mean:.3g} nats (p99 {lg.kl_p99:.3g}), top-1 {_pct(lg.top1_agreement)}, perplexity "
+            f"{lg.perplexity:.3f} vs F32 {lg.reference_perplexity:.3f}; {div.diverged}/{div.prompts} greedy "
+            f"continuations leave F32's (median step {_median(div, budget)}); degenerate "
+            f"{_rate_ci(row.loops.degenerate_rate, row.loops.degenerate_rate_ci95)} vs F32 "
+            f"{_rate_ci(ref.loops.degenerate_rate, ref.loops.degenerate_rate_ci95)}: {_loop_verdict(row, ref)}."
+        )
+    out += [_fallback_note(row) for row in study.rows[1:] if row.file.shape_fallbacks]
+    if len(study.rows) > 1:
+        low = min(study.rows[1:], key=lambda r: r.file.bits_per_weight)
+        change = loop_change(low, ref)
+        delta = 100 * (low.loops.degenerate_rate - ref.loops.degenerate_rate)
+        answer = {
+            1: f"yes at {low.type}, the lowest-bit type here: {delta:+.1f} points of degenerate generations",
+            0: f"not shown at {low.type}, the lowest-bit type here ({delta:+.1f} points, not significant)",
+            -1: f"no: at {low.type}, the lowest-bit type here, it degenerates less ({delta:+.1f} points)",
+        }[change]
+        n = len(ref.loops.degenerate)
+        out.append(f"Does low-bit quantization make the model loop more? {answer} ({n} prompts).")
+    return out
+
+
+def _fallback_note(row: TypeRow) -> str:
+    """What a K-quant recipe became where the rows are not a multiple of 256 (llama.cpp's shape fallback)."""
+    f = row.file
+    quantized = {k: v for k, v in f.type_counts.items() if k not in ("F32", "F16", "BF16")}
+    most = max(quantized, key=lambda k: quantized[k]) if quantized else f.main_type
+    return (
+        f"{row.type} is mostly {most}, not {f.main_type}: {len(f.shape_fallbacks)} 2-D tensors have rows that are "
+        f"not a multiple of {f.main_type}'s 256-value block, and llama.cpp's tensor_type_fallback "
+        f"(src/llama-quant.cpp) wrote them in another type ({', '.join(f'{k} ×{v}' for k, v in quantized.items())})."
+    )
+
+
+def study_markdown(study: QuantStudy) -> str:
+    """The results table, the file recipes, sample texts and findings as markdown."""
+    budget = study.config.max_new_tokens
+    ec = study.engine_check
+    lines = [
+        f"### {study.model}",
+        "",
+        study.model_note + ".",
+        f"Text: {study.text_source}, {ec.positions} positions. Prompts: {study.prompt_source}, "
+        f"{study.config.prompts} × {budget} greedy tokens (end token banned). Threads: {study.config.threads}.",
+        "",
+        "| type | MiB | bits/weight | KL mean | KL p99 | top-1 | perplexity | greedy diverged | median step | "
+        "exact loop [95% CI] | degenerate [95% CI] | +/− vs F32 (p) | tok/s (per CPU-s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| transformers fp32 → llama.cpp F32 | | | {ec.kl_mean:.2g} | {ec.kl_p99:.2g} | "
+        f"{_pct(ec.top1_agreement)} | {ec.perplexity:.3f} (tf {ec.reference_perplexity:.3f}) | | | | | | |",
+    ]
+    for row in study.rows:
+        lg, lo, div = row.logits, row.loops, row.divergence
+        paired = f"+{lo.became_degenerate}/−{lo.stopped_degenerate} ({lo.sign_test_p:.2g})"
+        paired = "—" if row.type == "F32" else paired
+        lines.append(
+            f"| {row.type} | {row.file.size_bytes / 2**20:.1f} | {row.file.bits_per_weight:.2f} | {lg.kl_mean:.3g} | "
+            f"{lg.kl_p99:.3g} | {_pct(lg.top1_agreement)} | {lg.perplexity:.3f} | {div.diverged}/{div.prompts} | "
+            f"{_median(div, budget)} | {_rate_ci(lo.loop_rate, lo.loop_rate_ci95)} | "
+            f"{_rate_ci(lo.degenerate_rate, lo.degenerate_rate_ci95)} | {paired} | {_speed(row)} |"
+        )
+    lines += ["", _human_line(study), "", "What llama.cpp wrote (2-D tensors not at the recipe's main type):", ""]
+    for row in study.rows:
+        lines.append(f"- {row.file.describe()}")
+    lines += ["", "Findings:", ""] + [f"- {f}" for f in study.findings]
+    if study.samples:
+        lines += ["", "Sample texts (greedy; the type's continuation leaves F32's at the step shown):", ""]
+        for s in study.samples:
+            lines += [
+                f"- **{s.type}**, prompt `{s.prompt}`, diverges at step {s.step} "
+                f"(degenerate: F32 {s.f32_degenerate}, {s.type} {s.degenerate})",
+                f"  - F32: `{_one_line(s.f32_text)}`",
+                f"  - {s.type}: `{_one_line(s.text)}`",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def _speed(row: TypeRow) -> str:
+    cpu = row.decode_tokens_per_cpu_s
+    return f"{row.decode_tokens_per_s:.1f}" + ("" if cpu is None else f" ({cpu:.1f})")
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", "⏎").replace("`", "'")
+
+
+def _human_line(study: QuantStudy) -> str:
+    fpr = study.rows[0].loops.human_fpr or {}
+    parts = [f"{k} {_rate_ci(v['rate'], v['ci95'])}" for k, v in fpr.items() if k in ("exact", "degenerate")]
+    src = study.calibration.get("source", "human text")
+    return f"Detectors calibrated on {src}; held-out human false-positive rate: {', '.join(parts) or 'n/a'}."
+
+
+def read_study(path: str | os.PathLike[str]) -> QuantStudy:
+    """A study back from its ``quant-<model>.json`` (to re-render the table; findings recomputed from the numbers)."""
+    import json
+
+    d = json.loads(Path(path).read_text(encoding="utf-8"))
+    rows = [
+        TypeRow(
+            type=r["type"],
+            file=QuantizedFile(**r["file"]),
+            logits=LogitAgreement(**r["logits"]),
+            divergence=Divergence(**r["divergence"]),
+            loops=LoopOutcome(**r["loops"]),
+            decode_tokens_per_s=r["decode_tokens_per_s"],
+            decode_tokens_per_cpu_s=r.get("decode_tokens_per_cpu_s"),
+        )
+        for r in d["rows"]
+    ]
+    cfg = d["config"]
+    study = QuantStudy(
+        **{k: d[k] for k in ("model", "model_note", "text_source", "prompt_source", "calibration", "llama_cpp")},
+        config=QuantStudyConfig(**{**cfg, "types": tuple(cfg["types"])}),
+        engine_check=LogitAgreement(**d["engine_check"]),
+        rows=rows,
+        samples=[SampleText(**x) for x in d["samples"]],
+        findings=[],
+        seconds=d["seconds"],
+    )
+    study.findings = study_findings(study)
+    return study
+
+
+def write_study(study: QuantStudy, out_dir: str | os.PathLike[str], stem: str) -> tuple[Path, Path]:
+    """``quant-<stem>.json`` (everything) and ``quant-<stem>.md`` (the table) in ``out_dir``, atomically."""
+    from ..._io import atomic_write_json, atomic_write_text
+
+    out = Path(out_dir)
+    js, md = out / f"quant-{stem}.json", out / f"quant-{stem}.md"
+    atomic_write_json(js, study.to_dict())
+    atomic_write_text(md, study_markdown(study))
+    return js, md
+
+
+def merge_studies(studies: Sequence[QuantStudy]) -> QuantStudy:
+    """Studies of one model with the same settings, run in parallel on disjoint types, as one study: rows in
+    bits-per-weight order after F32. Refused when the settings differ or the F32 references do not agree exactly
+    (each run measured its own; llama.cpp is deterministic, so they must)."""
+    from dataclasses import replace
+
+    if not studies:
+        raise ValueError("no studies to merge")
+    first = studies[0]
+    for s in studies[1:]:
+        if s.model != first.model or replace(s.config, types=()) != replace(first.config, types=()):
+            raise ValueError(f"cannot merge studies of different models or settings: {first.model} / {s.model}")
+        same = s.rows[0].logits == first.rows[0].logits and s.rows[0].loops.degenerate == first.rows[0].loops.degenerate
+        if not same or s.engine_check != first.engine_check:
+            raise ValueError("the studies' F32 references differ: they did not run on the same file and inputs")
+    others = [r for s in studies for r in s.rows[1:]]
+    if len({r.type for r in others}) != len(others):
+        raise ValueError("the studies overlap: a type was measured twice")
+    rows = [first.rows[0], *sorted(others, key=lambda r: -r.file.bits_per_weight)]
+    merged = replace(
+        first,
+        config=replace(first.config, types=tuple(r.type for r in rows[1:])),
+        rows=rows,
+        samples=[x for r in rows[1:] for s in studies for x in s.samples if x.type == r.type],
+        seconds=max(s.seconds for s in studies),
+    )
+    merged.findings = study_findings(merged)
+    return merged
+
+
+def quant_compare(
+    model_ref: str, out_dir: str | os.PathLike[str], cfg: QuantStudyConfig, *, log: Log | None = None
+) -> tuple[QuantStudy, Path, Path]:
+    """``genprobe quant-compare`` as a library call: run the study, state its findings, write
+    ``quant-<model>.json`` and ``quant-<model>.md`` into ``out_dir``; returns the study and the two paths."""
+    study, stem = (
+        run_quant_study(model_ref, out_dir, cfg) if log is None else run_quant_study(model_ref, out_dir, cfg, log=log)
+    )
+    study.findings = study_findings(study)
+    js, md = write_study(study, out_dir, stem)
+    return study, js, md
