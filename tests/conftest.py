@@ -44,6 +44,7 @@ XDIST_GROUPS = {  # worker group -> the test files that share it
     "torch-compile-stepwise": ("engine/test_compiled_stepwise.py",),
     "aot": ("engine/test_aot_decode.py",),
     "weight-only": ("engine/test_weight_only.py",),
+    "llama-family": ("engine/test_llama_family.py",),
     "speed-benchmark": ("engine/test_generate_speed_smoke.py",),
 }
 

@@ -118,11 +118,11 @@ def test_compile_argument_errors(tiny_model, kw, needle):
         generate(tiny_model, [[1, 2]], 3, compile=True, **kw)
 
 
-def test_compile_refuses_non_genprobe_models(tiny_model):
+def test_compile_refuses_models_outside_genprobe_and_the_llama_family(tiny_model):
     from genprobe.engine.hf_adapter import HFCausalLM
     from genprobe.model.hf import to_hf_gpt2
 
-    with pytest.raises(ValueError, match="compile=True is for genprobe GPT models"):
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not in the Llama family"):
         generate(HFCausalLM(to_hf_gpt2(tiny_model)), [[1, 2]], 3, compile=True)
 
 

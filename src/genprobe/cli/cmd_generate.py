@@ -64,8 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="genprobe checkpoints: run decode steps through torch.compile (compiling takes ~15-30 s once per "
-        "process and batch size; pays off for long generations, not for one short prompt)",
+        help="genprobe checkpoints and Llama-family transformers models: decode through the compiled fast path "
+        "(compiling takes ~15-30 s per batch size for our models, ~2 min for SmolLM2, then cached on disk; pays "
+        "off for long generations and scans, not for one short prompt)",
     )
     add_weight_dtype(p)
     p.add_argument(

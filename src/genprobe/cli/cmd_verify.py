@@ -199,11 +199,13 @@ def _check_args(args: argparse.Namespace, model) -> None:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if not args.floor_multiple >= 0:
         raise ValueError(f"--floor-multiple must be >= 0, got {args.floor_multiple}")
+    from ..model.llama_family import unsupported_reason
+
     kind = None if model is None else model.kind
-    if args.compiled and (kind != "genprobe" or args.impl):
+    if args.compiled and (args.impl or model is None or (kind != "genprobe" and unsupported_reason(model.module))):
         raise ValueError(
-            "--compiled verifies genprobe's own compiled decode path: give a genprobe checkpoint as "
-            "MODEL, without --impl"
+            "--compiled verifies genprobe's own compiled decode path: give a genprobe checkpoint or a Llama-family "
+            "transformers model as MODEL, without --impl"
         )
     if args.window is not None:
         if args.window < 1 or args.sinks < 0:

@@ -76,7 +76,7 @@ class KVCache:
     @classmethod
     def for_model(cls, cfg: GPTConfig, batch_size: int = 1, max_len: int | None = None, **kw: Any) -> "KVCache":
         """A cache shaped for ``cfg`` (capacity defaults to the model's context length)."""
-        return cls(cfg.n_layer, batch_size, cfg.n_head, cfg.d_head, max_len or cfg.block_size, **kw)
+        return cls(cfg.n_layer, batch_size, cfg.n_kv_head, cfg.d_head, max_len or cfg.block_size, **kw)
 
     @property
     def length(self) -> int:

@@ -53,9 +53,11 @@ def generate(
 
     ``on_token(step, token_ids)`` is called after every step with one new id per row (rows that
     already finished get ``-1``). Rows stop at ``eos_id`` (the eos token is kept in ``tokens``).
-    ``compile=True`` drives a genprobe GPT through the fast runner (:mod:`genprobe.engine.fast`: ``torch.compile``,
-    ahead-of-time programs, C++ kernels), chosen once by :func:`~genprobe.engine.runner.select_runner`; the first
-    call per model and batch size pays the compilation. Everything else is the same loop.
+    ``compile=True`` drives a genprobe GPT, or a Llama-family ``transformers`` model (``HFCausalLM``: Llama, Qwen2/3,
+    Mistral, Phi-3, run by :class:`~genprobe.model.llama_family.LlamaFamily` over its own weights), through the fast
+    runner (:mod:`genprobe.engine.fast`: ``torch.compile``, ahead-of-time programs, C++ kernels), chosen once by
+    :func:`~genprobe.engine.runner.select_runner`; the first call per model and batch size pays the compilation
+    (SmolLM2-135M: ~2 min per batch size, then cached on disk). Everything else is the same loop.
     A sampler with ``penalty_alpha`` > 0 runs contrastive search (:mod:`genprobe.engine.contrastive`).
     """
     if sampler is not None and sampler.is_contrastive:

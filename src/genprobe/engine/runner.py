@@ -14,6 +14,8 @@ import torch
 
 from ..model import limits
 from ..model.gpt import GPT
+from ..model.llama_family import llama_family_of, unsupported_reason
+from ..model.position_lm import PositionDrivenLM
 from .cache import KVCache
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,17 +87,48 @@ def as_runner(model: Any) -> Runner:
 
 
 def select_runner(model: Any, compile: bool = False, mode: str = "cached") -> Runner:
-    """The runner a generation drives, chosen once: ``compile=True`` gives a genprobe GPT's fast runner
-    (:func:`genprobe.engine.fast.compiled_runner`, cached decoding only), otherwise :func:`as_runner`."""
+    """The runner a generation drives, chosen once: ``compile=True`` gives the fast runner of a genprobe GPT or a
+    Llama-family transformers model (:func:`genprobe.engine.fast.compiled_runner` of :func:`fast_module`, cached
+    decoding only), otherwise :func:`as_runner`."""
     if not compile:
         return as_runner(model)
     if mode != "cached":
         raise ValueError("compile=True speeds up cached decoding; it does not apply to mode='naive'")
-    if not isinstance(model, GPT):
-        raise ValueError(f"compile=True is for genprobe GPT models, got {type(model).__name__}")
     from .fast import compiled_runner  # the torch.compile machinery only when asked for
 
-    return cast(Runner, compiled_runner(model))
+    return cast(Runner, compiled_runner(fast_module(model)))
+
+
+def fast_module(model: Any) -> PositionDrivenLM:
+    """What the fast runner compiles for ``model``: our GPT itself, or the :class:`LlamaFamily` forward over a
+    wrapped (``HFCausalLM``) Llama-family ``transformers`` model's own weights. ValueError naming why otherwise."""
+    if isinstance(model, GPT):
+        return model
+    hf = getattr(model, "model", None)
+    if hf is None or not hasattr(hf, "config"):
+        raise ValueError(
+            f"compile=True is for genprobe GPT and Llama-family transformers models, got {type(model).__name__}"
+        )
+    reason = unsupported_reason(hf) or _unseen_hooks(hf)
+    if reason is not None:
+        raise ValueError(f"compile=True cannot run this transformers model: {reason}; use compile=False")
+    view = llama_family_of(hf)
+    view.training = hf.training  # the view's own flag (its submodules are the model's): the fast path reads it
+    return view
+
+
+def _unseen_hooks(hf: Any) -> str | None:
+    """Forward hooks on modules the fast forward does not call (the model, its layers, attention, MLP blocks): they
+    would silently not run there. Hooks on the projections, norms and embedding it calls do run."""
+    called = {id(m) for m in llama_family_of(hf).modules()}
+    hooked = [
+        name or "the model"
+        for name, m in hf.named_modules()
+        if (m._forward_hooks or m._forward_pre_hooks) and id(m) not in called
+    ]
+    if not hooked:
+        return None
+    return f"forward hooks on {', '.join(hooked[:3])}{' ...' if len(hooked) > 3 else ''} would not run on its fast path"
 
 
 def engine_model(model: "Model") -> Any:

@@ -46,6 +46,11 @@ class GPTConfig:
         return self.d_model // self.n_head
 
     @property
+    def n_kv_head(self) -> int:
+        """Key/value heads (a cache's rows per layer): every head has its own, GPT-2 style (no grouped queries)."""
+        return self.n_head
+
+    @property
     def max_positions(self) -> int | None:
         """Longest sequence the model accepts: ``block_size`` for a learned position table, else None (unbounded)."""
         return self.block_size if self.pos_encoding == "learned" else None

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .cache_protocol import CacheLike
 from .config import GPTConfig
+from .position_lm import PositionDrivenLM
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
@@ -142,8 +143,10 @@ class Block(nn.Module):
         return x
 
 
-class GPT(nn.Module):
+class GPT(PositionDrivenLM):
     """Character-level GPT, GPT-2 compatible when ``pos_encoding == 'learned'``."""
+
+    cfg: GPTConfig
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -172,52 +175,6 @@ class GPT(nn.Module):
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
-
-    def num_parameters(self) -> int:
-        """Number of distinct parameters (tied embedding counted once)."""
-        return sum(p.numel() for p in self.parameters())
-
-    # ------------------------------------------------------------------------------------------
-    def check_positions(self, positions: torch.Tensor) -> None:
-        """Raise ValueError naming the context length if any position is outside the position table."""
-        if positions.numel() == 0:
-            return
-        lo, hi = (int(t) for t in torch.aminmax(positions))
-        if lo < 0:
-            raise ValueError(f"negative position {lo}: positions must be >= 0")
-        if self.cfg.pos_encoding == "learned" and hi >= self.cfg.block_size:
-            raise ValueError(
-                f"context overflow: position {hi} needs a sequence of {hi + 1} tokens but the model's "
-                f"context length (block_size, rows of the learned position table) is {self.cfg.block_size}"
-            )
-
-    def check_ids(self, ids: torch.Tensor) -> None:
-        """Raise ValueError naming the vocabulary size if any token id is outside the embedding table."""
-        id_lo, id_hi = (int(t) for t in torch.aminmax(ids))
-        if id_lo < 0 or id_hi >= self.cfg.vocab_size:
-            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size}): min {id_lo}, max {id_hi}")
-
-    def _visibility(
-        self,
-        q_pos: torch.Tensor,
-        k_pos: torch.Tensor,
-        k_valid: torch.Tensor | None,
-        q_doc: torch.Tensor | None,
-        k_doc: torch.Tensor | None,
-        queries_real: bool = False,
-    ) -> torch.Tensor:
-        """(B,Tq,Tk) bool: key visible to query iff pos_k <= pos_q, key is real, same document."""
-        vis = k_pos[:, None, :] <= q_pos[:, :, None]
-        if k_valid is not None:
-            vis = vis & k_valid[:, None, :]
-        if q_doc is not None and k_doc is not None:
-            vis = vis & (k_doc[:, None, :] == q_doc[:, :, None])
-        if queries_real:
-            return vis  # every real query sees at least its own key (pos_k == pos_q): no empty row
-        # A query with no visible key (a padding query) would give NaN; let it see everything.
-        # Its output is never used: padded positions are excluded from logits comparisons and loss.
-        empty = ~vis.any(dim=-1, keepdim=True)
-        return vis | empty
 
     def forward(
         self,
@@ -258,38 +215,6 @@ class GPT(nn.Module):
         logits: torch.Tensor = self.lm_head(self.ln_f(x))
         return logits
 
-    def _checked_inputs(
-        self,
-        ids: torch.Tensor,
-        positions: torch.Tensor | None,
-        cache: "CacheLike | None",
-        attention_mask: torch.Tensor | None,
-        logits_to_keep: int,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
-        """(positions, key validity of this call or None, whether the positions were defaulted), every shape and
-        range checked before any embedding lookup."""
-        if ids.dim() != 2:
-            raise ValueError(f"ids must be (batch, time), got shape {tuple(ids.shape)}")
-        B, T = ids.shape
-        if T == 0:
-            raise ValueError("ids has no tokens")
-        if logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep must be >= 0 (0 keeps every position), got {logits_to_keep}")
-        defaulted = positions is None
-        if positions is None:
-            positions = default_positions(B, T, cache, attention_mask, ids.device)
-        if positions.shape != (B, T):
-            raise ValueError(f"positions shape {tuple(positions.shape)} != ids shape {(B, T)}")
-        if not torch.compiler.is_compiling():
-            # Range checks read tensor values on the host, which would split a compiled graph; a compiled
-            # caller (genprobe.engine.fast.compiled) checks the same limits before it calls.
-            self.check_positions(positions)
-            self.check_ids(ids)
-        valid = None if attention_mask is None else attention_mask.to(torch.bool)
-        if valid is not None and valid.shape != (B, T):
-            raise ValueError(f"attention_mask shape {tuple(valid.shape)} != ids shape {(B, T)}")
-        return positions, valid, defaulted
-
     def _attention_bias(
         self,
         ids: torch.Tensor,
@@ -325,17 +250,6 @@ class GPT(nn.Module):
             blocked = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, float("-inf"))
             mask = blocked + alibi.to(dtype)
         return mask
-
-
-def default_positions(
-    B: int, T: int, cache: "CacheLike | None", attention_mask: torch.Tensor | None, device: torch.device
-) -> torch.Tensor:
-    """Positions when none are given: continue the cache's per-row count; padding does not advance it."""
-    if cache is not None:
-        return cache.default_positions(T, None if attention_mask is None else attention_mask.to(torch.bool))
-    if attention_mask is not None:
-        return (attention_mask.to(torch.long).cumsum(1) - 1).clamp(min=0)
-    return torch.arange(T, device=device).expand(B, T)
 
 
 def masked_cross_entropy(

@@ -260,8 +260,9 @@ def load_model(
 ) -> Model:
     """Load a genprobe checkpoint or a ``transformers`` model directory (auto-detected, offline, safetensors only).
 
-    ``weight_dtype=torch.bfloat16`` or ``torch.int8`` (genprobe checkpoints, float32) stores the linear layers'
-    weights narrow, computing in float32: an opt-in approximation, see :mod:`genprobe.model.weight_only`.
+    ``weight_dtype=torch.bfloat16`` or ``torch.int8`` (genprobe checkpoints and Llama-family transformers models,
+    float32) stores the linear layers' weights narrow, computing in float32: an opt-in approximation, see
+    :mod:`genprobe.model.weight_only`.
     """
     from .checkpoint import is_checkpoint
 
@@ -289,16 +290,31 @@ def load_model(
             model.module = with_weight_dtype(model.module, weight_dtype)
         return model
     if (d / "config.json").is_file():
+        model = _load_transformers(d, dtype, device)
         if weight_dtype != dtype:
-            raise ModelLoadError(
-                f"weight-only {weight_dtype} storage is for genprobe checkpoints; {d} is a transformers model "
-                "(load it in another dtype with dtype=...)"
-            )
-        return _load_transformers(d, dtype, device)
+            model.module = _narrow_transformers(model.module, weight_dtype, d)
+        return model
     raise ModelLoadError(
         f"{d} is neither a genprobe checkpoint (genprobe.json + model.safetensors), a transformers model "
         "directory (config.json + *.safetensors) nor a GGUF file"
     )
+
+
+def _narrow_transformers(module: Any, weight_dtype: torch.dtype, d: Path) -> Any:
+    """A Llama-family transformers model with weight-only narrow linear layers (the fast path reads them narrow)."""
+    from .llama_family import unsupported_reason
+    from .weight_only import with_weight_dtype
+
+    reason = unsupported_reason(module)
+    if reason is not None:
+        raise ModelLoadError(
+            f"weight-only {weight_dtype} storage is for genprobe checkpoints and Llama-family transformers models; "
+            f"{d}: {reason} (load it in another dtype with dtype=...)"
+        )
+    try:
+        return with_weight_dtype(module, weight_dtype)
+    except ValueError as exc:
+        raise ModelLoadError(f"{d}: {exc}") from None
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device) -> Model:

@@ -43,6 +43,7 @@ import torch
 
 from ..engine import KVCache, StaticKVCache, forward_step
 from ..model.gpt import GPT
+from ..model.position_lm import PositionDrivenLM
 
 
 @runtime_checkable
@@ -147,19 +148,27 @@ class EngineAdapter:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
+#: The compiled path's cache capacity when none is given (capped by the model's context length).
+DEFAULT_COMPILED_CAPACITY = 1024
+
+
 class CompiledEngineAdapter:
-    """genprobe's compiled decode path: ``StaticKVCache``, single-token steps through ``torch.compile``."""
+    """genprobe's compiled decode path: ``StaticKVCache``, single-token steps through ``torch.compile`` — of our GPT
+    or of a Llama-family ``transformers`` model (:class:`~genprobe.model.llama_family.LlamaFamily` over its weights)."""
 
     name = "engine-compiled"
     prefill_starts_sequence = True  # prefill() allocates a fresh static cache
 
-    def __init__(self, model: GPT, max_len: int | None = None):
+    def __init__(self, model: PositionDrivenLM, max_len: int | None = None):
         from ..engine.compiled import CompiledGPTRunner
 
-        self.model = model.eval()
+        self.model = model
+        model.training = False  # its own flag only (a Llama-family view's submodules are the user's model's)
         self.runner = CompiledGPTRunner(self.model)
-        self.max_len = max_len or model.cfg.block_size
-        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        # A static cache holds its capacity in every step's attention: a long-context model's whole context
+        # (SmolLM2: 8,192) would make each step read 8k slots. The verifier's sequences are short.
+        self.max_len = max_len or min(model.cfg.block_size, DEFAULT_COMPILED_CAPACITY)
+        self.max_positions = model.cfg.max_positions
         self.cache: StaticKVCache | None = None
 
     def reset(self) -> None:

@@ -198,7 +198,21 @@ def verify_targets(
         if compiled:
             targets.append(VerifyTarget(CompiledEngineAdapter(_gpt(model))))
         return VerifyTargets(reference, targets)
-    return VerifyTargets(reference, _hf_targets(model, hf_caches, hf_position_ids, th, steps))
+    targets = _hf_targets(model, hf_caches, hf_position_ids, th, steps)
+    if compiled:
+        from ..model.llama_family import llama_family_of
+
+        targets.append(VerifyTarget(CompiledEngineAdapter(llama_family_of(model.module))))
+    return VerifyTargets(reference, targets)
+
+
+def _no_fast_path(model: "Model") -> str | None:
+    """Why ``model`` has no compiled decode path (None when it has: our GPT, a Llama-family transformers model)."""
+    if model.kind == "genprobe":
+        return None
+    from ..model.llama_family import unsupported_reason
+
+    return unsupported_reason(model.module)
 
 
 def _check_target_args(
@@ -210,8 +224,14 @@ def _check_target_args(
     kind = None if model is None else model.kind
     if model is None and impl is None:
         raise ValueError("give a model (the reference, and its own cache) and/or an implementation")
-    if compiled and (kind != "genprobe" or impl is not None):
-        raise ValueError("compiled verifies genprobe's own compiled decode path: give a genprobe model, no impl")
+    why = None
+    if compiled:
+        why = "an impl was given" if impl is not None else _no_fast_path(model) if model is not None else "no model"
+    if why:
+        raise ValueError(
+            "compiled verifies genprobe's own compiled decode path: give a genprobe model or a Llama-family "
+            f"transformers model, no impl ({why})"
+        )
     if hf_caches and (kind != "hf" or impl is not None):
         raise ValueError("hf_caches verifies a transformers model's own cache classes: give one, no impl")
     if window is not None and kind != "genprobe":

@@ -27,12 +27,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...model.gpt import GPT
+    from ...model.position_lm import PositionDrivenLM
     from .compiled import CompiledGPTRunner
 
 
-def compiled_runner(model: "GPT") -> "CompiledGPTRunner":
-    """The fast runner of a genprobe GPT (one per model: its pooled caches and buffers outlive a generation)."""
+def compiled_runner(model: "PositionDrivenLM") -> "CompiledGPTRunner":
+    """The fast runner of a genprobe GPT or a Llama-family view (one per model: its pooled caches and buffers outlive a
+    generation)."""
     from .compiled import CompiledGPTRunner  # torch.compile machinery only when asked for
 
     return CompiledGPTRunner.for_model(model)

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ...model.gpt import GPT
+from ...model.position_lm import PositionDrivenLM as GPT  # our GPT or the Llama family (model.llama_family)
 from . import kernels
 from .static_cache import StaticKVCache
 

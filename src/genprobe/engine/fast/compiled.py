@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from ...model.gpt import GPT
+from ...model.position_lm import PositionDrivenLM as GPT  # our GPT or the Llama family (model.llama_family)
 from ...model.weight_only import NARROW_WEIGHT_DTYPES
 from . import kernels
 from .greedy import GreedyRun
@@ -508,12 +508,14 @@ class CompiledGPTRunner:
 
     def __init__(self, model: GPT):
         if not isinstance(model, GPT):
-            raise TypeError(f"compiled decoding is for genprobe GPT models, got {type(model).__name__}")
+            raise TypeError(
+                f"compiled decoding is for genprobe GPT and Llama-family models, got {type(model).__name__}"
+            )
         self.model = model
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.vocab_size = model.cfg.vocab_size
-        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        self.max_positions = model.cfg.max_positions
         # Per state (one generation): the model's fingerprint at its first compiled call, output buffers.
         self._fingerprints: weakref.WeakKeyDictionary[StaticKVCache, Fingerprint] = weakref.WeakKeyDictionary()
         self._outputs: weakref.WeakKeyDictionary[StaticKVCache, _Outputs] = weakref.WeakKeyDictionary()
