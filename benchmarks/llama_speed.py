@@ -12,6 +12,8 @@ allocation) is reported separately and never enters the tok/s. Engines:
   the first call per batch size compiles, minutes, cached on disk under ``~/.cache/genprobe/aot``);
 - ``genprobe-int8`` / ``genprobe-bf16``: the same on ``genprobe.load(model, weight_dtype=torch.int8 / bfloat16)``
   (weight-only narrow linear layers: different models; their tokens are also checked against their own eager run);
+  ``genprobe-int8-head``: int8 with the output layer (tied to the embedding) int8 too (``narrow_output=True``), the
+  bytes a llama.cpp Q8_0 step reads;
 - ``genprobe-eager``: ``generate(engine_model(m), prompts, N)`` (no compile): the reference for token equality;
 - ``hf``: ``transformers``' ``generate`` on the same module (greedy, eos disabled, exactly N tokens);
 - ``llamacpp-f32`` / ``llamacpp-q8_0``: llama.cpp through :class:`genprobe.serving.llamacpp.engine.LlamaCppModel` on
@@ -59,6 +61,7 @@ HERE = Path(__file__).resolve()
 ENGINES = (
     "genprobe",
     "genprobe-int8",
+    "genprobe-int8-head",
     "genprobe-bf16",
     "genprobe-eager",
     "hf",
@@ -151,8 +154,13 @@ def make_prompts(tokenizer: Any, batch: int, length: int) -> Tokens:
 
 
 def module_bytes(module: Any) -> int:
-    """Bytes of a module's parameters, each counted once (a tied embedding once): what a decode step reads."""
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+    """Bytes a decode step reads: the parameters, each counted once (a tied embedding once), less an input embedding
+    that is not also the output layer (a step looks up one row of it: ``narrow_output``'s float32 lookup table)."""
+    total = sum(p.numel() * p.element_size() for p in module.parameters())
+    emb, head = module.get_input_embeddings(), module.get_output_embeddings()
+    if head is not None and head.weight is not emb.weight:
+        total -= emb.weight.numel() * emb.weight.element_size()
+    return total
 
 
 def tokens_sha(tokens: Tokens) -> str:
@@ -166,24 +174,24 @@ def rows_equal(a: Tokens, b: Tokens) -> int:
 
 
 # ---- engines --------------------------------------------------------------------------------------------------------
-def load_genprobe(setup: Setup, weight_dtype: str = "float32") -> Any:
-    """``genprobe.load(model, weight_dtype=...)``; Unavailable with load's reason when it refuses."""
+def load_genprobe(setup: Setup, weight_dtype: str = "float32", narrow_output: bool = False) -> Any:
+    """``genprobe.load(model, weight_dtype=..., narrow_output=...)``; Unavailable with load's reason when it refuses."""
     import torch
 
     import genprobe
 
     try:
-        return genprobe.load(setup.model, weight_dtype=getattr(torch, weight_dtype))
+        return genprobe.load(setup.model, weight_dtype=getattr(torch, weight_dtype), narrow_output=narrow_output)
     except (ValueError, TypeError, NotImplementedError, OSError) as exc:
         raise Unavailable(f"genprobe.load({setup.model!r}, weight_dtype=torch.{weight_dtype}): {exc}") from exc
 
 
-def genprobe_engine(setup: Setup, compile: bool, weight_dtype: str = "float32") -> Engine:
+def genprobe_engine(setup: Setup, compile: bool, weight_dtype: str = "float32", narrow_output: bool = False) -> Engine:
     """genprobe's ``generate`` on the loaded model (``compile=True``: the compiled fast path)."""
     from genprobe.engine.generate import generate
     from genprobe.engine.runner import engine_model
 
-    m = load_genprobe(setup, weight_dtype)
+    m = load_genprobe(setup, weight_dtype, narrow_output)
     runner = engine_model(m)
     n = setup.new_tokens
 
@@ -194,7 +202,7 @@ def genprobe_engine(setup: Setup, compile: bool, weight_dtype: str = "float32") 
         return rows_equal(tokens, generate(runner, prompts, max_new_tokens=n).tokens)
 
     narrow = weight_dtype != "float32"
-    info = {"source": str(m.source), "weight_dtype": weight_dtype, "compile": compile}
+    info = {"source": str(m.source), "weight_dtype": weight_dtype, "narrow_output": narrow_output, "compile": compile}
     return Engine(gen, m.tokenizer, module_bytes(m.module), info, own_check if narrow else None)
 
 
@@ -357,6 +365,7 @@ def vllm_engine(setup: Setup) -> Engine:
 FACTORIES: dict[str, Callable[[Setup], Engine]] = {
     "genprobe": lambda s: genprobe_engine(s, compile=True),
     "genprobe-int8": lambda s: genprobe_engine(s, compile=True, weight_dtype="int8"),
+    "genprobe-int8-head": lambda s: genprobe_engine(s, compile=True, weight_dtype="int8", narrow_output=True),
     "genprobe-bf16": lambda s: genprobe_engine(s, compile=True, weight_dtype="bfloat16"),
     "genprobe-eager": lambda s: genprobe_engine(s, compile=False),
     "hf": hf_engine,

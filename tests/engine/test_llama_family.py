@@ -94,6 +94,29 @@ def test_the_forward_equals_transformers_bit_for_bit_with_left_padding(arch):
     assert torch.equal(out[real], ref[real])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8], ids=["bfloat16", "int8"])
+def test_the_forward_equals_transformers_with_a_narrow_output_layer(dtype):
+    """Weight-only layers, the tied output layer included (``narrow_output``): the view runs the converted head."""
+    from genprobe.model.weight_only import WeightOnlyLinear, with_weight_dtype
+
+    base = family_model("llama")
+    base.lm_head.weight = base.model.embed_tokens.weight  # tied, as SmolLM2's (the matrix's llama is not)
+    hf = with_weight_dtype(base, dtype, narrow_output=True)
+    assert isinstance(hf.lm_head, WeightOnlyLinear) and hf.model.embed_tokens.weight.dtype == torch.float32
+    view = LlamaFamily(hf)
+    assert view.lm_head is hf.lm_head
+    ids, mask = _padded(PROMPTS)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask, position_ids=positions).logits
+        out = view(ids, positions=positions, attention_mask=mask)
+        kept = LlamaFamily(with_weight_dtype(base, dtype))(ids, positions=positions, attention_mask=mask)
+    real = mask.bool()
+    # Not bit for bit: MKL's float32 products may sum in another order for another allocation of the narrow copies.
+    assert float((out[real] - ref[real]).abs().max()) < 1e-4
+    assert float((out[real] - kept[real]).abs().max()) > 1e-3  # the narrow head is the one that ran
+
+
 @pytest.mark.parametrize("arch", FAMILY_MATRIX)
 def test_cached_decoding_through_the_forward_equals_recomputation(arch):
     hf = family_model(arch)

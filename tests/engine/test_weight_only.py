@@ -101,6 +101,22 @@ def test_bad_weight_dtypes_name_the_choices(sharp_gpt):
         with_weight_dtype(sharp_gpt().double(), torch.int8)
 
 
+@pytest.mark.parametrize("dtype", NARROW, ids=["bfloat16", "int8"])
+def test_the_output_layer_is_stored_narrow_only_when_asked(sharp_gpt, dtype):
+    """``narrow_output``: the head tied to the embedding gets its own narrow copy, the lookup stays float32."""
+    m = sharp_gpt()
+    out = with_weight_dtype(m, dtype, narrow_output=True)
+    assert isinstance(out.lm_head, WeightOnlyLinear) and out.lm_head.weight.dtype == dtype
+    assert out.wte.weight.dtype == torch.float32 and torch.equal(out.wte.weight, m.wte.weight)
+    x = torch.randn(3, m.cfg.d_model)
+    assert torch.allclose(out.lm_head(x), F.linear(x, out.lm_head.dequantized()), atol=1e-4)
+    ids = torch.tensor([[5, 9, 2, 41, 7]])
+    with torch.no_grad():  # the rounded head moves the logits of the model whose head stayed float32
+        assert float((out(ids) - with_weight_dtype(m, dtype)(ids)).abs().max()) > 1e-3
+    with pytest.raises(ValueError, match="a narrow output layer needs a narrow weight dtype"):
+        with_weight_dtype(m, torch.float32, narrow_output=True)
+
+
 def test_compiled_generation_reads_the_narrow_weights_and_equals_eager(bf16_model, sharp_gpt):
     prompts = [[5, 9, 2, 41, 7]]
     a = generate(bf16_model, prompts, 20, compile=True, return_logits=True)
@@ -184,6 +200,9 @@ def test_the_loader_converts_genprobe_checkpoints_and_refuses_transformers_model
     export_hf_dir(sharp_gpt(), hf)
     with pytest.raises(ModelLoadError, match="weight-only torch.bfloat16 storage is for genprobe checkpoints"):
         load_model(hf, weight_dtype=torch.bfloat16)
+    assert load_model(path, weight_dtype=torch.int8, narrow_output=True).module.lm_head.weight.dtype == torch.int8
+    with pytest.raises(ModelLoadError, match="narrow_output .* must be bfloat16 or int8; got torch.float32"):
+        load_model(path, narrow_output=True)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
@@ -214,3 +233,17 @@ def test_generate_takes_the_weight_dtype(tmp_path, capsys, sharp_gpt):
         assert runs[dtype]["tokens"] == generate(model, prompt, 16).tokens[0]
     for dtype in ("bfloat16", "int8"):
         assert runs[dtype]["steps"] != runs["float32"]["steps"]  # the rounding moves the step probabilities
+
+
+def test_the_cli_narrows_the_output_layer_only_with_a_narrow_weight_dtype(tmp_path, capsys, sharp_gpt):
+    from genprobe.cli import main
+
+    path = _save(tmp_path, sharp_gpt())
+    args = ["generate", str(path), "--prompt", "一丁七万", "--greedy", "--ignore-eos", "--max-new-tokens", "12", "--json"]
+    assert main([*args, "--weight-dtype", "int8", "--narrow-output"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["weight_dtype"] == "int8" and run["narrow_output"] is True
+    model = with_weight_dtype(sharp_gpt(), torch.int8, narrow_output=True)
+    assert run["tokens"] == generate(model, [run["prompt_tokens"]], 12).tokens[0]
+    assert main([*args, "--narrow-output"]) != 0
+    assert "must be bfloat16 or int8; got torch.float32" in capsys.readouterr().err

@@ -196,6 +196,12 @@ def add_weight_dtype(p: argparse.ArgumentParser) -> None:
         "(bfloat16: half the bytes a decode step reads; int8, one scale per output row: a quarter; either is an "
         "approximation of the model; default float32)",
     )
+    p.add_argument(
+        "--narrow-output",
+        action="store_true",
+        help="with --weight-dtype bfloat16/int8: store the output layer (tied to the embedding, kept float32 by "
+        "default) narrow too, as llama.cpp's Q8_0 does (SmolLM2: 220 -> 134 MB read per int8 step)",
+    )
 
 
 def load_model_arg(args: argparse.Namespace):
@@ -209,4 +215,5 @@ def load_model_from(path: str, args: argparse.Namespace):
     from ..engine.loaded import load_model
     from ..model.weight_only import weight_dtype_of
 
-    return load_model(path, weight_dtype=weight_dtype_of(getattr(args, "weight_dtype", "float32")))
+    weight_dtype = weight_dtype_of(getattr(args, "weight_dtype", "float32"))
+    return load_model(path, weight_dtype=weight_dtype, narrow_output=getattr(args, "narrow_output", False))

@@ -218,6 +218,7 @@ def _emit_json(
         "seed": args.seed,
         "chat": args.chat,
         "weight_dtype": args.weight_dtype,
+        "narrow_output": args.narrow_output,
         "token_forwards": res.token_forwards,
     }
     emit_json(common | results[0] if len(results) == 1 else common | {"results": results})

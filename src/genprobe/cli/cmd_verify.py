@@ -281,7 +281,10 @@ def _load_model(args: argparse.Namespace) -> "Model | None":
     if path is not None:
         model = load_model_from(path, args)
         if args.weight_dtype != "float32":
-            info(f"weights: linear layers stored in {args.weight_dtype} (weight-only): the verdict is that model's")
+            head = ", the output layer too" if args.narrow_output else ""
+            info(
+                f"weights: linear layers stored in {args.weight_dtype}{head} (weight-only): the verdict is that model's"
+            )
     return model
 
 
@@ -325,7 +328,8 @@ def _report(args: argparse.Namespace, result: "CacheVerification", th: "Threshol
         d = result.to_dict(args.fail_on)
         emit_json(
             {k: v for k, v in d.items() if k not in ("failing", "errors")}
-            | {"weight_dtype": args.weight_dtype, "failing": failing, "errors": errored, "exit_status": rc}
+            | {"weight_dtype": args.weight_dtype, "narrow_output": args.narrow_output}
+            | {"failing": failing, "errors": errored, "exit_status": rc}
         )
     return rc
 

@@ -54,6 +54,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     weight_dtype: torch.dtype = torch.float32,
+    narrow_output: bool = False,
 ) -> LoadedModel:
     """:func:`genprobe.model.load.load_model` (the one loader: same arguments, same checks), ready to generate."""
-    return LoadedModel.of(load.load_model(path, dtype, device, weight_dtype))
+    return LoadedModel.of(load.load_model(path, dtype, device, weight_dtype, narrow_output))

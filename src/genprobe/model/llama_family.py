@@ -170,17 +170,21 @@ def grouped_attention(
 ) -> torch.Tensor:
     """Softmax attention of ``q`` (B, H, T, Dh) over ``k``/``v`` (B, KV, S, Dh), each KV head shared by H/KV queries.
 
-    ``mask`` (B, 1, T, S) bool. Scores and softmax as ``transformers``' eager attention (softmax in float32); the
-    queries of a group are one batch of rows against their key head, so no key or value is copied.
+    ``mask`` (B, 1, T, S) bool. Scores and softmax as ``transformers``' eager attention (softmax in float32). The
+    G = H/KV queries of a group are stacked as G*T rows against their key head, so each product is a plain batched
+    matmul over (B, KV): a matmul that broadcast one key head over G query heads would copy the keys and values G
+    times per step (what ``repeat_kv`` does, and at batch 64 more bytes than the weights).
     """
     B, H, T, Dh = q.shape
     KV = k.shape[1]
-    qg = q.reshape(B, KV, H // KV, T, Dh)  # a group's queries are consecutive heads, against one key head
-    scores = (qg @ k[:, :, None].transpose(-2, -1)) * scaling  # (B, KV, G, T, S)
+    G = H // KV
+    rows = q.reshape(B, KV, G * T, Dh)  # a group's queries are consecutive heads: row g*T + t
+    scores = (rows @ k.transpose(-2, -1)) * scaling  # (B, KV, G*T, S)
     if mask is not None:
-        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+        scores = scores.masked_fill(~mask.repeat(1, 1, G, 1), float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return (probs @ v[:, :, None]).reshape(B, H, T, Dh)
+    # (B, KV, G, T, Dh) -> (B, H, T, Dh); T as -1: spelled out, torch.export cannot prove the split for every length
+    return (probs @ v).reshape(B, KV, G, -1, Dh).flatten(1, 2)
 
 
 class LlamaFamily(PositionDrivenLM):

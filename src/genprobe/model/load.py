@@ -257,13 +257,18 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     weight_dtype: torch.dtype = torch.float32,
+    narrow_output: bool = False,
 ) -> Model:
     """Load a genprobe checkpoint or a ``transformers`` model directory (auto-detected, offline, safetensors only).
 
     ``weight_dtype=torch.bfloat16`` or ``torch.int8`` (genprobe checkpoints and Llama-family transformers models,
     float32) stores the linear layers' weights narrow, computing in float32: an opt-in approximation, see
-    :mod:`genprobe.model.weight_only`.
+    :mod:`genprobe.model.weight_only`; ``narrow_output=True`` the output layer tied to the embedding too.
     """
+    if narrow_output and weight_dtype == dtype:
+        raise ModelLoadError(
+            f"narrow_output stores the output layer in weight_dtype, which must be bfloat16 or int8; got {weight_dtype}"
+        )
     from .checkpoint import is_checkpoint
 
     d = Path(path)
@@ -287,12 +292,12 @@ def load_model(
         if weight_dtype != dtype:
             from .weight_only import with_weight_dtype
 
-            model.module = with_weight_dtype(model.module, weight_dtype)
+            model.module = with_weight_dtype(model.module, weight_dtype, narrow_output)
         return model
     if (d / "config.json").is_file():
         model = _load_transformers(d, dtype, device)
         if weight_dtype != dtype:
-            model.module = _narrow_transformers(model.module, weight_dtype, d)
+            model.module = _narrow_transformers(model.module, weight_dtype, d, narrow_output)
         return model
     raise ModelLoadError(
         f"{d} is neither a genprobe checkpoint (genprobe.json + model.safetensors), a transformers model "
@@ -300,7 +305,7 @@ def load_model(
     )
 
 
-def _narrow_transformers(module: Any, weight_dtype: torch.dtype, d: Path) -> Any:
+def _narrow_transformers(module: Any, weight_dtype: torch.dtype, d: Path, narrow_output: bool) -> Any:
     """A Llama-family transformers model with weight-only narrow linear layers (the fast path reads them narrow)."""
     from .llama_family import unsupported_reason
     from .weight_only import with_weight_dtype
@@ -312,7 +317,7 @@ def _narrow_transformers(module: Any, weight_dtype: torch.dtype, d: Path) -> Any
             f"{d}: {reason} (load it in another dtype with dtype=...)"
         )
     try:
-        return with_weight_dtype(module, weight_dtype)
+        return with_weight_dtype(module, weight_dtype, narrow_output)
     except ValueError as exc:
         raise ModelLoadError(f"{d}: {exc}") from None
 
