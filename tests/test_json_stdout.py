@@ -78,10 +78,12 @@ sys.exit(main(["convert-gguf", "x.gguf", "--out", "d", "--json"]))
     [
         "generate_speed",
         "hf_path_speed",
+        "llama_profile",
         "loop_monitor",
         "loop_scan_throughput",
         "loop_served_repair",
         "sampler_overhead",
+        "weight_only_quality",
     ],
 )
 def test_every_benchmark_with_json_runs_inside_json_stdout(name):
@@ -101,8 +103,10 @@ def test_the_benchmark_list_is_complete():
     assert with_json == {
         "generate_speed",
         "hf_path_speed",
+        "llama_profile",
         "loop_monitor",
         "loop_scan_throughput",
         "loop_served_repair",
         "sampler_overhead",
+        "weight_only_quality",
     }

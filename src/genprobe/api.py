@@ -45,6 +45,7 @@ def scan_loops(
     progress: bool = False,
     calibration: "LoopCalibration | None" = None,
     loop: "LoopSettings | None" = None,
+    compile: bool = False,
 ) -> "ScanResult":
     """Generate after every prompt and measure loops (exact, near, repetitive tail, degenerate) with CIs.
 
@@ -52,7 +53,8 @@ def scan_loops(
     fixed number of new tokens. ``prompts`` defaults to held-out Tang openings for the bundled char model.
     ``calibration`` (:func:`calibrate_loops` at ``max_new_tokens``) fixes the detector settings and puts its
     human false-positive rates beside the scan's; else ``loop`` (default: the raw defaults). Several settings,
-    the vLLM backend and the ``loops scan`` JSON: :func:`genprobe.scan_loop_settings`.
+    the vLLM backend and the ``loops scan`` JSON: :func:`genprobe.scan_loop_settings`. ``compile=True`` decodes
+    through the compiled fast path (our GPT, Llama-family models; ``loops scan --compile``).
     """
     from .loops.scan_settings import scan_loop_settings
 
@@ -66,6 +68,7 @@ def scan_loops(
         progress=progress,
         calibration=calibration,
         loop=loop,
+        compile=compile,
     )
     return res.scans["scan"]
 

@@ -239,7 +239,17 @@ def test_the_cli_narrows_the_output_layer_only_with_a_narrow_weight_dtype(tmp_pa
     from genprobe.cli import main
 
     path = _save(tmp_path, sharp_gpt())
-    args = ["generate", str(path), "--prompt", "一丁七万", "--greedy", "--ignore-eos", "--max-new-tokens", "12", "--json"]
+    args = [
+        "generate",
+        str(path),
+        "--prompt",
+        "一丁七万",
+        "--greedy",
+        "--ignore-eos",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    ]
     assert main([*args, "--weight-dtype", "int8", "--narrow-output"]) == 0
     run = json.loads(capsys.readouterr().out)
     assert run["weight_dtype"] == "int8" and run["narrow_output"] is True

@@ -74,7 +74,12 @@ def add_engine_arguments(
         help="explicit KV-cache size instead of the memory fraction (default: verify-serving computes it from "
         "layers × KV heads × head dim × 4 bytes × context × sequences, with headroom)",
     )
-    g.add_argument("--compile", action="store_true", help="let vLLM compile the model (default: enforce_eager)")
+    g.add_argument(
+        "--compile",
+        action="store_true",
+        help="let vLLM compile the model (default: enforce_eager); `loops scan` on genprobe's engine: decode "
+        "through genprobe's compiled fast path (the eager scan's tokens; minutes of compiling per batch size, cached)",
+    )
     g.add_argument(
         "--in-process", action="store_true", help="run vLLM's engine core in this process (faster start on CPU)"
     )

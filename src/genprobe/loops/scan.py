@@ -322,6 +322,7 @@ def scan_loops(
     desc: str = "scan",
     calibration: LoopCalibration | None = None,
     chars_unit: bool | None = None,
+    compile: bool = False,
 ) -> ScanResult:
     """Generate exactly ``max_new_tokens`` after each prompt in batches and measure loops.
 
@@ -329,6 +330,8 @@ def scan_loops(
     (ids -> str) adds texts and character-level measures. Batch ``i`` uses seed ``seed + i``.
     ``calibration`` (of this length) supplies the detector settings and the human rates printed beside
     the scan's; ``chars_unit`` (default: the calibration's) says whether the character view is a verdict.
+    ``compile=True`` decodes through the compiled fast path (``generate(..., compile=True)``: our GPT and
+    Llama-family models; the same tokens as the eager loop, minutes of compiling per batch size, cached on disk).
     """
     if not prompts:
         raise ValueError("no prompts to scan")
@@ -352,7 +355,7 @@ def scan_loops(
     try:
         for bi, start in enumerate(range(0, len(prompts), batch_size)):
             chunk = [list(p) for p in prompts[start : start + batch_size]]
-            res = generate(model, chunk, max_new_tokens, sampler, seed=seed + bi)
+            res = generate(model, chunk, max_new_tokens, sampler, seed=seed + bi, compile=compile)
             for j, toks in enumerate(res.tokens):
                 text = prompt_texts[start + j] if prompt_texts is not None else None
                 records.append(_record(chunk[j], toks, res.finished[j] == "length", unk_id, loop, decode, text))

@@ -110,6 +110,7 @@ def scan_loop_settings(
     backend: ScanBackend | None = None,
     log: Callable[[str], None] = lambda msg: None,
     on_scan: Callable[[str, ScanResult, float], None] | None = None,
+    compile: bool = False,
 ) -> LoopScans:
     """Scan the same prompts under each named decoding setting (what ``genprobe loops scan`` runs).
 
@@ -122,7 +123,10 @@ def scan_loop_settings(
     the JSON says about it; default our engine; :func:`genprobe.serving.scan.vllm_scan_backend` is vLLM's (every
     setting checked first: one vLLM cannot express exactly is refused, never approximated). ``log`` gets the
     end-token note (and the engine's start-up); ``on_scan(name, result, seconds)`` each scan as it finishes.
+    ``compile=True``: our engine decodes through the compiled fast path (no other backend).
     """
+    if compile and backend is not None:
+        raise ValueError("compile=True is for genprobe's own engine; the backend given decodes its own way")
     loop = _detector_settings(calibration, loop)
     if prompt_source is None:
         prompt_source = "tang-heldout-openings" if prompts is None else "prompts"
@@ -130,14 +134,14 @@ def scan_loop_settings(
     chosen = dict(settings) if settings is not None else loop_study_settings(model)
     if not chosen:
         raise ValueError("no decoding settings to scan")
-    study = _loop_study(model, loop, max_new_tokens, batch_size, seed, progress)
+    study = _loop_study(model, loop, max_new_tokens, batch_size, seed, progress, compile)
     samplers = {name: sampler or study.sampler for name, sampler in chosen.items()}
     ids = study.encode(texts)
     end = study.end_token
     if end.banned:
         log(f"note: {end.note}")
     if backend is None:
-        scan, about = study.scan, {"backend": "genprobe"}
+        scan, about = study.scan, {"backend": "genprobe", "compile": compile}
     else:
         scan, about = backend(model, study, samplers, ids, log)
     result = LoopScans(str(model.source), len(texts), prompt_source, max_new_tokens, end.to_dict(), about, calibration)
@@ -161,10 +165,16 @@ def _detector_settings(calibration: LoopCalibration | None, loop: LoopSettings |
 
 
 def _loop_study(
-    model: Any, loop: LoopSettings | None, max_new_tokens: int, batch_size: int, seed: int, progress: bool
+    model: Any,
+    loop: LoopSettings | None,
+    max_new_tokens: int,
+    batch_size: int,
+    seed: int,
+    progress: bool,
+    compile: bool = False,
 ) -> LoopStudy:
     """The study that encodes the prompts and scans them (generation length, batch, seed, detector settings)."""
     cfg = RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     if loop is not None:
         cfg.loop = loop
-    return LoopStudy(model, cfg, progress=progress)
+    return LoopStudy(model, cfg, progress=progress, compile=compile)

@@ -193,12 +193,14 @@ class LoopStudy:
         sampler: SamplerConfig | None = None,
         progress: bool = False,
         log: Callable[[str], None] = lambda msg: None,
+        compile: bool = False,
     ):
         if model.tokenizer is None:
             raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
         if cfg.max_new_tokens < 16:
             raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {cfg.max_new_tokens}")
         self.model, self.cfg, self.progress, self.log = model, cfg, progress, log
+        self.compile = compile  # scans through the compiled fast path (weights edited in place are still seen)
         self.module = model.module
         self.engine = engine_model(model)
         self.tokenizer = model.tokenizer
@@ -250,6 +252,7 @@ class LoopStudy:
             prompt_texts=texts,
             progress=self.progress and decoded,
             desc=desc,
+            compile=self.compile,
         )
 
     def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:

@@ -99,6 +99,10 @@ def run_scan(args: argparse.Namespace) -> int:
     _check_common(args)
     if args.out:
         out_dir(args.out, SCAN_FILE)
+    if args.compile and args.backend == "llama.cpp":  # genprobe: its compiled fast path; vllm: vLLM compiles
+        raise ValueError(
+            "--compile is for genprobe's engine (its compiled fast path) and vLLM, not --backend llama.cpp"
+        )
     if args.backend == "vllm" and vllm_missing("loops scan"):
         return 2
     if args.backend == "llama.cpp" and _llamacpp_missing("loops scan", args):
@@ -138,6 +142,7 @@ def run_scan(args: argparse.Namespace) -> int:
         backend=backend,
         log=info,
         on_scan=table,
+        compile=args.compile and args.backend == "genprobe",
     )
     if args.out:
         atomic_write_json(args.out / SCAN_FILE, result.to_dict())
