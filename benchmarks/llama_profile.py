@@ -1,8 +1,9 @@
 """Where a decode step of a Llama-family model goes at one batch size: genprobe's compiled step beside the machine's
 rooflines and ``transformers``' eager step.
 
-- **step**: the cost of one decode step on genprobe's compiled path, ``(t(n) - t(2)) / (n - 2)`` from whole greedy
-  generations of 2 and ``--new-tokens`` tokens (medians of ``--reps``; compilation is a warm-up, not counted);
+- **step**: the cost of one decode step on genprobe's compiled path, ``(t(n) - t(s)) / (n - s)`` from whole greedy
+  generations of ``--new-tokens`` (n) and fewer (s, the fewest with the same cache capacity) tokens (medians of
+  ``--reps``; compilation is a warm-up, not counted);
 - **rooflines** measured in the same run: reading the weight bytes a step reads (``torch.sum`` over a float32 buffer
   of that size) and doing the step's products (``torch.mm`` of (batch, K) x (K, N) for every linear layer of the
   model, oneDNN/MKL, each shape timed alone) — a step takes at least the larger of the two;
@@ -75,12 +76,14 @@ def profile(model_ref: str, batch: int, new_tokens: int, threads: int, reps: int
     m = genprobe.load(model_ref)
     runner = engine_model(m)
     prompts = torch.randint(1000, 40000, (batch, 8), generator=torch.Generator().manual_seed(0)).tolist()
-    t2 = median_seconds(lambda: generate(runner, prompts, 2, compile=True), reps)
-    tn = median_seconds(lambda: generate(runner, prompts, new_tokens, compile=True), reps)
-    step = (tn - t2) / (new_tokens - 2)
     family = fast_module(runner)  # the LlamaFamily view the compiled path runs
     cfg = m.module.config
     capacity = compiled.static_capacity(8 + new_tokens, family.cfg.max_positions)
+    # The shorter generation keeps the capacity (another capacity is another compiled program, minutes on SmolLM2).
+    short = max(2, capacity // 2 - 8 + 1) if capacity > 64 else 2
+    t_short = median_seconds(lambda: generate(runner, prompts, short, compile=True), reps)
+    tn = median_seconds(lambda: generate(runner, prompts, new_tokens, compile=True), reps)
+    step = (tn - t_short) / (new_tokens - short)
     kv_bytes = 2 * cfg.num_hidden_layers * batch * capacity * cfg.num_key_value_heads * cfg.head_dim * 4
     step_bytes = sum(p.numel() * p.element_size() for p in m.module.parameters())
     ids = torch.tensor(prompts)

@@ -33,7 +33,9 @@ def test_verify_caches_with_mutants_gives_what_the_cli_prints(capsys, tiny_ckpt)
     assert set(res.mutants.mask_noop) == set(d["mask_noop"]) and res.mutants.mask_noop["no_mask_t_new_1"] == 0.0
     lib = res.to_dict()
     assert lib["failing"] == d["failing"] == [] and lib["errors"] == d["errors"] == []
-    assert {k: v for k, v in d.items() if k not in ("weight_dtype", "exit_status")}.keys() == lib.keys()
+    assert {
+        k: v for k, v in d.items() if k not in ("weight_dtype", "narrow_output", "exit_status")
+    }.keys() == lib.keys()
 
 
 def test_verify_targets_builds_the_compiled_path_and_refuses_what_does_not_apply(tiny_ckpt):

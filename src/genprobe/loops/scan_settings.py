@@ -141,7 +141,8 @@ def scan_loop_settings(
     if end.banned:
         log(f"note: {end.note}")
     if backend is None:
-        scan, about = study.scan, {"backend": "genprobe", "compile": compile}
+        # "compile" only when asked: the JSON of an eager scan is the one every backend writes
+        scan, about = study.scan, {"backend": "genprobe"} | ({"compile": True} if compile else {})
     else:
         scan, about = backend(model, study, samplers, ids, log)
     result = LoopScans(str(model.source), len(texts), prompt_source, max_new_tokens, end.to_dict(), about, calibration)

@@ -406,7 +406,7 @@ class CacheVerification:
         return bad + (self.mutants.failing if self.mutants is not None else [])
 
     def to_dict(self, fail_on: str = "bug") -> dict[str, Any]:
-        """Plain JSON: ``genprobe verify-cache --json`` less ``weight_dtype`` and ``exit_status``."""
+        """Plain JSON: ``genprobe verify-cache --json`` less ``weight_dtype``, ``narrow_output`` and ``exit_status``."""
         return {
             "implementations": [r.to_dict() for r in self.reports],
             "mutants": self.mutants.rows if self.mutants is not None else [],
