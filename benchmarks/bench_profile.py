@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,19 +27,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_engines import EngineUnavailable, make_engine  # noqa: E402
-from bench_stats import interleaved, load_average  # noqa: E402
+from bench_stats import interleaved, load_average, median_seconds  # noqa: E402
 from generate_speed import load_bundle  # noqa: E402
 
-
-def _best_of(fn, reps: int) -> float:
-    """Median seconds of ``reps`` calls after one warm-up."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+_best_of = median_seconds  # median seconds of ``reps`` calls after one warm-up
 
 
 def rooflines(model: torch.nn.Module, batch: int, reps: int) -> dict:

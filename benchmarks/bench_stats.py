@@ -55,6 +55,17 @@ class Series:
         return d
 
 
+def median_seconds(fn: Callable[[], Any], reps: int) -> float:
+    """Median wall seconds of ``reps`` calls of ``fn`` after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     """(wall seconds, process CPU seconds, result) of one call."""
     c0, t0 = time.process_time(), time.perf_counter()

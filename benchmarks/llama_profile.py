@@ -20,23 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def median_seconds(fn: Any, reps: int) -> float:
-    """Median wall seconds of ``reps`` calls of ``fn`` after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from bench_stats import median_seconds  # noqa: E402
 
 
 def linear_shapes(module: torch.nn.Module) -> list[tuple[int, int]]:
