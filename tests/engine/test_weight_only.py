@@ -201,7 +201,10 @@ def test_the_loader_converts_genprobe_checkpoints_and_refuses_transformers_model
     with pytest.raises(ModelLoadError, match="weight-only torch.bfloat16 storage is for genprobe checkpoints"):
         load_model(hf, weight_dtype=torch.bfloat16)
     assert load_model(path, weight_dtype=torch.int8, narrow_output=True).module.lm_head.weight.dtype == torch.int8
-    with pytest.raises(ModelLoadError, match="narrow_output .* must be bfloat16 or int8; got torch.float32"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"narrow_output .* must be bfloat16 or int8 \(and not the model's dtype\); got torch.float32",
+    ):
         load_model(path, narrow_output=True)
 
 
@@ -256,4 +259,4 @@ def test_the_cli_narrows_the_output_layer_only_with_a_narrow_weight_dtype(tmp_pa
     model = with_weight_dtype(sharp_gpt(), torch.int8, narrow_output=True)
     assert run["tokens"] == generate(model, [run["prompt_tokens"]], 12).tokens[0]
     assert main([*args, "--narrow-output"]) != 0
-    assert "must be bfloat16 or int8; got torch.float32" in capsys.readouterr().err
+    assert "must be bfloat16 or int8 (and not the model's dtype); got torch.float32" in capsys.readouterr().err

@@ -267,7 +267,8 @@ def load_model(
     """
     if narrow_output and weight_dtype == dtype:
         raise ModelLoadError(
-            f"narrow_output stores the output layer in weight_dtype, which must be bfloat16 or int8; got {weight_dtype}"
+            "narrow_output stores the output layer in weight_dtype, which must be bfloat16 or int8 (and not the "
+            f"model's dtype); got {weight_dtype}"
         )
     from .checkpoint import is_checkpoint
 
