@@ -99,7 +99,10 @@ def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch, 
     packed = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
     seen_a, seen_b = [], []
     kw = dict(eos_id=eos, return_logits=True)
+    before = counters["stats"]["unique_graphs"]
     a = generate(model, prompts, 20, compile=True, on_token=lambda i, t: seen_a.append(t), **kw)
+    # Two graphs, the prefill's and one step's for every cache length: the slots attention reads are a symbol.
+    assert counters["stats"]["unique_graphs"] == before + 2
     b = generate(model, prompts, 20, on_token=lambda i, t: seen_b.append(t), **kw)
     assert compiled_mod.compile_error() is None
     assert set(kinds) == {"prefill", "stepwise"}  # no "loop": the compiled step ran, driven from Python

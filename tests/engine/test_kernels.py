@@ -39,15 +39,17 @@ def _assert_close(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Te
     assert bool((err <= 1e-5 * scale + 1e-6).all()), float((err / (scale + 1e-6)).max())
 
 
-# Rows: the one-row GEMV (1), the dot-product tiles (AVX2: 2-5, AVX-512: 2-16, in 4-row passes with 1-3-row
-# tails: 6, 7, 13, 15), the packed outer products (AVX2: 6+, AVX-512: 17+, with row tails). Columns: tile tails
-# (8-column, 4-column, 16-column panels). Depth: the masked k tail (< 8, not a multiple of 8) and more than one
-# 256-deep packed block (257, 600).
+# Rows: the one-row GEMV (1: eight rows of W at a time, or from 96K weights one row at a time, 1202 x 128 and
+# 163 x 605 with its 8-wide steps after the 64-wide ones and a masked tail), the dot-product tiles (AVX2: 2-5,
+# AVX-512: 2-16, in 4-row passes with 1-3-row tails: 6, 7, 13, 15), the packed outer products (AVX2: 6+, AVX-512:
+# 17+, with row tails). Columns: tile tails (8-column, 4-column, 16-column panels). Depth: the masked k tail (< 8,
+# not a multiple of 8) and more than one 256-deep packed block (257, 600).
 SHAPES = [
     (1, 1, 1),
     (1, 13, 7),
     (1, 384, 128),
     (1, 1202, 128),
+    (1, 163, 605),
     (2, 9, 9),
     (3, 5, 8),
     (4, 17, 130),

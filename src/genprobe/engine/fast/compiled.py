@@ -233,14 +233,19 @@ def _decode_step(
     valid: torch.Tensor,
     done: torch.Tensor,
     eos: torch.Tensor,
+    filled: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One greedy step, as one iteration of :func:`_decode_loop` does it. Returns (token, its validity, done, logits).
 
-    Compiled with the batch dimension as a symbol: one graph serves every batch size from 2 up.
+    Compiled with the batch dimension as a symbol: one graph serves every batch size from 2 up. ``filled`` is
+    one longer than the cache slots written after this step (its length only; a symbol too, at least 2 even after
+    a one-token prompt, so that Dynamo does not specialise it): attention reads those slots, not the whole
+    capacity. Measured on SmolLM2-135M at batch 64 (2 threads, AMD EPYC), 72 tokens in a 128-slot cache: the
+    reads of every slot were a third of a step.
     """
     if version == -1:  # a branch on the value is what makes Dynamo guard on it (see _decode_loop)
         raise ValueError("version -1 is reserved")
-    step_logits = model(ids, cache=cache.view(), attention_mask=valid)[:, -1]
+    step_logits = model(ids, cache=cache.view(filled.shape[0] - 1), attention_mask=valid)[:, -1]
     nxt = torch.where(done, 0, step_logits.argmax(dim=-1))
     return nxt, ~done, done | (nxt == eos), step_logits
 
@@ -790,19 +795,22 @@ class CompiledGPTRunner:
         logits: torch.Tensor | None,
     ) -> tuple[int, torch.Tensor] | None:
         """Up to ``steps`` greedy steps, one compiled :func:`_decode_step` call each, stopping as the loop does."""
-        ran = 0
+        ran, held = 0, state.length
         replay = None  # after the first call, later steps replay its graph without _call's bookkeeping
         while ran < steps and not bool(done.all()):
             res = None
+            # Only its length is read (see _decode_step).
+            filled = torch.empty(held + ran + 2, dtype=torch.bool, device=ids.device)
             if replay is not None:
                 try:
                     with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                        res = replay(self.model, version_of(self._fingerprints[state]), state, ids, valid, done, eos)
+                        version = version_of(self._fingerprints[state])
+                        res = replay(self.model, version, state, ids, valid, done, eos, filled)
                 except RuntimeError as exc:
                     if "skip_guard_eval_unsafe" not in str(exc):
                         raise
             if res is None:  # the first step, or a replay Dynamo refused: guards (and compilation) as usual
-                res = self._call("stepwise", state, ids, valid, (done.clone(), eos))
+                res = self._call("stepwise", state, ids, valid, (done.clone(), eos, filled))
                 if res is None:
                     return None
                 replay = compiled_fn("stepwise")
@@ -875,6 +883,7 @@ class CompiledGPTRunner:
             self._marked.add(state)
             for t in (ids, valid, rest[0], state.pos, state.valid, state.next_pos, *state.k, *state.v):
                 torch._dynamo.mark_dynamic(t, 0)
+            torch._dynamo.mark_dynamic(rest[2], 0)  # the slots attention reads (see _decode_step)
         if kind == "prefill":  # the prompt length as a symbol: one graph for every length
             for t in (ids, valid):
                 if t is not None:

@@ -51,24 +51,30 @@ class StaticKVCache:
         self.write_ptr = torch.zeros(1, dtype=torch.long, device=device)  # slots written so far
         self._slot_offsets = torch.arange(max_len, device=device)
         self._step: tuple[torch.Tensor, torch.Tensor | None, int | None] | None = None
+        self._filled: int | None = None
 
     @classmethod
     def for_model(cls, cfg: GPTConfig, batch_size: int = 1, max_len: int | None = None, **kw: Any) -> "StaticKVCache":
         """A cache shaped for ``cfg`` (capacity defaults to the model's context length)."""
         return cls(cfg.n_layer, batch_size, cfg.n_kv_head, cfg.d_head, max_len or cfg.block_size, **kw)
 
-    def view(self) -> "StaticKVCache":
+    def view(self, filled: int | None = None) -> "StaticKVCache":
         """The same cache (every buffer shared) with per-forward bookkeeping of its own.
 
         A compiled decode loop (``torch.while_loop``) may mutate tensors from outside its body but not
         Python attributes of outside objects; one forward through a view created inside the body keeps
         ``reserve``/``write``/``commit``'s hand-over (``_step``) inside the body.
+
+        ``filled``: the slots written once this forward's tokens are (the caller knows it on the host; a symbol
+        when compiled). Compiled attention then reads those slots only instead of every slot of the capacity:
+        one graph still serves every step when the caller marks it dynamic (see
+        :func:`genprobe.engine.fast.compiled._decode_step`).
         """
         v = object.__new__(StaticKVCache)
         v.capacity, v.n_layer = self.capacity, self.n_layer
         v.k, v.v, v.pos, v.valid = self.k, self.v, self.pos, self.valid
         v.next_pos, v.write_ptr, v._slot_offsets = self.next_pos, self.write_ptr, self._slot_offsets
-        v._step = None
+        v._step, v._filled = None, filled
         return v
 
     def tensors(self) -> list[torch.Tensor]:
@@ -83,7 +89,7 @@ class StaticKVCache:
         c.pos, c.valid, c.next_pos, c.write_ptr, c._slot_offsets, *kv = tensors
         c.k, c.v = list(kv[0::2]), list(kv[1::2])
         c.capacity, c.n_layer = c.pos.shape[1], len(c.k)
-        c._step = None
+        c._step, c._filled = None, None
         return c
 
     @property
@@ -128,11 +134,12 @@ class StaticKVCache:
             B, T = positions.shape
         else:
             B, T = check_batch(positions, self.batch_size)
-        live = None
+        live = self._filled
         if not torch.compiler.is_compiling():
             # Eager calls (prefill) read the pointer on the host: to check capacity, and to attend over the
             # written slots only, exactly as KVCache does (so prefill is bit-identical to no cache). Compiled
-            # decoders check capacity before the call, and attend over every slot (one shape for all steps).
+            # decoders check capacity before the call, and attend over every slot (one shape for all steps) or
+            # over the slots a view was told are filled (a symbol of the graph).
             seen = int(self.write_ptr)
             if seen + T > self.capacity:
                 raise ValueError(f"KV cache overflow: {seen} cached + {T} new tokens > capacity {self.capacity}")
