@@ -1,9 +1,9 @@
 """Shared fixtures: a tiny random model, and one quickly trained Tang checkpoint per test session.
 
-The trained checkpoint (600 steps, ≈70 s on 2 cores) is cached under ``$GENPROBE_TEST_CACHE``
+The trained checkpoint (600 steps, ≈75 s of one core) is cached under ``$GENPROBE_TEST_CACHE``
 (default: ``<repo>/.test-cache``) keyed by the recipe, so the suite trains it at most once — also under
 ``pytest -n N`` (pytest-xdist, what ``scripts/test.sh`` runs): a file lock lets one worker train while the
-others wait for the file.
+others wait for the file. ``scripts/test.sh`` builds it before the tests start (see shared_checkpoint.py).
 
 Under xdist each worker runs torch on one thread (two workers on two cores, not four threads fighting), and
 the vLLM tests run on one worker (``--dist loadgroup``): a started engine per configuration is reused across
@@ -14,14 +14,12 @@ being built waits for it); Inductor's own code may be built by two workers at on
 
 from __future__ import annotations
 
-import hashlib
-import json
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from filelock import FileLock
 
 from genprobe.corpus import CharTokenizer, load_corpus
 from genprobe.model import GPT, GPTConfig
@@ -101,23 +99,15 @@ def tiny_model(tiny_cfg) -> GPT:
 
 
 @pytest.fixture(scope="session")
-def trained_ckpt(corpus, tokenizer) -> Path:
-    """Path of a Tang checkpoint trained with the quick recipe (shared by all tests)."""
-    from dataclasses import asdict
-
-    from genprobe.model.checkpoint import is_checkpoint, save_checkpoint
-    from genprobe.model.train import quick_train_config, train
-
-    tc = quick_train_config()
-    key = hashlib.sha256(json.dumps(asdict(tc), sort_keys=True).encode() + torch.__version__.encode()).hexdigest()[:12]
-    root = Path(os.environ.get("GENPROBE_TEST_CACHE", REPO / ".test-cache"))
-    d = root / f"tang-quick-{key}"
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"tang-quick-{key}.lock")):  # one xdist worker trains, the others wait
-        if not is_checkpoint(d):
-            r = train(corpus, tokenizer, tc=tc, progress=False)
-            save_checkpoint(d, r.model, tokenizer, r.summary)
-    return d
+def trained_ckpt() -> Path:
+    """Path of a Tang checkpoint trained with the quick recipe (shared by all tests; see shared_checkpoint.py)."""
+    # By path: under --import-mode=importlib the tests directory is not on sys.path.
+    spec = importlib.util.spec_from_file_location("shared_checkpoint", Path(__file__).with_name("shared_checkpoint.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path: Path = module.trained_checkpoint()
+    return path
 
 
 @pytest.fixture(scope="session")
