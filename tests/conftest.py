@@ -48,13 +48,6 @@ XDIST_GROUPS = {  # worker group -> the test files that share it
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
-    # Inductor compiles in this process, not in a pool of subprocesses of its own (each importing torch): with one
-    # worker per core a pool adds processes, not cores (measured: 17% less CPU for two cold AOT builds). The
-    # variable reaches the processes tests start (CLI runs, benchmark workers).
-    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-    import torch._inductor.config
-
-    torch._inductor.config.compile_threads = 1
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into the scheduler's groups

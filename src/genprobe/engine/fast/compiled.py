@@ -472,9 +472,10 @@ def static_capacity(max_len: int, max_positions: int | None) -> int:
 
     The capacity is part of the compiled graph's shape: sized to each prompt + new tokens, every new
     length would recompile. So it is the next power of two (at least 64), and never more than the model's
-    context length when it has one (learned positions). Not the context length itself: a decode step's
-    attention reads every slot of the capacity (the unfilled ones masked), and at batch 64 of a 57.8M model
-    with a 160-position context those reads made a 57-token generation 1.3x slower than with 64 slots.
+    context length when it has one (learned positions). Not the context length itself: a decode step of the
+    compiled loop and of the AOT programs reads every slot of the capacity (the unfilled ones masked), and at
+    batch 64 of a 57.8M model with a 160-position context those reads made a 57-token generation 1.3x slower
+    than with 64 slots. (The stepwise step reads the filled slots only, see :func:`_decode_step`.)
     """
     bucket = max(64, 1 << (max_len - 1).bit_length())
     if max_positions is not None and max_len <= max_positions:
