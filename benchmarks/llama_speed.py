@@ -13,7 +13,8 @@ allocation) is reported separately and never enters the tok/s. Engines:
 - ``genprobe-int8`` / ``genprobe-bf16``: the same on ``genprobe.load(model, weight_dtype=torch.int8 / bfloat16)``
   (weight-only narrow linear layers: different models; their tokens are also checked against their own eager run);
   ``genprobe-int8-head``: int8 with the output layer (tied to the embedding) int8 too (``narrow_output=True``), the
-  bytes a llama.cpp Q8_0 step reads;
+  bytes a llama.cpp Q8_0 step reads; ``genprobe-q8_0``: the ``--gguf-dir``'s ``*-Q8_0.gguf`` loaded with
+  ``weight_dtype=int8, narrow_output=True`` (its Q8_0 blocks as they are: the weights llama.cpp Q8_0 multiplies by);
 - ``genprobe-eager``: ``generate(engine_model(m), prompts, N)`` (no compile): the reference for token equality;
 - ``hf``: ``transformers``' ``generate`` on the same module (greedy, eos disabled, exactly N tokens);
 - ``llamacpp-f32`` / ``llamacpp-q8_0``: llama.cpp through :class:`genprobe.serving.llamacpp.engine.LlamaCppModel` on
@@ -62,6 +63,7 @@ ENGINES = (
     "genprobe",
     "genprobe-int8",
     "genprobe-int8-head",
+    "genprobe-q8_0",
     "genprobe-bf16",
     "genprobe-eager",
     "hf",
@@ -174,24 +176,30 @@ def rows_equal(a: Tokens, b: Tokens) -> int:
 
 
 # ---- engines --------------------------------------------------------------------------------------------------------
-def load_genprobe(setup: Setup, weight_dtype: str = "float32", narrow_output: bool = False) -> Any:
+def load_genprobe(
+    setup: Setup, weight_dtype: str = "float32", narrow_output: bool = False, source: str | Path | None = None
+) -> Any:
     """``genprobe.load(model, weight_dtype=..., narrow_output=...)``; Unavailable with load's reason when it refuses."""
     import torch
 
     import genprobe
 
+    source = setup.model if source is None else source
     try:
-        return genprobe.load(setup.model, weight_dtype=getattr(torch, weight_dtype), narrow_output=narrow_output)
+        return genprobe.load(source, weight_dtype=getattr(torch, weight_dtype), narrow_output=narrow_output)
     except (ValueError, TypeError, NotImplementedError, OSError) as exc:
-        raise Unavailable(f"genprobe.load({setup.model!r}, weight_dtype=torch.{weight_dtype}): {exc}") from exc
+        raise Unavailable(f"genprobe.load({str(source)!r}, weight_dtype=torch.{weight_dtype}): {exc}") from exc
 
 
-def genprobe_engine(setup: Setup, compile: bool, weight_dtype: str = "float32", narrow_output: bool = False) -> Engine:
-    """genprobe's ``generate`` on the loaded model (``compile=True``: the compiled fast path)."""
+def genprobe_engine(
+    setup: Setup, compile: bool, weight_dtype: str = "float32", narrow_output: bool = False, gguf: str | None = None
+) -> Engine:
+    """genprobe's ``generate`` on the loaded model (``compile=True``: the compiled fast path); ``gguf``: on the
+    ``--gguf-dir`` file of that type instead (int8: its Q8_0 blocks as they are)."""
     from genprobe.engine.generate import generate
     from genprobe.engine.runner import engine_model
 
-    m = load_genprobe(setup, weight_dtype, narrow_output)
+    m = load_genprobe(setup, weight_dtype, narrow_output, None if gguf is None else gguf_file(setup, gguf))
     runner = engine_model(m)
     n = setup.new_tokens
 
@@ -366,6 +374,7 @@ FACTORIES: dict[str, Callable[[Setup], Engine]] = {
     "genprobe": lambda s: genprobe_engine(s, compile=True),
     "genprobe-int8": lambda s: genprobe_engine(s, compile=True, weight_dtype="int8"),
     "genprobe-int8-head": lambda s: genprobe_engine(s, compile=True, weight_dtype="int8", narrow_output=True),
+    "genprobe-q8_0": lambda s: genprobe_engine(s, compile=True, weight_dtype="int8", narrow_output=True, gguf="Q8_0"),
     "genprobe-bf16": lambda s: genprobe_engine(s, compile=True, weight_dtype="bfloat16"),
     "genprobe-eager": lambda s: genprobe_engine(s, compile=False),
     "hf": hf_engine,

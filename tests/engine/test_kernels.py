@@ -244,6 +244,56 @@ def test_int8_weights_are_widened_exactly(small_linear, isa, M, N, K):
     _assert_close(y, x, q.float(), b)
 
 
+# Shapes whose depth is whole 32-weight blocks: the one-row tile and row stream (1 x 384 x 128, 1 x 1202 x 128, and
+# 1 x 163 x 608 whose 8-wide steps follow the 64-wide ones), the dot tiles, the packed panels (a 256-deep block
+# ending inside a block of scales: 33 x 50 x 608), ragged columns.
+BLOCK_SHAPES = [
+    (1, 13, 32),
+    (1, 384, 128),
+    (1, 1202, 128),
+    (1, 163, 608),
+    (2, 9, 96),
+    (4, 17, 160),
+    (5, 129, 32),
+    (7, 31, 288),
+    (16, 384, 128),
+    (33, 50, 608),
+    (64, 129, 64),
+]
+
+
+def _blocks_with_hard_scales(N: int, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 blocks with the extremes, and scales that are float16 values (as a GGUF file holds), zero and negative."""
+    q = _int8_with_hard_values(N, K)
+    d = (torch.rand(N, K // 32) * 0.02).half().float()
+    d.view(-1)[:3] = torch.tensor([0.0, -0.0125, 6.1e-5]).half().float()[: d.numel()]
+    return q, d
+
+
+@pytest.mark.parametrize("M,N,K", BLOCK_SHAPES)
+def test_int8_blocks_give_bit_for_bit_their_float32_weights(small_linear, isa, M, N, K):
+    """int8 in blocks of 32 with a scale each (a GGUF Q8_0 tensor): every weight widened and scaled by its own
+    block's scale — bit for bit the product with the float32 matrix the blocks stand for (q * d is exact)."""
+    torch.manual_seed(M * 1000 + N + K + 2)
+    x, b = torch.randn(M, K), torch.randn(N)
+    q, d = _blocks_with_hard_scales(N, K)
+    w = (q.float().view(N, K // 32, 32) * d[:, :, None]).view(N, K)
+    y = small_linear(x, q, b, d)
+    assert torch.equal(y, small_linear(x, w, b))
+    assert not torch.equal(y, small_linear(x, q, b))  # the scales are applied (a kernel that drops them fails)
+    _assert_close(y, x, w, b)
+
+
+def test_int8_blocks_refuse_what_is_not_blocks(small_linear):
+    q, d = torch.zeros(3, 64, dtype=torch.int8), torch.ones(3, 2)
+    with pytest.raises(RuntimeError, match="block scales go with an int8 weight, got Float"):
+        small_linear(torch.randn(2, 64), q.float(), None, d)
+    with pytest.raises(RuntimeError, match="needs in_features a multiple of 32, got 40"):
+        small_linear(torch.randn(2, 40), q[:, :40], None, d)
+    with pytest.raises(RuntimeError, match=r"block scales must be float32 of shape \(3, 2\), got Float \[3, 1\]"):
+        small_linear(torch.randn(2, 64), q, None, d[:, :1])
+
+
 # ---- the Inductor pass -------------------------------------------------------------------------------------
 def _aten_graph(rows: int | None, dtype: torch.dtype = torch.float32) -> tuple[torch.fx.GraphModule, tuple]:
     """F.linear with and without a bias, traced to the ATen ops a post-grad graph holds (addmm/mm of a permute).
@@ -319,6 +369,34 @@ def test_pass_hands_int8_weights_to_the_kernels_at_any_row_count(small_linear):
     assert _count(gm, torch.ops.prims.convert_element_type.default) == 0  # the widened copy is gone
     # Sums of integers up to 127 reach the hundreds: float32 rounding, relative to that size.
     torch.testing.assert_close(gm(*args), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_pass_hands_int8_blocks_to_the_kernels_with_their_scales(small_linear):
+    """A layer of int8 blocks (WeightOnlyLinear.from_blocks) as Inductor sees it: the kernel gets ``q`` and the scales,
+    no float32 copy of the weight is left, and the values are bit for bit the float32 weights' product."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from genprobe.model.weight_only import WeightOnlyLinear
+
+    torch.manual_seed(0)
+    q, d = _blocks_with_hard_scales(24, 64)
+    bias = torch.randn(24)
+    layer = WeightOnlyLinear.from_blocks(q, d, bias)
+
+    def forward(x, q, d, b):
+        return torch.func.functional_call(layer, {"weight": q, "scale": d, "bias": b}, (x,))
+
+    args = (torch.randn(9, 64), q, d, bias)
+    gm = make_fx(forward, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*args)
+    expected = small_linear(args[0], layer.dequantized(), bias)
+    assert rewrite_small_linears(gm.graph, max_rows=4) == 1
+    gm.recompile()
+    (call,) = [n for n in gm.graph.nodes if n.target == torch.ops.genprobe.small_linear.default]
+    assert [a.meta["val"].dtype for a in call.args[1:]] == [torch.int8, torch.float32, torch.float32]
+    assert _count(gm, torch.ops.prims.convert_element_type.default) == 0
+    assert _count(gm, torch.ops.aten.mul.Tensor) == 0  # the scaled float32 weight is gone with it
+    assert torch.equal(gm(*args), expected)
 
 
 def test_pass_leaves_products_it_cannot_take(small_linear):

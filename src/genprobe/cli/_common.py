@@ -192,9 +192,10 @@ def add_weight_dtype(p: argparse.ArgumentParser) -> None:
         "--weight-dtype",
         choices=WEIGHT_DTYPE_NAMES,
         default="float32",
-        help="genprobe checkpoints: store the linear layers' weights in this dtype, computing in float32 "
-        "(bfloat16: half the bytes a decode step reads; int8, one scale per output row: a quarter; either is an "
-        "approximation of the model; default float32)",
+        help="genprobe checkpoints and Llama-family models: store the linear layers' weights in this dtype, computing "
+        "in float32 (bfloat16: half the bytes a decode step reads; int8, one scale per output row: a quarter; either "
+        "is an approximation of the model; on a GGUF file int8 keeps its Q8_0 tensors as they are, one scale per 32 "
+        "weights: the same weights; default float32)",
     )
     p.add_argument(
         "--narrow-output",

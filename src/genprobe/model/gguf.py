@@ -15,6 +15,12 @@ Both are an optional extra (``pip install 'genprobe[gguf]'``). A file that is no
 one and an architecture ``transformers`` cannot dequantize are refused with a one-line error before
 anything is written. :func:`convert_gguf` writes the float model once as a safetensors directory
 (faster to load than dequantizing on every run).
+
+:func:`q8_0_blocks` reads a file's ``Q8_0`` tensors as they are stored (int8 values, a float16 scale per 32), so that
+a model loaded with ``weight_dtype=int8`` keeps them in a quarter of the float32 bytes without a float round trip
+(:func:`genprobe.model.weight_only.with_int8_blocks`): the same names and row order as ``transformers`` gives the
+dequantized weights (llama.cpp's converter reorders the rows of ``attn_q`` / ``attn_k``; its tensor processor undoes
+it, and is applied here to the row indices).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -230,3 +237,39 @@ def read_sidecar(d: Path) -> dict[str, Any] | None:
         return None
     data = json.loads(side.read_text(encoding="utf-8"))
     return data if isinstance(data, dict) else None
+
+
+#: llama.cpp's ``block_q8_0``: a float16 scale, then 32 int8 values (``ggml/src/ggml-common.h``).
+Q8_0_BLOCK, Q8_0_BLOCK_BYTES = 32, 34
+
+
+def q8_0_blocks(path: str | os.PathLike[str], module: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The GGUF file's Q8_0 matrices as ``(q, scales)``: int8 (N, K) and float32 (N, K / 32), named as ``module``'s
+    parameters (``module`` is the model :func:`read_gguf` made of the same file)."""
+    gguf = _require_gguf_package()
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
+
+    reader = gguf.GGUFReader(Path(path), "r")
+    arch = _field_value(reader, "general.architecture")
+    config = module.config.to_dict()  # type: ignore[union-attr, operator]  # a transformers model
+    processor = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)(config=config)  # type: ignore[no-untyped-call]
+    names = hf_gguf.get_gguf_hf_weights_map(module, processor)
+    blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for tensor in reader.tensors:
+        if tensor.tensor_type != gguf.GGMLQuantizationType.Q8_0 or len(tensor.data.shape) != 2:
+            continue
+        raw = np.asarray(tensor.data)
+        n = raw.shape[0]
+        if raw.shape[1] % Q8_0_BLOCK_BYTES:
+            raise ModelLoadError(f"{path}: Q8_0 tensor {tensor.name} has rows of {raw.shape[1]} bytes")
+        # the row order transformers gives the dequantized tensor, read off the row indices
+        indices = np.arange(n).reshape(n, 1)
+        rows = processor.process(weights=indices, name=tensor.name, tensor_key_mapping=names)  # type: ignore[no-untyped-call]
+        if rows.name not in names or sorted(rows.weights.reshape(-1).tolist()) != list(range(n)):
+            continue  # not a parameter of the model, or a processor that does more than reorder rows: stays float
+        order = rows.weights.reshape(n)
+        packed = raw.reshape(n, -1, Q8_0_BLOCK_BYTES)[order]
+        scales = np.ascontiguousarray(packed[..., :2]).view(np.float16)[..., 0].astype(np.float32)
+        q = np.ascontiguousarray(packed[..., 2:]).view(np.int8).reshape(n, -1)
+        blocks[names[rows.name]] = (torch.from_numpy(q), torch.from_numpy(scales))
+    return blocks

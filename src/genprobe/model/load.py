@@ -280,9 +280,12 @@ def load_model(
     from .gguf import is_gguf_path
 
     if is_gguf_path(d):
-        if weight_dtype != dtype:
-            raise ModelLoadError(f"weight-only {weight_dtype} storage is for genprobe checkpoints; {d} is a GGUF file")
-        return _load_gguf(d, dtype, device)
+        if weight_dtype not in (dtype, torch.int8):
+            raise ModelLoadError(
+                f"weight-only {weight_dtype} storage is for genprobe checkpoints and transformers models; {d} is a "
+                "GGUF file (int8 reads its Q8_0 tensors as they are)"
+            )
+        return _load_gguf(d, dtype, device, int8_blocks=weight_dtype == torch.int8, narrow_output=narrow_output)
     if not d.is_dir():
         raise ModelLoadError(
             f"{d} is a file but not a .gguf file; a model is a directory (a genprobe checkpoint or a transformers "
@@ -323,16 +326,47 @@ def _narrow_transformers(module: Any, weight_dtype: torch.dtype, d: Path, narrow
         raise ModelLoadError(f"{d}: {exc}") from None
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
-    """A GGUF file (or the one in a directory), dequantized by transformers (see :mod:`genprobe.model.gguf`)."""
+def _load_gguf(
+    path: Path, dtype: torch.dtype, device: str | torch.device, int8_blocks: bool = False, narrow_output: bool = False
+) -> Model:
+    """A GGUF file (or the one in a directory), dequantized by transformers (see :mod:`genprobe.model.gguf`).
+
+    ``int8_blocks``: the linear layers whose tensors are Q8_0 keep the file's int8 blocks instead (the same values).
+    """
     from .gguf import gguf_file_of, read_gguf
 
     file = gguf_file_of(path)
     module, hf_tok, summary = read_gguf(file, dtype)
+    if int8_blocks:
+        module = _int8_blocks_of(module, file, dtype, narrow_output)
     arch = str(getattr(getattr(module, "config", None), "model_type", summary.architecture))
     config: Any = getattr(module, "config", None)
     meta = {"config": config.to_dict() if config is not None else {}, "gguf": summary.to_dict()}
     return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", arch, file, meta)
+
+
+def _int8_blocks_of(module: Any, file: Path, dtype: torch.dtype, narrow_output: bool) -> Any:
+    """``module`` with the GGUF file's Q8_0 matrices held as int8 blocks (a Llama-family model, float32)."""
+    from .gguf import q8_0_blocks
+    from .llama_family import unsupported_reason
+    from .weight_only import with_int8_blocks
+
+    reason = unsupported_reason(module)
+    if dtype != torch.float32 or reason is not None:
+        why = reason or f"the model's dtype is {dtype}, int8 blocks widen to float32"
+        raise ModelLoadError(
+            f"int8 storage of a GGUF file's Q8_0 tensors is for float32 Llama-family models; {file}: {why}"
+        )
+    blocks = q8_0_blocks(file, module)
+    if not blocks:
+        raise ModelLoadError(
+            f"{file} holds no Q8_0 matrices, which int8 storage reads as they are (load it without weight_dtype, or "
+            "make a Q8_0 file with `genprobe quant-compare MODEL --types Q8_0`)"
+        )
+    try:
+        return with_int8_blocks(module, blocks, narrow_output)
+    except ValueError as exc:
+        raise ModelLoadError(f"{file}: {exc}") from None
 
 
 def _load_genprobe(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:

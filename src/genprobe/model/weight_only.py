@@ -19,6 +19,12 @@ the output layer, whose rounding moves every logit directly. On a small real mod
 bytes (SmolLM2-135M: the tied 49152 x 576 head is 113 MB in float32 against 107 MB for every other int8 weight), so
 ``narrow_output=True`` stores the output layer narrow too, as llama.cpp's Q8_0 files and gpt-fast's int8 do: a
 separate narrow copy of the head, the embedding's lookup still float32 (it reads one row per token).
+
+A GGUF file's ``Q8_0`` tensors are int8 in another layout: a float16 scale per block of 32 weights along each row
+(llama.cpp's ``block_q8_0``). :meth:`WeightOnlyLinear.from_blocks` holds them as they are (the scales widened to
+float32, exactly), so a model read from such a file with ``weight_dtype=int8`` multiplies by exactly the weights
+llama.cpp multiplies by: ``q * d`` is exact in float32, so the layer is the dequantized float32 layer, stored in a
+quarter of the bytes (see :mod:`genprobe.model.gguf`).
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ NARROW_WEIGHT_DTYPES = (torch.bfloat16, torch.int8)
 #: The integer range of an int8 weight: symmetric, so -128 is never used and a row's sign flip stays in range.
 INT8_MAX = 127
 
+#: Weights per scale of an int8 weight stored in blocks (llama.cpp's ``QK8_0``).
+INT8_BLOCK = 32
+
 
 class WeightOnlyLinear(nn.Module):
     """``nn.Linear`` whose weight is stored narrow (bfloat16, or int8 with a scale per output) and widened on use."""
@@ -54,24 +63,59 @@ class WeightOnlyLinear(nn.Module):
         else:
             self.weight = nn.Parameter(w.to(weight_dtype), requires_grad=False)
         bias = linear.bias
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.bias: nn.Parameter | None = None
+        if bias is not None:
+            self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @classmethod
+    def from_blocks(cls, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> WeightOnlyLinear:
+        """A layer holding int8 ``q`` (N, K) with a float32 scale per 32 weights of a row, ``scales`` (N, K / 32)."""
+        n, k = q.shape
+        if q.dtype != torch.int8 or k % INT8_BLOCK or scales.shape != (n, k // INT8_BLOCK):
+            raise ValueError(
+                f"int8 blocks need an int8 (N, K) weight with K a multiple of {INT8_BLOCK} and (N, K / {INT8_BLOCK}) "
+                f"scales; got {q.dtype} {tuple(q.shape)} and {tuple(scales.shape)}"
+            )
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = k, n
+        layer.weight = nn.Parameter(q.contiguous(), requires_grad=False)
+        layer.scale = nn.Parameter(scales.float().contiguous(), requires_grad=False)
+        layer.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        return layer
+
+    @property
+    def blocked(self) -> bool:
+        """True for int8 with a scale per block of 32 weights (a GGUF Q8_0 tensor), False for a scale per row."""
+        return self.scale is not None and self.scale.dim() == 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x W^T + b`` with ``W`` widened to ``x``'s dtype (the compiled path reads it narrow, see kernels)."""
         if self.scale is None:
             return F.linear(x, self.weight.to(x.dtype), self.bias)
+        if self.blocked:  # the weight itself, exactly (q * d is exact in float32); the kernels read the blocks
+            return F.linear(x, self._block_weight(x.dtype), self.bias)
         # The scale after the product, per output: the product reads only the integers (widened exactly).
         y = F.linear(x, self.weight.to(x.dtype)) * self.scale
         return y if self.bias is None else y + self.bias
 
+    def _block_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        n, k = self.weight.shape
+        assert self.scale is not None
+        blocks = self.weight.to(dtype).view(n, k // INT8_BLOCK, INT8_BLOCK)
+        return (blocks * self.scale.to(dtype).unsqueeze(-1)).view(n, k)
+
     def dequantized(self) -> torch.Tensor:
-        """The float32 weight this layer stands for (``scale[n] * q[n]`` for int8)."""
+        """The float32 weight this layer stands for (``scale[n] * q[n]`` for int8, per block for int8 blocks)."""
+        if self.blocked:
+            return self._block_weight(torch.float32)
         w = self.weight.float()
         return w if self.scale is None else w * self.scale[:, None]
 
     def extra_repr(self) -> str:
         """What ``print(model)`` shows for the layer."""
-        return f"in_features={self.in_features}, out_features={self.out_features}, weight_dtype={self.weight.dtype}"
+        kind = f"{self.weight.dtype}, blocks of {INT8_BLOCK}" if self.blocked else f"{self.weight.dtype}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, weight_dtype={kind}"
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,3 +179,30 @@ def _tied_weights(model: nn.Module) -> list[nn.Parameter]:
             seen[id(p)] = seen.get(id(p), 0) + 1
             params[id(p)] = p
     return [params[i] for i, n in seen.items() if n > 1]
+
+
+def with_int8_blocks(
+    model: nn.Module, blocks: dict[str, tuple[torch.Tensor, torch.Tensor]], narrow_output: bool = False
+) -> nn.Module:
+    """A copy of ``model`` whose linear layers named in ``blocks`` hold those int8 blocks (a GGUF file's Q8_0 tensors).
+
+    ``blocks`` maps a parameter name (``model.layers.0.mlp.up_proj.weight``) to ``(q, scales)``. Each layer's float
+    weight must equal the blocks' values exactly (it was dequantized from them): a mismatch means the name or row
+    order is wrong, and is refused. The output layer tied to the embedding takes the embedding's blocks only with
+    ``narrow_output``. Layers without blocks keep their float32 weights.
+    """
+    out = copy.deepcopy(model)
+    names = {id(p): n for n, p in out.named_parameters(remove_duplicate=False) if n in blocks}
+    tied = {id(p) for p in _tied_weights(out)}
+    for parent in list(out.modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is not nn.Linear or id(child.weight) not in names:
+                continue
+            if id(child.weight) in tied and not narrow_output:
+                continue
+            q, scales = blocks[names[id(child.weight)]]
+            layer = WeightOnlyLinear.from_blocks(q, scales, child.bias)
+            if not torch.equal(layer.dequantized(), child.weight.detach().float()):
+                raise ValueError(f"{names[id(child.weight)]}: the int8 blocks do not give the layer's float weights")
+            setattr(parent, child_name, layer)
+    return out

@@ -43,11 +43,14 @@ _PACKAGE = _HERE.parent.parent  # genprobe
 # What a compiled program depends on besides the model's configuration and shapes.
 _SOURCES = (
     _PACKAGE / "model" / "gpt.py",
+    _PACKAGE / "model" / "llama_family.py",
+    _PACKAGE / "model" / "position_lm.py",
     _PACKAGE / "model" / "weight_only.py",
     _HERE.parent / "cache.py",
     _HERE / "static_cache.py",
     Path(__file__).resolve(),
     *kernels.build.SOURCES,
+    kernels.build.SHIM_SOURCE,  # the call's C signature
     _HERE / "kernels" / "inductor_pass.py",
 )
 
@@ -88,9 +91,10 @@ KINDS = ("step", "prompt", "chunk")
 
 
 def cache_key(model: GPT, batch: int, capacity: int, threads: int) -> str:
-    """Hash of everything the compiled programs depend on except the weights."""
+    """Hash of everything the compiled programs depend on except the weights' values."""
     h = hashlib.sha256()
-    dtypes = tuple((name, p.dtype) for name, p in model.named_parameters())  # weight-only layers included
+    # dtypes and shapes: weight-only layers included (an int8 layer's scales are per row or per block of 32)
+    dtypes = tuple((name, p.dtype, tuple(p.shape)) for name, p in model.named_parameters())
     for part in (repr(model.cfg), batch, capacity, threads, dtypes, torch.__version__):
         h.update(repr(part).encode())
     for src in _SOURCES:

@@ -233,5 +233,10 @@ def _register_fake() -> None:
     """Shapes for tracing: what ``torch.compile`` needs to put the op in a graph."""
 
     @torch.library.register_fake("genprobe::small_linear")  # type: ignore[untyped-decorator]
-    def _small_linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def _small_linear_fake(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        block_scales: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], weight.shape[0]))

@@ -6,7 +6,9 @@ None: a small model's prompt) and everything is float32 on the CPU, the pass rep
 ``genprobe.small_linear(x, W, bias)``: the same maths, summed in another order by the kernels of ``linear.cpp``.
 A weight stored in bfloat16 or int8 (:mod:`genprobe.model.weight_only`) reaches the product as
 ``permute(convert_element_type(W, float32))``; the kernels take ``W`` itself and widen it as they read it, so
-the step reads a half or a quarter of the bytes and no float32 copy of the weight is made. Such a product is
+the step reads a half or a quarter of the bytes and no float32 copy of the weight is made. An int8 weight in blocks
+of 32 with a scale each (a GGUF file's Q8_0 tensor) reaches it as ``reshape(mul(reshape(convert(q)), unsqueeze(d)))``;
+the kernels take ``q`` and ``d`` (``block_scales``) and apply each scale as they widen. Such a product is
 handed over at any row count: the alternative, Inductor's lowering, would write that float32 copy on every call.
 Other products (more rows, other dtypes, a non-contiguous weight) keep Inductor's lowering. The pass runs as Inductor's
 ``post_grad_custom_pre_pass``, before its own passes, on the graph and on every subgraph (a ``while_loop`` body).
@@ -22,15 +24,15 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from ....model.weight_only import NARROW_WEIGHT_DTYPES
+from ....model.weight_only import INT8_BLOCK, NARROW_WEIGHT_DTYPES
 from .build import SOURCE
 
 aten = torch.ops.aten
 
 #: The C declaration Inductor's C++ wrapper calls (``aoti_torch_<device>_<op name>``, defined in ``linear.cpp``).
 SHIM_DECLARATION = (
-    "AOTITorchError aoti_torch_cpu_small_linear("
-    "AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias, AtenTensorHandle* ret0)"
+    "AOTITorchError aoti_torch_cpu_small_linear(AtenTensorHandle x, AtenTensorHandle weight, "
+    "AtenTensorHandle* bias, AtenTensorHandle* block_scales, AtenTensorHandle* ret0)"
 )
 _SHIM_CONFIG_KEY = "aot_inductor.custom_ops_to_c_shims"
 
@@ -53,26 +55,67 @@ def _widened_narrow(node: Any) -> torch.fx.Node | None:
     return source if val.dim() == 2 and val.is_contiguous() else None  # type: ignore[return-value]
 
 
-def _weight_of(wt: Any, graph: torch.fx.Graph, before: torch.fx.Node) -> torch.fx.Node | None:
-    """A node holding the (N, K) contiguous weight whose transpose is ``wt`` (inserted if needed), else None.
+_RESHAPES = (aten.reshape.default, aten.view.default)
+
+
+def _val(node: Any) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _widened_blocks(node: Any) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """``(q, d)`` when ``node`` is an int8 weight in blocks widened (see :class:`WeightOnlyLinear`), else None.
+
+    The pattern: ``reshape(mul(reshape(convert(q, float32), [N, K/32, 32]), unsqueeze(d, -1)), [N, K])`` with ``q``
+    a contiguous int8 (N, K) matrix and ``d`` contiguous float32 (N, K / 32).
+    """
+    if not isinstance(node, torch.fx.Node) or node.target not in _RESHAPES:
+        return None
+    mul = node.args[0]
+    if not isinstance(mul, torch.fx.Node) or mul.target != aten.mul.Tensor:
+        return None
+    for blocks, scales in (mul.args, mul.args[::-1]):
+        if not (isinstance(blocks, torch.fx.Node) and blocks.target in _RESHAPES):
+            continue
+        q = _widened_narrow(blocks.args[0])
+        if q is None or not isinstance(scales, torch.fx.Node) or scales.target != aten.unsqueeze.default:
+            continue
+        if scales.args[1] not in (-1, 2):
+            continue
+        d = scales.args[0]
+        qv, dv = _val(q), _val(d)
+        if qv is None or dv is None or qv.dtype != torch.int8 or dv.dtype != torch.float32 or not dv.is_contiguous():
+            continue
+        n, k = qv.shape
+        if k % INT8_BLOCK == 0 and tuple(dv.shape) == (n, k // INT8_BLOCK):
+            return q, d  # type: ignore[return-value]
+    return None
+
+
+def _weight_of(wt: Any, graph: torch.fx.Graph, before: torch.fx.Node) -> tuple[torch.fx.Node, Any] | None:
+    """``(W, block scales or None)``: a node holding the (N, K) contiguous weight whose transpose is ``wt``
+    (inserted if needed), with the int8 blocks' scales where it is one; None when it is none of these.
 
     ``wt`` is ``permute(W, [1, 0])`` of the layer's weight (``W`` float32, or a narrow weight widened, see
-    :func:`_widened_narrow`), or, in a frozen graph, the constant that folding made of that permute (a (K, N)
-    view with strides (1, K)), whose transpose is a free view.
+    :func:`_widened_narrow` and :func:`_widened_blocks`), or, in a frozen graph, the constant that folding made
+    of that permute (a (K, N) view with strides (1, K)), whose transpose is a free view.
     """
     if isinstance(wt, torch.fx.Node) and wt.target == aten.permute.default and list(wt.args[1]) == [1, 0]:  # type: ignore[arg-type]
+        blocks = _widened_blocks(wt.args[0])
+        if blocks is not None:
+            return blocks
         narrow = _widened_narrow(wt.args[0])
         if narrow is not None:
-            return narrow
+            return narrow, None
         w = _float32_matrix(wt.args[0])
-        return wt.args[0] if w is not None and w.is_contiguous() else None  # type: ignore[return-value]
+        return (wt.args[0], None) if w is not None and w.is_contiguous() else None  # type: ignore[return-value]
     val = _float32_matrix(wt)
     if val is None or not val.t().is_contiguous():
         return None
     with graph.inserting_before(before):
         weight = graph.call_function(aten.permute.default, (wt, [1, 0]))
     weight.meta["val"] = val.t()
-    return weight
+    return weight, None
 
 
 def _small_rows(x: Any, max_rows: int | None) -> bool:
@@ -89,8 +132,9 @@ def _plain_bias(bias: Any) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() == 1 and val.dtype == torch.float32
 
 
-def _linear_operands(node: torch.fx.Node, max_rows: int | None) -> tuple[Any, torch.fx.Node, Any] | None:
-    """(x, W, bias or None) when ``node`` is a small-row linear layer the kernels can take, else None.
+def _linear_operands(node: torch.fx.Node, max_rows: int | None) -> tuple[Any, ...] | None:
+    """``small_linear``'s arguments (x, W, bias or None[, block scales]) when ``node`` is a small-row linear layer
+    the kernels can take, else None.
 
     May insert a free transposing view of a frozen weight before ``node`` (see :func:`_weight_of`).
     """
@@ -106,15 +150,18 @@ def _linear_operands(node: torch.fx.Node, max_rows: int | None) -> tuple[Any, to
         return None
     if not _small_rows(x, None if _is_widened_narrow(wt) else max_rows):
         return None
-    weight = _weight_of(wt, node.graph, node)
-    return None if weight is None else (x, weight, bias)
+    found = _weight_of(wt, node.graph, node)
+    if found is None:
+        return None
+    weight, scales = found
+    return (x, weight, bias) if scales is None else (x, weight, bias, scales)
 
 
 def _is_widened_narrow(wt: Any) -> bool:
-    """True when ``wt`` is ``permute(convert_element_type(W, float32), [1, 0])`` of a narrow weight ``W``."""
-    return (
-        isinstance(wt, torch.fx.Node) and wt.target == aten.permute.default and _widened_narrow(wt.args[0]) is not None
-    )
+    """True when ``wt`` is the transpose of a widened narrow weight (see _widened_narrow and _widened_blocks)."""
+    if not (isinstance(wt, torch.fx.Node) and wt.target == aten.permute.default):
+        return False
+    return _widened_narrow(wt.args[0]) is not None or _widened_blocks(wt.args[0]) is not None
 
 
 def rewrite_small_linears(graph: torch.fx.Graph, max_rows: int | None) -> int:

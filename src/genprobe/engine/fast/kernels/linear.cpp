@@ -80,6 +80,36 @@ inline __m256 load_tail(const float* p, int64_t rem) {
   return _mm256_maskload_ps(p, mask);
 }
 
+// An int8 weight with a float32 scale per 32 consecutive weights along a row (llama.cpp's Q8_0 blocks, their float16
+// scales widened): weight e of the row-major matrix stands for q[e] * d[e / 32]. A pointer into it carries both
+// arrays and the element's index, so the kernels' pointer arithmetic (w + n * K + k) works on it unchanged; every
+// load starts at a multiple of 8 (16) of a row whose length is a multiple of 32, so it lies inside one block.
+// q[e] * d[e / 32] is exact in float32 (8 and 11 significant bits), so the kernels sum exactly the float32 matrix
+// the blocks stand for, in the same order: bit for bit the float32 result.
+struct BlockI8 {
+  static constexpr int64_t kBlock = 32;
+  const i8* q;
+  const float* d;
+  int64_t at;
+  BlockI8 operator+(int64_t n) const { return {q, d, at + n}; }
+  float scale() const { return d[uint64_t(at) / kBlock]; }  // at >= 0: a shift
+};
+
+inline __m256 load8(BlockI8 p) { return _mm256_mul_ps(load8(p.q + p.at), _mm256_set1_ps(p.scale())); }
+inline __m256 load_tail(BlockI8 p, int64_t rem) {
+  return _mm256_mul_ps(load_tail(p.q + p.at, rem), _mm256_set1_ps(p.scale()));
+}
+
+// Weight kk of a row as float32.
+template <typename W>
+inline float weight_at(const W* row, int64_t kk) { return to_float(row[kk]); }
+inline float weight_at(BlockI8 row, int64_t kk) { return float(row.q[row.at + kk]) * (row + kk).scale(); }
+
+// Bytes read per weight (what decides whether a one-row product is worth two threads).
+template <typename W>
+constexpr int64_t weight_bytes(const W*) { return int64_t(sizeof(W)); }
+constexpr int64_t weight_bytes(BlockI8) { return 1; }  // + 4 bytes of scale per 32
+
 inline float lane_sum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_hadd_ps(s, s);
@@ -88,8 +118,8 @@ inline float lane_sum(__m256 v) {
 }
 
 // out[i * ldo + j] = bias[j] + sum_k x[i * K + k] * w[j * K + k] for i < MR, j < NR.
-template <int MR, int NR, typename W>
-inline void dot_tile(const float* x, const W* w, const float* bias, float* out, int64_t K, int64_t ldo) {
+template <int MR, int NR, typename WP>
+inline void dot_tile(const float* x, WP w, const float* bias, float* out, int64_t K, int64_t ldo) {
   // Every loop over MR or NR is unrolled explicitly: GCC otherwise keeps the accumulator array in memory and
   // stores it back on every iteration (measured: 2.5x slower).
   __m256 acc[MR][NR];
@@ -127,8 +157,8 @@ inline void dot_tile(const float* x, const W* w, const float* bias, float* out, 
 }
 
 // Rows MR at a time (tail rows one by one) of the output columns [n0, n1), NR columns at a time.
-template <int MR, int NR, typename W>
-void tiles(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+template <int MR, int NR, typename WP>
+void tiles(const float* x, WP w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
            int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) {
@@ -155,11 +185,11 @@ constexpr int64_t kRowStreamMinWeights = int64_t(96) << 10;
 // once, took 19.5 ms (int8 weights: 5.0 ms, 27 GB/s of int8). The tile stays for weights that sit in cache: its lanes
 // are summed once per 8 outputs. The AVX-512 forms use this AVX2 loop too: 16 lanes were no faster (the stream is
 // the limit).
-template <typename W>
-void row_dots(const float* x, const W* w, const float* bias, float* y, int64_t K, int64_t n0, int64_t n1) {
+template <typename WP>
+void row_dots(const float* x, WP w, const float* bias, float* y, int64_t K, int64_t n0, int64_t n1) {
   const int64_t k64 = K & ~int64_t(63), k8 = K & ~int64_t(7);
   for (int64_t n = n0; n < n1; ++n) {
-    const W* row = w + n * K;
+    const WP row = w + n * K;
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
@@ -176,10 +206,40 @@ void row_dots(const float* x, const W* w, const float* bias, float* y, int64_t K
   }
 }
 
+// row_dots for int8 blocks: the same accumulators in the same order (so the same sums as the float32 weights give),
+// each block's scale broadcast once for its 32 weights instead of once per 8.
+inline void row_dots(const float* x, BlockI8 w, const float* bias, float* y, int64_t K, int64_t n0, int64_t n1) {
+  const int64_t k64 = K & ~int64_t(63);  // K is a multiple of 32: after the 64-wide steps, at most one block
+  for (int64_t n = n0; n < n1; ++n) {
+    const i8* q = w.q + w.at + n * K;
+    const float* d = w.d + uint64_t(w.at + n * K) / BlockI8::kBlock;
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k < k64; k += 64) {
+      const __m256 s0 = _mm256_set1_ps(d[k / 32]), s1 = _mm256_set1_ps(d[k / 32 + 1]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j)
+        acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8 * j), _mm256_mul_ps(load8(q + k + 8 * j), s0), acc[j]);
+#pragma GCC unroll 4
+      for (int j = 4; j < 8; ++j)
+        acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8 * j), _mm256_mul_ps(load8(q + k + 8 * j), s1), acc[j]);
+    }
+    if (k < K) {
+      const __m256 s = _mm256_set1_ps(d[k / 32]);
+      for (; k < K; k += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_mul_ps(load8(q + k), s), acc[0]);
+    }
+    const __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])),
+                                   _mm256_add_ps(_mm256_add_ps(acc[4], acc[5]), _mm256_add_ps(acc[6], acc[7])));
+    y[n] = lane_sum(t) + (bias ? bias[n] : 0.0f);
+  }
+}
+
 // Tile shapes measured on the benchmark machine (AVX2, 16 vector registers): one row, 8 accumulators;
 // two rows, 2 x 4; three to five, 3 x 4 (the most reuse of each loaded vector that stays in registers).
-template <typename W>
-void columns(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+template <typename WP>
+void columns(const float* x, WP w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
              int64_t n0, int64_t n1) {
   if (M == 1 && N * K >= kRowStreamMinWeights)
     row_dots(x, w, bias, y, K, n0, n1);
@@ -227,8 +287,8 @@ inline void transpose8(__m256 r[8]) {
 
 // panel[kk * P + j] = w[(n + j) * K + k0 + kk] for j < cols (zero columns beyond), kk < depth: whole 8 x 8
 // blocks by vector transposes (the pack is one pass over W per call), the ragged edges one value at a time.
-template <int64_t P, typename W>
-inline void pack_panel(const W* w, int64_t K, int64_t n, int64_t cols, int64_t k0, int64_t depth, float* panel) {
+template <int64_t P, typename WP>
+inline void pack_panel(WP w, int64_t K, int64_t n, int64_t cols, int64_t k0, int64_t depth, float* panel) {
   const int64_t d8 = cols == P ? depth & ~int64_t(7) : 0;
   for (int64_t kk = 0; kk < d8; kk += 8) {
     for (int64_t part = 0; part < P; part += 8) {
@@ -239,8 +299,8 @@ inline void pack_panel(const W* w, int64_t K, int64_t n, int64_t cols, int64_t k
     }
   }
   for (int64_t j = 0; j < P; ++j) {
-    const W* row = w + (n + j) * K + k0;
-    for (int64_t kk = d8; kk < depth; ++kk) panel[kk * P + j] = j < cols ? to_float(row[kk]) : 0.0f;
+    const WP row = w + (n + j) * K + k0;
+    for (int64_t kk = d8; kk < depth; ++kk) panel[kk * P + j] = j < cols ? weight_at(row, kk) : 0.0f;
   }
 }
 
@@ -271,8 +331,8 @@ inline void outer_tile(const float* x, int64_t K, const float* panel, int64_t de
 }
 
 // Panels [p0, p1) of the output (16 columns each), every row of x.
-template <typename W>
-void packed_columns(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+template <typename WP>
+void packed_columns(const float* x, WP w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
                     int64_t p0, int64_t p1) {
   alignas(64) float panel[kDepth * kPanel];
   for (int64_t p = p0; p < p1; ++p) {
@@ -330,6 +390,11 @@ GENPROBE_AVX512 inline __m512 load16_tail(__mmask16, int64_t count, const W* p) 
   return load16(part);
 }
 
+GENPROBE_AVX512 inline __m512 load16(BlockI8 p) { return _mm512_mul_ps(load16(p.q + p.at), _mm512_set1_ps(p.scale())); }
+GENPROBE_AVX512 inline __m512 load16_tail(__mmask16 lanes, int64_t count, BlockI8 p) {
+  return _mm512_mul_ps(load16_tail(lanes, count, p.q + p.at), _mm512_set1_ps(p.scale()));
+}
+
 // y[i * N + j] = (first ? bias[j] : y[i * N + j]) + sum_kk x[i * K + kk] * panel[kk * 32 + j], i < MR, j < cols.
 template <int MR>
 GENPROBE_AVX512 inline void outer_tile512(const float* x, int64_t K, const float* panel, int64_t depth, float* y,
@@ -359,8 +424,8 @@ GENPROBE_AVX512 inline void outer_tile512(const float* x, int64_t K, const float
 }
 
 // Panels [p0, p1) of the output (32 columns each), every row of x.
-template <typename W>
-GENPROBE_AVX512 void packed_columns512(const float* x, const W* w, const float* bias, float* y, int64_t M,
+template <typename WP>
+GENPROBE_AVX512 void packed_columns512(const float* x, WP w, const float* bias, float* y, int64_t M,
                                        int64_t N, int64_t K, int64_t p0, int64_t p1) {
   alignas(64) float panel[kDepth * kPanel512];
   for (int64_t p = p0; p < p1; ++p) {
@@ -403,8 +468,8 @@ GENPROBE_AVX512 inline __m128 sum4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-template <int MR, int NR, typename W>
-GENPROBE_AVX512 inline void dot_tile512(const float* x, const W* w, const float* bias, float* out, int64_t K,
+template <int MR, int NR, typename WP>
+GENPROBE_AVX512 inline void dot_tile512(const float* x, WP w, const float* bias, float* out, int64_t K,
                                         int64_t ldo) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 16
@@ -452,8 +517,8 @@ GENPROBE_AVX512 inline void dot_tile512(const float* x, const W* w, const float*
   }
 }
 
-template <int MR, int NR, typename W>
-GENPROBE_AVX512 void tiles512(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N,
+template <int MR, int NR, typename WP>
+GENPROBE_AVX512 void tiles512(const float* x, WP w, const float* bias, float* y, int64_t M, int64_t N,
                               int64_t K, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) {
@@ -480,8 +545,8 @@ GENPROBE_AVX512 void tiles512(const float* x, const W* w, const float* bias, flo
 }
 
 // The tile shapes of columns() (the same register budget suits both: the loads, not the registers, limit).
-template <typename W>
-GENPROBE_AVX512 void columns512(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N,
+template <typename WP>
+GENPROBE_AVX512 void columns512(const float* x, WP w, const float* bias, float* y, int64_t M, int64_t N,
                                 int64_t K, int64_t n0, int64_t n1) {
   if (M == 1 && N * K >= kRowStreamMinWeights)  // memory-bound: 16 lanes were no faster here
     row_dots(x, w, bias, y, K, n0, n1);
@@ -526,9 +591,9 @@ constexpr int64_t kParallelMinWeightBytes = int64_t(1) << 16;
 // its products then stay on that thread too, as every other kernel of such a small step does.
 thread_local bool serial_products = false;
 
-template <typename W>
-void linear_into(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
-  const bool big = M > 1 ? M * N * K >= kParallelMinMacs : N * K * int64_t(sizeof(W)) >= kParallelMinWeightBytes;
+template <typename WP>
+void linear_into(const float* x, WP w, const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
+  const bool big = M > 1 ? M * N * K >= kParallelMinMacs : N * K * weight_bytes(w) >= kParallelMinWeightBytes;
   const bool split = !serial_products && at::get_num_threads() > 1 && N >= 64 && big;
   const bool wide = use_avx512();
   if (M >= (wide ? kPackedMinRows512 : kPackedMinRows)) {
@@ -569,7 +634,22 @@ bool set_serial_products(bool serial) {
 }
 }  // namespace genprobe
 
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+// The (N, K / 32) float32 scales of an int8 weight stored in 32-weight blocks (see BlockI8), checked.
+at::Tensor checked_block_scales(const at::Tensor& weight, const at::Tensor& scales) {
+  const int64_t N = weight.size(0), K = weight.size(1), block = BlockI8::kBlock;
+  TORCH_CHECK(weight.scalar_type() == at::kChar, "small_linear: block scales go with an int8 weight, got ",
+              weight.scalar_type());
+  TORCH_CHECK(K % block == 0, "small_linear: a weight in blocks of ", block, " needs in_features a multiple of ",
+              block, ", got ", K);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 2 && scales.size(0) == N &&
+                  scales.size(1) == K / block,
+              "small_linear: block scales must be float32 of shape (", N, ", ", K / block, "), got ",
+              scales.scalar_type(), " ", scales.sizes());
+  return scales.contiguous();
+}
+
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                        const std::optional<at::Tensor>& block_scales) {
   const auto wt = weight.scalar_type();
   TORCH_CHECK(x.scalar_type() == at::kFloat && (wt == at::kFloat || wt == at::kBFloat16 || wt == at::kChar),
               "small_linear: x float32 and weight float32, bfloat16 or int8, got ", x.scalar_type(), " and ", wt);
@@ -578,6 +658,8 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const std
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "small_linear: x ", x.sizes(), " does not match weight ",
               weight.sizes());
   const int64_t N = weight.size(0), K = weight.size(1);
+  const bool blocks = block_scales.has_value() && block_scales->defined();
+  const at::Tensor dc = blocks ? checked_block_scales(weight, *block_scales) : at::Tensor();
   const at::Tensor xc = x.contiguous();
   const at::Tensor wc = weight.contiguous();
   const int64_t M = K == 0 ? 0 : xc.numel() / K;
@@ -597,7 +679,10 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const std
     if (b != nullptr) y.add_(bc);
     return y;
   }
-  if (wt == at::kBFloat16)
+  if (blocks)
+    linear_into(xc.data_ptr<float>(), BlockI8{wc.data_ptr<i8>(), dc.data_ptr<float>(), 0}, b, y.data_ptr<float>(), M,
+                N, K);
+  else if (wt == at::kBFloat16)
     linear_into(xc.data_ptr<float>(), reinterpret_cast<const bf16_bits*>(wc.data_ptr<at::BFloat16>()), b,
                 y.data_ptr<float>(), M, N, K);
   else if (wt == at::kChar)
@@ -615,7 +700,7 @@ std::string small_linear_isa(std::optional<bool> allow_avx512) {
 }
 
 TORCH_LIBRARY(genprobe, m) {
-  m.def("small_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  m.def("small_linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? block_scales=None) -> Tensor");
   m.def("small_linear_isa(bool? allow_avx512=None) -> str", small_linear_isa);
 }
 
@@ -627,11 +712,16 @@ TORCH_LIBRARY_IMPL(genprobe, CPU, m) {
 // aoti_torch_<device>_<op name>) runs; the shim itself lives in shim.c (see there why). Errors become an error
 // code, which the wrapper turns into an exception.
 extern "C" AOTITorchError genprobe_small_linear_c(AtenTensorHandle x, AtenTensorHandle weight,
-                                                  AtenTensorHandle* bias, AtenTensorHandle* ret0) {
+                                                  AtenTensorHandle* bias, AtenTensorHandle* block_scales,
+                                                  AtenTensorHandle* ret0) {
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-    std::optional<at::Tensor> b;
-    if (bias != nullptr && *bias != nullptr) b = *torch::aot_inductor::tensor_handle_to_tensor_pointer(*bias);
-    *ret0 = torch::aot_inductor::new_tensor_handle(small_linear(*torch::aot_inductor::tensor_handle_to_tensor_pointer(x),
-                                                                *torch::aot_inductor::tensor_handle_to_tensor_pointer(weight), b));
+    const auto optional = [](AtenTensorHandle* h) {
+      std::optional<at::Tensor> t;
+      if (h != nullptr && *h != nullptr) t = *torch::aot_inductor::tensor_handle_to_tensor_pointer(*h);
+      return t;
+    };
+    *ret0 = torch::aot_inductor::new_tensor_handle(
+        small_linear(*torch::aot_inductor::tensor_handle_to_tensor_pointer(x),
+                     *torch::aot_inductor::tensor_handle_to_tensor_pointer(weight), optional(bias), optional(block_scales)));
   });
 }

@@ -9,7 +9,8 @@
 
 typedef int32_t AOTITorchError;
 typedef struct AtenTensorOpaque* AtenTensorHandle;
-typedef AOTITorchError (*small_linear_fn)(AtenTensorHandle, AtenTensorHandle, AtenTensorHandle*, AtenTensorHandle*);
+typedef AOTITorchError (*small_linear_fn)(AtenTensorHandle, AtenTensorHandle, AtenTensorHandle*, AtenTensorHandle*,
+                                          AtenTensorHandle*);
 
 static small_linear_fn implementation;
 
@@ -19,6 +20,7 @@ __attribute__((visibility("default"))) void genprobe_set_small_linear(small_line
 __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_small_linear(AtenTensorHandle x,
                                                                                   AtenTensorHandle weight,
                                                                                   AtenTensorHandle* bias,
+                                                                                  AtenTensorHandle* block_scales,
                                                                                   AtenTensorHandle* ret0) {
-  return implementation ? implementation(x, weight, bias, ret0) : 1;
+  return implementation ? implementation(x, weight, bias, block_scales, ret0) : 1;
 }
