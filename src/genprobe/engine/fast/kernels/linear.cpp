@@ -206,36 +206,6 @@ void row_dots(const float* x, WP w, const float* bias, float* y, int64_t K, int6
   }
 }
 
-// row_dots for int8 blocks: the same accumulators in the same order (so the same sums as the float32 weights give),
-// each block's scale broadcast once for its 32 weights instead of once per 8.
-inline void row_dots(const float* x, BlockI8 w, const float* bias, float* y, int64_t K, int64_t n0, int64_t n1) {
-  const int64_t k64 = K & ~int64_t(63);  // K is a multiple of 32: after the 64-wide steps, at most one block
-  for (int64_t n = n0; n < n1; ++n) {
-    const i8* q = w.q + w.at + n * K;
-    const float* d = w.d + uint64_t(w.at + n * K) / BlockI8::kBlock;
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k < k64; k += 64) {
-      const __m256 s0 = _mm256_set1_ps(d[k / 32]), s1 = _mm256_set1_ps(d[k / 32 + 1]);
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j)
-        acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8 * j), _mm256_mul_ps(load8(q + k + 8 * j), s0), acc[j]);
-#pragma GCC unroll 4
-      for (int j = 4; j < 8; ++j)
-        acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8 * j), _mm256_mul_ps(load8(q + k + 8 * j), s1), acc[j]);
-    }
-    if (k < K) {
-      const __m256 s = _mm256_set1_ps(d[k / 32]);
-      for (; k < K; k += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_mul_ps(load8(q + k), s), acc[0]);
-    }
-    const __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])),
-                                   _mm256_add_ps(_mm256_add_ps(acc[4], acc[5]), _mm256_add_ps(acc[6], acc[7])));
-    y[n] = lane_sum(t) + (bias ? bias[n] : 0.0f);
-  }
-}
-
 // Tile shapes measured on the benchmark machine (AVX2, 16 vector registers): one row, 8 accumulators;
 // two rows, 2 x 4; three to five, 3 x 4 (the most reuse of each loaded vector that stays in registers).
 template <typename WP>
