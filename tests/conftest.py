@@ -1,9 +1,9 @@
-"""Shared fixtures: a tiny random model, and one quickly trained Tang checkpoint per test session.
+"""Shared fixtures: a tiny random model, and one quickly trained Tang checkpoint.
 
-The trained checkpoint (600 steps, ≈75 s of one core) is cached under ``$GENPROBE_TEST_CACHE``
-(default: ``<repo>/.test-cache``) keyed by the recipe, so the suite trains it at most once — also under
-``pytest -n N`` (pytest-xdist, what ``scripts/test.sh`` runs): a file lock lets one worker train while the
-others wait for the file. ``scripts/test.sh`` builds it before the tests start (see shared_checkpoint.py).
+The trained checkpoint (the quick recipe, 600 steps) is bundled in ``tests/data`` for the recipe and torch of this
+commit; with another torch it is trained once (≈75 s of a core) and cached under ``$GENPROBE_TEST_CACHE`` — also
+under ``pytest -n N`` (pytest-xdist, what ``scripts/test.sh`` runs), where a file lock lets one worker train while
+the others wait for the file (see shared_checkpoint.py).
 
 Under xdist each worker runs torch on one thread (two workers on two cores, not four threads fighting), and
 the vLLM tests run on one worker (``--dist loadgroup``): a started engine per configuration is reused across
