@@ -118,6 +118,21 @@ def test_compile_argument_errors(tiny_model, kw, needle):
         generate(tiny_model, [[1, 2]], 3, compile=True, **kw)
 
 
+def test_every_program_is_built_without_line_tables(tiny_model):
+    """Line tables (-g1) serve profilers only and cost 7-9% of each C++ compile: every Inductor setting of the
+    compiled path (loop, prompt, large-batch step, AOT programs) turns them off."""
+    from genprobe.engine.fast import aot
+
+    configs = [
+        compiled_mod.compile_config(tiny_model, 1),
+        compiled_mod.prefill_config(tiny_model),
+        compiled_mod.stepwise_config(),
+        aot._inductor_config(tiny_model, 1, 1),
+        aot._inductor_config(tiny_model, None, 1),
+    ]
+    assert all(cfg.get("aot_inductor.enable_line_tables") is False for cfg in configs)
+
+
 def test_compile_refuses_models_outside_genprobe_and_the_llama_family(tiny_model):
     from genprobe.engine.hf_adapter import HFCausalLM
     from genprobe.model.hf import to_hf_gpt2
@@ -248,8 +263,8 @@ def test_weights_version_is_unique_to_a_model_object():
 
 
 # ---- the quick-trained checkpoint (a model of the case study's size) -------------------------------------
-# Last in the file: the shared checkpoint is trained once per run (tests/conftest.py), and the vLLM tests' worker
-# starts by training it; this file's worker compiles the small models' graphs meanwhile instead of waiting.
+# Last in the file: where the bundled checkpoint does not fit (another torch) it is trained once per run
+# (tests/shared_checkpoint.py); this file's worker compiles the small models' graphs meanwhile instead of waiting.
 def test_static_cache_eager_matches_full_recomputation_every_step(trained):
     """The fixed-shape cache (all slots attended, unwritten ones masked) equals recomputation."""
     model, tok, _ = trained

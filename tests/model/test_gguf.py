@@ -125,6 +125,28 @@ def test_convert_gguf_writes_a_safetensors_directory_once(tiny, tmp_path):
         convert_gguf(path, other)
 
 
+def test_reading_a_file_parses_its_header_once(tiny, monkeypatch):
+    """Our check and transformers' config, tokenizer and weights share one reader (the header is parsed in Python:
+    ~5 s a parse for SmolLM2's vocabulary); outside the read, gguf.GGUFReader is the package's own again."""
+    import gguf
+
+    from genprobe.model.gguf import read_gguf
+
+    real = gguf.GGUFReader
+    opened: list[str] = []
+
+    def counting(path, mode="r"):
+        opened.append(str(path))
+        return real(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    module, _, summary = read_gguf(tiny[0])
+    assert len(opened) == 1 and summary.architecture == "llama"
+    assert gguf.GGUFReader is counting  # put back as it was found
+    ids = [5, 17, 40, 41]
+    assert torch.equal(_logits(module, ids), _logits(tiny[1], ids))
+
+
 # ---- bad inputs: one line, exit 2, nothing written ----------------------------------------------
 def _bad_files(tiny, d: Path) -> dict[str, Path]:
     import gguf

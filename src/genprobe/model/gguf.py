@@ -25,12 +25,14 @@ it, and is applied here to the row indices).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -152,9 +154,14 @@ def check_supported(summary: GGUFSummary) -> None:
 
 def read_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any, GGUFSummary]:
     """Dequantize a GGUF file into a ``transformers`` causal LM (eval mode) and its fast tokenizer."""
-    summary = inspect_gguf(path)
-    check_supported(summary)
-    p = Path(summary.path)
+    with _one_header_read():
+        summary = inspect_gguf(path)
+        check_supported(summary)
+        loaded, hf_tok = _load_with_transformers(Path(summary.path), dtype)
+    return _plain_float_model(loaded), hf_tok, summary
+
+
+def _load_with_transformers(p: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     import transformers.modeling_gguf_pytorch_utils as hf_gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -172,7 +179,34 @@ def read_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
     finally:
         hf_gguf.tqdm = bar
         hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
-    return _plain_float_model(loaded), hf_tok, summary
+    return loaded, hf_tok
+
+
+@contextlib.contextmanager
+def _one_header_read() -> Iterator[None]:
+    """Inside, ``gguf.GGUFReader`` returns one reader per file.
+
+    The header of a GGUF file is parsed in Python field by field, and read_gguf would parse it four times: our
+    check, then transformers for the config, the tokenizer and the weights (each from ``gguf.GGUFReader``). For
+    SmolLM2 (a 49k-string vocabulary) that is ~5 s each. Readers opened read-only only read, so one serves all.
+    """
+    gguf = _require_gguf_package()
+    reader_class = gguf.GGUFReader
+    readers: dict[str, Any] = {}
+
+    def one_reader(path: str | os.PathLike[str], mode: str = "r") -> Any:
+        if mode != "r":
+            return reader_class(path, mode)
+        key = os.path.realpath(path)
+        if key not in readers:
+            readers[key] = reader_class(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = one_reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = reader_class
 
 
 def _plain_float_model(loaded: Any) -> nn.Module:
@@ -203,13 +237,15 @@ def convert_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) 
     from ..registry import sha256_file
 
     src, out = Path(path), Path(out_dir)
-    inspect_gguf(src)  # refuse a bad file before anything is written
+    if not src.is_file():
+        raise FileNotFoundError(f"no such GGUF file: {src}")
+    _check_magic(src)  # a foreign file is refused before it is hashed; read_gguf checks the rest
     digest = sha256_file(src)
     if out.exists():
         if (read_sidecar(out) or {}).get("sha256") == digest and (out / "model.safetensors").is_file():
             return out
         raise ModelLoadError(f"{out} already exists and is not a conversion of {src}; choose another --out")
-    module, hf_tok, summary = read_gguf(src)
+    module, hf_tok, summary = read_gguf(src)  # refuses a truncated or unsupported file before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     from transformers.utils import logging as hf_logging
