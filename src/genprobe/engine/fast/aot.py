@@ -110,6 +110,7 @@ def _example_cache(model: GPT, batch: int, capacity: int) -> StaticKVCache:
 def _inductor_config(model: GPT, rows: int | None, threads: int) -> dict[str, Any]:
     # Weights stay out of the library: they are bound at load time to the model's own tensors.
     cfg: dict[str, Any] = {"cpp.threads": threads, "aot_inductor.package_constants_in_so": False}
+    cfg.update(kernels.BUILD_CONFIG)
     if rows is None or rows <= kernels.KERNEL_MAX_ROWS:
         cfg.update(kernels.inductor_config(rows))
     return cfg

@@ -72,7 +72,13 @@ Fingerprint = tuple[Hashable, ...]
 # Read by Inductor when a graph is compiled, so they are switched on only around first steps (a patch
 # around every replay would cost more than the guards it sits beside).
 RECOMPILE_LIMIT = 64
-COMPILE_CONFIG = {"cpp_wrapper": True, "freezing": True, "max_autotune": True, "coordinate_descent_tuning": True}
+COMPILE_CONFIG = {
+    "cpp_wrapper": True,
+    "freezing": True,
+    "max_autotune": True,
+    "coordinate_descent_tuning": True,
+    **kernels.BUILD_CONFIG,
+}
 
 
 # Measured on the 2-core machines (see compile_config): up to this many parameter-rows per step
@@ -157,7 +163,7 @@ def prefill_config(model: GPT) -> dict[str, Any]:
         # Not frozen: freezing would pack the weights for oneDNN before the kernels' pass sees the products. (Nor
         # ``cpp.weight_prepack: False``: Inductor registers its packing patterns once per process, on first use,
         # and a first use with packing off would leave every later stepwise graph unpacked.)
-        cfg = {"cpp_wrapper": True, "freezing": False, "cpp.threads": 1}
+        cfg = {"cpp_wrapper": True, "freezing": False, "cpp.threads": 1, **kernels.BUILD_CONFIG}
         return {**cfg, **kernels.inductor_config(None)}
     return stepwise_config()
 
@@ -222,7 +228,7 @@ def stepwise_config() -> dict[str, Any]:
     dimension being a symbol selects (Inductor packs frozen fp32 weights for oneDNN when the batch is
     dynamic, for MKL's packed GEMM when it is static; the oneDNN kernels are the fast ones here).
     """
-    return {"cpp_wrapper": True, "freezing": True, "cpp.threads": -1}
+    return {"cpp_wrapper": True, "freezing": True, "cpp.threads": -1, **kernels.BUILD_CONFIG}
 
 
 def _decode_step(

@@ -28,6 +28,11 @@ from .build import KernelStatus, load, status
 # GEMMs that oneDNN does better. Here, not in compiled.py, because both compiled.py and aot.py read it.
 KERNEL_MAX_ROWS = 64
 
+#: How Inductor builds every program of the compiled path (torch.compile's and the AOT ones): without line tables
+#: (``-g1``), which serve profilers only and cost 7-9% of each C++ compile (an AOT program's wrapper 5.67 -> 5.18 s,
+#: its kernels 1.51 -> 1.40 s); debug information does not change the generated code.
+BUILD_CONFIG: dict[str, Any] = {"aot_inductor.enable_line_tables": False}
+
 
 def inductor_config(max_rows: int | None) -> dict[str, Any]:
     """Inductor settings that route products of up to ``max_rows`` rows (None: any) to the kernels (after load)."""
@@ -36,4 +41,4 @@ def inductor_config(max_rows: int | None) -> dict[str, Any]:
     return config(max_rows)
 
 
-__all__ = ["KERNEL_MAX_ROWS", "KernelStatus", "inductor_config", "load", "status"]
+__all__ = ["BUILD_CONFIG", "KERNEL_MAX_ROWS", "KernelStatus", "inductor_config", "load", "status"]
