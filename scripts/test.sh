@@ -13,15 +13,19 @@ phase setup
 .venv/bin/genprobe fetch all > .venv/fetch.log 2>&1 &
 fetch=$!
 echo "ruff check / ruff format --check / mypy …"
-# Beside lint and types (mypy runs on one core), a build the tests would otherwise make while a pytest worker waits
-# for it: genprobe's C++ kernels (~35 s; the compiled-decode tests wait on its lock). A build that fails is reported
-# by tests/engine. (The tests' trained checkpoint is bundled: tests/shared_checkpoint.py.)
+# Beside lint and types (mypy runs on one core), builds the tests would otherwise make while a pytest worker waits
+# for them: genprobe's C++ kernels (~35 s; the compiled-decode tests wait on its lock) and, only where the bundled
+# one does not fit (another torch), the tests' trained checkpoint (~75 s of a core; see tests/shared_checkpoint.py).
+# A build that fails is reported by tests/engine, a failed training by the tests that need the checkpoint.
 .venv/bin/python -c "from genprobe.engine.fast import kernels; kernels.load()" &
 kernels=$!
+.venv/bin/python tests/shared_checkpoint.py > /dev/null &
+checkpoint=$!
 .venv/bin/ruff check src tests benchmarks scripts
 .venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
 wait "$kernels" || echo "building genprobe's kernels failed: tests/engine/test_kernels.py says why"
+wait "$checkpoint" || echo "training the tests' checkpoint failed: the tests that need it say why"
 if ! wait "$fetch"; then cat .venv/fetch.log; echo "genprobe fetch all failed (above)"; exit 1; fi
 cat .venv/fetch.log
 phase "fetch, lint and types"
