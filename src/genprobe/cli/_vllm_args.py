@@ -55,6 +55,11 @@ def add_engine_arguments(
         f"default {block_size or 'vLLM’s'})",
     )
     g.add_argument("--no-prefix-caching", action="store_true", help="start the engine without prefix caching")
+    _add_deployment_arguments(g)
+
+
+def _add_deployment_arguments(g: argparse._ArgumentGroup) -> None:
+    """Where and how the engine runs: parallelism, memory, compilation, process."""
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="tensor-parallel shards (default 1)")
     g.add_argument("--pipeline-parallel-size", type=int, default=1, help="pipeline stages (default 1)")
     g.add_argument(

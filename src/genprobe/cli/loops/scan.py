@@ -88,6 +88,29 @@ def _check_vllm_settings(settings: dict, model: Any) -> None:
             raise ValueError(f"--backend vllm cannot run the {name!r} setting exactly: {exc}{hint}") from None
 
 
+def _backend_missing(args: argparse.Namespace) -> bool:
+    """Refuse --compile with llama.cpp; say so (and return True) when the chosen engine is not installed."""
+    if args.compile and args.backend == "llama.cpp":  # genprobe: its compiled fast path; vllm: vLLM compiles
+        raise ValueError(
+            "--compile is for genprobe's engine (its compiled fast path) and vLLM, not --backend llama.cpp"
+        )
+    if args.backend == "vllm":
+        return vllm_missing("loops scan")
+    return args.backend == "llama.cpp" and _llamacpp_missing("loops scan", args)
+
+
+def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
+    """The engine the scan decodes with: None for genprobe's own, else vLLM's or llama.cpp's."""
+    if args.backend == "vllm":
+        from ...serving.scan import vllm_scan_backend
+
+        _check_vllm_settings(settings, model)
+        return vllm_scan_backend(engine_options(args, seed=args.seed))
+    if args.backend == "llama.cpp":
+        return _llamacpp_backend(args, settings, model)
+    return None
+
+
 def run_scan(args: argparse.Namespace) -> int:
     """Scan one or two decoding settings (:func:`genprobe.scan_loop_settings`) and print the tables (tokens,
     characters where they are the unit, and the human false-positive rate of the calibrated detectors)."""
@@ -99,13 +122,7 @@ def run_scan(args: argparse.Namespace) -> int:
     _check_common(args)
     if args.out:
         out_dir(args.out, SCAN_FILE)
-    if args.compile and args.backend == "llama.cpp":  # genprobe: its compiled fast path; vllm: vLLM compiles
-        raise ValueError(
-            "--compile is for genprobe's engine (its compiled fast path) and vLLM, not --backend llama.cpp"
-        )
-    if args.backend == "vllm" and vllm_missing("loops scan"):
-        return 2
-    if args.backend == "llama.cpp" and _llamacpp_missing("loops scan", args):
+    if _backend_missing(args):
         return 2
     model = _load(args)
     texts, source = _prompts(args, model)
@@ -115,14 +132,7 @@ def run_scan(args: argparse.Namespace) -> int:
     if _chat(args, model):
         texts, source = [model.chat_prompt(t) for t in texts], f"{source} (chat template)"
     settings = _scan_settings(args, model)
-    backend = None
-    if args.backend == "vllm":
-        from ...serving.scan import vllm_scan_backend
-
-        _check_vllm_settings(settings, model)
-        backend = vllm_scan_backend(engine_options(args, seed=args.seed))
-    elif args.backend == "llama.cpp":
-        backend = _llamacpp_backend(args, settings, model)
+    backend = _scan_backend(args, settings, model)
 
     def table(name: str, res: Any, seconds: float) -> None:
         info(scan_table(res.summary, f"{name} ({seconds:.1f} s)"))
