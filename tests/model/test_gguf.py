@@ -145,6 +145,10 @@ def test_reading_a_file_parses_its_header_once(tiny, monkeypatch):
     assert gguf.GGUFReader is counting  # put back as it was found
     ids = [5, 17, 40, 41]
     assert torch.equal(_logits(module, ids), _logits(tiny[1], ids))
+    # keeping the Q8_0 blocks as int8 reads them from that same parse
+    opened.clear()
+    blocked = genprobe.load(tiny[0], weight_dtype=torch.int8)
+    assert len(opened) == 1 and torch.equal(_logits(blocked.module, ids), _logits(tiny[1], ids))
 
 
 # ---- bad inputs: one line, exit 2, nothing written ----------------------------------------------

@@ -154,7 +154,7 @@ def check_supported(summary: GGUFSummary) -> None:
 
 def read_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any, GGUFSummary]:
     """Dequantize a GGUF file into a ``transformers`` causal LM (eval mode) and its fast tokenizer."""
-    with _one_header_read():
+    with one_header_read():
         summary = inspect_gguf(path)
         check_supported(summary)
         loaded, hf_tok = _load_with_transformers(Path(summary.path), dtype)
@@ -183,12 +183,13 @@ def _load_with_transformers(p: Path, dtype: torch.dtype) -> tuple[Any, Any]:
 
 
 @contextlib.contextmanager
-def _one_header_read() -> Iterator[None]:
-    """Inside, ``gguf.GGUFReader`` returns one reader per file.
+def one_header_read() -> Iterator[None]:
+    """Inside, ``gguf.GGUFReader`` returns one reader per file (nested uses share the outer one's readers).
 
     The header of a GGUF file is parsed in Python field by field, and read_gguf would parse it four times: our
-    check, then transformers for the config, the tokenizer and the weights (each from ``gguf.GGUFReader``). For
-    SmolLM2 (a 49k-string vocabulary) that is ~5 s each. Readers opened read-only only read, so one serves all.
+    check, then transformers for the config, the tokenizer and the weights (each from ``gguf.GGUFReader``); a load
+    that keeps the Q8_0 blocks reads it a fifth time (:func:`q8_0_blocks`). For SmolLM2 (a 49k-string vocabulary)
+    that is ~5 s each. Readers opened read-only only read, so one serves all.
     """
     gguf = _require_gguf_package()
     reader_class = gguf.GGUFReader

@@ -333,12 +333,13 @@ def _load_gguf(
 
     ``int8_blocks``: the linear layers whose tensors are Q8_0 keep the file's int8 blocks instead (the same values).
     """
-    from .gguf import gguf_file_of, read_gguf
+    from .gguf import gguf_file_of, one_header_read, read_gguf
 
     file = gguf_file_of(path)
-    module, hf_tok, summary = read_gguf(file, dtype)
-    if int8_blocks:
-        module = _int8_blocks_of(module, file, dtype, narrow_output)
+    with one_header_read():  # the int8 blocks come from the same parse of the file as the model
+        module, hf_tok, summary = read_gguf(file, dtype)
+        if int8_blocks:
+            module = _int8_blocks_of(module, file, dtype, narrow_output)
     arch = str(getattr(getattr(module, "config", None), "model_type", summary.architecture))
     config: Any = getattr(module, "config", None)
     meta = {"config": config.to_dict() if config is not None else {}, "gguf": summary.to_dict()}
