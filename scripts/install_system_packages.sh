@@ -2,7 +2,7 @@
 # Install the system packages the test-suite needs, from Debian:
 # - chromium (+ CJK fonts) for the report browser tests. We never run `playwright install`: the PyPI
 #   playwright package drives this system chromium;
-# - a C++ compiler, which torch.compile needs on CPU (compiled decoding, genprobe.engine.compiled).
+# - a C++ compiler, which torch.compile needs on CPU (compiled decoding, genprobe.engine.fast.compiled).
 # Idempotent: does nothing when all of them are already present.
 set -euo pipefail
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import genprobe
-from genprobe.engine.sampling import SamplerConfig
+from genprobe.engine.samplers import SamplerConfig
 
 
 def test_sampling_params_says_its_own_name():

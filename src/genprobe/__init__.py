@@ -24,7 +24,7 @@ _EXPORTS = {
     "Model": "genprobe.engine.loaded:LoadedModel",
     "Tokenizer": "genprobe.model.load:Tokenizer",
     "ModelLoadError": "genprobe.model.load:ModelLoadError",
-    "SamplingParams": "genprobe.engine.sampling:SamplingParams",
+    "SamplingParams": "genprobe.engine.samplers:SamplingParams",
     "Completion": "genprobe.engine.text:Completion",
     "scan_loops": "genprobe.api:scan_loops",
     "scan_loop_settings": "genprobe.loops.scan_settings:scan_loop_settings",

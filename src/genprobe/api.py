@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .attention.leak import LeakReport
     from .attention.metrics import AttentionReport
     from .doctor import DoctorReport
-    from .engine.sampling import SamplerConfig
+    from .engine.samplers import SamplerConfig
     from .experiments.phenomena import PhenomenaConfig, PhenomenaResult
     from .experiments.study import CaseStudy
     from .loops.patch import Patch

@@ -17,7 +17,7 @@ import torch
 from genprobe.engine.fast import compiled as compiled_mod
 from genprobe.engine.fast.static_cache import StaticKVCache
 from genprobe.engine.generate import generate
-from genprobe.engine.sampling import SamplerConfig
+from genprobe.engine.samplers import SamplerConfig
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ import torch
 
 from genprobe.engine import KVCache, forward_step
 from genprobe.engine.generate import GenerationResult, generate, token_forward_count
-from genprobe.engine.sampling import SamplerConfig
+from genprobe.engine.samplers import SamplerConfig
 from genprobe.model import GPT, GPTConfig
 
 TOL = 1e-4

@@ -8,7 +8,7 @@ import pytest
 
 from genprobe.engine.generate import generate
 from genprobe.engine.hf_adapter import HFCausalLM, load_causal_lm
-from genprobe.engine.sampling import SamplerConfig
+from genprobe.engine.samplers import SamplerConfig
 from genprobe.model.hf import to_hf_gpt2
 
 

@@ -1,4 +1,4 @@
-"""genprobe's small-M linear kernels (engine/kernels/linear.cpp) against torch's F.linear, and the graph pass.
+"""genprobe's small-M linear kernels (engine/fast/kernels/linear.cpp) against torch's F.linear, and the graph pass.
 
 The kernels are opt-in native code: on a machine without a C++ compiler, without AVX2/FMA (or not x86-64), or
 with ``GENPROBE_KERNELS=0``, these tests are SKIPPED with the reason :func:`kernels.load` gives (the compiled

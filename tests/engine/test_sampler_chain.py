@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from genprobe.engine.sampling import (
+from genprobe.engine.samplers import (
     ORDERS,
     SamplerConfig,
     kept_set_size,

@@ -25,7 +25,7 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from genprobe.engine.sampling import SamplerConfig, process_logits
+from genprobe.engine.samplers import SamplerConfig, process_logits
 
 LEVELS = torch.tensor([-3.0, -1.0, 0.0, 0.0, 0.5, 1.0, 1.0, 2.0, float("-inf")])
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from genprobe.engine.sampling import SamplerConfig, process_logits, sampling_probs
+from genprobe.engine.samplers import SamplerConfig, process_logits, sampling_probs
 
 LLAMA = SamplerConfig(order="llama.cpp")
 DATA = Path(__file__).parent / "data"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genprobe.engine.sampling import SamplerConfig, process_logits
+from genprobe.engine.samplers import SamplerConfig, process_logits
 
 VLLM = SamplerConfig(order="vllm")
 

@@ -14,11 +14,11 @@ import torch
 
 from genprobe.cli import main
 from genprobe.engine.generate import generate
-from genprobe.engine.sampling import SamplerConfig, kept_set_size
+from genprobe.engine.samplers import SamplerConfig, kept_set_size
 from genprobe.experiments._common import CASE_PROMPT, encode_prompt, next_token_logits
 from genprobe.experiments.exposure import PERTURB_POSITIONS, SHADOW_WINDOW, find_snippet, perturbation
-from genprobe.experiments.findings import findings
 from genprobe.experiments.timing import naive_token_forwards
+from genprobe.report.findings import findings
 
 pytestmark = pytest.mark.slow
 

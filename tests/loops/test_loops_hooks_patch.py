@@ -23,8 +23,9 @@ from genprobe.loops import (
     select_columns,
     state_sha256,
 )
-from genprobe.loops.arch import all_columns, forward_logits
+from genprobe.loops.arch import forward_logits
 from genprobe.metrics import measure_loops
+from genprobe.model.arch import all_columns
 
 
 @pytest.fixture(autouse=True)

@@ -8,9 +8,9 @@ import torch
 from genprobe.corpus import CharTokenizer
 from genprobe.experiments.exposure import run_exposure
 from genprobe.experiments.sampling import run_sampling
-from genprobe.experiments.seed import seed_tables
 from genprobe.experiments.timing import run_cache_scaling, run_cache_timing
 from genprobe.model import GPT, GPTConfig
+from genprobe.report.seed import seed_tables
 
 
 @pytest.fixture(scope="session")

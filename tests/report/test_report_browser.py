@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from genprobe.engine.sampling import SamplerConfig, kept_set_size, process_logits
+from genprobe.engine.samplers import SamplerConfig, kept_set_size, process_logits
 from genprobe.experiments.sampling import run_sampling
 from genprobe.report import write_report
 

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from genprobe.experiments.findings import findings
-from genprobe.experiments.seed import seed_tables
 from genprobe.report import write_figures, write_report
+from genprobe.report.findings import findings
 from genprobe.report.html import headline_rows, render_report
+from genprobe.report.seed import seed_tables
 
 
 def test_report_is_self_contained(small_case, tmp_path):

@@ -17,8 +17,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from genprobe.experiments.seed import seed_tables
 from genprobe.report.html import render_report
+from genprobe.report.seed import seed_tables
 from genprobe.report.templates import environment, render
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from genprobe.engine.sampling import SamplerConfig
+from genprobe.engine.samplers import SamplerConfig
 from genprobe.serving import INSTALL_HINT, VLLMNotAvailableError, require_vllm, to_sampling_params, vllm_import_problem
 
 

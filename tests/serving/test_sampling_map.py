@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from genprobe.engine.sampling import SamplerConfig, adjust_logits, process_logits
+from genprobe.engine.samplers import SamplerConfig, adjust_logits, process_logits
 from genprobe.serving import sampling as smap
 from genprobe.serving.sampling import UnsupportedSamplerError, sampling_kwargs
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from genprobe.engine.sampling import SamplerConfig
+from genprobe.engine.samplers import SamplerConfig
 from genprobe.loops.scan import chanting_sampler, scan_loops
 from genprobe.serving.rates import compare_loop_rates
 from genprobe.serving.sampling import UnsupportedSamplerError

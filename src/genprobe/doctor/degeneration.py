@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..engine.sampling import SamplerConfig
+from ..engine.samplers import SamplerConfig
 from ..engine.text import complete
 from ..loops.prompts import is_cjk
 from ..loops.scan import calibrate_for_scan, greedy_sampler

@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..engine.sampling import SamplerConfig
+from ..engine.samplers import SamplerConfig
 
 STAGES = ("card", "inference", "attention", "degeneration", "fixes")
 TITLES = {

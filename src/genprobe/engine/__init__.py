@@ -5,7 +5,7 @@ from .cache import KVCache
 from .fast.static_cache import StaticKVCache
 from .generate import generate
 from .runner import GenerationResult
-from .sampling import SamplerConfig, kept_set_size, process_logits, sample_next
+from .samplers import SamplerConfig, kept_set_size, process_logits, sample_next
 from .step import forward_step
 
 __all__ = [

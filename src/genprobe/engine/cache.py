@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from ..model.cache_protocol import CacheLike as CacheLike  # re-exported: the engine's caches implement it
 from ..model.config import GPTConfig
 
 

@@ -22,7 +22,7 @@ from .runner import GPTRunner as GPTRunner
 from .runner import Runner as Runner
 from .runner import as_runner as as_runner
 from .runner import check_inputs, device_of, select_runner
-from .sampling import SamplerConfig, check_logits, process_logits, sample_next
+from .samplers import SamplerConfig, check_logits, process_logits, sample_next
 
 GREEDY = SamplerConfig(greedy=True)
 

@@ -17,7 +17,7 @@ import torch
 from ..model import load
 from ..model.load import Model
 from .runner import Runner, runner_for
-from .sampling import SamplerConfig
+from .samplers import SamplerConfig
 from .text import Completion, complete
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .generate import generate
 from .runner import engine_model
-from .sampling import SamplerConfig
+from .samplers import SamplerConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model

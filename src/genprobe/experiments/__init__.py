@@ -4,15 +4,12 @@ returning typed results; their ``to_dict()`` forms are the keys of ``ch3_case.js
 from .case import CASE_KEYS, model_summary, run_case
 from .decoding import STRATEGIES, run_decoding
 from .exposure import run_exposure
-from .findings import findings
 from .sampling import run_sampling
-from .seed import seed_tables
 from .timing import run_cache_scaling, run_cache_timing
 
 __all__ = [
     "CASE_KEYS",
     "STRATEGIES",
-    "findings",
     "model_summary",
     "run_cache_scaling",
     "run_cache_timing",
@@ -20,5 +17,4 @@ __all__ = [
     "run_decoding",
     "run_exposure",
     "run_sampling",
-    "seed_tables",
 ]

@@ -13,7 +13,7 @@ import torch
 
 from ..corpus import UNK_ID, CharTokenizer, Corpus
 from ..engine.generate import generate
-from ..engine.sampling import SamplerConfig
+from ..engine.samplers import SamplerConfig
 from ..metrics import degeneracy_metrics
 from ..model.gpt import GPT
 from ..model.train import evaluate_loss, unigram_cross_entropy

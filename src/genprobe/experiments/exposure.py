@@ -21,7 +21,7 @@ import torch
 
 from ..corpus import UNK_ID, CharTokenizer, Corpus
 from ..engine.generate import generate
-from ..engine.sampling import SamplerConfig
+from ..engine.samplers import SamplerConfig
 from ..model.gpt import GPT
 from ..model.load import Tokenizer
 from ._common import quiet_encode, r

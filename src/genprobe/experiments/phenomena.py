@@ -36,7 +36,7 @@ import torch
 
 from ..engine.generate import generate
 from ..engine.runner import engine_model, runner_for
-from ..engine.sampling import SamplerConfig
+from ..engine.samplers import SamplerConfig
 from ..metrics import measure_loops
 from ._common import r
 from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, _wanted_instead, perturbation

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..corpus import CharTokenizer
-from ..engine.sampling import SamplerConfig, kept_set_size
+from ..engine.samplers import SamplerConfig, kept_set_size
 from ..model.gpt import GPT
 from ._common import CASE_PROMPT, encode_prompt, entropy_nats, next_token_logits, r
 

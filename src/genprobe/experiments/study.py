@@ -92,7 +92,7 @@ def case_study(
     from ..corpus import load_corpus
     from ..report import write_figures, write_report
     from ..report.html import headline_rows
-    from .seed import seed_tables
+    from ..report.seed import seed_tables
 
     t0 = time.perf_counter()
     out = Path(out)

@@ -1,8 +1,8 @@
 """Several models' ``phenomena.json`` side by side: one Markdown table of the numbers, one of the chapter's claims.
 
 Everything here reads the ``to_dict()`` form of :class:`genprobe.experiments.phenomena.PhenomenaResult`, so a
-table can be rebuilt from the files of earlier runs. A claim is judged with :class:`~.findings.Finding`: whether it
-holds on that model's numbers, and the numbers.
+table can be rebuilt from the files of earlier runs. A claim is judged with
+:class:`~genprobe.report.findings.Finding`: whether it holds on that model's numbers, and the numbers.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any, Callable, Mapping
 
-from .findings import Finding
+from ..report.findings import Finding
 
 HEADLINE_TAU = 2.0  # the order trap's headline temperature
 TAIL_SHARE = 0.2  # a shadow's tail "near zero": mean tail at most this share of the mean peak

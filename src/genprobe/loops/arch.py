@@ -1,8 +1,5 @@
-"""Uncached logits of whatever the loop tools are handed (:func:`forward_logits`).
-
-Where the MLPs are moved to :mod:`genprobe.model.arch` (a model's layout belongs to the model layer); this
-module re-exports it so ``genprobe.loops.arch`` imports keep working.
-"""
+"""Uncached logits of whatever the loop tools are handed (:func:`forward_logits`); where the MLPs are is the model's
+(:mod:`genprobe.model.arch`)."""
 
 from __future__ import annotations
 
@@ -11,35 +8,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..model.arch import (
-    DOWN_NAMES,
-    LAYER_PATHS,
-    MLPSite,
-    UnsupportedArchitectureError,
-    all_columns,
-    count_parameters,
-    get_columns,
-    mlp_sites,
-    set_columns,
-    state_sha256,
-    unwrap,
-)
 from ..model.gpt import GPT
 
-__all__ = [
-    "DOWN_NAMES",
-    "LAYER_PATHS",
-    "MLPSite",
-    "UnsupportedArchitectureError",
-    "all_columns",
-    "count_parameters",
-    "forward_logits",
-    "get_columns",
-    "mlp_sites",
-    "set_columns",
-    "state_sha256",
-    "unwrap",
-]
+__all__ = ["forward_logits"]
 
 
 def forward_logits(model: Any, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:

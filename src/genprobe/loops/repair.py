@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..engine.sampling import SamplerConfig
+from ..engine.samplers import SamplerConfig
 from ..model.arch import state_sha256
 from .contrast import Contrast, ContrastCounts, collect_contrast
 from .direction import Separation, loop_direction, separation

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from ..engine.generate import generate
-from ..engine.sampling import SamplerConfig
+from ..engine.samplers import SamplerConfig
 from ..metrics import LoopCalibration, LoopMeasures, LoopSettings, measure_loops, unk_share, wilson_interval
 from ..metrics.calibrate import DEFAULT_TARGET, calibrate_loop_settings
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..engine.sampling import SamplerConfig
+from ..engine.samplers import SamplerConfig
 from ..metrics import LoopCalibration, LoopSettings
 from .scan import ScanResult, annotate_scan, chanting_sampler, greedy_sampler
 from .study import LoopStudy, RepairConfig

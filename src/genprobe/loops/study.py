@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..engine.runner import engine_model
-from ..engine.sampling import SamplerConfig
+from ..engine.samplers import SamplerConfig
 from ..metrics import LoopSettings
 from ..model.arch import mlp_sites
 from .edit import FORMS

@@ -1,7 +1,6 @@
 """The chapter's qualitative findings as checks on ``ch3_case.json`` data (shown in the report, asserted in tests).
 
-Part of the report, which renders them from the case data alone; ``genprobe.experiments.findings`` re-exports
-them.
+Part of the report, which renders them from the case data alone.
 
 Each check returns whether it holds and the numbers behind it, so a finding that fails on our
 model is reported with its evidence instead of being hidden.

@@ -1,7 +1,7 @@
 """The figures published in the chapter 《训练与推理的两副面孔》 ("The two faces of training and inference"),
 transcribed in ``seed_tables.json`` and keyed like ``ch3_case.json`` (the report prints them beside ours).
 
-Part of the report, which shows them; ``genprobe.experiments.seed`` re-exports them."""
+Part of the report, which shows them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""genprobe's :class:`~genprobe.engine.sampling.SamplerConfig` as vLLM ``SamplingParams`` — exactly, or refused.
+"""genprobe's :class:`~genprobe.engine.samplers.SamplerConfig` as vLLM ``SamplingParams`` — exactly, or refused.
 
 What vLLM's V1 sampler does (``vllm/v1/sample/sampler.py``, ``Sampler.forward``): allowed-token
 whitelist → penalties (repetition over prompt ∪ output; presence/frequency over the output) → greedy
@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Callable
 
-from ..engine.sampling import ORDERS, SamplerConfig
+from ..engine.samplers import ORDERS, SamplerConfig
 
 VLLM_ORDER = ORDERS["vllm"]  # vllm/v1/sample/sampler.py: temperature → min_p → top-k → top-p
 # Adjacent stages that commute exactly: top-k keeps a rank set, and dividing by τ > 0 keeps ranks.

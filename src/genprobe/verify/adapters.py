@@ -160,7 +160,7 @@ class CompiledEngineAdapter:
     prefill_starts_sequence = True  # prefill() allocates a fresh static cache
 
     def __init__(self, model: PositionDrivenLM, max_len: int | None = None):
-        from ..engine.compiled import CompiledGPTRunner
+        from ..engine.fast.compiled import CompiledGPTRunner
 
         self.model = model
         model.training = False  # its own flag only (a Llama-family view's submodules are the user's model's)

@@ -87,7 +87,7 @@ def test_greedy_equals_our_engine_on_the_same_weights(engine, tiny):
     import genprobe
     from genprobe.engine.generate import generate
     from genprobe.engine.runner import engine_model
-    from genprobe.engine.sampling import SamplerConfig
+    from genprobe.engine.samplers import SamplerConfig
 
     prompt = _ids(7, seed=3)
     ours = generate(engine_model(genprobe.load(str(tiny[0]))), [prompt], 20, SamplerConfig(greedy=True, ban_ids=(2,)))

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import torch
 
+from genprobe.engine.samplers import SamplerConfig, process_logits, sample_next
 from genprobe.engine.samplers.cmath import expf, logf
-from genprobe.engine.sampling import SamplerConfig, process_logits, sample_next
 from genprobe.serving.llamacpp.sampling import (
     ChainStage,
     KeptCandidates,

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..sampling import check_logits
+from ..samplers import check_logits
 
 
 @dataclass

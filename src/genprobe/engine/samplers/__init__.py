@@ -1,13 +1,68 @@
-"""The sampler chain, one concept per module (see :mod:`genprobe.engine.sampling` for the overview).
+"""The sampler chain: pure functions of logits, validated parameters, an explicit order and engine.
 
-config      SamplerConfig, orders, engines, presets
-penalties   bans, repetition / presence / frequency penalties, no-repeat-n-gram
-dry         llama.cpp's DRY
-xtc         llama.cpp's XTC
-truncation  temperature, top-k, top-p, min-p, typical-p, top-n-σ (genprobe / HF / vLLM arithmetic)
-llamacpp    the same stages on llama.cpp's float32 candidate array
-cmath       C's expf / logf, as llama.cpp's samplers call them (numpy's float32 ones differ by an ulp)
-chain       process_logits, sample_next and friends
+Stages (each maps logits (B, V) → logits (B, V); a removed token gets ``-inf``, never 0):
+
+* **adjustments**, first in every order: bans, repetition penalty, presence/frequency penalties,
+  no-repeat-n-gram, DRY. They also apply in greedy mode.
+* **truncations**: top-n-σ, top-k, typical-p, top-p, min-p, XTC; and **temperature**.
+
+``order`` places the truncations and temperature (:data:`ORDERS`):
+
+==================  =====================================================================
+``trunc_then_temp`` top-n-σ → top-k → typical → top-p → min-p → XTC → τ: the kept set does not
+                    depend on τ (genprobe's default; llama.cpp's sampler order)
+``temp_then_trunc`` τ first, then the same truncations
+``hf``              τ → top-k → top-p → min-p → typical (transformers' warper order)
+``vllm``            τ → min-p → top-k → top-p (vLLM's Sampler.sample)
+``llama.cpp``       top-n-σ → top-k → typical → top-p → min-p → XTC → τ (common_params_sampling)
+==================  =====================================================================
+
+``engine`` decides each stage's arithmetic and each penalty's scope; it defaults to the order's
+name when that is an engine (``hf``, ``vllm``, ``llama.cpp``), else ``genprobe``:
+
+* ``hf`` — transformers' processors and warpers, op for op: top-p sorts ascending and drops tied
+  tokens of lower id first, compares with ``float32(1 − p)``; top-k keeps ties; repetition
+  penalty over prompt + output.
+* ``vllm`` — vLLM's PyTorch sampler: 0 < τ < 0.01 raised to 0.01; top-p threshold ``1 − p``
+  computed in float32; repetition penalty over prompt ∪ output as a multiplication by ``1/p``;
+  presence/frequency on output tokens.
+* ``llama.cpp`` — its candidate-array samplers in float32: top-k keeps exactly k, min-p compares
+  logits, penalties count the last ``penalty_last_n`` (64) tokens, prompt included.
+* ``genprobe`` — exact arithmetic (float64 nucleus mass, ties broken by lower token id, the
+  report lab's rules); penalties like HF (repetition) and vLLM (presence/frequency), optionally
+  windowed.
+
+**Presets.** ``SamplerConfig.preset(name, **overrides)`` returns the engine's own defaults with its
+order and arithmetic; ``order=...`` (or any other field) may be overridden:
+
+* ``preset("hf")``: top_k=50 — ``generate(do_sample=True)`` adds it unless told otherwise
+  (transformers GenerationConfig defaults), τ 1, top-p 1;
+* ``preset("vllm")``: τ 1, no truncation (SamplingParams defaults);
+* ``preset("llama.cpp")``: τ 0.8, top_k 40, top_p 0.95, min_p 0.05, penalty_last_n 64 (common/common.h;
+  DRY and XTC off by default: multiplier 0, XTC probability 0);
+* ``preset("genprobe")``: plain τ = 1 sampling.
+
+A bare ``SamplerConfig(order="llama.cpp", top_p=0.9)`` uses llama.cpp's arithmetic and order
+but only the parameters given.
+
+New samplers (each with its engine's semantics): DRY and XTC (llama.cpp, see
+:mod:`genprobe.engine.samplers.dry`, :mod:`~genprobe.engine.samplers.xtc`), typical-p (HF
+TypicalLogitsWarper), top-n-σ (llama.cpp), contrastive search (``penalty_alpha`` with ``top_k``;
+:mod:`genprobe.engine.contrastive`, HF semantics).
+
+Greedy is its own path: the argmax of the adjusted logits, never emulated with τ≈0. NaN logits
+raise ValueError in every path.
+
+Modules (one concept each)::
+
+    config      SamplerConfig, orders, engines, presets
+    penalties   bans, repetition / presence / frequency penalties, no-repeat-n-gram
+    dry         llama.cpp's DRY
+    xtc         llama.cpp's XTC
+    truncation  temperature, top-k, top-p, min-p, typical-p, top-n-σ (genprobe / HF / vLLM arithmetic)
+    llamacpp    the same stages on llama.cpp's float32 candidate array
+    cmath       C's expf / logf, as llama.cpp's samplers call them (numpy's float32 ones differ by an ulp)
+    chain       process_logits, sample_next and friends
 """
 
 from .chain import (

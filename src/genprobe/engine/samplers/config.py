@@ -31,7 +31,7 @@ ORDERS: dict[str, tuple[str, ...]] = {
 }
 
 #: Engine defaults filled by :meth:`SamplerConfig.preset` (sources cited in the module docstring of
-#: :mod:`genprobe.engine.sampling`).
+#: :mod:`genprobe.engine.samplers`).
 PRESETS: dict[str, dict[str, Any]] = {
     "genprobe": {},
     "hf": {"top_k": 50},  # GenerationConfig default: generate(do_sample=True) adds top_k=50

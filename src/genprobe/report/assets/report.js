@@ -1,7 +1,7 @@
 /* genprobe case report: the chapter's three interactive experiments — sampling lab, order trap,
  * KV-cache workload grid (no dependencies, offline).
  *
- * The sampler mirrors genprobe.engine.sampling exactly for what the lab exposes:
+ * The sampler mirrors genprobe.engine.samplers exactly for what the lab exposes:
  *   trunc_then_temp : top-k -> top-p on the tau = 1 distribution, then tau on the survivors
  *   temp_then_trunc : tau first, then top-k -> top-p
  *   top-k keeps ties at the k-th value; top-p keeps the token that crosses p (mass strictly

@@ -1,4 +1,4 @@
-"""genprobe's :class:`~genprobe.engine.sampling.SamplerConfig` as llama.cpp's own sampler chain — exactly, or refused.
+"""genprobe's :class:`~genprobe.engine.samplers.SamplerConfig` as llama.cpp's own sampler chain — exactly, or refused.
 
 llama.cpp samples through a chain of samplers on a candidate array (``llama_token_data_array``: id, logit, p,
 sorted). ``common_sampler_init`` (common/sampling.cpp) builds it as: ``logit_bias`` (the user's biases), then
@@ -50,8 +50,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ...engine.samplers import ORDERS, SamplerConfig
 from ...engine.samplers.dry import breakers_from_strings
-from ...engine.sampling import ORDERS, SamplerConfig
 from ._bindings import require_llama_cpp
 
 #: llama.cpp's default penalty window (common/common.h: ``penalty_last_n = 64``).

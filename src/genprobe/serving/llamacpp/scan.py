@@ -2,7 +2,7 @@
 
 Generation runs in llama.cpp (:meth:`~genprobe.serving.llamacpp.engine.LlamaCppModel.generate_batch`: up to
 ``batch_size`` prompts as sequences of one context, one ``llama_decode`` call per step), and every token is chosen by
-llama.cpp's own sampler chain built from the setting's :class:`~genprobe.engine.sampling.SamplerConfig`
+llama.cpp's own sampler chain built from the setting's :class:`~genprobe.engine.samplers.SamplerConfig`
 (:class:`~genprobe.serving.llamacpp.sampling.LlamaCppSampler`, one per prompt, seeded ``seed + i``; it accepts the
 prompt's tokens first, as ``llama-server`` does). A setting llama.cpp cannot express exactly is refused before
 anything runs (:class:`~genprobe.serving.llamacpp.sampling.UnsupportedLlamaCppSamplerError`). Loop measures are
@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ...engine.sampling import SamplerConfig
+from ...engine.samplers import SamplerConfig
 from ...loops.scan import SHORT_PERIOD_MAX, ScanResult, _record, chanting_sampler, scan_result, study_sampler
 from ...metrics import LoopSettings
 from .engine import LlamaCppModel, NextToken

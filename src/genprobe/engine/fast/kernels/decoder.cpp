@@ -1,6 +1,6 @@
 // The C++ loop of greedy decoding over AOTInductor-compiled graphs of genprobe's one forward.
 //
-// genprobe.engine.aot exports GPT.forward over a StaticKVCache whose tensors are graph inputs: a "step" graph
+// genprobe.engine.fast.aot exports GPT.forward over a StaticKVCache whose tensors are graph inputs: a "step" graph
 // (one token per row, plus the greedy argmax and end-token bookkeeping of a decode step), a "prompt" graph
 // (the same for T >= 2 tokens, T symbolic, the head applied to the last position only) and a "chunk" graph
 // (T >= 2 tokens, the logits of every position: verify-cache and chunked prefill; loaded on first use).

@@ -12,7 +12,7 @@
 // products along k (W's rows are contiguous, so no packing is needed and in-place weight edits are
 // seen on the next call), lanes summed once per tile.
 //
-// genprobe.engine.kernels builds this file on first use and registers `genprobe::small_linear`
+// genprobe.engine.fast.kernels builds this file on first use and registers `genprobe::small_linear`
 // with the dispatcher, plus the C entry point behind the shim `aoti_torch_cpu_small_linear` (shim.c)
 // through which Inductor's C++ wrapper calls it directly (no dispatcher, no Python) inside a compiled graph.
 #include <ATen/Parallel.h>

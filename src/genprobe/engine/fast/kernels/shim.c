@@ -4,7 +4,7 @@
  * kernels' library itself with RTLD_GLOBAL would also put its dependencies there (glibc promotes the whole
  * dependency list), libtorch_cpu.so among them, whose exported oneDNN/MKL symbols then take the place of another
  * library's own copies: CTranslate2 loaded after it in the same process computed garbage. This library depends on
- * nothing; genprobe.engine.kernels.build loads it globally and hands it the kernels' entry point. */
+ * nothing; genprobe.engine.fast.kernels.build loads it globally and hands it the kernels' entry point. */
 #include <stdint.h>
 
 typedef int32_t AOTITorchError;
