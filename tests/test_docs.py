@@ -4,8 +4,8 @@
 * every relative link in README.md and docs/*.md points at a file or directory that exists;
 * every ``genprobe COMMAND [SUBCOMMAND] ...`` line of a fenced code block (or an inline code span that starts
   with ``genprobe ``) names a command, and a sub-command where the command has them, that the CLI's argparse
-  parser knows, and every ``--flag`` on it is an option of that (sub-)command, not a deprecated spelling. The
-  parser is inspected, never run;
+  parser knows, and every ``--flag`` on it is an option of that (sub-)command. The parser is inspected, never
+  run;
 * every ``scripts/X`` and ``benchmarks/X.py`` path named in code exists.
 """
 
@@ -94,21 +94,17 @@ def cli_parser() -> argparse.ArgumentParser:
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return dict(action._name_parser_map)  # not .choices: `attention`'s accepts any word (old spelling)
+            return dict(action._name_parser_map)
     return {}
 
 
 def _flag_problem(flag: str, parser: argparse.ArgumentParser, where: str) -> str | None:
-    from genprobe.cli._common import _DeprecatedFlag
-
     name = flag.split("=", 1)[0]
     known = parser._option_string_actions
     if "*" in name:
         return None if fnmatch.filter(known, name) else f"no option of `{where}` matches {name}"
     if name not in known:
         return f"`{where}` has no option {name}"
-    if isinstance(known[name], _DeprecatedFlag):
-        return f"`{where}`: {name} is a deprecated spelling ({known[name].replacement})"
     return None
 
 
@@ -282,7 +278,7 @@ def test_checkers_report_planted_mistakes():
     assert "line 3: `genprobe` has no sub-command verify-cahce" in commands[0]
     assert "line 4: `genprobe loops scan` has no option --no-such-flag" in commands[1]
     assert "line 6: `genprobe loops` has no sub-command rescan" in commands[2]
-    assert "line 7: `genprobe attention heads`: --hf is a deprecated spelling" in commands[3]
+    assert "line 7: `genprobe attention heads` has no option --hf" in commands[3]
     assert "line 9: `genprobe generate` has no option --tempreature" in commands[4]
     assert "line 14: `genprobe loops` has no sub-command frobnicate" in commands[5]
     assert [p.split(":")[0] for p in check_paths(PLANTED)] == ["line 10", "line 11"]

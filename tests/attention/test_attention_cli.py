@@ -1,4 +1,4 @@
-"""CLI: `genprobe attention heads | check-masks | padding-leak`, and the deprecated spellings (they warn)."""
+"""CLI: `genprobe attention heads | check-masks | padding-leak`."""
 
 import json
 
@@ -104,36 +104,6 @@ def test_attention_needs_a_sub_command_or_a_model(capsys):
     assert "give MODEL" in capsys.readouterr().err
 
 
-def test_old_spellings_still_work_and_warn(tiny_ckpt, tmp_path, capsys):
-    """One release of grace: `attention CKPT`, `--text` (repeatable), comma `--ids` give the same result, with a
-    warning."""
-    assert main(["attention", "heads", str(tiny_ckpt), "--prompt", "白日依山盡", "--json"]) == 0
-    new = json.loads(capsys.readouterr().out)
-    with pytest.warns(FutureWarning) as caught:
-        assert main(["attention", str(tiny_ckpt), "--text", "白日依山盡", "--json"]) == 0
-    messages = " | ".join(str(w.message) for w in caught)
-    assert "use `genprobe attention heads" in messages and "use --prompt" in messages
-    old = json.loads(capsys.readouterr().out)
-    assert old["heads"] == new["heads"] and old["tokens"] == new["tokens"]
-    with pytest.warns(FutureWarning, match="--prompt"):
-        assert (
-            main(
-                [
-                    "attention",
-                    "padding-leak",
-                    str(tiny_ckpt),
-                    "--text",
-                    "白日依山盡",
-                    "--text",
-                    "春眠不覺曉處處",
-                    "--json",
-                ]
-            )
-            == 0
-        )
-    assert [s["length"] for s in json.loads(capsys.readouterr().out)["sequences"]] == [5, 7]
-
-
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -171,31 +141,3 @@ def test_hf_attention_and_leak_cli(hf_dir, capsys):
     # text without a tokenizer: a clear error, exit 2
     assert main(["attention", "heads", str(hf_dir), "--prompt", "hello"]) == 2
     assert "--ids" in capsys.readouterr().err
-
-
-def test_hf_old_spellings_warn(hf_dir, capsys):
-    with pytest.warns(FutureWarning) as caught:
-        assert main(["attention", "--hf", str(hf_dir), "--ids", "5,6,7,8,9", "--json"]) == 0
-    assert {"attention heads DIR", "--ids 5 6 7"} <= {
-        m for w in caught for m in ("attention heads DIR", "--ids 5 6 7") if m in str(w.message)
-    }
-    assert json.loads(capsys.readouterr().out)["seq_len"] == 5
-    with pytest.warns(FutureWarning, match="MODEL positional"):
-        assert (
-            main(
-                [
-                    "attention",
-                    "padding-leak",
-                    "--hf",
-                    str(hf_dir),
-                    "--ids",
-                    "5",
-                    "6",
-                    "7",
-                    "--no-position-ids",
-                    "--json",
-                ]
-            )
-            == 1
-        )
-    assert json.loads(capsys.readouterr().out)["verdict"] == "LEAK"

@@ -213,12 +213,10 @@ def test_text_tables_and_plot_show_refusals(smoke, tmp_path):
     assert longrange_plot(smoke, tmp_path / "lr.png").stat().st_size > 10_000
 
 
-def test_pe_list_is_space_separated_and_the_comma_form_warns():
+def test_pe_list_is_space_separated():
     from genprobe.cli import build_parser
-    from genprobe.cli.cmd_longrange import position_encodings
 
-    args = build_parser().parse_args(["longrange", "--pe", "learned", "alibi"])
-    assert position_encodings(args.pe) == ["learned", "alibi"]
-    assert position_encodings(build_parser().parse_args(["longrange"]).pe) == ["learned", "rope", "alibi"]
-    with pytest.warns(FutureWarning, match="comma-separated --pe"):
-        assert position_encodings(["learned,rope", "alibi"]) == ["learned", "rope", "alibi"]
+    assert build_parser().parse_args(["longrange", "--pe", "learned", "alibi"]).pe == ["learned", "alibi"]
+    assert build_parser().parse_args(["longrange"]).pe == ["learned", "rope", "alibi"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["longrange", "--pe", "learned,rope"])

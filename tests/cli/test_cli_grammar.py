@@ -2,13 +2,12 @@
 
 ``genprobe COMMAND [MODEL] [options]``: MODEL is the first positional of every command that studies a model; the
 token budget is ``--max-new-tokens``, prompts ``--prompt TEXT...``/``--prompts FILE``, and ``--seed``, ``--json``,
-``--out`` mean the same thing everywhere. Old spellings survive one release as hidden aliases that warn.
+``--out`` mean the same thing everywhere. There is no second (old) spelling of any of them.
 """
 
 from __future__ import annotations
 
 import argparse
-import warnings
 
 import pytest
 
@@ -16,7 +15,7 @@ from genprobe.cli import build_parser
 
 # train/longrange build their own model; fetch names a catalog entry; check-masks reads BATCH.jsonl
 NO_MODEL = {"train", "longrange", "attention check-masks", "fetch"}
-# concept → the one visible spelling, and spellings that may only survive as hidden deprecated aliases
+# concept → the one spelling, and spellings that must not exist
 CANONICAL = {
     "--max-new-tokens": ("--new-tokens", "--tokens", "--n-tokens", "--num-tokens", "--gen-tokens"),
     "--prompt": ("--text", "--prompt-text"),
@@ -43,8 +42,8 @@ def _visible(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {s: a for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
 
 
-def _hidden(parser: argparse.ArgumentParser) -> set[str]:
-    return {s for a in parser._actions if a.help == argparse.SUPPRESS for s in a.option_strings}
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for a in parser._actions for s in a.option_strings}
 
 
 def test_the_walk_reaches_every_command():
@@ -70,20 +69,19 @@ def test_model_is_the_first_positional(path):
         assert all(a.dest != "model" for a in positionals)
         return
     assert positionals and positionals[0].dest == "model", f"{path}: first positional is not MODEL"
-    assert not set(MODEL_FLAGS) & set(_visible(LEAVES[path])), f"{path}: a visible flag names the model"
+    assert not set(MODEL_FLAGS) & _options(LEAVES[path]), f"{path}: a flag names the model"
 
 
 @pytest.mark.parametrize("path", sorted(LEAVES))
 def test_one_spelling_per_concept(path):
-    visible, hidden = _visible(LEAVES[path]), _hidden(LEAVES[path])
+    options = _options(LEAVES[path])
     for canonical, others in CANONICAL.items():
         for other in others:
-            assert other not in visible, f"{path}: {other} is visible (the spelling is {canonical})"
+            assert other not in options, f"{path}: {other} exists (the spelling is {canonical})"
     if path != "train":  # train's --steps are optimiser steps, a different concept
-        assert "--steps" not in visible, f"{path}: --steps for a token budget (the spelling is --max-new-tokens)"
-    for flag in hidden:
-        action = next(a for a in LEAVES[path]._actions if flag in a.option_strings)
-        assert type(action).__name__.startswith("_Deprecated"), f"{path}: hidden {flag} does not warn"
+        assert "--steps" not in options, f"{path}: --steps for a token budget (the spelling is --max-new-tokens)"
+    hidden = {s for a in LEAVES[path]._actions if a.help == argparse.SUPPRESS for s in a.option_strings}
+    assert not hidden, f"{path}: hidden options {sorted(hidden)}"
 
 
 def _shape(action: argparse.Action) -> tuple:
@@ -106,19 +104,22 @@ def test_no_comma_separated_lists():
 
 
 @pytest.mark.parametrize(
-    "argv, old",
+    "argv",
     [
-        (["verify-cache", "--steps", "5"], "--steps"),
-        (["loops", "scan", "--ckpt", "m"], "--ckpt"),
-        (["loops", "scan", "m", "--new-tokens", "5"], "--new-tokens"),
-        (["attention", "m"], "genprobe attention m"),
+        ["verify-cache", "--steps", "5"],
+        ["verify-cache", "--model", "m"],
+        ["loops", "scan", "--ckpt", "m"],
+        ["loops", "scan", "m", "--new-tokens", "5"],
+        ["case", "--ckpt", "m", "--out", "o"],
+        ["attention", "m"],
+        ["attention", "heads", "--hf", "m"],
+        ["attention", "padding-leak", "m", "--text", "x"],
     ],
 )
-def test_old_spellings_warn(argv, old):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+def test_old_spellings_are_gone(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(argv)
-    assert any(issubclass(w.category, FutureWarning) and old in str(w.message) for w in caught), old
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err
 
 
 def test_version_flag(capsys):

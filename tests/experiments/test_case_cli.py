@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from genprobe.cli import main
 
 
@@ -28,40 +26,16 @@ def test_case_refuses_a_transformers_model(tmp_path, capsys):
     assert "needs a genprobe checkpoint" in capsys.readouterr().err
 
 
-def test_case_model_positional_and_deprecated_ckpt(trained_ckpt, tmp_path, capsys):
-    """MODEL first; --ckpt still works for one release, warns, and gives the same result."""
-    import warnings
-
+def test_case_model_positional(trained_ckpt, tmp_path):
+    """MODEL first: the case study runs on that checkpoint."""
     assert (
         main(
             ["case", str(trained_ckpt), "--quick", "--out", str(tmp_path / "a"), "--only", "sampling", "--no-progress"]
         )
         == 0
     )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert (
-            main(
-                [
-                    "case",
-                    "--ckpt",
-                    str(trained_ckpt),
-                    "--quick",
-                    "--out",
-                    str(tmp_path / "b"),
-                    "--only",
-                    "sampling",
-                    "--no-progress",
-                ]
-            )
-            == 0
-        )
-    assert any(issubclass(w.category, FutureWarning) and "--ckpt is deprecated" in str(w.message) for w in caught)
-    a, b = (json.loads((tmp_path / x / "ch3_case.json").read_text(encoding="utf-8")) for x in "ab")
-    assert a["sampling"] == b["sampling"] and a["meta"]["checkpoint"] == b["meta"]["checkpoint"] == str(trained_ckpt)
-    with pytest.warns(FutureWarning):
-        assert main(["case", str(trained_ckpt), "--ckpt", str(trained_ckpt), "--out", str(tmp_path / "c")]) == 2
-    assert "give the model once" in capsys.readouterr().err
+    a = json.loads((tmp_path / "a" / "ch3_case.json").read_text(encoding="utf-8"))
+    assert a["sampling"] and a["meta"]["checkpoint"] == str(trained_ckpt)
 
 
 def test_case_reuses_model_in_out_dir(trained_ckpt, tmp_path, capsys):

@@ -1,5 +1,5 @@
 """``genprobe loops`` on the user's own model: prompt files, validation text, end token, apply/revert on a
-transformers directory; the CLI grammar (MODEL positional, deprecated aliases that warn)."""
+transformers directory; the CLI grammar (MODEL positional)."""
 
 import json
 
@@ -266,7 +266,7 @@ def test_cli_apply_revert_roundtrip_and_refusal(tiny_cfg, corpus, tmp_path, caps
     assert main(["loops", "revert", str(tmp_path / "orig"), str(tmp_path / "p.json"), "--in-place"]) == 2
 
 
-def test_cli_scan_char_model_defaults_and_deprecated_aliases(trained_ckpt, capsys, tmp_path):
+def test_cli_scan_char_model_defaults(trained_ckpt, capsys, tmp_path):
     assert (
         main(
             [
@@ -295,27 +295,6 @@ def test_cli_scan_char_model_defaults_and_deprecated_aliases(trained_ckpt, capsy
     full = json.loads((tmp_path / "scan" / "scan.json").read_text(encoding="utf-8"))
     recs = full["scans"]["chanting"]["records"]
     assert len(recs) == 12 and all(1 not in r["tokens"] for r in recs)  # <unk> banned in the chanting setting
-    with pytest.warns(FutureWarning, match="--ckpt is deprecated"):
-        with pytest.warns(FutureWarning, match="--new-tokens is deprecated.*--max-new-tokens"):
-            assert (
-                main(
-                    [
-                        "loops",
-                        "scan",
-                        "--ckpt",
-                        str(trained_ckpt),
-                        "--n",
-                        "4",
-                        "--new-tokens",
-                        "20",
-                        "--setting",
-                        "chanting",
-                        "--json",
-                    ]
-                )
-                == 0
-            )
-    assert json.loads(capsys.readouterr().out)["max_new_tokens"] == 20
     assert main(["loops", "scan", str(trained_ckpt), "--max-new-tokens", "5"]) == 2
     assert "--max-new-tokens must be >= 16" in capsys.readouterr().err
 

@@ -132,7 +132,6 @@ def test_thresholds_and_fail_on_drive_the_exit_status(capsys, tiny_ckpt, user_im
 
 def test_usage_errors_exit_2(capsys, tiny_ckpt, tmp_path):
     assert run_cli(capsys)[0] == 2  # no target
-    assert run_cli(capsys, str(tiny_ckpt), "--hf", str(tmp_path))[0] == 2  # the model twice
     assert run_cli(capsys, str(tiny_ckpt), "--chunk-sizes", "a", "b")[0] == 2
     assert run_cli(capsys, str(tiny_ckpt), "--max-new-tokens", "40")[0] == 2  # past the 32-position context
     assert run_cli(capsys, str(tmp_path / "nope"))[0] == 2
@@ -140,29 +139,6 @@ def test_usage_errors_exit_2(capsys, tiny_ckpt, tmp_path):
     assert rc == 2 and "neither a genprobe checkpoint" in err
     rc, _, err = run_cli(capsys, str(tiny_ckpt), "--hf-cache", "static")
     assert rc == 2 and "--hf-cache verifies a transformers model" in err
-
-
-def test_deprecated_spellings_still_work_and_warn(capsys, tiny_ckpt, user_impls):
-    with pytest.warns(FutureWarning) as record:
-        rc, out, err = run_cli(
-            capsys,
-            "--impl",
-            f"{user_impls}:correct",
-            "--model",
-            str(tiny_ckpt),
-            "--steps",
-            "3",
-            "--chunk-sizes",
-            "1,4",
-            "--json",
-        )
-    assert rc == 0, err
-    said = " ".join(str(w.message) for w in record)
-    assert "--model is deprecated" in said and "--steps is deprecated" in said and "--chunk-sizes with commas" in said
-    d = strict_json(out)
-    assert d["implementations"][0]["steps"] == 3 and {"chunk_1", "chunk_4"} <= set(
-        d["implementations"][0]["max_abs_dlogit_by_phase"]
-    )
 
 
 def test_compiled_decode_path_is_verified_too(capsys, tiny_ckpt):

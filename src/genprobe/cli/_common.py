@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from pathlib import Path
 from typing import IO, Any, Literal, overload
 
@@ -93,51 +92,13 @@ def add_model_argument(p: argparse.ArgumentParser, required: bool = True, help: 
     p.add_argument("model", metavar="MODEL", nargs=None if required else "?", default=None, help=help)
 
 
-class _DeprecatedFlag(argparse.Action):
-    """An old flag spelling: stores into the new flag's destination and warns once per use."""
-
-    def __init__(self, option_strings, dest, replacement: str, **kw):
-        self.replacement = replacement
-        super().__init__(option_strings, dest, **kw)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        warnings.warn(
-            f"{option_string} is deprecated and will be removed in the next release; use {self.replacement}",
-            FutureWarning,
-            stacklevel=2,
-        )
-        setattr(namespace, self.dest, values)
-
-
-def deprecated_alias(p: argparse.ArgumentParser, old: str, replacement: str, dest: str, **kw: Any) -> None:
-    """Accept ``old`` for one release: it fills ``dest`` (the new flag's) and warns, naming ``replacement``."""
-    p.add_argument(
-        old,
-        dest=dest,
-        action=_DeprecatedFlag,
-        replacement=replacement,
-        help=argparse.SUPPRESS,
-        default=argparse.SUPPRESS,
-        **kw,
-    )
-
-
-def add_model_aliases(p: argparse.ArgumentParser, *old: str) -> None:
-    """Old model flags (``--ckpt``, ``--hf``) as deprecated aliases of the MODEL positional."""
-    for flag in old:
-        deprecated_alias(p, flag, "the MODEL positional argument", dest="model_alias")
-
-
 @overload
 def model_path(args: argparse.Namespace, required: Literal[True] = True) -> str: ...
 @overload
 def model_path(args: argparse.Namespace, required: bool) -> str | None: ...
 def model_path(args: argparse.Namespace, required: bool = True) -> str | None:
-    """MODEL from the positional or a deprecated alias; refuses both at once."""
-    alias = getattr(args, "model_alias", None)
-    if alias is not None and args.model is not None:
-        raise ValueError(f"give the model once: MODEL {args.model!r} and a deprecated flag {alias!r}")
-    path = args.model if args.model is not None else alias
+    """MODEL, the positional (an error when ``required`` and not given)."""
+    path = args.model
     if path is None and required:
         raise ValueError("give MODEL: a genprobe checkpoint or a transformers model directory")
     return None if path is None else str(path)
@@ -173,13 +134,11 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
     return None
 
 
-def add_max_new_tokens(p: argparse.ArgumentParser, default: int, *old: str) -> None:
-    """``--max-new-tokens N`` (the token budget, one spelling everywhere); ``old`` spellings warn."""
+def add_max_new_tokens(p: argparse.ArgumentParser, default: int) -> None:
+    """``--max-new-tokens N`` (the token budget, one spelling everywhere)."""
     p.add_argument(
         "--max-new-tokens", type=int, default=default, metavar="N", help=f"new tokens per prompt (default {default})"
     )
-    for flag in old:
-        deprecated_alias(p, flag, "--max-new-tokens", dest="max_new_tokens", type=int)
 
 
 #: ``--weight-dtype`` choices (genprobe.model.weight_only.WEIGHT_DTYPES; spelled here so parsing imports no torch).

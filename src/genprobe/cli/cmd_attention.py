@@ -9,40 +9,31 @@ MODEL is a genprobe checkpoint or a transformers directory (safetensors), detect
 (far keys, the first token, the query itself, the last few keys). ``--out DIR`` writes attention.json,
 heads.png (every head of every layer in one layers × heads heatmap per metric: a 30-layer × 9-head model is
 one figure, not 270) and entropy.png; ``--maps [LAYER ...]`` adds per-head query × key maps of those layers.
-A model directory literally named like a sub-command must be written ``./heads``.
 
 BATCH.jsonl: one JSON object per row, ``{"input_ids": [...], "attention_mask": [...],
 "position_ids": [...]}`` (position_ids optional, all rows or none; ``"pad_token_id"`` may appear on any
 row), or a single object whose values are lists of rows.
-
-Deprecated for one release (they warn): ``genprobe attention MODEL …`` and ``genprobe attention --hf DIR …``
-(= ``heads``), ``--hf DIR`` (= MODEL), ``--text`` (= ``--prompt``), comma-separated ``--ids 5,6,7``.
 """
 
 from __future__ import annotations
 
 import argparse
-import warnings
 from pathlib import Path
 
 from ._common import (
     Accumulate,
     Once,
-    _DeprecatedFlag,
     add_json_flag,
-    add_model_aliases,
     add_model_argument,
     add_prompt_arguments,
     emit_json,
     info,
     load_model_arg,
-    model_path,
     read_prompts,
 )
 
 DEFAULT_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
 LEAK_TEXTS = ("已驚飛。方從列子御", "白日依山盡黃河入海流", "春眠不覺曉處處聞啼鳥夜來風雨聲花落知多少")
-SUBCOMMANDS = ("heads", "check-masks", "padding-leak")
 LONG_TABLE_HEADS = 64  # above this many heads, the text output is the compact grid (one line per layer)
 
 
@@ -54,10 +45,8 @@ def register(sub) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    # The pre-sub-command spelling `genprobe attention --hf DIR --text …` parses on this parser itself.
-    _add_heads_options(p, hidden=True)
-    p.set_defaults(func=_legacy_heads, model=None)
-    actions = p.add_subparsers(dest="action", metavar="SUBCOMMAND", action=_LegacyModelFirst)
+    p.set_defaults(func=_no_subcommand)
+    actions = p.add_subparsers(dest="action", metavar="SUBCOMMAND")
 
     h = actions.add_parser(
         "heads",
@@ -66,7 +55,7 @@ def register(sub) -> None:
         "keys, on the first token, on the query itself and on the last few keys.",
     )
     add_model_argument(h, required=False)
-    _add_heads_options(h, hidden=False)
+    _add_heads_options(h)
     h.set_defaults(func=run_heads)
 
     c = actions.add_parser(
@@ -79,9 +68,7 @@ def register(sub) -> None:
 
     k = actions.add_parser("padding-leak", help="logits alone vs inside left/right-padded batches (exit 1 on a leak)")
     add_model_argument(k, required=False)
-    add_model_aliases(k, "--hf")
     add_prompt_arguments(k, help_default=" (one sequence each; default: three Tang lines)")
-    _add_text_alias(k)
     k.add_argument("--ids", nargs="+", action=Once, metavar="ID", help="token ids of one sequence instead of --prompt")
     k.add_argument("--pad-id", type=int, help="pad token id (default: the model's)")
     k.add_argument("--no-position-ids", action="store_true", help="do not pass position_ids (transformers models)")
@@ -90,32 +77,22 @@ def register(sub) -> None:
     k.set_defaults(func=run_padding_leak)
 
 
-def _add_heads_options(p: argparse.ArgumentParser, hidden: bool) -> None:
-    """The options of ``heads``; ``hidden`` puts them, undocumented, on ``attention`` itself for the old spelling."""
-
-    def show(text: str) -> str:
-        return argparse.SUPPRESS if hidden else text
-
-    add_model_aliases(p, "--hf")
-    if hidden:
-        p.add_argument("--prompt", nargs="+", action=Accumulate, metavar="TEXT", help=argparse.SUPPRESS)
-        p.add_argument("--prompts", metavar="FILE", help=argparse.SUPPRESS)
-    else:
-        add_prompt_arguments(p, help_default=f" (default: {DEFAULT_TEXT})")
-    _add_text_alias(p)
+def _add_heads_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``heads``."""
+    add_prompt_arguments(p, help_default=f" (default: {DEFAULT_TEXT})")
     p.add_argument(
         "--ids",
         nargs="+",
         action=Once,
         metavar="ID",
-        help=show("token ids instead of --prompt (a model without tokenizer)"),
+        help="token ids instead of --prompt (a model without tokenizer)",
     )
-    p.add_argument("--distance", type=int, default=8, help=show("far-mass threshold d in positions (default 8)"))
-    p.add_argument("--local-window", type=int, default=2, help=show("local mass: keys 0..W positions back (default 2)"))
+    p.add_argument("--distance", type=int, default=8, help="far-mass threshold d in positions (default 8)")
+    p.add_argument("--local-window", type=int, default=2, help="local mass: keys 0..W positions back (default 2)")
     p.add_argument(
         "--out",
         metavar="DIR",
-        help=show("write attention.json, heads.png (layers × heads heatmaps) and entropy.png here"),
+        help="write attention.json, heads.png (layers × heads heatmaps) and entropy.png here",
     )
     p.add_argument(
         "--maps",
@@ -123,78 +100,25 @@ def _add_heads_options(p: argparse.ArgumentParser, hidden: bool) -> None:
         action=Accumulate,
         type=int,
         metavar="LAYER",
-        help=show("with --out: also one query × key map per head of these layers (no LAYER: every layer)"),
+        help="with --out: also one query × key map per head of these layers (no LAYER: every layer)",
     )
     p.add_argument(
         "--table",
         choices=("auto", "long", "grid"),
         default="auto",
-        help=show(
+        help=(
             "text output: one line per head (long), a layers × heads grid per metric (grid), or long up to "
             f"{LONG_TABLE_HEADS} heads and grid above (auto, the default)"
         ),
     )
-    p.add_argument("--json", action="store_true", help=show("print a machine-readable JSON summary on stdout"))
-
-
-class _AnyWord(dict):
-    """argparse's choice check for the first word: lets anything through to :class:`_LegacyModelFirst`."""
-
-    def __contains__(self, key) -> bool:
-        return True
-
-
-class _LegacyModelFirst(argparse._SubParsersAction):
-    """Sub-commands, plus the old ``genprobe attention MODEL …``: an unknown first word is read as ``heads MODEL``."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.choices = _AnyWord()
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if values and values[0] not in self._name_parser_map:
-            warnings.warn(
-                f"`genprobe attention {values[0]} …` is deprecated and will be removed in the next release; "
-                f"use `genprobe attention heads {values[0]} …`",
-                FutureWarning,
-                stacklevel=2,
-            )
-            values = ["heads", *values]
-        super().__call__(parser, namespace, values, option_string)
-
-
-class _DeprecatedText(_DeprecatedFlag):
-    """``--text`` (repeatable, one sequence each) as a deprecated spelling of ``--prompt TEXT [TEXT ...]``."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        before = getattr(namespace, self.dest, None) or []
-        super().__call__(parser, namespace, values, option_string)
-        setattr(namespace, self.dest, [*before, values])
-
-
-def _add_text_alias(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--text",
-        dest="prompt",
-        action=_DeprecatedText,
-        replacement="--prompt TEXT [TEXT ...]",
-        help=argparse.SUPPRESS,
-        default=argparse.SUPPRESS,
-    )
+    add_json_flag(p)
 
 
 # ------------------------------------------------------------------------------------------------
 def _token_ids(values: list[str]) -> list[int]:
-    """``--ids 5 6 7`` (or the deprecated ``--ids 5,6,7``) as integers."""
-    if any("," in v for v in values):
-        warnings.warn(
-            "comma-separated --ids is deprecated and will be removed in the next release; "
-            "separate ids with spaces (--ids 5 6 7)",
-            FutureWarning,
-            stacklevel=2,
-        )
+    """``--ids 5 6 7`` as integers."""
     try:
-        return [int(t) for v in values for t in v.split(",") if t.strip()]
+        return [int(v) for v in values]
     except ValueError:
         raise ValueError(f"--ids must be integers, got {' '.join(values)!r}") from None
 
@@ -211,20 +135,12 @@ def _sequences(args, model, default: tuple[str, ...]) -> list[list[int]]:
     return seqs
 
 
-def _legacy_heads(args) -> int:
-    """``genprobe attention`` without a sub-command: the old ``--hf DIR`` spelling of ``heads``, or help."""
-    if model_path(args, required=False) is None:
-        raise ValueError(
-            "choose a sub-command: heads MODEL, check-masks BATCH.jsonl, or padding-leak MODEL "
-            "(MODEL: a genprobe checkpoint or a transformers model directory)"
-        )
-    warnings.warn(
-        "`genprobe attention --hf DIR …` is deprecated and will be removed in the next release; "
-        "use `genprobe attention heads DIR …`",
-        FutureWarning,
-        stacklevel=2,
+def _no_subcommand(args) -> int:
+    """``genprobe attention`` without a sub-command: says which there are."""
+    raise ValueError(
+        "choose a sub-command: heads MODEL, check-masks BATCH.jsonl, or padding-leak MODEL "
+        "(MODEL: a genprobe checkpoint or a transformers model directory)"
     )
-    return run_heads(args)
 
 
 def run_heads(args) -> int:
@@ -232,7 +148,7 @@ def run_heads(args) -> int:
     from ..attention.capture import capture_attention
     from ..attention.metrics import attention_report, format_grid, format_table
 
-    if getattr(args, "maps", None) is not None and not args.out:
+    if args.maps is not None and not args.out:
         raise ValueError("--maps writes image files: give --out DIR too")
     model = load_model_arg(args)
     seqs = _sequences(args, model, (DEFAULT_TEXT,))
@@ -244,13 +160,12 @@ def run_heads(args) -> int:
     labels = [model.tokenizer.token_str(i) if model.tokenizer else str(i) for i in cap.tokens]
     rep = attention_report(cap, distance=args.distance, local_window=args.local_window, tokens_text=labels).to_dict()
     if args.out:
-        rep["files"] = _write_heads_files(rep, cap, labels, Path(args.out), getattr(args, "maps", None))
+        rep["files"] = _write_heads_files(rep, cap, labels, Path(args.out), args.maps)
     if args.json:
         emit_json({k: v for k, v in rep.items() if k != "per_position"} | {"per_position": "see attention.json"})
         return 0
     print(f"{len(cap.tokens)} tokens: {''.join(labels)}")
-    table = getattr(args, "table", "auto")
-    grid = table == "grid" or (table == "auto" and cap.n_layer * cap.n_head > LONG_TABLE_HEADS)
+    grid = args.table == "grid" or (args.table == "auto" and cap.n_layer * cap.n_head > LONG_TABLE_HEADS)
     print(format_grid(rep) if grid else format_table(rep))
     if not args.out:
         info("(use --out DIR to save attention.json, the layers × heads heatmaps and the entropy plot)")

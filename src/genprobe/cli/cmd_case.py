@@ -4,7 +4,6 @@
 
 The chapter is 《训练与推理的两副面孔》 ("The two faces of training and inference"). MODEL is a genprobe
 checkpoint; without it the default model is trained into OUT/model (reused when already there).
-``--ckpt DIR`` is the deprecated spelling of MODEL (it warns).
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import Accumulate, add_json_flag, add_model_aliases, add_model_argument, emit_json, info, model_path
+from ._common import Accumulate, add_json_flag, add_model_argument, emit_json, info, model_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +26,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_argument(
         p, required=False, help="a genprobe checkpoint directory to study (default: train one into OUT/model)"
     )
-    add_model_aliases(p, "--ckpt")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
     p.add_argument(
         "--quick",

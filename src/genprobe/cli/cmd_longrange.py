@@ -6,31 +6,17 @@ Prints, per position encoding, accuracy vs distance on the passkey task (content
 position-only "token k places back" task — inside and beyond the training context — and the Tang
 validation loss vs evaluation length (models trained at L = 64). Learned positions past their table
 show the model's own error instead of a number. Writes ``longrange.json`` and ``longrange.png`` to --out.
-The comma-separated ``--pe learned,rope`` is deprecated (it warns).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from pathlib import Path
 
 from ._common import Accumulate, add_json_flag, emit_json, info
 
 DEFAULT_PE = ("learned", "rope", "alibi")
-
-
-def position_encodings(values: list[str]) -> list[str]:
-    """``--pe learned rope`` as a list; the old comma form ``--pe learned,rope`` still works and warns."""
-    if any("," in v for v in values):
-        warnings.warn(
-            "comma-separated --pe is deprecated and will be removed in the next release; "
-            "separate encodings with spaces (--pe learned rope alibi)",
-            FutureWarning,
-            stacklevel=2,
-        )
-    return [p.strip() for v in values for p in v.split(",") if p.strip()]
 
 
 def register(sub) -> None:
@@ -46,6 +32,7 @@ def register(sub) -> None:
         nargs="+",
         action=Accumulate,
         metavar="PE",
+        choices=("learned", "rope", "alibi", "none"),
         default=list(DEFAULT_PE),
         help=f"position encodings to compare, among learned rope alibi none (default: {' '.join(DEFAULT_PE)})",
     )
@@ -122,7 +109,7 @@ def run(args) -> int:
     from ..attention.longrange import LongRangeConfig, quick_config, run_longrange
     from ..attention.plots import longrange_plot
 
-    pes = position_encodings(args.pe)
+    pes = list(args.pe)
     lc = quick_config(pes) if args.quick else LongRangeConfig(pos_encodings=pes)
     lc.synthetic.seed = args.seed
     if lc.corpus is not None:

@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from ._common import (
     Accumulate,
     add_json_flag,
     add_max_new_tokens,
-    add_model_aliases,
     add_model_argument,
     add_prompt_arguments,
     add_weight_dtype,
@@ -100,7 +98,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _add_target_arguments(p: argparse.ArgumentParser) -> None:
     """What to verify: MODEL, --impl, --compiled, the weights' dtype, --mutants."""
     add_model_argument(p, required=False)
-    add_model_aliases(p, "--hf", "--model")
     p.add_argument("--impl", metavar="MOD:FACTORY", help="your implementation: factory(model) or factory()")
     p.add_argument(
         "--compiled",
@@ -114,7 +111,7 @@ def _add_target_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     """How to run it: steps, prompts, chunk sizes, window, transformers caches, phases to skip."""
-    add_max_new_tokens(p, 50, "--steps")
+    add_max_new_tokens(p, 50)
     add_prompt_arguments(
         p, help_default=" (default: two Tang openings for a genprobe checkpoint, random ids otherwise)"
     )
@@ -176,15 +173,9 @@ def _add_threshold_arguments(p: argparse.ArgumentParser) -> None:
 
 # ---- arguments -----------------------------------------------------------------------------------------
 def chunk_sizes(values: list[str]) -> list[int]:
-    """``--chunk-sizes 1 4``; the old comma form ``1,4`` still works for one release, with a warning."""
-    if any("," in v for v in values):
-        warnings.warn(
-            "--chunk-sizes with commas is deprecated; give sizes separated by spaces: --chunk-sizes 1 4",
-            FutureWarning,
-            stacklevel=2,
-        )
+    """``--chunk-sizes 1 4`` as integers, each at least 1."""
     try:
-        sizes = [int(x) for v in values for x in v.split(",") if x.strip()]
+        sizes = [int(v) for v in values]
     except ValueError:
         raise ValueError(f"--chunk-sizes expects integers, got {' '.join(values)!r}") from None
     if any(s < 1 for s in sizes):

@@ -16,7 +16,6 @@ from .._common import (
     Accumulate,
     add_json_flag,
     add_max_new_tokens,
-    add_model_aliases,
     add_prompt_arguments,
     info,
     model_path,
@@ -38,8 +37,7 @@ def _model_args(q: argparse.ArgumentParser) -> None:
         default=None,
         help=f"a genprobe checkpoint or a transformers model directory (default {DEFAULT_MODEL})",
     )
-    add_model_aliases(q, "--ckpt")
-    add_max_new_tokens(q, d.max_new_tokens, "--new-tokens")
+    add_max_new_tokens(q, d.max_new_tokens)
     q.add_argument(
         "--batch-size", type=int, default=d.batch_size, help=f"prompts per generation batch (default {d.batch_size})"
     )
