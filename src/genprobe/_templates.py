@@ -71,7 +71,7 @@ def png_data_uri(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
-def _check_inlinable(name: str, text: str) -> str:
+def check_inlinable(name: str, text: str) -> str:
     """``text`` unchanged, or ValueError when it would end the script or style element holding it early."""
     if _CLOSING_TAG.search(text):
         raise ValueError(f"asset {name} contains '</script' or '</style' and cannot be inlined")
@@ -82,7 +82,7 @@ def _asset_reader(package: str):
     def asset(name: str) -> Markup:
         """The text of ``<package>/assets/<name>``, inlined verbatim (it is trusted package data)."""
         text = (resources.files(package) / "assets" / name).read_text(encoding="utf-8")
-        return Markup(_check_inlinable(name, text))
+        return Markup(check_inlinable(name, text))
 
     return asset
 

@@ -52,10 +52,10 @@ def test_undefined_names_raise_instead_of_rendering_empty():
 def test_inlined_assets_cannot_close_their_element():
     asset = environment().globals["asset"]
     assert "</script" not in str(asset("report.js")).lower()
-    from genprobe.report.templates import _check_inlinable
+    from genprobe._templates import check_inlinable
 
     with pytest.raises(ValueError, match="cannot be inlined"):
-        _check_inlinable("evil.js", "let s = '</SCRIPT><b>';")
+        check_inlinable("evil.js", "let s = '</SCRIPT><b>';")
 
 
 def _hostile_case(small_case: dict) -> dict:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 
 from .loops._shared import DEFAULT_MODEL
-from .loops.compare import COMPARE_SKIP, _register_compare, run_compare
-from .loops.patch import _register_patch_action, run_apply, run_revert
-from .loops.repair import _register_locate, _register_repair, run_locate, run_repair
-from .loops.scan import _register_scan, run_scan
+from .loops.compare import COMPARE_SKIP, register_compare, run_compare
+from .loops.patch import register_patch_action, run_apply, run_revert
+from .loops.repair import register_locate, register_repair, run_locate, run_repair
+from .loops.scan import register_scan, run_scan
 
 __all__ = [
     "COMPARE_SKIP",
@@ -38,10 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with <unk> banned; a model with an end-of-text token generates a fixed number of tokens with it banned.",
     )
     lsub = p.add_subparsers(dest="loops_command", metavar="ACTION")
-    _register_scan(lsub)
-    _register_locate(lsub)
-    _register_repair(lsub)
-    _register_patch_action(lsub, "apply", "apply a patch to a model directory (refused if its weights hash differs)")
-    _register_patch_action(lsub, "revert", "restore the exact original weights of a patched model directory")
-    _register_compare(lsub)
+    register_scan(lsub)
+    register_locate(lsub)
+    register_repair(lsub)
+    register_patch_action(lsub, "apply", "apply a patch to a model directory (refused if its weights hash differs)")
+    register_patch_action(lsub, "revert", "restore the exact original weights of a patched model directory")
+    register_compare(lsub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

@@ -38,7 +38,7 @@ class Corpus:
         }
 
 
-def _read_jsonl(path: Path, limit: int | None) -> list[str]:
+def read_jsonl(path: Path, limit: int | None) -> list[str]:
     opener = lzma.open if path.suffix == ".xz" else open
     docs: list[str] = []
     with opener(path, "rt", encoding="utf-8") as fh:
@@ -82,7 +82,7 @@ def load_corpus(
         raise FileNotFoundError(f"corpus file not found: {p}")
     name = p.name
     if name.endswith(".jsonl") or name.endswith(".jsonl.xz") or name.endswith(".json.xz"):
-        docs = _read_jsonl(p, poems)
+        docs = read_jsonl(p, poems)
     else:
         try:
             docs = [p.read_text(encoding="utf-8")]
@@ -153,7 +153,7 @@ class CorpusSplit:
 
 def bundled_documents() -> list[str]:
     """All 57,607 bundled poems in file order (paragraphs concatenated, as :func:`load_corpus` reads them)."""
-    return _read_jsonl(bundled_corpus_path(), None)
+    return read_jsonl(bundled_corpus_path(), None)
 
 
 def corpus_split(

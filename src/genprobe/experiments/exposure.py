@@ -218,7 +218,7 @@ class Shadow:
         }
 
 
-def _wanted_instead(logp_row: torch.Tensor, truth: int, banned: Sequence[int] = (UNK_ID,)) -> tuple[int, bool]:
+def wanted_instead(logp_row: torch.Tensor, truth: int, banned: Sequence[int] = (UNK_ID,)) -> tuple[int, bool]:
     """The model's argmax (never a ``banned`` id: ``<unk>``), or its runner-up when the argmax IS the truth."""
     logp = logp_row.clone()
     logp[list(banned)] = -math.inf
@@ -243,7 +243,7 @@ def perturbation(
         raise ValueError(f"perturbation at k={k} with window {window} needs {k + 2 + window} tokens, got {len(ids)}")
     ids = ids[: k + 2 + window]
     clean, logp = _row_losses(model, ids)
-    wanted, runner_up = _wanted_instead(logp[k], ids[k + 1], banned)
+    wanted, runner_up = wanted_instead(logp[k], ids[k + 1], banned)
     bad = list(ids)
     bad[k + 1] = wanted
     pert, _ = _row_losses(model, bad)

@@ -39,7 +39,7 @@ from ..engine.runner import engine_model, runner_for
 from ..engine.samplers import SamplerConfig
 from ..metrics import measure_loops
 from ._common import r
-from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, _wanted_instead, perturbation
+from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, perturbation, wanted_instead
 from .sampling import ORDER_TAUS, TEMPERATURES, entropy_table, order_trap
 from .timing import ModeTiming, time_modes
 
@@ -462,7 +462,7 @@ def divergence(subject: Subject, texts: list[list[int]], clean: list[list[int]],
     c = P - subject.cfg.perturb_back
     prefixes = [x[:P] for x in texts]
     logp = torch.log_softmax(subject.last_logits([x[:c] for x in prefixes]).double(), -1)
-    changed = [x[:c] + [_wanted_instead(logp[b], x[c], subject.bans)[0]] + x[c + 1 :] for b, x in enumerate(prefixes)]
+    changed = [x[:c] + [wanted_instead(logp[b], x[c], subject.bans)[0]] + x[c + 1 :] for b, x in enumerate(prefixes)]
     bent = torch.cat([t for t, _ in subject.generate(changed, N, subject.greedy())]).tolist()
     agree = [[a == b for a, b in zip(x, y, strict=True)] for x, y in zip(clean, bent, strict=True)]
     return Divergence(len(texts), c, N, agree)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..corpus.tang import _read_jsonl, bundled_corpus_path
+from ..corpus.tang import bundled_corpus_path, read_jsonl
 
 TANG_SHARE = 0.8
 GENRES = ("auto", "tang", "text")
@@ -43,7 +43,7 @@ def read_continuations(path: str | os.PathLike) -> list[str | None] | None:
 
 def bundled_poems_for(prompts: Sequence[str]) -> list[str | None]:
     """The first bundled Tang poem that starts with each prompt (None when none does)."""
-    poems = _read_jsonl(bundled_corpus_path(), None)
+    poems = read_jsonl(bundled_corpus_path(), None)
     wanted = {len(p) for p in prompts}
     first: dict[str, str] = {}
     for poem in poems:

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..corpus.tang import DEFAULT_POEMS, _read_jsonl, bundled_corpus_path
+from ..corpus.tang import DEFAULT_POEMS, bundled_corpus_path, read_jsonl
 
 PUNCT = set("，。、；：？！「」『』（）《》□")
 
@@ -57,9 +57,9 @@ def heldout_openings(
     out: list[str] = []
     seen: set[str] = set()
     if from_end:
-        pool = list(reversed(_read_jsonl(bundled_corpus_path(), None)))
+        pool = list(reversed(read_jsonl(bundled_corpus_path(), None)))
     else:
-        docs = _read_jsonl(bundled_corpus_path(), skip_poems + 40 * count + 1000)  # read only as far as needed
+        docs = read_jsonl(bundled_corpus_path(), skip_poems + 40 * count + 1000)  # read only as far as needed
         if exclude_text is None:
             exclude_text = "".join(docs[:skip_poems])
         pool = docs[skip_poems:]

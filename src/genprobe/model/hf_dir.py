@@ -33,7 +33,7 @@ TOKENIZER_FILE = "genprobe_tokenizer.json"
 
 
 @contextlib.contextmanager
-def _quiet_transformers(progress: bool) -> Iterator[None]:
+def quiet_transformers(progress: bool) -> Iterator[None]:
     """Hide transformers' own weight-loading/writing progress bars unless asked (restores the setting)."""
     from transformers.utils import logging as hf_logging
 
@@ -98,13 +98,13 @@ def export_hf_dir(
     hf = to_hf_gpt2(model)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        with _quiet_transformers(progress):
+        with quiet_transformers(progress):
             hf.save_pretrained(tmp)
         if tok is not None:
             atomic_write_json(tmp / TOKENIZER_FILE, tok.to_dict())
             if hf_tokenizer:
                 _hf_char_tokenizer(tok).save_pretrained(tmp)
-        _swap_into_place(tmp, out)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -119,7 +119,7 @@ def export_hf_dir(
     }
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
+def swap_into_place(tmp: Path, out: Path) -> None:
     """Rename the finished ``tmp`` dir to ``out``; an existing ``out`` is moved aside first, then removed."""
     old = None
     if out.exists():
@@ -178,7 +178,7 @@ def import_hf_dir(hf_dir: str | os.PathLike[str], progress: bool = False) -> tup
     if tok is None:
         raise ValueError(f"{d} has neither {TOKENIZER_FILE} nor a character-level tokenizer.json")
     try:
-        with _quiet_transformers(progress):
+        with quiet_transformers(progress):
             hf = GPT2LMHeadModel.from_pretrained(d, local_files_only=True, use_safetensors=True, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ValueError(f"{d}: transformers could not load the GPT-2 weights ({exc})") from None

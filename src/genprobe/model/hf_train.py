@@ -3,7 +3,7 @@
 The transformers class is the model (RoPE, RMSNorm, SwiGLU ``gate/up/down_proj``, grouped-query
 attention); this module only trains it, with the char trainer's pieces: AdamW without decay on
 vectors (``build_optimizer``), linear warmup + cosine (``lr_at``), random windows of the token
-stream (``_random_windows``). The stream is the training poems joined by ``<|endoftext|>``, so the
+stream (``random_windows``). The stream is the training poems joined by ``<|endoftext|>``, so the
 model learns where a poem ends. Data come from the one corpus split (``genprobe.corpus.tang``): it never
 trains on the char GPT's validation poems nor on the held-out poems that loop prompts are drawn from.
 
@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
 from .bpc import BitsPerChar, subword_bits_per_char
-from .train import TrainConfig, _random_windows, build_optimizer, lr_at
+from .train import TrainConfig, build_optimizer, lr_at, random_windows
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
     from tokenizers import Tokenizer
@@ -257,7 +257,7 @@ def _train_step(
     """One optimizer step at the scheduled learning rate on a batch of random windows; the batch's loss."""
     for g in opt.param_groups:
         g["lr"] = lr_at(step, tc)
-    x, y = _random_windows(train_ids, block_size, tc.batch_size, gen)
+    x, y = random_windows(train_ids, block_size, tc.batch_size, gen)
     loss = _loss(model, x, y)
     opt.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated

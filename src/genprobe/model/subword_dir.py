@@ -20,7 +20,7 @@ import torch
 
 from .._io import atomic_write_json, read_format_json
 from ..corpus import bpe
-from .hf_dir import _quiet_transformers, _swap_into_place
+from .hf_dir import quiet_transformers, swap_into_place
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
     from tokenizers import Tokenizer
@@ -53,12 +53,12 @@ def save_subword_dir(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        with _quiet_transformers(False):
+        with quiet_transformers(False):
             model.save_pretrained(tmp, safe_serialization=True)
         bpe.to_hf_tokenizer(tok, model.config.max_position_embeddings).save_pretrained(tmp)
         _portable_tokenizer_class(tmp / "tokenizer_config.json")
         atomic_write_json(tmp / SUMMARY_FILE, {"format": SUMMARY_FORMAT, **summary})
-        _swap_into_place(tmp, out)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -85,7 +85,7 @@ def load_subword_dir(directory: str | os.PathLike[str]) -> tuple[PreTrainedModel
     """``(model, tokenizer)`` through the public transformers API: offline, safetensors only, float32."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _quiet_transformers(False):
+    with quiet_transformers(False):
         model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
             directory, local_files_only=True, use_safetensors=True, dtype=torch.float32
         )

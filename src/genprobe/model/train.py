@@ -82,7 +82,7 @@ def evaluate_loss(model: GPT, ids: torch.Tensor, block_size: int | None = None, 
     return total / count
 
 
-def _random_windows(ids: torch.Tensor, T: int, B: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def random_windows(ids: torch.Tensor, T: int, B: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     ix = torch.randint(0, len(ids) - T - 1, (B,), generator=gen)
     x = torch.stack([ids[i : i + T] for i in ix.tolist()])
     y = torch.stack([ids[i + 1 : i + T + 1] for i in ix.tolist()])
@@ -207,7 +207,7 @@ def _batch_loss(
         x, y, doc, mask = _packed_rows(docs, block, batch_size, gen)
         logits = model(x, positions=packed_positions(doc), document_ids=doc)
         return masked_cross_entropy(logits, y, mask)
-    x, y = _random_windows(train_ids, block, batch_size, gen)
+    x, y = random_windows(train_ids, block, batch_size, gen)
     return masked_cross_entropy(model(x), y)
 
 

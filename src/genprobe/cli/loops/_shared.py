@@ -26,7 +26,7 @@ DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
 
 
 # ---- shared flags ---------------------------------------------------------------------------
-def _model_args(q: argparse.ArgumentParser) -> None:
+def add_model_args(q: argparse.ArgumentParser) -> None:
     from ...loops.repair import RepairConfig
 
     d = RepairConfig()
@@ -83,7 +83,7 @@ def _model_args(q: argparse.ArgumentParser) -> None:
     add_json_flag(q)
 
 
-def _data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True) -> None:
+def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True) -> None:
     add_prompt_arguments(q, help_default=" (default for the bundled char model: held-out Tang openings)")
     if chat:
         q.add_argument(
@@ -121,7 +121,7 @@ def _data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True) ->
         )
 
 
-def _calibration_args(p: Any) -> None:
+def add_calibration_args(p: Any) -> None:
     """--human-text / --no-calibrate / --human-fpr: the detectors' thresholds, calibrated on human text by default
     (scan, locate and repair judge "degenerate" the same way)."""
     c = p.add_mutually_exclusive_group()
@@ -149,11 +149,11 @@ def _calibration_args(p: Any) -> None:
 
 
 # ---- common checks and loading --------------------------------------------------------------
-def _progress(args: argparse.Namespace) -> bool:
+def show_progress(args: argparse.Namespace) -> bool:
     return not getattr(args, "no_progress", False) and sys.stderr.isatty()
 
 
-def _check_common(args: argparse.Namespace) -> None:
+def check_common(args: argparse.Namespace) -> None:
     import torch
 
     if args.threads < 1:
@@ -165,7 +165,7 @@ def _check_common(args: argparse.Namespace) -> None:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
 
 
-def _llamacpp_args(p: argparse.ArgumentParser) -> None:
+def add_llamacpp_args(p: argparse.ArgumentParser) -> None:
     """The llama.cpp backend's flags (``--threads`` is shared: llama.cpp's threads too)."""
     g = p.add_argument_group("llama.cpp (with --backend llama.cpp; MODEL is the GGUF file)")
     g.add_argument(
@@ -184,7 +184,7 @@ def _llamacpp_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _llamacpp_missing(command: str, args: argparse.Namespace) -> bool:
+def llamacpp_missing(command: str, args: argparse.Namespace) -> bool:
     """True (after printing why and how to install the extra) when llama.cpp's bindings cannot be used here; a MODEL
     that is not a GGUF file raises before anything loads."""
     from ...serving.llamacpp import llama_cpp_problem
@@ -199,7 +199,7 @@ def _llamacpp_missing(command: str, args: argparse.Namespace) -> bool:
     return False
 
 
-def _llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> Any:
+def llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> Any:
     """The llama.cpp scan backend on the GGUF file MODEL names; every setting its sampler chain cannot express
     exactly is refused first, naming the setting."""
     from ...serving.llamacpp.sampling import UnsupportedLlamaCppSamplerError
@@ -215,25 +215,25 @@ def _llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> A
     return llamacpp_scan_backend(gguf, n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers)
 
 
-def _load(args: argparse.Namespace) -> Any:
+def load_model_or_default(args: argparse.Namespace) -> Any:
     from ...model.load import load_model
 
     path = model_path(args, required=False) or str(DEFAULT_MODEL)
     return load_model(path)
 
 
-def _is_bundled_char_model(model: Any) -> bool:
+def is_bundled_char_model(model: Any) -> bool:
     return model.tokenizer is not None and model.tokenizer.kind == "char"
 
 
-def _prompts(args: argparse.Namespace, model: Any) -> tuple[list[str] | None, str]:
+def read_loop_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str] | None, str]:
     """The user's prompts (None = Tang openings) and a description of where they came from."""
     given = read_prompts(args)
     if given is not None and args.tang_prompts:
         raise ValueError("choose one prompt source: --prompt/--prompts or --tang-prompts")
     if given is not None:
         return given, f"file:{args.prompts}" if getattr(args, "prompts", None) else "command line"
-    if not args.tang_prompts and not _is_bundled_char_model(model):
+    if not args.tang_prompts and not is_bundled_char_model(model):
         raise ValueError(
             "this model is not the bundled character model, so there is no default prompt set: give --prompts FILE "
             "(one per line, or JSONL with a 'prompt'/'text' field) or --prompt TEXT ..., or choose --tang-prompts "
@@ -251,7 +251,7 @@ def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
             return p.read_text(encoding="utf-8"), f"file:{p}"
         except UnicodeDecodeError as exc:
             raise ValueError(f"--val-text {p} is not UTF-8 text ({exc.reason})") from None
-    if not args.tang_val and not _is_bundled_char_model(model):
+    if not args.tang_val and not is_bundled_char_model(model):
         raise ValueError(
             "this model is not the bundled character model, so there is no default validation text: give "
             "--val-text FILE (held-out text in the model's domain) or choose --tang-val explicitly"
@@ -261,7 +261,7 @@ def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
     return load_corpus().val, "tang-validation-split"
 
 
-def _loop_settings(args: argparse.Namespace) -> Any:
+def loop_settings_from(args: argparse.Namespace) -> Any:
     from ...metrics import LoopSettings
 
     return LoopSettings(
@@ -269,7 +269,7 @@ def _loop_settings(args: argparse.Namespace) -> Any:
     )
 
 
-def _repair_cfg(args: argparse.Namespace, **over: Any) -> Any:
+def repair_config(args: argparse.Namespace, **over: Any) -> Any:
     from ...loops.repair import RepairConfig
 
     return RepairConfig(
@@ -277,17 +277,17 @@ def _repair_cfg(args: argparse.Namespace, **over: Any) -> Any:
         batch_size=args.batch_size,
         seed=args.seed,
         prefix_chars=args.prefix,
-        loop=_loop_settings(args),
+        loop=loop_settings_from(args),
         val_window=getattr(args, "val_window", None),
         **over,
     )
 
 
-def _inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:
+def repair_inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:
     from ...loops.prompts import read_prompt_file
     from ...loops.repair import RepairInputs
 
-    prompts, source = _prompts(args, model)
+    prompts, source = read_loop_prompts(args, model)
     val, val_source = _val_text(args, model)
     if prompts is None:
         if getattr(args, "validate_prompts", None):
@@ -303,18 +303,18 @@ def _inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...
         inputs = RepairInputs.from_prompts(prompts, val, cfg, source, val_source, validate=held)
         if validate:
             inputs.prompt_source += f"; held-out validation: file:{validate}"
-    inputs.chat = _chat(args, model)
+    inputs.chat = chat_flag(args, model)
     return inputs
 
 
-def _chat(args: argparse.Namespace, model: Any) -> bool:
+def chat_flag(args: argparse.Namespace, model: Any) -> bool:
     """--chat, refused with the reason when the model has no chat template."""
     if getattr(args, "chat", False) and model.chat_template is None:
         raise ValueError(f"--chat: the model {model.source or ''} has no chat template")
     return bool(getattr(args, "chat", False))
 
 
-def _calibration(args: argparse.Namespace, model: Any, texts: list[str]) -> Any:
+def scan_calibration(args: argparse.Namespace, model: Any, texts: list[str]) -> Any:
     """The detector calibration of this scan (None with --no-calibrate); says which human text it used."""
     from ...loops.scan import calibrate_for_scan
 
@@ -328,7 +328,7 @@ def _calibration(args: argparse.Namespace, model: Any, texts: list[str]) -> Any:
         args.max_new_tokens,
         texts,
         human_text=args.human_text,
-        base=_loop_settings(args),
+        base=loop_settings_from(args),
         target=args.human_fpr,
         unk_id=model.unk_id,
     )
@@ -336,10 +336,10 @@ def _calibration(args: argparse.Namespace, model: Any, texts: list[str]) -> Any:
     return cal
 
 
-def _calibrate_cfg(args: argparse.Namespace, model: Any, cfg: Any, inputs: Any) -> Any:
+def calibrate_config(args: argparse.Namespace, model: Any, cfg: Any, inputs: Any) -> Any:
     """Calibrate the detectors on human text of the direction prompts' language and put them in ``cfg`` (what
     counts as degenerate decides which prompts are loop-prone); None with --no-calibrate."""
-    calibration = _calibration(args, model, inputs.direction)
+    calibration = scan_calibration(args, model, inputs.direction)
     if calibration is not None:
         cfg.loop = calibration.settings
     return calibration

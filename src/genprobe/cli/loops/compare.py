@@ -9,21 +9,21 @@ from typing import Any
 from ...engine.samplers import PRESETS
 from .._common import Accumulate, emit_json, info, out_dir
 from ._shared import (
-    _calibration,
-    _calibration_args,
-    _check_common,
-    _data_args,
-    _load,
-    _loop_settings,
-    _model_args,
-    _progress,
-    _prompts,
+    add_calibration_args,
+    add_data_args,
+    add_model_args,
+    check_common,
+    load_model_or_default,
+    loop_settings_from,
+    read_loop_prompts,
+    scan_calibration,
+    show_progress,
 )
 
 COMPARE_SKIP = 2816  # direction + search + validation sets of a default `loops repair` (768 + 1024 + 1024)
 
 
-def _register_compare(lsub: Any) -> None:
+def register_compare(lsub: Any) -> None:
     from ...loops.compare_human import GENRES
     from ...loops.compare_methods import METHODS
 
@@ -31,8 +31,8 @@ def _register_compare(lsub: Any) -> None:
         "compare",
         help="which fix for loops: decode-time samplers beside the weight edit (one table, one figure, one HTML page)",
     )
-    _model_args(c)
-    _data_args(c, with_val=False, chat=False)
+    add_model_args(c)
+    add_data_args(c, with_val=False, chat=False)
     c.add_argument(
         "--n", type=int, default=None, help="at most N prompts (default: 512 Tang openings; every prompt of a file)"
     )
@@ -78,7 +78,7 @@ def _register_compare(lsub: Any) -> None:
         metavar="DIR",
         help="directory for compare.json, compare-texts.json, compare.md, compare.png, compare.html",
     )
-    _calibration_args(c)
+    add_calibration_args(c)
     c.set_defaults(func=run_compare)
 
 
@@ -115,7 +115,7 @@ def _compare_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str], l
         raise ValueError(f"--n must be >= 1, got {args.n}")
     if args.skip < 0:
         raise ValueError(f"--skip must be >= 0, got {args.skip}")
-    texts, source = _prompts(args, model)
+    texts, source = read_loop_prompts(args, model)
     conts = read_continuations(args.prompts) if texts is not None and getattr(args, "prompts", None) else None
     if texts is None:
         n = args.n or 512
@@ -142,16 +142,16 @@ def run_compare(args: argparse.Namespace) -> int:
     from ...loops.compare_report import breaker_table, markdown_table, write_outputs
     from ...loops.patch import load_patch
 
-    _check_common(args)
+    check_common(args)
     out_dir(args.out, "compare.json, compare-texts.json, compare.md, compare.png, compare.html")
-    model = _load(args)
+    model = load_model_or_default(args)
     texts, conts, source = _compare_prompts(args, model)
-    calibration = _calibration(args, model, texts)
+    calibration = scan_calibration(args, model, texts)
     cfg = CompareConfig(
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         seed=args.seed,
-        loop=calibration.settings if calibration is not None else _loop_settings(args),
+        loop=calibration.settings if calibration is not None else loop_settings_from(args),
         methods=tuple(args.methods) if args.methods else None,
         genre=args.genre,
         engine=args.engine,
@@ -168,7 +168,7 @@ def run_compare(args: argparse.Namespace) -> int:
         judge=judge,
         continuations=conts,
         prompt_source=source,
-        progress=_progress(args),
+        progress=show_progress(args),
         log=info,
     )
     if calibration is not None:

@@ -9,7 +9,7 @@ from typing import Any
 from .._common import add_json_flag, emit_json, info
 
 
-def _register_patch_action(lsub: Any, name: str, help: str) -> None:
+def register_patch_action(lsub: Any, name: str, help: str) -> None:
     a = lsub.add_parser(name, help=help)
     a.add_argument("model", metavar="MODEL", help="a genprobe checkpoint or a transformers model directory")
     a.add_argument("patch", type=Path, help="patch file (.json or .safetensors, the other is found beside it)")

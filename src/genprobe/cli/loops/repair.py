@@ -9,15 +9,15 @@ from typing import Any
 
 from .._common import Accumulate, emit_json, info, out_dir
 from ._shared import (
-    _calibrate_cfg,
-    _calibration_args,
-    _check_common,
-    _data_args,
-    _inputs,
-    _load,
-    _model_args,
-    _progress,
-    _repair_cfg,
+    add_calibration_args,
+    add_data_args,
+    add_model_args,
+    calibrate_config,
+    check_common,
+    load_model_or_default,
+    repair_config,
+    repair_inputs,
+    show_progress,
 )
 
 LOCATE_FILE = "locate.json"  # what locate --out DIR holds
@@ -37,22 +37,22 @@ REPAIR_JSON_KEYS = (
 )
 
 
-def _register_locate(lsub: Any) -> None:
+def register_locate(lsub: Any) -> None:
     from ...loops.repair import RepairConfig
 
     d = RepairConfig()
     lo = lsub.add_parser(
         "locate", help="loop direction per layer and the loop rate with each layer's direction ablated"
     )
-    _model_args(lo)
-    _data_args(lo, with_val=True)
+    add_model_args(lo)
+    add_data_args(lo, with_val=True)
     lo.add_argument("--n", type=int, default=d.n_direction, help=f"direction-set prompts (default {d.n_direction})")
     lo.add_argument("--method", choices=("mean_diff", "pca"), default=d.method)
     lo.add_argument("--search-prone", type=int, default=d.search_prone, help="loop-prone prompts per ablation scan")
     lo.add_argument(
         "--search-control", type=int, default=d.search_control, help="non-looping control prompts per ablation scan"
     )
-    _calibration_args(lo)
+    add_calibration_args(lo)
     lo.add_argument(
         "--out",
         type=Path,
@@ -63,13 +63,13 @@ def _register_locate(lsub: Any) -> None:
     lo.set_defaults(func=run_locate)
 
 
-def _register_repair(lsub: Any) -> None:
+def register_repair(lsub: Any) -> None:
     from ...loops.repair import RepairConfig
 
     d = RepairConfig()
     r = lsub.add_parser("repair", help="full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch")
-    _model_args(r)
-    _data_args(r, with_val=True)
+    add_model_args(r)
+    add_data_args(r, with_val=True)
     r.add_argument(
         "--out",
         type=Path,
@@ -100,7 +100,7 @@ def _register_repair(lsub: Any) -> None:
     r.add_argument(
         "--max-dloss", type=float, default=d.max_dloss, help="validation-loss increase limit, nats (default 0.02)"
     )
-    _calibration_args(r)
+    add_calibration_args(r)
     r.set_defaults(func=run_repair)
 
 
@@ -187,16 +187,16 @@ def run_locate(args: argparse.Namespace) -> int:
     from ..._io import atomic_write_json
     from ...loops.repair import locate_only
 
-    _check_common(args)
+    check_common(args)
     if args.out:
         out_dir(args.out, LOCATE_FILE)
-    model = _load(args)
-    cfg = _repair_cfg(
+    model = load_model_or_default(args)
+    cfg = repair_config(
         args, n_direction=args.n, method=args.method, search_prone=args.search_prone, search_control=args.search_control
     )
-    inputs = _inputs(args, model, cfg, ("direction",))
-    calibration = _calibrate_cfg(args, model, cfg, inputs)
-    rep = locate_only(model, inputs, cfg, progress=_progress(args), log=info)
+    inputs = repair_inputs(args, model, cfg, ("direction",))
+    calibration = calibrate_config(args, model, cfg, inputs)
+    rep = locate_only(model, inputs, cfg, progress=show_progress(args), log=info)
     for a in rep.locate.per_layer:
         info(
             f"  layer {a.layers[0]}: degenerate rate {a.degenerate_rate:.3f} (exact loops {a.loop_rate:.3f}; "
@@ -227,11 +227,11 @@ def run_repair(args: argparse.Namespace) -> int:
     from ...loops.repair import repair
     from ...loops.report import write_summary
 
-    _check_common(args)
+    check_common(args)
     _check_repair_args(args)
     t0 = time.perf_counter()
-    model = _load(args)
-    cfg = _repair_cfg(
+    model = load_model_or_default(args)
+    cfg = repair_config(
         args,
         n_direction=args.n_direction,
         n_search=args.n_search,
@@ -254,9 +254,9 @@ def run_repair(args: argparse.Namespace) -> int:
         regression_windows=args.regression_windows,
         transfer=args.transfer,
     )
-    inputs = _inputs(args, model, cfg, ("direction", "search", "validate"))
-    calibration = _calibrate_cfg(args, model, cfg, inputs)
-    report, patch = repair(model, inputs, cfg, progress=_progress(args), log=info)
+    inputs = repair_inputs(args, model, cfg, ("direction", "search", "validate"))
+    calibration = calibrate_config(args, model, cfg, inputs)
+    report, patch = repair(model, inputs, cfg, progress=show_progress(args), log=info)
     data = report.to_dict() | {"calibration": calibration.to_dict() if calibration is not None else None}
     args.out.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}

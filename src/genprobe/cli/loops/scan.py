@@ -10,29 +10,29 @@ from .._common import emit_json, info, out_dir
 from .._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 from .._vllm_args import add_engine_arguments, engine_options, vllm_missing
 from ._shared import (
-    _calibration,
-    _calibration_args,
-    _chat,
-    _check_common,
-    _data_args,
-    _is_bundled_char_model,
-    _llamacpp_args,
-    _llamacpp_backend,
-    _llamacpp_missing,
-    _load,
-    _loop_settings,
-    _model_args,
-    _progress,
-    _prompts,
+    add_calibration_args,
+    add_data_args,
+    add_llamacpp_args,
+    add_model_args,
+    chat_flag,
+    check_common,
+    is_bundled_char_model,
+    llamacpp_backend,
+    llamacpp_missing,
+    load_model_or_default,
+    loop_settings_from,
+    read_loop_prompts,
+    scan_calibration,
+    show_progress,
 )
 
 SCAN_FILE = "scan.json"  # what --out DIR holds
 
 
-def _register_scan(lsub: Any) -> None:
+def register_scan(lsub: Any) -> None:
     s = lsub.add_parser("scan", help="loop rates over a prompt set (chanting and plain greedy by default)")
-    _model_args(s)
-    _data_args(s, with_val=False)
+    add_model_args(s)
+    add_data_args(s, with_val=False)
     s.add_argument("--n", type=int, default=256, help="number of Tang openings with --tang-prompts (default 256)")
     s.add_argument(
         "--setting",
@@ -57,9 +57,9 @@ def _register_scan(lsub: Any) -> None:
         "parallel, Ray) or llama.cpp (MODEL a GGUF file: generation and sampling by llama.cpp's own sampler "
         "chain); same JSON; a sampler the engine cannot express exactly is refused",
     )
-    _calibration_args(s)
+    add_calibration_args(s)
     add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
-    _llamacpp_args(s)
+    add_llamacpp_args(s)
     s.set_defaults(func=run_scan)
 
 
@@ -96,7 +96,7 @@ def _backend_missing(args: argparse.Namespace) -> bool:
         )
     if args.backend == "vllm":
         return vllm_missing("loops scan")
-    return args.backend == "llama.cpp" and _llamacpp_missing("loops scan", args)
+    return args.backend == "llama.cpp" and llamacpp_missing("loops scan", args)
 
 
 def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
@@ -107,7 +107,7 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
         _check_vllm_settings(settings, model)
         return vllm_scan_backend(engine_options(args, seed=args.seed))
     if args.backend == "llama.cpp":
-        return _llamacpp_backend(args, settings, model)
+        return llamacpp_backend(args, settings, model)
     return None
 
 
@@ -119,17 +119,17 @@ def run_scan(args: argparse.Namespace) -> int:
     from ...loops.scan import scan_table
     from ...loops.scan_settings import scan_loop_settings
 
-    _check_common(args)
+    check_common(args)
     if args.out:
         out_dir(args.out, SCAN_FILE)
     if _backend_missing(args):
         return 2
-    model = _load(args)
-    texts, source = _prompts(args, model)
+    model = load_model_or_default(args)
+    texts, source = read_loop_prompts(args, model)
     if texts is None:
         texts = heldout_openings(model.tokenizer, args.n, args.prefix)
-    calibration = _calibration(args, model, texts)  # on the user's text: its language, not the template's
-    if _chat(args, model):
+    calibration = scan_calibration(args, model, texts)  # on the user's text: its language, not the template's
+    if chat_flag(args, model):
         texts, source = [model.chat_prompt(t) for t in texts], f"{source} (chat template)"
     settings = _scan_settings(args, model)
     backend = _scan_backend(args, settings, model)
@@ -144,10 +144,10 @@ def run_scan(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         seed=args.seed,
-        progress=_progress(args),
+        progress=show_progress(args),
         calibration=calibration,
-        loop=None if calibration is not None else _loop_settings(args),
-        chars_unit=_is_bundled_char_model(model),
+        loop=None if calibration is not None else loop_settings_from(args),
+        chars_unit=is_bundled_char_model(model),
         prompt_source=source,
         backend=backend,
         log=info,

@@ -17,20 +17,8 @@ from typing import Any
 import jinja2
 
 from ... import _templates
-from ..._templates import DASH, _check_inlinable, dash, index_by, num, pct, png_data_uri, sci
 
-__all__ = [
-    "DASH",
-    "_check_inlinable",
-    "dash",
-    "environment",
-    "index_by",
-    "num",
-    "pct",
-    "png_data_uri",
-    "render",
-    "sci",
-]
+__all__ = ["environment", "render"]
 
 
 def environment(package: str = "genprobe.report") -> jinja2.Environment:
