@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from genprobe.loops.scan import ScanResult, ScanSettings, _record, summarise
+from genprobe.loops.scan import ScanResult, ScanSettings, generation_record, summarise
 from genprobe.metrics import LoopSettings
 from genprobe.serving.rates import compare_loop_rates
 
@@ -14,7 +14,9 @@ FREE = list(range(10, 34))  # no repetition at all
 
 def _scan(looping: list[bool]) -> ScanResult:
     loop = LoopSettings()
-    recs = [_record([i], LOOPING if lp else FREE, True, None, loop, None, None) for i, lp in enumerate(looping)]
+    recs = [
+        generation_record([i], LOOPING if lp else FREE, True, None, loop, None, None) for i, lp in enumerate(looping)
+    ]
     return ScanResult(recs, summarise(recs), ScanSettings({}, 24, 0, loop.to_dict()))
 
 

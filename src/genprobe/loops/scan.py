@@ -262,7 +262,7 @@ class ScanResult:
         return d
 
 
-def _record(
+def generation_record(
     prompt: list[int],
     toks: list[int],
     hit_limit: bool,
@@ -271,6 +271,7 @@ def _record(
     decode: Callable[[list[int]], str] | None,
     prompt_text: str | None,
 ) -> GenerationRecord:
+    """One generation's record (its loop measures, the <unk> share), as every scan backend builds it."""
     m = measure_loops(toks, loop)
     rec = GenerationRecord(prompt, toks, hit_limit, unk_share(toks, unk_id) if unk_id is not None else 0.0, m)
     if decode is not None:
@@ -358,7 +359,9 @@ def scan_loops(
             res = generate(model, chunk, max_new_tokens, sampler, seed=seed + bi, compile=compile)
             for j, toks in enumerate(res.tokens):
                 text = prompt_texts[start + j] if prompt_texts is not None else None
-                records.append(_record(chunk[j], toks, res.finished[j] == "length", unk_id, loop, decode, text))
+                records.append(
+                    generation_record(chunk[j], toks, res.finished[j] == "length", unk_id, loop, decode, text)
+                )
             bar.update(len(chunk))
     finally:
         bar.close()

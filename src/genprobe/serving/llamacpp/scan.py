@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...engine.samplers import SamplerConfig
-from ...loops.scan import SHORT_PERIOD_MAX, ScanResult, _record, chanting_sampler, scan_result, study_sampler
+from ...loops.scan import SHORT_PERIOD_MAX, ScanResult, chanting_sampler, generation_record, scan_result, study_sampler
 from ...metrics import LoopSettings
 from .engine import LlamaCppModel, NextToken
 from .sampling import LlamaCppSampler, LlamaVocab, UnsupportedLlamaCppSamplerError, chain_stages
@@ -100,7 +100,7 @@ def scan_loops_llamacpp(
             for j, out in enumerate(outs):
                 text = prompt_texts[start + j] if prompt_texts is not None else None
                 full = len(out.tokens) == max_new_tokens
-                records.append(_record(chunk[j], out.tokens, full, unk_id, loop, decode, text))
+                records.append(generation_record(chunk[j], out.tokens, full, unk_id, loop, decode, text))
     finally:
         if vocab is not None:
             vocab.close()
