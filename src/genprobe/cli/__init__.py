@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     from ..registry import FetchError
+    from ._common import check_model_kind
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -50,6 +51,7 @@ def _run(argv: list[str] | None) -> int:
         parser.print_help()
         return 2
     try:
+        check_model_kind(args, command_name(args))
         with warnings.catch_warnings(), _stdout_for_json(args):
             warnings.simplefilter("default")
             rc = args.func(args)
@@ -63,6 +65,12 @@ def _run(argv: list[str] | None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """``loops scan``, ``attention heads``, ``generate``: the command and its action, as a user typed them."""
+    action = getattr(args, "loops_command", None) or getattr(args, "action", None)
+    return f"{args.command} {action}" if action else str(args.command)
 
 
 @contextmanager

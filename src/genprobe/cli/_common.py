@@ -87,9 +87,39 @@ MODEL_HELP = (
 )
 
 
-def add_model_argument(p: argparse.ArgumentParser, required: bool = True, help: str = MODEL_HELP) -> None:
-    """MODEL, always the first positional of a command that studies a model."""
+#: Every kind a model on disk can be (``genprobe.model.kinds.FILE_KINDS``' values).
+MODEL_KINDS = ("checkpoint", "transformers", "gguf", "name")
+
+
+def add_model_argument(
+    p: argparse.ArgumentParser,
+    required: bool = True,
+    help: str = MODEL_HELP,
+    kinds: tuple[str, ...] | dict[str, tuple[str, ...]] | None = None,
+) -> None:
+    """MODEL, always the first positional of a command that studies a model.
+
+    ``kinds``: the :class:`~genprobe.model.kinds.ModelKind` values the command takes (default :data:`MODEL_KINDS`),
+    or ``{--backend value: kinds}`` when they depend on the backend; strings, so that building the parser imports
+    no torch. ``genprobe.cli.main`` refuses any other kind (and a URL) with one line before the command runs, and
+    docs/commands.md's matrix is written from these declarations (:mod:`genprobe.cli.matrix`)."""
     p.add_argument("model", metavar="MODEL", nargs=None if required else "?", default=None, help=help)
+    p.set_defaults(model_kinds=MODEL_KINDS if kinds is None else kinds)
+
+
+def check_model_kind(args: argparse.Namespace, command: str) -> None:
+    """Refuse (``ValueError``, one line) a MODEL of a kind ``command`` does not take: see :func:`add_model_argument`."""
+    from ..model.kinds import kind_refusal
+
+    kinds = getattr(args, "model_kinds", None)
+    model = getattr(args, "model", None)
+    if kinds is None or model is None:
+        return
+    if isinstance(kinds, dict):
+        kinds = kinds[getattr(args, "backend", None)]
+    refusal = kind_refusal(command, model, tuple(kinds))
+    if refusal:
+        raise ValueError(refusal)
 
 
 @overload

@@ -24,7 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "model is trained into OUT/model (reused when already there).",
     )
     add_model_argument(
-        p, required=False, help="a genprobe checkpoint directory to study (default: train one into OUT/model)"
+        p,
+        required=False,
+        kinds=("checkpoint",),
+        help="a genprobe checkpoint directory to study (default: train one into OUT/model)",
     )
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
     p.add_argument(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import add_json_flag, emit_json, info
+from ._common import add_json_flag, add_model_argument, emit_json, info
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "GGUF support). Converting once writes config.json + model.safetensors + the tokenizer and chat template, "
         "and genprobe_gguf.json with each tensor's quantization type in the file.",
     )
-    p.add_argument("model", type=Path, metavar="MODEL", help="a .gguf file")
+    add_model_argument(p, kinds=("gguf",), help="a .gguf file")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write (must not exist)")
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     """Convert and report what the file held."""
     from ..model.gguf import convert_gguf, read_sidecar
 
-    out = convert_gguf(args.model, args.out)
+    out = convert_gguf(Path(args.model), args.out)
     record = read_sidecar(out) or {}
     info(f"wrote {out} (tensor types in the GGUF file: {record.get('type_counts')})")
     if args.json:

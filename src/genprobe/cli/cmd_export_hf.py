@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import add_json_flag, emit_json, info
+from ._common import add_json_flag, add_model_argument, emit_json, info
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Export a genprobe checkpoint (learned positions only) to a Hugging Face GPT-2 directory: "
         "config.json + model.safetensors + a character-level tokenizer.json (AutoTokenizer) + genprobe_tokenizer.json.",
     )
-    p.add_argument("model", type=Path, metavar="MODEL", help="genprobe checkpoint directory")
+    add_model_argument(p, kinds=("checkpoint",), help="genprobe checkpoint directory")
     p.add_argument("out", type=Path, help="directory to write (must be empty or absent unless --force)")
     p.add_argument("--force", action="store_true", help="replace an existing non-empty OUT")
     add_json_flag(p)
@@ -28,11 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Load a Hugging Face GPT-2 directory (offline, safetensors only, never pickle) with its "
         "character vocabulary and save it as a genprobe checkpoint.",
     )
-    q.add_argument(
-        "model",
-        type=Path,
-        metavar="MODEL",
-        help="transformers directory written by export-hf (or any char-level GPT-2 dir)",
+    add_model_argument(
+        q, kinds=("transformers",), help="transformers directory written by export-hf (or any char-level GPT-2 dir)"
     )
     q.add_argument("out_ckpt", type=Path, help="genprobe checkpoint directory to write")
     add_json_flag(q)
@@ -43,7 +40,7 @@ def run_export(args: argparse.Namespace) -> int:
     """Export and report what was written."""
     from ..model.hf_dir import export_hf_dir
 
-    res = export_hf_dir(args.model, args.out, overwrite=args.force)
+    res = export_hf_dir(Path(args.model), args.out, overwrite=args.force)
     info(f"wrote {res['out']}: {', '.join(res['files'])} ({res['parameters']:,} parameters)")
     info(f"load it with GPT2LMHeadModel.from_pretrained({str(res['out'])!r}) and AutoTokenizer.from_pretrained(...)")
     if args.json:
@@ -59,7 +56,7 @@ def run_import(args: argparse.Namespace) -> int:
     out: Path = args.out_ckpt
     if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
         raise ValueError(f"{out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it")
-    model, tok = import_hf_dir(args.model)
+    model, tok = import_hf_dir(Path(args.model))
     save_checkpoint(out, model, tok, {"imported_from": str(args.model)})
     res = {
         "out": str(out),

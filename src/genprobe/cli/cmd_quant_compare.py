@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_argument(
         p,
+        kinds=("transformers", "name"),
         help="the float model: a transformers directory (safetensors; e.g. the Llama reference from `genprobe train "
         "--arch llama`) or a fetched name (smollm2); llama.cpp's converter reads it",
     )

@@ -46,7 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "The engine's context and KV cache are sized to these checks unless --max-model-len / "
         "--kv-cache-memory-bytes / --gpu-memory-utilization say otherwise.",
     )
-    add_model_argument(p)
+    add_model_argument(
+        p,
+        kinds={
+            "vllm": ("checkpoint", "transformers", "name"),
+            "llama.cpp": ("gguf", "name"),
+        },
+    )
     p.add_argument("--engine", choices=("vllm",), default="vllm", help="serving engine (default vllm)")
     p.add_argument(
         "--backend",

@@ -271,7 +271,13 @@ def load_model(
             f"model's dtype); got {weight_dtype}"
         )
     from .checkpoint import is_checkpoint
+    from .kinds import is_url
 
+    if is_url(path):
+        raise ModelLoadError(
+            f"{path} is a URL: live endpoints are not supported yet; a model is a genprobe checkpoint, a transformers "
+            "directory, a GGUF file or a fetched model's name"
+        )
     d = Path(path)
     if not d.exists():
         from .catalog import resolve_name

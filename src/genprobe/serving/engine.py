@@ -301,6 +301,8 @@ class ServingEngine:
 
     def __init__(self, model: str | os.PathLike | ServedModel, options: EngineOptions | None = None):
         require_vllm_engine()
+        # an export made here is removed at shutdown; one handed in stays its owner's (another engine may serve it)
+        self._owns_served = not isinstance(model, ServedModel)
         self.served = model if isinstance(model, ServedModel) else served_model(model)
         self.options = options or EngineOptions()
         check_kv_fits(self.served.path, self.options, self.served.max_positions)
@@ -329,7 +331,8 @@ class ServingEngine:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             _stop_llm(llm)
-        self.served.cleanup()
+        if self._owns_served:
+            self.served.cleanup()
 
     def describe(self) -> dict:
         """JSON summary: model, options, start-up time, context length."""
@@ -399,11 +402,16 @@ _CURRENT: ServingEngine | None = None
 _KEY: tuple | None = None
 
 
-def shared_engine(model: str | os.PathLike, options: EngineOptions | None = None) -> ServingEngine:
-    """The process's engine for (``model``, ``options``): reused when both match, else the old one stops first."""
+def shared_engine(model: str | os.PathLike | ServedModel, options: EngineOptions | None = None) -> ServingEngine:
+    """The process's engine for (``model``, ``options``): reused when both match, else the old one stops first.
+
+    ``model`` may be a :class:`ServedModel` (a genprobe checkpoint already exported, as the caller sized the engine on
+    its directory): engines are keyed by its source, so a second export of the same checkpoint reuses the running
+    engine (each export is removed when its last holder lets go of it)."""
     global _CURRENT, _KEY
     options = options or EngineOptions()
-    key = (str(Path(model).resolve()), options)
+    source = model.source if isinstance(model, ServedModel) else Path(model)
+    key = (str(Path(source).resolve()), options)
     if _CURRENT is not None and _KEY == key and _CURRENT.llm is not None:
         return _CURRENT
     shutdown_shared_engine()

@@ -2,7 +2,8 @@
 
 vLLM reads ``config.json`` + ``*.safetensors`` (and a tokenizer when it has one). Our checkpoints
 are exported with :func:`genprobe.model.hf_dir.export_hf_dir` (the exact GPT-2 conversion) into a
-temporary directory that lives as long as the :class:`ServedModel`.
+temporary directory that lives as long as the :class:`ServedModel` (removed by ``cleanup()``, or when the object is
+collected or the process exits: an engine that holds it keeps it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,12 +30,16 @@ class ServedModel:
     max_positions: int | None
     has_tokenizer: bool
     _tmp: Path | None = field(default=None, repr=False)
+    _removal: weakref.finalize | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self._tmp is not None:
+            self._removal = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
 
     def cleanup(self) -> None:
-        """Remove the temporary export (no-op for a directory the user gave)."""
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+        """Remove the temporary export now (no-op for a directory the user gave, or when already removed)."""
+        if self._removal is not None:
+            self._removal()
 
     def to_dict(self) -> dict:
         """JSON form."""

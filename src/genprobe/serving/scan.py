@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..engine.sampling import SamplerConfig
+from ..engine.samplers import SamplerConfig
 from ..loops.scan import (
     SHORT_PERIOD_MAX,
     ScanResult,
-    _record,
     chanting_sampler,
+    generation_record,
     scan_result,
     study_sampler,
 )
@@ -46,7 +46,7 @@ def scan_loops_vllm(
     """:func:`genprobe.loops.scan.scan_loops` with generation in vLLM (``batch_size`` prompts per generate call).
 
     Same arguments and result; ``eos_id`` is banned, never a stop (fixed-length loop studies), exactly
-    as in our engine's scan. Records are built by the loops package's own ``_record``.
+    as in our engine's scan. Records are built by ``genprobe.loops.scan.generation_record``.
     """
     if not prompts:
         raise ValueError("no prompts to scan")
@@ -67,7 +67,9 @@ def scan_loops_vllm(
             comp = out.outputs[0]
             text = prompt_texts[start + j] if prompt_texts is not None else None
             records.append(
-                _record(chunk[j], list(comp.token_ids), comp.finish_reason == "length", unk_id, loop, decode, text)
+                generation_record(
+                    chunk[j], list(comp.token_ids), comp.finish_reason == "length", unk_id, loop, decode, text
+                )
             )
     return scan_result(records, sampler, max_new_tokens, seed, loop, eos_id, short_period_max)
 
@@ -129,6 +131,7 @@ def vllm_scan_backend(options: Any = None) -> Callable[..., tuple[Callable[..., 
     tokens, and the KV budget what the scan's sequences need (a CPU machine's default memory fraction often leaves
     none)."""
     from .engine import EngineOptions, shared_engine, size_for_workload
+    from .model_dir import served_model
     from .sampling import UnsupportedSamplerError
 
     def backend(
@@ -145,14 +148,16 @@ def vllm_scan_backend(options: Any = None) -> Callable[..., tuple[Callable[..., 
                 check_sampler_vllm(sampler, model.vocab_size, model.eos_id)
             except UnsupportedSamplerError as exc:
                 raise UnsupportedSamplerError(f"vLLM cannot run the {name!r} setting exactly: {exc}") from None
+        # vLLM is sized on the directory it serves: a genprobe checkpoint has no config.json until it is exported
+        served = served_model(model.source)
         sized = size_for_workload(
-            model.source,
+            served.path,
             options or EngineOptions(),
             longest_prompt=max(len(p) for p in ids),
             new_tokens=study.cfg.max_new_tokens,
             sequences=max(1, min(len(ids), study.cfg.batch_size)),
         )
-        engine = shared_engine(model.source, sized)
+        engine = shared_engine(served, sized)
         log(f"vLLM engine ready ({engine.startup_seconds:.1f} s)")
 
         def scan(ids: Any, texts: Any, *, sampler: Any, desc: str) -> Any:

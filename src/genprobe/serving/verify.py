@@ -381,16 +381,13 @@ def verify_serving(
         )
     ref = ReferenceLogprobs(ref_model)
     report = ServingReport(str(model), str(reference if reference is not None else model), [], th, steps, top_k)
-    try:
-        for dt in dtypes:
-            if log:
-                log(f"starting vLLM ({dt}) on {served.path} …")
-            engine = shared_engine(served.path, replace(opts, dtype=dt))
-            report.engines.append(engine.describe())
-            work = build_workload(
-                engine.max_model_len - steps, scheduler_budget(engine), served.vocab_size, prompts, seed
-            )
-            report.phases += run_phases(engine, ref, work, steps, top_k, th)
-    finally:
-        served.cleanup()
+    # the engine is keyed by the source, so a later scan of the same checkpoint reuses it; the export goes when the
+    # last engine holding it stops
+    for dt in dtypes:
+        if log:
+            log(f"starting vLLM ({dt}) on {served.path} …")
+        engine = shared_engine(served, replace(opts, dtype=dt))
+        report.engines.append(engine.describe())
+        work = build_workload(engine.max_model_len - steps, scheduler_budget(engine), served.vocab_size, prompts, seed)
+        report.phases += run_phases(engine, ref, work, steps, top_k, th)
     return report

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from .._common import (
+    MODEL_HELP,
     Accumulate,
     add_json_flag,
     add_max_new_tokens,
+    add_model_argument,
     add_prompt_arguments,
     info,
     model_path,
@@ -30,13 +32,7 @@ def add_model_args(q: argparse.ArgumentParser) -> None:
     from ...loops.repair import RepairConfig
 
     d = RepairConfig()
-    q.add_argument(
-        "model",
-        metavar="MODEL",
-        nargs="?",
-        default=None,
-        help=f"a genprobe checkpoint or a transformers model directory (default {DEFAULT_MODEL})",
-    )
+    add_model_argument(q, required=False, help=f"{MODEL_HELP} (default {DEFAULT_MODEL})")
     add_max_new_tokens(q, d.max_new_tokens)
     q.add_argument(
         "--batch-size", type=int, default=d.batch_size, help=f"prompts per generation batch (default {d.batch_size})"

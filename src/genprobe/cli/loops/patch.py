@@ -6,12 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .._common import add_json_flag, emit_json, info
+from .._common import add_json_flag, add_model_argument, emit_json, info
 
 
 def register_patch_action(lsub: Any, name: str, help: str) -> None:
     a = lsub.add_parser(name, help=help)
-    a.add_argument("model", metavar="MODEL", help="a genprobe checkpoint or a transformers model directory")
+    add_model_argument(
+        a, kinds=("checkpoint", "transformers"), help="a genprobe checkpoint or a transformers model directory"
+    )
     a.add_argument("patch", type=Path, help="patch file (.json or .safetensors, the other is found beside it)")
     g = a.add_mutually_exclusive_group(required=True)
     g.add_argument("--out", type=Path, metavar="DIR", help="directory for the written model (new or empty)")

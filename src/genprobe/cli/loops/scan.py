@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .._common import emit_json, info, out_dir
+from .._common import MODEL_KINDS, emit_json, info, out_dir
 from .._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 from .._vllm_args import add_engine_arguments, engine_options, vllm_missing
 from ._shared import (
@@ -60,7 +60,15 @@ def register_scan(lsub: Any) -> None:
     add_calibration_args(s)
     add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
     add_llamacpp_args(s)
-    s.set_defaults(func=run_scan)
+    # llama.cpp runs GGUF files (a fetched name: the GGUF `genprobe fetch` kept); vLLM serves a model directory
+    s.set_defaults(
+        func=run_scan,
+        model_kinds={
+            "genprobe": MODEL_KINDS,
+            "vllm": ("checkpoint", "transformers", "name"),
+            "llama.cpp": ("gguf", "name"),
+        },
+    )
 
 
 def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
