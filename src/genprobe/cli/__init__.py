@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
+    from .._io import CacheBusyError
     from ..registry import FetchError
     from ._common import check_model_kind
 
@@ -58,7 +59,7 @@ def _run(argv: list[str] | None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"genprobe {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except FetchError as exc:
+    except (FetchError, CacheBusyError) as exc:
         print(f"genprobe {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
