@@ -30,7 +30,6 @@ import functools
 import json
 import os
 import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .._io import fault_point, temp_beside, write_once
 from .errors import ModelLoadError, UnsupportedArchitectureError
 
 GGUF_MAGIC = b"GGUF"
@@ -233,7 +233,9 @@ def convert_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) 
     """Write a GGUF file as a float32 safetensors ``transformers`` directory (tokenizer and chat template included).
 
     The directory appears whole or not at all (written beside it, then renamed). An existing directory
-    converted from the same file is kept (idempotent); any other existing path is refused.
+    converted from the same file is kept (idempotent); any other existing path is refused. Two processes
+    converting to the same directory at once: one converts while the other waits, then keeps its result
+    (:func:`genprobe._io.write_once`); a conversion killed midway leaves a temporary the next one removes.
     """
     from ..registry import sha256_file
 
@@ -242,29 +244,38 @@ def convert_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) 
         raise FileNotFoundError(f"no such GGUF file: {src}")
     _check_magic(src)  # a foreign file is refused before it is hashed; read_gguf checks the rest
     digest = sha256_file(src)
-    if out.exists():
-        if (read_sidecar(out) or {}).get("sha256") == digest and (out / "model.safetensors").is_file():
-            return out
-        raise ModelLoadError(f"{out} already exists and is not a conversion of {src}; choose another --out")
+
+    def converted(d: Path) -> bool:
+        if not d.exists():
+            return False
+        if (read_sidecar(d) or {}).get("sha256") == digest and (d / "model.safetensors").is_file():
+            return True
+        raise ModelLoadError(f"{d} already exists and is not a conversion of {src}; choose another --out")
+
+    write_once(out, converted, lambda: _write_converted(src, out, digest), f"the conversion of {src.name}")
+    return out
+
+
+def _write_converted(src: Path, out: Path, digest: str) -> None:
+    """Convert ``src`` into a temporary directory beside ``out``, then rename it to ``out``."""
     module, hf_tok, summary = read_gguf(src)  # refuses a truncated or unsupported file before anything is written
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = temp_beside(out, directory=True)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the renamed directory is an ordinary one
         module.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a transformers model
+        fault_point("convert_gguf:weights")
         hf_tok.save_pretrained(tmp)
         record = {**summary.to_dict(), "sha256": digest}
         (tmp / GGUF_SIDECAR).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        fault_point("convert_gguf:written")
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
-    return out
 
 
 def read_sidecar(d: Path) -> dict[str, Any] | None:
