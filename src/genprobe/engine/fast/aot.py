@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..._io import fault_point, temp_beside
 from ...model.position_lm import PositionDrivenLM as GPT  # our GPT or the Llama family (model.llama_family)
 from . import kernels
 from .static_cache import StaticKVCache
@@ -120,20 +120,18 @@ def _compile(program: torch.nn.Module, args: tuple[Any, ...], dynamic: Any, cfg:
     """Export ``program`` and compile it with AOTInductor into the package ``path`` (written atomically)."""
     with torch.no_grad():
         ep = torch.export.export(program, args, dynamic_shapes=dynamic, strict=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.pt2", dir=path.parent)
-    os.close(fd)
+    tmp = temp_beside(path, suffix=".pt2")  # AOTInductor wants a .pt2 name
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*(torch\.jit\.script_method|TypedStorage)`? is deprecated")
             warnings.filterwarnings(
                 "ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
             )
-            torch._inductor.aoti_compile_and_package(ep, package_path=tmp, inductor_configs=cfg)
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=cfg)
+        fault_point("aot:compiled")
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
 
 
 def build_program(model: GPT, batch: int, capacity: int, threads: int, kind: str) -> Path:

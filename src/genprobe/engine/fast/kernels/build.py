@@ -4,7 +4,8 @@ Like ``torch.compile`` on CPU, this needs a C++ compiler; :func:`load` never rai
 (or lacks AVX2): it returns a :class:`KernelStatus` saying why the kernels are unavailable, and the compiled decode
 path then keeps Inductor's own code for the products. The library is written once per (source, torch version,
 compiler, flags) into the cache directory, atomically, so concurrent first uses cannot load a half-written file, and
-once: one of them builds while the others wait (:func:`build_once`; a build takes ~35 s of a core).
+once: one of them builds while the others wait (:func:`build_once`; a build takes ~35 s of a core); a build killed
+midway leaves a temporary file that the next build removes.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from filelock import FileLock
+
+from ...._io import fault_point, temp_beside, write_once
 
 SOURCES = (Path(__file__).with_name("linear.cpp"), Path(__file__).with_name("decoder.cpp"))
 SOURCE = SOURCES[0]
@@ -175,34 +176,26 @@ def _check_machine() -> None:
 
 def _build(command: Callable[[str, Path], list[str]], cxx: str, target: Path) -> None:
     """Run ``command(cxx, output)`` into a temporary output file, then move that to ``target`` (atomically)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
-    os.close(fd)
+    tmp = temp_beside(target, suffix=".so")
     try:
-        proc = subprocess.run(
-            command(cxx, Path(tmp)), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
-        )
+        proc = subprocess.run(command(cxx, tmp), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
             raise _Unavailable(f"building genprobe's kernels with {cxx} failed (exit {proc.returncode}): {tail}")
+        fault_point("kernels:built")
         os.replace(tmp, target)  # atomic: another process sees the old file or the whole new one
     except subprocess.TimeoutExpired as exc:
         raise _Unavailable(f"building genprobe's kernels took more than {BUILD_TIMEOUT_S} s") from exc
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
 
 
 def build_once(target: Path, build: Callable[[], None]) -> None:
-    """Run ``build``, which writes ``target`` atomically, unless ``target`` exists. A file lock beside it makes one
-    process build while the others that need it wait, instead of each building the same file (the test-suite's
-    workers start together)."""
-    if target.exists():
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{target}.lock"):
-        if not target.exists():  # built by another process while this one waited
-            build()
+    """Run ``build``, which writes ``target`` atomically, unless ``target`` exists. The cache lock of ``target``
+    makes one process build while the others that need it wait, instead of each building the same file (the
+    test-suite's workers start together); what a killed build left beside it is removed first
+    (:func:`genprobe._io.write_once`)."""
+    write_once(target, Path.exists, build, target.name)
 
 
 def _load() -> KernelStatus:
