@@ -264,10 +264,14 @@ def _f32_gguf(model: Any, out: Path, stem: str, log: Log) -> Path:
         raise ValueError("the quantization study converts a transformers directory; this model was not loaded from one")
     path = out / f"{stem}-F32.gguf"
     newest = max(p.stat().st_mtime for p in Path(model.source).iterdir() if p.is_file())
-    if path.is_file() and path.stat().st_mtime >= newest:
+
+    def current(p: Path) -> bool:
+        return p.is_file() and p.stat().st_mtime >= newest
+
+    if current(path):
         log(f"reusing {path}")
         return path
-    return convert_to_gguf(model.source, path, pre_tokenizer=_pre_tokenizer(model), log=log)
+    return convert_to_gguf(model.source, path, pre_tokenizer=_pre_tokenizer(model), log=log, current=current)
 
 
 def _agreement(engine: Any, reference: list[np.ndarray], windows: list[list[int]]) -> LogitAgreement:

@@ -28,8 +28,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
+from ..._io import fault_point, temp_beside, write_once
 from ._bindings import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
 
 #: GGUF file type name -> (llama_ftype constant of llama.h, the ggml type of its quantized 2-D tensors, that
@@ -109,35 +110,51 @@ runpy.run_path(os.environ["GENPROBE_CONVERTER"], run_name="__main__")
 """
 
 
+def _run_converter(tree: Path, src: Path, out: Path, pre_tokenizer: str | None) -> None:
+    """Run llama.cpp's converter on ``src`` into a temporary file beside ``out``, then rename it to ``out``."""
+    tmp = temp_beside(out, suffix=".gguf")
+    env = {**os.environ, "GENPROBE_CONVERTER": str(tree / "convert_hf_to_gguf.py")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "gguf-py"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if pre_tokenizer:
+        env["GENPROBE_BPE_PRE"] = pre_tokenizer
+    cmd = [sys.executable, "-c", _CONVERT_LAUNCHER, str(src), "--outtype", "f32", "--outfile", str(tmp)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+            raise RuntimeError(f"llama.cpp's converter failed on {src} (exit {proc.returncode}):\n{tail}")
+        fault_point("quantize:converted")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def convert_to_gguf(
     model_dir: str | os.PathLike[str],
     out_path: str | os.PathLike[str],
     *,
     pre_tokenizer: str | None = None,
     log: Callable[[str], None] | None = None,
+    current: Callable[[Path], bool] | None = None,
 ) -> Path:
     """Write ``model_dir`` (a ``transformers`` directory) as an all-F32 GGUF at ``out_path`` with llama.cpp's
-    ``convert_hf_to_gguf.py`` (``--outtype f32``); atomic (a partial file is never left at ``out_path``)."""
+    ``convert_hf_to_gguf.py`` (``--outtype f32``); atomic (a partial file is never left at ``out_path``).
+
+    An existing ``out_path`` for which ``current`` is true is kept (default: replaced). One process converts while
+    another asking for the same file waits, then keeps it when ``current`` says so (:func:`genprobe._io.write_once`).
+    """
     src = Path(model_dir)
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{src} is not a transformers directory (no config.json): the converter reads one")
     tree = llama_cpp_source_dir()
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    env = {**os.environ, "GENPROBE_CONVERTER": str(tree / "convert_hf_to_gguf.py")}
-    env["PYTHONPATH"] = os.pathsep.join([str(tree / "gguf-py"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    if pre_tokenizer:
-        env["GENPROBE_BPE_PRE"] = pre_tokenizer
-    cmd = [sys.executable, "-c", _CONVERT_LAUNCHER, str(src), "--outtype", "f32", "--outfile", str(tmp)]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0 or not tmp.is_file():
-        tmp.unlink(missing_ok=True)
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise RuntimeError(f"llama.cpp's converter failed on {src} (exit {proc.returncode}):\n{tail}")
-    os.replace(tmp, out)
-    if log:
+    wrote = write_once(
+        out, current or (lambda _: False), lambda: _run_converter(tree, src, out, pre_tokenizer), out.name
+    )
+    if log and not wrote:
+        log(f"reusing {out} (converted by another process)")
+    elif log:
         log(
             f"converted {src} -> {out} (F32 GGUF, {out.stat().st_size / 2**20:.1f} MiB, "
             f"{time.perf_counter() - started:.1f} s)"
@@ -226,31 +243,54 @@ def _native_stderr_captured() -> Iterator[Path]:
 
 
 def quantize_gguf(
-    src: str | os.PathLike[str], dst: str | os.PathLike[str], type_name: str, *, threads: int = 1
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    type_name: str,
+    *,
+    threads: int = 1,
+    current: Callable[[Path], bool] | None = None,
 ) -> QuantizedFile:
     """Quantize the F32 GGUF ``src`` to ``type_name`` at ``dst`` with ``llama_model_quantize`` (llama.cpp's
-    defaults of ``llama_model_quantize_default_params``: output tensor quantized, no importance matrix); atomic."""
+    defaults of ``llama_model_quantize_default_params``: output tensor quantized, no importance matrix); atomic.
+
+    An existing ``dst`` for which ``current`` is true is kept (default: replaced); one process quantizes while
+    another asking for the same file waits (:func:`genprobe._io.write_once`)."""
     (name,) = check_types([type_name])
     lib = require_llama_cpp()
     source, out = Path(src), Path(dst)
     if not source.is_file():
         raise FileNotFoundError(f"no such GGUF file to quantize: {source}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    seconds: list[float] = []
+    write_once(out, current or (lambda _: False), lambda: seconds.append(_quantize(lib, source, out, name, threads)))
+    return describe_gguf(out, name, seconds[0] if seconds else 0.0)
+
+
+def _quantize(lib: Any, source: Path, out: Path, name: str, threads: int) -> float:
+    """``llama_model_quantize`` into a temporary file beside ``out``, renamed to ``out``; the seconds it took."""
+    tmp = temp_beside(out, suffix=".gguf")
     params = lib.llama_model_quantize_default_params()
     params.nthread = max(1, int(threads))
     params.ftype = getattr(lib, QUANT_TYPES[name][0])
     started = time.perf_counter()
-    with _native_stderr_captured() as captured:
-        rc = lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
-    seconds = time.perf_counter() - started
-    if rc != 0 or not tmp.is_file():
+    try:
+        with _native_stderr_captured() as captured:
+            rc = lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
+        seconds = time.perf_counter() - started
+        if rc != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
+            log = captured.read_text(errors="replace") if captured.exists() else ""
+            tail = "\n".join(log.strip().splitlines()[-6:])
+            raise RuntimeError(f"llama_model_quantize failed writing {name} from {source} (return code {rc}):\n{tail}")
+        captured.unlink(missing_ok=True)
+        fault_point("quantize:quantized")
+        os.replace(tmp, out)
+    finally:
         tmp.unlink(missing_ok=True)
-        tail = "\n".join(captured.read_text(errors="replace").strip().splitlines()[-6:]) if captured.exists() else ""
-        raise RuntimeError(f"llama_model_quantize failed writing {name} from {source} (return code {rc}):\n{tail}")
-    captured.unlink(missing_ok=True)
-    os.replace(tmp, out)
-    return describe_gguf(out, name, seconds)
+    return seconds
+
+
+def _newer(path: Path, than: str | os.PathLike[str]) -> bool:
+    """``path`` exists and is at least as new as ``than`` (written from it)."""
+    return path.is_file() and path.stat().st_mtime >= Path(than).stat().st_mtime
 
 
 def quantize_all(
@@ -269,10 +309,7 @@ def quantize_all(
             files[name] = describe_gguf(f32_gguf, "F32")
             continue
         dst = Path(out_dir) / f"{stem}-{name}.gguf"
-        if dst.is_file() and dst.stat().st_mtime >= Path(f32_gguf).stat().st_mtime:
-            files[name] = describe_gguf(dst, name)
-        else:
-            files[name] = quantize_gguf(f32_gguf, dst, name, threads=threads)
+        files[name] = quantize_gguf(f32_gguf, dst, name, threads=threads, current=lambda p: _newer(p, f32_gguf))
         if log:
             log(f"quantized {files[name].describe()}")
     return files
