@@ -7,7 +7,9 @@ trains is committed under ``tests/data/tang-quick-<key>/`` (1.7 MB of safetensor
 ``<key>`` hashes the recipe and the torch version. A checkout whose recipe or torch differs from the bundled one's
 trains its own instead, once, under ``$GENPROBE_TEST_CACHE`` (default ``<repo>/.test-cache``): a file lock lets one
 process train while the others wait (pytest-xdist workers, or ``python tests/shared_checkpoint.py`` beside a test
-run). After a change of the recipe or of torch, ``python tests/shared_checkpoint.py --bundle`` trains the new
+run); it trains into a temporary directory beside the checkpoint and renames it, so a run killed while training
+leaves nothing that looks trained, and the next one removes what it left (genprobe._io.write_once, #52). After a
+change of the recipe or of torch, ``python tests/shared_checkpoint.py --bundle`` trains the new
 checkpoint into ``tests/data`` (removing the stale one) for the next commit.
 """
 
@@ -21,7 +23,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from filelock import FileLock
+from genprobe._io import fault_point, temp_beside, write_once
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "tests" / "data"  # tang-quick-<key>/: the checkpoint of the current recipe and torch
@@ -48,11 +50,22 @@ def trained_checkpoint() -> Path:
         return bundled
     root = Path(os.environ.get("GENPROBE_TEST_CACHE", REPO / ".test-cache"))
     d = root / f"tang-quick-{key}"
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"tang-quick-{key}.lock")):  # one process trains, the others wait
-        if not is_checkpoint(d):
-            _train_into(d)
+    # One process trains, the others wait for it and then load what it wrote.
+    write_once(d, is_checkpoint, lambda: _train_atomically(d), f"the test checkpoint {d}")
     return d
+
+
+def _train_atomically(d: Path) -> None:
+    """Train into a temporary directory beside ``d``, then rename it to ``d``."""
+    tmp = temp_beside(d, directory=True)
+    try:
+        _train_into(tmp)
+        fault_point("checkpoint:trained")
+        if d.exists():  # an incomplete directory a killed run of the older, in-place save left
+            shutil.rmtree(d)
+        os.replace(tmp, d)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _train_into(d: Path) -> None:
