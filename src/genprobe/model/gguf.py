@@ -31,7 +31,7 @@ import json
 import os
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -229,13 +229,16 @@ def _plain_float_model(loaded: Any) -> nn.Module:
     return module
 
 
-def convert_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
+def convert_gguf(
+    path: str | os.PathLike[str], out_dir: str | os.PathLike[str], log: Callable[[str], None] | None = None
+) -> Path:
     """Write a GGUF file as a float32 safetensors ``transformers`` directory (tokenizer and chat template included).
 
     The directory appears whole or not at all (written beside it, then renamed). An existing directory
     converted from the same file is kept (idempotent); any other existing path is refused. Two processes
     converting to the same directory at once: one converts while the other waits, then keeps its result
     (:func:`genprobe._io.write_once`); a conversion killed midway leaves a temporary the next one removes.
+    ``log`` is told when this process (not another one) converts.
     """
     from ..registry import sha256_file
 
@@ -252,7 +255,12 @@ def convert_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) 
             return True
         raise ModelLoadError(f"{d} already exists and is not a conversion of {src}; choose another --out")
 
-    write_once(out, converted, lambda: _write_converted(src, out, digest), f"the conversion of {src.name}")
+    def write() -> None:
+        if log:
+            log(f"converting {src.name} to a float32 transformers directory")
+        _write_converted(src, out, digest)
+
+    write_once(out, converted, write, f"the conversion of {src.name}")
     return out
 
 
