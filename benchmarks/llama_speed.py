@@ -45,6 +45,7 @@ import copy
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -278,25 +279,37 @@ def llamacpp_engine(setup: Setup, quant: str) -> Engine:
 
 
 def ct2_model(setup: Setup) -> Path:
-    """The model converted by CTranslate2's ``TransformersConverter`` (float32), once per model file."""
-    from ctranslate2.converters import TransformersConverter
+    """The model converted by CTranslate2's ``TransformersConverter`` (float32), once per model file; one process
+    converts while another wanting it waits (genprobe's cache lock), a killed conversion's temporary is removed."""
+    from genprobe._io import temp_beside, write_once
 
     weights = setup.model_dir / "model.safetensors"
     stamp = {"source": str(setup.model_dir.resolve()), "size": weights.stat().st_size, "mtime": weights.stat().st_mtime}
     out = setup.cache_dir / f"ct2-{setup.model_dir.name}-float32"
-    if (out / "model.bin").is_file() and (out / "source.json").is_file():
-        if json.loads((out / "source.json").read_text()) == stamp:
-            return out
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    print(f"converting {setup.model_dir} for CTranslate2 into {out}", file=sys.stderr, flush=True)
-    TransformersConverter(str(setup.model_dir)).convert(str(tmp), quantization="float32", force=True)
-    (tmp / "source.json").write_text(json.dumps(stamp))
-    if out.exists():
-        import shutil
 
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    def current(d: Path) -> bool:
+        return (d / "model.bin").is_file() and (d / "source.json").is_file() and _json(d / "source.json") == stamp
+
+    def convert() -> None:
+        from ctranslate2.converters import TransformersConverter
+
+        tmp = temp_beside(out, directory=True)
+        try:
+            print(f"converting {setup.model_dir} for CTranslate2 into {out}", file=sys.stderr, flush=True)
+            TransformersConverter(str(setup.model_dir)).convert(str(tmp), quantization="float32", force=True)
+            (tmp / "source.json").write_text(json.dumps(stamp))
+            if out.exists():  # a conversion of an older model file
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    write_once(out, current, convert, f"the CTranslate2 conversion of {setup.model_dir.name}")
     return out
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
 
 
 def ct2_engine(setup: Setup) -> Engine:

@@ -51,6 +51,14 @@ mkdir -p "$WHEELS"
 # py3-none (the bindings load the library with ctypes), so one build serves every Python 3 of the machine.
 WHEEL_NAME=llama_cpp_python-$VERSION-py3-none-linux_x86_64.whl
 BUILD_INFO="$WHEELS/$WHEEL_NAME.build-flags"
+# One install per cache at a time (#52): a second one waits (at most 30 min) instead of writing the same .part files
+# and source tree; the kernel drops the lock of a killed install. What a killed one left is removed under the lock.
+exec 9>"$CACHE/.install_llamacpp.lock"
+if ! flock -n 9; then
+  echo "install_llamacpp: waiting for another install into $CACHE to finish" >&2
+  flock -w 1800 9 || die "another install held $CACHE/.install_llamacpp.lock for 30 min"
+fi
+rm -rf "$CACHE"/.llama.cpp-?????? "$WHEELS/$SDIST.part" "$WHEELS/$WHEEL_NAME.part"
 WHEEL=""
 [ -f "$WHEELS/$WHEEL_NAME" ] && WHEEL="$WHEELS/$WHEEL_NAME"
 
