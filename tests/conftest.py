@@ -27,6 +27,7 @@ from genprobe.model import GPT, GPTConfig
 REPO = Path(__file__).resolve().parents[1]
 XDIST_GROUPS = {  # worker group -> the test files that share it
     "vllm": (
+        "matrix/test_command_matrix_vllm.py",
         "serving/test_engine_options.py",
         "serving/test_loops_cli_vllm.py",
         "serving/test_monitor_vllm.py",

@@ -39,8 +39,9 @@ def tiny_bpe():
     return tok
 
 
-def tiny_llama(vocab_size: int, seed: int = 0):
-    """A random 2-layer LlamaForCausalLM with grouped-query attention and tied embeddings."""
+def tiny_llama(vocab_size: int, seed: int = 0, heads: tuple[int, int] = (4, 2)):
+    """A random 2-layer LlamaForCausalLM with grouped-query attention (``heads``: query and key/value heads, of width
+    64 / query heads) and tied embeddings."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -49,8 +50,8 @@ def tiny_llama(vocab_size: int, seed: int = 0):
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads[0],
+        num_key_value_heads=heads[1],
         max_position_embeddings=128,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
@@ -94,7 +95,9 @@ def _tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
-def write_tiny_gguf(path: Path, arch: str = "llama", q8_names: tuple[str, ...] = (), seed: int = 0):
+def write_tiny_gguf(
+    path: Path, arch: str = "llama", q8_names: tuple[str, ...] = (), seed: int = 0, heads: tuple[int, int] = (4, 2)
+):
     """Write a tiny random Llama + byte-level BPE as GGUF; returns the HF model whose weights the file holds.
 
     Tensors named in ``q8_names`` are stored as Q8_0; the returned model then holds their dequantized
@@ -103,7 +106,7 @@ def write_tiny_gguf(path: Path, arch: str = "llama", q8_names: tuple[str, ...] =
     import gguf
 
     bpe = tiny_bpe()
-    model = tiny_llama(bpe.get_vocab_size(), seed)
+    model = tiny_llama(bpe.get_vocab_size(), seed, heads)
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-llama-test")

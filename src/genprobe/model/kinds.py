@@ -92,13 +92,13 @@ def kinds_phrase(kinds: tuple[ModelKind, ...]) -> str:
 def kind_refusal(command: str, arg: str | os.PathLike[str], kinds: tuple[str, ...]) -> str | None:
     """The one-line refusal of ``arg`` by ``command`` (which takes ``kinds``, :class:`ModelKind` values), or None
     when it takes it. Something that does not exist is left to the loader, whose error says what was looked for."""
-    kinds = tuple(ModelKind(k) for k in kinds)
+    taken = tuple(ModelKind(k) for k in kinds)
     kind = model_kind(arg)
-    if kind is None or kind in kinds:
+    if kind is None or kind in taken:
         return None
     if kind is ModelKind.URL:
-        return f"{arg} is a URL: live endpoints are not supported yet; genprobe {command} takes {kinds_phrase(kinds)}"
+        return f"{arg} is a URL: live endpoints are not supported yet; genprobe {command} takes {kinds_phrase(taken)}"
     hint = ""
-    if kind is ModelKind.GGUF and ModelKind.TRANSFORMERS in kinds:
+    if kind is ModelKind.GGUF and ModelKind.TRANSFORMERS in taken:
         hint = f" (convert it once: genprobe convert-gguf {arg} --out DIR)"
-    return f"genprobe {command} takes {kinds_phrase(kinds)}; {arg} is {kind.phrase}{hint}"
+    return f"genprobe {command} takes {kinds_phrase(taken)}; {arg} is {kind.phrase}{hint}"
