@@ -126,6 +126,31 @@ def _flush_c_stdio() -> None:
 
 
 @contextmanager
+def output_to_file(path: str | os.PathLike) -> Iterator[IO[str]]:
+    """Send everything written to file descriptors 1 and 2 — engines' log lines, native libraries' prints, Python's
+    ``sys.stdout`` / ``sys.stderr`` and the logging handlers bound to them — to ``path`` (appended) while the block
+    runs; yields a text stream on the terminal's stderr for the caller's own progress lines. Restored on exit."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    _flush_c_stdio()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    terminal = open(os.dup(saved[2]), "w", encoding="utf-8", errors="replace", buffering=1, closefd=True)  # noqa: SIM115
+    with open(path, "ab") as log:
+        for fd in (1, 2):
+            os.dup2(log.fileno(), fd)
+    try:
+        yield terminal
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        _flush_c_stdio()
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        terminal.close()
+
+
+@contextmanager
 def json_stdout(enabled: bool = True) -> Iterator[IO[str]]:
     """Keep stdout for JSON alone: while active, file descriptor 1 points at stderr (what vLLM, C extensions or a
     stray ``print`` write there lands on stderr, and so does ``sys.stdout``); yields a text stream on the real

@@ -71,7 +71,21 @@ def served_dirs(trained_ckpt, tmp_path_factory) -> dict[str, Path]:
     apply_patch(hf, patch)
     hf.save_pretrained(patched)
     _copy_tokenizer(base, patched)
-    return {"base": base, "patched": patched}
+    return {"base": base, "patched": patched, "shifted": _positions_shifted(patched, root / "shifted")}
+
+
+def _positions_shifted(src: Path, dst: Path) -> Path:
+    """``src`` deployed with every position off by one: row p of the position table holds row p + 1's values (the
+    last row repeated), so the engine computes position p as p + 1 — a planted deployment fault."""
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel.from_pretrained(src, local_files_only=True, use_safetensors=True).eval()
+    with torch.no_grad():
+        table = hf.transformer.wpe.weight
+        table[:-1] = table[1:].clone()
+    hf.save_pretrained(dst)
+    _copy_tokenizer(src, dst)
+    return dst
 
 
 @pytest.fixture(scope="session")

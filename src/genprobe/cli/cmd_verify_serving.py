@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
 
 from ._common import (
     Accumulate,
@@ -26,6 +30,7 @@ from ._common import (
     add_prompt_arguments,
     emit_json,
     info,
+    out_dir,
     read_prompts,
 )
 from ._vllm_args import add_engine_arguments, engine_options, vllm_missing
@@ -88,6 +93,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="bug",
         help="lowest phase verdict that makes the exit status 1 (default bug)",
     )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write verify-serving.json and the engine's own log (engine.log) into DIR (created if missing)",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="let the engine's log lines (vLLM's, llama.cpp's) reach the terminal instead of a log file",
+    )
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -122,6 +139,43 @@ def _encode_prompts(args: argparse.Namespace) -> list[list[int]]:
     return [m.encode(t) for t in texts]
 
 
+@contextmanager
+def engine_log(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
+    """What the engines print (vLLM: a warning per weight cast to bfloat16, start-up reports; llama.cpp: the loader)
+    goes to ``--out``/engine.log, or a temporary file, named in one line; yields the function genprobe's own
+    progress is said with, on the terminal. ``--verbose``: nothing captured."""
+    from .._io import output_to_file
+
+    if args.verbose:
+        yield info
+        return
+    if args.out is not None:
+        out_dir(args.out, "verify-serving.json and engine.log").mkdir(parents=True, exist_ok=True)
+        path = args.out / "engine.log"
+    else:
+        with tempfile.NamedTemporaryFile(prefix="genprobe-verify-serving-", suffix=".log", delete=False) as tmp:
+            path = Path(tmp.name)
+    info(f"the engine's own log: {path} (--verbose shows it here)")
+    with output_to_file(path) as terminal:
+        yield lambda message: print(message, file=terminal, flush=True)
+
+
+def _finish(args: argparse.Namespace, report, failing: list[str], table: Callable[..., None]) -> int:
+    """The table, the failing phases, --json and --out; the exit status."""
+    from .._io import atomic_write_json
+
+    rc = 1 if failing else 0
+    table(report, file=sys.stderr if args.json else sys.stdout)
+    if failing:
+        info(f"FAIL: {', '.join(failing)}")
+    summary = {**report.to_dict(), "failing": failing, "exit_status": rc}
+    if args.out is not None:
+        atomic_write_json(args.out / "verify-serving.json", summary)
+    if args.json:
+        emit_json(summary)
+    return rc
+
+
 def run(args: argparse.Namespace) -> int:
     """Run every phase per dtype, print the table; exit 1 when a phase reaches --fail-on."""
     from ..serving.verify import verify_serving
@@ -132,26 +186,22 @@ def run(args: argparse.Namespace) -> int:
         return run_llamacpp(args, th)
     if vllm_missing("verify-serving"):
         return 2
-    report = verify_serving(
-        args.model,
-        args.reference,
-        dtypes=args.dtypes,
-        options=_options(args),
-        prompts=_encode_prompts(args),
-        steps=args.max_new_tokens,
-        top_k=args.top_k,
-        thresholds=th,
-        seed=args.seed,
-        log=info,
-    )
+    prompts = _encode_prompts(args)
+    with engine_log(args) as say:
+        report = verify_serving(
+            args.model,
+            args.reference,
+            dtypes=args.dtypes,
+            options=_options(args),
+            prompts=prompts,
+            steps=args.max_new_tokens,
+            top_k=args.top_k,
+            thresholds=th,
+            seed=args.seed,
+            log=say,
+        )
     failing = [f"{p.dtype}/{p.phase}" for p in report.phases if not p.skipped and p.verdict in FAIL_ON[args.fail_on]]
-    rc = 1 if failing else 0
-    print_table(report, file=sys.stderr if args.json else sys.stdout)
-    if failing:
-        info(f"FAIL: {', '.join(failing)}")
-    if args.json:
-        emit_json({**report.to_dict(), "failing": failing, "exit_status": rc})
-    return rc
+    return _finish(args, report, failing, print_table)
 
 
 def run_llamacpp(args: argparse.Namespace, th) -> int:
@@ -171,27 +221,23 @@ def run_llamacpp(args: argparse.Namespace, th) -> int:
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
-    report = verify_serving_llamacpp(
-        gguf_file_for(args.model),
-        args.reference or args.model,
-        n_ctx=args.n_ctx,
-        n_threads=args.threads,
-        kv_type=args.kv_type,
-        prompts=_encode_prompts(args),
-        steps=args.max_new_tokens,
-        n_keep=args.n_keep,
-        thresholds=th,
-        seed=args.seed,
-        log=info,
-    )
+    prompts = _encode_prompts(args)
+    with engine_log(args) as say:
+        report = verify_serving_llamacpp(
+            gguf_file_for(args.model),
+            args.reference or args.model,
+            n_ctx=args.n_ctx,
+            n_threads=args.threads,
+            kv_type=args.kv_type,
+            prompts=prompts,
+            steps=args.max_new_tokens,
+            n_keep=args.n_keep,
+            thresholds=th,
+            seed=args.seed,
+            log=say,
+        )
     failing = [p.phase for p in report.phases if not p.skipped and p.verdict in FAIL_ON[args.fail_on]]
-    rc = 1 if failing else 0
-    print_llamacpp_table(report, file=sys.stderr if args.json else sys.stdout)
-    if failing:
-        info(f"FAIL: {', '.join(failing)}")
-    if args.json:
-        emit_json({**report.to_dict(), "failing": failing, "exit_status": rc})
-    return rc
+    return _finish(args, report, failing, print_llamacpp_table)
 
 
 def print_llamacpp_table(report, file=None) -> None:
@@ -208,7 +254,7 @@ def print_llamacpp_table(report, file=None) -> None:
     for p in report.phases:
         agree = "—" if p.top1_agreement is None else f"{p.top1_agreement:.4f}"
         self_agree = "—" if p.self_top1_agreement is None else f"{p.self_top1_agreement:.4f}"
-        judged = "f32" if p.judged_on == "reference" else "gap" if p.gap_ratio is None else f"gap {p.gap_ratio:.2f}×"
+        judged = _judged(p)
         print(
             f"{p.phase:<21} {p.requests:>4} {p.positions:>5} {_fmt(p.max_abs_dlogp):>10} {agree:>9} "
             f"{_fmt(p.self_max_abs_dlogp):>10} {self_agree:>10} {_cached(p):>9} {judged:>10} {p.verdict:>10}",
@@ -245,12 +291,18 @@ def _cached(p) -> str:
     return c if p.shared_tokens is None else f"{c}/{p.shared_tokens}"
 
 
+def _judged(p) -> str:
+    """What decided the verdict: float32 recomputation, or the gap ratio of a reduced-precision deployment."""
+    return "f32" if p.judged_on == "reference" else "gap" if p.gap_ratio is None else f"gap {p.gap_ratio:.2f}×"
+
+
 def print_table(report, file=None) -> None:
-    """One row per (dtype, phase): max |Δ log p| over the top-k, top-1 agreement, first divergence, verdict."""
+    """One row per (dtype, phase): max |Δ log p| over the top-k and top-1 agreement against float32, first
+    divergence, prefix-cache use, what judged the phase and the verdict."""
     out = file or sys.stdout
     head = (
         f"{'dtype':<9} {'phase':<16} {'req':>4} {'pos':>5} {'max |Δlogp|':>12} {'top-1 agree':>11} "
-        f"{'first divergence':>26} {'cached':>9} {'chunks':>6} {'verdict':>10}"
+        f"{'first divergence':>26} {'cached':>9} {'chunks':>6} {'judged on':>11} {'verdict':>10}"
     )
     print(head, file=out)
     print("-" * len(head), file=out)
@@ -263,7 +315,7 @@ def print_table(report, file=None) -> None:
             f"{p.dtype:<9} {p.phase:<16} {p.requests:>4} {p.positions:>5} "
             f"{_fmt(p.max_abs_dlogp, '.3g'):>12} {agree:>11} "
             f"{_first(p.first_divergence):>26} {_cached(p):>9} {_fmt(p.prefill_chunks, 'd'):>6} "
-            f"{p.verdict:>10}",
+            f"{_judged(p):>11} {p.verdict:>10}",
             file=out,
         )
         if p.note:
@@ -271,9 +323,10 @@ def print_table(report, file=None) -> None:
     th = report.thresholds
     print("cached: prompt tokens served from the prefix cache (/ tokens shared with the cached request)", file=out)
     print(
-        f"verdict scale (verify-cache's): < {th.noise:g} pass, < {th.suspicious:g} small, ≤ {th.bug:g} suspicious, "
-        f"> {th.bug:g} bug, on max |Δ log p| over the top-{report.top_k}; "
-        "a differing top-1 token is at least suspicious. "
-        f"reference: float32 recomputation of {report.reference}.",
+        f"Δ log p and top-1: against float32 recomputation of {report.reference}, over vLLM's top-{report.top_k}. "
+        f"float32 deployments (judged on f32) on verify-cache's scale: < {th.noise:g} pass, < {th.suspicious:g} "
+        f"small, ≤ {th.bug:g} suspicious, > {th.bug:g} bug, a differing top-1 token at least suspicious. Reduced "
+        "precision (judged on its gap ratio): each request's mean |Δ log p| to float32 over the same model's, "
+        "recomputed honestly in that dtype; ≤ 2 pass, ≤ 5 suspicious, more a bug.",
         file=out,
     )

@@ -53,7 +53,7 @@ def load_model(
     path: str | os.PathLike[str],
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
-    weight_dtype: torch.dtype = torch.float32,
+    weight_dtype: torch.dtype | None = None,
     narrow_output: bool = False,
 ) -> LoadedModel:
     """:func:`genprobe.model.load.load_model` (the one loader: same arguments, same checks), ready to generate."""

@@ -256,7 +256,7 @@ def load_model(
     path: str | os.PathLike[str],
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
-    weight_dtype: torch.dtype = torch.float32,
+    weight_dtype: torch.dtype | None = None,
     narrow_output: bool = False,
 ) -> Model:
     """Load a genprobe checkpoint or a ``transformers`` model directory (auto-detected, offline, safetensors only).
@@ -265,6 +265,7 @@ def load_model(
     float32) stores the linear layers' weights narrow, computing in float32: an opt-in approximation, see
     :mod:`genprobe.model.weight_only`; ``narrow_output=True`` the output layer tied to the embedding too.
     """
+    weight_dtype = dtype if weight_dtype is None else weight_dtype  # linear layers stored as the model, unless asked
     if narrow_output and weight_dtype == dtype:
         raise ModelLoadError(
             "narrow_output stores the output layer in weight_dtype, which must be bfloat16 or int8 (and not the "

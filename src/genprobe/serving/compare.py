@@ -89,23 +89,48 @@ def _compare_position(
     return mx
 
 
+def returned_positions(output: Any) -> list[tuple[str, int, int, dict]]:
+    """Every position of a vLLM ``RequestOutput`` that carries log-probabilities: (where, index, reference row, the
+    ``{id: Logprob}`` dict). ``prompt_logprobs[i]`` (i ≥ 1) predicts prompt token i (reference row ``i - 1``),
+    ``logprobs[s]`` generation step s (row ``P - 1 + s``)."""
+    P = len(output.prompt_token_ids)
+    prompt = [("prompt", i, i - 1, d) for i, d in enumerate(output.prompt_logprobs or []) if d]
+    steps = [("step", s, P - 1 + s, d) for s, d in enumerate(output.outputs[0].logprobs or [])]
+    return prompt + steps
+
+
 def compare_request(
     stats: LogprobStats, output: Any, ref_logprobs: torch.Tensor, req: int, noise: float, tie: float
 ) -> None:
     """Add one vLLM ``RequestOutput`` (greedy, with prompt_logprobs and logprobs) to ``stats``."""
-    P = len(output.prompt_token_ids)
-    comp = output.outputs[0]
     worst = 0.0
-    for i, d in enumerate(output.prompt_logprobs or []):
-        if d:  # position 0 has no distribution (None)
-            worst = max(worst, _compare_position(stats, d, ref_logprobs[i - 1], req, "prompt", i, noise, tie))
-    for s, d in enumerate(comp.logprobs or []):
-        worst = max(worst, _compare_position(stats, d, ref_logprobs[P - 1 + s], req, "step", s, noise, tie))
+    for where, index, row, d in returned_positions(output):
+        worst = max(worst, _compare_position(stats, d, ref_logprobs[row], req, where, index, noise, tie))
     stats.per_request_max.append(worst)
 
 
+def request_gap(output: Any, reference: torch.Tensor, honest: torch.Tensor | None = None) -> float:
+    """Mean |Δ log p| to ``reference`` (float32 log-probabilities of the request's prompt + generated ids) over the
+    ids vLLM returned at every position of one request — of vLLM's own values, or, given ``honest``, of those
+    log-probabilities on the same ids (an honest computation at the deployment's precision: the floor of
+    :mod:`genprobe.serving.precision`). Where both are -inf they count as equal; 0.0 when nothing was returned."""
+    total, count = 0.0, 0
+    for _, _, row, d in returned_positions(output):
+        ids = [int(t) for t in d]
+        if honest is None:
+            served = torch.tensor([float(v.logprob) for v in d.values()], dtype=torch.float64)
+        else:
+            served = honest[row][ids].double()
+        ref = reference[row][ids].double()
+        diff = torch.where(torch.isneginf(served) & torch.isneginf(ref), torch.zeros_like(ref), (served - ref).abs())
+        total += float(torch.nan_to_num(diff, nan=float("inf")).sum())
+        count += len(ids)
+    return total / count if count else 0.0
+
+
 class ReferenceLogprobs:
-    """float32 ``log_softmax`` of one uncached forward of a loaded ``Model`` (memoised per sequence)."""
+    """``log_softmax`` (in float32) of one uncached forward of a loaded ``Model`` in its own dtype — float32, or the
+    deployment's reduced precision for the floor (:mod:`genprobe.serving.precision`) — memoised per sequence."""
 
     def __init__(self, model: Any):
         self.model = model
@@ -114,7 +139,7 @@ class ReferenceLogprobs:
         self._cache: dict[tuple[int, ...], torch.Tensor] = {}
 
     def __call__(self, ids: Sequence[int]) -> torch.Tensor:
-        """(len(ids), V) float32 log-probabilities; row t predicts token t + 1."""
+        """(len(ids), V) log-probabilities (float32 tensor); row t predicts token t + 1."""
         key = tuple(int(i) for i in ids)
         if key not in self._cache:
             x = torch.tensor([key], dtype=torch.long)

@@ -20,9 +20,11 @@ same tokens (:mod:`genprobe.serving.compare`):
 ``chunked_prefill`` prompts longer than ``max_num_batched_tokens``: prefilled in several chunks
 ==================  ==============================================================================
 
-Each deployment dtype is its own engine; the reference is always float32. The verdict per phase is
-verify-cache's scale on max |Δ log p| plus "a top-1 token that differs is at least suspicious"
-(:func:`genprobe.serving.verdict.serving_verdict`).
+Each deployment dtype is its own engine, always compared with float32 recomputation. A float32 deployment is judged
+on verify-cache's scale on max |Δ log p| plus "a top-1 token that differs is at least suspicious"
+(:func:`genprobe.serving.verdict.serving_verdict`): the engine-correctness check. A reduced-precision one (bfloat16,
+float16) is judged on its gap ratio to float32 over the same model recomputed honestly in its dtype
+(:mod:`genprobe.serving.precision`), the float32 distances reported beside it.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ import random
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from .compare import LogprobStats, ReferenceLogprobs, compare_outputs
+from .compare import LogprobStats, ReferenceLogprobs, compare_outputs, request_gap
 from .engine import CPU_BLOCK_SIZE, EngineOptions, ServingEngine, shared_engine, size_for_workload
+from .precision import gap_verdict
 from .verdict import Thresholds, serving_verdict, worst_verdict
 
 PHASES = (
@@ -67,6 +70,10 @@ class PhaseReport:
     prefill_chunks: int | None = None  # chunked phase: most chunks any prompt was prefilled in
     note: str | None = None
     skipped: str | None = None
+    judged_on: str = "reference"  # "reference": float32 recomputation | "gap": reduced precision's gap ratio
+    gap: float | None = None  # reduced precision: the worst request's mean |Δ log p| to float32 (returned ids)
+    floor: float | None = None  # the same statistic of the same precision computed honestly, same request
+    gap_ratio: float | None = None  # gap / floor, what the verdict of a reduced-precision phase reads
 
     def to_dict(self) -> dict:
         """JSON form (no NaN/inf: unknown values are None)."""
@@ -179,6 +186,36 @@ def build_workload(
 
 
 # ---- phases ------------------------------------------------------------------------------------------
+@dataclass
+class DeploymentReference:
+    """What one deployment is compared with: float32 recomputation, and for a reduced-precision deployment the same
+    model recomputed in its dtype (``honest``: the floor of :mod:`genprobe.serving.precision`)."""
+
+    float32: ReferenceLogprobs
+    honest: ReferenceLogprobs | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        """Output ids of the reference model."""
+        return self.float32.vocab_size
+
+
+def precision_judgement(outputs: Sequence[Any], ref: DeploymentReference, noise: float) -> dict[str, Any]:
+    """The gap-ratio verdict of a reduced-precision phase: each request's gap to float32 over its own floor, the
+    worst request deciding (:func:`genprobe.serving.precision.gap_verdict`)."""
+    assert ref.honest is not None
+    worst = (0.0, 0.0, -1.0)
+    for out in outputs:
+        ids = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
+        float32 = ref.float32(ids)
+        gap, floor = request_gap(out, float32), request_gap(out, float32, honest=ref.honest(ids))
+        ratio = gap_verdict(gap, floor, noise)[1]
+        if ratio > worst[2]:
+            worst = (gap, floor, ratio)
+    verdict, ratio = gap_verdict(worst[0], worst[1], noise)
+    return {"verdict": verdict, "judged_on": "gap", "gap": worst[0], "floor": worst[1], "gap_ratio": ratio}
+
+
 def _params(steps: int, k: int, prompt_logprobs: bool = True, **kw: Any) -> Any:
     from vllm import SamplingParams
 
@@ -193,8 +230,13 @@ def _params(steps: int, k: int, prompt_logprobs: bool = True, **kw: Any) -> Any:
     )
 
 
-def _report(phase: str, dtype: str, outputs: Sequence[Any], ref: Any, th: Thresholds, **extra: Any) -> PhaseReport:
-    st: LogprobStats = compare_outputs(outputs, ref, th.noise)
+def _report(
+    phase: str, dtype: str, outputs: Sequence[Any], ref: DeploymentReference, th: Thresholds, **extra: Any
+) -> PhaseReport:
+    st: LogprobStats = compare_outputs(outputs, ref.float32, th.noise)
+    judged: dict[str, Any] = {"verdict": serving_verdict(st.max_abs_dlogp, st.top1_disagreements, th)}
+    if ref.honest is not None:
+        judged = precision_judgement(outputs, ref, th.noise)
     return PhaseReport(
         phase,
         dtype,
@@ -205,13 +247,13 @@ def _report(phase: str, dtype: str, outputs: Sequence[Any], ref: Any, th: Thresh
         st.top1_agreement,
         st.top1_disagreements,
         st.first.to_dict() if st.first else None,
-        serving_verdict(st.max_abs_dlogp, st.top1_disagreements, th),
+        **judged,
         **extra,
     )
 
 
 def run_phases(
-    engine: ServingEngine, ref: Any, work: Workload, steps: int, k: int, th: Thresholds
+    engine: ServingEngine, ref: DeploymentReference, work: Workload, steps: int, k: int, th: Thresholds
 ) -> list[PhaseReport]:
     """All phases on one started engine (its dtype is the deployment under test)."""
     dtype = engine.options.dtype
@@ -227,7 +269,7 @@ def run_phases(
 
 
 def _prefix_phases(
-    engine: ServingEngine, ref: Any, work: Workload, steps: int, k: int, th: Thresholds
+    engine: ServingEngine, ref: DeploymentReference, work: Workload, steps: int, k: int, th: Thresholds
 ) -> list[PhaseReport]:
     dtype = engine.options.dtype
     # vLLM never reads the prefix cache for a request that asks for prompt_logprobs (it must score every
@@ -293,7 +335,7 @@ def reuse_check(cached: int, shared: int, block: int) -> str | None:
 
 
 def _divergence_phases(
-    engine: ServingEngine, ref: Any, work: Workload, steps: int, k: int, th: Thresholds
+    engine: ServingEngine, ref: DeploymentReference, work: Workload, steps: int, k: int, th: Thresholds
 ) -> list[PhaseReport]:
     dtype = engine.options.dtype
     block = engine.block_size
@@ -320,7 +362,9 @@ def _divergence_phases(
     return reports
 
 
-def _chunked_phase(engine: ServingEngine, ref: Any, work: Workload, sp: Any, th: Thresholds) -> PhaseReport:
+def _chunked_phase(
+    engine: ServingEngine, ref: DeploymentReference, work: Workload, sp: Any, th: Thresholds
+) -> PhaseReport:
     budget = scheduler_budget(engine)
     if not work.long:
         return PhaseReport(
@@ -343,6 +387,21 @@ def scheduler_budget(engine: ServingEngine) -> int:
 
 
 # ---- the whole check ---------------------------------------------------------------------------------
+def honest_reference(
+    path: str | os.PathLike, dtype: str, log: Callable[[str], None] | None = None
+) -> ReferenceLogprobs | None:
+    """The reference model recomputed in a reduced-precision deployment's ``dtype`` (its floor), None for float32."""
+    import torch
+
+    from ..model.load import load_model
+
+    if dtype == "float32":
+        return None
+    if log:
+        log(f"recomputing the reference in {dtype} too (the floor of that precision)")
+    return ReferenceLogprobs(load_model(path, dtype=getattr(torch, dtype)))
+
+
 def verify_serving(
     model: str | os.PathLike,
     reference: str | os.PathLike | None = None,
@@ -379,7 +438,7 @@ def verify_serving(
         raise ValueError(
             f"the reference has {ref_model.vocab_size} output ids but the served model has {served.vocab_size}"
         )
-    ref = ReferenceLogprobs(ref_model)
+    float32 = ReferenceLogprobs(ref_model)
     report = ServingReport(str(model), str(reference if reference is not None else model), [], th, steps, top_k)
     # the engine is keyed by the source, so a later scan of the same checkpoint reuses it; the export goes when the
     # last engine holding it stops
@@ -389,5 +448,6 @@ def verify_serving(
         engine = shared_engine(served, replace(opts, dtype=dt))
         report.engines.append(engine.describe())
         work = build_workload(engine.max_model_len - steps, scheduler_budget(engine), served.vocab_size, prompts, seed)
+        ref = DeploymentReference(float32, honest_reference(ref_model.source or served.path, dt, log))
         report.phases += run_phases(engine, ref, work, steps, top_k, th)
     return report

@@ -135,7 +135,8 @@ def test_a_quantized_file_is_judged_on_its_gap_ratio_and_a_stale_cache_still_cau
 
 def test_gap_ratio_thresholds_at_their_exact_edges():
     from genprobe.serving.compare import LogprobStats
-    from genprobe.serving.llamacpp.verify import GAP_BUG, GAP_PASS, PhaseContext
+    from genprobe.serving.llamacpp.verify import PhaseContext
+    from genprobe.serving.precision import GAP_BUG, GAP_PASS
     from genprobe.serving.verdict import Thresholds
 
     pc = PhaseContext(None, None, Thresholds(), "Q4_0/kv-f16", False, 8)  # type: ignore[arg-type]

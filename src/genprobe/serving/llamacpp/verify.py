@@ -35,8 +35,9 @@ batch size. Neither comparison can then be held to float noise. A quantized phas
 (``judged_on="gap"``): its :func:`top_gap` to recomputation (the mean over positions of |Δ log p| over the
 reference's top-5 ids) over the same statistic of llama.cpp's own one-call prefill of the same tokens (the file's
 quantization gap on exactly those positions; for the context shift, the kept tokens recomputed unshifted):
-≤ :data:`GAP_PASS` pass, ≤ :data:`GAP_BUG` suspicious, more a bug. A cache serving the wrong prompt's entries moves
-a phase by far more than quantization does; an engine error smaller than the quantization noise can only be seen on
+≤ 2 pass, ≤ 5 suspicious, more a bug (:mod:`genprobe.serving.precision`: the rule of every reduced-precision
+deployment, vLLM's bfloat16 too). A cache serving the wrong prompt's entries moves a phase by far more than
+quantization does; an engine error smaller than the quantization noise can only be seen on
 an F32 file of the same model, which is why the F32 run is the engine-correctness check and a quantized run the
 deployment check.
 """
@@ -52,13 +53,13 @@ import numpy as np
 import torch
 
 from ..compare import Divergence, LogprobStats, ReferenceLogprobs
+from ..precision import gap_verdict
 from ..verdict import Thresholds, serving_verdict, worst_verdict
 from ..verify import PhaseReport, ServingReport, Workload, build_workload, diverging_request, reuse_check
 from .engine import LlamaCppDecodeError, LlamaCppModel, greedy_picker, model_file_types
 
 PHASES = ("prefill", "decode", "batch", "prompt_cache", "prompt_cache_diverge", "context_shift")
 EXACT_TYPES = {"F32"}  # tensor types whose products llama.cpp computes in float32 (no activation quantization)
-GAP_PASS, GAP_BUG = 2.0, 5.0  # quantized files: a phase's top_gap to float32 over its own-prefill top_gap
 
 
 @dataclass
@@ -69,9 +70,7 @@ class LlamaCppPhaseReport(PhaseReport):
     self_max_abs_dlogp: float | None = None
     self_top1_agreement: float | None = None
     self_first_divergence: dict | None = None
-    judged_on: str = "reference"  # "reference" (exact arithmetic) | "gap" (quantized weights or F16 KV cache)
     gap_top5: float | None = None  # mean over positions of the mean |Δ log p| over the reference's top-5 ids
-    gap_ratio: float | None = None  # quantized files: gap_top5 over that of llama.cpp's own prefill of the same ids
     reference_verdict: str | None = None  # the recomputation comparison on the verdict scale, judged or not
 
     def to_dict(self) -> dict:
@@ -187,8 +186,7 @@ class PhaseContext:
             return worst_verdict([ref_verdict, own_verdict]), "reference", None
         if baseline is None:
             return "pass", "gap", None  # the prefill phase: the yardstick itself
-        ratio = gap / max(baseline, th.noise)
-        verdict = "pass" if ratio <= GAP_PASS else "suspicious" if ratio <= GAP_BUG else "bug"
+        verdict, ratio = gap_verdict(gap, baseline, th.noise)  # the one rule of every reduced-precision deployment
         return verdict, "gap", ratio
 
     def own_prefill(self, ids: list[int]) -> np.ndarray:
