@@ -80,8 +80,10 @@ def test_scan_hf_model_needs_explicit_prompts(hf_dir, capsys):
     assert "not the bundled character model" in err and "--prompts FILE" in err and "--tang-prompts" in err
 
 
-def test_scan_compile_is_for_genprobes_engine_and_vllm(hf_dir, prompt_file, capsys):
-    args = ["loops", "scan", str(hf_dir), "--prompts", str(prompt_file), "--compile", "--backend", "llama.cpp"]
+def test_scan_compile_is_for_genprobes_engine_and_vllm(prompt_file, capsys, tmp_path):
+    gguf = tmp_path / "model.gguf"  # llama.cpp's kind of MODEL: the --compile refusal comes before anything loads
+    gguf.write_bytes(b"")
+    args = ["loops", "scan", str(gguf), "--prompts", str(prompt_file), "--compile", "--backend", "llama.cpp"]
     assert main(args) == 2
     assert "--compile is for genprobe's engine (its compiled fast path) and vLLM" in capsys.readouterr().err
 

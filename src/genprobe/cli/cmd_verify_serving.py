@@ -16,6 +16,8 @@ gets 160 positions and 85 MiB instead of 8,192 positions and a fraction of RAM.
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -33,7 +35,7 @@ from ._common import (
     out_dir,
     read_prompts,
 )
-from ._vllm_args import add_engine_arguments, engine_options, vllm_missing
+from ._vllm_args import add_engine_arguments, engine_options
 
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
 
@@ -139,11 +141,21 @@ def _encode_prompts(args: argparse.Namespace) -> list[list[int]]:
     return [m.encode(t) for t in texts]
 
 
+def _to_log(path: Path) -> None:
+    """At exit: what is still printed (vLLM stopping its engine) goes to the log, after the verdict."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 @contextmanager
 def engine_log(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
     """What the engines print (vLLM: a warning per weight cast to bfloat16, start-up reports; llama.cpp: the loader)
-    goes to ``--out``/engine.log, or a temporary file, named in one line; yields the function genprobe's own
-    progress is said with, on the terminal. ``--verbose``: nothing captured."""
+    goes to ``--out``/engine.log, or a temporary file, named in one line at the end; yields the function genprobe's
+    own progress is said with, on the terminal. ``--verbose``: nothing captured."""
     from .._io import output_to_file
 
     if args.verbose:
@@ -155,9 +167,12 @@ def engine_log(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
     else:
         with tempfile.NamedTemporaryFile(prefix="genprobe-verify-serving-", suffix=".log", delete=False) as tmp:
             path = Path(tmp.name)
-    info(f"the engine's own log: {path} (--verbose shows it here)")
     with output_to_file(path) as terminal:
         yield lambda message: print(message, file=terminal, flush=True)
+    atexit.register(_to_log, path)  # runs before the engine's own exit handler (registered earlier): its lines too
+    lines = len(path.read_bytes().splitlines())
+    if lines:
+        info(f"the engine's own log: {path} ({lines} lines; --verbose prints them here)")
 
 
 def _finish(args: argparse.Namespace, report, failing: list[str], table: Callable[..., None]) -> int:
@@ -184,22 +199,31 @@ def run(args: argparse.Namespace) -> int:
     th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
     if args.backend == "llama.cpp":
         return run_llamacpp(args, th)
-    if vllm_missing("verify-serving"):
-        return 2
+    from ..serving._vllm import VLLMNotAvailableError, require_vllm_engine
+
     prompts = _encode_prompts(args)
+    missing: VLLMNotAvailableError | None = None
     with engine_log(args) as say:
-        report = verify_serving(
-            args.model,
-            args.reference,
-            dtypes=args.dtypes,
-            options=_options(args),
-            prompts=prompts,
-            steps=args.max_new_tokens,
-            top_k=args.top_k,
-            thresholds=th,
-            seed=args.seed,
-            log=say,
-        )
+        try:  # importing vLLM prints too (Triton, deprecations): into the log with the rest
+            require_vllm_engine()
+        except VLLMNotAvailableError as exc:
+            missing = exc
+        else:
+            report = verify_serving(
+                args.model,
+                args.reference,
+                dtypes=args.dtypes,
+                options=_options(args),
+                prompts=prompts,
+                steps=args.max_new_tokens,
+                top_k=args.top_k,
+                thresholds=th,
+                seed=args.seed,
+                log=say,
+            )
+    if missing is not None:
+        print(f"genprobe verify-serving: error: {missing}", file=sys.stderr)
+        return 2
     failing = [f"{p.dtype}/{p.phase}" for p in report.phases if not p.skipped and p.verdict in FAIL_ON[args.fail_on]]
     return _finish(args, report, failing, print_table)
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypedDict
 
 from tqdm import tqdm
+from typing_extensions import Unpack
 
 from ..engine.generate import generate
 from ..engine.samplers import SamplerConfig
@@ -305,8 +306,29 @@ def scan_result(
     return ScanResult(records, summarise(records, short_period_max), settings)
 
 
-def scan_loops(
-    model: Any,
+#: One backend's generation of one batch for a scan: (the batch's prompts, the sampler with the study's bans, the
+#: index of its first prompt, the batch's number) -> for each prompt its new token ids and whether it ran the whole
+#: budget. Each backend seeds as its engine does (ours: ``seed + batch``; vLLM and llama.cpp: ``seed + prompt``).
+GenerateBatch = Callable[[list[list[int]], SamplerConfig, int, int], list[tuple[list[int], bool]]]
+
+
+class ScanOptions(TypedDict, total=False):
+    """The options every scan backend takes beside its prompts, budget and sampler (see :func:`scan_batches`)."""
+
+    batch_size: int
+    seed: int
+    eos_id: int | None
+    unk_id: int | None
+    loop: LoopSettings | None
+    decode: Callable[[list[int]], str] | None
+    prompt_texts: Sequence[str] | None
+    short_period_max: int
+    progress: bool
+    desc: str
+
+
+def scan_batches(
+    generate_batch: GenerateBatch,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     sampler: SamplerConfig | None = None,
@@ -321,51 +343,64 @@ def scan_loops(
     short_period_max: int = SHORT_PERIOD_MAX,
     progress: bool = False,
     desc: str = "scan",
+) -> ScanResult:
+    """The scan, written once for every backend: ``batch_size`` prompts at a time through ``generate_batch``, each
+    generation measured (:func:`generation_record`), the records summarised with the settings that made them.
+
+    ``eos_id`` (the model's end token) is banned, never used to stop (see module doc); ``decode`` (ids -> str) adds
+    texts and character-level measures; the sampler defaults to the chapter's chanting setting."""
+    if not prompts:
+        raise ValueError("no prompts to scan")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    loop = loop or LoopSettings()
+    sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
+    records: list[GenerationRecord] = []
+    interactive = progress and sys.stderr.isatty()
+    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr, disable=not interactive, leave=False)
+    try:
+        for bi, start in enumerate(range(0, len(prompts), batch_size)):
+            chunk = [list(p) for p in prompts[start : start + batch_size]]
+            for j, (toks, full) in enumerate(generate_batch(chunk, sampler, start, bi)):
+                text = prompt_texts[start + j] if prompt_texts is not None else None
+                records.append(generation_record(chunk[j], toks, full, unk_id, loop, decode, text))
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+    return scan_result(records, sampler, max_new_tokens, seed, loop, eos_id, short_period_max)
+
+
+def scan_loops(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampler: SamplerConfig | None = None,
+    *,
     calibration: LoopCalibration | None = None,
     chars_unit: bool | None = None,
     compile: bool = False,
+    **options: Unpack[ScanOptions],
 ) -> ScanResult:
-    """Generate exactly ``max_new_tokens`` after each prompt in batches and measure loops.
+    """Generate exactly ``max_new_tokens`` after each prompt in batches through genprobe's engine and measure loops
+    (:func:`scan_batches`; batch ``i`` uses seed ``seed + i``).
 
-    ``eos_id`` (the model's end token) is banned, never used to stop (see module doc). ``decode``
-    (ids -> str) adds texts and character-level measures. Batch ``i`` uses seed ``seed + i``.
     ``calibration`` (of this length) supplies the detector settings and the human rates printed beside
     the scan's; ``chars_unit`` (default: the calibration's) says whether the character view is a verdict.
     ``compile=True`` decodes through the compiled fast path (``generate(..., compile=True)``: our GPT and
     Llama-family models; the same tokens as the eager loop, minutes of compiling per batch size, cached on disk).
     """
-    if not prompts:
-        raise ValueError("no prompts to scan")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if calibration is not None:
+        loop = options.get("loop")
         if loop is not None and loop != calibration.settings:
             raise ValueError("give either loop settings or a calibration (which fixes them), not both")
-        loop = calibration.settings
-    loop = loop or LoopSettings()
-    sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
-    records: list[GenerationRecord] = []
-    bar = tqdm(
-        total=len(prompts),
-        desc=desc,
-        unit="prompt",
-        file=sys.stderr,
-        disable=not progress or not sys.stderr.isatty(),
-        leave=False,
-    )
-    try:
-        for bi, start in enumerate(range(0, len(prompts), batch_size)):
-            chunk = [list(p) for p in prompts[start : start + batch_size]]
-            res = generate(model, chunk, max_new_tokens, sampler, seed=seed + bi, compile=compile)
-            for j, toks in enumerate(res.tokens):
-                text = prompt_texts[start + j] if prompt_texts is not None else None
-                records.append(
-                    generation_record(chunk[j], toks, res.finished[j] == "length", unk_id, loop, decode, text)
-                )
-            bar.update(len(chunk))
-    finally:
-        bar.close()
-    result = scan_result(records, sampler, max_new_tokens, seed, loop, eos_id, short_period_max)
+        options["loop"] = calibration.settings
+    seed = options.get("seed", 0)
+
+    def generate_batch(chunk: list[list[int]], sampler: SamplerConfig, start: int, bi: int) -> list[tuple]:
+        res = generate(model, chunk, max_new_tokens, sampler, seed=seed + bi, compile=compile)
+        return [(toks, finished == "length") for toks, finished in zip(res.tokens, res.finished, strict=True)]
+
+    result = scan_batches(generate_batch, prompts, max_new_tokens, sampler, **options)
     return annotate_scan(result, calibration, chars_unit)
 
 

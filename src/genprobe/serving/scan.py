@@ -12,16 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from typing_extensions import Unpack
+
 from ..engine.samplers import SamplerConfig
-from ..loops.scan import (
-    SHORT_PERIOD_MAX,
-    ScanResult,
-    chanting_sampler,
-    generation_record,
-    scan_result,
-    study_sampler,
-)
-from ..metrics import LoopSettings
+from ..loops.scan import ScanOptions, ScanResult, scan_batches, study_sampler
 from .engine import ServingEngine
 from .sampling import sampling_kwargs, to_sampling_params
 
@@ -31,50 +25,29 @@ def scan_loops_vllm(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     sampler: SamplerConfig | None = None,
-    *,
-    batch_size: int = 64,
-    seed: int = 0,
-    eos_id: int | None = None,
-    unk_id: int | None = 1,
-    loop: LoopSettings | None = None,
-    decode: Callable[[list[int]], str] | None = None,
-    prompt_texts: Sequence[str] | None = None,
-    short_period_max: int = SHORT_PERIOD_MAX,
-    progress: bool = False,
-    desc: str = "scan",
+    **options: Unpack[ScanOptions],
 ) -> ScanResult:
     """:func:`genprobe.loops.scan.scan_loops` with generation in vLLM (``batch_size`` prompts per generate call).
 
-    Same arguments and result; ``eos_id`` is banned, never a stop (fixed-length loop studies), exactly
-    as in our engine's scan. Records are built by ``genprobe.loops.scan.generation_record``.
-    """
-    if not prompts:
-        raise ValueError("no prompts to scan")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    Same arguments and result (:func:`genprobe.loops.scan.scan_batches`); prompt ``i`` is sampled with seed
+    ``seed + i``; ``eos_id`` is banned, never a stop (fixed-length loop studies), exactly as in our engine's scan."""
     _check_prompts(engine, prompts, max_new_tokens)
-    loop = loop or LoopSettings()
-    sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
-    params = [
-        to_sampling_params(sampler, engine.vocab_size, max_new_tokens, seed=None if sampler.greedy else seed + i)
-        for i in range(len(prompts))
-    ]
-    records = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = [list(p) for p in prompts[start : start + batch_size]]
-        outs = engine.generate(chunk, params[start : start + batch_size], use_tqdm=progress)
-        for j, out in enumerate(outs):
-            comp = out.outputs[0]
-            text = prompt_texts[start + j] if prompt_texts is not None else None
-            records.append(
-                generation_record(
-                    chunk[j], list(comp.token_ids), comp.finish_reason == "length", unk_id, loop, decode, text
-                )
-            )
-    return scan_result(records, sampler, max_new_tokens, seed, loop, eos_id, short_period_max)
+    seed, progress = options.get("seed", 0), options.get("progress", False)
+
+    def generate_batch(chunk: list[list[int]], sampler: SamplerConfig, start: int, _: int) -> list[tuple]:
+        params = [
+            to_sampling_params(sampler, engine.vocab_size, max_new_tokens, seed=None if sampler.greedy else seed + i)
+            for i in range(start, start + len(chunk))
+        ]
+        outs = engine.generate(chunk, params, use_tqdm=progress)
+        return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason == "length") for o in outs]
+
+    return scan_batches(generate_batch, prompts, max_new_tokens, sampler, **options)
 
 
 def _check_prompts(engine: ServingEngine, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    if not prompts:
+        return  # scan_batches refuses an empty scan
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")

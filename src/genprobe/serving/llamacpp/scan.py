@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from typing_extensions import Unpack
 
 from ...engine.samplers import SamplerConfig
-from ...loops.scan import SHORT_PERIOD_MAX, ScanResult, chanting_sampler, generation_record, scan_result, study_sampler
-from ...metrics import LoopSettings
+from ...loops.scan import ScanOptions, ScanResult, chanting_sampler, scan_batches, study_sampler
 from .engine import LlamaCppModel, NextToken
 from .sampling import LlamaCppSampler, LlamaVocab, UnsupportedLlamaCppSamplerError, chain_stages
 
@@ -55,56 +55,46 @@ def scan_loops_llamacpp(
     max_new_tokens: int,
     sampler: SamplerConfig | None = None,
     *,
-    batch_size: int = 64,
-    seed: int = 0,
-    eos_id: int | None = None,
-    unk_id: int | None = 1,
-    loop: LoopSettings | None = None,
-    decode: Callable[[list[int]], str] | None = None,
-    prompt_texts: Sequence[str] | None = None,
-    short_period_max: int = SHORT_PERIOD_MAX,
     dry_breaker_strings: Sequence[str] = (),
+    **options: Unpack[ScanOptions],
 ) -> ScanResult:
     """:func:`genprobe.loops.scan.scan_loops` with generation and sampling in llama.cpp (``batch_size`` prompts per
-    context). Same arguments and result; ``eos_id`` is banned, never a stop (fixed-length loop studies), exactly as
-    in our engine's scan. ``dry_breaker_strings``: DRY's sequence breakers as strings (llama.cpp tokenizes them)."""
-    if not prompts:
-        raise ValueError("no prompts to scan")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    context; prompt ``i`` sampled with seed ``seed + i``). Same arguments and result
+    (:func:`genprobe.loops.scan.scan_batches`); ``eos_id`` is banned, never a stop (fixed-length loop studies),
+    exactly as in our engine's scan. ``dry_breaker_strings``: DRY's sequence breakers as strings (llama.cpp
+    tokenizes them)."""
     _check_prompts(model, prompts, max_new_tokens)
-    loop = loop or LoopSettings()
-    sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
-    check_sampler_llamacpp(sampler, model.n_ctx)
-    vocab = LlamaVocab(model.path) if sampler.dry_active else None
-    records = []
+    # refused before llama.cpp generates anything (the chain cannot express it exactly)
+    check_sampler_llamacpp(sampler or chanting_sampler(options.get("unk_id", 1)), model.n_ctx, options.get("eos_id"))
+    seed = options.get("seed", 0)
+    vocabs: dict[str, LlamaVocab] = {}
+
+    def generate_batch(chunk: list[list[int]], sampler: SamplerConfig, start: int, _: int) -> list[tuple]:
+        if sampler.dry_active and "vocab" not in vocabs:
+            vocabs["vocab"] = LlamaVocab(model.path)
+        chains = [
+            LlamaCppSampler(
+                sampler,
+                n_vocab=model.vocab_size,
+                context_length=model.n_ctx,
+                vocab=vocabs.get("vocab"),
+                dry_breaker_strings=dry_breaker_strings,
+                seed=seed + start + j,
+            )
+            for j in range(len(chunk))
+        ]
+        try:
+            outs = model.generate_batch(chunk, max_new_tokens, [chain_picker(c) for c in chains])
+        finally:
+            for c in chains:
+                c.close()
+        return [(out.tokens, len(out.tokens) == max_new_tokens) for out in outs]
+
     try:
-        for start in range(0, len(prompts), batch_size):
-            chunk = [list(p) for p in prompts[start : start + batch_size]]
-            chains = [
-                LlamaCppSampler(
-                    sampler,
-                    n_vocab=model.vocab_size,
-                    context_length=model.n_ctx,
-                    vocab=vocab,
-                    dry_breaker_strings=dry_breaker_strings,
-                    seed=seed + start + j,
-                )
-                for j in range(len(chunk))
-            ]
-            try:
-                outs = model.generate_batch(chunk, max_new_tokens, [chain_picker(c) for c in chains])
-            finally:
-                for c in chains:
-                    c.close()
-            for j, out in enumerate(outs):
-                text = prompt_texts[start + j] if prompt_texts is not None else None
-                full = len(out.tokens) == max_new_tokens
-                records.append(generation_record(chunk[j], out.tokens, full, unk_id, loop, decode, text))
+        return scan_batches(generate_batch, prompts, max_new_tokens, sampler, **options)
     finally:
-        if vocab is not None:
+        for vocab in vocabs.values():
             vocab.close()
-    return scan_result(records, sampler, max_new_tokens, seed, loop, eos_id, short_period_max)
 
 
 def _check_prompts(model: LlamaCppModel, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
