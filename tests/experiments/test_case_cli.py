@@ -23,7 +23,7 @@ def test_case_refuses_a_transformers_model(tmp_path, capsys):
     d = tmp_path / "gpt2"
     GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)).save_pretrained(d)
     assert main(["case", str(d), "--out", str(tmp_path / "o"), "--only", "sampling"]) == 2
-    assert "needs a genprobe checkpoint" in capsys.readouterr().err
+    assert "genprobe case takes a genprobe checkpoint; " in capsys.readouterr().err
 
 
 def test_case_model_positional(trained_ckpt, tmp_path):
