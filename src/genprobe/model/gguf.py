@@ -91,7 +91,7 @@ def gguf_file_of(path: Path) -> Path:
     return files[0]
 
 
-def _require_gguf_package() -> Any:
+def require_gguf_package() -> Any:
     try:
         import gguf
     except ImportError:
@@ -117,7 +117,7 @@ def inspect_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
     if not p.is_file():
         raise FileNotFoundError(f"no such GGUF file: {p}")
     _check_magic(p)
-    gguf = _require_gguf_package()
+    gguf = require_gguf_package()
     try:
         reader = gguf.GGUFReader(p, "r")
     except (ValueError, IndexError, KeyError, OSError, EOFError) as exc:
@@ -191,7 +191,7 @@ def one_header_read() -> Iterator[None]:
     that keeps the Q8_0 blocks reads it a fifth time (:func:`q8_0_blocks`). For SmolLM2 (a 49k-string vocabulary)
     that is ~5 s each. Readers opened read-only only read, so one serves all.
     """
-    gguf = _require_gguf_package()
+    gguf = require_gguf_package()
     reader_class = gguf.GGUFReader
     readers: dict[str, Any] = {}
 
@@ -302,7 +302,7 @@ Q8_0_BLOCK, Q8_0_BLOCK_BYTES = 32, 34
 def q8_0_blocks(path: str | os.PathLike[str], module: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """The GGUF file's Q8_0 matrices as ``(q, scales)``: int8 (N, K) and float32 (N, K / 32), named as ``module``'s
     parameters (``module`` is the model :func:`read_gguf` made of the same file)."""
-    gguf = _require_gguf_package()
+    gguf = require_gguf_package()
     import transformers.modeling_gguf_pytorch_utils as hf_gguf
 
     reader = gguf.GGUFReader(Path(path), "r")

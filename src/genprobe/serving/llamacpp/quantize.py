@@ -194,9 +194,9 @@ class QuantizedFile:
 
 def describe_gguf(path: str | os.PathLike[str], type_name: str, seconds: float = 0.0) -> QuantizedFile:
     """Read a GGUF file's tensor table (no data) into a :class:`QuantizedFile` for the recipe ``type_name``."""
-    from ...model.gguf import _require_gguf_package
+    from ...model.gguf import require_gguf_package
 
-    gguf = _require_gguf_package()
+    gguf = require_gguf_package()
     reader = gguf.GGUFReader(Path(path), "r")
     _, main_type, block = QUANT_TYPES[type_name]
     counts: dict[str, int] = {}
