@@ -16,14 +16,14 @@ from typing import Any
 
 import jinja2
 
-from ... import _templates
+from ..._templates import environment as shared_environment
 
 __all__ = ["environment", "render"]
 
 
 def environment(package: str = "genprobe.report") -> jinja2.Environment:
     """The shared Jinja2 environment over ``<package>/templates`` (this package's by default)."""
-    return _templates.environment(package)
+    return shared_environment(package)
 
 
 def render(name: str, /, **ctx: Any) -> str:
