@@ -50,8 +50,10 @@ def full_report(trained_ckpt, tmp_path_factory) -> Path:
 
 def test_every_stage_runs_and_the_json_is_strict(full_report):
     d = _strict((full_report / "doctor.json").read_text(encoding="utf-8"))
-    assert [s["status"] for s in d["stages"]] == ["ran"] * 5
-    assert {f["stage"] for f in d["findings"]} == {"card", "inference", "attention", "degeneration", "fixes"}
+    assert [s["status"] for s in d["stages"]] == ["ran"] * 6
+    stages = {"audit", "card", "inference", "attention", "degeneration", "fixes"}
+    assert {f["stage"] for f in d["findings"]} == stages
+    assert d["audit"]["kind"] == "genprobe"  # a checkpoint: the audit says "not checked", nothing to read
     assert d["exit_status"] in (0, 4) and d["verdict"] in ("healthy", "warnings")
     assert d["card"]["parameters"] > 0 and d["card"]["tensors"]
     assert d["inference"]["noise_floor"] is not None

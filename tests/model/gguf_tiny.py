@@ -96,13 +96,21 @@ def _tensors(model) -> dict[str, np.ndarray]:
 
 
 def write_tiny_gguf(
-    path: Path, arch: str = "llama", q8_names: tuple[str, ...] = (), seed: int = 0, heads: tuple[int, int] = (4, 2)
+    path: Path,
+    arch: str = "llama",
+    q8_names: tuple[str, ...] = (),
+    seed: int = 0,
+    heads: tuple[int, int] = (4, 2),
+    planted: dict | None = None,
 ):
     """Write a tiny random Llama + byte-level BPE as GGUF; returns the HF model whose weights the file holds.
 
     Tensors named in ``q8_names`` are stored as Q8_0; the returned model then holds their dequantized
-    values (what any reader of the file must get back).
+    values (what any reader of the file must get back). ``planted`` overrides what the header says (the doctor's
+    audit tests): ``bos_token_id``, ``eos_token_id``, ``chat_template``, ``file_type`` (a llama.cpp file type; by
+    default none is written), ``head_count``.
     """
+    planted = planted or {}
     import gguf
 
     bpe = tiny_bpe()
@@ -114,13 +122,15 @@ def write_tiny_gguf(
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count(planted.get("head_count", cfg.num_attention_heads))
+    if "file_type" in planted:
+        w.add_file_type(planted["file_type"])
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     w.add_vocab_size(cfg.vocab_size)
-    _add_tokenizer(w, bpe)
+    _add_tokenizer(w, bpe, planted)
     tensors = _tensors(model)
     for name, arr in tensors.items():
         if name in q8_names:
@@ -137,7 +147,7 @@ def write_tiny_gguf(
     return model, bpe
 
 
-def _add_tokenizer(w, bpe) -> None:
+def _add_tokenizer(w, bpe, planted: dict) -> None:
     import json
 
     vocab = bpe.get_vocab()
@@ -148,10 +158,10 @@ def _add_tokenizer(w, bpe) -> None:
     w.add_token_list(tokens)
     w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])  # 3 = control, 1 = normal
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w.add_bos_token_id(planted.get("bos_token_id", 1))
+    w.add_eos_token_id(planted.get("eos_token_id", 2))
     w.add_pad_token_id(2)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(planted.get("chat_template", CHAT_TEMPLATE))
 
 
 def _load_back_expected(model, tensors: dict[str, np.ndarray]) -> None:

@@ -22,17 +22,19 @@ from ._common import (
 from ._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 
 # genprobe.doctor.options.STAGES, spelled out so that building the parser does not import torch
-STAGES = ("card", "inference", "attention", "degeneration", "fixes")
+STAGES = ("audit", "card", "inference", "attention", "degeneration", "fixes")
 FILES = "report.html, doctor.json and prompts.txt"
 EPILOG = """\
 exit status: 0 healthy, 1 a bug found (a cache path that disagrees with recomputation, a padding leak, a broken
 tokenizer round trip, your cache implementation raising), 4 warnings only (e.g. a degenerate rate above
 --max-loop-rate, every generation degenerate, end-of-text equal to padding), 2 bad input.
 
-stages: card (architecture, weights per tensor type, tokenizer facts, generation defaults), inference (every
-cache path against full recomputation, padding leak, --serving vllm), attention (dead / sink-only / position-only
-heads), degeneration (calibrated loop rates for greedy and your sampler, end-of-text behaviour), fixes (the
-decode-time fixes your engine offers, --with-edit the weight edit; skipped by --quick). docs/doctor.md.
+stages: audit (the files read as data, nothing run: special ids, the chat template as code, quantization label,
+structure against the config, hidden text, auto_map, suppressions, normalizers), card (architecture, weights per
+tensor type, tokenizer facts, generation defaults), inference (every cache path against full recomputation, padding
+leak, --serving vllm), attention (dead / sink-only / position-only heads), degeneration (calibrated loop rates for
+greedy and your sampler, end-of-text behaviour), fixes (the decode-time fixes your engine offers, --with-edit the
+weight edit; skipped by --quick). docs/doctor.md.
 """
 
 
@@ -89,8 +91,9 @@ def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
 
 def _options(args: argparse.Namespace, model):
     from ..doctor import DoctorOptions
+    from ..doctor.audit import ModelFiles
 
-    if args.chat and model.chat_template is None:
+    if args.chat and not isinstance(model, ModelFiles) and model.chat_template is None:
         raise ValueError(f"--chat: the model {model_path(args)} has no chat template")
     given = sampler_flags_given(args)
     sampling = sampler_from_args(args, model.tokenizer) if given else None
@@ -156,7 +159,12 @@ def run(args: argparse.Namespace) -> int:
         if os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
             sys.path.insert(0, os.getcwd())
         _check_impl_spec(args.impl)
-    model = load_model_arg(args)
+    if args.only and set(args.only) == {"audit"}:
+        from ..doctor.audit import model_files
+
+        model = model_files(model_path(args))  # read as data, not loaded: the audit alone takes seconds
+    else:
+        model = load_model_arg(args)
     opts = _options(args, model)
     rep = run_doctor(model, opts, model_arg=model_path(args), out=args.out, log=info)
     v = rep.verdict

@@ -9,8 +9,9 @@ from typing import Any, Sequence
 
 from ..engine.samplers import SamplerConfig
 
-STAGES = ("card", "inference", "attention", "degeneration", "fixes")
+STAGES = ("audit", "card", "inference", "attention", "degeneration", "fixes")
 TITLES = {
+    "audit": "static audit",
     "card": "model card",
     "inference": "inference path",
     "attention": "attention health",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .attention_health import AttentionHealth, attention_health
+from .audit import StaticAudit, static_audit
 from .card import ModelCard, model_card
 from .degeneration import Degeneration, degeneration
 from .findings import Finding
@@ -39,6 +40,7 @@ class DoctorReport:
 
     model: str
     options: DoctorOptions
+    audit: StaticAudit | None = None
     card: ModelCard | None = None
     inference: InferenceCheck | None = None
     attention: AttentionHealth | None = None
@@ -51,7 +53,7 @@ class DoctorReport:
     @property
     def findings(self) -> list[Finding]:
         """Every finding, stage by stage (stage errors last)."""
-        parts = (self.card, self.inference, self.attention, self.degeneration, self.fixes)
+        parts = (self.audit, self.card, self.inference, self.attention, self.degeneration, self.fixes)
         return [f for p in parts if p is not None for f in p.findings] + self.errors
 
     @property
@@ -77,6 +79,7 @@ class DoctorReport:
                 **self.verdict.to_dict(),
                 "stages": [s.__dict__ for s in self.stages],
                 "findings": [f.to_dict() for f in self.findings],
+                "audit": None if self.audit is None else self.audit.to_dict(),
                 "card": None if self.card is None else self.card.to_dict(),
                 "inference": None if self.inference is None else self.inference.to_dict(),
                 "attention": None if self.attention is None else self.attention.to_dict(),
@@ -90,6 +93,11 @@ class DoctorReport:
 def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorReport, log: Callable[[str], None]):
     """Each stage as a function returning (result attribute, value) or raising :class:`_Skip`."""
     arg = shlex.quote(rep.model)
+
+    def audit() -> Any:
+        if model.source is None:
+            raise _Skip("the model was built in memory: no files to read")
+        return static_audit(model.source, opts.chat, f"genprobe doctor {arg} --only audit --out DIR")
 
     def card() -> Any:
         where = shlex.quote(str(Path(opts.prompts_file).parent / "card")) if opts.prompts_file else "DIR"
@@ -117,7 +125,14 @@ def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorRe
         prompts = inp.prompts[: opts.plan.fix_prompts]
         return compare(model, prompts, inp.edit_prompts, inp.val_text, opts, cal, arg, lambda m: log("  " + m))
 
-    return {"card": card, "inference": inference, "attention": attention, "degeneration": degen, "fixes": fixes}
+    return {
+        "audit": audit,
+        "card": card,
+        "inference": inference,
+        "attention": attention,
+        "degeneration": degen,
+        "fixes": fixes,
+    }
 
 
 class _Skip(Exception):

@@ -32,7 +32,7 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,8 @@ class GGUFSummary:
     name: str | None
     context_length: int | None
     tensor_types: dict[str, str]  # tensor name -> GGML type name (Q4_1, Q8_0, F32, …)
+    # special-token ids outside the vocabulary (key -> id): loaded as absent, as llama.cpp does
+    bad_special_ids: dict[str, int] = field(default_factory=dict)
 
     @property
     def type_counts(self) -> dict[str, int]:
@@ -107,8 +109,36 @@ def _check_magic(path: Path) -> None:
 
 
 def _field_value(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
+    found = reader.fields.get(key)
+    return None if found is None else found.contents()
+
+
+SPECIAL_ID_KEYS = tuple(
+    f"tokenizer.ggml.{k}_token_id" for k in ("bos", "eos", "unknown", "padding", "seperator", "separator", "eot")
+)
+
+
+def special_ids_outside(reader: Any) -> dict[str, int]:
+    """The special-token ids (``tokenizer.ggml.*_token_id``) at or beyond the vocabulary's end."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return {}
+    n = len(tokens.data)
+    ids = {k: _field_value(reader, k) for k in SPECIAL_ID_KEYS}
+    return {k: int(v) for k, v in ids.items() if isinstance(v, int) and not 0 <= v < n}
+
+
+def header_reader(path: str | os.PathLike[str]) -> Any:
+    """A ``gguf.GGUFReader`` of ``path`` (header parsed once per process while the file is unchanged: the doctor's
+    audit and the loader share it; SmolLM2's header takes ~5 s in Python)."""
+    p = Path(path)
+    st = p.stat()
+    return _cached_reader(os.path.realpath(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_reader(path: str, size: int, mtime_ns: int) -> Any:
+    return require_gguf_package().GGUFReader(path, "r")
 
 
 def inspect_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
@@ -117,9 +147,9 @@ def inspect_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
     if not p.is_file():
         raise FileNotFoundError(f"no such GGUF file: {p}")
     _check_magic(p)
-    gguf = require_gguf_package()
+    require_gguf_package()
     try:
-        reader = gguf.GGUFReader(p, "r")
+        reader = header_reader(p)
     except (ValueError, IndexError, KeyError, OSError, EOFError) as exc:
         raise ModelLoadError(f"{p} is a truncated or corrupt GGUF file ({type(exc).__name__}: {exc})") from None
     size = p.stat().st_size
@@ -137,6 +167,7 @@ def inspect_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
         name=_field_value(reader, "general.name"),
         context_length=int(context) if context is not None else None,
         tensor_types={t.name: t.tensor_type.name for t in reader.tensors},
+        bad_special_ids=special_ids_outside(reader),
     )
 
 
@@ -157,8 +188,38 @@ def read_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
     with one_header_read():
         summary = inspect_gguf(path)
         check_supported(summary)
-        loaded, hf_tok = _load_with_transformers(Path(summary.path), dtype)
+        with _without_special_ids(summary.bad_special_ids):
+            loaded, hf_tok = _load_with_transformers(Path(summary.path), dtype)
     return _plain_float_model(loaded), hf_tok, summary
+
+
+@contextlib.contextmanager
+def _without_special_ids(bad: dict[str, int]) -> Iterator[None]:
+    """transformers reading the file's metadata as if ``bad`` (special-token ids outside the vocabulary) were absent.
+
+    transformers indexes the vocabulary with each special id and raises IndexError on one past its end; llama.cpp
+    (``llama_vocab::impl::load``, src/llama-vocab.cpp: "bad special token: … using default id") warns and keeps its
+    default. genprobe does the same: the id is dropped with a warning (``genprobe doctor`` reports it as a bug)."""
+    if not bad:
+        yield
+        return
+    import warnings
+
+    from transformers.integrations.gguf import reader as hf_reader
+
+    names = ", ".join(f"{k} = {v}" for k, v in bad.items())
+    warnings.warn(f"special token id(s) outside the vocabulary, ignored as llama.cpp does: {names}", stacklevel=3)
+    read = hf_reader.read_gguf_metadata
+
+    def filtered(*args: Any, **kwargs: Any) -> Any:
+        metadata, names = read(*args, **kwargs)
+        return {k: v for k, v in metadata.items() if k not in bad}, names
+
+    hf_reader.read_gguf_metadata = filtered
+    try:
+        yield
+    finally:
+        hf_reader.read_gguf_metadata = read
 
 
 def _load_with_transformers(p: Path, dtype: torch.dtype) -> tuple[Any, Any]:

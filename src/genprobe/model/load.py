@@ -247,7 +247,15 @@ class Model:
             raise ValueError(f"the model {self.source or ''} has no chat template; drop --chat")
         hf: Any = getattr(self.tokenizer, "hf", None)  # a template exists only on a transformers tokenizer
         messages = [{"role": "user", "content": user_text}]
-        text: str = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        from jinja2 import TemplateError
+
+        try:
+            text: str = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as exc:  # the model's template is its own code: refused, sandbox violations included
+            raise ValueError(
+                f"the chat template of {self.source or 'the model'} cannot render a user turn "
+                f"({type(exc).__name__}: {exc}); `genprobe doctor MODEL --only audit` says why"
+            ) from exc
         return text
 
 

@@ -1,0 +1,81 @@
+"""The static audit stage: the model's files read as data, nothing executed — what the model-file auditors check
+(special ids, the chat template as code, the quantization label, the structure against the config, duplicate and
+overlapping entries, hidden text, ``auto_map``, suppressions, normalizers). One module per kind of file:
+:mod:`.gguf_audit`, :mod:`.hf_audit`; shared: :mod:`.template_audit`, :mod:`.metadata_audit`.
+
+A directory converted from GGUF (``genprobe fetch``, ``genprobe convert``) is audited as a transformers directory and,
+when the file it came from is still there, as that GGUF file too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .findings import Finding
+
+
+@dataclass
+class StaticAudit:
+    """What the audit read (``kind``: gguf, transformers, genprobe) and found."""
+
+    path: str
+    kind: str
+    facts: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (the findings are listed with every other stage's)."""
+        return {"path": self.path, "kind": self.kind, "facts": self.facts}
+
+
+def static_audit(path: str | Path, chat: bool = False, command: str | None = None) -> StaticAudit:
+    """Audit the model at ``path`` (a GGUF file or a directory holding one, a transformers directory, a genprobe
+    checkpoint) without loading or running it."""
+    from ..model.checkpoint import is_checkpoint
+    from ..model.gguf import gguf_file_of, is_gguf_path, read_sidecar
+    from .gguf_audit import audit_gguf
+    from .hf_audit import audit_hf_dir
+
+    p = Path(path)
+    cmd = command or f"genprobe doctor {path} --only audit --out DIR"
+    if is_gguf_path(p):
+        file = gguf_file_of(p)
+        facts, found = audit_gguf(str(file), chat, cmd)
+        return StaticAudit(str(file), "gguf", facts, found)
+    if p.is_dir() and (p / "config.json").is_file():
+        facts, found = audit_hf_dir(p, chat, cmd)
+        origin = (read_sidecar(p) or {}).get("path")
+        if isinstance(origin, str) and Path(origin).is_file():
+            gfacts, gfound = audit_gguf(origin, chat, cmd)
+            facts["gguf"] = gfacts
+            found += [f for f in gfound if not f.check.startswith("template.") and not f.check.startswith("metadata.")]
+        return StaticAudit(str(p), "transformers", facts, found)
+    kind = "genprobe" if p.is_dir() and is_checkpoint(p) else "unknown"
+    title = f"static audit not checked: {p} is a {kind} model, whose files hold no template, metadata or quantization"
+    return StaticAudit(str(p), kind, {}, [Finding("audit", "audit.skipped", "info", title, {}, None, cmd)])
+
+
+@dataclass
+class ModelFiles:
+    """A model's files, not loaded: what a run of the audit stage alone needs (no tokenizer, nothing to run)."""
+
+    source: Path
+    tokenizer: None = None
+    chat_template: None = None
+
+
+def model_files(path: str | Path) -> ModelFiles:
+    """``path`` or a fetched model's catalog name, resolved to its files without loading them."""
+    from ..model.kinds import is_url
+    from ..model.load import ModelLoadError
+
+    if is_url(path):
+        raise ModelLoadError(f"{path} is a URL: the audit reads model files on this machine")
+    p = Path(path)
+    if not p.exists():
+        from ..model.catalog import resolve_name
+
+        p = resolve_name(str(path))
+    return ModelFiles(p)

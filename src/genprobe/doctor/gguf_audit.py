@@ -1,0 +1,225 @@
+"""A GGUF file's header checked against itself, without running anything: special-token ids inside the vocabulary,
+the quantization label (``general.file_type``) against the tensors' types, the hyper-parameters (layers, widths,
+heads, feed-forward size) against the tensors' shapes, the vocabulary against the embedding, tensor data that
+overlaps, duplicate keys, hidden text in the metadata, and the chat template read as code.
+
+The header is parsed once by the ``gguf`` package's reader (:func:`genprobe.model.gguf.header_reader`, shared with
+the loader). Shapes are in ggml's order, fastest dimension first: ``token_embd.weight`` is ``[n_embd, n_vocab]``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .findings import Finding
+from .metadata_audit import metadata_findings
+from .template_audit import analyse_template, template_findings
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+HPARAMS = ("block_count", "embedding_length", "feed_forward_length", "attention.key_length", "attention.value_length")
+HPARAMS += ("rope.dimension_count", "vocab_size")
+_VOCAB_ARRAYS = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"}
+
+
+def _value(reader: Any, key: str) -> Any:
+    f = reader.fields.get(key)
+    return None if f is None else f.contents()
+
+
+def _unreadable(path: str, exc: Exception, command: str) -> list[Finding]:
+    """A header the reader refuses: a duplicate key or tensor named, anything else said as it is."""
+    msg = str(exc)
+    dup = re.match(r"Duplicate (\S+) already in list", msg) or re.search(r"duplicated tensor with name (\S+)", msg)
+    if dup:
+        what = "metadata key" if msg.startswith("Duplicate") else "tensor"
+        title = f"duplicate {what} {dup.group(1)!r}: readers disagree on which copy counts (gguf refuses the file)"
+        crit = "every metadata key and tensor name appears once"
+        return [Finding("audit", "gguf.duplicates", "bug", title, {"error": msg}, crit, command)]
+    title = f"the GGUF header cannot be read: {type(exc).__name__}: {msg}"
+    return [Finding("audit", "gguf.header", "bug", title, {"error": msg}, "the gguf package reads the header", command)]
+
+
+def _special_ids(reader: Any, command: str) -> list[Finding]:
+    from ..model.gguf import SPECIAL_ID_KEYS
+
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    n = None if tokens is None else len(tokens.data)
+    ids = {k.split(".")[-1]: v for k in SPECIAL_ID_KEYS if (v := _value(reader, k)) is not None}
+    crit = "every tokenizer.ggml.*_token_id names a token of the vocabulary"
+    ev = {"ids": ids, "vocabulary": n}
+    if n is None or not ids:
+        return [Finding("audit", "gguf.special_ids", "info", "special-token ids not checked: none declared", ev)]
+    bad = {k: v for k, v in ids.items() if not 0 <= int(v) < n}
+    if bad:
+        names = ", ".join(f"{k} = {v}" for k, v in bad.items())
+        title = f"special-token id(s) outside the {n}-token vocabulary: {names} ({_special_harm(bad)})"
+        return [Finding("audit", "gguf.special_ids", "bug", title, ev, crit, command)]
+    title = f"{len(ids)} special-token ids inside the {n}-token vocabulary"
+    return [Finding("audit", "gguf.special_ids", "ok", title, ev, crit, command)]
+
+
+def _special_harm(bad: dict[str, Any]) -> str:
+    """Why an id past the vocabulary matters: llama.cpp ignores it (llama-vocab.cpp keeps its default id), transformers
+    raises IndexError loading the tokenizer, genprobe loads the model without it."""
+    if "eos_token_id" in bad or "eot_token_id" in bad:
+        return "no reply can end on the end token; llama.cpp falls back to its default id, transformers cannot load it"
+    if "bos_token_id" in bad:
+        return "prompts do not start the way the model was trained; llama.cpp falls back to its default id"
+    return "llama.cpp falls back to its default id, transformers cannot load the tokenizer"
+
+
+def _weight_types(reader: Any) -> dict[str, int]:
+    """How many matrices (tensors of 2 or more dimensions) of each ggml type."""
+    counts: dict[str, int] = {}
+    for t in reader.tensors:
+        if len(t.shape) >= 2:
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _file_type(reader: Any, command: str) -> list[Finding]:
+    import gguf
+
+    raw = _value(reader, "general.file_type")
+    types = _weight_types(reader)
+    crit = "the type general.file_type names is the type of the file's matrices (a few, e.g. the embedding, may differ)"
+    ev: dict[str, Any] = {"file_type": raw, "matrix_types": types}
+    if raw is None:
+        return [Finding("audit", "gguf.file_type", "info", "no general.file_type: quantization label not checked", ev)]
+    try:
+        name = gguf.LlamaFileType(int(raw) & ~gguf.LlamaFileType.GUESSED).name
+    except ValueError:
+        title = f"general.file_type {raw} is not a llama.cpp file type"
+        return [Finding("audit", "gguf.file_type", "warning", title, ev, crit, command)]
+    label = name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    ev["label"] = label
+    listed = ", ".join(f"{k} ×{v}" for k, v in types.items())
+    if not any(label == t or label.startswith(t + "_") for t in types):
+        title = (
+            f"general.file_type says {label} but no matrix is {label} ({listed}): the label tools and catalogs show "
+            "(size, quality, speed) is not what the file holds"
+        )
+        return [Finding("audit", "gguf.file_type", "warning", title, ev, crit, command)]
+    title = f"general.file_type {label} matches the matrices ({listed})"
+    return [Finding("audit", "gguf.file_type", "ok", title, ev, crit, command)]
+
+
+def _expected_shapes(hp: dict[str, Any], n_vocab: int | None, layers: range) -> dict[str, list[int | None]]:
+    """Each tensor's ggml shape as the hyper-parameters say (None: not stated)."""
+    e, h, kv = hp["embedding_length"], hp["head_count"], hp["head_count_kv"]
+    kd = hp["attention.key_length"] or (e // h if e and h else None)
+    vd = hp["attention.value_length"] or kd
+    mul = lambda a, b: a * b if a is not None and b is not None else None  # noqa: E731
+    out: dict[str, list[int | None]] = {"token_embd.weight": [e, n_vocab], "output.weight": [e, n_vocab]}
+    for i in layers:
+        ff = hp["feed_forward_length"]
+        ff = ff[i] if isinstance(ff, list) and i < len(ff) else ff
+        out |= {
+            f"blk.{i}.attn_q.weight": [e, mul(h, kd)],
+            f"blk.{i}.attn_k.weight": [e, mul(kv, kd)],
+            f"blk.{i}.attn_v.weight": [e, mul(kv, vd)],
+            f"blk.{i}.attn_output.weight": [mul(h, vd), e],
+            f"blk.{i}.ffn_gate.weight": [e, ff],
+            f"blk.{i}.ffn_up.weight": [e, ff],
+            f"blk.{i}.ffn_down.weight": [ff, e],
+        }
+    return out
+
+
+def structure_mismatches(reader: Any) -> tuple[list[str], dict[str, Any]]:
+    """What the hyper-parameters say and the tensors contradict (layer count, widths, heads, feed-forward size)."""
+    arch = _value(reader, "general.architecture")
+    hp = {k: _value(reader, f"{arch}.{k}") for k in HPARAMS}
+    hp["head_count"] = _value(reader, f"{arch}.attention.head_count")
+    hp["head_count_kv"] = _value(reader, f"{arch}.attention.head_count_kv") or hp["head_count"]
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    n_vocab = None if tokens is None else len(tokens.data)
+    shapes = {t.name: [int(x) for x in t.shape] for t in reader.tensors}
+    found = {int(m.group(1)) for name in shapes if (m := _BLOCK.match(name))}
+    bad: list[str] = []
+    n_layer = hp["block_count"]
+    if n_layer is not None and found and found != set(range(n_layer)):
+        bad.append(f"block_count {n_layer}, tensors for blocks {min(found)}..{max(found)} ({len(found)} blocks)")
+    for name, want in _expected_shapes(hp, n_vocab, range(n_layer or 0)).items():
+        got = shapes.get(name)
+        if got is not None and any(w is not None and w != g for w, g in zip(want, got, strict=False)):
+            bad.append(f"{name} is {got}, the hyper-parameters say {[w if w else '?' for w in want]}")
+    h, kv, rope = hp["head_count"], hp["head_count_kv"], hp["rope.dimension_count"]
+    if h and kv and h % kv:
+        bad.append(f"head_count {h} is not a multiple of head_count_kv {kv}")
+    kd = hp["attention.key_length"] or (hp["embedding_length"] // h if hp["embedding_length"] and h else None)
+    if rope and kd and rope > kd:
+        bad.append(f"rope.dimension_count {rope} exceeds the head width {kd}")
+    if hp["vocab_size"] is not None and n_vocab is not None and hp["vocab_size"] != n_vocab:
+        bad.append(f"{arch}.vocab_size {hp['vocab_size']} but the vocabulary lists {n_vocab} tokens")
+    return bad, {"architecture": arch, "hparams": hp, "vocabulary": n_vocab, "blocks_found": len(found)}
+
+
+def _structure(reader: Any, command: str) -> list[Finding]:
+    bad, ev = structure_mismatches(reader)
+    ev["mismatches"] = bad
+    crit = "the hyper-parameters a loader builds the model from agree with the tensors' shapes"
+    if bad:
+        title = f"structure: {len(bad)} contradiction(s) between the config and the tensors: {'; '.join(bad[:2])}"
+        return [Finding("audit", "gguf.structure", "bug", title, ev, crit, command)]
+    title = f"structure: {ev['hparams']['block_count']} blocks, widths and head counts agree with the tensors"
+    return [Finding("audit", "gguf.structure", "ok", title, ev, crit, command)]
+
+
+def _overlaps(reader: Any, command: str) -> list[Finding]:
+    spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes), t.name) for t in reader.tensors)
+    hits = [f"{a[2]} and {b[2]}" for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
+    crit = "each tensor's bytes belong to it alone"
+    ev = {"tensors": len(spans), "overlapping": hits}
+    if hits:
+        title = f"{len(hits)} tensor pair(s) share bytes, e.g. {hits[0]}: writing one changes the other"
+        return [Finding("audit", "gguf.overlap", "bug", title, ev, crit, command)]
+    return [Finding("audit", "gguf.overlap", "ok", f"{len(spans)} tensors, no overlapping data", ev, crit, command)]
+
+
+def _vocab_rows(reader: Any, command: str) -> list[Finding]:
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if tokens is None or emb is None or len(emb.shape) < 2:
+        return []
+    n, rows = len(tokens.data), int(emb.shape[1])
+    ev, crit = {"vocabulary": n, "embedding_rows": rows}, "every token id has an embedding row"
+    if n > rows:
+        title = f"the vocabulary has {n} tokens, the embedding {rows} rows: ids {rows}..{n - 1} index past it"
+        return [Finding("audit", "gguf.vocab", "bug", title, ev, crit, command)]
+    if n < rows:
+        title = f"the embedding has {rows - n} rows beyond the {n}-token vocabulary (padding rows, never produced)"
+        return [Finding("audit", "gguf.vocab", "info", title, ev, crit, command)]
+    return [Finding("audit", "gguf.vocab", "ok", f"vocabulary and embedding both {n}", ev, crit, command)]
+
+
+def _strings(reader: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, f in reader.fields.items():
+        if key in _VOCAB_ARRAYS:
+            continue
+        v = f.contents()
+        if isinstance(v, str):
+            out[key] = v
+        elif isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+            out[key] = "\n".join(v)
+    return out
+
+
+def audit_gguf(path: str, chat: bool, command: str) -> tuple[dict[str, Any], list[Finding]]:
+    """Every static check of the GGUF file ``path``: (facts, findings)."""
+    from ..model.gguf import header_reader
+
+    try:
+        reader = header_reader(path)
+    except (ValueError, KeyError, IndexError, OSError, EOFError) as exc:
+        return {"path": path, "readable": False}, _unreadable(path, exc, command)
+    findings = _special_ids(reader, command) + _file_type(reader, command) + _structure(reader, command)
+    findings += _vocab_rows(reader, command) + _overlaps(reader, command)
+    findings += metadata_findings(_strings(reader), command)
+    template = _value(reader, "tokenizer.chat_template")
+    if isinstance(template, str):
+        findings += template_findings(analyse_template(template, "tokenizer.chat_template"), chat, command)
+    facts = {"path": path, "readable": True, "tensors": len(reader.tensors), "matrix_types": _weight_types(reader)}
+    return facts, findings

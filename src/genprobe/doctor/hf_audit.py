@@ -1,0 +1,165 @@
+"""A ``transformers`` model directory read as files, never executed: ``auto_map`` (the Python that
+``trust_remote_code=True`` would import and run — named, never run; genprobe never trusts remote code), special-token
+ids in ``config.json`` against its vocabulary, ``generation_config.json`` suppressions (a suppressed end token means
+replies never end), the tokenizer's normalizers (text rewritten before the model sees it), hidden text in the
+metadata and the chat template read as code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .findings import Finding
+from .metadata_audit import metadata_findings
+from .template_audit import analyse_template, template_findings
+
+# normalizers that change what the user typed (Replace is judged by its pattern: SentencePiece's " " → "▁" is not)
+LOSSY_NORMALIZERS = {"Lowercase", "StripAccents", "Strip", "NFKC", "NFKD", "Precompiled", "BertNormalizer"}
+_SPACE_MARKERS = {("\u0020", "\u2581")}
+
+
+def _json(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _auto_map(d: Path, configs: dict[str, Any], command: str) -> list[Finding]:
+    entries = {
+        f"{name}: {k}": v
+        for name, c in configs.items()
+        if isinstance(c, dict)
+        for k, v in c.get("auto_map", {}).items()
+    }
+    code = sorted(p.name for p in d.glob("*.py"))
+    crit = "a model directory is data; code that trust_remote_code would import runs with your rights on load"
+    ev: dict[str, Any] = {"auto_map": entries, "python_files": code}
+    if entries or code:
+        shown = ", ".join(f"{k} → {v}" for k, v in list(entries.items())[:3]) or ", ".join(code[:3])
+        title = f"custom code that trust_remote_code=True would run: {shown} (reported, never executed)"
+        return [Finding("audit", "hf.auto_map", "warning", title, ev, crit, command)]
+    return [
+        Finding("audit", "hf.auto_map", "ok", "no auto_map and no Python files: nothing to trust", ev, crit, command)
+    ]
+
+
+def _special_ids(config: dict[str, Any], command: str) -> list[Finding]:
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    n = text.get("vocab_size")
+    ids = {k: text.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id") if text.get(k) is not None}
+    crit = "every special-token id in config.json is below vocab_size"
+    ev = {"ids": ids, "vocab_size": n}
+    if not isinstance(n, int) or not ids:
+        return [Finding("audit", "hf.special_ids", "info", "special-token ids not checked: none declared", ev)]
+    flat = {k: v for k, vs in ids.items() for v in (vs if isinstance(vs, list) else [vs])}
+    bad = {k: v for k, v in flat.items() if not isinstance(v, int) or not 0 <= v < n}
+    if bad:
+        names = ", ".join(f"{k} = {v}" for k, v in bad.items())
+        title = f"config.json special-token id(s) outside the {n}-token vocabulary: {names}"
+        return [Finding("audit", "hf.special_ids", "bug", title, ev, crit, command)]
+    return [
+        Finding(
+            "audit", "hf.special_ids", "ok", f"special-token ids inside the {n}-token vocabulary", ev, crit, command
+        )
+    ]
+
+
+def _suppressions(gen: dict[str, Any] | None, config: dict[str, Any], command: str) -> list[Finding]:
+    if gen is None:
+        return []
+    keys = ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids")
+    found = {k: gen[k] for k in keys if gen.get(k)}
+    if not found:
+        return []
+    eos = gen.get("eos_token_id", config.get("eos_token_id"))
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    flat = {int(i) for v in found.values() for i in (v if isinstance(v, list) else [v]) if isinstance(i, int)}
+    flat |= {int(i) for v in found.get("bad_words_ids", []) if isinstance(v, list) for i in v if isinstance(i, int)}
+    ev = {"suppressed": found, "eos": sorted(eos_ids)}
+    crit = "generation_config.json suppressions change every reply; suppressing the end token means replies never end"
+    if flat & eos_ids:
+        title = (
+            f"generation_config.json suppresses the end token {sorted(flat & eos_ids)}: replies end only at the limit"
+        )
+        return [Finding("audit", "hf.generation_config", "warning", title, ev, crit, command)]
+    title = f"generation_config.json suppresses {len(flat)} token(s) in every reply: {', '.join(found)}"
+    return [Finding("audit", "hf.generation_config", "info", title, ev, crit, command)]
+
+
+def _normalizer_steps(node: Any) -> list[dict[str, Any]]:
+    if not isinstance(node, dict):
+        return []
+    if node.get("type") == "Sequence":
+        return [s for n in node.get("normalizers", []) for s in _normalizer_steps(n)]
+    return [node]
+
+
+def _normalizers(tokenizer: dict[str, Any] | None, command: str) -> list[Finding]:
+    if tokenizer is None:
+        return []
+    steps = _normalizer_steps(tokenizer.get("normalizer"))
+    lossy = []
+    for s in steps:
+        pattern = s.get("pattern", {})
+        pat = pattern.get("String", pattern.get("Regex")) if isinstance(pattern, dict) else None
+        if s.get("type") in LOSSY_NORMALIZERS:
+            lossy.append(str(s.get("type")))
+        elif s.get("type") == "Replace" and (pat, s.get("content")) not in _SPACE_MARKERS:
+            lossy.append(f"Replace {pat!r} → {s.get('content')!r}")
+    ev = {"normalizers": steps}
+    crit = "a normalizer rewrites text before the model sees it: what it removes, the model cannot read"
+    if lossy:
+        title = f"tokenizer.json rewrites the input before tokenizing: {'; '.join(lossy[:3])}"
+        return [Finding("audit", "hf.normalizer", "warning", title, ev, crit, command)]
+    names = ", ".join(str(s.get("type")) for s in steps) or "none"
+    return [Finding("audit", "hf.normalizer", "ok", f"tokenizer.json normalizers: {names}", ev, crit, command)]
+
+
+def _templates(d: Path, tok_config: dict[str, Any] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if (d / "chat_template.jinja").is_file():
+        out["chat_template.jinja"] = (d / "chat_template.jinja").read_text(encoding="utf-8", errors="replace")
+    raw = (tok_config or {}).get("chat_template")
+    if isinstance(raw, str):
+        out["tokenizer_config.json chat_template"] = raw
+    elif isinstance(raw, list):
+        for t in raw:
+            if isinstance(t, dict) and isinstance(t.get("template"), str):
+                out[f"tokenizer_config.json chat_template {t.get('name')!r}"] = t["template"]
+    return out
+
+
+def _strings(obj: Any, where: str, out: dict[str, str]) -> dict[str, str]:
+    if isinstance(obj, str):
+        out[where] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _strings(v, f"{where}.{k}", out)
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _strings(v, f"{where}[{i}]", out)
+    return out
+
+
+def audit_hf_dir(d: Path, chat: bool, command: str) -> tuple[dict[str, Any], list[Finding]]:
+    """Every static check of the transformers directory ``d``: (facts, findings)."""
+    config = _json(d / "config.json") or {}
+    tok_config = _json(d / "tokenizer_config.json")
+    gen = _json(d / "generation_config.json")
+    tokenizer = _json(d / "tokenizer.json")
+    findings = _auto_map(d, {"config.json": config, "tokenizer_config.json": tok_config}, command)
+    findings += _special_ids(config, command) + _suppressions(gen, config, command) + _normalizers(tokenizer, command)
+    templates = _templates(d, tok_config)
+    strings: dict[str, str] = {}
+    for name, obj in (("config.json", config), ("tokenizer_config.json", tok_config), ("generation_config.json", gen)):
+        _strings(obj, name, strings)
+    strings |= templates
+    findings += metadata_findings(strings, command)
+    for name, text in templates.items():
+        findings += template_findings(analyse_template(text, name), chat, command)
+    facts = {"path": str(d), "templates": sorted(templates), "has_tokenizer_json": tokenizer is not None}
+    return facts, findings

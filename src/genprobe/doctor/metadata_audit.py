@@ -1,0 +1,52 @@
+"""Metadata text that should not be there: invisible and bidirectional-control characters (text that reads one way
+and means another — "Trojan Source", CVE-2021-42574) and URLs (where a file points its users), in any string a
+model file carries apart from its vocabulary (whose tokens may legitimately be zero-width joiners and the like)."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any
+
+from .findings import Finding
+
+BIDI = {0x200E, 0x200F, 0x061C, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
+_URL = re.compile(r"\b(?:https?|ftp|file)://[^\s'\"<>)]+", re.IGNORECASE)
+_ALLOWED_CONTROLS = {"\n", "\r", "\t"}
+
+
+def hidden_characters(text: str) -> list[str]:
+    """The invisible characters of ``text`` (format, private-use and control characters but newline and tab) as
+    ``U+XXXX NAME``, bidirectional controls first."""
+    seen: dict[str, bool] = {}
+    for ch in text:
+        cat = unicodedata.category(ch)
+        if ch in _ALLOWED_CONTROLS or cat not in ("Cf", "Co", "Cc"):
+            continue
+        seen.setdefault(f"U+{ord(ch):04X} {unicodedata.name(ch, cat)}", ord(ch) in BIDI)
+    return sorted(seen, key=lambda k: not seen[k])
+
+
+def metadata_findings(strings: dict[str, str], command: str) -> list[Finding]:
+    """Findings on ``strings`` (where -> text): hidden characters warn (bidi controls named), URLs are said."""
+    hidden = {k: h for k, v in strings.items() if (h := hidden_characters(v))}
+    urls = {k: u for k, v in strings.items() if (u := sorted(set(_URL.findall(v))))}
+    out: list[Finding] = []
+    crit = "metadata and templates are read by people and rendered into prompts: what they say must be what they show"
+    if hidden:
+        where, chars = next(iter(hidden.items()))
+        bidi = any(ord(ch) in BIDI for k in hidden for ch in strings[k])
+        kind = "bidirectional-control" if bidi else "invisible"
+        title = f"{kind} characters in {len(hidden)} metadata field(s), e.g. {where}: {', '.join(chars[:3])}"
+        out.append(Finding("audit", "metadata.hidden_text", "warning", title, {"fields": hidden}, crit, command))
+    if urls:
+        where, found = next(iter(urls.items()))
+        title = f"URLs in {len(urls)} metadata field(s), e.g. {where}: {found[0]}"
+        ev: dict[str, Any] = {"fields": urls}
+        out.append(
+            Finding("audit", "metadata.urls", "info", title, ev, "said, not judged: check where they lead", command)
+        )
+    if not out:
+        title = f"{len(strings)} metadata strings: no hidden characters, no URLs"
+        out.append(Finding("audit", "metadata.hidden_text", "ok", title, {"fields": len(strings)}, crit, command))
+    return out
