@@ -143,3 +143,21 @@ def test_transformers_directory_audit(tmp_path):
 def test_hidden_characters():
     assert hidden_characters("plain text\twith a tab\n") == []
     assert hidden_characters("a\u200bb\u2066c") == ["U+2066 LEFT-TO-RIGHT ISOLATE", "U+200B ZERO WIDTH SPACE"]
+
+
+def test_round_trip_on_no_prompts_is_not_checked(tmp_path, monkeypatch):
+    """No held-out prompts found: the card says "not checked" (never "ok … on 0 of 0 prompts") and its reproducing
+    command names no prompts.txt, which was never written."""
+    import genprobe
+    import genprobe.doctor.inputs as inputs
+    from genprobe.doctor import DoctorOptions, run_doctor
+
+    def missing(model, count):
+        raise FileNotFoundError("no held-out corpus for this language")
+
+    monkeypatch.setattr(inputs, "held_out", missing)
+    out = tmp_path / "doc"
+    rep = run_doctor(genprobe.load(tiny_llama_dir(tmp_path / "llama")), DoctorOptions(only=("card",)), out=out)
+    f = next(f for f in rep.findings if f.check == "tokenizer.round_trip")
+    assert f.severity == "info" and "not checked" in f.title and "--prompts" not in (f.command or "")
+    assert not (out / "prompts.txt").exists()

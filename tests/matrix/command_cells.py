@@ -34,7 +34,7 @@ TANG_TEXT = [  # longer than the checkpoint's 64-character window, which the reg
 ]
 ENGLISH_PROMPTS = ["The quick brown fox", "Rain fell on the town", "A tiny model writes"]
 #: The smallest repair that runs every stage: two prompts per set, one edit size and form
-REPAIR_SIZES = ["--n-direction", "2", "--n-search", "2", "--n-validate", "2", "--ks", "4", "--forms", "subtract"]
+REPAIR_SIZES = ["--n-direction", "2", "--n-search", "6", "--n-validate", "6", "--ks", "4", "--forms", "subtract"]
 #: Exit statuses that mean "ran": doctor exits 4 on warnings (a random model has some)
 RAN = {"doctor": (0, 4)}
 LLAMACPP_MISSING = "install_llamacpp.sh"

@@ -101,7 +101,8 @@ def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorRe
 
     def card() -> Any:
         where = shlex.quote(str(Path(opts.prompts_file).parent / "card")) if opts.prompts_file else "DIR"
-        command = f"genprobe doctor {arg} {opts.prompts_arg()} --only card --out {where}"
+        given = opts.prompts_arg() + " " if inp.prompts else ""
+        command = f"genprobe doctor {arg} {given}--only card --out {where}"
         return model_card(model, inp.prompts, opts.chat, command + (" --chat" if opts.chat else ""))
 
     def inference() -> Any:
@@ -187,13 +188,13 @@ def run_doctor(
     from .._io import atomic_write_text
 
     arg = model_arg or (str(model.source) if model.source else "MODEL")
+    rep = DoctorReport(arg, opts)
+    inp = doctor_inputs(model, opts)
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
+    if out is not None and inp.prompts:  # a reproducing command names prompts.txt only when it is written
         opts.prompts_file = str(out / PROMPTS_FILE)
-    rep = DoctorReport(arg, opts)
-    inp = doctor_inputs(model, opts)
-    if out is not None and inp.prompts:
         atomic_write_text(out / PROMPTS_FILE, "\n".join(p.replace("\n", " ") for p in inp.prompts) + "\n")
         rep.files["prompts"] = str(out / PROMPTS_FILE)
     fns = _stage_fns(model, opts, inp, rep, log)

@@ -166,6 +166,9 @@ def _round_trip_finding(f: TokenizerFacts, command: str) -> Finding:
         "failures": f.round_trip_failures,
     }
     broken = len(f.round_trip_failures)
+    if f.prompts == 0:  # nothing to look at: said, never "ok"
+        title = "tokenizer round trip not checked: no prompts (give --prompt or --prompts)"
+        return Finding("card", "tokenizer.round_trip", "info", title, ev, ROUND_TRIP, command)
     if broken:
         return Finding(
             "card",
@@ -189,6 +192,9 @@ def _round_trip_finding(f: TokenizerFacts, command: str) -> Finding:
 
 def _unknown_findings(f: TokenizerFacts, command: str) -> list[Finding]:
     ev = {"unk_share": f.unk_share, "byte_fallback_share": f.byte_fallback_share, "tokens": f.tokens}
+    if f.tokens == 0:
+        title = "unknown-token share not checked: no prompts"
+        return [Finding("card", "tokenizer.unknown", "info", title, ev, None, command)]
     crit = f"unknown tokens above {UNK_WARN:.0%} of the prompts' tokens warn; byte-fallback tokens are lossless"
     sev = "warning" if f.unk_share > UNK_WARN else "info" if f.unk_share > 0 else "ok"
     title = f"unknown-token share {f.unk_share:.2%}, byte-fallback share {f.byte_fallback_share:.2%} of the prompts"

@@ -178,6 +178,15 @@ class Validation:
     regression: Regression
     samples: list[Sample]
     plain_greedy: dict[str, LoopRates] | None = None
+    fixed: int = 0  # degenerate before the edit, not after
+    p_value: float = 1.0  # two-sided sign test of fixed vs new_loops (metrics.stats.sign_test_p)
+
+    @property
+    def significant(self) -> bool:
+        """The edit ended significantly more degenerations than it started (α = metrics.stats.ALPHA)."""
+        from ..metrics.stats import ALPHA
+
+        return self.fixed > self.new_loops and self.p_value < ALPHA
 
     def to_dict(self) -> dict:
         """Plain JSON."""
@@ -186,7 +195,12 @@ class Validation:
             for k in ("before", "after", "loop_prone_before", "loop_prone_after", "regression")
         }
         d.update(
-            new_loops=self.new_loops, new_exact_loops=self.new_exact_loops, samples=[asdict(s) for s in self.samples]
+            new_loops=self.new_loops,
+            new_exact_loops=self.new_exact_loops,
+            fixed=self.fixed,
+            p_value=self.p_value,
+            significant=self.significant,
+            samples=[asdict(s) for s in self.samples],
         )
         if self.plain_greedy:
             d["plain_greedy"] = {k: v.to_dict() for k, v in self.plain_greedy.items()}
@@ -448,16 +462,22 @@ def validate_stage(
         )
         for b, a in prone[: study.cfg.samples]
     ]
+    from ..metrics.stats import sign_test_p
+
+    fixed = sum(1 for b, a in pairs if b.degenerate and not a.degenerate)
+    new = sum(1 for b, a in pairs if a.degenerate and not b.degenerate)
     return Validation(
         before.summary,
         after.summary,
         _subset_rates([b for b, _ in prone]),
         _subset_rates([a for _, a in prone]),
-        sum(1 for b, a in pairs if a.degenerate and not b.degenerate),
+        new,
         sum(1 for b, a in pairs if a.looping and not b.looping),
         regression,
         samples,
         None if plain_before is None or plain_after is None else {"before": plain_before, "after": plain_after},
+        fixed,
+        sign_test_p(fixed, new),
     )
 
 
@@ -570,6 +590,15 @@ def repair(
         )
         report.patch = PatchSummary.of(patch)
         clock.tick("validate")
+        if not report.validation.significant:  # a verdict no larger than its evidence: no patch written
+            v = report.validation
+            report.verdict = (
+                f"no significant change on the {v.before.n} held-out prompts (degenerate {v.before.degenerate_rate:.3f}"
+                f" → {v.after.degenerate_rate:.3f}; {v.fixed} fixed, {v.new_loops} new; sign test p = {v.p_value:.3f})"
+                ": no patch"
+            )
+            report.timings_s = clock.to_dict()
+            return report, None
         report.transfer = transfer_stage(study, patch, inputs.validate, inputs.chat)
         if report.transfer is not None:
             clock.tick("transfer")

@@ -214,6 +214,19 @@ def run_locate(args: argparse.Namespace) -> int:
 
 def _check_repair_args(args: argparse.Namespace) -> None:
     out_dir(args.out, "repair.json, patch.*, repair.html, repair.png")
+    from ...metrics.stats import MIN_PAIRS
+
+    for flag, n in (("--n-search", args.n_search), ("--n-validate", args.n_validate)):
+        if n < MIN_PAIRS:
+            raise ValueError(
+                f"{flag} {n}: below {MIN_PAIRS} prompts no change can be significant (two-sided sign test, α = 0.05: "
+                f"{MIN_PAIRS} prompts that all change the same way give p = 0.031); give {flag} {MIN_PAIRS} or more"
+            )
+    if args.n_direction < 2:
+        raise ValueError(
+            f"--n-direction {args.n_direction}: the loop direction contrasts loop-prone and control "
+            "prompts; give --n-direction 2 or more"
+        )
     grids = (("--ks", args.ks), ("--subtract-alphas", args.subtract_alphas), ("--project-alphas", args.project_alphas))
     for name, vals in grids:
         if any(x <= 0 for x in vals):
