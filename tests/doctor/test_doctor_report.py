@@ -50,8 +50,8 @@ def full_report(trained_ckpt, tmp_path_factory) -> Path:
 
 def test_every_stage_runs_and_the_json_is_strict(full_report):
     d = _strict((full_report / "doctor.json").read_text(encoding="utf-8"))
-    assert [s["status"] for s in d["stages"]] == ["ran"] * 6
-    stages = {"audit", "card", "inference", "attention", "degeneration", "fixes"}
+    assert [s["status"] for s in d["stages"]] == ["ran"] * 7
+    stages = {"audit", "card", "quality", "inference", "attention", "degeneration", "fixes"}
     assert {f["stage"] for f in d["findings"]} == stages
     assert d["audit"]["kind"] == "genprobe"  # a checkpoint: the audit says "not checked", nothing to read
     assert d["exit_status"] in (0, 4) and d["verdict"] in ("healthy", "warnings")

@@ -22,7 +22,7 @@ from ._common import (
 from ._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 
 # genprobe.doctor.options.STAGES, spelled out so that building the parser does not import torch
-STAGES = ("audit", "card", "inference", "attention", "degeneration", "fixes")
+STAGES = ("audit", "card", "quality", "inference", "attention", "degeneration", "fixes")
 FILES = "report.html, doctor.json and prompts.txt"
 EPILOG = """\
 exit status: 0 healthy, 1 a bug found (a cache path that disagrees with recomputation, a padding leak, a broken
@@ -78,6 +78,12 @@ def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
         metavar="STAGE",
         help="run these stages: " + " ".join(STAGES),
     )
+    p.add_argument(
+        "--reference",
+        metavar="FILE_OR_DIR",
+        help="the original model (e.g. the unquantised one): the quality stage measures KL and top-1 agreement "
+        "against it",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument(
         "--threads",
@@ -109,6 +115,7 @@ def _options(args: argparse.Namespace, model):
         hf_position_ids=not args.hf_no_position_ids,
         only=tuple(args.only) if args.only else STAGES,
         seed=args.seed,
+        reference=args.reference,
         sampling_flags=_typed_flags(args, given),
     )
 

@@ -9,10 +9,11 @@ from typing import Any, Sequence
 
 from ..engine.samplers import SamplerConfig
 
-STAGES = ("audit", "card", "inference", "attention", "degeneration", "fixes")
+STAGES = ("audit", "card", "quality", "inference", "attention", "degeneration", "fixes")
 TITLES = {
     "audit": "static audit",
     "card": "model card",
+    "quality": "quality on held-out text",
     "inference": "inference path",
     "attention": "attention health",
     "degeneration": "degeneration under your settings",
@@ -68,6 +69,7 @@ class DoctorOptions:
     sampling_flags: Sequence[str] = ()  # the sampler flags as typed, for the reproducing commands
     prompts_file: str | None = None  # where the prompts used are written, for the reproducing commands
     budget: Budget | None = field(default=None)
+    reference: str | None = None  # the original model (FILE_OR_DIR) the quality stage compares with
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.only if s not in STAGES]
@@ -115,4 +117,5 @@ class DoctorOptions:
             "stages": list(self.only),
             "seed": self.seed,
             "budget": self.plan.to_dict(),
+            "reference": self.reference,
         }

@@ -18,6 +18,7 @@ from .fixes import FixComparison, compare
 from .inference import InferenceCheck, check_inference
 from .inputs import DoctorInputs, doctor_inputs
 from .options import STAGES, TITLES, DoctorOptions
+from .quality import Quality
 from .verdict import Verdict, verdict_of
 
 QUICK_SKIP = "quick mode"
@@ -42,6 +43,7 @@ class DoctorReport:
     options: DoctorOptions
     audit: StaticAudit | None = None
     card: ModelCard | None = None
+    quality: Quality | None = None
     inference: InferenceCheck | None = None
     attention: AttentionHealth | None = None
     degeneration: Degeneration | None = None
@@ -53,7 +55,7 @@ class DoctorReport:
     @property
     def findings(self) -> list[Finding]:
         """Every finding, stage by stage (stage errors last)."""
-        parts = (self.audit, self.card, self.inference, self.attention, self.degeneration, self.fixes)
+        parts = (self.audit, self.card, self.quality, self.inference, self.attention, self.degeneration, self.fixes)
         return [f for p in parts if p is not None for f in p.findings] + self.errors
 
     @property
@@ -81,6 +83,7 @@ class DoctorReport:
                 "findings": [f.to_dict() for f in self.findings],
                 "audit": None if self.audit is None else self.audit.to_dict(),
                 "card": None if self.card is None else self.card.to_dict(),
+                "quality": None if self.quality is None else self.quality.to_dict(),
                 "inference": None if self.inference is None else self.inference.to_dict(),
                 "attention": None if self.attention is None else self.attention.to_dict(),
                 "degeneration": None if self.degeneration is None else self.degeneration.to_dict(),
@@ -104,6 +107,13 @@ def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorRe
         given = opts.prompts_arg() + " " if inp.prompts else ""
         command = f"genprobe doctor {arg} {given}--only card --out {where}"
         return model_card(model, inp.prompts, opts.chat, command + (" --chat" if opts.chat else ""))
+
+    def quality() -> Any:
+        if model.tokenizer is None:
+            raise _Skip("the model has no tokenizer: no text to read")
+        from .quality_stage import quality_stage
+
+        return quality_stage(model, opts, arg)
 
     def inference() -> Any:
         return check_inference(model, opts, inp.prompts, arg, lambda m: log("  " + m))
@@ -129,6 +139,7 @@ def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorRe
     return {
         "audit": audit,
         "card": card,
+        "quality": quality,
         "inference": inference,
         "attention": attention,
         "degeneration": degen,

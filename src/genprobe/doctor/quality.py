@@ -1,0 +1,181 @@
+"""Output quality, for the faults that are not cache bugs — a config that disagrees with the weights (a RoPE base),
+one corrupted weight matrix, a wrong tokenizer: each changes the model's output silently, and a model with one
+of them generates fluent-looking text no loop detector calls degenerate.
+
+- With ``--reference FILE_OR_DIR`` (the original model, the unquantised file): both models read the same held-out
+  human text, fed the truth (teacher forcing), and at each position the KL divergence KL(reference ‖ model) and
+  whether their top-1 tokens agree are measured; the texts' ids must be the same under both tokenizers.
+- Without one: the model's perplexity on held-out human text of its language, judged in bits per character (which,
+  unlike perplexity per token, does not depend on the tokenizer), flagged above a range calibrated on known-good
+  models (:data:`KNOWN_GOOD`: the worst known-good model's bits per character on the same windows times
+  :data:`BPC_FACTOR`; bigger models of a family score lower than its smallest, so the smallest calibrates).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .findings import Finding
+
+WINDOWS, WINDOW_TOKENS = 8, 128  # held-out texts read, tokens of each (fewer when the context is shorter)
+KL_WARN, KL_BUG = 0.1, 1.0  # mean KL(reference ‖ model), nats per token
+TOP1_WARN, TOP1_BUG = 0.9, 0.5  # top-1 agreement with the reference
+BPC_SMOLLM2 = 1.03  # SmolLM2-135M-Instruct Q4_1 on the english windows (perplexity 33.2 per token)
+BPC_FACTOR = 1.5
+UNK_MAX = 0.5
+# bits per character of known-good models on the doctor's held-out windows of each corpus (measured with this
+# module: `genprobe doctor MODEL --only quality`, docs/doctor.md)
+KNOWN_GOOD: dict[str, dict[str, float]] = {"english": {"SmolLM2-135M-Instruct (Q4_1 GGUF)": BPC_SMOLLM2}}
+
+
+@dataclass
+class Quality:
+    """What the model's predictions on held-out text show, alone and against a reference."""
+
+    corpus: str
+    windows: int
+    tokens: int
+    perplexity: float
+    bits_per_char: float
+    unknown_share: float = 0.0  # of the windows' tokens: above UNK_MAX the text is not the model's language
+    reference: str | None = None
+    reference_perplexity: float | None = None
+    same_ids: bool | None = None
+    kl_mean: float | None = None
+    top1_agreement: float | None = None
+    kl_by_position: list[float] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (findings listed with every other stage's)."""
+        d = asdict(self)
+        d.pop("findings")
+        return d
+
+
+def _windows(model: Any, texts: list[str]) -> tuple[list[str], list[list[int]]]:
+    """The first :data:`WINDOWS` texts at least a window long, and their first window of ids."""
+    n = WINDOW_TOKENS if model.max_positions is None else min(WINDOW_TOKENS, model.max_positions)
+    used: list[str] = []
+    out: list[list[int]] = []
+    for t in texts:
+        ids = model.encode(t)
+        if len(ids) >= n:
+            used.append(t)
+            out.append(ids[:n])
+        if len(out) == WINDOWS:
+            break
+    return used, out
+
+
+def _chars(model: Any, ids: list[int]) -> int:
+    """Characters the ids stand for (an unknown token for one)."""
+    return len(model.decode(ids)) + sum(1 for i in ids if model.unk_id is not None and i == model.unk_id)
+
+
+@torch.no_grad()
+def _log_probs(model: Any, window: list[int]) -> torch.Tensor:
+    """Log-probabilities (T, V) of each next token, fed the truth."""
+    from ..loops.arch import forward_logits
+
+    logits = forward_logits(model.module, torch.tensor([window], device=_device(model)))[0].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.module.parameters()).device
+
+
+def measure_quality(model: Any, texts: list[str], corpus: str, reference: Any = None) -> Quality:
+    """Perplexity of ``model`` on ``texts``; with ``reference`` (a loaded model), KL and top-1 per position."""
+    used, windows = _windows(model, texts)
+    if not windows:
+        raise ValueError(f"no held-out text of {WINDOW_TOKENS} tokens to read")
+    nll, ref_nll, kl, agree = 0.0, 0.0, torch.zeros(len(windows[0]) - 1), 0
+    same = reference is None or all(reference.encode(t)[: len(w)] == w for t, w in zip(used, windows, strict=True))
+    count = sum(len(w) - 1 for w in windows)
+    chars = sum(_chars(model, w[1:]) for w in windows)
+    for w in windows:
+        lp = _log_probs(model, w)[:-1]
+        target = torch.tensor(w[1:], device=lp.device)
+        nll -= lp.gather(1, target[:, None]).sum().item()
+        if reference is not None and same:
+            rp = _log_probs(reference, w)[:-1]
+            v = min(lp.shape[-1], rp.shape[-1])  # padding rows beyond the vocabulary are never targets
+            lp_v, rp_v = torch.log_softmax(lp[:, :v], -1), torch.log_softmax(rp[:, :v], -1)
+            kl += (rp_v.exp() * (rp_v - lp_v)).sum(-1).clamp_min(0).cpu()
+            agree += int((lp_v.argmax(-1) == rp_v.argmax(-1)).sum())
+            ref_nll -= rp.gather(1, target[:, None]).sum().item()
+    unk = sum(1 for w in windows for i in w if model.unk_id is not None and i == model.unk_id)
+    q = Quality(corpus, len(windows), count, math.exp(nll / count), nll / max(1, chars) / math.log(2))
+    q.unknown_share = unk / sum(len(w) for w in windows)
+    if reference is not None:
+        q.reference, q.same_ids = str(reference.source), same
+        if same:
+            q.reference_perplexity = math.exp(ref_nll / count)
+            q.kl_by_position = [round(float(x) / len(windows), 5) for x in kl]
+            q.kl_mean, q.top1_agreement = float(kl.sum()) / count, agree / count
+    return q
+
+
+def quality_findings(q: Quality, command: str) -> list[Finding]:
+    """Against a reference: KL / top-1 decide (tokenizers that disagree are a bug); alone: the calibrated range."""
+    ev = q.to_dict()
+    if q.unknown_share > UNK_MAX:
+        title = (
+            f"quality not checked: the held-out {q.corpus} text is {q.unknown_share:.0%} unknown tokens for this "
+            "tokenizer (not the model's language; give --reference with prompts of its own)"
+        )
+        return [Finding("quality", "quality.skipped", "info", title, ev, None, command)]
+    if q.reference is not None:
+        return [_reference_finding(q, ev, command)]
+    known = KNOWN_GOOD.get(q.corpus)
+    if not known:
+        title = (
+            f"perplexity {q.perplexity:.1f} on held-out {q.corpus} text: not judged (no known-good model calibrated)"
+        )
+        return [Finding("quality", "quality.perplexity", "info", title, ev, None, command)]
+    limit = round(BPC_FACTOR * max(known.values()), 3)
+    crit = (
+        f"bits per character on {q.windows} held-out {q.corpus} windows of {WINDOW_TOKENS} tokens at most "
+        f"{BPC_FACTOR:g}× the worst known-good model's ({', '.join(f'{k}: {v:g}' for k, v in known.items())}); "
+        "give --reference to compare with the original"
+    )
+    said = f"{q.bits_per_char:.3f} bits per character (perplexity {q.perplexity:,.1f}) on held-out {q.corpus} text"
+    if q.bits_per_char > limit:
+        title = (
+            f"{said}, above the {limit:g} known-good models stay under: a corrupted weight, a config that disagrees "
+            "with the weights or a wrong tokenizer"
+        )
+        return [Finding("quality", "quality.perplexity", "warning", title, ev, crit, command)]
+    title = f"{said}, within the known-good range (≤ {limit:g})"
+    return [Finding("quality", "quality.perplexity", "ok", title, ev, crit, command)]
+
+
+def _reference_finding(q: Quality, ev: dict[str, Any], command: str) -> Finding:
+    if not q.same_ids:
+        title = f"the tokenizer differs from the reference's ({q.reference}): the same text gives other ids"
+        return Finding("quality", "quality.reference", "bug", title, ev, "same text, same ids", command)
+    assert q.kl_mean is not None and q.top1_agreement is not None
+    crit = (
+        f"mean KL(reference ‖ model) ≤ {KL_WARN} nats and top-1 agreement ≥ {TOP1_WARN:.0%} (a bug beyond {KL_BUG} "
+        f"nats or below {TOP1_BUG:.0%}), teacher-forced on {q.tokens} held-out tokens"
+    )
+    worst = max(range(len(q.kl_by_position)), key=q.kl_by_position.__getitem__, default=0)
+    said = (
+        f"KL {q.kl_mean:.3f} nats/token, top-1 agreement {q.top1_agreement:.1%}, perplexity "
+        f"{q.perplexity:.1f} vs the reference's {q.reference_perplexity:.1f} (worst position {worst})"
+    )
+    if q.kl_mean > KL_BUG or q.top1_agreement < TOP1_BUG:
+        return Finding(
+            "quality", "quality.reference", "bug", f"output diverges from the reference: {said}", ev, crit, command
+        )
+    if q.kl_mean > KL_WARN or q.top1_agreement < TOP1_WARN:
+        return Finding(
+            "quality", "quality.reference", "warning", f"output drifts from the reference: {said}", ev, crit, command
+        )
+    return Finding("quality", "quality.reference", "ok", f"output matches the reference: {said}", ev, crit, command)
