@@ -161,3 +161,31 @@ def test_round_trip_on_no_prompts_is_not_checked(tmp_path, monkeypatch):
     f = next(f for f in rep.findings if f.check == "tokenizer.round_trip")
     assert f.severity == "info" and "not checked" in f.title and "--prompts" not in (f.command or "")
     assert not (out / "prompts.txt").exists()
+
+
+def _patched(src, dst, offset: int, data: bytes):
+    dst.write_bytes(src.read_bytes())
+    with open(dst, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(data)
+    return dst
+
+
+def test_duplicate_key_and_overlapping_tensors(gguf_dir, tmp_path):
+    """Header bytes patched in place: the key ``tokenizer.ggml.bos_token_id`` renamed to ``…eos_token_id`` (a
+    duplicate key), and one tensor's data offset set to another's (two tensors sharing bytes)."""
+    import gguf
+
+    src = _planted(gguf_dir, "clean", file_type=0)
+    reader = gguf.GGUFReader(src)
+    key = reader.fields["tokenizer.ggml.bos_token_id"]
+    dup = _patched(src, tmp_path / "dup.gguf", int(key.offset) + 8 + len("tokenizer.ggml."), b"eos")
+    f = _by_check(static_audit(dup), "gguf.duplicates")
+    assert f.severity == "bug" and "tokenizer.ggml.eos_token_id" in f.title
+    a, b = reader.tensors[0], reader.tensors[1]  # b's offset (the last 8 bytes of its entry) set to a's
+    entry_end = int(b.field.offset) + sum(p.nbytes for p in b.field.parts)
+    start = int(a.data_offset) - int(reader.data_offset)  # offsets are stored relative to the data section
+    over = _patched(src, tmp_path / "overlap.gguf", entry_end - 8, start.to_bytes(8, "little"))
+    f = _by_check(static_audit(over), "gguf.overlap")
+    assert f.severity == "bug" and a.name in f.title and b.name in f.title
+    assert _by_check(static_audit(src), "gguf.overlap").severity == "ok"

@@ -29,7 +29,7 @@ def _value(reader: Any, key: str) -> Any:
 
 def _unreadable(path: str, exc: Exception, command: str) -> list[Finding]:
     """A header the reader refuses: a duplicate key or tensor named, anything else said as it is."""
-    msg = str(exc)
+    msg = str(exc.args[0]) if exc.args else str(exc)  # a KeyError's str() quotes its message
     dup = re.match(r"Duplicate (\S+) already in list", msg) or re.search(r"duplicated tensor with name (\S+)", msg)
     if dup:
         what = "metadata key" if msg.startswith("Duplicate") else "tensor"
