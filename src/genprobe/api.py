@@ -270,6 +270,7 @@ def diagnose(
     hf_position_ids: bool = True,
     only: Sequence[str] | None = None,
     seed: int = 0,
+    reference: str | None = None,
     out: str | Path | None = None,
     log: Callable[[str], None] = lambda msg: None,
 ) -> "DoctorReport":
@@ -278,7 +279,8 @@ def diagnose(
     degeneration under greedy and ``sampling`` on ``prompts`` (default: held-out prompts of the model's language),
     which fix (the edit too with ``with_edit``); ``report.exit_status`` is 0 healthy, 1 bug, 4 warnings only.
     ``impl`` ("module:factory") adds the user's cache implementation; ``hf_position_ids=False`` says the user's
-    code passes no position ids. With ``out``, writes prompts.txt, doctor.json and report.html there.
+    code passes no position ids; ``reference`` (a model path) is what the quality stage compares with. With ``out``,
+    writes prompts.txt, doctor.json and report.html there.
     """
     from .doctor import DoctorOptions, run_doctor
     from .doctor.options import STAGES
@@ -295,5 +297,6 @@ def diagnose(
         hf_position_ids=hf_position_ids,
         only=tuple(only) if only is not None else STAGES,
         seed=seed,
+        reference=reference,
     )
     return run_doctor(model, opts, out=out, log=log)
