@@ -17,8 +17,10 @@ from .metadata_audit import metadata_findings
 from .template_audit import analyse_template, template_findings
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
-HPARAMS = ("block_count", "embedding_length", "feed_forward_length", "attention.key_length", "attention.value_length")
-HPARAMS += ("rope.dimension_count", "vocab_size")
+HPARAMS = (
+    *("block_count", "embedding_length", "feed_forward_length", "attention.key_length", "attention.value_length"),
+    *("rope.dimension_count", "vocab_size"),
+)
 _VOCAB_ARRAYS = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"}
 
 

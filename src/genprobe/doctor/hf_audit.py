@@ -48,7 +48,8 @@ def _auto_map(d: Path, configs: dict[str, Any], command: str) -> list[Finding]:
 
 
 def _special_ids(config: dict[str, Any], command: str) -> list[Finding]:
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    inner = config.get("text_config")
+    text: dict[str, Any] = inner if isinstance(inner, dict) else config
     n = text.get("vocab_size")
     ids = {k: text.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id") if text.get(k) is not None}
     crit = "every special-token id in config.json is below vocab_size"
