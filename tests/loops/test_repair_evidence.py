@@ -16,13 +16,13 @@ def test_sign_test_threshold_is_six_pairs():
     assert sign_test_p(7, 1) == pytest.approx(2 * 9 / 256)  # C(8,0) + C(8,1) over 2^8, both tails
 
 
-@pytest.mark.parametrize(("flag", "named"), [("--n-validate", "--n-validate 6"), ("--n-search", "--n-search 6")])
+@pytest.mark.parametrize(("flag", "named"), [("--n-validate", "--n-validate 1:"), ("--n-search", "--n-search 1:")])
 def test_repair_refuses_sets_too_small_for_significance(trained_ckpt, tmp_path, capsys, flag, named):
     sizes = {"--n-direction": "8", "--n-search": "8", "--n-validate": "8"} | {flag: "1"}
     args = [a for kv in sizes.items() for a in kv]
     assert run_cli("loops", "repair", trained_ckpt, *args, "--out", tmp_path / "r") == 2
     err = capsys.readouterr().err
-    assert named in err and "significant" in err and not (tmp_path / "r" / "patch.json").exists()
+    assert named in err and "--n-validate 6" in err and "significant" in err and not (tmp_path / "r" / "patch.json").exists()
 
 
 @pytest.mark.parametrize(("fixed", "new", "p_value", "written"), [(0, 0, 1.0, False), (6, 0, 0.031, True)])

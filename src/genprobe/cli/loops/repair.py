@@ -216,16 +216,15 @@ def _check_repair_args(args: argparse.Namespace) -> None:
     out_dir(args.out, "repair.json, patch.*, repair.html, repair.png")
     from ...metrics.stats import MIN_PAIRS
 
-    for flag, n in (("--n-search", args.n_search), ("--n-validate", args.n_validate)):
-        if n < MIN_PAIRS:
-            raise ValueError(
-                f"{flag} {n}: below {MIN_PAIRS} prompts no change can be significant (two-sided sign test, α = 0.05: "
-                f"{MIN_PAIRS} prompts that all change the same way give p = 0.031); give {flag} {MIN_PAIRS} or more"
-            )
-    if args.n_direction < 2:
+    minimum = {"--n-direction": 2, "--n-search": MIN_PAIRS, "--n-validate": MIN_PAIRS}
+    given = {"--n-direction": args.n_direction, "--n-search": args.n_search, "--n-validate": args.n_validate}
+    small = [f"{flag} {given[flag]}" for flag, least in minimum.items() if given[flag] < least]
+    if small:
         raise ValueError(
-            f"--n-direction {args.n_direction}: the loop direction contrasts loop-prone and control "
-            "prompts; give --n-direction 2 or more"
+            f"{', '.join(small)}: too small for a verdict; the minimum sizes are "
+            f"{', '.join(f'{k} {v}' for k, v in minimum.items())} (below {MIN_PAIRS} paired prompts no change can be "
+            f"significant — two-sided sign test, α = 0.05: {MIN_PAIRS} that all change the same way give p = 0.031; "
+            "the direction contrasts at least one loop-prone and one control prompt)"
         )
     grids = (("--ks", args.ks), ("--subtract-alphas", args.subtract_alphas), ("--project-alphas", args.project_alphas))
     for name, vals in grids:
