@@ -189,3 +189,14 @@ def test_duplicate_key_and_overlapping_tensors(gguf_dir, tmp_path):
     f = _by_check(static_audit(over), "gguf.overlap")
     assert f.severity == "bug" and a.name in f.title and b.name in f.title
     assert _by_check(static_audit(src), "gguf.overlap").severity == "ok"
+
+
+def test_unreadable_files_are_findings_not_tracebacks(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json", encoding="utf-8")
+    (tmp_path / "bad" / "tokenizer_config.json").write_text("[1, 2]", encoding="utf-8")
+    f = _by_check(static_audit(tmp_path / "bad"), "hf.json")
+    assert f.severity == "warning" and "config.json, tokenizer_config.json" in f.title
+    (tmp_path / "noise.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    f = _by_check(static_audit(tmp_path / "noise.gguf"), "gguf.header")
+    assert f.severity == "bug" and "cannot be read" in f.title

@@ -19,13 +19,18 @@ LOSSY_NORMALIZERS = {"Lowercase", "StripAccents", "Strip", "NFKC", "NFKD", "Prec
 _SPACE_MARKERS = {("\u0020", "\u2581")}
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path, unreadable: list[str]) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (None when absent; a file that holds no JSON object is added to ``unreadable``)."""
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
+        data = None
+    if not isinstance(data, dict):
+        unreadable.append(path.name)
         return None
+    return data
 
 
 def _auto_map(d: Path, configs: dict[str, Any], command: str) -> list[Finding]:
@@ -148,11 +153,16 @@ def _strings(obj: Any, where: str, out: dict[str, str]) -> dict[str, str]:
 
 def audit_hf_dir(d: Path, chat: bool, command: str) -> tuple[dict[str, Any], list[Finding]]:
     """Every static check of the transformers directory ``d``: (facts, findings)."""
-    config = _json(d / "config.json") or {}
-    tok_config = _json(d / "tokenizer_config.json")
-    gen = _json(d / "generation_config.json")
-    tokenizer = _json(d / "tokenizer.json")
-    findings = _auto_map(d, {"config.json": config, "tokenizer_config.json": tok_config}, command)
+    unreadable: list[str] = []
+    config = _json(d / "config.json", unreadable) or {}
+    tok_config = _json(d / "tokenizer_config.json", unreadable)
+    gen = _json(d / "generation_config.json", unreadable)
+    tokenizer = _json(d / "tokenizer.json", unreadable)
+    findings: list[Finding] = []
+    if unreadable:
+        title = f"{', '.join(unreadable)}: not a JSON object, not checked (a loader refuses or ignores it)"
+        findings.append(Finding("audit", "hf.json", "warning", title, {"files": unreadable}, None, command))
+    findings += _auto_map(d, {"config.json": config, "tokenizer_config.json": tok_config}, command)
     findings += _special_ids(config, command) + _suppressions(gen, config, command) + _normalizers(tokenizer, command)
     templates = _templates(d, tok_config)
     strings: dict[str, str] = {}
