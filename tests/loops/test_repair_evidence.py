@@ -22,7 +22,12 @@ def test_repair_refuses_sets_too_small_for_significance(trained_ckpt, tmp_path, 
     args = [a for kv in sizes.items() for a in kv]
     assert run_cli("loops", "repair", trained_ckpt, *args, "--out", tmp_path / "r") == 2
     err = capsys.readouterr().err
-    assert named in err and "--n-validate 6" in err and "significant" in err and not (tmp_path / "r" / "patch.json").exists()
+    assert (
+        named in err
+        and "--n-validate 6" in err
+        and "significant" in err
+        and not (tmp_path / "r" / "patch.json").exists()
+    )
 
 
 @pytest.mark.parametrize(("fixed", "new", "p_value", "written"), [(0, 0, 1.0, False), (6, 0, 0.031, True)])
