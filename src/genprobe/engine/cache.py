@@ -91,6 +91,21 @@ class KVCache:
         self.default_positions_only = True
         self._slots = None
 
+    def truncate(self, keep: int) -> None:
+        """Keep the first ``keep`` tokens, forget the rest (speculative decoding's rollback after a rejection).
+
+        Only an unpadded batch whose slots are still in write order (no ring wrap) can be cut: the dropped slots
+        are marked invalid and the write pointer and position counters move back to ``keep``."""
+        if self.window is not None and self.seen > self.capacity:
+            raise ValueError("a sliding-window cache that wrapped around cannot be rolled back")
+        if not 0 <= keep <= self.seen:
+            raise ValueError(f"cannot keep {keep} tokens of a cache holding {self.seen}")
+        if not self.all_valid:
+            raise ValueError("a cache holding padding cannot be rolled back by token count")
+        self.valid[:, keep : self.seen] = False
+        self.next_pos = self.next_pos - (self.seen - keep)
+        self.seen = keep
+
     @property
     def decode_mask_free(self) -> bool:
         """True while every key is real and at an earlier default position: a decode step sees them all."""

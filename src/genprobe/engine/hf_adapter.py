@@ -27,6 +27,17 @@ class _HFCacheState:
         self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.padded = False
 
+    def truncate(self, keep: int) -> None:
+        """Keep the first ``keep`` tokens (speculative decoding's rollback): ``DynamicCache.crop`` plus our counters."""
+        if self.padded:
+            raise ValueError("a cache holding padding cannot be rolled back by token count")
+        if not 0 <= keep <= self.length:
+            raise ValueError(f"cannot keep {keep} tokens of a cache holding {self.length}")
+        self.cache.crop(keep)
+        self.mask[:, keep : self.length] = 0
+        self.next_pos = self.next_pos - (self.length - keep)
+        self.length = keep
+
 
 class HFCausalLM:
     """A ``transformers`` causal LM behind the runner protocol.

@@ -1,0 +1,294 @@
+"""Speculative decoding: a draft proposes k tokens, the target checks them all in one cached forward.
+
+One round (batch 1): the draft (:mod:`genprobe.engine.drafts`) proposes ``d_1 .. d_k`` after the context; the target
+feeds whatever of the context its cache lacks plus the k drafts in one forward, whose rows give ``p_1 .. p_{k+1}``
+(``p_j`` follows ``d_{j-1}``). Then:
+
+* greedy: ``d_j`` is kept while it is the target's argmax; the first disagreement is replaced by the target's token;
+  after k agreements the target's next token follows (the bonus). The output is plain greedy's, token for token.
+* sampled (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2): ``d_j`` is kept with probability
+  ``min(1, p_j(d_j) / q_j(d_j))``; at the first rejection a token is drawn from ``norm(max(0, p_j − q_j))`` and the
+  round ends; after k acceptances a bonus token is drawn from ``p_{k+1}``. ``p`` and ``q`` are the *processed*
+  distributions of the sampler chain (penalties, temperature, top-k/top-p/min-p ... exactly what plain sampling draws
+  from), so the output is distributed as plain sampling's. Prompt lookup's ``q`` is a point mass on its proposal.
+
+After a round both caches drop the slots of rejected tokens (``KVCache.truncate`` / ``DynamicCache.crop``). Each rule
+is one method of :class:`SpeculativeDecoder`; the verifier's mutants (:mod:`genprobe.verify.spec_mutants`) override
+one each. XTC is refused: its per-step random draw makes the distribution itself random.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from .drafts import CachedModel, ModelDraft, PromptLookupDraft, first_layers
+from .runner import as_runner, check_inputs
+from .samplers import SamplerConfig, check_logits, process_logits
+
+GREEDY = SamplerConfig(greedy=True)
+
+
+class Draws(Protocol):
+    """The randomness of a sampled run: a token drawn from a distribution, a coin with a given probability."""
+
+    def token(self, probs: torch.Tensor) -> int: ...
+
+    def coin(self, prob: float) -> bool: ...
+
+
+class SeededDraws:
+    """Draws from one seeded CPU generator."""
+
+    def __init__(self, seed: int = 0):
+        self.gen = torch.Generator().manual_seed(int(seed))
+
+    def token(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs.float().cpu(), 1, generator=self.gen))
+
+    def coin(self, prob: float) -> bool:
+        return float(torch.rand((), generator=self.gen)) < prob
+
+
+@dataclass
+class SpeculativeStats:
+    """What a speculative generation cost and how much of the draft the target kept."""
+
+    rounds: int = 0  # target forwards (one per round)
+    drafted: int = 0  # tokens proposed
+    accepted: int = 0  # proposed tokens kept
+    tokens: int = 0  # tokens generated
+    draft_forwards: int = 0
+    seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / proposed (None when nothing was proposed)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_forward(self) -> float | None:
+        """Generated tokens per target forward (plain decoding: 1)."""
+        return self.tokens / self.rounds if self.rounds else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tokens_per_forward": self.tokens_per_forward}
+
+
+@dataclass
+class SpeculativeResult:
+    """One prompt's speculative generation."""
+
+    tokens: list[int]
+    prompt_tokens: list[int]
+    finished: str  # "length" | "eos"
+    draft: str
+    k: int
+    sampler: dict[str, Any]
+    stats: SpeculativeStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in asdict(self).items() if k != "stats"}, "stats": self.stats.to_dict()}
+
+
+def parameter_count(model: Any) -> int:
+    """Parameters of a GPT, a runner wrapping one (``.model``) or a transformers model."""
+    m = getattr(model, "model", model)
+    return sum(p.numel() for p in m.parameters()) if hasattr(m, "parameters") else 0
+
+
+def make_draft(target: Any, draft: Any) -> Any:
+    """A draft from its spec: ``"lookup"`` (prompt lookup), ``"layers:N"`` (the target's first N layers), a model
+    with the target's vocabulary and at most its size, or a ready draft object (``propose`` / ``rollback``)."""
+    if hasattr(draft, "propose"):
+        return draft
+    if isinstance(draft, str):
+        if draft in ("lookup", "prompt-lookup"):
+            return PromptLookupDraft()
+        if draft.startswith("layers:"):
+            n = draft.split(":", 1)[1]
+            if not n.isdigit():
+                raise ValueError(f"a first-layers draft is 'layers:N' with N a layer count, got {draft!r}")
+            return ModelDraft(first_layers(target, int(n)), name=draft)
+        raise ValueError(f"draft must be 'lookup', 'layers:N' or a model, got {draft!r}")
+    t_runner, d_runner = as_runner(target), as_runner(draft)
+    if d_runner.vocab_size != t_runner.vocab_size:
+        raise ValueError(
+            f"the draft's vocabulary ({d_runner.vocab_size} tokens) is not the target's ({t_runner.vocab_size}): "
+            "speculative decoding needs one tokenizer"
+        )
+    t_size, d_size = parameter_count(target), parameter_count(draft)
+    if d_size > t_size:
+        raise ValueError(
+            f"the draft ({d_size:,} parameters) is larger than the target ({t_size:,}): a draft must be at most the "
+            "target's size"
+        )
+    return ModelDraft(draft)
+
+
+def check_k(k: Any) -> int:
+    """``k`` as an int >= 1 (ValueError otherwise)."""
+    if isinstance(k, bool) or int(k) != k or k < 1:
+        raise ValueError(f"k (tokens proposed per round) must be an integer >= 1, got {k!r}")
+    return int(k)
+
+
+class SpeculativeDecoder:
+    """One speculative generation's rules (batch 1). Each rule is one method, so that a mutant overrides one."""
+
+    def __init__(
+        self,
+        target: Any,
+        draft: Any,
+        k: int = 4,
+        sampler: SamplerConfig | None = None,
+        draws: Draws | None = None,
+        eos_id: int | None = None,
+    ):
+        self.runner = as_runner(target)
+        self.draft = make_draft(target, draft)
+        self.k = check_k(k)
+        self.cfg = sampler or GREEDY
+        if self.cfg.xtc_active:
+            raise ValueError("speculative decoding cannot use XTC: its random per-step draw makes p itself random")
+        if self.cfg.is_contrastive:
+            raise ValueError("speculative decoding samples or takes the argmax; contrastive search is its own loop")
+        self.greedy = self.cfg.greedy
+        self.draws: Draws = draws if draws is not None else SeededDraws(0)
+        self.eos_id = eos_id
+        self.P = 0
+
+    # ---- the loop --------------------------------------------------------------------------------------------
+    def run(self, prompt: Sequence[int], max_new_tokens: int) -> SpeculativeResult:
+        """Generate ``max_new_tokens`` after ``prompt`` (fewer at ``eos_id``)."""
+        self.P = check_inputs(self.runner, [prompt], max_new_tokens, "cached")
+        N = int(max_new_tokens)
+        capacity = self.P + N + self.k + 2  # room for a mutant's extra token; positions are checked by the model
+        self.target = CachedModel(self.runner, capacity)
+        self.draft.start(capacity)
+        context, out = [int(t) for t in prompt], []
+        stats, finished = SpeculativeStats(), "length"
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            while len(out) < N:
+                before = len(out)
+                self.round(context, out, N - len(out), stats)
+                new = out[before:]
+                if self.eos_id is not None and self.eos_id in new:
+                    del out[before + new.index(self.eos_id) + 1 :]
+                    finished = "eos"
+                    break
+        del out[N:]
+        stats.tokens, stats.draft_forwards = len(out), self.draft.forwards
+        stats.seconds = time.perf_counter() - t0
+        name = getattr(self.draft, "name", type(self.draft).__name__)
+        return SpeculativeResult(out, list(map(int, prompt)), finished, name, self.k, self.cfg.to_dict(), stats)
+
+    def round(self, context: list[int], out: list[int], remaining: int, stats: SpeculativeStats) -> None:
+        """Propose, verify in one target forward, accept, append, roll the caches back."""
+        k = min(self.k, remaining - 1)  # the round's last token is the target's own: never propose past the budget
+        drafted, qs = self.draft.propose(context, k, self) if k > 0 else ([], None)
+        drafted = drafted[:k]
+        rows = self.verify_rows(context, drafted)
+        n, token, bonus = self.accept(context, drafted, qs, rows)
+        stats.rounds += 1
+        stats.drafted += len(drafted)
+        stats.accepted += n
+        self.commit(context, out, drafted[:n], token, bonus)
+        self.rollback(context)
+
+    # ---- the rules (one method each) ------------------------------------------------------------------------
+    def verify_rows(self, context: Sequence[int], drafted: Sequence[int]) -> torch.Tensor:
+        """The target's logits for ``p_1 .. p_{k+1}``: the rows of the last context token and of each draft."""
+        logits = self.target.catch_up(context, drafted)
+        return logits[-(len(drafted) + 1) :]
+
+    def accept(
+        self, context: Sequence[int], drafted: Sequence[int], qs: list[torch.Tensor] | None, rows: torch.Tensor
+    ) -> tuple[int, int, bool]:
+        """(drafts kept, the token that ends the round, whether it is the bonus token after k acceptances)."""
+        for j, x in enumerate(drafted):
+            ctx = [*context, *drafted[:j]]
+            if self.greedy:
+                t = self.argmax(rows[j], ctx)
+                if t != x:
+                    return j, t, False
+                continue
+            p = self.probs(rows[j], ctx)
+            q = qs[j] if qs is not None else _point_mass(x, p)
+            if not self.draws.coin(self.accept_prob(p, q, x)):
+                return j, self.draws.token(self.residual(p, q)), False
+        ctx = [*context, *drafted]
+        token = self.argmax(rows[-1], ctx) if self.greedy else self.draws.token(self.probs(rows[-1], ctx))
+        return len(drafted), token, len(drafted) > 0
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor, x: int) -> float:
+        """min(1, p(x) / q(x)); ``q(x) > 0`` since ``x`` was drawn from ``q``."""
+        return min(1.0, float(p[x]) / float(q[x]))
+
+    def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """norm(max(0, p − q)): what p still needs after what q proposed was kept."""
+        r = (p - q).clamp(min=0)
+        total = float(r.sum())
+        return r / total if total > 0 else p  # total = 0 only when p = q, where no token is ever rejected
+
+    def commit(self, context: list[int], out: list[int], kept: list[int], token: int, bonus: bool) -> None:
+        """Append the kept drafts and the round's last token to the context and the output."""
+        context.extend([*kept, token])
+        out.extend([*kept, token])
+
+    def rollback(self, context: Sequence[int]) -> None:
+        """Both caches forget the tokens the context does not hold (the rejected drafts)."""
+        self.target.rollback(context)
+        self.draft.rollback(context)
+
+    # ---- the sampler chain: the same distribution plain decoding draws from ----------------------------------
+    def processed(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
+        hist = torch.tensor([list(context)], dtype=torch.long) if self.cfg.uses_history else None
+        return process_logits(logits[None].cpu(), hist, self.cfg, prompt_len=self.P)[0]
+
+    def probs(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
+        """The processed sampling distribution (V,) after ``context``."""
+        return torch.softmax(self.processed(logits, context), dim=-1)
+
+    def argmax(self, logits: torch.Tensor, context: Sequence[int]) -> int:
+        """Greedy's token: the raw argmax (plain greedy), else the argmax of the adjusted logits."""
+        if self.cfg.is_identity:
+            check_logits(logits[None], sampling=False)
+            return int(logits.argmax())
+        return int(self.processed(logits, context).argmax())
+
+    def pick(self, logits: torch.Tensor, context: Sequence[int]) -> tuple[int, torch.Tensor | None]:
+        """A draft model's token and the distribution q it came from (greedy: its argmax, no q)."""
+        if self.greedy:
+            return self.argmax(logits, context), None
+        q = self.probs(logits, context)
+        return self.draws.token(q), q
+
+
+def _point_mass(x: int, like: torch.Tensor) -> torch.Tensor:
+    q = torch.zeros_like(like)
+    q[x] = 1.0
+    return q
+
+
+def speculative_generate(
+    target: Any,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    draft: Any = "lookup",
+    k: int = 4,
+    sampler: SamplerConfig | None = None,
+    seed: int = 0,
+    eos_id: int | None = None,
+) -> SpeculativeResult:
+    """Speculative decoding of one prompt: greedy (``sampler`` None or greedy) gives plain greedy's tokens; a
+    sampling ``sampler`` gives plain sampling's distribution (other draws than plain sampling's, so other tokens).
+
+    ``draft``: ``"lookup"`` (prompt lookup, 2-grams), ``"layers:N"`` (the target's first N layers), or a smaller
+    model with the same vocabulary (a genprobe GPT or ``HFCausalLM``)."""
+    decoder = SpeculativeDecoder(target, draft, k, sampler, SeededDraws(seed), eos_id)
+    return decoder.run(prompt, max_new_tokens)
