@@ -36,6 +36,8 @@ _EXPORTS = {
     "run_case": "genprobe.api:run_case",
     "verify_cache": "genprobe.verify.api:verify_cache",
     "verify_caches": "genprobe.verify.api:verify_caches",
+    "verify_speculative": "genprobe.verify.speculative:verify_speculative",
+    "speculative_generate": "genprobe.engine.speculative:speculative_generate",
     "chapter_phenomena": "genprobe.api:chapter_phenomena",
     "diagnose": "genprobe.api:diagnose",
     "PhenomenaConfig": "genprobe.experiments.phenomena:PhenomenaConfig",
@@ -57,6 +59,8 @@ _EXPORTS = {
     "VerifyReport": "genprobe.verify.report:VerifyReport",
     "CacheVerification": "genprobe.verify.api:CacheVerification",
     "MutantTable": "genprobe.verify.api:MutantTable",
+    "SpeculativeVerification": "genprobe.verify.speculative:SpeculativeVerification",
+    "SpeculativeResult": "genprobe.engine.speculative:SpeculativeResult",
     "Thresholds": "genprobe.verify.compare:Thresholds",
     "ServingReport": "genprobe.serving.verify:ServingReport",  # importing it does not import vLLM
     "DoctorReport": "genprobe.doctor:DoctorReport",

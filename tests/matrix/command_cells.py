@@ -163,6 +163,7 @@ def row_options(row: Row, kind: str, models: MatrixModels, out: Path) -> list[st
     by_command: dict[tuple[str, ...], list[str]] = {
         ("generate",): [*prompts, "--max-new-tokens", "2", "--json"],
         ("verify-cache",): [*prompts, "--max-new-tokens", "3", "--json"],
+        ("verify-speculative",): [*prompts, "--max-new-tokens", "3", "--exact-tokens", "2", "--json"],
         ("verify-serving",): ["--max-new-tokens", "2", "--dtypes", "float32", "--json"],
         ("quant-compare",): ["--types", "Q8_0", "--n-prompts", "2", "--max-new-tokens", "16", "--out", str(out)],
         ("attention", "heads"): [*one_prompt, "--json"],

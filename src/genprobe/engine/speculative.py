@@ -166,7 +166,8 @@ class SpeculativeDecoder:
         """Generate ``max_new_tokens`` after ``prompt`` (fewer at ``eos_id``)."""
         self.P = check_inputs(self.runner, [prompt], max_new_tokens, "cached")
         N = int(max_new_tokens)
-        capacity = self.P + N + self.k + 2  # room for a mutant's extra token; positions are checked by the model
+        # Room for every token a round could leave behind (a broken rollback's too); the model checks positions.
+        capacity = self.P + (N + 1) * (self.k + 1) + 1
         self.target = CachedModel(self.runner, capacity)
         self.draft.start(capacity)
         context, out = [int(t) for t in prompt], []

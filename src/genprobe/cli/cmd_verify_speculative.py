@@ -1,0 +1,134 @@
+"""``genprobe verify-speculative MODEL``: is genprobe's speculative decoding the model's own decoding?
+
+Greedy: token-identical to plain greedy on every prompt (first divergence reported). Sampled: the exact distribution
+of the first ``--exact-tokens`` tokens against the target's (total variation), and with ``--samples`` a two-sample
+test with its p-value and the smallest shift it detects. ``--mutants`` runs the planted-bug decoders: each must be
+caught. Exit 0 when everything passed (and every mutant was caught), 1 otherwise, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import add_json_flag, add_max_new_tokens, add_model_argument, add_prompt_arguments, emit_json, info
+
+DRAFT_HELP = (
+    "what proposes tokens: 'lookup' (prompt lookup, 2-grams), 'layers:N' (the model's first N layers), or a model "
+    "with the same vocabulary and at most its size (default: the first half of the model's layers)"
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``verify-speculative`` sub-command."""
+    p = sub.add_parser(
+        "verify-speculative",
+        help="check speculative decoding: greedy identical to plain greedy, sampled distributed as the model",
+        description="Run genprobe's speculative decoding on MODEL: greedy output against plain greedy (first "
+        "divergence reported), the exact distribution of the first tokens against the model's (every random choice "
+        "enumerated, total variation), optionally a two-sample test (--samples), and the planted-bug decoders "
+        "(--mutants), each of which must be caught.",
+    )
+    add_model_argument(p, kinds=("checkpoint", "transformers", "name"))
+    p.add_argument("--draft", default=None, metavar="DRAFT", help=DRAFT_HELP)
+    p.add_argument("--k", type=int, default=4, help="tokens proposed per round (default 4)")
+    add_max_new_tokens(p, 32)
+    add_prompt_arguments(p, help_default=" (default: a loop-prone and an ordinary prompt of random ids)")
+    p.add_argument(
+        "--exact-tokens", type=int, default=3, help="tokens whose joint distribution is enumerated (default 3)"
+    )
+    p.add_argument("--exact-k", type=int, default=1, help="tokens proposed per round in the exact check (default 1)")
+    p.add_argument(
+        "--top-k", type=int, default=3, help="the sampler of the sampled checks: top-k at τ=1 (default 3)"
+    )
+    p.add_argument(
+        "--samples", type=int, default=0, help="samples per side of the two-sample test (default 0: not run)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts and the samples (default 0)")
+    p.add_argument("--mutants", action="store_true", help="also run the planted-bug decoders (each must be caught)")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Verify, print the table, exit 1 on a failure."""
+    from ..engine.samplers import SamplerConfig
+    from ..model.load import load_model
+    from ._common import read_prompts
+
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1 (the exact check enumerates the kept tokens), got {args.top_k}")
+    if args.samples < 0 or 0 < args.samples < 20:
+        raise ValueError(f"--samples must be 0 (off) or >= 20 per side, got {args.samples}")
+    from ..verify.speculative import verify_speculative
+
+    model = load_model(args.model)
+    draft = args.draft
+    if draft is not None and draft != "lookup" and not draft.startswith("layers:"):
+        draft = _draft_model(draft)
+    result = verify_speculative(
+        model,
+        draft,
+        k=args.k,
+        prompts=read_prompts(args),
+        max_new_tokens=args.max_new_tokens,
+        exact_tokens=args.exact_tokens,
+        exact_k=args.exact_k,
+        sampler=SamplerConfig(temperature=1.0, top_k=args.top_k),
+        samples=args.samples,
+        seed=args.seed,
+        mutants=args.mutants,
+    )
+    if args.json:
+        emit_json(result.to_dict())
+    else:
+        _print(result)
+    ok = result.verdict == "pass" and result.mutants_ok
+    return 0 if ok else 1
+
+
+def _draft_model(path: str):
+    from ..engine.runner import engine_model
+    from ..model.load import load_model
+
+    return engine_model(load_model(path))
+
+
+def _print(r) -> None:
+    g = r.greedy
+    s = g.stats
+    rate = "-" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
+    tpf = "-" if s["tokens_per_forward"] is None else f"{s['tokens_per_forward']:.2f}"
+    print(f"speculative decoding of {r.model}: draft {r.draft}, k {r.k}")
+    print(
+        f"  greedy      {g.verdict:11s} {g.identical_prompts}/{g.prompts} prompts token-identical "
+        f"({g.tokens} tokens); acceptance {rate}, tokens/target forward {tpf}"
+    )
+    if g.first_divergence:
+        info(f"  first divergence: {g.first_divergence}")
+    if g.error:
+        print(f"  greedy error: {g.error}")
+    e = r.exact
+    if e is not None:
+        tv = "-" if e.total_variation is None else f"{e.total_variation:.2e}"
+        print(
+            f"  exact       {e.verdict:11s} TV {tv} (tolerance {e.tolerance:g}) over the first {e.tokens} tokens, "
+            f"k {e.k}: {e.sequences} sequences, {e.runs} replays, {e.drafted} drafts"
+        )
+        if e.error:
+            print(f"  exact error: {e.error}")
+    t = r.two_sample
+    if t is not None:
+        print(
+            f"  two-sample  {t.verdict:11s} p {t.p_value:.3g} (alpha {t.alpha:g}, {t.samples} samples per side, "
+            f"{t.tokens} tokens); detects a shift of {t.min_detectable_shift:.3f} in one token's probability "
+            f"with power {t.power:g}"
+        )
+    for row in r.mutants or ():
+        margin = "-" if row.margin is None else f"{row.margin:.3g}x"
+        tv = "-" if row.total_variation is None else f"{row.total_variation:.2e}"
+        status = "ok" if row.ok else "MISSED" if row.expected == "caught" else "FAILED"
+        print(
+            f"  mutant {row.name:18s} greedy {row.greedy:11s} exact {row.exact:11s} TV {tv:9s} margin {margin:8s} "
+            f"{status}"
+        )
+    print(f"verdict: {r.verdict}" + ("" if r.mutants is None else f"; mutants {'ok' if r.mutants_ok else 'NOT ok'}"))

@@ -1,0 +1,87 @@
+"""Deliberately broken speculative decoders: each overrides one rule of
+:class:`~genprobe.engine.speculative.SpeculativeDecoder` (production code carries no bug switches).
+
+===================  ===========================================================  ====================
+mutant               the one wrong rule                                           caught by
+===================  ===========================================================  ====================
+correct              —                                                            (passes)
+accept_if_p_ge_q     keep ``d`` iff ``p(d) >= q(d)`` (no coin)                    exact distribution
+residual_from_p      on rejection draw from ``p``, not ``norm(max(0, p − q))``    exact distribution
+dropped_bonus        after k acceptances the bonus enters the context, not the    exact; greedy
+                     output
+doubled_bonus        the bonus token is appended twice                            exact; greedy
+no_rollback          rejected drafts stay in both caches (positions run on)       exact; greedy
+verify_off_by_one    ``p_j`` read from the row of ``d_j`` itself, not the one     exact; greedy
+                     before it
+===================  ===========================================================  ====================
+
+Greedy catches the last four only when the run has a round of full acceptance (bonus mutants) or a rejection
+(rollback): the exact distribution of the first tokens has both with positive probability, so it catches all six.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..engine.speculative import SpeculativeDecoder
+
+
+class AcceptIfPGeQ(SpeculativeDecoder):
+    """Deterministic acceptance: a draft is kept iff the target gives it at least the draft's probability."""
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor, x: int) -> float:
+        return 1.0 if float(p[x]) >= float(q[x]) else 0.0
+
+
+class ResidualFromP(SpeculativeDecoder):
+    """After a rejection the replacement is drawn from p itself (the rejected token can come back)."""
+
+    def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return p
+
+
+class DroppedBonus(SpeculativeDecoder):
+    """The bonus token after k acceptances is fed to the models but never emitted."""
+
+    def commit(self, context: list[int], out: list[int], kept: list[int], token: int, bonus: bool) -> None:
+        context.extend([*kept, token])
+        out.extend(kept if bonus else [*kept, token])
+
+
+class DoubledBonus(SpeculativeDecoder):
+    """The bonus token is appended twice (emitted once per bookkeeping path)."""
+
+    def commit(self, context: list[int], out: list[int], kept: list[int], token: int, bonus: bool) -> None:
+        new = [*kept, token, token] if bonus else [*kept, token]
+        context.extend(new)
+        out.extend(new)
+
+
+class NoRollback(SpeculativeDecoder):
+    """The bookkeeping forgets the rejected drafts, the caches keep them (their keys stay visible, positions run on)."""
+
+    def rollback(self, context: Sequence[int]) -> None:
+        for cached in (self.target, getattr(self.draft, "cached", None)):
+            if cached is not None:
+                del cached.tokens[cached.keep_for(context) :]
+
+
+class VerifyOffByOne(SpeculativeDecoder):
+    """The verification rows are read one position late: ``d_j`` is judged by the row at ``d_j`` itself."""
+
+    def verify_rows(self, context: Sequence[int], drafted: Sequence[int]) -> torch.Tensor:
+        rows = super().verify_rows(context, drafted)
+        return torch.cat([rows[1:], rows[-1:]]) if len(drafted) else rows
+
+
+MUTANTS: dict[str, type[SpeculativeDecoder]] = {
+    "correct": SpeculativeDecoder,
+    "accept_if_p_ge_q": AcceptIfPGeQ,
+    "residual_from_p": ResidualFromP,
+    "dropped_bonus": DroppedBonus,
+    "doubled_bonus": DoubledBonus,
+    "no_rollback": NoRollback,
+    "verify_off_by_one": VerifyOffByOne,
+}

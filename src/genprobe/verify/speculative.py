@@ -1,0 +1,478 @@
+"""Is speculative decoding the target model's decoding? Greedy: token for token; sampled: in distribution.
+
+Three checks, each a typed result with its own verdict (``pass``, ``bug``, ``error`` or ``not checked`` when it had
+nothing to look at):
+
+* :func:`greedy_check` — speculative greedy against plain greedy (:func:`genprobe.engine.generate.generate`) on
+  every prompt; the first divergence (prompt, position, both tokens) is reported.
+* :func:`exact_check` — the distribution of the first ``n`` generated tokens, computed *exactly*: every random choice
+  of the speculative run (each draft draw, each acceptance coin, each residual or bonus draw) is enumerated by
+  replaying the real decoder (its caches and rollbacks included) with a script of choices, each leaf weighted by the
+  product of its choices' probabilities; the target's own distribution is enumerated from full recomputation. A
+  truncating sampler (default top-k 3) keeps the tree small. Verdict on the total variation distance (tolerance
+  1e-4: float32 noise is ~1e-7).
+* :func:`two_sample_check` — for models too slow to enumerate: ``samples`` plain and ``samples`` speculative
+  generations of ``n`` tokens, compared position by position (χ² homogeneity of the token counts, and a two-
+  proportion z-test on the commonest token), Bonferroni over the tests; reported with its p-value and the smallest
+  shift of one token's probability it detects with power 0.8.
+
+:func:`mutant_rows` runs the broken decoders of :mod:`genprobe.verify.spec_mutants` through the greedy and exact
+checks: each must be caught, the correct decoder must pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .._io import json_safe_dict
+from ..engine.generate import generate
+from ..engine.runner import as_runner
+from ..engine.samplers import SamplerConfig, process_logits
+from ..engine.speculative import SeededDraws, SpeculativeDecoder, SpeculativeStats, check_k, make_draft
+from .spec_mutants import MUTANTS
+
+EXACT_TOLERANCE = 1e-4
+EXACT_SAMPLER = SamplerConfig(temperature=1.0, top_k=3)
+NOT_CHECKED = "not checked"
+
+
+# ---- greedy: token identity ---------------------------------------------------------------------------------
+@dataclass
+class GreedyCheck:
+    """Speculative greedy vs plain greedy on each prompt."""
+
+    verdict: str
+    prompts: int
+    tokens: int
+    identical_prompts: int
+    first_divergence: dict[str, int] | None  # prompt, position, plain, speculative
+    stats: dict[str, Any]
+    error: str | None = None
+
+
+def greedy_check(
+    target: Any,
+    draft: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    k: int,
+    decoder: type[SpeculativeDecoder] = SpeculativeDecoder,
+) -> GreedyCheck:
+    """Every prompt decoded greedily both ways; ``pass`` when every token agrees."""
+    total, same, first, stats = 0, 0, None, SpeculativeStats()
+    try:
+        for i, prompt in enumerate(prompts):
+            plain = generate(target, [list(prompt)], max_new_tokens).tokens[0]
+            spec = decoder(target, draft, k).run(prompt, max_new_tokens)
+            _add(stats, spec.stats)
+            total += len(plain)
+            pos = _first_difference(plain, spec.tokens)
+            if pos is None:
+                same += 1
+            elif first is None:
+                at = lambda seq: seq[pos] if pos < len(seq) else -1  # noqa: E731 (-1: the run ended before)
+                first = {"prompt": i, "position": pos, "plain": at(plain), "speculative": at(spec.tokens)}
+    except (ValueError, RuntimeError, IndexError) as exc:
+        return GreedyCheck("error", len(prompts), total, same, first, stats.to_dict(), f"{type(exc).__name__}: {exc}")
+    verdict = "pass" if first is None else "bug"
+    return GreedyCheck(verdict, len(prompts), total, same, first, stats.to_dict())
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _add(total: SpeculativeStats, one: SpeculativeStats) -> None:
+    for name in ("rounds", "drafted", "accepted", "tokens", "draft_forwards", "seconds"):
+        setattr(total, name, getattr(total, name) + getattr(one, name))
+
+
+# ---- sampled, exactly: enumerate every random choice ---------------------------------------------------------
+class _Branch(Exception):
+    """Raised by :class:`ScriptedDraws` at the first choice past its script: the options to explore."""
+
+    def __init__(self, options: list[tuple[Any, float]]):
+        super().__init__("branch")
+        self.options = options
+
+
+class ScriptedDraws:
+    """Draws that follow a script of (choice, probability); past its end they raise :class:`_Branch`."""
+
+    def __init__(self, script: Sequence[tuple[Any, float]]):
+        self.script, self.at, self.weight = script, 0, 1.0
+
+    def _choose(self, options: list[tuple[Any, float]]) -> Any:
+        if self.at == len(self.script):
+            raise _Branch(options)
+        choice, prob = self.script[self.at]
+        self.at += 1
+        self.weight *= prob
+        return choice
+
+    def token(self, probs: torch.Tensor) -> int:
+        p = probs.double().cpu()
+        return int(self._choose([(int(i), float(p[i])) for i in (p > 0).nonzero().flatten()]))
+
+    def coin(self, prob: float) -> bool:
+        options = [(True, prob), (False, 1.0 - prob)]
+        return bool(self._choose([(c, w) for c, w in options if w > 0]))
+
+
+@dataclass
+class ExactCheck:
+    """The exact distribution of the first ``tokens`` speculative tokens vs the target's."""
+
+    verdict: str
+    tokens: int
+    k: int
+    sampler: dict[str, Any]
+    total_variation: float | None
+    tolerance: float
+    sequences: int  # sequences with positive probability (either side)
+    runs: int  # replays of the decoder
+    drafted: int  # draft tokens proposed over the whole tree (0: nothing speculative was looked at)
+    worst: dict[str, Any] | None  # the sequence with the largest |Δp|
+    error: str | None = None
+
+    @property
+    def margin(self) -> float | None:
+        """tolerance / TV for a pass (how far below), TV / tolerance otherwise (how far above)."""
+        tv = self.total_variation
+        if tv is None:
+            return None
+        if self.verdict == "pass":
+            return math.inf if tv == 0 else self.tolerance / tv
+        return tv / self.tolerance
+
+
+def speculative_distribution(
+    make: Callable[[ScriptedDraws], SpeculativeDecoder], prompt: Sequence[int], n: int, max_runs: int = 50_000
+) -> tuple[dict[tuple[int, ...], float], int, int]:
+    """(P(first ``n`` tokens) of the decoder ``make`` builds, replays run, draft tokens proposed), by enumeration."""
+    dist: dict[tuple[int, ...], float] = defaultdict(float)
+    stack: list[list[tuple[Any, float]]] = [[]]
+    runs = drafted = 0
+    while stack:
+        script = stack.pop()
+        runs += 1
+        if runs > max_runs:
+            raise ValueError(f"more than {max_runs} branches: use fewer tokens, a smaller k or a smaller top-k")
+        draws = ScriptedDraws(script)
+        decoder = make(draws)
+        try:
+            result = decoder.run(prompt, n)
+        except _Branch as branch:
+            stack.extend([*script, option] for option in branch.options)
+            continue
+        drafted += result.stats.drafted
+        dist[tuple(result.tokens)] += draws.weight
+    return dict(dist), runs, drafted
+
+
+def target_distribution(target: Any, prompt: Sequence[int], n: int, cfg: SamplerConfig) -> dict[tuple[int, ...], float]:
+    """P(first ``n`` tokens) under plain sampling, each step from full recomputation of the whole context."""
+    runner, P, dist = as_runner(target), len(prompt), {}
+    stack: list[tuple[list[int], float]] = [([], 1.0)]
+    with torch.inference_mode():
+        while stack:
+            new, weight = stack.pop()
+            if len(new) == n:
+                dist[tuple(new)] = weight
+                continue
+            ids = torch.tensor([[*prompt, *new]], dtype=torch.long)
+            logits = runner.full(ids, torch.ones_like(ids, dtype=torch.bool))[0, -1].float().cpu()
+            hist = ids if cfg.uses_history else None
+            p = torch.softmax(process_logits(logits[None], hist, cfg, prompt_len=P)[0], -1).double()
+            for t in (p > 0).nonzero().flatten().tolist():
+                stack.append(([*new, t], weight * float(p[t])))
+    return dist
+
+
+def exact_check(
+    target: Any,
+    draft: Any,
+    prompt: Sequence[int],
+    n: int = 3,
+    k: int = 1,
+    sampler: SamplerConfig | None = None,
+    decoder: type[SpeculativeDecoder] = SpeculativeDecoder,
+    tolerance: float = EXACT_TOLERANCE,
+) -> ExactCheck:
+    """Total variation between the speculative and the target distributions of the first ``n`` tokens."""
+    cfg = sampler or EXACT_SAMPLER
+    if cfg.greedy:
+        raise ValueError("the exact distribution check needs a sampling sampler (greedy has one outcome)")
+    try:
+        spec, runs, drafted = speculative_distribution(lambda d: decoder(target, draft, k, cfg, d), prompt, n)
+    except (ValueError, RuntimeError, IndexError) as exc:
+        return ExactCheck("error", n, k, cfg.to_dict(), None, tolerance, 0, 0, 0, None, f"{type(exc).__name__}: {exc}")
+    ref = target_distribution(target, prompt, n, cfg)
+    keys = set(spec) | set(ref)
+    diffs = {s: spec.get(s, 0.0) - ref.get(s, 0.0) for s in keys}
+    tv = 0.5 * sum(abs(d) for d in diffs.values())
+    worst_seq = max(diffs, key=lambda s: abs(diffs[s]))
+    worst = {"tokens": list(worst_seq), "speculative": spec.get(worst_seq, 0.0), "target": ref.get(worst_seq, 0.0)}
+    verdict = NOT_CHECKED if drafted == 0 else ("pass" if tv <= tolerance else "bug")
+    return ExactCheck(verdict, n, k, cfg.to_dict(), tv, tolerance, len(keys), runs, drafted, worst)
+
+
+# ---- sampled, statistically: two samples ------------------------------------------------------------------
+@dataclass
+class TwoSampleCheck:
+    """Plain vs speculative samples of the first ``tokens`` tokens, position by position."""
+
+    verdict: str
+    samples: int
+    tokens: int
+    p_value: float | None  # Bonferroni-adjusted, over every test
+    alpha: float
+    power: float
+    min_detectable_shift: float  # of one token's probability (near 1/2, the hardest case), at ``power``
+    tests: list[dict[str, Any]] = field(default_factory=list)
+    acceptance_rate: float | None = None
+
+
+def two_sample_check(
+    target: Any,
+    draft: Any,
+    prompt: Sequence[int],
+    n: int,
+    k: int,
+    sampler: SamplerConfig,
+    samples: int,
+    seed: int = 0,
+    alpha: float = 0.01,
+    decoder: type[SpeculativeDecoder] = SpeculativeDecoder,
+) -> TwoSampleCheck:
+    """``samples`` plain (one batch) and ``samples`` speculative generations; ``bug`` when the adjusted p < alpha."""
+    if samples < 20:
+        raise ValueError(f"the two-sample test needs at least 20 samples per side, got {samples}")
+    plain = generate(target, [list(prompt)] * samples, n, sampler=sampler, seed=seed).tokens
+    stats, spec = SpeculativeStats(), []
+    for i in range(samples):
+        run = decoder(target, draft, k, sampler, SeededDraws(seed + 1 + i)).run(prompt, n)
+        spec.append(run.tokens)
+        _add(stats, run.stats)
+    tests = []
+    for pos in range(n):
+        a = Counter(row[pos] for row in plain if len(row) > pos)
+        b = Counter(row[pos] for row in spec if len(row) > pos)
+        tests.append({"position": pos, "test": "chi2", **_chi2(a, b)})
+        tests.append({"position": pos, "test": "z_top_token", **_z_top(a, b)})
+    m = len(tests)
+    p_adj = min(1.0, m * min(t["p_value"] for t in tests))
+    power = 0.8
+    z = float(torch.special.ndtri(torch.tensor(1 - alpha / (2 * m), dtype=torch.float64))) + float(
+        torch.special.ndtri(torch.tensor(power, dtype=torch.float64))
+    )
+    shift = z * math.sqrt(2 * 0.25 / samples)  # two proportions near 1/2: the largest variance
+    verdict = "pass" if p_adj >= alpha else "bug"
+    return TwoSampleCheck(verdict, samples, n, p_adj, alpha, power, shift, tests, stats.acceptance_rate)
+
+
+def _chi2(a: Counter[int], b: Counter[int]) -> dict[str, float]:
+    """χ² homogeneity of two count tables; tokens with fewer than 10 counts together are pooled."""
+    na, nb = sum(a.values()), sum(b.values())
+    cells: list[tuple[float, float]] = []
+    rest = [0.0, 0.0]
+    for t in set(a) | set(b):
+        if a[t] + b[t] >= 10:
+            cells.append((a[t], b[t]))
+        else:
+            rest[0], rest[1] = rest[0] + a[t], rest[1] + b[t]
+    if sum(rest):
+        cells.append((rest[0], rest[1]))
+    if len(cells) < 2:
+        return {"statistic": 0.0, "df": 0, "p_value": 1.0}
+    stat = 0.0
+    for x, y in cells:
+        tot = x + y
+        for obs, n in ((x, na), (y, nb)):
+            exp = tot * n / (na + nb)
+            stat += (obs - exp) ** 2 / exp
+    df = len(cells) - 1
+    p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+    return {"statistic": stat, "df": df, "p_value": p}
+
+
+def _z_top(a: Counter[int], b: Counter[int]) -> dict[str, float]:
+    """Two-proportion z-test on the token commonest in both samples together."""
+    na, nb = sum(a.values()), sum(b.values())
+    top = (a + b).most_common(1)[0][0]
+    pa, pb, pool = a[top] / na, b[top] / nb, (a[top] + b[top]) / (na + nb)
+    se = math.sqrt(pool * (1 - pool) * (1 / na + 1 / nb))
+    z = 0.0 if se == 0 else (pa - pb) / se
+    return {"token": top, "plain": pa, "speculative": pb, "z": z, "p_value": math.erfc(abs(z) / math.sqrt(2))}
+
+
+# ---- mutants -------------------------------------------------------------------------------------------------
+@dataclass
+class MutantRow:
+    """One decoder (correct or broken) through the greedy and exact checks."""
+
+    name: str
+    expected: str  # "pass" | "caught"
+    greedy: str
+    exact: str
+    total_variation: float | None
+    margin: float | None  # exact check: tolerance/TV for the correct decoder, TV/tolerance for a mutant
+    first_divergence: dict[str, int] | None
+
+    @property
+    def caught(self) -> bool:
+        return self.greedy in ("bug", "error") or self.exact in ("bug", "error")
+
+    @property
+    def ok(self) -> bool:
+        """The correct decoder passes both checks; a mutant is caught."""
+        if self.expected == "pass":
+            return self.greedy == "pass" and self.exact == "pass"
+        return self.caught
+
+
+def mutant_rows(
+    target: Any,
+    draft: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    k: int,
+    exact_prompt: Sequence[int],
+    exact_tokens: int = 3,
+    exact_k: int = 1,
+    sampler: SamplerConfig | None = None,
+    names: Sequence[str] = tuple(MUTANTS),
+) -> list[MutantRow]:
+    """Each decoder of :data:`~genprobe.verify.spec_mutants.MUTANTS` through both checks."""
+    rows = []
+    for name in names:
+        cls = MUTANTS[name]
+        g = greedy_check(target, draft, prompts, max_new_tokens, k, decoder=cls)
+        e = exact_check(target, draft, exact_prompt, exact_tokens, exact_k, sampler, decoder=cls)
+        expected = "pass" if name == "correct" else "caught"
+        rows.append(MutantRow(name, expected, g.verdict, e.verdict, e.total_variation, e.margin, g.first_divergence))
+    return rows
+
+
+# ---- the whole verification -------------------------------------------------------------------------------
+@dataclass
+class SpeculativeVerification:
+    """What ``genprobe verify-speculative`` reports."""
+
+    model: str
+    draft: str
+    k: int
+    greedy: GreedyCheck
+    exact: ExactCheck | None
+    two_sample: TwoSampleCheck | None
+    mutants: list[MutantRow] | None = None
+
+    @property
+    def verdict(self) -> str:
+        """``bug`` if a check failed, ``error`` if one raised, ``pass`` when at least one passed, else not checked."""
+        checks = [c.verdict for c in (self.greedy, self.exact, self.two_sample) if c is not None]
+        for bad in ("bug", "error"):
+            if bad in checks:
+                return bad
+        return "pass" if "pass" in checks else NOT_CHECKED
+
+    @property
+    def mutants_ok(self) -> bool:
+        return all(r.ok for r in self.mutants or ())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "model": self.model,
+            "draft": self.draft,
+            "k": self.k,
+            "verdict": self.verdict,
+            "greedy": asdict(self.greedy),
+            "exact": None if self.exact is None else {**asdict(self.exact), "margin": self.exact.margin},
+            "two_sample": None if self.two_sample is None else asdict(self.two_sample),
+            "mutants": None
+            if self.mutants is None
+            else [{**asdict(r), "caught": r.caught, "ok": r.ok} for r in self.mutants],
+        }
+        return json_safe_dict(d)
+
+
+def default_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """A loop-prone prompt (a random 6-token pattern, three times and a half) and an ordinary one (16 random ids)."""
+    gen = torch.Generator().manual_seed(seed)
+    hi = min(vocab_size, 256)  # low ids: byte-level vocabularies put their commonest pieces there
+    pattern = torch.randint(3, hi, (6,), generator=gen).tolist()
+    ordinary = torch.randint(3, hi, (16,), generator=gen).tolist()
+    return [pattern * 3 + pattern[:3], ordinary]
+
+
+def verify_speculative(
+    model: Any,
+    draft: Any = None,
+    *,
+    k: int = 4,
+    prompts: Sequence[str] | Sequence[Sequence[int]] | None = None,
+    max_new_tokens: int = 32,
+    exact_tokens: int = 3,
+    exact_k: int = 1,
+    sampler: SamplerConfig | None = None,
+    samples: int = 0,
+    seed: int = 0,
+    mutants: bool = False,
+) -> SpeculativeVerification:
+    """Verify genprobe's speculative decoding on ``model`` (a loaded model or a path): greedy identity on every
+    prompt, the exact distribution of the first ``exact_tokens`` tokens (on the first prompt, with ``exact_k``
+    drafts per round), and with ``samples`` > 0 a two-sample test on ``max(exact_tokens, 4)`` tokens; with
+    ``mutants`` the broken decoders too. ``draft``: ``"lookup"``, ``"layers:N"``, a model, or None (the target's
+    first half of its layers)."""
+    from ..engine.runner import engine_model
+    from ..model.load import load_model
+
+    m = load_model(model) if isinstance(model, str) else model
+    target = engine_model(m)
+    k = check_k(k)
+    check_k(exact_k)
+    if exact_tokens < 1:
+        raise ValueError(f"exact_tokens must be >= 1, got {exact_tokens}")
+    d = make_draft(target, draft if draft is not None else f"layers:{max(1, _layers(m) // 2)}")
+    cfg = sampler or EXACT_SAMPLER
+    ids = default_prompts(as_runner(target).vocab_size, seed) if prompts is None else _encode(m, prompts)
+    greedy = greedy_check(target, d, ids, max_new_tokens, k)
+    sampled_prompt = continued(target, ids[0], exact_tokens)
+    exact = exact_check(target, d, sampled_prompt, exact_tokens, exact_k, cfg)
+    two = None
+    if samples:
+        two = two_sample_check(target, d, sampled_prompt, max(exact_tokens, 4), k, cfg, samples, seed)
+    rows = None
+    if mutants:
+        rows = mutant_rows(target, d, ids, max_new_tokens, k, sampled_prompt, exact_tokens, exact_k, cfg)
+    name = getattr(d, "name", "model")
+    return SpeculativeVerification(str(getattr(m, "path", model)), name, k, greedy, exact, two, rows)
+
+
+def continued(target: Any, prompt: Sequence[int], n: int, extra: int = 16) -> list[int]:
+    """``prompt`` and its plain greedy continuation (up to ``extra`` tokens, within the context): the sampled checks
+    start where the model repeats itself, so that prompt lookup finds what the model would say."""
+    limit = as_runner(target).max_positions
+    room = extra if limit is None else min(extra, limit - len(prompt) - n - 1)
+    if room < 1:
+        return list(prompt)
+    return [*prompt, *generate(target, [list(prompt)], room).tokens[0]]
+
+
+def _layers(m: Any) -> int:
+    cfg = getattr(m.module, "cfg", None) or getattr(m.module, "config", None)
+    return int(getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", 2))
+
+
+def _encode(m: Any, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt")
+    return [m.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
