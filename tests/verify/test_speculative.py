@@ -107,7 +107,9 @@ def test_two_sample_check(pair):
     prompt = default_prompts(16)[1]
     ok = two_sample_check(target, draft, prompt, 2, 1, EXACT_SAMPLER, samples=300)
     assert ok.verdict == "pass" and ok.p_value >= 0.01 and 0 < ok.min_detectable_shift < 0.2
-    bad = two_sample_check(target, draft, prompt, 2, 1, EXACT_SAMPLER, samples=300, decoder=MUTANTS["verify_off_by_one"])
+    bad = two_sample_check(
+        target, draft, prompt, 2, 1, EXACT_SAMPLER, samples=300, decoder=MUTANTS["verify_off_by_one"]
+    )
     assert bad.verdict == "bug" and bad.p_value < 0.01
 
 

@@ -37,9 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--exact-tokens", type=int, default=3, help="tokens whose joint distribution is enumerated (default 3)"
     )
     p.add_argument("--exact-k", type=int, default=1, help="tokens proposed per round in the exact check (default 1)")
-    p.add_argument(
-        "--top-k", type=int, default=3, help="the sampler of the sampled checks: top-k at τ=1 (default 3)"
-    )
+    p.add_argument("--top-k", type=int, default=3, help="the sampler of the sampled checks: top-k at τ=1 (default 3)")
     p.add_argument(
         "--samples", type=int, default=0, help="samples per side of the two-sample test (default 0: not run)"
     )

@@ -148,7 +148,9 @@ def first_layers(model: Any, n_layer: int) -> Any:
     hf = getattr(model, "model", None)
     inner = getattr(hf, "model", None)
     if hf is None or inner is None or not hasattr(inner, "layers"):
-        raise ValueError(f"a first-layers draft needs a genprobe GPT or a Llama-family model, got {type(model).__name__}")
+        raise ValueError(
+            f"a first-layers draft needs a genprobe GPT or a Llama-family model, got {type(model).__name__}"
+        )
     _check_layers(n_layer, len(inner.layers))
     from .hf_adapter import HFCausalLM
 

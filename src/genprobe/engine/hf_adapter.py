@@ -33,7 +33,8 @@ class _HFCacheState:
             raise ValueError("a cache holding padding cannot be rolled back by token count")
         if not 0 <= keep <= self.length:
             raise ValueError(f"cannot keep {keep} tokens of a cache holding {self.length}")
-        self.cache.crop(keep)
+        if keep < self.length:  # a negative count drops that many tokens (a positive one is deprecated)
+            self.cache.crop(keep - self.length)
         self.mask[:, keep : self.length] = 0
         self.next_pos = self.next_pos - (self.length - keep)
         self.length = keep

@@ -75,16 +75,19 @@ def greedy_check(
             if pos is None:
                 same += 1
             elif first is None:
-                at = lambda seq: seq[pos] if pos < len(seq) else -1  # noqa: E731 (-1: the run ended before)
-                first = {"prompt": i, "position": pos, "plain": at(plain), "speculative": at(spec.tokens)}
+                first = {"prompt": i, "position": pos, "plain": _at(plain, pos), "speculative": _at(spec.tokens, pos)}
     except (ValueError, RuntimeError, IndexError) as exc:
         return GreedyCheck("error", len(prompts), total, same, first, stats.to_dict(), f"{type(exc).__name__}: {exc}")
     verdict = "pass" if first is None else "bug"
     return GreedyCheck(verdict, len(prompts), total, same, first, stats.to_dict())
 
 
+def _at(seq: Sequence[int], pos: int) -> int:
+    return seq[pos] if pos < len(seq) else -1  # -1: the run ended before
+
+
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
@@ -454,7 +457,7 @@ def verify_speculative(
     if mutants:
         rows = mutant_rows(target, d, ids, max_new_tokens, k, sampled_prompt, exact_tokens, exact_k, cfg)
     name = getattr(d, "name", "model")
-    return SpeculativeVerification(str(getattr(m, "path", model)), name, k, greedy, exact, two, rows)
+    return SpeculativeVerification(str(getattr(m, "source", model)), name, k, greedy, exact, two, rows)
 
 
 def continued(target: Any, prompt: Sequence[int], n: int, extra: int = 16) -> list[int]:
