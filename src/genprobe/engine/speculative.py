@@ -170,7 +170,7 @@ class SpeculativeDecoder:
         capacity = self.P + (N + 1) * (self.k + 1) + 1
         self.target = CachedModel(self.runner, capacity)
         self.draft.start(capacity)
-        context, out = [int(t) for t in prompt], []
+        context, out = [int(t) for t in prompt], list[int]()
         stats, finished = SpeculativeStats(), "length"
         t0 = time.perf_counter()
         with torch.inference_mode():

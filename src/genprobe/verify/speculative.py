@@ -265,14 +265,14 @@ def two_sample_check(
         run = decoder(target, draft, k, sampler, SeededDraws(seed + 1 + i)).run(prompt, n)
         spec.append(run.tokens)
         _add(stats, run.stats)
-    tests = []
+    tests: list[dict[str, Any]] = []
     for pos in range(n):
         a = Counter(row[pos] for row in plain if len(row) > pos)
         b = Counter(row[pos] for row in spec if len(row) > pos)
         tests.append({"position": pos, "test": "chi2", **_chi2(a, b)})
         tests.append({"position": pos, "test": "z_top_token", **_z_top(a, b)})
     m = len(tests)
-    p_adj = min(1.0, m * min(t["p_value"] for t in tests))
+    p_adj = min(1.0, m * min(float(t["p_value"]) for t in tests))
     power = 0.8
     z = float(torch.special.ndtri(torch.tensor(1 - alpha / (2 * m), dtype=torch.float64))) + float(
         torch.special.ndtri(torch.tensor(power, dtype=torch.float64))
@@ -472,7 +472,8 @@ def continued(target: Any, prompt: Sequence[int], n: int, extra: int = 16) -> li
 
 def _layers(m: Any) -> int:
     cfg = getattr(m.module, "cfg", None) or getattr(m.module, "config", None)
-    return int(getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", 2))
+    layers = getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", None)
+    return int(layers) if layers else 2
 
 
 def _encode(m: Any, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
