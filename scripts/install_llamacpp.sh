@@ -5,12 +5,14 @@
 #   LLAMACPP_REBUILD=1         build again even when a cached wheel fits
 #   GENPROBE_LLAMACPP_SDIST=F  use this local copy of the sdist instead of downloading it (its sha256 is checked)
 #
-# The package registry has llama-cpp-python as source only, and `pip install llama-cpp-python` builds it with
+# The package registry has llama-cpp-python as source only (no registry package ships a prebuilt library of the
+# llama.cpp commit 0.3.36 vendors: see docs/llamacpp.md), and `pip install llama-cpp-python` builds it with
 # llama.cpp's default -DGGML_NATIVE=ON, whose quantized kernels crashed on the 2-core test machines. So:
 #   1. a wheel built earlier on this machine for this Python (<cache>/wheels/, beside the wheels `genprobe fetch`
 #      keeps; its build flags recorded next to it) is installed as is — seconds;
 #   2. otherwise the sdist is downloaded with pip (pinned version, sha256 checked), built into a wheel with the
-#      explicit flags below (~6 min on 2 cores), kept in the cache, and installed;
+#      explicit flags below — only the two libraries the bindings load, libllama and libggml (~2 min on 2 idle
+#      cores) —, kept in the cache, and installed;
 #   3. llama.cpp's own source tree of that version (convert_hf_to_gguf.py, gguf-py: what the quantization study
 #      writes GGUF files with) is extracted once to <cache>/llama.cpp-0.3.36/.
 # Prints the wall time. Idempotent.
@@ -33,9 +35,18 @@ PY=.venv/bin/python
 #   GGML_AVX512=OFF      not every CPU here has AVX-512, and a wheel kept in a shared cache must run on all of them
 #   LLAMA_BUILD_TESTS/EXAMPLES/SERVER/TOOLS=OFF  only the library the bindings load: halves the build time
 #   LLAMA_CURL=OFF       no libcurl dependency (genprobe never downloads at run time)
+#   LLAVA_BUILD=OFF      no libmtmd (the multimodal library: llama_cpp imports it only for image chat handlers)
+#   -O2                  Release's -O3 costs a third more compile time in ggml's kernels for no speed our tests or
+#                        figures see (Debian builds its packages with -O2); the library's results are the same code
+# and, patched into the unpacked sdist (COMMON_* below), no llama-common: llama-cpp-python's CMakeLists forces it ON
+# although nothing in the Python package loads it; it and the cpp-httplib it links were half of the build's CPU.
 CMAKE_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF"
 CMAKE_FLAGS="$CMAKE_FLAGS -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"
-CMAKE_FLAGS="$CMAKE_FLAGS -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF"
+CMAKE_FLAGS="$CMAKE_FLAGS -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF"
+CMAKE_FLAGS="$CMAKE_FLAGS '-DCMAKE_C_FLAGS_RELEASE=-O2 -DNDEBUG' '-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG'"
+COMMON_ON='set(LLAMA_BUILD_COMMON ON CACHE'  # in basic sed regex, ( is a plain character
+COMMON_OFF='set(LLAMA_BUILD_COMMON OFF CACHE'
+BUILD_RECIPE="$CMAKE_FLAGS; CMakeLists.txt: $COMMON_OFF"  # recorded beside the wheel: what makes a cached one fit
 
 die() { echo "install_llamacpp: $*" >&2; exit 1; }
 elapsed() { echo "install_llamacpp: done in $(( $(date +%s) - START )) s ($1)"; }
@@ -84,16 +95,23 @@ build_wheel() {
     || die "no C++ compiler: install one (Debian/Ubuntu: \`sudo apt-get install g++\`, as scripts/install_system_packages.sh does) and rerun"
   command -v cmake >/dev/null \
     || echo "install_llamacpp: no cmake on PATH; pip will fetch cmake for the build (or: sudo apt-get install cmake)" >&2
-  local sdist out
+  local sdist out tree
   sdist=$(fetch_sdist)
   out=$(mktemp -d)
-  echo "install_llamacpp: building llama-cpp-python $VERSION from source with $CMAKE_FLAGS (~6 min on 2 cores)" >&2
+  tree=$(mktemp -d)
+  tar -xzf "$sdist" -C "$tree"
+  tree="$tree/llama_cpp_python-$VERSION"
+  grep -qF "$COMMON_ON" "$tree/CMakeLists.txt" || die "$SDIST's CMakeLists.txt no longer forces llama-common on: review the patch"
+  sed -i "s/$COMMON_ON/$COMMON_OFF/" "$tree/CMakeLists.txt"
+  ! grep -qF "$COMMON_ON" "$tree/CMakeLists.txt" || die "could not turn llama-common off in $tree/CMakeLists.txt"
+  echo "install_llamacpp: building llama-cpp-python $VERSION from source with $CMAKE_FLAGS (~2 min on 2 cores)" >&2
   CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-    "$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$out" "$sdist" \
+    "$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$out" "$tree" \
     || die "the build failed (see pip's output above); a C++17 compiler and cmake >= 3.21 are needed"
   [ -f "$out/$WHEEL_NAME" ] || die "the build made $(ls "$out"), not $WHEEL_NAME"
-  mv "$out/$WHEEL_NAME" "$WHEELS/$WHEEL_NAME.part" && mv "$WHEELS/$WHEEL_NAME.part" "$WHEELS/$WHEEL_NAME" && rm -rf "$out"
-  echo "$CMAKE_FLAGS" > "$BUILD_INFO"
+  mv "$out/$WHEEL_NAME" "$WHEELS/$WHEEL_NAME.part" && mv "$WHEELS/$WHEEL_NAME.part" "$WHEELS/$WHEEL_NAME"
+  rm -rf "$out" "$(dirname "$tree")"
+  echo "$BUILD_RECIPE" > "$BUILD_INFO"
   WHEEL="$WHEELS/$WHEEL_NAME"
 }
 
@@ -109,7 +127,7 @@ extract_source() {  # llama.cpp's tree at this version (converter, gguf-py), onc
 }
 
 how="cached wheel"
-if [ -n "${LLAMACPP_REBUILD:-}" ] || [ -z "$WHEEL" ] || [ "$(cat "$BUILD_INFO" 2>/dev/null)" != "$CMAKE_FLAGS" ]; then
+if [ -n "${LLAMACPP_REBUILD:-}" ] || [ -z "$WHEEL" ] || [ "$(cat "$BUILD_INFO" 2>/dev/null)" != "$BUILD_RECIPE" ]; then
   build_wheel
   how="built from source"
 fi

@@ -4,7 +4,7 @@ the commands' own declarations. The vLLM rows are in test_command_matrix_vllm.py
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,8 @@ from .command_cells import LLAMACPP_MISSING, build_matrix_models, cell_argv, che
 
 REPO = Path(__file__).resolve().parents[2]
 URL = "http://127.0.0.1:9/v1"  # nothing listens there: a URL must be refused before anything is asked of it
-LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
+sys.path.insert(0, str(REPO / "tests" / "serving" / "llamacpp"))
+from install_wait import llama_cpp_installed  # noqa: E402  (waits for the test command's install of the extra)
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,10 @@ def models(trained_ckpt, tmp_path_factory):
 @pytest.mark.parametrize("kind", COLUMNS)
 @pytest.mark.parametrize("row", rows(), ids=lambda r: r.label.replace(" ", "-"))
 def test_cell(row, kind, models, capsys, monkeypatch):
-    rc, out, err = run_cell(cell_argv(row, kind, models, []), kind, models, capsys, monkeypatch)
     uses_llamacpp = row.backend == "llama.cpp" or row.command == ("quant-compare",)
-    check_cell(row, kind, rc, out, err, engine_missing=LLAMACPP_MISSING if uses_llamacpp and not LLAMACPP else None)
+    missing = uses_llamacpp and not llama_cpp_installed()
+    rc, out, err = run_cell(cell_argv(row, kind, models, []), kind, models, capsys, monkeypatch)
+    check_cell(row, kind, rc, out, err, engine_missing=LLAMACPP_MISSING if missing else None)
 
 
 @pytest.mark.parametrize("row", model_kinds_of(), ids=lambda r: r.label.replace(" ", "-"))

@@ -81,13 +81,11 @@ def skip_without_llama_cpp() -> None:
     """Skip (with the reason) when the bindings or llama.cpp's converter source are missing. Module-scoped fixtures
     run before the folder's autouse skip, so each one that builds or opens a model calls this first."""
     import pytest
+    from install_wait import llama_cpp_or_skip
 
-    from genprobe.serving.llamacpp import llama_cpp_problem
     from genprobe.serving.llamacpp.quantize import llama_cpp_source_dir
 
-    problem = llama_cpp_problem()
-    if problem:
-        pytest.skip(problem)
+    llama_cpp_or_skip()
     try:
         llama_cpp_source_dir()
     except FileNotFoundError as exc:

@@ -204,12 +204,12 @@ def test_whole_history_window_is_the_context_length():
 @pytest.fixture(scope="module")
 def smollm2_vocab():
     """SmolLM2's vocabulary from the GGUF that `genprobe fetch smollm2` keeps (skipped with the command if absent)."""
+    from install_wait import llama_cpp_or_skip  # beside this file (conftest.py puts the folder on sys.path)
+
     from genprobe.model.catalog import SMOLLM2
-    from genprobe.serving.llamacpp import llama_cpp_problem
     from genprobe.serving.llamacpp.sampling import LlamaVocab
 
-    if llama_cpp_problem():  # a module fixture runs before the folder's (function-scoped) skip
-        pytest.skip(llama_cpp_problem())
+    llama_cpp_or_skip()  # a module fixture runs before the folder's (function-scoped) skip
     path = SMOLLM2.gguf_path()
     if not path.is_file():
         pytest.skip(f"DRY needs a vocabulary: {path} is missing; run `genprobe fetch smollm2` once")
