@@ -81,9 +81,10 @@ def save_tiny_llama(root: Path) -> tuple[Path, Path]:
 
 def fake_catalog_cache(root: Path, hf: Path, gguf: Path) -> Path:
     """A genprobe cache whose fetched ``smollm2`` is the tiny Llama (directory and GGUF), with the real cache's
-    English corpus (``genprobe fetch english``, which scripts/test.sh runs) beside it."""
+    English corpus (``genprobe fetch english``, which scripts/test.sh runs) and llama.cpp source tree beside it."""
     from genprobe.model.catalog import SMOLLM2
     from genprobe.registry import cache_root
+    from genprobe.serving.llamacpp import LLAMA_CPP_PYTHON_VERSION
 
     cache = root / "cache"
     models = SMOLLM2.directory(cache).parent
@@ -91,6 +92,8 @@ def fake_catalog_cache(root: Path, hf: Path, gguf: Path) -> Path:
     SMOLLM2.directory(cache).symlink_to(hf, target_is_directory=True)
     SMOLLM2.gguf_path(cache).symlink_to(gguf)
     (cache / "data").symlink_to(cache_root() / "data", target_is_directory=True)
+    tree = f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"  # the converter quant-compare runs (from install_llamacpp.sh)
+    (cache / tree).symlink_to(cache_root() / tree, target_is_directory=True)
     return cache
 
 
@@ -165,7 +168,17 @@ def row_options(row: Row, kind: str, models: MatrixModels, out: Path) -> list[st
         ("verify-cache",): [*prompts, "--max-new-tokens", "3", "--json"],
         ("verify-speculative",): [*prompts, "--max-new-tokens", "3", "--exact-tokens", "2", "--json"],
         ("verify-serving",): ["--max-new-tokens", "2", "--dtypes", "float32", "--json"],
-        ("quant-compare",): ["--types", "Q8_0", "--n-prompts", "2", "--max-new-tokens", "16", "--out", str(out)],
+        ("quant-compare",): [
+            "--types",
+            "Q8_0",
+            "--n-prompts",
+            "2",
+            "--max-new-tokens",
+            "16",
+            "--json",
+            "--out",
+            str(out),
+        ],
         ("attention", "heads"): [*one_prompt, "--json"],
         ("attention", "padding-leak"): [*one_prompt, "--json"],
         ("loops", "scan"): [*loops, "--setting", "greedy"],

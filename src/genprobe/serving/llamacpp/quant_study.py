@@ -24,6 +24,7 @@ Per type, on real human text the model was not tuned on (:func:`study_inputs`):
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -250,10 +251,27 @@ class StudyBackend:
 
 
 def _pre_tokenizer(model: Any) -> str | None:
-    """The converter's pre-tokenizer name for our own BPE models (its hash table cannot know them)."""
-    if not _is_tang_model(model) or model.kind == "genprobe":
+    """The converter's pre-tokenizer name for a BPE its hash table cannot know (used only then): our own BPE models,
+    and a ``tokenizer.json`` whose whole pre-tokenization is ``ByteLevel`` with GPT-2's split regex and no prefix
+    space — what llama.cpp calls ``gpt-2`` (``LLAMA_VOCAB_PRE_TYPE_GPT2``, src/llama-vocab.cpp: the same regex)."""
+    if model.kind == "genprobe" or model.source is None:
         return None
-    return {"llama": "gpt-2", "qwen2": "qwen2"}.get(model.arch)
+    if _is_tang_model(model):
+        return {"llama": "gpt-2", "qwen2": "qwen2"}.get(model.arch)
+    return "gpt-2" if _gpt2_byte_level(Path(model.source) / "tokenizer.json") else None
+
+
+def _gpt2_byte_level(tokenizer_json: Path) -> bool:
+    if not tokenizer_json.is_file():
+        return False
+    spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    pre = spec.get("pre_tokenizer") or {}
+    return (
+        spec.get("normalizer") is None
+        and pre.get("type") == "ByteLevel"
+        and pre.get("use_regex", True) is True
+        and pre.get("add_prefix_space") is False
+    )
 
 
 def _f32_gguf(model: Any, out: Path, stem: str, log: Log) -> Path:
