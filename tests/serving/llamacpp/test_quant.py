@@ -274,3 +274,27 @@ def test_the_command_says_how_to_install_when_the_bindings_are_missing(tiny_dir,
     assert main(["quant-compare", str(tiny_dir), "--types", "Q4_0", "--out", str(tmp_path / "none")]) == 2
     assert "scripts/install_llamacpp.sh" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()  # refused before converting anything
+
+
+GPT2_SPLIT = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+
+
+@pytest.mark.parametrize(
+    "pre, normalizer, name",
+    [
+        (GPT2_SPLIT, None, "gpt-2"),  # HF's ByteLevel regex is llama.cpp's gpt-2 split
+        ({**GPT2_SPLIT, "add_prefix_space": True}, None, None),  # a prefix space tokenizes differently
+        ({**GPT2_SPLIT, "use_regex": False}, None, None),  # no split at all
+        ({"type": "Sequence", "pretokenizers": [{"type": "Split"}, GPT2_SPLIT]}, None, None),  # a regex of its own
+        (GPT2_SPLIT, {"type": "NFC"}, None),  # a normalizer llama.cpp's gpt-2 does not apply
+    ],
+)
+def test_only_gpt2s_own_split_is_named_for_an_unknown_bpe(tmp_path, pre, normalizer, name):
+    """Where llama.cpp's converter does not know a BPE's hash, the study names the pre-tokenizer only when it is
+    GPT-2's split exactly; anything else stays refused by the converter (a wrong name would tokenize differently)."""
+    from types import SimpleNamespace
+
+    from genprobe.serving.llamacpp.quant_study import _pre_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"normalizer": normalizer, "pre_tokenizer": pre}))
+    assert _pre_tokenizer(SimpleNamespace(kind="transformers", source=str(tmp_path), arch="llama")) == name
