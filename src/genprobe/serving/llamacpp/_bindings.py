@@ -2,8 +2,9 @@
 
 llama.cpp is reached through ``llama-cpp-python`` (an optional extra, ``genprobe[llamacpp]``). The registry ships
 it as source only, and a default build (``-DGGML_NATIVE=ON``) crashed in its quantized kernels on the 2-core test
-machines, so ``scripts/install_llamacpp.sh`` builds it with explicit instruction-set flags (and keeps the wheel
-for the next install). Every llama.cpp entry point calls :func:`require_llama_cpp` first.
+machines, so ``scripts/install_llamacpp.sh`` builds it with explicit instruction-set flags, only the two libraries
+loaded here (libllama, libggml), and keeps the wheel for the next install; ``scripts/test.sh`` runs it. Every
+llama.cpp entry point calls :func:`require_llama_cpp` first.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from types import ModuleType
 #: The version genprobe is tested against (its low-level API changes between releases: e.g. the argument order
 #: of ``llama_sampler_init_penalties``).
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-INSTALL_HINT = "bash scripts/install_llamacpp.sh (builds llama-cpp-python from source, ~6 min on 2 cores)"
+INSTALL_HINT = "bash scripts/install_llamacpp.sh (builds llama-cpp-python from source, ~2 min on 2 cores)"
 
 
 class LlamaCppNotAvailableError(ImportError):
