@@ -95,12 +95,13 @@ build_wheel() {
     || die "no C++ compiler: install one (Debian/Ubuntu: \`sudo apt-get install g++\`, as scripts/install_system_packages.sh does) and rerun"
   command -v cmake >/dev/null \
     || echo "install_llamacpp: no cmake on PATH; pip will fetch cmake for the build (or: sudo apt-get install cmake)" >&2
-  local sdist out tree
+  local sdist out root tree
   sdist=$(fetch_sdist)
   out=$(mktemp -d)
-  tree=$(mktemp -d)
-  tar -xzf "$sdist" -C "$tree"
-  tree="$tree/llama_cpp_python-$VERSION"
+  root=$(mktemp -d)
+  trap "rm -rf '$out' '$root'" EXIT  # the unpacked sdist (~0.5 GB) goes with the script, whatever ends it
+  tar -xzf "$sdist" -C "$root"
+  tree="$root/llama_cpp_python-$VERSION"
   grep -qF "$COMMON_ON" "$tree/CMakeLists.txt" || die "$SDIST's CMakeLists.txt no longer forces llama-common on: review the patch"
   sed -i "s/$COMMON_ON/$COMMON_OFF/" "$tree/CMakeLists.txt"
   ! grep -qF "$COMMON_ON" "$tree/CMakeLists.txt" || die "could not turn llama-common off in $tree/CMakeLists.txt"
@@ -110,7 +111,8 @@ build_wheel() {
     || die "the build failed (see pip's output above); a C++17 compiler and cmake >= 3.21 are needed"
   [ -f "$out/$WHEEL_NAME" ] || die "the build made $(ls "$out"), not $WHEEL_NAME"
   mv "$out/$WHEEL_NAME" "$WHEELS/$WHEEL_NAME.part" && mv "$WHEELS/$WHEEL_NAME.part" "$WHEELS/$WHEEL_NAME"
-  rm -rf "$out" "$(dirname "$tree")"
+  rm -rf "$out" "$root"
+  trap - EXIT
   echo "$BUILD_RECIPE" > "$BUILD_INFO"
   WHEEL="$WHEELS/$WHEEL_NAME"
 }
