@@ -597,6 +597,7 @@ def repair(
                 f" → {v.after.degenerate_rate:.3f}; {v.fixed} fixed, {v.new_loops} new; sign test p = {v.p_value:.3f})"
                 ": no patch"
             )
+            report.patch = None  # the JSON's "patch" describes a patch written, and none is
             report.timings_s = clock.to_dict()
             return report, None
         report.transfer = transfer_stage(study, patch, inputs.validate, inputs.chat)

@@ -297,6 +297,6 @@ def _print_validation(report: Any) -> None:
     )
     info(
         f"  tail compression {b.mean_tail_compression:.2f} → {a.mean_tail_compression:.2f}; seq-rep-4 "
-        f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}; "
-        f"{100 * report.patch.fraction_changed:.3f}% of weights"
+        f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}"
+        + (f"; {100 * report.patch.fraction_changed:.3f}% of weights" if report.patch is not None else "; no patch")
     )
