@@ -46,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules 
 from bench_engines import Bundle, EngineUnavailable, make_engine  # noqa: E402
 from bench_stats import Series, interleaved, load_average, peak_rss_during, rss_bytes  # noqa: E402
 
+from genprobe._io import json_safe
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "白日依山盡，黃"  # 7 characters, all in the default vocabulary
 ENGINES = (
@@ -155,7 +157,7 @@ class Row:
             "opt_in_tokens_matching_float32": self.match_float32,
             "all_agree": all(self.agree_with_cached.values()),
             "busy": sorted(k for k, s in self.series.items() if s.busy),
-            "series": {k: s.to_dict() for k, s in self.series.items()},
+            "series": {k: json_safe(s) for k, s in self.series.items()},
             "skipped": self.skipped,
         }
 

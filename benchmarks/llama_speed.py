@@ -58,6 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_stats beside t
 
 from bench_stats import Series, load_average, timed  # noqa: E402
 
+from genprobe._io import json_safe
+
 Tokens = list[list[int]]
 HERE = Path(__file__).resolve()
 ENGINES = (
@@ -380,7 +382,7 @@ def vllm_engine(setup: Setup) -> Engine:
     def gen(prompts: Tokens) -> Tokens:
         return [list(o.outputs[0].token_ids) for o in eng.generate(prompts, sp)]
 
-    return Engine(gen, load_tokenizer(setup.model_dir), None, {"options": opts.to_dict(), **eng.describe()})
+    return Engine(gen, load_tokenizer(setup.model_dir), None, {"options": json_safe(opts), **eng.describe()})
 
 
 FACTORIES: dict[str, Callable[[Setup], Engine]] = {
@@ -424,7 +426,7 @@ def measure(engine: Engine, name: str, setup: Setup, batch: int, tokens_only: bo
             agree = agree and again == tokens
         if series.wall:
             row["tok_s"] = [row["produced"] / w for w in series.wall]
-            row.update(median_tok_s=statistics.median(row["tok_s"]), reps_agree=agree, timing=series.to_dict())
+            row.update(median_tok_s=statistics.median(row["tok_s"]), reps_agree=agree, timing=json_safe(series))
         if engine.own_check is not None:
             row["own_eager_rows_equal"] = engine.own_check(prompts, tokens)
     except Exception as exc:  # noqa: BLE001 - an engine that fails at this batch is reported, the run goes on
@@ -598,7 +600,7 @@ def driver_main(args: argparse.Namespace, setup: Setup) -> int:
     print_tables(summary, setup, args.ours)
     print_bandwidth(summary, doc)
     if args.out:
-        raw = {"setup": setup.to_dict(), "engines": args.engines, "ours": args.ours, **doc, "summary": summary}
+        raw = {"setup": json_safe(setup), "engines": args.engines, "ours": args.ours, **doc, "summary": summary}
         write_json(args.out / "llama-speed.json", raw)
     return 0
 

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from genprobe._io import json_safe
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -130,7 +132,7 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
         "reps": args.reps,
         "vllm_startup_s": startup,
         "threads": args.threads,
-        "engine": eng.options.to_dict(),
+        "engine": json_safe(eng.options),
         "rows": rows,
         "agreement": agree,
     }

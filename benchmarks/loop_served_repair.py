@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from genprobe._io import json_safe
+
 MEASURES = ("loop_rate", "degenerate_rate", "near_loop_rate", "repetitive_rate")
 
 
@@ -112,9 +114,9 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
         "prompts": len(ids),
         "max_new_tokens": cfg.max_new_tokens,
         "rows": rows,
-        "agreement": compare_loop_rates(ours, served).to_dict(),
+        "agreement": json_safe(compare_loop_rates(ours, served)),
         "seconds": {"ours": t1 - t0, "vllm": t2 - t1, "vllm_startup": eng.startup_seconds},
-        "engine": eng.options.to_dict(),
+        "engine": json_safe(eng.options),
     }
     _print(out, sys.stderr if args.json else sys.stdout)
     if args.json:

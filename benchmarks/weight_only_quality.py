@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from genprobe._io import json_safe
+
 VARIANTS = {
     "int8": ("int8", False),
     "int8-head": ("int8", True),
@@ -45,7 +47,7 @@ def measure(model_ref: str, variants: list[str], windows: int, window_tokens: in
         acc = AgreementAccumulator()
         for ref, ids in zip(reference, texts.windows, strict=True):
             acc.add(ref, np.asarray(transformers_logits(model, ids), dtype=np.float32), ids)
-        rows[name] = acc.result().to_dict()
+        rows[name] = json_safe(acc.result())
     return {"model": model_ref, "text": texts.text_source, "windows": windows, "window_tokens": window_tokens} | {
         "variants": rows
     }

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import genprobe
+from genprobe._io import json_safe
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +48,7 @@ def test_load_and_generate(trained_ckpt):
     assert sampled == model.generate(
         ["白日依山盡", "黃河"], genprobe.SamplingParams(temperature=0.8, top_p=0.9), max_new_tokens=12, seed=1
     )  # seeded: reproducible
-    json.dumps([c.to_dict() for c in sampled], ensure_ascii=False)
+    json.dumps([json_safe(c) for c in sampled], ensure_ascii=False)
 
 
 def test_scan_and_repair_loops(trained_ckpt, tmp_path):
@@ -77,17 +78,17 @@ def test_scan_and_repair_loops(trained_ckpt, tmp_path):
 def test_attention_and_padding_leak(trained_ckpt):
     model = genprobe.load(trained_ckpt)
     heads = genprobe.attention_heads(model, "白日依山盡黃河入海流")
-    assert len(heads.heads) == 2 * 4 and heads.to_dict()["seq_len"] == 10
+    assert len(heads.heads) == 2 * 4 and json_safe(heads)["seq_len"] == 10
     assert all(0.0 <= h.far_mass <= 1.0 for h in heads.heads if h.far_mass is not None)
     leak = genprobe.padding_leak(model)
-    assert not leak.leak and leak.to_dict()["sequences"]
+    assert not leak.leak and json_safe(leak)["sequences"]
 
 
 def test_verify_cache(trained_ckpt):
     model = genprobe.load(trained_ckpt)
     report = genprobe.verify_cache(model, max_new_tokens=8)
     assert report.verdict == "pass"
-    json.dumps(report.to_dict(), allow_nan=False)
+    json.dumps(json_safe(report), allow_nan=False)
 
 
 @pytest.mark.slow

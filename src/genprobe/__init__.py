@@ -21,6 +21,7 @@ from ._version import __version__
 # public name -> "module:attribute" (imported on first use)
 _EXPORTS = {
     "load": "genprobe.engine.loaded:load_model",
+    "json_safe": "genprobe._io:json_safe",
     "Model": "genprobe.engine.loaded:LoadedModel",
     "Tokenizer": "genprobe.model.load:Tokenizer",
     "ModelLoadError": "genprobe.model.load:ModelLoadError",

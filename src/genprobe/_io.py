@@ -4,6 +4,8 @@ JSON (:func:`json_stdout`), and the one lock every writer into genprobe's cache 
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import glob
 import hashlib
 import json
@@ -18,17 +20,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
+#: ``field(metadata=NOT_JSON)``: a dataclass field :func:`json_safe` leaves out (listed elsewhere, or not data).
+NOT_JSON = {"json": False}
+
 
 def json_safe_dict(d: dict[str, Any]) -> dict[str, Any]:
-    """:func:`json_safe` of a dict (same keys), typed as one: what a ``to_dict()`` returns."""
+    """:func:`json_safe` of a dict (same keys), typed as one."""
     return {k: json_safe(v) for k, v in d.items()}
 
 
 def json_safe(obj: Any) -> Any:
-    """``obj`` with every non-finite float spelled ``"nan"``, ``"inf"`` or ``"-inf"``: strict JSON, nothing lost.
+    """The JSON form of a result: genprobe's one serialiser (strict JSON, nothing lost).
 
-    ``json.dumps`` would write ``NaN``/``Infinity``, which strict parsers (JavaScript, jq, Go) reject.
-    Recurses into dicts, lists, tuples, objects with ``to_dict()``, dataclasses and tensors/arrays (``tolist()``).
+    Dataclasses become objects of their fields, recursively, less private fields (``_name``) and those marked
+    ``field(metadata=NOT_JSON)``, plus the properties their class names in ``JSON_PROPERTIES`` (a verdict computed
+    from the fields); a class whose JSON shape is not its fields (flattened tables, renamed keys) says so in a
+    ``to_dict()`` method, which wins. Mappings keep their keys
+    (numbers spelled as strings, as ``json`` does); tuples, lists and sets become lists; tensors, arrays and numpy
+    scalars their ``tolist()``; paths and enums their string and value. Every non-finite float is spelled
+    ``"nan"``, ``"inf"`` or ``"-inf"``: ``json.dumps`` would write ``NaN``/``Infinity``, which strict parsers
+    (JavaScript, jq, Go) reject.
     """
     if isinstance(obj, float):
         if math.isfinite(obj):
@@ -37,15 +48,19 @@ def json_safe(obj: Any) -> Any:
     if obj is None or isinstance(obj, (str, int, bool)):
         return obj
     if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+        return {k if isinstance(k, str) else str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
         return [json_safe(v) for v in obj]
     if hasattr(obj, "to_dict"):
         return json_safe(obj.to_dict())
-    if hasattr(obj, "__dataclass_fields__"):
-        from dataclasses import asdict
-
-        return json_safe(asdict(obj))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = [f.name for f in dataclasses.fields(obj) if f.metadata.get("json", True) and f.name[0] != "_"]
+        names += getattr(obj, "JSON_PROPERTIES", ())
+        return {name: json_safe(getattr(obj, name)) for name in names}
+    if isinstance(obj, enum.Enum):
+        return json_safe(obj.value)
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
     if hasattr(obj, "tolist"):  # tensors, numpy arrays and scalars
         return json_safe(obj.tolist())
     return obj

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from ._io import json_safe
+
 if TYPE_CHECKING:  # pragma: no cover
     from .attention.leak import LeakReport
     from .attention.metrics import AttentionReport
@@ -121,7 +123,7 @@ class LoopRepair:
 
     def to_dict(self) -> dict:
         """The ``repair.json`` layout plus the files written."""
-        return self.report.to_dict() | {"files": self.files}
+        return json_safe(self.report) | {"files": self.files}
 
 
 def repair_loops(
@@ -173,7 +175,7 @@ def repair_loops(
         if patch is not None:
             st, js = save_patch(patch, out / "patch")
             files.update(patch_tensors=str(st), patch=str(js))
-        data = report.to_dict()
+        data = json_safe(report)
         files.update({k: str(v) for k, v in write_summary(data, out).items()})
         atomic_write_json(out / "repair.json", data | {"files": files})
     return LoopRepair(report, patch, files)
@@ -252,7 +254,7 @@ def chapter_phenomena(
     result = _run(model, list(prompts), list(texts), cfg, timing_on=timing, sources=sources, log=log)
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
-        atomic_write_json(Path(out) / "phenomena.json", result.to_dict())
+        atomic_write_json(Path(out) / "phenomena.json", json_safe(result))
     return result
 
 

@@ -5,6 +5,7 @@ import struct
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.attention.capture import _stack_releasing, capture_attention, capture_bytes
 from genprobe.attention.metrics import attention_report, format_grid, head_matrix, head_stats, per_position
 
@@ -101,6 +102,6 @@ def test_heads_grid_is_one_readable_figure_at_any_depth(tmp_path):
 
 
 def test_report_of_a_capture_has_one_head_entry_per_cell(tiny_model):
-    rep = attention_report(capture_attention(tiny_model, [1, 2, 3, 4, 5])).to_dict()
+    rep = json_safe(attention_report(capture_attention(tiny_model, [1, 2, 3, 4, 5])))
     m = head_matrix(rep, "entropy")
     assert [[c is not None for c in row] for row in m] == [[True] * rep["n_head"]] * rep["n_layer"]

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.attention.leak import padding_leak
 
 SEQS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11]]
@@ -24,7 +25,7 @@ def test_gpt2_left_padding_without_position_ids_leaks(tiny_gpt2):
     assert rep.leak
     assert max(s.delta["left"] for s in rep.sequences) > 1e-2
     assert max(s.delta["right"] for s in rep.sequences) < 1e-4  # right padding keeps positions intact
-    assert rep.to_dict()["verdict"] == "LEAK"
+    assert json_safe(rep)["verdict"] == "LEAK"
 
 
 def test_gpt2_with_position_ids_passes(tiny_gpt2):

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from genprobe._io import json_safe
 from genprobe.attention.capture import capture_attention
 from genprobe.attention.metrics import attention_report, format_table, head_stats, per_position
 
@@ -81,7 +82,7 @@ def test_trained_model_entropies_within_bounds(trained):
     n_vis = torch.arange(1, len(ids) + 1, dtype=torch.float64)
     assert (ent >= -1e-9).all()
     assert (ent <= n_vis.log() + 1e-6).all()
-    rep = attention_report(cap).to_dict()
+    rep = json_safe(attention_report(cap))
     for h in rep["heads"]:
         assert 0.0 <= h["entropy"] <= h["max_entropy"] + 1e-9
         assert 0.0 <= h["norm_entropy"] <= 1.0 + 1e-9

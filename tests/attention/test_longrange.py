@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.attention.longrange import (
     CorpusExtrapolationConfig,
     LagTask,
@@ -177,7 +178,7 @@ def test_smoke_run_longrange(smoke):
     assert syn.lag["learned"].accuracy[32][3] is None
     assert res.errors["learned"] and not res.errors["alibi"]
     # the JSON form: same layout as before, numbers or null, never a string in a numeric field
-    d = json.loads(json.dumps(res.to_dict(), allow_nan=False))
+    d = json.loads(json.dumps(json_safe(res), allow_nan=False))
     tasks = d["synthetic"]["tasks"]
     assert set(tasks) == {"passkey", "lag"}
     assert tasks["passkey"]["encodings"]["learned"]["accuracy"]["30"] is None

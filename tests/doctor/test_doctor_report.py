@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import genprobe
+from genprobe._io import json_safe
 from genprobe.doctor import DoctorReport, Finding
 from genprobe.doctor.verdict import verdict_of
 
@@ -68,7 +69,7 @@ def test_library_call_returns_a_typed_report(trained_ckpt):
     rep = genprobe.diagnose(genprobe.load(trained_ckpt), quick=True, only=["card", "attention"])
     assert isinstance(rep, genprobe.DoctorReport) and isinstance(rep.findings[0], genprobe.Finding)
     assert rep.inference is None and rep.card is not None and rep.exit_status in (0, 4)
-    _strict(json.dumps(rep.to_dict()))
+    _strict(json.dumps(json_safe(rep)))
 
 
 def test_verdict_is_the_worst_finding():

@@ -13,6 +13,7 @@ import zipfile
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.engine.fast import aot as aot_mod
 from genprobe.engine.fast import compiled as compiled_mod
 from genprobe.engine.fast import kernels
@@ -183,7 +184,7 @@ def test_the_cache_verifier_passes_on_the_aot_path(model):
     report = verify_implementation(
         CompiledEngineAdapter(model), FullRecompute(model), [[4, 5, 6, 7], [8, 9]], steps=12, chunk_sizes=(1, 4)
     )
-    assert report.verdict == "pass", report.to_dict()
+    assert report.verdict == "pass", json_safe(report)
     # Its chunks of 4 need every position's logits: the chunk program was built and bound on first use.
     assert any(d is not None and d.decoder.has_chunk() for d in compiled_mod._aot_decoders[model].values())
 
@@ -226,4 +227,4 @@ def test_a_loop_scan_through_the_compiled_path_equals_the_eager_scan(model, monk
     assert batches and set(batches) == {2}  # every batch of the scan ran through the compiled programs
     b = scan_loops(model, prompts, 20, batch_size=2, eos_id=0, unk_id=1)
     assert [r.tokens for r in a.records] == [r.tokens for r in b.records]
-    assert a.to_dict() == b.to_dict()
+    assert json_safe(a) == json_safe(b)

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 
+from genprobe._io import json_safe
 from genprobe.cli import main
 
 
@@ -88,7 +89,7 @@ def test_cli_generate_from_hf_dir(tmp_path, tiny_ckpt, tiny_model, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         to_hf_gpt2(tiny_model).save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "genprobe_tokenizer.json").write_text(json.dumps(tok.to_dict()), encoding="utf-8")
+    (tmp_path / "hf" / "genprobe_tokenizer.json").write_text(json.dumps(json_safe(tok)), encoding="utf-8")
     args = ["--prompt", tok.chars[5] + tok.chars[6], "--greedy", "--max-new-tokens", "8", "--json"]
     assert main(["generate", str(ck)] + args) == 0
     a = json.loads(capsys.readouterr().out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.engine.fast import compiled as compiled_mod
 from genprobe.engine.generate import generate
 
@@ -141,5 +142,5 @@ def test_stepwise_path_passes_the_cache_verifier(monkeypatch, sharp_gpt):
     rep = verify_implementation(
         CompiledEngineAdapter(model), ReferenceRun(FullRecompute(model), 12), prompts, steps=12, chunk_sizes=[1, 4]
     )
-    assert rep.verdict == "pass", rep.to_dict()
+    assert rep.verdict == "pass", json_safe(rep)
     assert {"prefill", "stepwise"} <= set(kinds)

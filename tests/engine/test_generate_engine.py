@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.engine import KVCache, forward_step
 from genprobe.engine.generate import GenerationResult, generate, token_forward_count
 from genprobe.engine.samplers import SamplerConfig
@@ -209,7 +210,7 @@ def test_step_logits_and_probs(tiny_model):
             assert pr[b, r.tokens[b][step]] > 0  # every drawn token had non-zero probability
     raw = generate(tiny_model, [[3, 4]], 1, return_logits=True).step_logits[0]
     assert torch.equal(raw, tiny_model(torch.tensor([[3, 4]]))[:, -1])  # RAW model logits
-    d = r.to_dict()
+    d = json_safe(r)
     assert d["tokens"] == r.tokens and d["sampler"]["top_p"] == 0.8
 
 

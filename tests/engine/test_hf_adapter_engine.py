@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 
+from genprobe._io import json_safe
 from genprobe.engine.generate import generate
 from genprobe.engine.hf_adapter import HFCausalLM, load_causal_lm
 from genprobe.engine.samplers import SamplerConfig
@@ -62,7 +63,7 @@ def test_load_causal_lm_checkpoint_and_hf_dir(tmp_path, tiny_model):
         warnings.simplefilter("ignore")
         hf = to_hf_gpt2(tiny_model)
     hf.save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "genprobe_tokenizer.json").write_text(__import__("json").dumps(tok.to_dict()), encoding="utf-8")
+    (tmp_path / "hf" / "genprobe_tokenizer.json").write_text(__import__("json").dumps(json_safe(tok)), encoding="utf-8")
     m2, t2 = load_causal_lm(tmp_path / "hf")
     assert isinstance(m2, HFCausalLM) and t2.fingerprint == tok.fingerprint
     ids = t1.encode(tok.chars[0] + tok.chars[5])

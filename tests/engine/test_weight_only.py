@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from genprobe._io import json_safe
 from genprobe.engine.fast import compiled as compiled_mod
 from genprobe.engine.fast import kernels
 from genprobe.engine.generate import generate
@@ -177,7 +178,7 @@ def test_the_cache_verifier_passes_on_the_narrow_compiled_path(bf16_model):
     report = verify_implementation(
         CompiledEngineAdapter(bf16_model), FullRecompute(bf16_model), [[4, 5, 6, 7], [8, 9]], steps=12
     )
-    assert report.verdict == "pass", report.to_dict()
+    assert report.verdict == "pass", json_safe(report)
 
 
 def _save(tmp_path, model: GPT):

@@ -19,6 +19,8 @@ from unittest import mock
 import pytest
 import torch
 
+from genprobe._io import json_safe
+
 pytestmark = pytest.mark.slow  # about 25 s of CPU: every experiment of the case study
 
 GOLDEN = Path(__file__).parent / "data" / "ch3_case_tiny.json"
@@ -76,7 +78,7 @@ def tiny_case() -> dict:
         )
 
     with mock.patch.object(timing, "scaling_config", tiny_scaling):
-        return run_case(model, tok, corpus, meta, quick=True, progress=False).to_dict()
+        return json_safe(run_case(model, tok, corpus, meta, quick=True, progress=False))
 
 
 #: Below this, a logit difference is float32 rounding, whose size (and so which phase shows the most of it) depends

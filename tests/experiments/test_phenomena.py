@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.corpus import CharTokenizer
 from genprobe.experiments.phenomena import (
     PhenomenaConfig,
@@ -118,22 +119,22 @@ def test_a_changed_token_casts_a_one_step_shadow_on_a_copy_model(copy_result):
         expected = miss - hit if s.argmax_was_truth else hit - miss
         assert s.curve[0] == pytest.approx(expected, abs=1e-4)
         assert s.curve[1:] == pytest.approx([0.0] * 5, abs=1e-6)
-    assert res.shadow.to_dict()["mean_next_dloss"] == pytest.approx(0.0, abs=1e-4)
+    assert json_safe(res.shadow)["mean_next_dloss"] == pytest.approx(0.0, abs=1e-4)
 
 
 def test_greedy_continuations_never_diverge_when_only_the_last_token_matters(copy_result):
     _, res = copy_result
-    d = res.divergence.to_dict()
+    d = json_safe(res.divergence)
     assert d["changed_at"] == 8 and d["never_diverged"] == 1.0 and d["tail_agreement"] == 1.0
     assert d["median_first_divergence"] is None
 
 
 def test_the_copy_models_greedy_loops_and_the_claims_say_so(copy_result):
     _, res = copy_result
-    greedy = res.to_dict()["diversity"][0]
+    greedy = json_safe(res)["diversity"][0]
     assert greedy["strategy"] == "greedy" and greedy["loop_share"] == 1.0
     assert greedy["distinct_2"] == pytest.approx(1 / 27, abs=1e-4)  # one bigram among 27
-    verdicts = {c.claim: c.holds for c in claims(res.to_dict())}
+    verdicts = {c.claim: c.holds for c in claims(json_safe(res))}
     assert verdicts[
         "§3.3 greedy decoding loops (exact loop, near loop or repetitive tail in at least half the continuations)"
     ]
@@ -204,7 +205,7 @@ def test_a_subword_transformers_model_runs_every_phenomenon():
     assert guess_corpus(model) == "english"  # its BPE spends several tokens per Chinese character
     texts = ["the cat sat on the mat and the dog ran in the park while the sun shone on the town " * 2] * 3
     res = chapter_phenomena(model, ["the cat", "a dog ran"], texts, small_cfg(max_new_tokens=12, max_texts=3))
-    d = json.loads(json.dumps(res.to_dict()))
+    d = json.loads(json.dumps(json_safe(res)))
     assert res.continuation_tokens == 12 and d["inputs"]["texts"] == 3
     assert [r["positions"] for r in d["free_running"]["readings"]] == [36, 36, 36]
     assert d["distribution"]["vocab_size"] == model.vocab_size

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from genprobe import registry
+from genprobe._io import json_safe
 from genprobe.cli import main
 from genprobe.loops.prompts import human_sequences, is_cjk
 from genprobe.loops.scan import annotate_scan, scan_loops, scan_table
@@ -47,11 +48,11 @@ def test_scan_uses_the_calibrated_settings_and_reports_human_rates(tiny_model):
     res = scan_loops(
         tiny_model, prompts, LENGTH, batch_size=3, calibration=cal, decode=lambda ids: "".join(map(str, ids))
     )
-    assert res.settings.loop == cal.settings.to_dict() and res.calibration is cal
-    assert res.settings.calibration == cal.to_dict()
+    assert res.settings.loop == json_safe(cal.settings) and res.calibration is cal
+    assert res.settings.calibration == json_safe(cal)
     d = res.to_dict(with_records=False)
     assert set(d["summary"]["human_fpr"]) == {"exact", "near", "any_loop", "repetitive", "degenerate"}
-    assert d["summary"]["human_fpr"]["degenerate"] == cal.heldout_fpr["degenerate"].to_dict()
+    assert d["summary"]["human_fpr"]["degenerate"] == json_safe(cal.heldout_fpr["degenerate"])
     table = scan_table(res.summary)
     assert "human text (held out)" in table and "chars" in table  # chars_unit=True: the char column is shown
     line = next(ln for ln in table.splitlines() if "degenerate (any of them)" in ln)
@@ -130,7 +131,7 @@ def test_cli_scan_calibrates_on_the_given_human_text_or_not_at_all(tmp_path, cap
     assert main(args + ["--no-calibrate", "--json"]) == 0
     cap = capsys.readouterr()
     out = json.loads(cap.out)
-    assert out["calibration"] is None and out["scans"]["greedy"]["settings"]["loop"] == LoopSettings().to_dict()
+    assert out["calibration"] is None and out["scans"]["greedy"]["settings"]["loop"] == json_safe(LoopSettings())
     assert "--no-calibrate" in cap.err
     monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path / "empty-cache"))  # Latin prompts, corpus not fetched
     assert main(args) == 2

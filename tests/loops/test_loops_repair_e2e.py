@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.loops import apply_patch, load_patch, revert_patch, save_patch, state_sha256
 from genprobe.loops.repair import RepairConfig, RepairInputs, repair
 from genprobe.loops.report import write_summary
@@ -46,7 +47,7 @@ def test_small_repair_end_to_end(trained_ckpt, tmp_path):
     assert {a.layers[0] for a in report.locate.per_layer} == {0, 1}
     assert report.contrast.loop_positions > 0
     assert not report.end_token.banned  # the char vocabulary has no end token
-    data = report.to_dict()
+    data = json_safe(report)
     json.dumps(data, allow_nan=False)  # repair.json is strict JSON
     if patch is None:
         assert report.verdict.startswith("no ") and (report.validation is None or not report.validation.significant)

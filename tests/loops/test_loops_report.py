@@ -1,12 +1,13 @@
 """The repair page: rendered from the package template with autoescaping, with and without an edit."""
 
+from genprobe._io import json_safe
 from genprobe.loops.report import rate_rows, write_summary
 from genprobe.loops.scan import loop_rates
 from genprobe.metrics import measure_loops
 
 
 def _rates(gens):
-    return loop_rates([measure_loops(g) for g in gens]).to_dict()
+    return json_safe(loop_rates([measure_loops(g) for g in gens]))
 
 
 def _report(with_edit: bool) -> dict:

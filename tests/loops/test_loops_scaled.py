@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.loops.contrast import position_labels
 from genprobe.loops.edit import EditSpec
 from genprobe.loops.repair import RepairConfig, RepairInputs, repair
@@ -122,7 +123,7 @@ def test_the_scaled_search_finds_the_exhaustive_searchs_edit_on_a_trained_model(
     generated_for = sum(1 for c in full.search.candidates if c.objective is not None)
     assert trace.shortlisted < generated_for  # fewer edits generated for (wall time is too noisy to assert here)
     assert fast.locate is None and "locate" in full.timings_s and "locate" not in fast.timings_s  # ranked instead
-    html = write_summary(fast.to_dict(), tmp_path)["html"].read_text(encoding="utf-8")
+    html = write_summary(json_safe(fast), tmp_path)["html"].read_text(encoding="utf-8")
     assert "Search (scaled)" in html and "halving rounds" in html
 
 

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.loops import EditSpec, mlp_sites, state_sha256
 from genprobe.loops.contrast import position_labels
 from genprobe.loops.regress import Regression
@@ -206,7 +207,7 @@ def test_run_search_restores_model_and_reports_unbuildable(tiny_model):
     units[0] = -torch.rand(sites[0].d_ff)  # never active in loops: the relative strength cannot be scaled
     bad = run_search(tiny_model, specs[:1], dirs, units, evaluate, gaps={0: 1.0, 1: 1.0})
     assert bad[0].error and "non-positive mean activation" in bad[0].error and bad[0].objective is None
-    row = bad[0].to_dict()
+    row = json_safe(bad[0])
     assert row["degenerate_rate"] is None and row["kl"] is None and row["layers"] == [0]
 
 
@@ -239,7 +240,7 @@ def test_summarise_exact_near_any_rates_and_histograms():
     lo, hi = s.degenerate_rate_ci95
     assert lo < 4 / 6 < hi
     assert s.chars is None  # no record was decoded
-    d = s.to_dict()
+    d = json_safe(s)
     assert d["chars"] is None and d["near_loop_rate"] == 0.5
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from genprobe._io import json_safe
 from genprobe.metrics.stats import ALPHA, MIN_PAIRS, sign_test_p
 
 from ..doctor.conftest import run_cli
@@ -69,4 +70,4 @@ def test_only_a_significant_held_out_change_writes_a_patch(trained_ckpt, monkeyp
         pytest.skip(report.verdict)
     assert (patch is not None) == written
     assert report.verdict.startswith("no significant change") != written
-    assert report.to_dict()["validation"]["significant"] is written
+    assert json_safe(report)["validation"]["significant"] is written

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.engine.generate import generate
 from genprobe.engine.loaded import load_model
 
@@ -63,7 +64,7 @@ def test_verify_cache(arch, tiny_hf_dirs):
 
     model = genprobe.load(tiny_hf_dirs[arch])
     report = genprobe.verify_cache(model, prompts=PROMPTS, max_new_tokens=NEW)
-    assert report.verdict == "pass", report.to_dict()
+    assert report.verdict == "pass", json_safe(report)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

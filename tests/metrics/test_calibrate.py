@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from genprobe._io import json_safe
 from genprobe.metrics import LoopSettings, calibrate_loop_settings, human_scores, measure_loops
 from genprobe.metrics.calibrate import Margins, flags
 
@@ -113,10 +114,10 @@ def test_never_stricter_than_the_defaults_nor_below_them():
 
 def test_to_dict_carries_source_length_unit_and_rates():
     cal = calibrate_loop_settings(corpus(40, [prose]), source="english:lee-corpus", chars_unit=True)
-    d = cal.to_dict()
+    d = json_safe(cal)
     assert d["source"] == "english:lee-corpus" and d["length"] == LENGTH and d["chars_unit"] is True
     assert set(d["heldout_fpr"]) == {"exact", "near", "any_loop", "repetitive", "degenerate"}
-    assert d["heldout_fpr"]["degenerate"]["ci95"][0] == 0.0 and d["settings"] == LoopSettings().to_dict()
+    assert d["heldout_fpr"]["degenerate"]["ci95"][0] == 0.0 and d["settings"] == json_safe(LoopSettings())
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from genprobe._io import json_safe
 from genprobe.metrics import (
     LoopSettings,
     detect_loop,
@@ -153,7 +154,7 @@ def test_measure_loops_any_loop_and_period():
     gen = (PREFIX + one_substitution_per_cycle("肅肅嚴禋，肅肅肅肅。", 6))[:57]
     m = measure_loops(gen)
     assert not m.looping and m.near_looping and m.any_loop and m.any_period == 10 and m.degenerate
-    d = m.to_dict()
+    d = json_safe(m)
     assert d["any_loop"] and d["degenerate"] and d["near_period"] == 10 and isinstance(d["unit"], list)
     clean = measure_loops(list("春江潮水連海平，海上明月共潮生。灩灩隨波千萬里，何處春江無月明。"))
     assert not clean.any_loop and clean.any_period is None and not clean.repetitive and not clean.degenerate

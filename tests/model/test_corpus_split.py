@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from genprobe._io import json_safe
 from genprobe.corpus.tang import (
     DEFAULT_POEMS,
     bundled_documents,
@@ -30,7 +31,7 @@ def ref(docs):
 
 def test_reference_split_ranges(ref):
     split, _ = ref
-    d = split.to_dict()
+    d = json_safe(split)
     assert d["documents"] == 57607 and d["char_poems"] == DEFAULT_POEMS
     assert (d["char_val_start"], d["char_val_offset"]) == (3604, 33)  # the 90% cut falls inside poem 3604
     assert d["subword_train"] == [[0, 3604], [4003, 50000]]
@@ -71,7 +72,7 @@ def test_no_protected_text_in_subword_training(docs, ref):
 )
 def test_small_subword_ranges(docs, n, train, heldout_start):
     s = corpus_split(docs, n)
-    assert s.to_dict()["subword_train"] == train and s.heldout_start == heldout_start
+    assert json_safe(s)["subword_train"] == train and s.heldout_start == heldout_start
 
 
 def test_cut_on_a_document_boundary_matches_load_corpus(tmp_path):

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 
+from genprobe._io import json_safe
 from genprobe.corpus import UNK_ID, CharTokenizer, load_corpus
 from genprobe.corpus.tokenizer import UnknownCharactersWarning
 
@@ -50,7 +51,7 @@ def test_decode_shows_or_hides_unk(tokenizer):
 
 
 def test_tokenizer_dict_round_trip(tokenizer):
-    again = CharTokenizer.from_dict(tokenizer.to_dict())
+    again = CharTokenizer.from_dict(json_safe(tokenizer))
     assert again.fingerprint == tokenizer.fingerprint
     assert again.itos[:2] == ["<pad>", "<unk>"]
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.corpus import bpe
 from genprobe.corpus.tang import bundled_documents, corpus_split, split_texts
 from genprobe.model import hf_train
@@ -104,7 +105,7 @@ def test_summary_figures_are_consistent(run, data):
     # every token of <eos> d0 <eos> ... <eos> after the first is a target
     n_tokens = sum(len(i) for i in bpe.encode_batch(run.tokenizer, texts.char_val_documents))
     assert v["tokens"] == n_tokens + len(texts.char_val_documents)
-    assert s["split"] == data[0].to_dict() and s["split"]["subword_train"][1] == [1500, 2000]
+    assert s["split"] == json_safe(data[0]) and s["split"]["subword_train"][1] == [1500, 2000]
     assert s["parameters"] == sum(p.numel() for p in run.model.parameters())
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import genprobe
+from genprobe._io import json_safe
 from genprobe.corpus import CharTokenizer
 from genprobe.engine.loaded import load_model
 from genprobe.model.checkpoint import save_checkpoint
@@ -66,7 +67,7 @@ def test_genprobe_checkpoint_and_its_hf_export_load_to_the_same_model(tmp_path, 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         to_hf_gpt2(tiny_model).save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "genprobe_tokenizer.json").write_text(json.dumps(tok.to_dict()), encoding="utf-8")
+    (tmp_path / "hf" / "genprobe_tokenizer.json").write_text(json.dumps(json_safe(tok)), encoding="utf-8")
     theirs = load_model(tmp_path / "hf")
     assert (theirs.kind, theirs.arch, theirs.max_positions) == ("hf", "gpt2", 32)
     assert theirs.tokenizer.fingerprint == tok.fingerprint

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.corpus import CharTokenizer
 from genprobe.experiments.exposure import run_exposure
 from genprobe.experiments.sampling import run_sampling
@@ -38,8 +39,8 @@ def small_case(corpus):
             "unk_share": 0.5,
         },
         "decoding": _fake_decoding(),
-        "sampling": run_sampling(model, tok).to_dict(),
-        "exposure": run_exposure(model, tok, corpus, quick=True).to_dict(),
+        "sampling": json_safe(run_sampling(model, tok)),
+        "exposure": json_safe(run_exposure(model, tok, corpus, quick=True)),
         "cache_exact": {
             "prefill_max_abs_dlogit": 0.0,
             "incremental_max_abs_dlogit": 1e-6,
@@ -51,14 +52,16 @@ def small_case(corpus):
             for r in seed["cache_bugs"]
         ],
         "mask_noop": dict(seed["mask_noop"]),
-        "cache_timing": run_cache_timing(model, [3, 4, 5], new_tokens=4, batches=(1, 2), reps=1).to_dict(),
-        "cache_scaling": run_cache_scaling(
-            [3, 4, 5],
-            tok.vocab_size,
-            new_tokens=(2, 4),
-            reps=1,
-            cfg=GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, d_model=32, d_ff=64, block_size=16),
-        ).to_dict(),
+        "cache_timing": json_safe(run_cache_timing(model, [3, 4, 5], new_tokens=4, batches=(1, 2), reps=1)),
+        "cache_scaling": json_safe(
+            run_cache_scaling(
+                [3, 4, 5],
+                tok.vocab_size,
+                new_tokens=(2, 4),
+                reps=1,
+                cfg=GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, d_model=32, d_ff=64, block_size=16),
+            )
+        ),
     }
     return case
 

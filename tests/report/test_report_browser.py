@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.engine.samplers import SamplerConfig, kept_set_size, process_logits
 from genprobe.experiments.sampling import run_sampling
 from genprobe.report import write_report
@@ -34,7 +35,7 @@ def _need_browser():
 def report(trained, tmp_path_factory):
     """A report holding the trained model's real next-token distribution (sampling section only)."""
     model, tok, _ = trained
-    case = {"meta": {"genprobe": "test", "quick": True}, "sampling": run_sampling(model, tok).to_dict()}
+    case = {"meta": {"genprobe": "test", "quick": True}, "sampling": json_safe(run_sampling(model, tok))}
     out = tmp_path_factory.mktemp("report")
     return write_report(case, out, figures={}), case
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from genprobe._io import json_safe
 from genprobe.loops.scan import ScanResult, ScanSettings, generation_record, summarise
 from genprobe.metrics import LoopSettings
 from genprobe.serving.rates import compare_loop_rates
@@ -17,7 +18,7 @@ def _scan(looping: list[bool]) -> ScanResult:
     recs = [
         generation_record([i], LOOPING if lp else FREE, True, None, loop, None, None) for i, lp in enumerate(looping)
     ]
-    return ScanResult(recs, summarise(recs), ScanSettings({}, 24, 0, loop.to_dict()))
+    return ScanResult(recs, summarise(recs), ScanSettings({}, 24, 0, json_safe(loop)))
 
 
 def test_same_rate_is_consistent_and_a_far_rate_is_not():
@@ -27,7 +28,7 @@ def test_same_rate_is_consistent_and_a_far_rate_is_not():
     assert cmp.consistent and cmp.served_rate == cmp.ours_rate == 0.1
     assert cmp.verdict_agreement == 0.8  # equal rates, different prompts: the second measure shows it
     far = compare_loop_rates(ours, _scan([True] * 40 + [False] * 60))
-    assert not far.consistent and far.served_rate == 0.4 and far.to_dict()["consistent"] is False
+    assert not far.consistent and far.served_rate == 0.4 and json_safe(far)["consistent"] is False
 
 
 def test_different_prompt_sets_are_refused():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from genprobe._io import json_safe
 from genprobe.engine.samplers import SamplerConfig
 from genprobe.loops.scan import chanting_sampler, scan_loops
 from genprobe.serving.rates import compare_loop_rates
@@ -37,7 +38,7 @@ def scans(vllm_ready, served_dirs, patched_model, heldout, engine_options):
 
 def test_greedy_loop_verdicts_and_records_equal_our_engine(scans):
     ours, theirs = scans
-    assert ours.to_dict() == theirs.to_dict()  # same JSON: settings, summary, every record and its loop measures
+    assert json_safe(ours) == json_safe(theirs)  # same JSON: settings, summary, every record and its loop measures
     for a, b in zip(ours.records, theirs.records, strict=True):
         assert (a.looping, a.measures.period, a.measures.onset) == (b.looping, b.measures.period, b.measures.onset)
     assert 0 < ours.summary.loops < len(ours.records)  # both outcomes occur: the check is not vacuous
@@ -48,7 +49,7 @@ def test_served_patched_model_gives_our_loop_rate(scans):
     ours, theirs = scans
     cmp = compare_loop_rates(ours, theirs)
     assert cmp.consistent and cmp.verdict_agreement == 1.0 and cmp.token_agreement == 1.0
-    assert cmp.to_dict()["served_rate"] == ours.summary.loop_rate
+    assert json_safe(cmp)["served_rate"] == ours.summary.loop_rate
 
 
 def test_penalties_and_bans_reach_the_engine_exactly(engine, patched_model, heldout):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 import genprobe
+from genprobe._io import json_safe
 from genprobe.model.load import Model
 
 
@@ -14,7 +15,7 @@ def test_engine_by_default_on_default_prompts(sharp_model):
     r = genprobe.verify_cache(Model.from_module(sharp_model), max_new_tokens=6)
     assert r.impl == "engine" and r.verdict == "pass"
     assert len(set(r.prompt_lengths)) == 3 and r.phase("isolation").verdict == "pass"  # random ids: 3 lengths
-    json.loads(json.dumps(r.to_dict(), allow_nan=False))
+    json.loads(json.dumps(json_safe(r), allow_nan=False))
 
 
 def test_text_prompts_window_and_a_user_implementation(tiny_ckpt, U):

@@ -8,6 +8,7 @@ import json
 import pytest
 
 import genprobe
+from genprobe._io import json_safe
 from genprobe.cli import main
 from genprobe.verify import CompiledEngineAdapter, EngineAdapter
 from genprobe.verify.api import verify_targets
@@ -31,7 +32,7 @@ def test_verify_caches_with_mutants_gives_what_the_cli_prints(capsys, tiny_ckpt)
     ]
     assert res.prompts == d["prompts"] and res.reference == d["reference"] == "full recomputation"
     assert set(res.mutants.mask_noop) == set(d["mask_noop"]) and res.mutants.mask_noop["no_mask_t_new_1"] == 0.0
-    lib = res.to_dict()
+    lib = json_safe(res)
     assert lib["failing"] == d["failing"] == [] and lib["errors"] == d["errors"] == []
     assert {
         k: v for k, v in d.items() if k not in ("weight_dtype", "narrow_output", "exit_status")

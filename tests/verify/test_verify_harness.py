@@ -16,6 +16,7 @@ import math
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.verify import EngineAdapter, FullRecompute, Thresholds, verify_implementation
 from genprobe.verify.harness import ReferenceRun, max_abs_diff
 
@@ -272,7 +273,7 @@ def test_exception_in_one_phase_is_error_and_the_rest_still_run(sharp_model, pro
         "isolation": "pass",
     }
     assert r.phase("chunk_4").calls == 1  # the prefill chunk was compared before the step raised
-    d = json.loads(json.dumps(r.to_dict(), allow_nan=False))
+    d = json.loads(json.dumps(json_safe(r), allow_nan=False))
     assert d["verdict"] == "error" and d["errors"][0]["type"] == "RuntimeError"
 
 
@@ -304,7 +305,7 @@ def test_first_diff_step_is_reported_per_phase(sharp_model, prompt):
     r = run(sharp_model, prompt, fault)
     by_phase = r.first_diff_by_phase()
     assert by_phase["chunk_4"] == 2 and by_phase["incremental"] is None and r.first_diff_step is None
-    assert r.to_dict()["first_diff_step_by_phase"]["chunk_4"] == 2
+    assert json_safe(r)["first_diff_step_by_phase"]["chunk_4"] == 2
 
 
 def test_nan_logits_give_strict_json(sharp_model, prompt):
@@ -315,13 +316,13 @@ def test_nan_logits_give_strict_json(sharp_model, prompt):
     def no_constants(name):
         raise AssertionError(f"non-standard JSON constant {name}")
 
-    text = json.dumps(r.to_dict(), allow_nan=False)  # raises ValueError if a NaN/inf float is left
+    text = json.dumps(json_safe(r), allow_nan=False)  # raises ValueError if a NaN/inf float is left
     d = json.loads(text, parse_constant=no_constants)
     assert d["max_abs_dlogit"] == "inf" and d["phases"][1]["max_abs_dlogit"] == "inf"
 
 
 def test_report_is_json_serialisable(sharp_model, prompt):
-    d = run(sharp_model, prompt, lambda s, kind, ids, mask, out: out).to_dict()
+    d = json_safe(run(sharp_model, prompt, lambda s, kind, ids, mask, out: out))
     json.dumps(d)
     assert d["verdict"] == "pass" and set(d["max_abs_dlogit_by_phase"]) >= {"prefill", "incremental"}
 

@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+from genprobe._io import json_safe
+
 transformers = pytest.importorskip("transformers")
 
 from genprobe.verify import HFAdapter, HFReference, verify_implementation  # noqa: E402
@@ -193,4 +195,4 @@ def test_cache_matrix_small(capsys):
     assert at[("gpt2", "sliding")].verdict == "unavailable"
     md = m.markdown()
     assert md.splitlines()[0] == "| cache class | gpt2 | mistral |" and "unavailable" in md
-    json.dumps(m.to_dict(), allow_nan=False)
+    json.dumps(json_safe(m), allow_nan=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.model import GPT, GPTConfig
 from genprobe.verify import EngineAdapter, FullRecompute, Thresholds, verify_implementation
 
@@ -48,7 +49,7 @@ def test_padding_leak_is_a_bug_on_small_and_large_logits(init, spread):
     )
     p = bad.phase("padded_batch")
     assert spread[0] < p.ref_logit_std < spread[1]  # the two models really differ in scale
-    assert bad.verdict == "bug" and p.verdict == "bug" and p.rel_dlogit > 1.0, p.to_dict()
+    assert bad.verdict == "bug" and p.verdict == "bug" and p.rel_dlogit > 1.0, json_safe(p)
     if init == 0.02:
         # the case of issue 12: on the seed's absolute scale alone this is only "suspicious"
         assert p.max_abs_dlogit < 1.0 and Thresholds().absolute_verdict(p.max_abs_dlogit) == "suspicious"
@@ -83,10 +84,10 @@ def test_engine_passes_and_a_small_fault_fails_on_both_scales(scale, prompt):
 
 def test_reports_carry_both_scales_and_the_second_measures(sharp_model, prompt):
     r = verify_implementation(EngineAdapter(sharp_model), FullRecompute(sharp_model), [prompt], steps=4)
-    p = r.phase("incremental").to_dict()
+    p = json_safe(r.phase("incremental"))
     assert p["ref_logit_std"] > 0 and p["rel_dlogit"] == pytest.approx(p["max_abs_dlogit"] / p["ref_logit_std"])
     assert p["top1_agreement"] == 1.0 and p["max_abs_dlogprob_topk"] < 1e-4
-    assert r.thresholds.to_dict() == {
+    assert json_safe(r.thresholds) == {
         "noise": 1e-4,
         "bug": 1.0,
         "suspicious": 1e-3,

@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 
+from genprobe._io import json_safe
 from genprobe.cli import main
 from genprobe.verify import EngineAdapter, FullRecompute, verify_implementation
 from genprobe.verify.window import WindowedRecompute, window_visibility, windowed_forward
@@ -82,7 +83,7 @@ def test_engine_sinks_under_left_padding(sharp_model):
         steps=STEPS,
         chunk_sizes=(),
     )
-    assert r.phase("padded_batch").verdict == "pass", r.phase("padded_batch").to_dict()
+    assert r.phase("padded_batch").verdict == "pass", json_safe(r.phase("padded_batch"))
 
 
 def test_cli_window_flags(capsys, tiny_ckpt, user_impls):

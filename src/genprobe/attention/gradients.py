@@ -26,7 +26,7 @@ from typing import cast
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text
+from .._io import atomic_write_json, atomic_write_text, json_safe
 
 
 def _grad_sq(t: torch.Tensor | None) -> float | None:
@@ -120,7 +120,7 @@ class QKVGradTracker:
             "png": out / "qkv_grad_norms.png",
         }
         atomic_write_text(paths["csv"], buf.getvalue())
-        atomic_write_json(paths["json"], self.to_dict())
+        atomic_write_json(paths["json"], json_safe(self))
         self.plot(paths["png"])
         steps = sorted({r["step"] for r in self._rows})
         return {

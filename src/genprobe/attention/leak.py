@@ -8,7 +8,7 @@ HF GPT-2 then numbers positions by tensor index, so every real token sits at the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,8 @@ class SequenceLeak:
 class LeakReport:
     """Result of :func:`padding_leak`."""
 
+    JSON_PROPERTIES = ("max_delta", "leak", "verdict")  # computed from the fields, kept in the JSON form
+
     model: str
     position_ids: bool
     threshold: float
@@ -49,11 +51,10 @@ class LeakReport:
         """True when any sequence exceeds the threshold."""
         return any(s.leak for s in self.sequences)
 
-    def to_dict(self) -> dict:
-        """JSON form (with the verdict)."""
-        d = asdict(self)
-        d.update(max_delta=self.max_delta, leak=self.leak, verdict="LEAK" if self.leak else "ok")
-        return d
+    @property
+    def verdict(self) -> str:
+        """``"LEAK"`` or ``"ok"``."""
+        return "LEAK" if self.leak else "ok"
 
 
 def _max_positions(model) -> int | None:

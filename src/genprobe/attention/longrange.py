@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .._io import json_safe
 from ..model.config import POS_ENCODINGS, GPTConfig
 from ..model.gpt import GPT
 
@@ -144,10 +145,6 @@ class TrainSummary:
     final_loss: float
     seconds: float
 
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class EvalError:
@@ -155,10 +152,6 @@ class EvalError:
 
     at: str
     message: str
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return asdict(self)
 
 
 def _lr_factor(step: int, steps: int, warmup: int) -> float:
@@ -264,14 +257,6 @@ class PasskeyResult:
     accuracy: dict[int, float | None]
     errors: list[EvalError] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        """JSON form (distances as string keys)."""
-        return {
-            "train": self.train.to_dict(),
-            "accuracy": {str(d): a for d, a in self.accuracy.items()},
-            "errors": [e.to_dict() for e in self.errors],
-        }
-
 
 @dataclass
 class LagResult:
@@ -280,14 +265,6 @@ class LagResult:
     train: dict[int, TrainSummary]
     accuracy: dict[int, dict[int, float | None]]
     errors: list[EvalError] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """JSON form (lengths and lags as string keys)."""
-        return {
-            "train": {str(k): t.to_dict() for k, t in self.train.items()},
-            "accuracy": {str(n): {str(k): a for k, a in accs.items()} for n, accs in self.accuracy.items()},
-            "errors": [e.to_dict() for e in self.errors],
-        }
 
 
 def run_passkey(pos_encoding: str, sc: SyntheticConfig) -> PasskeyResult:
@@ -349,7 +326,7 @@ class SyntheticResult:
                     "distances": passkey_grid(L),
                     "row_length": "max(context, distance + 2)",
                     "chance": 1 / N_VALUE,
-                    "encodings": {pe: r.to_dict() for pe, r in self.passkey.items()},
+                    "encodings": {pe: json_safe(r) for pe, r in self.passkey.items()},
                 },
                 "lag": {
                     "vocab_size": LagTask.vocab_size,
@@ -357,7 +334,7 @@ class SyntheticResult:
                     "eval_lengths": lag_eval_lengths(L),
                     "chance": 1 / N_CONTENT,
                     "measure": f"length {L}: positions k..{L - 1}; longer rows: positions >= {L} only",
-                    "encodings": {pe: r.to_dict() for pe, r in self.lag.items()},
+                    "encodings": {pe: json_safe(r) for pe, r in self.lag.items()},
                 },
             },
         }
@@ -385,10 +362,6 @@ class WindowLoss:
     loss: float
     loss_beyond_context: float | None
     windows: int
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return asdict(self)
 
 
 @torch.no_grad()
@@ -437,15 +410,6 @@ class CorpusEncodingResult:
     by_length: dict[int, WindowLoss | None]
     errors: list[EvalError] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        """JSON form (lengths as string keys; None where the model refused the length)."""
-        return {
-            "train_seconds": self.train_seconds,
-            "train_val_loss": self.train_val_loss,
-            "by_length": {str(n): None if w is None else w.to_dict() for n, w in self.by_length.items()},
-            "errors": [e.to_dict() for e in self.errors],
-        }
-
 
 @dataclass
 class CorpusResult:
@@ -462,7 +426,7 @@ class CorpusResult:
             "val_tokens": self.val_tokens,
             "averaging": "non-overlapping windows; 'loss' = mean over all positions (ALiBi paper), "
             "'loss_beyond_context' = mean over positions >= context only",
-            "encodings": {pe: r.to_dict() for pe, r in self.encodings.items()},
+            "encodings": {pe: json_safe(r) for pe, r in self.encodings.items()},
         }
 
 
@@ -589,11 +553,11 @@ class LongRangeResult:
 
     def to_dict(self) -> dict:
         """JSON form (``longrange.json``)."""
-        d: dict[str, Any] = {"pos_encodings": list(self.pos_encodings), "synthetic": self.synthetic.to_dict()}
+        d: dict[str, Any] = {"pos_encodings": list(self.pos_encodings), "synthetic": json_safe(self.synthetic)}
         if self.corpus is not None:
-            d["corpus"] = self.corpus.to_dict()
+            d["corpus"] = json_safe(self.corpus)
         d["seconds"] = self.seconds
-        d["summary"] = {pe: s.to_dict() for pe, s in self.summary.items()}
+        d["summary"] = {pe: json_safe(s) for pe, s in self.summary.items()}
         return d
 
 

@@ -23,7 +23,7 @@ all one repeated id while its masked tokens vary is reported as a suspected inve
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -49,10 +49,6 @@ class Finding:
     position: int | None
     rule: str
     message: str
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return asdict(self)
 
     def __str__(self) -> str:
         where = f"row {self.row}" + ("" if self.position is None else f", position {self.position}")

@@ -14,9 +14,11 @@ Conventions (one query row = one probability distribution over its visible keys)
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
+
+from .._io import json_safe
 
 METRICS = ("entropy", "norm_entropy", "far_mass", "sink_mass", "diag_mass", "local_mass")
 
@@ -35,10 +37,6 @@ class HeadStats:
     diag_mass: float | None
     local_mass: float | None
     max_entropy: float | None  # mean of ln(visible keys): the uniform-attention reference
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return asdict(self)
 
 
 def _rows(probs: torch.Tensor) -> torch.Tensor:
@@ -145,10 +143,6 @@ class LayerStats:
     local_mass: float | None
     max_entropy: float | None
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 @dataclass
 class AttentionReport:
@@ -184,8 +178,8 @@ class AttentionReport:
             "tokens": self.tokens,
             "tokens_text": self.tokens_text,
             "definitions": definitions(self.distance, self.local_window),
-            "heads": [h.to_dict() for h in self.heads],
-            "layers": [row.to_dict() for row in self.layers],
+            "heads": [json_safe(h) for h in self.heads],
+            "layers": [json_safe(row) for row in self.layers],
             "per_position": self.per_position,
             "n_visible": self.n_visible,
         }
@@ -241,10 +235,9 @@ def attention_report(
     )
 
 
-def format_table(report: AttentionReport | dict) -> str:
+def format_table(result: AttentionReport | dict) -> str:
     """Fixed-width text table, one line per (layer, head) plus a per-layer mean line."""
-    if isinstance(report, AttentionReport):
-        report = report.to_dict()
+    report: dict = json_safe(result) if isinstance(result, AttentionReport) else result
     d = report["distance"]
     hdr = (
         f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(d) + ' far':>7} "
@@ -269,10 +262,9 @@ def format_table(report: AttentionReport | dict) -> str:
     return "\n".join(lines)
 
 
-def head_matrix(report: AttentionReport | dict, metric: str) -> list[list[float | None]]:
+def head_matrix(result: AttentionReport | dict, metric: str) -> list[list[float | None]]:
     """One metric as a layers × heads matrix (``matrix[layer][head]``; None where undefined)."""
-    if isinstance(report, AttentionReport):
-        report = report.to_dict()
+    report: dict = json_safe(result) if isinstance(result, AttentionReport) else result
     if metric not in (*METRICS, "max_entropy"):
         raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
     grid: list[list[float | None]] = [[None] * report["n_head"] for _ in range(report["n_layer"])]
@@ -284,10 +276,9 @@ def head_matrix(report: AttentionReport | dict, metric: str) -> list[list[float 
 GRID_METRICS = ("norm_entropy", "far_mass", "sink_mass")
 
 
-def format_grid(report: AttentionReport | dict, metrics: tuple[str, ...] = GRID_METRICS) -> str:
+def format_grid(result: AttentionReport | dict, metrics: tuple[str, ...] = GRID_METRICS) -> str:
     """Compact text form for deep models: per metric, one line per layer and one column per head."""
-    if isinstance(report, AttentionReport):
-        report = report.to_dict()
+    report: dict = json_safe(result) if isinstance(result, AttentionReport) else result
     titles = {
         "entropy": "entropy (nats)",
         "norm_entropy": "entropy / ln(visible keys)",

@@ -10,7 +10,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .._io import atomic_write  # noqa: E402
+from .._io import (
+    atomic_write,  # noqa: E402
+    json_safe,
+)
 from .longrange import N_CONTENT  # noqa: E402
 from .metrics import GRID_METRICS, head_matrix  # noqa: E402
 
@@ -85,7 +88,7 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
     """
     import numpy as np
 
-    rep = report.to_dict() if hasattr(report, "to_dict") else report
+    rep = json_safe(report) if hasattr(report, "to_dict") else report
     n_layer, n_head = rep["n_layer"], rep["n_head"]
     panel_w = min(8.0, max(2.4, 0.32 * n_head + 1.0))
     height = min(14.0, max(2.4, 0.2 * n_layer + 1.3))
@@ -117,7 +120,7 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
 def entropy_plot(report, path: str | Path) -> Path:
     """Per-layer attention entropy: each head's mean (dots), layer mean (line), uniform ln(N) reference."""
     if hasattr(report, "to_dict"):
-        report = report.to_dict()
+        report = json_safe(report)
     layers = [row["layer"] for row in report["layers"]]
     fig, ax = plt.subplots(figsize=(min(14.0, max(5.0, 0.22 * len(layers) + 1.5)), 3.5))
     for h in report["heads"]:

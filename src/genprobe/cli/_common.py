@@ -23,22 +23,10 @@ def emit_json(obj: Any) -> None:
     """Print ``obj`` as strict JSON on stdout (UTF-8, readable; NaN/inf spelled out by ``json_safe``)."""
     from .._io import json_safe
 
-    text = json.dumps(json_safe(obj), ensure_ascii=False, indent=2, default=_default, allow_nan=False)
+    text = json.dumps(json_safe(obj), ensure_ascii=False, indent=2, allow_nan=False)
     out = JSON_STREAM[-1] if JSON_STREAM else sys.stdout
     out.write(text + "\n")
     out.flush()
-
-
-def _default(o: Any) -> Any:
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if hasattr(o, "__dataclass_fields__"):
-        from dataclasses import asdict
-
-        return asdict(o)
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def info(msg: str, quiet: bool = False) -> None:

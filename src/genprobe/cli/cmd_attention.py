@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .._io import json_safe
 from ._common import (
     Accumulate,
     Once,
@@ -158,7 +159,7 @@ def run_heads(args) -> int:
     if cap.note:
         info(f"note: {cap.note}")
     labels = [model.tokenizer.token_str(i) if model.tokenizer else str(i) for i in cap.tokens]
-    rep = attention_report(cap, distance=args.distance, local_window=args.local_window, tokens_text=labels).to_dict()
+    rep = json_safe(attention_report(cap, distance=args.distance, local_window=args.local_window, tokens_text=labels))
     if args.out:
         rep["files"] = _write_heads_files(rep, cap, labels, Path(args.out), args.maps)
     if args.json:
@@ -206,7 +207,7 @@ def run_check_masks(args) -> int:
                 "file": args.batch,
                 "rows": len(batch["input_ids"]),
                 "pad_token_id": pad,
-                "findings": [f.to_dict() for f in findings],
+                "findings": [json_safe(f) for f in findings],
                 "ok": not findings,
             }
         )
@@ -233,7 +234,7 @@ def run_padding_leak(args) -> int:
         threshold=args.threshold,
     )
     if args.json:
-        emit_json(rep.to_dict())
+        emit_json(json_safe(rep))
     else:
         print(format_leak(rep))
     return 1 if rep.leak else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .._io import json_safe
 from ._common import Accumulate, add_json_flag, add_model_argument, emit_json, info, model_path
 
 
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         args.out, model_path(args, required=False), quick=args.quick, only=only, progress=progress, log=info
     )
     if args.json:
-        emit_json(study.to_dict())
+        emit_json(json_safe(study))
         return 0
     w = max(len(a) for a, *_ in study.headline)
     print(f"{'':{w}}  {'ours':>14}  {'seed':>14}")

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from .._io import json_safe
 from ._common import (
     Accumulate,
     add_json_flag,
@@ -180,5 +181,5 @@ def run(args: argparse.Namespace) -> int:
             info(f"{f.severity.upper()}: [{f.stage}] {f.title}")
     info(f"verdict: {v.verdict} (exit status {v.exit_status}); wrote {args.out / 'report.html'} and doctor.json")
     if args.json:
-        emit_json(rep.to_dict())
+        emit_json(json_safe(rep))
     return v.exit_status

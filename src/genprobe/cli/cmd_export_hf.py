@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .._io import json_safe
 from ._common import add_json_flag, add_model_argument, emit_json, info
 
 
@@ -63,7 +64,7 @@ def run_import(args: argparse.Namespace) -> int:
         "source": str(args.model),
         "parameters": model.num_parameters(),
         "vocab_size": tok.vocab_size,
-        "config": model.cfg.to_dict(),
+        "config": json_safe(model.cfg),
     }
     info(f"wrote checkpoint {out} ({res['parameters']:,} parameters, vocabulary {tok.vocab_size:,} ids)")
     if args.json:

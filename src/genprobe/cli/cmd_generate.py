@@ -7,6 +7,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from .._io import json_safe
 from ._common import (
     add_json_flag,
     add_max_new_tokens,
@@ -191,7 +192,7 @@ def _print_results(
                 "text": _show(tok, new, args.show_unk) if tok is not None else None,
                 "tokens": new,
                 "finished": res.finished[row],
-                "steps": [s.to_dict() for s in steps],
+                "steps": [json_safe(s) for s in steps],
             }
         )
         if args.top and not args.json:
@@ -214,7 +215,7 @@ def _emit_json(
     """``--json``: the run's settings with the one result's fields, or with ``results`` for several prompts."""
     common = {
         "model": str(model.source),
-        "sampler": sampler.to_dict(),
+        "sampler": json_safe(sampler),
         "seed": args.seed,
         "chat": args.chat,
         "weight_dtype": args.weight_dtype,

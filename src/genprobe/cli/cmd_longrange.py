@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .._io import json_safe
 from ._common import Accumulate, add_json_flag, emit_json, info
 
 DEFAULT_PE = ("learned", "rope", "alibi")
@@ -118,7 +119,7 @@ def run(args) -> int:
         lc.corpus = None
     info(f"longrange: {', '.join(pes)}{' (quick)' if args.quick else ''}")
     res = run_longrange(lc, progress=not args.no_progress and sys.stderr.isatty())
-    data = {**res.to_dict(), "quick": bool(args.quick)}
+    data = {**json_safe(res), "quick": bool(args.quick)}
     out = Path(args.out)
     atomic_write_json(out / "longrange.json", data)
     longrange_plot(res, out / "longrange.png")

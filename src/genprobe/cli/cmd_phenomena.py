@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .._io import json_safe
 from ._common import Accumulate, add_json_flag, add_max_new_tokens, add_model_argument, emit_json, info, load_model_arg
 
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model_arg(args)
     prompts, texts, sources = _inputs(args, model)
     result = chapter_phenomena(model, prompts, texts, cfg, timing_on=not args.no_timing, sources=sources, log=info)
-    data = result.to_dict()
+    data = json_safe(result)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.out / "phenomena.json", data)

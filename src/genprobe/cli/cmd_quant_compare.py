@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .._io import json_safe
 from ._common import Accumulate, add_json_flag, add_max_new_tokens, add_model_argument, emit_json, info, out_dir
 
 
@@ -92,5 +93,5 @@ def run(args: argparse.Namespace) -> int:
     study, _, _ = quant_compare(args.model, out, cfg, log=info)
     print(study_markdown(study), file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        emit_json(study.to_dict())
+        emit_json(json_safe(study))
     return 0

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .._io import json_safe
 from ._common import add_json_flag, emit_json, info
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -198,7 +199,7 @@ def _run_gpt(args: argparse.Namespace) -> int:
     s = dict(result.summary)
     s["out"] = str(out)
     s["checkpoint"] = is_checkpoint(out)
-    s["config"] = cfg.to_dict()
+    s["config"] = json_safe(cfg)
     if tracker is not None:
         s["grad_tracking"] = tracker.save(out)
     info(_table(s))

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .._io import json_safe
 from ._common import (
     Accumulate,
     add_json_flag,
@@ -183,7 +184,7 @@ def _finish(args: argparse.Namespace, report, failing: list[str], table: Callabl
     table(report, file=sys.stderr if args.json else sys.stdout)
     if failing:
         info(f"FAIL: {', '.join(failing)}")
-    summary = {**report.to_dict(), "failing": failing, "exit_status": rc}
+    summary = {**json_safe(report), "failing": failing, "exit_status": rc}
     if args.out is not None:
         atomic_write_json(args.out / "verify-serving.json", summary)
     if args.json:

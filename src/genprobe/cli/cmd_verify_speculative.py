@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from .._io import json_safe
 from ._common import add_json_flag, add_max_new_tokens, add_model_argument, add_prompt_arguments, emit_json, info
 
 DRAFT_HELP = (
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         mutants=args.mutants,
     )
     if args.json:
-        emit_json(result.to_dict())
+        emit_json(json_safe(result))
     else:
         _print(result)
     ok = result.verdict == "pass" and result.mutants_ok

@@ -203,10 +203,6 @@ class HumanContinuation:
     ids: list[int]
     text: str
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
     try:

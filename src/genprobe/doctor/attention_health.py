@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .._io import json_safe
 from ..attention.capture import capture_attention
 from ..attention.metrics import per_position
 from .findings import Finding
@@ -73,7 +74,7 @@ class AttentionHealth:
             "criteria": self.criteria,
             "heads": [asdict(h) for h in self.heads],
             "flagged": {k: [[h.layer, h.head] for h in self.flagged(k)] for k in CRITERIA},
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [json_safe(f) for f in self.findings],
         }
 
 

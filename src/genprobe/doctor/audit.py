@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._io import NOT_JSON
 from .findings import Finding
 
 
@@ -23,11 +24,7 @@ class StaticAudit:
     path: str
     kind: str
     facts: dict[str, Any] = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON (the findings are listed with every other stage's)."""
-        return {"path": self.path, "kind": self.kind, "facts": self.facts}
+    findings: list[Finding] = field(default_factory=list, metadata=NOT_JSON)
 
 
 def static_audit(path: str | Path, chat: bool = False, command: str | None = None) -> StaticAudit:

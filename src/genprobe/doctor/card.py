@@ -58,24 +58,6 @@ class ModelCard:
     tokenizer: TokenizerFacts | None
     findings: list[Finding] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON."""
-        return {
-            "source": self.source,
-            "kind": self.kind,
-            "arch": self.arch,
-            "parameters": self.parameters,
-            "vocab_size": self.vocab_size,
-            "context_length": self.context_length,
-            "window": self.window,
-            "layers": self.layers,
-            "tensors": [t.__dict__ for t in self.tensors],
-            "gguf": self.gguf,
-            "generation_defaults": self.generation_defaults,
-            "tokenizer": None if self.tokenizer is None else self.tokenizer.to_dict(),
-            "findings": [f.to_dict() for f in self.findings],
-        }
-
 
 def gguf_role(name: str) -> str:
     """A GGUF tensor name with its block index as ``*`` (``blk.3.attn_q.weight`` → ``blk.*.attn_q.weight``)."""

@@ -9,6 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .._io import json_safe
 from ..engine.samplers import SamplerConfig
 from ..engine.text import complete
 from ..loops.prompts import is_cjk
@@ -69,11 +70,11 @@ class Degeneration:
             "prompts": self.prompts,
             "prompt_source": self.prompt_source,
             "chat": self.chat,
-            "settings": {k: v.to_dict() for k, v in self.settings.items()},
+            "settings": {k: json_safe(v) for k, v in self.settings.items()},
             "scans": self.scans.to_dict(with_records=False),
             "calibration_error": self.calibration_error,
-            "end_of_text": None if self.end_of_text is None else self.end_of_text.to_dict(),
-            "findings": [f.to_dict() for f in self.findings],
+            "end_of_text": json_safe(self.end_of_text),
+            "findings": [json_safe(f) for f in self.findings],
         }
 
 
@@ -202,7 +203,7 @@ def _eot_findings(res: Degeneration, model_arg: str, chat: bool) -> list[Finding
     e = res.end_of_text
     if e is None:
         return []
-    d = e.to_dict()
+    d = json_safe(e)
     parts = [f"{k} {v['rate']:.0%}" for k, v in d["settings"].items()]
     never = all(v == 0 for v in e.ended.values())
     title = f"with the end token allowed, generations end within {e.max_new_tokens} tokens: " + ", ".join(parts)

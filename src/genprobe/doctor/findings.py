@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._io import json_safe
-
 SEVERITIES = ("ok", "info", "warning", "bug")  # ordered: a verdict is the worst severity found
 
 
@@ -28,18 +26,6 @@ class Finding:
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Strict JSON (non-finite numbers spelled out)."""
-        return {
-            "stage": self.stage,
-            "check": self.check,
-            "severity": self.severity,
-            "title": self.title,
-            "evidence": json_safe(self.evidence),
-            "criterion": self.criterion,
-            "command": self.command,
-        }
 
 
 def worst_severity(findings: list[Finding]) -> str:

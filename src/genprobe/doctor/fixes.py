@@ -9,6 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .._io import json_safe
 from ..loops.compare import CompareConfig, CompareResult, compare_fixes
 from ..loops.compare_methods import EDIT
 from ..loops.study import RepairConfig, RepairInputs
@@ -67,7 +68,7 @@ class FixComparison:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON: the rows, the comparison's best choice and rule, the repair, the recommendation."""
-        c = self.compare.to_dict()
+        c = json_safe(self.compare)
         return {
             "engine": self.engine,
             "methods": self.methods,
@@ -78,7 +79,7 @@ class FixComparison:
             "max_new_tokens": c["config"]["max_new_tokens"],
             "repair": self.repair,
             "recommendation": self.recommendation,
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [json_safe(f) for f in self.findings],
         }
 
 
@@ -88,7 +89,7 @@ def _edit(model: Any, prompts: list[str], val_text: str, cfg: RepairConfig, log:
 
     inputs = RepairInputs.from_prompts(prompts, val_text, cfg, "doctor prompts", "doctor validation text")
     report, patch = repair(model, inputs, cfg, log=log)
-    d = report.to_dict()
+    d = json_safe(report)
     summary = {k: d.get(k) for k in ("verdict", "patch", "timings_s")}
     return patch, summary
 
@@ -139,7 +140,7 @@ def compare(
             "which_fix",
             "info",
             fc.recommendation,
-            {"rows": fc.rows(), "best": result.best.to_dict() if result.best else None, "repair": repair_summary},
+            {"rows": fc.rows(), "best": json_safe(result.best) if result.best else None, "repair": repair_summary},
             result.best.rule if result.best else None,
             cmd,
         )

@@ -9,6 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .._io import json_safe
 from ..attention.leak import LEAK_THRESHOLD, LeakReport, padding_leak
 from ..verify.api import CacheVerification, verify_caches
 from .findings import Finding
@@ -53,16 +54,14 @@ class InferenceCheck:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON."""
         return {
-            "caches": self.caches.to_dict(),
-            "impl": None if self.impl is None else self.impl.to_dict(),
-            "padding_leak": self.leak.to_dict(),
-            "padding_leak_no_position_ids": None
-            if self.leak_no_position_ids is None
-            else self.leak_no_position_ids.to_dict(),
+            "caches": json_safe(self.caches),
+            "impl": json_safe(self.impl),
+            "padding_leak": json_safe(self.leak),
+            "padding_leak_no_position_ids": json_safe(self.leak_no_position_ids),
             "serving": self.serving,
             "noise_floor": self.noise_floor,
             "pass_line": self.caches.pass_line,
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [json_safe(f) for f in self.findings],
         }
 
 
@@ -157,7 +156,7 @@ def _serving(model: Any, opts: DoctorOptions, log: Callable[[str], None]) -> dic
     if model.source is None:
         return {"verdict": "unavailable", "reason": "the model has no directory on disk to serve"}
     report = verify_serving(str(model.source), dtypes=("float32",), steps=opts.plan.verify_steps, log=log)
-    return report.to_dict()
+    return json_safe(report)
 
 
 def _verify_command(
@@ -195,7 +194,7 @@ def _cache_findings(result: CacheVerification, command: str) -> list[Finding]:
             "first_diff_step": r.first_diff_step,
             "text_divergences": r.text_divergences,
             "unavailable": r.unavailable,
-            "errors": [e.to_dict() for e in r.errors],
+            "errors": [json_safe(e) for e in r.errors],
             "pass_line": r.pass_line,
         }
         if r.verdict == "error":
@@ -218,7 +217,7 @@ def _leak_findings(check: InferenceCheck, opts: DoctorOptions, model_arg: str) -
             "bug" if leak.leak else "ok",
             f"padding {'changes' if leak.leak else 'leaves'} a sequence's logits (max |Δlogit| "
             f"{leak.max_delta:.2e}, position ids from the mask)",
-            leak.to_dict(),
+            json_safe(leak),
             LEAK_CRITERION,
             base,
         )
@@ -243,7 +242,7 @@ def _leak_findings(check: InferenceCheck, opts: DoctorOptions, model_arg: str) -
                 "padding.no_position_ids",
                 sev,
                 title,
-                bare.to_dict(),
+                json_safe(bare),
                 LEAK_CRITERION + "; a bug when the user's code passes no position_ids",
                 base + " --no-position-ids",
             )

@@ -7,6 +7,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from .._io import json_safe
 from ..engine.samplers import SamplerConfig
 
 STAGES = ("audit", "card", "quality", "inference", "attention", "degeneration", "fixes")
@@ -37,10 +38,6 @@ class Budget:
     eos_prompts: int
     fix_prompts: int
     attention_tokens: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
 
 
 QUICK = Budget(8, False, (4,), False, 32, 32, 16, 0, 48)
@@ -105,7 +102,7 @@ class DoctorOptions:
         """Plain JSON (the prompts themselves are in the degeneration stage)."""
         return {
             "prompts": "user" if self.prompts is not None else "built-in held-out",
-            "sampling": None if self.sampling is None else self.sampling.to_dict(),
+            "sampling": json_safe(self.sampling),
             "sampling_flags": list(self.sampling_flags),
             "chat": self.chat,
             "serving": self.serving,
@@ -116,6 +113,6 @@ class DoctorOptions:
             "hf_position_ids": self.hf_position_ids,
             "stages": list(self.only),
             "seed": self.seed,
-            "budget": self.plan.to_dict(),
+            "budget": json_safe(self.plan),
             "reference": self.reference,
         }

@@ -14,11 +14,12 @@ of them generates fluent-looking text no loop detector calls degenerate.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .._io import NOT_JSON, json_safe
 from .findings import Finding
 
 WINDOWS, WINDOW_TOKENS = 8, 128  # held-out texts read, tokens of each (fewer when the context is shorter)
@@ -48,13 +49,7 @@ class Quality:
     kl_mean: float | None = None
     top1_agreement: float | None = None
     kl_by_position: list[float] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON (findings listed with every other stage's)."""
-        d = asdict(self)
-        d.pop("findings")
-        return d
+    findings: list[Finding] = field(default_factory=list, metadata=NOT_JSON)
 
 
 def _windows(model: Any, texts: list[str]) -> tuple[list[str], list[list[int]]]:
@@ -124,7 +119,7 @@ def measure_quality(model: Any, texts: list[str], corpus: str, reference: Any = 
 
 def quality_findings(q: Quality, command: str) -> list[Finding]:
     """Against a reference: KL / top-1 decide (tokenizers that disagree are a bug); alone: the calibrated range."""
-    ev = q.to_dict()
+    ev = json_safe(q)
     if q.unknown_share > UNK_MAX:
         title = (
             f"quality not checked: the held-out {q.corpus} text is {q.unknown_share:.0%} unknown tokens for this "

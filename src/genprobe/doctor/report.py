@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._io import json_safe
 from .._templates import environment
 from .options import TITLES
 
@@ -21,7 +22,7 @@ def heat(x: float | None) -> str:
 
 def render_html(rep: Any) -> str:
     """The page of a :class:`~genprobe.doctor.run.DoctorReport` as one HTML string."""
-    d = rep.to_dict()
+    d = json_safe(rep)
     stages = {s.name: s for s in rep.stages}
     env = environment("genprobe.doctor")
     return env.get_template("doctor.html.j2").render(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .._io import json_safe
 from .attention_health import AttentionHealth, attention_health
 from .audit import StaticAudit, static_audit
 from .card import ModelCard, model_card
@@ -70,24 +71,23 @@ class DoctorReport:
 
     def to_dict(self) -> dict[str, Any]:
         """``doctor.json``: strict JSON."""
-        from .._io import json_safe
         from .._version import __version__
 
         return json_safe(
             {
                 "genprobe": __version__,
                 "model": self.model,
-                "options": self.options.to_dict(),
-                **self.verdict.to_dict(),
+                "options": json_safe(self.options),
+                **json_safe(self.verdict),
                 "stages": [s.__dict__ for s in self.stages],
-                "findings": [f.to_dict() for f in self.findings],
-                "audit": None if self.audit is None else self.audit.to_dict(),
-                "card": None if self.card is None else self.card.to_dict(),
-                "quality": None if self.quality is None else self.quality.to_dict(),
-                "inference": None if self.inference is None else self.inference.to_dict(),
-                "attention": None if self.attention is None else self.attention.to_dict(),
-                "degeneration": None if self.degeneration is None else self.degeneration.to_dict(),
-                "fixes": None if self.fixes is None else self.fixes.to_dict(),
+                "findings": [json_safe(f) for f in self.findings],
+                "audit": json_safe(self.audit),
+                "card": json_safe(self.card),
+                "quality": json_safe(self.quality),
+                "inference": json_safe(self.inference),
+                "attention": json_safe(self.attention),
+                "degeneration": json_safe(self.degeneration),
+                "fixes": json_safe(self.fixes),
                 "files": self.files,
             }
         )
@@ -223,5 +223,5 @@ def write_files(rep: DoctorReport, out: Path) -> None:
     from .report import render_html
 
     rep.files.update(json=str(out / JSON_FILE), html=str(out / HTML_FILE))
-    atomic_write_json(out / JSON_FILE, rep.to_dict())
+    atomic_write_json(out / JSON_FILE, json_safe(rep))
     atomic_write_text(out / HTML_FILE, render_html(rep))

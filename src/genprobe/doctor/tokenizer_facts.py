@@ -46,10 +46,6 @@ class TokenizerFacts:
     chat_sample: str | None
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON."""
-        return asdict(self)
-
 
 def _token_text(tok: Any, i: int | None) -> str | None:
     if i is None:

@@ -5,7 +5,6 @@ disagrees with recomputation, a padding leak, a broken tokenizer round trip, a u
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from .findings import Finding, worst_severity
 
@@ -26,10 +25,6 @@ class Verdict:
     exit_status: int
     bugs: list[str]
     warnings: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON."""
-        return {"verdict": self.verdict, "exit_status": self.exit_status, "bugs": self.bugs, "warnings": self.warnings}
 
 
 def verdict_of(findings: list[Finding]) -> Verdict:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .._io import json_safe
 from .cache import KVCache
 from .runner import GenerationResult, as_runner, check_inputs, device_of
 from .samplers.chain import adjust_logits, check_logits
@@ -203,7 +204,7 @@ def contrastive_generate(
         token_forwards=P + steps * search.k,
         forward_calls=1 + steps,
         mode="contrastive",
-        sampler=sampler.to_dict(),
+        sampler=json_safe(sampler),
         seconds=time.perf_counter() - t0,
         step_logits=step_logits,
         step_probs=step_probs,

@@ -20,7 +20,7 @@ one each. XTC is refused: its per-step random draw makes the distribution itself
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -57,6 +57,8 @@ class SeededDraws:
 class SpeculativeStats:
     """What a speculative generation cost and how much of the draft the target kept."""
 
+    JSON_PROPERTIES = ("acceptance_rate", "tokens_per_forward")  # computed from the fields, kept in the JSON form
+
     rounds: int = 0  # target forwards (one per round)
     drafted: int = 0  # tokens proposed
     accepted: int = 0  # proposed tokens kept
@@ -74,9 +76,6 @@ class SpeculativeStats:
         """Generated tokens per target forward (plain decoding: 1)."""
         return self.tokens / self.rounds if self.rounds else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tokens_per_forward": self.tokens_per_forward}
-
 
 @dataclass
 class SpeculativeResult:
@@ -89,9 +88,6 @@ class SpeculativeResult:
     k: int
     sampler: dict[str, Any]
     stats: SpeculativeStats
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "stats"}, "stats": self.stats.to_dict()}
 
 
 def parameter_count(model: Any) -> int:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 
@@ -34,10 +34,6 @@ class StepStat:
     def entropy_bits(self) -> float | None:
         """Entropy in bits."""
         return None if self.entropy_nats is None else self.entropy_nats / math.log(2)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form."""
-        return asdict(self)
 
 
 def entropy_nats(probs: torch.Tensor) -> float:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 from .generate import generate
 from .runner import engine_model
@@ -24,10 +24,6 @@ class Completion:
     token_ids: list[int]
     finished: str  # "length" | "eos"
     unknown_chars: list[str]  # prompt characters the vocabulary lacks (they became the unknown token)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form."""
-        return asdict(self)
 
 
 def complete(

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
+from .._io import json_safe
 from .._version import __version__
 from ..corpus import CharTokenizer, Corpus
 from ..model.gpt import GPT
@@ -75,7 +76,7 @@ def model_summary(model: GPT, meta: dict | None, decoding: DecodingResult | None
     tf = decoding.teacher_forcing if decoding is not None else None
     return ModelSummary(
         params=model.num_parameters(),
-        config=model.cfg.to_dict(),
+        config=json_safe(model.cfg),
         train_loss=s.get("train_loss"),
         val_loss=s.get("val_loss"),
         unigram_ce=s.get("unigram_ce"),
@@ -130,7 +131,7 @@ class CaseMeta:
 def as_json(x: Any) -> Any:
     """A result's JSON form: ``to_dict()`` when it has one (also inside lists), else the value itself."""
     if hasattr(x, "to_dict"):
-        return x.to_dict()
+        return json_safe(x)
     if isinstance(x, list):
         return [as_json(v) for v in x]
     return x
@@ -146,7 +147,7 @@ class CaseResult:
 
     def to_dict(self) -> dict:
         """The ``ch3_case.json`` dict: meta, model, then the experiments in :data:`CASE_KEYS` order."""
-        out = {"meta": self.meta.to_dict(), "model": self.model.to_dict()}
+        out = {"meta": json_safe(self.meta), "model": json_safe(self.model)}
         return out | {k: as_json(self.experiments[k]) for k in CASE_KEYS if k in self.experiments}
 
 

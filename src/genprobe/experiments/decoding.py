@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._io import json_safe
 from ..corpus import UNK_ID, CharTokenizer, Corpus
 from ..engine.generate import generate
 from ..engine.samplers import SamplerConfig
@@ -118,7 +119,12 @@ class StrategyRow:
 
     def to_dict(self) -> dict:
         """JSON form: the strategy, its sampler and seed, then the generation's fields."""
-        d = {"strategy": self.strategy, "sampler": self.sampler.to_dict(), "seed": self.seed, **self.decoded.to_dict()}
+        d = {
+            "strategy": self.strategy,
+            "sampler": json_safe(self.sampler),
+            "seed": self.seed,
+            **json_safe(self.decoded),
+        }
         if self.spread is not None:
             vals = list(self.spread.values())
             d["distinct_2_over_seeds"] = {
@@ -219,23 +225,23 @@ class DecodingResult:
             "prompt_ids": self.prompt_ids,
             "prompt_unknown_chars": self.prompt_unknown_chars,
             "new_tokens": self.new_tokens,
-            "rows": [row.to_dict() for row in self.rows],
+            "rows": [json_safe(row) for row in self.rows],
             "sampling_bans_unk": True,
             "rows_sampling_with_unk": [
                 {
                     "strategy": w.strategy,
                     "seed": w.seed,
-                    **{k: v for k, v in w.decoded.to_dict().items() if k != "new_ids"},
+                    **{k: v for k, v in json_safe(w.decoded).items() if k != "new_ids"},
                 }
                 for w in self.rows_sampling_with_unk
             ],
             "greedy_text": self.rows[0].decoded.text,
             "greedy_ban_unk_text": self.rows[1].decoded.text,
-            "other_prompts": [o.to_dict() for o in self.other_prompts],
+            "other_prompts": [json_safe(o) for o in self.other_prompts],
             "other_prompts_loop_units": {o.prompt: o.loop_unit for o in self.other_prompts},
         }
         if self.teacher_forcing is not None:
-            out["teacher_forcing"] = self.teacher_forcing.to_dict()
+            out["teacher_forcing"] = json_safe(self.teacher_forcing)
         return out
 
 

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .._io import json_safe
 from ..corpus import UNK_ID, CharTokenizer, Corpus
 from ..engine.generate import generate
 from ..engine.samplers import SamplerConfig
@@ -273,7 +274,7 @@ class ExposureResult:
             "teacher_forcing_snippet": self.snippet,
             "snippet_found_in": self.snippet_found_in,
             "snippet_offset": self.snippet_offset,
-            "teacher_forcing_rows": [row.to_dict() for row in tf.rows],
+            "teacher_forcing_rows": [json_safe(row) for row in tf.rows],
             "teacher_forcing_mean_loss": r(tf.mean_loss),
             "teacher_forcing_perplexity": r(tf.perplexity, 2),
             "teacher_forcing_with_lead_in": {
@@ -281,13 +282,13 @@ class ExposureResult:
                 "mean_loss": r(lead.mean_loss),
                 "perplexity": r(lead.perplexity, 2),
             },
-            "confidence_real_text": self.confidence_real_text.to_dict(),
-            "confidence_free_generation": self.confidence_free_generation.to_dict(),
-            "confidence_free_generation_greedy": self.confidence_free_generation_greedy.to_dict(),
+            "confidence_real_text": json_safe(self.confidence_real_text),
+            "confidence_free_generation": json_safe(self.confidence_free_generation),
+            "confidence_free_generation_greedy": json_safe(self.confidence_free_generation_greedy),
             "perturbation_passage": self.perturbation_passage,
             "perturbation_window": SHADOW_WINDOW,
             "perturbation_tail_from": TAIL_FROM,
-            "perturbation": [p.to_dict() for p in self.perturbation],
+            "perturbation": [json_safe(p) for p in self.perturbation],
         }
 
 

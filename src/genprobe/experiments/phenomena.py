@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .._io import json_safe
 from ..engine.generate import generate
 from ..engine.runner import engine_model, runner_for
 from ..engine.samplers import SamplerConfig
@@ -90,10 +91,6 @@ class PhenomenaConfig:
             raise ValueError(
                 "batch_size, match_rows, max_texts and shadow_texts must be >= 1, timing_batches non-empty"
             )
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 # ---- the model under study ------------------------------------------------------------------
@@ -193,7 +190,7 @@ class DiversityRow:
 def _brief(sampler: SamplerConfig) -> dict:
     """The sampler's fields that differ from the defaults."""
     default = SamplerConfig().to_dict()
-    return {k: v for k, v in sampler.to_dict().items() if v != default[k]}
+    return {k: v for k, v in json_safe(sampler).items() if v != default[k]}
 
 
 def diversity(subject: Subject, prompt_ids: list[list[int]], n: int) -> list[DiversityRow]:
@@ -262,9 +259,9 @@ class DistributionResult:
             "prompts": self.prompts,
             "vocab_size": self.vocab_size,
             "log_vocab": r(math.log(self.vocab_size)),
-            "entropy_vs_temperature": [row.to_dict() for row in self.entropy],
+            "entropy_vs_temperature": [json_safe(row) for row in self.entropy],
             "top_p": self.top_p,
-            "order_trap": [row.to_dict() for row in self.order_trap],
+            "order_trap": [json_safe(row) for row in self.order_trap],
         }
 
 
@@ -486,7 +483,7 @@ class Timing:
             "prompt_len": self.prompt_len,
             "new_tokens": self.new_tokens,
             "threads": self.threads,
-            "rows": [row.to_dict() for row in self.rows],
+            "rows": [json_safe(row) for row in self.rows],
             "tokens_match": {"rows": self.match_rows, "identical": self.matching_rows},
         }
 
@@ -530,18 +527,18 @@ class PhenomenaResult:
             "format": "genprobe-phenomena/1",
             "model": self.model,
             "inputs": self.inputs,
-            "config": self.config.to_dict(),
+            "config": json_safe(self.config),
             "new_tokens": self.new_tokens,
             "continuation_tokens": self.continuation_tokens,
-            "diversity": [row.to_dict() for row in self.diversity],
-            "distribution": self.distribution.to_dict(),
+            "diversity": [json_safe(row) for row in self.diversity],
+            "distribution": json_safe(self.distribution),
             "free_running": {
                 "prefix_tokens": self.config.prefix_tokens,
-                "readings": [x.to_dict() for x in self.readings],
+                "readings": [json_safe(x) for x in self.readings],
             },
-            "shadow": self.shadow.to_dict(),
-            "divergence": self.divergence.to_dict(),
-            "timing": None if self.timing is None else self.timing.to_dict(),
+            "shadow": json_safe(self.shadow),
+            "divergence": json_safe(self.divergence),
+            "timing": json_safe(self.timing),
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
         }
 

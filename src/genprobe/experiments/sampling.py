@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._io import json_safe
 from ..corpus import CharTokenizer
 from ..engine.samplers import SamplerConfig, kept_set_size
 from ..model.gpt import GPT
@@ -115,9 +116,9 @@ class SamplingResult:
             "prompt_unknown_chars": self.prompt_unknown_chars,
             "vocab_size": V,
             "log_vocab": r(math.log(V)),
-            "entropy_vs_temperature": [row.to_dict() for row in self.entropy_vs_temperature],
-            "nucleus_curve_tau_1": [row.to_dict() for row in self.nucleus_curve_tau_1],
-            "order_trap_top_p_0_9": [row.to_dict() for row in self.order_trap_top_p_0_9],
+            "entropy_vs_temperature": [json_safe(row) for row in self.entropy_vs_temperature],
+            "nucleus_curve_tau_1": [json_safe(row) for row in self.nucleus_curve_tau_1],
+            "order_trap_top_p_0_9": [json_safe(row) for row in self.order_trap_top_p_0_9],
             "top10": self.top(10),
             # The whole distribution, so the report's sampling lab re-computes everything in the browser.
             # float32 logits as exact decimal strings would be wasteful; 6 decimals is far below any

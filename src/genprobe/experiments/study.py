@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .._io import json_safe
 from .case import CASE_KEYS, CaseResult, run_case
 
 EXPERIMENTS = tuple(k for k in CASE_KEYS if k != "model")
@@ -106,11 +107,11 @@ def case_study(
     result = run_case(m.module, m.tokenizer, load_corpus(), m.meta, quick=quick, progress=progress, only=names, log=log)
     result.meta.checkpoint = str(m.source)
     result.meta.model_seconds = round(t_model, 1)
-    case, seed = result.to_dict(), seed_tables()
+    case, seed = json_safe(result), seed_tables()
     json_path = out / "ch3_case.json"
     figs = write_figures(case, out, seed)
     report = write_report(case, out, seed, figs)
     result.meta.total_seconds = round(time.perf_counter() - t0, 1)
-    atomic_write_json(json_path, result.to_dict())
+    atomic_write_json(json_path, json_safe(result))
     rows = [(a, b, c) for a, b, c, _ in headline_rows(case, seed)]
     return CaseStudy(result, out, json_path, Path(report), [out / n for n in figs], time.perf_counter() - t0, rows)

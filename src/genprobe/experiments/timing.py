@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .._io import json_safe
 from ..engine.generate import generate
 from ..model import GPT, GPTConfig
 from ._common import r
@@ -119,7 +120,7 @@ class CacheTiming:
                 "naive_counted": first.naive_token_forwards // first.batch,
                 "cached_counted": first.cached_token_forwards // first.batch,
             },
-            "rows": [row.to_dict() for row in self.rows],
+            "rows": [json_safe(row) for row in self.rows],
         }
 
 
@@ -175,12 +176,12 @@ class CacheScaling:
         cfg = self.config
         return {
             "model": f"{cfg.n_layer} layers, d_model {cfg.d_model}, {self.parameters:,} parameters, random weights",
-            "config": cfg.to_dict(),
+            "config": json_safe(cfg),
             "parameters": self.parameters,
             "shrunk_for_quick": self.shrunk_for_quick,
             "reps": self.reps,
-            "rows": [{k: v for k, v in row.to_dict().items() if k != "batch"} for row in self.rows],
-            "skipped": [s.to_dict() for s in self.skipped],
+            "rows": [{k: v for k, v in json_safe(row).items() if k != "batch"} for row in self.rows],
+            "skipped": [json_safe(s) for s in self.skipped],
         }
 
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from .._io import json_safe
 from ..engine.generate import generate
 from ..metrics import LoopMeasures, LoopSettings
 from ..metrics.legit import LegitRates, legit_counts, legit_rates
@@ -81,10 +82,6 @@ class CompareConfig:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 @dataclass
 class Cost:
@@ -96,10 +93,6 @@ class Cost:
     timing_seconds: list[float]
     tokens_per_s: float | None
     speed_vs_greedy: float | None  # tokens/s relative to greedy, same batch, same run
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 @dataclass
@@ -122,15 +115,15 @@ class MethodResult:
     def to_dict(self) -> dict:
         """Plain JSON (texts are written separately)."""
         return {
-            **self.method.to_dict(),
-            "rates": self.rates.to_dict(),
-            "legit": self.legit.to_dict(),
-            "legit_clean": self.legit_clean.to_dict(),
-            "nll_own": self.own.to_dict(),
-            "nll_judge": self.judge.to_dict() if self.judge else None,
-            "cost": self.cost.to_dict(),
-            "breaker_classes": [c.to_dict() for c in self.classes],
-            "own_loops": self.own_loops.to_dict(),
+            **json_safe(self.method),
+            "rates": json_safe(self.rates),
+            "legit": json_safe(self.legit),
+            "legit_clean": json_safe(self.legit_clean),
+            "nll_own": json_safe(self.own),
+            "nll_judge": json_safe(self.judge) if self.judge else None,
+            "cost": json_safe(self.cost),
+            "breaker_classes": [json_safe(c) for c in self.classes],
+            "own_loops": json_safe(self.own_loops),
             "samples": self.samples,
         }
 
@@ -160,10 +153,6 @@ class BestChoice:
     skipped: list[str]
     candidates: list[Candidate]
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 @dataclass
 class HumanReference:
@@ -186,9 +175,9 @@ class HumanReference:
             "reason": self.reason,
             "n": self.n,
             "cap_chars": self.cap_chars,
-            "legit": self.legit.to_dict() if self.legit else None,
-            "nll_own": self.own.to_dict() if self.own else None,
-            "nll_judge": self.judge.to_dict() if self.judge else None,
+            "legit": json_safe(self.legit) if self.legit else None,
+            "nll_own": json_safe(self.own) if self.own else None,
+            "nll_judge": json_safe(self.judge) if self.judge else None,
         }
 
 
@@ -202,10 +191,6 @@ class PatchCheck:
     sha256_patched: str  # the patch's sha256_after
     sha256_after: str  # after the comparison
     reverted: bool
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 @dataclass
@@ -243,15 +228,15 @@ class CompareResult:
             "backend": self.backend,
             "prompt_source": self.prompt_source,
             "n_prompts": len(self.prompts),
-            "config": self.config.to_dict(),
-            "end_token": self.end_token.to_dict(),
+            "config": json_safe(self.config),
+            "end_token": json_safe(self.end_token),
             "ban_ids": self.ban_ids,
             "breakers": self.breakers,
             "best_rule": self.best.rule if self.best else None,
-            "methods": [m.to_dict() for m in self.methods],
-            "human": self.human.to_dict(),
-            "best": self.best.to_dict() if self.best else None,
-            "patch": self.patch.to_dict() if self.patch else None,
+            "methods": [json_safe(m) for m in self.methods],
+            "human": json_safe(self.human),
+            "best": json_safe(self.best) if self.best else None,
+            "patch": json_safe(self.patch) if self.patch else None,
             "sample_prompts": [self.prompts[i] for i in self.sample_prompts],
             "baseline_classes": self.baseline_classes,
             "timings_s": self.timings_s,

@@ -18,7 +18,7 @@ remaining loops are also split by whether their unit spans a breaker.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Sequence
 
 from ..metrics import LoopMeasures, wilson_interval
@@ -51,10 +51,6 @@ class ClassRate:
     rate: float | None
     ci95: list[float]
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 def class_rates(classes: Sequence[str], degenerate: Sequence[bool]) -> list[ClassRate]:
     """Degenerate counts and rates per class (every class listed, empty ones with rate None)."""
@@ -70,6 +66,8 @@ def class_rates(classes: Sequence[str], degenerate: Sequence[bool]) -> list[Clas
 class OwnLoops:
     """A method's own periodic tails (characters), and how many of them have a unit that spans a breaker."""
 
+    JSON_PROPERTIES = ("spanning_share",)  # computed from the fields, kept in the JSON form
+
     loops: int
     spanning: int
 
@@ -77,10 +75,6 @@ class OwnLoops:
     def spanning_share(self) -> float | None:
         """Share of the loops whose unit holds a breaker."""
         return self.spanning / self.loops if self.loops else None
-
-    def to_dict(self) -> dict:
-        """Plain dict with the share."""
-        return {"loops": self.loops, "spanning": self.spanning, "spanning_share": self.spanning_share}
 
 
 def own_loops(texts: Sequence[str], measures: Sequence[LoopMeasures], breakers: str) -> OwnLoops:

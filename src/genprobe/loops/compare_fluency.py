@@ -11,7 +11,7 @@ context is cut to the context (the continuation's end is dropped) and counted as
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -42,10 +42,6 @@ class Fluency:
     chars: int
     unk_share: float  # share of scored tokens that are the scoring tokenizer's unknown token
     truncated: int
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 def _chars_of(tokenizer: Any, ids: list[int]) -> int:

@@ -63,10 +63,6 @@ class Method:
     sampler: SamplerConfig
     patched: bool = False
 
-    def to_dict(self) -> dict:
-        """Name, label, patched flag and the exact SamplerConfig."""
-        return {"name": self.name, "label": self.label, "patched": self.patched, "sampler": self.sampler.to_dict()}
-
 
 def check_methods(names: Sequence[str] | None, have_patch: bool) -> list[str]:
     """Validated method names, the greedy baseline first; the edit rows need a patch.

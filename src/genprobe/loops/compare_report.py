@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .._io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
 from .._templates import environment
 from .compare import CompareResult, MethodResult
 from .compare_breakers import CLASSES
@@ -234,7 +234,7 @@ def write_outputs(result: CompareResult, out_dir: str | os.PathLike) -> dict[str
         "png": out / "compare.png",
         "html": out / "compare.html",
     }
-    atomic_write_json(files["json"], result.to_dict())
+    atomic_write_json(files["json"], json_safe(result))
     atomic_write_json(files["texts"], result.texts_dict(), indent=None)
     atomic_write_text(files["table"], markdown_table(result) + "\n\n" + breaker_table(result) + "\n")
     atomic_write_bytes(files["png"], png)

@@ -19,11 +19,12 @@ Right padding is used so no real position ever sees padding (causal attention).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
+from .._io import json_safe
 from ..metrics import LoopMeasures
 from ..model.arch import mlp_sites
 from .arch import forward_logits
@@ -41,10 +42,6 @@ class ContrastCounts:
     sequences: int
     looping_sequences: int
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 @dataclass
 class Contrast:
@@ -60,7 +57,7 @@ class Contrast:
 
     def summary(self) -> dict:
         """Counts and sources (JSON)."""
-        return self.counts.to_dict()
+        return json_safe(self.counts)
 
 
 def position_labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -58,10 +58,6 @@ class Separation:
     mean_reference: float
     effect_size: float
     auc: float
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 def separation(loop: torch.Tensor, reference: torch.Tensor, d: torch.Tensor) -> Separation:

@@ -9,11 +9,12 @@ which is exactly W's output space.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .._io import json_safe
 from ..model.arch import all_columns, get_columns, mlp_sites
 from .patch import Patch, PatchTarget
 
@@ -38,12 +39,6 @@ class EditSpec:
             raise ValueError("an edit needs at least one layer")
         if not (self.alpha == self.alpha) or self.alpha < 0:
             raise ValueError(f"alpha must be a finite number >= 0, got {self.alpha}")
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        d = asdict(self)
-        d["layers"] = list(self.layers)
-        return d
 
 
 def edit_columns(cols: torch.Tensor, d: torch.Tensor, alpha: float, form: str) -> torch.Tensor:
@@ -111,4 +106,4 @@ def make_patch(
         new = edit_columns(orig.float(), d, alpha, spec.form).to(orig.dtype)
         site = sites[layer]
         targets.append(PatchTarget(site.weight_name, layer, site.layout, cols, orig, new, d, float(alpha)))
-    return Patch(targets=targets, meta={"edit": spec.to_dict()})
+    return Patch(targets=targets, meta={"edit": json_safe(spec)})

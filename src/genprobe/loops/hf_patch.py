@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -44,10 +44,6 @@ class DirPatchResult:
     rewritten: dict[str, str]  # weight file name -> sha256 after writing
     matches_original: bool | None = None  # revert: rewritten files hash to the recorded originals
     notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 def weight_map(model_dir: Path) -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from .._io import atomic_write, atomic_write_json, read_format_json, sha256_file
+from .._io import atomic_write, atomic_write_json, json_safe, read_format_json, sha256_file
 from ..model.arch import count_parameters, mlp_sites, set_columns, state_sha256
 
 FORMAT = "genprobe-loop-patch-v1"
@@ -167,7 +167,7 @@ def save_patch(patch: Patch, path: str | os.PathLike) -> tuple[Path, Path]:
         tensors[f"target{i}.new"] = t.new.contiguous()
         tensors[f"target{i}.direction"] = t.direction.float().contiguous()
     atomic_write(st, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
-    d = patch.to_dict()
+    d = json_safe(patch)
     d["tensors_file"] = st.name
     d["tensors_sha256"] = sha256_file(st)
     atomic_write_json(js, d)

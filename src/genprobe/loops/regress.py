@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -79,7 +79,3 @@ class Regression:
     loss: float
     base_loss: float
     dloss: float
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)

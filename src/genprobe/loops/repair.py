@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .._io import json_safe
 from ..engine.samplers import SamplerConfig
 from ..model.arch import state_sha256
 from .contrast import Contrast, ContrastCounts, collect_contrast
@@ -86,7 +87,7 @@ class LayerDirection:
         d = {
             "layer": self.layer,
             "gap": self.gap,
-            **self.separation.to_dict(),
+            **json_safe(self.separation),
             "resid_mean_gap_norm": self.resid_mean_gap_norm,
             "cos_resid_vs_mlp_direction": self.cos_resid_vs_mlp_direction,
         }
@@ -139,16 +140,16 @@ class SearchStage:
             "prone_in_full_set": self.strata.prone_all,
             "full_set": self.strata.prone_all + self.strata.control_all,
             "objective": "degenerate_rate",
-            "baseline": self.baseline.to_dict(),
+            "baseline": json_safe(self.baseline),
             "base_loop_rate": self.baseline.degenerate_rate,
             "base_exact_loop_rate": self.baseline.loop_rate,
-            "limits": self.limits.to_dict(),
-            "candidates": [c.to_dict() for c in self.candidates],
+            "limits": json_safe(self.limits),
+            "candidates": [json_safe(c) for c in self.candidates],
             "admissible": sum(1 for c in self.candidates if self.limits.admits(c.regression)),
-            "chosen": self.chosen.to_dict() if self.chosen else None,
+            "chosen": json_safe(self.chosen) if self.chosen else None,
             "method": self.method,
             "grid_size": self.grid_size,
-            "scaled": self.scaled.to_dict() if self.scaled else None,
+            "scaled": json_safe(self.scaled) if self.scaled else None,
         }
 
 
@@ -191,7 +192,7 @@ class Validation:
     def to_dict(self) -> dict:
         """Plain JSON."""
         d = {
-            k: getattr(self, k).to_dict()
+            k: json_safe(getattr(self, k))
             for k in ("before", "after", "loop_prone_before", "loop_prone_after", "regression")
         }
         d.update(
@@ -203,7 +204,7 @@ class Validation:
             samples=[asdict(s) for s in self.samples],
         )
         if self.plain_greedy:
-            d["plain_greedy"] = {k: v.to_dict() for k, v in self.plain_greedy.items()}
+            d["plain_greedy"] = {k: json_safe(v) for k, v in self.plain_greedy.items()}
         return d
 
 
@@ -216,16 +217,6 @@ class Transfer:
     before: LoopRates
     after: LoopRates
     new_loops: int
-
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        return {
-            "setting": self.setting,
-            "searched_in": self.searched_in,
-            "before": self.before.to_dict(),
-            "after": self.after.to_dict(),
-            "new_loops": self.new_loops,
-        }
 
 
 @dataclass
@@ -252,19 +243,19 @@ class RepairReport:
         """Plain JSON, readable (stage by stage)."""
         return {
             "verdict": self.verdict,
-            "config": self.config.to_dict(),
+            "config": json_safe(self.config),
             "sampler": self.sampler,
             "model": self.model,
             "inputs": self.inputs,
-            "end_token": self.end_token.to_dict(),
-            "baseline": {k: v.to_dict() for k, v in self.baseline.items()},
-            "contrast": self.contrast.to_dict(),
-            "directions": {str(layer): d.to_dict() for layer, d in self.directions.items()},
-            "locate": self.locate.to_dict() if self.locate else None,
-            "search": self.search.to_dict(),
-            "validation": self.validation.to_dict() if self.validation else None,
-            "patch": self.patch.to_dict() if self.patch else None,
-            "transfer": self.transfer.to_dict() if self.transfer else None,
+            "end_token": json_safe(self.end_token),
+            "baseline": {k: json_safe(v) for k, v in self.baseline.items()},
+            "contrast": json_safe(self.contrast),
+            "directions": {str(layer): json_safe(d) for layer, d in self.directions.items()},
+            "locate": json_safe(self.locate) if self.locate else None,
+            "search": json_safe(self.search),
+            "validation": json_safe(self.validation) if self.validation else None,
+            "patch": json_safe(self.patch) if self.patch else None,
+            "transfer": json_safe(self.transfer) if self.transfer else None,
             "timings_s": self.timings_s,
         }
 
@@ -393,7 +384,7 @@ def _scaled(
         f"limits on {len(windows)} windows; generating for {len(short)}"
     )
     for s in screened:
-        s.candidate.screen = {"windows": len(windows), **(s.pressure.to_dict() if s.pressure else {})}
+        s.candidate.screen = {"windows": len(windows), **(json_safe(s.pressure) if s.pressure else {})}
     finalists, rungs = halve(
         model,
         [s.candidate for s in short],
@@ -410,7 +401,9 @@ def _scaled(
     study.log("halving: " + "; ".join(f"{r.prone}+{r.control} prompts, {r.kept} of {r.candidates} kept" for r in rungs))
     admitted = sum(1 for s in screened if s.pressure is not None)
     counts = (len(screened), admitted, len(short))
-    trace = ScaledTrace(scores, sets, *counts, rungs, loops.n_sequences, loops.positions, len(windows), clock.to_dict())
+    trace = ScaledTrace(
+        scores, sets, *counts, rungs, loops.n_sequences, loops.positions, len(windows), json_safe(clock)
+    )
     return [s.candidate for s in screened], finalists, trace
 
 
@@ -420,8 +413,8 @@ def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> P
     edit = make_patch(study.module, chosen.spec, stage.directions, stage.unit_means, stage.gaps)
     patch = finalise(study.module, edit)
     patch.meta.update(
-        edit=chosen.spec.to_dict(),
-        sampler=study.sampler.to_dict(),
+        edit=json_safe(chosen.spec),
+        sampler=json_safe(study.sampler),
         objective="degenerate_rate",
         search_degenerate_rate=chosen.objective.degenerate_rate,
         search_loop_rate=chosen.objective.loop_rate,
@@ -534,10 +527,6 @@ class PatchSummary:
             )
         )
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 # ---- the pipeline ---------------------------------------------------------------------------
 def repair(
@@ -571,7 +560,7 @@ def repair(
 
     report = RepairReport(
         cfg,
-        study.sampler.to_dict(),
+        json_safe(study.sampler),
         study.model.describe(),
         inputs.summary(),
         study.end_token,
@@ -598,12 +587,12 @@ def repair(
                 ": no patch"
             )
             report.patch = None  # the JSON's "patch" describes a patch written, and none is
-            report.timings_s = clock.to_dict()
+            report.timings_s = json_safe(clock)
             return report, None
         report.transfer = transfer_stage(study, patch, inputs.validate, inputs.chat)
         if report.transfer is not None:
             clock.tick("transfer")
-    report.timings_s = clock.to_dict()
+    report.timings_s = json_safe(clock)
     return report, patch
 
 
@@ -652,12 +641,12 @@ class LocateReport:
         """Plain JSON (direction vectors included)."""
         return {
             "sampler": self.sampler,
-            "end_token": self.end_token.to_dict(),
+            "end_token": json_safe(self.end_token),
             "inputs": self.inputs,
-            "scan": self.scan.to_dict(),
-            "contrast": self.contrast.to_dict(),
+            "scan": json_safe(self.scan),
+            "contrast": json_safe(self.contrast),
             "directions": {str(layer): d.to_dict(with_vector=True) for layer, d in self.directions.items()},
-            "locate": self.locate.to_dict(),
+            "locate": json_safe(self.locate),
             "timings_s": self.timings_s,
         }
 
@@ -687,12 +676,12 @@ def locate_only(
     located = locate_stage(study, stage, base.scans["direction"].records)
     clock.tick("locate")
     return LocateReport(
-        study.sampler.to_dict(),
+        json_safe(study.sampler),
         study.end_token,
         inputs.summary(),
         rates,
         stage.contrast.counts,
         stage.layers,
         located,
-        clock.to_dict(),
+        json_safe(clock),
     )

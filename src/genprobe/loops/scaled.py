@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from tqdm import tqdm
 
+from .._io import json_safe
 from ..metrics import LoopMeasures
 from ..model.arch import state_sha256
 from .edit import EditSpec, make_patch
@@ -51,10 +52,6 @@ class LayerScore:
     dlogp: float
     broken: float
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 @dataclass
 class Rung:
@@ -64,10 +61,6 @@ class Rung:
     control: int
     candidates: int
     kept: int
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 @dataclass
@@ -88,13 +81,13 @@ class ScaledTrace:
     def to_dict(self) -> dict:
         """Plain JSON."""
         return {
-            "layer_scores": [s.to_dict() for s in self.layer_scores],
+            "layer_scores": [json_safe(s) for s in self.layer_scores],
             "ranking": [s.layer for s in self.layer_scores],
             "layer_sets": [list(s) for s in self.layer_sets],
             "screened": self.screened,
             "admissible_screened": self.admissible_screened,
             "shortlisted": self.shortlisted,
-            "rungs": [r.to_dict() for r in self.rungs],
+            "rungs": [json_safe(r) for r in self.rungs],
             "probe_sequences": self.probe_sequences,
             "probe_positions": self.probe_positions,
             "screen_windows": self.screen_windows,

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence, TypedDict
 
 from tqdm import tqdm
 from typing_extensions import Unpack
 
+from .._io import json_safe
 from ..engine.generate import generate
 from ..engine.samplers import SamplerConfig
 from ..metrics import LoopCalibration, LoopMeasures, LoopSettings, measure_loops, unk_share, wilson_interval
@@ -104,8 +105,8 @@ class GenerationRecord:
             "unk_share": self.unk_share,
             "unit_text": self.unit_text,
         }
-        d.update(self.measures.to_dict())
-        d["chars"] = self.char_measures.to_dict() if self.char_measures is not None else None
+        d.update(json_safe(self.measures))
+        d["chars"] = json_safe(self.char_measures) if self.char_measures is not None else None
         return d
 
 
@@ -147,12 +148,6 @@ class LoopRates:
     human_fpr: dict[str, dict] | None = None  # held-out human false-positive rate per detector (calibrated scans)
     chars_unit: bool | None = None  # False: the character view is not a verdict (subword tokenizer)
     chars_note: str | None = None
-
-    def to_dict(self) -> dict:
-        """Plain JSON (character-level figures nested under ``chars``)."""
-        d = asdict(self)
-        d["chars"] = self.chars.to_dict() if self.chars is not None else None
-        return d
 
 
 def _rate(k: int, n: int) -> tuple[float, list[float]]:
@@ -241,10 +236,6 @@ class ScanSettings:
     calibration: dict | None = None  # LoopCalibration.to_dict() of the settings in ``loop``, when calibrated
     chars_unit: bool | None = None
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 @dataclass
 class ScanResult:
@@ -257,9 +248,9 @@ class ScanResult:
 
     def to_dict(self, with_records: bool = True) -> dict:
         """Plain JSON."""
-        d: dict[str, Any] = {"settings": self.settings.to_dict(), "summary": self.summary.to_dict()}
+        d: dict[str, Any] = {"settings": json_safe(self.settings), "summary": json_safe(self.summary)}
         if with_records:
-            d["records"] = [r.to_dict() for r in self.records]
+            d["records"] = [json_safe(r) for r in self.records]
         return d
 
 
@@ -295,10 +286,10 @@ def scan_result(
     """The records of a scan with its summary and the settings that produced them (any generation backend)."""
     banned = eos_id is not None and eos_id in sampler.ban_ids
     settings = ScanSettings(
-        sampler.to_dict(),
+        json_safe(sampler),
         max_new_tokens,
         seed,
-        loop.to_dict(),
+        json_safe(loop),
         eos_id,
         banned,
         END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None,
@@ -415,11 +406,11 @@ def annotate_scan(
                 f"the calibration is for {calibration.length}-token sequences but the scan generated "
                 f"{result.settings.max_new_tokens} tokens: calibrate at the scan's length"
             )
-        if result.settings.loop != calibration.settings.to_dict():
+        if result.settings.loop != json_safe(calibration.settings):
             raise ValueError("the scan ran with other detector settings than the calibration's")
         result.calibration = calibration
-        result.settings.calibration = calibration.to_dict()
-        result.summary.human_fpr = {k: v.to_dict() for k, v in calibration.heldout_fpr.items()}
+        result.settings.calibration = json_safe(calibration)
+        result.summary.human_fpr = {k: json_safe(v) for k, v in calibration.heldout_fpr.items()}
         chars_unit = calibration.chars_unit if chars_unit is None else chars_unit
     result.settings.chars_unit = chars_unit
     result.summary.chars_unit = chars_unit

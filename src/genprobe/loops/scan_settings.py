@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from .._io import json_safe
 from ..engine.samplers import SamplerConfig
 from ..metrics import LoopCalibration, LoopSettings
 from .scan import ScanResult, annotate_scan, chanting_sampler, greedy_sampler
@@ -54,7 +55,7 @@ class LoopScans:
         scans: dict[str, Any] = {}
         for name, res in self.scans.items():
             if with_records:
-                scans[name] = res.to_dict()
+                scans[name] = json_safe(res)
                 continue
             examples = [
                 {
@@ -68,7 +69,7 @@ class LoopScans:
                 }
                 for r in res.records[:LOOP_EXAMPLES]
             ]
-            scans[name] = {"settings": res.settings.to_dict(), "summary": res.summary.to_dict(), "examples": examples}
+            scans[name] = {"settings": json_safe(res.settings), "summary": json_safe(res.summary), "examples": examples}
         return {
             "model": self.model,
             "prompts": self.prompts,
@@ -76,7 +77,7 @@ class LoopScans:
             "max_new_tokens": self.max_new_tokens,
             "end_token": self.end_token,
             **self.backend,
-            "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+            "calibration": json_safe(self.calibration) if self.calibration is not None else None,
             "scans": scans,
         }
 
@@ -145,7 +146,7 @@ def scan_loop_settings(
         scan, about = study.scan, {"backend": "genprobe"} | ({"compile": True} if compile else {})
     else:
         scan, about = backend(model, study, samplers, ids, log)
-    result = LoopScans(str(model.source), len(texts), prompt_source, max_new_tokens, end.to_dict(), about, calibration)
+    result = LoopScans(str(model.source), len(texts), prompt_source, max_new_tokens, json_safe(end), about, calibration)
 
     for name, sampler in samplers.items():
         t0 = time.perf_counter()

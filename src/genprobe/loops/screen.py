@@ -16,7 +16,7 @@ to choose which candidates to generate for.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -35,10 +35,6 @@ class Pressure:
     dlogp: float  # mean change of log p(loop token) at loop positions, nats (negative: the loop is less likely)
     broken: float  # share of loop positions whose loop token was the top choice and no longer is
     positions: int
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 class LoopProbe:

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 import torch
 from tqdm import tqdm
 
+from .._io import json_safe
 from ..metrics import LoopMeasures
 from ..model.arch import state_sha256
 from .edit import EditSpec, make_patch
@@ -45,10 +46,6 @@ class Limits:
         """True when KL and Δloss are both within the limits."""
         return reg is not None and reg.kl <= self.max_kl and reg.dloss <= self.max_dloss
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return {"max_kl": self.max_kl, "max_dloss": self.max_dloss}
-
 
 @dataclass(frozen=True)
 class Objective:
@@ -60,10 +57,6 @@ class Objective:
     near_loop_rate: float
     prone_degenerate: int  # loop-prone prompts still degenerate
     control_degenerate: int  # control prompts that degenerate after the edit (new loops)
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -118,9 +111,9 @@ class Candidate:
     def to_dict(self) -> dict:
         """Flat JSON row (spec, regression, objective, columns)."""
         reg = self.regression
-        obj = self.objective.to_dict() if self.objective else dict.fromkeys(f.name for f in fields(Objective))
+        obj = json_safe(self.objective) if self.objective else dict.fromkeys(f.name for f in fields(Objective))
         return {
-            **self.spec.to_dict(),
+            **json_safe(self.spec),
             "kl": reg.kl if reg else None,
             "dloss": reg.dloss if reg else None,
             "loss": reg.loss if reg else None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..engine.runner import engine_model
@@ -68,10 +68,6 @@ class RepairConfig:
         for name in ("top_layers", "keep", "screen_sequences", "screen_windows", "screen_strengths"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
     def sizes(self) -> dict[str, int]:
         """Requested size of each prompt set."""
@@ -152,10 +148,6 @@ class EndToken:
     id: int | None
     banned: bool
     note: str | None
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 def _decoder(tokenizer: Any) -> Callable[[list[int]], str]:

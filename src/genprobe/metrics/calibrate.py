@@ -27,7 +27,7 @@ held-out half, with Wilson 95% intervals, are the honest figures to print beside
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Hashable, Sequence
 
 from .compress import tail_compression
@@ -97,10 +97,6 @@ class HumanRate:
     rate: float
     ci95: list[float]
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 def human_rates(scores: Sequence[HumanScores], s: LoopSettings) -> dict[str, HumanRate]:
     """The false-positive rate of each detector (and of any-loop, degenerate) over ``scores`` under ``s``."""
@@ -131,13 +127,6 @@ class LoopCalibration:
     changed: list[str]  # settings that moved away from the defaults
     meets_target: bool
     capped: list[str] = field(default_factory=list)  # thresholds held at their cap (a loop must stay visible)
-
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        d = asdict(self)
-        d["settings"] = self.settings.to_dict()
-        d["defaults"] = self.defaults.to_dict()
-        return d
 
     def describe(self) -> str:
         """One line: source, thresholds, held-out human rate."""

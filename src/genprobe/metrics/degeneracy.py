@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 from .compress import DEFAULT_MIN_COMPRESSION, tail_compression
@@ -26,14 +26,17 @@ class LoopSettings:
         if self.min_compression < 1.0:
             raise ValueError(f"min_compression must be >= 1 tail token per piece, got {self.min_compression}")
 
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class LoopMeasures:
     """Loop and repetition measures of one sequence (token ids or characters)."""
+
+    JSON_PROPERTIES = (
+        "any_loop",
+        "any_period",
+        "any_onset",
+        "degenerate",
+    )  # computed from the fields, kept in the JSON form
 
     length: int
     looping: bool  # exactly periodic tail (genprobe.metrics.detect_loop)
@@ -74,16 +77,6 @@ class LoopMeasures:
     def any_onset(self) -> int | None:
         """Onset belonging to :attr:`any_period`."""
         return self.onset if self.looping else self.near_onset if self.near_looping else None
-
-    def to_dict(self) -> dict:
-        """Plain JSON-serialisable dict (unit as a list, derived fields included)."""
-        d = asdict(self)
-        d["unit"] = list(self.unit)
-        d["any_loop"] = self.any_loop
-        d["any_period"] = self.any_period
-        d["any_onset"] = self.any_onset
-        d["degenerate"] = self.degenerate
-        return d
 
 
 def measure_loops(tokens: Sequence[Hashable], settings: LoopSettings | None = None) -> LoopMeasures:

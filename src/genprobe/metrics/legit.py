@@ -19,7 +19,7 @@ compared with the same share in human continuations of the same prompts, when th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -141,10 +141,6 @@ class LegitRates:
     repeated_ngram_rate: float | None
     repeated_ngram_ci95: list[float] | None
     ngram_n: int = NGRAM_N
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return asdict(self)
 
 
 def _pooled(events: np.ndarray, totals: np.ndarray, scale: float, seed: int) -> tuple[float | None, list[float] | None]:

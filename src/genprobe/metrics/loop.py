@@ -11,7 +11,7 @@ that qualify, the smallest one is reported, so a 4-character chant is period 4 a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 DEFAULT_MIN_TAIL = 8
@@ -20,6 +20,8 @@ DEFAULT_MIN_TAIL = 8
 @dataclass(frozen=True)
 class LoopInfo:
     """Result of :func:`detect_loop`; ``onset`` indexes the first token of the periodic tail."""
+
+    JSON_PROPERTIES = ("tail_length",)  # computed from the fields, kept in the JSON form
 
     looping: bool
     period: int | None = None
@@ -31,13 +33,6 @@ class LoopInfo:
     def tail_length(self) -> int:
         """Number of tokens covered by the repeating tail (0 when not looping)."""
         return int(round(self.repeats * self.period)) if self.looping and self.period else 0
-
-    def to_dict(self) -> dict:
-        """Plain JSON-serialisable dict (unit as a list)."""
-        d = asdict(self)
-        d["unit"] = list(self.unit)
-        d["tail_length"] = self.tail_length
-        return d
 
 
 def periodic_tail_length(tokens: Sequence[Hashable], period: int) -> int:

@@ -32,7 +32,7 @@ the validation text near-loops.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 DEFAULT_WINDOW = 32
@@ -50,10 +50,6 @@ class NearLoopInfo:
     period: int | None = None
     match_share: float = 0.0
     onset: int | None = None
-
-    def to_dict(self) -> dict:
-        """Plain JSON-serialisable dict."""
-        return asdict(self)
 
 
 def _matches(seq: tuple, p: int, two_back: bool = True) -> list[bool]:

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .._io import atomic_write_json, read_format_json, sha256_file
+from .._io import atomic_write_json, json_safe, read_format_json, sha256_file
 from ..corpus.tokenizer import CharTokenizer
 from .config import GPTConfig
 from .gpt import GPT
@@ -61,8 +61,8 @@ def save_checkpoint(
             os.fsync(fh.fileno())
         meta = {
             "format": FORMAT,
-            "config": model.cfg.to_dict(),
-            "tokenizer": tokenizer.to_dict(),
+            "config": json_safe(model.cfg),
+            "tokenizer": json_safe(tokenizer),
             "tokenizer_sha256": tokenizer.fingerprint,
             "weights_sha256": sha256_file(w_tmp),
             "parameters": model.num_parameters(),

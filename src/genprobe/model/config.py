@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 POS_ENCODINGS = ("learned", "rope", "alibi", "none")
@@ -54,10 +54,6 @@ class GPTConfig:
     def max_positions(self) -> int | None:
         """Longest sequence the model accepts: ``block_size`` for a learned position table, else None (unbounded)."""
         return self.block_size if self.pos_encoding == "learned" else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form."""
-        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":

@@ -32,7 +32,7 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .._io import fault_point, temp_beside, write_once
+from .._io import fault_point, json_safe, temp_beside, write_once
 from .errors import ModelLoadError, UnsupportedArchitectureError
 
 GGUF_MAGIC = b"GGUF"
@@ -53,6 +53,8 @@ _INSTALL_HINT = "pip install 'genprobe[gguf]' (the gguf and accelerate packages)
 @dataclass(frozen=True)
 class GGUFSummary:
     """What a GGUF file holds, read from its header: architecture, size, each tensor's quantization type."""
+
+    JSON_PROPERTIES = ("type_counts",)  # computed from the fields, kept in the JSON form
 
     path: str
     size_bytes: int
@@ -67,12 +69,6 @@ class GGUFSummary:
     def type_counts(self) -> dict[str, int]:
         """How many tensors of each quantization type."""
         return dict(Counter(self.tensor_types.values()).most_common())
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON, with the per-type counts."""
-        d = asdict(self)
-        d["type_counts"] = self.type_counts
-        return d
 
 
 def is_gguf_path(path: Path) -> bool:
@@ -336,7 +332,7 @@ def _write_converted(src: Path, out: Path, digest: str) -> None:
         module.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a transformers model
         fault_point("convert_gguf:weights")
         hf_tok.save_pretrained(tmp)
-        record = {**summary.to_dict(), "sha256": digest}
+        record = {**json_safe(summary), "sha256": digest}
         (tmp / GGUF_SIDECAR).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         fault_point("convert_gguf:written")
         os.replace(tmp, out)

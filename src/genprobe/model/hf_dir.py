@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._io import atomic_write_json
+from .._io import atomic_write_json, json_safe
 from ..corpus.tokenizer import PAD_TOKEN, UNK_TOKEN, CharTokenizer
 from .checkpoint import load_checkpoint
 from .gpt import GPT
@@ -101,7 +101,7 @@ def export_hf_dir(
         with quiet_transformers(progress):
             hf.save_pretrained(tmp)
         if tok is not None:
-            atomic_write_json(tmp / TOKENIZER_FILE, tok.to_dict())
+            atomic_write_json(tmp / TOKENIZER_FILE, json_safe(tok))
             if hf_tokenizer:
                 _hf_char_tokenizer(tok).save_pretrained(tmp)
         swap_into_place(tmp, out)

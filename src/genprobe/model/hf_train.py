@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .._io import json_safe
 from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
 from .bpc import BitsPerChar, subword_bits_per_char
@@ -75,10 +76,6 @@ class SubwordModelConfig:
             raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
         if self.block_size < 8:
             raise ValueError(f"block_size must be >= 8, got {self.block_size}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form."""
-        return asdict(self)
 
 
 def default_train_config(seed: int = 0) -> TrainConfig:
@@ -310,11 +307,11 @@ def _summary(
         "tokens_seen": tc.steps * tc.batch_size * cfg.block_size,
         "epochs": round(tc.steps * tc.batch_size * cfg.block_size / (n_tokens + len(texts.train) + 1), 3),
         "duplicates_dropped": texts.duplicates_dropped,
-        "split": split.to_dict(),
-        "val": val.to_dict(),
-        "val_window64": val_short.to_dict(),
-        "heldout": heldout.to_dict(),
-        "model_config": cfg.to_dict(),
+        "split": json_safe(split),
+        "val": json_safe(val),
+        "val_window64": json_safe(val_short),
+        "heldout": json_safe(heldout),
+        "model_config": json_safe(cfg),
         "train_config": {
             k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items() if k not in ("dropout", "pack")
         },

@@ -30,6 +30,7 @@ from typing import Any, Protocol, Sequence, cast, runtime_checkable
 import torch
 import torch.nn as nn
 
+from .._io import json_safe
 from . import limits
 from .arch import MLPSite, mlp_sites, state_sha256
 from .errors import ModelLoadError as ModelLoadError  # re-exported: the loader's errors, importable from here
@@ -357,7 +358,7 @@ def _load_gguf(
             module = _int8_blocks_of(module, file, dtype, narrow_output)
     arch = str(getattr(getattr(module, "config", None), "model_type", summary.architecture))
     config: Any = getattr(module, "config", None)
-    meta = {"config": config.to_dict() if config is not None else {}, "gguf": summary.to_dict()}
+    meta = {"config": config.to_dict() if config is not None else {}, "gguf": json_safe(summary)}
     return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", arch, file, meta)
 
 

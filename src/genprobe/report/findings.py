@@ -8,7 +8,7 @@ model is reported with its evidence instead of being hidden.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from itertools import pairwise
 
 
@@ -19,10 +19,6 @@ class Finding:
     claim: str
     holds: bool
     evidence: str
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return asdict(self)
 
 
 def _check(claim: str, holds: bool, evidence: str) -> Finding:

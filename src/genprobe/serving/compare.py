@@ -12,7 +12,7 @@ log-probability within ``tie`` of the reference's maximum.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -29,10 +29,6 @@ class Divergence:
     index: int
     abs_dlogp: float
     top1_mismatch: bool
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return asdict(self)
 
 
 @dataclass

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from .._io import json_safe
 from ._vllm import require_vllm_engine
 from .model_dir import ServedModel, served_model
 
@@ -337,8 +338,8 @@ class ServingEngine:
     def describe(self) -> dict:
         """JSON summary: model, options, start-up time, context length."""
         return {
-            "model": self.served.to_dict(),
-            "options": self.options.to_dict(),
+            "model": json_safe(self.served),
+            "options": json_safe(self.options),
             "startup_seconds": self.startup_seconds,
             "max_model_len": self.max_model_len,
             "block_size": self.block_size,

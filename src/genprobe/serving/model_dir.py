@@ -41,17 +41,6 @@ class ServedModel:
         if self._removal is not None:
             self._removal()
 
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return {
-            "path": str(self.path),
-            "source": str(self.source),
-            "kind": self.kind,
-            "vocab_size": self.vocab_size,
-            "max_positions": self.max_positions,
-            "has_tokenizer": self.has_tokenizer,
-        }
-
 
 def _hf_limits(d: Path) -> tuple[int, int | None]:
     try:

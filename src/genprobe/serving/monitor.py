@@ -129,6 +129,8 @@ def as_loop_info(result: Any, tokens: Sequence[int]) -> LoopInfo | None:
 class Detection:
     """Where the monitor fired: after generated token ``step`` (0-based), a loop of ``period`` from ``onset``."""
 
+    JSON_PROPERTIES = ("lag",)  # computed from the fields, kept in the JSON form
+
     step: int
     period: int
     onset: int  # index (in generated tokens) of the first token of the periodic tail
@@ -138,10 +140,6 @@ class Detection:
     def lag(self) -> int:
         """Tokens generated after the loop's onset before it was detected (step is inclusive)."""
         return self.step + 1 - self.onset
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return {"step": self.step, "period": self.period, "onset": self.onset, "unit": self.unit, "lag": self.lag}
 
 
 @dataclass

@@ -9,7 +9,7 @@ agreement of loop verdicts (and of tokens, which greedy decoding should reproduc
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..loops.scan import ScanResult
 
@@ -17,6 +17,8 @@ from ..loops.scan import ScanResult
 @dataclass
 class RateComparison:
     """Our engine's scan vs the served model's scan of the same prompts."""
+
+    JSON_PROPERTIES = ("consistent",)  # computed from the fields, kept in the JSON form
 
     n: int
     ours_rate: float
@@ -33,12 +35,6 @@ class RateComparison:
     def consistent(self) -> bool:
         """The served loop rate lies inside our engine's 95% interval."""
         return self.served_within_ours_ci
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        d = asdict(self)
-        d["consistent"] = self.consistent
-        return d
 
 
 def compare_loop_rates(ours: ScanResult, served: ScanResult) -> RateComparison:

@@ -32,9 +32,10 @@ from __future__ import annotations
 import math
 import os
 import random
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from .._io import json_safe
 from .compare import LogprobStats, ReferenceLogprobs, compare_outputs, request_gap
 from .engine import CPU_BLOCK_SIZE, EngineOptions, ServingEngine, shared_engine, size_for_workload
 from .precision import gap_verdict
@@ -75,14 +76,6 @@ class PhaseReport:
     floor: float | None = None  # the same statistic of the same precision computed honestly, same request
     gap_ratio: float | None = None  # gap / floor, what the verdict of a reduced-precision phase reads
 
-    def to_dict(self) -> dict:
-        """JSON form (no NaN/inf: unknown values are None)."""
-        d = asdict(self)
-        for k in ("max_abs_dlogp", "mean_abs_dlogp"):
-            if d[k] is not None and not math.isfinite(d[k]):
-                d[k] = "inf"
-        return d
-
 
 @dataclass
 class ServingReport:
@@ -116,10 +109,10 @@ class ServingReport:
             "reference": self.reference,
             "steps": self.steps,
             "top_k": self.top_k,
-            "thresholds": self.thresholds.to_dict(),
+            "thresholds": json_safe(self.thresholds),
             "verdict": self.verdict,
             "verdict_by_dtype": self.verdict_by_dtype(),
-            "phases": [p.to_dict() for p in self.phases],
+            "phases": [json_safe(p) for p in self.phases],
             "engines": self.engines,
             "errors": self.errors,
         }
@@ -246,7 +239,7 @@ def _report(
         st.mean_abs_dlogp,
         st.top1_agreement,
         st.top1_disagreements,
-        st.first.to_dict() if st.first else None,
+        json_safe(st.first) if st.first else None,
         **judged,
         **extra,
     )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 
+from .._io import json_safe
 from .compare import Thresholds
 from .mutants import DEFAULT_PROMPT
 from .report import VerifyReport
@@ -408,14 +409,14 @@ class CacheVerification:
     def to_dict(self, fail_on: str = "bug") -> dict[str, Any]:
         """Plain JSON: ``genprobe verify-cache --json`` less ``weight_dtype``, ``narrow_output`` and ``exit_status``."""
         return {
-            "implementations": [r.to_dict() for r in self.reports],
+            "implementations": [json_safe(r) for r in self.reports],
             "mutants": self.mutants.rows if self.mutants is not None else [],
             "mask_noop": self.mutants.mask_noop if self.mutants is not None else None,
             "prompts": self.prompts,
             "reference": self.reference,
             "noise_floor": self.noise_floor,
             "pass_line": self.pass_line,
-            "thresholds": self.thresholds.to_dict(),
+            "thresholds": json_safe(self.thresholds),
             "failing": self.failing(fail_on),
             "errors": self.errors,
         }

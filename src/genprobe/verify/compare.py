@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -117,10 +116,6 @@ class Thresholds:
         rel = 0.0 if ref_std is None else (d / ref_std if ref_std > 0 else (math.inf if d > 0 else 0.0))
         absolute = d / self.bug if self.bug > 0 else (math.inf if d > 0 else 0.0)
         return max(absolute, rel / self.rel_bug)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return asdict(self)
 
 
 def _abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .._io import json_safe
 from .compare import Thresholds, max_abs_diff
 from .report import PhaseError, PhaseResult, PhaseTracker, VerifyReport, overall_verdict
 from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_extension, reuse_cases, situations
@@ -169,10 +170,6 @@ class NoiseFloor:
 
     value: float
     sources: dict[str, float]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {"value": self.value, "sources": dict(self.sources)}
 
 
 def _prefix_vs_whole(tr: ReferenceTrajectory) -> float:
@@ -491,7 +488,7 @@ def verify_implementation(
     if texts_tracker.r.error is not None:
         phases.append(texts_tracker.finish(th, fv))
     report = _report(impl, name, steps, prompts, phases, texts, th, run.name)
-    report.noise_floor = None if floor is None else floor.to_dict()
+    report.noise_floor = json_safe(floor)
     report.pass_line, report.reuse = line, reuse
     return report
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from .._io import json_safe_dict
 from .adapters import HFAdapter, HFReference
 from .harness import ReferenceRun, verify_implementation
 from .hf_caches import CACHE_KINDS, describe, unavailable_reason
@@ -110,10 +109,6 @@ class CacheMatrix:
     init: float
     steps: int
     notes: dict[str, list[str]] = field(default_factory=dict)  # why unavailable → the "kind on arch" pairs
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return json_safe_dict(asdict(self))
 
     def markdown(self) -> str:
         """Rows: cache classes; columns: architectures."""

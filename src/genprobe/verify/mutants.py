@@ -46,7 +46,7 @@ from typing import Any, Sequence, cast
 import torch
 import torch.nn.functional as F
 
-from .._io import json_safe_dict
+from .._io import json_safe, json_safe_dict
 from ..model.gpt import GPT, Block, rope_rotate
 from .adapters import EngineAdapter, FullRecompute
 from .compare import Thresholds, max_abs_diff
@@ -454,7 +454,7 @@ def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict[st
             "first_diff_step_by_phase": r.first_diff_by_phase(),
             "verdict_by_phase": {p.phase: p.verdict for p in r.phases},
             "max_rel_dlogit": max((p.rel_dlogit or 0.0 for p in judged), default=None),
-            "errors": [e.to_dict() for e in r.errors],
+            "errors": [json_safe(e) for e in r.errors],
         }
     )
 

@@ -35,10 +35,6 @@ class PhaseError:
         """Record ``exc`` (type name and message, no traceback objects)."""
         return cls(phase, type(exc).__name__, str(exc) or repr(exc), call)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return asdict(self)
-
 
 @dataclass
 class PhaseResult:
@@ -74,10 +70,6 @@ class PhaseResult:
     def judged(self) -> bool:
         """True when the phase compared something (not skipped); a crashed phase keeps what it compared."""
         return self.skipped is None and self.calls > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form (non-finite numbers spelled out)."""
-        return json_safe_dict(asdict(self))
 
 
 class PhaseTracker:

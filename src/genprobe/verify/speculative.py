@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .._io import json_safe_dict
+from .._io import json_safe, json_safe_dict
 from ..engine.generate import generate
 from ..engine.runner import as_runner
 from ..engine.samplers import SamplerConfig, process_logits
@@ -77,9 +77,9 @@ def greedy_check(
             elif first is None:
                 first = {"prompt": i, "position": pos, "plain": _at(plain, pos), "speculative": _at(spec.tokens, pos)}
     except (ValueError, RuntimeError, IndexError) as exc:
-        return GreedyCheck("error", len(prompts), total, same, first, stats.to_dict(), f"{type(exc).__name__}: {exc}")
+        return GreedyCheck("error", len(prompts), total, same, first, json_safe(stats), f"{type(exc).__name__}: {exc}")
     verdict = "pass" if first is None else "bug"
-    return GreedyCheck(verdict, len(prompts), total, same, first, stats.to_dict())
+    return GreedyCheck(verdict, len(prompts), total, same, first, json_safe(stats))
 
 
 def _at(seq: Sequence[int], pos: int) -> int:

@@ -16,6 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from models import tiny_llama_gguf  # noqa: E402
 
+from genprobe._io import json_safe
+
 STEPS = 40
 
 
@@ -82,7 +84,7 @@ def test_the_stop_cuts_right_after_the_step_replay_reports(engine, cases):
             assert toks == greedy and stop.detection is None  # never fires on a prompt that does not loop
         else:
             assert toks == greedy[: detection.step + 1]
-            assert stop.detection.to_dict() == detection.to_dict()
+            assert json_safe(stop.detection) == json_safe(detection)
         stop.reset()
         assert stop.detection is None
 

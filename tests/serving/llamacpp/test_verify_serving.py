@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from models import tiny_llama_gguf  # noqa: E402
 
+from genprobe._io import json_safe
 from genprobe.serving.llamacpp.engine import LlamaCppModel  # noqa: E402
 from genprobe.serving.llamacpp.verify import PHASES, StalePromptCacheModel, verify_serving_llamacpp  # noqa: E402
 
@@ -51,7 +52,7 @@ def test_every_phase_passes_on_f32_and_is_judged_on_recomputation(f32_report):
     for name in ("prompt_cache", "prompt_cache_diverge"):
         p = _phase(f32_report, name)
         assert 0 < p.cached_tokens == p.shared_tokens  # the shared prefix, all of it and nothing more, was reused
-    json.dumps(f32_report.to_dict(), allow_nan=False)
+    json.dumps(json_safe(f32_report), allow_nan=False)
 
 
 def test_a_prompt_cache_reused_for_a_different_prompt_is_a_bug(tiny):

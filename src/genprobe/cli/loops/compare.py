@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..._io import json_safe
 from ...engine.samplers import PRESETS
 from .._common import Accumulate, emit_json, info, out_dir
 from ._shared import (
@@ -172,7 +173,7 @@ def run_compare(args: argparse.Namespace) -> int:
         log=info,
     )
     if calibration is not None:
-        res.calibration = calibration.to_dict()
+        res.calibration = json_safe(calibration)
         res.notes.append(f"detectors: {calibration.describe()}")
     files = write_outputs(res, args.out)
     info(markdown_table(res))
@@ -181,5 +182,5 @@ def run_compare(args: argparse.Namespace) -> int:
         info(f"best decode-time method: {res.best.name} (acceptable: {res.best.acceptable})")
     info(f"wrote {args.out} ({res.timings_s['total']} s)")
     if args.json:
-        emit_json(_json_summary(res.to_dict(), files))
+        emit_json(_json_summary(json_safe(res), files))
     return 0

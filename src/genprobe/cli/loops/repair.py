@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..._io import json_safe
 from .._common import Accumulate, emit_json, info, out_dir
 from ._shared import (
     add_calibration_args,
@@ -203,7 +204,7 @@ def run_locate(args: argparse.Namespace) -> int:
             f"reduction {a.reduction:+.3f})"
         )
     info(f"  ranking: {rep.locate.ranking}")
-    data = rep.to_dict() | {"calibration": calibration.to_dict() if calibration is not None else None}
+    data = json_safe(rep) | {"calibration": json_safe(calibration) if calibration is not None else None}
     if args.out:
         atomic_write_json(args.out / LOCATE_FILE, data)
         info(f"wrote {args.out / LOCATE_FILE}")
@@ -269,7 +270,7 @@ def run_repair(args: argparse.Namespace) -> int:
     inputs = repair_inputs(args, model, cfg, ("direction", "search", "validate"))
     calibration = calibrate_config(args, model, cfg, inputs)
     report, patch = repair(model, inputs, cfg, progress=show_progress(args), log=info)
-    data = report.to_dict() | {"calibration": calibration.to_dict() if calibration is not None else None}
+    data = json_safe(report) | {"calibration": json_safe(calibration) if calibration is not None else None}
     args.out.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
     if patch is not None:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..._io import json_safe
 from .._common import MODEL_KINDS, emit_json, info, out_dir
 from .._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 from .._vllm_args import add_engine_arguments, engine_options, vllm_missing
@@ -163,7 +164,7 @@ def run_scan(args: argparse.Namespace) -> int:
         compile=args.compile and args.backend == "genprobe",
     )
     if args.out:
-        atomic_write_json(args.out / SCAN_FILE, result.to_dict())
+        atomic_write_json(args.out / SCAN_FILE, json_safe(result))
         info(f"wrote {args.out / SCAN_FILE}")
     if args.json:
         emit_json(result.to_dict(with_records=False))

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..._io import json_safe
 from ._bindings import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
 
 #: KV-cache element types a context can be created with (ggml type ids of ``ggml.h``).
@@ -75,10 +76,6 @@ class EngineSettings:
     n_threads: int
     kv_type: str
     seed: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON."""
-        return {k: getattr(self, k) for k in ("n_ctx", "n_batch", "n_threads", "kv_type", "seed")}
 
 
 class LlamaCppModel:
@@ -315,7 +312,7 @@ class LlamaCppModel:
             "llama_cpp_python": getattr(self._lib, "__version__", LLAMA_CPP_PYTHON_VERSION),
             "system_info": self._lib.llama_print_system_info().decode("utf-8", errors="replace").strip(),
             "vocab_size": self.vocab_size,
-            **self.settings.to_dict(),
+            **json_safe(self.settings),
         }
 
     def close(self) -> None:

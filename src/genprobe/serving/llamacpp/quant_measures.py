@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -50,10 +50,6 @@ class LogitAgreement:
     top1_agreement: float  # share of positions whose argmax (first index on a tie) is the reference's
     perplexity: float  # this model's, on the text's next tokens
     reference_perplexity: float
-
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        return asdict(self)
 
 
 @dataclass
@@ -120,10 +116,6 @@ class Divergence:
     histogram: dict[str, int]  # "0-7", "8-15", ..., "never"
     steps: list[int | None]
 
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        return asdict(self)
-
 
 def divergence_summary(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]]) -> Divergence:
     """Per-prompt first divergence steps of ``other`` from ``reference`` (same prompts, same order)."""
@@ -172,10 +164,6 @@ class LoopOutcome:
     stopped_degenerate: int = 0
     sign_test_p: float = 1.0
     degenerate: list[bool] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        return asdict(self)
 
 
 def loop_outcome(scan: Any, reference: Any | None = None) -> LoopOutcome:

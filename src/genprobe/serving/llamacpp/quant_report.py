@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from ..._io import json_safe
 from .quant_measures import Divergence, LogitAgreement, LoopOutcome, intervals_overlap
 from .quant_study import Log, QuantStudy, QuantStudyConfig, SampleText, TypeRow, run_quant_study
 from .quantize import QuantizedFile
@@ -208,7 +209,7 @@ def write_study(study: QuantStudy, out_dir: str | os.PathLike[str], stem: str) -
 
     out = Path(out_dir)
     js, md = out / f"quant-{stem}.json", out / f"quant-{stem}.md"
-    atomic_write_json(js, study.to_dict())
+    atomic_write_json(js, json_safe(study))
     atomic_write_text(md, study_markdown(study))
     return js, md
 

@@ -27,12 +27,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..._io import json_safe
 from .quant_measures import (
     AgreementAccumulator,
     Divergence,
@@ -65,10 +66,6 @@ class QuantStudyConfig:
     samples: int = 3  # sample texts per changed type
     kv_type: str = "f32"  # llama.cpp's KV cache type on every side: f32 keeps its f16 rounding out of the engine row
 
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        return asdict(self)
-
 
 @dataclass
 class TypeRow:
@@ -84,12 +81,6 @@ class TypeRow:
     # wall clock is not)
     decode_tokens_per_cpu_s: float | None = None
 
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        d = asdict(self)
-        d["file"] = self.file.to_dict()
-        return d
-
 
 @dataclass
 class SampleText:
@@ -102,10 +93,6 @@ class SampleText:
     text: str
     f32_degenerate: bool
     degenerate: bool
-
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        return asdict(self)
 
 
 @dataclass
@@ -136,15 +123,6 @@ class QuantStudy:
     findings: list[str]
     llama_cpp: dict[str, Any]
     seconds: float
-
-    def to_dict(self) -> dict:
-        """Plain JSON (per-prompt steps and verdicts included)."""
-        d = asdict(self)
-        d["config"] = self.config.to_dict()
-        d["engine_check"] = self.engine_check.to_dict()
-        d["rows"] = [r.to_dict() for r in self.rows]
-        d["samples"] = [s.to_dict() for s in self.samples]
-        return d
 
 
 def _windows(streams: Sequence[Sequence[int]], count: int, length: int) -> list[list[int]]:
@@ -376,7 +354,7 @@ def run_quant_study(
         config=cfg,
         text_source=inputs.text_source,
         prompt_source=inputs.prompt_source,
-        calibration=inputs.calibration.to_dict(),
+        calibration=json_safe(inputs.calibration),
         engine_check=engine_check,
         rows=rows,
         samples=samples,

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -175,10 +175,6 @@ class QuantizedFile:
     off_target: dict[str, str] = field(default_factory=dict)  # 2-D tensor -> its type, where not main_type
     shape_fallbacks: list[str] = field(default_factory=list)  # off-target tensors whose row length forced it
     seconds: float = 0.0
-
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        return asdict(self)
 
     def describe(self) -> str:
         """One line: size, bits per weight, what was not written at the main type."""

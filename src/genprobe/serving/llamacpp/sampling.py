@@ -72,10 +72,6 @@ class ChainStage:
     name: str
     args: tuple[Any, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form."""
-        return {"name": self.name, "args": [list(a) if isinstance(a, tuple) else a for a in self.args]}
-
 
 @dataclass(frozen=True)
 class KeptCandidates:
@@ -96,16 +92,6 @@ class KeptCandidates:
     def as_dict(self) -> dict[int, float]:
         """``{id: probability}``."""
         return {int(i): float(p) for i, p in zip(self.ids, self.probs, strict=True)}
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form."""
-        return {
-            "ids": [int(i) for i in self.ids],
-            "logits": [float(x) for x in self.logits],
-            "probs": [float(p) for p in self.probs],
-            "sorted": self.sorted,
-            "stages": [s.to_dict() for s in self.stages],
-        }
 
 
 # ---- the mapping (pure: no bindings needed) ---------------------------------------------------------------

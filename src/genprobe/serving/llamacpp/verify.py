@@ -44,14 +44,14 @@ deployment check.
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
+from ..._io import json_safe
 from ..compare import Divergence, LogprobStats, ReferenceLogprobs
 from ..precision import gap_verdict
 from ..verdict import Thresholds, serving_verdict, worst_verdict
@@ -72,21 +72,6 @@ class LlamaCppPhaseReport(PhaseReport):
     self_first_divergence: dict | None = None
     gap_top5: float | None = None  # mean over positions of the mean |Δ log p| over the reference's top-5 ids
     reference_verdict: str | None = None  # the recomputation comparison on the verdict scale, judged or not
-
-    def to_dict(self) -> dict:
-        """JSON form (no NaN/inf)."""
-        d = super().to_dict()
-        d.update(
-            {
-                k: v
-                for k, v in asdict(self).items()
-                if k.startswith("self_") or k in ("judged_on", "gap_top5", "gap_ratio")
-            }
-        )
-        d["reference_verdict"] = self.reference_verdict
-        if d["self_max_abs_dlogp"] is not None and not math.isfinite(d["self_max_abs_dlogp"]):
-            d["self_max_abs_dlogp"] = "inf"
-        return d
 
 
 @dataclass
@@ -214,11 +199,11 @@ class PhaseContext:
             ref.mean_abs_dlogp,
             ref.top1_agreement,
             ref.top1_disagreements,
-            ref.first.to_dict() if ref.first else None,
+            json_safe(ref.first) if ref.first else None,
             verdict,
             self_max_abs_dlogp=own.max_abs_dlogp if own else None,
             self_top1_agreement=own.top1_agreement if own else None,
-            self_first_divergence=own.first.to_dict() if own and own.first else None,
+            self_first_divergence=json_safe(own.first) if own and own.first else None,
             judged_on=judged_on,
             gap_top5=gap,
             gap_ratio=ratio,
@@ -362,12 +347,12 @@ def context_shift_phase(pc: PhaseContext, fill: list[int], n_keep: int) -> Llama
         stats.mean_abs_dlogp,
         stats.top1_agreement,
         stats.top1_disagreements,
-        stats.first.to_dict() if stats.first else None,
+        json_safe(stats.first) if stats.first else None,
         verdict,
         note=note,
         self_max_abs_dlogp=own.max_abs_dlogp,
         self_top1_agreement=own.top1_agreement,
-        self_first_divergence=own.first.to_dict() if own.first else None,
+        self_first_divergence=json_safe(own.first) if own.first else None,
         judged_on=judged_on,
         gap_top5=gap,
         gap_ratio=ratio,
