@@ -24,7 +24,8 @@ REUSE_PHASES = {"prefix_reuse", "prefix_reuse_no_reset"}
 def test_the_plan_shares_prefixes_of_several_block_sizes():
     base = list(range(1, 49))
     cases = {c.name: c for c in reuse_cases(base, vocab=60, length=REUSE_LENGTH)}
-    for s in (1, 8, 13, 16, 32):  # 13: inside every block size; 8/16/32: at a boundary
+    # diverging at the first token of a block (8/16/32), inside one (4/13/24), at its last token (7/15/31)
+    for s in (1, 4, 7, 8, 13, 15, 16, 24, 31, 32):
         seq = cases[f"shared {s}"].seq
         assert list(seq[:s]) == base[:s] and seq[s] != base[s] and len(seq) == 48
     for i in (7, 15, 31):  # the last token of a block of 8, 16, 32; everything after it A's
@@ -33,6 +34,12 @@ def test_the_plan_shares_prefixes_of_several_block_sizes():
     replaced = cases["first 16 replaced"].seq
     assert all(replaced[j] != base[j] for j in range(16)) and list(replaced[16:]) == base[16:]
     assert cases["first 16 replaced, again"].seq == replaced and cases["A again"].seq == tuple(base)
+    # prompts a cache holds whole, shorter than the sequence it holds, right after that sequence
+    names = list(cases)
+    assert names[-3:] == ["A again", "first 32 of A, then others", "first 20 of A, then others"]
+    for n in (32, 20):
+        seq = cases[f"first {n} of A, then others"].seq
+        assert len(seq) == n + 2 and list(seq[:n]) == base[:n] and all(seq[j] != base[j] for j in (n, n + 1))
     # a 32-position context: the cases that need more than 32 tokens are left out
     short = {c.name for c in reuse_cases(base, vocab=60, length=32)}
     assert "shared 32" not in short and "token 31 changed" not in short and "shared 16" in short
@@ -43,10 +50,11 @@ def test_engine_runs_both_phases_and_reproduces_a_repeat(long_model):
     assert r.verdict == "pass"
     for name in REUSE_PHASES:
         p = r.phase(name)
-        assert p.verdict == "pass" and p.calls == len(p.cases) == 12
+        assert p.verdict == "pass" and p.calls == len(p.cases) == 19
     repeat = next(c for c in r.phase("prefix_reuse").cases if c["kind"] == "repeat")
     assert repeat["bit_identical_to_first_run"] and repeat["max_abs_dlogit_vs_first_run"] == 0.0
-    assert any("shared prefix of 1, 8, 13, 16, 32 tokens" in s for s in r.reuse)
+    assert any("shared prefix of 1, 4, 7, 8, 13, 15, 16, 24, 31, 32 tokens" in s for s in r.reuse)
+    assert any("prefixes of 32, 20 tokens of a cached sequence, then other tokens" in s for s in r.reuse)
     assert "back to back without reset()" in r.reuse
 
 
@@ -82,6 +90,28 @@ def test_each_prefix_flaw_is_caught_only_by_the_reuse_phases(prefix_reports, fla
     for p in r.phases:
         assert (p.verdict == "bug") == (p.phase in REUSE_PHASES), (p.phase, p.verdict)
     assert prefix_reports["prefix_correct"].verdict == "pass"
+
+
+def test_the_slot_flaw_shows_only_on_a_prompt_shorter_than_the_cached_sequence(trained_reports):
+    """The shorter cases (#46) prefill a prefix of the sequence just run, then step other tokens: a slot that keeps
+    its tail in the attention is caught there; the correct slot reuses the same prefixes and passes."""
+    assert trained_reports["slot_no_truncate"].verdict == "bug"
+    for phase in REUSE_PHASES:
+        bad = [c for c in trained_reports["slot_no_truncate"].phase(phase).cases if c["max_abs_dlogit"] > 1e-4]
+        # both shorter cases (a prefix of the sequence just run) are off, one beyond the bug line
+        shorter = [c["max_abs_dlogit"] for c in bad if c["kind"] == "shorter"]
+        assert len(shorter) == 2 and max(shorter) > 1.0, bad
+        ok = trained_reports["slot_correct"].phase(phase).cases
+        assert all(c["max_abs_dlogit"] < 1e-4 for c in ok), ok
+
+
+def test_a_correct_slot_really_reuses_its_prefix(long_model):
+    from genprobe.verify.mutants import SlotCache
+
+    cache = SlotCache(long_model)
+    r = verify_implementation(cache, FullRecompute(long_model), [PROMPT], steps=4, chunk_sizes=(4,), isolation=False)
+    assert r.verdict == "pass", r.max_by_phase()
+    assert cache.reused >= 100  # the continuations, the repeat and the shorter prompts came from the slot
 
 
 def test_without_the_reuse_phases_every_prefix_flaw_passes(long_model):

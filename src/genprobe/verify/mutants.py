@@ -28,6 +28,11 @@ prefix_stale_tail  … up to one token before the block's end    flagged (prefix
 prefix_no_parent   the block's own tokens (no parent)          flagged (prefix_reuse)
 =================  ==========================================  =========================
 
+:class:`SlotCache` is llama.cpp's server slot (the longest common prefix with the previous sequence reused):
+``slot_correct`` passes; ``slot_no_truncate`` (a prompt the slot holds whole keeps the slot's later entries) is
+flagged by the shorter-prompt cases of the prefix-reuse phases (and by the chunked phases, whose first chunk is
+a prefix of the sequence run before it).
+
 One mutant breaks a batched cache, not the teaching one: ``batch_row_swap`` is the engine's own cache
 (our ``KVCache``, or the model's ``transformers`` cache) whose decode-step writes store rows 0 and 1 in
 each other's row (a batch reordered without its cache) — a row mix-up that only a batch shows: the
@@ -64,6 +69,8 @@ MUTANTS: dict[str, str] = {
     "prefix_half_key": "flagged",
     "prefix_stale_tail": "flagged",
     "prefix_no_parent": "flagged",
+    "slot_correct": "pass",
+    "slot_no_truncate": "flagged",
     "batch_row_swap": "flagged",
 }
 TEACHING = ("correct", "pos_zero", "no_cat", "no_mask", "kv_mismatch", "cat_order")
@@ -316,6 +323,78 @@ class PrefixCache(TeachingCache):
         return out
 
 
+class SlotCache(TeachingCache):
+    """One slot that keeps its last sequence across sequences, as llama.cpp's server does with ``cache_prompt``.
+
+    A new prompt reuses the keys/values (and logits) of its longest common prefix with the slot's tokens, at
+    most all but its last token (llama.cpp recomputes the last one to have its logits: ``server.cpp``, "we have
+    to evaluate at least 1 token"), and the slot's later entries are dropped. The flaw:
+
+    * ``slot_no_truncate`` — a prompt the slot holds whole (a strict prefix of the previous sequence) is answered
+      from the slot, and the slot's later entries are not dropped from the attention: the next tokens attend to
+      the stale tail. Only a
+      prompt *shorter* than the cached sequence shows it: a repeat, a continuation and a changed token all go
+      through the truncating path (in the harness, the prefix-reuse phases' shorter prompts, and a chunked
+      prefill's first chunk after the whole prompt ran).
+    """
+
+    FLAWS = ("slot_correct", "slot_no_truncate")
+
+    def __init__(self, model: Any, flaw: str = "slot_correct"):
+        if flaw not in self.FLAWS:
+            raise ValueError(f"unknown slot-cache mutant {flaw!r}; choose from {list(self.FLAWS)}")
+        self.slot: tuple[list[int], list[Any], list[Any], torch.Tensor] | None = None
+        self.tokens: list[int] = []
+        self.logits: list[torch.Tensor] = []
+        super().__init__(model, "correct")
+        self.flaw, self.name = flaw, flaw
+        self.reused = 0  # prompt tokens answered from the slot, over all sequences
+
+    def reset(self) -> None:
+        """End the sequence; the slot keeps it (its bookkeeping right: a stale tail is dropped now)."""
+        if self.tokens:
+            a, b = getattr(self, "stale", (0, 0))
+            k, v = ([torch.cat([t[..., :a, :], t[..., b:, :]], dim=-2) for t in kv] for kv in (self.k, self.v))
+            self.slot = (self.tokens, k, v, torch.cat(self.logits, dim=1))
+        super().reset()
+        self.tokens, self.logits, self.stale = [], [], (0, 0)
+
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Reuse the common prefix with the slot (one row, no padding), compute the rest."""
+        if ids.shape[0] != 1:
+            raise NotImplementedError("the slot cache holds one sequence")
+        if attention_mask is not None and not bool(attention_mask.bool().all()):
+            raise NotImplementedError("the teaching cache has no left-padding support")
+        self.reset()
+        toks = [int(t) for t in ids[0]]
+        slot_toks, K, V, logits = self.slot if self.slot is not None else ([], [], [], torch.empty(0))
+        pairs = zip(toks, slot_toks, strict=False)
+        common = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(toks), len(slot_toks)))
+        if self.flaw == "slot_no_truncate" and common == len(toks) < len(slot_toks):
+            n = len(toks)  # the slot's tail stays in the cache, its positions marked as past: visible to what follows
+            self.k, self.v = list(K), list(V)
+            self.kpos, self.past = torch.cat([torch.arange(n), torch.zeros(len(slot_toks) - n, dtype=torch.long)]), n
+            self.stale = (n, len(slot_toks))
+            self.reused += n
+            return self._keep(toks, logits[:, :n])
+        keep = min(common, len(toks) - 1)
+        if keep:
+            self.k, self.v = [k[..., :keep, :] for k in K], [v[..., :keep, :] for v in V]
+            self.kpos, self.past = torch.arange(keep), keep
+            self.reused += keep
+        out = self._forward(ids[:, keep:])
+        return self._keep(toks, torch.cat([logits[:, :keep], out], dim=1) if keep else out)
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """Continue the sequence (kept for the slot)."""
+        return self._keep([int(t) for t in ids[0]], self._forward(ids))
+
+    def _keep(self, toks: list[int], out: torch.Tensor) -> torch.Tensor:
+        self.tokens += toks
+        self.logits.append(out)
+        return out
+
+
 def _rows_swapped(x: torch.Tensor) -> torch.Tensor:
     """``x`` (batch first) with rows 0 and 1 exchanged."""
     order = torch.arange(x.shape[0])
@@ -380,6 +459,8 @@ def mutant(model: Any, name: str) -> Any:
         return RowSwapEngine(model) if isinstance(model, GPT) else _row_swap_hf(model)
     if name in PrefixCache.FLAWS:
         return PrefixCache(model, name)
+    if name in SlotCache.FLAWS:
+        return SlotCache(model, name)
     return TeachingCache(model, name)
 
 

@@ -9,14 +9,21 @@ specific*, so the plan below is built around common block sizes (8, 16, 32):
 
 * a **base** sequence A (the first prompt, its reference greedy tokens, then seeded random ids of the
   model's vocabulary up to :data:`REUSE_LENGTH` tokens: several blocks);
-* **continuations**: A's first 1, 8, 13, 16, 32 tokens, then other tokens (13 is a multiple of no block
-  size: the sequences diverge *inside* a block; 8/16/32 diverge exactly *at* a boundary);
+* **continuations**: A's first 1, 4, 7, 8, 13, 15, 16, 24, 31, 32 tokens, then other tokens: the sequences
+  diverge at the first token of a block (8, 16, 32), inside one (4, 13, 24) and at its last token (7, 15, 31)
+  for blocks of 8, 16 and 32;
 * **one token changed** at position 7, 15, 31 — the last token of a block of 8 / 16 / 32 — with every
   token after it the same as A's (the same later blocks on another prefix);
 * **first block replaced**: A's first 16 tokens swapped for others, the rest A's, run twice (on the
   second run its own first blocks are stored, and a later block keyed by its own tokens alone would be
   found among A's);
-* **repeat**: A again (a cache hit must reproduce A).
+* **repeat**: A again (a cache hit must reproduce A);
+* **shorter**: A's first 32 tokens (whole blocks of 8, 16 and 32 of a cached sequence: every block a hit, where
+  an engine may skip the forward), then A's first 20 (ending inside a block), each prefilled and then stepped
+  with tokens other than A's: prompts a cache holds whole, shorter than the sequence it holds, whose next
+  tokens must not see the cached sequence's tail.
+
+Every returned position's logits are compared, the last included (the phases compare all of them).
 
 Cases that do not fit the context are left out (the report lists what ran). The phases run the cases
 one after another, with ``reset()`` between them and, where the implementation declares that its
@@ -32,9 +39,10 @@ import torch
 
 REUSE_LENGTH = 48  # tokens per sequence: 6 blocks of 8, 3 of 16, 1.5 of 32
 DECODE = 2  # the last tokens of each sequence go through step(), one at a time
-SHARED_CONTINUATIONS = (1, 8, 13, 16, 32)
+SHARED_CONTINUATIONS = (1, 4, 7, 8, 13, 15, 16, 24, 31, 32)
 CHANGED_TOKENS = (7, 15, 31)  # the last token of a block of 8, 16 and 32
 REPLACED_BLOCK = 16
+SHORTER = (34, 22)  # lengths of the shorter cases: A's first 32 / 20 tokens prefilled, then DECODE others
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class ReuseCase:
     """One sequence of the prefix-reuse phases and how it relates to the base sequence A."""
 
     name: str
-    kind: str  # base | continuation | token_changed | block_replaced | block_replaced_again | repeat
+    kind: str  # base | continuation | token_changed | block_replaced | block_replaced_again | repeat | shorter
     shared: int  # leading tokens shared with A (len(A) for the repeat)
     seq: tuple[int, ...]
 
@@ -84,6 +92,12 @@ def reuse_cases(base: Sequence[int], vocab: int, length: int, seed: int = 0) -> 
         # run again: its own first blocks are now stored, and A's later blocks hold the same tokens
         cases.append(ReuseCase(f"first {REPLACED_BLOCK} replaced, again", "block_replaced_again", len(x), x))
     cases.append(ReuseCase("A again", "repeat", length, tuple(a)))
+    for n in SHORTER:  # the prefilled part is A's; the stepped tokens are others (a cached tail must not show)
+        if n < length:
+            tail = [_other(t, lo, vocab) for t in a[n - DECODE : n]]
+            cases.append(
+                ReuseCase(f"first {n - DECODE} of A, then others", "shorter", n - DECODE, tuple(a[: n - DECODE] + tail))
+            )
     return cases
 
 
@@ -111,6 +125,9 @@ def situations(cases: list[ReuseCase], back_to_back: str | None) -> list[str]:
         out.append(f"first {REPLACED_BLOCK} tokens replaced, the rest identical, run twice")
     if "repeat" in by_kind:
         out.append("the same sequence twice (a full cache hit)")
+    if "shorter" in by_kind:
+        at = ", ".join(map(str, by_kind["shorter"]))
+        out.append(f"prefixes of {at} tokens of a cached sequence, then other tokens")
     out.append("with reset() between sequences")
     out.append(
         "back to back without reset()" if back_to_back is None else f"not back to back without reset(): {back_to_back}"
