@@ -62,9 +62,9 @@ transformers caches: --hf-cache dynamic static sliding quantized offloaded (or a
 model's own cache classes (a fresh cache per sequence); kinds this transformers version or machine lacks are
 reported as unavailable with the reason. quantized is lossy by design: expect suspicious or bug.
 
-prefix reuse: sequences of 48 tokens (fewer in a shorter context) sharing 1, 8, 13, 16, 32 leading tokens
-with a base sequence, one token changed at the last position of a block of 8/16/32, the first 16 tokens
-replaced, and the base again; run with reset() between them, and back to back when the implementation
+prefix reuse: sequences of 48 tokens (fewer in a shorter context) sharing 1, 4, 7, 8, 13, 15, 16, 24, 31, 32
+leading tokens with a base sequence, one token changed at the last position of a block of 8/16/32, the first 16
+tokens replaced, the base again, and its first 32 / 20 tokens then others (prompts shorter than a cached one); run with reset() between them, and back to back when the implementation
 sets prefill_starts_sequence = True. The report lists the situations exercised.
 
 noise floor: the reference computes the same logits twice in another order (a padded batch's rows vs each
