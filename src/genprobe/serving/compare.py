@@ -68,6 +68,23 @@ def _compare_position(
     stats: LogprobStats, d: dict, ref_row: torch.Tensor, req: int, where: str, index: int, noise: float, tie: float
 ) -> float:
     ids, lps, top = _entries(d)
+    return compare_values(stats, ids, lps, top, ref_row, req, where, index, noise, tie)
+
+
+def compare_values(
+    stats: LogprobStats,
+    ids: list[int],
+    lps: list[float],
+    top: int,
+    ref_row: torch.Tensor,
+    req: int,
+    where: str,
+    index: int,
+    noise: float,
+    tie: float,
+) -> float:
+    """Add one position to ``stats``: the served log-probabilities ``lps`` of ``ids`` (``top``: the served top-1
+    id) against the reference row; the position's max |Δ log p| (both -inf counts as equal, NaN as infinite)."""
     ref = ref_row[ids].double()
     diff = (torch.tensor(lps, dtype=torch.float64) - ref).abs()
     both_neg_inf = torch.isneginf(ref) & torch.isneginf(torch.tensor(lps, dtype=torch.float64))

@@ -1,0 +1,188 @@
+"""One protocol for everything that produces tokens and log-probabilities (issue #45): genprobe's engine, and — in
+``genprobe.serving.endpoint`` — a live OpenAI-compatible server. A job (the live verifier, a loop scan) is written
+once against :class:`Backend`; each backend says what it can do in :class:`Capabilities` and the job checks what
+that allows and says what it could not check.
+
+The request/response types are plain dataclasses of JSON-able fields (``dataclasses.asdict`` serialises them).
+Log-probabilities are natural logs; ``Position.top`` holds the ``k`` most likely ids at a position (the whole
+vocabulary is never shipped: an engine with full log-probabilities returns as many as asked).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+import torch
+
+from .runner import runner_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model.load import Model
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; a job adapts to it or reports "not checked" with the reason."""
+
+    server: str  # "genprobe" | "vllm" | "llama.cpp" | "llama-cpp-python" | "openai-compatible" | a fake's name
+    logprobs: str  # "full" (any k up to the vocabulary) | "top-k" (at most max_top_k) | "none"
+    max_top_k: int  # largest k per position (0 when no log-probs)
+    prompt_logprobs: bool  # log-probabilities of the prompt's own tokens
+    token_prompts: bool  # prompts given as token ids (else text, tokenized by the server)
+    prefix_cache: bool | None  # reuses a shared prompt prefix (None: not known)
+    concurrency: int  # requests served at once (1: one after another)
+    seed: bool  # a per-request seed is honoured
+    tokenize: bool  # text -> ids as the server tokenizes
+    chat_template: bool  # messages -> the prompt ids the server builds
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """The sampler settings passed through (temperature 0 is greedy)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One completion: ``prompt`` as token ids (or text where the backend takes only text)."""
+
+    prompt: tuple[int, ...] | str
+    max_tokens: int
+    sampler: Sampler = Sampler()
+    stop: tuple[str, ...] = ()
+    logprobs: int = 0  # top-k per generated position (0: only the sampled token's, where offered)
+    prompt_logprobs: int | None = None  # top-k per prompt position (None: not asked)
+
+
+@dataclass
+class Position:
+    """One position: the token there, its log-probability (None when not returned) and the top-k ``{id: logprob}``."""
+
+    token: int
+    logprob: float | None
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class Response:
+    """What a backend returned for one :class:`Request`."""
+
+    prompt_ids: list[int]  # the ids the backend ran (a text prompt tokenized by it)
+    token_ids: list[int]
+    positions: list[Position]  # one per generated token
+    finish_reason: str | None  # "stop" | "length" | None when not said
+    text: str = ""
+    prompt_positions: list[Position | None] | None = None  # one per prompt token (the first is None), when asked
+    cached_tokens: int | None = None  # prompt tokens served from a prefix cache, when the backend says
+
+
+class Backend(Protocol):
+    """Anything that completes requests with log-probabilities."""
+
+    capabilities: Capabilities
+    model_name: str
+
+    def complete(self, request: Request) -> Response:
+        """One request, on its own."""
+        ...
+
+    def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
+        """``requests`` with up to ``concurrency`` in flight at once, in order."""
+        ...
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """``text`` as the backend tokenizes a prompt (special tokens included), None when it cannot say."""
+        ...
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
+        """The prompt ids the backend builds from chat ``messages`` (generation prompt added), None when unknown."""
+        ...
+
+
+def complete_concurrently(backend: Backend, requests: Sequence[Request], concurrency: int) -> list[Response]:
+    """``backend.complete`` over ``requests`` from a pool of ``concurrency`` threads (results in request order)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(backend.complete, requests))
+
+
+def top_positions(logprobs: torch.Tensor, tokens: Sequence[int], k: int) -> list[Position]:
+    """Positions of ``tokens`` from rows of log-probabilities ``(len(tokens), V)``: each token's value and the top
+    ``k`` (ties broken by the lower id, as ``torch.topk`` on CPU)."""
+    out = []
+    for row, tok in zip(logprobs, tokens, strict=True):
+        top: dict[int, float] = {}
+        if k > 0:
+            vals, ids = torch.topk(row, min(k, row.numel()))
+            top = {int(i): float(v) for i, v in zip(ids, vals, strict=True)}
+        out.append(Position(int(tok), float(row[tok]), top))
+    return out
+
+
+class EngineBackend:
+    """genprobe's own engine as a :class:`Backend`: full log-probabilities of a loaded ``Model`` in its own dtype,
+    one uncached forward per generated token (exact, and slow: small models and tests). Greedy at temperature 0,
+    else sampling from ``softmax(logits / T)`` with a generator seeded by the request's seed (top-p/top-k: not
+    applied, so ``Sampler`` values other than their defaults are refused)."""
+
+    def __init__(self, model: "Model", name: str = "genprobe"):
+        self.model = model
+        self.model_name = name
+        self.runner = runner_for(model)
+        vocab = int(model.vocab_size)
+        self.capabilities = Capabilities("genprobe", "full", vocab, True, True, False, 1, True, True, False)
+
+    def _logprobs(self, ids: Sequence[int]) -> torch.Tensor:
+        x = torch.tensor([list(ids)], dtype=torch.long)
+        with torch.inference_mode():
+            logits = self.runner.full(x, torch.ones_like(x, dtype=torch.bool))[0]
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def _next(self, row: torch.Tensor, sampler: Sampler, gen: torch.Generator | None) -> int:
+        if sampler.temperature == 0 or gen is None:
+            return int(torch.argmax(row))
+        return int(torch.multinomial(torch.softmax(row / sampler.temperature, -1), 1, generator=gen))
+
+    def complete(self, request: Request) -> Response:
+        """Generate up to ``max_tokens`` (stopping at end-of-text or a stop string), log-probs of every position."""
+        if isinstance(request.prompt, str):
+            raise ValueError("the engine backend takes token-id prompts")
+        s = request.sampler
+        if s.top_p != 1.0 or s.top_k != 0:
+            raise ValueError("the engine backend applies temperature only: top_p must be 1 and top_k 0")
+        gen = None if s.temperature == 0 else torch.Generator().manual_seed(s.seed or 0)
+        ids, out, reason = list(request.prompt), [], "length"
+        for _ in range(request.max_tokens):
+            tok = self._next(self._logprobs(ids)[-1], s, gen)
+            out.append(tok)
+            ids.append(tok)
+            if tok == self.model.eos_id or any(st in self.model.decode(out) for st in request.stop):
+                reason = "stop"
+                break
+        rows = self._logprobs(ids)
+        P = len(request.prompt)
+        positions = top_positions(rows[P - 1 : P - 1 + len(out)], out, request.logprobs)
+        prompt_positions: list[Position | None] | None = None
+        if request.prompt_logprobs is not None:
+            prompt_positions = [None, *top_positions(rows[: P - 1], request.prompt[1:], request.prompt_logprobs)]
+        text = self.model.decode(out)
+        return Response(list(request.prompt), out, positions, reason, text, prompt_positions)
+
+    def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
+        """One after another (the engine serves one request at a time)."""
+        return [self.complete(r) for r in requests]
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """The model's own tokenizer."""
+        return self.model.encode(text)
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
+        """Not a chat server: None."""
+        return None

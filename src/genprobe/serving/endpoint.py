@@ -1,0 +1,238 @@
+"""A live OpenAI-compatible server as a :class:`genprobe.engine.backend.Backend` (issue #47).
+
+Standard library HTTP only (``urllib``): every request has a timeout and a bounded number of retries (connection
+refused, a timeout, a 5xx answer), so an unreachable or stuck server is one :class:`EndpointError` (a
+``ValueError``: the CLI's one-line exit 2), never a hang. Requests run concurrently from a thread pool.
+
+Which server it is, read off ``/v1/models`` (vLLM says ``owned_by: vllm``; llama-cpp-python's server ``me``) and the
+extras it answers:
+
+* **vLLM** (``vllm/entrypoints/openai/completion/protocol.py``, ``CompletionRequest``): token-id prompts,
+  ``logprobs`` top-k with ``return_tokens_as_token_ids`` (keys ``"token_id:N"``: ids, not text),
+  ``prompt_logprobs`` (``[None, {"N": {"logprob": ...}}, ...]``), ``/tokenize`` with ``prompt`` or ``messages``
+  (the ids its chat template builds), ``usage.prompt_tokens_details.cached_tokens`` when enabled.
+* **llama-cpp-python's server** (``llama_cpp/server/app.py``, ``types.py``): text prompts only, legacy ``logprobs``
+  keyed by each token's text (``Llama._create_completion``: ``detokenize([id])``), ``/extras/tokenize``. Text keys
+  are mapped back to ids through the reference tokenizer's pieces (``pieces``), a piece several ids share is not
+  compared.
+* anything else: treated like llama-cpp-python's format without a tokenizer endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..engine.backend import Capabilities, Position, Request, Response, complete_concurrently
+
+VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+TEXT_MAX_LOGPROBS = 20  # the OpenAI API's legacy completions limit
+
+
+class EndpointError(ValueError):
+    """The server could not be used (unreachable, an error answer, a timeout, an answer of the wrong form)."""
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """Per-request timeout, retries after a connection error / timeout / 5xx, and the pause between tries."""
+
+    timeout_s: float = 60.0
+    retries: int = 2
+    backoff_s: float = 0.5
+
+
+def api_root(url: str) -> str:
+    """``http://host:8000/v1`` or ``http://host:8000/`` → ``http://host:8000``."""
+    root = url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+class Http:
+    """JSON over HTTP with bounded retries."""
+
+    def __init__(self, url: str, settings: HttpSettings = HttpSettings()):
+        if settings.timeout_s <= 0 or settings.retries < 0:
+            raise ValueError(f"timeout must be > 0 and retries >= 0, got {settings.timeout_s}, {settings.retries}")
+        self.root = api_root(url)
+        self.settings = settings
+
+    def call(self, path: str, body: Mapping[str, Any] | None = None, optional: bool = False) -> Any:
+        """GET (``body`` None) or POST ``path``; the JSON answer. ``optional``: None when the server has no such
+        endpoint (404/405) or refuses the request (400/422) instead of an error."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.root + path, data=data, headers={"Content-Type": "application/json"})
+        tries, problem = self.settings.retries + 1, ""
+        for attempt in range(tries):
+            try:
+                with urllib.request.urlopen(req, timeout=self.settings.timeout_s) as answer:
+                    return json.loads(answer.read().decode("utf-8"))
+            except urllib.error.HTTPError as exc:
+                if optional and exc.code in (400, 404, 405, 422):
+                    return None
+                detail = _error_detail(exc)
+                if exc.code < 500:
+                    raise EndpointError(f"{self.root}{path} answered {exc.code}: {detail}") from None
+                problem = f"answered {exc.code}: {detail}"
+            except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as exc:
+                reason = getattr(exc, "reason", exc)
+                problem = (
+                    f"timed out after {self.settings.timeout_s:g} s" if "timed out" in str(reason) else str(reason)
+                )
+            except json.JSONDecodeError:
+                raise EndpointError(f"{self.root}{path} did not answer JSON") from None
+            if attempt + 1 < tries:
+                time.sleep(self.settings.backoff_s * (attempt + 1))
+        raise EndpointError(f"{self.root}{path} {problem} ({tries} tries)")
+
+
+def _error_detail(exc: urllib.error.HTTPError) -> str:
+    try:
+        text = exc.read().decode("utf-8", "replace")
+    except OSError:
+        return exc.reason
+    return " ".join(text.split())[:200] or str(exc.reason)
+
+
+def detect_server(http: Http) -> tuple[str, str]:
+    """(server kind, served model name) from ``/v1/models`` and the extras the server answers."""
+    models = http.call("/v1/models")
+    data = models.get("data") if isinstance(models, dict) else None
+    if not data:
+        raise EndpointError(f"{http.root}/v1/models lists no model: is this an OpenAI-compatible server?")
+    name, owner = str(data[0].get("id", "")), str(data[0].get("owned_by", ""))
+    if owner == "vllm":
+        return "vllm", name
+    if http.call("/extras/tokenize", {"input": "a"}, optional=True) is not None:
+        return "llama-cpp-python", name
+    return "openai-compatible", name
+
+
+def _capabilities(server: str) -> Capabilities:
+    if server == "vllm":
+        return Capabilities(server, "top-k", VLLM_MAX_LOGPROBS, True, True, None, 64, True, True, True)
+    tokenize = server == "llama-cpp-python"
+    return Capabilities(server, "top-k", TEXT_MAX_LOGPROBS, False, False, None, 64, True, tokenize, False)
+
+
+class EndpointBackend:
+    """A live server behind the :class:`~genprobe.engine.backend.Backend` protocol. ``pieces``: each token's text
+    → its id in the reference tokenizer (only pieces one id has), what text-keyed log-probs are mapped back with."""
+
+    def __init__(self, url: str, settings: HttpSettings = HttpSettings(), pieces: Mapping[str, int] | None = None):
+        self.http = Http(url, settings)
+        self.server, self.model_name = detect_server(self.http)
+        self.capabilities = _capabilities(self.server)
+        self.pieces = dict(pieces or {})
+
+    # ---- requests ---------------------------------------------------------------------------------------
+    def _body(self, request: Request) -> dict[str, Any]:
+        s = request.sampler
+        body: dict[str, Any] = {
+            "model": self.model_name,
+            "prompt": list(request.prompt) if not isinstance(request.prompt, str) else request.prompt,
+            "max_tokens": request.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "logprobs": request.logprobs,
+            "stream": False,
+        }
+        if s.top_k:
+            body["top_k"] = s.top_k
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if self.server == "vllm":
+            body["return_tokens_as_token_ids"] = True
+            if request.prompt_logprobs is not None:
+                body["prompt_logprobs"] = request.prompt_logprobs
+        return body
+
+    def complete(self, request: Request) -> Response:
+        """One ``/v1/completions`` call (token ids where the server takes them, else text)."""
+        if not isinstance(request.prompt, str) and not self.capabilities.token_prompts:
+            raise ValueError(f"the {self.server} server takes text prompts, not token ids")
+        answer = self.http.call("/v1/completions", self._body(request))
+        try:
+            choice = answer["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise EndpointError(f"{self.http.root}/v1/completions answered without choices") from None
+        prompt_ids = self._prompt_ids(request)
+        ids, positions = self._positions(choice.get("logprobs"), choice.get("text", ""))
+        cached = ((answer.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        prompt_positions = None
+        if request.prompt_logprobs is not None and choice.get("prompt_logprobs") is not None:
+            prompt_positions = _prompt_positions(choice["prompt_logprobs"], prompt_ids)
+        return Response(
+            prompt_ids, ids, positions, choice.get("finish_reason"), choice.get("text", ""), prompt_positions, cached
+        )
+
+    def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
+        """``requests`` from a pool of ``concurrency`` threads."""
+        return complete_concurrently(self, requests, concurrency)
+
+    def _prompt_ids(self, request: Request) -> list[int]:
+        if not isinstance(request.prompt, str):
+            return list(request.prompt)
+        ids = self.tokenize(request.prompt)
+        return [] if ids is None else ids
+
+    def _token_id(self, key: str) -> int | None:
+        if key.startswith("token_id:"):
+            return int(key[len("token_id:") :])
+        return self.pieces.get(key)
+
+    def _positions(self, logprobs: Any, text: str) -> tuple[list[int], list[Position]]:
+        """Generated ids and positions from a legacy ``logprobs`` object (ids from ``token_id:N`` keys, or text
+        pieces mapped through ``pieces``; a piece that maps to no single id ends the comparable positions)."""
+        if not logprobs or not logprobs.get("tokens"):
+            return [], []
+        ids: list[int] = []
+        positions = []
+        tops = logprobs.get("top_logprobs") or [None] * len(logprobs["tokens"])
+        for key, lp, top in zip(logprobs["tokens"], logprobs.get("token_logprobs") or [], tops, strict=False):
+            tok = self._token_id(str(key))
+            if tok is None:
+                break  # unknown from here on: the ids after it cannot be placed
+            entries = {t: float(v) for k, v in (top or {}).items() if (t := self._token_id(str(k))) is not None}
+            ids.append(tok)
+            positions.append(Position(tok, None if lp is None else float(lp), entries))
+        return ids, positions
+
+    # ---- extras ----------------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int] | None:
+        """The server's own tokenization of a prompt (``/tokenize`` or ``/extras/tokenize``), None without one."""
+        if self.server == "vllm":
+            answer = self.http.call("/tokenize", {"model": self.model_name, "prompt": text}, optional=True)
+        elif self.server == "llama-cpp-python":
+            answer = self.http.call("/extras/tokenize", {"input": text}, optional=True)
+        else:
+            return None
+        return None if answer is None else [int(t) for t in answer["tokens"]]
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
+        """The prompt ids vLLM's chat template builds (``/tokenize`` with ``messages``); None elsewhere."""
+        if self.server != "vllm":
+            return None
+        body = {"model": self.model_name, "messages": list(messages), "add_generation_prompt": True}
+        answer = self.http.call("/tokenize", body, optional=True)
+        return None if answer is None else [int(t) for t in answer["tokens"]]
+
+
+def _prompt_positions(entries: Sequence[Any], prompt_ids: Sequence[int]) -> list[Position | None]:
+    """vLLM's ``prompt_logprobs``: ``[None, {"id": {"logprob": x, ...}}, ...]``, one per prompt token."""
+    out: list[Position | None] = []
+    for i, d in enumerate(entries):
+        if not d or i >= len(prompt_ids):
+            out.append(None)
+            continue
+        top = {int(k): float(v["logprob"]) for k, v in d.items()}
+        tok = int(prompt_ids[i])
+        out.append(Position(tok, top.get(tok), top))
+    return out

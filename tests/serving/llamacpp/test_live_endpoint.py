@@ -1,0 +1,118 @@
+"""The live verifier (issue #47) on a planted faulty server in front of a real llama.cpp engine: the honest server
+passes every phase it can check, each planted fault is caught at defaults with a margin of at least 3x the pass line,
+and bad servers are one-line errors (see live_server.py for the app and its faults)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "model"))
+from gguf_tiny import CHAT_TEMPLATE  # noqa: E402
+from live_server import TinyServer  # noqa: E402
+from models import tiny_llama_gguf  # noqa: E402
+
+from genprobe.serving.live import LiveSettings  # noqa: E402
+from genprobe.serving.precision import GAP_PASS  # noqa: E402
+from genprobe.verify.compare import Thresholds  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    from genprobe.model.load import load_model
+
+    hf, gguf = tiny_llama_gguf(tmp_path_factory.getbasetemp() / "llamacpp-tiny")
+    model = load_model(hf)
+    model.tokenizer.hf.chat_template = CHAT_TEMPLATE
+    return model, gguf
+
+
+@pytest.fixture(scope="module")
+def server(reference):
+    from genprobe.serving.llamacpp.engine import LlamaCppModel
+
+    model, gguf = reference
+    with (
+        LlamaCppModel(gguf, n_ctx=256, kv_type="f32") as engine,
+        TinyServer(engine, model.tokenizer.hf, CHAT_TEMPLATE) as srv,
+    ):
+        yield srv
+
+
+def verify(server, reference, fault="", settings=None, url=None, timeout=60.0):
+    from genprobe.serving.endpoint import EndpointBackend, HttpSettings
+    from genprobe.serving.live_verify import verify_live
+
+    server.set_fault(fault)
+    model, _ = reference
+    backend = EndpointBackend(url or server.url, HttpSettings(timeout_s=timeout, retries=1, backoff_s=0.05))
+    return verify_live(backend, model, "tiny", settings or LiveSettings(), url=server.url)
+
+
+def phases(report):
+    return {p.phase: p for p in report.phases}
+
+
+def test_the_honest_server_passes_at_defaults(server, reference):
+    """64 requests, 8 in flight: every phase checked and passed (the server is llama.cpp with float32 K/V)."""
+    report = verify(server, reference)
+    got = phases(report)
+    assert report.server == "vllm"
+    assert {name: p.verdict for name, p in got.items()} == dict.fromkeys(got, "pass"), report
+    assert got["concurrency"].requests == 64 and got["concurrency"].divergence_rate == 0.0
+    assert got["greedy"].top1_agreement == 1.0 and got["greedy"].topk_agreement == 1.0
+    assert got["greedy"].max_abs_dlogp < Thresholds().noise / 3  # the pass line, with the same 3x margin
+
+
+PASS_LINE = Thresholds().noise  # the absolute scale's pass line on max |Δ log p|
+FEWER = LiveSettings(requests=16)  # the default thresholds and concurrency; fewer requests (seconds each)
+
+
+@pytest.mark.parametrize(
+    "fault, phase, settings",
+    [
+        ("shift", "greedy", FEWER),
+        ("wrong_token", "greedy", FEWER),
+        ("stale_prefix", "prefix", FEWER),
+        ("nondeterminism", "concurrency", FEWER),
+        ("template", "chat", FEWER),
+    ],
+)
+def test_each_planted_fault_is_caught(server, reference, fault, phase, settings):
+    report = verify(server, reference, fault, settings)
+    p = phases(report)[phase]
+    assert p.verdict == "bug", p
+    if p.judged_on == "f32":
+        assert p.max_abs_dlogp >= 3 * PASS_LINE and p.max_abs_dlogp > Thresholds().bug, p
+    elif p.judged_on == "gap":
+        assert p.gap_ratio >= 3 * GAP_PASS, p
+    else:
+        assert p.note.startswith("the system turn is missing; first differing token 8: server 'u', template 's'"), p
+    assert report.verdict == "bug"
+
+
+def test_bad_servers_are_one_line_errors(server, reference):
+    from genprobe.serving.endpoint import EndpointError
+
+    with pytest.raises(EndpointError, match=r"/v1/completions answered 500: .*planted.* \(2 tries\)$"):
+        verify(server, reference, "error500", FEWER)
+    with pytest.raises(EndpointError, match=r"/v1/models timed out after 0.5 s \(2 tries\)$"):
+        verify(server, reference, "hang", FEWER, timeout=0.5)
+    with pytest.raises(ValueError, match=r"returned no log-probabilities: nothing to compare$"):
+        verify(server, reference, "no_logprobs", FEWER)
+    with pytest.raises(EndpointError, match=r"Connection refused \(2 tries\)$"):
+        verify(server, reference, "", FEWER, url="http://127.0.0.1:9/v1")
+
+
+def test_a_server_of_another_model_is_refused(server, tmp_path):
+    """The reference's tokenizer splits the probe string differently: refused before anything is compared."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "matrix"))
+    from command_cells import save_tiny_llama
+
+    from genprobe.model.load import load_model
+
+    other = load_model(save_tiny_llama(tmp_path)[0])
+    with pytest.raises(ValueError, match=r"tokenizes a probe string differently .* it serves another model$"):
+        verify(server, (other, None), "", FEWER)
