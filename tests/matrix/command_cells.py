@@ -231,7 +231,11 @@ def check_cell(row: Row, kind: str, rc: int, out: str, err: str, engine_missing:
 
 
 def url_refused(row: Row, rc: int, err: str) -> None:
-    """A URL is a URL (not the path ``http:/host/v1``): one line, exit 2."""
+    """A URL is a URL (not the path ``http:/host/v1``): one line, exit 2 — where the command takes a live endpoint,
+    the line asks for the reference it needs before anything is asked of the address."""
     where = f"{row.label} on a URL: exit {rc}\n{err[-2000:]}"
     assert rc == 2 and len(err.strip().splitlines()) == 1, where
+    if ModelKind.URL in row.kinds:
+        assert "give --reference MODEL" in err, where
+        return
     assert "http://127.0.0.1:9/v1 is a URL: live endpoints are not supported yet" in err, where

@@ -75,6 +75,8 @@ MODEL_HELP = (
 )
 
 
+#: The ``--backend`` a URL gets when none is given (a command whose kinds name it takes live endpoints)
+URL_BACKEND = "endpoint"
 #: Every kind a model on disk can be (``genprobe.model.kinds.FILE_KINDS``' values).
 MODEL_KINDS = ("checkpoint", "transformers", "gguf", "name")
 
@@ -88,7 +90,8 @@ def add_model_argument(
     """MODEL, always the first positional of a command that studies a model.
 
     ``kinds``: the :class:`~genprobe.model.kinds.ModelKind` values the command takes (default :data:`MODEL_KINDS`),
-    or ``{--backend value: kinds}`` when they depend on the backend; strings, so that building the parser imports
+    or ``{--backend value: kinds}`` when they depend on the backend (``--backend`` defaulting to None: then
+    :data:`URL_BACKEND` for a URL where declared, else the first key); strings, so that building the parser imports
     no torch. ``genprobe.cli.main`` refuses any other kind (and a URL) with one line before the command runs, and
     docs/commands.md's matrix is written from these declarations (:mod:`genprobe.cli.matrix`)."""
     p.add_argument("model", metavar="MODEL", nargs=None if required else "?", default=None, help=help)
@@ -97,14 +100,16 @@ def add_model_argument(
 
 def check_model_kind(args: argparse.Namespace, command: str) -> None:
     """Refuse (``ValueError``, one line) a MODEL of a kind ``command`` does not take: see :func:`add_model_argument`."""
-    from ..model.kinds import kind_refusal
+    from ..model.kinds import is_url, kind_refusal
 
     kinds = getattr(args, "model_kinds", None)
     model = getattr(args, "model", None)
     if kinds is None or model is None:
         return
     if isinstance(kinds, dict):
-        kinds = kinds[getattr(args, "backend", None)]
+        if getattr(args, "backend", None) is None:  # not given: the endpoint for a URL, else the first declared
+            args.backend = URL_BACKEND if is_url(model) and URL_BACKEND in kinds else next(iter(kinds))
+        kinds = kinds[args.backend]
     refusal = kind_refusal(command, model, tuple(kinds))
     if refusal:
         raise ValueError(refusal)

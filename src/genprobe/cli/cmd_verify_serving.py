@@ -36,6 +36,7 @@ from ._common import (
     out_dir,
     read_prompts,
 )
+from ._live import add_live_arguments, run_endpoint
 from ._vllm_args import add_engine_arguments, engine_options
 
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
@@ -59,17 +60,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         kinds={
             "vllm": ("checkpoint", "transformers", "name"),
             "llama.cpp": ("gguf", "name"),
+            "endpoint": ("url",),
         },
     )
     p.add_argument("--engine", choices=("vllm",), default="vllm", help="serving engine (default vllm)")
     p.add_argument(
         "--backend",
-        choices=("vllm", "llama.cpp"),
-        default="vllm",
-        help="vllm (default: the model directory served by vLLM) or llama.cpp (MODEL is a GGUF file, or a catalog "
-        "name whose GGUF `genprobe fetch` kept: every position's logits against float32 recomputation of the same "
-        "weights dequantized and against llama.cpp's own prefill; phases prefill, decode, batch, prompt_cache, "
-        "prompt_cache_diverge, context_shift)",
+        choices=("vllm", "llama.cpp", "endpoint"),
+        default=None,
+        help="vllm (the default for a model on disk: the model directory served by vLLM), llama.cpp (MODEL is a GGUF "
+        "file, or a catalog name whose GGUF `genprobe fetch` kept: every position's logits against float32 "
+        "recomputation of the same weights dequantized and against llama.cpp's own prefill; phases prefill, decode, "
+        "batch, prompt_cache, prompt_cache_diverge, context_shift) or endpoint (the default for a URL: a live "
+        "OpenAI-compatible server — vLLM, llama-cpp-python's server, any other — checked against --reference; "
+        "phases prompt, greedy, prefix, concurrency, seed, limits, chat; docs/live-serving.md)",
     )
     p.add_argument(
         "--reference", metavar="MODEL", help="the weights the deployment should serve (default: MODEL itself)"
@@ -88,6 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
     add_engine_arguments(p, max_num_batched_tokens=32, max_num_seqs=32, block_size=32)
     _add_llamacpp_arguments(p)
+    add_live_arguments(p)
     p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on |Δ log p| (default 1e-4)")
     p.add_argument("--bug", type=float, default=1.0, help="bug threshold on max |Δ log p| (default 1.0)")
     p.add_argument(
@@ -198,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
     from ..verify.compare import Thresholds
 
     th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
+    if args.backend == "endpoint":
+        return run_endpoint(args, th, _finish, FAIL_ON[args.fail_on])
     if args.backend == "llama.cpp":
         return run_llamacpp(args, th)
     from ..serving._vllm import VLLMNotAvailableError, require_vllm_engine

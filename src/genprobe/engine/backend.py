@@ -173,6 +173,8 @@ class EngineBackend:
         if request.prompt_logprobs is not None:
             prompt_positions = [None, *top_positions(rows[: P - 1], request.prompt[1:], request.prompt_logprobs)]
         text = self.model.decode(out)
+        cut = [text.find(st) for st in request.stop if st in text]
+        text = text[: min(cut)] if cut else text  # the OpenAI API's rule: the text ends before the stop string
         return Response(list(request.prompt), out, positions, reason, text, prompt_positions)
 
     def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:

@@ -116,3 +116,39 @@ def test_a_server_of_another_model_is_refused(server, tmp_path):
     other = load_model(save_tiny_llama(tmp_path)[0])
     with pytest.raises(ValueError, match=r"tokenizes a probe string differently .* it serves another model$"):
         verify(server, (other, None), "", FEWER)
+
+
+def test_the_command_line(server, reference, tmp_path, capsys):
+    """``genprobe verify-serving URL --reference MODEL``: the table, --json, --out; a bad server writes nothing."""
+    import json
+
+    from genprobe.cli import main
+
+    model, _ = reference
+    server.set_fault("")
+    out = tmp_path / "out"
+    ref = str(model.source)
+    rc = main(["verify-serving", server.url, "--reference", ref, "--requests", "8", "--out", str(out), "--json"])
+    got = capsys.readouterr()
+    assert rc == 0, got.err
+    summary = json.loads(got.out)
+    assert summary["verdict"] == "pass" and summary["exit_status"] == 0
+    assert json.loads((out / "verify-serving.json").read_text()) == summary
+    assert "concurrency" in got.err and "vllm server" in got.err
+    server.set_fault("shift")
+    assert main(["verify-serving", server.url, "--reference", ref, "--requests", "8"]) == 1
+    server.set_fault("error500")
+    capsys.readouterr()
+    bad = tmp_path / "bad"
+    assert main(["verify-serving", server.url, "--reference", ref, "--requests", "8", "--out", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in err if "error" in line] == err[-1:], err  # progress lines, then one error line
+    assert err[-1].startswith("genprobe verify-serving: error: http://127.0.0.1:"), err
+    assert err[-1].endswith('/v1/completions answered 500: {"error": "planted"} (3 tries)'), err
+    assert not bad.exists()
+    assert main(["verify-serving", server.url]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("give --reference MODEL: the weights the server should serve (what it is compared with)")
+    )

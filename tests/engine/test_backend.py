@@ -1,0 +1,46 @@
+"""The backend protocol (issue #45): genprobe's own engine as a backend runs the live verifier (issue #47) without a
+server — every phase it can check passes exactly (it is the reference), the others say why they were not checked."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "matrix"))
+from command_cells import save_tiny_llama  # noqa: E402
+
+from genprobe.engine.backend import EngineBackend, Request, Sampler  # noqa: E402
+from genprobe.serving.live import NOT_CHECKED, LiveSettings  # noqa: E402
+from genprobe.serving.live_verify import verify_live  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from genprobe.model.load import load_model
+
+    return load_model(save_tiny_llama(tmp_path_factory.mktemp("backend"))[0])
+
+
+def test_the_engine_backend_is_its_own_reference(model):
+    report = verify_live(EngineBackend(model), model, "tiny", LiveSettings(requests=8, steps=4, top_k=3))
+    got = {p.phase: p for p in report.phases}
+    for name in ("prompt", "greedy"):
+        assert got[name].verdict == "pass" and got[name].max_abs_dlogp == 0.0, got[name]
+        assert got[name].top1_agreement == 1.0 and got[name].topk_agreement == 1.0
+    assert got["prefix"].verdict == "pass" and got["seed"].verdict == "pass" and got["limits"].verdict == "pass"
+    assert (
+        got["concurrency"].verdict == NOT_CHECKED
+        and got["concurrency"].note == "the backend serves one request at a time"
+    )
+    assert got["chat"].verdict == NOT_CHECKED and "no endpoint that returns the prompt ids" in got["chat"].note
+    assert report.verdict == "pass"
+
+
+def test_the_engine_backend_refuses_what_it_cannot_do(model):
+    backend = EngineBackend(model)
+    with pytest.raises(ValueError, match="token-id prompts"):
+        backend.complete(Request("text", 2))
+    with pytest.raises(ValueError, match="top_p must be 1 and top_k 0"):
+        backend.complete(Request((1, 2), 2, Sampler(temperature=1.0, top_p=0.9)))
