@@ -46,6 +46,7 @@ class Sampler:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     seed: int | None = None
+    ban_ids: tuple[int, ...] = ()  # never sampled (the API's logit_bias -100)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,9 @@ class EngineBackend:
         return torch.log_softmax(logits.float(), dim=-1)
 
     def _next(self, row: torch.Tensor, sampler: Sampler, gen: torch.Generator | None) -> int:
+        if sampler.ban_ids:
+            row = row.clone()
+            row[list(sampler.ban_ids)] = float("-inf")
         if sampler.temperature == 0 or gen is None:
             return int(torch.argmax(row))
         return int(torch.multinomial(torch.softmax(row / sampler.temperature, -1), 1, generator=gen))

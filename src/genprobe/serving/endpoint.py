@@ -146,6 +146,8 @@ class EndpointBackend:
             body["top_k"] = s.top_k
         if s.seed is not None:
             body["seed"] = s.seed
+        if s.ban_ids:
+            body["logit_bias"] = {str(t): -100 for t in s.ban_ids}
         if request.stop:
             body["stop"] = list(request.stop)
         if self.server == "vllm":

@@ -3,8 +3,9 @@ REAL engine — llama.cpp running a tiny F32 GGUF (``LlamaCppModel``, float32 K/
 
 Standard library only (``http.server.ThreadingHTTPServer`` on 127.0.0.1, a free port): ``/v1/models``
 (``owned_by: vllm``), ``/v1/completions`` (token-id prompts, ``logprobs`` with ``return_tokens_as_token_ids`` keys,
-``prompt_logprobs``, ``seed``, ``stop``, ``max_tokens``), ``/tokenize`` (``prompt`` or ``messages``). The engine is
-one llama.cpp context behind a lock; requests in flight are counted, which is what the concurrency fault keys on.
+``prompt_logprobs``, ``seed``, ``stop``, ``max_tokens``, ``logit_bias``), ``/tokenize`` (``prompt`` or
+``messages``). The engine is one llama.cpp context behind a lock; requests in flight are counted, which is what the
+concurrency fault keys on.
 
 Faults (``server.fault``): ``template`` (the messages rendered without the system turn), ``stale_prefix`` (a prompt
 that shares its first 16 tokens with an earlier one gets the earlier one's answer), ``shift`` (each step's
@@ -98,7 +99,12 @@ class TinyServer:
         noise = np.random.default_rng()
         rows: list[np.ndarray] = []
 
+        bias = {int(t): float(v) for t, v in (body.get("logit_bias") or {}).items()}
+
         def pick(row: np.ndarray, history: list[int]) -> int:
+            for t, v in bias.items():
+                row = row.copy()
+                row[t] += v
             if self.fault == "nondeterminism" and self.in_flight > 1:
                 row = row + noise.normal(0.0, NOISE, row.shape)
             lp = log_softmax(row)

@@ -152,3 +152,28 @@ def test_the_command_line(server, reference, tmp_path, capsys):
         .err.strip()
         .endswith("give --reference MODEL: the weights the server should serve (what it is compared with)")
     )
+
+
+def test_loops_scan_through_the_endpoint(server, reference, tmp_path, capsys):
+    """``genprobe loops scan URL --reference MODEL``: the scan of what the server generates (end-of-text banned
+    through logit_bias) gives the tokens genprobe's own engine gives on the reference (greedy, float32)."""
+    import json
+
+    from genprobe.cli import main
+
+    model, _ = reference
+    server.set_fault("")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the quick brown fox\nthe cat sat on the mat\na b c d e\n")
+    common = ["--prompts", str(prompts), "--max-new-tokens", "16", "--setting", "greedy", "--no-calibrate"]
+    records = {}
+    for where in (server.url, str(model.source)):
+        out = tmp_path / ("served" if where == server.url else "engine")
+        extra = ["--reference", str(model.source)] if where == server.url else []
+        assert main(["loops", "scan", where, *common, *extra, "--out", str(out), "--no-progress"]) == 0
+        scan = json.loads((out / "scan.json").read_text())
+        records[out.name] = [r["tokens"] for r in scan["scans"]["greedy"]["records"]]
+        if where == server.url:
+            assert (scan["backend"], scan["server"], scan["model"]) == ("endpoint", "vllm", "tiny")
+    assert records["served"] == records["engine"] and len(records["served"]) == 3
+    capsys.readouterr()

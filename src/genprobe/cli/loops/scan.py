@@ -52,12 +52,22 @@ def register_scan(lsub: Any) -> None:
     )
     s.add_argument(
         "--backend",
-        choices=("genprobe", "vllm", "llama.cpp"),
-        default="genprobe",
-        help="who generates: genprobe's engine (default), vLLM (continuous batching, tensor/pipeline "
-        "parallel, Ray) or llama.cpp (MODEL a GGUF file: generation and sampling by llama.cpp's own sampler "
-        "chain); same JSON; a sampler the engine cannot express exactly is refused",
+        choices=("genprobe", "vllm", "llama.cpp", "endpoint"),
+        default=None,
+        help="who generates: genprobe's engine (default for a model on disk), vLLM (continuous batching, "
+        "tensor/pipeline parallel, Ray), llama.cpp (MODEL a GGUF file: generation and sampling by llama.cpp's own "
+        "sampler chain) or endpoint (default for a URL: a live OpenAI-compatible server, the sampler passed through "
+        "to it; --reference names the model's tokenizer); same JSON; a sampler the engine cannot express exactly is "
+        "refused",
     )
+    g = s.add_argument_group("a live endpoint (MODEL is a URL: --backend endpoint)")
+    g.add_argument(
+        "--reference",
+        metavar="MODEL",
+        help="the served model on disk: its tokenizer encodes the prompts and decodes the server's tokens",
+    )
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    g.add_argument("--timeout", type=float, default=60.0, help="seconds one HTTP request may take (default 60)")
     add_calibration_args(s)
     add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
     add_llamacpp_args(s)
@@ -68,6 +78,7 @@ def register_scan(lsub: Any) -> None:
             "genprobe": MODEL_KINDS,
             "vllm": ("checkpoint", "transformers", "name"),
             "llama.cpp": ("gguf", "name"),
+            "endpoint": ("url",),
         },
     )
 
@@ -117,6 +128,16 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
         return vllm_scan_backend(engine_options(args, seed=args.seed))
     if args.backend == "llama.cpp":
         return llamacpp_backend(args, settings, model)
+    if args.backend == "endpoint":
+        from ...serving.endpoint import EndpointBackend, HttpSettings
+        from ...serving.live import piece_table
+        from ...serving.live_scan import endpoint_scan_backend
+
+        if args.concurrency < 1 or args.timeout <= 0:
+            raise ValueError(f"--concurrency must be >= 1 and --timeout > 0, got {args.concurrency}, {args.timeout}")
+        server = EndpointBackend(args.model, HttpSettings(timeout_s=args.timeout), pieces=piece_table(model))
+        info(f"{args.model}: {server.capabilities.server} server, model {server.model_name!r}")
+        return endpoint_scan_backend(server, args.concurrency)
     return None
 
 
@@ -133,7 +154,14 @@ def run_scan(args: argparse.Namespace) -> int:
         out_dir(args.out, SCAN_FILE)
     if _backend_missing(args):
         return 2
-    model = load_model_or_default(args)
+    if args.backend == "endpoint":
+        from ...model.load import load_model
+
+        if not args.reference:
+            raise ValueError("give --reference MODEL: the served model on disk, whose tokenizer the scan reads with")
+        model = load_model(args.reference)
+    else:
+        model = load_model_or_default(args)
     texts, source = read_loop_prompts(args, model)
     if texts is None:
         texts = heldout_openings(model.tokenizer, args.n, args.prefix)
