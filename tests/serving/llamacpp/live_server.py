@@ -9,9 +9,9 @@ concurrency fault keys on.
 
 Faults (``server.fault``): ``template`` (the messages rendered without the system turn), ``stale_prefix`` (a prompt
 that shares its first 16 tokens with an earlier one gets the earlier one's answer), ``shift`` (each step's
-log-probabilities are the next step's), ``wrong_token`` (the sampled token's log-probability is the runner-up's),
-``nondeterminism`` (logits perturbed by N(0, 0.05²) while another request is in flight), and the bad servers
-``error500`` (completions only), ``hang`` (answers after 2 s), ``no_logprobs``.
+log-probabilities are the next step's), ``wrong_token`` (the sampled token's log-probability is id + 1's: an
+off-by-one index), ``nondeterminism`` (logits perturbed by N(0, 0.05²) while another request is in flight), and the
+bad servers ``error500`` (completions only), ``hang`` (answers after 2 s), ``no_logprobs``.
 """
 
 from __future__ import annotations
@@ -143,8 +143,8 @@ class TinyServer:
         for s, t in enumerate(tokens):
             lp = rows[min(s + 1, len(rows) - 1)] if self.fault == "shift" else rows[s]
             value = float(lp[t])
-            if self.fault == "wrong_token":
-                value = float(lp[np.argsort(-lp, kind="stable")[1 if np.argmax(lp) == t else 0]])
+            if self.fault == "wrong_token":  # an off-by-one vocabulary index
+                value = float(lp[(t + 1) % len(lp)])
             out["tokens"].append(f"token_id:{t}")
             out["token_logprobs"].append(value)
             out["top_logprobs"].append({**top_entries(lp, k, t), f"token_id:{t}": value})
