@@ -25,7 +25,7 @@ A phase the backend cannot support is "not checked" with the reason, never "pass
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -70,6 +70,8 @@ class LivePhase:
 @dataclass
 class LiveReport:
     """Every phase of one live verification."""
+
+    JSON_PROPERTIES = ("verdict",)  # computed from the phases, kept in the JSON form
 
     url: str
     server: str
@@ -209,8 +211,3 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def to_dict(report: LiveReport) -> dict[str, Any]:
-    """The report's JSON form (with its overall verdict)."""
-    return {**asdict(report), "verdict": report.verdict}
