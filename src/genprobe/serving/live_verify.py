@@ -75,9 +75,16 @@ def prefix_phase(
     served = [backend.complete(r) for r in (a, b, a)]
     phase = judge.relative("prefix", served, [served[0], served[1], served[0]], floor)
     shared = len(_common_prefix(served[0].prompt_ids, served[1].prompt_ids))
-    phase.note = f"{shared} prompt tokens shared" + (
-        "" if phase.cached_tokens is not None else "; the server does not say how many it served from a cache"
-    )
+    phase.note = f"{shared} prompt tokens shared"
+    if phase.cached_tokens is None:
+        phase.note += "; the server does not say how many it served from a cache"
+    elif phase.cached_tokens == 0:  # the answers were checked, the cache was not: nothing to look at
+        phase.verdict = NOT_CHECKED
+        phase.note += (
+            f"; the server served none from a cache: its prefix cache was not exercised (off, or a cache block "
+            f"longer than the {shared} shared tokens); the answers themselves were within {phase.gap_ratio:.2f}x "
+            "the lone floor"
+        )
     return phase
 
 
