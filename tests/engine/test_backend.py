@@ -44,3 +44,19 @@ def test_the_engine_backend_refuses_what_it_cannot_do(model):
         backend.complete(Request("text", 2))
     with pytest.raises(ValueError, match="top_p must be 1 and top_k 0"):
         backend.complete(Request((1, 2), 2, Sampler(temperature=1.0, top_p=0.9)))
+
+
+class _NothingCached(EngineBackend):
+    """Says it served 0 prompt tokens from a cache (vLLM's CPU cache with a block longer than the shared prefix)."""
+
+    def complete(self, request):
+        response = super().complete(request)
+        response.cached_tokens = 0
+        return response
+
+
+def test_a_prefix_cache_that_served_nothing_is_not_checked(model):
+    """A check with nothing to look at says "not checked", never "pass"."""
+    report = verify_live(_NothingCached(model), model, "tiny", LiveSettings(requests=8, steps=4, top_k=3))
+    prefix = next(p for p in report.phases if p.phase == "prefix")
+    assert prefix.verdict == NOT_CHECKED and "its prefix cache was not exercised" in prefix.note, prefix
