@@ -59,7 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="give each prompt as a user turn through the chat template")
-    p.add_argument("--serving", choices=("vllm",), help="also check the serving engine's logits (extra genprobe[vllm])")
+    p.add_argument(
+        "--serving",
+        metavar="vllm|URL",
+        help="also check the serving engine's logits: vllm (the model served in-process, extra genprobe[vllm]) or the "
+        "URL of a live OpenAI-compatible server of this model (verify-serving URL --reference MODEL's phases)",
+    )
     p.add_argument("--quick", action="store_true", help="the CI gate: fewer prompts and steps, no which-fix stage")
     p.add_argument(
         "--max-loop-rate", type=float, metavar="R", help="warn (exit 4) when a setting's degenerate rate exceeds R"

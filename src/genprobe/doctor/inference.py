@@ -147,8 +147,27 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def _live_serving(model: Any, url: str, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    """A live server of the model against float32 recomputation (``verify-serving URL --reference MODEL``); an
+    unusable server is the finding's reason, not the doctor's failure."""
+    from ..serving.endpoint import EndpointBackend
+    from ..serving.live import LiveSettings, piece_table
+    from ..serving.live_verify import verify_live
+
+    settings = LiveSettings(requests=16 if opts.quick else 64, steps=opts.plan.verify_steps)
+    try:
+        backend = EndpointBackend(url, pieces=piece_table(model))
+        report = verify_live(backend, model, str(model.source), settings, log=log, url=url)
+    except ValueError as exc:  # EndpointError included: unreachable, 500, timeout, another model, no log-probs
+        return {"verdict": "unavailable", "reason": str(exc), "url": url}
+    return json_safe(report)
+
+
 def _serving(model: Any, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
-    """vLLM's float32 deployment of the model against float32 recomputation (``verify-serving``)."""
+    """vLLM's float32 deployment of the model against float32 recomputation (``verify-serving``), or a live
+    server's (``--serving URL``)."""
+    if opts.serving and opts.serving != "vllm":
+        return _live_serving(model, opts.serving, opts, log)
     if not vllm_installed():
         return {"verdict": "unavailable", "reason": "vLLM is not installed (pip install 'genprobe[vllm]')"}
     from ..serving.verify import verify_serving
@@ -255,9 +274,16 @@ def _serving_findings(serving: dict[str, Any] | None, model_arg: str) -> list[Fi
         return []
     verdict = serving.get("verdict", "unavailable")
     sev = VERDICT_SEVERITY.get(verdict, "warning")
-    title = f"vLLM float32 deployment vs recomputation: {verdict}"
+    url = serving.get("url")
+    title = f"{'live server ' + url if url else 'vLLM float32 deployment'} vs recomputation: {verdict}"
     if serving.get("reason"):
         title += f" ({serving['reason']})"
+    if url:
+        sev = "warning" if verdict == "unavailable" else sev  # the server asked about could not be used
+        phases = {p["phase"]: p["verdict"] for p in serving.get("phases", [])}
+        evidence = {"verdict": verdict, "reason": serving.get("reason"), "server": serving.get("server"), **phases}
+        command = f"genprobe verify-serving {url} --reference {model_arg}"
+        return [Finding("inference", "serving.endpoint", sev, title, evidence, VERIFY_CRITERION, command)]
     return [
         Finding(
             "inference",

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from .._io import json_safe
 from ..engine.samplers import SamplerConfig
+from ..model.kinds import is_url
 
 STAGES = ("audit", "card", "quality", "inference", "attention", "degeneration", "fixes")
 TITLES = {
@@ -72,8 +73,8 @@ class DoctorOptions:
         unknown = [s for s in self.only if s not in STAGES]
         if unknown or not self.only:
             raise ValueError(f"stages must be among {', '.join(STAGES)}, got {list(self.only) or 'none'}")
-        if self.serving is not None and self.serving not in SERVING:
-            raise ValueError(f"serving engine must be one of {SERVING}, got {self.serving!r}")
+        if self.serving is not None and self.serving not in SERVING and not is_url(self.serving):
+            raise ValueError(f"serving must be one of {SERVING} or a live server's URL, got {self.serving!r}")
         if self.max_loop_rate is not None and not 0.0 <= self.max_loop_rate <= 1.0:
             raise ValueError(f"max_loop_rate must be in [0, 1], got {self.max_loop_rate}")
         if self.prompts is not None and (not self.prompts or any(not p for p in self.prompts)):

@@ -177,3 +177,20 @@ def test_loops_scan_through_the_endpoint(server, reference, tmp_path, capsys):
             assert (scan["backend"], scan["server"], scan["model"]) == ("endpoint", "vllm", "tiny")
     assert records["served"] == records["engine"] and len(records["served"]) == 3
     capsys.readouterr()
+
+
+def test_doctor_gains_the_deployment_section(server, reference):
+    """``genprobe doctor MODEL --serving URL``: the live verifier's verdict is a finding with the reproducing
+    command; an unusable server is the finding's reason, not the doctor's failure."""
+    from genprobe.doctor.inference import _serving, _serving_findings
+    from genprobe.doctor.options import DoctorOptions
+
+    model, _ = reference
+    for fault, severity in (("shift", "bug"), ("error500", "warning")):
+        server.set_fault(fault)
+        (finding,) = _serving_findings(_serving(model, DoctorOptions(serving=server.url, quick=True), print), "M")
+        assert (finding.check, finding.severity) == ("serving.endpoint", severity), finding
+        assert finding.command == f"genprobe verify-serving {server.url} --reference M"
+    assert "answered 500" in finding.title
+    with pytest.raises(ValueError, match="serving must be one of"):
+        DoctorOptions(serving="tgi")
