@@ -65,7 +65,8 @@ reported as unavailable with the reason. quantized is lossy by design: expect su
 prefix reuse: sequences of 48 tokens (fewer in a shorter context) sharing 1, 4, 7, 8, 13, 15, 16, 24, 31, 32
 leading tokens with a base sequence, one token changed at the last position of a block of 8/16/32, the first 16
 tokens replaced, the base again, and its first 32 / 20 tokens then others (prompts shorter than a cached one);
-run with reset() between them, and back to back when the implementation sets prefill_starts_sequence = True. The report lists the situations exercised.
+run with reset() between them, and back to back when the implementation sets prefill_starts_sequence = True.
+The report lists the situations exercised.
 
 noise floor: the reference computes the same logits twice in another order (a padded batch's rows vs each
 row alone; a prefix's positions in a forward over the prefix vs over the whole sequence). The largest
