@@ -5,12 +5,19 @@ local package index with a toy wheel, a tiny GGUF file, a tiny transformers dire
 ``$GENPROBE_CACHE_DIR`` (or ``ROOT/out``). ``$GENPROBE_FAULT`` kills or delays it at a named point
 (:func:`genprobe._io.fault_point`). Each writer is the real code path, with only what needs the network or an
 optional native library (pip's index, llama.cpp) replaced by a local stand-in.
+
+``python tests/cache_writers_driver.py --serve`` is what the tests start: one process that imports what the writers
+use (torch, genprobe's modules: ~3 s of a core each time) once, then forks a writer process per request read on its
+standard input (:func:`serve`). Each writer still runs as its own process — its own environment, cache locks and
+pid, killed alone by its fault point — without paying the imports again (39 writer runs in the tests).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 TOY_MEMBERS = ("toypkg/data/background.cor", "toypkg/data/rated.cor")
@@ -150,7 +157,87 @@ def out_file(root: Path) -> int:
 
 WRITERS = {f.__name__: f for f in (english, catalog, kernels, aot, quantize, checkpoint, out_file)}
 
-if __name__ == "__main__":
-    name, root = sys.argv[1], Path(sys.argv[2])
+
+def run(name: str, root: Path) -> int:
     os.environ.setdefault("GENPROBE_CACHE_DIR", str(root / "cache"))
-    sys.exit(WRITERS[name](root))
+    return WRITERS[name](root)
+
+
+# What the writers import, imported once by the serving process before it forks them (none of it starts a thread).
+PRELOAD = (
+    "torch",
+    "torch.export",
+    "genprobe.cli",
+    "genprobe.cli.cmd_fetch",
+    "genprobe.corpus",
+    "genprobe.corpus.english",
+    "genprobe.engine.fast.aot",
+    "genprobe.engine.fast.kernels.build",
+    "genprobe.model",
+    "genprobe.model.catalog",
+    "genprobe.model.checkpoint",
+    "genprobe.model.gguf",
+    "genprobe.serving.llamacpp.quantize",
+    # what torch.export and the GGUF conversion (transformers' own reader and Llama classes) import on first use
+    "torch._dynamo",
+    "torch._inductor.lowering",
+    "sympy",
+    "networkx",
+    "transformers",
+    "transformers.modeling_gguf_pytorch_utils",
+    "transformers.integrations.gguf",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+    "transformers.models.llama.modeling_llama",
+    "accelerate",
+    "tokenizers",
+    "mistral_common",
+    "PIL.Image",
+)
+
+
+def _child(request: dict) -> None:
+    """In the forked writer: its environment and output files, then the writer; never returns."""
+    code = 1
+    try:
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT)):
+            os.dup2(os.open(path, flags), fd)
+        os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+        code = run(request["writer"], Path(request["root"]))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve() -> None:
+    """Read requests (JSON lines) on stdin: ``{"start": {writer, root, env, stdout, stderr}}`` forks a writer and
+    answers its pid; ``{"wait": pid}`` answers its exit status as ``subprocess`` reports it (-9: killed)."""
+    import importlib
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    for module in (*PRELOAD, "shared_checkpoint"):
+        importlib.import_module(module)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "start" in request:
+            pid = os.fork()
+            if pid == 0:
+                _child(request["start"])
+            answer = pid
+        else:
+            answer = os.waitstatus_to_exitcode(os.waitpid(request["wait"], 0)[1])
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        sys.exit(run(sys.argv[1], Path(sys.argv[2])))

@@ -3,14 +3,18 @@ each of its fault points then run again. Both end with exit 0 and the result of 
 
 Each writer runs as its own process (tests/cache_writers_driver.py): the real code path, with a local stand-in
 for the network (a toy wheel in a local package index) and for what is slow or optional (AOTInductor's compiler,
-llama.cpp, the quick training recipe; see the driver). ``$GENPROBE_FAULT`` kills or delays a writer at a named
-point and ``$GENPROBE_FAULT_LOG`` records the points it passed (``genprobe._io.fault_point``).
+llama.cpp, the quick training recipe; see the driver), forked by one serving process per test worker that imported
+torch and genprobe once (those imports were most of this file's CPU: 39 writer runs). ``$GENPROBE_FAULT`` kills or
+delays a writer at a named point and ``$GENPROBE_FAULT_LOG`` records the points it passed
+(``genprobe._io.fault_point``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
+import json
 import os
 import subprocess
 import sys
@@ -120,19 +124,62 @@ def _root(tmp: Path, fixtures: Path, name: str) -> Path:
     return root
 
 
-def _start(writer: str, root: Path, fault: str | None = None) -> subprocess.Popen:
+class Forker:
+    """The driver's serving process (``cache_writers_driver.py --serve``): it forks each writer run."""
+
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_LOG_ENV)} | {"OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, str(DRIVER), "--serve"]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, request: dict) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        assert answer, f"the driver's serving process ended (exit {self.proc.wait()})"
+        return int(json.loads(answer))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def forker():
+    f = Forker()
+    yield f
+    f.close()
+
+
+@dataclass(frozen=True)
+class Run:
+    """A writer process started by the forker; its stderr goes to a file of its own."""
+
+    forker: Forker
+    pid: int
+    stderr: Path
+
+
+_RUN_IDS = itertools.count()
+
+
+def _start(forker: Forker, writer: str, root: Path, fault: str | None = None) -> Run:
     env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_LOG_ENV)}
     env |= {"GENPROBE_CACHE_DIR": str(root / "cache"), "GENPROBE_TEST_CACHE": str(root / "cache")}
     env |= {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(root / "fixtures" / "index"), "OMP_NUM_THREADS": "1"}
     if fault:
         env |= {FAULT_ENV: fault, FAULT_LOG_ENV: str(root / "faults.log")}
-    cmd = [sys.executable, str(DRIVER), writer, str(root)]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr = root / f"stderr-{next(_RUN_IDS)}.txt"
+    files = {"stdout": os.devnull, "stderr": str(stderr)}
+    pid = forker.ask({"start": {"writer": writer, "root": str(root), "env": env, **files}})
+    return Run(forker, pid, stderr)
 
 
-def _finish(proc: subprocess.Popen) -> tuple[int, str]:
-    _, err = proc.communicate(timeout=300)
-    return proc.returncode, err
+def _finish(run: Run) -> tuple[int, str]:
+    rc = run.forker.ask({"wait": run.pid})
+    return rc, run.stderr.read_text()
 
 
 def _result_files(root: Path, writer: Writer) -> list[Path]:
@@ -169,7 +216,7 @@ def _params():
 
 
 @pytest.mark.parametrize("name", _params())
-def test_two_at_once_and_killed_at_each_point_each_ends_as_an_undisturbed_run(name, tmp_path, fixtures):
+def test_two_at_once_and_killed_at_each_point_each_ends_as_an_undisturbed_run(name, tmp_path, fixtures, forker):
     """From empty caches, at the same time: an undisturbed run (the reference: its result's checksum and the fault
     points it passed) and two runs on one cache (both exit 0; a cache entry written by one of them, the other
     waiting; the same checksum). Then, on a third cache, runs killed at each fault point in turn, each leaving no
@@ -177,8 +224,8 @@ def test_two_at_once_and_killed_at_each_point_each_ends_as_an_undisturbed_run(na
     writer = BY_NAME[name]
     reference, race = _root(tmp_path, fixtures, "reference"), _root(tmp_path, fixtures, "race")
     work = writer.kill_points[0]  # held open for 2 s, so that the second process arrives while the first works
-    procs = [_start(name, reference, fault="none=kill")]  # a spec that only logs the points passed
-    procs += [_start(name, race, fault=f"{work}=sleep:2") for _ in range(2)]
+    procs = [_start(forker, name, reference, fault="none=kill")]  # a spec that only logs the points passed
+    procs += [_start(forker, name, race, fault=f"{work}=sleep:2") for _ in range(2)]
     for rc, err in [_finish(p) for p in procs]:
         assert rc == 0 and "Traceback" not in err, err
     digest = _digest(reference, writer)
@@ -190,11 +237,11 @@ def test_two_at_once_and_killed_at_each_point_each_ends_as_an_undisturbed_run(na
 
     killed = _root(tmp_path, fixtures, "killed")
     for point in writer.kill_points:  # one after the other on the same cache, each at a later stage
-        rc, err = _finish(_start(name, killed, fault=f"{point}=kill"))
+        rc, err = _finish(_start(forker, name, killed, fault=f"{point}=kill"))
         assert rc == KILLED, f"not killed at {point}: exit {rc}\n{err}"
         assert not _complete(killed, writer), f"killed at {point}, yet the result looks complete"
         assert _leftovers(killed), f"killed at {point}, nothing was half-written"
-    rc, err = _finish(_start(name, killed))
+    rc, err = _finish(_start(forker, name, killed))
     assert rc == 0 and "Traceback" not in err, err
     assert _digest(killed, writer) == digest
     if writer.shared:  # a cache writer removes what the killed one left (a --out file's temporary stays hidden)
