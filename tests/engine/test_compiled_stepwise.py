@@ -74,6 +74,14 @@ def test_narrow_weights_stay_on_the_kernels_where_the_stepwise_path_would_widen_
     assert [compiled_mod.decode_strategy(large, b) for b in (1, 16, 64, 65)] == ["loop", "loop", "loop", "stepwise"]
 
 
+@pytest.fixture(scope="module")
+def stepwise_model(sharp_gpt):
+    """One model for the file's compiled tests, in their order: its frozen graphs (weights are their constants, so
+    a model of its own would compile them again, ~20 s of a core each) serve the later tests; the in-place edit
+    comes last."""
+    return sharp_gpt(0)
+
+
 @pytest.fixture
 def graph_caches_off():
     """The graph caches (Inductor's and AOTAutograd's) off for one test: a graph served from them skips the pattern
@@ -83,7 +91,9 @@ def graph_caches_off():
         yield
 
 
-def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch, graph_caches_off, sharp_gpt):
+def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(
+    monkeypatch, graph_caches_off, sharp_gpt, stepwise_model
+):
     """Tokens, finish reasons, raw logits, on_token and forward counts equal the eager loop's; the batch is a
     symbol (one graph for batch 3 and 2) and the frozen weights were packed (what makes the path fast)."""
     from torch._dynamo.utils import counters
@@ -92,7 +102,7 @@ def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch, 
     # up its weight-packing patterns once per process, and that compile must not leave them switched off.
     generate(sharp_gpt(9), [[1, 2, 3]], 3, compile=True)
     monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
-    model = sharp_gpt(0)
+    model = stepwise_model  # first use: nothing compiled for it yet
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
     plain = generate(model, prompts, 20).tokens
     eos = [t for t in plain[0][1:] if all(t in row[1:] for row in plain)][0]
@@ -118,25 +128,13 @@ def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(monkeypatch, 
     assert counters["stats"]["unique_graphs"] == graphs + 1
 
 
-def test_stepwise_decoding_picks_up_weights_edited_in_place(monkeypatch, sharp_gpt):
-    monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
-    model = sharp_gpt(5)
-    prompts = [[1, 2, 3], [4, 5]]
-    generate(model, prompts, 10, compile=True)
-    with torch.no_grad():
-        model.h[0].mlp.c_fc.weight.mul_(1.5)
-    a = generate(model, prompts, 10, compile=True, return_logits=True)
-    b = generate(model, prompts, 10, return_logits=True)
-    assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
-
-
-def test_stepwise_path_passes_the_cache_verifier(monkeypatch, sharp_gpt):
+def test_stepwise_path_passes_the_cache_verifier(monkeypatch, stepwise_model):
     """The verifier's harness (decode, prefill in chunks of 4, padded batch) on the stepwise path and prefill."""
     from genprobe.verify import CompiledEngineAdapter, FullRecompute
     from genprobe.verify.harness import ReferenceRun, verify_implementation
 
     monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
-    model = sharp_gpt(6)
+    model = stepwise_model
     prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9]]
     kinds = _spy_kinds(monkeypatch)
     rep = verify_implementation(
@@ -144,3 +142,16 @@ def test_stepwise_path_passes_the_cache_verifier(monkeypatch, sharp_gpt):
     )
     assert rep.verdict == "pass", json_safe(rep)
     assert {"prefill", "stepwise"} <= set(kinds)
+
+
+# Last in the file: it edits the shared model's weights.
+def test_stepwise_decoding_picks_up_weights_edited_in_place(monkeypatch, stepwise_model):
+    monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
+    model = stepwise_model
+    prompts = [[1, 2, 3], [4, 5]]
+    generate(model, prompts, 10, compile=True)  # compiled for the weights before the edit (or reused)
+    with torch.no_grad():
+        model.h[0].mlp.c_fc.weight.mul_(1.5)
+    a = generate(model, prompts, 10, compile=True, return_logits=True)
+    b = generate(model, prompts, 10, return_logits=True)
+    assert a.tokens == b.tokens and _max_diff(a, b) < 1e-4
