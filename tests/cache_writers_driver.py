@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -218,7 +220,8 @@ def _child(request: dict) -> None:
 
 def serve() -> None:
     """Read requests (JSON lines) on stdin: ``{"start": {writer, root, env, stdout, stderr}}`` forks a writer and
-    answers its pid; ``{"wait": pid}`` answers its exit status as ``subprocess`` reports it (-9: killed)."""
+    answers its pid; ``{"wait": pid, "timeout": s}`` answers its exit status as ``subprocess`` reports it (-9:
+    killed), or null for a writer still running after the timeout (then killed)."""
     import importlib
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -232,8 +235,21 @@ def serve() -> None:
                 _child(request["start"])
             answer = pid
         else:
-            answer = os.waitstatus_to_exitcode(os.waitpid(request["wait"], 0)[1])
+            answer = _wait(request["wait"], request["timeout"])
         print(json.dumps(answer), flush=True)
+
+
+def _wait(pid: int, timeout: float) -> int | None:
+    """The writer's exit status as ``subprocess`` reports it, or None (and the writer killed) after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
 
 
 if __name__ == "__main__":

@@ -132,13 +132,13 @@ class Forker:
         cmd = [sys.executable, str(DRIVER), "--serve"]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def ask(self, request: dict) -> int:
+    def ask(self, request: dict) -> int | None:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         answer = self.proc.stdout.readline()
         assert answer, f"the driver's serving process ended (exit {self.proc.wait()})"
-        return int(json.loads(answer))
+        return json.loads(answer)
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -174,11 +174,13 @@ def _start(forker: Forker, writer: str, root: Path, fault: str | None = None) ->
     stderr = root / f"stderr-{next(_RUN_IDS)}.txt"
     files = {"stdout": os.devnull, "stderr": str(stderr)}
     pid = forker.ask({"start": {"writer": writer, "root": str(root), "env": env, **files}})
+    assert pid is not None
     return Run(forker, pid, stderr)
 
 
 def _finish(run: Run) -> tuple[int, str]:
-    rc = run.forker.ask({"wait": run.pid})
+    rc = run.forker.ask({"wait": run.pid, "timeout": 300})
+    assert rc is not None, f"a writer still ran after 300 s (killed); its stderr:\n{run.stderr.read_text()}"
     return rc, run.stderr.read_text()
 
 
