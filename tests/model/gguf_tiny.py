@@ -102,10 +102,12 @@ def write_tiny_gguf(
     seed: int = 0,
     heads: tuple[int, int] = (4, 2),
     planted: dict | None = None,
+    quant: dict[str, str] | None = None,
 ):
     """Write a tiny random Llama + byte-level BPE as GGUF; returns the HF model whose weights the file holds.
 
-    Tensors named in ``q8_names`` are stored as Q8_0; the returned model then holds their dequantized
+    Tensors named in ``q8_names`` are stored as Q8_0, those in ``quant`` (name -> ggml type name: Q4_0, Q5_1, …) as
+    that type (by gguf-py's own quantizer); the returned model then holds their dequantized
     values (what any reader of the file must get back). ``planted`` overrides what the header says (the doctor's
     audit tests): ``bos_token_id``, ``eos_token_id``, ``chat_template``, ``file_type`` (a llama.cpp file type; by
     default none is written), ``head_count``.
@@ -133,10 +135,12 @@ def write_tiny_gguf(
     _add_tokenizer(w, bpe, planted)
     tensors = _tensors(model)
     for name, arr in tensors.items():
-        if name in q8_names:
-            q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-            tensors[name] = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
+        kind = "Q8_0" if name in q8_names else (quant or {}).get(name)
+        if kind is not None:
+            qtype = gguf.GGMLQuantizationType[kind]
+            q = gguf.quants.quantize(arr, qtype)
+            w.add_tensor(name, q, raw_dtype=qtype)
+            tensors[name] = gguf.quants.dequantize(q, qtype)
         else:
             w.add_tensor(name, arr.astype(np.float32))
     w.write_header_to_file()

@@ -359,30 +359,46 @@ Q8_0_BLOCK, Q8_0_BLOCK_BYTES = 32, 34
 def q8_0_blocks(path: str | os.PathLike[str], module: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """The GGUF file's Q8_0 matrices as ``(q, scales)``: int8 (N, K) and float32 (N, K / 32), named as ``module``'s
     parameters (``module`` is the model :func:`read_gguf` made of the same file)."""
-    gguf = require_gguf_package()
+    blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, _, rows in _matrices_in_model_order(path, module, {"Q8_0"}):
+        if rows.shape[1] % Q8_0_BLOCK_BYTES:
+            raise ModelLoadError(f"{path}: Q8_0 tensor {name} has rows of {rows.shape[1]} bytes")
+        packed = rows.reshape(rows.shape[0], -1, Q8_0_BLOCK_BYTES)
+        scales = np.ascontiguousarray(packed[..., :2]).view(np.float16)[..., 0].astype(np.float32)
+        q = np.ascontiguousarray(packed[..., 2:]).view(np.int8).reshape(rows.shape[0], -1)
+        blocks[name] = (torch.from_numpy(q), torch.from_numpy(scales))
+    return blocks
+
+
+def gguf_blocks(path: str | os.PathLike[str], module: nn.Module, types: set[str]) -> dict[str, tuple[str, torch.Tensor]]:
+    """The GGUF file's matrices of the ggml ``types`` (``Q4_0``, ``Q4_K``, …) as ``(type name, uint8 rows)``, the
+    rows in ``module``'s order, named as ``module``'s parameters (see :mod:`genprobe.model.gguf_blocks`)."""
+    found = _matrices_in_model_order(path, module, types)
+    return {name: (kind, torch.from_numpy(np.ascontiguousarray(rows))) for name, kind, rows in found}
+
+
+def _matrices_in_model_order(
+    path: str | os.PathLike[str], module: nn.Module, types: set[str]
+) -> Iterator[tuple[str, str, np.ndarray]]:
+    """(parameter name, ggml type name, raw rows (N, row bytes)) of each 2-D tensor of ``types`` in the file that is a
+    parameter of ``module``, its rows in the order transformers gives the dequantized tensor (llama.cpp's converter
+    reorders the rows of ``attn_q`` / ``attn_k``; transformers' tensor processor undoes it, applied here to the row
+    indices). A tensor whose processor does more than reorder rows is left out (it stays float)."""
+    require_gguf_package()
     import transformers.modeling_gguf_pytorch_utils as hf_gguf
 
-    reader = gguf.GGUFReader(Path(path), "r")
+    reader = require_gguf_package().GGUFReader(Path(path), "r")
     arch = _field_value(reader, "general.architecture")
     config = module.config.to_dict()  # type: ignore[union-attr, operator]  # a transformers model
     processor = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)(config=config)  # type: ignore[no-untyped-call]
     names = hf_gguf.get_gguf_hf_weights_map(module, processor)
-    blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for tensor in reader.tensors:
-        if tensor.tensor_type != gguf.GGMLQuantizationType.Q8_0 or len(tensor.data.shape) != 2:
+        if tensor.tensor_type.name not in types or len(tensor.data.shape) != 2:
             continue
         raw = np.asarray(tensor.data)
         n = raw.shape[0]
-        if raw.shape[1] % Q8_0_BLOCK_BYTES:
-            raise ModelLoadError(f"{path}: Q8_0 tensor {tensor.name} has rows of {raw.shape[1]} bytes")
-        # the row order transformers gives the dequantized tensor, read off the row indices
         indices = np.arange(n).reshape(n, 1)
         rows = processor.process(weights=indices, name=tensor.name, tensor_key_mapping=names)  # type: ignore[no-untyped-call]
         if rows.name not in names or sorted(rows.weights.reshape(-1).tolist()) != list(range(n)):
-            continue  # not a parameter of the model, or a processor that does more than reorder rows: stays float
-        order = rows.weights.reshape(n)
-        packed = raw.reshape(n, -1, Q8_0_BLOCK_BYTES)[order]
-        scales = np.ascontiguousarray(packed[..., :2]).view(np.float16)[..., 0].astype(np.float32)
-        q = np.ascontiguousarray(packed[..., 2:]).view(np.int8).reshape(n, -1)
-        blocks[names[rows.name]] = (torch.from_numpy(q), torch.from_numpy(scales))
-    return blocks
+            continue
+        yield names[rows.name], tensor.tensor_type.name, raw[rows.weights.reshape(n)]

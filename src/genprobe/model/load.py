@@ -299,7 +299,7 @@ def load_model(
         if weight_dtype not in (dtype, torch.int8):
             raise ModelLoadError(
                 f"weight-only {weight_dtype} storage is for genprobe checkpoints and transformers models; {d} is a "
-                "GGUF file (int8 reads its Q8_0 tensors as they are)"
+                "GGUF file (int8 keeps its quantized blocks, Q8_0 and the 4-6-bit types, as they are)"
             )
         return _load_gguf(d, dtype, device, int8_blocks=weight_dtype == torch.int8, narrow_output=narrow_output)
     if not d.is_dir():
@@ -359,12 +359,18 @@ def _load_gguf(
     arch = str(getattr(getattr(module, "config", None), "model_type", summary.architecture))
     config: Any = getattr(module, "config", None)
     meta = {"config": config.to_dict() if config is not None else {}, "gguf": json_safe(summary)}
+    if int8_blocks:
+        meta["weight_blocks"] = block_summary(module)
     return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", arch, file, meta)
 
 
 def _int8_blocks_of(module: Any, file: Path, dtype: torch.dtype, narrow_output: bool) -> Any:
-    """``module`` with the GGUF file's Q8_0 matrices held as int8 blocks (a Llama-family model, float32)."""
-    from .gguf import q8_0_blocks
+    """``module`` with the GGUF file's quantized matrices held as their blocks (a Llama-family model, float32): Q8_0
+    as int8 blocks (:func:`~genprobe.model.weight_only.with_int8_blocks`), Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K as the
+    file's bytes (:mod:`genprobe.model.gguf_blocks`). Every other matrix stays float32 (``block_summary`` says which).
+    """
+    from .gguf import gguf_blocks, q8_0_blocks
+    from .gguf_blocks import BLOCK_TYPES, with_gguf_blocks
     from .llama_family import unsupported_reason
     from .weight_only import with_int8_blocks
 
@@ -372,18 +378,37 @@ def _int8_blocks_of(module: Any, file: Path, dtype: torch.dtype, narrow_output: 
     if dtype != torch.float32 or reason is not None:
         why = reason or f"the model's dtype is {dtype}, int8 blocks widen to float32"
         raise ModelLoadError(
-            f"int8 storage of a GGUF file's Q8_0 tensors is for float32 Llama-family models; {file}: {why}"
+            f"keeping a GGUF file's quantized blocks is for float32 Llama-family models; {file}: {why}"
         )
-    blocks = q8_0_blocks(file, module)
-    if not blocks:
+    q8 = q8_0_blocks(file, module)
+    others = gguf_blocks(file, module, set(BLOCK_TYPES) - {"Q8_0"})
+    if not q8 and not others:
         raise ModelLoadError(
-            f"{file} holds no Q8_0 matrices, which int8 storage reads as they are (load it without weight_dtype, or "
-            "make a Q8_0 file with `genprobe quant-compare MODEL --types Q8_0`)"
+            f"{file} holds no matrices in blocks genprobe keeps ({', '.join(BLOCK_TYPES)}); load it without "
+            "weight_dtype, or make a quantized file with `genprobe quant-compare MODEL --types Q8_0 Q4_0`"
         )
     try:
-        return with_int8_blocks(module, blocks, narrow_output)
+        out = with_int8_blocks(module, q8, narrow_output) if q8 else module
+        return with_gguf_blocks(out, others, narrow_output) if others else out
     except ValueError as exc:
         raise ModelLoadError(f"{file}: {exc}") from None
+
+
+def block_summary(module: Any) -> dict[str, Any]:
+    """Which linear layers of ``module`` hold a GGUF file's blocks (count per ggml type) and which stayed float32."""
+    from .gguf_blocks import BlockLinear
+    from .weight_only import WeightOnlyLinear
+
+    kept: dict[str, int] = {}
+    float32: list[str] = []
+    for name, m in module.named_modules():
+        if isinstance(m, BlockLinear):
+            kept[m.type_name] = kept.get(m.type_name, 0) + 1
+        elif isinstance(m, WeightOnlyLinear) and m.blocked:
+            kept["Q8_0"] = kept.get("Q8_0", 0) + 1
+        elif type(m) is torch.nn.Linear:
+            float32.append(name)
+    return {"blocks": kept, "float32_linear_layers": float32}
 
 
 def _load_genprobe(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:

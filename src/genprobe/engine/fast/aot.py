@@ -46,6 +46,7 @@ _SOURCES = (
     _PACKAGE / "model" / "llama_family.py",
     _PACKAGE / "model" / "position_lm.py",
     _PACKAGE / "model" / "weight_only.py",
+    _PACKAGE / "model" / "gguf_blocks.py",
     _HERE.parent / "cache.py",
     _HERE / "static_cache.py",
     Path(__file__).resolve(),

@@ -148,7 +148,7 @@ def _reads_narrow_weights(model: GPT, batch_size: int) -> bool:
     """
     if batch_size > KERNEL_MAX_ROWS:
         return False
-    return any(p.dtype in NARROW_WEIGHT_DTYPES for p in model.parameters())
+    return any(p.dtype in NARROW_WEIGHT_DTYPES or p.dtype == torch.uint8 for p in model.parameters())
 
 
 def prefill_config(model: GPT) -> dict[str, Any]:
@@ -159,11 +159,12 @@ def prefill_config(model: GPT) -> dict[str, Any]:
     products); a large model keeps :func:`stepwise_config` (frozen weights packed for oneDNN, whose GEMMs are
     several times faster than the kernels once the rows are many).
     """
-    if model.num_parameters() < STEPWISE_MIN_WORK and uses_kernels(model, 1):
+    blocks = any(p.dtype == torch.uint8 for p in model.parameters())  # a GGUF file's blocks: only the kernels read them
+    if (blocks or model.num_parameters() < STEPWISE_MIN_WORK) and uses_kernels(model, 1):
         # Not frozen: freezing would pack the weights for oneDNN before the kernels' pass sees the products. (Nor
         # ``cpp.weight_prepack: False``: Inductor registers its packing patterns once per process, on first use,
         # and a first use with packing off would leave every later stepwise graph unpacked.)
-        cfg = {"cpp_wrapper": True, "freezing": False, "cpp.threads": 1, **kernels.BUILD_CONFIG}
+        cfg = {"cpp_wrapper": True, "freezing": False, "cpp.threads": -1 if blocks else 1, **kernels.BUILD_CONFIG}
         return {**cfg, **kernels.inductor_config(None)}
     return stepwise_config()
 

@@ -24,7 +24,7 @@ import torch
 
 from ...._io import fault_point, temp_beside, write_once
 
-SOURCES = (Path(__file__).with_name("linear.cpp"), Path(__file__).with_name("decoder.cpp"))
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("linear.cpp", "decoder.cpp", "ggml.cpp"))
 SOURCE = SOURCES[0]
 #: The C shim compiled programs call by name, built into a library of its own that depends on nothing (see shim.c).
 SHIM_SOURCE = Path(__file__).with_name("shim.c")
@@ -216,8 +216,9 @@ def _load() -> KernelStatus:
     # Inductor's generated library calls the C shim by name: the shim's library (and only it: it has no
     # dependencies) goes into the global scope, pointed at this library's entry point.
     shim_lib = ctypes.CDLL(str(shim), mode=os.RTLD_GLOBAL)
-    entry = ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD).genprobe_small_linear_c  # a handle: nothing made global
-    shim_lib.genprobe_set_small_linear(ctypes.cast(entry, ctypes.c_void_p))
+    own = ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD)  # a handle: nothing made global
+    shim_lib.genprobe_set_small_linear(ctypes.cast(own.genprobe_small_linear_c, ctypes.c_void_p))
+    shim_lib.genprobe_set_small_linear_ggml(ctypes.cast(own.genprobe_small_linear_ggml_c, ctypes.c_void_p))
     _register_fake()
     return KernelStatus(True, "", str(path))
 
@@ -231,5 +232,11 @@ def _register_fake() -> None:
         weight: torch.Tensor,
         bias: torch.Tensor | None = None,
         block_scales: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake("genprobe::small_linear_ggml")  # type: ignore[untyped-decorator]
+    def _small_linear_ggml_fake(
+        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ggml_type: int
     ) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], weight.shape[0]))

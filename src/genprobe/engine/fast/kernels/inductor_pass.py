@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from ....model import gguf_blocks as _registers_block_linear  # noqa: F401  (defines genprobe_gguf.block_linear)
 from ....model.weight_only import INT8_BLOCK, NARROW_WEIGHT_DTYPES
-from .build import SOURCE
+from .build import SOURCES
 
 aten = torch.ops.aten
 
@@ -34,7 +35,12 @@ SHIM_DECLARATION = (
     "AOTITorchError aoti_torch_cpu_small_linear(AtenTensorHandle x, AtenTensorHandle weight, "
     "AtenTensorHandle* bias, AtenTensorHandle* block_scales, AtenTensorHandle* ret0)"
 )
+SHIM_GGML_DECLARATION = (
+    "AOTITorchError aoti_torch_cpu_small_linear_ggml(AtenTensorHandle x, AtenTensorHandle weight, "
+    "AtenTensorHandle* bias, int64_t ggml_type, AtenTensorHandle* ret0)"
+)
 _SHIM_CONFIG_KEY = "aot_inductor.custom_ops_to_c_shims"
+_BLOCK_LINEAR = torch.ops.genprobe_gguf.block_linear.default
 
 
 def _float32_matrix(node: Any) -> torch.Tensor | None:
@@ -164,17 +170,31 @@ def _is_widened_narrow(wt: Any) -> bool:
     return _widened_narrow(wt.args[0]) is not None or _widened_blocks(wt.args[0]) is not None
 
 
+def _block_operands(node: torch.fx.Node) -> tuple[Any, ...] | None:
+    """``small_linear_ggml``'s arguments when ``node`` is a layer holding a GGUF file's blocks
+    (``genprobe_gguf.block_linear``, :mod:`genprobe.model.gguf_blocks`) on float32 CPU rows: at any row count, since
+    the alternative, the op's eager reference, dequantizes the whole weight in Python on every call."""
+    if node.target != _BLOCK_LINEAR:
+        return None
+    val = _val(node.args[0])
+    if val is None or val.dtype != torch.float32 or val.device.type != "cpu":
+        return None
+    return tuple(node.args)
+
+
 def rewrite_small_linears(graph: torch.fx.Graph, max_rows: int | None) -> int:
-    """Replace every linear layer of ``graph`` with at most ``max_rows`` rows (None: any) by ``genprobe.small_linear``.
+    """Replace every linear layer of ``graph`` with at most ``max_rows`` rows (None: any) by ``genprobe.small_linear``
+    (a layer in GGUF blocks by ``genprobe.small_linear_ggml``, at any row count).
 
     Returns how many were replaced.
     """
-    op = torch.ops.genprobe.small_linear.default
     replaced = 0
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
-        operands = _linear_operands(node, max_rows)
+        op, operands = torch.ops.genprobe.small_linear_ggml.default, _block_operands(node)
+        if operands is None:
+            op, operands = torch.ops.genprobe.small_linear.default, _linear_operands(node, max_rows)
         if operands is None:
             continue
         with graph.inserting_before(node):
@@ -198,7 +218,7 @@ class SmallLinearPass(CustomGraphPass):
         rewrite_small_linears(graph, self.max_rows)
 
     def uuid(self) -> str:
-        h = hashlib.sha256(Path(__file__).read_bytes() + SOURCE.read_bytes())
+        h = hashlib.sha256(Path(__file__).read_bytes() + b"".join(src.read_bytes() for src in SOURCES))
         h.update(str(self.max_rows).encode())
         return h.hexdigest()
 
@@ -208,7 +228,10 @@ def inductor_config(max_rows: int | None) -> dict[str, Any]:
     _keep_graph_cache()
     return {
         "post_grad_custom_pre_pass": SmallLinearPass(max_rows),
-        _SHIM_CONFIG_KEY: {torch.ops.genprobe.small_linear.default: [SHIM_DECLARATION]},
+        _SHIM_CONFIG_KEY: {
+            torch.ops.genprobe.small_linear.default: [SHIM_DECLARATION],
+            torch.ops.genprobe.small_linear_ggml.default: [SHIM_GGML_DECLARATION],
+        },
     }
 
 

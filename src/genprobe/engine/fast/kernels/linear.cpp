@@ -37,6 +37,12 @@
 #error "genprobe's small-M linear kernels need AVX2 and FMA (compile with -mavx2 -mfma)"
 #endif
 
+namespace genprobe {
+bool ggml_block_shape(int64_t type, int64_t* weights, int64_t* bytes);  // ggml.cpp
+void ggml_dequantize_rows(int64_t type, const uint8_t* raw, int64_t row_bytes, int64_t K, int64_t rows, float* out,
+                          bool avx512);
+}  // namespace genprobe
+
 namespace {
 
 // A bfloat16 weight as its 16 bits (at::BFloat16's storage): the high half of the float32 it stands for.
@@ -594,6 +600,60 @@ void linear_into(const float* x, WP w, const float* bias, float* y, int64_t M, i
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) { run(begin * 8, end == blocks ? N : end * 8); });
 }
 
+// ---- llama.cpp's weight blocks (ggml.cpp): dequantized a few rows at a time, then the float32 kernels above -------
+// The rows of a weight in blocks are dequantized into a small buffer (exactly: ggml.cpp) that the float32 kernels
+// read as the rows [c0, c1) of W; an output's sum does not depend on which range it was computed in (the ranges
+// start at multiples of the kernels' column steps), so the product is the float32 kernels' result on the dequantized
+// matrix, bit for bit. The weight's bytes are read once, as blocks (4.5-8.5 bits a weight); the float32 rows stay in
+// L1/L2 between being written and read.
+
+// Output columns [n0, n1) of linear_into's product, in its shapes for M rows and N columns.
+template <typename WP>
+void column_range(const float* x, WP w, const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
+                  int64_t n1, bool wide) {
+  if (M >= (wide ? kPackedMinRows512 : kPackedMinRows)) {
+    const int64_t width = wide ? kPanel512 : kPanel;
+    if (wide)
+      packed_columns512(x, w, bias, y, M, N, K, n0 / width, (n1 + width - 1) / width);
+    else
+      packed_columns(x, w, bias, y, M, N, K, n0 / width, (n1 + width - 1) / width);
+  } else if (wide) {
+    columns512(x, w, bias, y, M, N, K, n0, n1);
+  } else {
+    columns(x, w, bias, y, M, N, K, n0, n1);
+  }
+}
+
+// Float32 weights per dequantized chunk: 8 KB-32 KB of rows, which stay in L1/L2 while the kernels read them.
+constexpr int64_t kChunkWeights = int64_t(8) << 10;
+
+void ggml_linear_into(const float* x, const uint8_t* raw, int64_t type, int64_t row_bytes, const float* bias,
+                      float* y, int64_t M, int64_t N, int64_t K) {
+  const bool wide = use_avx512();
+  const bool packed = M >= (wide ? kPackedMinRows512 : kPackedMinRows);
+  const int64_t step = packed ? (wide ? kPanel512 : kPanel) : 8;  // ranges start where the kernels' columns do
+  const int64_t chunk = std::max(step, kChunkWeights / K / step * step);
+  const bool big = M > 1 ? M * N * K >= kParallelMinMacs : N * row_bytes >= kParallelMinWeightBytes;
+  const bool split = !serial_products && at::get_num_threads() > 1 && N >= 64 && big;
+  const auto run = [&](int64_t n0, int64_t n1) {
+    thread_local std::vector<float> rows;
+    rows.resize(size_t(chunk * K));
+    for (int64_t c = n0; c < n1; c += chunk) {
+      const int64_t e = std::min(c + chunk, n1);
+      genprobe::ggml_dequantize_rows(type, raw + c * row_bytes, row_bytes, K, e - c, rows.data(), wide);
+      // the kernels index W's row n at w + n * K: a base shifted back by c rows puts row c at the buffer's start
+      const float* w = reinterpret_cast<const float*>(reinterpret_cast<uintptr_t>(rows.data()) - uintptr_t(c * K * 4));
+      column_range(x, w, bias, y, M, N, K, c, e, wide);
+    }
+  };
+  if (!split) {
+    run(0, N);
+    return;
+  }
+  const int64_t blocks = (N + step - 1) / step;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) { run(begin * step, std::min(end * step, N)); });
+}
+
 }  // namespace
 
 namespace genprobe {
@@ -662,6 +722,57 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const std
   return y;
 }
 
+// The ggml type of a weight in blocks (uint8, (N, blocks per row, bytes per block)) and its in_features, checked.
+int64_t checked_ggml_weight(const at::Tensor& weight, int64_t type) {
+  int64_t per_block = 0, bytes = 0;
+  TORCH_CHECK(genprobe::ggml_block_shape(type, &per_block, &bytes), "small_linear_ggml: ggml type ", type,
+              " is not one the kernels read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.dim() == 3 && weight.size(2) == bytes,
+              "small_linear_ggml: a weight of ggml type ", type, " is uint8 (out_features, blocks, ", bytes,
+              "), got ", weight.scalar_type(), " ", weight.sizes());
+  TORCH_CHECK(weight.device().is_cpu(), "small_linear_ggml: CPU tensors only");
+  return weight.size(1) * per_block;
+}
+
+at::Tensor small_linear_ggml(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                             int64_t ggml_type) {
+  const int64_t K = checked_ggml_weight(weight, ggml_type), N = weight.size(0);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "small_linear_ggml: x must be float32 on the CPU");
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "small_linear_ggml: x ", x.sizes(), " does not match ", K,
+              " in_features");
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  const float* b = nullptr;
+  at::Tensor bc;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == N, "small_linear_ggml: bias must be float32 of ",
+                N, " elements, got ", bias->sizes());
+    bc = bias->contiguous();
+    b = bc.data_ptr<float>();
+  }
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = N;
+  at::Tensor y = at::empty(out_shape, x.options());
+  const int64_t M = K == 0 ? 0 : xc.numel() / K;
+  if (K == 0 || M == 0) {
+    y.zero_();
+    if (b != nullptr) y.add_(bc);
+    return y;
+  }
+  ggml_linear_into(xc.data_ptr<float>(), wc.data_ptr<uint8_t>(), ggml_type, wc.size(1) * wc.size(2), b,
+                   y.data_ptr<float>(), M, N, K);
+  return y;
+}
+
+// The float32 weight a weight in blocks stands for (N, K): what the kernels multiply by, for tests and checks.
+at::Tensor ggml_dequantize(const at::Tensor& weight, int64_t ggml_type) {
+  const int64_t K = checked_ggml_weight(weight, ggml_type), N = weight.size(0);
+  const at::Tensor wc = weight.contiguous();
+  at::Tensor out = at::empty({N, K}, weight.options().dtype(at::kFloat));
+  genprobe::ggml_dequantize_rows(ggml_type, wc.data_ptr<uint8_t>(), wc.size(1) * wc.size(2), K, N,
+                                 out.data_ptr<float>(), use_avx512());
+  return out;
+}
+
 // Which instruction set the kernels use: "avx512" or "avx2". ``allow_avx512`` false keeps them on AVX2
 // (for tests), true lets them use AVX-512 where the CPU has it.
 std::string small_linear_isa(std::optional<bool> allow_avx512) {
@@ -672,10 +783,14 @@ std::string small_linear_isa(std::optional<bool> allow_avx512) {
 TORCH_LIBRARY(genprobe, m) {
   m.def("small_linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? block_scales=None) -> Tensor");
   m.def("small_linear_isa(bool? allow_avx512=None) -> str", small_linear_isa);
+  m.def("small_linear_ggml(Tensor x, Tensor weight, Tensor? bias, int ggml_type) -> Tensor");
+  m.def("ggml_dequantize(Tensor weight, int ggml_type) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(genprobe, CPU, m) {
   m.impl("small_linear", small_linear);
+  m.impl("small_linear_ggml", small_linear_ggml);
+  m.impl("ggml_dequantize", ggml_dequantize);
 }
 
 // What the C shim Inductor's C++ wrapper calls (aoti_torch_cpu_small_linear, its naming rule
@@ -693,5 +808,18 @@ extern "C" AOTITorchError genprobe_small_linear_c(AtenTensorHandle x, AtenTensor
     *ret0 = torch::aot_inductor::new_tensor_handle(
         small_linear(*torch::aot_inductor::tensor_handle_to_tensor_pointer(x),
                      *torch::aot_inductor::tensor_handle_to_tensor_pointer(weight), optional(bias), optional(block_scales)));
+  });
+}
+
+// The same for genprobe::small_linear_ggml (aoti_torch_cpu_small_linear_ggml in shim.c).
+extern "C" AOTITorchError genprobe_small_linear_ggml_c(AtenTensorHandle x, AtenTensorHandle weight,
+                                                       AtenTensorHandle* bias, int64_t ggml_type,
+                                                       AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    std::optional<at::Tensor> b;
+    if (bias != nullptr && *bias != nullptr) b = *torch::aot_inductor::tensor_handle_to_tensor_pointer(*bias);
+    *ret0 = torch::aot_inductor::new_tensor_handle(
+        small_linear_ggml(*torch::aot_inductor::tensor_handle_to_tensor_pointer(x),
+                          *torch::aot_inductor::tensor_handle_to_tensor_pointer(weight), b, ggml_type));
   });
 }

@@ -24,3 +24,21 @@ __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_small_linea
                                                                                   AtenTensorHandle* ret0) {
   return implementation ? implementation(x, weight, bias, block_scales, ret0) : 1;
 }
+
+/* genprobe::small_linear_ggml (a weight in llama.cpp's blocks), the same way. */
+typedef AOTITorchError (*small_linear_ggml_fn)(AtenTensorHandle, AtenTensorHandle, AtenTensorHandle*, int64_t,
+                                               AtenTensorHandle*);
+
+static small_linear_ggml_fn ggml_implementation;
+
+__attribute__((visibility("default"))) void genprobe_set_small_linear_ggml(small_linear_ggml_fn fn) {
+  ggml_implementation = fn;
+}
+
+__attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_small_linear_ggml(AtenTensorHandle x,
+                                                                                       AtenTensorHandle weight,
+                                                                                       AtenTensorHandle* bias,
+                                                                                       int64_t ggml_type,
+                                                                                       AtenTensorHandle* ret0) {
+  return ggml_implementation ? ggml_implementation(x, weight, bias, ggml_type, ret0) : 1;
+}

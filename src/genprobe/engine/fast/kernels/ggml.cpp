@@ -1,0 +1,315 @@
+// llama.cpp's weight blocks (GGUF tensor types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) dequantized to float32,
+// exactly: the values gguf-py's `gguf.quants.dequantize` gives (what transformers loads a GGUF file with) and ggml's
+// `dequantize_row_*` (ggml/src/ggml-quants.c) compute, bit for bit.
+//
+// Why exact, whatever the order of the multiplications: every product here is exact in float32. A block's scale is
+// a float16 (11 significant bits), its sub-block scales at most 8 bits, its integers at most 6: d * sc * q needs at
+// most 11 + 7 + 6 = 24 bits. The only rounding is the one add or subtract of a minimum (Q4_1, Q5_1: d * q + m; Q4_K,
+// Q5_K: d * sc * q - dmin * m), done once, here as there (a fused multiply-add rounds the same exact product once).
+//
+// The block layouts are ggml-common.h's (block_q4_0, ..., block_q6_K); each row of a weight is its blocks end to end,
+// as a GGUF file stores it. genprobe.engine.fast.kernels' linear layers dequantize a few rows at a time into a small
+// float32 buffer that the float32 kernels then read (linear.cpp: small_linear_ggml), so a product over blocks sums
+// in exactly the float32 kernels' order and gives their result on the dequantized matrix, bit for bit.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace genprobe {
+
+// ggml's type ids (ggml.h enum ggml_type; gguf.GGMLQuantizationType in Python).
+enum GGMLType : int64_t {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+};
+
+// Weights per block and bytes per block of `type`; false for a type this file does not read.
+bool ggml_block_shape(int64_t type, int64_t* weights, int64_t* bytes) {
+  switch (type) {
+    case kQ4_0: *weights = 32; *bytes = 18; return true;    // d, qs[16]
+    case kQ4_1: *weights = 32; *bytes = 20; return true;    // d, m, qs[16]
+    case kQ5_0: *weights = 32; *bytes = 22; return true;    // d, qh[4], qs[16]
+    case kQ5_1: *weights = 32; *bytes = 24; return true;    // d, m, qh[4], qs[16]
+    case kQ8_0: *weights = 32; *bytes = 34; return true;    // d, qs[32]
+    case kQ4_K: *weights = 256; *bytes = 144; return true;  // d, dmin, scales[12], qs[128]
+    case kQ5_K: *weights = 256; *bytes = 176; return true;  // d, dmin, scales[12], qh[32], qs[128]
+    case kQ6_K: *weights = 256; *bytes = 210; return true;  // ql[128], qh[64], scales[16], d
+    default: return false;
+  }
+}
+
+}  // namespace genprobe
+
+namespace {
+
+using u8 = uint8_t;
+
+// IEEE half to float, exactly (every half is a float).
+inline float half(const u8* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (mant << 13);  // inf, NaN
+  } else if (exp == 0) {
+    const float sub = float(mant) * 5.9604644775390625e-08f;  // mant * 2^-24, exact (zero and the subnormals)
+    return sign ? -sub : sub;
+  } else {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// get_scale_min_k4 of ggml-quants.c: the 6-bit scale and minimum of sub-block j (0..7) of a Q4_K/Q5_K block.
+inline void scale_min_k4(int j, const u8* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// ---- one block, plain C++ (any x86-64 with AVX2; the reference the vector forms are tested against) -------------
+void block_q4_0(const u8* b, float* y) {
+  const float d = half(b);
+  const u8* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = float((qs[j] & 0xF) - 8) * d;
+    y[j + 16] = float((qs[j] >> 4) - 8) * d;
+  }
+}
+
+void block_q4_1(const u8* b, float* y) {
+  const float d = half(b), m = half(b + 2);
+  const u8* qs = b + 4;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = float(qs[j] & 0xF) * d + m;
+    y[j + 16] = float(qs[j] >> 4) * d + m;
+  }
+}
+
+inline uint32_t u32_at(const u8* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+void block_q5_0(const u8* b, float* y) {
+  const float d = half(b);
+  const uint32_t qh = u32_at(b + 2);
+  const u8* qs = b + 6;
+  for (int j = 0; j < 16; ++j) {
+    const int h0 = int((qh >> j) << 4) & 0x10, h1 = int(qh >> (j + 12)) & 0x10;
+    y[j] = float(((qs[j] & 0xF) | h0) - 16) * d;
+    y[j + 16] = float(((qs[j] >> 4) | h1) - 16) * d;
+  }
+}
+
+void block_q5_1(const u8* b, float* y) {
+  const float d = half(b), m = half(b + 2);
+  const uint32_t qh = u32_at(b + 4);
+  const u8* qs = b + 8;
+  for (int j = 0; j < 16; ++j) {
+    const int h0 = int((qh >> j) << 4) & 0x10, h1 = int(qh >> (j + 12)) & 0x10;
+    y[j] = float((qs[j] & 0xF) | h0) * d + m;
+    y[j + 16] = float((qs[j] >> 4) | h1) * d + m;
+  }
+}
+
+void block_q8_0(const u8* b, float* y) {
+  const float d = half(b);
+  const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+  for (int j = 0; j < 32; ++j) y[j] = float(qs[j]) * d;
+}
+
+void block_q4_k(const u8* b, float* y) {
+  const float d = half(b), dmin = half(b + 2);
+  const u8 *scales = b + 4, *q = b + 16;
+  for (int j = 0; j < 4; ++j, q += 32, y += 64) {
+    int sc, m;
+    scale_min_k4(2 * j, scales, &sc, &m);
+    const float d1 = d * float(sc), m1 = dmin * float(m);
+    scale_min_k4(2 * j + 1, scales, &sc, &m);
+    const float d2 = d * float(sc), m2 = dmin * float(m);
+    for (int l = 0; l < 32; ++l) y[l] = d1 * float(q[l] & 0xF) - m1;
+    for (int l = 0; l < 32; ++l) y[l + 32] = d2 * float(q[l] >> 4) - m2;
+  }
+}
+
+void block_q5_k(const u8* b, float* y) {
+  const float d = half(b), dmin = half(b + 2);
+  const u8 *scales = b + 4, *qh = b + 16, *ql = b + 48;
+  for (int j = 0; j < 4; ++j, ql += 32, y += 64) {
+    int sc, m;
+    scale_min_k4(2 * j, scales, &sc, &m);
+    const float d1 = d * float(sc), m1 = dmin * float(m);
+    scale_min_k4(2 * j + 1, scales, &sc, &m);
+    const float d2 = d * float(sc), m2 = dmin * float(m);
+    const int u1 = 1 << (2 * j), u2 = 2 << (2 * j);
+    for (int l = 0; l < 32; ++l) y[l] = d1 * float((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l) y[l + 32] = d2 * float((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+  }
+}
+
+void block_q6_k(const u8* b, float* y) {
+  const float d = half(b + 208);
+  const u8 *ql = b, *qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, y += 128) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = int((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = int((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = int((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = int((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l] = d * float(sc[is]) * float(q1);
+      y[l + 32] = d * float(sc[is + 2]) * float(q2);
+      y[l + 64] = d * float(sc[is + 4]) * float(q3);
+      y[l + 96] = d * float(sc[is + 6]) * float(q4);
+    }
+  }
+}
+
+using BlockFn = void (*)(const u8*, float*);
+
+BlockFn scalar_block(int64_t type) {
+  using namespace genprobe;
+  switch (type) {
+    case kQ4_0: return block_q4_0;
+    case kQ4_1: return block_q4_1;
+    case kQ5_0: return block_q5_0;
+    case kQ5_1: return block_q5_1;
+    case kQ8_0: return block_q8_0;
+    case kQ4_K: return block_q4_k;
+    case kQ5_K: return block_q5_k;
+    case kQ6_K: return block_q6_k;
+    default: return nullptr;
+  }
+}
+
+// ---- the same with AVX-512: 16 weights per vector, integers widened, one multiply (or fused multiply-add) each ------
+#define GGML_AVX512 __attribute__((target("avx512f")))
+
+GGML_AVX512 inline __m512i bytes16(const u8* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
+GGML_AVX512 inline __m512 as_float(__m512i q) { return _mm512_cvtepi32_ps(q); }
+
+GGML_AVX512 void block_q4_0_512(const u8* b, float* y) {
+  const __m512 d = _mm512_set1_ps(half(b));
+  const __m512i v = bytes16(b + 2), eight = _mm512_set1_epi32(8), low = _mm512_set1_epi32(0xF);
+  _mm512_storeu_ps(y, _mm512_mul_ps(as_float(_mm512_sub_epi32(_mm512_and_si512(v, low), eight)), d));
+  _mm512_storeu_ps(y + 16, _mm512_mul_ps(as_float(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), eight)), d));
+}
+
+GGML_AVX512 void block_q4_1_512(const u8* b, float* y) {
+  const __m512 d = _mm512_set1_ps(half(b)), m = _mm512_set1_ps(half(b + 2));
+  const __m512i v = bytes16(b + 4), low = _mm512_set1_epi32(0xF);
+  _mm512_storeu_ps(y, _mm512_fmadd_ps(as_float(_mm512_and_si512(v, low)), d, m));  // d * q exact: one rounding
+  _mm512_storeu_ps(y + 16, _mm512_fmadd_ps(as_float(_mm512_srli_epi32(v, 4)), d, m));
+}
+
+GGML_AVX512 void block_q5_0_512(const u8* b, float* y) {
+  const __m512 d = _mm512_set1_ps(half(b));
+  const uint32_t qh = u32_at(b + 2);
+  const __m512i v = bytes16(b + 6), sixteen = _mm512_set1_epi32(16), low = _mm512_set1_epi32(0xF);
+  // the fifth bit of weight j is bit j of qh: a mask register picks the lanes that get 16
+  const __m512i l4 = _mm512_and_si512(v, low), h4 = _mm512_srli_epi32(v, 4);
+  const __m512i lo = _mm512_mask_or_epi32(l4, __mmask16(qh & 0xFFFF), l4, sixteen);
+  const __m512i hi = _mm512_mask_or_epi32(h4, __mmask16(qh >> 16), h4, sixteen);
+  _mm512_storeu_ps(y, _mm512_mul_ps(as_float(_mm512_sub_epi32(lo, sixteen)), d));
+  _mm512_storeu_ps(y + 16, _mm512_mul_ps(as_float(_mm512_sub_epi32(hi, sixteen)), d));
+}
+
+GGML_AVX512 void block_q8_0_512(const u8* b, float* y) {
+  const __m512 d = _mm512_set1_ps(half(b));
+  for (int h = 0; h < 2; ++h) {
+    const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2 + 16 * h)));
+    _mm512_storeu_ps(y + 16 * h, _mm512_mul_ps(as_float(q), d));
+  }
+}
+
+// Q4_K and Q5_K: 64 weights per step (sub-blocks 2j and 2j + 1 share 32 bytes of nibbles).
+template <bool FIVE>
+GGML_AVX512 void block_k_512(const u8* b, float* y) {
+  const float d = half(b), dmin = half(b + 2);
+  const u8 *scales = b + 4, *qh = b + 16, *ql = b + (FIVE ? 48 : 16);
+  const __m512i low = _mm512_set1_epi32(0xF), one = _mm512_set1_epi32(1);
+  __m512i h[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  if (FIVE) h[0] = bytes16(qh), h[1] = bytes16(qh + 16);
+  for (int j = 0; j < 4; ++j, ql += 32, y += 64) {
+    for (int half_ = 0; half_ < 2; ++half_) {  // sub-block 2j (low nibbles), then 2j + 1 (high nibbles)
+      const int s = 2 * j + half_;
+      int sc, m;
+      scale_min_k4(s, scales, &sc, &m);
+      const __m512 a = _mm512_set1_ps(d * float(sc)), c = _mm512_set1_ps(dmin * float(m));
+      for (int part = 0; part < 2; ++part) {
+        const __m512i v = bytes16(ql + 16 * part);
+        __m512i q = half_ ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, low);
+        if (FIVE) q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[part], s), one), 4));
+        _mm512_storeu_ps(y + 32 * half_ + 16 * part, _mm512_fmsub_ps(a, as_float(q), c));  // a * q exact
+      }
+    }
+  }
+}
+
+GGML_AVX512 void block_q6_k_512(const u8* b, float* y) {
+  const float d = half(b + 208);
+  const u8 *ql = b, *qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const __m512i low = _mm512_set1_epi32(0xF), three = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
+  for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, y += 128) {
+    for (int l = 0; l < 32; l += 16) {
+      const int is = l / 16;
+      const __m512i l0 = bytes16(ql + l), l1 = bytes16(ql + l + 32), h = bytes16(qh + l);
+      const __m512i q[4] = {
+          _mm512_or_si512(_mm512_and_si512(l0, low), _mm512_slli_epi32(_mm512_and_si512(h, three), 4)),
+          _mm512_or_si512(_mm512_and_si512(l1, low), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), three), 4)),
+          _mm512_or_si512(_mm512_srli_epi32(l0, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), three), 4)),
+          _mm512_or_si512(_mm512_srli_epi32(l1, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 6), three), 4)),
+      };
+      for (int t = 0; t < 4; ++t) {
+        const __m512 a = _mm512_set1_ps(d * float(sc[is + 2 * t]));
+        _mm512_storeu_ps(y + l + 32 * t, _mm512_mul_ps(a, as_float(_mm512_sub_epi32(q[t], bias))));
+      }
+    }
+  }
+}
+
+BlockFn avx512_block(int64_t type) {
+  using namespace genprobe;
+  switch (type) {
+    case kQ4_0: return block_q4_0_512;
+    case kQ4_1: return block_q4_1_512;
+    case kQ5_0: return block_q5_0_512;
+    case kQ8_0: return block_q8_0_512;
+    case kQ4_K: return block_k_512<false>;
+    case kQ5_K: return block_k_512<true>;
+    case kQ6_K: return block_q6_k_512;
+    default: return scalar_block(type);  // Q5_1: rare in the files we read; the plain form serves
+  }
+}
+
+}  // namespace
+
+namespace genprobe {
+
+// Rows [0, rows) of a weight in blocks of `type`, each `row_bytes` long starting at `raw`, as float32 rows of K
+// weights into `out` (rows x K). `avx512`: use the 16-lane forms (the caller checked the CPU); same values either way.
+void ggml_dequantize_rows(int64_t type, const uint8_t* raw, int64_t row_bytes, int64_t K, int64_t rows, float* out,
+                          bool avx512) {
+  int64_t weights = 0, bytes = 0;
+  ggml_block_shape(type, &weights, &bytes);
+  const BlockFn fn = avx512 ? avx512_block(type) : scalar_block(type);
+  const int64_t blocks = K / weights;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = raw + r * row_bytes;
+    float* y = out + r * K;
+    for (int64_t i = 0; i < blocks; ++i) fn(row + i * bytes, y + i * weights);
+  }
+}
+
+}  // namespace genprobe

@@ -1,0 +1,134 @@
+"""Linear layers that keep a GGUF file's 4/5/6-bit weight blocks as they are and compute in float32.
+
+A GGUF file's quantized matrices (``Q4_0``, ``Q4_1``, ``Q5_0``, ``Q5_1``, ``Q4_K``, ``Q5_K``, ``Q6_K``, and ``Q8_0``
+where a file mixes it in) are rows of llama.cpp's blocks (``ggml/src/ggml-common.h``: a float16 scale, sometimes a
+minimum and sub-block scales, then 4-6-bit integers). :class:`BlockLinear` holds those bytes unchanged, as uint8
+``(out_features, blocks per row, bytes per block)``, and stands for the float32 weight they dequantize to: exactly
+the values ``gguf.quants.dequantize`` gives, which is what ``transformers`` loads the file as (every product in a
+dequantization is exact in float32; see ``engine/fast/kernels/ggml.cpp``). So a model loaded with its blocks is the
+dequantized float32 model, in 4.5-8.5 bits a weight instead of 32.
+
+- **Eager** (any machine): :func:`block_linear` dequantizes with ``gguf.quants.dequantize`` (the reference) on every
+  call, then ``F.linear``: slow, the reference.
+- **Compiled fast path**: the op is one node of the graph, which the kernels' Inductor pass hands to
+  ``genprobe::small_linear_ggml`` (dequantizes a few rows at a time into L1/L2 and runs the float32 kernels on them:
+  the float32 kernels' result on the dequantized matrix, bit for bit).
+
+Activations stay float32 everywhere; llama.cpp instead quantizes each activation row to 8 bits (``Q8_0``/``Q8_K``)
+and multiplies integers, which is faster and not the dequantized model's arithmetic (see docs/llama-fast.md).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+#: ggml type name -> (ggml type id, weights per block, bytes per block): the types the kernels read (ggml-common.h).
+BLOCK_TYPES: dict[str, tuple[int, int, int]] = {
+    "Q4_0": (2, 32, 18),
+    "Q4_1": (3, 32, 20),
+    "Q5_0": (6, 32, 22),
+    "Q5_1": (7, 32, 24),
+    "Q8_0": (8, 32, 34),
+    "Q4_K": (12, 256, 144),
+    "Q5_K": (13, 256, 176),
+    "Q6_K": (14, 256, 210),
+}
+_NAME_OF = {ids[0]: name for name, ids in BLOCK_TYPES.items()}
+
+
+def dequantize_blocks(weight: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """The float32 (N, K) matrix that ``weight`` (uint8 (N, blocks, bytes)) in ggml type ``ggml_type`` stands for,
+    by ``gguf.quants.dequantize`` (the reference: what transformers loads a GGUF file with)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    raw = weight.detach().cpu().contiguous().numpy().reshape(weight.shape[0], -1)
+    with np.errstate(invalid="ignore", over="ignore"):  # a hostile file's inf/NaN scales give NaN weights, as there
+        out = dequantize(raw, GGMLQuantizationType(ggml_type))
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+
+
+@torch.library.custom_op("genprobe_gguf::block_linear", mutates_args=())  # type: ignore[misc]
+def block_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ggml_type: int) -> torch.Tensor:
+    """``x W^T + b`` with ``W`` the dequantized blocks (eager reference; the compiled path runs the kernels)."""
+    return F.linear(x, dequantize_blocks(weight, ggml_type).to(x.dtype), bias)
+
+
+@block_linear.register_fake  # type: ignore[misc]
+def _block_linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ggml_type: int) -> Any:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+class BlockLinear(nn.Module):
+    """``nn.Linear`` whose weight is held as a GGUF file's blocks of one ggml type (see the module docstring)."""
+
+    def __init__(self, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None):
+        super().__init__()
+        if type_name not in BLOCK_TYPES:
+            raise ValueError(f"ggml type {type_name} is not one genprobe keeps as blocks ({', '.join(BLOCK_TYPES)})")
+        ggml_type, per_block, nbytes = BLOCK_TYPES[type_name]
+        if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] % nbytes:
+            raise ValueError(
+                f"{type_name} rows are uint8 and a multiple of {nbytes} bytes; got {blocks.dtype} {tuple(blocks.shape)}"
+            )
+        n = blocks.shape[0]
+        # (N, blocks, bytes): the shape names the type's block size, so compiled programs of two types never share
+        self.weight = nn.Parameter(blocks.reshape(n, -1, nbytes).contiguous(), requires_grad=False)
+        self.ggml_type, self.type_name = ggml_type, type_name
+        self.in_features, self.out_features = self.weight.shape[1] * per_block, n
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone().float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x W^T + b`` (one op: the compiled path's pass finds it and hands it to the kernels)."""
+        out: torch.Tensor = torch.ops.genprobe_gguf.block_linear(x, self.weight, self.bias, self.ggml_type)
+        return out
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight (out_features, in_features) these blocks stand for."""
+        return dequantize_blocks(self.weight, self.ggml_type)
+
+    def extra_repr(self) -> str:
+        """What ``print(model)`` shows for the layer."""
+        return f"in_features={self.in_features}, out_features={self.out_features}, blocks={self.type_name}"
+
+
+def with_gguf_blocks(
+    model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]], narrow_output: bool = False
+) -> nn.Module:
+    """A copy of ``model`` whose linear layers named in ``blocks`` (parameter name -> (ggml type name, uint8 rows in
+    the model's row order)) hold those blocks.
+
+    Each layer's float weight must equal the blocks' dequantization exactly (it was dequantized from them): a
+    mismatch means the name or the row order is wrong, and is refused. The output layer tied to the embedding takes
+    the embedding's blocks only with ``narrow_output`` (the embedding's lookup keeps its float32 copy).
+    """
+    from .weight_only import _tied_weights
+
+    out = copy.deepcopy(model)
+    names = {id(p): n for n, p in out.named_parameters(remove_duplicate=False) if n in blocks}
+    tied = {id(p) for p in _tied_weights(out)}
+    for parent in list(out.modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is not nn.Linear or id(child.weight) not in names:
+                continue
+            if id(child.weight) in tied and not narrow_output:
+                continue
+            name = names[id(child.weight)]
+            type_name, rows = blocks[name]
+            layer = BlockLinear(rows, type_name, child.bias)
+            same = torch.allclose(layer.dequantized(), child.weight.detach().float(), rtol=0, atol=0, equal_nan=True)
+            if not same:
+                raise ValueError(f"{name}: the {type_name} blocks do not give the layer's float weights")
+            setattr(parent, child_name, layer)
+    return out
+
+
+def type_name_of(ggml_type: int) -> str:
+    """The name (``Q4_K``) of a ggml type id genprobe keeps as blocks."""
+    return _NAME_OF[ggml_type]
