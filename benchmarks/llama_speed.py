@@ -15,11 +15,13 @@ allocation) is reported separately and never enters the tok/s. Engines:
   ``genprobe-int8-head``: int8 with the output layer (tied to the embedding) int8 too (``narrow_output=True``), the
   bytes a llama.cpp Q8_0 step reads; ``genprobe-q8_0``: the ``--gguf-dir``'s ``*-Q8_0.gguf`` loaded with
   ``weight_dtype=int8, narrow_output=True`` (its Q8_0 blocks as they are: the weights llama.cpp Q8_0 multiplies by);
+  ``genprobe-q4_0`` / ``genprobe-q4_k_m``: the same on ``*-Q4_0.gguf`` / ``*-Q4_K_M.gguf`` (their 4/5/6-bit blocks as
+  they are, genprobe.model.gguf_blocks; tokens checked against the eager run of the same file dequantized);
 - ``genprobe-eager``: ``generate(engine_model(m), prompts, N)`` (no compile): the reference for token equality;
 - ``hf``: ``transformers``' ``generate`` on the same module (greedy, eos disabled, exactly N tokens);
-- ``llamacpp-f32`` / ``llamacpp-q8_0``: llama.cpp through :class:`genprobe.serving.llamacpp.engine.LlamaCppModel` on
-  ``--gguf-dir``'s ``*-F32.gguf`` / ``*-Q8_0.gguf`` (batch 1: ``greedy``; batch > 1: ``generate_batch``, every
-  sequence in one context, which is created per call; KV cache ``--llamacpp-kv``, f32 by default);
+- ``llamacpp-f32`` / ``llamacpp-q8_0`` / ``llamacpp-q4_0`` / ``llamacpp-q4_k_m``: llama.cpp through
+  :class:`genprobe.serving.llamacpp.engine.LlamaCppModel` on ``--gguf-dir``'s ``*-F32.gguf`` / ``*-Q8_0.gguf`` / …
+  (batch 1: ``greedy``; batch > 1: ``generate_batch``, every sequence in one context, which is created per call; KV cache ``--llamacpp-kv``, f32 by default);
 - ``ct2``: CTranslate2 ``Generator`` on the model converted once (float32) under ``--cache-dir``;
 - ``vllm``: vLLM's offline ``LLM`` (CPU build, float32, eager, engine core in-process, threads not bound).
 
@@ -67,11 +69,15 @@ ENGINES = (
     "genprobe-int8",
     "genprobe-int8-head",
     "genprobe-q8_0",
+    "genprobe-q4_0",
+    "genprobe-q4_k_m",
     "genprobe-bf16",
     "genprobe-eager",
     "hf",
     "llamacpp-f32",
     "llamacpp-q8_0",
+    "llamacpp-q4_0",
+    "llamacpp-q4_k_m",
     "ct2",
     "vllm",
 )
@@ -210,6 +216,9 @@ def genprobe_engine(
         return generate(runner, prompts, max_new_tokens=n, compile=compile).tokens
 
     def own_check(prompts: Tokens, tokens: Tokens) -> int:
+        if gguf is not None:  # the file's blocks against the dequantized float model of the same file (eager)
+            dense = engine_model(load_genprobe(setup, source=gguf_file(setup, gguf)))
+            return rows_equal(tokens, generate(dense, prompts, max_new_tokens=n).tokens)
         return rows_equal(tokens, generate(runner, prompts, max_new_tokens=n).tokens)
 
     narrow = weight_dtype != "float32"
@@ -390,11 +399,17 @@ FACTORIES: dict[str, Callable[[Setup], Engine]] = {
     "genprobe-int8": lambda s: genprobe_engine(s, compile=True, weight_dtype="int8"),
     "genprobe-int8-head": lambda s: genprobe_engine(s, compile=True, weight_dtype="int8", narrow_output=True),
     "genprobe-q8_0": lambda s: genprobe_engine(s, compile=True, weight_dtype="int8", narrow_output=True, gguf="Q8_0"),
+    "genprobe-q4_0": lambda s: genprobe_engine(s, compile=True, weight_dtype="int8", narrow_output=True, gguf="Q4_0"),
+    "genprobe-q4_k_m": lambda s: genprobe_engine(
+        s, compile=True, weight_dtype="int8", narrow_output=True, gguf="Q4_K_M"
+    ),
     "genprobe-bf16": lambda s: genprobe_engine(s, compile=True, weight_dtype="bfloat16"),
     "genprobe-eager": lambda s: genprobe_engine(s, compile=False),
     "hf": hf_engine,
     "llamacpp-f32": lambda s: llamacpp_engine(s, "F32"),
     "llamacpp-q8_0": lambda s: llamacpp_engine(s, "Q8_0"),
+    "llamacpp-q4_0": lambda s: llamacpp_engine(s, "Q4_0"),
+    "llamacpp-q4_k_m": lambda s: llamacpp_engine(s, "Q4_K_M"),
     "ct2": ct2_engine,
     "vllm": vllm_engine,
 }

@@ -34,6 +34,9 @@ def files(tmp_path_factory):
     write_tiny_gguf(d / "some.gguf", q8_names=SOME)
     write_tiny_gguf(d / "every.gguf", q8_names=EVERY_MATRIX)
     write_tiny_gguf(d / "float.gguf")
+    # Q8_0 beside the 4/5-bit types (tests/model/test_gguf_blocks.py): one compiled test covers both kinds of blocks
+    mixed = dict(zip(EVERY_MATRIX, ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1") * 3, strict=True))
+    write_tiny_gguf(d / "mixed.gguf", quant=mixed)
     return d
 
 
@@ -98,26 +101,29 @@ def test_blocks_that_do_not_give_the_layers_weights_are_refused(files):
 
 
 def test_what_int8_cannot_read_is_refused_with_the_reason(files):
-    with pytest.raises(ModelLoadError, match="holds no Q8_0 matrices.*quant-compare"):
+    with pytest.raises(ModelLoadError, match="holds no matrices in blocks genprobe keeps.*quant-compare"):
         genprobe.load(files / "float.gguf", weight_dtype=torch.int8)
-    with pytest.raises(ModelLoadError, match="int8 reads its Q8_0 tensors as they are"):
+    with pytest.raises(ModelLoadError, match="int8 keeps its quantized blocks"):
         genprobe.load(files / "some.gguf", weight_dtype=torch.bfloat16)
     with pytest.raises(ModelLoadError, match="float32 Llama-family models.*dtype is torch.float64"):
         genprobe.load(files / "some.gguf", dtype=torch.float64, weight_dtype=torch.int8)
 
 
 def test_the_compiled_fast_path_reads_the_blocks_and_keeps_the_tokens(files):
-    """Greedy tokens of the compiled path (its kernels reading int8 and scales) equal the eager path's."""
+    """Greedy tokens of the compiled path (its kernels reading int8 and scales, and the 4/5-bit blocks of
+    genprobe.model.gguf_blocks) equal the eager path's, which equal the dequantized float model's."""
     from genprobe.engine.fast import kernels
     from genprobe.engine.generate import generate
     from genprobe.engine.hf_adapter import HFCausalLM
 
     if not kernels.load().available:
         pytest.skip(f"genprobe's kernels cannot run here: {kernels.load().reason}")
-    model = genprobe.load(files / "every.gguf", weight_dtype=torch.int8, narrow_output=True)
+    model = genprobe.load(files / "mixed.gguf", weight_dtype=torch.int8, narrow_output=True)
+    assert set(model.meta["weight_blocks"]["blocks"]) == {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}
     runner = HFCausalLM(model.module)
     prompts = [IDS, [12, 77, 3, 56, 9]]
     eager = generate(runner, prompts, max_new_tokens=10)
+    assert eager.tokens == generate(HFCausalLM(genprobe.load(files / "mixed.gguf").module), prompts, 10).tokens
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager decoding would pass unnoticed
         compiled = generate(runner, prompts, max_new_tokens=10, compile=True)

@@ -370,7 +370,9 @@ def q8_0_blocks(path: str | os.PathLike[str], module: nn.Module) -> dict[str, tu
     return blocks
 
 
-def gguf_blocks(path: str | os.PathLike[str], module: nn.Module, types: set[str]) -> dict[str, tuple[str, torch.Tensor]]:
+def gguf_blocks(
+    path: str | os.PathLike[str], module: nn.Module, types: set[str]
+) -> dict[str, tuple[str, torch.Tensor]]:
     """The GGUF file's matrices of the ggml ``types`` (``Q4_0``, ``Q4_K``, …) as ``(type name, uint8 rows)``, the
     rows in ``module``'s order, named as ``module``'s parameters (see :mod:`genprobe.model.gguf_blocks`)."""
     found = _matrices_in_model_order(path, module, types)

@@ -99,7 +99,7 @@ class BlockLinear(nn.Module):
 
 
 def with_gguf_blocks(
-    model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]], narrow_output: bool = False
+    model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]], narrow_output: bool = False, copy_model: bool = True
 ) -> nn.Module:
     """A copy of ``model`` whose linear layers named in ``blocks`` (parameter name -> (ggml type name, uint8 rows in
     the model's row order)) hold those blocks.
@@ -107,10 +107,11 @@ def with_gguf_blocks(
     Each layer's float weight must equal the blocks' dequantization exactly (it was dequantized from them): a
     mismatch means the name or the row order is wrong, and is refused. The output layer tied to the embedding takes
     the embedding's blocks only with ``narrow_output`` (the embedding's lookup keeps its float32 copy).
+    ``copy_model=False`` replaces the layers in ``model`` itself (the loader's own fresh model: no second copy).
     """
     from .weight_only import _tied_weights
 
-    out = copy.deepcopy(model)
+    out = copy.deepcopy(model) if copy_model else model
     names = {id(p): n for n, p in out.named_parameters(remove_duplicate=False) if n in blocks}
     tied = {id(p) for p in _tied_weights(out)}
     for parent in list(out.modules()):

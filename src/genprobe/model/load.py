@@ -389,7 +389,8 @@ def _int8_blocks_of(module: Any, file: Path, dtype: torch.dtype, narrow_output: 
         )
     try:
         out = with_int8_blocks(module, q8, narrow_output) if q8 else module
-        return with_gguf_blocks(out, others, narrow_output) if others else out
+        # the loader's model is its own (read_gguf made it): its layers are replaced in place, no second copy
+        return with_gguf_blocks(out, others, narrow_output, copy_model=False) if others else out
     except ValueError as exc:
         raise ModelLoadError(f"{file}: {exc}") from None
 
