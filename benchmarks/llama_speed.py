@@ -21,7 +21,8 @@ allocation) is reported separately and never enters the tok/s. Engines:
 - ``hf``: ``transformers``' ``generate`` on the same module (greedy, eos disabled, exactly N tokens);
 - ``llamacpp-f32`` / ``llamacpp-q8_0`` / ``llamacpp-q4_0`` / ``llamacpp-q4_k_m``: llama.cpp through
   :class:`genprobe.serving.llamacpp.engine.LlamaCppModel` on ``--gguf-dir``'s ``*-F32.gguf`` / ``*-Q8_0.gguf`` / …
-  (batch 1: ``greedy``; batch > 1: ``generate_batch``, every sequence in one context, which is created per call; KV cache ``--llamacpp-kv``, f32 by default);
+  (batch 1: ``greedy``; batch > 1: ``generate_batch``, every sequence in one context, which is created per call;
+  KV cache ``--llamacpp-kv``, f32 by default);
 - ``ct2``: CTranslate2 ``Generator`` on the model converted once (float32) under ``--cache-dir``;
 - ``vllm``: vLLM's offline ``LLM`` (CPU build, float32, eager, engine core in-process, threads not bound).
 
