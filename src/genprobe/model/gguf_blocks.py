@@ -54,13 +54,13 @@ def dequantize_blocks(weight: torch.Tensor, ggml_type: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
 
 
-@torch.library.custom_op("genprobe_gguf::block_linear", mutates_args=())  # type: ignore[misc]
+@torch.library.custom_op("genprobe_gguf::block_linear", mutates_args=())
 def block_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ggml_type: int) -> torch.Tensor:
     """``x W^T + b`` with ``W`` the dequantized blocks (eager reference; the compiled path runs the kernels)."""
     return F.linear(x, dequantize_blocks(weight, ggml_type).to(x.dtype), bias)
 
 
-@block_linear.register_fake  # type: ignore[misc]
+@block_linear.register_fake
 def _block_linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ggml_type: int) -> Any:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
