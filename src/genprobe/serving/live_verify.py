@@ -12,8 +12,10 @@ from .compare import ReferenceLogprobs
 from .live import CHAT, NOT_CHECKED, Judge, LivePhase, LiveReport, LiveSettings, random_prompts
 
 PROBE = "The quick brown fox, 42 times: naïve café — ok?"
-PREFIX_PROMPTS = 6  # prompts joined into the shared prefix of the prefix phase
-PREFIX_TOKENS = 64  # ... up to this many tokens (four of vLLM's 16-token cache blocks)
+PREFIX_PROMPTS = 6  # the two prompts after these end the prefix phase's pair; the others make its shared prefix
+# ... up to this many tokens (half the context at most): more than two of vLLM's 128-token CPU cache blocks (18 of
+# its 16-token GPU ones), so a server whose cache works serves some of it from the cache
+PREFIX_TOKENS = 288
 
 
 def check_same_model(backend: Backend, reference: Any, reference_name: str) -> None:
@@ -64,9 +66,11 @@ def prefix_phase(
 ) -> LivePhase:
     """Two prompts sharing a long prefix, one after the other, then the first again: each against float32
     recomputation of its own prompt (a cache that serves the other prompt's entries moves them by many floors)."""
+    context = reference.max_positions
+    limit = PREFIX_TOKENS if context is None else min(PREFIX_TOKENS, context // 2)
     words: list[str] = []
-    for w in " ".join(texts[:PREFIX_PROMPTS]).split():
-        if len(reference.encode(" ".join([*words, w]))) > PREFIX_TOKENS:
+    for w in " ".join([*texts[:PREFIX_PROMPTS], *texts[PREFIX_PROMPTS + 2 :]]).split():
+        if len(reference.encode(" ".join([*words, w]))) > limit:
             break
         words.append(w)
     base = " ".join(words)
