@@ -66,15 +66,18 @@ def prefix_phase(
 ) -> LivePhase:
     """Two prompts sharing a long prefix, one after the other, then the first again: each against float32
     recomputation of its own prompt (a cache that serves the other prompt's entries moves them by many floors)."""
+    tails = texts[PREFIX_PROMPTS : PREFIX_PROMPTS + 2]
     context = reference.max_positions
-    limit = PREFIX_TOKENS if context is None else min(PREFIX_TOKENS, context // 2)
+    # what the context leaves after the longer prompt end (and a separator) and the generated tokens
+    room = None if context is None else context - s.steps - max(len(reference.encode(t)) for t in tails) - 2
+    limit = PREFIX_TOKENS if room is None else min(PREFIX_TOKENS, room)
     words: list[str] = []
     for w in " ".join([*texts[:PREFIX_PROMPTS], *texts[PREFIX_PROMPTS + 2 :]]).split():
         if len(reference.encode(" ".join([*words, w]))) > limit:
             break
         words.append(w)
     base = " ".join(words)
-    pair = [f"{base} {texts[PREFIX_PROMPTS]}", f"{base} {texts[PREFIX_PROMPTS + 1]}"]
+    pair = [f"{base} {tails[0]}", f"{base} {tails[1]}"]
     a, b = _requests(backend, reference, pair, s)
     served = [backend.complete(r) for r in (a, b, a)]
     phase = judge.relative("prefix", served, [served[0], served[1], served[0]], floor)
