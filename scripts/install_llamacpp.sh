@@ -2,6 +2,8 @@
 # Install llama.cpp's Python bindings, llama-cpp-python 0.3.36 (genprobe's optional extra `llamacpp`), into .venv.
 #
 # Usage: bash scripts/install_llamacpp.sh        (after scripts/setup.sh; run by users, never by the tests)
+#        bash scripts/install_llamacpp.sh --wheel-only  (step 2 below alone: the wheel into the cache, needing no .venv;
+#                                   scripts/test.sh starts it before setup, so the build overlaps setup's downloads)
 #   LLAMACPP_REBUILD=1         build again even when a cached wheel fits
 #   GENPROBE_LLAMACPP_SDIST=F  use this local copy of the sdist instead of downloading it (its sha256 is checked)
 #
@@ -27,6 +29,8 @@ CACHE="${GENPROBE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/genprobe}"  # genpr
 WHEELS="$CACHE/wheels"
 SOURCE_TREE="$CACHE/llama.cpp-$VERSION"
 PY=.venv/bin/python
+WHEEL_ONLY=""
+[ "${1:-}" = --wheel-only ] && WHEEL_ONLY=1
 
 # Why each flag:
 #   GGML_NATIVE=OFF      -march=native crashed in the quantized (Q4/Q8) kernels on these machines; name the ISA instead
@@ -51,7 +55,18 @@ BUILD_RECIPE="$CMAKE_FLAGS; CMakeLists.txt: $COMMON_OFF"  # recorded beside the 
 die() { echo "install_llamacpp: $*" >&2; exit 1; }
 elapsed() { echo "install_llamacpp: done in $(( $(date +%s) - START )) s ($1)"; }
 
-[ -x "$PY" ] || die "no .venv here: run \`bash scripts/setup.sh\` first"
+if [ -z "$WHEEL_ONLY" ]; then
+  [ -x "$PY" ] || die "no .venv here: run \`bash scripts/setup.sh\` first"
+fi
+build_python() {  # --wheel-only: pip from a venv of its own, made only when something is to be downloaded or built
+  # (.venv may be being made by scripts/setup.sh at this moment, its pip upgraded under ours). The wheel is py3-none,
+  # so this Python builds the same one.
+  [ -z "$WHEEL_ONLY" ] || [ -n "${BUILD_VENV:-}" ] && return
+  BUILD_VENV=$(mktemp -d)
+  trap 'rm -rf "$BUILD_VENV"' EXIT
+  "${PYTHON:-python3}" -m venv "$BUILD_VENV" || die "could not make a venv to build in (${PYTHON:-python3} -m venv)"
+  PY="$BUILD_VENV/bin/python"
+}
 [ "$(uname -m)" = x86_64 ] || die "this recipe builds for x86-64 (AVX2); on $(uname -m) build llama-cpp-python $VERSION yourself"
 for flag in avx2 fma f16c; do
   grep -qw "$flag" /proc/cpuinfo 2>/dev/null || die "this CPU lacks $flag, which the pinned build flags (-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON) need"
@@ -96,10 +111,11 @@ build_wheel() {
   command -v cmake >/dev/null \
     || echo "install_llamacpp: no cmake on PATH; pip will fetch cmake for the build (or: sudo apt-get install cmake)" >&2
   local sdist out root tree
+  build_python
   sdist=$(fetch_sdist)
   out=$(mktemp -d)
   root=$(mktemp -d)
-  trap "rm -rf '$out' '$root'" EXIT  # the unpacked sdist (~0.5 GB) goes with the script, whatever ends it
+  trap "rm -rf '$out' '$root' ${BUILD_VENV:-}" EXIT  # the unpacked sdist (~0.5 GB) goes with the script, whatever ends it
   tar -xzf "$sdist" -C "$root"
   tree="$root/llama_cpp_python-$VERSION"
   grep -qF "$COMMON_ON" "$tree/CMakeLists.txt" || die "$SDIST's CMakeLists.txt no longer forces llama-common on: review the patch"
@@ -122,6 +138,7 @@ extract_source() {  # llama.cpp's tree at this version (converter, gguf-py), onc
     return
   fi
   local sdist tmp
+  build_python
   sdist=$(fetch_sdist)
   tmp=$(mktemp -d "$CACHE/.llama.cpp-XXXXXX")
   tar -xzf "$sdist" -C "$tmp" "llama_cpp_python-$VERSION/vendor/llama.cpp"
@@ -132,6 +149,13 @@ how="cached wheel"
 if [ -n "${LLAMACPP_REBUILD:-}" ] || [ -z "$WHEEL" ] || [ "$(cat "$BUILD_INFO" 2>/dev/null)" != "$BUILD_RECIPE" ]; then
   build_wheel
   how="built from source"
+fi
+if [ -n "$WHEEL_ONLY" ]; then
+  extract_source
+  rm -rf "${BUILD_VENV:-}"
+  echo "install_llamacpp: $(basename "$WHEEL") and the source tree are in $CACHE (not installed: --wheel-only)"
+  elapsed "$how"
+  exit 0
 fi
 echo "install_llamacpp: installing $(basename "$WHEEL") ($how)"
 "$PY" -m pip install -q --disable-pip-version-check "$WHEEL"

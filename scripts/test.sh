@@ -6,19 +6,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 phase() { echo "[test.sh] $1: $((SECONDS - start)) s"; start=$SECONDS; }
 start=$SECONDS
+# llama.cpp's bindings (the optional extra every test in tests/serving/llamacpp and the matrix's llama.cpp cells
+# need), built from the pinned sdist by scripts/install_llamacpp.sh (~220 CPU-s on a fresh machine; seconds when its
+# wheel is cached): the wheel is built first, in the background, from before setup (its pip has a venv of its own),
+# so that the compiler overlaps setup's downloads, then lint, types and the first tests; once setup is done and the
+# wheel is built, it is installed into .venv. The llama.cpp tests wait for the exit status
+# (tests/serving/llamacpp/install_wait.py) and fail, never skip, if it failed. GENPROBE_TEST_LLAMACPP=0 leaves the
+# extra out (a machine the recipe cannot build on, a quick local run): those tests then skip, saying why.
+mkdir -p .venv
+export GENPROBE_LLAMACPP_INSTALL_STATUS="$PWD/.venv/llamacpp.status"
+rm -f "$GENPROBE_LLAMACPP_INSTALL_STATUS" .venv/llamacpp.built
+if [ "${GENPROBE_TEST_LLAMACPP:-1}" = "0" ]; then
+  unset GENPROBE_LLAMACPP_INSTALL_STATUS
+else
+  ( set +e; bash scripts/install_llamacpp.sh --wheel-only > .venv/llamacpp.log 2>&1; echo $? > .venv/llamacpp.built ) &
+fi
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # a failed phase ends the command: its background jobs with it
 bash scripts/setup.sh --test
 phase setup
-# llama.cpp's bindings (the optional extra every test in tests/serving/llamacpp needs), with GENPROBE_TEST_LLAMACPP=1:
-# built from the pinned sdist (scripts/install_llamacpp.sh: ~2 min of both cores alone, nothing when its wheel is
-# cached) beside everything below; the llama.cpp tests then wait for its exit status
-# (tests/serving/llamacpp/install_wait.py) and fail, never skip, if it failed. Off by default: on a fresh clone of a
-# 2-core machine it takes the command from ~9.5 to ~12.7 min (docs/hygiene.md), over the 10-minute budget.
 llamacpp=""
-if [ "${GENPROBE_TEST_LLAMACPP:-0}" = "1" ]; then
-  export GENPROBE_LLAMACPP_INSTALL_STATUS="$PWD/.venv/llamacpp.status"
-  rm -f "$GENPROBE_LLAMACPP_INSTALL_STATUS"
-  ( set +e; bash scripts/install_llamacpp.sh > .venv/llamacpp.log 2>&1
-    echo $? > "$GENPROBE_LLAMACPP_INSTALL_STATUS.part" && mv "$GENPROBE_LLAMACPP_INSTALL_STATUS.part" "$GENPROBE_LLAMACPP_INSTALL_STATUS" ) &
+if [ -n "${GENPROBE_LLAMACPP_INSTALL_STATUS:-}" ]; then
+  ( set +e; while [ ! -f .venv/llamacpp.built ]; do sleep 1; done; rc=$(cat .venv/llamacpp.built)
+    [ "$rc" = 0 ] && { bash scripts/install_llamacpp.sh >> .venv/llamacpp.log 2>&1; rc=$?; }
+    echo "$rc" > "$GENPROBE_LLAMACPP_INSTALL_STATUS.part" && mv "$GENPROBE_LLAMACPP_INSTALL_STATUS.part" "$GENPROBE_LLAMACPP_INSTALL_STATUS" ) &
   llamacpp=$!
 fi
 # The real-model tests (SmolLM2-135M, the English corpus) run on what `genprobe fetch` puts in the cache: pinned
@@ -47,3 +57,4 @@ phase "fetch, lint and types"
 .venv/bin/python -m pytest -q -p no:randomly -n auto --dist loadgroup --durations=15 "$@"
 phase tests
 if [ -n "$llamacpp" ]; then wait "$llamacpp"; cat .venv/llamacpp.log; fi
+trap - EXIT

@@ -85,12 +85,16 @@ def test_the_script_uses_genprobes_cache(env, monkeypatch):
 
 
 def test_the_test_command_hands_its_install_to_the_llama_cpp_tests():
-    """scripts/test.sh writes the install's exit status where install_wait.py reads it."""
+    """scripts/test.sh builds the extra by default (issue #47: no llama.cpp test skips in the test command), the
+    wheel from before setup, and writes the install's exit status where install_wait.py reads it."""
     from install_wait import PENDING_ENV
 
     text = (REPO / "scripts" / "test.sh").read_text(encoding="utf-8")
     assert f'export {PENDING_ENV}="$PWD/.venv/llamacpp.status"' in text
-    assert "bash scripts/install_llamacpp.sh > .venv/llamacpp.log" in text
+    assert '"${GENPROBE_TEST_LLAMACPP:-1}" = "0"' in text  # an opt-out, not an opt-in
+    build = text.index("bash scripts/install_llamacpp.sh --wheel-only > .venv/llamacpp.log")
+    assert build < text.index("bash scripts/setup.sh --test")
+    assert text.index("bash scripts/install_llamacpp.sh >> .venv/llamacpp.log") > text.index("phase setup")
 
 
 def test_in_the_test_command_a_failed_install_fails_the_llama_cpp_tests(tmp_path, monkeypatch):
