@@ -98,7 +98,9 @@ def tiny_llama_gguf(root: Path, seed: int = 0) -> tuple[Path, Path]:
     from genprobe.serving.llamacpp.quantize import convert_to_gguf
 
     skip_without_llama_cpp()
+    hf, gguf = root / "tiny-llama", root / "tiny-llama-F32.gguf"
+    if root not in _BUILT and gguf.is_file():  # built by this file imported under another name (`.models`, `models`)
+        _BUILT[root] = (hf, gguf)
     if root not in _BUILT:
-        hf = write_tiny_llama(root / "tiny-llama", seed)
-        _BUILT[root] = (hf, convert_to_gguf(hf, root / "tiny-llama-F32.gguf"))
+        _BUILT[root] = (write_tiny_llama(hf, seed), convert_to_gguf(hf, gguf))
     return _BUILT[root]

@@ -147,9 +147,9 @@ def tiny_files(tmp_path_factory):
 
     from .models import tiny_llama_gguf
 
-    root = tmp_path_factory.mktemp("gguf")
-    _, f32 = tiny_llama_gguf(root)
-    return quantize_all(f32, root, ["F32", "Q8_0", "Q4_0", "Q4_K_M"], stem="tiny")
+    # The F32 file the other llama.cpp modules of this process converted (the converter: a subprocess importing torch)
+    _, f32 = tiny_llama_gguf(tmp_path_factory.getbasetemp() / "llamacpp-tiny")
+    return quantize_all(f32, tmp_path_factory.mktemp("gguf"), ["F32", "Q8_0", "Q4_0", "Q4_K_M"], stem="tiny")
 
 
 def test_the_converter_refuses_our_own_bpe_unless_its_pre_tokenizer_is_named(tiny_dir, tmp_path):
