@@ -4,17 +4,20 @@ for token identity with its plain greedy.
     PYTHONPATH=src python benchmarks/speculative_speed.py MODEL [--drafts lookup layers:8] [--k 4] [--tokens 48]
         [--rounds 3] [--hf]
 
-Each prompt (a loop-prone one: a sentence said three times; ordinary text) runs plain greedy, then each draft,
-alternated over ``--rounds`` rounds; reported: median wall time, speed-up (plain / speculative), acceptance rate,
-tokens per target forward, and whether the tokens are plain greedy's. ``--hf`` adds transformers' own
-``prompt_lookup_num_tokens=`` and ``assistant_model=`` (the model's first half of its layers) greedy runs, compared
-with ``generate(do_sample=False)``.
+Each prompt (a loop-prone one: a sentence said three times; ordinary text; a passage to repeat, prompt lookup's own
+use case) runs plain greedy and each draft alternated over ``--rounds`` rounds (the order reversed every other
+round, so a drift in the machine's load favours neither); reported: median wall time, the median of the per-round
+speed-ups (plain / speculative, each round's pair measured back to back) with their min and max, acceptance rate,
+tokens per target forward, whether the tokens are plain greedy's, and the load average (a shared machine).
+``--hf`` adds transformers' own ``prompt_lookup_num_tokens=`` and ``assistant_model=`` (the model's first half of
+its layers) greedy runs, compared with ``generate(do_sample=False)``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -28,6 +31,8 @@ from genprobe.model.load import load_model
 PROMPTS = {
     "loop-prone": "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The cat",
     "ordinary": "In the early morning the fishermen of the village walk down to the harbour and",
+    "passage": "Repeat the text exactly.\nText: The old lighthouse keeper climbed the stairs each evening, lit the "
+    "lamp, and watched the ships pass through the narrow channel until dawn.\nRepeated text: The old lighthouse",
 }
 TANG = {"loop-prone": "春眠不覺曉，處處聞啼鳥。春眠不覺曉，處處聞啼鳥。春眠", "ordinary": "白日依山盡"}
 
@@ -50,35 +55,46 @@ def main() -> None:
         for label, text in prompts.items():
             ids = m.encode(text)
             plain_tokens = generate(target, [ids], args.tokens).tokens[0]  # warm-up, and the reference
-            times: dict[str, list[float]] = {"plain": [], **{d: [] for d in drafts}}
-            last = {}
-            for _ in range(args.rounds):
-                t0 = time.perf_counter()
-                generate(target, [ids], args.tokens)
-                times["plain"].append(time.perf_counter() - t0)
-                for name, draft in drafts.items():
-                    t0 = time.perf_counter()
-                    last[name] = speculative_generate(target, ids, args.tokens, draft=draft, k=args.k)
-                    times[name].append(time.perf_counter() - t0)
-            plain_s = statistics.median(times["plain"])
+            times, last = timed_rounds(target, ids, drafts, args.tokens, args.k, args.rounds)
             for name, r in last.items():
-                s = statistics.median(times[name])
+                ratios = [a / b for a, b in zip(times["plain"], times[name], strict=True)]
                 rows.append(
                     {
                         "prompt": label,
                         "draft": name,
                         "k": args.k,
-                        "plain_s": round(plain_s, 3),
-                        "speculative_s": round(s, 3),
-                        "speedup": round(plain_s / s, 2),
+                        "rounds": args.rounds,
+                        "plain_s": round(statistics.median(times["plain"]), 3),
+                        "speculative_s": round(statistics.median(times[name]), 3),
+                        "speedup": round(statistics.median(ratios), 2),
+                        "speedup_min": round(min(ratios), 2),
+                        "speedup_max": round(max(ratios), 2),
                         "acceptance": round(r.stats.acceptance_rate or 0.0, 3),
                         "tokens_per_forward": round(r.stats.tokens_per_forward or 0.0, 2),
                         "identical": r.tokens == plain_tokens,
+                        "load_avg_1min": round(os.getloadavg()[0], 1),
                     }
                 )
                 print(json.dumps(rows[-1]), flush=True)
             if args.hf and m.kind != "genprobe":
                 print(json.dumps({"prompt": label, **hf_assisted(m, ids, args.tokens, args.k)}), flush=True)
+
+
+def timed_rounds(target, ids: list[int], drafts: dict, n: int, k: int, rounds: int):
+    """Wall seconds per round of plain greedy and of each draft, back to back, the order reversed every other round
+    (the ratio of one round's pair is what drift in a shared machine's load disturbs least)."""
+    times: dict[str, list[float]] = {"plain": [], **{d: [] for d in drafts}}
+    last = {}
+    for i in range(rounds):
+        order = ["plain", *drafts]
+        for name in order if i % 2 == 0 else order[::-1]:
+            t0 = time.perf_counter()
+            if name == "plain":
+                generate(target, [ids], n)
+            else:
+                last[name] = speculative_generate(target, ids, n, draft=drafts[name], k=k)
+            times[name].append(time.perf_counter() - t0)
+    return times, last
 
 
 def hf_assisted(m, ids: list[int], n: int, k: int) -> dict:
