@@ -1,7 +1,7 @@
 """llama.cpp's prompt lookup decoding (llama-cpp-python's ``LlamaPromptLookupDecoding`` draft) against its plain
 greedy decoding of the same GGUF: token identity and wall time at batch 1.
 
-    PYTHONPATH=src python benchmarks/llamacpp_lookup.py GGUF [--tokens 64]
+    PYTHONPATH=src python benchmarks/llamacpp_lookup.py GGUF [--tokens 64] [--prompts loop-prone ordinary]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompts", nargs="+", choices=list(PROMPTS), default=list(PROMPTS))
     args = ap.parse_args()
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -27,7 +28,8 @@ def main() -> None:
     kw = {"n_ctx": 512, "n_threads": 1, "verbose": False, "seed": 0}
     plain = Llama(args.gguf, **kw)
     lookup = Llama(args.gguf, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4), **kw)
-    for label, text in PROMPTS.items():
+    for label in args.prompts:
+        text = PROMPTS[label]
         row = {"prompt": label}
         for name, llm in (("plain", plain), ("lookup", lookup)):
             t0 = time.perf_counter()
