@@ -354,7 +354,10 @@ class SlotCache(TeachingCache):
         """End the sequence; the slot keeps it (its bookkeeping right: a stale tail is dropped now)."""
         if self.tokens:
             a, b = getattr(self, "stale", (0, 0))
-            k, v = ([torch.cat([t[..., :a, :], t[..., b:, :]], dim=-2) for t in kv] for kv in (self.k, self.v))
+            k, v = (
+                [torch.cat([t[..., :a, :], t[..., b:, :]], dim=-2) for t in kv if t is not None]
+                for kv in (self.k, self.v)
+            )
             self.slot = (self.tokens, k, v, torch.cat(self.logits, dim=1))
         super().reset()
         self.tokens, self.logits, self.stale = [], [], (0, 0)
