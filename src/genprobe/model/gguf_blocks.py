@@ -39,7 +39,6 @@ BLOCK_TYPES: dict[str, tuple[int, int, int]] = {
     "Q5_K": (13, 256, 176),
     "Q6_K": (14, 256, 210),
 }
-_NAME_OF = {ids[0]: name for name, ids in BLOCK_TYPES.items()}
 
 
 def dequantize_blocks(weight: torch.Tensor, ggml_type: int) -> torch.Tensor:
@@ -128,8 +127,3 @@ def with_gguf_blocks(
                 raise ValueError(f"{name}: the {type_name} blocks do not give the layer's float weights")
             setattr(parent, child_name, layer)
     return out
-
-
-def type_name_of(ggml_type: int) -> str:
-    """The name (``Q4_K``) of a ggml type id genprobe keeps as blocks."""
-    return _NAME_OF[ggml_type]
