@@ -19,7 +19,7 @@ from ..metrics import LoopSettings
 from ..model.arch import mlp_sites
 from .edit import FORMS
 from .prompts import prompt_sets, split_prompts
-from .scan import END_TOKEN_NOTE, ScanResult, chanting_sampler, scan_loops, study_sampler
+from .scan import END_TOKEN_NOTE, ScanOptions, ScanResult, chanting_sampler, scan_loops, study_sampler
 
 UNK_SHOW = "▯"
 SET_NAMES = ("direction", "search", "validate")
@@ -207,6 +207,22 @@ class LoopStudy:
         if self.eos_id is None:
             return EndToken(None, False, None)
         return EndToken(self.eos_id, True, END_TOKEN_NOTE.format(eos=self.eos_id, n=self.cfg.max_new_tokens))
+
+    def scan_options(self, texts: Sequence[str] | None, desc: str) -> ScanOptions:
+        """What every engine's scan of this study takes beside its prompts, budget and sampler: the study's batch,
+        seed, bans, detector settings and decoder (so a scan through another engine measures what ours would)."""
+        cfg = self.cfg
+        return ScanOptions(
+            batch_size=cfg.batch_size,
+            seed=cfg.seed,
+            eos_id=self.eos_id,
+            unk_id=self.unk_id,
+            loop=cfg.loop,
+            decode=self.decode,
+            prompt_texts=texts,
+            progress=self.progress,
+            desc=desc,
+        )
 
     def render(self, texts: Sequence[str], chat: bool) -> list[str]:
         """``texts`` as they are given to the model: each a user turn of the chat template when ``chat``."""

@@ -49,21 +49,7 @@ def endpoint_scan_backend(backend: Backend, concurrency: int) -> Callable[..., t
                 outs = backend.complete_many(reqs, concurrency)
                 return [(o.token_ids, len(o.token_ids) == cfg.max_new_tokens) for o in outs]
 
-            return scan_batches(
-                generate_batch,
-                ids,
-                cfg.max_new_tokens,
-                sampler,
-                batch_size=cfg.batch_size,
-                seed=cfg.seed,
-                eos_id=study.eos_id,
-                unk_id=study.unk_id,
-                loop=cfg.loop,
-                decode=study.decode,
-                prompt_texts=texts,
-                progress=study.progress,
-                desc=desc,
-            )
+            return scan_batches(generate_batch, ids, cfg.max_new_tokens, sampler, **study.scan_options(texts, desc))
 
         caps = backend.capabilities
         return scan, {"backend": "endpoint", "server": caps.server, "model": backend.model_name}

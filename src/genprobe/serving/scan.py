@@ -78,22 +78,8 @@ def scan_study_vllm(
 ) -> ScanResult:
     """:meth:`genprobe.loops.study.LoopStudy.scan` through vLLM: the study's budget, batch, seed, bans, detector
     settings and decoder, so the result is what the study would have measured on our engine."""
-    cfg = study.cfg
-    return scan_loops_vllm(
-        engine,
-        ids,
-        cfg.max_new_tokens,
-        sampler or study.sampler,
-        batch_size=cfg.batch_size,
-        seed=cfg.seed,
-        eos_id=study.eos_id,
-        unk_id=study.unk_id,
-        loop=cfg.loop,
-        decode=study.decode,
-        prompt_texts=texts,
-        progress=study.progress,
-        desc=desc,
-    )
+    options = study.scan_options(texts, desc)
+    return scan_loops_vllm(engine, ids, study.cfg.max_new_tokens, sampler or study.sampler, **options)
 
 
 def vllm_scan_backend(options: Any = None) -> Callable[..., tuple[Callable[..., Any], dict[str, Any]]]:

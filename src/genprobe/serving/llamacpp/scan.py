@@ -154,19 +154,9 @@ def llamacpp_scan_backend(
         cfg = study.cfg
 
         def scan(ids: Any, texts: Any, *, sampler: Any, desc: str) -> Any:
+            options = study.scan_options(texts, desc)
             return scan_loops_llamacpp(
-                engine,
-                ids,
-                cfg.max_new_tokens,
-                sampler,
-                batch_size=cfg.batch_size,
-                seed=cfg.seed,
-                eos_id=study.eos_id,
-                unk_id=study.unk_id,
-                loop=cfg.loop,
-                decode=study.decode,
-                prompt_texts=texts,
-                dry_breaker_strings=dry_breaker_strings,
+                engine, ids, cfg.max_new_tokens, sampler, dry_breaker_strings=dry_breaker_strings, **options
             )
 
         return scan, {"backend": "llama.cpp", "llama.cpp": engine.describe()}
