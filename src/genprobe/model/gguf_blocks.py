@@ -108,22 +108,14 @@ def with_gguf_blocks(
     the embedding's blocks only with ``narrow_output`` (the embedding's lookup keeps its float32 copy).
     ``copy_model=False`` replaces the layers in ``model`` itself (the loader's own fresh model: no second copy).
     """
-    from .weight_only import _tied_weights
+    from .weight_only import linears_named_in
 
     out = copy.deepcopy(model) if copy_model else model
-    names = {id(p): n for n, p in out.named_parameters(remove_duplicate=False) if n in blocks}
-    tied = {id(p) for p in _tied_weights(out)}
-    for parent in list(out.modules()):
-        for child_name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear or id(child.weight) not in names:
-                continue
-            if id(child.weight) in tied and not narrow_output:
-                continue
-            name = names[id(child.weight)]
-            type_name, rows = blocks[name]
-            layer = BlockLinear(rows, type_name, child.bias)
-            same = torch.allclose(layer.dequantized(), child.weight.detach().float(), rtol=0, atol=0, equal_nan=True)
-            if not same:
-                raise ValueError(f"{name}: the {type_name} blocks do not give the layer's float weights")
-            setattr(parent, child_name, layer)
+    for parent, child_name, child, name in linears_named_in(out, blocks, narrow_output):
+        type_name, rows = blocks[name]
+        layer = BlockLinear(rows, type_name, child.bias)
+        same = torch.allclose(layer.dequantized(), child.weight.detach().float(), rtol=0, atol=0, equal_nan=True)
+        if not same:
+            raise ValueError(f"{name}: the {type_name} blocks do not give the layer's float weights")
+        setattr(parent, child_name, layer)
     return out

@@ -30,6 +30,7 @@ quarter of the bytes (see :mod:`genprobe.model.gguf`).
 from __future__ import annotations
 
 import copy
+from typing import Collection, Iterator
 
 import torch
 import torch.nn as nn
@@ -192,17 +193,26 @@ def with_int8_blocks(
     ``narrow_output``. Layers without blocks keep their float32 weights.
     """
     out = copy.deepcopy(model)
-    names = {id(p): n for n, p in out.named_parameters(remove_duplicate=False) if n in blocks}
-    tied = {id(p) for p in _tied_weights(out)}
-    for parent in list(out.modules()):
+    for parent, child_name, child, name in linears_named_in(out, blocks, narrow_output):
+        q, scales = blocks[name]
+        layer = WeightOnlyLinear.from_blocks(q, scales, child.bias)
+        if not torch.equal(layer.dequantized(), child.weight.detach().float()):
+            raise ValueError(f"{name}: the int8 blocks do not give the layer's float weights")
+        setattr(parent, child_name, layer)
+    return out
+
+
+def linears_named_in(
+    model: nn.Module, names: Collection[str], narrow_output: bool
+) -> Iterator[tuple[nn.Module, str, nn.Linear, str]]:
+    """``(parent, child name, layer, weight name)`` of each ``nn.Linear`` whose weight is named in ``names``; the
+    output layer tied to the embedding only with ``narrow_output`` (its lookup keeps the float32 table)."""
+    by_id = {id(p): n for n, p in model.named_parameters(remove_duplicate=False) if n in names}
+    tied = {id(p) for p in _tied_weights(model)}
+    for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear or id(child.weight) not in names:
+            if type(child) is not nn.Linear or id(child.weight) not in by_id:
                 continue
             if id(child.weight) in tied and not narrow_output:
                 continue
-            q, scales = blocks[names[id(child.weight)]]
-            layer = WeightOnlyLinear.from_blocks(q, scales, child.bias)
-            if not torch.equal(layer.dequantized(), child.weight.detach().float()):
-                raise ValueError(f"{names[id(child.weight)]}: the int8 blocks do not give the layer's float weights")
-            setattr(parent, child_name, layer)
-    return out
+            yield parent, child_name, child, by_id[id(child.weight)]
