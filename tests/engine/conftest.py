@@ -39,3 +39,14 @@ def _sharp_gpt(seed: int = 3):
 def sharp_gpt():
     """The builder of :func:`_sharp_gpt` models (``sharp_gpt(seed=3)``), for module- and function-scoped use."""
     return _sharp_gpt
+
+
+@pytest.fixture
+def traced_only(monkeypatch):
+    """The compiled path's own logic without Inductor's builds (``GENPROBE_COMPILE_BACKEND=aot_eager``): Dynamo traces
+    the same functions, with the same guards, graphs per situation and fingerprints, and PyTorch's eager kernels
+    run them. For tests of that logic (hooks, edits, padding, eos, limits); Inductor's own paths — the loop, the
+    stepwise step, the prefill, the AOT programs, the narrow and block weights — keep tests that build them."""
+    from genprobe.engine.fast import compiled
+
+    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")

@@ -1,10 +1,11 @@
 """Compiled decoding through torch.compile (the model's one forward over a StaticKVCache) equals eager decoding.
 
 This is the path that decodes where the ahead-of-time programs (genprobe.engine.fast.aot, tested in
-test_aot_decode.py) do not apply or cannot be built, so every test here turns them off. Each compiled test pays
-one compilation per model and weights (frozen graphs hold the weights), which is quick where Inductor has compiled
-the same shapes before (its code is cached on disk): the shapes are shared between tests where possible. The file
-runs on one worker (tests/conftest.py: XDIST_GROUPS); the large-step tests are in test_compiled_stepwise.py.
+test_aot_decode.py) do not apply or cannot be built, so every test here turns them off. A test of Inductor's code
+pays one build per model and weights (frozen graphs hold the weights: 10-15 s of a core each, cold); the tests of
+the path's own logic (padding, eos, hooks, limits, graphs per situation) take the ``traced_only`` fixture (Dynamo
+traces the same functions, PyTorch's eager kernels run them: ~1 s). The file runs on one worker
+(tests/conftest.py: XDIST_GROUPS); the large-step tests are in test_compiled_stepwise.py.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def test_errors_that_are_not_compilation_failures_propagate(tiny_model, monkeypa
     assert compiled_mod.compile_error() is None
 
 
-def test_compiled_runner_checks_limits_the_graph_skips(tiny_model):
+def test_compiled_runner_checks_limits_the_graph_skips(tiny_model, traced_only):
     runner = compiled_mod.CompiledGPTRunner(tiny_model)
     state = runner.new_state(1, 4)
     assert state.capacity == tiny_model.cfg.block_size == 32  # rounded up: see static_capacity
@@ -134,6 +135,28 @@ def test_every_program_is_built_without_line_tables(tiny_model):
     assert all(cfg.get("aot_inductor.enable_line_tables") is False for cfg in configs)
 
 
+def test_the_traced_only_backend_runs_no_inductor_build_and_a_wrong_name_is_an_error(tiny_model, monkeypatch):
+    """GENPROBE_COMPILE_BACKEND=aot_eager: Dynamo traces the loop, eager kernels run it, Inductor is never called
+    (what the traced_only fixture's tests rely on to be cheap); an unknown backend is named with the choices."""
+    import torch._inductor.compile_fx as compile_fx
+
+    def no_inductor(*a, **k):
+        raise AssertionError("Inductor was asked to compile")
+
+    monkeypatch.setenv(compiled_mod.BACKEND_ENV, "aot_eager")
+    monkeypatch.setattr(compile_fx, "compile_fx", no_inductor)
+    assert not compiled_mod.uses_aot(tiny_model, 1)  # the AOT programs are Inductor's too
+    a = generate(tiny_model, [[1, 2, 3], [4, 5]], 6, compile=True, return_logits=True)
+    assert compiled_mod.compile_error() is None
+    b = generate(tiny_model, [[1, 2, 3], [4, 5]], 6, return_logits=True)
+    assert a.tokens == b.tokens and _max_diff(a, b) < 1e-5
+    monkeypatch.setenv(compiled_mod.BACKEND_ENV, "tensorrt")
+    with pytest.raises(
+        ValueError, match="GENPROBE_COMPILE_BACKEND must be one of inductor, aot_eager, eager; got 'tensorrt'"
+    ):
+        generate(tiny_model, [[1, 2, 3]], 2, compile=True)
+
+
 def test_compile_refuses_models_outside_genprobe_and_the_llama_family(tiny_model):
     from genprobe.engine.hf_adapter import HFCausalLM
     from genprobe.model.hf import to_hf_gpt2
@@ -143,7 +166,7 @@ def test_compile_refuses_models_outside_genprobe_and_the_llama_family(tiny_model
 
 
 @pytest.mark.parametrize("pe", ["rope", "alibi"])
-def test_compiled_generation_equals_eager_for_rope_and_alibi(pe):
+def test_compiled_generation_equals_eager_for_rope_and_alibi(pe, traced_only):
     """The position encodings computed inside the forward (rotations, ALiBi bias) compile to the same logits."""
     model = _scaled_model(pos_encoding=pe)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
@@ -166,7 +189,7 @@ def test_static_capacity_is_a_power_of_two_bucket_within_the_context():
     assert compiled_mod.static_capacity(160, 160) == 160 and compiled_mod.static_capacity(3, 32) == 32
 
 
-def test_prompts_of_other_lengths_reuse_the_compiled_graph(tiny_model):
+def test_prompts_of_other_lengths_reuse_the_compiled_graph(tiny_model, traced_only):
     """Capacity is rounded to the context length: a new prompt length or token count does not recompile."""
     from torch._dynamo.utils import counters
 
@@ -192,7 +215,7 @@ def _spy_calls(monkeypatch) -> list[tuple[int, bool]]:
     return calls
 
 
-def test_greedy_loop_equals_eager_on_a_padded_batch_where_every_row_stops_at_eos(monkeypatch):
+def test_greedy_loop_equals_eager_on_a_padded_batch_where_every_row_stops_at_eos(monkeypatch, traced_only):
     """One call runs the loop (argmax, eos and padding inside the graph) and stops where the last row ends:
     tokens, finish reasons, raw logits of every step, what on_token sees and the forward count all equal
     the per-step eager loop's."""
@@ -217,7 +240,7 @@ def test_greedy_loop_equals_eager_on_a_padded_batch_where_every_row_stops_at_eos
     assert a.forward_calls == b.forward_calls and a.token_forwards == b.token_forwards
 
 
-def test_greedy_loop_without_logits_or_eos_equals_eager(monkeypatch):
+def test_greedy_loop_without_logits_or_eos_equals_eager(monkeypatch, traced_only):
     model = _scaled_model(seed=3)
     calls = _spy_calls(monkeypatch)
     a = generate(model, [[1, 2, 3, 4], [5, 6]], 20, compile=True)
@@ -225,7 +248,7 @@ def test_greedy_loop_without_logits_or_eos_equals_eager(monkeypatch):
     assert calls == [(19, False)] and a.tokens == b.tokens
 
 
-def test_samplers_take_the_one_step_path_of_the_same_loop(monkeypatch):
+def test_samplers_take_the_one_step_path_of_the_same_loop(monkeypatch, traced_only):
     """A sampled generation calls the compiled loop for one step at a time, with logits."""
     model = _scaled_model(seed=3)
     calls = _spy_calls(monkeypatch)
@@ -235,7 +258,7 @@ def test_samplers_take_the_one_step_path_of_the_same_loop(monkeypatch):
     assert calls == [(1, True)] * 5 and a.tokens == b.tokens
 
 
-def test_a_hook_added_between_generations_reaches_the_compiled_graph():
+def test_a_hook_added_between_generations_reaches_the_compiled_graph(traced_only):
     """Guards are skipped for a situation seen before; a new forward hook must not count as seen."""
     model = _scaled_model(seed=4)
     generate(model, [[1, 2, 3]], 12, compile=True, return_logits=True)

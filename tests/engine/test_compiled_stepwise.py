@@ -145,7 +145,7 @@ def test_stepwise_path_passes_the_cache_verifier(monkeypatch, stepwise_model):
 
 
 # Last in the file: it edits the shared model's weights.
-def test_stepwise_decoding_picks_up_weights_edited_in_place(monkeypatch, stepwise_model):
+def test_stepwise_decoding_picks_up_weights_edited_in_place(monkeypatch, stepwise_model, traced_only):
     monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
     model = stepwise_model
     prompts = [[1, 2, 3], [4, 5]]

@@ -27,6 +27,15 @@ def bf16_model(request, sharp_gpt) -> GPT:
     return with_weight_dtype(sharp_gpt(), request.param)
 
 
+@pytest.fixture(scope="module")
+def int8_model(sharp_gpt) -> GPT:
+    """The sharp model, int8. The batched tests below build their programs for int8 alone: a batch of bfloat16 rows
+    takes the same AOT programs and kernel calls with the other weight type, whose products at every row count are
+    tested bit for bit in test_kernels.py (and which path a narrow batch takes, per dtype, in
+    test_compiled_stepwise.py); a second dtype here would be three more builds (~35 s of a core)."""
+    return with_weight_dtype(sharp_gpt(), torch.int8)
+
+
 def test_conversion_rounds_the_linear_layers_only_and_leaves_the_original_alone(sharp_gpt):
     m = sharp_gpt()
     before = {k: v.clone() for k, v in m.state_dict().items()}
@@ -138,15 +147,15 @@ def test_compiled_generation_reads_the_narrow_weights_and_equals_eager(bf16_mode
     kernels.build.unsupported_reason() is not None,
     reason=f"genprobe's kernels cannot run here: {kernels.build.unsupported_reason()}",
 )
-def test_a_large_narrow_model_decodes_its_batches_on_the_kernels(monkeypatch, bf16_model, sharp_gpt):
+def test_a_large_narrow_model_decodes_its_batches_on_the_kernels(monkeypatch, int8_model, sharp_gpt):
     """A model counted as large (here by lowering the threshold) decodes batches stepwise when float32, but
     through the AOT programs when its weights are narrow (the stepwise path would widen them)."""
     monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 1)
-    assert not compiled_mod.uses_aot(sharp_gpt(), 2) and compiled_mod.uses_aot(bf16_model, 2)
+    assert not compiled_mod.uses_aot(sharp_gpt(), 2) and compiled_mod.uses_aot(int8_model, 2)
     prompts = [[5, 9, 2, 41, 7], [3, 8, 1, 6, 4]]
-    a = generate(bf16_model, prompts, 12, compile=True, return_logits=True)
-    b = generate(bf16_model, prompts, 12, return_logits=True)
-    assert (2, bf16_model.cfg.block_size) in compiled_mod._aot_decoders.get(bf16_model, {})
+    a = generate(int8_model, prompts, 12, compile=True, return_logits=True)
+    b = generate(int8_model, prompts, 12, return_logits=True)
+    assert (2, int8_model.cfg.block_size) in compiled_mod._aot_decoders.get(int8_model, {})
     assert a.tokens == b.tokens
     assert max(float((x - y).abs().max()) for x, y in zip(a.step_logits, b.step_logits, strict=True)) < 1e-4
 
@@ -171,12 +180,12 @@ def test_in_place_edits_of_narrow_weights_are_seen(bf16_model):
                 w.copy_(original)
 
 
-def test_the_cache_verifier_passes_on_the_narrow_compiled_path(bf16_model):
+def test_the_cache_verifier_passes_on_the_narrow_compiled_path(int8_model):
     from genprobe.verify.adapters import CompiledEngineAdapter, FullRecompute
     from genprobe.verify.harness import verify_implementation
 
     report = verify_implementation(
-        CompiledEngineAdapter(bf16_model), FullRecompute(bf16_model), [[4, 5, 6, 7], [8, 9]], steps=12
+        CompiledEngineAdapter(int8_model), FullRecompute(int8_model), [[4, 5, 6, 7], [8, 9]], steps=12
     )
     assert report.verdict == "pass", json_safe(report)
 
@@ -209,16 +218,19 @@ def test_the_loader_converts_genprobe_checkpoints_and_refuses_transformers_model
         load_model(path, narrow_output=True)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-def test_verify_cache_gives_the_narrow_model_its_own_verdict(tmp_path, capsys, sharp_gpt, dtype):
+# The eager cache's verdict for bfloat16, the compiled path's for int8 (its decode programs are the ones built above;
+# the same for bfloat16 would be three more builds of the compiled path the tests above already verify).
+@pytest.mark.parametrize(("dtype", "compiled"), [("bfloat16", False), ("int8", True)])
+def test_verify_cache_gives_the_narrow_model_its_own_verdict(tmp_path, capsys, sharp_gpt, dtype, compiled):
     from genprobe.cli import main
 
     path = _save(tmp_path, sharp_gpt())
-    args = ["verify-cache", str(path), "--weight-dtype", dtype, "--compiled", "--max-new-tokens", "8"]
-    rc = main([*args, "--prompt", "一丁七万", "--json"])
+    args = ["verify-cache", str(path), "--weight-dtype", dtype, "--max-new-tokens", "8"]
+    rc = main([*args, *(["--compiled"] if compiled else []), "--prompt", "一丁七万", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["weight_dtype"] == dtype
-    assert [r["verdict"] for r in out["implementations"]] == ["pass", "pass"]
+    names = ["engine", "engine-compiled"] if compiled else ["engine"]
+    assert [(r["impl"], r["verdict"]) for r in out["implementations"]] == [(n, "pass") for n in names]
 
 
 def test_generate_takes_the_weight_dtype(tmp_path, capsys, sharp_gpt):

@@ -177,11 +177,13 @@ def uses_aot(model: GPT, batch_size: int, fp: Fingerprint | None = None) -> bool
     """Whether greedy steps of ``batch_size`` rows of ``model`` run through :mod:`genprobe.engine.fast.aot` (see there).
 
     For the loop-strategy shapes of a float32 model in eval mode without hooks, when the kernels' library is
-    available (it holds the C++ loop) and ``GENPROBE_AOT`` is not ``0``. Hooks and training mode change what a
-    forward does, which an exported program cannot follow; those calls take the ``torch.compile`` path, whose
-    guards see them. ``fp``: the model's :func:`fingerprint`, when the caller has it.
+    available (it holds the C++ loop), ``GENPROBE_AOT`` is not ``0`` and the backend is Inductor. Hooks and
+    training mode change what a forward does, which an exported program cannot follow; those calls take the
+    ``torch.compile`` path, whose guards see them. ``fp``: the model's :func:`fingerprint`, when the caller has it.
     """
     if os.environ.get(AOT_ENV, "1") == "0" or model.training or batch_size > KERNEL_MAX_ROWS:
+        return False
+    if compile_backend() != "inductor":  # the programs are AOTInductor's: no Inductor asked for, none built
         return False
     # A large model's batched float32 steps are GEMMs that oneDNN's packed kernels (the stepwise path) run faster.
     if batch_size > 1 and parameter_count(model) >= STEPWISE_MIN_WORK and not _reads_narrow_weights(model, batch_size):
@@ -466,12 +468,30 @@ _compile_error: str | None = None  # set once per process when compilation fails
 _FUNCTIONS: dict[str, Callable[..., Any]] = {"loop": _decode_loop, "stepwise": _decode_step, "prefill": _prefill}
 
 
+#: Set to ``aot_eager`` (or ``eager``) to run the compiled path's own logic — static cache, graphs per situation,
+#: fingerprints, the decode loop — traced by Dynamo but executed by PyTorch's eager kernels, without Inductor. What
+#: PyTorch's documentation advises for telling a bug of one's own code from one of the compiler; the tests use it
+#: where they check that logic and not Inductor's code (each of Inductor's paths keeps tests of its own), since a
+#: trace costs ~1 s where an Inductor build costs 10-15 s of a core.
+BACKEND_ENV = "GENPROBE_COMPILE_BACKEND"
+_BACKENDS = ("inductor", "aot_eager", "eager")
+
+
+def compile_backend() -> str:
+    """The backend ``torch.compile`` builds the decode graphs with: Inductor unless :data:`BACKEND_ENV` says."""
+    backend = os.environ.get(BACKEND_ENV) or "inductor"
+    if backend not in _BACKENDS:
+        raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(_BACKENDS)}; got {backend!r}")
+    return backend
+
+
 def compiled_fn(kind: str) -> Any:
     """The process-wide compiled ``kind`` (a key of ``_FUNCTIONS``), compiled lazily, cached by torch."""
-    if kind not in _compiled:
+    key = f"{kind}:{compile_backend()}"
+    if key not in _compiled:
         # dynamic=False: only the dimensions the runner marks (batch, prompt length) become symbols.
-        _compiled[kind] = torch.compile(_FUNCTIONS[kind], fullgraph=True, dynamic=False)
-    return _compiled[kind]
+        _compiled[key] = torch.compile(_FUNCTIONS[kind], fullgraph=True, dynamic=False, backend=compile_backend())
+    return _compiled[key]
 
 
 def static_capacity(max_len: int, max_positions: int | None) -> int:
@@ -847,7 +867,7 @@ class CompiledGPTRunner:
         valid = None if valid is None else valid.clone(memory_format=torch.contiguous_format)
         fp = self._fingerprint(state)  # once per generation: a weight edit, hook or mode switch between them shows
         shape = ids.shape[0] if kind != "prefill" else (ids.shape[0], valid is None)
-        situation = (kind, shape, state.capacity, kind == "loop" and rest[-1] is None, fp)
+        situation = (kind, shape, state.capacity, kind == "loop" and rest[-1] is None, fp, compile_backend())
         warm = _warm.setdefault(self.model, set())
         first = situation not in warm
         # A first call evaluates every Dynamo guard (a new model, weights, batch size or capacity recompiles)
