@@ -298,3 +298,20 @@ def test_only_gpt2s_own_split_is_named_for_an_unknown_bpe(tmp_path, pre, normali
 
     (tmp_path / "tokenizer.json").write_text(json.dumps({"normalizer": normalizer, "pre_tokenizer": pre}))
     assert _pre_tokenizer(SimpleNamespace(kind="transformers", source=str(tmp_path), arch="llama")) == name
+
+
+def test_a_failed_quantization_names_llamas_last_lines_and_leaves_no_file(tmp_path, monkeypatch):
+    """llama.cpp's log of the call is captured to a temporary file; on failure its tail goes into the error, and
+    neither it nor a partial output stays behind."""
+    import tempfile
+
+    from genprobe.serving.llamacpp.quantize import quantize_gguf
+
+    logs = tmp_path / "tmp"
+    logs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(logs))
+    src = tmp_path / "not-a.gguf"
+    src.write_bytes(b"GGUF" + b"\0" * 60)  # a header and nothing a loader can read
+    with pytest.raises(RuntimeError, match=r"llama_model_quantize failed writing Q8_0 from .*not-a\.gguf"):
+        quantize_gguf(src, tmp_path / "out.gguf", "Q8_0")
+    assert list(logs.iterdir()) == [] and not (tmp_path / "out.gguf").exists()

@@ -225,7 +225,7 @@ def describe_gguf(path: str | os.PathLike[str], type_name: str, seconds: float =
 @contextmanager
 def _native_stderr_captured() -> Iterator[Path]:
     """llama.cpp logs every tensor of a quantization to the process's stderr (fd 2): send it to a file for the
-    duration, so that a study prints its own lines; the file is kept for the error message when the call fails."""
+    duration, so that a study prints its own lines (their tail goes into the error when the call fails)."""
     fd, name = tempfile.mkstemp(prefix="genprobe-quantize-", suffix=".log")
     sys.stderr.flush()
     saved = os.dup(2)
@@ -272,11 +272,11 @@ def _quantize(lib: Any, source: Path, out: Path, name: str, threads: int) -> flo
         with _native_stderr_captured() as captured:
             rc = lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
         seconds = time.perf_counter() - started
+        log = captured.read_text(errors="replace") if captured.exists() else ""
+        captured.unlink(missing_ok=True)  # its last lines go into the error below: no file left behind either way
         if rc != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
-            log = captured.read_text(errors="replace") if captured.exists() else ""
             tail = "\n".join(log.strip().splitlines()[-6:])
             raise RuntimeError(f"llama_model_quantize failed writing {name} from {source} (return code {rc}):\n{tail}")
-        captured.unlink(missing_ok=True)
         fault_point("quantize:quantized")
         os.replace(tmp, out)
     finally:
