@@ -36,6 +36,12 @@ second (weight bytes read per step x tok/s) as a fraction of the measured bandwi
     python benchmarks/llama_speed.py                                    # every engine, batch 1 16 64, 3 rounds
     python benchmarks/llama_speed.py --engines genprobe hf ct2 llamacpp-f32 --batch 1 --rounds 3 --out out/bench
     python benchmarks/llama_speed.py --worker hf --batch 1 --new-tokens 8   # one worker: JSON lines on stdout
+    python benchmarks/llama_speed.py --prompt-tokens 512 --new-tokens 1 ...  # prefill: the ratios are the prompts'
+
+Prefill rows: with ``--new-tokens 1`` a call is the prompt's forward and one argmax, so the per-round ratios are
+the prefill ratios, and a row's prompt tokens per second are its tok/s times ``--prompt-tokens`` (prompts longer
+than the passage repeat it). The warm-up call builds genprobe's programs in the foreground
+(``GENPROBE_AOT_BACKGROUND=0``): ``benchmarks/first_call.py`` times a first call that does not wait for them.
 
 A worker prints one JSON line per batch size on stdout (engine, batch, tok/s per repetition, median, warm-up
 seconds, the tokens and their sha256, or ``unavailable``); anything else it (or a library) prints goes to stderr.
@@ -158,9 +164,8 @@ def model_dir_of(model: str) -> Path:
 def make_prompts(tokenizer: Any, batch: int, length: int) -> Tokens:
     """``batch`` prompts of ``length`` tokens: windows of :data:`PASSAGE`, :data:`PROMPT_STRIDE` tokens apart."""
     ids = [int(t) for t in tokenizer.encode(PASSAGE)]
+    ids = ids * (1 + (length + PROMPT_STRIDE * batch) // len(ids))  # long prompts (prefill rows): the passage again
     span = len(ids) - length + 1
-    if span < 1:
-        raise SystemExit(f"--prompt-tokens {length} exceeds the passage's {len(ids)} tokens")
     starts = [(i * PROMPT_STRIDE) % span for i in range(batch)]
     return [ids[s : s + length] for s in starts]
 
@@ -461,6 +466,9 @@ def worker_main(args: argparse.Namespace, setup: Setup) -> int:
     import torch
 
     torch.set_num_threads(setup.threads)
+    # the warm-up call builds genprobe's compiled programs and waits for them (benchmarks/first_call.py times a first
+    # call that does not wait): the timed calls are the steady state
+    os.environ["GENPROBE_AOT_BACKGROUND"] = "0"
     if args.worker == "bandwidth":
         emit(measure_bandwidth(setup, args.params))
         return 0

@@ -1,6 +1,8 @@
 """The kernels' llama.cpp blocks (engine/fast/kernels/ggml.cpp): each type dequantizes to exactly what gguf-py's
-``gguf.quants.dequantize`` (the reference transformers loads GGUF files with) gives, and a product over blocks is the
-float32 kernels' product on those weights, bit for bit, in both instruction sets, at every row count's tile shape."""
+``gguf.quants.dequantize`` (the reference transformers loads GGUF files with) gives; a product over blocks of up to
+4 rows of x on AVX-512 (fused: blocks decoded in registers) multiplies exactly those weights, its sums within
+float32's rounding bound of the exact product; every other product is the float32 kernels' product on the
+dequantized weights, bit for bit, in both instruction sets, at every row count's tile shape."""
 
 from __future__ import annotations
 
@@ -67,10 +69,27 @@ def test_every_type_dequantizes_to_gguf_pys_values_bit_for_bit(ops, type_name):
         assert got.shape == reference.shape and torch.equal(got, reference), (type_name, avx512)
 
 
+FUSED_MAX_ROWS = 4  # linear.cpp kFusedMaxRows
+
+
+def fused(m: int, avx512: bool) -> bool:
+    return avx512 and m <= FUSED_MAX_ROWS and kernels.status().available and torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
+def assert_within_float32_bound(got, x, dense, bias, where):
+    """|got - exact| <= (K + 2) u sum |x_k w_k| (+ |b|): float32 summation in any order, u = 2^-24 (Higham's gamma)."""
+    exact = x.double() @ dense.double().T + bias.double()
+    scale = x.double().abs() @ dense.double().abs().T + bias.double().abs()
+    bound = (x.shape[1] + 2) * 2.0**-24 * scale * 1.01
+    assert ((got.double() - exact).abs() <= bound).all(), where
+
+
 @pytest.mark.parametrize("type_name", list(BLOCK_TYPES))
-def test_products_over_blocks_are_the_float32_kernels_products_bit_for_bit(ops, type_name):
+def test_products_over_blocks_multiply_the_dequantized_weights(ops, type_name):
     """Every tile shape (1, 2, 3, 4, 5, 6-16 rows; packed panels from 17) and the one-row weight stream (N x K from
-    96K weights), odd output counts (a ragged last tile), a bias, both instruction sets."""
+    96K weights), odd output counts (a ragged last tile), an odd block count, a bias, both instruction sets. The fused
+    rows: one-hot rows of x read back each weight bit for bit (the decoding is exact), random rows are within the
+    rounding bound of the float64 product (a skipped block or a wrong scale is far outside it)."""
     ggml_type = BLOCK_TYPES[type_name][0]
     K = per_block(type_name) * (2 if per_block(type_name) == 256 else 5)
     torch.manual_seed(0)
@@ -83,7 +102,29 @@ def test_products_over_blocks_are_the_float32_kernels_products_bit_for_bit(ops, 
             for m in (1, 2, 3, 4, 5, 9, 17, 20):
                 x = torch.randn(m, K)
                 got = ops.small_linear_ggml(x, w, bias, ggml_type)
-                assert torch.equal(got, ops.small_linear(x, dense, bias)), (type_name, n, avx512, m)
+                where = (type_name, n, avx512, m)
+                if not fused(m, avx512):
+                    assert torch.equal(got, ops.small_linear(x, dense, bias)), where
+                    continue
+                assert_within_float32_bound(got, x, dense, bias, where)
+                columns = torch.randint(0, K, (m,))
+                one_hot = torch.nn.functional.one_hot(columns, K).float()
+                picked = ops.small_linear_ggml(one_hot, w, None, ggml_type)
+                assert torch.equal(picked, dense[:, columns].T), where
+
+
+def test_a_fused_product_is_not_the_dequantized_float32_product_bit_for_bit_but_close(ops):
+    """Guard of the test above: on AVX-512 the fused path really runs (its sums are in another order, so some
+    output differs in its last bits from the float32 kernels'), and it is within the rounding bound."""
+    if not fused(1, True):
+        pytest.skip("the fused products need AVX-512")
+    ops.small_linear_isa(True)
+    w = hard_blocks("Q4_0", rows=256, blocks_per_row=18, seed=3)
+    dense = dequantize_blocks(w, 2)
+    x = torch.randn(1, 576)
+    got = ops.small_linear_ggml(x, w, None, 2)
+    assert not torch.equal(got, ops.small_linear(x, dense, None))
+    assert_within_float32_bound(got, x, dense, torch.zeros(256), "Q4_0 fused")
 
 
 def test_weights_the_kernels_cannot_read_are_refused(ops):

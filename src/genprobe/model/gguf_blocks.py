@@ -20,7 +20,10 @@ and multiplies integers, which is faster and not the dequantized model's arithme
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -53,9 +56,28 @@ def dequantize_blocks(weight: torch.Tensor, ggml_type: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
 
 
+#: A product ``(x, weight, bias, ggml_type) -> x W^T + b`` that eager calls use instead of the reference, set only
+#: inside :func:`block_products` (the fast path's eager steps while its compiled programs build: the kernels).
+BlockProduct = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", int], torch.Tensor]
+_products: ContextVar[BlockProduct | None] = ContextVar("genprobe_block_products", default=None)
+
+
+@contextlib.contextmanager
+def block_products(product: BlockProduct | None) -> Iterator[None]:
+    """Eager block layers run ``product`` in this thread inside the block (None: the reference, as outside)."""
+    token = _products.set(product)
+    try:
+        yield
+    finally:
+        _products.reset(token)
+
+
 @torch.library.custom_op("genprobe_gguf::block_linear", mutates_args=())
 def block_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ggml_type: int) -> torch.Tensor:
     """``x W^T + b`` with ``W`` the dequantized blocks (eager reference; the compiled path runs the kernels)."""
+    product = _products.get()
+    if product is not None:
+        return product(x, weight, bias, ggml_type)
     return F.linear(x, dequantize_blocks(weight, ggml_type).to(x.dtype), bias)
 
 

@@ -25,9 +25,13 @@ source of the forward, the cache and the kernels.
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import itertools
 import os
+import threading
 import warnings
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -135,15 +139,51 @@ def _compile(program: torch.nn.Module, args: tuple[Any, ...], dynamic: Any, cfg:
         tmp.unlink(missing_ok=True)
 
 
+def program_path(model: GPT, batch: int, capacity: int, threads: int, kind: str) -> Path:
+    """Where the package of the ``kind`` program (one of :data:`KINDS`) for this shape is cached."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return kernels.build.cache_dir().parent / "aot" / f"{cache_key(model, batch, capacity, threads)}-{kind}.pt2"
+
+
 def build_program(model: GPT, batch: int, capacity: int, threads: int, kind: str) -> Path:
     """The package of the ``kind`` program (one of :data:`KINDS`) for ``batch`` rows and ``capacity`` cache slots,
     compiled unless cached."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    path = kernels.build.cache_dir().parent / "aot" / f"{cache_key(model, batch, capacity, threads)}-{kind}.pt2"
+    path = program_path(model, batch, capacity, threads, kind)
     # Once per key, also across processes (a program takes 10-30 s of a core to compile).
     kernels.build.build_once(path, lambda: _build_program(model, batch, capacity, threads, kind, path))
     return path
+
+
+def build_in_background(model: GPT, batch: int, capacity: int, threads: int) -> Future[None]:
+    """Build the kernels and this shape's step and prompt programs in a thread of their own; the future ends when
+    both are on disk (or with the reason they cannot be).
+
+    The thread exports a copy of the model's module tree that shares its parameter and buffer tensors: exporting
+    swaps the traced module's parameters for fake ones while it traces, which the caller's eager forwards of the
+    model itself, running meanwhile, must never see. The programs read weights bound at load time by name, and the
+    copy's names, shapes and dtypes are the model's, so they are the model's programs (same :func:`cache_key`).
+    """
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    skeleton = copy.deepcopy(model, memo={id(t): t for t in tensors})
+    future: Future[None] = Future()
+
+    def build() -> None:
+        try:
+            status = kernels.load()
+            if not status.available:
+                raise RuntimeError(f"genprobe's kernels are unavailable: {status.reason}")
+            for kind in ("step", "prompt"):
+                build_program(skeleton, batch, capacity, threads, kind)
+        except BaseException as exc:  # reported through the future, to the call that next asks for this shape
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+
+    # A daemon thread: a process that ends first is not held; the half-written build's files are removed by the
+    # next one (write_once), which starts over.
+    threading.Thread(target=build, name=f"genprobe-aot-b{batch}-c{capacity}", daemon=True).start()
+    return future
 
 
 def _build_program(model: GPT, batch: int, capacity: int, threads: int, kind: str, path: Path) -> None:

@@ -53,11 +53,13 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ...model.gguf_blocks import block_products
 from ...model.position_lm import PositionDrivenLM as GPT  # our GPT or the Llama family (model.llama_family)
 from ...model.weight_only import NARROW_WEIGHT_DTYPES
 from . import kernels
@@ -181,6 +183,12 @@ def uses_aot(model: GPT, batch_size: int, fp: Fingerprint | None = None) -> bool
     training mode change what a forward does, which an exported program cannot follow; those calls take the
     ``torch.compile`` path, whose guards see them. ``fp``: the model's :func:`fingerprint`, when the caller has it.
     """
+    fp = fingerprint(model) if fp is None else fp
+    return _aot_wanted(model, batch_size, fp) and uses_kernels(model, batch_size)
+
+
+def _aot_wanted(model: GPT, batch_size: int, fp: Fingerprint) -> bool:
+    """:func:`uses_aot` but for the kernels (whose first use builds them)."""
     if os.environ.get(AOT_ENV, "1") == "0" or model.training or batch_size > KERNEL_MAX_ROWS:
         return False
     if compile_backend() != "inductor":  # the programs are AOTInductor's: no Inductor asked for, none built
@@ -188,36 +196,94 @@ def uses_aot(model: GPT, batch_size: int, fp: Fingerprint | None = None) -> bool
     # A large model's batched float32 steps are GEMMs that oneDNN's packed kernels (the stepwise path) run faster.
     if batch_size > 1 and parameter_count(model) >= STEPWISE_MIN_WORK and not _reads_narrow_weights(model, batch_size):
         return False
-    fp = fingerprint(model) if fp is None else fp
-    return fp[1] == 0 and uses_kernels(model, batch_size)
+    return fp[1] == 0 and model.wte.weight.dtype == torch.float32
 
 
 # Per model, its AOT decoders by (batch, capacity); None records a shape whose compilation failed (not retried).
 _aot_decoders: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int], Any]] = weakref.WeakKeyDictionary()
+# Per model, the background builds of its AOT programs by (batch, capacity) (see aot_building).
+_Builds = dict[tuple[int, int], Future[None]]
+_aot_builds: weakref.WeakKeyDictionary[torch.nn.Module, _Builds] = weakref.WeakKeyDictionary()
+
+#: Set to ``0`` to build a shape's AOT programs inside the call that first needs them (it waits, minutes for a large
+#: model) instead of in a background thread while that call and the next ones run eagerly (see aot_building).
+AOT_BACKGROUND_ENV = "GENPROBE_AOT_BACKGROUND"
+
+
+def _aot_threads(model: GPT, batch_size: int) -> int:
+    return 1 if model.num_parameters() * batch_size <= SINGLE_THREAD_MAX_WORK else -1
+
+
+def aot_building(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | None = None) -> bool:
+    """Whether this shape's AOT programs are being built in the background: the caller then runs the step eagerly
+    (:meth:`CompiledGPTRunner.eager_step`) instead of waiting. Starts the build on the first call that wants
+    programs which are not cached yet (kernels included), unless ``GENPROBE_AOT_BACKGROUND=0``.
+
+    A first call thus gives its first token after an eager prompt forward, not after minutes of compilation; the
+    first call after the build has ended loads the programs from disk. A build that failed is warned about once,
+    and the ``torch.compile`` path decodes that shape, as for a failed build in the foreground.
+    """
+    key = (batch_size, capacity)
+    builds = _aot_builds.setdefault(model, {})
+    future = builds.get(key)
+    if future is None:
+        if os.environ.get(AOT_BACKGROUND_ENV, "1") == "0" or key in _aot_decoders.get(model, {}):
+            return False
+        if kernels.build.loaded() and _aot_cached(model, batch_size, capacity):
+            return False
+        if not _aot_wanted(model, batch_size, fingerprint(model) if fp is None else fp):
+            return False
+        from .aot import build_in_background
+
+        future = builds[key] = build_in_background(model, batch_size, capacity, _aot_threads(model, batch_size))
+    if not future.done():
+        return True
+    if future.exception() is not None and key not in _aot_decoders.setdefault(model, {}):
+        _aot_decoders[model][key] = None
+        _warn_aot_failed(future.exception())
+    return False
+
+
+def _aot_cached(model: GPT, batch_size: int, capacity: int) -> bool:
+    from .aot import program_path
+
+    threads = _aot_threads(model, batch_size)
+    return all(program_path(model, batch_size, capacity, threads, k).exists() for k in ("step", "prompt"))
+
+
+def _warn_aot_failed(exc: BaseException | None) -> None:
+    lines = str(exc).strip().splitlines()
+    msg = f"ahead-of-time compilation failed ({type(exc).__name__}: {lines[0] if lines else ''}); "
+    warnings.warn(msg + "decoding through torch.compile instead", RuntimeWarning, stacklevel=4)
+
+
+def wait_for_builds(timeout: float | None = None) -> None:
+    """Wait until every background build of this process has ended (benchmarks measure steady state after it)."""
+    for builds in list(_aot_builds.values()):
+        for future in list(builds.values()):
+            with contextlib.suppress(Exception):
+                future.result(timeout)
 
 
 def aot_decoder(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | None = None) -> Any | None:
     """The :class:`~genprobe.engine.fast.aot.AOTDecoder` for this shape (built on first use), bound to the weights.
 
-    None where :func:`uses_aot` says no, or where building failed (warned once per shape; the ``torch.compile``
-    path then decodes it). ``fp``: the model's :func:`fingerprint`, when the caller has it.
+    None where :func:`uses_aot` says no, while :func:`aot_building`, or where building failed (warned once per
+    shape; the ``torch.compile`` path then decodes it). ``fp``: the model's :func:`fingerprint`, when the caller has it.
     """
     fp = fingerprint(model) if fp is None else fp
-    if not uses_aot(model, batch_size, fp):
+    if aot_building(model, batch_size, capacity, fp) or not uses_aot(model, batch_size, fp):
         return None
     decoders = _aot_decoders.setdefault(model, {})
     key = (batch_size, capacity)
     if key not in decoders:
         from .aot import AOTDecoder
 
-        threads = 1 if model.num_parameters() * batch_size <= SINGLE_THREAD_MAX_WORK else -1
         try:
-            decoders[key] = AOTDecoder(model, batch_size, capacity, threads)
+            decoders[key] = AOTDecoder(model, batch_size, capacity, _aot_threads(model, batch_size))
         except Exception as exc:  # export or AOTInductor refused this model: the torch.compile path takes over
             decoders[key] = None
-            lines = str(exc).strip().splitlines()
-            msg = f"ahead-of-time compilation failed ({type(exc).__name__}: {lines[0] if lines else ''}); "
-            warnings.warn(msg + "decoding through torch.compile instead", RuntimeWarning, stacklevel=3)
+            _warn_aot_failed(exc)
     decoder = decoders[key]
     if decoder is not None:
         decoder.bind(fp[0])
@@ -477,6 +543,13 @@ BACKEND_ENV = "GENPROBE_COMPILE_BACKEND"
 _BACKENDS = ("inductor", "aot_eager", "eager")
 
 
+def _kernel_block_product(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ggml_type: int
+) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.genprobe.small_linear_ggml(x.contiguous(), weight, bias, ggml_type)
+    return out
+
+
 def compile_backend() -> str:
     """The backend ``torch.compile`` builds the decode graphs with: Inductor unless :data:`BACKEND_ENV` says."""
     backend = os.environ.get(BACKEND_ENV) or "inductor"
@@ -600,6 +673,9 @@ class CompiledGPTRunner:
     def _aot(self, batch: int, state: StaticKVCache) -> Any | None:
         return aot_decoder(self.model, batch, state.capacity, self._fingerprint(state))
 
+    def _building(self, batch: int, state: StaticKVCache) -> bool:
+        return _compile_error is None and aot_building(self.model, batch, state.capacity, self._fingerprint(state))
+
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         """Prefill (T > 1) compiled, a one-token step through the compiled loop: logits (B, T, V)."""
         if _compile_error is not None:
@@ -607,6 +683,8 @@ class CompiledGPTRunner:
         aot = self._aot(ids.shape[0], state)
         if aot is not None:
             return self._aot_step(aot, ids, valid, state)
+        if self._building(ids.shape[0], state):
+            return self._eager_step(ids, valid, state)
         if ids.shape[1] > 1:
             # Measured (time to first token, 7-token prompts): a compiled prefill pays off up to a few hundred
             # rows (57.8M parameters: 23 -> 10 ms at batch 1, 82 -> 48 ms at 16, but 285 -> 329 ms at 64). For a
@@ -672,8 +750,12 @@ class CompiledGPTRunner:
         """The :class:`~genprobe.engine.runner.Runner` protocol's optional plain-greedy hook: a whole greedy
         generation in one or two compiled calls (:mod:`genprobe.engine.fast.greedy`), equal to the per-step loop's.
 
-        None where compilation is unavailable: :func:`~genprobe.engine.generate.generate` then runs its loop.
+        None where compilation is unavailable, or while this shape's programs build in the background
+        (:func:`aot_building`): :func:`~genprobe.engine.generate.generate` then runs its loop (eager steps).
         """
+        capacity = static_capacity(max(map(len, prompts)) + max_new_tokens, self.max_positions)
+        if _compile_error is None and aot_building(self.model, len(prompts), capacity):
+            return None
         return _greedy_all(self, prompts, max_new_tokens, eos_id, on_token, return_logits)
 
     def generate_greedy(
@@ -721,7 +803,10 @@ class CompiledGPTRunner:
         return logits
 
     def _eager_step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
-        logits: torch.Tensor = self.model(ids, cache=state, attention_mask=valid)
+        # A GGUF file's block layers multiply on the kernels once they are loaded, not by dequantizing every weight
+        # in numpy on every call (the reference): the programs' own products, for the steps run while they build.
+        with block_products(_kernel_block_product if kernels.build.loaded() else None):
+            logits: torch.Tensor = self.model(ids, cache=state, attention_mask=valid)
         return logits
 
     def decode_greedy(
@@ -750,6 +835,8 @@ class CompiledGPTRunner:
         out = self._buffers(state, B, with_logits)
         logits = out.logits if with_logits else None
         aot = self._aot(B, state)
+        if aot is None and self._building(B, state):
+            return None  # the caller steps eagerly meanwhile
         if aot is not None:
             done = done.clone()
             ran = aot.decoder.decode(

@@ -16,6 +16,7 @@ import os
 import platform
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ class KernelStatus:
 
 
 _status: KernelStatus | None = None
+_loading = threading.Lock()  # a background build (engine.fast.compiled) and a caller may both ask first
 
 
 def status() -> KernelStatus:
@@ -53,14 +55,20 @@ def status() -> KernelStatus:
     return load()
 
 
+def loaded() -> bool:
+    """Whether the kernels are loaded and available in this process already (never builds or waits)."""
+    return _status is not None and _status.available
+
+
 def load() -> KernelStatus:
     """Build (once per toolchain) and load the kernels; ``available=False`` with the reason when they cannot be."""
     global _status
-    if _status is None:
-        try:
-            _status = _load()
-        except _Unavailable as exc:
-            _status = KernelStatus(False, str(exc))
+    with _loading:
+        if _status is None:
+            try:
+                _status = _load()
+            except _Unavailable as exc:
+                _status = KernelStatus(False, str(exc))
     return _status
 
 

@@ -193,103 +193,233 @@ BlockFn scalar_block(int64_t type) {
 }
 
 // ---- the same with AVX-512: 16 weights per vector, integers widened, one multiply (or fused multiply-add) each ------
-#define GGML_AVX512 __attribute__((target("avx512f")))
+// One decoder per type hands each 16-weight group of a block, as float32 values in a register, to a sink: `Store`
+// writes them out (dequantization), `Dot` multiplies them into running sums against rows of x (the fused product
+// below), so a type's bit layout is written once for both. A sink is a functor, not a lambda: GCC does not give a
+// lambda its enclosing function's target attribute.
+#define GGML_AVX512 __attribute__((target("avx512f,f16c"), always_inline)) inline
 
-GGML_AVX512 inline __m512i bytes16(const u8* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
-GGML_AVX512 inline __m512 as_float(__m512i q) { return _mm512_cvtepi32_ps(q); }
-
-GGML_AVX512 void block_q4_0_512(const u8* b, float* y) {
-  const __m512 d = _mm512_set1_ps(half(b));
-  const __m512i v = bytes16(b + 2), eight = _mm512_set1_epi32(8), low = _mm512_set1_epi32(0xF);
-  _mm512_storeu_ps(y, _mm512_mul_ps(as_float(_mm512_sub_epi32(_mm512_and_si512(v, low), eight)), d));
-  _mm512_storeu_ps(y + 16, _mm512_mul_ps(as_float(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), eight)), d));
+GGML_AVX512 __m512i bytes16(const u8* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
+GGML_AVX512 __m512 as_float(__m512i q) { return _mm512_cvtepi32_ps(q); }
+GGML_AVX512 __m512i lanes(int v) { return _mm512_set1_epi32(v); }
+// A block's float16 scale, exactly (F16C converts every half, subnormals included, as half() does).
+GGML_AVX512 float half16(const u8* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
 }
 
-GGML_AVX512 void block_q4_1_512(const u8* b, float* y) {
-  const __m512 d = _mm512_set1_ps(half(b)), m = _mm512_set1_ps(half(b + 2));
-  const __m512i v = bytes16(b + 4), low = _mm512_set1_epi32(0xF);
-  _mm512_storeu_ps(y, _mm512_fmadd_ps(as_float(_mm512_and_si512(v, low)), d, m));  // d * q exact: one rounding
-  _mm512_storeu_ps(y + 16, _mm512_fmadd_ps(as_float(_mm512_srli_epi32(v, 4)), d, m));
-}
-
-GGML_AVX512 void block_q5_0_512(const u8* b, float* y) {
-  const __m512 d = _mm512_set1_ps(half(b));
-  const uint32_t qh = u32_at(b + 2);
-  const __m512i v = bytes16(b + 6), sixteen = _mm512_set1_epi32(16), low = _mm512_set1_epi32(0xF);
-  // the fifth bit of weight j is bit j of qh: a mask register picks the lanes that get 16
-  const __m512i l4 = _mm512_and_si512(v, low), h4 = _mm512_srli_epi32(v, 4);
-  const __m512i lo = _mm512_mask_or_epi32(l4, __mmask16(qh & 0xFFFF), l4, sixteen);
-  const __m512i hi = _mm512_mask_or_epi32(h4, __mmask16(qh >> 16), h4, sixteen);
-  _mm512_storeu_ps(y, _mm512_mul_ps(as_float(_mm512_sub_epi32(lo, sixteen)), d));
-  _mm512_storeu_ps(y + 16, _mm512_mul_ps(as_float(_mm512_sub_epi32(hi, sixteen)), d));
-}
-
-GGML_AVX512 void block_q8_0_512(const u8* b, float* y) {
-  const __m512 d = _mm512_set1_ps(half(b));
-  for (int h = 0; h < 2; ++h) {
-    const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2 + 16 * h)));
-    _mm512_storeu_ps(y + 16 * h, _mm512_mul_ps(as_float(q), d));
+struct DecodeQ4_0 {
+  static constexpr int kGroups = 2, kBytes = 18;
+  template <class Sink>
+  GGML_AVX512 static void run(const u8* b, Sink& sink) {
+    const __m512 d = _mm512_set1_ps(half16(b));
+    const __m512i v = bytes16(b + 2);
+    sink(0, _mm512_mul_ps(as_float(_mm512_sub_epi32(_mm512_and_si512(v, lanes(0xF)), lanes(8))), d));
+    sink(1, _mm512_mul_ps(as_float(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), lanes(8))), d));
   }
-}
+};
+
+struct DecodeQ4_1 {
+  static constexpr int kGroups = 2, kBytes = 20;
+  template <class Sink>
+  GGML_AVX512 static void run(const u8* b, Sink& sink) {
+    const __m512 d = _mm512_set1_ps(half16(b)), m = _mm512_set1_ps(half16(b + 2));
+    const __m512i v = bytes16(b + 4);
+    sink(0, _mm512_fmadd_ps(as_float(_mm512_and_si512(v, lanes(0xF))), d, m));  // d * q exact: one rounding
+    sink(1, _mm512_fmadd_ps(as_float(_mm512_srli_epi32(v, 4)), d, m));
+  }
+};
+
+// Q5_0 and Q5_1: the fifth bit of weight j is bit j of qh; a mask register picks the lanes that get 16.
+template <bool MIN>
+struct DecodeQ5 {
+  static constexpr int kGroups = 2, kBytes = MIN ? 24 : 22;
+  template <class Sink>
+  GGML_AVX512 static void run(const u8* b, Sink& sink) {
+    const u8* q = b + (MIN ? 4 : 2);
+    const __m512 d = _mm512_set1_ps(half16(b));
+    uint32_t qh;
+    std::memcpy(&qh, q, 4);
+    const __m512i v = bytes16(q + 4), l4 = _mm512_and_si512(v, lanes(0xF)), h4 = _mm512_srli_epi32(v, 4);
+    const __m512i lo = _mm512_mask_or_epi32(l4, __mmask16(qh & 0xFFFF), l4, lanes(16));
+    const __m512i hi = _mm512_mask_or_epi32(h4, __mmask16(qh >> 16), h4, lanes(16));
+    if (MIN) {
+      const __m512 m = _mm512_set1_ps(half16(b + 2));
+      sink(0, _mm512_fmadd_ps(as_float(lo), d, m));
+      sink(1, _mm512_fmadd_ps(as_float(hi), d, m));
+    } else {
+      sink(0, _mm512_mul_ps(as_float(_mm512_sub_epi32(lo, lanes(16))), d));
+      sink(1, _mm512_mul_ps(as_float(_mm512_sub_epi32(hi, lanes(16))), d));
+    }
+  }
+};
+
+struct DecodeQ8_0 {
+  static constexpr int kGroups = 2, kBytes = 34;
+  template <class Sink>
+  GGML_AVX512 static void run(const u8* b, Sink& sink) {
+    const __m512 d = _mm512_set1_ps(half16(b));
+    sink(0, _mm512_mul_ps(as_float(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2)))), d));
+    sink(1, _mm512_mul_ps(as_float(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 18)))), d));
+  }
+};
 
 // Q4_K and Q5_K: 64 weights per step (sub-blocks 2j and 2j + 1 share 32 bytes of nibbles).
 template <bool FIVE>
-GGML_AVX512 void block_k_512(const u8* b, float* y) {
-  const float d = half(b), dmin = half(b + 2);
-  const u8 *scales = b + 4, *qh = b + 16, *ql = b + (FIVE ? 48 : 16);
-  const __m512i low = _mm512_set1_epi32(0xF), one = _mm512_set1_epi32(1);
-  __m512i h[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-  if (FIVE) h[0] = bytes16(qh), h[1] = bytes16(qh + 16);
-  for (int j = 0; j < 4; ++j, ql += 32, y += 64) {
-    for (int half_ = 0; half_ < 2; ++half_) {  // sub-block 2j (low nibbles), then 2j + 1 (high nibbles)
-      const int s = 2 * j + half_;
-      int sc, m;
-      scale_min_k4(s, scales, &sc, &m);
-      const __m512 a = _mm512_set1_ps(d * float(sc)), c = _mm512_set1_ps(dmin * float(m));
-      for (int part = 0; part < 2; ++part) {
-        const __m512i v = bytes16(ql + 16 * part);
-        __m512i q = half_ ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, low);
-        if (FIVE) q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[part], s), one), 4));
-        _mm512_storeu_ps(y + 32 * half_ + 16 * part, _mm512_fmsub_ps(a, as_float(q), c));  // a * q exact
+struct DecodeK {
+  static constexpr int kGroups = 16, kBytes = FIVE ? 176 : 144;
+  template <class Sink>
+  GGML_AVX512 static void run(const u8* b, Sink& sink) {
+    const float d = half16(b), dmin = half16(b + 2);
+    const u8 *scales = b + 4, *qh = b + 16, *ql = b + (FIVE ? 48 : 16);
+    __m512i h[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    if (FIVE) h[0] = bytes16(qh), h[1] = bytes16(qh + 16);
+    for (int j = 0; j < 4; ++j, ql += 32) {
+      for (int half_ = 0; half_ < 2; ++half_) {  // sub-block 2j (low nibbles), then 2j + 1 (high nibbles)
+        const int s = 2 * j + half_;
+        int sc, m;
+        scale_min_k4(s, scales, &sc, &m);
+        const __m512 a = _mm512_set1_ps(d * float(sc)), c = _mm512_set1_ps(dmin * float(m));
+        for (int part = 0; part < 2; ++part) {
+          const __m512i v = bytes16(ql + 16 * part);
+          __m512i q = half_ ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, lanes(0xF));
+          if (FIVE) q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[part], s), lanes(1)), 4));
+          sink(4 * j + 2 * half_ + part, _mm512_fmsub_ps(a, as_float(q), c));  // a * q exact
+        }
       }
+    }
+  }
+};
+
+struct DecodeQ6_K {
+  static constexpr int kGroups = 16, kBytes = 210;
+  template <class Sink>
+  GGML_AVX512 static void run(const u8* b, Sink& sink) {
+    const float d = half16(b + 208);
+    const u8 *ql = b, *qh = b + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const __m512i low = lanes(0xF), three = lanes(3);
+    for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8) {
+      for (int l = 0; l < 32; l += 16) {
+        const int is = l / 16;
+        const __m512i l0 = bytes16(ql + l), l1 = bytes16(ql + l + 32), h = bytes16(qh + l);
+        const __m512i q[4] = {
+            _mm512_or_si512(_mm512_and_si512(l0, low), _mm512_slli_epi32(_mm512_and_si512(h, three), 4)),
+            _mm512_or_si512(_mm512_and_si512(l1, low), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), three), 4)),
+            _mm512_or_si512(_mm512_srli_epi32(l0, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), three), 4)),
+            _mm512_or_si512(_mm512_srli_epi32(l1, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 6), three), 4)),
+        };
+        for (int t = 0; t < 4; ++t) {
+          const __m512 a = _mm512_set1_ps(d * float(sc[is + 2 * t]));
+          sink(8 * n + 2 * t + is, _mm512_mul_ps(a, as_float(_mm512_sub_epi32(q[t], lanes(32)))));
+        }
+      }
+    }
+  }
+};
+
+// The dequantizing sink: group g of the block goes to y[16 g, 16 g + 16).
+struct Store {
+  float* y;
+  GGML_AVX512 void operator()(int g, __m512 w) { _mm512_storeu_ps(y + 16 * g, w); }
+};
+
+template <class Decode>
+__attribute__((target("avx512f,f16c"))) void dequantize_block_512(const u8* b, float* y) {
+  Store sink{y};
+  Decode::run(b, sink);
+}
+
+// The fused product's sink: M rows of x (row stride K) times one output's weights, 4 running sums per row so that
+// consecutive groups do not wait on each other's fused multiply-add (its latency is 4 cycles, its rate 2 a cycle).
+// `base` rotates the sums a block's groups land in, so that two 2-group blocks in a row keep all four busy.
+template <int M>
+struct Dot {
+  const float* x;  // x at the block's first column
+  int64_t K;
+  int base;
+  __m512 acc[M][4];
+  GGML_AVX512 void operator()(int g, __m512 w) {
+    const int a = (g + base) & 3;
+    for (int m = 0; m < M; ++m) acc[m][a] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + m * K + 16 * g), acc[m][a]);
+  }
+};
+
+// y[m, n] = x[m] . W[n] (+ bias[n]) for outputs [n0, n1): each block decoded once into registers and multiplied by
+// every row of x, never written to memory. Blocks of 32 weights go two at a time (their 4 groups: 4 sums busy).
+template <class Decode, int M>
+__attribute__((target("avx512f,f16c"))) void dot_rows(const float* x, const u8* raw, int64_t row_bytes, int64_t K,
+                                                     const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) {
+  constexpr int per_block = 16 * Decode::kGroups, pair = Decode::kGroups == 2 ? 2 : 1;
+  const int64_t blocks = K / per_block;
+  for (int64_t n = n0; n < n1; ++n) {
+    const u8* row = raw + n * row_bytes;
+    Dot<M> sink{x, K, 0, {}};
+    for (int m = 0; m < M; ++m)
+      for (int a = 0; a < 4; ++a) sink.acc[m][a] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + pair <= blocks; i += pair) {
+#pragma GCC unroll 2
+      for (int u = 0; u < pair; ++u) {
+        sink.x = x + (i + u) * per_block;
+        sink.base = 2 * u;
+        Decode::run(row + (i + u) * Decode::kBytes, sink);
+      }
+    }
+    sink.base = 0;
+    for (; i < blocks; ++i) {
+      sink.x = x + i * per_block;
+      Decode::run(row + i * Decode::kBytes, sink);
+    }
+    for (int m = 0; m < M; ++m) {
+      const __m512 s = _mm512_add_ps(_mm512_add_ps(sink.acc[m][0], sink.acc[m][1]),
+                                     _mm512_add_ps(sink.acc[m][2], sink.acc[m][3]));
+      y[m * N + n] = _mm512_reduce_add_ps(s) + (bias ? bias[n] : 0.0f);
     }
   }
 }
 
-GGML_AVX512 void block_q6_k_512(const u8* b, float* y) {
-  const float d = half(b + 208);
-  const u8 *ql = b, *qh = b + 128;
-  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const __m512i low = _mm512_set1_epi32(0xF), three = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
-  for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, y += 128) {
-    for (int l = 0; l < 32; l += 16) {
-      const int is = l / 16;
-      const __m512i l0 = bytes16(ql + l), l1 = bytes16(ql + l + 32), h = bytes16(qh + l);
-      const __m512i q[4] = {
-          _mm512_or_si512(_mm512_and_si512(l0, low), _mm512_slli_epi32(_mm512_and_si512(h, three), 4)),
-          _mm512_or_si512(_mm512_and_si512(l1, low), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), three), 4)),
-          _mm512_or_si512(_mm512_srli_epi32(l0, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), three), 4)),
-          _mm512_or_si512(_mm512_srli_epi32(l1, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 6), three), 4)),
-      };
-      for (int t = 0; t < 4; ++t) {
-        const __m512 a = _mm512_set1_ps(d * float(sc[is + 2 * t]));
-        _mm512_storeu_ps(y + l + 32 * t, _mm512_mul_ps(a, as_float(_mm512_sub_epi32(q[t], bias))));
-      }
-    }
+using DotFn = void (*)(const float*, const u8*, int64_t, int64_t, const float*, float*, int64_t, int64_t, int64_t);
+
+template <class Decode>
+DotFn dot_for_rows(int64_t M) {
+  switch (M) {
+    case 1: return dot_rows<Decode, 1>;
+    case 2: return dot_rows<Decode, 2>;
+    case 3: return dot_rows<Decode, 3>;
+    case 4: return dot_rows<Decode, 4>;
+    default: return nullptr;
+  }
+}
+
+DotFn avx512_dot(int64_t type, int64_t M) {
+  using namespace genprobe;
+  switch (type) {
+    case kQ4_0: return dot_for_rows<DecodeQ4_0>(M);
+    case kQ4_1: return dot_for_rows<DecodeQ4_1>(M);
+    case kQ5_0: return dot_for_rows<DecodeQ5<false>>(M);
+    case kQ5_1: return dot_for_rows<DecodeQ5<true>>(M);
+    case kQ8_0: return dot_for_rows<DecodeQ8_0>(M);
+    case kQ4_K: return dot_for_rows<DecodeK<false>>(M);
+    case kQ5_K: return dot_for_rows<DecodeK<true>>(M);
+    case kQ6_K: return dot_for_rows<DecodeQ6_K>(M);
+    default: return nullptr;
   }
 }
 
 BlockFn avx512_block(int64_t type) {
   using namespace genprobe;
   switch (type) {
-    case kQ4_0: return block_q4_0_512;
-    case kQ4_1: return block_q4_1_512;
-    case kQ5_0: return block_q5_0_512;
-    case kQ8_0: return block_q8_0_512;
-    case kQ4_K: return block_k_512<false>;
-    case kQ5_K: return block_k_512<true>;
-    case kQ6_K: return block_q6_k_512;
-    default: return scalar_block(type);  // Q5_1: rare in the files we read; the plain form serves
+    case kQ4_0: return dequantize_block_512<DecodeQ4_0>;
+    case kQ4_1: return dequantize_block_512<DecodeQ4_1>;
+    case kQ5_0: return dequantize_block_512<DecodeQ5<false>>;
+    case kQ5_1: return dequantize_block_512<DecodeQ5<true>>;
+    case kQ8_0: return dequantize_block_512<DecodeQ8_0>;
+    case kQ4_K: return dequantize_block_512<DecodeK<false>>;
+    case kQ5_K: return dequantize_block_512<DecodeK<true>>;
+    case kQ6_K: return dequantize_block_512<DecodeQ6_K>;
+    default: return scalar_block(type);
   }
 }
 
@@ -310,6 +440,16 @@ void ggml_dequantize_rows(int64_t type, const uint8_t* raw, int64_t row_bytes, i
     float* y = out + r * K;
     for (int64_t i = 0; i < blocks; ++i) fn(row + i * bytes, y + i * weights);
   }
+}
+
+// The fused product of M rows of x (M <= 4; AVX-512 only) with outputs [n0, n1) of a weight in blocks: false when
+// there is none for this type, row count or instruction set (the caller dequantizes instead).
+bool ggml_dot_rows(int64_t type, const float* x, int64_t M, const uint8_t* raw, int64_t row_bytes, int64_t K,
+                   const float* bias, float* y, int64_t N, int64_t n0, int64_t n1, bool avx512) {
+  const DotFn fn = avx512 ? avx512_dot(type, M) : nullptr;
+  if (fn == nullptr) return false;
+  fn(x, raw, row_bytes, K, bias, y, N, n0, n1);
+  return true;
 }
 
 }  // namespace genprobe

@@ -41,6 +41,8 @@ namespace genprobe {
 bool ggml_block_shape(int64_t type, int64_t* weights, int64_t* bytes);  // ggml.cpp
 void ggml_dequantize_rows(int64_t type, const uint8_t* raw, int64_t row_bytes, int64_t K, int64_t rows, float* out,
                           bool avx512);
+bool ggml_dot_rows(int64_t type, const float* x, int64_t M, const uint8_t* raw, int64_t row_bytes, int64_t K,
+                   const float* bias, float* y, int64_t N, int64_t n0, int64_t n1, bool avx512);
 }  // namespace genprobe
 
 namespace {
@@ -624,6 +626,10 @@ void column_range(const float* x, WP w, const float* bias, float* y, int64_t M, 
   }
 }
 
+// Up to this many rows of x, a product over blocks is fused (no float32 rows written): decoding a block costs more
+// than multiplying it into a few rows, so it is done once per block, not once per row.
+constexpr int64_t kFusedMaxRows = 4;
+
 // Float32 weights per dequantized chunk: 8 KB-32 KB of rows, which stay in L1/L2 while the kernels read them.
 constexpr int64_t kChunkWeights = int64_t(8) << 10;
 
@@ -636,6 +642,8 @@ void ggml_linear_into(const float* x, const uint8_t* raw, int64_t type, int64_t 
   const bool big = M > 1 ? M * N * K >= kParallelMinMacs : N * row_bytes >= kParallelMinWeightBytes;
   const bool split = !serial_products && at::get_num_threads() > 1 && N >= 64 && big;
   const auto run = [&](int64_t n0, int64_t n1) {
+    // a few rows of x: each block decoded in registers and multiplied at once (ggml.cpp), where there is a form
+    if (M <= kFusedMaxRows && genprobe::ggml_dot_rows(type, x, M, raw, row_bytes, K, bias, y, N, n0, n1, wide)) return;
     thread_local std::vector<float> rows;
     rows.resize(size_t(chunk * K));
     for (int64_t c = n0; c < n1; c += chunk) {
