@@ -5,7 +5,11 @@ ended, calls run the programs. The suite builds in the foreground (tests/conftes
 
 from __future__ import annotations
 
-import time
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +24,22 @@ from genprobe.model.gguf_blocks import BLOCK_TYPES, BlockLinear, block_products
 _NO_KERNELS = kernels.build.unsupported_reason()
 
 
-@pytest.fixture
-def one_layer_gpt():
+FIRST_CALL = """
+import json, sys, time
+import torch
+from genprobe.engine.fast import compiled
+from genprobe.engine.generate import generate
+sys.path.insert(0, sys.argv[1])
+from test_aot_background import one_layer_gpt
+model = one_layer_gpt()
+t0 = time.perf_counter()
+tokens = generate(model, [[5, 9, 2, 41, 7]], 12, compile=True).tokens
+seconds = time.perf_counter() - t0
+print(json.dumps({"tokens": tokens, "seconds": seconds, "building": compiled.aot_building(model, 1, 32)}))
+"""
+
+
+def one_layer_gpt() -> GPT:
     """A configuration of its own (one layer), so its programs are never cached by another test's build."""
     torch.manual_seed(5)
     m = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=32, d_ff=64, block_size=32))
@@ -33,22 +51,24 @@ def one_layer_gpt():
 
 
 @pytest.mark.skipif(_NO_KERNELS is not None, reason=f"genprobe's kernels cannot run here: {_NO_KERNELS}")
-def test_a_first_call_steps_eagerly_while_its_programs_build_then_runs_them(one_layer_gpt, monkeypatch):
-    monkeypatch.setenv(compiled_mod.AOT_BACKGROUND_ENV, "1")
-    model, key = one_layer_gpt, (1, 32)
+def test_a_first_call_steps_eagerly_while_its_programs_build_and_the_process_waits_for_them_at_exit():
+    """A one-shot process: its call returns before the programs exist (eager tokens, equal to the reference); at exit
+    it says so and waits for the build, so the next process (here, this one) runs the programs."""
+    model, key = one_layer_gpt(), (1, 32)
     for kind in ("step", "prompt"):  # a run of the suite before this one left them: start from nothing
         program_path(model, *key, threads=1, kind=kind).unlink(missing_ok=True)
-    prompts = [[5, 9, 2, 41, 7]]
-    eager = generate(model, prompts, 12)
-    t0 = time.perf_counter()
-    first = generate(model, prompts, 12, compile=True)
-    first_seconds = time.perf_counter() - t0
-    assert compiled_mod.aot_building(model, *key)  # still building: the call did not wait for it
-    assert first.tokens == eager.tokens
-    assert first_seconds < 5.0, f"the first call took {first_seconds:.1f} s: it waited for compilation"
-    compiled_mod.wait_for_builds()
+    env = {**os.environ, compiled_mod.AOT_BACKGROUND_ENV: "1"}
+    here = str(Path(__file__).parent)
+    argv = [sys.executable, "-c", FIRST_CALL, here]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first = json.loads(proc.stdout.strip().splitlines()[-1])
+    eager = generate(model, [[5, 9, 2, 41, 7]], 12)
+    assert first["building"] and first["tokens"] == eager.tokens
+    assert first["seconds"] < 5.0, f"the first call took {first['seconds']:.1f} s: it waited for compilation"
+    assert "finishing the compiled programs for the next run" in proc.stderr
     assert all(program_path(model, *key, threads=1, kind=k).exists() for k in ("step", "prompt"))
-    after = generate(model, prompts, 12, compile=True)
+    after = generate(model, [[5, 9, 2, 41, 7]], 12, compile=True)
     assert compiled_mod._aot_decoders[model][key] is not None  # the programs ran, not the torch.compile path
     assert after.tokens == eager.tokens
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
 import itertools
 import os
 import threading
@@ -113,8 +114,10 @@ def _example_cache(model: GPT, batch: int, capacity: int) -> StaticKVCache:
 
 
 def _inductor_config(model: GPT, rows: int | None, threads: int) -> dict[str, Any]:
-    # Weights stay out of the library: they are bound at load time to the model's own tensors.
-    cfg: dict[str, Any] = {"cpp.threads": threads, "aot_inductor.package_constants_in_so": False}
+    # Weights stay out of the library: they are bound at load time to the model's own tensors. One compile thread:
+    # no worker pool, which a build finishing in a background thread at interpreter exit could not start (measured:
+    # no slower, the C++ of a program is one file).
+    cfg: dict[str, Any] = {"cpp.threads": threads, "aot_inductor.package_constants_in_so": False, "compile_threads": 1}
     cfg.update(kernels.BUILD_CONFIG)
     if rows is None or rows <= kernels.KERNEL_MAX_ROWS:
         cfg.update(kernels.inductor_config(rows))
@@ -164,6 +167,10 @@ def build_in_background(model: GPT, batch: int, capacity: int, threads: int) -> 
     model itself, running meanwhile, must never see. The programs read weights bound at load time by name, and the
     copy's names, shapes and dtypes are the model's, so they are the model's programs (same :func:`cache_key`).
     """
+    # Modules that register interpreter-exit hooks cannot be imported once exit has begun, when a build may still
+    # run (compiled.py waits for it then): Inductor imports these two lazily, so they are imported now.
+    importlib.import_module("concurrent.futures.thread")
+    importlib.import_module("concurrent.futures.process")
     tensors = itertools.chain(model.parameters(), model.buffers())
     skeleton = copy.deepcopy(model, memo={id(t): t for t in tensors})
     future: Future[None] = Future()

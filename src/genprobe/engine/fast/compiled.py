@@ -47,9 +47,11 @@ first call that can use genprobe's kernels builds and loads them (see :mod:`genp
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -236,6 +238,8 @@ def aot_building(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | N
         from .aot import build_in_background
 
         future = builds[key] = build_in_background(model, batch_size, capacity, _aot_threads(model, batch_size))
+        if not _finishing_at_exit:
+            _finishing_at_exit.append(atexit.register(_finish_builds_at_exit))
     if not future.done():
         return True
     if future.exception() is not None and key not in _aot_decoders.setdefault(model, {}):
@@ -255,6 +259,17 @@ def _warn_aot_failed(exc: BaseException | None) -> None:
     lines = str(exc).strip().splitlines()
     msg = f"ahead-of-time compilation failed ({type(exc).__name__}: {lines[0] if lines else ''}); "
     warnings.warn(msg + "decoding through torch.compile instead", RuntimeWarning, stacklevel=4)
+
+
+_finishing_at_exit: list[Callable[[], None]] = []
+
+
+def _finish_builds_at_exit() -> None:
+    """A process that ends while programs build waits for them (else a one-shot command would never get them)."""
+    if any(not f.done() for builds in list(_aot_builds.values()) for f in builds.values()):
+        print("genprobe: finishing the compiled programs for the next run (Ctrl-C skips)", file=sys.stderr, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            wait_for_builds()
 
 
 def wait_for_builds(timeout: float | None = None) -> None:
