@@ -86,10 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _draft_model(path: str):
-    from ..engine.runner import engine_model
     from ..model.load import load_model
 
-    return engine_model(load_model(path))
+    return load_model(path)
 
 
 def _print(r) -> None:

@@ -27,7 +27,7 @@ import torch
 
 from .._io import json_safe
 from .cache import KVCache
-from .runner import GenerationResult, as_runner, check_inputs, device_of
+from .runner import GenerationResult, ModelLike, check_inputs, device_of, left_padded, runner_for
 from .samplers.chain import adjust_logits, check_logits
 from .samplers.config import SamplerConfig
 
@@ -137,20 +137,8 @@ class _Search:
         return cand_ids[torch.arange(len(sel), device=sel.device), sel], probs
 
 
-def _left_padded(
-    prompts: Sequence[Sequence[int]], P: int, N: int, pad_id: int, device: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token buffer (B, P+N) and key validity of left-padded prompts (padding invalid)."""
-    buf = torch.full((len(prompts), P + N), pad_id, dtype=torch.long, device=device)
-    valid = torch.zeros((len(prompts), P + N), dtype=torch.bool, device=device)
-    for b, p in enumerate(prompts):
-        buf[b, P - len(p) : P] = torch.as_tensor(list(p), dtype=torch.long)
-        valid[b, P - len(p) : P] = True
-    return buf, valid
-
-
 def contrastive_generate(
-    model: Any,
+    model: ModelLike,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     sampler: SamplerConfig,
@@ -163,13 +151,13 @@ def contrastive_generate(
 
     ``step_probs`` (``return_probs``) are the candidate distributions: softmax of the adjusted logits.
     """
-    runner = as_runner(model)
+    runner = runner_for(model)
     P = check_inputs(runner, prompts, max_new_tokens, "cached")
     N, B = int(max_new_tokens), len(prompts)
     assert sampler.top_k is not None  # SamplerConfig validation: contrastive search needs top_k >= 2
     if sampler.top_k > runner.vocab_size:
         raise ValueError(f"top_k={sampler.top_k} candidates exceed the vocabulary of {runner.vocab_size} tokens")
-    buf, valid = _left_padded(prompts, P, N, runner.pad_id, getattr(runner, "device", None) or device_of(model))
+    buf, valid = left_padded(prompts, P, N, runner.pad_id, device_of(runner))
     search = _Search(runner, sampler, buf, valid, P)
     done = torch.zeros(B, dtype=torch.bool, device=buf.device)
     lengths, finished, steps = [N] * B, ["length"] * B, 0

@@ -8,18 +8,17 @@ Its own module, below ``generate`` and ``contrastive``: both loops use these, an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, cast
+from typing import Any, Protocol, Sequence, TypeAlias, cast
 
 import torch
+import torch.nn as nn
 
 from ..model import limits
 from ..model.gpt import GPT
 from ..model.llama_family import llama_family_of, unsupported_reason
+from ..model.load import Model
 from ..model.position_lm import PositionDrivenLM
 from .cache import KVCache
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..model.load import Model
 
 
 class Runner(Protocol):
@@ -75,39 +74,41 @@ class GPTRunner:
         return logits
 
 
-def as_runner(model: Any) -> Runner:
-    """Wrap a GPT; pass anything already following the runner protocol through."""
-    if isinstance(model, GPT):
-        return GPTRunner(model)
-    if all(hasattr(model, a) for a in ("new_state", "step", "full", "vocab_size")):
-        return cast(Runner, model)  # duck-typed: the attributes generate() calls are checked just above
-    raise TypeError(
-        f"generate() needs a genprobe GPT or a runner (e.g. HFCausalLM(hf_model)), got {type(model).__name__}"
-    )
+#: What every generation entry point takes: a loaded :class:`~genprobe.model.load.Model`, a module (our GPT or a
+#: ``transformers`` causal LM) or a ready :class:`Runner` (``HFCausalLM``, the fast runner, your own).
+ModelLike: TypeAlias = "Model | nn.Module | Runner"
 
 
-def select_runner(model: Any, compile: bool = False, mode: str = "cached") -> Runner:
-    """The runner a generation drives, chosen once: ``compile=True`` gives the fast runner of a genprobe GPT or a
-    Llama-family transformers model (:func:`genprobe.engine.fast.compiled_runner` of :func:`fast_module`, cached
-    decoding only), otherwise :func:`as_runner`."""
-    if not compile:
-        return as_runner(model)
-    if mode != "cached":
-        raise ValueError("compile=True speeds up cached decoding; it does not apply to mode='naive'")
-    from .fast import compiled_runner  # the torch.compile machinery only when asked for
+def runner_for(model: ModelLike, compile: bool = False) -> Runner:
+    """The one place a model's runner is chosen: ``compile=True`` gives the fast runner
+    (:func:`genprobe.engine.fast.compiled_runner` of :func:`fast_module`), else the eager one: :class:`GPTRunner` for
+    our GPT, ``HFCausalLM`` for a transformers LM; a runner passes through."""
+    module = model.module if isinstance(model, Model) else model
+    if compile:
+        from .fast import compiled_runner  # the torch.compile machinery only when asked for
 
-    return cast(Runner, compiled_runner(fast_module(model)))
+        return cast(Runner, compiled_runner(fast_module(module)))
+    if isinstance(module, GPT):
+        return GPTRunner(module)
+    if all(hasattr(module, a) for a in ("new_state", "step", "full", "vocab_size")):
+        return cast(Runner, module)  # duck-typed: the attributes generate() calls are checked just above
+    if hasattr(module, "config") and callable(module):
+        from .hf_adapter import HFCausalLM  # transformers models only: keeps this module free of the adapter
+
+        return HFCausalLM(module)
+    raise TypeError(f"expected a genprobe Model, GPT, transformers causal LM or runner, got {type(module).__name__}")
 
 
-def fast_module(model: Any) -> PositionDrivenLM:
+def fast_module(model: ModelLike) -> PositionDrivenLM:
     """What the fast runner compiles for ``model``: our GPT itself, or the :class:`LlamaFamily` forward over a
-    wrapped (``HFCausalLM``) Llama-family ``transformers`` model's own weights. ValueError naming why otherwise."""
-    if isinstance(model, GPT):
-        return model
-    hf = getattr(model, "model", None)
+    Llama-family ``transformers`` model's own weights. ValueError naming why otherwise."""
+    module = model.module if isinstance(model, Model) else model
+    if isinstance(module, GPT):
+        return module
+    hf: Any = getattr(module, "model", None) if hasattr(module, "step") else module  # a runner wraps the HF model
     if hf is None or not hasattr(hf, "config"):
         raise ValueError(
-            f"compile=True is for genprobe GPT and Llama-family transformers models, got {type(model).__name__}"
+            f"compile=True is for genprobe GPT and Llama-family transformers models, got {type(module).__name__}"
         )
     reason = unsupported_reason(hf) or _unseen_hooks(hf)
     if reason is not None:
@@ -129,21 +130,6 @@ def _unseen_hooks(hf: Any) -> str | None:
     if not hooked:
         return None
     return f"forward hooks on {', '.join(hooked[:3])}{' ...' if len(hooked) > 3 else ''} would not run on its fast path"
-
-
-def engine_model(model: "Model") -> Any:
-    """What :func:`~genprobe.engine.generate.generate` takes for a loaded model: our GPT itself (so ``compile=True``
-    can reach the module), else the transformers model's runner."""
-    return model.module if isinstance(model.module, GPT) else runner_for(model)
-
-
-def runner_for(model: "Model") -> Runner:
-    """The runner that drives a loaded model: :class:`GPTRunner` for ours, ``HFCausalLM`` for a transformers LM."""
-    if isinstance(model.module, GPT):
-        return GPTRunner(model.module)
-    from .hf_adapter import HFCausalLM  # transformers models only: keeps this module free of the adapter
-
-    return HFCausalLM(model.module)
 
 
 @dataclass
@@ -206,9 +192,27 @@ def check_inputs(runner: Runner, prompts: Sequence[Sequence[int]], max_new_token
     return P
 
 
-def device_of(model: Any) -> torch.device:
-    """The device of ``model``'s (or the wrapped ``.model``'s) parameters; CPU when it has none."""
-    m = getattr(model, "model", model)
+def left_padded(
+    prompts: Sequence[Sequence[int]], P: int, N: int, pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token buffer (B, P+N) of left-padded prompts and its key validity (padding and the N new slots invalid)."""
+    buf = torch.full((len(prompts), P + N), pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros((len(prompts), P + N), dtype=torch.bool, device=device)
+    if all(len(p) == P for p in prompts):  # one assignment for the whole batch (64 rows: 0.27 vs 2.9 ms row by row)
+        buf[:, :P] = torch.tensor([[int(t) for t in p] for p in prompts], dtype=torch.long)
+        valid[:, :P] = True
+        return buf, valid
+    for b, p in enumerate(prompts):
+        buf[b, P - len(p) : P] = torch.as_tensor(list(p), dtype=torch.long)
+        valid[b, P - len(p) : P] = True
+    return buf, valid
+
+
+def device_of(runner: Any) -> torch.device:
+    """Where ``runner`` computes: its ``device``, else its (wrapped ``.model``'s) parameters'; CPU when it has none."""
+    if getattr(runner, "device", None) is not None:
+        return torch.device(runner.device)
+    m = getattr(runner, "model", runner)
     try:
         device: torch.device = next(m.parameters()).device
         return device
