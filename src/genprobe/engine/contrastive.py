@@ -20,6 +20,7 @@ copied from the chosen row to the others of its group. A transformers cache is h
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any, Callable, Sequence
 
@@ -52,21 +53,11 @@ def expand_state(state: Any, k: int) -> Any:
     if isinstance(state, KVCache):
         if state.window is not None:
             raise ValueError("contrastive search does not support a sliding-window KVCache")
-        big = KVCache(
-            state.n_layer,
-            state.batch_size * k,
-            state.k.shape[2],
-            state.k.shape[4],
-            state.capacity,
-            dtype=state.k.dtype,
-            device=state.k.device,
-        )
-        big.k.copy_(state.k.repeat_interleave(k, dim=1))
-        big.v.copy_(state.v.repeat_interleave(k, dim=1))
-        big.pos.copy_(state.pos.repeat_interleave(k, dim=0))
-        big.valid.copy_(state.valid.repeat_interleave(k, dim=0))
+        big = copy.copy(state)  # the counters and flags as they are; the tensors repeated (fresh, written in place)
+        big.batch_size = state.batch_size * k
+        big.k, big.v = state.k.repeat_interleave(k, dim=1), state.v.repeat_interleave(k, dim=1)
+        big.pos, big.valid = state.pos.repeat_interleave(k, dim=0), state.valid.repeat_interleave(k, dim=0)
         big.next_pos = state.next_pos.repeat_interleave(k)
-        big.seen, big.all_valid, big.default_positions_only = state.seen, state.all_valid, state.default_positions_only
         return big
     state.cache.batch_repeat_interleave(k)
     state.mask = state.mask.repeat_interleave(k, dim=0)
@@ -185,15 +176,7 @@ def contrastive_generate(
                 if bool(done.all()):
                     break
     rows = buf[:, P : P + steps].tolist()
-    return GenerationResult(
-        tokens=[row[: min(lengths[b], steps)] for b, row in enumerate(rows)],
-        prompt_tokens=[list(map(int, p)) for p in prompts],
-        finished=finished,
-        token_forwards=P + steps * search.k,
-        forward_calls=1 + steps,
-        mode="contrastive",
-        sampler=json_safe(sampler),
-        seconds=time.perf_counter() - t0,
-        step_logits=step_logits,
-        step_probs=step_probs,
-    )
+    tokens = [row[: min(lengths[b], steps)] for b, row in enumerate(rows)]
+    prompt_tokens = [list(map(int, p)) for p in prompts]
+    counts = (P + steps * search.k, 1 + steps, "contrastive", json_safe(sampler), time.perf_counter() - t0)
+    return GenerationResult(tokens, prompt_tokens, finished, *counts, step_logits, step_probs)

@@ -112,18 +112,9 @@ def _greedy_all(
     run = greedy_all(prompts, N, eos_id, on_token, return_logits)
     if run is None:
         return None
-    return GenerationResult(
-        tokens=run.tokens,
-        prompt_tokens=[list(map(int, p)) for p in prompts],
-        finished=run.finished,
-        token_forwards=run.token_forwards,
-        forward_calls=run.forward_calls,
-        mode=mode,
-        sampler=cfg.to_dict(),
-        seconds=run.seconds,
-        step_logits=run.step_logits,
-        step_probs=None,
-    )
+    prompt_tokens = [list(map(int, p)) for p in prompts]
+    counts = (run.token_forwards, run.forward_calls, mode, cfg.to_dict(), run.seconds, run.step_logits)
+    return GenerationResult(run.tokens, prompt_tokens, run.finished, *counts)
 
 
 class _Run:
@@ -228,15 +219,7 @@ class _Run:
     def result(self, prompts: Sequence[Sequence[int]], seconds: float) -> GenerationResult:
         """The generated tokens per row (up to its end token) and the run's counters."""
         out = self.buf[:, self.P : self.P + self.steps].tolist()
-        return GenerationResult(
-            tokens=[row[: min(self.lengths[b], self.steps)] for b, row in enumerate(out)],
-            prompt_tokens=[list(map(int, p)) for p in prompts],
-            finished=self.finished,
-            token_forwards=self.forwards,
-            forward_calls=self.calls,
-            mode=self.mode,
-            sampler=self.cfg.to_dict(),
-            seconds=seconds,
-            step_logits=self.step_logits,
-            step_probs=self.step_probs,
-        )
+        tokens = [row[: min(self.lengths[b], self.steps)] for b, row in enumerate(out)]
+        prompt_tokens = [list(map(int, p)) for p in prompts]
+        counts = (self.forwards, self.calls, self.mode, self.cfg.to_dict(), seconds, self.step_logits, self.step_probs)
+        return GenerationResult(tokens, prompt_tokens, self.finished, *counts)

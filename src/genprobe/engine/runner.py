@@ -13,6 +13,7 @@ from typing import Any, Protocol, Sequence, TypeAlias, cast
 import torch
 import torch.nn as nn
 
+from .._io import NOT_JSON
 from ..model import limits
 from ..model.gpt import GPT
 from ..model.llama_family import llama_family_of, unsupported_reason
@@ -144,27 +145,9 @@ class GenerationResult:
     mode: str
     sampler: dict[str, Any]
     seconds: float = 0.0
-    step_logits: list[torch.Tensor] | None = None  # per step (B, V), raw model output
-    step_probs: list[torch.Tensor] | None = None  # per step (B, V), the sampling distribution
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
-        """Plain-JSON form (per-step tensors only if ``with_steps``)."""
-        d: dict[str, Any] = {
-            "tokens": self.tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "finished": self.finished,
-            "token_forwards": self.token_forwards,
-            "forward_calls": self.forward_calls,
-            "mode": self.mode,
-            "sampler": self.sampler,
-            "seconds": self.seconds,
-        }
-        if with_steps and self.step_logits is not None:
-            d["step_logits"] = [t.tolist() for t in self.step_logits]
-        if with_steps and self.step_probs is not None:
-            d["step_probs"] = [t.tolist() for t in self.step_probs]
-        return d
+    # per step (B, V): the raw model output, and the sampling distribution; not in the JSON form
+    step_logits: list[torch.Tensor] | None = field(default=None, metadata=NOT_JSON)
+    step_probs: list[torch.Tensor] | None = field(default=None, metadata=NOT_JSON)
 
 
 def check_inputs(runner: Runner, prompts: Sequence[Sequence[int]], max_new_tokens: int, mode: str) -> int:

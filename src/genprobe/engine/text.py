@@ -25,7 +25,7 @@ class Completion:
 
 def encode_prompts(model: Model, texts: Sequence[str]) -> tuple[list[list[int]], list[list[str]]]:
     """Each text's token ids and the characters of it the vocabulary lacks (encoded as the unknown token)."""
-    tok = model._require_tokenizer()
+    tok = model.require_tokenizer()
     unknown = [tok.unknown_chars(t) for t in texts]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the unknown characters are returned instead

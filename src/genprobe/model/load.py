@@ -185,7 +185,8 @@ class Model:
         """A safe id to fill left padding with (never attended to)."""
         return self.tokenizer.pad_id if self.tokenizer is not None else limits.pad_id(self.module)
 
-    def _require_tokenizer(self) -> Tokenizer:
+    def require_tokenizer(self) -> Tokenizer:
+        """The tokenizer; an error naming ``--ids`` when the model has none."""
         if self.tokenizer is None:
             where = f" {self.source}" if self.source else ""
             raise ValueError(
@@ -196,11 +197,11 @@ class Model:
 
     def encode(self, text: str) -> list[int]:
         """Text → ids (no special tokens added)."""
-        return self._require_tokenizer().encode(text)
+        return self.require_tokenizer().encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids → text."""
-        return self._require_tokenizer().decode(ids)
+        return self.require_tokenizer().decode(ids)
 
     # ---- structure ---------------------------------------------------------------------------
     def mlp_sites(self) -> list[MLPSite]:
@@ -481,7 +482,9 @@ def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) 
         raise ModelLoadError(f"{d}: transformers could not load the model ({type(exc).__name__}: {exc})") from None
     finally:
         hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
-    missing = [k for k in info.get("missing_keys", ()) if k not in _tied_names(module)]
+    # tied parameters are not stored in safetensors, so legitimately "missing" (a dict of them, or a list)
+    tied = set(getattr(module, "_tied_weights_keys", None) or ())
+    missing = [k for k in info.get("missing_keys", ()) if k not in tied]
     if missing:
         raise ModelLoadError(
             f"{d}: the weights leave {len(missing)} parameter(s) uninitialised (e.g. {missing[:3]}); "
@@ -501,14 +504,6 @@ def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) 
             f"{model.vocab_size} rows; the tokenizer does not belong to this model"
         )
     return model
-
-
-def _tied_names(module: nn.Module) -> set[str]:
-    """Parameter names that are tied to another (not stored in safetensors, so legitimately 'missing')."""
-    keys = getattr(module, "_tied_weights_keys", None) or ()
-    if isinstance(keys, dict):
-        return set(keys)
-    return set(keys)
 
 
 def load_tokenizer(d: Path) -> Tokenizer | None:
