@@ -28,13 +28,13 @@ import torch
 
 from .._io import json_safe
 from .cache import KVCache
-from .runner import GenerationResult, ModelLike, check_inputs, device_of, left_padded, runner_for
+from .runner import GenerationResult, ModelLike, Runner, check_inputs, device_of, left_padded, runner_for
 from .samplers.chain import adjust_logits, check_logits
 from .samplers.config import SamplerConfig
 
 
 def step_with_hidden(
-    runner: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: Any
+    runner: Runner, ids: torch.Tensor, valid: torch.Tensor | None, state: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cached forward → (logits (B, T, V), last hidden state after the final norm (B, T, d))."""
     if hasattr(runner, "step_with_hidden"):
@@ -94,7 +94,7 @@ def rank_candidates(
 class _Search:
     """One contrastive search over a left-padded batch: cache state, context hidden states, next logits."""
 
-    def __init__(self, runner: Any, cfg: SamplerConfig, buf: torch.Tensor, valid: torch.Tensor, P: int):
+    def __init__(self, runner: Runner, cfg: SamplerConfig, buf: torch.Tensor, valid: torch.Tensor, P: int):
         self.runner, self.cfg, self.buf, self.valid, self.P = runner, cfg, buf, valid, P
         assert cfg.top_k is not None  # SamplerConfig validation: contrastive search needs top_k >= 2
         self.k = int(cfg.top_k)

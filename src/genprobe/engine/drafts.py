@@ -24,6 +24,25 @@ class Chooser(Protocol):
         """(token, the distribution it was drawn from or None when greedy) after ``context``."""
 
 
+class Draft(Protocol):
+    """What proposes tokens (:class:`PromptLookupDraft`, :class:`ModelDraft`, a verifier's mutant)."""
+
+    name: str
+
+    @property
+    def forwards(self) -> int:
+        """Forward calls so far."""
+
+    def start(self, capacity: int) -> None:
+        """Get ready for one generation of up to ``capacity`` tokens."""
+
+    def propose(self, context: Sequence[int], k: int, chooser: Chooser) -> tuple[list[int], list[torch.Tensor] | None]:
+        """Up to ``k`` tokens after ``context`` and the distributions they were drawn from (None: point masses)."""
+
+    def rollback(self, context: Sequence[int]) -> None:
+        """Forget cached tokens ``context`` does not continue."""
+
+
 class CachedModel:
     """A runner driving one row of tokens through its own cache; ``tokens`` = what the cache holds."""
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .runner import GenerationResult as GenerationResult  # re-exported: callers import it from here
-from .runner import ModelLike, check_inputs, device_of, left_padded, runner_for
+from .runner import ModelLike, Runner, check_inputs, device_of, left_padded, runner_for
 from .samplers import SamplerConfig, check_logits, process_logits, sample_next
 
 GREEDY = SamplerConfig(greedy=True)
@@ -94,7 +94,7 @@ def generate(
 
 
 def _greedy_all(
-    runner: Any,
+    runner: Runner,
     prompts: Sequence[Sequence[int]],
     N: int,
     cfg: SamplerConfig,
@@ -122,7 +122,7 @@ class _Run:
 
     def __init__(
         self,
-        runner: Any,
+        runner: Runner,
         prompts: Sequence[Sequence[int]],
         P: int,
         N: int,

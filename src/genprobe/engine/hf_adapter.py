@@ -12,6 +12,7 @@ import inspect
 from typing import Any, Iterator
 
 import torch
+import torch.nn as nn
 
 from ..model import limits
 
@@ -45,7 +46,7 @@ class HFCausalLM:
     It exposes ``vocab_size``, ``max_positions``, ``step`` and ``full``.
     """
 
-    def __init__(self, hf_model: Any):
+    def __init__(self, hf_model: nn.Module):
         if not hasattr(hf_model, "config") or not callable(hf_model):
             raise TypeError(f"HFCausalLM needs a transformers model, got {type(hf_model).__name__}")
         self.model = hf_model.eval()
@@ -71,7 +72,7 @@ class HFCausalLM:
         from transformers import DynamicCache
 
         try:
-            cache = DynamicCache(config=self.model.config)
+            cache = DynamicCache(config=self.config)
         except TypeError:  # older transformers
             cache = DynamicCache()
         device = next(self.model.parameters()).device

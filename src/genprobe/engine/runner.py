@@ -119,7 +119,7 @@ def fast_module(model: ModelLike) -> PositionDrivenLM:
     return view
 
 
-def _unseen_hooks(hf: Any) -> str | None:
+def _unseen_hooks(hf: nn.Module) -> str | None:
     """Forward hooks on modules the fast forward does not call (the model, its layers, attention, MLP blocks): they
     would silently not run there. Hooks on the projections, norms and embedding it calls do run."""
     called = {id(m) for m in llama_family_of(hf).modules()}
@@ -191,13 +191,14 @@ def left_padded(
     return buf, valid
 
 
-def device_of(runner: Any) -> torch.device:
+def device_of(runner: Runner) -> torch.device:
     """Where ``runner`` computes: its ``device``, else its (wrapped ``.model``'s) parameters'; CPU when it has none."""
-    if getattr(runner, "device", None) is not None:
-        return torch.device(runner.device)
-    m = getattr(runner, "model", runner)
+    device = getattr(runner, "device", None)
+    if device is not None:
+        return torch.device(device)
+    module: Any = getattr(runner, "model", runner)
     try:
-        device: torch.device = next(m.parameters()).device
-        return device
+        found: torch.device = next(module.parameters()).device
+        return found
     except (AttributeError, StopIteration, TypeError):
         return torch.device("cpu")

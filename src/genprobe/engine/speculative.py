@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, cast
 
 import torch
 
-from .drafts import CachedModel, ModelDraft, PromptLookupDraft, first_layers
+from .drafts import CachedModel, Draft, ModelDraft, PromptLookupDraft, first_layers
 from .runner import ModelLike, Runner, check_inputs, runner_for
 from .samplers import SamplerConfig, check_logits, process_logits
 
@@ -96,11 +96,11 @@ def parameter_count(runner: Runner) -> int:
     return sum(p.numel() for p in m.parameters()) if hasattr(m, "parameters") else 0
 
 
-def make_draft(target: ModelLike, draft: Any) -> Any:
+def make_draft(target: ModelLike, draft: str | ModelLike | Draft) -> Draft:
     """A draft from its spec: ``"lookup"`` (prompt lookup), ``"layers:N"`` (the target's first N layers), a model
     with the target's vocabulary and at most its size, or a ready draft object (``propose`` / ``rollback``)."""
     if hasattr(draft, "propose"):
-        return draft
+        return cast(Draft, draft)  # duck-typed: a ready draft object
     if isinstance(draft, str):
         if draft in ("lookup", "prompt-lookup"):
             return PromptLookupDraft()
@@ -138,7 +138,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target: ModelLike,
-        draft: Any,
+        draft: str | ModelLike | Draft,
         k: int = 4,
         sampler: SamplerConfig | None = None,
         draws: Draws | None = None,
@@ -276,7 +276,7 @@ def speculative_generate(
     target: ModelLike,
     prompt: Sequence[int],
     max_new_tokens: int,
-    draft: Any = "lookup",
+    draft: str | ModelLike | Draft = "lookup",
     k: int = 4,
     sampler: SamplerConfig | None = None,
     seed: int = 0,

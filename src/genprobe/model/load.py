@@ -326,7 +326,7 @@ def load_model(
     )
 
 
-def _narrow_transformers(module: Any, weight_dtype: torch.dtype, d: Path, narrow_output: bool) -> Any:
+def _narrow_transformers(module: nn.Module, weight_dtype: torch.dtype, d: Path, narrow_output: bool) -> nn.Module:
     """A Llama-family transformers model with weight-only narrow linear layers (the fast path reads them narrow)."""
     from .llama_family import unsupported_reason
     from .weight_only import with_weight_dtype
@@ -365,7 +365,7 @@ def _load_gguf(
     return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", arch, file, meta)
 
 
-def _int8_blocks_of(module: Any, file: Path, dtype: torch.dtype, narrow_output: bool) -> Any:
+def _int8_blocks_of(module: nn.Module, file: Path, dtype: torch.dtype, narrow_output: bool) -> nn.Module:
     """``module`` with the GGUF file's quantized matrices held as their blocks (a Llama-family model, float32): Q8_0
     as int8 blocks (:func:`~genprobe.model.weight_only.with_int8_blocks`), Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K as the
     file's bytes (:mod:`genprobe.model.gguf_blocks`). Every other matrix stays float32 (``block_summary`` says which).
@@ -396,7 +396,7 @@ def _int8_blocks_of(module: Any, file: Path, dtype: torch.dtype, narrow_output: 
         raise ModelLoadError(f"{file}: {exc}") from None
 
 
-def block_summary(module: Any) -> dict[str, Any]:
+def block_summary(module: nn.Module) -> dict[str, Any]:
     """Which linear layers of ``module`` hold a GGUF file's blocks (count per ggml type) and which stayed float32."""
     from .gguf_blocks import BlockLinear
     from .weight_only import WeightOnlyLinear
