@@ -28,7 +28,7 @@ import torch
 
 from .._io import json_safe
 from .cache import KVCache
-from .runner import GenerationResult, ModelLike, Runner, check_inputs, device_of, left_padded, runner_for
+from .runner import GenerationResult, ModelLike, RowEnds, Runner, check_inputs, device_of, left_padded, runner_for
 from .samplers.chain import adjust_logits, check_logits
 from .samplers.config import SamplerConfig
 
@@ -150,8 +150,7 @@ def contrastive_generate(
         raise ValueError(f"top_k={sampler.top_k} candidates exceed the vocabulary of {runner.vocab_size} tokens")
     buf, valid = left_padded(prompts, P, N, runner.pad_id, device_of(runner))
     search = _Search(runner, sampler, buf, valid, P)
-    done = torch.zeros(B, dtype=torch.bool, device=buf.device)
-    lengths, finished, steps = [N] * B, ["length"] * B, 0
+    ends, steps = RowEnds(B, N, eos_id, buf.device), 0
     step_logits: list[torch.Tensor] | None = [] if return_logits else None
     step_probs: list[torch.Tensor] | None = [] if return_probs else None
     t0 = time.perf_counter()
@@ -163,20 +162,15 @@ def contrastive_generate(
             nxt, probs = search.step(P + i)
             if step_probs is not None:
                 step_probs.append(probs)
-            shown = torch.where(done, torch.full_like(nxt, -1), nxt)  # finished rows emit nothing
-            buf[:, P + i], valid[:, P + i] = torch.where(done, runner.pad_id, nxt), True  # in the cache either way
+            shown = torch.where(ends.done, torch.full_like(nxt, -1), nxt)  # finished rows emit nothing
+            buf[:, P + i], valid[:, P + i] = torch.where(ends.done, runner.pad_id, nxt), True  # in the cache either way
             search.history[:, P + i] = shown
             steps = i + 1
             if on_token is not None:
                 on_token(i, shown.tolist())
-            if eos_id is not None:
-                for b in ((nxt == eos_id) & ~done).nonzero().flatten().tolist():
-                    lengths[b], finished[b] = i + 1, "eos"
-                done |= nxt == eos_id
-                if bool(done.all()):
-                    break
-    rows = buf[:, P : P + steps].tolist()
-    tokens = [row[: min(lengths[b], steps)] for b, row in enumerate(rows)]
+            if ends.update(i, nxt):
+                break
+    tokens = ends.tokens(buf, P, steps)
     prompt_tokens = [list(map(int, p)) for p in prompts]
     counts = (P + steps * search.k, 1 + steps, "contrastive", json_safe(sampler), time.perf_counter() - t0)
-    return GenerationResult(tokens, prompt_tokens, finished, *counts, step_logits, step_probs)
+    return GenerationResult(tokens, prompt_tokens, ends.finished, *counts, step_logits, step_probs)

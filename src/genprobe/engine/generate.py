@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .runner import GenerationResult as GenerationResult  # re-exported: callers import it from here
-from .runner import ModelLike, Runner, check_inputs, device_of, left_padded, runner_for
+from .runner import ModelLike, RowEnds, Runner, check_inputs, device_of, left_padded, runner_for
 from .samplers import SamplerConfig, check_logits, process_logits, sample_next
 
 GREEDY = SamplerConfig(greedy=True)
@@ -85,7 +85,7 @@ def generate(
             nxt = run.write(i, nxt)
             if on_token is not None:
                 on_token(i, torch.where(run.valid[:, P + i], nxt, -1).tolist())
-            if run.stop_at_eos(i, nxt):
+            if run.ends.update(i, nxt):
                 break
         release = getattr(runner, "release_state", None)
         if release is not None and state is not None:  # a pooling runner reuses the cache for the next generation
@@ -141,8 +141,7 @@ class _Run:
         self.track_valid = mode == "naive" or eos_id is not None or cfg.uses_history or observed
         self.history = torch.where(self.valid, self.buf, -1) if cfg.uses_history else None
         self.plain_greedy = cfg.greedy and cfg.is_identity  # argmax of the raw logits, nothing to process
-        self.done = torch.zeros(B, dtype=torch.bool, device=self.buf.device)
-        self.lengths, self.finished = [N] * B, ["length"] * B
+        self.ends = RowEnds(B, N, eos_id, self.buf.device)
         self.step_logits: list[torch.Tensor] | None = [] if return_logits else None
         self.step_probs: list[torch.Tensor] | None = [] if return_probs else None
         self.forwards = self.calls = self.steps = 0
@@ -194,8 +193,8 @@ class _Run:
         """Append ``nxt`` at step ``i``; a finished row gets padding and stays invalid (returned as written)."""
         cur = self.P + i
         if self.eos_id is not None:
-            nxt = torch.where(self.done, torch.full_like(nxt, self.runner.pad_id), nxt)
-            self.valid[:, cur] = ~self.done
+            nxt = torch.where(self.ends.done, torch.full_like(nxt, self.runner.pad_id), nxt)
+            self.valid[:, cur] = ~self.ends.done
         elif self.track_valid:
             self.valid[:, cur] = True
         self.buf[:, cur] = nxt
@@ -204,22 +203,9 @@ class _Run:
         self.steps = i + 1
         return nxt
 
-    def stop_at_eos(self, i: int, nxt: torch.Tensor) -> bool:
-        """Mark rows that produced the end token at step ``i``; True when every row has."""
-        if self.eos_id is None:
-            return False
-        newly = (nxt == self.eos_id) & ~self.done
-        if not bool(newly.any()):
-            return False
-        for b in newly.nonzero().flatten().tolist():
-            self.lengths[b], self.finished[b] = i + 1, "eos"
-        self.done |= newly
-        return bool(self.done.all())
-
     def result(self, prompts: Sequence[Sequence[int]], seconds: float) -> GenerationResult:
         """The generated tokens per row (up to its end token) and the run's counters."""
-        out = self.buf[:, self.P : self.P + self.steps].tolist()
-        tokens = [row[: min(self.lengths[b], self.steps)] for b, row in enumerate(out)]
+        tokens = self.ends.tokens(self.buf, self.P, self.steps)
         prompt_tokens = [list(map(int, p)) for p in prompts]
         counts = (self.forwards, self.calls, self.mode, self.cfg.to_dict(), seconds, self.step_logits, self.step_probs)
-        return GenerationResult(tokens, prompt_tokens, self.finished, *counts)
+        return GenerationResult(tokens, prompt_tokens, self.ends.finished, *counts)

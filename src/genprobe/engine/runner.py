@@ -175,6 +175,32 @@ def check_inputs(runner: Runner, prompts: Sequence[Sequence[int]], max_new_token
     return P
 
 
+class RowEnds:
+    """Where each row of a batch stopped: at its end token (kept in its tokens), else at the length budget ``N``."""
+
+    def __init__(self, B: int, N: int, eos_id: int | None, device: torch.device):
+        self.eos_id = eos_id
+        self.done = torch.zeros(B, dtype=torch.bool, device=device)
+        self.lengths, self.finished = [N] * B, ["length"] * B
+
+    def update(self, i: int, nxt: torch.Tensor) -> bool:
+        """Mark the rows that produced the end token at step ``i``; True when every row has."""
+        if self.eos_id is None:
+            return False
+        newly = (nxt == self.eos_id) & ~self.done
+        if not bool(newly.any()):
+            return False
+        for b in newly.nonzero().flatten().tolist():
+            self.lengths[b], self.finished[b] = i + 1, "eos"
+        self.done |= newly
+        return bool(self.done.all())
+
+    def tokens(self, buf: torch.Tensor, P: int, steps: int) -> list[list[int]]:
+        """Each row's new tokens in ``buf`` (after the ``P`` prompt columns), up to its end token."""
+        rows = buf[:, P : P + steps].tolist()
+        return [row[: min(self.lengths[b], steps)] for b, row in enumerate(rows)]
+
+
 def left_padded(
     prompts: Sequence[Sequence[int]], P: int, N: int, pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
