@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from .._io import json_safe
 from ._common import (
     add_json_flag,
     add_max_new_tokens,
@@ -20,7 +19,8 @@ from ._common import (
 from ._sampler_args import add_sampler_arguments, sampler_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..model.load import Model
+    from ..engine.runner import GenerationResult
+    from ..model.load import Model, Tokenizer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -132,6 +132,35 @@ def run(args: argparse.Namespace) -> int:
 
         if compile_error() is not None:
             info(f"warning: torch.compile failed, decoded eagerly instead ({compile_error()})")
+    results = _rows(args, tok, texts, prompts, unknown, res, show, stream)
+    if stream:
+        print()
+    if args.json:
+        common = {
+            "model": str(model.source),
+            "sampler": sampler,
+            "seed": args.seed,
+            "chat": args.chat,
+            "weight_dtype": args.weight_dtype,
+            "narrow_output": args.narrow_output,
+            "token_forwards": res.token_forwards,
+        }
+        emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
+    return 0
+
+
+def _rows(
+    args: argparse.Namespace,
+    tok: "Tokenizer | None",
+    texts: list[str | None],
+    prompts: list[list[int]],
+    unknown: list[list[str]],
+    res: "GenerationResult",
+    show: Callable[[list[int]], str],
+    stream: bool,
+) -> list[dict[str, Any]]:
+    """Each row's result (what ``--json`` reports), its steps printed with ``--top`` and, when not streamed and
+    not ``--json``, its text (or ids without a tokenizer) printed as the row is done."""
     from ..engine.steps import format_steps, step_stats
 
     results: list[dict[str, Any]] = []
@@ -145,27 +174,14 @@ def run(args: argparse.Namespace) -> int:
                 "text": show(new) if tok is not None else None,
                 "tokens": new,
                 "finished": res.finished[row],
-                "steps": [json_safe(s) for s in steps],
+                "steps": steps,  # emit_json writes their JSON form
             }
         )
         if args.top and not args.json:
             print(format_steps(steps))
         if not stream and not args.json:  # without a tokenizer the ids are the output
             print(" ".join(map(str, new)) if tok is None else ("" if args.chat else show(ids)) + show(new))
-    if stream:
-        print()
-    if args.json:
-        common = {
-            "model": str(model.source),
-            "sampler": json_safe(sampler),
-            "seed": args.seed,
-            "chat": args.chat,
-            "weight_dtype": args.weight_dtype,
-            "narrow_output": args.narrow_output,
-            "token_forwards": res.token_forwards,
-        }
-        emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
-    return 0
+    return results
 
 
 def _prompts(args: argparse.Namespace, model: "Model") -> tuple[list[str | None], list[list[int]], list[list[str]]]:
