@@ -26,10 +26,9 @@ from typing import Any, Protocol, Sequence, cast
 import torch
 
 from .drafts import CachedModel, Draft, ModelDraft, PromptLookupDraft, first_layers
+from .generate import GREEDY
 from .runner import ModelLike, Runner, check_inputs, runner_for
 from .samplers import SamplerConfig, check_logits, process_logits
-
-GREEDY = SamplerConfig(greedy=True)
 
 
 class Draws(Protocol):

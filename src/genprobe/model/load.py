@@ -282,19 +282,9 @@ def load_model(
             f"model's dtype); got {weight_dtype}"
         )
     from .checkpoint import is_checkpoint
-    from .kinds import is_url
-
-    if is_url(path):
-        raise ModelLoadError(
-            f"{path} is a URL: live endpoints are not supported yet; a model is a genprobe checkpoint, a transformers "
-            "directory, a GGUF file or a fetched model's name"
-        )
-    d = Path(path)
-    if not d.exists():
-        from .catalog import resolve_name
-
-        d = resolve_name(str(path))  # a catalog name such as "smollm2" (fetched by `genprobe fetch`), else an error
     from .gguf import is_gguf_path
+
+    d = _model_path(path)
 
     if is_gguf_path(d):
         if weight_dtype not in (dtype, torch.int8):
@@ -324,6 +314,20 @@ def load_model(
         f"{d} is neither a genprobe checkpoint (genprobe.json + model.safetensors), a transformers model "
         "directory (config.json + *.safetensors) nor a GGUF file"
     )
+
+
+def _model_path(path: str | os.PathLike[str]) -> Path:
+    """The file or directory ``path`` names: a catalog name (such as "smollm2", fetched by ``genprobe fetch``) is
+    its fetched directory; a URL, or a name that is neither, is refused."""
+    from .catalog import resolve_name
+    from .kinds import is_url
+
+    if is_url(path):
+        raise ModelLoadError(
+            f"{path} is a URL: live endpoints are not supported yet; a model is a genprobe checkpoint, a transformers "
+            "directory, a GGUF file or a fetched model's name"
+        )
+    return Path(path) if Path(path).exists() else resolve_name(str(path))
 
 
 def _narrow_transformers(module: nn.Module, weight_dtype: torch.dtype, d: Path, narrow_output: bool) -> nn.Module:
