@@ -1,5 +1,5 @@
-"""What the generation loops drive and return: the :class:`Runner` protocol, our GPT behind it, the checks every
-loop makes on its inputs, and :class:`GenerationResult`.
+"""What the generation loops drive and return: the :class:`Runner` protocol, our GPT behind it, :func:`runner_for`
+(the one place a model's runner is chosen), the checks every loop makes on its inputs, and :class:`GenerationResult`.
 
 Its own module, below ``generate`` and ``contrastive``: both loops use these, and ``generate`` dispatches to
 ``contrastive``, so neither may import the other's helpers.

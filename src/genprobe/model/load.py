@@ -124,8 +124,9 @@ class SubwordTokenizer:
 class Model:
     """A loaded causal LM: module + tokenizer + limits + where its MLPs are. Build with :func:`load_model`.
 
-    Plain data and what can be read off the module. Generation (``runner``, ``generate()``) is the engine's:
-    :class:`genprobe.engine.loaded.LoadedModel` adds it, and is what ``genprobe.load`` returns.
+    Plain data and what can be read off the module. Running it is the engine's: every engine entry point takes a
+    ``Model`` (``genprobe.engine.runner.runner_for`` chooses its runner), and ``genprobe.load`` returns the engine's
+    subclass, ``genprobe.engine.loaded.LoadedModel``, which adds ``runner`` and ``generate()``.
     """
 
     module: nn.Module
