@@ -22,13 +22,6 @@ from .text import complete
 class LoadedModel(Model):
     """A :class:`~genprobe.model.load.Model` with its eager runner and text-in, text-out ``generate()``."""
 
-    @classmethod
-    def of(cls, model: Model) -> "LoadedModel":
-        """``model`` itself when it already generates, else the same fields in a :class:`LoadedModel`."""
-        if isinstance(model, cls):
-            return model
-        return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
-
     @cached_property
     def runner(self) -> Runner:
         """The eager :class:`~genprobe.engine.runner.Runner` that drives this model."""
@@ -39,4 +32,5 @@ class LoadedModel(Model):
 
 def load_model(path: str | os.PathLike[str], **options: Any) -> LoadedModel:
     """:func:`genprobe.model.load.load_model` (the one loader: same options, same checks), ready to generate."""
-    return LoadedModel.of(load.load_model(path, **options))
+    model = load.load_model(path, **options)
+    return LoadedModel(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
