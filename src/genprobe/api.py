@@ -27,15 +27,6 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_ATTENTION_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
 
 
-def _default_prompts(model: "Model", count: int) -> list[str]:
-    """Held-out Tang openings for the bundled char model; any other model must be given prompts."""
-    from .loops.prompts import heldout_openings
-
-    if model.tokenizer is None or model.tokenizer.kind != "char":
-        raise ValueError("this model is not the bundled character model: pass prompts (a list of strings)")
-    return heldout_openings(model.tokenizer, count)
-
-
 def scan_loops(
     model: "Model", prompts: Sequence[str] | None = None, *, sampling: "SamplerConfig | None" = None, **options: Any
 ) -> "ScanResult":
@@ -134,7 +125,8 @@ def repair_loops(
 
     cfg = config or RepairConfig()
     if val_text is None:
-        _default_prompts(model, 1)  # the Tang validation text fits only the bundled char model
+        if model.tokenizer is None or model.tokenizer.kind != "char":  # the Tang text fits the bundled model alone
+            raise ValueError("this model is not the bundled character model: pass prompts and val_text")
         val_text = load_corpus().val
     if prompts is None:
         if validate_prompts is not None:
