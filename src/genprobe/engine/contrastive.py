@@ -36,16 +36,13 @@ from .samplers.config import SamplerConfig
 def step_with_hidden(
     runner: Runner, ids: torch.Tensor, valid: torch.Tensor | None, state: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cached forward → (logits (B, T, V), last hidden state after the final norm (B, T, d))."""
-    if hasattr(runner, "step_with_hidden"):
-        out: tuple[torch.Tensor, torch.Tensor] = runner.step_with_hidden(ids, valid, state)
-        return out
-    model = getattr(runner, "model", None)
-    if model is None or not hasattr(model, "ln_f") or not isinstance(state, KVCache):
-        raise TypeError(f"contrastive search needs a genprobe GPT or an HFCausalLM, got {type(runner).__name__}")
-    store: list[torch.Tensor] = []
-    logits: torch.Tensor = model(ids, cache=state, attention_mask=valid, hidden_store=store)
-    return logits, model.ln_f(store[-1])
+    """Cached forward → (logits (B, T, V), last hidden state after the final norm (B, T, d)): the runner's optional
+    ``step_with_hidden`` hook (the eager runners of our GPT and of transformers models have it)."""
+    hook = getattr(runner, "step_with_hidden", None)
+    if hook is None:
+        raise TypeError(f"contrastive search needs a runner with step_with_hidden, got {type(runner).__name__}")
+    out: tuple[torch.Tensor, torch.Tensor] = hook(ids, valid, state)
+    return out
 
 
 def expand_state(state: Any, k: int) -> Any:

@@ -25,16 +25,17 @@ from .cache import KVCache
 class Runner(Protocol):
     """What :func:`generate` needs from a model (our GPT is wrapped in :class:`GPTRunner`).
 
-    Optional hooks a runner may add (looked up with ``getattr``; the eager :class:`GPTRunner` has none, and its
-    per-step loop in :func:`~genprobe.engine.generate.generate` is the reference every other runner is tested
-    against):
+    Optional hooks a runner may add for speed (looked up with ``getattr``; the eager :class:`GPTRunner` has none,
+    and its per-step loop in :func:`~genprobe.engine.generate.generate` is the reference every other runner is tested
+    against); the fast runner (:mod:`genprobe.engine.fast`) implements all three:
 
     - ``greedy_all(prompts, max_new_tokens, eos_id, on_token, return_logits)``: a whole plain greedy generation
       (argmax of the raw logits, no probabilities asked), or None to let the per-step loop run it;
     - ``last_logits(ids, valid, state)``: ``step(...)[:, -1]`` (a prompt's forward) computed more cheaply;
     - ``release_state(state)``: a generation's state given back for reuse.
 
-    The fast runner (:mod:`genprobe.engine.fast`) implements all three.
+    Contrastive search needs ``step_with_hidden(ids, valid, state)``: ``step`` plus the last hidden state after
+    the final norm (both eager runners have it).
     """
 
     vocab_size: int
@@ -73,6 +74,14 @@ class GPTRunner:
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.model(ids, attention_mask=valid)
         return logits
+
+    def step_with_hidden(
+        self, ids: torch.Tensor, valid: torch.Tensor | None, state: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step` plus the last hidden state after the final norm, for contrastive search."""
+        store: list[torch.Tensor] = []
+        logits: torch.Tensor = self.model(ids, cache=state, attention_mask=valid, hidden_store=store)
+        return logits, self.model.ln_f(store[-1])
 
 
 #: What every generation entry point takes: a loaded :class:`~genprobe.model.load.Model`, a module (our GPT or a
