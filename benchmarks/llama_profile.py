@@ -62,11 +62,11 @@ def profile(model_ref: str, batch: int, new_tokens: int, threads: int, reps: int
     import genprobe
     from genprobe.engine.fast import compiled
     from genprobe.engine.generate import generate
-    from genprobe.engine.runner import engine_model, fast_module
+    from genprobe.engine.runner import fast_module, runner_for
 
     torch.set_num_threads(threads)
     m = genprobe.load(model_ref)
-    runner = engine_model(m)
+    runner = runner_for(m)
     prompts = torch.randint(1000, 40000, (batch, 8), generator=torch.Generator().manual_seed(0)).tolist()
     family = fast_module(runner)  # the LlamaFamily view the compiled path runs
     cfg = m.module.config

@@ -8,7 +8,7 @@ window per row), for each ``--batch`` size, with ``--threads`` threads. The defa
 8-token prefill included), the median of ``--reps`` calls after one warm-up call; the warm-up (compilation,
 allocation) is reported separately and never enters the tok/s. Engines:
 
-- ``genprobe``: ``generate(engine_model(m), prompts, N, compile=True)`` (genprobe's compiled fast path, float32;
+- ``genprobe``: ``generate(m, prompts, N, compile=True)`` (genprobe's compiled fast path, float32;
   the first call per batch size compiles, minutes, cached on disk under ``~/.cache/genprobe/aot``);
 - ``genprobe-int8`` / ``genprobe-bf16``: the same on ``genprobe.load(model, weight_dtype=torch.int8 / bfloat16)``
   (weight-only narrow linear layers: different models; their tokens are also checked against their own eager run);
@@ -17,7 +17,7 @@ allocation) is reported separately and never enters the tok/s. Engines:
   ``weight_dtype=int8, narrow_output=True`` (its Q8_0 blocks as they are: the weights llama.cpp Q8_0 multiplies by);
   ``genprobe-q4_0`` / ``genprobe-q4_k_m``: the same on ``*-Q4_0.gguf`` / ``*-Q4_K_M.gguf`` (their 4/5/6-bit blocks as
   they are, genprobe.model.gguf_blocks; tokens checked against the eager run of the same file dequantized);
-- ``genprobe-eager``: ``generate(engine_model(m), prompts, N)`` (no compile): the reference for token equality;
+- ``genprobe-eager``: ``generate(m, prompts, N)`` (no compile): the reference for token equality;
 - ``hf``: ``transformers``' ``generate`` on the same module (greedy, eos disabled, exactly N tokens);
 - ``llamacpp-f32`` / ``llamacpp-q8_0`` / ``llamacpp-q4_0`` / ``llamacpp-q4_k_m``: llama.cpp through
   :class:`genprobe.serving.llamacpp.engine.LlamaCppModel` on ``--gguf-dir``'s ``*-F32.gguf`` / ``*-Q8_0.gguf`` / …
@@ -212,10 +212,10 @@ def genprobe_engine(
     """genprobe's ``generate`` on the loaded model (``compile=True``: the compiled fast path); ``gguf``: on the
     ``--gguf-dir`` file of that type instead (int8: its Q8_0 blocks as they are)."""
     from genprobe.engine.generate import generate
-    from genprobe.engine.runner import engine_model
+    from genprobe.engine.runner import runner_for
 
     m = load_genprobe(setup, weight_dtype, narrow_output, None if gguf is None else gguf_file(setup, gguf))
-    runner = engine_model(m)
+    runner = runner_for(m)
     n = setup.new_tokens
 
     def gen(prompts: Tokens) -> Tokens:
@@ -223,7 +223,7 @@ def genprobe_engine(
 
     def own_check(prompts: Tokens, tokens: Tokens) -> int:
         if gguf is not None:  # the file's blocks against the dequantized float model of the same file (eager)
-            dense = engine_model(load_genprobe(setup, source=gguf_file(setup, gguf)))
+            dense = runner_for(load_genprobe(setup, source=gguf_file(setup, gguf)))
             return rows_equal(tokens, generate(dense, prompts, max_new_tokens=n).tokens)
         return rows_equal(tokens, generate(runner, prompts, max_new_tokens=n).tokens)
 

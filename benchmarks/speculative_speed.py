@@ -24,7 +24,7 @@ import time
 import torch
 
 from genprobe.engine.generate import generate
-from genprobe.engine.runner import engine_model
+from genprobe.engine.runner import runner_for
 from genprobe.engine.speculative import make_draft, speculative_generate
 from genprobe.model.load import load_model
 
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--hf", action="store_true")
     args = ap.parse_args()
     m = load_model(args.model)
-    target = engine_model(m)
+    target = runner_for(m)
     prompts = TANG if m.kind == "genprobe" else PROMPTS
     drafts = {d: make_draft(target, d) for d in args.drafts}
     rows = []

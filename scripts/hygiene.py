@@ -17,7 +17,7 @@ HTML_TAG = re.compile(
     r"|summary)\b[^>]*>",
     re.I,
 )
-LOADER_CALLS = ("from_pretrained(", "load_checkpoint(", "load_causal_lm(", "load_model(")
+LOADER_CALLS = ("from_pretrained(", "load_checkpoint(", "load_model(")
 
 
 def long_functions(src: Path) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ._io import json_safe
 
@@ -27,52 +27,22 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_ATTENTION_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
 
 
-def _default_prompts(model: "Model", count: int) -> list[str]:
-    """Held-out Tang openings for the bundled char model; any other model must be given prompts."""
-    from .loops.prompts import heldout_openings
-
-    if model.tokenizer is None or model.tokenizer.kind != "char":
-        raise ValueError("this model is not the bundled character model: pass prompts (a list of strings)")
-    return heldout_openings(model.tokenizer, count)
-
-
 def scan_loops(
-    model: "Model",
-    prompts: Sequence[str] | None = None,
-    *,
-    max_new_tokens: int = 57,
-    sampling: "SamplerConfig | None" = None,
-    batch_size: int = 64,
-    seed: int = 0,
-    progress: bool = False,
-    calibration: "LoopCalibration | None" = None,
-    loop: "LoopSettings | None" = None,
-    compile: bool = False,
+    model: "Model", prompts: Sequence[str] | None = None, *, sampling: "SamplerConfig | None" = None, **options: Any
 ) -> "ScanResult":
     """Generate after every prompt and measure loops (exact, near, repetitive tail, degenerate) with CIs.
 
     The default decoding is the loop studies' setting: greedy with the unknown and end tokens banned, a
     fixed number of new tokens. ``prompts`` defaults to held-out Tang openings for the bundled char model.
-    ``calibration`` (:func:`calibrate_loops` at ``max_new_tokens``) fixes the detector settings and puts its
-    human false-positive rates beside the scan's; else ``loop`` (default: the raw defaults). Several settings,
-    the vLLM backend and the ``loops scan`` JSON: :func:`genprobe.scan_loop_settings`. ``compile=True`` decodes
-    through the compiled fast path (our GPT, Llama-family models; ``loops scan --compile``).
+    ``options`` are :func:`genprobe.scan_loop_settings`' (which runs several settings, the vLLM backend and the
+    ``loops scan`` JSON): ``max_new_tokens`` (57), ``batch_size`` (64), ``seed``, ``progress``; ``calibration``
+    (:func:`calibrate_loops` at ``max_new_tokens``) fixes the detector settings and puts its human false-positive
+    rates beside the scan's, else ``loop`` (default: the raw defaults); ``compile=True`` decodes through the
+    compiled fast path (our GPT, Llama-family models; ``loops scan --compile``).
     """
     from .loops.scan_settings import scan_loop_settings
 
-    res = scan_loop_settings(
-        model,
-        prompts,
-        {"scan": sampling},
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        seed=seed,
-        progress=progress,
-        calibration=calibration,
-        loop=loop,
-        compile=compile,
-    )
-    return res.scans["scan"]
+    return scan_loop_settings(model, prompts, {"scan": sampling}, **options).scans["scan"]
 
 
 def calibrate_loops(
@@ -155,7 +125,8 @@ def repair_loops(
 
     cfg = config or RepairConfig()
     if val_text is None:
-        _default_prompts(model, 1)  # the Tang validation text fits only the bundled char model
+        if model.tokenizer is None or model.tokenizer.kind != "char":  # the Tang text fits the bundled model alone
+            raise ValueError("this model is not the bundled character model: pass prompts and val_text")
         val_text = load_corpus().val
     if prompts is None:
         if validate_prompts is not None:
@@ -259,46 +230,22 @@ def chapter_phenomena(
 
 
 def diagnose(
-    model: "Model",
-    *,
-    prompts: Sequence[str] | None = None,
-    sampling: "SamplerConfig | None" = None,
-    chat: bool = False,
-    serving: str | None = None,
-    quick: bool = False,
-    max_loop_rate: float | None = None,
-    with_edit: bool = False,
-    impl: str | None = None,
-    hf_position_ids: bool = True,
-    only: Sequence[str] | None = None,
-    seed: int = 0,
-    reference: str | None = None,
-    out: str | Path | None = None,
-    log: Callable[[str], None] = lambda msg: None,
+    model: "Model", *, out: str | Path | None = None, log: Callable[[str], None] = lambda msg: None, **options: Any
 ) -> "DoctorReport":
     """Every check genprobe has, on ``model`` as the user runs it, in one :class:`~genprobe.doctor.DoctorReport`:
     the model card and tokenizer facts, the inference path (caches, padding, ``serving="vllm"``), attention health,
     degeneration under greedy and ``sampling`` on ``prompts`` (default: held-out prompts of the model's language),
     which fix (the edit too with ``with_edit``); ``report.exit_status`` is 0 healthy, 1 bug, 4 warnings only.
-    ``impl`` ("module:factory") adds the user's cache implementation; ``hf_position_ids=False`` says the user's
-    code passes no position ids; ``reference`` (a model path) is what the quality stage compares with. With ``out``,
-    writes prompts.txt, doctor.json and report.html there.
+    ``options`` are :class:`~genprobe.doctor.DoctorOptions`' fields (``prompts``, ``sampling``, ``chat``,
+    ``serving``, ``quick``, ``max_loop_rate``, ``with_edit``, ``impl``, ``hf_position_ids``, ``only``, ``seed``,
+    ``reference``): ``impl`` ("module:factory") adds the user's cache implementation; ``hf_position_ids=False`` says
+    the user's code passes no position ids; ``reference`` (a model path) is what the quality stage compares with.
+    With ``out``, writes prompts.txt, doctor.json and report.html there.
     """
     from .doctor import DoctorOptions, run_doctor
-    from .doctor.options import STAGES
 
-    opts = DoctorOptions(
-        prompts=prompts,
-        sampling=sampling,
-        chat=chat,
-        serving=serving,
-        quick=quick,
-        max_loop_rate=max_loop_rate,
-        with_edit=with_edit,
-        impl=impl,
-        hf_position_ids=hf_position_ids,
-        only=tuple(only) if only is not None else STAGES,
-        seed=seed,
-        reference=reference,
-    )
-    return run_doctor(model, opts, out=out, log=log)
+    if options.get("only") is not None:
+        options["only"] = tuple(options["only"])
+    else:
+        options.pop("only", None)  # every stage
+    return run_doctor(model, DoctorOptions(**options), out=out, log=log)

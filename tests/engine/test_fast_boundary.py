@@ -22,14 +22,16 @@ def test_each_fast_module_has_one_import_path(name):
 def test_compile_true_selects_the_fast_runner(tiny_model):
     from genprobe.engine.fast import compiled_runner
     from genprobe.engine.fast.compiled import CompiledGPTRunner
-    from genprobe.engine.runner import GPTRunner, select_runner
+    from genprobe.engine.generate import generate
+    from genprobe.engine.runner import GPTRunner, runner_for
+    from genprobe.model.load import Model
 
-    assert isinstance(select_runner(tiny_model, compile=True, mode="cached"), CompiledGPTRunner)
-    assert select_runner(tiny_model, compile=True, mode="cached") is compiled_runner(tiny_model)
-    eager = select_runner(tiny_model, compile=False, mode="cached")
+    assert isinstance(runner_for(tiny_model, compile=True), CompiledGPTRunner)
+    assert runner_for(Model.from_module(tiny_model), compile=True) is compiled_runner(tiny_model)
+    eager = runner_for(tiny_model)
     assert isinstance(eager, GPTRunner) and not hasattr(eager, "greedy_all")
     with pytest.raises(ValueError, match="mode='naive'"):
-        select_runner(tiny_model, compile=True, mode="naive")
+        generate(tiny_model, [[1, 2]], 2, mode="naive", compile=True)
 
 
 IMPORT_PROBE = """
@@ -49,3 +51,17 @@ def test_importing_the_fast_path_changes_nothing_global():
     """Hooks in torch.nn, the kernels' library and its RTLD_GLOBAL shim come with first use, never with an import."""
     out = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_compile_finds_the_same_llama_view_from_a_model_its_module_or_its_runner():
+    """runner_for(compile=True) takes what generate() takes: the fast path's module is one view of the weights."""
+    from genprobe.engine.hf_adapter import HFCausalLM
+    from genprobe.engine.runner import fast_module
+    from genprobe.model.llama_family import llama_family_of
+    from genprobe.model.load import Model
+    from genprobe.verify.hf_matrix import tiny_model
+
+    hf = tiny_model("llama").eval()
+    view = llama_family_of(hf)
+    assert fast_module(hf) is view and fast_module(HFCausalLM(hf)) is view
+    assert fast_module(Model.from_module(hf)) is view

@@ -8,9 +8,11 @@ import pytest
 
 from genprobe._io import json_safe
 from genprobe.engine.generate import generate
-from genprobe.engine.hf_adapter import HFCausalLM, load_causal_lm
+from genprobe.engine.hf_adapter import HFCausalLM
+from genprobe.engine.runner import runner_for
 from genprobe.engine.samplers import SamplerConfig
 from genprobe.model.hf import to_hf_gpt2
+from genprobe.model.load import load_model
 
 
 @pytest.fixture
@@ -51,34 +53,36 @@ def test_hf_adapter_samplers_and_context_limit(tiny_model, hf_tiny):
         generate(hf_tiny, [[3] * 30], 5)
 
 
-def test_load_causal_lm_checkpoint_and_hf_dir(tmp_path, tiny_model):
+def test_loaded_checkpoint_and_hf_dir_get_their_runners(tmp_path, tiny_model):
     from genprobe.corpus import CharTokenizer
     from genprobe.model.checkpoint import save_checkpoint
 
     tok = CharTokenizer([chr(0x4E00 + i) for i in range(48)])
     ck = save_checkpoint(tmp_path / "ck", tiny_model, tok)
-    m1, t1 = load_causal_lm(ck)
+    loaded = load_model(ck)
+    m1, t1 = runner_for(loaded), loaded.tokenizer
     assert t1.unk_id == 1 and t1.vocab_size == 50
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hf = to_hf_gpt2(tiny_model)
     hf.save_pretrained(tmp_path / "hf")
     (tmp_path / "hf" / "genprobe_tokenizer.json").write_text(__import__("json").dumps(json_safe(tok)), encoding="utf-8")
-    m2, t2 = load_causal_lm(tmp_path / "hf")
+    loaded = load_model(tmp_path / "hf")
+    m2, t2 = runner_for(loaded), loaded.tokenizer
     assert isinstance(m2, HFCausalLM) and t2.fingerprint == tok.fingerprint
     ids = t1.encode(tok.chars[0] + tok.chars[5])
-    assert generate(m1, [ids], 8).tokens == generate(m2, [ids], 8).tokens
+    assert generate(m1, [ids], 8).tokens == generate(m2, [ids], 8).tokens == generate(loaded, [ids], 8).tokens
     with pytest.raises(FileNotFoundError):
-        load_causal_lm(tmp_path / "missing")
+        load_model(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="neither a genprobe checkpoint"):
-        load_causal_lm(tmp_path / "empty")
+        load_model(tmp_path / "empty")
 
 
-def test_load_causal_lm_refuses_pickled_weights(tmp_path):
+def test_load_model_refuses_pickled_weights(tmp_path):
     d = tmp_path / "pkl"
     d.mkdir()
     (d / "config.json").write_text('{"model_type": "gpt2"}', encoding="utf-8")
     (d / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(ValueError, match="safetensors"):
-        load_causal_lm(d)
+        load_model(d)

@@ -6,7 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import IO, Any, Literal, overload
+from typing import IO, TYPE_CHECKING, Any, Literal, overload
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.loaded import LoadedModel
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
@@ -187,16 +190,12 @@ def add_weight_dtype(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load_model_arg(args: argparse.Namespace):
-    """Load MODEL through the one loader (``genprobe.load``: ``genprobe.model.load.load_model``, ready to generate),
-    in ``--weight-dtype`` if given."""
-    return load_model_from(model_path(args), args)
-
-
-def load_model_from(path: str, args: argparse.Namespace):
-    """Load ``path`` through the one loader with the options of ``args`` that concern loading (``--weight-dtype``)."""
+def load_model_arg(args: argparse.Namespace, path: str | None = None) -> "LoadedModel":
+    """Load ``path`` (default: MODEL) through the one loader, ``genprobe.load``, with the options of ``args`` that
+    concern loading (``--weight-dtype``, ``--narrow-output``)."""
     from ..engine.loaded import load_model
     from ..model.weight_only import weight_dtype_of
 
     weight_dtype = weight_dtype_of(getattr(args, "weight_dtype", "float32"))
-    return load_model(path, weight_dtype=weight_dtype, narrow_output=getattr(args, "narrow_output", False))
+    narrow = getattr(args, "narrow_output", False)
+    return load_model(path or model_path(args), weight_dtype=weight_dtype, narrow_output=narrow)

@@ -172,12 +172,10 @@ def run(args: argparse.Namespace) -> int:
         if os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
             sys.path.insert(0, os.getcwd())
         _check_impl_spec(args.impl)
-    if args.only and set(args.only) == {"audit"}:
-        from ..doctor.audit import model_files
+    from ..doctor.audit import model_files
 
-        model = model_files(model_path(args))  # read as data, not loaded: the audit alone takes seconds
-    else:
-        model = load_model_arg(args)
+    audit_only = bool(args.only) and set(args.only) == {"audit"}  # read as data, not loaded: the audit takes seconds
+    model = model_files(model_path(args)) if audit_only else load_model_arg(args)
     opts = _options(args, model)
     rep = run_doctor(model, opts, model_arg=model_path(args), out=args.out, log=info)
     v = rep.verdict

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from .._io import json_safe
 from ._common import (
     add_json_flag,
     add_max_new_tokens,
@@ -23,7 +20,6 @@ from ._sampler_args import add_sampler_arguments, sampler_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.runner import GenerationResult
-    from ..engine.samplers.config import SamplerConfig
     from ..model.load import Model, Tokenizer
 
 
@@ -80,20 +76,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _encode(model, texts: list[str]) -> list[list[int]]:
-    tok = model.tokenizer
-    for t in texts:
-        unknown = tok.unknown_chars(t)
-        if unknown:
-            info(
-                f"warning: {len(unknown)} prompt character(s) are not in the vocabulary and become <unk>: "
-                f"{''.join(unknown)!r} (a different script, e.g. simplified vs traditional?)"
-            )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # reported once, above
-        return [model.encode(t) for t in texts]
-
-
 def check_ids(prompts: list[list[int]], vocab_size: int) -> list[list[int]]:
     """``--ids`` prompts, each id inside the vocabulary ``[0, vocab_size)``; the error names the limit."""
     for i, ids in enumerate(prompts):
@@ -107,35 +89,34 @@ def check_ids(prompts: list[list[int]], vocab_size: int) -> list[list[int]]:
     return [list(ids) for ids in prompts]
 
 
-def _show(tok, ids: list[int], show_unk: bool) -> str:
-    return tok.decode(ids, show_unk=show_unk) if tok.kind == "char" else tok.decode(ids)
-
-
 def run(args: argparse.Namespace) -> int:
     """Handler of ``genprobe generate``."""
     from ..engine.generate import generate
-    from ..engine.runner import engine_model
 
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
     if args.ids and args.chat:
         raise ValueError("--chat renders text through the chat template: give --prompt, not --ids")
     model = load_model_arg(args)
-    tok, texts, prompts = _prompts(args, model)
+    tok = model.tokenizer
+    texts, prompts, unknown = _prompts(args, model)
     sampler = sampler_from_args(args, tok)
+
+    def show(ids: list[int]) -> str:
+        assert tok is not None
+        return tok.decode(ids, show_unk=args.show_unk) if tok.kind == "char" else tok.decode(ids)  # type: ignore[call-arg]
+
     stream = len(prompts) == 1 and not args.json and not args.top and tok is not None
-    if stream and not args.chat and tok is not None:
-        sys.stdout.write(_show(tok, prompts[0], args.show_unk))
-        sys.stdout.flush()
+    if stream and not args.chat:
+        print(show(prompts[0]), end="", flush=True)
 
     def on_token(step: int, row: list[int]) -> None:
-        if row[0] >= 0 and tok is not None:
-            sys.stdout.write(_show(tok, [row[0]], args.show_unk))
-            sys.stdout.flush()
+        if row[0] >= 0:
+            print(show([row[0]]), end="", flush=True)
 
     eos = None if args.ignore_eos else (args.eos_id if args.eos_id is not None else model.eos_id)
     res = generate(
-        engine_model(model),
+        model,
         prompts,
         args.max_new_tokens,
         sampler=sampler,
@@ -146,35 +127,36 @@ def run(args: argparse.Namespace) -> int:
         on_token=on_token if stream else None,
         compile=args.compile,
     )
-    _warn_if_compile_failed(args)
-    results = _print_results(args, tok, texts, prompts, res, stream)
+    if args.compile:
+        from ..engine.fast.compiled import compile_error
+
+        if compile_error() is not None:
+            info(f"warning: torch.compile failed, decoded eagerly instead ({compile_error()})")
+    results = _rows(args, tok, texts, prompts, unknown, res, show, stream)
     if stream:
         print()
     if args.json:
-        _emit_json(args, model, sampler, res, results)
+        common = {
+            "model": str(model.source),
+            "sampler": sampler,
+            "seed": args.seed,
+            "chat": args.chat,
+            "weight_dtype": args.weight_dtype,
+            "narrow_output": args.narrow_output,
+            "token_forwards": res.token_forwards,
+        }
+        emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
     return 0
 
 
-def _prompts(args: argparse.Namespace, model: "Model") -> tuple["Tokenizer | None", list[str | None], list[list[int]]]:
-    """The tokenizer, each prompt's text (None for ``--ids``) and its token ids: ``--ids`` checked against the
-    vocabulary, or the texts (rendered through the chat template with ``--chat``) encoded."""
-    tok = model.tokenizer
-    if args.ids:
-        prompts = check_ids(args.ids, model.vocab_size)
-        return tok, [None] * len(prompts), prompts
-    given = read_prompts(args)
-    assert given is not None  # one prompt source is required (add_prompt_arguments(required=True))
-    tok = model._require_tokenizer()  # names --ids when there is none
-    rendered = [model.chat_prompt(t) for t in given] if args.chat else list(given)
-    return tok, list(rendered), _encode(model, rendered)
-
-
-def _print_results(
+def _rows(
     args: argparse.Namespace,
     tok: "Tokenizer | None",
     texts: list[str | None],
     prompts: list[list[int]],
+    unknown: list[list[str]],
     res: "GenerationResult",
+    show: Callable[[list[int]], str],
     stream: bool,
 ) -> list[dict[str, Any]]:
     """Each row's result (what ``--json`` reports), its steps printed with ``--top`` and, when not streamed and
@@ -186,48 +168,37 @@ def _print_results(
         steps = step_stats(new, res.step_probs, tok.token_str if tok is not None else str, row=row, top=args.top)
         results.append(
             {
-                "prompt": text if text is not None or tok is None else _show(tok, ids, args.show_unk),
+                "prompt": text if text is not None or tok is None else show(ids),
                 "prompt_tokens": ids,
-                "unknown_prompt_chars": tok.unknown_chars(text) if tok is not None and text is not None else [],
-                "text": _show(tok, new, args.show_unk) if tok is not None else None,
+                "unknown_prompt_chars": unknown[row],
+                "text": show(new) if tok is not None else None,
                 "tokens": new,
                 "finished": res.finished[row],
-                "steps": [json_safe(s) for s in steps],
+                "steps": steps,  # emit_json writes their JSON form
             }
         )
         if args.top and not args.json:
             print(format_steps(steps))
-        if not stream and not args.json:
-            if tok is None:  # no tokenizer: the ids are the output
-                print(" ".join(str(i) for i in new))
-            else:
-                print(("" if args.chat else _show(tok, ids, args.show_unk)) + results[-1]["text"])
+        if not stream and not args.json:  # without a tokenizer the ids are the output
+            print(" ".join(map(str, new)) if tok is None else ("" if args.chat else show(ids)) + show(new))
     return results
 
 
-def _emit_json(
-    args: argparse.Namespace,
-    model: "Model",
-    sampler: "SamplerConfig",
-    res: "GenerationResult",
-    results: list[dict[str, Any]],
-) -> None:
-    """``--json``: the run's settings with the one result's fields, or with ``results`` for several prompts."""
-    common = {
-        "model": str(model.source),
-        "sampler": json_safe(sampler),
-        "seed": args.seed,
-        "chat": args.chat,
-        "weight_dtype": args.weight_dtype,
-        "narrow_output": args.narrow_output,
-        "token_forwards": res.token_forwards,
-    }
-    emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
+def _prompts(args: argparse.Namespace, model: "Model") -> tuple[list[str | None], list[list[int]], list[list[str]]]:
+    """Each prompt's text (None for ``--ids``), its token ids and the characters of it the vocabulary lacks: ``--ids``
+    checked against the vocabulary, or the texts (rendered through the chat template with ``--chat``) encoded."""
+    if args.ids:
+        prompts = check_ids(args.ids, model.vocab_size)
+        return [None] * len(prompts), prompts, [[] for _ in prompts]
+    from ..engine.text import encode_prompts
 
-
-def _warn_if_compile_failed(args: argparse.Namespace) -> None:
-    if args.compile:
-        from ..engine.fast.compiled import compile_error
-
-        if compile_error() is not None:
-            info(f"warning: torch.compile failed, decoded eagerly instead ({compile_error()})")
+    given = read_prompts(args)
+    assert given is not None  # one prompt source is required (add_prompt_arguments(required=True))
+    texts = [model.chat_prompt(t) for t in given] if args.chat else list(given)
+    ids, unknown = encode_prompts(model, texts)  # names --ids when the model has no tokenizer
+    for chars in filter(None, unknown):
+        info(
+            f"warning: {len(chars)} prompt character(s) are not in the vocabulary and become <unk>: "
+            f"{''.join(chars)!r} (a different script, e.g. simplified vs traditional?)"
+        )
+    return list(texts), ids, unknown

@@ -32,7 +32,7 @@ from ._common import (
     add_weight_dtype,
     emit_json,
     info,
-    load_model_from,
+    load_model_arg,
     model_path,
     read_prompts,
 )
@@ -271,7 +271,7 @@ def _load_model(args: argparse.Namespace) -> "Model | None":
     path = model_path(args, required=False)
     model = None
     if path is not None:
-        model = load_model_from(path, args)
+        model = load_model_arg(args, path)
         if args.weight_dtype != "float32":
             head = ", the output layer too" if args.narrow_output else ""
             info(

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     draft = args.draft
     if draft is not None and draft != "lookup" and not draft.startswith("layers:"):
-        draft = _draft_model(draft)
+        draft = load_model(draft)
     result = verify_speculative(
         model,
         draft,
@@ -83,13 +83,6 @@ def run(args: argparse.Namespace) -> int:
         _print(result)
     ok = result.verdict == "pass" and result.mutants_ok
     return 0 if ok else 1
-
-
-def _draft_model(path: str):
-    from ..engine.runner import engine_model
-    from ..model.load import load_model
-
-    return engine_model(load_model(path))
 
 
 def _print(r) -> None:

@@ -20,6 +20,7 @@ copied from the chosen row to the others of its group. A transformers cache is h
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any, Callable, Sequence
 
@@ -27,24 +28,21 @@ import torch
 
 from .._io import json_safe
 from .cache import KVCache
-from .runner import GenerationResult, as_runner, check_inputs, device_of
+from .runner import GenerationResult, ModelLike, RowEnds, Runner, check_inputs, device_of, left_padded, runner_for
 from .samplers.chain import adjust_logits, check_logits
 from .samplers.config import SamplerConfig
 
 
 def step_with_hidden(
-    runner: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: Any
+    runner: Runner, ids: torch.Tensor, valid: torch.Tensor | None, state: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cached forward → (logits (B, T, V), last hidden state after the final norm (B, T, d))."""
-    if hasattr(runner, "step_with_hidden"):
-        out: tuple[torch.Tensor, torch.Tensor] = runner.step_with_hidden(ids, valid, state)
-        return out
-    model = getattr(runner, "model", None)
-    if model is None or not hasattr(model, "ln_f") or not isinstance(state, KVCache):
-        raise TypeError(f"contrastive search needs a genprobe GPT or an HFCausalLM, got {type(runner).__name__}")
-    store: list[torch.Tensor] = []
-    logits: torch.Tensor = model(ids, cache=state, attention_mask=valid, hidden_store=store)
-    return logits, model.ln_f(store[-1])
+    """Cached forward → (logits (B, T, V), last hidden state after the final norm (B, T, d)): the runner's optional
+    ``step_with_hidden`` hook (the eager runners of our GPT and of transformers models have it)."""
+    hook = getattr(runner, "step_with_hidden", None)
+    if hook is None:
+        raise TypeError(f"contrastive search needs a runner with step_with_hidden, got {type(runner).__name__}")
+    out: tuple[torch.Tensor, torch.Tensor] = hook(ids, valid, state)
+    return out
 
 
 def expand_state(state: Any, k: int) -> Any:
@@ -52,21 +50,11 @@ def expand_state(state: Any, k: int) -> Any:
     if isinstance(state, KVCache):
         if state.window is not None:
             raise ValueError("contrastive search does not support a sliding-window KVCache")
-        big = KVCache(
-            state.n_layer,
-            state.batch_size * k,
-            state.k.shape[2],
-            state.k.shape[4],
-            state.capacity,
-            dtype=state.k.dtype,
-            device=state.k.device,
-        )
-        big.k.copy_(state.k.repeat_interleave(k, dim=1))
-        big.v.copy_(state.v.repeat_interleave(k, dim=1))
-        big.pos.copy_(state.pos.repeat_interleave(k, dim=0))
-        big.valid.copy_(state.valid.repeat_interleave(k, dim=0))
+        big = copy.copy(state)  # the counters and flags as they are; the tensors repeated (fresh, written in place)
+        big.batch_size = state.batch_size * k
+        big.k, big.v = state.k.repeat_interleave(k, dim=1), state.v.repeat_interleave(k, dim=1)
+        big.pos, big.valid = state.pos.repeat_interleave(k, dim=0), state.valid.repeat_interleave(k, dim=0)
         big.next_pos = state.next_pos.repeat_interleave(k)
-        big.seen, big.all_valid, big.default_positions_only = state.seen, state.all_valid, state.default_positions_only
         return big
     state.cache.batch_repeat_interleave(k)
     state.mask = state.mask.repeat_interleave(k, dim=0)
@@ -103,7 +91,7 @@ def rank_candidates(
 class _Search:
     """One contrastive search over a left-padded batch: cache state, context hidden states, next logits."""
 
-    def __init__(self, runner: Any, cfg: SamplerConfig, buf: torch.Tensor, valid: torch.Tensor, P: int):
+    def __init__(self, runner: Runner, cfg: SamplerConfig, buf: torch.Tensor, valid: torch.Tensor, P: int):
         self.runner, self.cfg, self.buf, self.valid, self.P = runner, cfg, buf, valid, P
         assert cfg.top_k is not None  # SamplerConfig validation: contrastive search needs top_k >= 2
         self.k = int(cfg.top_k)
@@ -137,20 +125,8 @@ class _Search:
         return cand_ids[torch.arange(len(sel), device=sel.device), sel], probs
 
 
-def _left_padded(
-    prompts: Sequence[Sequence[int]], P: int, N: int, pad_id: int, device: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token buffer (B, P+N) and key validity of left-padded prompts (padding invalid)."""
-    buf = torch.full((len(prompts), P + N), pad_id, dtype=torch.long, device=device)
-    valid = torch.zeros((len(prompts), P + N), dtype=torch.bool, device=device)
-    for b, p in enumerate(prompts):
-        buf[b, P - len(p) : P] = torch.as_tensor(list(p), dtype=torch.long)
-        valid[b, P - len(p) : P] = True
-    return buf, valid
-
-
 def contrastive_generate(
-    model: Any,
+    model: ModelLike,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     sampler: SamplerConfig,
@@ -163,16 +139,15 @@ def contrastive_generate(
 
     ``step_probs`` (``return_probs``) are the candidate distributions: softmax of the adjusted logits.
     """
-    runner = as_runner(model)
+    runner = runner_for(model)
     P = check_inputs(runner, prompts, max_new_tokens, "cached")
     N, B = int(max_new_tokens), len(prompts)
     assert sampler.top_k is not None  # SamplerConfig validation: contrastive search needs top_k >= 2
     if sampler.top_k > runner.vocab_size:
         raise ValueError(f"top_k={sampler.top_k} candidates exceed the vocabulary of {runner.vocab_size} tokens")
-    buf, valid = _left_padded(prompts, P, N, runner.pad_id, getattr(runner, "device", None) or device_of(model))
+    buf, valid = left_padded(prompts, P, N, runner.pad_id, device_of(runner))
     search = _Search(runner, sampler, buf, valid, P)
-    done = torch.zeros(B, dtype=torch.bool, device=buf.device)
-    lengths, finished, steps = [N] * B, ["length"] * B, 0
+    ends, steps = RowEnds(B, N, eos_id, buf.device), 0
     step_logits: list[torch.Tensor] | None = [] if return_logits else None
     step_probs: list[torch.Tensor] | None = [] if return_probs else None
     t0 = time.perf_counter()
@@ -184,28 +159,15 @@ def contrastive_generate(
             nxt, probs = search.step(P + i)
             if step_probs is not None:
                 step_probs.append(probs)
-            shown = torch.where(done, torch.full_like(nxt, -1), nxt)  # finished rows emit nothing
-            buf[:, P + i], valid[:, P + i] = torch.where(done, runner.pad_id, nxt), True  # in the cache either way
+            shown = torch.where(ends.done, torch.full_like(nxt, -1), nxt)  # finished rows emit nothing
+            buf[:, P + i], valid[:, P + i] = torch.where(ends.done, runner.pad_id, nxt), True  # in the cache either way
             search.history[:, P + i] = shown
             steps = i + 1
             if on_token is not None:
                 on_token(i, shown.tolist())
-            if eos_id is not None:
-                for b in ((nxt == eos_id) & ~done).nonzero().flatten().tolist():
-                    lengths[b], finished[b] = i + 1, "eos"
-                done |= nxt == eos_id
-                if bool(done.all()):
-                    break
-    rows = buf[:, P : P + steps].tolist()
-    return GenerationResult(
-        tokens=[row[: min(lengths[b], steps)] for b, row in enumerate(rows)],
-        prompt_tokens=[list(map(int, p)) for p in prompts],
-        finished=finished,
-        token_forwards=P + steps * search.k,
-        forward_calls=1 + steps,
-        mode="contrastive",
-        sampler=json_safe(sampler),
-        seconds=time.perf_counter() - t0,
-        step_logits=step_logits,
-        step_probs=step_probs,
-    )
+            if ends.update(i, nxt):
+                break
+    tokens = ends.tokens(buf, P, steps)
+    prompt_tokens = [list(map(int, p)) for p in prompts]
+    counts = (P + steps * search.k, 1 + steps, "contrastive", json_safe(sampler), time.perf_counter() - t0)
+    return GenerationResult(tokens, prompt_tokens, ends.finished, *counts, step_logits, step_probs)

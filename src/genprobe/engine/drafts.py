@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
-from .runner import as_runner
+from .runner import ModelLike, Runner, device_of, runner_for
 
 
 class Chooser(Protocol):
@@ -24,15 +24,34 @@ class Chooser(Protocol):
         """(token, the distribution it was drawn from or None when greedy) after ``context``."""
 
 
+class Draft(Protocol):
+    """What proposes tokens (:class:`PromptLookupDraft`, :class:`ModelDraft`, a verifier's mutant)."""
+
+    name: str
+
+    @property
+    def forwards(self) -> int:
+        """Forward calls so far."""
+
+    def start(self, capacity: int) -> None:
+        """Get ready for one generation of up to ``capacity`` tokens."""
+
+    def propose(self, context: Sequence[int], k: int, chooser: Chooser) -> tuple[list[int], list[torch.Tensor] | None]:
+        """Up to ``k`` tokens after ``context`` and the distributions they were drawn from (None: point masses)."""
+
+    def rollback(self, context: Sequence[int]) -> None:
+        """Forget cached tokens ``context`` does not continue."""
+
+
 class CachedModel:
     """A runner driving one row of tokens through its own cache; ``tokens`` = what the cache holds."""
 
-    def __init__(self, runner: Any, capacity: int):
+    def __init__(self, runner: Runner, capacity: int):
         self.runner = runner
         self.state = runner.new_state(1, capacity)
         self.tokens: list[int] = []
         self.forwards = 0  # forward calls
-        self.device = getattr(runner, "device", None) or _device(runner)
+        self.device = device_of(runner)
 
     def feed(self, new: Sequence[int]) -> torch.Tensor:
         """Logits (T, V) of ``new`` appended to the cached tokens, in one forward."""
@@ -60,13 +79,6 @@ class CachedModel:
         if keep < len(self.tokens):
             self.state.truncate(keep)
             del self.tokens[keep:]
-
-
-def _device(runner: Any) -> torch.device:
-    try:
-        return next(runner.parameters()).device  # type: ignore[no-any-return]
-    except (AttributeError, StopIteration, TypeError):
-        return torch.device("cpu")
 
 
 class PromptLookupDraft:
@@ -101,8 +113,8 @@ class PromptLookupDraft:
 class ModelDraft:
     """A smaller model with the target's vocabulary proposes ``k`` tokens, one cached forward each."""
 
-    def __init__(self, model: Any, name: str = "model"):
-        self.runner = as_runner(model)
+    def __init__(self, model: ModelLike, name: str = "model"):
+        self.runner = runner_for(model)
         self.name = name
         self.cached: CachedModel | None = None
 
@@ -133,23 +145,24 @@ class ModelDraft:
             self.cached.rollback(context)
 
 
-def first_layers(model: Any, n_layer: int) -> Any:
-    """A copy of ``model`` (a genprobe GPT or a Llama-family ``HFCausalLM``) keeping its first ``n_layer`` blocks
-    and its final norm and head: the self-speculative draft (an early exit)."""
+def first_layers(model: ModelLike, n_layer: int) -> Runner:
+    """A copy of ``model`` (a genprobe GPT or a Llama-family transformers model) keeping its first ``n_layer`` blocks
+    and its final norm and head, as a runner: the self-speculative draft (an early exit)."""
     from ..model.gpt import GPT
 
-    if isinstance(model, GPT):
-        total = model.cfg.n_layer
+    runner = runner_for(model)
+    hf = getattr(runner, "model", None)  # GPTRunner and HFCausalLM hold the module they drive
+    if isinstance(hf, GPT):
+        total = hf.cfg.n_layer
         _check_layers(n_layer, total)
-        out = copy.deepcopy(model)
+        out = copy.deepcopy(hf)
         out.h = out.h[:n_layer]
         out.cfg = dataclasses.replace(out.cfg, n_layer=n_layer)
-        return out.eval()
-    hf = getattr(model, "model", None)
+        return runner_for(out.eval())
     inner = getattr(hf, "model", None)
     if hf is None or inner is None or not hasattr(inner, "layers"):
         raise ValueError(
-            f"a first-layers draft needs a genprobe GPT or a Llama-family model, got {type(model).__name__}"
+            f"a first-layers draft needs a genprobe GPT or a Llama-family model, got {type(runner).__name__}"
         )
     _check_layers(n_layer, len(inner.layers))
     from .hf_adapter import HFCausalLM

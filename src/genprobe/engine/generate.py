@@ -5,9 +5,9 @@ position (positions count only real tokens) and its keys are masked, so a padded
 same logits as the same prompt alone (seed §3.4.10). The loop writes into a preallocated token
 buffer (no per-step ``torch.cat``, seed §3.10.7) and runs under ``torch.inference_mode()``.
 
-``model`` is a :class:`~genprobe.model.GPT` or anything with the runner protocol of
-:class:`~genprobe.engine.runner.Runner` — e.g. :class:`genprobe.engine.hf_adapter.HFCausalLM`, which drives a
-``transformers`` causal LM with its own cache.
+``model`` is anything :func:`~genprobe.engine.runner.runner_for` turns into a
+:class:`~genprobe.engine.runner.Runner`: a loaded ``Model``, our GPT, a ``transformers`` causal LM (driven with its
+own cache by :class:`genprobe.engine.hf_adapter.HFCausalLM`) or a runner.
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .runner import GenerationResult as GenerationResult  # re-exported: callers import it from here
-from .runner import GPTRunner as GPTRunner
-from .runner import Runner as Runner
-from .runner import as_runner as as_runner
-from .runner import check_inputs, device_of, select_runner
+from .runner import ModelLike, RowEnds, Runner, check_inputs, device_of, left_padded, runner_for
 from .samplers import SamplerConfig, check_logits, process_logits, sample_next
 
 GREEDY = SamplerConfig(greedy=True)
@@ -37,7 +34,7 @@ def token_forward_count(prompt_len: int, new_tokens: int, mode: str) -> int:
 
 
 def generate(
-    model: Any,
+    model: ModelLike,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     sampler: SamplerConfig | None = None,
@@ -53,10 +50,10 @@ def generate(
 
     ``on_token(step, token_ids)`` is called after every step with one new id per row (rows that
     already finished get ``-1``). Rows stop at ``eos_id`` (the eos token is kept in ``tokens``).
-    ``compile=True`` drives a genprobe GPT, or a Llama-family ``transformers`` model (``HFCausalLM``: Llama, Qwen2/3,
+    ``compile=True`` drives a genprobe GPT, or a Llama-family ``transformers`` model (Llama, Qwen2/3,
     Mistral, Phi-3, run by :class:`~genprobe.model.llama_family.LlamaFamily` over its own weights), through the fast
     runner (:mod:`genprobe.engine.fast`: ``torch.compile``, ahead-of-time programs, C++ kernels), chosen once by
-    :func:`~genprobe.engine.runner.select_runner`; the first call per model and batch size pays the compilation
+    :func:`~genprobe.engine.runner.runner_for`; the first call per model and batch size pays the compilation
     (SmolLM2-135M: ~2 min per batch size, then cached on disk). Everything else is the same loop.
     A sampler with ``penalty_alpha`` > 0 runs contrastive search (:mod:`genprobe.engine.contrastive`).
     """
@@ -68,15 +65,16 @@ def generate(
         return contrastive_generate(
             model, prompts, max_new_tokens, sampler, eos_id, on_token, return_logits, return_probs
         )
-    runner = select_runner(model, compile, mode)
+    if compile and mode != "cached":
+        raise ValueError("compile=True speeds up cached decoding; it does not apply to mode='naive'")
+    runner = runner_for(model, compile)
     cfg = sampler or GREEDY
     P = check_inputs(runner, prompts, max_new_tokens, mode)
     N = int(max_new_tokens)
     whole = _greedy_all(runner, prompts, N, cfg, mode, eos_id, on_token, return_logits, return_probs)
     if whole is not None:
         return whole
-    device = getattr(runner, "device", None) or device_of(model)
-    run = _Run(runner, prompts, P, N, cfg, mode, eos_id, on_token is not None, return_logits, return_probs, device)
+    run = _Run(runner, prompts, P, N, cfg, mode, eos_id, on_token is not None, return_logits, return_probs)
     gen = None if cfg.greedy else torch.Generator(device="cpu").manual_seed(int(seed))
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -87,7 +85,7 @@ def generate(
             nxt = run.write(i, nxt)
             if on_token is not None:
                 on_token(i, torch.where(run.valid[:, P + i], nxt, -1).tolist())
-            if run.stop_at_eos(i, nxt):
+            if run.ends.update(i, nxt):
                 break
         release = getattr(runner, "release_state", None)
         if release is not None and state is not None:  # a pooling runner reuses the cache for the next generation
@@ -96,7 +94,7 @@ def generate(
 
 
 def _greedy_all(
-    runner: Any,
+    runner: Runner,
     prompts: Sequence[Sequence[int]],
     N: int,
     cfg: SamplerConfig,
@@ -114,18 +112,9 @@ def _greedy_all(
     run = greedy_all(prompts, N, eos_id, on_token, return_logits)
     if run is None:
         return None
-    return GenerationResult(
-        tokens=run.tokens,
-        prompt_tokens=[list(map(int, p)) for p in prompts],
-        finished=run.finished,
-        token_forwards=run.token_forwards,
-        forward_calls=run.forward_calls,
-        mode=mode,
-        sampler=cfg.to_dict(),
-        seconds=run.seconds,
-        step_logits=run.step_logits,
-        step_probs=None,
-    )
+    prompt_tokens = [list(map(int, p)) for p in prompts]
+    counts = (run.token_forwards, run.forward_calls, mode, cfg.to_dict(), run.seconds, run.step_logits)
+    return GenerationResult(run.tokens, prompt_tokens, run.finished, *counts)
 
 
 class _Run:
@@ -133,7 +122,7 @@ class _Run:
 
     def __init__(
         self,
-        runner: Any,
+        runner: Runner,
         prompts: Sequence[Sequence[int]],
         P: int,
         N: int,
@@ -143,25 +132,16 @@ class _Run:
         observed: bool,
         return_logits: bool,
         return_probs: bool,
-        device: Any,
     ):
         self.runner, self.P, self.N, self.cfg, self.mode, self.eos_id = runner, P, N, cfg, mode, eos_id
         B = len(prompts)
-        self.buf = torch.full((B, P + N), runner.pad_id, dtype=torch.long, device=device)
-        self.valid = torch.zeros((B, P + N), dtype=torch.bool, device=device)
+        self.buf, self.valid = left_padded(prompts, P, N, runner.pad_id, device_of(runner))
         self.padded = any(len(p) < P for p in prompts)
-        if not self.padded:  # one assignment for the whole batch (64 rows: 0.27 vs 2.9 ms row by row)
-            self.buf[:, :P] = torch.tensor([[int(t) for t in p] for p in prompts], dtype=torch.long)
-            self.valid[:, :P] = True
-        for b, p in enumerate(prompts if self.padded else ()):
-            self.buf[b, P - len(p) : P] = torch.as_tensor(list(p), dtype=torch.long)
-            self.valid[b, P - len(p) : P] = True
         # The validity buffer only needs updating when something reads it after the prompt.
         self.track_valid = mode == "naive" or eos_id is not None or cfg.uses_history or observed
         self.history = torch.where(self.valid, self.buf, -1) if cfg.uses_history else None
         self.plain_greedy = cfg.greedy and cfg.is_identity  # argmax of the raw logits, nothing to process
-        self.done = torch.zeros(B, dtype=torch.bool, device=device)
-        self.lengths, self.finished = [N] * B, ["length"] * B
+        self.ends = RowEnds(B, N, eos_id, self.buf.device)
         self.step_logits: list[torch.Tensor] | None = [] if return_logits else None
         self.step_probs: list[torch.Tensor] | None = [] if return_probs else None
         self.forwards = self.calls = self.steps = 0
@@ -213,8 +193,8 @@ class _Run:
         """Append ``nxt`` at step ``i``; a finished row gets padding and stays invalid (returned as written)."""
         cur = self.P + i
         if self.eos_id is not None:
-            nxt = torch.where(self.done, torch.full_like(nxt, self.runner.pad_id), nxt)
-            self.valid[:, cur] = ~self.done
+            nxt = torch.where(self.ends.done, torch.full_like(nxt, self.runner.pad_id), nxt)
+            self.valid[:, cur] = ~self.ends.done
         elif self.track_valid:
             self.valid[:, cur] = True
         self.buf[:, cur] = nxt
@@ -223,30 +203,9 @@ class _Run:
         self.steps = i + 1
         return nxt
 
-    def stop_at_eos(self, i: int, nxt: torch.Tensor) -> bool:
-        """Mark rows that produced the end token at step ``i``; True when every row has."""
-        if self.eos_id is None:
-            return False
-        newly = (nxt == self.eos_id) & ~self.done
-        if not bool(newly.any()):
-            return False
-        for b in newly.nonzero().flatten().tolist():
-            self.lengths[b], self.finished[b] = i + 1, "eos"
-        self.done |= newly
-        return bool(self.done.all())
-
     def result(self, prompts: Sequence[Sequence[int]], seconds: float) -> GenerationResult:
         """The generated tokens per row (up to its end token) and the run's counters."""
-        out = self.buf[:, self.P : self.P + self.steps].tolist()
-        return GenerationResult(
-            tokens=[row[: min(self.lengths[b], self.steps)] for b, row in enumerate(out)],
-            prompt_tokens=[list(map(int, p)) for p in prompts],
-            finished=self.finished,
-            token_forwards=self.forwards,
-            forward_calls=self.calls,
-            mode=self.mode,
-            sampler=self.cfg.to_dict(),
-            seconds=seconds,
-            step_logits=self.step_logits,
-            step_probs=self.step_probs,
-        )
+        tokens = self.ends.tokens(self.buf, self.P, self.steps)
+        prompt_tokens = [list(map(int, p)) for p in prompts]
+        counts = (self.forwards, self.calls, self.mode, self.cfg.to_dict(), seconds, self.step_logits, self.step_probs)
+        return GenerationResult(tokens, prompt_tokens, self.ends.finished, *counts)

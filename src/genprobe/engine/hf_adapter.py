@@ -1,18 +1,18 @@
 """Drive any ``transformers`` causal LM with genprobe's generation loop (and every sampler).
 
-:class:`HFCausalLM` follows the :class:`genprobe.engine.generate.Runner` protocol: the HF model
+:class:`HFCausalLM` follows the :class:`genprobe.engine.runner.Runner` protocol: the HF model
 keeps its *own* cache (``DynamicCache``), we only supply the attention mask over everything seen so
 far and ``position_ids`` that count real tokens (left padding gets no position — the same rule our
-GPT uses, and what HF's ``generate`` does). Models are loaded by :func:`genprobe.model.load.load_model`.
+GPT uses, and what HF's ``generate`` does). :func:`genprobe.engine.runner.runner_for` wraps a transformers model in it.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 from typing import Any, Iterator
 
 import torch
+import torch.nn as nn
 
 from ..model import limits
 
@@ -46,7 +46,7 @@ class HFCausalLM:
     It exposes ``vocab_size``, ``max_positions``, ``step`` and ``full``.
     """
 
-    def __init__(self, hf_model: Any):
+    def __init__(self, hf_model: nn.Module):
         if not hasattr(hf_model, "config") or not callable(hf_model):
             raise TypeError(f"HFCausalLM needs a transformers model, got {type(hf_model).__name__}")
         self.model = hf_model.eval()
@@ -72,7 +72,7 @@ class HFCausalLM:
         from transformers import DynamicCache
 
         try:
-            cache = DynamicCache(config=self.model.config)
+            cache = DynamicCache(config=self.config)
         except TypeError:  # older transformers
             cache = DynamicCache()
         device = next(self.model.parameters()).device
@@ -128,11 +128,3 @@ class HFCausalLM:
         out = self.model(input_ids=ids, attention_mask=v, position_ids=positions, use_cache=False)
         logits: torch.Tensor = out.logits
         return logits
-
-
-def load_causal_lm(path: str | os.PathLike[str]) -> tuple[Any, Any]:
-    """(runner-or-GPT, tokenizer) through the one loader, :func:`genprobe.model.load.load_model`."""
-    from ..model.load import load_model
-
-    m = load_model(path)
-    return (m.module if m.kind == "genprobe" else HFCausalLM(m.module)), m.tokenizer

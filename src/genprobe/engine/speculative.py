@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, cast
 
 import torch
 
-from .drafts import CachedModel, ModelDraft, PromptLookupDraft, first_layers
-from .runner import as_runner, check_inputs
+from .drafts import CachedModel, Draft, ModelDraft, PromptLookupDraft, first_layers
+from .generate import GREEDY
+from .runner import ModelLike, Runner, check_inputs, runner_for
 from .samplers import SamplerConfig, check_logits, process_logits
-
-GREEDY = SamplerConfig(greedy=True)
 
 
 class Draws(Protocol):
@@ -90,17 +89,17 @@ class SpeculativeResult:
     stats: SpeculativeStats
 
 
-def parameter_count(model: Any) -> int:
-    """Parameters of a GPT, a runner wrapping one (``.model``) or a transformers model."""
-    m = getattr(model, "model", model)
+def parameter_count(runner: Runner) -> int:
+    """Parameters of the module a runner drives (``.model``: our GPT or a transformers model); 0 when unknown."""
+    m = getattr(runner, "model", runner)
     return sum(p.numel() for p in m.parameters()) if hasattr(m, "parameters") else 0
 
 
-def make_draft(target: Any, draft: Any) -> Any:
+def make_draft(target: ModelLike, draft: str | ModelLike | Draft) -> Draft:
     """A draft from its spec: ``"lookup"`` (prompt lookup), ``"layers:N"`` (the target's first N layers), a model
     with the target's vocabulary and at most its size, or a ready draft object (``propose`` / ``rollback``)."""
     if hasattr(draft, "propose"):
-        return draft
+        return cast(Draft, draft)  # duck-typed: a ready draft object
     if isinstance(draft, str):
         if draft in ("lookup", "prompt-lookup"):
             return PromptLookupDraft()
@@ -110,19 +109,19 @@ def make_draft(target: Any, draft: Any) -> Any:
                 raise ValueError(f"a first-layers draft is 'layers:N' with N a layer count, got {draft!r}")
             return ModelDraft(first_layers(target, int(n)), name=draft)
         raise ValueError(f"draft must be 'lookup', 'layers:N' or a model, got {draft!r}")
-    t_runner, d_runner = as_runner(target), as_runner(draft)
+    t_runner, d_runner = runner_for(target), runner_for(draft)
     if d_runner.vocab_size != t_runner.vocab_size:
         raise ValueError(
             f"the draft's vocabulary ({d_runner.vocab_size} tokens) is not the target's ({t_runner.vocab_size}): "
             "speculative decoding needs one tokenizer"
         )
-    t_size, d_size = parameter_count(target), parameter_count(draft)
+    t_size, d_size = parameter_count(t_runner), parameter_count(d_runner)
     if d_size > t_size:
         raise ValueError(
             f"the draft ({d_size:,} parameters) is larger than the target ({t_size:,}): a draft must be at most the "
             "target's size"
         )
-    return ModelDraft(draft)
+    return ModelDraft(d_runner)
 
 
 def check_k(k: Any) -> int:
@@ -137,14 +136,14 @@ class SpeculativeDecoder:
 
     def __init__(
         self,
-        target: Any,
-        draft: Any,
+        target: ModelLike,
+        draft: str | ModelLike | Draft,
         k: int = 4,
         sampler: SamplerConfig | None = None,
         draws: Draws | None = None,
         eos_id: int | None = None,
     ):
-        self.runner = as_runner(target)
+        self.runner = runner_for(target)
         self.draft = make_draft(target, draft)
         self.k = check_k(k)
         self.cfg = sampler or GREEDY
@@ -273,10 +272,10 @@ def _point_mass(x: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def speculative_generate(
-    target: Any,
+    target: ModelLike,
     prompt: Sequence[int],
     max_new_tokens: int,
-    draft: Any = "lookup",
+    draft: str | ModelLike | Draft = "lookup",
     k: int = 4,
     sampler: SamplerConfig | None = None,
     seed: int = 0,
@@ -286,6 +285,6 @@ def speculative_generate(
     sampling ``sampler`` gives plain sampling's distribution (other draws than plain sampling's, so other tokens).
 
     ``draft``: ``"lookup"`` (prompt lookup, 2-grams), ``"layers:N"`` (the target's first N layers), or a smaller
-    model with the same vocabulary (a genprobe GPT or ``HFCausalLM``)."""
+    model with the same vocabulary (anything :func:`~genprobe.engine.runner.runner_for` takes)."""
     decoder = SpeculativeDecoder(target, draft, k, sampler, SeededDraws(seed), eos_id)
     return decoder.run(prompt, max_new_tokens)

@@ -36,7 +36,7 @@ import torch
 
 from .._io import json_safe
 from ..engine.generate import generate
-from ..engine.runner import engine_model, runner_for
+from ..engine.runner import runner_for
 from ..engine.samplers import SamplerConfig
 from ..metrics import measure_loops
 from ._common import r
@@ -101,7 +101,6 @@ class Subject:
         if model.tokenizer is None:
             raise ValueError("the phenomena need the model's tokenizer (prompts and texts are text)")
         self.model, self.cfg = model, cfg
-        self.engine = engine_model(model)
         self.runner = runner_for(model)
         self.bans = tuple(int(i) for i in (model.unk_id, model.eos_id) if i is not None)
         self.limit: int | None = model.max_positions
@@ -144,7 +143,7 @@ class Subject:
         bs = self.cfg.batch_size
         for i in range(0, len(prompts), bs):
             res = generate(
-                self.engine, prompts[i : i + bs], n, sampler=sampler, seed=self.cfg.seed + i, return_logits=logits
+                self.runner, prompts[i : i + bs], n, sampler=sampler, seed=self.cfg.seed + i, return_logits=logits
             )
             steps = torch.stack(res.step_logits, 1).float() if res.step_logits is not None else None
             yield torch.tensor(res.tokens, dtype=torch.long), steps
@@ -490,7 +489,7 @@ class Timing:
 
 def timing(subject: Subject, prompt_ids: list[list[int]], N: int) -> Timing:
     """Time both modes on the first prompt at each batch size; generate ``match_rows`` prompts both ways."""
-    cfg, engine = subject.cfg, subject.engine
+    cfg, engine = subject.cfg, subject.runner
     rows = [time_modes(engine, prompt_ids[0], b, N, cfg.timing_reps, cfg.timing_budget_s) for b in cfg.timing_batches]
     few = prompt_ids[: cfg.match_rows]
     naive = generate(engine, few, N, sampler=subject.greedy(), mode="naive").tokens

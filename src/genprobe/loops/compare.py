@@ -406,7 +406,7 @@ def _timing(
             sampler = study_sampler(m.sampler, study.eos_id)
             with _patch_scope(study.module, patch, m.patched):
                 t0 = time.perf_counter()
-                generate(study.engine, batch, cfg.max_new_tokens, sampler, seed=cfg.seed)
+                generate(study.model, batch, cfg.max_new_tokens, sampler, seed=cfg.seed)
                 times[m.name].append(time.perf_counter() - t0)
     return times
 

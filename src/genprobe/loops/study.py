@@ -13,7 +13,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..engine.runner import engine_model
 from ..engine.samplers import SamplerConfig
 from ..metrics import LoopSettings
 from ..model.arch import mlp_sites
@@ -194,7 +193,6 @@ class LoopStudy:
         self.model, self.cfg, self.progress, self.log = model, cfg, progress, log
         self.compile = compile  # scans through the compiled fast path (weights edited in place are still seen)
         self.module = model.module
-        self.engine = engine_model(model)
         self.tokenizer = model.tokenizer
         self.unk_id, self.eos_id = model.unk_id, model.eos_id
         self.sampler = study_sampler(sampler or chanting_sampler(self.unk_id), self.eos_id)
@@ -247,7 +245,7 @@ class LoopStudy:
     ) -> ScanResult:
         """Scan ``ids`` on the model as it is now (edits applied in place are seen)."""
         return scan_loops(
-            self.engine,
+            self.model,
             ids,
             self.cfg.max_new_tokens,
             sampler or self.sampler,

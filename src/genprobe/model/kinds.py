@@ -26,25 +26,21 @@ class ModelKind(str, Enum):
     @property
     def heading(self) -> str:
         """The kind as a column heading of docs/commands.md's matrix."""
-        return {
-            ModelKind.CHECKPOINT: "genprobe checkpoint",
-            ModelKind.TRANSFORMERS: "transformers directory",
-            ModelKind.GGUF: "GGUF file",
-            ModelKind.NAME: "fetched name",
-            ModelKind.URL: "URL",
-        }[self]
+        return _WORDS[self.value][0]
 
     @property
     def phrase(self) -> str:
         """The kind with an article, as a sentence uses it."""
-        return {
-            ModelKind.CHECKPOINT: "a genprobe checkpoint",
-            ModelKind.TRANSFORMERS: "a transformers directory",
-            ModelKind.GGUF: "a GGUF file",
-            ModelKind.NAME: "a fetched model's name",
-            ModelKind.URL: "a URL",
-        }[self]
+        return _WORDS[self.value][1]
 
+
+_WORDS = {  # kind -> (its column heading, the kind as a sentence names it)
+    "checkpoint": ("genprobe checkpoint", "a genprobe checkpoint"),
+    "transformers": ("transformers directory", "a transformers directory"),
+    "gguf": ("GGUF file", "a GGUF file"),
+    "name": ("fetched name", "a fetched model's name"),
+    "url": ("URL", "a URL"),
+}
 
 #: The kinds a model loaded from disk can be (every command's default).
 FILE_KINDS = (ModelKind.CHECKPOINT, ModelKind.TRANSFORMERS, ModelKind.GGUF, ModelKind.NAME)

@@ -124,8 +124,9 @@ class SubwordTokenizer:
 class Model:
     """A loaded causal LM: module + tokenizer + limits + where its MLPs are. Build with :func:`load_model`.
 
-    Plain data and what can be read off the module. Generation (``runner``, ``generate()``) is the engine's:
-    :class:`genprobe.engine.loaded.LoadedModel` adds it, and is what ``genprobe.load`` returns.
+    Plain data and what can be read off the module. Running it is the engine's: every engine entry point takes a
+    ``Model`` (``genprobe.engine.runner.runner_for`` chooses its runner), and ``genprobe.load`` returns the engine's
+    subclass, ``genprobe.engine.loaded.LoadedModel``, which adds ``runner`` and ``generate()``.
     """
 
     module: nn.Module
@@ -185,7 +186,8 @@ class Model:
         """A safe id to fill left padding with (never attended to)."""
         return self.tokenizer.pad_id if self.tokenizer is not None else limits.pad_id(self.module)
 
-    def _require_tokenizer(self) -> Tokenizer:
+    def require_tokenizer(self) -> Tokenizer:
+        """The tokenizer; an error naming ``--ids`` when the model has none."""
         if self.tokenizer is None:
             where = f" {self.source}" if self.source else ""
             raise ValueError(
@@ -196,11 +198,11 @@ class Model:
 
     def encode(self, text: str) -> list[int]:
         """Text → ids (no special tokens added)."""
-        return self._require_tokenizer().encode(text)
+        return self.require_tokenizer().encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids → text."""
-        return self._require_tokenizer().decode(ids)
+        return self.require_tokenizer().decode(ids)
 
     # ---- structure ---------------------------------------------------------------------------
     def mlp_sites(self) -> list[MLPSite]:
@@ -281,19 +283,9 @@ def load_model(
             f"model's dtype); got {weight_dtype}"
         )
     from .checkpoint import is_checkpoint
-    from .kinds import is_url
-
-    if is_url(path):
-        raise ModelLoadError(
-            f"{path} is a URL: live endpoints are not supported yet; a model is a genprobe checkpoint, a transformers "
-            "directory, a GGUF file or a fetched model's name"
-        )
-    d = Path(path)
-    if not d.exists():
-        from .catalog import resolve_name
-
-        d = resolve_name(str(path))  # a catalog name such as "smollm2" (fetched by `genprobe fetch`), else an error
     from .gguf import is_gguf_path
+
+    d = _model_path(path)
 
     if is_gguf_path(d):
         if weight_dtype not in (dtype, torch.int8):
@@ -325,7 +317,21 @@ def load_model(
     )
 
 
-def _narrow_transformers(module: Any, weight_dtype: torch.dtype, d: Path, narrow_output: bool) -> Any:
+def _model_path(path: str | os.PathLike[str]) -> Path:
+    """The file or directory ``path`` names: a catalog name (such as "smollm2", fetched by ``genprobe fetch``) is
+    its fetched directory; a URL, or a name that is neither, is refused."""
+    from .catalog import resolve_name
+    from .kinds import is_url
+
+    if is_url(path):
+        raise ModelLoadError(
+            f"{path} is a URL: live endpoints are not supported yet; a model is a genprobe checkpoint, a transformers "
+            "directory, a GGUF file or a fetched model's name"
+        )
+    return Path(path) if Path(path).exists() else resolve_name(str(path))
+
+
+def _narrow_transformers(module: nn.Module, weight_dtype: torch.dtype, d: Path, narrow_output: bool) -> nn.Module:
     """A Llama-family transformers model with weight-only narrow linear layers (the fast path reads them narrow)."""
     from .llama_family import unsupported_reason
     from .weight_only import with_weight_dtype
@@ -364,7 +370,7 @@ def _load_gguf(
     return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", arch, file, meta)
 
 
-def _int8_blocks_of(module: Any, file: Path, dtype: torch.dtype, narrow_output: bool) -> Any:
+def _int8_blocks_of(module: nn.Module, file: Path, dtype: torch.dtype, narrow_output: bool) -> nn.Module:
     """``module`` with the GGUF file's quantized matrices held as their blocks (a Llama-family model, float32): Q8_0
     as int8 blocks (:func:`~genprobe.model.weight_only.with_int8_blocks`), Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K as the
     file's bytes (:mod:`genprobe.model.gguf_blocks`). Every other matrix stays float32 (``block_summary`` says which).
@@ -395,7 +401,7 @@ def _int8_blocks_of(module: Any, file: Path, dtype: torch.dtype, narrow_output: 
         raise ModelLoadError(f"{file}: {exc}") from None
 
 
-def block_summary(module: Any) -> dict[str, Any]:
+def block_summary(module: nn.Module) -> dict[str, Any]:
     """Which linear layers of ``module`` hold a GGUF file's blocks (count per ggml type) and which stayed float32."""
     from .gguf_blocks import BlockLinear
     from .weight_only import WeightOnlyLinear
@@ -481,7 +487,9 @@ def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) 
         raise ModelLoadError(f"{d}: transformers could not load the model ({type(exc).__name__}: {exc})") from None
     finally:
         hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
-    missing = [k for k in info.get("missing_keys", ()) if k not in _tied_names(module)]
+    # tied parameters are not stored in safetensors, so legitimately "missing" (a dict of them, or a list)
+    tied = set(getattr(module, "_tied_weights_keys", None) or ())
+    missing = [k for k in info.get("missing_keys", ()) if k not in tied]
     if missing:
         raise ModelLoadError(
             f"{d}: the weights leave {len(missing)} parameter(s) uninitialised (e.g. {missing[:3]}); "
@@ -501,14 +509,6 @@ def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) 
             f"{model.vocab_size} rows; the tokenizer does not belong to this model"
         )
     return model
-
-
-def _tied_names(module: nn.Module) -> set[str]:
-    """Parameter names that are tied to another (not stored in safetensors, so legitimately 'missing')."""
-    keys = getattr(module, "_tied_weights_keys", None) or ()
-    if isinstance(keys, dict):
-        return set(keys)
-    return set(keys)
 
 
 def load_tokenizer(d: Path) -> Tokenizer | None:

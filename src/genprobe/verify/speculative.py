@@ -31,7 +31,7 @@ import torch
 
 from .._io import json_safe, json_safe_dict
 from ..engine.generate import generate
-from ..engine.runner import as_runner
+from ..engine.runner import runner_for
 from ..engine.samplers import SamplerConfig, process_logits
 from ..engine.speculative import SeededDraws, SpeculativeDecoder, SpeculativeStats, check_k, make_draft
 from .spec_mutants import MUTANTS
@@ -183,7 +183,7 @@ def speculative_distribution(
 
 def target_distribution(target: Any, prompt: Sequence[int], n: int, cfg: SamplerConfig) -> dict[tuple[int, ...], float]:
     """P(first ``n`` tokens) under plain sampling, each step from full recomputation of the whole context."""
-    runner, P, dist = as_runner(target), len(prompt), {}
+    runner, P, dist = runner_for(target), len(prompt), {}
     stack: list[tuple[list[int], float]] = [([], 1.0)]
     with torch.inference_mode():
         while stack:
@@ -435,18 +435,16 @@ def verify_speculative(
     drafts per round), and with ``samples`` > 0 a two-sample test on ``max(exact_tokens, 4)`` tokens; with
     ``mutants`` the broken decoders too. ``draft``: ``"lookup"``, ``"layers:N"``, a model, or None (the target's
     first half of its layers)."""
-    from ..engine.runner import engine_model
     from ..model.load import load_model
 
-    m = load_model(model) if isinstance(model, str) else model
-    target = engine_model(m)
+    m = target = load_model(model) if isinstance(model, str) else model
     k = check_k(k)
     check_k(exact_k)
     if exact_tokens < 1:
         raise ValueError(f"exact_tokens must be >= 1, got {exact_tokens}")
     d = make_draft(target, draft if draft is not None else f"layers:{max(1, _layers(m) // 2)}")
     cfg = sampler or EXACT_SAMPLER
-    ids = default_prompts(as_runner(target).vocab_size, seed) if prompts is None else _encode(m, prompts)
+    ids = default_prompts(runner_for(target).vocab_size, seed) if prompts is None else _encode(m, prompts)
     greedy = greedy_check(target, d, ids, max_new_tokens, k)
     sampled_prompt = continued(target, ids[0], exact_tokens)
     exact = exact_check(target, d, sampled_prompt, exact_tokens, exact_k, cfg)
@@ -463,7 +461,7 @@ def verify_speculative(
 def continued(target: Any, prompt: Sequence[int], n: int, extra: int = 16) -> list[int]:
     """``prompt`` and its plain greedy continuation (up to ``extra`` tokens, within the context): the sampled checks
     start where the model repeats itself, so that prompt lookup finds what the model would say."""
-    limit = as_runner(target).max_positions
+    limit = runner_for(target).max_positions
     room = extra if limit is None else min(extra, limit - len(prompt) - n - 1)
     if room < 1:
         return list(prompt)

@@ -86,11 +86,10 @@ def test_sequences_of_one_batch_equal_each_sequence_alone(engine):
 def test_greedy_equals_our_engine_on_the_same_weights(engine, tiny):
     import genprobe
     from genprobe.engine.generate import generate
-    from genprobe.engine.runner import engine_model
     from genprobe.engine.samplers import SamplerConfig
 
     prompt = _ids(7, seed=3)
-    ours = generate(engine_model(genprobe.load(str(tiny[0]))), [prompt], 20, SamplerConfig(greedy=True, ban_ids=(2,)))
+    ours = generate(genprobe.load(str(tiny[0])), [prompt], 20, SamplerConfig(greedy=True, ban_ids=(2,)))
     assert engine.greedy(prompt, 20, ban_ids=(2,)) == ours.tokens[0]
 
 

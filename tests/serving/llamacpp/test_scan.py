@@ -48,12 +48,11 @@ def engine(tiny):
 @pytest.mark.parametrize("setting", ["greedy", "chanting"])
 def test_per_prompt_verdicts_equal_our_engine_on_f32(tiny, engine, prompts, setting):
     import genprobe
-    from genprobe.engine.runner import engine_model
     from genprobe.loops.scan import chanting_sampler, greedy_sampler, scan_loops
     from genprobe.serving.llamacpp.scan import scan_loops_llamacpp
 
     sampler = greedy_sampler() if setting == "greedy" else chanting_sampler(UNK)
-    ours = scan_loops(engine_model(genprobe.load(str(tiny[0]))), prompts, 32, sampler, eos_id=EOS, unk_id=UNK)
+    ours = scan_loops(genprobe.load(str(tiny[0])), prompts, 32, sampler, eos_id=EOS, unk_id=UNK)
     theirs = scan_loops_llamacpp(engine, prompts, 32, sampler, batch_size=7, eos_id=EOS, unk_id=UNK)
     assert [r.tokens for r in theirs.records] == [r.tokens for r in ours.records]
     assert [r.degenerate for r in theirs.records] == [r.degenerate for r in ours.records]
