@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from .._io import json_safe
 from ..engine.generate import generate
@@ -44,7 +44,7 @@ from .compare_methods import (
     check_methods,
     edit_with,
 )
-from .patch import Patch, apply_patch, revert_patch
+from .patch import Patch, patched
 from .scan import GenerationRecord, LoopRates, ScanResult, study_sampler
 from .study import EndToken, LoopStudy, RepairConfig
 
@@ -250,22 +250,10 @@ class CompareResult:
 
 
 # ---- stages ---------------------------------------------------------------------------------
-@contextmanager
-def patched(module: Any, patch: Patch) -> Iterator[None]:
-    """Apply ``patch`` in place for the block and always revert it (both sha256-checked by the patch module)."""
-    apply_patch(module, patch)
-    try:
-        yield
-    finally:
-        revert_patch(module, patch)
-
-
 def _patch_scope(module: Any, patch: Patch | None, on: bool) -> AbstractContextManager[None]:
     """``patched`` when the method edits the weights, else a no-op (check_methods: edit rows have a patch)."""
-    if not on:
-        return nullcontext()
-    assert patch is not None, "an edit method needs a patch (check_methods enforces it)"
-    return patched(module, patch)
+    assert patch is not None or not on, "an edit method needs a patch (check_methods enforces it)"
+    return patched(module, patch) if on and patch is not None else nullcontext()
 
 
 def _chars(r: GenerationRecord) -> LoopMeasures:
@@ -311,9 +299,17 @@ def _human_reference(
         return HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
     pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(prompts, human.poems, strict=True) if h is not None]
     ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
-    own = fluency(str(model.source), score_continuations(model, ps, conts, batch_size))
-    jud = fluency(str(judge.source), score_continuations(judge, ps, conts, batch_size)) if judge else None
+    own, jud = _fluencies(model, judge, ps, conts, batch_size)
     return HumanReference(human.genre, human.source, None, len(pairs), cap, _legit(ps, conts), own, jud)
+
+
+def _fluencies(
+    model: Any, judge: Any, prompts: Sequence[str], texts: Sequence[str], batch_size: int
+) -> tuple[Fluency, Fluency | None]:
+    """NLL per character of ``texts`` after ``prompts`` under the model itself and under the judge (None without)."""
+    own = fluency(str(model.source), score_continuations(model, prompts, texts, batch_size))
+    jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, batch_size)) if judge else None
+    return own, jud
 
 
 def _score(
@@ -330,16 +326,14 @@ def _score(
     """Loop rates, legit repetition, fluency (unmodified model + judge), breaker classes; cost filled later."""
     recs = scan.records
     texts = [r.text or "" for r in recs]
-    clean = [not r.degenerate for r in recs]
-    own = fluency(str(model.source), score_continuations(model, prompts, texts, cfg.batch_size))
-    jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, cfg.batch_size)) if judge else None
     degenerate = [r.degenerate for r in recs]
+    own, jud = _fluencies(model, judge, prompts, texts, cfg.batch_size)
     cost = Cost(round(seconds, 2), sum(len(r.tokens) for r in recs), 0, [], None, None)
     return MethodResult(
         method,
         scan.summary,
         _legit(prompts, texts),
-        _legit(prompts, texts, clean),
+        _legit(prompts, texts, [not d for d in degenerate]),
         own,
         jud,
         cost,

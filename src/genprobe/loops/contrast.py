@@ -24,7 +24,6 @@ from typing import Any, Sequence
 
 import torch
 
-from .._io import json_safe
 from ..metrics import LoopMeasures
 from ..model.arch import mlp_sites
 from .arch import forward_logits
@@ -50,14 +49,9 @@ class Contrast:
     loop: dict[int, torch.Tensor]  # layer -> (N_loop, d_model) MLP outputs
     reference: dict[int, torch.Tensor]  # layer -> (N_ref, d_model)
     unit_mean_loop: dict[int, torch.Tensor]  # layer -> (d_ff,)
-    unit_mean_reference: dict[int, torch.Tensor]
     resid_mean_loop: dict[int, torch.Tensor]
     resid_mean_reference: dict[int, torch.Tensor]
     counts: ContrastCounts
-
-    def summary(self) -> dict:
-        """Counts and sources (JSON)."""
-        return json_safe(self.counts)
 
 
 def position_labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:
@@ -164,7 +158,6 @@ def collect_contrast(
         loop={layer: cat("loop", layer, "mlp_out") for layer in range(n_layers)},
         reference={layer: cat("ref", layer, "mlp_out") for layer in range(n_layers)},
         unit_mean_loop={layer: cat("loop", layer, "units").mean(0) for layer in range(n_layers)},
-        unit_mean_reference={layer: cat("ref", layer, "units").mean(0) for layer in range(n_layers)},
         resid_mean_loop={layer: cat("loop", layer, "resid").mean(0) for layer in range(n_layers)},
         resid_mean_reference={layer: cat("ref", layer, "resid").mean(0) for layer in range(n_layers)},
         counts=counts,

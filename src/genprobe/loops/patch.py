@@ -11,9 +11,10 @@ and checks that the "before" hash is reproduced bit for bit.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -90,14 +91,32 @@ def write_values(model: Any, patch: Patch, which: str) -> None:
         set_columns(_site_for(model, t), t.columns, t.new if which == "new" else t.original)
 
 
+@contextmanager
+def written(model: Any, patch: Patch) -> Iterator[None]:
+    """The patch's new values written for the block, the original ones always written back (unchecked: the
+    searches try thousands of edits; :func:`patched` is the hash-checked form)."""
+    write_values(model, patch, "new")
+    try:
+        yield
+    finally:
+        write_values(model, patch, "original")
+
+
+@contextmanager
+def patched(model: Any, patch: Patch) -> Iterator[None]:
+    """:func:`apply_patch` for the block and always :func:`revert_patch` (both sha256-checked)."""
+    apply_patch(model, patch)
+    try:
+        yield
+    finally:
+        revert_patch(model, patch)
+
+
 def finalise(model: Any, patch: Patch) -> Patch:
     """Record before/after hashes and the fraction of weights changed (model left unchanged)."""
     before = state_sha256(model)
-    write_values(model, patch, "new")
-    try:
+    with written(model, patch):
         after = state_sha256(model)
-    finally:
-        write_values(model, patch, "original")
     if state_sha256(model) != before:  # pragma: no cover - set_columns is an exact copy
         raise PatchError("restoring the original columns did not reproduce the model's hash")
     changed = sum(t.changed() for t in patch.targets)

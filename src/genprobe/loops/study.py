@@ -245,22 +245,13 @@ class LoopStudy:
         desc: str = "scan",
         decoded: bool = True,
     ) -> ScanResult:
-        """Scan ``ids`` on the model as it is now (edits applied in place are seen)."""
+        """Scan ``ids`` on the model as it is now (edits applied in place are seen); ``decoded=False``: token
+        measures only, no progress bar (the searches' many small scans)."""
+        options = self.scan_options(texts, desc)
+        if not decoded:
+            options["decode"], options["progress"] = None, False
         return scan_loops(
-            self.engine,
-            ids,
-            self.cfg.max_new_tokens,
-            sampler or self.sampler,
-            batch_size=self.cfg.batch_size,
-            seed=self.cfg.seed,
-            eos_id=self.eos_id,
-            unk_id=self.unk_id,
-            loop=self.cfg.loop,
-            decode=self.decode if decoded else None,
-            prompt_texts=texts,
-            progress=self.progress and decoded,
-            desc=desc,
-            compile=self.compile,
+            self.engine, ids, self.cfg.max_new_tokens, sampler or self.sampler, compile=self.compile, **options
         )
 
     def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:
