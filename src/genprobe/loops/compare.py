@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 from .._io import json_safe
@@ -46,7 +46,7 @@ from .compare_methods import (
 )
 from .patch import Patch, patched
 from .scan import GenerationRecord, LoopRates, ScanResult, study_sampler
-from .study import EndToken, LoopStudy, RepairConfig
+from .study import Clock, EndToken, LoopStudy, RepairConfig
 
 BACKENDS = ("genprobe",)
 BEST_RULE = (
@@ -83,6 +83,14 @@ class CompareConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
+_JSON_NAMES = {"own": "nll_own", "judge": "nll_judge", "classes": "breaker_classes"}  # what the JSON calls them
+
+
+def _json_fields(obj: Any, skip: tuple[str, ...] = ()) -> dict:
+    """A dataclass's fields as JSON, under their JSON names (the NLLs say what they are)."""
+    return {_JSON_NAMES.get(f.name, f.name): json_safe(getattr(obj, f.name)) for f in fields(obj) if f.name not in skip}
+
+
 @dataclass
 class Cost:
     """Generation cost: the whole scan's wall time, and tokens/s on one batch (median of interleaved rounds)."""
@@ -114,22 +122,11 @@ class MethodResult:
 
     def to_dict(self) -> dict:
         """Plain JSON (texts are written separately)."""
-        return {
-            **json_safe(self.method),
-            "rates": json_safe(self.rates),
-            "legit": json_safe(self.legit),
-            "legit_clean": json_safe(self.legit_clean),
-            "nll_own": json_safe(self.own),
-            "nll_judge": json_safe(self.judge) if self.judge else None,
-            "cost": json_safe(self.cost),
-            "breaker_classes": [json_safe(c) for c in self.classes],
-            "own_loops": json_safe(self.own_loops),
-            "samples": self.samples,
-        }
+        return json_safe(self.method) | _json_fields(self, skip=("method", "texts", "degenerate"))
 
 
 @dataclass
-class Candidate:
+class MethodVerdict:
     """One decode-time method judged against the best-method rule."""
 
     name: str
@@ -151,7 +148,7 @@ class BestChoice:
     nll_model: str
     nll_limit: float | None
     skipped: list[str]
-    candidates: list[Candidate]
+    candidates: list[MethodVerdict]
 
 
 @dataclass
@@ -169,16 +166,7 @@ class HumanReference:
 
     def to_dict(self) -> dict:
         """Plain dict."""
-        return {
-            "genre": self.genre,
-            "source": self.source,
-            "reason": self.reason,
-            "n": self.n,
-            "cap_chars": self.cap_chars,
-            "legit": json_safe(self.legit) if self.legit else None,
-            "nll_own": json_safe(self.own) if self.own else None,
-            "nll_judge": json_safe(self.judge) if self.judge else None,
-        }
+        return _json_fields(self)
 
 
 @dataclass
@@ -221,27 +209,13 @@ class CompareResult:
         return next(m for m in self.methods if m.method.name == name)
 
     def to_dict(self) -> dict:
-        """Plain JSON-safe dict (no NaN: unmeasurable values are None)."""
-        return {
-            "model": self.model,
-            "judge": self.judge,
-            "backend": self.backend,
-            "prompt_source": self.prompt_source,
+        """Plain JSON-safe dict (no NaN: unmeasurable values are None); the prompts themselves are in
+        :meth:`texts_dict`, the sample prompts spelled out."""
+        d = {f.name: json_safe(getattr(self, f.name)) for f in fields(self) if f.name != "prompts"}
+        return d | {
             "n_prompts": len(self.prompts),
-            "config": json_safe(self.config),
-            "end_token": json_safe(self.end_token),
-            "ban_ids": self.ban_ids,
-            "breakers": self.breakers,
             "best_rule": self.best.rule if self.best else None,
-            "methods": [json_safe(m) for m in self.methods],
-            "human": json_safe(self.human),
-            "best": json_safe(self.best) if self.best else None,
-            "patch": json_safe(self.patch) if self.patch else None,
             "sample_prompts": [self.prompts[i] for i in self.sample_prompts],
-            "baseline_classes": self.baseline_classes,
-            "timings_s": self.timings_s,
-            "notes": self.notes,
-            "calibration": self.calibration,
         }
 
     def texts_dict(self) -> dict:
@@ -379,7 +353,7 @@ def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: Com
             reasons.append(f"NLL {nll:.3f} > human {limit:.3f} nats/char")
         if kept is not None and kept < cfg.min_kept:
             reasons.append(f"keeps {kept:.0%} < {cfg.min_kept:.0%} of the legitimate repetition")
-        cands.append(Candidate(r.method.name, r.rates.degenerate_rate, speed, nll, kept, not reasons, reasons))
+        cands.append(MethodVerdict(r.method.name, r.rates.degenerate_rate, speed, nll, kept, not reasons, reasons))
     if human.legit is None:
         skipped.append("legitimate repetition: " + (human.reason or "no human rates"))
     ok = [c for c in cands if c.acceptable] or cands
@@ -447,7 +421,7 @@ def compare_fixes(
     _check_backend(backend)
     cfg = cfg or CompareConfig()
     names = check_methods(cfg.methods, patch is not None)
-    clock = {"start": time.perf_counter()}
+    clock = Clock()
     study = _study(model, cfg, progress)
     ids = study.encode(prompts)
     human, breakers = _human_and_breakers(prompts, continuations, cfg.genre)
@@ -455,20 +429,20 @@ def compare_fixes(
     sha0 = model.state_sha256()
     log(f"generating {len(prompts)} prompts x {cfg.max_new_tokens} tokens, {len(names)} methods ({human.genre} genre)")
     scans = {m.name: _scan(study, m, ids, prompts, patch, log) for m in methods}
-    clock["generate"] = time.perf_counter()
+    clock.tick("generate")
     classes, cap = _baseline_classes(scans[BASELINE][0].records, breakers)
     ref = _human_reference(model, judge, prompts, human, cap, cfg.batch_size)
     results = [_score(model, judge, prompts, m, *scans[m.name], classes, breakers, cfg) for m in methods]
-    clock["score"] = time.perf_counter()
+    clock.tick("score")
     _fill_costs(results, _timing(study, methods, ids, patch, cfg), len(ids[: cfg.batch_size]), cfg.max_new_tokens)
-    clock["timing"] = time.perf_counter()
+    clock.tick("timing")
     best = choose_best(results, ref, cfg) if any(_is_sampler(r.method) for r in results) else None
     if EDIT_BEST in names and best is not None:
         assert patch is not None and best.name is not None  # check_methods: EDIT_BEST needs a patch; a choice names one
         results.append(
             _run_combined(study, model, judge, prompts, ids, patch, results, best.name, classes, breakers, cfg, log)
         )
-        clock["edit+best"] = time.perf_counter()
+        clock.tick("edit+best")
     picks = _attach_samples(results, cfg.samples)
     return CompareResult(
         str(model.source) if model.source else None,
@@ -486,7 +460,7 @@ def compare_fixes(
         _patch_check(model, patch, patch_path, sha0),
         picks,
         {c: sum(k == c for k in classes) for c in dict.fromkeys(classes)},
-        _stage_times(clock),
+        clock.to_dict(),
         _notes(study, human, judge, ref),
     )
 
@@ -552,13 +526,6 @@ def _patch_check(model: Any, patch: Patch | None, path: str | None, sha0: str) -
         return None
     after = model.state_sha256()
     return PatchCheck(path, patch.meta.get("edit"), sha0, patch.meta.get("sha256_after", ""), after, after == sha0)
-
-
-def _stage_times(clock: dict[str, float]) -> dict[str, float]:
-    keys = list(clock)
-    out = {k: round(clock[k] - clock[p], 2) for p, k in zip(keys, keys[1:], strict=False)}
-    out["total"] = round(time.perf_counter() - clock["start"], 2)
-    return out
 
 
 def _notes(study: LoopStudy, human: HumanTexts, judge: Any, ref: HumanReference) -> list[str]:

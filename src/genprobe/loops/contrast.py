@@ -26,7 +26,7 @@ import torch
 
 from ..metrics import LoopMeasures
 from ..model.arch import mlp_sites
-from .arch import forward_logits
+from .arch import forward_logits, pad_right
 from .hooks import capture
 from .scan import GenerationRecord
 
@@ -93,12 +93,7 @@ def _collect(
     }
     for s in range(0, len(seqs), batch_size):
         chunk, lab = seqs[s : s + batch_size], labels[s : s + batch_size]
-        T = max(len(x) for x in chunk)
-        ids = torch.full((len(chunk), T), pad_id, dtype=torch.long)
-        valid = torch.zeros((len(chunk), T), dtype=torch.bool)
-        for i, x in enumerate(chunk):
-            ids[i, : len(x)] = torch.tensor(x)
-            valid[i, : len(x)] = True
+        ids, valid = pad_right(chunk, pad_id)
         sel: dict[str, tuple[list[int], list[int]]] = {"loop": ([], []), "ref": ([], [])}
         for i, (lp, rp) in enumerate(lab):
             for name, pos in (("loop", lp), ("ref", rp)):

@@ -169,31 +169,19 @@ def _tables(report: dict) -> list[dict]:
     v = report.get("validation")
     if not v:
         return []
-    tables = [
-        {"title": f"all held-out prompts (n = {v['before']['n']}), tokens", "rows": rate_rows(v["before"], v["after"])}
+    b, a, pg, prone = v["before"], v["after"], v.get("plain_greedy") or {}, v["loop_prone_before"]
+    tables = [  # (title, before, after, unit): the held-out set, its character view, its loop-prone part, plain greedy
+        (f"all held-out prompts (n = {b['n']}), tokens", b, a, "token"),
+        ("the same generations measured on characters", b.get("chars"), a.get("chars"), "character"),
+        (f"loop-prone held-out prompts (n = {prone['n']})", prone, v["loop_prone_after"], "token"),
+        (
+            f"plain greedy, <unk> allowed (n = {(pg.get('before') or {}).get('n')})",
+            pg.get("before"),
+            pg.get("after"),
+            "token",
+        ),
     ]
-    if v["before"].get("chars") and v["after"].get("chars"):
-        tables.append(
-            {
-                "title": "the same generations measured on characters",
-                "rows": rate_rows(v["before"]["chars"], v["after"]["chars"], unit="character"),
-            }
-        )
-    tables.append(
-        {
-            "title": f"loop-prone held-out prompts (n = {v['loop_prone_before']['n']})",
-            "rows": rate_rows(v["loop_prone_before"], v["loop_prone_after"]),
-        }
-    )
-    pg = v.get("plain_greedy")
-    if pg and pg.get("after"):
-        tables.append(
-            {
-                "title": f"plain greedy, <unk> allowed (n = {pg['before']['n']})",
-                "rows": rate_rows(pg["before"], pg["after"]),
-            }
-        )
-    return tables
+    return [{"title": t, "rows": rate_rows(x, y, unit)} for t, x, y, unit in tables if x and y]
 
 
 def write_page(out_dir: str | os.PathLike, stem: str, png: bytes, template: str, **context: Any) -> dict[str, Path]:

@@ -29,7 +29,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .._io import json_safe
 from ..metrics import LoopMeasures
 from .edit import EditSpec, make_patch
 from .hooks import ablate
@@ -75,21 +74,12 @@ class ScaledTrace:
     screen_windows: int
     timings_s: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        return {
-            "layer_scores": [json_safe(s) for s in self.layer_scores],
-            "ranking": [s.layer for s in self.layer_scores],
-            "layer_sets": [list(s) for s in self.layer_sets],
-            "screened": self.screened,
-            "admissible_screened": self.admissible_screened,
-            "shortlisted": self.shortlisted,
-            "rungs": [json_safe(r) for r in self.rungs],
-            "probe_sequences": self.probe_sequences,
-            "probe_positions": self.probe_positions,
-            "screen_windows": self.screen_windows,
-            "timings_s": self.timings_s,
-        }
+    JSON_PROPERTIES = ("ranking",)
+
+    @property
+    def ranking(self) -> list[int]:
+        """Layers, best first."""
+        return [s.layer for s in self.layer_scores]
 
 
 # ---- 1. rank ----------------------------------------------------------------------------------

@@ -98,7 +98,6 @@ def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True)
         g.add_argument(
             "--val-text",
             type=Path,
-            default=None,
             metavar="FILE",
             help="UTF-8 text for the regression check (KL, Δloss); at least one window of tokens",
         )
@@ -110,7 +109,6 @@ def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True)
         q.add_argument(
             "--val-window",
             type=int,
-            default=None,
             metavar="N",
             help="tokens per regression window (default: the model's context, at most 64)",
         )
@@ -123,7 +121,6 @@ def add_calibration_args(p: Any) -> None:
     c.add_argument(
         "--human-text",
         type=Path,
-        default=None,
         metavar="FILE",
         help="calibrate the detectors on this human text (UTF-8, one document per line) instead of the corpus "
         "chosen by the prompts' script (Chinese: held-out Tang poems; otherwise the English corpus, fetched "
