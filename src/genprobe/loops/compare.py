@@ -224,12 +224,6 @@ class CompareResult:
 
 
 # ---- stages ---------------------------------------------------------------------------------
-def _patch_scope(module: Any, patch: Patch | None, on: bool) -> AbstractContextManager[None]:
-    """``patched`` when the method edits the weights, else a no-op (check_methods: edit rows have a patch)."""
-    assert patch is not None or not on, "an edit method needs a patch (check_methods enforces it)"
-    return patched(module, patch) if on and patch is not None else nullcontext()
-
-
 def _chars(r: GenerationRecord) -> LoopMeasures:
     """The record's character-level loop measures (LoopStudy.scan measures every decoded text)."""
     assert r.char_measures is not None, "compare scans decode every text"
@@ -241,23 +235,6 @@ def _bans(model: Any) -> list[int]:
     return [i for i in (model.unk_id, model.eos_id) if i is not None]
 
 
-def _scan(
-    study: LoopStudy,
-    method: Method,
-    ids: list[list[int]],
-    prompts: Sequence[str],
-    patch: Patch | None,
-    log: Callable[[str], None],
-) -> tuple[ScanResult, float]:
-    t0 = time.perf_counter()
-    with _patch_scope(study.module, patch, method.patched):
-        scan = study.scan(ids, list(prompts), sampler=method.sampler, desc=method.name)
-    seconds = time.perf_counter() - t0
-    s = scan.summary
-    log(f"  {method.name:<12} degenerate {s.degenerate_rate:6.1%}  exact {s.loop_rate:6.1%}  ({seconds:.1f} s)")
-    return scan, seconds
-
-
 def _legit(prompts: Sequence[str], texts: Sequence[str], keep: Sequence[bool] | None = None) -> LegitRates:
     counts = [
         legit_counts(p + t, t) for i, (p, t) in enumerate(zip(prompts, texts, strict=True)) if keep is None or keep[i]
@@ -265,58 +242,92 @@ def _legit(prompts: Sequence[str], texts: Sequence[str], keep: Sequence[bool] | 
     return legit_rates(counts)
 
 
-def _human_reference(
-    model: Any, judge: Any, prompts: Sequence[str], human: HumanTexts, cap: int, batch_size: int
-) -> HumanReference:
-    """Legit rates and NLL of the human texts, each cut to its prompt + ``cap`` characters."""
-    if human.available == 0:
-        return HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
-    pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(prompts, human.poems, strict=True) if h is not None]
-    ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
-    own, jud = _fluencies(model, judge, ps, conts, batch_size)
-    return HumanReference(human.genre, human.source, None, len(pairs), cap, _legit(ps, conts), own, jud)
+@dataclass
+class _Bench:
+    """What every method of one comparison runs on: the study, the prompts, the patch, the judge, the genre's
+    sequence breakers, and (once greedy has run) each prompt's class by its greedy loop."""
 
+    study: LoopStudy
+    judge: Any
+    prompts: Sequence[str]
+    ids: list[list[int]]
+    patch: Patch | None
+    cfg: CompareConfig
+    breakers: str
+    log: Callable[[str], None]
+    classes: list[str] = field(default_factory=list)
 
-def _fluencies(
-    model: Any, judge: Any, prompts: Sequence[str], texts: Sequence[str], batch_size: int
-) -> tuple[Fluency, Fluency | None]:
-    """NLL per character of ``texts`` after ``prompts`` under the model itself and under the judge (None without)."""
-    own = fluency(str(model.source), score_continuations(model, prompts, texts, batch_size))
-    jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, batch_size)) if judge else None
-    return own, jud
+    def edits(self, m: Method) -> AbstractContextManager[None]:
+        """``patched`` when the method edits the weights, else a no-op (check_methods: edit rows have a patch)."""
+        assert self.patch is not None or not m.patched, "an edit method needs a patch (check_methods enforces it)"
+        return patched(self.study.module, self.patch) if m.patched and self.patch is not None else nullcontext()
 
+    def scan(self, m: Method) -> tuple[ScanResult, float]:
+        """Every prompt under ``m``, and the seconds it took."""
+        t0 = time.perf_counter()
+        with self.edits(m):
+            scan = self.study.scan(self.ids, list(self.prompts), sampler=m.sampler, desc=m.name)
+        seconds = time.perf_counter() - t0
+        s = scan.summary
+        self.log(f"  {m.name:<12} degenerate {s.degenerate_rate:6.1%}  exact {s.loop_rate:6.1%}  ({seconds:.1f} s)")
+        return scan, seconds
 
-def _score(
-    model: Any,
-    judge: Any,
-    prompts: Sequence[str],
-    method: Method,
-    scan: ScanResult,
-    seconds: float,
-    classes: Sequence[str],
-    breakers: str,
-    cfg: CompareConfig,
-) -> MethodResult:
-    """Loop rates, legit repetition, fluency (unmodified model + judge), breaker classes; cost filled later."""
-    recs = scan.records
-    texts = [r.text or "" for r in recs]
-    degenerate = [r.degenerate for r in recs]
-    own, jud = _fluencies(model, judge, prompts, texts, cfg.batch_size)
-    cost = Cost(round(seconds, 2), sum(len(r.tokens) for r in recs), 0, [], None, None)
-    return MethodResult(
-        method,
-        scan.summary,
-        _legit(prompts, texts),
-        _legit(prompts, texts, [not d for d in degenerate]),
-        own,
-        jud,
-        cost,
-        class_rates(classes, degenerate),
-        own_loops(texts, [_chars(r) for r in recs], breakers),
-        [],
-        texts,
-        degenerate,
-    )
+    def fluencies(self, prompts: Sequence[str], texts: Sequence[str]) -> tuple[Fluency, Fluency | None]:
+        """NLL per character of ``texts`` after ``prompts`` under the model itself and under the judge (None
+        without one)."""
+        model, judge, batch = self.study.model, self.judge, self.cfg.batch_size
+        own = fluency(str(model.source), score_continuations(model, prompts, texts, batch))
+        jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, batch)) if judge else None
+        return own, jud
+
+    def human_reference(self, human: HumanTexts, cap: int) -> HumanReference:
+        """Legit rates and NLL of the human texts, each cut to its prompt + ``cap`` characters."""
+        if human.available == 0:
+            return HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
+        pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(self.prompts, human.poems, strict=True) if h is not None]
+        ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
+        legit = _legit(ps, conts)
+        return HumanReference(human.genre, human.source, None, len(pairs), cap, legit, *self.fluencies(ps, conts))
+
+    def score(self, m: Method, scan: ScanResult, seconds: float) -> MethodResult:
+        """Loop rates, legit repetition, fluency (unmodified model + judge), breaker classes; cost filled later."""
+        recs, prompts = scan.records, self.prompts
+        texts = [r.text or "" for r in recs]
+        degenerate = [r.degenerate for r in recs]
+        cost = Cost(round(seconds, 2), sum(len(r.tokens) for r in recs), 0, [], None, None)
+        return MethodResult(
+            m,
+            scan.summary,
+            _legit(prompts, texts),
+            _legit(prompts, texts, [not d for d in degenerate]),
+            *self.fluencies(prompts, texts),
+            cost,
+            class_rates(self.classes, degenerate),
+            own_loops(texts, [_chars(r) for r in recs], self.breakers),
+            [],
+            texts,
+            degenerate,
+        )
+
+    def time(self, methods: Sequence[Method], rows: Sequence[MethodResult]) -> None:
+        """Fill the cost of ``rows`` with tokens/s on one batch: each of ``methods`` (greedy first) generates it,
+        rounds interleaved across methods (shared-machine noise), medians compared with greedy's."""
+        study, cfg = self.study, self.cfg
+        batch = self.ids[: cfg.batch_size]
+        times: dict[str, list[float]] = {m.name: [] for m in methods}
+        for _ in range(cfg.timing_rounds):
+            for m in methods:
+                sampler = study_sampler(m.sampler, study.eos_id)
+                with self.edits(m):
+                    t0 = time.perf_counter()
+                    generate(study.engine, batch, cfg.max_new_tokens, sampler, seed=cfg.seed)
+                    times[m.name].append(time.perf_counter() - t0)
+        tps = {k: len(batch) * cfg.max_new_tokens / statistics.median(v) for k, v in times.items()}
+        for r in rows:
+            c = r.cost
+            c.timing_batch, c.timing_seconds = len(batch), [round(t, 4) for t in times[r.method.name]]
+            c.tokens_per_s = tps[r.method.name]
+            c.speed_vs_greedy = tps[r.method.name] / tps[BASELINE] if tps.get(BASELINE) else None
 
 
 def _kept(r: MethodResult, human: HumanReference) -> float | None:
@@ -363,32 +374,6 @@ def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: Com
     return BestChoice(best.name, best.acceptable, rule, nll_model, limit, skipped, cands)
 
 
-def _timing(
-    study: LoopStudy, methods: Sequence[Method], ids: list[list[int]], patch: Patch | None, cfg: CompareConfig
-) -> dict[str, list[float]]:
-    """Seconds to generate one batch per method, rounds interleaved across methods (shared-machine noise)."""
-    batch = ids[: cfg.batch_size]
-    times: dict[str, list[float]] = {m.name: [] for m in methods}
-    for _ in range(cfg.timing_rounds):
-        for m in methods:
-            sampler = study_sampler(m.sampler, study.eos_id)
-            with _patch_scope(study.module, patch, m.patched):
-                t0 = time.perf_counter()
-                generate(study.engine, batch, cfg.max_new_tokens, sampler, seed=cfg.seed)
-                times[m.name].append(time.perf_counter() - t0)
-    return times
-
-
-def _fill_costs(results: Sequence[MethodResult], times: dict[str, list[float]], batch: int, n_new: int) -> None:
-    tps = {k: batch * n_new / statistics.median(v) for k, v in times.items()}
-    base = tps.get(BASELINE)
-    for r in results:
-        c = r.cost
-        c.timing_batch, c.timing_seconds = batch, [round(t, 4) for t in times[r.method.name]]
-        c.tokens_per_s = tps[r.method.name]
-        c.speed_vs_greedy = tps[r.method.name] / base if base else None
-
-
 def _sample_prompts(greedy: MethodResult, k: int) -> list[int]:
     """Up to ``k`` prompts: the first loop-prone ones (greedy degenerate), and one clean prompt when there is one."""
     bad = [i for i, d in enumerate(greedy.degenerate) if d]
@@ -428,20 +413,20 @@ def compare_fixes(
     methods = build_methods(names, model.tokenizer, _bans(model), human.genre, cfg.engine)
     sha0 = model.state_sha256()
     log(f"generating {len(prompts)} prompts x {cfg.max_new_tokens} tokens, {len(names)} methods ({human.genre} genre)")
-    scans = {m.name: _scan(study, m, ids, prompts, patch, log) for m in methods}
+    bench = _Bench(study, judge, prompts, ids, patch, cfg, breakers, log)
+    scans = {m.name: bench.scan(m) for m in methods}
     clock.tick("generate")
-    classes, cap = _baseline_classes(scans[BASELINE][0].records, breakers)
-    ref = _human_reference(model, judge, prompts, human, cap, cfg.batch_size)
-    results = [_score(model, judge, prompts, m, *scans[m.name], classes, breakers, cfg) for m in methods]
+    bench.classes, cap = _baseline_classes(scans[BASELINE][0].records, breakers)
+    ref = bench.human_reference(human, cap)
+    results = [bench.score(m, *scans[m.name]) for m in methods]
     clock.tick("score")
-    _fill_costs(results, _timing(study, methods, ids, patch, cfg), len(ids[: cfg.batch_size]), cfg.max_new_tokens)
+    bench.time(methods, results)
     clock.tick("timing")
     best = choose_best(results, ref, cfg) if any(_is_sampler(r.method) for r in results) else None
-    if EDIT_BEST in names and best is not None:
-        assert patch is not None and best.name is not None  # check_methods: EDIT_BEST needs a patch; a choice names one
-        results.append(
-            _run_combined(study, model, judge, prompts, ids, patch, results, best.name, classes, breakers, cfg, log)
-        )
+    if EDIT_BEST in names and best is not None:  # the edit with the best decode-time method, timed in its own rounds
+        m = edit_with(next(r.method for r in results if r.method.name == best.name))
+        results.append(bench.score(m, *bench.scan(m)))
+        bench.time([results[0].method, m], results[-1:])
         clock.tick("edit+best")
     picks = _attach_samples(results, cfg.samples)
     return CompareResult(
@@ -459,7 +444,7 @@ def compare_fixes(
         best,
         _patch_check(model, patch, patch_path, sha0),
         picks,
-        {c: sum(k == c for k in classes) for c in dict.fromkeys(classes)},
+        {c: bench.classes.count(c) for c in dict.fromkeys(bench.classes)},
         clock.to_dict(),
         _notes(study, human, judge, ref),
     )
@@ -496,29 +481,6 @@ def _attach_samples(results: Sequence[MethodResult], count: int) -> list[int]:
 def _is_sampler(m: Method) -> bool:
     """A decode-time method (not the greedy baseline, not an edit row)."""
     return m.name != BASELINE and not m.patched
-
-
-def _run_combined(
-    study: LoopStudy,
-    model: Any,
-    judge: Any,
-    prompts: Sequence[str],
-    ids: list[list[int]],
-    patch: Patch,
-    results: list[MethodResult],
-    best: str,
-    classes: Sequence[str],
-    breakers: str,
-    cfg: CompareConfig,
-    log: Callable[[str], None],
-) -> MethodResult:
-    """The edit with the best decode-time method: scanned, scored and timed against greedy in its own rounds."""
-    m = edit_with(next(r.method for r in results if r.method.name == best))
-    r = _score(model, judge, prompts, m, *_scan(study, m, ids, prompts, patch, log), classes, breakers, cfg)
-    greedy = results[0]
-    times = _timing(study, [greedy.method, m], ids, patch, cfg)
-    _fill_costs([r], times, len(ids[: cfg.batch_size]), cfg.max_new_tokens)
-    return r
 
 
 def _patch_check(model: Any, patch: Patch | None, path: str | None, sha0: str) -> PatchCheck | None:
