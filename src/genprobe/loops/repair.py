@@ -82,17 +82,9 @@ class LayerDirection:
     cos_resid_vs_mlp_direction: float
 
     def to_dict(self, with_vector: bool = False) -> dict:
-        """Plain dict (the vector only on request)."""
-        d = {
-            "layer": self.layer,
-            "gap": self.gap,
-            **json_safe(self.separation),
-            "resid_mean_gap_norm": self.resid_mean_gap_norm,
-            "cos_resid_vs_mlp_direction": self.cos_resid_vs_mlp_direction,
-        }
-        if with_vector:
-            d["vector"] = self.vector.tolist()
-        return d
+        """Plain dict, the separation's measures inline (the vector only on request)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("vector", "separation")}
+        return d | json_safe(self.separation) | ({"vector": self.vector.tolist()} if with_vector else {})
 
 
 @dataclass
@@ -102,7 +94,6 @@ class DirectionStage:
     contrast: Contrast
     layers: dict[int, LayerDirection]
     probe: RegressionProbe
-    window: int
 
     @property
     def directions(self) -> dict[int, torch.Tensor]:
@@ -246,7 +237,7 @@ def direction_stage(study: LoopStudy, val_text: str, records: Sequence[Generatio
         sep = separation(con.loop[layer], con.reference[layer], d)
         layers[layer] = LayerDirection(layer, d, gap, sep, float(rd.norm()), cos)
     probe = RegressionProbe(study.module, windows, batch_size=study.cfg.batch_size)
-    return DirectionStage(con, layers, probe, width)
+    return DirectionStage(con, layers, probe)
 
 
 def _prone_and_control(study: LoopStudy, records: Sequence[GenerationRecord]) -> tuple[list, list]:
