@@ -23,6 +23,7 @@ from .._io import atomic_write, atomic_write_json, json_safe, read_format_json, 
 from ..model.arch import count_parameters, mlp_sites, set_columns, state_sha256
 
 FORMAT = "genprobe-loop-patch-v1"
+TENSORS = ("columns", "original", "new", "direction")  # each target's tensors in the .safetensors file
 
 
 class PatchError(ValueError):
@@ -36,10 +37,10 @@ class PatchTarget:
     name: str
     layer: int
     layout: str
-    columns: torch.Tensor  # (k,) int64
+    columns: torch.Tensor  # (k,) int64 (select_columns' indices)
     original: torch.Tensor  # (k, d_model)
     new: torch.Tensor  # (k, d_model)
-    direction: torch.Tensor  # (d_model,) float32
+    direction: torch.Tensor  # (d_model,) float32 (make_patch normalises it in float32)
     alpha: float = 0.0  # the absolute strength used in this tensor
 
     def changed(self) -> int:
@@ -179,12 +180,7 @@ def _paths(path: str | os.PathLike) -> tuple[Path, Path]:
 def save_patch(patch: Patch, path: str | os.PathLike) -> tuple[Path, Path]:
     """Write ``<path>.safetensors`` then ``<path>.json`` atomically (``path`` may carry either suffix)."""
     st, js = _paths(path)
-    tensors = {}
-    for i, t in enumerate(patch.targets):
-        tensors[f"target{i}.columns"] = t.columns.to(torch.int64).contiguous()
-        tensors[f"target{i}.original"] = t.original.contiguous()
-        tensors[f"target{i}.new"] = t.new.contiguous()
-        tensors[f"target{i}.direction"] = t.direction.float().contiguous()
+    tensors = {f"target{i}.{k}": getattr(t, k).contiguous() for i, t in enumerate(patch.targets) for k in TENSORS}
     atomic_write(st, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
     d = json_safe(patch)
     d["tensors_file"] = st.name
@@ -204,19 +200,11 @@ def load_patch(path: str | os.PathLike) -> Patch:
     if meta.get("tensors_sha256") and sha256_file(st) != meta["tensors_sha256"]:
         raise PatchError(f"{st}: sha256 does not match the one recorded in {js.name} (replaced or truncated)")
     tensors = load_file(str(st))
-    targets = []
-    for i, td in enumerate(meta["targets"]):
-        targets.append(
-            PatchTarget(
-                td["name"],
-                td["layer"],
-                td["layout"],
-                tensors[f"target{i}.columns"],
-                tensors[f"target{i}.original"],
-                tensors[f"target{i}.new"],
-                tensors[f"target{i}.direction"],
-                float(td.get("alpha", 0.0)),
-            )
-        )
+
+    def target(i: int, td: dict) -> PatchTarget:
+        cols, original, new, direction = (tensors[f"target{i}.{k}"] for k in TENSORS)
+        return PatchTarget(td["name"], td["layer"], td["layout"], cols, original, new, direction, td.get("alpha", 0.0))
+
+    targets = [target(i, td) for i, td in enumerate(meta["targets"])]
     rest = {k: v for k, v in meta.items() if k not in ("targets", "format", "tensors_file", "tensors_sha256")}
     return Patch(targets, rest)
