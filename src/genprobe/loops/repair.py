@@ -261,7 +261,7 @@ def edit_grid(study: LoopStudy) -> list[EditSpec]:
     layer_sets = cfg.layer_sets or tuple((layer,) for layer in range(study.n_layers)) + (
         (tuple(range(study.n_layers)),) if study.n_layers > 1 else ()
     )
-    return grid(layer_sets, cfg.ks, cfg.forms, {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas})
+    return grid(layer_sets, cfg.ks, cfg.forms, cfg.alphas())
 
 
 def search_method(cfg: RepairConfig, grid_size: int) -> str:
@@ -328,8 +328,7 @@ def _scaled(
     build = build_with(model, stage.directions, stage.unit_means, stage.gaps)
     windows = stage.probe.ids[: cfg.screen_windows].tolist()
     quick = RegressionProbe(model, windows, batch_size=cfg.batch_size, reuse_prefix=True)
-    alphas = {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas}
-    grid = chains(sets, cfg.ks, cfg.forms, alphas)
+    grid = chains(sets, cfg.ks, cfg.forms, cfg.alphas())
     screened = screen(model, grid, build, quick, loops, limits, study.progress, cfg.screen_strengths)
     clock.tick("screen")
     short = shortlist(screened, cfg.keep)

@@ -24,6 +24,7 @@ Every edit is written, measured and written back exactly (as in the exhaustive s
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -35,7 +36,7 @@ from .hooks import ablate
 from .patch import Patch, written
 from .regress import Regression, RegressionProbe
 from .screen import LoopProbe, Pressure
-from .search import Candidate, Limits, Strata, progress_bar, rank_key
+from .search import Candidate, Limits, Strata, grid, progress_bar, rank_key
 
 Scan = Callable[[Sequence[list[int]]], list[LoopMeasures]]  # prompt ids -> loop measures on the model as it is now
 
@@ -122,12 +123,9 @@ def chains(
     forms: Sequence[str],
     alphas: Mapping[str, Sequence[float]],
 ) -> list[list[EditSpec]]:
-    return [
-        [EditSpec(tuple(layers), int(k), form, float(a)) for a in sorted(alphas[form])]
-        for layers in layer_sets
-        for form in forms
-        for k in ks
-    ]
+    """The grid's edits per (layer set, form, k), strengths ascending: the chains :func:`screen` walks down."""
+    by_alpha = operator.attrgetter("alpha")
+    return [sorted(grid([ls], [k], [f], alphas), key=by_alpha) for ls in layer_sets for f in forms for k in ks]
 
 
 def _screen_one(model: Any, spec: EditSpec, build: Callable[[EditSpec], Patch], probe: RegressionProbe) -> Candidate:

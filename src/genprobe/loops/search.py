@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from tqdm import tqdm
@@ -136,7 +136,7 @@ class Candidate:
 
 
 def grid(
-    layer_sets: Sequence[Sequence[int]], ks: Sequence[int], forms: Sequence[str], alphas: dict[str, Sequence[float]]
+    layer_sets: Sequence[Sequence[int]], ks: Sequence[int], forms: Sequence[str], alphas: Mapping[str, Sequence[float]]
 ) -> list[EditSpec]:
     """All combinations; ``alphas`` maps each form to its strength grid."""
     out = []

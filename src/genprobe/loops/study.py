@@ -69,6 +69,10 @@ class RepairConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
+    def alphas(self) -> dict[str, tuple[float, ...]]:
+        """Each edit form's strength grid."""
+        return {"subtract": self.subtract_alphas, "project": self.project_alphas}
+
     def sizes(self) -> dict[str, int]:
         """Requested size of each prompt set."""
         return {"direction": self.n_direction, "search": self.n_search, "validate": self.n_validate}
