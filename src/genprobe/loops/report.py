@@ -12,16 +12,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .._io import atomic_write_bytes, atomic_write_text
-from .._templates import DASH, environment, pct
+from .._templates import environment, pct
 
-RATE_ROWS = (  # (label, key of a LoopRates dict, with a 95% CI)
-    ("exact loop rate (periodic tail)", "loop_rate", True),
-    ("near-loop rate (≥ 80% of the tail repeats p back)", "near_loop_rate", True),
-    ("exact or near loop", "any_loop_rate", True),
-    ("repetitive tail (≥ 2.5 tail tokens per LZ piece)", "repetitive_rate", True),
-    ("degenerate: any of the three (what the search lowers)", "degenerate_rate", True),
-)
-MEAN_ROWS = (  # (label, key, format)
+ROWS = (  # (label, key of a LoopRates dict, format): the rates with their 95% CIs, then the means
+    ("exact loop rate (periodic tail)", "loop_rate", "ci"),
+    ("near-loop rate (≥ 80% of the tail repeats p back)", "near_loop_rate", "ci"),
+    ("exact or near loop", "any_loop_rate", "ci"),
+    ("repetitive tail (≥ 2.5 tail tokens per LZ piece)", "repetitive_rate", "ci"),
+    ("degenerate: any of the three (what the search lowers)", "degenerate_rate", "ci"),
     ("short (period ≤ 4) exact loops", "short_loop_rate", "pct"),
     ("long exact loops", "long_loop_rate", "pct"),
     ("short / long, exact or near", None, "short_long_any"),
@@ -129,14 +127,10 @@ def _sweep_panel(ax: Any, s: dict) -> None:
 
 
 # ---- HTML -----------------------------------------------------------------------------------
-def _with_ci(b: dict, key: str) -> str:
-    lo, hi = b[f"{key}_ci95"]
-    return f"{pct(b[key])} [{pct(lo)}–{pct(hi)}]"
-
-
-def _cell(b: dict | None, key: str | None, fmt: str) -> str:
-    if b is None:
-        return DASH
+def _cell(b: dict, key: str | None, fmt: str) -> str:
+    if fmt == "ci":
+        lo, hi = b[f"{key}_ci95"]
+        return f"{pct(b[key])} [{pct(lo)}–{pct(hi)}]"
     if fmt == "short_long_any":
         return f"{pct(b['short_any_rate'])} / {pct(b['long_any_rate'])}"
     return pct(b[key]) if fmt == "pct" else fmt.format(b[key])
@@ -144,25 +138,15 @@ def _cell(b: dict | None, key: str | None, fmt: str) -> str:
 
 def rate_rows(before: dict, after: dict, unit: str = "token") -> list[dict]:
     """Rows of (label, before, after) for one pair of LoopRates dicts: rates with CIs, then means."""
-    rows = [
-        {
-            "label": label,
-            "before": _with_ci(before, key),
-            "after": _with_ci(after, key),
-            "strong": key == "degenerate_rate",
-        }
-        for label, key, _ in RATE_ROWS
-    ]
-    rows += [
+    return [
         {
             "label": label.format(unit=unit),
             "before": _cell(before, key, fmt),
             "after": _cell(after, key, fmt),
-            "strong": False,
+            "strong": key == "degenerate_rate",
         }
-        for label, key, fmt in MEAN_ROWS
+        for label, key, fmt in ROWS
     ]
-    return rows
 
 
 def _tables(report: dict) -> list[dict]:

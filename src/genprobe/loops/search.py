@@ -119,20 +119,10 @@ class Candidate:
 
     def to_dict(self) -> dict:
         """Flat JSON row (spec, regression, objective, columns)."""
-        reg = self.regression
+        reg = {k: getattr(self.regression, k) if self.regression else None for k in ("kl", "dloss", "loss")}
         obj = json_safe(self.objective) if self.objective else dict.fromkeys(f.name for f in fields(Objective))
-        return {
-            **json_safe(self.spec),
-            "kl": reg.kl if reg else None,
-            "dloss": reg.dloss if reg else None,
-            "loss": reg.loss if reg else None,
-            **obj,
-            "weights_changed": self.weights_changed,
-            "alpha_abs": {str(k): v for k, v in self.alpha_abs.items()},
-            "columns": {str(k): v for k, v in self.columns.items()},
-            "error": self.error,
-            "screen": self.screen,
-        }
+        rest = ("weights_changed", "alpha_abs", "columns", "error", "screen")
+        return json_safe(self.spec) | reg | obj | {k: getattr(self, k) for k in rest}
 
 
 def grid(
