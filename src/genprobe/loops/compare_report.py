@@ -1,6 +1,6 @@
 """The comparison as one table (Markdown, also printed), one figure (PNG) and one HTML page (Jinja2).
 
-Everything here reads the typed :class:`~genprobe.loops.compare.CompareResult`; nothing is measured.
+Everything here reads the typed :class:`~genprobe.loops.compare_fixes.CompareResult`; nothing is measured.
 The page comes from ``templates/compare.html.j2`` rendered in the shared environment of
 :mod:`genprobe._templates` (autoescaping on, strict undefined).
 """
@@ -13,9 +13,9 @@ from typing import Any, Sequence
 
 from .._io import atomic_write_json, atomic_write_text, json_safe
 from .._templates import DASH, pct
-from .compare import CompareResult, MethodResult
 from .compare_breakers import CLASSES
-from .report import figure_png, write_page
+from .compare_fixes import CompareResult, MethodResult
+from .repair_report import figure_png, write_page
 
 
 def _num(x: float | None, fmt: str = "{:.2f}") -> str:

@@ -176,7 +176,7 @@ def run_repair(args: argparse.Namespace) -> int:
     from ..._io import atomic_write_json
     from ...loops.patch import save_patch
     from ...loops.repair import repair
-    from ...loops.report import write_summary
+    from ...loops.repair_report import write_summary
 
     check_common(args)
     _check_repair_args(args)
