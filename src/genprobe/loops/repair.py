@@ -65,10 +65,6 @@ class Baselines:
     scans: dict[str, ScanResult]
     ids: dict[str, list[list[int]]]
 
-    def rates(self) -> dict[str, LoopRates]:
-        """Rates per set."""
-        return {k: v.summary for k, v in self.scans.items()}
-
 
 @dataclass
 class LayerDirection:
@@ -509,7 +505,7 @@ def repair(
         study.model.describe(),
         inputs.summary(),
         study.end_token,
-        base.rates(),
+        {k: v.summary for k, v in base.scans.items()},
         stage.contrast.counts,
         stage.layers,
         located,

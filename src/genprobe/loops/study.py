@@ -68,6 +68,9 @@ class RepairConfig:
         for name in ("top_layers", "keep", "screen_sequences", "screen_windows", "screen_strengths"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("ks", "subtract_alphas", "project_alphas"):
+            if any(x <= 0 for x in getattr(self, name)):
+                raise ValueError(f"{name} values must be > 0, got {list(getattr(self, name))}")
 
     def alphas(self) -> dict[str, tuple[float, ...]]:
         """Each edit form's strength grid."""

@@ -131,8 +131,8 @@ def run_locate(args: argparse.Namespace) -> int:
     check_common(args)
     if args.out:
         out_dir(args.out, LOCATE_FILE)
-    model = load_model_or_default(args)
     cfg = repair_config(args)
+    model = load_model_or_default(args)
     inputs = repair_inputs(args, model, cfg, ("direction",))
     calibration = calibrate_config(args, model, cfg, inputs)
     rep = locate_only(model, inputs, cfg, progress=show_progress(args), log=info)
@@ -165,10 +165,6 @@ def _check_repair_args(args: argparse.Namespace) -> None:
             f"significant — two-sided sign test, α = 0.05: {MIN_PAIRS} that all change the same way give p = 0.031; "
             "the direction contrasts at least one loop-prone and one control prompt)"
         )
-    for name in ("ks", "subtract_alphas", "project_alphas"):
-        vals = getattr(args, name)
-        if any(x <= 0 for x in vals):
-            raise ValueError(f"--{name.replace('_', '-')} values must be > 0, got {vals}")
 
 
 def run_repair(args: argparse.Namespace) -> int:
@@ -181,8 +177,8 @@ def run_repair(args: argparse.Namespace) -> int:
     check_common(args)
     _check_repair_args(args)
     t0 = time.perf_counter()
+    cfg = repair_config(args)  # refuses bad settings before the model loads
     model = load_model_or_default(args)
-    cfg = repair_config(args)
     inputs = repair_inputs(args, model, cfg, ("direction", "search", "validate"))
     calibration = calibrate_config(args, model, cfg, inputs)
     report, patch = repair(model, inputs, cfg, progress=show_progress(args), log=info)
