@@ -7,7 +7,7 @@ inlined with ``{{ asset("report.css") }}`` so every page stays ONE offline file.
     html = environment("genprobe.loops").get_template("repair.html.j2").render(report=r)
 
 A leaf at the bottom layer, beside ``_io``: the case study's report (:mod:`genprobe.report.templates`, which
-re-exports this) and the loop pages (:mod:`genprobe.loops.report`, one layer lower) both render with it.
+re-exports this) and the loop pages (:mod:`genprobe.loops.repair_report`, one layer lower) both render with it.
 
 Everything interpolated is HTML-escaped unless it is ``Markup`` (macros, ``asset``, ``|tojson``);
 undefined names raise instead of rendering as empty text.

@@ -120,7 +120,7 @@ def repair_loops(
     from .corpus import load_corpus
     from .loops.patch import save_patch
     from .loops.repair import repair
-    from .loops.report import write_summary
+    from .loops.repair_report import write_summary
     from .loops.study import RepairConfig, RepairInputs
 
     cfg = config or RepairConfig()

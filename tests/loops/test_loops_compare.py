@@ -15,11 +15,12 @@ import torch.nn.functional as F
 
 from genprobe.cli import main
 from genprobe.loops import EditSpec, finalise, make_patch, save_patch
-from genprobe.loops.compare import CompareConfig, choose_best, compare_fixes, patched
 from genprobe.loops.compare_breakers import NO_LOOP, SPANS, WITHIN, class_rates, own_loops, unit_class
+from genprobe.loops.compare_fixes import CompareConfig, choose_best, compare_fixes
 from genprobe.loops.compare_fluency import score_continuations
 from genprobe.loops.compare_human import NO_HUMAN, human_texts, read_continuations
 from genprobe.loops.compare_methods import EDIT, EDIT_BEST, METHODS, build_methods, check_methods
+from genprobe.loops.patch import patched
 from genprobe.loops.prompts import heldout_openings
 from genprobe.metrics import measure_loops
 from genprobe.model import GPT, GPTConfig

@@ -10,23 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from .loops._shared import DEFAULT_MODEL
-from .loops.compare import COMPARE_SKIP, register_compare, run_compare
-from .loops.patch import register_patch_action, run_apply, run_revert
-from .loops.repair import register_locate, register_repair, run_locate, run_repair
-from .loops.scan import register_scan, run_scan
-
-__all__ = [
-    "COMPARE_SKIP",
-    "DEFAULT_MODEL",
-    "register",
-    "run_apply",
-    "run_compare",
-    "run_locate",
-    "run_repair",
-    "run_revert",
-    "run_scan",
-]
+from .loops.compare import register_compare
+from .loops.patch import register_patch_action
+from .loops.repair import register_locate, register_repair
+from .loops.scan import register_scan
 
 
 def register(sub: argparse._SubParsersAction) -> None:

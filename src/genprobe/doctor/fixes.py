@@ -1,5 +1,5 @@
 """Which fix: the decode-time fixes the user's engine offers, side by side on the same prompts
-(:func:`genprobe.loops.compare.compare_fixes`), optionally the weight edit found by the existing repair
+(:func:`genprobe.loops.compare_fixes.compare_fixes`), optionally the weight edit found by the existing repair
 (:func:`genprobe.api.repair_loops`'s pipeline, :func:`genprobe.loops.repair.repair`), and a recommendation that
 states its evidence and its cost."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .._io import json_safe
-from ..loops.compare import CompareConfig, CompareResult, compare_fixes
+from ..loops.compare_fixes import CompareConfig, CompareResult, compare_fixes
 from ..loops.compare_methods import EDIT
 from ..loops.study import RepairConfig, RepairInputs
 from ..metrics import LoopCalibration

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from .arch import forward_logits
+from .arch import forward_logits, pad_right
 from .study import encode_quiet
 
 
@@ -63,10 +63,7 @@ def _encode_pair(model: Any, prompt: str, cont: str) -> tuple[list[int], list[in
 
 @torch.no_grad()
 def _score_batch(model: Any, rows: list[tuple[list[int], list[int]]]) -> list[float]:
-    width = max(len(p) + len(c) for p, c in rows)
-    ids = torch.full((len(rows), width), model.pad_id, dtype=torch.long)
-    for i, (p, c) in enumerate(rows):
-        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+    ids, _ = pad_right([p + c for p, c in rows], model.pad_id)
     logp = F.log_softmax(forward_logits(model.module, ids)[:, :-1].float(), dim=-1)
     tok_logp = logp.gather(-1, ids[:, 1:, None])[..., 0]
     return [-float(tok_logp[i, len(p) - 1 : len(p) + len(c) - 1].sum()) for i, (p, c) in enumerate(rows)]

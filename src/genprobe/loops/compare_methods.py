@@ -26,7 +26,7 @@ by that knob only; XTC only acts when sampling, so it is put on top of the ``sam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from ..engine.samplers import DEFAULT_BREAKERS, SamplerConfig, tokenizer_breakers
 
@@ -37,20 +37,21 @@ TEXT_BREAKERS = ("\n", ".", "!", "?")
 DRY = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2, "dry_last_n": -1}
 SAMPLE = {"temperature": 0.8, "top_p": 0.95}
 
-METHODS: dict[str, str] = {  # name -> label; the default order
-    "greedy": "greedy (baseline)",
-    "sample": "sampling τ 0.8, top-p 0.95",
-    "rep-1.1": "repetition penalty 1.1",
-    "rep-1.2": "repetition penalty 1.2",
-    "rep-1.3": "repetition penalty 1.3",
-    "no-repeat-3": "no-repeat 3-gram",
-    "pres-freq": "presence 0.5 + frequency 0.5",
-    "dry": "DRY 0.8, default breakers",
-    "dry-lines": "DRY 0.8, line breakers",
-    "xtc": "sampling + XTC 0.5/0.1",
-    "contrastive": "contrastive search α 0.6, k 4",
-    EDIT: "weight edit (greedy)",
-    EDIT_BEST: "weight edit + best sampler",
+GREEDY = {"greedy": True}
+METHODS: dict[str, tuple[str, dict]] = {  # name -> (label, sampler parameters); the default order
+    "greedy": ("greedy (baseline)", GREEDY),
+    "sample": ("sampling τ 0.8, top-p 0.95", SAMPLE),
+    "rep-1.1": ("repetition penalty 1.1", {**GREEDY, "repetition_penalty": 1.1}),
+    "rep-1.2": ("repetition penalty 1.2", {**GREEDY, "repetition_penalty": 1.2}),
+    "rep-1.3": ("repetition penalty 1.3", {**GREEDY, "repetition_penalty": 1.3}),
+    "no-repeat-3": ("no-repeat 3-gram", {**GREEDY, "no_repeat_ngram": 3}),
+    "pres-freq": ("presence 0.5 + frequency 0.5", {**GREEDY, "presence_penalty": 0.5, "frequency_penalty": 0.5}),
+    "dry": ("DRY 0.8, default breakers", {**GREEDY, **DRY}),  # + the breakers, tokenized (build_methods)
+    "dry-lines": ("DRY 0.8, line breakers", {**GREEDY, **DRY}),
+    "xtc": ("sampling + XTC 0.5/0.1", {**SAMPLE, "xtc_probability": 0.5, "xtc_threshold": 0.1}),
+    "contrastive": ("contrastive search α 0.6, k 4", {"penalty_alpha": 0.6, "top_k": 4}),
+    EDIT: ("weight edit (greedy)", GREEDY),
+    EDIT_BEST: ("weight edit + best sampler", {}),  # the best method's sampler (edit_with)
 }
 
 
@@ -87,24 +88,6 @@ def check_methods(names: Sequence[str] | None, have_patch: bool) -> list[str]:
     return [BASELINE] + [n for n in names if n != BASELINE]
 
 
-def _builders(breakers: Callable[[Sequence[str]], tuple], genre: str) -> dict[str, Callable[[], dict]]:
-    lines = POEM_BREAKERS if genre == "tang" else TEXT_BREAKERS
-    return {
-        "greedy": lambda: {"greedy": True},
-        "sample": lambda: dict(SAMPLE),
-        "rep-1.1": lambda: {"greedy": True, "repetition_penalty": 1.1},
-        "rep-1.2": lambda: {"greedy": True, "repetition_penalty": 1.2},
-        "rep-1.3": lambda: {"greedy": True, "repetition_penalty": 1.3},
-        "no-repeat-3": lambda: {"greedy": True, "no_repeat_ngram": 3},
-        "pres-freq": lambda: {"greedy": True, "presence_penalty": 0.5, "frequency_penalty": 0.5},
-        "dry": lambda: {"greedy": True, **DRY, "dry_sequence_breakers": breakers(DEFAULT_BREAKERS)},
-        "dry-lines": lambda: {"greedy": True, **DRY, "dry_sequence_breakers": breakers(lines)},
-        "xtc": lambda: {**SAMPLE, "xtc_probability": 0.5, "xtc_threshold": 0.1},
-        "contrastive": lambda: {"penalty_alpha": 0.6, "top_k": 4},
-        EDIT: lambda: {"greedy": True},
-    }
-
-
 def build_methods(
     names: Sequence[str], tokenizer: Any, ban_ids: Sequence[int], genre: str, engine: str | None = None
 ) -> list[Method]:
@@ -114,24 +97,16 @@ def build_methods(
     defaults under the method's own parameters (llama.cpp's top-k 40 / top-p 0.95 / min-p 0.05 / temperature 0.8
     and 64-token penalty window, ``transformers``' top-k 50), its sampler order and its arithmetic
     (:meth:`SamplerConfig.preset`); None: genprobe's plain chain."""
-    cache: dict[tuple, tuple] = {}
-
-    def breakers(strings: Sequence[str]) -> tuple:
-        key = tuple(strings)
-        if key not in cache:
-            cache[key] = tokenizer_breakers(tokenizer, list(strings))
-        return cache[key]
-
-    build = _builders(breakers, genre)
-    return [
-        Method(n, METHODS[n], _sampler(build[n](), ban_ids, engine), patched=n == EDIT) for n in names if n != EDIT_BEST
-    ]
-
-
-def _sampler(params: dict, ban_ids: Sequence[int], engine: str | None) -> SamplerConfig:
-    if engine is None:
-        return SamplerConfig(**params, ban_ids=tuple(ban_ids))
-    return SamplerConfig.preset(engine, **params, ban_ids=tuple(ban_ids))
+    breakers = {"dry": DEFAULT_BREAKERS, "dry-lines": POEM_BREAKERS if genre == "tang" else TEXT_BREAKERS}
+    out = []
+    for n in (n for n in names if n != EDIT_BEST):
+        label, params = METHODS[n]
+        if n in breakers:
+            params = {**params, "dry_sequence_breakers": tokenizer_breakers(tokenizer, list(breakers[n]))}
+        params = {**params, "ban_ids": tuple(ban_ids)}  # a copy: METHODS stays as declared
+        sampler = SamplerConfig.preset(engine, **params) if engine else SamplerConfig(**params)
+        out.append(Method(n, label, sampler, patched=n == EDIT))
+    return out
 
 
 def edit_with(best: Method) -> Method:

@@ -1,33 +1,29 @@
 """The comparison as one table (Markdown, also printed), one figure (PNG) and one HTML page (Jinja2).
 
-Everything here reads the typed :class:`~genprobe.loops.compare.CompareResult`; nothing is measured.
+Everything here reads the typed :class:`~genprobe.loops.compare_fixes.CompareResult`; nothing is measured.
 The page comes from ``templates/compare.html.j2`` rendered in the shared environment of
 :mod:`genprobe._templates` (autoescaping on, strict undefined).
 """
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from .._io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
-from .._templates import environment
-from .compare import CompareResult, MethodResult
+from .._io import atomic_write_json, atomic_write_text, json_safe
+from .._templates import DASH, pct
 from .compare_breakers import CLASSES
-
-
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
+from .compare_fixes import CompareResult, MethodResult
+from .repair_report import figure_png, write_page
 
 
 def _num(x: float | None, fmt: str = "{:.2f}") -> str:
-    return "—" if x is None else fmt.format(x)
+    return DASH if x is None else fmt.format(x)
 
 
 def _ci(rate: float, ci: list[float] | None) -> str:
-    return f"{_pct(rate)} [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]" if ci else _pct(rate)
+    return f"{pct(rate)} [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]" if ci else pct(rate)
 
 
 def _legit_cols(genre: str, ascii_only: bool = False) -> list[tuple[str, str]]:
@@ -38,6 +34,14 @@ def _legit_cols(genre: str, ascii_only: bool = False) -> list[tuple[str, str]]:
             ("stutter /100", "stutter_per100"),
         ]
     return [("repeated 4-grams", "repeated_ngram_rate")]
+
+
+def _legit_cells(legit: Any, genre: str) -> list[str]:
+    """The genre's legitimate-repetition cells of one row (dashes when there are no rates)."""
+    return [
+        _num(getattr(legit, k) if legit else None, "{:.2f}" if k.endswith("100") else "{:.3f}")
+        for _, k in _legit_cols(genre)
+    ]
 
 
 def headers(result: CompareResult) -> list[str]:
@@ -63,18 +67,17 @@ def headers(result: CompareResult) -> list[str]:
 def method_row(r: MethodResult, genre: str) -> list[str]:
     """One method's cells (token-level loop measures; legit rates over all its generations)."""
     s = r.rates
-    legit = [_num(getattr(r.legit, k), "{:.2f}" if k.endswith("100") else "{:.3f}") for _, k in _legit_cols(genre)]
     return [
         r.method.name,
         _ci(s.degenerate_rate, s.degenerate_rate_ci95),
-        f"{_pct(s.loop_rate)} ({_pct(s.short_loop_rate)} / {_pct(s.long_loop_rate)})",
-        _pct(s.near_loop_rate),
-        _pct(s.repetitive_rate),
+        f"{pct(s.loop_rate)} ({pct(s.short_loop_rate)} / {pct(s.long_loop_rate)})",
+        pct(s.near_loop_rate),
+        pct(s.repetitive_rate),
         f"{s.mean_distinct_2:.3f}",
         f"{s.mean_longest_repeat:.1f}",
         f"{s.mean_tail_compression:.2f}",
         f"{s.mean_seq_rep_4:.3f}",
-        *legit,
+        *_legit_cells(r.legit, genre),
         _num(r.own.nll_per_char, "{:.3f}"),
         _num(r.judge.nll_per_char if r.judge else None, "{:.3f}"),
         _num(r.cost.speed_vs_greedy, "{:.2f}×"),
@@ -84,18 +87,13 @@ def method_row(r: MethodResult, genre: str) -> list[str]:
 def human_row(result: CompareResult) -> list[str]:
     """The human texts' row: legit rates and NLL; loop cells empty."""
     h = result.human
-    genre = h.genre
-    legit = [
-        _num(getattr(h.legit, k) if h.legit else None, "{:.2f}" if k.endswith("100") else "{:.3f}")
-        for _, k in _legit_cols(genre)
-    ]
     return [
         f"human (n = {h.n})",
-        *["—"] * 8,
-        *legit,
+        *[DASH] * 8,
+        *_legit_cells(h.legit, h.genre),
         _num(h.own.nll_per_char if h.own else None, "{:.3f}"),
         _num(h.judge.nll_per_char if h.judge else None, "{:.3f}"),
-        "—",
+        DASH,
     ]
 
 
@@ -104,49 +102,41 @@ def rows(result: CompareResult) -> list[list[str]]:
     return [method_row(r, result.human.genre) for r in result.methods] + [human_row(result)]
 
 
+def _markdown(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    return "\n".join("| " + " | ".join(r) + " |" for r in [head, ["---"] * len(head), *body])
+
+
 def markdown_table(result: CompareResult) -> str:
     """The comparison table in Markdown."""
-    hs = headers(result)
-    lines = ["| " + " | ".join(hs) + " |", "|" + "---|" * len(hs)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(result)]
-    return "\n".join(lines)
+    return _markdown(headers(result), rows(result))
 
 
 def breaker_rows(result: CompareResult) -> list[list[str]]:
     """Per method: degenerate rate on the prompts of each baseline-loop class, and its own loops spanning a breaker."""
     out = []
     for r in result.methods:
-        cells = [f"{_pct(c.rate)} ({c.degenerate}/{c.n})" for c in r.classes]
+        cells = [f"{pct(c.rate)} ({c.degenerate}/{c.n})" for c in r.classes]
         own = r.own_loops
-        out.append([r.method.name, *cells, f"{own.spanning}/{own.loops} ({_pct(own.spanning_share)})"])
+        out.append([r.method.name, *cells, f"{own.spanning}/{own.loops} ({pct(own.spanning_share)})"])
     return out
 
 
 def breaker_table(result: CompareResult) -> str:
     """The DRY / sequence-breaker table in Markdown."""
     hs = ["method", *[f"degenerate on '{c}' prompts" for c in CLASSES], "own loops whose unit spans a breaker"]
-    lines = ["| " + " | ".join(hs) + " |", "|" + "---|" * len(hs)]
-    lines += ["| " + " | ".join(r) + " |" for r in breaker_rows(result)]
-    return "\n".join(lines)
+    return _markdown(hs, breaker_rows(result))
 
 
 # ---- figure ---------------------------------------------------------------------------------
 def figure(result: CompareResult) -> bytes:
     """PNG: degenerate rate per method (CI bars, exact rate dots); degenerate vs judge NLL; legit repetition."""
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def panels(axes: Any) -> None:
+        _rates_panel(axes[0], result)
+        _nll_panel(axes[1], result)
+        _legit_panel(axes[2], result)
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    _rates_panel(axes[0], result)
-    _nll_panel(axes[1], result)
-    _legit_panel(axes[2], result)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(panels, 3, (16, 4.8), 100)
 
 
 def _rates_panel(ax: Any, result: CompareResult) -> None:
@@ -204,39 +194,24 @@ def _legit_panel(ax: Any, result: CompareResult) -> None:
 
 
 # ---- HTML and files -------------------------------------------------------------------------
-def render_html(result: CompareResult, png: bytes) -> str:
-    """Self-contained HTML page (figure inlined)."""
-    return (
-        environment("genprobe.loops")
-        .get_template("compare.html.j2")
-        .render(
-            r=result,
-            headers=headers(result),
-            rows=rows(result),
-            classes=CLASSES,
-            breaker_rows=breaker_rows(result),
-            sample_prompts=[result.prompts[i] for i in result.sample_prompts],
-            image=png,
-            pct=_pct,
-            num=_num,
-        )
-    )
-
-
 def write_outputs(result: CompareResult, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write compare.json, compare-texts.json, compare.md, compare.png and compare.html atomically."""
     out = Path(out_dir)
-    png = figure(result)
-    files = {
-        "json": out / "compare.json",
-        "texts": out / "compare-texts.json",
-        "table": out / "compare.md",
-        "png": out / "compare.png",
-        "html": out / "compare.html",
-    }
+    files = {"json": out / "compare.json", "texts": out / "compare-texts.json", "table": out / "compare.md"}
     atomic_write_json(files["json"], json_safe(result))
     atomic_write_json(files["texts"], result.texts_dict(), indent=None)
     atomic_write_text(files["table"], markdown_table(result) + "\n\n" + breaker_table(result) + "\n")
-    atomic_write_bytes(files["png"], png)
-    atomic_write_text(files["html"], render_html(result, png))
-    return files
+    return files | write_page(
+        out,
+        "compare",
+        figure(result),
+        "compare.html.j2",
+        r=result,
+        headers=headers(result),
+        rows=rows(result),
+        classes=CLASSES,
+        breaker_rows=breaker_rows(result),
+        sample_prompts=[result.prompts[i] for i in result.sample_prompts],
+        pct=pct,
+        num=_num,
+    )

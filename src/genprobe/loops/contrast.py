@@ -24,10 +24,9 @@ from typing import Any, Sequence
 
 import torch
 
-from .._io import json_safe
 from ..metrics import LoopMeasures
 from ..model.arch import mlp_sites
-from .arch import forward_logits
+from .arch import forward_logits, pad_right
 from .hooks import capture
 from .scan import GenerationRecord
 
@@ -50,14 +49,9 @@ class Contrast:
     loop: dict[int, torch.Tensor]  # layer -> (N_loop, d_model) MLP outputs
     reference: dict[int, torch.Tensor]  # layer -> (N_ref, d_model)
     unit_mean_loop: dict[int, torch.Tensor]  # layer -> (d_ff,)
-    unit_mean_reference: dict[int, torch.Tensor]
     resid_mean_loop: dict[int, torch.Tensor]
     resid_mean_reference: dict[int, torch.Tensor]
     counts: ContrastCounts
-
-    def summary(self) -> dict:
-        """Counts and sources (JSON)."""
-        return json_safe(self.counts)
 
 
 def position_labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:
@@ -99,12 +93,7 @@ def _collect(
     }
     for s in range(0, len(seqs), batch_size):
         chunk, lab = seqs[s : s + batch_size], labels[s : s + batch_size]
-        T = max(len(x) for x in chunk)
-        ids = torch.full((len(chunk), T), pad_id, dtype=torch.long)
-        valid = torch.zeros((len(chunk), T), dtype=torch.bool)
-        for i, x in enumerate(chunk):
-            ids[i, : len(x)] = torch.tensor(x)
-            valid[i, : len(x)] = True
+        ids, valid = pad_right(chunk, pad_id)
         sel: dict[str, tuple[list[int], list[int]]] = {"loop": ([], []), "ref": ([], [])}
         for i, (lp, rp) in enumerate(lab):
             for name, pos in (("loop", lp), ("ref", rp)):
@@ -164,7 +153,6 @@ def collect_contrast(
         loop={layer: cat("loop", layer, "mlp_out") for layer in range(n_layers)},
         reference={layer: cat("ref", layer, "mlp_out") for layer in range(n_layers)},
         unit_mean_loop={layer: cat("loop", layer, "units").mean(0) for layer in range(n_layers)},
-        unit_mean_reference={layer: cat("ref", layer, "units").mean(0) for layer in range(n_layers)},
         resid_mean_loop={layer: cat("loop", layer, "resid").mean(0) for layer in range(n_layers)},
         resid_mean_reference={layer: cat("ref", layer, "resid").mean(0) for layer in range(n_layers)},
         counts=counts,

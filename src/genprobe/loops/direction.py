@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-METHODS = ("mean_diff", "pca")
-
 
 def mean_difference(loop: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """(mean(loop) − mean(reference)) / ‖·‖ — unit vector in d_model."""
@@ -43,11 +41,9 @@ def loop_direction(
     loop: torch.Tensor, reference: torch.Tensor, method: str = "mean_diff", seed: int = 0
 ) -> torch.Tensor:
     """Unit loop direction by ``method`` ("mean_diff" or "pca")."""
-    if method == "mean_diff":
-        return mean_difference(loop, reference)
-    if method == "pca":
-        return pca_of_differences(loop, reference, seed)
-    raise ValueError(f"direction method must be one of {METHODS}, got {method!r}")
+    if method not in ("mean_diff", "pca"):
+        raise ValueError(f"direction method must be one of ('mean_diff', 'pca'), got {method!r}")
+    return mean_difference(loop, reference) if method == "mean_diff" else pca_of_differences(loop, reference, seed)
 
 
 @dataclass(frozen=True)

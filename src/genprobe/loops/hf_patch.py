@@ -41,7 +41,7 @@ class DirPatchResult:
     source: str
     out: str
     state_sha256: str
-    rewritten: dict[str, str]  # weight file name -> sha256 after writing
+    weight_files: dict[str, str]  # weight file name -> sha256 after writing
     matches_original: bool | None = None  # revert: rewritten files hash to the recorded originals
     notes: list[str] = field(default_factory=list)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import torch
@@ -30,7 +30,6 @@ class Located:
     ranking: list[int]
     all_layers: Ablation | None = None
     n_prompts: int = 0
-    extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """Plain JSON."""

@@ -11,9 +11,10 @@ and checks that the "before" hash is reproduced bit for bit.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -22,6 +23,7 @@ from .._io import atomic_write, atomic_write_json, json_safe, read_format_json, 
 from ..model.arch import count_parameters, mlp_sites, set_columns, state_sha256
 
 FORMAT = "genprobe-loop-patch-v1"
+TENSORS = ("columns", "original", "new", "direction")  # each target's tensors in the .safetensors file
 
 
 class PatchError(ValueError):
@@ -35,10 +37,10 @@ class PatchTarget:
     name: str
     layer: int
     layout: str
-    columns: torch.Tensor  # (k,) int64
+    columns: torch.Tensor  # (k,) int64 (select_columns' indices)
     original: torch.Tensor  # (k, d_model)
     new: torch.Tensor  # (k, d_model)
-    direction: torch.Tensor  # (d_model,) float32
+    direction: torch.Tensor  # (d_model,) float32 (make_patch normalises it in float32)
     alpha: float = 0.0  # the absolute strength used in this tensor
 
     def changed(self) -> int:
@@ -90,14 +92,32 @@ def write_values(model: Any, patch: Patch, which: str) -> None:
         set_columns(_site_for(model, t), t.columns, t.new if which == "new" else t.original)
 
 
+@contextmanager
+def written(model: Any, patch: Patch) -> Iterator[None]:
+    """The patch's new values written for the block, the original ones always written back (unchecked: the
+    searches try thousands of edits; :func:`patched` is the hash-checked form)."""
+    write_values(model, patch, "new")
+    try:
+        yield
+    finally:
+        write_values(model, patch, "original")
+
+
+@contextmanager
+def patched(model: Any, patch: Patch) -> Iterator[None]:
+    """:func:`apply_patch` for the block and always :func:`revert_patch` (both sha256-checked)."""
+    apply_patch(model, patch)
+    try:
+        yield
+    finally:
+        revert_patch(model, patch)
+
+
 def finalise(model: Any, patch: Patch) -> Patch:
     """Record before/after hashes and the fraction of weights changed (model left unchanged)."""
     before = state_sha256(model)
-    write_values(model, patch, "new")
-    try:
+    with written(model, patch):
         after = state_sha256(model)
-    finally:
-        write_values(model, patch, "original")
     if state_sha256(model) != before:  # pragma: no cover - set_columns is an exact copy
         raise PatchError("restoring the original columns did not reproduce the model's hash")
     changed = sum(t.changed() for t in patch.targets)
@@ -160,12 +180,7 @@ def _paths(path: str | os.PathLike) -> tuple[Path, Path]:
 def save_patch(patch: Patch, path: str | os.PathLike) -> tuple[Path, Path]:
     """Write ``<path>.safetensors`` then ``<path>.json`` atomically (``path`` may carry either suffix)."""
     st, js = _paths(path)
-    tensors = {}
-    for i, t in enumerate(patch.targets):
-        tensors[f"target{i}.columns"] = t.columns.to(torch.int64).contiguous()
-        tensors[f"target{i}.original"] = t.original.contiguous()
-        tensors[f"target{i}.new"] = t.new.contiguous()
-        tensors[f"target{i}.direction"] = t.direction.float().contiguous()
+    tensors = {f"target{i}.{k}": getattr(t, k).contiguous() for i, t in enumerate(patch.targets) for k in TENSORS}
     atomic_write(st, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
     d = json_safe(patch)
     d["tensors_file"] = st.name
@@ -185,19 +200,11 @@ def load_patch(path: str | os.PathLike) -> Patch:
     if meta.get("tensors_sha256") and sha256_file(st) != meta["tensors_sha256"]:
         raise PatchError(f"{st}: sha256 does not match the one recorded in {js.name} (replaced or truncated)")
     tensors = load_file(str(st))
-    targets = []
-    for i, td in enumerate(meta["targets"]):
-        targets.append(
-            PatchTarget(
-                td["name"],
-                td["layer"],
-                td["layout"],
-                tensors[f"target{i}.columns"],
-                tensors[f"target{i}.original"],
-                tensors[f"target{i}.new"],
-                tensors[f"target{i}.direction"],
-                float(td.get("alpha", 0.0)),
-            )
-        )
+
+    def target(i: int, td: dict) -> PatchTarget:
+        cols, original, new, direction = (tensors[f"target{i}.{k}"] for k in TENSORS)
+        return PatchTarget(td["name"], td["layer"], td["layout"], cols, original, new, direction, td.get("alpha", 0.0))
+
+    targets = [target(i, td) for i, td in enumerate(meta["targets"])]
     rest = {k: v for k, v in meta.items() if k not in ("targets", "format", "tensors_file", "tensors_sha256")}
     return Patch(targets, rest)

@@ -24,7 +24,7 @@ end-of-text token generates a fixed number of tokens with that token banned (:cl
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 import torch
@@ -36,13 +36,12 @@ from .contrast import Contrast, ContrastCounts, collect_contrast
 from .direction import Separation, loop_direction, separation
 from .edit import EditSpec, make_patch
 from .locate import Located, locate_layers
-from .patch import Patch, apply_patch, finalise, revert_patch
+from .patch import Patch, finalise, patched
 from .regress import Regression, RegressionProbe, text_windows, window_length
 from .scaled import (
     ScaledTrace,
     build_with,
     chains,
-    check_restored,
     full_regression_check,
     halve,
     rank_layers,
@@ -52,7 +51,7 @@ from .scaled import (
 )
 from .scan import GenerationRecord, LoopRates, ScanResult, greedy_sampler, loop_rates
 from .screen import LoopProbe
-from .search import Candidate, Limits, Objective, Strata, choose, grid, run_search
+from .search import Candidate, Limits, Objective, Strata, check_restored, choose, grid, run_search
 from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, EndToken, LoopStudy, RepairConfig, RepairInputs, encode_quiet
 
 __all__ = ["RepairConfig", "RepairInputs", "RepairReport", "LocateReport", "LoopStudy", "repair", "locate_only"]
@@ -65,10 +64,6 @@ class Baselines:
 
     scans: dict[str, ScanResult]
     ids: dict[str, list[list[int]]]
-
-    def rates(self) -> dict[str, LoopRates]:
-        """Rates per set."""
-        return {k: v.summary for k, v in self.scans.items()}
 
 
 @dataclass
@@ -83,17 +78,9 @@ class LayerDirection:
     cos_resid_vs_mlp_direction: float
 
     def to_dict(self, with_vector: bool = False) -> dict:
-        """Plain dict (the vector only on request)."""
-        d = {
-            "layer": self.layer,
-            "gap": self.gap,
-            **json_safe(self.separation),
-            "resid_mean_gap_norm": self.resid_mean_gap_norm,
-            "cos_resid_vs_mlp_direction": self.cos_resid_vs_mlp_direction,
-        }
-        if with_vector:
-            d["vector"] = self.vector.tolist()
-        return d
+        """Plain dict, the separation's measures inline (the vector only on request)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("vector", "separation")}
+        return d | json_safe(self.separation) | ({"vector": self.vector.tolist()} if with_vector else {})
 
 
 @dataclass
@@ -103,7 +90,6 @@ class DirectionStage:
     contrast: Contrast
     layers: dict[int, LayerDirection]
     probe: RegressionProbe
-    window: int
 
     @property
     def directions(self) -> dict[int, torch.Tensor]:
@@ -182,30 +168,14 @@ class Validation:
     fixed: int = 0  # degenerate before the edit, not after
     p_value: float = 1.0  # two-sided sign test of fixed vs new_loops (metrics.stats.sign_test_p)
 
+    JSON_PROPERTIES = ("significant",)
+
     @property
     def significant(self) -> bool:
         """The edit ended significantly more degenerations than it started (α = metrics.stats.ALPHA)."""
         from ..metrics.stats import ALPHA
 
         return self.fixed > self.new_loops and self.p_value < ALPHA
-
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        d = {
-            k: json_safe(getattr(self, k))
-            for k in ("before", "after", "loop_prone_before", "loop_prone_after", "regression")
-        }
-        d.update(
-            new_loops=self.new_loops,
-            new_exact_loops=self.new_exact_loops,
-            fixed=self.fixed,
-            p_value=self.p_value,
-            significant=self.significant,
-            samples=[asdict(s) for s in self.samples],
-        )
-        if self.plain_greedy:
-            d["plain_greedy"] = {k: json_safe(v) for k, v in self.plain_greedy.items()}
-        return d
 
 
 @dataclass
@@ -221,7 +191,7 @@ class Transfer:
 
 @dataclass
 class RepairReport:
-    """Everything a repair run measured (``to_dict`` is ``repair.json``)."""
+    """Everything a repair run measured (its JSON form is ``repair.json``)."""
 
     config: RepairConfig
     sampler: dict
@@ -238,26 +208,6 @@ class RepairReport:
     patch: PatchSummary | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
     transfer: Transfer | None = None
-
-    def to_dict(self) -> dict:
-        """Plain JSON, readable (stage by stage)."""
-        return {
-            "verdict": self.verdict,
-            "config": json_safe(self.config),
-            "sampler": self.sampler,
-            "model": self.model,
-            "inputs": self.inputs,
-            "end_token": json_safe(self.end_token),
-            "baseline": {k: json_safe(v) for k, v in self.baseline.items()},
-            "contrast": json_safe(self.contrast),
-            "directions": {str(layer): json_safe(d) for layer, d in self.directions.items()},
-            "locate": json_safe(self.locate) if self.locate else None,
-            "search": json_safe(self.search),
-            "validation": json_safe(self.validation) if self.validation else None,
-            "patch": json_safe(self.patch) if self.patch else None,
-            "transfer": json_safe(self.transfer) if self.transfer else None,
-            "timings_s": self.timings_s,
-        }
 
 
 # ---- stages ---------------------------------------------------------------------------------
@@ -283,7 +233,7 @@ def direction_stage(study: LoopStudy, val_text: str, records: Sequence[Generatio
         sep = separation(con.loop[layer], con.reference[layer], d)
         layers[layer] = LayerDirection(layer, d, gap, sep, float(rd.norm()), cos)
     probe = RegressionProbe(study.module, windows, batch_size=study.cfg.batch_size)
-    return DirectionStage(con, layers, probe, width)
+    return DirectionStage(con, layers, probe)
 
 
 def _prone_and_control(study: LoopStudy, records: Sequence[GenerationRecord]) -> tuple[list, list]:
@@ -307,7 +257,7 @@ def edit_grid(study: LoopStudy) -> list[EditSpec]:
     layer_sets = cfg.layer_sets or tuple((layer,) for layer in range(study.n_layers)) + (
         (tuple(range(study.n_layers)),) if study.n_layers > 1 else ()
     )
-    return grid(layer_sets, cfg.ks, cfg.forms, {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas})
+    return grid(layer_sets, cfg.ks, cfg.forms, cfg.alphas())
 
 
 def search_method(cfg: RepairConfig, grid_size: int) -> str:
@@ -374,8 +324,7 @@ def _scaled(
     build = build_with(model, stage.directions, stage.unit_means, stage.gaps)
     windows = stage.probe.ids[: cfg.screen_windows].tolist()
     quick = RegressionProbe(model, windows, batch_size=cfg.batch_size, reuse_prefix=True)
-    alphas = {"subtract": cfg.subtract_alphas, "project": cfg.project_alphas}
-    grid = chains(sets, cfg.ks, cfg.forms, alphas)
+    grid = chains(sets, cfg.ks, cfg.forms, cfg.alphas())
     screened = screen(model, grid, build, quick, loops, limits, study.progress, cfg.screen_strengths)
     clock.tick("screen")
     short = shortlist(screened, cfg.keep)
@@ -434,13 +383,10 @@ def validate_stage(
     """Apply the patch, rescan the held-out set (and plain greedy), measure regression, revert exactly."""
     plain_ids = ids[: study.cfg.plain_greedy_check] if study.sampler != greedy_sampler(study.eos_id) else []
     plain_before = _plain_greedy(study, plain_ids)
-    apply_patch(study.module, patch)
-    try:
+    with patched(study.module, patch):
         after = study.scan(ids, texts, desc="validate")
         regression = probe.measure(study.module)
         plain_after = _plain_greedy(study, plain_ids)
-    finally:
-        revert_patch(study.module, patch)
     pairs = list(zip(before.records, after.records, strict=True))
     prone = [(b, a) for b, a in pairs if b.degenerate]
     samples = [
@@ -481,11 +427,8 @@ def transfer_stage(study: LoopStudy, patch: Patch, texts: Sequence[str], searche
         return None
     ids = study.encode(study.render(texts[: study.cfg.transfer], not searched_chat))
     before = study.scan(ids, decoded=False, desc="transfer")
-    apply_patch(study.module, patch)
-    try:
+    with patched(study.module, patch):
         after = study.scan(ids, decoded=False, desc="transfer")
-    finally:
-        revert_patch(study.module, patch)
     new = sum(1 for b, a in zip(before.records, after.records, strict=True) if a.degenerate and not b.degenerate)
     names = ("plain", "chat")
     return Transfer(names[not searched_chat], names[searched_chat], before.summary, after.summary, new)
@@ -513,22 +456,35 @@ class PatchSummary:
     @classmethod
     def of(cls, patch: Patch) -> "PatchSummary":
         """From a finalised patch's metadata."""
-        return cls(
-            *(
-                patch.meta[f]
-                for f in (
-                    "edit",
-                    "weights_changed",
-                    "total_parameters",
-                    "fraction_changed",
-                    "sha256_before",
-                    "sha256_after",
-                )
-            )
-        )
+        return cls(**{f.name: patch.meta[f.name] for f in fields(cls)})
 
 
 # ---- the pipeline ---------------------------------------------------------------------------
+def _directions(
+    model: Any,
+    inputs: RepairInputs,
+    cfg: RepairConfig | None,
+    sets: Sequence[str],
+    sampler: SamplerConfig | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda msg: None,
+) -> tuple[LoopStudy, Clock, Baselines, DirectionStage]:
+    """The stages repair and locate share: scan ``sets`` on the unedited model, then the direction stage."""
+    study = LoopStudy(model, cfg or RepairConfig(), sampler, progress, log)
+    clock = Clock()
+    if study.end_token.banned:
+        log(f"note: {study.end_token.note}")
+    base = baseline_scans(study, inputs, sets)
+    clock.tick("baseline_scans")
+    log(
+        "baseline degenerate (exact loop) rates: "
+        + ", ".join(f"{k} {v.summary.degenerate_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.scans.items())
+    )
+    stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
+    clock.tick("contrast_direction")
+    return study, clock, base, stage
+
+
 def repair(
     model: Any,
     inputs: RepairInputs,
@@ -539,32 +495,17 @@ def repair(
     log: Callable[[str], None] = lambda msg: None,
 ) -> tuple[RepairReport, Patch | None]:
     """Run the pipeline on a :class:`genprobe.model.load.Model`; the report and the patch (None if no edit passed)."""
-    cfg = cfg or RepairConfig()
-    study = LoopStudy(model, cfg, sampler, progress, log)
-    clock = Clock()
-    if study.end_token.banned:
-        log(f"note: {study.end_token.note}")
-
-    base = baseline_scans(study, inputs)
-    clock.tick("baseline_scans")
-    log(
-        "baseline degenerate (exact loop) rates: "
-        + ", ".join(f"{k} {v.summary.degenerate_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.scans.items())
-    )
-
-    stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
-    clock.tick("contrast_direction")
+    study, clock, base, stage = _directions(model, inputs, cfg, SET_NAMES, sampler, progress, log)
     located = _locate_for_exhaustive(study, stage, base.scans["direction"].records, clock, log)
     search = search_stage(study, stage, base.scans["search"].records)
     clock.tick("search")
-
     report = RepairReport(
-        cfg,
+        study.cfg,
         json_safe(study.sampler),
         study.model.describe(),
         inputs.summary(),
         study.end_token,
-        base.rates(),
+        {k: v.summary for k, v in base.scans.items()},
         stage.contrast.counts,
         stage.layers,
         located,
@@ -574,24 +515,21 @@ def repair(
     patch = None
     if search.chosen is not None:
         patch = build_patch(study, stage, search.chosen)
-        report.validation = validate_stage(
-            study, patch, base.scans["validate"], base.ids["validate"], inputs.validate, stage.probe
-        )
-        report.patch = PatchSummary.of(patch)
+        v = validate_stage(study, patch, base.scans["validate"], base.ids["validate"], inputs.validate, stage.probe)
+        report.validation = v
         clock.tick("validate")
-        if not report.validation.significant:  # a verdict no larger than its evidence: no patch written
-            v = report.validation
+        if v.significant:
+            report.patch = PatchSummary.of(patch)  # the JSON's "patch" describes a patch written
+            report.transfer = transfer_stage(study, patch, inputs.validate, inputs.chat)
+            if report.transfer is not None:
+                clock.tick("transfer")
+        else:  # a verdict no larger than its evidence: no patch written
             report.verdict = (
                 f"no significant change on the {v.before.n} held-out prompts (degenerate {v.before.degenerate_rate:.3f}"
                 f" → {v.after.degenerate_rate:.3f}; {v.fixed} fixed, {v.new_loops} new; sign test p = {v.p_value:.3f})"
                 ": no patch"
             )
-            report.patch = None  # the JSON's "patch" describes a patch written, and none is
-            report.timings_s = json_safe(clock)
-            return report, None
-        report.transfer = transfer_stage(study, patch, inputs.validate, inputs.chat)
-        if report.transfer is not None:
-            clock.tick("transfer")
+            patch = None
     report.timings_s = json_safe(clock)
     return report, patch
 
@@ -639,47 +577,21 @@ class LocateReport:
 
     def to_dict(self) -> dict:
         """Plain JSON (direction vectors included)."""
-        return {
-            "sampler": self.sampler,
-            "end_token": json_safe(self.end_token),
-            "inputs": self.inputs,
-            "scan": json_safe(self.scan),
-            "contrast": json_safe(self.contrast),
-            "directions": {str(layer): d.to_dict(with_vector=True) for layer, d in self.directions.items()},
-            "locate": json_safe(self.locate),
-            "timings_s": self.timings_s,
-        }
+        directions = {str(layer): d.to_dict(with_vector=True) for layer, d in self.directions.items()}
+        return {f.name: json_safe(getattr(self, f.name)) for f in fields(self)} | {"directions": directions}
 
 
-def locate_only(
-    model: Any,
-    inputs: RepairInputs,
-    cfg: RepairConfig | None = None,
-    *,
-    sampler: SamplerConfig | None = None,
-    progress: bool = False,
-    log: Callable[[str], None] = lambda msg: None,
-) -> LocateReport:
-    """Scan the direction set, estimate directions and rank layers by ablation (no edit)."""
-    cfg = cfg or RepairConfig()
-    study = LoopStudy(model, cfg, sampler, progress)
-    clock = Clock()
-    base = baseline_scans(study, inputs, sets=("direction",))
-    clock.tick("scan")
-    rates = base.scans["direction"].summary
-    log(
-        f"direction set: degenerate rate {rates.degenerate_rate:.3f} (exact loops {rates.loop_rate:.3f}) over "
-        f"{rates.n} prompts"
-    )
-    stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
-    clock.tick("contrast_direction")
+def locate_only(model: Any, inputs: RepairInputs, cfg: RepairConfig | None = None, **how: Any) -> LocateReport:
+    """Scan the direction set, estimate directions and rank layers by ablation (no edit); ``how``: :func:`repair`'s
+    ``sampler``, ``progress`` and ``log``."""
+    study, clock, base, stage = _directions(model, inputs, cfg, ("direction",), **how)
     located = locate_stage(study, stage, base.scans["direction"].records)
     clock.tick("locate")
     return LocateReport(
         json_safe(study.sampler),
         study.end_token,
         inputs.summary(),
-        rates,
+        base.scans["direction"].summary,
         stage.contrast.counts,
         stage.layers,
         located,

@@ -24,22 +24,19 @@ Every edit is written, measured and written back exactly (as in the exhaustive s
 from __future__ import annotations
 
 import math
-import sys
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from tqdm import tqdm
 
-from .._io import json_safe
 from ..metrics import LoopMeasures
-from ..model.arch import state_sha256
 from .edit import EditSpec, make_patch
 from .hooks import ablate
-from .patch import Patch, write_values
+from .patch import Patch, written
 from .regress import Regression, RegressionProbe
 from .screen import LoopProbe, Pressure
-from .search import Candidate, Limits, Strata
+from .search import Candidate, Limits, Strata, grid, progress_bar, rank_key
 
 Scan = Callable[[Sequence[list[int]]], list[LoopMeasures]]  # prompt ids -> loop measures on the model as it is now
 
@@ -78,25 +75,12 @@ class ScaledTrace:
     screen_windows: int
     timings_s: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        """Plain JSON."""
-        return {
-            "layer_scores": [json_safe(s) for s in self.layer_scores],
-            "ranking": [s.layer for s in self.layer_scores],
-            "layer_sets": [list(s) for s in self.layer_sets],
-            "screened": self.screened,
-            "admissible_screened": self.admissible_screened,
-            "shortlisted": self.shortlisted,
-            "rungs": [json_safe(r) for r in self.rungs],
-            "probe_sequences": self.probe_sequences,
-            "probe_positions": self.probe_positions,
-            "screen_windows": self.screen_windows,
-            "timings_s": self.timings_s,
-        }
+    JSON_PROPERTIES = ("ranking",)
 
-
-def _bar(items: Any, desc: str, unit: str, progress: bool) -> Any:
-    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, disable=not progress or not sys.stderr.isatty())
+    @property
+    def ranking(self) -> list[int]:
+        """Layers, best first."""
+        return [s.layer for s in self.layer_scores]
 
 
 # ---- 1. rank ----------------------------------------------------------------------------------
@@ -105,7 +89,7 @@ def rank_layers(
 ) -> list[LayerScore]:
     """Each layer's direction ablated alone; layers sorted by loop-pressure drop (largest first, then index)."""
     scores = []
-    for layer in _bar(sorted(directions), "rank layers", "layer", progress):
+    for layer in progress_bar(sorted(directions), "rank layers", "layer", progress):
         with ablate(model, {layer: directions[layer]}):
             p = probe.measure(model, first_layer=layer)
         scores.append(LayerScore(layer, p.dlogp, p.broken))
@@ -139,29 +123,15 @@ def chains(
     forms: Sequence[str],
     alphas: Mapping[str, Sequence[float]],
 ) -> list[list[EditSpec]]:
-    return [
-        [EditSpec(tuple(layers), int(k), form, float(a)) for a in sorted(alphas[form])]
-        for layers in layer_sets
-        for form in forms
-        for k in ks
-    ]
+    """The grid's edits per (layer set, form, k), strengths ascending: the chains :func:`screen` walks down."""
+    by_alpha = operator.attrgetter("alpha")
+    return [sorted(grid([ls], [k], [f], alphas), key=by_alpha) for ls in layer_sets for f in forms for k in ks]
 
 
 def _screen_one(model: Any, spec: EditSpec, build: Callable[[EditSpec], Patch], probe: RegressionProbe) -> Candidate:
     patch = build(spec)
-    write_values(model, patch, "new")
-    try:
-        reg = probe.measure(model, first_layer=min(spec.layers))
-    finally:
-        write_values(model, patch, "original")
-    return Candidate(
-        spec,
-        reg,
-        None,
-        sum(t.changed() for t in patch.targets),
-        {t.layer: t.alpha for t in patch.targets},
-        {t.layer: t.columns.tolist() for t in patch.targets},
-    )
+    with written(model, patch):
+        return Candidate.of(spec, patch, probe.measure(model, first_layer=min(spec.layers)))
 
 
 def screen(
@@ -177,7 +147,7 @@ def screen(
     """Each chain's strengths from the strongest down: the regression check until one is within the limits, then
     the loop pressure of it and the next ``per_chain - 1`` weaker ones (see module doc)."""
     out: list[Screened] = []
-    for chain in _bar(chains, "screen", "chain", progress):
+    for chain in progress_bar(chains, "screen", "chain", progress):
         admitted = 0
         for spec in sorted(chain, key=lambda s: -s.alpha):
             try:
@@ -188,25 +158,12 @@ def screen(
             if not limits.admits(cand.regression):
                 out.append(Screened(cand, None))
                 continue
-            with _applied(model, build(spec)):
+            with written(model, build(spec)):
                 out.append(Screened(cand, loops.measure(model, first_layer=min(spec.layers))))
             admitted += 1
             if admitted == per_chain:
                 break
     return out
-
-
-class _applied:
-    """Context manager: the patch's new values written, the original ones written back on exit."""
-
-    def __init__(self, model: Any, patch: Patch):
-        self.model, self.patch = model, patch
-
-    def __enter__(self) -> None:
-        write_values(self.model, self.patch, "new")
-
-    def __exit__(self, *exc: Any) -> None:
-        write_values(self.model, self.patch, "original")
 
 
 def shortlist(screened: Sequence[Screened], keep: int) -> list[Screened]:
@@ -230,12 +187,6 @@ def rung_sizes(n_prone: int, n_control: int, candidates: int, min_prone: int = M
         sizes.insert(0, (sizes[0][0] // 2, sizes[0][1] // 2))
         alive = math.ceil(alive / 2)
     return sizes
-
-
-def _rank_key(c: Candidate) -> tuple[float, float, float, int, float]:
-    assert c.objective is not None and c.regression is not None
-    o = c.objective
-    return (o.degenerate_rate, o.any_loop_rate, o.loop_rate, c.weights_changed, c.regression.kl)
 
 
 @dataclass
@@ -270,10 +221,10 @@ def halve(
         last = r == len(sizes) - 1
         if last:  # only edits that can be chosen generate for the whole set (checked once, when they were kept)
             alive = [c for c in alive if full_check(c)]
-        for c in _bar(alive, f"halving {r + 1}/{len(sizes)}", "edit", progress):
+        for c in progress_bar(alive, f"halving {r + 1}/{len(sizes)}", "edit", progress):
             g = done[id(c)]
             need_p, need_c = list(prone_ids[len(g.prone) : n_p]), list(control_ids[len(g.control) : n_c])
-            with _applied(model, build(c.spec)):
+            with written(model, build(c.spec)):
                 new = scan(need_p + need_c) if need_p or need_c else []
             g.prone += new[: len(need_p)]
             g.control += new[len(need_p) :]
@@ -281,7 +232,7 @@ def halve(
                 g.prone[:n_p], g.control[:n_c]
             )
         n_keep = len(alive) if last else max(1, math.ceil(len(alive) / 2))
-        kept = [c for c in sorted(alive, key=_rank_key) if full_check(c)][:n_keep]
+        kept = [c for c in sorted(alive, key=rank_key) if full_check(c)][:n_keep]
         rungs.append(Rung(n_p, n_c, len(alive), len(kept)))
         alive = kept
     return alive, rungs
@@ -295,18 +246,12 @@ def full_regression_check(
 
     def check(c: Candidate) -> bool:
         if c.screen is None or "full_check" not in c.screen:
-            with _applied(model, build(c.spec)):
+            with written(model, build(c.spec)):
                 c.regression = measure(model)
             c.screen = {**(c.screen or {}), "full_check": limits.admits(c.regression)}
         return bool(c.screen["full_check"])
 
     return check
-
-
-def check_restored(model: Any, before: str) -> None:
-    """Raise if the model's weights are not the ones the search started from."""
-    if state_sha256(model) != before:  # pragma: no cover - every edit is written back exactly
-        raise RuntimeError("the search left the model modified")
 
 
 def build_with(

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from .arch import forward_logits
+from .arch import forward_logits, pad_right
 from .contrast import position_labels
 from .prefix import FrozenPrefix
 from .scan import GenerationRecord
@@ -67,12 +67,7 @@ class LoopProbe:
                 "the scaled search needs looping generations with an onset (exact or near loops) in the search set "
                 "and none has one (their tails are only repetitive): use the exhaustive search (--search exhaustive)"
             )
-        width = max(map(len, seqs))
-        self.ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-        self.valid = torch.zeros((len(seqs), width), dtype=torch.bool)
-        for i, s in enumerate(seqs):
-            self.ids[i, : len(s)] = torch.tensor(s)
-            self.valid[i, : len(s)] = True
+        self.ids, self.valid = pad_right(seqs, pad_id)
         self.rows, self.cols = torch.tensor(rows), torch.tensor(cols)
         self.targets = self.ids[self.rows, self.cols + 1]
         self.batch_size = batch_size

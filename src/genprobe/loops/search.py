@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from tqdm import tqdm
@@ -28,7 +28,7 @@ from .._io import json_safe
 from ..metrics import LoopMeasures
 from ..model.arch import state_sha256
 from .edit import EditSpec, make_patch
-from .patch import write_values
+from .patch import Patch, written
 from .regress import Regression
 
 DEFAULT_MAX_KL = 0.1
@@ -108,26 +108,25 @@ class Candidate:
     error: str | None = None
     screen: dict | None = None  # the scaled search's teacher-forced measures (see genprobe.loops.scaled)
 
+    @classmethod
+    def of(
+        cls, spec: EditSpec, patch: Patch, regression: Regression | None, objective: Objective | None = None
+    ) -> "Candidate":
+        """An evaluated edit with what its patch touches."""
+        ts = patch.targets
+        alphas, columns = {t.layer: t.alpha for t in ts}, {t.layer: t.columns.tolist() for t in ts}
+        return cls(spec, regression, objective, sum(t.changed() for t in ts), alphas, columns)
+
     def to_dict(self) -> dict:
         """Flat JSON row (spec, regression, objective, columns)."""
-        reg = self.regression
+        reg = {k: getattr(self.regression, k) if self.regression else None for k in ("kl", "dloss", "loss")}
         obj = json_safe(self.objective) if self.objective else dict.fromkeys(f.name for f in fields(Objective))
-        return {
-            **json_safe(self.spec),
-            "kl": reg.kl if reg else None,
-            "dloss": reg.dloss if reg else None,
-            "loss": reg.loss if reg else None,
-            **obj,
-            "weights_changed": self.weights_changed,
-            "alpha_abs": {str(k): v for k, v in self.alpha_abs.items()},
-            "columns": {str(k): v for k, v in self.columns.items()},
-            "error": self.error,
-            "screen": self.screen,
-        }
+        rest = ("weights_changed", "alpha_abs", "columns", "error", "screen")
+        return json_safe(self.spec) | reg | obj | {k: getattr(self, k) for k in rest}
 
 
 def grid(
-    layer_sets: Sequence[Sequence[int]], ks: Sequence[int], forms: Sequence[str], alphas: dict[str, Sequence[float]]
+    layer_sets: Sequence[Sequence[int]], ks: Sequence[int], forms: Sequence[str], alphas: Mapping[str, Sequence[float]]
 ) -> list[EditSpec]:
     """All combinations; ``alphas`` maps each form to its strength grid."""
     out = []
@@ -148,20 +147,25 @@ def choose(candidates: Sequence[Candidate], baseline: Objective, limits: Limits)
         and c.objective is not None
         and c.objective.degenerate_rate < baseline.degenerate_rate
     ]
-    if not ok:
-        return None
-    return min(ok, key=_rank)
+    return min(ok, key=rank_key) if ok else None
 
 
-def _rank(c: Candidate) -> tuple[float, float, float, int, float]:
-    assert c.objective is not None and c.regression is not None  # choose() ranks scanned, admitted candidates only
-    return (
-        c.objective.degenerate_rate,
-        c.objective.any_loop_rate,
-        c.objective.loop_rate,
-        c.weights_changed,
-        c.regression.kl,
-    )
+def rank_key(c: Candidate) -> tuple[float, float, float, int, float]:
+    """The order of the choice rule (see module doc): lower is better."""
+    assert c.objective is not None and c.regression is not None  # only scanned, admitted candidates are ranked
+    o = c.objective
+    return (o.degenerate_rate, o.any_loop_rate, o.loop_rate, c.weights_changed, c.regression.kl)
+
+
+def progress_bar(items: Any, desc: str, unit: str, progress: bool) -> Any:
+    """``items`` with a tqdm bar on stderr when ``progress`` and stderr is a terminal."""
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, disable=not progress or not sys.stderr.isatty())
+
+
+def check_restored(model: Any, before: str) -> None:
+    """Raise if the model's weights are not the ones the search started from."""
+    if state_sha256(model) != before:  # pragma: no cover - every edit is written back exactly
+        raise RuntimeError("the search left the model modified")
 
 
 Evaluate = Callable[[Any], tuple[Regression, Objective | None]]
@@ -180,30 +184,14 @@ def run_search(
     """Evaluate every spec with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
     before = state_sha256(model)
     out = []
-    bar = tqdm(
-        specs, desc="search", unit="edit", file=sys.stderr, disable=not progress or not sys.stderr.isatty(), leave=False
-    )
-    for spec in bar:
+    for spec in progress_bar(specs, "search", "edit", progress):
         try:
             patch = make_patch(model, spec, directions, unit_means, gaps)
         except ValueError as exc:  # e.g. selected units never active in loops: this candidate cannot be built
             out.append(Candidate(spec, error=str(exc)))
             continue
-        write_values(model, patch, "new")
-        try:
+        with written(model, patch):
             reg, obj = evaluate(model)
-        finally:
-            write_values(model, patch, "original")
-        out.append(
-            Candidate(
-                spec,
-                reg,
-                obj,
-                sum(t.changed() for t in patch.targets),
-                {t.layer: t.alpha for t in patch.targets},
-                {t.layer: t.columns.tolist() for t in patch.targets},
-            )
-        )
-    if state_sha256(model) != before:  # pragma: no cover - exact restore
-        raise RuntimeError("search left the model modified")
+        out.append(Candidate.of(spec, patch, reg, obj))
+    check_restored(model, before)
     return out

@@ -67,6 +67,13 @@ class RepairConfig:
         for name in ("top_layers", "keep", "screen_sequences", "screen_windows", "screen_strengths"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("ks", "subtract_alphas", "project_alphas"):
+            if any(x <= 0 for x in getattr(self, name)):
+                raise ValueError(f"{name} values must be > 0, got {list(getattr(self, name))}")
+
+    def alphas(self) -> dict[str, tuple[float, ...]]:
+        """Each edit form's strength grid."""
+        return {"subtract": self.subtract_alphas, "project": self.project_alphas}
 
     def sizes(self) -> dict[str, int]:
         """Requested size of each prompt set."""
@@ -243,22 +250,13 @@ class LoopStudy:
         desc: str = "scan",
         decoded: bool = True,
     ) -> ScanResult:
-        """Scan ``ids`` on the model as it is now (edits applied in place are seen)."""
+        """Scan ``ids`` on the model as it is now (edits applied in place are seen); ``decoded=False``: token
+        measures only, no progress bar (the searches' many small scans)."""
+        options = self.scan_options(texts, desc)
+        if not decoded:
+            options["decode"], options["progress"] = None, False
         return scan_loops(
-            self.model,
-            ids,
-            self.cfg.max_new_tokens,
-            sampler or self.sampler,
-            batch_size=self.cfg.batch_size,
-            seed=self.cfg.seed,
-            eos_id=self.eos_id,
-            unk_id=self.unk_id,
-            loop=self.cfg.loop,
-            decode=self.decode if decoded else None,
-            prompt_texts=texts,
-            progress=self.progress and decoded,
-            desc=desc,
-            compile=self.compile,
+            self.model, ids, self.cfg.max_new_tokens, sampler or self.sampler, compile=self.compile, **options
         )
 
     def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:

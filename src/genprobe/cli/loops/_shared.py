@@ -28,46 +28,26 @@ DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
 
 
 # ---- shared flags ---------------------------------------------------------------------------
+LOOP_FLAGS = (  # (flag, LoopSettings field, help): the detectors' settings every loops action takes
+    ("--min-tail", "min_tail", "exact loop: minimal periodic tail in tokens"),
+    ("--near-window", "window", "near loop and compression: tail length in tokens"),
+    ("--near-max-period", "max_period", "near loop: longest period tried"),
+    ("--near-min-match", "min_match", "near loop: share of tail tokens that must repeat"),
+    ("--min-compression", "min_compression", "repetitive tail: tail tokens per LZ piece"),
+)
+
+
 def add_model_args(q: argparse.ArgumentParser) -> None:
     from ...loops.repair import RepairConfig
 
     d = RepairConfig()
     add_model_argument(q, required=False, help=f"{MODEL_HELP} (default {DEFAULT_MODEL})")
     add_max_new_tokens(q, d.max_new_tokens)
-    q.add_argument(
-        "--batch-size", type=int, default=d.batch_size, help=f"prompts per generation batch (default {d.batch_size})"
-    )
-    q.add_argument("--seed", type=int, default=d.seed, help="sampling seed (default 0)")
-    q.add_argument(
-        "--min-tail",
-        type=int,
-        default=d.loop.min_tail,
-        help=f"exact loop: minimal periodic tail in tokens (default {d.loop.min_tail})",
-    )
-    q.add_argument(
-        "--near-window",
-        type=int,
-        default=d.loop.window,
-        help=f"near loop and compression: tail length in tokens (default {d.loop.window})",
-    )
-    q.add_argument(
-        "--near-max-period",
-        type=int,
-        default=d.loop.max_period,
-        help=f"near loop: longest period tried (default {d.loop.max_period})",
-    )
-    q.add_argument(
-        "--near-min-match",
-        type=float,
-        default=d.loop.min_match,
-        help=f"near loop: share of tail tokens that must repeat (default {d.loop.min_match})",
-    )
-    q.add_argument(
-        "--min-compression",
-        type=float,
-        default=d.loop.min_compression,
-        help=f"repetitive tail: tail tokens per LZ piece (default {d.loop.min_compression})",
-    )
+    add_config_flag(q, "batch_size", "prompts per generation batch", record=False)
+    add_config_flag(q, "seed", "sampling seed", record=False)
+    for flag, name, help in LOOP_FLAGS:
+        default = getattr(d.loop, name)
+        q.add_argument(flag, type=type(default), default=default, help=f"{help} (default {default})")
     q.add_argument(
         "--threads",
         type=int,
@@ -77,6 +57,25 @@ def add_model_args(q: argparse.ArgumentParser) -> None:
     )
     q.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_json_flag(q)
+
+
+def add_config_flag(
+    p: argparse.ArgumentParser, name: str, help: str = "", *, flag: str | None = None, record: bool = True, **kw: Any
+) -> None:
+    """``--name`` (or ``flag``) for the :class:`~genprobe.loops.study.RepairConfig` field ``name``: its type and
+    default come from the field (a tuple field takes one or more values); ``record``: :func:`repair_config` passes
+    it on (the parser lists the fields it has)."""
+    from ...loops.repair import RepairConfig
+
+    default = getattr(RepairConfig(), name)
+    if isinstance(default, tuple):
+        kw.update(nargs="+", action=Accumulate, type=type(default[0]), default=list(default))
+    else:
+        kw.update(type=type(default), default=default)
+    help = f"{help} (default %(default)s)".lstrip()
+    p.add_argument(flag or "--" + name.replace("_", "-"), dest=name, help=help, **kw)
+    if record:
+        p.set_defaults(config_fields=(*(p.get_default("config_fields") or ()), name))
 
 
 def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True) -> None:
@@ -99,7 +98,6 @@ def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True)
         g.add_argument(
             "--val-text",
             type=Path,
-            default=None,
             metavar="FILE",
             help="UTF-8 text for the regression check (KL, Δloss); at least one window of tokens",
         )
@@ -111,7 +109,6 @@ def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True)
         q.add_argument(
             "--val-window",
             type=int,
-            default=None,
             metavar="N",
             help="tokens per regression window (default: the model's context, at most 64)",
         )
@@ -124,7 +121,6 @@ def add_calibration_args(p: Any) -> None:
     c.add_argument(
         "--human-text",
         type=Path,
-        default=None,
         metavar="FILE",
         help="calibrate the detectors on this human text (UTF-8, one document per line) instead of the corpus "
         "chosen by the prompts' script (Chinese: held-out Tang poems; otherwise the English corpus, fetched "
@@ -260,14 +256,17 @@ def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
 def loop_settings_from(args: argparse.Namespace) -> Any:
     from ...metrics import LoopSettings
 
-    return LoopSettings(
-        args.min_tail, args.near_window, args.near_max_period, args.near_min_match, args.min_compression
-    )
+    return LoopSettings(**{name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _ in LOOP_FLAGS})
 
 
-def repair_config(args: argparse.Namespace, **over: Any) -> Any:
+def repair_config(args: argparse.Namespace) -> Any:
+    """The :class:`~genprobe.loops.study.RepairConfig` of the flags (those :func:`add_config_flag` recorded)."""
     from ...loops.repair import RepairConfig
 
+    fields: dict[str, Any] = {}  # list flags give lists; the config holds tuples
+    for name in args.config_fields:
+        value = getattr(args, name)
+        fields[name] = tuple(value) if isinstance(value, list) else value
     return RepairConfig(
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
@@ -275,7 +274,7 @@ def repair_config(args: argparse.Namespace, **over: Any) -> Any:
         prefix_chars=args.prefix,
         loop=loop_settings_from(args),
         val_window=getattr(args, "val_window", None),
-        **over,
+        **fields,
     )
 
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..._io import json_safe
 from .._common import add_json_flag, add_model_argument, emit_json, info
 
 
@@ -19,7 +20,7 @@ def register_patch_action(lsub: Any, name: str, help: str) -> None:
     g.add_argument("--out", type=Path, metavar="DIR", help="directory for the written model (new or empty)")
     g.add_argument("--in-place", action="store_true", help="overwrite MODEL's weight files")
     add_json_flag(a)
-    a.set_defaults(func=run_apply if name == "apply" else run_revert)
+    a.set_defaults(func=lambda args: run_patch_action(args, revert=name == "revert"))
 
 
 def _write_ckpt(args: argparse.Namespace, model: Any, note: dict) -> Path:
@@ -41,7 +42,9 @@ def _write_ckpt(args: argparse.Namespace, model: Any, note: dict) -> Path:
     return out
 
 
-def _apply_or_revert(args: argparse.Namespace, revert: bool) -> int:
+def run_patch_action(args: argparse.Namespace, revert: bool) -> int:
+    """Apply a patch (hash-checked) and write the patched model, or revert one (hash-checked both ways) and write
+    the original model."""
     from ...loops.hf_patch import apply_to_dir, revert_dir
     from ...loops.patch import apply_patch, load_patch, revert_patch
     from ...model.checkpoint import is_checkpoint
@@ -59,40 +62,16 @@ def _apply_or_revert(args: argparse.Namespace, revert: bool) -> int:
     if is_checkpoint(src):
         model = load_model(src)
         sha = (revert_patch if revert else apply_patch)(model.module, patch)
-        note = (
-            {}
-            if revert
-            else {
-                "patch": str(args.patch),
-                "sha256_before": patch.meta["sha256_before"],
-                "sha256_after": patch.meta["sha256_after"],
-                "edit": patch.meta.get("edit"),
-            }
-        )
+        keep = ("sha256_before", "sha256_after", "edit")
+        note = {} if revert else {"patch": str(args.patch)} | {k: patch.meta.get(k) for k in keep}
         res.update(out=str(_write_ckpt(args, model, note)), state_sha256=sha)
     else:
         out = src if args.in_place else args.out
         r = (revert_dir if revert else apply_to_dir)(src, patch, out)
-        res.update(
-            out=r.out,
-            state_sha256=r.state_sha256,
-            weight_files=r.rewritten,
-            matches_original=r.matches_original,
-            notes=r.notes,
-        )
+        res.update(json_safe(r))
         for n in r.notes:
             info(f"note: {n}")
     info(f"{action}: wrote {res['out']} (state sha256 {res['state_sha256'][:16]}…)")
     if args.json:
         emit_json(res)
     return 0
-
-
-def run_apply(args: argparse.Namespace) -> int:
-    """Apply a patch (hash-checked) and write the patched model."""
-    return _apply_or_revert(args, revert=False)
-
-
-def run_revert(args: argparse.Namespace) -> int:
-    """Revert a patch (hash-checked both ways) and write the original model."""
-    return _apply_or_revert(args, revert=True)

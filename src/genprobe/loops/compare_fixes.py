@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Sequence
 
 from .._io import json_safe
 from ..engine.generate import generate
@@ -44,9 +44,9 @@ from .compare_methods import (
     check_methods,
     edit_with,
 )
-from .patch import Patch, apply_patch, revert_patch
+from .patch import Patch, patched
 from .scan import GenerationRecord, LoopRates, ScanResult, study_sampler
-from .study import EndToken, LoopStudy, RepairConfig
+from .study import Clock, EndToken, LoopStudy, RepairConfig
 
 BACKENDS = ("genprobe",)
 BEST_RULE = (
@@ -83,6 +83,14 @@ class CompareConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
+_JSON_NAMES = {"own": "nll_own", "judge": "nll_judge", "classes": "breaker_classes"}  # what the JSON calls them
+
+
+def _json_fields(obj: Any, skip: tuple[str, ...] = ()) -> dict:
+    """A dataclass's fields as JSON, under their JSON names (the NLLs say what they are)."""
+    return {_JSON_NAMES.get(f.name, f.name): json_safe(getattr(obj, f.name)) for f in fields(obj) if f.name not in skip}
+
+
 @dataclass
 class Cost:
     """Generation cost: the whole scan's wall time, and tokens/s on one batch (median of interleaved rounds)."""
@@ -114,22 +122,11 @@ class MethodResult:
 
     def to_dict(self) -> dict:
         """Plain JSON (texts are written separately)."""
-        return {
-            **json_safe(self.method),
-            "rates": json_safe(self.rates),
-            "legit": json_safe(self.legit),
-            "legit_clean": json_safe(self.legit_clean),
-            "nll_own": json_safe(self.own),
-            "nll_judge": json_safe(self.judge) if self.judge else None,
-            "cost": json_safe(self.cost),
-            "breaker_classes": [json_safe(c) for c in self.classes],
-            "own_loops": json_safe(self.own_loops),
-            "samples": self.samples,
-        }
+        return json_safe(self.method) | _json_fields(self, skip=("method", "texts", "degenerate"))
 
 
 @dataclass
-class Candidate:
+class MethodVerdict:
     """One decode-time method judged against the best-method rule."""
 
     name: str
@@ -151,7 +148,7 @@ class BestChoice:
     nll_model: str
     nll_limit: float | None
     skipped: list[str]
-    candidates: list[Candidate]
+    candidates: list[MethodVerdict]
 
 
 @dataclass
@@ -169,16 +166,7 @@ class HumanReference:
 
     def to_dict(self) -> dict:
         """Plain dict."""
-        return {
-            "genre": self.genre,
-            "source": self.source,
-            "reason": self.reason,
-            "n": self.n,
-            "cap_chars": self.cap_chars,
-            "legit": json_safe(self.legit) if self.legit else None,
-            "nll_own": json_safe(self.own) if self.own else None,
-            "nll_judge": json_safe(self.judge) if self.judge else None,
-        }
+        return _json_fields(self)
 
 
 @dataclass
@@ -221,27 +209,13 @@ class CompareResult:
         return next(m for m in self.methods if m.method.name == name)
 
     def to_dict(self) -> dict:
-        """Plain JSON-safe dict (no NaN: unmeasurable values are None)."""
-        return {
-            "model": self.model,
-            "judge": self.judge,
-            "backend": self.backend,
-            "prompt_source": self.prompt_source,
+        """Plain JSON-safe dict (no NaN: unmeasurable values are None); the prompts themselves are in
+        :meth:`texts_dict`, the sample prompts spelled out."""
+        d = {f.name: json_safe(getattr(self, f.name)) for f in fields(self) if f.name != "prompts"}
+        return d | {
             "n_prompts": len(self.prompts),
-            "config": json_safe(self.config),
-            "end_token": json_safe(self.end_token),
-            "ban_ids": self.ban_ids,
-            "breakers": self.breakers,
             "best_rule": self.best.rule if self.best else None,
-            "methods": [json_safe(m) for m in self.methods],
-            "human": json_safe(self.human),
-            "best": json_safe(self.best) if self.best else None,
-            "patch": json_safe(self.patch) if self.patch else None,
             "sample_prompts": [self.prompts[i] for i in self.sample_prompts],
-            "baseline_classes": self.baseline_classes,
-            "timings_s": self.timings_s,
-            "notes": self.notes,
-            "calibration": self.calibration,
         }
 
     def texts_dict(self) -> dict:
@@ -250,24 +224,6 @@ class CompareResult:
 
 
 # ---- stages ---------------------------------------------------------------------------------
-@contextmanager
-def patched(module: Any, patch: Patch) -> Iterator[None]:
-    """Apply ``patch`` in place for the block and always revert it (both sha256-checked by the patch module)."""
-    apply_patch(module, patch)
-    try:
-        yield
-    finally:
-        revert_patch(module, patch)
-
-
-def _patch_scope(module: Any, patch: Patch | None, on: bool) -> AbstractContextManager[None]:
-    """``patched`` when the method edits the weights, else a no-op (check_methods: edit rows have a patch)."""
-    if not on:
-        return nullcontext()
-    assert patch is not None, "an edit method needs a patch (check_methods enforces it)"
-    return patched(module, patch)
-
-
 def _chars(r: GenerationRecord) -> LoopMeasures:
     """The record's character-level loop measures (LoopStudy.scan measures every decoded text)."""
     assert r.char_measures is not None, "compare scans decode every text"
@@ -279,23 +235,6 @@ def _bans(model: Any) -> list[int]:
     return [i for i in (model.unk_id, model.eos_id) if i is not None]
 
 
-def _scan(
-    study: LoopStudy,
-    method: Method,
-    ids: list[list[int]],
-    prompts: Sequence[str],
-    patch: Patch | None,
-    log: Callable[[str], None],
-) -> tuple[ScanResult, float]:
-    t0 = time.perf_counter()
-    with _patch_scope(study.module, patch, method.patched):
-        scan = study.scan(ids, list(prompts), sampler=method.sampler, desc=method.name)
-    seconds = time.perf_counter() - t0
-    s = scan.summary
-    log(f"  {method.name:<12} degenerate {s.degenerate_rate:6.1%}  exact {s.loop_rate:6.1%}  ({seconds:.1f} s)")
-    return scan, seconds
-
-
 def _legit(prompts: Sequence[str], texts: Sequence[str], keep: Sequence[bool] | None = None) -> LegitRates:
     counts = [
         legit_counts(p + t, t) for i, (p, t) in enumerate(zip(prompts, texts, strict=True)) if keep is None or keep[i]
@@ -303,52 +242,92 @@ def _legit(prompts: Sequence[str], texts: Sequence[str], keep: Sequence[bool] | 
     return legit_rates(counts)
 
 
-def _human_reference(
-    model: Any, judge: Any, prompts: Sequence[str], human: HumanTexts, cap: int, batch_size: int
-) -> HumanReference:
-    """Legit rates and NLL of the human texts, each cut to its prompt + ``cap`` characters."""
-    if human.available == 0:
-        return HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
-    pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(prompts, human.poems, strict=True) if h is not None]
-    ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
-    own = fluency(str(model.source), score_continuations(model, ps, conts, batch_size))
-    jud = fluency(str(judge.source), score_continuations(judge, ps, conts, batch_size)) if judge else None
-    return HumanReference(human.genre, human.source, None, len(pairs), cap, _legit(ps, conts), own, jud)
+@dataclass
+class _Bench:
+    """What every method of one comparison runs on: the study, the prompts, the patch, the judge, the genre's
+    sequence breakers, and (once greedy has run) each prompt's class by its greedy loop."""
 
+    study: LoopStudy
+    judge: Any
+    prompts: Sequence[str]
+    ids: list[list[int]]
+    patch: Patch | None
+    cfg: CompareConfig
+    breakers: str
+    log: Callable[[str], None]
+    classes: list[str] = field(default_factory=list)
 
-def _score(
-    model: Any,
-    judge: Any,
-    prompts: Sequence[str],
-    method: Method,
-    scan: ScanResult,
-    seconds: float,
-    classes: Sequence[str],
-    breakers: str,
-    cfg: CompareConfig,
-) -> MethodResult:
-    """Loop rates, legit repetition, fluency (unmodified model + judge), breaker classes; cost filled later."""
-    recs = scan.records
-    texts = [r.text or "" for r in recs]
-    clean = [not r.degenerate for r in recs]
-    own = fluency(str(model.source), score_continuations(model, prompts, texts, cfg.batch_size))
-    jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, cfg.batch_size)) if judge else None
-    degenerate = [r.degenerate for r in recs]
-    cost = Cost(round(seconds, 2), sum(len(r.tokens) for r in recs), 0, [], None, None)
-    return MethodResult(
-        method,
-        scan.summary,
-        _legit(prompts, texts),
-        _legit(prompts, texts, clean),
-        own,
-        jud,
-        cost,
-        class_rates(classes, degenerate),
-        own_loops(texts, [_chars(r) for r in recs], breakers),
-        [],
-        texts,
-        degenerate,
-    )
+    def edits(self, m: Method) -> AbstractContextManager[None]:
+        """``patched`` when the method edits the weights, else a no-op (check_methods: edit rows have a patch)."""
+        assert self.patch is not None or not m.patched, "an edit method needs a patch (check_methods enforces it)"
+        return patched(self.study.module, self.patch) if m.patched and self.patch is not None else nullcontext()
+
+    def scan(self, m: Method) -> tuple[ScanResult, float]:
+        """Every prompt under ``m``, and the seconds it took."""
+        t0 = time.perf_counter()
+        with self.edits(m):
+            scan = self.study.scan(self.ids, list(self.prompts), sampler=m.sampler, desc=m.name)
+        seconds = time.perf_counter() - t0
+        s = scan.summary
+        self.log(f"  {m.name:<12} degenerate {s.degenerate_rate:6.1%}  exact {s.loop_rate:6.1%}  ({seconds:.1f} s)")
+        return scan, seconds
+
+    def fluencies(self, prompts: Sequence[str], texts: Sequence[str]) -> tuple[Fluency, Fluency | None]:
+        """NLL per character of ``texts`` after ``prompts`` under the model itself and under the judge (None
+        without one)."""
+        model, judge, batch = self.study.model, self.judge, self.cfg.batch_size
+        own = fluency(str(model.source), score_continuations(model, prompts, texts, batch))
+        jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, batch)) if judge else None
+        return own, jud
+
+    def human_reference(self, human: HumanTexts, cap: int) -> HumanReference:
+        """Legit rates and NLL of the human texts, each cut to its prompt + ``cap`` characters."""
+        if human.available == 0:
+            return HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
+        pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(self.prompts, human.poems, strict=True) if h is not None]
+        ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
+        legit = _legit(ps, conts)
+        return HumanReference(human.genre, human.source, None, len(pairs), cap, legit, *self.fluencies(ps, conts))
+
+    def score(self, m: Method, scan: ScanResult, seconds: float) -> MethodResult:
+        """Loop rates, legit repetition, fluency (unmodified model + judge), breaker classes; cost filled later."""
+        recs, prompts = scan.records, self.prompts
+        texts = [r.text or "" for r in recs]
+        degenerate = [r.degenerate for r in recs]
+        cost = Cost(round(seconds, 2), sum(len(r.tokens) for r in recs), 0, [], None, None)
+        return MethodResult(
+            m,
+            scan.summary,
+            _legit(prompts, texts),
+            _legit(prompts, texts, [not d for d in degenerate]),
+            *self.fluencies(prompts, texts),
+            cost,
+            class_rates(self.classes, degenerate),
+            own_loops(texts, [_chars(r) for r in recs], self.breakers),
+            [],
+            texts,
+            degenerate,
+        )
+
+    def time(self, methods: Sequence[Method], rows: Sequence[MethodResult]) -> None:
+        """Fill the cost of ``rows`` with tokens/s on one batch: each of ``methods`` (greedy first) generates it,
+        rounds interleaved across methods (shared-machine noise), medians compared with greedy's."""
+        study, cfg = self.study, self.cfg
+        batch = self.ids[: cfg.batch_size]
+        times: dict[str, list[float]] = {m.name: [] for m in methods}
+        for _ in range(cfg.timing_rounds):
+            for m in methods:
+                sampler = study_sampler(m.sampler, study.eos_id)
+                with self.edits(m):
+                    t0 = time.perf_counter()
+                    generate(study.model, batch, cfg.max_new_tokens, sampler, seed=cfg.seed)
+                    times[m.name].append(time.perf_counter() - t0)
+        tps = {k: len(batch) * cfg.max_new_tokens / statistics.median(v) for k, v in times.items()}
+        for r in rows:
+            c = r.cost
+            c.timing_batch, c.timing_seconds = len(batch), [round(t, 4) for t in times[r.method.name]]
+            c.tokens_per_s = tps[r.method.name]
+            c.speed_vs_greedy = tps[r.method.name] / tps[BASELINE] if tps.get(BASELINE) else None
 
 
 def _kept(r: MethodResult, human: HumanReference) -> float | None:
@@ -385,7 +364,7 @@ def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: Com
             reasons.append(f"NLL {nll:.3f} > human {limit:.3f} nats/char")
         if kept is not None and kept < cfg.min_kept:
             reasons.append(f"keeps {kept:.0%} < {cfg.min_kept:.0%} of the legitimate repetition")
-        cands.append(Candidate(r.method.name, r.rates.degenerate_rate, speed, nll, kept, not reasons, reasons))
+        cands.append(MethodVerdict(r.method.name, r.rates.degenerate_rate, speed, nll, kept, not reasons, reasons))
     if human.legit is None:
         skipped.append("legitimate repetition: " + (human.reason or "no human rates"))
     ok = [c for c in cands if c.acceptable] or cands
@@ -393,32 +372,6 @@ def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: Com
     rule = BEST_RULE.format(min_speed=cfg.min_speed, min_kept=cfg.min_kept)
     nll_model = "judge" if human.judge is not None else "own model"
     return BestChoice(best.name, best.acceptable, rule, nll_model, limit, skipped, cands)
-
-
-def _timing(
-    study: LoopStudy, methods: Sequence[Method], ids: list[list[int]], patch: Patch | None, cfg: CompareConfig
-) -> dict[str, list[float]]:
-    """Seconds to generate one batch per method, rounds interleaved across methods (shared-machine noise)."""
-    batch = ids[: cfg.batch_size]
-    times: dict[str, list[float]] = {m.name: [] for m in methods}
-    for _ in range(cfg.timing_rounds):
-        for m in methods:
-            sampler = study_sampler(m.sampler, study.eos_id)
-            with _patch_scope(study.module, patch, m.patched):
-                t0 = time.perf_counter()
-                generate(study.model, batch, cfg.max_new_tokens, sampler, seed=cfg.seed)
-                times[m.name].append(time.perf_counter() - t0)
-    return times
-
-
-def _fill_costs(results: Sequence[MethodResult], times: dict[str, list[float]], batch: int, n_new: int) -> None:
-    tps = {k: batch * n_new / statistics.median(v) for k, v in times.items()}
-    base = tps.get(BASELINE)
-    for r in results:
-        c = r.cost
-        c.timing_batch, c.timing_seconds = batch, [round(t, 4) for t in times[r.method.name]]
-        c.tokens_per_s = tps[r.method.name]
-        c.speed_vs_greedy = tps[r.method.name] / base if base else None
 
 
 def _sample_prompts(greedy: MethodResult, k: int) -> list[int]:
@@ -453,28 +406,28 @@ def compare_fixes(
     _check_backend(backend)
     cfg = cfg or CompareConfig()
     names = check_methods(cfg.methods, patch is not None)
-    clock = {"start": time.perf_counter()}
+    clock = Clock()
     study = _study(model, cfg, progress)
     ids = study.encode(prompts)
     human, breakers = _human_and_breakers(prompts, continuations, cfg.genre)
     methods = build_methods(names, model.tokenizer, _bans(model), human.genre, cfg.engine)
     sha0 = model.state_sha256()
     log(f"generating {len(prompts)} prompts x {cfg.max_new_tokens} tokens, {len(names)} methods ({human.genre} genre)")
-    scans = {m.name: _scan(study, m, ids, prompts, patch, log) for m in methods}
-    clock["generate"] = time.perf_counter()
-    classes, cap = _baseline_classes(scans[BASELINE][0].records, breakers)
-    ref = _human_reference(model, judge, prompts, human, cap, cfg.batch_size)
-    results = [_score(model, judge, prompts, m, *scans[m.name], classes, breakers, cfg) for m in methods]
-    clock["score"] = time.perf_counter()
-    _fill_costs(results, _timing(study, methods, ids, patch, cfg), len(ids[: cfg.batch_size]), cfg.max_new_tokens)
-    clock["timing"] = time.perf_counter()
+    bench = _Bench(study, judge, prompts, ids, patch, cfg, breakers, log)
+    scans = {m.name: bench.scan(m) for m in methods}
+    clock.tick("generate")
+    bench.classes, cap = _baseline_classes(scans[BASELINE][0].records, breakers)
+    ref = bench.human_reference(human, cap)
+    results = [bench.score(m, *scans[m.name]) for m in methods]
+    clock.tick("score")
+    bench.time(methods, results)
+    clock.tick("timing")
     best = choose_best(results, ref, cfg) if any(_is_sampler(r.method) for r in results) else None
-    if EDIT_BEST in names and best is not None:
-        assert patch is not None and best.name is not None  # check_methods: EDIT_BEST needs a patch; a choice names one
-        results.append(
-            _run_combined(study, model, judge, prompts, ids, patch, results, best.name, classes, breakers, cfg, log)
-        )
-        clock["edit+best"] = time.perf_counter()
+    if EDIT_BEST in names and best is not None:  # the edit with the best decode-time method, timed in its own rounds
+        m = edit_with(next(r.method for r in results if r.method.name == best.name))
+        results.append(bench.score(m, *bench.scan(m)))
+        bench.time([results[0].method, m], results[-1:])
+        clock.tick("edit+best")
     picks = _attach_samples(results, cfg.samples)
     return CompareResult(
         str(model.source) if model.source else None,
@@ -491,8 +444,8 @@ def compare_fixes(
         best,
         _patch_check(model, patch, patch_path, sha0),
         picks,
-        {c: sum(k == c for k in classes) for c in dict.fromkeys(classes)},
-        _stage_times(clock),
+        {c: bench.classes.count(c) for c in dict.fromkeys(bench.classes)},
+        clock.to_dict(),
         _notes(study, human, judge, ref),
     )
 
@@ -530,41 +483,11 @@ def _is_sampler(m: Method) -> bool:
     return m.name != BASELINE and not m.patched
 
 
-def _run_combined(
-    study: LoopStudy,
-    model: Any,
-    judge: Any,
-    prompts: Sequence[str],
-    ids: list[list[int]],
-    patch: Patch,
-    results: list[MethodResult],
-    best: str,
-    classes: Sequence[str],
-    breakers: str,
-    cfg: CompareConfig,
-    log: Callable[[str], None],
-) -> MethodResult:
-    """The edit with the best decode-time method: scanned, scored and timed against greedy in its own rounds."""
-    m = edit_with(next(r.method for r in results if r.method.name == best))
-    r = _score(model, judge, prompts, m, *_scan(study, m, ids, prompts, patch, log), classes, breakers, cfg)
-    greedy = results[0]
-    times = _timing(study, [greedy.method, m], ids, patch, cfg)
-    _fill_costs([r], times, len(ids[: cfg.batch_size]), cfg.max_new_tokens)
-    return r
-
-
 def _patch_check(model: Any, patch: Patch | None, path: str | None, sha0: str) -> PatchCheck | None:
     if patch is None:
         return None
     after = model.state_sha256()
     return PatchCheck(path, patch.meta.get("edit"), sha0, patch.meta.get("sha256_after", ""), after, after == sha0)
-
-
-def _stage_times(clock: dict[str, float]) -> dict[str, float]:
-    keys = list(clock)
-    out = {k: round(clock[k] - clock[p], 2) for p, k in zip(keys, keys[1:], strict=False)}
-    out["total"] = round(time.perf_counter() - clock["start"], 2)
-    return out
 
 
 def _notes(study: LoopStudy, human: HumanTexts, judge: Any, ref: HumanReference) -> list[str]:

@@ -9,19 +9,17 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .._io import atomic_write_bytes, atomic_write_text
-from .._templates import environment
+from .._templates import environment, pct
 
-RATE_ROWS = (  # (label, key of a LoopRates dict, with a 95% CI)
-    ("exact loop rate (periodic tail)", "loop_rate", True),
-    ("near-loop rate (≥ 80% of the tail repeats p back)", "near_loop_rate", True),
-    ("exact or near loop", "any_loop_rate", True),
-    ("repetitive tail (≥ 2.5 tail tokens per LZ piece)", "repetitive_rate", True),
-    ("degenerate: any of the three (what the search lowers)", "degenerate_rate", True),
-)
-MEAN_ROWS = (  # (label, key, format)
+ROWS = (  # (label, key of a LoopRates dict, format): the rates with their 95% CIs, then the means
+    ("exact loop rate (periodic tail)", "loop_rate", "ci"),
+    ("near-loop rate (≥ 80% of the tail repeats p back)", "near_loop_rate", "ci"),
+    ("exact or near loop", "any_loop_rate", "ci"),
+    ("repetitive tail (≥ 2.5 tail tokens per LZ piece)", "repetitive_rate", "ci"),
+    ("degenerate: any of the three (what the search lowers)", "degenerate_rate", "ci"),
     ("short (period ≤ 4) exact loops", "short_loop_rate", "pct"),
     ("long exact loops", "long_loop_rate", "pct"),
     ("short / long, exact or near", None, "short_long_any"),
@@ -32,24 +30,33 @@ MEAN_ROWS = (  # (label, key, format)
 )
 
 
-def sweep_figure(report: dict) -> bytes:
-    """PNG: (left) degenerate rate with each layer's direction ablated; (right) search rates and limits against α."""
+def figure_png(panels: Callable[[Any], None], ncols: int, figsize: tuple[float, float], dpi: int) -> bytes:
+    """PNG of one row of ``ncols`` panels, drawn by ``panels(axes)`` (matplotlib, Agg: no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    if report.get("locate"):
-        _locate_panel(ax1, report["locate"])
-    else:  # the scaled search ranked layers by teacher-forced loop pressure instead of generating per layer
-        _rank_panel(ax1, report["search"]["scaled"])
-    _sweep_panel(ax2, report["search"], plt)
+    fig, axes = plt.subplots(1, ncols, figsize=figsize)
+    panels(axes)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
     return buf.getvalue()
+
+
+def sweep_figure(report: dict) -> bytes:
+    """PNG: (left) degenerate rate with each layer's direction ablated; (right) search rates and limits against α."""
+
+    def panels(axes: Any) -> None:
+        if report.get("locate"):
+            _locate_panel(axes[0], report["locate"])
+        else:  # the scaled search ranked layers by teacher-forced loop pressure instead of generating per layer
+            _rank_panel(axes[0], report["search"]["scaled"])
+        _sweep_panel(axes[1], report["search"])
+
+    return figure_png(panels, 2, (11, 4), 110)
 
 
 def _locate_panel(ax: Any, loc: dict) -> None:
@@ -75,7 +82,9 @@ def _rank_panel(ax: Any, scaled: dict | None) -> None:
     ax.set_title("direction ablated: loop pressure (teacher-forced)")
 
 
-def _sweep_panel(ax: Any, s: dict, plt: Any) -> None:
+def _sweep_panel(ax: Any, s: dict) -> None:
+    import matplotlib.pyplot as plt
+
     groups: dict[tuple, list[dict]] = {}
     for r in s["candidates"]:
         groups.setdefault((r["form"], tuple(r["layers"]), r["k"]), []).append(r)
@@ -118,103 +127,71 @@ def _sweep_panel(ax: Any, s: dict, plt: Any) -> None:
 
 
 # ---- HTML -----------------------------------------------------------------------------------
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
-
-
-def _with_ci(b: dict, key: str) -> str:
-    lo, hi = b[f"{key}_ci95"]
-    return f"{_pct(b[key])} [{_pct(lo)}–{_pct(hi)}]"
-
-
-def _cell(b: dict | None, key: str | None, fmt: str) -> str:
-    if b is None:
-        return "—"
+def _cell(b: dict, key: str | None, fmt: str) -> str:
+    if fmt == "ci":
+        lo, hi = b[f"{key}_ci95"]
+        return f"{pct(b[key])} [{pct(lo)}–{pct(hi)}]"
     if fmt == "short_long_any":
-        return f"{_pct(b['short_any_rate'])} / {_pct(b['long_any_rate'])}"
-    return _pct(b[key]) if fmt == "pct" else fmt.format(b[key])
+        return f"{pct(b['short_any_rate'])} / {pct(b['long_any_rate'])}"
+    return pct(b[key]) if fmt == "pct" else fmt.format(b[key])
 
 
 def rate_rows(before: dict, after: dict, unit: str = "token") -> list[dict]:
     """Rows of (label, before, after) for one pair of LoopRates dicts: rates with CIs, then means."""
-    rows = [
-        {
-            "label": label,
-            "before": _with_ci(before, key),
-            "after": _with_ci(after, key),
-            "strong": key == "degenerate_rate",
-        }
-        for label, key, _ in RATE_ROWS
-    ]
-    rows += [
+    return [
         {
             "label": label.format(unit=unit),
             "before": _cell(before, key, fmt),
             "after": _cell(after, key, fmt),
-            "strong": False,
+            "strong": key == "degenerate_rate",
         }
-        for label, key, fmt in MEAN_ROWS
+        for label, key, fmt in ROWS
     ]
-    return rows
 
 
 def _tables(report: dict) -> list[dict]:
     v = report.get("validation")
     if not v:
         return []
-    tables = [
-        {"title": f"all held-out prompts (n = {v['before']['n']}), tokens", "rows": rate_rows(v["before"], v["after"])}
+    b, a, pg, prone = v["before"], v["after"], v.get("plain_greedy") or {}, v["loop_prone_before"]
+    tables = [  # (title, before, after, unit): the held-out set, its character view, its loop-prone part, plain greedy
+        (f"all held-out prompts (n = {b['n']}), tokens", b, a, "token"),
+        ("the same generations measured on characters", b.get("chars"), a.get("chars"), "character"),
+        (f"loop-prone held-out prompts (n = {prone['n']})", prone, v["loop_prone_after"], "token"),
+        (
+            f"plain greedy, <unk> allowed (n = {(pg.get('before') or {}).get('n')})",
+            pg.get("before"),
+            pg.get("after"),
+            "token",
+        ),
     ]
-    if v["before"].get("chars") and v["after"].get("chars"):
-        tables.append(
-            {
-                "title": "the same generations measured on characters",
-                "rows": rate_rows(v["before"]["chars"], v["after"]["chars"], unit="character"),
-            }
-        )
-    tables.append(
-        {
-            "title": f"loop-prone held-out prompts (n = {v['loop_prone_before']['n']})",
-            "rows": rate_rows(v["loop_prone_before"], v["loop_prone_after"]),
-        }
-    )
-    pg = v.get("plain_greedy")
-    if pg and pg.get("after"):
-        tables.append(
-            {
-                "title": f"plain greedy, <unk> allowed (n = {pg['before']['n']})",
-                "rows": rate_rows(pg["before"], pg["after"]),
-            }
-        )
-    return tables
+    return [{"title": t, "rows": rate_rows(x, y, unit)} for t, x, y, unit in tables if x and y]
 
 
-def render_html(report: dict, png: bytes) -> str:
-    """Self-contained HTML (figure inlined as base64)."""
-    v = report.get("validation") or {}
-    reg = v.get("regression")
-    return (
-        environment("genprobe.loops")
-        .get_template("repair.html.j2")
-        .render(
-            report=report,
-            tables=_tables(report),
-            samples=v.get("samples", []),
-            patch=report.get("patch"),
-            regression=reg,
-            new_loops=v.get("new_loops"),
-            new_exact_loops=v.get("new_exact_loops"),
-            end_token=report.get("end_token"),
-            search=report["search"],
-            image=png,
-        )
-    )
+def write_page(out_dir: str | os.PathLike, stem: str, png: bytes, template: str, **context: Any) -> dict[str, Path]:
+    """Write ``<stem>.png`` and ``<stem>.html`` (``template`` rendered with the figure inlined) atomically."""
+    out = Path(out_dir)
+    html = environment("genprobe.loops").get_template(template).render(image=png, **context)
+    atomic_write_bytes(out / f"{stem}.png", png)
+    atomic_write_text(out / f"{stem}.html", html)
+    return {"png": out / f"{stem}.png", "html": out / f"{stem}.html"}
 
 
 def write_summary(report: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write ``repair.png`` and ``repair.html`` into ``out_dir`` atomically; returns their paths."""
-    out = Path(out_dir)
-    png = sweep_figure(report)
-    atomic_write_bytes(out / "repair.png", png)
-    atomic_write_text(out / "repair.html", render_html(report, png))
-    return {"png": out / "repair.png", "html": out / "repair.html"}
+    v = report.get("validation") or {}
+    return write_page(
+        out_dir,
+        "repair",
+        sweep_figure(report),
+        "repair.html.j2",
+        report=report,
+        tables=_tables(report),
+        samples=v.get("samples", []),
+        patch=report.get("patch"),
+        regression=v.get("regression"),
+        new_loops=v.get("new_loops"),
+        new_exact_loops=v.get("new_exact_loops"),
+        end_token=report.get("end_token"),
+        search=report["search"],
+    )
