@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Sequence, TypedDict
 
 from tqdm import tqdm
 from typing_extensions import Unpack
 
 from .._io import json_safe
+from ..engine.backend import Backend, Request, Sampler
 from ..engine.generate import generate
 from ..engine.samplers import SamplerConfig
 from ..metrics import LoopCalibration, LoopMeasures, LoopSettings, measure_loops, unk_share, wilson_interval
@@ -380,19 +381,88 @@ def scan_loops(
     ``compile=True`` decodes through the compiled fast path (``generate(..., compile=True)``: our GPT and
     Llama-family models; the same tokens as the eager loop, minutes of compiling per batch size, cached on disk).
     """
-    if calibration is not None:
-        loop = options.get("loop")
-        if loop is not None and loop != calibration.settings:
-            raise ValueError("give either loop settings or a calibration (which fixes them), not both")
-        options["loop"] = calibration.settings
-    seed = options.get("seed", 0)
+    options["loop"] = detector_settings(calibration, options.get("loop"))
+    batches = engine_batches(model, max_new_tokens, options.get("seed", 0), compile)
+    result = scan_batches(batches, prompts, max_new_tokens, sampler, **options)
+    return annotate_scan(result, calibration, chars_unit)
+
+
+def detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | None) -> LoopSettings | None:
+    """The loop detector's settings: the calibration's when one is given (``loop`` may only repeat them)."""
+    if calibration is None:
+        return loop
+    if loop is not None and loop != calibration.settings:
+        raise ValueError("give either loop settings or a calibration (which fixes them), not both")
+    return calibration.settings
+
+
+def check_prompts(
+    prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab_size: int, max_len: int | None = None
+) -> None:
+    """Refuse, before an engine generates, an empty prompt, an id outside ``[0, vocab_size)`` and (with ``max_len``)
+    a prompt whose generation would overflow the context, naming the prompt and the limit."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+        if min(p) < 0 or max(p) >= vocab_size:
+            raise ValueError(f"prompt {i} holds a token id outside [0, {vocab_size})")
+    longest = max((len(p) for p in prompts), default=0)
+    if max_len is not None and longest + max_new_tokens > max_len:
+        raise ValueError(
+            f"context overflow: longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"engine's max_model_len {max_len}"
+        )
+
+
+def engine_batches(model: Any, max_new_tokens: int, seed: int = 0, compile: bool = False) -> GenerateBatch:
+    """The scan's batch generator in genprobe's engine: batch ``i`` decoded together with seed ``seed + i``."""
 
     def generate_batch(chunk: list[list[int]], sampler: SamplerConfig, start: int, bi: int) -> list[tuple]:
         res = generate(model, chunk, max_new_tokens, sampler, seed=seed + bi, compile=compile)
         return [(toks, finished == "length") for toks, finished in zip(res.tokens, res.finished, strict=True)]
 
-    result = scan_batches(generate_batch, prompts, max_new_tokens, sampler, **options)
-    return annotate_scan(result, calibration, chars_unit)
+    return generate_batch
+
+
+#: SamplerConfig fields a :class:`~genprobe.engine.backend.Sampler` carries (the rest must stay at their defaults)
+BACKEND_FIELDS = {"greedy", "temperature", "top_k", "top_p", "ban_ids", "order", "engine"}
+
+
+def backend_sampler(sampler: SamplerConfig, seed: int) -> Sampler:
+    """``sampler`` as a backend's (and the OpenAI API's) settings; a ``ValueError`` naming the first setting they
+    cannot express (min-p, typical-p, penalties, DRY, XTC, …: refused, never approximated)."""
+    for f in fields(SamplerConfig):
+        if f.name not in BACKEND_FIELDS and getattr(sampler, f.name) != f.default:
+            raise ValueError(f"a backend request takes temperature, top-p, top-k and banned ids; not {f.name}")
+    if sampler.greedy:
+        return Sampler(0.0, ban_ids=tuple(sampler.ban_ids))
+    return Sampler(sampler.temperature, sampler.top_p or 1.0, sampler.top_k or 0, seed, tuple(sampler.ban_ids))
+
+
+def backend_batches(
+    backend: Backend, max_new_tokens: int, seed: int = 0, concurrency: int = 1, texts: Sequence[str] | None = None
+) -> GenerateBatch:
+    """The scan's batch generator over any :class:`~genprobe.engine.backend.Backend`: each batch sent with
+    ``concurrency`` requests in flight (as users load a server), prompt ``i`` sampled with seed ``seed + i``; a
+    backend that takes text prompts gets ``texts`` (it tokenizes them itself)."""
+
+    def generate_batch(chunk: list[list[int]], sampler: SamplerConfig, start: int, _: int) -> list[tuple]:
+        prompts: list[Any] = [tuple(p) for p in chunk]
+        if not backend.capabilities.token_prompts:
+            if texts is None:
+                raise ValueError(f"the {backend.capabilities.server} server takes text prompts: give them as text")
+            prompts = list(texts[start : start + len(chunk)])
+        # logprobs=1: an OpenAI-compatible server names the generated ids only in its log-probabilities
+        reqs = [
+            Request(p, max_new_tokens, backend_sampler(sampler, seed + start + i), logprobs=1)
+            for i, p in enumerate(prompts)
+        ]
+        outs = backend.complete_many(reqs, concurrency)
+        return [(o.token_ids, len(o.token_ids) == max_new_tokens) for o in outs]
+
+    return generate_batch
 
 
 def annotate_scan(
