@@ -46,9 +46,7 @@ def test_the_fake_is_a_backend_with_full_and_prompt_logprobs_and_a_batch_fault()
 
 def test_the_scan_over_a_backend_finds_the_planted_loop():
     fake = FakeBackend()
-    res = scan_batches(
-        backend_batches(fake, NEW, concurrency=2), PROMPTS, NEW, SamplerConfig(greedy=True), unk_id=None, batch_size=2
-    )
+    res = scan_batches(backend_batches(fake, 2), PROMPTS, NEW, SamplerConfig(greedy=True), unk_id=None, batch_size=2)
     assert [r.tokens for r in res.records] == [_greedy(p, NEW) for p in PROMPTS]
     assert [r.measures.looping for r in res.records] == LOOPING
     assert {r.measures.period for r in res.records if r.measures.looping} == {PERIOD}
@@ -59,10 +57,10 @@ def test_the_scan_over_a_backend_finds_the_planted_loop():
 def test_a_text_only_server_is_scanned_through_its_texts_and_says_what_it_did_not_check():
     fake = FakeBackend(token_prompts=False, seed=False)
     texts = [" ".join(map(str, p)) for p in PROMPTS]
-    res = scan_batches(backend_batches(fake, NEW, texts=texts), PROMPTS, NEW, SamplerConfig(greedy=True), unk_id=None)
+    res = scan_batches(backend_batches(fake), PROMPTS, NEW, SamplerConfig(greedy=True), unk_id=None, prompt_texts=texts)
     assert [r.measures.looping for r in res.records] == LOOPING
     with pytest.raises(ValueError, match="text prompts"):
-        scan_batches(backend_batches(fake, NEW), PROMPTS, NEW, SamplerConfig(greedy=True), unk_id=None)
+        scan_batches(backend_batches(fake), PROMPTS, NEW, SamplerConfig(greedy=True), unk_id=None)
     engine = backend_engine(fake, 2, kind="fake")
     engine.check(SamplerConfig(temperature=0.8), None, 64)
     with pytest.raises(ValueError, match="min_p"):

@@ -64,8 +64,7 @@ def backend_engine(backend: Backend, concurrency: int | None = None, kind: str =
             not_checked.append(SEEDS_NOTE)
 
     def start(study: LoopStudy, ids: Any, texts: Sequence[str], log: Callable[[str], None]) -> tuple:
-        cfg = study.cfg
-        generate = backend_batches(backend, cfg.max_new_tokens, cfg.seed, concurrency or caps.concurrency, texts)
+        generate = backend_batches(backend, concurrency or caps.concurrency)
         about = {"backend": kind, "server": caps.server, "model": backend.model_name, "not_checked": not_checked}
         return generate, about
 
@@ -82,6 +81,7 @@ def _default_prompts(model: Any) -> list[str]:
 
 
 LOOP_EXAMPLES = 5  # generations per setting in LoopScans.to_dict(with_records=False)
+EXAMPLE_KEYS = ("prompt", "text", "period", "near_period", "near_match", "degenerate", "unit_text")
 
 
 @dataclass
@@ -106,18 +106,7 @@ class LoopScans:
             if with_records:
                 scans[name] = json_safe(res)
                 continue
-            examples = [
-                {
-                    "prompt": r.prompt,
-                    "text": r.text,
-                    "period": r.measures.period,
-                    "near_period": r.measures.near_period,
-                    "near_match": r.measures.near_match,
-                    "degenerate": r.degenerate,
-                    "unit_text": r.unit_text,
-                }
-                for r in res.records[:LOOP_EXAMPLES]
-            ]
+            examples = [{k: json_safe(r)[k] for k in EXAMPLE_KEYS} for r in res.records[:LOOP_EXAMPLES]]
             scans[name] = {"settings": json_safe(res.settings), "summary": json_safe(res.summary), "examples": examples}
         return {
             "model": self.model,
@@ -183,7 +172,9 @@ def scan_loop_settings(
     chosen = dict(settings) if settings is not None else loop_study_settings(model)
     if not chosen:
         raise ValueError("no decoding settings to scan")
-    study = _loop_study(model, loop, max_new_tokens, batch_size, seed, progress, compile)
+    cfg = RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    cfg.loop = loop or cfg.loop
+    study = LoopStudy(model, cfg, progress=progress, compile=compile)
     samplers = {name: sampler or study.sampler for name, sampler in chosen.items()}
     ids = study.encode(texts)
     end = study.end_token
@@ -191,7 +182,7 @@ def scan_loop_settings(
         log(f"note: {end.note}")
     if backend is None:
         # "compile" only when asked: the JSON of an eager scan is the one every backend writes
-        generate = engine_batches(study.engine, max_new_tokens, seed, compile)
+        generate = engine_batches(study.engine, compile)
         about: dict[str, Any] = {"backend": "genprobe"} | ({"compile": True} if compile else {})
     else:
         engine = backend if isinstance(backend, ScanEngine) else backend_engine(backend)
@@ -212,19 +203,3 @@ def scan_loop_settings(
         if on_scan is not None:
             on_scan(name, res, result.seconds[name])
     return result
-
-
-def _loop_study(
-    model: Any,
-    loop: LoopSettings | None,
-    max_new_tokens: int,
-    batch_size: int,
-    seed: int,
-    progress: bool,
-    compile: bool = False,
-) -> LoopStudy:
-    """The study that encodes the prompts and scans them (generation length, batch, seed, detector settings)."""
-    cfg = RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
-    if loop is not None:
-        cfg.loop = loop
-    return LoopStudy(model, cfg, progress=progress, compile=compile)

@@ -1,4 +1,4 @@
-"""Loop scan through vLLM in-process: the same prompts, sampler and records as :func:`genprobe.loops.scan.scan_loops`.
+"""Loop scan through vLLM in-process: the same prompts, sampler and records as genprobe's own engine scan.
 
 vLLM contributes only a batch generator (:func:`vllm_batches`) to the one scan
 (:func:`genprobe.loops.scan.scan_batches`): generation runs in ``LLM.generate`` (continuous batching, any parallelism
@@ -13,42 +13,29 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from typing_extensions import Unpack
-
 from ..engine.samplers import SamplerConfig
-from ..loops.scan import GenerateBatch, ScanOptions, ScanResult, check_prompts, scan_batches
+from ..loops.scan import Batch, GenerateBatch, check_prompts
 from ..loops.scan_settings import ScanEngine
 from .engine import ServingEngine
 from .sampling import sampling_kwargs, to_sampling_params
 
 
-def vllm_batches(engine: ServingEngine, max_new_tokens: int, seed: int = 0, progress: bool = False) -> GenerateBatch:
-    """The scan's batch generator in vLLM: one ``generate`` call per batch, prompt ``i`` sampled with seed
-    ``seed + i``."""
+def vllm_batches(engine: ServingEngine) -> GenerateBatch:
+    """The scan's batch generator in vLLM (for :func:`genprobe.loops.scan.scan_batches`): one ``generate`` call per
+    batch, prompt ``i`` sampled with seed ``seed + i``; a bad prompt is refused before the batch runs."""
 
-    def generate_batch(chunk: list[list[int]], sampler: SamplerConfig, start: int, _: int) -> list[tuple]:
+    def generate_batch(b: Batch) -> list[tuple]:
+        check_prompts(b, engine.vocab_size, engine.max_model_len)
         params = [
-            to_sampling_params(sampler, engine.vocab_size, max_new_tokens, seed=None if sampler.greedy else seed + i)
-            for i in range(start, start + len(chunk))
+            to_sampling_params(
+                b.sampler, engine.vocab_size, b.max_new_tokens, seed=None if b.sampler.greedy else b.seed + i
+            )
+            for i in range(b.first, b.first + len(b.prompts))
         ]
-        outs = engine.generate(chunk, params, use_tqdm=progress)
+        outs = engine.generate(b.prompts, params, use_tqdm=b.progress)
         return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason == "length") for o in outs]
 
     return generate_batch
-
-
-def scan_loops_vllm(
-    engine: ServingEngine,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampler: SamplerConfig | None = None,
-    **options: Unpack[ScanOptions],
-) -> ScanResult:
-    """:func:`genprobe.loops.scan.scan_loops` with generation in vLLM (``batch_size`` prompts per generate call):
-    same arguments and result; ``eos_id`` is banned, never a stop (fixed-length loop studies)."""
-    check_prompts(prompts, max_new_tokens, engine.vocab_size, engine.max_model_len)
-    generate = vllm_batches(engine, max_new_tokens, options.get("seed", 0), options.get("progress", False))
-    return scan_batches(generate, prompts, max_new_tokens, sampler, **options)
 
 
 def vllm_scan_backend(options: Any = None) -> ScanEngine:
@@ -78,8 +65,6 @@ def vllm_scan_backend(options: Any = None) -> ScanEngine:
         )
         engine = shared_engine(served, sized)
         log(f"vLLM engine ready ({engine.startup_seconds:.1f} s)")
-        check_prompts(ids, cfg.max_new_tokens, engine.vocab_size, engine.max_model_len)
-        generate = vllm_batches(engine, cfg.max_new_tokens, cfg.seed, study.progress)
-        return generate, {"backend": "vllm", "vllm": engine.describe()}
+        return vllm_batches(engine), {"backend": "vllm", "vllm": engine.describe()}
 
     return ScanEngine("vLLM", check, start)

@@ -1,11 +1,11 @@
-"""Loop scan through llama.cpp: the same prompts, samplers and records as :func:`genprobe.loops.scan.scan_loops`.
+"""Loop scan through llama.cpp: the same prompts, samplers and records as genprobe's own engine scan.
 
 Generation runs in llama.cpp (:meth:`~genprobe.serving.llamacpp.engine.LlamaCppModel.generate_batch`: up to
 ``batch_size`` prompts as sequences of one context, one ``llama_decode`` call per step), and every token is chosen by
 llama.cpp's own sampler chain built from the setting's :class:`~genprobe.engine.samplers.SamplerConfig`
 (:class:`~genprobe.serving.llamacpp.sampling.LlamaCppSampler`, one per prompt, seeded ``seed + i``; it accepts the
 prompt's tokens first, as ``llama-server`` does). A setting llama.cpp cannot express exactly is refused before
-anything runs (:class:`~genprobe.serving.llamacpp.sampling.UnsupportedLlamaCppSamplerError`). Loop measures are
+it runs (:class:`~genprobe.serving.llamacpp.sampling.UnsupportedLlamaCppSamplerError`). Loop measures are
 genprobe's own on the returned ids, and the result is the same :class:`~genprobe.loops.scan.ScanResult` as our
 engine's scan. It stays an in-process fast path beside the Backend route because a backend request carries only
 temperature, top-p, top-k, a seed and banned ids: llama.cpp's own chain (DRY, XTC, mirostat, penalties, …) would be
@@ -21,18 +21,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from typing_extensions import Unpack
 
 from ...engine.samplers import SamplerConfig
-from ...loops.scan import (
-    GenerateBatch,
-    ScanOptions,
-    ScanResult,
-    chanting_sampler,
-    check_prompts,
-    scan_batches,
-    study_sampler,
-)
+from ...loops.scan import Batch, GenerateBatch, check_prompts, study_sampler
 from ...loops.scan_settings import ScanEngine
 from .engine import LlamaCppModel, NextToken
 from .sampling import LlamaCppSampler, LlamaVocab, chain_stages
@@ -60,54 +51,36 @@ def check_sampler_llamacpp(sampler: SamplerConfig, context_length: int, eos_id: 
     chain_stages(study_sampler(sampler, eos_id), context_length=context_length)
 
 
-def llamacpp_batches(
-    model: LlamaCppModel, max_new_tokens: int, seed: int = 0, dry_breaker_strings: Sequence[str] = ()
-) -> GenerateBatch:
-    """The scan's batch generator in llama.cpp: the batch's prompts as sequences of one context, each token chosen
-    by its own sampler chain (prompt ``i`` seeded ``seed + i``); DRY's breakers as strings (llama.cpp tokenizes
-    them with the file's vocabulary)."""
+def llamacpp_batches(model: LlamaCppModel, dry_breaker_strings: Sequence[str] = ()) -> GenerateBatch:
+    """The scan's batch generator in llama.cpp (for :func:`genprobe.loops.scan.scan_batches`): the batch's prompts as
+    sequences of one context, each token chosen by its own sampler chain (prompt ``i`` seeded ``seed + i``; a setting
+    the chain cannot express is refused before the batch runs); DRY's breakers as strings (llama.cpp tokenizes them
+    with the file's vocabulary)."""
 
-    def generate_batch(chunk: list[list[int]], sampler: SamplerConfig, start: int, _: int) -> list[tuple]:
-        vocab = LlamaVocab(model.path) if sampler.dry_active else None
+    def generate_batch(b: Batch) -> list[tuple]:
+        check_prompts(b, model.vocab_size)
+        vocab = LlamaVocab(model.path) if b.sampler.dry_active else None
         chains = [
             LlamaCppSampler(
-                sampler,
+                b.sampler,
                 n_vocab=model.vocab_size,
                 context_length=model.n_ctx,
                 vocab=vocab,
                 dry_breaker_strings=dry_breaker_strings,
-                seed=seed + start + j,
+                seed=b.seed + i,
             )
-            for j in range(len(chunk))
+            for i in range(b.first, b.first + len(b.prompts))
         ]
         try:
-            outs = model.generate_batch(chunk, max_new_tokens, [chain_picker(c) for c in chains])
+            outs = model.generate_batch(b.prompts, b.max_new_tokens, [chain_picker(c) for c in chains])
         finally:
             for c in chains:
                 c.close()
             if vocab is not None:
                 vocab.close()
-        return [(out.tokens, len(out.tokens) == max_new_tokens) for out in outs]
+        return [(out.tokens, len(out.tokens) == b.max_new_tokens) for out in outs]
 
     return generate_batch
-
-
-def scan_loops_llamacpp(
-    model: LlamaCppModel,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampler: SamplerConfig | None = None,
-    *,
-    dry_breaker_strings: Sequence[str] = (),
-    **options: Unpack[ScanOptions],
-) -> ScanResult:
-    """:func:`genprobe.loops.scan.scan_loops` with generation and sampling in llama.cpp (``batch_size`` prompts per
-    context): same arguments and result; ``eos_id`` is banned, never a stop (fixed-length loop studies)."""
-    check_prompts(prompts, max_new_tokens, model.vocab_size)
-    # refused before llama.cpp generates anything (the chain cannot express it exactly)
-    check_sampler_llamacpp(sampler or chanting_sampler(options.get("unk_id", 1)), model.n_ctx, options.get("eos_id"))
-    generate = llamacpp_batches(model, max_new_tokens, options.get("seed", 0), dry_breaker_strings)
-    return scan_batches(generate, prompts, max_new_tokens, sampler, **options)
 
 
 def gguf_file_for(model_arg: str | os.PathLike[str]) -> Path:
@@ -144,8 +117,6 @@ def llamacpp_scan_backend(
             engine.close()
             raise ValueError(f"{gguf} has {engine.vocab_size} token ids but the loaded model {study.model.vocab_size}")
         log(f"llama.cpp engine ready ({Path(gguf).name}, n_ctx {engine.n_ctx}, {n_threads} thread(s))")
-        check_prompts(ids, cfg.max_new_tokens, engine.vocab_size)
-        generate = llamacpp_batches(engine, cfg.max_new_tokens, cfg.seed, dry_breaker_strings)
-        return generate, {"backend": "llama.cpp", "llama.cpp": engine.describe()}
+        return llamacpp_batches(engine, dry_breaker_strings), {"backend": "llama.cpp", "llama.cpp": engine.describe()}
 
     return ScanEngine("llama.cpp", check, start)
