@@ -101,3 +101,23 @@ def test_the_monitor_on_a_text_only_server_finds_the_loop_but_cannot_stop_early(
     assert greedy.tokens_saved == 0 and all(c.requests == 1 for c in greedy.completions)
     with pytest.raises(ValueError, match="text prompts"):
         monitor_backend(fake, PROMPTS, NEW)
+
+
+def test_loops_scan_runs_on_any_backend_by_its_adapter_alone(trained_ckpt):
+    """``scan_loop_settings(backend=...)`` takes a Backend as it is: the prompts encoded by the model's tokenizer, the
+    fake's tokens measured and described in the JSON (server, model, nothing left unchecked)."""
+    import genprobe
+
+    model = genprobe.load(trained_ckpt)
+    fake = FakeBackend()
+    settings = {"greedy": SamplerConfig(greedy=True)}
+    res = genprobe.scan_loop_settings(model, ["春眠不覺曉", "床前明月光"], settings, max_new_tokens=NEW, backend=fake)
+    out = res.to_dict(with_records=False)
+    assert (out["backend"], out["server"], out["model"], out["not_checked"]) == ("endpoint", "fake", "fake-chain", [])
+    records = res.scans["greedy"].records
+    assert [r.prompt_ids for r in records] == [list(r.prompt) for r in fake.requests]
+    assert [r.tokens for r in records] == [_greedy(r.prompt_ids, NEW) for r in records]
+    with pytest.raises(ValueError, match="the fake server cannot run the 'sample' setting exactly: .*min_p"):
+        genprobe.scan_loop_settings(
+            model, ["春眠"], {"sample": SamplerConfig(min_p=0.1)}, max_new_tokens=NEW, backend=fake
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,16 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
     if args.backend == "vllm":
         from ...serving.scan import vllm_scan_backend
 
-        return vllm_scan_backend(engine_options(args, seed=args.seed))
+        engine = vllm_scan_backend(engine_options(args, seed=args.seed))
+
+        def check(sampler: Any, model: Any, n_ctx: int) -> None:
+            try:
+                engine.check(sampler, model, n_ctx)
+            except ValueError as exc:  # name the flags that fix it
+                hint = " (on the command line: --preset vllm or --order vllm)" if "engine=" in str(exc) else ""
+                raise ValueError(f"{exc}{hint}") from None
+
+        return replace(engine, name="--backend vllm", check=check)
     if args.backend == "llama.cpp":
         return llamacpp_backend(args, settings, model)
     if args.backend == "endpoint":
