@@ -97,15 +97,8 @@ class GenerationRecord:
 
     def to_dict(self) -> dict:
         """Token measures at the top level (as before), character measures under ``chars``."""
-        d: dict[str, Any] = {
-            "prompt": self.prompt,
-            "text": self.text,
-            "prompt_ids": self.prompt_ids,
-            "tokens": self.tokens,
-            "hit_limit": self.hit_limit,
-            "unk_share": self.unk_share,
-            "unit_text": self.unit_text,
-        }
+        keys = ("prompt", "text", "prompt_ids", "tokens", "hit_limit", "unk_share", "unit_text")
+        d: dict[str, Any] = {k: getattr(self, k) for k in keys}
         d.update(json_safe(self.measures))
         d["chars"] = json_safe(self.char_measures) if self.char_measures is not None else None
         return d
