@@ -275,7 +275,7 @@ class MonitoredCompletion:
     detection: Detection | None = None
     generated: int = 0  # tokens the backend generated (the rest of the chunk in which the loop was seen included)
     requests: int = 0
-    finish_reason: str | None = None  # "loop" (the monitor stopped it) or the backend's last reason
+    finish_reason: str | None = None  # "loop" (cut after the loop) or the backend's last reason
 
 
 @dataclass

@@ -187,6 +187,8 @@ def run_scan(args: argparse.Namespace) -> int:
         on_scan=table,
         compile=args.compile and args.backend == "genprobe",
     )
+    for note in result.backend.get("not_checked", []):
+        info(f"not checked: {note}")
     if args.out:
         atomic_write_json(args.out / SCAN_FILE, json_safe(result))
         info(f"wrote {args.out / SCAN_FILE}")
