@@ -30,7 +30,6 @@ def child(args: argparse.Namespace) -> dict[str, object]:
     import genprobe
     from genprobe.engine.fast.compiled import wait_for_builds
     from genprobe.engine.generate import generate
-    from genprobe.engine.runner import engine_model
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -44,7 +43,7 @@ def child(args: argparse.Namespace) -> dict[str, object]:
         if step == 0:
             first_token.append(time.perf_counter())
 
-    runner = engine_model(m)
+    runner = m
     start = time.perf_counter()
     first = generate(runner, prompt, args.tokens, compile=True, on_token=on_token).tokens
     first_done = time.perf_counter()

@@ -71,11 +71,12 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
 
     import torch
 
+    from genprobe.loops.scan import scan_batches
     from genprobe.loops.study import LoopStudy
     from genprobe.model.load import load_model
     from genprobe.serving import EngineOptions, shared_engine
     from genprobe.serving.rates import compare_loop_rates
-    from genprobe.serving.scan import scan_study_vllm
+    from genprobe.serving.scan import vllm_batches
 
     torch.set_num_threads(args.threads)
     report = json.loads(args.repair_json.read_text(encoding="utf-8"))
@@ -90,7 +91,8 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     t0 = time.perf_counter()
     ours = study.scan(ids, texts, desc="ours")
     t1 = time.perf_counter()
-    served = scan_study_vllm(eng, study, ids, texts, desc="vllm")
+    options = study.scan_options(texts, "vllm")
+    served = scan_batches(vllm_batches(eng), ids, cfg.max_new_tokens, study.sampler, **options)
     t2 = time.perf_counter()
     after = report["validation"]["after"]
     rows = []

@@ -16,8 +16,8 @@ from genprobe.serving.monitor import (
     Detection,
     ExactPeriodDetector,
     LoopBreakingLogitsProcessor,
-    LoopMonitor,
     LoopStoppingCriteria,
+    LoopWatch,
     RecomputeDetector,
     replay,
 )
@@ -99,16 +99,19 @@ def test_near_loop_detector_plugs_in():
         RecomputeDetector(lambda toks: 42).push(1)
 
 
-def test_monitor_records_first_detection_and_lag():
-    mon = LoopMonitor(lambda: ExactPeriodDetector(min_tail=4))
-    mon.start(2)
-    for t in [7, 1, 2, 1, 2, 1, 2]:
-        mon.push(0, t)
-    for t in [1, 2, 3, 4, 5, 6, 7]:
-        mon.push(1, t)
-    assert mon.detections[0] == Detection(step=4, period=2, onset=1, unit=[1, 2])
-    assert mon.detections[0].lag == 4 and mon.detections[1] is None
-    assert replay([7, 1, 2, 1, 2, 1, 2], lambda: ExactPeriodDetector(min_tail=4)) == mon.detections[0]
+def test_watch_records_first_detection_and_lag():
+    looping, free = (
+        LoopWatch(lambda: ExactPeriodDetector(min_tail=4)),
+        LoopWatch(lambda: ExactPeriodDetector(min_tail=4)),
+    )
+    fired = [looping.push(t) for t in [7, 1, 2, 1, 2, 1, 2]]
+    free.catch_up([1, 2, 3])
+    free.catch_up([1, 2, 3, 4, 5, 6, 7])  # only the tokens not seen yet are fed
+    assert looping.detection == Detection(step=4, period=2, onset=1, unit=[1, 2])
+    assert fired[4] == looping.detection and fired[5] is None  # returned once, when it first fires
+    assert looping.detection.lag == 4 and free.detection is None and free.seen == 7
+    assert looping.continuation([7, 1, 2, 1, 2, 1, 2]) == 1 and free.continuation([1, 2]) is None
+    assert replay([7, 1, 2, 1, 2, 1, 2], lambda: ExactPeriodDetector(min_tail=4)) == looping.detection
 
 
 # ---- transformers integrations ----------------------------------------------------------------------
@@ -139,7 +142,7 @@ def test_hf_stopping_criteria_stops_where_replay_fires(hf_gpt2):
         want = replay(free)
         crit = LoopStoppingCriteria()
         stopped = _greedy(hf_gpt2, p, 60, stopping_criteria=[crit])
-        got = crit.monitor.detections[0]
+        got = crit.detections[0]
         assert got == want
         assert stopped == (free if want is None else free[: want.step + 1])
         fired += want is not None

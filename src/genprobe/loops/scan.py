@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Sequence, TypedDict
 
 from tqdm import tqdm
 from typing_extensions import Unpack
 
 from .._io import json_safe
+from ..engine.backend import Backend, Request, Sampler
 from ..engine.generate import generate
 from ..engine.samplers import SamplerConfig
 from ..metrics import LoopCalibration, LoopMeasures, LoopSettings, measure_loops, unk_share, wilson_interval
@@ -96,15 +97,8 @@ class GenerationRecord:
 
     def to_dict(self) -> dict:
         """Token measures at the top level (as before), character measures under ``chars``."""
-        d: dict[str, Any] = {
-            "prompt": self.prompt,
-            "text": self.text,
-            "prompt_ids": self.prompt_ids,
-            "tokens": self.tokens,
-            "hit_limit": self.hit_limit,
-            "unk_share": self.unk_share,
-            "unit_text": self.unit_text,
-        }
+        keys = ("prompt", "text", "prompt_ids", "tokens", "hit_limit", "unk_share", "unit_text")
+        d: dict[str, Any] = {k: getattr(self, k) for k in keys}
         d.update(json_safe(self.measures))
         d["chars"] = json_safe(self.char_measures) if self.char_measures is not None else None
         return d
@@ -170,42 +164,29 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
     short = sum(1 for m in exact if m.period is not None and m.period <= short_period_max)
     short_any = sum(1 for m in anyl if m.any_period is not None and m.any_period <= short_period_max)
 
-    def mean(get: Callable[[LoopMeasures], float]) -> float:
-        return sum(get(m) for m in measures) / n if n else 0.0
+    def share(k: float) -> float:
+        return k / n if n else 0.0
 
-    lr, lr_ci = _rate(len(exact), n)
-    nr, nr_ci = _rate(len(near), n)
-    ar, ar_ci = _rate(len(anyl), n)
-    n_rep, n_deg = sum(m.repetitive for m in measures), sum(m.degenerate for m in measures)
-    rr, rr_ci = _rate(n_rep, n)
-    dr, dr_ci = _rate(n_deg, n)
+    counts = {
+        ("loops", "loop_rate"): len(exact),
+        ("near_loops", "near_loop_rate"): len(near),
+        ("any_loops", "any_loop_rate"): len(anyl),
+        ("repetitive", "repetitive_rate"): sum(m.repetitive for m in measures),
+        ("degenerate", "degenerate_rate"): sum(m.degenerate for m in measures),
+    }
+    rates: dict[str, Any] = {}
+    for (count, rate), k in counts.items():
+        rates[count], (rates[rate], rates[f"{rate}_ci95"]) = k, _rate(k, n)
+    for name in ("distinct_2", "seq_rep_4", "longest_repeat", "tail_compression", "near_match"):
+        rates[f"mean_{name}"] = share(sum(getattr(m, name) for m in measures))
     return LoopRates(
         n=n,
-        loops=len(exact),
-        loop_rate=lr,
-        loop_rate_ci95=lr_ci,
-        near_loops=len(near),
-        near_loop_rate=nr,
-        near_loop_rate_ci95=nr_ci,
-        any_loops=len(anyl),
-        any_loop_rate=ar,
-        any_loop_rate_ci95=ar_ci,
-        repetitive=n_rep,
-        repetitive_rate=rr,
-        repetitive_rate_ci95=rr_ci,
-        degenerate=n_deg,
-        degenerate_rate=dr,
-        degenerate_rate_ci95=dr_ci,
+        **rates,
         short_period_max=short_period_max,
-        short_loop_rate=short / n if n else 0.0,
-        long_loop_rate=(len(exact) - short) / n if n else 0.0,
-        short_any_rate=short_any / n if n else 0.0,
-        long_any_rate=(len(anyl) - short_any) / n if n else 0.0,
-        mean_distinct_2=mean(lambda m: m.distinct_2),
-        mean_seq_rep_4=mean(lambda m: m.seq_rep_4),
-        mean_longest_repeat=mean(lambda m: m.longest_repeat),
-        mean_tail_compression=mean(lambda m: m.tail_compression),
-        mean_near_match=mean(lambda m: m.near_match),
+        short_loop_rate=share(short),
+        long_loop_rate=share(len(exact) - short),
+        short_any_rate=share(short_any),
+        long_any_rate=share(len(anyl) - short_any),
         period_hist={str(p): c for p, c in sorted(Counter(m.period for m in exact).items())},
         near_period_hist={str(p): c for p, c in sorted(Counter(m.near_period for m in near).items())},
         onset_hist=_onset_hist([m.onset for m in exact if m.onset is not None]),
@@ -274,37 +255,26 @@ def generation_record(
     return rec
 
 
-def scan_result(
-    records: list[GenerationRecord],
-    sampler: SamplerConfig,
-    max_new_tokens: int,
-    seed: int,
-    loop: LoopSettings,
-    eos_id: int | None,
-    short_period_max: int,
-) -> ScanResult:
-    """The records of a scan with its summary and the settings that produced them (any generation backend)."""
-    banned = eos_id is not None and eos_id in sampler.ban_ids
-    settings = ScanSettings(
-        json_safe(sampler),
-        max_new_tokens,
-        seed,
-        json_safe(loop),
-        eos_id,
-        banned,
-        END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None,
-    )
-    return ScanResult(records, summarise(records, short_period_max), settings)
+@dataclass
+class Batch:
+    """One batch of a scan, as every engine's batch generator receives it."""
+
+    prompts: list[list[int]]
+    texts: list[str] | None  # the prompts as text, when given (a server that takes only text prompts needs them)
+    sampler: SamplerConfig  # with the study's bans
+    first: int  # index of its first prompt in the scan
+    index: int  # the batch's number
+    seed: int  # the scan's seed; each engine seeds as it does (ours: seed + batch; the others seed + prompt)
+    max_new_tokens: int
+    progress: bool
 
 
-#: One backend's generation of one batch for a scan: (the batch's prompts, the sampler with the study's bans, the
-#: index of its first prompt, the batch's number) -> for each prompt its new token ids and whether it ran the whole
-#: budget. Each backend seeds as its engine does (ours: ``seed + batch``; vLLM and llama.cpp: ``seed + prompt``).
-GenerateBatch = Callable[[list[list[int]], SamplerConfig, int, int], list[tuple[list[int], bool]]]
+#: One engine's generation of one batch: for each prompt its new token ids and whether it ran the whole budget.
+GenerateBatch = Callable[[Batch], list[tuple[list[int], bool]]]
 
 
 class ScanOptions(TypedDict, total=False):
-    """The options every scan backend takes beside its prompts, budget and sampler (see :func:`scan_batches`)."""
+    """The options every scan takes beside its prompts, budget and sampler (see :func:`scan_batches`)."""
 
     batch_size: int
     seed: int
@@ -335,7 +305,8 @@ def scan_batches(
     progress: bool = False,
     desc: str = "scan",
 ) -> ScanResult:
-    """The scan, written once for every backend: ``batch_size`` prompts at a time through ``generate_batch``, each
+    """The scan, written once for every engine: ``batch_size`` prompts at a time through ``generate_batch`` (genprobe's
+    :func:`engine_batches`, any backend's :func:`backend_batches`, vLLM's or llama.cpp's in-process one), each
     generation measured (:func:`generation_record`), the records summarised with the settings that made them.
 
     ``eos_id`` (the model's end token) is banned, never used to stop (see module doc); ``decode`` (ids -> str) adds
@@ -346,19 +317,25 @@ def scan_batches(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     loop = loop or LoopSettings()
     sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
+    texts = list(prompt_texts) if prompt_texts is not None else None
     records: list[GenerationRecord] = []
     interactive = progress and sys.stderr.isatty()
     bar = tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr, disable=not interactive, leave=False)
     try:
         for bi, start in enumerate(range(0, len(prompts), batch_size)):
             chunk = [list(p) for p in prompts[start : start + batch_size]]
-            for j, (toks, full) in enumerate(generate_batch(chunk, sampler, start, bi)):
-                text = prompt_texts[start + j] if prompt_texts is not None else None
+            chunk_texts = texts[start : start + batch_size] if texts is not None else None
+            batch = Batch(chunk, chunk_texts, sampler, start, bi, seed, max_new_tokens, progress)
+            for j, (toks, full) in enumerate(generate_batch(batch)):
+                text = chunk_texts[j] if chunk_texts is not None else None
                 records.append(generation_record(chunk[j], toks, full, unk_id, loop, decode, text))
             bar.update(len(chunk))
     finally:
         bar.close()
-    return scan_result(records, sampler, max_new_tokens, seed, loop, eos_id, short_period_max)
+    banned = eos_id is not None and eos_id in sampler.ban_ids
+    note = END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None
+    settings = ScanSettings(json_safe(sampler), max_new_tokens, seed, json_safe(loop), eos_id, banned, note)
+    return ScanResult(records, summarise(records, short_period_max), settings)
 
 
 def scan_loops(
@@ -380,19 +357,82 @@ def scan_loops(
     ``compile=True`` decodes through the compiled fast path (``generate(..., compile=True)``: our GPT and
     Llama-family models; the same tokens as the eager loop, minutes of compiling per batch size, cached on disk).
     """
-    if calibration is not None:
-        loop = options.get("loop")
-        if loop is not None and loop != calibration.settings:
-            raise ValueError("give either loop settings or a calibration (which fixes them), not both")
-        options["loop"] = calibration.settings
-    seed = options.get("seed", 0)
+    options["loop"] = detector_settings(calibration, options.get("loop"))
+    result = scan_batches(engine_batches(model, compile), prompts, max_new_tokens, sampler, **options)
+    return annotate_scan(result, calibration, chars_unit)
 
-    def generate_batch(chunk: list[list[int]], sampler: SamplerConfig, start: int, bi: int) -> list[tuple]:
-        res = generate(model, chunk, max_new_tokens, sampler, seed=seed + bi, compile=compile)
+
+def detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | None) -> LoopSettings | None:
+    """The loop detector's settings: the calibration's when one is given (``loop`` may only repeat them)."""
+    if calibration is None:
+        return loop
+    if loop is not None and loop != calibration.settings:
+        raise ValueError("give either loop settings or a calibration (which fixes them), not both")
+    return calibration.settings
+
+
+def check_prompts(batch: Batch, vocab_size: int, max_len: int | None = None) -> None:
+    """Refuse, before an engine generates the batch, an empty prompt, an id outside ``[0, vocab_size)`` and (with
+    ``max_len``) a prompt whose generation would overflow the context, naming the prompt and the limit."""
+    if batch.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {batch.max_new_tokens}")
+    for i, p in enumerate(batch.prompts, batch.first):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+        if min(p) < 0 or max(p) >= vocab_size:
+            raise ValueError(f"prompt {i} holds a token id outside [0, {vocab_size})")
+    longest = max(len(p) for p in batch.prompts)
+    if max_len is not None and longest + batch.max_new_tokens > max_len:
+        raise ValueError(
+            f"context overflow: longest prompt ({longest} tokens) + max_new_tokens ({batch.max_new_tokens}) exceeds "
+            f"the engine's max_model_len {max_len}"
+        )
+
+
+def engine_batches(model: Any, compile: bool = False) -> GenerateBatch:
+    """The scan's batch generator in genprobe's engine: batch ``i`` decoded together with seed ``seed + i``."""
+
+    def generate_batch(b: Batch) -> list[tuple]:
+        res = generate(model, b.prompts, b.max_new_tokens, b.sampler, seed=b.seed + b.index, compile=compile)
         return [(toks, finished == "length") for toks, finished in zip(res.tokens, res.finished, strict=True)]
 
-    result = scan_batches(generate_batch, prompts, max_new_tokens, sampler, **options)
-    return annotate_scan(result, calibration, chars_unit)
+    return generate_batch
+
+
+#: SamplerConfig fields a :class:`~genprobe.engine.backend.Sampler` carries (the rest must stay at their defaults)
+BACKEND_FIELDS = {"greedy", "temperature", "top_k", "top_p", "ban_ids", "order", "engine"}
+
+
+def backend_sampler(sampler: SamplerConfig, seed: int) -> Sampler:
+    """``sampler`` as a backend's (and the OpenAI API's) settings; a ``ValueError`` naming the first setting they
+    cannot express (min-p, typical-p, penalties, DRY, XTC, …: refused, never approximated)."""
+    for f in fields(SamplerConfig):
+        if f.name not in BACKEND_FIELDS and getattr(sampler, f.name) != f.default:
+            raise ValueError(f"a backend request takes temperature, top-p, top-k and banned ids; not {f.name}")
+    if sampler.greedy:
+        return Sampler(0.0, ban_ids=tuple(sampler.ban_ids))
+    return Sampler(sampler.temperature, sampler.top_p or 1.0, sampler.top_k or 0, seed, tuple(sampler.ban_ids))
+
+
+def backend_batches(backend: Backend, concurrency: int = 1) -> GenerateBatch:
+    """The scan's batch generator over any :class:`~genprobe.engine.backend.Backend`: each batch sent with
+    ``concurrency`` requests in flight (as users load a server), prompt ``i`` sampled with seed ``seed + i``; a
+    backend that takes only text prompts gets the prompts' texts (it tokenizes them itself)."""
+    caps = backend.capabilities
+
+    def generate_batch(b: Batch) -> list[tuple]:
+        prompts: list[tuple[int, ...] | str] = [tuple(p) for p in b.prompts]
+        if not caps.token_prompts:
+            if b.texts is None:
+                raise ValueError(f"the {caps.server} server takes text prompts: give the prompts as text")
+            prompts = list(b.texts)
+        # logprobs=1: an OpenAI-compatible server names the generated ids only in its log-probabilities
+        sampled = [backend_sampler(b.sampler, b.seed + i) for i in range(b.first, b.first + len(prompts))]
+        reqs = [Request(p, b.max_new_tokens, s, logprobs=1) for p, s in zip(prompts, sampled, strict=True)]
+        outs = backend.complete_many(reqs, concurrency)
+        return [(o.token_ids, len(o.token_ids) == b.max_new_tokens) for o in outs]
+
+    return generate_batch
 
 
 def annotate_scan(

@@ -1,6 +1,8 @@
 """Several decoding settings of one loop scan (``genprobe loops scan``): :func:`scan_loop_settings` and its result
-:class:`LoopScans`; the generation backend is a callback (our engine by default, vLLM through
-:func:`genprobe.serving.scan.vllm_scan_backend`)."""
+:class:`LoopScans`. Who generates is genprobe's engine by default, else a :class:`ScanEngine`: any
+:class:`~genprobe.engine.backend.Backend` (:func:`backend_engine`; a live server, a test's fake) or an engine's
+in-process fast path (:func:`genprobe.serving.scan.vllm_scan_backend`,
+:func:`genprobe.serving.llamacpp.scan.llamacpp_scan_backend`)."""
 
 from __future__ import annotations
 
@@ -9,18 +11,64 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from .._io import json_safe
+from ..engine.backend import Backend
 from ..engine.samplers import SamplerConfig
 from ..metrics import LoopCalibration, LoopSettings
-from .scan import ScanResult, annotate_scan, chanting_sampler, greedy_sampler
+from .scan import (
+    GenerateBatch,
+    ScanResult,
+    annotate_scan,
+    backend_batches,
+    backend_sampler,
+    chanting_sampler,
+    detector_settings,
+    engine_batches,
+    greedy_sampler,
+    scan_batches,
+    study_sampler,
+)
 from .study import LoopStudy, RepairConfig
 
-# (ids, texts, *, sampler, desc) -> ScanResult
-ScanFunction = Callable[..., ScanResult]
-# (model, study, samplers, ids, log) -> (scan function, what the JSON says about the backend)
-ScanBackend = Callable[
-    [Any, LoopStudy, dict[str, SamplerConfig], Sequence[Sequence[int]], Callable[[str], None]],
-    tuple[ScanFunction, dict[str, Any]],
-]
+
+@dataclass(frozen=True)
+class ScanEngine:
+    """Who generates a scan other than genprobe's engine; an engine contributes just these two functions.
+
+    ``check(sampler, model, n_ctx)`` raises a ``ValueError`` for a setting it cannot run exactly (the sampler with
+    the end-token ban, the context the scan needs): called for every setting before anything starts, so a setting is
+    refused, never approximated. ``start(study, ids, texts, log)`` starts the engine and returns the batch generator
+    of :func:`~genprobe.loops.scan.scan_batches` and what the JSON says about the engine."""
+
+    name: str  # as messages name it: "vLLM", "llama.cpp", "the vllm server"
+    check: Callable[[SamplerConfig, Any, int], None]
+    start: Callable[
+        [LoopStudy, Sequence[Sequence[int]], Sequence[str], Callable[[str], None]], tuple[GenerateBatch, dict]
+    ]
+
+
+SEEDS_NOTE = "reproducibility: the server ignores per-request seeds, so a sampled setting differs run to run"
+
+
+def backend_engine(backend: Backend, concurrency: int | None = None, kind: str = "endpoint") -> ScanEngine:
+    """Any :class:`~genprobe.engine.backend.Backend` as a scan engine, ``concurrency`` requests in flight (default:
+    as many as it serves at once). The sampler is passed through as the backend's own (temperature, top-p, top-k,
+    a seed per prompt, banned ids); the JSON names the server and lists what its capabilities left unchecked."""
+    caps = backend.capabilities
+    not_checked = []
+    if not caps.token_prompts:
+        not_checked.append(f"prompt ids: the {caps.server} server tokenizes the prompt texts itself")
+
+    def check(sampler: SamplerConfig, model: Any, n_ctx: int) -> None:
+        backend_sampler(sampler, 0)
+        if not sampler.greedy and not caps.seed and SEEDS_NOTE not in not_checked:
+            not_checked.append(SEEDS_NOTE)
+
+    def start(study: LoopStudy, ids: Any, texts: Sequence[str], log: Callable[[str], None]) -> tuple:
+        generate = backend_batches(backend, concurrency or caps.concurrency)
+        about = {"backend": kind, "server": caps.server, "model": backend.model_name, "not_checked": not_checked}
+        return generate, about
+
+    return ScanEngine(f"the {caps.server} server", check, start)
 
 
 def _default_prompts(model: Any) -> list[str]:
@@ -33,6 +81,7 @@ def _default_prompts(model: Any) -> list[str]:
 
 
 LOOP_EXAMPLES = 5  # generations per setting in LoopScans.to_dict(with_records=False)
+EXAMPLE_KEYS = ("prompt", "text", "period", "near_period", "near_match", "degenerate", "unit_text")
 
 
 @dataclass
@@ -57,18 +106,7 @@ class LoopScans:
             if with_records:
                 scans[name] = json_safe(res)
                 continue
-            examples = [
-                {
-                    "prompt": r.prompt,
-                    "text": r.text,
-                    "period": r.measures.period,
-                    "near_period": r.measures.near_period,
-                    "near_match": r.measures.near_match,
-                    "degenerate": r.degenerate,
-                    "unit_text": r.unit_text,
-                }
-                for r in res.records[:LOOP_EXAMPLES]
-            ]
+            examples = [{k: json_safe(r)[k] for k in EXAMPLE_KEYS} for r in res.records[:LOOP_EXAMPLES]]
             scans[name] = {"settings": json_safe(res.settings), "summary": json_safe(res.summary), "examples": examples}
         return {
             "model": self.model,
@@ -108,7 +146,7 @@ def scan_loop_settings(
     loop: LoopSettings | None = None,
     chars_unit: bool | None = None,
     prompt_source: str | None = None,
-    backend: ScanBackend | None = None,
+    backend: ScanEngine | Backend | None = None,
     log: Callable[[str], None] = lambda msg: None,
     on_scan: Callable[[str, ScanResult, float], None] | None = None,
     compile: bool = False,
@@ -119,23 +157,24 @@ def scan_loop_settings(
     chanting and greedy); the end token is banned in every one. ``prompts`` defaults to 256 held-out Tang
     openings for the bundled char model; ``prompt_source`` says where they came from (JSON). ``calibration``
     fixes the detector settings and puts its human rates beside every rate (else ``loop``); ``chars_unit`` says
-    whether the per-character view is a verdict (default: the calibration's). ``backend(model, study, samplers,
-    ids, log)`` returns who generates — a scan function ``(ids, texts, *, sampler, desc) -> ScanResult`` — and what
-    the JSON says about it; default our engine; :func:`genprobe.serving.scan.vllm_scan_backend` is vLLM's (every
-    setting checked first: one vLLM cannot express exactly is refused, never approximated). ``log`` gets the
-    end-token note (and the engine's start-up); ``on_scan(name, result, seconds)`` each scan as it finishes.
+    whether the per-character view is a verdict (default: the calibration's). ``backend`` is who generates: a
+    :class:`ScanEngine` or any :class:`~genprobe.engine.backend.Backend` (default our engine); every setting is
+    checked before it starts (one it cannot run exactly is refused, never approximated). ``log`` gets the end-token
+    note (and the engine's start-up); ``on_scan(name, result, seconds)`` each scan as it finishes.
     ``compile=True``: our engine decodes through the compiled fast path (no other backend).
     """
     if compile and backend is not None:
         raise ValueError("compile=True is for genprobe's own engine; the backend given decodes its own way")
-    loop = _detector_settings(calibration, loop)
+    loop = detector_settings(calibration, loop)
     if prompt_source is None:
         prompt_source = "tang-heldout-openings" if prompts is None else "prompts"
     texts = list(prompts) if prompts is not None else _default_prompts(model)
     chosen = dict(settings) if settings is not None else loop_study_settings(model)
     if not chosen:
         raise ValueError("no decoding settings to scan")
-    study = _loop_study(model, loop, max_new_tokens, batch_size, seed, progress, compile)
+    cfg = RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    cfg.loop = loop or cfg.loop
+    study = LoopStudy(model, cfg, progress=progress, compile=compile)
     samplers = {name: sampler or study.sampler for name, sampler in chosen.items()}
     ids = study.encode(texts)
     end = study.end_token
@@ -143,40 +182,24 @@ def scan_loop_settings(
         log(f"note: {end.note}")
     if backend is None:
         # "compile" only when asked: the JSON of an eager scan is the one every backend writes
-        scan, about = study.scan, {"backend": "genprobe"} | ({"compile": True} if compile else {})
+        generate = engine_batches(study.engine, compile)
+        about: dict[str, Any] = {"backend": "genprobe"} | ({"compile": True} if compile else {})
     else:
-        scan, about = backend(model, study, samplers, ids, log)
+        engine = backend if isinstance(backend, ScanEngine) else backend_engine(backend)
+        n_ctx = max(len(p) for p in ids) + max_new_tokens
+        for name, sampler in samplers.items():
+            try:
+                engine.check(study_sampler(sampler, model.eos_id), model, n_ctx)
+            except ValueError as exc:
+                raise type(exc)(f"{engine.name} cannot run the {name!r} setting exactly: {exc}") from None
+        generate, about = engine.start(study, ids, texts, log)
     result = LoopScans(str(model.source), len(texts), prompt_source, max_new_tokens, json_safe(end), about, calibration)
 
     for name, sampler in samplers.items():
         t0 = time.perf_counter()
-        res = annotate_scan(scan(ids, texts, sampler=sampler, desc=name), calibration, chars_unit)
+        res = scan_batches(generate, ids, max_new_tokens, sampler, **study.scan_options(texts, name))
+        res = annotate_scan(res, calibration, chars_unit)
         result.scans[name], result.seconds[name] = res, time.perf_counter() - t0
         if on_scan is not None:
             on_scan(name, res, result.seconds[name])
     return result
-
-
-def _detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | None) -> LoopSettings | None:
-    """The loop detector's settings: the calibration's when one is given (``loop`` may only repeat them)."""
-    if calibration is None:
-        return loop
-    if loop is not None and loop != calibration.settings:
-        raise ValueError("give either loop settings or a calibration (which fixes them), not both")
-    return calibration.settings
-
-
-def _loop_study(
-    model: Any,
-    loop: LoopSettings | None,
-    max_new_tokens: int,
-    batch_size: int,
-    seed: int,
-    progress: bool,
-    compile: bool = False,
-) -> LoopStudy:
-    """The study that encodes the prompts and scans them (generation length, batch, seed, detector settings)."""
-    cfg = RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
-    if loop is not None:
-        cfg.loop = loop
-    return LoopStudy(model, cfg, progress=progress, compile=compile)

@@ -7,9 +7,9 @@ needed, and then a missing install is reported as what to install
 - :mod:`.engine` — :class:`EngineOptions` and the one shared engine per process (:func:`shared_engine`)
 - :mod:`.verify` — :func:`verify_serving` (``genprobe verify-serving``), phases and verdicts
 - :mod:`.sampling` — :func:`to_sampling_params`: ``SamplerConfig`` → ``SamplingParams``, exact or refused
-- :mod:`.scan` — :func:`scan_loops_vllm` / :func:`scan_study_vllm`: ``loops scan --backend vllm`` through
+- :mod:`.scan` — :func:`vllm_batches` / :func:`vllm_scan_backend`: ``loops scan --backend vllm`` through
   ``LLM.generate``, every sampler checked for an exact vLLM form before the engine starts
-- :mod:`.monitor` — incremental loop detectors, ``transformers`` stopping criterion / logits processor
+- :mod:`.monitor` — incremental loop detectors, the monitor over any Backend, ``transformers`` hooks
 - :mod:`.vllm_monitor` — the same monitor as a vLLM V1 logits-processor plug-in
 - :mod:`.rates` — does a served (patched) model give the loop rates our engine measured?
 """

@@ -12,20 +12,24 @@ None`` and ``reset()``. Two are provided:
   :func:`genprobe.metrics.detect_near_loop`, which also sees loops with a substitution) and calls it
   every ``every`` tokens.
 
-The monitor is wired into generation as a ``transformers`` :class:`LoopStoppingCriteria` (stop),
-a ``transformers`` :class:`LoopBreakingLogitsProcessor` (intervene: ban the token that would
-continue the loop) and a vLLM V1 logits-processor plug-in (:mod:`genprobe.serving.vllm_monitor`).
-Only generated tokens are watched — a prompt that repeats itself is the user's business.
+The monitor's logic is written once (:class:`LoopWatch`: the detector over a growing token list, the first
+detection, the token a loop would continue with); each engine's hook is a thin adapter that feeds it: a
+``transformers`` :class:`LoopStoppingCriteria` (stop) and :class:`LoopBreakingLogitsProcessor` (intervene: ban the
+token that would continue the loop), llama-cpp-python's (:mod:`genprobe.serving.llamacpp.monitor`) and a vLLM V1
+logits-processor plug-in (:mod:`genprobe.serving.vllm_monitor`). :func:`monitor_backend` runs it over any
+:class:`~genprobe.engine.backend.Backend` (chunks of tokens per request, stopped at the first loop), so a new engine
+gets the monitor by its adapter alone. Only generated tokens are watched.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 import torch
 
+from ..engine.backend import Backend, Request, Sampler
 from ..metrics.loop import DEFAULT_MIN_TAIL, LoopInfo, detect_loop
 
 DEFAULT_MAX_PERIOD = 64
@@ -142,116 +146,38 @@ class Detection:
         return self.step + 1 - self.onset
 
 
-@dataclass
-class LoopMonitor:
-    """One detector per sequence of a batch; records the first detection of each sequence."""
+class LoopWatch:
+    """One sequence watched while it grows: the monitor's logic, written once for every engine.
 
-    make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector
-    detectors: list[IncrementalDetector] = field(default_factory=list)
-    detections: list[Detection | None] = field(default_factory=list)  # first detection per sequence
-    current: list[LoopInfo | None] = field(default_factory=list)  # the detector's answer after the newest token
-    lengths: list[int] = field(default_factory=list)  # generated tokens seen per sequence
-
-    def start(self, batch_size: int) -> None:
-        """Fresh state for ``batch_size`` sequences."""
-        self.detectors = [self.make_detector() for _ in range(batch_size)]
-        self.detections = [None] * batch_size
-        self.current = [None] * batch_size
-        self.lengths = [0] * batch_size
-
-    def push(self, row: int, token: int) -> Detection | None:
-        """Feed one generated token of sequence ``row``; returns its detection when it first fires."""
-        info = self.detectors[row].push(int(token))
-        self.current[row] = info
-        self.lengths[row] += 1
-        if info is None or self.detections[row] is not None:
-            return None
-        assert info.period is not None and info.onset is not None  # a detector's LoopInfo is looping
-        self.detections[row] = Detection(self.lengths[row] - 1, int(info.period), int(info.onset), list(info.unit))
-        return self.detections[row]
-
-
-def replay(
-    tokens: Sequence[int], make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector
-) -> Detection | None:
-    """Run a detector over a finished sequence token by token: where would the online monitor have fired?"""
-    mon = LoopMonitor(make_detector)
-    mon.start(1)
-    for t in tokens:
-        if mon.push(0, t) is not None:
-            break
-    return mon.detections[0]
-
-
-# ---- transformers integration -------------------------------------------------------------------------
-class _HFWatcher:
-    """Feeds the newest column of ``input_ids`` to a :class:`LoopMonitor`, starting after the prompt."""
-
-    def __init__(self, monitor: LoopMonitor | None, prompt_length: int | None):
-        self.monitor = monitor or LoopMonitor()
-        self.prompt_length = prompt_length
-        self._seen = 0
-
-    def observe(self, input_ids: torch.Tensor) -> None:
-        B, T = input_ids.shape
-        if self.prompt_length is None:  # first call happens after the first new token
-            self.prompt_length = T - 1
-        if not self.monitor.detectors:
-            self.monitor.start(B)
-        new = input_ids[:, self.prompt_length + self._seen :].tolist()
-        for row, toks in enumerate(new):
-            for t in toks:
-                self.monitor.push(row, t)
-        self._seen += len(new[0]) if new else 0
-
-
-def _hf_bases():
-    from transformers import LogitsProcessor, StoppingCriteria
-
-    return StoppingCriteria, LogitsProcessor
-
-
-class LoopStoppingCriteria(_hf_bases()[0]):  # type: ignore[misc]
-    """``transformers`` stopping criterion: a sequence is done once the monitor sees it loop."""
-
-    def __init__(self, monitor: LoopMonitor | None = None, prompt_length: int | None = None):
-        self.watch = _HFWatcher(monitor, prompt_length)
-
-    @property
-    def monitor(self) -> LoopMonitor:
-        """The monitor (its ``detections`` say period and onset per row)."""
-        return self.watch.monitor
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        self.watch.observe(input_ids)
-        return torch.tensor([d is not None for d in self.monitor.detections], dtype=torch.bool, device=input_ids.device)
-
-
-class LoopBreakingLogitsProcessor(_hf_bases()[1]):  # type: ignore[misc]
-    """``transformers`` logits processor: while a row loops, ban the token that would continue its loop.
-
-    The loop of period p continues with ``t[T - p]``; setting its logit to ``-inf`` forces the model
-    off the cycle at the next step (an intervention, not a repair: the weights are unchanged).
+    Its detector is fed each generated token once; ``loop`` is the detector's answer after the newest token (what the
+    break action acts on) and ``detection`` the first time it fired (what the stop action stops at). An engine's hook
+    is an adapter that hands it the sequence's generated tokens so far (:meth:`catch_up`).
     """
 
-    def __init__(self, monitor: LoopMonitor | None = None, prompt_length: int | None = None):
-        self.watch = _HFWatcher(monitor, prompt_length)
-        self.interventions = 0
+    def __init__(self, make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector):
+        self.detector = make_detector()
+        self.seen = 0  # generated tokens fed so far
+        self.loop: LoopInfo | None = None
+        self.detection: Detection | None = None
 
-    @property
-    def monitor(self) -> LoopMonitor:
-        """The monitor (first detection per row)."""
-        return self.watch.monitor
+    def push(self, token: int) -> Detection | None:
+        """Feed the next generated token; returns the detection when it first fires."""
+        self.loop = self.detector.push(int(token))
+        self.seen += 1
+        if self.loop is None or self.detection is not None:
+            return None
+        assert self.loop.period is not None and self.loop.onset is not None  # a detector's LoopInfo is looping
+        self.detection = Detection(self.seen - 1, int(self.loop.period), int(self.loop.onset), list(self.loop.unit))
+        return self.detection
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.watch.prompt_length is None:  # called before the first new token: the prompt is all of input_ids
-            self.watch.prompt_length = input_ids.shape[1]
-        self.watch.observe(input_ids)
-        for row, info in enumerate(self.monitor.current):
-            if info is not None:
-                scores[row, loop_continuation(input_ids[row].tolist(), info)] = float("-inf")
-                self.interventions += 1
-        return scores
+    def catch_up(self, generated: Sequence[int]) -> None:
+        """Feed the tokens of ``generated`` (every token generated so far) not fed yet."""
+        for t in generated[self.seen :]:
+            self.push(t)
+
+    def continuation(self, tokens: Sequence[int]) -> int | None:
+        """The token that would continue the current loop at the end of ``tokens`` (None while none)."""
+        return None if self.loop is None else loop_continuation(tokens, self.loop)
 
 
 def loop_continuation(tokens: Sequence[int], info: LoopInfo) -> int:
@@ -259,3 +185,189 @@ def loop_continuation(tokens: Sequence[int], info: LoopInfo) -> int:
     if info.period is None:
         raise ValueError("loop_continuation needs a looping LoopInfo (its period is None)")
     return int(tokens[len(tokens) - info.period])
+
+
+def replay(
+    tokens: Sequence[int], make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector
+) -> Detection | None:
+    """Run a detector over a finished sequence token by token: where would the online monitor have fired?"""
+    watch = LoopWatch(make_detector)
+    for t in tokens:
+        if watch.push(t) is not None:
+            break
+    return watch.detection
+
+
+class LoopHook:
+    """What every engine's generation hook shares: one :class:`LoopWatch` per row of ids that hold the prompt and
+    then the tokens generated so far (only those are watched: a prompt that repeats itself is the user's business).
+    ``prompt_length`` None: the row length at the first call less ``generated_at_first_call``."""
+
+    def __init__(
+        self, make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector, prompt_length: int | None = None
+    ):
+        self.make_detector, self.given_prompt_length = make_detector, prompt_length
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the generation (reuse the hook for the next one)."""
+        self.prompt_length = self.given_prompt_length
+        self.watches: list[LoopWatch] = []
+        self.interventions = 0
+
+    @property
+    def detections(self) -> list[Detection | None]:
+        """The first detection per row (period, onset, unit and step)."""
+        return [w.detection for w in self.watches]
+
+    def observe(self, rows: list[list[int]], generated_at_first_call: int = 0) -> None:
+        """Feed each row's generated tokens to its watch."""
+        if self.prompt_length is None:
+            self.prompt_length = len(rows[0]) - generated_at_first_call
+        if not self.watches:
+            self.watches = [LoopWatch(self.make_detector) for _ in rows]
+        for watch, row in zip(self.watches, rows, strict=True):
+            watch.catch_up(row[self.prompt_length :])
+
+    def continuations(self, rows: list[list[int]]) -> list[tuple[int, int]]:
+        """``(row, token)`` for each row that loops now: the token the break action bans (counted as interventions).
+
+        The loop of period p continues with ``t[T - p]``; a logit of ``-inf`` forces the model off the cycle at the
+        next step (an intervention, not a repair: the weights are unchanged)."""
+        out = [(i, w.continuation(row)) for i, (w, row) in enumerate(zip(self.watches, rows, strict=True))]
+        bans = [(i, tok) for i, tok in out if tok is not None]
+        self.interventions += len(bans)
+        return bans
+
+
+# ---- transformers integration -------------------------------------------------------------------------
+def _hf_bases():
+    from transformers import LogitsProcessor, StoppingCriteria
+
+    return StoppingCriteria, LogitsProcessor
+
+
+class LoopStoppingCriteria(LoopHook, _hf_bases()[0]):  # type: ignore[misc]
+    """``transformers`` stopping criterion: a sequence is done once its generated tokens end in a loop."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        self.observe(input_ids.tolist(), generated_at_first_call=1)  # first called after the first new token
+        return torch.tensor([d is not None for d in self.detections], dtype=torch.bool, device=input_ids.device)
+
+
+class LoopBreakingLogitsProcessor(LoopHook, _hf_bases()[1]):  # type: ignore[misc]
+    """``transformers`` logits processor: while a row loops, ban the token that would continue its loop."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        rows = input_ids.tolist()
+        self.observe(rows)  # first called before the first new token: the prompt is all of input_ids
+        for row, token in self.continuations(rows):
+            scores[row, token] = float("-inf")
+        return scores
+
+
+# ---- any Backend: generate in chunks, stop at the first loop -------------------------------------------
+@dataclass
+class MonitoredCompletion:
+    """One prompt's completion watched through a :class:`~genprobe.engine.backend.Backend`."""
+
+    tokens: list[int]  # generated tokens, up to and including the one that completed the loop
+    detection: Detection | None = None
+    generated: int = 0  # tokens the backend generated (the rest of the chunk in which the loop was seen included)
+    requests: int = 0
+    finish_reason: str | None = None  # "loop" (cut after the loop) or the backend's last reason
+
+
+@dataclass
+class MonitorReport:
+    """The monitor over a backend: each completion, how many looped, the tokens stopping saved, what was not
+    checked (and why)."""
+
+    JSON_PROPERTIES = ("looped", "tokens_saved")
+
+    server: str
+    max_tokens: int
+    chunk: int  # tokens asked per request
+    completions: list[MonitoredCompletion]
+    not_checked: list[str]
+
+    @property
+    def looped(self) -> int:
+        """Completions in which a loop was seen."""
+        return sum(c.detection is not None for c in self.completions)
+
+    @property
+    def tokens_saved(self) -> int:
+        """Tokens never generated because the monitor stopped a looping completion early."""
+        return sum(self.max_tokens - c.generated for c in self.completions if c.finish_reason == "loop")
+
+
+def monitor_backend(
+    backend: Backend,
+    prompts: Sequence[Sequence[int] | str],
+    max_tokens: int,
+    sampler: Sampler | None = None,
+    *,
+    chunk: int = 16,
+    concurrency: int = 1,
+    make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector,
+) -> MonitorReport:
+    """The online monitor over any backend, so a new engine gets it by its adapter alone: each prompt is continued
+    ``chunk`` tokens per request (the prompt's ids then the tokens so far; request ``k`` seeded ``seed + k``), the
+    detector fed after every chunk, and a completion stops at its first loop, cut right after the token that
+    completed it as the engines' stop hooks cut it. A backend that takes text prompts only cannot be continued from
+    token ids: each completion is then one request with the detector replayed over it (the loop is found; the early
+    stop is reported not checked)."""
+    if chunk < 1 or max_tokens < 1:
+        raise ValueError(f"chunk and max_tokens must be >= 1, got {chunk}, {max_tokens}")
+    caps, sampler = backend.capabilities, sampler or Sampler()
+    not_checked = []
+    if not caps.token_prompts:
+        not_checked.append(
+            f"early stop: the {caps.server} server takes text prompts, so a completion cannot be continued from its "
+            "token ids; each was generated whole and the detector replayed over it"
+        )
+        chunk = max_tokens
+    if sampler.temperature > 0 and not caps.seed:
+        not_checked.append(f"reproducibility: the {caps.server} server does not honour per-request seeds")
+    starts = [_prompt_for(backend, p) for p in prompts]
+    runs = [MonitoredCompletion([]) for _ in prompts]
+    watches = [LoopWatch(make_detector) for _ in prompts]
+    live = list(range(len(prompts)))
+    while live:
+        requests = [_next_request(starts[i], runs[i], max_tokens, chunk, sampler) for i in live]
+        going = []
+        for i, out in zip(live, backend.complete_many(requests, concurrency), strict=True):
+            run = runs[i]
+            run.requests, run.generated, run.finish_reason = run.requests + 1, run.generated + len(out.token_ids), None
+            for t in out.token_ids:
+                run.tokens.append(int(t))
+                if watches[i].push(t) is not None:
+                    run.detection, run.finish_reason = watches[i].detection, "loop"
+                    break
+            run.finish_reason = run.finish_reason or out.finish_reason
+            if run.finish_reason not in ("loop", "stop") and out.token_ids and run.generated < max_tokens:
+                going.append(i)
+        live = going
+    return MonitorReport(caps.server, max_tokens, chunk, runs, not_checked)
+
+
+def _prompt_for(backend: Backend, prompt: Sequence[int] | str) -> tuple[int, ...] | str:
+    """A prompt as the backend takes it (text tokenized by the backend where it takes ids)."""
+    if isinstance(prompt, str) and backend.capabilities.token_prompts:
+        ids = backend.tokenize(prompt)
+        if ids is None:
+            raise ValueError(f"the {backend.capabilities.server} server cannot say how it tokenizes: give token ids")
+        return tuple(ids)
+    if not isinstance(prompt, str) and not backend.capabilities.token_prompts:
+        raise ValueError(f"the {backend.capabilities.server} server takes text prompts: give the prompts as text")
+    return prompt if isinstance(prompt, str) else tuple(prompt)
+
+
+def _next_request(
+    start: tuple[int, ...] | str, run: MonitoredCompletion, max_tokens: int, chunk: int, sampler: Sampler
+) -> Request:
+    """The next chunk of a completion: its prompt followed by the tokens so far."""
+    prompt = start if isinstance(start, str) else (*start, *run.tokens)
+    seeded = sampler if sampler.seed is None else replace(sampler, seed=sampler.seed + run.requests)
+    return Request(prompt, min(chunk, max_tokens - run.generated), seeded)

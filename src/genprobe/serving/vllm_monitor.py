@@ -30,8 +30,8 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from ..metrics.loop import DEFAULT_MIN_TAIL, LoopInfo
-from .monitor import DEFAULT_MAX_PERIOD, Detection, ExactPeriodDetector, IncrementalDetector, loop_continuation, replay
+from ..metrics.loop import DEFAULT_MIN_TAIL
+from .monitor import DEFAULT_MAX_PERIOD, Detection, ExactPeriodDetector, IncrementalDetector, LoopWatch, replay
 
 EXTRA_KEY = "genprobe_loop_monitor"
 ACTIONS = ("stop", "break")
@@ -66,19 +66,13 @@ def _check(cfg: Any, stop_ids: Sequence[int] | None) -> dict:
 
 @dataclass
 class _Watched:
-    """One watched request: its detector, live output list, tokens fed so far and the latest answer."""
+    """One watched request: its :class:`~genprobe.serving.monitor.LoopWatch`, vLLM's live list of its output tokens
+    and what to do once it loops."""
 
-    detector: IncrementalDetector
-    output: list[int]  # vLLM's live list of this request's output tokens
+    watch: LoopWatch
+    output: list[int]
     action: str
     stop_token_id: int | None
-    fed: int = 0
-    loop: LoopInfo | None = None
-
-    def catch_up(self) -> None:
-        for t in self.output[self.fed :]:
-            self.loop = self.detector.push(int(t))
-        self.fed = len(self.output)
 
 
 class LoopMonitorProcessor(LogitsProcessor):
@@ -103,24 +97,26 @@ class LoopMonitorProcessor(LogitsProcessor):
         cfg = (params.extra_args or {}).get(EXTRA_KEY) if params is not None else None
         if cfg is None:
             return None
-        return _Watched(_detector_factory(cfg)(), output, cfg.get("action", "stop"), cfg.get("stop_token_id"))
+        watch = LoopWatch(_detector_factory(cfg))
+        return _Watched(watch, output, cfg.get("action", "stop"), cfg.get("stop_token_id"))
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Track added/removed/moved requests, then feed each watched request its new tokens."""
         process_dict_updates(self.rows, batch_update, self._new)
         for w in self.rows.values():
-            w.catch_up()
+            w.watch.catch_up(w.output)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Force the stop token (``stop``) or ban the loop's next token (``break``) on rows that loop now."""
         for row, w in self.rows.items():
-            if w.loop is None or row >= logits.shape[0]:
+            token = w.watch.continuation(w.output)
+            if token is None or row >= logits.shape[0]:
                 continue
             if w.action == "stop":
                 logits[row] = float("-inf")
                 logits[row, w.stop_token_id] = 0.0
             else:
-                logits[row, loop_continuation(w.output, w.loop)] = float("-inf")
+                logits[row, token] = float("-inf")
         return logits
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -95,19 +96,6 @@ def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
     return loop_study_settings(model, setting)
 
 
-def _check_vllm_settings(settings: dict, model: Any) -> None:
-    """Every setting vLLM cannot express exactly is refused (never approximated), naming the flags that fix it."""
-    from ...serving.sampling import UnsupportedSamplerError
-    from ...serving.scan import check_sampler_vllm
-
-    for name, sampler in settings.items():
-        try:
-            check_sampler_vllm(sampler, model.vocab_size, model.eos_id)
-        except UnsupportedSamplerError as exc:
-            hint = " (on the command line: --preset vllm or --order vllm)" if "engine=" in str(exc) else ""
-            raise ValueError(f"--backend vllm cannot run the {name!r} setting exactly: {exc}{hint}") from None
-
-
 def _backend_missing(args: argparse.Namespace) -> bool:
     """Refuse --compile with llama.cpp; say so (and return True) when the chosen engine is not installed."""
     if args.compile and args.backend == "llama.cpp":  # genprobe: its compiled fast path; vllm: vLLM compiles
@@ -124,20 +112,28 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
     if args.backend == "vllm":
         from ...serving.scan import vllm_scan_backend
 
-        _check_vllm_settings(settings, model)
-        return vllm_scan_backend(engine_options(args, seed=args.seed))
+        engine = vllm_scan_backend(engine_options(args, seed=args.seed))
+
+        def check(sampler: Any, model: Any, n_ctx: int) -> None:
+            try:
+                engine.check(sampler, model, n_ctx)
+            except ValueError as exc:  # name the flags that fix it
+                hint = " (on the command line: --preset vllm or --order vllm)" if "engine=" in str(exc) else ""
+                raise ValueError(f"{exc}{hint}") from None
+
+        return replace(engine, name="--backend vllm", check=check)
     if args.backend == "llama.cpp":
         return llamacpp_backend(args, settings, model)
     if args.backend == "endpoint":
+        from ...loops.scan_settings import backend_engine
         from ...serving.endpoint import EndpointBackend, HttpSettings
         from ...serving.live import piece_table
-        from ...serving.live_scan import endpoint_scan_backend
 
         if args.concurrency < 1 or args.timeout <= 0:
             raise ValueError(f"--concurrency must be >= 1 and --timeout > 0, got {args.concurrency}, {args.timeout}")
         server = EndpointBackend(args.model, HttpSettings(timeout_s=args.timeout), pieces=piece_table(model))
         info(f"{args.model}: {server.capabilities.server} server, model {server.model_name!r}")
-        return endpoint_scan_backend(server, args.concurrency)
+        return backend_engine(server, args.concurrency)
     return None
 
 
@@ -191,6 +187,8 @@ def run_scan(args: argparse.Namespace) -> int:
         on_scan=table,
         compile=args.compile and args.backend == "genprobe",
     )
+    for note in result.backend.get("not_checked", []):
+        info(f"not checked: {note}")
     if args.out:
         atomic_write_json(args.out / SCAN_FILE, json_safe(result))
         info(f"wrote {args.out / SCAN_FILE}")

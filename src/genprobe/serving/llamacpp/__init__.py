@@ -5,7 +5,7 @@
   greedy / picker-driven generation, several sequences in one context, the KV-cache primitives)
 - :mod:`.verify` — ``verify_serving_llamacpp`` (``verify-serving --backend llama.cpp``): prefill, decode, batch,
   prompt cache, context shift against float32 recomputation and llama.cpp's own prefill
-- :mod:`.scan` — ``scan_loops_llamacpp`` and the ``loops scan --backend llama.cpp`` backend
+- :mod:`.scan` — ``llamacpp_batches`` and the ``loops scan --backend llama.cpp`` backend
 - :mod:`.sampling` — a ``SamplerConfig`` as llama.cpp's own sampler chain (exact or refused):
   ``chain_candidates`` (what the chain keeps of one row after a history), ``LlamaCppSampler`` (accept / sample,
   for the scan backend), ``LlamaVocab`` (a GGUF's vocabulary, which DRY needs)

@@ -199,13 +199,13 @@ def _open_llama_cpp(path: str, n_ctx: int, cfg: QuantStudyConfig) -> Any:
 
 
 def _scan_llama_cpp(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig) -> Any:
-    """Greedy loop scan through llama.cpp (:func:`~genprobe.serving.llamacpp.scan.scan_loops_llamacpp`: ``<unk>``
+    """Greedy loop scan through llama.cpp (:func:`~genprobe.serving.llamacpp.scan.llamacpp_batches`: ``<unk>``
     and the end token banned, fixed length — the loop scan's chanting setting) with the calibrated detectors."""
-    from ...loops.scan import annotate_scan, chanting_sampler
-    from .scan import scan_loops_llamacpp
+    from ...loops.scan import annotate_scan, chanting_sampler, scan_batches
+    from .scan import llamacpp_batches
 
-    res = scan_loops_llamacpp(
-        engine,
+    res = scan_batches(
+        llamacpp_batches(engine),
         inputs.prompt_ids,
         cfg.max_new_tokens,
         chanting_sampler(model.unk_id, model.eos_id),

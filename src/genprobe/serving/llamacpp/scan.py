@@ -1,13 +1,15 @@
-"""Loop scan through llama.cpp: the same prompts, samplers and records as :func:`genprobe.loops.scan.scan_loops`.
+"""Loop scan through llama.cpp: the same prompts, samplers and records as genprobe's own engine scan.
 
 Generation runs in llama.cpp (:meth:`~genprobe.serving.llamacpp.engine.LlamaCppModel.generate_batch`: up to
 ``batch_size`` prompts as sequences of one context, one ``llama_decode`` call per step), and every token is chosen by
 llama.cpp's own sampler chain built from the setting's :class:`~genprobe.engine.samplers.SamplerConfig`
 (:class:`~genprobe.serving.llamacpp.sampling.LlamaCppSampler`, one per prompt, seeded ``seed + i``; it accepts the
 prompt's tokens first, as ``llama-server`` does). A setting llama.cpp cannot express exactly is refused before
-anything runs (:class:`~genprobe.serving.llamacpp.sampling.UnsupportedLlamaCppSamplerError`). Loop measures are
+it runs (:class:`~genprobe.serving.llamacpp.sampling.UnsupportedLlamaCppSamplerError`). Loop measures are
 genprobe's own on the returned ids, and the result is the same :class:`~genprobe.loops.scan.ScanResult` as our
-engine's scan. Greedy settings (greedy after bans) give our engine's tokens on an F32 file up to float ties (tested:
+engine's scan. It stays an in-process fast path beside the Backend route because a backend request carries only
+temperature, top-p, top-k, a seed and banned ids: llama.cpp's own chain (DRY, XTC, mirostat, penalties, …) would be
+lost. Greedy settings (greedy after bans) give our engine's tokens on an F32 file up to float ties (tested:
 per-prompt verdicts equal); sampled settings draw with llama.cpp's RNG (``std::mt19937``), so they agree in
 distribution, not token by token.
 """
@@ -16,15 +18,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-from typing_extensions import Unpack
 
 from ...engine.samplers import SamplerConfig
-from ...loops.scan import ScanOptions, ScanResult, chanting_sampler, scan_batches, study_sampler
+from ...loops.scan import Batch, GenerateBatch, check_prompts, study_sampler
+from ...loops.scan_settings import ScanEngine
 from .engine import LlamaCppModel, NextToken
-from .sampling import LlamaCppSampler, LlamaVocab, UnsupportedLlamaCppSamplerError, chain_stages
+from .sampling import LlamaCppSampler, LlamaVocab, chain_stages
 
 GGUF_HINT = "give MODEL as the GGUF file llama.cpp should run (e.g. ~/.cache/genprobe/models/<name>.gguf)"
 
@@ -49,62 +51,36 @@ def check_sampler_llamacpp(sampler: SamplerConfig, context_length: int, eos_id: 
     chain_stages(study_sampler(sampler, eos_id), context_length=context_length)
 
 
-def scan_loops_llamacpp(
-    model: LlamaCppModel,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampler: SamplerConfig | None = None,
-    *,
-    dry_breaker_strings: Sequence[str] = (),
-    **options: Unpack[ScanOptions],
-) -> ScanResult:
-    """:func:`genprobe.loops.scan.scan_loops` with generation and sampling in llama.cpp (``batch_size`` prompts per
-    context; prompt ``i`` sampled with seed ``seed + i``). Same arguments and result
-    (:func:`genprobe.loops.scan.scan_batches`); ``eos_id`` is banned, never a stop (fixed-length loop studies),
-    exactly as in our engine's scan. ``dry_breaker_strings``: DRY's sequence breakers as strings (llama.cpp
-    tokenizes them)."""
-    _check_prompts(model, prompts, max_new_tokens)
-    # refused before llama.cpp generates anything (the chain cannot express it exactly)
-    check_sampler_llamacpp(sampler or chanting_sampler(options.get("unk_id", 1)), model.n_ctx, options.get("eos_id"))
-    seed = options.get("seed", 0)
-    vocabs: dict[str, LlamaVocab] = {}
+def llamacpp_batches(model: LlamaCppModel, dry_breaker_strings: Sequence[str] = ()) -> GenerateBatch:
+    """The scan's batch generator in llama.cpp (for :func:`genprobe.loops.scan.scan_batches`): the batch's prompts as
+    sequences of one context, each token chosen by its own sampler chain (prompt ``i`` seeded ``seed + i``; a setting
+    the chain cannot express is refused before the batch runs); DRY's breakers as strings (llama.cpp tokenizes them
+    with the file's vocabulary)."""
 
-    def generate_batch(chunk: list[list[int]], sampler: SamplerConfig, start: int, _: int) -> list[tuple]:
-        if sampler.dry_active and "vocab" not in vocabs:
-            vocabs["vocab"] = LlamaVocab(model.path)
+    def generate_batch(b: Batch) -> list[tuple]:
+        check_prompts(b, model.vocab_size)
+        vocab = LlamaVocab(model.path) if b.sampler.dry_active else None
         chains = [
             LlamaCppSampler(
-                sampler,
+                b.sampler,
                 n_vocab=model.vocab_size,
                 context_length=model.n_ctx,
-                vocab=vocabs.get("vocab"),
+                vocab=vocab,
                 dry_breaker_strings=dry_breaker_strings,
-                seed=seed + start + j,
+                seed=b.seed + i,
             )
-            for j in range(len(chunk))
+            for i in range(b.first, b.first + len(b.prompts))
         ]
         try:
-            outs = model.generate_batch(chunk, max_new_tokens, [chain_picker(c) for c in chains])
+            outs = model.generate_batch(b.prompts, b.max_new_tokens, [chain_picker(c) for c in chains])
         finally:
             for c in chains:
                 c.close()
-        return [(out.tokens, len(out.tokens) == max_new_tokens) for out in outs]
+            if vocab is not None:
+                vocab.close()
+        return [(out.tokens, len(out.tokens) == b.max_new_tokens) for out in outs]
 
-    try:
-        return scan_batches(generate_batch, prompts, max_new_tokens, sampler, **options)
-    finally:
-        for vocab in vocabs.values():
-            vocab.close()
-
-
-def _check_prompts(model: LlamaCppModel, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
-        if min(p) < 0 or max(p) >= model.vocab_size:
-            raise ValueError(f"prompt {i} holds a token id outside [0, {model.vocab_size})")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    return generate_batch
 
 
 def gguf_file_for(model_arg: str | os.PathLike[str]) -> Path:
@@ -124,41 +100,23 @@ def gguf_file_for(model_arg: str | os.PathLike[str]) -> Path:
 
 def llamacpp_scan_backend(
     gguf: str | os.PathLike[str], *, n_threads: int = 1, kv_type: str = "f16", dry_breaker_strings: Sequence[str] = ()
-) -> Callable[..., tuple[Callable[..., Any], dict[str, Any]]]:
-    """The llama.cpp backend of :func:`genprobe.loops.scan_settings.scan_loop_settings` (``backend=``) for the GGUF
-    file ``gguf``: every setting checked before llama.cpp loads (one its sampler chain cannot express raises
-    :class:`UnsupportedLlamaCppSamplerError`, never approximated), a context sized to the longest prompt plus the
-    new tokens, and each scan run by :func:`scan_loops_llamacpp` with the study's budget, batch, seed, bans and
-    detector settings. The genprobe model passed in (``genprobe.load`` of the same file) supplies the tokenizer;
-    its vocabulary must be the file's."""
+) -> ScanEngine:
+    """llama.cpp as the engine of :func:`genprobe.loops.scan_settings.scan_loop_settings` (``backend=``) on the GGUF
+    file ``gguf``, its context sized to the longest prompt plus the new tokens. The genprobe model passed in
+    (``genprobe.load`` of the same file) supplies the tokenizer; its vocabulary must be the file's."""
 
-    def backend(
-        model: Any,
-        study: Any,
-        samplers: dict[str, SamplerConfig],
-        ids: Sequence[Sequence[int]],
-        log: Callable[[str], None],
-    ) -> tuple[Callable[..., Any], dict[str, Any]]:
-        n_ctx = max(len(p) for p in ids) + study.cfg.max_new_tokens
-        for name, sampler in samplers.items():
-            try:
-                check_sampler_llamacpp(sampler, n_ctx, model.eos_id)
-            except UnsupportedLlamaCppSamplerError as exc:
-                msg = f"llama.cpp cannot run the {name!r} setting exactly: {exc}"
-                raise UnsupportedLlamaCppSamplerError(msg) from None
-        engine = LlamaCppModel(gguf, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
-        if engine.vocab_size != model.vocab_size:
-            engine.close()
-            raise ValueError(f"{gguf} has {engine.vocab_size} token ids but the loaded model {model.vocab_size}")
-        log(f"llama.cpp engine ready ({Path(gguf).name}, n_ctx {engine.n_ctx}, {n_threads} thread(s))")
+    def check(sampler: SamplerConfig, model: Any, n_ctx: int) -> None:
+        chain_stages(sampler, context_length=n_ctx)
+
+    def start(study: Any, ids: Sequence[Sequence[int]], texts: Any, log: Any) -> tuple[GenerateBatch, dict]:
         cfg = study.cfg
+        engine = LlamaCppModel(
+            gguf, n_ctx=max(len(p) for p in ids) + cfg.max_new_tokens, n_threads=n_threads, kv_type=kv_type
+        )
+        if engine.vocab_size != study.model.vocab_size:
+            engine.close()
+            raise ValueError(f"{gguf} has {engine.vocab_size} token ids but the loaded model {study.model.vocab_size}")
+        log(f"llama.cpp engine ready ({Path(gguf).name}, n_ctx {engine.n_ctx}, {n_threads} thread(s))")
+        return llamacpp_batches(engine, dry_breaker_strings), {"backend": "llama.cpp", "llama.cpp": engine.describe()}
 
-        def scan(ids: Any, texts: Any, *, sampler: Any, desc: str) -> Any:
-            options = study.scan_options(texts, desc)
-            return scan_loops_llamacpp(
-                engine, ids, cfg.max_new_tokens, sampler, dry_breaker_strings=dry_breaker_strings, **options
-            )
-
-        return scan, {"backend": "llama.cpp", "llama.cpp": engine.describe()}
-
-    return backend
+    return ScanEngine("llama.cpp", check, start)
