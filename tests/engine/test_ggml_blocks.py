@@ -73,7 +73,12 @@ FUSED_MAX_ROWS = 4  # linear.cpp kFusedMaxRows
 
 
 def fused(m: int, avx512: bool) -> bool:
-    return avx512 and m <= FUSED_MAX_ROWS and kernels.status().available and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return (
+        avx512
+        and m <= FUSED_MAX_ROWS
+        and kernels.status().available
+        and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    )
 
 
 def assert_within_float32_bound(got, x, dense, bias, where):

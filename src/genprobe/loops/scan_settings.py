@@ -182,7 +182,7 @@ def scan_loop_settings(
         log(f"note: {end.note}")
     if backend is None:
         # "compile" only when asked: the JSON of an eager scan is the one every backend writes
-        generate = engine_batches(study.engine, compile)
+        generate = engine_batches(study.model, compile)
         about: dict[str, Any] = {"backend": "genprobe"} | ({"compile": True} if compile else {})
     else:
         engine = backend if isinstance(backend, ScanEngine) else backend_engine(backend)
