@@ -27,15 +27,6 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_ATTENTION_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
 
 
-def _default_prompts(model: "Model", count: int) -> list[str]:
-    """Held-out Tang openings for the bundled char model; any other model must be given prompts."""
-    from .loops.prompts import heldout_openings
-
-    if model.tokenizer is None or model.tokenizer.kind != "char":
-        raise ValueError("this model is not the bundled character model: pass prompts (a list of strings)")
-    return heldout_openings(model.tokenizer, count)
-
-
 def scan_loops(
     model: "Model",
     prompts: Sequence[str] | None = None,
@@ -92,6 +83,7 @@ def calibrate_loops(
     once with ``genprobe fetch english``). The result's held-out human rates go beside a scan's rates
     (``genprobe.loops.scan.scan_loops(..., calibration=)``).
     """
+    from .corpus.inputs import default_prompts
     from .loops.scan import calibrate_for_scan
 
     if model.tokenizer is None:
@@ -101,7 +93,9 @@ def calibrate_loops(
             "this model is not the bundled character model: pass prompts (their script chooses the "
             "human text) or human_text"
         )
-    texts = list(prompts) if prompts is not None else [DEFAULT_ATTENTION_TEXT]  # Chinese: the Tang poems
+    if prompts is None and human_text is None:
+        prompts = default_prompts(model, 8)  # the char model's own held-out prompts: their script picks Tang text
+    texts = list(prompts or [])
     return calibrate_for_scan(
         model.tokenizer,
         length,
@@ -148,6 +142,7 @@ def repair_loops(
     """
     from ._io import atomic_write_json
     from .corpus import load_corpus
+    from .corpus.inputs import default_prompts
     from .loops.patch import save_patch
     from .loops.repair import repair
     from .loops.report import write_summary
@@ -155,7 +150,7 @@ def repair_loops(
 
     cfg = config or RepairConfig()
     if val_text is None:
-        _default_prompts(model, 1)  # the Tang validation text fits only the bundled char model
+        default_prompts(model, 1)  # the Tang validation text fits only the bundled char model
         val_text = load_corpus().val
     if prompts is None:
         if validate_prompts is not None:
@@ -241,17 +236,13 @@ def chapter_phenomena(
     corpus, fetched once by ``genprobe fetch english`` — or "auto"). With ``out``, writes phenomena.json there.
     """
     from ._io import atomic_write_json
-    from .experiments.phenomena import PhenomenaConfig, default_inputs
+    from .corpus.inputs import choose_inputs
+    from .experiments.phenomena import PhenomenaConfig
     from .experiments.phenomena import chapter_phenomena as _run
 
     cfg = config or PhenomenaConfig()
-    sources: dict = {}
-    if prompts is None or texts is None:
-        d = default_inputs(model, corpus, 64)
-        prompts = d.prompts if prompts is None else prompts
-        texts = d.texts if texts is None else texts
-        sources = d.sources
-    result = _run(model, list(prompts), list(texts), cfg, timing_on=timing, sources=sources, log=log)
+    inp = choose_inputs(model, prompts, texts, corpus, 64)
+    result = _run(model, inp.prompts, inp.texts, cfg, timing_on=timing, sources=inp.sources, log=log)
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         atomic_write_json(Path(out) / "phenomena.json", json_safe(result))

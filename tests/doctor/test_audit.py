@@ -152,7 +152,7 @@ def test_round_trip_on_no_prompts_is_not_checked(tmp_path, monkeypatch):
     import genprobe.doctor.inputs as inputs
     from genprobe.doctor import DoctorOptions, run_doctor
 
-    def missing(model, count):
+    def missing(model, corpus="auto", count=64):
         raise FileNotFoundError("no held-out corpus for this language")
 
     monkeypatch.setattr(inputs, "held_out", missing)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .._io import json_safe
+from ..corpus.inputs import vocab_key
 from ..engine.samplers import SamplerConfig
 from ..engine.text import complete
 from ..loops.prompts import is_cjk
@@ -17,7 +18,6 @@ from ..loops.scan import calibrate_for_scan, greedy_sampler
 from ..loops.scan_settings import LoopScans, scan_loop_settings
 from ..metrics import LoopCalibration, wilson_interval
 from .findings import Finding
-from .inputs import vocab_key
 from .options import DoctorOptions
 
 GREEDY, YOURS, DEFAULTS = "greedy", "your sampler", "generation_config"

@@ -1,12 +1,13 @@
 """The prompts a doctor run uses: the user's, or held-out prompts of the model's language (Tang openings held out
 from both reference models for a Chinese tokenizer, English sentence openings of the Lee corpus otherwise —
-:func:`genprobe.experiments.phenomena.default_inputs`), and held-out text for the weight edit's limits."""
+:func:`genprobe.corpus.inputs.held_out`), and held-out text for the weight edit's limits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from ..corpus.inputs import held_out
 from .options import DoctorOptions
 
 EDIT_PROMPTS = 128  # prompts the weight edit searches on, disjoint from the scanned ones when built in
@@ -22,27 +23,6 @@ class DoctorInputs:
     val_text: str | None
     source: str
     error: str | None = None
-
-
-_HELD_OUT: dict[tuple[Any, ...], Any] = {}  # (corpus, count, vocabulary) -> DefaultInputs: read once per process
-
-
-def vocab_key(model: Any) -> str:
-    """What identifies the tokenizer: a char vocabulary's fingerprint, else the model's directory."""
-    fingerprint = getattr(model.tokenizer, "fingerprint", None)
-    return str(fingerprint()) if callable(fingerprint) else str(model.source)
-
-
-def held_out(model: Any, count: int) -> Any:
-    """:func:`~genprobe.experiments.phenomena.default_inputs` of the model's corpus (Tang openings depend on the
-    char vocabulary, English ones on nothing), kept for the process: reading the corpus costs about a second."""
-    from ..experiments.phenomena import default_inputs, guess_corpus
-
-    corpus = guess_corpus(model)
-    key = (corpus, count, vocab_key(model) if corpus == "tang" else None)
-    if key not in _HELD_OUT:
-        _HELD_OUT[key] = default_inputs(model, corpus, count)
-    return _HELD_OUT[key]
 
 
 def check_fits(model: Any, prompts: list[str], tokens: int, chat: bool) -> None:
@@ -69,7 +49,7 @@ def doctor_inputs(model: Any, opts: DoctorOptions) -> DoctorInputs:
         return DoctorInputs(None, [], None, "none", "the model has no tokenizer")
     extra = EDIT_PROMPTS if opts.with_edit else 0
     try:
-        d = held_out(model, b.scan_prompts + extra) if opts.prompts is None or extra else None
+        d = held_out(model, count=b.scan_prompts + extra) if opts.prompts is None or extra else None
     except (ValueError, FileNotFoundError) as exc:
         if opts.prompts is None:
             return DoctorInputs(None, [], None, "none", f"{type(exc).__name__}: {exc}")

@@ -12,12 +12,11 @@ from .quality import Quality, measure_quality, quality_findings
 def quality_stage(model: Any, opts: DoctorOptions, arg: str) -> Quality:
     """:func:`~.quality.measure_quality` on held-out human text (the corpus the prompts come from), against
     ``opts.reference`` when given."""
-    from ..experiments.phenomena import guess_corpus
+    from ..corpus.inputs import corpus_of, held_out
     from ..model.load import load_model
-    from .inputs import held_out
 
-    corpus = guess_corpus(model)
-    texts = list(held_out(model, opts.plan.scan_prompts).texts)
+    corpus = corpus_of(model)
+    texts = list(held_out(model, corpus, opts.plan.scan_prompts).texts)
     reference = load_model(opts.reference) if opts.reference else None
     q = measure_quality(model, texts, corpus, reference)
     ref = f" --reference {shlex.quote(opts.reference)}" if opts.reference else ""

@@ -52,8 +52,6 @@ SAMPLED: tuple[tuple[str, dict[str, float]], ...] = (
 TRAP_ORDERS = ("trunc_then_temp", "temp_then_trunc")
 TRAP_TOP_P = 0.9
 FREE_TAU = 1.0  # the chapter's free-generation confidence samples at τ = 1
-#: A Tang line; a model whose tokenizer spends at most one token per character on it was trained on Chinese.
-TANG_PROBE = "床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。"
 
 
 @dataclass(frozen=True)
@@ -624,46 +622,3 @@ def chapter_phenomena(
     return PhenomenaResult(
         _model_summary(model), inputs, cfg, n_gen, n_cont, div_rows, dist, readings, shadow, div, times, seconds
     )
-
-
-# ---- default inputs ------------------------------------------------------------------------------
-def guess_corpus(model: Any) -> str:
-    """The corpus to read: "tang" for the char tokenizer or a tokenizer that spends at most one token per character
-    of a Tang line, else "english"."""
-    if model.tokenizer is None:
-        raise ValueError("the model has no tokenizer")
-    if model.tokenizer.kind == "char":
-        return "tang"
-    return "tang" if len(model.encode(TANG_PROBE)) <= len(TANG_PROBE) else "english"
-
-
-@dataclass(frozen=True)
-class DefaultInputs:
-    """Prompts and texts of one corpus, with where they came from."""
-
-    prompts: list[str]
-    texts: list[str]
-    sources: dict
-
-
-def default_inputs(model: Any, corpus: str = "auto", prompts: int = 64) -> DefaultInputs:
-    """Held-out inputs of the model's corpus: Tang openings and poems held out from both reference models
-    (documents from ``reference_split().heldout_start``), or English sentence openings and the Lee corpus's
-    human-continuation documents (``genprobe.corpus.english``); :func:`chapter_phenomena` reads the first
-    ``max_texts`` texts that are long enough."""
-    corpus = guess_corpus(model) if corpus == "auto" else corpus
-    if corpus == "tang":
-        from ..corpus.tang import bundled_documents, reference_split, split_texts
-        from ..loops.prompts import heldout_openings
-
-        split = reference_split()
-        opens = heldout_openings(model.tokenizer, prompts, skip_poems=split.heldout_start)
-        poems = split_texts(bundled_documents(), split).heldout
-        # The first held-out poems gave the prompts: texts are read from the other end of the held-out range.
-        return DefaultInputs(opens, poems[::-1], {"corpus": "tang", "held_out_from": split.heldout_start})
-    if corpus == "english":
-        from ..corpus.english import SOURCE_NAME, english_prompt_sets, english_split
-
-        opens = english_prompt_sets({"phenomena": prompts})["phenomena"]
-        return DefaultInputs(opens, english_split().human, {"corpus": SOURCE_NAME})
-    raise ValueError(f"corpus must be 'auto', 'tang' or 'english', got {corpus!r}")
