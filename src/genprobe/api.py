@@ -213,7 +213,8 @@ def run_case(
     progress: bool = False,
 ) -> "CaseStudy":
     """The chapter's case study: train (or reuse) the default model, run every experiment, write JSON, figures, HTML."""
-    from .experiments.study import case_study, select_experiments
+    from .experiments.case import select_experiments
+    from .experiments.study import case_study
 
     return case_study(out, model, quick=quick, only=select_experiments(only), progress=progress)
 

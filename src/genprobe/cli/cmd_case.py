@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     """Handler: the case study (``genprobe.experiments.study.case_study``), then its headline table."""
     import sys
 
-    from ..experiments.study import case_study, select_experiments
+    from ..experiments.case import select_experiments
+    from ..experiments.study import case_study
 
     only = select_experiments(args.only, args.skip)
     progress = not args.no_progress and sys.stderr.isatty()

@@ -15,7 +15,7 @@ calibrating the loop detectors follows the prompts' script (:func:`genprobe.loop
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .tang import DEFAULT_POEMS, bundled_corpus_path, read_jsonl
 
@@ -92,9 +92,8 @@ def corpus_of(model: Any) -> str:
 
 
 def vocab_key(model: Any) -> str:
-    """What identifies the tokenizer: a char vocabulary's fingerprint, else the model's directory."""
-    fingerprint = getattr(model.tokenizer, "fingerprint", None)
-    return str(fingerprint()) if callable(fingerprint) else str(model.source)
+    """What identifies the tokenizer: a char vocabulary's fingerprint (a property), else the model's directory."""
+    return str(getattr(model.tokenizer, "fingerprint", None) or model.source)
 
 
 @dataclass(frozen=True)
@@ -155,3 +154,17 @@ def choose_inputs(
     return Inputs(
         list(d.prompts if prompts is None else prompts), list(d.texts if texts is None else texts), dict(d.sources)
     )
+
+
+def token_windows(
+    encode: Callable[[str], list[int]], texts: Iterable[str], length: int, count: int
+) -> list[tuple[str, list[int]]]:
+    """The first ``count`` texts holding at least ``length`` tokens, each with its first ``length`` ids."""
+    out: list[tuple[str, list[int]]] = []
+    for text in texts:
+        ids = encode(text)
+        if len(ids) >= length:
+            out.append((text, ids[:length]))
+        if len(out) == count:
+            break
+    return out

@@ -14,13 +14,12 @@ from .attention_health import AttentionHealth, attention_health
 from .audit import StaticAudit, static_audit
 from .card import ModelCard, model_card
 from .degeneration import Degeneration, degeneration
-from .findings import Finding
+from .findings import Finding, Verdict, verdict_of
 from .fixes import FixComparison, compare
 from .inference import InferenceCheck, check_inference
 from .inputs import DoctorInputs, doctor_inputs
 from .options import STAGES, TITLES, DoctorOptions
-from .quality import Quality
-from .verdict import Verdict, verdict_of
+from .quality import Quality, quality_stage
 
 QUICK_SKIP = "quick mode"
 PROMPTS_FILE, JSON_FILE, HTML_FILE = "prompts.txt", "doctor.json", "report.html"
@@ -56,7 +55,7 @@ class DoctorReport:
     @property
     def findings(self) -> list[Finding]:
         """Every finding, stage by stage (stage errors last)."""
-        parts = (self.audit, self.card, self.quality, self.inference, self.attention, self.degeneration, self.fixes)
+        parts = [getattr(self, name) for name in STAGES]
         return [f for p in parts if p is not None for f in p.findings] + self.errors
 
     @property
@@ -81,13 +80,7 @@ class DoctorReport:
                 **json_safe(self.verdict),
                 "stages": [s.__dict__ for s in self.stages],
                 "findings": [json_safe(f) for f in self.findings],
-                "audit": json_safe(self.audit),
-                "card": json_safe(self.card),
-                "quality": json_safe(self.quality),
-                "inference": json_safe(self.inference),
-                "attention": json_safe(self.attention),
-                "degeneration": json_safe(self.degeneration),
-                "fixes": json_safe(self.fixes),
+                **{name: json_safe(getattr(self, name)) for name in STAGES},
                 "files": self.files,
             }
         )
@@ -111,8 +104,6 @@ def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorRe
     def quality() -> Any:
         if model.tokenizer is None:
             raise _Skip("the model has no tokenizer: no text to read")
-        from .quality_stage import quality_stage
-
         return quality_stage(model, opts, arg)
 
     def inference() -> Any:
@@ -136,15 +127,8 @@ def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorRe
         prompts = inp.prompts[: opts.plan.fix_prompts]
         return compare(model, prompts, inp.edit_prompts, inp.val_text, opts, cal, arg, lambda m: log("  " + m))
 
-    return {
-        "audit": audit,
-        "card": card,
-        "quality": quality,
-        "inference": inference,
-        "attention": attention,
-        "degeneration": degen,
-        "fixes": fixes,
-    }
+    stages = (audit, card, quality, inference, attention, degen, fixes)
+    return dict(zip(STAGES, stages, strict=True))  # in STAGES order
 
 
 class _Skip(Exception):
@@ -163,16 +147,10 @@ def _run_stage(name: str, fn: Callable[[], Any], rep: DoctorReport, i: int, n: i
             rep.errors.append(Finding(name, f"{name}.skipped", "info", f"the {TITLES[name]} stage did not run: {note}"))
     except Exception as exc:  # noqa: BLE001 — one stage failing (user code, a missing corpus) must not hide the others
         status, note = "error", f"{type(exc).__name__}: {exc}"
+        ev = {"exception": type(exc).__name__, "message": str(exc)}
+        cmd = f"genprobe doctor {shlex.quote(rep.model)} --only {name} --out DIR"
         rep.errors.append(
-            Finding(
-                name,
-                f"{name}.error",
-                "warning",
-                f"the {TITLES[name]} stage failed: {note}",
-                {"exception": type(exc).__name__, "message": str(exc)},
-                None,
-                f"genprobe doctor {shlex.quote(rep.model)} --only {name} --out DIR",
-            )
+            Finding(name, f"{name}.error", "warning", f"the {TITLES[name]} stage failed: {note}", ev, None, cmd)
         )
     seconds = time.perf_counter() - t0
     rep.stages.append(StageRun(name, status, round(seconds, 2), note))

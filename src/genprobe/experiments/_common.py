@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import fields
+from typing import ClassVar
 
 import torch
 
+from .._io import json_safe
 from ..corpus import CharTokenizer
 from ..model.gpt import GPT
 
@@ -43,6 +46,18 @@ def r(x: float | None, nd: int = 4) -> float | None:
     if x is None or not math.isfinite(x):
         return None
     return round(float(x), nd)
+
+
+class Rounded:
+    """A dataclass of measurements whose JSON form is its fields in order, each float rounded to ``DIGITS`` decimals
+    (:func:`r`)."""
+
+    DIGITS: ClassVar[int] = 4
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]  # subclasses are dataclasses
+        return {k: r(v, self.DIGITS) if isinstance(v, float) else json_safe(v) for k, v in values.items()}
 
 
 def quiet_encode(tok: CharTokenizer, text: str) -> list[int]:

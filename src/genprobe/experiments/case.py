@@ -14,7 +14,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -40,6 +40,7 @@ CASE_KEYS = (
     "cache_timing",
     "cache_scaling",
 )
+EXPERIMENTS = CASE_KEYS[1:]  # every key but the model summary
 #: Tokens generated after the case prompt (the chapter's 50).
 DECODE_STEPS = 50
 
@@ -128,15 +129,6 @@ class CaseMeta:
         return d | {k: v for k, v in extra.items() if v is not None}
 
 
-def as_json(x: Any) -> Any:
-    """A result's JSON form: ``to_dict()`` when it has one (also inside lists), else the value itself."""
-    if hasattr(x, "to_dict"):
-        return json_safe(x)
-    if isinstance(x, list):
-        return [as_json(v) for v in x]
-    return x
-
-
 @dataclass
 class CaseResult:
     """Every experiment's typed result (verify's still plain data) with the model summary and run metadata."""
@@ -148,7 +140,7 @@ class CaseResult:
     def to_dict(self) -> dict:
         """The ``ch3_case.json`` dict: meta, model, then the experiments in :data:`CASE_KEYS` order."""
         out = {"meta": json_safe(self.meta), "model": json_safe(self.model)}
-        return out | {k: as_json(self.experiments[k]) for k in CASE_KEYS if k in self.experiments}
+        return out | {k: json_safe(self.experiments[k]) for k in CASE_KEYS if k in self.experiments}
 
 
 def case_stages(
@@ -157,49 +149,26 @@ def case_stages(
     """(name, run) of every experiment, in order; ``quick`` shrinks only what costs time."""
     from ..verify import cache_exact, mask_noop, run_mutants
 
+    tf_tokens, spread, reps = (4096, (0, 1, 2), 1) if quick else (None, (0, 1, 2, 3, 4), 3)
+    batches, lengths = ((1, 8), (16, 32)) if quick else ((1, 16, 64), (32, 64, 128))
     return [
-        (
-            "decoding",
-            lambda: run_decoding(
-                model,
-                tok,
-                corpus,
-                seed=0,
-                tf_tokens=4096 if quick else None,
-                spread_seeds=(0, 1, 2) if quick else (0, 1, 2, 3, 4),
-            ),
-        ),
+        ("decoding", lambda: run_decoding(model, tok, corpus, seed=0, tf_tokens=tf_tokens, spread_seeds=spread)),
         ("sampling", lambda: run_sampling(model, tok)),
         ("exposure", lambda: run_exposure(model, tok, corpus, quick=quick)),
         ("cache_exact", lambda: cache_exact(model, prompt_ids, steps=steps["cache_exact"])),
         ("cache_bugs", lambda: run_mutants(model, prompt_ids, steps=steps["mutants"])),
         ("mask_noop", lambda: mask_noop(model, prompt_ids, steps=steps["mutants"])),
-        (
-            "cache_timing",
-            lambda: run_cache_timing(
-                model,
-                prompt_ids,
-                new_tokens=steps["decode"],
-                reps=1 if quick else 3,
-                batches=(1, 8) if quick else (1, 16, 64),
-            ),
-        ),
-        (
-            "cache_scaling",
-            lambda: run_cache_scaling(
-                prompt_ids, tok.vocab_size, new_tokens=(16, 32) if quick else (32, 64, 128), reps=1, small=quick
-            ),
-        ),
+        ("cache_timing", lambda: run_cache_timing(model, prompt_ids, steps["decode"], batches, reps)),
+        ("cache_scaling", lambda: run_cache_scaling(prompt_ids, tok.vocab_size, lengths, reps=1, small=quick)),
     ]
 
 
-def _select(stages: list, only: tuple[str, ...] | None) -> list:
-    if only is None:
-        return stages
-    unknown = set(only) - {n for n, _ in stages}
-    if unknown:
-        raise ValueError(f"unknown experiment(s) {sorted(unknown)}; choose from {[n for n, _ in stages]}")
-    return [s for s in stages if s[0] in only]
+def select_experiments(only: Sequence[str] | None, skip: Sequence[str] = ()) -> tuple[str, ...]:
+    """The experiments ``only`` / ``skip`` leave, in the case study's order; unknown names are an error."""
+    bad = [x for x in list(only or []) + list(skip) if x not in EXPERIMENTS]
+    if bad:
+        raise ValueError(f"unknown experiment(s) {bad}; choose from {list(EXPERIMENTS)}")
+    return tuple(x for x in (only or EXPERIMENTS) if x not in set(skip))
 
 
 def run_case(
@@ -220,7 +189,8 @@ def run_case(
     short = min(DECODE_STEPS, model.cfg.block_size - len(prompt_ids))
     # the mutant table recomputes every step: cheaper when quick
     steps = {"decode": DECODE_STEPS, "cache_exact": short, "mutants": min(short, 24) if quick else short}
-    stages = _select(case_stages(model, tok, corpus, prompt_ids, quick, steps), only)
+    names = select_experiments(only)
+    stages = [s for s in case_stages(model, tok, corpus, prompt_ids, quick, steps) if s[0] in names]
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     bar = tqdm(stages, desc="case", unit="exp", disable=not progress, dynamic_ncols=True)

@@ -25,7 +25,7 @@ from ..engine.generate import generate
 from ..engine.samplers import SamplerConfig
 from ..model.gpt import GPT
 from ..model.load import Tokenizer
-from ._common import quiet_encode, r
+from ._common import Rounded, quiet_encode, r
 
 SNIPPET = "已驚飛。方從列子御"
 PERTURB_POSITIONS = (4, 8, 16, 24)
@@ -116,22 +116,13 @@ def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: st
 
 
 @dataclass(frozen=True)
-class RealTextConfidence:
+class RealTextConfidence(Rounded):
     """How sure the model is of its own argmax on real text, and what the truth costs there."""
 
     positions: int
     mean_argmax_prob: float
     mean_nll: float
     mean_truth_nll: float
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {
-            "positions": self.positions,
-            "mean_argmax_prob": r(self.mean_argmax_prob),
-            "mean_nll": r(self.mean_nll),
-            "mean_truth_nll": r(self.mean_truth_nll),
-        }
 
 
 @torch.no_grad()
@@ -149,24 +140,14 @@ def confidence_real_text(model: GPT, ids: list[int], windows: int = 32) -> RealT
 
 
 @dataclass(frozen=True)
-class FreeGenerationConfidence:
+class FreeGenerationConfidence(Rounded):
     """How sure the model is of the tokens it chose itself while generating with ``sampler``."""
 
-    sampler: str
     samples: int
     new_tokens: int
     mean_chosen_prob: float
     mean_nll: float
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {
-            "samples": self.samples,
-            "new_tokens": self.new_tokens,
-            "mean_chosen_prob": r(self.mean_chosen_prob),
-            "mean_nll": r(self.mean_nll),
-            "sampler": self.sampler,
-        }
+    sampler: str
 
 
 def confidence_free_generation(
@@ -179,7 +160,7 @@ def confidence_free_generation(
     chosen = torch.tensor(res.tokens, dtype=torch.long)  # (B, N)
     logits = torch.stack(res.step_logits, 1).double()  # (B, N, V)
     lp = torch.log_softmax(logits, -1).gather(-1, chosen[..., None])[..., 0]
-    return FreeGenerationConfidence(name, len(prompts), new_tokens, float(lp.exp().mean()), float(-lp.mean()))
+    return FreeGenerationConfidence(len(prompts), new_tokens, float(lp.exp().mean()), float(-lp.mean()), name)
 
 
 @dataclass(frozen=True)

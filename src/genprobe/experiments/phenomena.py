@@ -35,11 +35,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .._io import json_safe
+from ..corpus.inputs import token_windows
 from ..engine.generate import generate
 from ..engine.runner import engine_model, runner_for
 from ..engine.samplers import SamplerConfig
 from ..metrics import measure_loops
-from ._common import r
+from ._common import Rounded, r
 from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, perturbation, wanted_instead
 from .sampling import ORDER_TAUS, TEMPERATURES, entropy_table, order_trap
 from .timing import ModeTiming, time_modes
@@ -198,34 +199,21 @@ def diversity(subject: Subject, prompt_ids: list[list[int]], n: int) -> list[Div
     for name, sampler in strategies:
         tokens = torch.cat([t for t, _ in subject.generate(prompt_ids, n, sampler)]).tolist()
         m = [measure_loops(t) for t in tokens]
+        loops, degenerate = sum(x.looping for x in m), sum(x.degenerate for x in m)
         example = subject.model.decode(prompt_ids[0] + tokens[0])
-        rows.append(
-            DiversityRow(
-                name,
-                sampler,
-                len(tokens),
-                n,
-                statistics.fmean(x.distinct_2 for x in m),
-                sum(x.looping for x in m),
-                sum(x.degenerate for x in m),
-                example,
-            )
-        )
+        d2 = statistics.fmean(x.distinct_2 for x in m)
+        rows.append(DiversityRow(name, sampler, len(tokens), n, d2, loops, degenerate, example))
     return rows
 
 
 # ---- entropy and the order trap ------------------------------------------------------------------
 @dataclass(frozen=True)
-class EntropyRow:
+class EntropyRow(Rounded):
     """Mean over prompts of the entropy (nats) and the max probability of softmax(logits / τ)."""
 
     tau: float
     entropy: float
     max_prob: float
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {"tau": self.tau, "entropy": r(self.entropy), "max_prob": r(self.max_prob)}
 
 
 @dataclass(frozen=True)
@@ -556,13 +544,7 @@ def _model_summary(model: Any) -> dict:
 
 def _long_texts(subject: Subject, texts: Sequence[str], need: int) -> list[list[int]]:
     """Ids of the first ``max_texts`` texts holding at least ``need`` tokens, cut to ``need``."""
-    ids: list[list[int]] = []
-    for t in texts:
-        x = subject.encode(t)
-        if len(x) >= need:
-            ids.append(x[:need])
-        if len(ids) == subject.cfg.max_texts:
-            break
+    ids = [w for _, w in token_windows(subject.encode, texts, need, subject.cfg.max_texts)]
     if not ids:
         raise ValueError(f"no text holds {need} tokens (prefix + continuation); give longer texts")
     return ids

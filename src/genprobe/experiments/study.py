@@ -8,12 +8,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from .._io import json_safe
-from .case import CASE_KEYS, CaseResult, run_case
-
-EXPERIMENTS = tuple(k for k in CASE_KEYS if k != "model")
+from .case import CaseResult, run_case, select_experiments
 
 
 @dataclass
@@ -38,14 +36,6 @@ class CaseStudy:
             "seconds": round(self.seconds, 1),
             "headline": [{"metric": a, "ours": b, "seed": c} for a, b, c in self.headline],
         }
-
-
-def select_experiments(only: Sequence[str] | None, skip: Sequence[str] = ()) -> tuple[str, ...]:
-    """The experiments ``only`` / ``skip`` leave, in the case study's order; unknown names are an error."""
-    bad = [x for x in list(only or []) + list(skip) if x not in EXPERIMENTS]
-    if bad:
-        raise ValueError(f"unknown experiment(s) {bad}; choose from {list(EXPERIMENTS)}")
-    return tuple(x for x in (only or EXPERIMENTS) if x not in set(skip))
 
 
 def study_model(model_path: str | Path | None, out: Path, quick: bool, progress: bool, log: Callable[[str], None]):
