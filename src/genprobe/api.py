@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .attention.metrics import AttentionReport
     from .doctor import DoctorReport
     from .engine.samplers import SamplerConfig
+    from .experiments.case import CaseStudy
     from .experiments.phenomena import PhenomenaConfig, PhenomenaResult
-    from .experiments.study import CaseStudy
     from .loops.patch import Patch
     from .loops.repair import RepairConfig, RepairReport
     from .loops.scan import ScanResult
@@ -213,8 +213,7 @@ def run_case(
     progress: bool = False,
 ) -> "CaseStudy":
     """The chapter's case study: train (or reuse) the default model, run every experiment, write JSON, figures, HTML."""
-    from .experiments.case import select_experiments
-    from .experiments.study import case_study
+    from .experiments.case import case_study, select_experiments
 
     return case_study(out, model, quick=quick, only=select_experiments(only), progress=progress)
 

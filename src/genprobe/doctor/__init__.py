@@ -2,8 +2,8 @@
 
 Stages (one module each): :mod:`.card` (model card, :mod:`.tokenizer_facts`), :mod:`.inference` (caches,
 padding, serving), :mod:`.attention_health`, :mod:`.degeneration`, :mod:`.fixes` (which fix); :mod:`.run`
-orchestrates them into a :class:`DoctorReport`, :mod:`.findings` turns its findings into an exit status,
-:mod:`.report` renders ``report.html``.
+orchestrates them into a :class:`DoctorReport` and renders ``report.html``, :mod:`.findings` turns its findings into
+an exit status.
 """
 
 from __future__ import annotations

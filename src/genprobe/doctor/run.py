@@ -17,8 +17,7 @@ from .degeneration import Degeneration, degeneration
 from .findings import Finding, Verdict, verdict_of
 from .fixes import FixComparison, compare
 from .inference import InferenceCheck, check_inference
-from .inputs import DoctorInputs, doctor_inputs
-from .options import STAGES, TITLES, DoctorOptions
+from .options import STAGES, TITLES, DoctorInputs, DoctorOptions, doctor_inputs
 from .quality import Quality, quality_stage
 
 QUICK_SKIP = "quick mode"
@@ -198,8 +197,47 @@ def run_doctor(
 def write_files(rep: DoctorReport, out: Path) -> None:
     """``doctor.json`` and ``report.html`` into ``out``, atomically."""
     from .._io import atomic_write_json, atomic_write_text
-    from .report import render_html
 
     rep.files.update(json=str(out / JSON_FILE), html=str(out / HTML_FILE))
     atomic_write_json(out / JSON_FILE, json_safe(rep))
     atomic_write_text(out / HTML_FILE, render_html(rep))
+
+
+# ---- report.html: the findings as one offline page, rendered from ``templates/doctor.html.j2`` in the Jinja
+# environment every genprobe page uses (:mod:`genprobe._templates`), CSS and JS inlined from ``assets/``
+SEVERITY_CLASS = {"ok": "ok", "info": "info", "warning": "warn", "bug": "bug"}
+
+
+def heat(x: float | None) -> str:
+    """A value in [0, 1] as a CSS colour (white → deep blue; grey when undefined)."""
+    if x is None or x != x:
+        return "#ddd"
+    v = max(0.0, min(1.0, float(x)))
+    return f"rgb({int(255 - 215 * v)},{int(255 - 165 * v)},{int(255 - 55 * v)})"
+
+
+def render_html(rep: DoctorReport) -> str:
+    """The page of a :class:`DoctorReport` as one HTML string."""
+    from .._templates import environment
+
+    template = environment("genprobe.doctor").get_template("doctor.html.j2")
+    return template.render(
+        r=json_safe(rep),
+        rep=rep,
+        titles=TITLES,
+        stages={s.name: s for s in rep.stages},
+        sev=SEVERITY_CLASS,
+        heat=heat,
+        grid=rep.attention.grid() if rep.attention is not None else [],
+        calibration=_calibration(rep),
+    )
+
+
+def _calibration(rep: DoctorReport) -> str | None:
+    """The calibration's one-line description, or the reason there is none."""
+    deg = rep.degeneration
+    if deg is None:
+        return None
+    if deg.calibration is None:
+        return f"detectors not calibrated ({deg.calibration_error}): raw settings, no human false-positive rate"
+    return deg.calibration.describe()

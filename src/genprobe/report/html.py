@@ -12,8 +12,8 @@ from pathlib import Path
 
 from .._io import atomic_write_text
 from .._templates import environment
+from .claims import case_claims
 from .figures import render_figures
-from .findings import findings
 from .headline import headline_rows
 from .seed import seed_tables
 
@@ -38,7 +38,7 @@ def render_report(case: dict, seed: dict | None = None, figures: dict[str, bytes
             meta=meta,
             seconds=meta.get("seconds", {}),
             headline=headline_rows(case, seed),
-            findings=findings(case),
+            findings=case_claims(case),
             data={k: case[k] for k in SCRIPT_DATA_KEYS if k in case},
         )
     )

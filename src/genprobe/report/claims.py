@@ -1,4 +1,4 @@
-"""The chapter's qualitative findings as checks on ``ch3_case.json`` data (shown in the report, asserted in tests).
+"""The chapter's qualitative claims as checks on ``ch3_case.json`` data (shown in the report, asserted in tests).
 
 Part of the report, which renders them from the case data alone.
 
@@ -13,7 +13,7 @@ from itertools import pairwise
 
 
 @dataclass(frozen=True)
-class Finding:
+class Claim:
     """One of the chapter's claims, whether it holds on our numbers, and those numbers."""
 
     claim: str
@@ -21,21 +21,21 @@ class Finding:
     evidence: str
 
 
-def _check(claim: str, holds: bool, evidence: str) -> Finding:
-    return Finding(claim, bool(holds), evidence)
+def _check(claim: str, holds: bool, evidence: str) -> Claim:
+    return Claim(claim, bool(holds), evidence)
 
 
-def findings(case: dict) -> list[Finding]:
+def case_claims(case: dict) -> list[Claim]:
     """Evaluate every finding whose data is present in ``case``."""
-    out: list[Finding] = []
+    out: list[Claim] = []
     if case.get("decoding"):
-        out += _decoding_findings(case["decoding"])
+        out += _decoding_claims(case["decoding"])
     if case.get("sampling"):
-        out += _sampling_findings(case["sampling"])
-    return out + _cache_findings(case)
+        out += _sampling_claims(case["sampling"])
+    return out + _cache_claims(case)
 
 
-def _decoding_findings(d: dict) -> list[Finding]:
+def _decoding_claims(d: dict) -> list[Claim]:
     """Greedy loops, sampling does not; banning <unk> only moves the loop."""
     g, b = d["rows"][0], d["rows"][1]
     samp = [r for r in d["rows"] if not r["sampler"]["greedy"]]
@@ -67,7 +67,7 @@ def _decoding_findings(d: dict) -> list[Finding]:
     ]
 
 
-def _sampling_findings(s: dict) -> list[Finding]:
+def _sampling_claims(s: dict) -> list[Claim]:
     """Entropy grows with τ, the kept set with p; truncating before the temperature freezes the kept set."""
     ent = [r["entropy"] for r in s["entropy_vs_temperature"]]
     rising = all(b_ > a_ for a_, b_ in pairwise(ent) if a_ > 1e-6 or b_ > 1e-6)
@@ -98,9 +98,9 @@ def _sampling_findings(s: dict) -> list[Finding]:
     ]
 
 
-def _cache_findings(case: dict) -> list[Finding]:
+def _cache_claims(case: dict) -> list[Claim]:
     """The cache is exact, the mutants are caught, no_mask hides at one token a step, compute ≠ time."""
-    out: list[Finding] = []
+    out: list[Claim] = []
     if c := case.get("cache_exact"):
         exact = c["prefill_max_abs_dlogit"] == 0.0 and c["incremental_max_abs_dlogit"] < 1e-4
         ev = f"prefill {c['prefill_max_abs_dlogit']}, incremental {c['incremental_max_abs_dlogit']:.2e}"
