@@ -82,15 +82,9 @@ def defaults_sampler(gen: dict[str, Any] | None) -> tuple[SamplerConfig, list[st
     """The model's generation_config as a sampler (transformers semantics) and its flags, when it samples."""
     if not gen or not gen.get("do_sample"):
         return None
-    keys = {
-        "temperature": "--temperature",
-        "top_k": "--top-k",
-        "top_p": "--top-p",
-        "min_p": "--min-p",
-        "repetition_penalty": "--repetition-penalty",
-    }
+    keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")  # each the sampler flag --top-k, ...
     given = {k: gen[k] for k in keys if gen.get(k) is not None}
-    flags = ["--preset", "hf"] + [w for k, v in given.items() for w in (keys[k], str(v))]
+    flags = ["--preset", "hf"] + [w for k, v in given.items() for w in ("--" + k.replace("_", "-"), str(v))]
     return SamplerConfig.preset("hf", **given), flags
 
 

@@ -102,15 +102,9 @@ def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: st
     for i in range(len(ids) - 1):
         j = start + i
         top = torch.topk(logp[j].exp(), 3)
-        rows.append(
-            TeacherForcingRow(
-                i,
-                tok.decode(ids[: i + 1], show_unk=True),
-                tok.token_str(ids[i + 1]),
-                float(loss[j]),
-                [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices, strict=True)],
-            )
-        )
+        top3 = [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices, strict=True)]
+        context = tok.decode(ids[: i + 1], show_unk=True)
+        rows.append(TeacherForcingRow(i, context, tok.token_str(ids[i + 1]), float(loss[j]), top3))
     scored = loss[start : start + len(ids) - 1]
     return TeacherForcing(rows, float(scored.mean()), len(lead_in))
 
