@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import fields
 from typing import ClassVar
 
@@ -58,10 +57,3 @@ class Rounded:
         """JSON form (rounded)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]  # subclasses are dataclasses
         return {k: r(v, self.DIGITS) if isinstance(v, float) else json_safe(v) for k, v in values.items()}
-
-
-def quiet_encode(tok: CharTokenizer, text: str) -> list[int]:
-    """Encode corpus text without the unknown-character warning (corpus text has them by design)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return tok.encode(text, warn=False)

@@ -18,7 +18,7 @@ from ..engine.samplers import SamplerConfig
 from ..metrics import degeneracy_metrics
 from ..model.gpt import GPT
 from ..model.train import evaluate_loss, unigram_cross_entropy
-from ._common import CASE_PROMPT, Rounded, encode_prompt, quiet_encode, r
+from ._common import CASE_PROMPT, Rounded, encode_prompt, r
 
 #: (name as in the chapter's table, sampler) — sampling strategies all use the same fixed seed.
 #: The chapter's table gives 0% ``<unk>`` for every sampling row, which cannot happen by chance when
@@ -186,8 +186,8 @@ class TeacherForcingCheck(Rounded):
 
 def teacher_forcing_check(model: GPT, tok: CharTokenizer, corpus: Corpus, tf_tokens: int | None) -> TeacherForcingCheck:
     """Validation loss (the first ``tf_tokens`` tokens, None = all) and the unigram baseline's cross-entropy."""
-    tr = torch.tensor(quiet_encode(tok, corpus.train), dtype=torch.long)
-    va = torch.tensor(quiet_encode(tok, corpus.val), dtype=torch.long)
+    tr = torch.tensor(tok.encode(corpus.train, warn=False), dtype=torch.long)
+    va = torch.tensor(tok.encode(corpus.val, warn=False), dtype=torch.long)
     scored = va if tf_tokens is None else va[: tf_tokens + 1]
     return TeacherForcingCheck(
         evaluate_loss(model, scored), len(scored) - 1, unigram_cross_entropy(tr, va, tok.vocab_size)

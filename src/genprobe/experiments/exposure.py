@@ -25,7 +25,7 @@ from ..engine.generate import generate
 from ..engine.samplers import SamplerConfig
 from ..model.gpt import GPT
 from ..model.load import Tokenizer
-from ._common import Rounded, quiet_encode, r
+from ._common import Rounded, r
 
 SNIPPET = "已驚飛。方從列子御"
 PERTURB_POSITIONS = (4, 8, 16, 24)
@@ -93,8 +93,8 @@ class TeacherForcing:
 
 def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: str = "") -> TeacherForcing:
     """Per-position loss and top-3 of ``text`` (optionally preceded by ``lead_in`` as unscored context)."""
-    pre = quiet_encode(tok, lead_in)
-    ids = quiet_encode(tok, text)
+    pre = tok.encode(lead_in, warn=False)
+    ids = tok.encode(text, warn=False)
     full = (pre + ids)[-model.cfg.block_size :]
     start = len(full) - len(ids)
     loss, logp = _row_losses(model, full)
@@ -281,8 +281,8 @@ def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = F
     T = model.cfg.block_size
     tf = teacher_forcing_table(model, tok, SNIPPET)
     tf_lead = teacher_forcing_table(model, tok, SNIPPET, lead_in=source[max(0, at - (T - len(SNIPPET))) : at])
-    passage = quiet_encode(tok, source[at : at + T])
-    val_ids = quiet_encode(tok, corpus.val)
+    passage = tok.encode(source[at : at + T], warn=False)
+    val_ids = tok.encode(corpus.val, warn=False)
     real = confidence_real_text(model, val_ids, windows=8 if quick else 32)
     prompts = _free_generation_prompts(val_ids, 4 if quick else 16)
     free = confidence_free_generation(
