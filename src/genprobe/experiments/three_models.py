@@ -7,10 +7,9 @@ table can be rebuilt from the files of earlier runs. A claim is judged with
 
 from __future__ import annotations
 
-from itertools import pairwise
 from typing import Any, Callable, Mapping
 
-from ..report.claims import Claim
+from ..report.claims import Claim, entropy_rises
 
 HEADLINE_TAU = 2.0  # the order trap's headline temperature
 TAIL_SHARE = 0.2  # a shadow's tail "near zero": mean tail at most this share of the mean peak
@@ -64,8 +63,7 @@ def _decoding_claims(d: dict) -> list[Claim]:
         ),
         Claim(
             "§3.5 entropy rises with τ and stays <= ln V",
-            all(b > a for a, b in pairwise(ent) if a > 1e-6 or b > 1e-6)  # two ~0 entropies (tiny τ) may tie
-            and max(ent) <= d["distribution"]["log_vocab"] + 1e-9,
+            entropy_rises(ent, d["distribution"]["log_vocab"]),
             f"mean entropies {ent}, ln V = {d['distribution']['log_vocab']}",
         ),
         Claim(

@@ -21,6 +21,12 @@ class Claim:
     evidence: str
 
 
+def entropy_rises(entropies: list[float], log_vocab: float) -> bool:
+    """Entropy rises with τ (two ~0 entropies at a tiny τ may tie) and stays <= ln V."""
+    rising = all(b > a for a, b in pairwise(entropies) if a > 1e-6 or b > 1e-6)
+    return rising and max(entropies) <= log_vocab + 1e-9
+
+
 def _check(claim: str, holds: bool, evidence: str) -> Claim:
     return Claim(claim, bool(holds), evidence)
 
@@ -70,7 +76,6 @@ def _decoding_claims(d: dict) -> list[Claim]:
 def _sampling_claims(s: dict) -> list[Claim]:
     """Entropy grows with τ, the kept set with p; truncating before the temperature freezes the kept set."""
     ent = [r["entropy"] for r in s["entropy_vs_temperature"]]
-    rising = all(b_ > a_ for a_, b_ in pairwise(ent) if a_ > 1e-6 or b_ > 1e-6)
     kept = [r["kept"] for r in s["nucleus_curve_tau_1"]]
     trap = s["order_trap_top_p_0_9"]
     a = [r["trunc_then_temp"] for r in trap]
@@ -79,7 +84,7 @@ def _sampling_claims(s: dict) -> list[Claim]:
     return [
         _check(
             "entropy rises with τ and stays ≤ ln V",
-            rising and max(ent) <= s["log_vocab"] + 1e-9,
+            entropy_rises(ent, s["log_vocab"]),
             f"entropies {ent}, ln V = {s['log_vocab']}",
         ),
         _check(
