@@ -47,7 +47,6 @@ PEERS = {
     ("serving", "loops"),  # a loop scan through vLLM reuses the scan's prompts, measures and tables
     ("serving", "verify"),  # verify-serving judges with verify's thresholds and verdicts
     ("experiments", "report"),  # the case study writes its report
-    ("doctor", "experiments"),  # doctor's built-in prompts are the phenomena's held-out inputs (default_inputs)
     ("__main__", "cli"),  # `python -m genprobe` is the CLI
 }
 

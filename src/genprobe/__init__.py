@@ -55,7 +55,7 @@ _EXPORTS = {
     "CompareResult": "genprobe.loops.compare_fixes:CompareResult",
     "AttentionReport": "genprobe.attention.metrics:AttentionReport",
     "LeakReport": "genprobe.attention.leak:LeakReport",
-    "CaseStudy": "genprobe.experiments.study:CaseStudy",
+    "CaseStudy": "genprobe.experiments.case:CaseStudy",
     "PhenomenaResult": "genprobe.experiments.phenomena:PhenomenaResult",
     "VerifyReport": "genprobe.verify.report:VerifyReport",
     "CacheVerification": "genprobe.verify.api:CacheVerification",

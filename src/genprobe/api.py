@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .attention.metrics import AttentionReport
     from .doctor import DoctorReport
     from .engine.samplers import SamplerConfig
+    from .experiments.case import CaseStudy
     from .experiments.phenomena import PhenomenaConfig, PhenomenaResult
-    from .experiments.study import CaseStudy
     from .loops.patch import Patch
     from .loops.repair import RepairConfig, RepairReport
     from .loops.scan import ScanResult
@@ -62,6 +62,7 @@ def calibrate_loops(
     once with ``genprobe fetch english``). The result's held-out human rates go beside a scan's rates
     (``genprobe.loops.scan.scan_loops(..., calibration=)``).
     """
+    from .corpus.inputs import default_prompts
     from .loops.scan import calibrate_for_scan
 
     if model.tokenizer is None:
@@ -71,7 +72,9 @@ def calibrate_loops(
             "this model is not the bundled character model: pass prompts (their script chooses the "
             "human text) or human_text"
         )
-    texts = list(prompts) if prompts is not None else [DEFAULT_ATTENTION_TEXT]  # Chinese: the Tang poems
+    if prompts is None and human_text is None:
+        prompts = default_prompts(model, 8)  # the char model's own held-out prompts: their script picks Tang text
+    texts = list(prompts or [])
     return calibrate_for_scan(
         model.tokenizer,
         length,
@@ -118,6 +121,7 @@ def repair_loops(
     """
     from ._io import atomic_write_json
     from .corpus import load_corpus
+    from .corpus.inputs import default_prompts
     from .loops.patch import save_patch
     from .loops.repair import repair
     from .loops.repair_report import write_summary
@@ -125,8 +129,7 @@ def repair_loops(
 
     cfg = config or RepairConfig()
     if val_text is None:
-        if model.tokenizer is None or model.tokenizer.kind != "char":  # the Tang text fits the bundled model alone
-            raise ValueError("this model is not the bundled character model: pass prompts and val_text")
+        default_prompts(model, 1)  # the Tang validation text fits only the bundled char model
         val_text = load_corpus().val
     if prompts is None:
         if validate_prompts is not None:
@@ -189,7 +192,7 @@ def run_case(
     progress: bool = False,
 ) -> "CaseStudy":
     """The chapter's case study: train (or reuse) the default model, run every experiment, write JSON, figures, HTML."""
-    from .experiments.study import case_study, select_experiments
+    from .experiments.case import case_study, select_experiments
 
     return case_study(out, model, quick=quick, only=select_experiments(only), progress=progress)
 
@@ -212,17 +215,13 @@ def chapter_phenomena(
     corpus, fetched once by ``genprobe fetch english`` — or "auto"). With ``out``, writes phenomena.json there.
     """
     from ._io import atomic_write_json
-    from .experiments.phenomena import PhenomenaConfig, default_inputs
+    from .corpus.inputs import choose_inputs
+    from .experiments.phenomena import PhenomenaConfig
     from .experiments.phenomena import chapter_phenomena as _run
 
     cfg = config or PhenomenaConfig()
-    sources: dict = {}
-    if prompts is None or texts is None:
-        d = default_inputs(model, corpus, 64)
-        prompts = d.prompts if prompts is None else prompts
-        texts = d.texts if texts is None else texts
-        sources = d.sources
-    result = _run(model, list(prompts), list(texts), cfg, timing_on=timing, sources=sources, log=log)
+    inp = choose_inputs(model, prompts, texts, corpus, 64)
+    result = _run(model, inp.prompts, inp.texts, cfg, timing_on=timing, sources=inp.sources, log=log)
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         atomic_write_json(Path(out) / "phenomena.json", json_safe(result))

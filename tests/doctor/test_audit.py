@@ -149,13 +149,13 @@ def test_round_trip_on_no_prompts_is_not_checked(tmp_path, monkeypatch):
     """No held-out prompts found: the card says "not checked" (never "ok … on 0 of 0 prompts") and its reproducing
     command names no prompts.txt, which was never written."""
     import genprobe
-    import genprobe.doctor.inputs as inputs
+    import genprobe.doctor.options as options
     from genprobe.doctor import DoctorOptions, run_doctor
 
-    def missing(model, count):
+    def missing(model, corpus="auto", count=64):
         raise FileNotFoundError("no held-out corpus for this language")
 
-    monkeypatch.setattr(inputs, "held_out", missing)
+    monkeypatch.setattr(options, "held_out", missing)
     out = tmp_path / "doc"
     rep = run_doctor(genprobe.load(tiny_llama_dir(tmp_path / "llama")), DoctorOptions(only=("card",)), out=out)
     f = next(f for f in rep.findings if f.check == "tokenizer.round_trip")

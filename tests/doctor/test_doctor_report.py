@@ -12,7 +12,7 @@ import pytest
 import genprobe
 from genprobe._io import json_safe
 from genprobe.doctor import DoctorReport, Finding
-from genprobe.doctor.verdict import verdict_of
+from genprobe.doctor.findings import verdict_of
 
 from .conftest import run_cli
 

@@ -21,9 +21,9 @@ def _quality(out) -> tuple[int, dict]:
 @pytest.fixture(autouse=True)
 def english(monkeypatch):
     """The tiny models' ASCII tokenizer reads the English held-out text (it reads Tang as unknown tokens)."""
-    import genprobe.experiments.phenomena as phenomena
+    import genprobe.corpus.inputs as inputs
 
-    monkeypatch.setattr(phenomena, "guess_corpus", lambda model: "english")
+    monkeypatch.setattr(inputs, "corpus_of", lambda model: "english")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from genprobe.engine.samplers import SamplerConfig, kept_set_size
 from genprobe.experiments._common import CASE_PROMPT, encode_prompt, next_token_logits
 from genprobe.experiments.exposure import PERTURB_POSITIONS, SHADOW_WINDOW, find_snippet, perturbation
 from genprobe.experiments.timing import naive_token_forwards
-from genprobe.report.findings import findings
+from genprobe.report.claims import case_claims
 
 pytestmark = pytest.mark.slow
 
@@ -172,7 +172,7 @@ def test_cache_exact(case):
 def test_all_findings_hold(case):
     # "every sampling strategy has distinct-2 >= 0.9" may fail on the quick model via top-k 10 at
     # seed 0 (see test_every_sampling_strategy_is_diverse); the report then shows it as NOT holding.
-    failed = [f for f in findings(case) if not f.holds and not f.claim.startswith("every sampling strategy")]
+    failed = [f for f in case_claims(case) if not f.holds and not f.claim.startswith("every sampling strategy")]
     assert not failed, failed
 
 

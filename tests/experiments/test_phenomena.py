@@ -15,12 +15,12 @@ import torch
 
 from genprobe._io import json_safe
 from genprobe.corpus import CharTokenizer
+from genprobe.corpus.inputs import corpus_of
 from genprobe.experiments.phenomena import (
     PhenomenaConfig,
     _Scores,
     chapter_phenomena,
     distribution,
-    guess_corpus,
 )
 from genprobe.experiments.three_models import claims, markdown_table
 from genprobe.model import GPT, GPTConfig
@@ -202,7 +202,7 @@ def tiny_llama() -> Model:
 
 def test_a_subword_transformers_model_runs_every_phenomenon():
     model = tiny_llama()
-    assert guess_corpus(model) == "english"  # its BPE spends several tokens per Chinese character
+    assert corpus_of(model) == "english"  # its BPE spends several tokens per Chinese character
     texts = ["the cat sat on the mat and the dog ran in the park while the sun shone on the town " * 2] * 3
     res = chapter_phenomena(model, ["the cat", "a dog ran"], texts, small_cfg(max_new_tokens=12, max_texts=3))
     d = json.loads(json.dumps(json_safe(res)))

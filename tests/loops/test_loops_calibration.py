@@ -145,3 +145,14 @@ def test_char_tokenizer_human_text_keeps_unknown_characters_apart():
     tok = CharTokenizer.from_text("床前明月光", 10)
     ids = _ids(tok, "床甲乙甲")  # 甲 and 乙 are outside the vocabulary
     assert ids[0] == tok.stoi["床"] and ids[1] != ids[2] and ids[1] == ids[3] and 1 not in ids
+
+
+def test_calibrate_loops_takes_the_human_text_of_the_models_own_prompts(trained_ckpt, tmp_path):
+    """Without prompts or a file, the char model's held-out Tang openings (genprobe.corpus.inputs) choose the Tang
+    human text; any other model must say which (its prompts' script, or a file)."""
+    import genprobe
+
+    cal = genprobe.calibrate_loops(genprobe.load(trained_ckpt), length=LENGTH)
+    assert cal.source == "tang:heldout-poems"
+    with pytest.raises(ValueError, match="pass prompts"):
+        genprobe.calibrate_loops(genprobe.load(save_tiny_qwen2(tmp_path / "q")), length=LENGTH)

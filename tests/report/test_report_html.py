@@ -8,7 +8,7 @@ import re
 import pytest
 
 from genprobe.report import write_figures, write_report
-from genprobe.report.findings import findings
+from genprobe.report.claims import case_claims
 from genprobe.report.html import headline_rows, render_report
 from genprobe.report.seed import seed_tables
 
@@ -71,7 +71,7 @@ def test_seed_numbers_beside_ours(small_case):
 def test_findings_report_failures_honestly(small_case):
     case = json.loads(json.dumps(small_case))
     case["cache_exact"]["incremental_max_abs_dlogit"] = 0.5
-    f = {x.claim: x for x in findings(case)}
+    f = {x.claim: x for x in case_claims(case)}
     assert not f["KV cache: prefill Δ = 0.0, incremental < 1e-4"].holds
     assert "does NOT hold" in render_report(case, figures={})
 

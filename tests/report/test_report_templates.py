@@ -17,12 +17,21 @@ from pathlib import Path
 import jinja2
 import pytest
 
+from genprobe._templates import environment as shared_environment
 from genprobe.report.html import render_report
 from genprobe.report.seed import seed_tables
-from genprobe.report.templates import environment, render
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE = '<img src=x onerror="alert(1)">&'
+
+
+def environment() -> jinja2.Environment:
+    """The report's environment: the shared one over ``genprobe/report/templates``."""
+    return shared_environment("genprobe.report")
+
+
+def render(name: str, **ctx) -> str:
+    return environment().get_template(name).render(**ctx)
 
 
 def test_every_template_is_package_data():

@@ -52,10 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Handler: the case study (``genprobe.experiments.study.case_study``), then its headline table."""
+    """Handler: the case study (``genprobe.experiments.case.case_study``), then its headline table."""
     import sys
 
-    from ..experiments.study import case_study, select_experiments
+    from ..experiments.case import case_study, select_experiments
 
     only = select_experiments(args.only, args.skip)
     progress = not args.no_progress and sys.stderr.isatty()

@@ -13,10 +13,15 @@ documents (the Lee corpus: run ``genprobe fetch english`` once).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._io import json_safe
 from ._common import Accumulate, add_json_flag, add_max_new_tokens, add_model_argument, emit_json, info, load_model_arg
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..corpus.inputs import Inputs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,20 +62,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _inputs(args: argparse.Namespace, model) -> tuple[list[str], list[str], dict]:
+def _inputs(args: argparse.Namespace, model) -> "Inputs":
     """Prompts and texts from the files, else the defaults of ``--corpus`` (each side independently)."""
-    from ..experiments.phenomena import default_inputs
+    from ..corpus.inputs import choose_inputs
     from ..loops.prompts import read_prompt_file
 
     prompts = read_prompt_file(args.prompts)[: args.count] if args.prompts else None
     texts = read_prompt_file(args.val_text) if args.val_text else None
-    sources: dict = {"prompts_file": args.prompts, "text_file": args.val_text}
-    if prompts is None or texts is None:
-        d = default_inputs(model, args.corpus, args.count)
-        prompts = prompts if prompts is not None else d.prompts
-        texts = texts if texts is not None else d.texts
-        sources.update(d.sources)
-    return prompts, texts, sources
+    inp = choose_inputs(model, prompts, texts, args.corpus, args.count)
+    return replace(inp, sources={"prompts_file": args.prompts, "text_file": args.val_text} | inp.sources)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,8 +92,10 @@ def run(args: argparse.Namespace) -> int:
         timing_batches=tuple(args.timing_batches),
     )
     model = load_model_arg(args)
-    prompts, texts, sources = _inputs(args, model)
-    result = chapter_phenomena(model, prompts, texts, cfg, timing_on=not args.no_timing, sources=sources, log=info)
+    inp = _inputs(args, model)
+    result = chapter_phenomena(
+        model, inp.prompts, inp.texts, cfg, timing_on=not args.no_timing, sources=inp.sources, log=info
+    )
     data = json_safe(result)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

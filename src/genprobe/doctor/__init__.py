@@ -2,16 +2,15 @@
 
 Stages (one module each): :mod:`.card` (model card, :mod:`.tokenizer_facts`), :mod:`.inference` (caches,
 padding, serving), :mod:`.attention_health`, :mod:`.degeneration`, :mod:`.fixes` (which fix); :mod:`.run`
-orchestrates them into a :class:`DoctorReport`, :mod:`.verdict` turns its findings into an exit status,
-:mod:`.report` renders ``report.html``.
+orchestrates them into a :class:`DoctorReport` and renders ``report.html``, :mod:`.findings` turns its findings into
+an exit status.
 """
 
 from __future__ import annotations
 
-from .findings import Finding
+from .findings import EXIT_BAD_INPUT, EXIT_BUG, EXIT_HEALTHY, EXIT_WARNINGS, Finding, Verdict
 from .options import DoctorOptions
 from .run import DoctorReport, run_doctor
-from .verdict import EXIT_BAD_INPUT, EXIT_BUG, EXIT_HEALTHY, EXIT_WARNINGS, Verdict
 
 __all__ = [
     "EXIT_BAD_INPUT",

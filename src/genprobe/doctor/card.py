@@ -13,19 +13,9 @@ from .tokenizer_facts import TokenizerFacts, tokenizer_facts, tokenizer_findings
 
 _LAYER_INDEX = re.compile(r"\.\d+\.")
 _GGUF_BLOCK = re.compile(r"^blk\.\d+\.")
-GENERATION_KEYS = (
-    "do_sample",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "max_new_tokens",
-    "max_length",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
+GENERATION_KEYS = tuple(
+    "do_sample temperature top_k top_p min_p repetition_penalty no_repeat_ngram_size max_new_tokens max_length "
+    "bos_token_id eos_token_id pad_token_id".split()
 )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .._io import json_safe
+from ..corpus.inputs import vocab_key
 from ..engine.samplers import SamplerConfig
 from ..engine.text import complete
 from ..loops.prompts import is_cjk
@@ -17,7 +18,6 @@ from ..loops.scan import calibrate_for_scan, greedy_sampler
 from ..loops.scan_settings import LoopScans, scan_loop_settings
 from ..metrics import LoopCalibration, wilson_interval
 from .findings import Finding
-from .inputs import vocab_key
 from .options import DoctorOptions
 
 GREEDY, YOURS, DEFAULTS = "greedy", "your sampler", "generation_config"
@@ -82,15 +82,9 @@ def defaults_sampler(gen: dict[str, Any] | None) -> tuple[SamplerConfig, list[st
     """The model's generation_config as a sampler (transformers semantics) and its flags, when it samples."""
     if not gen or not gen.get("do_sample"):
         return None
-    keys = {
-        "temperature": "--temperature",
-        "top_k": "--top-k",
-        "top_p": "--top-p",
-        "min_p": "--min-p",
-        "repetition_penalty": "--repetition-penalty",
-    }
+    keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")  # each the sampler flag --top-k, ...
     given = {k: gen[k] for k in keys if gen.get(k) is not None}
-    flags = ["--preset", "hf"] + [w for k, v in given.items() for w in (keys[k], str(v))]
+    flags = ["--preset", "hf"] + [w for k, v in given.items() for w in ("--" + k.replace("_", "-"), str(v))]
     return SamplerConfig.preset("hf", **given), flags
 
 

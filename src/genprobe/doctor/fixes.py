@@ -134,17 +134,9 @@ def compare(
         f"genprobe loops compare {model_arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens} "
         f"--methods {shlex.join(['greedy', *[m for m in methods if m != EDIT]])}"
     )
-    fc.findings = [
-        Finding(
-            "fixes",
-            "which_fix",
-            "info",
-            fc.recommendation,
-            {"rows": fc.rows(), "best": json_safe(result.best) if result.best else None, "repair": repair_summary},
-            result.best.rule if result.best else None,
-            cmd,
-        )
-    ]
+    best = result.best
+    ev = {"rows": fc.rows(), "best": json_safe(best) if best else None, "repair": repair_summary}
+    fc.findings = [Finding("fixes", "which_fix", "info", fc.recommendation, ev, best.rule if best else None, cmd)]
     return fc
 
 

@@ -34,12 +34,8 @@ def _json(path: Path, unreadable: list[str]) -> dict[str, Any] | None:
 
 
 def _auto_map(d: Path, configs: dict[str, Any], command: str) -> list[Finding]:
-    entries = {
-        f"{name}: {k}": v
-        for name, c in configs.items()
-        if isinstance(c, dict)
-        for k, v in c.get("auto_map", {}).items()
-    }
+    maps = {name: c.get("auto_map", {}) for name, c in configs.items() if isinstance(c, dict)}
+    entries = {f"{name}: {k}": v for name, m in maps.items() for k, v in m.items()}
     code = sorted(p.name for p in d.glob("*.py"))
     crit = "a model directory is data; code that trust_remote_code would import runs with your rights on load"
     ev: dict[str, Any] = {"auto_map": entries, "python_files": code}
@@ -47,9 +43,8 @@ def _auto_map(d: Path, configs: dict[str, Any], command: str) -> list[Finding]:
         shown = ", ".join(f"{k} → {v}" for k, v in list(entries.items())[:3]) or ", ".join(code[:3])
         title = f"custom code that trust_remote_code=True would run: {shown} (reported, never executed)"
         return [Finding("audit", "hf.auto_map", "warning", title, ev, crit, command)]
-    return [
-        Finding("audit", "hf.auto_map", "ok", "no auto_map and no Python files: nothing to trust", ev, crit, command)
-    ]
+    title = "no auto_map and no Python files: nothing to trust"
+    return [Finding("audit", "hf.auto_map", "ok", title, ev, crit, command)]
 
 
 def _special_ids(config: dict[str, Any], command: str) -> list[Finding]:
@@ -67,11 +62,8 @@ def _special_ids(config: dict[str, Any], command: str) -> list[Finding]:
         names = ", ".join(f"{k} = {v}" for k, v in bad.items())
         title = f"config.json special-token id(s) outside the {n}-token vocabulary: {names}"
         return [Finding("audit", "hf.special_ids", "bug", title, ev, crit, command)]
-    return [
-        Finding(
-            "audit", "hf.special_ids", "ok", f"special-token ids inside the {n}-token vocabulary", ev, crit, command
-        )
-    ]
+    title = f"special-token ids inside the {n}-token vocabulary"
+    return [Finding("audit", "hf.special_ids", "ok", title, ev, crit, command)]
 
 
 def _suppressions(gen: dict[str, Any] | None, config: dict[str, Any], command: str) -> list[Finding]:

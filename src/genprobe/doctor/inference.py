@@ -227,46 +227,33 @@ def _cache_findings(result: CacheVerification, command: str) -> list[Finding]:
 
 
 def _leak_findings(check: InferenceCheck, opts: DoctorOptions, model_arg: str) -> list[Finding]:
-    leak = check.leak
+    leak, bare = check.leak, check.leak_no_position_ids
     base = f"genprobe attention padding-leak {model_arg} --threshold {leak.threshold:.3g}"
+    title = (
+        f"padding {'changes' if leak.leak else 'leaves'} a sequence's logits (max |Δlogit| {leak.max_delta:.2e}, "
+        "position ids from the mask)"
+    )
     out = [
-        Finding(
-            "inference",
-            "padding.leak",
-            "bug" if leak.leak else "ok",
-            f"padding {'changes' if leak.leak else 'leaves'} a sequence's logits (max |Δlogit| "
-            f"{leak.max_delta:.2e}, position ids from the mask)",
-            json_safe(leak),
-            LEAK_CRITERION,
-            base,
-        )
+        Finding("inference", "padding.leak", "bug" if leak.leak else "ok", title, json_safe(leak), LEAK_CRITERION, base)
     ]
-    bare = check.leak_no_position_ids
-    if bare is not None:
-        sev = "ok" if not bare.leak else "bug" if not opts.hf_position_ids else "info"
-        how = (
-            "your inference code passes no position_ids (--hf-no-position-ids)"
-            if not opts.hf_position_ids
-            else "code that calls the model without position_ids"
-        )
-        title = (
-            f"without position_ids left padding changes the logits (max |Δlogit| {bare.max_delta:.2e}): "
-            f"{how} gets wrong results"
-            if bare.leak
-            else f"without position_ids padding leaves the logits (max |Δlogit| {bare.max_delta:.2e})"
-        )
-        out.append(
-            Finding(
-                "inference",
-                "padding.no_position_ids",
-                sev,
-                title,
-                json_safe(bare),
-                LEAK_CRITERION + "; a bug when the user's code passes no position_ids",
-                base + " --no-position-ids",
-            )
-        )
-    return out
+    if bare is None:
+        return out
+    sev = "ok" if not bare.leak else "bug" if not opts.hf_position_ids else "info"
+    how = (
+        "your inference code passes no position_ids (--hf-no-position-ids)"
+        if not opts.hf_position_ids
+        else "code that calls the model without position_ids"
+    )
+    delta = f"(max |Δlogit| {bare.max_delta:.2e})"
+    title = (
+        f"without position_ids left padding changes the logits {delta}: {how} gets wrong results"
+        if bare.leak
+        else f"without position_ids padding leaves the logits {delta}"
+    )
+    crit = LEAK_CRITERION + "; a bug when the user's code passes no position_ids"
+    return out + [
+        Finding("inference", "padding.no_position_ids", sev, title, json_safe(bare), crit, base + " --no-position-ids")
+    ]
 
 
 def _serving_findings(serving: dict[str, Any] | None, model_arg: str) -> list[Finding]:
@@ -284,23 +271,14 @@ def _serving_findings(serving: dict[str, Any] | None, model_arg: str) -> list[Fi
         evidence = {"verdict": verdict, "reason": serving.get("reason"), "server": serving.get("server"), **phases}
         command = f"genprobe verify-serving {url} --reference {model_arg}"
         return [Finding("inference", "serving.endpoint", sev, title, evidence, VERIFY_CRITERION, command)]
-    return [
-        Finding(
-            "inference",
-            "serving.vllm",
-            sev,
-            title,
-            {k: serving.get(k) for k in ("verdict", "reason", "verdict_by_dtype", "errors")},
-            VERIFY_CRITERION,
-            f"genprobe verify-serving {model_arg} --dtypes float32",
-        )
-    ]
+    evidence = {k: serving.get(k) for k in ("verdict", "reason", "verdict_by_dtype", "errors")}
+    command = f"genprobe verify-serving {model_arg} --dtypes float32"
+    return [Finding("inference", "serving.vllm", sev, title, evidence, VERIFY_CRITERION, command)]
 
 
 def _findings(check: InferenceCheck, opts: DoctorOptions, model: Any, model_arg: str) -> list[Finding]:
     texts = check.prompt_texts
-    own = _cache_findings(check.caches, _verify_command(model_arg, opts, cache_kinds(model, opts), None, texts))
-    if check.impl is None:
-        return own + _leak_findings(check, opts, model_arg) + _serving_findings(check.serving, model_arg)
-    mine = _cache_findings(check.impl, _verify_command(model_arg, opts, (), opts.impl, texts))
-    return own + mine + _leak_findings(check, opts, model_arg) + _serving_findings(check.serving, model_arg)
+    out = _cache_findings(check.caches, _verify_command(model_arg, opts, cache_kinds(model, opts), None, texts))
+    if check.impl is not None:
+        out += _cache_findings(check.impl, _verify_command(model_arg, opts, (), opts.impl, texts))
+    return out + _leak_findings(check, opts, model_arg) + _serving_findings(check.serving, model_arg)

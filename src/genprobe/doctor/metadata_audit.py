@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any
 
 from .findings import Finding
 
@@ -42,10 +41,8 @@ def metadata_findings(strings: dict[str, str], command: str) -> list[Finding]:
     if urls:
         where, found = next(iter(urls.items()))
         title = f"URLs in {len(urls)} metadata field(s), e.g. {where}: {found[0]}"
-        ev: dict[str, Any] = {"fields": urls}
-        out.append(
-            Finding("audit", "metadata.urls", "info", title, ev, "said, not judged: check where they lead", command)
-        )
+        crit_urls = "said, not judged: check where they lead"
+        out.append(Finding("audit", "metadata.urls", "info", title, {"fields": urls}, crit_urls, command))
     if not out:
         title = f"{len(strings)} metadata strings: no hidden characters, no URLs"
         out.append(Finding("audit", "metadata.hidden_text", "ok", title, {"fields": len(strings)}, crit, command))

@@ -14,13 +14,16 @@ of them generates fluent-looking text no loop detector calls degenerate.
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .._io import NOT_JSON, json_safe
+from ..corpus.inputs import token_windows
 from .findings import Finding
+from .options import DoctorOptions
 
 WINDOWS, WINDOW_TOKENS = 8, 128  # held-out texts read, tokens of each (fewer when the context is shorter)
 KL_WARN, KL_BUG = 0.1, 1.0  # mean KL(reference ‖ model), nats per token
@@ -55,16 +58,8 @@ class Quality:
 def _windows(model: Any, texts: list[str]) -> tuple[list[str], list[list[int]]]:
     """The first :data:`WINDOWS` texts at least a window long, and their first window of ids."""
     n = WINDOW_TOKENS if model.max_positions is None else min(WINDOW_TOKENS, model.max_positions)
-    used: list[str] = []
-    out: list[list[int]] = []
-    for t in texts:
-        ids = model.encode(t)
-        if len(ids) >= n:
-            used.append(t)
-            out.append(ids[:n])
-        if len(out) == WINDOWS:
-            break
-    return used, out
+    found = token_windows(model.encode, texts, n, WINDOWS)
+    return [t for t, _ in found], [w for _, w in found]
 
 
 def _chars(model: Any, ids: list[int]) -> int:
@@ -174,3 +169,18 @@ def _reference_finding(q: Quality, ev: dict[str, Any], command: str) -> Finding:
             "quality", "quality.reference", "warning", f"output drifts from the reference: {said}", ev, crit, command
         )
     return Finding("quality", "quality.reference", "ok", f"output matches the reference: {said}", ev, crit, command)
+
+
+def quality_stage(model: Any, opts: DoctorOptions, arg: str) -> Quality:
+    """:func:`measure_quality` on held-out human text of the model's language (the corpus the prompts come from),
+    against ``opts.reference`` when given."""
+    from ..corpus.inputs import corpus_of, held_out  # looked up at call time: tests choose the corpus
+    from ..model.load import load_model
+
+    corpus = corpus_of(model)
+    texts = list(held_out(model, corpus, opts.plan.scan_prompts).texts)
+    reference = load_model(opts.reference) if opts.reference else None
+    q = measure_quality(model, texts, corpus, reference)
+    ref = f" --reference {shlex.quote(opts.reference)}" if opts.reference else ""
+    q.findings = quality_findings(q, f"genprobe doctor {arg} --only quality{ref} --out DIR")
+    return q

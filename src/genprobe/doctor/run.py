@@ -14,13 +14,11 @@ from .attention_health import AttentionHealth, attention_health
 from .audit import StaticAudit, static_audit
 from .card import ModelCard, model_card
 from .degeneration import Degeneration, degeneration
-from .findings import Finding
+from .findings import Finding, Verdict, verdict_of
 from .fixes import FixComparison, compare
 from .inference import InferenceCheck, check_inference
-from .inputs import DoctorInputs, doctor_inputs
-from .options import STAGES, TITLES, DoctorOptions
-from .quality import Quality
-from .verdict import Verdict, verdict_of
+from .options import STAGES, TITLES, DoctorInputs, DoctorOptions, doctor_inputs
+from .quality import Quality, quality_stage
 
 QUICK_SKIP = "quick mode"
 PROMPTS_FILE, JSON_FILE, HTML_FILE = "prompts.txt", "doctor.json", "report.html"
@@ -56,7 +54,7 @@ class DoctorReport:
     @property
     def findings(self) -> list[Finding]:
         """Every finding, stage by stage (stage errors last)."""
-        parts = (self.audit, self.card, self.quality, self.inference, self.attention, self.degeneration, self.fixes)
+        parts = [getattr(self, name) for name in STAGES]
         return [f for p in parts if p is not None for f in p.findings] + self.errors
 
     @property
@@ -81,13 +79,7 @@ class DoctorReport:
                 **json_safe(self.verdict),
                 "stages": [s.__dict__ for s in self.stages],
                 "findings": [json_safe(f) for f in self.findings],
-                "audit": json_safe(self.audit),
-                "card": json_safe(self.card),
-                "quality": json_safe(self.quality),
-                "inference": json_safe(self.inference),
-                "attention": json_safe(self.attention),
-                "degeneration": json_safe(self.degeneration),
-                "fixes": json_safe(self.fixes),
+                **{name: json_safe(getattr(self, name)) for name in STAGES},
                 "files": self.files,
             }
         )
@@ -111,8 +103,6 @@ def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorRe
     def quality() -> Any:
         if model.tokenizer is None:
             raise _Skip("the model has no tokenizer: no text to read")
-        from .quality_stage import quality_stage
-
         return quality_stage(model, opts, arg)
 
     def inference() -> Any:
@@ -136,15 +126,8 @@ def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorRe
         prompts = inp.prompts[: opts.plan.fix_prompts]
         return compare(model, prompts, inp.edit_prompts, inp.val_text, opts, cal, arg, lambda m: log("  " + m))
 
-    return {
-        "audit": audit,
-        "card": card,
-        "quality": quality,
-        "inference": inference,
-        "attention": attention,
-        "degeneration": degen,
-        "fixes": fixes,
-    }
+    stages = (audit, card, quality, inference, attention, degen, fixes)
+    return dict(zip(STAGES, stages, strict=True))  # in STAGES order
 
 
 class _Skip(Exception):
@@ -163,16 +146,10 @@ def _run_stage(name: str, fn: Callable[[], Any], rep: DoctorReport, i: int, n: i
             rep.errors.append(Finding(name, f"{name}.skipped", "info", f"the {TITLES[name]} stage did not run: {note}"))
     except Exception as exc:  # noqa: BLE001 — one stage failing (user code, a missing corpus) must not hide the others
         status, note = "error", f"{type(exc).__name__}: {exc}"
+        ev = {"exception": type(exc).__name__, "message": str(exc)}
+        cmd = f"genprobe doctor {shlex.quote(rep.model)} --only {name} --out DIR"
         rep.errors.append(
-            Finding(
-                name,
-                f"{name}.error",
-                "warning",
-                f"the {TITLES[name]} stage failed: {note}",
-                {"exception": type(exc).__name__, "message": str(exc)},
-                None,
-                f"genprobe doctor {shlex.quote(rep.model)} --only {name} --out DIR",
-            )
+            Finding(name, f"{name}.error", "warning", f"the {TITLES[name]} stage failed: {note}", ev, None, cmd)
         )
     seconds = time.perf_counter() - t0
     rep.stages.append(StageRun(name, status, round(seconds, 2), note))
@@ -220,8 +197,47 @@ def run_doctor(
 def write_files(rep: DoctorReport, out: Path) -> None:
     """``doctor.json`` and ``report.html`` into ``out``, atomically."""
     from .._io import atomic_write_json, atomic_write_text
-    from .report import render_html
 
     rep.files.update(json=str(out / JSON_FILE), html=str(out / HTML_FILE))
     atomic_write_json(out / JSON_FILE, json_safe(rep))
     atomic_write_text(out / HTML_FILE, render_html(rep))
+
+
+# ---- report.html: the findings as one offline page, rendered from ``templates/doctor.html.j2`` in the Jinja
+# environment every genprobe page uses (:mod:`genprobe._templates`), CSS and JS inlined from ``assets/``
+SEVERITY_CLASS = {"ok": "ok", "info": "info", "warning": "warn", "bug": "bug"}
+
+
+def heat(x: float | None) -> str:
+    """A value in [0, 1] as a CSS colour (white → deep blue; grey when undefined)."""
+    if x is None or x != x:
+        return "#ddd"
+    v = max(0.0, min(1.0, float(x)))
+    return f"rgb({int(255 - 215 * v)},{int(255 - 165 * v)},{int(255 - 55 * v)})"
+
+
+def render_html(rep: DoctorReport) -> str:
+    """The page of a :class:`DoctorReport` as one HTML string."""
+    from .._templates import environment
+
+    template = environment("genprobe.doctor").get_template("doctor.html.j2")
+    return template.render(
+        r=json_safe(rep),
+        rep=rep,
+        titles=TITLES,
+        stages={s.name: s for s in rep.stages},
+        sev=SEVERITY_CLASS,
+        heat=heat,
+        grid=rep.attention.grid() if rep.attention is not None else [],
+        calibration=_calibration(rep),
+    )
+
+
+def _calibration(rep: DoctorReport) -> str | None:
+    """The calibration's one-line description, or the reason there is none."""
+    deg = rep.degeneration
+    if deg is None:
+        return None
+    if deg.calibration is None:
+        return f"detectors not calibrated ({deg.calibration_error}): raw settings, no human false-positive rate"
+    return deg.calibration.describe()

@@ -13,6 +13,7 @@ from .findings import Finding
 _BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 UNK_WARN = 0.01  # a larger share of unknown tokens in the prompts is a warning
 EXAMPLES = 3
+Judged = tuple[str, str, dict[str, Any], str | None]  # (severity, title, evidence, criterion) of one check
 ROUND_TRIP = "decode(encode(p)) == p for every prompt p, apart from characters the vocabulary lacks (unknown tokens)"
 
 
@@ -135,26 +136,18 @@ def tokenizer_findings(facts: TokenizerFacts | None, chat: bool, command: str) -
     """What the facts mean: a broken round trip is a bug; unknown tokens, an end token equal to padding and a chat
     template that does not render are warnings (a bug when the prompts go through it); the rest is said."""
     if facts is None:
-        return [
-            Finding(
-                "card",
-                "tokenizer.present",
-                "warning",
-                "the model has no tokenizer: text checks skipped",
-                {},
-                "a model directory should ship its tokenizer",
-                command,
-            )
-        ]
-    return [
-        _round_trip_finding(facts, command),
-        *_unknown_findings(facts, command),
-        *_special_findings(facts, command),
-        *_chat_findings(facts, chat, command),
-    ]
+        title, crit = "the model has no tokenizer: text checks skipped", "a model directory should ship its tokenizer"
+        return [Finding("card", "tokenizer.present", "warning", title, {}, crit, command)]
+    checks = (
+        ("tokenizer.round_trip", _round_trip_finding(facts)),
+        ("tokenizer.unknown", _unknown_finding(facts)),
+        ("tokenizer.eos_pad", _special_finding(facts)),
+        ("tokenizer.chat_template", _chat_finding(facts, chat)),
+    )
+    return [Finding("card", check, sev, title, ev, crit, command) for check, (sev, title, ev, crit) in checks]
 
 
-def _round_trip_finding(f: TokenizerFacts, command: str) -> Finding:
+def _round_trip_finding(f: TokenizerFacts) -> Judged:
     ev = {
         "prompts": f.prompts,
         "lossless": f.lossless,
@@ -163,41 +156,23 @@ def _round_trip_finding(f: TokenizerFacts, command: str) -> Finding:
     }
     broken = len(f.round_trip_failures)
     if f.prompts == 0:  # nothing to look at: said, never "ok"
-        title = "tokenizer round trip not checked: no prompts (give --prompt or --prompts)"
-        return Finding("card", "tokenizer.round_trip", "info", title, ev, ROUND_TRIP, command)
+        return "info", "tokenizer round trip not checked: no prompts (give --prompt or --prompts)", ev, ROUND_TRIP
     if broken:
-        return Finding(
-            "card",
-            "tokenizer.round_trip",
-            "bug",
-            f"tokenizer round trip broken on {broken} prompt(s) without unknown tokens",
-            ev,
-            ROUND_TRIP,
-            command,
-        )
-    return Finding(
-        "card",
-        "tokenizer.round_trip",
-        "ok",
-        f"tokenizer round trip lossless on {f.lossless} of {f.prompts} prompts",
-        ev,
-        ROUND_TRIP,
-        command,
-    )
+        return "bug", f"tokenizer round trip broken on {broken} prompt(s) without unknown tokens", ev, ROUND_TRIP
+    return "ok", f"tokenizer round trip lossless on {f.lossless} of {f.prompts} prompts", ev, ROUND_TRIP
 
 
-def _unknown_findings(f: TokenizerFacts, command: str) -> list[Finding]:
+def _unknown_finding(f: TokenizerFacts) -> Judged:
     ev = {"unk_share": f.unk_share, "byte_fallback_share": f.byte_fallback_share, "tokens": f.tokens}
     if f.tokens == 0:
-        title = "unknown-token share not checked: no prompts"
-        return [Finding("card", "tokenizer.unknown", "info", title, ev, None, command)]
+        return "info", "unknown-token share not checked: no prompts", ev, None
     crit = f"unknown tokens above {UNK_WARN:.0%} of the prompts' tokens warn; byte-fallback tokens are lossless"
     sev = "warning" if f.unk_share > UNK_WARN else "info" if f.unk_share > 0 else "ok"
     title = f"unknown-token share {f.unk_share:.2%}, byte-fallback share {f.byte_fallback_share:.2%} of the prompts"
-    return [Finding("card", "tokenizer.unknown", sev, title, ev, crit, command)]
+    return sev, title, ev, crit
 
 
-def _special_findings(f: TokenizerFacts, command: str) -> list[Finding]:
+def _special_finding(f: TokenizerFacts) -> Judged:
     ev = {"eos": asdict(f.eos), "pad": asdict(f.pad)}
     crit = "end-of-text and padding tokens present and distinct"
     if f.eos.id is not None and f.eos.id == f.pad.id:
@@ -205,54 +180,20 @@ def _special_findings(f: TokenizerFacts, command: str) -> list[Finding]:
             "end-of-text equals padding: code that builds masks from ids != pad hides real end tokens, and a "
             "fine-tuning collator that masks padding labels stops teaching the model to end"
         )
-        return [Finding("card", "tokenizer.eos_pad", "warning", why, ev, crit, command)]
+        return "warning", why, ev, crit
     if f.eos.id is None:
-        return [
-            Finding(
-                "card",
-                "tokenizer.eos_pad",
-                "info",
-                "no end-of-text token: generations end only at the length limit",
-                ev,
-                crit,
-                command,
-            )
-        ]
+        return "info", "no end-of-text token: generations end only at the length limit", ev, crit
     if f.pad.id is None:
-        return [
-            Finding(
-                "card",
-                "tokenizer.eos_pad",
-                "info",
-                "no padding token: batching code must pick one (genprobe pads under a mask)",
-                ev,
-                crit,
-                command,
-            )
-        ]
-    return [
-        Finding(
-            "card",
-            "tokenizer.eos_pad",
-            "ok",
-            f"end-of-text {f.eos.text!r} (id {f.eos.id}) and padding {f.pad.text!r} (id {f.pad.id}) distinct",
-            ev,
-            crit,
-            command,
-        )
-    ]
+        return "info", "no padding token: batching code must pick one (genprobe pads under a mask)", ev, crit
+    title = f"end-of-text {f.eos.text!r} (id {f.eos.id}) and padding {f.pad.text!r} (id {f.pad.id}) distinct"
+    return "ok", title, ev, crit
 
 
-def _chat_findings(f: TokenizerFacts, chat: bool, command: str) -> list[Finding]:
+def _chat_finding(f: TokenizerFacts, chat: bool) -> Judged:
     crit = "a chat template, when present, renders one user turn"
     ev = {"present": f.chat_template, "renders": f.chat_renders, "error": f.chat_error, "sample": f.chat_sample}
     if not f.chat_template:
-        return [Finding("card", "tokenizer.chat_template", "info", "no chat template", ev, crit, command)]
+        return "info", "no chat template", ev, crit
     if not f.chat_renders:
-        sev = "bug" if chat else "warning"
-        return [
-            Finding(
-                "card", "tokenizer.chat_template", sev, f"the chat template fails: {f.chat_error}", ev, crit, command
-            )
-        ]
-    return [Finding("card", "tokenizer.chat_template", "ok", "chat template present and rendering", ev, crit, command)]
+        return "bug" if chat else "warning", f"the chat template fails: {f.chat_error}", ev, crit
+    return "ok", "chat template present and rendering", ev, crit

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-import warnings
+from dataclasses import fields
+from typing import ClassVar
 
 import torch
 
+from .._io import json_safe
 from ..corpus import CharTokenizer
 from ..model.gpt import GPT
 
@@ -45,8 +47,13 @@ def r(x: float | None, nd: int = 4) -> float | None:
     return round(float(x), nd)
 
 
-def quiet_encode(tok: CharTokenizer, text: str) -> list[int]:
-    """Encode corpus text without the unknown-character warning (corpus text has them by design)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return tok.encode(text, warn=False)
+class Rounded:
+    """A dataclass of measurements whose JSON form is its fields in order, each float rounded to ``DIGITS`` decimals
+    (:func:`r`)."""
+
+    DIGITS: ClassVar[int] = 4
+
+    def to_dict(self) -> dict:
+        """JSON form (rounded)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]  # subclasses are dataclasses
+        return {k: r(v, self.DIGITS) if isinstance(v, float) else json_safe(v) for k, v in values.items()}

@@ -5,6 +5,9 @@ own ``ch3_case.json``: model, decoding, sampling, exposure, cache_exact, cache_b
 cache_timing, cache_scaling — plus ``meta`` (versions, settings, seconds per experiment). ``quick``
 shrinks only what costs time (timing reps, the scaling model's lengths, confidence sample counts);
 the correctness numbers are the same.
+
+:func:`case_study` is the whole study as one library call — train (or reuse) the model, run every experiment, write
+``ch3_case.json``, the figures and the report; ``genprobe case`` and ``genprobe.run_case`` both call it.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -40,6 +44,7 @@ CASE_KEYS = (
     "cache_timing",
     "cache_scaling",
 )
+EXPERIMENTS = CASE_KEYS[1:]  # every key but the model summary
 #: Tokens generated after the case prompt (the chapter's 50).
 DECODE_STEPS = 50
 
@@ -128,15 +133,6 @@ class CaseMeta:
         return d | {k: v for k, v in extra.items() if v is not None}
 
 
-def as_json(x: Any) -> Any:
-    """A result's JSON form: ``to_dict()`` when it has one (also inside lists), else the value itself."""
-    if hasattr(x, "to_dict"):
-        return json_safe(x)
-    if isinstance(x, list):
-        return [as_json(v) for v in x]
-    return x
-
-
 @dataclass
 class CaseResult:
     """Every experiment's typed result (verify's still plain data) with the model summary and run metadata."""
@@ -148,7 +144,7 @@ class CaseResult:
     def to_dict(self) -> dict:
         """The ``ch3_case.json`` dict: meta, model, then the experiments in :data:`CASE_KEYS` order."""
         out = {"meta": json_safe(self.meta), "model": json_safe(self.model)}
-        return out | {k: as_json(self.experiments[k]) for k in CASE_KEYS if k in self.experiments}
+        return out | {k: json_safe(self.experiments[k]) for k in CASE_KEYS if k in self.experiments}
 
 
 def case_stages(
@@ -157,49 +153,26 @@ def case_stages(
     """(name, run) of every experiment, in order; ``quick`` shrinks only what costs time."""
     from ..verify import cache_exact, mask_noop, run_mutants
 
+    tf_tokens, spread, reps = (4096, (0, 1, 2), 1) if quick else (None, (0, 1, 2, 3, 4), 3)
+    batches, lengths = ((1, 8), (16, 32)) if quick else ((1, 16, 64), (32, 64, 128))
     return [
-        (
-            "decoding",
-            lambda: run_decoding(
-                model,
-                tok,
-                corpus,
-                seed=0,
-                tf_tokens=4096 if quick else None,
-                spread_seeds=(0, 1, 2) if quick else (0, 1, 2, 3, 4),
-            ),
-        ),
+        ("decoding", lambda: run_decoding(model, tok, corpus, seed=0, tf_tokens=tf_tokens, spread_seeds=spread)),
         ("sampling", lambda: run_sampling(model, tok)),
         ("exposure", lambda: run_exposure(model, tok, corpus, quick=quick)),
         ("cache_exact", lambda: cache_exact(model, prompt_ids, steps=steps["cache_exact"])),
         ("cache_bugs", lambda: run_mutants(model, prompt_ids, steps=steps["mutants"])),
         ("mask_noop", lambda: mask_noop(model, prompt_ids, steps=steps["mutants"])),
-        (
-            "cache_timing",
-            lambda: run_cache_timing(
-                model,
-                prompt_ids,
-                new_tokens=steps["decode"],
-                reps=1 if quick else 3,
-                batches=(1, 8) if quick else (1, 16, 64),
-            ),
-        ),
-        (
-            "cache_scaling",
-            lambda: run_cache_scaling(
-                prompt_ids, tok.vocab_size, new_tokens=(16, 32) if quick else (32, 64, 128), reps=1, small=quick
-            ),
-        ),
+        ("cache_timing", lambda: run_cache_timing(model, prompt_ids, steps["decode"], batches, reps)),
+        ("cache_scaling", lambda: run_cache_scaling(prompt_ids, tok.vocab_size, lengths, reps=1, small=quick)),
     ]
 
 
-def _select(stages: list, only: tuple[str, ...] | None) -> list:
-    if only is None:
-        return stages
-    unknown = set(only) - {n for n, _ in stages}
-    if unknown:
-        raise ValueError(f"unknown experiment(s) {sorted(unknown)}; choose from {[n for n, _ in stages]}")
-    return [s for s in stages if s[0] in only]
+def select_experiments(only: Sequence[str] | None, skip: Sequence[str] = ()) -> tuple[str, ...]:
+    """The experiments ``only`` / ``skip`` leave, in the case study's order; unknown names are an error."""
+    bad = [x for x in list(only or []) + list(skip) if x not in EXPERIMENTS]
+    if bad:
+        raise ValueError(f"unknown experiment(s) {bad}; choose from {list(EXPERIMENTS)}")
+    return tuple(x for x in (only or EXPERIMENTS) if x not in set(skip))
 
 
 def run_case(
@@ -220,7 +193,8 @@ def run_case(
     short = min(DECODE_STEPS, model.cfg.block_size - len(prompt_ids))
     # the mutant table recomputes every step: cheaper when quick
     steps = {"decode": DECODE_STEPS, "cache_exact": short, "mutants": min(short, 24) if quick else short}
-    stages = _select(case_stages(model, tok, corpus, prompt_ids, quick, steps), only)
+    names = select_experiments(only)
+    stages = [s for s in case_stages(model, tok, corpus, prompt_ids, quick, steps) if s[0] in names]
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     bar = tqdm(stages, desc="case", unit="exp", disable=not progress, dynamic_ncols=True)
@@ -237,3 +211,96 @@ def run_case(
         quick=quick, steps=steps, seconds=seconds, load_average=[round(x, 2) for x in load] if load else None
     )
     return CaseResult(case_meta, summary, results)
+
+
+@dataclass
+class CaseStudy:
+    """What :func:`case_study` wrote, the typed result, and the headline rows (ours beside the chapter's)."""
+
+    result: CaseResult
+    out: Path
+    json_path: Path
+    report: Path
+    figures: list[Path]
+    seconds: float
+    headline: list[tuple[str, object, object]]
+
+    def to_dict(self) -> dict:
+        """The ``genprobe case --json`` summary."""
+        return {
+            "out": str(self.out),
+            "json": str(self.json_path),
+            "report": str(self.report),
+            "figures": sorted(str(p) for p in self.figures),
+            "seconds": round(self.seconds, 1),
+            "headline": [{"metric": a, "ours": b, "seed": c} for a, b, c in self.headline],
+        }
+
+
+def study_model(model_path: str | Path | None, out: Path, quick: bool, progress: bool, log: Callable[[str], None]):
+    """The model to study (the one loader's Model): ``model_path``, else the default trained (or reused) in
+    OUT/model."""
+    from ..corpus import CharTokenizer, load_corpus
+    from ..model.checkpoint import is_checkpoint, read_meta, save_checkpoint
+    from ..model.load import load_model
+    from ..model.train import TrainConfig, quick_train_config, train
+
+    if model_path is None:
+        d = out / "model"
+        tc = quick_train_config() if quick else TrainConfig()
+        wanted = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
+        if is_checkpoint(d) and read_meta(d).get("summary", {}).get("train_config") == wanted:
+            log(f"case: reusing the model already trained in {d}")
+        else:
+            log(f"case: training the default model ({tc.steps} steps) into {d}")
+            corpus = load_corpus()
+            tok = CharTokenizer.from_text(corpus.text, 1200)
+            res = train(corpus, tok, tc=tc, progress=progress)
+            save_checkpoint(d, res.model, tok, res.summary)
+        model_path = d
+    else:
+        log(f"case: using checkpoint {model_path}")
+    m = load_model(model_path)
+    if m.kind != "genprobe":
+        raise ValueError(
+            f"{model_path} is a {m.arch} transformers model; the case study needs a genprobe checkpoint "
+            "(the character-level Tang GPT the chapter studies)"
+        )
+    return m
+
+
+def case_study(
+    out: str | Path,
+    model: str | Path | None = None,
+    quick: bool = False,
+    only: tuple[str, ...] | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda msg: None,
+) -> CaseStudy:
+    """Run the chapter's case study into ``out``: ch3_case.json, figures and one offline report.html."""
+    from .._io import atomic_write_json
+    from ..corpus import load_corpus
+    from ..report import write_figures, write_report
+    from ..report.html import headline_rows
+    from ..report.seed import seed_tables
+
+    t0 = time.perf_counter()
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output path {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    m = study_model(model, out, quick, progress, log)
+    t_model = time.perf_counter() - t0
+    names = select_experiments(only)
+    log("case: running experiments " + ", ".join(names))
+    result = run_case(m.module, m.tokenizer, load_corpus(), m.meta, quick=quick, progress=progress, only=names, log=log)
+    result.meta.checkpoint = str(m.source)
+    result.meta.model_seconds = round(t_model, 1)
+    case, seed = json_safe(result), seed_tables()
+    json_path = out / "ch3_case.json"
+    figs = write_figures(case, out, seed)
+    report = write_report(case, out, seed, figs)
+    result.meta.total_seconds = round(time.perf_counter() - t0, 1)
+    atomic_write_json(json_path, json_safe(result))
+    rows = [(a, b, c) for a, b, c, _ in headline_rows(case, seed)]
+    return CaseStudy(result, out, json_path, Path(report), [out / n for n in figs], time.perf_counter() - t0, rows)

@@ -18,7 +18,7 @@ from ..engine.samplers import SamplerConfig
 from ..metrics import degeneracy_metrics
 from ..model.gpt import GPT
 from ..model.train import evaluate_loss, unigram_cross_entropy
-from ._common import CASE_PROMPT, encode_prompt, quiet_encode, r
+from ._common import CASE_PROMPT, Rounded, encode_prompt, r
 
 #: (name as in the chapter's table, sampler) — sampling strategies all use the same fixed seed.
 #: The chapter's table gives 0% ``<unk>`` for every sampling row, which cannot happen by chance when
@@ -44,15 +44,8 @@ SPREAD_SEEDS = (0, 1, 2, 3, 4)
 
 
 #: What the other-prompt rows report of each generation.
-OTHER_PROMPT_KEYS = (
-    "text",
-    "text_with_unk",
-    "distinct_2",
-    "looping",
-    "loop_unit",
-    "loop_period",
-    "longest_repeat",
-    "longest_repeat_text",
+OTHER_PROMPT_KEYS = tuple(
+    "text text_with_unk distinct_2 looping loop_unit loop_period longest_repeat longest_repeat_text".split()
 )
 
 
@@ -183,22 +176,18 @@ class OtherPrompt:
 
 
 @dataclass(frozen=True)
-class TeacherForcingCheck:
+class TeacherForcingCheck(Rounded):
     """Suspect one, "the model is not trained": validation loss beside the unigram baseline."""
 
     val_loss: float
     tokens: int
     unigram_ce: float
 
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {"val_loss": r(self.val_loss), "tokens": self.tokens, "unigram_ce": r(self.unigram_ce)}
-
 
 def teacher_forcing_check(model: GPT, tok: CharTokenizer, corpus: Corpus, tf_tokens: int | None) -> TeacherForcingCheck:
     """Validation loss (the first ``tf_tokens`` tokens, None = all) and the unigram baseline's cross-entropy."""
-    tr = torch.tensor(quiet_encode(tok, corpus.train), dtype=torch.long)
-    va = torch.tensor(quiet_encode(tok, corpus.val), dtype=torch.long)
+    tr = torch.tensor(tok.encode(corpus.train, warn=False), dtype=torch.long)
+    va = torch.tensor(tok.encode(corpus.val, warn=False), dtype=torch.long)
     scored = va if tf_tokens is None else va[: tf_tokens + 1]
     return TeacherForcingCheck(
         evaluate_loss(model, scored), len(scored) - 1, unigram_cross_entropy(tr, va, tok.vocab_size)
@@ -272,12 +261,8 @@ def run_decoding(
     rows = [
         run_strategy(model, tok, ids, name, sampler, new_tokens, seed, spread_seeds) for name, sampler in STRATEGIES
     ]
-    with_unk = [
-        StrategyRow(
-            name, SamplerConfig(**kw), seed, decode_once(model, tok, ids, SamplerConfig(**kw), new_tokens, seed)
-        )
-        for name, kw in SAMPLING
-    ]
+    unbanned = [(name, SamplerConfig(**kw)) for name, kw in SAMPLING]
+    with_unk = [StrategyRow(n, s, seed, decode_once(model, tok, ids, s, new_tokens, seed)) for n, s in unbanned]
     others = [other_prompt(model, tok, p, new_tokens, seed) for p in OTHER_PROMPTS]
     tf = teacher_forcing_check(model, tok, corpus, tf_tokens) if corpus is not None else None
     return DecodingResult(prompt, ids, unknown, new_tokens, rows, with_unk, others, tf)

@@ -25,7 +25,7 @@ from ..engine.generate import generate
 from ..engine.samplers import SamplerConfig
 from ..model.gpt import GPT
 from ..model.load import Tokenizer
-from ._common import quiet_encode, r
+from ._common import Rounded, r
 
 SNIPPET = "已驚飛。方從列子御"
 PERTURB_POSITIONS = (4, 8, 16, 24)
@@ -93,8 +93,8 @@ class TeacherForcing:
 
 def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: str = "") -> TeacherForcing:
     """Per-position loss and top-3 of ``text`` (optionally preceded by ``lead_in`` as unscored context)."""
-    pre = quiet_encode(tok, lead_in)
-    ids = quiet_encode(tok, text)
+    pre = tok.encode(lead_in, warn=False)
+    ids = tok.encode(text, warn=False)
     full = (pre + ids)[-model.cfg.block_size :]
     start = len(full) - len(ids)
     loss, logp = _row_losses(model, full)
@@ -102,36 +102,21 @@ def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: st
     for i in range(len(ids) - 1):
         j = start + i
         top = torch.topk(logp[j].exp(), 3)
-        rows.append(
-            TeacherForcingRow(
-                i,
-                tok.decode(ids[: i + 1], show_unk=True),
-                tok.token_str(ids[i + 1]),
-                float(loss[j]),
-                [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices, strict=True)],
-            )
-        )
+        top3 = [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices, strict=True)]
+        context = tok.decode(ids[: i + 1], show_unk=True)
+        rows.append(TeacherForcingRow(i, context, tok.token_str(ids[i + 1]), float(loss[j]), top3))
     scored = loss[start : start + len(ids) - 1]
     return TeacherForcing(rows, float(scored.mean()), len(lead_in))
 
 
 @dataclass(frozen=True)
-class RealTextConfidence:
+class RealTextConfidence(Rounded):
     """How sure the model is of its own argmax on real text, and what the truth costs there."""
 
     positions: int
     mean_argmax_prob: float
     mean_nll: float
     mean_truth_nll: float
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {
-            "positions": self.positions,
-            "mean_argmax_prob": r(self.mean_argmax_prob),
-            "mean_nll": r(self.mean_nll),
-            "mean_truth_nll": r(self.mean_truth_nll),
-        }
 
 
 @torch.no_grad()
@@ -149,24 +134,14 @@ def confidence_real_text(model: GPT, ids: list[int], windows: int = 32) -> RealT
 
 
 @dataclass(frozen=True)
-class FreeGenerationConfidence:
+class FreeGenerationConfidence(Rounded):
     """How sure the model is of the tokens it chose itself while generating with ``sampler``."""
 
-    sampler: str
     samples: int
     new_tokens: int
     mean_chosen_prob: float
     mean_nll: float
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {
-            "samples": self.samples,
-            "new_tokens": self.new_tokens,
-            "mean_chosen_prob": r(self.mean_chosen_prob),
-            "mean_nll": r(self.mean_nll),
-            "sampler": self.sampler,
-        }
+    sampler: str
 
 
 def confidence_free_generation(
@@ -179,7 +154,7 @@ def confidence_free_generation(
     chosen = torch.tensor(res.tokens, dtype=torch.long)  # (B, N)
     logits = torch.stack(res.step_logits, 1).double()  # (B, N, V)
     lp = torch.log_softmax(logits, -1).gather(-1, chosen[..., None])[..., 0]
-    return FreeGenerationConfidence(name, len(prompts), new_tokens, float(lp.exp().mean()), float(-lp.mean()))
+    return FreeGenerationConfidence(len(prompts), new_tokens, float(lp.exp().mean()), float(-lp.mean()), name)
 
 
 @dataclass(frozen=True)
@@ -306,8 +281,8 @@ def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = F
     T = model.cfg.block_size
     tf = teacher_forcing_table(model, tok, SNIPPET)
     tf_lead = teacher_forcing_table(model, tok, SNIPPET, lead_in=source[max(0, at - (T - len(SNIPPET))) : at])
-    passage = quiet_encode(tok, source[at : at + T])
-    val_ids = quiet_encode(tok, corpus.val)
+    passage = tok.encode(source[at : at + T], warn=False)
+    val_ids = tok.encode(corpus.val, warn=False)
     real = confidence_real_text(model, val_ids, windows=8 if quick else 32)
     prompts = _free_generation_prompts(val_ids, 4 if quick else 16)
     free = confidence_free_generation(

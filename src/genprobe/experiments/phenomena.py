@@ -35,11 +35,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .._io import json_safe
+from ..corpus.inputs import token_windows
 from ..engine.generate import generate
 from ..engine.runner import runner_for
 from ..engine.samplers import SamplerConfig
 from ..metrics import measure_loops
-from ._common import r
+from ._common import Rounded, r
 from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, perturbation, wanted_instead
 from .sampling import ORDER_TAUS, TEMPERATURES, entropy_table, order_trap
 from .timing import ModeTiming, time_modes
@@ -52,8 +53,6 @@ SAMPLED: tuple[tuple[str, dict[str, float]], ...] = (
 TRAP_ORDERS = ("trunc_then_temp", "temp_then_trunc")
 TRAP_TOP_P = 0.9
 FREE_TAU = 1.0  # the chapter's free-generation confidence samples at τ = 1
-#: A Tang line; a model whose tokenizer spends at most one token per character on it was trained on Chinese.
-TANG_PROBE = "床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。"
 
 
 @dataclass(frozen=True)
@@ -199,34 +198,21 @@ def diversity(subject: Subject, prompt_ids: list[list[int]], n: int) -> list[Div
     for name, sampler in strategies:
         tokens = torch.cat([t for t, _ in subject.generate(prompt_ids, n, sampler)]).tolist()
         m = [measure_loops(t) for t in tokens]
+        loops, degenerate = sum(x.looping for x in m), sum(x.degenerate for x in m)
         example = subject.model.decode(prompt_ids[0] + tokens[0])
-        rows.append(
-            DiversityRow(
-                name,
-                sampler,
-                len(tokens),
-                n,
-                statistics.fmean(x.distinct_2 for x in m),
-                sum(x.looping for x in m),
-                sum(x.degenerate for x in m),
-                example,
-            )
-        )
+        d2 = statistics.fmean(x.distinct_2 for x in m)
+        rows.append(DiversityRow(name, sampler, len(tokens), n, d2, loops, degenerate, example))
     return rows
 
 
 # ---- entropy and the order trap ------------------------------------------------------------------
 @dataclass(frozen=True)
-class EntropyRow:
+class EntropyRow(Rounded):
     """Mean over prompts of the entropy (nats) and the max probability of softmax(logits / τ)."""
 
     tau: float
     entropy: float
     max_prob: float
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {"tau": self.tau, "entropy": r(self.entropy), "max_prob": r(self.max_prob)}
 
 
 @dataclass(frozen=True)
@@ -557,13 +543,7 @@ def _model_summary(model: Any) -> dict:
 
 def _long_texts(subject: Subject, texts: Sequence[str], need: int) -> list[list[int]]:
     """Ids of the first ``max_texts`` texts holding at least ``need`` tokens, cut to ``need``."""
-    ids: list[list[int]] = []
-    for t in texts:
-        x = subject.encode(t)
-        if len(x) >= need:
-            ids.append(x[:need])
-        if len(ids) == subject.cfg.max_texts:
-            break
+    ids = [w for _, w in token_windows(subject.encode, texts, need, subject.cfg.max_texts)]
     if not ids:
         raise ValueError(f"no text holds {need} tokens (prefix + continuation); give longer texts")
     return ids
@@ -623,46 +603,3 @@ def chapter_phenomena(
     return PhenomenaResult(
         _model_summary(model), inputs, cfg, n_gen, n_cont, div_rows, dist, readings, shadow, div, times, seconds
     )
-
-
-# ---- default inputs ------------------------------------------------------------------------------
-def guess_corpus(model: Any) -> str:
-    """The corpus to read: "tang" for the char tokenizer or a tokenizer that spends at most one token per character
-    of a Tang line, else "english"."""
-    if model.tokenizer is None:
-        raise ValueError("the model has no tokenizer")
-    if model.tokenizer.kind == "char":
-        return "tang"
-    return "tang" if len(model.encode(TANG_PROBE)) <= len(TANG_PROBE) else "english"
-
-
-@dataclass(frozen=True)
-class DefaultInputs:
-    """Prompts and texts of one corpus, with where they came from."""
-
-    prompts: list[str]
-    texts: list[str]
-    sources: dict
-
-
-def default_inputs(model: Any, corpus: str = "auto", prompts: int = 64) -> DefaultInputs:
-    """Held-out inputs of the model's corpus: Tang openings and poems held out from both reference models
-    (documents from ``reference_split().heldout_start``), or English sentence openings and the Lee corpus's
-    human-continuation documents (``genprobe.corpus.english``); :func:`chapter_phenomena` reads the first
-    ``max_texts`` texts that are long enough."""
-    corpus = guess_corpus(model) if corpus == "auto" else corpus
-    if corpus == "tang":
-        from ..corpus.tang import bundled_documents, reference_split, split_texts
-        from ..loops.prompts import heldout_openings
-
-        split = reference_split()
-        opens = heldout_openings(model.tokenizer, prompts, skip_poems=split.heldout_start)
-        poems = split_texts(bundled_documents(), split).heldout
-        # The first held-out poems gave the prompts: texts are read from the other end of the held-out range.
-        return DefaultInputs(opens, poems[::-1], {"corpus": "tang", "held_out_from": split.heldout_start})
-    if corpus == "english":
-        from ..corpus.english import SOURCE_NAME, english_prompt_sets, english_split
-
-        opens = english_prompt_sets({"phenomena": prompts})["phenomena"]
-        return DefaultInputs(opens, english_split().human, {"corpus": SOURCE_NAME})
-    raise ValueError(f"corpus must be 'auto', 'tang' or 'english', got {corpus!r}")

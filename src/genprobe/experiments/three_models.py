@@ -2,15 +2,14 @@
 
 Everything here reads the ``to_dict()`` form of :class:`genprobe.experiments.phenomena.PhenomenaResult`, so a
 table can be rebuilt from the files of earlier runs. A claim is judged with
-:class:`~genprobe.report.findings.Finding`: whether it holds on that model's numbers, and the numbers.
+:class:`~genprobe.report.claims.Claim`: whether it holds on that model's numbers, and the numbers.
 """
 
 from __future__ import annotations
 
-from itertools import pairwise
 from typing import Any, Callable, Mapping
 
-from ..report.findings import Finding
+from ..report.claims import Claim, entropy_rises
 
 HEADLINE_TAU = 2.0  # the order trap's headline temperature
 TAIL_SHARE = 0.2  # a shadow's tail "near zero": mean tail at most this share of the mean peak
@@ -32,12 +31,12 @@ def _entropy(d: dict, tau: float) -> dict:
     return next(x for x in d["distribution"]["entropy_vs_temperature"] if x["tau"] == tau)
 
 
-def claims(d: dict) -> list[Finding]:
+def claims(d: dict) -> list[Claim]:
     """The chapter's claims about the measured phenomena, judged on one model's ``phenomena.json``."""
     return _decoding_claims(d) + _free_running_claims(d) + _timing_claims(d)
 
 
-def _decoding_claims(d: dict) -> list[Finding]:
+def _decoding_claims(d: dict) -> list[Claim]:
     """§3.3 and §3.5: greedy decoding loops, sampling does not, and what temperature and top-p do."""
     g = _row(d, "greedy")
     sampled = [x for x in d["diversity"] if x["strategy"] != "greedy"]
@@ -47,33 +46,32 @@ def _decoding_claims(d: dict) -> list[Finding]:
     first = [x["trunc_then_temp"] for x in trap]
     hot = _trap(d, HEADLINE_TAU)
     return [
-        Finding(
+        Claim(
             "§3.3 greedy decoding loops (exact loop, near loop or repetitive tail in at least half the continuations)",
             g["degenerate_share"] >= 0.5,
             f"greedy degenerate share {g['degenerate_share']} (exact loops {g['loop_share']})",
         ),
-        Finding(
+        Claim(
             "§3.3 greedy distinct-2 is well below (< half of) every sampling strategy's",
             g["distinct_2"] < 0.5 * low,
             f"greedy {g['distinct_2']} vs lowest sampled {low}",
         ),
-        Finding(
+        Claim(
             "§3.5 every sampling strategy has distinct-2 >= 0.9",
             low >= 0.9,
             ", ".join(f"{x['strategy']} {x['distinct_2']}" for x in sampled),
         ),
-        Finding(
+        Claim(
             "§3.5 entropy rises with τ and stays <= ln V",
-            all(b > a for a, b in pairwise(ent) if a > 1e-6 or b > 1e-6)  # two ~0 entropies (tiny τ) may tie
-            and max(ent) <= d["distribution"]["log_vocab"] + 1e-9,
+            entropy_rises(ent, d["distribution"]["log_vocab"]),
             f"mean entropies {ent}, ln V = {d['distribution']['log_vocab']}",
         ),
-        Finding(
+        Claim(
             "§3.5.5 top-p then temperature: the kept set does not depend on τ",
             len(set(first)) == 1,
             f"median kept {first} for τ {[x['tau'] for x in trap]}",
         ),
-        Finding(
+        Claim(
             f"§3.5.5 temperature then top-p lets several times (>= 2x) more tokens in at τ = {HEADLINE_TAU:g}",
             hot["temp_then_trunc"] >= 2 * hot["trunc_then_temp"],
             f"median kept {hot['temp_then_trunc']} vs {hot['trunc_then_temp']}",
@@ -81,22 +79,22 @@ def _decoding_claims(d: dict) -> list[Finding]:
     ]
 
 
-def _free_running_claims(d: dict) -> list[Finding]:
+def _free_running_claims(d: dict) -> list[Claim]:
     """§3.7: the model on its own tokens, one wrong token's shadow, and loops as fixed points."""
     tf, free = _reading(d, "teacher forcing"), _reading(d, "free running, τ = 1")
     sh, dv = d["shadow"], d["divergence"]
     return [
-        Finding(
+        Claim(
             "§3.7.3 the model is surer (lower NLL) of its own τ = 1 tokens than of its argmax on real text",
             free["own_nll"] < tf["own_nll"],
             f"own-token NLL free running {free['own_nll']} vs argmax on real text {tf['own_nll']}",
         ),
-        Finding(
+        Claim(
             "§3.7.2 one wrong token's shadow is short: median half-life <= 3 steps, tail near zero",
             (sh["median_half_life_steps"] or 99) <= 3 and sh["mean_tail"] <= TAIL_SHARE * sh["mean_peak"],
             f"half-life {sh['median_half_life_steps']}, peak {sh['mean_peak']}, tail {sh['mean_tail']}",
         ),
-        Finding(
+        Claim(
             "§3.7.2 a loop is a stable fixed point: greedy continuations of a prefix with one token changed agree "
             "again at the end (>= half the positions of the last quarter)",
             dv["tail_agreement"] >= 0.5,
@@ -105,13 +103,13 @@ def _free_running_claims(d: dict) -> list[Finding]:
     ]
 
 
-def _timing_claims(d: dict) -> list[Finding]:
+def _timing_claims(d: dict) -> list[Claim]:
     """§3.10, when the run was timed: the cache saves far more compute than wall-clock time."""
     if not d.get("timing"):
         return []
     t1 = d["timing"]["rows"][0]
     return [
-        Finding(
+        Claim(
             "§3.10 the cache saves far more compute than time (compute ratio > 2x the wall-clock speed-up)",
             t1["compute_ratio"] > 2 * t1["speedup"],
             f"batch {t1['batch']}: compute {t1['compute_ratio']}x, wall clock {t1['speedup']}x",

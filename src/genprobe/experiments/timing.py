@@ -17,7 +17,7 @@ import torch
 from .._io import json_safe
 from ..engine.generate import generate
 from ..model import GPT, GPTConfig
-from ._common import r
+from ._common import Rounded, r
 
 BATCHES = (1, 16, 64)
 SCALING_TOKENS = (32, 64, 128)
@@ -144,20 +144,14 @@ def scaling_config(
 
 
 @dataclass(frozen=True)
-class SkippedLength:
+class SkippedLength(Rounded):
     """A generation length not timed: the naive loop was predicted to exceed the budget."""
+
+    DIGITS = 1
 
     new_tokens: int
     predicted_naive_s: float
     budget_s: float
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return {
-            "new_tokens": self.new_tokens,
-            "predicted_naive_s": r(self.predicted_naive_s, 1),
-            "budget_s": self.budget_s,
-        }
 
 
 @dataclass(frozen=True)

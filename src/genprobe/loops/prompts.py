@@ -28,56 +28,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..corpus.tang import DEFAULT_POEMS, bundled_corpus_path, read_jsonl
-
-PUNCT = set("，。、；：？！「」『』（）《》□")
-
-
-def heldout_openings(
-    tokenizer,
-    count: int,
-    prefix_chars: int = 5,
-    skip_poems: int = DEFAULT_POEMS,
-    exclude_text: str | None = None,
-    *,
-    from_end: bool = False,
-) -> list[str]:
-    """The first ``count`` distinct usable ``prefix_chars``-character openings of poems after ``skip_poems``.
-
-    ``exclude_text`` (default: the first ``skip_poems`` poems) — openings found in it are skipped.
-    ``from_end``: walk the bundled poems from the last one backwards (``skip_poems`` is then ignored
-    and ``exclude_text`` must be given: the text the model was trained on).
-    """
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
-    if prefix_chars < 1:
-        raise ValueError(f"prefix_chars must be >= 1, got {prefix_chars}")
-    if from_end and exclude_text is None:
-        raise ValueError("from_end=True needs exclude_text: the text the model was trained on")
-    out: list[str] = []
-    seen: set[str] = set()
-    if from_end:
-        pool = list(reversed(read_jsonl(bundled_corpus_path(), None)))
-    else:
-        docs = read_jsonl(bundled_corpus_path(), skip_poems + 40 * count + 1000)  # read only as far as needed
-        if exclude_text is None:
-            exclude_text = "".join(docs[:skip_poems])
-        pool = docs[skip_poems:]
-    assert exclude_text is not None  # from_end refuses None above; otherwise it defaults to the skipped poems
-    for doc in pool:
-        head = doc[:prefix_chars]
-        if len(head) < prefix_chars or head in seen:
-            continue
-        vocab = getattr(tokenizer, "stoi", None)
-        if any(ch in PUNCT for ch in head) or (vocab is not None and any(ch not in vocab for ch in head)):
-            continue
-        if head in exclude_text:
-            continue
-        seen.add(head)
-        out.append(head)
-        if len(out) == count:
-            return out
-    raise ValueError(f"only {len(out)} usable held-out openings found, {count} requested")
+from ..corpus.inputs import heldout_openings
 
 
 def prompt_sets(

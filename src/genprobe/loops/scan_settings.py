@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from .._io import json_safe
+from ..corpus.inputs import default_prompts
 from ..engine.backend import Backend
 from ..engine.samplers import SamplerConfig
 from ..metrics import LoopCalibration, LoopSettings
@@ -69,15 +70,6 @@ def backend_engine(backend: Backend, concurrency: int | None = None, kind: str =
         return generate, about
 
     return ScanEngine(f"the {caps.server} server", check, start)
-
-
-def _default_prompts(model: Any) -> list[str]:
-    """Held-out Tang openings for the bundled char model; any other model must be given prompts."""
-    from .prompts import heldout_openings
-
-    if model.tokenizer is None or model.tokenizer.kind != "char":
-        raise ValueError("this model is not the bundled character model: pass prompts (a list of strings)")
-    return heldout_openings(model.tokenizer, 256)
 
 
 LOOP_EXAMPLES = 5  # generations per setting in LoopScans.to_dict(with_records=False)
@@ -168,7 +160,7 @@ def scan_loop_settings(
     loop = detector_settings(calibration, loop)
     if prompt_source is None:
         prompt_source = "tang-heldout-openings" if prompts is None else "prompts"
-    texts = list(prompts) if prompts is not None else _default_prompts(model)
+    texts = list(prompts) if prompts is not None else default_prompts(model, 256)
     chosen = dict(settings) if settings is not None else loop_study_settings(model)
     if not chosen:
         raise ValueError("no decoding settings to scan")

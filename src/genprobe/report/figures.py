@@ -52,14 +52,8 @@ def decoding_bars(case: dict) -> bytes:
     colors = [RED if r["sampler"]["greedy"] else GREEN for r in rows]
     ax.barh([i + 0.2 for i in y], [r["distinct_2"] for r in rows], height=0.4, color=colors, label="ours")
     if seed:
-        ax.barh(
-            [i - 0.2 for i in y],
-            [seed.get(n, {}).get("distinct_2", 0) for n in names],
-            height=0.4,
-            color=GREY,
-            alpha=0.6,
-            label="seed",
-        )
+        seeded = [seed.get(n, {}).get("distinct_2", 0) for n in names]
+        ax.barh([i - 0.2 for i in y], seeded, height=0.4, color=GREY, alpha=0.6, label="seed")
     for i, r in enumerate(rows):
         rep = r.get("longest_repeat")
         ax.text(r["distinct_2"] + 0.01, i + 0.2, f"{rep}-gram" if rep and rep >= 2 else "none", va="center", fontsize=7)
@@ -83,24 +77,16 @@ def entropy_vs_temperature(case: dict) -> bytes:
     ax.plot(taus, [r["entropy"] for r in rows], "o-", color=TEAL, label="entropy (nats)")
     ax.axhline(s["log_vocab"], color=TEAL, ls=":", lw=0.8)
     ax.text(taus[-1], s["log_vocab"], f"ln V = {s['log_vocab']:.2f}", va="bottom", ha="right", fontsize=7, color=TEAL)
-    seed = case.get("seed", {}).get("sampling", {}).get("entropy_vs_temperature")
+    seed = case.get("seed", {}).get("sampling", {}).get("entropy_vs_temperature") or []
+    seed_taus = [r["tau"] for r in seed]
     if seed:
-        ax.plot(
-            [r["tau"] for r in seed], [r["entropy"] for r in seed], "x--", color=TEAL, alpha=0.45, label="seed entropy"
-        )
+        ax.plot(seed_taus, [r["entropy"] for r in seed], "x--", color=TEAL, alpha=0.45, label="seed entropy")
     ax.set_xlabel("temperature tau")
     ax.set_ylabel("entropy (nats)", color=TEAL)
     ax2 = ax.twinx()
     ax2.plot(taus, [r["max_prob"] for r in rows], "s-", color=ORANGE, label="max prob")
     if seed:
-        ax2.plot(
-            [r["tau"] for r in seed],
-            [r["max_prob"] for r in seed],
-            "x--",
-            color=ORANGE,
-            alpha=0.45,
-            label="seed max prob",
-        )
+        ax2.plot(seed_taus, [r["max_prob"] for r in seed], "x--", color=ORANGE, alpha=0.45, label="seed max prob")
     ax2.set_ylabel("max probability", color=ORANGE)
     ax2.set_ylim(0, 1.05)
     ax2.spines["right"].set_visible(True)
@@ -114,15 +100,9 @@ def entropy_vs_temperature(case: dict) -> bytes:
 def compute_vs_speedup(case: dict) -> bytes:
     """Fig. 3.4: compute saved by the KV cache (counted token forwards) vs measured wall-clock speed-up."""
     plt = _plt()
-    labels, compute, speed = [], [], []
-    for r in case.get("cache_timing", {}).get("rows", []):
-        labels.append(f"small, batch {r['batch']}")
-        compute.append(r["compute_ratio"])
-        speed.append(r["speedup"])
-    for r in case.get("cache_scaling", {}).get("rows", []):
-        labels.append(f"8-layer, {r['new_tokens']} new")
-        compute.append(r["compute_ratio"])
-        speed.append(r["speedup"])
+    small, scaled = (case.get(k, {}).get("rows", []) for k in ("cache_timing", "cache_scaling"))
+    labels = [f"small, batch {r['batch']}" for r in small] + [f"8-layer, {r['new_tokens']} new" for r in scaled]
+    compute, speed = [r["compute_ratio"] for r in small + scaled], [r["speedup"] for r in small + scaled]
     fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(labels) + 1.0))
     y = range(len(labels))
     ax.barh([i - 0.2 for i in y], compute, height=0.4, color=GREY, label="compute saved (x)")

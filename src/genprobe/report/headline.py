@@ -63,17 +63,11 @@ def _sampling_rows(s: dict, seed: dict) -> list[Row]:
 
 def _cache_rows(case: dict, seed: dict) -> list[Row]:
     rows: list[Row] = []
-    c = case.get("cache_exact")
-    if c:
+    if c := case.get("cache_exact"):
         sc = seed.get("cache_exact", {})
         rows += [
-            ("KV cache prefill max |Δlogit|", c["prefill_max_abs_dlogit"], sc.get("prefill_max_abs_dlogit"), "e"),
-            (
-                "KV cache incremental max |Δlogit|",
-                c["incremental_max_abs_dlogit"],
-                sc.get("incremental_max_abs_dlogit"),
-                "e",
-            ),
+            (f"KV cache {phase} max |Δlogit|", c[f"{phase}_max_abs_dlogit"], sc.get(f"{phase}_max_abs_dlogit"), "e")
+            for phase in ("prefill", "incremental")
         ]
     t = case.get("cache_timing")
     if t and t.get("rows"):
@@ -100,13 +94,9 @@ def headline_rows(case: dict, seed: dict) -> list[Row]:
         rows += _decoding_rows(case["decoding"], seed)
     if case.get("sampling"):
         rows += _sampling_rows(case["sampling"], seed)
-    if case.get("exposure"):
+    if e := case.get("exposure"):
+        seed_loss = seed.get("exposure", {}).get("teacher_forcing_mean_loss")
         rows.append(
-            (
-                "teacher forcing on 已驚飛。方從列子御: mean loss",
-                case["exposure"]["teacher_forcing_mean_loss"],
-                seed.get("exposure", {}).get("teacher_forcing_mean_loss"),
-                "f3",
-            )
+            ("teacher forcing on 已驚飛。方從列子御: mean loss", e["teacher_forcing_mean_loss"], seed_loss, "f3")
         )
     return rows + _cache_rows(case, seed)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from .._io import atomic_write_text
+from .._templates import environment
+from .claims import case_claims
 from .figures import render_figures
-from .findings import findings
 from .headline import headline_rows
 from .seed import seed_tables
-from .templates import render
 
 __all__ = ["headline_rows", "render_report", "write_report"]
 
@@ -28,16 +28,19 @@ def render_report(case: dict, seed: dict | None = None, figures: dict[str, bytes
     seed = seed_tables() if seed is None else seed
     figs = render_figures(case, seed) if figures is None else figures
     meta = case.get("meta", {})
-    return render(
-        "report.html.j2",
-        case=case,
-        seed=seed,
-        figs=figs,
-        meta=meta,
-        seconds=meta.get("seconds", {}),
-        headline=headline_rows(case, seed),
-        findings=findings(case),
-        data={k: case[k] for k in SCRIPT_DATA_KEYS if k in case},
+    return (
+        environment("genprobe.report")
+        .get_template("report.html.j2")
+        .render(
+            case=case,
+            seed=seed,
+            figs=figs,
+            meta=meta,
+            seconds=meta.get("seconds", {}),
+            headline=headline_rows(case, seed),
+            findings=case_claims(case),
+            data={k: case[k] for k in SCRIPT_DATA_KEYS if k in case},
+        )
     )
 
 

@@ -109,8 +109,8 @@ def _judge(spec: str) -> Any:
 
 def _compare_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str], list | None, str]:
     """Prompts, human continuations from a JSONL file (or None) and the prompt source."""
+    from ...corpus.inputs import heldout_openings
     from ...loops.compare_human import read_continuations
-    from ...loops.prompts import heldout_openings
 
     if args.n is not None and args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")

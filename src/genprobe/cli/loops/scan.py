@@ -141,7 +141,7 @@ def run_scan(args: argparse.Namespace) -> int:
     """Scan one or two decoding settings (:func:`genprobe.scan_loop_settings`) and print the tables (tokens,
     characters where they are the unit, and the human false-positive rate of the calibrated detectors)."""
     from ..._io import atomic_write_json
-    from ...loops.prompts import heldout_openings
+    from ...corpus.inputs import heldout_openings
     from ...loops.scan import scan_table
     from ...loops.scan_settings import scan_loop_settings
 

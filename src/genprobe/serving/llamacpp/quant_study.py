@@ -146,8 +146,8 @@ def study_inputs(model: Any, cfg: QuantStudyConfig) -> StudyInputs:
     from ...loops.scan import calibrate_for_scan
 
     if _is_tang_model(model):
+        from ...corpus.inputs import heldout_openings
         from ...corpus.tang import bundled_documents, reference_split, split_texts
-        from ...loops.prompts import heldout_openings
 
         texts = split_texts(bundled_documents(), reference_split())
         streams = [model.encode("".join(texts.char_val_documents))]
