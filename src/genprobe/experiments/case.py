@@ -155,7 +155,7 @@ def case_stages(
     model: GPT, tok: CharTokenizer, corpus: Corpus, prompt_ids: list[int], quick: bool, steps: dict[str, int]
 ) -> list[tuple[str, Callable[[], object]]]:
     """(name, run) of every experiment, in order; ``quick`` shrinks only what costs time."""
-    from ..verify import cache_exact, mask_noop, run_mutants
+    from ..verify.mutants import cache_exact, mask_noop, run_mutants
 
     return [
         (
