@@ -4,16 +4,8 @@ Compares logits step by step (prefill, greedy decode, chunked prefill, left-padd
 across ``reset()``, prefix reuse across sequences) and prints the chapter §3.9.8-style table plus each
 phase's max |Δlogit| and first differing step. Verdicts are judged against the reference's own float
 noise on the model at hand (its noise floor, measured first; a difference below ``--floor-multiple``
-times it passes). Exit status, usable in another project's CI:
-
-* 0 — every implementation under test is within the allowed verdict (``--fail-on``);
-* 1 — one is judged a bug (or, with ``--mutants``, a mutant is not caught or ``cat_order`` is flagged);
-* 2 — bad input or usage (unreadable model, unknown flag combination, context too short, …);
-* 3 — an implementation under test raised (verdict ``error``: phase, exception type and message in
-  the table and the JSON). Takes precedence over 1.
-
-``--json`` output is strict JSON (non-finite numbers spelled ``"nan"``/``"inf"``), written in every
-one of these cases except 2.
+times it passes). The exit status (:data:`EPILOG`) is usable in another project's CI; ``--json`` output is
+strict JSON (non-finite numbers spelled ``"nan"``/``"inf"``).
 """
 
 from __future__ import annotations
@@ -49,7 +41,9 @@ EXIT_PASS, EXIT_BUG, EXIT_USAGE, EXIT_IMPL_ERROR = 0, 1, 2, 3
 HF_CACHE_KINDS = ("dynamic", "static", "sliding", "quantized", "offloaded")
 
 EPILOG = """\
-exit status: 0 pass, 1 bug (or a mutant not caught), 2 bad input/usage, 3 the implementation raised.
+exit status: 0 every implementation within --fail-on; 1 one judged a bug (or a mutant not caught, or cat_order
+flagged); 2 bad input or usage; 3 an implementation raised (verdict error: phase, exception type and message in the
+table and the JSON; takes precedence over 1). --json is written in every case but 2.
 
 sliding windows: --window W [--sinks S] makes the reference full recomputation under a sliding window
 (a query at position q sees keys at q-W+1..q, plus positions 0..S-1 when S sinks are kept) and runs our

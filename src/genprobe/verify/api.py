@@ -22,13 +22,11 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_PROMPTS = (DEFAULT_PROMPT, "白日依山盡")  # the chapter's prompt (§3.9.1) and a second of another length
 
 
-def default_prompts(model: "Model", max_new_tokens: int, vocab_size: int | None = None) -> list[list[int]]:
+def default_prompts(model: "Model", max_new_tokens: int) -> list[list[int]]:
     """Two Tang openings for a character-level genprobe model; else three random id prompts of different lengths."""
-    if model is not None and model.kind == "genprobe" and model.tokenizer is not None:
+    if model.kind == "genprobe" and model.tokenizer is not None:
         return [model.encode(t) for t in DEFAULT_PROMPTS]
-    vocab = vocab_size if vocab_size is not None else model.vocab_size
-    max_pos = None if model is None else model.max_positions
-    return random_prompts(int(vocab), max_pos, max_new_tokens)
+    return random_prompts(model.vocab_size, model.max_positions, max_new_tokens)
 
 
 def random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int = 0) -> list[list[int]]:

@@ -72,7 +72,7 @@ class _GPTLayers:
             raise ValueError(f"mutants support pos_encoding learned/rope/none, not {model.cfg.pos_encoding!r}")
         self.m, self.cfg = model.eval(), model.cfg
         self.n_layer = model.cfg.n_layer
-        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        self.max_positions = model.cfg.max_positions
 
     def embed(self, ids: torch.Tensor, pos: torch.Tensor, true_pos: torch.Tensor) -> torch.Tensor:
         self.m.check_positions(true_pos)
