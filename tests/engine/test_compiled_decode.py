@@ -327,7 +327,7 @@ def test_compiled_generation_equals_eager_greedy_and_sampled_padded_batch(traine
 
 def test_compiled_adapter_passes_the_cache_verifier(trained):
     """The verifier's own harness (decode, chunks of 4, padded batch) judges the compiled path a pass."""
-    from genprobe.verify import CompiledEngineAdapter, FullRecompute
+    from genprobe.verify.adapters import CompiledEngineAdapter, FullRecompute
     from genprobe.verify.harness import ReferenceRun, verify_implementation
 
     model, tok, _ = trained

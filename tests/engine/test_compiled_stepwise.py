@@ -130,7 +130,7 @@ def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(
 
 def test_stepwise_path_passes_the_cache_verifier(monkeypatch, stepwise_model, traced_only):
     """The verifier's harness (decode, prefill in chunks of 4, padded batch) on the stepwise path and prefill."""
-    from genprobe.verify import CompiledEngineAdapter, FullRecompute
+    from genprobe.verify.adapters import CompiledEngineAdapter, FullRecompute
     from genprobe.verify.harness import ReferenceRun, verify_implementation
 
     monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)

@@ -10,7 +10,7 @@ import pytest
 import genprobe
 from genprobe._io import json_safe
 from genprobe.cli import main
-from genprobe.verify import CompiledEngineAdapter, EngineAdapter
+from genprobe.verify.adapters import CompiledEngineAdapter, EngineAdapter
 from genprobe.verify.api import verify_targets
 
 
@@ -58,7 +58,7 @@ def test_a_factory_that_raises_is_an_error_report_not_an_exception(tiny_ckpt, us
 
 
 def test_hf_caches_all_names_every_kind(tmp_path):
-    from genprobe.verify import CACHE_KINDS
+    from genprobe.verify.hf_caches import CACHE_KINDS
     from genprobe.verify.hf_matrix import tiny_model
 
     tiny_model("llama", init=0.2).save_pretrained(tmp_path / "llama", safe_serialization=True)

@@ -138,7 +138,7 @@ def test_usage_errors_exit_2(capsys, tiny_ckpt, tmp_path):
     rc, _, err = run_cli(capsys, str(tmp_path), "--max-new-tokens", "2")
     assert rc == 2 and "neither a genprobe checkpoint" in err
     rc, _, err = run_cli(capsys, str(tiny_ckpt), "--hf-cache", "static")
-    assert rc == 2 and "--hf-cache verifies a transformers model" in err
+    assert rc == 2 and "hf_caches verifies a transformers model" in err
 
 
 def test_compiled_decode_path_is_verified_too(capsys, tiny_ckpt):
@@ -162,4 +162,4 @@ def test_compiled_decode_path_is_verified_too(capsys, tiny_ckpt):
         "prefix_reuse_no_reset",
     }
     assert main(["verify-cache", "--impl", "x:y", "--compiled"]) == 2
-    assert "--compiled verifies genprobe's own compiled decode path" in capsys.readouterr().err
+    assert "compiled verifies genprobe's own compiled decode path" in capsys.readouterr().err

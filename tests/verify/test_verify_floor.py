@@ -13,8 +13,9 @@ import json
 
 import pytest
 
-from genprobe.verify import EngineAdapter, FullRecompute, Thresholds, verify_implementation
-from genprobe.verify.harness import ReferenceRun
+from genprobe.verify.adapters import EngineAdapter, FullRecompute
+from genprobe.verify.compare import Thresholds
+from genprobe.verify.harness import ReferenceRun, verify_implementation
 
 EPS = 1e-3
 PROMPTS = [[3, 7, 11, 5, 9, 2, 8], [4, 6, 10]]
@@ -54,7 +55,7 @@ def test_the_floor_is_measured_from_the_reference_alone(long_model):
 
 def test_twice_the_floor_passes_far_above_it_does_not(long_model):
     ok = run(long_model, 2 * EPS)  # |Δ| up to 3 EPS < 4 x floor
-    assert ok.verdict == "pass", ok.max_by_phase()
+    assert ok.verdict == "pass", ok.max_abs_dlogit_by_phase
     assert ok.noise_floor["value"] == pytest.approx(EPS, rel=1e-3) and ok.pass_line == pytest.approx(4 * EPS, rel=1e-3)
     far = run(long_model, 100 * EPS)
     assert far.verdict == "suspicious" and far.max_abs_dlogit > 0.09

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from genprobe._io import json_safe
-from genprobe.verify import EngineAdapter, FullRecompute, Thresholds, verify_implementation
-from genprobe.verify.harness import ReferenceRun, max_abs_diff
+from genprobe.verify.adapters import EngineAdapter, FullRecompute
+from genprobe.verify.compare import Thresholds, max_abs_diff
+from genprobe.verify.harness import ReferenceRun, verify_implementation
 
 STEPS = 6
 
@@ -58,9 +59,9 @@ def only_phase(report, phase, above=1.0):
     """The named phase is the only one above ``above``; all others are float noise."""
     for p in report.phases:
         if p.phase == phase:
-            assert p.max_abs_dlogit > above, report.max_by_phase()
+            assert p.max_abs_dlogit > above, report.max_abs_dlogit_by_phase
         else:
-            assert p.skipped or p.max_abs_dlogit < 1e-4, report.max_by_phase()
+            assert p.skipped or p.max_abs_dlogit < 1e-4, report.max_abs_dlogit_by_phase
 
 
 def test_clean_wrapper_passes(sharp_model, prompt):
@@ -130,7 +131,7 @@ def test_padded_batch_comparison(sharp_model, prompt):
     only_phase(r, "padded_batch")
     assert r.verdict == "bug"
     off = run(sharp_model, prompt, fault, padded_batch=False)
-    assert off.verdict == "pass" and "padded_batch" not in off.max_by_phase()
+    assert off.verdict == "pass" and "padded_batch" not in off.max_abs_dlogit_by_phase
 
 
 def test_padded_batch_decode_steps_are_compared(sharp_model, prompt):
@@ -303,7 +304,7 @@ def test_first_diff_step_is_reported_per_phase(sharp_model, prompt):
         return out
 
     r = run(sharp_model, prompt, fault)
-    by_phase = r.first_diff_by_phase()
+    by_phase = r.first_diff_step_by_phase
     assert by_phase["chunk_4"] == 2 and by_phase["incremental"] is None and r.first_diff_step is None
     assert json_safe(r)["first_diff_step_by_phase"]["chunk_4"] == 2
 
@@ -330,7 +331,7 @@ def test_report_is_json_serialisable(sharp_model, prompt):
 def test_load_impl_calls_factories_with_or_without_the_model(sharp_model, monkeypatch):
     from pathlib import Path
 
-    from genprobe.verify import ImplSpecError, load_impl
+    from genprobe.verify.adapters import ImplSpecError, load_impl
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
     assert load_impl("user_impls:correct", sharp_model).model is sharp_model

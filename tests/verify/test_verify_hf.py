@@ -11,7 +11,8 @@ from genprobe._io import json_safe
 
 transformers = pytest.importorskip("transformers")
 
-from genprobe.verify import HFAdapter, HFReference, verify_implementation  # noqa: E402
+from genprobe.verify.adapters import HFAdapter, HFReference  # noqa: E402
+from genprobe.verify.harness import verify_implementation  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 8, 91, 23, 64, 30], [12, 77, 3, 56, 9], [40, 2, 88]]
 STEPS = 4
@@ -51,7 +52,7 @@ def tiny_hf(kind: str, init: float = 0.02):
 def test_hf_models_pass(kind):
     hf = tiny_hf(kind, init=0.2)
     r = verify_implementation(HFAdapter(hf), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=(1, 4))
-    assert r.verdict == "pass", r.max_by_phase()
+    assert r.verdict == "pass", r.max_abs_dlogit_by_phase
     assert r.phase("padded_batch").skipped is None
     assert r.text_divergences == 0
 
@@ -61,14 +62,14 @@ def test_gpt2_left_padding_without_position_ids_is_flagged():
     bad = verify_implementation(
         HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=(4,)
     )
-    assert bad.verdict == "bug", bad.max_by_phase()
+    assert bad.verdict == "bug", bad.max_abs_dlogit_by_phase
     assert bad.worst_phase == "padded_batch"
     # unpadded runs are fine: the bug needs left padding, which only the padded-batch comparison makes
     assert all(p.max_abs_dlogit < 1e-4 for p in bad.phases if p.phase != "padded_batch")
     good = verify_implementation(
         HFAdapter(hf, pass_position_ids=True), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=()
     )
-    assert good.verdict == "pass", good.max_by_phase()
+    assert good.verdict == "pass", good.max_abs_dlogit_by_phase
 
 
 def test_llama_rope_is_immune_to_the_position_shift():
@@ -77,16 +78,16 @@ def test_llama_rope_is_immune_to_the_position_shift():
     r = verify_implementation(
         HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=()
     )
-    assert r.verdict == "pass", r.max_by_phase()
+    assert r.verdict == "pass", r.max_abs_dlogit_by_phase
 
 
 def test_converted_genprobe_model_agrees_through_hf(sharp_model, prompt):
     from genprobe.model.hf import to_hf_gpt2
-    from genprobe.verify import FullRecompute
+    from genprobe.verify.adapters import FullRecompute
 
     hf = to_hf_gpt2(sharp_model)
     r = verify_implementation(HFAdapter(hf), FullRecompute(sharp_model), [prompt], steps=STEPS, padded_batch=False)
-    assert r.verdict == "pass", r.max_by_phase()
+    assert r.verdict == "pass", r.max_abs_dlogit_by_phase
 
 
 # ---- transformers' own cache classes ------------------------------------------------------------------
@@ -125,7 +126,7 @@ def test_the_named_cache_class_is_the_one_driven(arch, kind, cls):
     hf = tiny_hf(arch, init=0.2)
     a = HFAdapter(hf, cache=kind, max_cache_len=64)  # the prefix-reuse sequences have 48 tokens
     r = verify_implementation(a, HFReference(hf), PROMPTS, steps=4, chunk_sizes=(4,))
-    assert r.verdict == "pass", r.max_by_phase()
+    assert r.verdict == "pass", r.max_abs_dlogit_by_phase
     assert type(a.cache).__name__ == cls  # the cache the model filled and returned is of that class
 
 
@@ -161,7 +162,7 @@ def test_mistral_sliding_window_caches_pass():
         r = verify_implementation(
             HFAdapter(hf, cache=kind, max_cache_len=64), HFReference(hf), PROMPTS, steps=8, chunk_sizes=(4,)
         )
-        assert r.verdict == "pass", (kind, r.max_by_phase())
+        assert r.verdict == "pass", (kind, r.max_abs_dlogit_by_phase)
     assert "full-attention layers only" in unavailable_reason(hf, "quantized")
     # the reference really is windowed: it differs from the same weights without the window
     hf.config.sliding_window = None
@@ -172,13 +173,13 @@ def test_mistral_sliding_window_caches_pass():
 
 def test_cli_offers_exactly_the_library_cache_kinds():
     from genprobe.cli.cmd_verify import HF_CACHE_KINDS
-    from genprobe.verify import CACHE_KINDS
+    from genprobe.verify.hf_caches import CACHE_KINDS
 
     assert HF_CACHE_KINDS == CACHE_KINDS
 
 
 def test_unavailable_cache_is_refused_by_the_adapter():
-    from genprobe.verify import CacheUnavailableError
+    from genprobe.verify.adapters import CacheUnavailableError
 
     with pytest.raises(CacheUnavailableError, match="sliding_window"):
         HFAdapter(tiny_hf("llama"), cache="sliding")

@@ -14,8 +14,8 @@ import json
 import pytest
 
 from genprobe.cli import main
-from genprobe.verify import FullRecompute, verify_implementation
-from genprobe.verify.harness import isolation_partner
+from genprobe.verify.adapters import FullRecompute
+from genprobe.verify.harness import isolation_partner, verify_implementation
 
 
 def test_state_leaking_across_reset_is_a_bug(sharp_model, prompt, U):

@@ -6,17 +6,17 @@ import pytest
 import torch
 
 from genprobe.model import GPT, GPTConfig
-from genprobe.verify import (
-    EngineAdapter,
-    FullRecompute,
+from genprobe.verify.adapters import EngineAdapter, FullRecompute
+from genprobe.verify.harness import verify_implementation
+from genprobe.verify.mutants import (
+    DEFAULT_PROMPT,
+    TEACHING,
     TeachingCache,
     cache_exact,
     mask_noop,
     run_mutant_reports,
     run_mutants,
-    verify_implementation,
 )
-from genprobe.verify.mutants import DEFAULT_PROMPT, TEACHING
 
 BUGS = ("pos_zero", "no_cat", "no_mask", "kv_mismatch")
 
@@ -58,14 +58,14 @@ def tiny_reports(shared_sharp_model):
 def test_teaching_correct_and_cat_order_pass(tiny_reports):
     for name in ("correct", "cat_order"):
         r = tiny_reports[name]
-        assert r.verdict == "pass", (name, r.max_by_phase())
+        assert r.verdict == "pass", (name, r.max_abs_dlogit_by_phase)
         assert r.prefill_bit_identical and r.text_divergences == 0
 
 
 @pytest.mark.parametrize("bug", BUGS)
 def test_each_bug_is_judged_a_bug_on_a_tiny_model(tiny_reports, bug):
     r = tiny_reports[bug]
-    assert r.verdict == "bug", r.max_by_phase()
+    assert r.verdict == "bug", r.max_abs_dlogit_by_phase
     assert r.first_diff_step == (0 if bug == "no_mask" else 1)  # no_mask breaks prefill; the rest the first step
     # pos_zero/no_cat/kv_mismatch are invisible in prefill (past = 0): the seed's "prefill test passes"
     assert r.prefill_bit_identical == (bug != "no_mask")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genprobe.verify import EngineAdapter, FullRecompute, verify_implementation
-from genprobe.verify.harness import ReferenceRun
+from genprobe.verify.adapters import EngineAdapter, FullRecompute
+from genprobe.verify.harness import ReferenceRun, verify_implementation
 from genprobe.verify.mutants import MUTANTS, PrefixCache, mutant, run_mutant_reports
 from genprobe.verify.reuse import REUSE_LENGTH, reuse_cases
 
@@ -77,7 +77,7 @@ def prefix_reports(long_model):
 def test_correct_prefix_cache_passes_and_really_reuses_blocks(long_model):
     cache = PrefixCache(long_model)
     r = verify_implementation(cache, FullRecompute(long_model), [PROMPT], steps=4, chunk_sizes=(4,), isolation=False)
-    assert r.verdict == "pass", r.max_by_phase()
+    assert r.verdict == "pass", r.max_abs_dlogit_by_phase
     # blocks of several sequences were kept and reused (a pass without reuse would prove nothing)
     assert cache.block == 16 and len(cache.store) >= 6 and cache.reused >= 8
     assert MUTANTS["prefix_correct"] == "pass"
@@ -110,7 +110,7 @@ def test_a_correct_slot_really_reuses_its_prefix(long_model):
 
     cache = SlotCache(long_model)
     r = verify_implementation(cache, FullRecompute(long_model), [PROMPT], steps=4, chunk_sizes=(4,), isolation=False)
-    assert r.verdict == "pass", r.max_by_phase()
+    assert r.verdict == "pass", r.max_abs_dlogit_by_phase
     assert cache.reused >= 100  # the continuations, the repeat and the shorter prompts came from the slot
 
 
@@ -118,7 +118,7 @@ def test_without_the_reuse_phases_every_prefix_flaw_passes(long_model):
     run = ReferenceRun(FullRecompute(long_model), 4)
     for flaw in FLAWS:
         r = verify_implementation(mutant(long_model, flaw), run, [PROMPT], steps=4, prefix_reuse=False, isolation=False)
-        assert r.verdict == "pass", (flaw, r.max_by_phase())
+        assert r.verdict == "pass", (flaw, r.max_abs_dlogit_by_phase)
 
 
 def test_unknown_prefix_flaw_is_refused(long_model):
@@ -140,16 +140,16 @@ def test_every_mutant_is_caught_decisively_on_a_trained_model(trained_reports):
     assert set(trained_reports) == set(MUTANTS)
     for name, r in trained_reports.items():
         if MUTANTS[name] == "pass":
-            assert r.verdict == "pass", (name, r.max_by_phase())
+            assert r.verdict == "pass", (name, r.max_abs_dlogit_by_phase)
         else:
-            assert r.verdict == "bug" and r.bug_margin >= 3.0, (name, r.bug_margin, r.max_by_phase())
+            assert r.verdict == "bug" and r.bug_margin >= 3.0, (name, r.bug_margin, r.max_abs_dlogit_by_phase)
 
 
 def test_a_row_swap_is_caught_by_the_padded_batch_phase_alone(trained_reports, trained):
     """batch_row_swap trades rows 0 and 1's last prompt key/value after a batched prefill: every single-sequence
     phase passes, the padded batch (each row against its prompt alone) catches it decisively, per row."""
     r = trained_reports["batch_row_swap"]
-    by = r.max_by_phase()
+    by = r.max_abs_dlogit_by_phase
     assert max(v for k, v in by.items() if k != "padded_batch") < 1e-4, by
     padded = r.phase("padded_batch")
     assert padded.verdict == "bug" and padded.bug_margin >= 3.0, (padded.bug_margin, by)
@@ -183,5 +183,5 @@ def test_the_row_swap_mutant_also_runs_on_a_transformers_llama():
     )
     ok, swap = r
     assert ok.verdict == "pass" and swap.phase("padded_batch").max_abs_dlogit > 100 * ok.max_abs_dlogit, (
-        swap.max_by_phase()
+        swap.max_abs_dlogit_by_phase
     )

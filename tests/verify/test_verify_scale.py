@@ -15,11 +15,13 @@ import torch
 
 from genprobe._io import json_safe
 from genprobe.model import GPT, GPTConfig
-from genprobe.verify import EngineAdapter, FullRecompute, Thresholds, verify_implementation
+from genprobe.verify.adapters import EngineAdapter, FullRecompute
+from genprobe.verify.compare import Thresholds
+from genprobe.verify.harness import verify_implementation
 
 transformers = pytest.importorskip("transformers")
 
-from genprobe.verify import HFAdapter, HFReference  # noqa: E402
+from genprobe.verify.adapters import HFAdapter, HFReference  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 8, 91, 23, 64, 30], [12, 77, 3, 56, 9], [40, 2, 88]]
 
@@ -68,7 +70,7 @@ def test_engine_passes_and_a_small_fault_fails_on_both_scales(scale, prompt):
             if w.dim() == 2:
                 w.mul_(scale)
     r = verify_implementation(EngineAdapter(m), FullRecompute(m), [prompt, prompt[:3]], steps=8)
-    assert r.verdict == "pass", r.max_by_phase()
+    assert r.verdict == "pass", r.max_abs_dlogit_by_phase
 
     class Shifted(EngineAdapter):  # one logit moved by 0.3 at every decode step
         def step(self, ids):

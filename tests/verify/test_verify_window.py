@@ -15,8 +15,9 @@ import torch
 
 from genprobe._io import json_safe
 from genprobe.cli import main
-from genprobe.verify import EngineAdapter, FullRecompute, verify_implementation
-from genprobe.verify.window import WindowedRecompute, window_visibility, windowed_forward
+from genprobe.verify.adapters import EngineAdapter, FullRecompute
+from genprobe.verify.harness import verify_implementation
+from genprobe.verify.window import window_visibility, windowed_forward
 
 PROMPTS = [[3, 7, 11, 5, 9, 2, 8], [4, 1, 2, 6]]
 STEPS = 16  # 7 + 16 = 23 positions: far past sinks + window = 10, so the cache wraps many times
@@ -43,9 +44,9 @@ def test_windowed_forward_is_the_model_when_the_window_covers_everything(sharp_m
 
 
 def test_correct_window_passes_wrong_eviction_fails(sharp_model, U):
-    ref = WindowedRecompute(sharp_model, window=8, sinks=2)
+    ref = FullRecompute(sharp_model, window=8, sinks=2)
     good = verify_implementation(U.window8_sinks2(sharp_model), ref, PROMPTS, steps=STEPS)
-    assert good.verdict == "pass", good.max_by_phase()
+    assert good.verdict == "pass", good.max_abs_dlogit_by_phase
     bad = verify_implementation(U.window8_sinks2_fifo(sharp_model), ref, PROMPTS, steps=STEPS)
     assert bad.verdict == "bug" and bad.phase("incremental").verdict == "bug"
     # both orders agree until the fifo evicts position 0 (after the call that writes position S + W = 10,
@@ -62,12 +63,12 @@ def test_correct_window_passes_wrong_eviction_fails(sharp_model, U):
 def test_engine_ring_buffer_passes_the_windowed_reference(sharp_model, window, sinks):
     r = verify_implementation(
         EngineAdapter(sharp_model, window=window, sinks=sinks),
-        WindowedRecompute(sharp_model, window, sinks),
+        FullRecompute(sharp_model, window, sinks),
         PROMPTS,
         steps=STEPS,
         padded_batch=sinks == 0,
     )
-    assert r.verdict == "pass", r.max_by_phase()
+    assert r.verdict == "pass", r.max_abs_dlogit_by_phase
 
 
 @pytest.mark.xfail(
@@ -78,7 +79,7 @@ def test_engine_ring_buffer_passes_the_windowed_reference(sharp_model, window, s
 def test_engine_sinks_under_left_padding(sharp_model):
     r = verify_implementation(
         EngineAdapter(sharp_model, window=8, sinks=2),
-        WindowedRecompute(sharp_model, 8, 2),
+        FullRecompute(sharp_model, 8, 2),
         PROMPTS,
         steps=STEPS,
         chunk_sizes=(),
@@ -109,8 +110,8 @@ def test_cli_window_flags(capsys, tiny_ckpt, user_impls):
 @pytest.mark.parametrize(
     "argv, msg",
     [
-        (["--window", "0"], "--window must be >= 1"),
-        (["--sinks", "2"], "--sinks only makes sense with --window"),
+        (["--window", "0"], "window must be >= 1"),
+        (["--sinks", "2"], "sinks only make sense with a window"),
         (["--window", "4", "--mutants"], "cannot be combined"),
         (["--window", "4", "--compiled"], "cannot be combined"),
     ],

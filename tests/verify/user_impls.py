@@ -76,7 +76,7 @@ NOT_CALLABLE = 42
 
 def hf_cached(model):
     """A transformers model driven through its own cache (for ``--impl ... --model HF_DIR``)."""
-    from genprobe.verify import HFAdapter
+    from genprobe.verify.adapters import HFAdapter
 
     return HFAdapter(model)
 

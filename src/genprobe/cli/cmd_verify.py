@@ -4,16 +4,8 @@ Compares logits step by step (prefill, greedy decode, chunked prefill, left-padd
 across ``reset()``, prefix reuse across sequences) and prints the chapter §3.9.8-style table plus each
 phase's max |Δlogit| and first differing step. Verdicts are judged against the reference's own float
 noise on the model at hand (its noise floor, measured first; a difference below ``--floor-multiple``
-times it passes). Exit status, usable in another project's CI:
-
-* 0 — every implementation under test is within the allowed verdict (``--fail-on``);
-* 1 — one is judged a bug (or, with ``--mutants``, a mutant is not caught or ``cat_order`` is flagged);
-* 2 — bad input or usage (unreadable model, unknown flag combination, context too short, …);
-* 3 — an implementation under test raised (verdict ``error``: phase, exception type and message in
-  the table and the JSON). Takes precedence over 1.
-
-``--json`` output is strict JSON (non-finite numbers spelled ``"nan"``/``"inf"``), written in every
-one of these cases except 2.
+times it passes). The exit status (:data:`EPILOG`) is usable in another project's CI; ``--json`` output is
+strict JSON (non-finite numbers spelled ``"nan"``/``"inf"``).
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ._common import (
     Accumulate,
@@ -39,17 +31,19 @@ from ._common import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
-    from ..verify import Thresholds
     from ..verify.api import CacheVerification
+    from ..verify.compare import Thresholds
 
-# genprobe.verify.api.FAIL_ON, spelled out so that building the parser does not import torch
-FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
+# genprobe.verify.api.FAIL_ON's keys, spelled out so that building the parser does not import torch
+FAIL_ON = ("bug", "small", "suspicious")
 EXIT_PASS, EXIT_BUG, EXIT_USAGE, EXIT_IMPL_ERROR = 0, 1, 2, 3
 # genprobe.verify.hf_caches.CACHE_KINDS, spelled out so that building the parser does not import torch
 HF_CACHE_KINDS = ("dynamic", "static", "sliding", "quantized", "offloaded")
 
 EPILOG = """\
-exit status: 0 pass, 1 bug (or a mutant not caught), 2 bad input/usage, 3 the implementation raised.
+exit status: 0 every implementation within --fail-on; 1 one judged a bug (or a mutant not caught, or cat_order
+flagged); 2 bad input or usage; 3 an implementation raised (verdict error: phase, exception type and message in the
+table and the JSON; takes precedence over 1). --json is written in every case but 2.
 
 sliding windows: --window W [--sinks S] makes the reference full recomputation under a sliding window
 (a query at position q sees keys at q-W+1..q, plus positions 0..S-1 when S sinks are kept) and runs our
@@ -172,77 +166,21 @@ def _add_threshold_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-# ---- arguments -----------------------------------------------------------------------------------------
+# ---- the command ---------------------------------------------------------------------------------------
 def chunk_sizes(values: list[str]) -> list[int]:
-    """``--chunk-sizes 1 4`` as integers, each at least 1."""
+    """``--chunk-sizes 1 4`` as integers (the harness refuses one below 1)."""
     try:
-        sizes = [int(v) for v in values]
+        return [int(v) for v in values]
     except ValueError:
         raise ValueError(f"--chunk-sizes expects integers, got {' '.join(values)!r}") from None
-    if any(s < 1 for s in sizes):
-        raise ValueError(f"--chunk-sizes must all be >= 1, got {sizes}")
-    return sizes
 
 
-def _check_args(args: argparse.Namespace, model) -> None:
-    if model is None and args.impl is None:
-        raise ValueError("give MODEL (a genprobe checkpoint or a transformers directory) and/or --impl MOD:FACTORY")
-    if args.max_new_tokens < 0:
-        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    if not args.floor_multiple >= 0:
-        raise ValueError(f"--floor-multiple must be >= 0, got {args.floor_multiple}")
-    from ..model.llama_family import unsupported_reason
-
-    kind = None if model is None else model.kind
-    if args.compiled and (args.impl or model is None or (kind != "genprobe" and unsupported_reason(model.module))):
-        raise ValueError(
-            "--compiled verifies genprobe's own compiled decode path: give a genprobe checkpoint or a Llama-family "
-            "transformers model as MODEL, without --impl"
-        )
-    if args.window is not None:
-        if args.window < 1 or args.sinks < 0:
-            raise ValueError(f"--window must be >= 1 and --sinks >= 0, got {args.window} and {args.sinks}")
-        if kind != "genprobe":
-            raise ValueError(
-                "--window sets the window of a genprobe model's reference; a transformers model's window "
-                "comes from its config (sliding_window)"
-            )
-        if args.compiled or args.mutants:
-            raise ValueError("--window cannot be combined with --compiled or --mutants (their caches have no window)")
-    elif args.sinks:
-        raise ValueError("--sinks only makes sense with --window")
-    if args.hf_cache and (kind != "hf" or args.impl):
-        raise ValueError(
-            "--hf-cache verifies a transformers model's own cache classes: give a transformers directory "
-            "as MODEL, without --impl"
-        )
-
-
-def _prompts(args: argparse.Namespace, model) -> list[list[int]] | None:
-    """``--prompt``/``--prompts`` as token ids; None: the library's defaults (Tang openings or random ids)."""
-    texts = read_prompts(args)
-    if texts is None:
-        return None
-    if model is None or model.tokenizer is None:
-        raise ValueError(
-            "--prompt/--prompts need a model with a tokenizer (a genprobe checkpoint, or a "
-            "transformers directory with tokenizer files)"
-        )
-    prompts = [model.encode(t) for t in texts]
-    if any(not p for p in prompts):
-        raise ValueError("a prompt encodes to no tokens")
-    return prompts
-
-
-# ---- the command ---------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
-    """Parse, call :func:`genprobe.verify_caches`, print the tables; exit 0/1/3 (2 via ValueError)."""
+    """Parse, call :func:`genprobe.verify_caches` (which refuses what does not apply), print the tables; exit
+    0/1/3 (2 via ValueError)."""
     from ..verify.api import verify_caches
 
     model = _load_model(args)
-    _check_args(args, model)
-    th = _thresholds(args)
-    _check_mutants(args, model)
     if args.impl and os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
         sys.path.insert(0, os.getcwd())
     result = verify_caches(
@@ -251,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         compiled=args.compiled,
         hf_caches=args.hf_cache or (),
         mutants=args.mutants,
-        prompts=_prompts(args, model),
+        prompts=read_prompts(args),
         max_new_tokens=args.max_new_tokens,
         chunk_sizes=chunk_sizes(args.chunk_sizes),
         window=args.window,
@@ -260,10 +198,20 @@ def run(args: argparse.Namespace) -> int:
         padded_batch=not args.no_padded_batch,
         isolation=not args.no_isolation,
         prefix_reuse=not args.no_prefix_reuse,
-        thresholds=th,
+        thresholds=_thresholds(args),
         log=info,
     )
-    return _report(args, result, th)
+    failing, errored = result.failing(args.fail_on), result.errors
+    rc = EXIT_IMPL_ERROR if errored else EXIT_BUG if failing else EXIT_PASS
+    print_tables(result, file=sys.stderr if args.json else sys.stdout)
+    if errored:
+        info(f"ERROR: {', '.join(errored)} raised (exit status {EXIT_IMPL_ERROR})")
+    if failing:
+        info(f"FAIL: {', '.join(failing)}")
+    if args.json:
+        dtype = {"weight_dtype": args.weight_dtype, "narrow_output": args.narrow_output}
+        emit_json(result.to_dict(args.fail_on) | dtype | {"exit_status": rc})
+    return rc
 
 
 def _load_model(args: argparse.Namespace) -> "Model | None":
@@ -282,7 +230,7 @@ def _load_model(args: argparse.Namespace) -> "Model | None":
 
 def _thresholds(args: argparse.Namespace) -> "Thresholds":
     """The verdict thresholds of --noise, --bug, --rel-bug and --floor-multiple (the in-between ones derived)."""
-    from ..verify import Thresholds
+    from ..verify.compare import Thresholds
 
     return Thresholds(
         noise=args.noise,
@@ -294,84 +242,31 @@ def _thresholds(args: argparse.Namespace) -> "Thresholds":
     )
 
 
-def _check_mutants(args: argparse.Namespace, model) -> None:
-    """Refuse --mutants without a model they can be planted into, before anything runs."""
-    from ..verify.api import MUTANT_ARCHS
-
-    if args.mutants and (model is None or (model.kind != "genprobe" and model.arch not in MUTANT_ARCHS)):
-        raise ValueError(
-            "--mutants needs a genprobe checkpoint or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant "
-            "bugs into"
-        )
-
-
-def _report(args: argparse.Namespace, result: "CacheVerification", th: "Thresholds") -> int:
-    """Print the tables (to stderr under --json), the errors and failures, the JSON; return the exit status."""
-    failing, errored = result.failing(args.fail_on), result.errors
-    table = result.mutants
-    rc = EXIT_IMPL_ERROR if errored else EXIT_BUG if failing else EXIT_PASS
-    mreports, rows, noop = (table.reports, table.rows, table.mask_noop) if table is not None else ([], [], None)
-    print_tables(result.reports, mreports, rows, noop, th, file=sys.stderr if args.json else sys.stdout)
-    if errored:
-        info(f"ERROR: {', '.join(errored)} raised (exit status {EXIT_IMPL_ERROR})")
-    if failing:
-        info(f"FAIL: {', '.join(failing)}")
-    if args.json:
-        d = result.to_dict(args.fail_on)
-        emit_json(
-            {k: v for k, v in d.items() if k not in ("failing", "errors")}
-            | {"weight_dtype": args.weight_dtype, "narrow_output": args.narrow_output}
-            | {"failing": failing, "errors": errored, "exit_status": rc}
-        )
-    return rc
-
-
-def _first_of(reports: list[Any], attr: str) -> Any:
-    """``attr`` of the first report that has it (every report of a run shares the reference's floor)."""
-    return next((getattr(r, attr) for r in reports if getattr(r, attr, None) is not None), None)
-
-
 # ---- tables --------------------------------------------------------------------------------------------
-def _print_floor_and_reuse(reports: list, th, out) -> None:
-    """The reference's noise floor and the pass line it sets; the reuse situations; padded rows that disagree."""
-    floor = _first_of(reports, "noise_floor")
-    line = _first_of(reports, "pass_line")
-    if floor is not None:
-        how = ", ".join(f"{k} {v:.3g}" for k, v in floor["sources"].items())
-        print(
-            f"\nnoise floor of the reference on this model: {floor['value']:.3g} ({how}); pass line "
-            f"max({th.noise:g}, {th.floor_multiple:g} x floor) = {line:.3g}",
-            file=out,
-        )
-    reuse = next((r.reuse for r in reports if r.reuse), None)
-    if reuse:
-        print("prefix reuse exercised: " + "; ".join(reuse), file=out)
-    for r in reports:
-        for p in r.phases:
-            bad = [row for row in p.per_row or [] if row["top1_disagreement"] > 0]
-            if bad:
-                cells = ", ".join(f"row of {x['prompt_length']} tokens {x['top1_disagreement']:.0%}" for x in bad)
-                print(f"{r.impl}: padded rows whose top-1 differs from the prompt run alone: {cells}", file=out)
-
-
 def _g(x: float | None, spec: str = ".3g") -> str:
     return "—" if x is None else format(x, spec)
 
 
-def _summary_line(r, row_expected: dict | None = None) -> str:
-    judged = [p for p in r.phases if p.judged]
-    rel = max((p.rel_dlogit or 0.0 for p in judged), default=None) if judged else None
-    agree = min((p.top1_agreement for p in judged if p.top1_agreement is not None), default=None)
-    line = (
-        f"{r.impl[:30]:<30} {r.verdict:>11} {('yes' if r.prefill_bit_identical else 'no'):>8} "
-        f"{_g(r.max_abs_dlogit, '.4g'):>11} "
-        f"{_g(rel, '.3g'):>8} {_g(r.bug_margin, '.3g'):>7} {_g(agree, '.3f'):>7} {str(r.worst_phase or '—')[:21]:>21} "
-        f"{r.text_divergences:>5} "
-        f"{('yes' if r.text_only_would_catch else 'no'):>5}"
-    )
-    if row_expected is not None:
-        line += f" {row_expected['expected']:>9} {('✓' if row_expected['as_expected'] else '✗'):>3}"
-    return line
+def _yes(x: bool) -> str:
+    return "yes" if x else "no"
+
+
+SUMMARY: tuple[tuple[str, str, int, Callable[[Any], str]], ...] = (  # header (two lines), width (< 0: left), cell
+    ("implementation", "", -30, lambda r: r.impl[:30]),
+    ("verdict", "", 11, lambda r: r.verdict),
+    ("prefill", "exact", 8, lambda r: _yes(r.prefill_bit_identical)),
+    ("max |Δ|", "logit", 11, lambda r: _g(r.max_abs_dlogit, ".4g")),
+    ("Δ/σ", "", 8, lambda r: _g(r.max_rel_dlogit)),
+    ("margin", "", 7, lambda r: _g(r.bug_margin)),
+    ("top-1", "agree", 7, lambda r: _g(r.min_top1_agreement, ".3f")),
+    ("worst phase", "", 21, lambda r: str(r.worst_phase or "—")[:21]),
+    ("text", "div.", 5, lambda r: str(r.text_divergences)),
+    ("text", "only", 5, lambda r: _yes(r.text_only_would_catch)),
+)
+
+
+def _cells(cells: list[str], widths: list[int]) -> str:
+    return " ".join(f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)).rstrip()
 
 
 def _phase_cell(p) -> str:
@@ -383,37 +278,30 @@ def _phase_cell(p) -> str:
     return cell if p.first_diff_step is None else f"{cell} @{p.first_diff_step}"
 
 
-def print_tables(
-    reports: list, mutant_reports: list, mutant_rows: list[dict], noop: dict | None, th, file=None
-) -> None:
+def print_tables(result: "CacheVerification", file=None) -> None:
     """The chapter §3.9.8 summary, then each phase's max |Δlogit| @ first differing call, then errors/unavailable."""
-    out = file or sys.stdout
-    head = (
-        f"{'implementation':<30} {'verdict':>11} {'prefill':>8} {'max |Δ|':>11} {'Δ/σ':>8} {'margin':>7} {'top-1':>7} "
-        f"{'worst phase':>21} {'text':>5} {'text':>5}"
-    )
-    head2 = (
-        f"{'':<30} {'':>11} {'exact':>8} {'logit':>11} {'':>8} {'':>7} {'agree':>7} {'':>21} {'div.':>5} {'only':>5}"
-    )
-    if mutant_rows:
-        head, head2 = head + f" {'expected':>9} {'ok':>3}", head2
-    print(head, file=out)
-    print(head2, file=out)
-    print("-" * len(head), file=out)
-    for r in reports:
-        print(_summary_line(r), file=out)
-    for row, r in zip(mutant_rows, mutant_reports, strict=True):
-        print(_summary_line(r, row), file=out)
-    phases = list(dict.fromkeys(p.phase for r in reports + mutant_reports for p in r.phases))
-    _print_floor_and_reuse(reports + mutant_reports, th, out)
+    out, th = file or sys.stdout, result.thresholds
+    rows = result.mutants.rows if result.mutants is not None else []
+    widths = [w for *_, w, _ in SUMMARY] + ([9, 3] if rows else [])
+    heads = [(a, b) for a, b, *_ in SUMMARY] + ([("expected", ""), ("ok", "")] if rows else [])
+    for i in (0, 1):
+        print(_cells([h[i] for h in heads], widths), file=out)
+    print("-" * (sum(map(abs, widths)) + len(widths) - 1), file=out)
+    for i, r in enumerate(result.all_reports):
+        row = rows[i - len(result.reports)] if i >= len(result.reports) else None
+        extra = [row["expected"], "✓" if row["as_expected"] else "✗"] if row else []
+        print(_cells([cell(r) for *_, cell in SUMMARY] + extra, widths[: len(SUMMARY) + len(extra)]), file=out)
+    _print_floor_and_reuse(result, out)
+    phases = list(dict.fromkeys(p.phase for r in result.all_reports for p in r.phases))
     if phases:
-        print("", file=out)
-        print("max |Δlogit| per phase, @ first call above noise (0 = prefill call, k = k-th step or chunk):", file=out)
+        print(
+            "\nmax |Δlogit| per phase, @ first call above noise (0 = prefill call, k = k-th step or chunk):", file=out
+        )
         print(f"{'implementation':<30} " + " ".join(f"{ph:>14}" for ph in phases), file=out)
-        for r in reports + mutant_reports:
+        for r in result.all_reports:
             cells = {p.phase: _phase_cell(p) for p in r.phases}
             print(f"{r.impl[:30]:<30} " + " ".join(f"{cells.get(ph, '—'):>14}" for ph in phases), file=out)
-    for r in reports:
+    for r in result.reports:
         for e in r.errors:
             at = "" if e.call is None else f" at call {e.call}"
             print(f"error: {r.impl} raised in phase {e.phase}{at}: {e.type}: {e.message}", file=out)
@@ -429,6 +317,27 @@ def print_tables(
         "  text positions that differ; text only: would comparing text alone have caught it. —: phase not run.",
         file=out,
     )
-    if noop:
-        parts = ", ".join(f"{k} = {v:.4g}" for k, v in noop.items())
+    if result.mutants is not None:
+        parts = ", ".join(f"{k} = {v:.4g}" for k, v in result.mutants.mask_noop.items())
         print(f"mask no-op (no_mask vs correct on the same cached path): {parts}", file=out)
+
+
+def _print_floor_and_reuse(result: "CacheVerification", out) -> None:
+    """The reference's noise floor and the pass line it sets; the reuse situations; padded rows that disagree."""
+    floor, th = result.noise_floor, result.thresholds
+    if floor is not None:
+        how = ", ".join(f"{k} {v:.3g}" for k, v in floor["sources"].items())
+        print(
+            f"\nnoise floor of the reference on this model: {floor['value']:.3g} ({how}); pass line "
+            f"max({th.noise:g}, {th.floor_multiple:g} x floor) = {result.pass_line:.3g}",
+            file=out,
+        )
+    reuse = next((r.reuse for r in result.all_reports if r.reuse), None)
+    if reuse:
+        print("prefix reuse exercised: " + "; ".join(reuse), file=out)
+    for r in result.all_reports:
+        for p in r.phases:
+            bad = [row for row in p.per_row or [] if row["top1_disagreement"] > 0]
+            if bad:
+                cells = ", ".join(f"row of {x['prompt_length']} tokens {x['top1_disagreement']:.0%}" for x in bad)
+                print(f"{r.impl}: padded rows whose top-1 differs from the prompt run alone: {cells}", file=out)

@@ -85,30 +85,28 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _num(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def _print(r) -> None:
-    g = r.greedy
-    s = g.stats
-    rate = "-" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
-    tpf = "-" if s["tokens_per_forward"] is None else f"{s['tokens_per_forward']:.2f}"
+    g, e, t, s = r.greedy, r.exact, r.two_sample, r.greedy.stats
     print(f"speculative decoding of {r.model}: draft {r.draft}, k {r.k}")
     print(
-        f"  greedy      {g.verdict:11s} {g.identical_prompts}/{g.prompts} prompts token-identical "
-        f"({g.tokens} tokens); acceptance {rate}, tokens/target forward {tpf}"
+        f"  greedy      {g.verdict:11s} {g.identical_prompts}/{g.prompts} prompts token-identical ({g.tokens} tokens); "
+        f"acceptance {_num(s['acceptance_rate'], '.2f')}, tokens/target forward {_num(s['tokens_per_forward'], '.2f')}"
     )
     if g.first_divergence:
         info(f"  first divergence: {g.first_divergence}")
     if g.error:
         print(f"  greedy error: {g.error}")
-    e = r.exact
     if e is not None:
-        tv = "-" if e.total_variation is None else f"{e.total_variation:.2e}"
         print(
-            f"  exact       {e.verdict:11s} TV {tv} (tolerance {e.tolerance:g}) over the first {e.tokens} tokens, "
-            f"k {e.k}: {e.sequences} sequences, {e.runs} replays, {e.drafted} drafts"
+            f"  exact       {e.verdict:11s} TV {_num(e.total_variation, '.2e')} (tolerance {e.tolerance:g}) over the "
+            f"first {e.tokens} tokens, k {e.k}: {e.sequences} sequences, {e.runs} replays, {e.drafted} drafts"
         )
         if e.error:
             print(f"  exact error: {e.error}")
-    t = r.two_sample
     if t is not None:
         print(
             f"  two-sample  {t.verdict:11s} p {t.p_value:.3g} (alpha {t.alpha:g}, {t.samples} samples per side, "
@@ -117,10 +115,9 @@ def _print(r) -> None:
         )
     for row in r.mutants or ():
         margin = "-" if row.margin is None else f"{row.margin:.3g}x"
-        tv = "-" if row.total_variation is None else f"{row.total_variation:.2e}"
         status = "ok" if row.ok else "MISSED" if row.expected == "caught" else "FAILED"
         print(
-            f"  mutant {row.name:18s} greedy {row.greedy:11s} exact {row.exact:11s} TV {tv:9s} margin {margin:8s} "
-            f"{status}"
+            f"  mutant {row.name:18s} greedy {row.greedy:11s} exact {row.exact:11s} "
+            f"TV {_num(row.total_variation, '.2e'):9s} margin {margin:8s} {status}"
         )
     print(f"verdict: {r.verdict}" + ("" if r.mutants is None else f"; mutants {'ok' if r.mutants_ok else 'NOT ok'}"))

@@ -151,7 +151,7 @@ def case_stages(
     model: GPT, tok: CharTokenizer, corpus: Corpus, prompt_ids: list[int], quick: bool, steps: dict[str, int]
 ) -> list[tuple[str, Callable[[], object]]]:
     """(name, run) of every experiment, in order; ``quick`` shrinks only what costs time."""
-    from ..verify import cache_exact, mask_noop, run_mutants
+    from ..verify.mutants import cache_exact, mask_noop, run_mutants
 
     tf_tokens, spread, reps = (4096, (0, 1, 2), 1) if quick else (None, (0, 1, 2, 3, 4), 3)
     batches, lengths = ((1, 8), (16, 32)) if quick else ((1, 16, 64), (32, 64, 128))

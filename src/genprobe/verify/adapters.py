@@ -27,10 +27,9 @@ does). The verifier then also runs its prefix-reuse sequences back to back, with
 
 Built-ins: :class:`EngineAdapter` (genprobe's ``KVCache`` + ``forward_step``, optionally a sliding
 window with sinks), :class:`CompiledEngineAdapter` (its decode path under ``torch.compile``),
-:class:`FullRecompute` (reference for a genprobe ``GPT``; the windowed one is
-:class:`genprobe.verify.window.WindowedRecompute`), :class:`HFAdapter` (any ``transformers`` causal LM
-through one of its own cache classes) / :class:`HFReference`, and :func:`load_impl` for a user factory
-given as ``"pkg.module:factory"``.
+:class:`FullRecompute` (reference for a genprobe ``GPT``, optionally under a sliding window), :class:`HFAdapter`
+(any ``transformers`` causal LM through one of its own cache classes) / :class:`HFReference`, and
+:func:`load_impl` for a user factory given as ``"pkg.module:factory"``.
 """
 
 from __future__ import annotations
@@ -43,7 +42,9 @@ import torch
 
 from ..engine import KVCache, StaticKVCache, forward_step
 from ..model.gpt import GPT
+from ..model.limits import max_positions
 from ..model.position_lm import PositionDrivenLM
+from .window import windowed_forward
 
 
 @runtime_checkable
@@ -78,17 +79,24 @@ class ImplFactoryError(Exception):
 
 # ---- genprobe GPT ----------------------------------------------------------------------------------
 class FullRecompute:
-    """Reference for a genprobe ``GPT``: one uncached forward over the whole sequence."""
+    """Reference for a genprobe ``GPT``: one uncached forward over the whole sequence — under a sliding window of
+    ``window`` positions and ``sinks`` sinks when ``window`` is given (:mod:`genprobe.verify.window`)."""
 
     name = "reference"
 
-    def __init__(self, model: GPT):
-        self.model = model.eval()
-        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+    def __init__(self, model: GPT, window: int | None = None, sinks: int = 0):
+        if window is not None and (window < 1 or sinks < 0):
+            raise ValueError(f"window must be >= 1 and sinks >= 0, got {window} and {sinks}")
+        self.model, self.window, self.sinks = model.eval(), window, sinks
+        self.max_positions = model.cfg.max_positions
+        if window is not None:
+            self.description = f"windowed recomputation (window {window}, sinks {sinks})"
 
     @torch.no_grad()
     def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of every position, recomputed from scratch."""
+        """Logits of every position, recomputed from scratch (under the window)."""
+        if self.window is not None:
+            return windowed_forward(self.model, ids, self.window, self.sinks, attention_mask)
         logits: torch.Tensor = self.model(ids, attention_mask=attention_mask)
         return logits
 
@@ -106,7 +114,7 @@ class EngineAdapter:
         self.window, self.sinks = window, sinks
         self.capacity = None if window is None else sinks + window
         self.max_len = self.capacity or max_len or model.cfg.block_size
-        learned = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        learned = model.cfg.max_positions
         # Without a window the cache holds max_len tokens: a longer sequence is the adapter's limit too
         # (a ring buffer takes any length, bounded only by a learned position table).
         self.max_positions = learned if self.capacity is not None else min(self.max_len, learned or self.max_len)
@@ -204,10 +212,6 @@ def _returned_cache(out: Any) -> Any:  # a transformers ModelOutput -> its Cache
     raise RuntimeError("the model returned no cache although use_cache=True")
 
 
-def _hf_max_positions(hf_model: torch.nn.Module) -> int | None:
-    return getattr(hf_model.config, "n_positions", None) or getattr(hf_model.config, "max_position_embeddings", None)
-
-
 class HFReference:
     """Reference for a ``transformers`` causal LM: ``use_cache=False``, explicit positions from the mask."""
 
@@ -215,7 +219,7 @@ class HFReference:
 
     def __init__(self, hf_model: torch.nn.Module):
         self.hf = hf_model.eval()
-        self.max_positions = _hf_max_positions(hf_model)
+        self.max_positions = max_positions(hf_model)
 
     @torch.no_grad()
     def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -259,7 +263,7 @@ class HFAdapter:
             why = unavailable_reason(hf_model, cache)
             if why is not None:
                 raise CacheUnavailableError(f"cache {cache!r} is unavailable: {why}")
-        self.max_positions = _hf_max_positions(hf_model)
+        self.max_positions = max_positions(hf_model)
         self.max_cache_len = max_cache_len or self.max_positions or 2048
         arch = getattr(hf_model.config, "model_type", "model")
         self.name = f"hf:{arch}" + (f"[{cache}]" if cache else "") + ("" if pass_position_ids else "-no-position-ids")
@@ -304,6 +308,11 @@ class HFAdapter:
         if self.next_pos is None:
             raise RuntimeError("step() before prefill()")
         return self._call(ids, torch.ones_like(ids))
+
+
+def reference_for(module: Any, window: int | None = None, sinks: int = 0) -> Any:
+    """Full recomputation of a genprobe GPT (windowed when ``window`` is given) or a transformers causal LM."""
+    return FullRecompute(module, window, sinks) if isinstance(module, GPT) else HFReference(module)
 
 
 class CacheUnavailableError(ValueError):

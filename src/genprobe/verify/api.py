@@ -5,7 +5,6 @@ path, transformers' cache classes, a user factory, the planted-bug mutants), one
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
@@ -13,7 +12,7 @@ import torch
 
 from .._io import json_safe
 from .compare import Thresholds
-from .mutants import DEFAULT_PROMPT
+from .mutants import DEFAULT_PROMPT, LLAMA_ARCHS
 from .report import VerifyReport
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,13 +22,11 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_PROMPTS = (DEFAULT_PROMPT, "白日依山盡")  # the chapter's prompt (§3.9.1) and a second of another length
 
 
-def default_prompts(model: "Model", max_new_tokens: int, vocab_size: int | None = None) -> list[list[int]]:
+def default_prompts(model: "Model", max_new_tokens: int) -> list[list[int]]:
     """Two Tang openings for a character-level genprobe model; else three random id prompts of different lengths."""
-    if model is not None and model.kind == "genprobe" and model.tokenizer is not None:
+    if model.kind == "genprobe" and model.tokenizer is not None:
         return [model.encode(t) for t in DEFAULT_PROMPTS]
-    vocab = vocab_size if vocab_size is not None else model.vocab_size
-    max_pos = None if model is None else model.max_positions
-    return random_prompts(int(vocab), max_pos, max_new_tokens)
+    return random_prompts(model.vocab_size, model.max_positions, max_new_tokens)
 
 
 def random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int = 0) -> list[list[int]]:
@@ -44,32 +41,6 @@ def random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int 
 def _gpt(model: "Model") -> GPT:
     """The module of a ``kind == "genprobe"`` model, which :class:`Model` only gives that kind for a GPT."""
     return cast("GPT", model.module)
-
-
-def reference_for(model: "Model", window: int | None = None, sinks: int = 0) -> Any:
-    """Full recomputation for ``model``: windowed for a genprobe GPT when ``window`` is given."""
-    from .adapters import FullRecompute, HFReference
-    from .window import WindowedRecompute
-
-    if model.kind == "genprobe":
-        return FullRecompute(_gpt(model)) if window is None else WindowedRecompute(_gpt(model), window, sinks)
-    if window is not None:
-        raise ValueError(
-            "a window applies to a genprobe model's reference; a transformers model's window comes "
-            "from its config (sliding_window)"
-        )
-    return HFReference(model.module)
-
-
-def own_cache(model: "Model", window: int | None = None, sinks: int = 0, hf_cache: str | None = None) -> Any:
-    """The model's own cached path: our engine (optionally windowed), or a ``transformers`` cache class."""
-    from .adapters import EngineAdapter, HFAdapter
-
-    if model.kind == "genprobe":
-        if hf_cache is not None:
-            raise ValueError("hf_cache names a transformers cache class; this is a genprobe model")
-        return EngineAdapter(_gpt(model), window=window, sinks=sinks)
-    return HFAdapter(model.module, cache=hf_cache)
 
 
 def verify_cache(
@@ -88,38 +59,37 @@ def verify_cache(
     noise_floor: bool = True,
     thresholds: Thresholds | None = None,
 ) -> VerifyReport:
-    """Verify ``impl`` (default: the model's own cache) against full recomputation of ``model``.
+    """Verify ``impl`` (default: the model's own cache) against full recomputation of ``model``: one report.
 
     ``impl`` is any object with ``reset()``, ``prefill(ids, attention_mask=None)`` and ``step(ids)``.
     ``prompts`` are texts (encoded with the model's tokenizer) or token-id lists; the default is two
     prompts of different lengths. ``window``/``sinks`` make the reference sliding-window recomputation
-    (genprobe models); ``hf_cache`` picks a ``transformers`` cache class (see ``genprobe.verify.hf_caches``).
+    (genprobe models); ``hf_cache`` picks a ``transformers`` cache class (see ``genprobe.verify.hf_caches``;
+    one unavailable here raises :class:`~genprobe.verify.adapters.CacheUnavailableError`).
     ``prefix_reuse`` runs sequences that share prefixes (:mod:`genprobe.verify.reuse`); ``noise_floor``
     judges differences against the reference's own float noise on this model (``thresholds.floor_multiple``).
+    The other arguments are :func:`verify_caches`'.
     """
-    from .harness import ReferenceRun, verify_implementation
+    from .adapters import CacheUnavailableError
 
-    if prompts is None:
-        ids = default_prompts(model, max_new_tokens)
-    else:
-        ids = [model.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
-    target = own_cache(model, window, sinks, hf_cache) if impl is None else impl
-    if getattr(target, "cache_kind", None) == "static":
-        target.max_cache_len = cache_len(ids, max_new_tokens)
-    run = ReferenceRun(reference_for(model, window, sinks), max_new_tokens)
-    return verify_implementation(
-        target,
-        run,
-        ids,
-        steps=max_new_tokens,
+    (report,) = verify_caches(
+        model,
+        impl,
+        hf_caches=() if hf_cache is None else (hf_cache,),
+        prompts=prompts,
+        max_new_tokens=max_new_tokens,
         chunk_sizes=chunk_sizes,
+        window=window,
+        sinks=sinks,
         padded_batch=padded_batch,
-        thresholds=thresholds,
-        pad_id=model.pad_id,
         isolation=isolation,
         prefix_reuse=prefix_reuse,
         noise_floor=noise_floor,
-    )
+        thresholds=thresholds,
+    ).reports
+    if report.unavailable is not None:
+        raise CacheUnavailableError(f"cache {hf_cache!r} is unavailable: {report.unavailable}")
+    return report
 
 
 def cache_len(prompts: Sequence[Sequence[int]], steps: int) -> int:
@@ -179,23 +149,23 @@ def verify_targets(
     ``impl`` is an implementation object or a ``"module:factory"`` spec (built by ``factory(model.module)`` or
     ``factory()``; a factory that raises gives a target whose report has verdict ``error``, phase ``factory``).
     Without ``impl``: the model's own cache — our engine (windowed with ``window``/``sinks``) plus, with
-    ``compiled``, the torch.compile'd decode path (:class:`~genprobe.verify.CompiledEngineAdapter`) for a
+    ``compiled``, the torch.compile'd decode path (:class:`~genprobe.verify.adapters.CompiledEngineAdapter`) for a
     genprobe model; for a transformers model its default cache, or each class named in ``hf_caches`` (``"all"``:
     every kind), a kind unavailable here being a target whose report has verdict ``unavailable`` and the reason.
     ``hf_position_ids=False`` drives a transformers model without ``position_ids``. ``steps`` and ``thresholds``
     go into the reports of targets that could not be built. Without ``model``, ``impl`` must have
     ``full(ids, attention_mask=None)``, which is then the reference.
     """
-    from .adapters import CompiledEngineAdapter
+    from .adapters import CompiledEngineAdapter, EngineAdapter, reference_for
 
     th = thresholds or Thresholds()
-    _check_target_args(model, impl, compiled, hf_caches, window)
-    reference = None if model is None else reference_for(model, window, sinks)
+    _check_target_args(model, impl, compiled, hf_caches, window, sinks)
+    reference = None if model is None else reference_for(model.module, window, sinks)
     if impl is not None:
         return _impl_targets(model, impl, reference, th, steps)
     assert model is not None
     if model.kind == "genprobe":
-        targets = [VerifyTarget(own_cache(model, window, sinks))]
+        targets = [VerifyTarget(EngineAdapter(_gpt(model), window=window, sinks=sinks))]
         if compiled:
             targets.append(VerifyTarget(CompiledEngineAdapter(_gpt(model))))
         return VerifyTargets(reference, targets)
@@ -207,19 +177,11 @@ def verify_targets(
     return VerifyTargets(reference, targets)
 
 
-def _no_fast_path(model: "Model") -> str | None:
-    """Why ``model`` has no compiled decode path (None when it has: our GPT, a Llama-family transformers model)."""
-    if model.kind == "genprobe":
-        return None
-    from ..model.llama_family import unsupported_reason
-
-    return unsupported_reason(model.module)
-
-
 def _check_target_args(
-    model: "Model | None", impl: Any, compiled: bool, hf_caches: Sequence[str], window: int | None
+    model: "Model | None", impl: Any, compiled: bool, hf_caches: Sequence[str], window: int | None, sinks: int
 ) -> None:
     """Refuse combinations :func:`verify_targets` cannot honour, before anything is built."""
+    from ..model.llama_family import unsupported_reason
     from .hf_caches import CACHE_KINDS
 
     kind = None if model is None else model.kind
@@ -227,7 +189,9 @@ def _check_target_args(
         raise ValueError("give a model (the reference, and its own cache) and/or an implementation")
     why = None
     if compiled:
-        why = "an impl was given" if impl is not None else _no_fast_path(model) if model is not None else "no model"
+        why = "an impl was given" if impl is not None else "no model" if model is None else None
+        if why is None and model is not None and model.kind != "genprobe":
+            why = unsupported_reason(model.module)
     if why:
         raise ValueError(
             "compiled verifies genprobe's own compiled decode path: give a genprobe model or a Llama-family "
@@ -240,6 +204,10 @@ def _check_target_args(
             "a window applies to a genprobe model's reference; a transformers model's window comes from its config "
             "(sliding_window)"
         )
+    if window is not None and (window < 1 or sinks < 0):
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got {window} and {sinks}")
+    if window is None and sinks:
+        raise ValueError("sinks only make sense with a window")
     if window is not None and compiled:
         raise ValueError("a window cannot be combined with the compiled decode path (its cache has no window)")
     unknown = sorted(set(hf_caches) - {*CACHE_KINDS, HF_CACHE_ALL})
@@ -259,7 +227,7 @@ def _impl_targets(model: "Model | None", impl: Any, reference: Any, th: Threshol
             impl = load_impl(impl, None if model is None else model.module)
         except ImplFactoryError as exc:  # a factory that raises is a report (phase "factory"), not a crash
             err = PhaseError.from_exception("factory", exc.exc)
-            report = VerifyReport.not_run(cast(str, name), th, error=err, steps=steps)
+            report = VerifyReport(cast(str, name), "error", th, steps, errors=[err])
             return VerifyTargets(reference, [VerifyTarget(None, name, report)])
     if reference is None:
         if not callable(getattr(impl, "full", None)):
@@ -286,29 +254,28 @@ def _hf_targets(
         why = None if k is None else unavailable_reason(model.module, k)
         if why is not None:
             name = f"hf:{model.arch}[{k}]"
-            targets.append(VerifyTarget(None, name, VerifyReport.not_run(name, th, unavailable=why, steps=steps)))
+            targets.append(VerifyTarget(None, name, VerifyReport(name, "unavailable", th, steps, unavailable=why)))
         else:
             targets.append(VerifyTarget(HFAdapter(model.module, pass_position_ids=hf_position_ids, cache=k)))
     return targets
 
 
-MUTANT_ARCHS = ("gpt2", "llama", "qwen2", "mistral")  # transformers architectures the mutants can be planted into
-
-
-def mutant_model(model: "Model | None") -> Any:
-    """A model to plant bugs into: a genprobe GPT, a GPT-2 converted to ours, or a transformers Llama-family
-    model (None for any other)."""
-    if model is None:
-        return None
-    if model.kind == "genprobe":
+def mutant_model(model: "Model | None", window: int | None = None) -> Any:
+    """The model to plant the mutants into: a genprobe GPT, a GPT-2 converted to ours, or a transformers Llama-family
+    model; a ValueError for any other, or with a window (the mutants' caches have none)."""
+    if window is not None:
+        raise ValueError("a window cannot be combined with the mutants (their caches have no window)")
+    if model is not None and model.kind == "genprobe":
         return model.module
-    if model.arch == "gpt2":
+    if model is not None and model.arch == "gpt2":
         from ..model.hf import from_hf_gpt2
 
         return from_hf_gpt2(cast(Any, model.module))
-    if model.arch in MUTANT_ARCHS:
-        return model.module
-    return None
+    if model is None or model.arch not in LLAMA_ARCHS:
+        raise ValueError(
+            "mutants need a genprobe model or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant bugs into"
+        )
+    return model.module
 
 
 @dataclass
@@ -345,7 +312,7 @@ def mutant_table(
 ) -> MutantTable:
     """The planted-bug mutants on the chapter's §3.9.1 experiment: the first prompt, every phase but padding and
     isolation; plus no_mask's one-token no-op (§3.9.4). ``model`` is a GPT or a Llama-family transformers model
-    (:func:`mutant_model`); ``run``, a :class:`~genprobe.verify.ReferenceRun` of that same model, reuses its
+    (:func:`mutant_model`); ``run``, a :class:`~genprobe.verify.harness.ReferenceRun` of that same model, reuses its
     trajectories."""
     from .mutants import MUTANTS, mask_noop, report_row_detailed, run_mutant_reports
 
@@ -422,16 +389,23 @@ class CacheVerification:
         }
 
 
+def encode_prompts(model: "Model | None", prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+    """Texts (encoded with the model's tokenizer) or token-id lists, as token ids; none may be empty."""
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt")
+    if any(isinstance(p, str) for p in prompts) and (model is None or model.tokenizer is None):
+        raise ValueError("text prompts need a model with a tokenizer: pass token ids")
+    ids = [model.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]  # type: ignore[union-attr]
+    if any(not p for p in ids):
+        raise ValueError("a prompt encodes to no tokens")
+    return ids
+
+
 def _prompt_ids(
     model: "Model | None", prompts: Sequence[str] | Sequence[Sequence[int]] | None, targets: VerifyTargets, steps: int
 ) -> list[list[int]]:
     if prompts is not None:
-        if any(isinstance(p, str) for p in prompts) and (model is None or model.tokenizer is None):
-            raise ValueError("text prompts need a model with a tokenizer: pass token ids")
-        ids = [model.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]  # type: ignore[union-attr]
-        if any(not p for p in ids):
-            raise ValueError("a prompt encodes to no tokens")
-        return ids
+        return encode_prompts(model, prompts)
     if model is not None:
         return default_prompts(model, steps)
     runnable = targets.runnable
@@ -459,6 +433,7 @@ def verify_caches(
     padded_batch: bool = True,
     isolation: bool = True,
     prefix_reuse: bool = True,
+    noise_floor: bool = True,
     thresholds: Thresholds | None = None,
     log: Callable[[str], None] = lambda msg: None,
 ) -> CacheVerification:
@@ -468,14 +443,17 @@ def verify_caches(
     ``impl``: an implementation object or a ``"module:factory"`` spec; ``compiled``, ``hf_caches``, ``window``,
     ``sinks`` and ``hf_position_ids`` as in :func:`verify_targets`. ``prompts``: texts or token-id lists (default:
     :func:`default_prompts`; without a model, random ids in the implementation's ``vocab_size``). ``log`` gets
-    one progress line per implementation. ``result.failing(fail_on)`` and ``result.errors`` are what
+    one progress line per implementation; ``padded_batch``, ``isolation``, ``prefix_reuse`` and ``noise_floor`` as in
+    :func:`~genprobe.verify.harness.verify_implementation`. ``result.failing(fail_on)`` and ``result.errors`` are what
     ``verify-cache`` turns into its exit status.
     """
     from .harness import ReferenceRun, verify_implementation
+    from .mutants import MUTANTS
 
     th = thresholds or Thresholds()
-    _check_run_args(th, max_new_tokens, window, sinks, chunk_sizes)
-    gpt = _mutants_model(model, window) if mutants else None
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    gpt = mutant_model(model, window) if mutants else None
     targets = verify_targets(
         model,
         impl,
@@ -487,93 +465,43 @@ def verify_caches(
         steps=max_new_tokens,
         thresholds=th,
     )
-    ids = _prompt_ids(model, prompts, targets, max_new_tokens)
-    steps = max_new_tokens
+    ids, steps = _prompt_ids(model, prompts, targets, max_new_tokens), max_new_tokens
     run = ReferenceRun(targets.reference, steps) if targets.runnable else None
-    verify = functools.partial(  # the same harness settings for every target
-        verify_implementation,
-        chunk_sizes=chunk_sizes,
-        padded_batch=padded_batch,
-        thresholds=th,
-        pad_id=model.pad_id if model is not None else 0,
-        isolation=isolation,
-        prefix_reuse=prefix_reuse,
-    )
-    reports = [_verify_target(t, verify, run, ids, steps, log) for t in targets.targets]
-    table = _mutants_table(gpt, targets.reference, run, ids, steps, chunk_sizes, th, prefix_reuse, log)
-    return CacheVerification(reports, ids, run.name if run is not None else None, th, table)
-
-
-def _check_run_args(
-    th: Thresholds, max_new_tokens: int, window: int | None, sinks: int, chunk_sizes: Sequence[int]
-) -> None:
-    """Refuse run settings :func:`verify_caches` cannot honour, before any target is built."""
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not th.floor_multiple >= 0:
-        raise ValueError(f"floor_multiple must be >= 0, got {th.floor_multiple}")
-    if window is not None and (window < 1 or sinks < 0):
-        raise ValueError(f"window must be >= 1 and sinks >= 0, got {window} and {sinks}")
-    if window is None and sinks:
-        raise ValueError("sinks only make sense with a window")
-    if any(c < 1 for c in chunk_sizes):
-        raise ValueError(f"chunk sizes must all be >= 1, got {list(chunk_sizes)}")
-
-
-def _mutants_model(model: "Model | None", window: int | None) -> Any:
-    """The model to plant the mutants into (:func:`mutant_model`), refusing one they cannot run on."""
-    gpt = mutant_model(model)
-    if gpt is None:
-        raise ValueError(
-            "mutants need a genprobe model or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant bugs into"
+    reports = []
+    for t in targets.targets:
+        if t.report is not None:  # could not be built: the report says why
+            reports.append(t.report)
+            continue
+        if getattr(t.impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
+            t.impl.max_cache_len = cache_len(ids, steps)
+        log(f"verifying {t.label} on {len(ids)} prompt(s), {steps} steps …")
+        reports.append(
+            verify_implementation(
+                t.impl,
+                run,
+                ids,
+                steps=steps,
+                chunk_sizes=chunk_sizes,
+                padded_batch=padded_batch,
+                thresholds=th,
+                name=t.name,
+                pad_id=model.pad_id if model is not None else 0,
+                isolation=isolation,
+                prefix_reuse=prefix_reuse,
+                noise_floor=noise_floor,
+            )
         )
-    if window is not None:
-        raise ValueError("a window cannot be combined with the mutants (their caches have no window)")
-    return gpt
-
-
-def _verify_target(
-    t: VerifyTarget,
-    verify: Callable[..., VerifyReport],
-    run: Any,
-    ids: list[list[int]],
-    steps: int,
-    log: Callable[[str], None],
-) -> VerifyReport:
-    """One target's report: ``verify`` (the harness) on the shared reference run, or that of a target not built."""
-    if t.report is not None:  # could not be built: the report says why
-        return t.report
-    if getattr(t.impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
-        t.impl.max_cache_len = cache_len(ids, steps)
-    log(f"verifying {t.label} on {len(ids)} prompt(s), {steps} steps …")
-    return verify(t.impl, run, ids, steps=steps, name=t.name)
-
-
-def _mutants_table(
-    gpt: Any,
-    reference: Any,
-    run: Any,
-    ids: list[list[int]],
-    steps: int,
-    chunk_sizes: Sequence[int],
-    th: Thresholds,
-    prefix_reuse: bool,
-    log: Callable[[str], None],
-) -> MutantTable | None:
-    """The mutants' table on ``gpt`` (None when no mutants were asked for, ``gpt`` None); when ``gpt`` is the
-    reference's own model, the reference run's trajectories serve."""
-    from .mutants import MUTANTS
-
-    if gpt is None:
-        return None
-    log(f"running {len(MUTANTS)} mutants …")
-    same = getattr(reference, "model", getattr(reference, "hf", None)) is gpt
-    return mutant_table(
-        gpt,
-        ids,
-        steps,
-        chunk_sizes=chunk_sizes,
-        thresholds=th,
-        run=run if same else None,
-        prefix_reuse=prefix_reuse,
-    )
+    table = None
+    if gpt is not None:  # on the reference's own model, the reference run's trajectories serve
+        log(f"running {len(MUTANTS)} mutants …")
+        same = getattr(targets.reference, "model", getattr(targets.reference, "hf", None)) is gpt
+        table = mutant_table(
+            gpt,
+            ids,
+            steps,
+            chunk_sizes=chunk_sizes,
+            thresholds=th,
+            run=run if same else None,
+            prefix_reuse=prefix_reuse,
+        )
+    return CacheVerification(reports, ids, run.name if run is not None else None, th, table)

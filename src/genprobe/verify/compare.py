@@ -142,36 +142,3 @@ def row_std(ref: torch.Tensor, finite: torch.Tensor | None = None) -> torch.Tens
     mean = x.sum(-1, keepdim=True) / n[:, None]
     var = torch.where(finite, (x - mean) ** 2, torch.zeros_like(ref)).sum(-1) / (n - 1)
     return var.sqrt()
-
-
-@dataclass
-class RowStats:
-    """What one comparison call measured over its rows (positions)."""
-
-    max_abs: float
-    rows: int
-    ref_std: torch.Tensor  # (rows,)
-    max_dlogp_topk: float
-    top1_agree: int
-    nonfinite: bool
-
-
-def compare_rows(got: torch.Tensor, ref: torch.Tensor) -> RowStats:
-    """Compare (rows, V) logits with the reference's: max |Δ|, reference spread, |Δ log p| over top-k, top-1."""
-    got, ref = got.float().reshape(-1, got.shape[-1]), ref.float().reshape(-1, ref.shape[-1])
-    if got.shape != ref.shape:
-        raise ValueError(f"cannot compare logits of shapes {tuple(got.shape)} and {tuple(ref.shape)}")
-    max_abs = float(_abs_diff(got, ref).max()) if got.numel() else 0.0
-    k = min(TOPK, ref.shape[-1])
-    top = ref.topk(k, dim=-1).indices  # log p of the top-k only: z_i - logsumexp(z), no full log-softmax
-    lp_got = got.gather(-1, top) - torch.logsumexp(got, dim=-1, keepdim=True)
-    lp_ref = ref.gather(-1, top) - torch.logsumexp(ref, dim=-1, keepdim=True)
-    ref_finite = torch.isfinite(ref)
-    return RowStats(
-        max_abs=max_abs,
-        rows=ref.shape[0],
-        ref_std=row_std(ref, ref_finite),
-        max_dlogp_topk=float(_abs_diff(lp_got, lp_ref).max()),
-        top1_agree=int((got.argmax(-1) == ref.argmax(-1)).sum()),
-        nonfinite=bool((~torch.isfinite(got) & ref_finite).any()),
-    )

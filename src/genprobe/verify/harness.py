@@ -26,26 +26,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from .._io import json_safe
 from .compare import Thresholds, max_abs_diff
-from .report import PhaseError, PhaseResult, PhaseTracker, VerifyReport, overall_verdict
+from .report import PhaseError, PhaseTracker, VerifyReport, overall_verdict
 from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_extension, reuse_cases, situations
-
-__all__ = [
-    "PhaseError",
-    "PhaseResult",
-    "ReferenceRun",
-    "Thresholds",
-    "VerifyReport",
-    "isolation_partner",
-    "max_abs_diff",
-    "padded_prompts",
-    "verify_implementation",
-]
 
 
 # ---- reference trajectories --------------------------------------------------------------------------
@@ -58,6 +46,11 @@ class ReferenceTrajectory:
     step_logits: list[torch.Tensor]  # N+1 vectors (V,): step 0 = last prompt position, step k after k tokens
     tokens: list[int]  # N+1 greedy tokens chosen from step_logits
     seq_logits: torch.Tensor  # (P+N, V): one uncached forward over prompt + tokens[:N]
+
+    @property
+    def steps(self) -> int:
+        """N, the greedy steps after the prefill."""
+        return len(self.tokens) - 1
 
     @property
     def vocab(self) -> int:
@@ -237,44 +230,51 @@ def _t(ids: Sequence[int]) -> torch.Tensor:
     return torch.tensor([list(ids)], dtype=torch.long)
 
 
+# ---- feeding the implementation -----------------------------------------------------------------------
+def decode_calls(
+    impl: Any, prompt: list[int], V: int, n: int, feed: Sequence[int] | None = None, where: str = "", reset: bool = True
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """``reset()``, prefill ``prompt``, then ``n`` single-token steps, each fed ``feed[k-1]`` (without ``feed``: the
+    previous call's argmax); yields each call's index and logits ((P, V) for the prefill, (1, V) for a step)."""
+    if reset:
+        _reset(impl)
+    out = _call(0, impl.prefill, _t(prompt), (1, len(prompt), V), f"{where}prefill")[0]
+    yield 0, out
+    for k in range(1, n + 1):
+        token = feed[k - 1] if feed is not None else int(out[-1].argmax())
+        out = _call(k, impl.step, _t([token]), (1, 1, V), f"{where}step")[0]
+        yield k, out
+
+
+def chunk_calls(impl: Any, seq: list[int], chunk: int, V: int) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """``reset()``, then ``seq`` fed ``chunk`` tokens a call (the first by prefill); yields (call, start, logits)."""
+    _reset(impl)
+    for call, start in enumerate(range(0, len(seq), chunk)):
+        piece = seq[start : start + chunk]
+        fn = impl.prefill if call == 0 else impl.step
+        yield call, start, _call(call, fn, _t(piece), (1, len(piece), V), f"chunk_{chunk} call {call}")[0]
+
+
 # ---- phases ------------------------------------------------------------------------------------------
 @torch.no_grad()
 def _teacher_forced(impl: Any, tr: ReferenceTrajectory, pre: PhaseTracker | None, inc: PhaseTracker) -> list[int]:
     """Prefill ``tr.prompt`` then step through the reference's greedy tokens; returns the implementation's argmaxes."""
-    _reset(impl)
-    out = _call(0, impl.prefill, _t(tr.prompt), (1, len(tr.prompt), tr.vocab), "prefill")
-    (pre or inc).add(0, out[0], tr.prefill_logits)
-    own = [int(out[0, -1].argmax())]
-    for k in range(1, len(tr.step_logits)):
-        out = _call(k, impl.step, _t([tr.tokens[k - 1]]), (1, 1, tr.vocab), "step")
-        inc.add(k, out[0, -1], tr.step_logits[k])
-        own.append(int(out[0, -1].argmax()))
+    own = []
+    for k, out in decode_calls(impl, tr.prompt, tr.vocab, tr.steps, tr.tokens):
+        if k == 0:
+            (pre or inc).add(0, out, tr.prefill_logits)
+        else:
+            inc.add(k, out[-1], tr.step_logits[k])
+        own.append(int(out[-1].argmax()))
     return own
-
-
-@torch.no_grad()
-def _free_text(impl: Any, tr: ReferenceTrajectory) -> list[int]:
-    """The implementation's own greedy tokens (N+1 of them), fed back to itself."""
-    _reset(impl)
-    out = _call(0, impl.prefill, _t(tr.prompt), (1, len(tr.prompt), tr.vocab), "prefill")
-    toks = [int(out[0, -1].argmax())]
-    for k in range(1, len(tr.tokens)):
-        out = _call(k, impl.step, _t([toks[-1]]), (1, 1, tr.vocab), "step")
-        toks.append(int(out[0, -1].argmax()))
-    return toks
 
 
 @torch.no_grad()
 def _chunk_phase(impl: Any, trajs: list[ReferenceTrajectory], chunk: int, tr_: PhaseTracker) -> None:
     """The reference's whole greedy sequence fed in chunks of ``chunk`` tokens."""
     for tr in trajs:
-        seq = tr.prompt + tr.tokens[:-1]
-        _reset(impl)
-        for call, start in enumerate(range(0, len(seq), chunk)):
-            piece = seq[start : start + chunk]
-            fn = impl.prefill if call == 0 else impl.step
-            out = _call(call, fn, _t(piece), (1, len(piece), tr.vocab), f"chunk_{chunk} call {call}")
-            tr_.add(call, out[0], tr.seq_logits[start : start + len(piece)])
+        for call, start, out in chunk_calls(impl, tr.prompt + tr.tokens[:-1], chunk, tr.vocab):
+            tr_.add(call, out, tr.seq_logits[start : start + len(out)])
 
 
 def padded_prompts(prompts: list[list[int]]) -> list[list[int]]:
@@ -344,10 +344,8 @@ def isolation_partner(b: list[int], others: Sequence[Sequence[int]], vocab_size:
 @torch.no_grad()
 def _isolation_phase(impl: Any, run: ReferenceRun, tr: ReferenceTrajectory, a: list[int], tr_: PhaseTracker) -> None:
     """Sequence A run to the end on the implementation's own tokens, ``reset()``, then B teacher-forced vs B alone."""
-    _reset(impl)
-    out = _call(0, impl.prefill, _t(a), (1, len(a), tr.vocab), "isolation: prefill of sequence A")
-    for k in range(1, run.steps + 1):
-        out = _call(k, impl.step, _t([int(out[0, -1].argmax())]), (1, 1, tr.vocab), "isolation: step of sequence A")
+    for _ in decode_calls(impl, a, tr.vocab, run.steps, where="isolation, sequence A: "):
+        pass
     _teacher_forced(impl, tr, None, tr_)
 
 
@@ -373,15 +371,13 @@ def _reuse_phase(impl: Any, run: ReferenceRun, cases: list[ReuseCase], tr_: Phas
     tr_.r.cases = []
     first: torch.Tensor | None = None
     for i, case in enumerate(cases):
-        seq, where = list(case.seq), f"{tr_.r.phase} ({case.name})"
-        ref = run.logits(seq)
-        V, n = ref.shape[-1], len(seq) - DECODE
-        if reset or i == 0:
-            _reset(impl)
-        outs = [_call(i, impl.prefill, _t(seq[:n]), (1, n, V), f"{where}: prefill")[0]]
-        for j in range(n, len(seq)):
-            outs.append(_call(i, impl.step, _t([seq[j]]), (1, 1, V), f"{where}: step")[0])
-        got = torch.cat(outs).detach().float().clone()
+        seq, where = list(case.seq), f"{tr_.r.phase} ({case.name}): "
+        ref, n = run.logits(seq), len(seq) - DECODE
+        calls = decode_calls(impl, seq[:n], ref.shape[-1], DECODE, seq[n:], where, reset=reset or i == 0)
+        try:
+            got = torch.cat([out for _, out in calls]).detach().float().clone()
+        except ImplCrash as crash:
+            raise ImplCrash(i, crash.exc) from crash.exc
         tr_.add(i, got, ref)
         rec: dict[str, Any] = {**case.describe(), "max_abs_dlogit": max_abs_diff(got, ref)}
         if case.kind == "base":
@@ -408,15 +404,19 @@ def _greedy_phases(
     return own
 
 
-def _run_phase(tracker: PhaseTracker, body: Callable[[], None], skip_not_implemented: str | None = None) -> None:
+def _phase(
+    name: str, line: float, body: Callable[[PhaseTracker], None], skip_not_implemented: str | None = None
+) -> PhaseTracker:
     """Run one phase; an implementation crash is recorded (or, for optional features, turns into a skip)."""
+    tracker = PhaseTracker(name, line)
     try:
-        body()
+        body(tracker)
     except ImplCrash as crash:
         if skip_not_implemented and isinstance(crash.exc, NotImplementedError) and crash.call == 0:
             tracker.skip(f"{skip_not_implemented} ({crash.exc or 'NotImplementedError'})")
-            return
-        tracker.fail(PhaseError.from_exception(tracker.r.phase, crash.exc, crash.call))
+        else:
+            tracker.fail(PhaseError.from_exception(name, crash.exc, crash.call))
+    return tracker
 
 
 # ---- the whole verification --------------------------------------------------------------------------
@@ -428,7 +428,7 @@ def _check_inputs(
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
     if any(int(c) < 1 for c in chunk_sizes):
-        raise ValueError(f"chunk sizes must be >= 1, got {list(chunk_sizes)}")
+        raise ValueError(f"chunk sizes must all be >= 1, got {list(chunk_sizes)}")
     check_impl(impl)
     if run.steps != steps:
         raise ValueError(f"the shared ReferenceRun was computed for {run.steps} steps, not {steps}")
@@ -471,12 +471,17 @@ def verify_implementation(
 
     pre, inc = PhaseTracker("prefill", line), PhaseTracker("incremental", line)
     own = _greedy_phases(impl, trajs, pre, inc)
-    trackers = [pre, inc, *_chunk_trackers(impl, trajs, chunk_sizes, line)]
+    trackers = [pre, inc]
+    for c in map(int, chunk_sizes):
+        trackers.append(_phase(f"chunk_{c}", line, functools.partial(_chunk_phase, impl, trajs, c)))
     if padded_batch:
-        trackers.append(_padded_batch_tracker(impl, run, prompts, line, pad_id))
+        padded = padded_prompts(prompts)
+        no_padding = "implementation does not support padding"
+        trackers.append(_phase("padded_batch", line, lambda t: _padded_phase(impl, run, padded, t, pad_id), no_padding))
     limits = [m for m in (run.max_positions, getattr(impl, "max_positions", None)) if m is not None]
-    if isolation:
-        trackers.append(_isolation_tracker(impl, run, prompts, trajs, steps, limits, line))
+    if isolation:  # a partner sequence A that, with the steps, fits the tighter context
+        a = isolation_partner(prompts[0], prompts[1:], trajs[0].vocab, min(limits) - steps if limits else None)
+        trackers.append(_phase("isolation", line, lambda t: _isolation_phase(impl, run, trajs[0], a, t)))
     reuse: list[str] = []
     if prefix_reuse:
         reuse_trackers, reuse = _reuse_phases(impl, run, prompts[0], trajs[0].vocab, limits, line)
@@ -487,52 +492,20 @@ def verify_implementation(
     phases = [t.finish(th, fv) for t in trackers]
     if texts_tracker.r.error is not None:
         phases.append(texts_tracker.finish(th, fv))
-    report = _report(impl, name, steps, prompts, phases, texts, th, run.name)
-    report.noise_floor = json_safe(floor)
-    report.pass_line, report.reuse = line, reuse
-    return report
-
-
-def _chunk_trackers(
-    impl: Any, trajs: list[ReferenceTrajectory], chunk_sizes: Sequence[int], line: float
-) -> list[PhaseTracker]:
-    """One chunked-prefill phase per chunk size, in the order given."""
-    trackers = []
-    for c in chunk_sizes:
-        t = PhaseTracker(f"chunk_{int(c)}", line)
-        _run_phase(t, functools.partial(_chunk_phase, impl, trajs, int(c), t))
-        trackers.append(t)
-    return trackers
-
-
-def _padded_batch_tracker(
-    impl: Any, run: ReferenceRun, prompts: list[list[int]], line: float, pad_id: int
-) -> PhaseTracker:
-    """The left-padded batch phase; an implementation without padding support (NotImplementedError) skips it."""
-    t = PhaseTracker("padded_batch", line)
-    _run_phase(
-        t,
-        lambda: _padded_phase(impl, run, padded_prompts(prompts), t, pad_id),
-        skip_not_implemented="implementation does not support padding",
+    return VerifyReport(
+        impl=name or getattr(impl, "name", None) or type(impl).__name__,
+        verdict=overall_verdict(phases, th.exact_prefill),
+        thresholds=th,
+        steps=steps,
+        prompt_lengths=[len(p) for p in prompts],
+        phases=phases,
+        reference=run.name,
+        errors=[p.error for p in phases if p.error is not None],
+        texts=texts,
+        noise_floor=json_safe(floor),
+        pass_line=line,
+        reuse=reuse,
     )
-    return t
-
-
-def _isolation_tracker(
-    impl: Any,
-    run: ReferenceRun,
-    prompts: list[list[int]],
-    trajs: list[ReferenceTrajectory],
-    steps: int,
-    limits: list[int],
-    line: float,
-) -> PhaseTracker:
-    """The isolation phase: a partner sequence A that, with the steps, fits the tighter context, then prompt 0."""
-    t = PhaseTracker("isolation", line)
-    room = min(limits) - steps if limits else None
-    a = isolation_partner(prompts[0], prompts[1:], trajs[0].prefill_logits.shape[-1], room)
-    _run_phase(t, lambda: _isolation_phase(impl, run, trajs[0], a, t))
-    return t
 
 
 def _reuse_phases(
@@ -544,14 +517,12 @@ def _reuse_phases(
     if not cases:
         return [], []
     back_to_back = bool(getattr(impl, "prefill_starts_sequence", False))
-    trackers = []
-    for phase, reset in (("prefix_reuse", True), ("prefix_reuse_no_reset", False)):
-        t = PhaseTracker(phase, line)
-        if reset or back_to_back:
-            _run_phase(t, functools.partial(_reuse_phase, impl, run, cases, t, reset))
-        else:
-            t.skip(NO_BACK_TO_BACK)
-        trackers.append(t)
+    trackers = [_phase("prefix_reuse", line, lambda t: _reuse_phase(impl, run, cases, t, True))]
+    if back_to_back:
+        trackers.append(_phase("prefix_reuse_no_reset", line, lambda t: _reuse_phase(impl, run, cases, t, False)))
+    else:
+        trackers.append(PhaseTracker("prefix_reuse_no_reset", line))
+        trackers[-1].skip(NO_BACK_TO_BACK)
     return trackers, situations(cases, None if back_to_back else NO_BACK_TO_BACK)
 
 
@@ -568,53 +539,9 @@ def _texts(
         ids = teacher if teacher in (None, tr.tokens) else None  # None: the greedy run itself crashed
         if ids is None:
             try:
-                ids = _free_text(impl, tr)
+                with torch.no_grad():
+                    ids = [int(out[-1].argmax()) for _, out in decode_calls(impl, tr.prompt, tr.vocab, tr.steps)]
             except ImplCrash as crash:
                 tracker.fail(PhaseError.from_exception("greedy_text", crash.exc, crash.call))
         texts.append({"prompt": tr.prompt, "reference": tr.tokens, "implementation": ids or []})
     return texts
-
-
-def _report(
-    impl: Any,
-    name: str | None,
-    steps: int,
-    prompts: list[list[int]],
-    phases: list[PhaseResult],
-    texts: list[dict[str, Any]],
-    th: Thresholds,
-    reference: str,
-) -> VerifyReport:
-    divergences, first_div, total = 0, None, 0
-    for t in texts:
-        diff = [i for i, (a, b) in enumerate(zip(t["implementation"], t["reference"], strict=False)) if a != b]
-        divergences += len(diff)
-        total += len(t["implementation"])
-        if diff:
-            first_div = diff[0] if first_div is None else min(first_div, diff[0])
-    pre, inc = phases[0], phases[1]
-    judged = [p for p in phases if p.judged]
-    return VerifyReport(
-        impl=name or getattr(impl, "name", None) or type(impl).__name__,
-        steps=steps,
-        prompt_lengths=[len(p) for p in prompts],
-        phases=phases,
-        prefill_bit_identical=pre.bit_identical and pre.judged,
-        max_abs_dlogit=max((p.max_abs_dlogit for p in judged), default=0.0),
-        first_any_diff_step=_first(pre.first_any_diff_step, inc.first_any_diff_step),
-        first_diff_step=_first(pre.first_diff_step, inc.first_diff_step),
-        text_divergences=divergences,
-        text_tokens=total,
-        first_text_divergence=first_div,
-        text_only_would_catch=divergences > 0,
-        verdict=overall_verdict(phases, th.exact_prefill),
-        thresholds=th,
-        reference=reference,
-        errors=[p.error for p in phases if p.error is not None],
-        texts=texts,
-    )
-
-
-def _first(*xs: int | None) -> int | None:
-    xs2 = [x for x in xs if x is not None]
-    return min(xs2) if xs2 else None

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from .adapters import HFAdapter, HFReference
-from .harness import ReferenceRun, verify_implementation
-from .hf_caches import CACHE_KINDS, describe, unavailable_reason
-from .reuse import REUSE_LENGTH
+from ..model.load import Model
+from .api import verify_caches
+from .hf_caches import CACHE_KINDS, describe
+from .report import VerifyReport
 
 if TYPE_CHECKING:  # transformers is imported lazily at run time
     from transformers import PretrainedConfig, PreTrainedModel
@@ -31,16 +31,10 @@ def tiny_config(arch: str, init: float = 0.02, window: int = 6) -> PretrainedCon
     import transformers as T
 
     ids: dict[str, Any] = dict(bos_token_id=None, eos_token_id=None, pad_token_id=0, initializer_range=init)
-    common: dict[str, Any] = dict(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        **ids,
+    mha: dict[str, Any] = dict(  # every head its own keys (GPT-NeoX); the others group two queries per key
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **ids
     )
+    common: dict[str, Any] = dict(**mha, num_key_value_heads=2, max_position_embeddings=64)
     builders: dict[str, Callable[[], PretrainedConfig]] = {
         "gpt2": lambda: T.GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=2, **ids),
         "llama": lambda: T.LlamaConfig(**common),
@@ -49,15 +43,7 @@ def tiny_config(arch: str, init: float = 0.02, window: int = 6) -> PretrainedCon
         "gemma2": lambda: T.Gemma2Config(**common, head_dim=8, sliding_window=window),
         "gemma3": lambda: T.Gemma3TextConfig(**common, head_dim=8, sliding_window=window),
         "phi3": lambda: T.Phi3Config(**common),
-        "gpt_neox": lambda: T.GPTNeoXConfig(
-            vocab_size=100,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=64,
-            **ids,
-        ),
+        "gpt_neox": lambda: T.GPTNeoXConfig(**mha, max_position_embeddings=64),
     }
     if arch not in builders:
         raise ValueError(f"unknown architecture {arch!r}; choose from {list(ARCHS)}")
@@ -80,23 +66,23 @@ def tiny_model(arch: str, init: float = 0.02, window: int = 6) -> PreTrainedMode
 
 @dataclass
 class MatrixCell:
-    """One cache class on one architecture."""
+    """One cache class on one architecture: the verifier's report."""
 
     arch: str
     cache: str
-    verdict: str
-    max_abs_dlogit: float | None = None
-    rel_dlogit: float | None = None
-    worst_phase: str | None = None
-    reason: str | None = None  # why unavailable, or the error
+    report: VerifyReport
+
+    @property
+    def verdict(self) -> str:
+        """The report's verdict (``unavailable``: this version or machine lacks the class)."""
+        return self.report.verdict
 
     def text(self) -> str:
         """Short markdown cell."""
-        if self.verdict == "unavailable":
-            return "unavailable"
-        if self.verdict == "error":
-            return f"error ({self.reason})"
-        return f"{self.verdict} ({self.max_abs_dlogit:.2g}; {self.rel_dlogit:.2g} σ)"
+        r = self.report
+        if r.verdict == "error":
+            return "error (" + "; ".join(f"{e.phase}: {e.type}: {e.message}" for e in r.errors) + ")"
+        return r.verdict if r.unavailable else f"{r.verdict} ({r.max_abs_dlogit:.2g}; {r.max_rel_dlogit:.2g} σ)"
 
 
 @dataclass
@@ -131,25 +117,12 @@ def cache_matrix(
     cells: list[MatrixCell] = []
     notes: dict[str, list[str]] = {}
     for arch in archs:
-        hf = tiny_model(arch, init)
-        run = ReferenceRun(HFReference(hf), steps)
-        for kind in kinds:
-            why = unavailable_reason(hf, kind)
-            if why is not None:
-                cells.append(MatrixCell(arch, kind, "unavailable", reason=why))
-                notes.setdefault(why, []).append(f"{kind} on {arch}")
-                continue
-            r = verify_implementation(
-                HFAdapter(hf, cache=kind, max_cache_len=max(max(map(len, PROMPTS)) + steps, REUSE_LENGTH) + 1),
-                run,
-                PROMPTS,
-                steps=steps,
-                chunk_sizes=(1, 4),
-            )
-            judged = [p for p in r.phases if p.judged]
-            rel = max((p.rel_dlogit or 0.0 for p in judged), default=0.0)
-            reason = "; ".join(f"{e.phase}: {e.type}: {e.message}" for e in r.errors) or None
-            cells.append(MatrixCell(arch, kind, r.verdict, r.max_abs_dlogit, rel, r.worst_phase, reason))
+        model = Model.from_module(tiny_model(arch, init))
+        result = verify_caches(model, hf_caches=kinds, prompts=PROMPTS, max_new_tokens=steps)
+        for kind, r in zip(kinds, result.reports, strict=True):  # a kind unavailable here: a report that says why
+            if r.unavailable is not None:
+                notes.setdefault(r.unavailable, []).append(f"{kind} on {arch}")
+            cells.append(MatrixCell(arch, kind, r))
     return CacheMatrix(cells, transformers.__version__, torch.__version__, init, steps, notes)
 
 

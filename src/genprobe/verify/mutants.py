@@ -15,29 +15,11 @@ kv_mismatch    K prepended, V appended                         flagged
 cat_order      K *and* V prepended (joint permutation)         pass (seed Eq. 3.26–3.29)
 =============  ==============================================  =========================
 
-:class:`PrefixCache` adds what serving engines add: full blocks of 16 tokens (8 in a context under 48)
-kept across sequences
-and reused by a later sequence with the same prefix (the prefix-reuse phases exercise it):
-
-=================  ==========================================  =========================
-mutant             the lookup key of block j                   expected
-=================  ==========================================  =========================
-prefix_correct     every token up to the block's end           pass
-prefix_half_key    … up to the middle of the block             flagged (prefix_reuse)
-prefix_stale_tail  … up to one token before the block's end    flagged (prefix_reuse)
-prefix_no_parent   the block's own tokens (no parent)          flagged (prefix_reuse)
-=================  ==========================================  =========================
-
-:class:`SlotCache` is llama.cpp's server slot (the longest common prefix with the previous sequence reused):
-``slot_correct`` passes; ``slot_no_truncate`` (a prompt the slot holds whole keeps the slot's later entries) is
-flagged by the shorter-prompt cases of the prefix-reuse phases (and by the chunked phases, whose first chunk is
-a prefix of the sequence run before it).
-
-One mutant breaks a batched cache, not the teaching one: ``batch_row_swap`` is the engine's own cache
-(our ``KVCache``, or the model's ``transformers`` cache) whose decode-step writes store rows 0 and 1 in
-each other's row (a batch reordered without its cache) — a row mix-up that only a batch shows: the
-padded-batch phase, which compares every row with its prompt run alone, must catch it (it runs for this
-mutant).
+Cross-sequence reuse (the prefix-reuse phases show these): :class:`PrefixCache` keeps full blocks across
+sequences as serving engines do (``prefix_correct`` passes; three lookup keys that match too little are
+flagged), :class:`SlotCache` is llama.cpp's server slot (``slot_correct`` passes, ``slot_no_truncate`` is
+flagged). One mutant breaks a batched cache, not the teaching one: ``batch_row_swap`` (:func:`row_swap`), a row
+mix-up that only the padded-batch phase can see (it runs for this mutant).
 
 The mask is built from the absolute positions stored next to the keys (in the keys' order), so
 ``cat_order`` is a true joint permutation even for multi-token chunks. The mutants live here, not
@@ -51,11 +33,11 @@ from typing import Any, Sequence, cast
 import torch
 import torch.nn.functional as F
 
-from .._io import json_safe, json_safe_dict
+from .._io import json_safe_dict
 from ..model.gpt import GPT, Block, rope_rotate
-from .adapters import EngineAdapter, FullRecompute
+from .adapters import EngineAdapter, FullRecompute, reference_for
 from .compare import Thresholds, max_abs_diff
-from .harness import ReferenceRun, verify_implementation
+from .harness import ReferenceRun, chunk_calls, verify_implementation
 from .report import VerifyReport
 
 MUTANTS: dict[str, str] = {
@@ -77,6 +59,7 @@ TEACHING = ("correct", "pos_zero", "no_cat", "no_mask", "kv_mismatch", "cat_orde
 BATCHED = ("batch_row_swap",)  # mutants of a batched cache: the padded-batch phase runs for them
 PREFIX_BLOCK = 16  # the block size of the prefix-cache mutants (vLLM's default)
 
+LLAMA_ARCHS = ("llama", "qwen2", "mistral")  # transformers architectures the teaching cache runs over
 DEFAULT_PROMPT = "春江潮水连海平"  # the chapter's prompt (§3.9.1), 50 greedy steps
 
 
@@ -89,7 +72,7 @@ class _GPTLayers:
             raise ValueError(f"mutants support pos_encoding learned/rope/none, not {model.cfg.pos_encoding!r}")
         self.m, self.cfg = model.eval(), model.cfg
         self.n_layer = model.cfg.n_layer
-        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
+        self.max_positions = model.cfg.max_positions
 
     def embed(self, ids: torch.Tensor, pos: torch.Tensor, true_pos: torch.Tensor) -> torch.Tensor:
         self.m.check_positions(true_pos)
@@ -125,8 +108,6 @@ class _LlamaLayers:
     Built from the model's own modules and transformers' own ``apply_rotary_pos_emb``/``repeat_kv``, so
     that the correct teaching cache differs from the model's forward by summation order only.
     """
-
-    ARCHS = ("llama", "qwen2", "mistral")
 
     def __init__(self, hf: torch.nn.Module):
         from transformers.models.llama import modeling_llama
@@ -173,10 +154,10 @@ def layers_of(model: Any) -> _GPTLayers | _LlamaLayers:
     if isinstance(model, GPT):
         return _GPTLayers(model)
     arch = getattr(getattr(model, "config", None), "model_type", None)
-    if arch in _LlamaLayers.ARCHS and hasattr(model, "model") and hasattr(model, "lm_head"):
+    if arch in LLAMA_ARCHS and hasattr(model, "model") and hasattr(model, "lm_head"):
         return _LlamaLayers(model)
     raise ValueError(
-        f"mutants run on a genprobe GPT or a transformers {'/'.join(_LlamaLayers.ARCHS)} model, "
+        f"mutants run on a genprobe GPT or a transformers {'/'.join(LLAMA_ARCHS)} model, "
         f"not {arch or type(model).__name__!r}"
     )
 
@@ -215,25 +196,11 @@ class TeachingCache:
         """Continue the sequence with T_new tokens."""
         return self._forward(ids)
 
-    def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        K, V = self.k[layer], self.v[layer]
-        if K is None or V is None or self.bug == "no_cat":  # K and V are set together
-            K, V = k, v  # no_cat: the cache is overwritten, history is lost
-        elif self.bug == "kv_mismatch":
-            K, V = torch.cat([k, K], dim=-2), torch.cat([V, v], dim=-2)
-        elif self.bug == "cat_order":
-            K, V = torch.cat([k, K], dim=-2), torch.cat([v, V], dim=-2)
-        else:
-            K, V = torch.cat([K, k], dim=-2), torch.cat([V, v], dim=-2)
-        self.k[layer], self.v[layer] = K, V
-        return K, V
-
-    def _key_positions(self, new: torch.Tensor) -> torch.Tensor:
-        if self.kpos is None or self.bug == "no_cat":
+    def _cat(self, old: torch.Tensor | None, new: torch.Tensor, prepend: bool) -> torch.Tensor:
+        """``new`` appended to ``old`` along the sequence (prepended with ``prepend``); no_cat: ``new`` replaces it."""
+        if old is None or self.bug == "no_cat":  # no_cat: the cache is overwritten, history is lost
             return new
-        if self.bug in ("kv_mismatch", "cat_order"):  # positions travel with K
-            return torch.cat([new, self.kpos])
-        return torch.cat([self.kpos, new])
+        return torch.cat([new, old] if prepend else [old, new], dim=-2 if new.dim() > 1 else 0)
 
     @torch.no_grad()
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -241,7 +208,8 @@ class TeachingCache:
         true_pos = torch.arange(self.past, self.past + T)
         # pos_zero: the embedding (and RoPE) positions restart at 0; the mask still uses true positions.
         emb_pos = (torch.arange(T) if self.bug == "pos_zero" else true_pos).expand(B, T)
-        self.kpos = self._key_positions(true_pos)
+        k_first = self.bug in ("kv_mismatch", "cat_order")  # K prepended (positions travel with K); V too: cat_order
+        self.kpos = self._cat(self.kpos, true_pos, k_first)
         allow = self.kpos[None, :] <= true_pos[:, None]  # (T, Tk) from absolute positions, not indices
         if self.bug == "no_mask":
             allow = torch.ones_like(allow)
@@ -249,7 +217,8 @@ class TeachingCache:
         x = self.layers.embed(ids, emb_pos, true_pos)
         for i in range(self.layers.n_layer):
             q, k, v = self.layers.qkv(i, x, emb_pos)
-            K, V = self._append(i, k, v)
+            K = self.k[i] = self._cat(self.k[i], k, k_first)
+            V = self.v[i] = self._cat(self.v[i], v, self.bug == "cat_order")
             x = self.layers.block_out(i, x, q, K, V, mask)
         self.past += T
         return self.layers.head(x)
@@ -398,78 +367,50 @@ class SlotCache(TeachingCache):
         return out
 
 
-def _rows_swapped(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (batch first) with rows 0 and 1 exchanged."""
-    order = torch.arange(x.shape[0])
-    order[0], order[1] = 1, 0
-    return x[order]
-
-
 def _swapping(write: Any) -> Any:
     """A cache write (``write(layer, k, v, ...)`` / transformers' ``update(k, v, layer, ...)``) that stores rows 0
     and 1 of a batched write in each other's place."""
 
-    def swapped_write(*args: Any, **kw: Any) -> Any:
-        args = tuple(
-            _rows_swapped(a) if isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[0] > 1 else a for a in args
-        )
-        return write(*args, **kw)
+    def swap(a: Any) -> Any:
+        if not (isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[0] > 1):
+            return a
+        order = torch.arange(a.shape[0])
+        order[0], order[1] = 1, 0
+        return a[order]
 
-    return swapped_write
-
-
-class RowSwapEngine(EngineAdapter):
-    """``batch_row_swap`` on our engine: after the prefill, every batched write stores rows 0 and 1's new
-    keys/values in each other's row (a batch reordered without reordering its cache, as a forgotten
-    ``reorder_cache`` in beam search); a single sequence is untouched."""
-
-    def __init__(self, model: GPT):
-        super().__init__(model)
-        self.name = "batch_row_swap"
-
-    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = super().prefill(ids, attention_mask)
-        if self.cache is not None:
-            self.cache.write = _swapping(self.cache.write)  # type: ignore[method-assign]
-        return out
+    return lambda *args, **kw: write(*map(swap, args), **kw)
 
 
-def _row_swap_hf(model: Any) -> Any:
-    """``batch_row_swap`` on a transformers model's own default cache (its ``update`` after the prefill)."""
+def row_swap(model: Any) -> Any:
+    """``batch_row_swap``: the model's own cache (our engine's ``KVCache``, or the transformers model's default cache)
+    whose every batched write after the prefill stores rows 0 and 1's new keys/values in each other's row (a batch
+    reordered without reordering its cache, as a forgotten ``reorder_cache`` in beam search); a single sequence is
+    untouched."""
     from .adapters import HFAdapter
 
-    class RowSwapHF(HFAdapter):
-        def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-            out = super().prefill(ids, attention_mask)
-            self.cache.update = _swapping(self.cache.update)
-            return out
+    ours = isinstance(model, GPT)
+    impl, write = (EngineAdapter(model), "write") if ours else (HFAdapter(model), "update")
+    prefill = impl.prefill
 
-    impl = RowSwapHF(model)
+    def swapping_prefill(ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        out = prefill(ids, attention_mask)
+        setattr(impl.cache, write, _swapping(getattr(impl.cache, write)))
+        return out
+
+    impl.prefill = swapping_prefill  # type: ignore[method-assign]
     impl.name = "batch_row_swap"
     return impl
-
-
-def reference_of(model: Any) -> Any:
-    """Full recomputation of a mutant's model: ours for a genprobe GPT, ``use_cache=False`` for transformers."""
-    from .adapters import HFReference
-
-    return FullRecompute(model) if isinstance(model, GPT) else HFReference(model)
 
 
 def mutant(model: Any, name: str) -> Any:
     """The named mutant adapter over ``model``'s weights (a genprobe GPT or a transformers Llama-family model)."""
     if name == "batch_row_swap":
-        return RowSwapEngine(model) if isinstance(model, GPT) else _row_swap_hf(model)
+        return row_swap(model)
     if name in PrefixCache.FLAWS:
         return PrefixCache(model, name)
     if name in SlotCache.FLAWS:
         return SlotCache(model, name)
     return TeachingCache(model, name)
-
-
-def as_expected(name: str, verdict: str) -> bool:
-    """A known bug must be flagged (verdict above noise); correct/cat_order must pass."""
-    return (verdict == "pass") == (MUTANTS[name] == "pass")
 
 
 def run_mutant_reports(
@@ -489,7 +430,7 @@ def run_mutant_reports(
     isolation would only repeat the incremental phase's finding. The prefix-reuse phases run (they are
     where the prefix-cache mutants show).
     """
-    run = run or ReferenceRun(reference_of(model), steps)
+    run = run or ReferenceRun(reference_for(model), steps)
     return [
         verify_implementation(
             mutant(model, n),
@@ -507,40 +448,25 @@ def run_mutant_reports(
     ]
 
 
-def report_row(r: VerifyReport, expected: str | None = None) -> dict[str, Any]:
-    """One row of the chapter's §3.9.8 table (its keys are what the case study's ch3_case.json records)."""
-    row: dict[str, Any] = {
-        "impl": r.impl,
-        "prefill_bit_identical": r.prefill_bit_identical,
-        "first_any_diff_step": r.first_any_diff_step,
-        "first_diff_step": r.first_diff_step,
-        "max_abs_dlogit": r.max_abs_dlogit,
-        "worst_phase": r.worst_phase,
-        "greedy_max_abs_dlogit": r.greedy_max_abs_dlogit,
-        "max_abs_dlogit_by_phase": r.max_by_phase(),
-        "text_divergences": r.text_divergences,
-        "text_only_would_catch": r.text_only_would_catch,
-        "verdict": r.verdict,
-        "bug_margin": r.bug_margin,
-    }
+ROW = tuple(  # the chapter's §3.9.8 table: the keys the case study's ch3_case.json records
+    "impl prefill_bit_identical first_any_diff_step first_diff_step max_abs_dlogit worst_phase greedy_max_abs_dlogit "
+    "max_abs_dlogit_by_phase text_divergences text_only_would_catch verdict bug_margin".split()
+)
+DETAILED = ("first_diff_step_by_phase", "max_rel_dlogit", "errors")  # what --mutants adds to a row
+
+
+def report_row(r: VerifyReport, expected: str | None = None, keys: Sequence[str] = ROW) -> dict[str, Any]:
+    """One row of the chapter's §3.9.8 table (``keys`` of the report), with the expected verdict when given."""
+    row: dict[str, Any] = {k: getattr(r, k) for k in keys}
     if expected is not None:
         row["expected"] = expected
-        row["as_expected"] = (r.verdict == "pass") == (expected == "pass")  # see as_expected()
+        row["as_expected"] = (r.verdict == "pass") == (expected == "pass")
     return json_safe_dict(row)
 
 
 def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict[str, Any]:
     """:func:`report_row` plus every phase's first differing step and verdict, the relative scale and errors."""
-    judged = [p for p in r.phases if p.judged]
-    return json_safe_dict(
-        {
-            **report_row(r, expected),
-            "first_diff_step_by_phase": r.first_diff_by_phase(),
-            "verdict_by_phase": {p.phase: p.verdict for p in r.phases},
-            "max_rel_dlogit": max((p.rel_dlogit or 0.0 for p in judged), default=None),
-            "errors": [json_safe(e) for e in r.errors],
-        }
-    )
+    return {**report_row(r, expected, ROW + DETAILED), "verdict_by_phase": {p.phase: p.verdict for p in r.phases}}
 
 
 def run_mutants(
@@ -557,28 +483,21 @@ def run_mutants(
     return [report_row(r, MUTANTS[r.impl]) for r in reports]
 
 
-@torch.no_grad()
-def _chunked(impl: TeachingCache, seq: list[int], chunk: int) -> torch.Tensor:
-    impl.reset()
-    outs = []
-    for start in range(0, len(seq), chunk):
-        piece = torch.tensor([seq[start : start + chunk]], dtype=torch.long)
-        outs.append(impl.prefill(piece) if start == 0 else impl.step(piece))
-    return torch.cat(outs, dim=1)
-
-
 def mask_noop(
     model: Any, prompt_ids: list[int], steps: int = 50, chunk: int = 4, run: ReferenceRun | None = None
 ) -> dict[str, Any]:
     """no_mask vs correct on the same cached path: exactly 0 at T_new = 1, non-zero with chunks (§3.9.4)."""
-    run = run or ReferenceRun(reference_of(model), steps)
+    run = run or ReferenceRun(reference_for(model), steps)
     tr = run.trajectory(prompt_ids)
     seq = tr.prompt + tr.tokens[:-1]
     good, bad = TeachingCache(model, "correct"), TeachingCache(model, "no_mask")
-    return {
-        "no_mask_t_new_1": max_abs_diff(_chunked(bad, seq, 1), _chunked(good, seq, 1)),
-        f"no_mask_chunk_{chunk}": max_abs_diff(_chunked(bad, seq, chunk), _chunked(good, seq, chunk)),
-    }
+
+    def delta(c: int) -> float:
+        with torch.no_grad():
+            outs = [torch.cat([o for *_, o in chunk_calls(impl, seq, c, tr.vocab)]) for impl in (bad, good)]
+        return max_abs_diff(*outs)
+
+    return {"no_mask_t_new_1": delta(1), f"no_mask_chunk_{chunk}": delta(chunk)}
 
 
 def cache_exact(model: GPT, prompt_ids: list[int], steps: int = 50) -> dict[str, Any]:

@@ -9,13 +9,12 @@ it could not be built here (e.g. a ``transformers`` cache class this version lac
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .._io import json_safe_dict
-from .compare import Thresholds, compare_rows, max_abs_diff, worst
+from .compare import TOPK, Thresholds, max_abs_diff, row_std, worst
 
 OUTCOMES = ("pass", "small", "suspicious", "bug", "error", "unavailable")
 # a phase's verdict is one of VERDICTS, "error" (the implementation raised in it) or "skipped"
@@ -116,13 +115,16 @@ class PhaseTracker:
         """Summary measures and the phase verdict (the pass line raised by the reference's noise ``floor``)."""
         r = self.r
         if self._got:
-            s = compare_rows(torch.cat(self._got), torch.cat(self._ref))
-            r.rows = s.rows
-            r.ref_logit_std = statistics.median(s.ref_std.tolist())
+            got, ref = torch.cat(self._got), torch.cat(self._ref)
+            top = ref.topk(min(TOPK, ref.shape[-1]), dim=-1).indices  # log p of the top-k: z_i - logsumexp(z)
+            got_lp, ref_lp = (x.gather(-1, top) - torch.logsumexp(x, dim=-1, keepdim=True) for x in (got, ref))
+            finite = torch.isfinite(ref)
+            r.rows = ref.shape[0]
+            r.ref_logit_std = statistics.median(row_std(ref, finite).tolist())
             r.rel_dlogit = r.max_abs_dlogit / r.ref_logit_std if r.ref_logit_std > 0 else float("inf")
-            r.max_abs_dlogprob_topk = s.max_dlogp_topk
-            r.top1_agreement = s.top1_agree / s.rows
-            r.nonfinite_logits = s.nonfinite
+            r.max_abs_dlogprob_topk = max_abs_diff(got_lp, ref_lp)
+            r.top1_agreement = int((got.argmax(-1) == ref.argmax(-1)).sum()) / r.rows
+            r.nonfinite_logits = bool((~torch.isfinite(got) & finite).any())
             r.bug_margin = th.bug_margin(r.max_abs_dlogit, r.ref_logit_std)
             self._got, self._ref = [], []
         if r.error is not None:
@@ -134,22 +136,19 @@ class PhaseTracker:
 
 @dataclass
 class VerifyReport:
-    """Everything the harness measured for one implementation (``verdict`` is one of :data:`OUTCOMES`)."""
+    """Everything the harness measured for one implementation (``verdict`` is one of :data:`OUTCOMES`).
+
+    A report without phases is that of an implementation that never ran: its factory raised (``errors``) or it is
+    unavailable here (``unavailable``). The summaries after the fields one gives are read off ``phases`` and
+    ``texts`` when the report is made.
+    """
 
     impl: str
-    steps: int
-    prompt_lengths: list[int]
-    phases: list[PhaseResult]
-    prefill_bit_identical: bool
-    max_abs_dlogit: float
-    first_any_diff_step: int | None
-    first_diff_step: int | None
-    text_divergences: int
-    text_tokens: int
-    first_text_divergence: int | None
-    text_only_would_catch: bool
     verdict: str
     thresholds: Thresholds
+    steps: int = 0
+    prompt_lengths: list[int] = field(default_factory=list)
+    phases: list[PhaseResult] = field(default_factory=list)
     reference: str = "full recomputation"
     errors: list[PhaseError] = field(default_factory=list)
     unavailable: str | None = None  # why the implementation could not be built here
@@ -158,38 +157,49 @@ class VerifyReport:
     noise_floor: dict[str, Any] | None = None
     pass_line: float | None = None  # the max |Δlogit| below which a phase passes (thresholds.pass_line(floor))
     reuse: list[str] = field(default_factory=list)  # the cross-sequence reuse situations the run exercised
+    # ---- summaries (prefill/decode: the chapter's §3.9.1 phases; judged: the phases that compared something)
+    prefill_bit_identical: bool = field(init=False)  # the prefill call's logits equal the reference's bit for bit
+    max_abs_dlogit: float = field(init=False)  # over the judged phases
+    greedy_max_abs_dlogit: float = field(init=False)  # over prefill + decode: the chapter's §3.9.1 table's
+    max_rel_dlogit: float | None = field(init=False)  # |Δ| in standard deviations of the reference logits
+    min_top1_agreement: float | None = field(init=False)  # lowest share of positions whose argmax agrees
+    bug_margin: float | None = field(init=False)  # largest over the judged phases (≥ 1: a bug)
+    worst_phase: str | None = field(init=False)  # the judged phase of the largest max |Δlogit|
+    first_any_diff_step: int | None = field(init=False)  # first prefill/decode call that differs at all
+    first_diff_step: int | None = field(init=False)  # … by the noise threshold or more
+    max_abs_dlogit_by_phase: dict[str, float | None] = field(init=False)  # None: the phase was skipped
+    first_diff_step_by_phase: dict[str, int | None] = field(init=False)
+    text_divergences: int = field(init=False)  # greedy positions where the implementation's own tokens differ
+    text_tokens: int = field(init=False)  # the implementation's greedy tokens compared
+    first_text_divergence: int | None = field(init=False)
+    text_only_would_catch: bool = field(init=False)  # comparing greedy text alone would have seen a difference
+    passed: bool = field(init=False)  # the verdict is float noise
 
-    @classmethod
-    def not_run(
-        cls,
-        impl: str,
-        thresholds: Thresholds,
-        *,
-        error: PhaseError | None = None,
-        unavailable: str | None = None,
-        steps: int = 0,
-        reference: str = "full recomputation",
-    ) -> "VerifyReport":
-        """A report for an implementation that never ran: its factory raised, or it is unavailable here."""
-        return cls(
-            impl=impl,
-            steps=steps,
-            prompt_lengths=[],
-            phases=[],
-            prefill_bit_identical=False,
-            max_abs_dlogit=0.0,
-            first_any_diff_step=None,
-            first_diff_step=None,
-            text_divergences=0,
-            text_tokens=0,
-            first_text_divergence=None,
-            text_only_would_catch=False,
-            verdict="error" if error is not None else "unavailable",
-            thresholds=thresholds,
-            reference=reference,
-            errors=[error] if error is not None else [],
-            unavailable=unavailable,
-        )
+    def __post_init__(self) -> None:
+        judged = [p for p in self.phases if p.judged]
+        greedy = [p for p in self.phases if p.phase in ("prefill", "incremental")]
+
+        def over(pick: Any, attr: str, phases: list[PhaseResult]) -> Any:
+            return pick((getattr(p, attr) for p in phases if getattr(p, attr) is not None), default=None)
+
+        self.prefill_bit_identical = any(p.phase == "prefill" and p.bit_identical for p in judged)
+        self.max_abs_dlogit = float(over(max, "max_abs_dlogit", judged) or 0.0)
+        self.greedy_max_abs_dlogit = float(over(max, "max_abs_dlogit", greedy) or 0.0)
+        self.max_rel_dlogit = over(max, "rel_dlogit", judged)
+        self.min_top1_agreement = over(min, "top1_agreement", judged)
+        self.bug_margin = over(max, "bug_margin", judged)
+        self.worst_phase = max(judged, key=lambda p: p.max_abs_dlogit).phase if judged else None
+        self.first_any_diff_step = over(min, "first_any_diff_step", greedy)
+        self.first_diff_step = over(min, "first_diff_step", greedy)
+        self.max_abs_dlogit_by_phase = {p.phase: (p.max_abs_dlogit if p.judged else None) for p in self.phases}
+        self.first_diff_step_by_phase = {p.phase: p.first_diff_step for p in self.phases}
+        zipped = (zip(t["implementation"], t["reference"], strict=False) for t in self.texts)
+        diffs = [[i for i, (a, b) in enumerate(pairs) if a != b] for pairs in zipped]
+        self.text_divergences = sum(map(len, diffs))
+        self.text_tokens = sum(len(t["implementation"]) for t in self.texts)
+        self.first_text_divergence = min((d[0] for d in diffs if d), default=None)
+        self.text_only_would_catch = self.text_divergences > 0
+        self.passed = self.verdict == "pass"
 
     def phase(self, name: str) -> PhaseResult:
         """The result of phase ``name`` (KeyError if it was not run)."""
@@ -197,47 +207,6 @@ class VerifyReport:
             if p.phase == name:
                 return p
         raise KeyError(f"no phase {name!r}; have {[p.phase for p in self.phases]}")
-
-    def max_by_phase(self) -> dict[str, float | None]:
-        """max |Δlogit| per phase (None for skipped phases)."""
-        return {p.phase: (p.max_abs_dlogit if p.judged else None) for p in self.phases}
-
-    def first_diff_by_phase(self) -> dict[str, int | None]:
-        """First call above the noise threshold, per phase (None: none, or the phase was skipped)."""
-        return {p.phase: p.first_diff_step for p in self.phases}
-
-    @property
-    def worst_phase(self) -> str | None:
-        """The phase with the largest max |Δlogit| (None when no phase compared anything)."""
-        run = [p for p in self.phases if p.judged]
-        return max(run, key=lambda p: p.max_abs_dlogit).phase if run else None
-
-    @property
-    def greedy_max_abs_dlogit(self) -> float:
-        """max |Δ| over prefill + incremental only: the quantity of the chapter's §3.9.1 table."""
-        return max((p.max_abs_dlogit for p in self.phases if p.phase in ("prefill", "incremental")), default=0.0)
-
-    @property
-    def bug_margin(self) -> float | None:
-        """The largest bug margin over the judged phases (≥ 1: a bug; None when nothing was compared)."""
-        margins = [p.bug_margin for p in self.phases if p.judged and p.bug_margin is not None]
-        return max(margins) if margins else None
-
-    @property
-    def passed(self) -> bool:
-        """True when the verdict is float noise."""
-        return self.verdict == "pass"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form (non-finite numbers spelled out: strict JSON)."""
-        d: dict[str, Any] = asdict(self)
-        d["max_abs_dlogit_by_phase"] = self.max_by_phase()
-        d["first_diff_step_by_phase"] = self.first_diff_by_phase()
-        d["passed"] = self.passed
-        d["worst_phase"] = self.worst_phase
-        d["greedy_max_abs_dlogit"] = self.greedy_max_abs_dlogit
-        d["bug_margin"] = self.bug_margin
-        return json_safe_dict(d)
 
 
 def overall_verdict(phases: list[PhaseResult], exact_prefill: bool) -> str:

@@ -5,29 +5,16 @@ hashes blocks of 16 tokens chained to their parent, SGLang's radix cache matches
 llama.cpp reuses a slot's common prefix). The classic bug is a lookup that matches too little: a
 hash over part of a block, a block without its parent's hash, a match that stops one token short of
 the block's end. Each shows only when two sequences share *some* tokens and differ *somewhere
-specific*, so the plan below is built around common block sizes (8, 16, 32):
+specific*, so the plan (:func:`reuse_cases`; docs/verify-cache.md has it as a table) is built around
+common block sizes (8, 16, 32): a base sequence A of :data:`REUSE_LENGTH` tokens; continuations that
+diverge at the first token of a block, inside one and at its last token; one token changed at the last
+position of a block; the first block replaced (run twice); A again; and prompts shorter than A (its first
+32 / 20 tokens) stepped with other tokens, whose next tokens must not see A's cached tail.
 
-* a **base** sequence A (the first prompt, its reference greedy tokens, then seeded random ids of the
-  model's vocabulary up to :data:`REUSE_LENGTH` tokens: several blocks);
-* **continuations**: A's first 1, 4, 7, 8, 13, 15, 16, 24, 31, 32 tokens, then other tokens: the sequences
-  diverge at the first token of a block (8, 16, 32), inside one (4, 13, 24) and at its last token (7, 15, 31)
-  for blocks of 8, 16 and 32;
-* **one token changed** at position 7, 15, 31 — the last token of a block of 8 / 16 / 32 — with every
-  token after it the same as A's (the same later blocks on another prefix);
-* **first block replaced**: A's first 16 tokens swapped for others, the rest A's, run twice (on the
-  second run its own first blocks are stored, and a later block keyed by its own tokens alone would be
-  found among A's);
-* **repeat**: A again (a cache hit must reproduce A);
-* **shorter**: A's first 32 tokens (whole blocks of 8, 16 and 32 of a cached sequence: every block a hit, where
-  an engine may skip the forward), then A's first 20 (ending inside a block), each prefilled and then stepped
-  with tokens other than A's: prompts a cache holds whole, shorter than the sequence it holds, whose next
-  tokens must not see the cached sequence's tail.
-
-Every returned position's logits are compared, the last included (the phases compare all of them).
-
-Cases that do not fit the context are left out (the report lists what ran). The phases run the cases
-one after another, with ``reset()`` between them and, where the implementation declares that its
-``prefill()`` starts a new sequence (``prefill_starts_sequence = True``), without.
+Every returned position's logits are compared, the last included. Cases that do not fit the context are
+left out (the report lists what ran). The phases run the cases with ``reset()`` between them and, where
+the implementation declares that its ``prefill()`` starts a new sequence (``prefill_starts_sequence =
+True``), without.
 """
 
 from __future__ import annotations

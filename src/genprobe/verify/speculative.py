@@ -16,20 +16,20 @@ nothing to look at):
   proportion z-test on the commonest token), Bonferroni over the tests; reported with its p-value and the smallest
   shift of one token's probability it detects with power 0.8.
 
-:func:`mutant_rows` runs the broken decoders of :mod:`genprobe.verify.spec_mutants` through the greedy and exact
-checks: each must be caught, the correct decoder must pass.
+With ``mutants``, :func:`verify_speculative` runs the broken decoders of :mod:`genprobe.verify.spec_mutants`
+through the greedy and exact checks: each must be caught, the correct decoder must pass.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .._io import json_safe, json_safe_dict
+from .._io import json_safe
 from ..engine.generate import generate
 from ..engine.runner import runner_for
 from ..engine.samplers import SamplerConfig, process_logits
@@ -133,6 +133,8 @@ class ScriptedDraws:
 @dataclass
 class ExactCheck:
     """The exact distribution of the first ``tokens`` speculative tokens vs the target's."""
+
+    JSON_PROPERTIES = ("margin",)  # computed from the fields, kept in the JSON form
 
     verdict: str
     tokens: int
@@ -322,6 +324,8 @@ def _z_top(a: Counter[int], b: Counter[int]) -> dict[str, float]:
 class MutantRow:
     """One decoder (correct or broken) through the greedy and exact checks."""
 
+    JSON_PROPERTIES = ("caught", "ok")  # computed from the fields, kept in the JSON form
+
     name: str
     expected: str  # "pass" | "caught"
     greedy: str
@@ -329,6 +333,12 @@ class MutantRow:
     total_variation: float | None
     margin: float | None  # exact check: tolerance/TV for the correct decoder, TV/tolerance for a mutant
     first_divergence: dict[str, int] | None
+
+    @classmethod
+    def of(cls, name: str, greedy: GreedyCheck, exact: ExactCheck) -> "MutantRow":
+        """Decoder ``name``'s row from its greedy and exact checks (``correct`` must pass, the others be caught)."""
+        e, expected = exact, "pass" if name == "correct" else "caught"
+        return cls(name, expected, greedy.verdict, e.verdict, e.total_variation, e.margin, greedy.first_divergence)
 
     @property
     def caught(self) -> bool:
@@ -342,33 +352,10 @@ class MutantRow:
         return self.caught
 
 
-def mutant_rows(
-    target: Any,
-    draft: Any,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    k: int,
-    exact_prompt: Sequence[int],
-    exact_tokens: int = 3,
-    exact_k: int = 1,
-    sampler: SamplerConfig | None = None,
-    names: Sequence[str] = tuple(MUTANTS),
-) -> list[MutantRow]:
-    """Each decoder of :data:`~genprobe.verify.spec_mutants.MUTANTS` through both checks."""
-    rows = []
-    for name in names:
-        cls = MUTANTS[name]
-        g = greedy_check(target, draft, prompts, max_new_tokens, k, decoder=cls)
-        e = exact_check(target, draft, exact_prompt, exact_tokens, exact_k, sampler, decoder=cls)
-        expected = "pass" if name == "correct" else "caught"
-        rows.append(MutantRow(name, expected, g.verdict, e.verdict, e.total_variation, e.margin, g.first_divergence))
-    return rows
-
-
 # ---- the whole verification -------------------------------------------------------------------------------
 @dataclass
 class SpeculativeVerification:
-    """What ``genprobe verify-speculative`` reports."""
+    """What ``genprobe verify-speculative`` reports (with its ``verdict``, computed from the checks)."""
 
     model: str
     draft: str
@@ -377,6 +364,7 @@ class SpeculativeVerification:
     exact: ExactCheck | None
     two_sample: TwoSampleCheck | None
     mutants: list[MutantRow] | None = None
+    JSON_PROPERTIES = ("verdict",)
 
     @property
     def verdict(self) -> str:
@@ -390,21 +378,6 @@ class SpeculativeVerification:
     @property
     def mutants_ok(self) -> bool:
         return all(r.ok for r in self.mutants or ())
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {
-            "model": self.model,
-            "draft": self.draft,
-            "k": self.k,
-            "verdict": self.verdict,
-            "greedy": asdict(self.greedy),
-            "exact": None if self.exact is None else {**asdict(self.exact), "margin": self.exact.margin},
-            "two_sample": None if self.two_sample is None else asdict(self.two_sample),
-            "mutants": None
-            if self.mutants is None
-            else [{**asdict(r), "caught": r.caught, "ok": r.ok} for r in self.mutants],
-        }
-        return json_safe_dict(d)
 
 
 def default_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
@@ -436,6 +409,7 @@ def verify_speculative(
     ``mutants`` the broken decoders too. ``draft``: ``"lookup"``, ``"layers:N"``, a model, or None (the target's
     first half of its layers)."""
     from ..model.load import load_model
+    from .api import encode_prompts
 
     m = target = load_model(model) if isinstance(model, str) else model
     k = check_k(k)
@@ -444,7 +418,7 @@ def verify_speculative(
         raise ValueError(f"exact_tokens must be >= 1, got {exact_tokens}")
     d = make_draft(target, draft if draft is not None else f"layers:{max(1, _layers(m) // 2)}")
     cfg = sampler or EXACT_SAMPLER
-    ids = default_prompts(runner_for(target).vocab_size, seed) if prompts is None else _encode(m, prompts)
+    ids = default_prompts(runner_for(target).vocab_size, seed) if prompts is None else encode_prompts(m, prompts)
     greedy = greedy_check(target, d, ids, max_new_tokens, k)
     sampled_prompt = continued(target, ids[0], exact_tokens)
     exact = exact_check(target, d, sampled_prompt, exact_tokens, exact_k, cfg)
@@ -452,8 +426,15 @@ def verify_speculative(
     if samples:
         two = two_sample_check(target, d, sampled_prompt, max(exact_tokens, 4), k, cfg, samples, seed)
     rows = None
-    if mutants:
-        rows = mutant_rows(target, d, ids, max_new_tokens, k, sampled_prompt, exact_tokens, exact_k, cfg)
+    if mutants:  # each decoder of spec_mutants.MUTANTS through both checks
+        rows = [
+            MutantRow.of(
+                name,
+                greedy_check(target, d, ids, max_new_tokens, k, decoder=decoder),
+                exact_check(target, d, sampled_prompt, exact_tokens, exact_k, cfg, decoder=decoder),
+            )
+            for name, decoder in MUTANTS.items()
+        ]
     name = getattr(d, "name", "model")
     return SpeculativeVerification(str(getattr(m, "source", model)), name, k, greedy, exact, two, rows)
 
@@ -472,9 +453,3 @@ def _layers(m: Any) -> int:
     cfg = getattr(m.module, "cfg", None) or getattr(m.module, "config", None)
     layers = getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", None)
     return int(layers) if layers else 2
-
-
-def _encode(m: Any, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
-    if not prompts:
-        raise ValueError("prompts is empty: give at least one prompt")
-    return [m.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]

@@ -54,23 +54,3 @@ def windowed_forward(
         x = block(x, positions, mask, None, None)
     logits: torch.Tensor = model.lm_head(model.ln_f(x))
     return logits
-
-
-class WindowedRecompute:
-    """Reference for a genprobe ``GPT`` under a sliding window of ``window`` positions and ``sinks`` sinks."""
-
-    name = "reference"
-
-    def __init__(self, model: GPT, window: int, sinks: int = 0):
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        if sinks < 0:
-            raise ValueError(f"sinks must be >= 0, got {sinks}")
-        self.model = model.eval()
-        self.window, self.sinks = int(window), int(sinks)
-        self.max_positions = model.cfg.block_size if model.cfg.pos_encoding == "learned" else None
-        self.description = f"windowed recomputation (window {self.window}, sinks {self.sinks})"
-
-    def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of every position, recomputed from scratch under the window."""
-        return windowed_forward(self.model, ids, self.window, self.sinks, attention_mask)
