@@ -18,7 +18,6 @@ from genprobe.engine.samplers import (
     process_logits,
     sample_next,
     sampling_probs,
-    top_p_filter,
 )
 
 PROPS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -197,7 +196,7 @@ def test_probabilities_finite_and_sum_to_one_and_kept_set_nonempty(row, cfg, his
 @given(row=logit_rows, p=st.floats(min_value=1e-3, max_value=1.0))
 def test_top_p_keeps_smallest_prefix_reaching_p(row, p):
     logits = torch.tensor([row])
-    kept = torch.isfinite(top_p_filter(logits, p))[0]
+    kept = torch.isfinite(process_logits(logits, None, SamplerConfig(top_p=p)))[0]  # genprobe's top-p
     probs = torch.softmax(logits, -1)[0].double()
     order = torch.argsort(probs, descending=True)
     m = int(kept.sum())

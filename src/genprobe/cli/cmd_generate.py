@@ -23,7 +23,7 @@ from ._sampler_args import add_sampler_arguments, sampler_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.runner import GenerationResult
-    from ..engine.samplers.config import SamplerConfig
+    from ..engine.samplers import SamplerConfig
     from ..model.load import Model, Tokenizer
 
 

@@ -28,8 +28,8 @@ import torch
 from .._io import json_safe
 from .cache import KVCache
 from .runner import GenerationResult, as_runner, check_inputs, device_of
+from .samplers import SamplerConfig
 from .samplers.chain import adjust_logits, check_logits
-from .samplers.config import SamplerConfig
 
 
 def step_with_hidden(

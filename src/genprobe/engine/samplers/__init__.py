@@ -45,24 +45,18 @@ order and arithmetic; ``order=...`` (or any other field) may be overridden:
 A bare ``SamplerConfig(order="llama.cpp", top_p=0.9)`` uses llama.cpp's arithmetic and order
 but only the parameters given.
 
-New samplers (each with its engine's semantics): DRY and XTC (llama.cpp, see
-:mod:`genprobe.engine.samplers.dry`, :mod:`~genprobe.engine.samplers.xtc`), typical-p (HF
-TypicalLogitsWarper), top-n-σ (llama.cpp), contrastive search (``penalty_alpha`` with ``top_k``;
-:mod:`genprobe.engine.contrastive`, HF semantics).
-
 Greedy is its own path: the argmax of the adjusted logits, never emulated with τ≈0. NaN logits
 raise ValueError in every path.
 
 Modules (one concept each)::
 
-    config      SamplerConfig, orders, engines, presets
-    penalties   bans, repetition / presence / frequency penalties, no-repeat-n-gram
-    dry         llama.cpp's DRY
-    xtc         llama.cpp's XTC
-    truncation  temperature, top-k, top-p, min-p, typical-p, top-n-σ (genprobe / HF / vLLM arithmetic)
-    llamacpp    the same stages on llama.cpp's float32 candidate array
+    stages      one class per sampler: its fields, validation, CLI flags, each engine's arithmetic,
+                its vLLM / llama.cpp form (adding a sampler: a class there, a field in config)
+    config      SamplerConfig, engines, presets
+    chain       process_logits, sample_next and friends: the stages in order
+    candidates  llama.cpp's float32 candidate array
+    dry         llama.cpp's DRY matching and sequence breakers
     cmath       C's expf / logf, as llama.cpp's samplers call them (numpy's float32 ones differ by an ulp)
-    chain       process_logits, sample_next and friends
 """
 
 from .chain import (
@@ -75,18 +69,33 @@ from .chain import (
     sample_next,
     sampling_probs,
 )
-from .config import ENGINES, ORDERS, PRESETS, SamplerConfig, SamplingParams
 from .dry import DEFAULT_BREAKERS, breakers_from_strings, dry_penalties, tokenizer_breakers
-from .penalties import no_repeat_ngram_mask
-from .truncation import top_p_genprobe as top_p_filter
+from .stages import (
+    ENGINES,
+    ORDERS,
+    PRESETS,
+    STAGES,
+    ChainStage,
+    Param,
+    SamplerConfig,
+    SamplingParams,
+    Stage,
+    UnsupportedSamplerError,
+    no_repeat_ngram_mask,
+)
 
 __all__ = [
     "DEFAULT_BREAKERS",
     "ENGINES",
     "ORDERS",
     "PRESETS",
+    "STAGES",
+    "ChainStage",
+    "Param",
     "SamplerConfig",
     "SamplingParams",
+    "Stage",
+    "UnsupportedSamplerError",
     "adjust_logits",
     "breakers_from_strings",
     "check_logits",
@@ -99,5 +108,4 @@ __all__ = [
     "sample_next",
     "sampling_probs",
     "tokenizer_breakers",
-    "top_p_filter",
 ]

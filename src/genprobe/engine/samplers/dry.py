@@ -21,10 +21,8 @@ import math
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-import torch
 
 from .cmath import logf
-from .config import SamplerConfig
 
 FLOAT_MAX_LOG = np.float32(88.7228391)
 MAX_BREAKER_CHARS = 40
@@ -110,22 +108,6 @@ def dry_penalties(
         if max_exp > 0 and e > max_exp:
             e = max_exp
         out[tok] = np.float32(float(mult32) * math.pow(float(base32), e))  # std::pow(float, int) is double
-    return out
-
-
-def apply_dry(logits: torch.Tensor, history: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
-    """Subtract each row's DRY penalties (history entries < 0 are padding and skipped)."""
-    table = breaker_table(cfg.dry_sequence_breakers)
-    out = logits
-    for b, row in enumerate(history.tolist()):
-        pens = dry_penalties(
-            [t for t in row if t >= 0], cfg.dry_multiplier, cfg.dry_base, cfg.dry_allowed_length, cfg.dry_last_n, table
-        )
-        if pens:
-            if out is logits:
-                out = logits.clone()
-            ids = torch.tensor(list(pens), dtype=torch.long, device=logits.device)
-            out[b, ids] -= torch.tensor([float(v) for v in pens.values()], dtype=logits.dtype, device=logits.device)
     return out
 
 

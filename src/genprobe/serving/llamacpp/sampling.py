@@ -36,41 +36,41 @@ draw                     ``llama_sampler_init_dist(seed)`` (a std::mt19937; genp
 
 Refused (llama.cpp has no such sampler): ``no_repeat_ngram``, contrastive search (``penalty_alpha``); and any
 active stage whose arithmetic is another engine's (``engine`` ≠ ``"llama.cpp"``): HF's top-k keeps ties,
-vLLM's top-p sorts ascending, etc. A config field this module does not know is refused while it is not at its
-default, so a sampler added later is never dropped silently.
+vLLM's top-p sorts ascending, etc. A config field no stage maps is refused while it is not at its default, so a
+sampler added later is never dropped silently. Each stage's ``llama_cpp`` method
+(:mod:`genprobe.engine.samplers.stages`) holds its form here.
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from ...engine.samplers import ORDERS, SamplerConfig
+from ...engine.samplers import SamplerConfig
 from ...engine.samplers.dry import breakers_from_strings
+from ...engine.samplers.stages import (
+    ORDERS,
+    STAGES,
+    ChainEnv,
+    ChainStage,
+    Truncation,
+    UnsupportedSamplerError,
+    refuse_for,
+)
 from ._bindings import require_llama_cpp
 
-#: llama.cpp's default penalty window (common/common.h: ``penalty_last_n = 64``).
-LLAMA_CPP_DEFAULT_PENALTY_LAST_N = 64
 #: The seed of ``llama_sampler_init_dist`` / ``_xtc`` when none is given (any fixed value: runs must repeat).
 DEFAULT_SEED = 1234
 _TOKEN_DTYPE = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
 
 
-class UnsupportedLlamaCppSamplerError(ValueError):
-    """A sampler setting that llama.cpp's sampler chain cannot express exactly (named in the message)."""
-
-
-@dataclass(frozen=True)
-class ChainStage:
-    """One sampler of the chain: llama.cpp's init function (without ``llama_sampler_init_``) and its arguments."""
-
-    name: str
-    args: tuple[Any, ...]
+#: A sampler setting that llama.cpp's sampler chain cannot express exactly (named in the message).
+UnsupportedLlamaCppSamplerError = UnsupportedSamplerError
 
 
 @dataclass(frozen=True)
@@ -94,73 +94,6 @@ class KeptCandidates:
         return {int(i): float(p) for i, p in zip(self.ids, self.probs, strict=True)}
 
 
-# ---- the mapping (pure: no bindings needed) ---------------------------------------------------------------
-_ARITHMETIC_OFF: dict[str, Callable[[SamplerConfig], bool]] = {
-    "temp": lambda c: c.temperature == 1.0,
-    "top_k": lambda c: not c.top_k,
-    "top_p": lambda c: c.top_p is None or c.top_p >= 1.0,
-    "min_p": lambda c: not c.min_p,
-    "typical": lambda c: c.typical_p is None or c.typical_p >= 1.0,
-    "top_n_sigma": lambda c: not c.top_n_sigma,
-    "xtc": lambda c: not c.xtc_active,
-}
-_KNOWN_FIELDS = {
-    *("greedy", "temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma", "ban_ids"),
-    *("repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_last_n"),
-    *("dry_multiplier", "dry_base", "dry_allowed_length", "dry_last_n", "dry_sequence_breakers"),
-    *("xtc_probability", "xtc_threshold", "order", "engine"),
-}
-
-
-def _penalised(cfg: SamplerConfig) -> bool:
-    return cfg.repetition_penalty != 1.0 or cfg.presence_penalty != 0.0 or cfg.frequency_penalty != 0.0
-
-
-def _refuse_unsupported(cfg: SamplerConfig) -> None:
-    if cfg.no_repeat_ngram:
-        raise UnsupportedLlamaCppSamplerError(
-            f"no_repeat_ngram={cfg.no_repeat_ngram}: llama.cpp has no no-repeat-n-gram sampler (use DRY or penalties)"
-        )
-    if cfg.penalty_alpha:
-        raise UnsupportedLlamaCppSamplerError("penalty_alpha > 0 is contrastive search, which llama.cpp does not have")
-    default = SamplerConfig()
-    for f in fields(SamplerConfig):
-        if f.name not in _KNOWN_FIELDS and f.name not in ("no_repeat_ngram", "penalty_alpha"):
-            if getattr(cfg, f.name) != getattr(default, f.name):
-                raise UnsupportedLlamaCppSamplerError(f"{f.name}={getattr(cfg, f.name)!r} has no llama.cpp mapping yet")
-    stages = [] if cfg.greedy else [s for s in ORDERS[cfg.order] if not _ARITHMETIC_OFF[s](cfg)]
-    arithmetic = (["penalties"] if _penalised(cfg) else []) + (["dry"] if cfg.dry_active else []) + stages
-    if arithmetic and cfg.engine != "llama.cpp":
-        raise UnsupportedLlamaCppSamplerError(
-            f"engine={cfg.engine!r} computes {', '.join(arithmetic)} with its own arithmetic (ties, rounding, "
-            "windows); llama.cpp's differs. Describe llama.cpp's sampler with engine='llama.cpp' (e.g. "
-            "SamplerConfig.preset('llama.cpp', ...)) to run it through llama.cpp"
-        )
-
-
-def _window(n: int | None, default: int, context_length: int) -> int:
-    """genprobe's window (None = the engine default, -1 = everything) as llama.cpp's non-negative last_n."""
-    if n is None:
-        return default
-    return context_length if n < 0 else n
-
-
-def _stage(cfg: SamplerConfig, name: str, seed: int) -> ChainStage:
-    if name == "top_n_sigma":
-        return ChainStage("top_n_sigma", (float(cfg.top_n_sigma or -1.0),))  # common.h: -1 = off
-    if name == "top_k":
-        return ChainStage("top_k", (int(cfg.top_k or 0),))
-    if name == "typical":
-        return ChainStage("typical", (float(cfg.typical_p if cfg.typical_p is not None else 1.0), 0))
-    if name == "top_p":
-        return ChainStage("top_p", (float(cfg.top_p if cfg.top_p is not None else 1.0), 0))
-    if name == "min_p":
-        return ChainStage("min_p", (float(cfg.min_p or 0.0), 0))
-    if name == "xtc":
-        return ChainStage("xtc", (float(cfg.xtc_probability), float(cfg.xtc_threshold), 0, seed))
-    return ChainStage("temp_ext", (float(cfg.temperature), 0.0, 1.0))
-
-
 def chain_stages(
     cfg: SamplerConfig,
     *,
@@ -174,20 +107,11 @@ def chain_stages(
     ``context_length`` stands for genprobe's ``-1`` windows (llama.cpp has no "whole history"); ``final`` is the
     selecting sampler: ``"dist"`` (``greedy`` for a greedy config), or None for the candidates only.
     """
-    _refuse_unsupported(cfg)
-    out: list[ChainStage] = []
-    if cfg.ban_ids:
-        out.append(ChainStage("logit_bias", (tuple(sorted(set(cfg.ban_ids))),)))
-    if _penalised(cfg):
-        last_n = _window(cfg.penalty_last_n, LLAMA_CPP_DEFAULT_PENALTY_LAST_N, context_length)
-        pen = (last_n, float(cfg.repetition_penalty), float(cfg.frequency_penalty), float(cfg.presence_penalty))
-        out.append(ChainStage("penalties", pen))
-    if cfg.dry_active:
-        dry_n = _window(cfg.dry_last_n, context_length, context_length)
-        args = (float(cfg.dry_multiplier), float(cfg.dry_base), int(cfg.dry_allowed_length), dry_n)
-        out.append(ChainStage("dry", (*args, tuple(dry_breaker_strings))))
-    if not cfg.greedy:
-        out.extend(_stage(cfg, name, seed) for name in ORDERS[cfg.order])
+    # A truncation that is off is still added with its "off" value, as common does; greedy adds none of them.
+    chain = [s for s in STAGES if not isinstance(s, Truncation)] + ([] if cfg.greedy else list(ORDERS[cfg.order]))
+    env = ChainEnv(context_length, seed, tuple(dry_breaker_strings))
+    out = [x for s in chain if (x := s.llama_cpp(cfg, env)) is not None]
+    refuse_for(cfg, "llama.cpp", "llama.cpp")
     if final is not None:
         out.append(ChainStage("greedy", ()) if cfg.greedy else ChainStage("dist", (seed,)))
     return tuple(out)
