@@ -13,12 +13,12 @@ from genprobe.engine.samplers import (
     ORDERS,
     SamplerConfig,
     kept_set_size,
-    kept_set_sizes,
     no_repeat_ngram_mask,
     process_logits,
     sample_next,
     sampling_probs,
 )
+from genprobe.experiments.sampling import order_trap
 
 PROPS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -266,9 +266,9 @@ def test_orders_differ_where_the_seed_says():
     With top-p 0.9, temp_then_trunc's kept set moves with τ, trunc_then_temp's does not.
     """
     logits = torch.log(torch.softmax(torch.linspace(4, -4, 200), 0))  # a smooth, long-tailed distribution
-    rows = kept_set_sizes(logits, [0.5, 1.0, 1.5, 2.0], top_p=0.9)
-    a = [r["trunc_then_temp"] for r in rows]
-    b = [r["temp_then_trunc"] for r in rows]
+    rows = order_trap(logits, 0.9, [0.5, 1.0, 1.5, 2.0], ("trunc_then_temp", "temp_then_trunc"))
+    a = [r.kept["trunc_then_temp"] for r in rows]
+    b = [r.kept["temp_then_trunc"] for r in rows]
     assert len(set(a)) == 1
     assert b[1] == a[1]  # τ = 1: identical
     assert b[0] < a[0] and b[2] > a[2] and b[3] > b[2]  # strictly different where τ ≠ 1

@@ -14,8 +14,6 @@ from ..engine.samplers.dry import DEFAULT_BREAKERS, tokenizer_breakers
 from ..engine.samplers.stages import ENGINES, ORDERS, PARAMS, PRESETS, SamplerConfig
 from ._common import Accumulate
 
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
-
 
 def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the sampler flags: each stage's parameters (:mod:`genprobe.engine.samplers.stages`), plus the modes."""
@@ -58,16 +56,8 @@ def sampler_flags_given(args: argparse.Namespace) -> list[str]:
 
 
 def unescape(s: str) -> str:
-    """Backslash escapes of a breaker string typed on a command line (``\\n`` → newline)."""
-    out, i = [], 0
-    while i < len(s):
-        if s[i] == "\\" and i + 1 < len(s) and s[i + 1] in _ESCAPES:
-            out.append(_ESCAPES[s[i + 1]])
-            i += 2
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
+    """Python's backslash escapes in a breaker string typed on a command line (``\\n`` → newline)."""
+    return s.encode("latin-1", "backslashreplace").decode("unicode_escape")  # non-Latin-1 text passes as \uXXXX
 
 
 def _breakers(strings: list[str] | None, tokenizer: Any) -> tuple[tuple[int, ...], ...]:

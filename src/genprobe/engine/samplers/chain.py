@@ -10,7 +10,7 @@ is undefined).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -154,19 +154,3 @@ def kept_set_size(logits: torch.Tensor, cfg: SamplerConfig, history: torch.Tenso
     if cfg.greedy:
         return 1
     return int(torch.isfinite(z).sum())
-
-
-def kept_set_sizes(
-    logits: torch.Tensor,
-    temperatures: Sequence[float],
-    top_p: float,
-    orders: Sequence[str] = ("trunc_then_temp", "temp_then_trunc"),
-) -> list[dict[str, float]]:
-    """The order-trap table (seed §3.5.5): kept-set size per temperature under each order."""
-    rows = []
-    for t in temperatures:
-        row: dict[str, float] = {"temperature": float(t)}
-        for o in orders:
-            row[o] = kept_set_size(logits, SamplerConfig(temperature=t, top_p=top_p, order=o))
-        rows.append(row)
-    return rows

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ..._io import json_safe_dict
 from .candidates import F32, Candidates, std_sort_equivalent
 from .cmath import logf
 from .dry import breaker_table, dry_penalties
@@ -227,10 +228,8 @@ class Penalties(Adjustment):
     name, what = "penalties", "penalties"
     params = (
         Param("repetition_penalty", "> 0", "1 = off", "CTRL penalty on seen tokens"),
-        Param("presence_penalty", "a finite number", "0 = off", "subtract P once per generated token id (OpenAI/vLLM)"),
-        Param(
-            "frequency_penalty", "a finite number", "0 = off", "subtract F per occurrence in the output (OpenAI/vLLM)"
-        ),
+        Param("presence_penalty", "a finite number", "0 = off", "subtract P once per generated token id"),
+        Param("frequency_penalty", "a finite number", "0 = off", "subtract F per occurrence in the output"),
         Param(
             "penalty_last_n",
             "an integer >= -1",
@@ -345,12 +344,7 @@ class Dry(Adjustment):
     params = (
         Param("dry_multiplier", ">= 0", "0 = off", "DRY strength (llama.cpp)"),
         Param("dry_base", ">= 1", "llama.cpp disables DRY below 1", "DRY base, default 1.75"),
-        Param(
-            "dry_allowed_length",
-            "an integer >= 1",
-            "repeats up to this length are free",
-            "DRY's free repeat length, default 2",
-        ),
+        Param("dry_allowed_length", "an integer >= 1", "repeats up to this length are free", "DRY: default 2"),
         Param("dry_last_n", "an integer >= -1", "-1 = the whole context, 0 = DRY off", "tokens DRY scans, default -1"),
     )
     other_fields = ("dry_sequence_breakers",)
@@ -391,14 +385,7 @@ class Contrastive(Stage):
     """Contrastive search (:mod:`genprobe.engine.contrastive`): a decoding mode, no logits transform."""
 
     name, what = "contrastive", "contrastive search (penalty_alpha > 0)"
-    params = (
-        Param(
-            "penalty_alpha",
-            "in [0, 1]",
-            "0 = off; contrastive search",
-            "contrastive search degeneration penalty, with --top-k",
-        ),
-    )
+    params = (Param("penalty_alpha", "in [0, 1]", "0 = off; contrastive search", "degeneration penalty, with --top-k"),)
 
     def active(self, c: SamplerConfig) -> bool:
         return c.penalty_alpha > 0
@@ -421,6 +408,29 @@ class Contrastive(Stage):
 
 # ---- truncations and temperature: placed by ORDERS, skipped when greedy ------------------------------
 class Truncation(Stage):
+    """A stage with one switch parameter (its first) whose value ``off`` leaves the logits alone."""
+
+    off: ClassVar[float] = 0.0
+    vllm_name: ClassVar[str | None] = None  # its SamplingParams keyword; None: vLLM has no such sampler
+    chain_args: ClassVar[tuple[Any, ...]] = ()  # llama.cpp's init arguments after the value (min_keep 0)
+
+    def value(self, c: SamplerConfig) -> float:
+        """The switch parameter, ``off`` for None (the form vLLM and llama.cpp take)."""
+        v = getattr(c, self.params[0].name)
+        v = self.off if v is None else v
+        return int(v) if self.params[0].integer else float(v)
+
+    def active(self, c: SamplerConfig) -> bool:
+        return self.value(c) != self.off
+
+    def vllm(self, c: SamplerConfig, vocab: int) -> dict[str, Any]:
+        if self.vllm_name is None:
+            return super().vllm(c, vocab)
+        return {} if c.greedy else {self.vllm_name: self.value(c)}
+
+    def llama_cpp(self, c: SamplerConfig, env: ChainEnv) -> ChainStage | None:
+        return ChainStage(self.name, (self.value(c), *self.chain_args))
+
     def logits(self, z: torch.Tensor, c: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
         """The ``genprobe`` / ``hf`` / ``vllm`` arithmetic on (B, V) logits (only called while active)."""
         raise NotImplementedError
@@ -431,11 +441,8 @@ class Truncation(Stage):
 
 
 class Temperature(Truncation):
-    name, what = "temp", "temperature"
+    name, what, off = "temp", "temperature", 1.0
     params = (Param("temperature", "a finite number", "1 = off", "divide logits by T > 0"),)
-
-    def active(self, c: SamplerConfig) -> bool:
-        return c.temperature != 1.0
 
     def check(self, c: SamplerConfig) -> None:
         if not c.greedy and c.penalty_alpha <= 0 and c.temperature <= 0:
@@ -454,44 +461,30 @@ class Temperature(Truncation):
         a.logit = (a.logit / F32(c.temperature)).astype(F32)  # llama_sampler_temp_impl
 
     def vllm(self, c: SamplerConfig, vocab: int) -> dict[str, Any]:
-        return {"temperature": 0.0 if c.greedy else float(c.temperature)}  # vLLM's greedy: an explicit argmax
+        return {"temperature": 0.0 if c.greedy else self.value(c)}  # vLLM's greedy: an explicit argmax
 
     def llama_cpp(self, c: SamplerConfig, env: ChainEnv) -> ChainStage | None:
-        return ChainStage("temp_ext", (float(c.temperature), 0.0, 1.0))
+        return ChainStage("temp_ext", (self.value(c), 0.0, 1.0))
 
 
 class TopK(Truncation):
     """Keep the ``k`` largest logits: ties at the k-th value all kept (HF, vLLM); llama.cpp keeps exactly k (which
     tied ids survive is left to ``std::partial_sort`` there — here the lower ids, from a stable sort)."""
 
-    name, what = "top_k", "top_k"
+    name, what, vllm_name = "top_k", "top_k", "top_k"
     params = (
-        Param(
-            "top_k",
-            "an integer >= 0",
-            "0 or None = off",
-            "keep the K most likely tokens; with --penalty-alpha: candidates",
-        ),
+        Param("top_k", "an integer >= 0", "0 or None = off", "keep the K likeliest (candidates with --penalty-alpha)"),
     )
 
-    def active(self, c: SamplerConfig) -> bool:
-        return bool(c.top_k)
-
     def logits(self, z: torch.Tensor, c: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
-        k = int(c.top_k or 0)
+        k = int(self.value(c))
         if k >= z.shape[-1]:
             return z
         return z.masked_fill(z < torch.topk(z, k, dim=-1).values[..., -1:], NEG_INF)
 
     def candidates(self, a: Candidates, c: SamplerConfig, draw: float) -> None:
         a.sort()
-        a.take(np.arange(min(int(c.top_k or 0), len(a.ids))))
-
-    def vllm(self, c: SamplerConfig, vocab: int) -> dict[str, Any]:
-        return {} if c.greedy else {"top_k": int(c.top_k or 0)}
-
-    def llama_cpp(self, c: SamplerConfig, env: ChainEnv) -> ChainStage | None:
-        return ChainStage("top_k", (int(c.top_k or 0),))
+        a.take(np.arange(min(int(self.value(c)), len(a.ids))))
 
 
 class TopP(Truncation):
@@ -505,14 +498,11 @@ class TopP(Truncation):
     * ``llama.cpp``: keep up to the first token whose running float32 sum is ``>= p``.
     """
 
-    name, what = "top_p", "top_p"
+    name, what, off, vllm_name, chain_args = "top_p", "top_p", 1.0, "top_p", (0,)
     params = (Param("top_p", "in (0, 1]", "1 or None = off", "nucleus: smallest set whose mass reaches P"),)
 
-    def active(self, c: SamplerConfig) -> bool:
-        return c.top_p is not None and c.top_p < 1.0
-
     def logits(self, z: torch.Tensor, c: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
-        p = float(c.top_p or 1.0)
+        p = self.value(c)
         if c.engine == "genprobe":
             srt, idx = torch.sort(z.double(), dim=-1, descending=True, stable=True)
             cum = torch.softmax(srt, dim=-1).cumsum(-1)
@@ -532,47 +522,32 @@ class TopP(Truncation):
     def candidates(self, a: Candidates, c: SamplerConfig, draw: float) -> None:
         a.softmax(do_sort=False)  # llama_sampler_top_p_apply (min_keep 0)
         a.sort()
-        reached = np.nonzero(np.cumsum(a.p, dtype=F32) >= F32(c.top_p))[0]
+        reached = np.nonzero(np.cumsum(a.p, dtype=F32) >= F32(self.value(c)))[0]
         if len(reached):
             a.take(np.arange(reached[0] + 1))
-
-    def vllm(self, c: SamplerConfig, vocab: int) -> dict[str, Any]:
-        return {} if c.greedy else {"top_p": float(c.top_p) if c.top_p is not None else 1.0}
-
-    def llama_cpp(self, c: SamplerConfig, env: ChainEnv) -> ChainStage | None:
-        return ChainStage("top_p", (float(c.top_p if c.top_p is not None else 1.0), 0))
 
 
 class MinP(Truncation):
     """Keep tokens whose probability is at least ``p`` × the top one; llama.cpp compares *logits*:
     ``logit >= max_logit + logf(p)`` (array order kept when unsorted)."""
 
-    name, what = "min_p", "min_p"
+    name, what, vllm_name, chain_args = "min_p", "min_p", "min_p", (0,)
     params = (Param("min_p", "in [0, 1]", "0 or None = off", "keep tokens with p >= M * p_max"),)
-
-    def active(self, c: SamplerConfig) -> bool:
-        return bool(c.min_p)
 
     def logits(self, z: torch.Tensor, c: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
         probs = torch.softmax(z, dim=-1)
-        return z.masked_fill(probs < probs.amax(dim=-1, keepdim=True) * (c.min_p or 0.0), NEG_INF)
+        return z.masked_fill(probs < probs.amax(dim=-1, keepdim=True) * self.value(c), NEG_INF)
 
     def candidates(self, a: Candidates, c: SamplerConfig, draw: float) -> None:
         if not len(a.ids):
             return
         with np.errstate(divide="ignore"):  # a denormal p rounds to 0 in float32: logf gives -inf, as in C
-            min_logit = F32(a.logit.max() + logf(F32(c.min_p)))
+            min_logit = F32(a.logit.max() + logf(F32(self.value(c))))
         if a.sorted:
             below = np.nonzero(a.logit[1:] < min_logit)[0]
             a.take(np.arange(below[0] + 1 if len(below) else len(a.ids)))
         else:
             a.take(np.nonzero(a.logit >= min_logit)[0])
-
-    def vllm(self, c: SamplerConfig, vocab: int) -> dict[str, Any]:
-        return {} if c.greedy else {"min_p": float(c.min_p or 0.0)}
-
-    def llama_cpp(self, c: SamplerConfig, env: ChainEnv) -> ChainStage | None:
-        return ChainStage("min_p", (float(c.min_p or 0.0), 0))
 
 
 class Typical(Truncation):
@@ -581,11 +556,8 @@ class Typical(Truncation):
     ``-inf`` candidate (p = 0) makes the entropy NaN (``0·log 0``), every surprisal NaN, and typical-p cuts like
     a top-p with ``>`` over the order libstdc++'s ``std::sort`` leaves all-equivalent elements in."""
 
-    name, what = "typical", "typical_p (locally typical sampling)"
+    name, what, off, chain_args = "typical", "typical_p (locally typical sampling)", 1.0, (0,)
     params = (Param("typical_p", "in (0, 1]", "1 or None = off", "locally typical sampling mass (HF semantics)"),)
-
-    def active(self, c: SamplerConfig) -> bool:
-        return c.typical_p is not None and c.typical_p < 1.0
 
     def logits(self, z: torch.Tensor, c: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
         normalized = torch.nn.functional.log_softmax(z, dim=-1)
@@ -594,7 +566,7 @@ class Typical(Truncation):
         shifted = torch.abs((-normalized) - ent)
         sorted_scores, sorted_indices = torch.sort(shifted, descending=False)
         cumulative = z.gather(-1, sorted_indices).softmax(dim=-1).cumsum(dim=-1)
-        last_ind = (cumulative < (c.typical_p or 1.0)).sum(dim=1).clamp_(max=sorted_scores.shape[-1] - 1)
+        last_ind = (cumulative < self.value(c)).sum(dim=1).clamp_(max=sorted_scores.shape[-1] - 1)
         remove_sorted = sorted_scores > sorted_scores.gather(1, last_ind.view(-1, 1))
         remove_sorted[..., :1] = False
         return z.masked_fill(remove_sorted.scatter(1, sorted_indices, remove_sorted), NEG_INF)
@@ -607,12 +579,9 @@ class Typical(Truncation):
             shifted = np.abs(-logp - entropy, dtype=F32)
         # All-NaN keys compare false both ways: std::sort permutes "equal" elements its own way.
         order = np.argsort(shifted, kind="stable") if not np.isnan(entropy) else std_sort_equivalent(len(a.ids))
-        over = np.nonzero(np.cumsum(a.p[order], dtype=F32) > F32(c.typical_p))[0]
+        over = np.nonzero(np.cumsum(a.p[order], dtype=F32) > F32(self.value(c)))[0]
         a.take(order[: over[0] + 1] if len(over) else order)
         a.sorted = False
-
-    def llama_cpp(self, c: SamplerConfig, env: ChainEnv) -> ChainStage | None:
-        return ChainStage("typical", (float(c.typical_p if c.typical_p is not None else 1.0), 0))
 
 
 class TopNSigma(Truncation):
@@ -622,16 +591,13 @@ class TopNSigma(Truncation):
     name, what = "top_n_sigma", "top_n_sigma"
     params = (Param("top_n_sigma", ">= 0", "0 or None = off", "keep logits >= max - N*sigma (llama.cpp semantics)"),)
 
-    def active(self, c: SamplerConfig) -> bool:
-        return bool(c.top_n_sigma)
-
     def logits(self, z: torch.Tensor, c: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
         finite = torch.isfinite(z)
         count = finite.sum(-1, keepdim=True).clamp(min=1)
         mean = torch.where(finite, z, torch.zeros_like(z)).sum(-1, keepdim=True) / count
         var = torch.where(finite, (z - mean) ** 2, torch.zeros_like(z)).sum(-1, keepdim=True) / count
         top = torch.where(finite, z, torch.full_like(z, NEG_INF)).amax(-1, keepdim=True)
-        return z.masked_fill(z < top - (c.top_n_sigma or 0.0) * var.sqrt(), NEG_INF)
+        return z.masked_fill(z < top - self.value(c) * var.sqrt(), NEG_INF)
 
     def candidates(self, a: Candidates, c: SamplerConfig, draw: float) -> None:
         if len(a.ids) <= 1:
@@ -643,12 +609,12 @@ class TopNSigma(Truncation):
         for x in finite:  # acc (float) += pow(x − mean, 2) (a double)
             acc = F32(float(acc) + float(F32(x - mean)) ** 2)
         std = F32(np.sqrt(F32(acc / count)))
-        cut = F32(finite.max() - F32(F32(c.top_n_sigma or 0.0) * std))
+        cut = F32(finite.max() - F32(F32(self.value(c)) * std))
         a.logit = np.where(a.logit < cut, F32(-np.inf), a.logit).astype(F32)
         a.softmax(do_sort=True)
 
     def llama_cpp(self, c: SamplerConfig, env: ChainEnv) -> ChainStage | None:
-        return ChainStage("top_n_sigma", (float(c.top_n_sigma or -1.0),))  # common.h: -1 = off
+        return ChainStage(self.name, (self.value(c) or -1.0,))  # common.h: -1 = off
 
 
 class Xtc(Truncation):
@@ -661,12 +627,7 @@ class Xtc(Truncation):
     name, what = "xtc", "XTC (xtc_probability > 0)"
     params = (
         Param("xtc_probability", "in [0, 1]", "0 = off", "XTC: chance per step to exclude top choices"),
-        Param(
-            "xtc_threshold",
-            "in [0, 1]",
-            "above 0.5 XTC is off",
-            "XTC: probability that makes a top choice, default 0.1",
-        ),
+        Param("xtc_threshold", "in [0, 1]", "above 0.5 XTC is off", "XTC: what makes a top choice, default 0.1"),
     )
 
     def active(self, c: SamplerConfig) -> bool:
@@ -877,10 +838,7 @@ class SamplerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (every parameter, the resolved engine included)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}  # asdict() deep-copies: slow per call
-        d["ban_ids"] = list(self.ban_ids)
-        d["dry_sequence_breakers"] = [list(s) for s in self.dry_sequence_breakers]
-        return d
+        return json_safe_dict({f.name: getattr(self, f.name) for f in fields(self)})  # asdict() deep-copies: slow
 
 
 @dataclass(frozen=True, eq=False)
