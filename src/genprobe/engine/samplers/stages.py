@@ -292,11 +292,7 @@ class Penalties(Adjustment):
             raise UnsupportedSamplerError(
                 f"penalty_last_n={c.penalty_last_n}: vLLM's penalties see the whole prompt and output, it has no window"
             )
-        return {
-            "repetition_penalty": float(c.repetition_penalty),
-            "presence_penalty": float(c.presence_penalty),
-            "frequency_penalty": float(c.frequency_penalty),
-        }
+        return {p.name: float(getattr(c, p.name)) for p in self.params if p.name != "penalty_last_n"}  # same names
 
     def llama_cpp(self, c: SamplerConfig, env: ChainEnv) -> ChainStage | None:
         """llama.cpp clamps a negative window to 0 = *off*: genprobe's -1 becomes the context length."""
@@ -728,14 +724,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "hf": {"top_k": 50},  # GenerationConfig default: generate(do_sample=True) adds top_k=50
     "vllm": {},
     # common/common.h (common_params_sampling): penalty_last_n and dry_penalty_last_n are both 64
-    "llama.cpp": {
-        "temperature": 0.8,
-        "top_k": 40,
-        "top_p": 0.95,
-        "min_p": 0.05,
-        "penalty_last_n": 64,
-        "dry_last_n": 64,
-    },
+    "llama.cpp": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, penalty_last_n=64, dry_last_n=64),
 }
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Self, Sequence
 
 import numpy as np
 
@@ -96,6 +96,19 @@ def chain_stages(
     return tuple(out)
 
 
+class Closeable:
+    """Owns a llama.cpp object that :meth:`close` frees (idempotently); as a context manager, closed on exit."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # ---- the vocabulary DRY needs ------------------------------------------------------------------------------
 _QUIET_LOG: Any = None  # the ctypes callback must outlive every call that may log
 
@@ -108,7 +121,7 @@ def _quiet(lc: ModuleType) -> None:
         lc.llama_log_set(_QUIET_LOG, ctypes.c_void_p(0))
 
 
-class LlamaVocab:
+class LlamaVocab(Closeable):
     """A GGUF file's vocabulary only (``vocab_only=True``: no weights): what ``llama_sampler_init_dry`` needs.
 
     Use as a context manager (``llama_model_free`` on exit). :meth:`dry_breakers` expands breaker strings into
@@ -165,12 +178,6 @@ class LlamaVocab:
         if self._model:
             self.lc.llama_model_free(self._model)
             self._model = None
-
-    def __enter__(self) -> "LlamaVocab":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _check_breakers(cfg: SamplerConfig, strings: Sequence[str], vocab: LlamaVocab | None) -> None:
@@ -286,7 +293,7 @@ def chain_candidates(
     return KeptCandidates(ids=ids, logits=lg, probs=p, sorted=is_sorted, stages=chain.stages)
 
 
-class LlamaCppSampler:
+class LlamaCppSampler(Closeable):
     """llama.cpp's sampler chain for one sequence: :meth:`accept` each token, :meth:`sample` the next one.
 
     ``with LlamaCppSampler(cfg, n_vocab=V, context_length=C) as s: s.accept_all(prompt); t = s.sample(row)``.
@@ -355,12 +362,6 @@ class LlamaCppSampler:
         if self._chain is not None:
             self.lc.llama_sampler_free(self._chain)
             self._chain = None
-
-    def __enter__(self) -> "LlamaCppSampler":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __del__(self) -> None:  # a forgotten close() must not leak the C chain
         try:
