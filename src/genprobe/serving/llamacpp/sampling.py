@@ -20,7 +20,7 @@ expansion must equal the config's ``dry_sequence_breakers``. The draw, ``llama_s
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
@@ -64,7 +64,6 @@ class KeptCandidates:
     logits: np.ndarray
     probs: np.ndarray
     sorted: bool
-    stages: tuple[ChainStage, ...] = field(default=())
 
     def as_dict(self) -> dict[int, float]:
         """``{id: probability}``."""
@@ -290,7 +289,7 @@ def chain_candidates(
     kept = arr.rows()
     live = kept["logit"] != -np.inf
     ids, lg, p = kept["id"][live], kept["logit"][live], kept["p"][live]
-    return KeptCandidates(ids=ids, logits=lg, probs=p, sorted=is_sorted, stages=chain.stages)
+    return KeptCandidates(ids=ids, logits=lg, probs=p, sorted=is_sorted)
 
 
 class LlamaCppSampler(Closeable):
