@@ -164,13 +164,17 @@ class Bans(Adjustment):
         if any(i < 0 for i in c.ban_ids):
             raise ValueError(f"ban_ids must be token ids >= 0, got {list(c.ban_ids)}")
 
-    def adjust(self, z: torch.Tensor, history: torch.Tensor, c: SamplerConfig, prompt_len: int) -> torch.Tensor:
-        V = z.shape[1]
-        bad = [i for i in c.ban_ids if i >= V]
+    @staticmethod
+    def check_vocab(c: SamplerConfig, vocab: int, error: type[ValueError] = ValueError) -> None:
+        """Raise ``error`` when a banned id is outside the vocabulary or every id is banned."""
+        bad = sorted(i for i in set(c.ban_ids) if i >= vocab)
         if bad:
-            raise ValueError(f"ban_ids {bad} outside the vocabulary of {V} tokens")
-        if len(set(c.ban_ids)) >= V:
-            raise ValueError(f"ban_ids ban all {V} tokens: nothing left to generate")
+            raise error(f"ban_ids {bad} are outside the vocabulary of {vocab}")
+        if len(set(c.ban_ids)) >= vocab:
+            raise error(f"ban_ids ban all {vocab} tokens: nothing left to generate")
+
+    def adjust(self, z: torch.Tensor, history: torch.Tensor, c: SamplerConfig, prompt_len: int) -> torch.Tensor:
+        self.check_vocab(c, z.shape[1])
         out = z.clone()
         out[:, list(c.ban_ids)] = NEG_INF
         return out
@@ -179,13 +183,8 @@ class Bans(Adjustment):
         """An exact whitelist: vLLM's ``logit_bias`` is clamped to ±100, which is not a ban."""
         if not c.ban_ids:
             return {}
-        bad = sorted(i for i in set(c.ban_ids) if i >= vocab)
-        if bad:
-            raise UnsupportedSamplerError(f"ban_ids {bad} are outside the model's {vocab} ids")
-        allowed = [i for i in range(vocab) if i not in set(c.ban_ids)]
-        if not allowed:
-            raise UnsupportedSamplerError(f"ban_ids ban all {vocab} ids: nothing left to generate")
-        return {"allowed_token_ids": allowed}
+        self.check_vocab(c, vocab, UnsupportedSamplerError)
+        return {"allowed_token_ids": [i for i in range(vocab) if i not in set(c.ban_ids)]}
 
     def llama_cpp(self, c: SamplerConfig, env: ChainEnv) -> ChainStage | None:
         """``-INFINITY`` logit biases, first (as common does with suppressed tokens)."""

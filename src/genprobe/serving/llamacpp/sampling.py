@@ -31,6 +31,7 @@ import numpy as np
 from ...engine.samplers import SamplerConfig
 from ...engine.samplers.dry import breakers_from_strings
 from ...engine.samplers.stages import (
+    BANS,
     ORDERS,
     STAGES,
     ChainEnv,
@@ -317,9 +318,7 @@ class LlamaCppSampler(Closeable):
             cfg, context_length=context_length, dry_breaker_strings=strings, seed=seed, final=final
         )
         _check_breakers(cfg, dry_breaker_strings, vocab)
-        outside = sorted(i for i in set(cfg.ban_ids) if i >= n_vocab)
-        if outside:  # llama.cpp's logit_bias would skip them silently
-            raise UnsupportedLlamaCppSamplerError(f"ban_ids {outside} are outside the vocabulary of {n_vocab}")
+        BANS.check_vocab(cfg, n_vocab, UnsupportedSamplerError)  # llama.cpp's logit_bias would skip them silently
         self.n_vocab = n_vocab
         self._chain = build_chain(self.lc, self.stages, vocab, n_vocab)
 
