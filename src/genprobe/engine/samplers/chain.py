@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .candidates import Candidates
-from .stages import ADJUSTMENTS, XTC, SamplerConfig, Truncation, active_truncations
+from .stages import XTC, SamplerConfig, Truncation
 
 
 def check_logits(logits: torch.Tensor, sampling: bool = True) -> bool:
@@ -57,18 +57,18 @@ def adjust_logits(
     """Bans, penalties, no-repeat-n-gram and DRY (the order-independent first stages); a new float32 tensor."""
     B, V = logits.shape
     out = logits.float()
-    hist = _as_history(history, B, V) if cfg.uses_history else None
-    if hist is None:  # no stage will read it
-        hist = torch.empty(B, 0, dtype=torch.long, device=logits.device)
-    for stage in ADJUSTMENTS:  # every stage is out of place
-        if stage.active(cfg):
+    if cfg.adjustments:
+        hist = _as_history(history, B, V) if cfg.uses_history else None
+        if hist is None:  # no stage will read it
+            hist = torch.empty(B, 0, dtype=torch.long, device=logits.device)
+        for stage in cfg.adjustments:  # every stage is out of place
             out = stage.adjust(out, hist, cfg, prompt_len)
     return out.clone() if out is logits else out
 
 
 def run_stages(z: torch.Tensor, cfg: SamplerConfig, generator: torch.Generator | None = None) -> torch.Tensor:
     """The order's active truncation/temperature stages with the engine's arithmetic."""
-    stages = active_truncations(cfg)
+    stages = cfg.truncations
     draws = XTC.draws(z.shape[0], generator) if XTC in stages else None
     if cfg.engine == "llama.cpp":
         return _on_candidates(z, stages, cfg, draws)
@@ -78,7 +78,7 @@ def run_stages(z: torch.Tensor, cfg: SamplerConfig, generator: torch.Generator |
 
 
 def _on_candidates(
-    logits: torch.Tensor, stages: list[Truncation], cfg: SamplerConfig, draws: torch.Tensor | None
+    logits: torch.Tensor, stages: tuple[Truncation, ...], cfg: SamplerConfig, draws: torch.Tensor | None
 ) -> torch.Tensor:
     """llama.cpp's arithmetic: each row's candidate array through ``stages``; removed tokens come back ``-inf``."""
     out = torch.full_like(logits, float("-inf"))

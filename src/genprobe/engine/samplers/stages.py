@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -75,7 +76,7 @@ class Param:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
-    @property
+    @cached_property
     def integer(self) -> bool:
         return self.limit.startswith("an integer")
 
@@ -798,18 +799,29 @@ class SamplerConfig:
         """True when XTC may remove tokens (llama.cpp: probability > 0 and threshold ≤ 0.5)."""
         return XTC.active(self)
 
-    @property
+    # Cached: a config is immutable, and the chain asks these at every decoding step.
+    @cached_property
     def uses_history(self) -> bool:
         """True when some stage reads the token history (penalties, no-repeat-n-gram, DRY)."""
         penalties = PENALTIES.active(self) and self.penalty_last_n != 0
         return penalties or NO_REPEAT_NGRAM.active(self) or DRY.active(self)
 
-    @property
+    @cached_property
+    def adjustments(self) -> tuple[Adjustment, ...]:
+        """The adjustments that act under this config, in the order they run."""
+        return tuple(s for s in ADJUSTMENTS if s.active(self))
+
+    @cached_property
+    def truncations(self) -> tuple[Truncation, ...]:
+        """The truncation stages that act under this config, in its order (none when greedy)."""
+        return tuple(active_truncations(self))
+
+    @cached_property
     def is_identity(self) -> bool:
         """True when processing cannot change the outcome (plain greedy / plain τ=1 sampling)."""
         if self.uses_history or self.ban_ids:
             return False
-        return self.greedy or not active_truncations(self)
+        return self.greedy or not self.truncations
 
     # A SamplingParams and a SamplerConfig with the same parameters are the same sampler (dataclass equality
     # would compare the classes too).
