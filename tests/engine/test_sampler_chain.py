@@ -13,13 +13,12 @@ from genprobe.engine.samplers import (
     ORDERS,
     SamplerConfig,
     kept_set_size,
-    kept_set_sizes,
     no_repeat_ngram_mask,
     process_logits,
     sample_next,
     sampling_probs,
-    top_p_filter,
 )
+from genprobe.experiments.sampling import order_trap
 
 PROPS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -197,7 +196,7 @@ def test_probabilities_finite_and_sum_to_one_and_kept_set_nonempty(row, cfg, his
 @given(row=logit_rows, p=st.floats(min_value=1e-3, max_value=1.0))
 def test_top_p_keeps_smallest_prefix_reaching_p(row, p):
     logits = torch.tensor([row])
-    kept = torch.isfinite(top_p_filter(logits, p))[0]
+    kept = torch.isfinite(process_logits(logits, None, SamplerConfig(top_p=p)))[0]  # genprobe's top-p
     probs = torch.softmax(logits, -1)[0].double()
     order = torch.argsort(probs, descending=True)
     m = int(kept.sum())
@@ -267,9 +266,9 @@ def test_orders_differ_where_the_seed_says():
     With top-p 0.9, temp_then_trunc's kept set moves with τ, trunc_then_temp's does not.
     """
     logits = torch.log(torch.softmax(torch.linspace(4, -4, 200), 0))  # a smooth, long-tailed distribution
-    rows = kept_set_sizes(logits, [0.5, 1.0, 1.5, 2.0], top_p=0.9)
-    a = [r["trunc_then_temp"] for r in rows]
-    b = [r["temp_then_trunc"] for r in rows]
+    rows = order_trap(logits, 0.9, [0.5, 1.0, 1.5, 2.0], ("trunc_then_temp", "temp_then_trunc"))
+    a = [r.kept["trunc_then_temp"] for r in rows]
+    b = [r.kept["temp_then_trunc"] for r in rows]
     assert len(set(a)) == 1
     assert b[1] == a[1]  # τ = 1: identical
     assert b[0] < a[0] and b[2] > a[2] and b[3] > b[2]  # strictly different where τ ≠ 1

@@ -1,7 +1,7 @@
 """genprobe's llama.cpp preset against llama.cpp's *real* sampler chain (llama-cpp-python 0.3.36, its C API).
 
 The same logits and history go through ``process_logits`` with ``engine="llama.cpp"`` (genprobe's float32
-replay, :mod:`genprobe.engine.samplers.llamacpp`) and through the chain :mod:`genprobe.serving.llamacpp.sampling`
+replay, :mod:`genprobe.engine.samplers.candidates`) and through the chain :mod:`genprobe.serving.llamacpp.sampling`
 builds from the config (``llama_sampler_chain_init`` + ``llama_sampler_init_*``, every history token accepted
 first). The kept ids must be the same set and the probabilities equal to float32 rounding; the logits after
 the chain must be bit-identical. Where a tie makes llama.cpp's kept set implementation-defined (top-k and XTC
@@ -125,7 +125,7 @@ def test_typical(row, p):
 @pytest.mark.parametrize("n", [8, 16, 17, 40, 300])
 def test_typical_nan_order_is_libstdcxx_sort(n):
     """-inf candidates make typical-p's entropy NaN: std::sort then permutes the all-"equal" keys its own way
-    (above 16 elements); the replay must follow it (llamacpp.std_sort_equivalent)."""
+    (above 16 elements); the replay must follow it (candidates.std_sort_equivalent)."""
     rng = np.random.default_rng(n)
     row = rng.normal(0, 2, n).astype(F32)
     row[::7] = NEG

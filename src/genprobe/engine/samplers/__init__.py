@@ -17,20 +17,11 @@ Stages (each maps logits (B, V) → logits (B, V); a removed token gets ``-inf``
 ``llama.cpp``       top-n-σ → top-k → typical → top-p → min-p → XTC → τ (common_params_sampling)
 ==================  =====================================================================
 
-``engine`` decides each stage's arithmetic and each penalty's scope; it defaults to the order's
-name when that is an engine (``hf``, ``vllm``, ``llama.cpp``), else ``genprobe``:
-
-* ``hf`` — transformers' processors and warpers, op for op: top-p sorts ascending and drops tied
-  tokens of lower id first, compares with ``float32(1 − p)``; top-k keeps ties; repetition
-  penalty over prompt + output.
-* ``vllm`` — vLLM's PyTorch sampler: 0 < τ < 0.01 raised to 0.01; top-p threshold ``1 − p``
-  computed in float32; repetition penalty over prompt ∪ output as a multiplication by ``1/p``;
-  presence/frequency on output tokens.
-* ``llama.cpp`` — its candidate-array samplers in float32: top-k keeps exactly k, min-p compares
-  logits, penalties count the last ``penalty_last_n`` (64) tokens, prompt included.
-* ``genprobe`` — exact arithmetic (float64 nucleus mass, ties broken by lower token id, the
-  report lab's rules); penalties like HF (repetition) and vLLM (presence/frequency), optionally
-  windowed.
+``engine`` decides each stage's arithmetic and each penalty's scope (each stage's docstring in
+:mod:`.stages` says how): ``hf`` (transformers' processors and warpers, op for op), ``vllm`` (its PyTorch
+sampler), ``llama.cpp`` (its float32 candidate-array samplers; penalties over the last 64 tokens) or
+``genprobe`` (exact: float64 nucleus mass, ties to the lower id). It defaults to the order's name when that
+is an engine, else ``genprobe``.
 
 **Presets.** ``SamplerConfig.preset(name, **overrides)`` returns the engine's own defaults with its
 order and arithmetic; ``order=...`` (or any other field) may be overridden:
@@ -45,40 +36,22 @@ order and arithmetic; ``order=...`` (or any other field) may be overridden:
 A bare ``SamplerConfig(order="llama.cpp", top_p=0.9)`` uses llama.cpp's arithmetic and order
 but only the parameters given.
 
-New samplers (each with its engine's semantics): DRY and XTC (llama.cpp, see
-:mod:`genprobe.engine.samplers.dry`, :mod:`~genprobe.engine.samplers.xtc`), typical-p (HF
-TypicalLogitsWarper), top-n-σ (llama.cpp), contrastive search (``penalty_alpha`` with ``top_k``;
-:mod:`genprobe.engine.contrastive`, HF semantics).
-
 Greedy is its own path: the argmax of the adjusted logits, never emulated with τ≈0. NaN logits
 raise ValueError in every path.
 
 Modules (one concept each)::
 
-    config      SamplerConfig, orders, engines, presets
-    penalties   bans, repetition / presence / frequency penalties, no-repeat-n-gram
-    dry         llama.cpp's DRY
-    xtc         llama.cpp's XTC
-    truncation  temperature, top-k, top-p, min-p, typical-p, top-n-σ (genprobe / HF / vLLM arithmetic)
-    llamacpp    the same stages on llama.cpp's float32 candidate array
+    stages      one class per sampler (its fields, validation, CLI flags, each engine's arithmetic, its
+                vLLM / llama.cpp form), ORDERS, and SamplerConfig with the engines' presets
+    chain       process_logits, sample_next and friends: the stages in order
+    candidates  llama.cpp's float32 candidate array
+    dry         llama.cpp's DRY matching and sequence breakers
     cmath       C's expf / logf, as llama.cpp's samplers call them (numpy's float32 ones differ by an ulp)
-    chain       process_logits, sample_next and friends
 """
 
-from .chain import (
-    adjust_logits,
-    check_logits,
-    kept_set_size,
-    kept_set_sizes,
-    process_logits,
-    run_stages,
-    sample_next,
-    sampling_probs,
-)
-from .config import ENGINES, ORDERS, PRESETS, SamplerConfig, SamplingParams
+from .chain import adjust_logits, check_logits, kept_set_size, process_logits, sample_next, sampling_probs
 from .dry import DEFAULT_BREAKERS, breakers_from_strings, dry_penalties, tokenizer_breakers
-from .penalties import no_repeat_ngram_mask
-from .truncation import top_p_genprobe as top_p_filter
+from .stages import ENGINES, ORDERS, PRESETS, SamplerConfig, SamplingParams, no_repeat_ngram_mask
 
 __all__ = [
     "DEFAULT_BREAKERS",
@@ -92,12 +65,9 @@ __all__ = [
     "check_logits",
     "dry_penalties",
     "kept_set_size",
-    "kept_set_sizes",
     "no_repeat_ngram_mask",
     "process_logits",
-    "run_stages",
     "sample_next",
     "sampling_probs",
     "tokenizer_breakers",
-    "top_p_filter",
 ]

@@ -10,18 +10,12 @@ is undefined).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any
 
 import torch
 
-from . import truncation as tr
-from .config import ORDERS, SamplerConfig
-from .dry import apply_dry
-from .llamacpp import apply_llama_cpp_stages
-from .penalties import apply_bans, apply_penalties, no_repeat_ngram_mask
-from .xtc import xtc, xtc_draws
-
-NEG_INF = float("-inf")
+from .candidates import Candidates
+from .stages import XTC, SamplerConfig, Truncation
 
 
 def check_logits(logits: torch.Tensor, sampling: bool = True) -> bool:
@@ -63,46 +57,37 @@ def adjust_logits(
     """Bans, penalties, no-repeat-n-gram and DRY (the order-independent first stages); a new float32 tensor."""
     B, V = logits.shape
     out = logits.float()
-    hist = _as_history(history, B, V) if cfg.uses_history else None
-    if hist is not None:
-        out = apply_penalties(out, hist, cfg, prompt_len)
-        if cfg.no_repeat_ngram:
-            out = out.masked_fill(no_repeat_ngram_mask(hist, cfg.no_repeat_ngram, V), NEG_INF)
-        if cfg.dry_active:
-            out = apply_dry(out, hist, cfg)
-    if cfg.ban_ids:
-        out = apply_bans(out, cfg.ban_ids)
-    return out.clone() if out is logits else out  # every step above is out of place
-
-
-def _torch_stage(z: torch.Tensor, stage: str, cfg: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
-    assert cfg.engine is not None  # SamplerConfig.__post_init__ resolves it
-    if stage == "temp":
-        return tr.temperature(z, cfg.temperature, cfg.engine)
-    if stage == "top_k":
-        return tr.top_k(z, cfg.top_k or 0)
-    if stage == "top_p":
-        p = cfg.top_p if cfg.top_p is not None else 1.0
-        return tr.top_p_genprobe(z, p) if cfg.engine == "genprobe" else tr.top_p_ascending(z, p, cfg.engine)
-    if stage == "min_p":
-        return tr.min_p(z, cfg.min_p or 0.0)
-    if stage == "typical":
-        return tr.typical(z, cfg.typical_p if cfg.typical_p is not None else 1.0)
-    if stage == "top_n_sigma":
-        return tr.top_n_sigma(z, cfg.top_n_sigma or 0.0)
-    if stage == "xtc" and draws is not None:
-        return xtc(z, cfg.xtc_probability, cfg.xtc_threshold, draws)
-    return z
+    if cfg.adjustments:
+        hist = _as_history(history, B, V) if cfg.uses_history else None
+        if hist is None:  # no stage will read it
+            hist = torch.empty(B, 0, dtype=torch.long, device=logits.device)
+        for stage in cfg.adjustments:  # every stage is out of place
+            out = stage.adjust(out, hist, cfg, prompt_len)
+    return out.clone() if out is logits else out
 
 
 def run_stages(z: torch.Tensor, cfg: SamplerConfig, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The order's truncation/temperature stages with the engine's arithmetic."""
-    draws = xtc_draws(z.shape[0], generator) if cfg.xtc_active else None
+    """The order's active truncation/temperature stages with the engine's arithmetic."""
+    stages = cfg.truncations
+    draws = XTC.draws(z.shape[0], generator) if XTC in stages else None
     if cfg.engine == "llama.cpp":
-        return apply_llama_cpp_stages(z, ORDERS[cfg.order], cfg, draws)
-    for stage in ORDERS[cfg.order]:
-        z = _torch_stage(z, stage, cfg, draws)
+        return _on_candidates(z, stages, cfg, draws)
+    for stage in stages:
+        z = stage.logits(z, cfg, draws)
     return z
+
+
+def _on_candidates(
+    logits: torch.Tensor, stages: tuple[Truncation, ...], cfg: SamplerConfig, draws: torch.Tensor | None
+) -> torch.Tensor:
+    """llama.cpp's arithmetic: each row's candidate array through ``stages``; removed tokens come back ``-inf``."""
+    out = torch.full_like(logits, float("-inf"))
+    for b, row in enumerate(logits.detach().float().cpu().numpy()):
+        c = Candidates(row)
+        for stage in stages:
+            stage.candidates(c, cfg, float(draws[b]) if draws is not None else 0.0)
+        out[b, torch.from_numpy(c.ids).to(out.device)] = torch.from_numpy(c.logit).to(out)
+    return out
 
 
 def process_logits(
@@ -131,15 +116,9 @@ def process_logits(
     return z if cfg.greedy else run_stages(z, cfg, generator)
 
 
-def sampling_probs(
-    logits: torch.Tensor,
-    history: torch.Tensor | None,
-    cfg: SamplerConfig,
-    prompt_len: int = 0,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """The sampling distribution (B, V) — exact zeros for removed tokens."""
-    return torch.softmax(process_logits(logits, history, cfg, prompt_len, generator), dim=-1)
+def sampling_probs(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """The sampling distribution (B, V) for :func:`process_logits`'s arguments — exact zeros for removed tokens."""
+    return torch.softmax(process_logits(*args, **kwargs), dim=-1)
 
 
 def sample_next(
@@ -175,19 +154,3 @@ def kept_set_size(logits: torch.Tensor, cfg: SamplerConfig, history: torch.Tenso
     if cfg.greedy:
         return 1
     return int(torch.isfinite(z).sum())
-
-
-def kept_set_sizes(
-    logits: torch.Tensor,
-    temperatures: Sequence[float],
-    top_p: float,
-    orders: Sequence[str] = ("trunc_then_temp", "temp_then_trunc"),
-) -> list[dict[str, float]]:
-    """The order-trap table (seed §3.5.5): kept-set size per temperature under each order."""
-    rows = []
-    for t in temperatures:
-        row: dict[str, float] = {"temperature": float(t)}
-        for o in orders:
-            row[o] = kept_set_size(logits, SamplerConfig(temperature=t, top_p=top_p, order=o))
-        rows.append(row)
-    return rows

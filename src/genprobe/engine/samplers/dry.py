@@ -18,13 +18,11 @@ to 40 characters).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, AnyStr, Callable, Iterable, Sequence
 
 import numpy as np
-import torch
 
 from .cmath import logf
-from .config import SamplerConfig
 
 FLOAT_MAX_LOG = np.float32(88.7228391)
 MAX_BREAKER_CHARS = 40
@@ -113,26 +111,14 @@ def dry_penalties(
     return out
 
 
-def apply_dry(logits: torch.Tensor, history: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
-    """Subtract each row's DRY penalties (history entries < 0 are padding and skipped)."""
-    table = breaker_table(cfg.dry_sequence_breakers)
-    out = logits
-    for b, row in enumerate(history.tolist()):
-        pens = dry_penalties(
-            [t for t in row if t >= 0], cfg.dry_multiplier, cfg.dry_base, cfg.dry_allowed_length, cfg.dry_last_n, table
-        )
-        if pens:
-            if out is logits:
-                out = logits.clone()
-            ids = torch.tensor(list(pens), dtype=torch.long, device=logits.device)
-            out[b, ids] -= torch.tensor([float(v) for v in pens.values()], dtype=logits.dtype, device=logits.device)
-    return out
-
-
 def breakers_from_strings(
-    strings: Iterable[str], vocab_size: int, token_text: Callable[[int], str], encode: Callable[[str], list[int]]
+    strings: Iterable[AnyStr],
+    vocab_size: int,
+    token_text: Callable[[int], AnyStr],
+    encode: Callable[[AnyStr], list[int]],
 ) -> tuple[tuple[int, ...], ...]:
-    """Token sequences ``(head, *tail)`` for breaker strings (llama.cpp's get_overlapping_token_sequences)."""
+    """Token sequences ``(head, *tail)`` for breaker strings (llama.cpp's get_overlapping_token_sequences), as
+    ``str`` or, matched as llama.cpp matches them, ``bytes``."""
     seqs: list[tuple[int, ...]] = []
     for s in strings:
         if not s:
@@ -143,13 +129,11 @@ def breakers_from_strings(
             if s in word:
                 seqs.append((tid,))
                 continue
-            for pos in (i for i, ch in enumerate(word) if ch == s[0]):
+            for pos in range(len(word)):
                 rest = word[pos:]
-                if s.startswith(rest):  # the token ends with a prefix of the breaker
-                    tail = tuple(encode(s[len(rest) :]))[:MAX_BREAKER_TAIL]
-                    seqs.append((tid, *tail))
-    table = breaker_table(seqs)
-    return tuple((head, *tail) for head, tails in table.items() for tail in tails)
+                if rest[:1] == s[:1] and s.startswith(rest):  # the token ends with a prefix of the breaker
+                    seqs.append((tid,) + tuple(encode(s[len(rest) :])[:MAX_BREAKER_TAIL]))
+    return tuple((head,) + t for head, tails in breaker_table(seqs).items() for t in tails)
 
 
 def tokenizer_breakers(tokenizer: Any, strings: Iterable[str] = DEFAULT_BREAKERS) -> tuple[tuple[int, ...], ...]:

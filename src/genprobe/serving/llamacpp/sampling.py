@@ -4,73 +4,51 @@ llama.cpp samples through a chain of samplers on a candidate array (``llama_toke
 sorted). ``common_sampler_init`` (common/sampling.cpp) builds it as: ``logit_bias`` (the user's biases), then
 ``params.samplers`` in order — by default (common/common.h, ``common_params_sampling::samplers``) penalties, DRY,
 top-n-σ, top-k, typical, top-p, min-p, XTC, temperature (``llama_sampler_init_temp_ext``) — and ``dist(seed)``
-last. genprobe's ``engine="llama.cpp"`` replays the same samplers in float32
-(:mod:`genprobe.engine.samplers.llamacpp`, its adjustments first: penalties, DRY, bans); here the *real* chain is
-built from a config through the C API of llama-cpp-python 0.3.36 (``llama_sampler_chain_init`` /
-``llama_sampler_chain_add`` / ``llama_sampler_init_*``), so the two can be held against each other
-(tests/serving/llamacpp/test_sampler_chain.py) and the scan backend can sample with llama.cpp itself.
+last. genprobe's ``engine="llama.cpp"`` replays the same samplers in float32; here the *real* chain is built from
+a config through the C API of llama-cpp-python 0.3.36 (``llama_sampler_chain_init`` / ``llama_sampler_chain_add``
+/ ``llama_sampler_init_*``), so the two can be held against each other (tests/serving/llamacpp/test_sampler_chain.py)
+and the scan backend can sample with llama.cpp itself.
 
-How a config maps (each line: llama.cpp's function; src/llama-sampler.cpp unless said):
-
-=======================  =================================================================================
-``ban_ids``              ``llama_sampler_init_logit_bias`` with ``-INFINITY`` biases, first (as common does
-                         with suppressed tokens)
-penalties                ``llama_sampler_init_penalties(n_vocab, last_n, repeat, freq, present)``; the window
-                         None → 64 (common.h); genprobe's ``-1`` (whole history) → the context length, since
-                         llama.cpp clamps a negative window to 0 = *off* (``std::max(penalty_last_n, 0)``)
-DRY                      ``llama_sampler_init_dry(vocab, mult, base, allowed, last_n, breakers)``; breakers are
-                         *strings* tokenized with the model's vocabulary (``get_overlapping_token_sequences``):
-                         pass them as ``dry_breaker_strings``; their expansion must equal the config's
-                         ``dry_sequence_breakers``; ``dry_last_n=-1`` → the context length, as above
-the order's stages       ``ORDERS[cfg.order]`` (``--samplers`` in llama.cpp: any order): ``top_n_sigma(n)``,
-                         ``top_k(k)``, ``typical(p, 0)``, ``top_p(p, 0)``, ``min_p(p, 0)``,
-                         ``xtc(p, t, 0, seed)``, ``temp_ext(τ, 0, 1)`` — min_keep 0, common's default; a
-                         stage that is off is still added with its "off" value, as common does
-``greedy``               ``llama_sampler_init_greedy`` after the adjustments (first maximum in array order).
-                         llama.cpp's own ``--temp 0`` is *not* this: it keeps the truncation stages and then
-                         keeps the first maximum (``llama_sampler_temp_impl``), so typical-p and XTC can move
-                         it; genprobe's greedy is the argmax of the adjusted logits
-draw                     ``llama_sampler_init_dist(seed)`` (a std::mt19937; genprobe's torch generator draws
-                         other numbers: same distribution, different samples — XTC's per-step coin too)
-=======================  =================================================================================
-
-Refused (llama.cpp has no such sampler): ``no_repeat_ngram``, contrastive search (``penalty_alpha``); and any
-active stage whose arithmetic is another engine's (``engine`` ≠ ``"llama.cpp"``): HF's top-k keeps ties,
-vLLM's top-p sorts ascending, etc. A config field this module does not know is refused while it is not at its
-default, so a sampler added later is never dropped silently.
+Each stage's ``llama_cpp`` method (:mod:`genprobe.engine.samplers.stages`) gives its sampler and arguments, or
+refuses (``no_repeat_ngram``, contrastive search); so is any active stage whose arithmetic is another engine's
+(``engine`` ≠ ``"llama.cpp"``: HF's top-k keeps ties, vLLM's top-p sorts ascending, etc.), and any field no stage
+maps. DRY's breakers are *strings* there, tokenized with the model's vocabulary (:class:`LlamaVocab`); their
+expansion must equal the config's ``dry_sequence_breakers``. The draw, ``llama_sampler_init_dist(seed)``, is a
+``std::mt19937``: same distribution as genprobe's torch generator, different samples (XTC's per-step coin too).
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from types import ModuleType, TracebackType
-from typing import Any, Callable, Sequence
+from types import ModuleType
+from typing import Any, Self, Sequence
 
 import numpy as np
 
-from ...engine.samplers import ORDERS, SamplerConfig
+from ...engine.samplers import SamplerConfig
 from ...engine.samplers.dry import breakers_from_strings
+from ...engine.samplers.stages import (
+    BANS,
+    ORDERS,
+    STAGES,
+    ChainEnv,
+    ChainStage,
+    Truncation,
+    UnsupportedSamplerError,
+    refuse_for,
+)
 from ._bindings import require_llama_cpp
 
-#: llama.cpp's default penalty window (common/common.h: ``penalty_last_n = 64``).
-LLAMA_CPP_DEFAULT_PENALTY_LAST_N = 64
 #: The seed of ``llama_sampler_init_dist`` / ``_xtc`` when none is given (any fixed value: runs must repeat).
 DEFAULT_SEED = 1234
 _TOKEN_DTYPE = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
 
 
-class UnsupportedLlamaCppSamplerError(ValueError):
-    """A sampler setting that llama.cpp's sampler chain cannot express exactly (named in the message)."""
-
-
-@dataclass(frozen=True)
-class ChainStage:
-    """One sampler of the chain: llama.cpp's init function (without ``llama_sampler_init_``) and its arguments."""
-
-    name: str
-    args: tuple[Any, ...]
+#: A sampler setting that llama.cpp's sampler chain cannot express exactly (named in the message).
+UnsupportedLlamaCppSamplerError = UnsupportedSamplerError
 
 
 @dataclass(frozen=True)
@@ -87,78 +65,10 @@ class KeptCandidates:
     logits: np.ndarray
     probs: np.ndarray
     sorted: bool
-    stages: tuple[ChainStage, ...] = field(default=())
 
     def as_dict(self) -> dict[int, float]:
         """``{id: probability}``."""
         return {int(i): float(p) for i, p in zip(self.ids, self.probs, strict=True)}
-
-
-# ---- the mapping (pure: no bindings needed) ---------------------------------------------------------------
-_ARITHMETIC_OFF: dict[str, Callable[[SamplerConfig], bool]] = {
-    "temp": lambda c: c.temperature == 1.0,
-    "top_k": lambda c: not c.top_k,
-    "top_p": lambda c: c.top_p is None or c.top_p >= 1.0,
-    "min_p": lambda c: not c.min_p,
-    "typical": lambda c: c.typical_p is None or c.typical_p >= 1.0,
-    "top_n_sigma": lambda c: not c.top_n_sigma,
-    "xtc": lambda c: not c.xtc_active,
-}
-_KNOWN_FIELDS = {
-    *("greedy", "temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma", "ban_ids"),
-    *("repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_last_n"),
-    *("dry_multiplier", "dry_base", "dry_allowed_length", "dry_last_n", "dry_sequence_breakers"),
-    *("xtc_probability", "xtc_threshold", "order", "engine"),
-}
-
-
-def _penalised(cfg: SamplerConfig) -> bool:
-    return cfg.repetition_penalty != 1.0 or cfg.presence_penalty != 0.0 or cfg.frequency_penalty != 0.0
-
-
-def _refuse_unsupported(cfg: SamplerConfig) -> None:
-    if cfg.no_repeat_ngram:
-        raise UnsupportedLlamaCppSamplerError(
-            f"no_repeat_ngram={cfg.no_repeat_ngram}: llama.cpp has no no-repeat-n-gram sampler (use DRY or penalties)"
-        )
-    if cfg.penalty_alpha:
-        raise UnsupportedLlamaCppSamplerError("penalty_alpha > 0 is contrastive search, which llama.cpp does not have")
-    default = SamplerConfig()
-    for f in fields(SamplerConfig):
-        if f.name not in _KNOWN_FIELDS and f.name not in ("no_repeat_ngram", "penalty_alpha"):
-            if getattr(cfg, f.name) != getattr(default, f.name):
-                raise UnsupportedLlamaCppSamplerError(f"{f.name}={getattr(cfg, f.name)!r} has no llama.cpp mapping yet")
-    stages = [] if cfg.greedy else [s for s in ORDERS[cfg.order] if not _ARITHMETIC_OFF[s](cfg)]
-    arithmetic = (["penalties"] if _penalised(cfg) else []) + (["dry"] if cfg.dry_active else []) + stages
-    if arithmetic and cfg.engine != "llama.cpp":
-        raise UnsupportedLlamaCppSamplerError(
-            f"engine={cfg.engine!r} computes {', '.join(arithmetic)} with its own arithmetic (ties, rounding, "
-            "windows); llama.cpp's differs. Describe llama.cpp's sampler with engine='llama.cpp' (e.g. "
-            "SamplerConfig.preset('llama.cpp', ...)) to run it through llama.cpp"
-        )
-
-
-def _window(n: int | None, default: int, context_length: int) -> int:
-    """genprobe's window (None = the engine default, -1 = everything) as llama.cpp's non-negative last_n."""
-    if n is None:
-        return default
-    return context_length if n < 0 else n
-
-
-def _stage(cfg: SamplerConfig, name: str, seed: int) -> ChainStage:
-    if name == "top_n_sigma":
-        return ChainStage("top_n_sigma", (float(cfg.top_n_sigma or -1.0),))  # common.h: -1 = off
-    if name == "top_k":
-        return ChainStage("top_k", (int(cfg.top_k or 0),))
-    if name == "typical":
-        return ChainStage("typical", (float(cfg.typical_p if cfg.typical_p is not None else 1.0), 0))
-    if name == "top_p":
-        return ChainStage("top_p", (float(cfg.top_p if cfg.top_p is not None else 1.0), 0))
-    if name == "min_p":
-        return ChainStage("min_p", (float(cfg.min_p or 0.0), 0))
-    if name == "xtc":
-        return ChainStage("xtc", (float(cfg.xtc_probability), float(cfg.xtc_threshold), 0, seed))
-    return ChainStage("temp_ext", (float(cfg.temperature), 0.0, 1.0))
 
 
 def chain_stages(
@@ -172,25 +82,31 @@ def chain_stages(
     """The chain llama.cpp runs for ``cfg`` (refused with the setting's name where it has none).
 
     ``context_length`` stands for genprobe's ``-1`` windows (llama.cpp has no "whole history"); ``final`` is the
-    selecting sampler: ``"dist"`` (``greedy`` for a greedy config), or None for the candidates only.
+    selecting sampler: ``"dist"`` (``greedy`` for a greedy config), or None for the candidates only. genprobe's
+    greedy is ``llama_sampler_init_greedy`` after the adjustments (the argmax of the adjusted logits); llama.cpp's
+    own ``--temp 0`` is not: it keeps the truncations, then the first maximum, so typical-p and XTC can move it.
     """
-    _refuse_unsupported(cfg)
-    out: list[ChainStage] = []
-    if cfg.ban_ids:
-        out.append(ChainStage("logit_bias", (tuple(sorted(set(cfg.ban_ids))),)))
-    if _penalised(cfg):
-        last_n = _window(cfg.penalty_last_n, LLAMA_CPP_DEFAULT_PENALTY_LAST_N, context_length)
-        pen = (last_n, float(cfg.repetition_penalty), float(cfg.frequency_penalty), float(cfg.presence_penalty))
-        out.append(ChainStage("penalties", pen))
-    if cfg.dry_active:
-        dry_n = _window(cfg.dry_last_n, context_length, context_length)
-        args = (float(cfg.dry_multiplier), float(cfg.dry_base), int(cfg.dry_allowed_length), dry_n)
-        out.append(ChainStage("dry", (*args, tuple(dry_breaker_strings))))
-    if not cfg.greedy:
-        out.extend(_stage(cfg, name, seed) for name in ORDERS[cfg.order])
+    # A truncation that is off is still added with its "off" value, as common does; greedy adds none of them.
+    chain = [s for s in STAGES if not isinstance(s, Truncation)] + ([] if cfg.greedy else list(ORDERS[cfg.order]))
+    env = ChainEnv(context_length, seed, tuple(dry_breaker_strings))
+    out = [x for s in chain if (x := s.llama_cpp(cfg, env)) is not None]
+    refuse_for(cfg, "llama.cpp", "llama.cpp")
     if final is not None:
         out.append(ChainStage("greedy", ()) if cfg.greedy else ChainStage("dist", (seed,)))
     return tuple(out)
+
+
+class Closeable:
+    """Owns a llama.cpp object that :meth:`close` frees (idempotently); as a context manager, closed on exit."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # ---- the vocabulary DRY needs ------------------------------------------------------------------------------
@@ -205,7 +121,7 @@ def _quiet(lc: ModuleType) -> None:
         lc.llama_log_set(_QUIET_LOG, ctypes.c_void_p(0))
 
 
-class LlamaVocab:
+class LlamaVocab(Closeable):
     """A GGUF file's vocabulary only (``vocab_only=True``: no weights): what ``llama_sampler_init_dry`` needs.
 
     Use as a context manager (``llama_model_free`` on exit). :meth:`dry_breakers` expands breaker strings into
@@ -226,7 +142,6 @@ class LlamaVocab:
             raise ValueError(f"llama.cpp could not read the vocabulary of {path}")
         self.vocab = self.lc.llama_model_get_vocab(self._model)
         self.n_tokens = int(self.lc.llama_vocab_n_tokens(self.vocab))
-        self._texts: list[bytes] | None = None
         self._breakers: dict[tuple[str, ...], tuple[tuple[int, ...], ...]] = {}
 
     def token_bytes(self, token: int) -> bytes:
@@ -250,29 +165,19 @@ class LlamaVocab:
         """The ``(head, *tail)`` sequences llama.cpp derives from breaker strings with this vocabulary (cached)."""
         key = tuple(strings)
         if key not in self._breakers:
-            self._breakers[key] = self._expand(key)
+            as_bytes = [s.encode() for s in key]  # llama.cpp matches bytes
+            self._breakers[key] = breakers_from_strings(as_bytes, self.n_tokens, self._texts.__getitem__, self.tokenize)
         return self._breakers[key]
 
-    def _expand(self, strings: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
-        if self._texts is None:
-            self._texts = [self.token_bytes(i) for i in range(self.n_tokens)]
-        texts = self._texts
-        as_bytes: Any = [s.encode() for s in strings]  # breakers_from_strings works on bytes as on str
-        text_of: Any = texts.__getitem__
-        encode: Any = self.tokenize
-        return breakers_from_strings(as_bytes, self.n_tokens, text_of, encode)
+    @cached_property
+    def _texts(self) -> list[bytes]:
+        return [self.token_bytes(i) for i in range(self.n_tokens)]
 
     def close(self) -> None:
         """Free the model (idempotent)."""
         if self._model:
             self.lc.llama_model_free(self._model)
             self._model = None
-
-    def __enter__(self) -> "LlamaVocab":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _check_breakers(cfg: SamplerConfig, strings: Sequence[str], vocab: LlamaVocab | None) -> None:
@@ -367,31 +272,28 @@ def chain_candidates(
     Each history token is accepted first (``llama_sampler_accept``: penalties and DRY keep their own window of
     them); ``context_length`` (default: the history's length, at least 1) stands for genprobe's ``-1`` windows.
     """
-    lc = require_llama_cpp()
     row = np.asarray(logits, dtype=np.float32).reshape(-1)
     hist = _history(history)
     ctx = context_length if context_length is not None else max(len(hist), 1)
-    stages = chain_stages(cfg, context_length=ctx, dry_breaker_strings=dry_breaker_strings, seed=seed, final=None)
-    _check_breakers(cfg, dry_breaker_strings, vocab)
-    chain = build_chain(lc, stages, vocab, len(row))
-    dist = lc.llama_sampler_init_dist(seed)
+    strings = dry_breaker_strings
+    with LlamaCppSampler(
+        cfg, n_vocab=len(row), context_length=ctx, vocab=vocab, dry_breaker_strings=strings, seed=seed, final=None
+    ) as chain:
+        chain.accept_all(hist)
+        arr = chain.apply(row)
+    is_sorted = bool(arr.cur.sorted)
+    dist = chain.lc.llama_sampler_init_dist(seed)
     try:
-        for t in hist:
-            lc.llama_sampler_accept(chain, t)
-        arr = _CandidateArray(lc, row)
-        lc.llama_sampler_apply(chain, ctypes.byref(arr.cur))
-        is_sorted = bool(arr.cur.sorted)
-        lc.llama_sampler_apply(dist, ctypes.byref(arr.cur))  # only for its probabilities: p = expf(...) / sum
-        kept = arr.rows()
+        chain.lc.llama_sampler_apply(dist, ctypes.byref(arr.cur))  # only for its probabilities: p = expf(...) / sum
     finally:
-        lc.llama_sampler_free(dist)
-        lc.llama_sampler_free(chain)
+        chain.lc.llama_sampler_free(dist)
+    kept = arr.rows()
     live = kept["logit"] != -np.inf
     ids, lg, p = kept["id"][live], kept["logit"][live], kept["p"][live]
-    return KeptCandidates(ids=ids, logits=lg, probs=p, sorted=is_sorted, stages=stages)
+    return KeptCandidates(ids=ids, logits=lg, probs=p, sorted=is_sorted)
 
 
-class LlamaCppSampler:
+class LlamaCppSampler(Closeable):
     """llama.cpp's sampler chain for one sequence: :meth:`accept` each token, :meth:`sample` the next one.
 
     ``with LlamaCppSampler(cfg, n_vocab=V, context_length=C) as s: s.accept_all(prompt); t = s.sample(row)``.
@@ -408,15 +310,15 @@ class LlamaCppSampler:
         vocab: LlamaVocab | None = None,
         dry_breaker_strings: Sequence[str] = (),
         seed: int = DEFAULT_SEED,
+        final: str | None = "dist",
     ):
         self.lc = require_llama_cpp()
+        strings = dry_breaker_strings
         self.stages = chain_stages(
-            cfg, context_length=context_length, dry_breaker_strings=dry_breaker_strings, seed=seed
+            cfg, context_length=context_length, dry_breaker_strings=strings, seed=seed, final=final
         )
         _check_breakers(cfg, dry_breaker_strings, vocab)
-        outside = sorted(i for i in set(cfg.ban_ids) if i >= n_vocab)
-        if outside:  # llama.cpp's logit_bias would skip them silently
-            raise UnsupportedLlamaCppSamplerError(f"ban_ids {outside} are outside the vocabulary of {n_vocab}")
+        BANS.check_vocab(cfg, n_vocab, UnsupportedSamplerError)  # llama.cpp's logit_bias would skip them silently
         self.n_vocab = n_vocab
         self._chain = build_chain(self.lc, self.stages, vocab, n_vocab)
 
@@ -430,15 +332,19 @@ class LlamaCppSampler:
         for t in _history(tokens):
             self.accept(t)
 
-    def sample(self, logits: np.ndarray | Sequence[float]) -> int:
-        """One token from a row of ``n_vocab`` logits: the whole chain, its draw (or argmax) included."""
+    def apply(self, logits: np.ndarray | Sequence[float]) -> _CandidateArray:
+        """The candidate array the chain leaves for one row of ``n_vocab`` logits."""
         self._require_open()
         row = np.asarray(logits, dtype=np.float32).reshape(-1)
         if len(row) != self.n_vocab:
             raise ValueError(f"a row of {len(row)} logits; this sampler was built for a vocabulary of {self.n_vocab}")
         arr = _CandidateArray(self.lc, row)
         self.lc.llama_sampler_apply(self._chain, ctypes.byref(arr.cur))
-        return arr.selected_id()
+        return arr
+
+    def sample(self, logits: np.ndarray | Sequence[float]) -> int:
+        """One token from a row of ``n_vocab`` logits: the whole chain, its draw (or argmax) included."""
+        return self.apply(logits).selected_id()
 
     def reset(self) -> None:
         """Forget the accepted tokens and reseed (``llama_sampler_reset``): a new sequence."""
@@ -454,14 +360,6 @@ class LlamaCppSampler:
         if self._chain is not None:
             self.lc.llama_sampler_free(self._chain)
             self._chain = None
-
-    def __enter__(self) -> "LlamaCppSampler":
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __del__(self) -> None:  # a forgotten close() must not leak the C chain
         try:
