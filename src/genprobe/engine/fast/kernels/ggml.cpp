@@ -99,25 +99,18 @@ inline uint32_t u32_at(const u8* p) {
   return v;
 }
 
-void block_q5_0(const u8* b, float* y) {
-  const float d = half(b);
-  const uint32_t qh = u32_at(b + 2);
-  const u8* qs = b + 6;
+// Q5_0 ((q - 16) d) and Q5_1 (q d + m): the fifth bit of weight j is bit j of qh.
+template <bool MIN>
+void block_q5(const u8* b, float* y) {
+  const float d = half(b), m = MIN ? half(b + 2) : 0.0f;
+  const u8* q = b + (MIN ? 4 : 2);
+  const uint32_t qh = u32_at(q);
+  const u8* qs = q + 4;
   for (int j = 0; j < 16; ++j) {
     const int h0 = int((qh >> j) << 4) & 0x10, h1 = int(qh >> (j + 12)) & 0x10;
-    y[j] = float(((qs[j] & 0xF) | h0) - 16) * d;
-    y[j + 16] = float(((qs[j] >> 4) | h1) - 16) * d;
-  }
-}
-
-void block_q5_1(const u8* b, float* y) {
-  const float d = half(b), m = half(b + 2);
-  const uint32_t qh = u32_at(b + 4);
-  const u8* qs = b + 8;
-  for (int j = 0; j < 16; ++j) {
-    const int h0 = int((qh >> j) << 4) & 0x10, h1 = int(qh >> (j + 12)) & 0x10;
-    y[j] = float((qs[j] & 0xF) | h0) * d + m;
-    y[j + 16] = float((qs[j] >> 4) | h1) * d + m;
+    const int lo = (qs[j] & 0xF) | h0, hi = (qs[j] >> 4) | h1;
+    y[j] = MIN ? float(lo) * d + m : float(lo - 16) * d;
+    y[j + 16] = MIN ? float(hi) * d + m : float(hi - 16) * d;
   }
 }
 
@@ -182,8 +175,8 @@ BlockFn scalar_block(int64_t type) {
   switch (type) {
     case kQ4_0: return block_q4_0;
     case kQ4_1: return block_q4_1;
-    case kQ5_0: return block_q5_0;
-    case kQ5_1: return block_q5_1;
+    case kQ5_0: return block_q5<false>;
+    case kQ5_1: return block_q5<true>;
     case kQ8_0: return block_q8_0;
     case kQ4_K: return block_q4_k;
     case kQ5_K: return block_q5_k;
