@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .._io import json_safe
+from ..engine.backend import Capabilities, Position, Request, Response
 from ._vllm import require_vllm_engine
 from .model_dir import ServedModel, served_model
 
@@ -349,6 +350,93 @@ class ServingEngine:
     def block_size(self) -> int:
         """The KV block size vLLM resolved (its prefix cache reuses whole blocks of this many tokens)."""
         return int(self.llm.llm_engine.vllm_config.cache_config.block_size)
+
+
+class VllmBackend:
+    """A started :class:`ServingEngine` as a :class:`~genprobe.engine.backend.Backend`: token-id prompts, top-k
+    log-probabilities (of the prompt too), its prefix cache (whole KV blocks; a request can skip reading it), every
+    request of one call in one continuous batch. Runs to ``max_tokens`` (EOS ignored); no text (genprobe decodes)."""
+
+    def __init__(self, engine: ServingEngine):
+        self.engine = engine
+        self.model_name = str(engine.served.source)
+        config = engine.llm.llm_engine.vllm_config
+        dtype = engine.options.dtype
+        self.capabilities = Capabilities(
+            server="vllm",
+            logprobs="top-k",
+            max_top_k=int(getattr(config.model_config, "max_logprobs", 20)),
+            prompt_logprobs=True,
+            token_prompts=True,
+            prefix_cache=engine.options.enable_prefix_caching,
+            concurrency=int(config.scheduler_config.max_num_seqs),
+            seed=True,
+            tokenize=False,
+            chat_template=False,
+            cache_block=engine.block_size,
+            step_budget=int(config.scheduler_config.max_num_batched_tokens),
+            cache_bypass=True,
+            exact=dtype == "float32",
+            label=dtype,
+        )
+
+    def _params(self, r: Request) -> Any:
+        from vllm import SamplingParams
+
+        s = r.sampler
+        if r.stop:
+            raise ValueError("the in-process vLLM backend returns ids, not text: it takes no stop strings")
+        kw: dict[str, Any] = {"skip_reading_prefix_cache": True} if not r.read_cache else {}
+        if s.top_k:
+            kw["top_k"] = s.top_k
+        if s.ban_ids:
+            kw["logit_bias"] = {int(t): -100.0 for t in s.ban_ids}
+        return SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed,
+            max_tokens=r.max_tokens,
+            logprobs=r.logprobs,
+            prompt_logprobs=r.prompt_logprobs,
+            detokenize=False,
+            ignore_eos=True,
+            **kw,
+        )
+
+    def complete(self, request: Request) -> Response:
+        """One request in its own ``LLM.generate`` call."""
+        return self.complete_many([request], 1)[0]
+
+    def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
+        """Every request in one ``LLM.generate`` call (vLLM batches up to ``max_num_seqs`` at once)."""
+        prompts = [[int(t) for t in r.prompt] for r in requests]
+        return [_response(o) for o in self.engine.generate(prompts, [self._params(r) for r in requests])]
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """The engine starts without a tokenizer: None."""
+        return None
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
+        """Not a chat server: None."""
+        return None
+
+
+def _position(token: int, d: dict | None) -> Position | None:
+    """One position of vLLM's ``{id: Logprob}`` (its top-k and the actual token)."""
+    if not d:
+        return None
+    top = {int(i): float(v.logprob) for i, v in d.items()}
+    return Position(int(token), top.get(int(token)), top)
+
+
+def _response(out: Any) -> Response:
+    comp = out.outputs[0]
+    prompt = [int(t) for t in out.prompt_token_ids]
+    steps = [p for t, d in zip(comp.token_ids, comp.logprobs or [], strict=False) if (p := _position(t, d))]
+    asked = out.prompt_logprobs
+    prompt_positions = None if asked is None else [_position(t, d) for t, d in zip(prompt, asked, strict=False)]
+    cached = getattr(out, "num_cached_tokens", None)
+    return Response(prompt, [int(t) for t in comp.token_ids], steps, comp.finish_reason, "", prompt_positions, cached)
 
 
 def start_failure_message(exc: BaseException, options: EngineOptions) -> str:

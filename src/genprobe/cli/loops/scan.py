@@ -129,8 +129,7 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
     if args.backend == "llama.cpp":
         return llamacpp_backend(args, settings, model)
     if args.backend == "endpoint":
-        from ...serving.endpoint import EndpointBackend, HttpSettings
-        from ...serving.live import piece_table
+        from ...serving.endpoint import EndpointBackend, HttpSettings, piece_table
         from ...serving.live_scan import endpoint_scan_backend
 
         if args.concurrency < 1 or args.timeout <= 0:

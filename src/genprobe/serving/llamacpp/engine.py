@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..._io import json_safe
+from ...engine.backend import Capabilities, Position, Request, Response, stop_text
 from ._bindings import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
 
 #: KV-cache element types a context can be created with (ggml type ids of ``ggml.h``).
@@ -460,3 +461,102 @@ class SequenceBatch:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LlamaCppBackend:
+    """A :class:`LlamaCppModel` as a :class:`~genprobe.engine.backend.Backend`: token-id prompts, greedy, every
+    position's whole distribution (``Response.rows``), the ``Llama`` object's prompt cache (one prompt deep, token by
+    token; a request that does not read it starts from an empty KV cache), the requests of one call as sequences of
+    one context (:class:`SequenceBatch`). ``own_prefill`` is the floor of a quantized file: llama.cpp's one-call
+    prefill of the same tokens."""
+
+    def __init__(self, model: LlamaCppModel, label: str = "", exact: bool | None = None):
+        self.model = model
+        self.model_name = model.path.name
+        self._prefill: dict[tuple[int, ...], Any] = {}
+        self.capabilities = Capabilities(
+            server="llama.cpp",
+            logprobs="full",
+            max_top_k=model.vocab_size,
+            prompt_logprobs=True,
+            token_prompts=True,
+            prefix_cache=True,
+            concurrency=int(model._lib.llama_max_parallel_sequences()),
+            seed=False,
+            tokenize=False,
+            chat_template=False,
+            cache_bypass=True,
+            exact=exact,
+            label=label,
+        )
+
+    def own_prefill(self, ids: Sequence[int]) -> Any:
+        """llama.cpp's log-probabilities of ``ids`` from one fresh ``llama_decode`` call (memoised)."""
+        key = tuple(int(t) for t in ids)
+        if key not in self._prefill:
+            self._prefill[key] = _log_softmax(self.model.logits(key))
+        return self._prefill[key]
+
+    def complete(self, request: Request) -> Response:
+        """The prompt (through the prompt cache when ``read_cache``), then one ``llama_decode`` call per greedy token
+        until ``max_tokens``, EOS or a stop string."""
+        _greedy_only(request)
+        m, prompt = self.model, [int(t) for t in request.prompt]
+        if request.read_cache:
+            first, cached = m.cached_prompt_logits(prompt)
+        else:
+            m.reset()
+            first, cached = m.decode(prompt, 0, logits="all"), None
+        rows, out, reason, pick = list(first), list[int](), "length", greedy_picker(request.sampler.ban_ids)
+        for _ in range(request.max_tokens):
+            out.append(pick(rows[-1], prompt + out))
+            text = m.detokenize(out)
+            if out[-1] == m.eos_id or any(st in text for st in request.stop):
+                reason = "stop"
+                break
+            if len(out) < request.max_tokens:
+                rows.append(m.decode(out[-1:], len(prompt) + len(out) - 1, logits="last")[0])
+        return self._response(prompt, out, np.stack(rows), reason, stop_text(m.detokenize(out), request.stop), cached)
+
+    def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
+        """Greedy requests without stop strings as sequences of one context (each to its own ``max_tokens``), else
+        one after another."""
+        if concurrency < 2 or any(r.stop or r.sampler.ban_ids for r in requests):
+            return [self.complete(r) for r in requests]
+        for r in requests:
+            _greedy_only(r)
+        steps = max(r.max_tokens for r in requests)
+        prompts = [[int(t) for t in r.prompt] for r in requests]
+        runs = self.model.generate_batch(prompts, steps, greedy_picker(), keep_logits=True)
+        out = []
+        for r, g in zip(requests, runs, strict=True):
+            tokens = g.tokens[: r.max_tokens]
+            rows = g.logits[: len(g.prompt) + len(tokens) - 1]
+            out.append(self._response(g.prompt, tokens, rows, "length", self.model.detokenize(tokens), None))
+        return out
+
+    def _response(self, prompt: list[int], out: list[int], logits: np.ndarray, reason: str, text: str, cached, at=0):
+        """A response whose ``logits`` rows start at row ``at`` of prompt + out."""
+        rows, first = _log_softmax(logits), len(prompt) - 1 - at
+        positions = [Position(t, float(rows[first + s, t])) for s, t in enumerate(out) if 0 <= first + s < len(rows)]
+        return Response(prompt, out, positions, reason, text, None, cached, rows=rows, rows_from=at)
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """Not compared: the reference's tokenizer is built from the same GGUF metadata."""
+        return None
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
+        """Not a chat server: None."""
+        return None
+
+
+def _greedy_only(request: Request) -> None:
+    s = request.sampler
+    if s.temperature != 0 or isinstance(request.prompt, str):
+        raise ValueError("the llama.cpp backend runs greedy requests on token ids")
+
+
+def _log_softmax(logits: np.ndarray) -> Any:
+    import torch
+
+    return torch.log_softmax(torch.from_numpy(np.asarray(logits)).double(), dim=-1)
