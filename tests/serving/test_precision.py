@@ -1,4 +1,4 @@
-"""The one rule for reduced-precision deployments (genprobe.serving.precision) and the statistics it reads, on
+"""The one rule for reduced-precision deployments (genprobe.serving.judge) and the statistics it reads, on
 hand-made top-k responses: exact thresholds, -inf, a fault confined to one request."""
 
 from __future__ import annotations
@@ -7,9 +7,7 @@ import pytest
 import torch
 
 from genprobe.engine.backend import Position, Response
-from genprobe.serving.precision import GAP_BUG, GAP_PASS, gap_verdict
-from genprobe.serving.verdict import Thresholds
-from genprobe.serving.verify import Judge, request_gap, served_positions
+from genprobe.serving.judge import GAP_BUG, GAP_PASS, Judge, Thresholds, gap_verdict, request_gap, served_positions
 
 V = 6
 

@@ -1,7 +1,7 @@
 """verify-serving: a float32 deployment passes every phase, a deployment serving other weights is a bug,
 bfloat16 is suspicious (not pass). The bfloat16 test runs last: it replaces the shared float32 engine.
 
-Reference: float32 recomputation of the same tokens with transformers (``genprobe.serving.compare``).
+Reference: float32 recomputation of the same tokens with transformers (``genprobe.serving.judge``).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_a_fault_in_a_bfloat16_deployment_is_a_bug_with_margin(
     vllm_ready, served_dirs, engine_flags, capsys, served, reference
 ):
     """A planted fault is not drowned in bfloat16's noise: every phase a bug, 3× past the bug line, exit 1."""
-    from genprobe.serving.precision import GAP_BUG
+    from genprobe.serving.judge import GAP_BUG
 
     rc, out = _bfloat16_cli(served_dirs[served], engine_flags, capsys, "--reference", str(served_dirs[reference]))
     ran = [p for p in out["phases"] if p["judged_on"] == "gap"]

@@ -4,7 +4,7 @@ A serving engine changes *how* the forward is computed — continuous batching, 
 reduced precision — and each can go wrong without the text looking wrong. Each phase below sends, through the
 :class:`~genprobe.engine.backend.Backend` protocol, a workload that exercises one of them and compares every
 log-probability the backend returned with float32 recomputation of the same tokens
-(:class:`~genprobe.serving.compare.ReferenceLogprobs`): over the top-k ids where an API returns top-k, over the whole
+(:class:`~genprobe.serving.judge.ReferenceLogprobs`): over the top-k ids where an API returns top-k, over the whole
 vocabulary where the backend returns every row (llama.cpp in process). Each engine is an adapter
 (``serving.engine.VllmBackend``, ``serving.llamacpp.engine.LlamaCppBackend``, ``serving.endpoint.EndpointBackend``,
 ``engine.backend.EngineBackend``) whose :class:`~genprobe.engine.backend.Capabilities` say what it can do; a phase it
@@ -30,9 +30,9 @@ cannot support is "not checked" with the reason, never "pass".
 Only the prefix-cache phases read a prefix cache (the others ask not to, where the backend can be told): a cache
 fault is then named where it is. How a phase is judged (:class:`Judge`) depends on the deployment's precision
 (``Capabilities.exact``): float32 arithmetic throughout on verify-cache's absolute scale
-(:func:`genprobe.serving.verdict.serving_verdict`: max |Δ log p|, a differing top-1 token at least suspicious);
+(:func:`genprobe.serving.judge.serving_verdict`: max |Δ log p|, a differing top-1 token at least suspicious);
 reduced precision on its gap ratio over an honest computation at that precision (the floor,
-:mod:`genprobe.serving.precision`); a live server of unknown precision on the absolute scale for its lone requests
+:mod:`genprobe.serving.judge`); a live server of unknown precision on the absolute scale for its lone requests
 and on the gap ratio over those for the rest.
 """
 
@@ -44,12 +44,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..engine.backend import Backend, Position, Request, Response, Sampler
-from .compare import LogprobStats, compare_values
-from .precision import gap_verdict
-from .verdict import Thresholds, serving_verdict, worst_verdict
+from ..engine.backend import Backend, Request, Response, Sampler
+from .judge import NOT_CHECKED, Judge, PhaseReport, Thresholds, worst_verdict
 
-NOT_CHECKED = "not checked"
 PHASES = (
     "prompt",
     "greedy",
@@ -63,7 +60,6 @@ PHASES = (
     "limits",
     "chat",
 )
-TOP_GAP = 5  # where the whole vocabulary is returned, the gap reads the reference's 5 most likely ids per position
 PROBE = "The quick brown fox, 42 times: naïve café — ok?"
 WORDS = (
     "the river morning house small light old road winter city quiet people across under bright long water stone "
@@ -77,35 +73,6 @@ PREFIX_PROMPTS = 6  # text workloads: the two prompts after these end the prefix
 # ... up to this many tokens (half the context at most): more than two of vLLM's 128-token CPU cache blocks
 PREFIX_TOKENS = 288
 BATCH_FRACTIONS = (0.0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # id workloads: batch prompt lengths, shares of room
-
-
-@dataclass
-class PhaseReport:
-    """One phase on one deployment: its figures and verdict ("not checked" with ``note`` saying why)."""
-
-    phase: str
-    dtype: str = ""  # the deployment's precision label (``Capabilities.label``)
-    verdict: str = "pass"
-    judged_on: str = ""  # "reference" (float32, absolute) | "gap" (over a floor) | "tokens" | "template"
-    note: str = ""
-    requests: int = 0
-    positions: int = 0
-    max_abs_dlogp: float | None = None
-    mean_abs_dlogp: float | None = None
-    top1_agreement: float | None = None
-    top1_disagreements: int = 0
-    topk_agreement: float | None = None  # mean |served top-k ∩ reference top-k| / k
-    first_divergence: dict | None = None  # the first position beyond float noise (or with another top-1)
-    self_max_abs_dlogp: float | None = None  # the same positions against the floor computation, where there is one
-    self_top1_agreement: float | None = None
-    gap: float | None = None  # the worst request's mean |Δ log p| to float32
-    floor: float | None = None  # the same statistic of the honest computation (or of the lone requests)
-    gap_ratio: float | None = None  # gap / floor, what a phase judged on "gap" reads
-    divergence_rate: float | None = None  # batch: requests whose greedy tokens differ from their lone run
-    token_divergence: dict | None = None  # {"request": r, "token": t}: the first such difference
-    cached_tokens: int | None = None  # prompt tokens served from a prefix cache
-    shared_tokens: int | None = None  # leading tokens the request shares with the cached one
-    prefill_chunks: int | None = None  # chunked_prefill: most chunks any prompt was prefilled in
 
 
 @dataclass
@@ -219,139 +186,6 @@ def text_workload(reference: Any, texts: Sequence[str], settings: Settings, toke
 
     alone = [prompt(t) for t in texts[: settings.requests]]
     return Workload(alone, alone, [prompt(f"{base} {tails[0]}"), prompt(f"{base} {tails[1]}")])
-
-
-# ---- judging -----------------------------------------------------------------------------------------------------
-Rows = Callable[[Sequence[int]], torch.Tensor]  # ids -> (len(ids), V) log-probabilities, row t predicts token t + 1
-Served = tuple[int, str, int, list[int] | None, torch.Tensor, int]  # row, where, index, ids (None: all), log p, top-1
-
-
-def served_positions(resp: Response, prompt: bool = False) -> list[Served]:
-    """Every position ``resp`` returned log-probabilities for: (reference row, "prompt" | "step", index, the ids
-    returned (None: the whole vocabulary), their log-probabilities, the served top-1 id); ``prompt``: the prompt's
-    positions only. ``prompt_positions[i]`` (i ≥ 1) predicts prompt token i (row ``i - 1``), ``positions[s]`` step
-    s (row ``P - 1 + s``)."""
-    P = len(resp.prompt_ids)
-    if resp.rows is not None:
-        rows = [(resp.rows_from + t, row) for t, row in enumerate(resp.rows)]
-        return [
-            (r, *(("prompt", r + 1) if r + 1 < P else ("step", r + 1 - P)), None, row, int(row.argmax()))
-            for r, row in rows
-            if not prompt or r + 1 < P
-        ]
-    placed = (
-        [(i - 1, "prompt", i, p) for i, p in enumerate(resp.prompt_positions or []) if p is not None]
-        if prompt
-        else [(P - 1 + s, "step", s, p) for s, p in enumerate(resp.positions)]
-    )
-    out: list[Served] = []
-    for row, where, index, pos in placed:
-        entries = _entries(pos)
-        if entries:
-            top = max(pos.top, key=pos.top.__getitem__) if pos.top else pos.token
-            out.append((row, where, index, list(entries), torch.tensor(list(entries.values())), top))
-    return out
-
-
-def _entries(pos: Position) -> dict[int, float]:
-    """Every (id, log p) a position returned: its top-k and the token itself."""
-    out = dict(pos.top)
-    if pos.logprob is not None:
-        out.setdefault(pos.token, pos.logprob)
-    return out
-
-
-def request_gap(served: Sequence[Served], reference: torch.Tensor, honest: torch.Tensor | None = None) -> float:
-    """Mean |Δ log p| to ``reference`` (float32 rows of the request's ids) over the ids returned at every position
-    (the reference's top :data:`TOP_GAP` where the whole vocabulary was: what sampling reads, not the far tail,
-    where quantization moves log p the most) — of the served values, or, given ``honest``, of those rows' values
-    (an honest computation at the deployment's precision: the floor). Both -inf counts as equal; 0.0 for nothing."""
-    total, count = 0.0, 0
-    for row, _, _, ids, lps, _ in served:
-        ref = reference[row].double()
-        pick = torch.topk(ref, min(TOP_GAP, ref.numel())).indices if ids is None else torch.tensor(ids)
-        value = (lps[pick] if ids is None else lps).double() if honest is None else honest[row][pick].double()
-        ref = ref[pick]
-        diff = torch.where(torch.isneginf(value) & torch.isneginf(ref), torch.zeros_like(ref), (value - ref).abs())
-        total += float(torch.nan_to_num(diff, nan=float("inf")).sum())
-        count += len(pick)
-    return total / count if count else 0.0
-
-
-class Judge:
-    """Compares responses with float32 recomputation (``reference``) and, where given, with an honest computation at
-    the deployment's precision (``floor``: the same model recomputed in that dtype, or the engine's own one-call
-    prefill), and gives each phase its verdict: the absolute scale when ``exact``, else each request's gap over its
-    floor (the worst request deciding); without a floor, the lone greedy requests' gap (``lone_gap``) once measured."""
-
-    def __init__(
-        self, reference: Rows, thresholds: Thresholds, k: int, floor: Rows | None = None, exact: bool | None = None
-    ):
-        self.reference, self.th, self.k, self.floor, self.exact = reference, thresholds, k, floor, exact
-        self.lone_gap: float | None = None
-
-    def phase(
-        self,
-        name: str,
-        responses: Sequence[Response],
-        prompt: bool = False,
-        reference: Rows | None = None,
-        judge_self: bool = True,
-        **extra: Any,
-    ) -> PhaseReport:
-        """The figures and verdict of ``responses`` (``reference``: another float32 reference for this phase; the
-        floor's gap is still read against recomputation; ``judge_self``: the floor comparison may decide)."""
-        noise = self.th.noise
-        stats, own = LogprobStats(), LogprobStats() if self.floor is not None else None
-        overlap, n, worst = 0.0, 0, (0.0, 0.0, -1.0)
-        for r, resp in enumerate(responses):
-            ids = list(resp.prompt_ids) + list(resp.token_ids)
-            recomputed = self.reference(ids)
-            rows = recomputed if reference is None else reference(ids)
-            honest = self.floor(ids) if self.floor is not None else None
-            served = served_positions(resp, prompt)
-            for row, where, index, pick, lps, top in served:
-                compare_values(stats, pick, lps, top, rows[row], r, where, index, noise, noise)
-                if own is not None and honest is not None:
-                    compare_values(own, pick, lps, top, honest[row], r, where, index, noise, noise)
-                if pick is not None and len(pick) > 1:
-                    k = min(self.k, len(pick))  # vLLM adds the sampled / prompt token beside its top k
-                    served_top = [pick[i] for i in torch.argsort(lps, descending=True)[:k].tolist()]
-                    overlap += len(set(torch.topk(rows[row], k).indices.tolist()) & set(served_top)) / k
-                    n += 1
-            if served:
-                gap = request_gap(served, rows)
-                floor = request_gap(served, recomputed, honest) if honest is not None else self.lone_gap
-                ratio = gap / max(floor if floor is not None else 0.0, noise)
-                if ratio > worst[2]:
-                    worst = (gap, floor if floor is not None else 0.0, ratio)
-        if not stats.positions:
-            return PhaseReport(name, note="the backend returned no log-probabilities to compare", verdict=NOT_CHECKED)
-        rep = PhaseReport(
-            name,
-            requests=len(responses),
-            positions=stats.positions,
-            max_abs_dlogp=stats.max_abs_dlogp,
-            mean_abs_dlogp=stats.mean_abs_dlogp,
-            top1_agreement=stats.top1_agreement,
-            top1_disagreements=stats.top1_disagreements,
-            topk_agreement=overlap / n if n else None,
-            first_divergence=asdict(stats.first) if stats.first else None,
-            self_max_abs_dlogp=own.max_abs_dlogp if own and own.positions else None,
-            self_top1_agreement=own.top1_agreement if own else None,
-            gap=worst[0],
-            cached_tokens=max((c for c in (x.cached_tokens for x in responses) if c is not None), default=None),
-            **extra,
-        )
-        if self.exact or (self.floor is None and self.lone_gap is None):
-            verdicts = [serving_verdict(stats.max_abs_dlogp, stats.top1_disagreements, self.th)]
-            if judge_self and own is not None and own.positions:
-                verdicts.append(serving_verdict(own.max_abs_dlogp, own.top1_disagreements, self.th))
-            rep.verdict, rep.judged_on = worst_verdict(verdicts), "reference"
-        else:
-            rep.verdict, rep.gap_ratio = gap_verdict(worst[0], worst[1], noise)
-            rep.judged_on, rep.floor = "gap", worst[1]
-        return rep
 
 
 # ---- phases ------------------------------------------------------------------------------------------------------
@@ -670,7 +504,7 @@ def verify_backend(
 ) -> ServingReport:
     """Every phase on a live ``backend`` (a text workload) against float32 recomputation of ``reference`` (a loaded
     float32 ``Model``)."""
-    from .compare import ReferenceLogprobs
+    from .judge import ReferenceLogprobs
 
     th, settings = thresholds or Thresholds(), settings or Settings()
     check_same_model(backend, reference, reference_name)
@@ -718,8 +552,8 @@ def verify_serving(
     from dataclasses import replace
 
     from ..model.load import load_model
-    from .compare import ReferenceLogprobs
     from .engine import EngineOptions, VllmBackend, shared_engine
+    from .judge import ReferenceLogprobs
     from .model_dir import served_model
 
     say = log or (lambda _: None)

@@ -148,8 +148,7 @@ def _judged(exact, served_shift, floor_shift, floor=True):
     """One request judged by the verifier's Judge on whole rows: the served rows ``served_shift`` above the
     reference's (its gap), the floor computation ``floor_shift`` above them (the floor's gap)."""
     from genprobe.engine.backend import Response
-    from genprobe.serving.verdict import Thresholds
-    from genprobe.serving.verify import Judge
+    from genprobe.serving.judge import Judge, Thresholds
 
     ref = -torch.arange(8, dtype=torch.float64).repeat(3, 1)  # exact in binary: every shift below is exact too
     honest = (lambda ids: ref + floor_shift) if floor else None
@@ -158,7 +157,7 @@ def _judged(exact, served_shift, floor_shift, floor=True):
 
 
 def test_gap_ratio_thresholds_at_their_exact_edges():
-    from genprobe.serving.precision import GAP_BUG, GAP_PASS
+    from genprobe.serving.judge import GAP_BUG, GAP_PASS
 
     floor = 2.0**-7
     verdicts = [_judged(False, floor * r, floor).verdict for r in (GAP_PASS, GAP_PASS * 1.01, GAP_BUG, GAP_BUG * 1.01)]

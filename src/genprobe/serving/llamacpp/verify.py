@@ -23,7 +23,7 @@ F32 file 5e-6) — most likely because ggml-cpu picks its matrix-product kernels
 judged on its **gap ratio** (``judged_on="gap"``): the mean |Δ log p| over the reference's top-5 ids to
 recomputation, over the same statistic of llama.cpp's own one-call prefill of the same tokens (the file's
 quantization gap on exactly those positions; for the context shift, the kept tokens recomputed unshifted): ≤ 2
-pass, ≤ 5 suspicious, more a bug (:mod:`genprobe.serving.precision`). A cache serving the wrong prompt's entries
+pass, ≤ 5 suspicious, more a bug (:mod:`genprobe.serving.judge`). A cache serving the wrong prompt's entries
 moves a phase by far more than quantization does; an engine error smaller than the quantization noise can only be
 seen on an F32 file of the same model, which is why the F32 run is the engine-correctness check and a quantized run
 the deployment check.
@@ -38,9 +38,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..compare import ReferenceLogprobs
-from ..verdict import Thresholds
-from ..verify import Judge, PhaseReport, Run, ServingReport, Settings, build_workload, run_phases
+from ..judge import Judge, ReferenceLogprobs, Thresholds
+from ..verify import PhaseReport, Run, ServingReport, Settings, build_workload, run_phases
 from .engine import LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker, model_file_types
 
 EXACT_TYPES = {"F32"}  # tensor types whose products llama.cpp computes in float32 (no activation quantization)
