@@ -202,75 +202,67 @@ def _finish(args: argparse.Namespace, report: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Every phase on the chosen backend, the table; exit 1 when a phase reaches --fail-on."""
+    """Every phase on the chosen backend, the table; exit 1 when a phase reaches --fail-on, 2 when the engine is not
+    installed."""
+    from ..serving._vllm import vllm_import_problem
+    from ..serving.llamacpp import llama_cpp_problem
     from ..verify.compare import Thresholds
 
     th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
     if args.backend == "endpoint":
         return _finish(args, run_endpoint(args, th))
-    if args.backend == "llama.cpp":
-        return run_llamacpp(args, th)
-    from ..serving._vllm import VLLMNotAvailableError, require_vllm_engine
-    from ..serving.verify import verify_serving
-
+    if args.backend == "llama.cpp" and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     prompts = _encode_prompts(args)
-    with engine_log(args) as say:
-        try:  # importing vLLM prints too (Triton, deprecations): into the log with the rest
-            require_vllm_engine()
-        except VLLMNotAvailableError as exc:
-            missing: VLLMNotAvailableError | None = exc
-        else:
-            missing = None
-            report = verify_serving(
-                args.model,
-                args.reference,
-                dtypes=args.dtypes,
-                options=_options(args),
-                prompts=prompts,
-                steps=args.max_new_tokens,
-                top_k=args.top_k,
-                thresholds=th,
-                seed=args.seed,
-                log=say,
-            )
-    if missing is not None:
-        print(f"genprobe verify-serving: error: {missing}", file=sys.stderr)
+    with engine_log(args) as say:  # importing an engine prints too (vLLM: Triton, deprecations): into the log
+        llama = args.backend == "llama.cpp"
+        problem = llama_cpp_problem() if llama else vllm_import_problem()
+        report = None if problem else (run_llamacpp if llama else run_vllm)(args, prompts, th, say)
+    if report is None:
+        print(f"genprobe verify-serving: error: {problem}", file=sys.stderr)
         return 2
     return _finish(args, report)
 
 
-def run_llamacpp(args: argparse.Namespace, th: Any) -> int:
-    """``--backend llama.cpp``: every phase on the GGUF file; 2 when the bindings are missing."""
+def run_vllm(args: argparse.Namespace, prompts: list[list[int]], th: Any, say: Callable[[str], None]) -> Any:
+    """vLLM serving MODEL once per ``--dtypes`` entry."""
+    from ..serving.verify import verify_serving
+
+    return verify_serving(
+        args.model,
+        args.reference,
+        dtypes=args.dtypes,
+        options=_options(args),
+        prompts=prompts,
+        steps=args.max_new_tokens,
+        top_k=args.top_k,
+        thresholds=th,
+        seed=args.seed,
+        log=say,
+    )
+
+
+def run_llamacpp(args: argparse.Namespace, prompts: list[list[int]], th: Any, say: Callable[[str], None]) -> Any:
+    """llama.cpp serving the GGUF file."""
     import torch
 
-    from ..serving.llamacpp import llama_cpp_problem
-
-    problem = llama_cpp_problem()
-    if problem:
-        print(f"genprobe verify-serving: error: {problem}", file=sys.stderr)
-        return 2
     from ..serving.llamacpp.scan import gguf_file_for
     from ..serving.llamacpp.verify import verify_serving_llamacpp
 
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
-    prompts = _encode_prompts(args)
-    with engine_log(args) as say:
-        report = verify_serving_llamacpp(
-            gguf_file_for(args.model),
-            args.reference or args.model,
-            n_ctx=args.n_ctx,
-            n_threads=args.threads,
-            kv_type=args.kv_type,
-            prompts=prompts,
-            steps=args.max_new_tokens,
-            n_keep=args.n_keep,
-            thresholds=th,
-            seed=args.seed,
-            log=say,
-        )
-    return _finish(args, report)
+    return verify_serving_llamacpp(
+        gguf_file_for(args.model),
+        args.reference or args.model,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        kv_type=args.kv_type,
+        prompts=prompts,
+        steps=args.max_new_tokens,
+        n_keep=args.n_keep,
+        thresholds=th,
+        seed=args.seed,
+        log=say,
+    )
 
 
 def _add_live_arguments(p: argparse.ArgumentParser) -> None:

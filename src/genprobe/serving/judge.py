@@ -242,6 +242,18 @@ def request_gap(served: Sequence[Served], reference: torch.Tensor, honest: torch
     return total / count if count else 0.0
 
 
+@dataclass
+class Tally:
+    """What a phase's responses add up to: the comparison with recomputation, the one with the floor computation,
+    the top-k overlap and the worst request's (gap, floor, ratio)."""
+
+    stats: LogprobStats
+    own: LogprobStats
+    overlap: float = 0.0
+    overlaps: int = 0
+    worst: tuple[float, float, float] = (0.0, 0.0, -1.0)
+
+
 class Judge:
     """Compares responses with float32 recomputation (``reference``) and, where given, with an honest computation at
     the deployment's precision (``floor``: the same model recomputed in that dtype, or the engine's own one-call
@@ -254,6 +266,28 @@ class Judge:
         self.reference, self.th, self.k, self.floor, self.exact = reference, thresholds, k, floor, exact
         self.lone_gap: float | None = None
 
+    def add(self, tally: Tally, r: int, resp: Response, prompt: bool, reference: Rows | None) -> None:
+        """Request ``r``'s positions into ``tally``."""
+        noise, ids = self.th.noise, list(resp.prompt_ids) + list(resp.token_ids)
+        recomputed = self.reference(ids)
+        rows = recomputed if reference is None else reference(ids)
+        honest = self.floor(ids) if self.floor is not None else None
+        served = served_positions(resp, prompt)
+        for row, where, index, pick, lps, top in served:
+            compare_values(tally.stats, pick, lps, top, rows[row], r, where, index, noise, noise)
+            if honest is not None:
+                compare_values(tally.own, pick, lps, top, honest[row], r, where, index, noise, noise)
+            if pick is not None and len(pick) > 1:
+                k = min(self.k, len(pick))  # vLLM adds the sampled / prompt token beside its top k
+                served_top = [pick[i] for i in torch.argsort(lps, descending=True)[:k].tolist()]
+                tally.overlap += len(set(torch.topk(rows[row], k).indices.tolist()) & set(served_top)) / k
+                tally.overlaps += 1
+        if served:
+            gap = request_gap(served, rows)
+            floor = request_gap(served, recomputed, honest) if honest is not None else self.lone_gap or 0.0
+            ratio = gap / max(floor, noise)
+            tally.worst = max(tally.worst, (gap, floor, ratio), key=lambda w: w[2])
+
     def phase(
         self,
         name: str,
@@ -263,56 +297,36 @@ class Judge:
         judge_self: bool = True,
         **extra: Any,
     ) -> PhaseReport:
-        """The figures and verdict of ``responses`` (``reference``: another float32 reference for this phase; the
-        floor's gap is still read against recomputation; ``judge_self``: the floor comparison may decide)."""
-        noise = self.th.noise
-        stats, own = LogprobStats(), LogprobStats() if self.floor is not None else None
-        overlap, n, worst = 0.0, 0, (0.0, 0.0, -1.0)
+        """The figures and verdict of ``responses`` (``prompt``: their prompt positions only; ``reference``: another
+        float32 reference for this phase, the floor's gap still read against recomputation; ``judge_self``: the
+        floor comparison may decide)."""
+        t = Tally(LogprobStats(), LogprobStats())
         for r, resp in enumerate(responses):
-            ids = list(resp.prompt_ids) + list(resp.token_ids)
-            recomputed = self.reference(ids)
-            rows = recomputed if reference is None else reference(ids)
-            honest = self.floor(ids) if self.floor is not None else None
-            served = served_positions(resp, prompt)
-            for row, where, index, pick, lps, top in served:
-                compare_values(stats, pick, lps, top, rows[row], r, where, index, noise, noise)
-                if own is not None and honest is not None:
-                    compare_values(own, pick, lps, top, honest[row], r, where, index, noise, noise)
-                if pick is not None and len(pick) > 1:
-                    k = min(self.k, len(pick))  # vLLM adds the sampled / prompt token beside its top k
-                    served_top = [pick[i] for i in torch.argsort(lps, descending=True)[:k].tolist()]
-                    overlap += len(set(torch.topk(rows[row], k).indices.tolist()) & set(served_top)) / k
-                    n += 1
-            if served:
-                gap = request_gap(served, rows)
-                floor = request_gap(served, recomputed, honest) if honest is not None else self.lone_gap
-                ratio = gap / max(floor if floor is not None else 0.0, noise)
-                if ratio > worst[2]:
-                    worst = (gap, floor if floor is not None else 0.0, ratio)
-        if not stats.positions:
+            self.add(t, r, resp, prompt, reference)
+        st, own = t.stats, t.own
+        if not st.positions:
             return PhaseReport(name, note="the backend returned no log-probabilities to compare", verdict=NOT_CHECKED)
         rep = PhaseReport(
             name,
             requests=len(responses),
-            positions=stats.positions,
-            max_abs_dlogp=stats.max_abs_dlogp,
-            mean_abs_dlogp=stats.mean_abs_dlogp,
-            top1_agreement=stats.top1_agreement,
-            top1_disagreements=stats.top1_disagreements,
-            topk_agreement=overlap / n if n else None,
-            first_divergence=asdict(stats.first) if stats.first else None,
-            self_max_abs_dlogp=own.max_abs_dlogp if own and own.positions else None,
-            self_top1_agreement=own.top1_agreement if own else None,
-            gap=worst[0],
+            positions=st.positions,
+            max_abs_dlogp=st.max_abs_dlogp,
+            mean_abs_dlogp=st.mean_abs_dlogp,
+            top1_agreement=st.top1_agreement,
+            top1_disagreements=st.top1_disagreements,
+            topk_agreement=t.overlap / t.overlaps if t.overlaps else None,
+            first_divergence=asdict(st.first) if st.first else None,
+            self_max_abs_dlogp=own.max_abs_dlogp if own.positions else None,
+            self_top1_agreement=own.top1_agreement,
+            gap=t.worst[0],
             cached_tokens=max((c for c in (x.cached_tokens for x in responses) if c is not None), default=None),
             **extra,
         )
         if self.exact or (self.floor is None and self.lone_gap is None):
-            verdicts = [serving_verdict(stats.max_abs_dlogp, stats.top1_disagreements, self.th)]
-            if judge_self and own is not None and own.positions:
-                verdicts.append(serving_verdict(own.max_abs_dlogp, own.top1_disagreements, self.th))
+            judged = [st, own] if judge_self and own.positions else [st]
+            verdicts = [serving_verdict(s.max_abs_dlogp, s.top1_disagreements, self.th) for s in judged]
             rep.verdict, rep.judged_on = worst_verdict(verdicts), "reference"
         else:
-            rep.verdict, rep.gap_ratio = gap_verdict(worst[0], worst[1], noise)
-            rep.judged_on, rep.floor = "gap", worst[1]
+            rep.verdict, rep.gap_ratio = gap_verdict(t.worst[0], t.worst[1], self.th.noise)
+            rep.judged_on, rep.floor = "gap", t.worst[1]
         return rep

@@ -47,19 +47,8 @@ import torch
 from ..engine.backend import Backend, Request, Response, Sampler
 from .judge import NOT_CHECKED, Judge, PhaseReport, Thresholds, worst_verdict
 
-PHASES = (
-    "prompt",
-    "greedy",
-    "batch",
-    "prefix",
-    "prefix_uncached",
-    "diverge_boundary",
-    "diverge_inside",
-    "chunked_prefill",
-    "seed",
-    "limits",
-    "chat",
-)
+PHASES: tuple[str, ...] = ("prompt", "greedy", "batch", "prefix", "prefix_uncached", "diverge_boundary")
+PHASES += ("diverge_inside", "chunked_prefill", "seed", "limits", "chat")
 PROBE = "The quick brown fox, 42 times: naïve café — ok?"
 WORDS = (
     "the river morning house small light old road winter city quiet people across under bright long water stone "

@@ -171,26 +171,9 @@ class LlamaCppModel:
             raise ValueError(f"{len(ids)} tokens in one decode call exceed n_batch={self.n_batch}")
         if start < 0:
             raise ValueError(f"positions start at 0, got {start}")
-        b = self._batch
-        b.n_tokens = len(ids)
-        for i, t in enumerate(ids):
-            b.token[i], b.pos[i], b.n_seq_id[i] = t, start + i, 1
-            b.seq_id[i][0] = seq_id
-            b.logits[i] = logits == "all" or (logits == "last" and i == len(ids) - 1)
-        rc = self._lib.llama_decode(self.ctx, b)
-        if rc != 0:
-            raise LlamaCppDecodeError(
-                f"llama_decode returned {rc} for {len(ids)} tokens at position {start} (n_ctx {self.n_ctx})"
-            )
-        rows = {"all": len(ids), "last": 1, "none": 0}[logits]
-        return self._output_rows(rows)
-
-    def _output_rows(self, rows: int) -> np.ndarray:
-        if rows == 0:
-            return np.zeros((0, self.vocab_size), np.float32)
-        ptr = self._lib.llama_get_logits(self.ctx)
-        flat = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(rows * self.vocab_size,))
-        return flat.reshape(rows, self.vocab_size).copy()
+        want = [logits == "all" or (logits == "last" and i == len(ids) - 1) for i in range(len(ids))]
+        entries = [(t, start + i, seq_id, w) for i, (t, w) in enumerate(zip(ids, want, strict=True))]
+        return _decode(self._lib, self.ctx, self._batch, entries, self.vocab_size)
 
     def remove(self, p0: int, p1: int, seq_id: int = 0) -> None:
         """Drop the cached positions ``[p0, p1)`` of ``seq_id`` (``llama_memory_seq_rm``)."""
@@ -331,6 +314,23 @@ class LlamaCppModel:
         self.close()
 
 
+def _decode(lib: Any, ctx: Any, batch: Any, entries: Sequence[tuple[int, int, int, bool]], vocab: int) -> np.ndarray:
+    """ONE ``llama_decode`` call of ``(token, position, seq_id, logits wanted)`` entries through ``batch``; the wanted
+    rows, float32 ``(rows, vocab)``."""
+    batch.n_tokens = len(entries)
+    for i, (tok, pos, seq, want) in enumerate(entries):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, want
+        batch.seq_id[i][0] = seq
+    rc = lib.llama_decode(ctx, batch)
+    if rc != 0:
+        raise LlamaCppDecodeError(f"llama_decode returned {rc} for {len(entries)} tokens from position {entries[0][1]}")
+    rows = sum(w for *_, w in entries)
+    if rows == 0:
+        return np.zeros((0, vocab), np.float32)
+    logits = ctypes.cast(lib.llama_get_logits(ctx), ctypes.POINTER(ctypes.c_float))
+    return np.ctypeslib.as_array(logits, shape=(rows * vocab,)).reshape(rows, vocab).copy()
+
+
 def _quietly(make: Callable[[], Any]) -> Any:
     """``make()`` with llama-cpp-python's log forwarding silenced (a sized-to-the-batch context exceeds the model's
     training context by design, and llama.cpp warns about it on stderr)."""
@@ -402,21 +402,6 @@ class SequenceBatch:
             raise RuntimeError(f"llama.cpp could not create a context for {len(self.prompts)} sequences")
         self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
 
-    def _decode(self, entries: list[tuple[int, int, int]], want: list[bool]) -> np.ndarray:
-        """One ``llama_decode`` of ``(token, position, seq_id)`` entries; the rows whose ``want`` is set."""
-        b = self.batch
-        b.n_tokens = len(entries)
-        for i, ((tok, pos, seq), w) in enumerate(zip(entries, want, strict=True)):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, w
-            b.seq_id[i][0] = seq
-        rc = self.lib.llama_decode(self.ctx, b)
-        if rc != 0:
-            raise LlamaCppDecodeError(f"llama_decode returned {rc} for a batch of {len(entries)} tokens")
-        rows, vocab = sum(want), self.model.vocab_size
-        ptr = self.lib.llama_get_logits(self.ctx)
-        flat = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(rows * vocab,))
-        return flat.reshape(rows, vocab).copy()
-
     def run(
         self, max_new_tokens: int, next_token: NextToken | Sequence[NextToken], keep_logits: bool
     ) -> list[BatchedGeneration]:
@@ -424,9 +409,11 @@ class SequenceBatch:
         pickers = list(next_token) if isinstance(next_token, Sequence) else [next_token] * len(self.prompts)
         if len(pickers) != len(self.prompts):
             raise ValueError(f"{len(pickers)} token pickers for {len(self.prompts)} sequences")
-        entries = [(t, i, s) for s, p in enumerate(self.prompts) for i, t in enumerate(p)]
-        want = [keep_logits or i == len(p) - 1 for p in self.prompts for i in range(len(p))]
-        rows = self._decode(entries, want)
+        vocab = self.model.vocab_size
+        entries = [
+            (t, i, s, keep_logits or i == len(p) - 1) for s, p in enumerate(self.prompts) for i, t in enumerate(p)
+        ]
+        rows = _decode(self.lib, self.ctx, self.batch, entries, vocab)
         per_seq: list[list[np.ndarray]] = []
         at = 0
         for p in self.prompts:
@@ -440,8 +427,8 @@ class SequenceBatch:
                 h.append(t)
             if step == max_new_tokens - 1:
                 break
-            entries = [(t, len(h) - 1, s) for s, (h, t) in enumerate(zip(histories, new, strict=True))]
-            rows = self._decode(entries, [True] * len(entries))
+            step_entries = [(t, len(h) - 1, s, True) for s, (h, t) in enumerate(zip(histories, new, strict=True))]
+            rows = _decode(self.lib, self.ctx, self.batch, step_entries, vocab)
             for s in range(len(histories)):
                 per_seq[s].append(rows[s])
         return [
