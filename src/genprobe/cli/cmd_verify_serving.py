@@ -213,36 +213,26 @@ def run(args: argparse.Namespace) -> int:
         return _finish(args, run_endpoint(args, th))
     if args.backend == "llama.cpp" and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    prompts = _encode_prompts(args)
+    common = {"prompts": _encode_prompts(args), "steps": args.max_new_tokens, "thresholds": th, "seed": args.seed}
     with engine_log(args) as say:  # importing an engine prints too (vLLM: Triton, deprecations): into the log
         llama = args.backend == "llama.cpp"
         problem = llama_cpp_problem() if llama else vllm_import_problem()
-        report = None if problem else (run_llamacpp if llama else run_vllm)(args, prompts, th, say)
+        report = None if problem else (run_llamacpp if llama else run_vllm)(args, {**common, "log": say})
     if report is None:
         print(f"genprobe verify-serving: error: {problem}", file=sys.stderr)
         return 2
     return _finish(args, report)
 
 
-def run_vllm(args: argparse.Namespace, prompts: list[list[int]], th: Any, say: Callable[[str], None]) -> Any:
-    """vLLM serving MODEL once per ``--dtypes`` entry."""
+def run_vllm(args: argparse.Namespace, common: dict[str, Any]) -> Any:
+    """vLLM serving MODEL once per ``--dtypes`` entry (``common``: the settings every engine takes)."""
     from ..serving.verify import verify_serving
 
-    return verify_serving(
-        args.model,
-        args.reference,
-        dtypes=args.dtypes,
-        options=_options(args),
-        prompts=prompts,
-        steps=args.max_new_tokens,
-        top_k=args.top_k,
-        thresholds=th,
-        seed=args.seed,
-        log=say,
-    )
+    options = _options(args)
+    return verify_serving(args.model, args.reference, dtypes=args.dtypes, options=options, top_k=args.top_k, **common)
 
 
-def run_llamacpp(args: argparse.Namespace, prompts: list[list[int]], th: Any, say: Callable[[str], None]) -> Any:
+def run_llamacpp(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     """llama.cpp serving the GGUF file."""
     import torch
 
@@ -250,19 +240,9 @@ def run_llamacpp(args: argparse.Namespace, prompts: list[list[int]], th: Any, sa
     from ..serving.llamacpp.verify import verify_serving_llamacpp
 
     torch.set_num_threads(args.threads)
-    return verify_serving_llamacpp(
-        gguf_file_for(args.model),
-        args.reference or args.model,
-        n_ctx=args.n_ctx,
-        n_threads=args.threads,
-        kv_type=args.kv_type,
-        prompts=prompts,
-        steps=args.max_new_tokens,
-        n_keep=args.n_keep,
-        thresholds=th,
-        seed=args.seed,
-        log=say,
-    )
+    file, reference = gguf_file_for(args.model), args.reference or args.model
+    engine = {"n_ctx": args.n_ctx, "n_threads": args.threads, "kv_type": args.kv_type, "n_keep": args.n_keep}
+    return verify_serving_llamacpp(file, reference, **engine, **common)
 
 
 def _add_live_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
-from .runner import runner_for
+from .runner import Runner, runner_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
@@ -130,6 +130,14 @@ def stop_text(text: str, stops: Sequence[str]) -> str:
     return text[: min(cut)] if cut else text
 
 
+def full_logprobs(runner: Runner, ids: Sequence[int]) -> torch.Tensor:
+    """``log_softmax`` (in float32) of one uncached forward of ``ids``: ``(len(ids), V)``; row t predicts t + 1."""
+    x = torch.tensor([list(ids)], dtype=torch.long)
+    with torch.inference_mode():
+        logits = runner.full(x, torch.ones_like(x, dtype=torch.bool))[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
 def top_positions(logprobs: torch.Tensor, tokens: Sequence[int], k: int) -> list[Position]:
     """Positions of ``tokens`` from rows of log-probabilities ``(len(tokens), V)``: each token's value and the top
     ``k`` (ties broken by the lower id, as ``torch.topk`` on CPU)."""
@@ -169,12 +177,6 @@ class EngineBackend:
             label=str(next(model.module.parameters()).dtype).removeprefix("torch."),
         )
 
-    def _logprobs(self, ids: Sequence[int]) -> torch.Tensor:
-        x = torch.tensor([list(ids)], dtype=torch.long)
-        with torch.inference_mode():
-            logits = self.runner.full(x, torch.ones_like(x, dtype=torch.bool))[0]
-        return torch.log_softmax(logits.float(), dim=-1)
-
     def _next(self, row: torch.Tensor, sampler: Sampler, gen: torch.Generator | None) -> int:
         if sampler.ban_ids:
             row = row.clone()
@@ -193,13 +195,13 @@ class EngineBackend:
         gen = None if s.temperature == 0 else torch.Generator().manual_seed(s.seed or 0)
         ids, out, reason = list(request.prompt), [], "length"
         for _ in range(request.max_tokens):
-            tok = self._next(self._logprobs(ids)[-1], s, gen)
+            tok = self._next(full_logprobs(self.runner, ids)[-1], s, gen)
             out.append(tok)
             ids.append(tok)
             if tok == self.model.eos_id or any(st in self.model.decode(out) for st in request.stop):
                 reason = "stop"
                 break
-        rows = self._logprobs(ids)
+        rows = full_logprobs(self.runner, ids)
         P = len(request.prompt)
         positions = top_positions(rows[P - 1 : P - 1 + len(out)], out, request.logprobs)
         prompt_positions: list[Position | None] | None = None

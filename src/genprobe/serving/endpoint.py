@@ -26,9 +26,12 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..engine.backend import Capabilities, Position, Request, Response, complete_concurrently
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model.load import Model
 
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 TEXT_MAX_LOGPROBS = 20  # the OpenAI API's legacy completions limit
@@ -236,11 +239,11 @@ class EndpointBackend:
         return None if answer is None else [int(t) for t in answer["tokens"]]
 
 
-def piece_table(model: Any) -> dict[str, int]:
+def piece_table(model: Model) -> dict[str, int]:
     """Each token's text → its id in ``model``'s tokenizer, for the pieces exactly one id has (what maps text-keyed
     log-probs back)."""
     seen: dict[str, list[int]] = {}
-    tok = model.tokenizer
+    tok: Any = model.tokenizer  # a transformers tokenizer (``hf``) or genprobe's own
     for i in range(len(tok.hf) if hasattr(tok, "hf") else tok.vocab_size):
         seen.setdefault(tok.token_str(i) if hasattr(tok, "token_str") else model.decode([i]), []).append(i)
     return {s: ids[0] for s, ids in seen.items() if len(ids) == 1}

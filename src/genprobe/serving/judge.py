@@ -37,13 +37,16 @@ seen on a float32 deployment, which is why verify-serving keeps float32 as its e
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from ..engine.backend import Position, Response
+from ..engine.backend import Position, Response, full_logprobs
 from ..engine.runner import runner_for
 from ..verify.compare import VERDICTS, Thresholds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model.load import Model
 
 __all__ = ["Thresholds"]  # the verdict scale, from verify-cache
 NOT_CHECKED = "not checked"
@@ -137,10 +140,10 @@ def compare_values(
 
 
 class ReferenceLogprobs:
-    """``log_softmax`` (in float32) of one uncached forward of a loaded ``Model`` in its own dtype — float32, or the
-    deployment's reduced precision for the floor (the floor) — memoised per sequence."""
+    """:func:`~genprobe.engine.backend.full_logprobs` of a loaded ``Model`` in its own dtype — float32, or a
+    deployment's reduced precision for its floor — memoised per sequence."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Model):
         self.model = model
         self.runner = runner_for(model)
         self.vocab_size = int(model.vocab_size)
@@ -150,10 +153,7 @@ class ReferenceLogprobs:
         """(len(ids), V) log-probabilities (float32 tensor); row t predicts token t + 1."""
         key = tuple(int(i) for i in ids)
         if key not in self._cache:
-            x = torch.tensor([key], dtype=torch.long)
-            with torch.inference_mode():
-                logits = self.runner.full(x, torch.ones_like(x, dtype=torch.bool))[0]
-            self._cache[key] = torch.log_softmax(logits.float(), dim=-1)
+            self._cache[key] = full_logprobs(self.runner, key)
         return self._cache[key]
 
 
@@ -306,22 +306,14 @@ class Judge:
         st, own = t.stats, t.own
         if not st.positions:
             return PhaseReport(name, note="the backend returned no log-probabilities to compare", verdict=NOT_CHECKED)
-        rep = PhaseReport(
-            name,
-            requests=len(responses),
-            positions=st.positions,
-            max_abs_dlogp=st.max_abs_dlogp,
-            mean_abs_dlogp=st.mean_abs_dlogp,
-            top1_agreement=st.top1_agreement,
-            top1_disagreements=st.top1_disagreements,
-            topk_agreement=t.overlap / t.overlaps if t.overlaps else None,
-            first_divergence=asdict(st.first) if st.first else None,
-            self_max_abs_dlogp=own.max_abs_dlogp if own.positions else None,
-            self_top1_agreement=own.top1_agreement,
-            gap=t.worst[0],
-            cached_tokens=max((c for c in (x.cached_tokens for x in responses) if c is not None), default=None),
-            **extra,
-        )
+        cached = max((c for c in (x.cached_tokens for x in responses) if c is not None), default=None)
+        rep = PhaseReport(name, requests=len(responses), positions=st.positions, cached_tokens=cached, **extra)
+        rep.max_abs_dlogp, rep.mean_abs_dlogp, rep.gap = st.max_abs_dlogp, st.mean_abs_dlogp, t.worst[0]
+        rep.top1_agreement, rep.top1_disagreements = st.top1_agreement, st.top1_disagreements
+        rep.topk_agreement = t.overlap / t.overlaps if t.overlaps else None
+        rep.first_divergence = asdict(st.first) if st.first else None
+        rep.self_max_abs_dlogp = own.max_abs_dlogp if own.positions else None
+        rep.self_top1_agreement = own.top1_agreement
         if self.exact or (self.floor is None and self.lone_gap is None):
             judged = [st, own] if judge_self and own.positions else [st]
             verdicts = [serving_verdict(s.max_abs_dlogp, s.top1_disagreements, self.th) for s in judged]

@@ -38,14 +38,19 @@ and on the gap ratio over those for the rest.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from ..engine.backend import Backend, Request, Response, Sampler
 from .judge import NOT_CHECKED, Judge, PhaseReport, Thresholds, worst_verdict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model.load import Model
+    from .engine import EngineOptions
 
 PHASES: tuple[str, ...] = ("prompt", "greedy", "batch", "prefix", "prefix_uncached", "diverge_boundary")
 PHASES += ("diverge_inside", "chunked_prefill", "seed", "limits", "chat")
@@ -154,7 +159,7 @@ def random_prompts(n: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))).capitalize() for _ in range(n)]
 
 
-def text_workload(reference: Any, texts: Sequence[str], settings: Settings, token_prompts: bool) -> Workload:
+def text_workload(reference: Model, texts: Sequence[str], settings: Settings, token_prompts: bool) -> Workload:
     """A live server's workload: ``settings.requests`` texts alone and together, and a pair sharing a prefix of up
     to :data:`PREFIX_TOKENS` tokens made of the other texts' words (half the context at most)."""
     if len(texts) < PREFIX_PROMPTS + 2:
@@ -186,7 +191,7 @@ class Run:
     judge: Judge
     work: Workload
     settings: Settings
-    reference: Any
+    reference: Model
 
     @property
     def k(self) -> int:
@@ -409,24 +414,24 @@ def chat_phase(run: Run) -> PhaseReport:
     ours = list(hf.encode(text, add_special_tokens=False))
     if served == ours:
         return PhaseReport("chat", judged_on="template", requests=1, positions=len(ours))
-    note = template_difference(served, ours, reference)
+    note = template_difference(served, ours, hf)
     return PhaseReport("chat", verdict="bug", judged_on="template", note=note, requests=1, positions=len(ours))
 
 
-def template_difference(served: Sequence[int], ours: Sequence[int], reference: Any) -> str:
-    """What differs: BOS added or omitted, the system turn missing, else the first differing token."""
-    bos = getattr(reference.tokenizer.hf, "bos_token_id", None)
+def template_difference(served: Sequence[int], ours: Sequence[int], hf: Any) -> str:
+    """What differs (``hf``: the reference's ``transformers`` tokenizer): BOS added or omitted, the system turn
+    missing, else the first differing token."""
+    bos = getattr(hf, "bos_token_id", None)
     if bos is not None and list(served) == [bos, *ours]:
         return "the server adds a BOS token the template does not"
     if bos is not None and [bos, *served] == list(ours):
         return "the server omits the template's BOS token"
     notes = []
-    if CHAT[0]["content"] not in reference.decode(served):
+    if CHAT[0]["content"] not in hf.decode(served):
         notes.append("the system turn is missing")
     i = common_prefix(served, ours)
-    piece = reference.tokenizer.hf.decode
-    s = repr(piece(served[i : i + 1])) if i < len(served) else "end"
-    o = repr(piece(ours[i : i + 1])) if i < len(ours) else "end"
+    s = repr(hf.decode(served[i : i + 1])) if i < len(served) else "end"
+    o = repr(hf.decode(ours[i : i + 1])) if i < len(ours) else "end"
     notes.append(f"first differing token {i}: server {s}, template {o}")
     return "; ".join(notes)
 
@@ -444,7 +449,7 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 # ---- the whole check ---------------------------------------------------------------------------------------------
-def check_same_model(backend: Backend, reference: Any, reference_name: str) -> None:
+def check_same_model(backend: Backend, reference: Model, reference_name: str) -> None:
     """A ``ValueError`` (one line) when the backend tokenizes a probe string differently from ``reference``: it
     serves another model. A leading BOS on either side is not a difference (servers add it to prompts)."""
     served = backend.tokenize(PROBE)
@@ -483,7 +488,7 @@ def run_phases(run: Run, extra: Sequence[Callable[[Run], PhaseReport]] = ()) -> 
 
 def verify_backend(
     backend: Backend,
-    reference: Any,
+    reference: Model,
     reference_name: str,
     settings: Settings | None = None,
     prompts: Sequence[str] | None = None,
@@ -508,7 +513,9 @@ def verify_backend(
 
 
 # ---- vLLM in process ---------------------------------------------------------------------------------------------
-def sized_for_checks(model_dir: Any, options: Any, prompts: Sequence[Sequence[int]], steps: int) -> Any:
+def sized_for_checks(
+    model_dir: str | os.PathLike, options: EngineOptions, prompts: Sequence[Sequence[int]], steps: int
+) -> EngineOptions:
     """``options`` sized to what the phases need (:func:`genprobe.serving.engine.size_for_workload`): room for the
     longest prompt, and at least 4 × max(token budget, KV block) so that prefixes span cached blocks and long
     prompts several prefill chunks; as many sequences as the batch phase sends at once."""
@@ -522,11 +529,11 @@ def sized_for_checks(model_dir: Any, options: Any, prompts: Sequence[Sequence[in
 
 
 def verify_serving(
-    model: Any,
-    reference: Any = None,
+    model: str | os.PathLike,
+    reference: str | os.PathLike | None = None,
     *,
     dtypes: Sequence[str] = ("float32", "bfloat16"),
-    options: Any = None,
+    options: EngineOptions | None = None,
     prompts: Sequence[Sequence[int]] = (),
     steps: int = 16,
     top_k: int = 5,
