@@ -43,6 +43,10 @@ class FakeBackend(EngineBackend):
     def complete_many(self, requests, concurrency: int) -> list[Response]:
         return [self.complete(r, batch=min(concurrency, 4)) for r in requests]
 
+    def reset_cache(self) -> bool:
+        self.last = None
+        return True
+
 
 def _moved(pos: Position, by: float) -> Position:
     logprob = None if pos.logprob is None else pos.logprob - by

@@ -115,6 +115,10 @@ class Backend(Protocol):
         """The prompt ids the backend builds from chat ``messages`` (generation prompt added), None when unknown."""
         ...
 
+    def reset_cache(self) -> bool:
+        """Empty the prefix cache; False when the backend cannot (a live server's holds what others sent)."""
+        ...
+
 
 def complete_concurrently(backend: Backend, requests: Sequence[Request], concurrency: int) -> list[Response]:
     """``backend.complete`` over ``requests`` from a pool of ``concurrency`` threads (results in request order)."""
@@ -221,3 +225,7 @@ class EngineBackend:
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
         """Not a chat server: None."""
         return None
+
+    def reset_cache(self) -> bool:
+        """No cache to empty."""
+        return True

@@ -230,6 +230,10 @@ class EndpointBackend:
             return None
         return None if answer is None else [int(t) for t in answer["tokens"]]
 
+    def reset_cache(self) -> bool:
+        """A server's cache cannot be emptied from outside."""
+        return False
+
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
         """The prompt ids vLLM's chat template builds (``/tokenize`` with ``messages``); None elsewhere."""
         if self.server != "vllm":

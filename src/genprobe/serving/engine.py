@@ -402,6 +402,10 @@ class VllmBackend:
         """Not a chat server: None."""
         return None
 
+    def reset_cache(self) -> bool:
+        """``LLM.reset_prefix_cache`` (the engine is shared: an earlier job's requests may be cached)."""
+        return bool(self.engine.llm.reset_prefix_cache())
+
 
 def _position(token: int, d: dict | None) -> Position | None:
     """One position of vLLM's ``{id: Logprob}`` (its top-k and the actual token)."""

@@ -536,6 +536,11 @@ class LlamaCppBackend:
         """Not a chat server: None."""
         return None
 
+    def reset_cache(self) -> bool:
+        """An empty KV cache and prompt cache."""
+        self.model.reset()
+        return True
+
 
 def _greedy_only(request: Request) -> None:
     s = request.sampler
