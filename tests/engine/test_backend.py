@@ -12,8 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "matrix"))
 from command_cells import save_tiny_llama  # noqa: E402
 
 from genprobe.engine.backend import EngineBackend, Request, Sampler  # noqa: E402
-from genprobe.serving.live import NOT_CHECKED, LiveSettings  # noqa: E402
-from genprobe.serving.live_verify import verify_live  # noqa: E402
+from genprobe.serving.verify import NOT_CHECKED, Settings, verify_backend  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -24,16 +23,13 @@ def model(tmp_path_factory):
 
 
 def test_the_engine_backend_is_its_own_reference(model):
-    report = verify_live(EngineBackend(model), model, "tiny", LiveSettings(requests=8, steps=4, top_k=3))
+    report = verify_backend(EngineBackend(model), model, "tiny", Settings(requests=8, steps=4, top_k=3))
     got = {p.phase: p for p in report.phases}
     for name in ("prompt", "greedy"):
         assert got[name].verdict == "pass" and got[name].max_abs_dlogp == 0.0, got[name]
         assert got[name].top1_agreement == 1.0 and got[name].topk_agreement == 1.0
     assert got["prefix"].verdict == "pass" and got["seed"].verdict == "pass" and got["limits"].verdict == "pass"
-    assert (
-        got["concurrency"].verdict == NOT_CHECKED
-        and got["concurrency"].note == "the backend serves one request at a time"
-    )
+    assert got["batch"].verdict == NOT_CHECKED and got["batch"].note == "the backend serves one request at a time"
     assert got["chat"].verdict == NOT_CHECKED and "no endpoint that returns the prompt ids" in got["chat"].note
     assert report.verdict == "pass"
 
@@ -57,6 +53,6 @@ class _NothingCached(EngineBackend):
 
 def test_a_prefix_cache_that_served_nothing_is_not_checked(model):
     """A check with nothing to look at says "not checked", never "pass"."""
-    report = verify_live(_NothingCached(model), model, "tiny", LiveSettings(requests=8, steps=4, top_k=3))
+    report = verify_backend(_NothingCached(model), model, "tiny", Settings(requests=8, steps=4, top_k=3))
     prefix = next(p for p in report.phases if p.phase == "prefix")
     assert prefix.verdict == NOT_CHECKED and "its prefix cache was not exercised" in prefix.note, prefix

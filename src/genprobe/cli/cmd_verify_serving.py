@@ -1,10 +1,11 @@
-"""``genprobe verify-serving MODEL --engine vllm``: does a serving deployment compute the model's log-probabilities?
+"""``genprobe verify-serving MODEL|URL``: does a serving deployment compute the model's log-probabilities?
 
-Serves MODEL with vLLM once per ``--dtypes`` entry and compares ``prompt_logprobs`` and per-step top-k
-``logprobs`` (greedy) with float32 recomputation, phase by phase: prompts alone, a mixed-length batch
-(continuous batching), a shared prefix with prefix caching on and off, chunked prefill. Exit status
-as verify-cache: 0 when no phase reaches ``--fail-on`` (default bug), 1 when one does, 2 on bad input
-(or when the engine is not installed, or cannot start: one line naming the setting to change).
+One verifier (:mod:`genprobe.serving.verify`) on one backend: vLLM serving MODEL in process (once per ``--dtypes``
+entry), llama.cpp serving a GGUF file (``--backend llama.cpp``), or a live OpenAI-compatible server at URL
+(``--reference`` the weights it should serve). Every phase the backend allows compares the returned log-probabilities
+with float32 recomputation; the others say why they were not checked. Exit status as verify-cache: 0 when no phase
+reaches ``--fail-on`` (default bug), 1 when one does, 2 on bad input (or when the engine is not installed, cannot
+start, or the server cannot be used: one line naming the problem).
 
 The engine is sized to the checks, not to the model (:func:`genprobe.serving.verify.sized_for_checks`):
 ``--max-model-len`` defaults to the longest prompt (at least 4 × max(token budget, KV block)) plus
@@ -22,7 +23,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from .._io import json_safe
 from ._common import (
@@ -36,7 +37,6 @@ from ._common import (
     out_dir,
     read_prompts,
 )
-from ._live import add_live_arguments, run_endpoint
 from ._vllm_args import add_engine_arguments, engine_options
 
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
@@ -46,13 +46,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``verify-serving`` sub-command."""
     p = sub.add_parser(
         "verify-serving",
-        help="check a vLLM deployment's log-probabilities against float32 recomputation "
-        "(batching, prefix cache, chunked prefill, dtype)",
-        description="Serve MODEL with vLLM and compare its prompt and per-step top-k log-probabilities (greedy) with "
-        "float32 recomputation of the same tokens: prompts alone, a mixed-length batch, a shared prefix with prefix "
-        "caching on and off, prompts longer than --max-num-batched-tokens (chunked prefill); once per --dtypes entry. "
-        "Verdicts on verify-cache's scale over max |Δ log p|; a differing top-1 token is at least 'suspicious'. "
-        "The engine's context and KV cache are sized to these checks unless --max-model-len / "
+        help="check a deployment's log-probabilities (vLLM, llama.cpp, a live server) against float32 recomputation "
+        "(batching, prefix cache, chunked prefill, precision)",
+        description="Serve MODEL (vLLM, or llama.cpp with --backend llama.cpp) or reach the server at URL and compare "
+        "its prompt and per-step log-probabilities (greedy) with float32 recomputation of the same tokens, phase by "
+        "phase: prompt, greedy, batch, prefix (cache), prefix_uncached, diverge_boundary, diverge_inside, "
+        "chunked_prefill, seed, limits, chat (and llama.cpp's context_shift); a phase the backend cannot support is "
+        "'not checked'. Float32 arithmetic is judged on verify-cache's scale over max |Δ log p| (a differing top-1 "
+        "token is at least 'suspicious'), reduced precision on its gap ratio over an honest computation in that "
+        "precision. vLLM's context and KV cache are sized to these checks unless --max-model-len / "
         "--kv-cache-memory-bytes / --gpu-memory-utilization say otherwise.",
     )
     add_model_argument(
@@ -68,12 +70,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--backend",
         choices=("vllm", "llama.cpp", "endpoint"),
         default=None,
-        help="vllm (the default for a model on disk: the model directory served by vLLM), llama.cpp (MODEL is a GGUF "
-        "file, or a catalog name whose GGUF `genprobe fetch` kept: every position's logits against float32 "
-        "recomputation of the same weights dequantized and against llama.cpp's own prefill; phases prefill, decode, "
-        "batch, prompt_cache, prompt_cache_diverge, context_shift) or endpoint (the default for a URL: a live "
-        "OpenAI-compatible server — vLLM, llama-cpp-python's server, any other — checked against --reference; "
-        "phases prompt, greedy, prefix, concurrency, seed, limits, chat; docs/live-serving.md)",
+        help="vllm (the default for a model on disk: the model directory served by vLLM, once per --dtypes entry), "
+        "llama.cpp (MODEL is a GGUF file, or a catalog name whose GGUF `genprobe fetch` kept: every position's logits "
+        "against float32 recomputation of the same weights dequantized and against llama.cpp's own prefill) or "
+        "endpoint (the default for a URL: a live OpenAI-compatible server — vLLM, llama-cpp-python's server, any "
+        "other — checked against --reference; docs/live-serving.md)",
     )
     p.add_argument(
         "--reference", metavar="MODEL", help="the weights the deployment should serve (default: MODEL itself)"
@@ -92,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
     add_engine_arguments(p, max_num_batched_tokens=32, max_num_seqs=32, block_size=32)
     _add_llamacpp_arguments(p)
-    add_live_arguments(p)
+    _add_live_arguments(p)
     p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on |Δ log p| (default 1e-4)")
     p.add_argument("--bug", type=float, default=1.0, help="bug threshold on max |Δ log p| (default 1.0)")
     p.add_argument(
@@ -181,16 +182,19 @@ def engine_log(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
         info(f"the engine's own log: {path} ({lines} lines; --verbose prints them here)")
 
 
-def _finish(args: argparse.Namespace, report, failing: list[str], table: Callable[..., None]) -> int:
+def _finish(args: argparse.Namespace, report: Any) -> int:
     """The table, the failing phases, --json and --out; the exit status."""
     from .._io import atomic_write_json
 
+    bad = [p for p in report.phases if p.verdict in FAIL_ON[args.fail_on]]
+    failing = [f"{p.dtype}/{p.phase}" if p.dtype else p.phase for p in bad]
     rc = 1 if failing else 0
-    table(report, file=sys.stderr if args.json else sys.stdout)
+    print_table(report, file=sys.stderr if args.json else sys.stdout)
     if failing:
         info(f"FAIL: {', '.join(failing)}")
     summary = {**json_safe(report), "failing": failing, "exit_status": rc}
     if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.out / "verify-serving.json", summary)
     if args.json:
         emit_json(summary)
@@ -198,167 +202,134 @@ def _finish(args: argparse.Namespace, report, failing: list[str], table: Callabl
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run every phase per dtype, print the table; exit 1 when a phase reaches --fail-on."""
-    from ..serving.verify import verify_serving
+    """Every phase on the chosen backend, the table; exit 1 when a phase reaches --fail-on, 2 when the engine is not
+    installed."""
+    from ..serving._vllm import vllm_import_problem
+    from ..serving.llamacpp import llama_cpp_problem
     from ..verify.compare import Thresholds
 
     th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
     if args.backend == "endpoint":
-        return run_endpoint(args, th, _finish, FAIL_ON[args.fail_on])
-    if args.backend == "llama.cpp":
-        return run_llamacpp(args, th)
-    from ..serving._vllm import VLLMNotAvailableError, require_vllm_engine
-
-    prompts = _encode_prompts(args)
-    missing: VLLMNotAvailableError | None = None
-    with engine_log(args) as say:
-        try:  # importing vLLM prints too (Triton, deprecations): into the log with the rest
-            require_vllm_engine()
-        except VLLMNotAvailableError as exc:
-            missing = exc
-        else:
-            report = verify_serving(
-                args.model,
-                args.reference,
-                dtypes=args.dtypes,
-                options=_options(args),
-                prompts=prompts,
-                steps=args.max_new_tokens,
-                top_k=args.top_k,
-                thresholds=th,
-                seed=args.seed,
-                log=say,
-            )
-    if missing is not None:
-        print(f"genprobe verify-serving: error: {missing}", file=sys.stderr)
-        return 2
-    failing = [f"{p.dtype}/{p.phase}" for p in report.phases if not p.skipped and p.verdict in FAIL_ON[args.fail_on]]
-    return _finish(args, report, failing, print_table)
-
-
-def run_llamacpp(args: argparse.Namespace, th) -> int:
-    """``--backend llama.cpp``: every phase on the GGUF file, the llama.cpp table; exit 1 when a phase reaches
-    --fail-on, 2 when the bindings are missing."""
-    import torch
-
-    from ..serving.llamacpp import llama_cpp_problem
-
-    problem = llama_cpp_problem()
-    if problem:
+        return _finish(args, run_endpoint(args, th))
+    if args.backend == "llama.cpp" and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    common = {"prompts": _encode_prompts(args), "steps": args.max_new_tokens, "thresholds": th, "seed": args.seed}
+    with engine_log(args) as say:  # importing an engine prints too (vLLM: Triton, deprecations): into the log
+        llama = args.backend == "llama.cpp"
+        problem = llama_cpp_problem() if llama else vllm_import_problem()
+        report = None if problem else (run_llamacpp if llama else run_vllm)(args, {**common, "log": say})
+    if report is None:
         print(f"genprobe verify-serving: error: {problem}", file=sys.stderr)
         return 2
+    return _finish(args, report)
+
+
+def run_vllm(args: argparse.Namespace, common: dict[str, Any]) -> Any:
+    """vLLM serving MODEL once per ``--dtypes`` entry (``common``: the settings every engine takes)."""
+    from ..serving.verify import verify_serving
+
+    options = _options(args)
+    return verify_serving(args.model, args.reference, dtypes=args.dtypes, options=options, top_k=args.top_k, **common)
+
+
+def run_llamacpp(args: argparse.Namespace, common: dict[str, Any]) -> Any:
+    """llama.cpp serving the GGUF file."""
+    import torch
+
     from ..serving.llamacpp.scan import gguf_file_for
     from ..serving.llamacpp.verify import verify_serving_llamacpp
 
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
-    prompts = _encode_prompts(args)
-    with engine_log(args) as say:
-        report = verify_serving_llamacpp(
-            gguf_file_for(args.model),
-            args.reference or args.model,
-            n_ctx=args.n_ctx,
-            n_threads=args.threads,
-            kv_type=args.kv_type,
-            prompts=prompts,
-            steps=args.max_new_tokens,
-            n_keep=args.n_keep,
-            thresholds=th,
-            seed=args.seed,
-            log=say,
-        )
-    failing = [p.phase for p in report.phases if not p.skipped and p.verdict in FAIL_ON[args.fail_on]]
-    return _finish(args, report, failing, print_llamacpp_table)
+    file, reference = gguf_file_for(args.model), args.reference or args.model
+    engine = {"n_ctx": args.n_ctx, "n_threads": args.threads, "kv_type": args.kv_type, "n_keep": args.n_keep}
+    return verify_serving_llamacpp(file, reference, **engine, **common)
 
 
-def print_llamacpp_table(report, file=None) -> None:
-    """One row per phase: max |Δ log p| (whole vocabulary) and top-1 agreement against float32 recomputation and
-    against llama.cpp's own prefill, tokens served from the prompt cache, which comparison judged, the verdict."""
-    out = file or sys.stdout
-    head = (
-        f"{'phase':<21} {'req':>4} {'pos':>5} {'Δlogp f32':>10} {'top-1 f32':>9} {'Δlogp self':>10} "
-        f"{'top-1 self':>10} {'cached':>9} {'judged on':>10} {'verdict':>10}"
-    )
-    print(f"{report.phases[0].dtype if report.phases else ''}: {report.model}", file=out)
-    print(head, file=out)
-    print("-" * len(head), file=out)
-    for p in report.phases:
-        agree = "—" if p.top1_agreement is None else f"{p.top1_agreement:.4f}"
-        self_agree = "—" if p.self_top1_agreement is None else f"{p.self_top1_agreement:.4f}"
-        judged = _judged(p)
-        print(
-            f"{p.phase:<21} {p.requests:>4} {p.positions:>5} {_fmt(p.max_abs_dlogp):>10} {agree:>9} "
-            f"{_fmt(p.self_max_abs_dlogp):>10} {self_agree:>10} {_cached(p):>9} {judged:>10} {p.verdict:>10}",
-            file=out,
+def _add_live_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("a live endpoint (MODEL is a URL: --backend endpoint)")
+    g.add_argument("--requests", type=int, default=64, help="greedy requests, alone and concurrent (default 64)")
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight in the batch phase (default 8)")
+    g.add_argument("--timeout", type=float, default=60.0, help="seconds one HTTP request may take (default 60)")
+    g.add_argument("--retries", type=int, default=2, help="retries after a refused connection, a timeout or a 5xx")
+
+
+def run_endpoint(args: argparse.Namespace, th: Any) -> Any:
+    """``--backend endpoint``: every phase on the server at URL against ``--reference``."""
+    import torch
+
+    from ..model.load import load_model
+    from ..serving.endpoint import EndpointBackend, HttpSettings, piece_table
+    from ..serving.verify import Settings, verify_backend
+
+    if not args.reference:
+        raise ValueError("give --reference MODEL: the weights the server should serve (what it is compared with)")
+    if args.requests < 8 or args.concurrency < 1 or args.max_new_tokens < 1:
+        raise ValueError(
+            f"--requests must be >= 8, --concurrency >= 1 and --max-new-tokens >= 1, got {args.requests}, "
+            f"{args.concurrency}, {args.max_new_tokens}"
         )
-        if p.note:
-            print(f"{'':<22}note: {p.note}", file=out)
-    th = report.thresholds
-    print(
-        "Δlogp: max |Δ log p| over the whole vocabulary at every position; f32: float32 recomputation of "
-        f"{report.reference}; self: llama.cpp's own one-call prefill of the same tokens (context_shift: full "
-        "recomputation of the kept tokens, which a shift does not do; never judged). judged on f32 when the arithmetic "
-        f"is exact (F32 weights, --kv-type f32): < {th.noise:g} pass, < {th.suspicious:g} small, ≤ {th.bug:g} "
-        f"suspicious, > {th.bug:g} bug, a differing top-1 token at least suspicious. Otherwise (quantized activations, "
-        "F16 K/V) on the gap ratio: the phase's mean |Δ log p| to f32 over the prefill's, ≤ 2 pass, ≤ 5 suspicious, "
-        "more a bug. Serving more cached tokens than the prompts share is a bug.",
-        file=out,
-    )
+    if not 1 <= args.top_k <= 20:
+        raise ValueError(f"--top-k must be in [1, 20] (the OpenAI API's limit), got {args.top_k}")
+    if args.out is not None:
+        out_dir(args.out, "verify-serving.json")  # checked now, made once there is a result
+    reference = load_model(args.reference, dtype=torch.float32)
+    http = HttpSettings(timeout_s=args.timeout, retries=args.retries)
+    backend = EndpointBackend(args.model, http, pieces=piece_table(reference))
+    info(f"{args.model}: {backend.capabilities.server} server, model {backend.model_name!r}", args.json)
+    settings = Settings(args.requests, args.concurrency, args.max_new_tokens, args.top_k, args.seed)
+    say = lambda m: info(m, args.json)  # noqa: E731
+    return verify_backend(backend, reference, args.reference, settings, read_prompts(args), th, say, args.model)
 
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:
     return "—" if x is None else format(x, spec)
 
 
-def _first(d: dict | None) -> str:
-    if not d:
-        return "—"
-    return f"req {d['request']} {d['where']} {d['index']}" + (" (top-1)" if d["top1_mismatch"] else "")
-
-
-def _cached(p) -> str:
+def _cached(p: Any) -> str:
     """Prompt tokens served from the prefix cache, over the tokens shared with the cached request when known."""
     c = _fmt(p.cached_tokens, "d")
     return c if p.shared_tokens is None else f"{c}/{p.shared_tokens}"
 
 
-def _judged(p) -> str:
-    """What decided the verdict: float32 recomputation, or the gap ratio of a reduced-precision deployment."""
-    return "f32" if p.judged_on == "reference" else "gap" if p.gap_ratio is None else f"gap {p.gap_ratio:.2f}×"
+def _judged(p: Any) -> str:
+    """What decided the verdict: float32 recomputation, the gap ratio over a floor, tokens or the template."""
+    if p.judged_on == "gap":
+        return "gap" if p.gap_ratio is None else f"gap {p.gap_ratio:.2f}×"
+    return {"reference": "f32", "": "—"}.get(p.judged_on, p.judged_on)
 
 
-def print_table(report, file=None) -> None:
-    """One row per (dtype, phase): max |Δ log p| over the top-k and top-1 agreement against float32, first
-    divergence, prefix-cache use, what judged the phase and the verdict."""
+def print_table(report: Any, file: Any = None) -> None:
+    """One row per (deployment, phase): max |Δ log p| and top-1 agreement against float32 recomputation and against
+    the deployment's own honest computation, top-k overlap, prefix-cache use, what judged it and the verdict."""
     out = file or sys.stdout
+    name = f", model {report.model_name!r}" if report.model_name else ""
+    print(f"{report.model}: {report.server} server{name}, reference {report.reference}", file=out)
     head = (
-        f"{'dtype':<9} {'phase':<16} {'req':>4} {'pos':>5} {'max |Δlogp|':>12} {'top-1 agree':>11} "
-        f"{'first divergence':>26} {'cached':>9} {'chunks':>6} {'judged on':>11} {'verdict':>10}"
+        f"{'deployment':<12} {'phase':<17} {'req':>4} {'pos':>5} {'Δlogp f32':>10} {'top-1 f32':>9} "
+        f"{'Δlogp self':>10} {'top-k':>6} {'cached':>9} {'judged on':>10} {'verdict':>11}"
     )
     print(head, file=out)
     print("-" * len(head), file=out)
     for p in report.phases:
-        if p.skipped:
-            print(f"{p.dtype:<9} {p.phase:<16} skipped: {p.skipped}", file=out)
-            continue
-        agree = "—" if p.top1_agreement is None else f"{p.top1_agreement:.4f}"
         print(
-            f"{p.dtype:<9} {p.phase:<16} {p.requests:>4} {p.positions:>5} "
-            f"{_fmt(p.max_abs_dlogp, '.3g'):>12} {agree:>11} "
-            f"{_first(p.first_divergence):>26} {_cached(p):>9} {_fmt(p.prefill_chunks, 'd'):>6} "
-            f"{_judged(p):>11} {p.verdict:>10}",
+            f"{p.dtype or '—':<12} {p.phase:<17} {p.requests:>4} {p.positions:>5} {_fmt(p.max_abs_dlogp):>10} "
+            f"{_fmt(p.top1_agreement, '.4f'):>9} {_fmt(p.self_max_abs_dlogp):>10} {_fmt(p.topk_agreement, '.3f'):>6} "
+            f"{_cached(p):>9} {_judged(p):>10} {p.verdict:>11}",
             file=out,
         )
         if p.note:
-            print(f"{'':<27}note: {p.note}", file=out)
+            print(f"{'':<13}note: {p.note}", file=out)
     th = report.thresholds
-    print("cached: prompt tokens served from the prefix cache (/ tokens shared with the cached request)", file=out)
     print(
-        f"Δ log p and top-1: against float32 recomputation of {report.reference}, over vLLM's top-{report.top_k}. "
-        f"float32 deployments (judged on f32) on verify-cache's scale: < {th.noise:g} pass, < {th.suspicious:g} "
-        f"small, ≤ {th.bug:g} suspicious, > {th.bug:g} bug, a differing top-1 token at least suspicious. Reduced "
-        "precision (judged on its gap ratio): each request's mean |Δ log p| to float32 over the same model's, "
-        "recomputed honestly in that dtype; ≤ 2 pass, ≤ 5 suspicious, more a bug.",
+        f"Δlogp f32, top-1 f32: max |Δ log p| and top-1 agreement against float32 recomputation of {report.reference} "
+        "over the ids the backend returned (the whole vocabulary where it returns every row); self: against the "
+        "deployment's own honest computation (llama.cpp's one-call prefill, or the model recomputed in the reduced "
+        "dtype; context_shift: full recomputation of the kept tokens, which a shift does not do; never judged); "
+        "top-k: mean share of the served top-k in the reference's. judged on f32 (exact float32 arithmetic, and a "
+        f"live server's prompt and lone requests): < {th.noise:g} pass, < {th.suspicious:g} small, ≤ {th.bug:g} "
+        f"suspicious, > {th.bug:g} bug, a differing top-1 token at least suspicious. gap R×: each request's mean "
+        "|Δ log p| to f32 over its floor (the honest computation's, or the lone requests'); ≤ 2 pass, ≤ 5 "
+        "suspicious, more a bug. cached: prompt tokens served from a prefix cache / tokens shared with the cached "
+        "prompt; serving more is a bug.",
         file=out,
     )

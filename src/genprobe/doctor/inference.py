@@ -150,14 +150,13 @@ def vllm_installed() -> bool:
 def _live_serving(model: Any, url: str, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """A live server of the model against float32 recomputation (``verify-serving URL --reference MODEL``); an
     unusable server is the finding's reason, not the doctor's failure."""
-    from ..serving.endpoint import EndpointBackend
-    from ..serving.live import LiveSettings, piece_table
-    from ..serving.live_verify import verify_live
+    from ..serving.endpoint import EndpointBackend, piece_table
+    from ..serving.verify import Settings, verify_backend
 
-    settings = LiveSettings(requests=16 if opts.quick else 64, steps=opts.plan.verify_steps)
+    settings = Settings(requests=16 if opts.quick else 64, steps=opts.plan.verify_steps)
     try:
         backend = EndpointBackend(url, pieces=piece_table(model))
-        report = verify_live(backend, model, str(model.source), settings, log=log, url=url)
+        report = verify_backend(backend, model, str(model.source), settings, log=log, url=url)
     except ValueError as exc:  # EndpointError included: unreachable, 500, timeout, another model, no log-probs
         return {"verdict": "unavailable", "reason": str(exc), "url": url}
     return json_safe(report)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
-from .runner import runner_for
+from .runner import Runner, runner_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
@@ -36,6 +36,11 @@ class Capabilities:
     seed: bool  # a per-request seed is honoured
     tokenize: bool  # text -> ids as the server tokenizes
     chat_template: bool  # messages -> the prompt ids the server builds
+    cache_block: int = 1  # a prefix cache reuses whole blocks of this many tokens
+    step_budget: int | None = None  # tokens one engine step computes: longer prompts are prefilled in chunks
+    cache_bypass: bool = False  # a request can skip reading the prefix cache (``Request.read_cache``)
+    exact: bool | None = None  # float32 arithmetic throughout (True), reduced precision (False), not known (None)
+    label: str = ""  # the deployment's precision as reported ("float32", "bfloat16", "Q4_K/kv-f16", ...)
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Request:
     stop: tuple[str, ...] = ()
     logprobs: int = 0  # top-k per generated position (0: only the sampled token's, where offered)
     prompt_logprobs: int | None = None  # top-k per prompt position (None: not asked)
+    read_cache: bool = True  # False: compute the whole prompt even where a prefix cache holds it
 
 
 @dataclass
@@ -81,6 +87,10 @@ class Response:
     text: str = ""
     prompt_positions: list[Position | None] | None = None  # one per prompt token (the first is None), when asked
     cached_tokens: int | None = None  # prompt tokens served from a prefix cache, when the backend says
+    # where a backend returns every position's whole distribution: log-probabilities ``(rows, V)``, row t predicts
+    # token ``rows_from + t + 1`` of prompt_ids + token_ids (compared instead of the positions' top-k)
+    rows: torch.Tensor | None = field(default=None, repr=False)
+    rows_from: int = 0
 
 
 class Backend(Protocol):
@@ -105,6 +115,10 @@ class Backend(Protocol):
         """The prompt ids the backend builds from chat ``messages`` (generation prompt added), None when unknown."""
         ...
 
+    def reset_cache(self) -> bool:
+        """Empty the prefix cache; False when the backend cannot (a live server's holds what others sent)."""
+        ...
+
 
 def complete_concurrently(backend: Backend, requests: Sequence[Request], concurrency: int) -> list[Response]:
     """``backend.complete`` over ``requests`` from a pool of ``concurrency`` threads (results in request order)."""
@@ -112,6 +126,20 @@ def complete_concurrently(backend: Backend, requests: Sequence[Request], concurr
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         return list(pool.map(backend.complete, requests))
+
+
+def stop_text(text: str, stops: Sequence[str]) -> str:
+    """``text`` cut before the first of ``stops`` it holds (the OpenAI API's rule)."""
+    cut = [text.find(st) for st in stops if st in text]
+    return text[: min(cut)] if cut else text
+
+
+def full_logprobs(runner: Runner, ids: Sequence[int]) -> torch.Tensor:
+    """``log_softmax`` (in float32) of one uncached forward of ``ids``: ``(len(ids), V)``; row t predicts t + 1."""
+    x = torch.tensor([list(ids)], dtype=torch.long)
+    with torch.inference_mode():
+        logits = runner.full(x, torch.ones_like(x, dtype=torch.bool))[0]
+    return torch.log_softmax(logits.float(), dim=-1)
 
 
 def top_positions(logprobs: torch.Tensor, tokens: Sequence[int], k: int) -> list[Position]:
@@ -137,14 +165,21 @@ class EngineBackend:
         self.model = model
         self.model_name = name
         self.runner = runner_for(model)
-        vocab = int(model.vocab_size)
-        self.capabilities = Capabilities("genprobe", "full", vocab, True, True, False, 1, True, True, False)
-
-    def _logprobs(self, ids: Sequence[int]) -> torch.Tensor:
-        x = torch.tensor([list(ids)], dtype=torch.long)
-        with torch.inference_mode():
-            logits = self.runner.full(x, torch.ones_like(x, dtype=torch.bool))[0]
-        return torch.log_softmax(logits.float(), dim=-1)
+        exact = next(model.module.parameters()).dtype == torch.float32
+        self.capabilities = Capabilities(
+            server="genprobe",
+            logprobs="full",
+            max_top_k=int(model.vocab_size),
+            prompt_logprobs=True,
+            token_prompts=True,
+            prefix_cache=False,
+            concurrency=1,
+            seed=True,
+            tokenize=True,
+            chat_template=False,
+            exact=exact,
+            label=str(next(model.module.parameters()).dtype).removeprefix("torch."),
+        )
 
     def _next(self, row: torch.Tensor, sampler: Sampler, gen: torch.Generator | None) -> int:
         if sampler.ban_ids:
@@ -164,21 +199,19 @@ class EngineBackend:
         gen = None if s.temperature == 0 else torch.Generator().manual_seed(s.seed or 0)
         ids, out, reason = list(request.prompt), [], "length"
         for _ in range(request.max_tokens):
-            tok = self._next(self._logprobs(ids)[-1], s, gen)
+            tok = self._next(full_logprobs(self.runner, ids)[-1], s, gen)
             out.append(tok)
             ids.append(tok)
             if tok == self.model.eos_id or any(st in self.model.decode(out) for st in request.stop):
                 reason = "stop"
                 break
-        rows = self._logprobs(ids)
+        rows = full_logprobs(self.runner, ids)
         P = len(request.prompt)
         positions = top_positions(rows[P - 1 : P - 1 + len(out)], out, request.logprobs)
         prompt_positions: list[Position | None] | None = None
         if request.prompt_logprobs is not None:
             prompt_positions = [None, *top_positions(rows[: P - 1], request.prompt[1:], request.prompt_logprobs)]
-        text = self.model.decode(out)
-        cut = [text.find(st) for st in request.stop if st in text]
-        text = text[: min(cut)] if cut else text  # the OpenAI API's rule: the text ends before the stop string
+        text = stop_text(self.model.decode(out), request.stop)
         return Response(list(request.prompt), out, positions, reason, text, prompt_positions)
 
     def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
@@ -192,3 +225,7 @@ class EngineBackend:
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
         """Not a chat server: None."""
         return None
+
+    def reset_cache(self) -> bool:
+        """No cache to empty."""
+        return True

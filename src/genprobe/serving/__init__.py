@@ -4,8 +4,11 @@ vLLM is optional (``pip install 'genprobe[vllm]'``); nothing here imports it unt
 needed, and then a missing install is reported as what to install
 (:class:`~genprobe.serving._vllm.VLLMNotAvailableError`).
 
-- :mod:`.engine` — :class:`EngineOptions` and the one shared engine per process (:func:`shared_engine`)
-- :mod:`.verify` — :func:`verify_serving` (``genprobe verify-serving``), phases and verdicts
+- :mod:`.engine` — :class:`EngineOptions`, the one shared engine per process (:func:`shared_engine`) and
+  ``VllmBackend``, the engine behind the :class:`~genprobe.engine.backend.Backend` protocol
+- :mod:`.verify` — ``genprobe verify-serving``: one verifier, every backend (vLLM, llama.cpp, a live endpoint)
+- :mod:`.judge` — how a response is judged against float32 recomputation (absolute scale, or a gap ratio)
+- :mod:`.endpoint` — a live OpenAI-compatible server as a ``Backend``
 - :mod:`.sampling` — :func:`to_sampling_params`: ``SamplerConfig`` → ``SamplingParams``, exact or refused
 - :mod:`.scan` — :func:`vllm_batches` / :func:`vllm_scan_backend`: ``loops scan --backend vllm`` through
   ``LLM.generate``, every sampler checked for an exact vLLM form before the engine starts

@@ -26,9 +26,12 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..engine.backend import Capabilities, Position, Request, Response, complete_concurrently
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model.load import Model
 
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 TEXT_MAX_LOGPROBS = 20  # the OpenAI API's legacy completions limit
@@ -114,10 +117,19 @@ def detect_server(http: Http) -> tuple[str, str]:
 
 
 def _capabilities(server: str) -> Capabilities:
-    if server == "vllm":
-        return Capabilities(server, "top-k", VLLM_MAX_LOGPROBS, True, True, None, 64, True, True, True)
-    tokenize = server == "llama-cpp-python"
-    return Capabilities(server, "top-k", TEXT_MAX_LOGPROBS, False, False, None, 64, True, tokenize, False)
+    vllm = server == "vllm"
+    return Capabilities(
+        server=server,
+        logprobs="top-k",
+        max_top_k=VLLM_MAX_LOGPROBS if vllm else TEXT_MAX_LOGPROBS,
+        prompt_logprobs=vllm,
+        token_prompts=vllm,
+        prefix_cache=None,
+        concurrency=64,
+        seed=True,
+        tokenize=server in ("vllm", "llama-cpp-python"),
+        chat_template=vllm,
+    )
 
 
 class EndpointBackend:
@@ -218,6 +230,10 @@ class EndpointBackend:
             return None
         return None if answer is None else [int(t) for t in answer["tokens"]]
 
+    def reset_cache(self) -> bool:
+        """A server's cache cannot be emptied from outside."""
+        return False
+
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
         """The prompt ids vLLM's chat template builds (``/tokenize`` with ``messages``); None elsewhere."""
         if self.server != "vllm":
@@ -225,6 +241,16 @@ class EndpointBackend:
         body = {"model": self.model_name, "messages": list(messages), "add_generation_prompt": True}
         answer = self.http.call("/tokenize", body, optional=True)
         return None if answer is None else [int(t) for t in answer["tokens"]]
+
+
+def piece_table(model: Model) -> dict[str, int]:
+    """Each token's text → its id in ``model``'s tokenizer, for the pieces exactly one id has (what maps text-keyed
+    log-probs back)."""
+    seen: dict[str, list[int]] = {}
+    tok: Any = model.tokenizer  # a transformers tokenizer (``hf``) or genprobe's own
+    for i in range(len(tok.hf) if hasattr(tok, "hf") else tok.vocab_size):
+        seen.setdefault(tok.token_str(i) if hasattr(tok, "token_str") else model.decode([i]), []).append(i)
+    return {s: ids[0] for s, ids in seen.items() if len(ids) == 1}
 
 
 def _prompt_positions(entries: Sequence[Any], prompt_ids: Sequence[int]) -> list[Position | None]:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import math
 import os
 import time
@@ -50,8 +49,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .._io import json_safe
+from ..engine.backend import Capabilities, Position, Request, Response
 from ._vllm import require_vllm_engine
-from .model_dir import ServedModel, served_model
+from .model_dir import ServedModel, read_config, served_model
 
 MONITOR_FQCN = "genprobe.serving.vllm_monitor:LoopMonitorProcessor"
 DISTRIBUTED_BACKENDS = (None, "mp", "ray", "uni", "external_launcher")
@@ -160,16 +160,13 @@ class KVGeometry:
 
 def kv_geometry(model_dir: str | os.PathLike) -> KVGeometry:
     """The KV geometry of a transformers directory, from its ``config.json`` (Llama/Qwen or GPT-2 key names)."""
-    path = Path(model_dir) / "config.json"
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} cannot be read as JSON ({exc})") from None
+    cfg = read_config(model_dir)
     n_layer = cfg.get("num_hidden_layers") or cfg.get("n_layer")
     n_head = cfg.get("num_attention_heads") or cfg.get("n_head")
     width = cfg.get("hidden_size") or cfg.get("n_embd")
     if not (n_layer and n_head and (width or cfg.get("head_dim"))):
-        raise ValueError(f"{path} does not give the layers, heads and width needed to size the KV cache")
+        where = Path(model_dir) / "config.json"
+        raise ValueError(f"{where} does not give the layers, heads and width needed to size the KV cache")
     return KVGeometry(
         n_layer=int(n_layer),
         n_kv_heads=int(cfg.get("num_key_value_heads") or n_head),
@@ -256,7 +253,7 @@ def check_kv_fits(model_dir: str | os.PathLike, options: EngineOptions, max_len:
                 f"--kv-cache-memory-bytes {budget} cannot hold one sequence of {positions} positions "
                 f"({one} bytes in {options.dtype}); raise it or lower --max-model-len"
             )
-    available = _available_memory()
+    available = _memory("available")
     if available is not None and budget > available:
         raise EngineStartError(
             f"--kv-cache-memory-bytes {budget} exceeds the {available} bytes of memory available now; lower it "
@@ -267,7 +264,7 @@ def check_kv_fits(model_dir: str | os.PathLike, options: EngineOptions, max_len:
 def _check_fraction_leaves_room(model_dir: str | os.PathLike, options: EngineOptions) -> None:
     """On CPU the KV cache gets the memory fraction of RAM minus what the worker holds, which is at least its
     weights plus torch itself: when that is already negative, say so now instead of a vLLM traceback."""
-    total = _total_memory()
+    total = _memory("total")
     if total is None or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return
     fraction = options.gpu_memory_utilization or DEFAULT_MEMORY_FRACTION
@@ -281,20 +278,13 @@ def _check_fraction_leaves_room(model_dir: str | os.PathLike, options: EngineOpt
         )
 
 
-def _total_memory() -> int | None:
+def _memory(which: str) -> int | None:
+    """This machine's ``total`` or ``available`` memory in bytes (None without psutil)."""
     try:
         import psutil
     except ImportError:  # pragma: no cover - vLLM depends on psutil
         return None
-    return int(psutil.virtual_memory().total)
-
-
-def _available_memory() -> int | None:
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - vLLM depends on psutil
-        return None
-    return int(psutil.virtual_memory().available)
+    return int(getattr(psutil.virtual_memory(), which))
 
 
 class ServingEngine:
@@ -349,6 +339,90 @@ class ServingEngine:
     def block_size(self) -> int:
         """The KV block size vLLM resolved (its prefix cache reuses whole blocks of this many tokens)."""
         return int(self.llm.llm_engine.vllm_config.cache_config.block_size)
+
+
+class VllmBackend:
+    """A started :class:`ServingEngine` as a :class:`~genprobe.engine.backend.Backend`: token-id prompts, top-k
+    log-probabilities (of the prompt too), its prefix cache (whole KV blocks; a request can skip reading it), every
+    request of one call in one continuous batch. Runs to ``max_tokens`` (EOS ignored); no text (genprobe decodes)."""
+
+    def __init__(self, engine: ServingEngine):
+        self.engine = engine
+        self.model_name = str(engine.served.source)
+        config = engine.llm.llm_engine.vllm_config
+        dtype = engine.options.dtype
+        self.capabilities = Capabilities(
+            server="vllm",
+            logprobs="top-k",
+            max_top_k=int(getattr(config.model_config, "max_logprobs", 20)),
+            prompt_logprobs=True,
+            token_prompts=True,
+            prefix_cache=engine.options.enable_prefix_caching,
+            concurrency=int(config.scheduler_config.max_num_seqs),
+            seed=True,
+            tokenize=False,
+            chat_template=False,
+            cache_block=engine.block_size,
+            step_budget=int(config.scheduler_config.max_num_batched_tokens),
+            cache_bypass=True,
+            exact=dtype == "float32",
+            label=dtype,
+        )
+
+    def _params(self, r: Request) -> Any:
+        from vllm import SamplingParams
+
+        s = r.sampler
+        if r.stop:
+            raise ValueError("the in-process vLLM backend returns ids, not text: it takes no stop strings")
+        kw: dict[str, Any] = dict(max_tokens=r.max_tokens, logprobs=r.logprobs, prompt_logprobs=r.prompt_logprobs)
+        kw.update(temperature=s.temperature, top_p=s.top_p, seed=s.seed, detokenize=False, ignore_eos=True)
+        if not r.read_cache:
+            kw["skip_reading_prefix_cache"] = True
+        if s.top_k:
+            kw["top_k"] = s.top_k
+        if s.ban_ids:
+            kw["logit_bias"] = {int(t): -100.0 for t in s.ban_ids}
+        return SamplingParams(**kw)
+
+    def complete(self, request: Request) -> Response:
+        """One request in its own ``LLM.generate`` call."""
+        return self.complete_many([request], 1)[0]
+
+    def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
+        """Every request in one ``LLM.generate`` call (vLLM batches up to ``max_num_seqs`` at once)."""
+        prompts = [[int(t) for t in r.prompt] for r in requests]
+        return [_response(o) for o in self.engine.generate(prompts, [self._params(r) for r in requests])]
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """The engine starts without a tokenizer: None."""
+        return None
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
+        """Not a chat server: None."""
+        return None
+
+    def reset_cache(self) -> bool:
+        """``LLM.reset_prefix_cache`` (the engine is shared: an earlier job's requests may be cached)."""
+        return bool(self.engine.llm.reset_prefix_cache())
+
+
+def _position(token: int, d: dict | None) -> Position | None:
+    """One position of vLLM's ``{id: Logprob}`` (its top-k and the actual token)."""
+    if not d:
+        return None
+    top = {int(i): float(v.logprob) for i, v in d.items()}
+    return Position(int(token), top.get(int(token)), top)
+
+
+def _response(out: Any) -> Response:
+    comp = out.outputs[0]
+    prompt = [int(t) for t in out.prompt_token_ids]
+    steps = [p for t, d in zip(comp.token_ids, comp.logprobs or [], strict=False) if (p := _position(t, d))]
+    asked = out.prompt_logprobs
+    prompt_positions = None if asked is None else [_position(t, d) for t, d in zip(prompt, asked, strict=False)]
+    cached = getattr(out, "num_cached_tokens", None)
+    return Response(prompt, [int(t) for t in comp.token_ids], steps, comp.finish_reason, "", prompt_positions, cached)
 
 
 def start_failure_message(exc: BaseException, options: EngineOptions) -> str:

@@ -15,6 +15,7 @@ import tempfile
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..model.load import check_weights_files
 
@@ -42,11 +43,17 @@ class ServedModel:
             self._removal()
 
 
-def _hf_limits(d: Path) -> tuple[int, int | None]:
+def read_config(d: str | os.PathLike) -> Any:
+    """A transformers directory's ``config.json``; a ``ValueError`` naming the file when it cannot be read."""
+    path = Path(d) / "config.json"
     try:
-        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{d / 'config.json'} cannot be read as JSON ({exc})") from None
+        raise ValueError(f"{path} cannot be read as JSON ({exc})") from None
+
+
+def _hf_limits(d: Path) -> tuple[int, int | None]:
+    cfg = read_config(d)
     vocab = cfg.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise ValueError(f"{d / 'config.json'} has no usable vocab_size")

@@ -1,297 +1,308 @@
-"""verify-serving: does a vLLM deployment compute the model's log-probabilities?
+"""verify-serving: does a deployment compute the model's log-probabilities? One verifier for every engine.
 
-A serving engine changes *how* the forward is computed — continuous batching, prefix caching,
-chunked prefill, reduced precision — and each can go wrong without the text looking wrong. Each
-phase below sends a workload that exercises one of them (greedy, ``prompt_logprobs`` and per-step
-top-k ``logprobs``) and compares every returned log-probability with float32 recomputation of the
-same tokens (:mod:`genprobe.serving.compare`):
+A serving engine changes *how* the forward is computed — continuous batching, prefix caching, chunked prefill,
+reduced precision — and each can go wrong without the text looking wrong. Each phase below sends, through the
+:class:`~genprobe.engine.backend.Backend` protocol, a workload that exercises one of them and compares every
+log-probability the backend returned with float32 recomputation of the same tokens
+(:class:`~genprobe.serving.judge.ReferenceLogprobs`): over the top-k ids where an API returns top-k, over the whole
+vocabulary where the backend returns every row (llama.cpp in process). Each engine is an adapter
+(``serving.engine.VllmBackend``, ``serving.llamacpp.engine.LlamaCppBackend``, ``serving.endpoint.EndpointBackend``,
+``engine.backend.EngineBackend``) whose :class:`~genprobe.engine.backend.Capabilities` say what it can do; a phase it
+cannot support is "not checked" with the reason, never "pass".
 
-==================  ==============================================================================
-``alone``           short prompts, one request per call (nothing shared)
-``batch``           prompts of mixed lengths and mixed token budgets in one call: requests join and
-                    leave the running batch (continuous batching)
-``prefix_cached``   the same long prefix twice; the second request reads the first one's KV blocks
-                    (``num_cached_tokens`` > 0 shows it did)
-``prefix_uncached`` the second request again with ``skip_reading_prefix_cache`` (recomputed)
-``diverge_boundary`` a request that shares exactly a whole number of KV blocks with a cached one, then differs
-``diverge_inside``  one that shares those blocks and half of the next one, then differs: only whole blocks of
-                    the shared prefix may be served from the cache (a hash over part of a block would
-                    serve the half-shared block too); more cached tokens than shared ones is a bug alone
-``chunked_prefill`` prompts longer than ``max_num_batched_tokens``: prefilled in several chunks
-==================  ==============================================================================
+====================  ============================================================================================
+``prompt``            prompt log-probabilities (the prefill's numbers) of up to 8 prompts
+``greedy``            the prompts one at a time, greedy
+``batch``             prompts sent together (``concurrency`` in flight: continuous batching, a batch of sequences);
+                      when they are the greedy prompts, also the share whose greedy tokens differ from the lone run
+``prefix``            two prompts sharing a long prefix, then the first again: the later ones may be served the
+                      shared prefix from a prefix cache; serving more than the shared tokens (in whole cache blocks)
+                      is a bug on its own (:func:`reuse_check`)
+``prefix_uncached``   the second prompt again without reading the cache (where a request can say so)
+``diverge_boundary``  a prompt sharing exactly a whole number of cache blocks with the first, then different
+``diverge_inside``    one sharing those blocks and half of the next one: only whole shared blocks may be served
+``chunked_prefill``   prompts longer than the engine's per-step token budget: prefilled in several chunks
+``seed``              a sampled request sent twice with the same seed gives the same tokens
+``limits``            ``max_tokens`` and a stop sequence honoured
+``chat``              the prompt ids the server builds from ``messages`` against the reference's chat template
+====================  ============================================================================================
 
-Each deployment dtype is its own engine, always compared with float32 recomputation. A float32 deployment is judged
-on verify-cache's scale on max |Δ log p| plus "a top-1 token that differs is at least suspicious"
-(:func:`genprobe.serving.verdict.serving_verdict`): the engine-correctness check. A reduced-precision one (bfloat16,
-float16) is judged on its gap ratio to float32 over the same model recomputed honestly in its dtype
-(:mod:`genprobe.serving.precision`), the float32 distances reported beside it.
+Only the prefix-cache phases read a prefix cache (the others ask not to, where the backend can be told): a cache
+fault is then named where it is. How a phase is judged (:class:`Judge`) depends on the deployment's precision
+(``Capabilities.exact``): float32 arithmetic throughout on verify-cache's absolute scale
+(:func:`genprobe.serving.judge.serving_verdict`: max |Δ log p|, a differing top-1 token at least suspicious);
+reduced precision on its gap ratio over an honest computation at that precision (the floor,
+:mod:`genprobe.serving.judge`); a live server of unknown precision on the absolute scale for its lone requests
+and on the gap ratio over those for the rest.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import random
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .._io import json_safe
-from .compare import LogprobStats, ReferenceLogprobs, compare_outputs, request_gap
-from .engine import CPU_BLOCK_SIZE, EngineOptions, ServingEngine, shared_engine, size_for_workload
-from .precision import gap_verdict
-from .verdict import Thresholds, serving_verdict, worst_verdict
+import torch
 
-PHASES = (
-    "alone",
-    "batch",
-    "prefix_cached",
-    "prefix_uncached",
-    "diverge_boundary",
-    "diverge_inside",
-    "chunked_prefill",
-)
+from ..engine.backend import Backend, Request, Response, Sampler
+from .judge import NOT_CHECKED, Judge, PhaseReport, Thresholds, worst_verdict
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model.load import Model
+    from .engine import EngineOptions
 
-@dataclass
-class PhaseReport:
-    """One phase on one deployment: the largest |Δ log p|, top-1 agreement, first divergence, verdict."""
-
-    phase: str
-    dtype: str
-    requests: int = 0
-    positions: int = 0
-    max_abs_dlogp: float | None = None
-    mean_abs_dlogp: float | None = None
-    top1_agreement: float | None = None
-    top1_disagreements: int = 0
-    first_divergence: dict | None = None
-    verdict: str = "pass"
-    cached_tokens: int | None = None  # prefix phases: tokens of the second request served from the cache
-    shared_tokens: int | None = None  # diverge phases: leading tokens the second request shares with the first
-    prefill_chunks: int | None = None  # chunked phase: most chunks any prompt was prefilled in
-    note: str | None = None
-    skipped: str | None = None
-    judged_on: str = "reference"  # "reference": float32 recomputation | "gap": reduced precision's gap ratio
-    gap: float | None = None  # reduced precision: the worst request's mean |Δ log p| to float32 (returned ids)
-    floor: float | None = None  # the same statistic of the same precision computed honestly, same request
-    gap_ratio: float | None = None  # gap / floor, what the verdict of a reduced-precision phase reads
+PHASES: tuple[str, ...] = ("prompt", "greedy", "batch", "prefix", "prefix_uncached", "diverge_boundary")
+PHASES += ("diverge_inside", "chunked_prefill", "seed", "limits", "chat")
+PROBE = "The quick brown fox, 42 times: naïve café — ok?"
+WORDS = (
+    "the river morning house small light old road winter city quiet people across under bright long water stone "
+    "field garden window again before after evening north green story music table letter voice between"
+).split()
+CHAT = [
+    {"role": "system", "content": "You are a careful assistant."},
+    {"role": "user", "content": "Name three rivers."},
+]
+PREFIX_PROMPTS = 6  # text workloads: the two prompts after these end the prefix pair; the others make its prefix
+# ... up to this many tokens (half the context at most): more than two of vLLM's 128-token CPU cache blocks
+PREFIX_TOKENS = 288
+BATCH_FRACTIONS = (0.0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # id workloads: batch prompt lengths, shares of room
 
 
 @dataclass
 class ServingReport:
-    """verify-serving's result for every deployment dtype and phase."""
+    """verify-serving's result: every phase of every deployment."""
+
+    JSON_PROPERTIES = ("verdict", "verdict_by_dtype")  # computed from the phases, kept in the JSON form
 
     model: str
     reference: str
-    phases: list[PhaseReport]
     thresholds: Thresholds
-    steps: int
-    top_k: int
+    settings: dict[str, Any]
+    server: str = ""
+    model_name: str = ""
+    url: str = ""  # a live server's
+    capabilities: list[dict[str, Any]] = field(default_factory=list)
     engines: list[dict] = field(default_factory=list)
+    phases: list[PhaseReport] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
-        """The worst phase verdict over all deployments."""
-        return worst_verdict([p.verdict for p in self.phases if not p.skipped])
+        """The worst checked phase's verdict ("not checked" when none was)."""
+        checked = [p.verdict for p in self.phases if p.verdict != NOT_CHECKED]
+        return worst_verdict(checked) if checked else NOT_CHECKED
 
+    @property
     def verdict_by_dtype(self) -> dict[str, str]:
-        """The worst phase verdict per deployment dtype."""
+        """The worst checked phase verdict per deployment."""
         out: dict[str, list[str]] = {}
         for p in self.phases:
-            out.setdefault(p.dtype, []).append(p.verdict if not p.skipped else "pass")
+            out.setdefault(p.dtype, []).append(p.verdict if p.verdict != NOT_CHECKED else "pass")
         return {k: worst_verdict(v) for k, v in out.items()}
 
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return {
-            "model": self.model,
-            "reference": self.reference,
-            "steps": self.steps,
-            "top_k": self.top_k,
-            "thresholds": json_safe(self.thresholds),
-            "verdict": self.verdict,
-            "verdict_by_dtype": self.verdict_by_dtype(),
-            "phases": [json_safe(p) for p in self.phases],
-            "engines": self.engines,
-            "errors": self.errors,
-        }
 
-
-# ---- workloads ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Settings:
+    """What the verifier sends: ``steps`` greedy tokens, ``top_k`` log-probs per position, ``concurrency`` requests
+    in flight in the batch phase; ``requests`` prompts (text workloads) and the ``seed`` of the random prompts."""
+
+    requests: int = 64
+    concurrency: int = 8
+    steps: int = 16
+    top_k: int = 5
+    seed: int = 0
+
+
+# ---- workloads ---------------------------------------------------------------------------------------------------
+Prompt = tuple[int, ...] | str
+
+
+@dataclass
 class Workload:
-    """Token-id prompts for each phase, sized to the engine's context and token budget."""
+    """The prompts of every phase (token ids, or text for a server that takes only text)."""
 
-    alone: list[list[int]]
-    batch: list[list[int]]
-    prefix_first: list[int]
-    prefix_second: list[int]
-    long: list[list[int]]
-
-
-def _stream(pool: Sequence[Sequence[int]], vocab: int, seed: int) -> Callable[[int], list[int]]:
-    """``take(n)``: the next n tokens of the user's prompts cycled, or of seeded random ids when none are given."""
-    rng = random.Random(seed)
-    flat = [int(t) for p in pool for t in p]
-    pos = [0]
-
-    def take(n: int) -> list[int]:
-        if flat:
-            out = [flat[(pos[0] + i) % len(flat)] for i in range(n)]
-            pos[0] += n
-            return out
-        return [rng.randrange(vocab) for _ in range(n)]
-
-    return take
-
-
-BATCH_FRACTIONS = (0.0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # batch phase: prompt lengths as fractions of room
-
-
-def sized_for_checks(
-    model_dir: str | os.PathLike, options: EngineOptions, prompts: Sequence[Sequence[int]], steps: int
-) -> EngineOptions:
-    """``options`` sized to what the phases need (:func:`genprobe.serving.engine.size_for_workload`): room for the
-    longest prompt, and at least 4 × max(token budget, KV block) so that prefixes span cached blocks and long
-    prompts several prefill chunks; as many sequences as the batch phase sends at once."""
-    unit = max(options.max_num_batched_tokens or 0, options.block_size or CPU_BLOCK_SIZE)
-    longest = max([4 * unit, *(len(p) for p in prompts)])
-    return size_for_workload(
-        model_dir, options, longest_prompt=longest, new_tokens=steps, sequences=len(BATCH_FRACTIONS)
-    )
+    alone: list[Prompt]
+    batch: list[Prompt]
+    prefix: list[Prompt]  # two prompts sharing all but their last tokens
+    long: list[Prompt] = field(default_factory=list)  # longer than the step budget
 
 
 def build_workload(
     room: int, budget: int, vocab: int, prompts: Sequence[Sequence[int]] = (), seed: int = 0
 ) -> Workload:
-    """Prompts for every phase: ``room`` = longest admissible prompt, ``budget`` = max_num_batched_tokens."""
+    """Token-id prompts sized to an engine: ``room`` = longest admissible prompt, ``budget`` = its per-step token
+    budget; the user's prompts cycled, or seeded random ids when none are given."""
     if room < 4:
         raise ValueError(f"the context leaves room for prompts of only {room} tokens; lower the number of steps")
-    take = _stream(prompts, vocab, seed)
+    rng, flat, at = random.Random(seed), [int(t) for p in prompts for t in p], [0]
+
+    def take(n: int) -> tuple[int, ...]:
+        at[0] += n
+        if flat:
+            return tuple(flat[(at[0] - n + i) % len(flat)] for i in range(n))
+        return tuple(rng.randrange(vocab) for _ in range(n))
+
     short_max = max(2, min(room, budget))
-    alone = [list(p)[:room] for p in prompts if p] or [take(n) for n in sorted({2, max(2, short_max // 2), short_max})]
-    lengths = [max(2, round(2 + (room - 2) * f)) for f in BATCH_FRACTIONS]
-    batch = [take(n) for n in lengths]
+    alone: list[Prompt] = [tuple(p)[:room] for p in prompts if p]
+    alone = alone or [take(n) for n in sorted({2, max(2, short_max // 2), short_max})]
+    batch: list[Prompt] = [take(max(2, round(2 + (room - 2) * f))) for f in BATCH_FRACTIONS]
     prefix = take(max(2, room - 4))
-    long = [take(n) for n in sorted({room, max(budget + 1, (room + budget + 1) // 2)}) if budget < n <= room]
-    return Workload(alone, batch, prefix + take(4), prefix + take(4), long)
+    lengths = sorted({room, max(budget + 1, (room + budget + 1) // 2)})
+    long: list[Prompt] = [take(n) for n in lengths if budget < n <= room]
+    return Workload(alone, batch, [prefix + take(4), prefix + take(4)], long)
 
 
-# ---- phases ------------------------------------------------------------------------------------------
+def random_prompts(n: int, seed: int = 0) -> list[str]:
+    """``n`` distinct seeded word sequences of 6–14 words (text: every server takes it)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))).capitalize() for _ in range(n)]
+
+
+def text_workload(reference: Model, texts: Sequence[str], settings: Settings, token_prompts: bool) -> Workload:
+    """A live server's workload: ``settings.requests`` texts alone and together, and a pair sharing a prefix of up
+    to :data:`PREFIX_TOKENS` tokens made of the other texts' words (half the context at most)."""
+    if len(texts) < PREFIX_PROMPTS + 2:
+        raise ValueError(f"give at least {PREFIX_PROMPTS + 2} prompts (got {len(texts)})")
+    tails = texts[PREFIX_PROMPTS : PREFIX_PROMPTS + 2]
+    context = reference.max_positions
+    room = None if context is None else context - settings.steps - max(len(reference.encode(t)) for t in tails) - 2
+    limit = PREFIX_TOKENS if room is None else min(PREFIX_TOKENS, room)
+    words: list[str] = []
+    for w in " ".join([*texts[:PREFIX_PROMPTS], *texts[PREFIX_PROMPTS + 2 :]]).split():
+        if len(reference.encode(" ".join([*words, w]))) > limit:
+            break
+        words.append(w)
+    base = " ".join(words)
+
+    def prompt(text: str) -> Prompt:
+        return tuple(reference.encode(text)) if token_prompts else text
+
+    alone = [prompt(t) for t in texts[: settings.requests]]
+    return Workload(alone, alone, [prompt(f"{base} {tails[0]}"), prompt(f"{base} {tails[1]}")])
+
+
+# ---- phases ------------------------------------------------------------------------------------------------------
 @dataclass
-class DeploymentReference:
-    """What one deployment is compared with: float32 recomputation, and for a reduced-precision deployment the same
-    model recomputed in its dtype (``honest``: the floor of :mod:`genprobe.serving.precision`)."""
+class Run:
+    """What every phase reads: the backend, the judge, the workload, the settings and the reference model."""
 
-    float32: ReferenceLogprobs
-    honest: ReferenceLogprobs | None = None
+    backend: Backend
+    judge: Judge
+    work: Workload
+    settings: Settings
+    reference: Model
 
     @property
-    def vocab_size(self) -> int:
-        """Output ids of the reference model."""
-        return self.float32.vocab_size
+    def k(self) -> int:
+        """Log-probabilities asked per position."""
+        return min(self.settings.top_k, self.backend.capabilities.max_top_k)
+
+    def request(self, prompt: Prompt, steps: int | None = None, read_cache: bool = False, **kw: Any) -> Request:
+        """A greedy request; only the prefix-cache phases read the cache."""
+        steps = self.settings.steps if steps is None else steps
+        return Request(prompt, steps, logprobs=self.k, read_cache=read_cache, **kw)
 
 
-def precision_judgement(outputs: Sequence[Any], ref: DeploymentReference, noise: float) -> dict[str, Any]:
-    """The gap-ratio verdict of a reduced-precision phase: each request's gap to float32 over its own floor, the
-    worst request deciding (:func:`genprobe.serving.precision.gap_verdict`)."""
-    assert ref.honest is not None
-    worst = (0.0, 0.0, -1.0)
-    for out in outputs:
-        ids = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
-        float32 = ref.float32(ids)
-        gap, floor = request_gap(out, float32), request_gap(out, float32, honest=ref.honest(ids))
-        ratio = gap_verdict(gap, floor, noise)[1]
-        if ratio > worst[2]:
-            worst = (gap, floor, ratio)
-    verdict, ratio = gap_verdict(worst[0], worst[1], noise)
-    return {"verdict": verdict, "judged_on": "gap", "gap": worst[0], "floor": worst[1], "gap_ratio": ratio}
+def not_checked(phase: str, why: str) -> PhaseReport:
+    """A phase the backend cannot support, and why."""
+    return PhaseReport(phase, verdict=NOT_CHECKED, note=why)
 
 
-def _params(steps: int, k: int, prompt_logprobs: bool = True, **kw: Any) -> Any:
-    from vllm import SamplingParams
-
-    return SamplingParams(
-        temperature=0.0,
-        max_tokens=steps,
-        logprobs=k,
-        prompt_logprobs=k if prompt_logprobs else None,
-        detokenize=False,
-        ignore_eos=True,
-        **kw,
-    )
+def prompt_phase(run: Run) -> PhaseReport:
+    """Prompt log-probabilities of up to 8 prompts."""
+    caps = run.backend.capabilities
+    if not caps.prompt_logprobs:
+        return not_checked("prompt", f"the {caps.server} backend returns no prompt log-probabilities")
+    asked = [run.request(p, 1, prompt_logprobs=run.k) for p in run.work.alone[:8]]
+    return run.judge.phase("prompt", [run.backend.complete(r) for r in asked], prompt=True)
 
 
-def _report(
-    phase: str, dtype: str, outputs: Sequence[Any], ref: DeploymentReference, th: Thresholds, **extra: Any
-) -> PhaseReport:
-    st: LogprobStats = compare_outputs(outputs, ref.float32, th.noise)
-    judged: dict[str, Any] = {"verdict": serving_verdict(st.max_abs_dlogp, st.top1_disagreements, th)}
-    if ref.honest is not None:
-        judged = precision_judgement(outputs, ref, th.noise)
-    return PhaseReport(
-        phase,
-        dtype,
-        len(outputs),
-        st.positions,
-        st.max_abs_dlogp,
-        st.mean_abs_dlogp,
-        st.top1_agreement,
-        st.top1_disagreements,
-        json_safe(st.first) if st.first else None,
-        **judged,
-        **extra,
-    )
+def greedy_phase(run: Run, alone: Sequence[Response]) -> PhaseReport:
+    """The prompts one at a time (``alone``: their responses); their gap is the later phases' floor where the
+    deployment's precision is not known."""
+    rep = run.judge.phase("greedy", alone)
+    if run.judge.lone_gap is None and run.judge.floor is None and not run.judge.exact:
+        run.judge.lone_gap = rep.mean_abs_dlogp or 0.0
+    return rep
 
 
-def run_phases(
-    engine: ServingEngine, ref: DeploymentReference, work: Workload, steps: int, k: int, th: Thresholds
-) -> list[PhaseReport]:
-    """All phases on one started engine (its dtype is the deployment under test)."""
-    dtype = engine.options.dtype
-    sp = _params(steps, k)
-    out = [engine.generate([p], sp)[0] for p in work.alone]
-    reports = [_report("alone", dtype, out, ref, th)]
-    budgets = [_params(max(1, steps - 3 * (i % 3)), k) for i in range(len(work.batch))]
-    reports.append(_report("batch", dtype, engine.generate(work.batch, budgets), ref, th))
-    reports += _prefix_phases(engine, ref, work, steps, k, th)
-    reports += _divergence_phases(engine, ref, work, steps, k, th)
-    reports.append(_chunked_phase(engine, ref, work, sp, th))
-    return reports
+def batch_phase(run: Run, alone: Sequence[Response]) -> PhaseReport:
+    """The batch prompts together; when they are the greedy prompts, their tokens against the lone runs. Mixed
+    token budgets otherwise, so that requests leave the running batch at different steps."""
+    caps, s, work = run.backend.capabilities, run.settings, run.work
+    in_flight = min(s.concurrency, caps.concurrency)
+    if in_flight < 2:
+        return not_checked("batch", "the backend serves one request at a time")
+    same = work.batch is work.alone
+    budgets = [s.steps if same else max(1, s.steps - 3 * (i % 3)) for i in range(len(work.batch))]
+    served = run.backend.complete_many([run.request(p, b) for p, b in zip(work.batch, budgets, strict=True)], in_flight)
+    rep = run.judge.phase("batch", served, note=f"{len(served)} requests, {in_flight} in flight")
+    if same:
+        firsts = [first_difference(a.token_ids, b.token_ids) for a, b in zip(alone, served, strict=True)]
+        diverged = [(r, t) for r, t in enumerate(firsts) if t is not None]
+        rep.divergence_rate = len(diverged) / len(served)
+        rep.token_divergence = {"request": diverged[0][0], "token": diverged[0][1]} if diverged else None
+    return rep
 
 
-def _prefix_phases(
-    engine: ServingEngine, ref: DeploymentReference, work: Workload, steps: int, k: int, th: Thresholds
-) -> list[PhaseReport]:
-    dtype = engine.options.dtype
-    # vLLM never reads the prefix cache for a request that asks for prompt_logprobs (it must score every
-    # prompt token), so these requests compare generation steps only; step 0 is computed on the cached prefix.
-    engine.llm.reset_prefix_cache()
-    engine.generate([work.prefix_first], _params(steps, k, prompt_logprobs=False))
-    hit = engine.generate([work.prefix_second], _params(steps, k, prompt_logprobs=False))
-    miss = engine.generate(
-        [work.prefix_second], _params(steps, k, prompt_logprobs=False, skip_reading_prefix_cache=True)
-    )
-    cached, uncached = int(hit[0].num_cached_tokens or 0), int(miss[0].num_cached_tokens or 0)
-    note = None
-    if cached == 0:
-        bs = engine.block_size
-        why = (
-            "prefix caching is off"
-            if not engine.options.enable_prefix_caching
-            else f"the shared prefix ({len(work.prefix_first) - 4} tokens) is shorter than a KV block ({bs})"
+def reuse_check(cached: int, shared: int, block: int) -> str | None:
+    """Why serving ``cached`` prompt tokens from the cache is wrong for a request sharing ``shared`` tokens, or None.
+
+    A correct prefix cache serves whole blocks of the shared prefix only: at most ``shared`` rounded down to
+    the block. More means a lookup that matched tokens the requests do not share (the logits may still look
+    close when the wrong tokens' keys happen to be similar, so this is checked on its own)."""
+    allowed = shared // block * block
+    if cached > allowed:
+        return (
+            f"{cached} prompt tokens were served from the prefix cache, but the request shares only {shared} "
+            f"leading tokens with the cached one ({allowed} in whole blocks of {block}): the cache was reused for "
+            "a different prompt"
         )
-        note = f"the second request was not served from the prefix cache: {why}"
-    return [
-        _report("prefix_cached", dtype, hit, ref, th, cached_tokens=cached, note=note),
-        _report("prefix_uncached", dtype, miss, ref, th, cached_tokens=uncached),
-    ]
+    return None
 
 
-def diverging_request(base: Sequence[int], shared: int, vocab: int) -> list[int]:
-    """``base``'s first ``shared`` tokens, then every later token replaced by another id (same length)."""
-    return [int(t) for t in base[:shared]] + [(int(t) + 1) % vocab for t in base[shared:]]
+def _cache_pair(run: Run, name: str, first: Prompt, second: Sequence[Prompt]) -> PhaseReport:
+    """``first`` then each of ``second`` through the prefix cache, emptied first; what each later one was served
+    from the cache checked against the prefix it shares with the one before (where the cache could be emptied: a
+    live server's may hold the same prompts from earlier traffic)."""
+    prompts, emptied = [first, *second], run.backend.reset_cache()
+    served = [run.backend.complete(run.request(p, read_cache=True)) for p in prompts]
+    rep = run.judge.phase(name, served)
+    block = run.backend.capabilities.cache_block
+    shared = [common_prefix(a.prompt_ids, b.prompt_ids) for a, b in zip(served, served[1:], strict=False)]
+    cached = [r.cached_tokens for r in served[1:] if r.cached_tokens is not None]
+    rep.shared_tokens, rep.cached_tokens = min(shared), max(cached) if cached else None
+    wrong = [w for r, n in zip(served[1:], shared, strict=True) if (w := reuse_check(r.cached_tokens or 0, n, block))]
+    if wrong and emptied:
+        rep.verdict, rep.note = "bug", wrong[0]
+    elif wrong:
+        rep.note = "what was served from the cache is not checked: the backend's cache cannot be emptied first"
+    return rep
+
+
+def prefix_phase(run: Run) -> PhaseReport:
+    """The prefix pair, then the first again: each against recomputation of its own prompt (a cache that serves the
+    other prompt's entries moves them by far more than noise), and what was served from the cache checked."""
+    a, b = run.work.prefix
+    rep = _cache_pair(run, "prefix", a, [b, a])
+    why = f"{rep.shared_tokens} prompt tokens shared"
+    if rep.cached_tokens is None:
+        rep.note = rep.note or f"{why}; the backend does not say how many it served from a cache"
+    elif rep.cached_tokens == 0 and rep.verdict != NOT_CHECKED:  # the answers were checked, the cache was not
+        rep.note = (
+            f"{why}; the backend served none from a cache: its prefix cache was not exercised (off, or a cache block "
+            f"longer than the shared tokens); the answers themselves: {rep.verdict}"
+        )
+        rep.verdict = NOT_CHECKED
+    return rep
+
+
+def prefix_uncached_phase(run: Run) -> PhaseReport:
+    """The prefix pair's second prompt computed whole, the cache not read."""
+    if not run.backend.capabilities.cache_bypass:
+        return not_checked("prefix_uncached", "a request cannot ask this backend to skip its prefix cache")
+    return run.judge.phase("prefix_uncached", [run.backend.complete(run.request(run.work.prefix[1]))])
 
 
 def divergence_points(length: int, block: int) -> dict[str, int]:
@@ -312,87 +323,212 @@ def divergence_points(length: int, block: int) -> dict[str, int]:
     return out
 
 
-def reuse_check(cached: int, shared: int, block: int) -> str | None:
-    """Why serving ``cached`` prompt tokens from the cache is wrong for a request sharing ``shared`` tokens, or None.
-
-    A correct prefix cache serves whole blocks of the shared prefix only: at most ``shared`` rounded down to
-    the block. More means a lookup that matched tokens the requests do not share (the logits may still look
-    close when the wrong tokens' keys happen to be similar, so this is checked on its own)."""
-    allowed = shared // block * block
-    if cached > allowed:
-        return (
-            f"{cached} prompt tokens were served from the prefix cache, but the request shares only {shared} "
-            f"leading tokens with the cached one ({allowed} in whole blocks of {block})"
-        )
-    return None
+def diverging_request(base: Sequence[int], shared: int, vocab: int) -> tuple[int, ...]:
+    """``base``'s first ``shared`` tokens, then every later token replaced by another id (same length)."""
+    return tuple(int(t) for t in base[:shared]) + tuple((int(t) + 1) % vocab for t in base[shared:])
 
 
-def _divergence_phases(
-    engine: ServingEngine, ref: DeploymentReference, work: Workload, steps: int, k: int, th: Thresholds
-) -> list[PhaseReport]:
-    dtype = engine.options.dtype
-    block = engine.block_size
-    points = divergence_points(len(work.prefix_first), block)
+def divergence_phases(run: Run) -> list[PhaseReport]:
+    """The prefix pair's first prompt, then one sharing its first cache blocks (and half a block more)."""
+    caps, first = run.backend.capabilities, run.work.prefix[0]
+    names = ("diverge_boundary", "diverge_inside")
+    if isinstance(first, str):
+        return [not_checked(n, "the backend takes text prompts: a prefix cut mid-block needs token ids") for n in names]
+    points = divergence_points(len(first), caps.cache_block)
     reports = []
-    for phase in ("diverge_boundary", "diverge_inside"):
-        if phase not in points:
-            why = f"the prefix workload ({len(work.prefix_first)} tokens) spans fewer than two KV blocks of {block}"
-            reports.append(PhaseReport(phase, dtype, skipped=why))
+    for name in names:
+        if name not in points:
+            why = f"the prefix workload ({len(first)} tokens) spans fewer than two cache blocks of {caps.cache_block}"
+            reports.append(not_checked(name, why if caps.cache_block > 1 else "the cache reuses single tokens"))
             continue
-        shared = points[phase]
-        engine.llm.reset_prefix_cache()
-        engine.generate([work.prefix_first], _params(steps, k, prompt_logprobs=False))
-        second = diverging_request(work.prefix_first, shared, ref.vocab_size)
-        out = engine.generate([second], _params(steps, k, prompt_logprobs=False))
-        cached = int(out[0].num_cached_tokens or 0)
-        rep = _report(phase, dtype, out, ref, th, cached_tokens=cached, shared_tokens=shared)
-        wrong = reuse_check(cached, shared, block) if engine.options.enable_prefix_caching else None
-        if wrong:
-            rep.verdict, rep.note = "bug", wrong
-        elif cached == 0 and engine.options.enable_prefix_caching:
+        second = diverging_request(first, points[name], int(run.reference.vocab_size))
+        rep = _cache_pair(run, name, first, [second])
+        if rep.cached_tokens == 0 and rep.verdict != "bug":
             rep.note = "nothing was served from the prefix cache (the engine did not reuse the shared blocks)"
         reports.append(rep)
     return reports
 
 
-def _chunked_phase(
-    engine: ServingEngine, ref: DeploymentReference, work: Workload, sp: Any, th: Thresholds
-) -> PhaseReport:
-    budget = scheduler_budget(engine)
-    if not work.long:
-        return PhaseReport(
-            "chunked_prefill",
-            engine.options.dtype,
-            skipped=(
-                f"max_num_batched_tokens ({budget}) is not below the longest admissible prompt: set it lower to force "
-                "chunked prefill"
-            ),
-        )
-    chunks = max(math.ceil(len(p) / budget) for p in work.long)
-    return _report(
-        "chunked_prefill", engine.options.dtype, engine.generate(work.long, sp), ref, th, prefill_chunks=chunks
+def chunked_phase(run: Run) -> PhaseReport:
+    """Prompts longer than the per-step token budget."""
+    budget = run.backend.capabilities.step_budget
+    if budget is None:
+        return not_checked("chunked_prefill", "the backend does not say its per-step token budget")
+    if not run.work.long:
+        why = f"the step budget ({budget}) is not below the longest admissible prompt: set it lower to force chunks"
+        return not_checked("chunked_prefill", why)
+    chunks = max(-(-len(p) // budget) for p in run.work.long)
+    served = run.backend.complete_many([run.request(p) for p in run.work.long], len(run.work.long))
+    return run.judge.phase("chunked_prefill", served, prefill_chunks=chunks)
+
+
+def seed_phase(run: Run) -> PhaseReport:
+    """A sampled request (temperature 1) sent twice with one seed: the same tokens."""
+    if not run.backend.capabilities.seed:
+        return not_checked("seed", "the backend takes no per-request seed")
+    sampled = Request(run.work.alone[0], run.settings.steps, Sampler(temperature=1.0, seed=1234))
+    first, second = run.backend.complete(sampled), run.backend.complete(sampled)
+    at = first_difference(first.token_ids, second.token_ids)
+    if at is None:
+        return PhaseReport("seed", judged_on="tokens", requests=2, divergence_rate=0.0)
+    return PhaseReport(
+        "seed",
+        verdict="bug",
+        judged_on="tokens",
+        note=f"seed 1234 sampled different tokens from token {at} on",
+        requests=2,
+        divergence_rate=1.0,
+        token_divergence={"request": 0, "token": at},
     )
 
 
-def scheduler_budget(engine: ServingEngine) -> int:
-    """The engine's per-step token budget (``max_num_batched_tokens`` as vLLM resolved it)."""
-    return int(engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
+def limits_phase(run: Run, alone: Sequence[Response]) -> PhaseReport:
+    """``max_tokens`` honoured, and a stop string cut where the greedy text first has it."""
+    problems, m, backend = [], 3, run.backend
+    short = backend.complete(run.request(run.work.alone[0], m))
+    if len(short.token_ids) > m or (len(short.token_ids) < m and short.finish_reason != "stop"):
+        problems.append(f"max_tokens {m} gave {len(short.token_ids)} tokens (finish {short.finish_reason})")
+    case = next(((p, a) for p, a in zip(run.work.alone, alone, strict=True) if len(a.text.strip()) >= 8), None)
+    if case is None:
+        note = "; ".join(problems) or "stop sequence not checked: no greedy text long enough"
+        return PhaseReport("limits", verdict="bug" if problems else "pass", judged_on="tokens", note=note, requests=1)
+    prompt, lone = case
+    stop = lone.text[len(lone.text) // 2 :][:3]
+    cut = backend.complete(run.request(prompt, stop=(stop,)))
+    expected = lone.text[: lone.text.find(stop)]
+    if cut.text != expected or cut.finish_reason != "stop":
+        problems.append(f"stop {stop!r}: text {cut.text!r} (finish {cut.finish_reason}), expected {expected!r}")
+    return PhaseReport(
+        "limits", verdict="bug" if problems else "pass", judged_on="tokens", note="; ".join(problems), requests=2
+    )
 
 
-# ---- the whole check ---------------------------------------------------------------------------------
-def honest_reference(
-    path: str | os.PathLike, dtype: str, log: Callable[[str], None] | None = None
-) -> ReferenceLogprobs | None:
-    """The reference model recomputed in a reduced-precision deployment's ``dtype`` (its floor), None for float32."""
-    import torch
+def chat_phase(run: Run) -> PhaseReport:
+    """The server's prompt ids for :data:`CHAT` against ``transformers``' rendering of the reference's template."""
+    reference, caps = run.reference, run.backend.capabilities
+    hf = getattr(reference.tokenizer, "hf", None)
+    if hf is None or not getattr(hf, "chat_template", None):
+        return not_checked("chat", "the reference has no chat template")
+    served = run.backend.chat_ids(CHAT)
+    if served is None:
+        why = f"the {caps.server} backend has no endpoint that returns the prompt ids it builds from messages"
+        return not_checked("chat", why)
+    text = hf.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    ours = list(hf.encode(text, add_special_tokens=False))
+    if served == ours:
+        return PhaseReport("chat", judged_on="template", requests=1, positions=len(ours))
+    note = template_difference(served, ours, hf)
+    return PhaseReport("chat", verdict="bug", judged_on="template", note=note, requests=1, positions=len(ours))
 
-    from ..model.load import load_model
 
-    if dtype == "float32":
-        return None
-    if log:
-        log(f"recomputing the reference in {dtype} too (the floor of that precision)")
-    return ReferenceLogprobs(load_model(path, dtype=getattr(torch, dtype)))
+def template_difference(served: Sequence[int], ours: Sequence[int], hf: Any) -> str:
+    """What differs (``hf``: the reference's ``transformers`` tokenizer): BOS added or omitted, the system turn
+    missing, else the first differing token."""
+    bos = getattr(hf, "bos_token_id", None)
+    if bos is not None and list(served) == [bos, *ours]:
+        return "the server adds a BOS token the template does not"
+    if bos is not None and [bos, *served] == list(ours):
+        return "the server omits the template's BOS token"
+    notes = []
+    if CHAT[0]["content"] not in hf.decode(served):
+        notes.append("the system turn is missing")
+    i = common_prefix(served, ours)
+    s = repr(hf.decode(served[i : i + 1])) if i < len(served) else "end"
+    o = repr(hf.decode(ours[i : i + 1])) if i < len(ours) else "end"
+    notes.append(f"first differing token {i}: server {s}, template {o}")
+    return "; ".join(notes)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """First index where ``a`` and ``b`` differ (a length difference counts), None when equal."""
+    i = common_prefix(a, b)
+    return None if i == len(a) == len(b) else i
+
+
+# ---- the whole check ---------------------------------------------------------------------------------------------
+def check_same_model(backend: Backend, reference: Model, reference_name: str) -> None:
+    """A ``ValueError`` (one line) when the backend tokenizes a probe string differently from ``reference``: it
+    serves another model. A leading BOS on either side is not a difference (servers add it to prompts)."""
+    served = backend.tokenize(PROBE)
+    if served is None:
+        return
+    ours = reference.encode(PROBE)
+    bos = getattr(getattr(reference.tokenizer, "hf", None), "bos_token_id", None)
+    if served and bos is not None and served[0] == bos and (not ours or ours[0] != bos):
+        served = served[1:]
+    if served != ours:
+        i = common_prefix(served, ours)
+        raise ValueError(
+            f"the server's model {backend.model_name!r} tokenizes a probe string differently from --reference "
+            f"{reference_name} (token {i}: {served[i : i + 1]} vs {ours[i : i + 1]}): it serves another model"
+        )
+
+
+def run_phases(run: Run, extra: Sequence[Callable[[Run], PhaseReport]] = ()) -> list[PhaseReport]:
+    """Every phase of :data:`PHASES` (then ``extra``, an engine's own) on one backend, labelled with its precision."""
+    caps, vocab = run.backend.capabilities, int(run.reference.vocab_size)
+    prompt = prompt_phase(run)
+    alone = [run.backend.complete(run.request(p)) for p in run.work.alone]
+    bad = [t for r in alone for t in r.token_ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"the backend returned token id {bad[0]}, outside the reference's vocabulary ({vocab})")
+    if not any(r.positions or r.rows is not None for r in alone):
+        where = f"the {caps.server} backend {run.backend.model_name}"
+        raise ValueError(f"{where} returned no log-probabilities: nothing to compare")
+    phases = [prompt, greedy_phase(run, alone), batch_phase(run, alone), prefix_phase(run), prefix_uncached_phase(run)]
+    phases += [*divergence_phases(run), chunked_phase(run), seed_phase(run), limits_phase(run, alone), chat_phase(run)]
+    phases += [phase(run) for phase in extra]
+    for p in phases:
+        p.dtype = caps.label
+    return phases
+
+
+def verify_backend(
+    backend: Backend,
+    reference: Model,
+    reference_name: str,
+    settings: Settings | None = None,
+    prompts: Sequence[str] | None = None,
+    thresholds: Thresholds | None = None,
+    log: Callable[[str], None] = lambda _: None,
+    url: str = "",
+) -> ServingReport:
+    """Every phase on a live ``backend`` (a text workload) against float32 recomputation of ``reference`` (a loaded
+    float32 ``Model``)."""
+    from .judge import ReferenceLogprobs
+
+    th, settings = thresholds or Thresholds(), settings or Settings()
+    check_same_model(backend, reference, reference_name)
+    texts = list(prompts) if prompts else random_prompts(max(settings.requests, PREFIX_PROMPTS + 2), settings.seed)
+    work = text_workload(reference, texts, settings, backend.capabilities.token_prompts)
+    judge = Judge(ReferenceLogprobs(reference), th, settings.top_k, exact=backend.capabilities.exact)
+    log(f"{len(work.alone)} prompts: every phase the {backend.capabilities.server} backend allows")
+    report = ServingReport(url or backend.model_name, reference_name, th, asdict(settings), backend.capabilities.server)
+    report.model_name, report.url, report.capabilities = backend.model_name, url, [asdict(backend.capabilities)]
+    report.phases = run_phases(Run(backend, judge, work, settings, reference))
+    return report
+
+
+# ---- vLLM in process ---------------------------------------------------------------------------------------------
+def sized_for_checks(
+    model_dir: str | os.PathLike, options: EngineOptions, prompts: Sequence[Sequence[int]], steps: int
+) -> EngineOptions:
+    """``options`` sized to what the phases need (:func:`genprobe.serving.engine.size_for_workload`): room for the
+    longest prompt, and at least 4 × max(token budget, KV block) so that prefixes span cached blocks and long
+    prompts several prefill chunks; as many sequences as the batch phase sends at once."""
+    from .engine import CPU_BLOCK_SIZE, size_for_workload
+
+    unit = max(options.max_num_batched_tokens or 0, options.block_size or CPU_BLOCK_SIZE)
+    longest = max([4 * unit, *(len(p) for p in prompts)])
+    return size_for_workload(
+        model_dir, options, longest_prompt=longest, new_tokens=steps, sequences=len(BATCH_FRACTIONS)
+    )
 
 
 def verify_serving(
@@ -408,23 +544,24 @@ def verify_serving(
     seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> ServingReport:
-    """Serve ``model`` with vLLM once per dtype and compare every phase with float32 recomputation of ``reference``.
+    """Serve ``model`` with vLLM once per dtype (:class:`~genprobe.serving.engine.VllmBackend`) and run every phase
+    against float32 recomputation of ``reference`` (default: the served weights; another directory checks that the
+    deployment serves the weights you expect). ``options`` are the engine settings, their ``dtype`` replaced by each
+    of ``dtypes``. A reduced-precision deployment's floor is the reference recomputed in its dtype."""
+    from dataclasses import replace
 
-    ``reference`` defaults to the served weights themselves (a different directory checks that the
-    deployment serves the weights you expect). ``options`` are the deployment's engine settings;
-    their ``dtype`` is replaced by each of ``dtypes`` in turn.
-    """
     from ..model.load import load_model
+    from .engine import EngineOptions, VllmBackend, shared_engine
+    from .judge import ReferenceLogprobs
     from .model_dir import served_model
 
+    say = log or (lambda _: None)
     if steps < 1 or top_k < 1:
         raise ValueError(f"steps and top_k must be >= 1, got steps={steps}, top_k={top_k}")
     if not dtypes:
         raise ValueError("give at least one deployment dtype")
-    th = thresholds or Thresholds()
-    opts = options or EngineOptions()
-    served = served_model(model)
-    opts = sized_for_checks(served.path, opts, prompts, steps)
+    th, served = thresholds or Thresholds(), served_model(model)
+    opts = sized_for_checks(served.path, options or EngineOptions(), prompts, steps)
     ref_model = load_model(reference if reference is not None else served.path)
     if ref_model.vocab_size != served.vocab_size:
         served.cleanup()
@@ -432,15 +569,21 @@ def verify_serving(
             f"the reference has {ref_model.vocab_size} output ids but the served model has {served.vocab_size}"
         )
     float32 = ReferenceLogprobs(ref_model)
-    report = ServingReport(str(model), str(reference if reference is not None else model), [], th, steps, top_k)
+    settings = Settings(concurrency=len(BATCH_FRACTIONS), steps=steps, top_k=top_k, seed=seed)
+    report = ServingReport(str(model), str(reference if reference is not None else model), th, asdict(settings), "vllm")
     # the engine is keyed by the source, so a later scan of the same checkpoint reuses it; the export goes when the
     # last engine holding it stops
     for dt in dtypes:
-        if log:
-            log(f"starting vLLM ({dt}) on {served.path} …")
-        engine = shared_engine(served, replace(opts, dtype=dt))
-        report.engines.append(engine.describe())
-        work = build_workload(engine.max_model_len - steps, scheduler_budget(engine), served.vocab_size, prompts, seed)
-        ref = DeploymentReference(float32, honest_reference(ref_model.source or served.path, dt, log))
-        report.phases += run_phases(engine, ref, work, steps, top_k, th)
+        say(f"starting vLLM ({dt}) on {served.path} …")
+        backend = VllmBackend(shared_engine(served, replace(opts, dtype=dt)))
+        report.engines.append(backend.engine.describe())
+        report.capabilities.append(asdict(backend.capabilities))
+        room = backend.engine.max_model_len - steps
+        work = build_workload(room, backend.capabilities.step_budget or room, served.vocab_size, prompts, seed)
+        floor = None
+        if dt != "float32":
+            say(f"recomputing the reference in {dt} too (the floor of that precision)")
+            floor = ReferenceLogprobs(load_model(ref_model.source or served.path, dtype=getattr(torch, dt)))
+        judge = Judge(float32, th, top_k, floor, exact=dt == "float32")
+        report.phases += run_phases(Run(backend, judge, work, settings, ref_model))
     return report

@@ -37,7 +37,7 @@ def engine(tiny):
 @pytest.fixture(scope="module")
 def reference(tiny):
     import genprobe
-    from genprobe.serving.compare import ReferenceLogprobs
+    from genprobe.serving.judge import ReferenceLogprobs
 
     torch.set_num_threads(1)
     return ReferenceLogprobs(genprobe.load(str(tiny[0])))

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "model"))
 from gguf_tiny import write_tiny_gguf  # noqa: E402
 from models import skip_without_llama_cpp  # noqa: E402
 
-from genprobe.serving.live import NOT_CHECKED, LiveSettings  # noqa: E402
+from genprobe.serving.verify import NOT_CHECKED, Settings  # noqa: E402
 
 STARTUP_S = 120  # the server's imports and the model load, on a loaded 2-core machine
 
@@ -63,19 +63,18 @@ def llama_server(tmp_path_factory):
 
 def test_llama_cpp_pythons_server_passes_what_it_can_be_checked_on(llama_server):
     from genprobe.model.load import load_model
-    from genprobe.serving.endpoint import EndpointBackend, HttpSettings
-    from genprobe.serving.live import piece_table
-    from genprobe.serving.live_verify import verify_live
+    from genprobe.serving.endpoint import EndpointBackend, HttpSettings, piece_table
+    from genprobe.serving.verify import verify_backend
 
     gguf, url = llama_server
     reference = load_model(gguf)
     http = HttpSettings(timeout_s=60.0, retries=1, backoff_s=0.05)
     backend = EndpointBackend(url, http, pieces=piece_table(reference))
     assert backend.capabilities.server == "llama-cpp-python"
-    report = verify_live(backend, reference, "tiny", LiveSettings(requests=8, concurrency=4, steps=8), url=url)
+    report = verify_backend(backend, reference, "tiny", Settings(requests=8, concurrency=4, steps=8), url=url)
     by = {p.phase: p for p in report.phases}
     checked = [p for p in report.phases if p.verdict != NOT_CHECKED]
     assert by["greedy"].verdict == "pass" and by["greedy"].top1_agreement == 1.0, by["greedy"]
-    assert {"greedy", "concurrency", "limits"} <= {p.phase for p in checked}, report.phases
+    assert {"greedy", "batch", "limits"} <= {p.phase for p in checked}, report.phases
     assert all(p.verdict == "pass" for p in checked), [(p.phase, p.verdict, p.note) for p in checked]
     assert all(p.note for p in report.phases if p.verdict == NOT_CHECKED)  # each says why

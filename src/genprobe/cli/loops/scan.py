@@ -126,8 +126,7 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
         return llamacpp_backend(args, settings, model)
     if args.backend == "endpoint":
         from ...loops.scan_settings import backend_engine
-        from ...serving.endpoint import EndpointBackend, HttpSettings
-        from ...serving.live import piece_table
+        from ...serving.endpoint import EndpointBackend, HttpSettings, piece_table
 
         if args.concurrency < 1 or args.timeout <= 0:
             raise ValueError(f"--concurrency must be >= 1 and --timeout > 0, got {args.concurrency}, {args.timeout}")

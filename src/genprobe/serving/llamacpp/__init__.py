@@ -2,9 +2,10 @@
 
 - :mod:`._bindings` — :func:`require_llama_cpp`, the install hint, :func:`llama_cpp_problem` for skips
 - :mod:`.engine` — ``LlamaCppModel``: a GGUF file in llama.cpp (logits at every position from a fresh cache,
-  greedy / picker-driven generation, several sequences in one context, the KV-cache primitives)
-- :mod:`.verify` — ``verify_serving_llamacpp`` (``verify-serving --backend llama.cpp``): prefill, decode, batch,
-  prompt cache, context shift against float32 recomputation and llama.cpp's own prefill
+  greedy / picker-driven generation, several sequences in one context, the KV-cache primitives), and
+  ``LlamaCppBackend``, the same behind the ``Backend`` protocol
+- :mod:`.verify` — ``verify_serving_llamacpp`` (``verify-serving --backend llama.cpp``): the one verifier on
+  llama.cpp, plus its context-shift phase
 - :mod:`.scan` — ``llamacpp_batches`` and the ``loops scan --backend llama.cpp`` backend
 - :mod:`.sampling` — a ``SamplerConfig`` as llama.cpp's own sampler chain (exact or refused):
   ``chain_candidates`` (what the chain keeps of one row after a history), ``LlamaCppSampler`` (accept / sample,

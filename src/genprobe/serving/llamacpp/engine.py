@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..._io import json_safe
+from ...engine.backend import Capabilities, Position, Request, Response, stop_text
 from ._bindings import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
 
 #: KV-cache element types a context can be created with (ggml type ids of ``ggml.h``).
@@ -170,26 +171,9 @@ class LlamaCppModel:
             raise ValueError(f"{len(ids)} tokens in one decode call exceed n_batch={self.n_batch}")
         if start < 0:
             raise ValueError(f"positions start at 0, got {start}")
-        b = self._batch
-        b.n_tokens = len(ids)
-        for i, t in enumerate(ids):
-            b.token[i], b.pos[i], b.n_seq_id[i] = t, start + i, 1
-            b.seq_id[i][0] = seq_id
-            b.logits[i] = logits == "all" or (logits == "last" and i == len(ids) - 1)
-        rc = self._lib.llama_decode(self.ctx, b)
-        if rc != 0:
-            raise LlamaCppDecodeError(
-                f"llama_decode returned {rc} for {len(ids)} tokens at position {start} (n_ctx {self.n_ctx})"
-            )
-        rows = {"all": len(ids), "last": 1, "none": 0}[logits]
-        return self._output_rows(rows)
-
-    def _output_rows(self, rows: int) -> np.ndarray:
-        if rows == 0:
-            return np.zeros((0, self.vocab_size), np.float32)
-        ptr = self._lib.llama_get_logits(self.ctx)
-        flat = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(rows * self.vocab_size,))
-        return flat.reshape(rows, self.vocab_size).copy()
+        want = [logits == "all" or (logits == "last" and i == len(ids) - 1) for i in range(len(ids))]
+        entries = [(t, start + i, seq_id, w) for i, (t, w) in enumerate(zip(ids, want, strict=True))]
+        return _decode(self._lib, self.ctx, self._batch, entries, self.vocab_size)
 
     def remove(self, p0: int, p1: int, seq_id: int = 0) -> None:
         """Drop the cached positions ``[p0, p1)`` of ``seq_id`` (``llama_memory_seq_rm``)."""
@@ -330,6 +314,23 @@ class LlamaCppModel:
         self.close()
 
 
+def _decode(lib: Any, ctx: Any, batch: Any, entries: Sequence[tuple[int, int, int, bool]], vocab: int) -> np.ndarray:
+    """ONE ``llama_decode`` call of ``(token, position, seq_id, logits wanted)`` entries through ``batch``; the wanted
+    rows, float32 ``(rows, vocab)``."""
+    batch.n_tokens = len(entries)
+    for i, (tok, pos, seq, want) in enumerate(entries):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, want
+        batch.seq_id[i][0] = seq
+    rc = lib.llama_decode(ctx, batch)
+    if rc != 0:
+        raise LlamaCppDecodeError(f"llama_decode returned {rc} for {len(entries)} tokens from position {entries[0][1]}")
+    rows = sum(w for *_, w in entries)
+    if rows == 0:
+        return np.zeros((0, vocab), np.float32)
+    logits = ctypes.cast(lib.llama_get_logits(ctx), ctypes.POINTER(ctypes.c_float))
+    return np.ctypeslib.as_array(logits, shape=(rows * vocab,)).reshape(rows, vocab).copy()
+
+
 def _quietly(make: Callable[[], Any]) -> Any:
     """``make()`` with llama-cpp-python's log forwarding silenced (a sized-to-the-batch context exceeds the model's
     training context by design, and llama.cpp warns about it on stderr)."""
@@ -401,21 +402,6 @@ class SequenceBatch:
             raise RuntimeError(f"llama.cpp could not create a context for {len(self.prompts)} sequences")
         self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
 
-    def _decode(self, entries: list[tuple[int, int, int]], want: list[bool]) -> np.ndarray:
-        """One ``llama_decode`` of ``(token, position, seq_id)`` entries; the rows whose ``want`` is set."""
-        b = self.batch
-        b.n_tokens = len(entries)
-        for i, ((tok, pos, seq), w) in enumerate(zip(entries, want, strict=True)):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, w
-            b.seq_id[i][0] = seq
-        rc = self.lib.llama_decode(self.ctx, b)
-        if rc != 0:
-            raise LlamaCppDecodeError(f"llama_decode returned {rc} for a batch of {len(entries)} tokens")
-        rows, vocab = sum(want), self.model.vocab_size
-        ptr = self.lib.llama_get_logits(self.ctx)
-        flat = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(rows * vocab,))
-        return flat.reshape(rows, vocab).copy()
-
     def run(
         self, max_new_tokens: int, next_token: NextToken | Sequence[NextToken], keep_logits: bool
     ) -> list[BatchedGeneration]:
@@ -423,9 +409,11 @@ class SequenceBatch:
         pickers = list(next_token) if isinstance(next_token, Sequence) else [next_token] * len(self.prompts)
         if len(pickers) != len(self.prompts):
             raise ValueError(f"{len(pickers)} token pickers for {len(self.prompts)} sequences")
-        entries = [(t, i, s) for s, p in enumerate(self.prompts) for i, t in enumerate(p)]
-        want = [keep_logits or i == len(p) - 1 for p in self.prompts for i in range(len(p))]
-        rows = self._decode(entries, want)
+        vocab = self.model.vocab_size
+        entries = [
+            (t, i, s, keep_logits or i == len(p) - 1) for s, p in enumerate(self.prompts) for i, t in enumerate(p)
+        ]
+        rows = _decode(self.lib, self.ctx, self.batch, entries, vocab)
         per_seq: list[list[np.ndarray]] = []
         at = 0
         for p in self.prompts:
@@ -439,8 +427,8 @@ class SequenceBatch:
                 h.append(t)
             if step == max_new_tokens - 1:
                 break
-            entries = [(t, len(h) - 1, s) for s, (h, t) in enumerate(zip(histories, new, strict=True))]
-            rows = self._decode(entries, [True] * len(entries))
+            step_entries = [(t, len(h) - 1, s, True) for s, (h, t) in enumerate(zip(histories, new, strict=True))]
+            rows = _decode(self.lib, self.ctx, self.batch, step_entries, vocab)
             for s in range(len(histories)):
                 per_seq[s].append(rows[s])
         return [
@@ -460,3 +448,107 @@ class SequenceBatch:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LlamaCppBackend:
+    """A :class:`LlamaCppModel` as a :class:`~genprobe.engine.backend.Backend`: token-id prompts, greedy, every
+    position's whole distribution (``Response.rows``), the ``Llama`` object's prompt cache (one prompt deep, token by
+    token; a request that does not read it starts from an empty KV cache), the requests of one call as sequences of
+    one context (:class:`SequenceBatch`). ``own_prefill`` is the floor of a quantized file: llama.cpp's one-call
+    prefill of the same tokens."""
+
+    def __init__(self, model: LlamaCppModel, label: str = "", exact: bool | None = None):
+        self.model = model
+        self.model_name = model.path.name
+        self._prefill: dict[tuple[int, ...], Any] = {}
+        self.capabilities = Capabilities(
+            server="llama.cpp",
+            logprobs="full",
+            max_top_k=model.vocab_size,
+            prompt_logprobs=True,
+            token_prompts=True,
+            prefix_cache=True,
+            concurrency=int(model._lib.llama_max_parallel_sequences()),
+            seed=False,
+            tokenize=False,
+            chat_template=False,
+            cache_bypass=True,
+            exact=exact,
+            label=label,
+        )
+
+    def own_prefill(self, ids: Sequence[int]) -> Any:
+        """llama.cpp's log-probabilities of ``ids`` from one fresh ``llama_decode`` call (memoised)."""
+        key = tuple(int(t) for t in ids)
+        if key not in self._prefill:
+            self._prefill[key] = _log_softmax(self.model.logits(key))
+        return self._prefill[key]
+
+    def complete(self, request: Request) -> Response:
+        """The prompt (through the prompt cache when ``read_cache``), then one ``llama_decode`` call per greedy token
+        until ``max_tokens``, EOS or a stop string."""
+        _greedy_only(request)
+        m, prompt = self.model, [int(t) for t in request.prompt]
+        if request.read_cache:
+            first, cached = m.cached_prompt_logits(prompt)
+        else:
+            m.reset()
+            first, cached = m.decode(prompt, 0, logits="all"), None
+        rows, out, reason, pick = list(first), list[int](), "length", greedy_picker(request.sampler.ban_ids)
+        for _ in range(request.max_tokens):
+            out.append(pick(rows[-1], prompt + out))
+            text = m.detokenize(out)
+            if out[-1] == m.eos_id or any(st in text for st in request.stop):
+                reason = "stop"
+                break
+            if len(out) < request.max_tokens:
+                rows.append(m.decode(out[-1:], len(prompt) + len(out) - 1, logits="last")[0])
+        return self._response(prompt, out, np.stack(rows), reason, stop_text(m.detokenize(out), request.stop), cached)
+
+    def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
+        """Greedy requests without stop strings as sequences of one context (each to its own ``max_tokens``), else
+        one after another."""
+        if concurrency < 2 or any(r.stop or r.sampler.ban_ids for r in requests):
+            return [self.complete(r) for r in requests]
+        for r in requests:
+            _greedy_only(r)
+        steps = max(r.max_tokens for r in requests)
+        prompts = [[int(t) for t in r.prompt] for r in requests]
+        runs = self.model.generate_batch(prompts, steps, greedy_picker(), keep_logits=True)
+        out = []
+        for r, g in zip(requests, runs, strict=True):
+            tokens = g.tokens[: r.max_tokens]
+            rows = g.logits[: len(g.prompt) + len(tokens) - 1]
+            out.append(self._response(g.prompt, tokens, rows, "length", self.model.detokenize(tokens), None))
+        return out
+
+    def _response(self, prompt: list[int], out: list[int], logits: np.ndarray, reason: str, text: str, cached, at=0):
+        """A response whose ``logits`` rows start at row ``at`` of prompt + out."""
+        rows, first = _log_softmax(logits), len(prompt) - 1 - at
+        positions = [Position(t, float(rows[first + s, t])) for s, t in enumerate(out) if 0 <= first + s < len(rows)]
+        return Response(prompt, out, positions, reason, text, None, cached, rows=rows, rows_from=at)
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """Not compared: the reference's tokenizer is built from the same GGUF metadata."""
+        return None
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
+        """Not a chat server: None."""
+        return None
+
+    def reset_cache(self) -> bool:
+        """An empty KV cache and prompt cache."""
+        self.model.reset()
+        return True
+
+
+def _greedy_only(request: Request) -> None:
+    s = request.sampler
+    if s.temperature != 0 or isinstance(request.prompt, str):
+        raise ValueError("the llama.cpp backend runs greedy requests on token ids")
+
+
+def _log_softmax(logits: np.ndarray) -> Any:
+    import torch
+
+    return torch.log_softmax(torch.from_numpy(np.asarray(logits)).double(), dim=-1)

@@ -1,0 +1,324 @@
+"""How a served response is judged against float32 recomputation: one rule for every engine and precision.
+
+For a request with prompt ids ``p`` (length P) and generated ids ``g``, the reference computes ``log_softmax`` of
+one uncached forward over ``p + g`` in float32 (:class:`ReferenceLogprobs`); row t predicts token t + 1. Every id
+a backend returned at a position (its top-k plus the actual token; the whole vocabulary where it returns every row)
+is compared. Top-1 agreement tolerates float-noise ties: the served top token agrees when the reference gives it a
+log-probability within the noise of the reference's maximum.
+
+**Float32 arithmetic** is judged on verify-cache's scale (:class:`genprobe.verify.compare.Thresholds`, seed §3.4.3:
+< 1e-4 float noise → pass, < 1e-3 small, ≤ 1 suspicious, > 1 bug) over max |Δ log p| (:func:`serving_verdict`), only
+its absolute scale (log-probabilities are normalised already), plus one rule for serving: a position whose top-1
+token is not the reference's (beyond a float-noise tie) is at least "suspicious" — a greedy deployment would emit
+different text there, whatever the size of the difference.
+
+**Reduced precision is not a bug.** A deployment in bfloat16 (vLLM), float16, or a quantized GGUF file (llama.cpp)
+cannot match float32 recomputation to float noise (SmolLM2 in bfloat16: top-5 |Δ log p| up to ~1 on a few positions,
+top-1 flips at near-ties): on the absolute scale every such deployment would be "broken" and a real fault drowned in
+the same numbers. So a reduced-precision phase is judged on a **gap ratio**, the same for every engine:
+
+    ratio = gap(served, float32) / floor,  floor = gap(the same precision computed honestly, float32)
+
+* the *gap* of a request is the mean |Δ log p| to float32 recomputation over the ids the engine returned at each of
+  its positions (the reference's top 5 where it returned the whole vocabulary: what sampling reads, not the far
+  tail, where quantization moves log p the most);
+* the *floor* is the same statistic, on the same positions and ids, of an honest computation at the deployment's
+  precision: the same model recomputed in the deployment's dtype (vLLM), or llama.cpp's own one-call prefill of the
+  same tokens (a quantized GGUF file) — how far that precision moves these very tokens, measured on the day; for a
+  live server of unknown precision, its lone greedy requests' gap;
+* ratio ≤ :data:`GAP_PASS` pass, ≤ :data:`GAP_BUG` suspicious, more a bug; a phase's ratio is its worst request's
+  (each over its own floor: a fault confined to one request is not averaged away).
+
+The float32 distances are reported beside the verdict. A cache serving another prompt's entries, shifted positions
+or other weights move a phase by many floors; an engine error smaller than the precision's own noise can only be
+seen on a float32 deployment, which is why verify-serving keeps float32 as its engine-correctness check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from ..engine.backend import Position, Response, full_logprobs
+from ..engine.runner import runner_for
+from ..verify.compare import VERDICTS, Thresholds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model.load import Model
+
+__all__ = ["Thresholds"]  # the verdict scale, from verify-cache
+NOT_CHECKED = "not checked"
+GAP_PASS, GAP_BUG = 2.0, 5.0  # a phase's gap over its precision's floor: up to 2 floors pass, over 5 is a bug
+TOP_GAP = 5  # where the whole vocabulary is returned, the gap reads the reference's 5 most likely ids per position
+
+
+def worst_verdict(verdicts: list[str]) -> str:
+    """The most severe of ``verdicts`` ("pass" for none)."""
+    return max(verdicts, key=VERDICTS.index, default="pass")
+
+
+def serving_verdict(max_abs_dlogp: float, top1_disagreements: int, thresholds: Thresholds | None = None) -> str:
+    """Verdict for one phase: the Δ log p scale, raised to "suspicious" when any top-1 token differs."""
+    th = thresholds or Thresholds()
+    v = th.verdict(max_abs_dlogp)
+    if top1_disagreements > 0:
+        v = worst_verdict([v, "suspicious"])
+    return v
+
+
+def gap_verdict(gap: float, floor: float, noise: float) -> tuple[str, float]:
+    """(verdict, ratio) of a reduced-precision phase: ``gap`` over ``floor`` (at least ``noise``, so that a precision
+    that happens to be exact on these tokens does not turn float noise into a bug)."""
+    ratio = gap / max(floor, noise)
+    return ("pass" if ratio <= GAP_PASS else "suspicious" if ratio <= GAP_BUG else "bug"), ratio
+
+
+@dataclass
+class Divergence:
+    """The first position where the backend and the reference differ beyond float noise (or in their top-1 token)."""
+
+    request: int  # index of the request within its phase
+    where: str  # "prompt" (predicting prompt token ``index``) | "step" (generation step ``index``)
+    index: int
+    abs_dlogp: float
+    top1_mismatch: bool
+
+
+@dataclass
+class LogprobStats:
+    """Accumulated differences over the positions of one or more requests."""
+
+    positions: int = 0
+    compared: int = 0  # (position, id) pairs
+    max_abs_dlogp: float = 0.0
+    sum_abs_dlogp: float = 0.0
+    top1_disagreements: int = 0
+    first: Divergence | None = None
+
+    @property
+    def top1_agreement(self) -> float | None:
+        """Fraction of positions whose top-1 token agrees (None when nothing was compared)."""
+        return None if not self.positions else 1.0 - self.top1_disagreements / self.positions
+
+    @property
+    def mean_abs_dlogp(self) -> float | None:
+        """Mean |Δ log p| over all compared ids."""
+        return None if not self.compared else self.sum_abs_dlogp / self.compared
+
+
+def compare_values(
+    stats: LogprobStats,
+    ids: list[int] | None,
+    lps: torch.Tensor,
+    top: int,
+    ref_row: torch.Tensor,
+    req: int,
+    where: str,
+    index: int,
+    noise: float,
+    tie: float,
+) -> float:
+    """Add one position to ``stats``: the served log-probabilities ``lps`` of ``ids`` (None: the whole vocabulary;
+    ``top``: the served top-1 id) against the reference row; the position's max |Δ log p| (both -inf counts as
+    equal, NaN as infinite)."""
+    ref = (ref_row if ids is None else ref_row[ids]).double()
+    served = lps.double()
+    diff = torch.where(torch.isneginf(ref) & torch.isneginf(served), torch.zeros_like(ref), (served - ref).abs())
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    mx = float(diff.max())
+    mismatch = bool(ref_row[top] < ref_row.max() - tie)
+    stats.positions += 1
+    stats.compared += diff.numel()
+    stats.sum_abs_dlogp += float(diff.sum()) if mx != float("inf") else float("inf")
+    stats.max_abs_dlogp = max(stats.max_abs_dlogp, mx)
+    stats.top1_disagreements += int(mismatch)
+    if stats.first is None and (mx >= noise or mismatch):
+        stats.first = Divergence(req, where, index, mx, mismatch)
+    return mx
+
+
+class ReferenceLogprobs:
+    """:func:`~genprobe.engine.backend.full_logprobs` of a loaded ``Model`` in its own dtype — float32, or a
+    deployment's reduced precision for its floor — memoised per sequence."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.runner = runner_for(model)
+        self.vocab_size = int(model.vocab_size)
+        self._cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def __call__(self, ids: Sequence[int]) -> torch.Tensor:
+        """(len(ids), V) log-probabilities (float32 tensor); row t predicts token t + 1."""
+        key = tuple(int(i) for i in ids)
+        if key not in self._cache:
+            self._cache[key] = full_logprobs(self.runner, key)
+        return self._cache[key]
+
+
+@dataclass
+class PhaseReport:
+    """One phase on one deployment: its figures and verdict ("not checked" with ``note`` saying why)."""
+
+    phase: str
+    dtype: str = ""  # the deployment's precision label (``Capabilities.label``)
+    verdict: str = "pass"
+    judged_on: str = ""  # "reference" (float32, absolute) | "gap" (over a floor) | "tokens" | "template"
+    note: str = ""
+    requests: int = 0
+    positions: int = 0
+    max_abs_dlogp: float | None = None
+    mean_abs_dlogp: float | None = None
+    top1_agreement: float | None = None
+    top1_disagreements: int = 0
+    topk_agreement: float | None = None  # mean |served top-k ∩ reference top-k| / k
+    first_divergence: dict | None = None  # the first position beyond float noise (or with another top-1)
+    self_max_abs_dlogp: float | None = None  # the same positions against the floor computation, where there is one
+    self_top1_agreement: float | None = None
+    gap: float | None = None  # the worst request's mean |Δ log p| to float32
+    floor: float | None = None  # the same statistic of the honest computation (or of the lone requests)
+    gap_ratio: float | None = None  # gap / floor, what a phase judged on "gap" reads
+    divergence_rate: float | None = None  # batch: requests whose greedy tokens differ from their lone run
+    token_divergence: dict | None = None  # {"request": r, "token": t}: the first such difference
+    cached_tokens: int | None = None  # prompt tokens served from a prefix cache
+    shared_tokens: int | None = None  # leading tokens the request shares with the cached one
+    prefill_chunks: int | None = None  # chunked_prefill: most chunks any prompt was prefilled in
+
+
+Rows = Callable[[Sequence[int]], torch.Tensor]  # ids -> (len(ids), V) log-probabilities, row t predicts token t + 1
+Served = tuple[int, str, int, list[int] | None, torch.Tensor, int]  # row, where, index, ids (None: all), log p, top-1
+
+
+def served_positions(resp: Response, prompt: bool = False) -> list[Served]:
+    """Every position ``resp`` returned log-probabilities for: (reference row, "prompt" | "step", index, the ids
+    returned (None: the whole vocabulary), their log-probabilities, the served top-1 id); ``prompt``: the prompt's
+    positions only. ``prompt_positions[i]`` (i ≥ 1) predicts prompt token i (row ``i - 1``), ``positions[s]`` step
+    s (row ``P - 1 + s``)."""
+    P = len(resp.prompt_ids)
+    if resp.rows is not None:
+        rows = [(resp.rows_from + t, row) for t, row in enumerate(resp.rows)]
+        return [
+            (r, *(("prompt", r + 1) if r + 1 < P else ("step", r + 1 - P)), None, row, int(row.argmax()))
+            for r, row in rows
+            if not prompt or r + 1 < P
+        ]
+    placed = (
+        [(i - 1, "prompt", i, p) for i, p in enumerate(resp.prompt_positions or []) if p is not None]
+        if prompt
+        else [(P - 1 + s, "step", s, p) for s, p in enumerate(resp.positions)]
+    )
+    out: list[Served] = []
+    for row, where, index, pos in placed:
+        entries = _entries(pos)
+        if entries:
+            top = max(pos.top, key=pos.top.__getitem__) if pos.top else pos.token
+            out.append((row, where, index, list(entries), torch.tensor(list(entries.values())), top))
+    return out
+
+
+def _entries(pos: Position) -> dict[int, float]:
+    """Every (id, log p) a position returned: its top-k and the token itself."""
+    out = dict(pos.top)
+    if pos.logprob is not None:
+        out.setdefault(pos.token, pos.logprob)
+    return out
+
+
+def request_gap(served: Sequence[Served], reference: torch.Tensor, honest: torch.Tensor | None = None) -> float:
+    """Mean |Δ log p| to ``reference`` (float32 rows of the request's ids) over the ids returned at every position
+    (the reference's top :data:`TOP_GAP` where the whole vocabulary was: what sampling reads, not the far tail,
+    where quantization moves log p the most) — of the served values, or, given ``honest``, of those rows' values
+    (an honest computation at the deployment's precision: the floor). Both -inf counts as equal; 0.0 for nothing."""
+    total, count = 0.0, 0
+    for row, _, _, ids, lps, _ in served:
+        ref = reference[row].double()
+        pick = torch.topk(ref, min(TOP_GAP, ref.numel())).indices if ids is None else torch.tensor(ids)
+        value = (lps[pick] if ids is None else lps).double() if honest is None else honest[row][pick].double()
+        ref = ref[pick]
+        diff = torch.where(torch.isneginf(value) & torch.isneginf(ref), torch.zeros_like(ref), (value - ref).abs())
+        total += float(torch.nan_to_num(diff, nan=float("inf")).sum())
+        count += len(pick)
+    return total / count if count else 0.0
+
+
+@dataclass
+class Tally:
+    """What a phase's responses add up to: the comparison with recomputation, the one with the floor computation,
+    the top-k overlap and the worst request's (gap, floor, ratio)."""
+
+    stats: LogprobStats
+    own: LogprobStats
+    overlap: float = 0.0
+    overlaps: int = 0
+    worst: tuple[float, float, float] = (0.0, 0.0, -1.0)
+
+
+class Judge:
+    """Compares responses with float32 recomputation (``reference``) and, where given, with an honest computation at
+    the deployment's precision (``floor``: the same model recomputed in that dtype, or the engine's own one-call
+    prefill), and gives each phase its verdict: the absolute scale when ``exact``, else each request's gap over its
+    floor (the worst request deciding); without a floor, the lone greedy requests' gap (``lone_gap``) once measured."""
+
+    def __init__(
+        self, reference: Rows, thresholds: Thresholds, k: int, floor: Rows | None = None, exact: bool | None = None
+    ):
+        self.reference, self.th, self.k, self.floor, self.exact = reference, thresholds, k, floor, exact
+        self.lone_gap: float | None = None
+
+    def add(self, tally: Tally, r: int, resp: Response, prompt: bool, reference: Rows | None) -> None:
+        """Request ``r``'s positions into ``tally``."""
+        noise, ids = self.th.noise, list(resp.prompt_ids) + list(resp.token_ids)
+        recomputed = self.reference(ids)
+        rows = recomputed if reference is None else reference(ids)
+        honest = self.floor(ids) if self.floor is not None else None
+        served = served_positions(resp, prompt)
+        for row, where, index, pick, lps, top in served:
+            compare_values(tally.stats, pick, lps, top, rows[row], r, where, index, noise, noise)
+            if honest is not None:
+                compare_values(tally.own, pick, lps, top, honest[row], r, where, index, noise, noise)
+            if pick is not None and len(pick) > 1:
+                k = min(self.k, len(pick))  # vLLM adds the sampled / prompt token beside its top k
+                served_top = [pick[i] for i in torch.argsort(lps, descending=True)[:k].tolist()]
+                tally.overlap += len(set(torch.topk(rows[row], k).indices.tolist()) & set(served_top)) / k
+                tally.overlaps += 1
+        if served:
+            gap = request_gap(served, rows)
+            floor = request_gap(served, recomputed, honest) if honest is not None else self.lone_gap or 0.0
+            ratio = gap / max(floor, noise)
+            tally.worst = max(tally.worst, (gap, floor, ratio), key=lambda w: w[2])
+
+    def phase(
+        self,
+        name: str,
+        responses: Sequence[Response],
+        prompt: bool = False,
+        reference: Rows | None = None,
+        judge_self: bool = True,
+        **extra: Any,
+    ) -> PhaseReport:
+        """The figures and verdict of ``responses`` (``prompt``: their prompt positions only; ``reference``: another
+        float32 reference for this phase, the floor's gap still read against recomputation; ``judge_self``: the
+        floor comparison may decide)."""
+        t = Tally(LogprobStats(), LogprobStats())
+        for r, resp in enumerate(responses):
+            self.add(t, r, resp, prompt, reference)
+        st, own = t.stats, t.own
+        if not st.positions:
+            return PhaseReport(name, note="the backend returned no log-probabilities to compare", verdict=NOT_CHECKED)
+        cached = max((c for c in (x.cached_tokens for x in responses) if c is not None), default=None)
+        rep = PhaseReport(name, requests=len(responses), positions=st.positions, cached_tokens=cached, **extra)
+        rep.max_abs_dlogp, rep.mean_abs_dlogp, rep.gap = st.max_abs_dlogp, st.mean_abs_dlogp, t.worst[0]
+        rep.top1_agreement, rep.top1_disagreements = st.top1_agreement, st.top1_disagreements
+        rep.topk_agreement = t.overlap / t.overlaps if t.overlaps else None
+        rep.first_divergence = asdict(st.first) if st.first else None
+        rep.self_max_abs_dlogp = own.max_abs_dlogp if own.positions else None
+        rep.self_top1_agreement = own.top1_agreement
+        if self.exact or (self.floor is None and self.lone_gap is None):
+            judged = [st, own] if judge_self and own.positions else [st]
+            verdicts = [serving_verdict(s.max_abs_dlogp, s.top1_disagreements, self.th) for s in judged]
+            rep.verdict, rep.judged_on = worst_verdict(verdicts), "reference"
+        else:
+            rep.verdict, rep.gap_ratio = gap_verdict(t.worst[0], t.worst[1], self.th.noise)
+            rep.judged_on, rep.floor = "gap", t.worst[1]
+        return rep
