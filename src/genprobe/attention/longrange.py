@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from .._io import json_safe
 from ..model.config import POS_ENCODINGS, GPTConfig
 from ..model.gpt import GPT
+from ..model.train import TrainConfig, fit
 
 PAD = 0
 N_FILLER = 8
@@ -163,9 +164,7 @@ def _lr_factor(step: int, steps: int, warmup: int) -> float:
     return max(frac, 0.05)
 
 
-def train_synthetic(
-    task, pos_encoding: str, sc: SyntheticConfig, steps: int | None = None, progress: bool = False
-) -> tuple[GPT, TrainSummary]:
+def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | None = None) -> tuple[GPT, TrainSummary]:
     """Train a tiny GPT on ``task`` with rows of ``sc.context`` tokens (passkey: distance uniform in [1, L-2])."""
     torch.manual_seed(sc.seed)
     gen = torch.Generator().manual_seed(sc.seed)
@@ -186,20 +185,15 @@ def train_synthetic(
         sample = lambda g: task.batch(sc.batch_size, L, g)  # noqa: E731
     else:
         sample = _passkey_sampler(task, L, sc.batch_size)
-    t0 = time.time()
-    losses = []
-    model.train()
-    for step in tqdm(range(steps), desc=f"{task.name}/{pos_encoding}", disable=not progress, leave=False):
-        for g in opt.param_groups:
-            g["lr"] = sc.lr * _lr_factor(step, steps, sc.warmup)
+
+    def batch_loss() -> torch.Tensor:
         x, y = sample(gen)
         logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
+
+    t0 = time.time()
+    tc = TrainConfig(steps=steps, lr=sc.lr, warmup=sc.warmup, grad_clip=1.0)
+    losses, _ = fit(model, batch_loss, tc, opt=opt, lr_of=lambda step: sc.lr * _lr_factor(step, steps, sc.warmup))
     model.eval()
     tail = losses[-20:]
     return model, TrainSummary(steps, round(sum(tail) / len(tail), 4), round(time.time() - t0, 1))
@@ -435,7 +429,7 @@ def corpus_extrapolation(
 ) -> CorpusResult:
     """Train the Tang GPT at ``cc.context`` per encoding; validation loss at each evaluation length."""
     from ..corpus import CharTokenizer, load_corpus
-    from ..model.train import TrainConfig, train
+    from ..model.train import train
 
     corpus = load_corpus(poems=cc.poems)
     tok = CharTokenizer.from_text(corpus.text, 1200)
