@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -106,10 +106,8 @@ class SyntheticConfig:
     """Tiny-GPT recipe for the synthetic tasks (seconds of CPU per model)."""
 
     context: int = 32
-    n_layer: int = 2
-    n_head: int = 4
-    d_model: int = 64
-    d_ff: int = 128
+    # GPTConfig overrides (its 2 layers and 4 heads, a narrower residual stream)
+    model: dict = field(default_factory=lambda: {"d_model": 64, "d_ff": 128})
     passkey_steps: int = 400
     lag_steps: int = 300
     lags: tuple[int, ...] = (1, 8, 24)
@@ -170,16 +168,7 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
     gen = torch.Generator().manual_seed(sc.seed)
     L = sc.context
     steps = steps or (sc.lag_steps if isinstance(task, LagTask) else sc.passkey_steps)
-    cfg = GPTConfig(
-        vocab_size=task.vocab_size,
-        n_layer=sc.n_layer,
-        n_head=sc.n_head,
-        d_model=sc.d_model,
-        d_ff=sc.d_ff,
-        block_size=L,
-        pos_encoding=pos_encoding,
-    )
-    model = GPT(cfg)
+    model = GPT(GPTConfig(**{**sc.model, "vocab_size": task.vocab_size, "block_size": L, "pos_encoding": pos_encoding}))
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=(0.9, 0.95), weight_decay=0.0)
     if isinstance(task, LagTask):
         sample = lambda g: task.batch(sc.batch_size, L, g)  # noqa: E731
@@ -312,7 +301,7 @@ class SyntheticResult:
         """JSON form: the config, then per task its settings and per-encoding results."""
         L = self.context
         return {
-            "config": {**asdict(self.config), "lags": list(self.config.lags)},
+            "config": json_safe(self.config),
             "context": L,
             "tasks": {
                 "passkey": {
@@ -416,7 +405,7 @@ class CorpusResult:
     def to_dict(self) -> dict:
         """JSON form."""
         return {
-            "config": {**asdict(self.config), "eval_lengths": list(self.config.eval_lengths)},
+            "config": json_safe(self.config),
             "val_tokens": self.val_tokens,
             "averaging": "non-overlapping windows; 'loss' = mean over all positions (ALiBi paper), "
             "'loss_beyond_context' = mean over positions >= context only",

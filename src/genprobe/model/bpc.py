@@ -85,27 +85,11 @@ class BitsPerChar:
         return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def _score(
-    nll: torch.Tensor,
-    chars: int,
-    window: int,
-    stride: int,
-    extra: float = 0.0,
-    unk_targets: int = 0,
-    bits_per_char_unk_as_symbol: float | None = None,
-) -> BitsPerChar:
+def _score(nll: torch.Tensor, chars: int, window: int, stride: int, extra: float = 0.0, **char_gpt: Any) -> BitsPerChar:
+    """The figures of per-target ``nll`` over ``chars`` characters, ``extra`` nats added to the total (``<unk>``)."""
     total = float(nll.sum()) + extra
-    return BitsPerChar(
-        total,
-        len(nll),
-        chars,
-        window,
-        stride,
-        float(nll.sum()) / len(nll),
-        total / math.log(2) / chars,
-        unk_targets,
-        bits_per_char_unk_as_symbol,
-    )
+    per_token = float(nll.sum()) / len(nll)
+    return BitsPerChar(total, len(nll), chars, window, stride, per_token, total / math.log(2) / chars, **char_gpt)
 
 
 def subword_bits_per_char(

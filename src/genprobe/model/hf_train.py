@@ -16,7 +16,7 @@ trains its BPE with Qwen2's own pipeline (NFC included) to stay identical (see `
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -275,9 +275,7 @@ def _summary(
         "val_window64": json_safe(val_short),
         "heldout": json_safe(heldout),
         "model_config": json_safe(cfg),
-        "train_config": {
-            k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items() if k not in ("dropout", "pack")
-        },
+        "train_config": {k: v for k, v in json_safe(tc).items() if k not in ("dropout", "pack")},
         "history": history,
         "torch": torch.__version__,
         "bits_per_char_definition": "-log2 P(text)/chars over <eos>-joined poems, each target once, "

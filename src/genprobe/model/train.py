@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
 
+from .._io import json_safe
 from ..corpus.tang import Corpus
 from ..corpus.tokenizer import PAD_ID, CharTokenizer
 from .config import GPTConfig
@@ -261,7 +262,7 @@ def _summary(
         "coverage": round(cov["coverage"], 4),
         "unk_share": round(cov["unk_share"], 4),
         "corpus": corpus.summary(),
-        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()},
+        "train_config": json_safe(tc),
     }
 
 
