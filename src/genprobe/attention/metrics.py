@@ -128,16 +128,19 @@ def _heads_from(pp: dict[str, torch.Tensor]) -> list[HeadStats]:
 
 @dataclass
 class AttentionReport:
-    """Per-head and per-layer attention statistics of one sequence, plus the per-position values behind them."""
+    """Per-head and per-layer attention statistics of one sequence, plus the per-position values behind them
+    (its JSON form is ``attention.json``)."""
+
+    JSON_PROPERTIES = ("seq_len", "definitions")  # computed from the fields, kept in the JSON form
 
     distance: int
     local_window: int
-    tokens: list[int]
-    tokens_text: list[str] | None
     n_layer: int
     n_head: int
     implementation: str
     note: str | None
+    tokens: list[int]
+    tokens_text: list[str] | None
     heads: list[HeadStats]
     layers: list[HeadStats]  # head None: each layer's mean over its heads
     per_position: dict[str, list]
@@ -147,23 +150,21 @@ class AttentionReport:
         """The statistics of one head."""
         return next(h for h in self.heads if h.layer == layer and h.head == head)
 
-    def to_dict(self) -> dict:
-        """The ``attention.json`` layout."""
+    @property
+    def seq_len(self) -> int:
+        """Tokens in the sequence."""
+        return len(self.tokens)
+
+    @property
+    def definitions(self) -> dict[str, str]:
+        """What each metric measures, in words (shipped inside every report)."""
         return {
-            "distance": self.distance,
-            "local_window": self.local_window,
-            "seq_len": len(self.tokens),
-            "n_layer": self.n_layer,
-            "n_head": self.n_head,
-            "implementation": self.implementation,
-            "note": self.note,
-            "tokens": self.tokens,
-            "tokens_text": self.tokens_text,
-            "definitions": definitions(self.distance, self.local_window),
-            "heads": [json_safe(h) for h in self.heads],
-            "layers": [json_safe(row) for row in self.layers],
-            "per_position": self.per_position,
-            "n_visible": self.n_visible,
+            "entropy": "-sum p ln p over visible keys (nats), mean over query positions",
+            "norm_entropy": "entropy / ln(visible keys); rows with one visible key excluded",
+            "far_mass": f"mass on keys more than {self.distance} positions before the query",
+            "sink_mass": "mass on the first token",
+            "diag_mass": "mass on the query's own position",
+            "local_mass": f"mass on keys 0..{self.local_window} positions back",
         }
 
 
@@ -181,18 +182,6 @@ TITLES = {
 def as_report(result: AttentionReport | dict) -> dict:
     """The JSON form of an :class:`AttentionReport` (a dict read back from ``attention.json`` as it is)."""
     return json_safe(result) if isinstance(result, AttentionReport) else result
-
-
-def definitions(distance: int, local_window: int) -> dict[str, str]:
-    """What each metric measures, in words (shipped inside every report)."""
-    return {
-        "entropy": "-sum p ln p over visible keys (nats), mean over query positions",
-        "norm_entropy": "entropy / ln(visible keys); rows with one visible key excluded",
-        "far_mass": f"mass on keys more than {distance} positions before the query",
-        "sink_mass": "mass on the first token",
-        "diag_mass": "mass on the query's own position",
-        "local_mass": f"mass on keys 0..{local_window} positions back",
-    }
 
 
 def _layer_means(heads: list[HeadStats], n_layer: int) -> list[HeadStats]:
@@ -220,12 +209,12 @@ def attention_report(
     return AttentionReport(
         distance,
         local_window,
-        list(capture.tokens),
-        tokens_text,
         capture.n_layer,
         capture.n_head,
         capture.implementation,
         capture.note,
+        list(capture.tokens),
+        tokens_text,
         heads,
         _layer_means(heads, capture.n_layer),
         {k: _list(pp[k]) for k in METRICS},

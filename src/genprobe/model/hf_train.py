@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from .._io import json_safe
 from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
-from .bpc import BitsPerChar, subword_bits_per_char
+from .bpc import subword_bits_per_char
 from .train import TrainConfig, fit, random_windows
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
@@ -134,15 +134,6 @@ class SubwordTrainResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def _val(model: torch.nn.Module, tok: Tokenizer, docs: list[str], window: int) -> BitsPerChar:
-    was = model.training
-    model.eval()
-    try:
-        return subword_bits_per_char(model, tok, docs, window)
-    finally:
-        model.train(was)
-
-
 def train_subword(
     texts: SplitTexts,
     split: CorpusSplit,
@@ -218,7 +209,7 @@ def _train_loop(
     def validate(step: int, ema: float) -> float | None:
         if not (tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps):
             return None
-        vl = _val(model, tok, val_docs, cfg.block_size).nats_per_token
+        vl = subword_bits_per_char(model, tok, val_docs, cfg.block_size).nats_per_token
         seconds = round(time.time() - t_loop, 1)
         history.append({"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(vl, 4), "seconds": seconds})
         return vl
@@ -239,10 +230,10 @@ def _summary(
     heldout_docs: int,
 ) -> dict[str, Any]:
     """Final figures: losses in nats/token, bits/char on the char GPT's validation text, chars/token."""
-    val = _val(model, tok, texts.char_val_documents, cfg.block_size)
+    val = subword_bits_per_char(model, tok, texts.char_val_documents, cfg.block_size)
     # the char GPT's context length (block_size 64): how much of the gap is context, not modelling
-    val_short = val if cfg.block_size == 64 else _val(model, tok, texts.char_val_documents, 64)
-    heldout = _val(model, tok, texts.heldout[:heldout_docs], cfg.block_size)
+    val_short = val if cfg.block_size == 64 else subword_bits_per_char(model, tok, texts.char_val_documents, 64)
+    heldout = subword_bits_per_char(model, tok, texts.heldout[:heldout_docs], cfg.block_size)
     history.append(
         {
             "step": tc.steps,

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from .._io import json_safe
 from ..corpus.tang import Corpus
 from ..corpus.tokenizer import PAD_ID, CharTokenizer
+from .bpc import eval_mode
 from .config import GPTConfig
 from .gpt import GPT, masked_cross_entropy, packed_positions
 
@@ -66,20 +67,17 @@ def unigram_cross_entropy(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_
 def evaluate_loss(model: GPT, ids: torch.Tensor, block_size: int | None = None, batch_size: int = 64) -> float:
     """Mean next-token loss over ``ids`` cut into non-overlapping windows (every target counted once)."""
     T = block_size or model.cfg.block_size
-    was_training = model.training
-    model.eval()
     n = (len(ids) - 1) // T
     if n < 1:
         raise ValueError(f"need more than {T} tokens to evaluate, got {len(ids)}")
     x = ids[: n * T].view(n, T)
     y = ids[1 : n * T + 1].view(n, T)
     total, count = 0.0, 0
-    for i in range(0, n, batch_size):
-        logits = model(x[i : i + batch_size])
-        loss = masked_cross_entropy(logits, y[i : i + batch_size])
-        total += float(loss) * y[i : i + batch_size].numel()
-        count += y[i : i + batch_size].numel()
-    model.train(was_training)
+    with eval_mode(model):
+        for i in range(0, n, batch_size):
+            loss = masked_cross_entropy(model(x[i : i + batch_size]), y[i : i + batch_size])
+            total += float(loss) * y[i : i + batch_size].numel()
+            count += y[i : i + batch_size].numel()
     return total / count
 
 
