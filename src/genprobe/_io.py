@@ -114,12 +114,7 @@ def check_target_dir(out: Path, marker: str, what: str, name: str = "--out") -> 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
-
-    def _w(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-
-    atomic_write(path, _w)
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

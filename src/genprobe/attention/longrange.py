@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -398,19 +397,15 @@ class CorpusEncodingResult:
 class CorpusResult:
     """Validation loss vs evaluation length for every encoding, trained on the Tang corpus at ``config.context``."""
 
+    JSON_PROPERTIES = ("averaging",)  # how the losses are averaged, kept in the JSON form
+    averaging = (
+        "non-overlapping windows; 'loss' = mean over all positions (ALiBi paper), "
+        "'loss_beyond_context' = mean over positions >= context only"
+    )
+
     config: CorpusExtrapolationConfig
     val_tokens: int
     encodings: dict[str, CorpusEncodingResult]
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return {
-            "config": json_safe(self.config),
-            "val_tokens": self.val_tokens,
-            "averaging": "non-overlapping windows; 'loss' = mean over all positions (ALiBi paper), "
-            "'loss_beyond_context' = mean over positions >= context only",
-            "encodings": {pe: json_safe(r) for pe, r in self.encodings.items()},
-        }
 
 
 def corpus_extrapolation(
@@ -511,7 +506,10 @@ def summarize_encoding(pe: str, syn: SyntheticResult, corpus: CorpusResult | Non
 
 @dataclass
 class LongRangeResult:
-    """What ``genprobe longrange`` measures: synthetic tasks, corpus extrapolation, and a summary per encoding."""
+    """What ``genprobe longrange`` measures: synthetic tasks, corpus extrapolation (None: not run), and a summary
+    per encoding (its JSON form is ``longrange.json``)."""
+
+    JSON_PROPERTIES = ("summary",)  # computed from the fields, kept in the JSON form
 
     pos_encodings: list[str]
     synthetic: SyntheticResult
@@ -533,15 +531,6 @@ class LongRangeResult:
                 errs = errs + self.corpus.encodings[pe].errors
             out[pe] = errs
         return out
-
-    def to_dict(self) -> dict:
-        """JSON form (``longrange.json``)."""
-        d: dict[str, Any] = {"pos_encodings": list(self.pos_encodings), "synthetic": json_safe(self.synthetic)}
-        if self.corpus is not None:
-            d["corpus"] = json_safe(self.corpus)
-        d["seconds"] = self.seconds
-        d["summary"] = {pe: json_safe(s) for pe, s in self.summary.items()}
-        return d
 
 
 def run_longrange(lc: LongRangeConfig, progress: bool = False) -> LongRangeResult:
