@@ -66,7 +66,7 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
     """Call ``write(tmp_path)`` then rename the temp file over ``path`` (same directory, fsynced)."""
     with replacing(path) as tmp:
         write(str(tmp))

@@ -16,7 +16,7 @@ trains its BPE with Qwen2's own pipeline (NFC included) to stay identical (see `
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -26,7 +26,7 @@ from .._io import json_safe
 from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
 from .bpc import subword_bits_per_char
-from .train import TrainConfig, fit, random_windows
+from .train import TrainConfig, TrainResult, fit, random_windows
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
     from tokenizers import Tokenizer
@@ -125,15 +125,6 @@ def build_model(cfg: SubwordModelConfig, eos_id: int, seed: int = 0) -> CausalLM
     return model
 
 
-@dataclass
-class SubwordTrainResult:
-    """What a subword training run produced."""
-
-    model: CausalLM
-    tokenizer: Tokenizer  # wrap with bpe.to_hf_tokenizer to save
-    summary: dict[str, Any] = field(default_factory=dict)
-
-
 def train_subword(
     texts: SplitTexts,
     split: CorpusSplit,
@@ -142,7 +133,7 @@ def train_subword(
     progress: bool = True,
     heldout_docs: int = HELDOUT_EVAL_DOCS,
     samples: int = 4,
-) -> SubwordTrainResult:
+) -> TrainResult[CausalLM, Tokenizer]:  # the tokenizer: wrap with bpe.to_hf_tokenizer to save
     """Train BPE on ``texts.train``, then the model on its ``<|endoftext|>``-joined stream (validated on the
     char GPT's validation text)."""
     cfg, tc = cfg or SubwordModelConfig(), tc or default_train_config()
@@ -164,7 +155,7 @@ def train_subword(
         train_loop_seconds=round(loop_seconds, 1),
         steps_per_second=round(tc.steps / loop_seconds, 3),
     )
-    return SubwordTrainResult(model=model, tokenizer=tok, summary=summary)
+    return TrainResult(model=model, tokenizer=tok, summary=summary)
 
 
 def _train_bpe(docs: list[str], cfg: SubwordModelConfig) -> Tokenizer:

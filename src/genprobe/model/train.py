@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -169,12 +169,16 @@ def fit(
     return losses, ema
 
 
-@dataclass
-class TrainResult:
-    """What a training run produced."""
+ModelT = TypeVar("ModelT")
+TokenizerT = TypeVar("TokenizerT")
 
-    model: GPT
-    tokenizer: CharTokenizer
+
+@dataclass
+class TrainResult(Generic[ModelT, TokenizerT]):
+    """What a training run produced: the model, its tokenizer and the run's summary."""
+
+    model: ModelT
+    tokenizer: TokenizerT
     summary: dict[str, Any] = field(default_factory=dict)
 
 
@@ -185,7 +189,7 @@ def train(
     tc: TrainConfig | None = None,
     progress: bool = True,
     on_backward: Callable[[int, GPT], None] | None = None,
-) -> TrainResult:
+) -> TrainResult[GPT, CharTokenizer]:
     """Train a GPT on ``corpus``; ``on_backward(step, model)`` sees gradients before each update."""
     tc = tc or TrainConfig()
     cfg = cfg or GPTConfig(vocab_size=tokenizer.vocab_size, dropout=tc.dropout)
