@@ -66,36 +66,55 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
     """Call ``write(tmp_path)`` then rename the temp file over ``path`` (same directory, fsynced)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    # mkstemp creates 0600; give the result the permissions a plain open() would have.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    try:
-        write(tmp)
+    with replacing(path) as tmp:
+        write(str(tmp))
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         fault_point("atomic_write:written")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+
+@contextmanager
+def replacing(target: str | os.PathLike, *, directory: bool = False, suffix: str = "") -> Iterator[Path]:
+    """A temporary file (or directory) beside ``target`` (:func:`temp_beside`) for the block to write: renamed over
+    ``target`` when the block completes, removed when it raises. An existing directory ``target`` is moved aside
+    first and removed once the new one is in place (put back if the rename fails)."""
+    target = Path(target)
+    tmp = temp_beside(target, directory, suffix)
+    try:
+        yield tmp
+        if directory and target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            try:
+                os.replace(tmp, target)
+            except BaseException:
+                os.replace(old, target)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+
+
+def check_target_dir(out: Path, marker: str, what: str, name: str = "--out") -> None:
+    """Refuse to write into ``out`` when it is a file, or a non-empty directory without ``marker`` (so not ``what``:
+    a directory genprobe wrote)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{name} {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).exists():
+        raise ValueError(f"{name} {out} is a non-empty directory that is not {what}; refusing to write into it")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
-
-    def _w(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-
-    atomic_write(path, _w)
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

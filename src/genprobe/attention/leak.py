@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..model.arch import unwrap
 from ..model.gpt import GPT
-from .capture import is_hf_model, unwrap_model
+from ..model.limits import max_positions
+from .capture import is_hf_model
 
 LEAK_THRESHOLD = 1e-4
 
@@ -57,13 +59,6 @@ class LeakReport:
         return "LEAK" if self.leak else "ok"
 
 
-def _max_positions(model) -> int | None:
-    if isinstance(model, GPT):
-        return model.cfg.max_positions
-    c = getattr(model, "config", None)
-    return getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None)
-
-
 @torch.no_grad()
 def _logits(model, ids: torch.Tensor, mask: torch.Tensor | None, position_ids: bool) -> torch.Tensor:
     if isinstance(model, GPT):
@@ -104,7 +99,7 @@ def padding_leak(
     ``position_ids=True`` passes positions derived from the mask (``cumsum - 1``) to HF models;
     ``False`` passes none, leaving the model's default. Every row gets at least ``extra_pad`` pads.
     """
-    model = unwrap_model(model_like)
+    model = unwrap(model_like)
     if not sequences or any(len(s) == 0 for s in sequences):
         raise ValueError("padding_leak needs at least one sequence, and no empty sequence")
     bad = set(sides) - {"left", "right"}
@@ -113,7 +108,7 @@ def padding_leak(
     if extra_pad < 0:
         raise ValueError(f"extra_pad must be >= 0, got {extra_pad}")
     width = max(len(s) for s in sequences) + extra_pad
-    limit = _max_positions(model)
+    limit = max_positions(model) if isinstance(model, GPT) or is_hf_model(model) else None
     if limit is not None and width > limit:
         raise ValueError(
             f"padded batch width {width} (longest sequence {width - extra_pad} + {extra_pad} pads) exceeds the "

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +37,7 @@ from tqdm.auto import tqdm
 from .._io import json_safe
 from ..model.config import POS_ENCODINGS, GPTConfig
 from ..model.gpt import GPT
+from ..model.train import TrainConfig, fit
 
 PAD = 0
 N_FILLER = 8
@@ -105,10 +105,8 @@ class SyntheticConfig:
     """Tiny-GPT recipe for the synthetic tasks (seconds of CPU per model)."""
 
     context: int = 32
-    n_layer: int = 2
-    n_head: int = 4
-    d_model: int = 64
-    d_ff: int = 128
+    # GPTConfig overrides (its 2 layers and 4 heads, a narrower residual stream)
+    model: dict = field(default_factory=lambda: {"d_model": 64, "d_ff": 128})
     passkey_steps: int = 400
     lag_steps: int = 300
     lags: tuple[int, ...] = (1, 8, 24)
@@ -163,43 +161,27 @@ def _lr_factor(step: int, steps: int, warmup: int) -> float:
     return max(frac, 0.05)
 
 
-def train_synthetic(
-    task, pos_encoding: str, sc: SyntheticConfig, steps: int | None = None, progress: bool = False
-) -> tuple[GPT, TrainSummary]:
+def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | None = None) -> tuple[GPT, TrainSummary]:
     """Train a tiny GPT on ``task`` with rows of ``sc.context`` tokens (passkey: distance uniform in [1, L-2])."""
     torch.manual_seed(sc.seed)
     gen = torch.Generator().manual_seed(sc.seed)
     L = sc.context
     steps = steps or (sc.lag_steps if isinstance(task, LagTask) else sc.passkey_steps)
-    cfg = GPTConfig(
-        vocab_size=task.vocab_size,
-        n_layer=sc.n_layer,
-        n_head=sc.n_head,
-        d_model=sc.d_model,
-        d_ff=sc.d_ff,
-        block_size=L,
-        pos_encoding=pos_encoding,
-    )
-    model = GPT(cfg)
+    model = GPT(GPTConfig(**{**sc.model, "vocab_size": task.vocab_size, "block_size": L, "pos_encoding": pos_encoding}))
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=(0.9, 0.95), weight_decay=0.0)
     if isinstance(task, LagTask):
         sample = lambda g: task.batch(sc.batch_size, L, g)  # noqa: E731
     else:
         sample = _passkey_sampler(task, L, sc.batch_size)
-    t0 = time.time()
-    losses = []
-    model.train()
-    for step in tqdm(range(steps), desc=f"{task.name}/{pos_encoding}", disable=not progress, leave=False):
-        for g in opt.param_groups:
-            g["lr"] = sc.lr * _lr_factor(step, steps, sc.warmup)
+
+    def batch_loss() -> torch.Tensor:
         x, y = sample(gen)
         logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
+
+    t0 = time.time()
+    tc = TrainConfig(steps=steps, lr=sc.lr, warmup=sc.warmup, grad_clip=1.0)
+    losses, _ = fit(model, batch_loss, tc, opt=opt, lr_of=lambda step: sc.lr * _lr_factor(step, steps, sc.warmup))
     model.eval()
     tail = losses[-20:]
     return model, TrainSummary(steps, round(sum(tail) / len(tail), 4), round(time.time() - t0, 1))
@@ -318,7 +300,7 @@ class SyntheticResult:
         """JSON form: the config, then per task its settings and per-encoding results."""
         L = self.context
         return {
-            "config": {**asdict(self.config), "lags": list(self.config.lags)},
+            "config": json_safe(self.config),
             "context": L,
             "tasks": {
                 "passkey": {
@@ -415,19 +397,15 @@ class CorpusEncodingResult:
 class CorpusResult:
     """Validation loss vs evaluation length for every encoding, trained on the Tang corpus at ``config.context``."""
 
+    JSON_PROPERTIES = ("averaging",)  # how the losses are averaged, kept in the JSON form
+    averaging = (
+        "non-overlapping windows; 'loss' = mean over all positions (ALiBi paper), "
+        "'loss_beyond_context' = mean over positions >= context only"
+    )
+
     config: CorpusExtrapolationConfig
     val_tokens: int
     encodings: dict[str, CorpusEncodingResult]
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return {
-            "config": {**asdict(self.config), "eval_lengths": list(self.config.eval_lengths)},
-            "val_tokens": self.val_tokens,
-            "averaging": "non-overlapping windows; 'loss' = mean over all positions (ALiBi paper), "
-            "'loss_beyond_context' = mean over positions >= context only",
-            "encodings": {pe: json_safe(r) for pe, r in self.encodings.items()},
-        }
 
 
 def corpus_extrapolation(
@@ -435,7 +413,7 @@ def corpus_extrapolation(
 ) -> CorpusResult:
     """Train the Tang GPT at ``cc.context`` per encoding; validation loss at each evaluation length."""
     from ..corpus import CharTokenizer, load_corpus
-    from ..model.train import TrainConfig, train
+    from ..model.train import train
 
     corpus = load_corpus(poems=cc.poems)
     tok = CharTokenizer.from_text(corpus.text, 1200)
@@ -528,7 +506,10 @@ def summarize_encoding(pe: str, syn: SyntheticResult, corpus: CorpusResult | Non
 
 @dataclass
 class LongRangeResult:
-    """What ``genprobe longrange`` measures: synthetic tasks, corpus extrapolation, and a summary per encoding."""
+    """What ``genprobe longrange`` measures: synthetic tasks, corpus extrapolation (None: not run), and a summary
+    per encoding (its JSON form is ``longrange.json``)."""
+
+    JSON_PROPERTIES = ("summary",)  # computed from the fields, kept in the JSON form
 
     pos_encodings: list[str]
     synthetic: SyntheticResult
@@ -550,15 +531,6 @@ class LongRangeResult:
                 errs = errs + self.corpus.encodings[pe].errors
             out[pe] = errs
         return out
-
-    def to_dict(self) -> dict:
-        """JSON form (``longrange.json``)."""
-        d: dict[str, Any] = {"pos_encodings": list(self.pos_encodings), "synthetic": json_safe(self.synthetic)}
-        if self.corpus is not None:
-            d["corpus"] = json_safe(self.corpus)
-        d["seconds"] = self.seconds
-        d["summary"] = {pe: json_safe(s) for pe, s in self.summary.items()}
-        return d
 
 
 def run_longrange(lc: LongRangeConfig, progress: bool = False) -> LongRangeResult:

@@ -27,19 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-RULES = (
-    "length_mismatch",
-    "ragged_batch",
-    "non_binary",
-    "inverted_mask",
-    "pad_unmasked",
-    "mask_hole",
-    "mixed_padding_side",
-    "empty_row",
-    "positions_not_restarting",
-    "positions",
-)
-
 
 @dataclass(frozen=True)
 class Finding:
@@ -102,25 +89,16 @@ def check_masks(
 
 def _batch_findings(ids: list[list], masks: list[list], pos: list[list] | None) -> list[Finding]:
     """Row counts that differ between the tensors, and rows whose length differs from most rows."""
-    findings: list[Finding] = []
-    if len(masks) != len(ids):
-        findings.append(
-            Finding(
-                min(len(ids), len(masks)),
-                None,
-                "length_mismatch",
-                f"input_ids has {len(ids)} rows but attention_mask has {len(masks)}",
-            )
+    findings = [
+        Finding(
+            min(len(ids), len(rows)),
+            None,
+            "length_mismatch",
+            f"input_ids has {len(ids)} rows but {name} has {len(rows)}",
         )
-    if pos is not None and len(pos) != len(ids):
-        findings.append(
-            Finding(
-                min(len(ids), len(pos)),
-                None,
-                "length_mismatch",
-                f"input_ids has {len(ids)} rows but position_ids has {len(pos)}",
-            )
-        )
+        for name, rows in (("attention_mask", masks), ("position_ids", pos))
+        if rows is not None and len(rows) != len(ids)
+    ]
     lengths = {len(r) for r in ids}
     if len(lengths) > 1:
         common = max(lengths, key=lambda n: sum(len(r) == n for r in ids))
@@ -137,14 +115,7 @@ def _row_findings(
 ) -> tuple[list[Finding], str | None]:
     """Findings of row ``i`` and its padding side ('left'/'right'; None when unpadded or unusable)."""
     if len(row_mask) != len(row_ids):
-        return [
-            Finding(
-                i,
-                min(len(row_ids), len(row_mask)),
-                "length_mismatch",
-                f"attention_mask has {len(row_mask)} entries, input_ids {len(row_ids)}",
-            )
-        ], None
+        return [_length_mismatch(i, "attention_mask", len(row_mask), len(row_ids))], None
     bad = [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]
     if bad:
         t, m = bad[0]
@@ -188,6 +159,10 @@ def _row_findings(
     return findings, (side if side != "hole" else None)
 
 
+def _length_mismatch(i: int, name: str, n: int, expected: int) -> Finding:
+    return Finding(i, min(n, expected), "length_mismatch", f"{name} has {n} entries, input_ids {expected}")
+
+
 def _mixed_side_findings(sides: dict[int, str]) -> list[Finding]:
     """Rows padded on the minority side when padded rows disagree."""
     if len(set(sides.values())) <= 1:
@@ -213,9 +188,7 @@ def _inverted(row_ids: Sequence[int], m: list[int], pad: int | None) -> bool:
 
 def _check_positions(i: int, p: list, m: list[int], side: str | None) -> list[Finding]:
     if len(p) != len(m):
-        return [
-            Finding(i, min(len(p), len(m)), "length_mismatch", f"position_ids has {len(p)} entries, input_ids {len(m)}")
-        ]
+        return [_length_mismatch(i, "position_ids", len(p), len(m))]
     real = [t for t, v in enumerate(m) if v == 1]
     for k, t in enumerate(real):
         if p[t] != k:

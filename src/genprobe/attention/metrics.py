@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,10 +26,10 @@ METRICS = ("entropy", "norm_entropy", "far_mass", "sink_mass", "diag_mass", "loc
 
 @dataclass
 class HeadStats:
-    """Averages over query positions for one (layer, head)."""
+    """Averages over query positions for one (layer, head); ``head`` None: the layer's mean over its heads."""
 
     layer: int
-    head: int
+    head: int | None
     # Each a mean over the query positions where it is defined; None when it is defined at none.
     entropy: float | None
     norm_entropy: float | None
@@ -109,15 +110,10 @@ def _nanmean(x: torch.Tensor) -> float | None:
     return float(x[ok].mean()) if ok.any() else None
 
 
-def head_stats(
-    probs: torch.Tensor,
-    visible: torch.Tensor | None = None,
-    positions: torch.Tensor | None = None,
-    distance: int = 8,
-    local_window: int = 2,
-) -> list[HeadStats]:
-    """One :class:`HeadStats` per (layer, head), averaged over query positions."""
-    return _heads_from(per_position(probs, visible, positions, distance, local_window))
+def head_stats(probs: torch.Tensor, **options: Any) -> list[HeadStats]:
+    """One :class:`HeadStats` per (layer, head), averaged over query positions (``options``: :func:`per_position`'s
+    ``visible``, ``positions``, ``distance``, ``local_window``)."""
+    return _heads_from(per_position(probs, **options))
 
 
 def _heads_from(pp: dict[str, torch.Tensor]) -> list[HeadStats]:
@@ -131,33 +127,22 @@ def _heads_from(pp: dict[str, torch.Tensor]) -> list[HeadStats]:
 
 
 @dataclass
-class LayerStats:
-    """One layer's head-mean of every metric (None where no head had a value)."""
-
-    layer: int
-    entropy: float | None
-    norm_entropy: float | None
-    far_mass: float | None
-    sink_mass: float | None
-    diag_mass: float | None
-    local_mass: float | None
-    max_entropy: float | None
-
-
-@dataclass
 class AttentionReport:
-    """Per-head and per-layer attention statistics of one sequence, plus the per-position values behind them."""
+    """Per-head and per-layer attention statistics of one sequence, plus the per-position values behind them
+    (its JSON form is ``attention.json``)."""
+
+    JSON_PROPERTIES = ("seq_len", "definitions")  # computed from the fields, kept in the JSON form
 
     distance: int
     local_window: int
-    tokens: list[int]
-    tokens_text: list[str] | None
     n_layer: int
     n_head: int
     implementation: str
     note: str | None
+    tokens: list[int]
+    tokens_text: list[str] | None
     heads: list[HeadStats]
-    layers: list[LayerStats]
+    layers: list[HeadStats]  # head None: each layer's mean over its heads
     per_position: dict[str, list]
     n_visible: list
 
@@ -165,39 +150,41 @@ class AttentionReport:
         """The statistics of one head."""
         return next(h for h in self.heads if h.layer == layer and h.head == head)
 
-    def to_dict(self) -> dict:
-        """The ``attention.json`` layout."""
+    @property
+    def seq_len(self) -> int:
+        """Tokens in the sequence."""
+        return len(self.tokens)
+
+    @property
+    def definitions(self) -> dict[str, str]:
+        """What each metric measures, in words (shipped inside every report)."""
         return {
-            "distance": self.distance,
-            "local_window": self.local_window,
-            "seq_len": len(self.tokens),
-            "n_layer": self.n_layer,
-            "n_head": self.n_head,
-            "implementation": self.implementation,
-            "note": self.note,
-            "tokens": self.tokens,
-            "tokens_text": self.tokens_text,
-            "definitions": definitions(self.distance, self.local_window),
-            "heads": [json_safe(h) for h in self.heads],
-            "layers": [json_safe(row) for row in self.layers],
-            "per_position": self.per_position,
-            "n_visible": self.n_visible,
+            "entropy": "-sum p ln p over visible keys (nats), mean over query positions",
+            "norm_entropy": "entropy / ln(visible keys); rows with one visible key excluded",
+            "far_mass": f"mass on keys more than {self.distance} positions before the query",
+            "sink_mass": "mass on the first token",
+            "diag_mass": "mass on the query's own position",
+            "local_mass": f"mass on keys 0..{self.local_window} positions back",
         }
 
 
-def definitions(distance: int, local_window: int) -> dict[str, str]:
-    """What each metric measures, in words (shipped inside every report)."""
-    return {
-        "entropy": "-sum p ln p over visible keys (nats), mean over query positions",
-        "norm_entropy": "entropy / ln(visible keys); rows with one visible key excluded",
-        "far_mass": f"mass on keys more than {distance} positions before the query",
-        "sink_mass": "mass on the first token",
-        "diag_mass": "mass on the query's own position",
-        "local_mass": f"mass on keys 0..{local_window} positions back",
-    }
+#: Each metric's name in figures and grids (``{d}``: the far distance, ``{w}``: the local window).
+TITLES = {
+    "entropy": "entropy (nats)",
+    "norm_entropy": "entropy / ln(visible keys)",
+    "far_mass": "far mass (keys > {d} back)",
+    "sink_mass": "mass on the first token",
+    "diag_mass": "mass on the query itself",
+    "local_mass": "local mass (keys 0..{w} back)",
+}
 
 
-def _layer_means(heads: list[HeadStats], n_layer: int) -> list[LayerStats]:
+def as_report(result: AttentionReport | dict) -> dict:
+    """The JSON form of an :class:`AttentionReport` (a dict read back from ``attention.json`` as it is)."""
+    return json_safe(result) if isinstance(result, AttentionReport) else result
+
+
+def _layer_means(heads: list[HeadStats], n_layer: int) -> list[HeadStats]:
     rows = []
     for layer in range(n_layer):
         hs = [h for h in heads if h.layer == layer]
@@ -205,7 +192,7 @@ def _layer_means(heads: list[HeadStats], n_layer: int) -> list[LayerStats]:
         for k in (*METRICS, "max_entropy"):
             got = [getattr(h, k) for h in hs if getattr(h, k) is not None]
             vals[k] = sum(got) / len(got) if got else None
-        rows.append(LayerStats(layer=layer, **vals))
+        rows.append(HeadStats(layer=layer, head=None, **vals))
     return rows
 
 
@@ -222,12 +209,12 @@ def attention_report(
     return AttentionReport(
         distance,
         local_window,
-        list(capture.tokens),
-        tokens_text,
         capture.n_layer,
         capture.n_head,
         capture.implementation,
         capture.note,
+        list(capture.tokens),
+        tokens_text,
         heads,
         _layer_means(heads, capture.n_layer),
         {k: _list(pp[k]) for k in METRICS},
@@ -237,34 +224,31 @@ def attention_report(
 
 def format_table(result: AttentionReport | dict) -> str:
     """Fixed-width text table, one line per (layer, head) plus a per-layer mean line."""
-    report: dict = json_safe(result) if isinstance(result, AttentionReport) else result
-    d = report["distance"]
+    report = as_report(result)
     hdr = (
-        f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(d) + ' far':>7} "
+        f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(report['distance']) + ' far':>7} "
         f"{'sink':>6} {'diag':>6} {'local':>6}"
     )
-    lines = [hdr, "-" * len(hdr)]
 
     def fmt(v, w=6, p=3):
         return f"{'—':>{w}}" if v is None else f"{v:>{w}.{p}f}"
 
-    for layer in report["layers"]:
-        for h in (h for h in report["heads"] if h["layer"] == layer["layer"]):
-            lines.append(
-                f"{h['layer']:>5} {h['head']:>4} {fmt(h['entropy'], 8)} {fmt(h['norm_entropy'])} "
-                f"{fmt(h['far_mass'], 7)} {fmt(h['sink_mass'])} {fmt(h['diag_mass'])} {fmt(h['local_mass'])}"
-            )
-        lines.append(
-            f"{layer['layer']:>5} {'mean':>4} {fmt(layer['entropy'], 8)} {fmt(layer['norm_entropy'])} "
-            f"{fmt(layer['far_mass'], 7)} {fmt(layer['sink_mass'])} {fmt(layer['diag_mass'])} "
-            f"{fmt(layer['local_mass'])}"
+    def line(h: dict) -> str:
+        return (
+            f"{h['layer']:>5} {'mean' if h.get('head') is None else h['head']:>4} {fmt(h['entropy'], 8)} "
+            f"{fmt(h['norm_entropy'])} {fmt(h['far_mass'], 7)} {fmt(h['sink_mass'])} {fmt(h['diag_mass'])} "
+            f"{fmt(h['local_mass'])}"
         )
+
+    lines = [hdr, "-" * len(hdr)]
+    for layer in report["layers"]:
+        lines += [line(h) for h in report["heads"] if h["layer"] == layer["layer"]] + [line(layer)]
     return "\n".join(lines)
 
 
 def head_matrix(result: AttentionReport | dict, metric: str) -> list[list[float | None]]:
     """One metric as a layers × heads matrix (``matrix[layer][head]``; None where undefined)."""
-    report: dict = json_safe(result) if isinstance(result, AttentionReport) else result
+    report = as_report(result)
     if metric not in (*METRICS, "max_entropy"):
         raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
     grid: list[list[float | None]] = [[None] * report["n_head"] for _ in range(report["n_layer"])]
@@ -278,20 +262,12 @@ GRID_METRICS = ("norm_entropy", "far_mass", "sink_mass")
 
 def format_grid(result: AttentionReport | dict, metrics: tuple[str, ...] = GRID_METRICS) -> str:
     """Compact text form for deep models: per metric, one line per layer and one column per head."""
-    report: dict = json_safe(result) if isinstance(result, AttentionReport) else result
-    titles = {
-        "entropy": "entropy (nats)",
-        "norm_entropy": "entropy / ln(visible keys)",
-        "far_mass": f"far mass (keys > {report['distance']} back)",
-        "sink_mass": "mass on the first token",
-        "diag_mass": "mass on the query itself",
-        "local_mass": f"local mass (keys 0..{report['local_window']} back)",
-    }
+    report = as_report(result)
     blocks = []
     for metric in metrics:
         grid = head_matrix(report, metric)
         lines = [
-            f"{titles[metric]} — rows: layers, columns: heads",
+            TITLES[metric].format(d=report["distance"], w=report["local_window"]) + " — rows: layers, columns: heads",
             "layer " + "".join(f"{h:>6}" for h in range(report["n_head"])),
         ]
         for layer, row in enumerate(grid):

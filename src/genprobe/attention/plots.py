@@ -10,12 +10,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .._io import (
-    atomic_write,  # noqa: E402
-    json_safe,
-)
+from .._io import atomic_write  # noqa: E402
 from .longrange import N_CONTENT  # noqa: E402
-from .metrics import GRID_METRICS, head_matrix  # noqa: E402
+from .metrics import GRID_METRICS, TITLES, as_report, head_matrix  # noqa: E402
 
 
 def save_figure(fig, path: str | Path) -> Path:
@@ -65,16 +62,6 @@ def head_heatmaps(
     return paths
 
 
-_GRID_TITLES = {
-    "entropy": "entropy (nats)",
-    "norm_entropy": "entropy / ln(visible keys)",
-    "far_mass": "far mass (> {d} back)",
-    "sink_mass": "mass on the first token",
-    "diag_mass": "mass on the query itself",
-    "local_mass": "local mass (0..{w} back)",
-}
-
-
 def _tick_step(n: int, most: int) -> int:
     """Label every k-th row/column so that at most ``most`` labels show."""
     return max(1, math.ceil(n / most))
@@ -88,7 +75,7 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
     """
     import numpy as np
 
-    rep = json_safe(report) if hasattr(report, "to_dict") else report
+    rep = as_report(report)
     n_layer, n_head = rep["n_layer"], rep["n_head"]
     panel_w = min(8.0, max(2.4, 0.32 * n_head + 1.0))
     height = min(14.0, max(2.4, 0.2 * n_layer + 1.3))
@@ -99,7 +86,7 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
         grid = np.array([[np.nan if v is None else v for v in row] for row in head_matrix(rep, metric)], dtype=float)
         vmax = float(np.nanmax(grid)) if metric == "entropy" and not np.isnan(grid).all() else 1.0
         im = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=vmax or 1.0, aspect="auto", interpolation="nearest")
-        ax.set_title(_GRID_TITLES[metric].format(d=rep["distance"], w=rep["local_window"]), fontsize=9)
+        ax.set_title(TITLES[metric].format(d=rep["distance"], w=rep["local_window"]), fontsize=9)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         xs, ys = range(0, n_head, _tick_step(n_head, 24)), range(0, n_layer, _tick_step(n_layer, 40))
@@ -119,20 +106,14 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
 
 def entropy_plot(report, path: str | Path) -> Path:
     """Per-layer attention entropy: each head's mean (dots), layer mean (line), uniform ln(N) reference."""
-    if hasattr(report, "to_dict"):
-        report = json_safe(report)
-    layers = [row["layer"] for row in report["layers"]]
+    report = as_report(report)
+    rows = report["layers"]
+    layers = [row["layer"] for row in rows]
     fig, ax = plt.subplots(figsize=(min(14.0, max(5.0, 0.22 * len(layers) + 1.5)), 3.5))
     for h in report["heads"]:
         ax.scatter(h["layer"], h["entropy"], s=18, color="tab:blue", alpha=0.6)
-    ax.plot(layers, [row["entropy"] for row in report["layers"]], "-o", color="tab:blue", label="layer mean")
-    ax.plot(
-        layers,
-        [row["max_entropy"] for row in report["layers"]],
-        "--",
-        color="gray",
-        label="uniform: mean ln(visible keys)",
-    )
+    ax.plot(layers, [row["entropy"] for row in rows], "-o", color="tab:blue", label="layer mean")
+    ax.plot(layers, [row["max_entropy"] for row in rows], "--", color="gray", label="uniform: mean ln(visible keys)")
     ax.set_xticks(layers[:: _tick_step(len(layers), 48)])
     ax.set_xlabel("layer")
     ax.set_ylabel("attention entropy (nats)")
@@ -149,20 +130,18 @@ def _present(points: dict[int, float | None]) -> list[tuple[int, float]]:
     return [(x, y) for x, y in points.items() if y is not None]
 
 
+def _curve(ax, points: list[tuple[int, float]], pe: str, style: str, **kw) -> None:
+    """One encoding's curve through ``points`` (x, y), in that encoding's colour."""
+    if points:
+        ax.plot(*zip(*points, strict=True), style, color=_PE_COLORS.get(pe), **kw)
+
+
 def _passkey_panel(ax, syn) -> None:
     L = syn.context
     for pe, r in syn.passkey.items():
         # Encodings often tie at 1.0: distinct markers/sizes keep every line visible.
-        mk = {"learned": ("o", 7), "rope": ("s", 5), "alibi": ("^", 3)}.get(pe, ("x", 4))
-        ax.plot(
-            *zip(*_present(r.accuracy), strict=True),
-            "-",
-            marker=mk[0],
-            ms=mk[1],
-            color=_PE_COLORS.get(pe),
-            label=pe,
-            alpha=0.8,
-        )
+        marker, ms = {"learned": ("o", 7), "rope": ("s", 5), "alibi": ("^", 3)}.get(pe, ("x", 4))
+        _curve(ax, _present(r.accuracy), pe, "-", marker=marker, ms=ms, label=pe, alpha=0.8)
     ax.axvline(L - 1.5, color="k", ls=":", lw=1)
     ax.text(L - 1.5, 0.02, " training context", fontsize=7)
     ax.set_xscale("log", base=2)
@@ -174,16 +153,7 @@ def _lag_panel(ax, syn) -> None:
     styles = ["-", "--", ":"]
     for pe, r in syn.lag.items():
         for i, (n, accs) in enumerate(r.accuracy.items()):
-            pts = _present(accs)
-            if pts:
-                ax.plot(
-                    *zip(*pts, strict=True),
-                    styles[i % 3],
-                    marker="o",
-                    ms=3,
-                    color=_PE_COLORS.get(pe),
-                    label=f"{pe}, len {n}",
-                )
+            _curve(ax, _present(accs), pe, styles[i % 3], marker="o", ms=3, label=f"{pe}, len {n}")
     ax.axhline(1 / N_CONTENT, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set(
@@ -199,7 +169,7 @@ def _corpus_panel(ax, corpus) -> None:
     ctx = corpus.config.context
     for pe, r in corpus.encodings.items():
         pts = [(n, w.loss) for n, w in r.by_length.items() if w is not None]
-        ax.plot(*zip(*pts, strict=True), "-o", ms=3, color=_PE_COLORS.get(pe), label=pe)
+        _curve(ax, pts, pe, "-o", ms=3, label=pe)
         for n in (n for n, w in r.by_length.items() if w is None):
             ax.annotate("✗", (n, pts[-1][1]), color=_PE_COLORS.get(pe), ha="center")
     ax.axvline(ctx, color="k", ls=":", lw=1)

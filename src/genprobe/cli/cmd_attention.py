@@ -81,20 +81,10 @@ def register(sub) -> None:
 def _add_heads_options(p: argparse.ArgumentParser) -> None:
     """The options of ``heads``."""
     add_prompt_arguments(p, help_default=f" (default: {DEFAULT_TEXT})")
-    p.add_argument(
-        "--ids",
-        nargs="+",
-        action=Once,
-        metavar="ID",
-        help="token ids instead of --prompt (a model without tokenizer)",
-    )
+    p.add_argument("--ids", nargs="+", action=Once, metavar="ID", help="token ids instead of --prompt (no tokenizer)")
     p.add_argument("--distance", type=int, default=8, help="far-mass threshold d in positions (default 8)")
     p.add_argument("--local-window", type=int, default=2, help="local mass: keys 0..W positions back (default 2)")
-    p.add_argument(
-        "--out",
-        metavar="DIR",
-        help="write attention.json, heads.png (layers × heads heatmaps) and entropy.png here",
-    )
+    p.add_argument("--out", metavar="DIR", help="write attention.json, heads.png (layers × heads) and entropy.png here")
     p.add_argument(
         "--maps",
         nargs="*",

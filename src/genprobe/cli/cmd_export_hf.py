@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._io import json_safe
+from .._io import check_target_dir, json_safe
 from ._common import add_json_flag, add_model_argument, emit_json, info
 
 
@@ -55,8 +55,7 @@ def run_import(args: argparse.Namespace) -> int:
     from ..model.hf_dir import import_hf_dir
 
     out: Path = args.out_ckpt
-    if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
-        raise ValueError(f"{out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it")
+    check_target_dir(out, META, "a genprobe checkpoint", "output")
     model, tok = import_hf_dir(Path(args.model))
     save_checkpoint(out, model, tok, {"imported_from": str(args.model)})
     res = {

@@ -79,16 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         info(f"genprobe quant-compare: {problem}")
         return 2
-    cfg = QuantStudyConfig(
-        types=tuple(types),
-        prompts=args.n_prompts,
-        max_new_tokens=args.max_new_tokens,
-        text_windows=args.text_windows,
-        window_tokens=args.window_tokens,
-        threads=args.threads,
-        samples=max(0, args.samples),
-        kv_type=args.kv_type,
-    )
+    same = {k: getattr(args, k) for k in ("max_new_tokens", "text_windows", "window_tokens", "threads", "kv_type")}
+    cfg = QuantStudyConfig(types=tuple(types), prompts=args.n_prompts, samples=max(0, args.samples), **same)
     out = out_dir(args.out, "GGUF files and results")
     study, _, _ = quant_compare(args.model, out, cfg, log=info)
     print(study_markdown(study), file=sys.stderr if args.json else sys.stdout)

@@ -12,14 +12,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._io import json_safe
+from .._io import check_target_dir, json_safe
 from ._common import add_json_flag, emit_json, info
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.hf_train import SubwordModelConfig
     from ..model.train import TrainConfig
-
-SUMMARY_KEYS = ("parameters", "train_loss", "val_loss", "unigram_ce", "coverage", "unk_share", "seconds")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -125,22 +123,8 @@ def _add_subword_arguments(p: argparse.ArgumentParser, q: "TrainConfig", m: "Sub
     h.add_argument("--warmup", type=int, default=None, help=f"warmup steps (default {q.warmup})")
 
 
-GPT_ONLY = {
-    "dropout": "--dropout",
-    "corpus": "--corpus",
-    "pack": "--pack",
-    "pe": "--pe",
-    "track_grads": "--track-grads",
-}
-SUBWORD_ONLY = {
-    "layers": "--layers",
-    "d_model": "--d-model",
-    "heads": "--heads",
-    "kv_heads": "--kv-heads",
-    "d_ff": "--d-ff",
-    "block_size": "--block-size",
-    "warmup": "--warmup",
-}
+GPT_ONLY = ("dropout", "corpus", "pack", "pe", "track_grads")  # the destinations of the group's flags
+SUBWORD_ONLY = ("layers", "d_model", "heads", "kv_heads", "d_ff", "block_size", "warmup")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,15 +136,20 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     other, owner = (GPT_ONLY, "gpt") if args.arch != "gpt" else (SUBWORD_ONLY, "llama/qwen2")
-    used = [flag for name, flag in other.items() if getattr(args, name) not in (None, False)]
+    used = ["--" + name.replace("_", "-") for name in other if getattr(args, name) not in (None, False)]
     if used:
         verb = "is" if len(used) == 1 else "are"
         raise ValueError(f"{', '.join(used)} {verb} for --arch {owner} only, not --arch {args.arch}")
-    return _run_gpt(args) if args.arch == "gpt" else _run_subword(args)
+    progress = not args.no_progress and sys.stderr.isatty()
+    s = _run_gpt(args, progress) if args.arch == "gpt" else _run_subword(args, progress)
+    info(_table(s) if args.arch == "gpt" else _subword_table(s))
+    if args.json:
+        emit_json(s)
+    return 0
 
 
-def _run_gpt(args: argparse.Namespace) -> int:
-    """Train the char GPT, save atomically, print the summary."""
+def _run_gpt(args: argparse.Namespace, progress: bool) -> dict:
+    """Train the char GPT, save it atomically; its summary."""
     from ..corpus import CharTokenizer, load_corpus
     from ..corpus.tang import DEFAULT_POEMS
     from ..model.checkpoint import META, is_checkpoint, save_checkpoint
@@ -168,12 +157,7 @@ def _run_gpt(args: argparse.Namespace) -> int:
     from ..model.train import TrainConfig, quick_train_config, train
 
     out: Path = args.out
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
-        raise ValueError(
-            f"--out {out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it"
-        )
+    check_target_dir(out, META, "a genprobe checkpoint")
     vocab = 1200 if args.vocab is None else args.vocab
     if vocab < 1:
         raise ValueError(f"--vocab must be >= 1, got {vocab}")
@@ -193,19 +177,12 @@ def _run_gpt(args: argparse.Namespace) -> int:
         from ..attention.gradients import QKVGradTracker  # lazy: optional diagnostics module
 
         tracker = QKVGradTracker()
-    progress = not args.no_progress and sys.stderr.isatty()
     result = train(corpus, tok, cfg=cfg, tc=tc, progress=progress, on_backward=tracker)
     save_checkpoint(out, result.model, tok, result.summary)
-    s = dict(result.summary)
-    s["out"] = str(out)
-    s["checkpoint"] = is_checkpoint(out)
-    s["config"] = json_safe(cfg)
+    s = dict(result.summary, out=str(out), checkpoint=is_checkpoint(out), config=json_safe(cfg))
     if tracker is not None:
         s["grad_tracking"] = tracker.save(out)
-    info(_table(s))
-    if args.json:
-        emit_json(s)
-    return 0
+    return s
 
 
 def _override(base, **values):
@@ -215,14 +192,14 @@ def _override(base, **values):
     return replace(base, **{k: v for k, v in values.items() if v is not None})
 
 
-def _run_subword(args: argparse.Namespace) -> int:
-    """Train BPE + a Llama/Qwen2 on the corpus split, write a transformers directory, print the summary."""
+def _run_subword(args: argparse.Namespace, progress: bool) -> dict:
+    """Train BPE + a Llama/Qwen2 on the corpus split, write a transformers directory; its summary."""
     from ..corpus import bpe
     from ..corpus.tang import DEFAULT_SUBWORD_POEMS, bundled_documents, corpus_split, split_texts
     from ..model import hf_train
-    from ..model.subword_dir import check_writable, save_subword_dir
+    from ..model.subword_dir import SUMMARY_FILE, save_subword_dir
 
-    check_writable(args.out)
+    check_target_dir(args.out, SUMMARY_FILE, "a genprobe-trained model")
     if args.vocab is not None and not bpe.MIN_VOCAB <= args.vocab <= bpe.MAX_VOCAB:
         raise ValueError(
             f"--vocab must be in [{bpe.MIN_VOCAB}, {bpe.MAX_VOCAB}] for a byte-level BPE "
@@ -256,7 +233,6 @@ def _run_subword(args: argparse.Namespace) -> int:
         f"{texts.duplicates_dropped} duplicates of protected poems dropped); char-GPT validation text "
         f"{len(texts.char_val_text):,} chars; held out {len(texts.heldout):,} poems from {split.heldout_start:,}"
     )
-    progress = not args.no_progress and sys.stderr.isatty()
     result = hf_train.train_subword(
         texts,
         split,
@@ -267,11 +243,7 @@ def _run_subword(args: argparse.Namespace) -> int:
         samples=1 if args.quick else 4,
     )
     save_subword_dir(args.out, result.model, result.tokenizer, result.summary)
-    s = dict(result.summary, out=str(args.out))
-    info(_subword_table(s))
-    if args.json:
-        emit_json(s)
-    return 0
+    return dict(result.summary, out=str(args.out))
 
 
 def _subword_table(s: dict) -> str:

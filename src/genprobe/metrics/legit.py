@@ -19,7 +19,9 @@ compared with the same share in human continuations of the same prompts, when th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Sequence
 
 import numpy as np
@@ -39,32 +41,13 @@ def is_han(ch: str) -> bool:
 
 def reduplications(text: str) -> tuple[int, int]:
     """(reduplications, stutter runs): maximal runs of one Han character of length exactly 2, and of length >= 3."""
-    redup = stutter = 0
-    i = 0
-    while i < len(text):
-        j = i + 1
-        while j < len(text) and text[j] == text[i]:
-            j += 1
-        if is_han(text[i]) and j - i == 2:
-            redup += 1
-        elif is_han(text[i]) and j - i >= 3:
-            stutter += 1
-        i = j
-    return redup, stutter
+    runs = [len(list(run)) for ch, run in groupby(text) if is_han(ch)]
+    return sum(n == 2 for n in runs), sum(n >= 3 for n in runs)
 
 
 def poem_lines(text: str) -> list[str]:
     """Complete lines: the text between line-ending marks, each followed by one (a trailing fragment is dropped)."""
-    lines: list[str] = []
-    cur: list[str] = []
-    for ch in text:
-        if ch in LINE_ENDS:
-            if cur:
-                lines.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    return lines
+    return re.findall(f"([^{LINE_ENDS}]+)[{LINE_ENDS}]", text)
 
 
 def couplet_parallels(text: str) -> tuple[int, int, int]:

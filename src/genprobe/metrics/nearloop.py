@@ -72,17 +72,8 @@ def match_share(
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     seq = tuple(tokens)
-    start = max(len(seq) - window, period)
-    compared = len(seq) - start
-    if compared <= 0:
-        return 0.0
-    p2 = 2 * period
-    hits = sum(
-        1
-        for i in range(start, len(seq))
-        if seq[i] == seq[i - period] or (two_back and i >= p2 and seq[i] == seq[i - p2])
-    )
-    return hits / compared
+    compared = _matches(seq, period, two_back)[max(len(seq) - window, period) :]
+    return sum(compared) / len(compared) if compared else 0.0
 
 
 def _onset(m: list[bool], p: int, window: int, min_match: float) -> int:

@@ -87,10 +87,11 @@ class MLPSite:
 
 
 def unwrap(model: Any) -> nn.Module:
-    """The ``nn.Module`` behind a model or a runner/adapter wrapping one (``.model``, ``.hf_model``, ``.module``)."""
+    """The ``nn.Module`` behind a model or a runner/adapter wrapping one (``.hf_model``, ``.model``, ``.module``,
+    ``.hf``): a genprobe GPT, a transformers model, a loaded :class:`genprobe.model.load.Model`."""
     if isinstance(model, nn.Module):
         return model
-    for attr in ("hf_model", "model", "module"):
+    for attr in ("hf_model", "model", "module", "hf"):
         inner = getattr(model, attr, None)
         if isinstance(inner, nn.Module):
             return inner

@@ -15,10 +15,11 @@ the first window has at least ``W - S`` tokens of context), the way the transfor
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,17 @@ if TYPE_CHECKING:  # annotations only: bpc is imported by the trainers, and toke
     from .gpt import GPT
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # (B, T) ids -> (B, T, V) logits
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode (no dropout) for the block, its training flag restored after."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
 
 
 @torch.no_grad()
@@ -85,27 +97,11 @@ class BitsPerChar:
         return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def _score(
-    nll: torch.Tensor,
-    chars: int,
-    window: int,
-    stride: int,
-    extra: float = 0.0,
-    unk_targets: int = 0,
-    bits_per_char_unk_as_symbol: float | None = None,
-) -> BitsPerChar:
+def _score(nll: torch.Tensor, chars: int, window: int, stride: int, extra: float = 0.0, **char_gpt: Any) -> BitsPerChar:
+    """The figures of per-target ``nll`` over ``chars`` characters, ``extra`` nats added to the total (``<unk>``)."""
     total = float(nll.sum()) + extra
-    return BitsPerChar(
-        total,
-        len(nll),
-        chars,
-        window,
-        stride,
-        float(nll.sum()) / len(nll),
-        total / math.log(2) / chars,
-        unk_targets,
-        bits_per_char_unk_as_symbol,
-    )
+    per_token = float(nll.sum()) / len(nll)
+    return BitsPerChar(total, len(nll), chars, window, stride, per_token, total / math.log(2) / chars, **char_gpt)
 
 
 def subword_bits_per_char(
@@ -117,7 +113,8 @@ def subword_bits_per_char(
 
     ids = torch.tensor(stream_ids(tok, documents), dtype=torch.long)
     stride = max(1, window // 2) if stride is None else stride
-    nll = sliding_nll(lambda x: model(input_ids=x).logits, ids, window, stride)
+    with eval_mode(model):
+        nll = sliding_nll(lambda x: model(input_ids=x).logits, ids, window, stride)
     return _score(nll, sum(len(d) for d in documents), window, stride)
 
 
@@ -142,10 +139,8 @@ def char_gpt_bits_per_char(
     ids = torch.tensor(res.ids, dtype=torch.long)
     window = window or model.cfg.block_size
     stride = max(1, window // 2) if stride is None else stride
-    was = model.training
-    model.eval()
-    nll = sliding_nll(model, ids, window, stride)
-    model.train(was)
+    with eval_mode(model):
+        nll = sliding_nll(model, ids, window, stride)
     unk = [p for p in res.unknown_positions if p >= 1]  # position 0 is context only, never a target
     missing = sorted({text[p] for p in unk if text[p] not in oov_cost})
     if missing:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .._io import atomic_write_json, json_safe, read_format_json, sha256_file
+from .._io import atomic_write_json, json_safe, read_format_json, sha256_file, temp_beside
 from ..corpus.tokenizer import CharTokenizer
 from .config import GPTConfig
 from .gpt import GPT
@@ -50,11 +49,9 @@ def save_checkpoint(
             f"tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is {model.cfg.vocab_size}"
         )
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     state = _state_for_save(model)
-    fd, w_tmp = tempfile.mkstemp(prefix=f".{WEIGHTS}.", suffix=".tmp", dir=d)
-    os.close(fd)
     weights, prev = d / WEIGHTS, d / PREV_WEIGHTS
+    w_tmp = temp_beside(weights)
     try:
         save_file(state, w_tmp, metadata={"format": FORMAT})
         with open(w_tmp, "rb") as fh:
@@ -81,8 +78,7 @@ def save_checkpoint(
                     os.replace(prev, weights)
             raise
     finally:
-        if os.path.exists(w_tmp):
-            os.unlink(w_tmp)
+        w_tmp.unlink(missing_ok=True)
     if prev.exists():
         prev.unlink()
     return d

@@ -29,7 +29,6 @@ import contextlib
 import functools
 import json
 import os
-import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,8 +39,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .._io import fault_point, json_safe, temp_beside, write_once
+from .._io import fault_point, json_safe, replacing, sha256_file, write_once
 from .errors import ModelLoadError, UnsupportedArchitectureError
+from .hf import quiet_transformers
 
 GGUF_MAGIC = b"GGUF"
 GGUF_SIDECAR = "genprobe_gguf.json"  # what a converted directory records about the GGUF it came from
@@ -221,21 +221,19 @@ def _without_special_ids(bad: dict[str, int]) -> Iterator[None]:
 def _load_with_transformers(p: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     import transformers.modeling_gguf_pytorch_utils as hf_gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     # transformers' dequantization loop draws its own tqdm bar, which its logging switch does not reach
     bar = hf_gguf.tqdm
     hf_gguf.tqdm = functools.partial(bar, disable=True)
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     try:
         kw: dict[str, Any] = {"gguf_file": p.name, "local_files_only": True, "trust_remote_code": False}
-        loaded = AutoModelForCausalLM.from_pretrained(p.parent, dtype=dtype, **kw)
-        hf_tok = AutoTokenizer.from_pretrained(p.parent, **kw)
+        with quiet_transformers(False):
+            loaded = AutoModelForCausalLM.from_pretrained(p.parent, dtype=dtype, **kw)
+            hf_tok = AutoTokenizer.from_pretrained(p.parent, **kw)
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
         raise ModelLoadError(f"{p}: transformers could not read the GGUF file ({type(exc).__name__}: {exc})") from None
     finally:
         hf_gguf.tqdm = bar
-        hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     return loaded, hf_tok
 
 
@@ -306,8 +304,6 @@ def convert_gguf(
     (:func:`genprobe._io.write_once`); a conversion killed midway leaves a temporary the next one removes.
     ``log`` is told when this process (not another one) converts.
     """
-    from ..registry import sha256_file
-
     src, out = Path(path), Path(out_dir)
     if not src.is_file():
         raise FileNotFoundError(f"no such GGUF file: {src}")
@@ -333,23 +329,13 @@ def convert_gguf(
 def _write_converted(src: Path, out: Path, digest: str) -> None:
     """Convert ``src`` into a temporary directory beside ``out``, then rename it to ``out``."""
     module, hf_tok, summary = read_gguf(src)  # refuses a truncated or unsupported file before anything is written
-    tmp = temp_beside(out, directory=True)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
-    try:
+    with replacing(out, directory=True) as tmp, quiet_transformers(False):
         module.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a transformers model
         fault_point("convert_gguf:weights")
         hf_tok.save_pretrained(tmp)
         record = {**json_safe(summary), "sha256": digest}
         (tmp / GGUF_SIDECAR).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         fault_point("convert_gguf:written")
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
 def read_sidecar(d: Path) -> dict[str, Any] | None:

@@ -1,8 +1,11 @@
-"""Exact conversion between the reference GPT and ``transformers.GPT2LMHeadModel`` (no network, no pickle)."""
+"""Exact conversion between the reference GPT and ``transformers.GPT2LMHeadModel`` (no network, no pickle), and
+the switch that keeps transformers' own progress bars quiet while genprobe loads or writes its models."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,10 +19,44 @@ if TYPE_CHECKING:  # transformers is imported lazily at run time (optional, slow
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
+@contextlib.contextmanager
+def quiet_transformers(progress: bool) -> Iterator[None]:
+    """Hide transformers' own weight-loading/writing progress bars unless asked (restores the setting)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+
+
+def set_attn_implementation(model: Any, impl: str) -> None:
+    """Switch a transformers model's attention implementation (``eager``, ``sdpa`` …); raises when it refuses."""
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(impl)
+    else:  # pragma: no cover - older transformers: the config attribute
+        model.config._attn_implementation = impl
+
+
 def _is_mask_buffer(key: str) -> bool:
     """Old GPT-2 checkpoints carry causal-mask buffers ``h.N.attn.bias`` / ``masked_bias``: not weights."""
     parts = key.split(".")
     return len(parts) >= 2 and parts[-2] == "attn" and parts[-1] in ("bias", "masked_bias")
+
+
+def _converted(state: dict[str, torch.Tensor], rename: Callable[[str], str | None]) -> dict[str, torch.Tensor]:
+    """Copies of ``state``'s tensors under ``rename(key)`` (None: left out), the Conv1D weights transposed."""
+    out = {}
+    for k, v in state.items():
+        name = rename(k)
+        if name is not None:
+            w = v.detach().clone()
+            out[name] = w.t().contiguous() if k.endswith(_CONV1D) else w
+    return out
 
 
 def hf_gpt2_config(cfg: GPTConfig) -> GPT2Config:
@@ -53,21 +90,8 @@ def to_hf_gpt2(model: GPT, attn_implementation: str = "eager") -> GPT2LMHeadMode
 
     # transformers overrides Module.eval() without annotations: a stub gap, not an untyped call of ours.
     hf: GPT2LMHeadModel = GPT2LMHeadModel(hf_gpt2_config(model.cfg)).eval()  # type: ignore[no-untyped-call]
-    if hasattr(hf, "set_attn_implementation"):
-        try:
-            hf.set_attn_implementation(attn_implementation)
-        except Exception:  # older transformers: attribute on config
-            hf.config._attn_implementation = attn_implementation
-    else:
-        hf.config._attn_implementation = attn_implementation
-    sd: dict[str, torch.Tensor] = {}
-    for k, v in model.state_dict().items():
-        if k == "lm_head.weight":
-            continue
-        w = v.detach().clone()
-        if any(k.endswith(s) for s in _CONV1D):
-            w = w.t().contiguous()
-        sd[f"transformer.{k}"] = w
+    set_attn_implementation(hf, attn_implementation)
+    sd = _converted(model.state_dict(), lambda k: None if k == "lm_head.weight" else f"transformer.{k}")
     missing, unexpected = hf.load_state_dict(sd, strict=False)
     missing = [m for m in missing if not _is_mask_buffer(m) and m != "lm_head.weight"]
     if missing or unexpected:
@@ -95,15 +119,10 @@ def from_hf_gpt2(hf: GPT2LMHeadModel) -> GPT:
         layer_norm_eps=c.layer_norm_epsilon,
     )
     model = GPT(cfg)
-    sd: dict[str, torch.Tensor] = {}
-    for k, v in hf.state_dict().items():
-        if not k.startswith("transformer.") or _is_mask_buffer(k):
-            continue
-        name = k[len("transformer.") :]
-        w = v.detach().clone()
-        if any(name.endswith(s) for s in _CONV1D):
-            w = w.t().contiguous()
-        sd[name] = w
+    prefix = "transformer."
+    sd = _converted(
+        hf.state_dict(), lambda k: k[len(prefix) :] if k.startswith(prefix) and not _is_mask_buffer(k) else None
+    )
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [m for m in missing if m != "lm_head.weight"]
     if missing or unexpected:

@@ -9,42 +9,23 @@ Import reads safetensors only (``use_safetensors=True``): a ``pytorch_model.bin`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._io import atomic_write_json, json_safe
+from .._io import atomic_write_json, json_safe, replacing
 from ..corpus.tokenizer import PAD_TOKEN, UNK_TOKEN, CharTokenizer
 from .checkpoint import load_checkpoint
 from .gpt import GPT
-from .hf import from_hf_gpt2, to_hf_gpt2
+from .hf import from_hf_gpt2, quiet_transformers, to_hf_gpt2
 
 if TYPE_CHECKING:  # transformers is imported lazily at run time
     from transformers import PreTrainedTokenizerFast
 
 TOKENIZER_FILE = "genprobe_tokenizer.json"
-
-
-@contextlib.contextmanager
-def quiet_transformers(progress: bool) -> Iterator[None]:
-    """Hide transformers' own weight-loading/writing progress bars unless asked (restores the setting)."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    if not progress:
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
 def _hf_char_tokenizer(tokenizer: CharTokenizer) -> PreTrainedTokenizerFast:
@@ -94,20 +75,14 @@ def export_hf_dir(
         raise ValueError(f"export target exists and is not a directory: {out}")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"export target {out} exists and is not empty (overwrite=True replaces it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
     hf = to_hf_gpt2(model)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with replacing(out, directory=True) as tmp:
         with quiet_transformers(progress):
             hf.save_pretrained(tmp)
         if tok is not None:
             atomic_write_json(tmp / TOKENIZER_FILE, json_safe(tok))
             if hf_tokenizer:
                 _hf_char_tokenizer(tok).save_pretrained(tmp)
-        swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {
         "out": str(out),
         "files": sorted(p.name for p in out.iterdir()),
@@ -117,23 +92,6 @@ def export_hf_dir(
         "tokenizer": tok is not None,
         "hf_tokenizer": tok is not None and hf_tokenizer,
     }
-
-
-def swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished ``tmp`` dir to ``out``; an existing ``out`` is moved aside first, then removed."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        if old is not None:
-            os.replace(old, out)  # put the previous export back
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _read_tokenizer(d: Path) -> CharTokenizer | None:

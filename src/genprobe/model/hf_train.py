@@ -16,18 +16,17 @@ trains its BPE with Qwen2's own pipeline (NFC included) to stay identical (see `
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from .._io import json_safe
 from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
-from .bpc import BitsPerChar, subword_bits_per_char
-from .train import TrainConfig, build_optimizer, lr_at, random_windows
+from .bpc import subword_bits_per_char
+from .train import TrainConfig, TrainResult, fit, random_windows
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
     from tokenizers import Tokenizer
@@ -126,29 +125,6 @@ def build_model(cfg: SubwordModelConfig, eos_id: int, seed: int = 0) -> CausalLM
     return model
 
 
-@dataclass
-class SubwordTrainResult:
-    """What a subword training run produced."""
-
-    model: CausalLM
-    tokenizer: Tokenizer  # wrap with bpe.to_hf_tokenizer to save
-    summary: dict[str, Any] = field(default_factory=dict)
-
-
-def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=x).logits
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-
-
-def _val(model: torch.nn.Module, tok: Tokenizer, docs: list[str], window: int) -> BitsPerChar:
-    was = model.training
-    model.eval()
-    try:
-        return subword_bits_per_char(model, tok, docs, window)
-    finally:
-        model.train(was)
-
-
 def train_subword(
     texts: SplitTexts,
     split: CorpusSplit,
@@ -157,7 +133,7 @@ def train_subword(
     progress: bool = True,
     heldout_docs: int = HELDOUT_EVAL_DOCS,
     samples: int = 4,
-) -> SubwordTrainResult:
+) -> TrainResult[CausalLM, Tokenizer]:  # the tokenizer: wrap with bpe.to_hf_tokenizer to save
     """Train BPE on ``texts.train``, then the model on its ``<|endoftext|>``-joined stream (validated on the
     char GPT's validation text)."""
     cfg, tc = cfg or SubwordModelConfig(), tc or default_train_config()
@@ -179,7 +155,7 @@ def train_subword(
         train_loop_seconds=round(loop_seconds, 1),
         steps_per_second=round(tc.steps / loop_seconds, 3),
     )
-    return SubwordTrainResult(model=model, tokenizer=tok, summary=summary)
+    return TrainResult(model=model, tokenizer=tok, summary=summary)
 
 
 def _train_bpe(docs: list[str], cfg: SubwordModelConfig) -> Tokenizer:
@@ -210,58 +186,27 @@ def _train_loop(
     tc: TrainConfig,
     progress: bool,
 ) -> tuple[float, float, list[dict[str, Any]], float]:
-    """``tc.steps`` optimizer steps on random windows of ``train_ids``, validated on ``val_docs`` every
+    """:func:`~genprobe.model.train.fit` on random windows of ``train_ids``, validated on ``val_docs`` every
     ``tc.eval_every`` steps: the smoothed (EMA) train loss, the first step's loss, the history, the loop's seconds."""
-    opt = build_optimizer(model, tc)
     gen = torch.Generator().manual_seed(tc.seed)
     history: list[dict[str, Any]] = []
-    model.train()
-    t_loop, ema, first = time.time(), None, None
-    bar = tqdm(range(tc.steps), desc="train", disable=not progress, dynamic_ncols=True)
-    for step in bar:
-        lv = _train_step(model, opt, train_ids, step, cfg.block_size, tc, gen)
-        if ema is None:
-            first = ema = lv
-        ema = 0.95 * ema + 0.05 * lv
-        if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
-            vl = _val(model, tok, val_docs, cfg.block_size)
-            history.append(
-                {
-                    "step": step + 1,
-                    "train_loss": round(ema, 4),
-                    "val_loss": round(vl.nats_per_token, 4),
-                    "seconds": round(time.time() - t_loop, 1),
-                }
-            )
-            bar.set_postfix(loss=f"{ema:.3f}", val=f"{vl.nats_per_token:.3f}")
-        elif step % 10 == 0:
-            bar.set_postfix(loss=f"{ema:.3f}")
-    loop_seconds = time.time() - t_loop
-    # set on the first step, and TrainConfig refuses steps < 1
-    assert first is not None and ema is not None
-    return ema, first, history, loop_seconds
+    t_loop = time.time()
 
+    def batch_loss() -> torch.Tensor:
+        x, y = random_windows(train_ids, cfg.block_size, tc.batch_size, gen)
+        logits = model(input_ids=x).logits
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
-def _train_step(
-    model: torch.nn.Module,
-    opt: torch.optim.Optimizer,
-    train_ids: torch.Tensor,
-    step: int,
-    block_size: int,
-    tc: TrainConfig,
-    gen: torch.Generator,
-) -> float:
-    """One optimizer step at the scheduled learning rate on a batch of random windows; the batch's loss."""
-    for g in opt.param_groups:
-        g["lr"] = lr_at(step, tc)
-    x, y = random_windows(train_ids, block_size, tc.batch_size, gen)
-    loss = _loss(model, x, y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
-    if tc.grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-    opt.step()
-    return float(loss.detach())
+    def validate(step: int, ema: float) -> float | None:
+        if not (tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps):
+            return None
+        vl = subword_bits_per_char(model, tok, val_docs, cfg.block_size).nats_per_token
+        seconds = round(time.time() - t_loop, 1)
+        history.append({"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(vl, 4), "seconds": seconds})
+        return vl
+
+    losses, ema = fit(model, batch_loss, tc, progress=progress, validate=validate)
+    return ema, losses[0], history, time.time() - t_loop
 
 
 def _summary(
@@ -276,10 +221,10 @@ def _summary(
     heldout_docs: int,
 ) -> dict[str, Any]:
     """Final figures: losses in nats/token, bits/char on the char GPT's validation text, chars/token."""
-    val = _val(model, tok, texts.char_val_documents, cfg.block_size)
+    val = subword_bits_per_char(model, tok, texts.char_val_documents, cfg.block_size)
     # the char GPT's context length (block_size 64): how much of the gap is context, not modelling
-    val_short = val if cfg.block_size == 64 else _val(model, tok, texts.char_val_documents, 64)
-    heldout = _val(model, tok, texts.heldout[:heldout_docs], cfg.block_size)
+    val_short = val if cfg.block_size == 64 else subword_bits_per_char(model, tok, texts.char_val_documents, 64)
+    heldout = subword_bits_per_char(model, tok, texts.heldout[:heldout_docs], cfg.block_size)
     history.append(
         {
             "step": tc.steps,
@@ -312,9 +257,7 @@ def _summary(
         "val_window64": json_safe(val_short),
         "heldout": json_safe(heldout),
         "model_config": json_safe(cfg),
-        "train_config": {
-            k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items() if k not in ("dropout", "pack")
-        },
+        "train_config": {k: v for k, v in json_safe(tc).items() if k not in ("dropout", "pack")},
         "history": history,
         "torch": torch.__version__,
         "bits_per_char_definition": "-log2 P(text)/chars over <eos>-joined poems, each target once, "

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._io import atomic_write_json, read_format_json
+from .._io import atomic_write_json, check_target_dir, read_format_json, replacing
 from ..corpus import bpe
-from .hf_dir import quiet_transformers, swap_into_place
+from .hf import quiet_transformers
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
     from tokenizers import Tokenizer
@@ -30,38 +28,22 @@ SUMMARY_FILE = "genprobe_training.json"
 SUMMARY_FORMAT = "genprobe-subword-training-v1"
 
 
-def check_writable(out: Path) -> None:
-    """Refuse a target that is a file, or a non-empty directory this writer did not make."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"output {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / SUMMARY_FILE).is_file():
-        raise ValueError(
-            f"output {out} is a non-empty directory that is not a genprobe-trained model; refusing to write into it"
-        )
-
-
 def save_subword_dir(
     out: str | os.PathLike[str], model: PreTrainedModel, tok: Tokenizer, summary: dict[str, Any]
 ) -> Path:
     """Write ``model`` + BPE ``tok`` + ``summary`` to ``out`` (replacing an earlier run there)."""
     out = Path(out)
-    check_writable(out)
+    check_target_dir(out, SUMMARY_FILE, "a genprobe-trained model", "output")
     if tok.get_vocab_size() != model.config.vocab_size:
         raise ValueError(
             f"tokenizer has {tok.get_vocab_size()} ids but the model's vocab_size is {model.config.vocab_size}"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with replacing(out, directory=True) as tmp:
         with quiet_transformers(False):
             model.save_pretrained(tmp, safe_serialization=True)
         bpe.to_hf_tokenizer(tok, model.config.max_position_embeddings).save_pretrained(tmp)
         _portable_tokenizer_class(tmp / "tokenizer_config.json")
         atomic_write_json(tmp / SUMMARY_FILE, {"format": SUMMARY_FORMAT, **summary})
-        swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

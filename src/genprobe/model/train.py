@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, TypeVar
 
 import torch
 from tqdm.auto import tqdm
 
+from .._io import json_safe
 from ..corpus.tang import Corpus
 from ..corpus.tokenizer import PAD_ID, CharTokenizer
+from .bpc import eval_mode
 from .config import GPTConfig
 from .gpt import GPT, masked_cross_entropy, packed_positions
 
@@ -65,20 +67,17 @@ def unigram_cross_entropy(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_
 def evaluate_loss(model: GPT, ids: torch.Tensor, block_size: int | None = None, batch_size: int = 64) -> float:
     """Mean next-token loss over ``ids`` cut into non-overlapping windows (every target counted once)."""
     T = block_size or model.cfg.block_size
-    was_training = model.training
-    model.eval()
     n = (len(ids) - 1) // T
     if n < 1:
         raise ValueError(f"need more than {T} tokens to evaluate, got {len(ids)}")
     x = ids[: n * T].view(n, T)
     y = ids[1 : n * T + 1].view(n, T)
     total, count = 0.0, 0
-    for i in range(0, n, batch_size):
-        logits = model(x[i : i + batch_size])
-        loss = masked_cross_entropy(logits, y[i : i + batch_size])
-        total += float(loss) * y[i : i + batch_size].numel()
-        count += y[i : i + batch_size].numel()
-    model.train(was_training)
+    with eval_mode(model):
+        for i in range(0, n, batch_size):
+            loss = masked_cross_entropy(model(x[i : i + batch_size]), y[i : i + batch_size])
+            total += float(loss) * y[i : i + batch_size].numel()
+            count += y[i : i + batch_size].numel()
     return total / count
 
 
@@ -124,12 +123,62 @@ def build_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.Adam
     )
 
 
-@dataclass
-class TrainResult:
-    """What a training run produced."""
+def fit(
+    model: torch.nn.Module,
+    batch_loss: Callable[[], torch.Tensor],
+    tc: TrainConfig,
+    *,
+    opt: torch.optim.Optimizer | None = None,
+    lr_of: Callable[[int], float] | None = None,
+    progress: bool = False,
+    on_backward: Callable[[int, Any], None] | None = None,
+    validate: Callable[[int, float], float | None] | None = None,
+) -> tuple[list[float], float]:
+    """The one training loop: ``tc.steps`` updates, each on a fresh ``batch_loss()``, gradients clipped at
+    ``tc.grad_clip``; by default AdamW of :func:`build_optimizer` at the learning rate of :func:`lr_at`.
 
-    model: GPT
-    tokenizer: CharTokenizer
+    ``on_backward(step, model)`` sees the gradients before they are clipped and applied; ``validate(step, ema)`` runs
+    after each update and returns a validation loss for the progress bar, or None. Returns every step's loss and
+    their exponential moving average (0.95), the smoothed train loss the summaries report.
+    """
+    opt = opt or build_optimizer(model, tc)
+    lr_of = lr_of or (lambda step: lr_at(step, tc))
+    model.train()
+    losses: list[float] = []
+    ema = 0.0
+    bar = tqdm(range(tc.steps), desc="train", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = lr_of(step)
+        loss = batch_loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
+        if on_backward is not None:
+            on_backward(step, model)
+        if tc.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        opt.step()
+        lv = float(loss.detach())
+        ema = lv if not losses else 0.95 * ema + 0.05 * lv
+        losses.append(lv)
+        vl = validate(step, ema) if validate is not None else None
+        if vl is not None:
+            bar.set_postfix(loss=f"{ema:.3f}", val=f"{vl:.3f}")
+        elif step % 10 == 0:
+            bar.set_postfix(loss=f"{ema:.3f}")
+    return losses, ema
+
+
+ModelT = TypeVar("ModelT")
+TokenizerT = TypeVar("TokenizerT")
+
+
+@dataclass
+class TrainResult(Generic[ModelT, TokenizerT]):
+    """What a training run produced: the model, its tokenizer and the run's summary."""
+
+    model: ModelT
+    tokenizer: TokenizerT
     summary: dict[str, Any] = field(default_factory=dict)
 
 
@@ -140,7 +189,7 @@ def train(
     tc: TrainConfig | None = None,
     progress: bool = True,
     on_backward: Callable[[int, GPT], None] | None = None,
-) -> TrainResult:
+) -> TrainResult[GPT, CharTokenizer]:
     """Train a GPT on ``corpus``; ``on_backward(step, model)`` sees gradients before each update."""
     tc = tc or TrainConfig()
     cfg = cfg or GPTConfig(vocab_size=tokenizer.vocab_size, dropout=tc.dropout)
@@ -155,31 +204,17 @@ def train(
         raise ValueError(f"training text has {len(train_ids)} tokens; need more than {cfg.block_size + 1}")
     docs = _packed_documents(corpus, tokenizer, train_ids) if tc.pack else None
     model = GPT(cfg)
-    opt = build_optimizer(model, tc)
     history: list[dict[str, Any]] = []
-    model.train()
-    bar = tqdm(range(tc.steps), desc="train", disable=not progress, dynamic_ncols=True)
-    ema = None
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, tc)
-        loss = _batch_loss(model, train_ids, docs, tc.batch_size, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
-        if on_backward is not None:
-            on_backward(step, model)
-        if tc.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
-        lv = float(loss.detach())
-        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
-        last = step == tc.steps - 1
-        if (tc.eval_every and (step + 1) % tc.eval_every == 0) or last:
-            vl = evaluate_loss(model, val_ids)
-            history.append({"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(vl, 4)})
-            bar.set_postfix(loss=f"{ema:.3f}", val=f"{vl:.3f}")
-        elif step % 10 == 0:
-            bar.set_postfix(loss=f"{ema:.3f}")
+
+    def validate(step: int, ema: float) -> float | None:
+        if not ((tc.eval_every and (step + 1) % tc.eval_every == 0) or step == tc.steps - 1):
+            return None
+        vl = evaluate_loss(model, val_ids)
+        history.append({"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(vl, 4)})
+        return vl
+
+    batch = lambda: _batch_loss(model, train_ids, docs, tc.batch_size, gen)  # noqa: E731
+    fit(model, batch, tc, progress=progress, on_backward=on_backward, validate=validate)
     model.eval()
     summary = _summary(model, corpus, tokenizer, train_ids, val_ids, tc)
     summary.update(history=history, seconds=round(time.time() - t0, 1), torch=torch.__version__)
@@ -229,7 +264,7 @@ def _summary(
         "coverage": round(cov["coverage"], 4),
         "unk_share": round(cov["unk_share"], 4),
         "corpus": corpus.summary(),
-        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()},
+        "train_config": json_safe(tc),
     }
 
 

@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...metrics.stats import sign_test_p
+
 DIVERGENCE_BIN = 8
 
 
@@ -140,16 +142,6 @@ def divergence_summary(reference: Sequence[Sequence[int]], other: Sequence[Seque
 
 
 # ---- loops ---------------------------------------------------------------------------------------------------
-def sign_test_p(up: int, down: int) -> float:
-    """Two-sided exact sign test of ``up`` vs ``down`` discordant pairs (1.0 when there are none)."""
-    n = up + down
-    if n == 0:
-        return 1.0
-    k = min(up, down)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n
-    return min(1.0, 2.0 * tail)
-
-
 @dataclass
 class LoopOutcome:
     """Calibrated loop verdicts of one type's greedy generations, paired with F32's on the same prompts."""

@@ -12,18 +12,15 @@ from pathlib import Path
 from typing import Sequence
 
 from ..._io import json_safe
+from ..._templates import pct
 from .quant_measures import Divergence, LogitAgreement, LoopOutcome, intervals_overlap
 from .quant_study import Log, QuantStudy, QuantStudyConfig, SampleText, TypeRow, run_quant_study
 from .quantize import QuantizedFile
 
 
 # ---- what the numbers show -------------------------------------------------------------------------------------
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
 def _rate_ci(rate: float, ci: Sequence[float]) -> str:
-    return f"{_pct(rate)} [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]"
+    return f"{pct(rate)} [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]"
 
 
 def _median(div: Divergence, budget: int) -> str:
@@ -67,7 +64,7 @@ def study_findings(study: QuantStudy) -> list[str]:
     budget = study.config.max_new_tokens
     out = [
         f"Engine: the F32 GGUF in llama.cpp against transformers float32 on the same weights: KL mean "
-        f"{ec.kl_mean:.2g} nats (max {ec.kl_max:.2g}), top-1 agreement {_pct(ec.top1_agreement)}, perplexity "
+        f"{ec.kl_mean:.2g} nats (max {ec.kl_max:.2g}), top-1 agreement {pct(ec.top1_agreement)}, perplexity "
         f"{ec.perplexity:.3f} vs {ec.reference_perplexity:.3f} — "
         + (
             "float noise: the engine computes the model."
@@ -80,7 +77,7 @@ def study_findings(study: QuantStudy) -> list[str]:
         kind = "keeps every greedy text" if div.diverged == 0 else "changes greedy text"
         out.append(
             f"{row.type} ({row.file.bits_per_weight:.2f} bits/weight, {row.file.size_bytes / 2**20:.1f} MiB) {kind}: "
-            f"KL mean {lg.kl_mean:.3g} nats (p99 {lg.kl_p99:.3g}), top-1 {_pct(lg.top1_agreement)}, perplexity "
+            f"KL mean {lg.kl_mean:.3g} nats (p99 {lg.kl_p99:.3g}), top-1 {pct(lg.top1_agreement)}, perplexity "
             f"{lg.perplexity:.3f} vs F32 {lg.reference_perplexity:.3f}; {div.diverged}/{div.prompts} greedy "
             f"continuations leave F32's (median step {_median(div, budget)}); degenerate "
             f"{_rate_ci(row.loops.degenerate_rate, row.loops.degenerate_rate_ci95)} vs F32 "
@@ -128,7 +125,7 @@ def study_markdown(study: QuantStudy) -> str:
         "exact loop [95% CI] | degenerate [95% CI] | +/− vs F32 (p) | tok/s (per CPU-s) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| transformers fp32 → llama.cpp F32 | | | {ec.kl_mean:.2g} | {ec.kl_p99:.2g} | "
-        f"{_pct(ec.top1_agreement)} | {ec.perplexity:.3f} (tf {ec.reference_perplexity:.3f}) | | | | | | |",
+        f"{pct(ec.top1_agreement)} | {ec.perplexity:.3f} (tf {ec.reference_perplexity:.3f}) | | | | | | |",
     ]
     for row in study.rows:
         lg, lo, div = row.logits, row.loops, row.divergence
@@ -136,7 +133,7 @@ def study_markdown(study: QuantStudy) -> str:
         paired = "—" if row.type == "F32" else paired
         lines.append(
             f"| {row.type} | {row.file.size_bytes / 2**20:.1f} | {row.file.bits_per_weight:.2f} | {lg.kl_mean:.3g} | "
-            f"{lg.kl_p99:.3g} | {_pct(lg.top1_agreement)} | {lg.perplexity:.3f} | {div.diverged}/{div.prompts} | "
+            f"{lg.kl_p99:.3g} | {pct(lg.top1_agreement)} | {lg.perplexity:.3f} | {div.diverged}/{div.prompts} | "
             f"{_median(div, budget)} | {_rate_ci(lo.loop_rate, lo.loop_rate_ci95)} | "
             f"{_rate_ci(lo.degenerate_rate, lo.degenerate_rate_ci95)} | {paired} | {_speed(row)} |"
         )
@@ -249,9 +246,7 @@ def quant_compare(
 ) -> tuple[QuantStudy, Path, Path]:
     """``genprobe quant-compare`` as a library call: run the study, state its findings, write
     ``quant-<model>.json`` and ``quant-<model>.md`` into ``out_dir``; returns the study and the two paths."""
-    study, stem = (
-        run_quant_study(model_ref, out_dir, cfg) if log is None else run_quant_study(model_ref, out_dir, cfg, log=log)
-    )
+    study, stem = run_quant_study(model_ref, out_dir, cfg, log=log)
     study.findings = study_findings(study)
     js, md = write_study(study, out_dir, stem)
     return study, js, md

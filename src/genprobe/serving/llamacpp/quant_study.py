@@ -29,7 +29,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -46,10 +46,6 @@ from .quantize import DEFAULT_TYPES, QuantizedFile, check_types
 
 Log = Callable[[str], None]
 SPEED_PROMPTS = 8  # prompts generated one at a time (batch 1) to time decoding
-
-
-def _quiet(msg: str) -> None:
-    pass
 
 
 @dataclass
@@ -270,10 +266,12 @@ def _f32_gguf(model: Any, out: Path, stem: str, log: Log) -> Path:
     return convert_to_gguf(model.source, path, pre_tokenizer=_pre_tokenizer(model), log=log, current=current)
 
 
-def _agreement(engine: Any, reference: list[np.ndarray], windows: list[list[int]]) -> LogitAgreement:
+def _agreement(refs: Iterable[np.ndarray], others: Iterable[np.ndarray], windows: list[list[int]]) -> LogitAgreement:
+    """How the logits ``others`` agree with the reference logits ``refs``, window by window (read lazily: a window's
+    logits over a large vocabulary are megabytes)."""
     acc = AgreementAccumulator()
-    for ref, ids in zip(reference, windows, strict=True):
-        acc.add(ref, np.asarray(engine.logits(ids), dtype=np.float32), ids)
+    for ref, other, ids in zip(refs, others, windows, strict=True):
+        acc.add(ref, other, ids)
     return acc.result()
 
 
@@ -323,7 +321,7 @@ def run_quant_study(
     out_dir: str | os.PathLike[str],
     cfg: QuantStudyConfig | None = None,
     *,
-    log: Log = _quiet,
+    log: Log | None = None,
     backend: StudyBackend | None = None,
 ) -> tuple[QuantStudy, str]:
     """Convert ``model_ref`` (a transformers directory or catalog name) to an F32 GGUF, write each type of
@@ -333,7 +331,7 @@ def run_quant_study(
     from ...model.load import load_model
     from .quantize import quantize_all
 
-    cfg = cfg or QuantStudyConfig()
+    cfg, log = cfg or QuantStudyConfig(), log or (lambda _: None)
     types = [t for t in check_types(cfg.types) if t != "F32"]
     started = time.perf_counter()
     out = Path(out_dir)
@@ -382,17 +380,19 @@ def _measure(
         ref_scan, speed = _timed_scan(backend, ref_engine, model, inputs, cfg)
     finally:
         _close(ref_engine)
-    engine_check = _engine_check(model, reference, inputs.windows)
+    # transformers float32 as the reference, llama.cpp's F32 file as the other: the engine on the same weights
+    engine_check = _agreement((transformers_logits(model, w) for w in inputs.windows), reference, inputs.windows)
     log(
         f"F32 in llama.cpp vs transformers float32: KL mean {engine_check.kl_mean:.3g}, top-1 "
         f"{engine_check.top1_agreement:.4f}; F32 {speed[0]:.1f} tok/s ({speed[1]:.1f} per CPU-s)"
     )
-    rows = [_row("F32", files["F32"], _self_agreement(reference, inputs.windows), ref_scan, ref_scan, speed)]
+    rows = [_row("F32", files["F32"], _agreement(reference, reference, inputs.windows), ref_scan, ref_scan, speed)]
     samples: list[SampleText] = []
     for name in types:
         engine = backend.open(files[name].path, n_ctx, cfg)
         try:
-            agreement = _agreement(engine, reference, inputs.windows)
+            logits = (np.asarray(engine.logits(w), dtype=np.float32) for w in inputs.windows)
+            agreement = _agreement(reference, logits, inputs.windows)
             scan, speed = _timed_scan(backend, engine, model, inputs, cfg)
         finally:
             _close(engine)
@@ -411,21 +411,6 @@ def _close(engine: Any) -> None:
     close = getattr(engine, "close", None)
     if close is not None:
         close()
-
-
-def _self_agreement(reference: list[np.ndarray], windows: list[list[int]]) -> LogitAgreement:
-    acc = AgreementAccumulator()
-    for ref, ids in zip(reference, windows, strict=True):
-        acc.add(ref, ref, ids)
-    return acc.result()
-
-
-def _engine_check(model: Any, reference: list[np.ndarray], windows: list[list[int]]) -> LogitAgreement:
-    """transformers float32 as the reference, llama.cpp's F32 file as the other: the engine on the same weights."""
-    acc = AgreementAccumulator()
-    for ref, ids in zip(reference, windows, strict=True):
-        acc.add(transformers_logits(model, ids), ref, ids)
-    return acc.result()
 
 
 def _model_note(model_ref: str, model: Any) -> str:

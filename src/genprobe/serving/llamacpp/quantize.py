@@ -25,12 +25,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from ..._io import fault_point, temp_beside, write_once
+from ..._io import fault_point, output_to_file, replacing, write_once
 from ._bindings import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
 
 #: GGUF file type name -> (llama_ftype constant of llama.h, the ggml type of its quantized 2-D tensors, that
@@ -112,21 +111,17 @@ runpy.run_path(os.environ["GENPROBE_CONVERTER"], run_name="__main__")
 
 def _run_converter(tree: Path, src: Path, out: Path, pre_tokenizer: str | None) -> None:
     """Run llama.cpp's converter on ``src`` into a temporary file beside ``out``, then rename it to ``out``."""
-    tmp = temp_beside(out, suffix=".gguf")
     env = {**os.environ, "GENPROBE_CONVERTER": str(tree / "convert_hf_to_gguf.py")}
     env["PYTHONPATH"] = os.pathsep.join([str(tree / "gguf-py"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if pre_tokenizer:
         env["GENPROBE_BPE_PRE"] = pre_tokenizer
-    cmd = [sys.executable, "-c", _CONVERT_LAUNCHER, str(src), "--outtype", "f32", "--outfile", str(tmp)]
-    try:
+    with replacing(out, suffix=".gguf") as tmp:
+        cmd = [sys.executable, "-c", _CONVERT_LAUNCHER, str(src), "--outtype", "f32", "--outfile", str(tmp)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
             raise RuntimeError(f"llama.cpp's converter failed on {src} (exit {proc.returncode}):\n{tail}")
         fault_point("quantize:converted")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def convert_to_gguf(
@@ -222,22 +217,6 @@ def describe_gguf(path: str | os.PathLike[str], type_name: str, seconds: float =
     )
 
 
-@contextmanager
-def _native_stderr_captured() -> Iterator[Path]:
-    """llama.cpp logs every tensor of a quantization to the process's stderr (fd 2): send it to a file for the
-    duration, so that a study prints its own lines (their tail goes into the error when the call fails)."""
-    fd, name = tempfile.mkstemp(prefix="genprobe-quantize-", suffix=".log")
-    sys.stderr.flush()
-    saved = os.dup(2)
-    os.dup2(fd, 2)
-    try:
-        yield Path(name)
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(fd)
-
-
 def quantize_gguf(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -263,24 +242,22 @@ def quantize_gguf(
 
 def _quantize(lib: Any, source: Path, out: Path, name: str, threads: int) -> float:
     """``llama_model_quantize`` into a temporary file beside ``out``, renamed to ``out``; the seconds it took."""
-    tmp = temp_beside(out, suffix=".gguf")
     params = lib.llama_model_quantize_default_params()
     params.nthread = max(1, int(threads))
     params.ftype = getattr(lib, QUANT_TYPES[name][0])
     started = time.perf_counter()
-    try:
-        with _native_stderr_captured() as captured:
-            rc = lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
+    with replacing(out, suffix=".gguf") as tmp:
+        # llama.cpp logs every tensor to the process's stderr: kept in a file (its tail goes into the error below)
+        # so that a study prints its own lines
+        with tempfile.NamedTemporaryFile(prefix="genprobe-quantize-", suffix=".log") as captured:
+            with output_to_file(captured.name):
+                rc = lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
+            log = Path(captured.name).read_text(errors="replace")
         seconds = time.perf_counter() - started
-        log = captured.read_text(errors="replace") if captured.exists() else ""
-        captured.unlink(missing_ok=True)  # its last lines go into the error below: no file left behind either way
         if rc != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
             tail = "\n".join(log.strip().splitlines()[-6:])
             raise RuntimeError(f"llama_model_quantize failed writing {name} from {source} (return code {rc}):\n{tail}")
         fault_point("quantize:quantized")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return seconds
 
 
