@@ -56,15 +56,23 @@ def dequantize_blocks(weight: torch.Tensor, ggml_type: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
 
 
-#: A product ``(x, weight, bias, ggml_type) -> x W^T + b`` that eager calls use instead of the reference, set only
-#: inside :func:`block_products` (the fast path's eager steps while its compiled programs build: the kernels).
+def reference_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ggml_type: int) -> torch.Tensor:
+    """``x W^T + b`` with ``W`` the dequantized blocks: the eager reference."""
+    return F.linear(x, dequantize_blocks(weight, ggml_type).to(x.dtype), bias)
+
+
+#: A product ``(x, weight, bias, ggml_type) -> x W^T + b`` that block layers call directly, set only inside
+#: :func:`block_products` (the fast path's eager steps while its compiled programs build: the kernels, or the
+#: reference until they are loaded).
 BlockProduct = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", int], torch.Tensor]
 _products: ContextVar[BlockProduct | None] = ContextVar("genprobe_block_products", default=None)
 
 
 @contextlib.contextmanager
-def block_products(product: BlockProduct | None) -> Iterator[None]:
-    """Eager block layers run ``product`` in this thread inside the block (None: the reference, as outside)."""
+def block_products(product: BlockProduct) -> Iterator[None]:
+    """Block layers call ``product`` directly in this thread inside the block, not through their op: a custom op's
+    eager call writes torch.fx's global tracing annotations, which a build exporting the model in another thread
+    is using at that moment."""
     token = _products.set(product)
     try:
         yield
@@ -75,10 +83,7 @@ def block_products(product: BlockProduct | None) -> Iterator[None]:
 @torch.library.custom_op("genprobe_gguf::block_linear", mutates_args=())
 def block_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ggml_type: int) -> torch.Tensor:
     """``x W^T + b`` with ``W`` the dequantized blocks (eager reference; the compiled path runs the kernels)."""
-    product = _products.get()
-    if product is not None:
-        return product(x, weight, bias, ggml_type)
-    return F.linear(x, dequantize_blocks(weight, ggml_type).to(x.dtype), bias)
+    return reference_product(x, weight, bias, ggml_type)
 
 
 @block_linear.register_fake
@@ -107,6 +112,9 @@ class BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x W^T + b`` (one op: the compiled path's pass finds it and hands it to the kernels)."""
+        product = _products.get()
+        if product is not None:  # see block_products
+            return product(x, self.weight, self.bias, self.ggml_type)
         out: torch.Tensor = torch.ops.genprobe_gguf.block_linear(x, self.weight, self.bias, self.ggml_type)
         return out
 

@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from ...model.gguf_blocks import block_products
+from ...model.gguf_blocks import block_products, reference_product
 from ...model.position_lm import PositionDrivenLM as GPT  # our GPT or the Llama family (model.llama_family)
 from ...model.weight_only import NARROW_WEIGHT_DTYPES
 from . import kernels
@@ -820,7 +820,7 @@ class CompiledGPTRunner:
     def _eager_step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         # A GGUF file's block layers multiply on the kernels once they are loaded, not by dequantizing every weight
         # in numpy on every call (the reference): the programs' own products, for the steps run while they build.
-        with block_products(_kernel_block_product if kernels.build.loaded() else None):
+        with block_products(_kernel_block_product if kernels.build.loaded() else reference_product):
             logits: torch.Tensor = self.model(ids, cache=state, attention_mask=valid)
         return logits
 
