@@ -17,17 +17,18 @@ def _single_thread():
         torch.set_num_threads(before)
 
 
-def _sharp_gpt(seed: int = 3):
+def _sharp_gpt(seed: int = 3, **config):
     """A small random GPT with trained-scale logits (matrices x 10), so a wrong or stale weight shows in the tokens.
 
     Its configuration is the one of ``tiny_model`` and the verifier's sharp model: compiled decode programs are
     cached by configuration and batch size (not weights), so the test files share them instead of each building its
-    own (a build costs 10-30 s of a core).
+    own (a build costs 10-30 s of a core). ``config``: fields of that configuration changed (a model of its own).
     """
     from genprobe.model import GPT, GPTConfig
 
     torch.manual_seed(seed)
-    m = GPT(GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32))
+    shape = dict(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32) | config
+    m = GPT(GPTConfig(**shape))
     with torch.no_grad():
         for p in m.parameters():
             if p.dim() == 2:

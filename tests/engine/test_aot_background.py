@@ -18,7 +18,7 @@ from genprobe.engine.fast import compiled as compiled_mod
 from genprobe.engine.fast import kernels
 from genprobe.engine.fast.aot import program_path
 from genprobe.engine.generate import generate
-from genprobe.model import GPT, GPTConfig
+from genprobe.model import GPT
 from genprobe.model.gguf_blocks import BLOCK_TYPES, BlockLinear, block_products
 
 _NO_KERNELS = kernels.build.unsupported_reason()
@@ -41,13 +41,12 @@ print(json.dumps({"tokens": tokens, "seconds": seconds, "building": compiled.aot
 
 def one_layer_gpt() -> GPT:
     """A configuration of its own (one layer), so its programs are never cached by another test's build."""
-    torch.manual_seed(5)
-    m = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=32, d_ff=64, block_size=32))
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.mul_(10)
-    return m.eval()
+    here = str(Path(__file__).parent)
+    if here not in sys.path:  # the builder in tests/engine/conftest.py, here and in FIRST_CALL's process
+        sys.path.insert(0, here)
+    from conftest import _sharp_gpt
+
+    return _sharp_gpt(5, n_layer=1)
 
 
 @pytest.mark.skipif(_NO_KERNELS is not None, reason=f"genprobe's kernels cannot run here: {_NO_KERNELS}")
