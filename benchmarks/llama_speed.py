@@ -120,6 +120,7 @@ class Setup:
     gguf_dir: Path
     cache_dir: Path
     llamacpp_kv: str
+    llamacpp_site: Path | None = None  # a llama.cpp build put first on the llama.cpp workers' sys.path
 
     def worker_args(self) -> list[str]:
         """The command-line options that recreate this setup in a worker."""
@@ -133,6 +134,8 @@ class Setup:
             "--cache-dir": self.cache_dir,
             "--llamacpp-kv": self.llamacpp_kv,
         }
+        if self.llamacpp_site is not None:
+            named["--llamacpp-site"] = self.llamacpp_site
         return ["--batch", *map(str, self.batches), *(x for k, v in named.items() for x in (k, str(v)))]
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,14 +288,40 @@ def llamacpp_engine(setup: Setup, quant: str) -> Engine:
     except ImportError as exc:
         raise Unavailable(f"llama-cpp-python is not importable ({exc})") from exc
     n = setup.new_tokens
+    prefill = last_position_prefill(setup, path) if n == 1 else None
 
     def gen(prompts: Tokens) -> Tokens:
         if len(prompts) == 1:
-            return [lm.greedy(prompts[0], n, stop_at_eos=False)]
+            return [prefill(prompts[0]) if prefill else lm.greedy(prompts[0], n, stop_at_eos=False)]
         return [g.tokens for g in lm.generate_batch(prompts, n, greedy_picker())]
 
-    info = {"file": str(path), "kv_type": setup.llamacpp_kv, "n_threads": setup.threads}
+    lib = lm._lib
+    info = {"file": str(path), "kv_type": setup.llamacpp_kv, "n_threads": setup.threads, "library": lib.__file__}
+    info["system_info"] = lib.llama_print_system_info().decode()  # the build's instruction sets (AVX512 = 1 ...)
     return Engine(gen, load_tokenizer(setup.model_dir), path.stat().st_size, info)
+
+
+def last_position_prefill(setup: Setup, path: Path) -> Callable[[list[int]], list[int]]:
+    """llama.cpp's own prompt processing for a prefill row: a plain ``Llama`` with ``logits_all=False`` (the
+    head on the last position only, as genprobe's prompt program does; genprobe's ``LlamaCppModel`` keeps every
+    position's logits for the verifier), one ``eval`` of the prompt in one batch, the argmax of the last logits."""
+    import llama_cpp
+    import numpy as np
+
+    n_ctx = setup.prompt_tokens + 1
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=setup.threads,
+        n_threads_batch=setup.threads, logits_all=False, flash_attn=False, verbose=False,
+    )  # fmt: skip
+    vocab = int(llm.n_vocab())
+
+    def first_token(prompt: list[int]) -> list[int]:
+        llm.reset()
+        llm.eval(prompt)
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
+        return [int(np.argmax(logits))]
+
+    return first_token
 
 
 def ct2_model(setup: Setup) -> Path:
@@ -525,6 +554,8 @@ def run_worker(name: str, setup: Setup, timeout: float, extra: tuple[str, ...] =
     """One worker process: its JSON rows (an ``unavailable`` row per batch it did not report)."""
     cmd = [sys.executable, str(HERE), "--worker", name, *setup.worker_args(), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": str(setup.threads)}
+    if setup.llamacpp_site is not None and name.startswith("llamacpp"):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(setup.llamacpp_site), env.get("PYTHONPATH")]))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, check=False)
         stdout, why = proc.stdout, f"worker exited with {proc.returncode}: {last_line(proc.stderr)}"
@@ -607,6 +638,7 @@ def main_worker_or_driver(argv: list[str] | None = None) -> int:
         gguf_dir=args.gguf_dir,
         cache_dir=args.cache_dir,
         llamacpp_kv=args.llamacpp_kv,
+        llamacpp_site=args.llamacpp_site,
     )
     if args.worker:
         return worker_main(args, setup)
@@ -622,6 +654,7 @@ def driver_main(args: argparse.Namespace, setup: Setup) -> int:
     ref = {} if args.no_reference else reference_tokens(setup, doc, args.engines, args.timeout)
     summary = summarize(doc, setup, args.engines, args.ours, ref)
     print_tables(summary, setup, args.ours)
+    print_builds(doc)
     print_bandwidth(summary, doc)
     if args.out:
         raw = {"setup": json_safe(setup), "engines": args.engines, "ours": args.ours, **doc, "summary": summary}
@@ -717,6 +750,21 @@ def print_tables(summary: dict[str, Any], setup: Setup, ours: str) -> None:
         print(f"winner at batch {b}: {w} ({fmt(s['engines'][w]['median_tok_s'])} tok/s)" if w else "no winner")
 
 
+def print_builds(doc: dict[str, Any]) -> None:
+    """Which llama.cpp library each llama.cpp engine ran and the instruction sets it was built with (its system
+    info's ``= 1`` entries): whether the peer is the portable AVX2 wheel or a build for this CPU."""
+    seen = set()
+    rows = [row for rnd in doc["rounds"] for name, by_batch in rnd.items() if name.startswith("llamacpp")
+            for row in by_batch.values()]  # fmt: skip
+    for row in rows:
+        info = row.get("info") or {}
+        if "system_info" not in info or info["library"] in seen:
+            continue
+        seen.add(info["library"])
+        flags = [f.split("=")[0].strip() for f in info["system_info"].split("|") if f.strip().endswith("= 1")]
+        print(f"\nllama.cpp library {info['library']}: {' '.join(flags)}")
+
+
 def print_bandwidth(summary: dict[str, Any], doc: dict[str, Any]) -> None:
     """The bandwidth per round, the float32 bound, and each engine's achieved weight bytes/s at batch 1 (also
     recorded in ``summary``'s batch-1 entries: step_bytes, achieved_gb_s, fraction_of_bandwidth)."""
@@ -771,6 +819,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gguf-dir", type=Path, default=Path("out/quant/smollm2"))
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "genprobe" / "bench")
     ap.add_argument("--llamacpp-kv", default="f32", choices=["f32", "f16"], help="llama.cpp's KV-cache type")
+    ap.add_argument(
+        "--llamacpp-site",
+        type=Path,
+        default=None,
+        help="a llama.cpp build for this CPU (bash scripts/install_llamacpp.sh --for-this-cpu DIR): first on the "
+        "llama.cpp workers' PYTHONPATH (default: the .venv's portable AVX2 build)",
+    )
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per worker process")
     ap.add_argument("--no-reference", action="store_true", help=f"skip the {REFERENCE} token check")
     ap.add_argument("--out", type=Path, default=None, help="directory: every raw result in llama-speed.json (atomic)")

