@@ -101,23 +101,18 @@ class Backend(Protocol):
 
     def complete(self, request: Request) -> Response:
         """One request, on its own."""
-        ...
 
     def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
         """``requests`` with up to ``concurrency`` in flight at once, in order."""
-        ...
 
     def tokenize(self, text: str) -> list[int] | None:
         """``text`` as the backend tokenizes a prompt (special tokens included), None when it cannot say."""
-        ...
 
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
         """The prompt ids the backend builds from chat ``messages`` (generation prompt added), None when unknown."""
-        ...
 
     def reset_cache(self) -> bool:
         """Empty the prefix cache; False when the backend cannot (a live server's holds what others sent)."""
-        ...
 
 
 def complete_concurrently(backend: Backend, requests: Sequence[Request], concurrency: int) -> list[Response]:

@@ -33,18 +33,6 @@ from .samplers import SamplerConfig
 from .samplers.chain import adjust_logits, check_logits
 
 
-def step_with_hidden(
-    runner: Runner, ids: torch.Tensor, valid: torch.Tensor | None, state: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cached forward → (logits (B, T, V), last hidden state after the final norm (B, T, d)): the runner's optional
-    ``step_with_hidden`` hook (the eager runners of our GPT and of transformers models have it)."""
-    hook = getattr(runner, "step_with_hidden", None)
-    if hook is None:
-        raise TypeError(f"contrastive search needs a runner with step_with_hidden, got {type(runner).__name__}")
-    out: tuple[torch.Tensor, torch.Tensor] = hook(ids, valid, state)
-    return out
-
-
 def expand_state(state: Any, k: int) -> Any:
     """The per-generation cache state with every row repeated ``k`` times (row b → rows b·k … b·k+k−1)."""
     if isinstance(state, KVCache):
@@ -97,13 +85,19 @@ class _Search:
         self.k = int(cfg.top_k)
         self.history = torch.where(valid, buf, -1)  # what the penalties read; -1 = padding
         self.groups = torch.arange(buf.shape[0], device=buf.device) * self.k
+        # Cached forward -> (logits (B, T, V), last hidden state after the final norm (B, T, d)): the runner's
+        # optional hook (the eager runners of our GPT and of transformers models have it).
+        forward = getattr(runner, "step_with_hidden", None)
+        if forward is None:
+            raise TypeError(f"contrastive search needs a runner with step_with_hidden, got {type(runner).__name__}")
+        self.forward: Callable[..., tuple[torch.Tensor, torch.Tensor]] = forward
 
     def prefill(self) -> None:
         """Run the prompts once (B rows), keep their hidden states, then repeat the cache k times."""
         B, P = self.buf.shape[0], self.P
         state = self.runner.new_state(B, self.buf.shape[1])
         padded = not bool(self.valid[:, :P].all())
-        logits, hidden = step_with_hidden(self.runner, self.buf[:, :P], self.valid[:, :P] if padded else None, state)
+        logits, hidden = self.forward(self.buf[:, :P], self.valid[:, :P] if padded else None, state)
         self.context = hidden.new_zeros(B, self.buf.shape[1], hidden.shape[-1])
         self.context[:, :P] = hidden
         self.next_logits = logits[:, -1].float()
@@ -115,7 +109,7 @@ class _Search:
         adjusted = adjust_logits(self.next_logits, self.history[:, :cur], self.cfg, prompt_len=self.P)
         probs = torch.softmax(adjusted, dim=-1)
         cand_probs, cand_ids = torch.topk(probs, dim=-1, k=self.k)
-        out, cand_hidden = step_with_hidden(self.runner, cand_ids.reshape(-1, 1), None, self.state)
+        out, cand_hidden = self.forward(cand_ids.reshape(-1, 1), None, self.state)
         alpha = self.cfg.penalty_alpha
         sel = rank_candidates(self.context[:, :cur], self.valid[:, :cur], cand_hidden, cand_probs, alpha)
         chosen = self.groups + sel

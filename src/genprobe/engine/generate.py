@@ -71,9 +71,16 @@ def generate(
     cfg = sampler or GREEDY
     P = check_inputs(runner, prompts, max_new_tokens, mode)
     N = int(max_new_tokens)
-    whole = _greedy_all(runner, prompts, N, cfg, mode, eos_id, on_token, return_logits, return_probs)
-    if whole is not None:
-        return whole
+    # A runner may run a whole plain greedy generation its own way (the fast runner: in one or two compiled calls);
+    # the per-step loop below is the reference it is tested against, and runs where it declines (None).
+    greedy_all = getattr(runner, "greedy_all", None) if mode == "cached" else None
+    if greedy_all is not None and cfg.greedy and cfg.is_identity and not return_probs:
+        prompt, valid = left_padded(prompts, P, 0, runner.pad_id, device_of(runner))
+        padded = any(len(p) < P for p in prompts)
+        run = greedy_all(prompt, valid if padded else None, N, eos_id, on_token, return_logits)
+        if run is not None:
+            counts = (run.token_forwards, run.forward_calls, mode, cfg.to_dict(), run.seconds, run.step_logits)
+            return GenerationResult(run.tokens, [list(map(int, p)) for p in prompts], run.finished, *counts)
     run = _Run(runner, prompts, P, N, cfg, mode, eos_id, on_token is not None, return_logits, return_probs)
     gen = None if cfg.greedy else torch.Generator(device="cpu").manual_seed(int(seed))
     t0 = time.perf_counter()
@@ -91,30 +98,6 @@ def generate(
         if release is not None and state is not None:  # a pooling runner reuses the cache for the next generation
             release(state)
     return run.result(prompts, time.perf_counter() - t0)
-
-
-def _greedy_all(
-    runner: Runner,
-    prompts: Sequence[Sequence[int]],
-    N: int,
-    cfg: SamplerConfig,
-    mode: str,
-    eos_id: int | None,
-    on_token: Callable[[int, list[int]], None] | None,
-    return_logits: bool,
-    return_probs: bool,
-) -> GenerationResult | None:
-    """A runner may run a whole plain greedy generation its own way (the fast runner: in one or two compiled
-    calls); the per-step loop of :func:`generate` is the reference it is tested against, and runs where it declines."""
-    greedy_all = getattr(runner, "greedy_all", None) if mode == "cached" else None
-    if greedy_all is None or not (cfg.greedy and cfg.is_identity) or return_probs:
-        return None
-    run = greedy_all(prompts, N, eos_id, on_token, return_logits)
-    if run is None:
-        return None
-    prompt_tokens = [list(map(int, p)) for p in prompts]
-    counts = (run.token_forwards, run.forward_calls, mode, cfg.to_dict(), run.seconds, run.step_logits)
-    return GenerationResult(run.tokens, prompt_tokens, run.finished, *counts)
 
 
 class _Run:

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from ..model import limits
+from .cache import padded_positions
 
 
 class _HFCacheState:
@@ -64,8 +65,7 @@ class HFCausalLM:
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         """The wrapped model's parameters (device/dtype discovery)."""
-        params: Iterator[torch.nn.Parameter] = self.model.parameters()
-        return params
+        return self.model.parameters()
 
     def new_state(self, batch_size: int, max_len: int) -> _HFCacheState:
         """A fresh ``DynamicCache`` plus a preallocated attention-mask buffer."""
@@ -98,13 +98,11 @@ class HFCausalLM:
         end = state.length + T
         if end > state.mask.shape[1]:
             raise ValueError(f"HF cache state overflow: {state.length} + {T} > {state.mask.shape[1]}")
+        state.mask[:, state.length : end] = 1 if valid is None else valid.to(torch.long)
         if valid is None:
-            state.mask[:, state.length : end] = 1
             positions = state.next_pos[:, None] + torch.arange(T, device=ids.device)
         else:
-            v = valid.to(torch.long)
-            state.mask[:, state.length : end] = v
-            positions = state.next_pos[:, None] + (v.cumsum(1) - 1).clamp(min=0)
+            positions = padded_positions(state.next_pos, valid)
             state.padded = state.padded or not bool(valid.all())
         if self.max_positions is not None and int(positions.max()) >= self.max_positions:
             raise ValueError(

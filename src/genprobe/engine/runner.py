@@ -29,8 +29,9 @@ class Runner(Protocol):
     and its per-step loop in :func:`~genprobe.engine.generate.generate` is the reference every other runner is tested
     against); the fast runner (:mod:`genprobe.engine.fast`) implements all three:
 
-    - ``greedy_all(prompts, max_new_tokens, eos_id, on_token, return_logits)``: a whole plain greedy generation
-      (argmax of the raw logits, no probabilities asked), or None to let the per-step loop run it;
+    - ``greedy_all(prompt, prompt_valid, max_new_tokens, eos_id, on_token, return_logits)``: a whole plain greedy
+      generation of a left-padded batch (argmax of the raw logits, no probabilities asked), or None to let the
+      per-step loop run it;
     - ``last_logits(ids, valid, state)``: ``step(...)[:, -1]`` (a prompt's forward) computed more cheaply;
     - ``release_state(state)``: a generation's state given back for reuse.
 

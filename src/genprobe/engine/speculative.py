@@ -1,20 +1,11 @@
 """Speculative decoding: a draft proposes k tokens, the target checks them all in one cached forward.
 
-One round (batch 1): the draft (:mod:`genprobe.engine.drafts`) proposes ``d_1 .. d_k`` after the context; the target
-feeds whatever of the context its cache lacks plus the k drafts in one forward, whose rows give ``p_1 .. p_{k+1}``
-(``p_j`` follows ``d_{j-1}``). Then:
-
-* greedy: ``d_j`` is kept while it is the target's argmax; the first disagreement is replaced by the target's token;
-  after k agreements the target's next token follows (the bonus). The output is plain greedy's, token for token.
-* sampled (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2): ``d_j`` is kept with probability
-  ``min(1, p_j(d_j) / q_j(d_j))``; at the first rejection a token is drawn from ``norm(max(0, p_j − q_j))`` and the
-  round ends; after k acceptances a bonus token is drawn from ``p_{k+1}``. ``p`` and ``q`` are the *processed*
-  distributions of the sampler chain (penalties, temperature, top-k/top-p/min-p ... exactly what plain sampling draws
-  from), so the output is distributed as plain sampling's. Prompt lookup's ``q`` is a point mass on its proposal.
-
-After a round both caches drop the slots of rejected tokens (``KVCache.truncate`` / ``DynamicCache.crop``). Each rule
-is one method of :class:`SpeculativeDecoder`; the verifier's mutants (:mod:`genprobe.verify.spec_mutants`) override
-one each. XTC is refused: its per-step random draw makes the distribution itself random.
+Greedy keeps each draft while it is the target's argmax (the output is plain greedy's, token for token); sampled
+runs keep ``d_j`` with probability ``min(1, p_j(d_j) / q_j(d_j))`` and draw a rejected position from
+``norm(max(0, p_j - q_j))`` (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2), ``p`` and ``q`` being the
+*processed* distributions of the sampler chain, so the output is distributed as plain sampling's. Each rule is one
+method of :class:`SpeculativeDecoder`, so that the verifier's mutants (:mod:`genprobe.verify.spec_mutants`) override
+one each. docs/speculative.md has the round step by step.
 """
 
 from __future__ import annotations
@@ -214,7 +205,7 @@ class SpeculativeDecoder:
                     return j, t, False
                 continue
             p = self.probs(rows[j], ctx)
-            q = qs[j] if qs is not None else _point_mass(x, p)
+            q = qs[j] if qs is not None else torch.zeros_like(p).index_fill_(0, torch.tensor([x]), 1.0)  # a point mass
             if not self.draws.coin(self.accept_prob(p, q, x)):
                 return j, self.draws.token(self.residual(p, q)), False
         ctx = [*context, *drafted]
@@ -263,12 +254,6 @@ class SpeculativeDecoder:
             return self.argmax(logits, context), None
         q = self.probs(logits, context)
         return self.draws.token(q), q
-
-
-def _point_mass(x: int, like: torch.Tensor) -> torch.Tensor:
-    q = torch.zeros_like(like)
-    q[x] = 1.0
-    return q
 
 
 def speculative_generate(

@@ -1,48 +1,24 @@
-"""Compiled decoding: the model's one forward, captured by ``torch.compile`` inside a compiled decode loop.
+"""Compiled decoding: the model's one forward (no second implementation), captured by ``torch.compile`` over a
+:class:`StaticKVCache`, and the runner that chooses per shape between that and the AOT programs (:mod:`.aot`).
 
-At batch 1 a decode step of a small model is ~40 tiny kernels whose cost is almost all framework
-overhead (dispatch, allocation, Python), not arithmetic. ``torch.compile`` removes it: it traces
-:meth:`GPT.forward` for one-token steps over a :class:`StaticKVCache` and fuses the element-wise work
-into a few C++ kernels. The traced code is the same forward every other phase runs — there is no
-second implementation of the model to keep in sync.
+At batch 1 a decode step of a small model is ~40 tiny kernels whose cost is framework overhead, not arithmetic.
+Three compiled functions, chosen per shape from measurements (:func:`decode_strategy`; docs/ARCHITECTURE.md,
+"Compiled decoding is the same forward", and docs/speed.md give the numbers):
 
-Three compiled functions, chosen per shape from measurements on the 2-core machine (see
-:func:`decode_strategy` and the README's "Decoding speed"):
+- ``loop`` (:func:`_decode_loop`): every greedy step of a generation in one ``torch.while_loop`` call (argmax, eos
+  and padding inside the graph). For small steps, where overhead is most of a step; a sampled generation calls it
+  for one step at a time and samples in Python;
+- ``stepwise`` (:func:`_decode_step`): one compiled step per Python iteration, the batch a symbol. For large steps:
+  as graph constants (not loop operands) the frozen weights are packed once for oneDNN;
+- ``prefill`` (:func:`_prefill`): the prompt's forward, its length a symbol (see :meth:`CompiledGPTRunner.step`).
 
-- ``loop`` (:func:`_decode_loop`): every greedy step of a generation in one call. For small steps (the
-  427k model up to batch 16, any model at batch 1), where framework overhead is most of a step;
-- ``stepwise`` (:func:`_decode_step`): one compiled step per Python iteration, the batch dimension a
-  symbol. For large steps, which are matrix products: as graph constants (not loop operands) the frozen
-  weights are packed once for oneDNN, whose fp32 GEMMs run at 2.6-3.2x the speed of the unpacked
-  ``addmm`` on this AMD CPU (MKL takes a slower path there); the Python loop costs < 1% of such a step;
-- ``prefill`` (:func:`_prefill`): the prompt's forward with its length a symbol (one graph for every
-  length), for models of ``STEPWISE_MIN_WORK`` parameters or more and prompts of up to
-  ``COMPILED_PREFILL_MAX_ROWS`` tokens; otherwise the prompt is prefilled eagerly (measured: there the
-  compiled call costs more than it saves).
+A frozen graph holds a copy of the weights, so every call carries :func:`version_of` the model's :func:`fingerprint`
+(weights, hooks, modes): an in-place edit or a new hook recompiles instead of replaying stale weights. Dynamo's
+guards (~1.5 ms) are evaluated only the first time a situation is met in the process; later generations replay.
+Without a C++ compiler (or if compilation fails otherwise) the runner warns once and runs the forward eagerly.
 
-What makes a step cheap, each measured (``benchmarks/generate_speed.py``, ``benchmarks/bench_profile.py``):
-
-- the decode loop itself is compiled (:func:`_decode_loop`, a ``torch.while_loop``): greedy argmax,
-  eos and padding of finished rows happen inside the graph, so a whole greedy generation after the
-  prefill is one call and no Python runs between steps. A sampled generation calls the same loop for
-  one step at a time and samples in Python;
-- a static cache (one base tensor per layer, written with ``index_put_``), so every step has the same
-  shapes and one graph serves every prompt length and token count of a (batch size, capacity);
-- ``freezing``: weights become constants of the graph. A frozen graph holds a copy of the weights, so
-  the call carries :func:`version_of` the model's :func:`fingerprint` (weights, hooks, modes) and an
-  in-place weight edit or a new hook recompiles instead of replaying stale weights;
-- at batch 1 the matrix-vector products are generated as fused C++ loops (see :func:`compile_config`),
-  single-threaded for small models;
-- ``cpp_wrapper``: the graph is driven from C++ rather than a Python wrapper;
-- Dynamo's guards (~1.5 ms) are evaluated only the first time a situation (batch size, capacity,
-  logits or not, fingerprint) is met in the process; later generations replay.
-
-``torch.compile`` needs a C++ compiler on CPU. Without one (or if compilation fails for another
-reason) the runner warns once, naming the error, and runs the same forward eagerly.
-
-Importing this module has no global effect. On first use: the weight fingerprint installs ``torch.nn``'s global
-module/parameter/buffer registration hooks (:func:`_epoch`, to know when its cached module lists go stale), and the
-first call that can use genprobe's kernels builds and loads them (see :mod:`genprobe.engine.fast.kernels`).
+Importing this module has no global effect. On first use the fingerprint installs ``torch.nn``'s global registration
+hooks (:func:`_epoch`), and the first call that can use genprobe's kernels builds and loads them (:mod:`.kernels`).
 """
 
 from __future__ import annotations
@@ -54,10 +30,10 @@ import os
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -65,13 +41,14 @@ from ...model.gguf_blocks import block_products, reference_product
 from ...model.position_lm import PositionDrivenLM as GPT  # our GPT or the Llama family (model.llama_family)
 from ...model.weight_only import NARROW_WEIGHT_DTYPES
 from . import kernels
-from .greedy import GreedyRun
+from .greedy import GreedyChunk, GreedyRun
 from .greedy import greedy_all as _greedy_all
 from .kernels import KERNEL_MAX_ROWS
 from .static_cache import StaticKVCache
 
 #: What a compiled graph of a model depends on besides input shapes (see :func:`fingerprint`).
 Fingerprint = tuple[Hashable, ...]
+_T = TypeVar("_T")
 
 # Read by Inductor when a graph is compiled, so they are switched on only around first steps (a patch
 # around every replay would cost more than the guards it sits beside).
@@ -114,25 +91,22 @@ def uses_kernels(model: GPT, batch_size: int) -> bool:
 def compile_config(model: GPT, batch_size: int) -> dict[str, Any]:
     """Inductor settings for the decode loop of ``batch_size`` rows of ``model``.
 
-    - Threads: when a step is tiny (parameters x rows below ``SINGLE_THREAD_MAX_WORK``) an OpenMP
-      region costs more than it saves, so the generated kernels are single-threaded; larger steps keep
-      every thread (a 58M-parameter model at batch 1 is bound by reading its weights, which two cores
-      do faster than one).
-    - Matrix products: a decode step's products have one row per sequence and are bound by reading the
-      weights. Up to ``KERNEL_MAX_ROWS`` rows they go to :mod:`genprobe.engine.fast.kernels` (register-tiled
-      dot products called directly from the generated C++: 1.6-2x the weight bandwidth of Inductor's
-      own code on the benchmark machine). Without those kernels, at batch 1 Inductor's
-      ``decompose_mm_pass`` turns them into multiply-and-sum loops it fuses like any other kernel
-      (an ATen ``addmm`` call per product costs more than the product itself for a small model).
-      Either way the same float32 maths, summed in another order.
+    A tiny step (``SINGLE_THREAD_MAX_WORK``) runs single-threaded: an OpenMP region would cost more than it saves.
+    The products, one row per sequence and bound by reading the weights, go to :mod:`.kernels` up to
+    ``KERNEL_MAX_ROWS`` rows (1.6-2x the weight bandwidth of Inductor's own code); without them, at batch 1,
+    ``decompose_mm_pass`` fuses them as multiply-and-sum loops (an ATen ``addmm`` call per product costs more than a
+    small model's product). Either way the same float32 maths, summed in another order.
     """
-    threads = 1 if model.num_parameters() * batch_size <= SINGLE_THREAD_MAX_WORK else -1
-    cfg: dict[str, Any] = {**COMPILE_CONFIG, "cpp.threads": threads}
+    cfg: dict[str, Any] = {**COMPILE_CONFIG, "cpp.threads": _threads(model, batch_size)}
     if uses_kernels(model, batch_size):
         cfg.update(kernels.inductor_config(KERNEL_MAX_ROWS))
     elif batch_size == 1:
         cfg["post_grad_fusion_options"] = {"decompose_mm_pass": {"cpu_max_other_dimension_decomposition": 1 << 30}}
     return cfg
+
+
+def _threads(model: GPT, batch_size: int) -> int:
+    return 1 if model.num_parameters() * batch_size <= SINGLE_THREAD_MAX_WORK else -1
 
 
 def decode_strategy(model: GPT, batch_size: int) -> str:
@@ -212,10 +186,6 @@ _aot_builds: weakref.WeakKeyDictionary[torch.nn.Module, _Builds] = weakref.WeakK
 AOT_BACKGROUND_ENV = "GENPROBE_AOT_BACKGROUND"
 
 
-def _aot_threads(model: GPT, batch_size: int) -> int:
-    return 1 if model.num_parameters() * batch_size <= SINGLE_THREAD_MAX_WORK else -1
-
-
 def aot_building(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | None = None) -> bool:
     """Whether this shape's AOT programs are being built in the background: the caller then runs the step eagerly
     (:meth:`CompiledGPTRunner.eager_step`) instead of waiting. Starts the build on the first call that wants
@@ -237,7 +207,7 @@ def aot_building(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | N
             return False
         from .aot import build_in_background
 
-        future = builds[key] = build_in_background(model, batch_size, capacity, _aot_threads(model, batch_size))
+        future = builds[key] = build_in_background(model, batch_size, capacity, _threads(model, batch_size))
         if not _finishing_at_exit:
             _finishing_at_exit.append(atexit.register(_finish_builds_at_exit))
     if not future.done():
@@ -251,14 +221,18 @@ def aot_building(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | N
 def _aot_cached(model: GPT, batch_size: int, capacity: int) -> bool:
     from .aot import program_path
 
-    threads = _aot_threads(model, batch_size)
+    threads = _threads(model, batch_size)
     return all(program_path(model, batch_size, capacity, threads, k).exists() for k in ("step", "prompt"))
 
 
-def _warn_aot_failed(exc: BaseException | None) -> None:
+def _first_line(exc: BaseException | None) -> str:
     lines = str(exc).strip().splitlines()
-    msg = f"ahead-of-time compilation failed ({type(exc).__name__}: {lines[0] if lines else ''}); "
-    warnings.warn(msg + "decoding through torch.compile instead", RuntimeWarning, stacklevel=4)
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def _warn_aot_failed(exc: BaseException | None) -> None:
+    msg = f"ahead-of-time compilation failed ({_first_line(exc)}); decoding through torch.compile instead"
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
 
 _finishing_at_exit: list[Callable[[], None]] = []
@@ -295,7 +269,7 @@ def aot_decoder(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | No
         from .aot import AOTDecoder
 
         try:
-            decoders[key] = AOTDecoder(model, batch_size, capacity, _aot_threads(model, batch_size))
+            decoders[key] = AOTDecoder(model, batch_size, capacity, _threads(model, batch_size))
         except Exception as exc:  # export or AOTInductor refused this model: the torch.compile path takes over
             decoders[key] = None
             _warn_aot_failed(exc)
@@ -335,7 +309,14 @@ def _decode_step(
     """
     if version == -1:  # a branch on the value is what makes Dynamo guard on it (see _decode_loop)
         raise ValueError("version -1 is reserved")
-    step_logits = model(ids, cache=cache.view(filled.shape[0] - 1), attention_mask=valid)[:, -1]
+    return _greedy_step(model, cache.view(filled.shape[0] - 1), ids, valid, done, eos)
+
+
+def _greedy_step(
+    model: GPT, cache: StaticKVCache, ids: torch.Tensor, valid: torch.Tensor, done: torch.Tensor, eos: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token, its validity, done, logits): the argmax, padding (0) where the row had finished before it."""
+    step_logits = model(ids, cache=cache, attention_mask=valid)[:, -1]
     nxt = torch.where(done, 0, step_logits.argmax(dim=-1))
     return nxt, ~done, done | (nxt == eos), step_logits
 
@@ -367,21 +348,15 @@ def _decode_loop(
     valids: torch.Tensor,
     logits: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Up to ``steps`` greedy decode steps in one call, each step's token fed to the next. This is what gets compiled.
+    """Up to ``steps`` greedy decode steps in one ``torch.while_loop`` call (no Python between steps), each step
+    :func:`_decode_step`'s work: a row already ``done`` emits padding (``pad_id`` 0, invalid), a row finishes at
+    ``eos`` ((1,), -1 for none), the loop stops once every row has. ``ids``/``valid`` (B, 1) are the first step's
+    input; step ``i`` writes its token, validity and (when given) raw logits at index ``i`` of ``tokens``/``valids``
+    (B, S) and ``logits`` (B, S, V). Returns (steps run, finished rows).
 
-    The loop is a ``torch.while_loop``: compiled once, it runs in the generated C++ for any number of
-    steps, so no Python runs between steps. ``ids`` (B, 1) is the first step's input and ``valid``
-    (B, 1) its key validity. Each step does what :func:`genprobe.engine.generate.generate` does per
-    step with an eos token (``eos`` (1,), -1 for none): a row already ``done`` emits ``pad_id`` (0) as
-    a padding token (invalid: no position, no attention), a row finishes at its eos, and the loop stops
-    early once every row has. Step ``i`` writes its token, the token's validity and (when ``logits`` is
-    given) its raw logits at index ``i`` of ``tokens``/``valids`` (B, S) and ``logits`` (B, S, V).
-    Returns (steps run, finished rows).
-
-    ``version`` (:func:`version_of` the model's :func:`fingerprint`) is unused by the maths; it is there
-    to be guarded on: the frozen graph holds a copy of the weights, so weights edited in place (a loop
-    patch, ``load_state_dict``) must recompile, and so must a forward hook added since (Dynamo's default
-    ``skip_nnmodule_hook_guards`` does not notice one).
+    ``version`` (:func:`version_of` the :func:`fingerprint`) is unused by the maths, there to be guarded on: the
+    frozen graph holds a copy of the weights, so an in-place edit (a loop patch, ``load_state_dict``) or a forward
+    hook added since (Dynamo's ``skip_nnmodule_hook_guards`` misses one) must recompile.
     """
     if version == -1:  # a branch on the value is what makes Dynamo guard on it
         raise ValueError("version -1 is reserved")
@@ -393,15 +368,13 @@ def _decode_loop(
         i: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor, done: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         # A fresh view per step: the loop body may not set attributes of the cache object itself.
-        step_logits = model(ids, cache=cache.view(), attention_mask=valid)[:, -1]
-        nxt = torch.where(done, 0, step_logits.argmax(dim=-1))
-        emitted_valid = ~done  # the emitted token is real unless its row had finished before it
+        nxt, emitted_valid, now_done, step_logits = _greedy_step(model, cache.view(), ids, valid, done, eos)
         at = i.view(1)
         tokens.index_copy_(1, at, nxt[:, None])
         valids.index_copy_(1, at, emitted_valid[:, None])
         if logits is not None:
             logits.index_copy_(1, at, step_logits[:, None])
-        return i + 1, nxt[:, None], emitted_valid[:, None], done | (nxt == eos)
+        return i + 1, nxt[:, None], emitted_valid[:, None], now_done
 
     start = torch.zeros((), dtype=torch.long, device=ids.device)
     # torch's while_loop higher-order op has no type annotations
@@ -413,13 +386,13 @@ def _decode_loop(
 
 # Bumped whenever any module anywhere gets a new submodule, parameter or buffer: cached lists below are then stale.
 _module_epoch = [0]
+_watching = [False]
+# Per kind of cached value (see _cached), per model: (epoch, value).
+_by_epoch: dict[str, weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, Any]]] = {}
 
 
 def _bump_epoch(module: torch.nn.Module, name: str, value: Any) -> None:
     _module_epoch[0] += 1  # returns None: the hook must not replace what is being registered
-
-
-_watching = [False]
 
 
 def _epoch() -> int:
@@ -436,74 +409,53 @@ def _epoch() -> int:
     return _module_epoch[0]
 
 
-_module_lists: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, list[torch.nn.Module]]] = (
-    weakref.WeakKeyDictionary()
-)
-_parameter_counts: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, int]] = weakref.WeakKeyDictionary()
-_hook_dict_lists: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, list[dict[Any, Any]]]] = (
-    weakref.WeakKeyDictionary()
-)
-_tensor_slot_lists: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, list[tuple[dict[str, Any], str]]]] = (
-    weakref.WeakKeyDictionary()
-)
+def _cached(kind: str, model: torch.nn.Module, compute: Callable[[], _T]) -> _T:
+    """``compute()``, cached per ``model`` until anything is registered anywhere (walking a model costs ~40 µs)."""
+    table = _by_epoch.setdefault(kind, weakref.WeakKeyDictionary())
+    cached, epoch = table.get(model), _epoch()
+    if cached is None or cached[0] != epoch:
+        cached = table[model] = (epoch, compute())
+    value: _T = cached[1]
+    return value
 
 
 def _modules_of(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """``list(model.modules())``, cached until a submodule is registered anywhere (walking it costs ~40 µs)."""
-    cached = _module_lists.get(model)
-    epoch = _epoch()
-    if cached is None or cached[0] != epoch:
-        cached = _module_lists[model] = (epoch, list(model.modules()))
-    return cached[1]
+    return _cached("modules", model, lambda: list(model.modules()))
 
 
 def _tensor_slots(model: torch.nn.Module) -> list[tuple[dict[str, Any], str]]:
-    """(dict, key) of every parameter and buffer of ``model``, cached until anything is registered anywhere."""
-    cached = _tensor_slot_lists.get(model)
-    epoch = _epoch()
-    if cached is None or cached[0] != epoch:
-        slots = [
+    """(dict, key) of every parameter and buffer of ``model``."""
+
+    def slots() -> list[tuple[dict[str, Any], str]]:
+        return [
             (d, k)
             for m in _modules_of(model)
             for d in (m._parameters, m._buffers)
             for k, t in d.items()
             if t is not None
         ]
-        cached = _tensor_slot_lists[model] = (epoch, slots)
-    return cached[1]
+
+    return _cached("slots", model, slots)
 
 
 def _hook_dicts(model: torch.nn.Module) -> list[dict[Any, Any]]:
-    """Every module's forward and forward-pre hook dicts, cached with the module list (they are the modules' own
-    dicts, so a hook added later shows), plus the global ones."""
-    cached = _hook_dict_lists.get(model)
-    epoch = _epoch()
-    if cached is None or cached[0] != epoch:
-        dicts = [d for m in _modules_of(model) for d in (m._forward_hooks, m._forward_pre_hooks)]
-        dicts += [torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks]
-        cached = _hook_dict_lists[model] = (epoch, dicts)
-    return cached[1]
+    """Every module's forward and forward-pre hook dicts (the modules' own dicts, so a hook added later shows), plus
+    the global ones."""
+
+    def dicts() -> list[dict[Any, Any]]:
+        own = [d for m in _modules_of(model) for d in (m._forward_hooks, m._forward_pre_hooks)]
+        return [*own, torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks]
+
+    return _cached("hooks", model, dicts)
 
 
 def parameter_count(model: GPT) -> int:
-    """``model.num_parameters()``, cached until a parameter is registered anywhere (a sum over every parameter)."""
-    cached = _parameter_counts.get(model)
-    epoch = _epoch()
-    if cached is None or cached[0] != epoch:
-        cached = _parameter_counts[model] = (epoch, model.num_parameters())
-    return cached[1]
+    """``model.num_parameters()``, cached (a sum over every parameter)."""
+    return _cached("parameters", model, model.num_parameters)
 
 
 _model_serials: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
 _next_serial = itertools.count(1)
-
-
-def _serial_of(model: torch.nn.Module) -> int:
-    """A number no other module object of this process ever gets (unlike ``id``, reused once a model is freed)."""
-    serial = _model_serials.get(model)
-    if serial is None:
-        serial = _model_serials[model] = next(_next_serial)
-    return serial
 
 
 def weights_version(model: torch.nn.Module) -> int:
@@ -517,7 +469,8 @@ def weights_version(model: torch.nn.Module) -> int:
     # (assignments that register a new name bump the epoch, so the slot list itself is rebuilt then).
     tensors = [d.get(k) for d, k in _tensor_slots(model)]  # None where one was deleted since: a new version
     state = tuple([(id(t), t.data_ptr(), t._version) if t is not None else None for t in tensors])
-    return hash((_serial_of(model), state)) & (2**62 - 1)
+    serial = _model_serials.setdefault(model, next(_next_serial))  # unlike ``id``, never reused by another model
+    return hash((serial, state)) & (2**62 - 1)
 
 
 def fingerprint(model: torch.nn.Module) -> Fingerprint:
@@ -604,16 +557,6 @@ def compile_error() -> str | None:
 
 
 @dataclass
-class GreedyChunk:
-    """What one compiled call of greedy decode steps returns (see :func:`_decode_loop`)."""
-
-    tokens: torch.Tensor  # (B, steps run) long
-    valid: torch.Tensor  # (B, steps run) bool: False for the padding a finished row emits
-    done: torch.Tensor  # (B,) bool, rows finished after the call
-    logits: torch.Tensor | None  # (B, steps run, V) raw logits of every step, when asked for
-
-
-@dataclass
 class _Outputs:
     """Capacity-shaped buffers one generation's compiled calls write into (see :func:`_decode_loop`)."""
 
@@ -686,6 +629,9 @@ class CompiledGPTRunner:
         return fp
 
     def _aot(self, batch: int, state: StaticKVCache) -> Any | None:
+        """The shape's :func:`aot_decoder`, None where compilation failed in this process."""
+        if _compile_error is not None:
+            return None
         return aot_decoder(self.model, batch, state.capacity, self._fingerprint(state))
 
     def _building(self, batch: int, state: StaticKVCache) -> bool:
@@ -693,13 +639,17 @@ class CompiledGPTRunner:
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         """Prefill (T > 1) compiled, a one-token step through the compiled loop: logits (B, T, V)."""
-        if _compile_error is not None:
-            return self._eager_step(ids, valid, state)
         aot = self._aot(ids.shape[0], state)
+        if aot is not None and ids.shape[1] > 1:  # the chunk program: logits of every position
+            ids, mask = self._aot_inputs(ids, valid, state)
+            logits: torch.Tensor = aot.with_chunk().forward(ids, mask, state.tensors())
+            return logits
         if aot is not None:
-            return self._aot_step(aot, ids, valid, state)
-        if self._building(ids.shape[0], state):
+            return self._aot_last(aot, ids, valid, state)[:, None]
+        if _compile_error is not None or self._building(ids.shape[0], state):
             return self._eager_step(ids, valid, state)
+        # The compiled graphs skip the host-side range checks of GPT.forward; the same limits, checked here.
+        self.model.check_ids(ids)
         if ids.shape[1] > 1:
             # Measured (time to first token, 7-token prompts): a compiled prefill pays off up to a few hundred
             # rows (57.8M parameters: 23 -> 10 ms at batch 1, 82 -> 48 ms at 16, but 285 -> 329 ms at 64). For a
@@ -707,12 +657,11 @@ class CompiledGPTRunner:
             if ids.numel() <= COMPILED_PREFILL_MAX_ROWS and (
                 self.model.num_parameters() >= STEPWISE_MIN_WORK or uses_kernels(self.model, 1)
             ):
-                logits = self._prefill(ids, valid, state)
-                if logits is not None:
-                    return logits
+                self._check_room(state, ids.shape[1])
+                prefilled: torch.Tensor | None = self._call("prefill", state, ids, valid, ())
+                if prefilled is not None:
+                    return prefilled
             return self._eager_step(ids, valid, state)
-        # The compiled graph skips the host-side range checks of GPT.forward; the same limits, checked here.
-        self.model.check_ids(ids)
         chunk = self.decode_greedy(ids, valid, torch.zeros(ids.shape[0], dtype=torch.bool), state, 1, None, True)
         if chunk is None:  # compilation failed just now: redo eagerly
             return self._eager_step(ids, valid, state)
@@ -720,43 +669,32 @@ class CompiledGPTRunner:
         return chunk.logits
 
     def _aot_inputs(
-        self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache
+        self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache, room: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``ids`` and their validity as the AOT programs take them, after the checks those programs skip."""
+        """``ids`` and their validity as the AOT programs take them, after the checks those programs skip (``room``:
+        the cache slots the call fills, default ``ids``' length)."""
         self.model.check_ids(ids)  # the compiled programs skip GPT.forward's host-side checks
-        self._check_room(state, ids.shape[1])
+        self._check_room(state, ids.shape[1] if room is None else room)
         ids = ids.contiguous()
         return ids, self._all_valid(ids) if valid is None else valid.to(torch.bool).contiguous()
 
-    def _aot_step(self, aot: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
-        """Logits (B, T, V) of ``ids`` through the AOT chunk program (T > 1) or step program (T == 1)."""
-        ids, mask = self._aot_inputs(ids, valid, state)
-        if ids.shape[1] > 1:
-            logits: torch.Tensor = aot.with_chunk().forward(ids, mask, state.tensors())
-            return logits
-        return self._aot_last(aot, ids, mask, state)[:, None]
-
-    def _aot_last(self, aot: Any, ids: torch.Tensor, mask: torch.Tensor, state: StaticKVCache) -> torch.Tensor:
+    def _aot_last(self, aot: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         """Logits (B, V) of the last position, through the step program (T == 1) or the prompt program (T > 1)."""
+        ids, mask = self._aot_inputs(ids, valid, state)
         done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         logits: torch.Tensor = aot.decoder.step(ids, mask, done, self._eos(None), state.tensors())[3]
         return logits
 
     def last_logits(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
-        """What :meth:`step` gives for the last position only, (B, V): a prompt's forward before sampling.
-
-        Through the AOT prompt program where it applies (the head applied to that position alone), else
-        ``step(...)[:, -1]``.
-        """
-        aot = None if _compile_error is not None else self._aot(ids.shape[0], state)
-        if aot is None:
-            return self.step(ids, valid, state)[:, -1]
-        ids, mask = self._aot_inputs(ids, valid, state)
-        return self._aot_last(aot, ids, mask, state)
+        """What :meth:`step` gives for the last position only, (B, V): a prompt's forward before sampling, through
+        the AOT prompt program where it applies (the head applied to that position alone)."""
+        aot = self._aot(ids.shape[0], state)
+        return self.step(ids, valid, state)[:, -1] if aot is None else self._aot_last(aot, ids, valid, state)
 
     def greedy_all(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompt: torch.Tensor,
+        prompt_valid: torch.Tensor | None,
         max_new_tokens: int,
         eos_id: int | None = None,
         on_token: Callable[[int, list[int]], None] | None = None,
@@ -768,10 +706,10 @@ class CompiledGPTRunner:
         None where compilation is unavailable, or while this shape's programs build in the background
         (:func:`aot_building`): :func:`~genprobe.engine.generate.generate` then runs its loop (eager steps).
         """
-        capacity = static_capacity(max(map(len, prompts)) + max_new_tokens, self.max_positions)
-        if _compile_error is None and aot_building(self.model, len(prompts), capacity):
+        capacity = static_capacity(prompt.shape[1] + max_new_tokens, self.max_positions)
+        if _compile_error is None and aot_building(self.model, prompt.shape[0], capacity):
             return None
-        return _greedy_all(self, prompts, max_new_tokens, eos_id, on_token, return_logits)
+        return _greedy_all(self, prompt, prompt_valid, max_new_tokens, eos_id, on_token, return_logits)
 
     def generate_greedy(
         self,
@@ -788,14 +726,10 @@ class CompiledGPTRunner:
         caller prefills and then calls :meth:`decode_greedy`. Fewer tokens come back when every row ends with
         ``eos_id``.
         """
-        B = prompt.shape[0]
-        aot = None if _compile_error is not None else self._aot(B, state)
+        aot = self._aot(prompt.shape[0], state)
         if aot is None:
             return None
-        self.model.check_ids(prompt)
-        self._check_room(state, prompt.shape[1] + steps - 1)
-        prompt = prompt.contiguous()
-        valid = self._all_valid(prompt) if prompt_valid is None else prompt_valid.to(torch.bool).contiguous()
+        prompt, valid = self._aot_inputs(prompt, prompt_valid, state, prompt.shape[1] + steps - 1)
         # The C++ loop allocates what it returns: a generation is one call, with nothing to copy after it.
         tokens, valids, done, logits = aot.decoder.generate(
             prompt, valid, self._eos(eos_id), state.tensors(), steps, with_logits
@@ -809,13 +743,6 @@ class CompiledGPTRunner:
         if mask is None:
             mask = self._masks[key] = torch.ones(key, dtype=torch.bool, device=ids.device)
         return mask
-
-    def _prefill(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor | None:
-        """The compiled :func:`_prefill` (None when compilation is unavailable), after the checks its graph skips."""
-        self.model.check_ids(ids)
-        self._check_room(state, ids.shape[1])
-        logits: torch.Tensor | None = self._call("prefill", state, ids, valid, ())
-        return logits
 
     def _eager_step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         # A GGUF file's block layers multiply on the kernels once they are loaded, not by dequantizing every weight
@@ -854,18 +781,8 @@ class CompiledGPTRunner:
             return None  # the caller steps eagerly meanwhile
         if aot is not None:
             done = done.clone()
-            ran = aot.decoder.decode(
-                ids.contiguous(),
-                valid.contiguous(),
-                done,
-                eos,
-                state.tensors(),
-                steps,
-                out.tokens,
-                out.valids,
-                logits,
-                0,
-            )
+            args = (ids.contiguous(), valid.contiguous(), done, eos, state.tensors(), steps)
+            ran = aot.decoder.decode(*args, out.tokens, out.valids, logits, 0)
             return self._chunk(out, (ran, done), logits)
         if decode_strategy(self.model, B) == "stepwise":
             res = self._decode_stepwise(ids, valid, done, eos, state, steps, out.tokens, out.valids, logits)
@@ -990,8 +907,7 @@ class CompiledGPTRunner:
             if not first or not isinstance(exc, torch._dynamo.exc.TorchDynamoException):
                 raise
             # No C++ compiler, an unsupported op, ...: say so once and decode eagerly from now on.
-            lines = str(exc).strip().splitlines()
-            _compile_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            _compile_error = _first_line(exc)
             msg = f"torch.compile failed, decoding eagerly instead ({_compile_error})"
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
             # Dynamo applies a graph's mutations only when it runs, so the cache is untouched.

@@ -658,17 +658,9 @@ class Xtc(Truncation):
         return ChainStage("xtc", (float(c.xtc_probability), float(c.xtc_threshold), 0, env.seed))
 
 
-BANS, PENALTIES, NO_REPEAT_NGRAM, DRY = Bans(), Penalties(), NoRepeatNgram(), Dry()
-TEMPERATURE, TOP_K, TOP_P, MIN_P, TYPICAL, TOP_N_SIGMA, XTC = (
-    Temperature(),
-    TopK(),
-    TopP(),
-    MinP(),
-    Typical(),
-    TopNSigma(),
-    Xtc(),
-)
-CONTRASTIVE = Contrastive()
+BANS, PENALTIES, NO_REPEAT_NGRAM, DRY, CONTRASTIVE = Bans(), Penalties(), NoRepeatNgram(), Dry(), Contrastive()
+TEMPERATURE, TOP_K, TOP_P, MIN_P = Temperature(), TopK(), TopP(), MinP()
+TYPICAL, TOP_N_SIGMA, XTC = Typical(), TopNSigma(), Xtc()
 #: The adjustments, in the order they run (each commutes with the others: a ban's ``-inf`` stays ``-inf``).
 ADJUSTMENTS: tuple[Adjustment, ...] = (BANS, PENALTIES, NO_REPEAT_NGRAM, DRY)
 TRUNCATIONS: tuple[Truncation, ...] = (TEMPERATURE, TOP_K, TOP_P, MIN_P, TYPICAL, TOP_N_SIGMA, XTC)
@@ -717,13 +709,12 @@ def refuse_for(c: SamplerConfig, engine: str, label: str, stages: tuple[Stage, .
 ENGINES = ("genprobe", "hf", "vllm", "llama.cpp")
 PARAMS = tuple(p for s in STAGES for p in s.params)
 
-#: Engine defaults filled by :meth:`SamplerConfig.preset` (sources cited in the module docstring of
-#: :mod:`genprobe.engine.samplers`).
+#: Engine defaults filled by :meth:`SamplerConfig.preset` (τ 1, no truncation unless said).
 PRESETS: dict[str, dict[str, Any]] = {
     "genprobe": {},
     "hf": {"top_k": 50},  # GenerationConfig default: generate(do_sample=True) adds top_k=50
-    "vllm": {},
-    # common/common.h (common_params_sampling): penalty_last_n and dry_penalty_last_n are both 64
+    "vllm": {},  # SamplingParams defaults
+    # common/common.h (common_params_sampling): penalty_last_n and dry_penalty_last_n are both 64; DRY, XTC off
     "llama.cpp": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, penalty_last_n=64, dry_last_n=64),
 }
 
