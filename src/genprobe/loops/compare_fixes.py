@@ -1,22 +1,8 @@
 """``loops compare``: which fix for loops? Decode-time samplers beside the directional weight edit, with numbers.
 
-:func:`compare_fixes` reads top to bottom as its stages:
-
-1. every method (:mod:`genprobe.loops.compare_methods`) generates the same number of new tokens after
-   the same prompts (end token banned, as in every loop study), the edit rows with the patch applied
-   in memory and reverted afterwards (sha256-checked both ways, and the model's hash compared with
-   the one it had before the comparison);
-2. loops: the typed loop measures of the scans (:class:`~genprobe.loops.scan.LoopRates`): exact
-   (short/long periods), near, repetitive-tail and *degenerate* rates with 95% CIs, distinct-2,
-   longest repeat, tail compression, seq-rep-4 — the degenerate rate is the headline (the exact
-   rate alone can be gamed);
-3. legitimate repetition kept (:mod:`genprobe.metrics.legit`) beside the same rates in human texts
-   (:mod:`genprobe.loops.compare_human`), over all generations and over the non-degenerate ones;
-4. fluency: NLL per character under the *unmodified* model and under a second model, the judge
-   (:mod:`genprobe.loops.compare_fluency`), so that no method wins with text only its own model likes;
-5. the best decode-time method by :data:`BEST_RULE`, then the edit combined with it;
-6. cost: tokens/s of every method relative to greedy on one batch, repetitions interleaved, medians;
-7. DRY and sequence breakers (:mod:`genprobe.loops.compare_breakers`): rates per class of baseline loop.
+:func:`compare_fixes` reads top to bottom as its stages: generate every method, score loops, legitimate
+repetition and fluency, choose the best decode-time method (:data:`BEST_RULE`), time them, classify by sequence
+breaker (docs/which-fix.md, "How the comparison works").
 """
 
 from __future__ import annotations

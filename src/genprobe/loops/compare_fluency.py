@@ -1,12 +1,5 @@
-"""Fluency of generated (or human) continuations: NLL per character under a model, any tokenizer.
-
-Text, not token ids, is scored: the prompt and the continuation are encoded with the scoring
-model's own tokenizer (so a second model with another vocabulary — the *judge* — scores the same
-text), the continuation's tokens are scored given the prompt's, and the sum is divided by the
-continuation's characters, which makes a char model and a BPE model comparable. Rows are
-right-padded: a causal model's logits at real positions never see later padding, so no mask is
-needed and positions are 0, 1, … as in training. A prompt + continuation longer than the model's
-context is cut to the context (the continuation's end is dropped) and counted as truncated.
+"""Fluency of continuations: NLL per character of the text (encoded with the scoring model's own tokenizer, so a
+judge with another vocabulary scores the same text); a prompt + continuation past the context is cut and counted.
 """
 
 from __future__ import annotations

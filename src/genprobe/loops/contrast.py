@@ -1,20 +1,8 @@
-"""Contrastive activations: positions inside loops versus positions outside them.
+"""Contrastive activations: positions inside loops versus positions outside them (:func:`position_labels`).
 
-Each scanned sequence (prompt + generated tokens) is run once more, teacher-forced, with capture
-hooks on every layer. Position ``t`` is labelled by the token it *predicts* (generated index
-``j = t + 1 − len(prompt)``). A generation "loops" when its tail is exactly *or* nearly periodic
-(:attr:`genprobe.metrics.LoopMeasures.any_loop`; onset and period of the exact loop when there is
-one, else of the near loop), so near loops are neither missed as loops nor mixed into the reference:
-
-* **loop**: the generation loops and ``j >= onset + period`` — the model is repeating the unit;
-* **reference**: ``j >= 0`` in a non-degenerate generation, or ``j < onset`` before a loop starts.
-
-A generation that is degenerate only by its repetitive tail (no period, so no onset) gives no
-position to either class: its positions are neither clean reference text nor a located loop.
-
-If the generations give fewer than ``min_reference`` reference positions (a model that loops on
-nearly every prompt), teacher-forced held-out text is added as reference and this is reported.
-Right padding is used so no real position ever sees padding (causal attention).
+Each scanned sequence is run once more, teacher-forced, with capture hooks on every layer; right padding keeps
+real positions from seeing padding. When the generations give too few reference positions, held-out text is added
+as reference and reported (docs/loop-repair.md, "How the pipeline works").
 """
 
 from __future__ import annotations

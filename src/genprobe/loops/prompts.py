@@ -1,22 +1,5 @@
-"""Prompt sets for loop studies: the user's own prompts, or openings of Tang poems the default model never saw.
-
-**Your prompts** (``read_prompt_file``: one per line, or JSONL with a "prompt" or "text" field) are
-split into disjoint direction / search / validation sets by :func:`split_prompts`: duplicates are
-dropped (first occurrence kept), the rest ordered by the sha256 of their UTF-8 text — a fixed
-shuffle that depends neither on the file's order nor on any random generator — and cut into
-consecutive slices in proportion to the requested set sizes (each at most its size). The same file
-always gives the same sets, and a prompt lands in exactly one of them.
-
-**Tang openings** (the default for the bundled character model only; an explicit choice for any
-other model): the default corpus is the first 4,003 poems of the bundled file (its last 10% of
-characters is the validation split). Poems after those 4,003 are outside both training and
-validation text, so their openings are clean held-out prompts. ``from_end=True`` reads the poems
-from the last one backwards instead, for a model trained on a longer prefix of the file (the
-openings must then be outside *its* training text — pass that text as ``exclude_text``). Sets are
-deduplicated, skip openings holding a character outside the vocabulary (it would become ``<unk>``)
-or a placeholder (□), and openings that occur anywhere in ``exclude_text`` (the same poem is
-sometimes recorded twice, and a few openings are stock phrases) — so the model never saw any
-prompt verbatim. Consecutive, disjoint slices give the scan / search / validation sets.
+"""Prompt sets for loop studies (the user's own, split by :func:`split_prompts`, or held-out Tang openings) and the
+human text that calibrates the loop detectors. How the sets are drawn: docs/loop-repair.md ("Prompt sets").
 """
 
 from __future__ import annotations

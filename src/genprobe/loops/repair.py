@@ -1,25 +1,8 @@
 """The whole repair pipeline: scan → contrast → direction → locate → search → validate → patch.
 
-:func:`repair` reads top to bottom as its stages; each stage returns a dataclass the next one takes.
-
-Inputs (:class:`RepairInputs`): three disjoint prompt sets and a validation text. For the bundled
-character model the defaults are held-out Tang openings and the corpus validation split
-(:meth:`RepairInputs.tang`); for any other model the caller chooses — the user's own prompt file,
-split by :func:`genprobe.loops.prompts.split_prompts`, and their own text (:meth:`RepairInputs.from_prompts`).
-
-* ``direction`` set: scanned; its loops vs its non-loop positions give the direction per layer;
-  its loop-prone prompts (+ as many non-looping controls) are the locate set;
-* ``search`` set: scanned; up to ``search_prone`` loop-prone + ``search_control`` non-looping
-  prompts form the set on which every candidate edit is evaluated (controls catch edits that
-  create new loops);
-* ``validate`` set: never seen by the search — rates before/after on all of it and on its
-  loop-prone subset, short/long periods, distinct-2, longest repeat, compression, seq-rep-4, samples.
-
-Decisions use the *degenerate* verdict — exact loop, near loop or repetitive tail — (which prompts
-are loop-prone, what the search minimises, which held-out prompts are "new loops"); loop positions
-for the direction come from exact or near loops (they have an onset); the exact rate is reported
-beside everything. Regression (KL and Δloss) is measured on windows of the validation text. A model with an
-end-of-text token generates a fixed number of tokens with that token banned (:class:`EndToken`).
+:func:`repair` reads top to bottom as its stages; each stage returns a dataclass the next one takes. The three
+disjoint prompt sets (direction, search, validate), the degenerate verdict every decision uses and the end-token ban
+are described in docs/loop-repair.md ("How the pipeline works").
 """
 
 from __future__ import annotations

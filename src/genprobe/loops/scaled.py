@@ -1,24 +1,7 @@
 """The edit search that scales with depth: rank layers, screen strengths without generating, then halve.
 
-The exhaustive search (:func:`genprobe.loops.search.run_search` over :func:`~genprobe.loops.search.grid`) generates
-for every layer alone and all together × k × form × strength: 620 candidates on a 30-layer model, each scored by
-generating for the whole search set. This search spends generation only where it can decide something:
-
-1. **rank** — each layer's loop direction is ablated from its MLP output (the idealised edit) and the
-   :class:`~genprobe.loops.screen.LoopProbe` reads how much less likely the model becomes to continue its own loops
-   (teacher-forced, a few hundred tokens per layer). Layers are ranked by that drop.
-2. **layer sets** — the ``top_layers`` best layers alone, the best two and the best ``top_layers`` together, and
-   all layers (the exhaustive search's "all together" set).
-3. **screen** — per (layer set, k, form), strengths from the strongest down: the regression check on a few windows
-   of the validation text until one is within the limits; it and the next weaker one get their loop pressure (KL
-   grows with the strength, and the exhaustive search's choices are the strongest admissible strengths or next to
-   them). The ``keep`` candidates with the largest drop go on.
-4. **halving** — the survivors generate for a quarter of the stratified search set, the better half goes on to
-   half of it, and so on until the whole set; prompts a candidate already generated for are not generated again.
-   The last rung's candidates get the full regression check, and :func:`~genprobe.loops.search.choose` picks among
-   them with the same rule, on the same full search set, as the exhaustive search.
-
-Every edit is written, measured and written back exactly (as in the exhaustive search).
+The four steps (rank, layer sets, screen, halving) are described in docs/loop-repair-at-scale.md. Every edit is
+written, measured and written back exactly (as in the exhaustive search).
 """
 
 from __future__ import annotations

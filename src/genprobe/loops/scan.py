@@ -1,23 +1,8 @@
 """Loop scan: generate after every prompt (batched), measure loops, aggregate rates and histograms.
 
-Every generation is measured on its tokens (periods in tokens) and, when a decoder is given, on the
-decoded characters too (periods in characters) — for a subword model the two differ, for the char
-GPT they coincide. Each measurement carries the exact-loop, near-loop and any-loop (either) rates
-side by side with the repetitive-tail rate (LZ compression), the degenerate rate (any of the
-three: what a repair must lower), tail compression and seq-rep-4 — the exact rate alone can be gamed.
-
-Loop studies generate a fixed number of new tokens. A model with an end-of-text token would stop
-early (and an early stop hides a loop that would have followed), so :func:`study_sampler` bans the
-end token and :class:`ScanSettings` records that it did.
-
-**Calibration.** A rate is read beside the rate at which the same detectors flag *human* text of the same
-tokenizer and length (:mod:`genprobe.metrics.calibrate`). A scan given a
-:class:`~genprobe.metrics.LoopCalibration` runs with its settings and carries its held-out human
-false-positive rates: ``ScanSettings.calibration``, ``LoopRates.human_fpr`` (one per detector, beside each
-rate) and a "human" column in :func:`scan_table`. :func:`calibrate_for_scan` picks the human text by the
-prompts' script (:func:`genprobe.loops.prompts.human_sequences`). The per-character view is a verdict only
-where characters are the tokenizer's unit (the char model); for a subword tokenizer it is kept in the JSON,
-marked ``chars_unit: false``, and left out of the table: its thresholds were never calibrated on characters.
+Every generation is measured on its tokens and, when decoded, on its characters; the exact, near, any-loop,
+repetitive-tail and degenerate rates are reported side by side, with the end token banned so a loop cannot hide
+behind an early stop. Calibration against human text: docs/calibration.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Strength / layer-set / k / form search under regression limits, optimising a loop rate that cannot be gamed.
 
-Every candidate is applied in place, evaluated, and reverted exactly (original columns written
-back), so the model leaves the search bit-identical. What the search minimises is the **degenerate
-rate** — generations whose tail loops exactly, nearly (up to substitutions) or is repetitive (a few
-LZ copies of earlier text; :class:`genprobe.metrics.LoopMeasures`) — estimated on a stratified
-search set; the exact-loop rate is measured and reported beside it but never decides. An edit that
-merely changes one token per cycle turns exact loops into near loops, one that shifts the unit each
-cycle turns them into repetitive tails: the exact rate drops, the degenerate rate does not, and such
-edits do not win (see the tests).
-
-The choice rule is pure (:func:`choose`): among candidates with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss``
-and a degenerate rate strictly below the baseline's, take the lowest degenerate rate; ties go to the
-lower periodic (exact-or-near) rate, the lower exact rate, then fewer weights changed, then lower KL.
+Every candidate is applied in place, evaluated and reverted exactly. The search minimises the **degenerate rate**
+(exact loop, near loop or repetitive tail) on a stratified search set; the exact rate is reported but never decides,
+so an edit that turns exact loops into near ones does not win. The choice rule (:func:`choose`): among candidates
+with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss`` and a degenerate rate strictly below the baseline's, the lowest
+degenerate rate; ties go to the lower periodic rate, the lower exact rate, fewer weights changed, then lower KL.
 """
 
 from __future__ import annotations
