@@ -369,11 +369,6 @@ def _sample_prompts(greedy: MethodResult, k: int) -> list[int]:
     return sorted((pick + rest)[:k])
 
 
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not available for loop comparisons yet; choose one of {BACKENDS}")
-
-
 def compare_fixes(
     model: Any,
     prompts: Sequence[str],
@@ -389,13 +384,17 @@ def compare_fixes(
     log: Callable[[str], None] = lambda s: None,
 ) -> CompareResult:
     """Run every method on ``prompts`` with a loaded Model (and an optional judge Model); see the module doc."""
-    _check_backend(backend)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not available for loop comparisons yet; choose one of {BACKENDS}")
     cfg = cfg or CompareConfig()
     names = check_methods(cfg.methods, patch is not None)
     clock = Clock()
-    study = _study(model, cfg, progress)
+    # the loop study every method generates through (the comparison's length, batch, seed and detectors)
+    rcfg = RepairConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed, loop=cfg.loop)
+    study = LoopStudy(model, rcfg, progress=progress)
     ids = study.encode(prompts)
-    human, breakers = _human_and_breakers(prompts, continuations, cfg.genre)
+    human = human_texts(prompts, continuations, cfg.genre)
+    breakers = "".join(POEM_BREAKERS if human.genre == "tang" else TEXT_BREAKERS)
     methods = build_methods(names, model.tokenizer, _bans(model), human.genre, cfg.engine)
     sha0 = model.state_sha256()
     log(f"generating {len(prompts)} prompts x {cfg.max_new_tokens} tokens, {len(names)} methods ({human.genre} genre)")
@@ -414,7 +413,9 @@ def compare_fixes(
         results.append(bench.score(m, *bench.scan(m)))
         bench.time([results[0].method, m], results[-1:])
         clock.tick("edit+best")
-    picks = _attach_samples(results, cfg.samples)
+    picks = _sample_prompts(results[0], cfg.samples)
+    for r in results:
+        r.samples = [r.texts[i] for i in picks]
     return CompareResult(
         str(model.source) if model.source else None,
         str(judge.source) if judge is not None else None,
@@ -436,32 +437,10 @@ def compare_fixes(
     )
 
 
-def _human_and_breakers(
-    prompts: Sequence[str], continuations: Sequence[str | None] | None, genre: str
-) -> tuple[HumanTexts, str]:
-    """The human texts of the prompts (their genre settled) and the sequence breakers of that genre."""
-    human = human_texts(prompts, continuations, genre)
-    return human, "".join(POEM_BREAKERS if human.genre == "tang" else TEXT_BREAKERS)
-
-
 def _baseline_classes(greedy_records: Sequence[Any], breakers: str) -> tuple[list[str], int]:
     """Each prompt's class by its greedy loop unit, and the median greedy text length (the human texts' cap)."""
     classes = [unit_class(r.text or "", _chars(r), breakers) for r in greedy_records]
     return classes, int(statistics.median(len(r.text or "") for r in greedy_records))
-
-
-def _study(model: Any, cfg: CompareConfig, progress: bool) -> LoopStudy:
-    """The loop study every method generates through (the comparison's length, batch, seed and detectors)."""
-    rcfg = RepairConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed, loop=cfg.loop)
-    return LoopStudy(model, rcfg, progress=progress)
-
-
-def _attach_samples(results: Sequence[MethodResult], count: int) -> list[int]:
-    """The sample prompts (chosen on the first row) and each row's texts for them."""
-    picks = _sample_prompts(results[0], count)
-    for r in results:
-        r.samples = [r.texts[i] for i in picks]
-    return picks
 
 
 def _is_sampler(m: Method) -> bool:

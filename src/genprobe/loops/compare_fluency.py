@@ -37,10 +37,6 @@ class Fluency:
     truncated: int
 
 
-def _chars_of(tokenizer: Any, ids: list[int]) -> int:
-    return len(ids) if tokenizer.kind == "char" else len(tokenizer.decode(ids))
-
-
 def _encode_pair(model: Any, prompt: str, cont: str) -> tuple[list[int], list[int], int, bool] | None:
     """(prompt ids, continuation ids, continuation characters, truncated), or None when nothing can be scored."""
     tok = model.tokenizer
@@ -51,7 +47,8 @@ def _encode_pair(model: Any, prompt: str, cont: str) -> tuple[list[int], list[in
     if limit is None or len(p) + len(c) <= limit:
         return p, c, len(cont), False
     c = c[: max(0, limit - len(p))]
-    return (p, c, _chars_of(tok, c), True) if c else None
+    chars = len(c) if tok.kind == "char" else len(tok.decode(c))
+    return (p, c, chars, True) if c else None
 
 
 @torch.no_grad()

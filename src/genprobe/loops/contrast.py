@@ -7,6 +7,7 @@ as reference and reported (docs/loop-repair.md, "How the pipeline works").
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -15,7 +16,7 @@ import torch
 from ..metrics import LoopMeasures
 from ..model.arch import mlp_sites
 from .arch import forward_logits, pad_right
-from .hooks import capture
+from .hooks import KINDS, capture
 from .scan import GenerationRecord
 
 
@@ -75,10 +76,7 @@ def _collect(
     model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int
 ) -> Captured:
     n_layers = len(mlp_sites(model))
-    acc: Captured = {
-        "loop": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
-        "ref": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
-    }
+    acc: Captured = {name: {layer: {k: [] for k in KINDS} for layer in range(n_layers)} for name in ("loop", "ref")}
     for s in range(0, len(seqs), batch_size):
         chunk, lab = seqs[s : s + batch_size], labels[s : s + batch_size]
         ids, valid = pad_right(chunk, pad_id)
@@ -88,15 +86,14 @@ def _collect(
                 sel[name][0].extend([i] * len(pos))
                 sel[name][1].extend(pos)
         dev = next(iter(mlp_sites(model)[0].down.parameters())).device
-        with capture(model, kinds=("mlp_out", "resid", "units")) as cap:
+        with capture(model, kinds=KINDS) as cap:
             forward_logits(model, ids.to(dev), None if bool(valid.all()) else valid.to(dev))
         for name, (rows, cols) in sel.items():
             if not rows:
                 continue
             r, c = torch.tensor(rows), torch.tensor(cols)
-            for layer in range(n_layers):
-                for kind in ("mlp_out", "resid", "units"):
-                    acc[name][layer][kind].append(cap.get(kind, layer)[0][r, c].float().cpu())
+            for layer, kind in itertools.product(range(n_layers), KINDS):
+                acc[name][layer][kind].append(cap.get(kind, layer)[0][r, c].float().cpu())
     return acc
 
 
@@ -125,9 +122,8 @@ def collect_contrast(
     if n_ref < min_reference and reference_text_windows:
         text_labels: list[tuple[list[int], list[int]]] = [([], list(range(len(w) - 1))) for w in reference_text_windows]
         extra = _collect(model, list(reference_text_windows), text_labels, batch_size, pad_id)
-        for layer in range(n_layers):
-            for kind in ("mlp_out", "resid", "units"):
-                acc["ref"][layer][kind].extend(extra["ref"][layer][kind])
+        for layer, kind in itertools.product(range(n_layers), KINDS):
+            acc["ref"][layer][kind].extend(extra["ref"][layer][kind])
         counts.reference_positions_text = sum(len(w) - 1 for w in reference_text_windows)
     if n_ref + counts.reference_positions_text == 0:
         raise ValueError(

@@ -53,12 +53,9 @@ def weight_map(model_dir: Path) -> dict[str, str]:
 
 def _file_key(names: dict[str, str], target: PatchTarget, base_prefix: str | None) -> str:
     """The stored name of a target (a checkpoint may omit the base-model prefix, e.g. GPT-2's ``transformer.``)."""
-    if target.name in names:
-        return target.name
-    if base_prefix and target.name.startswith(base_prefix + "."):
-        short = target.name[len(base_prefix) + 1 :]
-        if short in names:
-            return short
+    for key in (target.name, target.name.removeprefix(f"{base_prefix}.") if base_prefix else target.name):
+        if key in names:
+            return key
     raise PatchError(f"patch target {target.name} is not stored in the model directory's safetensors files")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import os
 from pathlib import Path
@@ -14,17 +15,27 @@ from typing import Any, Sequence
 from ..corpus.inputs import heldout_openings
 
 
-def prompt_sets(
-    tokenizer, sizes: dict[str, int], prefix_chars: int = 5, *, from_end: bool = False, exclude_text: str | None = None
-) -> dict[str, list[str]]:
+def _slices(pool: Sequence[str], sizes: dict[str, int]) -> dict[str, list[str]]:
+    """Consecutive, disjoint slices of ``pool``, one of each size, in order."""
+    ends = itertools.accumulate(sizes.values())
+    return {name: list(pool[end - n : end]) for (name, n), end in zip(sizes.items(), ends, strict=True)}
+
+
+def prompt_sets(tokenizer: Any, sizes: dict[str, int], prefix_chars: int = 5) -> dict[str, list[str]]:
     """Disjoint consecutive slices of held-out openings, e.g. ``{"scan": 256, "search": 64, "validate": 256}``."""
-    total = sum(sizes.values())
-    pool = heldout_openings(tokenizer, total, prefix_chars, exclude_text=exclude_text, from_end=from_end)
-    sets, i = {}, 0
-    for name, n in sizes.items():
-        sets[name] = pool[i : i + n]
-        i += n
-    return sets
+    return _slices(heldout_openings(tokenizer, sum(sizes.values()), prefix_chars), sizes)
+
+
+def _text_lines(path: str | os.PathLike, what: str) -> tuple[Path, list[tuple[int, str]]]:
+    """The path and its non-empty lines (stripped, numbered from 1); a missing or non-UTF-8 file is refused."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} not found: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {p} is not UTF-8 text ({exc.reason})") from None
+    return p, [(i, ln.strip()) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
 
 
 def _jsonl_prompt(p: Path, lineno: int, line: str) -> str:
@@ -43,14 +54,7 @@ def _jsonl_prompt(p: Path, lineno: int, line: str) -> str:
 def read_prompt_file(path: str | os.PathLike) -> list[str]:
     """Prompts from a UTF-8 file: one per non-empty line, or JSONL (``.jsonl``, or every line a JSON object)
     with a "prompt" or "text" field. Empty prompts are refused."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"prompt file not found: {p}")
-    try:
-        lines = [(i, ln.strip()) for i, ln in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)]
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{p} is not UTF-8 text ({exc.reason})") from None
-    lines = [(i, ln) for i, ln in lines if ln]
+    p, lines = _text_lines(path, "prompt file")
     if not lines:
         raise ValueError(f"prompt file {p} is empty: it has no non-empty line")
     jsonl = p.suffix == ".jsonl" or all(ln.startswith("{") for _, ln in lines)
@@ -74,13 +78,10 @@ def split_prompts(prompts: Sequence[str], sizes: dict[str, int]) -> dict[str, li
     ordered = sorted(unique, key=lambda t: hashlib.sha256(t.encode("utf-8")).hexdigest())
     total = sum(sizes.values())
     scale = min(1.0, len(ordered) / total)
-    counts = {k: max(1, int(n * scale)) for k, n in sizes.items()}
-    sets, i = {}, 0
-    for name, n in counts.items():
-        sets[name] = ordered[i : i + n]
-        i += n
-        if not sets[name]:
-            raise ValueError(f"{len(ordered)} distinct prompts leave the {name!r} set empty; give more prompts")
+    sets = _slices(ordered, {k: max(1, int(n * scale)) for k, n in sizes.items()})
+    empty = [name for name, s in sets.items() if not s]
+    if empty:
+        raise ValueError(f"{len(ordered)} distinct prompts leave the {empty[0]!r} set empty; give more prompts")
     return sets
 
 
@@ -145,15 +146,8 @@ def file_human_sequences(
     tokenizer: Any, path: str | os.PathLike, length: int, count: int = HUMAN_COUNT, unk_id: int | None = None
 ) -> list[list[int]]:
     """Human text from a UTF-8 file, one document per line: consecutive ``length``-token windows of each."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"--human-text file not found: {p}")
-    try:
-        docs = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"--human-text {p} is not UTF-8 text ({exc.reason})") from None
     out: list[list[int]] = []
-    for doc in docs:
+    for _, doc in _text_lines(path, "--human-text file")[1]:
         ids = _ids(tokenizer, doc)
         for start in range(0, len(ids) - length + 1, length):
             window = ids[start : start + length]

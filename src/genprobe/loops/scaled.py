@@ -14,12 +14,12 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..metrics import LoopMeasures
-from .edit import EditSpec, make_patch
+from .edit import EditSpec
 from .hooks import ablate
-from .patch import Patch, written
+from .patch import written
 from .regress import Regression, RegressionProbe
 from .screen import LoopProbe, Pressure
-from .search import Candidate, Limits, Strata, grid, progress_bar, rank_key
+from .search import Build, Candidate, Limits, Strata, grid, progress_bar, rank_key
 
 Scan = Callable[[Sequence[list[int]]], list[LoopMeasures]]  # prompt ids -> loop measures on the model as it is now
 
@@ -111,16 +111,10 @@ def chains(
     return [sorted(grid([ls], [k], [f], alphas), key=by_alpha) for ls in layer_sets for f in forms for k in ks]
 
 
-def _screen_one(model: Any, spec: EditSpec, build: Callable[[EditSpec], Patch], probe: RegressionProbe) -> Candidate:
-    patch = build(spec)
-    with written(model, patch):
-        return Candidate.of(spec, patch, probe.measure(model, first_layer=min(spec.layers)))
-
-
 def screen(
     model: Any,
     chains: Sequence[Sequence[EditSpec]],
-    build: Callable[[EditSpec], Patch],
+    build: Build,
     regression: RegressionProbe,
     loops: LoopProbe,
     limits: Limits,
@@ -134,16 +128,16 @@ def screen(
         admitted = 0
         for spec in sorted(chain, key=lambda s: -s.alpha):
             try:
-                cand = _screen_one(model, spec, build, regression)
+                patch = build(spec)
             except ValueError as exc:  # e.g. the selected units are never active in loops: no strength builds
                 out.append(Screened(Candidate(spec, error=str(exc)), None))
                 break
-            if not limits.admits(cand.regression):
-                out.append(Screened(cand, None))
-                continue
-            with written(model, build(spec)):
-                out.append(Screened(cand, loops.measure(model, first_layer=min(spec.layers))))
-            admitted += 1
+            first = min(spec.layers)
+            with written(model, patch):
+                cand = Candidate.of(spec, patch, regression.measure(model, first_layer=first))
+                pressure = loops.measure(model, first_layer=first) if limits.admits(cand.regression) else None
+            out.append(Screened(cand, pressure))
+            admitted += pressure is not None
             if admitted == per_chain:
                 break
     return out
@@ -183,7 +177,7 @@ class _Generated:
 def halve(
     model: Any,
     survivors: Sequence[Candidate],
-    build: Callable[[EditSpec], Patch],
+    build: Build,
     scan: Scan,
     prone_ids: Sequence[list[int]],
     control_ids: Sequence[list[int]],
@@ -222,7 +216,7 @@ def halve(
 
 
 def full_regression_check(
-    model: Any, build: Callable[[EditSpec], Patch], measure: Callable[[Any], Regression], limits: Limits
+    model: Any, build: Build, measure: Callable[[Any], Regression], limits: Limits
 ) -> Callable[[Candidate], bool]:
     """``candidate -> within the limits`` on the full regression check, measured once per candidate (its
     ``regression`` is replaced by the full one, and ``screen["full_check"]`` records that it was measured)."""
@@ -235,10 +229,3 @@ def full_regression_check(
         return bool(c.screen["full_check"])
 
     return check
-
-
-def build_with(
-    model: Any, directions: dict[int, torch.Tensor], unit_means: dict[int, torch.Tensor], gaps: dict[int, float]
-) -> Callable[[EditSpec], Patch]:
-    """``spec -> patch`` for this model and these directions (not applied)."""
-    return lambda spec: make_patch(model, spec, directions, unit_means, gaps)

@@ -41,7 +41,7 @@ def chanting_sampler(unk_id: int | None = 1, eos_id: int | None = None) -> Sampl
 
 def greedy_sampler(eos_id: int | None = None) -> SamplerConfig:
     """Plain greedy (argmax); the end token banned when there is one (fixed-length loop studies)."""
-    return SamplerConfig(greedy=True, ban_ids=(eos_id,) if eos_id is not None else ())
+    return chanting_sampler(None, eos_id)
 
 
 def study_sampler(sampler: SamplerConfig, eos_id: int | None) -> SamplerConfig:
@@ -129,10 +129,6 @@ class LoopRates:
     chars_note: str | None = None
 
 
-def _rate(k: int, n: int) -> tuple[float, list[float]]:
-    return (k / n if n else 0.0), list(wilson_interval(k, n))
-
-
 def _onset_hist(onsets: Sequence[int]) -> dict[str, int]:
     starts = [(o // ONSET_BIN) * ONSET_BIN for o in onsets]
     hist: Counter = Counter(f"{lo}-{lo + ONSET_BIN - 1}" for lo in starts)
@@ -161,7 +157,7 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
     }
     rates: dict[str, Any] = {}
     for (count, rate), k in counts.items():
-        rates[count], (rates[rate], rates[f"{rate}_ci95"]) = k, _rate(k, n)
+        rates[count], rates[rate], rates[f"{rate}_ci95"] = k, share(k), list(wilson_interval(k, n))
     for name in ("distinct_2", "seq_rep_4", "longest_repeat", "tail_compression", "near_match"):
         rates[f"mean_{name}"] = share(sum(getattr(m, name) for m in measures))
     return LoopRates(
@@ -472,9 +468,17 @@ def _ci(rate: float, ci: Sequence[float]) -> str:
     return f"{_pct(rate)}  [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]"
 
 
-def _human(summary: LoopRates, key: str) -> str:
-    h = (summary.human_fpr or {}).get(key)
-    return _ci(h["rate"], h["ci95"]) if h else ""
+def _ci_of(key: str) -> Callable[[LoopRates], str]:
+    return lambda s: _ci(getattr(s, key), getattr(s, f"{key}_ci95"))
+
+
+CI_ROWS = (  # (label, a LoopRates rate with a 95% CI, its human_fpr key)
+    ("exact loop rate", "loop_rate", "exact"),
+    ("near-loop rate", "near_loop_rate", "near"),
+    ("exact or near", "any_loop_rate", "any_loop"),
+    ("repetitive tail", "repetitive_rate", "repetitive"),
+    ("degenerate (any of them)", "degenerate_rate", "degenerate"),
+)
 
 
 def scan_table(summary: LoopRates, title: str = "") -> str:
@@ -482,13 +486,9 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
     held-out human false-positive rate of each detector when the scan was calibrated."""
     show_chars = summary.chars is not None and summary.chars_unit is not False
     cols = [("tokens", summary)] + ([("chars", summary.chars)] if show_chars and summary.chars is not None else [])
-    human = summary.human_fpr is not None
-    rows = [
-        ("exact loop rate", lambda s: _ci(s.loop_rate, s.loop_rate_ci95), "exact"),
-        ("near-loop rate", lambda s: _ci(s.near_loop_rate, s.near_loop_rate_ci95), "near"),
-        ("exact or near", lambda s: _ci(s.any_loop_rate, s.any_loop_rate_ci95), "any_loop"),
-        ("repetitive tail", lambda s: _ci(s.repetitive_rate, s.repetitive_rate_ci95), "repetitive"),
-        ("degenerate (any of them)", lambda s: _ci(s.degenerate_rate, s.degenerate_rate_ci95), "degenerate"),
+    human = summary.human_fpr or {}
+    rows: list[tuple[str, Callable[[LoopRates], str], str]] = [(label, _ci_of(key), h) for label, key, h in CI_ROWS]
+    rows += [
         (
             f"  short (≤{summary.short_period_max}) exact/any",
             lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}",
@@ -502,11 +502,14 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
     ]
     lines = [title] if title else []
     lines.append(f"  generations {summary.n}; hit the length limit {_pct(summary.length_capped_rate or 0.0)}")
-    head = "".join(f"{name:<28}" for name, _ in cols) + ("human text (held out)" if human else "")
+    head = "".join(f"{name:<28}" for name, _ in cols) + (
+        "human text (held out)" if summary.human_fpr is not None else ""
+    )
     lines.append("  " + " " * 30 + head)
     for label, fmt, key in rows:
+        h = human.get(key)
         lines.append(
-            f"  {label:<30}" + "".join(f"{fmt(s):<28}" for _, s in cols) + (_human(summary, key) if human else "")
+            f"  {label:<30}" + "".join(f"{fmt(s):<28}" for _, s in cols) + (_ci(h["rate"], h["ci95"]) if h else "")
         )
     for name, s in cols:
         lines.append(f"  periods ({name}): exact {s.period_hist}; near {s.near_period_hist}")

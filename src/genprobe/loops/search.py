@@ -14,13 +14,12 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
 from tqdm import tqdm
 
 from .._io import json_safe
 from ..metrics import LoopMeasures
 from ..model.arch import state_sha256
-from .edit import EditSpec, make_patch
+from .edit import EditSpec
 from .patch import Patch, written
 from .regress import Regression
 
@@ -122,13 +121,11 @@ def grid(
     layer_sets: Sequence[Sequence[int]], ks: Sequence[int], forms: Sequence[str], alphas: Mapping[str, Sequence[float]]
 ) -> list[EditSpec]:
     """All combinations; ``alphas`` maps each form to its strength grid."""
-    out = []
-    for form, layers, k in itertools.product(forms, layer_sets, ks):
-        if form not in alphas:
-            raise ValueError(f"no alpha grid for edit form {form!r}")
-        for a in alphas[form]:
-            out.append(EditSpec(tuple(layers), int(k), form, float(a)))
-    return out
+    missing = [form for form in forms if form not in alphas]
+    if missing:
+        raise ValueError(f"no alpha grid for edit form {missing[0]!r}")
+    combos = itertools.product(forms, layer_sets, ks)
+    return [EditSpec(tuple(layers), int(k), form, float(a)) for form, layers, k in combos for a in alphas[form]]
 
 
 def choose(candidates: Sequence[Candidate], baseline: Objective, limits: Limits) -> Candidate | None:
@@ -164,22 +161,19 @@ def check_restored(model: Any, before: str) -> None:
 Evaluate = Callable[[Any], tuple[Regression, Objective | None]]
 
 
+Build = Callable[[EditSpec], Patch]  # spec -> its patch (not applied)
+
+
 def run_search(
-    model: Any,
-    specs: Sequence[EditSpec],
-    directions: dict[int, torch.Tensor],
-    unit_means: dict[int, torch.Tensor],
-    evaluate: Evaluate,
-    *,
-    gaps: dict[int, float] | None = None,
-    progress: bool = False,
+    model: Any, specs: Sequence[EditSpec], build: Build, evaluate: Evaluate, progress: bool = False
 ) -> list[Candidate]:
-    """Evaluate every spec with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
+    """Evaluate every spec's patch (``build(spec)``, e.g. :func:`~genprobe.loops.edit.make_patch` of the directions)
+    with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
     before = state_sha256(model)
     out = []
     for spec in progress_bar(specs, "search", "edit", progress):
         try:
-            patch = make_patch(model, spec, directions, unit_means, gaps)
+            patch = build(spec)
         except ValueError as exc:  # e.g. selected units never active in loops: this candidate cannot be built
             out.append(Candidate(spec, error=str(exc)))
             continue

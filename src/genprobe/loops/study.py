@@ -273,8 +273,7 @@ class Clock:
     """Wall-clock seconds per named stage."""
 
     def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.last = self.t0
+        self.t0 = self.last = time.perf_counter()
         self.stages: dict[str, float] = {}
 
     def tick(self, name: str) -> None:
