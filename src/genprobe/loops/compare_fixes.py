@@ -321,16 +321,9 @@ def _kept(r: MethodResult, human: HumanReference) -> float | None:
     h = human.legit
     if h is None:
         return None
-    if human.genre == "tang":
-        ratios = [
-            getattr(r.legit, k) / getattr(h, k)
-            for k in ("reduplication_per100", "parallel_per100")
-            if getattr(h, k) and getattr(r.legit, k) is not None
-        ]
-        return min(ratios) if ratios else None
-    if h.repeated_ngram_rate and r.legit.repeated_ngram_rate is not None:
-        return r.legit.repeated_ngram_rate / h.repeated_ngram_rate
-    return None
+    keys = ("reduplication_per100", "parallel_per100") if human.genre == "tang" else ("repeated_ngram_rate",)
+    ratios = [getattr(r.legit, k) / getattr(h, k) for k in keys if getattr(h, k) and getattr(r.legit, k) is not None]
+    return min(ratios) if ratios else None
 
 
 def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: CompareConfig) -> BestChoice:

@@ -56,14 +56,10 @@ class CharNgramJudge:
 
     def score(self, prompts: Sequence[str], continuations: Sequence[str | None]) -> list[TextScore | None]:
         """One :class:`TextScore` per continuation (None where there is none), as a model judge gives."""
-        out: list[TextScore | None] = []
-        for p, c in zip(prompts, continuations, strict=True):
-            if not c:
-                out.append(None)
-                continue
-            unk = sum(1 for ch in c if ch not in self.alphabet)
-            out.append(TextScore(self.nll(p, c), len(c), len(c), unk, False))
-        return out
+        return [
+            TextScore(self.nll(p, c), len(c), len(c), sum(ch not in self.alphabet for ch in c), False) if c else None
+            for p, c in zip(prompts, continuations, strict=True)
+        ]
 
 
 NGRAM_PREFIX = "ngram:"

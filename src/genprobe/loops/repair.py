@@ -112,12 +112,12 @@ class SearchStage:
             "base_loop_rate": self.baseline.degenerate_rate,
             "base_exact_loop_rate": self.baseline.loop_rate,
             "limits": json_safe(self.limits),
-            "candidates": [json_safe(c) for c in self.candidates],
+            "candidates": json_safe(self.candidates),
             "admissible": sum(1 for c in self.candidates if self.limits.admits(c.regression)),
-            "chosen": json_safe(self.chosen) if self.chosen else None,
+            "chosen": json_safe(self.chosen),
             "method": self.method,
             "grid_size": self.grid_size,
-            "scaled": json_safe(self.scaled) if self.scaled else None,
+            "scaled": json_safe(self.scaled),
         }
 
 
