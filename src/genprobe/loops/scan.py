@@ -83,10 +83,7 @@ class GenerationRecord:
     def to_dict(self) -> dict:
         """Token measures at the top level (as before), character measures under ``chars``."""
         keys = ("prompt", "text", "prompt_ids", "tokens", "hit_limit", "unk_share", "unit_text")
-        d: dict[str, Any] = {k: getattr(self, k) for k in keys}
-        d.update(json_safe(self.measures))
-        d["chars"] = json_safe(self.char_measures) if self.char_measures is not None else None
-        return d
+        return {k: getattr(self, k) for k in keys} | json_safe(self.measures) | {"chars": json_safe(self.char_measures)}
 
 
 @dataclass
