@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from genprobe._io import json_safe
-from genprobe.loops import EditSpec, mlp_sites, state_sha256
+from genprobe.loops import EditSpec, make_patch, mlp_sites, state_sha256
 from genprobe.loops.contrast import position_labels
 from genprobe.loops.regress import Regression
 from genprobe.loops.scan import GenerationRecord, scan_loops, summarise
@@ -112,6 +112,11 @@ def test_shifting_the_unit_every_cycle_is_not_rewarded_either():
     )
 
 
+def _build(model, dirs, units, gaps=None):
+    """``spec -> patch`` of these directions (what repair's direction stage hands the search)."""
+    return lambda spec: make_patch(model, spec, dirs, units, gaps)
+
+
 def test_gamed_edit_loses_inside_run_search(tiny_model):
     """The same through run_search: a candidate's evaluation is the objective of the generations its edit yields."""
     sites = mlp_sites(tiny_model)
@@ -130,7 +135,8 @@ def test_gamed_edit_loses_inside_run_search(tiny_model):
         gens = disguised if edited == [0] else [_fixed(40), _fixed(41)] + prone[2:]
         return Regression(0.01, 4.0, 4.0, 0.0), strata.objective(_measures(gens), control)
 
-    cands = run_search(tiny_model, grid([(0,), (1,)], [4], ["project"], {"project": [1.0]}), dirs, units, evaluate)
+    specs = grid([(0,), (1,)], [4], ["project"], {"project": [1.0]})
+    cands = run_search(tiny_model, specs, _build(tiny_model, dirs, units), evaluate)
     base = strata.objective(_measures(prone), control)
     by_layer = {c.spec.layers: c for c in cands}
     assert by_layer[(0,)].objective.loop_rate == 0.0 < by_layer[(1,)].objective.loop_rate
@@ -200,12 +206,12 @@ def test_run_search_restores_model_and_reports_unbuildable(tiny_model):
         return Regression(0.0, 1.0, 1.0, 0.0), None
 
     specs = grid([(0,), (1,)], [4], ["subtract"], {"subtract": [0.1, 2.0]})
-    res = run_search(tiny_model, specs, dirs, units, evaluate, gaps={0: 1.0, 1: 1.0})
+    res = run_search(tiny_model, specs, _build(tiny_model, dirs, units, {0: 1.0, 1: 1.0}), evaluate)
     assert state_sha256(tiny_model) == before  # every candidate reverted exactly
     assert len(set(seen)) == len(specs)  # each candidate really evaluated an edited model
     assert all(c.weights_changed == 4 * 32 and c.error is None for c in res)
     units[0] = -torch.rand(sites[0].d_ff)  # never active in loops: the relative strength cannot be scaled
-    bad = run_search(tiny_model, specs[:1], dirs, units, evaluate, gaps={0: 1.0, 1: 1.0})
+    bad = run_search(tiny_model, specs[:1], _build(tiny_model, dirs, units, {0: 1.0, 1: 1.0}), evaluate)
     assert bad[0].error and "non-positive mean activation" in bad[0].error and bad[0].objective is None
     row = json_safe(bad[0])
     assert row["degenerate_rate"] is None and row["kl"] is None and row["layers"] == [0]

@@ -1,19 +1,8 @@
 """Does DRY miss loops whose period spans a sequence breaker? Classify loops by their unit, measure per class.
 
-DRY never extends a repeated match back past the most recent sequence breaker, so a loop whose
-repeating unit *contains* a breaker (a multi-line cycle: 玉樹春風起，金花落日斜。玉樹…) can only be
-penalised over the part of the unit after the last breaker, while a loop inside one line (君不見君
-不見…) is penalised over its whole length. To measure exactly that, every prompt is put in a class by
-the loop the *baseline* (greedy) produced on it:
-
-* ``spans a breaker`` — greedy's tail is periodic (exactly or nearly, in characters) and one period
-  of it holds a breaker character (every window of one period of a periodic text is a rotation of
-  the unit, so "the last period characters" is the unit up to rotation);
-* ``within a line`` — periodic, no breaker in the unit;
-* ``no baseline loop`` — greedy's tail is not periodic (a repetitive-tail-only or clean generation);
-
-and each method's degenerate rate is reported per class (with Wilson intervals). Each method's own
-remaining loops are also split by whether their unit spans a breaker.
+Every prompt gets a class by the loop greedy produced on it (:data:`CLASSES`: its unit holds a breaker, lies
+within a line, or there is no periodic tail); each method's degenerate rate is reported per class, and its own
+remaining loops split the same way (docs/which-fix.md).
 """
 
 from __future__ import annotations

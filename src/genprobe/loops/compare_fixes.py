@@ -1,22 +1,8 @@
 """``loops compare``: which fix for loops? Decode-time samplers beside the directional weight edit, with numbers.
 
-:func:`compare_fixes` reads top to bottom as its stages:
-
-1. every method (:mod:`genprobe.loops.compare_methods`) generates the same number of new tokens after
-   the same prompts (end token banned, as in every loop study), the edit rows with the patch applied
-   in memory and reverted afterwards (sha256-checked both ways, and the model's hash compared with
-   the one it had before the comparison);
-2. loops: the typed loop measures of the scans (:class:`~genprobe.loops.scan.LoopRates`): exact
-   (short/long periods), near, repetitive-tail and *degenerate* rates with 95% CIs, distinct-2,
-   longest repeat, tail compression, seq-rep-4 — the degenerate rate is the headline (the exact
-   rate alone can be gamed);
-3. legitimate repetition kept (:mod:`genprobe.metrics.legit`) beside the same rates in human texts
-   (:mod:`genprobe.loops.compare_human`), over all generations and over the non-degenerate ones;
-4. fluency: NLL per character under the *unmodified* model and under a second model, the judge
-   (:mod:`genprobe.loops.compare_fluency`), so that no method wins with text only its own model likes;
-5. the best decode-time method by :data:`BEST_RULE`, then the edit combined with it;
-6. cost: tokens/s of every method relative to greedy on one batch, repetitions interleaved, medians;
-7. DRY and sequence breakers (:mod:`genprobe.loops.compare_breakers`): rates per class of baseline loop.
+:func:`compare_fixes` reads top to bottom as its stages: generate every method, score loops, legitimate
+repetition and fluency, choose the best decode-time method (:data:`BEST_RULE`), time them, classify by sequence
+breaker (docs/which-fix.md, "How the comparison works").
 """
 
 from __future__ import annotations
@@ -335,16 +321,9 @@ def _kept(r: MethodResult, human: HumanReference) -> float | None:
     h = human.legit
     if h is None:
         return None
-    if human.genre == "tang":
-        ratios = [
-            getattr(r.legit, k) / getattr(h, k)
-            for k in ("reduplication_per100", "parallel_per100")
-            if getattr(h, k) and getattr(r.legit, k) is not None
-        ]
-        return min(ratios) if ratios else None
-    if h.repeated_ngram_rate and r.legit.repeated_ngram_rate is not None:
-        return r.legit.repeated_ngram_rate / h.repeated_ngram_rate
-    return None
+    keys = ("reduplication_per100", "parallel_per100") if human.genre == "tang" else ("repeated_ngram_rate",)
+    ratios = [getattr(r.legit, k) / getattr(h, k) for k in keys if getattr(h, k) and getattr(r.legit, k) is not None]
+    return min(ratios) if ratios else None
 
 
 def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: CompareConfig) -> BestChoice:
@@ -383,11 +362,6 @@ def _sample_prompts(greedy: MethodResult, k: int) -> list[int]:
     return sorted((pick + rest)[:k])
 
 
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not available for loop comparisons yet; choose one of {BACKENDS}")
-
-
 def compare_fixes(
     model: Any,
     prompts: Sequence[str],
@@ -403,13 +377,17 @@ def compare_fixes(
     log: Callable[[str], None] = lambda s: None,
 ) -> CompareResult:
     """Run every method on ``prompts`` with a loaded Model (and an optional judge Model); see the module doc."""
-    _check_backend(backend)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not available for loop comparisons yet; choose one of {BACKENDS}")
     cfg = cfg or CompareConfig()
     names = check_methods(cfg.methods, patch is not None)
     clock = Clock()
-    study = _study(model, cfg, progress)
+    # the loop study every method generates through (the comparison's length, batch, seed and detectors)
+    rcfg = RepairConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed, loop=cfg.loop)
+    study = LoopStudy(model, rcfg, progress=progress)
     ids = study.encode(prompts)
-    human, breakers = _human_and_breakers(prompts, continuations, cfg.genre)
+    human = human_texts(prompts, continuations, cfg.genre)
+    breakers = "".join(POEM_BREAKERS if human.genre == "tang" else TEXT_BREAKERS)
     methods = build_methods(names, model.tokenizer, _bans(model), human.genre, cfg.engine)
     sha0 = model.state_sha256()
     log(f"generating {len(prompts)} prompts x {cfg.max_new_tokens} tokens, {len(names)} methods ({human.genre} genre)")
@@ -428,7 +406,9 @@ def compare_fixes(
         results.append(bench.score(m, *bench.scan(m)))
         bench.time([results[0].method, m], results[-1:])
         clock.tick("edit+best")
-    picks = _attach_samples(results, cfg.samples)
+    picks = _sample_prompts(results[0], cfg.samples)
+    for r in results:
+        r.samples = [r.texts[i] for i in picks]
     return CompareResult(
         str(model.source) if model.source else None,
         str(judge.source) if judge is not None else None,
@@ -450,32 +430,10 @@ def compare_fixes(
     )
 
 
-def _human_and_breakers(
-    prompts: Sequence[str], continuations: Sequence[str | None] | None, genre: str
-) -> tuple[HumanTexts, str]:
-    """The human texts of the prompts (their genre settled) and the sequence breakers of that genre."""
-    human = human_texts(prompts, continuations, genre)
-    return human, "".join(POEM_BREAKERS if human.genre == "tang" else TEXT_BREAKERS)
-
-
 def _baseline_classes(greedy_records: Sequence[Any], breakers: str) -> tuple[list[str], int]:
     """Each prompt's class by its greedy loop unit, and the median greedy text length (the human texts' cap)."""
     classes = [unit_class(r.text or "", _chars(r), breakers) for r in greedy_records]
     return classes, int(statistics.median(len(r.text or "") for r in greedy_records))
-
-
-def _study(model: Any, cfg: CompareConfig, progress: bool) -> LoopStudy:
-    """The loop study every method generates through (the comparison's length, batch, seed and detectors)."""
-    rcfg = RepairConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed, loop=cfg.loop)
-    return LoopStudy(model, rcfg, progress=progress)
-
-
-def _attach_samples(results: Sequence[MethodResult], count: int) -> list[int]:
-    """The sample prompts (chosen on the first row) and each row's texts for them."""
-    picks = _sample_prompts(results[0], count)
-    for r in results:
-        r.samples = [r.texts[i] for i in picks]
-    return picks
 
 
 def _is_sampler(m: Method) -> bool:

@@ -1,12 +1,5 @@
-"""Fluency of generated (or human) continuations: NLL per character under a model, any tokenizer.
-
-Text, not token ids, is scored: the prompt and the continuation are encoded with the scoring
-model's own tokenizer (so a second model with another vocabulary — the *judge* — scores the same
-text), the continuation's tokens are scored given the prompt's, and the sum is divided by the
-continuation's characters, which makes a char model and a BPE model comparable. Rows are
-right-padded: a causal model's logits at real positions never see later padding, so no mask is
-needed and positions are 0, 1, … as in training. A prompt + continuation longer than the model's
-context is cut to the context (the continuation's end is dropped) and counted as truncated.
+"""Fluency of continuations: NLL per character of the text (encoded with the scoring model's own tokenizer, so a
+judge with another vocabulary scores the same text); a prompt + continuation past the context is cut and counted.
 """
 
 from __future__ import annotations
@@ -44,10 +37,6 @@ class Fluency:
     truncated: int
 
 
-def _chars_of(tokenizer: Any, ids: list[int]) -> int:
-    return len(ids) if tokenizer.kind == "char" else len(tokenizer.decode(ids))
-
-
 def _encode_pair(model: Any, prompt: str, cont: str) -> tuple[list[int], list[int], int, bool] | None:
     """(prompt ids, continuation ids, continuation characters, truncated), or None when nothing can be scored."""
     tok = model.tokenizer
@@ -58,7 +47,8 @@ def _encode_pair(model: Any, prompt: str, cont: str) -> tuple[list[int], list[in
     if limit is None or len(p) + len(c) <= limit:
         return p, c, len(cont), False
     c = c[: max(0, limit - len(p))]
-    return (p, c, _chars_of(tok, c), True) if c else None
+    chars = len(c) if tok.kind == "char" else len(tok.decode(c))
+    return (p, c, chars, True) if c else None
 
 
 @torch.no_grad()

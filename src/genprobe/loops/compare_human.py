@@ -1,12 +1,5 @@
-"""Human texts to compare generations with: the poems the prompts open, or the continuations a prompts file gives.
-
-The genre decides what "legitimate repetition" means (:mod:`genprobe.metrics.legit`): ``tang``
-when most prompts (≥ :data:`TANG_SHARE`) are openings of poems in the bundled Tang corpus (the
-held-out openings every loop study uses are), else ``text``. Human texts come from, in order:
-
-1. a JSONL prompts file whose lines give a ``"continuation"`` string (human text = prompt + continuation);
-2. for the ``tang`` genre, the bundled poem each prompt opens (the first poem that starts with it);
-3. otherwise there are none, and the comparison says why.
+"""Human texts to compare generations with and the genre that decides what legitimate repetition means: a JSONL
+prompts file's ``"continuation"`` fields, else (``tang`` genre) the bundled poem each prompt opens, else none.
 """
 
 from __future__ import annotations

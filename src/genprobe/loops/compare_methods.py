@@ -1,26 +1,6 @@
-"""The fixes ``loops compare`` puts side by side: decode-time samplers, the weight edit, and the edit + best sampler.
-
-Every method generates the same number of new tokens after the same prompts with the same bans
-(the end-of-text token, and ``<unk>`` for the char GPT: the "chanting" setting the loop patches are
-made for). Deterministic knobs are put on top of greedy so that each row differs from the baseline
-by that knob only; XTC only acts when sampling, so it is put on top of the ``sample`` row.
-
-========================  =====================================================================
-``greedy``                baseline: argmax
-``sample``                temperature 0.8, top-p 0.95
-``rep-1.1|1.2|1.3``       greedy + CTRL repetition penalty (HF scope: prompt + output)
-``no-repeat-3``           greedy + no_repeat_ngram_size 3 (HF semantics)
-``pres-freq``             greedy + presence 0.5 and frequency 0.5 penalties (OpenAI/vLLM: output only)
-``dry``                   greedy + DRY, llama.cpp defaults (base 1.75, allowed length 2, whole context,
-                          breakers ``\\n : " *``) with multiplier 0.8 (llama.cpp's default 0 is "off";
-                          0.8 is the value the DRY author recommends)
-``dry-lines``             the same DRY with breakers suited to the text: ``，。`` for poems, sentence ends
-                          (``\\n . ! ?``) for other text
-``xtc``                   ``sample`` + XTC (probability 0.5, threshold 0.1)
-``contrastive``           contrastive search, α 0.6, k 4 (HF semantics)
-``edit``                  greedy on the model with the loop patch applied (reverted afterwards)
-``edit+best``             the patch with the best decode-time method (chosen after the others are scored)
-========================  =====================================================================
+"""The fixes ``loops compare`` puts side by side (:data:`METHODS`): decode-time samplers, the weight edit, and the
+edit + best sampler. Deterministic knobs sit on top of greedy so each row differs from the baseline by that knob
+only; XTC only acts when sampling, so it sits on top of ``sample``. Every method bans the same ids.
 """
 
 from __future__ import annotations

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .._io import atomic_write_json, atomic_write_text, json_safe
 from .._templates import DASH, pct
 from .compare_breakers import CLASSES
-from .compare_fixes import CompareResult, MethodResult
+from .compare_fixes import CompareResult
 from .repair_report import figure_png, write_page
+from .scan import LoopRates
 
 
 def _num(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -44,62 +45,36 @@ def _legit_cells(legit: Any, genre: str) -> list[str]:
     ]
 
 
+LOOP_COLUMNS: tuple[tuple[str, Callable[[LoopRates], str]], ...] = (  # (header, cell): token-level loop measures
+    ("degenerate [95% CI]", lambda s: _ci(s.degenerate_rate, s.degenerate_rate_ci95)),
+    ("exact (short / long)", lambda s: f"{pct(s.loop_rate)} ({pct(s.short_loop_rate)} / {pct(s.long_loop_rate)})"),
+    ("near", lambda s: pct(s.near_loop_rate)),
+    ("repetitive tail", lambda s: pct(s.repetitive_rate)),
+    ("distinct-2", lambda s: f"{s.mean_distinct_2:.3f}"),
+    ("longest repeat", lambda s: f"{s.mean_longest_repeat:.1f}"),
+    ("tail compr.", lambda s: f"{s.mean_tail_compression:.2f}"),
+    ("seq-rep-4", lambda s: f"{s.mean_seq_rep_4:.3f}"),
+)
+
+
 def headers(result: CompareResult) -> list[str]:
     """Column names of the comparison table."""
     legit = [name for name, _ in _legit_cols(result.human.genre)]
-    return [
-        "method",
-        "degenerate [95% CI]",
-        "exact (short / long)",
-        "near",
-        "repetitive tail",
-        "distinct-2",
-        "longest repeat",
-        "tail compr.",
-        "seq-rep-4",
-        *legit,
-        "NLL own",
-        "NLL judge",
-        "speed × greedy",
-    ]
+    return ["method", *(h for h, _ in LOOP_COLUMNS), *legit, "NLL own", "NLL judge", "speed × greedy"]
 
 
-def method_row(r: MethodResult, genre: str) -> list[str]:
-    """One method's cells (token-level loop measures; legit rates over all its generations)."""
-    s = r.rates
-    return [
-        r.method.name,
-        _ci(s.degenerate_rate, s.degenerate_rate_ci95),
-        f"{pct(s.loop_rate)} ({pct(s.short_loop_rate)} / {pct(s.long_loop_rate)})",
-        pct(s.near_loop_rate),
-        pct(s.repetitive_rate),
-        f"{s.mean_distinct_2:.3f}",
-        f"{s.mean_longest_repeat:.1f}",
-        f"{s.mean_tail_compression:.2f}",
-        f"{s.mean_seq_rep_4:.3f}",
-        *_legit_cells(r.legit, genre),
-        _num(r.own.nll_per_char, "{:.3f}"),
-        _num(r.judge.nll_per_char if r.judge else None, "{:.3f}"),
-        _num(r.cost.speed_vs_greedy, "{:.2f}×"),
-    ]
-
-
-def human_row(result: CompareResult) -> list[str]:
-    """The human texts' row: legit rates and NLL; loop cells empty."""
-    h = result.human
-    return [
-        f"human (n = {h.n})",
-        *[DASH] * 8,
-        *_legit_cells(h.legit, h.genre),
-        _num(h.own.nll_per_char if h.own else None, "{:.3f}"),
-        _num(h.judge.nll_per_char if h.judge else None, "{:.3f}"),
-        DASH,
-    ]
+def _row(name: str, rates: LoopRates | None, legit: Any, own: Any, judge: Any, speed: float | None, genre: str) -> list:
+    nll = [_num(f.nll_per_char if f else None, "{:.3f}") for f in (own, judge)]
+    loops = [cell(rates) if rates else DASH for _, cell in LOOP_COLUMNS]
+    return [name, *loops, *_legit_cells(legit, genre), *nll, _num(speed, "{:.2f}×")]
 
 
 def rows(result: CompareResult) -> list[list[str]]:
-    """Every method's row, then the human row."""
-    return [method_row(r, result.human.genre) for r in result.methods] + [human_row(result)]
+    """Every method's row (legit rates over all its generations), then the human texts' row (loop cells empty)."""
+    g, h = result.human.genre, result.human
+    return [
+        _row(r.method.name, r.rates, r.legit, r.own, r.judge, r.cost.speed_vs_greedy, g) for r in result.methods
+    ] + [_row(f"human (n = {h.n})", None, h.legit, h.own, h.judge, None, g)]
 
 
 def _markdown(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -145,19 +120,11 @@ def _rates_panel(ax: Any, result: CompareResult) -> None:
     lo = [d - r.rates.degenerate_rate_ci95[0] for d, r in zip(deg, result.methods, strict=True)]
     hi = [r.rates.degenerate_rate_ci95[1] - d for d, r in zip(deg, result.methods, strict=True)]
     xs = range(len(names))
-    ax.bar(
-        xs,
-        deg,
-        yerr=[lo, hi],
-        color=["#c55" if r.method.patched else "#4a7" for r in result.methods],
-        capsize=2,
-        label="degenerate (95% CI)",
-    )
+    colours = ["#c55" if r.method.patched else "#4a7" for r in result.methods]
+    ax.bar(xs, deg, yerr=[lo, hi], color=colours, capsize=2, label="degenerate (95% CI)")
     ax.plot(xs, [r.rates.loop_rate for r in result.methods], "k.", label="exact loop")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("share of generations")
-    ax.set_title("loops (red: weight edit)")
+    ax.set_xticks(list(xs), names, rotation=60, ha="right", fontsize=8)
+    ax.set(ylabel="share of generations", title="loops (red: weight edit)")
     ax.legend(fontsize=7)
 
 
@@ -172,9 +139,8 @@ def _nll_panel(ax: Any, result: CompareResult) -> None:
     if h is not None and h.nll_per_char is not None:
         ax.axvline(h.nll_per_char, color="#888", lw=1, ls="--", label="human texts")
         ax.legend(fontsize=7)
-    ax.set_xlabel(f"NLL per character under the {'judge' if use_judge else 'model itself'} (nats)")
-    ax.set_ylabel("degenerate rate")
-    ax.set_title("loops vs fluency")
+    ax.set(xlabel=f"NLL per character under the {'judge' if use_judge else 'model itself'} (nats)")
+    ax.set(ylabel="degenerate rate", title="loops vs fluency")
 
 
 def _legit_panel(ax: Any, result: CompareResult) -> None:
@@ -187,8 +153,9 @@ def _legit_panel(ax: Any, result: CompareResult) -> None:
         h = getattr(result.human.legit, key) if result.human.legit else None
         if h is not None:
             ax.axhline(h, color=f"C{j}", lw=1, ls="--", label=f"{label}, human")
-    ax.set_xticks([i + width * (len(cols) - 1) / 2 for i in range(len(names))])
-    ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
+    ax.set_xticks(
+        [i + width * (len(cols) - 1) / 2 for i in range(len(names))], names, rotation=60, ha="right", fontsize=8
+    )
     ax.set_title("legitimate repetition kept (dashed: human)")
     ax.legend(fontsize=7)
 

@@ -1,24 +1,13 @@
-"""Contrastive activations: positions inside loops versus positions outside them.
+"""Contrastive activations: positions inside loops versus positions outside them (:func:`position_labels`).
 
-Each scanned sequence (prompt + generated tokens) is run once more, teacher-forced, with capture
-hooks on every layer. Position ``t`` is labelled by the token it *predicts* (generated index
-``j = t + 1 − len(prompt)``). A generation "loops" when its tail is exactly *or* nearly periodic
-(:attr:`genprobe.metrics.LoopMeasures.any_loop`; onset and period of the exact loop when there is
-one, else of the near loop), so near loops are neither missed as loops nor mixed into the reference:
-
-* **loop**: the generation loops and ``j >= onset + period`` — the model is repeating the unit;
-* **reference**: ``j >= 0`` in a non-degenerate generation, or ``j < onset`` before a loop starts.
-
-A generation that is degenerate only by its repetitive tail (no period, so no onset) gives no
-position to either class: its positions are neither clean reference text nor a located loop.
-
-If the generations give fewer than ``min_reference`` reference positions (a model that loops on
-nearly every prompt), teacher-forced held-out text is added as reference and this is reported.
-Right padding is used so no real position ever sees padding (causal attention).
+Each scanned sequence is run once more, teacher-forced, with capture hooks on every layer; right padding keeps
+real positions from seeing padding. When the generations give too few reference positions, held-out text is added
+as reference and reported (docs/loop-repair.md, "How the pipeline works").
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -27,7 +16,7 @@ import torch
 from ..metrics import LoopMeasures
 from ..model.arch import mlp_sites
 from .arch import forward_logits, pad_right
-from .hooks import capture
+from .hooks import KINDS, capture
 from .scan import GenerationRecord
 
 
@@ -87,10 +76,7 @@ def _collect(
     model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int
 ) -> Captured:
     n_layers = len(mlp_sites(model))
-    acc: Captured = {
-        "loop": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
-        "ref": {layer: {"mlp_out": [], "resid": [], "units": []} for layer in range(n_layers)},
-    }
+    acc: Captured = {name: {layer: {k: [] for k in KINDS} for layer in range(n_layers)} for name in ("loop", "ref")}
     for s in range(0, len(seqs), batch_size):
         chunk, lab = seqs[s : s + batch_size], labels[s : s + batch_size]
         ids, valid = pad_right(chunk, pad_id)
@@ -100,15 +86,14 @@ def _collect(
                 sel[name][0].extend([i] * len(pos))
                 sel[name][1].extend(pos)
         dev = next(iter(mlp_sites(model)[0].down.parameters())).device
-        with capture(model, kinds=("mlp_out", "resid", "units")) as cap:
+        with capture(model, kinds=KINDS) as cap:
             forward_logits(model, ids.to(dev), None if bool(valid.all()) else valid.to(dev))
         for name, (rows, cols) in sel.items():
             if not rows:
                 continue
             r, c = torch.tensor(rows), torch.tensor(cols)
-            for layer in range(n_layers):
-                for kind in ("mlp_out", "resid", "units"):
-                    acc[name][layer][kind].append(cap.get(kind, layer)[0][r, c].float().cpu())
+            for layer, kind in itertools.product(range(n_layers), KINDS):
+                acc[name][layer][kind].append(cap.get(kind, layer)[0][r, c].float().cpu())
     return acc
 
 
@@ -137,9 +122,8 @@ def collect_contrast(
     if n_ref < min_reference and reference_text_windows:
         text_labels: list[tuple[list[int], list[int]]] = [([], list(range(len(w) - 1))) for w in reference_text_windows]
         extra = _collect(model, list(reference_text_windows), text_labels, batch_size, pad_id)
-        for layer in range(n_layers):
-            for kind in ("mlp_out", "resid", "units"):
-                acc["ref"][layer][kind].extend(extra["ref"][layer][kind])
+        for layer, kind in itertools.product(range(n_layers), KINDS):
+            acc["ref"][layer][kind].extend(extra["ref"][layer][kind])
         counts.reference_positions_text = sum(len(w) - 1 for w in reference_text_windows)
     if n_ref + counts.reference_positions_text == 0:
         raise ValueError(

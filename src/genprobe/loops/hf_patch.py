@@ -1,16 +1,9 @@
 """Apply a loop patch to a ``transformers`` model directory, and revert it, bit for bit.
 
-:func:`apply_to_dir` writes a patched copy that ``from_pretrained`` loads: every file of the source
-directory is copied (config, tokenizer files, generation config, shard index) except the safetensors
-files holding an edited tensor, which are rewritten with only the patched columns changed (same
-tensor names, dtypes, order and metadata). :func:`revert_dir` writes the original columns back.
-
-Checks, so that "revert" really means "the original file": the model loaded from the source must
-have the patch's ``sha256_before`` state (apply) or ``sha256_after`` (revert); every edited column in
-the file must hold the values the patch expects before it is overwritten; the written directory is
-loaded again and its state hash compared with the patch's; the sha256 of each original weight file
-is kept in ``genprobe_patch.json`` beside the patched weights, and a revert reports whether the
-restored files hash to exactly those (they do: safetensors writes tensors in a fixed order).
+:func:`apply_to_dir` copies the directory and rewrites only the safetensors files holding an edited tensor;
+:func:`revert_dir` writes the original columns back. Both check the loaded model's state hash against the patch,
+the edited columns' current values, and the written directory's hash; the original files' sha256 are kept in
+:data:`NOTE_FILE` so a revert reports whether it restored them exactly.
 """
 
 from __future__ import annotations
@@ -60,12 +53,9 @@ def weight_map(model_dir: Path) -> dict[str, str]:
 
 def _file_key(names: dict[str, str], target: PatchTarget, base_prefix: str | None) -> str:
     """The stored name of a target (a checkpoint may omit the base-model prefix, e.g. GPT-2's ``transformer.``)."""
-    if target.name in names:
-        return target.name
-    if base_prefix and target.name.startswith(base_prefix + "."):
-        short = target.name[len(base_prefix) + 1 :]
-        if short in names:
-            return short
+    for key in (target.name, target.name.removeprefix(f"{base_prefix}.") if base_prefix else target.name):
+        if key in names:
+            return key
     raise PatchError(f"patch target {target.name} is not stored in the model directory's safetensors files")
 
 

@@ -7,8 +7,9 @@ the body raises — so a model never keeps a stale hook (checked by the tests).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -37,47 +38,39 @@ def capture(
     model: Any,
     layers: list[int] | None = None,
     kinds: tuple[str, ...] = ("mlp_out",),
-    transform: Callable[[str, int, torch.Tensor], torch.Tensor] | None = None,
 ) -> Iterator[Captured]:
     """Record ``mlp_out`` (MLP output added to the residual), ``resid`` (block output) and/or
-    ``units`` (input of the down-projection: post-activation unit values) per layer.
-
-    ``transform(kind, layer, tensor)`` may reduce what is stored (e.g. select positions).
-    """
+    ``units`` (input of the down-projection: post-activation unit values) per layer."""
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"unknown capture kinds {bad}; choose from {KINDS}")
     sites = mlp_sites(model)
     layers = list(range(len(sites))) if layers is None else list(layers)
-    for layer in layers:
-        if not 0 <= layer < len(sites):
-            raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
+    _check_layers(layers, len(sites))
     cap = Captured({k: {layer: [] for layer in layers} for k in kinds})
 
     def store(kind: str, layer: int, t: torch.Tensor) -> None:
-        t = t.detach()
-        cap.data[kind][layer].append(transform(kind, layer, t) if transform else t.clone())
-
-    def output_hook(kind: str, layer: int) -> Callable:
-        return lambda module, inputs, output: store(kind, layer, _first(output))
-
-    def input_hook(kind: str, layer: int) -> Callable:
-        return lambda module, inputs: store(kind, layer, inputs[0])
+        cap.data[kind][layer].append(t.detach().clone())
 
     handles = []
     try:
-        for layer in layers:
+        for layer, kind in itertools.product(layers, kinds):
             s = sites[layer]
-            if "mlp_out" in kinds:
-                handles.append(s.mlp.register_forward_hook(output_hook("mlp_out", layer)))
-            if "resid" in kinds:
-                handles.append(s.block.register_forward_hook(output_hook("resid", layer)))
-            if "units" in kinds:
-                handles.append(s.down.register_forward_pre_hook(input_hook("units", layer)))
+            if kind == "units":  # the down-projection's input: a pre-hook
+                handles.append(s.down.register_forward_pre_hook(lambda m, i, k=kind, n=layer: store(k, n, i[0])))
+            else:
+                module = s.mlp if kind == "mlp_out" else s.block
+                handles.append(module.register_forward_hook(lambda m, i, o, k=kind, n=layer: store(k, n, _first(o))))
         yield cap
     finally:
         for h in handles:
             h.remove()
+
+
+def _check_layers(layers: Iterable[int], n_layers: int) -> None:
+    for layer in layers:
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"layer {layer} out of range: the model has {n_layers} layers")
 
 
 def remove_direction(h: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -92,9 +85,8 @@ def ablate(model: Any, directions: dict[int, torch.Tensor]) -> Iterator[None]:
     sites = mlp_sites(model)
     handles = []
     try:
+        _check_layers(directions, len(sites))
         for layer, d in directions.items():
-            if not 0 <= layer < len(sites):
-                raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
             d = d / d.norm()
 
             def hook(m, i, o, d=d):

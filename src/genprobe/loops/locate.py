@@ -33,9 +33,7 @@ class Located:
 
     def to_dict(self) -> dict:
         """Plain JSON."""
-        d = asdict(self)
-        d["per_layer"] = [dict(asdict(a), layer=a.layers[0]) for a in self.per_layer]
-        return d
+        return asdict(self) | {"per_layer": [dict(asdict(a), layer=a.layers[0]) for a in self.per_layer]}
 
 
 RatesOf = Callable[[Any], tuple[float, float]]  # model -> (degenerate rate, exact loop rate)

@@ -1,19 +1,8 @@
 """A judge that did not write the text and cannot be flattered by repetition: a character n-gram model of human text.
 
-``loops compare --judge MODEL`` scores every method's continuations under a second model so that a method cannot
-win with text only its own model likes. For the Tang models the other reference model is that judge; for an
-English model such as SmolLM2 no second English model ships with genprobe, so ``--judge ngram:FILE`` (or
-``ngram:english``, the English corpus's search documents) trains this one on human text instead:
-
-* it is fit on human documents that are neither the compared prompts' documents nor the human-baseline ones, so it
-  favours neither side;
-* it has no memory beyond ``order - 1`` characters: a continuation that repeats itself earns no credit for having
-  written the same line before (a transformer judge does: in-context copying makes loops cheap to predict), while
-  broken spelling ("hematopsections") and non-English strings cost what they cost under human text statistics.
-
-Interpolated Witten–Bell smoothing (Chen & Goodman 1998, §2.4), down to a uniform distribution over the training
-alphabet plus one slot for unseen characters. NLL per character is what :mod:`genprobe.loops.compare_fluency`
-reports for every judge.
+``loops compare --judge ngram:FILE`` (or ``ngram:english``) when no second model of the language ships: it has no
+memory beyond ``order - 1`` characters, so a repeating continuation earns no credit. Interpolated Witten–Bell
+smoothing (Chen & Goodman 1998, §2.4) down to a uniform distribution over the alphabet plus one unseen slot.
 """
 
 from __future__ import annotations
@@ -67,14 +56,10 @@ class CharNgramJudge:
 
     def score(self, prompts: Sequence[str], continuations: Sequence[str | None]) -> list[TextScore | None]:
         """One :class:`TextScore` per continuation (None where there is none), as a model judge gives."""
-        out: list[TextScore | None] = []
-        for p, c in zip(prompts, continuations, strict=True):
-            if not c:
-                out.append(None)
-                continue
-            unk = sum(1 for ch in c if ch not in self.alphabet)
-            out.append(TextScore(self.nll(p, c), len(c), len(c), unk, False))
-        return out
+        return [
+            TextScore(self.nll(p, c), len(c), len(c), sum(ch not in self.alphabet for ch in c), False) if c else None
+            for p, c in zip(prompts, continuations, strict=True)
+        ]
 
 
 NGRAM_PREFIX = "ngram:"

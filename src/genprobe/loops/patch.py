@@ -1,11 +1,7 @@
 """Weight patches: what changed (tensor, columns, original and new values, direction) plus hashes.
 
-On disk a patch is two files written atomically: ``<name>.safetensors`` (tensors) and
-``<name>.json`` (edit parameters, target names, fraction of weights changed, and the sha256 of the
-model's full state before and after — see :func:`genprobe.model.arch.state_sha256`).
-:func:`apply_patch` refuses a model whose state hash is not the recorded "before";
-:func:`revert_patch` refuses one that is not the recorded "after", writes back the original values
-and checks that the "before" hash is reproduced bit for bit.
+On disk: ``<name>.safetensors`` (tensors) and ``<name>.json`` (edit, targets, model state sha256 before and after).
+:func:`apply_patch` and :func:`revert_patch` refuse a model whose hash is not the one recorded, and check the result.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Reusing the unedited layers' work: an edit of layers ≥ L leaves every block below L computing what it did before.
 
-The scaled search measures hundreds of edits on the same few sequences. An edit of layer L's down-projection (or an
-ablation hooked on layer L's MLP) cannot change what blocks 0 … L−1 output on those sequences, so their outputs are
-recorded once on the unedited model (:meth:`FrozenPrefix.recording`) and replayed while an edit is measured
-(:meth:`FrozenPrefix.skipping`): the blocks below L return their recorded output instead of computing it. On a
-30-layer model a single-layer edit then costs, on average, half a forward.
-
-Replay is by call order: the n-th call of block i returns block i's n-th recorded output, so the measured forward
-calls must be the recorded ones (same inputs, same batches) — the probes guarantee it, and a call past the record
-raises instead of returning a stale tensor.
+:class:`FrozenPrefix` records every block's outputs once on the unedited model and replays them (by call order)
+while an edit is measured, so the measured forward calls must be the recorded ones; a call past the record raises.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
-"""Prompt sets for loop studies: the user's own prompts, or openings of Tang poems the default model never saw.
-
-**Your prompts** (``read_prompt_file``: one per line, or JSONL with a "prompt" or "text" field) are
-split into disjoint direction / search / validation sets by :func:`split_prompts`: duplicates are
-dropped (first occurrence kept), the rest ordered by the sha256 of their UTF-8 text — a fixed
-shuffle that depends neither on the file's order nor on any random generator — and cut into
-consecutive slices in proportion to the requested set sizes (each at most its size). The same file
-always gives the same sets, and a prompt lands in exactly one of them.
-
-**Tang openings** (the default for the bundled character model only; an explicit choice for any
-other model): the default corpus is the first 4,003 poems of the bundled file (its last 10% of
-characters is the validation split). Poems after those 4,003 are outside both training and
-validation text, so their openings are clean held-out prompts. ``from_end=True`` reads the poems
-from the last one backwards instead, for a model trained on a longer prefix of the file (the
-openings must then be outside *its* training text — pass that text as ``exclude_text``). Sets are
-deduplicated, skip openings holding a character outside the vocabulary (it would become ``<unk>``)
-or a placeholder (□), and openings that occur anywhere in ``exclude_text`` (the same poem is
-sometimes recorded twice, and a few openings are stock phrases) — so the model never saw any
-prompt verbatim. Consecutive, disjoint slices give the scan / search / validation sets.
+"""Prompt sets for loop studies (the user's own, split by :func:`split_prompts`, or held-out Tang openings) and the
+human text that calibrates the loop detectors. How the sets are drawn: docs/loop-repair.md ("Prompt sets").
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import os
 from pathlib import Path
@@ -31,17 +15,27 @@ from typing import Any, Sequence
 from ..corpus.inputs import heldout_openings
 
 
-def prompt_sets(
-    tokenizer, sizes: dict[str, int], prefix_chars: int = 5, *, from_end: bool = False, exclude_text: str | None = None
-) -> dict[str, list[str]]:
+def _slices(pool: Sequence[str], sizes: dict[str, int]) -> dict[str, list[str]]:
+    """Consecutive, disjoint slices of ``pool``, one of each size, in order."""
+    ends = itertools.accumulate(sizes.values())
+    return {name: list(pool[end - n : end]) for (name, n), end in zip(sizes.items(), ends, strict=True)}
+
+
+def prompt_sets(tokenizer: Any, sizes: dict[str, int], prefix_chars: int = 5) -> dict[str, list[str]]:
     """Disjoint consecutive slices of held-out openings, e.g. ``{"scan": 256, "search": 64, "validate": 256}``."""
-    total = sum(sizes.values())
-    pool = heldout_openings(tokenizer, total, prefix_chars, exclude_text=exclude_text, from_end=from_end)
-    sets, i = {}, 0
-    for name, n in sizes.items():
-        sets[name] = pool[i : i + n]
-        i += n
-    return sets
+    return _slices(heldout_openings(tokenizer, sum(sizes.values()), prefix_chars), sizes)
+
+
+def _text_lines(path: str | os.PathLike, what: str) -> tuple[Path, list[tuple[int, str]]]:
+    """The path and its non-empty lines (stripped, numbered from 1); a missing or non-UTF-8 file is refused."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} not found: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {p} is not UTF-8 text ({exc.reason})") from None
+    return p, [(i, ln.strip()) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
 
 
 def _jsonl_prompt(p: Path, lineno: int, line: str) -> str:
@@ -60,14 +54,7 @@ def _jsonl_prompt(p: Path, lineno: int, line: str) -> str:
 def read_prompt_file(path: str | os.PathLike) -> list[str]:
     """Prompts from a UTF-8 file: one per non-empty line, or JSONL (``.jsonl``, or every line a JSON object)
     with a "prompt" or "text" field. Empty prompts are refused."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"prompt file not found: {p}")
-    try:
-        lines = [(i, ln.strip()) for i, ln in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)]
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{p} is not UTF-8 text ({exc.reason})") from None
-    lines = [(i, ln) for i, ln in lines if ln]
+    p, lines = _text_lines(path, "prompt file")
     if not lines:
         raise ValueError(f"prompt file {p} is empty: it has no non-empty line")
     jsonl = p.suffix == ".jsonl" or all(ln.startswith("{") for _, ln in lines)
@@ -91,13 +78,10 @@ def split_prompts(prompts: Sequence[str], sizes: dict[str, int]) -> dict[str, li
     ordered = sorted(unique, key=lambda t: hashlib.sha256(t.encode("utf-8")).hexdigest())
     total = sum(sizes.values())
     scale = min(1.0, len(ordered) / total)
-    counts = {k: max(1, int(n * scale)) for k, n in sizes.items()}
-    sets, i = {}, 0
-    for name, n in counts.items():
-        sets[name] = ordered[i : i + n]
-        i += n
-        if not sets[name]:
-            raise ValueError(f"{len(ordered)} distinct prompts leave the {name!r} set empty; give more prompts")
+    sets = _slices(ordered, {k: max(1, int(n * scale)) for k, n in sizes.items()})
+    empty = [name for name, s in sets.items() if not s]
+    if empty:
+        raise ValueError(f"{len(ordered)} distinct prompts leave the {empty[0]!r} set empty; give more prompts")
     return sets
 
 
@@ -162,15 +146,8 @@ def file_human_sequences(
     tokenizer: Any, path: str | os.PathLike, length: int, count: int = HUMAN_COUNT, unk_id: int | None = None
 ) -> list[list[int]]:
     """Human text from a UTF-8 file, one document per line: consecutive ``length``-token windows of each."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"--human-text file not found: {p}")
-    try:
-        docs = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"--human-text {p} is not UTF-8 text ({exc.reason})") from None
     out: list[list[int]] = []
-    for doc in docs:
+    for _, doc in _text_lines(path, "--human-text file")[1]:
         ids = _ids(tokenizer, doc)
         for start in range(0, len(ids) - length + 1, length):
             window = ids[start : start + length]

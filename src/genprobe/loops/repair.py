@@ -1,25 +1,8 @@
 """The whole repair pipeline: scan → contrast → direction → locate → search → validate → patch.
 
-:func:`repair` reads top to bottom as its stages; each stage returns a dataclass the next one takes.
-
-Inputs (:class:`RepairInputs`): three disjoint prompt sets and a validation text. For the bundled
-character model the defaults are held-out Tang openings and the corpus validation split
-(:meth:`RepairInputs.tang`); for any other model the caller chooses — the user's own prompt file,
-split by :func:`genprobe.loops.prompts.split_prompts`, and their own text (:meth:`RepairInputs.from_prompts`).
-
-* ``direction`` set: scanned; its loops vs its non-loop positions give the direction per layer;
-  its loop-prone prompts (+ as many non-looping controls) are the locate set;
-* ``search`` set: scanned; up to ``search_prone`` loop-prone + ``search_control`` non-looping
-  prompts form the set on which every candidate edit is evaluated (controls catch edits that
-  create new loops);
-* ``validate`` set: never seen by the search — rates before/after on all of it and on its
-  loop-prone subset, short/long periods, distinct-2, longest repeat, compression, seq-rep-4, samples.
-
-Decisions use the *degenerate* verdict — exact loop, near loop or repetitive tail — (which prompts
-are loop-prone, what the search minimises, which held-out prompts are "new loops"); loop positions
-for the direction come from exact or near loops (they have an onset); the exact rate is reported
-beside everything. Regression (KL and Δloss) is measured on windows of the validation text. A model with an
-end-of-text token generates a fixed number of tokens with that token banned (:class:`EndToken`).
+:func:`repair` reads top to bottom as its stages; each stage returns a dataclass the next one takes. The three
+disjoint prompt sets (direction, search, validate), the degenerate verdict every decision uses and the end-token ban
+are described in docs/loop-repair.md ("How the pipeline works").
 """
 
 from __future__ import annotations
@@ -40,7 +23,6 @@ from .patch import Patch, finalise, patched
 from .regress import Regression, RegressionProbe, text_windows, window_length
 from .scaled import (
     ScaledTrace,
-    build_with,
     chains,
     full_regression_check,
     halve,
@@ -49,9 +31,9 @@ from .scaled import (
     screen,
     shortlist,
 )
-from .scan import GenerationRecord, LoopRates, ScanResult, greedy_sampler, loop_rates
+from .scan import GenerationRecord, LoopRates, ScanResult, greedy_sampler, summarise
 from .screen import LoopProbe
-from .search import Candidate, Limits, Objective, Strata, check_restored, choose, grid, run_search
+from .search import Build, Candidate, Limits, Objective, Strata, check_restored, choose, grid, run_search
 from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, EndToken, LoopStudy, RepairConfig, RepairInputs, encode_quiet
 
 __all__ = ["RepairConfig", "RepairInputs", "RepairReport", "LocateReport", "LoopStudy", "repair", "locate_only"]
@@ -99,9 +81,9 @@ class DirectionStage:
     def gaps(self) -> dict[int, float]:
         return {layer: d.gap for layer, d in self.layers.items()}
 
-    @property
-    def unit_means(self) -> dict[int, torch.Tensor]:
-        return dict(self.contrast.unit_mean_loop)
+    def build(self, model: Any) -> Build:
+        """``spec -> patch`` of these directions on ``model`` (not applied)."""
+        return lambda spec: make_patch(model, spec, self.directions, self.contrast.unit_mean_loop, self.gaps)
 
 
 @dataclass
@@ -130,12 +112,12 @@ class SearchStage:
             "base_loop_rate": self.baseline.degenerate_rate,
             "base_exact_loop_rate": self.baseline.loop_rate,
             "limits": json_safe(self.limits),
-            "candidates": [json_safe(c) for c in self.candidates],
+            "candidates": json_safe(self.candidates),
             "admissible": sum(1 for c in self.candidates if self.limits.admits(c.regression)),
-            "chosen": json_safe(self.chosen) if self.chosen else None,
+            "chosen": json_safe(self.chosen),
             "method": self.method,
             "grid_size": self.grid_size,
-            "scaled": json_safe(self.scaled) if self.scaled else None,
+            "scaled": json_safe(self.scaled),
         }
 
 
@@ -294,9 +276,7 @@ def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
         recs = study.scan(ids, decoded=False).records
         return reg, strata.objective([r.measures for r in recs[: len(prone)]], [r.measures for r in recs[len(prone) :]])
 
-    result.candidates = run_search(
-        study.module, specs, stage.directions, stage.unit_means, evaluate, gaps=stage.gaps, progress=study.progress
-    )
+    result.candidates = run_search(study.module, specs, stage.build(study.module), evaluate, progress=study.progress)
     result.chosen = choose(result.candidates, baseline, limits)
     return result
 
@@ -321,7 +301,7 @@ def _scaled(
         "rank (Δ log p(loop token), direction ablated): " + ", ".join(f"L{s.layer} {s.dlogp:+.2f}" for s in scores)
     )
     sets = scaled_layer_sets([s.layer for s in scores], study.n_layers, cfg.top_layers)
-    build = build_with(model, stage.directions, stage.unit_means, stage.gaps)
+    build = stage.build(model)
     windows = stage.probe.ids[: cfg.screen_windows].tolist()
     quick = RegressionProbe(model, windows, batch_size=cfg.batch_size, reuse_prefix=True)
     grid = chains(sets, cfg.ks, cfg.forms, cfg.alphas())
@@ -359,8 +339,7 @@ def _scaled(
 def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:
     """The chosen edit as a finalised patch (hashes before/after recorded; model left unchanged)."""
     assert chosen.objective is not None and chosen.regression is not None  # choose() returns scanned, admitted ones
-    edit = make_patch(study.module, chosen.spec, stage.directions, stage.unit_means, stage.gaps)
-    patch = finalise(study.module, edit)
+    patch = finalise(study.module, stage.build(study.module)(chosen.spec))
     patch.meta.update(
         edit=json_safe(chosen.spec),
         sampler=json_safe(study.sampler),
@@ -408,8 +387,8 @@ def validate_stage(
     return Validation(
         before.summary,
         after.summary,
-        _subset_rates([b for b, _ in prone]),
-        _subset_rates([a for _, a in prone]),
+        summarise([b for b, _ in prone]),
+        summarise([a for _, a in prone]),
         new,
         sum(1 for b, a in pairs if a.looping and not b.looping),
         regression,
@@ -432,14 +411,6 @@ def transfer_stage(study: LoopStudy, patch: Patch, texts: Sequence[str], searche
     new = sum(1 for b, a in zip(before.records, after.records, strict=True) if a.degenerate and not b.degenerate)
     names = ("plain", "chat")
     return Transfer(names[not searched_chat], names[searched_chat], before.summary, after.summary, new)
-
-
-def _subset_rates(records: Sequence[GenerationRecord]) -> LoopRates:
-    rates = loop_rates([r.measures for r in records])
-    chars = [r.char_measures for r in records if r.char_measures is not None]
-    if records and len(chars) == len(records):
-        rates.chars = loop_rates(chars)
-    return rates
 
 
 @dataclass(frozen=True)

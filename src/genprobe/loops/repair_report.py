@@ -67,19 +67,17 @@ def _locate_panel(ax: Any, loc: dict) -> None:
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r[1] for r in rows], 0.4, color="#4a7", label="degenerate")
     ax.bar([x + 0.2 for x in xs], [r[2] for r in rows], 0.4, color="#bbb", label="exact only")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([r[0] for r in rows])
-    ax.set_ylabel("loop rate (locate set)")
-    ax.set_title("direction ablated from MLP output")
+    ax.set_xticks(list(xs), [r[0] for r in rows])
+    ax.set(ylabel="loop rate (locate set)", title="direction ablated from MLP output")
     ax.legend(fontsize=7)
 
 
 def _rank_panel(ax: Any, scaled: dict | None) -> None:
     scores = sorted((scaled or {}).get("layer_scores", []), key=lambda r: r["layer"])
     ax.bar([r["layer"] for r in scores], [r["dlogp"] for r in scores], color="#4a7")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("Δ log p(loop token), nats")
-    ax.set_title("direction ablated: loop pressure (teacher-forced)")
+    ax.set(
+        xlabel="layer", ylabel="Δ log p(loop token), nats", title="direction ablated: loop pressure (teacher-forced)"
+    )
 
 
 def _sweep_panel(ax: Any, s: dict) -> None:
@@ -103,11 +101,7 @@ def _sweep_panel(ax: Any, s: dict) -> None:
             color=colours[(layers, k)],
             label=f"{form} L{''.join(map(str, layers))} k={k}",
         )
-        over = [
-            r["alpha"]
-            for r in rs
-            if r["kl"] is None or not (r["kl"] <= lim["max_kl"] and r["dloss"] <= lim["max_dloss"])
-        ]
+        over = [r["alpha"] for r in rs if r["kl"] is None or r["kl"] > lim["max_kl"] or r["dloss"] > lim["max_dloss"]]
         if over:
             ax.plot(over, [0] * len(over), "x", color="red", ms=5)
     ax.axhline(s["base_loop_rate"], color="#888", lw=1, label="no edit")
@@ -117,12 +111,10 @@ def _sweep_panel(ax: Any, s: dict) -> None:
     ticks = sorted({r["alpha"] for r in s["candidates"]})
     if ticks:
         ax.set_xscale("log")
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([f"{t:g}" for t in ticks])
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
         ax.minorticks_off()
-    ax.set_xlabel("α (subtract: relative to the loop gap; project: fraction)")
-    ax.set_ylabel("estimated degenerate rate (search set)")
-    ax.set_title("strength sweep (red × = over KL/Δloss limit)")
+    ax.set(xlabel="α (subtract: relative to the loop gap; project: fraction)")
+    ax.set(ylabel="estimated degenerate rate (search set)", title="strength sweep (red × = over KL/Δloss limit)")
     ax.legend(fontsize=6, ncol=2)
 
 

@@ -1,24 +1,7 @@
 """The edit search that scales with depth: rank layers, screen strengths without generating, then halve.
 
-The exhaustive search (:func:`genprobe.loops.search.run_search` over :func:`~genprobe.loops.search.grid`) generates
-for every layer alone and all together × k × form × strength: 620 candidates on a 30-layer model, each scored by
-generating for the whole search set. This search spends generation only where it can decide something:
-
-1. **rank** — each layer's loop direction is ablated from its MLP output (the idealised edit) and the
-   :class:`~genprobe.loops.screen.LoopProbe` reads how much less likely the model becomes to continue its own loops
-   (teacher-forced, a few hundred tokens per layer). Layers are ranked by that drop.
-2. **layer sets** — the ``top_layers`` best layers alone, the best two and the best ``top_layers`` together, and
-   all layers (the exhaustive search's "all together" set).
-3. **screen** — per (layer set, k, form), strengths from the strongest down: the regression check on a few windows
-   of the validation text until one is within the limits; it and the next weaker one get their loop pressure (KL
-   grows with the strength, and the exhaustive search's choices are the strongest admissible strengths or next to
-   them). The ``keep`` candidates with the largest drop go on.
-4. **halving** — the survivors generate for a quarter of the stratified search set, the better half goes on to
-   half of it, and so on until the whole set; prompts a candidate already generated for are not generated again.
-   The last rung's candidates get the full regression check, and :func:`~genprobe.loops.search.choose` picks among
-   them with the same rule, on the same full search set, as the exhaustive search.
-
-Every edit is written, measured and written back exactly (as in the exhaustive search).
+The four steps (rank, layer sets, screen, halving) are described in docs/loop-repair-at-scale.md. Every edit is
+written, measured and written back exactly (as in the exhaustive search).
 """
 
 from __future__ import annotations
@@ -31,12 +14,12 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..metrics import LoopMeasures
-from .edit import EditSpec, make_patch
+from .edit import EditSpec
 from .hooks import ablate
-from .patch import Patch, written
+from .patch import written
 from .regress import Regression, RegressionProbe
 from .screen import LoopProbe, Pressure
-from .search import Candidate, Limits, Strata, grid, progress_bar, rank_key
+from .search import Build, Candidate, Limits, Strata, grid, progress_bar, rank_key
 
 Scan = Callable[[Sequence[list[int]]], list[LoopMeasures]]  # prompt ids -> loop measures on the model as it is now
 
@@ -128,16 +111,10 @@ def chains(
     return [sorted(grid([ls], [k], [f], alphas), key=by_alpha) for ls in layer_sets for f in forms for k in ks]
 
 
-def _screen_one(model: Any, spec: EditSpec, build: Callable[[EditSpec], Patch], probe: RegressionProbe) -> Candidate:
-    patch = build(spec)
-    with written(model, patch):
-        return Candidate.of(spec, patch, probe.measure(model, first_layer=min(spec.layers)))
-
-
 def screen(
     model: Any,
     chains: Sequence[Sequence[EditSpec]],
-    build: Callable[[EditSpec], Patch],
+    build: Build,
     regression: RegressionProbe,
     loops: LoopProbe,
     limits: Limits,
@@ -151,16 +128,16 @@ def screen(
         admitted = 0
         for spec in sorted(chain, key=lambda s: -s.alpha):
             try:
-                cand = _screen_one(model, spec, build, regression)
+                patch = build(spec)
             except ValueError as exc:  # e.g. the selected units are never active in loops: no strength builds
                 out.append(Screened(Candidate(spec, error=str(exc)), None))
                 break
-            if not limits.admits(cand.regression):
-                out.append(Screened(cand, None))
-                continue
-            with written(model, build(spec)):
-                out.append(Screened(cand, loops.measure(model, first_layer=min(spec.layers))))
-            admitted += 1
+            first = min(spec.layers)
+            with written(model, patch):
+                cand = Candidate.of(spec, patch, regression.measure(model, first_layer=first))
+                pressure = loops.measure(model, first_layer=first) if limits.admits(cand.regression) else None
+            out.append(Screened(cand, pressure))
+            admitted += pressure is not None
             if admitted == per_chain:
                 break
     return out
@@ -200,7 +177,7 @@ class _Generated:
 def halve(
     model: Any,
     survivors: Sequence[Candidate],
-    build: Callable[[EditSpec], Patch],
+    build: Build,
     scan: Scan,
     prone_ids: Sequence[list[int]],
     control_ids: Sequence[list[int]],
@@ -239,7 +216,7 @@ def halve(
 
 
 def full_regression_check(
-    model: Any, build: Callable[[EditSpec], Patch], measure: Callable[[Any], Regression], limits: Limits
+    model: Any, build: Build, measure: Callable[[Any], Regression], limits: Limits
 ) -> Callable[[Candidate], bool]:
     """``candidate -> within the limits`` on the full regression check, measured once per candidate (its
     ``regression`` is replaced by the full one, and ``screen["full_check"]`` records that it was measured)."""
@@ -252,10 +229,3 @@ def full_regression_check(
         return bool(c.screen["full_check"])
 
     return check
-
-
-def build_with(
-    model: Any, directions: dict[int, torch.Tensor], unit_means: dict[int, torch.Tensor], gaps: dict[int, float]
-) -> Callable[[EditSpec], Patch]:
-    """``spec -> patch`` for this model and these directions (not applied)."""
-    return lambda spec: make_patch(model, spec, directions, unit_means, gaps)

@@ -1,23 +1,8 @@
 """Loop scan: generate after every prompt (batched), measure loops, aggregate rates and histograms.
 
-Every generation is measured on its tokens (periods in tokens) and, when a decoder is given, on the
-decoded characters too (periods in characters) — for a subword model the two differ, for the char
-GPT they coincide. Each measurement carries the exact-loop, near-loop and any-loop (either) rates
-side by side with the repetitive-tail rate (LZ compression), the degenerate rate (any of the
-three: what a repair must lower), tail compression and seq-rep-4 — the exact rate alone can be gamed.
-
-Loop studies generate a fixed number of new tokens. A model with an end-of-text token would stop
-early (and an early stop hides a loop that would have followed), so :func:`study_sampler` bans the
-end token and :class:`ScanSettings` records that it did.
-
-**Calibration.** A rate is read beside the rate at which the same detectors flag *human* text of the same
-tokenizer and length (:mod:`genprobe.metrics.calibrate`). A scan given a
-:class:`~genprobe.metrics.LoopCalibration` runs with its settings and carries its held-out human
-false-positive rates: ``ScanSettings.calibration``, ``LoopRates.human_fpr`` (one per detector, beside each
-rate) and a "human" column in :func:`scan_table`. :func:`calibrate_for_scan` picks the human text by the
-prompts' script (:func:`genprobe.loops.prompts.human_sequences`). The per-character view is a verdict only
-where characters are the tokenizer's unit (the char model); for a subword tokenizer it is kept in the JSON,
-marked ``chars_unit: false``, and left out of the table: its thresholds were never calibrated on characters.
+Every generation is measured on its tokens and, when decoded, on its characters; the exact, near, any-loop,
+repetitive-tail and degenerate rates are reported side by side, with the end token banned so a loop cannot hide
+behind an early stop. Calibration against human text: docs/calibration.md.
 """
 
 from __future__ import annotations
@@ -56,7 +41,7 @@ def chanting_sampler(unk_id: int | None = 1, eos_id: int | None = None) -> Sampl
 
 def greedy_sampler(eos_id: int | None = None) -> SamplerConfig:
     """Plain greedy (argmax); the end token banned when there is one (fixed-length loop studies)."""
-    return SamplerConfig(greedy=True, ban_ids=(eos_id,) if eos_id is not None else ())
+    return chanting_sampler(None, eos_id)
 
 
 def study_sampler(sampler: SamplerConfig, eos_id: int | None) -> SamplerConfig:
@@ -98,10 +83,7 @@ class GenerationRecord:
     def to_dict(self) -> dict:
         """Token measures at the top level (as before), character measures under ``chars``."""
         keys = ("prompt", "text", "prompt_ids", "tokens", "hit_limit", "unk_share", "unit_text")
-        d: dict[str, Any] = {k: getattr(self, k) for k in keys}
-        d.update(json_safe(self.measures))
-        d["chars"] = json_safe(self.char_measures) if self.char_measures is not None else None
-        return d
+        return {k: getattr(self, k) for k in keys} | json_safe(self.measures) | {"chars": json_safe(self.char_measures)}
 
 
 @dataclass
@@ -144,10 +126,6 @@ class LoopRates:
     chars_note: str | None = None
 
 
-def _rate(k: int, n: int) -> tuple[float, list[float]]:
-    return (k / n if n else 0.0), list(wilson_interval(k, n))
-
-
 def _onset_hist(onsets: Sequence[int]) -> dict[str, int]:
     starts = [(o // ONSET_BIN) * ONSET_BIN for o in onsets]
     hist: Counter = Counter(f"{lo}-{lo + ONSET_BIN - 1}" for lo in starts)
@@ -176,7 +154,7 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
     }
     rates: dict[str, Any] = {}
     for (count, rate), k in counts.items():
-        rates[count], (rates[rate], rates[f"{rate}_ci95"]) = k, _rate(k, n)
+        rates[count], rates[rate], rates[f"{rate}_ci95"] = k, share(k), list(wilson_interval(k, n))
     for name in ("distinct_2", "seq_rep_4", "longest_repeat", "tail_compression", "near_match"):
         rates[f"mean_{name}"] = share(sum(getattr(m, name) for m in measures))
     return LoopRates(
@@ -487,9 +465,17 @@ def _ci(rate: float, ci: Sequence[float]) -> str:
     return f"{_pct(rate)}  [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]"
 
 
-def _human(summary: LoopRates, key: str) -> str:
-    h = (summary.human_fpr or {}).get(key)
-    return _ci(h["rate"], h["ci95"]) if h else ""
+def _ci_of(key: str) -> Callable[[LoopRates], str]:
+    return lambda s: _ci(getattr(s, key), getattr(s, f"{key}_ci95"))
+
+
+CI_ROWS = (  # (label, a LoopRates rate with a 95% CI, its human_fpr key)
+    ("exact loop rate", "loop_rate", "exact"),
+    ("near-loop rate", "near_loop_rate", "near"),
+    ("exact or near", "any_loop_rate", "any_loop"),
+    ("repetitive tail", "repetitive_rate", "repetitive"),
+    ("degenerate (any of them)", "degenerate_rate", "degenerate"),
+)
 
 
 def scan_table(summary: LoopRates, title: str = "") -> str:
@@ -497,13 +483,9 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
     held-out human false-positive rate of each detector when the scan was calibrated."""
     show_chars = summary.chars is not None and summary.chars_unit is not False
     cols = [("tokens", summary)] + ([("chars", summary.chars)] if show_chars and summary.chars is not None else [])
-    human = summary.human_fpr is not None
-    rows = [
-        ("exact loop rate", lambda s: _ci(s.loop_rate, s.loop_rate_ci95), "exact"),
-        ("near-loop rate", lambda s: _ci(s.near_loop_rate, s.near_loop_rate_ci95), "near"),
-        ("exact or near", lambda s: _ci(s.any_loop_rate, s.any_loop_rate_ci95), "any_loop"),
-        ("repetitive tail", lambda s: _ci(s.repetitive_rate, s.repetitive_rate_ci95), "repetitive"),
-        ("degenerate (any of them)", lambda s: _ci(s.degenerate_rate, s.degenerate_rate_ci95), "degenerate"),
+    human = summary.human_fpr or {}
+    rows: list[tuple[str, Callable[[LoopRates], str], str]] = [(label, _ci_of(key), h) for label, key, h in CI_ROWS]
+    rows += [
         (
             f"  short (≤{summary.short_period_max}) exact/any",
             lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}",
@@ -517,11 +499,14 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
     ]
     lines = [title] if title else []
     lines.append(f"  generations {summary.n}; hit the length limit {_pct(summary.length_capped_rate or 0.0)}")
-    head = "".join(f"{name:<28}" for name, _ in cols) + ("human text (held out)" if human else "")
+    head = "".join(f"{name:<28}" for name, _ in cols) + (
+        "human text (held out)" if summary.human_fpr is not None else ""
+    )
     lines.append("  " + " " * 30 + head)
     for label, fmt, key in rows:
+        h = human.get(key)
         lines.append(
-            f"  {label:<30}" + "".join(f"{fmt(s):<28}" for _, s in cols) + (_human(summary, key) if human else "")
+            f"  {label:<30}" + "".join(f"{fmt(s):<28}" for _, s in cols) + (_ci(h["rate"], h["ci95"]) if h else "")
         )
     for name, s in cols:
         lines.append(f"  periods ({name}): exact {s.period_hist}; near {s.near_period_hist}")

@@ -93,23 +93,14 @@ class LoopScans:
     def to_dict(self, with_records: bool = True) -> dict[str, Any]:
         """Plain JSON: ``loops scan --out``'s scan.json (every record); without records, ``loops scan --json``
         (each setting's settings, summary and its first generations as examples)."""
-        scans: dict[str, Any] = {}
+        scans = {name: res.to_dict(with_records) for name, res in self.scans.items()}
         for name, res in self.scans.items():
-            if with_records:
-                scans[name] = json_safe(res)
-                continue
-            examples = [{k: json_safe(r)[k] for k in EXAMPLE_KEYS} for r in res.records[:LOOP_EXAMPLES]]
-            scans[name] = {"settings": json_safe(res.settings), "summary": json_safe(res.summary), "examples": examples}
-        return {
-            "model": self.model,
-            "prompts": self.prompts,
-            "prompt_source": self.prompt_source,
-            "max_new_tokens": self.max_new_tokens,
-            "end_token": self.end_token,
-            **self.backend,
-            "calibration": json_safe(self.calibration) if self.calibration is not None else None,
-            "scans": scans,
-        }
+            if not with_records:
+                scans[name]["examples"] = [
+                    {k: json_safe(r)[k] for k in EXAMPLE_KEYS} for r in res.records[:LOOP_EXAMPLES]
+                ]
+        about = {k: getattr(self, k) for k in ("model", "prompts", "prompt_source", "max_new_tokens", "end_token")}
+        return about | self.backend | {"calibration": json_safe(self.calibration), "scans": scans}
 
 
 def loop_study_settings(model: Any, setting: str = "both") -> dict[str, SamplerConfig]:

@@ -1,16 +1,8 @@
 """Screening an edit without generating: how much less likely the model becomes to continue its own loops.
 
-Generation is what decides an edit (:mod:`genprobe.loops.search`), but on a 30-layer model it costs about as much
-per token as a teacher-forced forward while giving one binary verdict per prompt. A :class:`LoopProbe` instead
-teacher-forces a few loop-prone generations (prompt + the looping continuation the unedited model produced) and
-reads, at every position one full period past the loop's onset, the log-probability of the token that continues
-the loop. An edit that breaks loops must lower it; the mean change (``dlogp``, nats, negative is good) and the
-share of those positions whose loop token stops being the top choice (``broken``, what ends a greedy loop) are
-continuous measures from a few hundred tokens, so they can rank layers and strengths before anything is generated.
-
-They are a proxy: a low ``dlogp`` says the loop is less attractive where it was, not that the text after the
-escape is good or that no new loop forms. The scaled search (:mod:`genprobe.loops.scaled`) therefore only uses them
-to choose which candidates to generate for.
+A :class:`LoopProbe` teacher-forces a few looping generations and reads log p(loop token) one period past the onset;
+its change (``dlogp``) and the share of loop tokens no longer the top choice (``broken``) are a proxy that the scaled
+search (:mod:`genprobe.loops.scaled`) only uses to choose which candidates to generate for.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Strength / layer-set / k / form search under regression limits, optimising a loop rate that cannot be gamed.
 
-Every candidate is applied in place, evaluated, and reverted exactly (original columns written
-back), so the model leaves the search bit-identical. What the search minimises is the **degenerate
-rate** — generations whose tail loops exactly, nearly (up to substitutions) or is repetitive (a few
-LZ copies of earlier text; :class:`genprobe.metrics.LoopMeasures`) — estimated on a stratified
-search set; the exact-loop rate is measured and reported beside it but never decides. An edit that
-merely changes one token per cycle turns exact loops into near loops, one that shifts the unit each
-cycle turns them into repetitive tails: the exact rate drops, the degenerate rate does not, and such
-edits do not win (see the tests).
-
-The choice rule is pure (:func:`choose`): among candidates with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss``
-and a degenerate rate strictly below the baseline's, take the lowest degenerate rate; ties go to the
-lower periodic (exact-or-near) rate, the lower exact rate, then fewer weights changed, then lower KL.
+Every candidate is applied in place, evaluated and reverted exactly. The search minimises the **degenerate rate**
+(exact loop, near loop or repetitive tail) on a stratified search set; the exact rate is reported but never decides,
+so an edit that turns exact loops into near ones does not win. The choice rule (:func:`choose`): among candidates
+with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss`` and a degenerate rate strictly below the baseline's, the lowest
+degenerate rate; ties go to the lower periodic rate, the lower exact rate, fewer weights changed, then lower KL.
 """
 
 from __future__ import annotations
@@ -21,13 +14,12 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
 from tqdm import tqdm
 
 from .._io import json_safe
 from ..metrics import LoopMeasures
 from ..model.arch import state_sha256
-from .edit import EditSpec, make_patch
+from .edit import EditSpec
 from .patch import Patch, written
 from .regress import Regression
 
@@ -129,13 +121,11 @@ def grid(
     layer_sets: Sequence[Sequence[int]], ks: Sequence[int], forms: Sequence[str], alphas: Mapping[str, Sequence[float]]
 ) -> list[EditSpec]:
     """All combinations; ``alphas`` maps each form to its strength grid."""
-    out = []
-    for form, layers, k in itertools.product(forms, layer_sets, ks):
-        if form not in alphas:
-            raise ValueError(f"no alpha grid for edit form {form!r}")
-        for a in alphas[form]:
-            out.append(EditSpec(tuple(layers), int(k), form, float(a)))
-    return out
+    missing = [form for form in forms if form not in alphas]
+    if missing:
+        raise ValueError(f"no alpha grid for edit form {missing[0]!r}")
+    combos = itertools.product(forms, layer_sets, ks)
+    return [EditSpec(tuple(layers), int(k), form, float(a)) for form, layers, k in combos for a in alphas[form]]
 
 
 def choose(candidates: Sequence[Candidate], baseline: Objective, limits: Limits) -> Candidate | None:
@@ -171,22 +161,19 @@ def check_restored(model: Any, before: str) -> None:
 Evaluate = Callable[[Any], tuple[Regression, Objective | None]]
 
 
+Build = Callable[[EditSpec], Patch]  # spec -> its patch (not applied)
+
+
 def run_search(
-    model: Any,
-    specs: Sequence[EditSpec],
-    directions: dict[int, torch.Tensor],
-    unit_means: dict[int, torch.Tensor],
-    evaluate: Evaluate,
-    *,
-    gaps: dict[int, float] | None = None,
-    progress: bool = False,
+    model: Any, specs: Sequence[EditSpec], build: Build, evaluate: Evaluate, progress: bool = False
 ) -> list[Candidate]:
-    """Evaluate every spec with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
+    """Evaluate every spec's patch (``build(spec)``, e.g. :func:`~genprobe.loops.edit.make_patch` of the directions)
+    with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
     before = state_sha256(model)
     out = []
     for spec in progress_bar(specs, "search", "edit", progress):
         try:
-            patch = make_patch(model, spec, directions, unit_means, gaps)
+            patch = build(spec)
         except ValueError as exc:  # e.g. selected units never active in loops: this candidate cannot be built
             out.append(Candidate(spec, error=str(exc)))
             continue

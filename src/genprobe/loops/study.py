@@ -1,9 +1,6 @@
-"""A loop study: the model under study, how it generates (end token banned) and what it is run on.
-
-:class:`RepairConfig` holds the sizes, grids and limits; :class:`RepairInputs` the three disjoint prompt
-sets and the validation text with where they came from; :class:`LoopStudy` wraps a loaded model
-(:class:`genprobe.model.load.Model`) with its sampler and scans prompt sets on it as it is *now*, so
-edits applied in place are seen by the next scan.
+"""A loop study: :class:`RepairConfig` (sizes, grids, limits), :class:`RepairInputs` (three disjoint prompt sets and
+the validation text) and :class:`LoopStudy` (a loaded model with its sampler, end token banned, scanned as it is
+*now*, so edits applied in place are seen by the next scan).
 """
 
 from __future__ import annotations
@@ -273,8 +270,7 @@ class Clock:
     """Wall-clock seconds per named stage."""
 
     def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.last = self.t0
+        self.t0 = self.last = time.perf_counter()
         self.stages: dict[str, float] = {}
 
     def tick(self, name: str) -> None:
