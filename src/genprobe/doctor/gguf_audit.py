@@ -10,6 +10,7 @@ the loader). Shapes are in ggml's order, fastest dimension first: ``token_embd.w
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 from .findings import Finding
@@ -64,11 +65,7 @@ def _special_harm(bad: dict[str, Any]) -> str:
 
 def _weight_types(reader: Any) -> dict[str, int]:
     """How many matrices (tensors of 2 or more dimensions) of each ggml type."""
-    counts: dict[str, int] = {}
-    for t in reader.tensors:
-        if len(t.shape) >= 2:
-            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+    return dict(Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2).most_common())
 
 
 def _file_type(reader: Any, command: str) -> list[Finding]:

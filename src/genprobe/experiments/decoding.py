@@ -97,22 +97,13 @@ class StrategyRow:
     spread: dict[int, float] | None = None  # seed -> distinct-2, sampled strategies only
 
     def to_dict(self) -> dict:
-        """JSON form: the strategy, its sampler and seed, then the generation's fields."""
-        d = {
-            "strategy": self.strategy,
-            "sampler": json_safe(self.sampler),
-            "seed": self.seed,
-            **json_safe(self.decoded),
-        }
+        """JSON form: the strategy, its sampler and seed, the generation's fields (and distinct-2 over the seeds)."""
+        d = {"strategy": self.strategy, "sampler": self.sampler, "seed": self.seed, **self.decoded.to_dict()}
         if self.spread is not None:
             vals = list(self.spread.values())
-            d["distinct_2_over_seeds"] = {
-                "seeds": list(self.spread),
-                "values": vals,
-                "mean": r(sum(vals) / len(vals)),
-                "min": min(vals),
-            }
-        return d
+            mean = r(sum(vals) / len(vals))
+            d["distinct_2_over_seeds"] = {"seeds": list(self.spread), "values": vals, "mean": mean, "min": min(vals)}
+        return json_safe(d)
 
 
 @dataclass(frozen=True)

@@ -57,24 +57,16 @@ def _row_losses(model: GPT | LogitsFn, ids: list[int]) -> tuple[torch.Tensor, to
 
 
 @dataclass(frozen=True)
-class TeacherForcingRow:
+class TeacherForcingRow(Rounded):
     """Row ``pos`` of the teacher-forcing table: the context so far, the true next token, its loss, the top 3."""
+
+    DIGITS_OF = {"loss": 6}
 
     pos: int
     context: str
     truth: str
     loss: float
-    top3: list[tuple[str, float]]  # (token, probability)
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {
-            "pos": self.pos,
-            "context": self.context,
-            "truth": self.truth,
-            "loss": r(self.loss, 6),
-            "top3": [{"token": t, "prob": r(p)} for t, p in self.top3],
-        }
+    top3: list[dict]  # {"token", "prob" (rounded)}
 
 
 @dataclass(frozen=True)
@@ -106,7 +98,9 @@ def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: st
     for i in range(len(ids) - 1):
         j = start + i
         top = torch.topk(logp[j].exp(), 3)
-        top3 = [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices, strict=True)]
+        top3 = [
+            {"token": tok.token_str(int(t)), "prob": r(float(p))} for p, t in zip(top.values, top.indices, strict=True)
+        ]
         context = tok.decode(ids[: i + 1], show_unk=True)
         rows.append(TeacherForcingRow(i, context, tok.token_str(ids[i + 1]), float(loss[j]), top3))
     scored = loss[start : start + len(ids) - 1]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 import torch
@@ -134,50 +134,32 @@ class Subject:
 
 # ---- diversity --------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class DiversityRow:
-    """One decoding strategy over every prompt: mean distinct-2 of the new tokens, loop and degenerate counts."""
+class DiversityRow(Rounded):
+    """One decoding strategy over every prompt (its sampler as the fields that differ from the defaults): mean
+    distinct-2 of the new tokens, shares of the generations that loop exactly and that degenerate."""
 
     strategy: str
-    sampler: SamplerConfig
+    sampler: dict
     generations: int
     new_tokens: int
     distinct_2: float
-    exact_loops: int
-    degenerate: int
+    loop_share: float
+    degenerate_share: float
     example: str
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded; shares of the generations)."""
-        n = self.generations
-        return {
-            "strategy": self.strategy,
-            "sampler": _brief(self.sampler),
-            "generations": n,
-            "new_tokens": self.new_tokens,
-            "distinct_2": r(self.distinct_2),
-            "loop_share": r(self.exact_loops / n),
-            "degenerate_share": r(self.degenerate / n),
-            "example": self.example,
-        }
-
-
-def _brief(sampler: SamplerConfig) -> dict:
-    """The sampler's fields that differ from the defaults."""
-    default = SamplerConfig().to_dict()
-    return {k: v for k, v in json_safe(sampler).items() if v != default[k]}
 
 
 def diversity(subject: Subject, prompt_ids: list[list[int]], n: int) -> list[DiversityRow]:
     """Greedy and each :data:`SAMPLED` strategy on every prompt."""
     strategies = [("greedy", subject.sampler(greedy=True))] + [(name, subject.sampler(**kw)) for name, kw in SAMPLED]
-    rows = []
+    default, rows = SamplerConfig().to_dict(), []
     for name, sampler in strategies:
         tokens = torch.cat([t for t, _ in subject.generate(prompt_ids, n, sampler)]).tolist()
         m = [measure_loops(t) for t in tokens]
-        loops, degenerate = sum(x.looping for x in m), sum(x.degenerate for x in m)
+        brief = {k: v for k, v in json_safe(sampler).items() if v != default[k]}
+        loops, degenerate = (statistics.fmean(getattr(x, k) for x in m) for k in ("looping", "degenerate"))
         example = subject.model.decode(prompt_ids[0] + tokens[0])
         d2 = statistics.fmean(x.distinct_2 for x in m)
-        rows.append(DiversityRow(name, sampler, len(tokens), n, d2, loops, degenerate, example))
+        rows.append(DiversityRow(name, brief, len(tokens), n, d2, loops, degenerate, example))
     return rows
 
 
@@ -457,25 +439,10 @@ class PhenomenaResult:
         return next(x for x in self.readings if x.mode == mode)
 
     def to_dict(self) -> dict:
-        """JSON form (``phenomena.json``)."""
-        return {
-            "format": "genprobe-phenomena/1",
-            "model": self.model,
-            "inputs": self.inputs,
-            "config": json_safe(self.config),
-            "new_tokens": self.new_tokens,
-            "continuation_tokens": self.continuation_tokens,
-            "diversity": [json_safe(row) for row in self.diversity],
-            "distribution": json_safe(self.distribution),
-            "free_running": {
-                "prefix_tokens": self.config.prefix_tokens,
-                "readings": [json_safe(x) for x in self.readings],
-            },
-            "shadow": json_safe(self.shadow),
-            "divergence": json_safe(self.divergence),
-            "timing": json_safe(self.timing),
-            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
-        }
+        """JSON form (``phenomena.json``): the fields, the readings under ``free_running`` with the prefix length."""
+        d = {"format": "genprobe-phenomena/1"} | {f.name: json_safe(getattr(self, f.name)) for f in fields(self)}
+        d["free_running"] = {"prefix_tokens": self.config.prefix_tokens, "readings": d.pop("readings")}
+        return d | {"seconds": {k: round(v, 1) for k, v in self.seconds.items()}}
 
 
 def _long_texts(subject: Subject, texts: Sequence[str], need: int) -> list[list[int]]:
