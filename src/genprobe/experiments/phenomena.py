@@ -356,14 +356,11 @@ class Divergence:
     new_tokens: int
     agree: list[list[bool]]  # per row, per step: the two continuations hold the same token
 
-    def first_divergence(self) -> list[int | None]:
-        """Per row, the first step (1-based) whose tokens differ; None when the continuations are identical."""
-        return [next((s + 1 for s, a in enumerate(row) if not a), None) for row in self.agree]
-
     def to_dict(self) -> dict:
         """Shares of rows: identical so far / agreeing at each step; never diverged; agreement in the last quarter."""
         n, N = self.rows, self.new_tokens
-        firsts = self.first_divergence()
+        # per row, the first step (1-based) whose tokens differ; None when the continuations are identical
+        firsts = [next((s + 1 for s, a in enumerate(row) if not a), None) for row in self.agree]
         diverged = sorted(f for f in firsts if f is not None)
         agree_by_step = [sum(row[s] for row in self.agree) / n for s in range(N)]
         identical = [sum(f is None or f > s + 1 for f in firsts) / n for s in range(N)]
