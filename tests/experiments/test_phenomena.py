@@ -154,7 +154,7 @@ def test_order_trap_kept_sets_on_a_distribution_with_ties():
     temp = [row.median["temp_then_trunc"] for row in res.order_trap]
     assert trunc == [4, 4, 4, 4]  # truncating first freezes the kept set
     assert temp == [3, 4, 5, 5]  # p² crosses 0.9 after 3 tokens; √p never reaches 0.9 before the last
-    ent = [row.entropy for row in res.entropy]
+    ent = [row.entropy for row in res.entropy_vs_temperature]
     assert ent[0] < ent[1] < ent[2] <= math.log(5)
 
 

@@ -5,12 +5,11 @@ heads that are dead (near-uniform), sink-only or position-only, each by a stated
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .._io import json_safe
 from ..attention.capture import capture_attention
 from ..attention.metrics import per_position
 from .findings import Finding
@@ -55,27 +54,16 @@ class AttentionHealth:
     criteria: dict[str, str]
     findings: list[Finding] = field(default_factory=list)
 
-    def flagged(self, flag: str) -> list[HeadHealth]:
-        """The heads carrying ``flag`` (dead, sink, position)."""
-        return [h for h in self.heads if h.flag == flag]
+    JSON_PROPERTIES = ("flagged",)
+
+    @property
+    def flagged(self) -> dict[str, list[tuple[int, int]]]:
+        """(layer, head) of the heads carrying each flag (dead, sink, position)."""
+        return {k: [(h.layer, h.head) for h in self.heads if h.flag == k] for k in CRITERIA}
 
     def grid(self) -> list[list[HeadHealth]]:
         """The heads as rows of layers (what the heatmap draws)."""
         return [[h for h in self.heads if h.layer == layer] for layer in range(self.n_layer)]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON."""
-        return {
-            "tokens": self.tokens,
-            "text": self.text,
-            "n_layer": self.n_layer,
-            "n_head": self.n_head,
-            "implementation": self.implementation,
-            "criteria": self.criteria,
-            "heads": [asdict(h) for h in self.heads],
-            "flagged": {k: [[h.layer, h.head] for h in self.flagged(k)] for k in CRITERIA},
-            "findings": [json_safe(f) for f in self.findings],
-        }
 
 
 def probe_ids(model: Any, prompts: list[str] | None, length: int) -> list[int]:
@@ -143,13 +131,13 @@ def _findings(res: AttentionHealth, command: str) -> list[Finding]:
     total = len(res.heads)
     out = []
     for flag, what in (("dead", "near-uniform (dead)"), ("sink", "sink-only"), ("position", "position-only")):
-        heads = res.flagged(flag)
+        heads = res.flagged[flag]
         sev = "info" if heads else "ok"
         if flag == "dead" and total and len(heads) / total >= DEAD_SHARE_WARN:
             sev = "warning"
-        where = ", ".join(f"L{h.layer}H{h.head}" for h in heads[:12]) + (" …" if len(heads) > 12 else "")
+        where = ", ".join(f"L{layer}H{head}" for layer, head in heads[:12]) + (" …" if len(heads) > 12 else "")
         title = f"{len(heads)} of {total} heads {what}" + (f": {where}" if heads else "")
         crit = CRITERIA[flag] + (f"; {DEAD_SHARE_WARN:.0%} of heads or more dead warns" if flag == "dead" else "")
-        ev = {"heads": [[h.layer, h.head] for h in heads], "of": total}
+        ev = {"heads": heads, "of": total}
         out.append(Finding("attention", f"heads.{flag}", sev, title, ev, crit, command))
     return out

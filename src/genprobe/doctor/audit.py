@@ -1,11 +1,7 @@
-"""The static audit stage: the model's files read as data, nothing executed — what the model-file auditors check
-(special ids, the chat template as code, the quantization label, the structure against the config, duplicate and
-overlapping entries, hidden text, ``auto_map``, suppressions, normalizers). One module per kind of file:
-:mod:`.gguf_audit`, :mod:`.hf_audit`; shared: :mod:`.template_audit`, :mod:`.metadata_audit`.
-
-A directory converted from GGUF (``genprobe fetch``, ``genprobe convert``) is audited as a transformers directory and,
-when the file it came from is still there, as that GGUF file too.
-"""
+"""The static audit stage: the model's files read as data, nothing executed (docs/doctor.md lists the checks). One
+module per kind of file: :mod:`.gguf_audit`, :mod:`.hf_audit`; shared: :mod:`.template_audit`, :mod:`.metadata_audit`.
+A directory converted from GGUF is audited as a transformers directory and, when its GGUF file is still there, as that
+file too."""
 
 from __future__ import annotations
 

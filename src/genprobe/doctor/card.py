@@ -78,10 +78,6 @@ def generation_defaults(model: Any) -> dict[str, Any] | None:
     return {k: getattr(gc, k, None) for k in GENERATION_KEYS if getattr(gc, k, None) is not None}
 
 
-def _layers(model: Any) -> int:
-    return len(model.mlp_sites())
-
-
 def model_card(model: Any, prompts: list[str] | None, chat: bool, command: str) -> ModelCard:
     """The card of ``model`` and its findings (tokenizer checks on ``prompts``; ``command`` reproduces them)."""
     facts = None if model.tokenizer is None else tokenizer_facts(model, prompts or [], chat)
@@ -94,7 +90,7 @@ def model_card(model: Any, prompts: list[str] | None, chat: bool, command: str) 
         vocab_size=model.vocab_size,
         context_length=model.max_positions,
         window=model.window,
-        layers=_layers(model),
+        layers=len(model.mlp_sites()),
         tensors=tensor_groups(model),
         gguf=_gguf_summary(model.meta.get("gguf")),
         generation_defaults=gen,

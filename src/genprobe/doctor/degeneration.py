@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .._io import json_safe
+from .._io import NOT_JSON, json_safe
 from ..corpus.inputs import vocab_key
 from ..engine.samplers import SamplerConfig
 from ..engine.text import complete
@@ -21,6 +21,9 @@ from .findings import Finding
 from .options import DoctorOptions
 
 GREEDY, YOURS, DEFAULTS = "greedy", "your sampler", "generation_config"
+RATE_EVIDENCE = tuple(
+    "n degenerate_rate degenerate_rate_ci95 loop_rate loop_rate_ci95 near_loop_rate near_loop_rate_ci95".split()
+)
 EVERY_PROMPT = "every generation degenerate (an exact loop, a near loop or a repetitive tail) warns"
 
 
@@ -28,21 +31,19 @@ EVERY_PROMPT = "every generation degenerate (an exact loop, a near loop or a rep
 class EndOfText:
     """Generations with the end token allowed: how many ended before the limit, per setting."""
 
+    JSON_PROPERTIES = ("settings",)
+
     eos_id: int
     max_new_tokens: int
-    ended: dict[str, int]
+    ended: dict[str, int] = field(metadata=NOT_JSON)
     n: int
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON with rates and Wilson intervals."""
+    @property
+    def settings(self) -> dict[str, dict[str, Any]]:
+        """Per setting: generations ended, their rate and its Wilson interval."""
+        n = self.n
         return {
-            "eos_id": self.eos_id,
-            "max_new_tokens": self.max_new_tokens,
-            "n": self.n,
-            "settings": {
-                k: {"ended": v, "rate": v / self.n if self.n else 0.0, "ci95": list(wilson_interval(v, self.n))}
-                for k, v in self.ended.items()
-            },
+            k: {"ended": v, "rate": v / n if n else 0.0, "ci95": wilson_interval(v, n)} for k, v in self.ended.items()
         }
 
 
@@ -65,17 +66,9 @@ class Degeneration:
         return self.scans.scans[name].summary
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON: the scans (settings, summary, first generations as examples), calibration, end token."""
-        return {
-            "prompts": self.prompts,
-            "prompt_source": self.prompt_source,
-            "chat": self.chat,
-            "settings": {k: json_safe(v) for k, v in self.settings.items()},
-            "scans": self.scans.to_dict(with_records=False),
-            "calibration_error": self.calibration_error,
-            "end_of_text": json_safe(self.end_of_text),
-            "findings": [json_safe(f) for f in self.findings],
-        }
+        """Plain JSON: the scans without their records (settings, summary, first generations as examples)."""
+        keys = ("prompts", "prompt_source", "chat", "settings", "calibration_error", "end_of_text", "findings")
+        return json_safe({k: getattr(self, k) for k in keys}) | {"scans": self.scans.to_dict(with_records=False)}
 
 
 def defaults_sampler(gen: dict[str, Any] | None) -> tuple[SamplerConfig, list[str]] | None:
@@ -163,19 +156,8 @@ def degeneration(
 def _rate_finding(res: Degeneration, name: str, opts: DoctorOptions, command: str) -> Finding:
     r = res.rates(name)
     fpr = (r.human_fpr or {}).get("degenerate", {})
-    ev = {
-        "setting": name,
-        "n": r.n,
-        "degenerate_rate": r.degenerate_rate,
-        "degenerate_ci95": r.degenerate_rate_ci95,
-        "loop_rate": r.loop_rate,
-        "loop_ci95": r.loop_rate_ci95,
-        "near_loop_rate": r.near_loop_rate,
-        "near_loop_ci95": r.near_loop_rate_ci95,
-        "human_fpr": fpr.get("rate"),
-        "human_fpr_ci95": fpr.get("ci95"),
-        "max_loop_rate": opts.max_loop_rate,
-    }
+    ev = {"setting": name, **{k: getattr(r, k) for k in RATE_EVIDENCE}, "max_loop_rate": opts.max_loop_rate}
+    ev |= {"human_fpr": fpr.get("rate"), "human_fpr_ci95": fpr.get("ci95")}
     lo, hi = r.degenerate_rate_ci95
     title = (
         f"{name}: degenerate {r.degenerate_rate:.1%} [{lo:.1%}–{hi:.1%}] of {r.n}, exact loops "

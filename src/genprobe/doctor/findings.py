@@ -1,10 +1,6 @@
 """A finding of ``genprobe doctor``: one check's outcome, its evidence, the criterion it was judged by and the
-command that reproduces it alone. Severities, from harmless to fatal: ``ok``, ``info``, ``warning``, ``bug``.
-
-The worst severity found is the run's verdict and its exit status, which gates a release in CI: 0 healthy, 1 a bug
-found (a cache path that disagrees with recomputation, a padding leak, a broken tokenizer round trip, a user
-implementation that raises), 4 warnings only (e.g. a loop rate above ``--max-loop-rate``), 2 bad input (the CLI's
-usage errors)."""
+command that reproduces it alone. The worst severity found (``ok`` < ``info`` < ``warning`` < ``bug``) is the run's
+verdict and its exit status, which gates a release in CI (docs/doctor.md: the exit statuses and what raises each)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ states its evidence and its cost."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from .._io import json_safe
@@ -69,18 +69,9 @@ class FixComparison:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON: the rows, the comparison's best choice and rule, the repair, the recommendation."""
         c = json_safe(self.compare)
-        return {
-            "engine": self.engine,
-            "methods": self.methods,
-            "rows": self.rows(),
-            "best": c["best"],
-            "best_rule": c["best_rule"],
-            "n_prompts": c["n_prompts"],
-            "max_new_tokens": c["config"]["max_new_tokens"],
-            "repair": self.repair,
-            "recommendation": self.recommendation,
-            "findings": [json_safe(f) for f in self.findings],
-        }
+        own = json_safe({f.name: getattr(self, f.name) for f in fields(self) if f.name != "compare"})
+        best = {k: c[k] for k in ("best", "best_rule", "n_prompts")}
+        return own | best | {"rows": self.rows(), "max_new_tokens": c["config"]["max_new_tokens"]}
 
 
 def _edit(model: Any, prompts: list[str], val_text: str, cfg: RepairConfig, log: Callable[[str], None]) -> Any:

@@ -10,10 +10,11 @@ the loader). Shapes are in ggml's order, fastest dimension first: ``token_embd.w
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 from .findings import Finding
-from .metadata_audit import metadata_findings
+from .metadata_audit import metadata_findings, special_id_findings
 from .template_audit import analyse_template, template_findings
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -49,16 +50,7 @@ def _special_ids(reader: Any, command: str) -> list[Finding]:
     n = None if tokens is None else len(tokens.data)
     ids = {k.split(".")[-1]: v for k in SPECIAL_ID_KEYS if (v := _value(reader, k)) is not None}
     crit = "every tokenizer.ggml.*_token_id names a token of the vocabulary"
-    ev = {"ids": ids, "vocabulary": n}
-    if n is None or not ids:
-        return [Finding("audit", "gguf.special_ids", "info", "special-token ids not checked: none declared", ev)]
-    bad = {k: v for k, v in ids.items() if not 0 <= int(v) < n}
-    if bad:
-        names = ", ".join(f"{k} = {v}" for k, v in bad.items())
-        title = f"special-token id(s) outside the {n}-token vocabulary: {names} ({_special_harm(bad)})"
-        return [Finding("audit", "gguf.special_ids", "bug", title, ev, crit, command)]
-    title = f"{len(ids)} special-token ids inside the {n}-token vocabulary"
-    return [Finding("audit", "gguf.special_ids", "ok", title, ev, crit, command)]
+    return special_id_findings("gguf.special_ids", ids, n, crit, command, _special_harm)
 
 
 def _special_harm(bad: dict[str, Any]) -> str:
@@ -73,11 +65,7 @@ def _special_harm(bad: dict[str, Any]) -> str:
 
 def _weight_types(reader: Any) -> dict[str, int]:
     """How many matrices (tensors of 2 or more dimensions) of each ggml type."""
-    counts: dict[str, int] = {}
-    for t in reader.tensors:
-        if len(t.shape) >= 2:
-            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+    return dict(Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2).most_common())
 
 
 def _file_type(reader: Any, command: str) -> list[Finding]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .findings import Finding
-from .metadata_audit import metadata_findings
+from .metadata_audit import metadata_findings, special_id_findings
 from .template_audit import analyse_template, template_findings
 
 # normalizers that change what the user typed (Replace is judged by its pattern: SentencePiece's " " → "▁" is not)
@@ -53,17 +53,7 @@ def _special_ids(config: dict[str, Any], command: str) -> list[Finding]:
     n = text.get("vocab_size")
     ids = {k: text.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id") if text.get(k) is not None}
     crit = "every special-token id in config.json is below vocab_size"
-    ev = {"ids": ids, "vocab_size": n}
-    if not isinstance(n, int) or not ids:
-        return [Finding("audit", "hf.special_ids", "info", "special-token ids not checked: none declared", ev)]
-    flat = {k: v for k, vs in ids.items() for v in (vs if isinstance(vs, list) else [vs])}
-    bad = {k: v for k, v in flat.items() if not isinstance(v, int) or not 0 <= v < n}
-    if bad:
-        names = ", ".join(f"{k} = {v}" for k, v in bad.items())
-        title = f"config.json special-token id(s) outside the {n}-token vocabulary: {names}"
-        return [Finding("audit", "hf.special_ids", "bug", title, ev, crit, command)]
-    title = f"special-token ids inside the {n}-token vocabulary"
-    return [Finding("audit", "hf.special_ids", "ok", title, ev, crit, command)]
+    return special_id_findings("hf.special_ids", ids, n if isinstance(n, int) else None, crit, command)
 
 
 def _suppressions(gen: dict[str, Any] | None, config: dict[str, Any], command: str) -> list[Finding]:

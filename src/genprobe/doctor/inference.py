@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .._io import json_safe
+from .._io import NOT_JSON, json_safe
 from ..attention.leak import LEAK_THRESHOLD, LeakReport, padding_leak
 from ..verify.api import CacheVerification, verify_caches
 from .findings import Finding
@@ -32,18 +32,23 @@ LEAK_CRITERION = (
     "(1e-4, raised to 4 x the model's measured noise floor)"
 )
 LEAK_TEXTS = 3
+CACHE_EVIDENCE = tuple(
+    "impl verdict max_abs_dlogit worst_phase bug_margin first_diff_step text_divergences unavailable pass_line".split()
+)
 
 
 @dataclass
 class InferenceCheck:
     """The inference path's reports: the model's own caches, the user's implementation, padding, serving."""
 
+    JSON_PROPERTIES = ("noise_floor", "pass_line")
+
     caches: CacheVerification
     impl: CacheVerification | None
-    leak: LeakReport
-    leak_no_position_ids: LeakReport | None
+    padding_leak: LeakReport
+    padding_leak_no_position_ids: LeakReport | None
     serving: dict[str, Any] | None
-    prompt_texts: list[str] | None = None  # the verified prompts as text (None: the verifier's default ids)
+    prompt_texts: list[str] | None = field(default=None, metadata=NOT_JSON)  # None: the verifier's default ids
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -51,18 +56,10 @@ class InferenceCheck:
         """The reference's own float noise on this model (what the pass line is raised by)."""
         return self.caches.noise_floor
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON."""
-        return {
-            "caches": json_safe(self.caches),
-            "impl": json_safe(self.impl),
-            "padding_leak": json_safe(self.leak),
-            "padding_leak_no_position_ids": json_safe(self.leak_no_position_ids),
-            "serving": self.serving,
-            "noise_floor": self.noise_floor,
-            "pass_line": self.caches.pass_line,
-            "findings": [json_safe(f) for f in self.findings],
-        }
+    @property
+    def pass_line(self) -> float | None:
+        """The max |Δlogit| below which a cache passes, raised by the noise floor."""
+        return self.caches.pass_line
 
 
 def cache_kinds(model: Any, opts: DoctorOptions) -> tuple[str, ...]:
@@ -203,18 +200,7 @@ def _cache_findings(result: CacheVerification, command: str) -> list[Finding]:
     for r in result.reports:
         sev = VERDICT_SEVERITY.get(r.verdict, "warning")
         worst = r.worst_phase
-        ev = {
-            "impl": r.impl,
-            "verdict": r.verdict,
-            "max_abs_dlogit": r.max_abs_dlogit,
-            "worst_phase": worst,
-            "bug_margin": r.bug_margin,
-            "first_diff_step": r.first_diff_step,
-            "text_divergences": r.text_divergences,
-            "unavailable": r.unavailable,
-            "errors": [json_safe(e) for e in r.errors],
-            "pass_line": r.pass_line,
-        }
+        ev = {k: getattr(r, k) for k in CACHE_EVIDENCE} | {"errors": json_safe(r.errors)}
         if r.verdict == "error":
             title = f"{r.impl} raised: " + "; ".join(f"{e.type} in {e.phase}: {e.message}" for e in r.errors)
         elif r.verdict == "unavailable":
@@ -226,7 +212,7 @@ def _cache_findings(result: CacheVerification, command: str) -> list[Finding]:
 
 
 def _leak_findings(check: InferenceCheck, opts: DoctorOptions, model_arg: str) -> list[Finding]:
-    leak, bare = check.leak, check.leak_no_position_ids
+    leak, bare = check.padding_leak, check.padding_leak_no_position_ids
     base = f"genprobe attention padding-leak {model_arg} --threshold {leak.threshold:.3g}"
     title = (
         f"padding {'changes' if leak.leak else 'leaves'} a sequence's logits (max |Δlogit| {leak.max_delta:.2e}, "

@@ -1,11 +1,14 @@
-"""Metadata text that should not be there: invisible and bidirectional-control characters (text that reads one way
-and means another — "Trojan Source", CVE-2021-42574) and URLs (where a file points its users), in any string a
-model file carries apart from its vocabulary (whose tokens may legitimately be zero-width joiners and the like)."""
+"""Metadata checks the GGUF and transformers audits share: special-token ids inside the vocabulary, and text that
+should not be there — invisible and bidirectional-control characters (text that reads one way and means another:
+"Trojan Source", CVE-2021-42574) and URLs (where a file points its users) in any string a model file carries apart
+from its vocabulary (whose tokens may legitimately be zero-width joiners and the like)."""
 
 from __future__ import annotations
 
+import numbers
 import re
 import unicodedata
+from typing import Any, Callable
 
 from .findings import Finding
 
@@ -47,3 +50,25 @@ def metadata_findings(strings: dict[str, str], command: str) -> list[Finding]:
         title = f"{len(strings)} metadata strings: no hidden characters, no URLs"
         out.append(Finding("audit", "metadata.hidden_text", "ok", title, {"fields": len(strings)}, crit, command))
     return out
+
+
+def special_id_findings(
+    check: str, ids: dict[str, Any], n: int | None, crit: str, command: str, harm: Callable[[dict], str] | None = None
+) -> list[Finding]:
+    """Special-token ids (name -> an id or a list of ids) against an ``n``-token vocabulary: one outside it is a bug
+    (``harm`` says what follows), none declared is not checked."""
+    ev = {"ids": ids, "vocabulary": n}
+    if n is None or not ids:
+        return [Finding("audit", check, "info", "special-token ids not checked: none declared", ev)]
+    flat = {k: v for k, vs in ids.items() for v in (vs if isinstance(vs, list) else [vs])}
+    bad = {k: v for k, v in flat.items() if not (isinstance(v, numbers.Integral) and 0 <= int(v) < n)}
+    if bad:
+        names = ", ".join(f"{k} = {v}" for k, v in bad.items())
+        why = f" ({harm(bad)})" if harm else ""
+        title = f"special-token id(s) outside the {n}-token vocabulary: {names}{why}"
+        return [Finding("audit", check, "bug", title, ev, crit, command)]
+    return [
+        Finding(
+            "audit", check, "ok", f"{len(ids)} special-token ids inside the {n}-token vocabulary", ev, crit, command
+        )
+    ]

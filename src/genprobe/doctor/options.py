@@ -7,7 +7,7 @@ reference models for a Chinese tokenizer, English sentence openings of the Lee c
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 from .._io import json_safe
@@ -104,23 +104,9 @@ class DoctorOptions:
         return f"--prompts {shlex.quote(self.prompts_file) if self.prompts_file else 'PROMPTS'}"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON (the prompts themselves are in the degeneration stage)."""
-        return {
-            "prompts": "user" if self.prompts is not None else "built-in held-out",
-            "sampling": json_safe(self.sampling),
-            "sampling_flags": list(self.sampling_flags),
-            "chat": self.chat,
-            "serving": self.serving,
-            "quick": self.quick,
-            "max_loop_rate": self.max_loop_rate,
-            "with_edit": self.with_edit,
-            "impl": self.impl,
-            "hf_position_ids": self.hf_position_ids,
-            "stages": list(self.only),
-            "seed": self.seed,
-            "budget": json_safe(self.plan),
-            "reference": self.reference,
-        }
+        """Plain JSON (the prompts themselves are in the degeneration stage; the file they were written to is not)."""
+        d = {f.name: json_safe(getattr(self, f.name)) for f in fields(self) if f.name not in ("only", "prompts_file")}
+        return d | {"prompts": "user" if self.prompts is not None else "built-in held-out", "stages": list(self.only)}
 
 
 EDIT_PROMPTS = 128  # prompts the weight edit searches on, disjoint from the scanned ones when built in

@@ -1,15 +1,9 @@
-"""Output quality, for the faults that are not cache bugs — a config that disagrees with the weights (a RoPE base),
-one corrupted weight matrix, a wrong tokenizer: each changes the model's output silently, and a model with one
-of them generates fluent-looking text no loop detector calls degenerate.
+"""Output quality, for the faults that are not cache bugs (a config that disagrees with the weights, one corrupted
+weight matrix, a wrong tokenizer): each changes the output silently into fluent text no loop detector flags.
 
-- With ``--reference FILE_OR_DIR`` (the original model, the unquantised file): both models read the same held-out
-  human text, fed the truth (teacher forcing), and at each position the KL divergence KL(reference ‖ model) and
-  whether their top-1 tokens agree are measured; the texts' ids must be the same under both tokenizers.
-- Without one: the model's perplexity on held-out human text of its language, judged in bits per character (which,
-  unlike perplexity per token, does not depend on the tokenizer), flagged above a range calibrated on known-good
-  models (:data:`KNOWN_GOOD`: the worst known-good model's bits per character on the same windows times
-  :data:`BPC_FACTOR`; bigger models of a family score lower than its smallest, so the smallest calibrates).
-"""
+With ``--reference`` both models read the same held-out human text under teacher forcing and KL(reference ‖ model)
+and top-1 agreement are measured per position; without one, the model's bits per character on that text (unlike
+perplexity per token, independent of the tokenizer) are judged against :data:`KNOWN_GOOD` (docs/doctor.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +23,7 @@ WINDOWS, WINDOW_TOKENS = 8, 128  # held-out texts read, tokens of each (fewer wh
 KL_WARN, KL_BUG = 0.1, 1.0  # mean KL(reference ‖ model), nats per token
 TOP1_WARN, TOP1_BUG = 0.9, 0.5  # top-1 agreement with the reference
 BPC_SMOLLM2 = 1.03  # SmolLM2-135M-Instruct Q4_1 on the english windows (perplexity 33.2 per token)
-BPC_FACTOR = 1.5
+BPC_FACTOR = 1.5  # × the worst known-good model (a family's smallest scores worst, so it calibrates the family)
 UNK_MAX = 0.5
 # bits per character of known-good models on the doctor's held-out windows of each corpus (measured with this
 # module: `genprobe doctor MODEL --only quality`, docs/doctor.md)
@@ -72,12 +66,8 @@ def _log_probs(model: Any, window: list[int]) -> torch.Tensor:
     """Log-probabilities (T, V) of each next token, fed the truth."""
     from ..loops.arch import forward_logits
 
-    logits = forward_logits(model.module, torch.tensor([window], device=_device(model)))[0].float()
-    return torch.log_softmax(logits, dim=-1)
-
-
-def _device(model: Any) -> torch.device:
-    return next(model.module.parameters()).device
+    device = next(model.module.parameters()).device
+    return torch.log_softmax(forward_logits(model.module, torch.tensor([window], device=device))[0].float(), dim=-1)
 
 
 def measure_quality(model: Any, texts: list[str], corpus: str, reference: Any = None) -> Quality:
@@ -160,15 +150,12 @@ def _reference_finding(q: Quality, ev: dict[str, Any], command: str) -> Finding:
         f"KL {q.kl_mean:.3f} nats/token, top-1 agreement {q.top1_agreement:.1%}, perplexity "
         f"{q.perplexity:.1f} vs the reference's {q.reference_perplexity:.1f} (worst position {worst})"
     )
+    sev, how = "ok", "matches"
     if q.kl_mean > KL_BUG or q.top1_agreement < TOP1_BUG:
-        return Finding(
-            "quality", "quality.reference", "bug", f"output diverges from the reference: {said}", ev, crit, command
-        )
-    if q.kl_mean > KL_WARN or q.top1_agreement < TOP1_WARN:
-        return Finding(
-            "quality", "quality.reference", "warning", f"output drifts from the reference: {said}", ev, crit, command
-        )
-    return Finding("quality", "quality.reference", "ok", f"output matches the reference: {said}", ev, crit, command)
+        sev, how = "bug", "diverges from"
+    elif q.kl_mean > KL_WARN or q.top1_agreement < TOP1_WARN:
+        sev, how = "warning", "drifts from"
+    return Finding("quality", "quality.reference", sev, f"output {how} the reference: {said}", ev, crit, command)
 
 
 def quality_stage(model: Any, opts: DoctorOptions, arg: str) -> Quality:

@@ -71,18 +71,9 @@ class DoctorReport:
         """``doctor.json``: strict JSON."""
         from .._version import __version__
 
-        return json_safe(
-            {
-                "genprobe": __version__,
-                "model": self.model,
-                "options": json_safe(self.options),
-                **json_safe(self.verdict),
-                "stages": [s.__dict__ for s in self.stages],
-                "findings": [json_safe(f) for f in self.findings],
-                **{name: json_safe(getattr(self, name)) for name in STAGES},
-                "files": self.files,
-            }
-        )
+        head = {"genprobe": __version__, "model": self.model, "options": self.options, **json_safe(self.verdict)}
+        results = {name: getattr(self, name) for name in STAGES}
+        return json_safe(head | {"stages": self.stages, "findings": self.findings} | results | {"files": self.files})
 
 
 def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorReport, log: Callable[[str], None]):

@@ -23,6 +23,11 @@ HIERARCHY = {"__class__", "__mro__", "__subclasses__", "__base__", "__bases__"}
 SYSTEM = {"os", "popen", "system", "subprocess", "sys", "eval", "exec", "importlib", "import_module", "builtins"}
 # template globals and objects that hold a Python function (hence __globals__): the classic SSTI starting points
 GADGETS = {"cycler", "joiner", "namespace", "lipsum", "range", "dict", "self", "config", "request", "raise_exception"}
+REACHES = (  # what an unsafe chain reaches, by the first group its segments hit
+    (GLOBALS, "reaches Python globals"),
+    (HIERARCHY, "walks the class hierarchy"),
+    (SYSTEM, "reaches the operating system"),
+)
 _DUNDER = re.compile(r"^__\w+__$")
 INJECTION_CRITERION = (
     "a chat template formats messages; one that walks attributes into Python internals (dunder names, os/subprocess) "
@@ -154,17 +159,8 @@ def analyse_template(text: str, source: str) -> TemplateAudit:
 
 
 def _gadget(chain: str) -> str:
-    root = chain.split(".", 1)[0]
-    segments = set(chain.split("."))
-    reach = (
-        "reaches Python globals"
-        if segments & GLOBALS
-        else "walks the class hierarchy"
-        if segments & HIERARCHY
-        else "reaches the operating system"
-        if segments & SYSTEM
-        else "touches Python internals"
-    )
+    root, segments = chain.split(".", 1)[0], set(chain.split("."))
+    reach = next((what for names, what in REACHES if segments & names), "touches Python internals")
     return f"{'gadget ' if root in GADGETS else ''}{root!r} {reach}"
 
 

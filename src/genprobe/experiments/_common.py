@@ -47,13 +47,24 @@ def r(x: float | None, nd: int = 4) -> float | None:
     return round(float(x), nd)
 
 
+def rounded(x: object, nd: int = 4) -> object:
+    """:func:`r` of a float, or of each float of a list; anything else as :func:`json_safe` writes it."""
+    if isinstance(x, float):
+        return r(x, nd)
+    if isinstance(x, (list, tuple)):
+        return [rounded(v, nd) for v in x]
+    return json_safe(x)
+
+
 class Rounded:
-    """A dataclass of measurements whose JSON form is its fields in order, each float rounded to ``DIGITS`` decimals
-    (:func:`r`)."""
+    """A dataclass of measurements whose JSON form is its fields in order (or the names ``JSON_KEYS`` lists, spaced,
+    properties included), each float rounded to ``DIGITS`` decimals (``DIGITS_OF[name]`` where given)."""
 
     DIGITS: ClassVar[int] = 4
+    DIGITS_OF: ClassVar[dict[str, int]] = {}
+    JSON_KEYS: ClassVar[str] = ""
 
     def to_dict(self) -> dict:
         """JSON form (rounded)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]  # subclasses are dataclasses
-        return {k: r(v, self.DIGITS) if isinstance(v, float) else json_safe(v) for k, v in values.items()}
+        keys = self.JSON_KEYS.split() or [f.name for f in fields(self)]  # type: ignore[arg-type]  # subclasses are dataclasses
+        return {k: rounded(getattr(self, k), self.DIGITS_OF.get(k, self.DIGITS)) for k in keys}

@@ -1,10 +1,6 @@
-"""The whole case study: every experiment of the chapter on one checkpoint → ``ch3_case.json`` data.
-
-The chapter is 《训练与推理的两副面孔》 ("The two faces of training and inference"). Keys follow its
-own ``ch3_case.json``: model, decoding, sampling, exposure, cache_exact, cache_bugs, mask_noop,
-cache_timing, cache_scaling — plus ``meta`` (versions, settings, seconds per experiment). ``quick``
-shrinks only what costs time (timing reps, the scaling model's lengths, confidence sample counts);
-the correctness numbers are the same.
+"""The whole case study: every experiment of the chapter on one checkpoint → ``ch3_case.json`` (its keys follow the
+chapter's own file, :data:`CASE_KEYS`, plus ``meta``). ``quick`` shrinks only what costs time (timing reps, the
+scaling model's lengths, confidence sample counts): the correctness numbers are the same.
 
 :func:`case_study` is the whole study as one library call — train (or reuse) the model, run every experiment, write
 ``ch3_case.json``, the figures and the report; ``genprobe case`` and ``genprobe.run_case`` both call it.
@@ -33,16 +29,8 @@ from .exposure import run_exposure
 from .sampling import run_sampling
 from .timing import run_cache_scaling, run_cache_timing
 
-CASE_KEYS = (
-    "model",
-    "decoding",
-    "sampling",
-    "exposure",
-    "cache_exact",
-    "cache_bugs",
-    "mask_noop",
-    "cache_timing",
-    "cache_scaling",
+CASE_KEYS = tuple(
+    "model decoding sampling exposure cache_exact cache_bugs mask_noop cache_timing cache_scaling".split()
 )
 EXPERIMENTS = CASE_KEYS[1:]  # every key but the model summary
 #: Tokens generated after the case prompt (the chapter's 50).
@@ -125,12 +113,8 @@ class CaseMeta:
             "steps": self.steps,
             "seconds": self.seconds,
         }
-        extra = {
-            "checkpoint": self.checkpoint,
-            "model_seconds": self.model_seconds,
-            "total_seconds": self.total_seconds,
-        }
-        return d | {k: v for k, v in extra.items() if v is not None}
+        extra = ("checkpoint", "model_seconds", "total_seconds")
+        return d | {k: getattr(self, k) for k in extra if getattr(self, k) is not None}
 
 
 @dataclass

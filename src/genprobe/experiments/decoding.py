@@ -86,20 +86,6 @@ def _metrics(tok: CharTokenizer, ids: list[int]) -> dict:
     }
 
 
-def decode_once(
-    model: GPT,
-    tok: CharTokenizer,
-    prompt_ids: list[int],
-    sampler: SamplerConfig,
-    new_tokens: int = NEW_TOKENS,
-    seed: int = 0,
-) -> Decoded:
-    """Generate ``new_tokens`` after ``prompt_ids`` and describe the result (texts + degeneration metrics)."""
-    res = generate(model, [prompt_ids], new_tokens, sampler=sampler, seed=seed)
-    ids = list(res.tokens[0])
-    return Decoded(tok.decode(prompt_ids + ids), tok.decode(prompt_ids + ids, show_unk=True), ids, _metrics(tok, ids))
-
-
 @dataclass(frozen=True)
 class StrategyRow:
     """One decoding strategy on the case prompt (sampled rows: with distinct-2 over a few seeds)."""
@@ -111,43 +97,13 @@ class StrategyRow:
     spread: dict[int, float] | None = None  # seed -> distinct-2, sampled strategies only
 
     def to_dict(self) -> dict:
-        """JSON form: the strategy, its sampler and seed, then the generation's fields."""
-        d = {
-            "strategy": self.strategy,
-            "sampler": json_safe(self.sampler),
-            "seed": self.seed,
-            **json_safe(self.decoded),
-        }
+        """JSON form: the strategy, its sampler and seed, the generation's fields (and distinct-2 over the seeds)."""
+        d = {"strategy": self.strategy, "sampler": self.sampler, "seed": self.seed, **self.decoded.to_dict()}
         if self.spread is not None:
             vals = list(self.spread.values())
-            d["distinct_2_over_seeds"] = {
-                "seeds": list(self.spread),
-                "values": vals,
-                "mean": r(sum(vals) / len(vals)),
-                "min": min(vals),
-            }
-        return d
-
-
-def run_strategy(
-    model: GPT,
-    tok: CharTokenizer,
-    ids: list[int],
-    name: str,
-    sampler: SamplerConfig,
-    new_tokens: int,
-    seed: int,
-    spread_seeds: tuple[int, ...],
-) -> StrategyRow:
-    """One strategy at ``seed``; a sampled one also at every seed of ``spread_seeds`` (distinct-2 only)."""
-    decoded = decode_once(model, tok, ids, sampler, new_tokens, seed)
-    if sampler.greedy:
-        return StrategyRow(name, sampler, seed, decoded)
-    spread = {
-        s: decoded.distinct_2 if s == seed else decode_once(model, tok, ids, sampler, new_tokens, s).distinct_2
-        for s in spread_seeds
-    }
-    return StrategyRow(name, sampler, seed, decoded, spread)
+            mean = r(sum(vals) / len(vals))
+            d["distinct_2_over_seeds"] = {"seeds": list(self.spread), "values": vals, "mean": mean, "min": min(vals)}
+        return json_safe(d)
 
 
 @dataclass(frozen=True)
@@ -234,18 +190,6 @@ class DecodingResult:
         return out
 
 
-def other_prompt(model: GPT, tok: CharTokenizer, prompt: str, new_tokens: int, seed: int) -> OtherPrompt:
-    """Greedy and greedy-with-``<unk>``-banned after ``prompt``."""
-    ids, unknown = encode_prompt(tok, prompt)
-    greedy, ban = STRATEGIES[0][1], STRATEGIES[1][1]
-    return OtherPrompt(
-        prompt,
-        unknown,
-        decode_once(model, tok, ids, greedy, new_tokens, seed),
-        decode_once(model, tok, ids, ban, new_tokens, seed),
-    )
-
-
 def run_decoding(
     model: GPT,
     tok: CharTokenizer,
@@ -256,13 +200,28 @@ def run_decoding(
     tf_tokens: int | None = None,
     spread_seeds: tuple[int, ...] = SPREAD_SEEDS,
 ) -> DecodingResult:
-    """Every strategy on ``prompt``, sampling without the ban, greedy on other prompts, the teacher-forcing check."""
+    """Every strategy on ``prompt`` (a sampled one also at every seed of ``spread_seeds``, distinct-2 only), sampling
+    without the ban, greedy with and without the ban on other prompts, the teacher-forcing check."""
+
+    def decode(ids: list[int], sampler: SamplerConfig, at: int = seed) -> Decoded:
+        new = list(generate(model, [ids], new_tokens, sampler=sampler, seed=at).tokens[0])
+        return Decoded(tok.decode(ids + new), tok.decode(ids + new, show_unk=True), new, _metrics(tok, new))
+
+    def strategy(name: str, sampler: SamplerConfig) -> StrategyRow:
+        row = decode(ids, sampler)
+        if sampler.greedy:
+            return StrategyRow(name, sampler, seed, row)
+        spread = {s: row.distinct_2 if s == seed else decode(ids, sampler, s).distinct_2 for s in spread_seeds}
+        return StrategyRow(name, sampler, seed, row, spread)
+
+    def other(text: str) -> OtherPrompt:
+        other_ids, unknown = encode_prompt(tok, text)
+        return OtherPrompt(text, unknown, decode(other_ids, STRATEGIES[0][1]), decode(other_ids, STRATEGIES[1][1]))
+
     ids, unknown = encode_prompt(tok, prompt)
-    rows = [
-        run_strategy(model, tok, ids, name, sampler, new_tokens, seed, spread_seeds) for name, sampler in STRATEGIES
-    ]
+    rows = [strategy(name, sampler) for name, sampler in STRATEGIES]
     unbanned = [(name, SamplerConfig(**kw)) for name, kw in SAMPLING]
-    with_unk = [StrategyRow(n, s, seed, decode_once(model, tok, ids, s, new_tokens, seed)) for n, s in unbanned]
-    others = [other_prompt(model, tok, p, new_tokens, seed) for p in OTHER_PROMPTS]
+    with_unk = [StrategyRow(name, sampler, seed, decode(ids, sampler)) for name, sampler in unbanned]
+    others = [other(p) for p in OTHER_PROMPTS]
     tf = teacher_forcing_check(model, tok, corpus, tf_tokens) if corpus is not None else None
     return DecodingResult(prompt, ids, unknown, new_tokens, rows, with_unk, others, tf)

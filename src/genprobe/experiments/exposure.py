@@ -57,29 +57,25 @@ def _row_losses(model: GPT | LogitsFn, ids: list[int]) -> tuple[torch.Tensor, to
 
 
 @dataclass(frozen=True)
-class TeacherForcingRow:
+class TeacherForcingRow(Rounded):
     """Row ``pos`` of the teacher-forcing table: the context so far, the true next token, its loss, the top 3."""
+
+    DIGITS_OF = {"loss": 6}
 
     pos: int
     context: str
     truth: str
     loss: float
-    top3: list[tuple[str, float]]  # (token, probability)
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {
-            "pos": self.pos,
-            "context": self.context,
-            "truth": self.truth,
-            "loss": r(self.loss, 6),
-            "top3": [{"token": t, "prob": r(p)} for t, p in self.top3],
-        }
+    top3: list[dict]  # {"token", "prob" (rounded)}
 
 
 @dataclass(frozen=True)
-class TeacherForcing:
-    """Per-position loss of a text read under teacher forcing, and its mean over the scored rows."""
+class TeacherForcing(Rounded):
+    """Per-position loss of a text read under teacher forcing, and its mean over the scored rows (the JSON form: the
+    summary)."""
+
+    JSON_KEYS = "lead_in_chars mean_loss perplexity"
+    DIGITS_OF = {"perplexity": 2}
 
     rows: list[TeacherForcingRow]
     mean_loss: float
@@ -102,7 +98,9 @@ def teacher_forcing_table(model: GPT, tok: CharTokenizer, text: str, lead_in: st
     for i in range(len(ids) - 1):
         j = start + i
         top = torch.topk(logp[j].exp(), 3)
-        top3 = [(tok.token_str(int(t)), float(p)) for p, t in zip(top.values, top.indices, strict=True)]
+        top3 = [
+            {"token": tok.token_str(int(t)), "prob": r(float(p))} for p, t in zip(top.values, top.indices, strict=True)
+        ]
         context = tok.decode(ids[: i + 1], show_unk=True)
         rows.append(TeacherForcingRow(i, context, tok.token_str(ids[i + 1]), float(loss[j]), top3))
     scored = loss[start : start + len(ids) - 1]
@@ -252,11 +250,7 @@ class ExposureResult:
             "teacher_forcing_rows": [json_safe(row) for row in tf.rows],
             "teacher_forcing_mean_loss": r(tf.mean_loss),
             "teacher_forcing_perplexity": r(tf.perplexity, 2),
-            "teacher_forcing_with_lead_in": {
-                "lead_in_chars": lead.lead_in_chars,
-                "mean_loss": r(lead.mean_loss),
-                "perplexity": r(lead.perplexity, 2),
-            },
+            "teacher_forcing_with_lead_in": json_safe(lead),
             "confidence_real_text": json_safe(self.confidence_real_text),
             "confidence_free_generation": json_safe(self.confidence_free_generation),
             "confidence_free_generation_greedy": json_safe(self.confidence_free_generation_greedy),
@@ -265,12 +259,6 @@ class ExposureResult:
             "perturbation_tail_from": TAIL_FROM,
             "perturbation": [json_safe(p) for p in self.perturbation],
         }
-
-
-def _free_generation_prompts(val_ids: list[int], n: int) -> list[list[int]]:
-    """``n`` 8-token prompts spread evenly over the validation text."""
-    stride = max(1, (len(val_ids) - 16) // n)
-    return [val_ids[i * stride : i * stride + 8] for i in range(n)]
 
 
 def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = False, seed: int = 0) -> ExposureResult:
@@ -284,7 +272,9 @@ def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = F
     passage = tok.encode(source[at : at + T], warn=False)
     val_ids = tok.encode(corpus.val, warn=False)
     real = confidence_real_text(model, val_ids, windows=8 if quick else 32)
-    prompts = _free_generation_prompts(val_ids, 4 if quick else 16)
+    n = 4 if quick else 16
+    stride = max(1, (len(val_ids) - 16) // n)
+    prompts = [val_ids[i * stride : i * stride + 8] for i in range(n)]  # 8-token prompts spread over the text
     free = confidence_free_generation(
         model, prompts, T - 8, SamplerConfig(temperature=1.0), "temperature 1.0", seed=seed
     )

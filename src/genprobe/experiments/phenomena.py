@@ -1,27 +1,12 @@
 """The chapter's phenomena that need no training, measured on any loaded model (char or subword, genprobe GPT or
-``transformers``), so a 0.4M char GPT, a 1.3M subword Llama and a pretrained 135M model can be put side by side.
+``transformers``) so that models of different sizes can be put side by side (docs/three-models.md: what each
+phenomenon measures and how).
 
 The case study (:mod:`genprobe.experiments.case`) measures them on one prompt of the char GPT it trains; here each
-is measured on a set of prompts and real texts through :class:`genprobe.model.load.Model` (ids from
-``model.encode``, logits from the model's runner), reusing the case study's functions where they take logits
-(entropy table, order trap), a runner (timing) or a logits function (the one-wrong-token shadow):
-
-- **diversity**: greedy vs sampled continuations of each prompt: distinct-2 of the new tokens, exact-loop share and
-  degenerate share (exact loop, near loop or repetitive tail, :func:`genprobe.metrics.measure_loops`);
-- **entropy** of the next-token distribution right after each prompt vs the temperature τ (mean over prompts);
-- **order trap**: tokens kept by top-p 0.9 when the temperature is applied after (``trunc_then_temp``, the kept set
-  cannot depend on τ) vs before (``temp_then_trunc``) the truncation (median over prompts);
-- **free running**: a real text's first ``prefix_tokens`` tokens, then its next ``N`` tokens read under teacher
-  forcing (fed the truth) vs generated freely (greedy, and τ = 1 sampling): the NLL of the true token and the share
-  of positions where the model's token equals the true one, and how sure the model is of its own tokens;
-- **shadow** (§3.7.2): one true token replaced by what the model wanted there, real text fed again: Δloss;
-- **divergence**: one token of a real prefix (``perturb_back`` tokens before its end) replaced the same way, and
-  the greedy continuations of both prefixes compared step by step;
-- **timing**: naive (recompute the prefix every step) vs cached generation, and whether their greedy tokens agree.
-
-Every generation bans the unknown and the end token (the loop studies' setting), so each row has exactly ``N``
-new tokens; positions whose true token is the unknown token are not scored. Token counts are the model's own
-tokens: characters for the char GPT, subwords otherwise.
+is measured on a set of prompts and real texts through :class:`genprobe.model.load.Model`, reusing the case study's
+functions where they take logits (entropy table, order trap), a runner (timing) or a logits function (the shadow).
+Every generation bans the unknown and the end token (the loop studies' setting), so each row has exactly ``N`` new
+tokens; positions whose true token is the unknown token are not scored.
 """
 
 from __future__ import annotations
@@ -29,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 import torch
@@ -37,13 +22,13 @@ import torch
 from .._io import json_safe
 from ..corpus.inputs import token_windows
 from ..engine.generate import generate
-from ..engine.runner import runner_for
+from ..engine.runner import left_padded, runner_for
 from ..engine.samplers import SamplerConfig
 from ..metrics import measure_loops
 from ._common import Rounded, r
 from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, perturbation, wanted_instead
-from .sampling import ORDER_TAUS, TEMPERATURES, entropy_table, order_trap
-from .timing import ModeTiming, time_modes
+from .sampling import ORDER_TAUS, TEMPERATURES, TemperatureRow, entropy_table, order_trap
+from .timing import CacheTiming, run_cache_timing
 
 #: Sampled strategies beside greedy (two of the chapter's seven rows).
 SAMPLED: tuple[tuple[str, dict[str, float]], ...] = (
@@ -120,12 +105,7 @@ class Subject:
     @torch.inference_mode()
     def logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """Logits (B, T, V) of left-padded ``rows`` in one uncached forward (float32)."""
-        T = max(len(x) for x in rows)
-        ids = torch.full((len(rows), T), self.model.pad_id, dtype=torch.long)
-        valid = torch.zeros((len(rows), T), dtype=torch.bool)
-        for b, x in enumerate(rows):
-            ids[b, T - len(x) :] = torch.tensor(list(x), dtype=torch.long)
-            valid[b, T - len(x) :] = True
+        ids, valid = left_padded(rows, max(len(x) for x in rows), 0, self.model.pad_id, torch.device("cpu"))
         return self.runner.full(ids, valid).float()
 
     def logits_fn(self, ids: torch.Tensor) -> torch.Tensor:
@@ -147,10 +127,6 @@ class Subject:
             steps = torch.stack(res.step_logits, 1).float() if res.step_logits is not None else None
             yield torch.tensor(res.tokens, dtype=torch.long), steps
 
-    def greedy(self) -> SamplerConfig:
-        """Greedy with the unknown and end tokens banned."""
-        return SamplerConfig(greedy=True, ban_ids=self.bans)
-
     def sampler(self, **kw: Any) -> SamplerConfig:
         """A sampler with the unknown and end tokens banned."""
         return SamplerConfig(ban_ids=self.bans, **kw)
@@ -158,63 +134,36 @@ class Subject:
 
 # ---- diversity --------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class DiversityRow:
-    """One decoding strategy over every prompt: mean distinct-2 of the new tokens, loop and degenerate counts."""
+class DiversityRow(Rounded):
+    """One decoding strategy over every prompt (its sampler as the fields that differ from the defaults): mean
+    distinct-2 of the new tokens, shares of the generations that loop exactly and that degenerate."""
 
     strategy: str
-    sampler: SamplerConfig
+    sampler: dict
     generations: int
     new_tokens: int
     distinct_2: float
-    exact_loops: int
-    degenerate: int
+    loop_share: float
+    degenerate_share: float
     example: str
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded; shares of the generations)."""
-        n = self.generations
-        return {
-            "strategy": self.strategy,
-            "sampler": _brief(self.sampler),
-            "generations": n,
-            "new_tokens": self.new_tokens,
-            "distinct_2": r(self.distinct_2),
-            "loop_share": r(self.exact_loops / n),
-            "degenerate_share": r(self.degenerate / n),
-            "example": self.example,
-        }
-
-
-def _brief(sampler: SamplerConfig) -> dict:
-    """The sampler's fields that differ from the defaults."""
-    default = SamplerConfig().to_dict()
-    return {k: v for k, v in json_safe(sampler).items() if v != default[k]}
 
 
 def diversity(subject: Subject, prompt_ids: list[list[int]], n: int) -> list[DiversityRow]:
     """Greedy and each :data:`SAMPLED` strategy on every prompt."""
-    strategies = [("greedy", subject.greedy())] + [(name, subject.sampler(**kw)) for name, kw in SAMPLED]
-    rows = []
+    strategies = [("greedy", subject.sampler(greedy=True))] + [(name, subject.sampler(**kw)) for name, kw in SAMPLED]
+    default, rows = SamplerConfig().to_dict(), []
     for name, sampler in strategies:
         tokens = torch.cat([t for t, _ in subject.generate(prompt_ids, n, sampler)]).tolist()
         m = [measure_loops(t) for t in tokens]
-        loops, degenerate = sum(x.looping for x in m), sum(x.degenerate for x in m)
+        brief = {k: v for k, v in json_safe(sampler).items() if v != default[k]}
+        loops, degenerate = (statistics.fmean(getattr(x, k) for x in m) for k in ("looping", "degenerate"))
         example = subject.model.decode(prompt_ids[0] + tokens[0])
         d2 = statistics.fmean(x.distinct_2 for x in m)
-        rows.append(DiversityRow(name, sampler, len(tokens), n, d2, loops, degenerate, example))
+        rows.append(DiversityRow(name, brief, len(tokens), n, d2, loops, degenerate, example))
     return rows
 
 
 # ---- entropy and the order trap ------------------------------------------------------------------
-@dataclass(frozen=True)
-class EntropyRow(Rounded):
-    """Mean over prompts of the entropy (nats) and the max probability of softmax(logits / τ)."""
-
-    tau: float
-    entropy: float
-    max_prob: float
-
-
 @dataclass(frozen=True)
 class KeptSetRow:
     """Tokens kept by top-p at one τ under each order: median and mean over prompts."""
@@ -229,32 +178,30 @@ class KeptSetRow:
 
 
 @dataclass(frozen=True)
-class DistributionResult:
-    """The next-token distribution right after each prompt: entropy vs τ and the order trap."""
+class DistributionResult(Rounded):
+    """The next-token distribution right after each prompt: entropy vs τ (means over prompts) and the order trap."""
+
+    JSON_KEYS = "prompts vocab_size log_vocab entropy_vs_temperature top_p order_trap"
 
     prompts: int
     vocab_size: int
     top_p: float
-    entropy: list[EntropyRow]
+    entropy_vs_temperature: list[TemperatureRow]
     order_trap: list[KeptSetRow]
 
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return {
-            "prompts": self.prompts,
-            "vocab_size": self.vocab_size,
-            "log_vocab": r(math.log(self.vocab_size)),
-            "entropy_vs_temperature": [json_safe(row) for row in self.entropy],
-            "top_p": self.top_p,
-            "order_trap": [json_safe(row) for row in self.order_trap],
-        }
+    @property
+    def log_vocab(self) -> float:
+        """ln V, the most entropy a distribution over the vocabulary can have."""
+        return math.log(self.vocab_size)
 
 
 def distribution(logits: torch.Tensor, taus=TEMPERATURES, trap_taus=ORDER_TAUS, top_p=TRAP_TOP_P) -> DistributionResult:
     """Entropy table and order trap (the case study's functions) of each row of ``logits`` (B, V), aggregated."""
     tables = [entropy_table(row, taus) for row in logits]
     entropy = [
-        EntropyRow(tau, statistics.fmean(t[i].entropy for t in tables), statistics.fmean(t[i].max_prob for t in tables))
+        TemperatureRow(
+            tau, statistics.fmean(t[i].entropy for t in tables), statistics.fmean(t[i].max_prob for t in tables)
+        )
         for i, tau in enumerate(taus)
     ]
     traps = [order_trap(row, top_p, trap_taus, TRAP_ORDERS) for row in logits]
@@ -271,8 +218,10 @@ def distribution(logits: torch.Tensor, taus=TEMPERATURES, trap_taus=ORDER_TAUS, 
 
 # ---- teacher forcing vs free running -----------------------------------------------------------
 @dataclass(frozen=True)
-class Reading:
+class Reading(Rounded):
     """One way of reading a text's continuation, scored against the true tokens."""
+
+    DIGITS_OF = {"accuracy_by_step": 3}
 
     mode: str  # "teacher forcing" | "free running, greedy" | "free running, τ = 1"
     positions: int
@@ -281,13 +230,6 @@ class Reading:
     own_prob: float  # mean probability of the model's own token there
     own_nll: float
     accuracy_by_step: list[float]
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        d = asdict(self)
-        d.update({k: r(v) for k, v in d.items() if isinstance(v, float)})
-        d["accuracy_by_step"] = [r(a, 3) for a in self.accuracy_by_step]
-        return d
 
 
 @dataclass
@@ -414,14 +356,11 @@ class Divergence:
     new_tokens: int
     agree: list[list[bool]]  # per row, per step: the two continuations hold the same token
 
-    def first_divergence(self) -> list[int | None]:
-        """Per row, the first step (1-based) whose tokens differ; None when the continuations are identical."""
-        return [next((s + 1 for s, a in enumerate(row) if not a), None) for row in self.agree]
-
     def to_dict(self) -> dict:
         """Shares of rows: identical so far / agreeing at each step; never diverged; agreement in the last quarter."""
         n, N = self.rows, self.new_tokens
-        firsts = self.first_divergence()
+        # per row, the first step (1-based) whose tokens differ; None when the continuations are identical
+        firsts = [next((s + 1 for s, a in enumerate(row) if not a), None) for row in self.agree]
         diverged = sorted(f for f in firsts if f is not None)
         agree_by_step = [sum(row[s] for row in self.agree) / n for s in range(N)]
         identical = [sum(f is None or f > s + 1 for f in firsts) / n for s in range(N)]
@@ -445,7 +384,7 @@ def divergence(subject: Subject, texts: list[list[int]], clean: list[list[int]],
     prefixes = [x[:P] for x in texts]
     logp = torch.log_softmax(subject.last_logits([x[:c] for x in prefixes]).double(), -1)
     changed = [x[:c] + [wanted_instead(logp[b], x[c], subject.bans)[0]] + x[c + 1 :] for b, x in enumerate(prefixes)]
-    bent = torch.cat([t for t, _ in subject.generate(changed, N, subject.greedy())]).tolist()
+    bent = torch.cat([t for t, _ in subject.generate(changed, N, subject.sampler(greedy=True))]).tolist()
     agree = [[a == b for a, b in zip(x, y, strict=True)] for x, y in zip(clean, bent, strict=True)]
     return Divergence(len(texts), c, N, agree)
 
@@ -453,35 +392,25 @@ def divergence(subject: Subject, texts: list[list[int]], clean: list[list[int]],
 # ---- naive vs cached ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Timing:
-    """Naive vs cached wall time (the case study's :func:`time_modes`) and whether their greedy tokens agree."""
+    """Naive vs cached wall time (the case study's :class:`CacheTiming`) and whether their greedy tokens agree."""
 
-    prompt_len: int
-    new_tokens: int
-    threads: int
-    rows: list[ModeTiming]
+    cache: CacheTiming
     match_rows: int
     matching_rows: int
 
     def to_dict(self) -> dict:
-        """JSON form."""
-        return {
-            "prompt_len": self.prompt_len,
-            "new_tokens": self.new_tokens,
-            "threads": self.threads,
-            "rows": [json_safe(row) for row in self.rows],
-            "tokens_match": {"rows": self.match_rows, "identical": self.matching_rows},
-        }
+        """The case study's ``cache_timing`` form, and how many rows' tokens agree."""
+        return json_safe(self.cache) | {"tokens_match": {"rows": self.match_rows, "identical": self.matching_rows}}
 
 
 def timing(subject: Subject, prompt_ids: list[list[int]], N: int) -> Timing:
     """Time both modes on the first prompt at each batch size; generate ``match_rows`` prompts both ways."""
     cfg, engine = subject.cfg, subject.runner
-    rows = [time_modes(engine, prompt_ids[0], b, N, cfg.timing_reps, cfg.timing_budget_s) for b in cfg.timing_batches]
+    cache = run_cache_timing(engine, prompt_ids[0], N, cfg.timing_batches, cfg.timing_reps, cfg.timing_budget_s)
     few = prompt_ids[: cfg.match_rows]
-    naive = generate(engine, few, N, sampler=subject.greedy(), mode="naive").tokens
-    cached = generate(engine, few, N, sampler=subject.greedy(), mode="cached").tokens
-    same = sum(a == b for a, b in zip(naive, cached, strict=True))
-    return Timing(len(prompt_ids[0]), N, torch.get_num_threads(), rows, len(few), same)
+    naive = generate(engine, few, N, sampler=subject.sampler(greedy=True), mode="naive").tokens
+    cached = generate(engine, few, N, sampler=subject.sampler(greedy=True), mode="cached").tokens
+    return Timing(cache, len(few), sum(a == b for a, b in zip(naive, cached, strict=True)))
 
 
 # ---- the whole run -------------------------------------------------------------------------------
@@ -507,38 +436,10 @@ class PhenomenaResult:
         return next(x for x in self.readings if x.mode == mode)
 
     def to_dict(self) -> dict:
-        """JSON form (``phenomena.json``)."""
-        return {
-            "format": "genprobe-phenomena/1",
-            "model": self.model,
-            "inputs": self.inputs,
-            "config": json_safe(self.config),
-            "new_tokens": self.new_tokens,
-            "continuation_tokens": self.continuation_tokens,
-            "diversity": [json_safe(row) for row in self.diversity],
-            "distribution": json_safe(self.distribution),
-            "free_running": {
-                "prefix_tokens": self.config.prefix_tokens,
-                "readings": [json_safe(x) for x in self.readings],
-            },
-            "shadow": json_safe(self.shadow),
-            "divergence": json_safe(self.divergence),
-            "timing": json_safe(self.timing),
-            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
-        }
-
-
-def _model_summary(model: Any) -> dict:
-    tok = model.tokenizer
-    return {
-        "source": str(model.source) if model.source else None,
-        "kind": model.kind,
-        "arch": model.arch,
-        "parameters": model.num_parameters(),
-        "tokenizer": tok.kind,
-        "vocab_size": model.vocab_size,
-        "context": model.max_positions,
-    }
+        """JSON form (``phenomena.json``): the fields, the readings under ``free_running`` with the prefix length."""
+        d = {"format": "genprobe-phenomena/1"} | {f.name: json_safe(getattr(self, f.name)) for f in fields(self)}
+        d["free_running"] = {"prefix_tokens": self.config.prefix_tokens, "readings": d.pop("readings")}
+        return d | {"seconds": {k: round(v, 1) for k, v in self.seconds.items()}}
 
 
 def _long_texts(subject: Subject, texts: Sequence[str], need: int) -> list[list[int]]:
@@ -583,7 +484,7 @@ def chapter_phenomena(
     dist = distribution(subject.last_logits(prompt_ids))
     tick("distribution")
     tf = teacher_forcing(subject, text_ids, P, n_cont)
-    greedy, clean = free_running(subject, text_ids, P, n_cont, subject.greedy(), "free running, greedy")
+    greedy, clean = free_running(subject, text_ids, P, n_cont, subject.sampler(greedy=True), "free running, greedy")
     tau_1 = subject.sampler(temperature=FREE_TAU)
     sampled, _ = free_running(subject, text_ids, P, n_cont, tau_1, "free running, τ = 1")
     tick("free_running")
@@ -601,5 +502,5 @@ def chapter_phenomena(
     }
     readings = [tf, greedy, sampled]
     return PhenomenaResult(
-        _model_summary(model), inputs, cfg, n_gen, n_cont, div_rows, dist, readings, shadow, div, times, seconds
+        model.describe(), inputs, cfg, n_gen, n_cont, div_rows, dist, readings, shadow, div, times, seconds
     )

@@ -16,7 +16,7 @@ from .._io import json_safe
 from ..corpus import CharTokenizer
 from ..engine.samplers import SamplerConfig, kept_set_size
 from ..model.gpt import GPT
-from ._common import CASE_PROMPT, encode_prompt, entropy_nats, next_token_logits, r
+from ._common import CASE_PROMPT, Rounded, encode_prompt, entropy_nats, next_token_logits, r
 
 TEMPERATURES = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0)
 NUCLEUS_PS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999)
@@ -25,34 +25,36 @@ ORDERS = ("trunc_then_temp", "temp_then_trunc", "hf", "vllm", "llama.cpp")
 
 
 @dataclass(frozen=True)
-class TemperatureRow:
+class TemperatureRow(Rounded):
     """Entropy (nats), perplexity and max probability of softmax(logits / τ)."""
+
+    JSON_KEYS = "tau entropy perplexity max_prob"
+    DIGITS_OF = {"perplexity": 2}
 
     tau: float
     entropy: float
     max_prob: float
 
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {
-            "tau": self.tau,
-            "entropy": r(self.entropy),
-            "perplexity": r(math.exp(self.entropy), 2),
-            "max_prob": r(self.max_prob),
-        }
+    @property
+    def perplexity(self) -> float:
+        """exp(entropy)."""
+        return math.exp(self.entropy)
 
 
 @dataclass(frozen=True)
-class NucleusRow:
+class NucleusRow(Rounded):
     """Tokens kept by top-p ``p`` at τ = 1, of ``vocab_size``."""
+
+    JSON_KEYS = "p kept share_of_vocab"
 
     p: float
     kept: int
     vocab_size: int
 
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return {"p": self.p, "kept": self.kept, "share_of_vocab": r(self.kept / self.vocab_size)}
+    @property
+    def share_of_vocab(self) -> float:
+        """kept / vocab_size."""
+        return self.kept / self.vocab_size
 
 
 @dataclass(frozen=True)

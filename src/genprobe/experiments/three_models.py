@@ -120,7 +120,7 @@ def _timing_claims(d: dict) -> list[Claim]:
 #: (label, getter) rows of the numbers table.
 ROWS: list[tuple[str, Callable[[dict], Any]]] = [
     ("parameters", lambda d: f"{d['model']['parameters']:,}"),
-    ("tokenizer (vocab)", lambda d: f"{d['model']['tokenizer']} ({d['model']['vocab_size']:,})"),
+    ("tokenizer (vocab)", lambda d: f"{d['model']['tokenizer']['kind']} ({d['model']['vocab_size']:,})"),
     ("inputs", lambda d: f"{d['inputs'].get('corpus', 'files')}: {d['inputs']['prompts']} prompts, "
      f"{d['inputs']['texts']} texts"),
     ("new tokens / prefix + continuation", lambda d: f"{d['new_tokens']} / {d['config']['prefix_tokens']} + "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -42,8 +42,14 @@ def _time(model, prompts, new_tokens: int, mode: str, reps: int, budget_s: float
 
 
 @dataclass(frozen=True)
-class ModeTiming:
+class ModeTiming(Rounded):
     """Naive vs cached generation of ``new_tokens`` at one batch size: median wall seconds and token forwards."""
+
+    device: ClassVar[str] = "cpu"
+    JSON_KEYS = (
+        "device batch new_tokens naive_s cached_s speedup naive_token_forwards cached_token_forwards compute_ratio runs"
+    )
+    DIGITS_OF = {"speedup": 2, "compute_ratio": 1}
 
     batch: int
     new_tokens: int
@@ -62,21 +68,6 @@ class ModeTiming:
     def compute_ratio(self) -> float:
         """Token-forward ratio naive / cached (the arithmetic the cache saves)."""
         return self.naive_token_forwards / self.cached_token_forwards
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        return {
-            "device": "cpu",
-            "batch": self.batch,
-            "new_tokens": self.new_tokens,
-            "naive_s": r(self.naive_s),
-            "cached_s": r(self.cached_s),
-            "speedup": r(self.speedup, 2),
-            "naive_token_forwards": self.naive_token_forwards,
-            "cached_token_forwards": self.cached_token_forwards,
-            "compute_ratio": r(self.compute_ratio, 1),
-            "runs": list(self.runs),
-        }
 
 
 def time_modes(
@@ -125,9 +116,9 @@ class CacheTiming:
 
 
 def run_cache_timing(
-    model: GPT, prompt_ids: list[int], new_tokens: int = 50, batches=BATCHES, reps: int = 3, budget_s: float = 5.0
+    model: Any, prompt_ids: list[int], new_tokens: int = 50, batches=BATCHES, reps: int = 3, budget_s: float = 5.0
 ) -> CacheTiming:
-    """Naive vs cached at each batch size beside the compute ratio."""
+    """Naive vs cached at each batch size beside the compute ratio (``model``: as :func:`time_modes` takes)."""
     rows = [time_modes(model, prompt_ids, b, new_tokens, reps, budget_s) for b in batches]
     return CacheTiming(len(prompt_ids), new_tokens, torch.get_num_threads(), reps, rows)
 
@@ -138,9 +129,8 @@ def scaling_config(
     """The chapter's larger random model: 8 layers, d_model 768, 12 heads, d_ff 3072 (``small``: d_model 256, for
     --quick)."""
     block = max(160, prompt_len + max_new + 1)
-    if small:
-        return GPTConfig(vocab_size=vocab_size, n_layer=8, n_head=4, d_model=256, d_ff=1024, block_size=block)
-    return GPTConfig(vocab_size=vocab_size, n_layer=8, n_head=12, d_model=768, d_ff=3072, block_size=block)
+    heads, width, ff = (4, 256, 1024) if small else (12, 768, 3072)
+    return GPTConfig(vocab_size=vocab_size, n_layer=8, n_head=heads, d_model=width, d_ff=ff, block_size=block)
 
 
 @dataclass(frozen=True)
