@@ -67,22 +67,11 @@ def calibrate_loops(
 
     if model.tokenizer is None:
         raise ValueError("calibration needs the model's tokenizer (human text is measured in its tokens)")
-    if prompts is None and human_text is None and model.tokenizer.kind != "char":
-        raise ValueError(
-            "this model is not the bundled character model: pass prompts (their script chooses the "
-            "human text) or human_text"
-        )
     if prompts is None and human_text is None:
         prompts = default_prompts(model, 8)  # the char model's own held-out prompts: their script picks Tang text
-    texts = list(prompts or [])
+    human = None if human_text is None else str(human_text)
     return calibrate_for_scan(
-        model.tokenizer,
-        length,
-        texts,
-        human_text=None if human_text is None else str(human_text),
-        base=base,
-        target=target,
-        unk_id=model.unk_id,
+        model.tokenizer, length, list(prompts or []), human_text=human, base=base, target=target, unk_id=model.unk_id
     )
 
 

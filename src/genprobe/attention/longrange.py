@@ -1,27 +1,14 @@
-"""Synthetic long-range tasks and position-encoding extrapolation (ALiBi-paper style).
+"""Synthetic long-range tasks and position-encoding extrapolation (ALiBi-paper style), on tiny models.
 
-The article on attention failures with long-range dependencies blames position encodings used past
-the range they were trained on; this module measures that claim on tiny models.
+* **passkey** — fillers with a ``KEY v`` pair planted ``distance`` positions before the final ``QUERY``; the
+  answer is ``v``. Solvable by content alone, whatever the position encoding.
+* **lag** — random tokens; the target at every ``t >= k`` is ``x[t-k]``. Only position can solve it (one model
+  per ``k``).
+* :func:`corpus_extrapolation` — the Tang model per encoding at ``L = 64``: validation loss over non-overlapping
+  windows of several lengths (Press et al. 2022), and on positions ``>= L`` only.
 
-Two synthetic tasks with a tiny GPT trained on rows of the training context ``L``:
-
-* **passkey** — filler tokens everywhere, except a ``KEY v`` pair planted so that the value ``v`` sits
-  exactly ``distance`` positions before the final ``QUERY`` token; the answer (at the last position)
-  is ``v``. Value tokens never appear elsewhere, so this is solvable *by content alone* (attend to
-  the one value token), whatever the position encoding. Trained with distances uniform in [1, L-2];
-  evaluated at distances inside ``L`` and beyond it (rows of ``distance + 2`` tokens).
-* **lag** ("which token stood exactly k places back") — random content tokens; at every position
-  ``t >= k`` the target is ``x[t-k]``. Content cannot help (tokens are random): only position can.
-  One model per ``k`` (dense targets learn in a few hundred steps). ALiBi, whose only positional
-  signal is a monotone distance penalty, is expected to fail for ``k > 1``; learned / RoPE learn it.
-  Evaluated on rows of ``L`` and on longer rows (positions ``>= L`` only).
-
-A learned position table past ``L`` raises the model's ``ValueError``: the measurement is then ``None``
-and the refusal is listed in the result's ``errors`` (never a string in a numeric field).
-
-:func:`corpus_extrapolation` trains the Tang model once per encoding at ``L = 64`` and measures the
-validation loss at several evaluation lengths over *non-overlapping* windows (every target counted
-once, averaged over all positions, as in Press et al. 2022), plus the loss on positions ``>= L`` only.
+A learned position table past ``L`` raises the model's ``ValueError``: the measurement is then ``None`` and the
+refusal is listed in the result's ``errors``. docs/longrange.md has the findings.
 """
 
 from __future__ import annotations
@@ -73,6 +60,13 @@ class PasskeyTask:
         x[:, -1] = self.QUERY
         return x, values
 
+    def train_batch(self, n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training rows (distance uniform in [1, length-2]) with the answer as the last position's target."""
+        x, v = self.batch(torch.randint(1, length - 1, (n,), generator=gen), length, gen)
+        y = torch.full_like(x, -100)
+        y[:, -1] = v
+        return x, y
+
 
 class LagTask:
     """Random content tokens; the target at every position ``t >= k`` is ``x[t-k]`` — the token exactly
@@ -87,7 +81,7 @@ class LagTask:
             raise ValueError(f"lag must be >= 1, got {lag}")
         self.lag = lag
 
-    def batch(self, n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_batch(self, n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows (n, length) and targets (n, length); positions ``t < k`` are -100 (ignored)."""
         if length <= self.lag:
             raise ValueError(f"rows of {length} tokens have no position {self.lag} places after another")
@@ -125,16 +119,6 @@ class SyntheticConfig:
             raise ValueError(f"lags must lie in [1, {self.context - 1}], got {self.lags}")
 
 
-def _passkey_sampler(task: PasskeyTask, L: int, n: int):
-    def sample(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        x, v = task.batch(torch.randint(1, L - 1, (n,), generator=gen), L, gen)
-        y = torch.full_like(x, -100)
-        y[:, -1] = v
-        return x, y
-
-    return sample
-
-
 @dataclass(frozen=True)
 class TrainSummary:
     """How one synthetic model trained: steps, mean loss over the last 20 steps, wall seconds."""
@@ -169,13 +153,9 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
     steps = steps or (sc.lag_steps if isinstance(task, LagTask) else sc.passkey_steps)
     model = GPT(GPTConfig(**{**sc.model, "vocab_size": task.vocab_size, "block_size": L, "pos_encoding": pos_encoding}))
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    if isinstance(task, LagTask):
-        sample = lambda g: task.batch(sc.batch_size, L, g)  # noqa: E731
-    else:
-        sample = _passkey_sampler(task, L, sc.batch_size)
 
     def batch_loss() -> torch.Tensor:
-        x, y = sample(gen)
+        x, y = task.train_batch(sc.batch_size, L, gen)
         logits = model(x)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
 
@@ -207,7 +187,7 @@ def lag_accuracy(model: GPT, task: LagTask, length: int, context: int, samples: 
     else over the positions beyond the training context only (``t >= context``); the model's ``ValueError``
     when it refuses the length."""
     gen = torch.Generator().manual_seed(seed + length)
-    x, y = task.batch(samples, length, gen)
+    x, y = task.train_batch(samples, length, gen)
     pred = model(x).argmax(-1)
     sel = y != -100
     if length > context:
