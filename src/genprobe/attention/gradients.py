@@ -114,18 +114,12 @@ class QKVGradTracker:
         w = csv.DictWriter(buf, fieldnames=["step", "layer", "q", "k", "v"], lineterminator="\n")
         w.writeheader()
         w.writerows(self._rows)
-        paths = {
-            "csv": out / "qkv_grad_norms.csv",
-            "json": out / "qkv_grad_norms.json",
-            "png": out / "qkv_grad_norms.png",
-        }
+        paths = {ext: out / f"qkv_grad_norms.{ext}" for ext in ("csv", "json", "png")}
         atomic_write_text(paths["csv"], buf.getvalue())
         atomic_write_json(paths["json"], json_safe(self))
         self.plot(paths["png"])
-        steps = sorted({r["step"] for r in self._rows})
-        return {
-            **{k: str(v) for k, v in paths.items()},
-            "steps": len(steps),
+        return {k: str(v) for k, v in paths.items()} | {
+            "steps": len({r["step"] for r in self._rows}),
             "layers": len({r["layer"] for r in self._rows}),
             "rows": len(self._rows),
         }

@@ -15,7 +15,7 @@ import torch
 from ..model.arch import unwrap
 from ..model.gpt import GPT
 from ..model.limits import max_positions
-from .capture import is_hf_model
+from .capture import attn_implementation, is_hf_model
 
 LEAK_THRESHOLD = 1e-4
 
@@ -128,9 +128,7 @@ def padding_leak(
                 deltas[i][side] = float((real - alone[i]).abs().max())
     finally:
         model.train(was_training)
-    name = type(model).__name__
-    if is_hf_model(model):
-        name += f" ({getattr(model.config, '_attn_implementation', None) or 'eager'})"
+    name = type(model).__name__ + (f" ({attn_implementation(model)})" if is_hf_model(model) else "")
     rep = LeakReport(model=name, position_ids=position_ids, threshold=threshold, sides=list(sides))
     for i, s in enumerate(sequences):
         m = max(deltas[i].values())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from statistics import fmean
 
 import torch
 import torch.nn.functional as F
@@ -60,8 +61,8 @@ class PasskeyTask:
         x[:, -1] = self.QUERY
         return x, values
 
-    def train_batch(self, n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training rows (distance uniform in [1, length-2]) with the answer as the last position's target."""
+    def sample(self, n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` rows (distances uniform in [1, length-2]); targets: the answer last, -100 elsewhere."""
         x, v = self.batch(torch.randint(1, length - 1, (n,), generator=gen), length, gen)
         y = torch.full_like(x, -100)
         y[:, -1] = v
@@ -81,7 +82,7 @@ class LagTask:
             raise ValueError(f"lag must be >= 1, got {lag}")
         self.lag = lag
 
-    def train_batch(self, n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows (n, length) and targets (n, length); positions ``t < k`` are -100 (ignored)."""
         if length <= self.lag:
             raise ValueError(f"rows of {length} tokens have no position {self.lag} places after another")
@@ -155,7 +156,7 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
     def batch_loss() -> torch.Tensor:
-        x, y = task.train_batch(sc.batch_size, L, gen)
+        x, y = task.sample(sc.batch_size, L, gen)
         logits = model(x)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
 
@@ -187,7 +188,7 @@ def lag_accuracy(model: GPT, task: LagTask, length: int, context: int, samples: 
     else over the positions beyond the training context only (``t >= context``); the model's ``ValueError``
     when it refuses the length."""
     gen = torch.Generator().manual_seed(seed + length)
-    x, y = task.train_batch(samples, length, gen)
+    x, y = task.sample(samples, length, gen)
     pred = model(x).argmax(-1)
     sel = y != -100
     if length > context:
@@ -454,15 +455,9 @@ class EncodingSummary:
         return d
 
 
-def _mean(values: list[float | None]) -> float | None:
-    """Mean of ``values``; None when any is missing (a partial mean would hide the refusal)."""
-    if not values or any(v is None for v in values):
-        return None
-    return sum(values) / len(values)  # type: ignore[arg-type]
-
-
-def _min(values: list[float | None]) -> float | None:
-    return None if not values or any(v is None for v in values) else min(values)  # type: ignore[type-var]
+def _whole(reduce, values: list[float | None]) -> float | None:
+    """``reduce(values)``; None when any is missing (a partial mean would hide the refusal)."""
+    return None if not values or None in values else reduce(values)
 
 
 def summarize_encoding(pe: str, syn: SyntheticResult, corpus: CorpusResult | None) -> EncodingSummary:
@@ -470,9 +465,9 @@ def summarize_encoding(pe: str, syn: SyntheticResult, corpus: CorpusResult | Non
     L = syn.context
     pk = syn.passkey[pe].accuracy
     s = EncodingSummary(
-        passkey_min_inside=_min([a for d, a in pk.items() if d <= L - 2]),
-        passkey_mean_beyond=_mean([a for d, a in pk.items() if d > L - 2]),
-        lag_mean={n: _mean(list(accs.values())) for n, accs in syn.lag[pe].accuracy.items()},
+        passkey_min_inside=_whole(min, [a for d, a in pk.items() if d <= L - 2]),
+        passkey_mean_beyond=_whole(fmean, [a for d, a in pk.items() if d > L - 2]),
+        lag_mean={n: _whole(fmean, list(accs.values())) for n, accs in syn.lag[pe].accuracy.items()},
     )
     if corpus is not None:
         by = corpus.encodings[pe].by_length

@@ -40,9 +40,8 @@ class CharTokenizer:
     def __init__(self, chars: list[str]):
         if len(set(chars)) != len(chars):
             raise ValueError("vocabulary characters must be unique")
-        for c in chars:
-            if len(c) != 1:
-                raise ValueError(f"vocabulary entries must be single characters, got {c!r}")
+        if bad := [c for c in chars if len(c) != 1]:
+            raise ValueError(f"vocabulary entries must be single characters, got {bad[0]!r}")
         self.chars: list[str] = list(chars)
         self.itos: list[str] = list(SPECIALS) + self.chars
         self.stoi: dict[str, int] = {c: i + len(SPECIALS) for i, c in enumerate(self.chars)}
@@ -84,19 +83,9 @@ class CharTokenizer:
     # ---- encode / decode ----------------------------------------------------------------
     def encode_with_report(self, text: str) -> EncodeResult:
         """Encode and report which characters became ``<unk>``."""
-        ids: list[int] = []
-        unknown: list[str] = []
-        positions: list[int] = []
-        for i, c in enumerate(text):
-            t = self.stoi.get(c)
-            if t is None:
-                ids.append(UNK_ID)
-                positions.append(i)
-                if c not in unknown:
-                    unknown.append(c)
-            else:
-                ids.append(t)
-        return EncodeResult(ids=ids, unknown_chars=unknown, unknown_positions=positions)
+        ids = [self.stoi.get(c, UNK_ID) for c in text]
+        positions = [i for i, t in enumerate(ids) if t == UNK_ID]
+        return EncodeResult(ids, list(dict.fromkeys(text[i] for i in positions)), positions)
 
     def encode(self, text: str, warn: bool = True) -> list[int]:
         """Encode ``text``; warn (UnknownCharactersWarning) naming characters that became ``<unk>``."""
@@ -114,17 +103,11 @@ class CharTokenizer:
     def decode(self, ids, show_unk: bool = False, unk_text: str = UNK_TOKEN) -> str:
         """Ids → text. ``<pad>`` is always dropped; ``<unk>`` is dropped unless ``show_unk``."""
         out = []
-        for t in ids:
-            t = int(t)
-            if t == PAD_ID:
-                continue
-            if t == UNK_ID:
-                if show_unk:
-                    out.append(unk_text)
-                continue
+        for t in map(int, ids):
             if not 0 <= t < len(self.itos):
                 raise ValueError(f"token id {t} outside vocabulary of size {len(self.itos)}")
-            out.append(self.itos[t])
+            if t >= len(SPECIALS) or (t == UNK_ID and show_unk):
+                out.append(unk_text if t == UNK_ID else self.itos[t])
         return "".join(out)
 
     def unknown_chars(self, text: str) -> list[str]:
