@@ -222,18 +222,15 @@ def diagnose(
 ) -> "DoctorReport":
     """Every check genprobe has, on ``model`` as the user runs it, in one :class:`~genprobe.doctor.DoctorReport`:
     the model card and tokenizer facts, the inference path (caches, padding, ``serving="vllm"``), attention health,
-    degeneration under greedy and ``sampling`` on ``prompts`` (default: held-out prompts of the model's language),
-    which fix (the edit too with ``with_edit``); ``report.exit_status`` is 0 healthy, 1 bug, 4 warnings only.
-    ``options`` are :class:`~genprobe.doctor.DoctorOptions`' fields (``prompts``, ``sampling``, ``chat``,
-    ``serving``, ``quick``, ``max_loop_rate``, ``with_edit``, ``impl``, ``hf_position_ids``, ``only``, ``seed``,
-    ``reference``): ``impl`` ("module:factory") adds the user's cache implementation; ``hf_position_ids=False`` says
-    the user's code passes no position ids; ``reference`` (a model path) is what the quality stage compares with.
-    With ``out``, writes prompts.txt, doctor.json and report.html there.
+    degeneration under greedy and ``sampling`` on ``prompts``, which fix; ``report.exit_status`` is 0 healthy, 1 bug,
+    4 warnings only. ``options`` are :class:`~genprobe.doctor.DoctorOptions`' fields (``prompts``, ``sampling``,
+    ``serving``, ``with_edit``, ``impl``, ``reference`` …). With ``out``, writes prompts.txt, doctor.json and
+    report.html there.
     """
     from .doctor import DoctorOptions, run_doctor
 
-    if options.get("only") is not None:
-        options["only"] = tuple(options["only"])
-    else:
+    if options.get("only") is None:
         options.pop("only", None)  # every stage
+    else:
+        options["only"] = tuple(options["only"])
     return run_doctor(model, DoctorOptions(**options), out=out, log=log)

@@ -230,7 +230,7 @@ class LagResult:
     errors: list[EvalError] = field(default_factory=list)
 
 
-def run_passkey(pos_encoding: str, sc: SyntheticConfig) -> PasskeyResult:
+def run_passkey(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> PasskeyResult:
     """Train on passkey at ``sc.context``; accuracy at every :func:`passkey_grid` distance (rows ``max(L, d+2)``)."""
     task = PasskeyTask()
     model, summary = train_synthetic(task, pos_encoding, sc)
@@ -240,6 +240,8 @@ def run_passkey(pos_encoding: str, sc: SyntheticConfig) -> PasskeyResult:
         res.accuracy[d] = _measured(
             res.errors, f"distance {d} (rows of {n})", passkey_accuracy, model, task, d, n, sc.eval_samples
         )
+    if on_model:
+        on_model()
     return res
 
 
@@ -305,13 +307,9 @@ class SyntheticResult:
 
 def run_synthetic(pos_encodings: list[str], sc: SyntheticConfig, progress: bool = False) -> SyntheticResult:
     """Both tasks × each encoding: training summaries and accuracy inside/beyond the training context."""
-    bar = tqdm(total=(1 + len(sc.lags)) * len(pos_encodings), desc="synthetic", disable=not progress)
-    passkey = {}
-    for pe in pos_encodings:
-        passkey[pe] = run_passkey(pe, sc)
-        bar.update(1)
-    lag = {pe: run_lag(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
-    bar.close()
+    with tqdm(total=(1 + len(sc.lags)) * len(pos_encodings), desc="synthetic", disable=not progress) as bar:
+        passkey = {pe: run_passkey(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
+        lag = {pe: run_lag(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
     return SyntheticResult(sc, passkey, lag)
 
 

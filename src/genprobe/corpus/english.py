@@ -145,9 +145,7 @@ def sentences(document: str) -> list[str]:
             continue
         out.append(document[start : m.end(1)].strip())
         start = m.end()
-    tail = document[start:].strip()
-    if tail:
-        out.append(tail)
+    out.append(document[start:].strip())
     return [s for s in out if s]
 
 
