@@ -33,9 +33,7 @@ N_VALUE = 16
 N_CONTENT = 16
 
 
-# ---------------------------------------------------------------------------------------------
-# task generators
-# ---------------------------------------------------------------------------------------------
+# ---- task generators ------------------------------------------------------------------------------
 class PasskeyTask:
     """``fillers … KEY v fillers … QUERY`` → ``v``; ``v`` sits ``distance`` positions before QUERY."""
 
@@ -92,9 +90,7 @@ class LagTask:
         return x, y
 
 
-# ---------------------------------------------------------------------------------------------
-# training and evaluation
-# ---------------------------------------------------------------------------------------------
+# ---- training and evaluation ----------------------------------------------------------------------
 @dataclass
 class SyntheticConfig:
     """Tiny-GPT recipe for the synthetic tasks (seconds of CPU per model)."""
@@ -313,9 +309,7 @@ def run_synthetic(pos_encodings: list[str], sc: SyntheticConfig, progress: bool 
     return SyntheticResult(sc, passkey, lag)
 
 
-# ---------------------------------------------------------------------------------------------
-# the real corpus: validation loss vs evaluation length
-# ---------------------------------------------------------------------------------------------
+# ---- the real corpus: validation loss vs evaluation length ----------------------------------------
 @dataclass(frozen=True)
 class WindowLoss:
     """Mean loss over non-overlapping windows: all positions, and positions >= the training context only."""
@@ -412,9 +406,7 @@ def corpus_extrapolation(
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# everything together
-# ---------------------------------------------------------------------------------------------
+# ---- everything together --------------------------------------------------------------------------
 @dataclass
 class LongRangeConfig:
     """What ``genprobe longrange`` runs."""

@@ -89,15 +89,11 @@ def check_masks(
 
 def _batch_findings(ids: list[list], masks: list[list], pos: list[list] | None) -> list[Finding]:
     """Row counts that differ between the tensors, and rows whose length differs from most rows."""
+    n = len(ids)
     findings = [
-        Finding(
-            min(len(ids), len(rows)),
-            None,
-            "length_mismatch",
-            f"input_ids has {len(ids)} rows but {name} has {len(rows)}",
-        )
+        Finding(min(n, len(rows)), None, "length_mismatch", f"input_ids has {n} rows but {name} has {len(rows)}")
         for name, rows in (("attention_mask", masks), ("position_ids", pos))
-        if rows is not None and len(rows) != len(ids)
+        if rows is not None and len(rows) != n
     ]
     lengths = {len(r) for r in ids}
     if len(lengths) > 1:

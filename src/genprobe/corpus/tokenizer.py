@@ -46,7 +46,6 @@ class CharTokenizer:
         self.itos: list[str] = list(SPECIALS) + self.chars
         self.stoi: dict[str, int] = {c: i + len(SPECIALS) for i, c in enumerate(self.chars)}
 
-    # ---- construction -------------------------------------------------------------------
     @classmethod
     def from_text(cls, text: str, max_chars: int = 1200) -> "CharTokenizer":
         """Keep the ``max_chars`` most frequent characters of ``text`` (ties: first occurrence)."""
@@ -62,7 +61,6 @@ class CharTokenizer:
             raise ValueError(f"vocabulary must start with {SPECIALS}, got {itos[:2]}")
         return cls(list(itos[len(SPECIALS) :]))
 
-    # ---- properties -------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
         """Number of ids including specials."""
@@ -80,7 +78,6 @@ class CharTokenizer:
         known = sum(1 for c in text if c in self.stoi)
         return {"chars": len(text), "coverage": known / len(text), "unk_share": 1.0 - known / len(text)}
 
-    # ---- encode / decode ----------------------------------------------------------------
     def encode_with_report(self, text: str) -> EncodeResult:
         """Encode and report which characters became ``<unk>``."""
         ids = [self.stoi.get(c, UNK_ID) for c in text]
