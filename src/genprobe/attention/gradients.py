@@ -125,9 +125,7 @@ class QKVGradTracker:
                 pts = [(r["step"], r[proj]) for r in self._rows if r["layer"] == layer and r[proj]]
                 if pts:
                     ax.plot(*zip(*pts, strict=True), label=f"layer {layer}", lw=1)
-            ax.set_title(f"{proj.upper()} projection")
-            ax.set_xlabel("step")
-            ax.set_yscale("log")
+            ax.set(title=f"{proj.upper()} projection", xlabel="step", yscale="log")
         axes[0].set_ylabel("gradient L2 norm")
         axes[-1].legend(fontsize=7)
         return save_figure(fig, path)

@@ -112,8 +112,7 @@ def _row_findings(
     """Findings of row ``i`` and its padding side ('left'/'right'; None when unpadded or unusable)."""
     if len(row_mask) != len(row_ids):
         return [_length_mismatch(i, "attention_mask", len(row_mask), len(row_ids))], None
-    bad = [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]
-    if bad:
+    if bad := [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]:
         msg = f"attention_mask value {bad[0][1]!r} is not 0/1 ({len(bad)} such value(s) in the row)"
         return [Finding(i, bad[0][0], "non_binary", msg)], None
     m = [int(v) for v in row_mask]
@@ -123,8 +122,7 @@ def _row_findings(
         msg = "mask is 1 on the padding and 0 on the content — inverted (e.g. built as input_ids == pad, not != pad)"
         return [Finding(i, m.index(1), "inverted_mask", msg)], None
     findings: list[Finding] = []
-    leaks = [t for t, (tok, v) in enumerate(zip(row_ids, m, strict=True)) if pad is not None and tok == pad and v]
-    if leaks:
+    if leaks := [t for t, (tok, v) in enumerate(zip(row_ids, m, strict=True)) if pad is not None and tok == pad and v]:
         msg = f"pad token {pad} has mask 1 at {len(leaks)} position(s) {leaks[:8]} — padding would be attended to"
         findings.append(Finding(i, leaks[0], "pad_unmasked", msg))
     side = _side(m)

@@ -95,8 +95,7 @@ def _read_documents(path: Path) -> list[str]:
 def english_documents(cache: Path | None = None) -> list[str]:
     """The 350 documents (background first, then the rated 50), whitespace normalised; never downloads."""
     paths = [_member_path(w, cache) for w in ENGLISH_WHEELS]
-    missing = [p for p in paths if not p.is_file()]
-    if missing:
+    if missing := [p for p in paths if not p.is_file()]:
         raise EnglishCorpusMissing(
             f"the English corpus is not fetched ({missing[0]} is missing): run `{FETCH_COMMAND}` once "
             "(it downloads the pinned gensim wheel from the package registry)"

@@ -80,8 +80,7 @@ def load_corpus(
     p = bundled_corpus_path() if path is None else Path(path)
     if not p.exists():
         raise FileNotFoundError(f"corpus file not found: {p}")
-    name = p.name
-    if name.endswith(".jsonl") or name.endswith(".jsonl.xz") or name.endswith(".json.xz"):
+    if p.name.endswith((".jsonl", ".jsonl.xz", ".json.xz")):
         docs = read_jsonl(p, poems)
     else:
         try:

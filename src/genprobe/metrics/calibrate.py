@@ -51,11 +51,8 @@ def human_scores(tokens: Sequence[Hashable], settings: LoopSettings) -> HumanSco
     """Scores such that ``measure_loops(tokens, s)`` flags a detector iff its score reaches its threshold in ``s``
     (for any thresholds; ``window`` and ``max_period`` are taken from ``settings``)."""
     seq = tuple(tokens)
-    exact = 0
-    for p in range(1, len(seq) // 2 + 1):
-        tail = periodic_tail_length(seq, p)
-        if tail >= 2 * p:
-            exact = max(exact, tail)
+    tails = [(p, periodic_tail_length(seq, p)) for p in range(1, len(seq) // 2 + 1)]
+    exact = max((tail for p, tail in tails if tail >= 2 * p), default=0)
     near = detect_near_loop(seq, window=settings.window, max_period=settings.max_period, min_match=1.0)
     return HumanScores(exact, near.match_share, tail_compression(seq, settings.window))
 
