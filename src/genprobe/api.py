@@ -1,6 +1,6 @@
 """The library's entry points, each taking a loaded :class:`~genprobe.model.load.Model` and returning a typed result.
 
-Every result has ``to_dict()`` (plain JSON). The CLI commands are thin shells over the same functions.
+Every result's JSON form is :func:`genprobe.json_safe` of it. The CLI commands are thin shells over the same jobs.
 """
 
 from __future__ import annotations

@@ -116,6 +116,15 @@ class SyntheticConfig:
             raise ValueError(f"lags must lie in [1, {self.context - 1}], got {self.lags}")
 
 
+def _lr_factor(step: int, steps: int, warmup: int) -> float:
+    """Linear warm-up, then cosine decay, floored at 5% of the peak."""
+    if step < warmup:
+        frac = (step + 1) / warmup
+    else:
+        frac = 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+    return max(frac, 0.05)
+
+
 @dataclass(frozen=True)
 class TrainSummary:
     """How one synthetic model trained: steps, mean loss over the last 20 steps, wall seconds."""
@@ -131,15 +140,6 @@ class EvalError:
 
     at: str
     message: str
-
-
-def _lr_factor(step: int, steps: int, warmup: int) -> float:
-    """Linear warm-up, then cosine decay, floored at 5% of the peak."""
-    if step < warmup:
-        frac = (step + 1) / warmup
-    else:
-        frac = 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-    return max(frac, 0.05)
 
 
 def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | None = None) -> tuple[GPT, TrainSummary]:
@@ -160,8 +160,7 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
     tc = TrainConfig(steps=steps, lr=sc.lr, warmup=sc.warmup, grad_clip=1.0)
     losses, _ = fit(model, batch_loss, tc, opt=opt, lr_of=lambda step: sc.lr * _lr_factor(step, steps, sc.warmup))
     model.eval()
-    tail = losses[-20:]
-    return model, TrainSummary(steps, round(sum(tail) / len(tail), 4), round(time.time() - t0, 1))
+    return model, TrainSummary(steps, round(fmean(losses[-20:]), 4), round(time.time() - t0, 1))
 
 
 @torch.no_grad()
