@@ -150,12 +150,8 @@ def _lag_panel(ax, syn) -> None:
             _curve(ax, _present(accs), pe, styles[i % 3], marker="o", ms=3, label=f"{pe}, len {n}")
     ax.axhline(1 / N_CONTENT, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
-    ax.set(
-        title=f"token k back (position only), trained at len {syn.context}",
-        xlabel="lag k",
-        ylabel="accuracy",
-        ylim=(-0.03, 1.03),
-    )
+    ax.set(xlabel="lag k", ylabel="accuracy", ylim=(-0.03, 1.03))
+    ax.set_title(f"token k back (position only), trained at len {syn.context}")
     ax.legend(fontsize=6, ncol=2)
 
 

@@ -62,13 +62,7 @@ def flags(score: HumanScores, s: LoopSettings) -> dict[str, bool]:
     exact = score.exact >= s.min_tail
     near = score.near >= s.min_match - _EPS
     rep = score.compression >= s.min_compression
-    return {
-        "exact": exact,
-        "near": near,
-        "any_loop": exact or near,
-        "repetitive": rep,
-        "degenerate": exact or near or rep,
-    }
+    return dict(exact=exact, near=near, any_loop=exact or near, repetitive=rep, degenerate=exact or near or rep)
 
 
 @dataclass(frozen=True)

@@ -94,19 +94,9 @@ class LegitCounts:
 def legit_counts(poem: str, continuation: str | None = None, n: int = NGRAM_N) -> LegitCounts:
     """Counts of ``poem`` (the whole text, prompt included, so couplets line up); n-grams of ``continuation``
     (default: the whole text)."""
-    redup, stutter = reduplications(poem)
-    parallel, copied, couplets = couplet_parallels(poem)
     grams = ngrams(ngram_units(poem if continuation is None else continuation), n)
-    return LegitCounts(
-        sum(1 for c in poem if is_han(c)),
-        redup,
-        stutter,
-        parallel,
-        copied,
-        couplets,
-        len(grams),
-        len(grams) - len(set(grams)),
-    )
+    han = sum(1 for c in poem if is_han(c))
+    return LegitCounts(han, *reduplications(poem), *couplet_parallels(poem), len(grams), len(grams) - len(set(grams)))
 
 
 @dataclass
