@@ -211,8 +211,7 @@ def chapter_phenomena(
     cfg = config or PhenomenaConfig()
     inp = choose_inputs(model, prompts, texts, corpus, 64)
     result = _run(model, inp.prompts, inp.texts, cfg, timing_on=timing, sources=inp.sources, log=log)
-    if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
+    if out is not None:  # the atomic write creates the directory
         atomic_write_json(Path(out) / "phenomena.json", json_safe(result))
     return result
 

@@ -119,8 +119,7 @@ def capture_attention(
     if not (isinstance(model, GPT) or is_hf_model(model)):
         raise ValueError(f"cannot capture attention from {type(model).__name__}: not a GPT nor a transformers model")
     _check_capture_size(model, T, max_bytes)
-    dev = next(model.parameters()).device
-    x = x.to(dev)
+    x = x.to(next(model.parameters()).device)
     visible = torch.ones(T, T, dtype=torch.bool).tril()
     positions = torch.arange(T)
     if isinstance(model, GPT):
