@@ -52,17 +52,15 @@ def _as_rows(x, name: str) -> list[list]:
     return [list(r) for r in x]
 
 
-def _side(mask: list[int]) -> str | None:
-    """'left', 'right', None (no padding) or 'hole' for a 0/1 row."""
+def _side(mask: list[int]) -> tuple[str | None, int | None]:
+    """('left' | 'right' | None (no padding) | 'hole', where the hole starts) for a 0/1 row."""
     if all(mask) or not any(mask):
-        return None
-    first = mask.index(1)
-    last = len(mask) - 1 - mask[::-1].index(1)
-    if any(m == 0 for m in mask[first : last + 1]):
-        return "hole"
-    if first > 0 and last < len(mask) - 1:
-        return "hole"  # padded on both ends
-    return "left" if first > 0 else "right"
+        return None, None
+    first, last = mask.index(1), len(mask) - 1 - mask[::-1].index(1)
+    # the first zero between real tokens; padded on both ends instead: where the trailing padding starts
+    both_ends = first > 0 and last < len(mask) - 1
+    hole = next((t for t in range(first, last) if mask[t] == 0), last + 1 if both_ends else None)
+    return ("hole", hole) if hole is not None else ("left" if first > 0 else "right", None)
 
 
 def check_masks(
@@ -125,11 +123,8 @@ def _row_findings(
     if leaks := [t for t, (tok, v) in enumerate(zip(row_ids, m, strict=True)) if pad is not None and tok == pad and v]:
         msg = f"pad token {pad} has mask 1 at {len(leaks)} position(s) {leaks[:8]} — padding would be attended to"
         findings.append(Finding(i, leaks[0], "pad_unmasked", msg))
-    side = _side(m)
+    side, hole = _side(m)
     if side == "hole":
-        first, last = m.index(1), len(m) - 1 - m[::-1].index(1)
-        # the first zero between real tokens; padded on both ends instead: where the trailing padding starts
-        hole = next((t for t in range(first, last) if m[t] == 0), last + 1)
         findings.append(Finding(i, hole, "mask_hole", "mask has zeros between real tokens (or padding on both ends)"))
     if row_pos is not None:
         findings += _check_positions(i, row_pos, m, side)
