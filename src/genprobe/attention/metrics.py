@@ -146,10 +146,6 @@ class AttentionReport:
     per_position: dict[str, list]
     n_visible: list
 
-    def head(self, layer: int, head: int) -> HeadStats:
-        """The statistics of one head."""
-        return next(h for h in self.heads if h.layer == layer and h.head == head)
-
     @property
     def seq_len(self) -> int:
         """Tokens in the sequence."""

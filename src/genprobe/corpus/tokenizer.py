@@ -73,10 +73,8 @@ class CharTokenizer:
 
     def coverage(self, text: str) -> dict:
         """Share of characters of ``text`` inside the vocabulary and the ``<unk>`` share of positions."""
-        if not text:
-            return {"chars": 0, "coverage": 0.0, "unk_share": 0.0}
-        known = sum(1 for c in text if c in self.stoi)
-        return {"chars": len(text), "coverage": known / len(text), "unk_share": 1.0 - known / len(text)}
+        share = sum(c in self.stoi for c in text) / len(text) if text else 0.0
+        return {"chars": len(text), "coverage": share, "unk_share": 1.0 - share if text else 0.0}
 
     def encode_with_report(self, text: str) -> EncodeResult:
         """Encode and report which characters became ``<unk>``."""
