@@ -88,12 +88,9 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
         xs, ys = range(0, n_head, _tick_step(n_head, 24)), range(0, n_layer, _tick_step(n_layer, 40))
         ax.set_xticks(list(xs), [str(h) for h in xs], fontsize=7)
         ax.set_yticks(list(ys), [str(ly) for ly in ys], fontsize=7)
-        if annotate:
-            for (ly, h), v in np.ndenumerate(grid):
-                if not np.isnan(v):
-                    ax.text(
-                        h, ly, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 * vmax else "k"
-                    )
+        cells = [(ly, h, v) for (ly, h), v in np.ndenumerate(grid) if annotate and not np.isnan(v)]
+        for ly, h, v in cells:
+            ax.text(h, ly, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 * vmax else "k")
         fig.colorbar(im, ax=ax, fraction=0.08, pad=0.03).ax.tick_params(labelsize=7)
     fig.suptitle(f"{n_layer} layers × {n_head} heads, T={rep['seq_len']}", fontsize=10)
     fig.tight_layout()
