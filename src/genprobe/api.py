@@ -1,6 +1,6 @@
 """The library's entry points, each taking a loaded :class:`~genprobe.model.load.Model` and returning a typed result.
 
-Every result has ``to_dict()`` (plain JSON). The CLI commands are thin shells over the same functions.
+Every result's JSON form is :func:`genprobe.json_safe` of it. The CLI commands are thin shells over the same jobs.
 """
 
 from __future__ import annotations
@@ -67,22 +67,11 @@ def calibrate_loops(
 
     if model.tokenizer is None:
         raise ValueError("calibration needs the model's tokenizer (human text is measured in its tokens)")
-    if prompts is None and human_text is None and model.tokenizer.kind != "char":
-        raise ValueError(
-            "this model is not the bundled character model: pass prompts (their script chooses the "
-            "human text) or human_text"
-        )
     if prompts is None and human_text is None:
         prompts = default_prompts(model, 8)  # the char model's own held-out prompts: their script picks Tang text
-    texts = list(prompts or [])
+    human = None if human_text is None else str(human_text)
     return calibrate_for_scan(
-        model.tokenizer,
-        length,
-        texts,
-        human_text=None if human_text is None else str(human_text),
-        base=base,
-        target=target,
-        unk_id=model.unk_id,
+        model.tokenizer, length, list(prompts or []), human_text=human, base=base, target=target, unk_id=model.unk_id
     )
 
 
@@ -222,8 +211,7 @@ def chapter_phenomena(
     cfg = config or PhenomenaConfig()
     inp = choose_inputs(model, prompts, texts, corpus, 64)
     result = _run(model, inp.prompts, inp.texts, cfg, timing_on=timing, sources=inp.sources, log=log)
-    if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
+    if out is not None:  # the atomic write creates the directory
         atomic_write_json(Path(out) / "phenomena.json", json_safe(result))
     return result
 
@@ -233,18 +221,15 @@ def diagnose(
 ) -> "DoctorReport":
     """Every check genprobe has, on ``model`` as the user runs it, in one :class:`~genprobe.doctor.DoctorReport`:
     the model card and tokenizer facts, the inference path (caches, padding, ``serving="vllm"``), attention health,
-    degeneration under greedy and ``sampling`` on ``prompts`` (default: held-out prompts of the model's language),
-    which fix (the edit too with ``with_edit``); ``report.exit_status`` is 0 healthy, 1 bug, 4 warnings only.
-    ``options`` are :class:`~genprobe.doctor.DoctorOptions`' fields (``prompts``, ``sampling``, ``chat``,
-    ``serving``, ``quick``, ``max_loop_rate``, ``with_edit``, ``impl``, ``hf_position_ids``, ``only``, ``seed``,
-    ``reference``): ``impl`` ("module:factory") adds the user's cache implementation; ``hf_position_ids=False`` says
-    the user's code passes no position ids; ``reference`` (a model path) is what the quality stage compares with.
-    With ``out``, writes prompts.txt, doctor.json and report.html there.
+    degeneration under greedy and ``sampling`` on ``prompts``, which fix; ``report.exit_status`` is 0 healthy, 1 bug,
+    4 warnings only. ``options`` are :class:`~genprobe.doctor.DoctorOptions`' fields (``prompts``, ``sampling``,
+    ``serving``, ``with_edit``, ``impl``, ``reference`` …). With ``out``, writes prompts.txt, doctor.json and
+    report.html there.
     """
     from .doctor import DoctorOptions, run_doctor
 
-    if options.get("only") is not None:
-        options["only"] = tuple(options["only"])
-    else:
+    if options.get("only") is None:
         options.pop("only", None)  # every stage
+    else:
+        options["only"] = tuple(options["only"])
     return run_doctor(model, DoctorOptions(**options), out=out, log=log)

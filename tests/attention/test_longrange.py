@@ -40,13 +40,13 @@ def test_passkey_places_value_at_distance():
 def test_lag_targets_are_tokens_k_back():
     task = LagTask(3)
     gen = torch.Generator().manual_seed(1)
-    x, y = task.batch(4, 16, gen)
+    x, y = task.sample(4, 16, gen)
     assert (y[:, :3] == -100).all()
     assert torch.equal(y[:, 3:], x[:, :13])
     with pytest.raises(ValueError, match="lag"):
         LagTask(0)
     with pytest.raises(ValueError, match="places after"):
-        task.batch(2, 3, gen)
+        task.sample(2, 3, gen)
 
 
 def test_learned_positions_beyond_context_raise_the_models_error():

@@ -76,9 +76,7 @@ def attn_implementation(model) -> str:
 
 
 @torch.no_grad()
-def hf_attentions(
-    model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kw
-) -> tuple[list, str | None]:
+def hf_attentions(model, ids: torch.Tensor) -> tuple[list, str | None]:
     """Per-layer (B, H, T, T) attention of an HF model, switching to eager for the call if needed."""
     impl = attn_implementation(model)
     note = None
@@ -92,7 +90,7 @@ def hf_attentions(
             ) from None
         note = f"model used attn_implementation={impl!r}, which returns no weights; switched to 'eager' for capture"
     try:
-        out = model(input_ids=ids, attention_mask=attention_mask, output_attentions=True, use_cache=False, **kw)
+        out = model(input_ids=ids, output_attentions=True, use_cache=False)
     finally:
         if impl != "eager":
             set_attn_implementation(model, impl)
@@ -118,10 +116,10 @@ def capture_attention(
     T = x.shape[1]
     if T == 0:
         raise ValueError("need at least one token to capture attention")
-    if isinstance(model, GPT) or is_hf_model(model):
-        _check_capture_size(model, T, max_bytes)
-    dev = next(model.parameters()).device
-    x = x.to(dev)
+    if not (isinstance(model, GPT) or is_hf_model(model)):
+        raise ValueError(f"cannot capture attention from {type(model).__name__}: not a GPT nor a transformers model")
+    _check_capture_size(model, T, max_bytes)
+    x = x.to(next(model.parameters()).device)
     visible = torch.ones(T, T, dtype=torch.bool).tril()
     positions = torch.arange(T)
     if isinstance(model, GPT):
@@ -129,8 +127,6 @@ def capture_attention(
         model(x, attn_store=store)
         probs = torch.stack([p[0].float().cpu() for p in store])
         return AttentionCapture(probs, visible, positions, x[0].tolist())
-    if not is_hf_model(model):
-        raise ValueError(f"cannot capture attention from {type(model).__name__}: not a GPT nor a transformers model")
     att, note = hf_attentions(model, x)
     probs = _stack_releasing(att)
     # Visibility is taken as plain causal; a sliding-window layer would see fewer keys than assumed here.

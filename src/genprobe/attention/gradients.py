@@ -29,34 +29,24 @@ import torch
 from .._io import atomic_write_json, atomic_write_text, json_safe
 
 
-def _grad_sq(t: torch.Tensor | None) -> float | None:
-    return None if t is None else float(t.detach().double().pow(2).sum())
+def _norm(*grads: torch.Tensor | None) -> float | None:
+    """``sqrt(|dW|² + |db|²)`` over the gradients present; None when none is."""
+    squares = [float(g.detach().double().pow(2).sum()) for g in grads if g is not None]
+    return math.sqrt(sum(squares)) if squares else None
 
 
-def _combine(*parts: float | None) -> float | None:
-    vals = [p for p in parts if p is not None]
-    return math.sqrt(sum(vals)) if vals else None
-
-
-def _weight(m: torch.nn.Module) -> torch.Tensor:
-    return cast(torch.Tensor, m.weight)  # a Linear's or Conv1D's weight; Module attributes are typed Tensor | Module
+def _grads(m: torch.nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The weight's and the bias's gradient of a Linear or Conv1D (None where absent)."""
+    bias = getattr(m, "bias", None)
+    return cast(torch.Tensor, m.weight).grad, None if bias is None else bias.grad
 
 
 def _fused_norms(m: torch.nn.Module) -> tuple[float | None, ...]:
-    w, b = _weight(m), getattr(m, "bias", None)
-    conv1d = hasattr(m, "nf") or type(m).__name__ == "Conv1D"  # (in, 3C): split columns
-    dim = 1 if conv1d else 0
-    out = []
-    for i in range(3):
-        gw = None if w.grad is None else w.grad.chunk(3, dim=dim)[i]
-        gb = None if b is None or b.grad is None else b.grad.chunk(3)[i]
-        out.append(_combine(_grad_sq(gw), _grad_sq(gb)))
-    return tuple(out)
-
-
-def _linear_norm(m: torch.nn.Module) -> float | None:
-    b = getattr(m, "bias", None)
-    return _combine(_grad_sq(_weight(m).grad), _grad_sq(None if b is None else b.grad))
+    gw, gb = _grads(m)
+    dim = 1 if hasattr(m, "nf") or type(m).__name__ == "Conv1D" else 0  # Conv1D is (in, 3C): split columns
+    return tuple(
+        _norm(None if gw is None else gw.chunk(3, dim=dim)[i], None if gb is None else gb.chunk(3)[i]) for i in range(3)
+    )
 
 
 def attention_projections(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -94,7 +84,7 @@ class QKVGradTracker:
             if hasattr(m, "c_attn"):
                 q, k, v = _fused_norms(m.get_submodule("c_attn"))
             else:
-                q, k, v = (_linear_norm(getattr(m, p)) for p in ("q_proj", "k_proj", "v_proj"))
+                q, k, v = (_norm(*_grads(getattr(m, p))) for p in ("q_proj", "k_proj", "v_proj"))
             self._rows.append({"step": int(step), "layer": layer, "q": q, "k": k, "v": v})
 
     def rows(self) -> list[dict]:
@@ -114,18 +104,12 @@ class QKVGradTracker:
         w = csv.DictWriter(buf, fieldnames=["step", "layer", "q", "k", "v"], lineterminator="\n")
         w.writeheader()
         w.writerows(self._rows)
-        paths = {
-            "csv": out / "qkv_grad_norms.csv",
-            "json": out / "qkv_grad_norms.json",
-            "png": out / "qkv_grad_norms.png",
-        }
+        paths = {ext: out / f"qkv_grad_norms.{ext}" for ext in ("csv", "json", "png")}
         atomic_write_text(paths["csv"], buf.getvalue())
         atomic_write_json(paths["json"], json_safe(self))
         self.plot(paths["png"])
-        steps = sorted({r["step"] for r in self._rows})
-        return {
-            **{k: str(v) for k, v in paths.items()},
-            "steps": len(steps),
+        return {k: str(v) for k, v in paths.items()} | {
+            "steps": len({r["step"] for r in self._rows}),
             "layers": len({r["layer"] for r in self._rows}),
             "rows": len(self._rows),
         }
@@ -141,9 +125,7 @@ class QKVGradTracker:
                 pts = [(r["step"], r[proj]) for r in self._rows if r["layer"] == layer and r[proj]]
                 if pts:
                     ax.plot(*zip(*pts, strict=True), label=f"layer {layer}", lw=1)
-            ax.set_title(f"{proj.upper()} projection")
-            ax.set_xlabel("step")
-            ax.set_yscale("log")
+            ax.set(title=f"{proj.upper()} projection", xlabel="step", yscale="log")
         axes[0].set_ylabel("gradient L2 norm")
         axes[-1].legend(fontsize=7)
         return save_figure(fig, path)

@@ -15,7 +15,7 @@ import torch
 from ..model.arch import unwrap
 from ..model.gpt import GPT
 from ..model.limits import max_positions
-from .capture import is_hf_model
+from .capture import attn_implementation, is_hf_model
 
 LEAK_THRESHOLD = 1e-4
 
@@ -102,8 +102,7 @@ def padding_leak(
     model = unwrap(model_like)
     if not sequences or any(len(s) == 0 for s in sequences):
         raise ValueError("padding_leak needs at least one sequence, and no empty sequence")
-    bad = set(sides) - {"left", "right"}
-    if bad:
+    if bad := set(sides) - {"left", "right"}:
         raise ValueError(f"sides must be 'left' and/or 'right', got {sorted(bad)}")
     if extra_pad < 0:
         raise ValueError(f"extra_pad must be >= 0, got {extra_pad}")
@@ -128,9 +127,7 @@ def padding_leak(
                 deltas[i][side] = float((real - alone[i]).abs().max())
     finally:
         model.train(was_training)
-    name = type(model).__name__
-    if is_hf_model(model):
-        name += f" ({getattr(model.config, '_attn_implementation', None) or 'eager'})"
+    name = type(model).__name__ + (f" ({attn_implementation(model)})" if is_hf_model(model) else "")
     rep = LeakReport(model=name, position_ids=position_ids, threshold=threshold, sides=list(sides))
     for i, s in enumerate(sequences):
         m = max(deltas[i].values())
@@ -141,14 +138,11 @@ def padding_leak(
 def format_leak(rep: LeakReport) -> str:
     """Text table: one line per sequence."""
     lines = [
-        f"padding leak — {rep.model}, position_ids={'yes' if rep.position_ids else 'no'}, threshold {rep.threshold:g}"
+        f"padding leak — {rep.model}, position_ids={'yes' if rep.position_ids else 'no'}, threshold {rep.threshold:g}",
+        f"{'seq':>4} {'len':>4} " + " ".join(f"{'Δ ' + s:>10}" for s in rep.sides) + "  verdict",
     ]
-    lines.append(f"{'seq':>4} {'len':>4} " + " ".join(f"{'Δ ' + s:>10}" for s in rep.sides) + "  verdict")
     for s in rep.sequences:
-        lines.append(
-            f"{s.index:>4} {s.length:>4} "
-            + " ".join(f"{s.delta[side]:>10.2e}" for side in rep.sides)
-            + ("  LEAK" if s.leak else "  ok")
-        )
-    lines.append(f"max |Δlogit| = {rep.max_delta:.3e} → {'LEAK' if rep.leak else 'ok'}")
+        deltas = " ".join(f"{s.delta[side]:>10.2e}" for side in rep.sides)
+        lines.append(f"{s.index:>4} {s.length:>4} {deltas}  {'LEAK' if s.leak else 'ok'}")
+    lines.append(f"max |Δlogit| = {rep.max_delta:.3e} → {rep.verdict}")
     return "\n".join(lines)

@@ -1,27 +1,14 @@
-"""Synthetic long-range tasks and position-encoding extrapolation (ALiBi-paper style).
+"""Synthetic long-range tasks and position-encoding extrapolation (ALiBi-paper style), on tiny models.
 
-The article on attention failures with long-range dependencies blames position encodings used past
-the range they were trained on; this module measures that claim on tiny models.
+* **passkey** — fillers with a ``KEY v`` pair planted ``distance`` positions before the final ``QUERY``; the
+  answer is ``v``. Solvable by content alone, whatever the position encoding.
+* **lag** — random tokens; the target at every ``t >= k`` is ``x[t-k]``. Only position can solve it (one model
+  per ``k``).
+* :func:`corpus_extrapolation` — the Tang model per encoding at ``L = 64``: validation loss over non-overlapping
+  windows of several lengths (Press et al. 2022), and on positions ``>= L`` only.
 
-Two synthetic tasks with a tiny GPT trained on rows of the training context ``L``:
-
-* **passkey** — filler tokens everywhere, except a ``KEY v`` pair planted so that the value ``v`` sits
-  exactly ``distance`` positions before the final ``QUERY`` token; the answer (at the last position)
-  is ``v``. Value tokens never appear elsewhere, so this is solvable *by content alone* (attend to
-  the one value token), whatever the position encoding. Trained with distances uniform in [1, L-2];
-  evaluated at distances inside ``L`` and beyond it (rows of ``distance + 2`` tokens).
-* **lag** ("which token stood exactly k places back") — random content tokens; at every position
-  ``t >= k`` the target is ``x[t-k]``. Content cannot help (tokens are random): only position can.
-  One model per ``k`` (dense targets learn in a few hundred steps). ALiBi, whose only positional
-  signal is a monotone distance penalty, is expected to fail for ``k > 1``; learned / RoPE learn it.
-  Evaluated on rows of ``L`` and on longer rows (positions ``>= L`` only).
-
-A learned position table past ``L`` raises the model's ``ValueError``: the measurement is then ``None``
-and the refusal is listed in the result's ``errors`` (never a string in a numeric field).
-
-:func:`corpus_extrapolation` trains the Tang model once per encoding at ``L = 64`` and measures the
-validation loss at several evaluation lengths over *non-overlapping* windows (every target counted
-once, averaged over all positions, as in Press et al. 2022), plus the loss on positions ``>= L`` only.
+A learned position table past ``L`` raises the model's ``ValueError``: the measurement is then ``None`` and the
+refusal is listed in the result's ``errors``. docs/longrange.md has the findings.
 """
 
 from __future__ import annotations
@@ -29,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from statistics import fmean
 
 import torch
 import torch.nn.functional as F
@@ -45,9 +33,7 @@ N_VALUE = 16
 N_CONTENT = 16
 
 
-# ---------------------------------------------------------------------------------------------
-# task generators
-# ---------------------------------------------------------------------------------------------
+# ---- task generators ------------------------------------------------------------------------------
 class PasskeyTask:
     """``fillers … KEY v fillers … QUERY`` → ``v``; ``v`` sits ``distance`` positions before QUERY."""
 
@@ -73,6 +59,13 @@ class PasskeyTask:
         x[:, -1] = self.QUERY
         return x, values
 
+    def sample(self, n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` rows (distances uniform in [1, length-2]); targets: the answer last, -100 elsewhere."""
+        x, v = self.batch(torch.randint(1, length - 1, (n,), generator=gen), length, gen)
+        y = torch.full_like(x, -100)
+        y[:, -1] = v
+        return x, y
+
 
 class LagTask:
     """Random content tokens; the target at every position ``t >= k`` is ``x[t-k]`` — the token exactly
@@ -87,7 +80,7 @@ class LagTask:
             raise ValueError(f"lag must be >= 1, got {lag}")
         self.lag = lag
 
-    def batch(self, n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, n: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows (n, length) and targets (n, length); positions ``t < k`` are -100 (ignored)."""
         if length <= self.lag:
             raise ValueError(f"rows of {length} tokens have no position {self.lag} places after another")
@@ -97,9 +90,7 @@ class LagTask:
         return x, y
 
 
-# ---------------------------------------------------------------------------------------------
-# training and evaluation
-# ---------------------------------------------------------------------------------------------
+# ---- training and evaluation ----------------------------------------------------------------------
 @dataclass
 class SyntheticConfig:
     """Tiny-GPT recipe for the synthetic tasks (seconds of CPU per model)."""
@@ -125,14 +116,13 @@ class SyntheticConfig:
             raise ValueError(f"lags must lie in [1, {self.context - 1}], got {self.lags}")
 
 
-def _passkey_sampler(task: PasskeyTask, L: int, n: int):
-    def sample(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        x, v = task.batch(torch.randint(1, L - 1, (n,), generator=gen), L, gen)
-        y = torch.full_like(x, -100)
-        y[:, -1] = v
-        return x, y
-
-    return sample
+def _lr_factor(step: int, steps: int, warmup: int) -> float:
+    """Linear warm-up, then cosine decay, floored at 5% of the peak."""
+    if step < warmup:
+        frac = (step + 1) / warmup
+    else:
+        frac = 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+    return max(frac, 0.05)
 
 
 @dataclass(frozen=True)
@@ -152,15 +142,6 @@ class EvalError:
     message: str
 
 
-def _lr_factor(step: int, steps: int, warmup: int) -> float:
-    """Linear warm-up, then cosine decay, floored at 5% of the peak."""
-    if step < warmup:
-        frac = (step + 1) / warmup
-    else:
-        frac = 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-    return max(frac, 0.05)
-
-
 def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | None = None) -> tuple[GPT, TrainSummary]:
     """Train a tiny GPT on ``task`` with rows of ``sc.context`` tokens (passkey: distance uniform in [1, L-2])."""
     torch.manual_seed(sc.seed)
@@ -169,13 +150,9 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
     steps = steps or (sc.lag_steps if isinstance(task, LagTask) else sc.passkey_steps)
     model = GPT(GPTConfig(**{**sc.model, "vocab_size": task.vocab_size, "block_size": L, "pos_encoding": pos_encoding}))
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    if isinstance(task, LagTask):
-        sample = lambda g: task.batch(sc.batch_size, L, g)  # noqa: E731
-    else:
-        sample = _passkey_sampler(task, L, sc.batch_size)
 
     def batch_loss() -> torch.Tensor:
-        x, y = sample(gen)
+        x, y = task.sample(sc.batch_size, L, gen)
         logits = model(x)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
 
@@ -183,8 +160,7 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
     tc = TrainConfig(steps=steps, lr=sc.lr, warmup=sc.warmup, grad_clip=1.0)
     losses, _ = fit(model, batch_loss, tc, opt=opt, lr_of=lambda step: sc.lr * _lr_factor(step, steps, sc.warmup))
     model.eval()
-    tail = losses[-20:]
-    return model, TrainSummary(steps, round(sum(tail) / len(tail), 4), round(time.time() - t0, 1))
+    return model, TrainSummary(steps, round(fmean(losses[-20:]), 4), round(time.time() - t0, 1))
 
 
 @torch.no_grad()
@@ -207,7 +183,7 @@ def lag_accuracy(model: GPT, task: LagTask, length: int, context: int, samples: 
     else over the positions beyond the training context only (``t >= context``); the model's ``ValueError``
     when it refuses the length."""
     gen = torch.Generator().manual_seed(seed + length)
-    x, y = task.batch(samples, length, gen)
+    x, y = task.sample(samples, length, gen)
     pred = model(x).argmax(-1)
     sel = y != -100
     if length > context:
@@ -249,7 +225,7 @@ class LagResult:
     errors: list[EvalError] = field(default_factory=list)
 
 
-def run_passkey(pos_encoding: str, sc: SyntheticConfig) -> PasskeyResult:
+def run_passkey(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> PasskeyResult:
     """Train on passkey at ``sc.context``; accuracy at every :func:`passkey_grid` distance (rows ``max(L, d+2)``)."""
     task = PasskeyTask()
     model, summary = train_synthetic(task, pos_encoding, sc)
@@ -259,6 +235,8 @@ def run_passkey(pos_encoding: str, sc: SyntheticConfig) -> PasskeyResult:
         res.accuracy[d] = _measured(
             res.errors, f"distance {d} (rows of {n})", passkey_accuracy, model, task, d, n, sc.eval_samples
         )
+    if on_model:
+        on_model()
     return res
 
 
@@ -324,19 +302,13 @@ class SyntheticResult:
 
 def run_synthetic(pos_encodings: list[str], sc: SyntheticConfig, progress: bool = False) -> SyntheticResult:
     """Both tasks × each encoding: training summaries and accuracy inside/beyond the training context."""
-    bar = tqdm(total=(1 + len(sc.lags)) * len(pos_encodings), desc="synthetic", disable=not progress)
-    passkey = {}
-    for pe in pos_encodings:
-        passkey[pe] = run_passkey(pe, sc)
-        bar.update(1)
-    lag = {pe: run_lag(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
-    bar.close()
+    with tqdm(total=(1 + len(sc.lags)) * len(pos_encodings), desc="synthetic", disable=not progress) as bar:
+        passkey = {pe: run_passkey(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
+        lag = {pe: run_lag(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
     return SyntheticResult(sc, passkey, lag)
 
 
-# ---------------------------------------------------------------------------------------------
-# the real corpus: validation loss vs evaluation length
-# ---------------------------------------------------------------------------------------------
+# ---- the real corpus: validation loss vs evaluation length ----------------------------------------
 @dataclass(frozen=True)
 class WindowLoss:
     """Mean loss over non-overlapping windows: all positions, and positions >= the training context only."""
@@ -433,9 +405,7 @@ def corpus_extrapolation(
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# everything together
-# ---------------------------------------------------------------------------------------------
+# ---- everything together --------------------------------------------------------------------------
 @dataclass
 class LongRangeConfig:
     """What ``genprobe longrange`` runs."""
@@ -474,15 +444,9 @@ class EncodingSummary:
         return d
 
 
-def _mean(values: list[float | None]) -> float | None:
-    """Mean of ``values``; None when any is missing (a partial mean would hide the refusal)."""
-    if not values or any(v is None for v in values):
-        return None
-    return sum(values) / len(values)  # type: ignore[arg-type]
-
-
-def _min(values: list[float | None]) -> float | None:
-    return None if not values or any(v is None for v in values) else min(values)  # type: ignore[type-var]
+def _whole(reduce, values: list[float | None]) -> float | None:
+    """``reduce(values)``; None when any is missing (a partial mean would hide the refusal)."""
+    return None if not values or None in values else reduce(values)
 
 
 def summarize_encoding(pe: str, syn: SyntheticResult, corpus: CorpusResult | None) -> EncodingSummary:
@@ -490,9 +454,9 @@ def summarize_encoding(pe: str, syn: SyntheticResult, corpus: CorpusResult | Non
     L = syn.context
     pk = syn.passkey[pe].accuracy
     s = EncodingSummary(
-        passkey_min_inside=_min([a for d, a in pk.items() if d <= L - 2]),
-        passkey_mean_beyond=_mean([a for d, a in pk.items() if d > L - 2]),
-        lag_mean={n: _mean(list(accs.values())) for n, accs in syn.lag[pe].accuracy.items()},
+        passkey_min_inside=_whole(min, [a for d, a in pk.items() if d <= L - 2]),
+        passkey_mean_beyond=_whole(fmean, [a for d, a in pk.items() if d > L - 2]),
+        lag_mean={n: _whole(fmean, list(accs.values())) for n, accs in syn.lag[pe].accuracy.items()},
     )
     if corpus is not None:
         by = corpus.encodings[pe].by_length

@@ -52,17 +52,15 @@ def _as_rows(x, name: str) -> list[list]:
     return [list(r) for r in x]
 
 
-def _side(mask: list[int]) -> str | None:
-    """'left', 'right', None (no padding) or 'hole' for a 0/1 row."""
+def _side(mask: list[int]) -> tuple[str | None, int | None]:
+    """('left' | 'right' | None (no padding) | 'hole', where the hole starts) for a 0/1 row."""
     if all(mask) or not any(mask):
-        return None
-    first = mask.index(1)
-    last = len(mask) - 1 - mask[::-1].index(1)
-    if any(m == 0 for m in mask[first : last + 1]):
-        return "hole"
-    if first > 0 and last < len(mask) - 1:
-        return "hole"  # padded on both ends
-    return "left" if first > 0 else "right"
+        return None, None
+    first, last = mask.index(1), len(mask) - 1 - mask[::-1].index(1)
+    # the first zero between real tokens; padded on both ends instead: where the trailing padding starts
+    both_ends = first > 0 and last < len(mask) - 1
+    hole = next((t for t in range(first, last) if mask[t] == 0), last + 1 if both_ends else None)
+    return ("hole", hole) if hole is not None else ("left" if first > 0 else "right", None)
 
 
 def check_masks(
@@ -89,15 +87,11 @@ def check_masks(
 
 def _batch_findings(ids: list[list], masks: list[list], pos: list[list] | None) -> list[Finding]:
     """Row counts that differ between the tensors, and rows whose length differs from most rows."""
+    n = len(ids)
     findings = [
-        Finding(
-            min(len(ids), len(rows)),
-            None,
-            "length_mismatch",
-            f"input_ids has {len(ids)} rows but {name} has {len(rows)}",
-        )
+        Finding(min(n, len(rows)), None, "length_mismatch", f"input_ids has {n} rows but {name} has {len(rows)}")
         for name, rows in (("attention_mask", masks), ("position_ids", pos))
-        if rows is not None and len(rows) != len(ids)
+        if rows is not None and len(rows) != n
     ]
     lengths = {len(r) for r in ids}
     if len(lengths) > 1:
@@ -116,43 +110,21 @@ def _row_findings(
     """Findings of row ``i`` and its padding side ('left'/'right'; None when unpadded or unusable)."""
     if len(row_mask) != len(row_ids):
         return [_length_mismatch(i, "attention_mask", len(row_mask), len(row_ids))], None
-    bad = [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]
-    if bad:
-        t, m = bad[0]
-        return [
-            Finding(i, t, "non_binary", f"attention_mask value {m!r} is not 0/1 ({len(bad)} such value(s) in the row)")
-        ], None
+    if bad := [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]:
+        msg = f"attention_mask value {bad[0][1]!r} is not 0/1 ({len(bad)} such value(s) in the row)"
+        return [Finding(i, bad[0][0], "non_binary", msg)], None
     m = [int(v) for v in row_mask]
     if not any(m):
         return [Finding(i, None, "empty_row", "attention_mask is all zeros: no query has a visible key")], None
     if _inverted(row_ids, m, pad):
-        return [
-            Finding(
-                i,
-                m.index(1),
-                "inverted_mask",
-                "mask is 1 on the padding and 0 on the content — inverted "
-                "(e.g. built as input_ids == pad instead of != pad)",
-            )
-        ], None
+        msg = "mask is 1 on the padding and 0 on the content — inverted (e.g. built as input_ids == pad, not != pad)"
+        return [Finding(i, m.index(1), "inverted_mask", msg)], None
     findings: list[Finding] = []
-    if pad is not None:
-        leaks = [t for t, (tok, v) in enumerate(zip(row_ids, m, strict=True)) if tok == pad and v == 1]
-        if leaks:
-            findings.append(
-                Finding(
-                    i,
-                    leaks[0],
-                    "pad_unmasked",
-                    f"pad token {pad} has mask 1 at {len(leaks)} position(s) "
-                    f"{leaks[:8]} — padding would be attended to",
-                )
-            )
-    side = _side(m)
+    if leaks := [t for t, (tok, v) in enumerate(zip(row_ids, m, strict=True)) if pad is not None and tok == pad and v]:
+        msg = f"pad token {pad} has mask 1 at {len(leaks)} position(s) {leaks[:8]} — padding would be attended to"
+        findings.append(Finding(i, leaks[0], "pad_unmasked", msg))
+    side, hole = _side(m)
     if side == "hole":
-        first, last = m.index(1), len(m) - 1 - m[::-1].index(1)
-        # the first zero between real tokens; padded on both ends instead: where the trailing padding starts
-        hole = next((t for t in range(first, last) if m[t] == 0), last + 1)
         findings.append(Finding(i, hole, "mask_hole", "mask has zeros between real tokens (or padding on both ends)"))
     if row_pos is not None:
         findings += _check_positions(i, row_pos, m, side)
@@ -190,20 +162,16 @@ def _check_positions(i: int, p: list, m: list[int], side: str | None) -> list[Fi
     if len(p) != len(m):
         return [_length_mismatch(i, "position_ids", len(p), len(m))]
     real = [t for t, v in enumerate(m) if v == 1]
-    for k, t in enumerate(real):
-        if p[t] != k:
-            if side == "left" and k == 0:
-                return [
-                    Finding(
-                        i,
-                        t,
-                        "positions_not_restarting",
-                        f"first real token after left padding has position {p[t]}, expected 0 — positions "
-                        "count padding (use attention_mask.cumsum(-1) - 1)",
-                    )
-                ]
-            return [Finding(i, t, "positions", f"real token #{k} has position {p[t]}, expected {k}")]
-    return []
+    k, t = next(((k, t) for k, t in enumerate(real) if p[t] != k), (None, None))
+    if t is None:
+        return []
+    if side == "left" and k == 0:
+        msg = (
+            f"first real token after left padding has position {p[t]}, expected 0 — positions count padding "
+            "(use attention_mask.cumsum(-1) - 1)"
+        )
+        return [Finding(i, t, "positions_not_restarting", msg)]
+    return [Finding(i, t, "positions", f"real token #{k} has position {p[t]}, expected {k}")]
 
 
 def load_batch_jsonl(path: str | Path) -> dict:
@@ -216,20 +184,10 @@ def load_batch_jsonl(path: str | Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"batch file not found: {path}")
     text = path.read_text(encoding="utf-8")
-    objs = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            objs.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            if n == 1:
-                try:  # one pretty-printed JSON object over several lines
-                    objs = [json.loads(text)]
-                    break
-                except json.JSONDecodeError:
-                    pass
-            raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+    try:  # one JSON object, perhaps pretty-printed over several lines
+        objs = [json.loads(text)]
+    except json.JSONDecodeError:
+        objs = [_json_line(path, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not objs:
         raise ValueError(f"{path}: no rows")
     for n, o in enumerate(objs, 1):
@@ -237,19 +195,16 @@ def load_batch_jsonl(path: str | Path) -> dict:
             raise ValueError(f"{path}: object {n} needs keys 'input_ids' and 'attention_mask'")
     pad = next((o["pad_token_id"] for o in objs if "pad_token_id" in o), None)
     if len(objs) == 1 and objs[0]["input_ids"] and isinstance(objs[0]["input_ids"][0], list):
-        o = objs[0]
-        return {
-            "input_ids": o["input_ids"],
-            "attention_mask": o["attention_mask"],
-            "position_ids": o.get("position_ids"),
-            "pad_token_id": pad,
-        }
+        return {k: objs[0].get(k) for k in ("input_ids", "attention_mask", "position_ids")} | {"pad_token_id": pad}
     has_pos = [("position_ids" in o) for o in objs]
     if any(has_pos) and not all(has_pos):
         raise ValueError(f"{path}: position_ids given for some rows but not all")
-    return {
-        "input_ids": [o["input_ids"] for o in objs],
-        "attention_mask": [o["attention_mask"] for o in objs],
-        "position_ids": [o["position_ids"] for o in objs] if all(has_pos) else None,
-        "pad_token_id": pad,
-    }
+    rows = {k: [o[k] for o in objs] for k in ("input_ids", "attention_mask")}
+    return rows | {"position_ids": [o["position_ids"] for o in objs] if all(has_pos) else None, "pad_token_id": pad}
+
+
+def _json_line(path: Path, n: int, line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None

@@ -105,25 +105,25 @@ def _layer_rows(
     return {"entropy": ent, "norm_entropy": norm} | {k: (p * m).sum(-1) for k, m in masks.items()}
 
 
-def _nanmean(x: torch.Tensor) -> float | None:
-    ok = ~torch.isnan(x)
-    return float(x[ok].mean()) if ok.any() else None
-
-
 def head_stats(probs: torch.Tensor, **options: Any) -> list[HeadStats]:
     """One :class:`HeadStats` per (layer, head), averaged over query positions (``options``: :func:`per_position`'s
     ``visible``, ``positions``, ``distance``, ``local_window``)."""
-    return _heads_from(per_position(probs, **options))
+    return _stats(per_position(probs, **options))[0]
 
 
-def _heads_from(pp: dict[str, torch.Tensor]) -> list[HeadStats]:
-    L, H = pp["entropy"].shape[:2]
-    stats = []
-    for layer in range(L):
-        for head in range(H):
-            vals = {k: _nanmean(pp[k][layer, head]) for k in (*METRICS, "max_entropy")}
-            stats.append(HeadStats(layer=layer, head=head, **vals))
-    return stats
+def _stats(pp: dict[str, torch.Tensor]) -> tuple[list[HeadStats], list[HeadStats]]:
+    """Per-head means over the query positions where each metric is defined, and per-layer means of those."""
+    keys = (*METRICS, "max_entropy")
+    heads = torch.stack([pp[k].nanmean(-1) for k in keys], -1)  # (L, H, metrics); NaN: defined nowhere
+    layers = heads.nanmean(1)
+
+    def row(layer: int, head: int | None, vals: torch.Tensor) -> HeadStats:
+        return HeadStats(layer, head, *(None if math.isnan(v) else v for v in vals.tolist()))
+
+    return (
+        [row(ly, h, heads[ly, h]) for ly in range(heads.shape[0]) for h in range(heads.shape[1])],
+        [row(ly, None, layers[ly]) for ly in range(heads.shape[0])],
+    )
 
 
 @dataclass
@@ -145,10 +145,6 @@ class AttentionReport:
     layers: list[HeadStats]  # head None: each layer's mean over its heads
     per_position: dict[str, list]
     n_visible: list
-
-    def head(self, layer: int, head: int) -> HeadStats:
-        """The statistics of one head."""
-        return next(h for h in self.heads if h.layer == layer and h.head == head)
 
     @property
     def seq_len(self) -> int:
@@ -184,24 +180,12 @@ def as_report(result: AttentionReport | dict) -> dict:
     return json_safe(result) if isinstance(result, AttentionReport) else result
 
 
-def _layer_means(heads: list[HeadStats], n_layer: int) -> list[HeadStats]:
-    rows = []
-    for layer in range(n_layer):
-        hs = [h for h in heads if h.layer == layer]
-        vals = {}
-        for k in (*METRICS, "max_entropy"):
-            got = [getattr(h, k) for h in hs if getattr(h, k) is not None]
-            vals[k] = sum(got) / len(got) if got else None
-        rows.append(HeadStats(layer=layer, head=None, **vals))
-    return rows
-
-
 def attention_report(
     capture, distance: int = 8, local_window: int = 2, tokens_text: list[str] | None = None
 ) -> AttentionReport:
     """Per-head means, per-layer means and per-position values of an :class:`AttentionCapture`."""
     pp = per_position(capture.probs, capture.visible, capture.positions, distance, local_window)
-    heads = _heads_from(pp)
+    heads, layers = _stats(pp)
 
     def _list(t: torch.Tensor) -> list:
         return [[[None if math.isnan(v) else round(v, 6) for v in row] for row in lay] for lay in t.tolist()]
@@ -216,7 +200,7 @@ def attention_report(
         list(capture.tokens),
         tokens_text,
         heads,
-        _layer_means(heads, capture.n_layer),
+        layers,
         {k: _list(pp[k]) for k in METRICS},
         pp["n_visible"].tolist(),
     )

@@ -44,16 +44,13 @@ def head_heatmaps(
     paths = []
     T = capture.probs.shape[-1]
     chosen = range(capture.n_layer) if layers is None else layers
-    bad = [ly for ly in chosen if not 0 <= ly < capture.n_layer]
-    if bad:
+    if bad := [ly for ly in chosen if not 0 <= ly < capture.n_layer]:
         raise ValueError(f"layers {bad} do not exist: the model has layers 0..{capture.n_layer - 1}")
     for layer in chosen:
         for head in range(capture.n_head):
             fig, ax = plt.subplots(figsize=(4.5, 4))
             im = ax.imshow(capture.probs[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-            ax.set_title(f"layer {layer}, head {head}")
-            ax.set_xlabel("key position")
-            ax.set_ylabel("query position")
+            ax.set(title=f"layer {layer}, head {head}", xlabel="key position", ylabel="query position")
             if labels is not None and T <= 48:
                 ax.set_xticks(range(T), labels, fontsize=6)
                 ax.set_yticks(range(T), labels, fontsize=6)
@@ -87,17 +84,13 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
         vmax = float(np.nanmax(grid)) if metric == "entropy" and not np.isnan(grid).all() else 1.0
         im = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=vmax or 1.0, aspect="auto", interpolation="nearest")
         ax.set_title(TITLES[metric].format(d=rep["distance"], w=rep["local_window"]), fontsize=9)
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+        ax.set(xlabel="head", ylabel="layer")
         xs, ys = range(0, n_head, _tick_step(n_head, 24)), range(0, n_layer, _tick_step(n_layer, 40))
         ax.set_xticks(list(xs), [str(h) for h in xs], fontsize=7)
         ax.set_yticks(list(ys), [str(ly) for ly in ys], fontsize=7)
-        if annotate:
-            for (ly, h), v in np.ndenumerate(grid):
-                if not np.isnan(v):
-                    ax.text(
-                        h, ly, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 * vmax else "k"
-                    )
+        cells = [(ly, h, v) for (ly, h), v in np.ndenumerate(grid) if annotate and not np.isnan(v)]
+        for ly, h, v in cells:
+            ax.text(h, ly, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 * vmax else "k")
         fig.colorbar(im, ax=ax, fraction=0.08, pad=0.03).ax.tick_params(labelsize=7)
     fig.suptitle(f"{n_layer} layers × {n_head} heads, T={rep['seq_len']}", fontsize=10)
     fig.tight_layout()
@@ -115,11 +108,9 @@ def entropy_plot(report, path: str | Path) -> Path:
     ax.plot(layers, [row["entropy"] for row in rows], "-o", color="tab:blue", label="layer mean")
     ax.plot(layers, [row["max_entropy"] for row in rows], "--", color="gray", label="uniform: mean ln(visible keys)")
     ax.set_xticks(layers[:: _tick_step(len(layers), 48)])
-    ax.set_xlabel("layer")
-    ax.set_ylabel("attention entropy (nats)")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
+    ax.set(xlabel="layer", ylabel="attention entropy (nats)", ylim=(0, None))
     ax.set_title(f"attention entropy per layer (T={report['seq_len']})")
+    ax.legend(fontsize=8)
     return save_figure(fig, path)
 
 
@@ -156,12 +147,8 @@ def _lag_panel(ax, syn) -> None:
             _curve(ax, _present(accs), pe, styles[i % 3], marker="o", ms=3, label=f"{pe}, len {n}")
     ax.axhline(1 / N_CONTENT, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
-    ax.set(
-        title=f"token k back (position only), trained at len {syn.context}",
-        xlabel="lag k",
-        ylabel="accuracy",
-        ylim=(-0.03, 1.03),
-    )
+    ax.set(xlabel="lag k", ylabel="accuracy", ylim=(-0.03, 1.03))
+    ax.set_title(f"token k back (position only), trained at len {syn.context}")
     ax.legend(fontsize=6, ncol=2)
 
 

@@ -105,11 +105,7 @@ def lossless_failures(tok, texts: Sequence[str]) -> list[int]:
 def stream_ids(tok, texts: Sequence[str]) -> list[int]:
     """``<eos> t0 <eos> t1 ... <eos>``: the documents joined by end-of-text, which also opens the first."""
     eos = eos_id(tok)
-    out = [eos]
-    for ids in encode_batch(tok, texts):
-        out.extend(ids)
-        out.append(eos)
-    return out
+    return [eos] + [t for ids in encode_batch(tok, texts) for t in (*ids, eos)]
 
 
 def to_hf_tokenizer(tok, model_max_length: int | None = None):

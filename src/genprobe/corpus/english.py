@@ -65,8 +65,8 @@ def english_corpus_dir(cache: Path | None = None) -> Path:
     return (cache or cache_root()) / "data" / "lee-corpus"
 
 
-def _member_path(wheel: PinnedWheel, cache: Path | None) -> Path:
-    return english_corpus_dir(cache) / Path(wheel.member).name
+def _member_paths(cache: Path | None) -> list[Path]:
+    return [english_corpus_dir(cache) / Path(w.member).name for w in ENGLISH_WHEELS]
 
 
 def fetch_english_corpus(cache: Path | None = None, quiet: bool = False) -> list[Path]:
@@ -74,7 +74,7 @@ def fetch_english_corpus(cache: Path | None = None, quiet: bool = False) -> list
 
     Idempotent: files already extracted are kept and the wheel is not fetched again.
     """
-    paths = [_member_path(w, cache) for w in ENGLISH_WHEELS]
+    paths = _member_paths(cache)
     if all(p.is_file() for p in paths):
         return paths
     wheel_path = fetch_wheel(LEE_BACKGROUND, cache, quiet=quiet)  # one wheel holds both members
@@ -94,9 +94,8 @@ def _read_documents(path: Path) -> list[str]:
 
 def english_documents(cache: Path | None = None) -> list[str]:
     """The 350 documents (background first, then the rated 50), whitespace normalised; never downloads."""
-    paths = [_member_path(w, cache) for w in ENGLISH_WHEELS]
-    missing = [p for p in paths if not p.is_file()]
-    if missing:
+    paths = _member_paths(cache)
+    if missing := [p for p in paths if not p.is_file()]:
         raise EnglishCorpusMissing(
             f"the English corpus is not fetched ({missing[0]} is missing): run `{FETCH_COMMAND}` once "
             "(it downloads the pinned gensim wheel from the package registry)"
@@ -145,9 +144,7 @@ def sentences(document: str) -> list[str]:
             continue
         out.append(document[start : m.end(1)].strip())
         start = m.end()
-    tail = document[start:].strip()
-    if tail:
-        out.append(tail)
+    out.append(document[start:].strip())
     return [s for s in out if s]
 
 

@@ -61,11 +61,8 @@ def heldout_openings(
     vocab = getattr(tokenizer, "stoi", None)
     for doc in pool:
         head = doc[:prefix_chars]
-        if len(head) < prefix_chars or head in seen:
-            continue
-        if any(ch in PUNCT for ch in head) or (vocab is not None and any(ch not in vocab for ch in head)):
-            continue
-        if head in exclude_text:
+        usable = len(head) == prefix_chars and not PUNCT & set(head) and (vocab is None or set(head) <= vocab.keys())
+        if not usable or head in seen or head in exclude_text:
             continue
         seen.add(head)
         out.append(head)
@@ -86,9 +83,8 @@ def corpus_of(model: Any) -> str:
     token per character of a Tang line, else "english"."""
     if model.tokenizer is None:
         raise ValueError("the model has no tokenizer")
-    if model.tokenizer.kind == "char":
-        return "tang"
-    return "tang" if len(model.encode(TANG_PROBE)) <= len(TANG_PROBE) else "english"
+    chinese = model.tokenizer.kind == "char" or len(model.encode(TANG_PROBE)) <= len(TANG_PROBE)
+    return "tang" if chinese else "english"
 
 
 def vocab_key(model: Any) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import lzma
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -80,8 +80,7 @@ def load_corpus(
     p = bundled_corpus_path() if path is None else Path(path)
     if not p.exists():
         raise FileNotFoundError(f"corpus file not found: {p}")
-    name = p.name
-    if name.endswith(".jsonl") or name.endswith(".jsonl.xz") or name.endswith(".json.xz"):
+    if p.name.endswith((".jsonl", ".jsonl.xz", ".json.xz")):
         docs = read_jsonl(p, poems)
     else:
         try:
@@ -138,17 +137,13 @@ class CorpusSplit:
         return range(self.heldout_start, self.documents)
 
     def to_dict(self) -> dict:
-        """Plain-data form for summaries (ranges as [start, stop))."""
-        return {
-            "documents": self.documents,
-            "char_poems": self.char_poems,
-            "char_val_start": self.char_val_start,
-            "char_val_offset": self.char_val_offset,
-            "subword_poems": self.subword_poems,
-            "subword_train": [[r.start, r.stop] for r in self.subword_train],
-            "char_val": [self.char_val.start, self.char_val.stop],
-            "heldout": [self.heldout.start, self.heldout.stop],
-        }
+        """Plain-data form for summaries: the fields, then the ranges as [start, stop)."""
+
+        def span(r: range) -> list[int]:
+            return [r.start, r.stop]
+
+        train = [span(r) for r in self.subword_train]
+        return asdict(self) | {"subword_train": train, "char_val": span(self.char_val), "heldout": span(self.heldout)}
 
 
 def bundled_documents() -> list[str]:

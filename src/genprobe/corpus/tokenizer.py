@@ -40,14 +40,12 @@ class CharTokenizer:
     def __init__(self, chars: list[str]):
         if len(set(chars)) != len(chars):
             raise ValueError("vocabulary characters must be unique")
-        for c in chars:
-            if len(c) != 1:
-                raise ValueError(f"vocabulary entries must be single characters, got {c!r}")
+        if bad := [c for c in chars if len(c) != 1]:
+            raise ValueError(f"vocabulary entries must be single characters, got {bad[0]!r}")
         self.chars: list[str] = list(chars)
         self.itos: list[str] = list(SPECIALS) + self.chars
         self.stoi: dict[str, int] = {c: i + len(SPECIALS) for i, c in enumerate(self.chars)}
 
-    # ---- construction -------------------------------------------------------------------
     @classmethod
     def from_text(cls, text: str, max_chars: int = 1200) -> "CharTokenizer":
         """Keep the ``max_chars`` most frequent characters of ``text`` (ties: first occurrence)."""
@@ -63,7 +61,6 @@ class CharTokenizer:
             raise ValueError(f"vocabulary must start with {SPECIALS}, got {itos[:2]}")
         return cls(list(itos[len(SPECIALS) :]))
 
-    # ---- properties -------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
         """Number of ids including specials."""
@@ -76,27 +73,14 @@ class CharTokenizer:
 
     def coverage(self, text: str) -> dict:
         """Share of characters of ``text`` inside the vocabulary and the ``<unk>`` share of positions."""
-        if not text:
-            return {"chars": 0, "coverage": 0.0, "unk_share": 0.0}
-        known = sum(1 for c in text if c in self.stoi)
-        return {"chars": len(text), "coverage": known / len(text), "unk_share": 1.0 - known / len(text)}
+        share = sum(c in self.stoi for c in text) / len(text) if text else 0.0
+        return {"chars": len(text), "coverage": share, "unk_share": 1.0 - share if text else 0.0}
 
-    # ---- encode / decode ----------------------------------------------------------------
     def encode_with_report(self, text: str) -> EncodeResult:
         """Encode and report which characters became ``<unk>``."""
-        ids: list[int] = []
-        unknown: list[str] = []
-        positions: list[int] = []
-        for i, c in enumerate(text):
-            t = self.stoi.get(c)
-            if t is None:
-                ids.append(UNK_ID)
-                positions.append(i)
-                if c not in unknown:
-                    unknown.append(c)
-            else:
-                ids.append(t)
-        return EncodeResult(ids=ids, unknown_chars=unknown, unknown_positions=positions)
+        ids = [self.stoi.get(c, UNK_ID) for c in text]
+        positions = [i for i, t in enumerate(ids) if t == UNK_ID]
+        return EncodeResult(ids, list(dict.fromkeys(text[i] for i in positions)), positions)
 
     def encode(self, text: str, warn: bool = True) -> list[int]:
         """Encode ``text``; warn (UnknownCharactersWarning) naming characters that became ``<unk>``."""
@@ -114,17 +98,11 @@ class CharTokenizer:
     def decode(self, ids, show_unk: bool = False, unk_text: str = UNK_TOKEN) -> str:
         """Ids → text. ``<pad>`` is always dropped; ``<unk>`` is dropped unless ``show_unk``."""
         out = []
-        for t in ids:
-            t = int(t)
-            if t == PAD_ID:
-                continue
-            if t == UNK_ID:
-                if show_unk:
-                    out.append(unk_text)
-                continue
+        for t in map(int, ids):
             if not 0 <= t < len(self.itos):
                 raise ValueError(f"token id {t} outside vocabulary of size {len(self.itos)}")
-            out.append(self.itos[t])
+            if t >= len(SPECIALS) or (t == UNK_ID and show_unk):
+                out.append(unk_text if t == UNK_ID else self.itos[t])
         return "".join(out)
 
     def unknown_chars(self, text: str) -> list[str]:

@@ -1,28 +1,15 @@
 """Calibrate the loop detectors on human text, so that a loop scan does not flag ordinary prose.
 
-The defaults of :class:`~genprobe.metrics.LoopSettings` were tuned on Tang poems written by a character
-model. English subword text repeats differently — " of the", ",", " in the" recur every few tokens —
-so a plain news sentence can reach 3.2 tail tokens per LZ piece, above the default 2.5. A detector's
-threshold is only meaningful beside its *false-positive rate on human text* of the same tokenizer and
-the same length.
+The defaults of :class:`~genprobe.metrics.LoopSettings` were tuned on Tang poems of a character model; English
+subword text repeats differently (" of the", "," recur every few tokens), so a plain news sentence can reach 3.2
+tail tokens per LZ piece, above the default 2.5. A threshold means something only beside its false-positive rate
+on human text of the same tokenizer and length. Each detector is a score and a threshold (flagged when score >=
+threshold): exact loop (``min_tail``), near loop (``min_match``), repetitive tail (``min_compression``).
 
-Each detector is a score and a threshold (flagged when score >= threshold):
-
-* exact loop: the longest periodic tail covering >= 2 periods (``min_tail``, tokens);
-* near loop: the best match share of the last ``window`` tokens (``min_match``);
-* repetitive tail: tail tokens per LZ piece (``min_compression``).
-
-:func:`calibrate_loop_settings` splits the human sequences into two halves (the first half, in the order
-given, calibrates; the second is held out — builders put one document's sequences next to each other, so
-the halves share few documents). On the calibration half: when the defaults already flag at most
-``target`` of the sequences as degenerate, they are kept. Otherwise every detector's threshold becomes
-the score of its (k+1)-th most-flagged human sequence plus a small margin (never below the default), with
-the largest common k for which the union flags at most ``target``; then each detector in turn is loosened
-again (its own k raised) as far as the union allows — never stricter than needed. Thresholds are capped
-so that a real loop is still caught: ``min_match`` <= 1 (an exact repeat), ``min_compression`` <=
-window / 2 (a tail written in two pieces), ``min_tail`` <= window; when the caps stop the target from
-being met, the result says so (``meets_target``) instead of blinding a detector. The rates on the
-held-out half, with Wilson 95% intervals, are the honest figures to print beside a scan's rates.
+:func:`calibrate_loop_settings` calibrates on the first half of the sequences and reports rates, with Wilson 95%
+intervals, on the held-out second half; it keeps the defaults when they meet ``target``, else takes the loosest
+"human score quantile + margin" thresholds whose union meets it, capped so that a real loop is still caught
+(``meets_target`` says when the caps prevent it). docs/calibration.md describes the search step by step.
 """
 
 from __future__ import annotations
@@ -39,7 +26,6 @@ from .stats import wilson_interval
 DEFAULT_TARGET = 0.01
 MIN_SEQUENCES = 20  # fewer human sequences (per half: 10) cannot estimate a percent-level rate
 _EPS = 1e-9  # as in nearloop: shares are ratios of small integers
-DETECTORS = ("exact", "near", "repetitive")
 RATE_NAMES = ("exact", "near", "any_loop", "repetitive", "degenerate")
 
 
@@ -65,11 +51,8 @@ def human_scores(tokens: Sequence[Hashable], settings: LoopSettings) -> HumanSco
     """Scores such that ``measure_loops(tokens, s)`` flags a detector iff its score reaches its threshold in ``s``
     (for any thresholds; ``window`` and ``max_period`` are taken from ``settings``)."""
     seq = tuple(tokens)
-    exact = 0
-    for p in range(1, len(seq) // 2 + 1):
-        tail = periodic_tail_length(seq, p)
-        if tail >= 2 * p:
-            exact = max(exact, tail)
+    tails = [(p, periodic_tail_length(seq, p)) for p in range(1, len(seq) // 2 + 1)]
+    exact = max((tail for p, tail in tails if tail >= 2 * p), default=0)
     near = detect_near_loop(seq, window=settings.window, max_period=settings.max_period, min_match=1.0)
     return HumanScores(exact, near.match_share, tail_compression(seq, settings.window))
 
@@ -79,13 +62,7 @@ def flags(score: HumanScores, s: LoopSettings) -> dict[str, bool]:
     exact = score.exact >= s.min_tail
     near = score.near >= s.min_match - _EPS
     rep = score.compression >= s.min_compression
-    return {
-        "exact": exact,
-        "near": near,
-        "any_loop": exact or near,
-        "repetitive": rep,
-        "degenerate": exact or near or rep,
-    }
+    return dict(exact=exact, near=near, any_loop=exact or near, repetitive=rep, degenerate=exact or near or rep)
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,9 @@ inside or before the tail, and may overlap the text it produces), or a single ne
 nothing matches. ``tail_compression = tail length / number of pieces``: about 1 for text that
 does not repeat itself, the whole tail length when the tail continues a loop that started earlier.
 
-Why a token-level factorisation and not zlib on the tail's bytes: a 32-character Chinese tail is
-~96 UTF-8 bytes, and zlib's fixed costs (header, checksum, block and Huffman-table overhead) are a
-large, length-dependent part of such a short output, so its ratio mostly measures overhead; bytes
-per token also differ between alphabets (a CJK character is 3 bytes, a subword token many), so a
-byte ratio would not compare token-level with character-level figures or one tokenizer with
-another; and zlib's output depends on its version and level. The factorisation is exact, works on
-any sequence of hashables (token ids or characters) and reads directly: "the tail is k pieces".
+Why not zlib on the tail's bytes: on a ~96-byte tail (32 CJK characters) its fixed costs (header, checksum,
+Huffman tables) dominate, bytes per token differ between alphabets and tokenizers, and its output depends on
+its version and level. The factorisation is exact, works on any hashables and reads directly: "k pieces".
 
 It also sees what the period detectors cannot: a chant whose unit shifts, grows or shrinks from
 cycle to cycle ("君不見，君不見君不見。君不見，君不見。") has no period, exact or approximate, yet

@@ -31,12 +31,7 @@ class LoopSettings:
 class LoopMeasures:
     """Loop and repetition measures of one sequence (token ids or characters)."""
 
-    JSON_PROPERTIES = (
-        "any_loop",
-        "any_period",
-        "any_onset",
-        "degenerate",
-    )  # computed from the fields, kept in the JSON form
+    JSON_PROPERTIES = ("any_loop", "any_period", "any_onset", "degenerate")  # computed, kept in the JSON form
 
     length: int
     looping: bool  # exactly periodic tail (genprobe.metrics.detect_loop)

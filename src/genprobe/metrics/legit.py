@@ -94,19 +94,9 @@ class LegitCounts:
 def legit_counts(poem: str, continuation: str | None = None, n: int = NGRAM_N) -> LegitCounts:
     """Counts of ``poem`` (the whole text, prompt included, so couplets line up); n-grams of ``continuation``
     (default: the whole text)."""
-    redup, stutter = reduplications(poem)
-    parallel, copied, couplets = couplet_parallels(poem)
     grams = ngrams(ngram_units(poem if continuation is None else continuation), n)
-    return LegitCounts(
-        sum(1 for c in poem if is_han(c)),
-        redup,
-        stutter,
-        parallel,
-        copied,
-        couplets,
-        len(grams),
-        len(grams) - len(set(grams)),
-    )
+    han = sum(1 for c in poem if is_han(c))
+    return LegitCounts(han, *reduplications(poem), *couplet_parallels(poem), len(grams), len(grams) - len(set(grams)))
 
 
 @dataclass
@@ -134,14 +124,12 @@ def _pooled(events: np.ndarray, totals: np.ndarray, scale: float, seed: int) -> 
     idx = np.random.default_rng(seed).integers(0, len(events), size=(BOOTSTRAP, len(events)))
     tot = totals[idx].sum(1)
     boot = events[idx].sum(1)[tot > 0] / tot[tot > 0] * scale
-    return rate, [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
+    return rate, [float(v) for v in np.percentile(boot, [2.5, 97.5])]
 
 
 def legit_rates(counts: Sequence[LegitCounts], seed: int = 0) -> LegitRates:
     """Pool per-text counts into rates with bootstrap intervals (None where nothing could be counted)."""
     col = {k: np.array([getattr(c, k) for c in counts], dtype=np.float64) for k in LegitCounts.__dataclass_fields__}
-    if not counts:
-        col = {k: np.zeros(0) for k in col}
     han = col["han"]
     redup, redup_ci = _pooled(col["reduplicated"], han, 100.0, seed)
     stutter, _ = _pooled(col["stutter"], han, 100.0, seed)

@@ -16,14 +16,10 @@ from typing import Hashable, Sequence
 Tokens = Sequence[Hashable]
 
 
-def _check_n(n: int) -> None:
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n-gram order must be an integer >= 1, got {n!r}")
-
-
 def ngrams(tokens: Tokens, n: int) -> list[tuple]:
     """All ``len(tokens) - n + 1`` contiguous n-grams, in order (empty if too short)."""
-    _check_n(n)
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n-gram order must be an integer >= 1, got {n!r}")
     seq = tuple(tokens)
     return [seq[i : i + n] for i in range(len(seq) - n + 1)]
 
@@ -39,8 +35,8 @@ def seq_rep_n(tokens: Tokens, n: int) -> float:
 
     Equals ``1 - distinct_n`` for non-empty input; 0.0 when there is no n-gram.
     """
-    grams = ngrams(tokens, n)
-    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
+    share = distinct_n(tokens, n)  # never 0.0 when there is an n-gram
+    return 1.0 - share if share else 0.0
 
 
 def _count(seq: tuple, length: int, overlapping: bool) -> Counter:
@@ -86,4 +82,4 @@ def longest_repeated_ngram(
 def unk_share(ids: Sequence[Hashable], unk_id: int = 1) -> float:
     """Fraction of tokens equal to ``unk_id``; 0.0 for an empty sequence."""
     ids = list(ids)
-    return sum(1 for t in ids if t == unk_id) / len(ids) if ids else 0.0
+    return ids.count(unk_id) / len(ids) if ids else 0.0
