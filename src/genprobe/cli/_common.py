@@ -17,6 +17,39 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary on stdout")
 
 
+def option(p: Any, flag: str, default: Any = None, help: str = "", **kw: Any) -> None:
+    """``p.add_argument(flag, ...)`` with the type of ``default`` (False: a switch; a list: one or more values of its
+    first element's type, repeatable: :class:`Accumulate`) and " (default X)" added to a help that has none."""
+    if default is False:
+        kw.setdefault("action", "store_true")
+    else:
+        if isinstance(default, list):
+            kw = {"nargs": "+", "action": Accumulate} | ({"type": type(default[0])} if default else {}) | kw
+        elif default is not None and "action" not in kw:
+            kw.setdefault("type", type(default))
+        shown = " ".join(map(str, default)) if isinstance(default, list) else default
+        if default not in (None, []) and "default" not in help:
+            help = f"{help} (default {shown})".lstrip()
+        kw["default"] = default
+    p.add_argument(flag, help=help, **kw)
+
+
+def check_min(args: argparse.Namespace, **least: float) -> None:
+    """Refuse (``ValueError``) an option below its least value: ``check_min(args, threads=1)`` -> "--threads must be
+    >= 1, got 0"."""
+    for name, low in least.items():
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low:g}, got {getattr(args, name)}")
+
+
+def fields_of(cls: Any, args: argparse.Namespace, **values: Any) -> Any:
+    """``cls(...)`` (a dataclass) from the options named like its fields (lists as tuples) and ``values``."""
+    from dataclasses import fields
+
+    given = {f.name: getattr(args, f.name) for f in fields(cls) if f.init and hasattr(args, f.name)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()} | values)
+
+
 #: Where ``emit_json`` writes (the last entry): the real stdout while ``genprobe.cli.main`` holds it for JSON
 #: (``--json``: fd 1 points at stderr meanwhile, so nothing a library prints reaches stdout); empty: ``sys.stdout``.
 JSON_STREAM: list[IO[str]] = []
