@@ -36,9 +36,9 @@ def option(p: Any, flag: str, default: Any = None, help: str = "", **kw: Any) ->
 
 def check_min(args: argparse.Namespace, **least: float) -> None:
     """Refuse (``ValueError``) an option below its least value: ``check_min(args, threads=1)`` -> "--threads must be
-    >= 1, got 0"."""
+    >= 1, got 0"; an option not given (None) passes."""
     for name, low in least.items():
-        if getattr(args, name) < low:
+        if getattr(args, name) is not None and getattr(args, name) < low:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {low:g}, got {getattr(args, name)}")
 
 

@@ -1,4 +1,4 @@
-"""The vLLM engine flags shared by ``verify-serving`` and ``loops scan --backend vllm``.
+"""The serving engines' flags shared by ``verify-serving`` and ``loops scan`` (vLLM's, llama.cpp's, HTTP's).
 
 Each flag is one :class:`genprobe.serving.engine.EngineOptions` field, passed to ``vllm.LLM`` by the
 same name. The parallelism flags (``--tensor-parallel-size``, ``--pipeline-parallel-size``,
@@ -88,6 +88,18 @@ def _add_deployment_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--in-process", action="store_true", help="run vLLM's engine core in this process (faster start on CPU)"
     )
+
+
+def add_kv_type(g: Any, default: str) -> None:
+    """llama.cpp's ``--kv-type``."""
+    help = "llama.cpp's KV-cache element type (f16 is its own default; f32: exact float32 arithmetic on an F32 file)"
+    g.add_argument("--kv-type", choices=("f16", "f32"), default=default, help=f"{help}; default {default}")
+
+
+def add_http_arguments(g: Any, where: str = "") -> None:
+    """``--concurrency`` and ``--timeout`` of the requests to a live endpoint."""
+    g.add_argument("--concurrency", type=int, default=8, help=f"requests in flight{where} (default 8)")
+    g.add_argument("--timeout", type=float, default=60.0, help="seconds one HTTP request may take (default 60)")
 
 
 def engine_options(args: argparse.Namespace, *, seed: int = 0, dtype: str = "float32") -> Any:
