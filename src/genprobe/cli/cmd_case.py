@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from .._io import json_safe
-from ._common import Accumulate, add_json_flag, add_model_argument, emit_json, info, model_path
+from ._common import add_json_flag, add_model_argument, emit_json, info, model_path, option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,23 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         kinds=("checkpoint",),
         help="a genprobe checkpoint directory to study (default: train one into OUT/model)",
     )
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="reduced run for CI / first contact (quick training recipe, fewer timing reps, a shrunk scaling model)",
-    )
-    p.add_argument(
+    option(p, "--out", required=True, type=Path, metavar="DIR", help="output directory")
+    option(p, "--quick", False, "reduced run for CI / first contact (quick recipe, fewer timing reps, a smaller model)")
+    option(
+        p,
         "--only",
-        nargs="+",
-        action=Accumulate,
-        metavar="EXP",
-        default=None,
-        help="run only these experiments (decoding sampling exposure cache_exact cache_bugs mask_noop "
+        [],
+        "run only these experiments (decoding sampling exposure cache_exact cache_bugs mask_noop "
         "cache_timing cache_scaling)",
+        metavar="EXP",
     )
-    p.add_argument("--skip", nargs="+", action=Accumulate, metavar="EXP", default=(), help="skip these experiments")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    option(p, "--skip", [], "skip these experiments", metavar="EXP")
+    option(p, "--no-progress", False, "no progress bars")
     add_json_flag(p)
     p.set_defaults(func=run)
 

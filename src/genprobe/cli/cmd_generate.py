@@ -14,6 +14,7 @@ from ._common import (
     emit_json,
     info,
     load_model_arg,
+    option,
     read_prompts,
 )
 from ._sampler_args import add_sampler_arguments, sampler_from_args
@@ -21,6 +22,8 @@ from ._sampler_args import add_sampler_arguments, sampler_from_args
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.runner import GenerationResult
     from ..model.load import Model, Tokenizer
+
+MODES = ("cached", "naive")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,44 +37,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_argument(p)
     prompts = add_prompt_arguments(p, required=True)
-    prompts.add_argument(
+    option(
+        prompts,
         "--ids",
         nargs="+",
         action="append",
         type=int,
         metavar="ID",
-        help="a prompt as token ids instead of text (a model without a tokenizer); repeat the flag for several "
-        "prompts; prints the ids generated, and their text when the model has a tokenizer",
+        help="a prompt as token ids "
+        "(a model without a tokenizer); repeat the flag for several prompts; prints the ids generated",
     )
     add_sampler_arguments(p)
     add_max_new_tokens(p, 50)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--eos-id", type=int, default=None, help="stop at this token id (default: the tokenizer's end-of-text token)"
-    )
-    p.add_argument("--ignore-eos", action="store_true", help="never stop early at the end-of-text token")
-    p.add_argument(
-        "--chat",
-        action="store_true",
-        help="render each prompt as one user turn through the model's chat template (instruction-tuned models) "
-        "and print only the reply",
-    )
-    p.add_argument("--show-unk", action="store_true", help="print <unk> instead of dropping it")
-    p.add_argument("--top", type=int, default=0, metavar="N", help="per step, show the top-N candidates and entropy")
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="genprobe checkpoints and Llama-family transformers models: decode through the compiled fast path "
-        "(compiling takes ~15-30 s per batch size for our models, ~2 min for SmolLM2, then cached on disk; pays "
-        "off for long generations and scans, not for one short prompt)",
-    )
+    option(p, "--seed", 0, "sampling seed")
+    option(p, "--eos-id", type=int, help="stop at this token id (default: the tokenizer's end-of-text token)")
+    option(p, "--ignore-eos", False, "never stop early at the end-of-text token")
+    option(p, "--chat", False, "render each prompt as a user turn through the chat template; print only the reply")
+    option(p, "--show-unk", False, "print <unk> instead of dropping it")
+    option(p, "--top", 0, "per step, show the top-N candidates and entropy", metavar="N")
+    option(p, "--compile", False, "decode through the compiled fast path (compiling takes 15 s-2 min, then cached)")
     add_weight_dtype(p)
-    p.add_argument(
-        "--mode",
-        choices=["cached", "naive"],
-        default="cached",
-        help="cached: KV cache (default); naive: recompute the whole sequence every step (the reference)",
-    )
+    option(p, "--mode", "cached", "cached: KV cache; naive: recompute every step (the reference)", choices=MODES)
     add_json_flag(p)
     p.set_defaults(func=run)
 

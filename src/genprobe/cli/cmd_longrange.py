@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .._io import json_safe
-from ._common import Accumulate, add_json_flag, emit_json, info
+from ._common import add_json_flag, emit_json, info, option
 
 DEFAULT_PE = ("learned", "rope", "alibi")
 
@@ -28,20 +28,12 @@ def register(sub) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--pe",
-        nargs="+",
-        action=Accumulate,
-        metavar="PE",
-        choices=("learned", "rope", "alibi", "none"),
-        default=list(DEFAULT_PE),
-        help=f"position encodings to compare, among learned rope alibi none (default: {' '.join(DEFAULT_PE)})",
-    )
-    p.add_argument("--quick", action="store_true", help="few training steps (a few minutes on 2 CPU cores)")
-    p.add_argument("--no-corpus", action="store_true", help="skip the Tang-corpus extrapolation runs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", metavar="DIR", default="runs/longrange", help="output directory (default runs/longrange)")
-    p.add_argument("--no-progress", action="store_true")
+    option(p, "--pe", list(DEFAULT_PE), "position encodings to compare", choices=(*DEFAULT_PE, "none"), metavar="PE")
+    option(p, "--quick", False, "few training steps (a few minutes on 2 CPU cores)")
+    option(p, "--no-corpus", False, "skip the Tang-corpus extrapolation runs")
+    option(p, "--seed", 0, "training seed")
+    option(p, "--out", "runs/longrange", "output directory", metavar="DIR")
+    option(p, "--no-progress", False, "no progress bars")
     add_json_flag(p)
     p.set_defaults(func=run)
 
