@@ -167,16 +167,15 @@ def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, hel
     """``--prompt TEXT [TEXT ...]`` or ``--prompts FILE`` (one per line, or JSONL with a prompt/text field); returns
     their mutually exclusive group (a command may add another prompt source to it)."""
     g = p.add_mutually_exclusive_group(required=required)
-    g.add_argument(
+    option(
+        g,
         "--prompt",
         nargs="+",
         action=Accumulate,
         metavar="TEXT",
         help="prompt text(s); repeat the flag or list several" + help_default,
     )
-    g.add_argument(
-        "--prompts", metavar="FILE", help="prompt file: one prompt per line, or JSONL with a 'prompt' or 'text' field"
-    )
+    option(g, "--prompts", metavar="FILE", help="one prompt per line, or JSONL with a 'prompt' or 'text' field")
     return g
 
 
@@ -195,9 +194,7 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
 
 def add_max_new_tokens(p: argparse.ArgumentParser, default: int) -> None:
     """``--max-new-tokens N`` (the token budget, one spelling everywhere)."""
-    p.add_argument(
-        "--max-new-tokens", type=int, default=default, metavar="N", help=f"new tokens per prompt (default {default})"
-    )
+    option(p, "--max-new-tokens", default, "new tokens per prompt", metavar="N")
 
 
 #: ``--weight-dtype`` choices (genprobe.model.weight_only.WEIGHT_DTYPES; spelled here so parsing imports no torch).
@@ -205,22 +202,11 @@ WEIGHT_DTYPE_NAMES = ("float32", "bfloat16", "int8")
 
 
 def add_weight_dtype(p: argparse.ArgumentParser) -> None:
-    """``--weight-dtype``: how a genprobe model's linear-layer weights are stored (bfloat16, int8: opt-in)."""
-    p.add_argument(
-        "--weight-dtype",
-        choices=WEIGHT_DTYPE_NAMES,
-        default="float32",
-        help="genprobe checkpoints and Llama-family models: store the linear layers' weights in this dtype, computing "
-        "in float32 (bfloat16: half the bytes a decode step reads; int8, one scale per output row: a quarter; either "
-        "is an approximation of the model; on a GGUF file int8 keeps its Q8_0 tensors as they are, one scale per 32 "
-        "weights: the same weights; default float32)",
-    )
-    p.add_argument(
-        "--narrow-output",
-        action="store_true",
-        help="with --weight-dtype bfloat16/int8: store the output layer (tied to the embedding, kept float32 by "
-        "default) narrow too, as llama.cpp's Q8_0 does (SmolLM2: 220 -> 134 MB read per int8 step)",
-    )
+    """``--weight-dtype`` and ``--narrow-output``: how a genprobe or Llama-family model's linear-layer weights are
+    stored, computing in float32 (bfloat16 halves the bytes a decode step reads, int8 with one scale per output row
+    quarters them: either approximates the model; a GGUF file's Q8_0 tensors stay as they are under int8)."""
+    option(p, "--weight-dtype", "float32", "store the linear layers' weights in this dtype", choices=WEIGHT_DTYPE_NAMES)
+    option(p, "--narrow-output", False, "with --weight-dtype bfloat16/int8: the output layer narrow too (as Q8_0)")
 
 
 def load_model_arg(args: argparse.Namespace, path: str | None = None) -> "LoadedModel":
