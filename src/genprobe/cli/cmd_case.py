@@ -1,9 +1,5 @@
-"""``genprobe case``: the chapter's case study as one command → ch3_case.json, figures, report.html.
-
-    genprobe case [MODEL] --out DIR [--quick] [--only EXP ...] [--skip EXP ...] [--json]
-
-The chapter is 《训练与推理的两副面孔》 ("The two faces of training and inference"). MODEL is a genprobe
-checkpoint; without it the default model is trained into OUT/model (reused when already there).
+"""``genprobe case``: the chapter's case study (《训练与推理的两副面孔》, "The two faces of training and inference") as
+one command → ch3_case.json, figures, report.html; without MODEL the default model is trained into OUT/model.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """``genprobe longrange``: synthetic long-range tasks and position-encoding extrapolation.
 
-    genprobe longrange [--pe learned rope alibi] [--quick] [--no-corpus] [--out DIR] [--json]
-
 Prints, per position encoding, accuracy vs distance on the passkey task (content suffices) and on the
 position-only "token k places back" task — inside and beyond the training context — and the Tang
 validation loss vs evaluation length (models trained at L = 64). Learned positions past their table

@@ -1,9 +1,5 @@
 """``genprobe phenomena MODEL``: the chapter's phenomena that need no training, on any model → phenomena.json.
 
-    genprobe phenomena MODEL [--prompts FILE] [--val-text FILE] [--corpus auto|tang|english] [--max-new-tokens N]
-                             [--count N] [--prefix-tokens N] [--batch-size N] [--seed N]
-                             [--timing-batches N ...] [--no-timing] [--out DIR] [--json]
-
 Greedy vs sampled distinct-2 and loop share, next-token entropy vs τ, the sampler-order trap, teacher forcing vs
 free running, one changed token (shadow and divergence), naive vs cached generation. Without --prompts / --val-text the
 inputs are held out from the model's corpus: Tang openings and poems, or English sentence openings and news

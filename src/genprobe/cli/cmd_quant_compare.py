@@ -1,10 +1,5 @@
-"""``genprobe quant-compare MODEL --types F16 Q8_0 ...``: what each llama.cpp quantization type does to a model.
-
-MODEL (a transformers directory or a fetched name such as ``smollm2``) is converted to an F32 GGUF by llama.cpp's
-converter, each type is written by its quantize API, and every type runs in llama.cpp beside the F32 file: KL and
-top-1 agreement on real text, perplexity, first greedy divergence, calibrated loop and degenerate rates with 95%
-intervals, decode speed (:mod:`genprobe.serving.llamacpp.quant_study`). Files, ``quant-<model>.json`` and
-``quant-<model>.md`` go to ``--out``. Exit status 2 when llama.cpp's bindings are not installed (the line says how).
+"""``genprobe quant-compare MODEL --types F16 Q8_0 ...``: what each llama.cpp quantization type does to a model
+(:mod:`genprobe.serving.llamacpp.quant_study`); exit status 2 when llama.cpp's bindings are not installed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""``genprobe train``: corpus → tokenizer → reference model → directory.
-
-``--arch gpt`` (default): the character-level GPT, saved as a genprobe checkpoint.
-``--arch llama|qwen2``: the subword reference model (byte-level BPE + transformers causal LM), saved as
-a standard transformers directory; it trains on the corpus split of ``genprobe.corpus.tang.corpus_split``.
+"""``genprobe train``: corpus → tokenizer → reference model → directory: the character-level GPT (``--arch gpt``,
+a genprobe checkpoint) or the subword Llama/Qwen2 (a transformers directory, trained on the corpus split of
+``genprobe.corpus.tang.corpus_split``).
 """
 
 from __future__ import annotations

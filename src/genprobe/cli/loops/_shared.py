@@ -1,7 +1,4 @@
-"""Flags, checks and loading shared by the ``genprobe loops`` actions.
-
-Prompts and validation text: ``--prompts FILE`` / ``--prompt TEXT ...`` and ``--val-text FILE`` for any
-model; ``--tang-prompts`` / ``--tang-val`` (held-out Tang openings, the corpus validation split) are the
+"""Flags, checks and loading shared by the ``genprobe loops`` actions. ``--tang-prompts`` / ``--tang-val`` are the
 defaults for the bundled character model only and explicit choices for every other model.
 """
 
