@@ -9,7 +9,17 @@ import sys
 from pathlib import Path
 
 from .._io import json_safe
-from ._common import add_json_flag, add_max_new_tokens, add_model_argument, check_min, emit_json, info, option, out_dir
+from ._common import (
+    add_json_flag,
+    add_max_new_tokens,
+    add_model_argument,
+    check_min,
+    emit_json,
+    fields_of,
+    info,
+    option,
+    out_dir,
+)
 from ._vllm_args import add_kv_type
 
 
@@ -58,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         info(f"genprobe quant-compare: {problem}")
         return 2
-    same = {k: getattr(args, k) for k in ("max_new_tokens", "text_windows", "window_tokens", "threads", "kv_type")}
-    cfg = QuantStudyConfig(types=tuple(types), prompts=args.n_prompts, samples=max(0, args.samples), **same)
+    cfg = fields_of(QuantStudyConfig, args, types=tuple(types), prompts=args.n_prompts, samples=max(0, args.samples))
     out = out_dir(args.out, "GGUF files and results")
     study, _, _ = quant_compare(args.model, out, cfg, log=info)
     print(study_markdown(study), file=sys.stderr if args.json else sys.stdout)

@@ -16,6 +16,7 @@ from .._common import (
     add_model_argument,
     add_prompt_arguments,
     check_min,
+    fields_of,
     info,
     model_path,
     option,
@@ -42,8 +43,8 @@ def add_model_args(q: argparse.ArgumentParser) -> None:
     d = RepairConfig()
     add_model_argument(q, required=False, help=f"{MODEL_HELP} (default {DEFAULT_MODEL})")
     add_max_new_tokens(q, d.max_new_tokens)
-    add_config_flag(q, "batch_size", "prompts per generation batch", record=False)
-    add_config_flag(q, "seed", "sampling seed", record=False)
+    add_config_flag(q, "batch_size", "prompts per generation batch")
+    add_config_flag(q, "seed", "sampling seed")
     for flag, name, help in LOOP_FLAGS:
         option(q, flag, getattr(d.loop, name), help)
     option(q, "--threads", 1, "torch CPU threads (1: a small model's decode steps are dominated by thread sync)")
@@ -51,12 +52,9 @@ def add_model_args(q: argparse.ArgumentParser) -> None:
     add_json_flag(q)
 
 
-def add_config_flag(
-    p: argparse.ArgumentParser, name: str, help: str = "", *, flag: str | None = None, record: bool = True, **kw: Any
-) -> None:
+def add_config_flag(p: argparse.ArgumentParser, name: str, help: str = "", flag: str | None = None, **kw: Any) -> None:
     """``--name`` (or ``flag``) for the :class:`~genprobe.loops.study.RepairConfig` field ``name``: its type and
-    default come from the field (a tuple field takes one or more values); ``record``: :func:`repair_config` passes
-    it on (the parser lists the fields it has)."""
+    default come from the field (a tuple field takes one or more values)."""
     from ...loops.repair import RepairConfig
 
     default = getattr(RepairConfig(), name)
@@ -68,8 +66,6 @@ def add_config_flag(
         dest=name,
         **kw,
     )
-    if record:
-        p.set_defaults(config_fields=(*(p.get_default("config_fields") or ()), name))
 
 
 def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True) -> None:
@@ -210,22 +206,10 @@ def loop_settings_from(args: argparse.Namespace) -> Any:
 
 
 def repair_config(args: argparse.Namespace) -> Any:
-    """The :class:`~genprobe.loops.study.RepairConfig` of the flags (those :func:`add_config_flag` recorded)."""
+    """The :class:`~genprobe.loops.study.RepairConfig` of the flags (named like its fields: :func:`add_config_flag`)."""
     from ...loops.repair import RepairConfig
 
-    fields: dict[str, Any] = {}  # list flags give lists; the config holds tuples
-    for name in args.config_fields:
-        value = getattr(args, name)
-        fields[name] = tuple(value) if isinstance(value, list) else value
-    return RepairConfig(
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        prefix_chars=args.prefix,
-        loop=loop_settings_from(args),
-        val_window=getattr(args, "val_window", None),
-        **fields,
-    )
+    return fields_of(RepairConfig, args, prefix_chars=args.prefix, loop=loop_settings_from(args))
 
 
 def repair_inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..._io import json_safe
 from ...engine.samplers import PRESETS
-from .._common import check_min, emit_json, info, option, out_dir
+from .._common import check_min, emit_json, fields_of, info, option, out_dir
 from ._shared import (
     add_calibration_args,
     add_data_args,
@@ -119,16 +119,8 @@ def run_compare(args: argparse.Namespace) -> int:
     model = load_model_or_default(args)
     texts, conts, source = _compare_prompts(args, model)
     calibration = scan_calibration(args, model, texts)
-    cfg = CompareConfig(
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        loop=calibration.settings if calibration is not None else loop_settings_from(args),
-        methods=tuple(args.methods) if args.methods else None,
-        genre=args.genre,
-        engine=args.engine,
-        timing_rounds=args.timing_rounds,
-    )
+    loop = calibration.settings if calibration is not None else loop_settings_from(args)
+    cfg = fields_of(CompareConfig, args, loop=loop, methods=tuple(args.methods) or None)
     patch = load_patch(args.patch) if args.patch else None
     judge = _judge(args.judge) if args.judge else None
     res = compare_fixes(
