@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, overload
@@ -63,6 +64,22 @@ def emit_json(obj: Any) -> None:
     out = JSON_STREAM[-1] if JSON_STREAM else sys.stdout
     out.write(text + "\n")
     out.flush()
+
+
+def fmt(x: float | None, spec: str = ".3g", missing: str = "—") -> str:
+    """A table cell: ``x`` formatted, or ``missing`` for None."""
+    return missing if x is None else format(x, spec)
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Progress bars unless ``--no-progress``, and only on a terminal."""
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
+def user_project_importable() -> None:
+    """``--impl MOD:FACTORY`` names a module of the user's project: import it as ``python -m`` would (cwd first)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def info(msg: str, quiet: bool = False) -> None:

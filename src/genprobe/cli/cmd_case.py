@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from .._io import json_safe
-from ._common import add_json_flag, add_model_argument, emit_json, info, model_path, option
+from ._common import add_json_flag, add_model_argument, emit_json, info, model_path, option, show_progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,12 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler: the case study (``genprobe.experiments.case.case_study``), then its headline table."""
-    import sys
 
     from ..experiments.case import case_study, select_experiments
 
     only = select_experiments(args.only, args.skip)
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = show_progress(args)
     study = case_study(
         args.out, model_path(args, required=False), quick=args.quick, only=only, progress=progress, log=info
     )

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
 from .._io import json_safe
@@ -21,6 +19,7 @@ from ._common import (
     option,
     out_dir,
     read_prompts,
+    user_project_importable,
 )
 from ._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 
@@ -145,8 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     if args.impl:
-        if os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
-            sys.path.insert(0, os.getcwd())
+        user_project_importable()
         _check_impl_spec(args.impl)
     from ..doctor.audit import model_files
 

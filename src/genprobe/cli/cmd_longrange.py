@@ -9,11 +9,10 @@ show the model's own error instead of a number. Writes ``longrange.json`` and ``
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from .._io import json_safe
-from ._common import add_json_flag, emit_json, info, option
+from ._common import add_json_flag, emit_json, info, option, show_progress
 
 DEFAULT_PE = ("learned", "rope", "alibi")
 
@@ -108,7 +107,7 @@ def run(args) -> int:
     if args.no_corpus:
         lc.corpus = None
     info(f"longrange: {', '.join(pes)}{' (quick)' if args.quick else ''}")
-    res = run_longrange(lc, progress=not args.no_progress and sys.stderr.isatty())
+    res = run_longrange(lc, progress=show_progress(args))
     data = {**json_safe(res), "quick": bool(args.quick)}
     out = Path(args.out)
     atomic_write_json(out / "longrange.json", data)

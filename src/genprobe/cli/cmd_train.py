@@ -6,11 +6,10 @@ a genprobe checkpoint) or the subword Llama/Qwen2 (a transformers directory, tra
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from .._io import check_target_dir, json_safe
-from ._common import add_json_flag, check_min, emit_json, info, option
+from ._common import add_json_flag, check_min, emit_json, info, option, show_progress
 
 SUBWORD_SHAPE = (  # (flag, SubwordModelConfig field, help): the --arch llama / qwen2 model's shape
     ("--layers", "n_layer", "transformer layers"),
@@ -99,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if used:
         verb = "is" if len(used) == 1 else "are"
         raise ValueError(f"{', '.join(used)} {verb} for --arch {owner} only, not --arch {args.arch}")
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = show_progress(args)
     s = _run_gpt(args, progress) if args.arch == "gpt" else _run_subword(args, progress)
     info(_table(s) if args.arch == "gpt" else _subword_table(s))
     if args.json:

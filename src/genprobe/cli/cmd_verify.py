@@ -8,7 +8,6 @@ differing step, judged against the reference's own float noise (docs/verify-cach
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -19,11 +18,13 @@ from ._common import (
     add_prompt_arguments,
     add_weight_dtype,
     emit_json,
+    fmt,
     info,
     load_model_arg,
     model_path,
     option,
     read_prompts,
+    user_project_importable,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if model is not None and args.weight_dtype != "float32":
         head = ", the output layer too" if args.narrow_output else ""
         info(f"weights: linear layers stored in {args.weight_dtype}{head} (weight-only): the verdict is that model's")
-    if args.impl and os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
-        sys.path.insert(0, os.getcwd())
+    if args.impl:
+        user_project_importable()
     noise, bug, rel_bug = args.noise, args.bug, args.rel_bug  # the in-between thresholds derived from them
     th = Thresholds(
         noise, bug, max(noise, min(1e-3, bug)), rel_bug, min(0.01, rel_bug), floor_multiple=args.floor_multiple
@@ -149,10 +150,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ---- tables --------------------------------------------------------------------------------------------
-def _g(x: float | None, spec: str = ".3g") -> str:
-    return "—" if x is None else format(x, spec)
-
-
 def _yes(x: bool) -> str:
     return "yes" if x else "no"
 
@@ -161,10 +158,10 @@ SUMMARY: tuple[tuple[str, str, int, Callable[[Any], str]], ...] = (  # header (t
     ("implementation", "", -30, lambda r: r.impl[:30]),
     ("verdict", "", 11, lambda r: r.verdict),
     ("prefill", "exact", 8, lambda r: _yes(r.prefill_bit_identical)),
-    ("max |Δ|", "logit", 11, lambda r: _g(r.max_abs_dlogit, ".4g")),
-    ("Δ/σ", "", 8, lambda r: _g(r.max_rel_dlogit)),
-    ("margin", "", 7, lambda r: _g(r.bug_margin)),
-    ("top-1", "agree", 7, lambda r: _g(r.min_top1_agreement, ".3f")),
+    ("max |Δ|", "logit", 11, lambda r: fmt(r.max_abs_dlogit, ".4g")),
+    ("Δ/σ", "", 8, lambda r: fmt(r.max_rel_dlogit)),
+    ("margin", "", 7, lambda r: fmt(r.bug_margin)),
+    ("top-1", "agree", 7, lambda r: fmt(r.min_top1_agreement, ".3f")),
     ("worst phase", "", 21, lambda r: str(r.worst_phase or "—")[:21]),
     ("text", "div.", 5, lambda r: str(r.text_divergences)),
     ("text", "only", 5, lambda r: _yes(r.text_only_would_catch)),

@@ -25,6 +25,7 @@ from ._common import (
     add_prompt_arguments,
     check_min,
     emit_json,
+    fmt,
     info,
     option,
     out_dir,
@@ -218,13 +219,9 @@ def run_endpoint(args: argparse.Namespace, th: Any) -> Any:
     return verify_backend(backend, reference, args.reference, settings, read_prompts(args), th, say, args.model)
 
 
-def _fmt(x: float | None, spec: str = ".3g") -> str:
-    return "—" if x is None else format(x, spec)
-
-
 def _cached(p: Any) -> str:
     """Prompt tokens served from the prefix cache, over the tokens shared with the cached request when known."""
-    c = _fmt(p.cached_tokens, "d")
+    c = fmt(p.cached_tokens, "d")
     return c if p.shared_tokens is None else f"{c}/{p.shared_tokens}"
 
 
@@ -249,8 +246,8 @@ def print_table(report: Any, file: Any = None) -> None:
     print("-" * len(head), file=out)
     for p in report.phases:
         print(
-            f"{p.dtype or '—':<12} {p.phase:<17} {p.requests:>4} {p.positions:>5} {_fmt(p.max_abs_dlogp):>10} "
-            f"{_fmt(p.top1_agreement, '.4f'):>9} {_fmt(p.self_max_abs_dlogp):>10} {_fmt(p.topk_agreement, '.3f'):>6} "
+            f"{p.dtype or '—':<12} {p.phase:<17} {p.requests:>4} {p.positions:>5} {fmt(p.max_abs_dlogp):>10} "
+            f"{fmt(p.top1_agreement, '.4f'):>9} {fmt(p.self_max_abs_dlogp):>10} {fmt(p.topk_agreement, '.3f'):>6} "
             f"{_cached(p):>9} {_judged(p):>10} {p.verdict:>11}",
             file=out,
         )

@@ -104,10 +104,6 @@ def add_calibration_args(p: Any) -> None:
 
 
 # ---- common checks and loading --------------------------------------------------------------
-def show_progress(args: argparse.Namespace) -> bool:
-    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
-
-
 def check_common(args: argparse.Namespace) -> None:
     import torch
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..._io import json_safe
 from ...engine.samplers import PRESETS
-from .._common import check_min, emit_json, fields_of, info, option, out_dir
+from .._common import check_min, emit_json, fields_of, info, option, out_dir, show_progress
 from ._shared import (
     add_calibration_args,
     add_data_args,
@@ -18,7 +18,6 @@ from ._shared import (
     loop_settings_from,
     read_loop_prompts,
     scan_calibration,
-    show_progress,
 )
 
 COMPARE_SKIP = 2816  # direction + search + validation sets of a default `loops repair` (768 + 1024 + 1024)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._io import json_safe
-from .._common import emit_json, info, option, out_dir
+from .._common import emit_json, info, option, out_dir, show_progress
 from ._shared import (
     add_calibration_args,
     add_config_flag,
@@ -19,7 +19,6 @@ from ._shared import (
     load_model_or_default,
     repair_config,
     repair_inputs,
-    show_progress,
 )
 
 LOCATE_FILE = "locate.json"  # what locate --out DIR holds

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._io import json_safe
-from .._common import MODEL_KINDS, check_min, emit_json, info, option, out_dir
+from .._common import MODEL_KINDS, check_min, emit_json, info, option, out_dir, show_progress
 from .._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 from .._vllm_args import add_engine_arguments, add_http_arguments, engine_options, vllm_missing
 from ._shared import (
@@ -25,7 +25,6 @@ from ._shared import (
     loop_settings_from,
     read_loop_prompts,
     scan_calibration,
-    show_progress,
 )
 
 SCAN_FILE = "scan.json"  # what --out DIR holds
