@@ -11,6 +11,7 @@ from ._common import (
     add_model_argument,
     add_prompt_arguments,
     add_weight_dtype,
+    check_min,
     emit_json,
     info,
     load_model_arg,
@@ -79,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``genprobe generate``."""
     from ..engine.generate import generate
 
-    if args.top < 0:
-        raise ValueError(f"--top must be >= 0, got {args.top}")
+    check_min(args, top=0)
     if args.ids and args.chat:
         raise ValueError("--chat renders text through the chat template: give --prompt, not --ids")
     model = load_model_arg(args)
@@ -122,15 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if stream:
         print()
     if args.json:
-        common = {
-            "model": str(model.source),
-            "sampler": sampler,
-            "seed": args.seed,
-            "chat": args.chat,
-            "weight_dtype": args.weight_dtype,
-            "narrow_output": args.narrow_output,
-            "token_forwards": res.token_forwards,
-        }
+        echoed = {k: getattr(args, k) for k in ("seed", "chat", "weight_dtype", "narrow_output")}
+        common = {"model": str(model.source), "sampler": sampler, **echoed, "token_forwards": res.token_forwards}
         emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
     return 0
 
