@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, overload
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.loaded import LoadedModel
@@ -168,16 +168,11 @@ def check_model_kind(args: argparse.Namespace, command: str) -> None:
         raise ValueError(refusal)
 
 
-@overload
-def model_path(args: argparse.Namespace, required: Literal[True] = True) -> str: ...
-@overload
-def model_path(args: argparse.Namespace, required: bool) -> str | None: ...
-def model_path(args: argparse.Namespace, required: bool = True) -> str | None:
-    """MODEL, the positional (an error when ``required`` and not given)."""
-    path = args.model
-    if path is None and required:
+def model_path(args: argparse.Namespace) -> str:
+    """MODEL, the positional; an error when it was not given (a command whose MODEL is optional needs it here)."""
+    if args.model is None:
         raise ValueError("give MODEL: a genprobe checkpoint or a transformers model directory")
-    return None if path is None else str(path)
+    return str(args.model)
 
 
 def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, help_default: str = "") -> Any:

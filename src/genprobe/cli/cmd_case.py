@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from .._io import json_safe
-from ._common import add_json_flag, add_model_argument, emit_json, info, model_path, option, show_progress
+from ._common import add_json_flag, add_model_argument, emit_json, info, option, show_progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,9 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     only = select_experiments(args.only, args.skip)
     progress = show_progress(args)
-    study = case_study(
-        args.out, model_path(args, required=False), quick=args.quick, only=only, progress=progress, log=info
-    )
+    study = case_study(args.out, args.model, quick=args.quick, only=only, progress=progress, log=info)
     if args.json:
         emit_json(json_safe(study))
         return 0

@@ -21,7 +21,6 @@ from ._common import (
     fmt,
     info,
     load_model_arg,
-    model_path,
     option,
     read_prompts,
     user_project_importable,
@@ -108,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from ..verify.api import verify_caches
     from ..verify.compare import Thresholds
 
-    model = None if model_path(args, required=False) is None else load_model_arg(args)
+    model = None if args.model is None else load_model_arg(args)
     if model is not None and args.weight_dtype != "float32":
         head = ", the output layer too" if args.narrow_output else ""
         info(f"weights: linear layers stored in {args.weight_dtype}{head} (weight-only): the verdict is that model's")

@@ -18,7 +18,6 @@ from .._common import (
     check_min,
     fields_of,
     info,
-    model_path,
     option,
     read_prompts,
 )
@@ -129,7 +128,7 @@ def llamacpp_missing(command: str, args: argparse.Namespace) -> bool:
         return True
     from ...serving.llamacpp.scan import gguf_file_for
 
-    gguf_file_for(model_path(args, required=False) or str(DEFAULT_MODEL))
+    gguf_file_for(args.model or str(DEFAULT_MODEL))
     return False
 
 
@@ -139,7 +138,7 @@ def llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> An
     from ...serving.llamacpp.sampling import UnsupportedLlamaCppSamplerError
     from ...serving.llamacpp.scan import check_sampler_llamacpp, gguf_file_for, llamacpp_scan_backend
 
-    gguf = gguf_file_for(model_path(args, required=False) or str(DEFAULT_MODEL))
+    gguf = gguf_file_for(args.model or str(DEFAULT_MODEL))
     for name, sampler in settings.items():
         try:
             check_sampler_llamacpp(sampler, model.max_positions or 2048, model.eos_id)
@@ -152,7 +151,7 @@ def llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> An
 def load_model_or_default(args: argparse.Namespace) -> Any:
     from ...model.load import load_model
 
-    path = model_path(args, required=False) or str(DEFAULT_MODEL)
+    path = args.model or str(DEFAULT_MODEL)
     return load_model(path)
 
 
