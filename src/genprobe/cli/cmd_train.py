@@ -116,9 +116,8 @@ def _run_gpt(args: argparse.Namespace, progress: bool) -> dict:
 
     out: Path = args.out
     check_target_dir(out, META, "a genprobe checkpoint")
+    check_min(args, vocab=1)
     vocab = 1200 if args.vocab is None else args.vocab
-    if vocab < 1:
-        raise ValueError(f"--vocab must be >= 1, got {vocab}")
     base = quick_train_config(args.seed) if args.quick else TrainConfig(seed=args.seed)
     tc = _override(base, steps=args.steps, batch_size=args.batch_size, lr=args.lr, dropout=args.dropout, pack=args.pack)
     pe = args.pe or "learned"
