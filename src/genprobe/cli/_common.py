@@ -19,12 +19,13 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
 
 
 def option(p: Any, flag: str, default: Any = None, help: str = "", **kw: Any) -> None:
-    """``p.add_argument(flag, ...)`` with the type of ``default`` (False: a switch; a list: one or more values of its
-    first element's type, repeatable: :class:`Accumulate`) and " (default X)" added to a help that has none."""
+    """``p.add_argument(flag, ...)`` with the type of ``default`` (False: a switch; a list or tuple: one or more values
+    of its first element's type, repeatable: :class:`Accumulate`) and " (default X)" added to a help that has none."""
     if default is False:
         kw.setdefault("action", "store_true")
     else:
-        if isinstance(default, list):
+        if isinstance(default, (list, tuple)):
+            default = list(default)
             kw = {"nargs": "+", "action": Accumulate} | ({"type": type(default[0])} if default else {}) | kw
         elif default is not None and "action" not in kw:
             kw.setdefault("type", type(default))

@@ -56,15 +56,7 @@ def add_config_flag(p: argparse.ArgumentParser, name: str, help: str = "", flag:
     default come from the field (a tuple field takes one or more values)."""
     from ...loops.repair import RepairConfig
 
-    default = getattr(RepairConfig(), name)
-    option(
-        p,
-        flag or "--" + name.replace("_", "-"),
-        list(default) if isinstance(default, tuple) else default,
-        help,
-        dest=name,
-        **kw,
-    )
+    option(p, flag or "--" + name.replace("_", "-"), getattr(RepairConfig(), name), help, dest=name, **kw)
 
 
 def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True) -> None:
@@ -77,13 +69,7 @@ def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True)
         g = q.add_mutually_exclusive_group()
         option(g, "--val-text", type=Path, metavar="FILE", help="UTF-8 text for the regression check (KL, Δloss)")
         option(g, "--tang-val", False, "the bundled corpus's validation split (the default for the bundled model)")
-        option(
-            q,
-            "--val-window",
-            type=int,
-            metavar="N",
-            help="tokens per regression window (default: the context, at most 64)",
-        )
+        option(q, "--val-window", type=int, metavar="N", help="tokens per regression window (default: context, ≤ 64)")
 
 
 def add_calibration_args(p: Any) -> None:
