@@ -23,18 +23,8 @@ from ._shared import (
 
 LOCATE_FILE = "locate.json"  # what locate --out DIR holds
 # what `loops repair --json` prints (repair.json in --out holds everything)
-REPAIR_JSON_KEYS = (
-    "verdict",
-    "end_token",
-    "inputs",
-    "baseline",
-    "locate",
-    "validation",
-    "patch",
-    "transfer",
-    "timings_s",
-    "wall_seconds",
-    "files",
+REPAIR_JSON_KEYS = tuple(
+    "verdict end_token inputs baseline locate validation patch transfer timings_s wall_seconds files".split()
 )
 
 
