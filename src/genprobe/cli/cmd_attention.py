@@ -155,11 +155,8 @@ def _write_heads_files(rep: dict, cap, labels: list[str], out: Path, maps: list[
     atomic_write_json(out / "attention.json", rep)
     heads_grid_plot(rep, out / "heads.png")
     entropy_plot(rep, out / "entropy.png")
-    files: dict[str, str | list[str]] = {
-        "json": str(out / "attention.json"),
-        "heads_plot": str(out / "heads.png"),
-        "entropy_plot": str(out / "entropy.png"),
-    }
+    names = {"json": "attention.json", "heads_plot": "heads.png", "entropy_plot": "entropy.png"}
+    files: dict[str, str | list[str]] = {k: str(out / name) for k, name in names.items()}
     if maps is not None:
         files["heatmaps"] = [str(m) for m in head_heatmaps(cap, out, labels, layers=maps or None)]
     info(
@@ -176,22 +173,13 @@ def run_check_masks(args) -> int:
     batch = load_batch_jsonl(args.batch)
     pad = args.pad_id if args.pad_id is not None else batch["pad_token_id"]
     findings = check_masks(batch["input_ids"], batch["attention_mask"], batch["position_ids"], pad)
+    rows = len(batch["input_ids"])
     if args.json:
-        emit_json(
-            {
-                "file": args.batch,
-                "rows": len(batch["input_ids"]),
-                "pad_token_id": pad,
-                "findings": [json_safe(f) for f in findings],
-                "ok": not findings,
-            }
-        )
+        emit_json({"file": args.batch, "rows": rows, "pad_token_id": pad, "findings": findings, "ok": not findings})
     else:
         for f in findings:
             print(f)
-        print(
-            f"{len(batch['input_ids'])} rows, {len(findings)} finding(s)" + ("" if findings else ": masks look valid")
-        )
+        print(f"{rows} rows, {len(findings)} finding(s)" + ("" if findings else ": masks look valid"))
     return 1 if findings else 0
 
 
