@@ -56,12 +56,9 @@ def _run(argv: list[str] | None) -> int:
         with warnings.catch_warnings(), _stdout_for_json(args):
             warnings.simplefilter("default")
             rc = args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, FetchError, CacheBusyError) as exc:  # bad input 2, a fetch or busy cache 1
         print(f"genprobe {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except (FetchError, CacheBusyError) as exc:
-        print(f"genprobe {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(exc, (FetchError, CacheBusyError)) else 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

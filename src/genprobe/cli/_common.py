@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, overload
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.loaded import LoadedModel
@@ -15,6 +16,40 @@ if TYPE_CHECKING:  # pragma: no cover
 def add_json_flag(p: argparse.ArgumentParser) -> None:
     """Every genprobe command accepts ``--json`` (machine-readable summary on stdout)."""
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary on stdout")
+
+
+def option(p: Any, flag: str, default: Any = None, help: str = "", **kw: Any) -> None:
+    """``p.add_argument(flag, ...)`` with the type of ``default`` (False: a switch; a list or tuple: one or more values
+    of its first element's type, repeatable: :class:`Accumulate`) and " (default X)" added to a help that has none."""
+    if default is False:
+        kw.setdefault("action", "store_true")
+    else:
+        if isinstance(default, (list, tuple)):
+            default = list(default)
+            kw = {"nargs": "+", "action": Accumulate} | ({"type": type(default[0])} if default else {}) | kw
+        elif default is not None and "action" not in kw:
+            kw.setdefault("type", type(default))
+        shown = " ".join(map(str, default)) if isinstance(default, list) else default
+        if default not in (None, []) and "default" not in help:
+            help = f"{help} (default {shown})".lstrip()
+        kw["default"] = default
+    p.add_argument(flag, help=help, **kw)
+
+
+def check_min(args: argparse.Namespace, **least: float) -> None:
+    """Refuse (``ValueError``) an option below its least value: ``check_min(args, threads=1)`` -> "--threads must be
+    >= 1, got 0"; an option not given (None) passes."""
+    for name, low in least.items():
+        if getattr(args, name) is not None and getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low:g}, got {getattr(args, name)}")
+
+
+def fields_of(cls: Any, args: argparse.Namespace, **values: Any) -> Any:
+    """``cls(...)`` (a dataclass) from the options named like its fields (lists as tuples) and ``values``."""
+    from dataclasses import fields
+
+    given = {f.name: getattr(args, f.name) for f in fields(cls) if f.init and hasattr(args, f.name)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()} | values)
 
 
 #: Where ``emit_json`` writes (the last entry): the real stdout while ``genprobe.cli.main`` holds it for JSON
@@ -30,6 +65,22 @@ def emit_json(obj: Any) -> None:
     out = JSON_STREAM[-1] if JSON_STREAM else sys.stdout
     out.write(text + "\n")
     out.flush()
+
+
+def fmt(x: float | None, spec: str = ".3g", missing: str = "—") -> str:
+    """A table cell: ``x`` formatted, or ``missing`` for None."""
+    return missing if x is None else format(x, spec)
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Progress bars unless ``--no-progress``, and only on a terminal."""
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
+def user_project_importable() -> None:
+    """``--impl MOD:FACTORY`` names a module of the user's project: import it as ``python -m`` would (cwd first)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def info(msg: str, quiet: bool = False) -> None:
@@ -118,32 +169,26 @@ def check_model_kind(args: argparse.Namespace, command: str) -> None:
         raise ValueError(refusal)
 
 
-@overload
-def model_path(args: argparse.Namespace, required: Literal[True] = True) -> str: ...
-@overload
-def model_path(args: argparse.Namespace, required: bool) -> str | None: ...
-def model_path(args: argparse.Namespace, required: bool = True) -> str | None:
-    """MODEL, the positional (an error when ``required`` and not given)."""
-    path = args.model
-    if path is None and required:
+def model_path(args: argparse.Namespace) -> str:
+    """MODEL, the positional; an error when it was not given (a command whose MODEL is optional needs it here)."""
+    if args.model is None:
         raise ValueError("give MODEL: a genprobe checkpoint or a transformers model directory")
-    return None if path is None else str(path)
+    return str(args.model)
 
 
 def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, help_default: str = "") -> Any:
     """``--prompt TEXT [TEXT ...]`` or ``--prompts FILE`` (one per line, or JSONL with a prompt/text field); returns
     their mutually exclusive group (a command may add another prompt source to it)."""
     g = p.add_mutually_exclusive_group(required=required)
-    g.add_argument(
+    option(
+        g,
         "--prompt",
         nargs="+",
         action=Accumulate,
         metavar="TEXT",
         help="prompt text(s); repeat the flag or list several" + help_default,
     )
-    g.add_argument(
-        "--prompts", metavar="FILE", help="prompt file: one prompt per line, or JSONL with a 'prompt' or 'text' field"
-    )
+    option(g, "--prompts", metavar="FILE", help="one prompt per line, or JSONL with a 'prompt' or 'text' field")
     return g
 
 
@@ -162,9 +207,7 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
 
 def add_max_new_tokens(p: argparse.ArgumentParser, default: int) -> None:
     """``--max-new-tokens N`` (the token budget, one spelling everywhere)."""
-    p.add_argument(
-        "--max-new-tokens", type=int, default=default, metavar="N", help=f"new tokens per prompt (default {default})"
-    )
+    option(p, "--max-new-tokens", default, "new tokens per prompt", metavar="N")
 
 
 #: ``--weight-dtype`` choices (genprobe.model.weight_only.WEIGHT_DTYPES; spelled here so parsing imports no torch).
@@ -172,22 +215,11 @@ WEIGHT_DTYPE_NAMES = ("float32", "bfloat16", "int8")
 
 
 def add_weight_dtype(p: argparse.ArgumentParser) -> None:
-    """``--weight-dtype``: how a genprobe model's linear-layer weights are stored (bfloat16, int8: opt-in)."""
-    p.add_argument(
-        "--weight-dtype",
-        choices=WEIGHT_DTYPE_NAMES,
-        default="float32",
-        help="genprobe checkpoints and Llama-family models: store the linear layers' weights in this dtype, computing "
-        "in float32 (bfloat16: half the bytes a decode step reads; int8, one scale per output row: a quarter; either "
-        "is an approximation of the model; on a GGUF file int8 keeps its Q8_0 tensors as they are, one scale per 32 "
-        "weights: the same weights; default float32)",
-    )
-    p.add_argument(
-        "--narrow-output",
-        action="store_true",
-        help="with --weight-dtype bfloat16/int8: store the output layer (tied to the embedding, kept float32 by "
-        "default) narrow too, as llama.cpp's Q8_0 does (SmolLM2: 220 -> 134 MB read per int8 step)",
-    )
+    """``--weight-dtype`` and ``--narrow-output``: how a genprobe or Llama-family model's linear-layer weights are
+    stored, computing in float32 (bfloat16 halves the bytes a decode step reads, int8 with one scale per output row
+    quarters them: either approximates the model; a GGUF file's Q8_0 tensors stay as they are under int8)."""
+    option(p, "--weight-dtype", "float32", "store the linear layers' weights in this dtype", choices=WEIGHT_DTYPE_NAMES)
+    option(p, "--narrow-output", False, "with --weight-dtype bfloat16/int8: the output layer narrow too (as Q8_0)")
 
 
 def load_model_arg(args: argparse.Namespace, path: str | None = None) -> "LoadedModel":

@@ -4,11 +4,8 @@
     genprobe attention check-masks BATCH.jsonl [--pad-id N] [--json]                 # exit 1 on findings
     genprobe attention padding-leak MODEL [--prompt TEXT ... | --ids ID ...] [--no-position-ids]  # exit 1 on a leak
 
-MODEL is a genprobe checkpoint or a transformers directory (safetensors), detected automatically.
-``heads`` reports, per layer and head, the attention entropy and where the probability mass goes
-(far keys, the first token, the query itself, the last few keys). ``--out DIR`` writes attention.json,
-heads.png (every head of every layer in one layers × heads heatmap per metric: a 30-layer × 9-head model is
-one figure, not 270) and entropy.png; ``--maps [LAYER ...]`` adds per-head query × key maps of those layers.
+MODEL is a genprobe checkpoint or a transformers directory. ``heads`` reports, per layer and head, the attention
+entropy and where the probability mass goes (far keys, the first token, the query itself, the last few keys).
 
 BATCH.jsonl: one JSON object per row, ``{"input_ids": [...], "attention_mask": [...],
 "position_ids": [...]}`` (position_ids optional, all rows or none; ``"pad_token_id"`` may appear on any
@@ -30,6 +27,7 @@ from ._common import (
     emit_json,
     info,
     load_model_arg,
+    option,
     read_prompts,
 )
 
@@ -49,60 +47,47 @@ def register(sub) -> None:
     p.set_defaults(func=_no_subcommand)
     actions = p.add_subparsers(dest="action", metavar="SUBCOMMAND")
 
-    h = actions.add_parser(
-        "heads",
-        help="entropy and attention mass per layer and head, heatmaps",
-        description="Per layer and head: attention entropy (nats and normalised), mass on far "
-        "keys, on the first token, on the query itself and on the last few keys.",
-    )
+    h = actions.add_parser("heads", help="entropy and attention mass per layer and head, heatmaps")
     add_model_argument(h, required=False)
-    _add_heads_options(h)
+    add_prompt_arguments(h, help_default=f" (default: {DEFAULT_TEXT})")
+    option(h, "--ids", nargs="+", action=Once, metavar="ID", help="token ids instead of --prompt (no tokenizer)")
+    option(h, "--distance", 8, "far-mass threshold d in positions")
+    option(h, "--local-window", 2, "local mass: keys 0..W positions back")
+    option(h, "--out", metavar="DIR", help="write attention.json, heads.png (layers × heads) and entropy.png here")
+    option(
+        h,
+        "--maps",
+        nargs="*",
+        action=Accumulate,
+        type=int,
+        metavar="LAYER",
+        help="with --out: a query × key map per head of these layers (no LAYER: every layer)",
+    )
+    option(
+        h,
+        "--table",
+        "auto",
+        f"one line per head (long), a grid per metric, or auto: long up to {LONG_TABLE_HEADS} heads",
+        choices=("auto", "long", "grid"),
+    )
+    add_json_flag(h)
     h.set_defaults(func=run_heads)
 
-    c = actions.add_parser(
-        "check-masks", help="validate input_ids / attention_mask / position_ids batches (exit 1 on findings)"
-    )
+    c = actions.add_parser("check-masks", help="validate input_ids / attention_mask / position_ids batches (exit 1)")
     c.add_argument("batch", metavar="BATCH.jsonl", help="one JSON object per row (see `genprobe attention -h`)")
-    c.add_argument("--pad-id", type=int, help="pad token id (overrides the file's pad_token_id)")
+    option(c, "--pad-id", type=int, help="pad token id (overrides the file's pad_token_id)")
     add_json_flag(c)
     c.set_defaults(func=run_check_masks)
 
     k = actions.add_parser("padding-leak", help="logits alone vs inside left/right-padded batches (exit 1 on a leak)")
     add_model_argument(k, required=False)
     add_prompt_arguments(k, help_default=" (one sequence each; default: three Tang lines)")
-    k.add_argument("--ids", nargs="+", action=Once, metavar="ID", help="token ids of one sequence instead of --prompt")
-    k.add_argument("--pad-id", type=int, help="pad token id (default: the model's)")
-    k.add_argument("--no-position-ids", action="store_true", help="do not pass position_ids (transformers models)")
-    k.add_argument("--threshold", type=float, default=1e-4, help="max |Δlogit| tolerated (default 1e-4)")
+    option(k, "--ids", nargs="+", action=Once, metavar="ID", help="token ids of one sequence instead of --prompt")
+    option(k, "--pad-id", type=int, help="pad token id (default: the model's)")
+    option(k, "--no-position-ids", False, "do not pass position_ids (transformers models)")
+    option(k, "--threshold", 1e-4, "max |Δlogit| tolerated")
     add_json_flag(k)
     k.set_defaults(func=run_padding_leak)
-
-
-def _add_heads_options(p: argparse.ArgumentParser) -> None:
-    """The options of ``heads``."""
-    add_prompt_arguments(p, help_default=f" (default: {DEFAULT_TEXT})")
-    p.add_argument("--ids", nargs="+", action=Once, metavar="ID", help="token ids instead of --prompt (no tokenizer)")
-    p.add_argument("--distance", type=int, default=8, help="far-mass threshold d in positions (default 8)")
-    p.add_argument("--local-window", type=int, default=2, help="local mass: keys 0..W positions back (default 2)")
-    p.add_argument("--out", metavar="DIR", help="write attention.json, heads.png (layers × heads) and entropy.png here")
-    p.add_argument(
-        "--maps",
-        nargs="*",
-        action=Accumulate,
-        type=int,
-        metavar="LAYER",
-        help="with --out: also one query × key map per head of these layers (no LAYER: every layer)",
-    )
-    p.add_argument(
-        "--table",
-        choices=("auto", "long", "grid"),
-        default="auto",
-        help=(
-            "text output: one line per head (long), a layers × heads grid per metric (grid), or long up to "
-            f"{LONG_TABLE_HEADS} heads and grid above (auto, the default)"
-        ),
-    )
-    add_json_flag(p)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,11 +155,8 @@ def _write_heads_files(rep: dict, cap, labels: list[str], out: Path, maps: list[
     atomic_write_json(out / "attention.json", rep)
     heads_grid_plot(rep, out / "heads.png")
     entropy_plot(rep, out / "entropy.png")
-    files: dict[str, str | list[str]] = {
-        "json": str(out / "attention.json"),
-        "heads_plot": str(out / "heads.png"),
-        "entropy_plot": str(out / "entropy.png"),
-    }
+    names = {"json": "attention.json", "heads_plot": "heads.png", "entropy_plot": "entropy.png"}
+    files: dict[str, str | list[str]] = {k: str(out / name) for k, name in names.items()}
     if maps is not None:
         files["heatmaps"] = [str(m) for m in head_heatmaps(cap, out, labels, layers=maps or None)]
     info(
@@ -191,22 +173,13 @@ def run_check_masks(args) -> int:
     batch = load_batch_jsonl(args.batch)
     pad = args.pad_id if args.pad_id is not None else batch["pad_token_id"]
     findings = check_masks(batch["input_ids"], batch["attention_mask"], batch["position_ids"], pad)
+    rows = len(batch["input_ids"])
     if args.json:
-        emit_json(
-            {
-                "file": args.batch,
-                "rows": len(batch["input_ids"]),
-                "pad_token_id": pad,
-                "findings": [json_safe(f) for f in findings],
-                "ok": not findings,
-            }
-        )
+        emit_json({"file": args.batch, "rows": rows, "pad_token_id": pad, "findings": findings, "ok": not findings})
     else:
         for f in findings:
             print(f)
-        print(
-            f"{len(batch['input_ids'])} rows, {len(findings)} finding(s)" + ("" if findings else ": masks look valid")
-        )
+        print(f"{rows} rows, {len(findings)} finding(s)" + ("" if findings else ": masks look valid"))
     return 1 if findings else 0
 
 

@@ -1,9 +1,5 @@
-"""``genprobe case``: the chapter's case study as one command → ch3_case.json, figures, report.html.
-
-    genprobe case [MODEL] --out DIR [--quick] [--only EXP ...] [--skip EXP ...] [--json]
-
-The chapter is 《训练与推理的两副面孔》 ("The two faces of training and inference"). MODEL is a genprobe
-checkpoint; without it the default model is trained into OUT/model (reused when already there).
+"""``genprobe case``: the chapter's case study (《训练与推理的两副面孔》, "The two faces of training and inference") as
+one command → ch3_case.json, figures, report.html; without MODEL the default model is trained into OUT/model.
 """
 
 from __future__ import annotations
@@ -12,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from .._io import json_safe
-from ._common import Accumulate, add_json_flag, add_model_argument, emit_json, info, model_path
+from ._common import add_json_flag, add_model_argument, emit_json, info, option, show_progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,38 +26,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         kinds=("checkpoint",),
         help="a genprobe checkpoint directory to study (default: train one into OUT/model)",
     )
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="reduced run for CI / first contact (quick training recipe, fewer timing reps, a shrunk scaling model)",
-    )
-    p.add_argument(
+    option(p, "--out", required=True, type=Path, metavar="DIR", help="output directory")
+    option(p, "--quick", False, "reduced run for CI / first contact (quick recipe, fewer timing reps, a smaller model)")
+    option(
+        p,
         "--only",
-        nargs="+",
-        action=Accumulate,
-        metavar="EXP",
-        default=None,
-        help="run only these experiments (decoding sampling exposure cache_exact cache_bugs mask_noop "
+        [],
+        "run only these experiments (decoding sampling exposure cache_exact cache_bugs mask_noop "
         "cache_timing cache_scaling)",
+        metavar="EXP",
     )
-    p.add_argument("--skip", nargs="+", action=Accumulate, metavar="EXP", default=(), help="skip these experiments")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    option(p, "--skip", [], "skip these experiments", metavar="EXP")
+    option(p, "--no-progress", False, "no progress bars")
     add_json_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Handler: the case study (``genprobe.experiments.case.case_study``), then its headline table."""
-    import sys
 
     from ..experiments.case import case_study, select_experiments
 
     only = select_experiments(args.only, args.skip)
-    progress = not args.no_progress and sys.stderr.isatty()
-    study = case_study(
-        args.out, model_path(args, required=False), quick=args.quick, only=only, progress=progress, log=info
-    )
+    progress = show_progress(args)
+    study = case_study(args.out, args.model, quick=args.quick, only=only, progress=progress, log=info)
     if args.json:
         emit_json(json_safe(study))
         return 0

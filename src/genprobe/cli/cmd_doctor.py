@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
 from .._io import json_safe
 from ._common import (
-    Accumulate,
     add_json_flag,
     add_model_argument,
     add_prompt_arguments,
+    check_min,
     emit_json,
+    fields_of,
     info,
     load_model_arg,
     model_path,
+    option,
     out_dir,
     read_prompts,
+    user_project_importable,
 )
 from ._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 
@@ -58,47 +59,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--chat", action="store_true", help="give each prompt as a user turn through the chat template")
-    p.add_argument(
+    option(p, "--chat", False, "give each prompt as a user turn through the chat template")
+    option(
+        p,
         "--serving",
         metavar="vllm|URL",
-        help="also check the serving engine's logits: vllm (the model served in-process, extra genprobe[vllm]) or the "
-        "URL of a live OpenAI-compatible server of this model (verify-serving URL --reference MODEL's phases)",
+        help="also check the serving engine's logits: vllm (in-process, extra "
+        "genprobe[vllm]) or the URL of a live OpenAI-compatible server of this model",
     )
-    p.add_argument("--quick", action="store_true", help="the CI gate: fewer prompts and steps, no which-fix stage")
-    p.add_argument(
-        "--max-loop-rate", type=float, metavar="R", help="warn (exit 4) when a setting's degenerate rate exceeds R"
+    option(p, "--quick", False, "the CI gate: fewer prompts and steps, no which-fix stage")
+    option(p, "--max-loop-rate", type=float, metavar="R", help="warn (exit 4) when a degenerate rate exceeds R")
+    option(p, "--with-edit", False, "also search the loop-repair weight edit (slow)")
+    option(p, "--impl", metavar="MOD:FACTORY", help="also verify your cache implementation: factory(model)")
+    option(p, "--hf-no-position-ids", False, "your code passes no position_ids: a left-padding leak is then a bug")
+    option(p, "--only", [], "run these stages: " + " ".join(STAGES), choices=STAGES, metavar="STAGE")
+    option(
+        p, "--reference", metavar="FILE_OR_DIR", help="the original model: the quality stage's KL and top-1 against it"
     )
-    p.add_argument("--with-edit", action="store_true", help="also search the loop-repair weight edit (slow)")
-    p.add_argument("--impl", metavar="MOD:FACTORY", help="also verify your cache implementation: factory(model)")
-    p.add_argument(
-        "--hf-no-position-ids",
-        action="store_true",
-        help="your code drives the transformers model without position_ids: a left-padding leak is then a bug",
-    )
-    p.add_argument(
-        "--only",
-        nargs="+",
-        action=Accumulate,
-        choices=STAGES,
-        metavar="STAGE",
-        help="run these stages: " + " ".join(STAGES),
-    )
-    p.add_argument(
-        "--reference",
-        metavar="FILE_OR_DIR",
-        help="the original model (e.g. the unquantised one): the quality stage measures KL and top-1 agreement "
-        "against it",
-    )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (default 1, as in `genprobe loops`: a small model's decode steps are dominated by "
-        "thread synchronisation, and one thread is many times faster on a shared machine)",
-    )
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help=f"directory for {FILES}")
+    option(p, "--seed", 0, "sampling seed")
+    option(p, "--threads", 1, "torch CPU threads (as in `genprobe loops`)")
+    option(p, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {FILES}")
 
 
 def _options(args: argparse.Namespace, model):
@@ -109,20 +89,16 @@ def _options(args: argparse.Namespace, model):
         raise ValueError(f"--chat: the model {model_path(args)} has no chat template")
     given = sampler_flags_given(args)
     sampling = sampler_from_args(args, model.tokenizer) if given else None
-    return DoctorOptions(
+    only = tuple(args.only) or STAGES
+    flags = _typed_flags(args, given)
+    return fields_of(
+        DoctorOptions,
+        args,
         prompts=read_prompts(args),
         sampling=sampling,
-        chat=args.chat,
-        serving=args.serving,
-        quick=args.quick,
-        max_loop_rate=args.max_loop_rate,
-        with_edit=args.with_edit,
-        impl=args.impl,
+        only=only,
         hf_position_ids=not args.hf_no_position_ids,
-        only=tuple(args.only) if args.only else STAGES,
-        seed=args.seed,
-        reference=args.reference,
-        sampling_flags=_typed_flags(args, given),
+        sampling_flags=flags,
     )
 
 
@@ -163,18 +139,16 @@ def run(args: argparse.Namespace) -> int:
     out_dir(args.out, FILES)
     if args.max_loop_rate is not None and not 0.0 <= args.max_loop_rate <= 1.0:
         raise ValueError(f"--max-loop-rate must be in [0, 1], got {args.max_loop_rate}")
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    check_min(args, threads=1)
     import torch
 
     torch.set_num_threads(args.threads)
     if args.impl:
-        if os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
-            sys.path.insert(0, os.getcwd())
+        user_project_importable()
         _check_impl_spec(args.impl)
     from ..doctor.audit import model_files
 
-    audit_only = bool(args.only) and set(args.only) == {"audit"}  # read as data, not loaded: the audit takes seconds
+    audit_only = set(args.only) == {"audit"}  # read as data, not loaded: the audit takes seconds
     model = model_files(model_path(args)) if audit_only else load_model_arg(args)
     opts = _options(args, model)
     rep = run_doctor(model, opts, model_arg=model_path(args), out=args.out, log=info)

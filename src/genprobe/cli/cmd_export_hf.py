@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .._io import check_target_dir, json_safe
-from ._common import add_json_flag, add_model_argument, emit_json, info
+from ._common import add_json_flag, add_model_argument, emit_json, info, option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_argument(p, kinds=("checkpoint",), help="genprobe checkpoint directory")
     p.add_argument("out", type=Path, help="directory to write (must be empty or absent unless --force)")
-    p.add_argument("--force", action="store_true", help="replace an existing non-empty OUT")
+    option(p, "--force", False, "replace an existing non-empty OUT")
     add_json_flag(p)
     p.set_defaults(func=run_export)
 

@@ -11,9 +11,11 @@ from ._common import (
     add_model_argument,
     add_prompt_arguments,
     add_weight_dtype,
+    check_min,
     emit_json,
     info,
     load_model_arg,
+    option,
     read_prompts,
 )
 from ._sampler_args import add_sampler_arguments, sampler_from_args
@@ -21,6 +23,8 @@ from ._sampler_args import add_sampler_arguments, sampler_from_args
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.runner import GenerationResult
     from ..model.load import Model, Tokenizer
+
+MODES = ("cached", "naive")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,44 +38,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_argument(p)
     prompts = add_prompt_arguments(p, required=True)
-    prompts.add_argument(
+    option(
+        prompts,
         "--ids",
         nargs="+",
         action="append",
         type=int,
         metavar="ID",
-        help="a prompt as token ids instead of text (a model without a tokenizer); repeat the flag for several "
-        "prompts; prints the ids generated, and their text when the model has a tokenizer",
+        help="a prompt as token ids "
+        "(a model without a tokenizer); repeat the flag for several prompts; prints the ids generated",
     )
     add_sampler_arguments(p)
     add_max_new_tokens(p, 50)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--eos-id", type=int, default=None, help="stop at this token id (default: the tokenizer's end-of-text token)"
-    )
-    p.add_argument("--ignore-eos", action="store_true", help="never stop early at the end-of-text token")
-    p.add_argument(
-        "--chat",
-        action="store_true",
-        help="render each prompt as one user turn through the model's chat template (instruction-tuned models) "
-        "and print only the reply",
-    )
-    p.add_argument("--show-unk", action="store_true", help="print <unk> instead of dropping it")
-    p.add_argument("--top", type=int, default=0, metavar="N", help="per step, show the top-N candidates and entropy")
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="genprobe checkpoints and Llama-family transformers models: decode through the compiled fast path "
-        "(compiling takes ~15-30 s per batch size for our models, ~2 min for SmolLM2, then cached on disk; pays "
-        "off for long generations and scans, not for one short prompt)",
-    )
+    option(p, "--seed", 0, "sampling seed")
+    option(p, "--eos-id", type=int, help="stop at this token id (default: the tokenizer's end-of-text token)")
+    option(p, "--ignore-eos", False, "never stop early at the end-of-text token")
+    option(p, "--chat", False, "render each prompt as a user turn through the chat template; print only the reply")
+    option(p, "--show-unk", False, "print <unk> instead of dropping it")
+    option(p, "--top", 0, "per step, show the top-N candidates and entropy", metavar="N")
+    option(p, "--compile", False, "decode through the compiled fast path (compiling takes 15 s-2 min, then cached)")
     add_weight_dtype(p)
-    p.add_argument(
-        "--mode",
-        choices=["cached", "naive"],
-        default="cached",
-        help="cached: KV cache (default); naive: recompute the whole sequence every step (the reference)",
-    )
+    option(p, "--mode", "cached", "cached: KV cache; naive: recompute every step (the reference)", choices=MODES)
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -93,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``genprobe generate``."""
     from ..engine.generate import generate
 
-    if args.top < 0:
-        raise ValueError(f"--top must be >= 0, got {args.top}")
+    check_min(args, top=0)
     if args.ids and args.chat:
         raise ValueError("--chat renders text through the chat template: give --prompt, not --ids")
     model = load_model_arg(args)
@@ -136,15 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if stream:
         print()
     if args.json:
-        common = {
-            "model": str(model.source),
-            "sampler": sampler,
-            "seed": args.seed,
-            "chat": args.chat,
-            "weight_dtype": args.weight_dtype,
-            "narrow_output": args.narrow_output,
-            "token_forwards": res.token_forwards,
-        }
+        echoed = {k: getattr(args, k) for k in ("seed", "chat", "weight_dtype", "narrow_output")}
+        common = {"model": str(model.source), "sampler": sampler, **echoed, "token_forwards": res.token_forwards}
         emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
     return 0
 

@@ -1,7 +1,5 @@
 """``genprobe longrange``: synthetic long-range tasks and position-encoding extrapolation.
 
-    genprobe longrange [--pe learned rope alibi] [--quick] [--no-corpus] [--out DIR] [--json]
-
 Prints, per position encoding, accuracy vs distance on the passkey task (content suffices) and on the
 position-only "token k places back" task — inside and beyond the training context — and the Tang
 validation loss vs evaluation length (models trained at L = 64). Learned positions past their table
@@ -11,11 +9,10 @@ show the model's own error instead of a number. Writes ``longrange.json`` and ``
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from .._io import json_safe
-from ._common import Accumulate, add_json_flag, emit_json, info
+from ._common import add_json_flag, emit_json, info, option, show_progress
 
 DEFAULT_PE = ("learned", "rope", "alibi")
 
@@ -28,20 +25,12 @@ def register(sub) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--pe",
-        nargs="+",
-        action=Accumulate,
-        metavar="PE",
-        choices=("learned", "rope", "alibi", "none"),
-        default=list(DEFAULT_PE),
-        help=f"position encodings to compare, among learned rope alibi none (default: {' '.join(DEFAULT_PE)})",
-    )
-    p.add_argument("--quick", action="store_true", help="few training steps (a few minutes on 2 CPU cores)")
-    p.add_argument("--no-corpus", action="store_true", help="skip the Tang-corpus extrapolation runs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", metavar="DIR", default="runs/longrange", help="output directory (default runs/longrange)")
-    p.add_argument("--no-progress", action="store_true")
+    option(p, "--pe", list(DEFAULT_PE), "position encodings to compare", choices=(*DEFAULT_PE, "none"), metavar="PE")
+    option(p, "--quick", False, "few training steps (a few minutes on 2 CPU cores)")
+    option(p, "--no-corpus", False, "skip the Tang-corpus extrapolation runs")
+    option(p, "--seed", 0, "training seed")
+    option(p, "--out", "runs/longrange", "output directory", metavar="DIR")
+    option(p, "--no-progress", False, "no progress bars")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -118,7 +107,7 @@ def run(args) -> int:
     if args.no_corpus:
         lc.corpus = None
     info(f"longrange: {', '.join(pes)}{' (quick)' if args.quick else ''}")
-    res = run_longrange(lc, progress=not args.no_progress and sys.stderr.isatty())
+    res = run_longrange(lc, progress=show_progress(args))
     data = {**json_safe(res), "quick": bool(args.quick)}
     out = Path(args.out)
     atomic_write_json(out / "longrange.json", data)

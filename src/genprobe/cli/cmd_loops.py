@@ -1,9 +1,5 @@
-"""``genprobe loops scan|locate|repair|apply|revert|compare MODEL``: loop observatory, directional weight repair,
-and the comparison of the repair with decode-time samplers.
-
-This module holds the ``loops`` parser; each action lives in :mod:`genprobe.cli.loops` (``scan``, ``repair``:
-locate and repair, ``patch``: apply and revert, ``compare``), the flags and checks they share in
-``genprobe.cli.loops._shared``.
+"""``genprobe loops scan|locate|repair|apply|revert|compare MODEL``: the ``loops`` parser; each action lives in
+:mod:`genprobe.cli.loops`, the flags and checks they share in ``genprobe.cli.loops._shared``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """``genprobe phenomena MODEL``: the chapter's phenomena that need no training, on any model → phenomena.json.
 
-    genprobe phenomena MODEL [--prompts FILE] [--val-text FILE] [--corpus auto|tang|english] [--max-new-tokens N]
-                             [--count N] [--prefix-tokens N] [--batch-size N] [--seed N]
-                             [--timing-batches N ...] [--no-timing] [--out DIR] [--json]
-
 Greedy vs sampled distinct-2 and loop share, next-token entropy vs τ, the sampler-order trap, teacher forcing vs
 free running, one changed token (shadow and divergence), naive vs cached generation. Without --prompts / --val-text the
 inputs are held out from the model's corpus: Tang openings and poems, or English sentence openings and news
@@ -18,7 +14,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._io import json_safe
-from ._common import Accumulate, add_json_flag, add_max_new_tokens, add_model_argument, emit_json, info, load_model_arg
+from ._common import (
+    add_json_flag,
+    add_max_new_tokens,
+    add_model_argument,
+    check_min,
+    emit_json,
+    fields_of,
+    info,
+    load_model_arg,
+    option,
+    out_dir,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..corpus.inputs import Inputs
@@ -33,31 +40,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_argument(p)
-    p.add_argument("--prompts", metavar="FILE", help="prompts to continue: one per line, or JSONL (prompt/text)")
-    p.add_argument("--val-text", metavar="FILE", help="real texts to read and continue: one per line, or JSONL (text)")
-    p.add_argument(
+    option(p, "--prompts", metavar="FILE", help="prompts to continue: one per line, or JSONL (prompt/text)")
+    option(p, "--val-text", metavar="FILE", help="real texts to read and continue: one per line, or JSONL (text)")
+    option(
+        p,
         "--corpus",
+        "auto",
+        "default inputs (auto: tang for a tokenizer of at most one token per Chinese character, else english)",
         choices=("auto", "tang", "english"),
-        default="auto",
-        help="default inputs when --prompts/--val-text are not given (auto: tang for a tokenizer that spends at most "
-        "one token per Chinese character, else english)",
     )
     add_max_new_tokens(p, 48)
-    p.add_argument("--count", type=int, default=64, metavar="N", help="prompts and texts used (default 64)")
-    p.add_argument("--prefix-tokens", type=int, default=16, metavar="N", help="tokens of each text fed first")
-    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="rows per forward (default 16)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--timing-batches",
-        type=int,
-        nargs="+",
-        action=Accumulate,
-        default=[1, 16],
-        metavar="N",
-        help="batch sizes timed (default 1 16)",
-    )
-    p.add_argument("--no-timing", action="store_true", help="skip the naive vs cached timing")
-    p.add_argument("--out", metavar="DIR", type=Path, default=None, help="write DIR/phenomena.json")
+    option(p, "--count", 64, "prompts and texts used", metavar="N")
+    option(p, "--prefix-tokens", 16, "tokens of each text fed first", metavar="N")
+    option(p, "--batch-size", 16, "rows per forward", metavar="N")
+    option(p, "--seed", 0, "sampling seed")
+    option(p, "--timing-batches", [1, 16], "batch sizes timed", metavar="N")
+    option(p, "--no-timing", False, "skip the naive vs cached timing")
+    option(p, "--out", metavar="DIR", type=Path, help="write DIR/phenomena.json")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -79,18 +78,10 @@ def run(args: argparse.Namespace) -> int:
     from ..experiments.phenomena import PhenomenaConfig, chapter_phenomena
     from ..experiments.three_models import summary_lines
 
-    if args.count < 1:
-        raise ValueError(f"--count must be >= 1, got {args.count}")
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out} exists and is not a directory")
-    cfg = PhenomenaConfig(
-        max_new_tokens=args.max_new_tokens,
-        prefix_tokens=args.prefix_tokens,
-        max_texts=args.count,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        timing_batches=tuple(args.timing_batches),
-    )
+    check_min(args, count=1)
+    if args.out is not None:
+        out_dir(args.out, "phenomena.json")
+    cfg = fields_of(PhenomenaConfig, args, max_texts=args.count)
     model = load_model_arg(args)
     inp = _inputs(args, model)
     result = chapter_phenomena(

@@ -1,10 +1,5 @@
-"""``genprobe quant-compare MODEL --types F16 Q8_0 ...``: what each llama.cpp quantization type does to a model.
-
-MODEL (a transformers directory or a fetched name such as ``smollm2``) is converted to an F32 GGUF by llama.cpp's
-converter, each type is written by its quantize API, and every type runs in llama.cpp beside the F32 file: KL and
-top-1 agreement on real text, perplexity, first greedy divergence, calibrated loop and degenerate rates with 95%
-intervals, decode speed (:mod:`genprobe.serving.llamacpp.quant_study`). Files, ``quant-<model>.json`` and
-``quant-<model>.md`` go to ``--out``. Exit status 2 when llama.cpp's bindings are not installed (the line says how).
+"""``genprobe quant-compare MODEL --types F16 Q8_0 ...``: what each llama.cpp quantization type does to a model
+(:mod:`genprobe.serving.llamacpp.quant_study`); exit status 2 when llama.cpp's bindings are not installed.
 """
 
 from __future__ import annotations
@@ -14,7 +9,18 @@ import sys
 from pathlib import Path
 
 from .._io import json_safe
-from ._common import Accumulate, add_json_flag, add_max_new_tokens, add_model_argument, emit_json, info, out_dir
+from ._common import (
+    add_json_flag,
+    add_max_new_tokens,
+    add_model_argument,
+    check_min,
+    emit_json,
+    fields_of,
+    info,
+    option,
+    out_dir,
+)
+from ._vllm_args import add_kv_type
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,28 +42,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the float model: a transformers directory (safetensors; e.g. the Llama reference from `genprobe train "
         "--arch llama`) or a fetched name (smollm2); llama.cpp's converter reads it",
     )
-    p.add_argument(
-        "--types",
-        nargs="+",
-        action=Accumulate,
-        default=list(DEFAULT_TYPES),
-        metavar="TYPE",
-        help=f"GGUF types (default {' '.join(DEFAULT_TYPES)})",
-    )
-    p.add_argument("--out", type=Path, default=Path("out/quant"), metavar="DIR", help="GGUF files and results")
-    p.add_argument("--n-prompts", type=int, default=96, metavar="N", help="held-out prompts per type (default 96)")
+    option(p, "--types", list(DEFAULT_TYPES), "GGUF types", metavar="TYPE")
+    option(p, "--out", Path("out/quant"), "GGUF files and results", metavar="DIR")
+    option(p, "--n-prompts", 96, "held-out prompts per type", metavar="N")
     add_max_new_tokens(p, 64)
-    p.add_argument("--text-windows", type=int, default=16, help="real-text windows for KL/perplexity (default 16)")
-    p.add_argument("--window-tokens", type=int, default=128, help="tokens per text window (default 128)")
-    p.add_argument("--threads", type=int, default=1, help="llama.cpp threads, every type the same (default 1)")
-    p.add_argument("--samples", type=int, default=3, help="sample texts per type where greedy text changes")
-    p.add_argument(
-        "--kv-type",
-        choices=("f32", "f16"),
-        default="f32",
-        help="llama.cpp's KV cache type for every file (default f32: its f16 rounding stays out of the comparison; "
-        "f16 is llama.cpp's own default)",
-    )
+    option(p, "--text-windows", 16, "real-text windows for KL/perplexity")
+    option(p, "--window-tokens", 128, "tokens per text window")
+    option(p, "--threads", 1, "llama.cpp threads, every type the same")
+    option(p, "--samples", 3, "sample texts per type where greedy text changes")
+    add_kv_type(p, "f32")  # f32: llama.cpp's f16 rounding stays out of the comparison
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -70,17 +63,12 @@ def run(args: argparse.Namespace) -> int:
     from ..serving.llamacpp.quantize import check_types
 
     types = check_types(args.types)
-    for flag in ("n_prompts", "max_new_tokens", "text_windows", "window_tokens", "threads"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.window_tokens < 2:
-        raise ValueError(f"--window-tokens must be >= 2 (a position needs a next token), got {args.window_tokens}")
+    check_min(args, n_prompts=1, max_new_tokens=1, text_windows=1, window_tokens=2, threads=1)  # 2: a next token
     problem = llama_cpp_problem()
     if problem:
         info(f"genprobe quant-compare: {problem}")
         return 2
-    same = {k: getattr(args, k) for k in ("max_new_tokens", "text_windows", "window_tokens", "threads", "kv_type")}
-    cfg = QuantStudyConfig(types=tuple(types), prompts=args.n_prompts, samples=max(0, args.samples), **same)
+    cfg = fields_of(QuantStudyConfig, args, types=tuple(types), prompts=args.n_prompts, samples=max(0, args.samples))
     out = out_dir(args.out, "GGUF files and results")
     study, _, _ = quant_compare(args.model, out, cfg, log=info)
     print(study_markdown(study), file=sys.stderr if args.json else sys.stdout)

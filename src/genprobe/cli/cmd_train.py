@@ -1,28 +1,31 @@
-"""``genprobe train``: corpus → tokenizer → reference model → directory.
-
-``--arch gpt`` (default): the character-level GPT, saved as a genprobe checkpoint.
-``--arch llama|qwen2``: the subword reference model (byte-level BPE + transformers causal LM), saved as
-a standard transformers directory; it trains on the corpus split of ``genprobe.corpus.tang.corpus_split``.
+"""``genprobe train``: corpus → tokenizer → reference model → directory: the character-level GPT (``--arch gpt``,
+a genprobe checkpoint) or the subword Llama/Qwen2 (a transformers directory, trained on the corpus split of
+``genprobe.corpus.tang.corpus_split``).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .._io import check_target_dir, json_safe
-from ._common import add_json_flag, emit_json, info
+from ._common import add_json_flag, check_min, emit_json, info, option, show_progress
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..model.hf_train import SubwordModelConfig
-    from ..model.train import TrainConfig
+SUBWORD_SHAPE = (  # (flag, SubwordModelConfig field, help): the --arch llama / qwen2 model's shape
+    ("--layers", "n_layer", "transformer layers"),
+    ("--d-model", "d_model", "hidden size"),
+    ("--heads", "n_head", "query heads"),
+    ("--kv-heads", "n_kv_head", "key/value heads, divides --heads"),
+    ("--d-ff", "d_ff", "SwiGLU width"),
+    ("--block-size", "block_size", "training window in tokens = max_position_embeddings"),
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``train`` sub-command."""
-    from ..model.hf_train import SubwordModelConfig, default_train_config
+    from ..corpus.tang import DEFAULT_POEMS, DEFAULT_SUBWORD_POEMS
+    from ..model.config import POS_ENCODINGS
+    from ..model.hf_train import ARCHS, SubwordModelConfig, default_train_config
     from ..model.train import TrainConfig
 
     # the defaults the help texts quote: the char GPT's, the subword recipe's, the subword model's shape
@@ -34,113 +37,68 @@ def register(sub: argparse._SubParsersAction) -> None:
         "byte-level BPE (--arch llama|qwen2, a transformers directory) on the bundled Tang poems, and save it "
         "to --out. Progress goes to stderr; --json prints the summary on stdout.",
     )
-    _add_common_arguments(p, d, q, m)
-    _add_gpt_arguments(p, d)
-    _add_subword_arguments(p, q, m)
+    option(
+        p,
+        "--arch",
+        "gpt",
+        "gpt: character GPT; llama / qwen2: transformers model with a BPE tokenizer",
+        choices=("gpt", *ARCHS),
+    )
+    option(p, "--out", required=True, type=Path, metavar="DIR", help="directory to write")
+    option(
+        p,
+        "--poems",
+        type=int,
+        help=f"gpt: first N poems / JSONL lines (default {DEFAULT_POEMS}); llama/qwen2: "
+        f"train on poems before N except the char GPT's validation poems, hold out the rest "
+        f"(default {DEFAULT_SUBWORD_POEMS:,})",
+    )
+    option(
+        p,
+        "--vocab",
+        type=int,
+        help=f"gpt: characters in the vocabulary (default 1200); llama/qwen2: BPE "
+        f"vocabulary size (default {m.vocab_size})",
+    )
+    option(p, "--steps", type=int, help=f"optimizer steps (default gpt {d.steps}, llama/qwen2 {q.steps})")
+    option(p, "--batch-size", type=int, help=f"rows per step (default gpt {d.batch_size}, llama/qwen2 {q.batch_size})")
+    option(p, "--lr", type=float, help=f"peak learning rate (default gpt {d.lr}, llama/qwen2 {q.lr})")
+    option(p, "--seed", d.seed, "random seed")
+    option(p, "--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    option(p, "--quick", False, "seconds-long recipe for tests and smoke runs (explicit flags win)")
+    option(p, "--no-progress", False, "no progress bar")
+    g = p.add_argument_group("--arch gpt only")
+    option(g, "--dropout", type=float, help=f"dropout probability while training (default {d.dropout})")
+    option(g, "--corpus", type=Path, help="your own UTF-8 .txt or .jsonl(.xz) file")
+    option(g, "--pack", False, "pack whole documents per row (block-diagonal causal mask)")
+    option(g, "--pe", choices=POS_ENCODINGS, help="position encoding (default learned)")
+    option(g, "--track-grads", False, "record Q/K/V gradient norms per step into --out")
+    h = p.add_argument_group("--arch llama / qwen2 only")
+    for flag, name, help in SUBWORD_SHAPE:
+        option(h, flag, type=int, dest=name, help=f"{help} (default {getattr(m, name)})")
+    option(h, "--warmup", type=int, help=f"warmup steps (default {q.warmup})")
     add_json_flag(p)
     p.set_defaults(func=run)
 
 
-def _add_common_arguments(
-    p: argparse.ArgumentParser, d: "TrainConfig", q: "TrainConfig", m: "SubwordModelConfig"
-) -> None:
-    """The flags of both architectures: what to train, on how much, for how long."""
-    from ..corpus.tang import DEFAULT_POEMS, DEFAULT_SUBWORD_POEMS
-    from ..model.hf_train import ARCHS
-
-    p.add_argument(
-        "--arch",
-        choices=("gpt", *ARCHS),
-        default="gpt",
-        help="gpt: character GPT (default); llama / qwen2: transformers model with a BPE tokenizer",
-    )
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory to write")
-    p.add_argument(
-        "--poems",
-        type=int,
-        default=None,
-        help=f"gpt: first N poems / JSONL lines (default {DEFAULT_POEMS}); llama/qwen2: train on poems "
-        f"before N except the char GPT's validation poems, hold out the rest "
-        f"(default {DEFAULT_SUBWORD_POEMS:,})",
-    )
-    p.add_argument(
-        "--vocab",
-        type=int,
-        default=None,
-        help="gpt: characters in the vocabulary (default 1200); llama/qwen2: BPE vocabulary size "
-        f"(default {m.vocab_size})",
-    )
-    p.add_argument(
-        "--steps", type=int, default=None, help=f"optimizer steps (default gpt {d.steps}, llama/qwen2 {q.steps})"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help=f"rows per step (default gpt {d.batch_size}, llama/qwen2 {q.batch_size})",
-    )
-    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
-    p.add_argument(
-        "--lr", type=float, default=None, help=f"peak learning rate (default gpt {d.lr}, llama/qwen2 {q.lr})"
-    )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument(
-        "--quick", action="store_true", help="seconds-long recipe for tests and smoke runs (explicit flags win)"
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def _add_gpt_arguments(p: argparse.ArgumentParser, d: "TrainConfig") -> None:
-    """The ``--arch gpt`` group (:data:`GPT_ONLY`)."""
-    from ..model.config import POS_ENCODINGS
-
-    g = p.add_argument_group("--arch gpt only")
-    g.add_argument(
-        "--dropout", type=float, default=None, help=f"dropout probability while training (default {d.dropout})"
-    )
-    g.add_argument("--corpus", type=Path, default=None, help="your own UTF-8 .txt or .jsonl(.xz) file")
-    g.add_argument("--pack", action="store_true", help="pack whole documents per row (block-diagonal causal mask)")
-    g.add_argument("--pe", choices=POS_ENCODINGS, default=None, help="position encoding (default learned)")
-    g.add_argument("--track-grads", action="store_true", help="record Q/K/V gradient norms per step into --out")
-
-
-def _add_subword_arguments(p: argparse.ArgumentParser, q: "TrainConfig", m: "SubwordModelConfig") -> None:
-    """The ``--arch llama / qwen2`` group (:data:`SUBWORD_ONLY`): the model's shape and the warmup."""
-    h = p.add_argument_group("--arch llama / qwen2 only")
-    h.add_argument("--layers", type=int, default=None, help=f"transformer layers (default {m.n_layer})")
-    h.add_argument("--d-model", type=int, default=None, help=f"hidden size (default {m.d_model})")
-    h.add_argument("--heads", type=int, default=None, help=f"query heads (default {m.n_head})")
-    h.add_argument(
-        "--kv-heads", type=int, default=None, help=f"key/value heads, divides --heads (default {m.n_kv_head})"
-    )
-    h.add_argument("--d-ff", type=int, default=None, help=f"SwiGLU width (default {m.d_ff})")
-    h.add_argument(
-        "--block-size",
-        type=int,
-        default=None,
-        help=f"training window in tokens = max_position_embeddings (default {m.block_size})",
-    )
-    h.add_argument("--warmup", type=int, default=None, help=f"warmup steps (default {q.warmup})")
-
-
-GPT_ONLY = ("dropout", "corpus", "pack", "pe", "track_grads")  # the destinations of the group's flags
-SUBWORD_ONLY = ("layers", "d_model", "heads", "kv_heads", "d_ff", "block_size", "warmup")
+GPT_ONLY = ("dropout", "corpus", "pack", "pe", "track_grads")  # the destinations of each group's flags
+SUBWORD_ONLY = (*(name for _, name, _ in SUBWORD_SHAPE), "warmup")
 
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch on ``--arch``, refusing flags that belong to the other architecture."""
+    check_min(args, threads=1)
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
     other, owner = (GPT_ONLY, "gpt") if args.arch != "gpt" else (SUBWORD_ONLY, "llama/qwen2")
-    used = ["--" + name.replace("_", "-") for name in other if getattr(args, name) not in (None, False)]
+    flag = {name: flag for flag, name, _ in SUBWORD_SHAPE}  # the flags not spelled as their destination
+    used = [flag.get(n, "--" + n.replace("_", "-")) for n in other if getattr(args, n) not in (None, False)]
     if used:
         verb = "is" if len(used) == 1 else "are"
         raise ValueError(f"{', '.join(used)} {verb} for --arch {owner} only, not --arch {args.arch}")
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = show_progress(args)
     s = _run_gpt(args, progress) if args.arch == "gpt" else _run_subword(args, progress)
     info(_table(s) if args.arch == "gpt" else _subword_table(s))
     if args.json:
@@ -158,9 +116,8 @@ def _run_gpt(args: argparse.Namespace, progress: bool) -> dict:
 
     out: Path = args.out
     check_target_dir(out, META, "a genprobe checkpoint")
+    check_min(args, vocab=1)
     vocab = 1200 if args.vocab is None else args.vocab
-    if vocab < 1:
-        raise ValueError(f"--vocab must be >= 1, got {vocab}")
     base = quick_train_config(args.seed) if args.quick else TrainConfig(seed=args.seed)
     tc = _override(base, steps=args.steps, batch_size=args.batch_size, lr=args.lr, dropout=args.dropout, pack=args.pack)
     pe = args.pe or "learned"
@@ -213,17 +170,8 @@ def _run_subword(args: argparse.Namespace, progress: bool) -> dict:
             f"and some must stay held out), got {poems}"
         )
     base_cfg = hf_train.quick_model_config(args.arch) if args.quick else hf_train.SubwordModelConfig(arch=args.arch)
-    cfg = _override(
-        base_cfg,
-        arch=args.arch,
-        vocab_size=args.vocab,
-        n_layer=args.layers,
-        d_model=args.d_model,
-        n_head=args.heads,
-        n_kv_head=args.kv_heads,
-        d_ff=args.d_ff,
-        block_size=args.block_size,
-    )
+    shape = {name: getattr(args, name) for _, name, _ in SUBWORD_SHAPE}
+    cfg = _override(base_cfg, arch=args.arch, vocab_size=args.vocab, **shape)
     base_tc = hf_train.quick_train_config(args.seed) if args.quick else hf_train.default_train_config(args.seed)
     tc = _override(base_tc, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup)
     split = corpus_split(docs, poems)

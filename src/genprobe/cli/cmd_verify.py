@@ -1,38 +1,33 @@
 """``genprobe verify-cache``: is a KV-cache implementation equivalent to full recomputation?
 
-Compares logits step by step (prefill, greedy decode, chunked prefill, left-padded batch, isolation
-across ``reset()``, prefix reuse across sequences) and prints the chapter §3.9.8-style table plus each
-phase's max |Δlogit| and first differing step. Verdicts are judged against the reference's own float
-noise on the model at hand (its noise floor, measured first; a difference below ``--floor-multiple``
-times it passes). The exit status (:data:`EPILOG`) is usable in another project's CI; ``--json`` output is
-strict JSON (non-finite numbers spelled ``"nan"``/``"inf"``).
+Compares logits step by step and prints the chapter §3.9.8-style table plus each phase's max |Δlogit| and first
+differing step, judged against the reference's own float noise (docs/verify-cache.md). The exit status
+(:data:`EPILOG`) is usable in another project's CI; ``--json`` output is strict JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
 from ._common import (
-    Accumulate,
     add_json_flag,
     add_max_new_tokens,
     add_model_argument,
     add_prompt_arguments,
     add_weight_dtype,
     emit_json,
+    fmt,
     info,
     load_model_arg,
-    model_path,
+    option,
     read_prompts,
+    user_project_importable,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..model.load import Model
     from ..verify.api import CacheVerification
-    from ..verify.compare import Thresholds
 
 # genprobe.verify.api.FAIL_ON's keys, spelled out so that building the parser does not import torch
 FAIL_ON = ("bug", "small", "suspicious")
@@ -45,31 +40,17 @@ exit status: 0 every implementation within --fail-on; 1 one judged a bug (or a m
 flagged); 2 bad input or usage; 3 an implementation raised (verdict error: phase, exception type and message in the
 table and the JSON; takes precedence over 1). --json is written in every case but 2.
 
-sliding windows: --window W [--sinks S] makes the reference full recomputation under a sliding window
-(a query at position q sees keys at q-W+1..q, plus positions 0..S-1 when S sinks are kept) and runs our
-engine with a ring-buffer KVCache of S+W slots. A correct windowed cache then passes; one that evicts
-in the wrong order (e.g. drops the sinks first) fails. Applies to genprobe models and to --impl with a
-genprobe MODEL (your factory must build its cache with the same W and S). A transformers model's window
-comes from its config (sliding_window), which both its reference and its caches follow.
-
-transformers caches: --hf-cache dynamic static sliding quantized offloaded (or all) verifies each of the
-model's own cache classes (a fresh cache per sequence); kinds this transformers version or machine lacks are
-reported as unavailable with the reason. quantized is lossy by design: expect suspicious or bug.
-
-prefix reuse: sequences of 48 tokens (fewer in a shorter context) sharing 1, 4, 7, 8, 13, 15, 16, 24, 31, 32
-leading tokens with a base sequence, one token changed at the last position of a block of 8/16/32, the first 16
-tokens replaced, the base again, and its first 32 / 20 tokens then others (prompts shorter than a cached one);
-run with reset() between them, and back to back when the implementation sets prefill_starts_sequence = True.
-The report lists the situations exercised.
-
-noise floor: the reference computes the same logits twice in another order (a padded batch's rows vs each
-row alone; a prefix's positions in a forward over the prefix vs over the whole sequence). The largest
-difference is the floor; a phase passes below max(--noise, --floor-multiple x floor), at most 0.1 x --bug.
+--window W [--sinks S]: the reference is full recomputation under a sliding window (plus S sink positions) and our
+engine runs a ring-buffer KVCache of S+W slots (your --impl factory must build its cache with the same W and S); a
+transformers model's window comes from its config. --hf-cache verifies the model's own cache classes (quantized is
+lossy by design). Prefix reuse: sequences sharing 1..32 leading tokens with a base, run with reset() between them.
+Noise floor: the reference computes the same logits twice in another order; a phase passes below max(--noise,
+--floor-multiple x floor), at most 0.1 x --bug. Details: docs/verify-cache.md.
 """
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``verify-cache`` sub-command."""
+    """Add the ``verify-cache`` sub-command; the options in the order --help lists them."""
     p = sub.add_parser(
         "verify-cache",
         help="check that a KV-cache implementation is equivalent to recomputation (logits, not text)",
@@ -82,93 +63,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    # the groups in the order --help lists them
-    _add_target_arguments(p)
-    _add_run_arguments(p)
-    _add_threshold_arguments(p)
-    add_json_flag(p)
-    p.set_defaults(func=run)
-
-
-def _add_target_arguments(p: argparse.ArgumentParser) -> None:
-    """What to verify: MODEL, --impl, --compiled, the weights' dtype, --mutants."""
+    # what to verify
     add_model_argument(p, required=False)
-    p.add_argument("--impl", metavar="MOD:FACTORY", help="your implementation: factory(model) or factory()")
-    p.add_argument(
-        "--compiled",
-        action="store_true",
-        help="genprobe MODEL: also verify the torch.compile'd decode path (StaticKVCache; the first run compiles, "
-        "~30 s)",
-    )
+    option(p, "--impl", metavar="MOD:FACTORY", help="your implementation: factory(model) or factory()")
+    option(p, "--compiled", False, "genprobe MODEL: also verify the torch.compile'd decode path (compiles ~30 s)")
     add_weight_dtype(p)
-    p.add_argument("--mutants", action="store_true", help="also run the planted-bug mutants (genprobe or GPT-2 models)")
-
-
-def _add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """How to run it: steps, prompts, chunk sizes, window, transformers caches, phases to skip."""
+    option(p, "--mutants", False, "also run the planted-bug mutants (genprobe or GPT-2 models)")
+    # how to run it
     add_max_new_tokens(p, 50)
     add_prompt_arguments(
         p, help_default=" (default: two Tang openings for a genprobe checkpoint, random ids otherwise)"
     )
-    p.add_argument(
-        "--chunk-sizes",
-        nargs="+",
-        action=Accumulate,
-        default=["1", "4"],
-        metavar="C",
-        help="chunk sizes of the chunked-prefill phases (default 1 4)",
-    )
-    p.add_argument(
-        "--window", type=int, metavar="W", help="sliding window of the reference (and of our engine's cache)"
-    )
-    p.add_argument("--sinks", type=int, default=0, metavar="S", help="attention sinks kept with --window (default 0)")
-    p.add_argument(
-        "--hf-cache",
-        nargs="+",
-        action=Accumulate,
-        metavar="KIND",
-        choices=(*HF_CACHE_KINDS, "all"),
-        help="transformers MODEL: verify these cache classes: " + " ".join(HF_CACHE_KINDS) + ", or all",
-    )
-    p.add_argument("--no-padded-batch", action="store_true", help="skip the left-padded batch comparison")
-    p.add_argument("--no-isolation", action="store_true", help="skip the isolation (state surviving reset) comparison")
-    p.add_argument(
-        "--no-prefix-reuse", action="store_true", help="skip the prefix-reuse phases (sequences sharing prefixes)"
-    )
-    p.add_argument(
-        "--hf-no-position-ids",
-        action="store_true",
-        help="drive the transformers model without position_ids (reproduces the left-padding position bug class)",
-    )
+    option(p, "--chunk-sizes", ["1", "4"], "chunk sizes of the chunked-prefill phases", metavar="C")
+    option(p, "--window", type=int, metavar="W", help="sliding window of the reference (and of our engine's cache)")
+    option(p, "--sinks", 0, "attention sinks kept with --window", metavar="S")
+    kinds = (*HF_CACHE_KINDS, "all")
+    option(p, "--hf-cache", [], "transformers MODEL: verify these cache classes: " + " ".join(kinds), choices=kinds)
+    option(p, "--no-padded-batch", False, "skip the left-padded batch comparison")
+    option(p, "--no-isolation", False, "skip the isolation (state surviving reset) comparison")
+    option(p, "--no-prefix-reuse", False, "skip the prefix-reuse phases (sequences sharing prefixes)")
+    option(p, "--hf-no-position-ids", False, "drive transformers without position_ids (the left-padding bug class)")
+    # how to judge it
+    option(p, "--noise", 1e-4, "float-noise threshold on max |Δlogit|")
+    option(p, "--floor-multiple", 4.0, "a difference below this many times the reference's noise floor passes (0: off)")
+    option(p, "--bug", 1.0, "bug threshold on max |Δlogit|")
+    option(p, "--rel-bug", 1.0, "bug threshold in standard deviations of the reference logits")
+    option(p, "--fail-on", "bug", "lowest verdict of an implementation that makes the exit status 1", choices=FAIL_ON)
+    add_json_flag(p)
+    p.set_defaults(func=run)
 
 
-def _add_threshold_arguments(p: argparse.ArgumentParser) -> None:
-    """How to judge it: the verdict thresholds and the lowest verdict that fails the run."""
-    p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on max |Δlogit| (default 1e-4)")
-    p.add_argument(
-        "--floor-multiple",
-        type=float,
-        default=4.0,
-        help="a difference below this many times the reference's own noise floor passes (default 4; 0: ignore it)",
-    )
-    p.add_argument("--bug", type=float, default=1.0, help="bug threshold on max |Δlogit| (default 1.0)")
-    p.add_argument(
-        "--rel-bug",
-        type=float,
-        default=1.0,
-        help="bug threshold in standard deviations of the reference logits (default 1.0)",
-    )
-    p.add_argument(
-        "--fail-on",
-        choices=sorted(FAIL_ON),
-        default="bug",
-        help="lowest verdict of an implementation under test that makes the exit status 1 (default bug)",
-    )
-
-
-# ---- the command ---------------------------------------------------------------------------------------
 def chunk_sizes(values: list[str]) -> list[int]:
-    """``--chunk-sizes 1 4`` as integers (the harness refuses one below 1)."""
+    """``--chunk-sizes 1 4`` as integers: a ValueError (exit 2 with one line) otherwise, not argparse's exit."""
     try:
         return [int(v) for v in values]
     except ValueError:
@@ -176,18 +102,26 @@ def chunk_sizes(values: list[str]) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Parse, call :func:`genprobe.verify_caches` (which refuses what does not apply), print the tables; exit
-    0/1/3 (2 via ValueError)."""
+    """Call :func:`genprobe.verify_caches` (which refuses what does not apply), print the tables; exit 0/1/3 (2 via
+    ValueError)."""
     from ..verify.api import verify_caches
+    from ..verify.compare import Thresholds
 
-    model = _load_model(args)
-    if args.impl and os.getcwd() not in sys.path:  # the user's project, as `python -m` would see it
-        sys.path.insert(0, os.getcwd())
+    model = None if args.model is None else load_model_arg(args)
+    if model is not None and args.weight_dtype != "float32":
+        head = ", the output layer too" if args.narrow_output else ""
+        info(f"weights: linear layers stored in {args.weight_dtype}{head} (weight-only): the verdict is that model's")
+    if args.impl:
+        user_project_importable()
+    noise, bug, rel_bug = args.noise, args.bug, args.rel_bug  # the in-between thresholds derived from them
+    th = Thresholds(
+        noise, bug, max(noise, min(1e-3, bug)), rel_bug, min(0.01, rel_bug), floor_multiple=args.floor_multiple
+    )
     result = verify_caches(
         model,
         args.impl,
         compiled=args.compiled,
-        hf_caches=args.hf_cache or (),
+        hf_caches=args.hf_cache,
         mutants=args.mutants,
         prompts=read_prompts(args),
         max_new_tokens=args.max_new_tokens,
@@ -198,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         padded_batch=not args.no_padded_batch,
         isolation=not args.no_isolation,
         prefix_reuse=not args.no_prefix_reuse,
-        thresholds=_thresholds(args),
+        thresholds=th,
         log=info,
     )
     failing, errored = result.failing(args.fail_on), result.errors
@@ -214,39 +148,7 @@ def run(args: argparse.Namespace) -> int:
     return rc
 
 
-def _load_model(args: argparse.Namespace) -> "Model | None":
-    """MODEL loaded (None when not given), saying when its linear layers are stored in a narrower dtype."""
-    path = model_path(args, required=False)
-    model = None
-    if path is not None:
-        model = load_model_arg(args, path)
-        if args.weight_dtype != "float32":
-            head = ", the output layer too" if args.narrow_output else ""
-            info(
-                f"weights: linear layers stored in {args.weight_dtype}{head} (weight-only): the verdict is that model's"
-            )
-    return model
-
-
-def _thresholds(args: argparse.Namespace) -> "Thresholds":
-    """The verdict thresholds of --noise, --bug, --rel-bug and --floor-multiple (the in-between ones derived)."""
-    from ..verify.compare import Thresholds
-
-    return Thresholds(
-        noise=args.noise,
-        bug=args.bug,
-        suspicious=max(args.noise, min(1e-3, args.bug)),
-        rel_bug=args.rel_bug,
-        rel_suspicious=min(0.01, args.rel_bug),
-        floor_multiple=args.floor_multiple,
-    )
-
-
 # ---- tables --------------------------------------------------------------------------------------------
-def _g(x: float | None, spec: str = ".3g") -> str:
-    return "—" if x is None else format(x, spec)
-
-
 def _yes(x: bool) -> str:
     return "yes" if x else "no"
 
@@ -255,10 +157,10 @@ SUMMARY: tuple[tuple[str, str, int, Callable[[Any], str]], ...] = (  # header (t
     ("implementation", "", -30, lambda r: r.impl[:30]),
     ("verdict", "", 11, lambda r: r.verdict),
     ("prefill", "exact", 8, lambda r: _yes(r.prefill_bit_identical)),
-    ("max |Δ|", "logit", 11, lambda r: _g(r.max_abs_dlogit, ".4g")),
-    ("Δ/σ", "", 8, lambda r: _g(r.max_rel_dlogit)),
-    ("margin", "", 7, lambda r: _g(r.bug_margin)),
-    ("top-1", "agree", 7, lambda r: _g(r.min_top1_agreement, ".3f")),
+    ("max |Δ|", "logit", 11, lambda r: fmt(r.max_abs_dlogit, ".4g")),
+    ("Δ/σ", "", 8, lambda r: fmt(r.max_rel_dlogit)),
+    ("margin", "", 7, lambda r: fmt(r.bug_margin)),
+    ("top-1", "agree", 7, lambda r: fmt(r.min_top1_agreement, ".3f")),
     ("worst phase", "", 21, lambda r: str(r.worst_phase or "—")[:21]),
     ("text", "div.", 5, lambda r: str(r.text_divergences)),
     ("text", "only", 5, lambda r: _yes(r.text_only_would_catch)),

@@ -1,17 +1,9 @@
 """``genprobe verify-serving MODEL|URL``: does a serving deployment compute the model's log-probabilities?
 
 One verifier (:mod:`genprobe.serving.verify`) on one backend: vLLM serving MODEL in process (once per ``--dtypes``
-entry), llama.cpp serving a GGUF file (``--backend llama.cpp``), or a live OpenAI-compatible server at URL
-(``--reference`` the weights it should serve). Every phase the backend allows compares the returned log-probabilities
-with float32 recomputation; the others say why they were not checked. Exit status as verify-cache: 0 when no phase
-reaches ``--fail-on`` (default bug), 1 when one does, 2 on bad input (or when the engine is not installed, cannot
-start, or the server cannot be used: one line naming the problem).
-
-The engine is sized to the checks, not to the model (:func:`genprobe.serving.verify.sized_for_checks`):
-``--max-model-len`` defaults to the longest prompt (at least 4 × max(token budget, KV block)) plus
-``--max-new-tokens``, rounded up to a KV block, and the KV cache to an explicit byte budget for the batch
-phase's 8 sequences of that length (layers × KV heads × head dim × 4 bytes, plus headroom); SmolLM2-135M
-gets 160 positions and 85 MiB instead of 8,192 positions and a fraction of RAM.
+entry, the engine sized to the checks by :func:`genprobe.serving.verify.sized_for_checks`), llama.cpp serving a GGUF
+file, or a live OpenAI-compatible server at URL. Exit status as verify-cache: 0 when no phase reaches ``--fail-on``, 1
+when one does, 2 on bad input (or when the engine is not installed, cannot start, or the server cannot be used).
 """
 
 from __future__ import annotations
@@ -27,17 +19,19 @@ from typing import Any, Callable, Iterator
 
 from .._io import json_safe
 from ._common import (
-    Accumulate,
     add_json_flag,
     add_max_new_tokens,
     add_model_argument,
     add_prompt_arguments,
+    check_min,
     emit_json,
+    fmt,
     info,
+    option,
     out_dir,
     read_prompts,
 )
-from ._vllm_args import add_engine_arguments, engine_options
+from ._vllm_args import add_engine_arguments, add_http_arguments, add_kv_type, engine_options
 
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
 
@@ -50,88 +44,44 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(batching, prefix cache, chunked prefill, precision)",
         description="Serve MODEL (vLLM, or llama.cpp with --backend llama.cpp) or reach the server at URL and compare "
         "its prompt and per-step log-probabilities (greedy) with float32 recomputation of the same tokens, phase by "
-        "phase: prompt, greedy, batch, prefix (cache), prefix_uncached, diverge_boundary, diverge_inside, "
-        "chunked_prefill, seed, limits, chat (and llama.cpp's context_shift); a phase the backend cannot support is "
-        "'not checked'. Float32 arithmetic is judged on verify-cache's scale over max |Δ log p| (a differing top-1 "
-        "token is at least 'suspicious'), reduced precision on its gap ratio over an honest computation in that "
-        "precision. vLLM's context and KV cache are sized to these checks unless --max-model-len / "
-        "--kv-cache-memory-bytes / --gpu-memory-utilization say otherwise.",
+        "phase; a phase the backend cannot support is 'not checked'. Float32 arithmetic is judged on verify-cache's "
+        "scale over max |Δ log p|, reduced precision on its gap ratio over an honest computation in that precision.",
     )
-    add_model_argument(
+    kinds = {"vllm": ("checkpoint", "transformers", "name"), "llama.cpp": ("gguf", "name"), "endpoint": ("url",)}
+    add_model_argument(p, kinds=kinds)
+    option(p, "--engine", "vllm", "serving engine", choices=("vllm",))
+    option(
         p,
-        kinds={
-            "vllm": ("checkpoint", "transformers", "name"),
-            "llama.cpp": ("gguf", "name"),
-            "endpoint": ("url",),
-        },
-    )
-    p.add_argument("--engine", choices=("vllm",), default="vllm", help="serving engine (default vllm)")
-    p.add_argument(
         "--backend",
-        choices=("vllm", "llama.cpp", "endpoint"),
-        default=None,
-        help="vllm (the default for a model on disk: the model directory served by vLLM, once per --dtypes entry), "
-        "llama.cpp (MODEL is a GGUF file, or a catalog name whose GGUF `genprobe fetch` kept: every position's logits "
-        "against float32 recomputation of the same weights dequantized and against llama.cpp's own prefill) or "
-        "endpoint (the default for a URL: a live OpenAI-compatible server — vLLM, llama-cpp-python's server, any "
-        "other — checked against --reference; docs/live-serving.md)",
+        choices=tuple(kinds),
+        help="vllm (default for a model on disk: served by vLLM once per "
+        "--dtypes entry), llama.cpp (MODEL a GGUF file or a fetched name) or endpoint (default for a URL: a live "
+        "OpenAI-compatible server checked against --reference; docs/live-serving.md)",
     )
-    p.add_argument(
-        "--reference", metavar="MODEL", help="the weights the deployment should serve (default: MODEL itself)"
-    )
-    p.add_argument(
-        "--dtypes",
-        nargs="+",
-        action=Accumulate,
-        default=["float32", "bfloat16"],
-        choices=("float32", "bfloat16", "float16"),
-        help="deployment dtypes, one engine each (default float32 bfloat16)",
-    )
+    option(p, "--reference", metavar="MODEL", help="the weights the deployment should serve (default: MODEL itself)")
+    dtypes = ("float32", "bfloat16", "float16")
+    option(p, "--dtypes", ["float32", "bfloat16"], "deployment dtypes, one engine each", choices=dtypes)
     add_max_new_tokens(p, 16)
-    p.add_argument("--top-k", type=int, default=5, help="log-probabilities compared per position (default 5)")
+    option(p, "--top-k", 5, "log-probabilities compared per position")
     add_prompt_arguments(p, help_default=" (default: seeded random token ids)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
+    option(p, "--seed", 0, "seed of the random prompts")
     add_engine_arguments(p, max_num_batched_tokens=32, max_num_seqs=32, block_size=32)
-    _add_llamacpp_arguments(p)
-    _add_live_arguments(p)
-    p.add_argument("--noise", type=float, default=1e-4, help="float-noise threshold on |Δ log p| (default 1e-4)")
-    p.add_argument("--bug", type=float, default=1.0, help="bug threshold on max |Δ log p| (default 1.0)")
-    p.add_argument(
-        "--fail-on",
-        choices=sorted(FAIL_ON),
-        default="bug",
-        help="lowest phase verdict that makes the exit status 1 (default bug)",
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="write verify-serving.json and the engine's own log (engine.log) into DIR (created if missing)",
-    )
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        help="let the engine's log lines (vLLM's, llama.cpp's) reach the terminal instead of a log file",
-    )
+    g = p.add_argument_group("llama.cpp (with --backend llama.cpp)")
+    option(g, "--threads", 1, "llama.cpp and torch CPU threads")
+    add_kv_type(g, "f16")
+    option(g, "--n-ctx", 256, "context length (rounded up to 256 as llama.cpp does)")
+    option(g, "--n-keep", 4, "tokens the context shift keeps at the start")
+    g = p.add_argument_group("a live endpoint (MODEL is a URL: --backend endpoint)")
+    option(g, "--requests", 64, "greedy requests, alone and concurrent")
+    add_http_arguments(g, " in the batch phase")
+    option(g, "--retries", 2, "retries after a refused connection, a timeout or a 5xx")
+    option(p, "--noise", 1e-4, "float-noise threshold on |Δ log p|")
+    option(p, "--bug", 1.0, "bug threshold on max |Δ log p|")
+    option(p, "--fail-on", "bug", "lowest phase verdict that makes the exit status 1", choices=sorted(FAIL_ON))
+    option(p, "--out", type=Path, metavar="DIR", help="write verify-serving.json and the engine's log (engine.log)")
+    option(p, "--verbose", False, "let the engine's log lines reach the terminal instead of a log file")
     add_json_flag(p)
     p.set_defaults(func=run)
-
-
-def _add_llamacpp_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("llama.cpp (with --backend llama.cpp)")
-    g.add_argument("--threads", type=int, default=1, help="llama.cpp and torch CPU threads (default 1)")
-    g.add_argument(
-        "--kv-type",
-        choices=("f16", "f32"),
-        default="f16",
-        help="KV-cache element type (default f16, llama.cpp's default; f32 makes an F32 file exact float32 "
-        "arithmetic, judged on recomputation)",
-    )
-    g.add_argument(
-        "--n-ctx", type=int, default=256, help="context length (rounded up to 256 as llama.cpp does; default 256)"
-    )
-    g.add_argument("--n-keep", type=int, default=4, help="tokens the context shift keeps at the start (default 4)")
 
 
 def _options(args: argparse.Namespace):
@@ -211,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
     th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
     if args.backend == "endpoint":
         return _finish(args, run_endpoint(args, th))
-    if args.backend == "llama.cpp" and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.backend == "llama.cpp":
+        check_min(args, threads=1)
     common = {"prompts": _encode_prompts(args), "steps": args.max_new_tokens, "thresholds": th, "seed": args.seed}
     with engine_log(args) as say:  # importing an engine prints too (vLLM: Triton, deprecations): into the log
         llama = args.backend == "llama.cpp"
@@ -245,14 +195,6 @@ def run_llamacpp(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     return verify_serving_llamacpp(file, reference, **engine, **common)
 
 
-def _add_live_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("a live endpoint (MODEL is a URL: --backend endpoint)")
-    g.add_argument("--requests", type=int, default=64, help="greedy requests, alone and concurrent (default 64)")
-    g.add_argument("--concurrency", type=int, default=8, help="requests in flight in the batch phase (default 8)")
-    g.add_argument("--timeout", type=float, default=60.0, help="seconds one HTTP request may take (default 60)")
-    g.add_argument("--retries", type=int, default=2, help="retries after a refused connection, a timeout or a 5xx")
-
-
 def run_endpoint(args: argparse.Namespace, th: Any) -> Any:
     """``--backend endpoint``: every phase on the server at URL against ``--reference``."""
     import torch
@@ -263,11 +205,7 @@ def run_endpoint(args: argparse.Namespace, th: Any) -> Any:
 
     if not args.reference:
         raise ValueError("give --reference MODEL: the weights the server should serve (what it is compared with)")
-    if args.requests < 8 or args.concurrency < 1 or args.max_new_tokens < 1:
-        raise ValueError(
-            f"--requests must be >= 8, --concurrency >= 1 and --max-new-tokens >= 1, got {args.requests}, "
-            f"{args.concurrency}, {args.max_new_tokens}"
-        )
+    check_min(args, requests=8, concurrency=1, max_new_tokens=1)
     if not 1 <= args.top_k <= 20:
         raise ValueError(f"--top-k must be in [1, 20] (the OpenAI API's limit), got {args.top_k}")
     if args.out is not None:
@@ -281,13 +219,9 @@ def run_endpoint(args: argparse.Namespace, th: Any) -> Any:
     return verify_backend(backend, reference, args.reference, settings, read_prompts(args), th, say, args.model)
 
 
-def _fmt(x: float | None, spec: str = ".3g") -> str:
-    return "—" if x is None else format(x, spec)
-
-
 def _cached(p: Any) -> str:
     """Prompt tokens served from the prefix cache, over the tokens shared with the cached request when known."""
-    c = _fmt(p.cached_tokens, "d")
+    c = fmt(p.cached_tokens, "d")
     return c if p.shared_tokens is None else f"{c}/{p.shared_tokens}"
 
 
@@ -312,8 +246,8 @@ def print_table(report: Any, file: Any = None) -> None:
     print("-" * len(head), file=out)
     for p in report.phases:
         print(
-            f"{p.dtype or '—':<12} {p.phase:<17} {p.requests:>4} {p.positions:>5} {_fmt(p.max_abs_dlogp):>10} "
-            f"{_fmt(p.top1_agreement, '.4f'):>9} {_fmt(p.self_max_abs_dlogp):>10} {_fmt(p.topk_agreement, '.3f'):>6} "
+            f"{p.dtype or '—':<12} {p.phase:<17} {p.requests:>4} {p.positions:>5} {fmt(p.max_abs_dlogp):>10} "
+            f"{fmt(p.top1_agreement, '.4f'):>9} {fmt(p.self_max_abs_dlogp):>10} {fmt(p.topk_agreement, '.3f'):>6} "
             f"{_cached(p):>9} {_judged(p):>10} {p.verdict:>11}",
             file=out,
         )

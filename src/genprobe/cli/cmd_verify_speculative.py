@@ -11,7 +11,16 @@ from __future__ import annotations
 import argparse
 
 from .._io import json_safe
-from ._common import add_json_flag, add_max_new_tokens, add_model_argument, add_prompt_arguments, emit_json, info
+from ._common import (
+    add_json_flag,
+    add_max_new_tokens,
+    add_model_argument,
+    add_prompt_arguments,
+    emit_json,
+    info,
+    option,
+    read_prompts,
+)
 
 DRAFT_HELP = (
     "what proposes tokens: 'lookup' (prompt lookup, 2-grams), 'layers:N' (the model's first N layers), or a model "
@@ -24,26 +33,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify-speculative",
         help="check speculative decoding: greedy identical to plain greedy, sampled distributed as the model",
-        description="Run genprobe's speculative decoding on MODEL: greedy output against plain greedy (first "
-        "divergence reported), the exact distribution of the first tokens against the model's (every random choice "
-        "enumerated, total variation), optionally a two-sample test (--samples), and the planted-bug decoders "
-        "(--mutants), each of which must be caught.",
+        description=__doc__,
     )
     add_model_argument(p, kinds=("checkpoint", "transformers", "name"))
-    p.add_argument("--draft", default=None, metavar="DRAFT", help=DRAFT_HELP)
-    p.add_argument("--k", type=int, default=4, help="tokens proposed per round (default 4)")
+    option(p, "--draft", metavar="DRAFT", help=DRAFT_HELP)
+    option(p, "--k", 4, "tokens proposed per round")
     add_max_new_tokens(p, 32)
     add_prompt_arguments(p, help_default=" (default: a loop-prone and an ordinary prompt of random ids)")
-    p.add_argument(
-        "--exact-tokens", type=int, default=3, help="tokens whose joint distribution is enumerated (default 3)"
-    )
-    p.add_argument("--exact-k", type=int, default=1, help="tokens proposed per round in the exact check (default 1)")
-    p.add_argument("--top-k", type=int, default=3, help="the sampler of the sampled checks: top-k at τ=1 (default 3)")
-    p.add_argument(
-        "--samples", type=int, default=0, help="samples per side of the two-sample test (default 0: not run)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts and the samples (default 0)")
-    p.add_argument("--mutants", action="store_true", help="also run the planted-bug decoders (each must be caught)")
+    option(p, "--exact-tokens", 3, "tokens whose joint distribution is enumerated")
+    option(p, "--exact-k", 1, "tokens proposed per round in the exact check")
+    option(p, "--top-k", 3, "the sampler of the sampled checks: top-k at τ=1")
+    option(p, "--samples", 0, "samples per side of the two-sample test (0: not run)")
+    option(p, "--seed", 0, "seed of the random prompts and the samples")
+    option(p, "--mutants", False, "also run the planted-bug decoders (each must be caught)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -52,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
     """Verify, print the table, exit 1 on a failure."""
     from ..engine.samplers import SamplerConfig
     from ..model.load import load_model
-    from ._common import read_prompts
 
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1 (the exact check enumerates the kept tokens), got {args.top_k}")

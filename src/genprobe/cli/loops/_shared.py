@@ -1,7 +1,4 @@
-"""Flags, checks and loading shared by the ``genprobe loops`` actions.
-
-Prompts and validation text: ``--prompts FILE`` / ``--prompt TEXT ...`` and ``--val-text FILE`` for any
-model; ``--tang-prompts`` / ``--tang-val`` (held-out Tang openings, the corpus validation split) are the
+"""Flags, checks and loading shared by the ``genprobe loops`` actions. ``--tang-prompts`` / ``--tang-val`` are the
 defaults for the bundled character model only and explicit choices for every other model.
 """
 
@@ -14,15 +11,17 @@ from typing import Any
 
 from .._common import (
     MODEL_HELP,
-    Accumulate,
     add_json_flag,
     add_max_new_tokens,
     add_model_argument,
     add_prompt_arguments,
+    check_min,
+    fields_of,
     info,
-    model_path,
+    option,
     read_prompts,
 )
+from .._vllm_args import add_kv_type
 
 DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
 
@@ -43,137 +42,65 @@ def add_model_args(q: argparse.ArgumentParser) -> None:
     d = RepairConfig()
     add_model_argument(q, required=False, help=f"{MODEL_HELP} (default {DEFAULT_MODEL})")
     add_max_new_tokens(q, d.max_new_tokens)
-    add_config_flag(q, "batch_size", "prompts per generation batch", record=False)
-    add_config_flag(q, "seed", "sampling seed", record=False)
+    add_config_flag(q, "batch_size", "prompts per generation batch")
+    add_config_flag(q, "seed", "sampling seed")
     for flag, name, help in LOOP_FLAGS:
-        default = getattr(d.loop, name)
-        q.add_argument(flag, type=type(default), default=default, help=f"{help} (default {default})")
-    q.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (default 1: a small model's decode steps are dominated by thread "
-        "synchronisation, and one thread is many times faster on a shared machine)",
-    )
-    q.add_argument("--no-progress", action="store_true", help="no progress bars")
+        option(q, flag, getattr(d.loop, name), help)
+    option(q, "--threads", 1, "torch CPU threads (1: a small model's decode steps are dominated by thread sync)")
+    option(q, "--no-progress", False, "no progress bars")
     add_json_flag(q)
 
 
-def add_config_flag(
-    p: argparse.ArgumentParser, name: str, help: str = "", *, flag: str | None = None, record: bool = True, **kw: Any
-) -> None:
+def add_config_flag(p: argparse.ArgumentParser, name: str, help: str = "", flag: str | None = None, **kw: Any) -> None:
     """``--name`` (or ``flag``) for the :class:`~genprobe.loops.study.RepairConfig` field ``name``: its type and
-    default come from the field (a tuple field takes one or more values); ``record``: :func:`repair_config` passes
-    it on (the parser lists the fields it has)."""
+    default come from the field (a tuple field takes one or more values)."""
     from ...loops.repair import RepairConfig
 
-    default = getattr(RepairConfig(), name)
-    if isinstance(default, tuple):
-        kw.update(nargs="+", action=Accumulate, type=type(default[0]), default=list(default))
-    else:
-        kw.update(type=type(default), default=default)
-    help = f"{help} (default %(default)s)".lstrip()
-    p.add_argument(flag or "--" + name.replace("_", "-"), dest=name, help=help, **kw)
-    if record:
-        p.set_defaults(config_fields=(*(p.get_default("config_fields") or ()), name))
+    option(p, flag or "--" + name.replace("_", "-"), getattr(RepairConfig(), name), help, dest=name, **kw)
 
 
 def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True) -> None:
     add_prompt_arguments(q, help_default=" (default for the bundled char model: held-out Tang openings)")
     if chat:
-        q.add_argument(
-            "--chat",
-            action="store_true",
-            help="give each prompt to the model as a user turn rendered by its chat template (instruction-tuned "
-            "models are used this way); the prompt files hold the user's text",
-        )
-    q.add_argument(
-        "--tang-prompts",
-        action="store_true",
-        help="openings of Tang poems outside the default corpus (the default for the bundled char model)",
-    )
-    q.add_argument("--prefix", type=int, default=5, help="characters per Tang opening (default 5)")
+        option(q, "--chat", False, "give each prompt to the model as a user turn rendered by its chat template")
+    option(q, "--tang-prompts", False, "openings of held-out Tang poems (the default for the bundled char model)")
+    option(q, "--prefix", 5, "characters per Tang opening")
     if with_val:
         g = q.add_mutually_exclusive_group()
-        g.add_argument(
-            "--val-text",
-            type=Path,
-            metavar="FILE",
-            help="UTF-8 text for the regression check (KL, Δloss); at least one window of tokens",
-        )
-        g.add_argument(
-            "--tang-val",
-            action="store_true",
-            help="the bundled corpus's validation split (the default for the bundled char model)",
-        )
-        q.add_argument(
-            "--val-window",
-            type=int,
-            metavar="N",
-            help="tokens per regression window (default: the model's context, at most 64)",
-        )
+        option(g, "--val-text", type=Path, metavar="FILE", help="UTF-8 text for the regression check (KL, Δloss)")
+        option(g, "--tang-val", False, "the bundled corpus's validation split (the default for the bundled model)")
+        option(q, "--val-window", type=int, metavar="N", help="tokens per regression window (default: context, ≤ 64)")
 
 
 def add_calibration_args(p: Any) -> None:
     """--human-text / --no-calibrate / --human-fpr: the detectors' thresholds, calibrated on human text by default
     (scan, locate and repair judge "degenerate" the same way)."""
     c = p.add_mutually_exclusive_group()
-    c.add_argument(
+    option(
+        c,
         "--human-text",
         type=Path,
         metavar="FILE",
-        help="calibrate the detectors on this human text (UTF-8, one document per line) instead of the corpus "
-        "chosen by the prompts' script (Chinese: held-out Tang poems; otherwise the English corpus, fetched "
-        "once with `genprobe fetch english`)",
+        help="calibrate the detectors on this human text (UTF-8, one "
+        "document per line; default: held-out Tang poems for Chinese prompts, else `genprobe fetch english`)",
     )
-    c.add_argument(
-        "--no-calibrate",
-        action="store_true",
-        help="use the detector flags as given (the raw defaults) instead of thresholds calibrated on human text",
-    )
-    p.add_argument(
-        "--human-fpr",
-        type=float,
-        default=0.01,
-        metavar="RATE",
-        help="calibration target: largest share of human text flagged degenerate (default 0.01)",
-    )
+    option(c, "--no-calibrate", False, "use the detector flags as given instead of thresholds calibrated on human text")
+    option(p, "--human-fpr", 0.01, "calibration target: largest share of human text flagged degenerate", metavar="RATE")
 
 
 # ---- common checks and loading --------------------------------------------------------------
-def show_progress(args: argparse.Namespace) -> bool:
-    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
-
-
 def check_common(args: argparse.Namespace) -> None:
     import torch
 
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    check_min(args, threads=1, max_new_tokens=16, batch_size=1)  # fewer than 16 new tokens cannot show a loop
     torch.set_num_threads(args.threads)
-    if args.max_new_tokens < 16:
-        raise ValueError(f"--max-new-tokens must be >= 16 to see loops, got {args.max_new_tokens}")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
 
 
 def add_llamacpp_args(p: argparse.ArgumentParser) -> None:
     """The llama.cpp backend's flags (``--threads`` is shared: llama.cpp's threads too)."""
     g = p.add_argument_group("llama.cpp (with --backend llama.cpp; MODEL is the GGUF file)")
-    g.add_argument(
-        "--kv-type",
-        choices=("f16", "f32"),
-        default="f16",
-        help="llama.cpp's KV-cache element type (default f16, its default; f32: exact float32 on an F32 file)",
-    )
-    g.add_argument(
-        "--dry-breakers",
-        nargs="+",
-        action=Accumulate,
-        default=None,
-        metavar="TEXT",
-        help="DRY's sequence breakers as strings for llama.cpp to tokenize (their ids must be the sampler's)",
-    )
+    add_kv_type(g, "f16")
+    option(g, "--dry-breakers", [], "DRY's sequence breakers as strings for llama.cpp to tokenize", metavar="TEXT")
 
 
 def llamacpp_missing(command: str, args: argparse.Namespace) -> bool:
@@ -187,7 +114,7 @@ def llamacpp_missing(command: str, args: argparse.Namespace) -> bool:
         return True
     from ...serving.llamacpp.scan import gguf_file_for
 
-    gguf_file_for(model_path(args, required=False) or str(DEFAULT_MODEL))
+    gguf_file_for(args.model or str(DEFAULT_MODEL))
     return False
 
 
@@ -197,20 +124,20 @@ def llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> An
     from ...serving.llamacpp.sampling import UnsupportedLlamaCppSamplerError
     from ...serving.llamacpp.scan import check_sampler_llamacpp, gguf_file_for, llamacpp_scan_backend
 
-    gguf = gguf_file_for(model_path(args, required=False) or str(DEFAULT_MODEL))
+    gguf = gguf_file_for(args.model or str(DEFAULT_MODEL))
     for name, sampler in settings.items():
         try:
             check_sampler_llamacpp(sampler, model.max_positions or 2048, model.eos_id)
         except UnsupportedLlamaCppSamplerError as exc:
             raise ValueError(f"--backend llama.cpp cannot run the {name!r} setting exactly: {exc}") from None
-    breakers = tuple(args.dry_breakers or ())
+    breakers = tuple(args.dry_breakers)
     return llamacpp_scan_backend(gguf, n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers)
 
 
 def load_model_or_default(args: argparse.Namespace) -> Any:
     from ...model.load import load_model
 
-    path = model_path(args, required=False) or str(DEFAULT_MODEL)
+    path = args.model or str(DEFAULT_MODEL)
     return load_model(path)
 
 
@@ -260,22 +187,10 @@ def loop_settings_from(args: argparse.Namespace) -> Any:
 
 
 def repair_config(args: argparse.Namespace) -> Any:
-    """The :class:`~genprobe.loops.study.RepairConfig` of the flags (those :func:`add_config_flag` recorded)."""
+    """The :class:`~genprobe.loops.study.RepairConfig` of the flags (named like its fields: :func:`add_config_flag`)."""
     from ...loops.repair import RepairConfig
 
-    fields: dict[str, Any] = {}  # list flags give lists; the config holds tuples
-    for name in args.config_fields:
-        value = getattr(args, name)
-        fields[name] = tuple(value) if isinstance(value, list) else value
-    return RepairConfig(
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        prefix_chars=args.prefix,
-        loop=loop_settings_from(args),
-        val_window=getattr(args, "val_window", None),
-        **fields,
-    )
+    return fields_of(RepairConfig, args, prefix_chars=args.prefix, loop=loop_settings_from(args))
 
 
 def repair_inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:

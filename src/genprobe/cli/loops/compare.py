@@ -8,7 +8,7 @@ from typing import Any
 
 from ..._io import json_safe
 from ...engine.samplers import PRESETS
-from .._common import Accumulate, emit_json, info, out_dir
+from .._common import check_min, emit_json, fields_of, info, option, out_dir, show_progress
 from ._shared import (
     add_calibration_args,
     add_data_args,
@@ -18,7 +18,6 @@ from ._shared import (
     loop_settings_from,
     read_loop_prompts,
     scan_calibration,
-    show_progress,
 )
 
 COMPARE_SKIP = 2816  # direction + search + validation sets of a default `loops repair` (768 + 1024 + 1024)
@@ -34,45 +33,36 @@ def register_compare(lsub: Any) -> None:
     )
     add_model_args(c)
     add_data_args(c, with_val=False, chat=False)
-    c.add_argument(
-        "--n", type=int, default=None, help="at most N prompts (default: 512 Tang openings; every prompt of a file)"
-    )
-    c.add_argument(
-        "--skip",
-        type=int,
-        default=COMPARE_SKIP,
-        help=f"Tang openings skipped first (default {COMPARE_SKIP}: the sets a default `loops repair` "
-        "uses, so no opening the edit was chosen on is compared)",
-    )
-    c.add_argument(
+    option(c, "--n", type=int, help="at most N prompts (default: 512 Tang openings; every prompt of a file)")
+    option(c, "--skip", COMPARE_SKIP, "Tang openings skipped first (the sets a default `loops repair` uses)")
+    option(
+        c,
         "--methods",
-        nargs="+",
-        action=Accumulate,
-        default=None,
+        [],
+        f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}",
         metavar="METHOD",
-        help=f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}",
     )
-    _edit_and_judge_args(c)
-    c.add_argument(
-        "--genre",
-        choices=GENRES,
-        default="auto",
-        help="tang: reduplication and couplet parallels; text: repeated n-grams (default: auto)",
+    option(
+        c, "--patch", type=Path, help="loop patch from `loops repair` for the edit rows (applied in memory, reverted)"
     )
-    c.add_argument(
+    option(
+        c,
+        "--judge",
+        metavar="MODEL",
+        help="a second model that scores every method's text (NLL per character): "
+        "a model directory or name, or ngram:english / ngram:FILE (a character n-gram model of human text)",
+    )
+    option(c, "--genre", "auto", "tang: reduplication and couplet parallels; text: repeated n-grams", choices=GENRES)
+    option(
+        c,
         "--engine",
         choices=sorted(PRESETS),
-        default=None,
-        help="run every method as this engine does: its defaults under the method's parameters, its sampler order "
-        "and arithmetic (default: genprobe's plain chain)",
+        help="run every method as this engine does: its defaults, sampler "
+        "order and arithmetic (default: genprobe's plain chain)",
     )
-    c.add_argument(
-        "--timing-rounds",
-        type=int,
-        default=3,
-        help="interleaved rounds of one batch per method for tokens/s (default 3)",
-    )
-    c.add_argument(
+    option(c, "--timing-rounds", 3, "interleaved rounds of one batch per method for tokens/s")
+    option(
+        c,
         "--out",
         type=Path,
         required=True,
@@ -81,23 +71,6 @@ def register_compare(lsub: Any) -> None:
     )
     add_calibration_args(c)
     c.set_defaults(func=run_compare)
-
-
-def _edit_and_judge_args(c: argparse.ArgumentParser) -> None:
-    """The weight edit's rows (a patch) and the second scorer of every method's text."""
-    c.add_argument(
-        "--patch",
-        type=Path,
-        default=None,
-        help="loop patch from `loops repair` for the edit rows (applied in memory, reverted, sha256-checked)",
-    )
-    c.add_argument(
-        "--judge",
-        default=None,
-        metavar="MODEL",
-        help="a second model that scores every method's text (NLL per character): a model directory or name, or "
-        "ngram:english / ngram:FILE, a character n-gram model of human text (for a language with no second model)",
-    )
 
 
 def _judge(spec: str) -> Any:
@@ -112,10 +85,7 @@ def _compare_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str], l
     from ...corpus.inputs import heldout_openings
     from ...loops.compare_human import read_continuations
 
-    if args.n is not None and args.n < 1:
-        raise ValueError(f"--n must be >= 1, got {args.n}")
-    if args.skip < 0:
-        raise ValueError(f"--skip must be >= 0, got {args.skip}")
+    check_min(args, n=1, skip=0)
     texts, source = read_loop_prompts(args, model)
     conts = read_continuations(args.prompts) if texts is not None and getattr(args, "prompts", None) else None
     if texts is None:
@@ -148,16 +118,8 @@ def run_compare(args: argparse.Namespace) -> int:
     model = load_model_or_default(args)
     texts, conts, source = _compare_prompts(args, model)
     calibration = scan_calibration(args, model, texts)
-    cfg = CompareConfig(
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        loop=calibration.settings if calibration is not None else loop_settings_from(args),
-        methods=tuple(args.methods) if args.methods else None,
-        genre=args.genre,
-        engine=args.engine,
-        timing_rounds=args.timing_rounds,
-    )
+    loop = calibration.settings if calibration is not None else loop_settings_from(args)
+    cfg = fields_of(CompareConfig, args, loop=loop, methods=tuple(args.methods) or None)
     patch = load_patch(args.patch) if args.patch else None
     judge = _judge(args.judge) if args.judge else None
     res = compare_fixes(

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..._io import json_safe
+from ..._io import check_target_dir, json_safe
 from .._common import add_json_flag, add_model_argument, emit_json, info
 
 
@@ -28,12 +28,7 @@ def _write_ckpt(args: argparse.Namespace, model: Any, note: dict) -> Path:
 
     out = Path(args.model) if args.in_place else args.out
     if not args.in_place:
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out} exists and is not a directory")
-        if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
-            raise ValueError(
-                f"--out {out} is a non-empty directory that is not a genprobe checkpoint; refusing to write into it"
-            )
+        check_target_dir(out, META, "a genprobe checkpoint")
     summary = dict(model.meta.get("summary", {}))
     summary.pop("loop_patch", None)
     if note:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._io import json_safe
-from .._common import emit_json, info, out_dir
+from .._common import emit_json, info, option, out_dir, show_progress
 from ._shared import (
     add_calibration_args,
     add_config_flag,
@@ -19,23 +19,12 @@ from ._shared import (
     load_model_or_default,
     repair_config,
     repair_inputs,
-    show_progress,
 )
 
 LOCATE_FILE = "locate.json"  # what locate --out DIR holds
 # what `loops repair --json` prints (repair.json in --out holds everything)
-REPAIR_JSON_KEYS = (
-    "verdict",
-    "end_token",
-    "inputs",
-    "baseline",
-    "locate",
-    "validation",
-    "patch",
-    "transfer",
-    "timings_s",
-    "wall_seconds",
-    "files",
+REPAIR_JSON_KEYS = tuple(
+    "verdict end_token inputs baseline locate validation patch transfer timings_s wall_seconds files".split()
 )
 
 
@@ -50,13 +39,7 @@ def register_locate(lsub: Any) -> None:
     add_config_flag(lo, "search_prone", "loop-prone prompts per ablation scan")
     add_config_flag(lo, "search_control", "non-looping control prompts per ablation scan")
     add_calibration_args(lo)
-    lo.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help=f"directory for {LOCATE_FILE}: the locate report (created if missing)",
-    )
+    option(lo, "--out", type=Path, metavar="DIR", help=f"directory for {LOCATE_FILE}: the locate report")
     lo.set_defaults(func=run_locate)
 
 
@@ -77,19 +60,20 @@ def register_repair(lsub: Any) -> None:
     r = lsub.add_parser("repair", help="full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch")
     add_model_args(r)
     add_data_args(r, with_val=True)
-    r.add_argument(
+    option(
+        r,
         "--out",
         type=Path,
         required=True,
         metavar="DIR",
         help="directory for repair.json, patch.*, repair.html, repair.png",
     )
-    r.add_argument(
+    option(
+        r,
         "--validate-prompts",
         metavar="FILE",
-        default=None,
-        help="held-out validation prompts of your own (the first --n-validate distinct ones); --prompts then feeds "
-        "only the direction and search sets (a prompt in both files is refused)",
+        help="held-out validation prompts of your own; --prompts then "
+        "feeds only the direction and search sets (a prompt in both files is refused)",
     )
     for name, what in (("n_direction", "direction"), ("n_search", "search"), ("n_validate", "held-out validation")):
         add_config_flag(r, name, f"{what}-set prompts")

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..._io import json_safe
-from .._common import MODEL_KINDS, emit_json, info, out_dir
+from .._common import MODEL_KINDS, check_min, emit_json, info, option, out_dir, show_progress
 from .._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
-from .._vllm_args import add_engine_arguments, engine_options, vllm_missing
+from .._vllm_args import add_engine_arguments, add_http_arguments, engine_options, vllm_missing
 from ._shared import (
     add_calibration_args,
     add_data_args,
@@ -25,63 +25,46 @@ from ._shared import (
     loop_settings_from,
     read_loop_prompts,
     scan_calibration,
-    show_progress,
 )
 
 SCAN_FILE = "scan.json"  # what --out DIR holds
+BACKEND_KINDS = {  # llama.cpp runs GGUF files (a fetched name: the GGUF `genprobe fetch` kept); vLLM a model directory
+    "genprobe": MODEL_KINDS,
+    "vllm": ("checkpoint", "transformers", "name"),
+    "llama.cpp": ("gguf", "name"),
+    "endpoint": ("url",),
+}
 
 
 def register_scan(lsub: Any) -> None:
     s = lsub.add_parser("scan", help="loop rates over a prompt set (chanting and plain greedy by default)")
     add_model_args(s)
     add_data_args(s, with_val=False)
-    s.add_argument("--n", type=int, default=256, help="number of Tang openings with --tang-prompts (default 256)")
-    s.add_argument(
+    option(s, "--n", 256, "number of Tang openings with --tang-prompts")
+    option(
+        s,
         "--setting",
         choices=("both", "chanting", "greedy", "sample"),
-        default=None,
-        help="both = chanting (greedy, <unk> banned) and plain greedy (the default); sample = the sampler "
-        "flags below (the default when any is given); the end-of-text token is banned in every setting",
+        help="both = chanting (greedy, <unk> "
+        "banned) and plain greedy (the default); sample = the sampler flags below (the default when any is given)",
     )
     add_sampler_arguments(s)
-    s.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help=f"directory for {SCAN_FILE}: the full scan, with per-generation records (created if missing)",
-    )
-    s.add_argument(
+    option(s, "--out", type=Path, metavar="DIR", help=f"directory for {SCAN_FILE}, with per-generation records")
+    option(
+        s,
         "--backend",
-        choices=("genprobe", "vllm", "llama.cpp", "endpoint"),
-        default=None,
-        help="who generates: genprobe's engine (default for a model on disk), vLLM (continuous batching, "
-        "tensor/pipeline parallel, Ray), llama.cpp (MODEL a GGUF file: generation and sampling by llama.cpp's own "
-        "sampler chain) or endpoint (default for a URL: a live OpenAI-compatible server, the sampler passed through "
-        "to it; --reference names the model's tokenizer); same JSON; a sampler the engine cannot express exactly is "
-        "refused",
+        choices=tuple(BACKEND_KINDS),
+        help="who generates: genprobe's engine (default for a model "
+        "on disk), vLLM, llama.cpp (MODEL a GGUF file: its own sampler chain) or endpoint (default for a URL: a "
+        "live OpenAI-compatible server); same JSON; a sampler the engine cannot express exactly is refused",
     )
     g = s.add_argument_group("a live endpoint (MODEL is a URL: --backend endpoint)")
-    g.add_argument(
-        "--reference",
-        metavar="MODEL",
-        help="the served model on disk: its tokenizer encodes the prompts and decodes the server's tokens",
-    )
-    g.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
-    g.add_argument("--timeout", type=float, default=60.0, help="seconds one HTTP request may take (default 60)")
+    option(g, "--reference", metavar="MODEL", help="the served model on disk, whose tokenizer the scan reads with")
+    add_http_arguments(g)
     add_calibration_args(s)
     add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
     add_llamacpp_args(s)
-    # llama.cpp runs GGUF files (a fetched name: the GGUF `genprobe fetch` kept); vLLM serves a model directory
-    s.set_defaults(
-        func=run_scan,
-        model_kinds={
-            "genprobe": MODEL_KINDS,
-            "vllm": ("checkpoint", "transformers", "name"),
-            "llama.cpp": ("gguf", "name"),
-            "endpoint": ("url",),
-        },
-    )
+    s.set_defaults(func=run_scan, model_kinds=BACKEND_KINDS)
 
 
 def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
@@ -128,8 +111,9 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
         from ...loops.scan_settings import backend_engine
         from ...serving.endpoint import EndpointBackend, HttpSettings, piece_table
 
-        if args.concurrency < 1 or args.timeout <= 0:
-            raise ValueError(f"--concurrency must be >= 1 and --timeout > 0, got {args.concurrency}, {args.timeout}")
+        check_min(args, concurrency=1)
+        if args.timeout <= 0:
+            raise ValueError(f"--timeout must be > 0, got {args.timeout}")
         server = EndpointBackend(args.model, HttpSettings(timeout_s=args.timeout), pieces=piece_table(model))
         info(f"{args.model}: {server.capabilities.server} server, model {server.model_name!r}")
         return backend_engine(server, args.concurrency)
