@@ -24,12 +24,6 @@ An implementation may also set ``prefill_starts_sequence = True``: its ``prefill
 without ``reset()`` before it and starts a new sequence by itself (as a serving engine's next request
 does). The verifier then also runs its prefix-reuse sequences back to back, without ``reset()``
 (:mod:`genprobe.verify.reuse`); without the attribute that phase is skipped and says why.
-
-Built-ins: :class:`EngineAdapter` (genprobe's ``KVCache`` + ``forward_step``, optionally a sliding
-window with sinks), :class:`CompiledEngineAdapter` (its decode path under ``torch.compile``),
-:class:`FullRecompute` (reference for a genprobe ``GPT``, optionally under a sliding window), :class:`HFAdapter`
-(any ``transformers`` causal LM through one of its own cache classes) / :class:`HFReference`, and
-:func:`load_impl` for a user factory given as ``"pkg.module:factory"``.
 """
 
 from __future__ import annotations
@@ -43,7 +37,7 @@ import torch
 from ..engine import KVCache, StaticKVCache, forward_step
 from ..model.gpt import GPT
 from ..model.limits import max_positions
-from ..model.position_lm import PositionDrivenLM
+from ..model.position_lm import PositionDrivenLM, default_positions
 from .window import windowed_forward
 
 
@@ -224,10 +218,10 @@ class HFReference:
     @torch.no_grad()
     def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of every position without a cache."""
-        if attention_mask is None:
-            attention_mask = torch.ones_like(ids)
-        positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
-        out = self.hf(input_ids=ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask
+        B, T = ids.shape
+        positions = default_positions(B, T, None, mask, ids.device)
+        out = self.hf(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
         logits: torch.Tensor = out.logits.float()
         return logits
 
@@ -284,8 +278,8 @@ class HFAdapter:
         if self.cache is not None:
             kwargs[self._kw] = self.cache
         if self.pass_position_ids:
-            steps = (new_mask.long().cumsum(1) - 1).clamp(min=0)
-            kwargs["position_ids"] = self.next_pos[:, None] + steps
+            B, T = ids.shape
+            kwargs["position_ids"] = self.next_pos[:, None] + default_positions(B, T, None, new_mask, ids.device)
         out = self.hf(**kwargs)
         self.cache = _returned_cache(out)
         self.next_pos = self.next_pos + new_mask.long().sum(1)

@@ -38,55 +38,20 @@ def random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int 
     return [torch.randint(lo, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def _gpt(model: "Model") -> GPT:
-    """The module of a ``kind == "genprobe"`` model, which :class:`Model` only gives that kind for a GPT."""
-    return cast("GPT", model.module)
-
-
-def verify_cache(
-    model: "Model",
-    impl: Any = None,
-    *,
-    prompts: Sequence[str] | Sequence[Sequence[int]] | None = None,
-    max_new_tokens: int = 50,
-    chunk_sizes: Sequence[int] = (1, 4),
-    window: int | None = None,
-    sinks: int = 0,
-    hf_cache: str | None = None,
-    padded_batch: bool = True,
-    isolation: bool = True,
-    prefix_reuse: bool = True,
-    noise_floor: bool = True,
-    thresholds: Thresholds | None = None,
-) -> VerifyReport:
+def verify_cache(model: "Model", impl: Any = None, *, hf_cache: str | None = None, **options: Any) -> VerifyReport:
     """Verify ``impl`` (default: the model's own cache) against full recomputation of ``model``: one report.
 
     ``impl`` is any object with ``reset()``, ``prefill(ids, attention_mask=None)`` and ``step(ids)``.
-    ``prompts`` are texts (encoded with the model's tokenizer) or token-id lists; the default is two
-    prompts of different lengths. ``window``/``sinks`` make the reference sliding-window recomputation
-    (genprobe models); ``hf_cache`` picks a ``transformers`` cache class (see ``genprobe.verify.hf_caches``;
-    one unavailable here raises :class:`~genprobe.verify.adapters.CacheUnavailableError`).
-    ``prefix_reuse`` runs sequences that share prefixes (:mod:`genprobe.verify.reuse`); ``noise_floor``
-    judges differences against the reference's own float noise on this model (``thresholds.floor_multiple``).
-    The other arguments are :func:`verify_caches`'.
+    ``hf_cache`` picks a ``transformers`` cache class (see ``genprobe.verify.hf_caches``; one unavailable here raises
+    :class:`~genprobe.verify.adapters.CacheUnavailableError`). ``options`` are :func:`verify_caches`' that keep one
+    report: ``prompts`` (texts or token-id lists; default two of different lengths), ``max_new_tokens``,
+    ``chunk_sizes``, ``window``/``sinks`` (sliding-window recomputation of a genprobe model), ``padded_batch``,
+    ``isolation``, ``prefix_reuse`` (:mod:`genprobe.verify.reuse`), ``noise_floor`` (judge against the reference's
+    own float noise, ``thresholds.floor_multiple``) and ``thresholds``.
     """
     from .adapters import CacheUnavailableError
 
-    (report,) = verify_caches(
-        model,
-        impl,
-        hf_caches=() if hf_cache is None else (hf_cache,),
-        prompts=prompts,
-        max_new_tokens=max_new_tokens,
-        chunk_sizes=chunk_sizes,
-        window=window,
-        sinks=sinks,
-        padded_batch=padded_batch,
-        isolation=isolation,
-        prefix_reuse=prefix_reuse,
-        noise_floor=noise_floor,
-        thresholds=thresholds,
-    ).reports
+    (report,) = verify_caches(model, impl, hf_caches=() if hf_cache is None else (hf_cache,), **options).reports
     if report.unavailable is not None:
         raise CacheUnavailableError(f"cache {hf_cache!r} is unavailable: {report.unavailable}")
     return report
@@ -110,13 +75,6 @@ class VerifyTarget:
     impl: Any
     name: str | None = None  # display name; None: the implementation's own ``name`` (or its class name)
     report: VerifyReport | None = None  # not built: unavailable here, or its factory raised
-
-    @property
-    def label(self) -> str:
-        """The name progress messages and reports use."""
-        if self.report is not None:
-            return self.report.impl
-        return str(self.name or getattr(self.impl, "name", type(self.impl).__name__))
 
 
 @dataclass
@@ -164,10 +122,11 @@ def verify_targets(
     if impl is not None:
         return _impl_targets(model, impl, reference, th, steps)
     assert model is not None
-    if model.kind == "genprobe":
-        targets = [VerifyTarget(EngineAdapter(_gpt(model), window=window, sinks=sinks))]
+    if model.kind == "genprobe":  # Model gives that kind for a GPT only
+        gpt = cast("GPT", model.module)
+        targets = [VerifyTarget(EngineAdapter(gpt, window=window, sinks=sinks))]
         if compiled:
-            targets.append(VerifyTarget(CompiledEngineAdapter(_gpt(model))))
+            targets.append(VerifyTarget(CompiledEngineAdapter(gpt)))
         return VerifyTargets(reference, targets)
     targets = _hf_targets(model, hf_caches, hf_position_ids, th, steps)
     if compiled:
@@ -204,8 +163,6 @@ def _check_target_args(
             "a window applies to a genprobe model's reference; a transformers model's window comes from its config "
             "(sliding_window)"
         )
-    if window is not None and (window < 1 or sinks < 0):
-        raise ValueError(f"window must be >= 1 and sinks >= 0, got {window} and {sinks}")
     if window is None and sinks:
         raise ValueError("sinks only make sense with a window")
     if window is not None and compiled:
@@ -295,10 +252,6 @@ class MutantTable:
             if not r["as_expected"]
         ]
 
-    def to_dict(self) -> dict[str, Any]:
-        """``{"mutants": rows, "mask_noop": ...}`` (the rows are strict JSON already)."""
-        return {"mutants": self.rows, "mask_noop": self.mask_noop}
-
 
 def mutant_table(
     model: Any,
@@ -329,11 +282,6 @@ def mutant_table(
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
 
 
-def _first_of(reports: Sequence[VerifyReport], attr: str) -> Any:
-    """``attr`` of the first report that has it (every report of a run shares the reference's floor)."""
-    return next((getattr(r, attr) for r in reports if getattr(r, attr, None) is not None), None)
-
-
 @dataclass
 class CacheVerification:
     """Every report of one verification: the implementations', the mutants' (when run), prompts and reference."""
@@ -352,14 +300,12 @@ class CacheVerification:
     @property
     def noise_floor(self) -> dict[str, Any] | None:
         """The reference's noise floor (value and sources), shared by every report."""
-        floor: dict[str, Any] | None = _first_of(self.all_reports, "noise_floor")
-        return floor
+        return next((r.noise_floor for r in self.all_reports if r.noise_floor is not None), None)
 
     @property
     def pass_line(self) -> float | None:
-        """The |Δlogit| below which a phase passes: max(noise, floor_multiple x floor)."""
-        line: float | None = _first_of(self.all_reports, "pass_line")
-        return line
+        """The |Δlogit| below which a phase passes: max(noise, floor_multiple x floor), shared by every report."""
+        return next((r.pass_line for r in self.all_reports if r.pass_line is not None), None)
 
     @property
     def errors(self) -> list[str]:
@@ -467,6 +413,9 @@ def verify_caches(
     )
     ids, steps = _prompt_ids(model, prompts, targets, max_new_tokens), max_new_tokens
     run = ReferenceRun(targets.reference, steps) if targets.runnable else None
+    shared: dict[str, Any] = {"chunk_sizes": chunk_sizes, "thresholds": th, "prefix_reuse": prefix_reuse}
+    own: dict[str, Any] = {"padded_batch": padded_batch, "isolation": isolation, "noise_floor": noise_floor}
+    own["pad_id"] = model.pad_id if model is not None else 0  # `own`: what the mutants' runs set for themselves
     reports = []
     for t in targets.targets:
         if t.report is not None:  # could not be built: the report says why
@@ -474,34 +423,12 @@ def verify_caches(
             continue
         if getattr(t.impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
             t.impl.max_cache_len = cache_len(ids, steps)
-        log(f"verifying {t.label} on {len(ids)} prompt(s), {steps} steps …")
-        reports.append(
-            verify_implementation(
-                t.impl,
-                run,
-                ids,
-                steps=steps,
-                chunk_sizes=chunk_sizes,
-                padded_batch=padded_batch,
-                thresholds=th,
-                name=t.name,
-                pad_id=model.pad_id if model is not None else 0,
-                isolation=isolation,
-                prefix_reuse=prefix_reuse,
-                noise_floor=noise_floor,
-            )
-        )
+        label = t.name or getattr(t.impl, "name", type(t.impl).__name__)
+        log(f"verifying {label} on {len(ids)} prompt(s), {steps} steps …")
+        reports.append(verify_implementation(t.impl, run, ids, steps, name=t.name, **shared, **own))
     table = None
     if gpt is not None:  # on the reference's own model, the reference run's trajectories serve
         log(f"running {len(MUTANTS)} mutants …")
         same = getattr(targets.reference, "model", getattr(targets.reference, "hf", None)) is gpt
-        table = mutant_table(
-            gpt,
-            ids,
-            steps,
-            chunk_sizes=chunk_sizes,
-            thresholds=th,
-            run=run if same else None,
-            prefix_reuse=prefix_reuse,
-        )
+        table = mutant_table(gpt, ids, steps, run=run if same else None, **shared)
     return CacheVerification(reports, ids, run.name if run is not None else None, th, table)

@@ -56,21 +56,14 @@ class Thresholds:
     floor_cap: float = 0.1  # the floor can raise the pass line to at most this fraction of ``bug``
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.noise <= self.suspicious <= self.bug):
-            raise ValueError(
-                f"thresholds must satisfy 0 <= noise <= suspicious <= bug, got noise={self.noise}, "
-                f"suspicious={self.suspicious}, bug={self.bug}"
-            )
-        if not (0.0 < self.rel_suspicious <= self.rel_bug):
-            raise ValueError(
-                f"relative thresholds must satisfy 0 < rel_suspicious <= rel_bug, got rel_suspicious="
-                f"{self.rel_suspicious}, rel_bug={self.rel_bug}"
-            )
-        if not (self.floor_multiple >= 0.0 and 0.0 <= self.floor_cap < 1.0):
-            raise ValueError(
-                f"floor_multiple must be >= 0 and floor_cap in [0, 1), got floor_multiple={self.floor_multiple}, "
-                f"floor_cap={self.floor_cap}"
-            )
+        rules = (
+            (0.0 <= self.noise <= self.suspicious <= self.bug, "0 <= noise <= suspicious <= bug"),
+            (0.0 < self.rel_suspicious <= self.rel_bug, "0 < rel_suspicious <= rel_bug"),
+            (self.floor_multiple >= 0.0 and 0.0 <= self.floor_cap < 1.0, "floor_multiple >= 0, 0 <= floor_cap < 1"),
+        )
+        for ok, rule in rules:
+            if not ok:
+                raise ValueError(f"thresholds must satisfy {rule}, got {self}")
 
     def pass_line(self, floor: float | None = None) -> float:
         """The largest max |Δlogit| that passes: ``noise``, raised to ``floor_multiple`` × a measured floor."""

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from .._io import json_safe
+from ..engine.runner import left_padded
 from .compare import Thresholds, max_abs_diff
 from .report import PhaseError, PhaseTracker, VerifyReport, overall_verdict
 from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_extension, reuse_cases, situations
@@ -125,15 +126,6 @@ class ReferenceRun:
         L = ids.shape[1]
         return max(max_abs_diff(out[b, L - len(q) :].float(), self.logits(q)) for b, q in enumerate(seqs))
 
-    def check_length(self, n_prompt: int) -> None:
-        """Raise ValueError when a prompt of ``n_prompt`` tokens plus the steps exceeds the context."""
-        need = n_prompt + self.steps
-        if self.max_positions is not None and need > self.max_positions:
-            raise ValueError(
-                f"prompt of {n_prompt} tokens + {self.steps} steps needs {need} positions but the model's "
-                f"context length is {self.max_positions}: shorten the prompt or lower the number of new tokens"
-            )
-
     def trajectory(self, prompt: Sequence[int]) -> ReferenceTrajectory:
         """Greedy reference run on ``prompt`` (cached)."""
         key = tuple(int(t) for t in prompt)
@@ -141,7 +133,12 @@ class ReferenceRun:
             return self._runs[key]
         if not key:
             raise ValueError("empty prompt: the harness needs at least one token per prompt")
-        self.check_length(len(key))
+        need = len(key) + self.steps
+        if self.max_positions is not None and need > self.max_positions:
+            raise ValueError(
+                f"prompt of {len(key)} tokens + {self.steps} steps needs {need} positions but the model's "
+                f"context length is {self.max_positions}: shorten the prompt or lower the number of new tokens"
+            )
         seq = list(key)
         prefill = self._full(seq)
         step_logits = [prefill[-1]]
@@ -175,13 +172,9 @@ def _prefix_vs_whole(tr: ReferenceTrajectory) -> float:
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    B, L = len(seqs), max(len(q) for q in seqs)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    for b, q in enumerate(seqs):
-        ids[b, L - len(q) :] = torch.tensor(q)
-        mask[b, L - len(q) :] = 1
-    return ids, mask
+    """Ids and the protocol's attention mask (a LongTensor, 1 for real tokens) of ``seqs`` left-padded."""
+    ids, valid = left_padded(seqs, max(len(q) for q in seqs), 0, pad_id, torch.device("cpu"))
+    return ids, valid.long()
 
 
 # ---- calling the implementation: its exceptions are findings, not harness failures ---------------------
@@ -222,7 +215,7 @@ def _call(
 def _reset(impl: Any) -> None:
     try:
         impl.reset()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 — as in _call
         raise ImplCrash(None, exc) from exc
 
 
@@ -300,26 +293,23 @@ def _padded_phase(impl: Any, run: ReferenceRun, prompts: list[list[int]], tr_: P
     ids, mask = _left_pad(prompts, pad_id)
     _reset(impl)
     V = trajs[0].vocab
-    rows: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in prompts]  # per row: (got, ref) per call
-    out = _call(0, impl.prefill, ids, (B, L, V), "padded prefill", attention_mask=mask)
-    for b, (p, t) in enumerate(zip(prompts, trajs, strict=True)):
-        rows[b].append((out[b, L - len(p) :].detach().float().clone(), t.prefill_logits))
-    tr_.add(0, torch.cat([g for g, _ in (r[0] for r in rows)]), torch.cat([t.prefill_logits for t in trajs]))
+    out = _call(0, impl.prefill, ids, (B, L, V), "padded prefill", attention_mask=mask).detach().float()
+    got = [out[b, L - len(p) :].clone() for b, p in enumerate(prompts)]  # per row: its logits, call by call
+    tr_.add(0, torch.cat(got), torch.cat([t.prefill_logits for t in trajs]))
     for k in range(1, run.steps + 1):
         step_ids = torch.tensor([[t.tokens[k - 1]] for t in trajs], dtype=torch.long)
         out = _call(k, impl.step, step_ids, (B, 1, V), "padded step")
         tr_.add(k, out[:, -1], torch.stack([t.step_logits[k] for t in trajs]))
-        for b, t in enumerate(trajs):
-            rows[b].append((out[b, -1:].detach().float().clone(), t.step_logits[k][None]))
-    tr_.r.per_row = [_row_summary(p, r) for p, r in zip(prompts, rows, strict=True)]
+        got = [torch.cat([g, out[b, -1:].detach().float()]) for b, g in enumerate(got)]
+    refs = [torch.cat([t.prefill_logits, *(s[None] for s in t.step_logits[1:])]) for t in trajs]
+    tr_.r.per_row = [_row_summary(len(p), g, r) for p, g, r in zip(prompts, got, refs, strict=True)]
 
 
-def _row_summary(prompt: list[int], calls: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+def _row_summary(prompt_length: int, got: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
     """One padded row vs the same prompt run alone: max |Δ| and the share of positions whose top-1 differs."""
-    got, ref = torch.cat([g for g, _ in calls]), torch.cat([r for _, r in calls])
     disagree = int((got.argmax(-1) != ref.argmax(-1)).sum())
     return {
-        "prompt_length": len(prompt),
+        "prompt_length": prompt_length,
         "max_abs_dlogit": max_abs_diff(got, ref),
         "top1_disagreement": disagree / got.shape[0],
         "positions": int(got.shape[0]),
@@ -352,13 +342,6 @@ def _isolation_phase(impl: Any, run: ReferenceRun, tr: ReferenceTrajectory, a: l
 NO_BACK_TO_BACK = (
     "the implementation does not declare prefill_starts_sequence = True (its prefill() may need reset() first)"
 )
-
-
-def reuse_base(run: ReferenceRun, prompt: list[int], vocab: int, length: int) -> list[int]:
-    """Sequence A of the prefix-reuse phases: the prompt, its greedy continuation, then random ids to ``length``."""
-    tr = run.trajectory(prompt)
-    a = (tr.prompt + tr.tokens)[:length]
-    return a + random_extension(vocab, length - len(a))
 
 
 @torch.no_grad()
@@ -467,7 +450,8 @@ def verify_implementation(
     prompts = [[int(t) for t in p] for p in prompts]
     trajs = [run.trajectory(p) for p in prompts]
     floor = run.noise_floor(prompts, pad_id) if noise_floor else None
-    line = th.pass_line(None if floor is None else floor.value)
+    fv = None if floor is None else floor.value
+    line = th.pass_line(fv)
 
     pre, inc = PhaseTracker("prefill", line), PhaseTracker("incremental", line)
     own = _greedy_phases(impl, trajs, pre, inc)
@@ -488,7 +472,6 @@ def verify_implementation(
         trackers += reuse_trackers
     texts_tracker = PhaseTracker("greedy_text", line)
     texts = _texts(impl, trajs, own, texts_tracker)
-    fv = None if floor is None else floor.value
     phases = [t.finish(th, fv) for t in trackers]
     if texts_tracker.r.error is not None:
         phases.append(texts_tracker.finish(th, fv))
@@ -513,7 +496,9 @@ def _reuse_phases(
 ) -> tuple[list[PhaseTracker], list[str]]:
     """The prefix-reuse phases: with reset() between the cases, and back to back where the protocol allows."""
     length = min([REUSE_LENGTH, *limits])
-    cases = reuse_cases(reuse_base(run, prompt, vocab, length), vocab, length)
+    tr = run.trajectory(prompt)  # sequence A: the prompt, its greedy continuation, then random ids to ``length``
+    a = (tr.prompt + tr.tokens)[:length]
+    cases = reuse_cases(a + random_extension(vocab, length - len(a)), vocab, length)
     if not cases:
         return [], []
     back_to_back = bool(getattr(impl, "prefill_starts_sequence", False))

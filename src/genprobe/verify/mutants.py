@@ -1,8 +1,8 @@
 """Deliberately broken cached-attention implementations: the tests of the test (chapter §3.4.9, §3.9).
 
 :class:`TeachingCache` is the chapter's §3.10 teaching version — a list of per-layer K/V grown with
-``torch.cat`` — run over a genprobe ``GPT``'s own weights (or a ``transformers`` Llama / Qwen2 /
-Mistral model's: the same cache over that model's modules), with one line switched per mutant:
+``torch.cat`` — as the cache of the model's own forward (a genprobe ``GPT``, or a ``transformers`` Llama / Qwen2 /
+Mistral model through :class:`~genprobe.model.llama_family.LlamaFamily`), with one line switched per mutant:
 
 =============  ==============================================  =========================
 mutant         the one wrong line                              expected
@@ -15,11 +15,9 @@ kv_mismatch    K prepended, V appended                         flagged
 cat_order      K *and* V prepended (joint permutation)         pass (seed Eq. 3.26–3.29)
 =============  ==============================================  =========================
 
-Cross-sequence reuse (the prefix-reuse phases show these): :class:`PrefixCache` keeps full blocks across
-sequences as serving engines do (``prefix_correct`` passes; three lookup keys that match too little are
-flagged), :class:`SlotCache` is llama.cpp's server slot (``slot_correct`` passes, ``slot_no_truncate`` is
-flagged). One mutant breaks a batched cache, not the teaching one: ``batch_row_swap`` (:func:`row_swap`), a row
-mix-up that only the padded-batch phase can see (it runs for this mutant).
+Cross-sequence reuse, which the prefix-reuse phases show: :class:`PrefixCache` (serving engines' block cache) and
+:class:`SlotCache` (llama.cpp's server slot). A batched cache's row mix-up, which only the padded batch shows:
+:func:`row_swap`.
 
 The mask is built from the absolute positions stored next to the keys (in the keys' order), so
 ``cat_order`` is a true joint permutation even for multi-token chunks. The mutants live here, not
@@ -28,13 +26,14 @@ as flags in the engine: production code carries no bug switches.
 
 from __future__ import annotations
 
-from typing import Any, Sequence, cast
+from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from .._io import json_safe_dict
-from ..model.gpt import GPT, Block, rope_rotate
+from ..model.gpt import GPT
+from ..model.llama_family import llama_family_of
+from ..model.position_lm import PositionDrivenLM
 from .adapters import EngineAdapter, FullRecompute, reference_for
 from .compare import Thresholds, max_abs_diff
 from .harness import ReferenceRun, chunk_calls, verify_implementation
@@ -63,99 +62,17 @@ LLAMA_ARCHS = ("llama", "qwen2", "mistral")  # transformers architectures the te
 DEFAULT_PROMPT = "春江潮水连海平"  # the chapter's prompt (§3.9.1), 50 greedy steps
 
 
-# ---- the layers a teaching cache runs: a genprobe GPT, or a transformers Llama-family model ---------------
-class _GPTLayers:
-    """A genprobe ``GPT``'s forward, one attention at a time (learned / rope / no positions)."""
-
-    def __init__(self, model: GPT):
+# ---- the teaching cache: the model's own forward, with the list-and-cat cache as its CacheLike ---------------
+def _view(model: Any) -> PositionDrivenLM:
+    """The position-driven forward the teaching cache plugs into: a genprobe GPT, or
+    :class:`~genprobe.model.llama_family.LlamaFamily` over a transformers Llama-family model's own weights."""
+    if isinstance(model, GPT):
         if model.cfg.pos_encoding not in ("learned", "rope", "none"):
             raise ValueError(f"mutants support pos_encoding learned/rope/none, not {model.cfg.pos_encoding!r}")
-        self.m, self.cfg = model.eval(), model.cfg
-        self.n_layer = model.cfg.n_layer
-        self.max_positions = model.cfg.max_positions
-
-    def embed(self, ids: torch.Tensor, pos: torch.Tensor, true_pos: torch.Tensor) -> torch.Tensor:
-        self.m.check_positions(true_pos)
-        x: torch.Tensor = self.m.wte(ids)
-        return x + self.m.wpe(pos) if self.m.wpe is not None else x
-
-    def qkv(self, i: int, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        block, (B, T, C), H = cast(Block, self.m.h[i]), x.shape, self.cfg.n_head
-        q, k, v = (
-            t.view(B, T, H, self.cfg.d_head).transpose(1, 2) for t in block.attn.c_attn(block.ln_1(x)).split(C, 2)
-        )
-        if self.cfg.pos_encoding == "rope":
-            q, k = rope_rotate(q, pos, self.cfg.rope_base), rope_rotate(k, pos, self.cfg.rope_base)
-        return q, k, v
-
-    def block_out(
-        self, i: int, x: torch.Tensor, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        block, (B, T, C) = cast(Block, self.m.h[i]), x.shape
-        y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
-        x = x + block.attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
-        out: torch.Tensor = x + block.mlp(block.ln_2(x))
-        return out
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.m.lm_head(self.m.ln_f(x))
-        return logits
-
-
-class _LlamaLayers:
-    """A ``transformers`` Llama-family causal LM (Llama, Qwen2, Mistral: RMSNorm, RoPE, GQA, gated MLP).
-
-    Built from the model's own modules and transformers' own ``apply_rotary_pos_emb``/``repeat_kv``, so
-    that the correct teaching cache differs from the model's forward by summation order only.
-    """
-
-    def __init__(self, hf: torch.nn.Module):
-        from transformers.models.llama import modeling_llama
-
-        self.hf = hf.eval()
-        self.inner: Any = getattr(hf, "model")  # noqa: B009 — the decoder stack of a *ForCausalLM
-        self.lm_head: Any = getattr(hf, "lm_head")  # noqa: B009
-        self.n_layer = len(self.inner.layers)
-        self.max_positions = getattr(hf.config, "max_position_embeddings", None)
-        self._rope, self._repeat = modeling_llama.apply_rotary_pos_emb, modeling_llama.repeat_kv
-        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def embed(self, ids: torch.Tensor, pos: torch.Tensor, true_pos: torch.Tensor) -> torch.Tensor:
-        x: torch.Tensor = self.inner.embed_tokens(ids)
-        self._cos_sin = self.inner.rotary_emb(x, position_ids=pos)
-        return x
-
-    def qkv(self, i: int, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        layer = self.inner.layers[i]
-        a, h = layer.self_attn, layer.input_layernorm(x)
-        shape = (*x.shape[:2], -1, a.head_dim)
-        q, k, v = (proj(h).view(shape).transpose(1, 2) for proj in (a.q_proj, a.k_proj, a.v_proj))
-        assert self._cos_sin is not None  # embed() ran first
-        q, k = self._rope(q, k, *self._cos_sin)
-        return q, k, v
-
-    def block_out(
-        self, i: int, x: torch.Tensor, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        layer = self.inner.layers[i]
-        a, n = layer.self_attn, layer.self_attn.num_key_value_groups
-        y = F.scaled_dot_product_attention(q, self._repeat(K, n), self._repeat(V, n), attn_mask=mask, scale=a.scaling)
-        x = x + a.o_proj(y.transpose(1, 2).reshape(*x.shape[:2], -1))
-        out: torch.Tensor = x + layer.mlp(layer.post_attention_layernorm(x))
-        return out
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.lm_head(self.inner.norm(x))
-        return logits.float()
-
-
-def layers_of(model: Any) -> _GPTLayers | _LlamaLayers:
-    """The teaching cache's view of ``model``: a genprobe GPT or a transformers Llama-family model."""
-    if isinstance(model, GPT):
-        return _GPTLayers(model)
+        return model.eval()
     arch = getattr(getattr(model, "config", None), "model_type", None)
     if arch in LLAMA_ARCHS and hasattr(model, "model") and hasattr(model, "lm_head"):
-        return _LlamaLayers(model)
+        return llama_family_of(model.eval())
     raise ValueError(
         f"mutants run on a genprobe GPT or a transformers {'/'.join(LLAMA_ARCHS)} model, "
         f"not {arch or type(model).__name__!r}"
@@ -163,32 +80,39 @@ def layers_of(model: Any) -> _GPTLayers | _LlamaLayers:
 
 
 class TeachingCache:
-    """The §3.10 list-and-cat cache over ``model``'s weights, with an optional planted ``bug``."""
+    """The §3.10 list-and-cat cache over ``model``'s weights, with an optional planted ``bug``.
+
+    It is the cache (:class:`~genprobe.model.cache_protocol.CacheLike`) of the model's own forward, which calls
+    :meth:`reserve` (the key positions its mask is built from) and :meth:`write` per layer: the bugs live there.
+    """
 
     prefill_starts_sequence = True  # prefill() resets
+    decode_mask_free = False  # every call's mask is built from reserve()'s key positions (no_mask's bug)
 
     def __init__(self, model: Any, bug: str = "correct"):
         if bug not in TEACHING:
             raise ValueError(f"unknown mutant {bug!r}; choose from {list(MUTANTS)}")
-        self.layers = layers_of(model)
-        self.model = model
-        self.bug = bug
-        self.name = bug
-        self.max_positions = self.layers.max_positions
+        self.lm, self.model, self.bug, self.name = _view(model), model, bug, bug
+        self.max_positions = self.lm.cfg.max_positions
         self.reset()
 
     def reset(self) -> None:
         """Empty per-layer K/V lists and the position counter."""
-        n = self.layers.n_layer
+        n = self.lm.cfg.n_layer
         self.k: list[torch.Tensor | None] = [None] * n
         self.v: list[torch.Tensor | None] = [None] * n
         self.kpos: torch.Tensor | None = None  # absolute position of every cached key, in K's order
         self.past = 0
 
-    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """First call of a sequence (the teaching version has no padding support)."""
+    @staticmethod
+    def refuse_padding(attention_mask: torch.Tensor | None) -> None:
+        """The teaching caches hold unpadded rows: NotImplementedError (the padded-batch phase is skipped)."""
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             raise NotImplementedError("the teaching cache has no left-padding support")
+
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """First call of a sequence (the teaching version has no padding support)."""
+        self.refuse_padding(attention_mask)
         self.reset()
         return self._forward(ids)
 
@@ -205,23 +129,37 @@ class TeachingCache:
     @torch.no_grad()
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         B, T = ids.shape
-        true_pos = torch.arange(self.past, self.past + T)
-        # pos_zero: the embedding (and RoPE) positions restart at 0; the mask still uses true positions.
-        emb_pos = (torch.arange(T) if self.bug == "pos_zero" else true_pos).expand(B, T)
-        k_first = self.bug in ("kv_mismatch", "cat_order")  # K prepended (positions travel with K); V too: cat_order
-        self.kpos = self._cat(self.kpos, true_pos, k_first)
-        allow = self.kpos[None, :] <= true_pos[:, None]  # (T, Tk) from absolute positions, not indices
-        if self.bug == "no_mask":
-            allow = torch.ones_like(allow)
-        mask = allow[None, None].expand(B, 1, T, allow.shape[-1])
-        x = self.layers.embed(ids, emb_pos, true_pos)
-        for i in range(self.layers.n_layer):
-            q, k, v = self.layers.qkv(i, x, emb_pos)
-            K = self.k[i] = self._cat(self.k[i], k, k_first)
-            V = self.v[i] = self._cat(self.v[i], v, self.bug == "cat_order")
-            x = self.layers.block_out(i, x, q, K, V, mask)
+        # pos_zero: the embedding (and RoPE) positions restart at 0; reserve() keeps the mask on true positions.
+        pos = torch.arange(T) if self.bug == "pos_zero" else torch.arange(self.past, self.past + T)
+        out: torch.Tensor = self.lm(ids, pos.expand(B, T), cache=self)
         self.past += T
-        return self.layers.head(x)
+        return out.float()
+
+    # ---- CacheLike: what the model's forward calls ----
+    def default_positions(self, T: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Positions continuing the sequence (unused: :meth:`_forward` always passes them)."""
+        return torch.arange(self.past, self.past + T)[None]
+
+    def reserve(
+        self, positions: torch.Tensor, valid: torch.Tensor | None, explicit_positions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Record the new keys' true positions (K prepended for kv_mismatch / cat_order: they travel with K) and
+        return every key's position as the queries' ``positions`` count them, so the mask is causal on true
+        positions (no_mask: every key at 0, visible to all)."""
+        B, T = positions.shape
+        k_first = self.bug in ("kv_mismatch", "cat_order")
+        self.kpos = self._cat(self.kpos, torch.arange(self.past, self.past + T), k_first)
+        k_pos = torch.zeros_like(self.kpos) if self.bug == "no_mask" else self.kpos - (self.past - positions[0, 0])
+        return k_pos.expand(B, -1), None
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (or, per bug, prepend / overwrite) ``layer``'s new keys and values; return all of them."""
+        K = self.k[layer] = self._cat(self.k[layer], k, self.bug in ("kv_mismatch", "cat_order"))
+        V = self.v[layer] = self._cat(self.v[layer], v, self.bug == "cat_order")
+        return K, V
+
+    def commit(self) -> None:
+        """Nothing to advance: :meth:`_forward` counts the positions."""
 
 
 class PrefixCache(TeachingCache):
@@ -267,8 +205,7 @@ class PrefixCache(TeachingCache):
         """Reuse stored blocks (one row, no padding), compute the rest, store the new full blocks."""
         if ids.shape[0] != 1:
             return super().prefill(ids, attention_mask)
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
-            raise NotImplementedError("the teaching cache has no left-padding support")
+        self.refuse_padding(attention_mask)
         self.reset()
         toks, b = [int(t) for t in ids[0]], self.block
         hit = 0
@@ -277,8 +214,8 @@ class PrefixCache(TeachingCache):
         blocks = [self.store[self._key(toks, j)] for j in range(hit)]
         self.reused += hit
         if blocks:
-            self.k = [torch.cat([blk[0][i] for blk in blocks], dim=-2) for i in range(self.layers.n_layer)]
-            self.v = [torch.cat([blk[1][i] for blk in blocks], dim=-2) for i in range(self.layers.n_layer)]
+            self.k = [torch.cat([blk[0][i] for blk in blocks], dim=-2) for i in range(self.lm.cfg.n_layer)]
+            self.v = [torch.cat([blk[1][i] for blk in blocks], dim=-2) for i in range(self.lm.cfg.n_layer)]
             self.kpos, self.past = torch.arange(hit * b), hit * b
         out = self._forward(ids[:, hit * b :])
         if blocks:
@@ -335,8 +272,7 @@ class SlotCache(TeachingCache):
         """Reuse the common prefix with the slot (one row, no padding), compute the rest."""
         if ids.shape[0] != 1:
             raise NotImplementedError("the slot cache holds one sequence")
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
-            raise NotImplementedError("the teaching cache has no left-padding support")
+        self.refuse_padding(attention_mask)
         self.reset()
         toks = [int(t) for t in ids[0]]
         slot_toks, K, V, logits = self.slot if self.slot is not None else ([], [], [], torch.empty(0))
@@ -418,12 +354,11 @@ def run_mutant_reports(
     prompts: list[list[int]],
     steps: int = 50,
     names: Sequence[str] = tuple(MUTANTS),
-    chunk_sizes: Sequence[int] = (1, 4),
-    thresholds: Thresholds | None = None,
     run: ReferenceRun | None = None,
-    prefix_reuse: bool = True,
+    **options: Any,
 ) -> list[VerifyReport]:
-    """Full harness reports for each mutant (reference trajectories computed once).
+    """Full harness reports for each mutant (reference trajectories computed once); ``options`` (``chunk_sizes``,
+    ``thresholds``, ``prefix_reuse``, ``noise_floor``) go to :func:`~genprobe.verify.harness.verify_implementation`.
 
     No padded batch for the teaching-cache mutants (the teaching cache has no padding; the batched ones,
     :data:`BATCHED`, get it) and no isolation phase: every mutant shares the same correct ``reset()``, so
@@ -433,16 +368,7 @@ def run_mutant_reports(
     run = run or ReferenceRun(reference_for(model), steps)
     return [
         verify_implementation(
-            mutant(model, n),
-            run,
-            prompts,
-            steps=steps,
-            chunk_sizes=chunk_sizes,
-            padded_batch=n in BATCHED,
-            thresholds=thresholds,
-            name=n,
-            isolation=False,
-            prefix_reuse=prefix_reuse,
+            mutant(model, n), run, prompts, steps=steps, padded_batch=n in BATCHED, name=n, isolation=False, **options
         )
         for n in names
     ]

@@ -102,19 +102,14 @@ def situations(cases: list[ReuseCase], back_to_back: str | None) -> list[str]:
     by_kind: dict[str, list[int]] = {}
     for c in cases:
         by_kind.setdefault(c.kind, []).append(c.shared)
-    out = []
-    if "continuation" in by_kind:
-        out.append(f"shared prefix of {', '.join(map(str, by_kind['continuation']))} tokens, then other tokens")
-    if "token_changed" in by_kind:
-        at = ", ".join(map(str, by_kind["token_changed"]))
-        out.append(f"one token changed at position {at} (last of a block of 8/16/32), the rest identical")
-    if "block_replaced" in by_kind:
-        out.append(f"first {REPLACED_BLOCK} tokens replaced, the rest identical, run twice")
-    if "repeat" in by_kind:
-        out.append("the same sequence twice (a full cache hit)")
-    if "shorter" in by_kind:
-        at = ", ".join(map(str, by_kind["shorter"]))
-        out.append(f"prefixes of {at} tokens of a cached sequence, then other tokens")
+    phrases = {  # {at}: the shared lengths / positions of that kind's cases
+        "continuation": "shared prefix of {at} tokens, then other tokens",
+        "token_changed": "one token changed at position {at} (last of a block of 8/16/32), the rest identical",
+        "block_replaced": f"first {REPLACED_BLOCK} tokens replaced, the rest identical, run twice",
+        "repeat": "the same sequence twice (a full cache hit)",
+        "shorter": "prefixes of {at} tokens of a cached sequence, then other tokens",
+    }
+    out = [p.format(at=", ".join(map(str, by_kind[k]))) for k, p in phrases.items() if k in by_kind]
     out.append("with reset() between sequences")
     out.append(
         "back to back without reset()" if back_to_back is None else f"not back to back without reset(): {back_to_back}"

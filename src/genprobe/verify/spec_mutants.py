@@ -1,22 +1,9 @@
 """Deliberately broken speculative decoders: each overrides one rule of
 :class:`~genprobe.engine.speculative.SpeculativeDecoder` (production code carries no bug switches).
 
-===================  ===========================================================  ====================
-mutant               the one wrong rule                                           caught by
-===================  ===========================================================  ====================
-correct              —                                                            (passes)
-accept_if_p_ge_q     keep ``d`` iff ``p(d) >= q(d)`` (no coin)                    exact distribution
-residual_from_p      on rejection draw from ``p``, not ``norm(max(0, p − q))``    exact distribution
-dropped_bonus        after k acceptances the bonus enters the context, not the    exact; greedy
-                     output
-doubled_bonus        the bonus token is appended twice                            exact; greedy
-no_rollback          rejected drafts stay in both caches (positions run on)       exact; greedy
-verify_off_by_one    ``p_j`` read from the row of ``d_j`` itself, not the one     exact; greedy
-                     before it
-===================  ===========================================================  ====================
-
-Greedy catches the last four only when the run has a round of full acceptance (bonus mutants) or a rejection
-(rollback): the exact distribution of the first tokens has both with positive probability, so it catches all six.
+docs/speculative.md tables them with the check that catches each: the exact distribution of the first tokens has a
+round of full acceptance and a rejection with positive probability, so it catches all six; greedy catches the bonus
+and rollback mutants only when its run has such a round.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """Is speculative decoding the target model's decoding? Greedy: token for token; sampled: in distribution.
 
 Three checks, each a typed result with its own verdict (``pass``, ``bug``, ``error`` or ``not checked`` when it had
-nothing to look at):
-
-* :func:`greedy_check` — speculative greedy against plain greedy (:func:`genprobe.engine.generate.generate`) on
-  every prompt; the first divergence (prompt, position, both tokens) is reported.
-* :func:`exact_check` — the distribution of the first ``n`` generated tokens, computed *exactly*: every random choice
-  of the speculative run (each draft draw, each acceptance coin, each residual or bonus draw) is enumerated by
-  replaying the real decoder (its caches and rollbacks included) with a script of choices, each leaf weighted by the
-  product of its choices' probabilities; the target's own distribution is enumerated from full recomputation. A
-  truncating sampler (default top-k 3) keeps the tree small. Verdict on the total variation distance (tolerance
-  1e-4: float32 noise is ~1e-7).
-* :func:`two_sample_check` — for models too slow to enumerate: ``samples`` plain and ``samples`` speculative
-  generations of ``n`` tokens, compared position by position (χ² homogeneity of the token counts, and a two-
-  proportion z-test on the commonest token), Bonferroni over the tests; reported with its p-value and the smallest
-  shift of one token's probability it detects with power 0.8.
-
-With ``mutants``, :func:`verify_speculative` runs the broken decoders of :mod:`genprobe.verify.spec_mutants`
-through the greedy and exact checks: each must be caught, the correct decoder must pass.
+nothing to look at): :func:`greedy_check` (speculative greedy vs plain greedy), :func:`exact_check` (the exact
+distribution of the first tokens, every random choice of the real decoder enumerated, vs the target's, on total
+variation) and :func:`two_sample_check` (χ² and z-tests on samples, for models too slow to enumerate). With
+``mutants``, :func:`verify_speculative` runs the broken decoders of :mod:`genprobe.verify.spec_mutants` through the
+greedy and exact checks. docs/speculative.md describes each check and its tolerances.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -275,10 +264,8 @@ def two_sample_check(
         tests.append({"position": pos, "test": "z_top_token", **_z_top(a, b)})
     m = len(tests)
     p_adj = min(1.0, m * min(float(t["p_value"]) for t in tests))
-    power = 0.8
-    z = float(torch.special.ndtri(torch.tensor(1 - alpha / (2 * m), dtype=torch.float64))) + float(
-        torch.special.ndtri(torch.tensor(power, dtype=torch.float64))
-    )
+    power, normal = 0.8, statistics.NormalDist()
+    z = normal.inv_cdf(1 - alpha / (2 * m)) + normal.inv_cdf(power)
     shift = z * math.sqrt(2 * 0.25 / samples)  # two proportions near 1/2: the largest variance
     verdict = "pass" if p_adj >= alpha else "bug"
     return TwoSampleCheck(verdict, samples, n, p_adj, alpha, power, shift, tests, stats.acceptance_rate)

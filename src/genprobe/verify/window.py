@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..model.gpt import GPT
+from ..model.position_lm import default_positions
 
 
 def window_visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
@@ -30,10 +31,7 @@ def windowed_forward(
     """Logits (B, T, V) of ``model`` with a sliding-window(+sinks) mask in every layer, no cache."""
     B, T = ids.shape
     valid = None if attention_mask is None else attention_mask.to(torch.bool)
-    if valid is None:
-        positions = torch.arange(T, device=ids.device).expand(B, T)
-    else:
-        positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+    positions = default_positions(B, T, None, attention_mask, ids.device)
     model.check_positions(positions)
     model.check_ids(ids)
     vis = window_visibility(positions, positions, window, sinks)
