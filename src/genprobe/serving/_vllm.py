@@ -1,9 +1,4 @@
-"""The one place that imports vLLM: a clear error when the optional extra is missing or broken.
-
-vLLM is an optional dependency (``pip install 'genprobe[vllm]'``). Every serving entry point calls
-:func:`require_vllm` first, so a missing extra is reported as what to install, not as a traceback
-from deep inside an import.
-"""
+"""The one place that imports vLLM: a missing or broken optional extra is reported as what to install."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """A live OpenAI-compatible server as a :class:`genprobe.engine.backend.Backend` (issue #47).
 
-Standard library HTTP only (``urllib``): every request has a timeout and a bounded number of retries (connection
-refused, a timeout, a 5xx answer), so an unreachable or stuck server is one :class:`EndpointError` (a
-``ValueError``: the CLI's one-line exit 2), never a hang. Requests run concurrently from a thread pool.
-
-Which server it is, read off ``/v1/models`` (vLLM says ``owned_by: vllm``; llama-cpp-python's server ``me``) and the
-extras it answers:
-
-* **vLLM** (``vllm/entrypoints/openai/completion/protocol.py``, ``CompletionRequest``): token-id prompts,
-  ``logprobs`` top-k with ``return_tokens_as_token_ids`` (keys ``"token_id:N"``: ids, not text),
-  ``prompt_logprobs`` (``[None, {"N": {"logprob": ...}}, ...]``), ``/tokenize`` with ``prompt`` or ``messages``
-  (the ids its chat template builds), ``usage.prompt_tokens_details.cached_tokens`` when enabled.
-* **llama-cpp-python's server** (``llama_cpp/server/app.py``, ``types.py``): text prompts only, legacy ``logprobs``
-  keyed by each token's text (``Llama._create_completion``: ``detokenize([id])``), ``/extras/tokenize``. Text keys
-  are mapped back to ids through the reference tokenizer's pieces (``pieces``), a piece several ids share is not
-  compared.
-* anything else: treated like llama-cpp-python's format without a tokenizer endpoint.
+Standard library HTTP only: every request has a timeout and bounded retries, so an unreachable or stuck server is
+one :class:`EndpointError` (the CLI's one-line exit 2), never a hang. The server kind is read off ``/v1/models`` and
+the extras it answers: **vLLM** (token-id prompts, top-k keyed ``"token_id:N"``, ``prompt_logprobs``, ``/tokenize``
+with ``prompt`` or ``messages``, cached-token counts), **llama-cpp-python** (text prompts, log-probs keyed by token
+text, mapped back to ids through the reference's ``pieces``; ``/extras/tokenize``), or anything else, treated like
+the latter without a tokenizer endpoint (docs/live-serving.md).
 """
 
 from __future__ import annotations

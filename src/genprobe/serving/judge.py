@@ -1,37 +1,21 @@
 """How a served response is judged against float32 recomputation: one rule for every engine and precision.
 
-For a request with prompt ids ``p`` (length P) and generated ids ``g``, the reference computes ``log_softmax`` of
-one uncached forward over ``p + g`` in float32 (:class:`ReferenceLogprobs`); row t predicts token t + 1. Every id
-a backend returned at a position (its top-k plus the actual token; the whole vocabulary where it returns every row)
-is compared. Top-1 agreement tolerates float-noise ties: the served top token agrees when the reference gives it a
-log-probability within the noise of the reference's maximum.
+For a request with prompt ids ``p`` and generated ids ``g``, the reference is ``log_softmax`` of one uncached float32
+forward over ``p + g`` (:class:`ReferenceLogprobs`); row t predicts token t + 1. Every id a backend returned at a
+position (its top-k plus the actual token; the whole vocabulary where it returns every row) is compared; the served
+top-1 token agrees when the reference gives it a log-probability within float noise of its maximum.
 
-**Float32 arithmetic** is judged on verify-cache's scale (:class:`genprobe.verify.compare.Thresholds`, seed §3.4.3:
-< 1e-4 float noise → pass, < 1e-3 small, ≤ 1 suspicious, > 1 bug) over max |Δ log p| (:func:`serving_verdict`), only
-its absolute scale (log-probabilities are normalised already), plus one rule for serving: a position whose top-1
-token is not the reference's (beyond a float-noise tie) is at least "suspicious" — a greedy deployment would emit
-different text there, whatever the size of the difference.
+**Float32 arithmetic** is judged on verify-cache's absolute scale over max |Δ log p| (:func:`serving_verdict`), and a
+position whose top-1 token is not the reference's is at least "suspicious": greedy text would differ there.
 
-**Reduced precision is not a bug.** A deployment in bfloat16 (vLLM), float16, or a quantized GGUF file (llama.cpp)
-cannot match float32 recomputation to float noise (SmolLM2 in bfloat16: top-5 |Δ log p| up to ~1 on a few positions,
-top-1 flips at near-ties): on the absolute scale every such deployment would be "broken" and a real fault drowned in
-the same numbers. So a reduced-precision phase is judged on a **gap ratio**, the same for every engine:
-
-    ratio = gap(served, float32) / floor,  floor = gap(the same precision computed honestly, float32)
-
-* the *gap* of a request is the mean |Δ log p| to float32 recomputation over the ids the engine returned at each of
-  its positions (the reference's top 5 where it returned the whole vocabulary: what sampling reads, not the far
-  tail, where quantization moves log p the most);
-* the *floor* is the same statistic, on the same positions and ids, of an honest computation at the deployment's
-  precision: the same model recomputed in the deployment's dtype (vLLM), or llama.cpp's own one-call prefill of the
-  same tokens (a quantized GGUF file) — how far that precision moves these very tokens, measured on the day; for a
-  live server of unknown precision, its lone greedy requests' gap;
-* ratio ≤ :data:`GAP_PASS` pass, ≤ :data:`GAP_BUG` suspicious, more a bug; a phase's ratio is its worst request's
-  (each over its own floor: a fault confined to one request is not averaged away).
-
-The float32 distances are reported beside the verdict. A cache serving another prompt's entries, shifted positions
-or other weights move a phase by many floors; an engine error smaller than the precision's own noise can only be
-seen on a float32 deployment, which is why verify-serving keeps float32 as its engine-correctness check.
+**Reduced precision is not a bug** (bfloat16, float16, a quantized GGUF cannot match float32 to float noise), so it
+is judged on a **gap ratio**: ``gap(served, float32) / floor`` with ``floor = gap(the same precision computed
+honestly, float32)``, the *gap* being the mean |Δ log p| over the ids the engine returned (the reference's top
+:data:`TOP_GAP` where it returned every row: what sampling reads, not the far tail). The floor is the model
+recomputed in the deployment's dtype (vLLM), llama.cpp's own one-call prefill (a GGUF file), or, for a live server
+of unknown precision, its lone greedy requests' gap. A phase's ratio is its worst request's: ≤ :data:`GAP_PASS`
+pass, ≤ :data:`GAP_BUG` suspicious, more a bug (docs/llamacpp.md, docs/live-serving.md). An engine error smaller
+than the precision's own noise shows only on a float32 deployment: that is the engine-correctness check.
 """
 
 from __future__ import annotations

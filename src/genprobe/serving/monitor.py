@@ -1,24 +1,12 @@
 """Online loop monitor: detect a loop *while* a sequence is generated, then stop it, flag it or break it.
 
-The detector is pluggable (:class:`IncrementalDetector`): anything with ``push(token) -> LoopInfo |
-None`` and ``reset()``. Two are provided:
-
-* :class:`ExactPeriodDetector` — the exact-period rule of :func:`genprobe.metrics.loop.detect_loop`
-  (smallest period p whose periodic tail covers ≥ ``min_repeats`` units and ≥ ``min_tail`` tokens)
-  kept up to date in O(``max_period``) per token: for every p it keeps the length of the run of
-  positions with ``t[i] == t[i - p]`` ending at the newest token. At every prefix it answers exactly
-  what ``detect_loop(prefix, max_period=...)`` answers (tested).
-* :class:`RecomputeDetector` — wraps any offline detector ``fn(tokens)`` (e.g.
-  :func:`genprobe.metrics.detect_near_loop`, which also sees loops with a substitution) and calls it
-  every ``every`` tokens.
-
-The monitor's logic is written once (:class:`LoopWatch`: the detector over a growing token list, the first
-detection, the token a loop would continue with); each engine's hook is a thin adapter that feeds it: a
-``transformers`` :class:`LoopStoppingCriteria` (stop) and :class:`LoopBreakingLogitsProcessor` (intervene: ban the
-token that would continue the loop), llama-cpp-python's (:mod:`genprobe.serving.llamacpp.monitor`) and a vLLM V1
-logits-processor plug-in (:mod:`genprobe.serving.vllm_monitor`). :func:`monitor_backend` runs it over any
-:class:`~genprobe.engine.backend.Backend` (chunks of tokens per request, stopped at the first loop), so a new engine
-gets the monitor by its adapter alone. Only generated tokens are watched.
+The detector is pluggable (:class:`IncrementalDetector`: ``push(token) -> LoopInfo | None`` and ``reset()``):
+:class:`ExactPeriodDetector` answers at every prefix exactly what :func:`genprobe.metrics.loop.detect_loop` answers
+in O(``max_period``) per token (tested); :class:`RecomputeDetector` runs any offline detector every ``every`` tokens.
+The monitor's logic is written once (:class:`LoopWatch`); each engine's hook is a thin adapter that feeds it
+(:class:`LoopHook`: ``transformers`` here, :mod:`genprobe.serving.llamacpp.monitor`,
+:mod:`genprobe.serving.vllm_monitor`), and :func:`monitor_backend` runs it over any
+:class:`~genprobe.engine.backend.Backend`. Only generated tokens are watched.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Does the deployed model loop as often as our engine measured? (a repaired model served by vLLM)
 
-``loops repair`` measures a patch's loop rate with genprobe's engine; a patched directory (``loops
-apply --out DIR``) served by vLLM should give the same rate. :func:`compare_loop_rates` puts the two
-scans side by side: both rates with Wilson 95% intervals, whether the served rate lies inside the
-interval our engine measured, and — because a rate alone can agree by accident — the per-prompt
-agreement of loop verdicts (and of tokens, which greedy decoding should reproduce exactly).
+:func:`compare_loop_rates` puts two scans of the same prompts side by side: both rates with Wilson 95% intervals,
+whether the served rate lies inside ours, and — because a rate alone can agree by accident — the per-prompt
+agreement of loop verdicts and of tokens (which greedy decoding should reproduce exactly).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """genprobe's :class:`~genprobe.engine.samplers.SamplerConfig` as vLLM ``SamplingParams`` — exactly, or refused.
 
-What vLLM's V1 sampler does (``vllm/v1/sample/sampler.py``, ``Sampler.forward``): allowed-token
-whitelist → penalties (repetition over prompt ∪ output; presence/frequency over the output) → greedy
-argmax, or temperature → min-p → top-k → top-p → draw. genprobe's ``engine="vllm"`` reproduces that
-arithmetic op for op, so a config maps exactly when each active stage's ``vllm`` method
-(:mod:`genprobe.engine.samplers.stages`) has its vLLM form — the rest (``no_repeat_ngram``, typical-p, top-n-σ,
-DRY, XTC, contrastive search, a penalty window) is refused by name — and
-
-* ``engine`` is ``"vllm"`` whenever a stage whose arithmetic differs between engines is active (penalties,
-  τ ≠ 1, truncation): genprobe's and HF's top-p break ties and round differently. Greedy with bans only, or
-  plain τ = 1 sampling, maps from any engine;
-* the *active* stages run in an order equivalent to vLLM's fixed one (top-k commutes with τ: both keep the
-  ranking).
-
-A field no stage maps (a sampler added later) is refused while it is not at its default, so a new setting can
-never be dropped silently.
+vLLM's V1 sampler applies bans → penalties → greedy argmax, or temperature → min-p → top-k → top-p → draw. A config
+maps when each active stage's ``vllm`` method (:mod:`genprobe.engine.samplers.stages`) has its vLLM form (the rest
+is refused by name), when stages whose arithmetic differs between engines run with ``engine="vllm"``, and when the
+active stages run in an order equivalent to vLLM's fixed one. A field no stage maps is refused while it is not at
+its default, so a new setting is never dropped silently.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Loop scan through vLLM in-process: the same prompts, sampler and records as genprobe's own engine scan.
 
 vLLM contributes only a batch generator (:func:`vllm_batches`) to the one scan
-(:func:`genprobe.loops.scan.scan_batches`): generation runs in ``LLM.generate`` (continuous batching, any parallelism
-the engine was started with), loop measures are genprobe's own on the returned ids. This stays an in-process fast
-path beside the Backend route (:func:`genprobe.loops.scan_settings.backend_engine`) because a backend request
-carries only temperature, top-p, top-k, a seed and banned ids: vLLM's penalties and min-p, which loop studies sweep,
-would be lost. Greedy scans give the same tokens as our engine up to float noise (tested); sampled scans use vLLM's
-random streams (seed ``seed + i`` for prompt ``i``), so they agree in distribution, not token by token.
+(:func:`genprobe.loops.scan.scan_batches`). It stays an in-process fast path beside the Backend route because a
+backend request cannot carry vLLM's penalties and min-p, which loop studies sweep. Greedy scans give our engine's
+tokens up to float noise (tested); sampled scans (seed ``seed + i`` for prompt ``i``) agree in distribution only.
 """
 
 from __future__ import annotations

@@ -27,13 +27,9 @@ cannot support is "not checked" with the reason, never "pass".
 ``chat``              the prompt ids the server builds from ``messages`` against the reference's chat template
 ====================  ============================================================================================
 
-Only the prefix-cache phases read a prefix cache (the others ask not to, where the backend can be told): a cache
-fault is then named where it is. How a phase is judged (:class:`Judge`) depends on the deployment's precision
-(``Capabilities.exact``): float32 arithmetic throughout on verify-cache's absolute scale
-(:func:`genprobe.serving.judge.serving_verdict`: max |Δ log p|, a differing top-1 token at least suspicious);
-reduced precision on its gap ratio over an honest computation at that precision (the floor,
-:mod:`genprobe.serving.judge`); a live server of unknown precision on the absolute scale for its lone requests
-and on the gap ratio over those for the rest.
+Only the prefix-cache phases read a prefix cache (the others ask not to, where the backend can be told), so a cache
+fault is named where it is. How a phase is judged depends on the deployment's precision (``Capabilities.exact``):
+:mod:`genprobe.serving.judge`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The one place that imports llama.cpp's Python bindings: a clear error when the optional extra is missing.
 
-llama.cpp is reached through ``llama-cpp-python`` (an optional extra, ``genprobe[llamacpp]``). The registry ships
-it as source only, and a default build (``-DGGML_NATIVE=ON``) crashed in its quantized kernels on the 2-core test
-machines, so ``scripts/install_llamacpp.sh`` builds it with explicit instruction-set flags, only the two libraries
-loaded here (libllama, libggml), and keeps the wheel for the next install; ``scripts/test.sh`` runs it. Every
-llama.cpp entry point calls :func:`require_llama_cpp` first.
+``llama-cpp-python`` ships as source only, and a default build crashed in its quantized kernels on the test
+machines, so ``scripts/install_llamacpp.sh`` builds it with explicit instruction-set flags. Every llama.cpp entry
+point calls :func:`require_llama_cpp` first.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """llama.cpp as an engine: a GGUF file's logits at every position, greedy generation, KV-cache operations.
 
-:class:`LlamaCppModel` opens one GGUF file through ``llama-cpp-python`` (``llama_cpp.Llama``, ``verbose=False``) and
-drives llama.cpp's own context with the low-level API (``llama_batch`` + ``llama_decode``; ``include/llama.h``), so
-every call says exactly what llama.cpp computed: which tokens at which positions in which sequence, which rows'
-logits were asked for. Each public call starts from a fresh KV cache unless it says otherwise.
+:class:`LlamaCppModel` opens one GGUF file through ``llama-cpp-python`` and drives llama.cpp's own context with the
+low-level API (``llama_batch`` + ``llama_decode``; ``include/llama.h``), so every call says exactly what llama.cpp
+computed: which tokens at which positions in which sequence, which rows' logits were asked for. Each public call
+starts from a fresh KV cache unless it says otherwise. The file is the whole deployment (weights, hyper-parameters,
+tokenizer); every comparison runs on token ids, so a tokenizer difference never enters a logit comparison.
 
-**How a user's GGUF maps.** The file is the whole deployment: weights in whatever types it holds (F32, F16, Q8_0,
-K-quants, ...), hyper-parameters and the tokenizer (the ``tokenizer.ggml.*`` metadata). :meth:`LlamaCppModel.tokenize`
-is llama.cpp's own tokenizer (``llama_tokenize``, ``src/llama-vocab.cpp``), not ``transformers``'; BOS is added
-when asked and the file says so (``tokenizer.ggml.add_bos_token``). The float32 reference genprobe compares with
-(``genprobe.load(file)``) dequantizes the same tensors through ``transformers``' GGUF support and builds its tokenizer
-from the same metadata; every comparison runs on token ids, so a tokenizer difference never enters a logit
-comparison.
-
-**What llama.cpp computes differently from the weights' float32 recomputation**, by design:
-
-- its KV cache stores K and V in ``kv_type`` (``f16`` by default, as ``llama_context_default_params``): every
-  attention read of a cached key is rounded to half precision — in prefill too, since the graph attends over the
-  cache's view (``src/llama-graph.cpp``, ``build_attn``); ``kv_type="f32"`` removes that rounding;
-- a matrix product with a quantized weight quantizes the *activations* too: ggml-cpu multiplies by the weight type's
-  ``vec_dot_type`` (``ggml/src/ggml-cpu/ggml-cpu.c``, ``type_traits_cpu``: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for
-  Q4_1/Q5_1, Q8_K for the K-quants, F16 for F16 weights), so a quantized file's logits differ from recomputation
-  with its dequantized weights by more than float rounding. Only an F32 file with an F32 KV cache is float32
-  arithmetic throughout.
+By design llama.cpp differs from float32 recomputation of the same weights: its KV cache stores K/V in ``kv_type``
+(f16 by default, read back in prefill too), and a product with a quantized weight quantizes the activations to the
+weight type's ``vec_dot_type``. Only an F32 file with an F32 KV cache is float32 arithmetic throughout
+(docs/llamacpp.md).
 """
 
 from __future__ import annotations

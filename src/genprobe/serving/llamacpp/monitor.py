@@ -1,20 +1,11 @@
-"""The online loop monitor for llama.cpp users: a stopping criterion and a loop-breaking logits processor for
-``llama_cpp.Llama`` (``create_completion`` / ``__call__`` / ``generate`` take both).
+"""The online loop monitor for ``llama_cpp.Llama``: a stopping criterion and a loop-breaking logits processor.
 
-Both are :class:`genprobe.serving.monitor.LoopHook` adapters (any of its detectors, the exact-period one by default)
-fed what llama-cpp-python passes its hooks (``llama.py``: ``f(input_ids, logits)``):
-
-* a **logits processor** is called before each token is sampled with ``input_ids`` = every token evaluated so far
-  (the prompt, then each generated token), so :class:`LlamaCppLoopBreaker` sees the whole history and bans the token
-  that would continue a detected loop (``scores[t] = -inf``) at the very next step;
-* a **stopping criterion** is called after a token is sampled but with ``input_ids`` *without* that newest token
-  (``Llama.generate``: ``stopping_criteria(self._input_ids[:sample_idx], ...)``, the token is evaluated only on the
-  next round), so :class:`LlamaCppLoopStopping` fires one token after the loop completes and the completion ends
-  with the token that completed it (the sampled one after it is dropped): the output equals the unmonitored
-  generation cut right after the step :func:`genprobe.serving.monitor.replay` reports (tested).
-
-The prompt length is the length of ``input_ids`` at the first call. One instance per completion (or :meth:`reset`
-between completions).
+Both are :class:`genprobe.serving.monitor.LoopHook` adapters fed what llama-cpp-python passes its hooks
+(``f(input_ids, logits)``). A logits processor sees every token evaluated so far, so :class:`LlamaCppLoopBreaker`
+bans the token that would continue a loop at the very next step. A stopping criterion is called *without* the
+newest sampled token (``Llama.generate``), so :class:`LlamaCppLoopStopping` fires one token after the loop
+completes: the output equals the unmonitored generation cut right after the step
+:func:`genprobe.serving.monitor.replay` reports (tested). One instance per completion (or :meth:`reset`).
 """
 
 from __future__ import annotations

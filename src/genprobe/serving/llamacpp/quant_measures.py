@@ -1,12 +1,7 @@
-"""The quantization study's pure measures (:mod:`.quant_study` runs it): numbers from logits and token lists alone.
+"""The quantization study's pure measures: numbers from logits and token lists alone.
 
-- **logits**: KL(F32 ‖ type) per position (nats), top-1 agreement (argmax, first index on a tie as llama.cpp's
-  greedy sampler: ``llama_sampler_greedy_apply`` in ``src/llama-sampler.cpp`` keeps the first maximum, ``>`` not
-  ``>=``), and perplexity on the text;
-- **greedy text**: the first step at which the type's greedy continuation of each prompt leaves F32's, median and
-  histogram;
-- **loops**: calibrated exact-loop and degenerate rates with Wilson 95% intervals and the paired view (prompts that
-  became degenerate / stopped being degenerate, with a two-sided sign test), since every type sees the same prompts.
+KL(F32 ‖ type), top-1 agreement (first index on a tie, as llama.cpp's greedy sampler) and perplexity; the first
+step where greedy text leaves F32's; calibrated loop rates paired with F32's on the same prompts (sign test).
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
-"""verify-serving through llama.cpp: does a GGUF deployment compute its weights' logits, phase by phase?
+"""verify-serving through llama.cpp: the one verifier (:mod:`genprobe.serving.verify`) on
+:class:`~genprobe.serving.llamacpp.engine.LlamaCppBackend`, plus the one phase that exists only here.
 
-The one verifier (:mod:`genprobe.serving.verify`) runs on :class:`~genprobe.serving.llamacpp.engine.LlamaCppBackend`:
-every position's whole distribution, compared twice — with **float32 recomputation** of the same weights
-(``genprobe.load(file)``: dequantized by ``transformers``, or ``reference=`` a float directory of the same weights)
-and with **llama.cpp's own prefill** of the same tokens (one ``llama_decode`` call, fresh cache: "self"). Its prefix
-cache is the ``Llama`` object's prompt cache (``Llama.generate``), its batch several sequences of one context. One
-phase exists only here:
+Every position's whole distribution is compared with float32 recomputation of the same weights (``genprobe.load``
+of the file, or ``reference=`` a float directory) and with llama.cpp's own one-call prefill of the same tokens
+("self", the floor of a quantized file: :mod:`genprobe.serving.judge`). Only an F32 file with an F32 KV cache is
+judged on the absolute scale; anything else on its gap ratio (docs/llamacpp.md: why, with measurements).
 
 ``context_shift``: the context filled, then llama.cpp's context shift (``tools/completion/completion.cpp``: keep
-``n_keep`` tokens, discard half of the rest with ``llama_memory_seq_rm``, move the remainder back with
-``llama_memory_seq_add``) and greedy steps after it; the reference is the float32 cache shifted the same way
-(:func:`shifted_cache_logprobs`), not recomputation.
-
-**Engine correctness vs quantization.** Recomputation equals llama.cpp's arithmetic up to float rounding only when
-every weight is F32 and the KV cache is F32 (``kv_type="f32"``): then every phase is judged on recomputation and on
-llama.cpp's own prefill (``judged_on="reference"``) with verify-cache's scale. Otherwise llama.cpp rounds cached
-K/V to F16 and quantizes the activations of every product with a quantized weight (Q8_0 / Q8_K / Q8_1, the weight
-type's ``vec_dot_type`` in ``ggml/src/ggml-cpu/ggml-cpu.c``), which recomputation with the dequantized weights does
-not do. And llama.cpp's one-token decode and its multi-token prompt path do not agree with each other either on a
-quantized file (measured, SmolLM2 Q4_1: mean top-5 |Δ log p| 0.09 between them, 0.11 from either to float32; on the
-F32 file 5e-6) — most likely because ggml-cpu picks its matrix-product kernels by batch size. A quantized phase is
-judged on its **gap ratio** (``judged_on="gap"``): the mean |Δ log p| over the reference's top-5 ids to
-recomputation, over the same statistic of llama.cpp's own one-call prefill of the same tokens (the file's
-quantization gap on exactly those positions; for the context shift, the kept tokens recomputed unshifted): ≤ 2
-pass, ≤ 5 suspicious, more a bug (:mod:`genprobe.serving.judge`). A cache serving the wrong prompt's entries
-moves a phase by far more than quantization does; an engine error smaller than the quantization noise can only be
-seen on an F32 file of the same model, which is why the F32 run is the engine-correctness check and a quantized run
-the deployment check.
+``n_keep`` tokens, discard half of the rest, move the remainder back) and greedy steps after it; the reference is the
+float32 cache shifted the same way (:func:`shifted_cache_logprobs`), not recomputation.
 """
 
 from __future__ import annotations
