@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from .._io import json_safe
 from ..engine.backend import Capabilities, Position, Request, Response
-from ._vllm import require_vllm_engine
+from ._vllm import require_vllm
 from .model_dir import ServedModel, read_config, served_model
 
 MONITOR_FQCN = "genprobe.serving.vllm_monitor:LoopMonitorProcessor"
@@ -243,7 +243,7 @@ class ServingEngine:
     """A started ``vllm.LLM`` on one model directory, plus what genprobe needs to know about it."""
 
     def __init__(self, model: str | os.PathLike | ServedModel, options: EngineOptions | None = None):
-        require_vllm_engine()
+        require_vllm()
         # an export made here is removed at shutdown; one handed in stays its owner's (another engine may serve it)
         self._owns_served = not isinstance(model, ServedModel)
         self.served = model if isinstance(model, ServedModel) else served_model(model)

@@ -61,14 +61,11 @@ def to_sampling_params(
     """A vLLM ``SamplingParams`` for ``cfg``: exactly ``max_new_tokens`` tokens unless ``eos_id`` is generated."""
     from ._vllm import require_vllm
 
-    require_vllm()
-    from vllm import SamplingParams
-
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     stop: dict[str, Any] = {"stop_token_ids": [int(eos_id)]} if eos_id is not None else {}
     # ignore_eos: the model config's own end-of-text id must not stop a scan; only ``eos_id`` (if given) does.
-    return SamplingParams(
+    return require_vllm().SamplingParams(
         max_tokens=int(max_new_tokens),
         seed=seed,
         ignore_eos=True,

@@ -8,6 +8,7 @@ point calls :func:`require_llama_cpp` first.
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Self
 
 #: The version genprobe is tested against (its low-level API changes between releases: e.g. the argument order
 #: of ``llama_sampler_init_penalties``).
@@ -41,3 +42,16 @@ def require_llama_cpp() -> ModuleType:
     import llama_cpp
 
     return llama_cpp
+
+
+class Closeable:
+    """Owns llama.cpp objects that :meth:`close` frees (idempotently); as a context manager, closed on exit."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

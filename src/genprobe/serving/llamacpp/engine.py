@@ -24,7 +24,7 @@ import numpy as np
 
 from ..._io import json_safe
 from ...engine.backend import Capabilities, Position, Request, Response, stop_text
-from ._bindings import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
+from ._bindings import LLAMA_CPP_PYTHON_VERSION, Closeable, require_llama_cpp
 
 #: KV-cache element types a context can be created with (ggml type ids of ``ggml.h``).
 KV_TYPES = {"f32": 0, "f16": 1}
@@ -38,13 +38,6 @@ NextToken = Callable[[np.ndarray, list[int]], int]
 
 class LlamaCppDecodeError(RuntimeError):
     """``llama_decode`` refused a batch (no room in the KV cache, a batch over n_batch, ...)."""
-
-
-def model_file_types(path: str | os.PathLike[str]) -> dict[str, int]:
-    """How many tensors of each GGML type the GGUF file holds (``{"Q4_K": 120, "F32": 61, ...}``), read by ``gguf``."""
-    from ...model.gguf import inspect_gguf
-
-    return inspect_gguf(path).type_counts
 
 
 def _check_gguf_file(path: Path) -> None:
@@ -66,7 +59,7 @@ class EngineSettings:
     seed: int
 
 
-class LlamaCppModel:
+class LlamaCppModel(Closeable):
     """One GGUF file in llama.cpp: ``logits(ids)`` at every position, ``greedy``, ``generate`` and the KV-cache
     primitives the verification phases drive (``decode``, ``remove``, ``shift``).
 
@@ -188,11 +181,6 @@ class LlamaCppModel:
         self.reset()
         return self.decode(ids, 0, logits="all")
 
-    def stepwise_logits(self, ids: Sequence[int]) -> np.ndarray:
-        """The same rows as :meth:`logits`, computed one token per ``llama_decode`` call through the KV cache."""
-        self.reset()
-        return np.concatenate([self.decode([t], i, logits="all") for i, t in enumerate(ids)])
-
     def generate(
         self, prompt_ids: Sequence[int], max_new_tokens: int, next_token: NextToken, stop_ids: Sequence[int] = ()
     ) -> list[int]:
@@ -271,8 +259,10 @@ class LlamaCppModel:
     # ---- facts ------------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """The file, its tensor types, llama.cpp's version and build, and how the context was created."""
+        from ...model.gguf import inspect_gguf
+
         try:
-            types: dict[str, int] | str = model_file_types(self.path)
+            types: dict[str, int] | str = inspect_gguf(self.path).type_counts
         except Exception as exc:  # the gguf reader is an optional extra of its own
             types = f"unknown ({exc})"
         return {
@@ -293,12 +283,6 @@ class LlamaCppModel:
         self._closed = True
         self._lib.llama_batch_free(self._batch)
         self.llama.close()
-
-    def __enter__(self) -> "LlamaCppModel":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _decode(lib: Any, ctx: Any, batch: Any, entries: Sequence[tuple[int, int, int, bool]], vocab: int) -> np.ndarray:
@@ -356,7 +340,7 @@ class BatchedGeneration:
     logits: np.ndarray
 
 
-class SequenceBatch:
+class SequenceBatch(Closeable):
     """A second llama.cpp context on the same loaded weights, with ``n_seq_max`` = the number of sequences and a
     unified KV cache (``kv_unified``: one cache shared by every sequence, separated by the attention mask), sized to
     the batch: ``n_ctx`` = all prompts + all new tokens. Freed on exit."""
@@ -429,12 +413,6 @@ class SequenceBatch:
             self.lib.llama_batch_free(self.batch)
             self.lib.llama_free(self.ctx)
             self.ctx = None
-
-    def __enter__(self) -> "SequenceBatch":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class LlamaCppBackend:

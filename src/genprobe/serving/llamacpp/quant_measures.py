@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...metrics.stats import sign_test_p
+from ..verify import first_difference
 
 DIVERGENCE_BIN = 8
 
@@ -93,15 +94,6 @@ class AgreementAccumulator:
 
 
 # ---- greedy text ---------------------------------------------------------------------------------------------
-def first_divergence(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
-    """The first generation step (0-based) where ``tokens`` leaves ``reference``; None when they agree throughout
-    (a shorter sequence diverges where it ends)."""
-    for i, (a, b) in enumerate(zip(reference, tokens, strict=False)):
-        if a != b:
-            return i
-    return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
-
-
 @dataclass
 class Divergence:
     """Where each prompt's greedy continuation under a type first leaves F32's."""
@@ -118,7 +110,7 @@ def divergence_summary(reference: Sequence[Sequence[int]], other: Sequence[Seque
     """Per-prompt first divergence steps of ``other`` from ``reference`` (same prompts, same order)."""
     if len(reference) != len(other):
         raise ValueError(f"{len(reference)} reference generations but {len(other)} to compare")
-    steps = [first_divergence(a, b) for a, b in zip(reference, other, strict=True)]
+    steps = [first_difference(a, b) for a, b in zip(reference, other, strict=True)]
     hist: dict[str, int] = {}
     for s in steps:
         low = None if s is None else s // DIVERGENCE_BIN * DIVERGENCE_BIN

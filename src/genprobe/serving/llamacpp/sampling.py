@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Self, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from ...engine.samplers.stages import (
     UnsupportedSamplerError,
     refuse_for,
 )
-from ._bindings import require_llama_cpp
+from ._bindings import Closeable, require_llama_cpp
 
 #: The seed of ``llama_sampler_init_dist`` / ``_xtc`` when none is given (any fixed value: runs must repeat).
 DEFAULT_SEED = 1234
@@ -86,19 +86,6 @@ def chain_stages(
     if final is not None:
         out.append(ChainStage("greedy", ()) if cfg.greedy else ChainStage("dist", (seed,)))
     return tuple(out)
-
-
-class Closeable:
-    """Owns a llama.cpp object that :meth:`close` frees (idempotently); as a context manager, closed on exit."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # ---- the vocabulary DRY needs ------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 
 from ..judge import Judge, ReferenceLogprobs, Thresholds
 from ..verify import PhaseReport, Run, ServingReport, Settings, build_workload, run_phases
-from .engine import LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker, model_file_types
+from .engine import LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker
 
 EXACT_TYPES = {"F32"}  # tensor types whose products llama.cpp computes in float32 (no activation quantization)
 
@@ -124,6 +124,7 @@ def verify_serving_llamacpp(
     ``engine`` is an already opened :class:`LlamaCppModel` of ``model`` (tests pass a planted fault); else one is
     opened with ``n_ctx`` / ``n_threads`` / ``kv_type`` and closed at the end. ``prompts`` (token ids) replace the
     seeded random ids; ``n_keep`` tokens survive the context shift."""
+    from ...model.gguf import inspect_gguf
     from ...model.load import load_model
 
     if steps < 1:
@@ -133,7 +134,7 @@ def verify_serving_llamacpp(
     m = engine if engine is not None else LlamaCppModel(model, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
     try:
         _check_sizes(m, ref_model.vocab_size, steps, n_keep)
-        label, exact = file_label(model_file_types(m.path), m.settings.kv_type)
+        label, exact = file_label(inspect_gguf(m.path).type_counts, m.settings.kv_type)
         (log or (lambda _: None))(f"llama.cpp on {m.path.name}: {label} ({'exact float32' if exact else 'quantized'})")
         backend = LlamaCppBackend(m, label, exact)
         settings = Settings(concurrency=8, steps=steps, seed=seed)
