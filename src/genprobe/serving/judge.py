@@ -107,10 +107,7 @@ def compare_values(
     """Add one position to ``stats``: the served log-probabilities ``lps`` of ``ids`` (None: the whole vocabulary;
     ``top``: the served top-1 id) against the reference row; the position's max |Δ log p| (both -inf counts as
     equal, NaN as infinite)."""
-    ref = (ref_row if ids is None else ref_row[ids]).double()
-    served = lps.double()
-    diff = torch.where(torch.isneginf(ref) & torch.isneginf(served), torch.zeros_like(ref), (served - ref).abs())
-    diff = torch.nan_to_num(diff, nan=float("inf"))
+    diff = abs_diff(lps, ref_row if ids is None else ref_row[ids])
     mx = float(diff.max())
     mismatch = bool(ref_row[top] < ref_row.max() - tie)
     stats.positions += 1
@@ -121,6 +118,13 @@ def compare_values(
     if stats.first is None and (mx >= noise or mismatch):
         stats.first = Divergence(req, where, index, mx, mismatch)
     return mx
+
+
+def abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in float64, where both -inf counts as equal and NaN as infinitely far."""
+    a, b = a.double(), b.double()
+    diff = torch.where(torch.isneginf(a) & torch.isneginf(b), torch.zeros_like(a), (a - b).abs())
+    return torch.nan_to_num(diff, nan=float("inf"))
 
 
 class ReferenceLogprobs:
@@ -218,10 +222,8 @@ def request_gap(served: Sequence[Served], reference: torch.Tensor, honest: torch
     for row, _, _, ids, lps, _ in served:
         ref = reference[row].double()
         pick = torch.topk(ref, min(TOP_GAP, ref.numel())).indices if ids is None else torch.tensor(ids)
-        value = (lps[pick] if ids is None else lps).double() if honest is None else honest[row][pick].double()
-        ref = ref[pick]
-        diff = torch.where(torch.isneginf(value) & torch.isneginf(ref), torch.zeros_like(ref), (value - ref).abs())
-        total += float(torch.nan_to_num(diff, nan=float("inf")).sum())
+        value = (lps[pick] if ids is None else lps) if honest is None else honest[row][pick]
+        total += float(abs_diff(value, ref[pick]).sum())
         count += len(pick)
     return total / count if count else 0.0
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 import torch
+from transformers import LogitsProcessor, StoppingCriteria
 
 from ..engine.backend import Backend, Request, Sampler
 from ..metrics.loop import DEFAULT_MIN_TAIL, LoopInfo, detect_loop
@@ -229,13 +230,7 @@ class LoopHook:
 
 
 # ---- transformers integration -------------------------------------------------------------------------
-def _hf_bases():
-    from transformers import LogitsProcessor, StoppingCriteria
-
-    return StoppingCriteria, LogitsProcessor
-
-
-class LoopStoppingCriteria(LoopHook, _hf_bases()[0]):  # type: ignore[misc]
+class LoopStoppingCriteria(LoopHook, StoppingCriteria):
     """``transformers`` stopping criterion: a sequence is done once its generated tokens end in a loop."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -243,7 +238,7 @@ class LoopStoppingCriteria(LoopHook, _hf_bases()[0]):  # type: ignore[misc]
         return torch.tensor([d is not None for d in self.detections], dtype=torch.bool, device=input_ids.device)
 
 
-class LoopBreakingLogitsProcessor(LoopHook, _hf_bases()[1]):  # type: ignore[misc]
+class LoopBreakingLogitsProcessor(LoopHook, LogitsProcessor):
     """``transformers`` logits processor: while a row loops, ban the token that would continue its loop."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

@@ -169,17 +169,3 @@ def _check_sizes(m: LlamaCppModel, ref_vocab: int, steps: int, n_keep: int) -> N
         )
     if m.n_ctx - steps < 4:
         raise ValueError(f"n_ctx {m.n_ctx} leaves no room for prompts with {steps} steps")
-
-
-# ---- a planted fault ---------------------------------------------------------------------------------------------
-class StalePromptCacheModel(LlamaCppModel):
-    """Planted fault: a prompt cache that trusts what it holds. Before each call it marks every cached token as
-    matching the new prompt (as a cache keyed on length, or on a hash of only part of the prompt, would), so
-    ``Llama.generate`` reuses the previous prompt's KV entries for a different prompt. verify-serving's prefix-cache
-    phases must call this a bug (``tests/serving/llamacpp/test_verify_serving.py``)."""
-
-    def cached_prompt_logits(self, prompt_ids: Sequence[int]) -> tuple[np.ndarray, int]:
-        """The fault, then the real call."""
-        n = min(int(self.llama.n_tokens), len(prompt_ids))
-        self.llama.input_ids[:n] = np.asarray(prompt_ids[:n], dtype=self.llama.input_ids.dtype)
-        return super().cached_prompt_logits(prompt_ids)
