@@ -40,19 +40,14 @@ class HttpSettings:
     backoff_s: float = 0.5
 
 
-def api_root(url: str) -> str:
-    """``http://host:8000/v1`` or ``http://host:8000/`` → ``http://host:8000``."""
-    root = url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
-
-
 class Http:
     """JSON over HTTP with bounded retries."""
 
     def __init__(self, url: str, settings: HttpSettings = HttpSettings()):
         if settings.timeout_s <= 0 or settings.retries < 0:
             raise ValueError(f"timeout must be > 0 and retries >= 0, got {settings.timeout_s}, {settings.retries}")
-        self.root = api_root(url)
+        root = url.rstrip("/")  # http://host:8000/v1 or http://host:8000/ -> http://host:8000
+        self.root = root.removesuffix("/v1")
         self.settings = settings
 
     def call(self, path: str, body: Mapping[str, Any] | None = None, optional: bool = False) -> Any:
@@ -106,22 +101,6 @@ def detect_server(http: Http) -> tuple[str, str]:
     return "openai-compatible", name
 
 
-def _capabilities(server: str) -> Capabilities:
-    vllm = server == "vllm"
-    return Capabilities(
-        server=server,
-        logprobs="top-k",
-        max_top_k=VLLM_MAX_LOGPROBS if vllm else TEXT_MAX_LOGPROBS,
-        prompt_logprobs=vllm,
-        token_prompts=vllm,
-        prefix_cache=None,
-        concurrency=64,
-        seed=True,
-        tokenize=server in ("vllm", "llama-cpp-python"),
-        chat_template=vllm,
-    )
-
-
 class EndpointBackend:
     """A live server behind the :class:`~genprobe.engine.backend.Backend` protocol. ``pieces``: each token's text
     → its id in the reference tokenizer (only pieces one id has), what text-keyed log-probs are mapped back with."""
@@ -129,7 +108,19 @@ class EndpointBackend:
     def __init__(self, url: str, settings: HttpSettings = HttpSettings(), pieces: Mapping[str, int] | None = None):
         self.http = Http(url, settings)
         self.server, self.model_name = detect_server(self.http)
-        self.capabilities = _capabilities(self.server)
+        vllm = self.server == "vllm"
+        self.capabilities = Capabilities(
+            server=self.server,
+            logprobs="top-k",
+            max_top_k=VLLM_MAX_LOGPROBS if vllm else TEXT_MAX_LOGPROBS,
+            prompt_logprobs=vllm,
+            token_prompts=vllm,
+            prefix_cache=None,
+            concurrency=64,
+            seed=True,
+            tokenize=self.server in ("vllm", "llama-cpp-python"),
+            chat_template=vllm,
+        )
         self.pieces = dict(pieces or {})
 
     # ---- requests ---------------------------------------------------------------------------------------

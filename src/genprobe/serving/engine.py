@@ -176,12 +176,9 @@ def size_for_workload(
     block = options.block_size or CPU_BLOCK_SIZE
     max_len = options.max_model_len
     if max_len is None:
-        fitted = context_length(longest_prompt, new_tokens, block, geo.max_positions)
-        max_len = fitted
-        if geo.max_positions is None or fitted < geo.max_positions:
-            options = replace(options, max_model_len=fitted)
-        else:
-            max_len = int(geo.max_positions)
+        max_len = context_length(longest_prompt, new_tokens, block, geo.max_positions)
+        if geo.max_positions is None or max_len < geo.max_positions:
+            options = replace(options, max_model_len=max_len)
     if options.kv_cache_memory_bytes is None and options.gpu_memory_utilization is None:
         seqs = min(sequences, options.max_num_seqs or sequences)
         options = replace(options, kv_cache_memory_bytes=kv_cache_budget(geo, "float32", max_len, seqs, block))

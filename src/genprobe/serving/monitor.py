@@ -4,9 +4,8 @@ The detector is pluggable (:class:`IncrementalDetector`: ``push(token) -> LoopIn
 :class:`ExactPeriodDetector` answers at every prefix exactly what :func:`genprobe.metrics.loop.detect_loop` answers
 in O(``max_period``) per token (tested); :class:`RecomputeDetector` runs any offline detector every ``every`` tokens.
 The monitor's logic is written once (:class:`LoopWatch`); each engine's hook is a thin adapter that feeds it
-(:class:`LoopHook`: ``transformers`` here, :mod:`genprobe.serving.llamacpp.monitor`,
-:mod:`genprobe.serving.vllm_monitor`), and :func:`monitor_backend` runs it over any
-:class:`~genprobe.engine.backend.Backend`. Only generated tokens are watched.
+(:class:`LoopHook`: ``transformers`` and ``llama_cpp.Llama`` here, :mod:`genprobe.serving.vllm_monitor`), and
+:func:`monitor_backend` runs it over any :class:`~genprobe.engine.backend.Backend`. Only generated tokens are watched.
 """
 
 from __future__ import annotations
@@ -246,6 +245,35 @@ class LoopBreakingLogitsProcessor(LoopHook, LogitsProcessor):
         self.observe(rows)  # first called before the first new token: the prompt is all of input_ids
         for row, token in self.continuations(rows):
             scores[row, token] = float("-inf")
+        return scores
+
+
+# ---- llama-cpp-python integration (its hooks are ``f(input_ids, logits)``, input_ids one flat row) ------------
+class LlamaCppLoopStopping(LoopHook):
+    """``stopping_criteria`` for ``llama_cpp.Llama``: True once the generated tokens end in a loop. llama-cpp-python
+    calls it *without* the newest sampled token (``Llama.generate``), so it fires one token after the loop completes
+    and the completion ends right after the token that completed it: the step :func:`replay` reports (tested).
+    ``detection`` says where. One instance per completion (or :meth:`reset`)."""
+
+    @property
+    def detection(self) -> Detection | None:
+        """The :class:`Detection`, or None while no loop was seen."""
+        return self.watches[0].detection if self.watches else None
+
+    def __call__(self, input_ids: Any, logits: Any) -> bool:
+        self.observe([np.asarray(input_ids).reshape(-1).tolist()])
+        return self.detection is not None
+
+
+class LlamaCppLoopBreaker(LoopHook):
+    """``logits_processor`` for ``llama_cpp.Llama`` (called with every token evaluated so far): while the generated
+    tokens end in a loop, the token that would continue it gets ``-inf`` at the very next step."""
+
+    def __call__(self, input_ids: Any, scores: np.ndarray) -> np.ndarray:
+        rows = [np.asarray(input_ids).reshape(-1).tolist()]
+        self.observe(rows)
+        for _, token in self.continuations(rows):
+            scores[token] = -np.inf
         return scores
 
 

@@ -44,6 +44,13 @@ def require_llama_cpp() -> ModuleType:
     return llama_cpp
 
 
+def llama_cpp_facts() -> dict[str, str]:
+    """The bindings' version and llama.cpp's build (``llama_print_system_info``: the instruction sets it uses)."""
+    lib = require_llama_cpp()
+    info = lib.llama_print_system_info().decode("utf-8", errors="replace").strip()
+    return {"llama_cpp_python": getattr(lib, "__version__", LLAMA_CPP_PYTHON_VERSION), "system_info": info}
+
+
 class Closeable:
     """Owns llama.cpp objects that :meth:`close` frees (idempotently); as a context manager, closed on exit."""
 

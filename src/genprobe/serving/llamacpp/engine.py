@@ -24,7 +24,7 @@ import numpy as np
 
 from ..._io import json_safe
 from ...engine.backend import Capabilities, Position, Request, Response, stop_text
-from ._bindings import LLAMA_CPP_PYTHON_VERSION, Closeable, require_llama_cpp
+from ._bindings import Closeable, llama_cpp_facts, require_llama_cpp
 
 #: KV-cache element types a context can be created with (ggml type ids of ``ggml.h``).
 KV_TYPES = {"f32": 0, "f16": 1}
@@ -113,7 +113,6 @@ class LlamaCppModel(Closeable):
         bos = int(self.llama.token_bos())
         self.bos_id: int | None = bos if 0 <= bos < self.vocab_size else None
         self._batch = self._lib.llama_batch_init(batch, 0, 1)
-        self._closed = False
 
     # ---- tokenizer (llama.cpp's, from the GGUF metadata) ----------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
@@ -270,19 +269,17 @@ class LlamaCppModel(Closeable):
             "file": str(self.path),
             "size_bytes": self.path.stat().st_size,
             "tensor_types": types,
-            "llama_cpp_python": getattr(self._lib, "__version__", LLAMA_CPP_PYTHON_VERSION),
-            "system_info": self._lib.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+            **llama_cpp_facts(),
             "vocab_size": self.vocab_size,
             **json_safe(self.settings),
         }
 
     def close(self) -> None:
         """Free the batch, the context and the model (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._lib.llama_batch_free(self._batch)
-        self.llama.close()
+        if self._batch is not None:
+            self._lib.llama_batch_free(self._batch)
+            self.llama.close()
+            self._batch = None
 
 
 def _decode(lib: Any, ctx: Any, batch: Any, entries: Sequence[tuple[int, int, int, bool]], vocab: int) -> np.ndarray:

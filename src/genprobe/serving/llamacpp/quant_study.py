@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ..._io import json_safe
+from ._bindings import llama_cpp_facts
 from .quant_measures import (
     AgreementAccumulator,
     Divergence,
@@ -344,7 +345,7 @@ def run_quant_study(
         rows=rows,
         samples=samples,
         findings=[],
-        llama_cpp=_llama_cpp_facts(),
+        llama_cpp=llama_cpp_facts(),
         seconds=time.perf_counter() - started,
     )
     return study, stem
@@ -409,11 +410,3 @@ def _model_note(model_ref: str, model: Any) -> str:
             "type here re-quantizes weights that already lie on a 4-bit grid (16 levels per 32-value block)"
         )
     return f"{model_ref}: float32 weights ({model.num_parameters():,} parameters)"
-
-
-def _llama_cpp_facts() -> dict[str, Any]:
-    from ._bindings import require_llama_cpp
-
-    lib = require_llama_cpp()
-    info = lib.llama_print_system_info()
-    return {"llama_cpp_python": lib.__version__, "system_info": info.decode() if isinstance(info, bytes) else str(info)}
