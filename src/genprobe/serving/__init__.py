@@ -8,7 +8,7 @@ nothing imports it until an engine is needed (:mod:`._vllm`).
 
 from ._vllm import INSTALL_HINT, VLLMNotAvailableError, require_vllm, vllm_import_problem
 from .engine import EngineOptions, ServingEngine, shared_engine, shutdown_shared_engine
-from .sampling import UnsupportedSamplerError, sampling_kwargs, to_sampling_params
+from .scan import UnsupportedSamplerError, sampling_kwargs, to_sampling_params
 
 __all__ = [
     "INSTALL_HINT",

@@ -5,6 +5,13 @@ vLLM contributes only a batch generator (:func:`vllm_batches`) to the one scan
 backend request cannot carry vLLM's penalties and min-p, which loop studies sweep. Greedy scans give our engine's
 tokens up to float noise (tested); sampled scans (seed ``seed + i`` for prompt ``i``) agree in distribution only.
 
+**Samplers** (:func:`to_sampling_params`): vLLM's V1 sampler applies bans → penalties → greedy argmax, or temperature
+→ min-p → top-k → top-p → draw. A :class:`~genprobe.engine.samplers.SamplerConfig` maps when each active stage's
+``vllm`` method (:mod:`genprobe.engine.samplers.stages`) has its vLLM form (the rest is refused by name), when stages
+whose arithmetic differs between engines run with ``engine="vllm"``, and when the active stages run in an order
+equivalent to vLLM's fixed one. A field no stage maps is refused while it is not at its default, so a new setting is
+never dropped silently.
+
 :func:`compare_loop_rates` answers whether a served (repaired) model loops as often as our engine measured: both rates
 with Wilson 95% intervals, whether the served rate lies inside ours, and — because a rate alone can agree by
 accident — the per-prompt agreement of loop verdicts and of tokens (which greedy decoding should reproduce exactly).
@@ -13,13 +20,74 @@ accident — the per-prompt agreement of loop verdicts and of tokens (which gree
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any, Sequence
 
 from ..engine.samplers import SamplerConfig
+from ..engine.samplers.stages import (
+    STAGES,
+    TEMPERATURE,
+    TOP_K,
+    Truncation,
+    UnsupportedSamplerError,
+    active_truncations,
+    refuse_for,
+)
 from ..loops.scan import Batch, GenerateBatch, ScanResult, check_prompts
 from ..loops.scan_settings import ScanEngine
 from .engine import ServingEngine
-from .sampling import sampling_kwargs, to_sampling_params
+
+# Stages that commute exactly with each other: top-k keeps a rank set, and dividing by τ > 0 keeps ranks.
+_COMMUTING = {TEMPERATURE, TOP_K}
+
+
+def _canonical(stages: list[Truncation]) -> list[Truncation]:
+    """``stages`` with each run of mutually commuting stages in one fixed order: equal for equivalent orders."""
+    runs = groupby(stages, key=lambda s: s in _COMMUTING)
+    return [s for commuting, run in runs for s in (sorted(run, key=str) if commuting else run)]
+
+
+def sampling_kwargs(cfg: SamplerConfig, vocab_size: int) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments equal to ``cfg`` for a model of ``vocab_size`` ids; raises if inexact."""
+    kw: dict[str, Any] = {}
+    for stage in STAGES:
+        kw.update(stage.vllm(cfg, vocab_size))
+    refuse_for(cfg, "vllm", "vLLM", STAGES)
+    stages = active_truncations(cfg)
+    if _canonical(stages) != _canonical(active_truncations(cfg, "vllm")):
+        raise UnsupportedSamplerError(
+            f"sampler order {cfg.order!r} applies {' → '.join(map(str, stages))}; vLLM always applies temperature → "
+            "min_p → top_k → top_p, which gives a different distribution for these settings. Use order='vllm' "
+            "to scan with vLLM"
+        )
+    return kw
+
+
+def to_sampling_params(
+    cfg: SamplerConfig,
+    vocab_size: int,
+    max_new_tokens: int,
+    *,
+    seed: int | None = None,
+    eos_id: int | None = None,
+    **extra: Any,
+) -> Any:
+    """A vLLM ``SamplingParams`` for ``cfg``: exactly ``max_new_tokens`` tokens unless ``eos_id`` is generated."""
+    from ._vllm import require_vllm
+
+    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    stop: dict[str, Any] = {"stop_token_ids": [int(eos_id)]} if eos_id is not None else {}
+    # ignore_eos: the model config's own end-of-text id must not stop a scan; only ``eos_id`` (if given) does.
+    return require_vllm().SamplingParams(
+        max_tokens=int(max_new_tokens),
+        seed=seed,
+        ignore_eos=True,
+        detokenize=False,
+        **sampling_kwargs(cfg, vocab_size),
+        **stop,
+        **extra,
+    )
 
 
 def vllm_batches(engine: ServingEngine) -> GenerateBatch:
