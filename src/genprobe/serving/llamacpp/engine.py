@@ -180,6 +180,11 @@ class LlamaCppModel(Closeable):
         self.reset()
         return self.decode(ids, 0, logits="all")
 
+    def stepwise_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """The same rows as :meth:`logits`, computed one token per ``llama_decode`` call through the KV cache."""
+        self.reset()
+        return np.concatenate([self.decode([t], i, logits="all") for i, t in enumerate(ids)])
+
     def generate(
         self, prompt_ids: Sequence[int], max_new_tokens: int, next_token: NextToken, stop_ids: Sequence[int] = ()
     ) -> list[int]:
