@@ -91,33 +91,20 @@ class LogprobStats:
         """Mean |Δ log p| over all compared ids."""
         return None if not self.compared else self.sum_abs_dlogp / self.compared
 
-
-def compare_values(
-    stats: LogprobStats,
-    ids: list[int] | None,
-    lps: torch.Tensor,
-    top: int,
-    ref_row: torch.Tensor,
-    req: int,
-    where: str,
-    index: int,
-    noise: float,
-    tie: float,
-) -> float:
-    """Add one position to ``stats``: the served log-probabilities ``lps`` of ``ids`` (None: the whole vocabulary;
-    ``top``: the served top-1 id) against the reference row; the position's max |Δ log p| (both -inf counts as
-    equal, NaN as infinite)."""
-    diff = abs_diff(lps, ref_row if ids is None else ref_row[ids])
-    mx = float(diff.max())
-    mismatch = bool(ref_row[top] < ref_row.max() - tie)
-    stats.positions += 1
-    stats.compared += diff.numel()
-    stats.sum_abs_dlogp += float(diff.sum()) if mx != float("inf") else float("inf")
-    stats.max_abs_dlogp = max(stats.max_abs_dlogp, mx)
-    stats.top1_disagreements += int(mismatch)
-    if stats.first is None and (mx >= noise or mismatch):
-        stats.first = Divergence(req, where, index, mx, mismatch)
-    return mx
+    def add(self, served: Served, ref_row: torch.Tensor, request: int, noise: float) -> None:
+        """One served position against its reference row: |Δ log p| over the ids returned (both -inf equal, NaN
+        infinite); its top-1 token disagrees when the reference puts it more than ``noise`` below its maximum."""
+        _, where, index, ids, lps, top = served
+        diff = abs_diff(lps, ref_row if ids is None else ref_row[ids])
+        mx = float(diff.max())
+        mismatch = bool(ref_row[top] < ref_row.max() - noise)
+        self.positions += 1
+        self.compared += diff.numel()
+        self.sum_abs_dlogp += float(diff.sum()) if mx != float("inf") else float("inf")
+        self.max_abs_dlogp = max(self.max_abs_dlogp, mx)
+        self.top1_disagreements += int(mismatch)
+        if self.first is None and (mx >= noise or mismatch):
+            self.first = Divergence(request, where, index, mx, mismatch)
 
 
 def abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -259,10 +246,11 @@ class Judge:
         rows = recomputed if reference is None else reference(ids)
         honest = self.floor(ids) if self.floor is not None else None
         served = served_positions(resp, prompt)
-        for row, where, index, pick, lps, top in served:
-            compare_values(tally.stats, pick, lps, top, rows[row], r, where, index, noise, noise)
+        for position in served:
+            row, _, _, pick, lps, _ = position
+            tally.stats.add(position, rows[row], r, noise)
             if honest is not None:
-                compare_values(tally.own, pick, lps, top, honest[row], r, where, index, noise, noise)
+                tally.own.add(position, honest[row], r, noise)
             if pick is not None and len(pick) > 1:
                 k = min(self.k, len(pick))  # vLLM adds the sampled / prompt token beside its top k
                 served_top = [pick[i] for i in torch.argsort(lps, descending=True)[:k].tolist()]
