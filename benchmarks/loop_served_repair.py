@@ -75,8 +75,7 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     from genprobe.loops.study import LoopStudy
     from genprobe.model.load import load_model
     from genprobe.serving import EngineOptions, shared_engine
-    from genprobe.serving.rates import compare_loop_rates
-    from genprobe.serving.scan import vllm_batches
+    from genprobe.serving.scan import compare_loop_rates, vllm_batches
 
     torch.set_num_threads(args.threads)
     report = json.loads(args.repair_json.read_text(encoding="utf-8"))

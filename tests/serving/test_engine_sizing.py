@@ -168,7 +168,7 @@ def test_serving_engine_turns_a_start_failure_into_engine_start_error(tmp_path, 
 
     d = _model_dir(tmp_path, SMOL)
     (d / "model.safetensors").write_bytes(b"")
-    monkeypatch.setattr(eng, "require_vllm_engine", lambda: None)
+    monkeypatch.setattr(eng, "require_vllm", lambda: None)
 
     def boom(path, options):
         raise RuntimeError("Engine core initialization failed. See root cause above.")

@@ -7,7 +7,7 @@ import pytest
 from genprobe._io import json_safe
 from genprobe.loops.scan import ScanResult, ScanSettings, generation_record, summarise
 from genprobe.metrics import LoopSettings
-from genprobe.serving.rates import compare_loop_rates
+from genprobe.serving.scan import compare_loop_rates
 
 LOOPING = [5, 6, 7, 8] * 6  # period 4, 24 tokens
 FREE = list(range(10, 34))  # no repetition at all

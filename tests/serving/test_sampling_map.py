@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from genprobe.engine.samplers import SamplerConfig, adjust_logits, process_logits
-from genprobe.serving import sampling as smap
-from genprobe.serving.sampling import UnsupportedSamplerError, sampling_kwargs
+from genprobe.serving import scan as smap
+from genprobe.serving.scan import UnsupportedSamplerError, sampling_kwargs
 
 NEG_INF = float("-inf")
 

@@ -10,9 +10,7 @@ import pytest
 from genprobe._io import json_safe
 from genprobe.engine.samplers import SamplerConfig
 from genprobe.loops.scan import chanting_sampler, scan_batches, scan_loops
-from genprobe.serving.rates import compare_loop_rates
-from genprobe.serving.sampling import UnsupportedSamplerError
-from genprobe.serving.scan import vllm_batches
+from genprobe.serving.scan import UnsupportedSamplerError, compare_loop_rates, vllm_batches
 
 NEW = 57  # the repair setting: 5-character openings + 57 new tokens fill the 64-token context minus 2
 

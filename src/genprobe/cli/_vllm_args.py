@@ -71,10 +71,10 @@ def engine_options(args: argparse.Namespace, *, seed: int = 0, dtype: str = "flo
 
 def vllm_missing(command: str) -> bool:
     """True (after printing how to install the extra) when vLLM's engine cannot be imported here."""
-    from ..serving._vllm import VLLMNotAvailableError, require_vllm_engine
+    from ..serving._vllm import VLLMNotAvailableError, require_vllm
 
     try:
-        require_vllm_engine()
+        require_vllm()
     except VLLMNotAvailableError as exc:
         print(f"genprobe {command}: error: {exc}", file=sys.stderr)
         return True

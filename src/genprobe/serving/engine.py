@@ -1,40 +1,10 @@
-"""One vLLM engine per process, created lazily with explicit options.
+"""One vLLM engine per process, created lazily with explicit options (:class:`EngineOptions`).
 
-Starting a vLLM engine costs tens of seconds (imports, worker start, weight load, KV-cache
-allocation), so genprobe keeps at most one alive per process (:func:`shared_engine`): asking again
-with the same model and options returns it; asking with different ones shuts the old one down first
-(two engines at once would reserve memory twice on a shared machine).
-
-Every option genprobe sets is a field of :class:`EngineOptions`, passed to ``vllm.LLM`` unchanged:
-
-* ``dtype`` — weights/activations dtype ("float32", "bfloat16", "float16"). verify-serving's
-  reference is always float32; a bfloat16 deployment is expected to differ (≈1e-2 in log p).
-* ``enforce_eager`` — skip torch.compile / CUDA graphs. True by default here: on CPU, Inductor
-  compilation adds tens of seconds per start; set False for production GPU throughput.
-* ``enable_prefix_caching`` — reuse KV blocks of a shared prompt prefix (block-granular:
-  a prefix shorter than ``block_size`` is never reused).
-* ``max_num_batched_tokens`` — the per-step token budget; a prompt longer than it is prefilled
-  in chunks (chunked prefill is always on in vLLM's V1 engine).
-* ``max_num_seqs`` — how many sequences run concurrently (continuous batching).
-* ``max_model_len`` — context length the engine admits (vLLM's default: the model's, e.g. 8,192 positions for
-  SmolLM2, whose KV cache and prompts then dwarf a check; :func:`size_for_workload` sizes it to the workload).
-* ``block_size`` — KV-cache block (the CPU backend needs a multiple of 32; vLLM picks 128 there).
-* ``tensor_parallel_size`` / ``pipeline_parallel_size`` — shard the model across devices.
-* ``distributed_executor_backend`` — "mp" (one host), "ray" (multi-node; needs ``pip install ray``
-  and a running Ray cluster), "uni" (in-process), or None for vLLM's choice.
-* ``gpu_memory_utilization`` — fraction of device memory vLLM reserves; **on CPU it is the fraction
-  of host RAM**, and the KV cache gets that fraction minus what the worker process already holds
-  (weights, torch, vLLM) — negative for a 135M float32 model at 0.1 of 24 GB on a busy machine. None
-  (the default) passes 0.1 unless :func:`size_for_workload` replaces it with an explicit byte budget.
-* ``kv_cache_memory_bytes`` — an explicit KV-cache size instead of the fraction above
-  (:func:`kv_cache_budget`: layers × KV heads × head dim × dtype bytes × positions × sequences, with headroom).
-* ``multiprocessing`` — vLLM V1 runs the engine core in a separate process by default (env
-  ``VLLM_ENABLE_V1_MULTIPROCESSING``); False runs it in this process, which avoids importing vLLM
-  three times (tests, small CPU runs). Scripts that keep it True need an ``if __name__ == "__main__"``
-  guard (workers are spawned).
-* ``loop_monitor`` — register genprobe's online loop monitor (:mod:`genprobe.serving.vllm_monitor`)
-  as a vLLM logits-processor plug-in (on by default: it touches no logits of a request that does not
-  ask for it, so every genprobe engine can monitor without a restart).
+Starting a vLLM engine costs tens of seconds (imports, worker start, weight load, KV-cache allocation), so genprobe
+keeps at most one alive per process (:func:`shared_engine`): asking again with the same model and options returns
+it; asking with different ones shuts the old one down first (two engines would reserve memory twice). On CPU vLLM's
+memory fraction is a fraction of host RAM, of which the KV cache gets what the worker does not already hold:
+:func:`size_for_workload` sizes the context and gives an explicit KV budget instead (docs/vllm.md, Install).
 """
 
 from __future__ import annotations
@@ -50,7 +20,7 @@ from typing import Any, Sequence
 
 from .._io import json_safe
 from ..engine.backend import Capabilities, Position, Request, Response
-from ._vllm import require_vllm_engine
+from ._vllm import require_vllm
 from .model_dir import ServedModel, read_config, served_model
 
 MONITOR_FQCN = "genprobe.serving.vllm_monitor:LoopMonitorProcessor"
@@ -60,6 +30,7 @@ CPU_BLOCK_SIZE = 128  # vLLM's KV block on CPU when none is chosen
 DTYPE_BYTES = {"float32": 4, "auto": 4, "bfloat16": 2, "float16": 2}  # "auto" sized as the widest
 KV_HEADROOM = 1.25  # on top of one spare block per sequence: the budget is a ceiling, not a target
 MIB = 1 << 20
+OPTIONAL_SIZES = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "kv_cache_memory_bytes")
 WORKER_OVERHEAD = 256 * MIB  # the least a vLLM worker holds besides the weights (torch alone is more)
 
 
@@ -69,36 +40,36 @@ class EngineStartError(ValueError):
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """The vLLM engine settings genprobe uses (each passed to ``vllm.LLM`` by the same name)."""
+    """The vLLM engine settings genprobe uses, each passed to ``vllm.LLM`` by the same name (None: vLLM's default)."""
 
-    dtype: str = "float32"
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    max_model_len: int | None = None
-    block_size: int | None = None
+    dtype: str = "float32"  # verify-serving's reference is float32 whatever is served
+    enforce_eager: bool = True  # no torch.compile / CUDA graphs: on CPU compiling adds tens of seconds per start
+    enable_prefix_caching: bool = True  # block-granular: a prefix shorter than block_size is never reused
+    max_num_batched_tokens: int | None = None  # per-step token budget: longer prompts are prefilled in chunks
+    max_num_seqs: int | None = None  # sequences in the running batch
+    max_model_len: int | None = None  # vLLM's default is the model's context (8,192 for SmolLM2): size_for_workload
+    block_size: int | None = None  # KV block (a multiple of 32 on CPU, where vLLM picks CPU_BLOCK_SIZE)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    distributed_executor_backend: str | None = None
+    distributed_executor_backend: str | None = None  # "mp" (one host), "ray" (multi-node), "uni" (in-process)
     gpu_memory_utilization: float | None = None  # None: DEFAULT_MEMORY_FRACTION, or a sized KV cache instead
-    kv_cache_memory_bytes: int | None = None
+    kv_cache_memory_bytes: int | None = None  # an explicit KV cache instead of the fraction (kv_cache_budget)
     seed: int = 0
+    # False: the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), which avoids importing vLLM
+    # three times; True spawns workers, so scripts need an ``if __name__ == "__main__"`` guard
     multiprocessing: bool = True
+    # register genprobe's online loop monitor (vllm_monitor) as a logits-processor plug-in: it touches no logits of
+    # a request that does not ask for it, so every engine can monitor without a restart
     loop_monitor: bool = True
     extra: tuple[tuple[str, Any], ...] = field(default=())  # any other vllm.LLM keyword, as (name, value) pairs
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
+        if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be float32, bfloat16, float16 or auto, got {self.dtype!r}")
-        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "kv_cache_memory_bytes"):
+        for name in (*OPTIONAL_SIZES, "tensor_parallel_size", "pipeline_parallel_size"):
             v = getattr(self, name)
-            if v is not None and (int(v) != v or v < 1):
-                raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
-        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-            v = getattr(self, name)
-            if int(v) != v or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+            if (v is not None or name not in OPTIONAL_SIZES) and (int(v) != v or v < 1):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
             raise ValueError(
                 f"distributed_executor_backend must be one of {DISTRIBUTED_BACKENDS}, "
@@ -109,38 +80,19 @@ class EngineOptions:
 
     def llm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM`` (None-valued options left to vLLM's defaults)."""
-        kw: dict[str, Any] = {
-            "dtype": self.dtype,
-            "enforce_eager": self.enforce_eager,
-            "enable_prefix_caching": self.enable_prefix_caching,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "pipeline_parallel_size": self.pipeline_parallel_size,
-            "gpu_memory_utilization": self.gpu_memory_utilization or DEFAULT_MEMORY_FRACTION,
-            "seed": self.seed,
-            "skip_tokenizer_init": True,  # genprobe passes token ids and decodes with its own tokenizer
-            "trust_remote_code": False,
-            "use_tqdm_on_load": False,  # its progress bar goes to stdout, which belongs to the caller (--json)
-        }
-        for name in (
-            "max_num_batched_tokens",
-            "max_num_seqs",
-            "max_model_len",
-            "block_size",
-            "distributed_executor_backend",
-            "kv_cache_memory_bytes",
-        ):
-            if getattr(self, name) is not None:
-                kw[name] = getattr(self, name)
+        own = ("multiprocessing", "loop_monitor", "extra")
+        kw = {k: v for k, v in asdict(self).items() if v is not None and k not in own}
+        kw["gpu_memory_utilization"] = self.gpu_memory_utilization or DEFAULT_MEMORY_FRACTION
+        kw["skip_tokenizer_init"] = True  # genprobe passes token ids and decodes with its own tokenizer
+        kw["trust_remote_code"] = False
+        kw["use_tqdm_on_load"] = False  # its progress bar goes to stdout, which belongs to the caller (--json)
         if self.loop_monitor:
             kw["logits_processors"] = [MONITOR_FQCN]
-        kw.update(dict(self.extra))
-        return kw
+        return {**kw, **dict(self.extra)}
 
     def to_dict(self) -> dict:
         """JSON form."""
-        d = asdict(self)
-        d["extra"] = {k: repr(v) for k, v in self.extra}
-        return d
+        return {**asdict(self), "extra": {k: repr(v) for k, v in self.extra}}
 
 
 # ---- sizing the engine to a workload --------------------------------------------------------------
@@ -224,12 +176,9 @@ def size_for_workload(
     block = options.block_size or CPU_BLOCK_SIZE
     max_len = options.max_model_len
     if max_len is None:
-        fitted = context_length(longest_prompt, new_tokens, block, geo.max_positions)
-        max_len = fitted
-        if geo.max_positions is None or fitted < geo.max_positions:
-            options = replace(options, max_model_len=fitted)
-        else:
-            max_len = int(geo.max_positions)
+        max_len = context_length(longest_prompt, new_tokens, block, geo.max_positions)
+        if geo.max_positions is None or max_len < geo.max_positions:
+            options = replace(options, max_model_len=max_len)
     if options.kv_cache_memory_bytes is None and options.gpu_memory_utilization is None:
         seqs = min(sequences, options.max_num_seqs or sequences)
         options = replace(options, kv_cache_memory_bytes=kv_cache_budget(geo, "float32", max_len, seqs, block))
@@ -291,7 +240,7 @@ class ServingEngine:
     """A started ``vllm.LLM`` on one model directory, plus what genprobe needs to know about it."""
 
     def __init__(self, model: str | os.PathLike | ServedModel, options: EngineOptions | None = None):
-        require_vllm_engine()
+        require_vllm()
         # an export made here is removed at shutdown; one handed in stays its owner's (another engine may serve it)
         self._owns_served = not isinstance(model, ServedModel)
         self.served = model if isinstance(model, ServedModel) else served_model(model)

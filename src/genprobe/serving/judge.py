@@ -1,37 +1,21 @@
 """How a served response is judged against float32 recomputation: one rule for every engine and precision.
 
-For a request with prompt ids ``p`` (length P) and generated ids ``g``, the reference computes ``log_softmax`` of
-one uncached forward over ``p + g`` in float32 (:class:`ReferenceLogprobs`); row t predicts token t + 1. Every id
-a backend returned at a position (its top-k plus the actual token; the whole vocabulary where it returns every row)
-is compared. Top-1 agreement tolerates float-noise ties: the served top token agrees when the reference gives it a
-log-probability within the noise of the reference's maximum.
+For a request with prompt ids ``p`` and generated ids ``g``, the reference is ``log_softmax`` of one uncached float32
+forward over ``p + g`` (:class:`ReferenceLogprobs`); row t predicts token t + 1. Every id a backend returned at a
+position (its top-k plus the actual token; the whole vocabulary where it returns every row) is compared; the served
+top-1 token agrees when the reference gives it a log-probability within float noise of its maximum.
 
-**Float32 arithmetic** is judged on verify-cache's scale (:class:`genprobe.verify.compare.Thresholds`, seed §3.4.3:
-< 1e-4 float noise → pass, < 1e-3 small, ≤ 1 suspicious, > 1 bug) over max |Δ log p| (:func:`serving_verdict`), only
-its absolute scale (log-probabilities are normalised already), plus one rule for serving: a position whose top-1
-token is not the reference's (beyond a float-noise tie) is at least "suspicious" — a greedy deployment would emit
-different text there, whatever the size of the difference.
+**Float32 arithmetic** is judged on verify-cache's absolute scale over max |Δ log p| (:func:`serving_verdict`), and a
+position whose top-1 token is not the reference's is at least "suspicious": greedy text would differ there.
 
-**Reduced precision is not a bug.** A deployment in bfloat16 (vLLM), float16, or a quantized GGUF file (llama.cpp)
-cannot match float32 recomputation to float noise (SmolLM2 in bfloat16: top-5 |Δ log p| up to ~1 on a few positions,
-top-1 flips at near-ties): on the absolute scale every such deployment would be "broken" and a real fault drowned in
-the same numbers. So a reduced-precision phase is judged on a **gap ratio**, the same for every engine:
-
-    ratio = gap(served, float32) / floor,  floor = gap(the same precision computed honestly, float32)
-
-* the *gap* of a request is the mean |Δ log p| to float32 recomputation over the ids the engine returned at each of
-  its positions (the reference's top 5 where it returned the whole vocabulary: what sampling reads, not the far
-  tail, where quantization moves log p the most);
-* the *floor* is the same statistic, on the same positions and ids, of an honest computation at the deployment's
-  precision: the same model recomputed in the deployment's dtype (vLLM), or llama.cpp's own one-call prefill of the
-  same tokens (a quantized GGUF file) — how far that precision moves these very tokens, measured on the day; for a
-  live server of unknown precision, its lone greedy requests' gap;
-* ratio ≤ :data:`GAP_PASS` pass, ≤ :data:`GAP_BUG` suspicious, more a bug; a phase's ratio is its worst request's
-  (each over its own floor: a fault confined to one request is not averaged away).
-
-The float32 distances are reported beside the verdict. A cache serving another prompt's entries, shifted positions
-or other weights move a phase by many floors; an engine error smaller than the precision's own noise can only be
-seen on a float32 deployment, which is why verify-serving keeps float32 as its engine-correctness check.
+**Reduced precision is not a bug** (bfloat16, float16, a quantized GGUF cannot match float32 to float noise), so it
+is judged on a **gap ratio**: ``gap(served, float32) / floor`` with ``floor = gap(the same precision computed
+honestly, float32)``, the *gap* being the mean |Δ log p| over the ids the engine returned (the reference's top
+:data:`TOP_GAP` where it returned every row: what sampling reads, not the far tail). The floor is the model
+recomputed in the deployment's dtype (vLLM), llama.cpp's own one-call prefill (a GGUF file), or, for a live server
+of unknown precision, its lone greedy requests' gap. A phase's ratio is its worst request's: ≤ :data:`GAP_PASS`
+pass, ≤ :data:`GAP_BUG` suspicious, more a bug (docs/llamacpp.md, docs/live-serving.md). An engine error smaller
+than the precision's own noise shows only on a float32 deployment: that is the engine-correctness check.
 """
 
 from __future__ import annotations
@@ -107,36 +91,27 @@ class LogprobStats:
         """Mean |Δ log p| over all compared ids."""
         return None if not self.compared else self.sum_abs_dlogp / self.compared
 
+    def add(self, served: Served, ref_row: torch.Tensor, request: int, noise: float) -> None:
+        """One served position against its reference row: |Δ log p| over the ids returned (both -inf equal, NaN
+        infinite); its top-1 token disagrees when the reference puts it more than ``noise`` below its maximum."""
+        _, where, index, ids, lps, top = served
+        diff = abs_diff(lps, ref_row if ids is None else ref_row[ids])
+        mx = float(diff.max())
+        mismatch = bool(ref_row[top] < ref_row.max() - noise)
+        self.positions += 1
+        self.compared += diff.numel()
+        self.sum_abs_dlogp += float(diff.sum()) if mx != float("inf") else float("inf")
+        self.max_abs_dlogp = max(self.max_abs_dlogp, mx)
+        self.top1_disagreements += int(mismatch)
+        if self.first is None and (mx >= noise or mismatch):
+            self.first = Divergence(request, where, index, mx, mismatch)
 
-def compare_values(
-    stats: LogprobStats,
-    ids: list[int] | None,
-    lps: torch.Tensor,
-    top: int,
-    ref_row: torch.Tensor,
-    req: int,
-    where: str,
-    index: int,
-    noise: float,
-    tie: float,
-) -> float:
-    """Add one position to ``stats``: the served log-probabilities ``lps`` of ``ids`` (None: the whole vocabulary;
-    ``top``: the served top-1 id) against the reference row; the position's max |Δ log p| (both -inf counts as
-    equal, NaN as infinite)."""
-    ref = (ref_row if ids is None else ref_row[ids]).double()
-    served = lps.double()
-    diff = torch.where(torch.isneginf(ref) & torch.isneginf(served), torch.zeros_like(ref), (served - ref).abs())
-    diff = torch.nan_to_num(diff, nan=float("inf"))
-    mx = float(diff.max())
-    mismatch = bool(ref_row[top] < ref_row.max() - tie)
-    stats.positions += 1
-    stats.compared += diff.numel()
-    stats.sum_abs_dlogp += float(diff.sum()) if mx != float("inf") else float("inf")
-    stats.max_abs_dlogp = max(stats.max_abs_dlogp, mx)
-    stats.top1_disagreements += int(mismatch)
-    if stats.first is None and (mx >= noise or mismatch):
-        stats.first = Divergence(req, where, index, mx, mismatch)
-    return mx
+
+def abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in float64, where both -inf counts as equal and NaN as infinitely far."""
+    a, b = a.double(), b.double()
+    diff = torch.where(torch.isneginf(a) & torch.isneginf(b), torch.zeros_like(a), (a - b).abs())
+    return torch.nan_to_num(diff, nan=float("inf"))
 
 
 class ReferenceLogprobs:
@@ -234,10 +209,8 @@ def request_gap(served: Sequence[Served], reference: torch.Tensor, honest: torch
     for row, _, _, ids, lps, _ in served:
         ref = reference[row].double()
         pick = torch.topk(ref, min(TOP_GAP, ref.numel())).indices if ids is None else torch.tensor(ids)
-        value = (lps[pick] if ids is None else lps).double() if honest is None else honest[row][pick].double()
-        ref = ref[pick]
-        diff = torch.where(torch.isneginf(value) & torch.isneginf(ref), torch.zeros_like(ref), (value - ref).abs())
-        total += float(torch.nan_to_num(diff, nan=float("inf")).sum())
+        value = (lps[pick] if ids is None else lps) if honest is None else honest[row][pick]
+        total += float(abs_diff(value, ref[pick]).sum())
         count += len(pick)
     return total / count if count else 0.0
 
@@ -273,10 +246,11 @@ class Judge:
         rows = recomputed if reference is None else reference(ids)
         honest = self.floor(ids) if self.floor is not None else None
         served = served_positions(resp, prompt)
-        for row, where, index, pick, lps, top in served:
-            compare_values(tally.stats, pick, lps, top, rows[row], r, where, index, noise, noise)
+        for position in served:
+            row, _, _, pick, lps, _ = position
+            tally.stats.add(position, rows[row], r, noise)
             if honest is not None:
-                compare_values(tally.own, pick, lps, top, honest[row], r, where, index, noise, noise)
+                tally.own.add(position, honest[row], r, noise)
             if pick is not None and len(pick) > 1:
                 k = min(self.k, len(pick))  # vLLM adds the sampled / prompt token beside its top k
                 served_top = [pick[i] for i in torch.argsort(lps, descending=True)[:k].tolist()]

@@ -1,24 +1,11 @@
 """Online loop monitor: detect a loop *while* a sequence is generated, then stop it, flag it or break it.
 
-The detector is pluggable (:class:`IncrementalDetector`): anything with ``push(token) -> LoopInfo |
-None`` and ``reset()``. Two are provided:
-
-* :class:`ExactPeriodDetector` — the exact-period rule of :func:`genprobe.metrics.loop.detect_loop`
-  (smallest period p whose periodic tail covers ≥ ``min_repeats`` units and ≥ ``min_tail`` tokens)
-  kept up to date in O(``max_period``) per token: for every p it keeps the length of the run of
-  positions with ``t[i] == t[i - p]`` ending at the newest token. At every prefix it answers exactly
-  what ``detect_loop(prefix, max_period=...)`` answers (tested).
-* :class:`RecomputeDetector` — wraps any offline detector ``fn(tokens)`` (e.g.
-  :func:`genprobe.metrics.detect_near_loop`, which also sees loops with a substitution) and calls it
-  every ``every`` tokens.
-
-The monitor's logic is written once (:class:`LoopWatch`: the detector over a growing token list, the first
-detection, the token a loop would continue with); each engine's hook is a thin adapter that feeds it: a
-``transformers`` :class:`LoopStoppingCriteria` (stop) and :class:`LoopBreakingLogitsProcessor` (intervene: ban the
-token that would continue the loop), llama-cpp-python's (:mod:`genprobe.serving.llamacpp.monitor`) and a vLLM V1
-logits-processor plug-in (:mod:`genprobe.serving.vllm_monitor`). :func:`monitor_backend` runs it over any
-:class:`~genprobe.engine.backend.Backend` (chunks of tokens per request, stopped at the first loop), so a new engine
-gets the monitor by its adapter alone. Only generated tokens are watched.
+The detector is pluggable (:class:`IncrementalDetector`: ``push(token) -> LoopInfo | None`` and ``reset()``):
+:class:`ExactPeriodDetector` answers at every prefix exactly what :func:`genprobe.metrics.loop.detect_loop` answers
+in O(``max_period``) per token (tested); :class:`RecomputeDetector` runs any offline detector every ``every`` tokens.
+The monitor's logic is written once (:class:`LoopWatch`); each engine's hook is a thin adapter that feeds it
+(:class:`LoopHook`: ``transformers`` and ``llama_cpp.Llama`` here, :mod:`genprobe.serving.vllm_monitor`), and
+:func:`monitor_backend` runs it over any :class:`~genprobe.engine.backend.Backend`. Only generated tokens are watched.
 """
 
 from __future__ import annotations
@@ -28,6 +15,7 @@ from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 import torch
+from transformers import LogitsProcessor, StoppingCriteria
 
 from ..engine.backend import Backend, Request, Sampler
 from ..metrics.loop import DEFAULT_MIN_TAIL, LoopInfo, detect_loop
@@ -241,13 +229,7 @@ class LoopHook:
 
 
 # ---- transformers integration -------------------------------------------------------------------------
-def _hf_bases():
-    from transformers import LogitsProcessor, StoppingCriteria
-
-    return StoppingCriteria, LogitsProcessor
-
-
-class LoopStoppingCriteria(LoopHook, _hf_bases()[0]):  # type: ignore[misc]
+class LoopStoppingCriteria(LoopHook, StoppingCriteria):
     """``transformers`` stopping criterion: a sequence is done once its generated tokens end in a loop."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -255,7 +237,7 @@ class LoopStoppingCriteria(LoopHook, _hf_bases()[0]):  # type: ignore[misc]
         return torch.tensor([d is not None for d in self.detections], dtype=torch.bool, device=input_ids.device)
 
 
-class LoopBreakingLogitsProcessor(LoopHook, _hf_bases()[1]):  # type: ignore[misc]
+class LoopBreakingLogitsProcessor(LoopHook, LogitsProcessor):
     """``transformers`` logits processor: while a row loops, ban the token that would continue its loop."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -263,6 +245,35 @@ class LoopBreakingLogitsProcessor(LoopHook, _hf_bases()[1]):  # type: ignore[mis
         self.observe(rows)  # first called before the first new token: the prompt is all of input_ids
         for row, token in self.continuations(rows):
             scores[row, token] = float("-inf")
+        return scores
+
+
+# ---- llama-cpp-python integration (its hooks are ``f(input_ids, logits)``, input_ids one flat row) ------------
+class LlamaCppLoopStopping(LoopHook):
+    """``stopping_criteria`` for ``llama_cpp.Llama``: True once the generated tokens end in a loop. llama-cpp-python
+    calls it *without* the newest sampled token (``Llama.generate``), so it fires one token after the loop completes
+    and the completion ends right after the token that completed it: the step :func:`replay` reports (tested).
+    ``detection`` says where. One instance per completion (or :meth:`reset`)."""
+
+    @property
+    def detection(self) -> Detection | None:
+        """The :class:`Detection`, or None while no loop was seen."""
+        return self.watches[0].detection if self.watches else None
+
+    def __call__(self, input_ids: Any, logits: Any) -> bool:
+        self.observe([np.asarray(input_ids).reshape(-1).tolist()])
+        return self.detection is not None
+
+
+class LlamaCppLoopBreaker(LoopHook):
+    """``logits_processor`` for ``llama_cpp.Llama`` (called with every token evaluated so far): while the generated
+    tokens end in a loop, the token that would continue it gets ``-inf`` at the very next step."""
+
+    def __call__(self, input_ids: Any, scores: np.ndarray) -> np.ndarray:
+        rows = [np.asarray(input_ids).reshape(-1).tolist()]
+        self.observe(rows)
+        for _, token in self.continuations(rows):
+            scores[token] = -np.inf
         return scores
 
 

@@ -1,23 +1,93 @@
 """Loop scan through vLLM in-process: the same prompts, sampler and records as genprobe's own engine scan.
 
 vLLM contributes only a batch generator (:func:`vllm_batches`) to the one scan
-(:func:`genprobe.loops.scan.scan_batches`): generation runs in ``LLM.generate`` (continuous batching, any parallelism
-the engine was started with), loop measures are genprobe's own on the returned ids. This stays an in-process fast
-path beside the Backend route (:func:`genprobe.loops.scan_settings.backend_engine`) because a backend request
-carries only temperature, top-p, top-k, a seed and banned ids: vLLM's penalties and min-p, which loop studies sweep,
-would be lost. Greedy scans give the same tokens as our engine up to float noise (tested); sampled scans use vLLM's
-random streams (seed ``seed + i`` for prompt ``i``), so they agree in distribution, not token by token.
+(:func:`genprobe.loops.scan.scan_batches`). It stays an in-process fast path beside the Backend route because a
+backend request cannot carry vLLM's penalties and min-p, which loop studies sweep. Greedy scans give our engine's
+tokens up to float noise (tested); sampled scans (seed ``seed + i`` for prompt ``i``) agree in distribution only.
+
+**Samplers** (:func:`to_sampling_params`): vLLM's V1 sampler applies bans → penalties → greedy argmax, or temperature
+→ min-p → top-k → top-p → draw. A :class:`~genprobe.engine.samplers.SamplerConfig` maps when each active stage's
+``vllm`` method (:mod:`genprobe.engine.samplers.stages`) has its vLLM form (the rest is refused by name), when stages
+whose arithmetic differs between engines run with ``engine="vllm"``, and when the active stages run in an order
+equivalent to vLLM's fixed one. A field no stage maps is refused while it is not at its default, so a new setting is
+never dropped silently.
+
+:func:`compare_loop_rates` answers whether a served (repaired) model loops as often as our engine measured: both rates
+with Wilson 95% intervals, whether the served rate lies inside ours, and — because a rate alone can agree by
+accident — the per-prompt agreement of loop verdicts and of tokens (which greedy decoding should reproduce exactly).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import groupby
 from typing import Any, Sequence
 
 from ..engine.samplers import SamplerConfig
-from ..loops.scan import Batch, GenerateBatch, check_prompts
+from ..engine.samplers.stages import (
+    STAGES,
+    TEMPERATURE,
+    TOP_K,
+    Truncation,
+    UnsupportedSamplerError,
+    active_truncations,
+    refuse_for,
+)
+from ..loops.scan import Batch, GenerateBatch, ScanResult, check_prompts
 from ..loops.scan_settings import ScanEngine
 from .engine import ServingEngine
-from .sampling import sampling_kwargs, to_sampling_params
+
+# Stages that commute exactly with each other: top-k keeps a rank set, and dividing by τ > 0 keeps ranks.
+_COMMUTING = {TEMPERATURE, TOP_K}
+
+
+def _canonical(stages: list[Truncation]) -> list[Truncation]:
+    """``stages`` with each run of mutually commuting stages in one fixed order: equal for equivalent orders."""
+    runs = groupby(stages, key=lambda s: s in _COMMUTING)
+    return [s for commuting, run in runs for s in (sorted(run, key=str) if commuting else run)]
+
+
+def sampling_kwargs(cfg: SamplerConfig, vocab_size: int) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments equal to ``cfg`` for a model of ``vocab_size`` ids; raises if inexact."""
+    kw: dict[str, Any] = {}
+    for stage in STAGES:
+        kw.update(stage.vllm(cfg, vocab_size))
+    refuse_for(cfg, "vllm", "vLLM", STAGES)
+    stages = active_truncations(cfg)
+    if _canonical(stages) != _canonical(active_truncations(cfg, "vllm")):
+        raise UnsupportedSamplerError(
+            f"sampler order {cfg.order!r} applies {' → '.join(map(str, stages))}; vLLM always applies temperature → "
+            "min_p → top_k → top_p, which gives a different distribution for these settings. Use order='vllm' "
+            "to scan with vLLM"
+        )
+    return kw
+
+
+def to_sampling_params(
+    cfg: SamplerConfig,
+    vocab_size: int,
+    max_new_tokens: int,
+    *,
+    seed: int | None = None,
+    eos_id: int | None = None,
+    **extra: Any,
+) -> Any:
+    """A vLLM ``SamplingParams`` for ``cfg``: exactly ``max_new_tokens`` tokens unless ``eos_id`` is generated."""
+    from ._vllm import require_vllm
+
+    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    stop: dict[str, Any] = {"stop_token_ids": [int(eos_id)]} if eos_id is not None else {}
+    # ignore_eos: the model config's own end-of-text id must not stop a scan; only ``eos_id`` (if given) does.
+    return require_vllm().SamplingParams(
+        max_tokens=int(max_new_tokens),
+        seed=seed,
+        ignore_eos=True,
+        detokenize=False,
+        **sampling_kwargs(cfg, vocab_size),
+        **stop,
+        **extra,
+    )
 
 
 def vllm_batches(engine: ServingEngine) -> GenerateBatch:
@@ -68,3 +138,49 @@ def vllm_scan_backend(options: Any = None) -> ScanEngine:
         return vllm_batches(engine), {"backend": "vllm", "vllm": engine.describe()}
 
     return ScanEngine("vLLM", check, start)
+
+
+@dataclass
+class RateComparison:
+    """Our engine's scan vs the served model's scan of the same prompts."""
+
+    JSON_PROPERTIES = ("consistent",)  # computed from the fields, kept in the JSON form
+
+    n: int
+    ours_rate: float
+    ours_ci95: tuple[float, float]
+    served_rate: float
+    served_ci95: tuple[float, float]
+    served_within_ours_ci: bool
+    ours_degenerate_rate: float  # exact loop, near loop or repetitive tail (the repair objective)
+    served_degenerate_rate: float
+    verdict_agreement: float  # fraction of prompts with the same looping yes/no
+    token_agreement: float  # fraction of prompts with identical generated tokens
+
+    @property
+    def consistent(self) -> bool:
+        """The served loop rate lies inside our engine's 95% interval."""
+        return self.served_within_ours_ci
+
+
+def compare_loop_rates(ours: ScanResult, served: ScanResult) -> RateComparison:
+    """Compare two scans of the same prompts (refuses scans of different prompt sets)."""
+    a, b = ours.records, served.records
+    if len(a) != len(b) or any(x.prompt_ids != y.prompt_ids for x, y in zip(a, b, strict=True)):
+        raise ValueError("the two scans are not over the same prompts in the same order")
+    if not a:
+        raise ValueError("the scans hold no records")
+    sa, sb = ours.summary, served.summary
+    lo, hi = sa.loop_rate_ci95
+    return RateComparison(
+        n=len(a),
+        ours_rate=sa.loop_rate,
+        ours_ci95=(lo, hi),
+        served_rate=sb.loop_rate,
+        served_ci95=(sb.loop_rate_ci95[0], sb.loop_rate_ci95[1]),
+        served_within_ours_ci=lo <= sb.loop_rate <= hi,
+        ours_degenerate_rate=sa.degenerate_rate,
+        served_degenerate_rate=sb.degenerate_rate,
+        verdict_agreement=sum(x.looping == y.looping for x, y in zip(a, b, strict=True)) / len(a),
+        token_agreement=sum(x.tokens == y.tokens for x, y in zip(a, b, strict=True)) / len(a),
+    )

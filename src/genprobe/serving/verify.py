@@ -27,13 +27,9 @@ cannot support is "not checked" with the reason, never "pass".
 ``chat``              the prompt ids the server builds from ``messages`` against the reference's chat template
 ====================  ============================================================================================
 
-Only the prefix-cache phases read a prefix cache (the others ask not to, where the backend can be told): a cache
-fault is then named where it is. How a phase is judged (:class:`Judge`) depends on the deployment's precision
-(``Capabilities.exact``): float32 arithmetic throughout on verify-cache's absolute scale
-(:func:`genprobe.serving.judge.serving_verdict`: max |Δ log p|, a differing top-1 token at least suspicious);
-reduced precision on its gap ratio over an honest computation at that precision (the floor,
-:mod:`genprobe.serving.judge`); a live server of unknown precision on the absolute scale for its lone requests
-and on the gap ratio over those for the rest.
+Only the prefix-cache phases read a prefix cache (the others ask not to, where the backend can be told), so a cache
+fault is named where it is. How a phase is judged depends on the deployment's precision (``Capabilities.exact``):
+:mod:`genprobe.serving.judge`.
 """
 
 from __future__ import annotations
@@ -369,17 +365,11 @@ def seed_phase(run: Run) -> PhaseReport:
     sampled = Request(run.work.alone[0], run.settings.steps, Sampler(temperature=1.0, seed=1234))
     first, second = run.backend.complete(sampled), run.backend.complete(sampled)
     at = first_difference(first.token_ids, second.token_ids)
-    if at is None:
-        return PhaseReport("seed", judged_on="tokens", requests=2, divergence_rate=0.0)
-    return PhaseReport(
-        "seed",
-        verdict="bug",
-        judged_on="tokens",
-        note=f"seed 1234 sampled different tokens from token {at} on",
-        requests=2,
-        divergence_rate=1.0,
-        token_divergence={"request": 0, "token": at},
-    )
+    rep = PhaseReport("seed", judged_on="tokens", requests=2, divergence_rate=float(at is not None))
+    if at is not None:
+        rep.verdict, rep.note = "bug", f"seed 1234 sampled different tokens from token {at} on"
+        rep.token_divergence = {"request": 0, "token": at}
+    return rep
 
 
 def limits_phase(run: Run, alone: Sequence[Response]) -> PhaseReport:
@@ -389,18 +379,16 @@ def limits_phase(run: Run, alone: Sequence[Response]) -> PhaseReport:
     if len(short.token_ids) > m or (len(short.token_ids) < m and short.finish_reason != "stop"):
         problems.append(f"max_tokens {m} gave {len(short.token_ids)} tokens (finish {short.finish_reason})")
     case = next(((p, a) for p, a in zip(run.work.alone, alone, strict=True) if len(a.text.strip()) >= 8), None)
-    if case is None:
-        note = "; ".join(problems) or "stop sequence not checked: no greedy text long enough"
-        return PhaseReport("limits", verdict="bug" if problems else "pass", judged_on="tokens", note=note, requests=1)
-    prompt, lone = case
-    stop = lone.text[len(lone.text) // 2 :][:3]
-    cut = backend.complete(run.request(prompt, stop=(stop,)))
-    expected = lone.text[: lone.text.find(stop)]
-    if cut.text != expected or cut.finish_reason != "stop":
-        problems.append(f"stop {stop!r}: text {cut.text!r} (finish {cut.finish_reason}), expected {expected!r}")
-    return PhaseReport(
-        "limits", verdict="bug" if problems else "pass", judged_on="tokens", note="; ".join(problems), requests=2
-    )
+    if case is not None:
+        prompt, lone = case
+        stop = lone.text[len(lone.text) // 2 :][:3]
+        cut = backend.complete(run.request(prompt, stop=(stop,)))
+        expected = lone.text[: lone.text.find(stop)]
+        if cut.text != expected or cut.finish_reason != "stop":
+            problems.append(f"stop {stop!r}: text {cut.text!r} (finish {cut.finish_reason}), expected {expected!r}")
+    note = "; ".join(problems) or ("" if case else "stop sequence not checked: no greedy text long enough")
+    verdict = "bug" if problems else "pass"
+    return PhaseReport("limits", verdict=verdict, judged_on="tokens", note=note, requests=1 + (case is not None))
 
 
 def chat_phase(run: Run) -> PhaseReport:

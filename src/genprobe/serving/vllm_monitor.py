@@ -1,23 +1,12 @@
 """The online loop monitor as a vLLM V1 logits-processor plug-in.
 
-Register it when the engine starts (``EngineOptions(loop_monitor=True)``, i.e. ``LLM(...,
-logits_processors=["genprobe.serving.vllm_monitor:LoopMonitorProcessor"])``); it then acts only on
-requests whose ``SamplingParams.extra_args`` carry a ``"genprobe_loop_monitor"`` entry
-(:func:`monitor_request_kwargs` builds it). Before each step it feeds every watched request's new
-output tokens to that request's incremental detector (:mod:`genprobe.serving.monitor`); once a loop
-is detected it either
-
-* ``"stop"``s the request: every logit but ``stop_token_id``'s becomes ``-inf``, so the next token is
-  the stop token and vLLM finishes the request (``finish_reason="stop"``, ``stop_reason`` = that id), or
-* ``"break"``s the loop: the token that would continue it is banned for as long as it loops.
-
-The plug-in runs inside vLLM's engine process, so it reports through the token stream only;
-:func:`monitor_result` recovers the loop's period and onset from the returned tokens by replaying
-the same detector (deterministic), which works with or without engine multiprocessing.
-
-Interface: ``vllm/v1/sample/logits_processor/interface.py`` (``LogitsProcessor``, ``BatchUpdate``):
-``update_state`` sees requests added/removed/moved (each added request brings a live reference to its
-output-token list) and runs before the forward pass; ``apply`` edits the batch logits.
+Registered when the engine starts (``EngineOptions(loop_monitor=True)``), it acts only on requests whose
+``SamplingParams.extra_args`` carry a ``"genprobe_loop_monitor"`` entry (:func:`monitor_request_kwargs`). Before each
+step it feeds every watched request's new output tokens to its :class:`~genprobe.serving.monitor.LoopWatch`; once a
+loop is detected it either ``"stop"``s the request (every logit but ``stop_token_id``'s becomes ``-inf``, so vLLM
+finishes it with ``stop_reason`` = that id) or ``"break"``s the loop (the token that would continue it is banned).
+It runs inside vLLM's engine process, so it reports through the token stream only: :func:`monitor_result` replays
+the same (deterministic) detector over the returned tokens. Interface: ``vllm/v1/sample/logits_processor``.
 """
 
 from __future__ import annotations

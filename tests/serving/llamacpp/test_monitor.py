@@ -75,7 +75,7 @@ def _ban(token):
 
 
 def test_the_stop_cuts_right_after_the_step_replay_reports(engine, cases):
-    from genprobe.serving.llamacpp.monitor import LlamaCppLoopStopping
+    from genprobe.serving.monitor import LlamaCppLoopStopping
 
     for prompt, greedy, detection in cases:
         stop = LlamaCppLoopStopping()
@@ -90,7 +90,7 @@ def test_the_stop_cuts_right_after_the_step_replay_reports(engine, cases):
 
 
 def test_the_breaker_bans_the_continuation_at_the_next_step(engine, cases):
-    from genprobe.serving.llamacpp.monitor import LlamaCppLoopBreaker
+    from genprobe.serving.monitor import LlamaCppLoopBreaker
 
     looped = [(p, g, d) for p, g, d in cases if d is not None]
     changed = 0

@@ -16,12 +16,12 @@ import pytest
 from genprobe.serving.llamacpp.quant_measures import (
     AgreementAccumulator,
     divergence_summary,
-    first_divergence,
     intervals_overlap,
     kl_per_position,
     sign_test_p,
 )
 from genprobe.serving.llamacpp.quantize import QUANT_TYPES, UnsupportedQuantTypeError, check_types
+from genprobe.serving.verify import first_difference
 
 NEG = -np.inf
 
@@ -69,11 +69,11 @@ def test_accumulator_refuses_mismatched_vocabularies_and_short_windows():
         acc.result()
 
 
-def test_first_divergence_and_its_summary():
-    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert first_divergence([1, 2, 3], [1, 2, 4]) == 2
-    assert first_divergence([1, 2, 3], [9, 2, 3]) == 0
-    assert first_divergence([1, 2, 3], [1, 2]) == 2
+def test_first_difference_and_its_summary():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 2, 4]) == 2
+    assert first_difference([1, 2, 3], [9, 2, 3]) == 0
+    assert first_difference([1, 2, 3], [1, 2]) == 2
     div = divergence_summary([[1, 2, 3]] * 3, [[1, 2, 3], [0, 2, 3], [1, 2, 0]])
     assert (div.prompts, div.diverged, div.steps) == (3, 2, [None, 0, 2])
     assert div.median_step == 2.0  # sorted 0, 2, never

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Sequence
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,13 +22,26 @@ from models import tiny_llama_gguf  # noqa: E402
 
 from genprobe._io import json_safe
 from genprobe.serving.llamacpp.engine import LlamaCppModel  # noqa: E402
-from genprobe.serving.llamacpp.verify import StalePromptCacheModel, verify_serving_llamacpp  # noqa: E402
+from genprobe.serving.llamacpp.verify import verify_serving_llamacpp  # noqa: E402
 from genprobe.serving.verify import NOT_CHECKED, PHASES  # noqa: E402
 
 # what llama.cpp in process cannot be asked: a per-request seed, chat, a per-step token budget, a cache block
 UNCHECKED = {"diverge_inside", "chunked_prefill", "seed", "chat"}
 LOGPROB_PHASES = {"prompt", "greedy", "batch", "prefix", "prefix_uncached", "diverge_boundary", "context_shift"}
 CACHE_PHASES = ("prefix", "diverge_boundary")  # the prompt cache: a prompt sharing all but 4 tokens, and half
+
+
+class StalePromptCacheModel(LlamaCppModel):
+    """Planted fault: a prompt cache that trusts what it holds. Before each call it marks every cached token as
+    matching the new prompt (as a cache keyed on length, or on a hash of only part of the prompt, would), so
+    ``Llama.generate`` reuses the previous prompt's KV entries for a different prompt. verify-serving's prefix-cache
+    phases must call this a bug."""
+
+    def cached_prompt_logits(self, prompt_ids: Sequence[int]) -> tuple[np.ndarray, int]:
+        """The fault, then the real call."""
+        n = min(int(self.llama.n_tokens), len(prompt_ids))
+        self.llama.input_ids[:n] = np.asarray(prompt_ids[:n], dtype=self.llama.input_ids.dtype)
+        return super().cached_prompt_logits(prompt_ids)
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,14 @@
 """The one place that imports llama.cpp's Python bindings: a clear error when the optional extra is missing.
 
-llama.cpp is reached through ``llama-cpp-python`` (an optional extra, ``genprobe[llamacpp]``). The registry ships
-it as source only, and a default build (``-DGGML_NATIVE=ON``) crashed in its quantized kernels on the 2-core test
-machines, so ``scripts/install_llamacpp.sh`` builds it with explicit instruction-set flags, only the two libraries
-loaded here (libllama, libggml), and keeps the wheel for the next install; ``scripts/test.sh`` runs it. Every
-llama.cpp entry point calls :func:`require_llama_cpp` first.
+``llama-cpp-python`` ships as source only, and a default build crashed in its quantized kernels on the test
+machines, so ``scripts/install_llamacpp.sh`` builds it with explicit instruction-set flags. Every llama.cpp entry
+point calls :func:`require_llama_cpp` first.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Self
 
 #: The version genprobe is tested against (its low-level API changes between releases: e.g. the argument order
 #: of ``llama_sampler_init_penalties``).
@@ -43,3 +42,23 @@ def require_llama_cpp() -> ModuleType:
     import llama_cpp
 
     return llama_cpp
+
+
+def llama_cpp_facts() -> dict[str, str]:
+    """The bindings' version and llama.cpp's build (``llama_print_system_info``: the instruction sets it uses)."""
+    lib = require_llama_cpp()
+    info = lib.llama_print_system_info().decode("utf-8", errors="replace").strip()
+    return {"llama_cpp_python": getattr(lib, "__version__", LLAMA_CPP_PYTHON_VERSION), "system_info": info}
+
+
+class Closeable:
+    """Owns llama.cpp objects that :meth:`close` frees (idempotently); as a context manager, closed on exit."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

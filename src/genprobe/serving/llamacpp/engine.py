@@ -1,28 +1,15 @@
 """llama.cpp as an engine: a GGUF file's logits at every position, greedy generation, KV-cache operations.
 
-:class:`LlamaCppModel` opens one GGUF file through ``llama-cpp-python`` (``llama_cpp.Llama``, ``verbose=False``) and
-drives llama.cpp's own context with the low-level API (``llama_batch`` + ``llama_decode``; ``include/llama.h``), so
-every call says exactly what llama.cpp computed: which tokens at which positions in which sequence, which rows'
-logits were asked for. Each public call starts from a fresh KV cache unless it says otherwise.
+:class:`LlamaCppModel` opens one GGUF file through ``llama-cpp-python`` and drives llama.cpp's own context with the
+low-level API (``llama_batch`` + ``llama_decode``; ``include/llama.h``), so every call says exactly what llama.cpp
+computed: which tokens at which positions in which sequence, which rows' logits were asked for. Each public call
+starts from a fresh KV cache unless it says otherwise. The file is the whole deployment (weights, hyper-parameters,
+tokenizer); every comparison runs on token ids, so a tokenizer difference never enters a logit comparison.
 
-**How a user's GGUF maps.** The file is the whole deployment: weights in whatever types it holds (F32, F16, Q8_0,
-K-quants, ...), hyper-parameters and the tokenizer (the ``tokenizer.ggml.*`` metadata). :meth:`LlamaCppModel.tokenize`
-is llama.cpp's own tokenizer (``llama_tokenize``, ``src/llama-vocab.cpp``), not ``transformers``'; BOS is added
-when asked and the file says so (``tokenizer.ggml.add_bos_token``). The float32 reference genprobe compares with
-(``genprobe.load(file)``) dequantizes the same tensors through ``transformers``' GGUF support and builds its tokenizer
-from the same metadata; every comparison runs on token ids, so a tokenizer difference never enters a logit
-comparison.
-
-**What llama.cpp computes differently from the weights' float32 recomputation**, by design:
-
-- its KV cache stores K and V in ``kv_type`` (``f16`` by default, as ``llama_context_default_params``): every
-  attention read of a cached key is rounded to half precision — in prefill too, since the graph attends over the
-  cache's view (``src/llama-graph.cpp``, ``build_attn``); ``kv_type="f32"`` removes that rounding;
-- a matrix product with a quantized weight quantizes the *activations* too: ggml-cpu multiplies by the weight type's
-  ``vec_dot_type`` (``ggml/src/ggml-cpu/ggml-cpu.c``, ``type_traits_cpu``: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for
-  Q4_1/Q5_1, Q8_K for the K-quants, F16 for F16 weights), so a quantized file's logits differ from recomputation
-  with its dequantized weights by more than float rounding. Only an F32 file with an F32 KV cache is float32
-  arithmetic throughout.
+By design llama.cpp differs from float32 recomputation of the same weights: its KV cache stores K/V in ``kv_type``
+(f16 by default, read back in prefill too), and a product with a quantized weight quantizes the activations to the
+weight type's ``vec_dot_type``. Only an F32 file with an F32 KV cache is float32 arithmetic throughout
+(docs/llamacpp.md).
 """
 
 from __future__ import annotations
@@ -37,7 +24,7 @@ import numpy as np
 
 from ..._io import json_safe
 from ...engine.backend import Capabilities, Position, Request, Response, stop_text
-from ._bindings import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
+from ._bindings import Closeable, llama_cpp_facts, require_llama_cpp
 
 #: KV-cache element types a context can be created with (ggml type ids of ``ggml.h``).
 KV_TYPES = {"f32": 0, "f16": 1}
@@ -51,13 +38,6 @@ NextToken = Callable[[np.ndarray, list[int]], int]
 
 class LlamaCppDecodeError(RuntimeError):
     """``llama_decode`` refused a batch (no room in the KV cache, a batch over n_batch, ...)."""
-
-
-def model_file_types(path: str | os.PathLike[str]) -> dict[str, int]:
-    """How many tensors of each GGML type the GGUF file holds (``{"Q4_K": 120, "F32": 61, ...}``), read by ``gguf``."""
-    from ...model.gguf import inspect_gguf
-
-    return inspect_gguf(path).type_counts
 
 
 def _check_gguf_file(path: Path) -> None:
@@ -79,7 +59,7 @@ class EngineSettings:
     seed: int
 
 
-class LlamaCppModel:
+class LlamaCppModel(Closeable):
     """One GGUF file in llama.cpp: ``logits(ids)`` at every position, ``greedy``, ``generate`` and the KV-cache
     primitives the verification phases drive (``decode``, ``remove``, ``shift``).
 
@@ -133,7 +113,6 @@ class LlamaCppModel:
         bos = int(self.llama.token_bos())
         self.bos_id: int | None = bos if 0 <= bos < self.vocab_size else None
         self._batch = self._lib.llama_batch_init(batch, 0, 1)
-        self._closed = False
 
     # ---- tokenizer (llama.cpp's, from the GGUF metadata) ----------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
@@ -284,8 +263,10 @@ class LlamaCppModel:
     # ---- facts ------------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """The file, its tensor types, llama.cpp's version and build, and how the context was created."""
+        from ...model.gguf import inspect_gguf
+
         try:
-            types: dict[str, int] | str = model_file_types(self.path)
+            types: dict[str, int] | str = inspect_gguf(self.path).type_counts
         except Exception as exc:  # the gguf reader is an optional extra of its own
             types = f"unknown ({exc})"
         return {
@@ -293,25 +274,17 @@ class LlamaCppModel:
             "file": str(self.path),
             "size_bytes": self.path.stat().st_size,
             "tensor_types": types,
-            "llama_cpp_python": getattr(self._lib, "__version__", LLAMA_CPP_PYTHON_VERSION),
-            "system_info": self._lib.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+            **llama_cpp_facts(),
             "vocab_size": self.vocab_size,
             **json_safe(self.settings),
         }
 
     def close(self) -> None:
         """Free the batch, the context and the model (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._lib.llama_batch_free(self._batch)
-        self.llama.close()
-
-    def __enter__(self) -> "LlamaCppModel":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        if self._batch is not None:
+            self._lib.llama_batch_free(self._batch)
+            self.llama.close()
+            self._batch = None
 
 
 def _decode(lib: Any, ctx: Any, batch: Any, entries: Sequence[tuple[int, int, int, bool]], vocab: int) -> np.ndarray:
@@ -369,7 +342,7 @@ class BatchedGeneration:
     logits: np.ndarray
 
 
-class SequenceBatch:
+class SequenceBatch(Closeable):
     """A second llama.cpp context on the same loaded weights, with ``n_seq_max`` = the number of sequences and a
     unified KV cache (``kv_unified``: one cache shared by every sequence, separated by the attention mask), sized to
     the batch: ``n_ctx`` = all prompts + all new tokens. Freed on exit."""
@@ -442,12 +415,6 @@ class SequenceBatch:
             self.lib.llama_batch_free(self.batch)
             self.lib.llama_free(self.ctx)
             self.ctx = None
-
-    def __enter__(self) -> "SequenceBatch":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class LlamaCppBackend:

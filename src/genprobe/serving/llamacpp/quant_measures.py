@@ -1,12 +1,7 @@
-"""The quantization study's pure measures (:mod:`.quant_study` runs it): numbers from logits and token lists alone.
+"""The quantization study's pure measures: numbers from logits and token lists alone.
 
-- **logits**: KL(F32 ‖ type) per position (nats), top-1 agreement (argmax, first index on a tie as llama.cpp's
-  greedy sampler: ``llama_sampler_greedy_apply`` in ``src/llama-sampler.cpp`` keeps the first maximum, ``>`` not
-  ``>=``), and perplexity on the text;
-- **greedy text**: the first step at which the type's greedy continuation of each prompt leaves F32's, median and
-  histogram;
-- **loops**: calibrated exact-loop and degenerate rates with Wilson 95% intervals and the paired view (prompts that
-  became degenerate / stopped being degenerate, with a two-sided sign test), since every type sees the same prompts.
+KL(F32 ‖ type), top-1 agreement (first index on a tie, as llama.cpp's greedy sampler) and perplexity; the first
+step where greedy text leaves F32's; calibrated loop rates paired with F32's on the same prompts (sign test).
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...metrics.stats import sign_test_p
+from ..verify import first_difference
 
 DIVERGENCE_BIN = 8
 
@@ -98,15 +94,6 @@ class AgreementAccumulator:
 
 
 # ---- greedy text ---------------------------------------------------------------------------------------------
-def first_divergence(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
-    """The first generation step (0-based) where ``tokens`` leaves ``reference``; None when they agree throughout
-    (a shorter sequence diverges where it ends)."""
-    for i, (a, b) in enumerate(zip(reference, tokens, strict=False)):
-        if a != b:
-            return i
-    return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
-
-
 @dataclass
 class Divergence:
     """Where each prompt's greedy continuation under a type first leaves F32's."""
@@ -123,7 +110,7 @@ def divergence_summary(reference: Sequence[Sequence[int]], other: Sequence[Seque
     """Per-prompt first divergence steps of ``other`` from ``reference`` (same prompts, same order)."""
     if len(reference) != len(other):
         raise ValueError(f"{len(reference)} reference generations but {len(other)} to compare")
-    steps = [first_divergence(a, b) for a, b in zip(reference, other, strict=True)]
+    steps = [first_difference(a, b) for a, b in zip(reference, other, strict=True)]
     hist: dict[str, int] = {}
     for s in steps:
         low = None if s is None else s // DIVERGENCE_BIN * DIVERGENCE_BIN

@@ -1,25 +1,12 @@
 """What llama.cpp's quantization types do to a model: logits, greedy text, loops and speed beside the F32 file.
 
-From one float model (:mod:`.quantize`: llama.cpp's converter writes it as an all-F32 GGUF, its quantize API each
-type), every type runs in llama.cpp itself (:mod:`.engine`), and is compared with **the F32 GGUF in llama.cpp**,
-so the engine is the same on both sides and the difference is the weights' quantization (plus, for quantized
-weights, llama.cpp's quantization of the activations that meet them in its dot products: ``ggml_vec_dot_q4_0_q8_0``
-and friends in ``ggml/src/ggml-cpu/arch/x86/quants.c`` take each activation row quantized to Q8 blocks — part of
-what a user of the type gets). One more row puts the F32 file in llama.cpp beside ``transformers`` float32 on the
-same weights: the engine itself, which should agree to float noise.
-
-Per type, on real human text the model was not tuned on (:func:`study_inputs`):
-
-- **logits** on text windows, every position that predicts a next token: KL(F32 ‖ type) mean / p99 / max (nats),
-  top-1 agreement (argmax, first index on a tie as llama.cpp's greedy sampler: ``llama_sampler_greedy_apply`` in
-  ``src/llama-sampler.cpp`` keeps the first maximum, ``>`` not ``>=``), and the type's perplexity on the text;
-- **greedy text**: the first step at which the type's greedy continuation of each prompt leaves F32's (end token
-  banned, fixed length: the loop scan's generations, batched in llama.cpp), median and histogram;
-- **loops**: calibrated exact-loop and degenerate rates with Wilson 95% intervals, the held-out human
-  false-positive rate of the same detectors beside them, and the paired view (prompts that became degenerate /
-  stopped being degenerate, with a two-sided sign test), since every type sees the same prompts;
-- **speed**: greedy decode tokens per second at batch 1 (the first prompts, one at a time), same thread count, by
-  the wall clock and per CPU-second of the process (at one thread: the speed of an idle core).
+From one float model (:mod:`.quantize`: an all-F32 GGUF, then each type), every type runs in llama.cpp and is
+compared with **the F32 GGUF in llama.cpp**, so the engine is the same on both sides and the difference is the
+quantization (of the weights, and of the activations that meet them in llama.cpp's dot products). One more row puts
+the F32 file beside ``transformers`` float32 on the same weights: the engine itself. Per type, on human text the
+model was not tuned on (:func:`study_inputs`): logits (KL, top-1, perplexity: :mod:`.quant_measures`), the first
+step where greedy text leaves F32's, calibrated loop rates paired with F32's, and batch-1 decode speed
+(docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -34,6 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ..._io import json_safe
+from ._bindings import llama_cpp_facts
 from .quant_measures import (
     AgreementAccumulator,
     Divergence,
@@ -357,7 +345,7 @@ def run_quant_study(
         rows=rows,
         samples=samples,
         findings=[],
-        llama_cpp=_llama_cpp_facts(),
+        llama_cpp=llama_cpp_facts(),
         seconds=time.perf_counter() - started,
     )
     return study, stem
@@ -422,11 +410,3 @@ def _model_note(model_ref: str, model: Any) -> str:
             "type here re-quantizes weights that already lie on a 4-bit grid (16 levels per 32-value block)"
         )
     return f"{model_ref}: float32 weights ({model.num_parameters():,} parameters)"
-
-
-def _llama_cpp_facts() -> dict[str, Any]:
-    from ._bindings import require_llama_cpp
-
-    lib = require_llama_cpp()
-    info = lib.llama_print_system_info()
-    return {"llama_cpp_python": lib.__version__, "system_info": info.decode() if isinstance(info, bytes) else str(info)}

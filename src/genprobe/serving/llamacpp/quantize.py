@@ -1,21 +1,12 @@
 """A float model in, GGUF files of llama.cpp's quantization types out: the converter, then its quantize API.
 
-1. **F32 GGUF.** A ``transformers`` directory (a genprobe catalog name such as ``smollm2``, or the Llama reference
-   model's directory) is written as an all-F32 GGUF by llama.cpp's own converter, ``convert_hf_to_gguf.py`` of the
-   pinned llama.cpp source (``<genprobe cache>/llama.cpp-0.3.36``, extracted by ``scripts/install_llamacpp.sh``),
-   run with this interpreter and that tree's ``gguf-py`` first on ``PYTHONPATH``. The converter names a BPE
-   tokenizer's pre-tokenizer by hashing the token ids of a fixed text (``conversion/base.py``,
-   ``TextModel.get_vocab_base_pre``) and refuses a tokenizer it has never seen, such as a BPE we trained
-   ourselves; ``pre_tokenizer=`` names it instead (``"gpt-2"``: GPT-2's split regex inside ``ByteLevel``, the
-   Llama reference model's), used only where the hash is unknown.
-2. **Each type** through ``llama_model_quantize`` (``src/llama-quant.cpp``, ``llama_model_quantize_impl``), as
-   ``llama-quantize`` calls it. A file type is a *recipe*, not one tensor type: 1-D tensors (norms) stay F32, the
-   K-quant mixes (``_M``/``_S``) give some tensors more bits (``llama_tensor_get_type``), and a tensor whose row
-   length is not a multiple of the type's block (256 for K-quants) falls back to another type
-   (``tensor_type_fallback``: Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0; F16 when even that does not fit). Every
-   :class:`QuantizedFile` records what was actually written: the tensor types read back from the file, which
-   2-D tensors are not at the recipe's main type, which of those were forced by their shape, and the bits per
-   weight.
+1. **F32 GGUF** by llama.cpp's own ``convert_hf_to_gguf.py`` of the pinned source (``<genprobe cache>/llama.cpp-
+   0.3.36``, extracted by ``scripts/install_llamacpp.sh``). The converter names a BPE pre-tokenizer by hashing a fixed
+   text's ids and refuses one it has never seen (a BPE we trained ourselves): ``pre_tokenizer=`` names it instead,
+   used only where the hash is unknown.
+2. **Each type** through ``llama_model_quantize`` as ``llama-quantize`` calls it. A file type is a *recipe*: norms
+   stay F32, K-quant mixes give some tensors more bits, and a tensor whose rows do not fit the type's block falls
+   back to another type. :class:`QuantizedFile` records what was actually written (docs/quantization.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """genprobe's :class:`~genprobe.engine.samplers.SamplerConfig` as llama.cpp's own sampler chain — exactly, or refused.
 
-llama.cpp samples through a chain of samplers on a candidate array (``llama_token_data_array``: id, logit, p,
-sorted). ``common_sampler_init`` (common/sampling.cpp) builds it as: ``logit_bias`` (the user's biases), then
-``params.samplers`` in order — by default (common/common.h, ``common_params_sampling::samplers``) penalties, DRY,
-top-n-σ, top-k, typical, top-p, min-p, XTC, temperature (``llama_sampler_init_temp_ext``) — and ``dist(seed)``
-last. genprobe's ``engine="llama.cpp"`` replays the same samplers in float32; here the *real* chain is built from
-a config through the C API of llama-cpp-python 0.3.36 (``llama_sampler_chain_init`` / ``llama_sampler_chain_add``
-/ ``llama_sampler_init_*``), so the two can be held against each other (tests/serving/llamacpp/test_sampler_chain.py)
-and the scan backend can sample with llama.cpp itself.
-
-Each stage's ``llama_cpp`` method (:mod:`genprobe.engine.samplers.stages`) gives its sampler and arguments, or
-refuses (``no_repeat_ngram``, contrastive search); so is any active stage whose arithmetic is another engine's
-(``engine`` ≠ ``"llama.cpp"``: HF's top-k keeps ties, vLLM's top-p sorts ascending, etc.), and any field no stage
-maps. DRY's breakers are *strings* there, tokenized with the model's vocabulary (:class:`LlamaVocab`); their
-expansion must equal the config's ``dry_sequence_breakers``. The draw, ``llama_sampler_init_dist(seed)``, is a
-``std::mt19937``: same distribution as genprobe's torch generator, different samples (XTC's per-step coin too).
+``common_sampler_init`` (common/sampling.cpp) builds the chain as logit bias, then the samplers in order (penalties,
+DRY, top-n-σ, top-k, typical, top-p, min-p, XTC, temperature) and ``dist(seed)`` last. Here the *real* chain is
+built from a config through the C API of llama-cpp-python 0.3.36, so genprobe's ``engine="llama.cpp"`` replay can be
+held against it (tests/serving/llamacpp/test_sampler_chain.py) and the scan backend can sample with llama.cpp itself.
+Each stage's ``llama_cpp`` method (:mod:`genprobe.engine.samplers.stages`) gives its sampler and arguments or refuses
+by name. DRY's breakers are *strings* there, tokenized with the file's vocabulary (:class:`LlamaVocab`). The draw is a
+``std::mt19937``: same distribution as genprobe's torch generator, different samples (docs/llamacpp.md).
 """
 
 from __future__ import annotations
@@ -24,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Self, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -40,7 +32,7 @@ from ...engine.samplers.stages import (
     UnsupportedSamplerError,
     refuse_for,
 )
-from ._bindings import require_llama_cpp
+from ._bindings import Closeable, require_llama_cpp
 
 #: The seed of ``llama_sampler_init_dist`` / ``_xtc`` when none is given (any fixed value: runs must repeat).
 DEFAULT_SEED = 1234
@@ -94,19 +86,6 @@ def chain_stages(
     if final is not None:
         out.append(ChainStage("greedy", ()) if cfg.greedy else ChainStage("dist", (seed,)))
     return tuple(out)
-
-
-class Closeable:
-    """Owns a llama.cpp object that :meth:`close` frees (idempotently); as a context manager, closed on exit."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # ---- the vocabulary DRY needs ------------------------------------------------------------------------------

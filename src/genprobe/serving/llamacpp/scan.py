@@ -1,17 +1,11 @@
 """Loop scan through llama.cpp: the same prompts, samplers and records as genprobe's own engine scan.
 
-Generation runs in llama.cpp (:meth:`~genprobe.serving.llamacpp.engine.LlamaCppModel.generate_batch`: up to
-``batch_size`` prompts as sequences of one context, one ``llama_decode`` call per step), and every token is chosen by
-llama.cpp's own sampler chain built from the setting's :class:`~genprobe.engine.samplers.SamplerConfig`
-(:class:`~genprobe.serving.llamacpp.sampling.LlamaCppSampler`, one per prompt, seeded ``seed + i``; it accepts the
-prompt's tokens first, as ``llama-server`` does). A setting llama.cpp cannot express exactly is refused before
-it runs (:class:`~genprobe.serving.llamacpp.sampling.UnsupportedLlamaCppSamplerError`). Loop measures are
-genprobe's own on the returned ids, and the result is the same :class:`~genprobe.loops.scan.ScanResult` as our
-engine's scan. It stays an in-process fast path beside the Backend route because a backend request carries only
-temperature, top-p, top-k, a seed and banned ids: llama.cpp's own chain (DRY, XTC, mirostat, penalties, …) would be
-lost. Greedy settings (greedy after bans) give our engine's tokens on an F32 file up to float ties (tested:
-per-prompt verdicts equal); sampled settings draw with llama.cpp's RNG (``std::mt19937``), so they agree in
-distribution, not token by token.
+Up to ``batch_size`` prompts run as sequences of one context (:meth:`LlamaCppModel.generate_batch`), every token
+chosen by llama.cpp's own sampler chain (:class:`~genprobe.serving.llamacpp.sampling.LlamaCppSampler`, one per
+prompt, seeded ``seed + i``, the prompt accepted first as ``llama-server`` does); a setting the chain cannot express
+is refused before it runs. An in-process fast path beside the Backend route, whose requests cannot carry DRY, XTC,
+mirostat or penalties. Greedy settings give our engine's tokens on an F32 file up to float ties (tested); sampled
+ones agree in distribution, not token by token.
 """
 
 from __future__ import annotations

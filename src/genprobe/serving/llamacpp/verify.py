@@ -1,32 +1,14 @@
-"""verify-serving through llama.cpp: does a GGUF deployment compute its weights' logits, phase by phase?
+"""verify-serving through llama.cpp: the one verifier (:mod:`genprobe.serving.verify`) on
+:class:`~genprobe.serving.llamacpp.engine.LlamaCppBackend`, plus the one phase that exists only here.
 
-The one verifier (:mod:`genprobe.serving.verify`) runs on :class:`~genprobe.serving.llamacpp.engine.LlamaCppBackend`:
-every position's whole distribution, compared twice — with **float32 recomputation** of the same weights
-(``genprobe.load(file)``: dequantized by ``transformers``, or ``reference=`` a float directory of the same weights)
-and with **llama.cpp's own prefill** of the same tokens (one ``llama_decode`` call, fresh cache: "self"). Its prefix
-cache is the ``Llama`` object's prompt cache (``Llama.generate``), its batch several sequences of one context. One
-phase exists only here:
+Every position's whole distribution is compared with float32 recomputation of the same weights (``genprobe.load``
+of the file, or ``reference=`` a float directory) and with llama.cpp's own one-call prefill of the same tokens
+("self", the floor of a quantized file: :mod:`genprobe.serving.judge`). Only an F32 file with an F32 KV cache is
+judged on the absolute scale; anything else on its gap ratio (docs/llamacpp.md: why, with measurements).
 
 ``context_shift``: the context filled, then llama.cpp's context shift (``tools/completion/completion.cpp``: keep
-``n_keep`` tokens, discard half of the rest with ``llama_memory_seq_rm``, move the remainder back with
-``llama_memory_seq_add``) and greedy steps after it; the reference is the float32 cache shifted the same way
-(:func:`shifted_cache_logprobs`), not recomputation.
-
-**Engine correctness vs quantization.** Recomputation equals llama.cpp's arithmetic up to float rounding only when
-every weight is F32 and the KV cache is F32 (``kv_type="f32"``): then every phase is judged on recomputation and on
-llama.cpp's own prefill (``judged_on="reference"``) with verify-cache's scale. Otherwise llama.cpp rounds cached
-K/V to F16 and quantizes the activations of every product with a quantized weight (Q8_0 / Q8_K / Q8_1, the weight
-type's ``vec_dot_type`` in ``ggml/src/ggml-cpu/ggml-cpu.c``), which recomputation with the dequantized weights does
-not do. And llama.cpp's one-token decode and its multi-token prompt path do not agree with each other either on a
-quantized file (measured, SmolLM2 Q4_1: mean top-5 |Δ log p| 0.09 between them, 0.11 from either to float32; on the
-F32 file 5e-6) — most likely because ggml-cpu picks its matrix-product kernels by batch size. A quantized phase is
-judged on its **gap ratio** (``judged_on="gap"``): the mean |Δ log p| over the reference's top-5 ids to
-recomputation, over the same statistic of llama.cpp's own one-call prefill of the same tokens (the file's
-quantization gap on exactly those positions; for the context shift, the kept tokens recomputed unshifted): ≤ 2
-pass, ≤ 5 suspicious, more a bug (:mod:`genprobe.serving.judge`). A cache serving the wrong prompt's entries
-moves a phase by far more than quantization does; an engine error smaller than the quantization noise can only be
-seen on an F32 file of the same model, which is why the F32 run is the engine-correctness check and a quantized run
-the deployment check.
+``n_keep`` tokens, discard half of the rest, move the remainder back) and greedy steps after it; the reference is the
+float32 cache shifted the same way (:func:`shifted_cache_logprobs`), not recomputation.
 """
 
 from __future__ import annotations
@@ -40,7 +22,7 @@ import torch
 
 from ..judge import Judge, ReferenceLogprobs, Thresholds
 from ..verify import PhaseReport, Run, ServingReport, Settings, build_workload, run_phases
-from .engine import LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker, model_file_types
+from .engine import LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker
 
 EXACT_TYPES = {"F32"}  # tensor types whose products llama.cpp computes in float32 (no activation quantization)
 
@@ -142,6 +124,7 @@ def verify_serving_llamacpp(
     ``engine`` is an already opened :class:`LlamaCppModel` of ``model`` (tests pass a planted fault); else one is
     opened with ``n_ctx`` / ``n_threads`` / ``kv_type`` and closed at the end. ``prompts`` (token ids) replace the
     seeded random ids; ``n_keep`` tokens survive the context shift."""
+    from ...model.gguf import inspect_gguf
     from ...model.load import load_model
 
     if steps < 1:
@@ -151,7 +134,7 @@ def verify_serving_llamacpp(
     m = engine if engine is not None else LlamaCppModel(model, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
     try:
         _check_sizes(m, ref_model.vocab_size, steps, n_keep)
-        label, exact = file_label(model_file_types(m.path), m.settings.kv_type)
+        label, exact = file_label(inspect_gguf(m.path).type_counts, m.settings.kv_type)
         (log or (lambda _: None))(f"llama.cpp on {m.path.name}: {label} ({'exact float32' if exact else 'quantized'})")
         backend = LlamaCppBackend(m, label, exact)
         settings = Settings(concurrency=8, steps=steps, seed=seed)
@@ -186,17 +169,3 @@ def _check_sizes(m: LlamaCppModel, ref_vocab: int, steps: int, n_keep: int) -> N
         )
     if m.n_ctx - steps < 4:
         raise ValueError(f"n_ctx {m.n_ctx} leaves no room for prompts with {steps} steps")
-
-
-# ---- a planted fault ---------------------------------------------------------------------------------------------
-class StalePromptCacheModel(LlamaCppModel):
-    """Planted fault: a prompt cache that trusts what it holds. Before each call it marks every cached token as
-    matching the new prompt (as a cache keyed on length, or on a hash of only part of the prompt, would), so
-    ``Llama.generate`` reuses the previous prompt's KV entries for a different prompt. verify-serving's prefix-cache
-    phases must call this a bug (``tests/serving/llamacpp/test_verify_serving.py``)."""
-
-    def cached_prompt_logits(self, prompt_ids: Sequence[int]) -> tuple[np.ndarray, int]:
-        """The fault, then the real call."""
-        n = min(int(self.llama.n_tokens), len(prompt_ids))
-        self.llama.input_ids[:n] = np.asarray(prompt_ids[:n], dtype=self.llama.input_ids.dtype)
-        return super().cached_prompt_logits(prompt_ids)
