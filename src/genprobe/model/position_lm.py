@@ -72,6 +72,15 @@ class PositionDrivenLM(nn.Module):
         empty = ~vis.any(dim=-1, keepdim=True)
         return vis | empty
 
+    def _keys(
+        self, positions: torch.Tensor, valid: torch.Tensor | None, cache: CacheLike | None, defaulted: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(positions, validity) of the keys attention reads: this call's, or with a cache every cached key (this
+        call's reserved in it first)."""
+        if cache is None:
+            return positions, valid
+        return cache.reserve(positions, valid, explicit_positions=not defaulted)
+
     def _checked_inputs(
         self,
         ids: torch.Tensor,
@@ -103,6 +112,15 @@ class PositionDrivenLM(nn.Module):
         if valid is not None and valid.shape != (B, T):
             raise ValueError(f"attention_mask shape {tuple(valid.shape)} != ids shape {(B, T)}")
         return positions, valid, defaulted
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions on the first ``cos.shape[-1]`` dims of ``x`` (B, heads, T, Dh), rotate-half convention."""
+    r, d = cos.shape[-1], x.shape[-1]
+    if r < d:  # partial rotary: the last d - r dims pass unrotated
+        return torch.cat([rotate(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def default_positions(
