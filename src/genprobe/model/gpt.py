@@ -232,9 +232,7 @@ class GPT(PositionDrivenLM):
             # an earlier default position — all keys are visible, the mask would be all-True: skip it.
             visible = None
         else:
-            visible = self._visibility(
-                positions, k_pos, k_valid, document_ids, document_ids, queries_real=valid is None
-            )
+            visible = self._visibility(positions, k_pos, k_valid, document_ids, queries_real=valid is None)
         mask = None if visible is None else visible[:, None, :, :]
         if self.alibi_slopes is not None:
             dist = (positions[:, None, :, None] - k_pos[:, None, None, :]).to(torch.float32)

@@ -229,7 +229,7 @@ class LlamaFamily(PositionDrivenLM):
         this call's keys are reserved in it first."""
         k_pos, k_valid = self._keys(positions, valid, cache, defaulted)
         return {
-            w: self._visibility(positions, k_pos, k_valid, None, None, queries_real=valid is None, window=w)[:, None]
+            w: self._visibility(positions, k_pos, k_valid, queries_real=valid is None, window=w)[:, None]
             for w in set(self.cfg.windows)
         }
 

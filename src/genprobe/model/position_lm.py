@@ -51,8 +51,7 @@ class PositionDrivenLM(nn.Module):
         q_pos: torch.Tensor,
         k_pos: torch.Tensor,
         k_valid: torch.Tensor | None,
-        q_doc: torch.Tensor | None,
-        k_doc: torch.Tensor | None,
+        doc: torch.Tensor | None = None,
         queries_real: bool = False,
         window: int | None = None,
     ) -> torch.Tensor:
@@ -63,8 +62,8 @@ class PositionDrivenLM(nn.Module):
             vis = vis & (q_pos[:, :, None] - k_pos[:, None, :] < window)
         if k_valid is not None:
             vis = vis & k_valid[:, None, :]
-        if q_doc is not None and k_doc is not None:
-            vis = vis & (k_doc[:, None, :] == q_doc[:, :, None])
+        if doc is not None:  # packing (no cache): queries and keys are the same tokens
+            vis = vis & (doc[:, None, :] == doc[:, :, None])
         if queries_real:
             return vis  # every real query sees at least its own key (pos_k == pos_q): no empty row
         # A query with no visible key (a padding query) would give NaN; let it see everything.

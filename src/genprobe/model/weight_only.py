@@ -37,19 +37,9 @@ class WeightOnlyLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, weight_dtype: torch.dtype):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
         w = linear.weight.detach()
-        self.scale: nn.Parameter | None = None
-        if weight_dtype == torch.int8:
-            q, scale = quantize_int8(w)
-            self.weight = nn.Parameter(q, requires_grad=False)
-            self.scale = nn.Parameter(scale, requires_grad=False)
-        else:
-            self.weight = nn.Parameter(w.to(weight_dtype), requires_grad=False)
-        bias = linear.bias
-        self.bias: nn.Parameter | None = None
-        if bias is not None:
-            self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+        weight, scale = quantize_int8(w) if weight_dtype == torch.int8 else (w.to(weight_dtype), None)
+        self._hold(weight, scale, linear.bias)
 
     @classmethod
     def from_blocks(cls, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> WeightOnlyLinear:
@@ -62,11 +52,14 @@ class WeightOnlyLinear(nn.Module):
             )
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
-        layer.in_features, layer.out_features = k, n
-        layer.weight = nn.Parameter(q.contiguous(), requires_grad=False)
-        layer.scale = nn.Parameter(scales.float().contiguous(), requires_grad=False)
-        layer.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        layer._hold(q.contiguous(), scales.float().contiguous(), bias)
         return layer
+
+    def _hold(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.scale = None if scale is None else nn.Parameter(scale, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     @property
     def blocked(self) -> bool:
