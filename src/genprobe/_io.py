@@ -136,16 +136,23 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def read_format_json(path: str | os.PathLike, expected_format: str, error: type[Exception] = ValueError) -> dict:
-    """Read a genprobe JSON file and check its ``format`` field; raise ``error`` naming the file otherwise."""
+def read_json_object(path: str | os.PathLike, error: type[Exception] = ValueError) -> dict:
+    """The JSON object a file holds; ``error`` naming the file when it is not valid JSON or not an object."""
     path = Path(path)
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise error(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(meta, dict) or meta.get("format") != expected_format:
-        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise error(f"{path}: unknown format {found!r}, expected {expected_format!r}")
+    if not isinstance(data, dict):
+        raise error(f"{path} does not hold a JSON object but {type(data).__name__}")
+    return data
+
+
+def read_format_json(path: str | os.PathLike, expected_format: str, error: type[Exception] = ValueError) -> dict:
+    """Read a genprobe JSON file and check its ``format`` field; raise ``error`` naming the file otherwise."""
+    meta = read_json_object(path, error)
+    if meta.get("format") != expected_format:
+        raise error(f"{path}: unknown format {meta.get('format')!r}, expected {expected_format!r}")
     return meta
 
 
@@ -160,20 +167,17 @@ def _flush_c_stdio() -> None:
 
 
 @contextmanager
-def output_to_file(path: str | os.PathLike) -> Iterator[IO[str]]:
-    """Send everything written to file descriptors 1 and 2 — engines' log lines, native libraries' prints, Python's
-    ``sys.stdout`` / ``sys.stderr`` and the logging handlers bound to them — to ``path`` (appended) while the block
-    runs; yields a text stream on the terminal's stderr for the caller's own progress lines. Restored on exit."""
+def _fds_pointed_at(target: int, fds: tuple[int, ...]) -> Iterator[None]:
+    """File descriptors ``fds`` point at ``target`` while the block runs; every buffer (Python's streams, the C
+    library's) is flushed on entry and on exit, so each write lands on the side it was made for."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     _flush_c_stdio()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
-    terminal = open(os.dup(saved[2]), "w", encoding="utf-8", errors="replace", buffering=1, closefd=True)  # noqa: SIM115
-    with open(path, "ab") as log:
-        for fd in (1, 2):
-            os.dup2(log.fileno(), fd)
+    saved = {fd: os.dup(fd) for fd in fds}
+    for fd in fds:
+        os.dup2(target, fd)
     try:
-        yield terminal
+        yield
     finally:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
@@ -181,6 +185,18 @@ def output_to_file(path: str | os.PathLike) -> Iterator[IO[str]]:
         for fd, copy in saved.items():
             os.dup2(copy, fd)
             os.close(copy)
+
+
+@contextmanager
+def output_to_file(path: str | os.PathLike) -> Iterator[IO[str]]:
+    """Send everything written to file descriptors 1 and 2 — engines' log lines, native libraries' prints, Python's
+    ``sys.stdout`` / ``sys.stderr`` and the logging handlers bound to them — to ``path`` (appended) while the block
+    runs; yields a text stream on the terminal's stderr for the caller's own progress lines. Restored on exit."""
+    terminal = open(os.dup(2), "w", encoding="utf-8", errors="replace", buffering=1, closefd=True)  # noqa: SIM115
+    try:
+        with open(path, "ab") as log, _fds_pointed_at(log.fileno(), (1, 2)):
+            yield terminal
+    finally:
         terminal.close()
 
 
@@ -198,25 +214,19 @@ def json_stdout(enabled: bool = True) -> Iterator[IO[str]]:
     if not enabled:
         yield out
         return
-    out.flush()
-    _flush_c_stdio()
     try:
         on_fd1 = out.fileno() == 1
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both OSError and ValueError
         on_fd1 = False
-    saved = os.dup(1)
-    stream: IO[str] = open(os.dup(saved), "w", encoding="utf-8", closefd=True) if on_fd1 else out  # noqa: SIM115
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    stream: IO[str] = open(os.dup(1), "w", encoding="utf-8", closefd=True) if on_fd1 else out  # noqa: SIM115
     try:
-        yield stream
+        with _fds_pointed_at(2, (1,)):
+            sys.stdout = sys.stderr
+            try:
+                yield stream
+            finally:
+                sys.stdout = out  # what was written to it meanwhile belongs to stderr: flushed while fd 1 points there
     finally:
-        sys.stdout = out
-        out.flush()  # what was written to the old sys.stdout meanwhile belongs to stderr: fd 1 still points there
-        sys.stderr.flush()
-        _flush_c_stdio()
-        os.dup2(saved, 1)
-        os.close(saved)
         stream.flush()
         if stream is not out:
             stream.close()
@@ -239,12 +249,6 @@ class CacheBusyError(TimeoutError):
     """Another process held a cache entry's lock for longer than the bounded wait."""
 
 
-def lock_path(target: str | os.PathLike) -> Path:
-    """The lock file of ``target``: ``.<name>.lock`` beside it, there while a process holds or waits for the lock."""
-    target = Path(target)
-    return target.parent / f".{target.name}.lock"
-
-
 def _lock_holder(lock: Path) -> str:
     try:
         return lock.read_text(encoding="utf-8").strip() or "pid unknown"
@@ -254,7 +258,7 @@ def _lock_holder(lock: Path) -> str:
 
 @contextmanager
 def cache_lock(target: str | os.PathLike, what: str | None = None, wait_s: float | None = None) -> Iterator[None]:
-    """Hold the exclusive lock of ``target`` (``fcntl.flock`` on :func:`lock_path`) for the ``with`` block.
+    """Hold the exclusive lock of ``target`` (``fcntl.flock`` on ``.<name>.lock`` beside it) for the ``with`` block.
 
     Waits at most ``wait_s`` seconds (default ``$GENPROBE_LOCK_WAIT_S``, else 1800) for another process that holds
     it, saying on stderr what it waits for, then raises :class:`CacheBusyError`. The kernel releases the lock when
@@ -263,7 +267,7 @@ def cache_lock(target: str | os.PathLike, what: str | None = None, wait_s: float
     removed file sees that it is not the file at the path any more, and locks the path's file instead.
     """
     target = Path(target)
-    lock = lock_path(target)
+    lock = target.parent / f".{target.name}.lock"  # there while a process holds or waits for the lock
     lock.parent.mkdir(parents=True, exist_ok=True)
     wait = float(os.environ.get(LOCK_WAIT_ENV) or DEFAULT_LOCK_WAIT_S) if wait_s is None else wait_s
     deadline, what = time.monotonic() + wait, what or str(target)

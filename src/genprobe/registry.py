@@ -66,12 +66,9 @@ def fetch_wheel(wheel: PinnedWheel, cache: Path | None = None, quiet: bool = Fal
     fetched, and the next run removes its temporary directory and downloads again.
     """
     dest = (cache or cache_root()) / "wheels" / wheel.filename
-    write_once(dest, lambda p: _verified(p, wheel), lambda: _download(wheel, dest, quiet), wheel.filename)
+    verified = lambda p: p.is_file() and sha256_file(p) == wheel.sha256  # noqa: E731
+    write_once(dest, verified, lambda: _download(wheel, dest, quiet), wheel.filename)
     return dest
-
-
-def _verified(path: Path, wheel: PinnedWheel) -> bool:
-    return path.is_file() and sha256_file(path) == wheel.sha256
 
 
 def _download(wheel: PinnedWheel, dest: Path, quiet: bool) -> None:

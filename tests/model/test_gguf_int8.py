@@ -19,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gguf_tiny import write_tiny_gguf  # noqa: E402
 
 import genprobe  # noqa: E402
+from genprobe.model.gguf_blocks import with_gguf_blocks  # noqa: E402
 from genprobe.model.load import ModelLoadError  # noqa: E402
-from genprobe.model.weight_only import WeightOnlyLinear, with_int8_blocks  # noqa: E402
+from genprobe.model.weight_only import WeightOnlyLinear  # noqa: E402
 
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 EVERY_MATRIX = (*(f"blk.{i}.{p}.weight" for i in range(2) for p in PROJECTIONS), "token_embd.weight")
@@ -85,19 +86,19 @@ def test_the_int8_model_gives_the_float_models_logits_bit_for_bit_in_fewer_bytes
 
 def test_blocks_that_do_not_give_the_layers_weights_are_refused(files):
     """The check behind the loader: blocks put on the wrong layer (or in the wrong row order) never load silently."""
-    from genprobe.model.gguf import q8_0_blocks
+    from genprobe.model.gguf import gguf_blocks
 
     model = genprobe.load(files / "some.gguf").module
-    blocks = q8_0_blocks(files / "some.gguf", model)
+    blocks = gguf_blocks(files / "some.gguf", model, {"Q8_0"})
     assert set(blocks) == {
         "model.layers.0.mlp.down_proj.weight",
         "model.layers.1.self_attn.q_proj.weight",
         "model.layers.1.self_attn.k_proj.weight",
     }
-    q, d = blocks["model.layers.1.self_attn.q_proj.weight"]
-    swapped = {"model.layers.1.self_attn.q_proj.weight": (q.flip(0), d.flip(0))}
-    with pytest.raises(ValueError, match="q_proj.weight: the int8 blocks do not give the layer's float weights"):
-        with_int8_blocks(model, swapped)
+    kind, rows = blocks["model.layers.1.self_attn.q_proj.weight"]
+    swapped = {"model.layers.1.self_attn.q_proj.weight": (kind, rows.flip(0))}
+    with pytest.raises(ValueError, match="q_proj.weight: the Q8_0 blocks do not give the layer's float weights"):
+        with_gguf_blocks(model, swapped)
 
 
 def test_what_int8_cannot_read_is_refused_with_the_reason(files):

@@ -1,4 +1,4 @@
-"""Subword trainer (genprobe.model.hf_train) + directory writer (genprobe.model.subword_dir), tiny settings.
+"""Subword trainer (genprobe.model.hf_train) + directory writer (save_subword_dir), tiny settings.
 
 The written directory must be what transformers' public API loads offline (``AutoModelForCausalLM`` /
 ``AutoTokenizer.from_pretrained(..., local_files_only=True)``) with logits equal to the in-memory model's.
@@ -17,7 +17,8 @@ from genprobe._io import json_safe
 from genprobe.corpus import bpe
 from genprobe.corpus.tang import bundled_documents, corpus_split, split_texts
 from genprobe.model import hf_train
-from genprobe.model.subword_dir import SUMMARY_FILE, load_subword_dir, read_summary, save_subword_dir
+from genprobe.model.hf_train import SUMMARY_FILE, read_summary, save_subword_dir
+from genprobe.model.load import load_model
 
 pytestmark = pytest.mark.slow  # trains small models (≈ 30 s of CPU in all)
 
@@ -130,7 +131,8 @@ def test_directory_loads_offline_with_identical_logits(run, saved, data):
 
 def test_greedy_generation_stops_at_end_of_text(saved):
     """generation_config carries eos/pad, so generate() needs no extra arguments."""
-    model, tok = load_subword_dir(saved)
+    loaded = load_model(saved)
+    model, tok = loaded.module, loaded.tokenizer
     x = torch.tensor([tok.encode("春風")])
     out = model.generate(x, max_new_tokens=8, do_sample=False)
     assert out.shape[1] <= x.shape[1] + 8 and model.generation_config.eos_token_id == 0

@@ -154,7 +154,7 @@ def _run_subword(args: argparse.Namespace, progress: bool) -> dict:
     from ..corpus import bpe
     from ..corpus.tang import DEFAULT_SUBWORD_POEMS, bundled_documents, corpus_split, split_texts
     from ..model import hf_train
-    from ..model.subword_dir import SUMMARY_FILE, save_subword_dir
+    from ..model.hf_train import SUMMARY_FILE, save_subword_dir
 
     check_target_dir(args.out, SUMMARY_FILE, "a genprobe-trained model")
     if args.vocab is not None and not bpe.MIN_VOCAB <= args.vocab <= bpe.MAX_VOCAB:

@@ -1,28 +1,12 @@
 """Where the MLPs are: one :class:`MLPSite` per layer, for our GPT and the common ``transformers`` families.
 
-The loop repair edits the MLP down-projection W, which we always think of as the (d_model × d_ff)
-map from unit activations to the residual stream: column ``c`` is what unit ``c`` writes. Storage
-differs — ``nn.Linear`` keeps ``weight`` as (d_model, d_ff), GPT-2's ``Conv1D`` as (d_ff, d_model) —
-so every read/write of columns goes through :func:`get_columns` / :func:`set_columns`.
-
-Supported layouts (decoder layer list → MLP module → down-projection):
-
-| family | layers | down-projection |
-|---|---|---|
-| genprobe GPT | ``h[i]`` | ``mlp.c_proj`` (Linear) |
-| GPT-2 | ``transformer.h[i]`` | ``mlp.c_proj`` (Conv1D) |
-| Llama, Qwen2, Mistral, Gemma 2, Gemma 3, Phi-3 (fused ``gate_up_proj``) | ``model.layers[i]`` | ``mlp.down_proj`` |
-| Gemma 3 multimodal wrapper | ``model.language_model.layers[i]`` | ``mlp.down_proj`` |
-| GPT-NeoX (Pythia) | ``gpt_neox.layers[i]`` | ``mlp.dense_4h_to_h`` |
-
-Gemma 2/3 normalise the MLP output (``post_feedforward_layernorm``) before it joins the residual; the
-loop direction is measured on the MLP module's output, which is W's output space, so edits and
-ablations stay consistent. Anything else — no layer list, a mixture-of-experts block without a
-dense ``mlp``, an unknown down-projection — is refused with :class:`UnsupportedArchitectureError`
-naming what is missing.
-
-It belongs to the model layer (the loop repair in :mod:`genprobe.loops` is its main user): a loaded
-:class:`~genprobe.model.load.Model` lists its MLP sites and fingerprints its weights with these functions.
+The loop repair edits the MLP down-projection W, thought of as the (d_model × d_ff) map from unit activations to the
+residual stream (column ``c`` is what unit ``c`` writes). ``nn.Linear`` stores it as (d_model, d_ff), GPT-2's
+``Conv1D`` as (d_ff, d_model), so every read/write of columns goes through :func:`get_columns` / :func:`set_columns`.
+Layer lists are looked for at :data:`LAYER_PATHS` (GPT-2, Llama/Qwen2/Mistral/Gemma/Phi-3, GPT-NeoX, Gemma 3's
+multimodal wrapper), down-projections under :data:`DOWN_NAMES`; anything else (a mixture-of-experts block, an unknown
+projection) is refused with :class:`UnsupportedArchitectureError` naming what is missing. Gemma's normalised MLP
+output is still W's output space, so edits and ablations stay consistent.
 """
 
 from __future__ import annotations
@@ -45,18 +29,6 @@ LAYER_PATHS = (
     "language_model.layers",
 )
 DOWN_NAMES = ("down_proj", "c_proj", "dense_4h_to_h")
-
-__all__ = [
-    "MLPSite",
-    "UnsupportedArchitectureError",
-    "mlp_sites",
-    "get_columns",
-    "set_columns",
-    "all_columns",
-    "state_sha256",
-    "count_parameters",
-    "unwrap",
-]
 
 
 @dataclass

@@ -1,16 +1,9 @@
 """Bits per character: one measure that compares models whose tokenizers cut the same text differently.
 
-A model's loss in nats per *token* depends on its tokenizer; ``-log2 P(text) / len(text)`` does not.
-Each target token is scored once with a sliding window (window ``W``, stride ``S``: every target after
-the first window has at least ``W - S`` tokens of context), the way the transformers perplexity guide
-(docs/source/en/perplexity.md) evaluates fixed-length models. Two caveats, reported with the figures:
-
-* Subword model: the score is that of the tokenizer's own segmentation, not the sum over all
-  segmentations of the text, so it is an upper bound on its true ``-log2 P(text)`` (slightly unfair to it).
-* Char GPT: ``<unk>`` stands for ~8,000 different rare characters. Scored as-is, predicting ``<unk>``
-  is far easier than predicting the exact character (unfair to the subword model). The *exact* figure
-  charges each ``<unk>`` target ``-log q(c)`` more, ``q`` = add-one unigram over the out-of-vocabulary
-  characters fitted on the char GPT's own training text.
+``-log2 P(text) / len(text)``, each target token scored once with a sliding window (window ``W``, stride ``S``), as the
+transformers perplexity guide evaluates fixed-length models. A subword model is scored on its own segmentation (an
+upper bound). The char GPT's ``<unk>`` stands for ~8,000 rare characters, so the exact figure charges each ``<unk>``
+target ``-log q(c)`` more, ``q`` an add-one unigram over the out-of-vocabulary characters of its training text.
 """
 
 from __future__ import annotations

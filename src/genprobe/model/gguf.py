@@ -1,33 +1,16 @@
-"""GGUF files (llama.cpp's format) as models, read through the well-kept libraries.
+"""GGUF files (llama.cpp's format) as models, read through the well-kept libraries (the ``gguf`` extra).
 
-Small models are mostly handed around as GGUF: one file with the weights (often quantized), the
-architecture's hyper-parameters and the tokenizer. genprobe does not parse it itself:
-
-- ``gguf`` (llama.cpp's own Python reader) checks the file and lists each tensor's quantization type
-  (``Q4_1``, ``Q8_0``, ``F32``, …), which :meth:`Model.describe` records;
-- ``transformers``' GGUF support maps the architecture, the hyper-parameters and the tokenizer (chat
-  template included) and dequantizes every tensor to float. The result is an ordinary
-  ``transformers`` causal LM: every genprobe capability runs on it, and its float weights are the
-  exact values llama.cpp multiplies by (dequantization is exact; llama.cpp's own activation
-  quantization is not part of the model).
-
-Both are an optional extra (``pip install 'genprobe[gguf]'``). A file that is not GGUF, a truncated
-one and an architecture ``transformers`` cannot dequantize are refused with a one-line error before
-anything is written. :func:`convert_gguf` writes the float model once as a safetensors directory
-(faster to load than dequantizing on every run).
-
-:func:`q8_0_blocks` reads a file's ``Q8_0`` tensors as they are stored (int8 values, a float16 scale per 32), so that
-a model loaded with ``weight_dtype=int8`` keeps them in a quarter of the float32 bytes without a float round trip
-(:func:`genprobe.model.weight_only.with_int8_blocks`): the same names and row order as ``transformers`` gives the
-dequantized weights (llama.cpp's converter reorders the rows of ``attn_q`` / ``attn_k``; its tensor processor undoes
-it, and is applied here to the row indices).
+``gguf`` (llama.cpp's own reader) checks the file and lists each tensor's quantization type; ``transformers``' GGUF
+support maps the architecture, hyper-parameters and tokenizer and dequantizes every tensor (exactly) into an ordinary
+float causal LM. A foreign, truncated or unsupported file is refused with one line before anything is written;
+:func:`convert_gguf` writes the float model once as a safetensors directory. :func:`gguf_blocks` reads quantized
+matrices as they are stored, in ``transformers``' names and row order, for :mod:`genprobe.model.gguf_blocks`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -39,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .._io import fault_point, json_safe, replacing, sha256_file, write_once
+from .._io import atomic_write_json, fault_point, json_safe, read_json_object, replacing, sha256_file, write_once
 from .errors import ModelLoadError, UnsupportedArchitectureError
 from .hf import quiet_transformers
 
@@ -239,15 +222,12 @@ def _load_with_transformers(p: Path, dtype: torch.dtype) -> tuple[Any, Any]:
 
 @contextlib.contextmanager
 def one_header_read() -> Iterator[None]:
-    """Inside, ``gguf.GGUFReader`` returns one reader per file (nested uses share the outer one's readers).
+    """Inside, ``gguf.GGUFReader`` returns one reader per file, and ``gguf.get_tensor_name_map`` one map per
+    (architecture, layer count): read-only lookups, so one serves all.
 
-    The header of a GGUF file is parsed in Python field by field, and read_gguf would parse it four times: our
-    check, then transformers for the config, the tokenizer and the weights (each from ``gguf.GGUFReader``); a load
-    that keeps the Q8_0 blocks reads it a fifth time (:func:`q8_0_blocks`). For SmolLM2 (a 49k-string vocabulary)
-    that is ~5 s each. Readers opened read-only only read, so one serves all.
-    Likewise the tensor-name map of an architecture (``gguf.get_tensor_name_map``), which transformers rebuilds for
-    every submodule it walks — 1,191 times in a 4-bit SmolLM2 load, ~12 ms each (19 of its 40 s here): inside, one
-    per (architecture, layer count).
+    Without it, a load parses the header four or five times (our check; transformers' config, tokenizer and weights;
+    :func:`gguf_blocks`), ~5 s each for SmolLM2's 49k-string vocabulary, and transformers rebuilds the name map for
+    every submodule it walks (1,191 times, 19 of a 4-bit SmolLM2 load's 40 s).
     """
     gguf = require_gguf_package()
     reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
@@ -333,43 +313,22 @@ def _write_converted(src: Path, out: Path, digest: str) -> None:
         module.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a transformers model
         fault_point("convert_gguf:weights")
         hf_tok.save_pretrained(tmp)
-        record = {**json_safe(summary), "sha256": digest}
-        (tmp / GGUF_SIDECAR).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        atomic_write_json(tmp / GGUF_SIDECAR, {**json_safe(summary), "sha256": digest}, indent=1)
         fault_point("convert_gguf:written")
 
 
 def read_sidecar(d: Path) -> dict[str, Any] | None:
     """The GGUF summary a converted directory records, or None for any other directory."""
     side = d / GGUF_SIDECAR
-    if not side.is_file():
-        return None
-    data = json.loads(side.read_text(encoding="utf-8"))
-    return data if isinstance(data, dict) else None
-
-
-#: llama.cpp's ``block_q8_0``: a float16 scale, then 32 int8 values (``ggml/src/ggml-common.h``).
-Q8_0_BLOCK, Q8_0_BLOCK_BYTES = 32, 34
-
-
-def q8_0_blocks(path: str | os.PathLike[str], module: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """The GGUF file's Q8_0 matrices as ``(q, scales)``: int8 (N, K) and float32 (N, K / 32), named as ``module``'s
-    parameters (``module`` is the model :func:`read_gguf` made of the same file)."""
-    blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    for name, _, rows in _matrices_in_model_order(path, module, {"Q8_0"}):
-        if rows.shape[1] % Q8_0_BLOCK_BYTES:
-            raise ModelLoadError(f"{path}: Q8_0 tensor {name} has rows of {rows.shape[1]} bytes")
-        packed = rows.reshape(rows.shape[0], -1, Q8_0_BLOCK_BYTES)
-        scales = np.ascontiguousarray(packed[..., :2]).view(np.float16)[..., 0].astype(np.float32)
-        q = np.ascontiguousarray(packed[..., 2:]).view(np.int8).reshape(rows.shape[0], -1)
-        blocks[name] = (torch.from_numpy(q), torch.from_numpy(scales))
-    return blocks
+    return read_json_object(side, ModelLoadError) if side.is_file() else None
 
 
 def gguf_blocks(
     path: str | os.PathLike[str], module: nn.Module, types: set[str]
 ) -> dict[str, tuple[str, torch.Tensor]]:
-    """The GGUF file's matrices of the ggml ``types`` (``Q4_0``, ``Q4_K``, …) as ``(type name, uint8 rows)``, the
-    rows in ``module``'s order, named as ``module``'s parameters (see :mod:`genprobe.model.gguf_blocks`)."""
+    """The GGUF file's matrices of the ggml ``types`` (``Q8_0``, ``Q4_0``, ``Q4_K``, …) as ``(type name, uint8 rows)``,
+    the rows in ``module``'s order, named as ``module``'s parameters (``module`` is the model :func:`read_gguf` made
+    of the same file; see :mod:`genprobe.model.gguf_blocks`)."""
     found = _matrices_in_model_order(path, module, types)
     return {name: (kind, torch.from_numpy(np.ascontiguousarray(rows))) for name, kind, rows in found}
 
@@ -381,10 +340,9 @@ def _matrices_in_model_order(
     parameter of ``module``, its rows in the order transformers gives the dequantized tensor (llama.cpp's converter
     reorders the rows of ``attn_q`` / ``attn_k``; transformers' tensor processor undoes it, applied here to the row
     indices). A tensor whose processor does more than reorder rows is left out (it stays float)."""
-    require_gguf_package()
+    reader = require_gguf_package().GGUFReader(Path(path), "r")  # before transformers' GGUF module imports gguf
     import transformers.modeling_gguf_pytorch_utils as hf_gguf
 
-    reader = require_gguf_package().GGUFReader(Path(path), "r")
     arch = _field_value(reader, "general.architecture")
     config = module.config.to_dict()  # type: ignore[union-attr, operator]  # a transformers model
     processor = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)(config=config)  # type: ignore[no-untyped-call]

@@ -1,21 +1,11 @@
-"""Linear layers that keep a GGUF file's 4/5/6-bit weight blocks as they are and compute in float32.
+"""Linear layers that keep a GGUF file's quantized weight blocks as they are and compute in float32.
 
-A GGUF file's quantized matrices (``Q4_0``, ``Q4_1``, ``Q5_0``, ``Q5_1``, ``Q4_K``, ``Q5_K``, ``Q6_K``, and ``Q8_0``
-where a file mixes it in) are rows of llama.cpp's blocks (``ggml/src/ggml-common.h``: a float16 scale, sometimes a
-minimum and sub-block scales, then 4-6-bit integers). :class:`BlockLinear` holds those bytes unchanged, as uint8
-``(out_features, blocks per row, bytes per block)``, and stands for the float32 weight they dequantize to: exactly
-the values ``gguf.quants.dequantize`` gives, which is what ``transformers`` loads the file as (every product in a
-dequantization is exact in float32; see ``engine/fast/kernels/ggml.cpp``). So a model loaded with its blocks is the
-dequantized float32 model, in 4.5-8.5 bits a weight instead of 32.
-
-- **Eager** (any machine): :func:`block_linear` dequantizes with ``gguf.quants.dequantize`` (the reference) on every
-  call, then ``F.linear``: slow, the reference.
-- **Compiled fast path**: the op is one node of the graph, which the kernels' Inductor pass hands to
-  ``genprobe::small_linear_ggml`` (dequantizes a few rows at a time into L1/L2 and runs the float32 kernels on them:
-  the float32 kernels' result on the dequantized matrix, bit for bit).
-
-Activations stay float32 everywhere; llama.cpp instead quantizes each activation row to 8 bits (``Q8_0``/``Q8_K``)
-and multiplies integers, which is faster and not the dequantized model's arithmetic (see docs/llama-fast.md).
+:class:`BlockLinear` holds a matrix's rows of llama.cpp blocks (``ggml/src/ggml-common.h``) unchanged, as uint8
+``(out_features, blocks per row, bytes per block)``, and stands for exactly the float32 weight
+``gguf.quants.dequantize`` gives (what ``transformers`` loads the file as): the dequantized model in 4.5-8.5 bits a
+weight. Eager, the op dequantizes with ``gguf`` on every call (slow, the reference); compiled, the kernels' Inductor
+pass hands it to ``genprobe::small_linear_ggml`` (the float32 kernels on dequantized rows, bit for bit). Activations
+stay float32, unlike llama.cpp's (see docs/llama-fast.md).
 """
 
 from __future__ import annotations
@@ -127,11 +117,28 @@ class BlockLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, blocks={self.type_name}"
 
 
+def block_layer(type_name: str, rows: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
+    """The layer that holds ``rows`` (uint8, a GGUF matrix's blocks) of ``type_name``: ``Q8_0`` as int8 values and
+    float32 scales (:meth:`~genprobe.model.weight_only.WeightOnlyLinear.from_blocks`, the int8 kernels' layout),
+    every other type as a :class:`BlockLinear`."""
+    if type_name != "Q8_0":
+        return BlockLinear(rows, type_name, bias)
+    from .weight_only import WeightOnlyLinear
+
+    _, _, nbytes = BLOCK_TYPES["Q8_0"]  # block_q8_0: a float16 scale, then 32 int8 values
+    if rows.dim() != 2 or rows.shape[1] % nbytes:
+        raise ValueError(f"Q8_0 rows are a multiple of {nbytes} bytes; got {tuple(rows.shape)}")
+    packed = rows.reshape(rows.shape[0], -1, nbytes)
+    scales = packed[..., :2].contiguous().view(torch.float16)[..., 0].float()
+    q = packed[..., 2:].contiguous().view(torch.int8).reshape(rows.shape[0], -1)
+    return WeightOnlyLinear.from_blocks(q, scales, bias)
+
+
 def with_gguf_blocks(
     model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]], narrow_output: bool = False, copy_model: bool = True
 ) -> nn.Module:
     """A copy of ``model`` whose linear layers named in ``blocks`` (parameter name -> (ggml type name, uint8 rows in
-    the model's row order)) hold those blocks.
+    the model's row order)) hold those blocks (:func:`block_layer`).
 
     Each layer's float weight must equal the blocks' dequantization exactly (it was dequantized from them): a
     mismatch means the name or the row order is wrong, and is refused. The output layer tied to the embedding takes
@@ -143,9 +150,9 @@ def with_gguf_blocks(
     out = copy.deepcopy(model) if copy_model else model
     for parent, child_name, child, name in linears_named_in(out, blocks, narrow_output):
         type_name, rows = blocks[name]
-        layer = BlockLinear(rows, type_name, child.bias)
-        same = torch.allclose(layer.dequantized(), child.weight.detach().float(), rtol=0, atol=0, equal_nan=True)
-        if not same:
+        layer = block_layer(type_name, rows, child.bias)
+        weight = layer.dequantized()  # type: ignore[operator]  # BlockLinear and WeightOnlyLinear both have it
+        if not torch.allclose(weight, child.weight.detach().float(), rtol=0, atol=0, equal_nan=True):
             raise ValueError(f"{name}: the {type_name} blocks do not give the layer's float weights")
         setattr(parent, child_name, layer)
     return out

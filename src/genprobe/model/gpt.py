@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .cache_protocol import CacheLike
 from .config import GPTConfig
-from .position_lm import PositionDrivenLM
+from .position_lm import PositionDrivenLM, rotate
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
@@ -40,11 +40,8 @@ def rope_rotate(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.
     d = x.shape[-1]
     inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
     ang = positions.to(torch.float32)[:, None, :, None] * inv_freq  # (B,1,T,d/2)
-    cos = torch.cat([ang.cos(), ang.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([ang.sin(), ang.sin()], dim=-1).to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    rot = torch.cat([-x2, x1], dim=-1)
-    return x * cos + rot * sin
+    ang = torch.cat([ang, ang], dim=-1)
+    return rotate(x, ang.cos().to(x.dtype), ang.sin().to(x.dtype))
 
 
 class CausalSelfAttention(nn.Module):
@@ -226,22 +223,16 @@ class GPT(PositionDrivenLM):
     ) -> torch.Tensor | None:
         """The (B, 1, Tq, Tk) mask (bool; or additive float with ALiBi) every layer shares, None when every key is
         visible. With a cache, this call's keys are reserved in it first."""
-        T = ids.shape[1]
-        if cache is not None:
-            if document_ids is not None:
-                raise ValueError("document_ids (packing) is a training-time feature; not supported with a cache")
-            k_pos, k_valid = cache.reserve(positions, valid, explicit_positions=not defaulted)
-            if T == 1 and valid is None and defaulted and cache.decode_mask_free and self.alibi_slopes is None:
-                # Plain decode step: one real query at the newest position, every cached key real and at
-                # an earlier default position — all keys are visible, the mask would be all-True: skip it.
-                visible = None
-            else:
-                visible = self._visibility(positions, k_pos, k_valid, None, None, queries_real=valid is None)
+        if cache is not None and document_ids is not None:
+            raise ValueError("document_ids (packing) is a training-time feature; not supported with a cache")
+        k_pos, k_valid = self._keys(positions, valid, cache, defaulted)
+        plain_decode = ids.shape[1] == 1 and valid is None and defaulted and self.alibi_slopes is None
+        if cache is not None and plain_decode and cache.decode_mask_free:
+            # Plain decode step: one real query at the newest position, every cached key real and at
+            # an earlier default position — all keys are visible, the mask would be all-True: skip it.
+            visible = None
         else:
-            visible = self._visibility(
-                positions, positions, valid, document_ids, document_ids, queries_real=valid is None
-            )
-            k_pos = positions
+            visible = self._visibility(positions, k_pos, k_valid, document_ids, queries_real=valid is None)
         mask = None if visible is None else visible[:, None, :, :]
         if self.alibi_slopes is not None:
             dist = (positions[:, None, :, None] - k_pos[:, None, None, :]).to(torch.float32)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._io import atomic_write_json, json_safe, replacing
+from .._io import atomic_write_json, json_safe, read_json_object, replacing
 from ..corpus.tokenizer import PAD_TOKEN, UNK_TOKEN, CharTokenizer
 from .checkpoint import load_checkpoint
 from .gpt import GPT
@@ -44,15 +44,6 @@ def _hf_char_tokenizer(tokenizer: CharTokenizer) -> PreTrainedTokenizerFast:
     )
 
 
-def _resolve_source(
-    source: str | os.PathLike[str] | GPT, tokenizer: CharTokenizer | None
-) -> tuple[GPT, CharTokenizer | None]:
-    if isinstance(source, GPT):
-        return source, tokenizer
-    model, tok, _ = load_checkpoint(source)
-    return model, tok
-
-
 def export_hf_dir(
     source: str | os.PathLike[str] | GPT,
     out_dir: str | os.PathLike[str],
@@ -62,12 +53,7 @@ def export_hf_dir(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Write a ``from_pretrained``-loadable GPT-2 directory from a checkpoint dir (or a GPT + tokenizer)."""
-    model, tok = _resolve_source(source, tokenizer)
-    if model.cfg.pos_encoding != "learned":
-        raise ValueError(
-            f"export-hf needs pos_encoding='learned' (GPT2LMHeadModel has a learned position table); "
-            f"this model uses {model.cfg.pos_encoding!r}"
-        )
+    model, tok = (source, tokenizer) if isinstance(source, GPT) else load_checkpoint(source)[:2]
     if tok is not None and tok.vocab_size != model.cfg.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model's vocab_size is {model.cfg.vocab_size}")
     out = Path(out_dir)
@@ -75,7 +61,7 @@ def export_hf_dir(
         raise ValueError(f"export target exists and is not a directory: {out}")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"export target {out} exists and is not empty (overwrite=True replaces it)")
-    hf = to_hf_gpt2(model)
+    hf = to_hf_gpt2(model)  # refuses positions GPT-2 has no table for, before anything is written
     with replacing(out, directory=True) as tmp:
         with quiet_transformers(progress):
             hf.save_pretrained(tmp)
@@ -94,7 +80,9 @@ def export_hf_dir(
     }
 
 
-def _read_tokenizer(d: Path) -> CharTokenizer | None:
+def read_char_tokenizer(d: Path, wordlevel: bool = False) -> CharTokenizer | None:
+    """The char vocabulary stored beside a GPT-2 directory: genprobe's ``genprobe_tokenizer.json``, else (with
+    ``wordlevel``) a character-level WordLevel ``tokenizer.json`` written by us or compatible; None when neither."""
     p = d / TOKENIZER_FILE
     if p.is_file():
         try:
@@ -102,7 +90,7 @@ def _read_tokenizer(d: Path) -> CharTokenizer | None:
         except (json.JSONDecodeError, ValueError) as exc:
             raise ValueError(f"{p} is not a genprobe char vocabulary ({exc})") from None
     p = d / "tokenizer.json"
-    if p.is_file():  # a char-level WordLevel tokenizer written by us (or compatible): rebuild from its vocab
+    if wordlevel and p.is_file():
         try:
             vocab = json.loads(p.read_text(encoding="utf-8"))["model"]["vocab"]
             itos = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
@@ -124,15 +112,12 @@ def import_hf_dir(hf_dir: str | os.PathLike[str], progress: bool = False) -> tup
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"{d} is not a Hugging Face model directory: config.json is missing")
-    try:
-        model_type = json.loads(cfg_path.read_text(encoding="utf-8")).get("model_type")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{cfg_path} is not valid JSON ({exc})") from None
+    model_type = read_json_object(cfg_path).get("model_type")
     if model_type != "gpt2":
         raise ValueError(f"{d}: model_type is {model_type!r}; only 'gpt2' maps onto the reference GPT")
     if not any(d.glob("*.safetensors")):
         raise ValueError(f"{d} has no *.safetensors weights (genprobe never loads pickled .bin weights)")
-    tok = _read_tokenizer(d)
+    tok = read_char_tokenizer(d, wordlevel=True)
     if tok is None:
         raise ValueError(f"{d} has neither {TOKENIZER_FILE} nor a character-level tokenizer.json")
     try:

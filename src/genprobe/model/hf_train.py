@@ -1,31 +1,30 @@
 """Trainer of the subword reference model: a small ``LlamaForCausalLM`` (or ``Qwen2ForCausalLM``) + byte-level BPE.
 
-The transformers class is the model (RoPE, RMSNorm, SwiGLU ``gate/up/down_proj``, grouped-query
-attention); this module only trains it, with the char trainer's pieces: AdamW without decay on
-vectors (``build_optimizer``), linear warmup + cosine (``lr_at``), random windows of the token
-stream (``random_windows``). The stream is the training poems joined by ``<|endoftext|>``, so the
-model learns where a poem ends. Data come from the one corpus split (``genprobe.corpus.tang``): it never
-trains on the char GPT's validation poems nor on the held-out poems that loop prompts are drawn from.
-
-Llama is the reference architecture: transformers loads a Llama directory's ``tokenizer.json`` as
-written, so the saved tokenizer is byte-level and lossless on any text. A Qwen2 directory is
-tokenised by ``Qwen2Tokenizer`` in transformers 5 whatever ``tokenizer.json`` says, so ``--arch qwen2``
-trains its BPE with Qwen2's own pipeline (NFC included) to stay identical (see ``corpus.bpe``).
+The transformers class is the model; this module trains it with the char trainer's pieces (:func:`fit`,
+:func:`random_windows`) on the training poems joined by ``<|endoftext|>`` (so the model learns where a poem ends), from
+the one corpus split (``genprobe.corpus.tang``: never the char GPT's validation poems nor the held-out loop prompts).
+``--arch qwen2`` trains its BPE with Qwen2's own pipeline, since transformers tokenises a Qwen2 directory with
+``Qwen2Tokenizer`` whatever ``tokenizer.json`` says (see ``corpus.bpe``). :func:`save_subword_dir` writes the result
+as a standard transformers directory, atomically, with ``genprobe_training.json`` (recipe, split, losses, bits/char;
+*not* ``genprobe.json``, which marks a genprobe char checkpoint).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 
-from .._io import json_safe
+from .._io import atomic_write_json, check_target_dir, json_safe, read_format_json, read_json_object, replacing
 from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
 from .bpc import subword_bits_per_char
+from .hf import quiet_transformers
 from .train import TrainConfig, TrainResult, fit, random_windows
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
@@ -40,6 +39,8 @@ if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
 ARCHS = ("llama", "qwen2")
 TOKENIZER_STYLE = {"llama": "gpt2", "qwen2": "qwen2"}  # the BPE pipeline AutoTokenizer runs for each arch
 HELDOUT_EVAL_DOCS = 500  # held-out poems scored at the end (a second validation set, never trained on)
+SUMMARY_FILE = "genprobe_training.json"
+SUMMARY_FORMAT = "genprobe-subword-training-v1"
 
 
 @dataclass(frozen=True)
@@ -289,3 +290,32 @@ def greedy_samples(
             {"prompt": text, "greedy": tok.decode([t for t in stop if t != eos]), "greedy_no_eos": tok.decode(full)}
         )
     return out
+
+
+def save_subword_dir(
+    out: str | os.PathLike[str], model: PreTrainedModel, tok: Tokenizer, summary: dict[str, Any]
+) -> Path:
+    """Write ``model`` + BPE ``tok`` + ``summary`` to ``out`` (replacing an earlier run there): ``config.json``,
+    ``generation_config.json``, ``model.safetensors``, ``tokenizer.json`` + ``tokenizer_config.json`` and
+    :data:`SUMMARY_FILE`, assembled beside it and renamed into place."""
+    out = Path(out)
+    check_target_dir(out, SUMMARY_FILE, "a genprobe-trained model", "output")
+    if tok.get_vocab_size() != model.config.vocab_size:
+        raise ValueError(
+            f"tokenizer has {tok.get_vocab_size()} ids but the model's vocab_size is {model.config.vocab_size}"
+        )
+    with replacing(out, directory=True) as tmp:
+        with quiet_transformers(False):
+            model.save_pretrained(tmp, safe_serialization=True)
+        bpe.to_hf_tokenizer(tok, model.config.max_position_embeddings).save_pretrained(tmp)
+        # transformers 5 writes ``TokenizersBackend``, a class transformers 4 does not know; ``PreTrainedTokenizerFast``
+        # is that class in 4 and an alias of it in 5: both then load tokenizer.json as is
+        tok_cfg = tmp / "tokenizer_config.json"
+        atomic_write_json(tok_cfg, {**read_json_object(tok_cfg), "tokenizer_class": "PreTrainedTokenizerFast"})
+        atomic_write_json(tmp / SUMMARY_FILE, {"format": SUMMARY_FORMAT, **summary})
+    return out
+
+
+def read_summary(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The training summary of a directory written by :func:`save_subword_dir`."""
+    return read_format_json(Path(directory) / SUMMARY_FILE, SUMMARY_FORMAT)

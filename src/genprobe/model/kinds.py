@@ -24,22 +24,17 @@ class ModelKind(str, Enum):
     URL = "url"
 
     @property
-    def heading(self) -> str:
-        """The kind as a column heading of docs/commands.md's matrix."""
-        return _WORDS[self.value][0]
-
-    @property
     def phrase(self) -> str:
         """The kind with an article, as a sentence uses it."""
-        return _WORDS[self.value][1]
+        return _PHRASES[self]
 
 
-_WORDS = {  # kind -> (its column heading, the kind as a sentence names it)
-    "checkpoint": ("genprobe checkpoint", "a genprobe checkpoint"),
-    "transformers": ("transformers directory", "a transformers directory"),
-    "gguf": ("GGUF file", "a GGUF file"),
-    "name": ("fetched name", "a fetched model's name"),
-    "url": ("URL", "a URL"),
+_PHRASES = {
+    ModelKind.CHECKPOINT: "a genprobe checkpoint",
+    ModelKind.TRANSFORMERS: "a transformers directory",
+    ModelKind.GGUF: "a GGUF file",
+    ModelKind.NAME: "a fetched model's name",
+    ModelKind.URL: "a URL",
 }
 
 #: The kinds a model loaded from disk can be (every command's default).

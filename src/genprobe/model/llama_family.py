@@ -1,22 +1,13 @@
 """The Llama family's forward over a ``transformers`` model's own weights: what the fast path compiles for it.
 
-Llama, Qwen2, Qwen3, Mistral and Phi-3 share one decoder: RMSNorm before attention and MLP, rotary positions,
-grouped-query attention (``n_kv_head`` key/value heads shared by ``n_head / n_kv_head`` queries each), a SwiGLU MLP,
-an RMSNorm before the head (often tied to the embedding). They differ in small ways, each a field of
-:class:`LlamaFamilyConfig`: biases on q/k/v (Qwen2), an RMSNorm on each query and key head (Qwen3), a sliding
-window on some or all layers (Mistral, Qwen2's ``layer_types``), q/k/v and gate/up fused into one matrix each
-(Phi-3), a partial rotary dimension, RoPE scaling (the ``inv_freq`` and ``attention_scaling`` the model's rotary
-module computed from its config — every scaling whose frequencies do not depend on the sequence length).
-
-:class:`LlamaFamily` is built *around* the model, not from a copy of it: its submodules are the ``transformers``
-model's own embedding, projections and norms (same ``nn.Linear`` objects, same parameters), so nothing is copied,
-a loop patch written into the model's weights in place is seen, and a weight-only conversion of the model
-(:func:`~genprobe.model.weight_only.with_weight_dtype`) is what it runs. Its :meth:`~LlamaFamily.forward` is
-genprobe's position-driven one (:class:`~genprobe.model.position_lm.PositionDrivenLM`): positions and validity
-decide visibility, the cache follows :class:`~genprobe.model.cache_protocol.CacheLike`, so the engine's static
-cache and its compiled runner drive it exactly as they drive our GPT. The maths is ``transformers``' (its RMSNorm
-modules are called as they are; rotary, attention and MLP written as its eager code writes them), grouped queries
-attend without ``repeat_kv``'s copies: each key/value head is read once by its group.
+Llama, Qwen2, Qwen3, Mistral and Phi-3 share one decoder (RMSNorm, rotary positions, grouped-query attention, SwiGLU,
+a final RMSNorm before an often tied head); their differences are fields of :class:`LlamaFamilyConfig` (q/k/v biases,
+Qwen3's query/key norms, sliding windows per layer, Phi-3's fused projections, partial rotary, RoPE scaling that does
+not depend on the sequence length). :class:`LlamaFamily` is built *around* the model: its submodules are the model's
+own, so nothing is copied, an in-place loop patch is seen and a weight-only conversion is what it runs. Its forward
+is genprobe's position-driven one (:class:`~genprobe.model.position_lm.PositionDrivenLM`), so the engine's caches and
+compiled runner drive it as they drive our GPT; the maths is ``transformers``' eager code's, except that grouped
+queries read each key/value head once instead of ``repeat_kv``'s copies.
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .cache_protocol import CacheLike
-from .position_lm import PositionDrivenLM
+from .position_lm import PositionDrivenLM, rotate
 
 #: ``model_type`` values whose decoder is this one (the architecture matrix's Llama-family rows, and Qwen3).
 FAMILY = ("llama", "qwen2", "qwen3", "mistral", "phi3")
@@ -148,21 +139,9 @@ class FamilyLayer(nn.Module):
 
     def mlp(self, x: torch.Tensor, cfg: LlamaFamilyConfig) -> torch.Tensor:
         """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
-        if cfg.fused:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            out: torch.Tensor = self.down_proj(up * F.silu(gate))
-            return out
-        out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1) if cfg.fused else (self.gate_proj(x), self.up_proj(x))
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
         return out
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary positions on the first ``cos.shape[-1]`` dims of ``x`` (B, heads, T, Dh), rotate-half convention."""
-    r, d = cos.shape[-1], x.shape[-1]
-    if r < d:  # partial rotary: the last d - r dims pass unrotated
-        return torch.cat([rotate(x[..., :r], cos, sin), x[..., r:]], dim=-1)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def grouped_attention(
@@ -248,11 +227,9 @@ class LlamaFamily(PositionDrivenLM):
     ) -> dict[int | None, torch.Tensor]:
         """One (B, 1, T, S) visibility mask per distinct window of the layers (None: full attention). With a cache,
         this call's keys are reserved in it first."""
-        k_pos, k_valid = positions, valid
-        if cache is not None:
-            k_pos, k_valid = cache.reserve(positions, valid, explicit_positions=not defaulted)
+        k_pos, k_valid = self._keys(positions, valid, cache, defaulted)
         return {
-            w: self._visibility(positions, k_pos, k_valid, None, None, queries_real=valid is None, window=w)[:, None]
+            w: self._visibility(positions, k_pos, k_valid, queries_real=valid is None, window=w)[:, None]
             for w in set(self.cfg.windows)
         }
 

@@ -1,27 +1,14 @@
-"""One loader: a genprobe checkpoint or a ``transformers`` directory becomes one :class:`Model`.
+"""One loader: a genprobe checkpoint, a ``transformers`` directory or a GGUF file becomes one :class:`Model`.
 
-Every command and every library entry point takes a :class:`Model`; nothing else needs to know which
-kind of directory it came from. The object carries the module (our GPT or a ``transformers`` causal
-LM, in eval mode), its tokenizer (character-level or subword, behind one :class:`Tokenizer`
-protocol), its limits (context length, sliding window) and where its MLP down-projections are. Generating
-from it is the engine's job, one layer up: :func:`genprobe.engine.loaded.load_model` (``genprobe.load``) wraps
-this loader and returns a model that also has ``runner`` and ``generate()``.
-
-Loading rules, the same for every caller:
-
-- the kind is detected from the directory: ``genprobe.json`` + ``model.safetensors`` is a genprobe
-  checkpoint, ``config.json`` a ``transformers`` model directory;
-- weights are read from safetensors only: pickled ``*.bin`` / ``*.pt`` files can execute code when
-  loaded, so a directory that has only those is refused with instructions to convert it;
-- offline (``local_files_only``) and never ``trust_remote_code``: an architecture that needs code from
-  the Hub is refused by name;
-- a weights file that leaves parameters uninitialised, and a tokenizer with more tokens than the
-  model has embedding rows, are errors rather than warnings: both give silently wrong numbers.
+A :class:`Model` carries the module (in eval mode), its tokenizer (behind one :class:`Tokenizer` protocol), its limits
+and where its MLPs are; generating from it is the engine's job (``genprobe.load`` wraps this loader and adds a runner).
+The rules, the same for every caller: the kind is read off the directory; weights come from safetensors only (pickled
+files are refused with how to convert them); offline and never ``trust_remote_code``; weights that leave parameters
+uninitialised, and a tokenizer with more tokens than the model has rows, are errors (both give silently wrong numbers).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +17,7 @@ from typing import Any, Protocol, Sequence, cast, runtime_checkable
 import torch
 import torch.nn as nn
 
-from .._io import json_safe
+from .._io import json_safe, read_json_object
 from . import limits
 from .arch import MLPSite, mlp_sites, state_sha256
 from .errors import ModelLoadError as ModelLoadError  # re-exported: the loader's errors, importable from here
@@ -49,35 +36,25 @@ class Tokenizer(Protocol):
 
     # Read-only: genprobe never sets them, and CharTokenizer derives vocab_size and fixes the special ids.
     @property
-    def vocab_size(self) -> int:
-        """Number of ids."""
-        ...
+    def vocab_size(self) -> int: ...
 
     @property
-    def unk_id(self) -> int | None:
-        """Id of the unknown token, None when every text encodes."""
-        ...
+    def unk_id(self) -> int | None: ...  # None when every text encodes
 
     @property
-    def eos_id(self) -> int | None:
-        """Id of the end-of-text token, None when the vocabulary has none."""
-        ...
+    def eos_id(self) -> int | None: ...  # None when the vocabulary has no end-of-text token
 
     def encode(self, text: str) -> list[int]:
         """Text → ids, no special tokens added."""
-        ...
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids → text (padding and special tokens dropped)."""
-        ...
 
     def token_str(self, token_id: int) -> str:
         """Display form of one id."""
-        ...
 
     def unknown_chars(self, text: str) -> list[str]:
         """Characters of ``text`` the vocabulary cannot represent (they become the unknown token)."""
-        ...
 
 
 class SubwordTokenizer:
@@ -300,21 +277,20 @@ def load_model(
             "model) or a GGUF file"
         )
     if is_checkpoint(d):
-        model = _load_genprobe(d, dtype, device)
-        if weight_dtype != dtype:
-            from .weight_only import with_weight_dtype
+        from .checkpoint import load_checkpoint
 
-            model.module = with_weight_dtype(model.module, weight_dtype, narrow_output)
-        return model
-    if (d / "config.json").is_file():
+        module, tok, meta = load_checkpoint(d, device=str(device))
+        model = Model(module.to(dtype), tok, "genprobe", "gpt", d, meta)
+    elif (d / "config.json").is_file():
         model = _load_transformers(d, dtype, device)
-        if weight_dtype != dtype:
-            model.module = _narrow_transformers(model.module, weight_dtype, d, narrow_output)
-        return model
-    raise ModelLoadError(
-        f"{d} is neither a genprobe checkpoint (genprobe.json + model.safetensors), a transformers model "
-        "directory (config.json + *.safetensors) nor a GGUF file"
-    )
+    else:
+        raise ModelLoadError(
+            f"{d} is neither a genprobe checkpoint (genprobe.json + model.safetensors), a transformers model "
+            "directory (config.json + *.safetensors) nor a GGUF file"
+        )
+    if weight_dtype != dtype:
+        model.module = _narrowed(model, weight_dtype, narrow_output)
+    return model
 
 
 def _model_path(path: str | os.PathLike[str]) -> Path:
@@ -331,21 +307,22 @@ def _model_path(path: str | os.PathLike[str]) -> Path:
     return Path(path) if Path(path).exists() else resolve_name(str(path))
 
 
-def _narrow_transformers(module: nn.Module, weight_dtype: torch.dtype, d: Path, narrow_output: bool) -> nn.Module:
-    """A Llama-family transformers model with weight-only narrow linear layers (the fast path reads them narrow)."""
+def _narrowed(model: Model, weight_dtype: torch.dtype, narrow_output: bool) -> nn.Module:
+    """The model's module with weight-only narrow linear layers (a transformers model: Llama-family only, whose fast
+    path reads them narrow)."""
     from .llama_family import unsupported_reason
     from .weight_only import with_weight_dtype
 
-    reason = unsupported_reason(module)
+    reason = None if model.kind == "genprobe" else unsupported_reason(model.module)
     if reason is not None:
         raise ModelLoadError(
             f"weight-only {weight_dtype} storage is for genprobe checkpoints and Llama-family transformers models; "
-            f"{d}: {reason} (load it in another dtype with dtype=...)"
+            f"{model.source}: {reason} (load it in another dtype with dtype=...)"
         )
     try:
-        return with_weight_dtype(module, weight_dtype, narrow_output)
+        return with_weight_dtype(model.module, weight_dtype, narrow_output)
     except ValueError as exc:
-        raise ModelLoadError(f"{d}: {exc}") from None
+        raise ModelLoadError(f"{model.source}: {exc}") from None
 
 
 def _load_gguf(
@@ -371,14 +348,12 @@ def _load_gguf(
 
 
 def _int8_blocks_of(module: nn.Module, file: Path, dtype: torch.dtype, narrow_output: bool) -> nn.Module:
-    """``module`` with the GGUF file's quantized matrices held as their blocks (a Llama-family model, float32): Q8_0
-    as int8 blocks (:func:`~genprobe.model.weight_only.with_int8_blocks`), Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K as the
-    file's bytes (:mod:`genprobe.model.gguf_blocks`). Every other matrix stays float32 (``block_summary`` says which).
-    """
-    from .gguf import gguf_blocks, q8_0_blocks
+    """``module`` (a float32 Llama-family model read from ``file``) with the file's quantized matrices held as their
+    blocks (:func:`~genprobe.model.gguf_blocks.with_gguf_blocks`); every other matrix stays float32 (``block_summary``
+    says which)."""
+    from .gguf import gguf_blocks
     from .gguf_blocks import BLOCK_TYPES, with_gguf_blocks
     from .llama_family import unsupported_reason
-    from .weight_only import with_int8_blocks
 
     reason = unsupported_reason(module)
     if dtype != torch.float32 or reason is not None:
@@ -386,17 +361,14 @@ def _int8_blocks_of(module: nn.Module, file: Path, dtype: torch.dtype, narrow_ou
         raise ModelLoadError(
             f"keeping a GGUF file's quantized blocks is for float32 Llama-family models; {file}: {why}"
         )
-    q8 = q8_0_blocks(file, module)
-    others = gguf_blocks(file, module, set(BLOCK_TYPES) - {"Q8_0"})
-    if not q8 and not others:
+    blocks = gguf_blocks(file, module, set(BLOCK_TYPES))
+    if not blocks:
         raise ModelLoadError(
             f"{file} holds no matrices in blocks genprobe keeps ({', '.join(BLOCK_TYPES)}); load it without "
             "weight_dtype, or make a quantized file with `genprobe quant-compare MODEL --types Q8_0 Q4_0`"
         )
-    try:
-        out = with_int8_blocks(module, q8, narrow_output) if q8 else module
-        # the loader's model is its own (read_gguf made it): its layers are replaced in place, no second copy
-        return with_gguf_blocks(out, others, narrow_output, copy_model=False) if others else out
+    try:  # the loader's model is its own (read_gguf made it): its layers are replaced in place, no second copy
+        return with_gguf_blocks(module, blocks, narrow_output, copy_model=False)
     except ValueError as exc:
         raise ModelLoadError(f"{file}: {exc}") from None
 
@@ -416,23 +388,6 @@ def block_summary(module: nn.Module) -> dict[str, Any]:
         elif type(m) is torch.nn.Linear:
             float32.append(name)
     return {"blocks": kept, "float32_linear_layers": float32}
-
-
-def _load_genprobe(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
-    from .checkpoint import load_checkpoint
-
-    module, tok, meta = load_checkpoint(d, device=str(device))
-    return Model(module.to(dtype), tok, "genprobe", "gpt", d, meta)
-
-
-def _read_config(d: Path) -> dict[str, Any]:
-    try:
-        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{d / 'config.json'} is not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise ModelLoadError(f"{d / 'config.json'} does not hold a JSON object")
-    return cfg
 
 
 def check_weights_files(d: Path) -> None:
@@ -466,27 +421,26 @@ def _check_architecture(d: Path, cfg: dict[str, Any]) -> str:
 
 def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
-    cfg = _read_config(d)
+    from .hf import quiet_transformers
+
+    cfg = read_json_object(d / "config.json", ModelLoadError)
     check_weights_files(d)
     arch = _check_architecture(d, cfg)
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(
-            d,
-            local_files_only=True,
-            trust_remote_code=False,
-            use_safetensors=True,
-            dtype=dtype,
-            output_loading_info=True,
-        )
+        with quiet_transformers(False):
+            loaded = AutoModelForCausalLM.from_pretrained(
+                d,
+                local_files_only=True,
+                trust_remote_code=False,
+                use_safetensors=True,
+                dtype=dtype,
+                output_loading_info=True,
+            )
         # output_loading_info=True returns (model, info); transformers annotates the model alone
         module, info = cast(tuple[nn.Module, dict[str, Any]], loaded)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelLoadError(f"{d}: transformers could not load the model ({type(exc).__name__}: {exc})") from None
-    finally:
-        hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     # tied parameters are not stored in safetensors, so legitimately "missing" (a dict of them, or a list)
     tied = set(getattr(module, "_tied_weights_keys", None) or ())
     missing = [k for k in info.get("missing_keys", ()) if k not in tied]
@@ -513,16 +467,14 @@ def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) 
 
 def load_tokenizer(d: Path) -> Tokenizer | None:
     """The tokenizer stored beside a transformers model: genprobe's char vocabulary, else AutoTokenizer, else None."""
-    from .hf_dir import TOKENIZER_FILE
+    from .hf_dir import read_char_tokenizer
 
-    char_file = d / TOKENIZER_FILE
-    if char_file.is_file():
-        from ..corpus.tokenizer import CharTokenizer
-
-        try:
-            return CharTokenizer.from_dict(json.loads(char_file.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, ValueError) as exc:
-            raise ModelLoadError(f"{char_file} is not a genprobe char vocabulary ({exc})") from None
+    try:
+        char = read_char_tokenizer(d)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if char is not None:
+        return char
     if not any((d / f).is_file() for f in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer

@@ -51,8 +51,7 @@ class PositionDrivenLM(nn.Module):
         q_pos: torch.Tensor,
         k_pos: torch.Tensor,
         k_valid: torch.Tensor | None,
-        q_doc: torch.Tensor | None,
-        k_doc: torch.Tensor | None,
+        doc: torch.Tensor | None = None,
         queries_real: bool = False,
         window: int | None = None,
     ) -> torch.Tensor:
@@ -63,14 +62,23 @@ class PositionDrivenLM(nn.Module):
             vis = vis & (q_pos[:, :, None] - k_pos[:, None, :] < window)
         if k_valid is not None:
             vis = vis & k_valid[:, None, :]
-        if q_doc is not None and k_doc is not None:
-            vis = vis & (k_doc[:, None, :] == q_doc[:, :, None])
+        if doc is not None:  # packing (no cache): queries and keys are the same tokens
+            vis = vis & (doc[:, None, :] == doc[:, :, None])
         if queries_real:
             return vis  # every real query sees at least its own key (pos_k == pos_q): no empty row
         # A query with no visible key (a padding query) would give NaN; let it see everything.
         # Its output is never used: padded positions are excluded from logits comparisons and loss.
         empty = ~vis.any(dim=-1, keepdim=True)
         return vis | empty
+
+    def _keys(
+        self, positions: torch.Tensor, valid: torch.Tensor | None, cache: CacheLike | None, defaulted: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(positions, validity) of the keys attention reads: this call's, or with a cache every cached key (this
+        call's reserved in it first)."""
+        if cache is None:
+            return positions, valid
+        return cache.reserve(positions, valid, explicit_positions=not defaulted)
 
     def _checked_inputs(
         self,
@@ -103,6 +111,15 @@ class PositionDrivenLM(nn.Module):
         if valid is not None and valid.shape != (B, T):
             raise ValueError(f"attention_mask shape {tuple(valid.shape)} != ids shape {(B, T)}")
         return positions, valid, defaulted
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions on the first ``cos.shape[-1]`` dims of ``x`` (B, heads, T, Dh), rotate-half convention."""
+    r, d = cos.shape[-1], x.shape[-1]
+    if r < d:  # partial rotary: the last d - r dims pass unrotated
+        return torch.cat([rotate(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def default_positions(

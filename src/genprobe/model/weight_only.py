@@ -1,35 +1,18 @@
 """Weight-only narrow weights: linear layers that store their weights in bfloat16 or int8 and compute in float32.
 
-A decode step at batch 1 of a large model is bound by reading its weights (57.8M parameters: 231 MB of
-float32 per token). Storing the weight matrices of the linear layers in bfloat16 halves those bytes; each
-weight is widened to float32 (exactly: bfloat16 is the top half of a float32) where it is used, so the
-activations, the attention, the cache and every sum stay float32. int8 quarters them: each output row of a
-weight is quantized symmetrically, ``W[n] ≈ scale[n] * q[n]`` with integers ``q`` in [-127, 127] and
-``scale[n] = max|W[n]| / 127`` (per-channel weight-only int8, as in gpt-fast's ``quantize.py`` and torchao's
-int8 weight-only); the product ``x q^T`` is computed in float32 on the integers (widened exactly) and scaled
-after, per output.
-
-Either is an approximation of the float32 model, never the default: a converted model is a *different model*
-(bfloat16: weights rounded to 8 significant bits; int8: to 255 levels per row), with its own cache verdict
-(``genprobe verify-cache MODEL --weight-dtype int8`` compares its cache against its own full recomputation) and
-its own figures beside the float32 ones.
-
-The token embedding (tied to the output layer) and the layer norms stay float32 by default: the embedding is also
-the output layer, whose rounding moves every logit directly. On a small real model that layer is most of the narrow
-bytes (SmolLM2-135M: the tied 49152 x 576 head is 113 MB in float32 against 107 MB for every other int8 weight), so
-``narrow_output=True`` stores the output layer narrow too, as llama.cpp's Q8_0 files and gpt-fast's int8 do: a
-separate narrow copy of the head, the embedding's lookup still float32 (it reads one row per token).
-
-A GGUF file's ``Q8_0`` tensors are int8 in another layout: a float16 scale per block of 32 weights along each row
-(llama.cpp's ``block_q8_0``). :meth:`WeightOnlyLinear.from_blocks` holds them as they are (the scales widened to
-float32, exactly), so a model read from such a file with ``weight_dtype=int8`` multiplies by exactly the weights
-llama.cpp multiplies by: ``q * d`` is exact in float32, so the layer is the dequantized float32 layer, stored in a
-quarter of the bytes (see :mod:`genprobe.model.gguf`).
+bfloat16 halves the bytes a decode step reads and widens exactly; int8 quarters them, each output row quantized
+symmetrically (``W[n] ≈ scale[n] * q[n]``, q in [-127, 127], as gpt-fast's and torchao's int8 weight-only), the product
+computed in float32 on the integers and scaled after. Either is an opt-in approximation: a converted model is a
+*different model* with its own cache verdict. The tied embedding/output layer stays float32 unless ``narrow_output``
+(then the head gets its own narrow copy; the lookup keeps float32). A GGUF file's ``Q8_0`` blocks (a scale per 32
+weights) are held as they are by :meth:`WeightOnlyLinear.from_blocks`: exactly the dequantized weights. The why and
+the measurements: docs/llama-fast.md.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from typing import Collection, Iterator
 
 import torch
@@ -54,19 +37,9 @@ class WeightOnlyLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, weight_dtype: torch.dtype):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
         w = linear.weight.detach()
-        self.scale: nn.Parameter | None = None
-        if weight_dtype == torch.int8:
-            q, scale = quantize_int8(w)
-            self.weight = nn.Parameter(q, requires_grad=False)
-            self.scale = nn.Parameter(scale, requires_grad=False)
-        else:
-            self.weight = nn.Parameter(w.to(weight_dtype), requires_grad=False)
-        bias = linear.bias
-        self.bias: nn.Parameter | None = None
-        if bias is not None:
-            self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+        weight, scale = quantize_int8(w) if weight_dtype == torch.int8 else (w.to(weight_dtype), None)
+        self._hold(weight, scale, linear.bias)
 
     @classmethod
     def from_blocks(cls, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> WeightOnlyLinear:
@@ -79,11 +52,14 @@ class WeightOnlyLinear(nn.Module):
             )
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
-        layer.in_features, layer.out_features = k, n
-        layer.weight = nn.Parameter(q.contiguous(), requires_grad=False)
-        layer.scale = nn.Parameter(scales.float().contiguous(), requires_grad=False)
-        layer.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        layer._hold(q.contiguous(), scales.float().contiguous(), bias)
         return layer
+
+    def _hold(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.scale = None if scale is None else nn.Parameter(scale, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     @property
     def blocked(self) -> bool:
@@ -163,43 +139,16 @@ def with_weight_dtype(model: nn.Module, weight_dtype: torch.dtype, narrow_output
         held = sorted(map(str, dtypes))
         raise ValueError(f"weight-only {weight_dtype} converts a float32 model; this one holds {held}")
     out = copy.deepcopy(model)
-    tied = set() if narrow_output else {id(p) for p in _tied_weights(out)}
-    for parent in list(out.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and id(child.weight) not in tied:
-                setattr(parent, name, WeightOnlyLinear(child, weight_dtype))
+    every = {name for name, _ in out.named_parameters(remove_duplicate=False)}
+    for parent, child_name, child, _ in linears_named_in(out, every, narrow_output):
+        setattr(parent, child_name, WeightOnlyLinear(child, weight_dtype))
     return out
 
 
-def _tied_weights(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters used by more than one module (the embedding tied to the output layer)."""
-    seen: dict[int, int] = {}
-    params: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        for p in module.parameters(recurse=False):
-            seen[id(p)] = seen.get(id(p), 0) + 1
-            params[id(p)] = p
-    return [params[i] for i, n in seen.items() if n > 1]
-
-
-def with_int8_blocks(
-    model: nn.Module, blocks: dict[str, tuple[torch.Tensor, torch.Tensor]], narrow_output: bool = False
-) -> nn.Module:
-    """A copy of ``model`` whose linear layers named in ``blocks`` hold those int8 blocks (a GGUF file's Q8_0 tensors).
-
-    ``blocks`` maps a parameter name (``model.layers.0.mlp.up_proj.weight``) to ``(q, scales)``. Each layer's float
-    weight must equal the blocks' values exactly (it was dequantized from them): a mismatch means the name or row
-    order is wrong, and is refused. The output layer tied to the embedding takes the embedding's blocks only with
-    ``narrow_output``. Layers without blocks keep their float32 weights.
-    """
-    out = copy.deepcopy(model)
-    for parent, child_name, child, name in linears_named_in(out, blocks, narrow_output):
-        q, scales = blocks[name]
-        layer = WeightOnlyLinear.from_blocks(q, scales, child.bias)
-        if not torch.equal(layer.dequantized(), child.weight.detach().float()):
-            raise ValueError(f"{name}: the int8 blocks do not give the layer's float weights")
-        setattr(parent, child_name, layer)
-    return out
+def _tied_ids(model: nn.Module) -> set[int]:
+    """ids of the parameters used by more than one module (the embedding tied to the output layer)."""
+    uses = Counter(id(p) for module in model.modules() for p in module.parameters(recurse=False))
+    return {i for i, n in uses.items() if n > 1}
 
 
 def linears_named_in(
@@ -208,7 +157,7 @@ def linears_named_in(
     """``(parent, child name, layer, weight name)`` of each ``nn.Linear`` whose weight is named in ``names``; the
     output layer tied to the embedding only with ``narrow_output`` (its lookup keeps the float32 table)."""
     by_id = {id(p): n for n, p in model.named_parameters(remove_duplicate=False) if n in names}
-    tied = {id(p) for p in _tied_weights(model)}
+    tied = _tied_ids(model)
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
             if type(child) is not nn.Linear or id(child.weight) not in by_id:

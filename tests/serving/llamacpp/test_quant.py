@@ -123,7 +123,7 @@ def tiny_dir(tmp_path_factory):
     """A tiny Llama + BPE trained for a few steps on Tang poems (a transformers directory, as `genprobe train`)."""
     from genprobe.corpus.tang import bundled_documents, corpus_split, split_texts
     from genprobe.model import hf_train
-    from genprobe.model.subword_dir import save_subword_dir
+    from genprobe.model.hf_train import save_subword_dir
 
     docs = bundled_documents()[:900]
     split = corpus_split(docs, subword_poems=700, char_poems=400)

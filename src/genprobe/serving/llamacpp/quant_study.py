@@ -159,7 +159,7 @@ def study_inputs(model: Any, cfg: QuantStudyConfig) -> StudyInputs:
 def _is_tang_model(model: Any) -> bool:
     """A model trained on the Tang corpus: a genprobe checkpoint (the char GPT) or a directory written by
     ``genprobe train --arch llama|qwen2`` (it holds ``genprobe_training.json``)."""
-    from ...model.subword_dir import SUMMARY_FILE
+    from ...model.hf_train import SUMMARY_FILE
 
     return model.kind == "genprobe" or (model.source is not None and (Path(model.source) / SUMMARY_FILE).is_file())
 
