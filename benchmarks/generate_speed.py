@@ -77,9 +77,10 @@ OURS = "compiled"  # our fast path: the engine the ratios are about
 
 def load_bundle(which: str, ckpt: str | None) -> tuple[Bundle, list[int]]:
     """(model bundle, prompt ids) for ``--model default`` (checkpoint or random) or ``--model 58m``."""
-    from genprobe.corpus import CharTokenizer
-    from genprobe.model import GPT, GPTConfig
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.model.checkpoint import is_checkpoint, load_checkpoint
+    from genprobe.model.config import GPTConfig
+    from genprobe.model.gpt import GPT
 
     if which == "default":
         path = Path(ckpt) if ckpt else REPO / "out" / "case" / "model"

@@ -159,7 +159,8 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     from genprobe.loops.prompts import heldout_openings
     from genprobe.loops.scan import chanting_sampler
     from genprobe.model.load import load_model
-    from genprobe.serving import EngineOptions, shared_engine, to_sampling_params
+    from genprobe.serving.engine import EngineOptions, shared_engine
+    from genprobe.serving.scan import to_sampling_params
 
     model = load_model(args.model)
     prompts = [model.encode(t) for t in heldout_openings(model.tokenizer, args.prompts)]

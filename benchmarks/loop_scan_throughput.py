@@ -78,7 +78,7 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
 
     from genprobe.engine.loaded import load_model
     from genprobe.loops.scan import chanting_sampler, scan_batches, scan_loops
-    from genprobe.serving import EngineOptions, shared_engine
+    from genprobe.serving.engine import EngineOptions, shared_engine
     from genprobe.serving.scan import vllm_batches
 
     torch.set_num_threads(args.threads)

@@ -45,7 +45,7 @@ def _inputs(report: dict, tokenizer, cfg):
 
 def _config(report: dict):
     from genprobe.loops.study import RepairConfig
-    from genprobe.metrics import LoopSettings
+    from genprobe.metrics.degeneracy import LoopSettings
 
     c = report["config"]
     keys = ("n_direction", "n_search", "n_validate", "prefix_chars", "max_new_tokens", "batch_size", "seed")
@@ -74,7 +74,7 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     from genprobe.loops.scan import scan_batches
     from genprobe.loops.study import LoopStudy
     from genprobe.model.load import load_model
-    from genprobe.serving import EngineOptions, shared_engine
+    from genprobe.serving.engine import EngineOptions, shared_engine
     from genprobe.serving.scan import compare_loop_rates, vllm_batches
 
     torch.set_num_threads(args.threads)

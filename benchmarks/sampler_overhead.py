@@ -80,7 +80,7 @@ def generation_rows(model, hf, prompt: list[int], N: int, reps: int) -> dict:
     from transformers.generation.utils import GenerationMixin
 
     from genprobe.engine.generate import generate
-    from genprobe.engine.samplers import SamplerConfig
+    from genprobe.engine.samplers.stages import SamplerConfig
 
     ids = torch.tensor([prompt])
 
@@ -135,7 +135,8 @@ def processor_rows(V: int, histories: list[int], reps: int) -> list[dict]:
     """One processor call on a (1, V) row: our DRY and repetition penalty vs HF's repetition penalty."""
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-    from genprobe.engine.samplers import SamplerConfig, process_logits
+    from genprobe.engine.samplers.chain import process_logits
+    from genprobe.engine.samplers.stages import SamplerConfig
 
     rows = []
     g = torch.Generator().manual_seed(0)

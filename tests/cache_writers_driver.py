@@ -73,7 +73,8 @@ def aot(root: Path) -> int:
     import torch
 
     from genprobe.engine.fast import aot
-    from genprobe.model import GPT, GPTConfig
+    from genprobe.model.config import GPTConfig
+    from genprobe.model.gpt import GPT
 
     def package(ep, package_path, inductor_configs):
         Path(package_path).write_text(str(ep.graph_module.code))
@@ -135,9 +136,10 @@ def checkpoint(root: Path) -> int:
     def tiny_training(d: Path) -> None:
         import torch
 
-        from genprobe.corpus import CharTokenizer
-        from genprobe.model import GPT, GPTConfig
+        from genprobe.corpus.tokenizer import CharTokenizer
         from genprobe.model.checkpoint import save_checkpoint
+        from genprobe.model.config import GPTConfig
+        from genprobe.model.gpt import GPT
 
         tok = CharTokenizer.from_text("abcdefgh", 100)
         torch.manual_seed(0)

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from genprobe.corpus import CharTokenizer, load_corpus
-from genprobe.model import GPT, GPTConfig
+from genprobe.corpus.tang import load_corpus
+from genprobe.corpus.tokenizer import CharTokenizer
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 
 # The compiled path's AOT programs build inside the call that needs them, as the tests of that path expect; the
 # background build a user gets by default has its own test (tests/engine/test_aot_background.py).

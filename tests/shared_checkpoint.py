@@ -69,7 +69,8 @@ def _train_atomically(d: Path) -> None:
 
 
 def _train_into(d: Path) -> None:
-    from genprobe.corpus import CharTokenizer, load_corpus
+    from genprobe.corpus.tang import load_corpus
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.model.checkpoint import save_checkpoint
     from genprobe.model.train import quick_train_config, train
 

@@ -13,7 +13,7 @@ import pytest
 
 import genprobe
 from genprobe._io import json_safe
-from genprobe.engine.samplers import SamplerConfig
+from genprobe.engine.samplers.stages import SamplerConfig
 
 
 def test_sampling_params_says_its_own_name():

@@ -25,7 +25,7 @@ _EXPORTS = {
     "Model": "genprobe.engine.loaded:LoadedModel",
     "Tokenizer": "genprobe.model.load:Tokenizer",
     "ModelLoadError": "genprobe.model.load:ModelLoadError",
-    "SamplingParams": "genprobe.engine.samplers:SamplingParams",
+    "SamplingParams": "genprobe.engine.samplers.stages:SamplingParams",
     "Completion": "genprobe.engine.text:Completion",
     "scan_loops": "genprobe.api:scan_loops",
     "scan_loop_settings": "genprobe.loops.scan_settings:scan_loop_settings",
@@ -45,7 +45,7 @@ _EXPORTS = {
     # what the functions above return (and what those results hold), for annotations and isinstance checks
     "ScanResult": "genprobe.loops.scan:ScanResult",
     "LoopRates": "genprobe.loops.scan:LoopRates",
-    "LoopSettings": "genprobe.metrics:LoopSettings",
+    "LoopSettings": "genprobe.metrics.degeneracy:LoopSettings",
     "LoopCalibration": "genprobe.metrics.calibrate:LoopCalibration",
     "LoopRepair": "genprobe.api:LoopRepair",
     "LoopScans": "genprobe.loops.scan_settings:LoopScans",
@@ -64,8 +64,8 @@ _EXPORTS = {
     "SpeculativeResult": "genprobe.engine.speculative:SpeculativeResult",
     "Thresholds": "genprobe.verify.compare:Thresholds",
     "ServingReport": "genprobe.serving.verify:ServingReport",  # importing it does not import vLLM
-    "DoctorReport": "genprobe.doctor:DoctorReport",
-    "Finding": "genprobe.doctor:Finding",
+    "DoctorReport": "genprobe.doctor.run:DoctorReport",
+    "Finding": "genprobe.doctor.findings:Finding",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -14,14 +14,15 @@ from ._io import json_safe
 if TYPE_CHECKING:  # pragma: no cover
     from .attention.leak import LeakReport
     from .attention.metrics import AttentionReport
-    from .doctor import DoctorReport
-    from .engine.samplers import SamplerConfig
+    from .doctor.run import DoctorReport
+    from .engine.samplers.stages import SamplerConfig
     from .experiments.case import CaseStudy
     from .experiments.phenomena import PhenomenaConfig, PhenomenaResult
     from .loops.patch import Patch
     from .loops.repair import RepairConfig, RepairReport
     from .loops.scan import ScanResult
-    from .metrics import LoopCalibration, LoopSettings
+    from .metrics.calibrate import LoopCalibration
+    from .metrics.degeneracy import LoopSettings
     from .model.load import Model
 
 DEFAULT_ATTENTION_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
@@ -109,8 +110,8 @@ def repair_loops(
     model is left unchanged.
     """
     from ._io import atomic_write_json
-    from .corpus import load_corpus
     from .corpus.inputs import default_prompts
+    from .corpus.tang import load_corpus
     from .loops.patch import save_patch
     from .loops.repair import repair
     from .loops.repair_report import write_summary
@@ -219,14 +220,15 @@ def chapter_phenomena(
 def diagnose(
     model: "Model", *, out: str | Path | None = None, log: Callable[[str], None] = lambda msg: None, **options: Any
 ) -> "DoctorReport":
-    """Every check genprobe has, on ``model`` as the user runs it, in one :class:`~genprobe.doctor.DoctorReport`:
+    """Every check genprobe has, on ``model`` as the user runs it, in one :class:`~genprobe.doctor.run.DoctorReport`:
     the model card and tokenizer facts, the inference path (caches, padding, ``serving="vllm"``), attention health,
     degeneration under greedy and ``sampling`` on ``prompts``, which fix; ``report.exit_status`` is 0 healthy, 1 bug,
-    4 warnings only. ``options`` are :class:`~genprobe.doctor.DoctorOptions`' fields (``prompts``, ``sampling``,
+    4 warnings only. ``options`` are :class:`~genprobe.doctor.options.DoctorOptions`' fields (``prompts``, ``sampling``,
     ``serving``, ``with_edit``, ``impl``, ``reference`` …). With ``out``, writes prompts.txt, doctor.json and
     report.html there.
     """
-    from .doctor import DoctorOptions, run_doctor
+    from .doctor.options import DoctorOptions
+    from .doctor.run import run_doctor
 
     if options.get("only") is None:
         options.pop("only", None)  # every stage

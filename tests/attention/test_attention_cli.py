@@ -10,8 +10,9 @@ from genprobe.cli import main
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory, tokenizer):
-    from genprobe.model import GPT, GPTConfig
     from genprobe.model.checkpoint import save_checkpoint
+    from genprobe.model.config import GPTConfig
+    from genprobe.model.gpt import GPT
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32))

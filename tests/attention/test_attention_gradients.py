@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from genprobe.attention.gradients import QKVGradTracker
-from genprobe.corpus import load_corpus
-from genprobe.model import GPTConfig
+from genprobe.corpus.tang import load_corpus
+from genprobe.model.config import GPTConfig
 from genprobe.model.train import TrainConfig, train
 
 

@@ -59,7 +59,8 @@ def test_bad_input(tiny_model):
 
 def test_only_a_learned_position_table_limits_the_padded_width():
     """GPTConfig.max_positions: block_size for learned positions, None (no limit) for RoPE / ALiBi / none."""
-    from genprobe.model import GPT, GPTConfig
+    from genprobe.model.config import GPTConfig
+    from genprobe.model.gpt import GPT
 
     seq = [list(range(1, 32))]  # 31 tokens + 2 pads = 33 > block_size 32
     for pe, limit in (("learned", 32), ("rope", None), ("alibi", None), ("none", None)):

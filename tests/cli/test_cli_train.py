@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from genprobe.cli import main
-from genprobe.corpus import CharTokenizer
-from genprobe.model import GPT, GPTConfig
+from genprobe.corpus.tokenizer import CharTokenizer
 from genprobe.model.checkpoint import load_checkpoint, save_checkpoint
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 
 REQUIRED = ("parameters", "train_loss", "val_loss", "unigram_ce", "coverage", "unk_share", "seconds")
 

@@ -70,8 +70,9 @@ def gpt2_dir(tmp_path) -> Path:
 def looping_ckpt(tmp_path, tokenizer) -> Path:
     """A genprobe GPT that writes the same character after every prompt: every weight zero but the final layer
     norm's bias, which points the head at one token (logit 30, every other 0)."""
-    from genprobe.model import GPT, GPTConfig
     from genprobe.model.checkpoint import save_checkpoint
+    from genprobe.model.config import GPTConfig
+    from genprobe.model.gpt import GPT
 
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, n_layer=1, n_head=2, d_model=16, d_ff=32, block_size=64))
     with torch.no_grad():

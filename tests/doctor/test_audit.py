@@ -150,7 +150,8 @@ def test_round_trip_on_no_prompts_is_not_checked(tmp_path, monkeypatch):
     command names no prompts.txt, which was never written."""
     import genprobe
     import genprobe.doctor.options as options
-    from genprobe.doctor import DoctorOptions, run_doctor
+    from genprobe.doctor.options import DoctorOptions
+    from genprobe.doctor.run import run_doctor
 
     def missing(model, corpus="auto", count=64):
         raise FileNotFoundError("no held-out corpus for this language")

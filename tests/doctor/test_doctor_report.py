@@ -11,8 +11,8 @@ import pytest
 
 import genprobe
 from genprobe._io import json_safe
-from genprobe.doctor import DoctorReport, Finding
-from genprobe.doctor.findings import verdict_of
+from genprobe.doctor.findings import Finding, verdict_of
+from genprobe.doctor.run import DoctorReport
 
 from .conftest import run_cli
 
@@ -30,8 +30,8 @@ def _strict(text: str) -> dict:
 @pytest.fixture(scope="module")
 def full_report(trained_ckpt, tmp_path_factory) -> Path:
     """A full doctor run on the trained test checkpoint, with a small which-fix stage (the budget shrunk)."""
-    from genprobe.doctor import DoctorOptions, run_doctor
-    from genprobe.doctor.options import FULL
+    from genprobe.doctor.options import FULL, DoctorOptions
+    from genprobe.doctor.run import run_doctor
 
     out = tmp_path_factory.mktemp("doctor")
     budget = FULL.__class__(
@@ -185,8 +185,8 @@ def test_card_groups_weights_by_tensor_type_with_the_gguf_quantization(tiny_mode
 def test_cache_classes_that_apply():
     from types import SimpleNamespace
 
-    from genprobe.doctor import DoctorOptions
     from genprobe.doctor.inference import cache_kinds
+    from genprobe.doctor.options import DoctorOptions
 
     full, quick = DoctorOptions(), DoctorOptions(quick=True)
     windowed = SimpleNamespace(kind="hf", window=16)

@@ -24,7 +24,8 @@ def _sharp_gpt(seed: int = 3, **config):
     cached by configuration and batch size (not weights), so the test files share them instead of each building its
     own (a build costs 10-30 s of a core). ``config``: fields of that configuration changed (a model of its own).
     """
-    from genprobe.model import GPT, GPTConfig
+    from genprobe.model.config import GPTConfig
+    from genprobe.model.gpt import GPT
 
     torch.manual_seed(seed)
     shape = dict(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32) | config

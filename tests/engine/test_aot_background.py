@@ -18,8 +18,8 @@ from genprobe.engine.fast import compiled as compiled_mod
 from genprobe.engine.fast import kernels
 from genprobe.engine.fast.aot import program_path
 from genprobe.engine.generate import generate
-from genprobe.model import GPT
 from genprobe.model.gguf_blocks import BLOCK_TYPES, BlockLinear, block_products
+from genprobe.model.gpt import GPT
 
 _NO_KERNELS = kernels.build.unsupported_reason()
 

@@ -18,7 +18,7 @@ from genprobe.engine.fast import aot as aot_mod
 from genprobe.engine.fast import compiled as compiled_mod
 from genprobe.engine.fast import kernels
 from genprobe.engine.generate import generate
-from genprobe.engine.samplers import SamplerConfig
+from genprobe.engine.samplers.stages import SamplerConfig
 
 # The AOT programs run on the kernels' library (it holds the C++ loop): without it there is nothing to test here.
 _NO_KERNELS = kernels.build.unsupported_reason()

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genprobe.engine import CacheLike, KVCache, StaticKVCache, forward_step
-from genprobe.model import GPT, GPTConfig
+from genprobe.engine.cache import KVCache
+from genprobe.engine.fast.static_cache import StaticKVCache
+from genprobe.engine.step import forward_step
+from genprobe.model.cache_protocol import CacheLike
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 
 
 @pytest.mark.parametrize("cls", [KVCache, StaticKVCache])

@@ -13,7 +13,7 @@ from genprobe.cli import main
 
 @pytest.fixture
 def tiny_ckpt(tmp_path, tiny_model):
-    from genprobe.corpus import CharTokenizer
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.model.checkpoint import save_checkpoint
 
     tok = CharTokenizer([chr(0x4E00 + i) for i in range(48)])

@@ -19,7 +19,7 @@ from genprobe._io import json_safe
 from genprobe.engine.fast import compiled as compiled_mod
 from genprobe.engine.fast.static_cache import StaticKVCache
 from genprobe.engine.generate import generate
-from genprobe.engine.samplers import SamplerConfig
+from genprobe.engine.samplers.stages import SamplerConfig
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +30,8 @@ def _torch_compile_path(monkeypatch):
 
 def _scaled_model(seed: int = 0, **kw):
     """A small random GPT with trained-scale logits (see tests/verify/conftest.py), so a wrong key shows."""
-    from genprobe.model import GPT, GPTConfig
+    from genprobe.model.config import GPTConfig
+    from genprobe.model.gpt import GPT
 
     torch.manual_seed(seed)
     cfg = dict(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32) | kw
@@ -58,7 +59,8 @@ def test_static_cache_overflow_is_a_value_error_naming_capacity(tiny_model):
 
 def test_without_a_cxx_compiler_it_warns_once_and_decodes_eagerly(monkeypatch):
     """The real failure: Inductor finds no working C++ compiler. Same tokens, eagerly; one warning per process."""
-    from genprobe.model import GPT, GPTConfig
+    from genprobe.model.config import GPTConfig
+    from genprobe.model.gpt import GPT
 
     real = compiled_mod.compile_config
     no_cxx = {"cpp.cxx": ("no-such-cxx-compiler",)}

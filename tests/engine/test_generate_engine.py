@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from genprobe._io import json_safe
-from genprobe.engine import KVCache, forward_step
+from genprobe.engine.cache import KVCache
 from genprobe.engine.generate import GenerationResult, generate, token_forward_count
-from genprobe.engine.samplers import SamplerConfig
-from genprobe.model import GPT, GPTConfig
+from genprobe.engine.samplers.stages import SamplerConfig
+from genprobe.engine.step import forward_step
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 
 TOL = 1e-4
 

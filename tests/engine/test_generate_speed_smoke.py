@@ -23,7 +23,7 @@ def _load(name: str):
 
 @pytest.fixture
 def ckpt(tmp_path, tiny_model):
-    from genprobe.corpus import CharTokenizer
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.model.checkpoint import save_checkpoint
 
     chars = list("白日依山盡，黃河入海流") + [chr(0x4E00 + i) for i in range(37)]

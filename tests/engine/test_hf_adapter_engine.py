@@ -10,7 +10,7 @@ from genprobe._io import json_safe
 from genprobe.engine.generate import generate
 from genprobe.engine.hf_adapter import HFCausalLM
 from genprobe.engine.runner import runner_for
-from genprobe.engine.samplers import SamplerConfig
+from genprobe.engine.samplers.stages import SamplerConfig
 from genprobe.model.hf import to_hf_gpt2
 from genprobe.model.load import load_model
 
@@ -54,7 +54,7 @@ def test_hf_adapter_samplers_and_context_limit(tiny_model, hf_tiny):
 
 
 def test_loaded_checkpoint_and_hf_dir_get_their_runners(tmp_path, tiny_model):
-    from genprobe.corpus import CharTokenizer
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.model.checkpoint import save_checkpoint
 
     tok = CharTokenizer([chr(0x4E00 + i) for i in range(48)])

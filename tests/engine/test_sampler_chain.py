@@ -9,15 +9,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from genprobe.engine.samplers import (
-    ORDERS,
-    SamplerConfig,
-    kept_set_size,
-    no_repeat_ngram_mask,
-    process_logits,
-    sample_next,
-    sampling_probs,
-)
+from genprobe.engine.samplers.chain import kept_set_size, process_logits, sample_next, sampling_probs
+from genprobe.engine.samplers.stages import ORDERS, SamplerConfig, no_repeat_ngram_mask
 from genprobe.experiments.sampling import order_trap
 
 PROPS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

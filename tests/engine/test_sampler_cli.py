@@ -13,7 +13,7 @@ from genprobe.cli._sampler_args import add_sampler_arguments, sampler_from_args,
 
 @pytest.fixture
 def tiny_ckpt(tmp_path, tiny_model):
-    from genprobe.corpus import CharTokenizer
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.model.checkpoint import save_checkpoint
 
     tok = CharTokenizer([chr(0x4E00 + i) for i in range(47)] + ["，"])
@@ -81,7 +81,7 @@ def test_preset_defaults_and_overrides(tiny_ckpt, capsys):
 
 def test_contrastive_search_from_the_cli_equals_the_library(tiny_ckpt, tiny_model, capsys):
     from genprobe.engine.generate import generate
-    from genprobe.engine.samplers import SamplerConfig
+    from genprobe.engine.samplers.stages import SamplerConfig
 
     ck, tok = tiny_ckpt
     rc, d = _run(capsys, ck, tok, "--penalty-alpha", "0.6", "--top-k", "4")
@@ -112,7 +112,7 @@ def test_bad_sampler_flags_exit_2_naming_the_limit(tiny_ckpt, capsys, flags, nee
 def test_sampler_from_args_defaults_are_plain_sampling_and_breakers_default_to_llama_cpp():
     p = argparse.ArgumentParser()
     add_sampler_arguments(p)
-    from genprobe.engine.samplers import SamplerConfig
+    from genprobe.engine.samplers.stages import SamplerConfig
 
     assert sampler_from_args(p.parse_args([])) == SamplerConfig()
 

@@ -19,7 +19,7 @@ import torch
 from genprobe.engine.contrastive import rank_candidates
 from genprobe.engine.generate import generate
 from genprobe.engine.hf_adapter import HFCausalLM
-from genprobe.engine.samplers import SamplerConfig
+from genprobe.engine.samplers.stages import SamplerConfig
 
 DATA = Path(__file__).parent / "data" / "contrastive"
 REF = json.loads((DATA / "expected.json").read_text(encoding="utf-8"))

@@ -25,7 +25,8 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from genprobe.engine.samplers import SamplerConfig, process_logits
+from genprobe.engine.samplers.chain import process_logits
+from genprobe.engine.samplers.stages import SamplerConfig
 
 LEVELS = torch.tensor([-3.0, -1.0, 0.0, 0.0, 0.5, 1.0, 1.0, 2.0, float("-inf")])
 

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from genprobe.engine.samplers import SamplerConfig, process_logits, sampling_probs
+from genprobe.engine.samplers.chain import process_logits, sampling_probs
+from genprobe.engine.samplers.stages import SamplerConfig
 
 LLAMA = SamplerConfig(order="llama.cpp")
 DATA = Path(__file__).parent / "data"

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from genprobe.engine.generate import generate
-from genprobe.engine.samplers import SamplerConfig, process_logits, sample_next, sampling_probs
+from genprobe.engine.samplers.chain import process_logits, sample_next, sampling_probs
 from genprobe.engine.samplers.dry import breakers_from_strings, dry_penalties
+from genprobe.engine.samplers.stages import SamplerConfig
 
 
 # ---- DRY -----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "sampler_overhead.p
 
 
 def test_sampler_overhead_benchmark_smoke(tmp_path, tiny_model, capsys):
-    from genprobe.corpus import CharTokenizer
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.model.checkpoint import save_checkpoint
 
     chars = list("白日依山盡，黃河入海流") + [chr(0x4E00 + i) for i in range(37)]

@@ -19,7 +19,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genprobe.engine.samplers import SamplerConfig, process_logits
+from genprobe.engine.samplers.chain import process_logits
+from genprobe.engine.samplers.stages import SamplerConfig
 
 VLLM = SamplerConfig(order="vllm")
 

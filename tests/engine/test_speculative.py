@@ -11,8 +11,9 @@ from genprobe.engine.cache import KVCache
 from genprobe.engine.generate import generate
 from genprobe.engine.hf_adapter import HFCausalLM
 from genprobe.engine.speculative import SpeculativeDecoder, make_draft, speculative_generate
-from genprobe.model import GPT, GPTConfig
 from genprobe.model.checkpoint import load_checkpoint
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 
 LOOPY = "春眠不覺曉，處處聞啼鳥。春眠不覺曉，處處"
 
@@ -110,7 +111,7 @@ def test_bad_input_is_one_line(char_gpt):
         make_draft(model, big)
     with pytest.raises(ValueError, match="keeps 1 .. 1 of the target's 2 layers, got 2"):
         make_draft(model, "layers:2")
-    from genprobe.engine.samplers import SamplerConfig
+    from genprobe.engine.samplers.stages import SamplerConfig
 
     with pytest.raises(ValueError, match="cannot use XTC"):
         speculative_generate(model, ids, 4, sampler=SamplerConfig(xtc_probability=0.5, xtc_threshold=0.1))

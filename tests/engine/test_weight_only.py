@@ -14,7 +14,7 @@ from genprobe._io import json_safe
 from genprobe.engine.fast import compiled as compiled_mod
 from genprobe.engine.fast import kernels
 from genprobe.engine.generate import generate
-from genprobe.model import GPT
+from genprobe.model.gpt import GPT
 from genprobe.model.load import ModelLoadError, load_model
 from genprobe.model.weight_only import WeightOnlyLinear, quantize_int8, weight_dtype_of, with_weight_dtype
 
@@ -191,7 +191,7 @@ def test_the_cache_verifier_passes_on_the_narrow_compiled_path(int8_model):
 
 
 def _save(tmp_path, model: GPT):
-    from genprobe.corpus import CharTokenizer
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.model.checkpoint import save_checkpoint
 
     tok = CharTokenizer([chr(0x4E00 + i) for i in range(model.cfg.vocab_size - 2)])

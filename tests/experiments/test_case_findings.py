@@ -14,7 +14,8 @@ import torch
 
 from genprobe.cli import main
 from genprobe.engine.generate import generate
-from genprobe.engine.samplers import SamplerConfig, kept_set_size
+from genprobe.engine.samplers.chain import kept_set_size
+from genprobe.engine.samplers.stages import SamplerConfig
 from genprobe.experiments._common import CASE_PROMPT, encode_prompt, next_token_logits
 from genprobe.experiments.exposure import PERTURB_POSITIONS, SHADOW_WINDOW, find_snippet, perturbation
 from genprobe.experiments.timing import naive_token_forwards
@@ -216,7 +217,7 @@ def test_perturbation_rejects_too_short_text(trained):
 
 
 def test_snippet_missing_is_an_error(corpus):
-    from genprobe.corpus import Corpus
+    from genprobe.corpus.tang import Corpus
 
     with pytest.raises(ValueError, match="not found"):
         find_snippet(Corpus(text="abc" * 10, train="abc" * 9, val="abc", source="t"))

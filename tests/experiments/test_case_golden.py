@@ -50,10 +50,12 @@ def tiny_case() -> dict:
     The cache-scaling experiment's 8-layer random model is swapped for a 1-layer one: its layout is
     what is pinned here, and the big model would cost more than every other experiment together.
     """
-    from genprobe.corpus import CharTokenizer, load_corpus
+    from genprobe.corpus.tang import load_corpus
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.experiments import timing
     from genprobe.experiments.case import run_case
-    from genprobe.model import GPT, GPTConfig
+    from genprobe.model.config import GPTConfig
+    from genprobe.model.gpt import GPT
 
     corpus = load_corpus()
     tok = CharTokenizer.from_text(corpus.text, 1200)

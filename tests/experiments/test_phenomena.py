@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from genprobe._io import json_safe
-from genprobe.corpus import CharTokenizer
 from genprobe.corpus.inputs import corpus_of
+from genprobe.corpus.tokenizer import CharTokenizer
 from genprobe.experiments.phenomena import (
     PhenomenaConfig,
     _Scores,
@@ -23,7 +23,8 @@ from genprobe.experiments.phenomena import (
     distribution,
 )
 from genprobe.experiments.three_models import claims, markdown_table
-from genprobe.model import GPT, GPTConfig
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 from genprobe.model.load import Model, SubwordTokenizer
 
 ALPHABET = list("abcdef")  # ids 2..7 after <pad>, <unk>

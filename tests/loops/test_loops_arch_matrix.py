@@ -9,9 +9,11 @@ import torch
 
 from genprobe._io import sha256_file
 from genprobe.engine.loaded import load_model
-from genprobe.loops import EditSpec, PatchError, finalise, make_patch, mlp_sites, state_sha256
+from genprobe.loops.edit import EditSpec, make_patch
 from genprobe.loops.hf_patch import NOTE_FILE, apply_to_dir, revert_dir
+from genprobe.loops.patch import PatchError, finalise
 from genprobe.loops.scan import scan_loops
+from genprobe.model.arch import mlp_sites, state_sha256
 from genprobe.model.load import UnsupportedArchitectureError
 
 COMMON = dict(

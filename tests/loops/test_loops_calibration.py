@@ -14,7 +14,8 @@ from genprobe._io import json_safe
 from genprobe.cli import main
 from genprobe.loops.prompts import human_sequences, is_cjk
 from genprobe.loops.scan import annotate_scan, scan_loops, scan_table
-from genprobe.metrics import LoopSettings, calibrate_loop_settings
+from genprobe.metrics.calibrate import calibrate_loop_settings
+from genprobe.metrics.degeneracy import LoopSettings
 
 from .conftest import save_tiny_qwen2
 
@@ -139,7 +140,7 @@ def test_cli_scan_calibrates_on_the_given_human_text_or_not_at_all(tmp_path, cap
 
 
 def test_char_tokenizer_human_text_keeps_unknown_characters_apart():
-    from genprobe.corpus import CharTokenizer
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.loops.prompts import _ids
 
     tok = CharTokenizer.from_text("床前明月光", 10)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from genprobe.cli import main
-from genprobe.loops import state_sha256
 from genprobe.loops.edit import EditSpec, make_patch
 from genprobe.loops.patch import finalise
 from genprobe.loops.repair import RepairConfig, RepairInputs, transfer_stage
 from genprobe.loops.study import LoopStudy
+from genprobe.model.arch import state_sha256
 from genprobe.model.load import load_model
 
 from .conftest import POEM, save_tiny_qwen2

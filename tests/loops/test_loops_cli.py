@@ -8,9 +8,10 @@ import torch
 
 from genprobe._io import sha256_file
 from genprobe.cli import main
-from genprobe.loops import EditSpec, finalise, make_patch, save_patch, state_sha256
-from genprobe.loops.patch import load_patch
+from genprobe.loops.edit import EditSpec, make_patch
+from genprobe.loops.patch import finalise, load_patch, save_patch
 from genprobe.loops.prompts import read_prompt_file, split_prompts
+from genprobe.model.arch import state_sha256
 from genprobe.model.load import load_model
 
 from .conftest import POEM, save_tiny_qwen2
@@ -241,9 +242,9 @@ def _random_patch(model_dir, path):
 
 # ---- the genprobe checkpoint path and the grammar ---------------------------------------------
 def test_cli_apply_revert_roundtrip_and_refusal(tiny_cfg, corpus, tmp_path, capsys):
-    from genprobe.corpus import CharTokenizer
-    from genprobe.model import GPT
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.model.checkpoint import load_checkpoint, save_checkpoint
+    from genprobe.model.gpt import GPT
 
     tok = CharTokenizer.from_text(corpus.text, tiny_cfg.vocab_size - 2)
     torch.manual_seed(0)

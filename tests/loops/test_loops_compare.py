@@ -14,17 +14,18 @@ import torch
 import torch.nn.functional as F
 
 from genprobe.cli import main
-from genprobe.loops import EditSpec, finalise, make_patch, save_patch
 from genprobe.loops.compare_breakers import NO_LOOP, SPANS, WITHIN, class_rates, own_loops, unit_class
 from genprobe.loops.compare_fixes import CompareConfig, choose_best, compare_fixes
 from genprobe.loops.compare_fluency import score_continuations
 from genprobe.loops.compare_human import NO_HUMAN, human_texts, read_continuations
 from genprobe.loops.compare_methods import EDIT, EDIT_BEST, METHODS, build_methods, check_methods
-from genprobe.loops.patch import patched
+from genprobe.loops.edit import EditSpec, make_patch
+from genprobe.loops.patch import finalise, patched, save_patch
 from genprobe.loops.prompts import heldout_openings
-from genprobe.metrics import measure_loops
-from genprobe.model import GPT, GPTConfig
+from genprobe.metrics.degeneracy import measure_loops
 from genprobe.model.checkpoint import save_checkpoint
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 from genprobe.model.load import Model, load_model
 
 from .conftest import save_tiny_qwen2
@@ -303,7 +304,7 @@ def test_compare_on_a_transformers_model_with_human_continuations(judge_dir, tin
     """The user's own model (subword, end token) and prompts file: end token banned in every row, the edit applied
     to the transformers module and reverted, the genre-free measure (repeated n-grams) from the file's
     continuations, and the char GPT as the judge."""
-    from genprobe.loops import mlp_sites
+    from genprobe.model.arch import mlp_sites
 
     model = load_model(judge_dir)
     sites = mlp_sites(model.module)

@@ -6,26 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from genprobe.loops import (
-    EditSpec,
-    PatchError,
-    ablate,
-    apply_patch,
-    capture,
-    edit_columns,
-    finalise,
-    get_columns,
-    load_patch,
-    make_patch,
-    mlp_sites,
-    revert_patch,
-    save_patch,
-    select_columns,
-    state_sha256,
-)
 from genprobe.loops.arch import forward_logits
-from genprobe.metrics import measure_loops
-from genprobe.model.arch import all_columns
+from genprobe.loops.edit import EditSpec, edit_columns, make_patch, select_columns
+from genprobe.loops.hooks import ablate, capture
+from genprobe.loops.patch import PatchError, apply_patch, finalise, load_patch, revert_patch, save_patch
+from genprobe.metrics.degeneracy import measure_loops
+from genprobe.model.arch import all_columns, get_columns, mlp_sites, state_sha256
 
 
 @pytest.fixture(autouse=True)
@@ -200,7 +186,7 @@ def test_apply_revert_exact(any_model, form, tmp_path):
 
 
 def test_patch_refused_on_other_model(tiny_cfg):
-    from genprobe.model import GPT
+    from genprobe.model.gpt import GPT
 
     torch.manual_seed(0)
     a = GPT(tiny_cfg).eval()

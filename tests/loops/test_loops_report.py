@@ -3,7 +3,7 @@
 from genprobe._io import json_safe
 from genprobe.loops.repair_report import rate_rows, write_summary
 from genprobe.loops.scan import loop_rates
-from genprobe.metrics import measure_loops
+from genprobe.metrics.degeneracy import measure_loops
 
 
 def _rates(gens):

@@ -15,7 +15,7 @@ from genprobe.loops.repair_report import write_summary
 from genprobe.loops.scaled import rung_sizes, scaled_layer_sets
 from genprobe.loops.scan import GenerationRecord
 from genprobe.loops.screen import LoopProbe
-from genprobe.metrics import LoopSettings, measure_loops
+from genprobe.metrics.degeneracy import LoopSettings, measure_loops
 from genprobe.model.load import load_model
 
 
@@ -146,8 +146,8 @@ def test_screening_reads_the_strongest_admissible_strengths_of_each_chain(traine
 @pytest.mark.slow
 def test_an_interrupted_search_leaves_the_model_and_the_out_dir_untouched(trained_ckpt, tmp_path, monkeypatch):
     from genprobe.cli import main
-    from genprobe.loops import state_sha256
     from genprobe.loops.screen import LoopProbe
+    from genprobe.model.arch import state_sha256
 
     calls = {"n": 0}
     real = LoopProbe.measure

@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from genprobe._io import json_safe
-from genprobe.loops import EditSpec, make_patch, mlp_sites, state_sha256
 from genprobe.loops.contrast import position_labels
+from genprobe.loops.edit import EditSpec, make_patch
 from genprobe.loops.regress import Regression
 from genprobe.loops.scan import GenerationRecord, scan_loops, summarise
 from genprobe.loops.search import Candidate, Limits, Objective, Strata, choose, grid, run_search
-from genprobe.metrics import LoopSettings, detect_loop, measure_loops
+from genprobe.metrics.degeneracy import LoopSettings, measure_loops
+from genprobe.metrics.loop import detect_loop
+from genprobe.model.arch import mlp_sites, state_sha256
 
 PROSE = (
     "春江潮水連海平海上明月共潮生灩灩隨波千萬里何處春江無月明江流宛轉遶芳甸月照花林皆似霰空裏流霜不覺飛汀上白沙看不見"

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from genprobe._io import json_safe
-from genprobe.metrics import LoopSettings, calibrate_loop_settings, human_scores, measure_loops
-from genprobe.metrics.calibrate import Margins, flags
+from genprobe.metrics.calibrate import Margins, calibrate_loop_settings, flags, human_scores
+from genprobe.metrics.degeneracy import LoopSettings, measure_loops
 
 LENGTH = 64
 

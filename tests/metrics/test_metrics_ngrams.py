@@ -6,14 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from genprobe.metrics import (
-    degeneracy_metrics,
-    distinct_n,
-    longest_repeated_ngram,
-    seq_rep_n,
-    unk_share,
-    wilson_interval,
-)
+from genprobe.metrics.degeneracy import degeneracy_metrics
+from genprobe.metrics.ngrams import distinct_n, longest_repeated_ngram, seq_rep_n, unk_share
+from genprobe.metrics.stats import wilson_interval
 
 
 def test_distinct_n_values():

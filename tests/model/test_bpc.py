@@ -14,9 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from genprobe.corpus import CharTokenizer
-from genprobe.model import GPT, GPTConfig
+from genprobe.corpus.tokenizer import CharTokenizer
 from genprobe.model.bpc import char_gpt_bits_per_char, oov_unigram_cost, sliding_nll
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 
 
 def _position_model(x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +93,7 @@ def test_char_gpt_unk_targets_pay_for_the_exact_character():
 
 def test_char_gpt_reference_scores_the_default_validation_text():
     """On the default corpus's validation text, with the 1,200-char vocabulary: ≈12% of targets are <unk>."""
-    from genprobe.corpus import load_corpus
+    from genprobe.corpus.tang import load_corpus
     from genprobe.model.bpc import char_gpt_reference
 
     corpus = load_corpus()

@@ -9,8 +9,7 @@ import pickle
 import pytest
 import torch
 
-from genprobe.corpus import CharTokenizer
-from genprobe.model import GPT, GPTConfig
+from genprobe.corpus.tokenizer import CharTokenizer
 from genprobe.model.checkpoint import (
     META,
     PREV_WEIGHTS,
@@ -20,6 +19,8 @@ from genprobe.model.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 
 TEXT = "春眠不覺曉處處聞啼鳥夜來風雨聲花落知多少床前明月光疑是地上霜舉頭望明月低頭思故鄉"
 

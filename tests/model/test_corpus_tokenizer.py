@@ -8,8 +8,8 @@ import warnings
 import pytest
 
 from genprobe._io import json_safe
-from genprobe.corpus import UNK_ID, CharTokenizer, load_corpus
-from genprobe.corpus.tokenizer import UnknownCharactersWarning
+from genprobe.corpus.tang import load_corpus
+from genprobe.corpus.tokenizer import UNK_ID, CharTokenizer, UnknownCharactersWarning
 
 
 def test_default_corpus_size(corpus):

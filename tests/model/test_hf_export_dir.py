@@ -8,9 +8,10 @@ import pickle
 import pytest
 import torch
 
-from genprobe.corpus import CharTokenizer
-from genprobe.model import GPT, GPTConfig
+from genprobe.corpus.tokenizer import CharTokenizer
 from genprobe.model.checkpoint import save_checkpoint
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 from genprobe.model.hf_dir import TOKENIZER_FILE, export_hf_dir, import_hf_dir
 
 PROMPTS = [

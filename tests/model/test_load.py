@@ -10,7 +10,7 @@ import torch
 
 import genprobe
 from genprobe._io import json_safe
-from genprobe.corpus import CharTokenizer
+from genprobe.corpus.tokenizer import CharTokenizer
 from genprobe.engine.loaded import load_model
 from genprobe.model.checkpoint import save_checkpoint
 from genprobe.model.hf import to_hf_gpt2

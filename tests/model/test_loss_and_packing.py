@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genprobe.model import GPT, GPTConfig, masked_cross_entropy, packed_positions
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT, masked_cross_entropy, packed_positions
 
 
 def _padded_batch(seed: int = 0, B: int = 4, T: int = 20, V: int = 11, pad_share: float = 0.6):

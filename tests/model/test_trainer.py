@@ -7,8 +7,9 @@ from itertools import pairwise
 import pytest
 import torch
 
-from genprobe.corpus import CharTokenizer, load_corpus
-from genprobe.model import GPTConfig
+from genprobe.corpus.tang import load_corpus
+from genprobe.corpus.tokenizer import CharTokenizer
+from genprobe.model.config import GPTConfig
 from genprobe.model.train import TrainConfig, lr_at, train, unigram_cross_entropy
 
 

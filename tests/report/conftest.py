@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from genprobe._io import json_safe
-from genprobe.corpus import CharTokenizer
+from genprobe.corpus.tokenizer import CharTokenizer
 from genprobe.experiments.exposure import run_exposure
 from genprobe.experiments.sampling import run_sampling
 from genprobe.experiments.timing import run_cache_scaling, run_cache_timing
-from genprobe.model import GPT, GPTConfig
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 from genprobe.report.seed import seed_tables
 
 

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from genprobe._io import json_safe
-from genprobe.engine.samplers import SamplerConfig, kept_set_size, process_logits
+from genprobe.engine.samplers.chain import kept_set_size, process_logits
+from genprobe.engine.samplers.stages import SamplerConfig
 from genprobe.experiments.sampling import run_sampling
-from genprobe.report import write_report
+from genprobe.report.html import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from genprobe.report import write_figures, write_report
 from genprobe.report.claims import case_claims
-from genprobe.report.html import headline_rows, render_report
+from genprobe.report.figures import write_figures
+from genprobe.report.html import headline_rows, render_report, write_report
 from genprobe.report.seed import seed_tables
 
 

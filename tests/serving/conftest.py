@@ -26,7 +26,7 @@ PATCH_ALPHA = 0.5  # absolute strength of the random-direction test patch: moves
 @pytest.fixture(scope="session")
 def vllm_ready() -> None:
     """Skip the test (with the reason) when vLLM's engine API cannot be imported here."""
-    from genprobe.serving import vllm_import_problem
+    from genprobe.serving._vllm import vllm_import_problem
 
     problem = vllm_import_problem()
     if problem:
@@ -97,7 +97,7 @@ def engine_options():
 @pytest.fixture
 def engine(vllm_ready, served_dirs):
     """The process's shared float32 engine serving the patched directory (started once, then reused)."""
-    from genprobe.serving import shared_engine
+    from genprobe.serving.engine import shared_engine
 
     return shared_engine(served_dirs["patched"], _engine_options("float32"))
 

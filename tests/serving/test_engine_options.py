@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from genprobe.serving import EngineOptions
-from genprobe.serving.engine import MONITOR_FQCN
+from genprobe.serving.engine import MONITOR_FQCN, EngineOptions
 
 
 def test_parallelism_and_memory_options_pass_through():
@@ -54,7 +53,7 @@ def test_bad_options_are_refused(bad, match):
 
 
 def test_one_engine_per_process_is_reused(engine, served_dirs, engine_options):
-    from genprobe.serving import shared_engine
+    from genprobe.serving.engine import shared_engine
 
     assert shared_engine(served_dirs["patched"], engine_options("float32")) is engine
     assert engine.describe()["max_model_len"] == 64 and engine.startup_seconds > 0

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_backend import GATE, PERIOD, TRAP, FakeBackend, next_token  # noqa: E402
 
 from genprobe.engine.backend import Request, Sampler
-from genprobe.engine.samplers import SamplerConfig
+from genprobe.engine.samplers.stages import SamplerConfig
 from genprobe.loops.scan import backend_batches, scan_batches
 from genprobe.loops.scan_settings import backend_engine
 from genprobe.serving.monitor import monitor_backend, replay

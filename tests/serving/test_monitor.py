@@ -84,9 +84,9 @@ def test_recompute_detector_is_pluggable():
 
 
 def test_near_loop_detector_plugs_in():
-    """genprobe.metrics.detect_near_loop in the monitor: a cycle with a substitution in every other unit is a
+    """genprobe.metrics.nearloop.detect_near_loop in the monitor: a cycle with a substitution in every other unit is a
     near loop from its first token (onset 2), which the exact rule never calls a loop on the whole text."""
-    from genprobe.metrics import detect_near_loop
+    from genprobe.metrics.nearloop import detect_near_loop
 
     unit = [1, 2, 3, 4, 5, 6]
     seq = [9, 8]

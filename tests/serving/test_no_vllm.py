@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from genprobe.engine.samplers import SamplerConfig
-from genprobe.serving import INSTALL_HINT, VLLMNotAvailableError, require_vllm, to_sampling_params, vllm_import_problem
+from genprobe.engine.samplers.stages import SamplerConfig
+from genprobe.serving._vllm import INSTALL_HINT, VLLMNotAvailableError, require_vllm, vllm_import_problem
+from genprobe.serving.scan import to_sampling_params
 
 
 @pytest.fixture
@@ -18,7 +19,7 @@ def no_vllm(monkeypatch):
 
 
 def test_library_entry_points_name_the_extra(no_vllm, tmp_path):
-    from genprobe.serving import ServingEngine
+    from genprobe.serving.engine import ServingEngine
 
     for call in (
         require_vllm,

@@ -6,7 +6,7 @@ import pytest
 
 from genprobe._io import json_safe
 from genprobe.loops.scan import ScanResult, ScanSettings, generation_record, summarise
-from genprobe.metrics import LoopSettings
+from genprobe.metrics.degeneracy import LoopSettings
 from genprobe.serving.scan import compare_loop_rates
 
 LOOPING = [5, 6, 7, 8] * 6  # period 4, 24 tokens

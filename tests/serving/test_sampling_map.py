@@ -16,7 +16,8 @@ import math
 import pytest
 import torch
 
-from genprobe.engine.samplers import SamplerConfig, adjust_logits, process_logits
+from genprobe.engine.samplers.chain import adjust_logits, process_logits
+from genprobe.engine.samplers.stages import SamplerConfig
 from genprobe.serving import scan as smap
 from genprobe.serving.scan import UnsupportedSamplerError, sampling_kwargs
 

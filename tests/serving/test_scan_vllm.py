@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from genprobe._io import json_safe
-from genprobe.engine.samplers import SamplerConfig
+from genprobe.engine.samplers.stages import SamplerConfig
 from genprobe.loops.scan import chanting_sampler, scan_batches, scan_loops
 from genprobe.serving.scan import UnsupportedSamplerError, compare_loop_rates, vllm_batches
 
@@ -25,7 +25,7 @@ def patched_model(served_dirs):
 @pytest.fixture(scope="module")
 def scans(vllm_ready, served_dirs, patched_model, heldout, engine_options):
     """(our engine's scan, vLLM's scan) of the held-out openings on the patched model, chanting setting."""
-    from genprobe.serving import shared_engine
+    from genprobe.serving.engine import shared_engine
 
     eng = shared_engine(served_dirs["patched"], engine_options("float32"))
     _, prompts = heldout

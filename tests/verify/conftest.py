@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from genprobe.model import GPT, GPTConfig
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 
 PROMPT = [3, 7, 11, 5, 9, 2, 8]  # 7 tokens: longer than every chunk size the tests use
 
@@ -58,7 +59,7 @@ HERE = Path(__file__).resolve().parent
 
 def save_tiny_ckpt(directory: Path, model: GPT) -> Path:
     """``model`` saved as a genprobe checkpoint with a character vocabulary of its size."""
-    from genprobe.corpus import CharTokenizer
+    from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.model.checkpoint import save_checkpoint
 
     tok = CharTokenizer(list(CHARS[: model.cfg.vocab_size - 2]))

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from genprobe.cli import main
-from genprobe.engine.samplers import SamplerConfig
+from genprobe.engine.samplers.stages import SamplerConfig
 from genprobe.engine.speculative import make_draft
-from genprobe.model import GPT, GPTConfig
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 from genprobe.model.load import load_model
 from genprobe.verify.spec_mutants import MUTANTS
 from genprobe.verify.speculative import (

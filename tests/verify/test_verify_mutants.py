@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genprobe.model import GPT, GPTConfig
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 from genprobe.verify.adapters import EngineAdapter, FullRecompute
 from genprobe.verify.harness import verify_implementation
 from genprobe.verify.mutants import (

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from genprobe._io import json_safe
-from genprobe.model import GPT, GPTConfig
+from genprobe.model.config import GPTConfig
+from genprobe.model.gpt import GPT
 from genprobe.verify.adapters import EngineAdapter, FullRecompute
 from genprobe.verify.compare import Thresholds
 from genprobe.verify.harness import verify_implementation

@@ -55,7 +55,8 @@ def broken(model):
 
 def standalone():
     """A model-less factory: the adapter brings its own model and its own reference ``full()``."""
-    from genprobe.model import GPT, GPTConfig
+    from genprobe.model.config import GPTConfig
+    from genprobe.model.gpt import GPT
 
     torch.manual_seed(1)
     model = GPT(GPTConfig(vocab_size=40, n_layer=1, n_head=2, d_model=16, d_ff=32, block_size=24)).eval()

@@ -384,7 +384,8 @@ def corpus_extrapolation(
     pos_encodings: list[str], cc: CorpusExtrapolationConfig, progress: bool = False
 ) -> CorpusResult:
     """Train the Tang GPT at ``cc.context`` per encoding; validation loss at each evaluation length."""
-    from ..corpus import CharTokenizer, load_corpus
+    from ..corpus.tang import load_corpus
+    from ..corpus.tokenizer import CharTokenizer
     from ..model.train import train
 
     corpus = load_corpus(poems=cc.poems)

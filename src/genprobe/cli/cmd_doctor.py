@@ -82,8 +82,8 @@ def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace, model):
-    from ..doctor import DoctorOptions
     from ..doctor.audit import ModelFiles
+    from ..doctor.options import DoctorOptions
 
     if args.chat and not isinstance(model, ModelFiles) and model.chat_template is None:
         raise ValueError(f"--chat: the model {model_path(args)} has no chat template")
@@ -134,7 +134,7 @@ def _check_impl_spec(spec: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the arguments (exit 2 on bad input), run every stage, write the files, print the verdict."""
-    from ..doctor import run_doctor
+    from ..doctor.run import run_doctor
 
     out_dir(args.out, FILES)
     if args.max_loop_rate is not None and not 0.0 <= args.max_loop_rate <= 1.0:

@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the study, print the markdown table (stderr with --json), the JSON with --json."""
-    from ..serving.llamacpp import llama_cpp_problem
+    from ..serving.llamacpp._bindings import llama_cpp_problem
     from ..serving.llamacpp.quant_report import quant_compare, study_markdown
     from ..serving.llamacpp.quant_study import QuantStudyConfig
     from ..serving.llamacpp.quantize import check_types

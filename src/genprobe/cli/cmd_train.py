@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_gpt(args: argparse.Namespace, progress: bool) -> dict:
     """Train the char GPT, save it atomically; its summary."""
-    from ..corpus import CharTokenizer, load_corpus
-    from ..corpus.tang import DEFAULT_POEMS
+    from ..corpus.tang import DEFAULT_POEMS, load_corpus
+    from ..corpus.tokenizer import CharTokenizer
     from ..model.checkpoint import META, is_checkpoint, save_checkpoint
     from ..model.config import GPTConfig
     from ..model.train import TrainConfig, quick_train_config, train

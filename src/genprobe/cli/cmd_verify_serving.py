@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     """Every phase on the chosen backend, the table; exit 1 when a phase reaches --fail-on, 2 when the engine is not
     installed."""
     from ..serving._vllm import vllm_import_problem
-    from ..serving.llamacpp import llama_cpp_problem
+    from ..serving.llamacpp._bindings import llama_cpp_problem
     from ..verify.compare import Thresholds
 
     th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))

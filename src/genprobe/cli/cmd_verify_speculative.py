@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Verify, print the table, exit 1 on a failure."""
-    from ..engine.samplers import SamplerConfig
+    from ..engine.samplers.stages import SamplerConfig
     from ..model.load import load_model
 
     if args.top_k < 1:

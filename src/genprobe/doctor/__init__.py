@@ -5,21 +5,3 @@ padding, serving), :mod:`.attention_health`, :mod:`.degeneration`, :mod:`.fixes`
 orchestrates them into a :class:`DoctorReport` and renders ``report.html``, :mod:`.findings` turns its findings into
 an exit status.
 """
-
-from __future__ import annotations
-
-from .findings import EXIT_BAD_INPUT, EXIT_BUG, EXIT_HEALTHY, EXIT_WARNINGS, Finding, Verdict
-from .options import DoctorOptions
-from .run import DoctorReport, run_doctor
-
-__all__ = [
-    "EXIT_BAD_INPUT",
-    "EXIT_BUG",
-    "EXIT_HEALTHY",
-    "EXIT_WARNINGS",
-    "DoctorOptions",
-    "DoctorReport",
-    "Finding",
-    "Verdict",
-    "run_doctor",
-]

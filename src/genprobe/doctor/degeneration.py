@@ -11,12 +11,13 @@ from typing import Any, Callable
 
 from .._io import NOT_JSON, json_safe
 from ..corpus.inputs import vocab_key
-from ..engine.samplers import SamplerConfig
+from ..engine.samplers.stages import SamplerConfig
 from ..engine.text import complete
 from ..loops.prompts import is_cjk
 from ..loops.scan import calibrate_for_scan, greedy_sampler
 from ..loops.scan_settings import LoopScans, scan_loop_settings
-from ..metrics import LoopCalibration, wilson_interval
+from ..metrics.calibrate import LoopCalibration
+from ..metrics.stats import wilson_interval
 from .findings import Finding
 from .options import DoctorOptions
 

@@ -13,7 +13,7 @@ from .._io import json_safe
 from ..loops.compare_fixes import CompareConfig, CompareResult, compare_fixes
 from ..loops.compare_methods import EDIT
 from ..loops.study import RepairConfig, RepairInputs
-from ..metrics import LoopCalibration
+from ..metrics.calibrate import LoopCalibration
 from .findings import Finding
 from .options import DoctorOptions
 

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from .._io import json_safe
 from ..corpus.inputs import held_out
-from ..engine.samplers import SamplerConfig
+from ..engine.samplers.stages import SamplerConfig
 from ..model.kinds import is_url
 
 STAGES = ("audit", "card", "quality", "inference", "attention", "degeneration", "fixes")

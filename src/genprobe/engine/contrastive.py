@@ -29,8 +29,8 @@ import torch
 from .._io import json_safe
 from .cache import KVCache
 from .runner import GenerationResult, ModelLike, RowEnds, Runner, check_inputs, device_of, left_padded, runner_for
-from .samplers import SamplerConfig
 from .samplers.chain import adjust_logits, check_logits
+from .samplers.stages import SamplerConfig
 
 
 def expand_state(state: Any, k: int) -> Any:

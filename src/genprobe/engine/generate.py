@@ -19,7 +19,8 @@ import torch
 
 from .runner import GenerationResult as GenerationResult  # re-exported: callers import it from here
 from .runner import ModelLike, RowEnds, Runner, check_inputs, device_of, left_padded, runner_for
-from .samplers import SamplerConfig, check_logits, process_logits, sample_next
+from .samplers.chain import check_logits, process_logits, sample_next
+from .samplers.stages import SamplerConfig
 
 GREEDY = SamplerConfig(greedy=True)
 

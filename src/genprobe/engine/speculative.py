@@ -19,7 +19,8 @@ import torch
 from .drafts import CachedModel, Draft, ModelDraft, PromptLookupDraft, first_layers
 from .generate import GREEDY
 from .runner import ModelLike, Runner, check_inputs, runner_for
-from .samplers import SamplerConfig, check_logits, process_logits
+from .samplers.chain import check_logits, process_logits
+from .samplers.stages import SamplerConfig
 
 
 class Draws(Protocol):

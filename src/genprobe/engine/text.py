@@ -8,7 +8,7 @@ from typing import Sequence
 
 from ..model.load import Model
 from .generate import generate
-from .samplers import SamplerConfig
+from .samplers.stages import SamplerConfig
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from .._io import json_safe
-from ..corpus import CharTokenizer
+from ..corpus.tokenizer import CharTokenizer
 from ..model.gpt import GPT
 
 CASE_PROMPT = "春江潮水连海平"

@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from .._io import json_safe
 from .._version import __version__
-from ..corpus import CharTokenizer, Corpus
+from ..corpus.tang import Corpus
+from ..corpus.tokenizer import CharTokenizer
 from ..model.gpt import GPT
 from ._common import CASE_PROMPT, encode_prompt, r
 from .decoding import DecodingResult, run_decoding
@@ -224,7 +225,8 @@ class CaseStudy:
 def study_model(model_path: str | Path | None, out: Path, quick: bool, progress: bool, log: Callable[[str], None]):
     """The model to study (the one loader's Model): ``model_path``, else the default trained (or reused) in
     OUT/model."""
-    from ..corpus import CharTokenizer, load_corpus
+    from ..corpus.tang import load_corpus
+    from ..corpus.tokenizer import CharTokenizer
     from ..model.checkpoint import is_checkpoint, read_meta, save_checkpoint
     from ..model.load import load_model
     from ..model.train import TrainConfig, quick_train_config, train
@@ -263,9 +265,9 @@ def case_study(
 ) -> CaseStudy:
     """Run the chapter's case study into ``out``: ch3_case.json, figures and one offline report.html."""
     from .._io import atomic_write_json
-    from ..corpus import load_corpus
-    from ..report import write_figures, write_report
-    from ..report.html import headline_rows
+    from ..corpus.tang import load_corpus
+    from ..report.figures import write_figures
+    from ..report.html import headline_rows, write_report
     from ..report.seed import seed_tables
 
     t0 = time.perf_counter()

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from .._io import json_safe
-from ..corpus import UNK_ID, CharTokenizer, Corpus
+from ..corpus.tang import Corpus
+from ..corpus.tokenizer import UNK_ID, CharTokenizer
 from ..engine.generate import generate
-from ..engine.samplers import SamplerConfig
-from ..metrics import degeneracy_metrics
+from ..engine.samplers.stages import SamplerConfig
+from ..metrics.degeneracy import degeneracy_metrics
 from ..model.gpt import GPT
 from ..model.train import evaluate_loss, unigram_cross_entropy
 from ._common import CASE_PROMPT, Rounded, encode_prompt, r

@@ -20,9 +20,10 @@ from typing import Callable, Sequence
 import torch
 
 from .._io import json_safe
-from ..corpus import UNK_ID, CharTokenizer, Corpus
+from ..corpus.tang import Corpus
+from ..corpus.tokenizer import UNK_ID, CharTokenizer
 from ..engine.generate import generate
-from ..engine.samplers import SamplerConfig
+from ..engine.samplers.stages import SamplerConfig
 from ..model.gpt import GPT
 from ..model.load import Tokenizer
 from ._common import Rounded, r

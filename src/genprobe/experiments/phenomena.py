@@ -23,8 +23,8 @@ from .._io import json_safe
 from ..corpus.inputs import token_windows
 from ..engine.generate import generate
 from ..engine.runner import left_padded, runner_for
-from ..engine.samplers import SamplerConfig
-from ..metrics import measure_loops
+from ..engine.samplers.stages import SamplerConfig
+from ..metrics.degeneracy import measure_loops
 from ._common import Rounded, r
 from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, perturbation, wanted_instead
 from .sampling import ORDER_TAUS, TEMPERATURES, TemperatureRow, entropy_table, order_trap

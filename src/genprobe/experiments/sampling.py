@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from .._io import json_safe
-from ..corpus import CharTokenizer
-from ..engine.samplers import SamplerConfig, kept_set_size
+from ..corpus.tokenizer import CharTokenizer
+from ..engine.samplers.chain import kept_set_size
+from ..engine.samplers.stages import SamplerConfig
 from ..model.gpt import GPT
 from ._common import CASE_PROMPT, Rounded, encode_prompt, entropy_nats, next_token_logits, r
 

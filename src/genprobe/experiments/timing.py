@@ -16,7 +16,8 @@ import torch
 
 from .._io import json_safe
 from ..engine.generate import generate
-from ..model import GPT, GPTConfig
+from ..model.config import GPTConfig
+from ..model.gpt import GPT
 from ._common import Rounded, r
 
 BATCHES = (1, 16, 64)

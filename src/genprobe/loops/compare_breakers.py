@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..metrics import LoopMeasures, wilson_interval
+from ..metrics.degeneracy import LoopMeasures
+from ..metrics.stats import wilson_interval
 
 SPANS, WITHIN, NO_LOOP = "spans a breaker", "within a line", "no baseline loop"
 CLASSES = (SPANS, WITHIN, NO_LOOP)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from .._io import json_safe
 from ..engine.generate import generate
-from ..metrics import LoopMeasures, LoopSettings
+from ..metrics.degeneracy import LoopMeasures, LoopSettings
 from ..metrics.legit import LegitRates, legit_counts, legit_rates
 from .compare_breakers import ClassRate, OwnLoops, class_rates, own_loops, unit_class
 from .compare_fluency import Fluency, fluency, score_continuations

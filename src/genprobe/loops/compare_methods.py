@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..engine.samplers import DEFAULT_BREAKERS, SamplerConfig, tokenizer_breakers
+from ..engine.samplers.dry import DEFAULT_BREAKERS, tokenizer_breakers
+from ..engine.samplers.stages import SamplerConfig
 
 EDIT, EDIT_BEST = "edit", "edit+best"
 BASELINE = "greedy"
@@ -73,7 +74,7 @@ def build_methods(
 ) -> list[Method]:
     """The :class:`Method` of every name except ``edit+best`` (built by :func:`edit_with`).
 
-    ``engine`` (a :data:`~genprobe.engine.samplers.PRESETS` name): each method as that engine runs it — its
+    ``engine`` (a :data:`~genprobe.engine.samplers.stages.PRESETS` name): each method as that engine runs it — its
     defaults under the method's own parameters (llama.cpp's top-k 40 / top-p 0.95 / min-p 0.05 / temperature 0.8
     and 64-token penalty window, ``transformers``' top-k 50), its sampler order and its arithmetic
     (:meth:`SamplerConfig.preset`); None: genprobe's plain chain."""

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..metrics import LoopMeasures
+from ..metrics.degeneracy import LoopMeasures
 from ..model.arch import mlp_sites
 from .arch import forward_logits, pad_right
 from .hooks import KINDS, capture

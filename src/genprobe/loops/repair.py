@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .._io import json_safe
-from ..engine.samplers import SamplerConfig
+from ..engine.samplers.stages import SamplerConfig
 from ..model.arch import state_sha256
 from .contrast import Contrast, ContrastCounts, collect_contrast
 from .direction import Separation, loop_direction, separation

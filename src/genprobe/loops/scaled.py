@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..metrics import LoopMeasures
+from ..metrics.degeneracy import LoopMeasures
 from .edit import EditSpec
 from .hooks import ablate
 from .patch import written

@@ -18,9 +18,11 @@ from typing_extensions import Unpack
 from .._io import json_safe
 from ..engine.backend import Backend, Request, Sampler
 from ..engine.generate import generate
-from ..engine.samplers import SamplerConfig
-from ..metrics import LoopCalibration, LoopMeasures, LoopSettings, measure_loops, unk_share, wilson_interval
-from ..metrics.calibrate import DEFAULT_TARGET, calibrate_loop_settings
+from ..engine.samplers.stages import SamplerConfig
+from ..metrics.calibrate import DEFAULT_TARGET, LoopCalibration, calibrate_loop_settings
+from ..metrics.degeneracy import LoopMeasures, LoopSettings, measure_loops
+from ..metrics.ngrams import unk_share
+from ..metrics.stats import wilson_interval
 
 CHARS_NOT_UNIT_NOTE = (
     "characters are not this tokenizer's unit: the character-level figures (under 'chars') use detector "

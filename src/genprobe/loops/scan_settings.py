@@ -13,8 +13,9 @@ from typing import Any, Callable, Mapping, Sequence
 from .._io import json_safe
 from ..corpus.inputs import default_prompts
 from ..engine.backend import Backend
-from ..engine.samplers import SamplerConfig
-from ..metrics import LoopCalibration, LoopSettings
+from ..engine.samplers.stages import SamplerConfig
+from ..metrics.calibrate import LoopCalibration
+from ..metrics.degeneracy import LoopSettings
 from .scan import (
     GenerateBatch,
     ScanResult,

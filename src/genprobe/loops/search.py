@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from tqdm import tqdm
 
 from .._io import json_safe
-from ..metrics import LoopMeasures
+from ..metrics.degeneracy import LoopMeasures
 from ..model.arch import state_sha256
 from .edit import EditSpec
 from .patch import Patch, written

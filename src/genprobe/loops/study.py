@@ -10,8 +10,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..engine.samplers import SamplerConfig
-from ..metrics import LoopSettings
+from ..engine.samplers.stages import SamplerConfig
+from ..metrics.degeneracy import LoopSettings
 from ..model.arch import mlp_sites
 from .edit import FORMS
 from .prompts import prompt_sets, split_prompts
@@ -93,7 +93,7 @@ class RepairInputs:
     @classmethod
     def tang(cls, tokenizer: Any, cfg: RepairConfig, sets: Sequence[str] = SET_NAMES) -> "RepairInputs":
         """Held-out Tang openings and the bundled corpus's validation text (the bundled char model's defaults)."""
-        from ..corpus import load_corpus
+        from ..corpus.tang import load_corpus
 
         got = prompt_sets(tokenizer, {k: cfg.sizes()[k] for k in sets}, cfg.prefix_chars)
         return cls(

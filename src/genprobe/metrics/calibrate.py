@@ -1,7 +1,7 @@
 """Calibrate the loop detectors on human text, so that a loop scan does not flag ordinary prose.
 
-The defaults of :class:`~genprobe.metrics.LoopSettings` were tuned on Tang poems of a character model; English
-subword text repeats differently (" of the", "," recur every few tokens), so a plain news sentence can reach 3.2
+The defaults of :class:`~genprobe.metrics.degeneracy.LoopSettings` were tuned on Tang poems of a character model;
+English subword text repeats differently (" of the", "," recur every few tokens), so a plain news sentence can reach 3.2
 tail tokens per LZ piece, above the default 2.5. A threshold means something only beside its false-positive rate
 on human text of the same tokenizer and length. Each detector is a score and a threshold (flagged when score >=
 threshold): exact loop (``min_tail``), near loop (``min_match``), repetitive tail (``min_compression``).

@@ -13,7 +13,7 @@ its version and level. The factorisation is exact, works on any hashables and re
 It also sees what the period detectors cannot: a chant whose unit shifts, grows or shrinks from
 cycle to cycle ("君不見，君不見君不見。君不見，君不見。") has no period, exact or approximate, yet
 its tail is a handful of copies. A tail at or above ``DEFAULT_MIN_COMPRESSION`` is called
-*repetitive* (:class:`genprobe.metrics.LoopMeasures`).
+*repetitive* (:class:`genprobe.metrics.degeneracy.LoopMeasures`).
 """
 
 from __future__ import annotations

@@ -34,16 +34,16 @@ class LoopMeasures:
     JSON_PROPERTIES = ("any_loop", "any_period", "any_onset", "degenerate")  # computed, kept in the JSON form
 
     length: int
-    looping: bool  # exactly periodic tail (genprobe.metrics.detect_loop)
+    looping: bool  # exactly periodic tail (genprobe.metrics.loop.detect_loop)
     period: int | None
     onset: int | None
     unit: tuple
     repeats: float
-    near_looping: bool  # approximately periodic tail (genprobe.metrics.detect_near_loop)
+    near_looping: bool  # approximately periodic tail (genprobe.metrics.nearloop.detect_near_loop)
     near_period: int | None
     near_match: float
     near_onset: int | None
-    tail_compression: float  # tail tokens per LZ piece (genprobe.metrics.tail_compression)
+    tail_compression: float  # tail tokens per LZ piece (genprobe.metrics.compress.tail_compression)
     repetitive: bool  # tail_compression >= LoopSettings.min_compression: the tail copies earlier text
     seq_rep_4: float  # Welleck et al. 2019
     distinct_2: float

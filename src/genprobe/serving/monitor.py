@@ -78,7 +78,7 @@ class RecomputeDetector:
     """Any offline detector ``fn(tokens)`` run on the whole sequence every ``every`` tokens.
 
     ``fn`` may return a :class:`~genprobe.metrics.loop.LoopInfo` or anything with ``period`` and
-    ``onset`` and a ``looping`` / ``near_looping`` flag (e.g. :func:`genprobe.metrics.detect_near_loop`'s
+    ``onset`` and a ``looping`` / ``near_looping`` flag (e.g. :func:`genprobe.metrics.nearloop.detect_near_loop`'s
     result); it is reported as a ``LoopInfo`` over the tail from ``onset``.
     """
 

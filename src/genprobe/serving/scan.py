@@ -6,7 +6,7 @@ backend request cannot carry vLLM's penalties and min-p, which loop studies swee
 tokens up to float noise (tested); sampled scans (seed ``seed + i`` for prompt ``i``) agree in distribution only.
 
 **Samplers** (:func:`to_sampling_params`): vLLM's V1 sampler applies bans → penalties → greedy argmax, or temperature
-→ min-p → top-k → top-p → draw. A :class:`~genprobe.engine.samplers.SamplerConfig` maps when each active stage's
+→ min-p → top-k → top-p → draw. A :class:`~genprobe.engine.samplers.stages.SamplerConfig` maps when each active stage's
 ``vllm`` method (:mod:`genprobe.engine.samplers.stages`) has its vLLM form (the rest is refused by name), when stages
 whose arithmetic differs between engines run with ``engine="vllm"``, and when the active stages run in an order
 equivalent to vLLM's fixed one. A field no stage maps is refused while it is not at its default, so a new setting is
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, Sequence
 
-from ..engine.samplers import SamplerConfig
 from ..engine.samplers.stages import (
     STAGES,
     TEMPERATURE,
     TOP_K,
+    SamplerConfig,
     Truncation,
     UnsupportedSamplerError,
     active_truncations,

@@ -34,7 +34,9 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
-from ..engine import KVCache, StaticKVCache, forward_step
+from ..engine.cache import KVCache
+from ..engine.fast.static_cache import StaticKVCache
+from ..engine.step import forward_step
 from ..model.gpt import GPT
 from ..model.limits import max_positions
 from ..model.position_lm import PositionDrivenLM, default_positions

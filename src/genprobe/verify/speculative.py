@@ -21,7 +21,8 @@ import torch
 from .._io import json_safe
 from ..engine.generate import generate
 from ..engine.runner import runner_for
-from ..engine.samplers import SamplerConfig, process_logits
+from ..engine.samplers.chain import process_logits
+from ..engine.samplers.stages import SamplerConfig
 from ..engine.speculative import SeededDraws, SpeculativeDecoder, SpeculativeStats, check_k, make_draft
 from .spec_mutants import MUTANTS
 

@@ -86,7 +86,7 @@ def test_sequences_of_one_batch_equal_each_sequence_alone(engine):
 def test_greedy_equals_our_engine_on_the_same_weights(engine, tiny):
     import genprobe
     from genprobe.engine.generate import generate
-    from genprobe.engine.samplers import SamplerConfig
+    from genprobe.engine.samplers.stages import SamplerConfig
 
     prompt = _ids(7, seed=3)
     ours = generate(genprobe.load(str(tiny[0])), [prompt], 20, SamplerConfig(greedy=True, ban_ids=(2,)))

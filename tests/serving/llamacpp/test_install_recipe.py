@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from genprobe.registry import cache_root
-from genprobe.serving.llamacpp import LLAMA_CPP_PYTHON_VERSION
+from genprobe.serving.llamacpp._bindings import LLAMA_CPP_PYTHON_VERSION
 
 sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).resolve().parents[3]

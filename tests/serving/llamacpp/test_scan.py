@@ -64,7 +64,7 @@ def test_per_prompt_verdicts_equal_our_engine_on_f32(tiny, engine, prompts, sett
 
 
 def test_sampled_scans_use_llama_cpp_chain_and_repeat_with_their_seed(engine, prompts):
-    from genprobe.engine.samplers import SamplerConfig
+    from genprobe.engine.samplers.stages import SamplerConfig
     from genprobe.loops.scan import scan_batches
     from genprobe.serving.llamacpp.scan import llamacpp_batches
 
@@ -78,7 +78,7 @@ def test_sampled_scans_use_llama_cpp_chain_and_repeat_with_their_seed(engine, pr
 
 
 def test_a_setting_the_chain_cannot_express_is_refused_before_generating(engine, prompts):
-    from genprobe.engine.samplers import SamplerConfig
+    from genprobe.engine.samplers.stages import SamplerConfig
     from genprobe.loops.scan import scan_batches
     from genprobe.serving.llamacpp.sampling import UnsupportedLlamaCppSamplerError
     from genprobe.serving.llamacpp.scan import llamacpp_batches

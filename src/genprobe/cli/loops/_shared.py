@@ -106,7 +106,7 @@ def add_llamacpp_args(p: argparse.ArgumentParser) -> None:
 def llamacpp_missing(command: str, args: argparse.Namespace) -> bool:
     """True (after printing why and how to install the extra) when llama.cpp's bindings cannot be used here; a MODEL
     that is not a GGUF file raises before anything loads."""
-    from ...serving.llamacpp import llama_cpp_problem
+    from ...serving.llamacpp._bindings import llama_cpp_problem
 
     problem = llama_cpp_problem()
     if problem:
@@ -175,13 +175,13 @@ def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
             "this model is not the bundled character model, so there is no default validation text: give "
             "--val-text FILE (held-out text in the model's domain) or choose --tang-val explicitly"
         )
-    from ...corpus import load_corpus
+    from ...corpus.tang import load_corpus
 
     return load_corpus().val, "tang-validation-split"
 
 
 def loop_settings_from(args: argparse.Namespace) -> Any:
-    from ...metrics import LoopSettings
+    from ...metrics.degeneracy import LoopSettings
 
     return LoopSettings(**{name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _ in LOOP_FLAGS})
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._io import json_safe
-from ...engine.samplers import PRESETS
+from ...engine.samplers.stages import PRESETS
 from .._common import check_min, emit_json, fields_of, info, option, out_dir, show_progress
 from ._shared import (
     add_calibration_args,

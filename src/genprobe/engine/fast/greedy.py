@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..samplers import check_logits
+from ..samplers.chain import check_logits
 
 
 @dataclass

@@ -26,26 +26,3 @@ Modules (one concept each)::
     dry         llama.cpp's DRY matching and sequence breakers
     cmath       C's expf / logf, as llama.cpp's samplers call them (numpy's float32 ones differ by an ulp)
 """
-
-from .chain import adjust_logits, check_logits, kept_set_size, process_logits, sample_next, sampling_probs
-from .dry import DEFAULT_BREAKERS, breakers_from_strings, dry_penalties, tokenizer_breakers
-from .stages import ENGINES, ORDERS, PRESETS, SamplerConfig, SamplingParams, no_repeat_ngram_mask
-
-__all__ = [
-    "DEFAULT_BREAKERS",
-    "ENGINES",
-    "ORDERS",
-    "PRESETS",
-    "SamplerConfig",
-    "SamplingParams",
-    "adjust_logits",
-    "breakers_from_strings",
-    "check_logits",
-    "dry_penalties",
-    "kept_set_size",
-    "no_repeat_ngram_mask",
-    "process_logits",
-    "sample_next",
-    "sampling_probs",
-    "tokenizer_breakers",
-]

@@ -4,19 +4,3 @@ The engine and its Backend adapter (:mod:`.engine`), verify-serving's llama.cpp 
 (:mod:`.scan`), the sampler chain (:mod:`.sampling`) and the quantization study (:mod:`.quantize`,
 :mod:`.quant_measures`, :mod:`.quant_study`, :mod:`.quant_report`).
 """
-
-from ._bindings import (
-    INSTALL_HINT,
-    LLAMA_CPP_PYTHON_VERSION,
-    LlamaCppNotAvailableError,
-    llama_cpp_problem,
-    require_llama_cpp,
-)
-
-__all__ = [
-    "INSTALL_HINT",
-    "LLAMA_CPP_PYTHON_VERSION",
-    "LlamaCppNotAvailableError",
-    "llama_cpp_problem",
-    "require_llama_cpp",
-]

@@ -1,4 +1,4 @@
-"""genprobe's :class:`~genprobe.engine.samplers.SamplerConfig` as llama.cpp's own sampler chain — exactly, or refused.
+"""genprobe's :class:`~genprobe.engine.samplers.stages.SamplerConfig` as llama.cpp's sampler chain: exact or refused.
 
 ``common_sampler_init`` (common/sampling.cpp) builds the chain as logit bias, then the samplers in order (penalties,
 DRY, top-n-σ, top-k, typical, top-p, min-p, XTC, temperature) and ``dist(seed)`` last. Here the *real* chain is
@@ -20,7 +20,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...engine.samplers import SamplerConfig
 from ...engine.samplers.dry import breakers_from_strings
 from ...engine.samplers.stages import (
     BANS,
@@ -28,6 +27,7 @@ from ...engine.samplers.stages import (
     STAGES,
     ChainEnv,
     ChainStage,
+    SamplerConfig,
     Truncation,
     UnsupportedSamplerError,
     refuse_for,

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...engine.samplers import SamplerConfig
+from ...engine.samplers.stages import SamplerConfig
 from ...loops.scan import Batch, GenerateBatch, check_prompts, study_sampler
 from ...loops.scan_settings import ScanEngine
 from .engine import LlamaCppModel, NextToken
