@@ -113,7 +113,7 @@ def test_in_the_test_command_a_failed_install_fails_the_llama_cpp_tests(tmp_path
 def test_in_the_test_command_a_missing_extra_fails_instead_of_skipping(tmp_path, monkeypatch):
     import install_wait
 
-    import genprobe.serving.llamacpp as pkg
+    import genprobe.serving.llamacpp._bindings as pkg
 
     status = tmp_path / "llamacpp.status"
     status.write_text("0\n")
