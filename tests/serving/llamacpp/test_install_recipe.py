@@ -57,6 +57,24 @@ def test_the_build_names_its_instruction_set():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)  # parses
 
 
+def test_the_peer_for_this_cpu_turns_on_what_the_portable_build_turns_off():
+    """`--for-this-cpu DIR` (the benchmark peer, issue #49) swaps the portable wheel's -DGGML_AVX512=OFF for ON: if
+    the portable flags stop saying OFF, the swap would silently build the AVX2 wheel again."""
+    text = SCRIPT.read_text(encoding="utf-8")
+    assert "-DGGML_AVX512=OFF" in _flags()
+    assert '"${CMAKE_FLAGS/-DGGML_AVX512=OFF/-DGGML_AVX512=ON}"' in text
+    assert 'WHEELS="$WHEELS/llamacpp-this-cpu"' in text  # never the cache slot of the wheel the tests install
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--bogus"], "unknown option --bogus"), (["--for-this-cpu"], "--for-this-cpu needs the directory")],
+)
+def test_bad_options_are_refused_before_anything_is_built(args, says):
+    got = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+    assert got.returncode != 0 and says in got.stderr
+
+
 def test_the_build_makes_only_the_libraries_the_bindings_load():
     """The test command builds the extra (scripts/test.sh): no mtmd, no llama-common (patched off in the unpacked
     sdist, where llama-cpp-python's CMakeLists forces it on) and -O2 keep that build inside its ten minutes."""
