@@ -6,7 +6,7 @@ path, transformers' cache classes, a user factory, the planted-bug mutants), one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict, Unpack, cast
 
 import torch
 
@@ -38,7 +38,27 @@ def random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int 
     return [torch.randint(lo, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def verify_cache(model: "Model", impl: Any = None, *, hf_cache: str | None = None, **options: Any) -> VerifyReport:
+class CacheOptions(TypedDict, total=False):
+    """The options of :func:`verify_caches` that keep one report, as :func:`verify_cache` takes them (typed)."""
+
+    compiled: bool
+    prompts: Sequence[str] | Sequence[Sequence[int]] | None
+    max_new_tokens: int
+    chunk_sizes: Sequence[int]
+    window: int | None
+    sinks: int
+    hf_position_ids: bool
+    padded_batch: bool
+    isolation: bool
+    prefix_reuse: bool
+    noise_floor: bool
+    thresholds: Thresholds | None
+    log: Callable[[str], None]
+
+
+def verify_cache(
+    model: "Model", impl: Any = None, *, hf_cache: str | None = None, **options: Unpack[CacheOptions]
+) -> VerifyReport:
     """Verify ``impl`` (default: the model's own cache) against full recomputation of ``model``: one report.
 
     ``impl`` is any object with ``reset()``, ``prefill(ids, attention_mask=None)`` and ``step(ids)``.
