@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import pickle
 
 import pytest
@@ -12,7 +11,8 @@ from genprobe.corpus.tokenizer import CharTokenizer
 from genprobe.model.checkpoint import save_checkpoint
 from genprobe.model.config import GPTConfig
 from genprobe.model.gpt import GPT
-from genprobe.model.hf_dir import TOKENIZER_FILE, export_hf_dir, import_hf_dir
+from genprobe.model.hf_dir import export_hf_dir, import_hf_dir
+from genprobe.model.load import TOKENIZER_FILE
 
 PROMPTS = [
     "春眠不覺曉",
@@ -134,18 +134,22 @@ def test_import_never_unpickles(exported, tmp_path, monkeypatch):
     import_hf_dir(copy)
     assert not marker.exists()
     (copy / "model.safetensors").unlink()  # only a pickle left: refused, not loaded
-    with pytest.raises(ValueError, match="never loads pickled"):
+    with pytest.raises(ValueError, match="safetensors only"):
         import_hf_dir(copy)
     assert not marker.exists()
 
 
-def test_import_bad_input(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+def test_import_bad_input(exported, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with pytest.raises(FileNotFoundError, match="no such model directory"):
         import_hf_dir(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="config.json is missing"):
+    with pytest.raises(ValueError, match="config.json"):
         import_hf_dir(tmp_path / "empty")
-    (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
-    with pytest.raises(ValueError, match="model_type is 'llama'"):
+    # a loadable transformers model that is not GPT-2, with the char vocabulary beside it: refused by its model_type
+    llama = LlamaConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2, vocab_size=99)
+    LlamaForCausalLM(llama).save_pretrained(tmp_path / "llama")
+    (tmp_path / "llama" / TOKENIZER_FILE).write_text((exported[1] / TOKENIZER_FILE).read_text("utf-8"), "utf-8")
+    with pytest.raises(ValueError, match="model_type 'llama'"):
         import_hf_dir(tmp_path / "llama")

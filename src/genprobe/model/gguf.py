@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from .._io import atomic_write_json, fault_point, json_safe, read_json_object, replacing, sha256_file, write_once
 from .errors import ModelLoadError, UnsupportedArchitectureError
-from .hf import quiet_transformers
+from .hf import from_pretrained, quiet_transformers
 
 GGUF_MAGIC = b"GGUF"
 GGUF_SIDECAR = "genprobe_gguf.json"  # what a converted directory records about the GGUF it came from
@@ -209,15 +209,11 @@ def _load_with_transformers(p: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     bar = hf_gguf.tqdm
     hf_gguf.tqdm = functools.partial(bar, disable=True)
     try:
-        kw: dict[str, Any] = {"gguf_file": p.name, "local_files_only": True, "trust_remote_code": False}
-        with quiet_transformers(False):
-            loaded = AutoModelForCausalLM.from_pretrained(p.parent, dtype=dtype, **kw)
-            hf_tok = AutoTokenizer.from_pretrained(p.parent, **kw)
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
-        raise ModelLoadError(f"{p}: transformers could not read the GGUF file ({type(exc).__name__}: {exc})") from None
+        what = f"the GGUF file {p.name}"
+        loaded = from_pretrained(AutoModelForCausalLM, p.parent, what, gguf_file=p.name, dtype=dtype)
+        return loaded, from_pretrained(AutoTokenizer, p.parent, what, gguf_file=p.name)
     finally:
         hf_gguf.tqdm = bar
-    return loaded, hf_tok
 
 
 @contextlib.contextmanager
@@ -309,7 +305,7 @@ def convert_gguf(
 def _write_converted(src: Path, out: Path, digest: str) -> None:
     """Convert ``src`` into a temporary directory beside ``out``, then rename it to ``out``."""
     module, hf_tok, summary = read_gguf(src)  # refuses a truncated or unsupported file before anything is written
-    with replacing(out, directory=True) as tmp, quiet_transformers(False):
+    with replacing(out, directory=True) as tmp, quiet_transformers():
         module.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a transformers model
         fault_point("convert_gguf:weights")
         hf_tok.save_pretrained(tmp)

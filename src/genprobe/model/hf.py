@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .config import GPTConfig
+from .errors import ModelLoadError
 from .gpt import GPT
 
 if TYPE_CHECKING:  # transformers is imported lazily at run time (optional, slow to import)
@@ -20,18 +22,27 @@ _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c
 
 
 @contextlib.contextmanager
-def quiet_transformers(progress: bool) -> Iterator[None]:
-    """Hide transformers' own weight-loading/writing progress bars unless asked (restores the setting)."""
+def quiet_transformers() -> Iterator[None]:
+    """Hide transformers' own weight-loading/writing progress bars (restores the setting)."""
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
-    if not progress:
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     try:
         yield
     finally:
         if was:
             hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+
+
+def from_pretrained(loader: Any, d: Path, what: str, **kw: Any) -> Any:
+    """``loader.from_pretrained(d, **kw)`` (a model or tokenizer class) as genprobe loads everything: offline, never
+    ``trust_remote_code``, progress bars hidden; a :class:`ModelLoadError` naming ``d`` and ``what`` when it fails."""
+    try:
+        with quiet_transformers():
+            return loader.from_pretrained(d, local_files_only=True, trust_remote_code=False, **kw)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as exc:
+        raise ModelLoadError(f"{d}: transformers could not load {what} ({type(exc).__name__}: {exc})") from None
 
 
 def set_attn_implementation(model: Any, impl: str) -> None:

@@ -305,7 +305,7 @@ def save_subword_dir(
             f"tokenizer has {tok.get_vocab_size()} ids but the model's vocab_size is {model.config.vocab_size}"
         )
     with replacing(out, directory=True) as tmp:
-        with quiet_transformers(False):
+        with quiet_transformers():
             model.save_pretrained(tmp, safe_serialization=True)
         bpe.to_hf_tokenizer(tok, model.config.max_position_embeddings).save_pretrained(tmp)
         # transformers 5 writes ``TokenizersBackend``, a class transformers 4 does not know; ``PreTrainedTokenizerFast``

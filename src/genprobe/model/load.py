@@ -9,6 +9,7 @@ uninitialised, and a tokenizer with more tokens than the model has rows, are err
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from .._io import json_safe, read_json_object
+from ..corpus.tokenizer import CharTokenizer
 from . import limits
 from .arch import MLPSite, mlp_sites, state_sha256
 from .errors import ModelLoadError as ModelLoadError  # re-exported: the loader's errors, importable from here
@@ -25,6 +27,7 @@ from .errors import UnsupportedArchitectureError as UnsupportedArchitectureError
 
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+TOKENIZER_FILE = "genprobe_tokenizer.json"  # a char vocabulary beside a transformers model (genprobe export-hf)
 
 
 @runtime_checkable
@@ -422,25 +425,15 @@ def _check_architecture(d: Path, cfg: dict[str, Any]) -> str:
 def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
     from transformers import AutoModelForCausalLM
 
-    from .hf import quiet_transformers
+    from .hf import from_pretrained
 
     cfg = read_json_object(d / "config.json", ModelLoadError)
     check_weights_files(d)
     arch = _check_architecture(d, cfg)
-    try:
-        with quiet_transformers(False):
-            loaded = AutoModelForCausalLM.from_pretrained(
-                d,
-                local_files_only=True,
-                trust_remote_code=False,
-                use_safetensors=True,
-                dtype=dtype,
-                output_loading_info=True,
-            )
-        # output_loading_info=True returns (model, info); transformers annotates the model alone
-        module, info = cast(tuple[nn.Module, dict[str, Any]], loaded)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise ModelLoadError(f"{d}: transformers could not load the model ({type(exc).__name__}: {exc})") from None
+    loaded = from_pretrained(
+        AutoModelForCausalLM, d, "the model", use_safetensors=True, dtype=dtype, output_loading_info=True
+    )
+    module, info = cast(tuple[nn.Module, dict[str, Any]], loaded)  # output_loading_info: (model, info)
     # tied parameters are not stored in safetensors, so legitimately "missing" (a dict of them, or a list)
     tied = set(getattr(module, "_tied_weights_keys", None) or ())
     missing = [k for k in info.get("missing_keys", ()) if k not in tied]
@@ -467,20 +460,35 @@ def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) 
 
 def load_tokenizer(d: Path) -> Tokenizer | None:
     """The tokenizer stored beside a transformers model: genprobe's char vocabulary, else AutoTokenizer, else None."""
-    from .hf_dir import read_char_tokenizer
-
-    try:
-        char = read_char_tokenizer(d)
-    except ValueError as exc:
-        raise ModelLoadError(str(exc)) from None
+    char = read_char_tokenizer(d)
     if char is not None:
         return char
     if not any((d / f).is_file() for f in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
 
-    try:
-        hf_tok = AutoTokenizer.from_pretrained(d, local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"{d}: the tokenizer files could not be loaded ({type(exc).__name__}: {exc})") from None
-    return SubwordTokenizer(hf_tok)
+    from .hf import from_pretrained
+
+    return SubwordTokenizer(from_pretrained(AutoTokenizer, d, "the tokenizer"))
+
+
+def read_char_tokenizer(d: Path, wordlevel: bool = False) -> CharTokenizer | None:
+    """The char vocabulary stored beside a GPT-2 directory: genprobe's ``genprobe_tokenizer.json``, else (with
+    ``wordlevel``) a character-level WordLevel ``tokenizer.json`` written by us or compatible; None when neither."""
+    p = d / TOKENIZER_FILE
+    if p.is_file():
+        try:
+            return CharTokenizer.from_dict(json.loads(p.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, ValueError) as exc:
+            raise ModelLoadError(f"{p} is not a genprobe char vocabulary ({exc})") from None
+    p = d / "tokenizer.json"
+    if wordlevel and p.is_file():
+        try:
+            vocab = json.loads(p.read_text(encoding="utf-8"))["model"]["vocab"]
+            itos = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+            if [vocab[t] for t in itos] != list(range(len(itos))):
+                raise ValueError("ids are not contiguous")
+            return CharTokenizer.from_itos(itos)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ModelLoadError(f"{p} is not a character-level WordLevel vocabulary genprobe reads ({exc})") from None
+    return None
