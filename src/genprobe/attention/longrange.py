@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from .._io import json_safe
 from ..model.config import POS_ENCODINGS, GPTConfig
 from ..model.gpt import GPT
-from ..model.train import TrainConfig, fit
+from ..model.train import TrainConfig, fit, position_losses
 
 PAD = 0
 N_FILLER = 8
@@ -149,7 +149,6 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
     L = sc.context
     steps = steps or (sc.lag_steps if isinstance(task, LagTask) else sc.passkey_steps)
     model = GPT(GPTConfig(**{**sc.model, "vocab_size": task.vocab_size, "block_size": L, "pos_encoding": pos_encoding}))
-    opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
     def batch_loss() -> torch.Tensor:
         x, y = task.sample(sc.batch_size, L, gen)
@@ -157,8 +156,8 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
 
     t0 = time.time()
-    tc = TrainConfig(steps=steps, lr=sc.lr, warmup=sc.warmup, grad_clip=1.0)
-    losses, _ = fit(model, batch_loss, tc, opt=opt, lr_of=lambda step: sc.lr * _lr_factor(step, steps, sc.warmup))
+    tc = TrainConfig(steps=steps, lr=sc.lr, warmup=sc.warmup, weight_decay=0.0)  # AdamW (0.9, 0.95), clipped at 1
+    losses, _ = fit(model, batch_loss, tc, lr_of=lambda step: sc.lr * _lr_factor(step, steps, sc.warmup))
     model.eval()
     return model, TrainSummary(steps, round(fmean(losses[-20:]), 4), round(time.time() - t0, 1))
 
@@ -318,22 +317,11 @@ class WindowLoss:
     windows: int
 
 
-@torch.no_grad()
 def window_losses(model: GPT, ids: torch.Tensor, length: int, context: int, batch_size: int = 32) -> WindowLoss:
     """Mean loss over non-overlapping windows of ``length`` (all positions, and positions >= ``context``)."""
-    n = (len(ids) - 1) // length
-    if n < 1:
-        raise ValueError(f"need more than {length} validation tokens, got {len(ids)}")
-    x = ids[: n * length].view(n, length)
-    y = ids[1 : n * length + 1].view(n, length)
-    tot = torch.zeros(length, dtype=torch.float64)
-    for i in range(0, n, batch_size):
-        logits = model(x[i : i + batch_size])
-        ce = F.cross_entropy(logits.transpose(1, 2), y[i : i + batch_size], reduction="none")
-        tot += ce.double().sum(0)
-    per_pos = tot / n
+    per_pos = position_losses(model, ids, length, batch_size)
     beyond = round(float(per_pos[context:].mean()), 4) if length > context else None
-    return WindowLoss(round(float(per_pos.mean()), 4), beyond, n)
+    return WindowLoss(round(float(per_pos.mean()), 4), beyond, (len(ids) - 1) // length)
 
 
 @dataclass

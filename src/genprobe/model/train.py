@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .._io import json_safe
@@ -64,21 +65,26 @@ def unigram_cross_entropy(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_
 
 
 @torch.no_grad()
-def evaluate_loss(model: GPT, ids: torch.Tensor, block_size: int | None = None, batch_size: int = 64) -> float:
-    """Mean next-token loss over ``ids`` cut into non-overlapping windows (every target counted once)."""
-    T = block_size or model.cfg.block_size
+def position_losses(model: GPT, ids: torch.Tensor, length: int | None = None, batch_size: int = 64) -> torch.Tensor:
+    """Mean next-token loss (nats, float64) at each of ``length`` positions (default: the model's block size), over
+    ``ids`` cut into non-overlapping windows of ``length``: every target counted once."""
+    T = length or model.cfg.block_size
     n = (len(ids) - 1) // T
     if n < 1:
         raise ValueError(f"need more than {T} tokens to evaluate, got {len(ids)}")
     x = ids[: n * T].view(n, T)
     y = ids[1 : n * T + 1].view(n, T)
-    total, count = 0.0, 0
+    total = torch.zeros(T, dtype=torch.float64)
     with eval_mode(model):
         for i in range(0, n, batch_size):
-            loss = masked_cross_entropy(model(x[i : i + batch_size]), y[i : i + batch_size])
-            total += float(loss) * y[i : i + batch_size].numel()
-            count += y[i : i + batch_size].numel()
-    return total / count
+            ce = F.cross_entropy(model(x[i : i + batch_size]).transpose(1, 2), y[i : i + batch_size], reduction="none")
+            total += ce.double().sum(0)
+    return total / n
+
+
+def evaluate_loss(model: GPT, ids: torch.Tensor, block_size: int | None = None, batch_size: int = 64) -> float:
+    """Mean next-token loss over ``ids`` cut into non-overlapping windows (:func:`position_losses`, averaged)."""
+    return float(position_losses(model, ids, block_size, batch_size).mean())
 
 
 def random_windows(ids: torch.Tensor, T: int, B: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,20 +134,19 @@ def fit(
     batch_loss: Callable[[], torch.Tensor],
     tc: TrainConfig,
     *,
-    opt: torch.optim.Optimizer | None = None,
     lr_of: Callable[[int], float] | None = None,
     progress: bool = False,
     on_backward: Callable[[int, Any], None] | None = None,
     validate: Callable[[int, float], float | None] | None = None,
 ) -> tuple[list[float], float]:
     """The one training loop: ``tc.steps`` updates, each on a fresh ``batch_loss()``, gradients clipped at
-    ``tc.grad_clip``; by default AdamW of :func:`build_optimizer` at the learning rate of :func:`lr_at`.
+    ``tc.grad_clip``, by AdamW of :func:`build_optimizer` at the learning rate ``lr_of(step)`` (default :func:`lr_at`).
 
     ``on_backward(step, model)`` sees the gradients before they are clipped and applied; ``validate(step, ema)`` runs
     after each update and returns a validation loss for the progress bar, or None. Returns every step's loss and
     their exponential moving average (0.95), the smoothed train loss the summaries report.
     """
-    opt = opt or build_optimizer(model, tc)
+    opt = build_optimizer(model, tc)
     lr_of = lr_of or (lambda step: lr_at(step, tc))
     model.train()
     losses: list[float] = []
