@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..model.arch import unwrap
+from ..model.bpc import eval_mode
 from ..model.gpt import GPT
 from ..model.limits import max_positions
 from .capture import attn_implementation, is_hf_model
@@ -113,10 +114,8 @@ def padding_leak(
             f"padded batch width {width} (longest sequence {width - extra_pad} + {extra_pad} pads) exceeds the "
             f"model's {limit} positions; use shorter sequences"
         )
-    was_training = model.training
-    model.eval()
     dev = next(model.parameters()).device
-    try:
+    with eval_mode(model):
         alone = [_logits(model, torch.tensor([s], device=dev), None, position_ids)[0].cpu() for s in sequences]
         deltas: dict[int, dict[str, float]] = {i: {} for i in range(len(sequences))}
         for side in sides:
@@ -125,8 +124,6 @@ def padding_leak(
             for i, s in enumerate(sequences):
                 real = out[i, width - len(s) :] if side == "left" else out[i, : len(s)]
                 deltas[i][side] = float((real - alone[i]).abs().max())
-    finally:
-        model.train(was_training)
     name = type(model).__name__ + (f" ({attn_implementation(model)})" if is_hf_model(model) else "")
     rep = LeakReport(model=name, position_ids=position_ids, threshold=threshold, sides=list(sides))
     for i, s in enumerate(sequences):

@@ -27,13 +27,14 @@ def static_audit(path: str | Path, chat: bool = False, command: str | None = Non
     """Audit the model at ``path`` (a GGUF file or a directory holding one, a transformers directory, a genprobe
     checkpoint) without loading or running it."""
     from ..model.checkpoint import is_checkpoint
-    from ..model.gguf import gguf_file_of, is_gguf_path, read_sidecar
+    from ..model.gguf import gguf_file_of, read_sidecar
+    from ..model.kinds import ModelKind, model_kind
     from .gguf_audit import audit_gguf
     from .hf_audit import audit_hf_dir
 
     p = Path(path)
     cmd = command or f"genprobe doctor {path} --only audit --out DIR"
-    if is_gguf_path(p):
+    if model_kind(p) is ModelKind.GGUF:
         file = gguf_file_of(p)
         facts, found = audit_gguf(str(file), chat, cmd)
         return StaticAudit(str(file), "gguf", facts, found)

@@ -54,13 +54,6 @@ class GGUFSummary:
         return dict(Counter(self.tensor_types.values()).most_common())
 
 
-def is_gguf_path(path: Path) -> bool:
-    """A ``.gguf`` file, or a directory that holds GGUF file(s) and no ``config.json``."""
-    if path.is_file():
-        return path.suffix.lower() == ".gguf"
-    return path.is_dir() and not (path / "config.json").exists() and any(path.glob("*.gguf"))
-
-
 def gguf_file_of(path: Path) -> Path:
     """The GGUF file ``path`` names: the file itself, or the one ``*.gguf`` in a directory."""
     if path.is_file():

@@ -64,7 +64,7 @@ def model_kind(arg: str | os.PathLike[str]) -> ModelKind | None:
     if not path.exists():
         return ModelKind.NAME if str(arg) in CATALOG else None
     if path.is_file():
-        return ModelKind.GGUF if path.suffix == ".gguf" else None
+        return ModelKind.GGUF if path.suffix.lower() == ".gguf" else None
     if (path / "genprobe.json").is_file():
         return ModelKind.CHECKPOINT
     if (path / "config.json").is_file():

@@ -262,52 +262,38 @@ def load_model(
             "narrow_output stores the output layer in weight_dtype, which must be bfloat16 or int8 (and not the "
             f"model's dtype); got {weight_dtype}"
         )
-    from .checkpoint import is_checkpoint
-    from .gguf import is_gguf_path
+    from .catalog import resolve_name
+    from .kinds import ModelKind, model_kind
 
-    d = _model_path(path)
-
-    if is_gguf_path(d):
+    if model_kind(path) is ModelKind.URL:
+        raise ModelLoadError(
+            f"{path} is a URL: live endpoints are not supported yet; a model is a genprobe checkpoint, a transformers "
+            "directory, a GGUF file or a fetched model's name"
+        )
+    d = Path(path) if Path(path).exists() else resolve_name(str(path))  # a catalog name: its fetched directory
+    kind = model_kind(d)
+    if kind is ModelKind.GGUF:
         if weight_dtype not in (dtype, torch.int8):
             raise ModelLoadError(
                 f"weight-only {weight_dtype} storage is for genprobe checkpoints and transformers models; {d} is a "
                 "GGUF file (int8 keeps its quantized blocks, Q8_0 and the 4-6-bit types, as they are)"
             )
         return _load_gguf(d, dtype, device, int8_blocks=weight_dtype == torch.int8, narrow_output=narrow_output)
-    if not d.is_dir():
-        raise ModelLoadError(
-            f"{d} is a file but not a .gguf file; a model is a directory (a genprobe checkpoint or a transformers "
-            "model) or a GGUF file"
-        )
-    if is_checkpoint(d):
+    if kind is ModelKind.CHECKPOINT:
         from .checkpoint import load_checkpoint
 
         module, tok, meta = load_checkpoint(d, device=str(device))
         model = Model(module.to(dtype), tok, "genprobe", "gpt", d, meta)
-    elif (d / "config.json").is_file():
+    elif kind is ModelKind.TRANSFORMERS:
         model = _load_transformers(d, dtype, device)
     else:
         raise ModelLoadError(
-            f"{d} is neither a genprobe checkpoint (genprobe.json + model.safetensors), a transformers model "
-            "directory (config.json + *.safetensors) nor a GGUF file"
+            f"{d} is a {'file' if d.is_file() else 'directory'} but neither a genprobe checkpoint (genprobe.json + "
+            "model.safetensors), a transformers model directory (config.json + *.safetensors) nor a GGUF file"
         )
     if weight_dtype != dtype:
         model.module = _narrowed(model, weight_dtype, narrow_output)
     return model
-
-
-def _model_path(path: str | os.PathLike[str]) -> Path:
-    """The file or directory ``path`` names: a catalog name (such as "smollm2", fetched by ``genprobe fetch``) is
-    its fetched directory; a URL, or a name that is neither, is refused."""
-    from .catalog import resolve_name
-    from .kinds import is_url
-
-    if is_url(path):
-        raise ModelLoadError(
-            f"{path} is a URL: live endpoints are not supported yet; a model is a genprobe checkpoint, a transformers "
-            "directory, a GGUF file or a fetched model's name"
-        )
-    return Path(path) if Path(path).exists() else resolve_name(str(path))
 
 
 def _narrowed(model: Model, weight_dtype: torch.dtype, narrow_output: bool) -> nn.Module:

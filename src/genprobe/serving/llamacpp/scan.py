@@ -81,10 +81,11 @@ def gguf_file_for(model_arg: str | os.PathLike[str]) -> Path:
     """The GGUF file a ``--backend llama.cpp`` MODEL names: a ``.gguf`` file, a directory holding exactly one, or a
     catalog name whose GGUF ``genprobe fetch`` kept (``smollm2``); else an error saying what to give."""
     from ...model.catalog import CATALOG
-    from ...model.gguf import gguf_file_of, is_gguf_path
+    from ...model.gguf import gguf_file_of
+    from ...model.kinds import ModelKind, model_kind
 
     path = Path(model_arg).expanduser()
-    if path.exists() and is_gguf_path(path):
+    if model_kind(path) is ModelKind.GGUF:
         return gguf_file_of(path)
     entry = CATALOG.get(str(model_arg))
     if entry is not None and entry.gguf_path().is_file():
