@@ -24,7 +24,7 @@ _EXPORTS = {
     "json_safe": "genprobe._io:json_safe",
     "Model": "genprobe.engine.loaded:LoadedModel",
     "Tokenizer": "genprobe.model.load:Tokenizer",
-    "ModelLoadError": "genprobe.model.load:ModelLoadError",
+    "ModelLoadError": "genprobe.model.errors:ModelLoadError",
     "SamplingParams": "genprobe.engine.samplers.stages:SamplingParams",
     "Completion": "genprobe.engine.text:Completion",
     "scan_loops": "genprobe.api:scan_loops",

@@ -14,8 +14,9 @@ from genprobe._io import json_safe
 from genprobe.engine.fast import compiled as compiled_mod
 from genprobe.engine.fast import kernels
 from genprobe.engine.generate import generate
+from genprobe.model.errors import ModelLoadError
 from genprobe.model.gpt import GPT
-from genprobe.model.load import ModelLoadError, load_model
+from genprobe.model.load import load_model
 from genprobe.model.weight_only import WeightOnlyLinear, quantize_int8, weight_dtype_of, with_weight_dtype
 
 NARROW = [torch.bfloat16, torch.int8]

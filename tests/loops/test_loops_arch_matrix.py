@@ -14,7 +14,7 @@ from genprobe.loops.hf_patch import NOTE_FILE, apply_to_dir, revert_dir
 from genprobe.loops.patch import PatchError, finalise
 from genprobe.loops.scan import scan_loops
 from genprobe.model.arch import mlp_sites, state_sha256
-from genprobe.model.load import UnsupportedArchitectureError
+from genprobe.model.errors import UnsupportedArchitectureError
 
 COMMON = dict(
     vocab_size=64,

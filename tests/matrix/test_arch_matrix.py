@@ -127,7 +127,7 @@ def test_unsupported_architecture_is_refused(tmp_path):
 
     from safetensors.torch import save_file
 
-    from genprobe.model.load import ModelLoadError
+    from genprobe.model.errors import ModelLoadError
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "not_a_real_arch", "vocab_size": 8}))
     save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gguf_tiny import write_tiny_gguf  # noqa: E402
 
 import genprobe  # noqa: E402
+from genprobe.model.errors import ModelLoadError, UnsupportedArchitectureError  # noqa: E402
 from genprobe.model.gguf import convert_gguf, inspect_gguf  # noqa: E402
-from genprobe.model.load import ModelLoadError, UnsupportedArchitectureError  # noqa: E402
 
 Q8 = ("blk.0.ffn_down.weight", "blk.1.attn_q.weight")
 

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gguf_tiny import write_tiny_gguf  # noqa: E402
 
 import genprobe  # noqa: E402
+from genprobe.model.errors import ModelLoadError  # noqa: E402
 from genprobe.model.gguf_blocks import with_gguf_blocks  # noqa: E402
-from genprobe.model.load import ModelLoadError  # noqa: E402
 from genprobe.model.weight_only import WeightOnlyLinear  # noqa: E402
 
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")

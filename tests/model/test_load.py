@@ -13,8 +13,9 @@ from genprobe._io import json_safe
 from genprobe.corpus.tokenizer import CharTokenizer
 from genprobe.engine.loaded import load_model
 from genprobe.model.checkpoint import save_checkpoint
+from genprobe.model.errors import ModelLoadError, UnsupportedArchitectureError
 from genprobe.model.hf import to_hf_gpt2
-from genprobe.model.load import ModelLoadError, SubwordTokenizer, Tokenizer, UnsupportedArchitectureError
+from genprobe.model.load import SubwordTokenizer, Tokenizer
 
 
 def _char_tok() -> CharTokenizer:

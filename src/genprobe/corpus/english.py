@@ -1,22 +1,9 @@
-"""English human text: the Lee corpus (350 ABC news articles), taken from gensim's test data on the package registry.
+"""English human text: the Lee corpus (350 ABC news articles) from gensim's test data, fetched once by
+``genprobe fetch english`` (:func:`fetch_english_corpus`; nothing here downloads implicitly).
 
-Lee, Pincombe & Welsh (2005), "An empirical evaluation of models of text document similarity", collected 350
-short Australian Broadcasting Corporation news articles; gensim ships them as test data (300 "background"
-documents and the 50 rated ones, one document per line). genprobe takes the two files out of one pinned gensim
-wheel by an explicit setup step (``genprobe fetch english``, i.e. :func:`fetch_english_corpus`) into
-``<cache>/data/``; nothing here downloads implicitly, and the loader names the fetch command when the files are
-absent.
-
-**Splits** (by document, fixed): the 350 documents are ordered by the sha256 of their text — an order that does
-not depend on the files' order — and cut into three disjoint groups:
-
-* ``HUMAN_DOCS`` (the first 96): human continuations (:func:`human_continuations`), never a prompt's source;
-* ``VALIDATION_DOCS`` (the next 96): the validation prompt pool, never shared with any other prompt set;
-* the rest (158): the search pool, from which every other prompt set is cut.
-
-A prompt is the opening (the first ``prompt_words`` words) of a sentence of at least ``prompt_words + 2``
-words; prompts are deduplicated and ordered by their sha256 within each pool, so the same request always gives
-the same sets, and sets are consecutive, disjoint slices of their pool.
+The documents, in sha256 order, fall into three disjoint groups: ``HUMAN_DOCS`` for human continuations
+(:func:`human_continuations`), ``VALIDATION_DOCS`` for the validation prompt pool, the rest for every other prompt
+set; a prompt is a sentence opening. Sources, sizes and the rules: docs/calibration.md ("The English corpus").
 """
 
 from __future__ import annotations

@@ -62,8 +62,8 @@ class ModelFiles:
 
 def model_files(path: str | Path) -> ModelFiles:
     """``path`` or a fetched model's catalog name, resolved to its files without loading them."""
+    from ..model.errors import ModelLoadError
     from ..model.kinds import is_url
-    from ..model.load import ModelLoadError
 
     if is_url(path):
         raise ModelLoadError(f"{path} is a URL: the audit reads model files on this machine")

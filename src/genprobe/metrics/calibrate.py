@@ -1,15 +1,10 @@
 """Calibrate the loop detectors on human text, so that a loop scan does not flag ordinary prose.
 
 The defaults of :class:`~genprobe.metrics.degeneracy.LoopSettings` were tuned on Tang poems of a character model;
-English subword text repeats differently (" of the", "," recur every few tokens), so a plain news sentence can reach 3.2
-tail tokens per LZ piece, above the default 2.5. A threshold means something only beside its false-positive rate
-on human text of the same tokenizer and length. Each detector is a score and a threshold (flagged when score >=
-threshold): exact loop (``min_tail``), near loop (``min_match``), repetitive tail (``min_compression``).
-
-:func:`calibrate_loop_settings` calibrates on the first half of the sequences and reports rates, with Wilson 95%
-intervals, on the held-out second half; it keeps the defaults when they meet ``target``, else takes the loosest
-"human score quantile + margin" thresholds whose union meets it, capped so that a real loop is still caught
-(``meets_target`` says when the caps prevent it). docs/calibration.md describes the search step by step.
+English subword text repeats differently (" of the", "," recur every few tokens), so a threshold means something only
+beside its false-positive rate on human text of the same tokenizer and length. :func:`calibrate_loop_settings` sets
+the thresholds on half the sequences and reports Wilson 95% rates on the other half; docs/calibration.md describes
+the search step by step.
 """
 
 from __future__ import annotations

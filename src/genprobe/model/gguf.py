@@ -315,20 +315,13 @@ def read_sidecar(d: Path) -> dict[str, Any] | None:
 def gguf_blocks(
     path: str | os.PathLike[str], module: nn.Module, types: set[str]
 ) -> dict[str, tuple[str, torch.Tensor]]:
-    """The GGUF file's matrices of the ggml ``types`` (``Q8_0``, ``Q4_0``, ``Q4_K``, …) as ``(type name, uint8 rows)``,
-    the rows in ``module``'s order, named as ``module``'s parameters (``module`` is the model :func:`read_gguf` made
-    of the same file; see :mod:`genprobe.model.gguf_blocks`)."""
-    found = _matrices_in_model_order(path, module, types)
-    return {name: (kind, torch.from_numpy(np.ascontiguousarray(rows))) for name, kind, rows in found}
+    """The GGUF file's 2-D matrices of the ggml ``types`` (``Q8_0``, ``Q4_0``, ``Q4_K``, …) that are parameters of
+    ``module`` (the model :func:`read_gguf` made of the same file), as ``{parameter name: (type name, uint8 rows)}``
+    (see :mod:`genprobe.model.gguf_blocks`).
 
-
-def _matrices_in_model_order(
-    path: str | os.PathLike[str], module: nn.Module, types: set[str]
-) -> Iterator[tuple[str, str, np.ndarray]]:
-    """(parameter name, ggml type name, raw rows (N, row bytes)) of each 2-D tensor of ``types`` in the file that is a
-    parameter of ``module``, its rows in the order transformers gives the dequantized tensor (llama.cpp's converter
-    reorders the rows of ``attn_q`` / ``attn_k``; transformers' tensor processor undoes it, applied here to the row
-    indices). A tensor whose processor does more than reorder rows is left out (it stays float)."""
+    The rows come in the order transformers gives the dequantized tensor: llama.cpp's converter reorders the rows of
+    ``attn_q`` / ``attn_k`` and transformers' tensor processor undoes it, applied here to the row indices. A tensor
+    whose processor does more than reorder rows is left out (it stays float)."""
     reader = require_gguf_package().GGUFReader(Path(path), "r")  # before transformers' GGUF module imports gguf
     import transformers.modeling_gguf_pytorch_utils as hf_gguf
 
@@ -336,13 +329,14 @@ def _matrices_in_model_order(
     config = module.config.to_dict()  # type: ignore[union-attr, operator]  # a transformers model
     processor = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)(config=config)  # type: ignore[no-untyped-call]
     names = hf_gguf.get_gguf_hf_weights_map(module, processor)
+    found: dict[str, tuple[str, torch.Tensor]] = {}
     for tensor in reader.tensors:
         if tensor.tensor_type.name not in types or len(tensor.data.shape) != 2:
             continue
         raw = np.asarray(tensor.data)
         n = raw.shape[0]
-        indices = np.arange(n).reshape(n, 1)
-        rows = processor.process(weights=indices, name=tensor.name, tensor_key_mapping=names)  # type: ignore[no-untyped-call]
-        if rows.name not in names or sorted(rows.weights.reshape(-1).tolist()) != list(range(n)):
-            continue
-        yield names[rows.name], tensor.tensor_type.name, raw[rows.weights.reshape(n)]
+        rows = processor.process(weights=np.arange(n).reshape(n, 1), name=tensor.name, tensor_key_mapping=names)  # type: ignore[no-untyped-call]
+        if rows.name in names and sorted(rows.weights.reshape(-1).tolist()) == list(range(n)):
+            ordered = np.ascontiguousarray(raw[rows.weights.reshape(n)])
+            found[names[rows.name]] = (tensor.tensor_type.name, torch.from_numpy(ordered))
+    return found

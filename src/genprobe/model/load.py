@@ -22,8 +22,7 @@ from .._io import json_safe, read_json_object
 from ..corpus.tokenizer import CharTokenizer
 from . import limits
 from .arch import MLPSite, mlp_sites, state_sha256
-from .errors import ModelLoadError as ModelLoadError  # re-exported: the loader's errors, importable from here
-from .errors import UnsupportedArchitectureError as UnsupportedArchitectureError
+from .errors import ModelLoadError, UnsupportedArchitectureError
 
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
