@@ -8,8 +8,8 @@ import torch
 from genprobe._io import json_safe
 from genprobe.engine.cache import KVCache
 from genprobe.engine.generate import GenerationResult, generate, token_forward_count
+from genprobe.engine.runner import forward_step
 from genprobe.engine.samplers.stages import SamplerConfig
-from genprobe.engine.step import forward_step
 from genprobe.model.config import GPTConfig
 from genprobe.model.gpt import GPT
 

@@ -1,8 +1,9 @@
-"""What the generation loops drive and return: the :class:`Runner` protocol, our GPT behind it, :func:`runner_for`
-(the one place a model's runner is chosen), the checks every loop makes on its inputs, and :class:`GenerationResult`.
+"""What the generation loops drive and return: the :class:`Runner` protocol, our GPT behind it (its one forward,
+:func:`forward_step`), :func:`runner_for` (the one place a model's runner is chosen), the checks every loop makes on
+its inputs, the loop's buffers (:class:`Run`) and :class:`GenerationResult`.
 
-Its own module, below ``generate`` and ``contrastive``: both loops use these, and ``generate`` dispatches to
-``contrastive``, so neither may import the other's helpers.
+Its own module, below ``generate`` and ``contrastive``: ``generate``'s loop runs contrastive search's ``Run`` too,
+so neither may import the other's helpers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn as nn
 
 from .._io import NOT_JSON
 from ..model import limits
+from ..model.cache_protocol import CacheLike
 from ..model.gpt import GPT
 from ..model.llama_family import llama_family_of, unsupported_reason
 from ..model.load import Model
@@ -55,6 +57,34 @@ class Runner(Protocol):
         """Uncached forward of the whole sequence (B, T) with key-padding ``valid`` → logits (B, T, V)."""
 
 
+def forward_step(
+    model: GPT,
+    ids: torch.Tensor,
+    cache: CacheLike | None = None,
+    positions: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run ``ids`` (B, T) through our GPT's one forward (prefill, decode, chunked prefill, verification); logits
+    (B, T, V).
+
+    Positions default to the cache's per-row count + ``arange(T)``. ``attention_mask`` may cover just
+    the new tokens (B, T) or, HF style, the whole sequence so far (B, past + T); only the last T
+    columns are new information. Overflowing the position table raises ``ValueError`` before any
+    embedding lookup.
+    """
+    if ids.dim() == 1:
+        ids = ids[None, :]
+    T = ids.shape[1]
+    if attention_mask is not None:
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != ids.shape[0] or attention_mask.shape[1] < T:
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} incompatible with ids {tuple(ids.shape)}"
+            )
+        attention_mask = attention_mask[:, -T:]
+    logits: torch.Tensor = model(ids, positions=positions, cache=cache, attention_mask=attention_mask)
+    return logits
+
+
 class GPTRunner:
     """The reference GPT behind the :class:`Runner` protocol (cache = our preallocated :class:`KVCache`)."""
 
@@ -71,12 +101,10 @@ class GPTRunner:
         return KVCache.for_model(self.model.cfg, batch_size, max_len=max_len, dtype=self.dtype, device=self.device)
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: KVCache) -> torch.Tensor:
-        logits: torch.Tensor = self.model(ids, cache=state, attention_mask=valid)
-        return logits
+        return forward_step(self.model, ids, state, attention_mask=valid)
 
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.model(ids, attention_mask=valid)
-        return logits
+        return forward_step(self.model, ids, attention_mask=valid)
 
     def step_with_hidden(
         self, ids: torch.Tensor, valid: torch.Tensor | None, state: KVCache
