@@ -22,7 +22,7 @@ from ..model.llama_family import llama_family_of, unsupported_reason
 from ..model.load import Model
 from ..model.position_lm import PositionDrivenLM
 from .cache import KVCache
-from .samplers.chain import check_logits, process_logits, sample_next
+from .samplers.chain import process_logits, sample_next
 from .samplers.stages import SamplerConfig
 
 
@@ -295,7 +295,6 @@ class Run:
         # The validity buffer only needs updating when something reads it after the prompt.
         self.track_valid = mode == "naive" or eos_id is not None or cfg.uses_history or observed
         self.history = torch.where(self.valid, self.buf, -1) if cfg.uses_history else None
-        self.plain_greedy = cfg.greedy and cfg.is_identity  # argmax of the raw logits, nothing to process
         self.ends = RowEnds(B, N, eos_id, self.buf.device)
         self.step_logits: list[torch.Tensor] | None = [] if return_logits else None
         self.step_probs: list[torch.Tensor] | None = [] if return_probs else None
@@ -327,16 +326,11 @@ class Run:
 
     def choose(self, logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
         """The next token per row (sampler chain, or the raw argmax for plain greedy), recording what was asked."""
-        cfg = self.cfg
         hist = self.history[:, : self.P + self.steps] if self.history is not None else None
         processed = None
-        if self.plain_greedy and self.step_probs is None:
-            check_logits(logits, sampling=False)
-            nxt = logits.argmax(dim=-1)
-        else:
-            if self.step_probs is not None or not cfg.is_identity:
-                processed = process_logits(logits, hist, cfg, prompt_len=self.P, generator=gen)
-            nxt = sample_next(logits, hist, cfg, gen, processed=processed, prompt_len=self.P)
+        if self.step_probs is not None or not self.cfg.is_identity:
+            processed = process_logits(logits, hist, self.cfg, prompt_len=self.P, generator=gen)
+        nxt = sample_next(logits, hist, self.cfg, gen, processed=processed, prompt_len=self.P)
         if self.step_logits is not None:
             self.step_logits.append(logits.detach().float().clone())
         if self.step_probs is not None:

@@ -20,7 +20,7 @@ from .drafts import CachedModel, Draft, ModelDraft, PromptLookupDraft, first_lay
 from .generate import GREEDY
 from .runner import ModelLike, Runner, check_inputs, runner_for
 from .samplers.chain import check_logits, process_logits
-from .samplers.stages import SamplerConfig
+from .samplers.stages import CONTRASTIVE, XTC, SamplerConfig
 
 
 class Draws(Protocol):
@@ -139,9 +139,9 @@ class SpeculativeDecoder:
         self.draft = make_draft(target, draft)
         self.k = check_k(k)
         self.cfg = sampler or GREEDY
-        if self.cfg.xtc_active:
+        if XTC.active(self.cfg):
             raise ValueError("speculative decoding cannot use XTC: its random per-step draw makes p itself random")
-        if self.cfg.is_contrastive:
+        if CONTRASTIVE.active(self.cfg):
             raise ValueError("speculative decoding samples or takes the argmax; contrastive search is its own loop")
         self.greedy = self.cfg.greedy
         self.draws: Draws = draws if draws is not None else SeededDraws(0)
