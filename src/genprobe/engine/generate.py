@@ -17,20 +17,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from .runner import GenerationResult as GenerationResult  # re-exported: callers import it from here
-from .runner import ModelLike, Run, check_inputs, device_of, left_padded, runner_for
+from .runner import GenerationResult, ModelLike, Run, check_inputs, device_of, left_padded, runner_for
 from .samplers.stages import CONTRASTIVE, SamplerConfig
 
 GREEDY = SamplerConfig(greedy=True)
-
-
-def token_forward_count(prompt_len: int, new_tokens: int, mode: str) -> int:
-    """Token forwards to generate ``new_tokens`` after ``prompt_len`` (seed §3.3.2): naive Σ(P+i), cached P+N−1."""
-    if new_tokens <= 0:
-        return 0
-    if mode == "naive":
-        return sum(prompt_len + i for i in range(new_tokens))
-    return prompt_len + new_tokens - 1
 
 
 def generate(
