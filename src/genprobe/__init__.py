@@ -26,7 +26,7 @@ _EXPORTS = {
     "Tokenizer": "genprobe.model.load:Tokenizer",
     "ModelLoadError": "genprobe.model.errors:ModelLoadError",
     "SamplingParams": "genprobe.engine.samplers.stages:SamplingParams",
-    "Completion": "genprobe.engine.text:Completion",
+    "Completion": "genprobe.engine.loaded:Completion",
     "scan_loops": "genprobe.api:scan_loops",
     "scan_loop_settings": "genprobe.loops.scan_settings:scan_loop_settings",
     "calibrate_loops": "genprobe.api:calibrate_loops",

@@ -11,7 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "matrix"))
 from command_cells import save_tiny_llama  # noqa: E402
 
-from genprobe.engine.backend import EngineBackend, Request, Sampler  # noqa: E402
+from genprobe.engine.backend import EngineBackend, Request  # noqa: E402
+from genprobe.engine.samplers.stages import SamplerConfig  # noqa: E402
 from genprobe.serving.verify import NOT_CHECKED, Settings, verify_backend  # noqa: E402
 
 
@@ -38,8 +39,17 @@ def test_the_engine_backend_refuses_what_it_cannot_do(model):
     backend = EngineBackend(model)
     with pytest.raises(ValueError, match="token-id prompts"):
         backend.complete(Request("text", 2))
-    with pytest.raises(ValueError, match="top_p must be 1 and top_k 0"):
-        backend.complete(Request((1, 2), 2, Sampler(temperature=1.0, top_p=0.9)))
+    with pytest.raises(ValueError, match="not min_p"):  # a request carries only what the OpenAI API does
+        backend.complete(Request((1, 2), 2, SamplerConfig(min_p=0.1)))
+
+
+def test_the_engine_backend_samples_with_the_engines_own_chain(model):
+    """A request carries the SamplerConfig the engine samples with: top-k 1 is the argmax, a seed repeats its draws."""
+    backend, prompt = EngineBackend(model), (1, 2, 3)
+    greedy = backend.complete(Request(prompt, 6)).token_ids
+    assert backend.complete(Request(prompt, 6, SamplerConfig(temperature=5.0, top_k=1), seed=3)).token_ids == greedy
+    hot = SamplerConfig(temperature=5.0)
+    assert backend.complete(Request(prompt, 6, hot, seed=3)) == backend.complete(Request(prompt, 6, hot, seed=3))
 
 
 class _NothingCached(EngineBackend):

@@ -7,7 +7,7 @@ import torch
 
 from genprobe.engine.cache import KVCache
 from genprobe.engine.fast.static_cache import StaticKVCache
-from genprobe.engine.step import forward_step
+from genprobe.engine.runner import forward_step
 from genprobe.model.cache_protocol import CacheLike
 from genprobe.model.config import GPTConfig
 from genprobe.model.gpt import GPT

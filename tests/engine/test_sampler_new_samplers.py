@@ -17,7 +17,7 @@ import torch
 from genprobe.engine.generate import generate
 from genprobe.engine.samplers.chain import process_logits, sample_next, sampling_probs
 from genprobe.engine.samplers.dry import breakers_from_strings, dry_penalties
-from genprobe.engine.samplers.stages import SamplerConfig
+from genprobe.engine.samplers.stages import DRY, XTC, SamplerConfig
 
 
 # ---- DRY -----------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_presets_fill_engine_defaults_and_keep_order_selectable():
     lc = SamplerConfig.preset("llama.cpp")
     assert (lc.temperature, lc.top_k, lc.top_p, lc.min_p, lc.penalty_last_n) == (0.8, 40, 0.95, 0.05, 64)
     assert (lc.dry_base, lc.dry_allowed_length, lc.dry_last_n, lc.xtc_threshold) == (1.75, 2, 64, 0.1)
-    assert lc.order == lc.engine == "llama.cpp" and not lc.dry_active and not lc.xtc_active
+    assert lc.order == lc.engine == "llama.cpp" and not DRY.active(lc) and not XTC.active(lc)
     moved = SamplerConfig.preset("llama.cpp", order="temp_then_trunc", top_k=5)
     assert moved.engine == "llama.cpp" and moved.order == "temp_then_trunc" and moved.top_k == 5
     assert SamplerConfig.preset("vllm").engine == "vllm" and SamplerConfig(order="hf").engine == "hf"

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from genprobe.cli import main
+from genprobe.engine.samplers.stages import XTC
 from genprobe.loops.compare_breakers import NO_LOOP, SPANS, WITHIN, class_rates, own_loops, unit_class
 from genprobe.loops.compare_fixes import CompareConfig, choose_best, compare_fixes
 from genprobe.loops.compare_fluency import score_continuations
@@ -237,7 +238,7 @@ def test_build_methods_use_the_genres_breakers(tokenizer):
     comma, stop = tokenizer.encode("，")[0], tokenizer.encode("。")[0]
     assert set(methods["dry-lines"].sampler.dry_sequence_breakers) == {(comma,), (stop,)}
     assert methods["dry"].sampler.dry_multiplier == 0.8 and methods["dry"].sampler.dry_allowed_length == 2
-    assert methods["xtc"].sampler.xtc_active and not methods["xtc"].sampler.greedy
+    assert XTC.active(methods["xtc"].sampler) and not methods["xtc"].sampler.greedy
     assert all(m.sampler.ban_ids == (1,) for m in methods.values())
 
 

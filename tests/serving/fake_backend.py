@@ -55,18 +55,18 @@ class FakeBackend:
         if isinstance(request.prompt, str) == self.capabilities.token_prompts:
             raise ValueError("a token-id prompt is for a server with token_prompts, a text prompt for one without")
         prompt = [int(t) for t in request.prompt.split()] if isinstance(request.prompt, str) else list(request.prompt)
-        s = request.sampler
-        seeded = s.seed is not None and self.capabilities.seed
-        gen = torch.Generator().manual_seed(s.seed if seeded else self.draws)
+        s = request.api_sampler()
+        seeded = s["seed"] is not None and self.capabilities.seed
+        gen = torch.Generator().manual_seed(s["seed"] if seeded else self.draws)
         self.draws += 1
         ids, out = list(prompt), []
         for _ in range(request.max_tokens):
             row = logprob_row(ids[-1], shift).clone()
-            row[list(s.ban_ids)] = float("-inf")
-            if s.temperature == 0:
+            row[list(request.sampler.ban_ids)] = float("-inf")
+            if s["temperature"] == 0:
                 tok = int(torch.argmax(row))
             else:
-                tok = int(torch.multinomial(torch.softmax(row / s.temperature, -1), 1, generator=gen))
+                tok = int(torch.multinomial(torch.softmax(row / s["temperature"], -1), 1, generator=gen))
             out.append(tok)
             ids.append(tok)
         rows = torch.stack([logprob_row(t, shift) for t in ids[:-1]]) if len(ids) > 1 else torch.zeros(0, VOCAB)

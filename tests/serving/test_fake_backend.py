@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_backend import GATE, PERIOD, TRAP, FakeBackend, next_token  # noqa: E402
 
-from genprobe.engine.backend import Request, Sampler
+from genprobe.engine.backend import Request
 from genprobe.engine.samplers.stages import SamplerConfig
 from genprobe.loops.scan import backend_batches, scan_batches
 from genprobe.loops.scan_settings import backend_engine
@@ -94,7 +94,7 @@ def test_the_monitor_over_a_backend_stops_at_the_planted_loop():
 def test_the_monitor_on_a_text_only_server_finds_the_loop_but_cannot_stop_early():
     fake = FakeBackend(token_prompts=False, seed=False)
     texts = [" ".join(map(str, p)) for p in PROMPTS]
-    report = monitor_backend(fake, texts, NEW, Sampler(0.7, seed=1), chunk=8)
+    report = monitor_backend(fake, texts, NEW, SamplerConfig(temperature=0.7), seed=1, chunk=8)
     assert [note.split(":")[0] for note in report.not_checked] == ["early stop", "reproducibility"]
     greedy = monitor_backend(fake, texts, NEW, chunk=8)
     assert [c.detection is not None for c in greedy.completions] == LOOPING

@@ -63,7 +63,7 @@ class LeakReport:
 @torch.no_grad()
 def _logits(model, ids: torch.Tensor, mask: torch.Tensor | None, position_ids: bool) -> torch.Tensor:
     if isinstance(model, GPT):
-        from ..engine.step import forward_step
+        from ..engine.runner import forward_step
 
         return forward_step(model, ids, attention_mask=mask).float()
     if not is_hf_model(model):

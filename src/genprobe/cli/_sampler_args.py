@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from ..engine.samplers.dry import DEFAULT_BREAKERS, tokenizer_breakers
-from ..engine.samplers.stages import ENGINES, ORDERS, PARAMS, PRESETS, SamplerConfig
+from ..engine.samplers.stages import DRY, ENGINES, ORDERS, PARAMS, PRESETS, SamplerConfig
 from ._common import Accumulate
 
 
@@ -82,6 +82,6 @@ def sampler_from_args(args: argparse.Namespace, tokenizer: Any = None) -> Sample
             raise ValueError("--ban-unk: this tokenizer has no unknown token")
         given["ban_ids"] = (int(unk),)
     cfg = SamplerConfig.preset(args.preset, **given) if getattr(args, "preset", None) else SamplerConfig(**given)
-    if cfg.dry_active:
+    if DRY.active(cfg):
         cfg = cfg.replace(dry_sequence_breakers=_breakers(getattr(args, "dry_sequence_breakers", None), tokenizer))
     return cfg

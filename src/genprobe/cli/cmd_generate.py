@@ -169,7 +169,7 @@ def _prompts(args: argparse.Namespace, model: "Model") -> tuple[list[str | None]
     if args.ids:
         prompts = check_ids(args.ids, model.vocab_size)
         return [None] * len(prompts), prompts, [[] for _ in prompts]
-    from ..engine.text import encode_prompts
+    from ..engine.loaded import encode_prompts
 
     given = read_prompts(args)
     assert given is not None  # one prompt source is required (add_prompt_arguments(required=True))

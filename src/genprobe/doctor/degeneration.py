@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 from .._io import NOT_JSON, json_safe
 from ..corpus.inputs import vocab_key
+from ..engine.loaded import complete
 from ..engine.samplers.stages import SamplerConfig
-from ..engine.text import complete
 from ..loops.prompts import is_cjk
 from ..loops.scan import calibrate_for_scan, greedy_sampler
 from ..loops.scan_settings import LoopScans, scan_loop_settings

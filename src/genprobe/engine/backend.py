@@ -3,7 +3,9 @@
 once against :class:`Backend`; each backend says what it can do in :class:`Capabilities` and the job checks what
 that allows and says what it could not check.
 
-The request/response types are plain dataclasses of JSON-able fields (``dataclasses.asdict`` serialises them).
+The request/response types are plain dataclasses of JSON-able fields (``dataclasses.asdict`` serialises them); a
+request's sampler is the :class:`~genprobe.engine.samplers.stages.SamplerConfig` the engine itself samples with,
+limited to what the OpenAI API carries (:data:`API_FIELDS`).
 Log-probabilities are natural logs; ``Position.top`` holds the ``k`` most likely ids at a position (the whole
 vocabulary is never shipped: an engine with full log-probabilities returns as many as asked).
 """
@@ -12,11 +14,15 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence
+from dataclasses import fields as dataclass_fields
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 
+from .generate import GREEDY
 from .runner import Runner, runner_for
+from .samplers.chain import sample_next
+from .samplers.stages import SamplerConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
@@ -43,28 +49,42 @@ class Capabilities:
     label: str = ""  # the deployment's precision as reported ("float32", "bfloat16", "Q4_K/kv-f16", ...)
 
 
-@dataclass(frozen=True)
-class Sampler:
-    """The sampler settings passed through (temperature 0 is greedy)."""
+#: The :class:`SamplerConfig` fields a request carries (the OpenAI API's sampler); the rest must stay at their defaults
+API_FIELDS = {"greedy", "temperature", "top_k", "top_p", "ban_ids", "order", "engine"}
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    seed: int | None = None
-    ban_ids: tuple[int, ...] = ()  # never sampled (the API's logit_bias -100)
+
+def check_api_sampler(sampler: SamplerConfig) -> None:
+    """ValueError naming the first setting a backend request cannot carry (min-p, typical-p, penalties, DRY, XTC,
+    …: refused, never approximated)."""
+    for f in dataclass_fields(SamplerConfig):
+        if f.name not in API_FIELDS and getattr(sampler, f.name) != f.default:
+            raise ValueError(f"a backend request takes temperature, top-p, top-k and banned ids; not {f.name}")
 
 
 @dataclass(frozen=True)
 class Request:
-    """One completion: ``prompt`` as token ids (or text where the backend takes only text)."""
+    """One completion: ``prompt`` as token ids (or text where the backend takes only text), sampled with ``sampler``
+    (greedy by default) and ``seed``."""
 
     prompt: tuple[int, ...] | str
     max_tokens: int
-    sampler: Sampler = Sampler()
+    sampler: SamplerConfig = GREEDY
+    seed: int | None = None  # a sampled request's seed (None: the backend's own)
     stop: tuple[str, ...] = ()
     logprobs: int = 0  # top-k per generated position (0: only the sampled token's, where offered)
     prompt_logprobs: int | None = None  # top-k per prompt position (None: not asked)
     read_cache: bool = True  # False: compute the whole prompt even where a prefix cache holds it
+
+    def __post_init__(self) -> None:
+        check_api_sampler(self.sampler)
+
+    def api_sampler(self) -> dict[str, Any]:
+        """The sampler as the OpenAI API's fields: ``temperature`` (0: greedy), ``top_p`` (1: off), ``top_k``
+        (0: off) and ``seed`` (None when greedy)."""
+        s = self.sampler
+        if s.greedy:
+            return {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None}
+        return {"temperature": s.temperature, "top_p": s.top_p or 1.0, "top_k": s.top_k or 0, "seed": self.seed}
 
 
 @dataclass
@@ -152,9 +172,8 @@ def top_positions(logprobs: torch.Tensor, tokens: Sequence[int], k: int) -> list
 
 class EngineBackend:
     """genprobe's own engine as a :class:`Backend`: full log-probabilities of a loaded ``Model`` in its own dtype,
-    one uncached forward per generated token (exact, and slow: small models and tests). Greedy at temperature 0,
-    else sampling from ``softmax(logits / T)`` with a generator seeded by the request's seed (top-p/top-k: not
-    applied, so ``Sampler`` values other than their defaults are refused)."""
+    one uncached forward per generated token (exact, and slow: small models and tests), each token chosen by the
+    engine's own sampler chain with a generator seeded by the request's seed."""
 
     def __init__(self, model: "Model", name: str = "genprobe"):
         self.model = model
@@ -176,25 +195,15 @@ class EngineBackend:
             label=str(next(model.module.parameters()).dtype).removeprefix("torch."),
         )
 
-    def _next(self, row: torch.Tensor, sampler: Sampler, gen: torch.Generator | None) -> int:
-        if sampler.ban_ids:
-            row = row.clone()
-            row[list(sampler.ban_ids)] = float("-inf")
-        if sampler.temperature == 0 or gen is None:
-            return int(torch.argmax(row))
-        return int(torch.multinomial(torch.softmax(row / sampler.temperature, -1), 1, generator=gen))
-
     def complete(self, request: Request) -> Response:
         """Generate up to ``max_tokens`` (stopping at end-of-text or a stop string), log-probs of every position."""
         if isinstance(request.prompt, str):
             raise ValueError("the engine backend takes token-id prompts")
         s = request.sampler
-        if s.top_p != 1.0 or s.top_k != 0:
-            raise ValueError("the engine backend applies temperature only: top_p must be 1 and top_k 0")
-        gen = None if s.temperature == 0 else torch.Generator().manual_seed(s.seed or 0)
+        gen = None if s.greedy else torch.Generator().manual_seed(request.seed or 0)
         ids, out, reason = list(request.prompt), [], "length"
         for _ in range(request.max_tokens):
-            tok = self._next(full_logprobs(self.runner, ids)[-1], s, gen)
+            tok = int(sample_next(full_logprobs(self.runner, ids)[-1], None, s, gen)[0])
             out.append(tok)
             ids.append(tok)
             if tok == self.model.eos_id or any(st in self.model.decode(out) for st in request.stop):

@@ -21,16 +21,13 @@ copied from the chosen row to the others of its group. A transformers cache is h
 from __future__ import annotations
 
 import copy
-import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
-from .._io import json_safe
 from .cache import KVCache
-from .runner import GenerationResult, ModelLike, RowEnds, Runner, check_inputs, device_of, left_padded, runner_for
+from .runner import Run
 from .samplers.chain import adjust_logits, check_logits
-from .samplers.stages import SamplerConfig
 
 
 def expand_state(state: Any, k: int) -> Any:
@@ -76,15 +73,22 @@ def rank_candidates(
     return torch.stack(torch.split(score, k)).max(dim=-1).indices
 
 
-class _Search:
-    """One contrastive search over a left-padded batch: cache state, context hidden states, next logits."""
+class ContrastiveRun(Run):
+    """One contrastive search over a left-padded batch: :func:`~genprobe.engine.generate.generate`'s loop with the
+    prompts prefilled once (B rows, then the cache repeated k times) and each step one batched forward of the k
+    candidates per row. ``step_probs`` are the candidate distributions: softmax of the adjusted logits."""
 
-    def __init__(self, runner: Runner, cfg: SamplerConfig, buf: torch.Tensor, valid: torch.Tensor, P: int):
-        self.runner, self.cfg, self.buf, self.valid, self.P = runner, cfg, buf, valid, P
+    history: torch.Tensor  # what the penalties read, always kept: the candidates are ranked after the adjustments
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        cfg, runner, self.mode = self.cfg, self.runner, "contrastive"
         assert cfg.top_k is not None  # SamplerConfig validation: contrastive search needs top_k >= 2
         self.k = int(cfg.top_k)
-        self.history = torch.where(valid, buf, -1)  # what the penalties read; -1 = padding
-        self.groups = torch.arange(buf.shape[0], device=buf.device) * self.k
+        if self.k > runner.vocab_size:
+            raise ValueError(f"top_k={self.k} candidates exceed the vocabulary of {runner.vocab_size} tokens")
+        self.history = torch.where(self.valid, self.buf, -1)  # what the penalties read; -1 = padding
+        self.groups = torch.arange(self.buf.shape[0], device=self.buf.device) * self.k
         # Cached forward -> (logits (B, T, V), last hidden state after the final norm (B, T, d)): the runner's
         # optional hook (the eager runners of our GPT and of transformers models have it).
         forward = getattr(runner, "step_with_hidden", None)
@@ -92,21 +96,24 @@ class _Search:
             raise TypeError(f"contrastive search needs a runner with step_with_hidden, got {type(runner).__name__}")
         self.forward: Callable[..., tuple[torch.Tensor, torch.Tensor]] = forward
 
-    def prefill(self) -> None:
-        """Run the prompts once (B rows), keep their hidden states, then repeat the cache k times."""
-        B, P = self.buf.shape[0], self.P
-        state = self.runner.new_state(B, self.buf.shape[1])
-        padded = not bool(self.valid[:, :P].all())
-        logits, hidden = self.forward(self.buf[:, :P], self.valid[:, :P] if padded else None, state)
-        self.context = hidden.new_zeros(B, self.buf.shape[1], hidden.shape[-1])
-        self.context[:, :P] = hidden
-        self.next_logits = logits[:, -1].float()
-        self.state = expand_state(state, self.k)
+    def logits(self, i: int, state: Any) -> torch.Tensor:
+        """The next logits: at step 0 the prompts' (run once, their hidden states kept, the cache then repeated k
+        times), later the chosen candidate's, from the step that chose it."""
+        if i == 0:
+            P, padded = self.P, not bool(self.valid[:, : self.P].all())
+            logits, hidden = self.forward(self.buf[:, :P], self.valid[:, :P] if padded else None, state)
+            self.context = hidden.new_zeros(*self.buf.shape, hidden.shape[-1])
+            self.context[:, :P] = hidden
+            self.next_logits = logits[:, -1].float()
+            self.state = expand_state(state, self.k)
+            self.forwards, self.calls = P, 1
+        return self.next_logits
 
-    def step(self, cur: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Choose the token at position ``cur`` per row → (token ids (B,), candidate distribution (B, V))."""
-        check_logits(self.next_logits, sampling=False)
-        adjusted = adjust_logits(self.next_logits, self.history[:, :cur], self.cfg, prompt_len=self.P)
+    def choose(self, logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+        """Each row's best of its k most probable candidates, all run through the model in one batch of B·k rows."""
+        cur = self.P + self.steps
+        check_logits(logits, sampling=False)
+        adjusted = adjust_logits(logits, self.history[:, :cur], self.cfg, prompt_len=self.P)
         probs = torch.softmax(adjusted, dim=-1)
         cand_probs, cand_ids = torch.topk(probs, dim=-1, k=self.k)
         out, cand_hidden = self.forward(cand_ids.reshape(-1, 1), None, self.state)
@@ -116,52 +123,18 @@ class _Search:
         keep_rows(self.state, chosen.repeat_interleave(self.k))
         self.context[:, cur] = cand_hidden[chosen, -1]
         self.next_logits = out[chosen, -1].float()
-        return cand_ids[torch.arange(len(sel), device=sel.device), sel], probs
+        self.forwards, self.calls = self.forwards + self.k, self.calls + 1
+        if self.step_logits is not None:
+            self.step_logits.append(logits.detach().clone())
+        if self.step_probs is not None:
+            self.step_probs.append(probs)
+        return cand_ids[torch.arange(len(sel), device=sel.device), sel]
 
-
-def contrastive_generate(
-    model: ModelLike,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampler: SamplerConfig,
-    eos_id: int | None = None,
-    on_token: Callable[[int, list[int]], None] | None = None,
-    return_logits: bool = False,
-    return_probs: bool = False,
-) -> GenerationResult:
-    """Contrastive search for a left-padded batch; a :class:`~genprobe.engine.runner.GenerationResult`.
-
-    ``step_probs`` (``return_probs``) are the candidate distributions: softmax of the adjusted logits.
-    """
-    runner = runner_for(model)
-    P = check_inputs(runner, prompts, max_new_tokens, "cached")
-    N, B = int(max_new_tokens), len(prompts)
-    assert sampler.top_k is not None  # SamplerConfig validation: contrastive search needs top_k >= 2
-    if sampler.top_k > runner.vocab_size:
-        raise ValueError(f"top_k={sampler.top_k} candidates exceed the vocabulary of {runner.vocab_size} tokens")
-    buf, valid = left_padded(prompts, P, N, runner.pad_id, device_of(runner))
-    search = _Search(runner, sampler, buf, valid, P)
-    ends, steps = RowEnds(B, N, eos_id, buf.device), 0
-    step_logits: list[torch.Tensor] | None = [] if return_logits else None
-    step_probs: list[torch.Tensor] | None = [] if return_probs else None
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        search.prefill()
-        for i in range(N):
-            if step_logits is not None:
-                step_logits.append(search.next_logits.detach().clone())
-            nxt, probs = search.step(P + i)
-            if step_probs is not None:
-                step_probs.append(probs)
-            shown = torch.where(ends.done, torch.full_like(nxt, -1), nxt)  # finished rows emit nothing
-            buf[:, P + i], valid[:, P + i] = torch.where(ends.done, runner.pad_id, nxt), True  # in the cache either way
-            search.history[:, P + i] = shown
-            steps = i + 1
-            if on_token is not None:
-                on_token(i, shown.tolist())
-            if ends.update(i, nxt):
-                break
-    tokens = ends.tokens(buf, P, steps)
-    prompt_tokens = [list(map(int, p)) for p in prompts]
-    counts = (P + steps * search.k, 1 + steps, "contrastive", json_safe(sampler), time.perf_counter() - t0)
-    return GenerationResult(tokens, prompt_tokens, ends.finished, *counts, step_logits, step_probs)
+    def write(self, i: int, nxt: torch.Tensor) -> torch.Tensor:
+        """Append ``nxt``: a finished row's token is padding, in the cache either way, and shown as -1."""
+        cur, done = self.P + i, self.ends.done
+        shown = torch.where(done, torch.full_like(nxt, -1), nxt)  # finished rows emit nothing
+        self.buf[:, cur], self.valid[:, cur] = torch.where(done, self.runner.pad_id, nxt), True
+        self.history[:, cur] = shown
+        self.steps = i + 1
+        return shown

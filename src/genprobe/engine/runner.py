@@ -1,8 +1,9 @@
-"""What the generation loops drive and return: the :class:`Runner` protocol, our GPT behind it, :func:`runner_for`
-(the one place a model's runner is chosen), the checks every loop makes on its inputs, and :class:`GenerationResult`.
+"""What the generation loops drive and return: the :class:`Runner` protocol, our GPT behind it (its one forward,
+:func:`forward_step`), :func:`runner_for` (the one place a model's runner is chosen), the checks every loop makes on
+its inputs, the loop's buffers (:class:`Run`) and :class:`GenerationResult`.
 
-Its own module, below ``generate`` and ``contrastive``: both loops use these, and ``generate`` dispatches to
-``contrastive``, so neither may import the other's helpers.
+Its own module, below ``generate`` and ``contrastive``: ``generate``'s loop runs contrastive search's ``Run`` too,
+so neither may import the other's helpers.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import torch.nn as nn
 
 from .._io import NOT_JSON
 from ..model import limits
+from ..model.cache_protocol import CacheLike
 from ..model.gpt import GPT
 from ..model.llama_family import llama_family_of, unsupported_reason
 from ..model.load import Model
 from ..model.position_lm import PositionDrivenLM
 from .cache import KVCache
+from .samplers.chain import process_logits, sample_next
+from .samplers.stages import SamplerConfig
 
 
 class Runner(Protocol):
@@ -53,6 +57,34 @@ class Runner(Protocol):
         """Uncached forward of the whole sequence (B, T) with key-padding ``valid`` → logits (B, T, V)."""
 
 
+def forward_step(
+    model: GPT,
+    ids: torch.Tensor,
+    cache: CacheLike | None = None,
+    positions: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run ``ids`` (B, T) through our GPT's one forward (prefill, decode, chunked prefill, verification); logits
+    (B, T, V).
+
+    Positions default to the cache's per-row count + ``arange(T)``. ``attention_mask`` may cover just
+    the new tokens (B, T) or, HF style, the whole sequence so far (B, past + T); only the last T
+    columns are new information. Overflowing the position table raises ``ValueError`` before any
+    embedding lookup.
+    """
+    if ids.dim() == 1:
+        ids = ids[None, :]
+    T = ids.shape[1]
+    if attention_mask is not None:
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != ids.shape[0] or attention_mask.shape[1] < T:
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} incompatible with ids {tuple(ids.shape)}"
+            )
+        attention_mask = attention_mask[:, -T:]
+    logits: torch.Tensor = model(ids, positions=positions, cache=cache, attention_mask=attention_mask)
+    return logits
+
+
 class GPTRunner:
     """The reference GPT behind the :class:`Runner` protocol (cache = our preallocated :class:`KVCache`)."""
 
@@ -69,12 +101,10 @@ class GPTRunner:
         return KVCache.for_model(self.model.cfg, batch_size, max_len=max_len, dtype=self.dtype, device=self.device)
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: KVCache) -> torch.Tensor:
-        logits: torch.Tensor = self.model(ids, cache=state, attention_mask=valid)
-        return logits
+        return forward_step(self.model, ids, state, attention_mask=valid)
 
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.model(ids, attention_mask=valid)
-        return logits
+        return forward_step(self.model, ids, attention_mask=valid)
 
     def step_with_hidden(
         self, ids: torch.Tensor, valid: torch.Tensor | None, state: KVCache
@@ -238,3 +268,93 @@ def device_of(runner: Runner) -> torch.device:
         return found
     except (AttributeError, StopIteration, TypeError):
         return torch.device("cpu")
+
+
+class Run:
+    """One generation's buffers (tokens and key validity, left-padded), its step records and where rows stopped:
+    :func:`~genprobe.engine.generate.generate`'s loop calls ``logits``, ``choose`` and ``write`` per step (contrastive
+    search, :class:`~genprobe.engine.contrastive.ContrastiveRun`, overrides them)."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        prompts: Sequence[Sequence[int]],
+        P: int,
+        N: int,
+        cfg: SamplerConfig,
+        mode: str,
+        eos_id: int | None,
+        observed: bool,
+        return_logits: bool,
+        return_probs: bool,
+    ):
+        self.runner, self.P, self.N, self.cfg, self.mode, self.eos_id = runner, P, N, cfg, mode, eos_id
+        B = len(prompts)
+        self.buf, self.valid = left_padded(prompts, P, N, runner.pad_id, device_of(runner))
+        self.padded = any(len(p) < P for p in prompts)
+        # The validity buffer only needs updating when something reads it after the prompt.
+        self.track_valid = mode == "naive" or eos_id is not None or cfg.uses_history or observed
+        self.history = torch.where(self.valid, self.buf, -1) if cfg.uses_history else None
+        self.ends = RowEnds(B, N, eos_id, self.buf.device)
+        self.step_logits: list[torch.Tensor] | None = [] if return_logits else None
+        self.step_probs: list[torch.Tensor] | None = [] if return_probs else None
+        self.forwards = self.calls = self.steps = 0
+
+    def logits(self, i: int, state: Any) -> torch.Tensor:
+        """Next-token logits at step ``i``: the whole prefix (naive, or the prompt's prefill), else one token."""
+        cur, runner = self.P + i, self.runner
+        out: torch.Tensor
+        self.calls += 1
+        if self.mode == "naive":
+            self.forwards += cur
+            out = runner.full(self.buf[:, :cur], self.valid[:, :cur])[:, -1]
+            return out
+        if i == 0:
+            self.forwards += cur
+            prompt_valid = self.valid[:, :cur] if self.padded else None
+            # A runner that can skip the head for all but the last position (compiled) says so.
+            last = getattr(runner, "last_logits", None)
+            if last is not None:
+                out = last(self.buf[:, :cur], prompt_valid, state)
+            else:
+                out = runner.step(self.buf[:, :cur], prompt_valid, state)[:, -1]
+            return out
+        self.forwards += 1
+        col = self.valid[:, cur - 1 : cur] if self.eos_id is not None else None
+        out = runner.step(self.buf[:, cur - 1 : cur], col, state)[:, -1]
+        return out
+
+    def choose(self, logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+        """The next token per row (sampler chain, or the raw argmax for plain greedy), recording what was asked."""
+        hist = self.history[:, : self.P + self.steps] if self.history is not None else None
+        processed = None
+        if self.step_probs is not None or not self.cfg.is_identity:
+            processed = process_logits(logits, hist, self.cfg, prompt_len=self.P, generator=gen)
+        nxt = sample_next(logits, hist, self.cfg, gen, processed=processed, prompt_len=self.P)
+        if self.step_logits is not None:
+            self.step_logits.append(logits.detach().float().clone())
+        if self.step_probs is not None:
+            assert processed is not None  # computed above whenever probabilities are asked for
+            self.step_probs.append(torch.softmax(processed, dim=-1))
+        return nxt
+
+    def write(self, i: int, nxt: torch.Tensor) -> torch.Tensor:
+        """Append ``nxt`` at step ``i``; a finished row gets padding and stays invalid (returned as written)."""
+        cur = self.P + i
+        if self.eos_id is not None:
+            nxt = torch.where(self.ends.done, torch.full_like(nxt, self.runner.pad_id), nxt)
+            self.valid[:, cur] = ~self.ends.done
+        elif self.track_valid:
+            self.valid[:, cur] = True
+        self.buf[:, cur] = nxt
+        if self.history is not None:
+            self.history[:, cur] = torch.where(self.valid[:, cur], nxt, -1)
+        self.steps = i + 1
+        return nxt
+
+    def result(self, prompts: Sequence[Sequence[int]], seconds: float) -> GenerationResult:
+        """The generated tokens per row (up to its end token) and the run's counters."""
+        tokens = self.ends.tokens(self.buf, self.P, self.steps)
+        prompt_tokens = [list(map(int, p)) for p in prompts]
+        counts = (self.forwards, self.calls, self.mode, self.cfg.to_dict(), seconds, self.step_logits, self.step_probs)
+        return GenerationResult(tokens, prompt_tokens, self.ends.finished, *counts)

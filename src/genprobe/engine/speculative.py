@@ -19,8 +19,8 @@ import torch
 from .drafts import CachedModel, Draft, ModelDraft, PromptLookupDraft, first_layers
 from .generate import GREEDY
 from .runner import ModelLike, Runner, check_inputs, runner_for
-from .samplers.chain import check_logits, process_logits
-from .samplers.stages import SamplerConfig
+from .samplers.chain import sample_next, sampling_probs
+from .samplers.stages import CONTRASTIVE, XTC, SamplerConfig
 
 
 class Draws(Protocol):
@@ -139,9 +139,9 @@ class SpeculativeDecoder:
         self.draft = make_draft(target, draft)
         self.k = check_k(k)
         self.cfg = sampler or GREEDY
-        if self.cfg.xtc_active:
+        if XTC.active(self.cfg):
             raise ValueError("speculative decoding cannot use XTC: its random per-step draw makes p itself random")
-        if self.cfg.is_contrastive:
+        if CONTRASTIVE.active(self.cfg):
             raise ValueError("speculative decoding samples or takes the argmax; contrastive search is its own loop")
         self.greedy = self.cfg.greedy
         self.draws: Draws = draws if draws is not None else SeededDraws(0)
@@ -234,20 +234,16 @@ class SpeculativeDecoder:
         self.draft.rollback(context)
 
     # ---- the sampler chain: the same distribution plain decoding draws from ----------------------------------
-    def processed(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
-        hist = torch.tensor([list(context)], dtype=torch.long) if self.cfg.uses_history else None
-        return process_logits(logits[None].cpu(), hist, self.cfg, prompt_len=self.P)[0]
+    def history(self, context: Sequence[int]) -> torch.Tensor | None:
+        return torch.tensor([list(context)], dtype=torch.long) if self.cfg.uses_history else None
 
     def probs(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
         """The processed sampling distribution (V,) after ``context``."""
-        return torch.softmax(self.processed(logits, context), dim=-1)
+        return sampling_probs(logits[None].cpu(), self.history(context), self.cfg, prompt_len=self.P)[0]
 
     def argmax(self, logits: torch.Tensor, context: Sequence[int]) -> int:
-        """Greedy's token: the raw argmax (plain greedy), else the argmax of the adjusted logits."""
-        if self.cfg.is_identity:
-            check_logits(logits[None], sampling=False)
-            return int(logits.argmax())
-        return int(self.processed(logits, context).argmax())
+        """Greedy's token, as plain decoding's: the raw argmax (plain greedy), else that of the adjusted logits."""
+        return int(sample_next(logits[None].cpu(), self.history(context), self.cfg, prompt_len=self.P)[0])
 
     def pick(self, logits: torch.Tensor, context: Sequence[int]) -> tuple[int, torch.Tensor | None]:
         """A draft model's token and the distribution q it came from (greedy: its argmax, no q)."""

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence, TypedDict
 
 from tqdm import tqdm
 from typing_extensions import Unpack
 
 from .._io import json_safe
-from ..engine.backend import Backend, Request, Sampler
+from ..engine.backend import Backend, Request
 from ..engine.generate import generate
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.calibrate import DEFAULT_TARGET, LoopCalibration, calibrate_loop_settings
@@ -379,21 +379,6 @@ def engine_batches(model: Any, compile: bool = False) -> GenerateBatch:
     return generate_batch
 
 
-#: SamplerConfig fields a :class:`~genprobe.engine.backend.Sampler` carries (the rest must stay at their defaults)
-BACKEND_FIELDS = {"greedy", "temperature", "top_k", "top_p", "ban_ids", "order", "engine"}
-
-
-def backend_sampler(sampler: SamplerConfig, seed: int) -> Sampler:
-    """``sampler`` as a backend's (and the OpenAI API's) settings; a ``ValueError`` naming the first setting they
-    cannot express (min-p, typical-p, penalties, DRY, XTC, …: refused, never approximated)."""
-    for f in fields(SamplerConfig):
-        if f.name not in BACKEND_FIELDS and getattr(sampler, f.name) != f.default:
-            raise ValueError(f"a backend request takes temperature, top-p, top-k and banned ids; not {f.name}")
-    if sampler.greedy:
-        return Sampler(0.0, ban_ids=tuple(sampler.ban_ids))
-    return Sampler(sampler.temperature, sampler.top_p or 1.0, sampler.top_k or 0, seed, tuple(sampler.ban_ids))
-
-
 def backend_batches(backend: Backend, concurrency: int = 1) -> GenerateBatch:
     """The scan's batch generator over any :class:`~genprobe.engine.backend.Backend`: each batch sent with
     ``concurrency`` requests in flight (as users load a server), prompt ``i`` sampled with seed ``seed + i``; a
@@ -407,8 +392,8 @@ def backend_batches(backend: Backend, concurrency: int = 1) -> GenerateBatch:
                 raise ValueError(f"the {caps.server} server takes text prompts: give the prompts as text")
             prompts = list(b.texts)
         # logprobs=1: an OpenAI-compatible server names the generated ids only in its log-probabilities
-        sampled = [backend_sampler(b.sampler, b.seed + i) for i in range(b.first, b.first + len(prompts))]
-        reqs = [Request(p, b.max_new_tokens, s, logprobs=1) for p, s in zip(prompts, sampled, strict=True)]
+        seeds = range(b.seed + b.first, b.seed + b.first + len(prompts))
+        reqs = [Request(p, b.max_new_tokens, b.sampler, s, logprobs=1) for p, s in zip(prompts, seeds, strict=True)]
         outs = backend.complete_many(reqs, concurrency)
         return [(o.token_ids, len(o.token_ids) == b.max_new_tokens) for o in outs]
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .._io import json_safe
 from ..corpus.inputs import default_prompts
-from ..engine.backend import Backend
+from ..engine.backend import Backend, check_api_sampler
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.calibrate import LoopCalibration
 from ..metrics.degeneracy import LoopSettings
@@ -21,7 +21,6 @@ from .scan import (
     ScanResult,
     annotate_scan,
     backend_batches,
-    backend_sampler,
     chanting_sampler,
     detector_settings,
     engine_batches,
@@ -61,7 +60,7 @@ def backend_engine(backend: Backend, concurrency: int | None = None, kind: str =
         not_checked.append(f"prompt ids: the {caps.server} server tokenizes the prompt texts itself")
 
     def check(sampler: SamplerConfig, model: Any, n_ctx: int) -> None:
-        backend_sampler(sampler, 0)
+        check_api_sampler(sampler)
         if not sampler.greedy and not caps.seed and SEEDS_NOTE not in not_checked:
             not_checked.append(SEEDS_NOTE)
 

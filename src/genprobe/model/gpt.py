@@ -192,7 +192,7 @@ class GPT(PositionDrivenLM):
         ``hidden_store`` the residual stream after every block. ``logits_to_keep`` > 0 returns the logits
         of the last that many positions only (B, logits_to_keep, V), as ``transformers``' argument of that
         name: a prompt's forward needs only its last position, and the head is the largest product of a
-        small-vocabulary model. Use :func:`genprobe.engine.step.forward_step` for cache-aware default positions.
+        small-vocabulary model. Use :func:`genprobe.engine.runner.forward_step` for cache-aware default positions.
         """
         positions, valid, defaulted = self._checked_inputs(ids, positions, cache, attention_mask, logits_to_keep)
         mask = self._attention_bias(ids, positions, valid, cache, document_ids, defaulted)

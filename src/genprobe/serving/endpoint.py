@@ -125,22 +125,22 @@ class EndpointBackend:
 
     # ---- requests ---------------------------------------------------------------------------------------
     def _body(self, request: Request) -> dict[str, Any]:
-        s = request.sampler
+        s, bans = request.api_sampler(), request.sampler.ban_ids
         body: dict[str, Any] = {
             "model": self.model_name,
             "prompt": list(request.prompt) if not isinstance(request.prompt, str) else request.prompt,
             "max_tokens": request.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
+            "temperature": s["temperature"],
+            "top_p": s["top_p"],
             "logprobs": request.logprobs,
             "stream": False,
         }
-        if s.top_k:
-            body["top_k"] = s.top_k
-        if s.seed is not None:
-            body["seed"] = s.seed
-        if s.ban_ids:
-            body["logit_bias"] = {str(t): -100 for t in s.ban_ids}
+        if s["top_k"]:
+            body["top_k"] = s["top_k"]
+        if s["seed"] is not None:
+            body["seed"] = s["seed"]
+        if bans:
+            body["logit_bias"] = {str(t): -100 for t in bans}
         if request.stop:
             body["stop"] = list(request.stop)
         if self.server == "vllm":

@@ -321,17 +321,17 @@ class VllmBackend:
     def _params(self, r: Request) -> Any:
         from vllm import SamplingParams
 
-        s = r.sampler
+        s, bans = r.api_sampler(), r.sampler.ban_ids
         if r.stop:
             raise ValueError("the in-process vLLM backend returns ids, not text: it takes no stop strings")
         kw: dict[str, Any] = dict(max_tokens=r.max_tokens, logprobs=r.logprobs, prompt_logprobs=r.prompt_logprobs)
-        kw.update(temperature=s.temperature, top_p=s.top_p, seed=s.seed, detokenize=False, ignore_eos=True)
+        kw.update(temperature=s["temperature"], top_p=s["top_p"], seed=s["seed"], detokenize=False, ignore_eos=True)
         if not r.read_cache:
             kw["skip_reading_prefix_cache"] = True
-        if s.top_k:
-            kw["top_k"] = s.top_k
-        if s.ban_ids:
-            kw["logit_bias"] = {int(t): -100.0 for t in s.ban_ids}
+        if s["top_k"]:
+            kw["top_k"] = s["top_k"]
+        if bans:
+            kw["logit_bias"] = {int(t): -100.0 for t in bans}
         return SamplingParams(**kw)
 
     def complete(self, request: Request) -> Response:

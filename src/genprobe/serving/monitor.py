@@ -17,7 +17,9 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, StoppingCriteria
 
-from ..engine.backend import Backend, Request, Sampler
+from ..engine.backend import Backend, Request
+from ..engine.generate import GREEDY
+from ..engine.samplers.stages import SamplerConfig
 from ..metrics.loop import DEFAULT_MIN_TAIL, LoopInfo, detect_loop
 
 DEFAULT_MAX_PERIOD = 64
@@ -317,8 +319,9 @@ def monitor_backend(
     backend: Backend,
     prompts: Sequence[Sequence[int] | str],
     max_tokens: int,
-    sampler: Sampler | None = None,
+    sampler: SamplerConfig = GREEDY,
     *,
+    seed: int | None = None,
     chunk: int = 16,
     concurrency: int = 1,
     make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector,
@@ -331,7 +334,7 @@ def monitor_backend(
     stop is reported not checked)."""
     if chunk < 1 or max_tokens < 1:
         raise ValueError(f"chunk and max_tokens must be >= 1, got {chunk}, {max_tokens}")
-    caps, sampler = backend.capabilities, sampler or Sampler()
+    caps = backend.capabilities
     not_checked = []
     if not caps.token_prompts:
         not_checked.append(
@@ -339,14 +342,14 @@ def monitor_backend(
             "token ids; each was generated whole and the detector replayed over it"
         )
         chunk = max_tokens
-    if sampler.temperature > 0 and not caps.seed:
+    if not sampler.greedy and not caps.seed:
         not_checked.append(f"reproducibility: the {caps.server} server does not honour per-request seeds")
-    starts = [_prompt_for(backend, p) for p in prompts]
+    starts, each = [_prompt_for(backend, p) for p in prompts], Request((), chunk, sampler, seed)
     runs = [MonitoredCompletion([]) for _ in prompts]
     watches = [LoopWatch(make_detector) for _ in prompts]
     live = list(range(len(prompts)))
     while live:
-        requests = [_next_request(starts[i], runs[i], max_tokens, chunk, sampler) for i in live]
+        requests = [_next_request(starts[i], runs[i], max_tokens, each) for i in live]
         going = []
         for i, out in zip(live, backend.complete_many(requests, concurrency), strict=True):
             run = runs[i]
@@ -375,10 +378,8 @@ def _prompt_for(backend: Backend, prompt: Sequence[int] | str) -> tuple[int, ...
     return prompt if isinstance(prompt, str) else tuple(prompt)
 
 
-def _next_request(
-    start: tuple[int, ...] | str, run: MonitoredCompletion, max_tokens: int, chunk: int, sampler: Sampler
-) -> Request:
-    """The next chunk of a completion: its prompt followed by the tokens so far."""
+def _next_request(start: tuple[int, ...] | str, run: MonitoredCompletion, max_tokens: int, chunk: Request) -> Request:
+    """The next ``chunk`` of a completion: its prompt followed by the tokens so far (request k seeded ``seed + k``)."""
     prompt = start if isinstance(start, str) else (*start, *run.tokens)
-    seeded = sampler if sampler.seed is None else replace(sampler, seed=sampler.seed + run.requests)
-    return Request(prompt, min(chunk, max_tokens - run.generated), seeded)
+    seed = None if chunk.seed is None else chunk.seed + run.requests
+    return replace(chunk, prompt=prompt, max_tokens=min(chunk.max_tokens, max_tokens - run.generated), seed=seed)

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from ..engine.backend import Backend, Request, Response, Sampler
+from ..engine.backend import Backend, Request, Response
+from ..engine.samplers.stages import SamplerConfig
 from .judge import NOT_CHECKED, Judge, PhaseReport, Thresholds, worst_verdict
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -362,7 +363,7 @@ def seed_phase(run: Run) -> PhaseReport:
     """A sampled request (temperature 1) sent twice with one seed: the same tokens."""
     if not run.backend.capabilities.seed:
         return not_checked("seed", "the backend takes no per-request seed")
-    sampled = Request(run.work.alone[0], run.settings.steps, Sampler(temperature=1.0, seed=1234))
+    sampled = Request(run.work.alone[0], run.settings.steps, SamplerConfig(temperature=1.0), seed=1234)
     first, second = run.backend.complete(sampled), run.backend.complete(sampled)
     at = first_difference(first.token_ids, second.token_ids)
     rep = PhaseReport("seed", judged_on="tokens", requests=2, divergence_rate=float(at is not None))

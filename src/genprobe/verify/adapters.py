@@ -36,7 +36,7 @@ import torch
 
 from ..engine.cache import KVCache
 from ..engine.fast.static_cache import StaticKVCache
-from ..engine.step import forward_step
+from ..engine.runner import forward_step
 from ..model.gpt import GPT
 from ..model.limits import max_positions
 from ..model.position_lm import PositionDrivenLM, default_positions

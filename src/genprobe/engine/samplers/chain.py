@@ -1,10 +1,24 @@
-"""The sampler chain: adjustments (bans, penalties, no-repeat-n-gram, DRY), then the order's stages.
+"""The sampler chain: pure functions of logits, validated parameters (:class:`~.stages.SamplerConfig`), an explicit
+order and engine.
 
-``process_logits`` maps raw logits (B, V) to the logits whose softmax is the sampling
-distribution; removed tokens are ``-inf``. Greedy is its own path: the argmax of the *adjusted*
-logits (truncations, typical-p, XTC and τ are sampling stages, as in HF where warpers only run
-when sampling). NaN logits raise in every path; so does ``+inf`` when sampling (softmax of ``+inf``
-is undefined).
+:func:`process_logits` maps raw logits (B, V) to the logits whose softmax is the sampling distribution; a removed
+token gets ``-inf``, never 0. The **adjustments** (bans, repetition/presence/frequency penalties, no-repeat-n-gram,
+DRY) come first in every order and also apply when greedy; ``order`` places the **truncations** (top-n-σ, top-k,
+typical-p, top-p, min-p, XTC) and **temperature** (:data:`~.stages.ORDERS`: genprobe's default ``trunc_then_temp``
+keeps a set that does not depend on τ, as llama.cpp's order does; ``temp_then_trunc``; and the ``hf``, ``vllm`` and
+``llama.cpp`` engines' own orders).
+
+``engine`` decides each stage's arithmetic and each penalty's scope (each stage's docstring in :mod:`.stages` says
+how): ``hf`` (transformers' processors and warpers, op for op), ``vllm`` (its PyTorch sampler), ``llama.cpp`` (its
+float32 candidate-array samplers; penalties over the last 64 tokens) or ``genprobe`` (exact: float64 nucleus mass,
+ties to the lower id). It defaults to the order's name when that is an engine, else ``genprobe``.
+``SamplerConfig.preset(name, **overrides)`` gives an engine's own defaults (``PRESETS``, sources cited there) with
+its order and arithmetic; a bare ``SamplerConfig(order="llama.cpp", top_p=0.9)`` uses llama.cpp's arithmetic and
+order but only the parameters given.
+
+Greedy is its own path: the argmax of the *adjusted* logits, never emulated with τ≈0 (truncations, typical-p, XTC
+and τ are sampling stages, as in HF where warpers only run when sampling). NaN logits raise ValueError in every
+path; so does ``+inf`` when sampling (softmax of ``+inf`` is undefined).
 """
 
 from __future__ import annotations
@@ -15,7 +29,7 @@ from typing import Any
 import torch
 
 from .candidates import Candidates
-from .stages import XTC, SamplerConfig, Truncation
+from .stages import DRY, XTC, SamplerConfig, Truncation
 
 
 def check_logits(logits: torch.Tensor, sampling: bool = True) -> bool:
@@ -110,7 +124,7 @@ def process_logits(
         raise ValueError(f"logits must be (batch, vocab), got shape {tuple(logits.shape)}")
     all_finite = check_logits(logits, sampling=not cfg.greedy)
     z = adjust_logits(logits, history, cfg, prompt_len)
-    may_empty = not all_finite or cfg.ban_ids or cfg.no_repeat_ngram or cfg.dry_active  # penalties keep x finite
+    may_empty = not all_finite or cfg.ban_ids or cfg.no_repeat_ngram or DRY.active(cfg)  # penalties keep x finite
     if may_empty and not torch.isfinite(z).any(-1).all():  # truncations always keep one token
         raise ValueError("every token is banned at this step (no_repeat_ngram / ban_ids left nothing)")
     return z if cfg.greedy else run_stages(z, cfg, generator)
@@ -149,7 +163,7 @@ def kept_set_size(logits: torch.Tensor, cfg: SamplerConfig, history: torch.Tenso
     """How many tokens keep a non-zero probability for one row of ``logits`` (V,) under ``cfg``."""
     if logits.dim() != 1:
         raise ValueError(f"kept_set_size takes one row of logits (V,), got shape {tuple(logits.shape)}")
-    gen = torch.Generator().manual_seed(0) if cfg.xtc_active else None
+    gen = torch.Generator().manual_seed(0) if XTC.active(cfg) else None
     z = process_logits(logits[None, :], None if history is None else history.reshape(1, -1), cfg, generator=gen)
     if cfg.greedy:
         return 1

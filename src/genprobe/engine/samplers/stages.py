@@ -102,11 +102,13 @@ def _within(v: float, limit: str) -> bool:
 
 
 class Stage:
-    """One sampler. Subclasses set ``name``, ``what`` (how a refusal names it) and ``params``."""
+    """One sampler. Subclasses set ``name``, ``what`` (how a refusal names it) and ``params``; by default the first
+    parameter is its switch, whose value ``off`` leaves the logits alone."""
 
     name: ClassVar[str]
     what: ClassVar[str]
     params: ClassVar[tuple[Param, ...]] = ()
+    off: ClassVar[float] = 0.0
     other_fields: ClassVar[tuple[str, ...]] = ()  # non-numeric fields it owns (no Param)
     #: True where every engine computes it the same way (bans, n-gram bans): any ``engine`` may map it.
     exact_anywhere: ClassVar[bool] = False
@@ -115,9 +117,15 @@ class Stage:
     def fields(self) -> tuple[str, ...]:
         return (*(p.name for p in self.params), *self.other_fields)
 
+    def value(self, c: SamplerConfig) -> float:
+        """The switch parameter, ``off`` for None (the form vLLM and llama.cpp take)."""
+        v = getattr(c, self.params[0].name)
+        v = self.off if v is None else v
+        return int(v) if self.params[0].integer else float(v)
+
     def active(self, c: SamplerConfig) -> bool:
         """True when this stage can change the outcome under ``c``."""
-        raise NotImplementedError
+        return self.value(c) != self.off
 
     def check(self, c: SamplerConfig) -> None:
         """Checks across fields (each field's own range is its :class:`Param`'s)."""
@@ -326,9 +334,6 @@ class NoRepeatNgram(Adjustment):
     name, what, exact_anywhere = "no_repeat_ngram", "no_repeat_ngram (an n-gram ban)", True
     params = (Param("no_repeat_ngram", "an integer >= 0", "0 = off", "ban tokens completing a repeated N-gram (HF)"),)
 
-    def active(self, c: SamplerConfig) -> bool:
-        return c.no_repeat_ngram > 0
-
     def adjust(self, z: torch.Tensor, history: torch.Tensor, c: SamplerConfig, prompt_len: int) -> torch.Tensor:
         return z.masked_fill(no_repeat_ngram_mask(history, c.no_repeat_ngram, z.shape[1]), NEG_INF)
 
@@ -383,9 +388,6 @@ class Contrastive(Stage):
     name, what = "contrastive", "contrastive search (penalty_alpha > 0)"
     params = (Param("penalty_alpha", "in [0, 1]", "0 = off; contrastive search", "degeneration penalty, with --top-k"),)
 
-    def active(self, c: SamplerConfig) -> bool:
-        return c.penalty_alpha > 0
-
     def check(self, c: SamplerConfig) -> None:
         if not self.active(c):
             return
@@ -404,20 +406,10 @@ class Contrastive(Stage):
 
 # ---- truncations and temperature: placed by ORDERS, skipped when greedy ------------------------------
 class Truncation(Stage):
-    """A stage with one switch parameter (its first) whose value ``off`` leaves the logits alone."""
+    """A stage that may remove tokens (or rescale them: temperature), skipped when greedy."""
 
-    off: ClassVar[float] = 0.0
     vllm_name: ClassVar[str | None] = None  # its SamplingParams keyword; None: vLLM has no such sampler
     chain_args: ClassVar[tuple[Any, ...]] = ()  # llama.cpp's init arguments after the value (min_keep 0)
-
-    def value(self, c: SamplerConfig) -> float:
-        """The switch parameter, ``off`` for None (the form vLLM and llama.cpp take)."""
-        v = getattr(c, self.params[0].name)
-        v = self.off if v is None else v
-        return int(v) if self.params[0].integer else float(v)
-
-    def active(self, c: SamplerConfig) -> bool:
-        return self.value(c) != self.off
 
     def vllm(self, c: SamplerConfig, vocab: int) -> dict[str, Any]:
         if self.vllm_name is None:
@@ -774,22 +766,7 @@ class SamplerConfig:
         """A copy with ``changes`` (validated again)."""
         return replace(self, **changes)
 
-    # ---- what is active ------------------------------------------------------------------
-    @property
-    def is_contrastive(self) -> bool:
-        """True for contrastive search (``penalty_alpha`` > 0 with ``top_k`` candidates)."""
-        return CONTRASTIVE.active(self)
-
-    @property
-    def dry_active(self) -> bool:
-        """True when DRY can change a logit (llama.cpp: multiplier ≠ 0, last_n ≠ 0)."""
-        return DRY.active(self)
-
-    @property
-    def xtc_active(self) -> bool:
-        """True when XTC may remove tokens (llama.cpp: probability > 0 and threshold ≤ 0.5)."""
-        return XTC.active(self)
-
+    # ---- what is active (each stage's ``active``; these, cached, are asked at every decoding step) ----------
     # Cached: a config is immutable, and the chain asks these at every decoding step.
     @cached_property
     def uses_history(self) -> bool:

@@ -510,8 +510,7 @@ class LlamaCppBackend:
 
 
 def _greedy_only(request: Request) -> None:
-    s = request.sampler
-    if s.temperature != 0 or isinstance(request.prompt, str):
+    if not request.sampler.greedy or isinstance(request.prompt, str):
         raise ValueError("the llama.cpp backend runs greedy requests on token ids")
 
 

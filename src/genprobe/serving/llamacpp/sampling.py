@@ -23,6 +23,7 @@ import numpy as np
 from ...engine.samplers.dry import breakers_from_strings
 from ...engine.samplers.stages import (
     BANS,
+    DRY,
     ORDERS,
     STAGES,
     ChainEnv,
@@ -160,7 +161,7 @@ class LlamaVocab(Closeable):
 
 
 def _check_breakers(cfg: SamplerConfig, strings: Sequence[str], vocab: LlamaVocab | None) -> None:
-    if not cfg.dry_active:
+    if not DRY.active(cfg):
         return
     if vocab is None:
         raise UnsupportedLlamaCppSamplerError(

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...engine.samplers.stages import SamplerConfig
+from ...engine.samplers.stages import DRY, SamplerConfig
 from ...loops.scan import Batch, GenerateBatch, check_prompts, study_sampler
 from ...loops.scan_settings import ScanEngine
 from .engine import LlamaCppModel, NextToken
@@ -53,7 +53,7 @@ def llamacpp_batches(model: LlamaCppModel, dry_breaker_strings: Sequence[str] = 
 
     def generate_batch(b: Batch) -> list[tuple]:
         check_prompts(b, model.vocab_size)
-        vocab = LlamaVocab(model.path) if b.sampler.dry_active else None
+        vocab = LlamaVocab(model.path) if DRY.active(b.sampler) else None
         chains = [
             LlamaCppSampler(
                 b.sampler,
