@@ -29,21 +29,32 @@ DEFAULT_ATTENTION_TEXT = "白日依山盡黃河入海流欲窮千里目更上一
 
 
 def scan_loops(
-    model: "Model", prompts: Sequence[str] | None = None, *, sampling: "SamplerConfig | None" = None, **options: Any
+    model: "Model",
+    prompts: Sequence[str] | None = None,
+    *,
+    sampling: "SamplerConfig | None" = None,
+    calibration: "LoopCalibration | None" = None,
+    compile: bool = False,
+    **options: Any,
 ) -> "ScanResult":
     """Generate after every prompt and measure loops (exact, near, repetitive tail, degenerate) with CIs.
 
     The default decoding is the loop studies' setting: greedy with the unknown and end tokens banned, a
     fixed number of new tokens. ``prompts`` defaults to held-out Tang openings for the bundled char model.
-    ``options`` are :func:`genprobe.scan_loop_settings`' (which runs several settings, the vLLM backend and the
-    ``loops scan`` JSON): ``max_new_tokens`` (57), ``batch_size`` (64), ``seed``, ``progress``; ``calibration``
+    ``options`` are :class:`~genprobe.loops.scan.ScanOptions`' fields, as :func:`genprobe.scan_loop_settings` (which
+    runs several settings, the vLLM backend and the ``loops scan`` JSON) takes them: ``max_new_tokens`` (57),
+    ``batch_size`` (64), ``seed``, ``progress``; ``calibration``
     (:func:`calibrate_loops` at ``max_new_tokens``) fixes the detector settings and puts its human false-positive
     rates beside the scan's, else ``loop`` (default: the raw defaults); ``compile=True`` decodes through the
     compiled fast path (our GPT, Llama-family models; ``loops scan --compile``).
     """
+    from .loops.scan import ScanOptions
     from .loops.scan_settings import scan_loop_settings
 
-    return scan_loop_settings(model, prompts, {"scan": sampling}, **options).scans["scan"]
+    scan = ScanOptions(**options)
+    return scan_loop_settings(model, prompts, {"scan": sampling}, scan, calibration=calibration, compile=compile).scans[
+        "scan"
+    ]
 
 
 def calibrate_loops(
