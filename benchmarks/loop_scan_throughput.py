@@ -2,7 +2,7 @@
 
 The model (``MODEL``: a genprobe checkpoint, default ``out/case/model``, or a transformers directory)
 scans held-out Tang openings in the chanting setting (greedy, ``<unk>`` banned, ``--max-new-tokens``
-after each) at batch 64 and batch 1 through :func:`genprobe.loops.scan.scan_loops` (our cached engine)
+after each) at batch 64 and batch 1 through :func:`genprobe.loops.scan.engine_batches` (our cached engine)
 and :func:`genprobe.serving.scan.vllm_batches` (``LLM.generate``, ``batch_size`` prompts per call).
 Repetitions are interleaved (ours, vLLM, ours, …) and the median wall time is reported as prompts/s;
 the ratios are measured in this one run. The engine start-up is excluded and printed. Verdicts
@@ -77,7 +77,7 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     import torch
 
     from genprobe.engine.loaded import load_model
-    from genprobe.loops.scan import chanting_sampler, scan_batches, scan_loops
+    from genprobe.loops.scan import ScanOptions, chanting_sampler, engine_batches, scan_batches
     from genprobe.serving.engine import EngineOptions, shared_engine
     from genprobe.serving.scan import vllm_batches
 
@@ -103,9 +103,11 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
         ps = prompts[:n]
         ours_t, vllm_t, ours, theirs = [], [], None, None
         for _ in range(args.reps):  # interleaved: machine noise hits both alike
-            t, ours = _timed(lambda ps=ps, b=batch: scan_loops(model.runner, ps, N, sampler, batch_size=b))
+            t, ours = _timed(
+                lambda ps=ps, b=batch: scan_batches(engine_batches(model.runner), ps, ScanOptions(N, sampler, b))
+            )
             ours_t.append(t)
-            t, theirs = _timed(lambda ps=ps, b=batch: scan_batches(vllm_batches(eng), ps, N, sampler, batch_size=b))
+            t, theirs = _timed(lambda ps=ps, b=batch: scan_batches(vllm_batches(eng), ps, ScanOptions(N, sampler, b)))
             vllm_t.append(t)
         o, v = statistics.median(ours_t), statistics.median(vllm_t)
         agree[batch] = {

@@ -69,6 +69,8 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
+    from dataclasses import replace
+
     import torch
 
     from genprobe.loops.scan import scan_batches
@@ -90,8 +92,7 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     t0 = time.perf_counter()
     ours = study.scan(ids, texts, desc="ours")
     t1 = time.perf_counter()
-    options = study.scan_options(texts, "vllm")
-    served = scan_batches(vllm_batches(eng), ids, cfg.max_new_tokens, study.sampler, **options)
+    served = scan_batches(vllm_batches(eng), ids, replace(study.options, desc="vllm"), texts)
     t2 = time.perf_counter()
     after = report["validation"]["after"]
     rows = []

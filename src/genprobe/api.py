@@ -29,21 +29,31 @@ DEFAULT_ATTENTION_TEXT = "白日依山盡黃河入海流欲窮千里目更上一
 
 
 def scan_loops(
-    model: "Model", prompts: Sequence[str] | None = None, *, sampling: "SamplerConfig | None" = None, **options: Any
+    model: "Model",
+    prompts: Sequence[str] | None = None,
+    *,
+    sampling: "SamplerConfig | None" = None,
+    calibration: "LoopCalibration | None" = None,
+    compile: bool = False,
+    **options: Any,
 ) -> "ScanResult":
     """Generate after every prompt and measure loops (exact, near, repetitive tail, degenerate) with CIs.
 
     The default decoding is the loop studies' setting: greedy with the unknown and end tokens banned, a
     fixed number of new tokens. ``prompts`` defaults to held-out Tang openings for the bundled char model.
-    ``options`` are :func:`genprobe.scan_loop_settings`' (which runs several settings, the vLLM backend and the
-    ``loops scan`` JSON): ``max_new_tokens`` (57), ``batch_size`` (64), ``seed``, ``progress``; ``calibration``
+    ``options`` are :class:`~genprobe.loops.scan.ScanOptions`' fields: ``max_new_tokens`` (57), ``batch_size`` (64),
+    ``seed``, ``progress`` (:func:`genprobe.scan_loop_settings` runs several settings, other engines); ``calibration``
     (:func:`calibrate_loops` at ``max_new_tokens``) fixes the detector settings and puts its human false-positive
     rates beside the scan's, else ``loop`` (default: the raw defaults); ``compile=True`` decodes through the
     compiled fast path (our GPT, Llama-family models; ``loops scan --compile``).
     """
+    from .loops.scan import ScanOptions
     from .loops.scan_settings import scan_loop_settings
 
-    return scan_loop_settings(model, prompts, {"scan": sampling}, **options).scans["scan"]
+    scans = scan_loop_settings(
+        model, prompts, {"scan": sampling}, ScanOptions(**options), calibration=calibration, compile=compile
+    )
+    return scans.scans["scan"]
 
 
 def calibrate_loops(
@@ -61,7 +71,7 @@ def calibrate_loops(
     ``human_text`` (one document per line), else the corpus matching the prompts' script — held-out Tang
     poems for Chinese prompts (the bundled char model's default), the English corpus otherwise (fetched
     once with ``genprobe fetch english``). The result's held-out human rates go beside a scan's rates
-    (``genprobe.loops.scan.scan_loops(..., calibration=)``).
+    (``genprobe.scan_loops(model, calibration=...)``).
     """
     from .corpus.inputs import default_prompts
     from .loops.scan import calibrate_for_scan

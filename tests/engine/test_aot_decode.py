@@ -215,16 +215,16 @@ def test_generations_in_threads_alongside_other_allocations_equal_eager(model):
 
 
 def test_a_loop_scan_through_the_compiled_path_equals_the_eager_scan(model, monkeypatch):
-    """``scan_loops(compile=True)`` (``loops scan --compile``): the study's sampler (end and unknown tokens banned)
+    """``engine_batches(compile=True)`` (``loops scan --compile``): the study's sampler (end and unknown tokens banned)
     stepped through the AOT step program; the same generations, loop measures and rates as the eager scan."""
-    from genprobe.loops.scan import scan_loops
+    from genprobe.loops.scan import ScanOptions, engine_batches, scan_batches
 
     batches: list[int] = []
     real = compiled_mod.aot_decoder
     monkeypatch.setattr(compiled_mod, "aot_decoder", lambda m, b, *a, **k: batches.append(b) or real(m, b, *a, **k))
     prompts = [[5, 9, 2, 41, 7], [3, 4, 5, 6], [9, 10, 11], [12, 13]]
-    a = scan_loops(model, prompts, 20, batch_size=2, eos_id=0, unk_id=1, compile=True)
+    a = scan_batches(engine_batches(model, compile=True), prompts, ScanOptions(20, batch_size=2, eos_id=0, unk_id=1))
     assert batches and set(batches) == {2}  # every batch of the scan ran through the compiled programs
-    b = scan_loops(model, prompts, 20, batch_size=2, eos_id=0, unk_id=1)
+    b = scan_batches(engine_batches(model), prompts, ScanOptions(20, batch_size=2, eos_id=0, unk_id=1))
     assert [r.tokens for r in a.records] == [r.tokens for r in b.records]
     assert json_safe(a) == json_safe(b)

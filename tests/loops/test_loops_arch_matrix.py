@@ -12,7 +12,7 @@ from genprobe.engine.loaded import load_model
 from genprobe.loops.edit import EditSpec, make_patch
 from genprobe.loops.hf_patch import NOTE_FILE, apply_to_dir, revert_dir
 from genprobe.loops.patch import PatchError, finalise
-from genprobe.loops.scan import scan_loops
+from genprobe.loops.scan import ScanOptions, engine_batches, scan_batches
 from genprobe.model.arch import mlp_sites, state_sha256
 from genprobe.model.errors import UnsupportedArchitectureError
 
@@ -109,7 +109,7 @@ def test_sites_patch_dir_roundtrip_and_scan(arch, tmp_path):
     assert sha256_file(tmp_path / "back" / "model.safetensors") == sha256_file(src / "model.safetensors")
     assert not (tmp_path / "back" / NOTE_FILE).exists()
 
-    res = scan_loops(model.runner, [[3, 4, 5], [6, 7]], 24, batch_size=2, unk_id=None)
+    res = scan_batches(engine_batches(model.runner), [[3, 4, 5], [6, 7]], ScanOptions(24, batch_size=2, unk_id=None))
     assert res.summary.n == 2 and all(len(r.tokens) == 24 for r in res.records)
 
 

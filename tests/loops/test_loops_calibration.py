@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from genprobe import registry
 from genprobe._io import json_safe
 from genprobe.cli import main
 from genprobe.loops.prompts import human_sequences, is_cjk
-from genprobe.loops.scan import annotate_scan, scan_loops, scan_table
+from genprobe.loops.scan import ScanOptions, annotate_scan, detector_settings, engine_batches, scan_batches, scan_table
 from genprobe.metrics.calibrate import calibrate_loop_settings
 from genprobe.metrics.degeneracy import LoopSettings
 
@@ -34,6 +35,13 @@ def calibration(length: int = LENGTH, chars_unit: bool = True, quoting_every: in
     return calibrate_loop_settings(seqs, source="synthetic", chars_unit=chars_unit)
 
 
+def scan_loops(model, prompts, options, calibration=None):
+    """The engine's scan with a calibration, composed as ``scan_loop_settings`` composes it: the calibration's
+    detector settings (:func:`detector_settings`), then its human rates (:func:`annotate_scan`)."""
+    options = replace(options, loop=detector_settings(calibration, options.loop))
+    return annotate_scan(scan_batches(engine_batches(model), prompts, options), calibration)
+
+
 @pytest.fixture(autouse=True)
 def _single_thread():
     n = torch.get_num_threads()
@@ -47,7 +55,10 @@ def test_scan_uses_the_calibrated_settings_and_reports_human_rates(tiny_model):
     assert cal.settings != LoopSettings()  # the synthetic human text moved a threshold
     prompts = [[i % 50, (3 * i) % 50] for i in range(6)]
     res = scan_loops(
-        tiny_model, prompts, LENGTH, batch_size=3, calibration=cal, decode=lambda ids: "".join(map(str, ids))
+        tiny_model,
+        prompts,
+        ScanOptions(LENGTH, batch_size=3, decode=lambda ids: "".join(map(str, ids))),
+        calibration=cal,
     )
     assert res.settings.loop == json_safe(cal.settings) and res.calibration is cal
     assert res.settings.calibration == json_safe(cal)
@@ -64,11 +75,13 @@ def test_scan_uses_the_calibrated_settings_and_reports_human_rates(tiny_model):
 def test_scan_refuses_a_calibration_of_another_length_or_conflicting_settings(tiny_model):
     prompts = [[1, 2], [3, 4]]
     with pytest.raises(ValueError, match="calibration is for 20-token sequences but the scan generated 24"):
-        scan_loops(tiny_model, prompts, 24, calibration=calibration())
+        scan_loops(tiny_model, prompts, ScanOptions(24), calibration=calibration())
     cal = calibration(quoting_every=5)
     with pytest.raises(ValueError, match="not both"):
-        scan_loops(tiny_model, prompts, LENGTH, calibration=cal, loop=LoopSettings())
-    plain = scan_loops(tiny_model, prompts, LENGTH)  # default settings, then the calibration of other settings
+        scan_loops(tiny_model, prompts, ScanOptions(LENGTH, loop=LoopSettings()), calibration=cal)
+    plain = scan_loops(
+        tiny_model, prompts, ScanOptions(LENGTH)
+    )  # default settings, then the calibration of other settings
     with pytest.raises(ValueError, match="other detector settings"):
         annotate_scan(plain, cal)
 
@@ -76,7 +89,10 @@ def test_scan_refuses_a_calibration_of_another_length_or_conflicting_settings(ti
 def test_character_view_is_not_a_verdict_for_a_subword_tokenizer(tiny_model):
     prompts = [[1, 2], [3, 4]]
     res = scan_loops(
-        tiny_model, prompts, LENGTH, calibration=calibration(chars_unit=False), decode=lambda ids: "ab" * len(ids)
+        tiny_model,
+        prompts,
+        ScanOptions(LENGTH, decode=lambda ids: "ab" * len(ids)),
+        calibration=calibration(chars_unit=False),
     )
     assert res.summary.chars is not None  # still measured and kept in the JSON ...
     d = res.to_dict(with_records=False)["summary"]
@@ -84,7 +100,7 @@ def test_character_view_is_not_a_verdict_for_a_subword_tokenizer(tiny_model):
     table = scan_table(res.summary)
     header = table.splitlines()[1]
     assert "chars" not in header and "characters: not shown" in table  # ... but not printed as a verdict
-    uncalibrated = scan_loops(tiny_model, prompts, LENGTH, decode=lambda ids: "ab" * len(ids))
+    uncalibrated = scan_loops(tiny_model, prompts, ScanOptions(LENGTH, decode=lambda ids: "ab" * len(ids)))
     assert "chars" in scan_table(uncalibrated.summary).splitlines()[1]  # unknown unit: shown as before
     assert uncalibrated.summary.human_fpr is None and "human text" not in scan_table(uncalibrated.summary)
 

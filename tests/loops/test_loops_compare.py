@@ -180,12 +180,12 @@ def test_judge_scores_every_method_and_its_absence_is_said(tiny, judge_dir, open
     res = compare_fixes(model, openings, cfg, judge=judge)
     for r in res.methods:
         direct = score_continuations(judge, openings, r.texts)
-        assert r.judge.model == str(judge_dir)
-        assert r.judge.nll_per_char == pytest.approx(sum(s.nll for s in direct) / sum(s.chars for s in direct))
-        assert r.judge.nll_per_char != pytest.approx(r.own.nll_per_char)  # another model, another number
-    assert res.human.judge is not None and res.human.judge.texts == len(openings)
+        assert r.nll_judge.model == str(judge_dir)
+        assert r.nll_judge.nll_per_char == pytest.approx(sum(s.nll for s in direct) / sum(s.chars for s in direct))
+        assert r.nll_judge.nll_per_char != pytest.approx(r.nll_own.nll_per_char)  # another model, another number
+    assert res.human.nll_judge is not None and res.human.nll_judge.texts == len(openings)
     alone = compare_fixes(model, openings, cfg)
-    assert all(r.judge is None for r in alone.methods)
+    assert all(r.nll_judge is None for r in alone.methods)
     assert any("no judge model" in n for n in alone.notes)
 
 
@@ -267,8 +267,8 @@ def _fake(name, degenerate, speed, nll, redup, parallel=1.0, patched=False):
         method=SimpleNamespace(name=name, patched=patched),
         rates=SimpleNamespace(degenerate_rate=degenerate),
         cost=SimpleNamespace(speed_vs_greedy=speed),
-        own=SimpleNamespace(nll_per_char=nll),
-        judge=SimpleNamespace(nll_per_char=nll),
+        nll_own=SimpleNamespace(nll_per_char=nll),
+        nll_judge=SimpleNamespace(nll_per_char=nll),
         legit=SimpleNamespace(reduplication_per100=redup, parallel_per100=parallel, repeated_ngram_rate=None),
     )
 
@@ -276,8 +276,8 @@ def _fake(name, degenerate, speed, nll, redup, parallel=1.0, patched=False):
 def test_best_rule_limits_and_fallback():
     human = SimpleNamespace(
         genre="tang",
-        judge=SimpleNamespace(nll_per_char=4.0),
-        own=None,
+        nll_judge=SimpleNamespace(nll_per_char=4.0),
+        nll_own=None,
         reason=None,
         legit=SimpleNamespace(reduplication_per100=1.0, parallel_per100=1.0),
     )
@@ -323,7 +323,7 @@ def test_compare_on_a_transformers_model_with_human_continuations(judge_dir, tin
     assert res.human.legit.repeated_ngram_rate is not None and res.breakers == "\n.!?"
     for r in res.methods:
         assert 0 in r.method.sampler.ban_ids  # the end token is banned in every row
-        assert r.rates.n == 3 and r.judge is not None and r.judge.model == str(tiny.ckpt)
+        assert r.rates.n == 3 and r.nll_judge is not None and r.nll_judge.model == str(tiny.ckpt)
     assert res.method(EDIT).texts != res.method("greedy").texts
 
 

@@ -222,12 +222,12 @@ def test_scan_and_contrast_through_hf_adapter(make):
     from genprobe.loops.contrast import collect_contrast
     from genprobe.loops.direction import loop_direction
     from genprobe.loops.regress import RegressionProbe
-    from genprobe.loops.scan import scan_loops
+    from genprobe.loops.scan import ScanOptions, engine_batches, scan_batches
 
     runner = HFCausalLM(make())
     torch.manual_seed(0)
     prompts = [torch.randint(2, 50, (4,)).tolist() for _ in range(6)]
-    res = scan_loops(runner, prompts, 24, batch_size=3, unk_id=1)
+    res = scan_batches(engine_batches(runner), prompts, ScanOptions(24, batch_size=3, unk_id=1))
     assert res.summary.n == 6
     # force a labelled loop so the contrast has both classes whatever the random model did
     recs = [replace(r, measures=measure_loops(list(range(1000, 1024)))) for r in res.records]

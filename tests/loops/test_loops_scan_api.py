@@ -14,12 +14,13 @@ def test_scan_loop_settings_gives_what_loops_scan_prints(trained_ckpt, capsys):
     cli = json.loads(capsys.readouterr().out)
     model = genprobe.load(trained_ckpt)
     from genprobe.loops.prompts import heldout_openings
+    from genprobe.loops.scan import ScanOptions
 
     seen = []
     res = genprobe.scan_loop_settings(
         model,
         heldout_openings(model.tokenizer, 6, 5),
-        max_new_tokens=20,
+        options=ScanOptions(20),
         chars_unit=True,
         prompt_source="tang-heldout-openings",
         on_scan=lambda name, r, s: seen.append(name),

@@ -10,7 +10,7 @@ from genprobe._io import json_safe
 from genprobe.loops.contrast import position_labels
 from genprobe.loops.edit import EditSpec, make_patch
 from genprobe.loops.regress import Regression
-from genprobe.loops.scan import GenerationRecord, scan_loops, summarise
+from genprobe.loops.scan import GenerationRecord, ScanOptions, engine_batches, scan_batches, summarise
 from genprobe.loops.search import Candidate, Limits, Objective, Strata, choose, grid, run_search
 from genprobe.metrics.degeneracy import LoopSettings, measure_loops
 from genprobe.metrics.loop import detect_loop
@@ -260,8 +260,8 @@ def test_character_rates_when_every_record_is_decoded():
 
 def test_scan_on_tiny_model_batches_consistently(tiny_model):
     prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11], [12]]
-    a = scan_loops(tiny_model, prompts, 20, batch_size=4)
-    b = scan_loops(tiny_model, prompts, 20, batch_size=1)
+    a = scan_batches(engine_batches(tiny_model), prompts, ScanOptions(20, batch_size=4))
+    b = scan_batches(engine_batches(tiny_model), prompts, ScanOptions(20, batch_size=1))
     assert [r.tokens for r in a.records] == [r.tokens for r in b.records]
     assert a.summary.n == 4 and all(len(r.tokens) == 20 for r in a.records)
     for r in a.records:
@@ -273,9 +273,9 @@ def test_scan_on_tiny_model_batches_consistently(tiny_model):
 def test_scan_bans_the_end_token_and_says_so(tiny_model):
     """A loop study never stops at the end token: it is banned, the budget is fixed, and the settings say so."""
     prompts = [[3, 4, 5], [6, 7]]
-    free = scan_loops(tiny_model, prompts, 24, batch_size=2, unk_id=None)
+    free = scan_batches(engine_batches(tiny_model), prompts, ScanOptions(24, batch_size=2, unk_id=None))
     eos = free.records[0].tokens[0]  # the token the model picks first: it would end generation at once
-    res = scan_loops(tiny_model, prompts, 24, batch_size=2, unk_id=None, eos_id=eos)
+    res = scan_batches(engine_batches(tiny_model), prompts, ScanOptions(24, batch_size=2, eos_id=eos, unk_id=None))
     assert all(len(r.tokens) == 24 and eos not in r.tokens for r in res.records)
     assert res.settings.eos_banned and res.settings.eos_id == eos and eos in res.settings.sampler["ban_ids"]
     assert "banned" in res.settings.note and "24 new tokens" in res.settings.note

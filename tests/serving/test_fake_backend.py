@@ -14,7 +14,7 @@ from fake_backend import GATE, PERIOD, TRAP, FakeBackend, next_token  # noqa: E4
 
 from genprobe.engine.backend import Request
 from genprobe.engine.samplers.stages import SamplerConfig
-from genprobe.loops.scan import backend_batches, scan_batches
+from genprobe.loops.scan import ScanOptions, backend_batches, scan_batches
 from genprobe.loops.scan_settings import backend_engine
 from genprobe.serving.monitor import monitor_backend, replay
 
@@ -46,7 +46,7 @@ def test_the_fake_is_a_backend_with_full_and_prompt_logprobs_and_a_batch_fault()
 
 def test_the_scan_over_a_backend_finds_the_planted_loop():
     fake = FakeBackend()
-    res = scan_batches(backend_batches(fake, 2), PROMPTS, NEW, SamplerConfig(greedy=True), unk_id=None, batch_size=2)
+    res = scan_batches(backend_batches(fake, 2), PROMPTS, ScanOptions(NEW, SamplerConfig(greedy=True), 2, unk_id=None))
     assert [r.tokens for r in res.records] == [_greedy(p, NEW) for p in PROMPTS]
     assert [r.measures.looping for r in res.records] == LOOPING
     assert {r.measures.period for r in res.records if r.measures.looping} == {PERIOD}
@@ -57,16 +57,15 @@ def test_the_scan_over_a_backend_finds_the_planted_loop():
 def test_a_text_only_server_is_scanned_through_its_texts_and_says_what_it_did_not_check():
     fake = FakeBackend(token_prompts=False, seed=False)
     texts = [" ".join(map(str, p)) for p in PROMPTS]
-    res = scan_batches(backend_batches(fake), PROMPTS, NEW, SamplerConfig(greedy=True), unk_id=None, prompt_texts=texts)
+    res = scan_batches(backend_batches(fake), PROMPTS, ScanOptions(NEW, SamplerConfig(greedy=True), unk_id=None), texts)
     assert [r.measures.looping for r in res.records] == LOOPING
     with pytest.raises(ValueError, match="text prompts"):
-        scan_batches(backend_batches(fake), PROMPTS, NEW, SamplerConfig(greedy=True), unk_id=None)
+        scan_batches(backend_batches(fake), PROMPTS, ScanOptions(NEW, SamplerConfig(greedy=True), unk_id=None))
     engine = backend_engine(fake, 2, kind="fake")
     engine.check(SamplerConfig(temperature=0.8), None, 64)
     with pytest.raises(ValueError, match="min_p"):
         engine.check(SamplerConfig(temperature=0.8, min_p=0.1), None, 64)  # refused, never approximated
-    study = type("Study", (), {"cfg": type("Cfg", (), {"max_new_tokens": NEW, "seed": 0})()})()
-    _, about = engine.start(study, PROMPTS, texts, print)
+    _, about = engine.start(None, ScanOptions(NEW), PROMPTS, print)
     assert about["backend"] == "fake" and about["server"] == "fake"
     assert [note.split(":")[0] for note in about["not_checked"]] == ["prompt ids", "reproducibility"]
 
@@ -111,7 +110,7 @@ def test_loops_scan_runs_on_any_backend_by_its_adapter_alone(trained_ckpt):
     model = genprobe.load(trained_ckpt)
     fake = FakeBackend()
     settings = {"greedy": SamplerConfig(greedy=True)}
-    res = genprobe.scan_loop_settings(model, ["春眠不覺曉", "床前明月光"], settings, max_new_tokens=NEW, backend=fake)
+    res = genprobe.scan_loop_settings(model, ["春眠不覺曉", "床前明月光"], settings, ScanOptions(NEW), backend=fake)
     out = res.to_dict(with_records=False)
     assert (out["backend"], out["server"], out["model"], out["not_checked"]) == ("endpoint", "fake", "fake-chain", [])
     records = res.scans["greedy"].records
@@ -119,5 +118,5 @@ def test_loops_scan_runs_on_any_backend_by_its_adapter_alone(trained_ckpt):
     assert [r.tokens for r in records] == [_greedy(r.prompt_ids, NEW) for r in records]
     with pytest.raises(ValueError, match="the fake server cannot run the 'sample' setting exactly: .*min_p"):
         genprobe.scan_loop_settings(
-            model, ["春眠"], {"sample": SamplerConfig(min_p=0.1)}, max_new_tokens=NEW, backend=fake
+            model, ["春眠"], {"sample": SamplerConfig(min_p=0.1)}, ScanOptions(NEW), backend=fake
         )

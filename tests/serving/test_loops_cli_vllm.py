@@ -1,6 +1,6 @@
 """``genprobe loops scan --backend vllm``: our engine's greedy loop verdicts and JSON, through the CLI.
 
-Reference: ``genprobe loops scan --backend genprobe`` (``genprobe.loops.scan.scan_loops`` on the same
+Reference: ``genprobe loops scan --backend genprobe`` (``genprobe.loops.scan.engine_batches`` on the same
 weights in float32). The vLLM run uses the engine options of the other serving tests, so the process's
 shared engine is reused, not restarted.
 """

@@ -1,6 +1,6 @@
 """Loop scans through vLLM give our engine's loop verdicts, and a served patched model our engine's loop rates.
 
-Reference: ``genprobe.loops.scan.scan_loops`` (our engine, the same weights in float32).
+Reference: ``genprobe.loops.scan.engine_batches`` (our engine, the same weights in float32).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from genprobe._io import json_safe
 from genprobe.engine.samplers.stages import SamplerConfig
-from genprobe.loops.scan import chanting_sampler, scan_batches, scan_loops
+from genprobe.loops.scan import ScanOptions, chanting_sampler, engine_batches, scan_batches
 from genprobe.serving.scan import UnsupportedSamplerError, compare_loop_rates, vllm_batches
 
 NEW = 57  # the repair setting: 5-character openings + 57 new tokens fill the 64-token context minus 2
@@ -29,8 +29,8 @@ def scans(vllm_ready, served_dirs, patched_model, heldout, engine_options):
 
     eng = shared_engine(served_dirs["patched"], engine_options("float32"))
     _, prompts = heldout
-    ours = scan_loops(patched_model.runner, prompts, NEW, chanting_sampler(1))
-    theirs = scan_batches(vllm_batches(eng), prompts, NEW, chanting_sampler(1), batch_size=32)
+    ours = scan_batches(engine_batches(patched_model.runner), prompts, ScanOptions(NEW, chanting_sampler(1)))
+    theirs = scan_batches(vllm_batches(eng), prompts, ScanOptions(NEW, chanting_sampler(1), batch_size=32))
     return ours, theirs
 
 
@@ -56,10 +56,10 @@ def test_penalties_and_bans_reach_the_engine_exactly(engine, patched_model, held
     cfg = SamplerConfig(
         greedy=True, ban_ids=(1, 2), repetition_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1, engine="vllm"
     )
-    ours = scan_loops(patched_model.runner, prompts[:8], 24, cfg)
-    theirs = scan_batches(vllm_batches(engine), prompts[:8], 24, cfg)
+    ours = scan_batches(engine_batches(patched_model.runner), prompts[:8], ScanOptions(24, cfg))
+    theirs = scan_batches(vllm_batches(engine), prompts[:8], ScanOptions(24, cfg))
     assert [r.tokens for r in ours.records] == [r.tokens for r in theirs.records]
-    plain = scan_batches(vllm_batches(engine), prompts[:8], 24, SamplerConfig(greedy=True))
+    plain = scan_batches(vllm_batches(engine), prompts[:8], ScanOptions(24, SamplerConfig(greedy=True)))
     assert [r.tokens for r in plain.records] != [r.tokens for r in theirs.records]  # the settings did act
     assert all(t not in (1, 2) for r in theirs.records for t in r.tokens)
 
@@ -67,9 +67,9 @@ def test_penalties_and_bans_reach_the_engine_exactly(engine, patched_model, held
 def test_sampled_scan_is_reproducible_by_seed(engine, heldout):
     _, prompts = heldout
     cfg = SamplerConfig(temperature=0.9, top_k=20, top_p=0.95, order="vllm")
-    a = scan_batches(vllm_batches(engine), prompts[:6], 16, cfg, seed=3)
-    b = scan_batches(vllm_batches(engine), prompts[:6], 16, cfg, seed=3)
-    c = scan_batches(vllm_batches(engine), prompts[:6], 16, cfg, seed=4)
+    a = scan_batches(vllm_batches(engine), prompts[:6], ScanOptions(16, cfg, seed=3))
+    b = scan_batches(vllm_batches(engine), prompts[:6], ScanOptions(16, cfg, seed=3))
+    c = scan_batches(vllm_batches(engine), prompts[:6], ScanOptions(16, cfg, seed=4))
     assert [r.tokens for r in a.records] == [r.tokens for r in b.records]
     assert [r.tokens for r in a.records] != [r.tokens for r in c.records]
 
@@ -77,8 +77,8 @@ def test_sampled_scan_is_reproducible_by_seed(engine, heldout):
 def test_bad_requests_are_refused_before_generation(engine, heldout):
     _, prompts = heldout
     with pytest.raises(UnsupportedSamplerError, match="no_repeat_ngram"):
-        scan_batches(vllm_batches(engine), prompts[:2], 8, SamplerConfig(greedy=True, no_repeat_ngram=2))
+        scan_batches(vllm_batches(engine), prompts[:2], ScanOptions(8, SamplerConfig(greedy=True, no_repeat_ngram=2)))
     with pytest.raises(ValueError, match="max_model_len 64"):
-        scan_batches(vllm_batches(engine), prompts[:2], 60, SamplerConfig(greedy=True))
+        scan_batches(vllm_batches(engine), prompts[:2], ScanOptions(60, SamplerConfig(greedy=True)))
     with pytest.raises(ValueError, match="outside"):
-        scan_batches(vllm_batches(engine), [[5, 99999]], 4, SamplerConfig(greedy=True))
+        scan_batches(vllm_batches(engine), [[5, 99999]], ScanOptions(4, SamplerConfig(greedy=True)))

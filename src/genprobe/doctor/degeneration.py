@@ -14,7 +14,7 @@ from ..corpus.inputs import vocab_key
 from ..engine.loaded import complete
 from ..engine.samplers.stages import SamplerConfig
 from ..loops.prompts import is_cjk
-from ..loops.scan import calibrate_for_scan, greedy_sampler
+from ..loops.scan import ScanOptions, calibrate_for_scan, greedy_sampler
 from ..loops.scan_settings import LoopScans, scan_loop_settings
 from ..metrics.calibrate import LoopCalibration
 from ..metrics.stats import wilson_interval
@@ -138,8 +138,7 @@ def degeneration(
         model,
         texts,
         settings,
-        max_new_tokens=b.scan_tokens,
-        seed=opts.seed,
+        ScanOptions(b.scan_tokens, seed=opts.seed),
         calibration=calibration,
         prompt_source=source + (" (chat template)" if opts.chat else ""),
         log=log,

@@ -60,7 +60,7 @@ class FixComparison:
                 "degenerate_ci95": m.rates.degenerate_rate_ci95,
                 "loop_rate": m.rates.loop_rate,
                 "speed_vs_greedy": m.cost.speed_vs_greedy,
-                "nll_per_char": m.own.nll_per_char,
+                "nll_per_char": m.nll_own.nll_per_char,
                 "sample": m.samples[0] if m.samples else None,
             }
             for m in self.compare.methods

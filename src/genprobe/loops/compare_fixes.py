@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
-from .._io import json_safe
+from .._io import NOT_JSON, json_safe
 from ..engine.generate import generate
 from ..metrics.degeneracy import LoopMeasures, LoopSettings
 from ..metrics.legit import LegitRates, legit_counts, legit_rates
@@ -31,8 +31,8 @@ from .compare_methods import (
     edit_with,
 )
 from .patch import Patch, patched
-from .scan import GenerationRecord, LoopRates, ScanResult, study_sampler
-from .study import Clock, EndToken, LoopStudy, RepairConfig
+from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, study_sampler
+from .study import Clock, LoopStudy, RepairConfig
 
 BACKENDS = ("genprobe",)
 BEST_RULE = (
@@ -69,14 +69,6 @@ class CompareConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
-_JSON_NAMES = {"own": "nll_own", "judge": "nll_judge", "classes": "breaker_classes"}  # what the JSON calls them
-
-
-def _json_fields(obj: Any, skip: tuple[str, ...] = ()) -> dict:
-    """A dataclass's fields as JSON, under their JSON names (the NLLs say what they are)."""
-    return {_JSON_NAMES.get(f.name, f.name): json_safe(getattr(obj, f.name)) for f in fields(obj) if f.name not in skip}
-
-
 @dataclass
 class Cost:
     """Generation cost: the whole scan's wall time, and tokens/s on one batch (median of interleaved rounds)."""
@@ -93,22 +85,24 @@ class Cost:
 class MethodResult:
     """Everything measured for one method."""
 
-    method: Method
+    method: Method = field(metadata=NOT_JSON)  # its fields lead the JSON object
     rates: LoopRates
     legit: LegitRates  # all generations
     legit_clean: LegitRates  # generations that are not degenerate
-    own: Fluency  # NLL under the unmodified model
-    judge: Fluency | None
+    nll_own: Fluency  # NLL under the unmodified model
+    nll_judge: Fluency | None
     cost: Cost
-    classes: list[ClassRate]
+    breaker_classes: list[ClassRate]
     own_loops: OwnLoops
     samples: list[str]
-    texts: list[str] = field(repr=False)
-    degenerate: list[bool] = field(repr=False)
+    texts: list[str] = field(repr=False, metadata=NOT_JSON)  # written separately
+    degenerate: list[bool] = field(repr=False, metadata=NOT_JSON)
 
     def to_dict(self) -> dict:
-        """Plain JSON (texts are written separately)."""
-        return json_safe(self.method) | _json_fields(self, skip=("method", "texts", "degenerate"))
+        """The method's fields, then what was measured (:func:`json_safe` of the rest)."""
+        return json_safe(self.method) | {
+            f.name: json_safe(getattr(self, f.name)) for f in fields(self) if f.metadata.get("json", True)
+        }
 
 
 @dataclass
@@ -147,12 +141,8 @@ class HumanReference:
     n: int
     cap_chars: int
     legit: LegitRates | None
-    own: Fluency | None
-    judge: Fluency | None
-
-    def to_dict(self) -> dict:
-        """Plain dict."""
-        return _json_fields(self)
+    nll_own: Fluency | None
+    nll_judge: Fluency | None
 
 
 @dataclass
@@ -328,12 +318,12 @@ def _kept(r: MethodResult, human: HumanReference) -> float | None:
 
 def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: CompareConfig) -> BestChoice:
     """Apply :data:`BEST_RULE` to the decode-time methods of ``results``."""
-    ref = human.judge if human.judge is not None else human.own
+    ref = human.nll_judge if human.nll_judge is not None else human.nll_own
     limit = ref.nll_per_char if ref is not None else None
     skipped = [] if limit is not None else ["NLL limit: no human texts to set it"]
     cands = []
     for r in (r for r in results if _is_sampler(r.method)):
-        flu = r.judge if human.judge is not None else r.own
+        flu = r.nll_judge if human.nll_judge is not None else r.nll_own
         assert flu is not None  # a judged human reference means a judge scored every method too
         nll, speed, kept = flu.nll_per_char, r.cost.speed_vs_greedy, _kept(r, human)
         reasons = []
@@ -349,7 +339,7 @@ def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: Com
     ok = [c for c in cands if c.acceptable] or cands
     best = min(ok, key=lambda c: (c.degenerate_rate, c.nll_per_char if c.nll_per_char is not None else 0.0))
     rule = BEST_RULE.format(min_speed=cfg.min_speed, min_kept=cfg.min_kept)
-    nll_model = "judge" if human.judge is not None else "own model"
+    nll_model = "judge" if human.nll_judge is not None else "own model"
     return BestChoice(best.name, best.acceptable, rule, nll_model, limit, skipped, cands)
 
 
@@ -454,9 +444,9 @@ def _notes(study: LoopStudy, human: HumanTexts, judge: Any, ref: HumanReference)
         notes.append(human.reason)
     if judge is None:
         notes.append("no judge model: fluency is measured under the model itself only, which a method can game")
-    elif ref.judge is not None and ref.judge.unk_share > 0:
+    elif ref.nll_judge is not None and ref.nll_judge.unk_share > 0:
         notes.append(
-            f"the judge's tokenizer maps {ref.judge.unk_share:.1%} of the human texts' tokens to <unk>; "
+            f"the judge's tokenizer maps {ref.nll_judge.unk_share:.1%} of the human texts' tokens to <unk>; "
             "its NLL counts them as one class"
         )
     return notes

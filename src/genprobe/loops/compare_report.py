@@ -73,8 +73,8 @@ def rows(result: CompareResult) -> list[list[str]]:
     """Every method's row (legit rates over all its generations), then the human texts' row (loop cells empty)."""
     g, h = result.human.genre, result.human
     return [
-        _row(r.method.name, r.rates, r.legit, r.own, r.judge, r.cost.speed_vs_greedy, g) for r in result.methods
-    ] + [_row(f"human (n = {h.n})", None, h.legit, h.own, h.judge, None, g)]
+        _row(r.method.name, r.rates, r.legit, r.nll_own, r.nll_judge, r.cost.speed_vs_greedy, g) for r in result.methods
+    ] + [_row(f"human (n = {h.n})", None, h.legit, h.nll_own, h.nll_judge, None, g)]
 
 
 def _markdown(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -90,7 +90,7 @@ def breaker_rows(result: CompareResult) -> list[list[str]]:
     """Per method: degenerate rate on the prompts of each baseline-loop class, and its own loops spanning a breaker."""
     out = []
     for r in result.methods:
-        cells = [f"{pct(c.rate)} ({c.degenerate}/{c.n})" for c in r.classes]
+        cells = [f"{pct(c.rate)} ({c.degenerate}/{c.n})" for c in r.breaker_classes]
         own = r.own_loops
         out.append([r.method.name, *cells, f"{own.spanning}/{own.loops} ({pct(own.spanning_share)})"])
     return out
@@ -131,11 +131,11 @@ def _rates_panel(ax: Any, result: CompareResult) -> None:
 def _nll_panel(ax: Any, result: CompareResult) -> None:
     use_judge = result.judge is not None
     for r in result.methods:
-        f = r.judge if use_judge else r.own
+        f = r.nll_judge if use_judge else r.nll_own
         if f is not None and f.nll_per_char is not None:
             ax.plot(f.nll_per_char, r.rates.degenerate_rate, "o", color="#c55" if r.method.patched else "#4a7")
             ax.annotate(r.method.name, (f.nll_per_char, r.rates.degenerate_rate), fontsize=7)
-    h = result.human.judge if use_judge else result.human.own
+    h = result.human.nll_judge if use_judge else result.human.nll_own
     if h is not None and h.nll_per_char is not None:
         ax.axvline(h.nll_per_char, color="#888", lw=1, ls="--", label="human texts")
         ax.legend(fontsize=7)

@@ -128,43 +128,41 @@ def finalise(model: Any, patch: Patch) -> Patch:
     return patch
 
 
-def apply_patch(model: Any, patch: Patch) -> str:
-    """Apply in place; refuses unless the model's state hash equals the patch's "before". Returns the new hash."""
-    want = patch.meta.get("sha256_before")
+#: each direction of a patch: (verb, the hash the model must have, the hash it arrives at, what the first is)
+_SWITCH = {
+    "new": ("apply", "sha256_before", "sha256_after", "the ones this patch was made for"),
+    "original": ("revert", "sha256_after", "sha256_before", "the patched weights"),
+}
+
+
+def _switch(model: Any, patch: Patch, which: str) -> str:
+    """Write the ``which`` values of every target, refusing unless the model's state hash is the recorded one the
+    other way, and checking the hash it arrives at (written back when it is not). Returns the new hash."""
+    verb, start, end, what = _SWITCH[which]
+    want = patch.meta.get(start)
     if not want:
-        raise PatchError("patch has no recorded sha256_before; call finalise() on the model it was made for")
+        raise PatchError(f"patch has no recorded {start}; call finalise() on the model it was made for")
     have = state_sha256(model)
     if have != want:
-        raise PatchError(
-            f"refusing to apply: the model's weights (sha256 {have}) are not the ones this patch was made for "
-            f"(sha256_before {want})"
-        )
+        raise PatchError(f"refusing to {verb}: the model's weights (sha256 {have}) are not {what} ({start} {want})")
     for t in patch.targets:
         _site_for(model, t)
-    write_values(model, patch, "new")
+    write_values(model, patch, which)
     after = state_sha256(model)
-    if after != patch.meta.get("sha256_after"):
-        write_values(model, patch, "original")
-        raise PatchError(
-            f"patched weights hash {after} != recorded sha256_after {patch.meta.get('sha256_after')}; rolled back"
-        )
+    if after != patch.meta.get(end):  # the column writes are exact: only a hash recorded for other values lands here
+        write_values(model, patch, "original" if which == "new" else "new")
+        raise PatchError(f"{verb} produced sha256 {after}, not the recorded {end} {patch.meta.get(end)}; rolled back")
     return after
+
+
+def apply_patch(model: Any, patch: Patch) -> str:
+    """Apply in place; refuses unless the model's state hash equals the patch's "before". Returns the new hash."""
+    return _switch(model, patch, "new")
 
 
 def revert_patch(model: Any, patch: Patch) -> str:
     """Restore the original values exactly; refuses unless the model is the patched one; checks the "before" hash."""
-    have = state_sha256(model)
-    want = patch.meta.get("sha256_after")
-    if have != want:
-        raise PatchError(
-            f"refusing to revert: the model's weights (sha256 {have}) are not the patched weights (sha256_after {want})"
-        )
-    write_values(model, patch, "original")
-    back = state_sha256(model)
-    if back != patch.meta["sha256_before"]:  # pragma: no cover - exact copy
-        write_values(model, patch, "new")
-        raise PatchError(f"revert produced sha256 {back}, expected sha256_before {patch.meta['sha256_before']}")
-    return back
+    return _switch(model, patch, "original")
 
 
 def _paths(path: str | os.PathLike) -> tuple[Path, Path]:

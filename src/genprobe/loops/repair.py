@@ -31,10 +31,10 @@ from .scaled import (
     screen,
     shortlist,
 )
-from .scan import GenerationRecord, LoopRates, ScanResult, greedy_sampler, summarise
+from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, greedy_sampler, summarise
 from .screen import LoopProbe
 from .search import Build, Candidate, Limits, Objective, Strata, check_restored, choose, grid, run_search
-from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, EndToken, LoopStudy, RepairConfig, RepairInputs, encode_quiet
+from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, LoopStudy, RepairConfig, RepairInputs, encode_quiet
 
 __all__ = ["RepairConfig", "RepairInputs", "RepairReport", "LocateReport", "LoopStudy", "repair", "locate_only"]
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence, TypedDict
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
-from typing_extensions import Unpack
 
 from .._io import json_safe
 from ..engine.backend import Backend, Request
@@ -235,111 +234,97 @@ def generation_record(
     return rec
 
 
+@dataclass(frozen=True)
+class ScanOptions:
+    """How a scan runs beside its prompts: the one listing of them, built once by its caller (:class:`LoopStudy`,
+    ``loops scan``, a benchmark) and passed whole to every engine's scan (:func:`scan_batches`).
+
+    ``eos_id`` (the model's end token) is banned, never used to stop (see module doc); ``sampler`` defaults to the
+    chapter's chanting setting (``unk_id`` banned); ``decode`` (ids -> str) adds texts and character-level measures;
+    ``loop`` the detector settings (default: the raw defaults)."""
+
+    max_new_tokens: int = 57
+    sampler: SamplerConfig | None = None
+    batch_size: int = 64
+    seed: int = 0
+    eos_id: int | None = None
+    unk_id: int | None = 1
+    loop: LoopSettings | None = None
+    decode: Callable[[list[int]], str] | None = None
+    short_period_max: int = SHORT_PERIOD_MAX
+    progress: bool = False
+    desc: str = "scan"
+
+
 @dataclass
 class Batch:
-    """One batch of a scan, as every engine's batch generator receives it."""
+    """One batch of a scan, as every engine's batch generator receives it. Each engine seeds from
+    ``options.seed`` as it does (ours: seed + batch; the others seed + prompt)."""
 
     prompts: list[list[int]]
     texts: list[str] | None  # the prompts as text, when given (a server that takes only text prompts needs them)
     sampler: SamplerConfig  # with the study's bans
     first: int  # index of its first prompt in the scan
     index: int  # the batch's number
-    seed: int  # the scan's seed; each engine seeds as it does (ours: seed + batch; the others seed + prompt)
-    max_new_tokens: int
-    progress: bool
+    options: ScanOptions
+
+
+@dataclass(frozen=True)
+class EndToken:
+    """The model's end-of-text token and whether loop studies ban it (they do whenever there is one)."""
+
+    id: int | None
+    banned: bool
+    note: str | None
+
+
+def end_token(options: ScanOptions) -> EndToken:
+    """Whether the end token exists and is banned (with the note the CLI prints)."""
+    if options.eos_id is None:
+        return EndToken(None, False, None)
+    return EndToken(options.eos_id, True, END_TOKEN_NOTE.format(eos=options.eos_id, n=options.max_new_tokens))
 
 
 #: One engine's generation of one batch: for each prompt its new token ids and whether it ran the whole budget.
 GenerateBatch = Callable[[Batch], list[tuple[list[int], bool]]]
 
 
-class ScanOptions(TypedDict, total=False):
-    """The options every scan takes beside its prompts, budget and sampler (see :func:`scan_batches`)."""
-
-    batch_size: int
-    seed: int
-    eos_id: int | None
-    unk_id: int | None
-    loop: LoopSettings | None
-    decode: Callable[[list[int]], str] | None
-    prompt_texts: Sequence[str] | None
-    short_period_max: int
-    progress: bool
-    desc: str
-
-
 def scan_batches(
     generate_batch: GenerateBatch,
     prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampler: SamplerConfig | None = None,
-    *,
-    batch_size: int = 64,
-    seed: int = 0,
-    eos_id: int | None = None,
-    unk_id: int | None = 1,
-    loop: LoopSettings | None = None,
-    decode: Callable[[list[int]], str] | None = None,
+    options: ScanOptions = ScanOptions(),
     prompt_texts: Sequence[str] | None = None,
-    short_period_max: int = SHORT_PERIOD_MAX,
-    progress: bool = False,
-    desc: str = "scan",
 ) -> ScanResult:
-    """The scan, written once for every engine: ``batch_size`` prompts at a time through ``generate_batch`` (genprobe's
-    :func:`engine_batches`, any backend's :func:`backend_batches`, vLLM's or llama.cpp's in-process one), each
-    generation measured (:func:`generation_record`), the records summarised with the settings that made them.
-
-    ``eos_id`` (the model's end token) is banned, never used to stop (see module doc); ``decode`` (ids -> str) adds
-    texts and character-level measures; the sampler defaults to the chapter's chanting setting."""
+    """The scan, written once for every engine: ``options.batch_size`` prompts at a time through ``generate_batch``
+    (genprobe's :func:`engine_batches`, any backend's :func:`backend_batches`, vLLM's or llama.cpp's in-process
+    one), each generation measured (:func:`generation_record`), the records summarised with the settings that made
+    them. With a calibration, :func:`annotate_scan` adds its human rates (:func:`genprobe.scan_loops` does both)."""
     if not prompts:
         raise ValueError("no prompts to scan")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    loop = loop or LoopSettings()
-    sampler = study_sampler(sampler or chanting_sampler(unk_id), eos_id)
+    o = options
+    if o.batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {o.batch_size}")
+    loop = o.loop or LoopSettings()
+    sampler = study_sampler(o.sampler or chanting_sampler(o.unk_id), o.eos_id)
     texts = list(prompt_texts) if prompt_texts is not None else None
     records: list[GenerationRecord] = []
-    interactive = progress and sys.stderr.isatty()
-    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr, disable=not interactive, leave=False)
+    interactive = o.progress and sys.stderr.isatty()
+    bar = tqdm(total=len(prompts), desc=o.desc, unit="prompt", file=sys.stderr, disable=not interactive, leave=False)
     try:
-        for bi, start in enumerate(range(0, len(prompts), batch_size)):
-            chunk = [list(p) for p in prompts[start : start + batch_size]]
-            chunk_texts = texts[start : start + batch_size] if texts is not None else None
-            batch = Batch(chunk, chunk_texts, sampler, start, bi, seed, max_new_tokens, progress)
-            for j, (toks, full) in enumerate(generate_batch(batch)):
+        for bi, start in enumerate(range(0, len(prompts), o.batch_size)):
+            chunk = [list(p) for p in prompts[start : start + o.batch_size]]
+            chunk_texts = texts[start : start + o.batch_size] if texts is not None else None
+            for j, (toks, full) in enumerate(generate_batch(Batch(chunk, chunk_texts, sampler, start, bi, o))):
                 text = chunk_texts[j] if chunk_texts is not None else None
-                records.append(generation_record(chunk[j], toks, full, unk_id, loop, decode, text))
+                records.append(generation_record(chunk[j], toks, full, o.unk_id, loop, o.decode, text))
             bar.update(len(chunk))
     finally:
         bar.close()
-    banned = eos_id is not None and eos_id in sampler.ban_ids
-    note = END_TOKEN_NOTE.format(eos=eos_id, n=max_new_tokens) if banned else None
-    settings = ScanSettings(json_safe(sampler), max_new_tokens, seed, json_safe(loop), eos_id, banned, note)
-    return ScanResult(records, summarise(records, short_period_max), settings)
-
-
-def scan_loops(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampler: SamplerConfig | None = None,
-    *,
-    calibration: LoopCalibration | None = None,
-    chars_unit: bool | None = None,
-    compile: bool = False,
-    **options: Unpack[ScanOptions],
-) -> ScanResult:
-    """Generate exactly ``max_new_tokens`` after each prompt in batches through genprobe's engine and measure loops
-    (:func:`scan_batches`; batch ``i`` uses seed ``seed + i``).
-
-    ``calibration`` (of this length) supplies the detector settings and the human rates printed beside
-    the scan's; ``chars_unit`` (default: the calibration's) says whether the character view is a verdict.
-    ``compile=True`` decodes through the compiled fast path (``generate(..., compile=True)``: our GPT and
-    Llama-family models; the same tokens as the eager loop, minutes of compiling per batch size, cached on disk).
-    """
-    options["loop"] = detector_settings(calibration, options.get("loop"))
-    result = scan_batches(engine_batches(model, compile), prompts, max_new_tokens, sampler, **options)
-    return annotate_scan(result, calibration, chars_unit)
+    end = end_token(o)  # study_sampler banned it above
+    settings = ScanSettings(
+        json_safe(sampler), o.max_new_tokens, o.seed, json_safe(loop), o.eos_id, end.banned, end.note
+    )
+    return ScanResult(records, summarise(records, o.short_period_max), settings)
 
 
 def detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | None) -> LoopSettings | None:
@@ -354,26 +339,31 @@ def detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | 
 def check_prompts(batch: Batch, vocab_size: int, max_len: int | None = None) -> None:
     """Refuse, before an engine generates the batch, an empty prompt, an id outside ``[0, vocab_size)`` and (with
     ``max_len``) a prompt whose generation would overflow the context, naming the prompt and the limit."""
-    if batch.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {batch.max_new_tokens}")
+    n_new = batch.options.max_new_tokens
+    if n_new < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {n_new}")
     for i, p in enumerate(batch.prompts, batch.first):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
         if min(p) < 0 or max(p) >= vocab_size:
             raise ValueError(f"prompt {i} holds a token id outside [0, {vocab_size})")
     longest = max(len(p) for p in batch.prompts)
-    if max_len is not None and longest + batch.max_new_tokens > max_len:
+    if max_len is not None and longest + n_new > max_len:
         raise ValueError(
-            f"context overflow: longest prompt ({longest} tokens) + max_new_tokens ({batch.max_new_tokens}) exceeds "
+            f"context overflow: longest prompt ({longest} tokens) + max_new_tokens ({n_new}) exceeds "
             f"the engine's max_model_len {max_len}"
         )
 
 
 def engine_batches(model: Any, compile: bool = False) -> GenerateBatch:
-    """The scan's batch generator in genprobe's engine: batch ``i`` decoded together with seed ``seed + i``."""
+    """The scan's batch generator in genprobe's engine: batch ``i`` decoded together with seed ``seed + i``.
+
+    ``compile=True`` decodes through the compiled fast path (``generate(..., compile=True)``: our GPT and
+    Llama-family models; the same tokens as the eager loop, minutes of compiling per batch size, cached on disk)."""
 
     def generate_batch(b: Batch) -> list[tuple]:
-        res = generate(model, b.prompts, b.max_new_tokens, b.sampler, seed=b.seed + b.index, compile=compile)
+        o = b.options
+        res = generate(model, b.prompts, o.max_new_tokens, b.sampler, seed=o.seed + b.index, compile=compile)
         return [(toks, finished == "length") for toks, finished in zip(res.tokens, res.finished, strict=True)]
 
     return generate_batch
@@ -392,10 +382,11 @@ def backend_batches(backend: Backend, concurrency: int = 1) -> GenerateBatch:
                 raise ValueError(f"the {caps.server} server takes text prompts: give the prompts as text")
             prompts = list(b.texts)
         # logprobs=1: an OpenAI-compatible server names the generated ids only in its log-probabilities
-        seeds = range(b.seed + b.first, b.seed + b.first + len(prompts))
-        reqs = [Request(p, b.max_new_tokens, b.sampler, s, logprobs=1) for p, s in zip(prompts, seeds, strict=True)]
+        n_new, first = b.options.max_new_tokens, b.options.seed + b.first
+        seeds = range(first, first + len(prompts))
+        reqs = [Request(p, n_new, b.sampler, s, logprobs=1) for p, s in zip(prompts, seeds, strict=True)]
         outs = backend.complete_many(reqs, concurrency)
-        return [(o.token_ids, len(o.token_ids) == b.max_new_tokens) for o in outs]
+        return [(o.token_ids, len(o.token_ids) == n_new) for o in outs]
 
     return generate_batch
 

@@ -7,7 +7,7 @@ in-process fast path (:func:`genprobe.serving.scan.vllm_scan_backend`,
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from .._io import json_safe
@@ -15,20 +15,21 @@ from ..corpus.inputs import default_prompts
 from ..engine.backend import Backend, check_api_sampler
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.calibrate import LoopCalibration
-from ..metrics.degeneracy import LoopSettings
 from .scan import (
     GenerateBatch,
+    ScanOptions,
     ScanResult,
     annotate_scan,
     backend_batches,
     chanting_sampler,
     detector_settings,
+    end_token,
     engine_batches,
     greedy_sampler,
     scan_batches,
     study_sampler,
 )
-from .study import LoopStudy, RepairConfig
+from .study import encode_prompts, study_options
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,12 @@ class ScanEngine:
 
     ``check(sampler, model, n_ctx)`` raises a ``ValueError`` for a setting it cannot run exactly (the sampler with
     the end-token ban, the context the scan needs): called for every setting before anything starts, so a setting is
-    refused, never approximated. ``start(study, ids, texts, log)`` starts the engine and returns the batch generator
-    of :func:`~genprobe.loops.scan.scan_batches` and what the JSON says about the engine."""
+    refused, never approximated. ``start(model, options, ids, log)`` starts the engine for the scan's prompt ids and
+    returns the batch generator of :func:`~genprobe.loops.scan.scan_batches` and what the JSON says about it."""
 
     name: str  # as messages name it: "vLLM", "llama.cpp", "the vllm server"
     check: Callable[[SamplerConfig, Any, int], None]
-    start: Callable[
-        [LoopStudy, Sequence[Sequence[int]], Sequence[str], Callable[[str], None]], tuple[GenerateBatch, dict]
-    ]
+    start: Callable[[Any, ScanOptions, Sequence[Sequence[int]], Callable[[str], None]], tuple[GenerateBatch, dict]]
 
 
 SEEDS_NOTE = "reproducibility: the server ignores per-request seeds, so a sampled setting differs run to run"
@@ -64,7 +63,7 @@ def backend_engine(backend: Backend, concurrency: int | None = None, kind: str =
         if not sampler.greedy and not caps.seed and SEEDS_NOTE not in not_checked:
             not_checked.append(SEEDS_NOTE)
 
-    def start(study: LoopStudy, ids: Any, texts: Sequence[str], log: Callable[[str], None]) -> tuple:
+    def start(model: Any, options: ScanOptions, ids: Any, log: Callable[[str], None]) -> tuple:
         generate = backend_batches(backend, concurrency or caps.concurrency)
         about = {"backend": kind, "server": caps.server, "model": backend.model_name, "not_checked": not_checked}
         return generate, about
@@ -120,13 +119,9 @@ def scan_loop_settings(
     model: Any,
     prompts: Sequence[str] | None = None,
     settings: Mapping[str, SamplerConfig | None] | None = None,
+    options: ScanOptions | None = None,
     *,
-    max_new_tokens: int = 57,
-    batch_size: int = 64,
-    seed: int = 0,
-    progress: bool = False,
     calibration: LoopCalibration | None = None,
-    loop: LoopSettings | None = None,
     chars_unit: bool | None = None,
     prompt_source: str | None = None,
     backend: ScanEngine | Backend | None = None,
@@ -138,8 +133,9 @@ def scan_loop_settings(
 
     ``settings`` maps a name to a sampler (None: the loop studies' default; default: :func:`loop_study_settings`'s
     chanting and greedy); the end token is banned in every one. ``prompts`` defaults to 256 held-out Tang
-    openings for the bundled char model; ``prompt_source`` says where they came from (JSON). ``calibration``
-    fixes the detector settings and puts its human rates beside every rate (else ``loop``); ``chars_unit`` says
+    openings for the bundled char model; ``prompt_source`` says where they came from (JSON). ``options`` sets the
+    length, batch, seed, progress and detector settings (the model fills in its end and unknown tokens and decoder);
+    ``calibration`` fixes the detector settings and puts its human rates beside every rate; ``chars_unit`` says
     whether the per-character view is a verdict (default: the calibration's). ``backend`` is who generates: a
     :class:`ScanEngine` or any :class:`~genprobe.engine.backend.Backend` (default our engine); every setting is
     checked before it starts (one it cannot run exactly is refused, never approximated). ``log`` gets the end-token
@@ -148,39 +144,39 @@ def scan_loop_settings(
     """
     if compile and backend is not None:
         raise ValueError("compile=True is for genprobe's own engine; the backend given decodes its own way")
-    loop = detector_settings(calibration, loop)
+    options = options or ScanOptions()
+    options = study_options(model, replace(options, loop=detector_settings(calibration, options.loop)))
     if prompt_source is None:
         prompt_source = "tang-heldout-openings" if prompts is None else "prompts"
     texts = list(prompts) if prompts is not None else default_prompts(model, 256)
     chosen = dict(settings) if settings is not None else loop_study_settings(model)
     if not chosen:
         raise ValueError("no decoding settings to scan")
-    cfg = RepairConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
-    cfg.loop = loop or cfg.loop
-    study = LoopStudy(model, cfg, progress=progress, compile=compile)
-    samplers = {name: sampler or study.sampler for name, sampler in chosen.items()}
-    ids = study.encode(texts)
-    end = study.end_token
+    default = options.sampler or chanting_sampler(model.unk_id)
+    samplers = {name: study_sampler(sampler or default, model.eos_id) for name, sampler in chosen.items()}
+    ids = encode_prompts(model.tokenizer, texts)
+    end = end_token(options)
     if end.banned:
         log(f"note: {end.note}")
     if backend is None:
         # "compile" only when asked: the JSON of an eager scan is the one every backend writes
-        generate = engine_batches(study.model, compile)
+        generate = engine_batches(model, compile)
         about: dict[str, Any] = {"backend": "genprobe"} | ({"compile": True} if compile else {})
     else:
         engine = backend if isinstance(backend, ScanEngine) else backend_engine(backend)
-        n_ctx = max(len(p) for p in ids) + max_new_tokens
+        n_ctx = max(len(p) for p in ids) + options.max_new_tokens
         for name, sampler in samplers.items():
             try:
-                engine.check(study_sampler(sampler, model.eos_id), model, n_ctx)
+                engine.check(sampler, model, n_ctx)
             except ValueError as exc:
                 raise type(exc)(f"{engine.name} cannot run the {name!r} setting exactly: {exc}") from None
-        generate, about = engine.start(study, ids, texts, log)
-    result = LoopScans(str(model.source), len(texts), prompt_source, max_new_tokens, json_safe(end), about, calibration)
+        generate, about = engine.start(model, options, ids, log)
+    n_new, source = options.max_new_tokens, str(model.source)
+    result = LoopScans(source, len(texts), prompt_source, n_new, json_safe(end), about, calibration)
 
     for name, sampler in samplers.items():
         t0 = time.perf_counter()
-        res = scan_batches(generate, ids, max_new_tokens, sampler, **study.scan_options(texts, name))
+        res = scan_batches(generate, ids, replace(options, sampler=sampler, desc=name), texts)
         res = annotate_scan(res, calibration, chars_unit)
         result.scans[name], result.seconds[name] = res, time.perf_counter() - t0
         if on_scan is not None:

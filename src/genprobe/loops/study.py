@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ..engine.samplers.stages import SamplerConfig
@@ -15,7 +15,16 @@ from ..metrics.degeneracy import LoopSettings
 from ..model.arch import mlp_sites
 from .edit import FORMS
 from .prompts import prompt_sets, split_prompts
-from .scan import END_TOKEN_NOTE, ScanOptions, ScanResult, chanting_sampler, scan_loops, study_sampler
+from .scan import (
+    EndToken,
+    ScanOptions,
+    ScanResult,
+    chanting_sampler,
+    end_token,
+    engine_batches,
+    scan_batches,
+    study_sampler,
+)
 
 UNK_SHOW = "▯"
 SET_NAMES = ("direction", "search", "validate")
@@ -144,15 +153,6 @@ class RepairInputs:
 
 
 # ---- how we generate and measure ------------------------------------------------------------
-@dataclass(frozen=True)
-class EndToken:
-    """The model's end-of-text token and whether loop studies ban it (they do whenever there is one)."""
-
-    id: int | None
-    banned: bool
-    note: str | None
-
-
 def _decoder(tokenizer: Any) -> Callable[[list[int]], str]:
     def dec(ids: list[int]) -> str:
         try:
@@ -178,8 +178,30 @@ def encode_quiet(tokenizer: Any, text: str) -> list[int]:
         hf_logging.set_verbosity(level)
 
 
+def study_options(model: Any, options: ScanOptions) -> ScanOptions:
+    """``options`` for a loop study of ``model``: its end token (banned), its unknown token (the default chanting
+    ban, the ``<unk>`` share) and its decoder; refused without a tokenizer or under 16 new tokens (too few to see a
+    loop)."""
+    if model.tokenizer is None:
+        raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
+    if options.max_new_tokens < 16:
+        raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {options.max_new_tokens}")
+    return replace(options, eos_id=model.eos_id, unk_id=model.unk_id, decode=_decoder(model.tokenizer))
+
+
+def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Prompts → ids; an empty encoding is refused (it cannot be continued)."""
+    ids = [encode_quiet(tokenizer, t) for t in texts]
+    empty = [t for t, i in zip(texts, ids, strict=True) if not i]
+    if empty:
+        raise ValueError(f"prompt {empty[0]!r} encodes to no token")
+    return ids
+
+
 class LoopStudy:
-    """One model under study: its engine, tokenizer, sampler (end token banned) and the scan settings."""
+    """One model under study: its engine, tokenizer and scan options (``options``: the sampler with the end token
+    banned, the study's batch, seed, detector settings and decoder, so a scan through another engine measures what
+    ours would)."""
 
     def __init__(
         self,
@@ -190,53 +212,28 @@ class LoopStudy:
         log: Callable[[str], None] = lambda msg: None,
         compile: bool = False,
     ):
-        if model.tokenizer is None:
-            raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
-        if cfg.max_new_tokens < 16:
-            raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {cfg.max_new_tokens}")
+        self.unk_id, self.eos_id = model.unk_id, model.eos_id
+        self.sampler = study_sampler(sampler or chanting_sampler(self.unk_id), self.eos_id)
+        scan = ScanOptions(cfg.max_new_tokens, self.sampler, cfg.batch_size, cfg.seed, loop=cfg.loop, progress=progress)
+        self.options = study_options(model, scan)
         self.model, self.cfg, self.progress, self.log = model, cfg, progress, log
         self.compile = compile  # scans through the compiled fast path (weights edited in place are still seen)
         self.module = model.module
         self.tokenizer = model.tokenizer
-        self.unk_id, self.eos_id = model.unk_id, model.eos_id
-        self.sampler = study_sampler(sampler or chanting_sampler(self.unk_id), self.eos_id)
-        self.decode = _decoder(self.tokenizer)
         self.n_layers = len(mlp_sites(self.module))
 
     @property
     def end_token(self) -> EndToken:
         """Whether the end token exists and is banned (with the note the CLI prints)."""
-        if self.eos_id is None:
-            return EndToken(None, False, None)
-        return EndToken(self.eos_id, True, END_TOKEN_NOTE.format(eos=self.eos_id, n=self.cfg.max_new_tokens))
-
-    def scan_options(self, texts: Sequence[str] | None, desc: str) -> ScanOptions:
-        """What every engine's scan of this study takes beside its prompts, budget and sampler: the study's batch,
-        seed, bans, detector settings and decoder (so a scan through another engine measures what ours would)."""
-        cfg = self.cfg
-        return ScanOptions(
-            batch_size=cfg.batch_size,
-            seed=cfg.seed,
-            eos_id=self.eos_id,
-            unk_id=self.unk_id,
-            loop=cfg.loop,
-            decode=self.decode,
-            prompt_texts=texts,
-            progress=self.progress,
-            desc=desc,
-        )
+        return end_token(self.options)
 
     def render(self, texts: Sequence[str], chat: bool) -> list[str]:
         """``texts`` as they are given to the model: each a user turn of the chat template when ``chat``."""
         return [self.model.chat_prompt(t) for t in texts] if chat else list(texts)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Prompts → ids; an empty encoding is refused (it cannot be continued)."""
-        ids = [encode_quiet(self.tokenizer, t) for t in texts]
-        empty = [t for t, i in zip(texts, ids, strict=True) if not i]
-        if empty:
-            raise ValueError(f"prompt {empty[0]!r} encodes to no token")
-        return ids
+        """Prompts → ids (:func:`encode_prompts`)."""
+        return encode_prompts(self.tokenizer, texts)
 
     def scan(
         self,
@@ -249,12 +246,10 @@ class LoopStudy:
     ) -> ScanResult:
         """Scan ``ids`` on the model as it is now (edits applied in place are seen); ``decoded=False``: token
         measures only, no progress bar (the searches' many small scans)."""
-        options = self.scan_options(texts, desc)
+        options = replace(self.options, sampler=sampler or self.sampler, desc=desc)
         if not decoded:
-            options["decode"], options["progress"] = None, False
-        return scan_loops(
-            self.model, ids, self.cfg.max_new_tokens, sampler or self.sampler, compile=self.compile, **options
-        )
+            options = replace(options, decode=None, progress=False)
+        return scan_batches(engine_batches(self.model, self.compile), ids, options, texts)
 
     def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:
         """A function model → (degenerate rate, exact rate) on ``ids`` (for :func:`locate_layers`)."""

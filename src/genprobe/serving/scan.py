@@ -33,7 +33,7 @@ from ..engine.samplers.stages import (
     active_truncations,
     refuse_for,
 )
-from ..loops.scan import Batch, GenerateBatch, ScanResult, check_prompts
+from ..loops.scan import Batch, GenerateBatch, ScanOptions, ScanResult, check_prompts
 from ..loops.scan_settings import ScanEngine
 from .engine import ServingEngine
 
@@ -96,13 +96,14 @@ def vllm_batches(engine: ServingEngine) -> GenerateBatch:
 
     def generate_batch(b: Batch) -> list[tuple]:
         check_prompts(b, engine.vocab_size, engine.max_model_len)
+        o = b.options
         params = [
             to_sampling_params(
-                b.sampler, engine.vocab_size, b.max_new_tokens, seed=None if b.sampler.greedy else b.seed + i
+                b.sampler, engine.vocab_size, o.max_new_tokens, seed=None if b.sampler.greedy else o.seed + i
             )
             for i in range(b.first, b.first + len(b.prompts))
         ]
-        outs = engine.generate(b.prompts, params, use_tqdm=b.progress)
+        outs = engine.generate(b.prompts, params, use_tqdm=o.progress)
         return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason == "length") for o in outs]
 
     return generate_batch
@@ -119,18 +120,18 @@ def vllm_scan_backend(options: Any = None) -> ScanEngine:
     def check(sampler: SamplerConfig, model: Any, n_ctx: int) -> None:
         sampling_kwargs(sampler, model.vocab_size)
 
-    def start(study: Any, ids: Sequence[Sequence[int]], texts: Any, log: Any) -> tuple[GenerateBatch, dict]:
-        if study.model.source is None:
+    def start(model: Any, scan: ScanOptions, ids: Sequence[Sequence[int]], log: Any) -> tuple[GenerateBatch, dict]:
+        if model.source is None:
             raise ValueError("vLLM serves a model directory: this model was not loaded from one")
         # vLLM is sized on the directory it serves: a genprobe checkpoint has no config.json until it is exported
-        served, cfg = served_model(study.model.source), study.cfg
-        sequences = max(1, min(len(ids), cfg.batch_size))
+        served = served_model(model.source)
+        sequences = max(1, min(len(ids), scan.batch_size))
         longest = max(len(p) for p in ids)
         sized = size_for_workload(
             served.path,
             options or EngineOptions(),
             longest_prompt=longest,
-            new_tokens=cfg.max_new_tokens,
+            new_tokens=scan.max_new_tokens,
             sequences=sequences,
         )
         engine = shared_engine(served, sized)

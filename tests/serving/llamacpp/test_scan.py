@@ -48,12 +48,14 @@ def engine(tiny):
 @pytest.mark.parametrize("setting", ["greedy", "chanting"])
 def test_per_prompt_verdicts_equal_our_engine_on_f32(tiny, engine, prompts, setting):
     import genprobe
-    from genprobe.loops.scan import chanting_sampler, greedy_sampler, scan_batches, scan_loops
+    from genprobe.loops.scan import ScanOptions, chanting_sampler, engine_batches, greedy_sampler, scan_batches
     from genprobe.serving.llamacpp.scan import llamacpp_batches
 
     sampler = greedy_sampler() if setting == "greedy" else chanting_sampler(UNK)
-    ours = scan_loops(genprobe.load(str(tiny[0])), prompts, 32, sampler, eos_id=EOS, unk_id=UNK)
-    theirs = scan_batches(llamacpp_batches(engine), prompts, 32, sampler, batch_size=7, eos_id=EOS, unk_id=UNK)
+    ours = scan_batches(
+        engine_batches(genprobe.load(str(tiny[0]))), prompts, ScanOptions(32, sampler, eos_id=EOS, unk_id=UNK)
+    )
+    theirs = scan_batches(llamacpp_batches(engine), prompts, ScanOptions(32, sampler, 7, eos_id=EOS, unk_id=UNK))
     assert [r.tokens for r in theirs.records] == [r.tokens for r in ours.records]
     assert [r.degenerate for r in theirs.records] == [r.degenerate for r in ours.records]
     assert [r.measures.period for r in theirs.records] == [r.measures.period for r in ours.records]
@@ -65,13 +67,13 @@ def test_per_prompt_verdicts_equal_our_engine_on_f32(tiny, engine, prompts, sett
 
 def test_sampled_scans_use_llama_cpp_chain_and_repeat_with_their_seed(engine, prompts):
     from genprobe.engine.samplers.stages import SamplerConfig
-    from genprobe.loops.scan import scan_batches
+    from genprobe.loops.scan import ScanOptions, scan_batches
     from genprobe.serving.llamacpp.scan import llamacpp_batches
 
     cfg = SamplerConfig.preset("llama.cpp", repetition_penalty=1.3)
-    a = scan_batches(llamacpp_batches(engine), prompts[:6], 24, cfg, seed=5, eos_id=EOS, unk_id=UNK)
-    b = scan_batches(llamacpp_batches(engine), prompts[:6], 24, cfg, seed=5, eos_id=EOS, unk_id=UNK, batch_size=2)
-    c = scan_batches(llamacpp_batches(engine), prompts[:6], 24, cfg, seed=6, eos_id=EOS, unk_id=UNK)
+    a = scan_batches(llamacpp_batches(engine), prompts[:6], ScanOptions(24, cfg, seed=5, eos_id=EOS, unk_id=UNK))
+    b = scan_batches(llamacpp_batches(engine), prompts[:6], ScanOptions(24, cfg, 2, 5, eos_id=EOS, unk_id=UNK))
+    c = scan_batches(llamacpp_batches(engine), prompts[:6], ScanOptions(24, cfg, seed=6, eos_id=EOS, unk_id=UNK))
     assert [r.tokens for r in a.records] == [r.tokens for r in b.records]  # seed + i per prompt, whatever the batch
     assert [r.tokens for r in a.records] != [r.tokens for r in c.records]
     assert all(EOS not in r.tokens for r in a.records)
@@ -79,14 +81,14 @@ def test_sampled_scans_use_llama_cpp_chain_and_repeat_with_their_seed(engine, pr
 
 def test_a_setting_the_chain_cannot_express_is_refused_before_generating(engine, prompts):
     from genprobe.engine.samplers.stages import SamplerConfig
-    from genprobe.loops.scan import scan_batches
+    from genprobe.loops.scan import ScanOptions, scan_batches
     from genprobe.serving.llamacpp.sampling import UnsupportedLlamaCppSamplerError
     from genprobe.serving.llamacpp.scan import llamacpp_batches
 
     with pytest.raises(UnsupportedLlamaCppSamplerError):
-        scan_batches(llamacpp_batches(engine), prompts, 24, SamplerConfig(no_repeat_ngram=3), eos_id=EOS)
+        scan_batches(llamacpp_batches(engine), prompts, ScanOptions(24, SamplerConfig(no_repeat_ngram=3), eos_id=EOS))
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        scan_batches(llamacpp_batches(engine), [[5], []], 24, eos_id=EOS)
+        scan_batches(llamacpp_batches(engine), [[5], []], ScanOptions(24, eos_id=EOS))
 
 
 def test_the_command_writes_the_same_records_as_our_engine(tiny, tmp_path, capsys):

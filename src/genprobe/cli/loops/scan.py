@@ -125,7 +125,7 @@ def run_scan(args: argparse.Namespace) -> int:
     characters where they are the unit, and the human false-positive rate of the calibrated detectors)."""
     from ..._io import atomic_write_json
     from ...corpus.inputs import heldout_openings
-    from ...loops.scan import scan_table
+    from ...loops.scan import ScanOptions, scan_table
     from ...loops.scan_settings import scan_loop_settings
 
     check_common(args)
@@ -157,12 +157,14 @@ def run_scan(args: argparse.Namespace) -> int:
         model,
         texts,
         settings,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        progress=show_progress(args),
+        ScanOptions(
+            args.max_new_tokens,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            loop=None if calibration is not None else loop_settings_from(args),
+            progress=show_progress(args),
+        ),
         calibration=calibration,
-        loop=None if calibration is not None else loop_settings_from(args),
         chars_unit=is_bundled_char_model(model),
         prompt_source=source,
         backend=backend,

@@ -185,20 +185,22 @@ def _open_llama_cpp(path: str, n_ctx: int, cfg: QuantStudyConfig) -> Any:
 def _scan_llama_cpp(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig) -> Any:
     """Greedy loop scan through llama.cpp (:func:`~genprobe.serving.llamacpp.scan.llamacpp_batches`: ``<unk>``
     and the end token banned, fixed length — the loop scan's chanting setting) with the calibrated detectors."""
-    from ...loops.scan import annotate_scan, chanting_sampler, scan_batches
+    from ...loops.scan import ScanOptions, annotate_scan, chanting_sampler, scan_batches
     from .scan import llamacpp_batches
 
     res = scan_batches(
         llamacpp_batches(engine),
         inputs.prompt_ids,
-        cfg.max_new_tokens,
-        chanting_sampler(model.unk_id, model.eos_id),
-        seed=cfg.seed,
-        eos_id=model.eos_id,
-        unk_id=model.unk_id,
-        loop=inputs.calibration.settings,
-        decode=model.decode,
-        prompt_texts=inputs.prompt_texts,
+        ScanOptions(
+            cfg.max_new_tokens,
+            chanting_sampler(model.unk_id, model.eos_id),
+            seed=cfg.seed,
+            eos_id=model.eos_id,
+            unk_id=model.unk_id,
+            loop=inputs.calibration.settings,
+            decode=model.decode,
+        ),
+        inputs.prompt_texts,
     )
     return annotate_scan(res, inputs.calibration)
 

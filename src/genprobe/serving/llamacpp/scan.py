@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...engine.samplers.stages import DRY, SamplerConfig
-from ...loops.scan import Batch, GenerateBatch, check_prompts, study_sampler
+from ...loops.scan import Batch, GenerateBatch, ScanOptions, check_prompts, study_sampler
 from ...loops.scan_settings import ScanEngine
 from .engine import LlamaCppModel, NextToken
 from .sampling import LlamaCppSampler, LlamaVocab, chain_stages
@@ -61,18 +61,18 @@ def llamacpp_batches(model: LlamaCppModel, dry_breaker_strings: Sequence[str] = 
                 context_length=model.n_ctx,
                 vocab=vocab,
                 dry_breaker_strings=dry_breaker_strings,
-                seed=b.seed + i,
+                seed=b.options.seed + i,
             )
             for i in range(b.first, b.first + len(b.prompts))
         ]
         try:
-            outs = model.generate_batch(b.prompts, b.max_new_tokens, [chain_picker(c) for c in chains])
+            outs = model.generate_batch(b.prompts, b.options.max_new_tokens, [chain_picker(c) for c in chains])
         finally:
             for c in chains:
                 c.close()
             if vocab is not None:
                 vocab.close()
-        return [(out.tokens, len(out.tokens) == b.max_new_tokens) for out in outs]
+        return [(out.tokens, len(out.tokens) == b.options.max_new_tokens) for out in outs]
 
     return generate_batch
 
@@ -103,14 +103,12 @@ def llamacpp_scan_backend(
     def check(sampler: SamplerConfig, model: Any, n_ctx: int) -> None:
         chain_stages(sampler, context_length=n_ctx)
 
-    def start(study: Any, ids: Sequence[Sequence[int]], texts: Any, log: Any) -> tuple[GenerateBatch, dict]:
-        cfg = study.cfg
-        engine = LlamaCppModel(
-            gguf, n_ctx=max(len(p) for p in ids) + cfg.max_new_tokens, n_threads=n_threads, kv_type=kv_type
-        )
-        if engine.vocab_size != study.model.vocab_size:
+    def start(model: Any, scan: ScanOptions, ids: Sequence[Sequence[int]], log: Any) -> tuple[GenerateBatch, dict]:
+        n_ctx = max(len(p) for p in ids) + scan.max_new_tokens
+        engine = LlamaCppModel(gguf, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
+        if engine.vocab_size != model.vocab_size:
             engine.close()
-            raise ValueError(f"{gguf} has {engine.vocab_size} token ids but the loaded model {study.model.vocab_size}")
+            raise ValueError(f"{gguf} has {engine.vocab_size} token ids but the loaded model {model.vocab_size}")
         log(f"llama.cpp engine ready ({Path(gguf).name}, n_ctx {engine.n_ctx}, {n_threads} thread(s))")
         return llamacpp_batches(engine, dry_breaker_strings), {"backend": "llama.cpp", "llama.cpp": engine.describe()}
 
