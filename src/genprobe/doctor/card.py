@@ -4,11 +4,14 @@ length, generation defaults; the tokenizer's facts live in :mod:`genprobe.doctor
 from __future__ import annotations
 
 import re
+import shlex
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .findings import Finding
+from .options import DoctorRun
 from .tokenizer_facts import TokenizerFacts, tokenizer_facts, tokenizer_findings
 
 _LAYER_INDEX = re.compile(r"\.\d+\.")
@@ -78,9 +81,13 @@ def generation_defaults(model: Any) -> dict[str, Any] | None:
     return {k: getattr(gc, k, None) for k in GENERATION_KEYS if getattr(gc, k, None) is not None}
 
 
-def model_card(model: Any, prompts: list[str] | None, chat: bool, command: str) -> ModelCard:
-    """The card of ``model`` and its findings (tokenizer checks on ``prompts``; ``command`` reproduces them)."""
-    facts = None if model.tokenizer is None else tokenizer_facts(model, prompts or [], chat)
+def model_card(run: DoctorRun) -> ModelCard:
+    """The card of the run's model and its findings (tokenizer checks on the run's prompts)."""
+    model, prompts, opts = run.model, run.inputs.prompts, run.opts
+    where = shlex.quote(str(Path(opts.prompts_file).parent / "card")) if opts.prompts_file else "DIR"
+    given = opts.prompts_arg() + " " if prompts else ""
+    command = f"genprobe doctor {run.arg} {given}--only card --out {where}" + (" --chat" if opts.chat else "")
+    facts = None if model.tokenizer is None else tokenizer_facts(model, prompts or [], opts.chat)
     gen = generation_defaults(model)
     card = ModelCard(
         source=str(model.source) if model.source else None,
@@ -96,7 +103,7 @@ def model_card(model: Any, prompts: list[str] | None, chat: bool, command: str) 
         generation_defaults=gen,
         tokenizer=facts,
     )
-    card.findings = tokenizer_findings(facts, chat, command) + _generation_findings(model, gen, command)
+    card.findings = tokenizer_findings(facts, opts.chat, command) + _generation_findings(model, gen, command)
     return card
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .._io import NOT_JSON, json_safe
 from ..corpus.inputs import vocab_key
@@ -19,7 +19,7 @@ from ..loops.scan_settings import LoopScans, scan_loop_settings
 from ..metrics.calibrate import LoopCalibration
 from ..metrics.stats import wilson_interval
 from .findings import Finding
-from .options import DoctorOptions
+from .options import DoctorOptions, DoctorRun
 
 GREEDY, YOURS, DEFAULTS = "greedy", "your sampler", "generation_config"
 RATE_EVIDENCE = tuple(
@@ -117,16 +117,11 @@ def end_of_text(model: Any, texts: list[str], settings: dict[str, SamplerConfig]
     return EndOfText(int(model.eos_id), tokens, ended, len(texts))
 
 
-def degeneration(
-    model: Any,
-    prompts: list[str],
-    source: str,
-    opts: DoctorOptions,
-    gen: dict[str, Any] | None,
-    model_arg: str,
-    log: Callable[[str], None],
-) -> Degeneration:
-    """Scan the prompts under greedy and the user's settings, calibrated; the end-of-text behaviour; findings."""
+def degeneration(run: DoctorRun) -> Degeneration:
+    """Scan the prompts under greedy and the user's settings (else the model card's generation defaults when they
+    sample), calibrated; the end-of-text behaviour; findings."""
+    model, prompts, source, opts, log = run.model, run.prompts(), run.inputs.source, run.opts, run.note
+    gen = run.report.card.generation_defaults if run.report.card is not None else None
     b = opts.plan
     named = decoding_settings(opts, gen)
     settings = {k: v[0] for k, v in named.items()}
@@ -146,11 +141,11 @@ def degeneration(
     )
     eot = end_of_text(model, texts[: b.eos_prompts], settings, b.scan_tokens, opts.seed)
     res = Degeneration(list(prompts), source, opts.chat, settings, scans, calibration, cal_error, eot)
-    base = f"genprobe loops scan {model_arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens}"
+    base = f"genprobe loops scan {run.arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens}"
     base += " --chat" if opts.chat else ""
     base += " --no-calibrate" if calibration is None else ""
     res.findings = [_rate_finding(res, k, opts, base + " " + shlex.join(named[k][1])) for k in named]
-    res.findings += _eot_findings(res, model_arg, opts.chat)
+    res.findings += _eot_findings(res, run.arg, opts.chat)
     return res
 
 

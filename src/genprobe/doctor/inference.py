@@ -13,7 +13,7 @@ from .._io import NOT_JSON, json_safe
 from ..attention.leak import LEAK_THRESHOLD, LeakReport, padding_leak
 from ..verify.api import CacheVerification, verify_caches
 from .findings import Finding
-from .options import DoctorOptions
+from .options import DoctorOptions, DoctorRun
 
 VERDICT_SEVERITY = {
     "pass": "ok",
@@ -117,10 +117,9 @@ def leak_sequences(model: Any, prompts: list[str] | None) -> list[list[int]]:
     return [by_len[n] for n in sorted(by_len)][:LEAK_TEXTS]
 
 
-def check_inference(
-    model: Any, opts: DoctorOptions, prompts: list[str] | None, model_arg: str, log: Callable[[str], None]
-) -> InferenceCheck:
+def check_inference(run: DoctorRun) -> InferenceCheck:
     """Verify the model's caches and the user's, padding, and the serving engine when asked."""
+    model, opts, prompts, log = run.model, run.opts, run.inputs.prompts, run.note
     ids = verify_prompts(model, prompts, opts.plan.verify_steps)
     caches = _verify(model, opts, None, ids, log)
     impl = _verify(model, opts, opts.impl, ids, log) if opts.impl else None
@@ -133,7 +132,7 @@ def check_inference(
     serving = _serving(model, opts, log) if opts.serving else None
     texts = [model.decode(p) for p in ids] if ids else None
     check = InferenceCheck(caches, impl, leak, bare, serving, texts if texts and all(texts) else None)
-    check.findings = _findings(check, opts, model, model_arg)
+    check.findings = _findings(check, opts, model, run.arg)
     return check
 
 

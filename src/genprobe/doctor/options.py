@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .._io import json_safe
 from ..corpus.inputs import held_out
@@ -164,3 +164,33 @@ def doctor_inputs(model: Any, opts: DoctorOptions) -> DoctorInputs:
     source = str(d.sources.get("corpus", "held-out"))
     scan = d.prompts[: b.scan_prompts]
     return DoctorInputs(scan, d.prompts[b.scan_prompts :] or scan, val, f"{source} held-out prompts")
+
+
+QUICK_SKIP = "quick mode"
+
+
+class StageSkipped(Exception):
+    """A stage that cannot run on this model or in this mode (the reason is reported)."""
+
+
+@dataclass
+class DoctorRun:
+    """One run as every stage reads it: the model, the options, the inputs, the model as the reproducing commands name
+    it (``arg``, shell-quoted), the log, and the report so far (a later stage reads an earlier one's result)."""
+
+    model: Any
+    opts: DoctorOptions
+    inputs: DoctorInputs
+    arg: str
+    log: Callable[[str], None]
+    report: Any  # the DoctorReport being filled
+
+    def note(self, msg: str) -> None:
+        """A progress line inside a stage, indented under the stage's own."""
+        self.log("  " + msg)
+
+    def prompts(self) -> list[str]:
+        """The prompts to generate after (:class:`StageSkipped` when there are none)."""
+        if self.inputs.prompts is None:
+            raise StageSkipped(self.inputs.error or "no prompts")
+        return self.inputs.prompts

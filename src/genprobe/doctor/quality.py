@@ -17,7 +17,7 @@ import torch
 from .._io import NOT_JSON, json_safe
 from ..corpus.inputs import token_windows
 from .findings import Finding
-from .options import DoctorOptions
+from .options import DoctorRun, StageSkipped
 
 WINDOWS, WINDOW_TOKENS = 8, 128  # held-out texts read, tokens of each (fewer when the context is shorter)
 KL_WARN, KL_BUG = 0.1, 1.0  # mean KL(reference ‖ model), nats per token
@@ -158,16 +158,19 @@ def _reference_finding(q: Quality, ev: dict[str, Any], command: str) -> Finding:
     return Finding("quality", "quality.reference", sev, f"output {how} the reference: {said}", ev, crit, command)
 
 
-def quality_stage(model: Any, opts: DoctorOptions, arg: str) -> Quality:
+def quality_stage(run: DoctorRun) -> Quality:
     """:func:`measure_quality` on held-out human text of the model's language (the corpus the prompts come from),
-    against ``opts.reference`` when given."""
+    against ``--reference`` when given."""
     from ..corpus.inputs import corpus_of, held_out  # looked up at call time: tests choose the corpus
     from ..model.load import load_model
 
+    model, opts = run.model, run.opts
+    if model.tokenizer is None:
+        raise StageSkipped("the model has no tokenizer: no text to read")
     corpus = corpus_of(model)
     texts = list(held_out(model, corpus, opts.plan.scan_prompts).texts)
     reference = load_model(opts.reference) if opts.reference else None
     q = measure_quality(model, texts, corpus, reference)
     ref = f" --reference {shlex.quote(opts.reference)}" if opts.reference else ""
-    q.findings = quality_findings(q, f"genprobe doctor {arg} --only quality{ref} --out DIR")
+    q.findings = quality_findings(q, f"genprobe doctor {run.arg} --only quality{ref} --out DIR")
     return q

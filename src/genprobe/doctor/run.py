@@ -11,16 +11,15 @@ from typing import Any, Callable
 
 from .._io import json_safe
 from .attention_health import AttentionHealth, attention_health
-from .audit import StaticAudit, static_audit
+from .audit import StaticAudit, audit_stage
 from .card import ModelCard, model_card
 from .degeneration import Degeneration, degeneration
 from .findings import Finding, Verdict, verdict_of
 from .fixes import FixComparison, compare
 from .inference import InferenceCheck, check_inference
-from .options import STAGES, TITLES, DoctorInputs, DoctorOptions, doctor_inputs
+from .options import QUICK_SKIP, STAGES, TITLES, DoctorOptions, DoctorRun, StageSkipped, doctor_inputs
 from .quality import Quality, quality_stage
 
-QUICK_SKIP = "quick mode"
 PROMPTS_FILE, JSON_FILE, HTML_FILE = "prompts.txt", "doctor.json", "report.html"
 
 
@@ -76,62 +75,24 @@ class DoctorReport:
         return json_safe(head | {"stages": self.stages, "findings": self.findings} | results | {"files": self.files})
 
 
-def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorReport, log: Callable[[str], None]):
-    """Each stage as a function returning (result attribute, value) or raising :class:`_Skip`."""
-    arg = shlex.quote(rep.model)
-
-    def audit() -> Any:
-        if model.source is None:
-            raise _Skip("the model was built in memory: no files to read")
-        return static_audit(model.source, opts.chat, f"genprobe doctor {arg} --only audit --out DIR")
-
-    def card() -> Any:
-        where = shlex.quote(str(Path(opts.prompts_file).parent / "card")) if opts.prompts_file else "DIR"
-        given = opts.prompts_arg() + " " if inp.prompts else ""
-        command = f"genprobe doctor {arg} {given}--only card --out {where}"
-        return model_card(model, inp.prompts, opts.chat, command + (" --chat" if opts.chat else ""))
-
-    def quality() -> Any:
-        if model.tokenizer is None:
-            raise _Skip("the model has no tokenizer: no text to read")
-        return quality_stage(model, opts, arg)
-
-    def inference() -> Any:
-        return check_inference(model, opts, inp.prompts, arg, lambda m: log("  " + m))
-
-    def attention() -> Any:
-        return attention_health(model, inp.prompts, opts.plan.attention_tokens, arg)
-
-    def degen() -> Any:
-        if inp.prompts is None:
-            raise _Skip(inp.error or "no prompts")
-        gen = rep.card.generation_defaults if rep.card is not None else None
-        return degeneration(model, inp.prompts, inp.source, opts, gen, arg, lambda m: log("  " + m))
-
-    def fixes() -> Any:
-        if opts.plan.fix_prompts == 0:
-            raise _Skip(QUICK_SKIP)
-        if inp.prompts is None:
-            raise _Skip(inp.error or "no prompts")
-        cal = rep.degeneration.calibration if rep.degeneration is not None else None
-        prompts = inp.prompts[: opts.plan.fix_prompts]
-        return compare(model, prompts, inp.edit_prompts, inp.val_text, opts, cal, arg, lambda m: log("  " + m))
-
-    stages = (audit, card, quality, inference, attention, degen, fixes)
-    return dict(zip(STAGES, stages, strict=True))  # in STAGES order
+#: Each stage's job, in STAGES order: it takes the run and returns its result or raises StageSkipped.
+STAGE_JOBS: dict[str, Callable[[DoctorRun], Any]] = dict(
+    zip(
+        STAGES,
+        (audit_stage, model_card, quality_stage, check_inference, attention_health, degeneration, compare),
+        strict=True,
+    )
+)
 
 
-class _Skip(Exception):
-    """A stage that cannot run on this model or in this mode (the reason is reported)."""
-
-
-def _run_stage(name: str, fn: Callable[[], Any], rep: DoctorReport, i: int, n: int, log: Callable[[str], None]) -> None:
+def _run_stage(name: str, run: DoctorRun, i: int, n: int) -> None:
+    rep, log = run.report, run.log
     log(f"[{i}/{n}] {TITLES[name]} …")
     t0 = time.perf_counter()
     try:
-        setattr(rep, name, fn())
+        setattr(rep, name, STAGE_JOBS[name](run))
         status, note = "ran", None
-    except _Skip as why:
+    except StageSkipped as why:
         status, note = "skipped", str(why)
         if note != QUICK_SKIP:  # not checked for want of inputs: said among the findings
             rep.errors.append(Finding(name, f"{name}.skipped", "info", f"the {TITLES[name]} stage did not run: {note}"))
@@ -176,10 +137,10 @@ def run_doctor(
         opts.prompts_file = str(out / PROMPTS_FILE)
         atomic_write_text(out / PROMPTS_FILE, "\n".join(p.replace("\n", " ") for p in inp.prompts) + "\n")
         rep.files["prompts"] = str(out / PROMPTS_FILE)
-    fns = _stage_fns(model, opts, inp, rep, log)
+    run = DoctorRun(model, opts, inp, shlex.quote(arg), log, rep)
     chosen = [s for s in STAGES if s in opts.only]
     for i, name in enumerate(chosen, 1):
-        _run_stage(name, fns[name], rep, i, len(chosen), log)
+        _run_stage(name, run, i, len(chosen))
     if out is not None:
         write_files(rep, out)
     return rep
