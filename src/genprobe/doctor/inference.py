@@ -73,17 +73,22 @@ def cache_kinds(model: Any, opts: DoctorOptions) -> tuple[str, ...]:
 def verify_prompts(model: Any, prompts: list[str] | None, steps: int) -> list[list[int]] | None:
     """Two of the prompts (distinct lengths where possible, cut to leave room for ``steps``) as ids; None: the
     verifier's defaults (random ids for a model without a tokenizer)."""
-    if model.tokenizer is None or not prompts:
-        return None
     room = max(1, min(24, (model.max_positions or 64) - steps - 1))
-    seqs = [ids for ids in (model.encode(p) for p in prompts[:8]) if ids]
-    by_len = {len(s[:room]): s[:room] for s in seqs}
+    seqs = _encoded(model, prompts, 8, room)
+    by_len = {len(s): s for s in seqs}
     if len(by_len) >= 2:
         return [by_len[n] for n in sorted(by_len, reverse=True)][:2]
     if len(seqs) < 2:
-        return [s[:room] for s in seqs] or None
+        return seqs or None
     # prompts of one length (Tang openings): two joined make the longer one, so the padded batch has padding
     return [(seqs[0] + seqs[1])[:room], seqs[-1][: max(1, room - 1)]]
+
+
+def _encoded(model: Any, prompts: list[str] | None, n: int, room: int) -> list[list[int]]:
+    """The first ``n`` prompts' ids, each cut to ``room`` tokens (none without a tokenizer or prompts)."""
+    if model.tokenizer is None or not prompts:
+        return []
+    return [ids[:room] for ids in (model.encode(p) for p in prompts[:n]) if ids]
 
 
 def _verify(
@@ -106,9 +111,7 @@ def _verify(
 def leak_sequences(model: Any, prompts: list[str] | None) -> list[list[int]]:
     """Up to three sequences of different lengths: the prompts' ids (cut to fit the context), else fixed ids."""
     room = min(48, (model.max_positions or 64) - 4)
-    seqs: list[list[int]] = []
-    if model.tokenizer is not None and prompts:
-        seqs = [ids[:room] for ids in (model.encode(p) for p in prompts[: 4 * LEAK_TEXTS]) if ids]
+    seqs = _encoded(model, prompts, 4 * LEAK_TEXTS, room)
     if len({len(s) for s in seqs}) < 2:  # no text, or all of one length: fixed ids of three lengths
         lo = 2 if model.vocab_size > 3 else 0
         seqs = [[lo + (7 * i + j) % (model.vocab_size - lo) for j in range(n)] for i, n in enumerate((5, 9, 16))]

@@ -29,6 +29,19 @@ def hidden_characters(text: str) -> list[str]:
     return sorted(seen, key=lambda k: not seen[k])
 
 
+def text_fields(obj: Any, where: str = "") -> dict[str, str]:
+    """Every string inside ``obj`` (dicts and lists walked) by where it sits (``config.json.a.b[0]``)."""
+    if isinstance(obj, str):
+        return {where: obj}
+    if isinstance(obj, dict):
+        items = [(f"{where}.{k}" if where else str(k), v) for k, v in obj.items()]
+    elif isinstance(obj, list):
+        items = [(f"{where}[{i}]", v) for i, v in enumerate(obj)]
+    else:
+        return {}
+    return {k: text for w, v in items for k, text in text_fields(v, w).items()}
+
+
 def metadata_findings(strings: dict[str, str], command: str) -> list[Finding]:
     """Findings on ``strings`` (where -> text): hidden characters warn (bidi controls named), URLs are said."""
     hidden = {k: h for k, v in strings.items() if (h := hidden_characters(v))}
