@@ -1,7 +1,5 @@
-"""Degeneration under the user's own settings: calibrated loop / near-loop / degenerate rates with 95% intervals
-and the human false-positive rate beside them, for greedy and for the user's sampler (:func:`genprobe.loops.
-scan_settings.scan_loop_settings`), with examples; and the end-of-text behaviour — how often a generation ends
-when the end token is allowed (the scans ban it: the rates describe the model forced to continue)."""
+"""Degeneration under the user's own settings (:func:`genprobe.loops.scan_settings.scan_loop_settings`, calibrated,
+greedy and the user's sampler) and how often a generation ends when the end token is allowed (the scans ban it)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""A GGUF file's header checked against itself, without running anything: special-token ids inside the vocabulary,
-the quantization label (``general.file_type``) against the tensors' types, the hyper-parameters (layers, widths,
-heads, feed-forward size) against the tensors' shapes, the vocabulary against the embedding, tensor data that
-overlaps, duplicate keys, hidden text in the metadata, and the chat template read as code.
-
-The header is parsed once by the ``gguf`` package's reader (:func:`genprobe.model.gguf.header_reader`, shared with
-the loader). Shapes are in ggml's order, fastest dimension first: ``token_embd.weight`` is ``[n_embd, n_vocab]``.
-"""
+"""A GGUF file's header checked against itself, nothing run (docs/doctor.md, "Static audit", lists the checks), parsed
+once by the ``gguf`` package's reader (:func:`genprobe.model.gguf.header_reader`, shared with the loader)."""
 
 from __future__ import annotations
 

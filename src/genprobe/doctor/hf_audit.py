@@ -1,8 +1,5 @@
-"""A ``transformers`` model directory read as files, never executed: ``auto_map`` (the Python that
-``trust_remote_code=True`` would import and run — named, never run; genprobe never trusts remote code), special-token
-ids in ``config.json`` against its vocabulary, ``generation_config.json`` suppressions (a suppressed end token means
-replies never end), the tokenizer's normalizers (text rewritten before the model sees it), hidden text in the
-metadata and the chat template read as code."""
+"""A ``transformers`` model directory read as files, never executed (docs/doctor.md, "Static audit", lists the checks):
+``auto_map`` code is named, never run — genprobe never trusts remote code."""
 
 from __future__ import annotations
 

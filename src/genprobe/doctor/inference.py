@@ -1,7 +1,5 @@
-"""The inference path: the model's own caches (our engine; the installed ``transformers`` cache classes that apply,
-the sliding one when the config has a window) and the user's cache implementation against full recomputation
-(:func:`genprobe.verify.api.verify_caches`), padding leak (:func:`genprobe.attention.leak.padding_leak`) and, when
-asked, the serving engine's logits (:mod:`genprobe.serving`)."""
+"""The inference path: the model's own caches and the user's implementation against full recomputation
+(:func:`genprobe.verify.api.verify_caches`), padding leak and, when asked, the serving engine (docs/doctor.md)."""
 
 from __future__ import annotations
 

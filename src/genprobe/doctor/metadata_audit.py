@@ -1,7 +1,6 @@
-"""Metadata checks the GGUF and transformers audits share: special-token ids inside the vocabulary, and text that
-should not be there — invisible and bidirectional-control characters (text that reads one way and means another:
-"Trojan Source", CVE-2021-42574) and URLs (where a file points its users) in any string a model file carries apart
-from its vocabulary (whose tokens may legitimately be zero-width joiners and the like)."""
+"""Metadata checks the GGUF and transformers audits share: special-token ids inside the vocabulary; hidden characters
+("Trojan Source", CVE-2021-42574) and URLs in any string a model file carries but its vocabulary (whose tokens may
+legitimately be zero-width joiners and the like)."""
 
 from __future__ import annotations
 

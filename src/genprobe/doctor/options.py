@@ -1,8 +1,6 @@
-"""What a doctor run is asked to do (:class:`DoctorOptions`), the budget of each mode (:class:`Budget`: ``quick``
-for a CI gate, the full run for a release; every limit is checked on construction) and the prompts it uses
-(:func:`doctor_inputs`): the user's, or held-out prompts of the model's language (Tang openings held out from both
-reference models for a Chinese tokenizer, English sentence openings of the Lee corpus otherwise —
-:func:`genprobe.corpus.inputs.held_out`), and held-out text for the weight edit's limits."""
+"""What a doctor run is asked to do (:class:`DoctorOptions`), the budget of each mode (:class:`Budget`: ``quick`` for
+a CI gate, the full run for a release), the prompts it uses (:func:`doctor_inputs`: the user's, else held-out ones
+of the model's language) and the one :class:`DoctorRun` every stage job takes."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Output quality, for the faults that are not cache bugs (a config that disagrees with the weights, one corrupted
-weight matrix, a wrong tokenizer): each changes the output silently into fluent text no loop detector flags.
-
-With ``--reference`` both models read the same held-out human text under teacher forcing and KL(reference ‖ model)
-and top-1 agreement are measured per position; without one, the model's bits per character on that text (unlike
-perplexity per token, independent of the tokenizer) are judged against :data:`KNOWN_GOOD` (docs/doctor.md)."""
+"""Output quality, for the faults that are not cache bugs and change the output silently into fluent text (a config
+that disagrees with the weights, a corrupted weight, a wrong tokenizer): KL and top-1 agreement against
+``--reference``, else bits per character against :data:`KNOWN_GOOD` (docs/doctor.md, "Quality on held-out text")."""
 
 from __future__ import annotations
 
