@@ -155,41 +155,10 @@ def write_files(rep: DoctorReport, out: Path) -> None:
     atomic_write_text(out / HTML_FILE, render_html(rep))
 
 
-# ---- report.html: the findings as one offline page, rendered from ``templates/doctor.html.j2`` in the Jinja
-# environment every genprobe page uses (:mod:`genprobe._templates`), CSS and JS inlined from ``assets/``
-SEVERITY_CLASS = {"ok": "ok", "info": "info", "warning": "warn", "bug": "bug"}
-
-
-def heat(x: float | None) -> str:
-    """A value in [0, 1] as a CSS colour (white → deep blue; grey when undefined)."""
-    if x is None or x != x:
-        return "#ddd"
-    v = max(0.0, min(1.0, float(x)))
-    return f"rgb({int(255 - 215 * v)},{int(255 - 165 * v)},{int(255 - 55 * v)})"
-
-
 def render_html(rep: DoctorReport) -> str:
-    """The page of a :class:`DoctorReport` as one HTML string."""
+    """The findings as one offline page: ``templates/doctor.html.j2`` in the Jinja environment every genprobe page
+    uses (:mod:`genprobe._templates`), CSS and JS inlined from ``assets/``."""
     from .._templates import environment
 
     template = environment("genprobe.doctor").get_template("doctor.html.j2")
-    return template.render(
-        r=json_safe(rep),
-        rep=rep,
-        titles=TITLES,
-        stages={s.name: s for s in rep.stages},
-        sev=SEVERITY_CLASS,
-        heat=heat,
-        grid=rep.attention.grid() if rep.attention is not None else [],
-        calibration=_calibration(rep),
-    )
-
-
-def _calibration(rep: DoctorReport) -> str | None:
-    """The calibration's one-line description, or the reason there is none."""
-    deg = rep.degeneration
-    if deg is None:
-        return None
-    if deg.calibration is None:
-        return f"detectors not calibrated ({deg.calibration_error}): raw settings, no human false-positive rate"
-    return deg.calibration.describe()
+    return template.render(r=json_safe(rep), rep=rep, titles=TITLES)
