@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from ..attention.capture import capture_attention
 from ..attention.metrics import per_position
+from ..model.load import Model
 from .findings import Finding
 from .options import DoctorRun
 
@@ -67,7 +67,7 @@ class AttentionHealth:
         return [[h for h in self.heads if h.layer == layer] for layer in range(self.n_layer)]
 
 
-def probe_ids(model: Any, prompts: list[str] | None, length: int) -> list[int]:
+def probe_ids(model: Model, prompts: list[str] | None, length: int) -> list[int]:
     """``length`` tokens of held-out text (the prompts, joined), or seeded random ids for a model without text."""
     length = min(length, (model.max_positions or length))
     ids: list[int] = []

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..model.load import Model
 from .findings import Finding
 from .options import DoctorRun
 from .tokenizer_facts import TokenizerFacts, tokenizer_facts, tokenizer_findings
@@ -57,7 +58,7 @@ def gguf_role(name: str) -> str:
     return _GGUF_BLOCK.sub("blk.*.", name)
 
 
-def tensor_groups(model: Any) -> list[TensorGroup]:
+def tensor_groups(model: Model) -> list[TensorGroup]:
     """The module's parameters grouped by tensor type, with the GGUF file's quantization types when it had one."""
     groups: dict[tuple[str, str], list[int]] = {}
     for name, p in model.module.named_parameters():
@@ -73,7 +74,7 @@ def tensor_groups(model: Any) -> list[TensorGroup]:
     return out
 
 
-def generation_defaults(model: Any) -> dict[str, Any] | None:
+def generation_defaults(model: Model) -> dict[str, Any] | None:
     """The transformers ``generation_config`` values that change decoding (None for a genprobe checkpoint)."""
     gc = getattr(model.module, "generation_config", None)
     if gc is None:
@@ -113,7 +114,7 @@ def _gguf_summary(gguf: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: gguf.get(k) for k in ("path", "architecture", "name", "context_length", "type_counts", "sha256")}
 
 
-def _generation_findings(model: Any, gen: dict[str, Any] | None, command: str) -> list[Finding]:
+def _generation_findings(model: Model, gen: dict[str, Any] | None, command: str) -> list[Finding]:
     """The generation config's end token: inside the vocabulary, and the tokenizer's (a mismatch stops generation
     at the wrong id, or never)."""
     if not gen or gen.get("eos_token_id") is None:

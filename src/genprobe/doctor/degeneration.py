@@ -16,6 +16,7 @@ from ..loops.scan import calibrate_for_scan, greedy_sampler
 from ..loops.scan_settings import LoopScans, scan_loop_settings
 from ..metrics.calibrate import LoopCalibration
 from ..metrics.stats import wilson_interval
+from ..model.load import Model
 from .findings import Finding
 from .options import DoctorOptions, DoctorRun
 
@@ -93,7 +94,7 @@ def decoding_settings(opts: DoctorOptions, gen: dict[str, Any] | None) -> dict[s
 _CALIBRATIONS: dict[tuple[Any, ...], LoopCalibration] = {}  # (tokenizer, length, script) -> calibration, per process
 
 
-def _calibrate(model: Any, prompts: list[str], tokens: int) -> tuple[LoopCalibration | None, str | None]:
+def _calibrate(model: Model, prompts: list[str], tokens: int) -> tuple[LoopCalibration | None, str | None]:
     """Detectors calibrated on human text of the prompts' language; the reason when that text is unavailable."""
     key = (vocab_key(model), model.unk_id, tokens, is_cjk(prompts))
     try:
@@ -104,7 +105,7 @@ def _calibrate(model: Any, prompts: list[str], tokens: int) -> tuple[LoopCalibra
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def end_of_text(model: Any, texts: list[str], settings: dict[str, SamplerConfig], tokens: int, seed: int) -> Any:
+def end_of_text(model: Model, texts: list[str], settings: dict[str, SamplerConfig], tokens: int, seed: int) -> Any:
     """How many generations end before ``tokens`` when the end token is allowed (None: the model has none)."""
     if model.eos_id is None or not texts:
         return None

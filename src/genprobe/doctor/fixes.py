@@ -14,6 +14,7 @@ from ..loops.compare_fixes import CompareConfig, CompareResult, compare_fixes
 from ..loops.compare_methods import EDIT
 from ..loops.study import RepairConfig, RepairInputs
 from ..metrics.calibrate import LoopCalibration
+from ..model.load import Model
 from .findings import Finding
 from .options import QUICK_SKIP, DoctorRun, StageSkipped
 
@@ -74,7 +75,7 @@ class FixComparison:
         return own | best | {"rows": self.rows(), "max_new_tokens": c["config"]["max_new_tokens"]}
 
 
-def _edit(model: Any, prompts: list[str], val_text: str, cfg: RepairConfig, log: Callable[[str], None]) -> Any:
+def _edit(model: Model, prompts: list[str], val_text: str, cfg: RepairConfig, log: Callable[[str], None]) -> Any:
     """The repair's patch (None when no edit passed its limits) and its report's summary."""
     from ..loops.repair import repair
 

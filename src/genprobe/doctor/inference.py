@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from .._io import NOT_JSON, json_safe
 from ..attention.leak import LEAK_THRESHOLD, LeakReport, padding_leak
+from ..model.load import Model
 from ..verify.api import CacheVerification, verify_caches
 from .findings import Finding
 from .options import DoctorOptions, DoctorRun
@@ -60,7 +61,7 @@ class InferenceCheck:
         return self.caches.pass_line
 
 
-def cache_kinds(model: Any, opts: DoctorOptions) -> tuple[str, ...]:
+def cache_kinds(model: Model, opts: DoctorOptions) -> tuple[str, ...]:
     """The transformers cache classes that apply: the default one (quick), dynamic + static (+ sliding when the
     config has a window) in a full run; none for a genprobe model (its engine's cache is verified)."""
     if model.kind != "hf" or not opts.plan.all_cache_classes:
@@ -68,7 +69,7 @@ def cache_kinds(model: Any, opts: DoctorOptions) -> tuple[str, ...]:
     return ("dynamic", "static") + (("sliding",) if model.window is not None else ())
 
 
-def verify_prompts(model: Any, prompts: list[str] | None, steps: int) -> list[list[int]] | None:
+def verify_prompts(model: Model, prompts: list[str] | None, steps: int) -> list[list[int]] | None:
     """Two of the prompts (distinct lengths where possible, cut to leave room for ``steps``) as ids; None: the
     verifier's defaults (random ids for a model without a tokenizer)."""
     room = max(1, min(24, (model.max_positions or 64) - steps - 1))
@@ -82,7 +83,7 @@ def verify_prompts(model: Any, prompts: list[str] | None, steps: int) -> list[li
     return [(seqs[0] + seqs[1])[:room], seqs[-1][: max(1, room - 1)]]
 
 
-def _encoded(model: Any, prompts: list[str] | None, n: int, room: int) -> list[list[int]]:
+def _encoded(model: Model, prompts: list[str] | None, n: int, room: int) -> list[list[int]]:
     """The first ``n`` prompts' ids, each cut to ``room`` tokens (none without a tokenizer or prompts)."""
     if model.tokenizer is None or not prompts:
         return []
@@ -90,7 +91,7 @@ def _encoded(model: Any, prompts: list[str] | None, n: int, room: int) -> list[l
 
 
 def _verify(
-    model: Any, opts: DoctorOptions, impl: str | None, ids: list[list[int]] | None, log: Callable[[str], None]
+    model: Model, opts: DoctorOptions, impl: str | None, ids: list[list[int]] | None, log: Callable[[str], None]
 ) -> CacheVerification:
     b = opts.plan
     return verify_caches(
@@ -106,7 +107,7 @@ def _verify(
     )
 
 
-def leak_sequences(model: Any, prompts: list[str] | None) -> list[list[int]]:
+def leak_sequences(model: Model, prompts: list[str] | None) -> list[list[int]]:
     """Up to three sequences of different lengths: the prompts' ids (cut to fit the context), else fixed ids."""
     room = min(48, (model.max_positions or 64) - 4)
     seqs = _encoded(model, prompts, 4 * LEAK_TEXTS, room)
@@ -144,7 +145,7 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _live_serving(model: Any, url: str, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
+def _live_serving(model: Model, url: str, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """A live server of the model against float32 recomputation (``verify-serving URL --reference MODEL``); an
     unusable server is the finding's reason, not the doctor's failure."""
     from ..serving.endpoint import EndpointBackend, piece_table
@@ -159,7 +160,7 @@ def _live_serving(model: Any, url: str, opts: DoctorOptions, log: Callable[[str]
     return json_safe(report)
 
 
-def _serving(model: Any, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
+def _serving(model: Model, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """vLLM's float32 deployment of the model against float32 recomputation (``verify-serving``), or a live
     server's (``--serving URL``)."""
     if opts.serving and opts.serving != "vllm":
@@ -261,7 +262,7 @@ def _serving_findings(serving: dict[str, Any] | None, model_arg: str) -> list[Fi
     return [Finding("inference", "serving.vllm", sev, title, evidence, VERIFY_CRITERION, command)]
 
 
-def _findings(check: InferenceCheck, opts: DoctorOptions, model: Any, model_arg: str) -> list[Finding]:
+def _findings(check: InferenceCheck, opts: DoctorOptions, model: Model, model_arg: str) -> list[Finding]:
     texts = check.prompt_texts
     out = _cache_findings(check.caches, _verify_command(model_arg, opts, cache_kinds(model, opts), None, texts))
     if check.impl is not None:

@@ -12,6 +12,7 @@ from .._io import json_safe
 from ..corpus.inputs import held_out
 from ..engine.samplers.stages import SamplerConfig
 from ..model.kinds import is_url
+from ..model.load import Model
 
 STAGES = ("audit", "card", "quality", "inference", "attention", "degeneration", "fixes")
 TITLES = {
@@ -122,7 +123,7 @@ class DoctorInputs:
     error: str | None = None
 
 
-def check_fits(model: Any, prompts: list[str], tokens: int, chat: bool) -> None:
+def check_fits(model: Model, prompts: list[str], tokens: int, chat: bool) -> None:
     """Refuse (ValueError: bad input) prompts that leave no room for the ``tokens`` a scan generates."""
     import warnings
 
@@ -139,7 +140,7 @@ def check_fits(model: Any, prompts: list[str], tokens: int, chat: bool) -> None:
         )
 
 
-def doctor_inputs(model: Any, opts: DoctorOptions) -> DoctorInputs:
+def doctor_inputs(model: Model, opts: DoctorOptions) -> DoctorInputs:
     """The user's prompts, else the built-in held-out ones (the reason when there are none)."""
     b = opts.plan
     if model.tokenizer is None:
@@ -176,7 +177,7 @@ class DoctorRun:
     """One run as every stage reads it: the model, the options, the inputs, the model as the reproducing commands name
     it (``arg``, shell-quoted), the log, and the report so far (a later stage reads an earlier one's result)."""
 
-    model: Any
+    model: Model
     opts: DoctorOptions
     inputs: DoctorInputs
     arg: str

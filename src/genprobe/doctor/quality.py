@@ -13,6 +13,7 @@ import torch
 
 from .._io import NOT_JSON, json_safe
 from ..corpus.inputs import token_windows
+from ..model.load import Model
 from .findings import Finding
 from .options import DoctorRun, StageSkipped
 
@@ -46,20 +47,20 @@ class Quality:
     findings: list[Finding] = field(default_factory=list, metadata=NOT_JSON)
 
 
-def _windows(model: Any, texts: list[str]) -> tuple[list[str], list[list[int]]]:
+def _windows(model: Model, texts: list[str]) -> tuple[list[str], list[list[int]]]:
     """The first :data:`WINDOWS` texts at least a window long, and their first window of ids."""
     n = WINDOW_TOKENS if model.max_positions is None else min(WINDOW_TOKENS, model.max_positions)
     found = token_windows(model.encode, texts, n, WINDOWS)
     return [t for t, _ in found], [w for _, w in found]
 
 
-def _chars(model: Any, ids: list[int]) -> int:
+def _chars(model: Model, ids: list[int]) -> int:
     """Characters the ids stand for (an unknown token for one)."""
     return len(model.decode(ids)) + sum(1 for i in ids if model.unk_id is not None and i == model.unk_id)
 
 
 @torch.no_grad()
-def _log_probs(model: Any, window: list[int]) -> torch.Tensor:
+def _log_probs(model: Model, window: list[int]) -> torch.Tensor:
     """Log-probabilities (T, V) of each next token, fed the truth."""
     from ..loops.arch import forward_logits
 
@@ -67,7 +68,7 @@ def _log_probs(model: Any, window: list[int]) -> torch.Tensor:
     return torch.log_softmax(forward_logits(model.module, torch.tensor([window], device=device))[0].float(), dim=-1)
 
 
-def measure_quality(model: Any, texts: list[str], corpus: str, reference: Any = None) -> Quality:
+def measure_quality(model: Model, texts: list[str], corpus: str, reference: Model | None = None) -> Quality:
     """Perplexity of ``model`` on ``texts``; with ``reference`` (a loaded model), KL and top-1 per position."""
     used, windows = _windows(model, texts)
     if not windows:

@@ -7,11 +7,12 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from .._io import json_safe
+from ..model.load import Model
 from .attention_health import AttentionHealth, attention_health
-from .audit import StaticAudit, audit_stage
+from .audit import ModelFiles, StaticAudit, audit_stage
 from .card import ModelCard, model_card
 from .degeneration import Degeneration, degeneration
 from .findings import Finding, Verdict, verdict_of
@@ -117,16 +118,18 @@ def _counts(findings: list[Finding]) -> str:
 
 
 def run_doctor(
-    model: Any,
+    model: Model | ModelFiles,
     opts: DoctorOptions,
     *,
     model_arg: str | None = None,
     out: str | Path | None = None,
     log: Callable[[str], None] = lambda msg: None,
 ) -> DoctorReport:
-    """Run the stages of ``opts.only`` on ``model``; with ``out``, write prompts.txt, doctor.json and report.html."""
+    """Run the stages of ``opts.only`` on ``model`` (its files alone for ``--only audit``); with ``out``, write
+    prompts.txt, doctor.json and report.html."""
     from .._io import atomic_write_text
 
+    model = cast(Model, model)  # ModelFiles has the source, and no tokenizer: all the audit stage and the inputs read
     arg = model_arg or (str(model.source) if model.source else "MODEL")
     rep = DoctorReport(arg, opts)
     inp = doctor_inputs(model, opts)
