@@ -109,10 +109,6 @@ class Subject:
         ids, valid = left_padded(rows, max(len(x) for x in rows), 0, self.model.pad_id, torch.device("cpu"))
         return self.runner.full(ids, valid).float()
 
-    def logits_fn(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) → logits (B, T, V): what :func:`genprobe.experiments.exposure.perturbation` calls."""
-        return self.runner.full(ids, torch.ones_like(ids, dtype=torch.bool)).float()
-
     def last_logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """Next-token logits (B, V) after each row, ``batch_size`` rows per forward."""
         bs = self.cfg.batch_size
@@ -333,9 +329,10 @@ def shadows(subject: Subject, texts: list[list[int]]) -> ShadowSummary:
     """:func:`genprobe.experiments.exposure.perturbation` at every position of the config on the first texts."""
     cfg = subject.cfg
     used = texts[: cfg.shadow_texts]
+    tok, logits_fn = subject.model.require_tokenizer(), lambda x: subject.logits(x.tolist())  # rows of one length
     with torch.inference_mode():
         out = [
-            perturbation(subject.logits_fn, subject.model.require_tokenizer(), ids, k, cfg.shadow_window, subject.bans)
+            perturbation(logits_fn, tok, ids, k, cfg.shadow_window, subject.bans)
             for ids in used
             for k in cfg.shadow_positions
             if k + 2 + cfg.shadow_window <= len(ids)
