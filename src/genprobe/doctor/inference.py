@@ -90,23 +90,6 @@ def _encoded(model: Model, prompts: list[str] | None, n: int, room: int) -> list
     return [ids[:room] for ids in (model.encode(p) for p in prompts[:n]) if ids]
 
 
-def _verify(
-    model: Model, opts: DoctorOptions, impl: str | None, ids: list[list[int]] | None, log: Callable[[str], None]
-) -> CacheVerification:
-    b = opts.plan
-    return verify_caches(
-        model,
-        impl,
-        prompts=ids,
-        hf_caches=() if impl is not None else cache_kinds(model, opts),
-        max_new_tokens=b.verify_steps,
-        chunk_sizes=b.verify_chunks,
-        hf_position_ids=opts.hf_position_ids,
-        prefix_reuse=b.verify_prefix_reuse,
-        log=log,
-    )
-
-
 def leak_sequences(model: Model, prompts: list[str] | None) -> list[list[int]]:
     """Up to three sequences of different lengths: the prompts' ids (cut to fit the context), else fixed ids."""
     room = min(48, (model.max_positions or 64) - 4)
@@ -123,8 +106,13 @@ def check_inference(run: DoctorRun) -> InferenceCheck:
     """Verify the model's caches and the user's, padding, and the serving engine when asked."""
     model, opts, prompts, log = run.model, run.opts, run.inputs.prompts, run.note
     ids = verify_prompts(model, prompts, opts.plan.verify_steps)
-    caches = _verify(model, opts, None, ids, log)
-    impl = _verify(model, opts, opts.impl, ids, log) if opts.impl else None
+    decoded = [model.decode(p) for p in ids] if ids else None
+    texts = decoded if decoded and all(decoded) else None
+    caches, found = _verify(run, None, ids, texts)
+    impl = None
+    if opts.impl:
+        impl, more = _verify(run, opts.impl, ids, texts)
+        found += more
     seqs = leak_sequences(model, prompts)
     line = max(LEAK_THRESHOLD, caches.pass_line or 0.0)  # a deep model's own float noise is not a leak
     leak = padding_leak(model.module, seqs, model.pad_id, position_ids=True, threshold=line)
@@ -132,10 +120,39 @@ def check_inference(run: DoctorRun) -> InferenceCheck:
     if model.kind == "hf":
         bare = padding_leak(model.module, seqs, model.pad_id, position_ids=False, threshold=line)
     serving = _serving(model, opts, log) if opts.serving else None
-    texts = [model.decode(p) for p in ids] if ids else None
-    check = InferenceCheck(caches, impl, leak, bare, serving, texts if texts and all(texts) else None)
-    check.findings = _findings(check, opts, model, run.arg)
+    check = InferenceCheck(caches, impl, leak, bare, serving, texts)
+    check.findings = found + _leak_findings(check, opts, run.arg) + _serving_findings(serving, run.arg)
     return check
+
+
+def _verify(
+    run: DoctorRun, impl: str | None, ids: list[list[int]] | None, texts: list[str] | None
+) -> tuple[CacheVerification, list[Finding]]:
+    """The model's own caches (``impl`` None) or the user's implementation verified, and the findings, each with the
+    ``verify-cache`` command that runs the same check alone."""
+    opts, b = run.opts, run.opts.plan
+    kinds = () if impl is not None else cache_kinds(run.model, opts)
+    result = verify_caches(
+        run.model,
+        impl,
+        prompts=ids,
+        hf_caches=kinds,
+        max_new_tokens=b.verify_steps,
+        chunk_sizes=b.verify_chunks,
+        hf_position_ids=opts.hf_position_ids,
+        prefix_reuse=b.verify_prefix_reuse,
+        log=run.note,
+    )
+    flags = [
+        *(["--prompt " + shlex.join(texts)] if texts else []),
+        f"--max-new-tokens {b.verify_steps}",
+        "--chunk-sizes " + " ".join(map(str, b.verify_chunks)),
+        *([f"--impl {impl}"] if impl else []),
+        *(["--hf-cache " + " ".join(kinds)] if kinds else []),
+        *([] if b.verify_prefix_reuse else ["--no-prefix-reuse"]),
+        *([] if opts.hf_position_ids else ["--hf-no-position-ids"]),
+    ]
+    return result, _cache_findings(result, " ".join([f"genprobe verify-cache {run.arg}", *flags]))
 
 
 def vllm_installed() -> bool:
@@ -173,27 +190,6 @@ def _serving(model: Model, opts: DoctorOptions, log: Callable[[str], None]) -> d
         return {"verdict": "unavailable", "reason": "the model has no directory on disk to serve"}
     report = verify_serving(str(model.source), dtypes=("float32",), steps=opts.plan.verify_steps, log=log)
     return json_safe(report)
-
-
-def _verify_command(
-    model_arg: str, opts: DoctorOptions, kinds: tuple[str, ...], impl: str | None, texts: list[str] | None
-) -> str:
-    b = opts.plan
-    parts = [
-        f"genprobe verify-cache {model_arg}",
-        *(["--prompt " + shlex.join(texts)] if texts else []),
-        f"--max-new-tokens {b.verify_steps}",
-        "--chunk-sizes " + " ".join(map(str, b.verify_chunks)),
-    ]
-    if impl:
-        parts.append(f"--impl {impl}")
-    if kinds:
-        parts.append("--hf-cache " + " ".join(kinds))
-    if not b.verify_prefix_reuse:
-        parts.append("--no-prefix-reuse")
-    if not opts.hf_position_ids:
-        parts.append("--hf-no-position-ids")
-    return " ".join(parts)
 
 
 def _cache_findings(result: CacheVerification, command: str) -> list[Finding]:
@@ -260,11 +256,3 @@ def _serving_findings(serving: dict[str, Any] | None, model_arg: str) -> list[Fi
     evidence = {k: serving.get(k) for k in ("verdict", "reason", "verdict_by_dtype", "errors")}
     command = f"genprobe verify-serving {model_arg} --dtypes float32"
     return [Finding("inference", "serving.vllm", sev, title, evidence, VERIFY_CRITERION, command)]
-
-
-def _findings(check: InferenceCheck, opts: DoctorOptions, model: Model, model_arg: str) -> list[Finding]:
-    texts = check.prompt_texts
-    out = _cache_findings(check.caches, _verify_command(model_arg, opts, cache_kinds(model, opts), None, texts))
-    if check.impl is not None:
-        out += _cache_findings(check.impl, _verify_command(model_arg, opts, (), opts.impl, texts))
-    return out + _leak_findings(check, opts, model_arg) + _serving_findings(check.serving, model_arg)
