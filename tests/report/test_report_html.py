@@ -9,7 +9,8 @@ import pytest
 
 from genprobe.report.claims import case_claims
 from genprobe.report.figures import write_figures
-from genprobe.report.html import headline_rows, render_report, write_report
+from genprobe.report.headline import headline_rows
+from genprobe.report.html import render_report, write_report
 from genprobe.report.seed import seed_tables
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from ..attention.capture import capture_attention
 from ..attention.metrics import per_position
+from ..model.load import Model
 from .findings import Finding
+from .options import DoctorRun
 
 MIN_KEYS = 8  # rows with fewer visible keys are left out of every head mean (a short row is near-uniform anyway)
 DISTANCE = 8  # long-range mass: keys more than this many positions back
@@ -66,7 +67,7 @@ class AttentionHealth:
         return [[h for h in self.heads if h.layer == layer] for layer in range(self.n_layer)]
 
 
-def probe_ids(model: Any, prompts: list[str] | None, length: int) -> list[int]:
+def probe_ids(model: Model, prompts: list[str] | None, length: int) -> list[int]:
     """``length`` tokens of held-out text (the prompts, joined), or seeded random ids for a model without text."""
     length = min(length, (model.max_positions or length))
     ids: list[int] = []
@@ -102,9 +103,10 @@ def _flag(ent: float, sink: float, tv: float) -> str | None:
     return "position" if tv <= POSITION_TV else None
 
 
-def attention_health(model: Any, prompts: list[str] | None, length: int, model_arg: str) -> AttentionHealth:
+def attention_health(run: DoctorRun) -> AttentionHealth:
     """Capture attention on held-out text and on its tokens shuffled; per-head means, flags, findings."""
-    ids = probe_ids(model, prompts, length)
+    model, prompts = run.model, run.inputs.prompts
+    ids = probe_ids(model, prompts, run.opts.plan.attention_tokens)
     shuffled = [ids[i] for i in torch.randperm(len(ids), generator=torch.Generator().manual_seed(1)).tolist()]
     cap, other = capture_attention(model.module, ids), capture_attention(model.module, shuffled)
     pp = per_position(cap.probs, cap.visible, cap.positions, DISTANCE)
@@ -118,7 +120,7 @@ def attention_health(model: Any, prompts: list[str] | None, length: int, model_a
             heads.append(HeadHealth(layer, head, ent, far, sink, t, _flag(ent, sink, t)))
     text = model.decode(ids) if model.tokenizer is not None and prompts else None
     res = AttentionHealth(len(ids), text, cap.n_layer, cap.n_head, cap.implementation, heads, dict(CRITERIA))
-    res.findings = _findings(res, _command(model_arg, text, ids))
+    res.findings = _findings(res, _command(run.arg, text, ids))
     return res
 
 

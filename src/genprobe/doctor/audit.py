@@ -11,6 +11,7 @@ from typing import Any
 
 from .._io import NOT_JSON
 from .findings import Finding
+from .options import DoctorRun, StageSkipped
 
 
 @dataclass
@@ -49,6 +50,13 @@ def static_audit(path: str | Path, chat: bool = False, command: str | None = Non
     kind = "genprobe" if p.is_dir() and is_checkpoint(p) else "unknown"
     title = f"static audit not checked: {p} is a {kind} model, whose files hold no template, metadata or quantization"
     return StaticAudit(str(p), kind, {}, [Finding("audit", "audit.skipped", "info", title, {}, None, cmd)])
+
+
+def audit_stage(run: DoctorRun) -> StaticAudit:
+    """The stage: the loaded model's files (none for a model built in memory)."""
+    if run.model.source is None:
+        raise StageSkipped("the model was built in memory: no files to read")
+    return static_audit(run.model.source, run.opts.chat, f"genprobe doctor {run.arg} --only audit --out DIR")
 
 
 @dataclass

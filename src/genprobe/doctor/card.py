@@ -4,11 +4,15 @@ length, generation defaults; the tokenizer's facts live in :mod:`genprobe.doctor
 from __future__ import annotations
 
 import re
+import shlex
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from ..model.load import Model
 from .findings import Finding
+from .options import DoctorRun
 from .tokenizer_facts import TokenizerFacts, tokenizer_facts, tokenizer_findings
 
 _LAYER_INDEX = re.compile(r"\.\d+\.")
@@ -54,7 +58,7 @@ def gguf_role(name: str) -> str:
     return _GGUF_BLOCK.sub("blk.*.", name)
 
 
-def tensor_groups(model: Any) -> list[TensorGroup]:
+def tensor_groups(model: Model) -> list[TensorGroup]:
     """The module's parameters grouped by tensor type, with the GGUF file's quantization types when it had one."""
     groups: dict[tuple[str, str], list[int]] = {}
     for name, p in model.module.named_parameters():
@@ -70,7 +74,7 @@ def tensor_groups(model: Any) -> list[TensorGroup]:
     return out
 
 
-def generation_defaults(model: Any) -> dict[str, Any] | None:
+def generation_defaults(model: Model) -> dict[str, Any] | None:
     """The transformers ``generation_config`` values that change decoding (None for a genprobe checkpoint)."""
     gc = getattr(model.module, "generation_config", None)
     if gc is None:
@@ -78,9 +82,13 @@ def generation_defaults(model: Any) -> dict[str, Any] | None:
     return {k: getattr(gc, k, None) for k in GENERATION_KEYS if getattr(gc, k, None) is not None}
 
 
-def model_card(model: Any, prompts: list[str] | None, chat: bool, command: str) -> ModelCard:
-    """The card of ``model`` and its findings (tokenizer checks on ``prompts``; ``command`` reproduces them)."""
-    facts = None if model.tokenizer is None else tokenizer_facts(model, prompts or [], chat)
+def model_card(run: DoctorRun) -> ModelCard:
+    """The card of the run's model and its findings (tokenizer checks on the run's prompts)."""
+    model, prompts, opts = run.model, run.inputs.prompts, run.opts
+    where = shlex.quote(str(Path(opts.prompts_file).parent / "card")) if opts.prompts_file else "DIR"
+    given = opts.prompts_arg() + " " if prompts else ""
+    command = f"genprobe doctor {run.arg} {given}--only card --out {where}" + (" --chat" if opts.chat else "")
+    facts = None if model.tokenizer is None else tokenizer_facts(model, prompts or [], opts.chat)
     gen = generation_defaults(model)
     card = ModelCard(
         source=str(model.source) if model.source else None,
@@ -96,7 +104,7 @@ def model_card(model: Any, prompts: list[str] | None, chat: bool, command: str) 
         generation_defaults=gen,
         tokenizer=facts,
     )
-    card.findings = tokenizer_findings(facts, chat, command) + _generation_findings(model, gen, command)
+    card.findings = tokenizer_findings(facts, opts.chat, command) + _generation_findings(model, gen, command)
     return card
 
 
@@ -106,7 +114,7 @@ def _gguf_summary(gguf: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: gguf.get(k) for k in ("path", "architecture", "name", "context_length", "type_counts", "sha256")}
 
 
-def _generation_findings(model: Any, gen: dict[str, Any] | None, command: str) -> list[Finding]:
+def _generation_findings(model: Model, gen: dict[str, Any] | None, command: str) -> list[Finding]:
     """The generation config's end token: inside the vocabulary, and the tokenizer's (a mismatch stops generation
     at the wrong id, or never)."""
     if not gen or gen.get("eos_token_id") is None:

@@ -1,13 +1,11 @@
-"""Degeneration under the user's own settings: calibrated loop / near-loop / degenerate rates with 95% intervals
-and the human false-positive rate beside them, for greedy and for the user's sampler (:func:`genprobe.loops.
-scan_settings.scan_loop_settings`), with examples; and the end-of-text behaviour — how often a generation ends
-when the end token is allowed (the scans ban it: the rates describe the model forced to continue)."""
+"""Degeneration under the user's own settings (:func:`genprobe.loops.scan_settings.scan_loop_settings`, calibrated,
+greedy and the user's sampler) and how often a generation ends when the end token is allowed (the scans ban it)."""
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .._io import NOT_JSON, json_safe
 from ..corpus.inputs import vocab_key
@@ -18,8 +16,9 @@ from ..loops.scan import ScanOptions, calibrate_for_scan, greedy_sampler
 from ..loops.scan_settings import LoopScans, scan_loop_settings
 from ..metrics.calibrate import LoopCalibration
 from ..metrics.stats import wilson_interval
+from ..model.load import Model
 from .findings import Finding
-from .options import DoctorOptions
+from .options import DoctorOptions, DoctorRun
 
 GREEDY, YOURS, DEFAULTS = "greedy", "your sampler", "generation_config"
 RATE_EVIDENCE = tuple(
@@ -95,7 +94,7 @@ def decoding_settings(opts: DoctorOptions, gen: dict[str, Any] | None) -> dict[s
 _CALIBRATIONS: dict[tuple[Any, ...], LoopCalibration] = {}  # (tokenizer, length, script) -> calibration, per process
 
 
-def _calibrate(model: Any, prompts: list[str], tokens: int) -> tuple[LoopCalibration | None, str | None]:
+def _calibrate(model: Model, prompts: list[str], tokens: int) -> tuple[LoopCalibration | None, str | None]:
     """Detectors calibrated on human text of the prompts' language; the reason when that text is unavailable."""
     key = (vocab_key(model), model.unk_id, tokens, is_cjk(prompts))
     try:
@@ -106,7 +105,7 @@ def _calibrate(model: Any, prompts: list[str], tokens: int) -> tuple[LoopCalibra
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def end_of_text(model: Any, texts: list[str], settings: dict[str, SamplerConfig], tokens: int, seed: int) -> Any:
+def end_of_text(model: Model, texts: list[str], settings: dict[str, SamplerConfig], tokens: int, seed: int) -> Any:
     """How many generations end before ``tokens`` when the end token is allowed (None: the model has none)."""
     if model.eos_id is None or not texts:
         return None
@@ -117,16 +116,11 @@ def end_of_text(model: Any, texts: list[str], settings: dict[str, SamplerConfig]
     return EndOfText(int(model.eos_id), tokens, ended, len(texts))
 
 
-def degeneration(
-    model: Any,
-    prompts: list[str],
-    source: str,
-    opts: DoctorOptions,
-    gen: dict[str, Any] | None,
-    model_arg: str,
-    log: Callable[[str], None],
-) -> Degeneration:
-    """Scan the prompts under greedy and the user's settings, calibrated; the end-of-text behaviour; findings."""
+def degeneration(run: DoctorRun) -> Degeneration:
+    """Scan the prompts under greedy and the user's settings (else the model card's generation defaults when they
+    sample), calibrated; the end-of-text behaviour; findings."""
+    model, prompts, source, opts, log = run.model, run.prompts(), run.inputs.source, run.opts, run.note
+    gen = run.report.card.generation_defaults if run.report.card is not None else None
     b = opts.plan
     named = decoding_settings(opts, gen)
     settings = {k: v[0] for k, v in named.items()}
@@ -145,11 +139,11 @@ def degeneration(
     )
     eot = end_of_text(model, texts[: b.eos_prompts], settings, b.scan_tokens, opts.seed)
     res = Degeneration(list(prompts), source, opts.chat, settings, scans, calibration, cal_error, eot)
-    base = f"genprobe loops scan {model_arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens}"
+    base = f"genprobe loops scan {run.arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens}"
     base += " --chat" if opts.chat else ""
     base += " --no-calibrate" if calibration is None else ""
     res.findings = [_rate_finding(res, k, opts, base + " " + shlex.join(named[k][1])) for k in named]
-    res.findings += _eot_findings(res, model_arg, opts.chat)
+    res.findings += _eot_findings(res, run.arg, opts.chat)
     return res
 
 

@@ -14,8 +14,9 @@ from ..loops.compare_fixes import CompareConfig, CompareResult, compare_fixes
 from ..loops.compare_methods import EDIT
 from ..loops.study import RepairConfig, RepairInputs
 from ..metrics.calibrate import LoopCalibration
+from ..model.load import Model
 from .findings import Finding
-from .options import DoctorOptions
+from .options import QUICK_SKIP, DoctorRun, StageSkipped
 
 # The decode-time fixes each engine offers (loops compare's method names); None: genprobe's engine (all of them).
 ENGINE_METHODS: dict[str | None, tuple[str, ...]] = {
@@ -74,7 +75,7 @@ class FixComparison:
         return own | best | {"rows": self.rows(), "max_new_tokens": c["config"]["max_new_tokens"]}
 
 
-def _edit(model: Any, prompts: list[str], val_text: str, cfg: RepairConfig, log: Callable[[str], None]) -> Any:
+def _edit(model: Model, prompts: list[str], val_text: str, cfg: RepairConfig, log: Callable[[str], None]) -> Any:
     """The repair's patch (None when no edit passed its limits) and its report's summary."""
     from ..loops.repair import repair
 
@@ -85,18 +86,15 @@ def _edit(model: Any, prompts: list[str], val_text: str, cfg: RepairConfig, log:
     return patch, summary
 
 
-def compare(
-    model: Any,
-    prompts: list[str],
-    edit_prompts: list[str],
-    val_text: str | None,
-    opts: DoctorOptions,
-    calibration: LoopCalibration | None,
-    model_arg: str,
-    log: Callable[[str], None],
-) -> FixComparison:
-    """Compare the engine's fixes on ``prompts`` (and the edit searched on ``edit_prompts`` when asked)."""
-    b = opts.plan
+def compare(run: DoctorRun) -> FixComparison:
+    """Compare the engine's fixes on the run's first prompts (and the edit searched on the edit prompts when asked),
+    with the degeneration stage's calibrated detectors when it ran."""
+    model, opts, b, log = run.model, run.opts, run.opts.plan, run.note
+    if b.fix_prompts == 0:
+        raise StageSkipped(QUICK_SKIP)
+    prompts, val_text = run.prompts()[: b.fix_prompts], run.inputs.val_text
+    deg = run.report.degeneration
+    calibration: LoopCalibration | None = deg.calibration if deg is not None else None
     methods = list(ENGINE_METHODS.get(opts.engine, ENGINE_METHODS[None]))
     patch, repair_summary = None, None
     if opts.with_edit:
@@ -105,7 +103,7 @@ def compare(
         cfg = RepairConfig(max_new_tokens=b.scan_tokens, seed=opts.seed, **EDIT_CONFIG)  # type: ignore[arg-type]
         if calibration is not None:
             cfg.loop = calibration.settings
-        patch, repair_summary = _edit(model, edit_prompts, val_text, cfg, log)
+        patch, repair_summary = _edit(model, run.inputs.edit_prompts, val_text, cfg, log)
         methods += [EDIT] if patch is not None else []
     loop = calibration.settings if calibration is not None else CompareConfig().loop
     cc = CompareConfig(
@@ -122,7 +120,7 @@ def compare(
     fc = FixComparison(opts.engine or "genprobe", ["greedy", *methods], result, repair_summary, "")
     fc.recommendation = recommend(fc)
     cmd = (
-        f"genprobe loops compare {model_arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens} "
+        f"genprobe loops compare {run.arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens} "
         f"--methods {shlex.join(['greedy', *[m for m in methods if m != EDIT]])}"
     )
     best = result.best

@@ -1,11 +1,5 @@
-"""A GGUF file's header checked against itself, without running anything: special-token ids inside the vocabulary,
-the quantization label (``general.file_type``) against the tensors' types, the hyper-parameters (layers, widths,
-heads, feed-forward size) against the tensors' shapes, the vocabulary against the embedding, tensor data that
-overlaps, duplicate keys, hidden text in the metadata, and the chat template read as code.
-
-The header is parsed once by the ``gguf`` package's reader (:func:`genprobe.model.gguf.header_reader`, shared with
-the loader). Shapes are in ggml's order, fastest dimension first: ``token_embd.weight`` is ``[n_embd, n_vocab]``.
-"""
+"""A GGUF file's header checked against itself, nothing run (docs/doctor.md, "Static audit", lists the checks), parsed
+once by the ``gguf`` package's reader (:func:`genprobe.model.gguf.header_reader`, shared with the loader)."""
 
 from __future__ import annotations
 
@@ -14,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 from .findings import Finding
-from .metadata_audit import metadata_findings, special_id_findings
+from .metadata_audit import metadata_findings, special_id_findings, text_fields
 from .template_audit import analyse_template, template_findings
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -184,19 +178,6 @@ def _vocab_rows(reader: Any, command: str) -> list[Finding]:
     return [Finding("audit", "gguf.vocab", "ok", f"vocabulary and embedding both {n}", ev, crit, command)]
 
 
-def _strings(reader: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, f in reader.fields.items():
-        if key in _VOCAB_ARRAYS:
-            continue
-        v = f.contents()
-        if isinstance(v, str):
-            out[key] = v
-        elif isinstance(v, list) and v and all(isinstance(x, str) for x in v):
-            out[key] = "\n".join(v)
-    return out
-
-
 def audit_gguf(path: str, chat: bool, command: str) -> tuple[dict[str, Any], list[Finding]]:
     """Every static check of the GGUF file ``path``: (facts, findings)."""
     from ..model.gguf import header_reader
@@ -207,7 +188,9 @@ def audit_gguf(path: str, chat: bool, command: str) -> tuple[dict[str, Any], lis
         return {"path": path, "readable": False}, _unreadable(path, exc, command)
     findings = _special_ids(reader, command) + _file_type(reader, command) + _structure(reader, command)
     findings += _vocab_rows(reader, command) + _overlaps(reader, command)
-    findings += metadata_findings(_strings(reader), command)
+    findings += metadata_findings(
+        text_fields({k: f.contents() for k, f in reader.fields.items() if k not in _VOCAB_ARRAYS}), command
+    )
     template = _value(reader, "tokenizer.chat_template")
     if isinstance(template, str):
         findings += template_findings(analyse_template(template, "tokenizer.chat_template"), chat, command)

@@ -1,17 +1,14 @@
-"""A ``transformers`` model directory read as files, never executed: ``auto_map`` (the Python that
-``trust_remote_code=True`` would import and run — named, never run; genprobe never trusts remote code), special-token
-ids in ``config.json`` against its vocabulary, ``generation_config.json`` suppressions (a suppressed end token means
-replies never end), the tokenizer's normalizers (text rewritten before the model sees it), hidden text in the
-metadata and the chat template read as code."""
+"""A ``transformers`` model directory read as files, never executed (docs/doctor.md, "Static audit", lists the checks):
+``auto_map`` code is named, never run — genprobe never trusts remote code."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from .._io import read_json_object
 from .findings import Finding
-from .metadata_audit import metadata_findings, special_id_findings
+from .metadata_audit import metadata_findings, special_id_findings, text_fields
 from .template_audit import analyse_template, template_findings
 
 # normalizers that change what the user typed (Replace is judged by its pattern: SentencePiece's " " → "▁" is not)
@@ -24,13 +21,10 @@ def _json(path: Path, unreadable: list[str]) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        data = None
-    if not isinstance(data, dict):
+        return read_json_object(path)
+    except ValueError:
         unreadable.append(path.name)
         return None
-    return data
 
 
 def _auto_map(d: Path, configs: dict[str, Any], command: str) -> list[Finding]:
@@ -121,18 +115,6 @@ def _templates(d: Path, tok_config: dict[str, Any] | None) -> dict[str, str]:
     return out
 
 
-def _strings(obj: Any, where: str, out: dict[str, str]) -> dict[str, str]:
-    if isinstance(obj, str):
-        out[where] = obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            _strings(v, f"{where}.{k}", out)
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            _strings(v, f"{where}[{i}]", out)
-    return out
-
-
 def audit_hf_dir(d: Path, chat: bool, command: str) -> tuple[dict[str, Any], list[Finding]]:
     """Every static check of the transformers directory ``d``: (facts, findings)."""
     unreadable: list[str] = []
@@ -147,11 +129,8 @@ def audit_hf_dir(d: Path, chat: bool, command: str) -> tuple[dict[str, Any], lis
     findings += _auto_map(d, {"config.json": config, "tokenizer_config.json": tok_config}, command)
     findings += _special_ids(config, command) + _suppressions(gen, config, command) + _normalizers(tokenizer, command)
     templates = _templates(d, tok_config)
-    strings: dict[str, str] = {}
-    for name, obj in (("config.json", config), ("tokenizer_config.json", tok_config), ("generation_config.json", gen)):
-        _strings(obj, name, strings)
-    strings |= templates
-    findings += metadata_findings(strings, command)
+    files = {"config.json": config, "tokenizer_config.json": tok_config, "generation_config.json": gen}
+    findings += metadata_findings(text_fields(files) | templates, command)
     for name, text in templates.items():
         findings += template_findings(analyse_template(text, name), chat, command)
     facts = {"path": str(d), "templates": sorted(templates), "has_tokenizer_json": tokenizer is not None}

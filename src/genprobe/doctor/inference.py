@@ -1,7 +1,5 @@
-"""The inference path: the model's own caches (our engine; the installed ``transformers`` cache classes that apply,
-the sliding one when the config has a window) and the user's cache implementation against full recomputation
-(:func:`genprobe.verify.api.verify_caches`), padding leak (:func:`genprobe.attention.leak.padding_leak`) and, when
-asked, the serving engine's logits (:mod:`genprobe.serving`)."""
+"""The inference path: the model's own caches and the user's implementation against full recomputation
+(:func:`genprobe.verify.api.verify_caches`), padding leak and, when asked, the serving engine (docs/doctor.md)."""
 
 from __future__ import annotations
 
@@ -11,9 +9,10 @@ from typing import Any, Callable
 
 from .._io import NOT_JSON, json_safe
 from ..attention.leak import LEAK_THRESHOLD, LeakReport, padding_leak
+from ..model.load import Model
 from ..verify.api import CacheVerification, verify_caches
 from .findings import Finding
-from .options import DoctorOptions
+from .options import DoctorOptions, DoctorRun
 
 VERDICT_SEVERITY = {
     "pass": "ok",
@@ -62,7 +61,7 @@ class InferenceCheck:
         return self.caches.pass_line
 
 
-def cache_kinds(model: Any, opts: DoctorOptions) -> tuple[str, ...]:
+def cache_kinds(model: Model, opts: DoctorOptions) -> tuple[str, ...]:
     """The transformers cache classes that apply: the default one (quick), dynamic + static (+ sliding when the
     config has a window) in a full run; none for a genprobe model (its engine's cache is verified)."""
     if model.kind != "hf" or not opts.plan.all_cache_classes:
@@ -70,45 +69,31 @@ def cache_kinds(model: Any, opts: DoctorOptions) -> tuple[str, ...]:
     return ("dynamic", "static") + (("sliding",) if model.window is not None else ())
 
 
-def verify_prompts(model: Any, prompts: list[str] | None, steps: int) -> list[list[int]] | None:
+def verify_prompts(model: Model, prompts: list[str] | None, steps: int) -> list[list[int]] | None:
     """Two of the prompts (distinct lengths where possible, cut to leave room for ``steps``) as ids; None: the
     verifier's defaults (random ids for a model without a tokenizer)."""
-    if model.tokenizer is None or not prompts:
-        return None
     room = max(1, min(24, (model.max_positions or 64) - steps - 1))
-    seqs = [ids for ids in (model.encode(p) for p in prompts[:8]) if ids]
-    by_len = {len(s[:room]): s[:room] for s in seqs}
+    seqs = _encoded(model, prompts, 8, room)
+    by_len = {len(s): s for s in seqs}
     if len(by_len) >= 2:
         return [by_len[n] for n in sorted(by_len, reverse=True)][:2]
     if len(seqs) < 2:
-        return [s[:room] for s in seqs] or None
+        return seqs or None
     # prompts of one length (Tang openings): two joined make the longer one, so the padded batch has padding
     return [(seqs[0] + seqs[1])[:room], seqs[-1][: max(1, room - 1)]]
 
 
-def _verify(
-    model: Any, opts: DoctorOptions, impl: str | None, ids: list[list[int]] | None, log: Callable[[str], None]
-) -> CacheVerification:
-    b = opts.plan
-    return verify_caches(
-        model,
-        impl,
-        prompts=ids,
-        hf_caches=() if impl is not None else cache_kinds(model, opts),
-        max_new_tokens=b.verify_steps,
-        chunk_sizes=b.verify_chunks,
-        hf_position_ids=opts.hf_position_ids,
-        prefix_reuse=b.verify_prefix_reuse,
-        log=log,
-    )
+def _encoded(model: Model, prompts: list[str] | None, n: int, room: int) -> list[list[int]]:
+    """The first ``n`` prompts' ids, each cut to ``room`` tokens (none without a tokenizer or prompts)."""
+    if model.tokenizer is None or not prompts:
+        return []
+    return [ids[:room] for ids in (model.encode(p) for p in prompts[:n]) if ids]
 
 
-def leak_sequences(model: Any, prompts: list[str] | None) -> list[list[int]]:
+def leak_sequences(model: Model, prompts: list[str] | None) -> list[list[int]]:
     """Up to three sequences of different lengths: the prompts' ids (cut to fit the context), else fixed ids."""
     room = min(48, (model.max_positions or 64) - 4)
-    seqs: list[list[int]] = []
-    if model.tokenizer is not None and prompts:
-        seqs = [ids[:room] for ids in (model.encode(p) for p in prompts[: 4 * LEAK_TEXTS]) if ids]
+    seqs = _encoded(model, prompts, 4 * LEAK_TEXTS, room)
     if len({len(s) for s in seqs}) < 2:  # no text, or all of one length: fixed ids of three lengths
         lo = 2 if model.vocab_size > 3 else 0
         seqs = [[lo + (7 * i + j) % (model.vocab_size - lo) for j in range(n)] for i, n in enumerate((5, 9, 16))]
@@ -117,13 +102,17 @@ def leak_sequences(model: Any, prompts: list[str] | None) -> list[list[int]]:
     return [by_len[n] for n in sorted(by_len)][:LEAK_TEXTS]
 
 
-def check_inference(
-    model: Any, opts: DoctorOptions, prompts: list[str] | None, model_arg: str, log: Callable[[str], None]
-) -> InferenceCheck:
+def check_inference(run: DoctorRun) -> InferenceCheck:
     """Verify the model's caches and the user's, padding, and the serving engine when asked."""
+    model, opts, prompts, log = run.model, run.opts, run.inputs.prompts, run.note
     ids = verify_prompts(model, prompts, opts.plan.verify_steps)
-    caches = _verify(model, opts, None, ids, log)
-    impl = _verify(model, opts, opts.impl, ids, log) if opts.impl else None
+    decoded = [model.decode(p) for p in ids] if ids else None
+    texts = decoded if decoded and all(decoded) else None
+    caches, found = _verify(run, None, ids, texts)
+    impl = None
+    if opts.impl:
+        impl, more = _verify(run, opts.impl, ids, texts)
+        found += more
     seqs = leak_sequences(model, prompts)
     line = max(LEAK_THRESHOLD, caches.pass_line or 0.0)  # a deep model's own float noise is not a leak
     leak = padding_leak(model.module, seqs, model.pad_id, position_ids=True, threshold=line)
@@ -131,10 +120,39 @@ def check_inference(
     if model.kind == "hf":
         bare = padding_leak(model.module, seqs, model.pad_id, position_ids=False, threshold=line)
     serving = _serving(model, opts, log) if opts.serving else None
-    texts = [model.decode(p) for p in ids] if ids else None
-    check = InferenceCheck(caches, impl, leak, bare, serving, texts if texts and all(texts) else None)
-    check.findings = _findings(check, opts, model, model_arg)
+    check = InferenceCheck(caches, impl, leak, bare, serving, texts)
+    check.findings = found + _leak_findings(check, opts, run.arg) + _serving_findings(serving, run.arg)
     return check
+
+
+def _verify(
+    run: DoctorRun, impl: str | None, ids: list[list[int]] | None, texts: list[str] | None
+) -> tuple[CacheVerification, list[Finding]]:
+    """The model's own caches (``impl`` None) or the user's implementation verified, and the findings, each with the
+    ``verify-cache`` command that runs the same check alone."""
+    opts, b = run.opts, run.opts.plan
+    kinds = () if impl is not None else cache_kinds(run.model, opts)
+    result = verify_caches(
+        run.model,
+        impl,
+        prompts=ids,
+        hf_caches=kinds,
+        max_new_tokens=b.verify_steps,
+        chunk_sizes=b.verify_chunks,
+        hf_position_ids=opts.hf_position_ids,
+        prefix_reuse=b.verify_prefix_reuse,
+        log=run.note,
+    )
+    flags = [
+        *(["--prompt " + shlex.join(texts)] if texts else []),
+        f"--max-new-tokens {b.verify_steps}",
+        "--chunk-sizes " + " ".join(map(str, b.verify_chunks)),
+        *([f"--impl {impl}"] if impl else []),
+        *(["--hf-cache " + " ".join(kinds)] if kinds else []),
+        *([] if b.verify_prefix_reuse else ["--no-prefix-reuse"]),
+        *([] if opts.hf_position_ids else ["--hf-no-position-ids"]),
+    ]
+    return result, _cache_findings(result, " ".join([f"genprobe verify-cache {run.arg}", *flags]))
 
 
 def vllm_installed() -> bool:
@@ -144,7 +162,7 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _live_serving(model: Any, url: str, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
+def _live_serving(model: Model, url: str, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """A live server of the model against float32 recomputation (``verify-serving URL --reference MODEL``); an
     unusable server is the finding's reason, not the doctor's failure."""
     from ..serving.endpoint import EndpointBackend, piece_table
@@ -159,7 +177,7 @@ def _live_serving(model: Any, url: str, opts: DoctorOptions, log: Callable[[str]
     return json_safe(report)
 
 
-def _serving(model: Any, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
+def _serving(model: Model, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """vLLM's float32 deployment of the model against float32 recomputation (``verify-serving``), or a live
     server's (``--serving URL``)."""
     if opts.serving and opts.serving != "vllm":
@@ -172,27 +190,6 @@ def _serving(model: Any, opts: DoctorOptions, log: Callable[[str], None]) -> dic
         return {"verdict": "unavailable", "reason": "the model has no directory on disk to serve"}
     report = verify_serving(str(model.source), dtypes=("float32",), steps=opts.plan.verify_steps, log=log)
     return json_safe(report)
-
-
-def _verify_command(
-    model_arg: str, opts: DoctorOptions, kinds: tuple[str, ...], impl: str | None, texts: list[str] | None
-) -> str:
-    b = opts.plan
-    parts = [
-        f"genprobe verify-cache {model_arg}",
-        *(["--prompt " + shlex.join(texts)] if texts else []),
-        f"--max-new-tokens {b.verify_steps}",
-        "--chunk-sizes " + " ".join(map(str, b.verify_chunks)),
-    ]
-    if impl:
-        parts.append(f"--impl {impl}")
-    if kinds:
-        parts.append("--hf-cache " + " ".join(kinds))
-    if not b.verify_prefix_reuse:
-        parts.append("--no-prefix-reuse")
-    if not opts.hf_position_ids:
-        parts.append("--hf-no-position-ids")
-    return " ".join(parts)
 
 
 def _cache_findings(result: CacheVerification, command: str) -> list[Finding]:
@@ -259,11 +256,3 @@ def _serving_findings(serving: dict[str, Any] | None, model_arg: str) -> list[Fi
     evidence = {k: serving.get(k) for k in ("verdict", "reason", "verdict_by_dtype", "errors")}
     command = f"genprobe verify-serving {model_arg} --dtypes float32"
     return [Finding("inference", "serving.vllm", sev, title, evidence, VERIFY_CRITERION, command)]
-
-
-def _findings(check: InferenceCheck, opts: DoctorOptions, model: Any, model_arg: str) -> list[Finding]:
-    texts = check.prompt_texts
-    out = _cache_findings(check.caches, _verify_command(model_arg, opts, cache_kinds(model, opts), None, texts))
-    if check.impl is not None:
-        out += _cache_findings(check.impl, _verify_command(model_arg, opts, (), opts.impl, texts))
-    return out + _leak_findings(check, opts, model_arg) + _serving_findings(check.serving, model_arg)

@@ -1,7 +1,6 @@
-"""Metadata checks the GGUF and transformers audits share: special-token ids inside the vocabulary, and text that
-should not be there — invisible and bidirectional-control characters (text that reads one way and means another:
-"Trojan Source", CVE-2021-42574) and URLs (where a file points its users) in any string a model file carries apart
-from its vocabulary (whose tokens may legitimately be zero-width joiners and the like)."""
+"""Metadata checks the GGUF and transformers audits share: special-token ids inside the vocabulary; hidden characters
+("Trojan Source", CVE-2021-42574) and URLs in any string a model file carries but its vocabulary (whose tokens may
+legitimately be zero-width joiners and the like)."""
 
 from __future__ import annotations
 
@@ -27,6 +26,19 @@ def hidden_characters(text: str) -> list[str]:
             continue
         seen.setdefault(f"U+{ord(ch):04X} {unicodedata.name(ch, cat)}", ord(ch) in BIDI)
     return sorted(seen, key=lambda k: not seen[k])
+
+
+def text_fields(obj: Any, where: str = "") -> dict[str, str]:
+    """Every string inside ``obj`` (dicts and lists walked) by where it sits (``config.json.a.b[0]``)."""
+    if isinstance(obj, str):
+        return {where: obj}
+    if isinstance(obj, dict):
+        items = [(f"{where}.{k}" if where else str(k), v) for k, v in obj.items()]
+    elif isinstance(obj, list):
+        items = [(f"{where}[{i}]", v) for i, v in enumerate(obj)]
+    else:
+        return {}
+    return {k: text for w, v in items for k, text in text_fields(v, w).items()}
 
 
 def metadata_findings(strings: dict[str, str], command: str) -> list[Finding]:

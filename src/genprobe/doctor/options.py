@@ -1,19 +1,18 @@
-"""What a doctor run is asked to do (:class:`DoctorOptions`), the budget of each mode (:class:`Budget`: ``quick``
-for a CI gate, the full run for a release; every limit is checked on construction) and the prompts it uses
-(:func:`doctor_inputs`): the user's, or held-out prompts of the model's language (Tang openings held out from both
-reference models for a Chinese tokenizer, English sentence openings of the Lee corpus otherwise —
-:func:`genprobe.corpus.inputs.held_out`), and held-out text for the weight edit's limits."""
+"""What a doctor run is asked to do (:class:`DoctorOptions`), the budget of each mode (:class:`Budget`: ``quick`` for
+a CI gate, the full run for a release), the prompts it uses (:func:`doctor_inputs`: the user's, else held-out ones
+of the model's language) and the one :class:`DoctorRun` every stage job takes."""
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .._io import json_safe
 from ..corpus.inputs import held_out
 from ..engine.samplers.stages import SamplerConfig
 from ..model.kinds import is_url
+from ..model.load import Model
 
 STAGES = ("audit", "card", "quality", "inference", "attention", "degeneration", "fixes")
 TITLES = {
@@ -124,7 +123,7 @@ class DoctorInputs:
     error: str | None = None
 
 
-def check_fits(model: Any, prompts: list[str], tokens: int, chat: bool) -> None:
+def check_fits(model: Model, prompts: list[str], tokens: int, chat: bool) -> None:
     """Refuse (ValueError: bad input) prompts that leave no room for the ``tokens`` a scan generates."""
     import warnings
 
@@ -141,7 +140,7 @@ def check_fits(model: Any, prompts: list[str], tokens: int, chat: bool) -> None:
         )
 
 
-def doctor_inputs(model: Any, opts: DoctorOptions) -> DoctorInputs:
+def doctor_inputs(model: Model, opts: DoctorOptions) -> DoctorInputs:
     """The user's prompts, else the built-in held-out ones (the reason when there are none)."""
     b = opts.plan
     if model.tokenizer is None:
@@ -164,3 +163,33 @@ def doctor_inputs(model: Any, opts: DoctorOptions) -> DoctorInputs:
     source = str(d.sources.get("corpus", "held-out"))
     scan = d.prompts[: b.scan_prompts]
     return DoctorInputs(scan, d.prompts[b.scan_prompts :] or scan, val, f"{source} held-out prompts")
+
+
+QUICK_SKIP = "quick mode"
+
+
+class StageSkipped(Exception):
+    """A stage that cannot run on this model or in this mode (the reason is reported)."""
+
+
+@dataclass
+class DoctorRun:
+    """One run as every stage reads it: the model, the options, the inputs, the model as the reproducing commands name
+    it (``arg``, shell-quoted), the log, and the report so far (a later stage reads an earlier one's result)."""
+
+    model: Model
+    opts: DoctorOptions
+    inputs: DoctorInputs
+    arg: str
+    log: Callable[[str], None]
+    report: Any  # the DoctorReport being filled
+
+    def note(self, msg: str) -> None:
+        """A progress line inside a stage, indented under the stage's own."""
+        self.log("  " + msg)
+
+    def prompts(self) -> list[str]:
+        """The prompts to generate after (:class:`StageSkipped` when there are none)."""
+        if self.inputs.prompts is None:
+            raise StageSkipped(self.inputs.error or "no prompts")
+        return self.inputs.prompts

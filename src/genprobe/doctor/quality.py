@@ -1,9 +1,6 @@
-"""Output quality, for the faults that are not cache bugs (a config that disagrees with the weights, one corrupted
-weight matrix, a wrong tokenizer): each changes the output silently into fluent text no loop detector flags.
-
-With ``--reference`` both models read the same held-out human text under teacher forcing and KL(reference ‖ model)
-and top-1 agreement are measured per position; without one, the model's bits per character on that text (unlike
-perplexity per token, independent of the tokenizer) are judged against :data:`KNOWN_GOOD` (docs/doctor.md)."""
+"""Output quality, for the faults that are not cache bugs and change the output silently into fluent text (a config
+that disagrees with the weights, a corrupted weight, a wrong tokenizer): KL and top-1 agreement against
+``--reference``, else bits per character against :data:`KNOWN_GOOD` (docs/doctor.md, "Quality on held-out text")."""
 
 from __future__ import annotations
 
@@ -16,8 +13,9 @@ import torch
 
 from .._io import NOT_JSON, json_safe
 from ..corpus.inputs import token_windows
+from ..model.load import Model
 from .findings import Finding
-from .options import DoctorOptions
+from .options import DoctorRun, StageSkipped
 
 WINDOWS, WINDOW_TOKENS = 8, 128  # held-out texts read, tokens of each (fewer when the context is shorter)
 KL_WARN, KL_BUG = 0.1, 1.0  # mean KL(reference ‖ model), nats per token
@@ -49,20 +47,20 @@ class Quality:
     findings: list[Finding] = field(default_factory=list, metadata=NOT_JSON)
 
 
-def _windows(model: Any, texts: list[str]) -> tuple[list[str], list[list[int]]]:
+def _windows(model: Model, texts: list[str]) -> tuple[list[str], list[list[int]]]:
     """The first :data:`WINDOWS` texts at least a window long, and their first window of ids."""
     n = WINDOW_TOKENS if model.max_positions is None else min(WINDOW_TOKENS, model.max_positions)
     found = token_windows(model.encode, texts, n, WINDOWS)
     return [t for t, _ in found], [w for _, w in found]
 
 
-def _chars(model: Any, ids: list[int]) -> int:
+def _chars(model: Model, ids: list[int]) -> int:
     """Characters the ids stand for (an unknown token for one)."""
     return len(model.decode(ids)) + sum(1 for i in ids if model.unk_id is not None and i == model.unk_id)
 
 
 @torch.no_grad()
-def _log_probs(model: Any, window: list[int]) -> torch.Tensor:
+def _log_probs(model: Model, window: list[int]) -> torch.Tensor:
     """Log-probabilities (T, V) of each next token, fed the truth."""
     from ..loops.arch import forward_logits
 
@@ -70,7 +68,7 @@ def _log_probs(model: Any, window: list[int]) -> torch.Tensor:
     return torch.log_softmax(forward_logits(model.module, torch.tensor([window], device=device))[0].float(), dim=-1)
 
 
-def measure_quality(model: Any, texts: list[str], corpus: str, reference: Any = None) -> Quality:
+def measure_quality(model: Model, texts: list[str], corpus: str, reference: Model | None = None) -> Quality:
     """Perplexity of ``model`` on ``texts``; with ``reference`` (a loaded model), KL and top-1 per position."""
     used, windows = _windows(model, texts)
     if not windows:
@@ -158,16 +156,19 @@ def _reference_finding(q: Quality, ev: dict[str, Any], command: str) -> Finding:
     return Finding("quality", "quality.reference", sev, f"output {how} the reference: {said}", ev, crit, command)
 
 
-def quality_stage(model: Any, opts: DoctorOptions, arg: str) -> Quality:
+def quality_stage(run: DoctorRun) -> Quality:
     """:func:`measure_quality` on held-out human text of the model's language (the corpus the prompts come from),
-    against ``opts.reference`` when given."""
+    against ``--reference`` when given."""
     from ..corpus.inputs import corpus_of, held_out  # looked up at call time: tests choose the corpus
     from ..model.load import load_model
 
+    model, opts = run.model, run.opts
+    if model.tokenizer is None:
+        raise StageSkipped("the model has no tokenizer: no text to read")
     corpus = corpus_of(model)
     texts = list(held_out(model, corpus, opts.plan.scan_prompts).texts)
     reference = load_model(opts.reference) if opts.reference else None
     q = measure_quality(model, texts, corpus, reference)
     ref = f" --reference {shlex.quote(opts.reference)}" if opts.reference else ""
-    q.findings = quality_findings(q, f"genprobe doctor {arg} --only quality{ref} --out DIR")
+    q.findings = quality_findings(q, f"genprobe doctor {run.arg} --only quality{ref} --out DIR")
     return q

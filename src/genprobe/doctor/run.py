@@ -7,20 +7,20 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from .._io import json_safe
+from ..model.load import Model
 from .attention_health import AttentionHealth, attention_health
-from .audit import StaticAudit, static_audit
+from .audit import ModelFiles, StaticAudit, audit_stage
 from .card import ModelCard, model_card
 from .degeneration import Degeneration, degeneration
 from .findings import Finding, Verdict, verdict_of
 from .fixes import FixComparison, compare
 from .inference import InferenceCheck, check_inference
-from .options import STAGES, TITLES, DoctorInputs, DoctorOptions, doctor_inputs
+from .options import QUICK_SKIP, STAGES, TITLES, DoctorOptions, DoctorRun, StageSkipped, doctor_inputs
 from .quality import Quality, quality_stage
 
-QUICK_SKIP = "quick mode"
 PROMPTS_FILE, JSON_FILE, HTML_FILE = "prompts.txt", "doctor.json", "report.html"
 
 
@@ -76,62 +76,24 @@ class DoctorReport:
         return json_safe(head | {"stages": self.stages, "findings": self.findings} | results | {"files": self.files})
 
 
-def _stage_fns(model: Any, opts: DoctorOptions, inp: DoctorInputs, rep: DoctorReport, log: Callable[[str], None]):
-    """Each stage as a function returning (result attribute, value) or raising :class:`_Skip`."""
-    arg = shlex.quote(rep.model)
-
-    def audit() -> Any:
-        if model.source is None:
-            raise _Skip("the model was built in memory: no files to read")
-        return static_audit(model.source, opts.chat, f"genprobe doctor {arg} --only audit --out DIR")
-
-    def card() -> Any:
-        where = shlex.quote(str(Path(opts.prompts_file).parent / "card")) if opts.prompts_file else "DIR"
-        given = opts.prompts_arg() + " " if inp.prompts else ""
-        command = f"genprobe doctor {arg} {given}--only card --out {where}"
-        return model_card(model, inp.prompts, opts.chat, command + (" --chat" if opts.chat else ""))
-
-    def quality() -> Any:
-        if model.tokenizer is None:
-            raise _Skip("the model has no tokenizer: no text to read")
-        return quality_stage(model, opts, arg)
-
-    def inference() -> Any:
-        return check_inference(model, opts, inp.prompts, arg, lambda m: log("  " + m))
-
-    def attention() -> Any:
-        return attention_health(model, inp.prompts, opts.plan.attention_tokens, arg)
-
-    def degen() -> Any:
-        if inp.prompts is None:
-            raise _Skip(inp.error or "no prompts")
-        gen = rep.card.generation_defaults if rep.card is not None else None
-        return degeneration(model, inp.prompts, inp.source, opts, gen, arg, lambda m: log("  " + m))
-
-    def fixes() -> Any:
-        if opts.plan.fix_prompts == 0:
-            raise _Skip(QUICK_SKIP)
-        if inp.prompts is None:
-            raise _Skip(inp.error or "no prompts")
-        cal = rep.degeneration.calibration if rep.degeneration is not None else None
-        prompts = inp.prompts[: opts.plan.fix_prompts]
-        return compare(model, prompts, inp.edit_prompts, inp.val_text, opts, cal, arg, lambda m: log("  " + m))
-
-    stages = (audit, card, quality, inference, attention, degen, fixes)
-    return dict(zip(STAGES, stages, strict=True))  # in STAGES order
+#: Each stage's job, in STAGES order: it takes the run and returns its result or raises StageSkipped.
+STAGE_JOBS: dict[str, Callable[[DoctorRun], Any]] = dict(
+    zip(
+        STAGES,
+        (audit_stage, model_card, quality_stage, check_inference, attention_health, degeneration, compare),
+        strict=True,
+    )
+)
 
 
-class _Skip(Exception):
-    """A stage that cannot run on this model or in this mode (the reason is reported)."""
-
-
-def _run_stage(name: str, fn: Callable[[], Any], rep: DoctorReport, i: int, n: int, log: Callable[[str], None]) -> None:
+def _run_stage(name: str, run: DoctorRun, i: int, n: int) -> None:
+    rep, log = run.report, run.log
     log(f"[{i}/{n}] {TITLES[name]} …")
     t0 = time.perf_counter()
     try:
-        setattr(rep, name, fn())
+        setattr(rep, name, STAGE_JOBS[name](run))
         status, note = "ran", None
-    except _Skip as why:
+    except StageSkipped as why:
         status, note = "skipped", str(why)
         if note != QUICK_SKIP:  # not checked for want of inputs: said among the findings
             rep.errors.append(Finding(name, f"{name}.skipped", "info", f"the {TITLES[name]} stage did not run: {note}"))
@@ -156,16 +118,18 @@ def _counts(findings: list[Finding]) -> str:
 
 
 def run_doctor(
-    model: Any,
+    model: Model | ModelFiles,
     opts: DoctorOptions,
     *,
     model_arg: str | None = None,
     out: str | Path | None = None,
     log: Callable[[str], None] = lambda msg: None,
 ) -> DoctorReport:
-    """Run the stages of ``opts.only`` on ``model``; with ``out``, write prompts.txt, doctor.json and report.html."""
+    """Run the stages of ``opts.only`` on ``model`` (its files alone for ``--only audit``); with ``out``, write
+    prompts.txt, doctor.json and report.html."""
     from .._io import atomic_write_text
 
+    model = cast(Model, model)  # ModelFiles has the source, and no tokenizer: all the audit stage and the inputs read
     arg = model_arg or (str(model.source) if model.source else "MODEL")
     rep = DoctorReport(arg, opts)
     inp = doctor_inputs(model, opts)
@@ -176,10 +140,10 @@ def run_doctor(
         opts.prompts_file = str(out / PROMPTS_FILE)
         atomic_write_text(out / PROMPTS_FILE, "\n".join(p.replace("\n", " ") for p in inp.prompts) + "\n")
         rep.files["prompts"] = str(out / PROMPTS_FILE)
-    fns = _stage_fns(model, opts, inp, rep, log)
+    run = DoctorRun(model, opts, inp, shlex.quote(arg), log, rep)
     chosen = [s for s in STAGES if s in opts.only]
     for i, name in enumerate(chosen, 1):
-        _run_stage(name, fns[name], rep, i, len(chosen), log)
+        _run_stage(name, run, i, len(chosen))
     if out is not None:
         write_files(rep, out)
     return rep
@@ -194,41 +158,10 @@ def write_files(rep: DoctorReport, out: Path) -> None:
     atomic_write_text(out / HTML_FILE, render_html(rep))
 
 
-# ---- report.html: the findings as one offline page, rendered from ``templates/doctor.html.j2`` in the Jinja
-# environment every genprobe page uses (:mod:`genprobe._templates`), CSS and JS inlined from ``assets/``
-SEVERITY_CLASS = {"ok": "ok", "info": "info", "warning": "warn", "bug": "bug"}
-
-
-def heat(x: float | None) -> str:
-    """A value in [0, 1] as a CSS colour (white → deep blue; grey when undefined)."""
-    if x is None or x != x:
-        return "#ddd"
-    v = max(0.0, min(1.0, float(x)))
-    return f"rgb({int(255 - 215 * v)},{int(255 - 165 * v)},{int(255 - 55 * v)})"
-
-
 def render_html(rep: DoctorReport) -> str:
-    """The page of a :class:`DoctorReport` as one HTML string."""
+    """The findings as one offline page: ``templates/doctor.html.j2`` in the Jinja environment every genprobe page
+    uses (:mod:`genprobe._templates`), CSS and JS inlined from ``assets/``."""
     from .._templates import environment
 
     template = environment("genprobe.doctor").get_template("doctor.html.j2")
-    return template.render(
-        r=json_safe(rep),
-        rep=rep,
-        titles=TITLES,
-        stages={s.name: s for s in rep.stages},
-        sev=SEVERITY_CLASS,
-        heat=heat,
-        grid=rep.attention.grid() if rep.attention is not None else [],
-        calibration=_calibration(rep),
-    )
-
-
-def _calibration(rep: DoctorReport) -> str | None:
-    """The calibration's one-line description, or the reason there is none."""
-    deg = rep.degeneration
-    if deg is None:
-        return None
-    if deg.calibration is None:
-        return f"detectors not calibrated ({deg.calibration_error}): raw settings, no human false-positive rate"
-    return deg.calibration.describe()
+    return template.render(r=json_safe(rep), rep=rep, titles=TITLES)

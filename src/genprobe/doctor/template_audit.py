@@ -1,13 +1,6 @@
-"""A chat template read as code, never run: parsed with Jinja's own parser and its syntax tree walked for what a
-template has no business doing — attribute chains into Python internals (``__globals__``, ``__class__``, ``__mro__``,
-``__subclasses__``, ``__builtins__``, ``__import__``; ``os`` / ``popen`` / ``subprocess``), imports and includes,
-dynamic attribute lookups — and for branches that a message's *content* triggers (a hidden trigger phrase).
-
-transformers renders templates in Jinja's immutable sandbox, which refuses ``_``-prefixed attributes at run time
-(``jinja2.sandbox.SandboxedEnvironment.is_safe_attribute``): an injection attempt then fails as a ``SecurityError``
-and nothing runs. The audit names the attempt anyway — another engine, an older sandbox or a hand-written renderer
-may not hold.
-"""
+"""A chat template read as code, never run: parsed with Jinja's own parser and its syntax tree walked for injection
+attempts, template loads, dynamic lookups and content triggers (docs/doctor.md, "Static audit": what each is, and why
+an attempt is named even though transformers' sandbox would stop it)."""
 
 from __future__ import annotations
 

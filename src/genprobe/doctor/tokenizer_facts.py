@@ -8,6 +8,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..model.load import Model
 from .findings import Finding
 
 _BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
@@ -74,7 +75,7 @@ def _byte_tokens(tok: Any, ids: list[int]) -> int:
     return sum(1 for t in hf.convert_ids_to_tokens(ids) if isinstance(t, str) and _BYTE_TOKEN.match(t))
 
 
-def _round_trip(model: Any, prompts: list[str]) -> tuple[list[list[int]], list[dict[str, Any]], int]:
+def _round_trip(model: Model, prompts: list[str]) -> tuple[list[list[int]], list[dict[str, Any]], int]:
     """Each prompt's ids, the prompts that did not come back (with what did) and how many of those hold unknowns."""
     ids: list[list[int]] = []
     failures: list[dict[str, Any]] = []
@@ -94,7 +95,7 @@ def _round_trip(model: Any, prompts: list[str]) -> tuple[list[list[int]], list[d
     return ids, failures, unknown
 
 
-def _chat(model: Any) -> tuple[bool | None, str | None, str | None]:
+def _chat(model: Model) -> tuple[bool | None, str | None, str | None]:
     """Whether the chat template renders one user turn (None without a template), the error, the rendering."""
     if model.chat_template is None:
         return None, None, None
@@ -104,9 +105,9 @@ def _chat(model: Any) -> tuple[bool | None, str | None, str | None]:
         return False, f"{type(exc).__name__}: {exc}", None
 
 
-def tokenizer_facts(model: Any, prompts: list[str], chat: bool) -> TokenizerFacts:
+def tokenizer_facts(model: Model, prompts: list[str], chat: bool) -> TokenizerFacts:
     """The facts of ``model``'s tokenizer on ``prompts``."""
-    tok = model.tokenizer
+    tok = model.require_tokenizer()
     ids, failures, unknown = _round_trip(model, prompts)
     flat = [i for seq in ids for i in seq]
     n = max(1, len(flat))

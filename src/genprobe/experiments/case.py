@@ -267,7 +267,8 @@ def case_study(
     from .._io import atomic_write_json
     from ..corpus.tang import load_corpus
     from ..report.figures import write_figures
-    from ..report.html import headline_rows, write_report
+    from ..report.headline import headline_rows
+    from ..report.html import write_report
     from ..report.seed import seed_tables
 
     t0 = time.perf_counter()

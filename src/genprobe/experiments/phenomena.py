@@ -24,7 +24,8 @@ from ..corpus.inputs import token_windows
 from ..engine.generate import generate
 from ..engine.runner import left_padded, runner_for
 from ..engine.samplers.stages import SamplerConfig
-from ..metrics.degeneracy import measure_loops
+from ..loops.scan import scan_loops
+from ..model.load import Model
 from ._common import Rounded, r
 from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, perturbation, wanted_instead
 from .sampling import ORDER_TAUS, TEMPERATURES, TemperatureRow, entropy_table, order_trap
@@ -81,7 +82,7 @@ class PhenomenaConfig:
 class Subject:
     """A loaded model as the phenomena need it: ids, batched logits and batched generation with bans."""
 
-    def __init__(self, model: Any, cfg: PhenomenaConfig):
+    def __init__(self, model: Model, cfg: PhenomenaConfig):
         if model.tokenizer is None:
             raise ValueError("the phenomena need the model's tokenizer (prompts and texts are text)")
         self.model, self.cfg = model, cfg
@@ -107,10 +108,6 @@ class Subject:
         """Logits (B, T, V) of left-padded ``rows`` in one uncached forward (float32)."""
         ids, valid = left_padded(rows, max(len(x) for x in rows), 0, self.model.pad_id, torch.device("cpu"))
         return self.runner.full(ids, valid).float()
-
-    def logits_fn(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) → logits (B, T, V): what :func:`genprobe.experiments.exposure.perturbation` calls."""
-        return self.runner.full(ids, torch.ones_like(ids, dtype=torch.bool)).float()
 
     def last_logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """Next-token logits (B, V) after each row, ``batch_size`` rows per forward."""
@@ -149,17 +146,14 @@ class DiversityRow(Rounded):
 
 
 def diversity(subject: Subject, prompt_ids: list[list[int]], n: int) -> list[DiversityRow]:
-    """Greedy and each :data:`SAMPLED` strategy on every prompt."""
+    """Greedy and each :data:`SAMPLED` strategy on every prompt: one loop scan each."""
     strategies = [("greedy", subject.sampler(greedy=True))] + [(name, subject.sampler(**kw)) for name, kw in SAMPLED]
-    default, rows = SamplerConfig().to_dict(), []
+    default, rows, cfg = SamplerConfig().to_dict(), [], subject.cfg
     for name, sampler in strategies:
-        tokens = torch.cat([t for t, _ in subject.generate(prompt_ids, n, sampler)]).tolist()
-        m = [measure_loops(t) for t in tokens]
-        brief = {k: v for k, v in json_safe(sampler).items() if v != default[k]}
-        loops, degenerate = (statistics.fmean(getattr(x, k) for x in m) for k in ("looping", "degenerate"))
-        example = subject.model.decode(prompt_ids[0] + tokens[0])
-        d2 = statistics.fmean(x.distinct_2 for x in m)
-        rows.append(DiversityRow(name, brief, len(tokens), n, d2, loops, degenerate, example))
+        scan = scan_loops(subject.model, prompt_ids, n, sampler, batch_size=cfg.batch_size, seed=cfg.seed, unk_id=None)
+        s, brief = scan.summary, {k: v for k, v in json_safe(sampler).items() if v != default[k]}
+        example = subject.model.decode(prompt_ids[0] + scan.records[0].tokens)
+        rows.append(DiversityRow(name, brief, s.n, n, s.mean_distinct_2, s.loop_rate, s.degenerate_rate, example))
     return rows
 
 
@@ -335,9 +329,10 @@ def shadows(subject: Subject, texts: list[list[int]]) -> ShadowSummary:
     """:func:`genprobe.experiments.exposure.perturbation` at every position of the config on the first texts."""
     cfg = subject.cfg
     used = texts[: cfg.shadow_texts]
+    tok, logits_fn = subject.model.require_tokenizer(), lambda x: subject.logits(x.tolist())  # rows of one length
     with torch.inference_mode():
         out = [
-            perturbation(subject.logits_fn, subject.model.tokenizer, ids, k, cfg.shadow_window, subject.bans)
+            perturbation(logits_fn, tok, ids, k, cfg.shadow_window, subject.bans)
             for ids in used
             for k in cfg.shadow_positions
             if k + 2 + cfg.shadow_window <= len(ids)
@@ -451,7 +446,7 @@ def _long_texts(subject: Subject, texts: Sequence[str], need: int) -> list[list[
 
 
 def chapter_phenomena(
-    model: Any,
+    model: Model,
     prompts: Sequence[str],
     texts: Sequence[str],
     config: PhenomenaConfig | None = None,

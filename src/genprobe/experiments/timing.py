@@ -10,12 +10,13 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from .._io import json_safe
 from ..engine.generate import generate
+from ..engine.runner import ModelLike
 from ..model.config import GPTConfig
 from ..model.gpt import GPT
 from ._common import Rounded, r
@@ -29,7 +30,9 @@ def naive_token_forwards(prompt_len: int, new_tokens: int) -> int:
     return new_tokens * prompt_len + new_tokens * (new_tokens - 1) // 2
 
 
-def _time(model, prompts, new_tokens: int, mode: str, reps: int, budget_s: float) -> tuple[float, int, int]:
+def _time(
+    model: ModelLike, prompts: list[list[int]], new_tokens: int, mode: str, reps: int, budget_s: float
+) -> tuple[float, int, int]:
     """(median seconds, token forwards, runs): at least one timed run, more while under ``budget_s``."""
     generate(model, prompts, min(2, new_tokens), mode=mode)  # warm-up (allocator, kernels)
     times: list[float] = []
@@ -72,7 +75,7 @@ class ModeTiming(Rounded):
 
 
 def time_modes(
-    model: Any, prompt_ids: list[int], batch: int, new_tokens: int, reps: int = 3, budget_s: float = 5.0
+    model: ModelLike, prompt_ids: list[int], batch: int, new_tokens: int, reps: int = 3, budget_s: float = 5.0
 ) -> ModeTiming:
     """Naive vs cached wall time (median of up to ``reps`` runs, fewer past ``budget_s``) and token forwards.
 
@@ -117,7 +120,7 @@ class CacheTiming:
 
 
 def run_cache_timing(
-    model: Any, prompt_ids: list[int], new_tokens: int = 50, batches=BATCHES, reps: int = 3, budget_s: float = 5.0
+    model: ModelLike, prompt_ids: list[int], new_tokens: int = 50, batches=BATCHES, reps: int = 3, budget_s: float = 5.0
 ) -> CacheTiming:
     """Naive vs cached at each batch size beside the compute ratio (``model``: as :func:`time_modes` takes)."""
     rows = [time_modes(model, prompt_ids, b, new_tokens, reps, budget_s) for b in batches]

@@ -17,8 +17,6 @@ from .figures import render_figures
 from .headline import headline_rows
 from .seed import seed_tables
 
-__all__ = ["headline_rows", "render_report", "write_report"]
-
 #: The case keys the page's JavaScript reads (sampling lab, order trap, workload grid).
 SCRIPT_DATA_KEYS = ("sampling", "cache_timing")
 
