@@ -24,7 +24,7 @@ from ..corpus.inputs import token_windows
 from ..engine.generate import generate
 from ..engine.runner import left_padded, runner_for
 from ..engine.samplers.stages import SamplerConfig
-from ..loops.scan import scan_loops
+from ..loops.scan import ScanOptions, engine_batches, scan_batches
 from ..model.load import Model
 from ._common import Rounded, r
 from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, perturbation, wanted_instead
@@ -150,7 +150,8 @@ def diversity(subject: Subject, prompt_ids: list[list[int]], n: int) -> list[Div
     strategies = [("greedy", subject.sampler(greedy=True))] + [(name, subject.sampler(**kw)) for name, kw in SAMPLED]
     default, rows, cfg = SamplerConfig().to_dict(), [], subject.cfg
     for name, sampler in strategies:
-        scan = scan_loops(subject.model, prompt_ids, n, sampler, batch_size=cfg.batch_size, seed=cfg.seed, unk_id=None)
+        options = ScanOptions(n, sampler, batch_size=cfg.batch_size, seed=cfg.seed, unk_id=None)
+        scan = scan_batches(engine_batches(subject.model), prompt_ids, options)
         s, brief = scan.summary, {k: v for k, v in json_safe(sampler).items() if v != default[k]}
         example = subject.model.decode(prompt_ids[0] + scan.records[0].tokens)
         rows.append(DiversityRow(name, brief, s.n, n, s.mean_distinct_2, s.loop_rate, s.degenerate_rate, example))
