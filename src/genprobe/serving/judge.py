@@ -60,7 +60,7 @@ def gap_verdict(gap: float, floor: float, noise: float) -> tuple[str, float]:
 
 
 @dataclass
-class Divergence:
+class FirstDivergence:
     """The first position where the backend and the reference differ beyond float noise (or in their top-1 token)."""
 
     request: int  # index of the request within its phase
@@ -79,7 +79,7 @@ class LogprobStats:
     max_abs_dlogp: float = 0.0
     sum_abs_dlogp: float = 0.0
     top1_disagreements: int = 0
-    first: Divergence | None = None
+    first: FirstDivergence | None = None
 
     @property
     def top1_agreement(self) -> float | None:
@@ -104,7 +104,7 @@ class LogprobStats:
         self.max_abs_dlogp = max(self.max_abs_dlogp, mx)
         self.top1_disagreements += int(mismatch)
         if self.first is None and (mx >= noise or mismatch):
-            self.first = Divergence(request, where, index, mx, mismatch)
+            self.first = FirstDivergence(request, where, index, mx, mismatch)
 
 
 def abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
