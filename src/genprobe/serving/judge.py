@@ -32,7 +32,6 @@ from ..verify.compare import VERDICTS, Thresholds
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
 
-__all__ = ["Thresholds"]  # the verdict scale, from verify-cache
 NOT_CHECKED = "not checked"
 GAP_PASS, GAP_BUG = 2.0, 5.0  # a phase's gap over its precision's floor: up to 2 floors pass, over 5 is a bug
 TOP_GAP = 5  # where the whole vocabulary is returned, the gap reads the reference's 5 most likely ids per position

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from ..engine.backend import Backend, Request, Response, Sampler
-from .judge import NOT_CHECKED, Judge, PhaseReport, Thresholds, worst_verdict
+from ..verify.compare import Thresholds
+from .judge import NOT_CHECKED, Judge, PhaseReport, worst_verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model

@@ -20,8 +20,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..judge import Judge, ReferenceLogprobs, Thresholds
-from ..verify import PhaseReport, Run, ServingReport, Settings, build_workload
+from ...verify.compare import Thresholds
+from ..judge import Judge, PhaseReport, ReferenceLogprobs
+from ..verify import Run, ServingReport, Settings, build_workload
 from .engine import Generation, LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker
 
 EXACT_TYPES = {"F32"}  # tensor types whose products llama.cpp computes in float32 (no activation quantization)
