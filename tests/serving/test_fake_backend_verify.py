@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "matrix"))
 from command_cells import save_tiny_llama  # noqa: E402
 
 from genprobe.engine.backend import EngineBackend, Position, Request, Response  # noqa: E402
-from genprobe.serving.verify import NOT_CHECKED, Settings, common_prefix, verify_backend  # noqa: E402
+from genprobe.serving.judge import NOT_CHECKED  # noqa: E402
+from genprobe.serving.verify import Settings, common_prefix, verify_backend  # noqa: E402
 
 
 class FakeBackend(EngineBackend):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from genprobe.engine.backend import Position, Response
-from genprobe.serving.judge import GAP_BUG, GAP_PASS, Judge, Thresholds, gap_verdict, request_gap, served_positions
+from genprobe.serving.judge import GAP_BUG, GAP_PASS, Judge, gap_verdict, request_gap, served_positions
+from genprobe.verify.compare import Thresholds
 
 V = 6
 

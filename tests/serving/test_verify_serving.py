@@ -10,8 +10,8 @@ import json
 
 import pytest
 
+from genprobe.serving.judge import NOT_CHECKED
 from genprobe.serving.verify import (
-    NOT_CHECKED,
     PHASES,
     build_workload,
     divergence_points,

@@ -125,28 +125,11 @@ class EndpointBackend:
 
     # ---- requests ---------------------------------------------------------------------------------------
     def _body(self, request: Request) -> dict[str, Any]:
-        s, bans = request.api_sampler(), request.sampler.ban_ids
-        body: dict[str, Any] = {
-            "model": self.model_name,
-            "prompt": list(request.prompt) if not isinstance(request.prompt, str) else request.prompt,
-            "max_tokens": request.max_tokens,
-            "temperature": s["temperature"],
-            "top_p": s["top_p"],
-            "logprobs": request.logprobs,
-            "stream": False,
-        }
-        if s["top_k"]:
-            body["top_k"] = s["top_k"]
-        if s["seed"] is not None:
-            body["seed"] = s["seed"]
-        if bans:
-            body["logit_bias"] = {str(t): -100 for t in bans}
-        if request.stop:
-            body["stop"] = list(request.stop)
+        body = {"model": self.model_name, "prompt": request.prompt, "stream": False, **completion_fields(request)}
         if self.server == "vllm":
             body["return_tokens_as_token_ids"] = True
-            if request.prompt_logprobs is not None:
-                body["prompt_logprobs"] = request.prompt_logprobs
+        else:
+            body.pop("prompt_logprobs", None)  # vLLM's extension
         return body
 
     def complete(self, request: Request) -> Response:
@@ -163,7 +146,7 @@ class EndpointBackend:
         cached = ((answer.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
         prompt_positions = None
         if request.prompt_logprobs is not None and choice.get("prompt_logprobs") is not None:
-            prompt_positions = _prompt_positions(choice["prompt_logprobs"], prompt_ids)
+            prompt_positions = [position(t, d) for t, d in zip(prompt_ids, choice["prompt_logprobs"], strict=False)]
         return Response(
             prompt_ids, ids, positions, choice.get("finish_reason"), choice.get("text", ""), prompt_positions, cached
         )
@@ -224,6 +207,16 @@ class EndpointBackend:
         return None if answer is None else [int(t) for t in answer["tokens"]]
 
 
+def completion_fields(request: Request) -> dict[str, Any]:
+    """A request's fields as the OpenAI completions API and vLLM's ``SamplingParams`` both name them (a ban is a
+    logit bias of -100; unset ones left out)."""
+    s, bans = request.api_sampler(), request.sampler.ban_ids
+    out: dict[str, Any] = dict(max_tokens=request.max_tokens, temperature=s["temperature"], top_p=s["top_p"])
+    out.update(logprobs=request.logprobs, top_k=s["top_k"] or None, seed=s["seed"], stop=list(request.stop) or None)
+    out.update(logit_bias={int(t): -100.0 for t in bans} or None, prompt_logprobs=request.prompt_logprobs)
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def piece_table(model: Model) -> dict[str, int]:
     """Each token's text → its id in ``model``'s tokenizer, for the pieces exactly one id has (what maps text-keyed
     log-probs back)."""
@@ -234,14 +227,10 @@ def piece_table(model: Model) -> dict[str, int]:
     return {s: ids[0] for s, ids in seen.items() if len(ids) == 1}
 
 
-def _prompt_positions(entries: Sequence[Any], prompt_ids: Sequence[int]) -> list[Position | None]:
-    """vLLM's ``prompt_logprobs``: ``[None, {"id": {"logprob": x, ...}}, ...]``, one per prompt token."""
-    out: list[Position | None] = []
-    for i, d in enumerate(entries):
-        if not d or i >= len(prompt_ids):
-            out.append(None)
-            continue
-        top = {int(k): float(v["logprob"]) for k, v in d.items()}
-        tok = int(prompt_ids[i])
-        out.append(Position(tok, top.get(tok), top))
-    return out
+def position(token: int, top: Mapping[Any, Any] | None) -> Position | None:
+    """One position of vLLM's top-k ``{id: logprob}`` (``Logprob`` objects in process, ``{"logprob": x}`` over HTTP;
+    the actual token among them), None where nothing was returned."""
+    if not top:
+        return None
+    lps = {int(i): float(v["logprob"] if isinstance(v, Mapping) else v.logprob) for i, v in top.items()}
+    return Position(int(token), lps.get(int(token)), lps)

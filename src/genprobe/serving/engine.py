@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .._io import json_safe
-from ..engine.backend import Capabilities, Position, Request, Response
+from ..engine.backend import Capabilities, Request, Response
 from ._vllm import require_vllm
+from .endpoint import completion_fields, position
 from .model_dir import ServedModel, read_config, served_model
 
 MONITOR_FQCN = "genprobe.serving.vllm_monitor:LoopMonitorProcessor"
@@ -321,17 +322,11 @@ class VllmBackend:
     def _params(self, r: Request) -> Any:
         from vllm import SamplingParams
 
-        s, bans = r.api_sampler(), r.sampler.ban_ids
         if r.stop:
             raise ValueError("the in-process vLLM backend returns ids, not text: it takes no stop strings")
-        kw: dict[str, Any] = dict(max_tokens=r.max_tokens, logprobs=r.logprobs, prompt_logprobs=r.prompt_logprobs)
-        kw.update(temperature=s["temperature"], top_p=s["top_p"], seed=s["seed"], detokenize=False, ignore_eos=True)
+        kw: dict[str, Any] = {**completion_fields(r), "detokenize": False, "ignore_eos": True}
         if not r.read_cache:
             kw["skip_reading_prefix_cache"] = True
-        if s["top_k"]:
-            kw["top_k"] = s["top_k"]
-        if bans:
-            kw["logit_bias"] = {int(t): -100.0 for t in bans}
         return SamplingParams(**kw)
 
     def complete(self, request: Request) -> Response:
@@ -356,20 +351,12 @@ class VllmBackend:
         return bool(self.engine.llm.reset_prefix_cache())
 
 
-def _position(token: int, d: dict | None) -> Position | None:
-    """One position of vLLM's ``{id: Logprob}`` (its top-k and the actual token)."""
-    if not d:
-        return None
-    top = {int(i): float(v.logprob) for i, v in d.items()}
-    return Position(int(token), top.get(int(token)), top)
-
-
 def _response(out: Any) -> Response:
     comp = out.outputs[0]
     prompt = [int(t) for t in out.prompt_token_ids]
-    steps = [p for t, d in zip(comp.token_ids, comp.logprobs or [], strict=False) if (p := _position(t, d))]
+    steps = [p for t, d in zip(comp.token_ids, comp.logprobs or [], strict=False) if (p := position(t, d))]
     asked = out.prompt_logprobs
-    prompt_positions = None if asked is None else [_position(t, d) for t, d in zip(prompt, asked, strict=False)]
+    prompt_positions = None if asked is None else [position(t, d) for t, d in zip(prompt, asked, strict=False)]
     cached = getattr(out, "num_cached_tokens", None)
     return Response(prompt, [int(t) for t in comp.token_ids], steps, comp.finish_reason, "", prompt_positions, cached)
 

@@ -32,7 +32,6 @@ from ..verify.compare import VERDICTS, Thresholds
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
 
-__all__ = ["Thresholds"]  # the verdict scale, from verify-cache
 NOT_CHECKED = "not checked"
 GAP_PASS, GAP_BUG = 2.0, 5.0  # a phase's gap over its precision's floor: up to 2 floors pass, over 5 is a bug
 TOP_GAP = 5  # where the whole vocabulary is returned, the gap reads the reference's 5 most likely ids per position
@@ -60,7 +59,7 @@ def gap_verdict(gap: float, floor: float, noise: float) -> tuple[str, float]:
 
 
 @dataclass
-class Divergence:
+class FirstDivergence:
     """The first position where the backend and the reference differ beyond float noise (or in their top-1 token)."""
 
     request: int  # index of the request within its phase
@@ -79,7 +78,7 @@ class LogprobStats:
     max_abs_dlogp: float = 0.0
     sum_abs_dlogp: float = 0.0
     top1_disagreements: int = 0
-    first: Divergence | None = None
+    first: FirstDivergence | None = None
 
     @property
     def top1_agreement(self) -> float | None:
@@ -104,7 +103,7 @@ class LogprobStats:
         self.max_abs_dlogp = max(self.max_abs_dlogp, mx)
         self.top1_disagreements += int(mismatch)
         if self.first is None and (mx >= noise or mismatch):
-            self.first = Divergence(request, where, index, mx, mismatch)
+            self.first = FirstDivergence(request, where, index, mx, mismatch)
 
 
 def abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """What vLLM loads: a transformers directory. A genprobe checkpoint is exported to one first.
 
-vLLM reads ``config.json`` + ``*.safetensors`` (and a tokenizer when it has one). Our checkpoints
-are exported with :func:`genprobe.model.hf_dir.export_hf_dir` (the exact GPT-2 conversion) into a
+vLLM reads ``config.json`` + ``*.safetensors`` (genprobe tokenizes: the engine starts without a tokenizer). Our
+checkpoints are exported with :func:`genprobe.model.hf_dir.export_hf_dir` (the exact GPT-2 conversion) into a
 temporary directory that lives as long as the :class:`ServedModel` (removed by ``cleanup()``, or when the object is
 collected or the process exits: an engine that holds it keeps it).
 """
@@ -29,7 +29,6 @@ class ServedModel:
     kind: str  # "genprobe" (exported) | "hf"
     vocab_size: int
     max_positions: int | None
-    has_tokenizer: bool
     _tmp: Path | None = field(default=None, repr=False)
     _removal: weakref.finalize | None = field(default=None, repr=False, compare=False)
 
@@ -59,10 +58,6 @@ def _hf_limits(d: Path) -> tuple[int, int | None]:
         raise ValueError(f"{d / 'config.json'} has no usable vocab_size")
     pos = cfg.get("n_positions") or cfg.get("max_position_embeddings")
     return vocab, (int(pos) if pos else None)
-
-
-def _has_tokenizer(d: Path) -> bool:
-    return any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"))
 
 
 def _model_path(model: str | os.PathLike) -> Path:
@@ -99,7 +94,7 @@ def served_model(model: str | os.PathLike, tmp_root: str | os.PathLike | None = 
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         vocab, pos = _hf_limits(tmp / "hf")
-        return ServedModel(tmp / "hf", src, "genprobe", vocab, pos, True, tmp)
+        return ServedModel(tmp / "hf", src, "genprobe", vocab, pos, tmp)
     if not (src / "config.json").is_file():
         raise ValueError(
             f"{src} is neither a genprobe checkpoint (genprobe.json + model.safetensors) nor a transformers model "
@@ -107,4 +102,4 @@ def served_model(model: str | os.PathLike, tmp_root: str | os.PathLike | None = 
         )
     check_weights_files(src)
     vocab, pos = _hf_limits(src)
-    return ServedModel(src, src, "hf", vocab, pos, _has_tokenizer(src))
+    return ServedModel(src, src, "hf", vocab, pos)

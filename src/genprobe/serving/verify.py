@@ -10,22 +10,8 @@ vocabulary where the backend returns every row (llama.cpp in process). Each engi
 ``engine.backend.EngineBackend``) whose :class:`~genprobe.engine.backend.Capabilities` say what it can do; a phase it
 cannot support is "not checked" with the reason, never "pass".
 
-====================  ============================================================================================
-``prompt``            prompt log-probabilities (the prefill's numbers) of up to 8 prompts
-``greedy``            the prompts one at a time, greedy
-``batch``             prompts sent together (``concurrency`` in flight: continuous batching, a batch of sequences);
-                      when they are the greedy prompts, also the share whose greedy tokens differ from the lone run
-``prefix``            two prompts sharing a long prefix, then the first again: the later ones may be served the
-                      shared prefix from a prefix cache; serving more than the shared tokens (in whole cache blocks)
-                      is a bug on its own (:func:`reuse_check`)
-``prefix_uncached``   the second prompt again without reading the cache (where a request can say so)
-``diverge_boundary``  a prompt sharing exactly a whole number of cache blocks with the first, then different
-``diverge_inside``    one sharing those blocks and half of the next one: only whole shared blocks may be served
-``chunked_prefill``   prompts longer than the engine's per-step token budget: prefilled in several chunks
-``seed``              a sampled request sent twice with the same seed gives the same tokens
-``limits``            ``max_tokens`` and a stop sequence honoured
-``chat``              the prompt ids the server builds from ``messages`` against the reference's chat template
-====================  ============================================================================================
+The phases (:data:`PHASES`) are the ``*_phase`` functions below, in order; what each sends and how it is judged:
+docs/live-serving.md ("Phases and verdicts") and docs/vllm.md.
 
 Only the prefix-cache phases read a prefix cache (the others ask not to, where the backend can be told), so a cache
 fault is named where it is. How a phase is judged depends on the deployment's precision (``Capabilities.exact``):
@@ -43,7 +29,8 @@ import torch
 
 from ..engine.backend import Backend, Request, Response
 from ..engine.samplers.stages import SamplerConfig
-from .judge import NOT_CHECKED, Judge, PhaseReport, Thresholds, worst_verdict
+from ..verify.compare import Thresholds
+from .judge import NOT_CHECKED, Judge, PhaseReport, worst_verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
@@ -97,6 +84,14 @@ class ServingReport:
         for p in self.phases:
             out.setdefault(p.dtype, []).append(p.verdict if p.verdict != NOT_CHECKED else "pass")
         return {k: worst_verdict(v) for k, v in out.items()}
+
+    def add(self, run: Run, engine: dict | None = None, extra: Sequence[Callable[[Run], PhaseReport]] = ()) -> None:
+        """Every phase on one deployment (``run``'s backend; ``extra``: its engine's own), with its capabilities and
+        its ``engine``'s description."""
+        self.server, self.model_name = run.backend.capabilities.server, run.backend.model_name
+        self.capabilities.append(asdict(run.backend.capabilities))
+        self.engines += [engine] if engine is not None else []
+        self.phases += run_phases(run, extra)
 
 
 @dataclass(frozen=True)
@@ -498,9 +493,8 @@ def verify_backend(
     work = text_workload(reference, texts, settings, backend.capabilities.token_prompts)
     judge = Judge(ReferenceLogprobs(reference), th, settings.top_k, exact=backend.capabilities.exact)
     log(f"{len(work.alone)} prompts: every phase the {backend.capabilities.server} backend allows")
-    report = ServingReport(url or backend.model_name, reference_name, th, asdict(settings), backend.capabilities.server)
-    report.model_name, report.url, report.capabilities = backend.model_name, url, [asdict(backend.capabilities)]
-    report.phases = run_phases(Run(backend, judge, work, settings, reference))
+    report = ServingReport(url or backend.model_name, reference_name, th, asdict(settings), url=url)
+    report.add(Run(backend, judge, work, settings, reference))
     return report
 
 
@@ -559,14 +553,12 @@ def verify_serving(
         )
     float32 = ReferenceLogprobs(ref_model)
     settings = Settings(concurrency=len(BATCH_FRACTIONS), steps=steps, top_k=top_k, seed=seed)
-    report = ServingReport(str(model), str(reference if reference is not None else model), th, asdict(settings), "vllm")
+    report = ServingReport(str(model), str(reference if reference is not None else model), th, asdict(settings))
     # the engine is keyed by the source, so a later scan of the same checkpoint reuses it; the export goes when the
     # last engine holding it stops
     for dt in dtypes:
         say(f"starting vLLM ({dt}) on {served.path} …")
         backend = VllmBackend(shared_engine(served, replace(opts, dtype=dt)))
-        report.engines.append(backend.engine.describe())
-        report.capabilities.append(asdict(backend.capabilities))
         room = backend.engine.max_model_len - steps
         work = build_workload(room, backend.capabilities.step_budget or room, served.vocab_size, prompts, seed)
         floor = None
@@ -574,5 +566,5 @@ def verify_serving(
             say(f"recomputing the reference in {dt} too (the floor of that precision)")
             floor = ReferenceLogprobs(load_model(ref_model.source or served.path, dtype=getattr(torch, dt)))
         judge = Judge(float32, th, top_k, floor, exact=dt == "float32")
-        report.phases += run_phases(Run(backend, judge, work, settings, ref_model))
+        report.add(Run(backend, judge, work, settings, ref_model), backend.engine.describe())
     return report

@@ -136,3 +136,28 @@ def test_context_is_rounded_as_llama_cpp_rounds_it_and_described(engine, tiny):
     assert d["llama_cpp_python"] == "0.3.36" and d["kv_type"] == "f32" and d["n_threads"] == 1
     assert engine.tokenize("the cat", add_bos=True)[0] == engine.bos_id == 1
     assert engine.detokenize(engine.tokenize("the cat", add_bos=False)).strip() == "the cat"
+
+
+def test_requests_in_one_context_equal_each_request_alone(engine):
+    """The backend's batch runs the one decode loop with each request's own budget, bans, EOS and stop string:
+    token for token what each request gives on its own, the same finish reasons and text."""
+    from genprobe.engine.backend import Request
+    from genprobe.engine.samplers.stages import SamplerConfig
+    from genprobe.serving.llamacpp.engine import LlamaCppBackend
+
+    backend = LlamaCppBackend(engine)
+    prompts = [tuple(_ids(n, seed=10 + n)) for n in (3, 9, 14)]
+    alone_text = backend.complete(Request(prompts[2], 12, read_cache=False)).text
+    stop = alone_text[len(alone_text) // 2 :][:2]
+    requests = [
+        Request(prompts[0], 5, read_cache=False),
+        Request(prompts[1], 9, SamplerConfig(greedy=True, ban_ids=(2, 7)), read_cache=False),
+        Request(prompts[2], 12, stop=(stop,), read_cache=False),
+    ]
+    together = backend.complete_many(requests, 3)
+    for r, got in zip(requests, together, strict=True):
+        want = backend.complete(r)
+        assert (got.token_ids, got.finish_reason, got.text) == (want.token_ids, want.finish_reason, want.text)
+        assert torch.allclose(got.rows, want.rows, atol=1e-4)
+    assert together[2].finish_reason == "stop" and stop not in together[2].text
+    assert not set(together[1].token_ids) & {2, 7}

@@ -14,8 +14,8 @@ from gguf_tiny import CHAT_TEMPLATE  # noqa: E402
 from live_server import TinyServer  # noqa: E402
 from models import tiny_llama_gguf  # noqa: E402
 
-from genprobe.serving.judge import GAP_PASS  # noqa: E402
-from genprobe.serving.verify import NOT_CHECKED, Settings  # noqa: E402
+from genprobe.serving.judge import GAP_PASS, NOT_CHECKED  # noqa: E402
+from genprobe.serving.verify import Settings  # noqa: E402
 from genprobe.verify.compare import Thresholds  # noqa: E402
 
 

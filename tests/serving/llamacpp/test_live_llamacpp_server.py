@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "model"))
 from gguf_tiny import write_tiny_gguf  # noqa: E402
 from models import skip_without_llama_cpp  # noqa: E402
 
-from genprobe.serving.verify import NOT_CHECKED, Settings  # noqa: E402
+from genprobe.serving.judge import NOT_CHECKED  # noqa: E402
+from genprobe.serving.verify import Settings  # noqa: E402
 
 STARTUP_S = 120  # the server's imports and the model load, on a loaded 2-core machine
 

@@ -21,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from models import tiny_llama_gguf  # noqa: E402
 
 from genprobe._io import json_safe
+from genprobe.serving.judge import NOT_CHECKED  # noqa: E402
 from genprobe.serving.llamacpp.engine import LlamaCppModel  # noqa: E402
 from genprobe.serving.llamacpp.verify import verify_serving_llamacpp  # noqa: E402
-from genprobe.serving.verify import NOT_CHECKED, PHASES  # noqa: E402
+from genprobe.serving.verify import PHASES  # noqa: E402
 
 # what llama.cpp in process cannot be asked: a per-request seed, chat, a per-step token budget, a cache block
 UNCHECKED = {"diverge_inside", "chunked_prefill", "seed", "chat"}
@@ -163,7 +164,8 @@ def _judged(exact, served_shift, floor_shift, floor=True):
     """One request judged by the verifier's Judge on whole rows: the served rows ``served_shift`` above the
     reference's (its gap), the floor computation ``floor_shift`` above them (the floor's gap)."""
     from genprobe.engine.backend import Response
-    from genprobe.serving.judge import Judge, Thresholds
+    from genprobe.serving.judge import Judge
+    from genprobe.verify.compare import Thresholds
 
     ref = -torch.arange(8, dtype=torch.float64).repeat(3, 1)  # exact in binary: every shift below is exact too
     honest = (lambda ids: ref + floor_shift) if floor else None

@@ -34,6 +34,8 @@ GGUF_MAGIC = b"GGUF"
 
 # (logits row, tokens so far: prompt + generated) -> next token id
 NextToken = Callable[[np.ndarray, list[int]], int]
+Stop = Callable[[list[int]], bool]  # the tokens generated so far -> the sequence ends here
+Entry = tuple[int, int, int, bool]  # one token of a llama_decode call: (token, position, seq_id, logits wanted)
 
 
 class LlamaCppDecodeError(RuntimeError):
@@ -151,7 +153,9 @@ class LlamaCppModel(Closeable):
         if start < 0:
             raise ValueError(f"positions start at 0, got {start}")
         want = [logits == "all" or (logits == "last" and i == len(ids) - 1) for i in range(len(ids))]
-        entries = [(t, start + i, seq_id, w) for i, (t, w) in enumerate(zip(ids, want, strict=True))]
+        return self._step([(t, start + i, seq_id, w) for i, (t, w) in enumerate(zip(ids, want, strict=True))])
+
+    def _step(self, entries: list[Entry]) -> np.ndarray:
         return _decode(self._lib, self.ctx, self._batch, entries, self.vocab_size)
 
     def remove(self, p0: int, p1: int, seq_id: int = 0) -> None:
@@ -185,6 +189,18 @@ class LlamaCppModel(Closeable):
         self.reset()
         return np.concatenate([self.decode([t], i, logits="all") for i, t in enumerate(ids)])
 
+    def extend(
+        self,
+        history: Sequence[int],
+        rows: np.ndarray | Sequence[np.ndarray],
+        max_new_tokens: int,
+        next_token: NextToken,
+        stop: Stop | None = None,
+    ) -> Generation:
+        """Continue the sequence the KV cache holds (``history``; ``rows``: its logits rows kept so far, the last one
+        predicting the next token): :func:`decode_loop` in this context, one ``llama_decode`` call per token."""
+        return decode_loop(self._step, [list(history)], [list(rows)], [max_new_tokens], [next_token], [stop])[0]
+
     def generate(
         self, prompt_ids: Sequence[int], max_new_tokens: int, next_token: NextToken, stop_ids: Sequence[int] = ()
     ) -> list[int]:
@@ -196,17 +212,8 @@ class LlamaCppModel(Closeable):
                 f"n_ctx {self.n_ctx}"
             )
         self.reset()
-        history = [int(t) for t in prompt_ids]
-        row = self.decode(history, 0, logits="last")[0]
-        out: list[int] = []
-        for _ in range(max_new_tokens):
-            tok = int(next_token(row, history))
-            out.append(tok)
-            history.append(tok)
-            if tok in stop_ids or len(out) == max_new_tokens:
-                break
-            row = self.decode([tok], len(history) - 1, logits="last")[0]
-        return out
+        first = self.decode(prompt_ids, 0, logits="last")
+        return self.extend(prompt_ids, first, max_new_tokens, next_token, lambda out: out[-1] in stop_ids).tokens
 
     def greedy(
         self, prompt_ids: Sequence[int], max_new_tokens: int, stop_at_eos: bool = True, ban_ids: Sequence[int] = ()
@@ -247,18 +254,27 @@ class LlamaCppModel(Closeable):
     def generate_batch(
         self,
         prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
+        max_new_tokens: int | Sequence[int],
         next_token: NextToken | Sequence[NextToken],
         *,
         keep_logits: bool = False,
-    ) -> list[BatchedGeneration]:
-        """Several sequences in one llama.cpp context, one ``seq_id`` each: every prompt prefilled in ONE
-        ``llama_decode`` call, then each step decodes one token of every sequence in one call (what a server's
-        batch does). Exactly ``max_new_tokens`` each (no stop). ``next_token``: one picker for all, or one per
-        sequence (a sampler with per-sequence state). ``keep_logits``: every row, prompt positions
-        included; else only the rows that picked a token. See :class:`SequenceBatch`."""
-        with SequenceBatch(self, prompts, max_new_tokens) as sb:
-            return sb.run(max_new_tokens, next_token, keep_logits)
+        stop: Stop | Sequence[Stop | None] | None = None,
+    ) -> list[Generation]:
+        """Several sequences in one llama.cpp context, one ``seq_id`` each (:class:`SequenceBatch`): every prompt
+        prefilled in ONE ``llama_decode`` call, then each step decodes one token of every running sequence in one call
+        (what a server's batch does). ``max_new_tokens``, ``next_token`` (a sampler with per-sequence state) and
+        ``stop``: one for all, or one per sequence; without a stop, exactly ``max_new_tokens`` each. ``keep_logits``:
+        every row, prompt positions included; else only the rows that picked a token."""
+        seqs = [[int(t) for t in p] for p in prompts]
+        budgets, pickers, stops = (_per_sequence(x, len(seqs)) for x in (max_new_tokens, next_token, stop))
+        with SequenceBatch(self, seqs, budgets) as sb:
+            entries = [(t, i, s, keep_logits or i == len(p) - 1) for s, p in enumerate(seqs) for i, t in enumerate(p)]
+            rows, at, first = sb.decode(entries), 0, []
+            for p in seqs:
+                n = len(p) if keep_logits else 1
+                first.append(list(rows[at : at + n]))
+                at += n
+            return decode_loop(sb.decode, seqs, first, budgets, pickers, stops)
 
     # ---- facts ------------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -287,7 +303,7 @@ class LlamaCppModel(Closeable):
             self._batch = None
 
 
-def _decode(lib: Any, ctx: Any, batch: Any, entries: Sequence[tuple[int, int, int, bool]], vocab: int) -> np.ndarray:
+def _decode(lib: Any, ctx: Any, batch: Any, entries: Sequence[Entry], vocab: int) -> np.ndarray:
     """ONE ``llama_decode`` call of ``(token, position, seq_id, logits wanted)`` entries through ``batch``; the wanted
     rows, float32 ``(rows, vocab)``."""
     batch.n_tokens = len(entries)
@@ -302,6 +318,55 @@ def _decode(lib: Any, ctx: Any, batch: Any, entries: Sequence[tuple[int, int, in
         return np.zeros((0, vocab), np.float32)
     logits = ctypes.cast(lib.llama_get_logits(ctx), ctypes.POINTER(ctypes.c_float))
     return np.ctypeslib.as_array(logits, shape=(rows * vocab,)).reshape(rows, vocab).copy()
+
+
+@dataclass
+class Generation:
+    """One generated sequence: its prompt, the tokens generated, its logits rows (the rows it started with, then one
+    per generated token but the last) and why it ended ("stop" or "length")."""
+
+    prompt: list[int]
+    tokens: list[int]
+    logits: np.ndarray
+    finish_reason: str = "length"
+
+
+def decode_loop(
+    decode: Callable[[list[Entry]], np.ndarray],
+    histories: list[list[int]],
+    rows: list[list[np.ndarray]],
+    budgets: Sequence[int],
+    pickers: Sequence[NextToken],
+    stops: Sequence[Stop | None],
+) -> list[Generation]:
+    """The decode loop, written once for one sequence and for a batch: each running sequence s picks its next token
+    from its last row (``pickers[s](row, history)``), then the new tokens of every running sequence are decoded in ONE
+    call (sequence s at its next position). A sequence ends after ``budgets[s]`` tokens or once ``stops[s]`` says so
+    of its generated tokens; the token that ends it is not decoded."""
+    prompts = [list(h) for h in histories]
+    reasons = ["length"] * len(histories)
+    live = [s for s, n in enumerate(budgets) if n > 0]
+    while live:
+        entries: list[Entry] = []
+        for s in live:
+            h, stop = histories[s], stops[s]
+            h.append(int(pickers[s](rows[s][-1], h)))
+            if stop is not None and stop(h[len(prompts[s]) :]):
+                reasons[s] = "stop"
+            elif len(h) - len(prompts[s]) < budgets[s]:
+                entries.append((h[-1], len(h) - 1, s, True))
+        for (*_, s, _), row in zip(entries, decode(entries) if entries else [], strict=True):
+            rows[s].append(row)
+        live = [e[2] for e in entries]
+    return [
+        Generation(p, h[len(p) :], np.stack(r), why)
+        for p, h, r, why in zip(prompts, histories, rows, reasons, strict=True)
+    ]
+
+
+def _per_sequence(x: Any, n: int) -> list[Any]:
+    """``x`` for each of ``n`` sequences: a sequence (one per sequence) as is, anything else repeated."""
+    return list(x) if isinstance(x, Sequence) else [x] * n
 
 
 def _quietly(make: Callable[[], Any]) -> Any:
@@ -331,40 +396,28 @@ def greedy_picker(ban_ids: Sequence[int] = ()) -> NextToken:
     return pick
 
 
-@dataclass
-class BatchedGeneration:
-    """One sequence of :meth:`LlamaCppModel.generate_batch`: its prompt, generated tokens and logits rows
-    (``(len(prompt) + len(tokens) - 1, vocab)`` with ``keep_logits``: row t predicts token t + 1; else one row per
-    generated token)."""
-
-    prompt: list[int]
-    tokens: list[int]
-    logits: np.ndarray
-
-
 class SequenceBatch(Closeable):
     """A second llama.cpp context on the same loaded weights, with ``n_seq_max`` = the number of sequences and a
     unified KV cache (``kv_unified``: one cache shared by every sequence, separated by the attention mask), sized to
-    the batch: ``n_ctx`` = all prompts + all new tokens. Freed on exit."""
+    the batch: ``n_ctx`` = all prompts + every sequence's new tokens (``budgets``). Freed on exit."""
 
-    def __init__(self, model: LlamaCppModel, prompts: Sequence[Sequence[int]], max_new_tokens: int):
+    def __init__(self, model: LlamaCppModel, prompts: list[list[int]], budgets: Sequence[int]):
         lib = model._lib
         self.model, self.lib = model, lib
-        self.prompts = [[int(t) for t in p] for p in prompts]
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not self.prompts or any(not p for p in self.prompts):
+        if min(budgets, default=0) < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {min(budgets, default=0)}")
+        if not prompts or any(not p for p in prompts):
             raise ValueError("give at least one prompt, each with at least one token")
         limit = int(lib.llama_max_parallel_sequences())
-        if len(self.prompts) > limit:
-            raise ValueError(f"{len(self.prompts)} sequences exceed llama.cpp's limit of {limit} per context")
-        for p in self.prompts:
+        if len(prompts) > limit:
+            raise ValueError(f"{len(prompts)} sequences exceed llama.cpp's limit of {limit} per context")
+        for p in prompts:
             model._check_ids(p)
-        prompt_tokens = sum(len(p) for p in self.prompts)
+        prompt_tokens = sum(len(p) for p in prompts)
         params = lib.llama_context_default_params()
-        params.n_ctx = prompt_tokens + len(self.prompts) * max_new_tokens
-        params.n_batch = params.n_ubatch = max(prompt_tokens, len(self.prompts))
-        params.n_seq_max = len(self.prompts)
+        params.n_ctx = prompt_tokens + sum(budgets)
+        params.n_batch = params.n_ubatch = max(prompt_tokens, len(prompts))
+        params.n_seq_max = len(prompts)
         params.kv_unified = True
         params.type_k = params.type_v = KV_TYPES[model.settings.kv_type]
         params.n_threads = params.n_threads_batch = model.settings.n_threads
@@ -372,42 +425,12 @@ class SequenceBatch(Closeable):
         params.no_perf = True
         self.ctx = _quietly(lambda: lib.llama_init_from_model(model.llama.model, params))
         if self.ctx is None:
-            raise RuntimeError(f"llama.cpp could not create a context for {len(self.prompts)} sequences")
+            raise RuntimeError(f"llama.cpp could not create a context for {len(prompts)} sequences")
         self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
 
-    def run(
-        self, max_new_tokens: int, next_token: NextToken | Sequence[NextToken], keep_logits: bool
-    ) -> list[BatchedGeneration]:
-        """Prefill every prompt in one call, then one call per step for all sequences."""
-        pickers = list(next_token) if isinstance(next_token, Sequence) else [next_token] * len(self.prompts)
-        if len(pickers) != len(self.prompts):
-            raise ValueError(f"{len(pickers)} token pickers for {len(self.prompts)} sequences")
-        vocab = self.model.vocab_size
-        entries = [
-            (t, i, s, keep_logits or i == len(p) - 1) for s, p in enumerate(self.prompts) for i, t in enumerate(p)
-        ]
-        rows = _decode(self.lib, self.ctx, self.batch, entries, vocab)
-        per_seq: list[list[np.ndarray]] = []
-        at = 0
-        for p in self.prompts:
-            n = len(p) if keep_logits else 1
-            per_seq.append([rows[at + j] for j in range(n)])
-            at += n
-        histories = [list(p) for p in self.prompts]
-        for step in range(max_new_tokens):
-            new = [int(pickers[s](per_seq[s][-1], h)) for s, h in enumerate(histories)]
-            for h, t in zip(histories, new, strict=True):
-                h.append(t)
-            if step == max_new_tokens - 1:
-                break
-            step_entries = [(t, len(h) - 1, s, True) for s, (h, t) in enumerate(zip(histories, new, strict=True))]
-            rows = _decode(self.lib, self.ctx, self.batch, step_entries, vocab)
-            for s in range(len(histories)):
-                per_seq[s].append(rows[s])
-        return [
-            BatchedGeneration(p, h[len(p) :], np.stack(r))
-            for p, h, r in zip(self.prompts, histories, per_seq, strict=True)
-        ]
+    def decode(self, entries: list[Entry]) -> np.ndarray:
+        """One ``llama_decode`` call in this context (:func:`_decode`)."""
+        return _decode(self.lib, self.ctx, self.batch, entries, self.model.vocab_size)
 
     def close(self) -> None:
         """Free the batch and the context (idempotent)."""
@@ -454,46 +477,39 @@ class LlamaCppBackend:
     def complete(self, request: Request) -> Response:
         """The prompt (through the prompt cache when ``read_cache``), then one ``llama_decode`` call per greedy token
         until ``max_tokens``, EOS or a stop string."""
-        _greedy_only(request)
-        m, prompt = self.model, [int(t) for t in request.prompt]
+        m, prompt = self.model, _greedy_prompt(request)
         if request.read_cache:
             first, cached = m.cached_prompt_logits(prompt)
         else:
             m.reset()
             first, cached = m.decode(prompt, 0, logits="all"), None
-        rows, out, reason, pick = list(first), list[int](), "length", greedy_picker(request.sampler.ban_ids)
-        for _ in range(request.max_tokens):
-            out.append(pick(rows[-1], prompt + out))
-            text = m.detokenize(out)
-            if out[-1] == m.eos_id or any(st in text for st in request.stop):
-                reason = "stop"
-                break
-            if len(out) < request.max_tokens:
-                rows.append(m.decode(out[-1:], len(prompt) + len(out) - 1, logits="last")[0])
-        return self._response(prompt, out, np.stack(rows), reason, stop_text(m.detokenize(out), request.stop), cached)
+        g = m.extend(prompt, first, request.max_tokens, greedy_picker(request.sampler.ban_ids), self._stop(request))
+        return self.response(g, request.stop, cached)
 
     def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
-        """Greedy requests without stop strings as sequences of one context (each to its own ``max_tokens``), else
-        one after another."""
-        if concurrency < 2 or any(r.stop or r.sampler.ban_ids for r in requests):
+        """The requests as sequences of one context (:meth:`LlamaCppModel.generate_batch`: each to its own
+        ``max_tokens``, bans and stops, every prompt row kept), or one after another when ``concurrency`` < 2."""
+        if concurrency < 2:
             return [self.complete(r) for r in requests]
-        for r in requests:
-            _greedy_only(r)
-        steps = max(r.max_tokens for r in requests)
-        prompts = [[int(t) for t in r.prompt] for r in requests]
-        runs = self.model.generate_batch(prompts, steps, greedy_picker(), keep_logits=True)
-        out = []
-        for r, g in zip(requests, runs, strict=True):
-            tokens = g.tokens[: r.max_tokens]
-            rows = g.logits[: len(g.prompt) + len(tokens) - 1]
-            out.append(self._response(g.prompt, tokens, rows, "length", self.model.detokenize(tokens), None))
-        return out
+        prompts = [_greedy_prompt(r) for r in requests]
+        pickers = [greedy_picker(r.sampler.ban_ids) for r in requests]
+        budgets, stops = [r.max_tokens for r in requests], [self._stop(r) for r in requests]
+        runs = self.model.generate_batch(prompts, budgets, pickers, keep_logits=True, stop=stops)
+        return [self.response(g, r.stop) for r, g in zip(requests, runs, strict=True)]
 
-    def _response(self, prompt: list[int], out: list[int], logits: np.ndarray, reason: str, text: str, cached, at=0):
-        """A response whose ``logits`` rows start at row ``at`` of prompt + out."""
-        rows, first = _log_softmax(logits), len(prompt) - 1 - at
-        positions = [Position(t, float(rows[first + s, t])) for s, t in enumerate(out) if 0 <= first + s < len(rows)]
-        return Response(prompt, out, positions, reason, text, None, cached, rows=rows, rows_from=at)
+    def _stop(self, request: Request) -> Stop:
+        """EOS, or a stop string in the text so far."""
+        m = self.model
+        return lambda out: out[-1] == m.eos_id or any(st in m.detokenize(out) for st in request.stop)
+
+    def response(self, g: Generation, stops: Sequence[str] = (), cached: int | None = None, at: int = 0) -> Response:
+        """``g`` as a response whose ``logits`` rows start at row ``at`` of prompt + tokens (text cut at ``stops``)."""
+        rows, first = _log_softmax(g.logits), len(g.prompt) - 1 - at
+        positions = [
+            Position(t, float(rows[first + s, t])) for s, t in enumerate(g.tokens) if 0 <= first + s < len(rows)
+        ]
+        text = stop_text(self.model.detokenize(g.tokens), stops)
+        return Response(g.prompt, g.tokens, positions, g.finish_reason, text, None, cached, rows=rows, rows_from=at)
 
     def tokenize(self, text: str) -> list[int] | None:
         """Not compared: the reference's tokenizer is built from the same GGUF metadata."""
@@ -509,9 +525,10 @@ class LlamaCppBackend:
         return True
 
 
-def _greedy_only(request: Request) -> None:
+def _greedy_prompt(request: Request) -> list[int]:
     if not request.sampler.greedy or isinstance(request.prompt, str):
         raise ValueError("the llama.cpp backend runs greedy requests on token ids")
+    return [int(t) for t in request.prompt]
 
 
 def _log_softmax(logits: np.ndarray) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..._io import json_safe
 from ..._templates import pct
@@ -174,27 +174,22 @@ def read_study(path: str | os.PathLike[str]) -> QuantStudy:
     import json
 
     d = json.loads(Path(path).read_text(encoding="utf-8"))
-    rows = [
-        TypeRow(
-            type=r["type"],
-            file=QuantizedFile(**r["file"]),
-            logits=LogitAgreement(**r["logits"]),
-            divergence=Divergence(**r["divergence"]),
-            loops=LoopOutcome(**r["loops"]),
-            decode_tokens_per_s=r["decode_tokens_per_s"],
-            decode_tokens_per_cpu_s=r.get("decode_tokens_per_cpu_s"),
-        )
-        for r in d["rows"]
-    ]
+    parts: dict[str, Any] = {
+        "file": QuantizedFile,
+        "logits": LogitAgreement,
+        "divergence": Divergence,
+        "loops": LoopOutcome,
+    }
+    rows = [TypeRow(**{**r, **{k: make(**r[k]) for k, make in parts.items()}}) for r in d["rows"]]
     cfg = d["config"]
     study = QuantStudy(
-        **{k: d[k] for k in ("model", "model_note", "text_source", "prompt_source", "calibration", "llama_cpp")},
-        config=QuantStudyConfig(**{**cfg, "types": tuple(cfg["types"])}),
-        engine_check=LogitAgreement(**d["engine_check"]),
-        rows=rows,
-        samples=[SampleText(**x) for x in d["samples"]],
-        findings=[],
-        seconds=d["seconds"],
+        **{
+            **d,
+            "config": QuantStudyConfig(**{**cfg, "types": tuple(cfg["types"])}),
+            "engine_check": LogitAgreement(**d["engine_check"]),
+            "rows": rows,
+            "samples": [SampleText(**x) for x in d["samples"]],
+        }
     )
     study.findings = study_findings(study)
     return study

@@ -205,15 +205,6 @@ def _scan_llama_cpp(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStud
     return annotate_scan(res, inputs.calibration)
 
 
-@dataclass
-class StudyBackend:
-    """How a GGUF file is opened and scanned (llama.cpp by default; a test may pass its own)."""
-
-    # (path, n_ctx, cfg) -> an engine with .logits(ids)
-    open: Callable[[str, int, QuantStudyConfig], Any] = _open_llama_cpp
-    scan: Callable[[Any, Any, StudyInputs, QuantStudyConfig], Any] = _scan_llama_cpp  # -> ScanResult
-
-
 def _pre_tokenizer(model: Any) -> str | None:
     """The converter's pre-tokenizer name for a BPE its hash table cannot know (used only then): our own BPE models,
     and a ``tokenizer.json`` whose whole pre-tokenization is ``ByteLevel`` with GPT-2's split regex and no prefix
@@ -273,9 +264,9 @@ def decode_speed(engine: Any, prompts: Sequence[Sequence[int]], max_new_tokens: 
     return made / max(wall, 1e-9), made / max(cpu, 1e-9)
 
 
-def _timed_scan(backend: StudyBackend, engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig):
+def _timed_scan(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig):
     """The scan and the batch-1 decode speed of the first ``SPEED_PROMPTS`` prompts."""
-    res = backend.scan(engine, model, inputs, cfg)
+    res = _scan_llama_cpp(engine, model, inputs, cfg)
     return res, decode_speed(engine, inputs.prompt_ids[:SPEED_PROMPTS], cfg.max_new_tokens)
 
 
@@ -312,7 +303,6 @@ def run_quant_study(
     cfg: QuantStudyConfig | None = None,
     *,
     log: Log | None = None,
-    backend: StudyBackend | None = None,
 ) -> tuple[QuantStudy, str]:
     """Convert ``model_ref`` (a transformers directory or catalog name) to an F32 GGUF, write each type of
     ``cfg.types`` beside it in ``out_dir``, and measure every type against F32 in llama.cpp (module doc). Returns
@@ -335,7 +325,7 @@ def run_quant_study(
         f"{len(inputs.windows)} text windows ({inputs.text_source}); {len(inputs.prompt_ids)} prompts; "
         f"detectors: {inputs.calibration.describe()}"
     )
-    engine_check, rows, samples = _measure(model, files, types, inputs, cfg, backend or StudyBackend(), log)
+    engine_check, rows, samples = _measure(model, files, types, inputs, cfg, log)
     study = QuantStudy(
         model=str(model_ref),
         model_note=_model_note(model_ref, model),
@@ -359,17 +349,13 @@ def _measure(
     types: list[str],
     inputs: StudyInputs,
     cfg: QuantStudyConfig,
-    backend: StudyBackend,
     log: Log,
 ) -> tuple[LogitAgreement, list[TypeRow], list[SampleText]]:
     """F32 first (the reference logits and scan, and the engine check against transformers), then each type."""
     n_ctx = max(cfg.window_tokens, max(len(p) for p in inputs.prompt_ids) + cfg.max_new_tokens) + 8
-    ref_engine = backend.open(files["F32"].path, n_ctx, cfg)
-    try:
+    with _open_llama_cpp(files["F32"].path, n_ctx, cfg) as ref_engine:
         reference = [np.asarray(ref_engine.logits(w), dtype=np.float32) for w in inputs.windows]
-        ref_scan, speed = _timed_scan(backend, ref_engine, model, inputs, cfg)
-    finally:
-        _close(ref_engine)
+        ref_scan, speed = _timed_scan(ref_engine, model, inputs, cfg)
     # transformers float32 as the reference, llama.cpp's F32 file as the other: the engine on the same weights
     engine_check = _agreement((transformers_logits(model, w) for w in inputs.windows), reference, inputs.windows)
     log(
@@ -379,13 +365,10 @@ def _measure(
     rows = [_row("F32", files["F32"], _agreement(reference, reference, inputs.windows), ref_scan, ref_scan, speed)]
     samples: list[SampleText] = []
     for name in types:
-        engine = backend.open(files[name].path, n_ctx, cfg)
-        try:
+        with _open_llama_cpp(files[name].path, n_ctx, cfg) as engine:
             logits = (np.asarray(engine.logits(w), dtype=np.float32) for w in inputs.windows)
             agreement = _agreement(reference, logits, inputs.windows)
-            scan, speed = _timed_scan(backend, engine, model, inputs, cfg)
-        finally:
-            _close(engine)
+            scan, speed = _timed_scan(engine, model, inputs, cfg)
         row = _row(name, files[name], agreement, scan, ref_scan, speed)
         rows.append(row)
         samples += _samples(name, scan, ref_scan, row.divergence, cfg.samples)
@@ -395,12 +378,6 @@ def _measure(
             f"degenerate {row.loops.degenerate_rate:.3f}, {row.decode_tokens_per_s:.1f} tok/s"
         )
     return engine_check, rows, samples
-
-
-def _close(engine: Any) -> None:
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
 
 
 def _model_note(model_ref: str, model: Any) -> str:

@@ -20,9 +20,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..judge import Judge, ReferenceLogprobs, Thresholds
-from ..verify import PhaseReport, Run, ServingReport, Settings, build_workload, run_phases
-from .engine import LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker
+from ...verify.compare import Thresholds
+from ..judge import Judge, PhaseReport, ReferenceLogprobs
+from ..verify import Run, ServingReport, Settings, build_workload
+from .engine import Generation, LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker
 
 EXACT_TYPES = {"F32"}  # tensor types whose products llama.cpp computes in float32 (no activation quantization)
 
@@ -70,24 +71,21 @@ def context_shift_phase(run: Run, fill: list[int], n_keep: int, module: Any) -> 
     in float32); "self" is llama.cpp's own prefill of the kept tokens, i.e. full recomputation, which a shift does
     not do: that distance is reported, never judged."""
     assert isinstance(run.backend, LlamaCppBackend)
-    m, pick, steps = run.backend.model, greedy_picker(), run.settings.steps
+    m, steps = run.backend.model, run.settings.steps
     if not 0 <= n_keep < len(fill) - 1:
         raise ValueError(f"n_keep must be in [0, {len(fill) - 1}) for a fill of {len(fill)} tokens, got {n_keep}")
     m.reset()
-    last = m.decode(fill, 0, logits="last")[0]
+    last = m.decode(fill, 0, logits="last")
     n_discard = (len(fill) - n_keep) // 2
     m.remove(n_keep, n_keep + n_discard)
     m.shift(n_keep + n_discard, len(fill), -n_discard)
-    ids = fill[:n_keep] + fill[n_keep + n_discard :]
-    kept, rows = len(ids), []
-    for _ in range(steps):
-        ids.append(pick(last, ids))
-        last = m.decode([ids[-1]], len(ids) - 1, logits="last")[0]
-        rows.append(last)
-    # rows[t] predicts ids[kept + t + 1]: the kept prompt's rows were computed before the shift
-    response = run.backend._response(ids[:kept], ids[kept:], np.stack(rows), "length", "", None, at=kept)
-    shifted = torch.from_numpy(shifted_cache_logprobs(module, fill, n_keep, n_discard, ids[kept:]))
-    padded = torch.cat([torch.zeros(kept, shifted.shape[1], dtype=shifted.dtype), shifted])
+    kept = fill[:n_keep] + fill[n_keep + n_discard :]
+    # one token more than compared, so that the last compared one is decoded too: rows[t + 1] (after the shift)
+    # predicts the token after step t; the kept prompt's rows were computed before the shift
+    g = m.extend(kept, last, steps + 1, greedy_picker())
+    response = run.backend.response(Generation(kept, g.tokens[:steps], g.logits[1:]), at=len(kept))
+    shifted = torch.from_numpy(shifted_cache_logprobs(module, fill, n_keep, n_discard, response.token_ids))
+    padded = torch.cat([torch.zeros(len(kept), shifted.shape[1], dtype=shifted.dtype), shifted])
     note = (
         f"filled {len(fill)} positions, kept {n_keep}, discarded {n_discard}, then {steps} greedy steps; reference: "
         "the float32 cache shifted the same way; 'self' = full recomputation of the kept tokens (not what a shift "
@@ -149,9 +147,7 @@ def verify_serving_llamacpp(
                 return PhaseReport("context_shift", verdict="bug", note=f"llama.cpp failed: {exc}")
 
         report = ServingReport(str(model), str(reference if reference is not None else model), th, asdict(settings))
-        report.server, report.model_name, report.capabilities = "llama.cpp", m.path.name, [asdict(backend.capabilities)]
-        report.engines.append({**m.describe(), "exact_arithmetic": exact})
-        report.phases = run_phases(Run(backend, judge, work, settings, ref_model), extra=[shift])
+        report.add(Run(backend, judge, work, settings, ref_model), {**m.describe(), "exact_arithmetic": exact}, [shift])
     finally:
         if engine is None:
             m.close()
