@@ -51,9 +51,12 @@ def add_loop_args(q: argparse.ArgumentParser) -> None:
 
 def add_config_flag(p: argparse.ArgumentParser, name: str, help: str = "", flag: str | None = None, **kw: Any) -> None:
     """``--name`` (or ``flag``) for the :class:`~genprobe.loops.study.RepairConfig` field ``name``: its type and
-    default come from the field (a tuple field takes one or more values)."""
+    default come from the field (a tuple field takes one or more values), its choices from the ones named here."""
     from ...loops.repair import RepairConfig
+    from ...loops.study import SEARCHES
 
+    choices = {"method": ("mean_diff", "pca"), "forms": ("subtract", "project"), "search": SEARCHES}
+    kw = {"choices": choices[name]} | kw if name in choices else kw
     option(p, flag or "--" + name.replace("_", "-"), getattr(RepairConfig(), name), help, dest=name, **kw)
 
 

@@ -21,6 +21,7 @@ from ._shared import (
     scan_calibration,
 )
 
+COMPARE_FILES = "compare.json, compare-texts.json, compare.md, compare.png, compare.html"  # what --out DIR holds
 COMPARE_SKIP = 2816  # direction + search + validation sets of a default `loops repair` (768 + 1024 + 1024)
 
 
@@ -58,14 +59,7 @@ def compare_options(c: argparse.ArgumentParser) -> None:
         "order and arithmetic (default: genprobe's plain chain)",
     )
     option(c, "--timing-rounds", 3, "interleaved rounds of one batch per method for tokens/s")
-    option(
-        c,
-        "--out",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="directory for compare.json, compare-texts.json, compare.md, compare.png, compare.html",
-    )
+    option(c, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {COMPARE_FILES}")
     add_calibration_args(c)
 
 
@@ -110,7 +104,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from ...loops.patch import load_patch
 
     check_common(args)
-    out_dir(args.out, "compare.json, compare-texts.json, compare.md, compare.png, compare.html")
+    out_dir(args.out, COMPARE_FILES)
     model = load_model_or_default(args)
     texts, conts, source = _compare_prompts(args, model)
     calibration = scan_calibration(args, model, texts)

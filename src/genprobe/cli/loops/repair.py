@@ -23,6 +23,7 @@ from ._shared import (
 )
 
 LOCATE_FILE = "locate.json"  # what locate --out DIR holds
+REPAIR_FILES = "repair.json, patch.*, repair.html, repair.png"  # what repair --out DIR holds
 # what `loops repair --json` prints (repair.json in --out holds everything)
 REPAIR_JSON_KEYS = tuple(
     "verdict end_token inputs baseline locate validation patch transfer timings_s wall_seconds files".split()
@@ -33,14 +34,23 @@ def locate_options(lo: argparse.ArgumentParser) -> None:
     add_loop_args(lo)
     add_data_args(lo, with_val=True)
     add_config_flag(lo, "n_direction", "direction-set prompts", flag="--n")
-    add_config_flag(lo, "method", choices=("mean_diff", "pca"))
+    add_config_flag(lo, "method")
     add_config_flag(lo, "search_prone", "loop-prone prompts per ablation scan")
     add_config_flag(lo, "search_control", "non-looping control prompts per ablation scan")
     add_calibration_args(lo)
     option(lo, "--out", type=Path, metavar="DIR", help=f"directory for {LOCATE_FILE}: the locate report")
 
 
-SCALED_HELP = {  # RepairConfig field -> help of its flag (the scaled search's knobs)
+REPAIR_FLAGS = {  # RepairConfig field -> help of its flag, in --help order (after --search)
+    "n_direction": "direction-set prompts",
+    "n_search": "search-set prompts",
+    "n_validate": "held-out validation-set prompts",
+    "search_prone": "loop-prone prompts per candidate evaluation",
+    "search_control": "non-looping control prompts per candidate",
+    "ks": "columns per layer to try",
+    "subtract_alphas": "relative strengths for W[:,c] -= α·d (1 = remove the mean loop gap)",
+    "project_alphas": "fractions for W[:,c] -= α·d(dᵀW[:,c])",
+    "forms": "",
     "top_layers": "scaled: best-ranked layers tried",
     "keep": "scaled: screened edits that generate",
     "screen_sequences": "scaled: loops the probe reads",
@@ -48,57 +58,30 @@ SCALED_HELP = {  # RepairConfig field -> help of its flag (the scaled search's k
     "first",
     "screen_windows": "scaled: validation windows of the screening regression check",
     "regression_windows": "validation windows of the regression check",
+    "transfer": "held-out prompts also measured in the other setting (chat template or plain) before/after the edit, "
+    "when the model has a chat template (0 = skip)",
+    "method": "",
+    "max_kl": "KL(base‖edited) limit, nats",
+    "max_dloss": "validation-loss increase limit, nats",
 }
 
 
 def repair_options(r: argparse.ArgumentParser) -> None:
-    from ...loops.study import EXHAUSTIVE_MAX, SEARCHES
+    from ...loops.study import EXHAUSTIVE_MAX
 
     add_loop_args(r)
     add_data_args(r, with_val=True)
-    option(
-        r,
-        "--out",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="directory for repair.json, patch.*, repair.html, repair.png",
+    option(r, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {REPAIR_FILES}")
+    validate = "held-out validation prompts of your own; --prompts then feeds only the direction and search sets"
+    option(r, "--validate-prompts", metavar="FILE", help=f"{validate} (a prompt in both files is refused)")
+    search = (
+        "exhaustive: generate for every edit of the grid; scaled: rank layers, screen strengths without generating, "
+        f"halve on growing prompt subsets (docs/loop-repair-at-scale.md); auto: exhaustive up to {EXHAUSTIVE_MAX} "
+        "candidates"
     )
-    option(
-        r,
-        "--validate-prompts",
-        metavar="FILE",
-        help="held-out validation prompts of your own; --prompts then "
-        "feeds only the direction and search sets (a prompt in both files is refused)",
-    )
-    for name, what in (("n_direction", "direction"), ("n_search", "search"), ("n_validate", "held-out validation")):
-        add_config_flag(r, name, f"{what}-set prompts")
-    add_config_flag(r, "search_prone", "loop-prone prompts per candidate evaluation")
-    add_config_flag(r, "search_control", "non-looping control prompts per candidate")
-    add_config_flag(r, "ks", "columns per layer to try")
-    add_config_flag(r, "subtract_alphas", "relative strengths for W[:,c] -= α·d (1 = remove the mean loop gap)")
-    add_config_flag(r, "project_alphas", "fractions for W[:,c] -= α·d(dᵀW[:,c])")
-    add_config_flag(r, "forms", choices=("subtract", "project"))
-    add_config_flag(
-        r,
-        "search",
-        f"exhaustive: generate for every edit of the grid; scaled: rank layers, screen strengths without "
-        f"generating, halve on growing prompt subsets (docs/loop-repair-at-scale.md); auto: exhaustive "
-        f"up to {EXHAUSTIVE_MAX} candidates",
-        choices=SEARCHES,
-    )
-    for name, help in SCALED_HELP.items():
-        add_config_flag(r, name, help)
-    add_config_flag(
-        r,
-        "transfer",
-        "held-out prompts also measured in the other setting (chat template or plain) before/after the edit, "
-        "when the model has a chat template (0 = skip)",
-        metavar="N",
-    )
-    add_config_flag(r, "method", choices=("mean_diff", "pca"))
-    add_config_flag(r, "max_kl", "KL(base‖edited) limit, nats")
-    add_config_flag(r, "max_dloss", "validation-loss increase limit, nats")
+    add_config_flag(r, "search", search)
+    for name, help in REPAIR_FLAGS.items():
+        add_config_flag(r, name, help, metavar="N" if name == "transfer" else None)
     add_calibration_args(r)
 
 
@@ -128,7 +111,7 @@ def run_locate(args: argparse.Namespace) -> int:
 
 
 def _check_repair_args(args: argparse.Namespace) -> None:
-    out_dir(args.out, "repair.json, patch.*, repair.html, repair.png")
+    out_dir(args.out, REPAIR_FILES)
     from ...metrics.stats import MIN_PAIRS
 
     minimum = {"--n-direction": 2, "--n-search": MIN_PAIRS, "--n-validate": MIN_PAIRS}
