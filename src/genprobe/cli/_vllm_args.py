@@ -18,26 +18,19 @@ EXTRA_HELP = (
 
 
 def add_engine_arguments(
-    p: argparse.ArgumentParser,
-    *,
-    max_num_batched_tokens: int | None = None,
-    max_num_seqs: int | None = None,
-    block_size: int | None = None,
-    title: str = "vLLM engine (passed to vllm.LLM)",
+    p: argparse.ArgumentParser, size: int | None = None, title: str = "passed to vllm.LLM"
 ) -> None:
-    """Add the engine flags; ``None`` defaults leave the setting to vLLM."""
-    g = p.add_argument_group(title, EXTRA_HELP)
-    own = "vLLM’s"  # a None default leaves the setting to vLLM
+    """Add the engine flags; ``size``: the default per-step token budget, concurrent sequences and KV-cache block
+    (None leaves them to vLLM)."""
+    g = p.add_argument_group(f"vLLM engine ({title})", EXTRA_HELP)
+    own = size or "vLLM’s"
     sized = "verify-serving sizes it to its checks"
     option(
         g, "--max-model-len", type=int, help=f"context length the engine admits (default: {sized}; else the model's)"
     )
-    option(
-        g, "--max-num-batched-tokens", type=int, help=f"per-step token budget (default {max_num_batched_tokens or own})"
-    )
-    option(g, "--max-num-seqs", type=int, help=f"concurrent sequences (default {max_num_seqs or own})")
-    option(g, "--block-size", type=int, help=f"KV-cache block (CPU: multiples of 32; default {block_size or own})")
-    p.set_defaults(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, block_size=block_size)
+    option(g, "--max-num-batched-tokens", type=int, default=size, help=f"per-step token budget (default {own})")
+    option(g, "--max-num-seqs", type=int, default=size, help=f"concurrent sequences (default {own})")
+    option(g, "--block-size", type=int, default=size, help=f"KV-cache block (CPU: multiples of 32; default {own})")
     option(g, "--no-prefix-caching", False, "start the engine without prefix caching")
     option(g, "--tensor-parallel-size", 1, "tensor-parallel shards")
     option(g, "--pipeline-parallel-size", 1, "pipeline stages")

@@ -66,7 +66,7 @@ def options(p: argparse.ArgumentParser) -> None:
     option(p, "--top-k", 5, "log-probabilities compared per position")
     add_prompt_arguments(p, help_default=" (default: seeded random token ids)")
     option(p, "--seed", 0, "seed of the random prompts")
-    add_engine_arguments(p, max_num_batched_tokens=32, max_num_seqs=32, block_size=32)
+    add_engine_arguments(p, size=32)
     g = p.add_argument_group("llama.cpp (with --backend llama.cpp)")
     option(g, "--threads", 1, "llama.cpp and torch CPU threads")
     add_kv_type(g, "f16")

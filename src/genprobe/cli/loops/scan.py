@@ -65,7 +65,7 @@ def scan_options(s: argparse.ArgumentParser) -> None:
     option(g, "--reference", metavar="MODEL", help="the served model on disk, whose tokenizer the scan reads with")
     add_http_arguments(g)
     add_calibration_args(s)
-    add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
+    add_engine_arguments(s, title="with --backend vllm; passed to vllm.LLM")
     add_llamacpp_args(s)
 
 
