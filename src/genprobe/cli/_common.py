@@ -37,6 +37,7 @@ class Command:
     def add_to(self, sub: Any) -> argparse.ArgumentParser:
         """Add this command's parser (``--json`` last, as every command takes it) to ``sub``."""
         help = " ".join(self.doc.split("\n\n")[0].split()).rstrip(".")
+        help = help[:1].lower() + help[1:] if help[1:2].islower() else help  # "Train a model" -> "train a model"
         fmt = argparse.RawDescriptionHelpFormatter
         p = sub.add_parser(self.name, help=help, description=self.doc, epilog=self.epilog, formatter_class=fmt)
         p.set_defaults(func=self.run)

@@ -1,4 +1,4 @@
-"""attention entropy / mass per head, mask validation, padding-leak test.
+"""Attention entropy / mass per head, mask validation, padding-leak test.
 
     genprobe attention heads MODEL [--prompt TEXT | --ids ID ...] [--distance 8] [--out DIR] [--json]
     genprobe attention check-masks BATCH.jsonl [--pad-id N] [--json]                 # exit 1 on findings

@@ -1,4 +1,4 @@
-"""run the case study: train/reuse the default model, every experiment, JSON + figures + HTML report.
+"""Run the case study: train/reuse the default model, every experiment, JSON + figures + HTML report.
 
 The chapter's case study (《训练与推理的两副面孔》, "The two faces of training and inference") as one command: reproduce
 the chapter's measurements on the bundled Tang-poem GPT. Writes OUT/ch3_case.json, OUT/fig_*.png and one offline

@@ -1,4 +1,4 @@
-"""dequantize a GGUF file into a float32 transformers directory (faster to load than the GGUF).
+"""Dequantize a GGUF file into a float32 transformers directory (faster to load than the GGUF).
 
 Every command takes a .gguf file as MODEL directly (dequantized on each load by transformers' GGUF support).
 Converting once writes config.json + model.safetensors + the tokenizer and chat template, and genprobe_gguf.json

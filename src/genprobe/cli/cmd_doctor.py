@@ -1,4 +1,4 @@
-"""every check on MODEL and how you run it, in one report; exit status gates a release in CI.
+"""Every check on MODEL and how you run it, in one report; exit status gates a release in CI.
 
 Run every genprobe check on MODEL under your settings and write report.html + doctor.json (every finding with its
 evidence and the command that reproduces it alone).

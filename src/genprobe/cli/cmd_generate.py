@@ -1,4 +1,4 @@
-"""generate text (greedy or sampled) from a checkpoint or HF model directory.
+"""Generate text (greedy or sampled) from a checkpoint or HF model directory.
 
 Generate text after each prompt (one prompt streams to stdout; several run as one left-padded batch). Sampling
 parameters are validated; greedy is an explicit argmax (bans and penalties still apply).

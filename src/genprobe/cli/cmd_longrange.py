@@ -1,4 +1,4 @@
-"""synthetic long-range tasks + position-encoding extrapolation.
+"""Synthetic long-range tasks + position-encoding extrapolation.
 
 Prints, per position encoding, accuracy vs distance on the passkey task (content suffices) and on the
 position-only "token k places back" task — inside and beyond the training context — and the Tang

@@ -1,4 +1,4 @@
-"""measure greedy loops over prompt sets and repair them with a small directional weight edit.
+"""Measure greedy loops over prompt sets and repair them with a small directional weight edit.
 
 Loop observatory and directional repair. Default decoding is the 'chanting' setting: greedy with <unk> banned; a
 model with an end-of-text token generates a fixed number of tokens with it banned.

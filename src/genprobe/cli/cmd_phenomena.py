@@ -1,6 +1,6 @@
-"""the chapter's training-free phenomena on any model (diversity, entropy, order trap, exposure, cache).
+"""The chapter's training-free phenomena on any model (diversity, entropy, order trap, exposure, cache).
 
-The chapter's phenomena that need no training, on any model → phenomena.json: Greedy vs sampled distinct-2 and loop
+The chapter's phenomena that need no training, on any model → phenomena.json: greedy vs sampled distinct-2 and loop
 share, next-token entropy vs τ, the sampler-order trap, teacher forcing vs free running, one changed token (shadow and
 divergence), naive vs cached generation. Without --prompts / --val-text the inputs are held out from the model's corpus:
 Tang openings and poems, or English sentence openings and news documents (the Lee corpus: run `genprobe fetch english`

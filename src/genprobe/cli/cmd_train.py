@@ -1,4 +1,4 @@
-"""train a reference model: the character-level GPT, or a Llama/Qwen2 with a BPE tokenizer.
+"""Train a reference model: the character-level GPT, or a Llama/Qwen2 with a BPE tokenizer.
 
 Corpus → tokenizer → reference model → directory. Train the reference GPT (--arch gpt, a genprobe checkpoint) or a
 small Llama/Qwen2 with a byte-level BPE (--arch llama|qwen2, a transformers directory, trained on the corpus split of

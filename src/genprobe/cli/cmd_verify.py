@@ -1,4 +1,4 @@
-"""check that a KV-cache implementation is equivalent to recomputation (logits, not text).
+"""Check that a KV-cache implementation is equivalent to recomputation (logits, not text).
 
 Verify a cached implementation against full recomputation, step by step, on logits (not text): prefill
 (bit-identical?), N greedy decode steps, chunked prefill, a left-padded batch, and isolation (another sequence,

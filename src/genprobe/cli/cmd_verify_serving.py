@@ -1,4 +1,4 @@
-"""check a deployment's log-probabilities (vLLM, llama.cpp, a live server) against float32 recomputation
+"""Check a deployment's log-probabilities (vLLM, llama.cpp, a live server) against float32 recomputation
 (batching, prefix cache, chunked prefill, precision).
 
 Serve MODEL (vLLM once per --dtypes entry, the engine sized to the checks; or llama.cpp with --backend llama.cpp) or

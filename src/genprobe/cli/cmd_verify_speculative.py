@@ -1,4 +1,4 @@
-"""check speculative decoding: greedy identical to plain greedy, sampled distributed as the model.
+"""Check speculative decoding: greedy identical to plain greedy, sampled distributed as the model.
 
 Is genprobe's speculative decoding the model's own decoding? Greedy: token-identical to plain greedy on every prompt
 (first divergence reported). Sampled: the exact distribution of the first --exact-tokens tokens against the target's

@@ -1,4 +1,4 @@
-"""which fix for loops: decode-time samplers beside the weight edit (one table, one figure, one HTML page)."""
+"""Which fix for loops: decode-time samplers beside the weight edit (one table, one figure, one HTML page)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""loop rates over a prompt set (chanting and plain greedy by default).
+"""Loop rates over a prompt set (chanting and plain greedy by default).
 
 Through our engine, vLLM, llama.cpp or a live endpoint.
 """
