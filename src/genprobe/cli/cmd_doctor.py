@@ -75,33 +75,17 @@ def _options(args: argparse.Namespace, model):
 
     if args.chat and not isinstance(model, ModelFiles) and model.chat_template is None:
         raise ValueError(f"--chat: the model {model_path(args)} has no chat template")
-    given = sampler_flags_given(args)
-    sampling = sampler_from_args(args, model.tokenizer) if given else None
-    only = tuple(args.only) or STAGES
-    flags = _typed_flags(args, given)
+    typed = tuple(sampler_flags_given(args, values=True))  # for the reproducing commands
+    sampling = sampler_from_args(args, model.tokenizer) if typed else None
     return fields_of(
         DoctorOptions,
         args,
         prompts=read_prompts(args),
         sampling=sampling,
-        only=only,
+        only=tuple(args.only) or STAGES,
         hf_position_ids=not args.hf_no_position_ids,
-        sampling_flags=flags,
+        sampling_flags=typed,
     )
-
-
-def _typed_flags(args: argparse.Namespace, given: list[str]) -> tuple[str, ...]:
-    """The sampler flags given on this command line, with their values (for the reproducing commands)."""
-    out: list[str] = []
-    for flag in given:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is True:
-            out.append(flag)
-        elif isinstance(value, list):
-            out += [flag, *map(str, value)]
-        else:
-            out += [flag, str(value)]
-    return tuple(out)
 
 
 def _check_impl_spec(spec: str) -> None:
