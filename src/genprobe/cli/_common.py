@@ -98,6 +98,16 @@ def integers(flag: str, values: list[str]) -> list[int]:
         raise ValueError(f"{flag} expects integers, got {' '.join(values)!r}") from None
 
 
+def thresholds_of(args: argparse.Namespace) -> Any:
+    """The verdict scale of ``--noise`` and ``--bug`` (and ``--rel-bug``, ``--floor-multiple`` where the command has
+    them); the lines in between derived from them: suspicious at max(noise, min(0.001, bug)), rel-suspicious at
+    min(0.01, rel-bug)."""
+    from ..verify.compare import Thresholds
+
+    rel = {"rel_suspicious": min(0.01, args.rel_bug)} if hasattr(args, "rel_bug") else {}
+    return fields_of(Thresholds, args, suspicious=max(args.noise, min(1e-3, args.bug)), **rel)
+
+
 def check_min(args: argparse.Namespace, **least: float) -> None:
     """Refuse (``ValueError``) an option below its least value: ``check_min(args, threads=1)`` -> "--threads must be
     >= 1, got 0"; an option not given (None) passes."""

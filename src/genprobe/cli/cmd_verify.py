@@ -30,6 +30,7 @@ from ._common import (
     option,
     read_prompts,
     table,
+    thresholds_of,
     user_project_importable,
 )
 
@@ -86,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
     """Call :func:`genprobe.verify_caches` (which refuses what does not apply), print the tables; exit 0/1/3 (2 via
     ValueError)."""
     from ..verify.api import verify_caches
-    from ..verify.compare import Thresholds
 
     model = None if args.model is None else load_model_arg(args)
     if model is not None and args.weight_dtype != "float32":
@@ -94,10 +94,6 @@ def run(args: argparse.Namespace) -> int:
         info(f"weights: linear layers stored in {args.weight_dtype}{head} (weight-only): the verdict is that model's")
     if args.impl:
         user_project_importable()
-    noise, bug, rel_bug = args.noise, args.bug, args.rel_bug  # the in-between thresholds derived from them
-    th = Thresholds(
-        noise, bug, max(noise, min(1e-3, bug)), rel_bug, min(0.01, rel_bug), floor_multiple=args.floor_multiple
-    )
     given = {k: getattr(args, k) for k in ("compiled", "mutants", "max_new_tokens", "window", "sinks")}
     skipped = {k: not getattr(args, f"no_{k}") for k in ("padded_batch", "isolation", "prefix_reuse")}
     result = verify_caches(
@@ -107,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         prompts=read_prompts(args),
         chunk_sizes=integers("--chunk-sizes", args.chunk_sizes),
         hf_position_ids=not args.hf_no_position_ids,
-        thresholds=th,
+        thresholds=thresholds_of(args),
         log=info,
         **given,
         **skipped,

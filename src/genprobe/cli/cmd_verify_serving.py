@@ -34,6 +34,7 @@ from ._common import (
     out_dir,
     read_prompts,
     table,
+    thresholds_of,
     write_out,
 )
 from ._vllm_args import (
@@ -149,9 +150,7 @@ def _finish(args: argparse.Namespace, report: Any) -> int:
 def run(args: argparse.Namespace) -> int:
     """Every phase on the chosen backend, the table; exit 1 when a phase reaches --fail-on, 2 when the engine is not
     installed."""
-    from ..verify.compare import Thresholds
-
-    th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
+    th = thresholds_of(args)
     if args.backend == "endpoint":
         return _finish(args, run_endpoint(args, th))
     if args.backend == "llama.cpp":
