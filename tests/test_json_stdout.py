@@ -53,7 +53,7 @@ def test_json_stdout_disabled_changes_nothing():
 def test_cli_json_path_keeps_stdout_json_only():
     """A command that prints to fd 1 (as vLLM does) still leaves exactly one JSON document on stdout."""
     code = """
-import os, sys
+import dataclasses, os, sys
 import genprobe.cli.cmd_convert_gguf as cmd
 from genprobe.cli import main
 from genprobe.cli._common import emit_json
@@ -64,7 +64,7 @@ def noisy(args):
     emit_json({"out": str(args.out)})
     return 0
 
-cmd.run = noisy
+cmd.COMMANDS = (dataclasses.replace(cmd.COMMANDS[0], run=noisy),)
 sys.exit(main(["convert-gguf", "x.gguf", "--out", "d", "--json"]))
 """
     r = _run(code)

@@ -1,7 +1,7 @@
 """The ``genprobe`` command. Thin: parses arguments, calls library functions, prints.
 
-Each sub-command lives in a module ``genprobe.cli.cmd_<name>`` exposing ``register(subparsers)``;
-modules are discovered, so adding a command never edits this file.
+Each sub-command lives in a module ``genprobe.cli.cmd_<name>`` declaring ``COMMANDS`` (:class:`._common.Command`:
+name, help, options, run); modules are discovered, so adding a command never edits this file.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if info.name.startswith("cmd_"):
-            importlib.import_module(f"{__name__}.{info.name}").register(sub)
+            for command in importlib.import_module(f"{__name__}.{info.name}").COMMANDS:
+                command.add_to(sub)
     return parser
 
 
@@ -57,7 +58,7 @@ def _run(argv: list[str] | None) -> int:
             warnings.simplefilter("default")
             rc = args.func(args)
     except (ValueError, FileNotFoundError, FetchError, CacheBusyError) as exc:  # bad input 2, a fetch or busy cache 1
-        print(f"genprobe {args.command}: error: {exc}", file=sys.stderr)
+        print(f"genprobe {command_name(args)}: error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, (FetchError, CacheBusyError)) else 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -67,8 +68,7 @@ def _run(argv: list[str] | None) -> int:
 
 def command_name(args: argparse.Namespace) -> str:
     """``loops scan``, ``attention heads``, ``generate``: the command and its action, as a user typed them."""
-    action = getattr(args, "loops_command", None) or getattr(args, "action", None)
-    return f"{args.command} {action}" if action else str(args.command)
+    return " ".join(filter(None, (args.command, getattr(args, "action", None))))
 
 
 @contextmanager

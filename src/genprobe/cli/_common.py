@@ -6,16 +6,69 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.loaded import LoadedModel
 
+Kinds = tuple[str, ...] | dict[str, tuple[str, ...]]
 
-def add_json_flag(p: argparse.ArgumentParser) -> None:
-    """Every genprobe command accepts ``--json`` (machine-readable summary on stdout)."""
-    p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary on stdout")
+
+@dataclass(frozen=True)
+class Command:
+    """A sub-command, declared: ``genprobe NAME [MODEL] [options]``. ``doc``: its help (the first paragraph) and
+    description (all of it, shown as written: a command module's docstring); ``options(parser)`` adds its flags,
+    ``run(args)`` returns the exit status; ``model``: the kinds of MODEL it takes (:func:`add_model_argument`; None:
+    no MODEL). A command with ``actions`` is their parent (``genprobe attention heads``): ``run`` then answers the
+    command given without an action."""
+
+    name: str
+    doc: str
+    run: Callable[[argparse.Namespace], int]
+    options: Callable[[argparse.ArgumentParser], Any] = lambda p: None
+    epilog: str | None = None
+    model: Kinds | None = None
+    model_help: str = ""
+    optional_model: bool = False
+    actions: Sequence["Command"] = ()
+
+    def add_to(self, sub: Any) -> argparse.ArgumentParser:
+        """Add this command's parser (``--json`` last, as every command takes it) to ``sub``."""
+        help = " ".join(self.doc.split("\n\n")[0].split()).rstrip(".")
+        help = help[:1].lower() + help[1:] if help[1:2].islower() else help  # "Train a model" -> "train a model"
+        fmt = argparse.RawDescriptionHelpFormatter
+        p = sub.add_parser(self.name, help=help, description=self.doc, epilog=self.epilog, formatter_class=fmt)
+        p.set_defaults(func=self.run)
+        if self.actions:
+            actions = p.add_subparsers(dest="action", metavar="ACTION")
+            for action in self.actions:
+                action.add_to(actions)
+            return p
+        if self.model is not None:
+            add_model_argument(p, not self.optional_model, self.model_help or MODEL_HELP, self.model)
+        self.options(p)
+        p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary on stdout")
+        return p
+
+
+Column = tuple[str, int, Callable[[Any], Any]]  # header ("\n" splits it over two lines), width (< 0: left), cell
+
+
+def table(columns: Sequence[Column], rows: Any, rule: bool = False) -> str:
+    """The one text table: a header, an optional rule, a line per row; each cell ``str()``-ed, right-aligned in its
+    width (left-aligned where the width is negative), cells one space apart."""
+
+    def line(cells: Sequence[Any]) -> str:
+        cells = [f"{c!s:<{-w}}" if w < 0 else f"{c!s:>{w}}" for c, (_, w, _) in zip(cells, columns, strict=True)]
+        return " ".join(cells).rstrip()
+
+    heads = [h.split("\n") for h, _, _ in columns]
+    lines = [line([h[i] if i < len(h) else "" for h in heads]) for i in range(max(map(len, heads)))]
+    if rule:
+        lines.append("-" * (sum(abs(w) for _, w, _ in columns) + len(columns) - 1))
+    return "\n".join(lines + [line([cell(r) for _, _, cell in columns]) for r in rows])
 
 
 def option(p: Any, flag: str, default: Any = None, help: str = "", **kw: Any) -> None:
@@ -34,6 +87,25 @@ def option(p: Any, flag: str, default: Any = None, help: str = "", **kw: Any) ->
             help = f"{help} (default {shown})".lstrip()
         kw["default"] = default
     p.add_argument(flag, help=help, **kw)
+
+
+def integers(flag: str, values: list[str]) -> list[int]:
+    """``values`` of ``flag`` as integers: a ValueError (exit 2 with one line naming the flag) otherwise, not argparse's
+    usage exit."""
+    try:
+        return [int(v) for v in values]
+    except ValueError:
+        raise ValueError(f"{flag} expects integers, got {' '.join(values)!r}") from None
+
+
+def thresholds_of(args: argparse.Namespace) -> Any:
+    """The verdict scale of ``--noise`` and ``--bug`` (and ``--rel-bug``, ``--floor-multiple`` where the command has
+    them); the lines in between derived from them: suspicious at max(noise, min(0.001, bug)), rel-suspicious at
+    min(0.01, rel-bug)."""
+    from ..verify.compare import Thresholds
+
+    rel = {"rel_suspicious": min(0.01, args.rel_bug)} if hasattr(args, "rel_bug") else {}
+    return fields_of(Thresholds, args, suspicious=max(args.noise, min(1e-3, args.bug)), **rel)
 
 
 def check_min(args: argparse.Namespace, **least: float) -> None:
@@ -113,6 +185,16 @@ class Once(argparse.Action):
         if current is not None and current is not self.default:
             parser.error(f"{option_string} given twice: give all its values after one {option_string}")
         setattr(namespace, self.dest, values)
+
+
+def write_out(args: argparse.Namespace, name: str, data: Any) -> None:
+    """With ``--out DIR``: ``data`` written as strict JSON to DIR/``name`` (DIR made if missing), said on stderr."""
+    if args.out:
+        from .._io import atomic_write_json
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.out / name, data)
+        info(f"wrote {args.out / name}")
 
 
 def out_dir(path: Path, names: str) -> Path:

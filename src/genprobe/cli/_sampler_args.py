@@ -50,9 +50,18 @@ _FIELDS = (*(p.name for p in PARAMS), "order", "engine")
 SAMPLER_DESTS = ("preset", "greedy", *_FIELDS, "dry_sequence_breakers", "ban_unk")
 
 
-def sampler_flags_given(args: argparse.Namespace) -> list[str]:
-    """The sampler flags set on this command line, spelled as typed (``--top-p``), in a fixed order."""
-    return ["--" + d.replace("_", "-") for d in SAMPLER_DESTS if getattr(args, d, None) not in (None, False)]
+def sampler_flags_given(args: argparse.Namespace, values: bool = False) -> list[str]:
+    """The sampler flags set on this command line, spelled as typed (``--top-p``), in a fixed order; with ``values``
+    each followed by its values (``--top-p 0.9``: what reproduces the sampler)."""
+    out: list[str] = []
+    for dest in SAMPLER_DESTS:
+        value = getattr(args, dest, None)
+        if value in (None, False):
+            continue
+        out.append("--" + dest.replace("_", "-"))
+        if values and value is not True:
+            out += map(str, value) if isinstance(value, list) else [str(value)]
+    return out
 
 
 def unescape(s: str) -> str:

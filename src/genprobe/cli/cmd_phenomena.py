@@ -1,9 +1,10 @@
-"""``genprobe phenomena MODEL``: the chapter's phenomena that need no training, on any model → phenomena.json.
+"""The chapter's training-free phenomena on any model (diversity, entropy, order trap, exposure, cache).
 
-Greedy vs sampled distinct-2 and loop share, next-token entropy vs τ, the sampler-order trap, teacher forcing vs
-free running, one changed token (shadow and divergence), naive vs cached generation. Without --prompts / --val-text the
-inputs are held out from the model's corpus: Tang openings and poems, or English sentence openings and news
-documents (the Lee corpus: run ``genprobe fetch english`` once).
+The chapter's phenomena that need no training, on any model → phenomena.json: greedy vs sampled distinct-2 and loop
+share, next-token entropy vs τ, the sampler-order trap, teacher forcing vs free running, one changed token (shadow and
+divergence), naive vs cached generation. Without --prompts / --val-text the inputs are held out from the model's corpus:
+Tang openings and poems, or English sentence openings and news documents (the Lee corpus: run `genprobe fetch english`
+once).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from .._io import json_safe
 from ._common import (
-    add_json_flag,
+    MODEL_KINDS,
+    Command,
     add_max_new_tokens,
-    add_model_argument,
     check_min,
     emit_json,
     fields_of,
@@ -25,21 +26,14 @@ from ._common import (
     load_model_arg,
     option,
     out_dir,
+    write_out,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..corpus.inputs import Inputs
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``phenomena`` sub-command."""
-    p = sub.add_parser(
-        "phenomena",
-        help="the chapter's training-free phenomena on any model (diversity, entropy, order trap, exposure, cache)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_argument(p)
+def options(p: argparse.ArgumentParser) -> None:
     option(p, "--prompts", metavar="FILE", help="prompts to continue: one per line, or JSONL (prompt/text)")
     option(p, "--val-text", metavar="FILE", help="real texts to read and continue: one per line, or JSONL (text)")
     option(
@@ -57,8 +51,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     option(p, "--timing-batches", [1, 16], "batch sizes timed", metavar="N")
     option(p, "--no-timing", False, "skip the naive vs cached timing")
     option(p, "--out", metavar="DIR", type=Path, help="write DIR/phenomena.json")
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 def _inputs(args: argparse.Namespace, model) -> "Inputs":
@@ -74,7 +66,6 @@ def _inputs(args: argparse.Namespace, model) -> "Inputs":
 
 def run(args: argparse.Namespace) -> int:
     """Handler: :func:`genprobe.experiments.phenomena.chapter_phenomena`, then phenomena.json and a summary."""
-    from .._io import atomic_write_json
     from ..experiments.phenomena import PhenomenaConfig, chapter_phenomena
     from ..experiments.three_models import summary_lines
 
@@ -88,12 +79,12 @@ def run(args: argparse.Namespace) -> int:
         model, inp.prompts, inp.texts, cfg, timing_on=not args.no_timing, sources=inp.sources, log=info
     )
     data = json_safe(result)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(args.out / "phenomena.json", data)
-        info(f"wrote {args.out / 'phenomena.json'}")
+    write_out(args, "phenomena.json", data)
     if args.json:
         emit_json(data)
     else:
         print("\n".join(summary_lines(data)))
     return 0
+
+
+COMMANDS = (Command("phenomena", __doc__, run, options, model=MODEL_KINDS),)

@@ -1,5 +1,10 @@
-"""``genprobe quant-compare MODEL --types F16 Q8_0 ...``: what each llama.cpp quantization type does to a model
-(:mod:`genprobe.serving.llamacpp.quant_study`); exit status 2 when llama.cpp's bindings are not installed.
+"""llama.cpp quantization types side by side with the F32 GGUF: KL, top-1, perplexity, greedy divergence,
+calibrated loop rates, speed.
+
+Convert MODEL to an F32 GGUF with llama.cpp's converter, write each --types entry with its quantize API, and compare
+every type with F32 in llama.cpp on real text and held-out prompts (and F32 in llama.cpp with transformers float32,
+the engine itself; genprobe.serving.llamacpp.quant_study). Needs the llamacpp extra: exit status 2 when llama.cpp's
+bindings are not installed.
 """
 
 from __future__ import annotations
@@ -9,40 +14,14 @@ import sys
 from pathlib import Path
 
 from .._io import json_safe
-from ._common import (
-    add_json_flag,
-    add_max_new_tokens,
-    add_model_argument,
-    check_min,
-    emit_json,
-    fields_of,
-    info,
-    option,
-    out_dir,
-)
-from ._vllm_args import add_kv_type
+from ._common import Command, add_max_new_tokens, check_min, emit_json, fields_of, info, option, out_dir
+from ._vllm_args import add_kv_type, require_engine
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``quant-compare`` sub-command."""
+def options(p: argparse.ArgumentParser) -> None:
     from ..serving.llamacpp.quantize import DEFAULT_TYPES, QUANT_TYPES
 
-    p = sub.add_parser(
-        "quant-compare",
-        help="llama.cpp quantization types side by side with the F32 GGUF: KL, top-1, perplexity, greedy "
-        "divergence, calibrated loop rates, speed",
-        description="Convert MODEL to an F32 GGUF with llama.cpp's converter, write each --types entry with its "
-        "quantize API, and compare every type with F32 in llama.cpp on real text and held-out prompts (and F32 in "
-        "llama.cpp with transformers float32, the engine itself). Needs the llamacpp extra. "
-        f"Types: {', '.join(QUANT_TYPES)}.",
-    )
-    add_model_argument(
-        p,
-        kinds=("transformers", "name"),
-        help="the float model: a transformers directory (safetensors; e.g. the Llama reference from `genprobe train "
-        "--arch llama`) or a fetched name (smollm2); llama.cpp's converter reads it",
-    )
-    option(p, "--types", list(DEFAULT_TYPES), "GGUF types", metavar="TYPE")
+    option(p, "--types", list(DEFAULT_TYPES), f"GGUF types: {' '.join(QUANT_TYPES)}", metavar="TYPE")
     option(p, "--out", Path("out/quant"), "GGUF files and results", metavar="DIR")
     option(p, "--n-prompts", 96, "held-out prompts per type", metavar="N")
     add_max_new_tokens(p, 64)
@@ -51,23 +30,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     option(p, "--threads", 1, "llama.cpp threads, every type the same")
     option(p, "--samples", 3, "sample texts per type where greedy text changes")
     add_kv_type(p, "f32")  # f32: llama.cpp's f16 rounding stays out of the comparison
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the study, print the markdown table (stderr with --json), the JSON with --json."""
-    from ..serving.llamacpp._bindings import llama_cpp_problem
     from ..serving.llamacpp.quant_report import quant_compare, study_markdown
     from ..serving.llamacpp.quant_study import QuantStudyConfig
     from ..serving.llamacpp.quantize import check_types
 
     types = check_types(args.types)
     check_min(args, n_prompts=1, max_new_tokens=1, text_windows=1, window_tokens=2, threads=1)  # 2: a next token
-    problem = llama_cpp_problem()
-    if problem:
-        info(f"genprobe quant-compare: {problem}")
-        return 2
+    require_engine("llama.cpp")
     cfg = fields_of(QuantStudyConfig, args, types=tuple(types), prompts=args.n_prompts, samples=max(0, args.samples))
     out = out_dir(args.out, "GGUF files and results")
     study, _, _ = quant_compare(args.model, out, cfg, log=info)
@@ -75,3 +48,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(json_safe(study))
     return 0
+
+
+FLOAT_MODEL = (
+    "the float model: a transformers directory (safetensors; e.g. the Llama reference from `genprobe train --arch "
+    "llama`) or a fetched name (smollm2); llama.cpp's converter reads it"
+)
+COMMANDS = (Command("quant-compare", __doc__, run, options, model=("transformers", "name"), model_help=FLOAT_MODEL),)

@@ -1,6 +1,9 @@
-"""``genprobe train``: corpus → tokenizer → reference model → directory: the character-level GPT (``--arch gpt``,
-a genprobe checkpoint) or the subword Llama/Qwen2 (a transformers directory, trained on the corpus split of
-``genprobe.corpus.tang.corpus_split``).
+"""Train a reference model: the character-level GPT, or a Llama/Qwen2 with a BPE tokenizer.
+
+Corpus → tokenizer → reference model → directory. Train the reference GPT (--arch gpt, a genprobe checkpoint) or a
+small Llama/Qwen2 with a byte-level BPE (--arch llama|qwen2, a transformers directory, trained on the corpus split of
+genprobe.corpus.tang.corpus_split) on the bundled Tang poems, and save it to --out. Progress goes to stderr; --json
+prints the summary on stdout.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from .._io import check_target_dir, json_safe
-from ._common import add_json_flag, check_min, emit_json, info, option, show_progress
+from ._common import Column, Command, check_min, emit_json, fmt, info, option, show_progress, table
 
 SUBWORD_SHAPE = (  # (flag, SubwordModelConfig field, help): the --arch llama / qwen2 model's shape
     ("--layers", "n_layer", "transformer layers"),
@@ -21,8 +24,7 @@ SUBWORD_SHAPE = (  # (flag, SubwordModelConfig field, help): the --arch llama / 
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``train`` sub-command."""
+def options(p: argparse.ArgumentParser) -> None:
     from ..corpus.tang import DEFAULT_POEMS, DEFAULT_SUBWORD_POEMS
     from ..model.config import POS_ENCODINGS
     from ..model.hf_train import ARCHS, SubwordModelConfig, default_train_config
@@ -30,13 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     # the defaults the help texts quote: the char GPT's, the subword recipe's, the subword model's shape
     d, q, m = TrainConfig(), default_train_config(), SubwordModelConfig()
-    p = sub.add_parser(
-        "train",
-        help="train a reference model: the character-level GPT, or a Llama/Qwen2 with a BPE tokenizer",
-        description="Train the reference GPT (--arch gpt, a genprobe checkpoint) or a small Llama/Qwen2 with a "
-        "byte-level BPE (--arch llama|qwen2, a transformers directory) on the bundled Tang poems, and save it "
-        "to --out. Progress goes to stderr; --json prints the summary on stdout.",
-    )
     option(
         p,
         "--arch",
@@ -77,8 +72,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     for flag, name, help in SUBWORD_SHAPE:
         option(h, flag, type=int, dest=name, help=f"{help} (default {getattr(m, name)})")
     option(h, "--warmup", type=int, help=f"warmup steps (default {q.warmup})")
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 GPT_ONLY = ("dropout", "corpus", "pack", "pe", "track_grads")  # the destinations of each group's flags
@@ -100,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(used)} {verb} for --arch {owner} only, not --arch {args.arch}")
     progress = show_progress(args)
     s = _run_gpt(args, progress) if args.arch == "gpt" else _run_subword(args, progress)
-    info(_table(s) if args.arch == "gpt" else _subword_table(s))
+    info(_summary(s, args.arch == "gpt"))
     if args.json:
         emit_json(s)
     return 0
@@ -194,30 +187,29 @@ def _run_subword(args: argparse.Namespace, progress: bool) -> dict:
     return dict(result.summary, out=str(args.out))
 
 
-def _subword_table(s: dict) -> str:
-    """Losses in nats/token beside bits per character, the measure comparable with the char GPT."""
-    return "\n".join(
-        [
-            f"{'':22}{'nats/token':>11}{'bits/char':>11}",
-            f"{'train (last steps)':22}{s['train_loss']:>11.4f}",
-            f"{'char-GPT val text':22}{s['val_loss']:>11.4f}{s['val_bits_per_char']:>11.4f}"
-            f"   (window 64: {s['val_bits_per_char_window64']:.4f} bits/char)",
-            f"{'held-out poems':22}{s['heldout_loss']:>11.4f}{s['heldout_bits_per_char']:>11.4f}",
-            f"{s['arch']} {s['parameters']:,} parameters, {s['chars_per_token']:.3f} chars/token, "
-            f"{s['seconds']:.1f} s ({s['cpu_seconds']:.1f} s CPU), model: {s['out']}",
-        ]
-    )
-
-
-def _table(s: dict) -> str:
-    """Train and validation loss side by side with the unigram baseline (the overfitting check)."""
-    gap = s["unigram_ce"] - s["val_loss"]
-    return "\n".join(
-        [
-            f"{'':14}{'train':>9}{'val':>9}",
-            f"{'loss (nats)':14}{s['train_loss']:>9.4f}{s['val_loss']:>9.4f}",
-            f"{'unigram CE':14}{'':>9}{s['unigram_ce']:>9.4f}   (val is {gap:.3f} nats below it)",
+def _summary(s: dict, gpt: bool) -> str:
+    """The losses as a table: the char GPT's train and validation loss beside the unigram baseline (the overfitting
+    check); the subword model's nats/token beside bits per character (the measure comparable with the char GPT)."""
+    if gpt:
+        gap = f"(val is {s['unigram_ce'] - s['val_loss']:.3f} nats below it)"
+        heads, rows = ("train", "val"), [("loss (nats)", s["train_loss"], s["val_loss"], "")]
+        rows.append(("unigram CE", None, s["unigram_ce"], gap))
+        tail = [
             f"coverage {s['coverage']:.2%} of corpus characters, <unk> share {s['unk_share']:.2%}",
             f"parameters {s['parameters']:,}, {s['seconds']:.1f} s, checkpoint: {s['out']}",
         ]
-    )
+    else:
+        heads, rows = ("nats/token", "bits/char"), [("train (last steps)", s["train_loss"], None, "")]
+        window = f"(window 64: {s['val_bits_per_char_window64']:.4f} bits/char)"
+        rows.append(("char-GPT val text", s["val_loss"], s["val_bits_per_char"], window))
+        rows.append(("held-out poems", s["heldout_loss"], s["heldout_bits_per_char"], ""))
+        tail = [
+            f"{s['arch']} {s['parameters']:,} parameters, {s['chars_per_token']:.3f} chars/token, "
+            f"{s['seconds']:.1f} s ({s['cpu_seconds']:.1f} s CPU), model: {s['out']}"
+        ]
+    loss = lambda i: lambda r: fmt(r[i], ".4f", "")  # noqa: E731
+    columns: list[Column] = [("", -18, lambda r: r[0]), (heads[0], 10, loss(1)), (heads[1], 10, loss(2))]
+    return "\n".join([table([*columns, ("", -1, lambda r: r[3])], rows), *tail])
+
+
+COMMANDS = (Command("train", __doc__, run, options),)

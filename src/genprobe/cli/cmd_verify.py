@@ -1,28 +1,36 @@
-"""``genprobe verify-cache``: is a KV-cache implementation equivalent to full recomputation?
+"""Check that a KV-cache implementation is equivalent to recomputation (logits, not text).
 
-Compares logits step by step and prints the chapter §3.9.8-style table plus each phase's max |Δlogit| and first
-differing step, judged against the reference's own float noise (docs/verify-cache.md). The exit status
-(:data:`EPILOG`) is usable in another project's CI; ``--json`` output is strict JSON.
+Verify a cached implementation against full recomputation, step by step, on logits (not text): prefill
+(bit-identical?), N greedy decode steps, chunked prefill, a left-padded batch, and isolation (another sequence,
+reset(), then the prompt: nothing may survive reset). MODEL alone verifies its own cache (our engine for a genprobe
+checkpoint, transformers' caches for a transformers directory); with --impl MOD:FACTORY it verifies your adapter
+(reset(), prefill(ids, attention_mask=None), step(ids)) built by factory(MODEL), with MODEL as the reference. Prints
+the chapter §3.9.8-style table plus each phase's max |Δlogit| and first differing step, judged against the
+reference's own float noise (docs/verify-cache.md); --json output is strict JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ._common import (
-    add_json_flag,
+    MODEL_KINDS,
+    Column,
+    Command,
     add_max_new_tokens,
-    add_model_argument,
     add_prompt_arguments,
     add_weight_dtype,
     emit_json,
     fmt,
     info,
+    integers,
     load_model_arg,
     option,
     read_prompts,
+    table,
+    thresholds_of,
     user_project_importable,
 )
 
@@ -49,27 +57,12 @@ Noise floor: the reference computes the same logits twice in another order; a ph
 """
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``verify-cache`` sub-command; the options in the order --help lists them."""
-    p = sub.add_parser(
-        "verify-cache",
-        help="check that a KV-cache implementation is equivalent to recomputation (logits, not text)",
-        description="Verify a cached implementation against full recomputation, step by step: prefill\n"
-        "(bit-identical?), N greedy decode steps, chunked prefill, a left-padded batch, and isolation (another\n"
-        "sequence, reset(), then the prompt: nothing may survive reset). MODEL alone verifies its own cache\n"
-        "(our engine for a genprobe checkpoint, transformers' caches for a transformers directory); with\n"
-        "--impl MOD:FACTORY it verifies your adapter (reset(), prefill(ids, attention_mask=None), step(ids))\n"
-        "built by factory(MODEL), with MODEL as the reference.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    # what to verify
-    add_model_argument(p, required=False)
+def options(p: argparse.ArgumentParser) -> None:
+    """The options in the order --help lists them: what to verify, how to run it, how to judge it."""
     option(p, "--impl", metavar="MOD:FACTORY", help="your implementation: factory(model) or factory()")
     option(p, "--compiled", False, "genprobe MODEL: also verify the torch.compile'd decode path (compiles ~30 s)")
     add_weight_dtype(p)
     option(p, "--mutants", False, "also run the planted-bug mutants (genprobe or GPT-2 models)")
-    # how to run it
     add_max_new_tokens(p, 50)
     add_prompt_arguments(
         p, help_default=" (default: two Tang openings for a genprobe checkpoint, random ids otherwise)"
@@ -83,29 +76,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     option(p, "--no-isolation", False, "skip the isolation (state surviving reset) comparison")
     option(p, "--no-prefix-reuse", False, "skip the prefix-reuse phases (sequences sharing prefixes)")
     option(p, "--hf-no-position-ids", False, "drive transformers without position_ids (the left-padding bug class)")
-    # how to judge it
     option(p, "--noise", 1e-4, "float-noise threshold on max |Δlogit|")
     option(p, "--floor-multiple", 4.0, "a difference below this many times the reference's noise floor passes (0: off)")
     option(p, "--bug", 1.0, "bug threshold on max |Δlogit|")
     option(p, "--rel-bug", 1.0, "bug threshold in standard deviations of the reference logits")
     option(p, "--fail-on", "bug", "lowest verdict of an implementation that makes the exit status 1", choices=FAIL_ON)
-    add_json_flag(p)
-    p.set_defaults(func=run)
-
-
-def chunk_sizes(values: list[str]) -> list[int]:
-    """``--chunk-sizes 1 4`` as integers: a ValueError (exit 2 with one line) otherwise, not argparse's exit."""
-    try:
-        return [int(v) for v in values]
-    except ValueError:
-        raise ValueError(f"--chunk-sizes expects integers, got {' '.join(values)!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     """Call :func:`genprobe.verify_caches` (which refuses what does not apply), print the tables; exit 0/1/3 (2 via
     ValueError)."""
     from ..verify.api import verify_caches
-    from ..verify.compare import Thresholds
 
     model = None if args.model is None else load_model_arg(args)
     if model is not None and args.weight_dtype != "float32":
@@ -113,27 +94,19 @@ def run(args: argparse.Namespace) -> int:
         info(f"weights: linear layers stored in {args.weight_dtype}{head} (weight-only): the verdict is that model's")
     if args.impl:
         user_project_importable()
-    noise, bug, rel_bug = args.noise, args.bug, args.rel_bug  # the in-between thresholds derived from them
-    th = Thresholds(
-        noise, bug, max(noise, min(1e-3, bug)), rel_bug, min(0.01, rel_bug), floor_multiple=args.floor_multiple
-    )
+    given = {k: getattr(args, k) for k in ("compiled", "mutants", "max_new_tokens", "window", "sinks")}
+    skipped = {k: not getattr(args, f"no_{k}") for k in ("padded_batch", "isolation", "prefix_reuse")}
     result = verify_caches(
         model,
         args.impl,
-        compiled=args.compiled,
         hf_caches=args.hf_cache,
-        mutants=args.mutants,
         prompts=read_prompts(args),
-        max_new_tokens=args.max_new_tokens,
-        chunk_sizes=chunk_sizes(args.chunk_sizes),
-        window=args.window,
-        sinks=args.sinks,
+        chunk_sizes=integers("--chunk-sizes", args.chunk_sizes),
         hf_position_ids=not args.hf_no_position_ids,
-        padded_batch=not args.no_padded_batch,
-        isolation=not args.no_isolation,
-        prefix_reuse=not args.no_prefix_reuse,
-        thresholds=th,
+        thresholds=thresholds_of(args),
         log=info,
+        **given,
+        **skipped,
     )
     failing, errored = result.failing(args.fail_on), result.errors
     rc = EXIT_IMPL_ERROR if errored else EXIT_BUG if failing else EXIT_PASS
@@ -153,22 +126,22 @@ def _yes(x: bool) -> str:
     return "yes" if x else "no"
 
 
-SUMMARY: tuple[tuple[str, str, int, Callable[[Any], str]], ...] = (  # header (two lines), width (< 0: left), cell
-    ("implementation", "", -30, lambda r: r.impl[:30]),
-    ("verdict", "", 11, lambda r: r.verdict),
-    ("prefill", "exact", 8, lambda r: _yes(r.prefill_bit_identical)),
-    ("max |Δ|", "logit", 11, lambda r: fmt(r.max_abs_dlogit, ".4g")),
-    ("Δ/σ", "", 8, lambda r: fmt(r.max_rel_dlogit)),
-    ("margin", "", 7, lambda r: fmt(r.bug_margin)),
-    ("top-1", "agree", 7, lambda r: fmt(r.min_top1_agreement, ".3f")),
-    ("worst phase", "", 21, lambda r: str(r.worst_phase or "—")[:21]),
-    ("text", "div.", 5, lambda r: str(r.text_divergences)),
-    ("text", "only", 5, lambda r: _yes(r.text_only_would_catch)),
+SUMMARY: tuple[Column, ...] = (  # over (report, its mutant row or None)
+    ("implementation", -30, lambda r: r[0].impl[:30]),
+    ("verdict", 11, lambda r: r[0].verdict),
+    ("prefill\nexact", 8, lambda r: _yes(r[0].prefill_bit_identical)),
+    ("max |Δ|\nlogit", 11, lambda r: fmt(r[0].max_abs_dlogit, ".4g")),
+    ("Δ/σ", 8, lambda r: fmt(r[0].max_rel_dlogit)),
+    ("margin", 7, lambda r: fmt(r[0].bug_margin)),
+    ("top-1\nagree", 7, lambda r: fmt(r[0].min_top1_agreement, ".3f")),
+    ("worst phase", 21, lambda r: str(r[0].worst_phase or "—")[:21]),
+    ("text\ndiv.", 5, lambda r: r[0].text_divergences),
+    ("text\nonly", 5, lambda r: _yes(r[0].text_only_would_catch)),
 )
-
-
-def _cells(cells: list[str], widths: list[int]) -> str:
-    return " ".join(f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)).rstrip()
+MUTANT: tuple[Column, ...] = (
+    ("expected", 9, lambda r: r[1]["expected"] if r[1] else ""),
+    ("ok", 3, lambda r: ("✓" if r[1]["as_expected"] else "✗") if r[1] else ""),
+)
 
 
 def _phase_cell(p) -> str:
@@ -183,26 +156,19 @@ def _phase_cell(p) -> str:
 def print_tables(result: "CacheVerification", file=None) -> None:
     """The chapter §3.9.8 summary, then each phase's max |Δlogit| @ first differing call, then errors/unavailable."""
     out, th = file or sys.stdout, result.thresholds
-    rows = result.mutants.rows if result.mutants is not None else []
-    widths = [w for *_, w, _ in SUMMARY] + ([9, 3] if rows else [])
-    heads = [(a, b) for a, b, *_ in SUMMARY] + ([("expected", ""), ("ok", "")] if rows else [])
-    for i in (0, 1):
-        print(_cells([h[i] for h in heads], widths), file=out)
-    print("-" * (sum(map(abs, widths)) + len(widths) - 1), file=out)
-    for i, r in enumerate(result.all_reports):
-        row = rows[i - len(result.reports)] if i >= len(result.reports) else None
-        extra = [row["expected"], "✓" if row["as_expected"] else "✗"] if row else []
-        print(_cells([cell(r) for *_, cell in SUMMARY] + extra, widths[: len(SUMMARY) + len(extra)]), file=out)
+    mutants: list[Any] = result.mutants.rows if result.mutants is not None else []
+    rows = list(zip(result.all_reports, [None] * len(result.reports) + mutants, strict=True))
+    print(table(SUMMARY + (MUTANT if mutants else ()), rows, rule=True), file=out)
     _print_floor_and_reuse(result, out)
     phases = list(dict.fromkeys(p.phase for r in result.all_reports for p in r.phases))
     if phases:
         print(
             "\nmax |Δlogit| per phase, @ first call above noise (0 = prefill call, k = k-th step or chunk):", file=out
         )
-        print(f"{'implementation':<30} " + " ".join(f"{ph:>14}" for ph in phases), file=out)
-        for r in result.all_reports:
-            cells = {p.phase: _phase_cell(p) for p in r.phases}
-            print(f"{r.impl[:30]:<30} " + " ".join(f"{cells.get(ph, '—'):>14}" for ph in phases), file=out)
+        cells = [
+            (ph, 14, lambda r, ph=ph: next((_phase_cell(p) for p in r.phases if p.phase == ph), "—")) for ph in phases
+        ]
+        print(table([("implementation", -30, lambda r: r.impl[:30]), *cells], result.all_reports), file=out)
     for r in result.reports:
         for e in r.errors:
             at = "" if e.call is None else f" at call {e.call}"
@@ -243,3 +209,6 @@ def _print_floor_and_reuse(result: "CacheVerification", out) -> None:
             if bad:
                 cells = ", ".join(f"row of {x['prompt_length']} tokens {x['top1_disagreement']:.0%}" for x in bad)
                 print(f"{r.impl}: padded rows whose top-1 differs from the prompt run alone: {cells}", file=out)
+
+
+COMMANDS = (Command("verify-cache", __doc__, run, options, EPILOG, model=MODEL_KINDS, optional_model=True),)

@@ -1,9 +1,12 @@
-"""``genprobe verify-serving MODEL|URL``: does a serving deployment compute the model's log-probabilities?
+"""Check a deployment's log-probabilities (vLLM, llama.cpp, a live server) against float32 recomputation
+(batching, prefix cache, chunked prefill, precision).
 
-One verifier (:mod:`genprobe.serving.verify`) on one backend: vLLM serving MODEL in process (once per ``--dtypes``
-entry, the engine sized to the checks by :func:`genprobe.serving.verify.sized_for_checks`), llama.cpp serving a GGUF
-file, or a live OpenAI-compatible server at URL. Exit status as verify-cache: 0 when no phase reaches ``--fail-on``, 1
-when one does, 2 on bad input (or when the engine is not installed, cannot start, or the server cannot be used).
+Serve MODEL (vLLM once per --dtypes entry, the engine sized to the checks; or llama.cpp with --backend llama.cpp) or
+reach the live OpenAI-compatible server at URL, and compare its prompt and per-step log-probabilities (greedy) with
+float32 recomputation of the same tokens, phase by phase; a phase the backend cannot support is 'not checked'.
+Float32 arithmetic is judged on verify-cache's scale over max |Δ log p|, reduced precision on its gap ratio over an
+honest computation in that precision. Exit status as verify-cache: 0 when no phase reaches --fail-on, 1 when one
+does, 2 on bad input (or when the engine is not installed, cannot start, or the server cannot be used).
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from typing import Any, Callable, Iterator
 
 from .._io import json_safe
 from ._common import (
-    add_json_flag,
+    Column,
+    Command,
     add_max_new_tokens,
-    add_model_argument,
     add_prompt_arguments,
     check_min,
     emit_json,
@@ -30,30 +33,29 @@ from ._common import (
     option,
     out_dir,
     read_prompts,
+    table,
+    thresholds_of,
+    write_out,
 )
-from ._vllm_args import add_engine_arguments, add_http_arguments, add_kv_type, engine_options
+from ._vllm_args import (
+    add_engine_arguments,
+    add_http_arguments,
+    add_kv_type,
+    endpoint_backend,
+    engine_options,
+    require_engine,
+)
 
+KINDS = {"vllm": ("checkpoint", "transformers", "name"), "llama.cpp": ("gguf", "name"), "endpoint": ("url",)}
 FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``verify-serving`` sub-command."""
-    p = sub.add_parser(
-        "verify-serving",
-        help="check a deployment's log-probabilities (vLLM, llama.cpp, a live server) against float32 recomputation "
-        "(batching, prefix cache, chunked prefill, precision)",
-        description="Serve MODEL (vLLM, or llama.cpp with --backend llama.cpp) or reach the server at URL and compare "
-        "its prompt and per-step log-probabilities (greedy) with float32 recomputation of the same tokens, phase by "
-        "phase; a phase the backend cannot support is 'not checked'. Float32 arithmetic is judged on verify-cache's "
-        "scale over max |Δ log p|, reduced precision on its gap ratio over an honest computation in that precision.",
-    )
-    kinds = {"vllm": ("checkpoint", "transformers", "name"), "llama.cpp": ("gguf", "name"), "endpoint": ("url",)}
-    add_model_argument(p, kinds=kinds)
+def options(p: argparse.ArgumentParser) -> None:
     option(p, "--engine", "vllm", "serving engine", choices=("vllm",))
     option(
         p,
         "--backend",
-        choices=tuple(kinds),
+        choices=tuple(KINDS),
         help="vllm (default for a model on disk: served by vLLM once per "
         "--dtypes entry), llama.cpp (MODEL a GGUF file or a fetched name) or endpoint (default for a URL: a live "
         "OpenAI-compatible server checked against --reference; docs/live-serving.md)",
@@ -65,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     option(p, "--top-k", 5, "log-probabilities compared per position")
     add_prompt_arguments(p, help_default=" (default: seeded random token ids)")
     option(p, "--seed", 0, "seed of the random prompts")
-    add_engine_arguments(p, max_num_batched_tokens=32, max_num_seqs=32, block_size=32)
+    add_engine_arguments(p, size=32)
     g = p.add_argument_group("llama.cpp (with --backend llama.cpp)")
     option(g, "--threads", 1, "llama.cpp and torch CPU threads")
     add_kv_type(g, "f16")
@@ -80,8 +82,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     option(p, "--fail-on", "bug", "lowest phase verdict that makes the exit status 1", choices=sorted(FAIL_ON))
     option(p, "--out", type=Path, metavar="DIR", help="write verify-serving.json and the engine's log (engine.log)")
     option(p, "--verbose", False, "let the engine's log lines reach the terminal instead of a log file")
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 def _options(args: argparse.Namespace):
@@ -134,8 +134,6 @@ def engine_log(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
 
 def _finish(args: argparse.Namespace, report: Any) -> int:
     """The table, the failing phases, --json and --out; the exit status."""
-    from .._io import atomic_write_json
-
     bad = [p for p in report.phases if p.verdict in FAIL_ON[args.fail_on]]
     failing = [f"{p.dtype}/{p.phase}" if p.dtype else p.phase for p in bad]
     rc = 1 if failing else 0
@@ -143,9 +141,7 @@ def _finish(args: argparse.Namespace, report: Any) -> int:
     if failing:
         info(f"FAIL: {', '.join(failing)}")
     summary = {**json_safe(report), "failing": failing, "exit_status": rc}
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(args.out / "verify-serving.json", summary)
+    write_out(args, "verify-serving.json", summary)
     if args.json:
         emit_json(summary)
     return rc
@@ -154,23 +150,15 @@ def _finish(args: argparse.Namespace, report: Any) -> int:
 def run(args: argparse.Namespace) -> int:
     """Every phase on the chosen backend, the table; exit 1 when a phase reaches --fail-on, 2 when the engine is not
     installed."""
-    from ..serving._vllm import vllm_import_problem
-    from ..serving.llamacpp._bindings import llama_cpp_problem
-    from ..verify.compare import Thresholds
-
-    th = Thresholds(noise=args.noise, bug=args.bug, suspicious=max(args.noise, min(1e-3, args.bug)))
+    th = thresholds_of(args)
     if args.backend == "endpoint":
         return _finish(args, run_endpoint(args, th))
     if args.backend == "llama.cpp":
         check_min(args, threads=1)
     common = {"prompts": _encode_prompts(args), "steps": args.max_new_tokens, "thresholds": th, "seed": args.seed}
     with engine_log(args) as say:  # importing an engine prints too (vLLM: Triton, deprecations): into the log
-        llama = args.backend == "llama.cpp"
-        problem = llama_cpp_problem() if llama else vllm_import_problem()
-        report = None if problem else (run_llamacpp if llama else run_vllm)(args, {**common, "log": say})
-    if report is None:
-        print(f"genprobe verify-serving: error: {problem}", file=sys.stderr)
-        return 2
+        require_engine(args.backend)
+        report = (run_llamacpp if args.backend == "llama.cpp" else run_vllm)(args, {**common, "log": say})
     return _finish(args, report)
 
 
@@ -199,21 +187,14 @@ def run_endpoint(args: argparse.Namespace, th: Any) -> Any:
     """``--backend endpoint``: every phase on the server at URL against ``--reference``."""
     import torch
 
-    from ..model.load import load_model
-    from ..serving.endpoint import EndpointBackend, HttpSettings, piece_table
     from ..serving.verify import Settings, verify_backend
 
-    if not args.reference:
-        raise ValueError("give --reference MODEL: the weights the server should serve (what it is compared with)")
-    check_min(args, requests=8, concurrency=1, max_new_tokens=1)
+    check_min(args, requests=8, max_new_tokens=1)
     if not 1 <= args.top_k <= 20:
         raise ValueError(f"--top-k must be in [1, 20] (the OpenAI API's limit), got {args.top_k}")
     if args.out is not None:
         out_dir(args.out, "verify-serving.json")  # checked now, made once there is a result
-    reference = load_model(args.reference, dtype=torch.float32)
-    http = HttpSettings(timeout_s=args.timeout, retries=args.retries)
-    backend = EndpointBackend(args.model, http, pieces=piece_table(reference))
-    info(f"{args.model}: {backend.capabilities.server} server, model {backend.model_name!r}", args.json)
+    backend, reference = endpoint_backend(args, dtype=torch.float32)
     settings = Settings(args.requests, args.concurrency, args.max_new_tokens, args.top_k, args.seed)
     say = lambda m: info(m, args.json)  # noqa: E731
     return verify_backend(backend, reference, args.reference, settings, read_prompts(args), th, say, args.model)
@@ -232,27 +213,31 @@ def _judged(p: Any) -> str:
     return {"reference": "f32", "": "—"}.get(p.judged_on, p.judged_on)
 
 
+PHASES: tuple[Column, ...] = (
+    ("deployment", -12, lambda p: p.dtype or "—"),
+    ("phase", -17, lambda p: p.phase),
+    ("req", 4, lambda p: p.requests),
+    ("pos", 5, lambda p: p.positions),
+    ("Δlogp f32", 10, lambda p: fmt(p.max_abs_dlogp)),
+    ("top-1 f32", 9, lambda p: fmt(p.top1_agreement, ".4f")),
+    ("Δlogp self", 10, lambda p: fmt(p.self_max_abs_dlogp)),
+    ("top-k", 6, lambda p: fmt(p.topk_agreement, ".3f")),
+    ("cached", 9, _cached),
+    ("judged on", 10, _judged),
+    ("verdict", 11, lambda p: p.verdict),
+)
+
+
 def print_table(report: Any, file: Any = None) -> None:
     """One row per (deployment, phase): max |Δ log p| and top-1 agreement against float32 recomputation and against
     the deployment's own honest computation, top-k overlap, prefix-cache use, what judged it and the verdict."""
     out = file or sys.stdout
     name = f", model {report.model_name!r}" if report.model_name else ""
     print(f"{report.model}: {report.server} server{name}, reference {report.reference}", file=out)
-    head = (
-        f"{'deployment':<12} {'phase':<17} {'req':>4} {'pos':>5} {'Δlogp f32':>10} {'top-1 f32':>9} "
-        f"{'Δlogp self':>10} {'top-k':>6} {'cached':>9} {'judged on':>10} {'verdict':>11}"
-    )
-    print(head, file=out)
-    print("-" * len(head), file=out)
-    for p in report.phases:
-        print(
-            f"{p.dtype or '—':<12} {p.phase:<17} {p.requests:>4} {p.positions:>5} {fmt(p.max_abs_dlogp):>10} "
-            f"{fmt(p.top1_agreement, '.4f'):>9} {fmt(p.self_max_abs_dlogp):>10} {fmt(p.topk_agreement, '.3f'):>6} "
-            f"{_cached(p):>9} {_judged(p):>10} {p.verdict:>11}",
-            file=out,
-        )
-        if p.note:
-            print(f"{'':<13}note: {p.note}", file=out)
+    lines = table(PHASES, report.phases, rule=True).splitlines()
+    print("\n".join(lines[:2]), file=out)
+    for line, p in zip(lines[2:], report.phases, strict=True):
+        print(line + (f"\n{'':<13}note: {p.note}" if p.note else ""), file=out)
     th = report.thresholds
     print(
         f"Δlogp f32, top-1 f32: max |Δ log p| and top-1 agreement against float32 recomputation of {report.reference} "
@@ -267,3 +252,6 @@ def print_table(report: Any, file: Any = None) -> None:
         "prompt; serving more is a bug.",
         file=out,
     )
+
+
+COMMANDS = (Command("verify-serving", __doc__, run, options, model=KINDS),)

@@ -1,9 +1,10 @@
-"""``genprobe verify-speculative MODEL``: is genprobe's speculative decoding the model's own decoding?
+"""Check speculative decoding: greedy identical to plain greedy, sampled distributed as the model.
 
-Greedy: token-identical to plain greedy on every prompt (first divergence reported). Sampled: the exact distribution
-of the first ``--exact-tokens`` tokens against the target's (total variation), and with ``--samples`` a two-sample
-test with its p-value and the smallest shift it detects. ``--mutants`` runs the planted-bug decoders: each must be
-caught. Exit 0 when everything passed (and every mutant was caught), 1 otherwise, 2 on bad input.
+Is genprobe's speculative decoding the model's own decoding? Greedy: token-identical to plain greedy on every prompt
+(first divergence reported). Sampled: the exact distribution of the first --exact-tokens tokens against the target's
+(total variation), and with --samples a two-sample test with its p-value and the smallest shift it detects. --mutants
+runs the planted-bug decoders: each must be caught. Exit 0 when everything passed (and every mutant was caught), 1
+otherwise, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ import argparse
 
 from .._io import json_safe
 from ._common import (
-    add_json_flag,
+    Column,
+    Command,
     add_max_new_tokens,
-    add_model_argument,
     add_prompt_arguments,
     emit_json,
     info,
     option,
     read_prompts,
+    table,
 )
 
 DRAFT_HELP = (
@@ -28,14 +30,7 @@ DRAFT_HELP = (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``verify-speculative`` sub-command."""
-    p = sub.add_parser(
-        "verify-speculative",
-        help="check speculative decoding: greedy identical to plain greedy, sampled distributed as the model",
-        description=__doc__,
-    )
-    add_model_argument(p, kinds=("checkpoint", "transformers", "name"))
+def options(p: argparse.ArgumentParser) -> None:
     option(p, "--draft", metavar="DRAFT", help=DRAFT_HELP)
     option(p, "--k", 4, "tokens proposed per round")
     add_max_new_tokens(p, 32)
@@ -46,8 +41,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     option(p, "--samples", 0, "samples per side of the two-sample test (0: not run)")
     option(p, "--seed", 0, "seed of the random prompts and the samples")
     option(p, "--mutants", False, "also run the planted-bug decoders (each must be caught)")
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,18 +58,10 @@ def run(args: argparse.Namespace) -> int:
     draft = args.draft
     if draft is not None and draft != "lookup" and not draft.startswith("layers:"):
         draft = load_model(draft)
+    given = ("k", "max_new_tokens", "exact_tokens", "exact_k", "samples", "seed", "mutants")
+    sampler = SamplerConfig(temperature=1.0, top_k=args.top_k)
     result = verify_speculative(
-        model,
-        draft,
-        k=args.k,
-        prompts=read_prompts(args),
-        max_new_tokens=args.max_new_tokens,
-        exact_tokens=args.exact_tokens,
-        exact_k=args.exact_k,
-        sampler=SamplerConfig(temperature=1.0, top_k=args.top_k),
-        samples=args.samples,
-        seed=args.seed,
-        mutants=args.mutants,
+        model, draft, prompts=read_prompts(args), sampler=sampler, **{k: getattr(args, k) for k in given}
     )
     if args.json:
         emit_json(json_safe(result))
@@ -88,6 +73,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _num(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
+
+
+MUTANTS: tuple[Column, ...] = (
+    ("  mutant", -26, lambda m: f"  {m.name}"),
+    ("greedy", -11, lambda m: m.greedy),
+    ("exact", -11, lambda m: m.exact),
+    ("TV", 9, lambda m: _num(m.total_variation, ".2e")),
+    ("margin", 8, lambda m: "-" if m.margin is None else f"{m.margin:.3g}x"),
+    ("", -6, lambda m: "ok" if m.ok else "MISSED" if m.expected == "caught" else "FAILED"),
+)
 
 
 def _print(r) -> None:
@@ -114,11 +109,9 @@ def _print(r) -> None:
             f"{t.tokens} tokens); detects a shift of {t.min_detectable_shift:.3f} in one token's probability "
             f"with power {t.power:g}"
         )
-    for row in r.mutants or ():
-        margin = "-" if row.margin is None else f"{row.margin:.3g}x"
-        status = "ok" if row.ok else "MISSED" if row.expected == "caught" else "FAILED"
-        print(
-            f"  mutant {row.name:18s} greedy {row.greedy:11s} exact {row.exact:11s} "
-            f"TV {_num(row.total_variation, '.2e'):9s} margin {margin:8s} {status}"
-        )
+    if r.mutants:
+        print(table(MUTANTS, r.mutants))
     print(f"verdict: {r.verdict}" + ("" if r.mutants is None else f"; mutants {'ok' if r.mutants_ok else 'NOT ok'}"))
+
+
+COMMANDS = (Command("verify-speculative", __doc__, run, options, model=("checkpoint", "transformers", "name")),)

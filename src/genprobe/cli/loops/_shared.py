@@ -5,15 +5,12 @@ defaults for the bundled character model only and explicit choices for every oth
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from .._common import (
     MODEL_HELP,
-    add_json_flag,
     add_max_new_tokens,
-    add_model_argument,
     add_prompt_arguments,
     check_min,
     fields_of,
@@ -24,6 +21,8 @@ from .._common import (
 from .._vllm_args import add_kv_type
 
 DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
+#: MODEL of every loops action: optional (default :data:`DEFAULT_MODEL`)
+LOOPS_MODEL: dict[str, Any] = {"optional_model": True, "model_help": f"{MODEL_HELP} (default {DEFAULT_MODEL})"}
 
 
 # ---- shared flags ---------------------------------------------------------------------------
@@ -36,11 +35,11 @@ LOOP_FLAGS = (  # (flag, LoopSettings field, help): the detectors' settings ever
 )
 
 
-def add_model_args(q: argparse.ArgumentParser) -> None:
+def add_loop_args(q: argparse.ArgumentParser) -> None:
+    """The flags every loops action takes (after MODEL: :data:`LOOPS_MODEL`)."""
     from ...loops.repair import RepairConfig
 
     d = RepairConfig()
-    add_model_argument(q, required=False, help=f"{MODEL_HELP} (default {DEFAULT_MODEL})")
     add_max_new_tokens(q, d.max_new_tokens)
     add_config_flag(q, "batch_size", "prompts per generation batch")
     add_config_flag(q, "seed", "sampling seed")
@@ -48,14 +47,16 @@ def add_model_args(q: argparse.ArgumentParser) -> None:
         option(q, flag, getattr(d.loop, name), help)
     option(q, "--threads", 1, "torch CPU threads (1: a small model's decode steps are dominated by thread sync)")
     option(q, "--no-progress", False, "no progress bars")
-    add_json_flag(q)
 
 
 def add_config_flag(p: argparse.ArgumentParser, name: str, help: str = "", flag: str | None = None, **kw: Any) -> None:
     """``--name`` (or ``flag``) for the :class:`~genprobe.loops.study.RepairConfig` field ``name``: its type and
-    default come from the field (a tuple field takes one or more values)."""
+    default come from the field (a tuple field takes one or more values), its choices from the ones named here."""
     from ...loops.repair import RepairConfig
+    from ...loops.study import SEARCHES
 
+    choices = {"method": ("mean_diff", "pca"), "forms": ("subtract", "project"), "search": SEARCHES}
+    kw = {"choices": choices[name]} | kw if name in choices else kw
     option(p, flag or "--" + name.replace("_", "-"), getattr(RepairConfig(), name), help, dest=name, **kw)
 
 
@@ -103,28 +104,20 @@ def add_llamacpp_args(p: argparse.ArgumentParser) -> None:
     option(g, "--dry-breakers", [], "DRY's sequence breakers as strings for llama.cpp to tokenize", metavar="TEXT")
 
 
-def llamacpp_missing(command: str, args: argparse.Namespace) -> bool:
-    """True (after printing why and how to install the extra) when llama.cpp's bindings cannot be used here; a MODEL
-    that is not a GGUF file raises before anything loads."""
-    from ...serving.llamacpp._bindings import llama_cpp_problem
-
-    problem = llama_cpp_problem()
-    if problem:
-        print(f"genprobe {command}: error: {problem}", file=sys.stderr)
-        return True
+def gguf_file(args: argparse.Namespace) -> Any:
+    """The GGUF file MODEL names (a ValueError when it names none)."""
     from ...serving.llamacpp.scan import gguf_file_for
 
-    gguf_file_for(args.model or str(DEFAULT_MODEL))
-    return False
+    return gguf_file_for(args.model or str(DEFAULT_MODEL))
 
 
 def llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> Any:
     """The llama.cpp scan backend on the GGUF file MODEL names; every setting its sampler chain cannot express
     exactly is refused first, naming the setting."""
     from ...serving.llamacpp.sampling import UnsupportedLlamaCppSamplerError
-    from ...serving.llamacpp.scan import check_sampler_llamacpp, gguf_file_for, llamacpp_scan_backend
+    from ...serving.llamacpp.scan import check_sampler_llamacpp, llamacpp_scan_backend
 
-    gguf = gguf_file_for(args.model or str(DEFAULT_MODEL))
+    gguf = gguf_file(args)
     for name, sampler in settings.items():
         try:
             check_sampler_llamacpp(sampler, model.max_positions or 2048, model.eos_id)

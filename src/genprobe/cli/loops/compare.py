@@ -1,4 +1,4 @@
-"""``genprobe loops compare MODEL``: decode-time samplers beside the weight edit."""
+"""Which fix for loops: decode-time samplers beside the weight edit (one table, one figure, one HTML page)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from typing import Any
 
 from ..._io import json_safe
 from ...engine.samplers.stages import PRESETS
-from .._common import check_min, emit_json, fields_of, info, option, out_dir, show_progress
+from .._common import MODEL_KINDS, Command, check_min, emit_json, fields_of, info, option, out_dir, show_progress
 from ._shared import (
+    LOOPS_MODEL,
     add_calibration_args,
     add_data_args,
-    add_model_args,
+    add_loop_args,
     check_common,
     load_model_or_default,
     loop_settings_from,
@@ -20,18 +21,15 @@ from ._shared import (
     scan_calibration,
 )
 
+COMPARE_FILES = "compare.json, compare-texts.json, compare.md, compare.png, compare.html"  # what --out DIR holds
 COMPARE_SKIP = 2816  # direction + search + validation sets of a default `loops repair` (768 + 1024 + 1024)
 
 
-def register_compare(lsub: Any) -> None:
+def compare_options(c: argparse.ArgumentParser) -> None:
     from ...loops.compare_human import GENRES
     from ...loops.compare_methods import METHODS
 
-    c = lsub.add_parser(
-        "compare",
-        help="which fix for loops: decode-time samplers beside the weight edit (one table, one figure, one HTML page)",
-    )
-    add_model_args(c)
+    add_loop_args(c)
     add_data_args(c, with_val=False, chat=False)
     option(c, "--n", type=int, help="at most N prompts (default: 512 Tang openings; every prompt of a file)")
     option(c, "--skip", COMPARE_SKIP, "Tang openings skipped first (the sets a default `loops repair` uses)")
@@ -61,16 +59,8 @@ def register_compare(lsub: Any) -> None:
         "order and arithmetic (default: genprobe's plain chain)",
     )
     option(c, "--timing-rounds", 3, "interleaved rounds of one batch per method for tokens/s")
-    option(
-        c,
-        "--out",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="directory for compare.json, compare-texts.json, compare.md, compare.png, compare.html",
-    )
+    option(c, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {COMPARE_FILES}")
     add_calibration_args(c)
-    c.set_defaults(func=run_compare)
 
 
 def _judge(spec: str) -> Any:
@@ -114,7 +104,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from ...loops.patch import load_patch
 
     check_common(args)
-    out_dir(args.out, "compare.json, compare-texts.json, compare.md, compare.png, compare.html")
+    out_dir(args.out, COMPARE_FILES)
     model = load_model_or_default(args)
     texts, conts, source = _compare_prompts(args, model)
     calibration = scan_calibration(args, model, texts)
@@ -146,3 +136,6 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(_json_summary(json_safe(res), files))
     return 0
+
+
+COMPARE = Command("compare", __doc__ or "", run_compare, compare_options, model=MODEL_KINDS, **LOOPS_MODEL)

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..._io import check_target_dir, json_safe
-from .._common import add_json_flag, add_model_argument, emit_json, info
+from .._common import Command, emit_json, info
 
 
-def register_patch_action(lsub: Any, name: str, help: str) -> None:
-    a = lsub.add_parser(name, help=help)
-    add_model_argument(
-        a, kinds=("checkpoint", "transformers"), help="a genprobe checkpoint or a transformers model directory"
-    )
+def patch_options(a: argparse.ArgumentParser) -> None:
     a.add_argument("patch", type=Path, help="patch file (.json or .safetensors, the other is found beside it)")
     g = a.add_mutually_exclusive_group(required=True)
     g.add_argument("--out", type=Path, metavar="DIR", help="directory for the written model (new or empty)")
     g.add_argument("--in-place", action="store_true", help="overwrite MODEL's weight files")
-    add_json_flag(a)
-    a.set_defaults(func=lambda args: run_patch_action(args, revert=name == "revert"))
 
 
 def _write_ckpt(args: argparse.Namespace, model: Any, note: dict) -> Path:
@@ -70,3 +65,13 @@ def run_patch_action(args: argparse.Namespace, revert: bool) -> int:
     if args.json:
         emit_json(res)
     return 0
+
+
+PATCHED: dict[str, Any] = {
+    "model": ("checkpoint", "transformers"),
+    "model_help": "a genprobe checkpoint or a transformers model directory",
+}
+APPLY_HELP = "apply a patch to a model directory (refused if its weights hash differs)"
+APPLY = Command("apply", APPLY_HELP, partial(run_patch_action, revert=False), patch_options, **PATCHED)
+REVERT_HELP = "restore the exact original weights of a patched model directory"
+REVERT = Command("revert", REVERT_HELP, partial(run_patch_action, revert=True), patch_options, **PATCHED)

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from ..._io import json_safe
-from .._common import emit_json, info, option, out_dir, show_progress
+from .._common import MODEL_KINDS, Command, emit_json, info, option, out_dir, show_progress, write_out
 from ._shared import (
+    LOOPS_MODEL,
     add_calibration_args,
     add_config_flag,
     add_data_args,
-    add_model_args,
+    add_loop_args,
     calibrate_config,
     check_common,
     load_model_or_default,
@@ -22,28 +23,34 @@ from ._shared import (
 )
 
 LOCATE_FILE = "locate.json"  # what locate --out DIR holds
+REPAIR_FILES = "repair.json, patch.*, repair.html, repair.png"  # what repair --out DIR holds
 # what `loops repair --json` prints (repair.json in --out holds everything)
 REPAIR_JSON_KEYS = tuple(
     "verdict end_token inputs baseline locate validation patch transfer timings_s wall_seconds files".split()
 )
 
 
-def register_locate(lsub: Any) -> None:
-    lo = lsub.add_parser(
-        "locate", help="loop direction per layer and the loop rate with each layer's direction ablated"
-    )
-    add_model_args(lo)
+def locate_options(lo: argparse.ArgumentParser) -> None:
+    add_loop_args(lo)
     add_data_args(lo, with_val=True)
     add_config_flag(lo, "n_direction", "direction-set prompts", flag="--n")
-    add_config_flag(lo, "method", choices=("mean_diff", "pca"))
+    add_config_flag(lo, "method")
     add_config_flag(lo, "search_prone", "loop-prone prompts per ablation scan")
     add_config_flag(lo, "search_control", "non-looping control prompts per ablation scan")
     add_calibration_args(lo)
     option(lo, "--out", type=Path, metavar="DIR", help=f"directory for {LOCATE_FILE}: the locate report")
-    lo.set_defaults(func=run_locate)
 
 
-SCALED_HELP = {  # RepairConfig field -> help of its flag (the scaled search's knobs)
+REPAIR_FLAGS = {  # RepairConfig field -> help of its flag, in --help order (after --search)
+    "n_direction": "direction-set prompts",
+    "n_search": "search-set prompts",
+    "n_validate": "held-out validation-set prompts",
+    "search_prone": "loop-prone prompts per candidate evaluation",
+    "search_control": "non-looping control prompts per candidate",
+    "ks": "columns per layer to try",
+    "subtract_alphas": "relative strengths for W[:,c] -= α·d (1 = remove the mean loop gap)",
+    "project_alphas": "fractions for W[:,c] -= α·d(dᵀW[:,c])",
+    "forms": "",
     "top_layers": "scaled: best-ranked layers tried",
     "keep": "scaled: screened edits that generate",
     "screen_sequences": "scaled: loops the probe reads",
@@ -51,65 +58,35 @@ SCALED_HELP = {  # RepairConfig field -> help of its flag (the scaled search's k
     "first",
     "screen_windows": "scaled: validation windows of the screening regression check",
     "regression_windows": "validation windows of the regression check",
+    "transfer": "held-out prompts also measured in the other setting (chat template or plain) before/after the edit, "
+    "when the model has a chat template (0 = skip)",
+    "method": "",
+    "max_kl": "KL(base‖edited) limit, nats",
+    "max_dloss": "validation-loss increase limit, nats",
 }
 
 
-def register_repair(lsub: Any) -> None:
-    from ...loops.study import EXHAUSTIVE_MAX, SEARCHES
+def repair_options(r: argparse.ArgumentParser) -> None:
+    from ...loops.study import EXHAUSTIVE_MAX
 
-    r = lsub.add_parser("repair", help="full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch")
-    add_model_args(r)
+    add_loop_args(r)
     add_data_args(r, with_val=True)
-    option(
-        r,
-        "--out",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="directory for repair.json, patch.*, repair.html, repair.png",
+    option(r, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {REPAIR_FILES}")
+    validate = "held-out validation prompts of your own; --prompts then feeds only the direction and search sets"
+    option(r, "--validate-prompts", metavar="FILE", help=f"{validate} (a prompt in both files is refused)")
+    search = (
+        "exhaustive: generate for every edit of the grid; scaled: rank layers, screen strengths without generating, "
+        f"halve on growing prompt subsets (docs/loop-repair-at-scale.md); auto: exhaustive up to {EXHAUSTIVE_MAX} "
+        "candidates"
     )
-    option(
-        r,
-        "--validate-prompts",
-        metavar="FILE",
-        help="held-out validation prompts of your own; --prompts then "
-        "feeds only the direction and search sets (a prompt in both files is refused)",
-    )
-    for name, what in (("n_direction", "direction"), ("n_search", "search"), ("n_validate", "held-out validation")):
-        add_config_flag(r, name, f"{what}-set prompts")
-    add_config_flag(r, "search_prone", "loop-prone prompts per candidate evaluation")
-    add_config_flag(r, "search_control", "non-looping control prompts per candidate")
-    add_config_flag(r, "ks", "columns per layer to try")
-    add_config_flag(r, "subtract_alphas", "relative strengths for W[:,c] -= α·d (1 = remove the mean loop gap)")
-    add_config_flag(r, "project_alphas", "fractions for W[:,c] -= α·d(dᵀW[:,c])")
-    add_config_flag(r, "forms", choices=("subtract", "project"))
-    add_config_flag(
-        r,
-        "search",
-        f"exhaustive: generate for every edit of the grid; scaled: rank layers, screen strengths without "
-        f"generating, halve on growing prompt subsets (docs/loop-repair-at-scale.md); auto: exhaustive "
-        f"up to {EXHAUSTIVE_MAX} candidates",
-        choices=SEARCHES,
-    )
-    for name, help in SCALED_HELP.items():
-        add_config_flag(r, name, help)
-    add_config_flag(
-        r,
-        "transfer",
-        "held-out prompts also measured in the other setting (chat template or plain) before/after the edit, "
-        "when the model has a chat template (0 = skip)",
-        metavar="N",
-    )
-    add_config_flag(r, "method", choices=("mean_diff", "pca"))
-    add_config_flag(r, "max_kl", "KL(base‖edited) limit, nats")
-    add_config_flag(r, "max_dloss", "validation-loss increase limit, nats")
+    add_config_flag(r, "search", search)
+    for name, help in REPAIR_FLAGS.items():
+        add_config_flag(r, name, help, metavar="N" if name == "transfer" else None)
     add_calibration_args(r)
-    r.set_defaults(func=run_repair)
 
 
 def run_locate(args: argparse.Namespace) -> int:
     """Directions and per-layer ablation on the direction set only."""
-    from ..._io import atomic_write_json
     from ...loops.repair import locate_only
 
     check_common(args)
@@ -127,16 +104,14 @@ def run_locate(args: argparse.Namespace) -> int:
         )
     info(f"  ranking: {rep.locate.ranking}")
     data = json_safe(rep) | {"calibration": json_safe(calibration)}
-    if args.out:
-        atomic_write_json(args.out / LOCATE_FILE, data)
-        info(f"wrote {args.out / LOCATE_FILE}")
+    write_out(args, LOCATE_FILE, data)
     if args.json:
         emit_json(data)
     return 0
 
 
 def _check_repair_args(args: argparse.Namespace) -> None:
-    out_dir(args.out, "repair.json, patch.*, repair.html, repair.png")
+    out_dir(args.out, REPAIR_FILES)
     from ...metrics.stats import MIN_PAIRS
 
     minimum = {"--n-direction": 2, "--n-search": MIN_PAIRS, "--n-validate": MIN_PAIRS}
@@ -197,3 +172,9 @@ def _print_validation(report: Any) -> None:
         f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}"
         + (f"; {100 * report.patch.fraction_changed:.3f}% of weights" if report.patch is not None else "; no patch")
     )
+
+
+LOCATE_HELP = "loop direction per layer and the loop rate with each layer's direction ablated"
+LOCATE = Command("locate", LOCATE_HELP, run_locate, locate_options, model=MODEL_KINDS, **LOOPS_MODEL)
+REPAIR_HELP = "full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch"
+REPAIR = Command("repair", REPAIR_HELP, run_repair, repair_options, model=MODEL_KINDS, **LOOPS_MODEL)

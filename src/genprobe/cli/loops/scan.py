@@ -1,4 +1,7 @@
-"""``genprobe loops scan MODEL``: loop rates over a prompt set, through our engine, vLLM or llama.cpp."""
+"""Loop rates over a prompt set (chanting and plain greedy by default).
+
+Through our engine, vLLM, llama.cpp or a live endpoint.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from ..._io import json_safe
-from .._common import MODEL_KINDS, check_min, emit_json, info, option, out_dir, show_progress
+from .._common import MODEL_KINDS, Command, emit_json, info, option, out_dir, show_progress, write_out
 from .._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
-from .._vllm_args import add_engine_arguments, add_http_arguments, engine_options, vllm_missing
+from .._vllm_args import add_engine_arguments, add_http_arguments, endpoint_backend, engine_options, require_engine
 from ._shared import (
+    LOOPS_MODEL,
     add_calibration_args,
     add_data_args,
     add_llamacpp_args,
-    add_model_args,
+    add_loop_args,
     chat_flag,
     check_common,
+    gguf_file,
     is_bundled_char_model,
     llamacpp_backend,
-    llamacpp_missing,
     load_model_or_default,
     loop_settings_from,
     read_loop_prompts,
@@ -36,9 +40,8 @@ BACKEND_KINDS = {  # llama.cpp runs GGUF files (a fetched name: the GGUF `genpro
 }
 
 
-def register_scan(lsub: Any) -> None:
-    s = lsub.add_parser("scan", help="loop rates over a prompt set (chanting and plain greedy by default)")
-    add_model_args(s)
+def scan_options(s: argparse.ArgumentParser) -> None:
+    add_loop_args(s)
     add_data_args(s, with_val=False)
     option(s, "--n", 256, "number of Tang openings with --tang-prompts")
     option(
@@ -62,9 +65,8 @@ def register_scan(lsub: Any) -> None:
     option(g, "--reference", metavar="MODEL", help="the served model on disk, whose tokenizer the scan reads with")
     add_http_arguments(g)
     add_calibration_args(s)
-    add_engine_arguments(s, title="vLLM engine (with --backend vllm; passed to vllm.LLM)")
+    add_engine_arguments(s, title="with --backend vllm; passed to vllm.LLM")
     add_llamacpp_args(s)
-    s.set_defaults(func=run_scan, model_kinds=BACKEND_KINDS)
 
 
 def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
@@ -79,18 +81,20 @@ def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
     return loop_study_settings(model, setting)
 
 
-def _backend_missing(args: argparse.Namespace) -> bool:
-    """Refuse --compile with llama.cpp; say so (and return True) when the chosen engine is not installed."""
+def _check_backend(args: argparse.Namespace) -> None:
+    """Refuse --compile with llama.cpp, an engine not installed here, and a llama.cpp MODEL that is no GGUF file (before
+    anything loads)."""
     if args.compile and args.backend == "llama.cpp":  # genprobe: its compiled fast path; vllm: vLLM compiles
         raise ValueError(
             "--compile is for genprobe's engine (its compiled fast path) and vLLM, not --backend llama.cpp"
         )
-    if args.backend == "vllm":
-        return vllm_missing("loops scan")
-    return args.backend == "llama.cpp" and llamacpp_missing("loops scan", args)
+    if args.backend in ("vllm", "llama.cpp"):
+        require_engine(args.backend)
+    if args.backend == "llama.cpp":
+        gguf_file(args)
 
 
-def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
+def _scan_backend(args: argparse.Namespace, settings: Any, model: Any, server: Any) -> Any:
     """The engine the scan decodes with: None for genprobe's own, else vLLM's or llama.cpp's."""
     if args.backend == "vllm":
         from ...serving.scan import vllm_scan_backend
@@ -109,13 +113,7 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
         return llamacpp_backend(args, settings, model)
     if args.backend == "endpoint":
         from ...loops.scan_settings import backend_engine
-        from ...serving.endpoint import EndpointBackend, HttpSettings, piece_table
 
-        check_min(args, concurrency=1)
-        if args.timeout <= 0:
-            raise ValueError(f"--timeout must be > 0, got {args.timeout}")
-        server = EndpointBackend(args.model, HttpSettings(timeout_s=args.timeout), pieces=piece_table(model))
-        info(f"{args.model}: {server.capabilities.server} server, model {server.model_name!r}")
         return backend_engine(server, args.concurrency)
     return None
 
@@ -123,7 +121,6 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any) -> Any:
 def run_scan(args: argparse.Namespace) -> int:
     """Scan one or two decoding settings (:func:`genprobe.scan_loop_settings`) and print the tables (tokens,
     characters where they are the unit, and the human false-positive rate of the calibrated detectors)."""
-    from ..._io import atomic_write_json
     from ...corpus.inputs import heldout_openings
     from ...loops.scan import ScanOptions, scan_table
     from ...loops.scan_settings import scan_loop_settings
@@ -131,16 +128,8 @@ def run_scan(args: argparse.Namespace) -> int:
     check_common(args)
     if args.out:
         out_dir(args.out, SCAN_FILE)
-    if _backend_missing(args):
-        return 2
-    if args.backend == "endpoint":
-        from ...model.load import load_model
-
-        if not args.reference:
-            raise ValueError("give --reference MODEL: the served model on disk, whose tokenizer the scan reads with")
-        model = load_model(args.reference)
-    else:
-        model = load_model_or_default(args)
+    _check_backend(args)
+    server, model = endpoint_backend(args) if args.backend == "endpoint" else (None, load_model_or_default(args))
     texts, source = read_loop_prompts(args, model)
     if texts is None:
         texts = heldout_openings(model.tokenizer, args.n, args.prefix)
@@ -148,7 +137,7 @@ def run_scan(args: argparse.Namespace) -> int:
     if chat_flag(args, model):
         texts, source = [model.chat_prompt(t) for t in texts], f"{source} (chat template)"
     settings = _scan_settings(args, model)
-    backend = _scan_backend(args, settings, model)
+    backend = _scan_backend(args, settings, model, server)
 
     def table(name: str, res: Any, seconds: float) -> None:
         info(scan_table(res.summary, f"{name} ({seconds:.1f} s)"))
@@ -174,9 +163,10 @@ def run_scan(args: argparse.Namespace) -> int:
     )
     for note in result.backend.get("not_checked", []):
         info(f"not checked: {note}")
-    if args.out:
-        atomic_write_json(args.out / SCAN_FILE, json_safe(result))
-        info(f"wrote {args.out / SCAN_FILE}")
+    write_out(args, SCAN_FILE, json_safe(result))
     if args.json:
         emit_json(result.to_dict(with_records=False))
     return 0
+
+
+SCAN = Command("scan", __doc__ or "", run_scan, scan_options, model=BACKEND_KINDS, **LOOPS_MODEL)
