@@ -94,7 +94,7 @@ def test_export_import_round_trip(tmp_path, capsys):
     [
         (["export-hf", "{tmp}/missing", "{tmp}/hf"], "genprobe export-hf: error: checkpoint directory does not exist"),
         (["export-hf", "{tmp}/rope", "{tmp}/hf"], "pos_encoding='learned'"),
-        (["import-hf", "{tmp}/missing", "{tmp}/ck"], "genprobe import-hf: error: HF model directory does not exist"),
+        (["import-hf", "{tmp}/missing", "{tmp}/ck"], "genprobe import-hf: error: no such model directory"),
         (["train", "--steps", "0", "--out", "{tmp}/t"], "genprobe train: error: steps and batch_size must be >= 1"),
         (["train", "--corpus", "{tmp}/none.txt", "--out", "{tmp}/t"], "corpus file not found"),
         (["train", "--steps", "1", "--out", "{tmp}/busy"], "not a genprobe checkpoint; refusing"),
