@@ -26,6 +26,7 @@ as flags in the engine: production code carries no bug switches.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
@@ -36,7 +37,7 @@ from ..model.llama_family import llama_family_of
 from ..model.position_lm import PositionDrivenLM
 from .adapters import EngineAdapter, FullRecompute, reference_for
 from .compare import Thresholds, max_abs_diff
-from .harness import ReferenceRun, chunk_calls, verify_implementation
+from .harness import DEFAULTS, ReferenceRun, VerifyOptions, chunk_calls, verify_implementation
 from .report import VerifyReport
 
 MUTANTS: dict[str, str] = {
@@ -352,26 +353,20 @@ def mutant(model: Any, name: str) -> Any:
 def run_mutant_reports(
     model: Any,
     prompts: list[list[int]],
-    steps: int = 50,
+    opts: VerifyOptions = DEFAULTS,
     names: Sequence[str] = tuple(MUTANTS),
     run: ReferenceRun | None = None,
-    **options: Any,
 ) -> list[VerifyReport]:
-    """Full harness reports for each mutant (reference trajectories computed once); ``options`` (``chunk_sizes``,
-    ``thresholds``, ``prefix_reuse``, ``noise_floor``) go to :func:`~genprobe.verify.harness.verify_implementation`.
+    """Full harness reports for each mutant (reference trajectories computed once) under ``opts``.
 
     No padded batch for the teaching-cache mutants (the teaching cache has no padding; the batched ones,
     :data:`BATCHED`, get it) and no isolation phase: every mutant shares the same correct ``reset()``, so
     isolation would only repeat the incremental phase's finding. The prefix-reuse phases run (they are
     where the prefix-cache mutants show).
     """
-    run = run or ReferenceRun(reference_for(model), steps)
-    return [
-        verify_implementation(
-            mutant(model, n), run, prompts, steps=steps, padded_batch=n in BATCHED, name=n, isolation=False, **options
-        )
-        for n in names
-    ]
+    run = run or ReferenceRun(reference_for(model), opts.max_new_tokens)
+    one = [replace(opts, padded_batch=n in BATCHED, isolation=False) for n in names]
+    return [verify_implementation(mutant(model, n), run, prompts, o, n) for n, o in zip(names, one, strict=True)]
 
 
 ROW = tuple(  # the chapter's §3.9.8 table: the keys the case study's ch3_case.json records
@@ -403,9 +398,8 @@ def run_mutants(
     The chapter's experiment: prefill, decode steps and chunks of one prompt — no prefix-reuse phases
     and no prefix-cache mutants, so that the case study's figures stay comparable with the chapter's.
     """
-    reports = run_mutant_reports(
-        model, [list(prompt_ids)], steps, names=TEACHING, thresholds=thresholds, prefix_reuse=False
-    )
+    opts = VerifyOptions(steps, thresholds=thresholds or Thresholds(), prefix_reuse=False)
+    reports = run_mutant_reports(model, [list(prompt_ids)], opts, names=TEACHING)
     return [report_row(r, MUTANTS[r.impl]) for r in reports]
 
 
@@ -428,16 +422,8 @@ def mask_noop(
 
 def cache_exact(model: GPT, prompt_ids: list[int], steps: int = 50) -> dict[str, Any]:
     """The engine vs full recomputation (chapter §3.4.3: prefill 0.0, incremental ~1.9e-6)."""
-    r = verify_implementation(
-        EngineAdapter(model),
-        FullRecompute(model),
-        [list(prompt_ids)],
-        steps=steps,
-        chunk_sizes=(4,),
-        padded_batch=False,
-        isolation=False,
-        prefix_reuse=False,
-    )
+    opts = VerifyOptions(steps, chunk_sizes=(4,), padded_batch=False, isolation=False, prefix_reuse=False)
+    r = verify_implementation(EngineAdapter(model), FullRecompute(model), [list(prompt_ids)], opts)
     return {
         "prefill_max_abs_dlogit": r.phase("prefill").max_abs_dlogit,
         "incremental_max_abs_dlogit": r.phase("incremental").max_abs_dlogit,
