@@ -266,11 +266,11 @@ def mutant_table(
     isolation; plus no_mask's one-token no-op (§3.9.4). ``model`` is a GPT or a Llama-family transformers model
     (:func:`mutant_model`); ``run``, a :class:`~genprobe.verify.harness.ReferenceRun` of that same model, reuses its
     trajectories."""
-    from .mutants import MUTANTS, mask_noop, report_row_detailed, run_mutant_reports
+    from .mutants import MUTANTS, mask_noop, report_row, run_mutant_reports
 
     first = [list(prompts[0])]
     reports = run_mutant_reports(model, first, opts, run=run)
-    rows = [report_row_detailed(r, MUTANTS[r.impl]) for r in reports]
+    rows = [report_row(r, MUTANTS[r.impl], detailed=True) for r in reports]
     biggest = max(opts.chunk_sizes)
     noop = mask_noop(model, first[0], opts.max_new_tokens, chunk=biggest if biggest > 1 else 4, run=run)
     return MutantTable(reports, rows, noop)

@@ -1,25 +1,10 @@
-"""Cache-equivalence harness: compare an implementation's logits with full recomputation, step by step.
+"""Cache-equivalence harness: an implementation's logits vs full recomputation, phase by phase.
 
-A KV cache is a mathematical identity (chapter §3.4.2), so the test compares *logits*, not text
-(§3.9.1: a missing mask moved logits by 2.10 and the greedy text by 0 characters). Each comparison
-can see a different class of bug:
-
-* **prefill** — the prompt in one cached call vs one uncached forward: should be bit-identical
-  (same code path, §3.4.9), reported as ``torch.equal`` and max |Δ|.
-* **incremental** — greedy decoding for N steps, teacher-forced with the *reference's* greedy tokens,
-  so each step's logits are compared on the very same prefix (step 0 = prefill, step k = k-th
-  ``step()``); the implementation's own greedy text is compared too, to count text divergences.
-* **chunk_c** — the reference's greedy sequence fed in chunks of c tokens (T_new > 1 is where a
-  missing causal mask shows, §3.9.4).
-* **padded_batch** — prompts of different lengths left-padded into one batch vs each alone
-  (where wrong absolute positions show, the GPT-2 ``position_ids`` bug class).
-* **isolation** — a different sequence A (other tokens, other length) run to the end, ``reset()``,
-  then sequence B, compared with B alone: state that survives ``reset()`` shows here even when
-  every other phase replays one prompt, whose leaked keys would coincide with the real ones.
-
-Verdicts: see :mod:`genprobe.verify.compare` (the chapter's absolute scale, raised by a scale relative
-to the reference's logits). An exception inside the implementation makes its phase ``error`` (phase,
-type, message recorded) and the harness moves on to the next phase.
+Logits, not text: a KV cache is a mathematical identity (chapter §3.4.2), and a missing mask can move logits by 2.10
+and the greedy text by 0 characters (§3.9.1). The phases (prefill, incremental, chunk_c, padded_batch, isolation,
+prefix reuse) and the class of bug each can see: docs/verify-cache.md ("Reference"). Verdicts:
+:mod:`genprobe.verify.compare`. An exception inside the implementation makes its phase ``error`` and the harness moves
+on to the next phase.
 """
 
 from __future__ import annotations

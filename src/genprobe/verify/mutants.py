@@ -1,27 +1,11 @@
 """Deliberately broken cached-attention implementations: the tests of the test (chapter §3.4.9, §3.9).
 
 :class:`TeachingCache` is the chapter's §3.10 teaching version — a list of per-layer K/V grown with
-``torch.cat`` — as the cache of the model's own forward (a genprobe ``GPT``, or a ``transformers`` Llama / Qwen2 /
-Mistral model through :class:`~genprobe.model.llama_family.LlamaFamily`), with one line switched per mutant:
-
-=============  ==============================================  =========================
-mutant         the one wrong line                              expected
-=============  ==============================================  =========================
-correct        —                                               pass
-pos_zero       position embedding ``arange(T)`` every call     flagged (decode steps)
-no_cat         ``K = k`` (overwrite instead of append)          flagged (decode steps)
-no_mask        no causal mask inside the cached path           flagged (prefill/chunks only)
-kv_mismatch    K prepended, V appended                         flagged
-cat_order      K *and* V prepended (joint permutation)         pass (seed Eq. 3.26–3.29)
-=============  ==============================================  =========================
-
-Cross-sequence reuse, which the prefix-reuse phases show: :class:`PrefixCache` (serving engines' block cache) and
-:class:`SlotCache` (llama.cpp's server slot). A batched cache's row mix-up, which only the padded batch shows:
-:func:`row_swap`.
-
-The mask is built from the absolute positions stored next to the keys (in the keys' order), so
-``cat_order`` is a true joint permutation even for multi-token chunks. The mutants live here, not
-as flags in the engine: production code carries no bug switches.
+``torch.cat`` — as the cache of the model's own forward, with one line switched per mutant (tabled in
+docs/verify-cache.md, "The teaching mutants"). Cross-sequence reuse, which the prefix-reuse phases show:
+:class:`PrefixCache` (serving engines' block cache) and :class:`SlotCache` (llama.cpp's server slot). A batched cache's
+row mix-up, which only the padded batch shows: :func:`row_swap`. The mutants live here, not as flags in the engine:
+production code carries no bug switches.
 """
 
 from __future__ import annotations
@@ -376,18 +360,16 @@ ROW = tuple(  # the chapter's §3.9.8 table: the keys the case study's ch3_case.
 DETAILED = ("first_diff_step_by_phase", "max_rel_dlogit", "errors")  # what --mutants adds to a row
 
 
-def report_row(r: VerifyReport, expected: str | None = None, keys: Sequence[str] = ROW) -> dict[str, Any]:
-    """One row of the chapter's §3.9.8 table (``keys`` of the report), with the expected verdict when given."""
-    row: dict[str, Any] = {k: getattr(r, k) for k in keys}
+def report_row(r: VerifyReport, expected: str | None = None, detailed: bool = False) -> dict[str, Any]:
+    """One row of the chapter's §3.9.8 table (its keys of the report), with the expected verdict when given;
+    ``detailed`` (``--mutants``) adds every phase's first differing step and verdict, the relative scale and errors."""
+    row: dict[str, Any] = {k: getattr(r, k) for k in ROW + (DETAILED if detailed else ())}
     if expected is not None:
         row["expected"] = expected
         row["as_expected"] = (r.verdict == "pass") == (expected == "pass")
+    if detailed:
+        row["verdict_by_phase"] = {p.phase: p.verdict for p in r.phases}
     return json_safe_dict(row)
-
-
-def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict[str, Any]:
-    """:func:`report_row` plus every phase's first differing step and verdict, the relative scale and errors."""
-    return {**report_row(r, expected, ROW + DETAILED), "verdict_by_phase": {p.phase: p.verdict for p in r.phases}}
 
 
 def run_mutants(
