@@ -13,7 +13,7 @@ import torch
 from .._io import json_safe
 from .compare import Thresholds
 from .harness import DEFAULTS, VerifyOptions
-from .mutants import DEFAULT_PROMPT, LLAMA_ARCHS
+from .mutants import DEFAULT_PROMPT, teaching_view
 from .report import VerifyReport
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -225,19 +225,17 @@ def _hf_targets(model: "Model", hf_caches: Sequence[str], opts: VerifyOptions) -
 
 def mutant_model(model: "Model | None", window: int | None = None) -> Any:
     """The model to plant the mutants into: a genprobe GPT, a GPT-2 converted to ours, or a transformers Llama-family
-    model; a ValueError for any other, or with a window (the mutants' caches have none)."""
+    model; a ValueError for any other (:func:`~genprobe.verify.mutants.teaching_view` names them), or with a window
+    (the mutants' caches have none)."""
     if window is not None:
         raise ValueError("a window cannot be combined with the mutants (their caches have no window)")
-    if model is not None and model.kind == "genprobe":
-        return model.module
-    if model is not None and model.arch == "gpt2":
+    if model is None:
+        raise ValueError("mutants need a model to plant bugs into")
+    if model.kind != "genprobe" and model.arch == "gpt2":
         from ..model.hf import from_hf_gpt2
 
         return from_hf_gpt2(cast(Any, model.module))
-    if model is None or model.arch not in LLAMA_ARCHS:
-        raise ValueError(
-            "mutants need a genprobe model or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant bugs into"
-        )
+    teaching_view(model.module)  # refuses any other model before anything runs
     return model.module
 
 

@@ -48,7 +48,7 @@ DEFAULT_PROMPT = "春江潮水连海平"  # the chapter's prompt (§3.9.1), 50 g
 
 
 # ---- the teaching cache: the model's own forward, with the list-and-cat cache as its CacheLike ---------------
-def _view(model: Any) -> PositionDrivenLM:
+def teaching_view(model: Any) -> PositionDrivenLM:
     """The position-driven forward the teaching cache plugs into: a genprobe GPT, or
     :class:`~genprobe.model.llama_family.LlamaFamily` over a transformers Llama-family model's own weights."""
     if isinstance(model, GPT):
@@ -59,7 +59,7 @@ def _view(model: Any) -> PositionDrivenLM:
     if arch in LLAMA_ARCHS and hasattr(model, "model") and hasattr(model, "lm_head"):
         return llama_family_of(model.eval())
     raise ValueError(
-        f"mutants run on a genprobe GPT or a transformers {'/'.join(LLAMA_ARCHS)} model, "
+        f"mutants run on a genprobe GPT, a transformers GPT-2 (converted) or {'/'.join(LLAMA_ARCHS)} model, "
         f"not {arch or type(model).__name__!r}"
     )
 
@@ -77,7 +77,7 @@ class TeachingCache:
     def __init__(self, model: Any, bug: str = "correct"):
         if bug not in TEACHING:
             raise ValueError(f"unknown mutant {bug!r}; choose from {list(MUTANTS)}")
-        self.lm, self.model, self.bug, self.name = _view(model), model, bug, bug
+        self.lm, self.model, self.bug, self.name = teaching_view(model), model, bug, bug
         self.max_positions = self.lm.cfg.max_positions
         self.reset()
 
