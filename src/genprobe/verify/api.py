@@ -390,6 +390,7 @@ def verify_caches(
         if t.report is not None:  # could not be built: the report says why
             reports.append(t.report)
             continue
+        assert run is not None  # there is a reference run whenever a target was built
         if getattr(t.impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
             t.impl.max_cache_len = cache_len(ids, steps)
         label = t.name or getattr(t.impl, "name", type(t.impl).__name__)

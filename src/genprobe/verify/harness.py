@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -20,6 +20,9 @@ from ..engine.runner import left_padded
 from .compare import Thresholds, max_abs_diff
 from .report import PhaseError, PhaseTracker, VerifyReport, overall_verdict
 from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_extension, reuse_cases, situations
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .adapters import CacheImpl, Reference
 
 
 # ---- reference trajectories --------------------------------------------------------------------------
@@ -445,7 +448,11 @@ def _check_inputs(impl: Any, run: ReferenceRun, prompts: list[list[int]], steps:
 
 
 def verify_implementation(
-    impl: Any, reference: Any, prompts: list[list[int]], opts: VerifyOptions = DEFAULTS, name: str | None = None
+    impl: "CacheImpl",
+    reference: "Reference | ReferenceRun",
+    prompts: list[list[int]],
+    opts: VerifyOptions = DEFAULTS,
+    name: str | None = None,
 ) -> VerifyReport:
     """Compare ``impl`` with full recomputation (a reference or a shared :class:`ReferenceRun`), phase by phase."""
     steps, th = opts.max_new_tokens, opts.thresholds
