@@ -16,6 +16,7 @@ import torch
 
 from ..engine.cache import KVCache
 from ..engine.fast.static_cache import StaticKVCache
+from ..engine.runner import runner_for
 from ..engine.step import forward_step
 from ..model.gpt import GPT
 from ..model.limits import max_positions
@@ -189,23 +190,19 @@ def _returned_cache(out: Any) -> Any:  # a transformers ModelOutput -> its Cache
 
 
 class HFReference:
-    """Reference for a ``transformers`` causal LM: ``use_cache=False``, explicit positions from the mask."""
+    """Reference for a ``transformers`` causal LM: its runner's uncached forward (``use_cache=False``, positions counted
+    from the mask: :meth:`~genprobe.engine.hf_adapter.HFCausalLM.full`)."""
 
     name = "hf-reference"
 
     def __init__(self, hf_model: torch.nn.Module):
-        self.hf = hf_model.eval()
-        self.max_positions = max_positions(hf_model)
+        self.hf, self.runner = hf_model.eval(), runner_for(hf_model)
+        self.max_positions = self.runner.max_positions
 
     @torch.no_grad()
     def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of every position without a cache."""
-        mask = torch.ones_like(ids) if attention_mask is None else attention_mask
-        B, T = ids.shape
-        positions = default_positions(B, T, None, mask, ids.device)
-        out = self.hf(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
-        logits: torch.Tensor = out.logits.float()
-        return logits
+        return self.runner.full(ids, torch.ones_like(ids) if attention_mask is None else attention_mask).float()
 
 
 class HFAdapter:
