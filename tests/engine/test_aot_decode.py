@@ -179,10 +179,13 @@ def test_the_chunk_program_loaded_after_a_replaced_weight_reads_the_new_one(mode
 
 def test_the_cache_verifier_passes_on_the_aot_path(model):
     from genprobe.verify.adapters import CompiledEngineAdapter, FullRecompute
-    from genprobe.verify.harness import verify_implementation
+    from genprobe.verify.harness import VerifyOptions, verify_implementation
 
     report = verify_implementation(
-        CompiledEngineAdapter(model), FullRecompute(model), [[4, 5, 6, 7], [8, 9]], steps=12, chunk_sizes=(1, 4)
+        CompiledEngineAdapter(model),
+        FullRecompute(model),
+        [[4, 5, 6, 7], [8, 9]],
+        VerifyOptions(max_new_tokens=12, chunk_sizes=(1, 4)),
     )
     assert report.verdict == "pass", json_safe(report)
     # Its chunks of 4 need every position's logits: the chunk program was built and bound on first use.

@@ -330,12 +330,15 @@ def test_compiled_generation_equals_eager_greedy_and_sampled_padded_batch(traine
 def test_compiled_adapter_passes_the_cache_verifier(trained):
     """The verifier's own harness (decode, chunks of 4, padded batch) judges the compiled path a pass."""
     from genprobe.verify.adapters import CompiledEngineAdapter, FullRecompute
-    from genprobe.verify.harness import ReferenceRun, verify_implementation
+    from genprobe.verify.harness import ReferenceRun, VerifyOptions, verify_implementation
 
     model, tok, _ = trained
     prompts = [tok.encode("白日依山盡，黃"), tok.encode("春眠")]
     rep = verify_implementation(
-        CompiledEngineAdapter(model), ReferenceRun(FullRecompute(model), 20), prompts, steps=20, chunk_sizes=[1, 4]
+        CompiledEngineAdapter(model),
+        ReferenceRun(FullRecompute(model), 20),
+        prompts,
+        VerifyOptions(max_new_tokens=20, chunk_sizes=[1, 4]),
     )
     assert rep.verdict == "pass", json_safe(rep)
 

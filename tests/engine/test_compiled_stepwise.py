@@ -131,14 +131,17 @@ def test_stepwise_decoding_equals_eager_on_a_padded_batch_with_eos(
 def test_stepwise_path_passes_the_cache_verifier(monkeypatch, stepwise_model, traced_only):
     """The verifier's harness (decode, prefill in chunks of 4, padded batch) on the stepwise path and prefill."""
     from genprobe.verify.adapters import CompiledEngineAdapter, FullRecompute
-    from genprobe.verify.harness import ReferenceRun, verify_implementation
+    from genprobe.verify.harness import ReferenceRun, VerifyOptions, verify_implementation
 
     monkeypatch.setattr(compiled_mod, "STEPWISE_MIN_WORK", 0)
     model = stepwise_model
     prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9]]
     kinds = _spy_kinds(monkeypatch)
     rep = verify_implementation(
-        CompiledEngineAdapter(model), ReferenceRun(FullRecompute(model), 12), prompts, steps=12, chunk_sizes=[1, 4]
+        CompiledEngineAdapter(model),
+        ReferenceRun(FullRecompute(model), 12),
+        prompts,
+        VerifyOptions(max_new_tokens=12, chunk_sizes=[1, 4]),
     )
     assert rep.verdict == "pass", json_safe(rep)
     assert {"prefill", "stepwise"} <= set(kinds)

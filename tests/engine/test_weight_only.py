@@ -183,10 +183,13 @@ def test_in_place_edits_of_narrow_weights_are_seen(bf16_model):
 
 def test_the_cache_verifier_passes_on_the_narrow_compiled_path(int8_model):
     from genprobe.verify.adapters import CompiledEngineAdapter, FullRecompute
-    from genprobe.verify.harness import verify_implementation
+    from genprobe.verify.harness import VerifyOptions, verify_implementation
 
     report = verify_implementation(
-        CompiledEngineAdapter(int8_model), FullRecompute(int8_model), [[4, 5, 6, 7], [8, 9]], steps=12
+        CompiledEngineAdapter(int8_model),
+        FullRecompute(int8_model),
+        [[4, 5, 6, 7], [8, 9]],
+        VerifyOptions(max_new_tokens=12),
     )
     assert report.verdict == "pass", json_safe(report)
 

@@ -12,6 +12,7 @@ from genprobe._io import json_safe
 from genprobe.cli import main
 from genprobe.verify.adapters import CompiledEngineAdapter, EngineAdapter
 from genprobe.verify.api import verify_targets
+from genprobe.verify.harness import VerifyOptions
 
 
 def _cli_json(capsys, *argv) -> dict:
@@ -41,12 +42,12 @@ def test_verify_caches_with_mutants_gives_what_the_cli_prints(capsys, tiny_ckpt)
 
 def test_verify_targets_builds_the_compiled_path_and_refuses_what_does_not_apply(tiny_ckpt):
     model = genprobe.load(tiny_ckpt)
-    t = verify_targets(model, compiled=True)
+    t = verify_targets(model, opts=VerifyOptions(compiled=True))
     assert [type(x.impl) for x in t.targets] == [EngineAdapter, CompiledEngineAdapter] and t.reference is not None
     with pytest.raises(ValueError, match="hf_caches"):
         verify_targets(model, hf_caches=("static",))
     with pytest.raises(ValueError, match="compiled"):
-        verify_targets(model, compiled=True, window=4)
+        verify_targets(model, opts=VerifyOptions(compiled=True, window=4))
 
 
 def test_a_factory_that_raises_is_an_error_report_not_an_exception(tiny_ckpt, user_impls):

@@ -15,7 +15,7 @@ import pytest
 
 from genprobe.verify.adapters import EngineAdapter, FullRecompute
 from genprobe.verify.compare import Thresholds
-from genprobe.verify.harness import ReferenceRun, verify_implementation
+from genprobe.verify.harness import ReferenceRun, VerifyOptions, verify_implementation
 
 EPS = 1e-3
 PROMPTS = [[3, 7, 11, 5, 9, 2, 8], [4, 6, 10]]
@@ -41,8 +41,8 @@ class Offset(EngineAdapter):
 
 
 def run(model, delta, **kw):
-    kw.setdefault("prefix_reuse", False)
-    return verify_implementation(Offset(model, delta), WobblyReference(model), PROMPTS, steps=6, **kw)
+    opts = VerifyOptions(**{"max_new_tokens": 6, "prefix_reuse": False, **kw})
+    return verify_implementation(Offset(model, delta), WobblyReference(model), PROMPTS, opts)
 
 
 def test_the_floor_is_measured_from_the_reference_alone(long_model):

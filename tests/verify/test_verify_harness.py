@@ -19,7 +19,7 @@ import torch
 from genprobe._io import json_safe
 from genprobe.verify.adapters import EngineAdapter, FullRecompute
 from genprobe.verify.compare import Thresholds, max_abs_diff
-from genprobe.verify.harness import ReferenceRun, verify_implementation
+from genprobe.verify.harness import ReferenceRun, VerifyOptions, verify_implementation
 
 STEPS = 6
 
@@ -49,10 +49,8 @@ class Faulty(EngineAdapter):
 
 
 def run(model, prompt, fault, **kw):
-    kw.setdefault("steps", STEPS)
-    kw.setdefault("isolation", False)
-    kw.setdefault("prefix_reuse", False)
-    return verify_implementation(Faulty(model, fault), FullRecompute(model), [prompt], **kw)
+    opts = VerifyOptions(**{"max_new_tokens": STEPS, "isolation": False, "prefix_reuse": False, **kw})
+    return verify_implementation(Faulty(model, fault), FullRecompute(model), [prompt], opts)
 
 
 def only_phase(report, phase, above=1.0):
@@ -231,15 +229,15 @@ def test_max_abs_diff_handles_infinities():
 def test_bad_inputs_are_refused(sharp_model, prompt):
     eng, ref = EngineAdapter(sharp_model), FullRecompute(sharp_model)
     with pytest.raises(ValueError, match="context length is 32"):
-        verify_implementation(eng, ref, [prompt], steps=40)
+        verify_implementation(eng, ref, [prompt], VerifyOptions(max_new_tokens=40))
     with pytest.raises(ValueError, match="non-empty"):
-        verify_implementation(eng, ref, [[]], steps=2)
+        verify_implementation(eng, ref, [[]], VerifyOptions(max_new_tokens=2))
     with pytest.raises(ValueError, match="chunk sizes"):
-        verify_implementation(eng, ref, [prompt], steps=2, chunk_sizes=(0,))
+        verify_implementation(eng, ref, [prompt], VerifyOptions(max_new_tokens=2, chunk_sizes=(0,)))
     with pytest.raises(ValueError, match="reset"):
-        verify_implementation(object(), ref, [prompt], steps=2)
+        verify_implementation(object(), ref, [prompt], VerifyOptions(max_new_tokens=2))
     with pytest.raises(ValueError, match="computed for 3 steps"):
-        verify_implementation(eng, ReferenceRun(ref, 3), [prompt], steps=2)
+        verify_implementation(eng, ReferenceRun(ref, 3), [prompt], VerifyOptions(max_new_tokens=2))
 
 
 def test_wrong_logit_shape_is_an_implementation_error(sharp_model, prompt):
@@ -292,7 +290,9 @@ def test_exception_in_prefill_and_reset(sharp_model, prompt):
         def reset(self):
             raise KeyError("cache")
 
-    bad = verify_implementation(BadReset(sharp_model, lambda *a: a[-1]), FullRecompute(sharp_model), [prompt], steps=2)
+    bad = verify_implementation(
+        BadReset(sharp_model, lambda *a: a[-1]), FullRecompute(sharp_model), [prompt], VerifyOptions(max_new_tokens=2)
+    )
     assert bad.verdict == "error" and {e.phase for e in bad.errors} >= {"prefill", "chunk_1", "isolation"}
 
 

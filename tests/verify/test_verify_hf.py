@@ -12,7 +12,7 @@ from genprobe._io import json_safe
 transformers = pytest.importorskip("transformers")
 
 from genprobe.verify.adapters import HFAdapter, HFReference  # noqa: E402
-from genprobe.verify.harness import verify_implementation  # noqa: E402
+from genprobe.verify.harness import VerifyOptions, verify_implementation  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 8, 91, 23, 64, 30], [12, 77, 3, 56, 9], [40, 2, 88]]
 STEPS = 4
@@ -51,7 +51,9 @@ def tiny_hf(kind: str, init: float = 0.02):
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2"])
 def test_hf_models_pass(kind):
     hf = tiny_hf(kind, init=0.2)
-    r = verify_implementation(HFAdapter(hf), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=(1, 4))
+    r = verify_implementation(
+        HFAdapter(hf), HFReference(hf), PROMPTS, VerifyOptions(max_new_tokens=STEPS, chunk_sizes=(1, 4))
+    )
     assert r.verdict == "pass", r.max_abs_dlogit_by_phase
     assert r.phase("padded_batch").skipped is None
     assert r.text_divergences == 0
@@ -60,14 +62,20 @@ def test_hf_models_pass(kind):
 def test_gpt2_left_padding_without_position_ids_is_flagged():
     hf = tiny_hf("gpt2", init=0.2)
     bad = verify_implementation(
-        HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=(4,)
+        HFAdapter(hf, pass_position_ids=False),
+        HFReference(hf),
+        PROMPTS,
+        VerifyOptions(max_new_tokens=STEPS, chunk_sizes=(4,)),
     )
     assert bad.verdict == "bug", bad.max_abs_dlogit_by_phase
     assert bad.worst_phase == "padded_batch"
     # unpadded runs are fine: the bug needs left padding, which only the padded-batch comparison makes
     assert all(p.max_abs_dlogit < 1e-4 for p in bad.phases if p.phase != "padded_batch")
     good = verify_implementation(
-        HFAdapter(hf, pass_position_ids=True), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=()
+        HFAdapter(hf, pass_position_ids=True),
+        HFReference(hf),
+        PROMPTS,
+        VerifyOptions(max_new_tokens=STEPS, chunk_sizes=()),
     )
     assert good.verdict == "pass", good.max_abs_dlogit_by_phase
 
@@ -76,7 +84,10 @@ def test_llama_rope_is_immune_to_the_position_shift():
     # RoPE scores depend on position differences only; a constant per-row shift changes nothing
     hf = tiny_hf("llama", init=0.2)
     r = verify_implementation(
-        HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=STEPS, chunk_sizes=()
+        HFAdapter(hf, pass_position_ids=False),
+        HFReference(hf),
+        PROMPTS,
+        VerifyOptions(max_new_tokens=STEPS, chunk_sizes=()),
     )
     assert r.verdict == "pass", r.max_abs_dlogit_by_phase
 
@@ -86,7 +97,9 @@ def test_converted_genprobe_model_agrees_through_hf(sharp_model, prompt):
     from genprobe.verify.adapters import FullRecompute
 
     hf = to_hf_gpt2(sharp_model)
-    r = verify_implementation(HFAdapter(hf), FullRecompute(sharp_model), [prompt], steps=STEPS, padded_batch=False)
+    r = verify_implementation(
+        HFAdapter(hf), FullRecompute(sharp_model), [prompt], VerifyOptions(max_new_tokens=STEPS, padded_batch=False)
+    )
     assert r.verdict == "pass", r.max_abs_dlogit_by_phase
 
 
@@ -125,7 +138,7 @@ def test_cli_hf_cache_static_passes(capsys, tmp_path, arch):
 def test_the_named_cache_class_is_the_one_driven(arch, kind, cls):
     hf = tiny_hf(arch, init=0.2)
     a = HFAdapter(hf, cache=kind, max_cache_len=64)  # the prefix-reuse sequences have 48 tokens
-    r = verify_implementation(a, HFReference(hf), PROMPTS, steps=4, chunk_sizes=(4,))
+    r = verify_implementation(a, HFReference(hf), PROMPTS, VerifyOptions(max_new_tokens=4, chunk_sizes=(4,)))
     assert r.verdict == "pass", r.max_abs_dlogit_by_phase
     assert type(a.cache).__name__ == cls  # the cache the model filled and returned is of that class
 
@@ -160,7 +173,10 @@ def test_mistral_sliding_window_caches_pass():
     for kind in ("dynamic", "static", "sliding"):
         assert unavailable_reason(hf, kind) is None
         r = verify_implementation(
-            HFAdapter(hf, cache=kind, max_cache_len=64), HFReference(hf), PROMPTS, steps=8, chunk_sizes=(4,)
+            HFAdapter(hf, cache=kind, max_cache_len=64),
+            HFReference(hf),
+            PROMPTS,
+            VerifyOptions(max_new_tokens=8, chunk_sizes=(4,)),
         )
         assert r.verdict == "pass", (kind, r.max_abs_dlogit_by_phase)
     assert "full-attention layers only" in unavailable_reason(hf, "quantized")

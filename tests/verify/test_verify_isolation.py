@@ -15,11 +15,13 @@ import pytest
 
 from genprobe.cli import main
 from genprobe.verify.adapters import FullRecompute
-from genprobe.verify.harness import isolation_partner, verify_implementation
+from genprobe.verify.harness import VerifyOptions, isolation_partner, verify_implementation
 
 
 def test_state_leaking_across_reset_is_a_bug(sharp_model, prompt, U):
-    r = verify_implementation(U.leaky(sharp_model), FullRecompute(sharp_model), [prompt], steps=10)
+    r = verify_implementation(
+        U.leaky(sharp_model), FullRecompute(sharp_model), [prompt], VerifyOptions(max_new_tokens=10)
+    )
     assert r.verdict == "bug"
     iso = r.phase("isolation")
     assert iso.verdict == "bug" and iso.max_abs_dlogit > 1.0 and iso.first_diff_step == 0
@@ -35,13 +37,18 @@ def test_without_the_isolation_phase_the_leak_passes(sharp_model, prompt, U):
     """The reason for the phase (issue 12): with one prompt, nothing else sees the leak (the prefix-reuse phases,
     which also run several sequences, off as well)."""
     r = verify_implementation(
-        U.leaky(sharp_model), FullRecompute(sharp_model), [prompt], steps=10, isolation=False, prefix_reuse=False
+        U.leaky(sharp_model),
+        FullRecompute(sharp_model),
+        [prompt],
+        VerifyOptions(max_new_tokens=10, isolation=False, prefix_reuse=False),
     )
     assert r.verdict == "pass"
 
 
 def test_correct_list_cache_passes_isolation(sharp_model, prompt, U):
-    r = verify_implementation(U.list_cache(sharp_model), FullRecompute(sharp_model), [prompt, prompt[:3]], steps=10)
+    r = verify_implementation(
+        U.list_cache(sharp_model), FullRecompute(sharp_model), [prompt, prompt[:3]], VerifyOptions(max_new_tokens=10)
+    )
     assert r.verdict == "pass" and r.phase("isolation").verdict == "pass"
 
 

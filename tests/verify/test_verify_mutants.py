@@ -8,7 +8,7 @@ import torch
 from genprobe.model.config import GPTConfig
 from genprobe.model.gpt import GPT
 from genprobe.verify.adapters import EngineAdapter, FullRecompute
-from genprobe.verify.harness import verify_implementation
+from genprobe.verify.harness import VerifyOptions, verify_implementation
 from genprobe.verify.mutants import (
     DEFAULT_PROMPT,
     TEACHING,
@@ -23,7 +23,9 @@ BUGS = ("pos_zero", "no_cat", "no_mask", "kv_mismatch")
 
 
 def test_engine_passes_with_exact_prefill(sharp_model, prompt):
-    r = verify_implementation(EngineAdapter(sharp_model), FullRecompute(sharp_model), [prompt, prompt[:4]], steps=8)
+    r = verify_implementation(
+        EngineAdapter(sharp_model), FullRecompute(sharp_model), [prompt, prompt[:4]], VerifyOptions(max_new_tokens=8)
+    )
     assert r.prefill_bit_identical
     assert r.phase("prefill").max_abs_dlogit == 0.0
     assert r.phase("incremental").max_abs_dlogit < 1e-4
@@ -46,14 +48,19 @@ def test_engine_passes_other_position_encodings(pos_encoding, prompt):
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, d_ff=64, block_size=32, pos_encoding=pos_encoding)
     m = GPT(cfg)
-    r = verify_implementation(EngineAdapter(m), FullRecompute(m), [prompt], steps=6, chunk_sizes=(3,))
+    r = verify_implementation(
+        EngineAdapter(m), FullRecompute(m), [prompt], VerifyOptions(max_new_tokens=6, chunk_sizes=(3,))
+    )
     assert r.verdict == "pass" and r.prefill_bit_identical
 
 
 @pytest.fixture(scope="module")
 def tiny_reports(shared_sharp_model):
     prompt = [3, 7, 11, 5, 9, 2, 8]
-    return {r.impl: r for r in run_mutant_reports(shared_sharp_model, [prompt], steps=10, names=TEACHING)}
+    return {
+        r.impl: r
+        for r in run_mutant_reports(shared_sharp_model, [prompt], VerifyOptions(max_new_tokens=10), names=TEACHING)
+    }
 
 
 def test_teaching_correct_and_cat_order_pass(tiny_reports):

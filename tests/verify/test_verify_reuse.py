@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from genprobe.verify.adapters import EngineAdapter, FullRecompute
-from genprobe.verify.harness import ReferenceRun, verify_implementation
+from genprobe.verify.harness import ReferenceRun, VerifyOptions, verify_implementation
 from genprobe.verify.mutants import MUTANTS, PrefixCache, mutant, run_mutant_reports
 from genprobe.verify.reuse import REUSE_LENGTH, reuse_cases
 
@@ -46,7 +46,9 @@ def test_the_plan_shares_prefixes_of_several_block_sizes():
 
 
 def test_engine_runs_both_phases_and_reproduces_a_repeat(long_model):
-    r = verify_implementation(EngineAdapter(long_model), FullRecompute(long_model), [PROMPT], steps=4)
+    r = verify_implementation(
+        EngineAdapter(long_model), FullRecompute(long_model), [PROMPT], VerifyOptions(max_new_tokens=4)
+    )
     assert r.verdict == "pass"
     for name in REUSE_PHASES:
         p = r.phase(name)
@@ -60,7 +62,9 @@ def test_engine_runs_both_phases_and_reproduces_a_repeat(long_model):
 
 def test_back_to_back_only_where_the_protocol_allows_it(long_model, U):
     """A user implementation whose prefill() needs reset() first: that phase is skipped, and says why."""
-    r = verify_implementation(U.list_cache(long_model), FullRecompute(long_model), [PROMPT], steps=4)
+    r = verify_implementation(
+        U.list_cache(long_model), FullRecompute(long_model), [PROMPT], VerifyOptions(max_new_tokens=4)
+    )
     assert r.verdict == "pass" and r.phase("prefix_reuse").verdict == "pass"
     skipped = r.phase("prefix_reuse_no_reset")
     assert skipped.verdict == "skipped" and "prefill_starts_sequence" in skipped.skipped
@@ -71,12 +75,19 @@ def test_back_to_back_only_where_the_protocol_allows_it(long_model, U):
 def prefix_reports(long_model):
     run = ReferenceRun(FullRecompute(long_model), 4)
     names = ("prefix_correct", *FLAWS)
-    return {r.impl: r for r in run_mutant_reports(long_model, [PROMPT], 4, names=names, chunk_sizes=(4,), run=run)}
+    return {
+        r.impl: r
+        for r in run_mutant_reports(
+            long_model, [PROMPT], VerifyOptions(max_new_tokens=4, chunk_sizes=(4,)), names=names, run=run
+        )
+    }
 
 
 def test_correct_prefix_cache_passes_and_really_reuses_blocks(long_model):
     cache = PrefixCache(long_model)
-    r = verify_implementation(cache, FullRecompute(long_model), [PROMPT], steps=4, chunk_sizes=(4,), isolation=False)
+    r = verify_implementation(
+        cache, FullRecompute(long_model), [PROMPT], VerifyOptions(max_new_tokens=4, chunk_sizes=(4,), isolation=False)
+    )
     assert r.verdict == "pass", r.max_abs_dlogit_by_phase
     # blocks of several sequences were kept and reused (a pass without reuse would prove nothing)
     assert cache.block == 16 and len(cache.store) >= 6 and cache.reused >= 8
@@ -109,7 +120,9 @@ def test_a_correct_slot_really_reuses_its_prefix(long_model):
     from genprobe.verify.mutants import SlotCache
 
     cache = SlotCache(long_model)
-    r = verify_implementation(cache, FullRecompute(long_model), [PROMPT], steps=4, chunk_sizes=(4,), isolation=False)
+    r = verify_implementation(
+        cache, FullRecompute(long_model), [PROMPT], VerifyOptions(max_new_tokens=4, chunk_sizes=(4,), isolation=False)
+    )
     assert r.verdict == "pass", r.max_abs_dlogit_by_phase
     assert cache.reused >= 100  # the continuations, the repeat and the shorter prompts came from the slot
 
@@ -117,7 +130,12 @@ def test_a_correct_slot_really_reuses_its_prefix(long_model):
 def test_without_the_reuse_phases_every_prefix_flaw_passes(long_model):
     run = ReferenceRun(FullRecompute(long_model), 4)
     for flaw in FLAWS:
-        r = verify_implementation(mutant(long_model, flaw), run, [PROMPT], steps=4, prefix_reuse=False, isolation=False)
+        r = verify_implementation(
+            mutant(long_model, flaw),
+            run,
+            [PROMPT],
+            VerifyOptions(max_new_tokens=4, prefix_reuse=False, isolation=False),
+        )
         assert r.verdict == "pass", (flaw, r.max_abs_dlogit_by_phase)
 
 
@@ -133,7 +151,7 @@ def trained_reports(trained):
 
     model, tok, _ = trained
     ids = tok.encode(DEFAULT_PROMPT, warn=False)
-    return {r.impl: r for r in run_mutant_reports(model, [ids], steps=24)}
+    return {r.impl: r for r in run_mutant_reports(model, [ids], VerifyOptions(max_new_tokens=24))}
 
 
 def test_every_mutant_is_caught_decisively_on_a_trained_model(trained_reports):
@@ -160,7 +178,7 @@ def test_a_row_swap_is_caught_by_the_padded_batch_phase_alone(trained_reports, t
     from genprobe.verify.mutants import DEFAULT_PROMPT
 
     ids = tok.encode(DEFAULT_PROMPT, warn=False)
-    alone = run_mutant_reports(model, [ids], steps=24, names=("batch_row_swap",))[0]
+    alone = run_mutant_reports(model, [ids], VerifyOptions(max_new_tokens=24), names=("batch_row_swap",))[0]
     assert alone.phase("padded_batch") is not None  # the phase runs for the batched mutant by default
 
 
@@ -179,7 +197,10 @@ def test_the_row_swap_mutant_also_runs_on_a_transformers_llama():
     )
     hf = LlamaForCausalLM(cfg).eval()
     r = run_mutant_reports(
-        hf, [[3, 7, 11, 5, 9, 2, 8, 4]], steps=4, names=("correct", "batch_row_swap"), chunk_sizes=(4,)
+        hf,
+        [[3, 7, 11, 5, 9, 2, 8, 4]],
+        VerifyOptions(max_new_tokens=4, chunk_sizes=(4,)),
+        names=("correct", "batch_row_swap"),
     )
     ok, swap = r
     assert ok.verdict == "pass" and swap.phase("padded_batch").max_abs_dlogit > 100 * ok.max_abs_dlogit, (

@@ -18,7 +18,7 @@ from genprobe.model.config import GPTConfig
 from genprobe.model.gpt import GPT
 from genprobe.verify.adapters import EngineAdapter, FullRecompute
 from genprobe.verify.compare import Thresholds
-from genprobe.verify.harness import verify_implementation
+from genprobe.verify.harness import VerifyOptions, verify_implementation
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,7 +48,10 @@ def gpt2(init: float):
 def test_padding_leak_is_a_bug_on_small_and_large_logits(init, spread):
     hf = gpt2(init)
     bad = verify_implementation(
-        HFAdapter(hf, pass_position_ids=False), HFReference(hf), PROMPTS, steps=4, chunk_sizes=(4,)
+        HFAdapter(hf, pass_position_ids=False),
+        HFReference(hf),
+        PROMPTS,
+        VerifyOptions(max_new_tokens=4, chunk_sizes=(4,)),
     )
     p = bad.phase("padded_batch")
     assert spread[0] < p.ref_logit_std < spread[1]  # the two models really differ in scale
@@ -57,7 +60,9 @@ def test_padding_leak_is_a_bug_on_small_and_large_logits(init, spread):
         # the case of issue 12: on the seed's absolute scale alone this is only "suspicious"
         assert p.max_abs_dlogit < 1.0 and Thresholds().absolute_verdict(p.max_abs_dlogit) == "suspicious"
     # and a correct implementation passes on both: float noise is not scaled up into a verdict
-    good = verify_implementation(HFAdapter(hf), HFReference(hf), PROMPTS, steps=4, chunk_sizes=(1, 4))
+    good = verify_implementation(
+        HFAdapter(hf), HFReference(hf), PROMPTS, VerifyOptions(max_new_tokens=4, chunk_sizes=(1, 4))
+    )
     assert good.verdict == "pass", {q.phase: (q.max_abs_dlogit, q.rel_dlogit) for q in good.phases}
 
 
@@ -70,7 +75,7 @@ def test_engine_passes_and_a_small_fault_fails_on_both_scales(scale, prompt):
         for w in m.parameters():
             if w.dim() == 2:
                 w.mul_(scale)
-    r = verify_implementation(EngineAdapter(m), FullRecompute(m), [prompt, prompt[:3]], steps=8)
+    r = verify_implementation(EngineAdapter(m), FullRecompute(m), [prompt, prompt[:3]], VerifyOptions(max_new_tokens=8))
     assert r.verdict == "pass", r.max_abs_dlogit_by_phase
 
     class Shifted(EngineAdapter):  # one logit moved by 0.3 at every decode step
@@ -79,14 +84,18 @@ def test_engine_passes_and_a_small_fault_fails_on_both_scales(scale, prompt):
             out[..., 0] += 0.3
             return out
 
-    bad = verify_implementation(Shifted(m), FullRecompute(m), [prompt], steps=8, isolation=False)
+    bad = verify_implementation(
+        Shifted(m), FullRecompute(m), [prompt], VerifyOptions(max_new_tokens=8, isolation=False)
+    )
     std = bad.phase("incremental").ref_logit_std
     assert bad.verdict == ("bug" if std < 0.3 else "suspicious"), (std, bad.max_abs_dlogit)
     assert (scale == 1.0) == (std < 0.3)
 
 
 def test_reports_carry_both_scales_and_the_second_measures(sharp_model, prompt):
-    r = verify_implementation(EngineAdapter(sharp_model), FullRecompute(sharp_model), [prompt], steps=4)
+    r = verify_implementation(
+        EngineAdapter(sharp_model), FullRecompute(sharp_model), [prompt], VerifyOptions(max_new_tokens=4)
+    )
     p = json_safe(r.phase("incremental"))
     assert p["ref_logit_std"] > 0 and p["rel_dlogit"] == pytest.approx(p["max_abs_dlogit"] / p["ref_logit_std"])
     assert p["top1_agreement"] == 1.0 and p["max_abs_dlogprob_topk"] < 1e-4

@@ -16,7 +16,7 @@ import torch
 from genprobe._io import json_safe
 from genprobe.cli import main
 from genprobe.verify.adapters import EngineAdapter, FullRecompute
-from genprobe.verify.harness import verify_implementation
+from genprobe.verify.harness import VerifyOptions, verify_implementation
 from genprobe.verify.window import window_visibility, windowed_forward
 
 PROMPTS = [[3, 7, 11, 5, 9, 2, 8], [4, 1, 2, 6]]
@@ -45,16 +45,18 @@ def test_windowed_forward_is_the_model_when_the_window_covers_everything(sharp_m
 
 def test_correct_window_passes_wrong_eviction_fails(sharp_model, U):
     ref = FullRecompute(sharp_model, window=8, sinks=2)
-    good = verify_implementation(U.window8_sinks2(sharp_model), ref, PROMPTS, steps=STEPS)
+    good = verify_implementation(U.window8_sinks2(sharp_model), ref, PROMPTS, VerifyOptions(max_new_tokens=STEPS))
     assert good.verdict == "pass", good.max_abs_dlogit_by_phase
-    bad = verify_implementation(U.window8_sinks2_fifo(sharp_model), ref, PROMPTS, steps=STEPS)
+    bad = verify_implementation(U.window8_sinks2_fifo(sharp_model), ref, PROMPTS, VerifyOptions(max_new_tokens=STEPS))
     assert bad.verdict == "bug" and bad.phase("incremental").verdict == "bug"
     # both orders agree until the fifo evicts position 0 (after the call that writes position S + W = 10,
     # decode step 10 - P + 1); the next step is the first whose query misses that sink
     assert bad.phase("incremental").first_diff_step == 10 - len(PROMPTS[0]) + 2
     # and against the unwindowed reference the correct window is (rightly) a bug
     assert (
-        verify_implementation(U.window8_sinks2(sharp_model), FullRecompute(sharp_model), PROMPTS, steps=STEPS).verdict
+        verify_implementation(
+            U.window8_sinks2(sharp_model), FullRecompute(sharp_model), PROMPTS, VerifyOptions(max_new_tokens=STEPS)
+        ).verdict
         == "bug"
     )
 
@@ -65,8 +67,7 @@ def test_engine_ring_buffer_passes_the_windowed_reference(sharp_model, window, s
         EngineAdapter(sharp_model, window=window, sinks=sinks),
         FullRecompute(sharp_model, window, sinks),
         PROMPTS,
-        steps=STEPS,
-        padded_batch=sinks == 0,
+        VerifyOptions(max_new_tokens=STEPS, padded_batch=sinks == 0),
     )
     assert r.verdict == "pass", r.max_abs_dlogit_by_phase
 
@@ -81,8 +82,7 @@ def test_engine_sinks_under_left_padding(sharp_model):
         EngineAdapter(sharp_model, window=8, sinks=2),
         FullRecompute(sharp_model, 8, 2),
         PROMPTS,
-        steps=STEPS,
-        chunk_sizes=(),
+        VerifyOptions(max_new_tokens=STEPS, chunk_sizes=()),
     )
     assert r.phase("padded_batch").verdict == "pass", json_safe(r.phase("padded_batch"))
 

@@ -1,29 +1,9 @@
 """The adapter protocol that lets the verifier drive *any* KV-cache implementation, plus built-ins.
 
-An implementation under test is any object with three methods (no base class needed)::
-
-    reset() -> None
-        End the current sequence; the next call starts a new one. Nothing of an earlier sequence may
-        change a later sequence's logits (a prefix cache may keep blocks it reuses exactly).
-    prefill(ids: LongTensor (B, T), attention_mask: LongTensor (B, T) | None = None) -> logits (B, T, V)
-        First call after ``reset()``: run the prompt through the model *and fill the cache*.
-        ``attention_mask`` is 1 for real tokens, 0 for (left) padding. An implementation without
-        padding support may raise ``NotImplementedError`` when a mask is given; the verifier then
-        skips its padded-batch phase.
-    step(ids: LongTensor (B, T_new)) -> logits (B, T_new, V)
-        Continue the cached sequence with ``T_new`` real tokens (1 = decode, > 1 = a chunk).
-
-The reference it is compared against is full recomputation without any cache::
-
-    full(ids: LongTensor (B, T), attention_mask=None) -> logits (B, T, V)
-
-Both may optionally expose ``max_positions`` (longest sequence they accept); the verifier refuses a
-run that would exceed it, naming the limit, instead of letting an embedding lookup fail.
-
-An implementation may also set ``prefill_starts_sequence = True``: its ``prefill()`` may then be called
-without ``reset()`` before it and starts a new sequence by itself (as a serving engine's next request
-does). The verifier then also runs its prefix-reuse sequences back to back, without ``reset()``
-(:mod:`genprobe.verify.reuse`); without the attribute that phase is skipped and says why.
+An implementation under test has ``reset()``, ``prefill(ids, attention_mask=None)`` and ``step(ids)`` (no base class
+needed; :class:`CacheImpl`), the reference ``full(ids, attention_mask=None)`` (:class:`Reference`); either may expose
+``max_positions``, an implementation ``prefill_starts_sequence = True``. What each call must do: docs/verify-cache.md
+("The adapter protocol").
 """
 
 from __future__ import annotations
@@ -36,7 +16,7 @@ import torch
 
 from ..engine.cache import KVCache
 from ..engine.fast.static_cache import StaticKVCache
-from ..engine.runner import forward_step
+from ..engine.runner import forward_step, runner_for
 from ..model.gpt import GPT
 from ..model.limits import max_positions
 from ..model.position_lm import PositionDrivenLM, default_positions
@@ -209,23 +189,19 @@ def _returned_cache(out: Any) -> Any:  # a transformers ModelOutput -> its Cache
 
 
 class HFReference:
-    """Reference for a ``transformers`` causal LM: ``use_cache=False``, explicit positions from the mask."""
+    """Reference for a ``transformers`` causal LM: its runner's uncached forward (``use_cache=False``, positions counted
+    from the mask: :meth:`~genprobe.engine.hf_adapter.HFCausalLM.full`)."""
 
     name = "hf-reference"
 
     def __init__(self, hf_model: torch.nn.Module):
-        self.hf = hf_model.eval()
-        self.max_positions = max_positions(hf_model)
+        self.hf, self.runner = hf_model.eval(), runner_for(hf_model)
+        self.max_positions = self.runner.max_positions
 
     @torch.no_grad()
     def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of every position without a cache."""
-        mask = torch.ones_like(ids) if attention_mask is None else attention_mask
-        B, T = ids.shape
-        positions = default_positions(B, T, None, mask, ids.device)
-        out = self.hf(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
-        logits: torch.Tensor = out.logits.float()
-        return logits
+        return self.runner.full(ids, torch.ones_like(ids) if attention_mask is None else attention_mask).float()
 
 
 class HFAdapter:

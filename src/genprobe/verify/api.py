@@ -12,7 +12,8 @@ import torch
 
 from .._io import json_safe
 from .compare import Thresholds
-from .mutants import DEFAULT_PROMPT, LLAMA_ARCHS
+from .harness import DEFAULTS, VerifyOptions
+from .mutants import DEFAULT_PROMPT, teaching_view
 from .report import VerifyReport
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,10 +40,10 @@ def random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int 
 
 
 class CacheOptions(TypedDict, total=False):
-    """The options of :func:`verify_caches` that keep one report, as :func:`verify_cache` takes them (typed)."""
+    """The options :func:`verify_cache` and :func:`verify_caches` take as keywords: the fields of
+    :class:`~genprobe.verify.harness.VerifyOptions` that a caller sets (their defaults and meaning are there)."""
 
     compiled: bool
-    prompts: Sequence[str] | Sequence[Sequence[int]] | None
     max_new_tokens: int
     chunk_sizes: Sequence[int]
     window: int | None
@@ -52,26 +53,29 @@ class CacheOptions(TypedDict, total=False):
     isolation: bool
     prefix_reuse: bool
     noise_floor: bool
-    thresholds: Thresholds | None
-    log: Callable[[str], None]
+    thresholds: Thresholds
 
 
 def verify_cache(
-    model: "Model", impl: Any = None, *, hf_cache: str | None = None, **options: Unpack[CacheOptions]
+    model: "Model",
+    impl: Any = None,
+    *,
+    hf_cache: str | None = None,
+    prompts: Sequence[str] | Sequence[Sequence[int]] | None = None,
+    log: Callable[[str], None] = lambda msg: None,
+    **options: Unpack[CacheOptions],
 ) -> VerifyReport:
     """Verify ``impl`` (default: the model's own cache) against full recomputation of ``model``: one report.
 
     ``impl`` is any object with ``reset()``, ``prefill(ids, attention_mask=None)`` and ``step(ids)``.
     ``hf_cache`` picks a ``transformers`` cache class (see ``genprobe.verify.hf_caches``; one unavailable here raises
-    :class:`~genprobe.verify.adapters.CacheUnavailableError`). ``options`` are :func:`verify_caches`' that keep one
-    report: ``prompts`` (texts or token-id lists; default two of different lengths), ``max_new_tokens``,
-    ``chunk_sizes``, ``window``/``sinks`` (sliding-window recomputation of a genprobe model), ``padded_batch``,
-    ``isolation``, ``prefix_reuse`` (:mod:`genprobe.verify.reuse`), ``noise_floor`` (judge against the reference's
-    own float noise, ``thresholds.floor_multiple``) and ``thresholds``.
+    :class:`~genprobe.verify.adapters.CacheUnavailableError`). ``prompts``: texts or token-id lists (default: two of
+    different lengths); ``options``: :class:`~genprobe.verify.harness.VerifyOptions`' fields.
     """
     from .adapters import CacheUnavailableError
 
-    (report,) = verify_caches(model, impl, hf_caches=() if hf_cache is None else (hf_cache,), **options).reports
+    hf_caches = () if hf_cache is None else (hf_cache,)
+    (report,) = verify_caches(model, impl, hf_caches=hf_caches, prompts=prompts, log=log, **options).reports
     if report.unavailable is not None:
         raise CacheUnavailableError(f"cache {hf_cache!r} is unavailable: {report.unavailable}")
     return report
@@ -111,54 +115,41 @@ class VerifyTargets:
 
 
 def verify_targets(
-    model: "Model | None",
-    impl: Any = None,
-    *,
-    compiled: bool = False,
-    hf_caches: Sequence[str] = (),
-    window: int | None = None,
-    sinks: int = 0,
-    hf_position_ids: bool = True,
-    steps: int = 50,
-    thresholds: Thresholds | None = None,
+    model: "Model | None", impl: Any = None, opts: VerifyOptions = DEFAULTS, hf_caches: Sequence[str] = ()
 ) -> VerifyTargets:
     """What to verify against what: the reference of ``model`` and the implementations under test.
 
     ``impl`` is an implementation object or a ``"module:factory"`` spec (built by ``factory(model.module)`` or
     ``factory()``; a factory that raises gives a target whose report has verdict ``error``, phase ``factory``).
-    Without ``impl``: the model's own cache — our engine (windowed with ``window``/``sinks``) plus, with
-    ``compiled``, the torch.compile'd decode path (:class:`~genprobe.verify.adapters.CompiledEngineAdapter`) for a
-    genprobe model; for a transformers model its default cache, or each class named in ``hf_caches`` (``"all"``:
+    Without ``impl``: the model's own cache — our engine (windowed with ``opts.window``/``sinks``) plus, with
+    ``opts.compiled``, the torch.compile'd decode path (:class:`~genprobe.verify.adapters.CompiledEngineAdapter`) for
+    a genprobe model; for a transformers model its default cache, or each class named in ``hf_caches`` (``"all"``:
     every kind), a kind unavailable here being a target whose report has verdict ``unavailable`` and the reason.
-    ``hf_position_ids=False`` drives a transformers model without ``position_ids``. ``steps`` and ``thresholds``
-    go into the reports of targets that could not be built. Without ``model``, ``impl`` must have
-    ``full(ids, attention_mask=None)``, which is then the reference.
+    ``opts.hf_position_ids=False`` drives a transformers model without ``position_ids``. Without ``model``, ``impl``
+    must have ``full(ids, attention_mask=None)``, which is then the reference.
     """
     from .adapters import CompiledEngineAdapter, EngineAdapter, reference_for
 
-    th = thresholds or Thresholds()
-    _check_target_args(model, impl, compiled, hf_caches, window, sinks)
-    reference = None if model is None else reference_for(model.module, window, sinks)
+    _check_target_args(model, impl, opts, hf_caches)
+    reference = None if model is None else reference_for(model.module, opts.window, opts.sinks)
     if impl is not None:
-        return _impl_targets(model, impl, reference, th, steps)
+        return _impl_targets(model, impl, reference, opts)
     assert model is not None
     if model.kind == "genprobe":  # Model gives that kind for a GPT only
         gpt = cast("GPT", model.module)
-        targets = [VerifyTarget(EngineAdapter(gpt, window=window, sinks=sinks))]
-        if compiled:
+        targets = [VerifyTarget(EngineAdapter(gpt, window=opts.window, sinks=opts.sinks))]
+        if opts.compiled:
             targets.append(VerifyTarget(CompiledEngineAdapter(gpt)))
         return VerifyTargets(reference, targets)
-    targets = _hf_targets(model, hf_caches, hf_position_ids, th, steps)
-    if compiled:
+    targets = _hf_targets(model, hf_caches, opts)
+    if opts.compiled:
         from ..model.llama_family import llama_family_of
 
         targets.append(VerifyTarget(CompiledEngineAdapter(llama_family_of(model.module))))
     return VerifyTargets(reference, targets)
 
 
-def _check_target_args(
-    model: "Model | None", impl: Any, compiled: bool, hf_caches: Sequence[str], window: int | None, sinks: int
-) -> None:
+def _check_target_args(model: "Model | None", impl: Any, opts: VerifyOptions, hf_caches: Sequence[str]) -> None:
     """Refuse combinations :func:`verify_targets` cannot honour, before anything is built."""
     from ..model.llama_family import unsupported_reason
     from .hf_caches import CACHE_KINDS
@@ -167,7 +158,7 @@ def _check_target_args(
     if model is None and impl is None:
         raise ValueError("give a model (the reference, and its own cache) and/or an implementation")
     why = None
-    if compiled:
+    if opts.compiled:
         why = "an impl was given" if impl is not None else "no model" if model is None else None
         if why is None and model is not None and model.kind != "genprobe":
             why = unsupported_reason(model.module)
@@ -178,21 +169,17 @@ def _check_target_args(
         )
     if hf_caches and (kind != "hf" or impl is not None):
         raise ValueError("hf_caches verifies a transformers model's own cache classes: give one, no impl")
-    if window is not None and kind != "genprobe":
+    if opts.window is not None and kind != "genprobe":
         raise ValueError(
             "a window applies to a genprobe model's reference; a transformers model's window comes from its config "
             "(sliding_window)"
         )
-    if window is None and sinks:
-        raise ValueError("sinks only make sense with a window")
-    if window is not None and compiled:
-        raise ValueError("a window cannot be combined with the compiled decode path (its cache has no window)")
     unknown = sorted(set(hf_caches) - {*CACHE_KINDS, HF_CACHE_ALL})
     if unknown:
         raise ValueError(f"unknown cache kind(s) {unknown}: choose from {', '.join(CACHE_KINDS)} or {HF_CACHE_ALL}")
 
 
-def _impl_targets(model: "Model | None", impl: Any, reference: Any, th: Thresholds, steps: int) -> VerifyTargets:
+def _impl_targets(model: "Model | None", impl: Any, reference: Any, opts: VerifyOptions) -> VerifyTargets:
     """The one target of a user implementation (built from its ``"module:factory"`` spec when a string); without a
     model the implementation's own ``full`` is the reference."""
     from .adapters import ImplFactoryError, load_impl
@@ -204,7 +191,7 @@ def _impl_targets(model: "Model | None", impl: Any, reference: Any, th: Threshol
             impl = load_impl(impl, None if model is None else model.module)
         except ImplFactoryError as exc:  # a factory that raises is a report (phase "factory"), not a crash
             err = PhaseError.from_exception("factory", exc.exc)
-            report = VerifyReport(cast(str, name), "error", th, steps, errors=[err])
+            report = VerifyReport(cast(str, name), "error", opts.thresholds, opts.max_new_tokens, errors=[err])
             return VerifyTargets(reference, [VerifyTarget(None, name, report)])
     if reference is None:
         if not callable(getattr(impl, "full", None)):
@@ -216,9 +203,7 @@ def _impl_targets(model: "Model | None", impl: Any, reference: Any, th: Threshol
     return VerifyTargets(reference, [VerifyTarget(impl, name)])
 
 
-def _hf_targets(
-    model: "Model", hf_caches: Sequence[str], hf_position_ids: bool, th: Thresholds, steps: int
-) -> list[VerifyTarget]:
+def _hf_targets(model: "Model", hf_caches: Sequence[str], opts: VerifyOptions) -> list[VerifyTarget]:
     """A transformers model's cache classes to verify: its default one, or each kind asked for (``"all"``: every
     kind); a kind unavailable here is a target already reported ``unavailable`` with the reason."""
     from .adapters import HFAdapter
@@ -229,29 +214,28 @@ def _hf_targets(
     targets = []
     for k in kinds:
         why = None if k is None else unavailable_reason(model.module, k)
-        if why is not None:
-            name = f"hf:{model.arch}[{k}]"
-            targets.append(VerifyTarget(None, name, VerifyReport(name, "unavailable", th, steps, unavailable=why)))
-        else:
-            targets.append(VerifyTarget(HFAdapter(model.module, pass_position_ids=hf_position_ids, cache=k)))
+        if why is None:
+            targets.append(VerifyTarget(HFAdapter(model.module, pass_position_ids=opts.hf_position_ids, cache=k)))
+            continue
+        name = f"hf:{model.arch}[{k}]"
+        report = VerifyReport(name, "unavailable", opts.thresholds, opts.max_new_tokens, unavailable=why)
+        targets.append(VerifyTarget(None, name, report))
     return targets
 
 
 def mutant_model(model: "Model | None", window: int | None = None) -> Any:
     """The model to plant the mutants into: a genprobe GPT, a GPT-2 converted to ours, or a transformers Llama-family
-    model; a ValueError for any other, or with a window (the mutants' caches have none)."""
+    model; a ValueError for any other (:func:`~genprobe.verify.mutants.teaching_view` names them), or with a window
+    (the mutants' caches have none)."""
     if window is not None:
         raise ValueError("a window cannot be combined with the mutants (their caches have no window)")
-    if model is not None and model.kind == "genprobe":
-        return model.module
-    if model is not None and model.arch == "gpt2":
+    if model is None:
+        raise ValueError("mutants need a model to plant bugs into")
+    if model.kind != "genprobe" and model.arch == "gpt2":
         from ..model.hf import from_hf_gpt2
 
         return from_hf_gpt2(cast(Any, model.module))
-    if model is None or model.arch not in LLAMA_ARCHS:
-        raise ValueError(
-            "mutants need a genprobe model or a GPT-2 / Llama / Qwen2 / Mistral transformers model to plant bugs into"
-        )
+    teaching_view(model.module)  # refuses any other model before anything runs
     return model.module
 
 
@@ -274,28 +258,19 @@ class MutantTable:
 
 
 def mutant_table(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    steps: int = 50,
-    *,
-    chunk_sizes: Sequence[int] = (1, 4),
-    thresholds: Thresholds | None = None,
-    run: Any = None,
-    prefix_reuse: bool = True,
+    model: Any, prompts: Sequence[Sequence[int]], opts: VerifyOptions = DEFAULTS, run: Any = None
 ) -> MutantTable:
     """The planted-bug mutants on the chapter's §3.9.1 experiment: the first prompt, every phase but padding and
     isolation; plus no_mask's one-token no-op (§3.9.4). ``model`` is a GPT or a Llama-family transformers model
     (:func:`mutant_model`); ``run``, a :class:`~genprobe.verify.harness.ReferenceRun` of that same model, reuses its
     trajectories."""
-    from .mutants import MUTANTS, mask_noop, report_row_detailed, run_mutant_reports
+    from .mutants import MUTANTS, mask_noop, report_row, run_mutant_reports
 
     first = [list(prompts[0])]
-    reports = run_mutant_reports(
-        model, first, steps, chunk_sizes=chunk_sizes, thresholds=thresholds, run=run, prefix_reuse=prefix_reuse
-    )
-    rows = [report_row_detailed(r, MUTANTS[r.impl]) for r in reports]
-    biggest = max(chunk_sizes)
-    noop = mask_noop(model, first[0], steps, chunk=biggest if biggest > 1 else 4, run=run)
+    reports = run_mutant_reports(model, first, opts, run=run)
+    rows = [report_row(r, MUTANTS[r.impl], detailed=True) for r in reports]
+    biggest = max(opts.chunk_sizes)
+    noop = mask_noop(model, first[0], opts.max_new_tokens, chunk=biggest if biggest > 1 else 4, run=run)
     return MutantTable(reports, rows, noop)
 
 
@@ -387,68 +362,43 @@ def verify_caches(
     model: "Model | None",
     impl: Any = None,
     *,
-    compiled: bool = False,
     hf_caches: Sequence[str] = (),
     mutants: bool = False,
     prompts: Sequence[str] | Sequence[Sequence[int]] | None = None,
-    max_new_tokens: int = 50,
-    chunk_sizes: Sequence[int] = (1, 4),
-    window: int | None = None,
-    sinks: int = 0,
-    hf_position_ids: bool = True,
-    padded_batch: bool = True,
-    isolation: bool = True,
-    prefix_reuse: bool = True,
-    noise_floor: bool = True,
-    thresholds: Thresholds | None = None,
     log: Callable[[str], None] = lambda msg: None,
+    **options: Unpack[CacheOptions],
 ) -> CacheVerification:
     """Verify every target of :func:`verify_targets` against one shared reference run (what ``genprobe
     verify-cache`` does), and with ``mutants`` the planted-bug mutants on the model (:func:`mutant_table`).
 
-    ``impl``: an implementation object or a ``"module:factory"`` spec; ``compiled``, ``hf_caches``, ``window``,
-    ``sinks`` and ``hf_position_ids`` as in :func:`verify_targets`. ``prompts``: texts or token-id lists (default:
-    :func:`default_prompts`; without a model, random ids in the implementation's ``vocab_size``). ``log`` gets
-    one progress line per implementation; ``padded_batch``, ``isolation``, ``prefix_reuse`` and ``noise_floor`` as in
-    :func:`~genprobe.verify.harness.verify_implementation`. ``result.failing(fail_on)`` and ``result.errors`` are what
-    ``verify-cache`` turns into its exit status.
+    ``impl``: an implementation object or a ``"module:factory"`` spec; ``hf_caches`` as in :func:`verify_targets`.
+    ``prompts``: texts or token-id lists (default: :func:`default_prompts`; without a model, random ids in the
+    implementation's ``vocab_size``). ``log`` gets one progress line per implementation; ``options`` are
+    :class:`~genprobe.verify.harness.VerifyOptions`' fields. ``result.failing(fail_on)`` and ``result.errors`` are
+    what ``verify-cache`` turns into its exit status.
     """
     from .harness import ReferenceRun, verify_implementation
     from .mutants import MUTANTS
 
-    th = thresholds or Thresholds()
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    gpt = mutant_model(model, window) if mutants else None
-    targets = verify_targets(
-        model,
-        impl,
-        compiled=compiled,
-        hf_caches=hf_caches,
-        window=window,
-        sinks=sinks,
-        hf_position_ids=hf_position_ids,
-        steps=max_new_tokens,
-        thresholds=th,
-    )
-    ids, steps = _prompt_ids(model, prompts, targets, max_new_tokens), max_new_tokens
+    opts = VerifyOptions(**options, pad_id=model.pad_id if model is not None else 0)
+    gpt = mutant_model(model, opts.window) if mutants else None
+    targets = verify_targets(model, impl, opts, hf_caches)
+    ids, steps = _prompt_ids(model, prompts, targets, opts.max_new_tokens), opts.max_new_tokens
     run = ReferenceRun(targets.reference, steps) if targets.runnable else None
-    shared: dict[str, Any] = {"chunk_sizes": chunk_sizes, "thresholds": th, "prefix_reuse": prefix_reuse}
-    own: dict[str, Any] = {"padded_batch": padded_batch, "isolation": isolation, "noise_floor": noise_floor}
-    own["pad_id"] = model.pad_id if model is not None else 0  # `own`: what the mutants' runs set for themselves
     reports = []
     for t in targets.targets:
         if t.report is not None:  # could not be built: the report says why
             reports.append(t.report)
             continue
+        assert run is not None  # there is a reference run whenever a target was built
         if getattr(t.impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
             t.impl.max_cache_len = cache_len(ids, steps)
         label = t.name or getattr(t.impl, "name", type(t.impl).__name__)
         log(f"verifying {label} on {len(ids)} prompt(s), {steps} steps …")
-        reports.append(verify_implementation(t.impl, run, ids, steps, name=t.name, **shared, **own))
+        reports.append(verify_implementation(t.impl, run, ids, opts, name=t.name))
     table = None
     if gpt is not None:  # on the reference's own model, the reference run's trajectories serve
         log(f"running {len(MUTANTS)} mutants …")
         same = getattr(targets.reference, "model", getattr(targets.reference, "hf", None)) is gpt
-        table = mutant_table(gpt, ids, steps, run=run if same else None, **shared)
-    return CacheVerification(reports, ids, run.name if run is not None else None, th, table)
+        table = mutant_table(gpt, ids, opts, run=run if same else None)
+    return CacheVerification(reports, ids, run.name if run is not None else None, opts.thresholds, table)

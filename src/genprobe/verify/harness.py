@@ -1,32 +1,17 @@
-"""Cache-equivalence harness: compare an implementation's logits with full recomputation, step by step.
+"""Cache-equivalence harness: an implementation's logits vs full recomputation, phase by phase.
 
-A KV cache is a mathematical identity (chapter §3.4.2), so the test compares *logits*, not text
-(§3.9.1: a missing mask moved logits by 2.10 and the greedy text by 0 characters). Each comparison
-can see a different class of bug:
-
-* **prefill** — the prompt in one cached call vs one uncached forward: should be bit-identical
-  (same code path, §3.4.9), reported as ``torch.equal`` and max |Δ|.
-* **incremental** — greedy decoding for N steps, teacher-forced with the *reference's* greedy tokens,
-  so each step's logits are compared on the very same prefix (step 0 = prefill, step k = k-th
-  ``step()``); the implementation's own greedy text is compared too, to count text divergences.
-* **chunk_c** — the reference's greedy sequence fed in chunks of c tokens (T_new > 1 is where a
-  missing causal mask shows, §3.9.4).
-* **padded_batch** — prompts of different lengths left-padded into one batch vs each alone
-  (where wrong absolute positions show, the GPT-2 ``position_ids`` bug class).
-* **isolation** — a different sequence A (other tokens, other length) run to the end, ``reset()``,
-  then sequence B, compared with B alone: state that survives ``reset()`` shows here even when
-  every other phase replays one prompt, whose leaked keys would coincide with the real ones.
-
-Verdicts: see :mod:`genprobe.verify.compare` (the chapter's absolute scale, raised by a scale relative
-to the reference's logits). An exception inside the implementation makes its phase ``error`` (phase,
-type, message recorded) and the harness moves on to the next phase.
+Logits, not text: a KV cache is a mathematical identity (chapter §3.4.2), and a missing mask can move logits by 2.10
+and the greedy text by 0 characters (§3.9.1). The phases (prefill, incremental, chunk_c, padded_batch, isolation,
+prefix reuse) and the class of bug each can see: docs/verify-cache.md ("Reference"). Verdicts:
+:mod:`genprobe.verify.compare`. An exception inside the implementation makes its phase ``error`` and the harness moves
+on to the next phase.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -35,6 +20,9 @@ from ..engine.runner import left_padded
 from .compare import Thresholds, max_abs_diff
 from .report import PhaseError, PhaseTracker, VerifyReport, overall_verdict
 from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_extension, reuse_cases, situations
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .adapters import CacheImpl, Reference
 
 
 # ---- reference trajectories --------------------------------------------------------------------------
@@ -403,15 +391,50 @@ def _phase(
 
 
 # ---- the whole verification --------------------------------------------------------------------------
-def _check_inputs(
-    impl: Any, run: ReferenceRun, prompts: list[list[int]], steps: int, chunk_sizes: Sequence[int]
-) -> None:
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What a verification runs and how it judges: made once where it is asked for, passed down whole.
+
+    ``max_new_tokens`` greedy steps per prompt; ``chunk_sizes`` of the chunked phases; ``padded_batch``,
+    ``isolation`` and ``prefix_reuse`` (:mod:`genprobe.verify.reuse`) turn those phases on; ``noise_floor`` judges
+    against the reference's own float noise (passing below ``thresholds.floor_multiple`` × it); ``pad_id`` fills
+    the padded batch. ``compiled``, ``window``/``sinks`` and ``hf_position_ids`` choose what is verified
+    (:func:`genprobe.verify.api.verify_targets`).
+    """
+
+    max_new_tokens: int = 50
+    chunk_sizes: Sequence[int] = (1, 4)
+    padded_batch: bool = True
+    isolation: bool = True
+    prefix_reuse: bool = True
+    noise_floor: bool = True
+    thresholds: Thresholds = Thresholds()
+    pad_id: int = 0
+    compiled: bool = False
+    window: int | None = None
+    sinks: int = 0
+    hf_position_ids: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chunk_sizes", tuple(int(c) for c in self.chunk_sizes))
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if any(c < 1 for c in self.chunk_sizes):
+            raise ValueError(f"chunk sizes must all be >= 1, got {list(self.chunk_sizes)}")
+        if self.window is None and self.sinks:
+            raise ValueError("sinks only make sense with a window")
+        if self.window is not None and self.compiled:
+            raise ValueError("a window cannot be combined with the compiled decode path (its cache has no window)")
+
+
+DEFAULTS = VerifyOptions()
+
+
+def _check_inputs(impl: Any, run: ReferenceRun, prompts: list[list[int]], steps: int) -> None:
     from .adapters import check_impl
 
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-    if any(int(c) < 1 for c in chunk_sizes):
-        raise ValueError(f"chunk sizes must all be >= 1, got {list(chunk_sizes)}")
     check_impl(impl)
     if run.steps != steps:
         raise ValueError(f"the shared ReferenceRun was computed for {run.steps} steps, not {steps}")
@@ -425,49 +448,37 @@ def _check_inputs(
 
 
 def verify_implementation(
-    impl: Any,
-    reference: Any,
+    impl: "CacheImpl",
+    reference: "Reference | ReferenceRun",
     prompts: list[list[int]],
-    steps: int = 50,
-    chunk_sizes: Sequence[int] = (1, 4),
-    padded_batch: bool = True,
-    thresholds: Thresholds | None = None,
+    opts: VerifyOptions = DEFAULTS,
     name: str | None = None,
-    pad_id: int = 0,
-    isolation: bool = True,
-    prefix_reuse: bool = True,
-    noise_floor: bool = True,
 ) -> VerifyReport:
-    """Compare ``impl`` with full recomputation (a reference or a shared :class:`ReferenceRun`).
-
-    ``prefix_reuse``: run the prefix-reuse phases (:mod:`genprobe.verify.reuse`). ``noise_floor``:
-    measure the reference's own float noise on these prompts and pass differences below
-    ``thresholds.floor_multiple`` × that floor (:meth:`Thresholds.pass_line`).
-    """
-    th = thresholds or Thresholds()
+    """Compare ``impl`` with full recomputation (a reference or a shared :class:`ReferenceRun`), phase by phase."""
+    steps, th = opts.max_new_tokens, opts.thresholds
     run = reference if isinstance(reference, ReferenceRun) else ReferenceRun(reference, steps)
-    _check_inputs(impl, run, prompts, steps, chunk_sizes)
+    _check_inputs(impl, run, prompts, steps)
     prompts = [[int(t) for t in p] for p in prompts]
     trajs = [run.trajectory(p) for p in prompts]
-    floor = run.noise_floor(prompts, pad_id) if noise_floor else None
+    floor = run.noise_floor(prompts, opts.pad_id) if opts.noise_floor else None
     fv = None if floor is None else floor.value
     line = th.pass_line(fv)
 
     pre, inc = PhaseTracker("prefill", line), PhaseTracker("incremental", line)
     own = _greedy_phases(impl, trajs, pre, inc)
     trackers = [pre, inc]
-    for c in map(int, chunk_sizes):
+    for c in opts.chunk_sizes:
         trackers.append(_phase(f"chunk_{c}", line, functools.partial(_chunk_phase, impl, trajs, c)))
-    if padded_batch:
-        padded = padded_prompts(prompts)
+    if opts.padded_batch:
+        padded, pad = padded_prompts(prompts), opts.pad_id
         no_padding = "implementation does not support padding"
-        trackers.append(_phase("padded_batch", line, lambda t: _padded_phase(impl, run, padded, t, pad_id), no_padding))
+        trackers.append(_phase("padded_batch", line, lambda t: _padded_phase(impl, run, padded, t, pad), no_padding))
     limits = [m for m in (run.max_positions, getattr(impl, "max_positions", None)) if m is not None]
-    if isolation:  # a partner sequence A that, with the steps, fits the tighter context
+    if opts.isolation:  # a partner sequence A that, with the steps, fits the tighter context
         a = isolation_partner(prompts[0], prompts[1:], trajs[0].vocab, min(limits) - steps if limits else None)
         trackers.append(_phase("isolation", line, lambda t: _isolation_phase(impl, run, trajs[0], a, t)))
     reuse: list[str] = []
-    if prefix_reuse:
+    if opts.prefix_reuse:
         reuse_trackers, reuse = _reuse_phases(impl, run, prompts[0], trajs[0].vocab, limits, line)
         trackers += reuse_trackers
     texts_tracker = PhaseTracker("greedy_text", line)

@@ -1,19 +1,7 @@
 """``transformers``' own cache classes, probed at run time: which exist in the installed version, and how to build one.
 
-Kinds (``--hf-cache``):
-
-* ``dynamic``   — ``DynamicCache()``: full-attention layers that grow with ``torch.cat``.
-* ``static``    — ``StaticCache(config, max_cache_len)``: preallocated; sliding layers of a windowed model
-  are static sliding layers.
-* ``sliding``   — ``DynamicCache(config=config)``: the layers the model's config asks for, i.e. sliding-window
-  layers that evict old keys. Only meaningful for a model with ``sliding_window`` in its config.
-* ``quantized`` — ``QuantizedCache``: keys/values stored quantized (backend ``fp8`` where this version has
-  it, else ``quanto`` or ``hqq`` when those packages are installed). Lossy by design.
-* ``offloaded`` — a dynamic cache whose layers are offloaded to CPU memory between uses (needs CUDA in
-  transformers 5.x; ``OffloadedCache`` in older versions).
-
-The API moved between versions (``past_key_values`` → ``cache``; ``StaticCache`` lost its batch-size
-argument; quantized caches took a ``QuantizedCacheConfig``), so every kind is probed, never assumed.
+Kinds (``--hf-cache``): :data:`CACHE_KINDS`, tabled in docs/verify-cache.md ("transformers' cache classes"). The API
+moved between versions, so every kind is probed, never assumed.
 """
 
 from __future__ import annotations

@@ -1,31 +1,16 @@
 """Deliberately broken cached-attention implementations: the tests of the test (chapter §3.4.9, §3.9).
 
 :class:`TeachingCache` is the chapter's §3.10 teaching version — a list of per-layer K/V grown with
-``torch.cat`` — as the cache of the model's own forward (a genprobe ``GPT``, or a ``transformers`` Llama / Qwen2 /
-Mistral model through :class:`~genprobe.model.llama_family.LlamaFamily`), with one line switched per mutant:
-
-=============  ==============================================  =========================
-mutant         the one wrong line                              expected
-=============  ==============================================  =========================
-correct        —                                               pass
-pos_zero       position embedding ``arange(T)`` every call     flagged (decode steps)
-no_cat         ``K = k`` (overwrite instead of append)          flagged (decode steps)
-no_mask        no causal mask inside the cached path           flagged (prefill/chunks only)
-kv_mismatch    K prepended, V appended                         flagged
-cat_order      K *and* V prepended (joint permutation)         pass (seed Eq. 3.26–3.29)
-=============  ==============================================  =========================
-
-Cross-sequence reuse, which the prefix-reuse phases show: :class:`PrefixCache` (serving engines' block cache) and
-:class:`SlotCache` (llama.cpp's server slot). A batched cache's row mix-up, which only the padded batch shows:
-:func:`row_swap`.
-
-The mask is built from the absolute positions stored next to the keys (in the keys' order), so
-``cat_order`` is a true joint permutation even for multi-token chunks. The mutants live here, not
-as flags in the engine: production code carries no bug switches.
+``torch.cat`` — as the cache of the model's own forward, with one line switched per mutant (tabled in
+docs/verify-cache.md, "The teaching mutants"). Cross-sequence reuse, which the prefix-reuse phases show:
+:class:`PrefixCache` (serving engines' block cache) and :class:`SlotCache` (llama.cpp's server slot). A batched cache's
+row mix-up, which only the padded batch shows: :func:`row_swap`. The mutants live here, not as flags in the engine:
+production code carries no bug switches.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
@@ -36,7 +21,7 @@ from ..model.llama_family import llama_family_of
 from ..model.position_lm import PositionDrivenLM
 from .adapters import EngineAdapter, FullRecompute, reference_for
 from .compare import Thresholds, max_abs_diff
-from .harness import ReferenceRun, chunk_calls, verify_implementation
+from .harness import DEFAULTS, ReferenceRun, VerifyOptions, chunk_calls, verify_implementation
 from .report import VerifyReport
 
 MUTANTS: dict[str, str] = {
@@ -63,7 +48,7 @@ DEFAULT_PROMPT = "春江潮水连海平"  # the chapter's prompt (§3.9.1), 50 g
 
 
 # ---- the teaching cache: the model's own forward, with the list-and-cat cache as its CacheLike ---------------
-def _view(model: Any) -> PositionDrivenLM:
+def teaching_view(model: Any) -> PositionDrivenLM:
     """The position-driven forward the teaching cache plugs into: a genprobe GPT, or
     :class:`~genprobe.model.llama_family.LlamaFamily` over a transformers Llama-family model's own weights."""
     if isinstance(model, GPT):
@@ -74,7 +59,7 @@ def _view(model: Any) -> PositionDrivenLM:
     if arch in LLAMA_ARCHS and hasattr(model, "model") and hasattr(model, "lm_head"):
         return llama_family_of(model.eval())
     raise ValueError(
-        f"mutants run on a genprobe GPT or a transformers {'/'.join(LLAMA_ARCHS)} model, "
+        f"mutants run on a genprobe GPT, a transformers GPT-2 (converted) or {'/'.join(LLAMA_ARCHS)} model, "
         f"not {arch or type(model).__name__!r}"
     )
 
@@ -92,7 +77,7 @@ class TeachingCache:
     def __init__(self, model: Any, bug: str = "correct"):
         if bug not in TEACHING:
             raise ValueError(f"unknown mutant {bug!r}; choose from {list(MUTANTS)}")
-        self.lm, self.model, self.bug, self.name = _view(model), model, bug, bug
+        self.lm, self.model, self.bug, self.name = teaching_view(model), model, bug, bug
         self.max_positions = self.lm.cfg.max_positions
         self.reset()
 
@@ -352,26 +337,20 @@ def mutant(model: Any, name: str) -> Any:
 def run_mutant_reports(
     model: Any,
     prompts: list[list[int]],
-    steps: int = 50,
+    opts: VerifyOptions = DEFAULTS,
     names: Sequence[str] = tuple(MUTANTS),
     run: ReferenceRun | None = None,
-    **options: Any,
 ) -> list[VerifyReport]:
-    """Full harness reports for each mutant (reference trajectories computed once); ``options`` (``chunk_sizes``,
-    ``thresholds``, ``prefix_reuse``, ``noise_floor``) go to :func:`~genprobe.verify.harness.verify_implementation`.
+    """Full harness reports for each mutant (reference trajectories computed once) under ``opts``.
 
     No padded batch for the teaching-cache mutants (the teaching cache has no padding; the batched ones,
     :data:`BATCHED`, get it) and no isolation phase: every mutant shares the same correct ``reset()``, so
     isolation would only repeat the incremental phase's finding. The prefix-reuse phases run (they are
     where the prefix-cache mutants show).
     """
-    run = run or ReferenceRun(reference_for(model), steps)
-    return [
-        verify_implementation(
-            mutant(model, n), run, prompts, steps=steps, padded_batch=n in BATCHED, name=n, isolation=False, **options
-        )
-        for n in names
-    ]
+    run = run or ReferenceRun(reference_for(model), opts.max_new_tokens)
+    one = [replace(opts, padded_batch=n in BATCHED, isolation=False) for n in names]
+    return [verify_implementation(mutant(model, n), run, prompts, o, n) for n, o in zip(names, one, strict=True)]
 
 
 ROW = tuple(  # the chapter's §3.9.8 table: the keys the case study's ch3_case.json records
@@ -381,18 +360,16 @@ ROW = tuple(  # the chapter's §3.9.8 table: the keys the case study's ch3_case.
 DETAILED = ("first_diff_step_by_phase", "max_rel_dlogit", "errors")  # what --mutants adds to a row
 
 
-def report_row(r: VerifyReport, expected: str | None = None, keys: Sequence[str] = ROW) -> dict[str, Any]:
-    """One row of the chapter's §3.9.8 table (``keys`` of the report), with the expected verdict when given."""
-    row: dict[str, Any] = {k: getattr(r, k) for k in keys}
+def report_row(r: VerifyReport, expected: str | None = None, detailed: bool = False) -> dict[str, Any]:
+    """One row of the chapter's §3.9.8 table (its keys of the report), with the expected verdict when given;
+    ``detailed`` (``--mutants``) adds every phase's first differing step and verdict, the relative scale and errors."""
+    row: dict[str, Any] = {k: getattr(r, k) for k in ROW + (DETAILED if detailed else ())}
     if expected is not None:
         row["expected"] = expected
         row["as_expected"] = (r.verdict == "pass") == (expected == "pass")
+    if detailed:
+        row["verdict_by_phase"] = {p.phase: p.verdict for p in r.phases}
     return json_safe_dict(row)
-
-
-def report_row_detailed(r: VerifyReport, expected: str | None = None) -> dict[str, Any]:
-    """:func:`report_row` plus every phase's first differing step and verdict, the relative scale and errors."""
-    return {**report_row(r, expected, ROW + DETAILED), "verdict_by_phase": {p.phase: p.verdict for p in r.phases}}
 
 
 def run_mutants(
@@ -403,9 +380,8 @@ def run_mutants(
     The chapter's experiment: prefill, decode steps and chunks of one prompt — no prefix-reuse phases
     and no prefix-cache mutants, so that the case study's figures stay comparable with the chapter's.
     """
-    reports = run_mutant_reports(
-        model, [list(prompt_ids)], steps, names=TEACHING, thresholds=thresholds, prefix_reuse=False
-    )
+    opts = VerifyOptions(steps, thresholds=thresholds or Thresholds(), prefix_reuse=False)
+    reports = run_mutant_reports(model, [list(prompt_ids)], opts, names=TEACHING)
     return [report_row(r, MUTANTS[r.impl]) for r in reports]
 
 
@@ -428,16 +404,8 @@ def mask_noop(
 
 def cache_exact(model: GPT, prompt_ids: list[int], steps: int = 50) -> dict[str, Any]:
     """The engine vs full recomputation (chapter §3.4.3: prefill 0.0, incremental ~1.9e-6)."""
-    r = verify_implementation(
-        EngineAdapter(model),
-        FullRecompute(model),
-        [list(prompt_ids)],
-        steps=steps,
-        chunk_sizes=(4,),
-        padded_batch=False,
-        isolation=False,
-        prefix_reuse=False,
-    )
+    opts = VerifyOptions(steps, chunk_sizes=(4,), padded_batch=False, isolation=False, prefix_reuse=False)
+    r = verify_implementation(EngineAdapter(model), FullRecompute(model), [list(prompt_ids)], opts)
     return {
         "prefill_max_abs_dlogit": r.phase("prefill").max_abs_dlogit,
         "incremental_max_abs_dlogit": r.phase("incremental").max_abs_dlogit,

@@ -1,20 +1,9 @@
 """The sequences of the prefix-reuse phases: what a cache that reuses blocks across sequences must get right.
 
-Serving engines reuse cached keys/values across requests that share a prefix (vLLM's prefix caching
-hashes blocks of 16 tokens chained to their parent, SGLang's radix cache matches token by token,
-llama.cpp reuses a slot's common prefix). The classic bug is a lookup that matches too little: a
-hash over part of a block, a block without its parent's hash, a match that stops one token short of
-the block's end. Each shows only when two sequences share *some* tokens and differ *somewhere
-specific*, so the plan (:func:`reuse_cases`; docs/verify-cache.md has it as a table) is built around
-common block sizes (8, 16, 32): a base sequence A of :data:`REUSE_LENGTH` tokens; continuations that
-diverge at the first token of a block, inside one and at its last token; one token changed at the last
-position of a block; the first block replaced (run twice); A again; and prompts shorter than A (its first
-32 / 20 tokens) stepped with other tokens, whose next tokens must not see A's cached tail.
-
-Every returned position's logits are compared, the last included. Cases that do not fit the context are
-left out (the report lists what ran). The phases run the cases with ``reset()`` between them and, where
-the implementation declares that its ``prefill()`` starts a new sequence (``prefill_starts_sequence =
-True``), without.
+Serving engines reuse cached keys/values across requests that share a prefix; the classic bug is a lookup that
+matches too little, which shows only when two sequences share *some* tokens and differ *somewhere specific*. The plan
+(:func:`reuse_cases`) is built around common block sizes (8, 16, 32); docs/verify-cache.md (section 1) tables it.
+Cases that do not fit the context are left out (the report lists what ran).
 """
 
 from __future__ import annotations

@@ -407,24 +407,21 @@ def verify_speculative(
     d = make_draft(target, draft if draft is not None else f"layers:{max(1, _layers(m) // 2)}")
     cfg = sampler or EXACT_SAMPLER
     ids = default_prompts(runner_for(target).vocab_size, seed) if prompts is None else encode_prompts(m, prompts)
-    greedy = greedy_check(target, d, ids, max_new_tokens, k)
     sampled_prompt = continued(target, ids[0], exact_tokens)
-    exact = exact_check(target, d, sampled_prompt, exact_tokens, exact_k, cfg)
+    decoders = MUTANTS if mutants else {"correct": MUTANTS["correct"]}  # the correct decoder's checks are the verdict
+    checks = {
+        name: (
+            greedy_check(target, d, ids, max_new_tokens, k, decoder=decoder),
+            exact_check(target, d, sampled_prompt, exact_tokens, exact_k, cfg, decoder=decoder),
+        )
+        for name, decoder in decoders.items()
+    }
     two = None
     if samples:
         two = two_sample_check(target, d, sampled_prompt, max(exact_tokens, 4), k, cfg, samples, seed)
-    rows = None
-    if mutants:  # each decoder of spec_mutants.MUTANTS through both checks
-        rows = [
-            MutantRow.of(
-                name,
-                greedy_check(target, d, ids, max_new_tokens, k, decoder=decoder),
-                exact_check(target, d, sampled_prompt, exact_tokens, exact_k, cfg, decoder=decoder),
-            )
-            for name, decoder in MUTANTS.items()
-        ]
+    rows = [MutantRow.of(name, *c) for name, c in checks.items()] if mutants else None
     name = getattr(d, "name", "model")
-    return SpeculativeVerification(str(getattr(m, "source", model)), name, k, greedy, exact, two, rows)
+    return SpeculativeVerification(str(getattr(m, "source", model)), name, k, *checks["correct"], two, rows)
 
 
 def continued(target: Any, prompt: Sequence[int], n: int, extra: int = 16) -> list[int]:
