@@ -357,6 +357,11 @@ struct Dot {
 
 // y[m, n] = x[m] . W[n] (+ bias[n]) for outputs [n0, n1): each block decoded once into registers and multiplied by
 // every row of x, never written to memory. Blocks of 32 weights go two at a time (their 4 groups: 4 sums busy).
+// A row of blocks also asks for the bytes kPrefetchBytes ahead of it (a hint: it never faults, also past the end):
+// interleaved with the decoding, the hardware prefetcher alone falls behind a weight streamed from memory (measured
+// on an Intel Xeon, one core, 390 MB of blocks: Q4_0 1.3x, Q8_0 1.7-2x with 4 KB ahead).
+constexpr int64_t kPrefetchBytes = 4096;
+
 template <class Decode, int M>
 __attribute__((target("avx512f,f16c"))) void dot_rows(const float* x, const u8* raw, int64_t row_bytes, int64_t K,
                                                      const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) {
@@ -364,6 +369,7 @@ __attribute__((target("avx512f,f16c"))) void dot_rows(const float* x, const u8* 
   const int64_t blocks = K / per_block;
   for (int64_t n = n0; n < n1; ++n) {
     const u8* row = raw + n * row_bytes;
+    for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char*)(row + kPrefetchBytes + b), _MM_HINT_T0);
     Dot<M> sink{x, K, 0, {}};
     for (int m = 0; m < M; ++m)
       for (int a = 0; a < 4; ++a) sink.acc[m][a] = _mm512_setzero_ps();

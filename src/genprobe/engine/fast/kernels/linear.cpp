@@ -193,11 +193,28 @@ constexpr int64_t kRowStreamMinWeights = int64_t(96) << 10;
 // once, took 19.5 ms (int8 weights: 5.0 ms, 27 GB/s of int8). The tile stays for weights that sit in cache: its lanes
 // are summed once per 8 outputs. The AVX-512 forms use this AVX2 loop too: 16 lanes were no faster (the stream is
 // the limit).
+//
+// Each row also asks for the weight kPrefetchBytes ahead of it: interleaved with the multiply-adds, the hardware
+// prefetcher alone falls behind a stream that comes from memory (measured on an Intel Xeon, one thread, the weight
+// streamed from memory: an int8 head with a scale per 32 read ~1.8x faster with 4 KB ahead).
+constexpr int64_t kPrefetchBytes = 4096;
+
+template <typename W>
+inline void prefetch_ahead(const W* row, int64_t count) {
+  const char* ahead = reinterpret_cast<const char*>(row) + kPrefetchBytes;
+  for (int64_t b = 0; b < count * int64_t(sizeof(W)); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+}
+inline void prefetch_ahead(BlockI8 row, int64_t count) {
+  prefetch_ahead(row.q + row.at, count);
+  prefetch_ahead(row.d + uint64_t(row.at) / BlockI8::kBlock, count / BlockI8::kBlock);
+}
+
 template <typename WP>
 void row_dots(const float* x, WP w, const float* bias, float* y, int64_t K, int64_t n0, int64_t n1) {
   const int64_t k64 = K & ~int64_t(63), k8 = K & ~int64_t(7);
   for (int64_t n = n0; n < n1; ++n) {
     const WP row = w + n * K;
+    prefetch_ahead(row, K);  // a hint: it never faults, also past the end of the weight
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
