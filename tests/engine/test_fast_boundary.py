@@ -20,14 +20,13 @@ def test_each_fast_module_has_one_import_path(name):
 
 
 def test_compile_true_selects_the_fast_runner(tiny_model):
-    from genprobe.engine.fast import compiled_runner
     from genprobe.engine.fast.compiled import CompiledGPTRunner
     from genprobe.engine.generate import generate
     from genprobe.engine.runner import GPTRunner, runner_for
     from genprobe.model.load import Model
 
     assert isinstance(runner_for(tiny_model, compile=True), CompiledGPTRunner)
-    assert runner_for(Model.from_module(tiny_model), compile=True) is compiled_runner(tiny_model)
+    assert runner_for(Model.from_module(tiny_model), compile=True) is CompiledGPTRunner.for_model(tiny_model)
     eager = runner_for(tiny_model)
     assert isinstance(eager, GPTRunner) and not hasattr(eager, "greedy_all")
     with pytest.raises(ValueError, match="mode='naive'"):

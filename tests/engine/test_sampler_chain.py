@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from genprobe.engine.samplers.chain import kept_set_size, process_logits, sample_next, sampling_probs
+from genprobe.engine.samplers.chain import kept_set_size, process_logits, sample_next
 from genprobe.engine.samplers.stages import ORDERS, SamplerConfig, no_repeat_ngram_mask
 from genprobe.experiments.sampling import order_trap
 
@@ -137,7 +137,7 @@ def test_truncation_masks_with_minus_inf_never_zero():
     logits = torch.tensor([[5.0, 4.0, -3.0, -4.0]])
     out = process_logits(logits, None, SamplerConfig(top_k=2))
     assert out[0, 2] == float("-inf") and out[0, 3] == float("-inf")
-    assert sampling_probs(logits, None, SamplerConfig(top_k=2))[0, 2:].tolist() == [0.0, 0.0]
+    assert process_logits(logits, None, SamplerConfig(top_k=2)).softmax(-1)[0, 2:].tolist() == [0.0, 0.0]
 
 
 def test_hf_preset_matches_transformers_warpers():
@@ -174,7 +174,7 @@ def test_probabilities_finite_and_sum_to_one_and_kept_set_nonempty(row, cfg, his
     V = logits.shape[1]
     h = _history(hist, V)
     try:
-        probs = sampling_probs(logits, h, cfg)
+        probs = process_logits(logits, h, cfg).softmax(-1)
     except ValueError as exc:  # no_repeat_ngram may legitimately ban every token of a tiny vocabulary
         assert "every token is banned" in str(exc) and cfg.no_repeat_ngram
         return
@@ -211,7 +211,7 @@ def test_top_p_keeps_smallest_prefix_reaching_p(row, p):
 def test_banned_tokens_never_drawn(row, ban, cfg, seed):
     cfg = SamplerConfig(**{**cfg.to_dict(), "ban_ids": tuple(ban), "no_repeat_ngram": 0})
     logits = torch.tensor([row] * 4)
-    probs = sampling_probs(logits, None, cfg)
+    probs = process_logits(logits, None, cfg).softmax(-1)
     assert (probs[:, list(set(ban))] == 0).all()
     draws = sample_next(logits.repeat(8, 1), None, cfg, torch.Generator().manual_seed(seed))
     assert not any(int(d) in ban for d in draws)
@@ -287,7 +287,7 @@ def test_sampling_never_touches_global_rng():
 def test_sampled_frequencies_follow_processed_distribution():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -5.0]])
     cfg = SamplerConfig(temperature=1.3, top_p=0.9)
-    probs = sampling_probs(logits, None, cfg)[0]
+    probs = process_logits(logits, None, cfg).softmax(-1)[0]
     draws = sample_next(logits.repeat(20000, 1), None, cfg, torch.Generator().manual_seed(0))
     freq = torch.bincount(draws, minlength=5).double() / 20000
     assert torch.allclose(freq, probs.double(), atol=0.015)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from genprobe.engine.samplers.chain import process_logits, sampling_probs
+from genprobe.engine.samplers.chain import process_logits
 from genprobe.engine.samplers.stages import SamplerConfig
 
 LLAMA = SamplerConfig(order="llama.cpp")
@@ -48,7 +48,7 @@ P4 = [0.1, 0.2, 0.3, 0.4]
 )
 def test_top_k_vectors(k, expected):
     """test-sampling.cpp test_top_k (llama_sampler_top_k_impl)."""
-    _check(sampling_probs(_logits(P4), None, LLAMA.replace(top_k=k)), expected)
+    _check(process_logits(_logits(P4), None, LLAMA.replace(top_k=k)).softmax(-1), expected)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_top_k_vectors(k, expected):
 )
 def test_top_p_vectors(p, expected):
     """test-sampling.cpp test_top_p (llama_sampler_top_p_apply); p = 0 is refused by our validation."""
-    _check(sampling_probs(_logits(P4), None, LLAMA.replace(top_p=p)), expected)
+    _check(process_logits(_logits(P4), None, LLAMA.replace(top_p=p)).softmax(-1), expected)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_top_p_vectors(p, expected):
 )
 def test_min_p_vectors(p, expected):
     """test-sampling.cpp test_min_p (llama_sampler_min_p_apply); min_p > 1 is refused by our validation."""
-    _check(sampling_probs(_logits(P4), None, LLAMA.replace(min_p=p)), expected)
+    _check(process_logits(_logits(P4), None, LLAMA.replace(min_p=p)).softmax(-1), expected)
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,8 @@ def test_min_p_vectors(p, expected):
 def test_xtc_vectors(t, expected):
     """test-sampling.cpp test_xtc (llama_sample_xtc_apply), XTC certain to fire (their seed-0 draw fires at 0.99)."""
     cfg = LLAMA.replace(xtc_probability=1.0, xtc_threshold=t)
-    probs = sampling_probs(_logits([0.4, 0.3, 0.2, 0.1]), None, cfg, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    probs = process_logits(_logits([0.4, 0.3, 0.2, 0.1]), None, cfg, generator=gen).softmax(-1)
     _check(probs, expected)
 
 
@@ -92,7 +93,7 @@ def test_xtc_vectors(t, expected):
 )
 def test_typical_vectors(probs, expected):
     """test-sampling.cpp test_typical (llama_sampler_typical_apply)."""
-    _check(sampling_probs(_logits(probs), None, LLAMA.replace(typical_p=0.5)), expected)
+    _check(process_logits(_logits(probs), None, LLAMA.replace(typical_p=0.5)).softmax(-1), expected)
 
 
 @pytest.mark.parametrize(
@@ -109,7 +110,7 @@ def test_typical_vectors(probs, expected):
 def test_penalty_vectors(last, expected, rep, freq, pres):
     """test-sampling.cpp test_penalties (llama_sampler_penalties_apply), window = len(last_tokens)."""
     cfg = LLAMA.replace(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres, penalty_last_n=len(last))
-    got = sampling_probs(_logits([0.2] * 5), torch.tensor([last]), cfg)[0].double().numpy()
+    got = process_logits(_logits([0.2] * 5), torch.tensor([last]), cfg).softmax(-1)[0].double().numpy()
     assert np.allclose(got, expected, atol=1e-5), got
 
 
@@ -132,14 +133,14 @@ def test_dry_vectors(probs, last, expected, mult, base, allowed, last_n, breaker
         dry_last_n=last_n,
         dry_sequence_breakers=tuple(tuple(b) for b in breakers),
     )
-    got = sampling_probs(_logits(probs), torch.tensor([last]), cfg)[0].double().numpy()
+    got = process_logits(_logits(probs), torch.tensor([last]), cfg).softmax(-1)[0].double().numpy()
     assert np.allclose(got, expected, atol=1e-5), got
 
 
 @pytest.mark.parametrize("n, expected", [(1.0, [0.571429, 0.428571]), (0.0, P4), (3.0, P4)])
 def test_top_n_sigma_vectors(n, expected):
     """test-sampling.cpp test_top_n_sigma (llama_sampler_top_n_sigma_apply); 0 is a no-op."""
-    _check(sampling_probs(_logits(P4), None, LLAMA.replace(top_n_sigma=n)), expected)
+    _check(process_logits(_logits(P4), None, LLAMA.replace(top_n_sigma=n)).softmax(-1), expected)
 
 
 # ---- part 2: vectors from llama.cpp's compiled samplers --------------------------------------

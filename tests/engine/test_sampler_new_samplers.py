@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from genprobe.engine.generate import generate
-from genprobe.engine.samplers.chain import process_logits, sample_next, sampling_probs
-from genprobe.engine.samplers.dry import breakers_from_strings, dry_penalties
+from genprobe.engine.samplers.chain import process_logits, sample_next
+from genprobe.engine.samplers.llama_cpp import breakers_from_strings, dry_penalties
 from genprobe.engine.samplers.stages import DRY, XTC, SamplerConfig
 
 
@@ -189,7 +189,7 @@ def test_nan_logits_raise_in_every_path(cfg):
     for call in (
         lambda: process_logits(z, torch.tensor([[0]]), cfg),
         lambda: sample_next(z, torch.tensor([[0]]), cfg, torch.Generator()),
-        lambda: sampling_probs(z, torch.tensor([[0]]), cfg),
+        lambda: process_logits(z, torch.tensor([[0]]), cfg).softmax(-1),
     ):
         with pytest.raises(ValueError, match="NaN"):
             call()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..engine.samplers.dry import DEFAULT_BREAKERS, tokenizer_breakers
+from ..engine.samplers.llama_cpp import DEFAULT_BREAKERS, tokenizer_breakers
 from ..engine.samplers.stages import DRY, ENGINES, ORDERS, PARAMS, PRESETS, SamplerConfig
 from ._common import Accumulate
 

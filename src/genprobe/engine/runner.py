@@ -122,13 +122,13 @@ ModelLike: TypeAlias = "Model | nn.Module | Runner"
 
 def runner_for(model: ModelLike, compile: bool = False) -> Runner:
     """The one place a model's runner is chosen: ``compile=True`` gives the fast runner
-    (:func:`genprobe.engine.fast.compiled_runner` of :func:`fast_module`), else the eager one: :class:`GPTRunner` for
+    (``CompiledGPTRunner.for_model`` of :func:`fast_module`), else the eager one: :class:`GPTRunner` for
     our GPT, ``HFCausalLM`` for a transformers LM; a runner passes through."""
     module = model.module if isinstance(model, Model) else model
     if compile:
-        from .fast import compiled_runner  # the torch.compile machinery only when asked for
+        from .fast.compiled import CompiledGPTRunner  # the torch.compile machinery only when asked for
 
-        return cast(Runner, compiled_runner(fast_module(module)))
+        return cast(Runner, CompiledGPTRunner.for_model(fast_module(module)))
     if isinstance(module, GPT):
         return GPTRunner(module)
     if all(hasattr(module, a) for a in ("new_state", "step", "full", "vocab_size")):

@@ -19,7 +19,7 @@ import torch
 from .drafts import CachedModel, Draft, ModelDraft, PromptLookupDraft, first_layers
 from .generate import GREEDY
 from .runner import ModelLike, Runner, check_inputs, runner_for
-from .samplers.chain import sample_next, sampling_probs
+from .samplers.chain import process_logits, sample_next
 from .samplers.stages import CONTRASTIVE, XTC, SamplerConfig
 
 
@@ -239,7 +239,7 @@ class SpeculativeDecoder:
 
     def probs(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
         """The processed sampling distribution (V,) after ``context``."""
-        return sampling_probs(logits[None].cpu(), self.history(context), self.cfg, prompt_len=self.P)[0]
+        return process_logits(logits[None].cpu(), self.history(context), self.cfg, prompt_len=self.P).softmax(-1)[0]
 
     def argmax(self, logits: torch.Tensor, context: Sequence[int]) -> int:
         """Greedy's token, as plain decoding's: the raw argmax (plain greedy), else that of the adjusted logits."""

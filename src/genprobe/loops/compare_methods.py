@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..engine.samplers.dry import DEFAULT_BREAKERS, tokenizer_breakers
+from ..engine.samplers.llama_cpp import DEFAULT_BREAKERS, tokenizer_breakers
 from ..engine.samplers.stages import SamplerConfig
 
 EDIT, EDIT_BEST = "edit", "edit+best"

@@ -1,7 +1,7 @@
 """genprobe's llama.cpp preset against llama.cpp's *real* sampler chain (llama-cpp-python 0.3.36, its C API).
 
 The same logits and history go through ``process_logits`` with ``engine="llama.cpp"`` (genprobe's float32
-replay, :mod:`genprobe.engine.samplers.candidates`) and through the chain :mod:`genprobe.serving.llamacpp.sampling`
+replay, :mod:`genprobe.engine.samplers.llama_cpp`) and through the chain :mod:`genprobe.serving.llamacpp.sampling`
 builds from the config (``llama_sampler_chain_init`` + ``llama_sampler_init_*``, every history token accepted
 first). The kept ids must be the same set and the probabilities equal to float32 rounding; the logits after
 the chain must be bit-identical. Where a tie makes llama.cpp's kept set implementation-defined (top-k and XTC
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from genprobe.engine.samplers.chain import process_logits, sample_next
-from genprobe.engine.samplers.cmath import expf, logf
+from genprobe.engine.samplers.llama_cpp import expf, logf
 from genprobe.engine.samplers.stages import SamplerConfig
 from genprobe.serving.llamacpp.sampling import (
     ChainStage,

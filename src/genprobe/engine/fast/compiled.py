@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import os
 import sys
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Hashable
@@ -40,9 +41,8 @@ import torch
 from ...model.gguf_blocks import block_products, reference_product
 from ...model.position_lm import PositionDrivenLM as GPT  # our GPT or the Llama family (model.llama_family)
 from ...model.weight_only import NARROW_WEIGHT_DTYPES
+from ..samplers.chain import check_logits
 from . import kernels
-from .greedy import GreedyChunk, GreedyRun
-from .greedy import greedy_all as _greedy_all
 from .kernels import KERNEL_MAX_ROWS
 from .static_cache import StaticKVCache
 
@@ -557,6 +557,28 @@ def compile_error() -> str | None:
 
 
 @dataclass
+class GreedyChunk:
+    """What one compiled call of greedy decode steps returns (see ``compiled._decode_loop``)."""
+
+    tokens: torch.Tensor  # (B, steps run) long
+    valid: torch.Tensor  # (B, steps run) bool: False for the padding a finished row emits
+    done: torch.Tensor  # (B,) bool, rows finished after the call
+    logits: torch.Tensor | None  # (B, steps run, V) raw logits of every step, when asked for
+
+
+@dataclass
+class GreedyRun:
+    """A finished greedy generation: what :class:`~genprobe.engine.runner.GenerationResult` reports of it."""
+
+    tokens: list[list[int]]
+    finished: list[str]
+    token_forwards: int
+    forward_calls: int
+    seconds: float
+    step_logits: list[torch.Tensor] | None
+
+
+@dataclass
 class _Outputs:
     """Capacity-shaped buffers one generation's compiled calls write into (see :func:`_decode_loop`)."""
 
@@ -701,15 +723,72 @@ class CompiledGPTRunner:
         return_logits: bool = False,
     ) -> GreedyRun | None:
         """The :class:`~genprobe.engine.runner.Runner` protocol's optional plain-greedy hook: a whole greedy
-        generation in one or two compiled calls (:mod:`genprobe.engine.fast.greedy`), equal to the per-step loop's.
+        generation of ``max_new_tokens`` after the (B, P) left-padded ``prompt`` (``prompt_valid``: None when no row is
+        padded) in as few compiled calls as this shape allows, equal to the per-step loop of
+        :func:`~genprobe.engine.generate.generate` (tokens, finish reasons, raw logits, what ``on_token`` sees, the
+        forward counts), which is the reference it is tested against.
 
-        None where compilation is unavailable, or while this shape's programs build in the background
-        (:func:`aot_building`): :func:`~genprobe.engine.generate.generate` then runs its loop (eager steps).
+        Two shapes, tried in order: the whole generation in one call, prompt included (:meth:`generate_greedy`, the
+        AOT programs' C++ loop); else the prompt's forward, then every later step in one call
+        (:meth:`decode_greedy`). None where compilation is unavailable, or while this shape's programs build in the
+        background (:func:`aot_building`): nothing was reported through ``on_token`` then, and ``generate`` runs its
+        loop (eager steps). At a few hundred microseconds per generation of a small model, the Python around the
+        calls is a fair share of the time: no token buffers here, the chunks the runner returns are the record.
         """
-        capacity = static_capacity(prompt.shape[1] + max_new_tokens, self.max_positions)
-        if _compile_error is None and aot_building(self.model, prompt.shape[0], capacity):
+        (B, P), N = prompt.shape, int(max_new_tokens)
+        if _compile_error is None and aot_building(self.model, B, static_capacity(P + N, self.max_positions)):
             return None
-        return _greedy_all(self, prompt, prompt_valid, max_new_tokens, eos_id, on_token, return_logits)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            state = self.new_state(B, P + N)
+            chunk = self.generate_greedy(prompt, prompt_valid, state, N, eos_id, return_logits)
+            if chunk is None:
+                chunk = self._prefill_then_loop(prompt, prompt_valid, state, N, eos_id, return_logits)
+            self.release_state(state)
+        if chunk is None:
+            return None
+        seconds = time.perf_counter() - t0
+        taken: int = chunk.tokens.shape[1]
+        rows: list[list[int]] = chunk.tokens.tolist()
+        finished = ["length"] * len(rows)
+        if eos_id is not None:
+            for b, row in enumerate(rows):
+                if eos_id in row:  # a finished row emits padding after its eos: cut there
+                    rows[b], finished[b] = row[: row.index(eos_id) + 1], "eos"
+        # Reported only now, after the compiled calls: a None above leaves nothing half-reported.
+        if on_token is not None:
+            shown = torch.where(chunk.valid, chunk.tokens, -1).tolist()
+            for j in range(taken):
+                on_token(j, [row[j] for row in shown])
+        logits = chunk.logits
+        step_logits = [logits[:, j].float().clone() for j in range(taken)] if logits is not None else None
+        return GreedyRun(rows, finished, P + taken - 1, taken, seconds, step_logits)
+
+    def _prefill_then_loop(
+        self,
+        prompt: torch.Tensor,
+        prompt_valid: torch.Tensor | None,
+        state: StaticKVCache,
+        N: int,
+        eos_id: int | None,
+        return_logits: bool,
+    ) -> GreedyChunk | None:
+        """The prompt's forward (step 0), then steps 1 .. N-1 in one compiled call, as one chunk of every step."""
+        logits = self.last_logits(prompt, prompt_valid, state)
+        check_logits(logits, sampling=False)
+        first = logits.argmax(dim=-1)
+        done = first == eos_id if eos_id is not None else torch.zeros_like(first, dtype=torch.bool)
+        out = GreedyChunk(first[:, None], torch.ones_like(first[:, None], dtype=torch.bool), done, None)
+        out.logits = logits[:, None].float() if return_logits else None
+        if N == 1 or bool(done.all()):
+            return out
+        rest = self.decode_greedy(out.tokens, None, done, state, N - 1, eos_id, return_logits)
+        if rest is None:  # compilation unavailable: nothing reported yet, the caller's per-step loop decodes
+            return None
+        tokens, valid = torch.cat([out.tokens, rest.tokens], 1), torch.cat([out.valid, rest.valid], 1)
+        if out.logits is not None and rest.logits is not None:
+            out.logits = torch.cat([out.logits, rest.logits.float()], 1)
+        return GreedyChunk(tokens, valid, rest.done, out.logits)
 
     def generate_greedy(
         self,

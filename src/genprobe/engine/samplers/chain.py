@@ -24,11 +24,10 @@ path; so does ``+inf`` when sampling (softmax of ``+inf`` is undefined).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
-from .candidates import Candidates
+from .llama_cpp import Candidates
 from .stages import DRY, XTC, SamplerConfig, Truncation
 
 
@@ -80,17 +79,6 @@ def adjust_logits(
     return out.clone() if out is logits else out
 
 
-def run_stages(z: torch.Tensor, cfg: SamplerConfig, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The order's active truncation/temperature stages with the engine's arithmetic."""
-    stages = cfg.truncations
-    draws = XTC.draws(z.shape[0], generator) if XTC in stages else None
-    if cfg.engine == "llama.cpp":
-        return _on_candidates(z, stages, cfg, draws)
-    for stage in stages:
-        z = stage.logits(z, cfg, draws)
-    return z
-
-
 def _on_candidates(
     logits: torch.Tensor, stages: tuple[Truncation, ...], cfg: SamplerConfig, draws: torch.Tensor | None
 ) -> torch.Tensor:
@@ -127,12 +115,15 @@ def process_logits(
     may_empty = not all_finite or cfg.ban_ids or cfg.no_repeat_ngram or DRY.active(cfg)  # penalties keep x finite
     if may_empty and not torch.isfinite(z).any(-1).all():  # truncations always keep one token
         raise ValueError("every token is banned at this step (no_repeat_ngram / ban_ids left nothing)")
-    return z if cfg.greedy else run_stages(z, cfg, generator)
-
-
-def sampling_probs(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """The sampling distribution (B, V) for :func:`process_logits`'s arguments — exact zeros for removed tokens."""
-    return torch.softmax(process_logits(*args, **kwargs), dim=-1)
+    if cfg.greedy:
+        return z
+    stages = cfg.truncations  # the order's active truncation/temperature stages, with the engine's arithmetic
+    draws = XTC.draws(z.shape[0], generator) if XTC in stages else None
+    if cfg.engine == "llama.cpp":
+        return _on_candidates(z, stages, cfg, draws)
+    for stage in stages:
+        z = stage.logits(z, cfg, draws)
+    return z
 
 
 def sample_next(

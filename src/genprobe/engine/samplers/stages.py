@@ -27,9 +27,7 @@ import numpy as np
 import torch
 
 from ..._io import json_safe_dict
-from .candidates import F32, Candidates, std_sort_equivalent
-from .cmath import logf
-from .dry import breaker_table, dry_penalties
+from .llama_cpp import F32, Candidates, breaker_table, dry_penalties, logf, std_sort_equivalent
 
 NEG_INF = float("-inf")
 LLAMA_CPP_PENALTY_LAST_N = 64  # common/common.h: penalty_last_n
@@ -339,7 +337,7 @@ class NoRepeatNgram(Adjustment):
 
 
 class Dry(Adjustment):
-    """DRY as llama.cpp computes it in every engine (:mod:`genprobe.engine.samplers.dry`)."""
+    """DRY as llama.cpp computes it in every engine (:mod:`genprobe.engine.samplers.llama_cpp`)."""
 
     name, what = "dry", "DRY (dry_multiplier > 0)"
     params = (
@@ -629,7 +627,7 @@ class Xtc(Truncation):
         return torch.rand(batch, generator=generator, device=generator.device)
 
     def logits(self, z: torch.Tensor, c: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
-        assert draws is not None  # run_stages draws while XTC is active
+        assert draws is not None  # process_logits draws while XTC is active
         sp, idx = torch.sort(torch.softmax(z, dim=-1), dim=-1, descending=True, stable=True)
         n_above = (sp >= c.xtc_threshold).sum(-1, keepdim=True)  # a prefix of the sorted row
         remove_sorted = torch.arange(z.shape[-1], device=z.device) < (n_above - 1)  # all above but the last

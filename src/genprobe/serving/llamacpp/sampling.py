@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...engine.samplers.dry import breakers_from_strings
+from ...engine.samplers.llama_cpp import breakers_from_strings
 from ...engine.samplers.stages import (
     BANS,
     DRY,
