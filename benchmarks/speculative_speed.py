@@ -99,8 +99,8 @@ def timed_rounds(target, ids: list[int], drafts: dict, n: int, k: int, rounds: i
 
 def hf_assisted(m, ids: list[int], n: int, k: int) -> dict:
     """transformers' prompt lookup and assisted generation (greedy) against its plain greedy."""
-    from genprobe.engine.drafts import first_layers
     from genprobe.engine.hf_adapter import HFCausalLM
+    from genprobe.engine.speculative import first_layers
 
     hf = m.module
     x = torch.tensor([ids])

@@ -132,7 +132,7 @@ class ContrastiveRun(Run):
 
     def write(self, i: int, nxt: torch.Tensor) -> torch.Tensor:
         """Append ``nxt``: a finished row's token is padding, in the cache either way, and shown as -1."""
-        cur, done = self.P + i, self.ends.done
+        cur, done = self.P + i, self.done
         shown = torch.where(done, torch.full_like(nxt, -1), nxt)  # finished rows emit nothing
         self.buf[:, cur], self.valid[:, cur] = torch.where(done, self.runner.pad_id, nxt), True
         self.history[:, cur] = shown

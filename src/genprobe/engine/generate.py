@@ -81,7 +81,7 @@ def generate(
             nxt = run.write(i, nxt)
             if on_token is not None:
                 on_token(i, torch.where(run.valid[:, P + i], nxt, -1).tolist())
-            if run.ends.update(i, nxt):
+            if run.ended(i, nxt):
                 break
         release = getattr(runner, "release_state", None)
         if release is not None and state is not None:  # a pooling runner reuses the cache for the next generation

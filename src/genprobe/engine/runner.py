@@ -215,32 +215,6 @@ def check_inputs(runner: Runner, prompts: Sequence[Sequence[int]], max_new_token
     return P
 
 
-class RowEnds:
-    """Where each row of a batch stopped: at its end token (kept in its tokens), else at the length budget ``N``."""
-
-    def __init__(self, B: int, N: int, eos_id: int | None, device: torch.device):
-        self.eos_id = eos_id
-        self.done = torch.zeros(B, dtype=torch.bool, device=device)
-        self.lengths, self.finished = [N] * B, ["length"] * B
-
-    def update(self, i: int, nxt: torch.Tensor) -> bool:
-        """Mark the rows that produced the end token at step ``i``; True when every row has."""
-        if self.eos_id is None:
-            return False
-        newly = (nxt == self.eos_id) & ~self.done
-        if not bool(newly.any()):
-            return False
-        for b in newly.nonzero().flatten().tolist():
-            self.lengths[b], self.finished[b] = i + 1, "eos"
-        self.done |= newly
-        return bool(self.done.all())
-
-    def tokens(self, buf: torch.Tensor, P: int, steps: int) -> list[list[int]]:
-        """Each row's new tokens in ``buf`` (after the ``P`` prompt columns), up to its end token."""
-        rows = buf[:, P : P + steps].tolist()
-        return [row[: min(self.lengths[b], steps)] for b, row in enumerate(rows)]
-
-
 def left_padded(
     prompts: Sequence[Sequence[int]], P: int, N: int, pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,7 +269,9 @@ class Run:
         # The validity buffer only needs updating when something reads it after the prompt.
         self.track_valid = mode == "naive" or eos_id is not None or cfg.uses_history or observed
         self.history = torch.where(self.valid, self.buf, -1) if cfg.uses_history else None
-        self.ends = RowEnds(B, N, eos_id, self.buf.device)
+        # Where each row stopped: at its end token (kept in its tokens), else at the length budget N.
+        self.done = torch.zeros(B, dtype=torch.bool, device=self.buf.device)
+        self.lengths, self.finished = [N] * B, ["length"] * B
         self.step_logits: list[torch.Tensor] | None = [] if return_logits else None
         self.step_probs: list[torch.Tensor] | None = [] if return_probs else None
         self.forwards = self.calls = self.steps = 0
@@ -342,8 +318,8 @@ class Run:
         """Append ``nxt`` at step ``i``; a finished row gets padding and stays invalid (returned as written)."""
         cur = self.P + i
         if self.eos_id is not None:
-            nxt = torch.where(self.ends.done, torch.full_like(nxt, self.runner.pad_id), nxt)
-            self.valid[:, cur] = ~self.ends.done
+            nxt = torch.where(self.done, torch.full_like(nxt, self.runner.pad_id), nxt)
+            self.valid[:, cur] = ~self.done
         elif self.track_valid:
             self.valid[:, cur] = True
         self.buf[:, cur] = nxt
@@ -352,9 +328,22 @@ class Run:
         self.steps = i + 1
         return nxt
 
+    def ended(self, i: int, nxt: torch.Tensor) -> bool:
+        """Mark the rows that produced the end token at step ``i``; True when every row has."""
+        if self.eos_id is None:
+            return False
+        newly = (nxt == self.eos_id) & ~self.done
+        if not bool(newly.any()):
+            return False
+        for b in newly.nonzero().flatten().tolist():
+            self.lengths[b], self.finished[b] = i + 1, "eos"
+        self.done |= newly
+        return bool(self.done.all())
+
     def result(self, prompts: Sequence[Sequence[int]], seconds: float) -> GenerationResult:
         """The generated tokens per row (up to its end token) and the run's counters."""
-        tokens = self.ends.tokens(self.buf, self.P, self.steps)
+        rows = self.buf[:, self.P : self.P + self.steps].tolist()
+        tokens = [row[: min(self.lengths[b], self.steps)] for b, row in enumerate(rows)]
         prompt_tokens = [list(map(int, p)) for p in prompts]
         counts = (self.forwards, self.calls, self.mode, self.cfg.to_dict(), seconds, self.step_logits, self.step_probs)
-        return GenerationResult(tokens, prompt_tokens, self.ends.finished, *counts)
+        return GenerationResult(tokens, prompt_tokens, self.finished, *counts)

@@ -30,17 +30,6 @@ class StepStat:
     kept: int | None = None  # tokens with non-zero probability after the sampler chain
     top: list[Candidate] = field(default_factory=list)
 
-    @property
-    def entropy_bits(self) -> float | None:
-        """Entropy in bits."""
-        return None if self.entropy_nats is None else self.entropy_nats / math.log(2)
-
-
-def entropy_nats(probs: torch.Tensor) -> float:
-    """Shannon entropy of one distribution (V,), in nats; exact zeros contribute nothing."""
-    nz = probs[probs > 0]
-    return float(-(nz * nz.log()).sum())
-
 
 def step_stats(
     tokens: Sequence[int],
@@ -55,7 +44,8 @@ def step_stats(
         stat = StepStat(step=i, token=int(t), text=token_str(int(t)))
         if step_probs is not None:
             p = step_probs[i][row]
-            stat.prob, stat.entropy_nats, stat.kept = float(p[t]), entropy_nats(p), int((p > 0).sum())
+            nz = p[p > 0]  # exact zeros contribute nothing to the entropy
+            stat.prob, stat.entropy_nats, stat.kept = float(p[t]), float(-(nz * nz.log()).sum()), len(nz)
             if top:
                 vals, idx = torch.topk(p, min(top, p.numel()))
                 pairs = zip(vals.tolist(), idx.tolist(), strict=True)
@@ -71,6 +61,6 @@ def format_steps(steps: Sequence[StepStat]) -> str:
         cands = "  ".join(f"{c.text}:{c.prob:.3f}" for c in s.top)
         lines.append(
             f"step {s.step:3d} → {s.text!s:6} p={s.prob:.3f}  H={s.entropy_nats:.2f} nats "
-            f"({s.entropy_bits:.2f} bits)  kept={s.kept}  | {cands}"
+            f"({(s.entropy_nats or 0.0) / math.log(2):.2f} bits)  kept={s.kept}  | {cands}"
         )
     return "\n".join(lines)

@@ -1,24 +1,16 @@
 """Compiled decoding: the model's one forward (no second implementation), captured by ``torch.compile`` over a
-:class:`StaticKVCache`, and the runner that chooses per shape between that and the AOT programs (:mod:`.aot`).
+:class:`StaticKVCache`, and the runner that chooses per shape between that and the AOT programs (:mod:`.aot`);
+docs/ARCHITECTURE.md, "Compiled decoding is the same forward", and docs/speed.md give the design and the numbers.
 
-At batch 1 a decode step of a small model is ~40 tiny kernels whose cost is framework overhead, not arithmetic.
-Three compiled functions, chosen per shape from measurements (:func:`decode_strategy`; docs/ARCHITECTURE.md,
-"Compiled decoding is the same forward", and docs/speed.md give the numbers):
-
-- ``loop`` (:func:`_decode_loop`): every greedy step of a generation in one ``torch.while_loop`` call (argmax, eos
-  and padding inside the graph). For small steps, where overhead is most of a step; a sampled generation calls it
-  for one step at a time and samples in Python;
-- ``stepwise`` (:func:`_decode_step`): one compiled step per Python iteration, the batch a symbol. For large steps:
-  as graph constants (not loop operands) the frozen weights are packed once for oneDNN;
-- ``prefill`` (:func:`_prefill`): the prompt's forward, its length a symbol (see :meth:`CompiledGPTRunner.step`).
-
-A frozen graph holds a copy of the weights, so every call carries :func:`version_of` the model's :func:`fingerprint`
-(weights, hooks, modes): an in-place edit or a new hook recompiles instead of replaying stale weights. Dynamo's
-guards (~1.5 ms) are evaluated only the first time a situation is met in the process; later generations replay.
-Without a C++ compiler (or if compilation fails otherwise) the runner warns once and runs the forward eagerly.
-
-Importing this module has no global effect. On first use the fingerprint installs ``torch.nn``'s global registration
-hooks (:func:`_epoch`), and the first call that can use genprobe's kernels builds and loads them (:mod:`.kernels`).
+Three compiled functions, chosen per shape (:func:`decode_strategy`): ``loop`` (:func:`_decode_loop`, every greedy
+step of a generation in one ``torch.while_loop`` call: small steps, where framework overhead is most of a step; a
+sampled generation calls it one step at a time), ``stepwise`` (:func:`_decode_step`, one compiled step per Python
+iteration, the batch a symbol: large steps, whose frozen weights are packed once for oneDNN) and ``prefill``
+(:func:`_prefill`, the prompt's forward, its length a symbol). Every call carries :func:`version_of` the model's
+:func:`fingerprint` (weights, hooks, modes): a frozen graph holds a copy of the weights, so an in-place edit or a new
+hook recompiles instead of replaying stale weights. Dynamo's guards (~1.5 ms) are evaluated only the first time a
+situation is met in the process. Without a C++ compiler (or if compilation fails otherwise) the runner warns once
+and runs the forward eagerly. Importing this module has no global effect (see :func:`_epoch` and :mod:`.kernels`).
 """
 
 from __future__ import annotations
@@ -427,13 +419,8 @@ def _tensor_slots(model: torch.nn.Module) -> list[tuple[dict[str, Any], str]]:
     """(dict, key) of every parameter and buffer of ``model``."""
 
     def slots() -> list[tuple[dict[str, Any], str]]:
-        return [
-            (d, k)
-            for m in _modules_of(model)
-            for d in (m._parameters, m._buffers)
-            for k, t in d.items()
-            if t is not None
-        ]
+        dicts = [d for m in _modules_of(model) for d in (m._parameters, m._buffers)]
+        return [(d, k) for d in dicts for k, t in d.items() if t is not None]
 
     return _cached("slots", model, slots)
 
@@ -441,12 +428,13 @@ def _tensor_slots(model: torch.nn.Module) -> list[tuple[dict[str, Any], str]]:
 def _hook_dicts(model: torch.nn.Module) -> list[dict[Any, Any]]:
     """Every module's forward and forward-pre hook dicts (the modules' own dicts, so a hook added later shows), plus
     the global ones."""
-
-    def dicts() -> list[dict[Any, Any]]:
-        own = [d for m in _modules_of(model) for d in (m._forward_hooks, m._forward_pre_hooks)]
-        return [*own, torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks]
-
-    return _cached("hooks", model, dicts)
+    glob = torch.nn.modules.module
+    hooks = [glob._global_forward_hooks, glob._global_forward_pre_hooks]
+    return _cached(
+        "hooks",
+        model,
+        lambda: [d for m in _modules_of(model) for d in (m._forward_hooks, m._forward_pre_hooks)] + hooks,
+    )
 
 
 def parameter_count(model: GPT) -> int:
