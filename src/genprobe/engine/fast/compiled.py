@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+from torch import Tensor
 
 from ...model.gguf_blocks import block_products, reference_product
 from ...model.position_lm import PositionDrivenLM as GPT  # our GPT or the Llama family (model.llama_family)
@@ -180,7 +181,7 @@ AOT_BACKGROUND_ENV = "GENPROBE_AOT_BACKGROUND"
 
 def aot_building(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | None = None) -> bool:
     """Whether this shape's AOT programs are being built in the background: the caller then runs the step eagerly
-    (:meth:`CompiledGPTRunner.eager_step`) instead of waiting. Starts the build on the first call that wants
+    (:meth:`CompiledGPTRunner._eager_step`) instead of waiting. Starts the build on the first call that wants
     programs which are not cached yet (kernels included), unless ``GENPROBE_AOT_BACKGROUND=0``.
 
     A first call thus gives its first token after an eager prompt forward, not after minutes of compilation; the
@@ -193,13 +194,15 @@ def aot_building(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | N
     if future is None:
         if os.environ.get(AOT_BACKGROUND_ENV, "1") == "0" or key in _aot_decoders.get(model, {}):
             return False
-        if kernels.build.loaded() and _aot_cached(model, batch_size, capacity):
+        from .aot import build_in_background, program_path
+
+        threads = _threads(model, batch_size)
+        paths = (program_path(model, batch_size, capacity, threads, k) for k in ("step", "prompt"))  # lazy
+        if kernels.build.loaded() and all(p.exists() for p in paths):
             return False
         if not _aot_wanted(model, batch_size, fingerprint(model) if fp is None else fp):
             return False
-        from .aot import build_in_background
-
-        future = builds[key] = build_in_background(model, batch_size, capacity, _threads(model, batch_size))
+        future = builds[key] = build_in_background(model, batch_size, capacity, threads)
         if not _finishing_at_exit:
             _finishing_at_exit.append(atexit.register(_finish_builds_at_exit))
     if not future.done():
@@ -208,13 +211,6 @@ def aot_building(model: GPT, batch_size: int, capacity: int, fp: Fingerprint | N
         _aot_decoders[model][key] = None
         _warn_aot_failed(future.exception())
     return False
-
-
-def _aot_cached(model: GPT, batch_size: int, capacity: int) -> bool:
-    from .aot import program_path
-
-    threads = _threads(model, batch_size)
-    return all(program_path(model, batch_size, capacity, threads, k).exists() for k in ("step", "prompt"))
 
 
 def _first_line(exc: BaseException | None) -> str:
@@ -282,18 +278,11 @@ def stepwise_config() -> dict[str, Any]:
 
 
 def _decode_step(
-    model: GPT,
-    version: int,
-    cache: StaticKVCache,
-    ids: torch.Tensor,
-    valid: torch.Tensor,
-    done: torch.Tensor,
-    eos: torch.Tensor,
-    filled: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    model: GPT, version: int, cache: StaticKVCache, ids: Tensor, valid: Tensor, done: Tensor, eos: Tensor, span: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One greedy step, as one iteration of :func:`_decode_loop` does it. Returns (token, its validity, done, logits).
 
-    Compiled with the batch dimension as a symbol: one graph serves every batch size from 2 up. ``filled`` is
+    Compiled with the batch dimension as a symbol: one graph serves every batch size from 2 up. ``span`` is
     one longer than the cache slots written after this step (its length only; a symbol too, at least 2 even after
     a one-token prompt, so that Dynamo does not specialise it): attention reads those slots, not the whole
     capacity. Measured on SmolLM2-135M at batch 64 (2 threads, AMD EPYC), 72 tokens in a 128-slot cache: the
@@ -301,12 +290,12 @@ def _decode_step(
     """
     if version == -1:  # a branch on the value is what makes Dynamo guard on it (see _decode_loop)
         raise ValueError("version -1 is reserved")
-    return _greedy_step(model, cache.view(filled.shape[0] - 1), ids, valid, done, eos)
+    return _greedy_step(model, cache.view(span.shape[0] - 1), ids, valid, done, eos)
 
 
 def _greedy_step(
-    model: GPT, cache: StaticKVCache, ids: torch.Tensor, valid: torch.Tensor, done: torch.Tensor, eos: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    model: GPT, cache: StaticKVCache, ids: Tensor, valid: Tensor, done: Tensor, eos: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(token, its validity, done, logits): the argmax, padding (0) where the row had finished before it."""
     step_logits = model(ids, cache=cache, attention_mask=valid)[:, -1]
     nxt = torch.where(done, 0, step_logits.argmax(dim=-1))
@@ -566,13 +555,9 @@ class GreedyRun:
     step_logits: list[torch.Tensor] | None
 
 
-@dataclass
-class _Outputs:
-    """Capacity-shaped buffers one generation's compiled calls write into (see :func:`_decode_loop`)."""
-
-    tokens: torch.Tensor  # (B, capacity) long
-    valids: torch.Tensor  # (B, capacity) bool
-    logits: torch.Tensor | None  # (B, capacity, V), when logits were asked for
+#: Capacity-shaped buffers one generation's compiled calls write into (see :func:`_decode_loop`): tokens (B, capacity)
+#: long, their validity (B, capacity) bool, raw logits (B, capacity, V) once asked for.
+_Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 class CompiledGPTRunner:
@@ -841,22 +826,21 @@ class CompiledGPTRunner:
         if valid is None:
             valid = torch.ones((B, 1), dtype=torch.bool, device=ids.device)
         eos = self._eos(eos_id)
-        out = self._buffers(state, B, with_logits)
-        logits = out.logits if with_logits else None
+        tokens, valids, logits = self._buffers(state, B, with_logits)
         aot = self._aot(B, state)
         if aot is None and self._building(B, state):
             return None  # the caller steps eagerly meanwhile
         if aot is not None:
             done = done.clone()
             args = (ids.contiguous(), valid.contiguous(), done, eos, state.tensors(), steps)
-            ran = aot.decoder.decode(*args, out.tokens, out.valids, logits, 0)
-            return self._chunk(out, (ran, done), logits)
+            ran = aot.decoder.decode(*args, tokens, valids, logits, 0)
+            return self._chunk((tokens, valids, logits), ran, done)
         if decode_strategy(self.model, B) == "stepwise":
-            res = self._decode_stepwise(ids, valid, done, eos, state, steps, out.tokens, out.valids, logits)
+            res = self._decode_stepwise(ids, valid, done, eos, state, steps, tokens, valids, logits)
         else:
             n = torch.full((), steps, dtype=torch.long)
-            res = self._call("loop", state, ids, valid, (done.clone(), eos, n, out.tokens, out.valids, logits))
-        return None if res is None else self._chunk(out, res, logits)
+            res = self._call("loop", state, ids, valid, (done.clone(), eos, n, tokens, valids, logits))
+        return None if res is None else self._chunk((tokens, valids, logits), *res)
 
     def _eos(self, eos_id: int | None) -> torch.Tensor:
         """The end token as the compiled programs take it, (1,) int64 (-1: none); kept per id, never written."""
@@ -867,26 +851,24 @@ class CompiledGPTRunner:
         return eos
 
     def _buffers(self, state: StaticKVCache, batch: int, with_logits: bool) -> _Outputs:
-        """The generation's output buffers, capacity-shaped (made on its first call, or when logits are first asked)."""
+        """The generation's output buffers (made on its first call, or when logits are first asked); no logits
+        buffer unless ``with_logits``."""
         out = self._outputs.get(state)
-        if out is None or (with_logits and out.logits is None):
+        if out is None or (with_logits and out[2] is None):
             V, cap, dev = self.vocab_size, state.capacity, self.device
-            out = self._outputs[state] = _Outputs(
-                tokens=torch.zeros((batch, cap), dtype=torch.long, device=dev),
-                valids=torch.zeros((batch, cap), dtype=torch.bool, device=dev),
-                logits=torch.zeros((batch, cap, V), dtype=self.dtype, device=dev) if with_logits else None,
+            out = self._outputs[state] = (
+                torch.zeros((batch, cap), dtype=torch.long, device=dev),
+                torch.zeros((batch, cap), dtype=torch.bool, device=dev),
+                torch.zeros((batch, cap, V), dtype=self.dtype, device=dev) if with_logits else None,
             )
-        return out
+        return out[0], out[1], out[2] if with_logits else None
 
     @staticmethod
-    def _chunk(out: _Outputs, res: tuple[Any, torch.Tensor], logits: torch.Tensor | None) -> GreedyChunk:
-        """The first ``res[0]`` entries of the output buffers (copies: the buffers are reused) and ``res[1]`` (done)."""
-        ran = int(res[0])
+    def _chunk(out: _Outputs, ran: Any, done: torch.Tensor) -> GreedyChunk:
+        """The first ``ran`` entries of the output buffers (copies: the buffers are reused) and ``done``."""
+        (tokens, valids, logits), n = out, int(ran)
         return GreedyChunk(
-            out.tokens[:, :ran].clone(),
-            out.valids[:, :ran].clone(),
-            res[1],
-            logits[:, :ran].clone() if logits is not None else None,
+            tokens[:, :n].clone(), valids[:, :n].clone(), done, logits[:, :n].clone() if logits is not None else None
         )
 
     def _check_room(self, state: StaticKVCache, steps: int) -> None:
