@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import itertools
 import os
 import sys
@@ -367,7 +368,6 @@ def _decode_loop(
 
 # Bumped whenever any module anywhere gets a new submodule, parameter or buffer: cached lists below are then stale.
 _module_epoch = [0]
-_watching = [False]
 # Per kind of cached value (see _cached), per model: (epoch, value).
 _by_epoch: dict[str, weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, Any]]] = {}
 
@@ -376,17 +376,20 @@ def _bump_epoch(module: torch.nn.Module, name: str, value: Any) -> None:
     _module_epoch[0] += 1  # returns None: the hook must not replace what is being registered
 
 
-def _epoch() -> int:
-    """The current module epoch; the first call installs the global registration hooks that bump it.
+@functools.cache
+def _watch() -> None:
+    """Install the global registration hooks that bump the epoch, once.
 
-    Installed on first use of the compiled path, not at import: importing this module changes nothing in
-    ``torch.nn``. No cached list exists before the first call, so none can have missed a registration.
+    On first use of the compiled path, not at import: importing this module changes nothing in ``torch.nn``. No
+    cached list exists before the first call, so none can have missed a registration.
     """
-    if not _watching[0]:
-        _watching[0] = True
-        torch.nn.modules.module.register_module_module_registration_hook(_bump_epoch)
-        torch.nn.modules.module.register_module_parameter_registration_hook(_bump_epoch)
-        torch.nn.modules.module.register_module_buffer_registration_hook(_bump_epoch)
+    for kind in ("module", "parameter", "buffer"):
+        getattr(torch.nn.modules.module, f"register_module_{kind}_registration_hook")(_bump_epoch)
+
+
+def _epoch() -> int:
+    """The current module epoch (see :func:`_watch`)."""
+    _watch()
     return _module_epoch[0]
 
 
@@ -581,8 +584,7 @@ class CompiledGPTRunner:
         self._pool: dict[tuple[int, int], list[StaticKVCache]] = {}
         self._marked: weakref.WeakSet[StaticKVCache] = weakref.WeakSet()  # caches with symbolic-dimension marks
         # Read-only inputs of the compiled programs, made once: the end token by id, all-true masks by shape.
-        self._eos_tensors: dict[int | None, torch.Tensor] = {}
-        self._masks: dict[tuple[int, ...], torch.Tensor] = {}
+        self._constants: dict[Hashable, torch.Tensor] = {}
 
     @classmethod
     def for_model(cls, model: GPT) -> "CompiledGPTRunner":
@@ -788,13 +790,16 @@ class CompiledGPTRunner:
         )
         return GreedyChunk(tokens, valids, done, logits if with_logits else None)
 
+    def _constant(self, key: Hashable, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``make()``, made once per ``key``: an input the compiled programs read and never write."""
+        made = self._constants.get(key)
+        if made is None:
+            made = self._constants[key] = make()
+        return made
+
     def _all_valid(self, ids: torch.Tensor) -> torch.Tensor:
-        """An all-true validity mask shaped like ``ids`` (kept per shape: a generation reads it and never writes)."""
-        key = tuple(ids.shape)
-        mask = self._masks.get(key)
-        if mask is None:
-            mask = self._masks[key] = torch.ones(key, dtype=torch.bool, device=ids.device)
-        return mask
+        """An all-true validity mask shaped like ``ids``."""
+        return self._constant(ids.shape, lambda: torch.ones(ids.shape, dtype=torch.bool, device=ids.device))
 
     def _eager_step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         # A GGUF file's block layers multiply on the kernels once they are loaded, not by dequantizing every weight
@@ -843,12 +848,9 @@ class CompiledGPTRunner:
         return None if res is None else self._chunk((tokens, valids, logits), *res)
 
     def _eos(self, eos_id: int | None) -> torch.Tensor:
-        """The end token as the compiled programs take it, (1,) int64 (-1: none); kept per id, never written."""
-        eos = self._eos_tensors.get(eos_id)
-        if eos is None:
-            value = -1 if eos_id is None else eos_id
-            eos = self._eos_tensors[eos_id] = torch.full((1,), value, dtype=torch.long, device=self.device)
-        return eos
+        """The end token as the compiled programs take it, (1,) int64 (-1: none)."""
+        value = -1 if eos_id is None else eos_id
+        return self._constant(("eos", value), lambda: torch.full((1,), value, dtype=torch.long, device=self.device))
 
     def _buffers(self, state: StaticKVCache, batch: int, with_logits: bool) -> _Outputs:
         """The generation's output buffers (made on its first call, or when logits are first asked); no logits
@@ -970,19 +972,17 @@ class CompiledGPTRunner:
         """Settings for a first call: this shape's Inductor config, symbolic dimensions marked, quiet warnings."""
         if kind == "loop":
             config = compile_config(self.model, ids.shape[0])
-        elif kind == "prefill":
+        elif kind == "prefill":  # the prompt length as a symbol: one graph for every length
             config = prefill_config(self.model)
-        else:
+            for t in (ids, valid):
+                if t is not None:
+                    torch._dynamo.mark_dynamic(t, 1)
+        else:  # stepwise, the batch size as a symbol: what makes Inductor pack weights for oneDNN
             config = stepwise_config()
-        if kind == "stepwise":  # the batch size as a symbol: what makes Inductor pack weights for oneDNN
             self._marked.add(state)
             for t in (ids, valid, rest[0], state.pos, state.valid, state.next_pos, *state.k, *state.v):
                 torch._dynamo.mark_dynamic(t, 0)
             torch._dynamo.mark_dynamic(rest[2], 0)  # the slots attention reads (see _decode_step)
-        if kind == "prefill":  # the prompt length as a symbol: one graph for every length
-            for t in (ids, valid):
-                if t is not None:
-                    torch._dynamo.mark_dynamic(t, 1)
         stance = contextlib.ExitStack()
         stance.enter_context(torch._inductor.config.patch(config))
         # One graph per (model, weights, batch size, capacity, logits or not): allow more than Dynamo's 8.
