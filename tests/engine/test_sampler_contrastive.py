@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from genprobe.engine.contrastive import rank_candidates
-from genprobe.engine.generate import generate
+from genprobe.engine.generate import generate, rank_candidates
 from genprobe.engine.hf_adapter import HFCausalLM
 from genprobe.engine.samplers.stages import SamplerConfig
 

@@ -2,8 +2,7 @@
 :func:`forward_step`), :func:`runner_for` (the one place a model's runner is chosen), the checks every loop makes on
 its inputs, the loop's buffers (:class:`Run`) and :class:`GenerationResult`.
 
-Its own module, below ``generate`` and ``contrastive``: ``generate``'s loop runs contrastive search's ``Run`` too,
-so neither may import the other's helpers.
+Its own module, below ``generate``, whose loop drives a ``Run`` or contrastive search's ``ContrastiveRun``.
 """
 
 from __future__ import annotations
@@ -247,7 +246,7 @@ def device_of(runner: Runner) -> torch.device:
 class Run:
     """One generation's buffers (tokens and key validity, left-padded), its step records and where rows stopped:
     :func:`~genprobe.engine.generate.generate`'s loop calls ``logits``, ``choose`` and ``write`` per step (contrastive
-    search, :class:`~genprobe.engine.contrastive.ContrastiveRun`, overrides them)."""
+    search, :class:`~genprobe.engine.generate.ContrastiveRun`, overrides them)."""
 
     def __init__(
         self,

@@ -381,7 +381,7 @@ class Dry(Adjustment):
 
 
 class Contrastive(Stage):
-    """Contrastive search (:mod:`genprobe.engine.contrastive`): a decoding mode, no logits transform."""
+    """Contrastive search (:class:`genprobe.engine.generate.ContrastiveRun`): a decoding mode, no logits transform."""
 
     name, what = "contrastive", "contrastive search (penalty_alpha > 0)"
     params = (Param("penalty_alpha", "in [0, 1]", "0 = off; contrastive search", "degeneration penalty, with --top-k"),)
