@@ -133,7 +133,7 @@ def _rows(
 ) -> list[dict[str, Any]]:
     """Each row's result (what ``--json`` reports), its steps printed with ``--top`` and, when not streamed and
     not ``--json``, its text (or ids without a tokenizer) printed as the row is done."""
-    from ..engine.steps import format_steps, step_stats
+    from ..engine.runner import format_steps, step_stats
 
     results: list[dict[str, Any]] = []
     for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens, strict=True)):
