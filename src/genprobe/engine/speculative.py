@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, Sequence, cast
+from typing import Any, Protocol, Sequence, TypeAlias, cast
 
 import torch
 
@@ -29,6 +29,9 @@ from .generate import GREEDY
 from .runner import ModelLike, Runner, check_inputs, device_of, runner_for
 from .samplers.chain import process_logits, sample_next
 from .samplers.stages import CONTRASTIVE, XTC, SamplerConfig
+
+#: What a draft proposes: tokens, and the distributions they were drawn from (None: point masses).
+Proposal: TypeAlias = "tuple[list[int], list[torch.Tensor] | None]"
 
 
 class Draft(Protocol):
@@ -43,9 +46,7 @@ class Draft(Protocol):
     def start(self, capacity: int) -> None:
         """Get ready for one generation of up to ``capacity`` tokens."""
 
-    def propose(
-        self, context: Sequence[int], k: int, chooser: "SpeculativeDecoder"
-    ) -> tuple[list[int], list[torch.Tensor] | None]:
+    def propose(self, context: Sequence[int], k: int, chooser: SpeculativeDecoder) -> Proposal:
         """Up to ``k`` tokens after ``context`` and the distributions they were drawn from (None: point masses)."""
 
     def rollback(self, context: Sequence[int]) -> None:
@@ -95,20 +96,12 @@ class PromptLookupDraft:
     the last ``max_ngram`` .. 1 tokens are searched for earlier in the context, and the tokens that followed the
     first match are proposed. Deterministic: ``q`` is a point mass on each proposed token."""
 
-    name = "prompt-lookup"
-
-    def __init__(self, max_ngram: int = 2):
-        if max_ngram < 1:
-            raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
-        self.max_ngram = max_ngram
-        self.forwards = 0
+    name, max_ngram, forwards = "prompt-lookup", 2, 0  # 2-grams (docs/speculative.md); no forwards of its own
 
     def start(self, capacity: int) -> None:
         """Nothing to allocate."""
 
-    def propose(
-        self, context: Sequence[int], k: int, chooser: "SpeculativeDecoder"
-    ) -> tuple[list[int], list[torch.Tensor] | None]:
+    def propose(self, context: Sequence[int], k: int, chooser: SpeculativeDecoder) -> Proposal:
         n = len(context)
         for size in range(min(self.max_ngram, n - 1), 0, -1):
             tail = list(context[n - size :])
@@ -137,9 +130,7 @@ class ModelDraft:
         """A fresh cache for one generation."""
         self.cached = CachedModel(self.runner, capacity)
 
-    def propose(
-        self, context: Sequence[int], k: int, chooser: "SpeculativeDecoder"
-    ) -> tuple[list[int], list[torch.Tensor] | None]:
+    def propose(self, context: Sequence[int], k: int, chooser: SpeculativeDecoder) -> Proposal:
         assert self.cached is not None, "start() first"
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
