@@ -697,18 +697,15 @@ class CompiledGPTRunner:
         on_token: Callable[[int, list[int]], None] | None = None,
         return_logits: bool = False,
     ) -> GreedyRun | None:
-        """The :class:`~genprobe.engine.runner.Runner` protocol's optional plain-greedy hook: a whole greedy
-        generation of ``max_new_tokens`` after the (B, P) left-padded ``prompt`` (``prompt_valid``: None when no row is
-        padded) in as few compiled calls as this shape allows, equal to the per-step loop of
-        :func:`~genprobe.engine.generate.generate` (tokens, finish reasons, raw logits, what ``on_token`` sees, the
-        forward counts), which is the reference it is tested against.
+        """The :class:`~genprobe.engine.runner.Runner` protocol's optional plain-greedy hook: a whole greedy generation
+        after the (B, P) left-padded ``prompt`` (``prompt_valid``: None when no row is padded), booked as the per-step
+        loop of :func:`~genprobe.engine.generate.generate` books it (that loop is the reference it is tested against).
 
-        Two shapes, tried in order: the whole generation in one call, prompt included (:meth:`generate_greedy`, the
-        AOT programs' C++ loop); else the prompt's forward, then every later step in one call
-        (:meth:`decode_greedy`). None where compilation is unavailable, or while this shape's programs build in the
-        background (:func:`aot_building`): nothing was reported through ``on_token`` then, and ``generate`` runs its
-        loop (eager steps). At a few hundred microseconds per generation of a small model, the Python around the
-        calls is a fair share of the time: no token buffers here, the chunks the runner returns are the record.
+        Two shapes, tried in order: the whole generation in one call (:meth:`generate_greedy`, the AOT programs' C++
+        loop), else the prompt's forward and every later step in one call (:meth:`decode_greedy`). None, with nothing
+        reported through ``on_token``, where compilation is unavailable or while this shape's programs build in the
+        background (:func:`aot_building`): ``generate`` then runs its loop. No token buffers here: at a few hundred
+        microseconds per generation of a small model, the Python around the calls is a fair share of the time.
         """
         (B, P), N = prompt.shape, int(max_new_tokens)
         if _compile_error is None and aot_building(self.model, B, static_capacity(P + N, self.max_positions)):
