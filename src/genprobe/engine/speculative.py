@@ -24,6 +24,7 @@ from typing import Any, Protocol, Sequence, TypeAlias, cast
 
 import torch
 
+from ..model.arch import count_parameters
 from ..model.gpt import GPT
 from .generate import GREEDY
 from .runner import ModelLike, Runner, check_inputs, device_of, runner_for
@@ -240,12 +241,6 @@ class SpeculativeResult:
     stats: SpeculativeStats
 
 
-def parameter_count(runner: Runner) -> int:
-    """Parameters of the module a runner drives (``.model``: our GPT or a transformers model); 0 when unknown."""
-    m = getattr(runner, "model", runner)
-    return sum(p.numel() for p in m.parameters()) if hasattr(m, "parameters") else 0
-
-
 def make_draft(target: ModelLike, draft: str | ModelLike | Draft) -> Draft:
     """A draft from its spec: ``"lookup"`` (prompt lookup), ``"layers:N"`` (the target's first N layers), a model
     with the target's vocabulary and at most its size, or a ready draft object (``propose`` / ``rollback``)."""
@@ -266,7 +261,7 @@ def make_draft(target: ModelLike, draft: str | ModelLike | Draft) -> Draft:
             f"the draft's vocabulary ({d_runner.vocab_size} tokens) is not the target's ({t_runner.vocab_size}): "
             "speculative decoding needs one tokenizer"
         )
-    t_size, d_size = parameter_count(t_runner), parameter_count(d_runner)
+    t_size, d_size = count_parameters(t_runner), count_parameters(d_runner)
     if d_size > t_size:
         raise ValueError(
             f"the draft ({d_size:,} parameters) is larger than the target ({t_size:,}): a draft must be at most the "
