@@ -157,7 +157,7 @@ def _gadget(chain: str) -> str:
     return f"{'gadget ' if root in GADGETS else ''}{root!r} {reach}"
 
 
-def template_findings(audit: TemplateAudit, chat: bool, command: str) -> list[Finding]:
+def template_findings(audit: TemplateAudit, chat: bool) -> list[Finding]:
     """Injection attempts are bugs; template loads, dynamic lookups, dunder strings, content triggers and syntax
     errors are warnings (a syntax error is a bug when ``--chat`` sends the prompts through the template)."""
     ev: dict[str, Any] = {k: v for k, v in audit.__dict__.items() if v}
@@ -166,24 +166,24 @@ def template_findings(audit: TemplateAudit, chat: bool, command: str) -> list[Fi
     if audit.syntax_error is not None:
         sev = "bug" if chat else "warning"
         title = f"{where} does not parse: {audit.syntax_error}; no engine can render it"
-        return [Finding("audit", "template.syntax", sev, title, ev, "the template parses with Jinja's parser", command)]
+        return [Finding("audit", "template.syntax", sev, title, ev, "the template parses with Jinja's parser")]
     if audit.chains:
         names = "; ".join(f"{_gadget(c)} ({c})" for c in audit.chains[:3])
         title = f"injection attempt in {where}: {names}"
-        out.append(Finding("audit", "template.injection", "bug", title, ev, INJECTION_CRITERION, command))
+        out.append(Finding("audit", "template.injection", "bug", title, ev, INJECTION_CRITERION))
     risky = audit.loads + audit.dynamic + [f"string literal {s!r}" for s in audit.dunder_strings]
     if risky:
         title = f"{where} loads other templates or builds attribute names: {'; '.join(risky[:3])}"
         crit = "a self-contained template needs no import/include/extends, |attr() or dunder strings"
-        out.append(Finding("audit", "template.risky", "warning", title, ev, crit, command))
+        out.append(Finding("audit", "template.risky", "warning", title, ev, crit))
     if audit.content_triggers:
         title = f"{where} branches on what a message says: {'; '.join(audit.content_triggers[:3])} (a trigger phrase)"
         crit = "a template's branches depend on roles and flags; one keyed to message text changes the prompt on cue"
-        out.append(Finding("audit", "template.content_trigger", "warning", title, ev, crit, command))
+        out.append(Finding("audit", "template.content_trigger", "warning", title, ev, crit))
     elif audit.content_tests:
         title = f"{where} tests message content: {'; '.join(audit.content_tests[:3])}"
-        out.append(Finding("audit", "template.content_test", "info", title, ev, "said, not judged", command))
+        out.append(Finding("audit", "template.content_test", "info", title, ev, "said, not judged"))
     if not out:
         title = f"{where}: {audit.chars} characters parsed, no unsafe construct"
-        out.append(Finding("audit", "template.injection", "ok", title, ev, INJECTION_CRITERION, command))
+        out.append(Finding("audit", "template.injection", "ok", title, ev, INJECTION_CRITERION))
     return out
