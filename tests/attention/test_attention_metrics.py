@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from genprobe._io import json_safe
 from genprobe.attention.capture import capture_attention
-from genprobe.attention.metrics import attention_report, format_table, head_stats, per_position
+from genprobe.attention.metrics import attention_report, head_stats, per_position
+from genprobe.cli.cmd_attention import format_table
 
 
 def uniform_causal(T):

@@ -21,7 +21,16 @@ import torch
 
 from .._io import json_safe
 
-METRICS = ("entropy", "norm_entropy", "far_mass", "sink_mass", "diag_mass", "local_mass")
+#: Each metric's name in figures and grids, and what it measures (``{d}``: the far distance, ``{w}``: the local window).
+DESCRIPTIONS = {
+    "entropy": ("entropy (nats)", "-sum p ln p over visible keys (nats), mean over query positions"),
+    "norm_entropy": ("entropy / ln(visible keys)", "entropy / ln(visible keys); rows with one visible key excluded"),
+    "far_mass": ("far mass (keys > {d} back)", "mass on keys more than {d} positions before the query"),
+    "sink_mass": ("mass on the first token", "mass on the first token"),
+    "diag_mass": ("mass on the query itself", "mass on the query's own position"),
+    "local_mass": ("local mass (keys 0..{w} back)", "mass on keys 0..{w} positions back"),
+}
+METRICS = tuple(DESCRIPTIONS)
 
 
 @dataclass
@@ -41,13 +50,9 @@ class HeadStats:
 
 
 def _rows(probs: torch.Tensor) -> torch.Tensor:
-    if probs.dim() == 2:
-        return probs[None, None]
-    if probs.dim() == 3:
-        return probs[None]
-    if probs.dim() == 4:
-        return probs
-    raise ValueError(f"attention probabilities must be (T,T), (H,T,T) or (L,H,T,T); got shape {tuple(probs.shape)}")
+    if not 2 <= probs.dim() <= 4:
+        raise ValueError(f"attention probabilities must be (T,T), (H,T,T) or (L,H,T,T); got shape {tuple(probs.shape)}")
+    return probs.reshape((1,) * (4 - probs.dim()) + tuple(probs.shape))
 
 
 def per_position(
@@ -154,25 +159,12 @@ class AttentionReport:
     @property
     def definitions(self) -> dict[str, str]:
         """What each metric measures, in words (shipped inside every report)."""
-        return {
-            "entropy": "-sum p ln p over visible keys (nats), mean over query positions",
-            "norm_entropy": "entropy / ln(visible keys); rows with one visible key excluded",
-            "far_mass": f"mass on keys more than {self.distance} positions before the query",
-            "sink_mass": "mass on the first token",
-            "diag_mass": "mass on the query's own position",
-            "local_mass": f"mass on keys 0..{self.local_window} positions back",
-        }
+        return {k: d.format(d=self.distance, w=self.local_window) for k, (_, d) in DESCRIPTIONS.items()}
 
 
-#: Each metric's name in figures and grids (``{d}``: the far distance, ``{w}``: the local window).
-TITLES = {
-    "entropy": "entropy (nats)",
-    "norm_entropy": "entropy / ln(visible keys)",
-    "far_mass": "far mass (keys > {d} back)",
-    "sink_mass": "mass on the first token",
-    "diag_mass": "mass on the query itself",
-    "local_mass": "local mass (keys 0..{w} back)",
-}
+def title(report: dict, metric: str) -> str:
+    """``metric``'s name in figures and grids, with the report's distance and local window."""
+    return DESCRIPTIONS[metric][0].format(d=report["distance"], w=report["local_window"])
 
 
 def as_report(result: AttentionReport | dict) -> dict:
@@ -190,44 +182,9 @@ def attention_report(
     def _list(t: torch.Tensor) -> list:
         return [[[None if math.isnan(v) else round(v, 6) for v in row] for row in lay] for lay in t.tolist()]
 
-    return AttentionReport(
-        distance,
-        local_window,
-        capture.n_layer,
-        capture.n_head,
-        capture.implementation,
-        capture.note,
-        list(capture.tokens),
-        tokens_text,
-        heads,
-        layers,
-        {k: _list(pp[k]) for k in METRICS},
-        pp["n_visible"].tolist(),
-    )
-
-
-def format_table(result: AttentionReport | dict) -> str:
-    """Fixed-width text table, one line per (layer, head) plus a per-layer mean line."""
-    report = as_report(result)
-    hdr = (
-        f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(report['distance']) + ' far':>7} "
-        f"{'sink':>6} {'diag':>6} {'local':>6}"
-    )
-
-    def fmt(v, w=6, p=3):
-        return f"{'—':>{w}}" if v is None else f"{v:>{w}.{p}f}"
-
-    def line(h: dict) -> str:
-        return (
-            f"{h['layer']:>5} {'mean' if h.get('head') is None else h['head']:>4} {fmt(h['entropy'], 8)} "
-            f"{fmt(h['norm_entropy'])} {fmt(h['far_mass'], 7)} {fmt(h['sink_mass'])} {fmt(h['diag_mass'])} "
-            f"{fmt(h['local_mass'])}"
-        )
-
-    lines = [hdr, "-" * len(hdr)]
-    for layer in report["layers"]:
-        lines += [line(h) for h in report["heads"] if h["layer"] == layer["layer"]] + [line(layer)]
-    return "\n".join(lines)
+    meta = (capture.n_layer, capture.n_head, capture.implementation, capture.note, list(capture.tokens), tokens_text)
+    per_pos = {k: _list(pp[k]) for k in METRICS}
+    return AttentionReport(distance, local_window, *meta, heads, layers, per_pos, pp["n_visible"].tolist())
 
 
 def head_matrix(result: AttentionReport | dict, metric: str) -> list[list[float | None]]:
@@ -242,19 +199,3 @@ def head_matrix(result: AttentionReport | dict, metric: str) -> list[list[float 
 
 
 GRID_METRICS = ("norm_entropy", "far_mass", "sink_mass")
-
-
-def format_grid(result: AttentionReport | dict, metrics: tuple[str, ...] = GRID_METRICS) -> str:
-    """Compact text form for deep models: per metric, one line per layer and one column per head."""
-    report = as_report(result)
-    blocks = []
-    for metric in metrics:
-        grid = head_matrix(report, metric)
-        lines = [
-            TITLES[metric].format(d=report["distance"], w=report["local_window"]) + " — rows: layers, columns: heads",
-            "layer " + "".join(f"{h:>6}" for h in range(report["n_head"])),
-        ]
-        for layer, row in enumerate(grid):
-            lines.append(f"{layer:>5} " + "".join(f"{'—':>6}" if v is None else f"{v:>6.2f}" for v in row))
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)

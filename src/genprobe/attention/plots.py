@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .._io import atomic_write  # noqa: E402
 from .longrange import N_CONTENT  # noqa: E402
-from .metrics import GRID_METRICS, TITLES, as_report, head_matrix  # noqa: E402
+from .metrics import GRID_METRICS, as_report, head_matrix, title  # noqa: E402
 
 
 def save_figure(fig, path: str | Path) -> Path:
@@ -83,7 +83,7 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
         grid = np.array([[np.nan if v is None else v for v in row] for row in head_matrix(rep, metric)], dtype=float)
         vmax = float(np.nanmax(grid)) if metric == "entropy" and not np.isnan(grid).all() else 1.0
         im = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=vmax or 1.0, aspect="auto", interpolation="nearest")
-        ax.set_title(TITLES[metric].format(d=rep["distance"], w=rep["local_window"]), fontsize=9)
+        ax.set_title(title(rep, metric), fontsize=9)
         ax.set(xlabel="head", ylabel="layer")
         xs, ys = range(0, n_head, _tick_step(n_head, 24)), range(0, n_layer, _tick_step(n_layer, 40))
         ax.set_xticks(list(xs), [str(h) for h in xs], fontsize=7)

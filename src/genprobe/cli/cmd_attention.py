@@ -22,6 +22,7 @@ from .._io import json_safe
 from ._common import (
     MODEL_KINDS,
     Accumulate,
+    Column,
     Command,
     Once,
     add_prompt_arguments,
@@ -31,6 +32,7 @@ from ._common import (
     load_model_arg,
     option,
     read_prompts,
+    table,
 )
 
 DEFAULT_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
@@ -87,7 +89,7 @@ def _no_subcommand(args) -> int:
 def run_heads(args) -> int:
     """Per-head attention statistics of one sequence; optional JSON, heads grid, entropy plot and per-head maps."""
     from ..attention.capture import capture_attention
-    from ..attention.metrics import attention_report, format_grid, format_table
+    from ..attention.metrics import attention_report
 
     if args.maps is not None and not args.out:
         raise ValueError("--maps writes image files: give --out DIR too")
@@ -111,6 +113,38 @@ def run_heads(args) -> int:
     if not args.out:
         info("(use --out DIR to save attention.json, the layers × heads heatmaps and the entropy plot)")
     return 0
+
+
+def _value(v: float | None, digits: int = 3) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def format_table(rep: dict) -> str:
+    """One line per (layer, head) of an attention report's JSON form, then the layer's mean line."""
+    from ..attention.metrics import METRICS
+
+    metric = lambda k: lambda h: _value(h[k])  # noqa: E731
+    cols: list[Column] = [
+        ("layer", 5, lambda h: h["layer"]),
+        ("head", 4, lambda h: "mean" if h["head"] is None else h["head"]),
+    ]
+    names = ("H(nats)", "H/lnN", f">{rep['distance']} far", "sink", "diag", "local")
+    cols += [(n, max(6, len(n)), metric(k)) for n, k in zip(names, METRICS, strict=True)]
+    rows = [h for layer in rep["layers"] for h in [*(h for h in rep["heads"] if h["layer"] == layer["layer"]), layer]]
+    return table(cols, rows, rule=True)
+
+
+def format_grid(rep: dict, metrics: tuple[str, ...] = ("norm_entropy", "far_mass", "sink_mass")) -> str:
+    """Compact text form for deep models: per metric, one line per layer and one column per head."""
+    from ..attention.metrics import head_matrix, title
+
+    blocks = []
+    for metric in metrics:
+        cell = lambda h: lambda row: _value(row[1][h], 2)  # noqa: E731
+        cols: list[Column] = [("layer", 5, lambda row: row[0]), *((str(h), 5, cell(h)) for h in range(rep["n_head"]))]
+        grid = table(cols, enumerate(head_matrix(rep, metric)))
+        blocks.append(f"{title(rep, metric)} — rows: layers, columns: heads\n{grid}")
+    return "\n\n".join(blocks)
 
 
 def _write_heads_files(rep: dict, cap, labels: list[str], out: Path, maps: list[int] | None) -> dict:
