@@ -85,11 +85,6 @@ def probe_ids(model: Model, prompts: list[str] | None, length: int) -> list[int]
     return ids
 
 
-def _means(pp: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
-    """(L, H) means of each metric over the rows kept."""
-    return {k: pp[k][:, :, rows].nanmean(-1) for k in ("norm_entropy", "far_mass", "sink_mass")}
-
-
 def _content_tv(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """(L, H) mean total variation between two captures' attention rows."""
     return 0.5 * (a[:, :, rows] - b[:, :, rows]).abs().sum(-1).mean(-1)
@@ -111,22 +106,18 @@ def attention_health(run: DoctorRun) -> AttentionHealth:
     cap, other = capture_attention(model.module, ids), capture_attention(model.module, shuffled)
     pp = per_position(cap.probs, cap.visible, cap.positions, DISTANCE)
     rows = pp["n_visible"] >= MIN_KEYS
-    m, tv = _means(pp, rows), _content_tv(cap.probs, other.probs, rows)
-    heads = []
-    for layer in range(cap.n_layer):
-        for head in range(cap.n_head):
-            ent, far, sink = (float(m[k][layer, head]) for k in ("norm_entropy", "far_mass", "sink_mass"))
-            t = float(tv[layer, head])
-            heads.append(HeadHealth(layer, head, ent, far, sink, t, _flag(ent, sink, t)))
+    means = torch.stack([pp[k][:, :, rows].nanmean(-1) for k in ("norm_entropy", "far_mass", "sink_mass")], -1)
+    means = torch.cat([means, _content_tv(cap.probs, other.probs, rows)[..., None]], -1).tolist()  # (L, H, 4)
+    heads = [
+        HeadHealth(layer, head, ent, far, sink, tv, _flag(ent, sink, tv))
+        for layer, row in enumerate(means)
+        for head, (ent, far, sink, tv) in enumerate(row)
+    ]
     text = model.decode(ids) if model.tokenizer is not None and prompts else None
     res = AttentionHealth(len(ids), text, cap.n_layer, cap.n_head, cap.implementation, heads, dict(CRITERIA))
-    res.findings = _findings(res, _command(run.arg, text, ids))
-    return res
-
-
-def _command(model_arg: str, text: str | None, ids: list[int]) -> str:
     what = f"--prompt {shlex.quote(text)}" if text is not None else "--ids " + " ".join(map(str, ids))
-    return f"genprobe attention heads {model_arg} {what} --distance {DISTANCE}"
+    res.findings = _findings(res, f"genprobe attention heads {run.arg} {what} --distance {DISTANCE}")
+    return res
 
 
 def _findings(res: AttentionHealth, command: str) -> list[Finding]:

@@ -16,6 +16,7 @@ from .options import DoctorRun
 from .tokenizer_facts import TokenizerFacts, tokenizer_facts, tokenizer_findings
 
 _LAYER_INDEX = re.compile(r"\.\d+\.")
+GGUF_SUMMARY = ("path", "architecture", "name", "context_length", "type_counts", "sha256")
 _GGUF_BLOCK = re.compile(r"^blk\.\d+\.")
 GENERATION_KEYS = tuple(
     "do_sample temperature top_k top_p min_p repetition_penalty no_repeat_ngram_size max_new_tokens max_length "
@@ -100,18 +101,12 @@ def model_card(run: DoctorRun) -> ModelCard:
         window=model.window,
         layers=len(model.mlp_sites()),
         tensors=tensor_groups(model),
-        gguf=_gguf_summary(model.meta.get("gguf")),
+        gguf={k: gguf.get(k) for k in GGUF_SUMMARY} if (gguf := model.meta.get("gguf")) else None,
         generation_defaults=gen,
         tokenizer=facts,
     )
     card.findings = tokenizer_findings(facts, opts.chat, command) + _generation_findings(model, gen, command)
     return card
-
-
-def _gguf_summary(gguf: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not gguf:
-        return None
-    return {k: gguf.get(k) for k in ("path", "architecture", "name", "context_length", "type_counts", "sha256")}
 
 
 def _generation_findings(model: Model, gen: dict[str, Any] | None, command: str) -> list[Finding]:

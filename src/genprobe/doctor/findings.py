@@ -29,11 +29,6 @@ class Finding:
             raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
 
 
-def worst_severity(findings: list[Finding]) -> str:
-    """The most severe severity among ``findings`` (``ok`` when there are none)."""
-    return max((f.severity for f in findings), key=SEVERITIES.index, default="ok")
-
-
 EXIT_HEALTHY, EXIT_BUG, EXIT_BAD_INPUT, EXIT_WARNINGS = 0, 1, 2, 4
 VERDICTS = {
     "ok": ("healthy", EXIT_HEALTHY),
@@ -55,6 +50,6 @@ class Verdict:
 
 def verdict_of(findings: list[Finding]) -> Verdict:
     """The worst severity decides: a bug → 1, a warning → 4, else 0."""
-    name, code = VERDICTS[worst_severity(findings)]
+    name, code = VERDICTS[max((f.severity for f in findings), key=SEVERITIES.index, default="ok")]
     bugs, warnings = ([f.title for f in findings if f.severity == s] for s in ("bug", "warning"))
     return Verdict(name, code, bugs, warnings)

@@ -138,11 +138,12 @@ def recommend(fc: FixComparison) -> str:
         return "no decode-time fix was compared"
     r = rows[best.name]
     speed, n = r["speed_vs_greedy"], len(fc.compare.prompts)
+    nll = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731
     cost = "speed not measured" if speed is None else f"{speed:.2f}x greedy's speed"
     text = (
         f"{'use' if best.acceptable else 'no fix met every limit; least bad:'} {r['label']} — degenerate "
         f"{r['degenerate_rate']:.1%} vs greedy {greedy['degenerate_rate']:.1%} on {n} prompts; cost {cost}, NLL "
-        f"{_nll(r['nll_per_char'])} vs greedy {_nll(greedy['nll_per_char'])} nats/char under the model"
+        f"{nll(r['nll_per_char'])} vs greedy {nll(greedy['nll_per_char'])} nats/char under the model"
     )
     if EDIT in rows:
         e = rows[EDIT]
@@ -155,7 +156,3 @@ def recommend(fc: FixComparison) -> str:
     elif fc.repair is not None:
         text += f". The weight edit search found no edit within its limits ({fc.repair.get('verdict')})"
     return text
-
-
-def _nll(x: float | None) -> str:
-    return "–" if x is None else f"{x:.3f}"

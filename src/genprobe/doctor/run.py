@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, cast
@@ -107,14 +108,9 @@ def _run_stage(name: str, run: DoctorRun, i: int, n: int) -> None:
     seconds = time.perf_counter() - t0
     rep.stages.append(StageRun(name, status, round(seconds, 2), note))
     found = getattr(rep, name, None)
-    counts = _counts(found.findings) if found is not None else note
+    got = Counter(f.severity for f in found.findings) if found is not None else {}
+    counts = ", ".join(f"{got[k]} {k}" for k in ("bug", "warning", "info", "ok") if got.get(k)) or note
     log(f"[{i}/{n}] {TITLES[name]}: {status} in {seconds:.1f} s" + (f" — {counts}" if counts else ""))
-
-
-def _counts(findings: list[Finding]) -> str:
-    order = ("bug", "warning", "info", "ok")
-    got = {s: sum(1 for f in findings if f.severity == s) for s in order}
-    return ", ".join(f"{v} {k}" for k, v in got.items() if v)
 
 
 def run_doctor(
