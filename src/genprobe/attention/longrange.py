@@ -118,11 +118,8 @@ class SyntheticConfig:
 
 def _lr_factor(step: int, steps: int, warmup: int) -> float:
     """Linear warm-up, then cosine decay, floored at 5% of the peak."""
-    if step < warmup:
-        frac = (step + 1) / warmup
-    else:
-        frac = 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-    return max(frac, 0.05)
+    cosine = 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+    return max((step + 1) / warmup if step < warmup else cosine, 0.05)
 
 
 @dataclass(frozen=True)
@@ -425,12 +422,11 @@ class EncodingSummary:
 
     def to_dict(self) -> dict:
         """JSON form with flat keys (``lag_mean_len32``, ``val_loss_len128`` …)."""
-        d: dict = {"passkey_min_inside": self.passkey_min_inside, "passkey_mean_beyond": self.passkey_mean_beyond}
-        d.update({f"lag_mean_len{n}": v for n, v in self.lag_mean.items()})
-        d.update({f"val_loss_len{n}": v for n, v in self.val_loss.items()})
-        if self.val_loss_increase_at_longest is not None:
-            d["val_loss_increase_at_longest"] = self.val_loss_increase_at_longest
-        return d
+        d = {"passkey_min_inside": self.passkey_min_inside, "passkey_mean_beyond": self.passkey_mean_beyond}
+        d |= {f"lag_mean_len{n}": v for n, v in self.lag_mean.items()}
+        d |= {f"val_loss_len{n}": v for n, v in self.val_loss.items()}
+        growth = self.val_loss_increase_at_longest
+        return d if growth is None else d | {"val_loss_increase_at_longest": growth}
 
 
 def _whole(reduce, values: list[float | None]) -> float | None:

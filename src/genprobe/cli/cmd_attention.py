@@ -184,21 +184,21 @@ def run_check_masks(args) -> int:
 
 def run_padding_leak(args) -> int:
     """Each sequence alone vs inside padded batches; exit status 1 on a leak."""
-    from ..attention.leak import format_leak, padding_leak
+    from ..attention.leak import padding_leak
 
     model = load_model_arg(args)
     pad = args.pad_id if args.pad_id is not None else model.pad_id
-    rep = padding_leak(
-        model.module,
-        _sequences(args, model, LEAK_TEXTS),
-        pad,
-        position_ids=not args.no_position_ids,
-        threshold=args.threshold,
-    )
+    seqs = _sequences(args, model, LEAK_TEXTS)
+    rep = padding_leak(model.module, seqs, pad, position_ids=not args.no_position_ids, threshold=args.threshold)
     if args.json:
         emit_json(json_safe(rep))
-    else:
-        print(format_leak(rep))
+        return 1 if rep.leak else 0
+    ids = "yes" if rep.position_ids else "no"
+    print(f"padding leak — {rep.model}, position_ids={ids}, threshold {rep.threshold:g}")
+    cols: list[Column] = [("seq", 4, lambda s: s.index), ("len", 4, lambda s: s.length)]
+    cols += [(f"Δ {side}", 10, lambda s, side=side: f"{s.delta[side]:.2e}") for side in rep.sides]
+    print(table([*cols, (" verdict", 8, lambda s: "LEAK" if s.leak else "ok")], rep.sequences))
+    print(f"max |Δlogit| = {rep.max_delta:.3e} → {rep.verdict}")
     return 1 if rep.leak else 0
 
 
