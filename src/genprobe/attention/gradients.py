@@ -63,17 +63,12 @@ def attention_projections(model: torch.nn.Module) -> list[tuple[str, torch.nn.Mo
 class QKVGradTracker:
     """Callable ``tracker(step, model)`` recording Q/K/V gradient norms per layer; see module docstring."""
 
-    def __init__(self, every: int = 1):
-        if every < 1:
-            raise ValueError(f"every must be >= 1, got {every}")
-        self.every = every
+    def __init__(self) -> None:
         self._rows: list[dict] = []
         self.layer_names: list[str] = []
 
     def __call__(self, step: int, model: torch.nn.Module) -> None:
         """Record the current gradients of ``model`` as training step ``step``."""
-        if step % self.every:
-            return
         mods = attention_projections(model)
         if not mods:
             raise ValueError(
@@ -93,7 +88,7 @@ class QKVGradTracker:
 
     def to_dict(self) -> dict:
         """JSON form."""
-        return {"layers": self.layer_names, "every": self.every, "rows": self.rows()}
+        return {"layers": self.layer_names, "rows": self.rows()}
 
     def save(self, out_dir: str | Path) -> dict:
         """Write ``qkv_grad_norms.csv``, ``.json`` and ``.png`` into ``out_dir``; return their paths + counts."""
@@ -108,11 +103,8 @@ class QKVGradTracker:
         atomic_write_text(paths["csv"], buf.getvalue())
         atomic_write_json(paths["json"], json_safe(self))
         self.plot(paths["png"])
-        return {k: str(v) for k, v in paths.items()} | {
-            "steps": len({r["step"] for r in self._rows}),
-            "layers": len({r["layer"] for r in self._rows}),
-            "rows": len(self._rows),
-        }
+        counts = {k + "s": len({r[k] for r in self._rows}) for k in ("step", "layer")}
+        return {k: str(v) for k, v in paths.items()} | counts | {"rows": len(self._rows)}
 
     def plot(self, path: str | Path) -> Path:
         """Log-scale gradient norm vs step: one panel per projection, one line per layer."""

@@ -5,7 +5,8 @@ of the model's language) and the one :class:`DoctorRun` every stage job takes.""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field, fields
+import warnings
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
 from .._io import json_safe
@@ -14,8 +15,7 @@ from ..engine.samplers.stages import SamplerConfig
 from ..model.kinds import is_url
 from ..model.load import Model
 
-STAGES = ("audit", "card", "quality", "inference", "attention", "degeneration", "fixes")
-TITLES = {
+TITLES = {  # each stage, in the order they run
     "audit": "static audit",
     "card": "model card",
     "quality": "quality on held-out text",
@@ -24,8 +24,8 @@ TITLES = {
     "degeneration": "degeneration under your settings",
     "fixes": "which fix",
 }
+STAGES = tuple(TITLES)
 SERVING = ("vllm",)
-ENGINES = ("hf", "vllm", "llama.cpp")
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class DoctorOptions:
     seed: int = 0
     sampling_flags: Sequence[str] = ()  # the sampler flags as typed, for the reproducing commands
     prompts_file: str | None = None  # where the prompts used are written, for the reproducing commands
-    budget: Budget | None = field(default=None)
+    budget: Budget | None = None  # None: QUICK or FULL, as ``quick`` says
     reference: str | None = None  # the original model (FILE_OR_DIR) the quality stage compares with
 
     def __post_init__(self) -> None:
@@ -84,14 +84,12 @@ class DoctorOptions:
             raise ValueError("prompts: give at least one prompt, and no empty prompt")
         if self.with_edit and self.quick:
             raise ValueError("with_edit runs a repair search, which quick mode leaves out: drop one of them")
-        if self.budget is None:
-            self.budget = QUICK if self.quick else FULL
+        self.budget = self.budget or (QUICK if self.quick else FULL)
 
     @property
     def plan(self) -> Budget:
         """The budget in force (set by ``quick`` unless given)."""
-        assert self.budget is not None  # set in __post_init__
-        return self.budget
+        return self.budget or FULL
 
     @property
     def engine(self) -> str | None:
@@ -125,8 +123,6 @@ class DoctorInputs:
 
 def check_fits(model: Model, prompts: list[str], tokens: int, chat: bool) -> None:
     """Refuse (ValueError: bad input) prompts that leave no room for the ``tokens`` a scan generates."""
-    import warnings
-
     if model.max_positions is None or model.tokenizer is None:
         return
     with warnings.catch_warnings():  # unknown characters are the model card's finding

@@ -123,41 +123,24 @@ def run_doctor(
 ) -> DoctorReport:
     """Run the stages of ``opts.only`` on ``model`` (its files alone for ``--only audit``); with ``out``, write
     prompts.txt, doctor.json and report.html."""
-    from .._io import atomic_write_text
+    from .._io import atomic_write_json, atomic_write_text
+    from .._templates import environment
 
     model = cast(Model, model)  # ModelFiles has the source, and no tokenizer: all the audit stage and the inputs read
     arg = model_arg or (str(model.source) if model.source else "MODEL")
     rep = DoctorReport(arg, opts)
     inp = doctor_inputs(model, opts)
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
+    out = None if out is None else Path(out)
     if out is not None and inp.prompts:  # a reproducing command names prompts.txt only when it is written
-        opts.prompts_file = str(out / PROMPTS_FILE)
+        opts.prompts_file = rep.files["prompts"] = str(out / PROMPTS_FILE)
         atomic_write_text(out / PROMPTS_FILE, "\n".join(p.replace("\n", " ") for p in inp.prompts) + "\n")
-        rep.files["prompts"] = str(out / PROMPTS_FILE)
     run = DoctorRun(model, opts, inp, shlex.quote(arg), log, rep)
     chosen = [s for s in STAGES if s in opts.only]
     for i, name in enumerate(chosen, 1):
         _run_stage(name, run, i, len(chosen))
-    if out is not None:
-        write_files(rep, out)
+    if out is not None:  # the page: templates/doctor.html.j2 in the Jinja environment every genprobe page uses
+        rep.files.update(json=str(out / JSON_FILE), html=str(out / HTML_FILE))
+        atomic_write_json(out / JSON_FILE, json_safe(rep))
+        template = environment("genprobe.doctor").get_template("doctor.html.j2")
+        atomic_write_text(out / HTML_FILE, template.render(r=json_safe(rep), rep=rep, titles=TITLES))
     return rep
-
-
-def write_files(rep: DoctorReport, out: Path) -> None:
-    """``doctor.json`` and ``report.html`` into ``out``, atomically."""
-    from .._io import atomic_write_json, atomic_write_text
-
-    rep.files.update(json=str(out / JSON_FILE), html=str(out / HTML_FILE))
-    atomic_write_json(out / JSON_FILE, json_safe(rep))
-    atomic_write_text(out / HTML_FILE, render_html(rep))
-
-
-def render_html(rep: DoctorReport) -> str:
-    """The findings as one offline page: ``templates/doctor.html.j2`` in the Jinja environment every genprobe page
-    uses (:mod:`genprobe._templates`), CSS and JS inlined from ``assets/``."""
-    from .._templates import environment
-
-    template = environment("genprobe.doctor").get_template("doctor.html.j2")
-    return template.render(r=json_safe(rep), rep=rep, titles=TITLES)
