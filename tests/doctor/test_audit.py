@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from genprobe.doctor.audit import hidden_characters, static_audit
-from genprobe.doctor.template_audit import analyse_template, template_findings
+from genprobe.doctor.audit import static_audit
+from genprobe.doctor.metadata_audit import analyse_template, hidden_characters, template_findings
 
 from ..model.gguf_tiny import write_tiny_gguf
 from .conftest import run_cli, tiny_llama_dir

@@ -11,7 +11,7 @@ import pytest
 
 import genprobe
 from genprobe._io import json_safe
-from genprobe.doctor.findings import Finding, verdict_of
+from genprobe.doctor.options import Finding, Verdict
 from genprobe.doctor.run import DoctorReport
 
 from .conftest import run_cli
@@ -76,10 +76,10 @@ def test_verdict_is_the_worst_finding():
     def f(sev: str) -> Finding:
         return Finding("card", "x", sev, "t")
 
-    assert verdict_of([]).exit_status == 0
-    assert verdict_of([f("ok"), f("info")]).exit_status == 0
-    assert verdict_of([f("info"), f("warning")]).exit_status == 4
-    assert verdict_of([f("warning"), f("bug")]).exit_status == 1
+    assert Verdict.of([]).exit_status == 0
+    assert Verdict.of([f("ok"), f("info")]).exit_status == 0
+    assert Verdict.of([f("info"), f("warning")]).exit_status == 4
+    assert Verdict.of([f("warning"), f("bug")]).exit_status == 1
     with pytest.raises(ValueError, match="severity"):
         f("fatal")
 

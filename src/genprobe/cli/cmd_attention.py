@@ -196,7 +196,8 @@ def run_padding_leak(args) -> int:
     ids = "yes" if rep.position_ids else "no"
     print(f"padding leak — {rep.model}, position_ids={ids}, threshold {rep.threshold:g}")
     cols: list[Column] = [("seq", 4, lambda s: s.index), ("len", 4, lambda s: s.length)]
-    cols += [(f"Δ {side}", 10, lambda s, side=side: f"{s.delta[side]:.2e}") for side in rep.sides]
+    delta = lambda side: lambda s: f"{s.delta[side]:.2e}"  # noqa: E731
+    cols += [(f"Δ {side}", 10, delta(side)) for side in rep.sides]
     print(table([*cols, (" verdict", 8, lambda s: "LEAK" if s.leak else "ok")], rep.sequences))
     print(f"max |Δlogit| = {rep.max_delta:.3e} → {rep.verdict}")
     return 1 if rep.leak else 0

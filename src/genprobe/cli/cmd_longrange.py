@@ -61,9 +61,8 @@ def _synthetic_lines(syn) -> list[str]:
 
 
 def _corpus_lines(c) -> list[str]:
-    lengths: list[Column] = [
-        (str(n), 15, lambda row, n=n: _corpus_cell(row[1].by_length[n])) for n in c.config.eval_lengths
-    ]
+    loss_at = lambda n: lambda row: _corpus_cell(row[1].by_length[n])  # noqa: E731
+    lengths: list[Column] = [(str(n), 15, loss_at(n)) for n in c.config.eval_lengths]
     return [
         "",
         f"Tang validation loss vs evaluation length (trained at L={c.config.context}, "

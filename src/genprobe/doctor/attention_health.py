@@ -12,8 +12,7 @@ import torch
 from ..attention.capture import capture_attention
 from ..attention.metrics import per_position
 from ..model.load import Model
-from .findings import Finding
-from .options import DoctorRun
+from .options import DoctorRun, Finding
 
 MIN_KEYS = 8  # rows with fewer visible keys are left out of every head mean (a short row is near-uniform anyway)
 DISTANCE = 8  # long-range mass: keys more than this many positions back
@@ -106,8 +105,8 @@ def attention_health(run: DoctorRun) -> AttentionHealth:
     cap, other = capture_attention(model.module, ids), capture_attention(model.module, shuffled)
     pp = per_position(cap.probs, cap.visible, cap.positions, DISTANCE)
     rows = pp["n_visible"] >= MIN_KEYS
-    means = torch.stack([pp[k][:, :, rows].nanmean(-1) for k in ("norm_entropy", "far_mass", "sink_mass")], -1)
-    means = torch.cat([means, _content_tv(cap.probs, other.probs, rows)[..., None]], -1).tolist()  # (L, H, 4)
+    m = torch.stack([pp[k][:, :, rows].nanmean(-1) for k in ("norm_entropy", "far_mass", "sink_mass")], -1)
+    means = torch.cat([m, _content_tv(cap.probs, other.probs, rows)[..., None]], -1).tolist()  # (L, H, 4)
     heads = [
         HeadHealth(layer, head, ent, far, sink, tv, _flag(ent, sink, tv))
         for layer, row in enumerate(means)

@@ -17,8 +17,7 @@ from ..loops.scan_settings import LoopScans, scan_loop_settings
 from ..metrics.calibrate import LoopCalibration
 from ..metrics.stats import wilson_interval
 from ..model.load import Model
-from .findings import Finding
-from .options import DoctorOptions, DoctorRun
+from .options import DoctorOptions, DoctorRun, Finding
 
 GREEDY, YOURS, DEFAULTS = "greedy", "your sampler", "generation_config"
 RATE_EVIDENCE = tuple(

@@ -15,8 +15,7 @@ from ..loops.compare_methods import EDIT
 from ..loops.study import RepairConfig, RepairInputs
 from ..metrics.calibrate import LoopCalibration
 from ..model.load import Model
-from .findings import Finding
-from .options import QUICK_SKIP, DoctorRun, StageSkipped
+from .options import QUICK_SKIP, DoctorRun, Finding, StageSkipped
 
 # The decode-time fixes each engine offers (loops compare's method names); None: genprobe's engine (all of them).
 ENGINE_METHODS: dict[str | None, tuple[str, ...]] = {

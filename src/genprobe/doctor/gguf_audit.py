@@ -7,9 +7,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from .audit import metadata_findings, special_id_findings, text_fields
-from .findings import Finding
-from .template_audit import analyse_template, template_findings
+from .metadata_audit import analyse_template, metadata_findings, special_id_findings, template_findings, text_fields
+from .options import Finding
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 HPARAMS = (

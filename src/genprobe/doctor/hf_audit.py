@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json_object
-from .audit import metadata_findings, special_id_findings, text_fields
-from .findings import Finding
-from .template_audit import analyse_template, template_findings
+from .metadata_audit import analyse_template, metadata_findings, special_id_findings, template_findings, text_fields
+from .options import Finding
 
 # normalizers that change what the user typed (Replace is judged by its pattern: SentencePiece's " " → "▁" is not)
 LOSSY_NORMALIZERS = {"Lowercase", "StripAccents", "Strip", "NFKC", "NFKD", "Precompiled", "BertNormalizer"}
@@ -41,7 +40,7 @@ def _auto_map(d: Path, configs: dict[str, Any]) -> list[Finding]:
     return [Finding("audit", "hf.auto_map", "ok", title, ev, crit)]
 
 
-def _special_ids(config: dict[str, Any]) -> list[Finding]:
+def _special_ids(config: dict[str, Any]) -> Finding:
     inner = config.get("text_config")
     text: dict[str, Any] = inner if isinstance(inner, dict) else config
     n = text.get("vocab_size")

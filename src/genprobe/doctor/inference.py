@@ -11,8 +11,7 @@ from .._io import NOT_JSON, json_safe
 from ..attention.leak import LEAK_THRESHOLD, LeakReport, padding_leak
 from ..model.load import Model
 from ..verify.api import CacheVerification, verify_caches
-from .findings import Finding
-from .options import DoctorOptions, DoctorRun
+from .options import DoctorOptions, DoctorRun, Finding
 
 VERDICT_SEVERITY = {
     "pass": "ok",

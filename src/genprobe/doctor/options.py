@@ -1,12 +1,15 @@
 """What a doctor run is asked to do (:class:`DoctorOptions`), the budget of each mode (:class:`Budget`: ``quick`` for
 a CI gate, the full run for a release), the prompts it uses (:func:`doctor_inputs`: the user's, else held-out ones
-of the model's language) and the one :class:`DoctorRun` every stage job takes."""
+of the model's language), the one :class:`DoctorRun` every stage job takes and the :class:`Finding` each returns:
+one check's outcome, its evidence, the criterion it was judged by and the command that reproduces it alone. The
+worst severity found (``ok`` < ``info`` < ``warning`` < ``bug``) is the run's verdict and its exit status, which
+gates a release in CI (docs/doctor.md: the exit statuses and what raises each)."""
 
 from __future__ import annotations
 
 import shlex
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 from .._io import json_safe
@@ -14,6 +17,54 @@ from ..corpus.inputs import held_out
 from ..engine.samplers.stages import SamplerConfig
 from ..model.kinds import is_url
 from ..model.load import Model
+
+SEVERITIES = ("ok", "info", "warning", "bug")  # ordered: a verdict is the worst severity found
+
+
+@dataclass
+class Finding:
+    """One check: ``stage`` (card, inference, attention, degeneration, fixes), ``check`` (a short id such as
+    ``tokenizer.round_trip``), ``severity``, a one-line ``title``, the ``evidence`` behind it, the ``criterion``
+    that turned the evidence into the severity and the ``command`` that reproduces the check alone."""
+
+    stage: str
+    check: str
+    severity: str
+    title: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    criterion: str | None = None
+    command: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+
+
+EXIT_HEALTHY, EXIT_BUG, EXIT_BAD_INPUT, EXIT_WARNINGS = 0, 1, 2, 4
+VERDICTS = {
+    "ok": ("healthy", EXIT_HEALTHY),
+    "info": ("healthy", EXIT_HEALTHY),
+    "warning": ("warnings", EXIT_WARNINGS),
+    "bug": ("bug", EXIT_BUG),
+}
+
+
+@dataclass
+class Verdict:
+    """The run's verdict (healthy, warnings, bug), its exit status and the findings that decided it."""
+
+    verdict: str
+    exit_status: int
+    bugs: list[str]
+    warnings: list[str]
+
+    @classmethod
+    def of(cls, findings: list[Finding]) -> Verdict:
+        """The worst severity decides: a bug → 1, a warning → 4, else 0."""
+        name, code = VERDICTS[max((f.severity for f in findings), key=SEVERITIES.index, default="ok")]
+        bugs, warnings = ([f.title for f in findings if f.severity == s] for s in ("bug", "warning"))
+        return cls(name, code, bugs, warnings)
+
 
 TITLES = {  # each stage, in the order they run
     "audit": "static audit",

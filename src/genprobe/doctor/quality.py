@@ -14,8 +14,7 @@ import torch
 from .._io import NOT_JSON, json_safe
 from ..corpus.inputs import token_windows
 from ..model.load import Model
-from .findings import Finding
-from .options import DoctorRun, StageSkipped
+from .options import DoctorRun, Finding, StageSkipped
 
 WINDOWS, WINDOW_TOKENS = 8, 128  # held-out texts read, tokens of each (fewer when the context is shorter)
 KL_WARN, KL_BUG = 0.1, 1.0  # mean KL(reference ‖ model), nats per token

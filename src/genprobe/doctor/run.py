@@ -16,10 +16,9 @@ from .attention_health import AttentionHealth, attention_health
 from .audit import ModelFiles, StaticAudit, audit_stage
 from .card import ModelCard, model_card
 from .degeneration import Degeneration, degeneration
-from .findings import Finding, Verdict, verdict_of
 from .fixes import FixComparison, compare
 from .inference import InferenceCheck, check_inference
-from .options import QUICK_SKIP, STAGES, TITLES, DoctorOptions, DoctorRun, StageSkipped, doctor_inputs
+from .options import QUICK_SKIP, TITLES, DoctorOptions, DoctorRun, Finding, StageSkipped, Verdict, doctor_inputs
 from .quality import Quality, quality_stage
 
 PROMPTS_FILE, JSON_FILE, HTML_FILE = "prompts.txt", "doctor.json", "report.html"
@@ -55,13 +54,13 @@ class DoctorReport:
     @property
     def findings(self) -> list[Finding]:
         """Every finding, stage by stage (stage errors last)."""
-        parts = [getattr(self, name) for name in STAGES]
+        parts = [getattr(self, name) for name in TITLES]
         return [f for p in parts if p is not None for f in p.findings] + self.errors
 
     @property
     def verdict(self) -> Verdict:
         """Healthy / warnings / bug and the exit status."""
-        return verdict_of(self.findings)
+        return Verdict.of(self.findings)
 
     @property
     def exit_status(self) -> int:
@@ -73,14 +72,14 @@ class DoctorReport:
         from .._version import __version__
 
         head = {"genprobe": __version__, "model": self.model, "options": self.options, **json_safe(self.verdict)}
-        results = {name: getattr(self, name) for name in STAGES}
+        results = {name: getattr(self, name) for name in TITLES}
         return json_safe(head | {"stages": self.stages, "findings": self.findings} | results | {"files": self.files})
 
 
-#: Each stage's job, in STAGES order: it takes the run and returns its result or raises StageSkipped.
+#: Each stage's job, in TITLES order: it takes the run and returns its result or raises StageSkipped.
 STAGE_JOBS: dict[str, Callable[[DoctorRun], Any]] = dict(
     zip(
-        STAGES,
+        TITLES,
         (audit_stage, model_card, quality_stage, check_inference, attention_health, degeneration, compare),
         strict=True,
     )
@@ -135,7 +134,7 @@ def run_doctor(
         opts.prompts_file = rep.files["prompts"] = str(out / PROMPTS_FILE)
         atomic_write_text(out / PROMPTS_FILE, "\n".join(p.replace("\n", " ") for p in inp.prompts) + "\n")
     run = DoctorRun(model, opts, inp, shlex.quote(arg), log, rep)
-    chosen = [s for s in STAGES if s in opts.only]
+    chosen = [s for s in TITLES if s in opts.only]
     for i, name in enumerate(chosen, 1):
         _run_stage(name, run, i, len(chosen))
     if out is not None:  # the page: templates/doctor.html.j2 in the Jinja environment every genprobe page uses
