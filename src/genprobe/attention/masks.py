@@ -63,12 +63,7 @@ def _side(mask: list[int]) -> tuple[str | None, int | None]:
     return ("hole", hole) if hole is not None else ("left" if first > 0 else "right", None)
 
 
-def check_masks(
-    input_ids,
-    attention_mask,
-    position_ids=None,
-    pad_token_id: int | None = None,
-) -> list[Finding]:
+def check_masks(input_ids, attention_mask, position_ids=None, pad_token_id: int | None = None) -> list[Finding]:
     """All rule violations of a batch (empty list = valid). Accepts lists of rows or 2-D tensors."""
     ids = _as_rows(input_ids, "input_ids")
     masks = _as_rows(attention_mask, "attention_mask")

@@ -61,14 +61,11 @@ class TokenizerFacts:
     chat_renders: bool | None
     chat_error: str | None
     chat_sample: str | None
-    notes: list[str] = field(default_factory=list)
 
 
 def _token_text(tok: Any, i: int | None) -> str | None:
-    if i is None:
-        return None
     try:
-        return str(tok.token_str(int(i)))
+        return None if i is None else str(tok.token_str(int(i)))
     except (IndexError, KeyError, ValueError):
         return None
 
@@ -77,10 +74,8 @@ def _raw_pad(tok: Any) -> int | None:
     """The tokenizer's own padding id: a transformers tokenizer's ``pad_token_id`` (None when it has none; genprobe
     then pads with the end token or 0 under a mask), the char tokenizer's ``<pad>``."""
     hf = getattr(tok, "hf", None)
-    if hf is not None:
-        pad = hf.pad_token_id
-        return None if pad is None else int(pad)
-    return int(tok.pad_id)
+    pad = tok.pad_id if hf is None else hf.pad_token_id
+    return None if pad is None else int(pad)
 
 
 def _byte_tokens(tok: Any, ids: list[int]) -> int:
@@ -120,7 +115,7 @@ def _chat(model: Model) -> tuple[bool | None, str | None, str | None]:
         return False, f"{type(exc).__name__}: {exc}", None
 
 
-def tokenizer_facts(model: Model, prompts: list[str], chat: bool) -> TokenizerFacts:
+def tokenizer_facts(model: Model, prompts: list[str]) -> TokenizerFacts:
     """The facts of ``model``'s tokenizer on ``prompts``."""
     tok = model.require_tokenizer()
     ids, failures, unknown = _round_trip(model, prompts)
@@ -281,7 +276,7 @@ def model_card(run: DoctorRun) -> ModelCard:
     where = shlex.quote(str(Path(opts.prompts_file).parent / "card")) if opts.prompts_file else "DIR"
     given = opts.prompts_arg() + " " if prompts else ""
     command = f"genprobe doctor {run.arg} {given}--only card --out {where}" + (" --chat" if opts.chat else "")
-    facts = None if model.tokenizer is None else tokenizer_facts(model, prompts or [], opts.chat)
+    facts = None if model.tokenizer is None else tokenizer_facts(model, prompts or [])
     gen = generation_defaults(model)
     card = ModelCard(
         source=str(model.source) if model.source else None,
