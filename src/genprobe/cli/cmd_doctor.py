@@ -35,12 +35,9 @@ exit status: 0 healthy, 1 a bug found (a cache path that disagrees with recomput
 tokenizer round trip, your cache implementation raising), 4 warnings only (e.g. a degenerate rate above
 --max-loop-rate, every generation degenerate, end-of-text equal to padding), 2 bad input.
 
-stages: audit (the files read as data, nothing run: special ids, the chat template as code, quantization label,
-structure against the config, hidden text, auto_map, suppressions, normalizers), card (architecture, weights per
-tensor type, tokenizer facts, generation defaults), inference (every cache path against full recomputation, padding
-leak, --serving vllm), attention (dead / sink-only / position-only heads), degeneration (calibrated loop rates for
-greedy and your sampler, end-of-text behaviour), fixes (the decode-time fixes your engine offers, --with-edit the
-weight edit; skipped by --quick). docs/doctor.md.
+stages: audit (the files read as data, nothing run), card, quality, inference (every cache path against full
+recomputation, padding leak, --serving), attention, degeneration (greedy and your sampler), fixes (skipped by
+--quick); docs/doctor.md lists what each checks.
 """
 
 

@@ -98,7 +98,7 @@ def _round_trip(model: Model, prompts: list[str]) -> tuple[list[list[int]], list
         back = model.decode(got)
         if back == p:
             continue
-        if model.unk_id is not None and model.unk_id in got:
+        if model.unk_id in got:
             unknown += 1
         elif len(failures) < EXAMPLES:
             failures.append({"prompt": p, "decoded": back, "ids": got[:64]})
@@ -121,7 +121,7 @@ def tokenizer_facts(model: Model, prompts: list[str]) -> TokenizerFacts:
     ids, failures, unknown = _round_trip(model, prompts)
     flat = [i for seq in ids for i in seq]
     n = max(1, len(flat))
-    unk = sum(1 for i in flat if model.unk_id is not None and i == model.unk_id)
+    unk = flat.count(model.unk_id)
     renders, error, sample = _chat(model)
     eos, pad = model.eos_id, _raw_pad(tok)
     return TokenizerFacts(
