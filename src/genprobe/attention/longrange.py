@@ -17,6 +17,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from statistics import fmean
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -204,28 +205,20 @@ def passkey_grid(context: int) -> list[int]:
 
 
 @dataclass
-class PasskeyResult:
-    """One encoding on the passkey task: training summary and accuracy per distance (None: refused)."""
+class TaskResult:
+    """One encoding on a synthetic task: how it trained and its accuracy (None: refused). Passkey: one model,
+    accuracy per distance; lag: one model per lag, accuracy per evaluation length, then per lag."""
 
-    train: TrainSummary
-    accuracy: dict[int, float | None]
+    train: TrainSummary | dict[int, TrainSummary]
+    accuracy: dict[int, Any]
     errors: list[EvalError] = field(default_factory=list)
 
 
-@dataclass
-class LagResult:
-    """One encoding on the lag task: one model per lag; accuracy per evaluation length, then per lag."""
-
-    train: dict[int, TrainSummary]
-    accuracy: dict[int, dict[int, float | None]]
-    errors: list[EvalError] = field(default_factory=list)
-
-
-def run_passkey(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> PasskeyResult:
+def run_passkey(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> TaskResult:
     """Train on passkey at ``sc.context``; accuracy at every :func:`passkey_grid` distance (rows ``max(L, d+2)``)."""
     task = PasskeyTask()
     model, summary = train_synthetic(task, pos_encoding, sc)
-    res = PasskeyResult(summary, {})
+    res = TaskResult(summary, {})
     for d in passkey_grid(sc.context):
         n = max(sc.context, d + 2)
         res.accuracy[d] = _measured(
@@ -241,13 +234,14 @@ def lag_eval_lengths(context: int) -> list[int]:
     return [context, 2 * context, 4 * context]
 
 
-def run_lag(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> LagResult:
+def run_lag(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> TaskResult:
     """One model per lag in ``sc.lags``; accuracy at each :func:`lag_eval_lengths` length."""
     L = sc.context
-    res = LagResult({}, {n: {} for n in lag_eval_lengths(L)})
+    train: dict[int, TrainSummary] = {}
+    res = TaskResult(train, {n: {} for n in lag_eval_lengths(L)})
     for k in sc.lags:
         task = LagTask(k)
-        model, res.train[k] = train_synthetic(task, pos_encoding, sc)
+        model, train[k] = train_synthetic(task, pos_encoding, sc)
         for n in res.accuracy:
             res.accuracy[n][k] = _measured(
                 res.errors, f"lag {k}, rows of {n}", lag_accuracy, model, task, n, L, max(8, sc.eval_samples // 4)
@@ -262,8 +256,8 @@ class SyntheticResult:
     """Both synthetic tasks for every encoding, trained at ``config.context``."""
 
     config: SyntheticConfig
-    passkey: dict[str, PasskeyResult]
-    lag: dict[str, LagResult]
+    passkey: dict[str, TaskResult]
+    lag: dict[str, TaskResult]
 
     @property
     def context(self) -> int:

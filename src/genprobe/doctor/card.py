@@ -121,7 +121,7 @@ def tokenizer_facts(model: Model, prompts: list[str]) -> TokenizerFacts:
     ids, failures, unknown = _round_trip(model, prompts)
     flat = [i for seq in ids for i in seq]
     n = max(1, len(flat))
-    unk = flat.count(model.unk_id)
+    unk = 0 if model.unk_id is None else flat.count(model.unk_id)
     renders, error, sample = _chat(model)
     eos, pad = model.eos_id, _raw_pad(tok)
     return TokenizerFacts(

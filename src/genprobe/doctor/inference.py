@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .._io import NOT_JSON, json_safe
+from .._io import json_safe
 from ..attention.leak import LEAK_THRESHOLD, LeakReport, padding_leak
 from ..model.load import Model
 from ..verify.api import CacheVerification, verify_caches
@@ -46,7 +46,6 @@ class InferenceCheck:
     padding_leak: LeakReport
     padding_leak_no_position_ids: LeakReport | None
     serving: dict[str, Any] | None
-    prompt_texts: list[str] | None = field(default=None, metadata=NOT_JSON)  # None: the verifier's default ids
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -108,20 +107,15 @@ def check_inference(run: DoctorRun) -> InferenceCheck:
     decoded = [model.decode(p) for p in ids] if ids else None
     texts = decoded if decoded and all(decoded) else None
     caches, found = _verify(run, None, ids, texts)
-    impl = None
-    if opts.impl:
-        impl, more = _verify(run, opts.impl, ids, texts)
-        found += more
+    impl, more = _verify(run, opts.impl, ids, texts) if opts.impl else (None, [])
+    found += more
     seqs = leak_sequences(model, prompts)
     line = max(LEAK_THRESHOLD, caches.pass_line or 0.0)  # a deep model's own float noise is not a leak
-    leak = padding_leak(model.module, seqs, model.pad_id, position_ids=True, threshold=line)
-    bare = (
-        padding_leak(model.module, seqs, model.pad_id, position_ids=False, threshold=line)
-        if model.kind == "hf"
-        else None
-    )
+    m, pad = model.module, model.pad_id
+    leak = padding_leak(m, seqs, pad, position_ids=True, threshold=line)
+    bare = padding_leak(m, seqs, pad, position_ids=False, threshold=line) if model.kind == "hf" else None
     serving = _serving(model, opts, log) if opts.serving else None
-    check = InferenceCheck(caches, impl, leak, bare, serving, texts)
+    check = InferenceCheck(caches, impl, leak, bare, serving)
     check.findings = found + _leak_findings(check, opts, run.arg) + _serving_findings(serving, run.arg)
     return check
 

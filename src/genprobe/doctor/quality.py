@@ -70,7 +70,8 @@ def measure_quality(model: Model, texts: list[str], corpus: str, reference: Mode
     nll, ref_nll, kl, agree = 0.0, 0.0, torch.zeros(len(windows[0]) - 1), 0
     same = reference is None or all(reference.encode(t)[: len(w)] == w for t, w in zip(used, windows, strict=True))
     count = sum(len(w) - 1 for w in windows)
-    chars = sum(len(model.decode(w[1:])) + w[1:].count(model.unk_id) for w in windows)  # an unknown stands for one
+    unk_id = -1 if model.unk_id is None else model.unk_id
+    chars = sum(len(model.decode(w[1:])) + w[1:].count(unk_id) for w in windows)  # an unknown token stands for one
     for w in windows:
         lp = _log_probs(model, w)[:-1]
         target = torch.tensor(w[1:], device=lp.device)
@@ -82,7 +83,7 @@ def measure_quality(model: Model, texts: list[str], corpus: str, reference: Mode
             kl += (rp_v.exp() * (rp_v - lp_v)).sum(-1).clamp_min(0).cpu()
             agree += int((lp_v.argmax(-1) == rp_v.argmax(-1)).sum())
             ref_nll -= rp.gather(1, target[:, None]).sum().item()
-    unk = sum(w.count(model.unk_id) for w in windows)
+    unk = sum(w.count(unk_id) for w in windows)
     q = Quality(corpus, len(windows), count, math.exp(nll / count), nll / max(1, chars) / math.log(2))
     q.unknown_share = unk / sum(len(w) for w in windows)
     if reference is not None:
