@@ -135,9 +135,7 @@ def _passkey_panel(ax, syn) -> None:
         _curve(ax, _present(r.accuracy), pe, "-", marker=marker, ms=ms, label=pe, alpha=0.8)
     ax.axvline(L - 1.5, color="k", ls=":", lw=1)
     ax.text(L - 1.5, 0.02, " training context", fontsize=7)
-    ax.set_xscale("log", base=2)
     ax.set(title="passkey (content suffices)", xlabel="distance value→query", ylabel="accuracy", ylim=(-0.03, 1.03))
-    ax.legend(fontsize=7)
 
 
 def _lag_panel(ax, syn) -> None:
@@ -146,10 +144,8 @@ def _lag_panel(ax, syn) -> None:
         for i, (n, accs) in enumerate(r.accuracy.items()):
             _curve(ax, _present(accs), pe, styles[i % 3], marker="o", ms=3, label=f"{pe}, len {n}")
     ax.axhline(1 / N_CONTENT, color="gray", lw=0.8)
-    ax.set_xscale("log", base=2)
     ax.set(xlabel="lag k", ylabel="accuracy", ylim=(-0.03, 1.03))
     ax.set_title(f"token k back (position only), trained at len {syn.context}")
-    ax.legend(fontsize=6, ncol=2)
 
 
 def _corpus_panel(ax, corpus) -> None:
@@ -160,9 +156,7 @@ def _corpus_panel(ax, corpus) -> None:
         for n in (n for n, w in r.by_length.items() if w is None):
             ax.annotate("✗", (n, pts[-1][1]), color=_PE_COLORS.get(pe), ha="center")
     ax.axvline(ctx, color="k", ls=":", lw=1)
-    ax.set_xscale("log", base=2)
     ax.set(title=f"Tang validation loss, trained at L={ctx}", xlabel="evaluation length", ylabel="loss (nats)")
-    ax.legend(fontsize=7)
 
 
 def longrange_plot(res, path: str | Path) -> Path:
@@ -174,5 +168,8 @@ def longrange_plot(res, path: str | Path) -> Path:
     _lag_panel(axes[1], res.synthetic)
     if has_corpus:
         _corpus_panel(axes[2], res.corpus)
+    for i, ax in enumerate(axes):  # every panel's x axis doubles: distances, lags, lengths
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=6 if i == 1 else 7, ncol=2 if i == 1 else 1)
     fig.tight_layout()
     return save_figure(fig, path)

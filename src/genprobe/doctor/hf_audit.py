@@ -26,18 +26,17 @@ def _json(path: Path, unreadable: list[str]) -> dict[str, Any] | None:
         return None
 
 
-def _auto_map(d: Path, configs: dict[str, Any]) -> list[Finding]:
+def _auto_map(d: Path, configs: dict[str, Any]) -> Finding:
     maps = {name: c.get("auto_map", {}) for name, c in configs.items() if isinstance(c, dict)}
     entries = {f"{name}: {k}": v for name, m in maps.items() for k, v in m.items()}
     code = sorted(p.name for p in d.glob("*.py"))
     crit = "a model directory is data; code that trust_remote_code would import runs with your rights on load"
     ev: dict[str, Any] = {"auto_map": entries, "python_files": code}
-    if entries or code:
-        shown = ", ".join(f"{k} → {v}" for k, v in list(entries.items())[:3]) or ", ".join(code[:3])
-        title = f"custom code that trust_remote_code=True would run: {shown} (reported, never executed)"
-        return [Finding("audit", "hf.auto_map", "warning", title, ev, crit)]
-    title = "no auto_map and no Python files: nothing to trust"
-    return [Finding("audit", "hf.auto_map", "ok", title, ev, crit)]
+    shown = ", ".join(f"{k} → {v}" for k, v in list(entries.items())[:3]) or ", ".join(code[:3])
+    title = f"custom code that trust_remote_code=True would run: {shown} (reported, never executed)"
+    if not (entries or code):
+        title = "no auto_map and no Python files: nothing to trust"
+    return Finding("audit", "hf.auto_map", "warning" if entries or code else "ok", title, ev, crit)
 
 
 def _special_ids(config: dict[str, Any]) -> Finding:
@@ -50,10 +49,8 @@ def _special_ids(config: dict[str, Any]) -> Finding:
 
 
 def _suppressions(gen: dict[str, Any] | None, config: dict[str, Any]) -> list[Finding]:
-    if gen is None:
-        return []
     keys = ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids")
-    found = {k: gen[k] for k in keys if gen.get(k)}
+    found = {k: gen[k] for k in keys if gen.get(k)} if gen is not None else {}
     if not found:
         return []
     eos = gen.get("eos_token_id", config.get("eos_token_id"))
@@ -62,13 +59,10 @@ def _suppressions(gen: dict[str, Any] | None, config: dict[str, Any]) -> list[Fi
     flat |= {int(i) for v in found.get("bad_words_ids", []) if isinstance(v, list) for i in v if isinstance(i, int)}
     ev = {"suppressed": found, "eos": sorted(eos_ids)}
     crit = "generation_config.json suppressions change every reply; suppressing the end token means replies never end"
-    if flat & eos_ids:
-        title = (
-            f"generation_config.json suppresses the end token {sorted(flat & eos_ids)}: replies end only at the limit"
-        )
-        return [Finding("audit", "hf.generation_config", "warning", title, ev, crit)]
     title = f"generation_config.json suppresses {len(flat)} token(s) in every reply: {', '.join(found)}"
-    return [Finding("audit", "hf.generation_config", "info", title, ev, crit)]
+    if flat & eos_ids:
+        title = f"generation_config.json suppresses the end token {sorted(flat & eos_ids)}: replies end at the limit"
+    return [Finding("audit", "hf.generation_config", "warning" if flat & eos_ids else "info", title, ev, crit)]
 
 
 def _normalizer_steps(node: Any) -> list[dict[str, Any]]:
@@ -91,13 +85,11 @@ def _normalizers(tokenizer: dict[str, Any] | None) -> list[Finding]:
             lossy.append(str(s.get("type")))
         elif s.get("type") == "Replace" and (pat, s.get("content")) not in _SPACE_MARKERS:
             lossy.append(f"Replace {pat!r} → {s.get('content')!r}")
-    ev = {"normalizers": steps}
-    crit = "a normalizer rewrites text before the model sees it: what it removes, the model cannot read"
-    if lossy:
-        title = f"tokenizer.json rewrites the input before tokenizing: {'; '.join(lossy[:3])}"
-        return [Finding("audit", "hf.normalizer", "warning", title, ev, crit)]
     names = ", ".join(str(s.get("type")) for s in steps) or "none"
-    return [Finding("audit", "hf.normalizer", "ok", f"tokenizer.json normalizers: {names}", ev, crit)]
+    title = f"tokenizer.json rewrites the input before tokenizing: {'; '.join(lossy[:3])}"
+    crit = "a normalizer rewrites text before the model sees it: what it removes, the model cannot read"
+    sev, title = ("warning", title) if lossy else ("ok", f"tokenizer.json normalizers: {names}")
+    return [Finding("audit", "hf.normalizer", sev, title, {"normalizers": steps}, crit)]
 
 
 def _templates(d: Path, tok_config: dict[str, Any] | None) -> dict[str, str]:
@@ -125,8 +117,8 @@ def audit_hf_dir(d: Path, chat: bool) -> tuple[dict[str, Any], list[Finding]]:
     if unreadable:
         title = f"{', '.join(unreadable)}: not a JSON object, not checked (a loader refuses or ignores it)"
         findings.append(Finding("audit", "hf.json", "warning", title, {"files": unreadable}))
-    findings += _auto_map(d, {"config.json": config, "tokenizer_config.json": tok_config})
-    findings += [_special_ids(config), *_suppressions(gen, config), *_normalizers(tokenizer)]
+    findings += [_auto_map(d, {"config.json": config, "tokenizer_config.json": tok_config}), _special_ids(config)]
+    findings += _suppressions(gen, config) + _normalizers(tokenizer)
     templates = _templates(d, tok_config)
     files = {"config.json": config, "tokenizer_config.json": tok_config, "generation_config.json": gen}
     findings += metadata_findings(text_fields(files) | templates)
