@@ -19,8 +19,6 @@ from typing import Any
 
 import torch
 
-from .._io import json_safe
-
 #: Each metric's name in figures and grids, and what it measures (``{d}``: the far distance, ``{w}``: the local window).
 DESCRIPTIONS = {
     "entropy": ("entropy (nats)", "-sum p ln p over visible keys (nats), mean over query positions"),
@@ -167,11 +165,6 @@ def title(report: dict, metric: str) -> str:
     return DESCRIPTIONS[metric][0].format(d=report["distance"], w=report["local_window"])
 
 
-def as_report(result: AttentionReport | dict) -> dict:
-    """The JSON form of an :class:`AttentionReport` (a dict read back from ``attention.json`` as it is)."""
-    return json_safe(result) if isinstance(result, AttentionReport) else result
-
-
 def attention_report(
     capture, distance: int = 8, local_window: int = 2, tokens_text: list[str] | None = None
 ) -> AttentionReport:
@@ -187,9 +180,9 @@ def attention_report(
     return AttentionReport(distance, local_window, *meta, heads, layers, per_pos, pp["n_visible"].tolist())
 
 
-def head_matrix(result: AttentionReport | dict, metric: str) -> list[list[float | None]]:
-    """One metric as a layers × heads matrix (``matrix[layer][head]``; None where undefined)."""
-    report = as_report(result)
+def head_matrix(report: dict, metric: str) -> list[list[float | None]]:
+    """One metric of an :class:`AttentionReport`'s JSON form as a layers × heads matrix (``matrix[layer][head]``; None
+    where undefined)."""
     if metric not in (*METRICS, "max_entropy"):
         raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
     grid: list[list[float | None]] = [[None] * report["n_head"] for _ in range(report["n_layer"])]

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .._io import atomic_write  # noqa: E402
 from .longrange import N_CONTENT  # noqa: E402
-from .metrics import GRID_METRICS, as_report, head_matrix, title  # noqa: E402
+from .metrics import GRID_METRICS, head_matrix, title  # noqa: E402
 
 
 def save_figure(fig, path: str | Path) -> Path:
@@ -64,7 +64,7 @@ def _tick_step(n: int, most: int) -> int:
     return max(1, math.ceil(n / most))
 
 
-def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_METRICS) -> Path:
+def heads_grid_plot(rep: dict, path: str | Path, metrics: tuple[str, ...] = GRID_METRICS) -> Path:
     """Every head of every layer in one figure: one layers × heads heatmap per metric (each in [0, 1]).
 
     The figure grows with depth and width up to a cap (a 96-layer model stays one page); values are written
@@ -72,7 +72,6 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
     """
     import numpy as np
 
-    rep = as_report(report)
     n_layer, n_head = rep["n_layer"], rep["n_head"]
     panel_w = min(8.0, max(2.4, 0.32 * n_head + 1.0))
     height = min(14.0, max(2.4, 0.2 * n_layer + 1.3))
@@ -97,9 +96,8 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
     return save_figure(fig, path)
 
 
-def entropy_plot(report, path: str | Path) -> Path:
+def entropy_plot(report: dict, path: str | Path) -> Path:
     """Per-layer attention entropy: each head's mean (dots), layer mean (line), uniform ln(N) reference."""
-    report = as_report(report)
     rows = report["layers"]
     layers = [row["layer"] for row in rows]
     fig, ax = plt.subplots(figsize=(min(14.0, max(5.0, 0.22 * len(layers) + 1.5)), 3.5))

@@ -51,7 +51,7 @@ def _special_ids(config: dict[str, Any]) -> Finding:
 def _suppressions(gen: dict[str, Any] | None, config: dict[str, Any]) -> list[Finding]:
     keys = ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids")
     found = {k: gen[k] for k in keys if gen.get(k)} if gen is not None else {}
-    if not found:
+    if gen is None or not found:
         return []
     eos = gen.get("eos_token_id", config.get("eos_token_id"))
     eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
