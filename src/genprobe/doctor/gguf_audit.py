@@ -79,14 +79,14 @@ def _file_type(reader: Any) -> Finding:
         return Finding("audit", "gguf.file_type", "warning", title, ev, crit)
     ev["label"] = label = label.removeprefix("MOSTLY_").removeprefix("ALL_")
     listed = ", ".join(f"{k} ×{v}" for k, v in types.items())
+    matches = any(label == t or label.startswith(t + "_") for t in types)
     title = f"general.file_type {label} matches the matrices ({listed})"
-    sev = "ok" if any(label == t or label.startswith(t + "_") for t in types) else "warning"
-    if sev == "warning":
+    if not matches:
         title = (
             f"general.file_type says {label} but no matrix is {label} ({listed}): the label tools and catalogs show "
             "(size, quality, speed) is not what the file holds"
         )
-    return Finding("audit", "gguf.file_type", sev, title, ev, crit)
+    return Finding("audit", "gguf.file_type", "ok" if matches else "warning", title, ev, crit)
 
 
 def _expected_shapes(hp: dict[str, Any], n_vocab: int | None, kd: int | None) -> dict[str, list[int | None]]:
@@ -104,7 +104,7 @@ def _expected_shapes(hp: dict[str, Any], n_vocab: int | None, kd: int | None) ->
     return out
 
 
-def structure_mismatches(reader: Any) -> tuple[list[str], dict[str, Any]]:
+def _structure(reader: Any) -> Finding:
     """What the hyper-parameters say and the tensors contradict (layer count, widths, heads, feed-forward size)."""
     arch = _value(reader, "general.architecture")
     hp = {k: _value(reader, f"{arch}.{k}") for k in HPARAMS}
@@ -129,18 +129,12 @@ def structure_mismatches(reader: Any) -> tuple[list[str], dict[str, Any]]:
         bad.append(f"rope.dimension_count {rope} exceeds the head width {kd}")
     if hp["vocab_size"] is not None and n_vocab is not None and hp["vocab_size"] != n_vocab:
         bad.append(f"{arch}.vocab_size {hp['vocab_size']} but the vocabulary lists {n_vocab} tokens")
-    return bad, {"architecture": arch, "hparams": hp, "vocabulary": n_vocab, "blocks_found": len(found)}
-
-
-def _structure(reader: Any) -> Finding:
-    bad, ev = structure_mismatches(reader)
-    ev["mismatches"] = bad
+    ev = {"architecture": arch, "hparams": hp, "vocabulary": n_vocab, "blocks_found": len(found), "mismatches": bad}
     crit = "the hyper-parameters a loader builds the model from agree with the tensors' shapes"
-    title = f"structure: {ev['hparams']['block_count']} blocks, widths and head counts agree with the tensors"
+    title = f"structure: {n_layer} blocks, widths and head counts agree with the tensors"
     if bad:
         title = f"structure: {len(bad)} contradiction(s) between the config and the tensors: {'; '.join(bad[:2])}"
-    sev = "bug" if bad else "ok"
-    return Finding("audit", "gguf.structure", sev, title, ev, crit)
+    return Finding("audit", "gguf.structure", "bug" if bad else "ok", title, ev, crit)
 
 
 def _overlaps(reader: Any) -> Finding:
