@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from statistics import fmean
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -214,7 +214,7 @@ class TaskResult:
     errors: list[EvalError] = field(default_factory=list)
 
 
-def run_passkey(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> TaskResult:
+def run_passkey(pos_encoding: str, sc: SyntheticConfig, on_model: Callable[[], object] = lambda: None) -> TaskResult:
     """Train on passkey at ``sc.context``; accuracy at every :func:`passkey_grid` distance (rows ``max(L, d+2)``)."""
     task = PasskeyTask()
     model, summary = train_synthetic(task, pos_encoding, sc)
@@ -224,8 +224,7 @@ def run_passkey(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> TaskRe
         res.accuracy[d] = _measured(
             res.errors, f"distance {d} (rows of {n})", passkey_accuracy, model, task, d, n, sc.eval_samples
         )
-    if on_model:
-        on_model()
+    on_model()
     return res
 
 
@@ -234,7 +233,7 @@ def lag_eval_lengths(context: int) -> list[int]:
     return [context, 2 * context, 4 * context]
 
 
-def run_lag(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> TaskResult:
+def run_lag(pos_encoding: str, sc: SyntheticConfig, on_model: Callable[[], object] = lambda: None) -> TaskResult:
     """One model per lag in ``sc.lags``; accuracy at each :func:`lag_eval_lengths` length."""
     L = sc.context
     train: dict[int, TrainSummary] = {}
@@ -246,8 +245,7 @@ def run_lag(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> TaskResult
             res.accuracy[n][k] = _measured(
                 res.errors, f"lag {k}, rows of {n}", lag_accuracy, model, task, n, L, max(8, sc.eval_samples // 4)
             )
-        if on_model:
-            on_model()
+        on_model()
     return res
 
 
@@ -293,8 +291,8 @@ class SyntheticResult:
 def run_synthetic(pos_encodings: list[str], sc: SyntheticConfig, progress: bool = False) -> SyntheticResult:
     """Both tasks × each encoding: training summaries and accuracy inside/beyond the training context."""
     with tqdm(total=(1 + len(sc.lags)) * len(pos_encodings), desc="synthetic", disable=not progress) as bar:
-        passkey = {pe: run_passkey(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
-        lag = {pe: run_lag(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
+        passkey = {pe: run_passkey(pe, sc, on_model=bar.update) for pe in pos_encodings}
+        lag = {pe: run_lag(pe, sc, on_model=bar.update) for pe in pos_encodings}
     return SyntheticResult(sc, passkey, lag)
 
 

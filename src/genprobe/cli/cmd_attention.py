@@ -158,10 +158,8 @@ def _write_heads_files(rep: dict, cap, labels: list[str], out: Path, maps: list[
     files: dict[str, str | list[str]] = {k: str(out / name) for k, name in names.items()}
     if maps is not None:
         files["heatmaps"] = [str(m) for m in head_heatmaps(cap, out, labels, layers=maps or None)]
-    info(
-        f"wrote {out}/attention.json, heads.png, entropy.png"
-        + (f" and {len(files['heatmaps'])} per-head maps" if maps is not None else "")
-    )
+    maps_written = f" and {len(files['heatmaps'])} per-head maps" if maps is not None else ""
+    info(f"wrote {out}/attention.json, heads.png, entropy.png{maps_written}")
     return files
 
 

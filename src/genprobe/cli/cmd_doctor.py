@@ -45,22 +45,16 @@ def options(p: argparse.ArgumentParser) -> None:
     add_prompt_arguments(p, help_default=" (default: held-out prompts of the model's language)")
     add_sampler_arguments(p)
     option(p, "--chat", False, "give each prompt as a user turn through the chat template")
-    option(
-        p,
-        "--serving",
-        metavar="vllm|URL",
-        help="also check the serving engine's logits: vllm (in-process, extra "
-        "genprobe[vllm]) or the URL of a live OpenAI-compatible server of this model",
-    )
+    serving = "also check the serving engine's logits: vllm (in-process, extra genprobe[vllm]) or the URL of a live"
+    option(p, "--serving", metavar="vllm|URL", help=serving + " OpenAI-compatible server of this model")
     option(p, "--quick", False, "the CI gate: fewer prompts and steps, no which-fix stage")
     option(p, "--max-loop-rate", type=float, metavar="R", help="warn (exit 4) when a degenerate rate exceeds R")
     option(p, "--with-edit", False, "also search the loop-repair weight edit (slow)")
     option(p, "--impl", metavar="MOD:FACTORY", help="also verify your cache implementation: factory(model)")
     option(p, "--hf-no-position-ids", False, "your code passes no position_ids: a left-padding leak is then a bug")
     option(p, "--only", [], "run these stages: " + " ".join(STAGES), choices=STAGES, metavar="STAGE")
-    option(
-        p, "--reference", metavar="FILE_OR_DIR", help="the original model: the quality stage's KL and top-1 against it"
-    )
+    reference = "the original model: the quality stage's KL and top-1 against it"
+    option(p, "--reference", metavar="FILE_OR_DIR", help=reference)
     option(p, "--seed", 0, "sampling seed")
     option(p, "--threads", 1, "torch CPU threads (as in `genprobe loops`)")
     option(p, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {FILES}")
