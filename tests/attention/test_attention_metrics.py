@@ -78,7 +78,7 @@ def test_trained_model_entropies_within_bounds(trained):
     cap = capture_attention(model, ids)
     assert cap.probs.shape == (model.cfg.n_layer, model.cfg.n_head, len(ids), len(ids))
     assert torch.allclose(cap.probs.sum(-1), torch.ones(()), atol=1e-5)
-    pp = per_position(cap.probs, cap.visible)
+    pp = per_position(cap.probs)
     ent = pp["entropy"]
     n_vis = torch.arange(1, len(ids) + 1, dtype=torch.float64)
     assert (ent >= -1e-9).all()

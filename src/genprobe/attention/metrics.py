@@ -169,7 +169,7 @@ def attention_report(
     capture, distance: int = 8, local_window: int = 2, tokens_text: list[str] | None = None
 ) -> AttentionReport:
     """Per-head means, per-layer means and per-position values of an :class:`AttentionCapture`."""
-    pp = per_position(capture.probs, capture.visible, capture.positions, distance, local_window)
+    pp = per_position(capture.probs, distance=distance, local_window=local_window)
     heads, layers = _stats(pp)
 
     def _list(t: torch.Tensor) -> list:

@@ -103,7 +103,7 @@ def attention_health(run: DoctorRun) -> AttentionHealth:
     ids = probe_ids(model, prompts, run.opts.plan.attention_tokens)
     shuffled = [ids[i] for i in torch.randperm(len(ids), generator=torch.Generator().manual_seed(1)).tolist()]
     cap, other = capture_attention(model.module, ids), capture_attention(model.module, shuffled)
-    pp = per_position(cap.probs, cap.visible, cap.positions, DISTANCE)
+    pp = per_position(cap.probs, distance=DISTANCE)
     rows = pp["n_visible"] >= MIN_KEYS
     m = torch.stack([pp[k][:, :, rows].nanmean(-1) for k in ("norm_entropy", "far_mass", "sink_mass")], -1)
     means = torch.cat([m, _content_tv(cap.probs, other.probs, rows)[..., None]], -1).tolist()  # (L, H, 4)
@@ -124,12 +124,10 @@ def _findings(res: AttentionHealth, command: str) -> list[Finding]:
     out = []
     for flag, what in (("dead", "near-uniform (dead)"), ("sink", "sink-only"), ("position", "position-only")):
         heads = res.flagged[flag]
-        sev = "info" if heads else "ok"
-        if flag == "dead" and total and len(heads) / total >= DEAD_SHARE_WARN:
-            sev = "warning"
+        many = flag == "dead" and total and len(heads) / total >= DEAD_SHARE_WARN
+        sev = "warning" if many else "info" if heads else "ok"
         where = ", ".join(f"L{layer}H{head}" for layer, head in heads[:12]) + (" …" if len(heads) > 12 else "")
         title = f"{len(heads)} of {total} heads {what}" + (f": {where}" if heads else "")
         crit = CRITERIA[flag] + (f"; {DEAD_SHARE_WARN:.0%} of heads or more dead warns" if flag == "dead" else "")
-        ev = {"heads": heads, "of": total}
-        out.append(Finding("attention", f"heads.{flag}", sev, title, ev, crit, command))
+        out.append(Finding("attention", f"heads.{flag}", sev, title, {"heads": heads, "of": total}, crit, command))
     return out
