@@ -57,7 +57,7 @@ def test_every_stage_runs_and_the_json_is_strict(full_report):
     assert d["audit"]["kind"] == "genprobe"  # a checkpoint: the audit says "not checked", nothing to read
     assert d["exit_status"] in (0, 4) and d["verdict"] in ("healthy", "warnings")
     assert d["card"]["parameters"] > 0 and d["card"]["tensors"]
-    assert d["inference"]["noise_floor"] is not None
+    assert d["inference"]["caches"]["noise_floor"] is not None
     heads = d["attention"]["heads"]
     assert len(heads) == d["attention"]["n_layer"] * d["attention"]["n_head"]
     assert set(d["degeneration"]["scans"]["scans"]) == {"greedy", "your sampler"}

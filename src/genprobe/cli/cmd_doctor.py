@@ -100,8 +100,6 @@ def run(args: argparse.Namespace) -> int:
     from ..doctor.run import run_doctor
 
     out_dir(args.out, FILES)
-    if args.max_loop_rate is not None and not 0.0 <= args.max_loop_rate <= 1.0:
-        raise ValueError(f"--max-loop-rate must be in [0, 1], got {args.max_loop_rate}")
     check_min(args, threads=1)
     import torch
 

@@ -37,9 +37,8 @@ CACHE_EVIDENCE = tuple(
 
 @dataclass
 class InferenceCheck:
-    """The inference path's reports: the model's own caches, the user's implementation, padding, serving."""
-
-    JSON_PROPERTIES = ("noise_floor", "pass_line")
+    """The inference path's reports: the model's own caches (with the reference's noise floor and the pass line it
+    raises), the user's implementation, padding, serving."""
 
     caches: CacheVerification
     impl: CacheVerification | None
@@ -47,16 +46,6 @@ class InferenceCheck:
     padding_leak_no_position_ids: LeakReport | None
     serving: dict[str, Any] | None
     findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def noise_floor(self) -> dict[str, Any] | None:
-        """The reference's own float noise on this model (what the pass line is raised by)."""
-        return self.caches.noise_floor
-
-    @property
-    def pass_line(self) -> float | None:
-        """The max |Δlogit| below which a cache passes, raised by the noise floor."""
-        return self.caches.pass_line
 
 
 def cache_kinds(model: Model, opts: DoctorOptions) -> tuple[str, ...]:

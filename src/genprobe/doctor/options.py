@@ -130,7 +130,7 @@ class DoctorOptions:
         if self.serving is not None and self.serving not in SERVING and not is_url(self.serving):
             raise ValueError(f"serving must be one of {SERVING} or a live server's URL, got {self.serving!r}")
         if self.max_loop_rate is not None and not 0.0 <= self.max_loop_rate <= 1.0:
-            raise ValueError(f"max_loop_rate must be in [0, 1], got {self.max_loop_rate}")
+            raise ValueError(f"max_loop_rate (--max-loop-rate) must be in [0, 1], got {self.max_loop_rate}")
         if self.prompts is not None and (not self.prompts or any(not p for p in self.prompts)):
             raise ValueError("prompts: give at least one prompt, and no empty prompt")
         if self.with_edit and self.quick:
