@@ -66,8 +66,8 @@ def test_far_mass_counts_strictly_beyond_distance():
 def test_bad_shapes_raise():
     with pytest.raises(ValueError, match="must be"):
         per_position(torch.zeros(2, 2, 2, 2, 2))
-    with pytest.raises(ValueError, match="visible mask shape"):
-        per_position(torch.eye(3), visible=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="must be"):
+        per_position(torch.ones(2, 3))  # every query sees the keys up to itself: a square map
     with pytest.raises(ValueError, match=">= 0"):
         per_position(torch.eye(3), distance=-1)
 

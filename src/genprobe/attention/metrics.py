@@ -1,14 +1,14 @@
 """Per-layer/per-head attention statistics: entropy, normalised entropy, far / sink / diagonal / local mass.
 
-Conventions (one query row = one probability distribution over its visible keys):
+Conventions (one query row = one probability distribution over its visible keys: causal attention over one unpadded
+sequence, query t sees keys 0 … t):
 
 * entropy ``H = -Σ p ln p`` in nats, with ``0 ln 0 = 0``; it lies in ``[0, ln n]`` for ``n`` visible keys.
 * normalised entropy ``H / ln n``; a row with a single visible key has no choice to make (``ln 1 = 0``),
   so it is *undefined* there (``None`` per position) and excluded from the normalised mean.
-* far mass: probability on keys with ``pos_q - pos_k > distance``; sink mass: on the first real token
-  (smallest position); diagonal mass: on the query itself; local mass: on keys with
-  ``0 <= pos_q - pos_k <= local_window``.
-* means are over query positions (rows); rows with no visible key are skipped.
+* far mass: probability on keys with ``pos_q - pos_k > distance``; sink mass: on the first token; diagonal mass:
+  on the query itself; local mass: on keys with ``0 <= pos_q - pos_k <= local_window``.
+* means are over query positions (rows).
 """
 
 from __future__ import annotations
@@ -48,51 +48,34 @@ class HeadStats:
 
 
 def _rows(probs: torch.Tensor) -> torch.Tensor:
-    if not 2 <= probs.dim() <= 4:
+    if not 2 <= probs.dim() <= 4 or probs.shape[-1] != probs.shape[-2]:
         raise ValueError(f"attention probabilities must be (T,T), (H,T,T) or (L,H,T,T); got shape {tuple(probs.shape)}")
     return probs.reshape((1,) * (4 - probs.dim()) + tuple(probs.shape))
 
 
-def per_position(
-    probs: torch.Tensor,
-    visible: torch.Tensor | None = None,
-    positions: torch.Tensor | None = None,
-    distance: int = 8,
-    local_window: int = 2,
-) -> dict[str, torch.Tensor]:
-    """Per-query statistics, each (L, H, Tq) float tensors (NaN where undefined), plus ``n_visible`` (Tq,)."""
+def per_position(probs: torch.Tensor, distance: int = 8, local_window: int = 2) -> dict[str, torch.Tensor]:
+    """Per-query statistics of causal attention over positions 0 … T-1, each (L, H, T) float tensors (NaN where
+    undefined), plus ``n_visible`` (T,)."""
     if distance < 0 or local_window < 0:
         raise ValueError(f"distance ({distance}) and local_window ({local_window}) must be >= 0")
     p = _rows(probs)
-    Tq, Tk = p.shape[-2:]
-    if visible is None:
-        visible = torch.ones(Tq, Tk, dtype=torch.bool).tril(diagonal=Tk - Tq)
-    if tuple(visible.shape) != (Tq, Tk):
-        raise ValueError(f"visible mask shape {tuple(visible.shape)} != attention shape {(Tq, Tk)}")
-    if positions is None:
-        positions = torch.arange(Tk)
-    k_pos = positions[-Tk:].long()
-    q_pos = positions[-Tq:].long()
-    dist = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk)
-    vis = visible.bool()
+    T = p.shape[-1]
+    pos = torch.arange(T)
+    dist = pos[:, None] - pos[None, :]  # (Tq, Tk): how far back each key is
+    vis = dist >= 0
     n_vis = vis.sum(-1)  # (Tq,)
-    log_n = n_vis.double().clamp_min(1).log()
-    sink_pos = k_pos[vis.any(0)].min() if vis.any() else k_pos.min()
+    log_n = n_vis.double().log()
     # Key masks of each mass, (Tq, Tk) in double, shared by every layer.
     masks = {
         "far_mass": (dist > distance).double(),
-        "sink_mass": (k_pos == sink_pos)[None, :].expand(Tq, Tk).double(),
+        "sink_mass": (pos == 0)[None, :].expand(T, T).double(),
         "diag_mass": (dist == 0).double(),
-        "local_mass": ((dist >= 0) & (dist <= local_window)).double(),
+        "local_mass": (vis & (dist <= local_window)).double(),
     }
     # One layer at a time in double: a (L, H, T, T) copy in double would be twice the captured maps again.
     per_layer = [_layer_rows(layer, vis, n_vis, log_n, masks) for layer in p]
     out = {k: torch.stack([row[k] for row in per_layer]) for k in per_layer[0]}
     out["max_entropy"] = log_n.expand_as(out["entropy"])
-    empty = n_vis == 0
-    if empty.any():
-        for k in out:
-            out[k] = out[k].masked_fill(empty, float("nan"))
     out["n_visible"] = n_vis
     return out
 
@@ -110,7 +93,7 @@ def _layer_rows(
 
 def head_stats(probs: torch.Tensor, **options: Any) -> list[HeadStats]:
     """One :class:`HeadStats` per (layer, head), averaged over query positions (``options``: :func:`per_position`'s
-    ``visible``, ``positions``, ``distance``, ``local_window``)."""
+    ``distance``, ``local_window``)."""
     return _stats(per_position(probs, **options))[0]
 
 
