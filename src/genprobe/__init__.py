@@ -65,7 +65,7 @@ _EXPORTS = {
     "Thresholds": "genprobe.verify.compare:Thresholds",
     "ServingReport": "genprobe.serving.verify:ServingReport",  # importing it does not import vLLM
     "DoctorReport": "genprobe.doctor.run:DoctorReport",
-    "Finding": "genprobe.doctor.findings:Finding",
+    "Finding": "genprobe.doctor.options:Finding",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -7,7 +7,8 @@ import torch
 
 from genprobe._io import json_safe
 from genprobe.attention.capture import _stack_releasing, capture_attention, capture_bytes
-from genprobe.attention.metrics import attention_report, format_grid, head_matrix, head_stats, per_position
+from genprobe.attention.metrics import attention_report, head_matrix, head_stats, per_position
+from genprobe.cli.cmd_attention import format_grid
 
 
 def _fake_report(n_layer: int, n_head: int) -> dict:

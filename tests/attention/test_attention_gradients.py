@@ -24,7 +24,7 @@ def test_three_step_training_run(tokenizer, tmp_path):
         progress=False,
         on_backward=tracker,
     )
-    rows = tracker.rows()
+    rows = tracker.rows
     assert sorted((r["step"], r["layer"]) for r in rows) == [(s, layer) for s in range(3) for layer in range(2)]
     for r in rows:
         for k in ("q", "k", "v"):
@@ -52,7 +52,7 @@ def test_fused_slicing_ours_and_gpt2_conv1d(tiny_model):
     ca.bias.grad[2 * C :] = 2.0  # only V bias
     t = QKVGradTracker()
     t(0, tiny_model)
-    r = {row["layer"]: row for row in t.rows()}
+    r = {row["layer"]: row for row in t.rows}
     assert r[0] == {"step": 0, "layer": 0, "q": 0.0, "k": 0.0, "v": 0.0}
     assert r[1]["q"] == 0.0
     assert r[1]["k"] == pytest.approx((C * C) ** 0.5)
@@ -63,7 +63,7 @@ def test_fused_slicing_ours_and_gpt2_conv1d(tiny_model):
     hf.transformer.h[0].attn.c_attn.weight.grad[:, :C] = 1.0  # Conv1D (in, 3C): Q columns
     t2 = QKVGradTracker()
     t2(5, hf)
-    r2 = {row["layer"]: row for row in t2.rows()}
+    r2 = {row["layer"]: row for row in t2.rows}
     assert r2[0]["q"] == pytest.approx(float(C)) and r2[0]["k"] == 0.0 and r2[0]["v"] == 0.0
 
 
@@ -85,7 +85,7 @@ def test_llama_style_separate_projections():
     out.loss.backward()
     t = QKVGradTracker()
     t(0, m)
-    rows = t.rows()
+    rows = t.rows
     assert len(rows) == 2 and all(r["q"] > 0 and r["k"] > 0 and r["v"] > 0 for r in rows)
     expect_k = float(m.model.layers[0].self_attn.k_proj.weight.grad.norm())
     assert rows[0]["k"] == pytest.approx(expect_k, rel=1e-6)

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from genprobe._io import json_safe
 from genprobe.attention.capture import capture_attention
-from genprobe.attention.metrics import attention_report, format_table, head_stats, per_position
+from genprobe.attention.metrics import attention_report, head_stats, per_position
+from genprobe.cli.cmd_attention import format_table
 
 
 def uniform_causal(T):
@@ -65,8 +66,8 @@ def test_far_mass_counts_strictly_beyond_distance():
 def test_bad_shapes_raise():
     with pytest.raises(ValueError, match="must be"):
         per_position(torch.zeros(2, 2, 2, 2, 2))
-    with pytest.raises(ValueError, match="visible mask shape"):
-        per_position(torch.eye(3), visible=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="must be"):
+        per_position(torch.ones(2, 3))  # every query sees the keys up to itself: a square map
     with pytest.raises(ValueError, match=">= 0"):
         per_position(torch.eye(3), distance=-1)
 
@@ -77,7 +78,7 @@ def test_trained_model_entropies_within_bounds(trained):
     cap = capture_attention(model, ids)
     assert cap.probs.shape == (model.cfg.n_layer, model.cfg.n_head, len(ids), len(ids))
     assert torch.allclose(cap.probs.sum(-1), torch.ones(()), atol=1e-5)
-    pp = per_position(cap.probs, cap.visible)
+    pp = per_position(cap.probs)
     ent = pp["entropy"]
     n_vis = torch.arange(1, len(ids) + 1, dtype=torch.float64)
     assert (ent >= -1e-9).all()

@@ -9,8 +9,7 @@ import json
 import pytest
 
 from genprobe.doctor.audit import static_audit
-from genprobe.doctor.metadata_audit import hidden_characters
-from genprobe.doctor.template_audit import analyse_template, template_findings
+from genprobe.doctor.metadata_audit import analyse_template, hidden_characters, template_findings
 
 from ..model.gguf_tiny import write_tiny_gguf
 from .conftest import run_cli, tiny_llama_dir
@@ -113,7 +112,7 @@ def test_unsafe_chat_template_is_a_one_line_error(gguf_dir, capsys):
     ],
 )
 def test_template_constructs(template, check, severity):
-    findings = template_findings(analyse_template(template, "t"), False, "cmd")
+    findings = template_findings(analyse_template(template, "t"), False)
     assert [(f.check, f.severity) for f in findings] == [(check, severity)], [f.title for f in findings]
 
 

@@ -108,7 +108,7 @@ def test_max_loop_rate_turns_a_rate_into_a_warning(trained_ckpt, tmp_path):
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
-        (("--max-loop-rate", "1.5"), "--max-loop-rate must be in [0, 1]"),
+        (("--max-loop-rate", "1.5"), "(--max-loop-rate) must be in [0, 1]"),
         (("--chat",), "no chat template"),
         (("--with-edit", "--quick"), "quick mode leaves out"),
         (("--prompts", "/nonexistent/prompts.txt"), "prompt file not found"),

@@ -11,7 +11,7 @@ import pytest
 
 import genprobe
 from genprobe._io import json_safe
-from genprobe.doctor.findings import Finding, verdict_of
+from genprobe.doctor.options import Finding, Verdict
 from genprobe.doctor.run import DoctorReport
 
 from .conftest import run_cli
@@ -57,7 +57,7 @@ def test_every_stage_runs_and_the_json_is_strict(full_report):
     assert d["audit"]["kind"] == "genprobe"  # a checkpoint: the audit says "not checked", nothing to read
     assert d["exit_status"] in (0, 4) and d["verdict"] in ("healthy", "warnings")
     assert d["card"]["parameters"] > 0 and d["card"]["tensors"]
-    assert d["inference"]["noise_floor"] is not None
+    assert d["inference"]["caches"]["noise_floor"] is not None
     heads = d["attention"]["heads"]
     assert len(heads) == d["attention"]["n_layer"] * d["attention"]["n_head"]
     assert set(d["degeneration"]["scans"]["scans"]) == {"greedy", "your sampler"}
@@ -76,10 +76,10 @@ def test_verdict_is_the_worst_finding():
     def f(sev: str) -> Finding:
         return Finding("card", "x", sev, "t")
 
-    assert verdict_of([]).exit_status == 0
-    assert verdict_of([f("ok"), f("info")]).exit_status == 0
-    assert verdict_of([f("info"), f("warning")]).exit_status == 4
-    assert verdict_of([f("warning"), f("bug")]).exit_status == 1
+    assert Verdict.of([]).exit_status == 0
+    assert Verdict.of([f("ok"), f("info")]).exit_status == 0
+    assert Verdict.of([f("info"), f("warning")]).exit_status == 4
+    assert Verdict.of([f("warning"), f("bug")]).exit_status == 1
     with pytest.raises(ValueError, match="severity"):
         f("fatal")
 

@@ -45,11 +45,10 @@ def _check_capture_size(model, seq_len: int, max_bytes: int) -> None:
 
 @dataclass
 class AttentionCapture:
-    """Attention of one sequence: ``probs`` (L, H, T, T), ``visible`` (T, T) bool, ``positions`` (T,)."""
+    """Attention of one unpadded sequence, ``probs`` (L, H, T, T): every query sees the keys up to itself, at
+    positions 0 … T-1 (a sliding-window layer would see fewer keys than assumed here)."""
 
     probs: torch.Tensor
-    visible: torch.Tensor
-    positions: torch.Tensor
     tokens: list[int]
     implementation: str = "genprobe"
     note: str | None = None
@@ -120,17 +119,13 @@ def capture_attention(
         raise ValueError(f"cannot capture attention from {type(model).__name__}: not a GPT nor a transformers model")
     _check_capture_size(model, T, max_bytes)
     x = x.to(next(model.parameters()).device)
-    visible = torch.ones(T, T, dtype=torch.bool).tril()
-    positions = torch.arange(T)
     if isinstance(model, GPT):
         store: list = []
         model(x, attn_store=store)
         probs = torch.stack([p[0].float().cpu() for p in store])
-        return AttentionCapture(probs, visible, positions, x[0].tolist())
+        return AttentionCapture(probs, x[0].tolist())
     att, note = hf_attentions(model, x)
-    probs = _stack_releasing(att)
-    # Visibility is taken as plain causal; a sliding-window layer would see fewer keys than assumed here.
-    return AttentionCapture(probs, visible, positions, x[0].tolist(), implementation="eager", note=note)
+    return AttentionCapture(_stack_releasing(att), x[0].tolist(), implementation="eager", note=note)
 
 
 def _stack_releasing(att: list) -> torch.Tensor:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -49,80 +50,61 @@ def _fused_norms(m: torch.nn.Module) -> tuple[float | None, ...]:
     )
 
 
-def attention_projections(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """The attention modules holding Q/K/V projections, in layer order (name, module)."""
-    found = []
-    for name, m in model.named_modules():
-        if isinstance(getattr(m, "c_attn", None), torch.nn.Module) and hasattr(m.c_attn, "weight"):
-            found.append((name, m))
-        elif all(isinstance(getattr(m, p, None), torch.nn.Module) for p in ("q_proj", "k_proj", "v_proj")):
-            found.append((name, m))
-    return found
-
-
+@dataclass
 class QKVGradTracker:
-    """Callable ``tracker(step, model)`` recording Q/K/V gradient norms per layer; see module docstring."""
+    """Callable ``tracker(step, model)`` recording Q/K/V gradient norms per layer; see module docstring. ``rows``:
+    one dict per (step, layer), ``{step, layer, q, k, v}`` (None where a gradient was absent)."""
 
-    def __init__(self, every: int = 1):
-        if every < 1:
-            raise ValueError(f"every must be >= 1, got {every}")
-        self.every = every
-        self._rows: list[dict] = []
-        self.layer_names: list[str] = []
+    layers: list[str] = field(default_factory=list)  # the attention modules' names, in layer order
+    rows: list[dict] = field(default_factory=list)
 
     def __call__(self, step: int, model: torch.nn.Module) -> None:
         """Record the current gradients of ``model`` as training step ``step``."""
-        if step % self.every:
-            return
-        mods = attention_projections(model)
+        projections = ("q_proj", "k_proj", "v_proj")
+        mods = [
+            (name, m)
+            for name, m in model.named_modules()
+            if isinstance(getattr(m, "c_attn", None), torch.nn.Module)
+            and hasattr(m.c_attn, "weight")
+            or all(isinstance(getattr(m, p, None), torch.nn.Module) for p in projections)
+        ]
         if not mods:
             raise ValueError(
                 f"{type(model).__name__} has no attention module with a fused c_attn or q_proj/k_proj/v_proj"
             )
-        self.layer_names = [n for n, _ in mods]
+        self.layers = [n for n, _ in mods]
         for layer, (_, m) in enumerate(mods):
             if hasattr(m, "c_attn"):
                 q, k, v = _fused_norms(m.get_submodule("c_attn"))
             else:
-                q, k, v = (_norm(*_grads(getattr(m, p))) for p in ("q_proj", "k_proj", "v_proj"))
-            self._rows.append({"step": int(step), "layer": layer, "q": q, "k": k, "v": v})
-
-    def rows(self) -> list[dict]:
-        """One dict per (step, layer): ``{step, layer, q, k, v}`` (None where a gradient was absent)."""
-        return [dict(r) for r in self._rows]
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return {"layers": self.layer_names, "every": self.every, "rows": self.rows()}
+                q, k, v = (_norm(*_grads(getattr(m, p))) for p in projections)
+            self.rows.append({"step": int(step), "layer": layer, "q": q, "k": k, "v": v})
 
     def save(self, out_dir: str | Path) -> dict:
         """Write ``qkv_grad_norms.csv``, ``.json`` and ``.png`` into ``out_dir``; return their paths + counts."""
-        if not self._rows:
+        if not self.rows:
             raise ValueError("no gradients recorded: pass the tracker as on_backward to train() first")
         out = Path(out_dir)
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=["step", "layer", "q", "k", "v"], lineterminator="\n")
         w.writeheader()
-        w.writerows(self._rows)
+        w.writerows(self.rows)
         paths = {ext: out / f"qkv_grad_norms.{ext}" for ext in ("csv", "json", "png")}
         atomic_write_text(paths["csv"], buf.getvalue())
         atomic_write_json(paths["json"], json_safe(self))
         self.plot(paths["png"])
-        return {k: str(v) for k, v in paths.items()} | {
-            "steps": len({r["step"] for r in self._rows}),
-            "layers": len({r["layer"] for r in self._rows}),
-            "rows": len(self._rows),
-        }
+        counts = {k + "s": len({r[k] for r in self.rows}) for k in ("step", "layer")}
+        return {k: str(v) for k, v in paths.items()} | counts | {"rows": len(self.rows)}
 
     def plot(self, path: str | Path) -> Path:
         """Log-scale gradient norm vs step: one panel per projection, one line per layer."""
         from .plots import plt, save_figure
 
-        layers = sorted({r["layer"] for r in self._rows})
+        layers = sorted({r["layer"] for r in self.rows})
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.3), sharey=True)
         for ax, proj in zip(axes, ("q", "k", "v"), strict=True):
             for layer in layers:
-                pts = [(r["step"], r[proj]) for r in self._rows if r["layer"] == layer and r[proj]]
+                pts = [(r["step"], r[proj]) for r in self.rows if r["layer"] == layer and r[proj]]
                 if pts:
                     ax.plot(*zip(*pts, strict=True), label=f"layer {layer}", lw=1)
             ax.set(title=f"{proj.upper()} projection", xlabel="step", yscale="log")

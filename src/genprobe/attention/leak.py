@@ -19,6 +19,8 @@ from ..model.limits import max_positions
 from .capture import attn_implementation, is_hf_model
 
 LEAK_THRESHOLD = 1e-4
+SIDES = ("left", "right")
+EXTRA_PAD = 2
 
 
 @dataclass
@@ -76,70 +78,37 @@ def _logits(model, ids: torch.Tensor, mask: torch.Tensor | None, position_ids: b
     return model(**kw).logits.float()
 
 
-def _pad(seqs: list[list[int]], width: int, pad_id: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        sl = slice(width - len(s), width) if side == "left" else slice(0, len(s))
-        ids[i, sl] = torch.tensor(s, dtype=torch.long)
-        mask[i, sl] = 1
-    return ids, mask
-
-
 def padding_leak(
-    model_like,
-    sequences: list[list[int]],
-    pad_id: int,
-    sides: tuple[str, ...] = ("left", "right"),
-    position_ids: bool = True,
-    extra_pad: int = 2,
-    threshold: float = LEAK_THRESHOLD,
+    model_like, sequences: list[list[int]], pad_id: int, position_ids: bool = True, threshold: float = LEAK_THRESHOLD
 ) -> LeakReport:
-    """Run each sequence alone and inside padded batches; max |Δlogit| on its real positions.
-
-    ``position_ids=True`` passes positions derived from the mask (``cumsum - 1``) to HF models;
-    ``False`` passes none, leaving the model's default. Every row gets at least ``extra_pad`` pads.
-    """
+    """Run each sequence alone and inside left- and right-padded batches (every row at least :data:`EXTRA_PAD` pads);
+    max |Δlogit| on its real positions. ``position_ids=True`` passes positions derived from the mask (``cumsum - 1``)
+    to HF models; ``False`` passes none, leaving the model's default."""
     model = unwrap(model_like)
     if not sequences or any(len(s) == 0 for s in sequences):
         raise ValueError("padding_leak needs at least one sequence, and no empty sequence")
-    if bad := set(sides) - {"left", "right"}:
-        raise ValueError(f"sides must be 'left' and/or 'right', got {sorted(bad)}")
-    if extra_pad < 0:
-        raise ValueError(f"extra_pad must be >= 0, got {extra_pad}")
-    width = max(len(s) for s in sequences) + extra_pad
+    width = max(len(s) for s in sequences) + EXTRA_PAD
     limit = max_positions(model) if isinstance(model, GPT) or is_hf_model(model) else None
     if limit is not None and width > limit:
         raise ValueError(
-            f"padded batch width {width} (longest sequence {width - extra_pad} + {extra_pad} pads) exceeds the "
+            f"padded batch width {width} (longest sequence {width - EXTRA_PAD} + {EXTRA_PAD} pads) exceeds the "
             f"model's {limit} positions; use shorter sequences"
         )
     dev = next(model.parameters()).device
+    name = type(model).__name__ + (f" ({attn_implementation(model)})" if is_hf_model(model) else "")
+    rep = LeakReport(model=name, position_ids=position_ids, threshold=threshold, sides=list(SIDES))
     with eval_mode(model):
         alone = [_logits(model, torch.tensor([s], device=dev), None, position_ids)[0].cpu() for s in sequences]
-        deltas: dict[int, dict[str, float]] = {i: {} for i in range(len(sequences))}
-        for side in sides:
-            ids, mask = _pad(sequences, width, pad_id, side)
+        deltas: list[dict[str, float]] = [{} for _ in sequences]
+        for side in SIDES:
+            ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+            mask = torch.zeros(len(sequences), width, dtype=torch.long)
+            rows = [slice(width - len(s), width) if side == "left" else slice(0, len(s)) for s in sequences]
+            for i, (s, real) in enumerate(zip(sequences, rows, strict=True)):
+                ids[i, real], mask[i, real] = torch.tensor(s, dtype=torch.long), 1
             out = _logits(model, ids.to(dev), mask.to(dev), position_ids).cpu()
-            for i, s in enumerate(sequences):
-                real = out[i, width - len(s) :] if side == "left" else out[i, : len(s)]
-                deltas[i][side] = float((real - alone[i]).abs().max())
-    name = type(model).__name__ + (f" ({attn_implementation(model)})" if is_hf_model(model) else "")
-    rep = LeakReport(model=name, position_ids=position_ids, threshold=threshold, sides=list(sides))
-    for i, s in enumerate(sequences):
-        m = max(deltas[i].values())
-        rep.sequences.append(SequenceLeak(i, len(s), deltas[i], m, m > threshold))
+            for i, real in enumerate(rows):
+                deltas[i][side] = float((out[i, real] - alone[i]).abs().max())
+    for i, (s, d) in enumerate(zip(sequences, deltas, strict=True)):
+        rep.sequences.append(SequenceLeak(i, len(s), d, max(d.values()), max(d.values()) > threshold))
     return rep
-
-
-def format_leak(rep: LeakReport) -> str:
-    """Text table: one line per sequence."""
-    lines = [
-        f"padding leak — {rep.model}, position_ids={'yes' if rep.position_ids else 'no'}, threshold {rep.threshold:g}",
-        f"{'seq':>4} {'len':>4} " + " ".join(f"{'Δ ' + s:>10}" for s in rep.sides) + "  verdict",
-    ]
-    for s in rep.sequences:
-        deltas = " ".join(f"{s.delta[side]:>10.2e}" for side in rep.sides)
-        lines.append(f"{s.index:>4} {s.length:>4} {deltas}  {'LEAK' if s.leak else 'ok'}")
-    lines.append(f"max |Δlogit| = {rep.max_delta:.3e} → {rep.verdict}")
-    return "\n".join(lines)

@@ -17,6 +17,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from statistics import fmean
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -118,11 +119,8 @@ class SyntheticConfig:
 
 def _lr_factor(step: int, steps: int, warmup: int) -> float:
     """Linear warm-up, then cosine decay, floored at 5% of the peak."""
-    if step < warmup:
-        frac = (step + 1) / warmup
-    else:
-        frac = 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-    return max(frac, 0.05)
+    cosine = 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+    return max((step + 1) / warmup if step < warmup else cosine, 0.05)
 
 
 @dataclass(frozen=True)
@@ -207,35 +205,26 @@ def passkey_grid(context: int) -> list[int]:
 
 
 @dataclass
-class PasskeyResult:
-    """One encoding on the passkey task: training summary and accuracy per distance (None: refused)."""
+class TaskResult:
+    """One encoding on a synthetic task: how it trained and its accuracy (None: refused). Passkey: one model,
+    accuracy per distance; lag: one model per lag, accuracy per evaluation length, then per lag."""
 
-    train: TrainSummary
-    accuracy: dict[int, float | None]
+    train: TrainSummary | dict[int, TrainSummary]
+    accuracy: dict[int, Any]
     errors: list[EvalError] = field(default_factory=list)
 
 
-@dataclass
-class LagResult:
-    """One encoding on the lag task: one model per lag; accuracy per evaluation length, then per lag."""
-
-    train: dict[int, TrainSummary]
-    accuracy: dict[int, dict[int, float | None]]
-    errors: list[EvalError] = field(default_factory=list)
-
-
-def run_passkey(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> PasskeyResult:
+def run_passkey(pos_encoding: str, sc: SyntheticConfig, on_model: Callable[[], object] = lambda: None) -> TaskResult:
     """Train on passkey at ``sc.context``; accuracy at every :func:`passkey_grid` distance (rows ``max(L, d+2)``)."""
     task = PasskeyTask()
     model, summary = train_synthetic(task, pos_encoding, sc)
-    res = PasskeyResult(summary, {})
+    res = TaskResult(summary, {})
     for d in passkey_grid(sc.context):
         n = max(sc.context, d + 2)
         res.accuracy[d] = _measured(
             res.errors, f"distance {d} (rows of {n})", passkey_accuracy, model, task, d, n, sc.eval_samples
         )
-    if on_model:
-        on_model()
+    on_model()
     return res
 
 
@@ -244,19 +233,19 @@ def lag_eval_lengths(context: int) -> list[int]:
     return [context, 2 * context, 4 * context]
 
 
-def run_lag(pos_encoding: str, sc: SyntheticConfig, on_model=None) -> LagResult:
+def run_lag(pos_encoding: str, sc: SyntheticConfig, on_model: Callable[[], object] = lambda: None) -> TaskResult:
     """One model per lag in ``sc.lags``; accuracy at each :func:`lag_eval_lengths` length."""
     L = sc.context
-    res = LagResult({}, {n: {} for n in lag_eval_lengths(L)})
+    train: dict[int, TrainSummary] = {}
+    res = TaskResult(train, {n: {} for n in lag_eval_lengths(L)})
     for k in sc.lags:
         task = LagTask(k)
-        model, res.train[k] = train_synthetic(task, pos_encoding, sc)
+        model, train[k] = train_synthetic(task, pos_encoding, sc)
         for n in res.accuracy:
             res.accuracy[n][k] = _measured(
                 res.errors, f"lag {k}, rows of {n}", lag_accuracy, model, task, n, L, max(8, sc.eval_samples // 4)
             )
-        if on_model:
-            on_model()
+        on_model()
     return res
 
 
@@ -265,8 +254,8 @@ class SyntheticResult:
     """Both synthetic tasks for every encoding, trained at ``config.context``."""
 
     config: SyntheticConfig
-    passkey: dict[str, PasskeyResult]
-    lag: dict[str, LagResult]
+    passkey: dict[str, TaskResult]
+    lag: dict[str, TaskResult]
 
     @property
     def context(self) -> int:
@@ -302,8 +291,8 @@ class SyntheticResult:
 def run_synthetic(pos_encodings: list[str], sc: SyntheticConfig, progress: bool = False) -> SyntheticResult:
     """Both tasks × each encoding: training summaries and accuracy inside/beyond the training context."""
     with tqdm(total=(1 + len(sc.lags)) * len(pos_encodings), desc="synthetic", disable=not progress) as bar:
-        passkey = {pe: run_passkey(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
-        lag = {pe: run_lag(pe, sc, on_model=lambda: bar.update(1)) for pe in pos_encodings}
+        passkey = {pe: run_passkey(pe, sc, on_model=bar.update) for pe in pos_encodings}
+        lag = {pe: run_lag(pe, sc, on_model=bar.update) for pe in pos_encodings}
     return SyntheticResult(sc, passkey, lag)
 
 
@@ -425,12 +414,11 @@ class EncodingSummary:
 
     def to_dict(self) -> dict:
         """JSON form with flat keys (``lag_mean_len32``, ``val_loss_len128`` …)."""
-        d: dict = {"passkey_min_inside": self.passkey_min_inside, "passkey_mean_beyond": self.passkey_mean_beyond}
-        d.update({f"lag_mean_len{n}": v for n, v in self.lag_mean.items()})
-        d.update({f"val_loss_len{n}": v for n, v in self.val_loss.items()})
-        if self.val_loss_increase_at_longest is not None:
-            d["val_loss_increase_at_longest"] = self.val_loss_increase_at_longest
-        return d
+        d = {"passkey_min_inside": self.passkey_min_inside, "passkey_mean_beyond": self.passkey_mean_beyond}
+        d |= {f"lag_mean_len{n}": v for n, v in self.lag_mean.items()}
+        d |= {f"val_loss_len{n}": v for n, v in self.val_loss.items()}
+        growth = self.val_loss_increase_at_longest
+        return d if growth is None else d | {"val_loss_increase_at_longest": growth}
 
 
 def _whole(reduce, values: list[float | None]) -> float | None:

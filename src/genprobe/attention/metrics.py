@@ -1,14 +1,14 @@
 """Per-layer/per-head attention statistics: entropy, normalised entropy, far / sink / diagonal / local mass.
 
-Conventions (one query row = one probability distribution over its visible keys):
+Conventions (one query row = one probability distribution over its visible keys: causal attention over one unpadded
+sequence, query t sees keys 0 … t):
 
 * entropy ``H = -Σ p ln p`` in nats, with ``0 ln 0 = 0``; it lies in ``[0, ln n]`` for ``n`` visible keys.
 * normalised entropy ``H / ln n``; a row with a single visible key has no choice to make (``ln 1 = 0``),
   so it is *undefined* there (``None`` per position) and excluded from the normalised mean.
-* far mass: probability on keys with ``pos_q - pos_k > distance``; sink mass: on the first real token
-  (smallest position); diagonal mass: on the query itself; local mass: on keys with
-  ``0 <= pos_q - pos_k <= local_window``.
-* means are over query positions (rows); rows with no visible key are skipped.
+* far mass: probability on keys with ``pos_q - pos_k > distance``; sink mass: on the first token; diagonal mass:
+  on the query itself; local mass: on keys with ``0 <= pos_q - pos_k <= local_window``.
+* means are over query positions (rows).
 """
 
 from __future__ import annotations
@@ -19,9 +19,16 @@ from typing import Any
 
 import torch
 
-from .._io import json_safe
-
-METRICS = ("entropy", "norm_entropy", "far_mass", "sink_mass", "diag_mass", "local_mass")
+#: Each metric's name in figures and grids, and what it measures (``{d}``: the far distance, ``{w}``: the local window).
+DESCRIPTIONS = {
+    "entropy": ("entropy (nats)", "-sum p ln p over visible keys (nats), mean over query positions"),
+    "norm_entropy": ("entropy / ln(visible keys)", "entropy / ln(visible keys); rows with one visible key excluded"),
+    "far_mass": ("far mass (keys > {d} back)", "mass on keys more than {d} positions before the query"),
+    "sink_mass": ("mass on the first token", "mass on the first token"),
+    "diag_mass": ("mass on the query itself", "mass on the query's own position"),
+    "local_mass": ("local mass (keys 0..{w} back)", "mass on keys 0..{w} positions back"),
+}
+METRICS = tuple(DESCRIPTIONS)
 
 
 @dataclass
@@ -41,55 +48,34 @@ class HeadStats:
 
 
 def _rows(probs: torch.Tensor) -> torch.Tensor:
-    if probs.dim() == 2:
-        return probs[None, None]
-    if probs.dim() == 3:
-        return probs[None]
-    if probs.dim() == 4:
-        return probs
-    raise ValueError(f"attention probabilities must be (T,T), (H,T,T) or (L,H,T,T); got shape {tuple(probs.shape)}")
+    if not 2 <= probs.dim() <= 4 or probs.shape[-1] != probs.shape[-2]:
+        raise ValueError(f"attention probabilities must be (T,T), (H,T,T) or (L,H,T,T); got shape {tuple(probs.shape)}")
+    return probs.reshape((1,) * (4 - probs.dim()) + tuple(probs.shape))
 
 
-def per_position(
-    probs: torch.Tensor,
-    visible: torch.Tensor | None = None,
-    positions: torch.Tensor | None = None,
-    distance: int = 8,
-    local_window: int = 2,
-) -> dict[str, torch.Tensor]:
-    """Per-query statistics, each (L, H, Tq) float tensors (NaN where undefined), plus ``n_visible`` (Tq,)."""
+def per_position(probs: torch.Tensor, distance: int = 8, local_window: int = 2) -> dict[str, torch.Tensor]:
+    """Per-query statistics of causal attention over positions 0 … T-1, each (L, H, T) float tensors (NaN where
+    undefined), plus ``n_visible`` (T,)."""
     if distance < 0 or local_window < 0:
         raise ValueError(f"distance ({distance}) and local_window ({local_window}) must be >= 0")
     p = _rows(probs)
-    Tq, Tk = p.shape[-2:]
-    if visible is None:
-        visible = torch.ones(Tq, Tk, dtype=torch.bool).tril(diagonal=Tk - Tq)
-    if tuple(visible.shape) != (Tq, Tk):
-        raise ValueError(f"visible mask shape {tuple(visible.shape)} != attention shape {(Tq, Tk)}")
-    if positions is None:
-        positions = torch.arange(Tk)
-    k_pos = positions[-Tk:].long()
-    q_pos = positions[-Tq:].long()
-    dist = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk)
-    vis = visible.bool()
+    T = p.shape[-1]
+    pos = torch.arange(T)
+    dist = pos[:, None] - pos[None, :]  # (Tq, Tk): how far back each key is
+    vis = dist >= 0
     n_vis = vis.sum(-1)  # (Tq,)
-    log_n = n_vis.double().clamp_min(1).log()
-    sink_pos = k_pos[vis.any(0)].min() if vis.any() else k_pos.min()
+    log_n = n_vis.double().log()
     # Key masks of each mass, (Tq, Tk) in double, shared by every layer.
     masks = {
         "far_mass": (dist > distance).double(),
-        "sink_mass": (k_pos == sink_pos)[None, :].expand(Tq, Tk).double(),
+        "sink_mass": (pos == 0)[None, :].expand(T, T).double(),
         "diag_mass": (dist == 0).double(),
-        "local_mass": ((dist >= 0) & (dist <= local_window)).double(),
+        "local_mass": (vis & (dist <= local_window)).double(),
     }
     # One layer at a time in double: a (L, H, T, T) copy in double would be twice the captured maps again.
     per_layer = [_layer_rows(layer, vis, n_vis, log_n, masks) for layer in p]
     out = {k: torch.stack([row[k] for row in per_layer]) for k in per_layer[0]}
     out["max_entropy"] = log_n.expand_as(out["entropy"])
-    empty = n_vis == 0
-    if empty.any():
-        for k in out:
-            out[k] = out[k].masked_fill(empty, float("nan"))
     out["n_visible"] = n_vis
     return out
 
@@ -107,7 +93,7 @@ def _layer_rows(
 
 def head_stats(probs: torch.Tensor, **options: Any) -> list[HeadStats]:
     """One :class:`HeadStats` per (layer, head), averaged over query positions (``options``: :func:`per_position`'s
-    ``visible``, ``positions``, ``distance``, ``local_window``)."""
+    ``distance``, ``local_window``)."""
     return _stats(per_position(probs, **options))[0]
 
 
@@ -154,85 +140,32 @@ class AttentionReport:
     @property
     def definitions(self) -> dict[str, str]:
         """What each metric measures, in words (shipped inside every report)."""
-        return {
-            "entropy": "-sum p ln p over visible keys (nats), mean over query positions",
-            "norm_entropy": "entropy / ln(visible keys); rows with one visible key excluded",
-            "far_mass": f"mass on keys more than {self.distance} positions before the query",
-            "sink_mass": "mass on the first token",
-            "diag_mass": "mass on the query's own position",
-            "local_mass": f"mass on keys 0..{self.local_window} positions back",
-        }
+        return {k: d.format(d=self.distance, w=self.local_window) for k, (_, d) in DESCRIPTIONS.items()}
 
 
-#: Each metric's name in figures and grids (``{d}``: the far distance, ``{w}``: the local window).
-TITLES = {
-    "entropy": "entropy (nats)",
-    "norm_entropy": "entropy / ln(visible keys)",
-    "far_mass": "far mass (keys > {d} back)",
-    "sink_mass": "mass on the first token",
-    "diag_mass": "mass on the query itself",
-    "local_mass": "local mass (keys 0..{w} back)",
-}
-
-
-def as_report(result: AttentionReport | dict) -> dict:
-    """The JSON form of an :class:`AttentionReport` (a dict read back from ``attention.json`` as it is)."""
-    return json_safe(result) if isinstance(result, AttentionReport) else result
+def title(report: dict, metric: str) -> str:
+    """``metric``'s name in figures and grids, with the report's distance and local window."""
+    return DESCRIPTIONS[metric][0].format(d=report["distance"], w=report["local_window"])
 
 
 def attention_report(
     capture, distance: int = 8, local_window: int = 2, tokens_text: list[str] | None = None
 ) -> AttentionReport:
     """Per-head means, per-layer means and per-position values of an :class:`AttentionCapture`."""
-    pp = per_position(capture.probs, capture.visible, capture.positions, distance, local_window)
+    pp = per_position(capture.probs, distance=distance, local_window=local_window)
     heads, layers = _stats(pp)
 
     def _list(t: torch.Tensor) -> list:
         return [[[None if math.isnan(v) else round(v, 6) for v in row] for row in lay] for lay in t.tolist()]
 
-    return AttentionReport(
-        distance,
-        local_window,
-        capture.n_layer,
-        capture.n_head,
-        capture.implementation,
-        capture.note,
-        list(capture.tokens),
-        tokens_text,
-        heads,
-        layers,
-        {k: _list(pp[k]) for k in METRICS},
-        pp["n_visible"].tolist(),
-    )
+    meta = (capture.n_layer, capture.n_head, capture.implementation, capture.note, list(capture.tokens), tokens_text)
+    per_pos = {k: _list(pp[k]) for k in METRICS}
+    return AttentionReport(distance, local_window, *meta, heads, layers, per_pos, pp["n_visible"].tolist())
 
 
-def format_table(result: AttentionReport | dict) -> str:
-    """Fixed-width text table, one line per (layer, head) plus a per-layer mean line."""
-    report = as_report(result)
-    hdr = (
-        f"{'layer':>5} {'head':>4} {'H(nats)':>8} {'H/lnN':>6} {'>' + str(report['distance']) + ' far':>7} "
-        f"{'sink':>6} {'diag':>6} {'local':>6}"
-    )
-
-    def fmt(v, w=6, p=3):
-        return f"{'—':>{w}}" if v is None else f"{v:>{w}.{p}f}"
-
-    def line(h: dict) -> str:
-        return (
-            f"{h['layer']:>5} {'mean' if h.get('head') is None else h['head']:>4} {fmt(h['entropy'], 8)} "
-            f"{fmt(h['norm_entropy'])} {fmt(h['far_mass'], 7)} {fmt(h['sink_mass'])} {fmt(h['diag_mass'])} "
-            f"{fmt(h['local_mass'])}"
-        )
-
-    lines = [hdr, "-" * len(hdr)]
-    for layer in report["layers"]:
-        lines += [line(h) for h in report["heads"] if h["layer"] == layer["layer"]] + [line(layer)]
-    return "\n".join(lines)
-
-
-def head_matrix(result: AttentionReport | dict, metric: str) -> list[list[float | None]]:
-    """One metric as a layers × heads matrix (``matrix[layer][head]``; None where undefined)."""
-    report = as_report(result)
+def head_matrix(report: dict, metric: str) -> list[list[float | None]]:
+    """One metric of an :class:`AttentionReport`'s JSON form as a layers × heads matrix (``matrix[layer][head]``; None
+    where undefined)."""
     if metric not in (*METRICS, "max_entropy"):
         raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
     grid: list[list[float | None]] = [[None] * report["n_head"] for _ in range(report["n_layer"])]
@@ -242,19 +175,3 @@ def head_matrix(result: AttentionReport | dict, metric: str) -> list[list[float 
 
 
 GRID_METRICS = ("norm_entropy", "far_mass", "sink_mass")
-
-
-def format_grid(result: AttentionReport | dict, metrics: tuple[str, ...] = GRID_METRICS) -> str:
-    """Compact text form for deep models: per metric, one line per layer and one column per head."""
-    report = as_report(result)
-    blocks = []
-    for metric in metrics:
-        grid = head_matrix(report, metric)
-        lines = [
-            TITLES[metric].format(d=report["distance"], w=report["local_window"]) + " — rows: layers, columns: heads",
-            "layer " + "".join(f"{h:>6}" for h in range(report["n_head"])),
-        ]
-        for layer, row in enumerate(grid):
-            lines.append(f"{layer:>5} " + "".join(f"{'—':>6}" if v is None else f"{v:>6.2f}" for v in row))
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .._io import atomic_write  # noqa: E402
 from .longrange import N_CONTENT  # noqa: E402
-from .metrics import GRID_METRICS, TITLES, as_report, head_matrix  # noqa: E402
+from .metrics import GRID_METRICS, head_matrix, title  # noqa: E402
 
 
 def save_figure(fig, path: str | Path) -> Path:
@@ -64,7 +64,7 @@ def _tick_step(n: int, most: int) -> int:
     return max(1, math.ceil(n / most))
 
 
-def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_METRICS) -> Path:
+def heads_grid_plot(rep: dict, path: str | Path, metrics: tuple[str, ...] = GRID_METRICS) -> Path:
     """Every head of every layer in one figure: one layers × heads heatmap per metric (each in [0, 1]).
 
     The figure grows with depth and width up to a cap (a 96-layer model stays one page); values are written
@@ -72,7 +72,6 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
     """
     import numpy as np
 
-    rep = as_report(report)
     n_layer, n_head = rep["n_layer"], rep["n_head"]
     panel_w = min(8.0, max(2.4, 0.32 * n_head + 1.0))
     height = min(14.0, max(2.4, 0.2 * n_layer + 1.3))
@@ -83,7 +82,7 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
         grid = np.array([[np.nan if v is None else v for v in row] for row in head_matrix(rep, metric)], dtype=float)
         vmax = float(np.nanmax(grid)) if metric == "entropy" and not np.isnan(grid).all() else 1.0
         im = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=vmax or 1.0, aspect="auto", interpolation="nearest")
-        ax.set_title(TITLES[metric].format(d=rep["distance"], w=rep["local_window"]), fontsize=9)
+        ax.set_title(title(rep, metric), fontsize=9)
         ax.set(xlabel="head", ylabel="layer")
         xs, ys = range(0, n_head, _tick_step(n_head, 24)), range(0, n_layer, _tick_step(n_layer, 40))
         ax.set_xticks(list(xs), [str(h) for h in xs], fontsize=7)
@@ -97,9 +96,8 @@ def heads_grid_plot(report, path: str | Path, metrics: tuple[str, ...] = GRID_ME
     return save_figure(fig, path)
 
 
-def entropy_plot(report, path: str | Path) -> Path:
+def entropy_plot(report: dict, path: str | Path) -> Path:
     """Per-layer attention entropy: each head's mean (dots), layer mean (line), uniform ln(N) reference."""
-    report = as_report(report)
     rows = report["layers"]
     layers = [row["layer"] for row in rows]
     fig, ax = plt.subplots(figsize=(min(14.0, max(5.0, 0.22 * len(layers) + 1.5)), 3.5))
@@ -135,9 +133,7 @@ def _passkey_panel(ax, syn) -> None:
         _curve(ax, _present(r.accuracy), pe, "-", marker=marker, ms=ms, label=pe, alpha=0.8)
     ax.axvline(L - 1.5, color="k", ls=":", lw=1)
     ax.text(L - 1.5, 0.02, " training context", fontsize=7)
-    ax.set_xscale("log", base=2)
     ax.set(title="passkey (content suffices)", xlabel="distance value→query", ylabel="accuracy", ylim=(-0.03, 1.03))
-    ax.legend(fontsize=7)
 
 
 def _lag_panel(ax, syn) -> None:
@@ -146,10 +142,8 @@ def _lag_panel(ax, syn) -> None:
         for i, (n, accs) in enumerate(r.accuracy.items()):
             _curve(ax, _present(accs), pe, styles[i % 3], marker="o", ms=3, label=f"{pe}, len {n}")
     ax.axhline(1 / N_CONTENT, color="gray", lw=0.8)
-    ax.set_xscale("log", base=2)
     ax.set(xlabel="lag k", ylabel="accuracy", ylim=(-0.03, 1.03))
     ax.set_title(f"token k back (position only), trained at len {syn.context}")
-    ax.legend(fontsize=6, ncol=2)
 
 
 def _corpus_panel(ax, corpus) -> None:
@@ -160,9 +154,7 @@ def _corpus_panel(ax, corpus) -> None:
         for n in (n for n, w in r.by_length.items() if w is None):
             ax.annotate("✗", (n, pts[-1][1]), color=_PE_COLORS.get(pe), ha="center")
     ax.axvline(ctx, color="k", ls=":", lw=1)
-    ax.set_xscale("log", base=2)
     ax.set(title=f"Tang validation loss, trained at L={ctx}", xlabel="evaluation length", ylabel="loss (nats)")
-    ax.legend(fontsize=7)
 
 
 def longrange_plot(res, path: str | Path) -> Path:
@@ -174,5 +166,8 @@ def longrange_plot(res, path: str | Path) -> Path:
     _lag_panel(axes[1], res.synthetic)
     if has_corpus:
         _corpus_panel(axes[2], res.corpus)
+    for i, ax in enumerate(axes):  # every panel's x axis doubles: distances, lags, lengths
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=6 if i == 1 else 7, ncol=2 if i == 1 else 1)
     fig.tight_layout()
     return save_figure(fig, path)

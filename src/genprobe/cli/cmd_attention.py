@@ -22,6 +22,7 @@ from .._io import json_safe
 from ._common import (
     MODEL_KINDS,
     Accumulate,
+    Column,
     Command,
     Once,
     add_prompt_arguments,
@@ -31,6 +32,7 @@ from ._common import (
     load_model_arg,
     option,
     read_prompts,
+    table,
 )
 
 DEFAULT_TEXT = "白日依山盡黃河入海流欲窮千里目更上一層樓"
@@ -87,7 +89,7 @@ def _no_subcommand(args) -> int:
 def run_heads(args) -> int:
     """Per-head attention statistics of one sequence; optional JSON, heads grid, entropy plot and per-head maps."""
     from ..attention.capture import capture_attention
-    from ..attention.metrics import attention_report, format_grid, format_table
+    from ..attention.metrics import attention_report
 
     if args.maps is not None and not args.out:
         raise ValueError("--maps writes image files: give --out DIR too")
@@ -113,6 +115,38 @@ def run_heads(args) -> int:
     return 0
 
 
+def _value(v: float | None, digits: int = 3) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def format_table(rep: dict) -> str:
+    """One line per (layer, head) of an attention report's JSON form, then the layer's mean line."""
+    from ..attention.metrics import METRICS
+
+    metric = lambda k: lambda h: _value(h[k])  # noqa: E731
+    cols: list[Column] = [
+        ("layer", 5, lambda h: h["layer"]),
+        ("head", 4, lambda h: "mean" if h["head"] is None else h["head"]),
+    ]
+    names = ("H(nats)", "H/lnN", f">{rep['distance']} far", "sink", "diag", "local")
+    cols += [(n, max(6, len(n)), metric(k)) for n, k in zip(names, METRICS, strict=True)]
+    rows = [h for layer in rep["layers"] for h in [*(h for h in rep["heads"] if h["layer"] == layer["layer"]), layer]]
+    return table(cols, rows, rule=True)
+
+
+def format_grid(rep: dict, metrics: tuple[str, ...] = ("norm_entropy", "far_mass", "sink_mass")) -> str:
+    """Compact text form for deep models: per metric, one line per layer and one column per head."""
+    from ..attention.metrics import head_matrix, title
+
+    blocks = []
+    for metric in metrics:
+        cell = lambda h: lambda row: _value(row[1][h], 2)  # noqa: E731
+        cols: list[Column] = [("layer", 5, lambda row: row[0]), *((str(h), 5, cell(h)) for h in range(rep["n_head"]))]
+        grid = table(cols, enumerate(head_matrix(rep, metric)))
+        blocks.append(f"{title(rep, metric)} — rows: layers, columns: heads\n{grid}")
+    return "\n\n".join(blocks)
+
+
 def _write_heads_files(rep: dict, cap, labels: list[str], out: Path, maps: list[int] | None) -> dict:
     from .._io import atomic_write_json
     from ..attention.plots import entropy_plot, head_heatmaps, heads_grid_plot
@@ -124,10 +158,8 @@ def _write_heads_files(rep: dict, cap, labels: list[str], out: Path, maps: list[
     files: dict[str, str | list[str]] = {k: str(out / name) for k, name in names.items()}
     if maps is not None:
         files["heatmaps"] = [str(m) for m in head_heatmaps(cap, out, labels, layers=maps or None)]
-    info(
-        f"wrote {out}/attention.json, heads.png, entropy.png"
-        + (f" and {len(files['heatmaps'])} per-head maps" if maps is not None else "")
-    )
+    maps_written = f" and {len(files['heatmaps'])} per-head maps" if maps is not None else ""
+    info(f"wrote {out}/attention.json, heads.png, entropy.png{maps_written}")
     return files
 
 
@@ -150,21 +182,22 @@ def run_check_masks(args) -> int:
 
 def run_padding_leak(args) -> int:
     """Each sequence alone vs inside padded batches; exit status 1 on a leak."""
-    from ..attention.leak import format_leak, padding_leak
+    from ..attention.leak import padding_leak
 
     model = load_model_arg(args)
     pad = args.pad_id if args.pad_id is not None else model.pad_id
-    rep = padding_leak(
-        model.module,
-        _sequences(args, model, LEAK_TEXTS),
-        pad,
-        position_ids=not args.no_position_ids,
-        threshold=args.threshold,
-    )
+    seqs = _sequences(args, model, LEAK_TEXTS)
+    rep = padding_leak(model.module, seqs, pad, position_ids=not args.no_position_ids, threshold=args.threshold)
     if args.json:
         emit_json(json_safe(rep))
-    else:
-        print(format_leak(rep))
+        return 1 if rep.leak else 0
+    ids = "yes" if rep.position_ids else "no"
+    print(f"padding leak — {rep.model}, position_ids={ids}, threshold {rep.threshold:g}")
+    cols: list[Column] = [("seq", 4, lambda s: s.index), ("len", 4, lambda s: s.length)]
+    delta = lambda side: lambda s: f"{s.delta[side]:.2e}"  # noqa: E731
+    cols += [(f"Δ {side}", 10, delta(side)) for side in rep.sides]
+    print(table([*cols, (" verdict", 8, lambda s: "LEAK" if s.leak else "ok")], rep.sequences))
+    print(f"max |Δlogit| = {rep.max_delta:.3e} → {rep.verdict}")
     return 1 if rep.leak else 0
 
 

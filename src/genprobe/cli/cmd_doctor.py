@@ -35,12 +35,9 @@ exit status: 0 healthy, 1 a bug found (a cache path that disagrees with recomput
 tokenizer round trip, your cache implementation raising), 4 warnings only (e.g. a degenerate rate above
 --max-loop-rate, every generation degenerate, end-of-text equal to padding), 2 bad input.
 
-stages: audit (the files read as data, nothing run: special ids, the chat template as code, quantization label,
-structure against the config, hidden text, auto_map, suppressions, normalizers), card (architecture, weights per
-tensor type, tokenizer facts, generation defaults), inference (every cache path against full recomputation, padding
-leak, --serving vllm), attention (dead / sink-only / position-only heads), degeneration (calibrated loop rates for
-greedy and your sampler, end-of-text behaviour), fixes (the decode-time fixes your engine offers, --with-edit the
-weight edit; skipped by --quick). docs/doctor.md.
+stages: audit (the files read as data, nothing run), card, quality, inference (every cache path against full
+recomputation, padding leak, --serving), attention, degeneration (greedy and your sampler), fixes (skipped by
+--quick); docs/doctor.md lists what each checks.
 """
 
 
@@ -48,22 +45,16 @@ def options(p: argparse.ArgumentParser) -> None:
     add_prompt_arguments(p, help_default=" (default: held-out prompts of the model's language)")
     add_sampler_arguments(p)
     option(p, "--chat", False, "give each prompt as a user turn through the chat template")
-    option(
-        p,
-        "--serving",
-        metavar="vllm|URL",
-        help="also check the serving engine's logits: vllm (in-process, extra "
-        "genprobe[vllm]) or the URL of a live OpenAI-compatible server of this model",
-    )
+    serving = "also check the serving engine's logits: vllm (in-process, extra genprobe[vllm]) or the URL of a live"
+    option(p, "--serving", metavar="vllm|URL", help=serving + " OpenAI-compatible server of this model")
     option(p, "--quick", False, "the CI gate: fewer prompts and steps, no which-fix stage")
     option(p, "--max-loop-rate", type=float, metavar="R", help="warn (exit 4) when a degenerate rate exceeds R")
     option(p, "--with-edit", False, "also search the loop-repair weight edit (slow)")
     option(p, "--impl", metavar="MOD:FACTORY", help="also verify your cache implementation: factory(model)")
     option(p, "--hf-no-position-ids", False, "your code passes no position_ids: a left-padding leak is then a bug")
     option(p, "--only", [], "run these stages: " + " ".join(STAGES), choices=STAGES, metavar="STAGE")
-    option(
-        p, "--reference", metavar="FILE_OR_DIR", help="the original model: the quality stage's KL and top-1 against it"
-    )
+    reference = "the original model: the quality stage's KL and top-1 against it"
+    option(p, "--reference", metavar="FILE_OR_DIR", help=reference)
     option(p, "--seed", 0, "sampling seed")
     option(p, "--threads", 1, "torch CPU threads (as in `genprobe loops`)")
     option(p, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {FILES}")
@@ -109,8 +100,6 @@ def run(args: argparse.Namespace) -> int:
     from ..doctor.run import run_doctor
 
     out_dir(args.out, FILES)
-    if args.max_loop_rate is not None and not 0.0 <= args.max_loop_rate <= 1.0:
-        raise ValueError(f"--max-loop-rate must be in [0, 1], got {args.max_loop_rate}")
     check_min(args, threads=1)
     import torch
 

@@ -9,8 +9,9 @@ show the model's own error instead of a number. Writes longrange.json and longra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .._io import json_safe
 from ._common import Column, Command, emit_json, info, option, show_progress, table
@@ -33,9 +34,8 @@ def _cell(v: float | None) -> str:
 
 
 def _corpus_cell(w) -> str:
-    if w is None:
-        return "error"
-    return f"{w.loss:.3f}" + ("" if w.loss_beyond_context is None else f" [{w.loss_beyond_context:.3f}]")
+    beyond = "" if w is None or w.loss_beyond_context is None else f" [{w.loss_beyond_context:.3f}]"
+    return "error" if w is None else f"{w.loss:.3f}{beyond}"
 
 
 def _accuracy(key: Any) -> Column:
@@ -60,12 +60,9 @@ def _synthetic_lines(syn) -> list[str]:
     ]
 
 
-def _loss_at(n: int) -> Callable[[Any], str]:
-    return lambda row: _corpus_cell(row[1].by_length[n])
-
-
 def _corpus_lines(c) -> list[str]:
-    lengths = [(str(n), 15, _loss_at(n)) for n in c.config.eval_lengths]
+    loss_at = lambda n: lambda row: _corpus_cell(row[1].by_length[n])  # noqa: E731
+    lengths: list[Column] = [(str(n), 15, loss_at(n)) for n in c.config.eval_lengths]
     return [
         "",
         f"Tang validation loss vs evaluation length (trained at L={c.config.context}, "
@@ -96,10 +93,7 @@ def run(args) -> int:
     pes = list(args.pe)
     lc = quick_config(pes) if args.quick else LongRangeConfig(pos_encodings=pes)
     lc.synthetic.seed = args.seed
-    if lc.corpus is not None:
-        lc.corpus.seed = args.seed
-    if args.no_corpus:
-        lc.corpus = None
+    lc.corpus = None if args.no_corpus or lc.corpus is None else dataclasses.replace(lc.corpus, seed=args.seed)
     info(f"longrange: {', '.join(pes)}{' (quick)' if args.quick else ''}")
     res = run_longrange(lc, progress=show_progress(args))
     data = {**json_safe(res), "quick": bool(args.quick)}

@@ -12,8 +12,7 @@ import torch
 from ..attention.capture import capture_attention
 from ..attention.metrics import per_position
 from ..model.load import Model
-from .findings import Finding
-from .options import DoctorRun
+from .options import DoctorRun, Finding
 
 MIN_KEYS = 8  # rows with fewer visible keys are left out of every head mean (a short row is near-uniform anyway)
 DISTANCE = 8  # long-range mass: keys more than this many positions back
@@ -85,11 +84,6 @@ def probe_ids(model: Model, prompts: list[str] | None, length: int) -> list[int]
     return ids
 
 
-def _means(pp: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
-    """(L, H) means of each metric over the rows kept."""
-    return {k: pp[k][:, :, rows].nanmean(-1) for k in ("norm_entropy", "far_mass", "sink_mass")}
-
-
 def _content_tv(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """(L, H) mean total variation between two captures' attention rows."""
     return 0.5 * (a[:, :, rows] - b[:, :, rows]).abs().sum(-1).mean(-1)
@@ -109,24 +103,20 @@ def attention_health(run: DoctorRun) -> AttentionHealth:
     ids = probe_ids(model, prompts, run.opts.plan.attention_tokens)
     shuffled = [ids[i] for i in torch.randperm(len(ids), generator=torch.Generator().manual_seed(1)).tolist()]
     cap, other = capture_attention(model.module, ids), capture_attention(model.module, shuffled)
-    pp = per_position(cap.probs, cap.visible, cap.positions, DISTANCE)
+    pp = per_position(cap.probs, distance=DISTANCE)
     rows = pp["n_visible"] >= MIN_KEYS
-    m, tv = _means(pp, rows), _content_tv(cap.probs, other.probs, rows)
-    heads = []
-    for layer in range(cap.n_layer):
-        for head in range(cap.n_head):
-            ent, far, sink = (float(m[k][layer, head]) for k in ("norm_entropy", "far_mass", "sink_mass"))
-            t = float(tv[layer, head])
-            heads.append(HeadHealth(layer, head, ent, far, sink, t, _flag(ent, sink, t)))
+    m = torch.stack([pp[k][:, :, rows].nanmean(-1) for k in ("norm_entropy", "far_mass", "sink_mass")], -1)
+    means = torch.cat([m, _content_tv(cap.probs, other.probs, rows)[..., None]], -1).tolist()  # (L, H, 4)
+    heads = [
+        HeadHealth(layer, head, ent, far, sink, tv, _flag(ent, sink, tv))
+        for layer, row in enumerate(means)
+        for head, (ent, far, sink, tv) in enumerate(row)
+    ]
     text = model.decode(ids) if model.tokenizer is not None and prompts else None
     res = AttentionHealth(len(ids), text, cap.n_layer, cap.n_head, cap.implementation, heads, dict(CRITERIA))
-    res.findings = _findings(res, _command(run.arg, text, ids))
-    return res
-
-
-def _command(model_arg: str, text: str | None, ids: list[int]) -> str:
     what = f"--prompt {shlex.quote(text)}" if text is not None else "--ids " + " ".join(map(str, ids))
-    return f"genprobe attention heads {model_arg} {what} --distance {DISTANCE}"
+    res.findings = _findings(res, f"genprobe attention heads {run.arg} {what} --distance {DISTANCE}")
+    return res
 
 
 def _findings(res: AttentionHealth, command: str) -> list[Finding]:
@@ -134,12 +124,10 @@ def _findings(res: AttentionHealth, command: str) -> list[Finding]:
     out = []
     for flag, what in (("dead", "near-uniform (dead)"), ("sink", "sink-only"), ("position", "position-only")):
         heads = res.flagged[flag]
-        sev = "info" if heads else "ok"
-        if flag == "dead" and total and len(heads) / total >= DEAD_SHARE_WARN:
-            sev = "warning"
+        many = flag == "dead" and total and len(heads) / total >= DEAD_SHARE_WARN
+        sev = "warning" if many else "info" if heads else "ok"
         where = ", ".join(f"L{layer}H{head}" for layer, head in heads[:12]) + (" …" if len(heads) > 12 else "")
         title = f"{len(heads)} of {total} heads {what}" + (f": {where}" if heads else "")
         crit = CRITERIA[flag] + (f"; {DEAD_SHARE_WARN:.0%} of heads or more dead warns" if flag == "dead" else "")
-        ev = {"heads": heads, "of": total}
-        out.append(Finding("attention", f"heads.{flag}", sev, title, ev, crit, command))
+        out.append(Finding("attention", f"heads.{flag}", sev, title, {"heads": heads, "of": total}, crit, command))
     return out

@@ -1,7 +1,7 @@
 """The static audit stage: the model's files read as data, nothing executed (docs/doctor.md lists the checks). One
-module per kind of file: :mod:`.gguf_audit`, :mod:`.hf_audit`; shared: :mod:`.template_audit`, :mod:`.metadata_audit`.
-A directory converted from GGUF is audited as a transformers directory and, when its GGUF file is still there, as that
-file too."""
+module per kind of file: :mod:`.gguf_audit`, :mod:`.hf_audit`; the checks both share (the chat template, hidden text,
+special ids) in :mod:`.metadata_audit`. A directory converted from GGUF is audited as a transformers directory and,
+when its GGUF file is still there, as that file too."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import NOT_JSON
-from .findings import Finding
-from .options import DoctorRun, StageSkipped
+from .options import DoctorRun, Finding, StageSkipped
 
 
 @dataclass
@@ -26,7 +25,7 @@ class StaticAudit:
 
 def static_audit(path: str | Path, chat: bool = False, command: str | None = None) -> StaticAudit:
     """Audit the model at ``path`` (a GGUF file or a directory holding one, a transformers directory, a genprobe
-    checkpoint) without loading or running it."""
+    checkpoint) without loading or running it; every finding's command is ``command``."""
     from ..model.checkpoint import is_checkpoint
     from ..model.gguf import gguf_file_of, read_sidecar
     from ..model.kinds import ModelKind, model_kind
@@ -34,22 +33,23 @@ def static_audit(path: str | Path, chat: bool = False, command: str | None = Non
     from .hf_audit import audit_hf_dir
 
     p = Path(path)
-    cmd = command or f"genprobe doctor {path} --only audit --out DIR"
     if model_kind(p) is ModelKind.GGUF:
-        file = gguf_file_of(p)
-        facts, found = audit_gguf(str(file), chat, cmd)
-        return StaticAudit(str(file), "gguf", facts, found)
-    if p.is_dir() and (p / "config.json").is_file():
-        facts, found = audit_hf_dir(p, chat, cmd)
+        audit = StaticAudit(str(gguf_file_of(p)), "gguf", *audit_gguf(str(gguf_file_of(p)), chat))
+    elif p.is_dir() and (p / "config.json").is_file():
+        audit = StaticAudit(str(p), "transformers", *audit_hf_dir(p, chat))
         origin = (read_sidecar(p) or {}).get("path")
         if isinstance(origin, str) and Path(origin).is_file():
-            gfacts, gfound = audit_gguf(origin, chat, cmd)
-            facts["gguf"] = gfacts
-            found += [f for f in gfound if not f.check.startswith("template.") and not f.check.startswith("metadata.")]
-        return StaticAudit(str(p), "transformers", facts, found)
-    kind = "genprobe" if p.is_dir() and is_checkpoint(p) else "unknown"
-    title = f"static audit not checked: {p} is a {kind} model, whose files hold no template, metadata or quantization"
-    return StaticAudit(str(p), kind, {}, [Finding("audit", "audit.skipped", "info", title, {}, None, cmd)])
+            audit.facts["gguf"], gfound = audit_gguf(origin, chat)
+            audit.findings += [f for f in gfound if not f.check.startswith(("template.", "metadata."))]
+    else:
+        kind = "genprobe" if p.is_dir() and is_checkpoint(p) else "unknown"
+        title = (
+            f"static audit not checked: {p} is a {kind} model, whose files hold no template, metadata or quantization"
+        )
+        audit = StaticAudit(str(p), kind, {}, [Finding("audit", "audit.skipped", "info", title)])
+    for f in audit.findings:
+        f.command = command or f"genprobe doctor {path} --only audit --out DIR"
+    return audit
 
 
 def audit_stage(run: DoctorRun) -> StaticAudit:

@@ -17,8 +17,7 @@ from ..loops.scan_settings import LoopScans, scan_loop_settings
 from ..metrics.calibrate import LoopCalibration
 from ..metrics.stats import wilson_interval
 from ..model.load import Model
-from .findings import Finding
-from .options import DoctorOptions, DoctorRun
+from .options import DoctorOptions, DoctorRun, Finding
 
 GREEDY, YOURS, DEFAULTS = "greedy", "your sampler", "generation_config"
 RATE_EVIDENCE = tuple(
@@ -71,23 +70,17 @@ class Degeneration:
         return json_safe({k: getattr(self, k) for k in keys}) | {"scans": self.scans.to_dict(with_records=False)}
 
 
-def defaults_sampler(gen: dict[str, Any] | None) -> tuple[SamplerConfig, list[str]] | None:
-    """The model's generation_config as a sampler (transformers semantics) and its flags, when it samples."""
-    if not gen or not gen.get("do_sample"):
-        return None
-    keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")  # each the sampler flag --top-k, ...
-    given = {k: gen[k] for k in keys if gen.get(k) is not None}
-    flags = ["--preset", "hf"] + [w for k, v in given.items() for w in ("--" + k.replace("_", "-"), str(v))]
-    return SamplerConfig.preset("hf", **given), flags
-
-
 def decoding_settings(opts: DoctorOptions, gen: dict[str, Any] | None) -> dict[str, tuple[SamplerConfig, list[str]]]:
-    """Greedy, and the user's sampler (else the model's generation defaults when they sample), with their flags."""
+    """Greedy, and the user's sampler (else the model's generation defaults, transformers' semantics, when they
+    sample), with their flags."""
     out = {GREEDY: (greedy_sampler(), ["--setting", "greedy"])}
     if opts.sampling is not None:
         out[YOURS] = (opts.sampling, ["--setting", "sample", *opts.sampling_flags])
-    elif (d := defaults_sampler(gen)) is not None:
-        out[DEFAULTS] = (d[0], ["--setting", "sample", *d[1]])
+    elif gen and gen.get("do_sample"):
+        keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")  # each the sampler flag --top-k, ...
+        given = {k: gen[k] for k in keys if gen.get(k) is not None}
+        flags = [w for k, v in given.items() for w in ("--" + k.replace("_", "-"), str(v))]
+        out[DEFAULTS] = (SamplerConfig.preset("hf", **given), ["--setting", "sample", "--preset", "hf", *flags])
     return out
 
 
@@ -109,10 +102,8 @@ def end_of_text(model: Model, texts: list[str], settings: dict[str, SamplerConfi
     """How many generations end before ``tokens`` when the end token is allowed (None: the model has none)."""
     if model.eos_id is None or not texts:
         return None
-    ended = {}
-    for name, sampler in settings.items():
-        outs = complete(model, texts, sampler, tokens, seed, stop_at_eos=True)
-        ended[name] = sum(1 for c in outs if c.finished == "eos")
+    runs = {name: complete(model, texts, s, tokens, seed, stop_at_eos=True) for name, s in settings.items()}
+    ended = {name: sum(1 for c in outs if c.finished == "eos") for name, outs in runs.items()}
     return EndOfText(int(model.eos_id), tokens, ended, len(texts))
 
 
@@ -128,15 +119,8 @@ def degeneration(run: DoctorRun) -> Degeneration:
     if cal_error:
         log(f"  detectors not calibrated: {cal_error}")
     texts = [model.chat_prompt(p) for p in prompts] if opts.chat else list(prompts)
-    scans = scan_loop_settings(
-        model,
-        texts,
-        settings,
-        ScanOptions(b.scan_tokens, seed=opts.seed),
-        calibration=calibration,
-        prompt_source=source + (" (chat template)" if opts.chat else ""),
-        log=log,
-    )
+    where, scan = source + (" (chat template)" if opts.chat else ""), ScanOptions(b.scan_tokens, seed=opts.seed)
+    scans = scan_loop_settings(model, texts, settings, scan, calibration=calibration, prompt_source=where, log=log)
     eot = end_of_text(model, texts[: b.eos_prompts], settings, b.scan_tokens, opts.seed)
     res = Degeneration(list(prompts), source, opts.chat, settings, scans, calibration, cal_error, eot)
     base = f"genprobe loops scan {run.arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens}"

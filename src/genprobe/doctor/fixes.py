@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 from .._io import json_safe
 from ..loops.compare_fixes import CompareConfig, CompareResult, compare_fixes
 from ..loops.compare_methods import EDIT
 from ..loops.study import RepairConfig, RepairInputs
 from ..metrics.calibrate import LoopCalibration
-from ..model.load import Model
-from .findings import Finding
-from .options import QUICK_SKIP, DoctorRun, StageSkipped
+from .options import QUICK_SKIP, DoctorRun, Finding, StageSkipped
 
 # The decode-time fixes each engine offers (loops compare's method names); None: genprobe's engine (all of them).
 ENGINE_METHODS: dict[str | None, tuple[str, ...]] = {
@@ -75,15 +73,21 @@ class FixComparison:
         return own | best | {"rows": self.rows(), "max_new_tokens": c["config"]["max_new_tokens"]}
 
 
-def _edit(model: Model, prompts: list[str], val_text: str, cfg: RepairConfig, log: Callable[[str], None]) -> Any:
-    """The repair's patch (None when no edit passed its limits) and its report's summary."""
+def _edit(run: DoctorRun, calibration: LoopCalibration | None) -> tuple[Any, dict[str, Any]]:
+    """The repair's patch (None when no edit passed its limits), searched on the edit prompts, and its summary."""
     from ..loops.repair import repair
 
-    inputs = RepairInputs.from_prompts(prompts, val_text, cfg, "doctor prompts", "doctor validation text")
-    report, patch = repair(model, inputs, cfg, log=log)
+    val_text, opts = run.inputs.val_text, run.opts
+    if val_text is None:
+        raise ValueError("the weight edit needs held-out text of the model's language for its regression limits")
+    cfg = RepairConfig(max_new_tokens=opts.plan.scan_tokens, seed=opts.seed, **EDIT_CONFIG)  # type: ignore[arg-type]
+    cfg.loop = calibration.settings if calibration is not None else cfg.loop
+    inputs = RepairInputs.from_prompts(
+        run.inputs.edit_prompts, val_text, cfg, "doctor prompts", "doctor validation text"
+    )
+    report, patch = repair(run.model, inputs, cfg, log=run.note)
     d = json_safe(report)
-    summary = {k: d.get(k) for k in ("verdict", "patch", "timings_s")}
-    return patch, summary
+    return patch, {k: d.get(k) for k in ("verdict", "patch", "timings_s")}
 
 
 def compare(run: DoctorRun) -> FixComparison:
@@ -92,19 +96,12 @@ def compare(run: DoctorRun) -> FixComparison:
     model, opts, b, log = run.model, run.opts, run.opts.plan, run.note
     if b.fix_prompts == 0:
         raise StageSkipped(QUICK_SKIP)
-    prompts, val_text = run.prompts()[: b.fix_prompts], run.inputs.val_text
+    prompts = run.prompts()[: b.fix_prompts]
     deg = run.report.degeneration
     calibration: LoopCalibration | None = deg.calibration if deg is not None else None
     methods = list(ENGINE_METHODS.get(opts.engine, ENGINE_METHODS[None]))
-    patch, repair_summary = None, None
-    if opts.with_edit:
-        if val_text is None:
-            raise ValueError("the weight edit needs held-out text of the model's language for its regression limits")
-        cfg = RepairConfig(max_new_tokens=b.scan_tokens, seed=opts.seed, **EDIT_CONFIG)  # type: ignore[arg-type]
-        if calibration is not None:
-            cfg.loop = calibration.settings
-        patch, repair_summary = _edit(model, run.inputs.edit_prompts, val_text, cfg, log)
-        methods += [EDIT] if patch is not None else []
+    patch, repair_summary = _edit(run, calibration) if opts.with_edit else (None, None)
+    methods += [EDIT] if patch is not None else []
     loop = calibration.settings if calibration is not None else CompareConfig().loop
     cc = CompareConfig(
         max_new_tokens=b.scan_tokens,
@@ -138,11 +135,12 @@ def recommend(fc: FixComparison) -> str:
         return "no decode-time fix was compared"
     r = rows[best.name]
     speed, n = r["speed_vs_greedy"], len(fc.compare.prompts)
+    nll = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731
     cost = "speed not measured" if speed is None else f"{speed:.2f}x greedy's speed"
     text = (
         f"{'use' if best.acceptable else 'no fix met every limit; least bad:'} {r['label']} — degenerate "
         f"{r['degenerate_rate']:.1%} vs greedy {greedy['degenerate_rate']:.1%} on {n} prompts; cost {cost}, NLL "
-        f"{_nll(r['nll_per_char'])} vs greedy {_nll(greedy['nll_per_char'])} nats/char under the model"
+        f"{nll(r['nll_per_char'])} vs greedy {nll(greedy['nll_per_char'])} nats/char under the model"
     )
     if EDIT in rows:
         e = rows[EDIT]
@@ -155,7 +153,3 @@ def recommend(fc: FixComparison) -> str:
     elif fc.repair is not None:
         text += f". The weight edit search found no edit within its limits ({fc.repair.get('verdict')})"
     return text
-
-
-def _nll(x: float | None) -> str:
-    return "–" if x is None else f"{x:.3f}"

@@ -7,14 +7,13 @@ import re
 from collections import Counter
 from typing import Any
 
-from .findings import Finding
-from .metadata_audit import metadata_findings, special_id_findings, text_fields
-from .template_audit import analyse_template, template_findings
+from .metadata_audit import analyse_template, metadata_findings, special_id_findings, template_findings, text_fields
+from .options import Finding
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 HPARAMS = (
     *("block_count", "embedding_length", "feed_forward_length", "attention.key_length", "attention.value_length"),
-    *("rope.dimension_count", "vocab_size"),
+    *("rope.dimension_count", "vocab_size", "attention.head_count", "attention.head_count_kv"),
 )
 _VOCAB_ARRAYS = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"}
 
@@ -24,7 +23,12 @@ def _value(reader: Any, key: str) -> Any:
     return None if f is None else f.contents()
 
 
-def _unreadable(path: str, exc: Exception, command: str) -> list[Finding]:
+def _vocabulary(reader: Any) -> int | None:
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    return None if tokens is None else len(tokens.data)
+
+
+def _unreadable(exc: Exception) -> Finding:
     """A header the reader refuses: a duplicate key or tensor named, anything else said as it is."""
     msg = str(exc.args[0]) if exc.args else str(exc)  # a KeyError's str() quotes its message
     dup = re.match(r"Duplicate (\S+) already in list", msg) or re.search(r"duplicated tensor with name (\S+)", msg)
@@ -32,19 +36,17 @@ def _unreadable(path: str, exc: Exception, command: str) -> list[Finding]:
         what = "metadata key" if msg.startswith("Duplicate") else "tensor"
         title = f"duplicate {what} {dup.group(1)!r}: readers disagree on which copy counts (gguf refuses the file)"
         crit = "every metadata key and tensor name appears once"
-        return [Finding("audit", "gguf.duplicates", "bug", title, {"error": msg}, crit, command)]
+        return Finding("audit", "gguf.duplicates", "bug", title, {"error": msg}, crit)
     title = f"the GGUF header cannot be read: {type(exc).__name__}: {msg}"
-    return [Finding("audit", "gguf.header", "bug", title, {"error": msg}, "the gguf package reads the header", command)]
+    return Finding("audit", "gguf.header", "bug", title, {"error": msg}, "the gguf package reads the header")
 
 
-def _special_ids(reader: Any, command: str) -> list[Finding]:
+def _special_ids(reader: Any) -> Finding:
     from ..model.gguf import SPECIAL_ID_KEYS
 
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    n = None if tokens is None else len(tokens.data)
     ids = {k.split(".")[-1]: v for k in SPECIAL_ID_KEYS if (v := _value(reader, k)) is not None}
     crit = "every tokenizer.ggml.*_token_id names a token of the vocabulary"
-    return special_id_findings("gguf.special_ids", ids, n, crit, command, _special_harm)
+    return special_id_findings("gguf.special_ids", ids, _vocabulary(reader), crit, _special_harm)
 
 
 def _special_harm(bad: dict[str, Any]) -> str:
@@ -62,137 +64,118 @@ def _weight_types(reader: Any) -> dict[str, int]:
     return dict(Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2).most_common())
 
 
-def _file_type(reader: Any, command: str) -> list[Finding]:
+def _file_type(reader: Any) -> Finding:
     import gguf
 
-    raw = _value(reader, "general.file_type")
-    types = _weight_types(reader)
+    raw, types = _value(reader, "general.file_type"), _weight_types(reader)
     crit = "the type general.file_type names is the type of the file's matrices (a few, e.g. the embedding, may differ)"
     ev: dict[str, Any] = {"file_type": raw, "matrix_types": types}
     if raw is None:
-        return [Finding("audit", "gguf.file_type", "info", "no general.file_type: quantization label not checked", ev)]
+        return Finding("audit", "gguf.file_type", "info", "no general.file_type: quantization label not checked", ev)
     try:
-        name = gguf.LlamaFileType(int(raw) & ~gguf.LlamaFileType.GUESSED).name
+        label = gguf.LlamaFileType(int(raw) & ~gguf.LlamaFileType.GUESSED).name
     except ValueError:
         title = f"general.file_type {raw} is not a llama.cpp file type"
-        return [Finding("audit", "gguf.file_type", "warning", title, ev, crit, command)]
-    label = name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    ev["label"] = label
+        return Finding("audit", "gguf.file_type", "warning", title, ev, crit)
+    ev["label"] = label = label.removeprefix("MOSTLY_").removeprefix("ALL_")
     listed = ", ".join(f"{k} ×{v}" for k, v in types.items())
-    if not any(label == t or label.startswith(t + "_") for t in types):
+    matches = any(label == t or label.startswith(t + "_") for t in types)
+    title = f"general.file_type {label} matches the matrices ({listed})"
+    if not matches:
         title = (
             f"general.file_type says {label} but no matrix is {label} ({listed}): the label tools and catalogs show "
             "(size, quality, speed) is not what the file holds"
         )
-        return [Finding("audit", "gguf.file_type", "warning", title, ev, crit, command)]
-    title = f"general.file_type {label} matches the matrices ({listed})"
-    return [Finding("audit", "gguf.file_type", "ok", title, ev, crit, command)]
+    return Finding("audit", "gguf.file_type", "ok" if matches else "warning", title, ev, crit)
 
 
-def _expected_shapes(hp: dict[str, Any], n_vocab: int | None, layers: range) -> dict[str, list[int | None]]:
+def _expected_shapes(hp: dict[str, Any], n_vocab: int | None, kd: int | None) -> dict[str, list[int | None]]:
     """Each tensor's ggml shape as the hyper-parameters say (None: not stated)."""
-    e, h, kv = hp["embedding_length"], hp["head_count"], hp["head_count_kv"]
-    kd = hp["attention.key_length"] or (e // h if e and h else None)
+    e, h, kv = hp["embedding_length"], hp["attention.head_count"], hp["attention.head_count_kv"]
     vd = hp["attention.value_length"] or kd
     mul = lambda a, b: a * b if a is not None and b is not None else None  # noqa: E731
     out: dict[str, list[int | None]] = {"token_embd.weight": [e, n_vocab], "output.weight": [e, n_vocab]}
-    for i in layers:
+    for i in range(hp["block_count"] or 0):
         ff = hp["feed_forward_length"]
         ff = ff[i] if isinstance(ff, list) and i < len(ff) else ff
-        out |= {
-            f"blk.{i}.attn_q.weight": [e, mul(h, kd)],
-            f"blk.{i}.attn_k.weight": [e, mul(kv, kd)],
-            f"blk.{i}.attn_v.weight": [e, mul(kv, vd)],
-            f"blk.{i}.attn_output.weight": [mul(h, vd), e],
-            f"blk.{i}.ffn_gate.weight": [e, ff],
-            f"blk.{i}.ffn_up.weight": [e, ff],
-            f"blk.{i}.ffn_down.weight": [ff, e],
-        }
+        attn = {"q": [e, mul(h, kd)], "k": [e, mul(kv, kd)], "v": [e, mul(kv, vd)], "output": [mul(h, vd), e]}
+        out |= {f"blk.{i}.attn_{k}.weight": v for k, v in attn.items()}
+        out |= {f"blk.{i}.ffn_{k}.weight": v for k, v in {"gate": [e, ff], "up": [e, ff], "down": [ff, e]}.items()}
     return out
 
 
-def structure_mismatches(reader: Any) -> tuple[list[str], dict[str, Any]]:
+def _structure(reader: Any) -> Finding:
     """What the hyper-parameters say and the tensors contradict (layer count, widths, heads, feed-forward size)."""
     arch = _value(reader, "general.architecture")
     hp = {k: _value(reader, f"{arch}.{k}") for k in HPARAMS}
-    hp["head_count"] = _value(reader, f"{arch}.attention.head_count")
-    hp["head_count_kv"] = _value(reader, f"{arch}.attention.head_count_kv") or hp["head_count"]
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    n_vocab = None if tokens is None else len(tokens.data)
+    h, e, rope, n_layer = (
+        hp[k] for k in ("attention.head_count", "embedding_length", "rope.dimension_count", "block_count")
+    )
+    kv = hp["attention.head_count_kv"] = hp["attention.head_count_kv"] or h
+    kd = hp["attention.key_length"] or (e // h if e and h else None)
+    n_vocab = _vocabulary(reader)
     shapes = {t.name: [int(x) for x in t.shape] for t in reader.tensors}
     found = {int(m.group(1)) for name in shapes if (m := _BLOCK.match(name))}
     bad: list[str] = []
-    n_layer = hp["block_count"]
     if n_layer is not None and found and found != set(range(n_layer)):
         bad.append(f"block_count {n_layer}, tensors for blocks {min(found)}..{max(found)} ({len(found)} blocks)")
-    for name, want in _expected_shapes(hp, n_vocab, range(n_layer or 0)).items():
+    for name, want in _expected_shapes(hp, n_vocab, kd).items():
         got = shapes.get(name)
         if got is not None and any(w is not None and w != g for w, g in zip(want, got, strict=False)):
             bad.append(f"{name} is {got}, the hyper-parameters say {[w if w else '?' for w in want]}")
-    h, kv, rope = hp["head_count"], hp["head_count_kv"], hp["rope.dimension_count"]
     if h and kv and h % kv:
         bad.append(f"head_count {h} is not a multiple of head_count_kv {kv}")
-    kd = hp["attention.key_length"] or (hp["embedding_length"] // h if hp["embedding_length"] and h else None)
     if rope and kd and rope > kd:
         bad.append(f"rope.dimension_count {rope} exceeds the head width {kd}")
     if hp["vocab_size"] is not None and n_vocab is not None and hp["vocab_size"] != n_vocab:
         bad.append(f"{arch}.vocab_size {hp['vocab_size']} but the vocabulary lists {n_vocab} tokens")
-    return bad, {"architecture": arch, "hparams": hp, "vocabulary": n_vocab, "blocks_found": len(found)}
-
-
-def _structure(reader: Any, command: str) -> list[Finding]:
-    bad, ev = structure_mismatches(reader)
-    ev["mismatches"] = bad
+    ev = {"architecture": arch, "hparams": hp, "vocabulary": n_vocab, "blocks_found": len(found), "mismatches": bad}
     crit = "the hyper-parameters a loader builds the model from agree with the tensors' shapes"
+    title = f"structure: {n_layer} blocks, widths and head counts agree with the tensors"
     if bad:
         title = f"structure: {len(bad)} contradiction(s) between the config and the tensors: {'; '.join(bad[:2])}"
-        return [Finding("audit", "gguf.structure", "bug", title, ev, crit, command)]
-    title = f"structure: {ev['hparams']['block_count']} blocks, widths and head counts agree with the tensors"
-    return [Finding("audit", "gguf.structure", "ok", title, ev, crit, command)]
+    return Finding("audit", "gguf.structure", "bug" if bad else "ok", title, ev, crit)
 
 
-def _overlaps(reader: Any, command: str) -> list[Finding]:
+def _overlaps(reader: Any) -> Finding:
     spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes), t.name) for t in reader.tensors)
     hits = [f"{a[2]} and {b[2]}" for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
-    crit = "each tensor's bytes belong to it alone"
     ev = {"tensors": len(spans), "overlapping": hits}
+    sev, title = "ok", f"{len(spans)} tensors, no overlapping data"
     if hits:
-        title = f"{len(hits)} tensor pair(s) share bytes, e.g. {hits[0]}: writing one changes the other"
-        return [Finding("audit", "gguf.overlap", "bug", title, ev, crit, command)]
-    return [Finding("audit", "gguf.overlap", "ok", f"{len(spans)} tensors, no overlapping data", ev, crit, command)]
+        sev, title = "bug", f"{len(hits)} tensor pair(s) share bytes, e.g. {hits[0]}: writing one changes the other"
+    return Finding("audit", "gguf.overlap", sev, title, ev, "each tensor's bytes belong to it alone")
 
 
-def _vocab_rows(reader: Any, command: str) -> list[Finding]:
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    if tokens is None or emb is None or len(emb.shape) < 2:
+def _vocab_rows(reader: Any) -> list[Finding]:
+    n, emb = _vocabulary(reader), next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if n is None or emb is None or len(emb.shape) < 2:
         return []
-    n, rows = len(tokens.data), int(emb.shape[1])
-    ev, crit = {"vocabulary": n, "embedding_rows": rows}, "every token id has an embedding row"
+    rows = int(emb.shape[1])
+    title = f"vocabulary and embedding both {n}"
     if n > rows:
         title = f"the vocabulary has {n} tokens, the embedding {rows} rows: ids {rows}..{n - 1} index past it"
-        return [Finding("audit", "gguf.vocab", "bug", title, ev, crit, command)]
-    if n < rows:
+    elif n < rows:
         title = f"the embedding has {rows - n} rows beyond the {n}-token vocabulary (padding rows, never produced)"
-        return [Finding("audit", "gguf.vocab", "info", title, ev, crit, command)]
-    return [Finding("audit", "gguf.vocab", "ok", f"vocabulary and embedding both {n}", ev, crit, command)]
+    sev = "bug" if n > rows else "info" if n < rows else "ok"
+    ev = {"vocabulary": n, "embedding_rows": rows}
+    return [Finding("audit", "gguf.vocab", sev, title, ev, "every token id has an embedding row")]
 
 
-def audit_gguf(path: str, chat: bool, command: str) -> tuple[dict[str, Any], list[Finding]]:
+def audit_gguf(path: str, chat: bool) -> tuple[dict[str, Any], list[Finding]]:
     """Every static check of the GGUF file ``path``: (facts, findings)."""
     from ..model.gguf import header_reader
 
     try:
         reader = header_reader(path)
     except (ValueError, KeyError, IndexError, OSError, EOFError) as exc:
-        return {"path": path, "readable": False}, _unreadable(path, exc, command)
-    findings = _special_ids(reader, command) + _file_type(reader, command) + _structure(reader, command)
-    findings += _vocab_rows(reader, command) + _overlaps(reader, command)
+        return {"path": path, "readable": False}, [_unreadable(exc)]
+    findings = [_special_ids(reader), _file_type(reader), _structure(reader), *_vocab_rows(reader), _overlaps(reader)]
     findings += metadata_findings(
-        text_fields({k: f.contents() for k, f in reader.fields.items() if k not in _VOCAB_ARRAYS}), command
+        text_fields({k: f.contents() for k, f in reader.fields.items() if k not in _VOCAB_ARRAYS})
     )
     template = _value(reader, "tokenizer.chat_template")
     if isinstance(template, str):
-        findings += template_findings(analyse_template(template, "tokenizer.chat_template"), chat, command)
+        findings += template_findings(analyse_template(template, "tokenizer.chat_template"), chat)
     facts = {"path": path, "readable": True, "tensors": len(reader.tensors), "matrix_types": _weight_types(reader)}
     return facts, findings

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json_object
-from .findings import Finding
-from .metadata_audit import metadata_findings, special_id_findings, text_fields
-from .template_audit import analyse_template, template_findings
+from .metadata_audit import analyse_template, metadata_findings, special_id_findings, template_findings, text_fields
+from .options import Finding
 
 # normalizers that change what the user typed (Replace is judged by its pattern: SentencePiece's " " → "▁" is not)
 LOSSY_NORMALIZERS = {"Lowercase", "StripAccents", "Strip", "NFKC", "NFKD", "Precompiled", "BertNormalizer"}
@@ -27,35 +26,32 @@ def _json(path: Path, unreadable: list[str]) -> dict[str, Any] | None:
         return None
 
 
-def _auto_map(d: Path, configs: dict[str, Any], command: str) -> list[Finding]:
+def _auto_map(d: Path, configs: dict[str, Any]) -> Finding:
     maps = {name: c.get("auto_map", {}) for name, c in configs.items() if isinstance(c, dict)}
     entries = {f"{name}: {k}": v for name, m in maps.items() for k, v in m.items()}
     code = sorted(p.name for p in d.glob("*.py"))
     crit = "a model directory is data; code that trust_remote_code would import runs with your rights on load"
     ev: dict[str, Any] = {"auto_map": entries, "python_files": code}
-    if entries or code:
-        shown = ", ".join(f"{k} → {v}" for k, v in list(entries.items())[:3]) or ", ".join(code[:3])
-        title = f"custom code that trust_remote_code=True would run: {shown} (reported, never executed)"
-        return [Finding("audit", "hf.auto_map", "warning", title, ev, crit, command)]
-    title = "no auto_map and no Python files: nothing to trust"
-    return [Finding("audit", "hf.auto_map", "ok", title, ev, crit, command)]
+    shown = ", ".join(f"{k} → {v}" for k, v in list(entries.items())[:3]) or ", ".join(code[:3])
+    title = f"custom code that trust_remote_code=True would run: {shown} (reported, never executed)"
+    if not (entries or code):
+        title = "no auto_map and no Python files: nothing to trust"
+    return Finding("audit", "hf.auto_map", "warning" if entries or code else "ok", title, ev, crit)
 
 
-def _special_ids(config: dict[str, Any], command: str) -> list[Finding]:
+def _special_ids(config: dict[str, Any]) -> Finding:
     inner = config.get("text_config")
     text: dict[str, Any] = inner if isinstance(inner, dict) else config
     n = text.get("vocab_size")
     ids = {k: text.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id") if text.get(k) is not None}
     crit = "every special-token id in config.json is below vocab_size"
-    return special_id_findings("hf.special_ids", ids, n if isinstance(n, int) else None, crit, command)
+    return special_id_findings("hf.special_ids", ids, n if isinstance(n, int) else None, crit)
 
 
-def _suppressions(gen: dict[str, Any] | None, config: dict[str, Any], command: str) -> list[Finding]:
-    if gen is None:
-        return []
+def _suppressions(gen: dict[str, Any] | None, config: dict[str, Any]) -> list[Finding]:
     keys = ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids")
-    found = {k: gen[k] for k in keys if gen.get(k)}
-    if not found:
+    found = {k: gen[k] for k in keys if gen.get(k)} if gen is not None else {}
+    if gen is None or not found:
         return []
     eos = gen.get("eos_token_id", config.get("eos_token_id"))
     eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
@@ -63,13 +59,10 @@ def _suppressions(gen: dict[str, Any] | None, config: dict[str, Any], command: s
     flat |= {int(i) for v in found.get("bad_words_ids", []) if isinstance(v, list) for i in v if isinstance(i, int)}
     ev = {"suppressed": found, "eos": sorted(eos_ids)}
     crit = "generation_config.json suppressions change every reply; suppressing the end token means replies never end"
-    if flat & eos_ids:
-        title = (
-            f"generation_config.json suppresses the end token {sorted(flat & eos_ids)}: replies end only at the limit"
-        )
-        return [Finding("audit", "hf.generation_config", "warning", title, ev, crit, command)]
     title = f"generation_config.json suppresses {len(flat)} token(s) in every reply: {', '.join(found)}"
-    return [Finding("audit", "hf.generation_config", "info", title, ev, crit, command)]
+    if flat & eos_ids:
+        title = f"generation_config.json suppresses the end token {sorted(flat & eos_ids)}: replies end at the limit"
+    return [Finding("audit", "hf.generation_config", "warning" if flat & eos_ids else "info", title, ev, crit)]
 
 
 def _normalizer_steps(node: Any) -> list[dict[str, Any]]:
@@ -80,7 +73,7 @@ def _normalizer_steps(node: Any) -> list[dict[str, Any]]:
     return [node]
 
 
-def _normalizers(tokenizer: dict[str, Any] | None, command: str) -> list[Finding]:
+def _normalizers(tokenizer: dict[str, Any] | None) -> list[Finding]:
     if tokenizer is None:
         return []
     steps = _normalizer_steps(tokenizer.get("normalizer"))
@@ -92,13 +85,11 @@ def _normalizers(tokenizer: dict[str, Any] | None, command: str) -> list[Finding
             lossy.append(str(s.get("type")))
         elif s.get("type") == "Replace" and (pat, s.get("content")) not in _SPACE_MARKERS:
             lossy.append(f"Replace {pat!r} → {s.get('content')!r}")
-    ev = {"normalizers": steps}
-    crit = "a normalizer rewrites text before the model sees it: what it removes, the model cannot read"
-    if lossy:
-        title = f"tokenizer.json rewrites the input before tokenizing: {'; '.join(lossy[:3])}"
-        return [Finding("audit", "hf.normalizer", "warning", title, ev, crit, command)]
     names = ", ".join(str(s.get("type")) for s in steps) or "none"
-    return [Finding("audit", "hf.normalizer", "ok", f"tokenizer.json normalizers: {names}", ev, crit, command)]
+    title = f"tokenizer.json rewrites the input before tokenizing: {'; '.join(lossy[:3])}"
+    crit = "a normalizer rewrites text before the model sees it: what it removes, the model cannot read"
+    sev, title = ("warning", title) if lossy else ("ok", f"tokenizer.json normalizers: {names}")
+    return [Finding("audit", "hf.normalizer", sev, title, {"normalizers": steps}, crit)]
 
 
 def _templates(d: Path, tok_config: dict[str, Any] | None) -> dict[str, str]:
@@ -115,7 +106,7 @@ def _templates(d: Path, tok_config: dict[str, Any] | None) -> dict[str, str]:
     return out
 
 
-def audit_hf_dir(d: Path, chat: bool, command: str) -> tuple[dict[str, Any], list[Finding]]:
+def audit_hf_dir(d: Path, chat: bool) -> tuple[dict[str, Any], list[Finding]]:
     """Every static check of the transformers directory ``d``: (facts, findings)."""
     unreadable: list[str] = []
     config = _json(d / "config.json", unreadable) or {}
@@ -125,13 +116,13 @@ def audit_hf_dir(d: Path, chat: bool, command: str) -> tuple[dict[str, Any], lis
     findings: list[Finding] = []
     if unreadable:
         title = f"{', '.join(unreadable)}: not a JSON object, not checked (a loader refuses or ignores it)"
-        findings.append(Finding("audit", "hf.json", "warning", title, {"files": unreadable}, None, command))
-    findings += _auto_map(d, {"config.json": config, "tokenizer_config.json": tok_config}, command)
-    findings += _special_ids(config, command) + _suppressions(gen, config, command) + _normalizers(tokenizer, command)
+        findings.append(Finding("audit", "hf.json", "warning", title, {"files": unreadable}))
+    findings += [_auto_map(d, {"config.json": config, "tokenizer_config.json": tok_config}), _special_ids(config)]
+    findings += _suppressions(gen, config) + _normalizers(tokenizer)
     templates = _templates(d, tok_config)
     files = {"config.json": config, "tokenizer_config.json": tok_config, "generation_config.json": gen}
-    findings += metadata_findings(text_fields(files) | templates, command)
+    findings += metadata_findings(text_fields(files) | templates)
     for name, text in templates.items():
-        findings += template_findings(analyse_template(text, name), chat, command)
+        findings += template_findings(analyse_template(text, name), chat)
     facts = {"path": str(d), "templates": sorted(templates), "has_tokenizer_json": tokenizer is not None}
     return facts, findings

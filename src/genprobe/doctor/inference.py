@@ -7,12 +7,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .._io import NOT_JSON, json_safe
+from .._io import json_safe
 from ..attention.leak import LEAK_THRESHOLD, LeakReport, padding_leak
 from ..model.load import Model
 from ..verify.api import CacheVerification, verify_caches
-from .findings import Finding
-from .options import DoctorOptions, DoctorRun
+from .options import DoctorOptions, DoctorRun, Finding
 
 VERDICT_SEVERITY = {
     "pass": "ok",
@@ -38,27 +37,15 @@ CACHE_EVIDENCE = tuple(
 
 @dataclass
 class InferenceCheck:
-    """The inference path's reports: the model's own caches, the user's implementation, padding, serving."""
-
-    JSON_PROPERTIES = ("noise_floor", "pass_line")
+    """The inference path's reports: the model's own caches (with the reference's noise floor and the pass line it
+    raises), the user's implementation, padding, serving."""
 
     caches: CacheVerification
     impl: CacheVerification | None
     padding_leak: LeakReport
     padding_leak_no_position_ids: LeakReport | None
     serving: dict[str, Any] | None
-    prompt_texts: list[str] | None = field(default=None, metadata=NOT_JSON)  # None: the verifier's default ids
     findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def noise_floor(self) -> dict[str, Any] | None:
-        """The reference's own float noise on this model (what the pass line is raised by)."""
-        return self.caches.noise_floor
-
-    @property
-    def pass_line(self) -> float | None:
-        """The max |Δlogit| below which a cache passes, raised by the noise floor."""
-        return self.caches.pass_line
 
 
 def cache_kinds(model: Model, opts: DoctorOptions) -> tuple[str, ...]:
@@ -109,18 +96,15 @@ def check_inference(run: DoctorRun) -> InferenceCheck:
     decoded = [model.decode(p) for p in ids] if ids else None
     texts = decoded if decoded and all(decoded) else None
     caches, found = _verify(run, None, ids, texts)
-    impl = None
-    if opts.impl:
-        impl, more = _verify(run, opts.impl, ids, texts)
-        found += more
+    impl, more = _verify(run, opts.impl, ids, texts) if opts.impl else (None, [])
+    found += more
     seqs = leak_sequences(model, prompts)
     line = max(LEAK_THRESHOLD, caches.pass_line or 0.0)  # a deep model's own float noise is not a leak
-    leak = padding_leak(model.module, seqs, model.pad_id, position_ids=True, threshold=line)
-    bare = None
-    if model.kind == "hf":
-        bare = padding_leak(model.module, seqs, model.pad_id, position_ids=False, threshold=line)
+    m, pad = model.module, model.pad_id
+    leak = padding_leak(m, seqs, pad, position_ids=True, threshold=line)
+    bare = padding_leak(m, seqs, pad, position_ids=False, threshold=line) if model.kind == "hf" else None
     serving = _serving(model, opts, log) if opts.serving else None
-    check = InferenceCheck(caches, impl, leak, bare, serving, texts)
+    check = InferenceCheck(caches, impl, leak, bare, serving)
     check.findings = found + _leak_findings(check, opts, run.arg) + _serving_findings(serving, run.arg)
     return check
 
@@ -162,34 +146,25 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _live_serving(model: Model, url: str, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
-    """A live server of the model against float32 recomputation (``verify-serving URL --reference MODEL``); an
-    unusable server is the finding's reason, not the doctor's failure."""
-    from ..serving.endpoint import EndpointBackend, piece_table
-    from ..serving.verify import Settings, verify_backend
-
-    settings = Settings(requests=16 if opts.quick else 64, steps=opts.plan.verify_steps)
-    try:
-        backend = EndpointBackend(url, pieces=piece_table(model))
-        report = verify_backend(backend, model, str(model.source), settings, log=log, url=url)
-    except ValueError as exc:  # EndpointError included: unreachable, 500, timeout, another model, no log-probs
-        return {"verdict": "unavailable", "reason": str(exc), "url": url}
-    return json_safe(report)
-
-
 def _serving(model: Model, opts: DoctorOptions, log: Callable[[str], None]) -> dict[str, Any]:
-    """vLLM's float32 deployment of the model against float32 recomputation (``verify-serving``), or a live
-    server's (``--serving URL``)."""
-    if opts.serving and opts.serving != "vllm":
-        return _live_serving(model, opts.serving, opts, log)
+    """vLLM's float32 deployment of the model (``verify-serving``), or a live server's (``--serving URL``), against
+    float32 recomputation; an unusable server is the finding's reason, not the doctor's failure."""
+    from ..serving import verify as sv
+
+    if opts.serving != "vllm":
+        from ..serving.endpoint import EndpointBackend, piece_table
+
+        url, settings = str(opts.serving), sv.Settings(requests=16 if opts.quick else 64, steps=opts.plan.verify_steps)
+        try:
+            backend = EndpointBackend(url, pieces=piece_table(model))
+            return json_safe(sv.verify_backend(backend, model, str(model.source), settings, log=log, url=url))
+        except ValueError as exc:  # EndpointError included: unreachable, 500, timeout, another model, no log-probs
+            return {"verdict": "unavailable", "reason": str(exc), "url": url}
     if not vllm_installed():
         return {"verdict": "unavailable", "reason": "vLLM is not installed (pip install 'genprobe[vllm]')"}
-    from ..serving.verify import verify_serving
-
     if model.source is None:
         return {"verdict": "unavailable", "reason": "the model has no directory on disk to serve"}
-    report = verify_serving(str(model.source), dtypes=("float32",), steps=opts.plan.verify_steps, log=log)
-    return json_safe(report)
+    return json_safe(sv.verify_serving(str(model.source), dtypes=("float32",), steps=opts.plan.verify_steps, log=log))
 
 
 def _cache_findings(result: CacheVerification, command: str) -> list[Finding]:
@@ -211,10 +186,8 @@ def _cache_findings(result: CacheVerification, command: str) -> list[Finding]:
 def _leak_findings(check: InferenceCheck, opts: DoctorOptions, model_arg: str) -> list[Finding]:
     leak, bare = check.padding_leak, check.padding_leak_no_position_ids
     base = f"genprobe attention padding-leak {model_arg} --threshold {leak.threshold:.3g}"
-    title = (
-        f"padding {'changes' if leak.leak else 'leaves'} a sequence's logits (max |Δlogit| {leak.max_delta:.2e}, "
-        "position ids from the mask)"
-    )
+    changes = f"{'changes' if leak.leak else 'leaves'} a sequence's logits (max |Δlogit| {leak.max_delta:.2e}"
+    title = f"padding {changes}, position ids from the mask)"
     out = [
         Finding("inference", "padding.leak", "bug" if leak.leak else "ok", title, json_safe(leak), LEAK_CRITERION, base)
     ]
@@ -227,32 +200,25 @@ def _leak_findings(check: InferenceCheck, opts: DoctorOptions, model_arg: str) -
         else "code that calls the model without position_ids"
     )
     delta = f"(max |Δlogit| {bare.max_delta:.2e})"
-    title = (
-        f"without position_ids left padding changes the logits {delta}: {how} gets wrong results"
-        if bare.leak
-        else f"without position_ids padding leaves the logits {delta}"
-    )
-    crit = LEAK_CRITERION + "; a bug when the user's code passes no position_ids"
-    return out + [
-        Finding("inference", "padding.no_position_ids", sev, title, json_safe(bare), crit, base + " --no-position-ids")
-    ]
+    title = f"without position_ids left padding changes the logits {delta}: {how} gets wrong results"
+    title = title if bare.leak else f"without position_ids padding leaves the logits {delta}"
+    crit, cmd = LEAK_CRITERION + "; a bug when the user's code passes no position_ids", base + " --no-position-ids"
+    return out + [Finding("inference", "padding.no_position_ids", sev, title, json_safe(bare), crit, cmd)]
 
 
 def _serving_findings(serving: dict[str, Any] | None, model_arg: str) -> list[Finding]:
     if serving is None:
         return []
-    verdict = serving.get("verdict", "unavailable")
-    sev = VERDICT_SEVERITY.get(verdict, "warning")
-    url = serving.get("url")
+    verdict, url = serving.get("verdict", "unavailable"), serving.get("url")
     title = f"{'live server ' + url if url else 'vLLM float32 deployment'} vs recomputation: {verdict}"
-    if serving.get("reason"):
-        title += f" ({serving['reason']})"
-    if url:
-        sev = "warning" if verdict == "unavailable" else sev  # the server asked about could not be used
-        phases = {p["phase"]: p["verdict"] for p in serving.get("phases", [])}
-        evidence = {"verdict": verdict, "reason": serving.get("reason"), "server": serving.get("server"), **phases}
-        command = f"genprobe verify-serving {url} --reference {model_arg}"
-        return [Finding("inference", "serving.endpoint", sev, title, evidence, VERIFY_CRITERION, command)]
-    evidence = {k: serving.get(k) for k in ("verdict", "reason", "verdict_by_dtype", "errors")}
-    command = f"genprobe verify-serving {model_arg} --dtypes float32"
-    return [Finding("inference", "serving.vllm", sev, title, evidence, VERIFY_CRITERION, command)]
+    title += f" ({serving['reason']})" if serving.get("reason") else ""
+    sev = VERDICT_SEVERITY.get(verdict, "warning")
+    if url is None:
+        evidence = {k: serving.get(k) for k in ("verdict", "reason", "verdict_by_dtype", "errors")}
+        command = f"genprobe verify-serving {model_arg} --dtypes float32"
+        return [Finding("inference", "serving.vllm", sev, title, evidence, VERIFY_CRITERION, command)]
+    sev = "warning" if verdict == "unavailable" else sev  # the server asked about could not be used
+    phases = {p["phase"]: p["verdict"] for p in serving.get("phases", [])}
+    evidence = {"verdict": verdict, "reason": serving.get("reason"), "server": serving.get("server"), **phases}
+    command = f"genprobe verify-serving {url} --reference {model_arg}"
+    return [Finding("inference", "serving.endpoint", sev, title, evidence, VERIFY_CRITERION, command)]

@@ -1,10 +1,14 @@
 """What a doctor run is asked to do (:class:`DoctorOptions`), the budget of each mode (:class:`Budget`: ``quick`` for
 a CI gate, the full run for a release), the prompts it uses (:func:`doctor_inputs`: the user's, else held-out ones
-of the model's language) and the one :class:`DoctorRun` every stage job takes."""
+of the model's language), the one :class:`DoctorRun` every stage job takes and the :class:`Finding` each returns:
+one check's outcome, its evidence, the criterion it was judged by and the command that reproduces it alone. The
+worst severity found (``ok`` < ``info`` < ``warning`` < ``bug``) is the run's verdict and its exit status, which
+gates a release in CI (docs/doctor.md: the exit statuses and what raises each)."""
 
 from __future__ import annotations
 
 import shlex
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
@@ -14,8 +18,55 @@ from ..engine.samplers.stages import SamplerConfig
 from ..model.kinds import is_url
 from ..model.load import Model
 
-STAGES = ("audit", "card", "quality", "inference", "attention", "degeneration", "fixes")
-TITLES = {
+SEVERITIES = ("ok", "info", "warning", "bug")  # ordered: a verdict is the worst severity found
+
+
+@dataclass
+class Finding:
+    """One check: ``stage`` (card, inference, attention, degeneration, fixes), ``check`` (a short id such as
+    ``tokenizer.round_trip``), ``severity``, a one-line ``title``, the ``evidence`` behind it, the ``criterion``
+    that turned the evidence into the severity and the ``command`` that reproduces the check alone."""
+
+    stage: str
+    check: str
+    severity: str
+    title: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    criterion: str | None = None
+    command: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+
+
+EXIT_HEALTHY, EXIT_BUG, EXIT_BAD_INPUT, EXIT_WARNINGS = 0, 1, 2, 4
+VERDICTS = {
+    "ok": ("healthy", EXIT_HEALTHY),
+    "info": ("healthy", EXIT_HEALTHY),
+    "warning": ("warnings", EXIT_WARNINGS),
+    "bug": ("bug", EXIT_BUG),
+}
+
+
+@dataclass
+class Verdict:
+    """The run's verdict (healthy, warnings, bug), its exit status and the findings that decided it."""
+
+    verdict: str
+    exit_status: int
+    bugs: list[str]
+    warnings: list[str]
+
+    @classmethod
+    def of(cls, findings: list[Finding]) -> Verdict:
+        """The worst severity decides: a bug → 1, a warning → 4, else 0."""
+        name, code = VERDICTS[max((f.severity for f in findings), key=SEVERITIES.index, default="ok")]
+        bugs, warnings = ([f.title for f in findings if f.severity == s] for s in ("bug", "warning"))
+        return cls(name, code, bugs, warnings)
+
+
+TITLES = {  # each stage, in the order they run
     "audit": "static audit",
     "card": "model card",
     "quality": "quality on held-out text",
@@ -24,8 +75,8 @@ TITLES = {
     "degeneration": "degeneration under your settings",
     "fixes": "which fix",
 }
+STAGES = tuple(TITLES)
 SERVING = ("vllm",)
-ENGINES = ("hf", "vllm", "llama.cpp")
 
 
 @dataclass(frozen=True)
@@ -69,7 +120,7 @@ class DoctorOptions:
     seed: int = 0
     sampling_flags: Sequence[str] = ()  # the sampler flags as typed, for the reproducing commands
     prompts_file: str | None = None  # where the prompts used are written, for the reproducing commands
-    budget: Budget | None = field(default=None)
+    budget: Budget | None = None  # None: QUICK or FULL, as ``quick`` says
     reference: str | None = None  # the original model (FILE_OR_DIR) the quality stage compares with
 
     def __post_init__(self) -> None:
@@ -79,19 +130,17 @@ class DoctorOptions:
         if self.serving is not None and self.serving not in SERVING and not is_url(self.serving):
             raise ValueError(f"serving must be one of {SERVING} or a live server's URL, got {self.serving!r}")
         if self.max_loop_rate is not None and not 0.0 <= self.max_loop_rate <= 1.0:
-            raise ValueError(f"max_loop_rate must be in [0, 1], got {self.max_loop_rate}")
+            raise ValueError(f"max_loop_rate (--max-loop-rate) must be in [0, 1], got {self.max_loop_rate}")
         if self.prompts is not None and (not self.prompts or any(not p for p in self.prompts)):
             raise ValueError("prompts: give at least one prompt, and no empty prompt")
         if self.with_edit and self.quick:
             raise ValueError("with_edit runs a repair search, which quick mode leaves out: drop one of them")
-        if self.budget is None:
-            self.budget = QUICK if self.quick else FULL
+        self.budget = self.budget or (QUICK if self.quick else FULL)
 
     @property
     def plan(self) -> Budget:
         """The budget in force (set by ``quick`` unless given)."""
-        assert self.budget is not None  # set in __post_init__
-        return self.budget
+        return self.budget or FULL
 
     @property
     def engine(self) -> str | None:
@@ -125,8 +174,6 @@ class DoctorInputs:
 
 def check_fits(model: Model, prompts: list[str], tokens: int, chat: bool) -> None:
     """Refuse (ValueError: bad input) prompts that leave no room for the ``tokens`` a scan generates."""
-    import warnings
-
     if model.max_positions is None or model.tokenizer is None:
         return
     with warnings.catch_warnings():  # unknown characters are the model card's finding

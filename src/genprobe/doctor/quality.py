@@ -14,8 +14,7 @@ import torch
 from .._io import NOT_JSON, json_safe
 from ..corpus.inputs import token_windows
 from ..model.load import Model
-from .findings import Finding
-from .options import DoctorRun, StageSkipped
+from .options import DoctorRun, Finding, StageSkipped
 
 WINDOWS, WINDOW_TOKENS = 8, 128  # held-out texts read, tokens of each (fewer when the context is shorter)
 KL_WARN, KL_BUG = 0.1, 1.0  # mean KL(reference ‖ model), nats per token
@@ -54,11 +53,6 @@ def _windows(model: Model, texts: list[str]) -> tuple[list[str], list[list[int]]
     return [t for t, _ in found], [w for _, w in found]
 
 
-def _chars(model: Model, ids: list[int]) -> int:
-    """Characters the ids stand for (an unknown token for one)."""
-    return len(model.decode(ids)) + sum(1 for i in ids if model.unk_id is not None and i == model.unk_id)
-
-
 @torch.no_grad()
 def _log_probs(model: Model, window: list[int]) -> torch.Tensor:
     """Log-probabilities (T, V) of each next token, fed the truth."""
@@ -76,7 +70,8 @@ def measure_quality(model: Model, texts: list[str], corpus: str, reference: Mode
     nll, ref_nll, kl, agree = 0.0, 0.0, torch.zeros(len(windows[0]) - 1), 0
     same = reference is None or all(reference.encode(t)[: len(w)] == w for t, w in zip(used, windows, strict=True))
     count = sum(len(w) - 1 for w in windows)
-    chars = sum(_chars(model, w[1:]) for w in windows)
+    unk_id = -1 if model.unk_id is None else model.unk_id
+    chars = sum(len(model.decode(w[1:])) + w[1:].count(unk_id) for w in windows)  # an unknown token stands for one
     for w in windows:
         lp = _log_probs(model, w)[:-1]
         target = torch.tensor(w[1:], device=lp.device)
@@ -88,7 +83,7 @@ def measure_quality(model: Model, texts: list[str], corpus: str, reference: Mode
             kl += (rp_v.exp() * (rp_v - lp_v)).sum(-1).clamp_min(0).cpu()
             agree += int((lp_v.argmax(-1) == rp_v.argmax(-1)).sum())
             ref_nll -= rp.gather(1, target[:, None]).sum().item()
-    unk = sum(1 for w in windows for i in w if model.unk_id is not None and i == model.unk_id)
+    unk = sum(w.count(unk_id) for w in windows)
     q = Quality(corpus, len(windows), count, math.exp(nll / count), nll / max(1, chars) / math.log(2))
     q.unknown_share = unk / sum(len(w) for w in windows)
     if reference is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, cast
@@ -15,10 +16,9 @@ from .attention_health import AttentionHealth, attention_health
 from .audit import ModelFiles, StaticAudit, audit_stage
 from .card import ModelCard, model_card
 from .degeneration import Degeneration, degeneration
-from .findings import Finding, Verdict, verdict_of
 from .fixes import FixComparison, compare
 from .inference import InferenceCheck, check_inference
-from .options import QUICK_SKIP, STAGES, TITLES, DoctorOptions, DoctorRun, StageSkipped, doctor_inputs
+from .options import QUICK_SKIP, TITLES, DoctorOptions, DoctorRun, Finding, StageSkipped, Verdict, doctor_inputs
 from .quality import Quality, quality_stage
 
 PROMPTS_FILE, JSON_FILE, HTML_FILE = "prompts.txt", "doctor.json", "report.html"
@@ -54,13 +54,13 @@ class DoctorReport:
     @property
     def findings(self) -> list[Finding]:
         """Every finding, stage by stage (stage errors last)."""
-        parts = [getattr(self, name) for name in STAGES]
+        parts = [getattr(self, name) for name in TITLES]
         return [f for p in parts if p is not None for f in p.findings] + self.errors
 
     @property
     def verdict(self) -> Verdict:
         """Healthy / warnings / bug and the exit status."""
-        return verdict_of(self.findings)
+        return Verdict.of(self.findings)
 
     @property
     def exit_status(self) -> int:
@@ -72,14 +72,14 @@ class DoctorReport:
         from .._version import __version__
 
         head = {"genprobe": __version__, "model": self.model, "options": self.options, **json_safe(self.verdict)}
-        results = {name: getattr(self, name) for name in STAGES}
+        results = {name: getattr(self, name) for name in TITLES}
         return json_safe(head | {"stages": self.stages, "findings": self.findings} | results | {"files": self.files})
 
 
-#: Each stage's job, in STAGES order: it takes the run and returns its result or raises StageSkipped.
+#: Each stage's job, in TITLES order: it takes the run and returns its result or raises StageSkipped.
 STAGE_JOBS: dict[str, Callable[[DoctorRun], Any]] = dict(
     zip(
-        STAGES,
+        TITLES,
         (audit_stage, model_card, quality_stage, check_inference, attention_health, degeneration, compare),
         strict=True,
     )
@@ -107,14 +107,9 @@ def _run_stage(name: str, run: DoctorRun, i: int, n: int) -> None:
     seconds = time.perf_counter() - t0
     rep.stages.append(StageRun(name, status, round(seconds, 2), note))
     found = getattr(rep, name, None)
-    counts = _counts(found.findings) if found is not None else note
+    got = Counter(f.severity for f in found.findings) if found is not None else {}
+    counts = ", ".join(f"{got[k]} {k}" for k in ("bug", "warning", "info", "ok") if got.get(k)) or note
     log(f"[{i}/{n}] {TITLES[name]}: {status} in {seconds:.1f} s" + (f" — {counts}" if counts else ""))
-
-
-def _counts(findings: list[Finding]) -> str:
-    order = ("bug", "warning", "info", "ok")
-    got = {s: sum(1 for f in findings if f.severity == s) for s in order}
-    return ", ".join(f"{v} {k}" for k, v in got.items() if v)
 
 
 def run_doctor(
@@ -127,41 +122,24 @@ def run_doctor(
 ) -> DoctorReport:
     """Run the stages of ``opts.only`` on ``model`` (its files alone for ``--only audit``); with ``out``, write
     prompts.txt, doctor.json and report.html."""
-    from .._io import atomic_write_text
+    from .._io import atomic_write_json, atomic_write_text
+    from .._templates import environment
 
     model = cast(Model, model)  # ModelFiles has the source, and no tokenizer: all the audit stage and the inputs read
     arg = model_arg or (str(model.source) if model.source else "MODEL")
     rep = DoctorReport(arg, opts)
     inp = doctor_inputs(model, opts)
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
+    out = None if out is None else Path(out)
     if out is not None and inp.prompts:  # a reproducing command names prompts.txt only when it is written
-        opts.prompts_file = str(out / PROMPTS_FILE)
+        opts.prompts_file = rep.files["prompts"] = str(out / PROMPTS_FILE)
         atomic_write_text(out / PROMPTS_FILE, "\n".join(p.replace("\n", " ") for p in inp.prompts) + "\n")
-        rep.files["prompts"] = str(out / PROMPTS_FILE)
     run = DoctorRun(model, opts, inp, shlex.quote(arg), log, rep)
-    chosen = [s for s in STAGES if s in opts.only]
+    chosen = [s for s in TITLES if s in opts.only]
     for i, name in enumerate(chosen, 1):
         _run_stage(name, run, i, len(chosen))
-    if out is not None:
-        write_files(rep, out)
+    if out is not None:  # the page: templates/doctor.html.j2 in the Jinja environment every genprobe page uses
+        rep.files.update(json=str(out / JSON_FILE), html=str(out / HTML_FILE))
+        atomic_write_json(out / JSON_FILE, json_safe(rep))
+        template = environment("genprobe.doctor").get_template("doctor.html.j2")
+        atomic_write_text(out / HTML_FILE, template.render(r=json_safe(rep), rep=rep, titles=TITLES))
     return rep
-
-
-def write_files(rep: DoctorReport, out: Path) -> None:
-    """``doctor.json`` and ``report.html`` into ``out``, atomically."""
-    from .._io import atomic_write_json, atomic_write_text
-
-    rep.files.update(json=str(out / JSON_FILE), html=str(out / HTML_FILE))
-    atomic_write_json(out / JSON_FILE, json_safe(rep))
-    atomic_write_text(out / HTML_FILE, render_html(rep))
-
-
-def render_html(rep: DoctorReport) -> str:
-    """The findings as one offline page: ``templates/doctor.html.j2`` in the Jinja environment every genprobe page
-    uses (:mod:`genprobe._templates`), CSS and JS inlined from ``assets/``."""
-    from .._templates import environment
-
-    template = environment("genprobe.doctor").get_template("doctor.html.j2")
-    return template.render(r=json_safe(rep), rep=rep, titles=TITLES)
