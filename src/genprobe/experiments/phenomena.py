@@ -15,12 +15,13 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .._io import json_safe
-from ..corpus.inputs import token_windows
+from .._io import atomic_write_json, json_safe
+from ..corpus.inputs import choose_inputs, token_windows
 from ..engine.generate import generate
 from ..engine.runner import left_padded, runner_for
 from ..engine.samplers.stages import SamplerConfig
@@ -399,7 +400,7 @@ class Timing:
         return json_safe(self.cache) | {"tokens_match": {"rows": self.match_rows, "identical": self.matching_rows}}
 
 
-def timing(subject: Subject, prompt_ids: list[list[int]], N: int) -> Timing:
+def naive_vs_cached(subject: Subject, prompt_ids: list[list[int]], N: int) -> Timing:
     """Time both modes on the first prompt at each batch size; generate ``match_rows`` prompts both ways."""
     cfg, engine = subject.cfg, subject.runner
     cache = run_cache_timing(engine, prompt_ids[0], N, cfg.timing_batches, cfg.timing_reps, cfg.timing_budget_s)
@@ -448,25 +449,33 @@ def _long_texts(subject: Subject, texts: Sequence[str], need: int) -> list[list[
 
 def chapter_phenomena(
     model: Model,
-    prompts: Sequence[str],
-    texts: Sequence[str],
-    config: PhenomenaConfig | None = None,
+    prompts: Sequence[str] | None = None,
+    texts: Sequence[str] | None = None,
     *,
-    timing_on: bool = True,
+    corpus: str = "auto",
+    config: PhenomenaConfig | None = None,
+    timing: bool = True,
     sources: dict | None = None,
+    out: str | Path | None = None,
     log: Callable[[str], None] = lambda msg: None,
 ) -> PhenomenaResult:
-    """Every phenomenon of the module doc on ``model`` (a :class:`genprobe.model.load.Model`): ``prompts`` are
-    continued, ``texts`` (real text, at least ``prefix_tokens`` + a few tokens each) are read and continued."""
+    """Every phenomenon of the module doc on ``model``: ``prompts`` are continued, ``texts`` (real text, at least
+    ``prefix_tokens`` + a few tokens each) are read and continued.
+
+    ``prompts`` / ``texts`` default to ``config.max_texts`` inputs held out from the model's ``corpus`` ("tang",
+    "english" — the Lee corpus, fetched once by ``genprobe fetch english`` — or "auto"); ``sources`` is recorded
+    beside them. With ``out``, writes phenomena.json there.
+    """
     cfg = config or PhenomenaConfig()
+    inp = choose_inputs(model, prompts, texts, corpus, cfg.max_texts)
     subject = Subject(model, cfg)
-    prompt_ids = [subject.encode(p) for p in prompts]
+    prompt_ids = [subject.encode(p) for p in inp.prompts]
     if not prompt_ids or any(not x for x in prompt_ids):
         raise ValueError("give at least one prompt, none encoding to zero tokens")
     n_gen = subject.fit(cfg.max_new_tokens, max(len(x) for x in prompt_ids))
     P = cfg.prefix_tokens
     n_cont = subject.fit(cfg.max_new_tokens, P)
-    text_ids = _long_texts(subject, texts, P + n_cont)
+    text_ids = _long_texts(subject, inp.texts, P + n_cont)
     clock, seconds = time.perf_counter(), {}
 
     def tick(name: str) -> None:
@@ -487,16 +496,14 @@ def chapter_phenomena(
     shadow = shadows(subject, text_ids)
     div = divergence(subject, text_ids, clean, P, n_cont)
     tick("perturbation")
-    times = timing(subject, prompt_ids, n_gen) if timing_on else None
+    times = naive_vs_cached(subject, prompt_ids, n_gen) if timing else None
     tick("timing")
-    inputs = {
-        "prompts": len(prompt_ids),
-        "first_prompts": list(prompts[:3]),
-        "texts": len(text_ids),
-        "texts_given": len(texts),
-        **(sources or {}),
-    }
+    given = {"prompts": len(prompt_ids), "first_prompts": inp.prompts[:3], "texts": len(text_ids)}
+    inputs = given | {"texts_given": len(inp.texts), **(sources or {}), **inp.sources}
     readings = [tf, greedy, sampled]
-    return PhenomenaResult(
+    result = PhenomenaResult(
         model.describe(), inputs, cfg, n_gen, n_cont, div_rows, dist, readings, shadow, div, times, seconds
     )
+    if out is not None:  # the atomic write creates the directory
+        atomic_write_json(Path(out) / "phenomena.json", json_safe(result))
+    return result
