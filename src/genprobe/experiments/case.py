@@ -25,7 +25,7 @@ from ..corpus.tang import Corpus
 from ..corpus.tokenizer import CharTokenizer
 from ..model.gpt import GPT
 from ._common import CASE_PROMPT, encode_prompt, r
-from .decoding import DecodingResult, run_decoding
+from .decoding import NEW_TOKENS, DecodingResult, run_decoding
 from .exposure import run_exposure
 from .sampling import run_sampling
 from .timing import run_cache_scaling, run_cache_timing
@@ -34,8 +34,6 @@ CASE_KEYS = tuple(
     "model decoding sampling exposure cache_exact cache_bugs mask_noop cache_timing cache_scaling".split()
 )
 EXPERIMENTS = CASE_KEYS[1:]  # every key but the model summary
-#: Tokens generated after the case prompt (the chapter's 50).
-DECODE_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -175,9 +173,9 @@ def run_experiments(
     # timing context: a busy machine skews wall clock
     load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     prompt_ids, _ = encode_prompt(tok, CASE_PROMPT)
-    short = min(DECODE_STEPS, model.cfg.block_size - len(prompt_ids))
+    short = min(NEW_TOKENS, model.cfg.block_size - len(prompt_ids))
     # the mutant table recomputes every step: cheaper when quick
-    steps = {"decode": DECODE_STEPS, "cache_exact": short, "mutants": min(short, 24) if quick else short}
+    steps = {"decode": NEW_TOKENS, "cache_exact": short, "mutants": min(short, 24) if quick else short}
     stages = [s for s in case_stages(model, tok, corpus, prompt_ids, quick, steps) if s[0] in only]
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
@@ -267,9 +265,8 @@ def run_case(
     from .._io import atomic_write_json
     from ..corpus.tang import load_corpus
     from ..report.figures import write_figures
-    from ..report.headline import headline_rows
+    from ..report.headline import headline_rows, seed_tables
     from ..report.html import write_report
-    from ..report.seed import seed_tables
 
     names = select_experiments(only, skip)
     t0 = time.perf_counter()

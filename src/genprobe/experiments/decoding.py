@@ -39,7 +39,7 @@ STRATEGIES: tuple[tuple[str, SamplerConfig], ...] = (
     *((name, SamplerConfig(ban_ids=_BAN, **kw)) for name, kw in SAMPLING),
 )
 OTHER_PROMPTS = ("床前明月光", "白日依山尽", "两个黄鹂鸣翠柳")
-NEW_TOKENS = 50
+NEW_TOKENS = 50  # generated after each prompt (the chapter's 50; the case study's decode steps)
 #: One 50-token sample is one draw; the spread over a few seeds shows how much a row's metrics move.
 SPREAD_SEEDS = (0, 1, 2, 3, 4)
 

@@ -1,13 +1,6 @@
-"""The chapter's phenomena that need no training, measured on any loaded model (char or subword, genprobe GPT or
-``transformers``) so that models of different sizes can be put side by side (docs/three-models.md: what each
-phenomenon measures and how).
-
-The case study (:mod:`genprobe.experiments.case`) measures them on one prompt of the char GPT it trains; here each
-is measured on a set of prompts and real texts through :class:`genprobe.model.load.Model`, reusing the case study's
-functions where they take logits (entropy table, order trap), a runner (timing) or a logits function (the shadow).
-Every generation bans the unknown and the end token (the loop studies' setting), so each row has exactly ``N`` new
-tokens; positions whose true token is the unknown token are not scored.
-"""
+"""The chapter's phenomena that need no training, measured on any loaded model over a set of prompts and real texts
+(docs/three-models.md: what each measures and how), reusing the case study's functions where they take logits
+(entropy table, order trap), a runner (timing) or a logits function (the shadow)."""
 
 from __future__ import annotations
 
@@ -177,18 +170,12 @@ class KeptSetRow:
 class DistributionResult(Rounded):
     """The next-token distribution right after each prompt: entropy vs τ (means over prompts) and the order trap."""
 
-    JSON_KEYS = "prompts vocab_size log_vocab entropy_vs_temperature top_p order_trap"
-
     prompts: int
     vocab_size: int
-    top_p: float
+    log_vocab: float  # ln V, the most entropy a distribution over the vocabulary can have
     entropy_vs_temperature: list[TemperatureRow]
+    top_p: float
     order_trap: list[KeptSetRow]
-
-    @property
-    def log_vocab(self) -> float:
-        """ln V, the most entropy a distribution over the vocabulary can have."""
-        return math.log(self.vocab_size)
 
 
 def distribution(logits: torch.Tensor, taus=TEMPERATURES, trap_taus=ORDER_TAUS, top_p=TRAP_TOP_P) -> DistributionResult:
@@ -209,7 +196,8 @@ def distribution(logits: torch.Tensor, taus=TEMPERATURES, trap_taus=ORDER_TAUS, 
         )
         for i, tau in enumerate(trap_taus)
     ]
-    return DistributionResult(int(logits.shape[0]), int(logits.shape[1]), top_p, entropy, kept)
+    B, V = logits.shape
+    return DistributionResult(B, V, math.log(V), entropy, top_p, kept)
 
 
 # ---- teacher forcing vs free running -----------------------------------------------------------
