@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -229,8 +229,7 @@ def study_model(model_path: str | Path | None, out: Path, quick: bool, progress:
     if model_path is None:
         d = out / "model"
         tc = quick_train_config() if quick else TrainConfig()
-        wanted = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
-        if is_checkpoint(d) and read_meta(d).get("summary", {}).get("train_config") == wanted:
+        if is_checkpoint(d) and read_meta(d).get("summary", {}).get("train_config") == json_safe(tc):  # as train wrote
             log(f"case: reusing the model already trained in {d}")
         else:
             log(f"case: training the default model ({tc.steps} steps) into {d}")

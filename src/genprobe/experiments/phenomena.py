@@ -427,14 +427,6 @@ class PhenomenaResult:
         return d | {"seconds": {k: round(v, 1) for k, v in self.seconds.items()}}
 
 
-def _long_texts(subject: Subject, texts: Sequence[str], need: int) -> list[list[int]]:
-    """Ids of the first ``max_texts`` texts holding at least ``need`` tokens, cut to ``need``."""
-    ids = [w for _, w in token_windows(subject.encode, texts, need, subject.cfg.max_texts)]
-    if not ids:
-        raise ValueError(f"no text holds {need} tokens (prefix + continuation); give longer texts")
-    return ids
-
-
 def chapter_phenomena(
     model: Model,
     prompts: Sequence[str] | None = None,
@@ -463,7 +455,9 @@ def chapter_phenomena(
     n_gen = subject.fit(cfg.max_new_tokens, max(len(x) for x in prompt_ids))
     P = cfg.prefix_tokens
     n_cont = subject.fit(cfg.max_new_tokens, P)
-    text_ids = _long_texts(subject, inp.texts, P + n_cont)
+    text_ids = [w for _, w in token_windows(subject.encode, inp.texts, P + n_cont, cfg.max_texts)]  # cut to length
+    if not text_ids:
+        raise ValueError(f"no text holds {P + n_cont} tokens (prefix + continuation); give longer texts")
     clock, seconds = time.perf_counter(), {}
 
     def tick(name: str) -> None:
