@@ -139,7 +139,7 @@ def case_stages(
     tf_tokens, spread, reps = (4096, (0, 1, 2), 1) if quick else (None, (0, 1, 2, 3, 4), 3)
     batches, lengths = ((1, 8), (16, 32)) if quick else ((1, 16, 64), (32, 64, 128))
     return [
-        ("decoding", lambda: run_decoding(model, tok, corpus, seed=0, tf_tokens=tf_tokens, spread_seeds=spread)),
+        ("decoding", lambda: run_decoding(model, tok, corpus, tf_tokens=tf_tokens, spread_seeds=spread)),
         ("sampling", lambda: run_sampling(model, tok)),
         ("exposure", lambda: run_exposure(model, tok, corpus, quick=quick)),
         ("cache_exact", lambda: cache_exact(model, prompt_ids, steps=steps["cache_exact"])),
