@@ -16,8 +16,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .attention.metrics import AttentionReport
     from .doctor.run import DoctorReport
     from .engine.samplers.stages import SamplerConfig
-    from .experiments.case import CaseStudy
-    from .experiments.phenomena import PhenomenaConfig, PhenomenaResult
     from .loops.patch import Patch
     from .loops.repair import RepairConfig, RepairReport
     from .loops.scan import ScanResult
@@ -181,50 +179,6 @@ def padding_leak(
     return _padding_leak(
         model.module, [model.encode(t) for t in texts], model.pad_id, position_ids=position_ids, threshold=threshold
     )
-
-
-def run_case(
-    out: str | Path,
-    model: str | Path | None = None,
-    *,
-    quick: bool = False,
-    only: Sequence[str] | None = None,
-    progress: bool = False,
-) -> "CaseStudy":
-    """The chapter's case study: train (or reuse) the default model, run every experiment, write JSON, figures, HTML."""
-    from .experiments.case import case_study, select_experiments
-
-    return case_study(out, model, quick=quick, only=select_experiments(only), progress=progress)
-
-
-def chapter_phenomena(
-    model: "Model",
-    prompts: Sequence[str] | None = None,
-    texts: Sequence[str] | None = None,
-    *,
-    corpus: str = "auto",
-    config: "PhenomenaConfig | None" = None,
-    timing: bool = True,
-    out: str | Path | None = None,
-    log: Callable[[str], None] = lambda msg: None,
-) -> "PhenomenaResult":
-    """The chapter's training-free phenomena on any model: greedy vs sampled diversity, entropy vs τ, the
-    sampler-order trap, teacher forcing vs free running, one changed token, naive vs cached generation.
-
-    ``prompts`` / ``texts`` default to inputs held out from the model's ``corpus`` ("tang", "english" — the Lee
-    corpus, fetched once by ``genprobe fetch english`` — or "auto"). With ``out``, writes phenomena.json there.
-    """
-    from ._io import atomic_write_json
-    from .corpus.inputs import choose_inputs
-    from .experiments.phenomena import PhenomenaConfig
-    from .experiments.phenomena import chapter_phenomena as _run
-
-    cfg = config or PhenomenaConfig()
-    inp = choose_inputs(model, prompts, texts, corpus, 64)
-    result = _run(model, inp.prompts, inp.texts, cfg, timing_on=timing, sources=inp.sources, log=log)
-    if out is not None:  # the atomic write creates the directory
-        atomic_write_json(Path(out) / "phenomena.json", json_safe(result))
-    return result
 
 
 def diagnose(

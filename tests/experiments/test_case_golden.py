@@ -1,6 +1,6 @@
 """``ch3_case.json`` cannot change silently: its full key layout and its deterministic values are pinned.
 
-A tiny seeded random GPT (no training) runs every experiment of ``run_case``; the result is compared
+A tiny seeded random GPT (no training) runs every experiment of ``run_experiments``; the result is compared
 with ``data/ch3_case_tiny.json``: every key at every depth, every string and int exactly, floats to
 2e-4 (they are stored rounded to 4 decimals), wall-clock and environment fields by type only.
 An intended change of the case output regenerates the file::
@@ -45,7 +45,7 @@ VOLATILE = {
 
 
 def tiny_case() -> dict:
-    """``run_case`` on a seeded random 1-layer GPT over the default 1,200-character tokenizer.
+    """``run_experiments`` on a seeded random 1-layer GPT over the default 1,200-character tokenizer.
 
     The cache-scaling experiment's 8-layer random model is swapped for a 1-layer one: its layout is
     what is pinned here, and the big model would cost more than every other experiment together.
@@ -53,7 +53,7 @@ def tiny_case() -> dict:
     from genprobe.corpus.tang import load_corpus
     from genprobe.corpus.tokenizer import CharTokenizer
     from genprobe.experiments import timing
-    from genprobe.experiments.case import run_case
+    from genprobe.experiments.case import run_experiments
     from genprobe.model.config import GPTConfig
     from genprobe.model.gpt import GPT
 
@@ -80,7 +80,7 @@ def tiny_case() -> dict:
         )
 
     with mock.patch.object(timing, "scaling_config", tiny_scaling):
-        return json_safe(run_case(model, tok, corpus, meta, quick=True, progress=False))
+        return json_safe(run_experiments(model, tok, corpus, meta, quick=True, progress=False))
 
 
 #: Below this, a logit difference is float32 rounding, whose size (and so which phase shows the most of it) depends

@@ -22,10 +22,10 @@ from genprobe.experiments.phenomena import (
     chapter_phenomena,
     distribution,
 )
-from genprobe.experiments.three_models import claims, markdown_table
 from genprobe.model.config import GPTConfig
 from genprobe.model.gpt import GPT
 from genprobe.model.load import Model, SubwordTokenizer
+from genprobe.report.claims import markdown_table, phenomena_claims
 
 ALPHABET = list("abcdef")  # ids 2..7 after <pad>, <unk>
 SCALE = 1.0  # one-hot embedding scale: the copy probability stays well below 1, so sampling varies
@@ -78,7 +78,7 @@ def small_cfg(**kw) -> PhenomenaConfig:
 def copy_result():
     model = copy_gpt()
     texts = ["a" * 40, "ab" * 20]
-    return model, chapter_phenomena(model, ["ab", "cafe"], texts, small_cfg())
+    return model, chapter_phenomena(model, ["ab", "cafe"], texts, config=small_cfg())
 
 
 def test_the_context_shortens_the_continuation(copy_result):
@@ -135,7 +135,7 @@ def test_the_copy_models_greedy_loops_and_the_claims_say_so(copy_result):
     greedy = json_safe(res)["diversity"][0]
     assert greedy["strategy"] == "greedy" and greedy["loop_share"] == 1.0
     assert greedy["distinct_2"] == pytest.approx(1 / 27, abs=1e-4)  # one bigram among 27
-    verdicts = {c.claim: c.holds for c in claims(json_safe(res))}
+    verdicts = {c.claim: c.holds for c in phenomena_claims(json_safe(res))}
     assert verdicts[
         "§3.3 greedy decoding loops (exact loop, near loop or repetitive tail in at least half the continuations)"
     ]
@@ -205,7 +205,7 @@ def test_a_subword_transformers_model_runs_every_phenomenon():
     model = tiny_llama()
     assert corpus_of(model) == "english"  # its BPE spends several tokens per Chinese character
     texts = ["the cat sat on the mat and the dog ran in the park while the sun shone on the town " * 2] * 3
-    res = chapter_phenomena(model, ["the cat", "a dog ran"], texts, small_cfg(max_new_tokens=12, max_texts=3))
+    res = chapter_phenomena(model, ["the cat", "a dog ran"], texts, config=small_cfg(max_new_tokens=12, max_texts=3))
     d = json.loads(json.dumps(json_safe(res)))
     assert res.continuation_tokens == 12 and d["inputs"]["texts"] == 3
     assert [r["positions"] for r in d["free_running"]["readings"]] == [36, 36, 36]
@@ -220,7 +220,7 @@ def test_a_subword_transformers_model_runs_every_phenomenon():
 def test_too_short_texts_and_bad_sizes_are_refused():
     model = copy_gpt()
     with pytest.raises(ValueError, match="no text holds 32 tokens"):
-        chapter_phenomena(model, ["ab"], ["abc"], small_cfg())
+        chapter_phenomena(model, ["ab"], ["abc"], config=small_cfg())
     with pytest.raises(ValueError, match="prefix_tokens must exceed perturb_back"):
         PhenomenaConfig(prefix_tokens=8, perturb_back=8)
     with pytest.raises(ValueError, match="shadow_window must be >= 5"):

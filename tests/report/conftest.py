@@ -12,7 +12,7 @@ from genprobe.experiments.sampling import run_sampling
 from genprobe.experiments.timing import run_cache_scaling, run_cache_timing
 from genprobe.model.config import GPTConfig
 from genprobe.model.gpt import GPT
-from genprobe.report.seed import seed_tables
+from genprobe.report.headline import seed_tables
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,8 @@ import pytest
 
 from genprobe.report.claims import case_claims
 from genprobe.report.figures import write_figures
-from genprobe.report.headline import headline_rows
+from genprobe.report.headline import headline_rows, seed_tables
 from genprobe.report.html import render_report, write_report
-from genprobe.report.seed import seed_tables
 
 
 def test_report_is_self_contained(small_case, tmp_path):

@@ -18,8 +18,8 @@ import jinja2
 import pytest
 
 from genprobe._templates import environment as shared_environment
+from genprobe.report.headline import seed_tables
 from genprobe.report.html import render_report
-from genprobe.report.seed import seed_tables
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE = '<img src=x onerror="alert(1)">&'

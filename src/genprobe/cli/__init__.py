@@ -89,7 +89,3 @@ def _stdout_for_json(args: argparse.Namespace) -> Iterator[None]:
 def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001
     """Warnings as one line a user can read (no source path and line)."""
     return f"genprobe: {category.__name__}: {message}\n"
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

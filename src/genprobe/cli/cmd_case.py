@@ -24,12 +24,11 @@ def options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Handler: the case study (``genprobe.experiments.case.case_study``), then its headline table."""
-    from ..experiments.case import case_study, select_experiments
+    """Handler: the case study (``genprobe.run_case``), then its headline table."""
+    from ..experiments.case import run_case
 
-    only = select_experiments(args.only, args.skip)
-    progress = show_progress(args)
-    study = case_study(args.out, args.model, quick=args.quick, only=only, progress=progress, log=info)
+    bars = show_progress(args)
+    study = run_case(args.out, args.model, quick=args.quick, only=args.only, skip=args.skip, progress=bars, log=info)
     if args.json:
         emit_json(json_safe(study))
         return 0

@@ -59,8 +59,7 @@ def options(p: argparse.ArgumentParser) -> None:
 def check_ids(prompts: list[list[int]], vocab_size: int) -> list[list[int]]:
     """``--ids`` prompts, each id inside the vocabulary ``[0, vocab_size)``; the error names the limit."""
     for i, ids in enumerate(prompts):
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
+        if bad := [t for t in ids if not 0 <= t < vocab_size]:
             which = f" (prompt {i + 1})" if len(prompts) > 1 else ""
             raise ValueError(
                 f"--ids{which}: token id {bad[0]} is outside the model's vocabulary: ids must be in [0, {vocab_size}), "

@@ -10,9 +10,7 @@ once).
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .._io import json_safe
 from ._common import (
@@ -28,9 +26,6 @@ from ._common import (
     out_dir,
     write_out,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..corpus.inputs import Inputs
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -53,30 +48,23 @@ def options(p: argparse.ArgumentParser) -> None:
     option(p, "--out", metavar="DIR", type=Path, help="write DIR/phenomena.json")
 
 
-def _inputs(args: argparse.Namespace, model) -> "Inputs":
-    """Prompts and texts from the files, else the defaults of ``--corpus`` (each side independently)."""
-    from ..corpus.inputs import choose_inputs
-    from ..loops.prompts import read_prompt_file
-
-    prompts = read_prompt_file(args.prompts)[: args.count] if args.prompts else None
-    texts = read_prompt_file(args.val_text) if args.val_text else None
-    inp = choose_inputs(model, prompts, texts, args.corpus, args.count)
-    return replace(inp, sources={"prompts_file": args.prompts, "text_file": args.val_text} | inp.sources)
-
-
 def run(args: argparse.Namespace) -> int:
-    """Handler: :func:`genprobe.experiments.phenomena.chapter_phenomena`, then phenomena.json and a summary."""
+    """Handler: :func:`genprobe.chapter_phenomena` (prompts and texts from the files, else ``--corpus``), then
+    phenomena.json and a summary."""
     from ..experiments.phenomena import PhenomenaConfig, chapter_phenomena
-    from ..experiments.three_models import summary_lines
+    from ..loops.prompts import read_prompt_file
+    from ..report.claims import summary_lines
 
     check_min(args, count=1)
     if args.out is not None:
         out_dir(args.out, "phenomena.json")
     cfg = fields_of(PhenomenaConfig, args, max_texts=args.count)
+    prompts = read_prompt_file(args.prompts)[: args.count] if args.prompts else None
+    texts = read_prompt_file(args.val_text) if args.val_text else None
+    sources = {"prompts_file": args.prompts, "text_file": args.val_text}
     model = load_model_arg(args)
-    inp = _inputs(args, model)
     result = chapter_phenomena(
-        model, inp.prompts, inp.texts, cfg, timing_on=not args.no_timing, sources=inp.sources, log=info
+        model, prompts, texts, corpus=args.corpus, config=cfg, timing=not args.no_timing, sources=sources, log=info
     )
     data = json_safe(result)
     write_out(args, "phenomena.json", data)

@@ -30,16 +30,6 @@ def next_token_logits(model: GPT, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids], dtype=torch.long))[0, -1].float()
 
 
-def entropy_nats(logits: torch.Tensor, temperature: float = 1.0) -> tuple[float, float]:
-    """(entropy in nats, max probability) of softmax(logits / τ), computed in float64."""
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    logp = torch.log_softmax(logits.double() / temperature, dim=-1)
-    p = logp.exp()
-    h = float(-(p * logp.nan_to_num(neginf=0.0)).sum())
-    return h, float(p.max())
-
-
 def r(x: float | None, nd: int = 4) -> float | None:
     """Round for JSON (None and non-finite values pass as None)."""
     if x is None or not math.isfinite(x):

@@ -2,8 +2,8 @@
 chapter's own file, :data:`CASE_KEYS`, plus ``meta``). ``quick`` shrinks only what costs time (timing reps, the
 scaling model's lengths, confidence sample counts): the correctness numbers are the same.
 
-:func:`case_study` is the whole study as one library call — train (or reuse) the model, run every experiment, write
-``ch3_case.json``, the figures and the report; ``genprobe case`` and ``genprobe.run_case`` both call it.
+:func:`run_case` is the whole study as one library call — train (or reuse) the model, run every experiment, write
+``ch3_case.json``, the figures and the report; it is ``genprobe.run_case``, and ``genprobe case`` calls it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -25,7 +25,7 @@ from ..corpus.tang import Corpus
 from ..corpus.tokenizer import CharTokenizer
 from ..model.gpt import GPT
 from ._common import CASE_PROMPT, encode_prompt, r
-from .decoding import DecodingResult, run_decoding
+from .decoding import NEW_TOKENS, DecodingResult, run_decoding
 from .exposure import run_exposure
 from .sampling import run_sampling
 from .timing import run_cache_scaling, run_cache_timing
@@ -34,8 +34,6 @@ CASE_KEYS = tuple(
     "model decoding sampling exposure cache_exact cache_bugs mask_noop cache_timing cache_scaling".split()
 )
 EXPERIMENTS = CASE_KEYS[1:]  # every key but the model summary
-#: Tokens generated after the case prompt (the chapter's 50).
-DECODE_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -141,7 +139,7 @@ def case_stages(
     tf_tokens, spread, reps = (4096, (0, 1, 2), 1) if quick else (None, (0, 1, 2, 3, 4), 3)
     batches, lengths = ((1, 8), (16, 32)) if quick else ((1, 16, 64), (32, 64, 128))
     return [
-        ("decoding", lambda: run_decoding(model, tok, corpus, seed=0, tf_tokens=tf_tokens, spread_seeds=spread)),
+        ("decoding", lambda: run_decoding(model, tok, corpus, tf_tokens=tf_tokens, spread_seeds=spread)),
         ("sampling", lambda: run_sampling(model, tok)),
         ("exposure", lambda: run_exposure(model, tok, corpus, quick=quick)),
         ("cache_exact", lambda: cache_exact(model, prompt_ids, steps=steps["cache_exact"])),
@@ -160,26 +158,25 @@ def select_experiments(only: Sequence[str] | None, skip: Sequence[str] = ()) -> 
     return tuple(x for x in (only or EXPERIMENTS) if x not in set(skip))
 
 
-def run_case(
+def run_experiments(
     model: GPT,
     tok: CharTokenizer,
     corpus: Corpus,
     meta: dict | None = None,
     quick: bool = False,
     progress: bool = True,
-    only: tuple[str, ...] | None = None,
-    log: Callable[[str], None] | None = None,
+    only: Sequence[str] = EXPERIMENTS,
+    log: Callable[[str], None] = lambda msg: None,
 ) -> CaseResult:
-    """Run every experiment (or those named in ``only``) on ``model``."""
+    """Run every experiment (or those named in ``only``, as :func:`select_experiments` leaves them) on ``model``."""
     model = model.eval()
     # timing context: a busy machine skews wall clock
     load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     prompt_ids, _ = encode_prompt(tok, CASE_PROMPT)
-    short = min(DECODE_STEPS, model.cfg.block_size - len(prompt_ids))
+    short = min(NEW_TOKENS, model.cfg.block_size - len(prompt_ids))
     # the mutant table recomputes every step: cheaper when quick
-    steps = {"decode": DECODE_STEPS, "cache_exact": short, "mutants": min(short, 24) if quick else short}
-    names = select_experiments(only)
-    stages = [s for s in case_stages(model, tok, corpus, prompt_ids, quick, steps) if s[0] in names]
+    steps = {"decode": NEW_TOKENS, "cache_exact": short, "mutants": min(short, 24) if quick else short}
+    stages = [s for s in case_stages(model, tok, corpus, prompt_ids, quick, steps) if s[0] in only]
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     bar = tqdm(stages, desc="case", unit="exp", disable=not progress, dynamic_ncols=True)
@@ -189,8 +186,7 @@ def run_case(
         with torch.inference_mode(False), torch.no_grad():
             results[name] = run()
         seconds[name] = round(time.perf_counter() - t0, 2)  # finite: r() would only round it
-        if log:
-            log(f"  {name}: {seconds[name]:.1f}s")
+        log(f"  {name}: {seconds[name]:.1f}s")
     summary = model_summary(model, meta, results.get("decoding"))
     case_meta = CaseMeta(
         quick=quick, steps=steps, seconds=seconds, load_average=[round(x, 2) for x in load] if load else None
@@ -200,7 +196,7 @@ def run_case(
 
 @dataclass
 class CaseStudy:
-    """What :func:`case_study` wrote, the typed result, and the headline rows (ours beside the chapter's)."""
+    """What :func:`run_case` wrote, the typed result, and the headline rows (ours beside the chapter's)."""
 
     result: CaseResult
     out: Path
@@ -226,7 +222,6 @@ def study_model(model_path: str | Path | None, out: Path, quick: bool, progress:
     """The model to study (the one loader's Model): ``model_path``, else the default trained (or reused) in
     OUT/model."""
     from ..corpus.tang import load_corpus
-    from ..corpus.tokenizer import CharTokenizer
     from ..model.checkpoint import is_checkpoint, read_meta, save_checkpoint
     from ..model.load import load_model
     from ..model.train import TrainConfig, quick_train_config, train
@@ -234,8 +229,7 @@ def study_model(model_path: str | Path | None, out: Path, quick: bool, progress:
     if model_path is None:
         d = out / "model"
         tc = quick_train_config() if quick else TrainConfig()
-        wanted = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tc).items()}
-        if is_checkpoint(d) and read_meta(d).get("summary", {}).get("train_config") == wanted:
+        if is_checkpoint(d) and read_meta(d).get("summary", {}).get("train_config") == json_safe(tc):  # as train wrote
             log(f"case: reusing the model already trained in {d}")
         else:
             log(f"case: training the default model ({tc.steps} steps) into {d}")
@@ -255,22 +249,25 @@ def study_model(model_path: str | Path | None, out: Path, quick: bool, progress:
     return m
 
 
-def case_study(
+def run_case(
     out: str | Path,
     model: str | Path | None = None,
+    *,
     quick: bool = False,
-    only: tuple[str, ...] | None = None,
+    only: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
     progress: bool = False,
     log: Callable[[str], None] = lambda msg: None,
 ) -> CaseStudy:
-    """Run the chapter's case study into ``out``: ch3_case.json, figures and one offline report.html."""
+    """The chapter's case study into ``out``: train (or reuse) the default model unless ``model`` (a genprobe
+    checkpoint) is given, run every experiment (``only`` / ``skip``), write ch3_case.json, figures and report.html."""
     from .._io import atomic_write_json
     from ..corpus.tang import load_corpus
     from ..report.figures import write_figures
-    from ..report.headline import headline_rows
+    from ..report.headline import headline_rows, seed_tables
     from ..report.html import write_report
-    from ..report.seed import seed_tables
 
+    names = select_experiments(only, skip)
     t0 = time.perf_counter()
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -278,9 +275,8 @@ def case_study(
     out.mkdir(parents=True, exist_ok=True)
     m = study_model(model, out, quick, progress, log)
     t_model = time.perf_counter() - t0
-    names = select_experiments(only)
     log("case: running experiments " + ", ".join(names))
-    result = run_case(m.module, m.tokenizer, load_corpus(), m.meta, quick=quick, progress=progress, only=names, log=log)
+    result = run_experiments(m.module, m.tokenizer, load_corpus(), m.meta, quick, progress, names, log)
     result.meta.checkpoint = str(m.source)
     result.meta.model_seconds = round(t_model, 1)
     case, seed = json_safe(result), seed_tables()

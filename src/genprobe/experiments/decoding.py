@@ -39,7 +39,7 @@ STRATEGIES: tuple[tuple[str, SamplerConfig], ...] = (
     *((name, SamplerConfig(ban_ids=_BAN, **kw)) for name, kw in SAMPLING),
 )
 OTHER_PROMPTS = ("床前明月光", "白日依山尽", "两个黄鹂鸣翠柳")
-NEW_TOKENS = 50
+NEW_TOKENS = 50  # generated after each prompt (the chapter's 50; the case study's decode steps)
 #: One 50-token sample is one draw; the spread over a few seeds shows how much a row's metrics move.
 SPREAD_SEEDS = (0, 1, 2, 3, 4)
 
@@ -195,17 +195,15 @@ def run_decoding(
     model: GPT,
     tok: CharTokenizer,
     corpus: Corpus | None = None,
-    prompt: str = CASE_PROMPT,
-    new_tokens: int = NEW_TOKENS,
     seed: int = 0,
     tf_tokens: int | None = None,
     spread_seeds: tuple[int, ...] = SPREAD_SEEDS,
 ) -> DecodingResult:
-    """Every strategy on ``prompt`` (a sampled one also at every seed of ``spread_seeds``, distinct-2 only), sampling
-    without the ban, greedy with and without the ban on other prompts, the teacher-forcing check."""
+    """Every strategy on the case prompt (a sampled one also at every seed of ``spread_seeds``, distinct-2 only),
+    sampling without the ban, greedy with and without the ban on other prompts, the teacher-forcing check."""
 
     def decode(ids: list[int], sampler: SamplerConfig, at: int = seed) -> Decoded:
-        new = list(generate(model, [ids], new_tokens, sampler=sampler, seed=at).tokens[0])
+        new = list(generate(model, [ids], NEW_TOKENS, sampler=sampler, seed=at).tokens[0])
         return Decoded(tok.decode(ids + new), tok.decode(ids + new, show_unk=True), new, _metrics(tok, new))
 
     def strategy(name: str, sampler: SamplerConfig) -> StrategyRow:
@@ -219,10 +217,10 @@ def run_decoding(
         other_ids, unknown = encode_prompt(tok, text)
         return OtherPrompt(text, unknown, decode(other_ids, STRATEGIES[0][1]), decode(other_ids, STRATEGIES[1][1]))
 
-    ids, unknown = encode_prompt(tok, prompt)
+    ids, unknown = encode_prompt(tok, CASE_PROMPT)
     rows = [strategy(name, sampler) for name, sampler in STRATEGIES]
     unbanned = [(name, SamplerConfig(**kw)) for name, kw in SAMPLING]
     with_unk = [StrategyRow(name, sampler, seed, decode(ids, sampler)) for name, sampler in unbanned]
     others = [other(p) for p in OTHER_PROMPTS]
     tf = teacher_forcing_check(model, tok, corpus, tf_tokens) if corpus is not None else None
-    return DecodingResult(prompt, ids, unknown, new_tokens, rows, with_unk, others, tf)
+    return DecodingResult(CASE_PROMPT, ids, unknown, NEW_TOKENS, rows, with_unk, others, tf)

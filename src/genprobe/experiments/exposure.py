@@ -1,15 +1,5 @@
 """Training vs inference: teacher forcing on real text, confidence on real vs own text, and the shadow of
-one wrong token (exposure bias, as the chapter measures it).
-
-Protocols (matching the chapter):
-- teacher-forcing table: the model reads the snippet from its first character; row ``i`` predicts
-  snippet token ``i+1`` from tokens ``0..i`` (loss, top-3 candidates).
-- perturbation at ``k``: the true token ``k+1`` is replaced by the model's own argmax at row ``k``
-  (``<unk>`` excluded; its runner-up when the argmax IS the truth), real text is fed again from ``k+2``;
-  ``Δloss(s)`` = perturbed − clean loss of row ``k+s`` (s = 1 is the first prediction that sees the wrong token).
-  ``peak`` = max Δ, ``tail_mean`` = mean Δ over steps ``TAIL_FROM..window``, ``half_life_steps`` = first step s with
-  Δ ≤ peak/2 (the chapter's "回落一半用了", steps-to-half column).
-"""
+one wrong token (exposure bias, as the chapter measures it; the protocols: docs/case-study.md)."""
 
 from __future__ import annotations
 

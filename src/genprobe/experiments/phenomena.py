@@ -1,13 +1,6 @@
-"""The chapter's phenomena that need no training, measured on any loaded model (char or subword, genprobe GPT or
-``transformers``) so that models of different sizes can be put side by side (docs/three-models.md: what each
-phenomenon measures and how).
-
-The case study (:mod:`genprobe.experiments.case`) measures them on one prompt of the char GPT it trains; here each
-is measured on a set of prompts and real texts through :class:`genprobe.model.load.Model`, reusing the case study's
-functions where they take logits (entropy table, order trap), a runner (timing) or a logits function (the shadow).
-Every generation bans the unknown and the end token (the loop studies' setting), so each row has exactly ``N`` new
-tokens; positions whose true token is the unknown token are not scored.
-"""
+"""The chapter's phenomena that need no training, measured on any loaded model over a set of prompts and real texts
+(docs/three-models.md: what each measures and how), reusing the case study's functions where they take logits
+(entropy table, order trap), a runner (timing) or a logits function (the shadow)."""
 
 from __future__ import annotations
 
@@ -15,12 +8,13 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .._io import json_safe
-from ..corpus.inputs import token_windows
+from .._io import atomic_write_json, json_safe
+from ..corpus.inputs import choose_inputs, token_windows
 from ..engine.generate import generate
 from ..engine.runner import left_padded, runner_for
 from ..engine.samplers.stages import SamplerConfig
@@ -176,18 +170,12 @@ class KeptSetRow:
 class DistributionResult(Rounded):
     """The next-token distribution right after each prompt: entropy vs τ (means over prompts) and the order trap."""
 
-    JSON_KEYS = "prompts vocab_size log_vocab entropy_vs_temperature top_p order_trap"
-
     prompts: int
     vocab_size: int
-    top_p: float
+    log_vocab: float  # ln V, the most entropy a distribution over the vocabulary can have
     entropy_vs_temperature: list[TemperatureRow]
+    top_p: float
     order_trap: list[KeptSetRow]
-
-    @property
-    def log_vocab(self) -> float:
-        """ln V, the most entropy a distribution over the vocabulary can have."""
-        return math.log(self.vocab_size)
 
 
 def distribution(logits: torch.Tensor, taus=TEMPERATURES, trap_taus=ORDER_TAUS, top_p=TRAP_TOP_P) -> DistributionResult:
@@ -208,7 +196,8 @@ def distribution(logits: torch.Tensor, taus=TEMPERATURES, trap_taus=ORDER_TAUS, 
         )
         for i, tau in enumerate(trap_taus)
     ]
-    return DistributionResult(int(logits.shape[0]), int(logits.shape[1]), top_p, entropy, kept)
+    B, V = logits.shape
+    return DistributionResult(B, V, math.log(V), entropy, top_p, kept)
 
 
 # ---- teacher forcing vs free running -----------------------------------------------------------
@@ -399,7 +388,7 @@ class Timing:
         return json_safe(self.cache) | {"tokens_match": {"rows": self.match_rows, "identical": self.matching_rows}}
 
 
-def timing(subject: Subject, prompt_ids: list[list[int]], N: int) -> Timing:
+def naive_vs_cached(subject: Subject, prompt_ids: list[list[int]], N: int) -> Timing:
     """Time both modes on the first prompt at each batch size; generate ``match_rows`` prompts both ways."""
     cfg, engine = subject.cfg, subject.runner
     cache = run_cache_timing(engine, prompt_ids[0], N, cfg.timing_batches, cfg.timing_reps, cfg.timing_budget_s)
@@ -438,35 +427,37 @@ class PhenomenaResult:
         return d | {"seconds": {k: round(v, 1) for k, v in self.seconds.items()}}
 
 
-def _long_texts(subject: Subject, texts: Sequence[str], need: int) -> list[list[int]]:
-    """Ids of the first ``max_texts`` texts holding at least ``need`` tokens, cut to ``need``."""
-    ids = [w for _, w in token_windows(subject.encode, texts, need, subject.cfg.max_texts)]
-    if not ids:
-        raise ValueError(f"no text holds {need} tokens (prefix + continuation); give longer texts")
-    return ids
-
-
 def chapter_phenomena(
     model: Model,
-    prompts: Sequence[str],
-    texts: Sequence[str],
-    config: PhenomenaConfig | None = None,
+    prompts: Sequence[str] | None = None,
+    texts: Sequence[str] | None = None,
     *,
-    timing_on: bool = True,
+    corpus: str = "auto",
+    config: PhenomenaConfig | None = None,
+    timing: bool = True,
     sources: dict | None = None,
+    out: str | Path | None = None,
     log: Callable[[str], None] = lambda msg: None,
 ) -> PhenomenaResult:
-    """Every phenomenon of the module doc on ``model`` (a :class:`genprobe.model.load.Model`): ``prompts`` are
-    continued, ``texts`` (real text, at least ``prefix_tokens`` + a few tokens each) are read and continued."""
+    """Every phenomenon of the module doc on ``model``: ``prompts`` are continued, ``texts`` (real text, at least
+    ``prefix_tokens`` + a few tokens each) are read and continued.
+
+    ``prompts`` / ``texts`` default to ``config.max_texts`` inputs held out from the model's ``corpus`` ("tang",
+    "english" — the Lee corpus, fetched once by ``genprobe fetch english`` — or "auto"); ``sources`` is recorded
+    beside them. With ``out``, writes phenomena.json there.
+    """
     cfg = config or PhenomenaConfig()
+    inp = choose_inputs(model, prompts, texts, corpus, cfg.max_texts)
     subject = Subject(model, cfg)
-    prompt_ids = [subject.encode(p) for p in prompts]
+    prompt_ids = [subject.encode(p) for p in inp.prompts]
     if not prompt_ids or any(not x for x in prompt_ids):
         raise ValueError("give at least one prompt, none encoding to zero tokens")
     n_gen = subject.fit(cfg.max_new_tokens, max(len(x) for x in prompt_ids))
     P = cfg.prefix_tokens
     n_cont = subject.fit(cfg.max_new_tokens, P)
-    text_ids = _long_texts(subject, texts, P + n_cont)
+    text_ids = [w for _, w in token_windows(subject.encode, inp.texts, P + n_cont, cfg.max_texts)]  # cut to length
+    if not text_ids:
+        raise ValueError(f"no text holds {P + n_cont} tokens (prefix + continuation); give longer texts")
     clock, seconds = time.perf_counter(), {}
 
     def tick(name: str) -> None:
@@ -487,16 +478,14 @@ def chapter_phenomena(
     shadow = shadows(subject, text_ids)
     div = divergence(subject, text_ids, clean, P, n_cont)
     tick("perturbation")
-    times = timing(subject, prompt_ids, n_gen) if timing_on else None
+    times = naive_vs_cached(subject, prompt_ids, n_gen) if timing else None
     tick("timing")
-    inputs = {
-        "prompts": len(prompt_ids),
-        "first_prompts": list(prompts[:3]),
-        "texts": len(text_ids),
-        "texts_given": len(texts),
-        **(sources or {}),
-    }
+    given = {"prompts": len(prompt_ids), "first_prompts": inp.prompts[:3], "texts": len(text_ids)}
+    inputs = given | {"texts_given": len(inp.texts), **(sources or {}), **inp.sources}
     readings = [tf, greedy, sampled]
-    return PhenomenaResult(
+    result = PhenomenaResult(
         model.describe(), inputs, cfg, n_gen, n_cont, div_rows, dist, readings, shadow, div, times, seconds
     )
+    if out is not None:  # the atomic write creates the directory
+        atomic_write_json(Path(out) / "phenomena.json", json_safe(result))
+    return result

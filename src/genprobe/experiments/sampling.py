@@ -16,8 +16,9 @@ from .._io import json_safe
 from ..corpus.tokenizer import CharTokenizer
 from ..engine.samplers.chain import kept_set_size
 from ..engine.samplers.stages import SamplerConfig
+from ..engine.steps import entropy_nats
 from ..model.gpt import GPT
-from ._common import CASE_PROMPT, Rounded, encode_prompt, entropy_nats, next_token_logits, r
+from ._common import CASE_PROMPT, Rounded, encode_prompt, next_token_logits, r
 
 TEMPERATURES = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0)
 NUCLEUS_PS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999)
@@ -71,8 +72,9 @@ class OrderTrapRow:
 
 
 def entropy_table(logits: torch.Tensor, temperatures=TEMPERATURES) -> list[TemperatureRow]:
-    """Entropy, perplexity and max probability of softmax(logits/τ) for each τ."""
-    return [TemperatureRow(tau, *entropy_nats(logits, tau)) for tau in temperatures]
+    """Entropy, perplexity and max probability of softmax(logits/τ) for each τ (in float64)."""
+    probs = [torch.softmax(logits.double() / tau, -1) for tau in temperatures]
+    return [TemperatureRow(tau, entropy_nats(p), float(p.max())) for tau, p in zip(temperatures, probs, strict=True)]
 
 
 def nucleus_curve(logits: torch.Tensor, ps=NUCLEUS_PS) -> list[NucleusRow]:

@@ -23,6 +23,7 @@ from ._common import Rounded, r
 
 BATCHES = (1, 16, 64)
 SCALING_TOKENS = (32, 64, 128)
+MAX_NAIVE_S = 150.0  # the scaling model's naive loop: a length predicted to take longer is skipped
 
 
 def naive_token_forwards(prompt_len: int, new_tokens: int) -> int:
@@ -179,17 +180,15 @@ def run_cache_scaling(
     new_tokens=SCALING_TOKENS,
     reps: int = 1,
     cfg: GPTConfig | None = None,
-    seed: int = 0,
     small: bool = False,
-    max_naive_s: float = 150.0,
 ) -> CacheScaling:
-    """The same comparison on a random 8×768 model over generation lengths.
+    """The same comparison on a random 8×768 model (seeded) over generation lengths.
 
     The naive loop grows quadratically; a length whose naive run is predicted (from the previous
-    length, scaled by the token-forward count) to exceed ``max_naive_s`` is listed in ``skipped``.
+    length, scaled by the token-forward count) to exceed :data:`MAX_NAIVE_S` is listed in ``skipped``.
     """
     cfg = cfg or scaling_config(vocab_size, max(new_tokens), len(prompt_ids), small=small)
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     model = GPT(cfg).eval()
     rows: list[ModeTiming] = []
     skipped: list[SkippedLength] = []
@@ -198,8 +197,8 @@ def run_cache_scaling(
         if rows:
             prev = rows[-1]
             predicted = prev.naive_s * naive_token_forwards(P, n) / naive_token_forwards(P, prev.new_tokens)
-            if predicted > max_naive_s:
-                skipped.append(SkippedLength(n, predicted, max_naive_s))
+            if predicted > MAX_NAIVE_S:
+                skipped.append(SkippedLength(n, predicted, MAX_NAIVE_S))
                 continue
         rows.append(time_modes(model, prompt_ids, 1, n, reps))
     return CacheScaling(cfg, model.num_parameters(), small, reps, rows, skipped)

@@ -6,48 +6,22 @@ HTML report shows every Chinese text next to the figures.
 
 from __future__ import annotations
 
-import io
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from .._io import atomic_write_bytes
+from ..loops.repair_report import figure_png
+from .headline import seed_tables
 
 GREEN, RED, TEAL, ORANGE, GREY = "#2e7d32", "#c62828", "#00838f", "#ef6c00", "#9e9e9e"
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update(
-        {
-            "font.size": 9,
-            "axes.spines.top": False,
-            "axes.spines.right": False,
-            "figure.dpi": 110,
-            "savefig.bbox": "tight",
-        }
-    )
-    return plt
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def decoding_bars(case: dict) -> bytes:
+def decoding_bars(case: dict, ax: Any) -> None:
     """Fig. 3.1: distinct-2 per decoding strategy (red = deterministic, green = sampled), ours beside the chapter's."""
-    plt = _plt()
     rows = case["decoding"]["rows"]
     seed = {r["strategy"]: r for r in case.get("seed", {}).get("decoding", {}).get("rows", [])}
     names = [r["strategy"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
     y = range(len(rows))
     colors = [RED if r["sampler"]["greedy"] else GREEN for r in rows]
     ax.barh([i + 0.2 for i in y], [r["distinct_2"] for r in rows], height=0.4, color=colors, label="ours")
@@ -64,16 +38,13 @@ def decoding_bars(case: dict) -> bytes:
     ax.set_xlabel("distinct-2 (higher = less repetitive); label: longest n-gram seen >= 3 times")
     ax.legend(loc="lower right", fontsize=7, frameon=False)
     ax.set_title("Decoding strategies on the case prompt (50 new tokens)")
-    return _png(fig)
 
 
-def entropy_vs_temperature(case: dict) -> bytes:
+def entropy_vs_temperature(case: dict, ax: Any) -> None:
     """Fig. 3.5: entropy (left axis) and max probability (right axis) against τ."""
-    plt = _plt()
     s = case["sampling"]
     rows = s["entropy_vs_temperature"]
     taus = [r["tau"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6.0, 3.0))
     ax.plot(taus, [r["entropy"] for r in rows], "o-", color=TEAL, label="entropy (nats)")
     ax.axhline(s["log_vocab"], color=TEAL, ls=":", lw=0.8)
     ax.text(taus[-1], s["log_vocab"], f"ln V = {s['log_vocab']:.2f}", va="bottom", ha="right", fontsize=7, color=TEAL)
@@ -94,16 +65,18 @@ def entropy_vs_temperature(case: dict) -> bytes:
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=7, frameon=False, loc="center right")
     ax.set_title("Temperature reshapes the real next-token distribution")
-    return _png(fig)
 
 
-def compute_vs_speedup(case: dict) -> bytes:
-    """Fig. 3.4: compute saved by the KV cache (counted token forwards) vs measured wall-clock speed-up."""
-    plt = _plt()
+def _timing_rows(case: dict) -> list[tuple[str, dict]]:
+    """(label, row) of the small model's batch sizes, then the 8-layer model's lengths."""
     small, scaled = (case.get(k, {}).get("rows", []) for k in ("cache_timing", "cache_scaling"))
-    labels = [f"small, batch {r['batch']}" for r in small] + [f"8-layer, {r['new_tokens']} new" for r in scaled]
-    compute, speed = [r["compute_ratio"] for r in small + scaled], [r["speedup"] for r in small + scaled]
-    fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(labels) + 1.0))
+    return [(f"small, batch {r['batch']}", r) for r in small] + [(f"8-layer, {r['new_tokens']} new", r) for r in scaled]
+
+
+def compute_vs_speedup(case: dict, ax: Any) -> None:
+    """Fig. 3.4: compute saved by the KV cache (counted token forwards) vs measured wall-clock speed-up."""
+    labels, rows = zip(*_timing_rows(case), strict=True)
+    compute, speed = [r["compute_ratio"] for r in rows], [r["speedup"] for r in rows]
     y = range(len(labels))
     ax.barh([i - 0.2 for i in y], compute, height=0.4, color=GREY, label="compute saved (x)")
     ax.barh([i + 0.2 for i in y], speed, height=0.4, color=TEAL, label="wall-clock speed-up (x)")
@@ -117,13 +90,10 @@ def compute_vs_speedup(case: dict) -> bytes:
     ax.set_xlabel("ratio naive / cached (log scale), CPU")
     ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
     ax.set_title("KV cache: arithmetic saved vs time saved")
-    return _png(fig)
 
 
-def perturbation_curves(case: dict) -> bytes:
+def perturbation_curves(case: dict, ax: Any) -> None:
     """Δloss per step after one wrong token, for each perturbed position k (the chapter's k = 8 curve dashed)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.0, 3.0))
     # one colour per curve: fewer curves (PERTURB_POSITIONS, 4) than colours, so the colours are cut short
     for p, c in zip(case["exposure"]["perturbation"], (TEAL, ORANGE, RED, GREEN, GREY), strict=False):
         xs = list(range(1, len(p["curve"]) + 1))
@@ -136,23 +106,32 @@ def perturbation_curves(case: dict) -> bytes:
     ax.set_ylabel("delta loss (nats)")
     ax.legend(fontsize=7, frameon=False, ncol=2)
     ax.set_title("The shadow of one wrong token (real text fed afterwards)")
-    return _png(fig)
 
 
-FIGURES = {
-    "fig_decoding_distinct2.png": (decoding_bars, ("decoding",)),
-    "fig_entropy_temperature.png": (entropy_vs_temperature, ("sampling",)),
-    "fig_cache_compute_vs_speed.png": (compute_vs_speedup, ("cache_timing",)),
-    "fig_perturbation_shadow.png": (perturbation_curves, ("exposure",)),
+FIGURES = {  # name: (draw(case, ax), the case key it needs, size in inches)
+    "fig_decoding_distinct2.png": (decoding_bars, "decoding", lambda case: (6.4, 3.2)),
+    "fig_entropy_temperature.png": (entropy_vs_temperature, "sampling", lambda case: (6.0, 3.0)),
+    "fig_cache_compute_vs_speed.png": (
+        compute_vs_speedup,
+        "cache_timing",
+        lambda case: (6.4, 0.45 * len(_timing_rows(case)) + 1.0),
+    ),
+    "fig_perturbation_shadow.png": (perturbation_curves, "exposure", lambda case: (6.0, 3.0)),
 }
 
 
 def render_figures(case: dict, seed: dict | None = None) -> dict[str, bytes]:
     """Name → PNG bytes for every figure whose data is present in ``case`` (seed figures drawn beside)."""
-    from .seed import seed_tables
+    import matplotlib
 
     full = {**case, "seed": seed_tables() if seed is None else seed}
-    return {name: fn(full) for name, (fn, needs) in FIGURES.items() if all(k in case for k in needs)}
+    style = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "savefig.bbox": "tight"}
+    with matplotlib.rc_context(style):  # type: ignore[arg-type]  # its stubs want each key spelled as a Literal
+        return {
+            name: figure_png(partial(draw, full), 1, size(case), 110)
+            for name, (draw, needs, size) in FIGURES.items()
+            if needs in case
+        }
 
 
 def write_figures(case: dict, out_dir: str | Path, seed: dict | None = None) -> dict[str, bytes]:

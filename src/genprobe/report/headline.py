@@ -1,11 +1,19 @@
-"""The headline comparison, ours beside the chapter's published figures, as plain rows (report, CLI, README)."""
+"""The headline comparison, ours beside the chapter's published figures (transcribed in ``seed_tables.json``, keyed
+like ``ch3_case.json``), as plain rows (report, CLI, README)."""
 
 from __future__ import annotations
 
+import json
+from importlib import resources
 from typing import Any
 
 #: (label, ours, the chapter's, kind); kind says how to format both values: int, f3, f2, pct, e (scientific), str.
 Row = tuple[str, Any, Any, str]
+
+
+def seed_tables() -> dict:
+    """The transcribed seed figures (a fresh copy each call: safe to mutate)."""
+    return json.loads((resources.files("genprobe.report") / "seed_tables.json").read_text(encoding="utf-8"))
 
 
 def _first(rows: list[dict], key: str, value: Any) -> dict:

@@ -14,8 +14,7 @@ from .._io import atomic_write_text
 from .._templates import environment
 from .claims import case_claims
 from .figures import render_figures
-from .headline import headline_rows
-from .seed import seed_tables
+from .headline import headline_rows, seed_tables
 
 #: The case keys the page's JavaScript reads (sampling lab, order trap, workload grid).
 SCRIPT_DATA_KEYS = ("sampling", "cache_timing")

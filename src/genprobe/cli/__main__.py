@@ -1,7 +1,0 @@
-"""``python -m genprobe`` = the ``genprobe`` command."""
-
-import sys
-
-from . import main
-
-sys.exit(main())
