@@ -143,12 +143,21 @@ def train_subword(
     t_bpe = time.time() - t0
     train_ids = _training_stream(tok, texts.train, cfg.block_size)
     model = build_model(cfg, bpe.eos_id(tok), tc.seed)
-    ema, first, history, loop_seconds = _train_loop(model, tok, train_ids, texts.char_val_documents, cfg, tc, progress)
+    gen, t_loop = torch.Generator().manual_seed(tc.seed), time.time()
+    fitted = fit(
+        model,
+        lambda: _batch_loss(model, train_ids, cfg.block_size, tc.batch_size, gen),
+        tc,
+        progress=progress,
+        val_loss=lambda: subword_bits_per_char(model, tok, texts.char_val_documents, cfg.block_size).nats_per_token,
+        validate_last=False,  # _summary scores the end on the same text
+    )
+    loop_seconds = time.time() - t_loop
     model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() override is unannotated
-    summary = _summary(model, tok, texts, split, cfg, tc, ema, history, heldout_docs)
+    summary = _summary(model, tok, texts, split, cfg, tc, fitted.ema, fitted.history, heldout_docs)
     summary["samples"] = greedy_samples(model, tok, [d[:5] for d in texts.heldout[:samples]])
     summary.update(
-        initial_loss=round(first, 4),
+        initial_loss=round(fitted.losses[0], 4),
         seconds=round(time.time() - t0, 1),
         cpu_seconds=round(time.process_time() - c0, 1),
         threads=torch.get_num_threads(),
@@ -178,36 +187,13 @@ def _training_stream(tok: Tokenizer, docs: list[str], block_size: int) -> torch.
     return train_ids
 
 
-def _train_loop(
-    model: CausalLM,
-    tok: Tokenizer,
-    train_ids: torch.Tensor,
-    val_docs: list[str],
-    cfg: SubwordModelConfig,
-    tc: TrainConfig,
-    progress: bool,
-) -> tuple[float, float, list[dict[str, Any]], float]:
-    """:func:`~genprobe.model.train.fit` on random windows of ``train_ids``, validated on ``val_docs`` every
-    ``tc.eval_every`` steps: the smoothed (EMA) train loss, the first step's loss, the history, the loop's seconds."""
-    gen = torch.Generator().manual_seed(tc.seed)
-    history: list[dict[str, Any]] = []
-    t_loop = time.time()
-
-    def batch_loss() -> torch.Tensor:
-        x, y = random_windows(train_ids, cfg.block_size, tc.batch_size, gen)
-        logits = model(input_ids=x).logits
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-
-    def validate(step: int, ema: float) -> float | None:
-        if not (tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps):
-            return None
-        vl = subword_bits_per_char(model, tok, val_docs, cfg.block_size).nats_per_token
-        seconds = round(time.time() - t_loop, 1)
-        history.append({"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(vl, 4), "seconds": seconds})
-        return vl
-
-    losses, ema = fit(model, batch_loss, tc, progress=progress, validate=validate)
-    return ema, losses[0], history, time.time() - t_loop
+def _batch_loss(
+    model: CausalLM, train_ids: torch.Tensor, block: int, batch_size: int, gen: torch.Generator
+) -> torch.Tensor:
+    """Loss of one batch of random windows of the training stream."""
+    x, y = random_windows(train_ids, block, batch_size, gen)
+    logits = model(input_ids=x).logits
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
 
 def _summary(
