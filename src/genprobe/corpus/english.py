@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -101,10 +101,6 @@ class EnglishSplit:
     human: list[str]
     validation: list[str]
     search: list[str]
-
-    def summary(self) -> dict:
-        """Group sizes (JSON)."""
-        return {k: len(v) for k, v in asdict(self).items()}
 
 
 def english_split(documents: Sequence[str] | None = None) -> EnglishSplit:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import lzma
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
+
+from .._io import read_jsonl
 
 DEFAULT_POEMS = 4003
 DEFAULT_VAL_FRACTION = 0.1
@@ -38,28 +38,18 @@ class Corpus:
         }
 
 
-def read_jsonl(path: Path, limit: int | None) -> list[str]:
-    opener = lzma.open if path.suffix == ".xz" else open
+def read_documents(path: Path, limit: int | None = None) -> list[str]:
+    """The documents of a JSONL(.xz) file whose lines are ``{"paragraphs": [...]}``, ``{"text": ...}`` or strings."""
     docs: list[str] = []
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if limit is not None and len(docs) >= limit:
-                break
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: line {lineno} is not valid JSON ({exc.msg})") from None
-            if isinstance(obj, str):
-                docs.append(obj)
-            elif isinstance(obj, dict) and isinstance(obj.get("paragraphs"), list):
-                docs.append("".join(str(p) for p in obj["paragraphs"]))
-            elif isinstance(obj, dict) and isinstance(obj.get("text"), str):
-                docs.append(obj["text"])
-            else:
-                raise ValueError(f"{path}: line {lineno} has neither a 'paragraphs' list nor a 'text' string")
+    for lineno, obj in read_jsonl(path, limit):
+        if isinstance(obj, str):
+            docs.append(obj)
+        elif isinstance(obj, dict) and isinstance(obj.get("paragraphs"), list):
+            docs.append("".join(str(p) for p in obj["paragraphs"]))
+        elif isinstance(obj, dict) and isinstance(obj.get("text"), str):
+            docs.append(obj["text"])
+        else:
+            raise ValueError(f"{path}: line {lineno} has neither a 'paragraphs' list nor a 'text' string")
     return docs
 
 
@@ -81,7 +71,7 @@ def load_corpus(
     if not p.exists():
         raise FileNotFoundError(f"corpus file not found: {p}")
     if p.name.endswith((".jsonl", ".jsonl.xz", ".json.xz")):
-        docs = read_jsonl(p, poems)
+        docs = read_documents(p, poems)
     else:
         try:
             docs = [p.read_text(encoding="utf-8")]
@@ -148,7 +138,7 @@ class CorpusSplit:
 
 def bundled_documents() -> list[str]:
     """All 57,607 bundled poems in file order (paragraphs concatenated, as :func:`load_corpus` reads them)."""
-    return read_jsonl(bundled_corpus_path(), None)
+    return read_documents(bundled_corpus_path())
 
 
 def corpus_split(

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Hashable, Sequence
 
-from .compress import tail_compression
-from .degeneracy import LoopSettings
+from .degeneracy import LoopSettings, tail_compression
 from .loop import periodic_tail_length
 from .nearloop import detect_near_loop
 from .stats import wilson_interval

@@ -1,14 +1,57 @@
-"""All degeneration measures of one generated sequence: exact loop, near loop, tail compression, n-gram repeats."""
+"""All degeneration measures of one generated sequence: exact loop, near loop, tail compression, n-gram repeats.
+
+Tail compression: the last ``window`` tokens / the greedy LZ77 pieces (longest earlier copy, else one new token) that
+write them down — about 1 for text that does not repeat itself; a tail at or above ``DEFAULT_MIN_COMPRESSION`` is
+*repetitive* (why not zlib, and the calibration of 2.5: docs/calibration.md, "How each detector scores a sequence").
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-from .compress import DEFAULT_MIN_COMPRESSION, tail_compression
 from .loop import DEFAULT_MIN_TAIL, detect_loop
 from .nearloop import DEFAULT_MAX_PERIOD, DEFAULT_MIN_MATCH, DEFAULT_WINDOW, detect_near_loop
 from .ngrams import distinct_n, longest_repeated_ngram, seq_rep_n, unk_share
+
+DEFAULT_MIN_COMPRESSION = 2.5  # human poems stay under 1.9 tail tokens per piece (docs/calibration.md)
+
+
+def _longest_earlier_copy(seq: tuple, i: int, starts: list[int]) -> int:
+    best = 0
+    for j in starts:  # earlier positions holding the same token as position i
+        if j >= i:
+            break
+        n = 1
+        while i + n < len(seq) and seq[j + n] == seq[i + n]:
+            n += 1
+        best = max(best, n)
+    return best
+
+
+def lz_pieces(tokens: Sequence[Hashable], start: int = 0) -> int:
+    """Number of pieces (longest earlier copy, else one new token) that write ``tokens[start:]``."""
+    seq = tuple(tokens)
+    if not 0 <= start <= len(seq):
+        raise ValueError(f"start must be in [0, {len(seq)}], got {start}")
+    where: dict[Hashable, list[int]] = {}
+    for j, t in enumerate(seq):
+        where.setdefault(t, []).append(j)
+    i, pieces = start, 0
+    while i < len(seq):
+        i += max(_longest_earlier_copy(seq, i, where[seq[i]]), 1)
+        pieces += 1
+    return pieces
+
+
+def tail_compression(tokens: Sequence[Hashable], window: int = DEFAULT_WINDOW) -> float:
+    """Last ``window`` tokens / their LZ pieces (references may reach before the tail); 0.0 for an empty input."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    seq = tuple(tokens)
+    start = max(0, len(seq) - window)
+    pieces = lz_pieces(seq, start)
+    return (len(seq) - start) / pieces if pieces else 0.0
 
 
 @dataclass(frozen=True)
@@ -43,7 +86,7 @@ class LoopMeasures:
     near_period: int | None
     near_match: float
     near_onset: int | None
-    tail_compression: float  # tail tokens per LZ piece (genprobe.metrics.compress.tail_compression)
+    tail_compression: float  # tail tokens per LZ piece (:func:`tail_compression`)
     repetitive: bool  # tail_compression >= LoopSettings.min_compression: the tail copies earlier text
     seq_rep_4: float  # Welleck et al. 2019
     distinct_2: float

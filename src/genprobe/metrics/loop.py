@@ -1,13 +1,5 @@
-"""Loop detection: does the tail of a sequence repeat a unit, and with what period and onset?
-
-A sequence "loops" with period p when its last m tokens satisfy ``t[i] == t[i - p]`` for every
-position of that tail after the first unit, i.e. the tail ``t[T-m:]`` is p-periodic. We call it
-a loop only when the periodic tail covers at least ``min_repeats`` full periods AND at least
-``min_tail`` tokens: the second condition stops a short accident such as "。，。，" at the end of a
-line from counting, while long units (up to half the length) are still seen. Among the periods
-that qualify, the smallest one is reported, so a 4-character chant is period 4 and a
-10-character couplet cycle is period 10 — a repair that turns one into the other is visible.
-"""
+"""Exact loop detection: the smallest period p whose p-periodic tail covers ``min_repeats`` periods and ``min_tail``
+tokens, with its onset (why these rules: docs/calibration.md, "How each detector scores a sequence")."""
 
 from __future__ import annotations
 

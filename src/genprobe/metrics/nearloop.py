@@ -1,26 +1,8 @@
 """Near-loop detection: is the tail *approximately* periodic, with a tolerated share of substitutions?
 
-The exact detector (:mod:`.loop`) says "loop" only when every tail token equals the token one period back, so an
-edit that changes one token per cycle ("肅肅嚴禋，肅肅肅肅。肅肅嚴禋，…") makes it say "fixed" while the text still
-chants. This detector looks at the last ``window`` tokens and, for each candidate period p, counts the positions
-whose token equals the token p *or* 2p places back:
-
-    match_share(p) = #{i in tail, i >= p : t[i] == t[i-p] or (i >= 2p and t[i] == t[i-2p])} / #{i in tail, i >= p}
-
-Looking two cycles back matters: one substituted token breaks the lag-p comparison twice (at itself and one cycle
-later), but the later position still matches two cycles back, so one substitution per cycle costs about 1/p, not
-2/p. The tail near-loops when the best share over ``1 <= p <= max_period`` reaches ``min_match`` (default 0.8: one
-changed token per cycle is tolerated for periods of 6 or more). A shorter loop with a token changed every cycle
-is not a near loop by this rule — the documented limit; the tail compression ratio (:mod:`.compress`) beside it
-still shows it (over 2 tail tokens per LZ piece, against under 1.9 in every 57-character window of the validation
-poems without placeholders). The reported period has the highest share; ties go to the higher plain lag-p share
-(an exact period-4 loop also matches fully at p = 2 two periods back), then to the smallest period.
-
-The onset is where the approximate repetition begins: windows of ``window`` tokens slide back from the end while
-their share at that period stays >= ``min_match``; leading mismatches of the earliest such window are trimmed, and
-the onset is one period before its first matching position (the exact detector's convention). Natural text keeps
-the share low (punctuation every 6 or 12 characters gives about 1/6); the tests check that no window of the
-validation text near-loops.
+Over the last ``window`` tokens, for each period p (docs/calibration.md, "How each detector scores a sequence"):
+``match_share(p) = #{i >= p : t[i] == t[i-p] or (i >= 2p and t[i] == t[i-2p])} / #{i >= p}``; the tail near-loops
+when the best share reaches ``min_match``.
 """
 
 from __future__ import annotations

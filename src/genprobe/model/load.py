@@ -351,12 +351,11 @@ def _load_gguf(
         module, hf_tok, summary = read_gguf(file, dtype)
         if int8_blocks:
             module = _int8_blocks_of(module, file, dtype, narrow_output)
-    arch = str(getattr(getattr(module, "config", None), "model_type", summary.architecture))
-    config: Any = getattr(module, "config", None)
-    meta = {"config": config.to_dict() if config is not None else {}, "gguf": json_safe(summary)}
+    config: Any = module.config  # a transformers model
+    meta = {"config": config.to_dict(), "gguf": json_safe(summary)}
     if int8_blocks:
         meta["weight_blocks"] = block_summary(module)
-    return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", arch, file, meta)
+    return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", str(config.model_type), file, meta)
 
 
 def _int8_blocks_of(module: nn.Module, file: Path, dtype: torch.dtype, narrow_output: bool) -> nn.Module:

@@ -88,6 +88,9 @@ def evaluate_loss(model: GPT, ids: torch.Tensor, block_size: int | None = None, 
 
 
 def random_windows(ids: torch.Tensor, T: int, B: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``B`` random windows of ``T`` tokens of ``ids``, and their next-token targets."""
+    if len(ids) <= T + 1:
+        raise ValueError(f"the training text has {len(ids)} tokens; a window of {T} needs more than {T + 1}")
     ix = torch.randint(0, len(ids) - T - 1, (B,), generator=gen)
     x = torch.stack([ids[i : i + T] for i in ix.tolist()])
     y = torch.stack([ids[i + 1 : i + T + 1] for i in ix.tolist()])
@@ -217,8 +220,6 @@ def train(
     t0 = time.time()
     train_ids = torch.tensor(tokenizer.encode(corpus.train, warn=False), dtype=torch.long)
     val_ids = torch.tensor(tokenizer.encode(corpus.val, warn=False), dtype=torch.long)
-    if len(train_ids) <= cfg.block_size + 1:
-        raise ValueError(f"training text has {len(train_ids)} tokens; need more than {cfg.block_size + 1}")
     docs = _packed_documents(corpus, tokenizer, train_ids) if tc.pack else None
     model = GPT(cfg)
     batch = lambda: _batch_loss(model, train_ids, docs, tc.batch_size, gen)  # noqa: E731
