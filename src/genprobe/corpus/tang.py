@@ -9,7 +9,7 @@ from pathlib import Path
 from .._io import read_jsonl
 
 DEFAULT_POEMS = 4003
-DEFAULT_VAL_FRACTION = 0.1
+VAL_FRACTION = 0.1
 
 
 def bundled_corpus_path() -> Path:
@@ -53,18 +53,12 @@ def read_documents(path: Path, limit: int | None = None) -> list[str]:
     return docs
 
 
-def load_corpus(
-    path: str | Path | None = None,
-    poems: int | None = DEFAULT_POEMS,
-    val_fraction: float = DEFAULT_VAL_FRACTION,
-) -> Corpus:
+def load_corpus(path: str | Path | None = None, poems: int | None = DEFAULT_POEMS) -> Corpus:
     """Load the corpus: default = first 4,003 bundled poems, paragraphs concatenated, last 10% = validation.
 
     ``path`` may be a UTF-8 text file (one string) or a JSONL(.xz) file whose lines are
     ``{"paragraphs": [...]}``, ``{"text": ...}`` or bare strings; ``poems`` limits JSONL documents.
     """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if poems is not None and poems < 1:
         raise ValueError(f"poems must be >= 1, got {poems}")
     p = bundled_corpus_path() if path is None else Path(path)
@@ -80,7 +74,7 @@ def load_corpus(
     text = "".join(docs)
     if len(text) < 20:
         raise ValueError(f"corpus {p} has only {len(text)} characters; need at least 20")
-    cut = int(len(text) * (1.0 - val_fraction))
+    cut = int(len(text) * (1.0 - VAL_FRACTION))
     source = "bundled:tang_poems" if path is None else str(p)
     return Corpus(text=text, train=text[:cut], val=text[cut:], source=source, documents=docs)
 
@@ -142,17 +136,12 @@ def bundled_documents() -> list[str]:
 
 
 def corpus_split(
-    documents: list[str],
-    subword_poems: int = DEFAULT_SUBWORD_POEMS,
-    char_poems: int = DEFAULT_POEMS,
-    val_fraction: float = DEFAULT_VAL_FRACTION,
+    documents: list[str], subword_poems: int = DEFAULT_SUBWORD_POEMS, char_poems: int = DEFAULT_POEMS
 ) -> CorpusSplit:
     """The split of ``documents``; the char GPT's validation cut is computed exactly as :func:`load_corpus` does."""
     n = len(documents)
     if n < 2:
         raise ValueError(f"a split needs at least 2 documents, got {n}")
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if char_poems < 1:
         raise ValueError(f"char_poems must be >= 1, got {char_poems}")
     if not 1 <= subword_poems < n:
@@ -162,7 +151,7 @@ def corpus_split(
         )
     char_poems = min(char_poems, n)
     char_chars = sum(len(d) for d in documents[:char_poems])
-    cut = int(char_chars * (1.0 - val_fraction))  # same expression as load_corpus
+    cut = int(char_chars * (1.0 - VAL_FRACTION))  # same expression as load_corpus
     start, pos = 0, 0
     while start < char_poems and pos + len(documents[start]) <= cut:
         pos += len(documents[start])
