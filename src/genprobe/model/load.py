@@ -286,12 +286,11 @@ def load_model(
             f"model's dtype); got {weight_dtype}"
         )
     from .catalog import resolve_name
-    from .kinds import ModelKind, model_kind
+    from .kinds import FILE_KINDS, ModelKind, kinds_phrase, model_kind
 
     if model_kind(path) is ModelKind.URL:
         raise ModelLoadError(
-            f"{path} is a URL: live endpoints are not supported yet; a model is a genprobe checkpoint, a transformers "
-            "directory, a GGUF file or a fetched model's name"
+            f"{path} is a URL: live endpoints are not supported yet; a model is {kinds_phrase(FILE_KINDS)}"
         )
     d = Path(path) if Path(path).exists() else resolve_name(str(path))  # a catalog name: its fetched directory
     kind = model_kind(d)
