@@ -12,9 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Hashable, Sequence
 
-from .degeneracy import LoopSettings, tail_compression
-from .loop import periodic_tail_length
-from .nearloop import detect_near_loop
+from .degeneracy import LoopSettings, detect_near_loop, periodic_tail_length, tail_compression
 from .stats import wilson_interval
 
 DEFAULT_TARGET = 0.01
