@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Hashable, Sequence
 
-from .degeneracy import LoopSettings, detect_near_loop, periodic_tail_length, tail_compression
+from .degeneracy import _EPS, LoopSettings, detect_near_loop, periodic_tail_length, tail_compression
 from .stats import wilson_interval
 
 DEFAULT_TARGET = 0.01
 MIN_SEQUENCES = 20  # fewer human sequences (per half: 10) cannot estimate a percent-level rate
-_EPS = 1e-9  # as in nearloop: shares are ratios of small integers
 RATE_NAMES = ("exact", "near", "any_loop", "repetitive", "degenerate")
 
 

@@ -1,7 +1,7 @@
 """Trainer of the subword reference model: a small ``LlamaForCausalLM`` (or ``Qwen2ForCausalLM``) + byte-level BPE.
 
 The transformers class is the model; this module trains it with the char trainer's pieces (:func:`fit`,
-:func:`random_windows`) on the training poems joined by ``<|endoftext|>`` (so the model learns where a poem ends), from
+:func:`window_loss`) on the training poems joined by ``<|endoftext|>`` (so the model learns where a poem ends), from
 the one corpus split (``genprobe.corpus.tang``: never the char GPT's validation poems nor the held-out loop prompts).
 ``--arch qwen2`` trains its BPE with Qwen2's own pipeline, since transformers tokenises a Qwen2 directory with
 ``Qwen2Tokenizer`` whatever ``tokenizer.json`` says (see ``corpus.bpe``). :func:`save_subword_dir` writes the result
@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-import torch.nn.functional as F
 
 from .._io import atomic_write_json, check_target_dir, json_safe, read_format_json, read_json_object, replacing
 from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
 from .bpc import subword_bits_per_char
 from .hf import quiet_transformers
-from .train import Fitted, TrainConfig, TrainResult, fit, random_windows
+from .train import Fitted, TrainConfig, TrainResult, fit, window_loss
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
     from tokenizers import Tokenizer
@@ -151,7 +150,7 @@ def train_subword(
     gen, t_loop = torch.Generator().manual_seed(tc.seed), time.time()
     fitted = fit(
         model,
-        lambda: _batch_loss(model, train_ids, cfg.block_size, tc.batch_size, gen),
+        lambda: window_loss(lambda x: model(input_ids=x).logits, train_ids, cfg.block_size, tc.batch_size, gen),
         tc,
         progress=progress,
         val_loss=lambda: subword_bits_per_char(model, tok, texts.char_val_documents, cfg.block_size).nats_per_token,
@@ -171,15 +170,6 @@ def train_subword(
         steps_per_second=round(tc.steps / loop_seconds, 3),
     )
     return TrainResult(model=model, tokenizer=tok, summary=summary)
-
-
-def _batch_loss(
-    model: CausalLM, train_ids: torch.Tensor, block: int, batch_size: int, gen: torch.Generator
-) -> torch.Tensor:
-    """Loss of one batch of random windows of the training stream."""
-    x, y = random_windows(train_ids, block, batch_size, gen)
-    logits = model(input_ids=x).logits
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
 
 def _summary(

@@ -87,14 +87,15 @@ def evaluate_loss(model: GPT, ids: torch.Tensor, block_size: int | None = None, 
     return float(position_losses(model, ids, block_size, batch_size).mean())
 
 
-def random_windows(ids: torch.Tensor, T: int, B: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``B`` random windows of ``T`` tokens of ``ids``, and their next-token targets."""
+def window_loss(
+    logits_of: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor, T: int, B: int, gen: torch.Generator
+) -> torch.Tensor:
+    """Next-token loss of ``logits_of`` on ``B`` random windows of ``T`` tokens of ``ids`` (both trainers' batch)."""
     if len(ids) <= T + 1:
         raise ValueError(f"the training text has {len(ids)} tokens; a window of {T} needs more than {T + 1}")
-    ix = torch.randint(0, len(ids) - T - 1, (B,), generator=gen)
-    x = torch.stack([ids[i : i + T] for i in ix.tolist()])
-    y = torch.stack([ids[i + 1 : i + T + 1] for i in ix.tolist()])
-    return x, y
+    ix = torch.randint(0, len(ids) - T - 1, (B,), generator=gen).tolist()
+    x, y = torch.stack([ids[i : i + T] for i in ix]), torch.stack([ids[i + 1 : i + T + 1] for i in ix])
+    return masked_cross_entropy(logits_of(x), y)
 
 
 def _packed_rows(
@@ -253,8 +254,7 @@ def _batch_loss(
         x, y, doc, mask = _packed_rows(docs, block, batch_size, gen)
         logits = model(x, positions=packed_positions(doc), document_ids=doc)
         return masked_cross_entropy(logits, y, mask)
-    x, y = random_windows(train_ids, block, batch_size, gen)
-    return masked_cross_entropy(model(x), y)
+    return window_loss(model, train_ids, block, batch_size, gen)
 
 
 def _summary(
