@@ -2,7 +2,7 @@
 
 vLLM generates free (no detector) continuations of held-out openings (``MODEL`` as in
 loop_scan_throughput.py; chanting setting by default). The ground truth is the offline loop verdict on
-each whole continuation (:func:`genprobe.metrics.loop.detect_loop`). Each online detector is replayed
+each whole continuation (:func:`genprobe.metrics.degeneracy.detect_loop`). Each online detector is replayed
 token by token over the same continuations, exactly as it runs inside generation (the tests show the
 replay reproduces the live engine's stops for both):
 
@@ -83,7 +83,7 @@ def _quantile(xs: list[float], q: float) -> float | None:
 
 def score(det: Detector, free: list[list[int]]) -> dict:
     """Recall, lag, false stops and replay cost of one detector over the free continuations."""
-    from genprobe.metrics.loop import detect_loop
+    from genprobe.metrics.degeneracy import detect_loop
 
     found, lags, false_stops, saved, loops = 0, [], 0, 0, 0
     t0 = time.perf_counter()

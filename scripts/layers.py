@@ -42,6 +42,7 @@ LAYERS = {
 # Same-layer imports between different sub-packages that are allowed (importer, imported), with why.
 PEERS = {
     ("corpus", "registry"),  # the English corpus is a pinned download
+    ("corpus", "_io"),  # JSON Lines files are read by the one reader, _io.read_jsonl (#45)
     ("registry", "_io"),  # every cache writer takes the cache lock of _io (#52)
     ("metrics", "_io"),  # results serialise through the one JSON form, _io.json_safe (#45)
     ("serving", "loops"),  # a loop scan through vLLM reuses the scan's prompts, measures and tables

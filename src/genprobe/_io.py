@@ -9,6 +9,7 @@ import enum
 import glob
 import hashlib
 import json
+import lzma
 import math
 import os
 import shutil
@@ -30,16 +31,11 @@ def json_safe_dict(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def json_safe(obj: Any) -> Any:
-    """The JSON form of a result: genprobe's one serialiser (strict JSON, nothing lost).
+    """The JSON form of a result: genprobe's one serialiser (strict JSON, nothing lost; the rules: docs/API.md).
 
-    Dataclasses become objects of their fields, recursively, less private fields (``_name``) and those marked
-    ``field(metadata=NOT_JSON)``, plus the properties their class names in ``JSON_PROPERTIES`` (a verdict computed
-    from the fields); a class whose JSON shape is not its fields (flattened tables, renamed keys) says so in a
-    ``to_dict()`` method, which wins. Mappings keep their keys
-    (numbers spelled as strings, as ``json`` does); tuples, lists and sets become lists; tensors, arrays and numpy
-    scalars their ``tolist()``; paths and enums their string and value. Every non-finite float is spelled
-    ``"nan"``, ``"inf"`` or ``"-inf"``: ``json.dumps`` would write ``NaN``/``Infinity``, which strict parsers
-    (JavaScript, jq, Go) reject.
+    Dataclasses become objects of their fields less private and ``NOT_JSON`` ones, plus ``JSON_PROPERTIES``; a
+    ``to_dict()`` wins. Mapping keys become strings; tensors and arrays their ``tolist()``; paths and enums their
+    string and value; non-finite floats ``"nan"``/``"inf"``/``"-inf"`` (strict parsers reject ``NaN``/``Infinity``).
     """
     if isinstance(obj, float):
         if math.isfinite(obj):
@@ -156,6 +152,36 @@ def read_format_json(path: str | os.PathLike, expected_format: str, error: type[
     return meta
 
 
+def read_jsonl(path: str | os.PathLike, limit: int | None = None) -> list[tuple[int, Any]]:
+    """``(line number, value)`` of the first ``limit`` (default: all) non-empty lines of a JSON Lines file, ``.xz``
+    compressed or not; ValueError naming the file and line when one is not JSON."""
+    path, out = Path(path), list[tuple[int, Any]]()
+    with (lzma.open if path.suffix == ".xz" else open)(path, "rt", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if limit is not None and len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                out.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {lineno} is not valid JSON ({exc.msg})") from None
+    return out
+
+
+def figure_bytes(fig: Any, fmt: str = "png", **savefig: Any) -> bytes:
+    """A matplotlib figure rendered as ``fmt`` (``savefig`` options passed on), then closed: what a page inlines or
+    :func:`atomic_write_bytes` saves."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, **savefig)
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def _flush_c_stdio() -> None:
     """Flush the C library's stdio buffers (a native library's ``printf`` output still waiting in them)."""
     try:
@@ -258,13 +284,10 @@ def _lock_holder(lock: Path) -> str:
 
 @contextmanager
 def cache_lock(target: str | os.PathLike, what: str | None = None, wait_s: float | None = None) -> Iterator[None]:
-    """Hold the exclusive lock of ``target`` (``fcntl.flock`` on ``.<name>.lock`` beside it) for the ``with`` block.
-
-    Waits at most ``wait_s`` seconds (default ``$GENPROBE_LOCK_WAIT_S``, else 1800) for another process that holds
-    it, saying on stderr what it waits for, then raises :class:`CacheBusyError`. The kernel releases the lock when
-    its holder exits, however it exits, so a killed holder never blocks the next run. The holder removes the lock
-    file as it lets go (no lock files pile up beside a user's outputs); a waiter that then gets the lock of the
-    removed file sees that it is not the file at the path any more, and locks the path's file instead.
+    """Hold the exclusive lock of ``target`` (``fcntl.flock`` on ``.<name>.lock`` beside it) for the ``with`` block,
+    waiting at most ``wait_s`` seconds (default ``$GENPROBE_LOCK_WAIT_S``, else 1800; then :class:`CacheBusyError`).
+    See docs/cache.md. The holder removes the lock file as it lets go (none pile up beside a user's outputs); a
+    waiter that then gets the lock of the removed file sees it is not the path's file any more, and locks that one.
     """
     target = Path(target)
     lock = target.parent / f".{target.name}.lock"  # there while a process holds or waits for the lock
@@ -358,10 +381,7 @@ def write_once(
     target: str | os.PathLike, is_complete: Callable[[Path], bool], write: Callable[[], None], what: str | None = None
 ) -> bool:
     """Run ``write`` (which puts ``target`` in place atomically) unless ``is_complete(target)``; True when it ran.
-
-    Two processes at once: one writes while the other waits on :func:`cache_lock`, then finds the result complete.
-    A writer killed at any point leaves either no ``target`` or a complete one, and temporaries that the next
-    writer removes (:func:`remove_leftovers`) before it writes again.
+    Two processes at once: one writes, the other waits on :func:`cache_lock` and finds it complete (docs/cache.md).
     """
     target = Path(target)
     if is_complete(target):

@@ -1,16 +1,9 @@
-"""Jinja2 rendering shared by genprobe's HTML pages: one environment per package, autoescaping on.
+"""Jinja2 rendering shared by genprobe's HTML pages (the case study's report, the doctor's page, the loop pages):
+``environment("genprobe.loops").get_template("repair.html.j2").render(report=r)``.
 
-Templates live in ``<package>/templates/*.html.j2``; assets (CSS, JS) in ``<package>/assets/`` and are
-inlined with ``{{ asset("report.css") }}`` so every page stays ONE offline file. Usage::
-
-    from genprobe._templates import environment
-    html = environment("genprobe.loops").get_template("repair.html.j2").render(report=r)
-
-A leaf at the bottom layer, beside ``_io``: the case study's report (:mod:`genprobe.report.html`), the doctor's
-page and the loop pages (:mod:`genprobe.loops.repair_report`, one layer lower) all render with it.
-
-Everything interpolated is HTML-escaped unless it is ``Markup`` (macros, ``asset``, ``|tojson``);
-undefined names raise instead of rendering as empty text.
+Templates live in ``<package>/templates/*.html.j2``, assets (CSS, JS) in ``<package>/assets/``, inlined with
+``{{ asset("report.css") }}`` so every page stays ONE offline file. Everything interpolated is HTML-escaped unless
+it is ``Markup`` (macros, ``asset``, ``|tojson``); undefined names raise instead of rendering as empty text.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ from genprobe.loops.edit import EditSpec, make_patch
 from genprobe.loops.regress import Regression
 from genprobe.loops.scan import GenerationRecord, ScanOptions, engine_batches, scan_batches, summarise
 from genprobe.loops.search import Candidate, Limits, Objective, Strata, choose, grid, run_search
-from genprobe.metrics.degeneracy import LoopSettings, measure_loops
-from genprobe.metrics.loop import detect_loop
+from genprobe.metrics.degeneracy import LoopSettings, detect_loop, measure_loops
 from genprobe.model.arch import mlp_sites, state_sha256
 
 PROSE = (

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from genprobe.metrics.loop import detect_loop, periodic_tail_length
+from genprobe.metrics.degeneracy import detect_loop, periodic_tail_length
 
 
 def _aperiodic(n, seed, alphabet=1000):

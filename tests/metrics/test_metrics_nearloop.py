@@ -7,10 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from genprobe._io import json_safe
-from genprobe.metrics.compress import lz_pieces, tail_compression
-from genprobe.metrics.degeneracy import LoopSettings, measure_loops
-from genprobe.metrics.loop import detect_loop
-from genprobe.metrics.nearloop import detect_near_loop, match_share
+from genprobe.metrics.degeneracy import (
+    LoopSettings,
+    detect_loop,
+    detect_near_loop,
+    lz_pieces,
+    match_share,
+    measure_loops,
+    tail_compression,
+)
 from genprobe.metrics.ngrams import seq_rep_n
 
 PREFIX = list("床前明月光，")

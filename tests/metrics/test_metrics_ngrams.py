@@ -41,12 +41,11 @@ def test_seq_rep_is_one_minus_distinct(tokens, n):
     assert math.isclose(seq_rep_n(tokens, n), 1 - distinct_n(tokens, n))
 
 
-def test_longest_repeated_ngram_overlapping_and_capped():
+def test_longest_repeated_ngram_overlapping():
     assert longest_repeated_ngram("abcXabcYabcZ") == (3, tuple("abc"))
     # overlapping occurrences count: "aaaaa" has "aaa" at 0,1,2
     assert longest_repeated_ngram("aaaaa") == (3, tuple("aaa"))
-    assert longest_repeated_ngram("aaaaa", overlapping=False) == (1, ("a",))
-    assert longest_repeated_ngram("ab" * 20, max_n=8)[0] == 8
+    assert longest_repeated_ngram("ab" * 20) == (36, tuple("ab" * 18))  # T - 2p for a period-p loop
     assert longest_repeated_ngram("abcXabcY") == (0, ())
     # two occurrences are not enough at min_count=3
     assert longest_repeated_ngram("abcdXabcd")[0] == 0

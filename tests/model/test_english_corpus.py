@@ -164,6 +164,6 @@ def test_real_corpus_when_fetched():
         pytest.skip(f"English corpus not fetched ({exc})")
     assert len(docs) == 350
     split = en.english_split()
-    assert split.summary() == {"human": 96, "validation": 96, "search": len(set(docs)) - 192}
+    assert (len(split.human), len(split.validation), len(split.search)) == (96, 96, len(set(docs)) - 192)
     sets = en.english_prompt_sets({"search": 1000, "validate": 512})
     assert len(set(sets["search"]) | set(sets["validate"])) == 1512

@@ -220,6 +220,12 @@ def test_inspect_refuses_each_bad_file_with_its_own_error(tiny, tmp_path):
         check_supported(inspect_gguf(bad["unsupported"]))
 
 
+def test_inspect_lists_special_ids_outside_the_vocabulary(tiny, tmp_path):
+    assert inspect_gguf(tiny[0]).bad_special_ids == {}
+    write_tiny_gguf(tmp_path / "eos.gguf", planted={"eos_token_id": 999999})
+    assert inspect_gguf(tmp_path / "eos.gguf").bad_special_ids == {"tokenizer.ggml.eos_token_id": 999999}
+
+
 def test_an_unfetched_catalog_name_names_the_fetch_command(tmp_path, monkeypatch):
     monkeypatch.setenv("GENPROBE_CACHE_DIR", str(tmp_path))
     with pytest.raises(ModelLoadError, match="genprobe fetch smollm2"):

@@ -1,7 +1,7 @@
 """The online loop monitor without vLLM: the incremental detector answers exactly what the offline
 detector answers at every prefix, and the ``transformers`` integrations stop / break loops where it says.
 
-Reference implementation: ``genprobe.metrics.loop.detect_loop`` (the offline exact-period rule).
+Reference implementation: ``genprobe.metrics.degeneracy.detect_loop`` (the offline exact-period rule).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genprobe.metrics.loop import detect_loop
+from genprobe.metrics.degeneracy import detect_loop
 from genprobe.serving.monitor import (
     Detection,
     ExactPeriodDetector,
@@ -84,9 +84,9 @@ def test_recompute_detector_is_pluggable():
 
 
 def test_near_loop_detector_plugs_in():
-    """genprobe.metrics.nearloop.detect_near_loop in the monitor: a cycle with a substitution in every other unit is a
+    """genprobe.metrics.degeneracy.detect_near_loop in the monitor: a cycle with a substitution in every other unit is a
     near loop from its first token (onset 2), which the exact rule never calls a loop on the whole text."""
-    from genprobe.metrics.nearloop import detect_near_loop
+    from genprobe.metrics.degeneracy import detect_near_loop
 
     unit = [1, 2, 3, 4, 5, 6]
     seq = [9, 8]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from genprobe.loops.scan import chanting_sampler
-from genprobe.metrics.loop import detect_loop
+from genprobe.metrics.degeneracy import detect_loop
 from genprobe.serving.monitor import loop_continuation, replay
 from genprobe.serving.scan import to_sampling_params
 

@@ -15,7 +15,7 @@ import torch
 from ..model.arch import unwrap
 from ..model.bpc import eval_mode
 from ..model.gpt import GPT
-from ..model.limits import max_positions
+from ..model.load import max_positions
 from .capture import attn_implementation, is_hf_model
 
 LEAK_THRESHOLD = 1e-4

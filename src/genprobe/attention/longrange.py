@@ -155,7 +155,7 @@ def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | N
 
     t0 = time.time()
     tc = TrainConfig(steps=steps, lr=sc.lr, warmup=sc.warmup, weight_decay=0.0)  # AdamW (0.9, 0.95), clipped at 1
-    losses, _ = fit(model, batch_loss, tc, lr_of=lambda step: sc.lr * _lr_factor(step, steps, sc.warmup))
+    losses = fit(model, batch_loss, tc, lr_of=lambda step: sc.lr * _lr_factor(step, steps, sc.warmup)).losses
     model.eval()
     return model, TrainSummary(steps, round(fmean(losses[-20:]), 4), round(time.time() - t0, 1))
 

@@ -1,20 +1,6 @@
-"""Byte-level BPE for the subword reference model, trained with the ``tokenizers`` library.
-
-Byte-level means the base alphabet is the 256 byte values, so every string encodes — no ``<unk>``
-— and the ``ByteLevel`` decoder maps the pieces back to the exact bytes: ``decode(encode(t)) == t``.
-What keeps it lossless is what is *absent*: no normaliser (NFKC would fold the full-width ``，`` into
-``,``), no prefix space, no whitespace clean-up on decode. One special token, ``<|endoftext|>``,
-separates documents (it is id 0, and eos = pad, as in Qwen2's base tokenizer).
-
-Two pipelines (``STYLES``), because ``AutoTokenizer`` does not always run the ``tokenizer.json`` it finds:
-
-* ``"gpt2"`` (for Llama): no normaliser, GPT-2's split regex inside ``ByteLevel`` (a poem is cut at its
-  punctuation, so merges never straddle ``，``/``。``). Lossless on any text.
-* ``"qwen2"``: transformers 5 loads a ``model_type == "qwen2"`` directory with ``Qwen2Tokenizer``, which
-  rebuilds the pipeline from the vocabulary and merges (transformers/models/qwen2/tokenization_qwen2.py:
-  NFC normaliser, Qwen2's split regex, ``ByteLevel`` without its own regex). Training with that same
-  pipeline keeps ``tokenizer.json`` and ``AutoTokenizer`` identical. NFC makes it lossless only on
-  NFC-normal text — every text of the bundled corpus is (tested).
+"""Byte-level BPE for the subword reference model, trained with the ``tokenizers`` library: every string encodes
+(256 byte tokens, no ``<unk>``), ``decode(encode(t)) == t``, one special token ``<|endoftext|>`` between documents.
+Two pipelines (``STYLES``: ``gpt2`` for Llama, ``qwen2`` as ``Qwen2Tokenizer`` rebuilds it): docs/own-model.md.
 """
 
 from __future__ import annotations
@@ -63,7 +49,7 @@ def _pipeline(tok, style: str) -> None:
     tok.decoder = decoders.ByteLevel()
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, style: str = "gpt2", min_frequency: int = 2):
+def train_bpe(texts: Iterable[str], vocab_size: int, style: str = "gpt2"):
     """Train a byte-level BPE ``tokenizers.Tokenizer`` on ``texts`` (deterministic: no seed involved)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -72,7 +58,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, style: str = "gpt2", min_fr
     _pipeline(tok, style)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        min_frequency=min_frequency,
+        min_frequency=2,  # a merge needs a pair seen twice
         special_tokens=[EOS_TOKEN],
         # all 256 bytes up front: a character never seen in training still encodes (as its bytes)
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),

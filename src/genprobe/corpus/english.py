@@ -1,8 +1,8 @@
 """English human text: the Lee corpus (350 ABC news articles) from gensim's test data, fetched once by
 ``genprobe fetch english`` (:func:`fetch_english_corpus`; nothing here downloads implicitly).
 
-The documents, in sha256 order, fall into three disjoint groups: ``HUMAN_DOCS`` for human continuations
-(:func:`human_continuations`), ``VALIDATION_DOCS`` for the validation prompt pool, the rest for every other prompt
+The documents, in sha256 order, fall into three disjoint groups: ``GROUP_DOCS`` for human continuations
+(:func:`human_continuations`), as many for the validation prompt pool, the rest for every other prompt
 set; a prompt is a sentence opening. Sources, sizes and the rules: docs/calibration.md ("The English corpus").
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -34,10 +34,9 @@ ENGLISH_PROVENANCE = (
 )
 SOURCE_NAME = "english:lee-corpus"
 
-HUMAN_DOCS = 96
-VALIDATION_DOCS = 96
+GROUP_DOCS = 96  # documents of the human-continuation group, and of the validation group
 DEFAULT_PROMPT_WORDS = 10
-VALIDATION_SET_NAMES = ("validate", "validation")
+VALIDATION_SET_NAMES = ("validate", "validation")  # prompt sets cut from the validation pool
 # Abbreviations after which a full stop does not end a sentence (enough for news text).
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "sen", "gen", "lt", "col", "sgt", "prof", "rev", "no", "jr", "sr"}
 _SENTENCE_END = re.compile(r"(?<=[.!?])([\"')\]]*)\s+(?=[\"'(\[]?[A-Z0-9])")
@@ -102,10 +101,6 @@ class EnglishSplit:
     validation: list[str]
     search: list[str]
 
-    def summary(self) -> dict:
-        """Group sizes (JSON)."""
-        return {k: len(v) for k, v in asdict(self).items()}
-
 
 def english_split(documents: Sequence[str] | None = None) -> EnglishSplit:
     """Documents in sha256 order, cut into human / validation / search groups (duplicates dropped)."""
@@ -113,10 +108,8 @@ def english_split(documents: Sequence[str] | None = None) -> EnglishSplit:
     ordered = sorted(docs, key=_sha)
     if len(ordered) < 3:
         raise ValueError(f"the English split needs at least 3 distinct documents, got {len(ordered)}")
-    # Fixed sizes for the real corpus; a smaller (test) corpus is cut in thirds.
-    n_h = HUMAN_DOCS if len(ordered) > HUMAN_DOCS + VALIDATION_DOCS else len(ordered) // 3
-    n_v = VALIDATION_DOCS if len(ordered) > HUMAN_DOCS + VALIDATION_DOCS else len(ordered) // 3
-    return EnglishSplit(ordered[:n_h], ordered[n_h : n_h + n_v], ordered[n_h + n_v :])
+    n = GROUP_DOCS if len(ordered) > 2 * GROUP_DOCS else len(ordered) // 3  # a smaller (test) corpus: thirds
+    return EnglishSplit(ordered[:n], ordered[n : 2 * n], ordered[2 * n :])
 
 
 def sentences(document: str) -> list[str]:
@@ -146,28 +139,22 @@ def _openings(documents: Sequence[str], prompt_words: int) -> list[str]:
     return sorted(set(heads), key=_sha)
 
 
-def english_prompt_sets(
-    sizes: dict[str, int],
-    *,
-    prompt_words: int = DEFAULT_PROMPT_WORDS,
-    documents: Sequence[str] | None = None,
-    validation: Sequence[str] = VALIDATION_SET_NAMES,
-) -> dict[str, list[str]]:
+def english_prompt_sets(sizes: dict[str, int], *, prompt_words: int = DEFAULT_PROMPT_WORDS) -> dict[str, list[str]]:
     """Disjoint prompt sets of sentence openings, e.g. ``{"search": 1024, "validate": 512}``.
 
-    Sets named in ``validation`` are cut from the validation pool, every other set from the search pool; the
+    Sets named in ``VALIDATION_SET_NAMES`` are cut from the validation pool, every other set from the search pool; the
     two pools come from different documents, and neither from the human-continuation documents.
     """
     if not sizes or any(n < 1 for n in sizes.values()):
         raise ValueError(f"every prompt set needs a size >= 1, got {sizes}")
     if prompt_words < 1:
         raise ValueError(f"prompt_words must be >= 1, got {prompt_words}")
-    split = english_split(documents)
+    split = english_split()
     pools = {"validation": _openings(split.validation, prompt_words), "search": _openings(split.search, prompt_words)}
     used = {"validation": 0, "search": 0}
     sets: dict[str, list[str]] = {}
     for name, n in sizes.items():
-        pool = "validation" if name in validation else "search"
+        pool = "validation" if name in VALIDATION_SET_NAMES else "search"
         i = used[pool]
         if i + n > len(pools[pool]):
             raise ValueError(
@@ -196,12 +183,7 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def human_continuations(
-    tokenizer: Any,
-    length: int,
-    count: int,
-    *,
-    prompt_words: int = DEFAULT_PROMPT_WORDS,
-    documents: Sequence[str] | None = None,
+    tokenizer: Any, length: int, count: int, *, prompt_words: int = DEFAULT_PROMPT_WORDS
 ) -> list[HumanContinuation]:
     """Up to ``count`` continuations of exactly ``length`` tokens from the human-continuation documents.
 
@@ -212,7 +194,7 @@ def human_continuations(
     if length < 1 or count < 1:
         raise ValueError(f"length and count must be >= 1, got length={length}, count={count}")
     out: list[HumanContinuation] = []
-    for doc in english_split(documents).human:
+    for doc in english_split().human:
         pos = 0
         for sent in sentences(doc):
             at = doc.index(sent, pos)

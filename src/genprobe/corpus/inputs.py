@@ -1,12 +1,6 @@
 """The inputs every job reads when the user gives none: prompt sets and human text, chosen in one place by the
-model's language and tokenizer.
-
-- **Language** (:func:`corpus_of`): "tang" for the char tokenizer or a tokenizer that spends at most one token per
-  character of a Tang line (it was trained on Chinese), else "english".
-- **Tang**: 5-character openings of poems the bundled char model never saw (:func:`heldout_openings`), and poems
-  held out from both reference models as human text.
-- **English**: sentence openings and the human-continuation documents of the Lee corpus
-  (:mod:`genprobe.corpus.english`, fetched once by ``genprobe fetch english``).
+model's language (:func:`corpus_of`): Tang openings of poems the models never saw and held-out poems, or English
+sentence openings and human-continuation documents of the Lee corpus (:mod:`genprobe.corpus.english`).
 
 ``loops scan``, ``doctor``, ``phenomena`` and the API functions all take their defaults from here; human text for
 calibrating the loop detectors follows the prompts' script (:func:`genprobe.loops.prompts.human_sequences`).
@@ -17,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from .tang import DEFAULT_POEMS, bundled_corpus_path, read_jsonl
+from .tang import DEFAULT_POEMS, bundled_corpus_path, bundled_documents, read_documents
 
 PUNCT = set("，。、；：？！「」『』（）《》□")
 #: A Tang line; a model whose tokenizer spends at most one token per character on it was trained on Chinese.
@@ -51,9 +45,9 @@ def heldout_openings(
     out: list[str] = []
     seen: set[str] = set()
     if from_end:
-        pool = list(reversed(read_jsonl(bundled_corpus_path(), None)))
+        pool = bundled_documents()[::-1]
     else:
-        docs = read_jsonl(bundled_corpus_path(), skip_poems + 40 * count + 1000)  # read only as far as needed
+        docs = read_documents(bundled_corpus_path(), skip_poems + 40 * count + 1000)  # read only as far as needed
         if exclude_text is None:
             exclude_text = "".join(docs[:skip_poems])
         pool = docs[skip_poems:]
@@ -123,7 +117,7 @@ def held_out(model: Any, corpus: str = "auto", count: int = 64) -> Inputs:
 
 def _read_held_out(model: Any, corpus: str, count: int) -> Inputs:
     if corpus == "tang":
-        from .tang import bundled_documents, reference_split, split_texts
+        from .tang import reference_split, split_texts
 
         split = reference_split()
         opens = heldout_openings(model.tokenizer, count, skip_poems=split.heldout_start)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import lzma
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from .._io import read_jsonl
+
 DEFAULT_POEMS = 4003
-DEFAULT_VAL_FRACTION = 0.1
+VAL_FRACTION = 0.1
 
 
 def bundled_corpus_path() -> Path:
@@ -38,50 +38,34 @@ class Corpus:
         }
 
 
-def read_jsonl(path: Path, limit: int | None) -> list[str]:
-    opener = lzma.open if path.suffix == ".xz" else open
+def read_documents(path: Path, limit: int | None = None) -> list[str]:
+    """The documents of a JSONL(.xz) file whose lines are ``{"paragraphs": [...]}``, ``{"text": ...}`` or strings."""
     docs: list[str] = []
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if limit is not None and len(docs) >= limit:
-                break
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: line {lineno} is not valid JSON ({exc.msg})") from None
-            if isinstance(obj, str):
-                docs.append(obj)
-            elif isinstance(obj, dict) and isinstance(obj.get("paragraphs"), list):
-                docs.append("".join(str(p) for p in obj["paragraphs"]))
-            elif isinstance(obj, dict) and isinstance(obj.get("text"), str):
-                docs.append(obj["text"])
-            else:
-                raise ValueError(f"{path}: line {lineno} has neither a 'paragraphs' list nor a 'text' string")
+    for lineno, obj in read_jsonl(path, limit):
+        if isinstance(obj, str):
+            docs.append(obj)
+        elif isinstance(obj, dict) and isinstance(obj.get("paragraphs"), list):
+            docs.append("".join(str(p) for p in obj["paragraphs"]))
+        elif isinstance(obj, dict) and isinstance(obj.get("text"), str):
+            docs.append(obj["text"])
+        else:
+            raise ValueError(f"{path}: line {lineno} has neither a 'paragraphs' list nor a 'text' string")
     return docs
 
 
-def load_corpus(
-    path: str | Path | None = None,
-    poems: int | None = DEFAULT_POEMS,
-    val_fraction: float = DEFAULT_VAL_FRACTION,
-) -> Corpus:
+def load_corpus(path: str | Path | None = None, poems: int | None = DEFAULT_POEMS) -> Corpus:
     """Load the corpus: default = first 4,003 bundled poems, paragraphs concatenated, last 10% = validation.
 
     ``path`` may be a UTF-8 text file (one string) or a JSONL(.xz) file whose lines are
     ``{"paragraphs": [...]}``, ``{"text": ...}`` or bare strings; ``poems`` limits JSONL documents.
     """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if poems is not None and poems < 1:
         raise ValueError(f"poems must be >= 1, got {poems}")
     p = bundled_corpus_path() if path is None else Path(path)
     if not p.exists():
         raise FileNotFoundError(f"corpus file not found: {p}")
     if p.name.endswith((".jsonl", ".jsonl.xz", ".json.xz")):
-        docs = read_jsonl(p, poems)
+        docs = read_documents(p, poems)
     else:
         try:
             docs = [p.read_text(encoding="utf-8")]
@@ -90,7 +74,7 @@ def load_corpus(
     text = "".join(docs)
     if len(text) < 20:
         raise ValueError(f"corpus {p} has only {len(text)} characters; need at least 20")
-    cut = int(len(text) * (1.0 - val_fraction))
+    cut = int(len(text) * (1.0 - VAL_FRACTION))
     source = "bundled:tang_poems" if path is None else str(p)
     return Corpus(text=text, train=text[:cut], val=text[cut:], source=source, documents=docs)
 
@@ -148,21 +132,16 @@ class CorpusSplit:
 
 def bundled_documents() -> list[str]:
     """All 57,607 bundled poems in file order (paragraphs concatenated, as :func:`load_corpus` reads them)."""
-    return read_jsonl(bundled_corpus_path(), None)
+    return read_documents(bundled_corpus_path())
 
 
 def corpus_split(
-    documents: list[str],
-    subword_poems: int = DEFAULT_SUBWORD_POEMS,
-    char_poems: int = DEFAULT_POEMS,
-    val_fraction: float = DEFAULT_VAL_FRACTION,
+    documents: list[str], subword_poems: int = DEFAULT_SUBWORD_POEMS, char_poems: int = DEFAULT_POEMS
 ) -> CorpusSplit:
     """The split of ``documents``; the char GPT's validation cut is computed exactly as :func:`load_corpus` does."""
     n = len(documents)
     if n < 2:
         raise ValueError(f"a split needs at least 2 documents, got {n}")
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if char_poems < 1:
         raise ValueError(f"char_poems must be >= 1, got {char_poems}")
     if not 1 <= subword_poems < n:
@@ -172,7 +151,7 @@ def corpus_split(
         )
     char_poems = min(char_poems, n)
     char_chars = sum(len(d) for d in documents[:char_poems])
-    cut = int(char_chars * (1.0 - val_fraction))  # same expression as load_corpus
+    cut = int(char_chars * (1.0 - VAL_FRACTION))  # same expression as load_corpus
     start, pos = 0, 0
     while start < char_poems and pos + len(documents[start]) <= cut:
         pos += len(documents[start])

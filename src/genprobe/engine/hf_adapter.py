@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
-from ..model import limits
+from ..model.load import max_positions, pad_id, vocab_size
 from .cache import padded_positions
 
 
@@ -51,9 +51,9 @@ class HFCausalLM:
         if not hasattr(hf_model, "config") or not callable(hf_model):
             raise TypeError(f"HFCausalLM needs a transformers model, got {type(hf_model).__name__}")
         self.model = hf_model.eval()
-        self.vocab_size = limits.vocab_size(hf_model)
-        self.max_positions = limits.max_positions(hf_model)
-        self.pad_id = limits.pad_id(hf_model)
+        self.vocab_size = vocab_size(hf_model)
+        self.max_positions = max_positions(hf_model)
+        self.pad_id = pad_id(hf_model)
         params = inspect.signature(hf_model.forward).parameters
         # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; support both.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"

@@ -16,11 +16,10 @@ import torch
 import torch.nn as nn
 
 from .._io import NOT_JSON
-from ..model import limits
 from ..model.cache_protocol import CacheLike
 from ..model.gpt import GPT
 from ..model.llama_family import llama_family_of, unsupported_reason
-from ..model.load import Model
+from ..model.load import Model, max_positions, vocab_size
 from ..model.position_lm import PositionDrivenLM
 from .cache import KVCache
 from .samplers.chain import process_logits, sample_next
@@ -95,8 +94,8 @@ class GPTRunner:
         self.model = model
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.vocab_size = limits.vocab_size(model)
-        self.max_positions = limits.max_positions(model)
+        self.vocab_size = vocab_size(model)
+        self.max_positions = max_positions(model)
 
     def new_state(self, batch_size: int, max_len: int) -> KVCache:
         return KVCache.for_model(self.model.cfg, batch_size, max_len=max_len, dtype=self.dtype, device=self.device)

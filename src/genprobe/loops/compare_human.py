@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..corpus.tang import bundled_corpus_path, read_jsonl
+from ..corpus.tang import bundled_documents
 
 TANG_SHARE = 0.8
 GENRES = ("auto", "tang", "text")
@@ -36,7 +36,7 @@ def read_continuations(path: str | os.PathLike) -> list[str | None] | None:
 
 def bundled_poems_for(prompts: Sequence[str]) -> list[str | None]:
     """The first bundled Tang poem that starts with each prompt (None when none does)."""
-    poems = read_jsonl(bundled_corpus_path(), None)
+    poems = bundled_documents()
     wanted = {len(p) for p in prompts}
     first: dict[str, str] = {}
     for poem in poems:

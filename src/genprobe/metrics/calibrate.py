@@ -12,25 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Hashable, Sequence
 
-from .compress import tail_compression
-from .degeneracy import LoopSettings
-from .loop import periodic_tail_length
-from .nearloop import detect_near_loop
+from .degeneracy import _EPS, LoopSettings, detect_near_loop, periodic_tail_length, tail_compression
 from .stats import wilson_interval
 
 DEFAULT_TARGET = 0.01
 MIN_SEQUENCES = 20  # fewer human sequences (per half: 10) cannot estimate a percent-level rate
-_EPS = 1e-9  # as in nearloop: shares are ratios of small integers
 RATE_NAMES = ("exact", "near", "any_loop", "repetitive", "degenerate")
 
 
-@dataclass(frozen=True)
-class Margins:
-    """Added to a human score to make a threshold: flagged only above the score (tokens, share, tokens/piece)."""
-
-    min_tail: int = 1
-    min_match: float = 0.02
-    min_compression: float = 0.1
+# Added to a human score to make a threshold (tokens, share, tokens/piece): > 0, since a sequence is flagged when its
+# score reaches the threshold, and the quantile's own sequence must not be.
+MARGINS = {"min_tail": 1, "min_match": 0.02, "min_compression": 0.1}
 
 
 @dataclass(frozen=True)
@@ -119,18 +111,18 @@ def _caps(s: LoopSettings) -> dict[str, float]:
 _SCORE_OF = {"min_tail": "exact", "min_match": "near", "min_compression": "compression"}
 
 
-def _threshold(name: str, scores: Sequence[HumanScores], k: int, base: LoopSettings, margins: Margins) -> float:
+def _threshold(name: str, scores: Sequence[HumanScores], k: int, base: LoopSettings) -> float:
     """The (k+1)-th highest human score plus the margin, never below the default, never above the cap."""
     values = sorted((getattr(sc, _SCORE_OF[name]) for sc in scores), reverse=True)
     default = getattr(base, name)
     if k >= len(values):
         return default
-    t = max(default, values[k] + getattr(margins, name))
+    t = max(default, values[k] + MARGINS[name])
     return min(t, max(_caps(base)[name], default))
 
 
-def _settings(ks: dict[str, int], scores: Sequence[HumanScores], base: LoopSettings, margins: Margins) -> LoopSettings:
-    t = {name: _threshold(name, scores, ks[name], base, margins) for name in _SCORE_OF}
+def _settings(ks: dict[str, int], scores: Sequence[HumanScores], base: LoopSettings) -> LoopSettings:
+    t = {name: _threshold(name, scores, ks[name], base) for name in _SCORE_OF}
     return replace(base, min_tail=int(t["min_tail"]), min_match=t["min_match"], min_compression=t["min_compression"])
 
 
@@ -138,22 +130,19 @@ def _degenerate(scores: Sequence[HumanScores], s: LoopSettings) -> int:
     return sum(flags(sc, s)["degenerate"] for sc in scores)
 
 
-def _search(scores: Sequence[HumanScores], base: LoopSettings, margins: Margins, allowed: int) -> LoopSettings:
+def _search(scores: Sequence[HumanScores], base: LoopSettings, allowed: int) -> LoopSettings:
     """The loosest thresholds of the form quantile + margin whose union flags at most ``allowed`` sequences."""
     n = len(scores)
     common = 0
     for k in range(min(allowed, n), -1, -1):  # a common k first: the detectors treated alike
-        if _degenerate(scores, _settings(dict.fromkeys(_SCORE_OF, k), scores, base, margins)) <= allowed:
+        if _degenerate(scores, _settings(dict.fromkeys(_SCORE_OF, k), scores, base)) <= allowed:
             common = k
             break
     ks = dict.fromkeys(_SCORE_OF, common)
     for name in ("min_compression", "min_match", "min_tail"):  # then loosen each as far as the union allows
-        while (
-            ks[name] < n
-            and _degenerate(scores, _settings({**ks, name: ks[name] + 1}, scores, base, margins)) <= allowed
-        ):
+        while ks[name] < n and _degenerate(scores, _settings({**ks, name: ks[name] + 1}, scores, base)) <= allowed:
             ks[name] += 1
-    return _settings(ks, scores, base, margins)
+    return _settings(ks, scores, base)
 
 
 def calibrate_loop_settings(
@@ -163,18 +152,14 @@ def calibrate_loop_settings(
     chars_unit: bool,
     base: LoopSettings | None = None,
     target: float = DEFAULT_TARGET,
-    margins: Margins | None = None,
 ) -> LoopCalibration:
     """Thresholds under which at most ``target`` of the human ``sequences`` are flagged degenerate (module doc).
 
     Every sequence must have the same length (the scan's number of new tokens).
     """
     base = base or LoopSettings()
-    margins = margins or Margins()
     if not 0.0 <= target < 1.0:
         raise ValueError(f"target must be in [0, 1), got {target}")
-    if min(margins.min_tail, margins.min_match, margins.min_compression) <= 0:
-        raise ValueError(f"margins must be > 0 (a threshold must lie above the human score), got {margins}")
     if len(sequences) < MIN_SEQUENCES:
         raise ValueError(f"calibration needs at least {MIN_SEQUENCES} human sequences, got {len(sequences)}")
     lengths = {len(s) for s in sequences}
@@ -184,7 +169,7 @@ def calibrate_loop_settings(
     half = len(scores) // 2
     cal, held = scores[:half], scores[half:]
     allowed = int(target * len(cal) + _EPS)
-    settings = base if _degenerate(cal, base) <= allowed else _search(cal, base, margins, allowed)
+    settings = base if _degenerate(cal, base) <= allowed else _search(cal, base, allowed)
     changed = [k for k in _SCORE_OF if getattr(settings, k) != getattr(base, k)]
     caps = _caps(base)
     return LoopCalibration(

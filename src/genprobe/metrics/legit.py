@@ -1,20 +1,6 @@
-"""Repetition a text genre needs, measured so that a loop fix can be charged for destroying it.
-
-Tang poems repeat on purpose in two ways:
-
-* **reduplication** (疊字): a character written twice in a row — 青青, 蕭蕭, 滾滾. A run of three or
-  more of the same character (肅肅肅肅) is *stutter*, the sound of a loop, and is counted apart;
-* **couplet parallels**: a poem is a sequence of couplets (聯) — line 2k and line 2k+1, each line
-  ended by a mark in :data:`LINE_ENDS` — and the two lines of a couplet may repeat a character at
-  the same offset (山重水複 / 柳暗花明 do not; 一年一度 / 一日一回 do). A couplet whose two lines
-  are identical, or agree at more than half of their positions (肅肅嚴禋，肅肅嚴祀), is a *copied*
-  couplet — a line written again, the unit of a multi-line loop, as runs of three are stutter — and
-  is counted apart (as a share of couplets), not as parallels.
-
-Both are rates per 100 Han characters, pooled over a set of texts (total events / total
-characters), with a percentile bootstrap 95% interval over texts. Other genres get the share of
-repeated n-grams (seq-rep-n over characters for Chinese text, over whitespace words otherwise) —
-compared with the same share in human continuations of the same prompts, when there are some.
+"""Repetition a text genre needs, measured so that a loop fix can be charged for destroying it: Tang reduplication
+(疊字) and stutter, couplet parallels and copied couplets (rates per 100 Han characters with bootstrap intervals),
+and the repeated n-gram share of other genres. The rules: docs/which-fix.md, "Legitimate repetition".
 """
 
 from __future__ import annotations

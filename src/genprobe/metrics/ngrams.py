@@ -39,39 +39,19 @@ def seq_rep_n(tokens: Tokens, n: int) -> float:
     return 1.0 - share if share else 0.0
 
 
-def _count(seq: tuple, length: int, overlapping: bool) -> Counter:
-    if overlapping:
-        return Counter(seq[i : i + length] for i in range(len(seq) - length + 1))
-    # Non-overlapping: greedy left-to-right, an occurrence may start only after the previous one ends.
-    counts: Counter = Counter()
-    last_end: dict[tuple, int] = {}
-    for i in range(len(seq) - length + 1):
-        g = seq[i : i + length]
-        if i >= last_end.get(g, 0):
-            counts[g] += 1
-            last_end[g] = i + length
-    return counts
-
-
-def longest_repeated_ngram(
-    tokens: Tokens, min_count: int = 3, *, max_n: int | None = None, overlapping: bool = True
-) -> tuple[int, tuple]:
+def longest_repeated_ngram(tokens: Tokens, min_count: int = 3) -> tuple[int, tuple]:
     """Longest n-gram occurring at least ``min_count`` times: ``(length, ngram)``, ``(0, ())`` if none.
 
-    Occurrences may overlap by default (so a period-p loop of length T gives an n-gram of length
-    about T - 2p at ``min_count=3``); ``overlapping=False`` counts disjoint occurrences only and
-    ``max_n`` caps the length searched. Ties go to the n-gram that occurs first.
+    Occurrences may overlap (so a period-p loop of length T gives an n-gram of length about T - 2p at
+    ``min_count=3``). Ties go to the n-gram that occurs first.
     """
     if not isinstance(min_count, int) or min_count < 1:
         raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
-    if max_n is not None and (not isinstance(max_n, int) or max_n < 1):
-        raise ValueError(f"max_n must be None or an integer >= 1, got {max_n!r}")
     seq = tuple(tokens)
     best: tuple[int, tuple] = (0, ())
-    limit = len(seq) if max_n is None else min(max_n, len(seq))
     # Monotone: if an L-gram occurs >= min_count times, so does its (L-1)-prefix; stop at first failure.
-    for length in range(1, limit + 1):
-        counts = _count(seq, length, overlapping)
+    for length in range(1, len(seq) + 1):
+        counts = Counter(seq[i : i + length] for i in range(len(seq) - length + 1))
         hits = [g for g, c in counts.items() if c >= min_count]  # Counter keeps first-seen order
         if not hits:
             break

@@ -38,11 +38,8 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 @torch.no_grad()
-def sliding_nll(
-    logits_fn: LogitsFn, ids: torch.Tensor, window: int, stride: int | None = None, batch_size: int = 16
-) -> torch.Tensor:
+def sliding_nll(logits_fn: LogitsFn, ids: torch.Tensor, window: int, stride: int, batch_size: int = 16) -> torch.Tensor:
     """Per-target negative log-likelihood (nats, float64) of ``ids[1:]``, each target scored exactly once."""
-    stride = max(1, window // 2) if stride is None else stride
     if window < 2 or not 1 <= stride <= window - 1:
         raise ValueError(f"need window >= 2 and 1 <= stride < window, got window={window}, stride={stride}")
     n = len(ids)

@@ -113,12 +113,9 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
     d = Path(directory)
     if not d.exists():
         raise CheckpointError(f"checkpoint directory does not exist: {d}")
-    if not d.is_dir():
-        raise CheckpointError(f"checkpoint path is not a directory: {d}")
-    mp = d / META
-    if not mp.exists():
+    if not (d / META).is_file():
         raise CheckpointError(f"{d} is not a genprobe checkpoint: {META} is missing")
-    return read_format_json(mp, FORMAT, CheckpointError)
+    return read_format_json(d / META, FORMAT, CheckpointError)
 
 
 def load_weights_into(model: GPT, directory: str | os.PathLike[str], expected_sha256: str | None = None) -> None:

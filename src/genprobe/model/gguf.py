@@ -90,16 +90,6 @@ SPECIAL_ID_KEYS = tuple(
 )
 
 
-def special_ids_outside(reader: Any) -> dict[str, int]:
-    """The special-token ids (``tokenizer.ggml.*_token_id``) at or beyond the vocabulary's end."""
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is None:
-        return {}
-    n = len(tokens.data)
-    ids = {k: _field_value(reader, k) for k in SPECIAL_ID_KEYS}
-    return {k: int(v) for k, v in ids.items() if isinstance(v, int) and not 0 <= v < n}
-
-
 def header_reader(path: str | os.PathLike[str]) -> Any:
     """A ``gguf.GGUFReader`` of ``path`` (header parsed once per process while the file is unchanged: the doctor's
     audit and the loader share it; SmolLM2's header takes ~5 s in Python)."""
@@ -132,6 +122,8 @@ def inspect_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
     if not isinstance(arch, str):
         raise ModelLoadError(f"{p} is a GGUF file without general.architecture; it does not describe a model")
     context = _field_value(reader, f"{arch}.context_length")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    ids = {k: _field_value(reader, k) for k in SPECIAL_ID_KEYS} if tokens is not None else {}
     return GGUFSummary(
         path=str(p),
         size_bytes=size,
@@ -139,7 +131,7 @@ def inspect_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
         name=_field_value(reader, "general.name"),
         context_length=int(context) if context is not None else None,
         tensor_types={t.name: t.tensor_type.name for t in reader.tensors},
-        bad_special_ids=special_ids_outside(reader),
+        bad_special_ids={k: int(v) for k, v in ids.items() if isinstance(v, int) and not 0 <= v < len(tokens.data)},
     )
 
 

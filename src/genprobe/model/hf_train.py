@@ -1,7 +1,7 @@
 """Trainer of the subword reference model: a small ``LlamaForCausalLM`` (or ``Qwen2ForCausalLM``) + byte-level BPE.
 
 The transformers class is the model; this module trains it with the char trainer's pieces (:func:`fit`,
-:func:`random_windows`) on the training poems joined by ``<|endoftext|>`` (so the model learns where a poem ends), from
+:func:`window_loss`) on the training poems joined by ``<|endoftext|>`` (so the model learns where a poem ends), from
 the one corpus split (``genprobe.corpus.tang``: never the char GPT's validation poems nor the held-out loop prompts).
 ``--arch qwen2`` trains its BPE with Qwen2's own pipeline, since transformers tokenises a Qwen2 directory with
 ``Qwen2Tokenizer`` whatever ``tokenizer.json`` says (see ``corpus.bpe``). :func:`save_subword_dir` writes the result
@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-import torch.nn.functional as F
 
 from .._io import atomic_write_json, check_target_dir, json_safe, read_format_json, read_json_object, replacing
 from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
 from .bpc import subword_bits_per_char
 from .hf import quiet_transformers
-from .train import TrainConfig, TrainResult, fit, random_windows
+from .train import Fitted, TrainConfig, TrainResult, fit, window_loss
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
     from tokenizers import Tokenizer
@@ -139,16 +138,30 @@ def train_subword(
     char GPT's validation text)."""
     cfg, tc = cfg or SubwordModelConfig(), tc or default_train_config()
     t0, c0 = time.time(), time.process_time()
-    tok = _train_bpe(texts.train, cfg)
+    tok: Tokenizer = bpe.train_bpe(texts.train, cfg.vocab_size, TOKENIZER_STYLE[cfg.arch])
+    if tok.get_vocab_size() != cfg.vocab_size:  # too little text for the requested number of merges
+        raise ValueError(
+            f"BPE reached only {tok.get_vocab_size()} tokens of the requested {cfg.vocab_size}: "
+            f"the {len(texts.train)} training documents hold too few repeated pairs"
+        )
     t_bpe = time.time() - t0
-    train_ids = _training_stream(tok, texts.train, cfg.block_size)
+    train_ids = torch.tensor(bpe.stream_ids(tok, texts.train), dtype=torch.long)  # documents joined by <|endoftext|>
     model = build_model(cfg, bpe.eos_id(tok), tc.seed)
-    ema, first, history, loop_seconds = _train_loop(model, tok, train_ids, texts.char_val_documents, cfg, tc, progress)
+    gen, t_loop = torch.Generator().manual_seed(tc.seed), time.time()
+    fitted = fit(
+        model,
+        lambda: window_loss(lambda x: model(input_ids=x).logits, train_ids, cfg.block_size, tc.batch_size, gen),
+        tc,
+        progress=progress,
+        val_loss=lambda: subword_bits_per_char(model, tok, texts.char_val_documents, cfg.block_size).nats_per_token,
+        validate_last=False,  # _summary scores the end on the same text
+    )
+    loop_seconds = time.time() - t_loop
     model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() override is unannotated
-    summary = _summary(model, tok, texts, split, cfg, tc, ema, history, heldout_docs)
+    summary = _summary(model, tok, texts, split, cfg, tc, fitted, len(train_ids), heldout_docs)
     summary["samples"] = greedy_samples(model, tok, [d[:5] for d in texts.heldout[:samples]])
     summary.update(
-        initial_loss=round(first, 4),
+        initial_loss=round(fitted.losses[0], 4),
         seconds=round(time.time() - t0, 1),
         cpu_seconds=round(time.process_time() - c0, 1),
         threads=torch.get_num_threads(),
@@ -159,57 +172,6 @@ def train_subword(
     return TrainResult(model=model, tokenizer=tok, summary=summary)
 
 
-def _train_bpe(docs: list[str], cfg: SubwordModelConfig) -> Tokenizer:
-    """The byte-level BPE of ``cfg.arch``'s style with exactly ``cfg.vocab_size`` tokens, trained on ``docs``."""
-    tok: Tokenizer = bpe.train_bpe(docs, cfg.vocab_size, TOKENIZER_STYLE[cfg.arch])
-    if tok.get_vocab_size() != cfg.vocab_size:  # too little text for the requested number of merges
-        raise ValueError(
-            f"BPE reached only {tok.get_vocab_size()} tokens of the requested {cfg.vocab_size}: "
-            f"the {len(docs)} training documents hold too few repeated pairs"
-        )
-    return tok
-
-
-def _training_stream(tok: Tokenizer, docs: list[str], block_size: int) -> torch.Tensor:
-    """The training documents' ids joined by ``<|endoftext|>``, refused when no window of ``block_size`` fits."""
-    train_ids = torch.tensor(bpe.stream_ids(tok, docs), dtype=torch.long)
-    if len(train_ids) <= block_size + 1:
-        raise ValueError(f"training stream has {len(train_ids)} tokens; need more than {block_size + 1}")
-    return train_ids
-
-
-def _train_loop(
-    model: CausalLM,
-    tok: Tokenizer,
-    train_ids: torch.Tensor,
-    val_docs: list[str],
-    cfg: SubwordModelConfig,
-    tc: TrainConfig,
-    progress: bool,
-) -> tuple[float, float, list[dict[str, Any]], float]:
-    """:func:`~genprobe.model.train.fit` on random windows of ``train_ids``, validated on ``val_docs`` every
-    ``tc.eval_every`` steps: the smoothed (EMA) train loss, the first step's loss, the history, the loop's seconds."""
-    gen = torch.Generator().manual_seed(tc.seed)
-    history: list[dict[str, Any]] = []
-    t_loop = time.time()
-
-    def batch_loss() -> torch.Tensor:
-        x, y = random_windows(train_ids, cfg.block_size, tc.batch_size, gen)
-        logits = model(input_ids=x).logits
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-
-    def validate(step: int, ema: float) -> float | None:
-        if not (tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps):
-            return None
-        vl = subword_bits_per_char(model, tok, val_docs, cfg.block_size).nats_per_token
-        seconds = round(time.time() - t_loop, 1)
-        history.append({"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(vl, 4), "seconds": seconds})
-        return vl
-
-    losses, ema = fit(model, batch_loss, tc, progress=progress, validate=validate)
-    return ema, losses[0], history, time.time() - t_loop
-
-
 def _summary(
     model: PreTrainedModel,
     tok: Tokenizer,
@@ -217,8 +179,8 @@ def _summary(
     split: CorpusSplit,
     cfg: SubwordModelConfig,
     tc: TrainConfig,
-    ema: float | None,
-    history: list[dict[str, Any]],
+    fitted: Fitted,
+    stream_tokens: int,
     heldout_docs: int,
 ) -> dict[str, Any]:
     """Final figures: losses in nats/token, bits/char on the char GPT's validation text, chars/token."""
@@ -226,18 +188,13 @@ def _summary(
     # the char GPT's context length (block_size 64): how much of the gap is context, not modelling
     val_short = val if cfg.block_size == 64 else subword_bits_per_char(model, tok, texts.char_val_documents, 64)
     heldout = subword_bits_per_char(model, tok, texts.heldout[:heldout_docs], cfg.block_size)
-    history.append(
-        {
-            "step": tc.steps,
-            "train_loss": round(ema, 4) if ema is not None else None,
-            "val_loss": round(val.nats_per_token, 4),
-        }
-    )
-    n_tokens = sum(len(i) for i in bpe.encode_batch(tok, texts.train))
+    train_loss = round(fitted.ema, 4)  # EMA of the last steps' batch losses (nats/token)
+    history = [*fitted.history, {"step": tc.steps, "train_loss": train_loss, "val_loss": round(val.nats_per_token, 4)}]
+    tokens_seen = tc.steps * tc.batch_size * cfg.block_size
     return {
         "arch": cfg.arch,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "train_loss": history[-1]["train_loss"],  # EMA of the last steps' batch losses (nats/token)
+        "train_loss": train_loss,
         "val_loss": round(val.nats_per_token, 4),  # nats/token on the char GPT's validation poems
         "val_bits_per_char": round(val.bits_per_char, 4),
         "val_bits_per_char_window64": round(val_short.bits_per_char, 4),
@@ -249,9 +206,9 @@ def _summary(
         "tokenizer_style": TOKENIZER_STYLE[cfg.arch],
         "eos_token_id": bpe.eos_id(tok),
         "train_documents": len(texts.train),
-        "train_tokens": n_tokens + len(texts.train) + 1,
-        "tokens_seen": tc.steps * tc.batch_size * cfg.block_size,
-        "epochs": round(tc.steps * tc.batch_size * cfg.block_size / (n_tokens + len(texts.train) + 1), 3),
+        "train_tokens": stream_tokens,  # the training documents joined by <|endoftext|>
+        "tokens_seen": tokens_seen,
+        "epochs": round(tokens_seen / stream_tokens, 3),
         "duplicates_dropped": texts.duplicates_dropped,
         "split": json_safe(split),
         "val": json_safe(val),

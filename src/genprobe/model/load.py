@@ -20,9 +20,9 @@ import torch.nn as nn
 
 from .._io import json_safe, read_json_object
 from ..corpus.tokenizer import CharTokenizer
-from . import limits
 from .arch import MLPSite, mlp_sites, state_sha256
 from .errors import ModelLoadError, UnsupportedArchitectureError
+from .gpt import GPT
 
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -99,6 +99,32 @@ class SubwordTokenizer:
         return out
 
 
+# ---- what a module accepts, read off the module itself (the loaded Model and the engine's runners agree) ----
+def vocab_size(module: Any) -> int:
+    """Rows of the output embedding: what a token id must stay below."""
+    if isinstance(module, GPT):
+        return module.cfg.vocab_size
+    out_emb = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
+    return int(out_emb.weight.shape[0]) if out_emb is not None else int(module.config.vocab_size)
+
+
+def max_positions(module: Any) -> int | None:
+    """Hard context length (learned positions, or the config's), None when positions are unbounded."""
+    if isinstance(module, GPT):
+        return module.cfg.block_size if module.cfg.pos_encoding == "learned" else None
+    c = module.config
+    positions = getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None)
+    return None if positions is None else int(positions)
+
+
+def pad_id(module: Any) -> int:
+    """An id to fill left padding with (never attended to): the config's pad token when it is in range, else 0."""
+    if isinstance(module, GPT):
+        return 0
+    pad = getattr(module.config, "pad_token_id", None)
+    return int(pad) if pad is not None and 0 <= int(pad) < vocab_size(module) else 0
+
+
 @dataclass(eq=False)
 class Model:
     """A loaded causal LM: module + tokenizer + limits + where its MLPs are. Build with :func:`load_model`.
@@ -118,8 +144,6 @@ class Model:
     @classmethod
     def from_module(cls, module: nn.Module, tokenizer: Tokenizer | None = None, source: Path | None = None) -> "Model":
         """Wrap an in-memory genprobe GPT or ``transformers`` causal LM."""
-        from .gpt import GPT
-
         if isinstance(module, GPT):
             return cls(module.eval(), tokenizer, "genprobe", "gpt", source)
         config = getattr(module, "config", None)
@@ -131,12 +155,12 @@ class Model:
     @property
     def vocab_size(self) -> int:
         """Rows of the output embedding (what a token id must stay below)."""
-        return limits.vocab_size(self.module)
+        return vocab_size(self.module)
 
     @property
     def max_positions(self) -> int | None:
         """Context length: the learned position table's rows, or the HF config's; None when unbounded."""
-        return limits.max_positions(self.module)
+        return max_positions(self.module)
 
     @property
     def window(self) -> int | None:
@@ -163,7 +187,7 @@ class Model:
     @property
     def pad_id(self) -> int:
         """A safe id to fill left padding with (never attended to)."""
-        return self.tokenizer.pad_id if self.tokenizer is not None else limits.pad_id(self.module)
+        return self.tokenizer.pad_id if self.tokenizer is not None else pad_id(self.module)
 
     def require_tokenizer(self) -> Tokenizer:
         """The tokenizer; an error naming ``--ids`` when the model has none."""
@@ -262,12 +286,11 @@ def load_model(
             f"model's dtype); got {weight_dtype}"
         )
     from .catalog import resolve_name
-    from .kinds import ModelKind, model_kind
+    from .kinds import FILE_KINDS, ModelKind, kinds_phrase, model_kind
 
     if model_kind(path) is ModelKind.URL:
         raise ModelLoadError(
-            f"{path} is a URL: live endpoints are not supported yet; a model is a genprobe checkpoint, a transformers "
-            "directory, a GGUF file or a fetched model's name"
+            f"{path} is a URL: live endpoints are not supported yet; a model is {kinds_phrase(FILE_KINDS)}"
         )
     d = Path(path) if Path(path).exists() else resolve_name(str(path))  # a catalog name: its fetched directory
     kind = model_kind(d)
@@ -327,12 +350,11 @@ def _load_gguf(
         module, hf_tok, summary = read_gguf(file, dtype)
         if int8_blocks:
             module = _int8_blocks_of(module, file, dtype, narrow_output)
-    arch = str(getattr(getattr(module, "config", None), "model_type", summary.architecture))
-    config: Any = getattr(module, "config", None)
-    meta = {"config": config.to_dict() if config is not None else {}, "gguf": json_safe(summary)}
+    config: Any = module.config  # a transformers model
+    meta = {"config": config.to_dict(), "gguf": json_safe(summary)}
     if int8_blocks:
         meta["weight_blocks"] = block_summary(module)
-    return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", arch, file, meta)
+    return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", str(config.model_type), file, meta)
 
 
 def _int8_blocks_of(module: nn.Module, file: Path, dtype: torch.dtype, narrow_output: bool) -> nn.Module:

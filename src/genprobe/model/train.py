@@ -87,11 +87,15 @@ def evaluate_loss(model: GPT, ids: torch.Tensor, block_size: int | None = None, 
     return float(position_losses(model, ids, block_size, batch_size).mean())
 
 
-def random_windows(ids: torch.Tensor, T: int, B: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    ix = torch.randint(0, len(ids) - T - 1, (B,), generator=gen)
-    x = torch.stack([ids[i : i + T] for i in ix.tolist()])
-    y = torch.stack([ids[i + 1 : i + T + 1] for i in ix.tolist()])
-    return x, y
+def window_loss(
+    logits_of: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor, T: int, B: int, gen: torch.Generator
+) -> torch.Tensor:
+    """Next-token loss of ``logits_of`` on ``B`` random windows of ``T`` tokens of ``ids`` (both trainers' batch)."""
+    if len(ids) <= T + 1:
+        raise ValueError(f"the training text has {len(ids)} tokens; a window of {T} needs more than {T + 1}")
+    ix = torch.randint(0, len(ids) - T - 1, (B,), generator=gen).tolist()
+    x, y = torch.stack([ids[i : i + T] for i in ix]), torch.stack([ids[i + 1 : i + T + 1] for i in ix])
+    return masked_cross_entropy(logits_of(x), y)
 
 
 def _packed_rows(
@@ -129,6 +133,16 @@ def build_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.Adam
     )
 
 
+@dataclass
+class Fitted:
+    """What :func:`fit` did: every step's loss, their exponential moving average (0.95: the smoothed train loss the
+    summaries report) and ``{step, train_loss, val_loss, seconds}`` at each validation."""
+
+    losses: list[float]
+    ema: float
+    history: list[dict[str, Any]]
+
+
 def fit(
     model: torch.nn.Module,
     batch_loss: Callable[[], torch.Tensor],
@@ -137,20 +151,19 @@ def fit(
     lr_of: Callable[[int], float] | None = None,
     progress: bool = False,
     on_backward: Callable[[int, Any], None] | None = None,
-    validate: Callable[[int, float], float | None] | None = None,
-) -> tuple[list[float], float]:
+    val_loss: Callable[[], float] | None = None,
+    validate_last: bool = True,
+) -> Fitted:
     """The one training loop: ``tc.steps`` updates, each on a fresh ``batch_loss()``, gradients clipped at
     ``tc.grad_clip``, by AdamW of :func:`build_optimizer` at the learning rate ``lr_of(step)`` (default :func:`lr_at`).
 
-    ``on_backward(step, model)`` sees the gradients before they are clipped and applied; ``validate(step, ema)`` runs
-    after each update and returns a validation loss for the progress bar, or None. Returns every step's loss and
-    their exponential moving average (0.95), the smoothed train loss the summaries report.
+    ``on_backward(step, model)`` sees the gradients before they are clipped and applied; ``val_loss()`` runs every
+    ``tc.eval_every`` updates and after the last one (unless not ``validate_last``: the caller scores the end itself).
     """
     opt = build_optimizer(model, tc)
     lr_of = lr_of or (lambda step: lr_at(step, tc))
     model.train()
-    losses: list[float] = []
-    ema = 0.0
+    fitted, t0 = Fitted([], 0.0, []), time.time()
     bar = tqdm(range(tc.steps), desc="train", disable=not progress, dynamic_ncols=True)
     for step in bar:
         for g in opt.param_groups:
@@ -164,14 +177,17 @@ def fit(
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         opt.step()
         lv = float(loss.detach())
-        ema = lv if not losses else 0.95 * ema + 0.05 * lv
-        losses.append(lv)
-        vl = validate(step, ema) if validate is not None else None
-        if vl is not None:
+        fitted.ema = lv if not fitted.losses else 0.95 * fitted.ema + 0.05 * lv
+        fitted.losses.append(lv)
+        last = step == tc.steps - 1
+        if val_loss is not None and (validate_last if last else tc.eval_every and (step + 1) % tc.eval_every == 0):
+            vl, ema = val_loss(), fitted.ema
+            row = {"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(vl, 4)}
+            fitted.history.append(row | {"seconds": round(time.time() - t0, 1)})
             bar.set_postfix(loss=f"{ema:.3f}", val=f"{vl:.3f}")
         elif step % 10 == 0:
-            bar.set_postfix(loss=f"{ema:.3f}")
-    return losses, ema
+            bar.set_postfix(loss=f"{fitted.ema:.3f}")
+    return fitted
 
 
 ModelT = TypeVar("ModelT")
@@ -205,24 +221,15 @@ def train(
     t0 = time.time()
     train_ids = torch.tensor(tokenizer.encode(corpus.train, warn=False), dtype=torch.long)
     val_ids = torch.tensor(tokenizer.encode(corpus.val, warn=False), dtype=torch.long)
-    if len(train_ids) <= cfg.block_size + 1:
-        raise ValueError(f"training text has {len(train_ids)} tokens; need more than {cfg.block_size + 1}")
     docs = _packed_documents(corpus, tokenizer, train_ids) if tc.pack else None
     model = GPT(cfg)
-    history: list[dict[str, Any]] = []
-
-    def validate(step: int, ema: float) -> float | None:
-        if not ((tc.eval_every and (step + 1) % tc.eval_every == 0) or step == tc.steps - 1):
-            return None
-        vl = evaluate_loss(model, val_ids)
-        history.append({"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(vl, 4)})
-        return vl
-
     batch = lambda: _batch_loss(model, train_ids, docs, tc.batch_size, gen)  # noqa: E731
-    fit(model, batch, tc, progress=progress, on_backward=on_backward, validate=validate)
+    fitted = fit(
+        model, batch, tc, progress=progress, on_backward=on_backward, val_loss=lambda: evaluate_loss(model, val_ids)
+    )
     model.eval()
     summary = _summary(model, corpus, tokenizer, train_ids, val_ids, tc)
-    summary.update(history=history, seconds=round(time.time() - t0, 1), torch=torch.__version__)
+    summary.update(history=fitted.history, seconds=round(time.time() - t0, 1), torch=torch.__version__)
     return TrainResult(model=model, tokenizer=tokenizer, summary=summary)
 
 
@@ -247,8 +254,7 @@ def _batch_loss(
         x, y, doc, mask = _packed_rows(docs, block, batch_size, gen)
         logits = model(x, positions=packed_positions(doc), document_ids=doc)
         return masked_cross_entropy(logits, y, mask)
-    x, y = random_windows(train_ids, block, batch_size, gen)
-    return masked_cross_entropy(model(x), y)
+    return window_loss(model, train_ids, block, batch_size, gen)
 
 
 def _summary(

@@ -1,7 +1,7 @@
 """Online loop monitor: detect a loop *while* a sequence is generated, then stop it, flag it or break it.
 
 The detector is pluggable (:class:`IncrementalDetector`: ``push(token) -> LoopInfo | None`` and ``reset()``):
-:class:`ExactPeriodDetector` answers at every prefix exactly what :func:`genprobe.metrics.loop.detect_loop` answers
+:class:`ExactPeriodDetector` answers at every prefix what :func:`genprobe.metrics.degeneracy.detect_loop` answers
 in O(``max_period``) per token (tested); :class:`RecomputeDetector` runs any offline detector every ``every`` tokens.
 The monitor's logic is written once (:class:`LoopWatch`); each engine's hook is a thin adapter that feeds it
 (:class:`LoopHook`: ``transformers`` and ``llama_cpp.Llama`` here, :mod:`genprobe.serving.vllm_monitor`), and
@@ -20,7 +20,7 @@ from transformers import LogitsProcessor, StoppingCriteria
 from ..engine.backend import Backend, Request
 from ..engine.generate import GREEDY
 from ..engine.samplers.stages import SamplerConfig
-from ..metrics.loop import DEFAULT_MIN_TAIL, LoopInfo, detect_loop
+from ..metrics.degeneracy import DEFAULT_MIN_TAIL, LoopInfo, detect_loop
 
 DEFAULT_MAX_PERIOD = 64
 
@@ -36,7 +36,7 @@ class IncrementalDetector(Protocol):
 
 
 class ExactPeriodDetector:
-    """Incremental :func:`~genprobe.metrics.loop.detect_loop`: O(max_period) work per token, same answers."""
+    """Incremental :func:`~genprobe.metrics.degeneracy.detect_loop`: O(max_period) work per token, same answers."""
 
     def __init__(self, max_period: int = DEFAULT_MAX_PERIOD, min_repeats: int = 2, min_tail: int = DEFAULT_MIN_TAIL):
         if max_period < 1 or min_repeats < 2 or min_tail < 1:
@@ -79,8 +79,8 @@ class ExactPeriodDetector:
 class RecomputeDetector:
     """Any offline detector ``fn(tokens)`` run on the whole sequence every ``every`` tokens.
 
-    ``fn`` may return a :class:`~genprobe.metrics.loop.LoopInfo` or anything with ``period`` and
-    ``onset`` and a ``looping`` / ``near_looping`` flag (e.g. :func:`genprobe.metrics.nearloop.detect_near_loop`'s
+    ``fn`` may return a :class:`~genprobe.metrics.degeneracy.LoopInfo` or anything with ``period`` and
+    ``onset`` and a ``looping`` / ``near_looping`` flag (e.g. :func:`genprobe.metrics.degeneracy.detect_near_loop`'s
     result); it is reported as a ``LoopInfo`` over the tail from ``onset``.
     """
 

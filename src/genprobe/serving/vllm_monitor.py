@@ -19,7 +19,7 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from ..metrics.loop import DEFAULT_MIN_TAIL
+from ..metrics.degeneracy import DEFAULT_MIN_TAIL
 from .monitor import DEFAULT_MAX_PERIOD, Detection, ExactPeriodDetector, IncrementalDetector, LoopWatch, replay
 
 EXTRA_KEY = "genprobe_loop_monitor"

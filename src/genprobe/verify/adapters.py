@@ -18,7 +18,7 @@ from ..engine.cache import KVCache
 from ..engine.fast.static_cache import StaticKVCache
 from ..engine.runner import forward_step, runner_for
 from ..model.gpt import GPT
-from ..model.limits import max_positions
+from ..model.load import max_positions
 from ..model.position_lm import PositionDrivenLM, default_positions
 from .window import windowed_forward
 
