@@ -26,7 +26,7 @@ PATCH_ALPHA = 0.5  # absolute strength of the random-direction test patch: moves
 @pytest.fixture(scope="session")
 def vllm_ready() -> None:
     """Skip the test (with the reason) when vLLM's engine API cannot be imported here."""
-    from genprobe.serving._vllm import vllm_import_problem
+    from genprobe.serving.engine import vllm_import_problem
 
     problem = vllm_import_problem()
     if problem:

@@ -114,25 +114,33 @@ class Response:
 
 
 class Backend(Protocol):
-    """Anything that completes requests with log-probabilities."""
+    """Anything that completes requests with log-probabilities. An adapter subclasses it and inherits the defaults
+    below (one request at a time, no tokenizer or chat template to report, no cache to empty), overriding only what
+    its engine really does."""
 
     capabilities: Capabilities
     model_name: str
 
     def complete(self, request: Request) -> Response:
         """One request, on its own."""
+        ...
 
     def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
-        """``requests`` with up to ``concurrency`` in flight at once, in order."""
+        """``requests`` with up to ``concurrency`` in flight at once, in order (default: one after another)."""
+        return [self.complete(r) for r in requests]
 
     def tokenize(self, text: str) -> list[int] | None:
         """``text`` as the backend tokenizes a prompt (special tokens included), None when it cannot say."""
+        return None
 
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
         """The prompt ids the backend builds from chat ``messages`` (generation prompt added), None when unknown."""
+        return None
 
     def reset_cache(self) -> bool:
-        """Empty the prefix cache; False when the backend cannot (a live server's holds what others sent)."""
+        """Empty the prefix cache; False when the backend cannot (a live server's holds what others sent). Default:
+        True (no cache to empty)."""
+        return True
 
 
 def complete_concurrently(backend: Backend, requests: Sequence[Request], concurrency: int) -> list[Response]:
@@ -170,7 +178,7 @@ def top_positions(logprobs: torch.Tensor, tokens: Sequence[int], k: int) -> list
     return out
 
 
-class EngineBackend:
+class EngineBackend(Backend):
     """genprobe's own engine as a :class:`Backend`: full log-probabilities of a loaded ``Model`` in its own dtype,
     one uncached forward per generated token (exact, and slow: small models and tests), each token chosen by the
     engine's own sampler chain with a generator seeded by the request's seed."""
@@ -218,18 +226,6 @@ class EngineBackend:
         text = stop_text(self.model.decode(out), request.stop)
         return Response(list(request.prompt), out, positions, reason, text, prompt_positions)
 
-    def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
-        """One after another (the engine serves one request at a time)."""
-        return [self.complete(r) for r in requests]
-
     def tokenize(self, text: str) -> list[int] | None:
         """The model's own tokenizer."""
         return self.model.encode(text)
-
-    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
-        """Not a chat server: None."""
-        return None
-
-    def reset_cache(self) -> bool:
-        """No cache to empty."""
-        return True

@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ..engine.backend import Capabilities, Position, Request, Response, complete_concurrently
+from ..engine.backend import Backend, Capabilities, Position, Request, Response, complete_concurrently
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
@@ -101,7 +101,7 @@ def detect_server(http: Http) -> tuple[str, str]:
     return "openai-compatible", name
 
 
-class EndpointBackend:
+class EndpointBackend(Backend):
     """A live server behind the :class:`~genprobe.engine.backend.Backend` protocol. ``pieces``: each token's text
     → its id in the reference tokenizer (only pieces one id has), what text-keyed log-probs are mapped back with."""
 

