@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 
 from ..._io import json_safe
 from ...engine.backend import Backend, Capabilities, Position, Request, Response, stop_text
@@ -471,7 +472,7 @@ class LlamaCppBackend(Backend):
         """llama.cpp's log-probabilities of ``ids`` from one fresh ``llama_decode`` call (memoised)."""
         key = tuple(int(t) for t in ids)
         if key not in self._prefill:
-            self._prefill[key] = _log_softmax(self.model.logits(key))
+            self._prefill[key] = torch.from_numpy(log_softmax64(self.model.logits(key)))
         return self._prefill[key]
 
     def complete(self, request: Request) -> Response:
@@ -504,7 +505,7 @@ class LlamaCppBackend(Backend):
 
     def response(self, g: Generation, stops: Sequence[str] = (), cached: int | None = None, at: int = 0) -> Response:
         """``g`` as a response whose ``logits`` rows start at row ``at`` of prompt + tokens (text cut at ``stops``)."""
-        rows, first = _log_softmax(g.logits), len(g.prompt) - 1 - at
+        rows, first = torch.from_numpy(log_softmax64(g.logits)), len(g.prompt) - 1 - at
         positions = [
             Position(t, float(rows[first + s, t])) for s, t in enumerate(g.tokens) if 0 <= first + s < len(rows)
         ]
@@ -523,7 +524,8 @@ def _greedy_prompt(request: Request) -> list[int]:
     return [int(t) for t in request.prompt]
 
 
-def _log_softmax(logits: np.ndarray) -> Any:
-    import torch
-
-    return torch.log_softmax(torch.from_numpy(np.asarray(logits)).double(), dim=-1)
+def log_softmax64(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64 (``-inf`` logits stay ``-inf``; a row needs one finite logit)."""
+    x = np.asarray(logits, dtype=np.float64)
+    shifted = x - np.max(x, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))

@@ -2,20 +2,18 @@
 
 Findings (sentences that say what the table shows: the engine, each type, and whether low bits loop more), the
 results table, file recipes and sample texts as markdown, and the study's ``quant-<model>.json`` /
-``quant-<model>.md`` written, read back and merged.
+``quant-<model>.md`` written.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from ..._io import json_safe
 from ..._templates import pct
-from .quant_measures import Divergence, LogitAgreement, LoopOutcome, intervals_overlap
-from .quant_study import Log, QuantStudy, QuantStudyConfig, SampleText, TypeRow, run_quant_study
-from .quantize import QuantizedFile
+from .quant_study import Divergence, Log, QuantStudy, QuantStudyConfig, TypeRow, intervals_overlap, run_quant_study
 
 
 # ---- what the numbers show -------------------------------------------------------------------------------------
@@ -169,32 +167,6 @@ def _human_line(study: QuantStudy) -> str:
     return f"Detectors calibrated on {src}; held-out human false-positive rate: {', '.join(parts) or 'n/a'}."
 
 
-def read_study(path: str | os.PathLike[str]) -> QuantStudy:
-    """A study back from its ``quant-<model>.json`` (to re-render the table; findings recomputed from the numbers)."""
-    import json
-
-    d = json.loads(Path(path).read_text(encoding="utf-8"))
-    parts: dict[str, Any] = {
-        "file": QuantizedFile,
-        "logits": LogitAgreement,
-        "divergence": Divergence,
-        "loops": LoopOutcome,
-    }
-    rows = [TypeRow(**{**r, **{k: make(**r[k]) for k, make in parts.items()}}) for r in d["rows"]]
-    cfg = d["config"]
-    study = QuantStudy(
-        **{
-            **d,
-            "config": QuantStudyConfig(**{**cfg, "types": tuple(cfg["types"])}),
-            "engine_check": LogitAgreement(**d["engine_check"]),
-            "rows": rows,
-            "samples": [SampleText(**x) for x in d["samples"]],
-        }
-    )
-    study.findings = study_findings(study)
-    return study
-
-
 def write_study(study: QuantStudy, out_dir: str | os.PathLike[str], stem: str) -> tuple[Path, Path]:
     """``quant-<stem>.json`` (everything) and ``quant-<stem>.md`` (the table) in ``out_dir``, atomically."""
     from ..._io import atomic_write_json, atomic_write_text
@@ -204,36 +176,6 @@ def write_study(study: QuantStudy, out_dir: str | os.PathLike[str], stem: str) -
     atomic_write_json(js, json_safe(study))
     atomic_write_text(md, study_markdown(study))
     return js, md
-
-
-def merge_studies(studies: Sequence[QuantStudy]) -> QuantStudy:
-    """Studies of one model with the same settings, run in parallel on disjoint types, as one study: rows in
-    bits-per-weight order after F32. Refused when the settings differ or the F32 references do not agree exactly
-    (each run measured its own; llama.cpp is deterministic, so they must)."""
-    from dataclasses import replace
-
-    if not studies:
-        raise ValueError("no studies to merge")
-    first = studies[0]
-    for s in studies[1:]:
-        if s.model != first.model or replace(s.config, types=()) != replace(first.config, types=()):
-            raise ValueError(f"cannot merge studies of different models or settings: {first.model} / {s.model}")
-        same = s.rows[0].logits == first.rows[0].logits and s.rows[0].loops.degenerate == first.rows[0].loops.degenerate
-        if not same or s.engine_check != first.engine_check:
-            raise ValueError("the studies' F32 references differ: they did not run on the same file and inputs")
-    others = [r for s in studies for r in s.rows[1:]]
-    if len({r.type for r in others}) != len(others):
-        raise ValueError("the studies overlap: a type was measured twice")
-    rows = [first.rows[0], *sorted(others, key=lambda r: -r.file.bits_per_weight)]
-    merged = replace(
-        first,
-        config=replace(first.config, types=tuple(r.type for r in rows[1:])),
-        rows=rows,
-        samples=[x for r in rows[1:] for s in studies for x in s.samples if x.type == r.type],
-        seconds=max(s.seconds for s in studies),
-    )
-    merged.findings = study_findings(merged)
-    return merged
 
 
 def quant_compare(
