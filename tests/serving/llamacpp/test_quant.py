@@ -242,7 +242,7 @@ def test_the_command_refuses_an_unknown_type(tiny_dir, tmp_path, capsys):
 
 
 def test_the_command_says_how_to_install_when_the_bindings_are_missing(tiny_dir, tmp_path, capsys, monkeypatch):
-    import genprobe.serving.llamacpp._bindings as pkg
+    import genprobe.serving.llamacpp.engine as pkg
     from genprobe.cli import main
 
     monkeypatch.setattr(

@@ -338,7 +338,7 @@ def test_llama_cpp_temperature_zero_is_not_greedy():
     argmax here, so it picks another token; genprobe refuses τ = 0 and maps greedy=True to the argmax."""
     row = np.log(np.array([0.4, 0.2, 0.2, 0.2], dtype=F32))
     stages = [ChainStage("typical", (0.5, 0)), ChainStage("temp_ext", (0.0, 0.0, 1.0))]
-    from genprobe.serving.llamacpp._bindings import require_llama_cpp
+    from genprobe.serving.llamacpp.engine import require_llama_cpp
     from genprobe.serving.llamacpp.sampling import _CandidateArray, build_chain
 
     lc = require_llama_cpp()

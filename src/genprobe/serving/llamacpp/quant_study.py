@@ -24,8 +24,7 @@ import numpy as np
 from ..._io import json_safe
 from ...metrics.stats import sign_test_p
 from ..verify import first_difference
-from ._bindings import llama_cpp_facts
-from .engine import log_softmax64
+from .engine import llama_cpp_facts, log_softmax64
 from .quantize import DEFAULT_TYPES, QuantizedFile, check_types
 
 Log = Callable[[str], None]

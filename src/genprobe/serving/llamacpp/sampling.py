@@ -33,7 +33,7 @@ from ...engine.samplers.stages import (
     UnsupportedSamplerError,
     refuse_for,
 )
-from ._bindings import Closeable, require_llama_cpp
+from .engine import Closeable, require_llama_cpp
 
 #: The seed of ``llama_sampler_init_dist`` / ``_xtc`` when none is given (any fixed value: runs must repeat).
 DEFAULT_SEED = 1234
