@@ -1,7 +1,7 @@
 """How a served response is judged against float32 recomputation: one rule for every engine and precision.
 
 For a request with prompt ids ``p`` and generated ids ``g``, the reference is ``log_softmax`` of one uncached float32
-forward over ``p + g`` (:class:`ReferenceLogprobs`); row t predicts token t + 1. Every id a backend returned at a
+forward over ``p + g`` (:func:`reference_logprobs`); row t predicts token t + 1. Every id a backend returned at a
 position (its top-k plus the actual token; the whole vocabulary where it returns every row) is compared; the served
 top-1 token agrees when the reference gives it a log-probability within float noise of its maximum.
 
@@ -20,6 +20,7 @@ than the precision's own noise shows only on a float32 deployment: that is the e
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 NOT_CHECKED = "not checked"
 GAP_PASS, GAP_BUG = 2.0, 5.0  # a phase's gap over its precision's floor: up to 2 floors pass, over 5 is a bug
 TOP_GAP = 5  # where the whole vocabulary is returned, the gap reads the reference's 5 most likely ids per position
+Rows = Callable[[Sequence[int]], torch.Tensor]  # ids -> (len(ids), V) log-probabilities, row t predicts token t + 1
 
 
 def worst_verdict(verdicts: list[str]) -> str:
@@ -113,22 +115,11 @@ def abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(diff, nan=float("inf"))
 
 
-class ReferenceLogprobs:
+def reference_logprobs(model: Model) -> Rows:
     """:func:`~genprobe.engine.backend.full_logprobs` of a loaded ``Model`` in its own dtype — float32, or a
-    deployment's reduced precision for its floor — memoised per sequence."""
-
-    def __init__(self, model: Model):
-        self.model = model
-        self.runner = runner_for(model)
-        self.vocab_size = int(model.vocab_size)
-        self._cache: dict[tuple[int, ...], torch.Tensor] = {}
-
-    def __call__(self, ids: Sequence[int]) -> torch.Tensor:
-        """(len(ids), V) log-probabilities (float32 tensor); row t predicts token t + 1."""
-        key = tuple(int(i) for i in ids)
-        if key not in self._cache:
-            self._cache[key] = full_logprobs(self.runner, key)
-        return self._cache[key]
+    deployment's reduced precision for its floor — memoised per sequence: ``(len(ids), V)``, row t predicts t + 1."""
+    rows = functools.cache(functools.partial(full_logprobs, runner_for(model)))
+    return lambda ids: rows(tuple(int(i) for i in ids))
 
 
 @dataclass
@@ -160,7 +151,6 @@ class PhaseReport:
     prefill_chunks: int | None = None  # chunked_prefill: most chunks any prompt was prefilled in
 
 
-Rows = Callable[[Sequence[int]], torch.Tensor]  # ids -> (len(ids), V) log-probabilities, row t predicts token t + 1
 Served = tuple[int, str, int, list[int] | None, torch.Tensor, int]  # row, where, index, ids (None: all), log p, top-1
 
 

@@ -4,7 +4,7 @@ A serving engine changes *how* the forward is computed — continuous batching, 
 reduced precision — and each can go wrong without the text looking wrong. Each phase below sends, through the
 :class:`~genprobe.engine.backend.Backend` protocol, a workload that exercises one of them and compares every
 log-probability the backend returned with float32 recomputation of the same tokens
-(:class:`~genprobe.serving.judge.ReferenceLogprobs`): over the top-k ids where an API returns top-k, over the whole
+(:func:`~genprobe.serving.judge.reference_logprobs`): over the top-k ids where an API returns top-k, over the whole
 vocabulary where the backend returns every row (llama.cpp in process). Each engine is an adapter
 (``serving.engine.VllmBackend``, ``serving.llamacpp.engine.LlamaCppBackend``, ``serving.endpoint.EndpointBackend``,
 ``engine.backend.EngineBackend``) whose :class:`~genprobe.engine.backend.Capabilities` say what it can do; a phase it
@@ -485,13 +485,13 @@ def verify_backend(
 ) -> ServingReport:
     """Every phase on a live ``backend`` (a text workload) against float32 recomputation of ``reference`` (a loaded
     float32 ``Model``)."""
-    from .judge import ReferenceLogprobs
+    from .judge import reference_logprobs
 
     th, settings = thresholds or Thresholds(), settings or Settings()
     check_same_model(backend, reference, reference_name)
     texts = list(prompts) if prompts else random_prompts(max(settings.requests, PREFIX_PROMPTS + 2), settings.seed)
     work = text_workload(reference, texts, settings, backend.capabilities.token_prompts)
-    judge = Judge(ReferenceLogprobs(reference), th, settings.top_k, exact=backend.capabilities.exact)
+    judge = Judge(reference_logprobs(reference), th, settings.top_k, exact=backend.capabilities.exact)
     log(f"{len(work.alone)} prompts: every phase the {backend.capabilities.server} backend allows")
     report = ServingReport(url or backend.model_name, reference_name, th, asdict(settings), url=url)
     report.add(Run(backend, judge, work, settings, reference))
@@ -535,7 +535,7 @@ def verify_serving(
 
     from ..model.load import load_model
     from .engine import EngineOptions, VllmBackend, shared_engine
-    from .judge import ReferenceLogprobs
+    from .judge import reference_logprobs
     from .model_dir import served_model
 
     say = log or (lambda _: None)
@@ -551,7 +551,7 @@ def verify_serving(
         raise ValueError(
             f"the reference has {ref_model.vocab_size} output ids but the served model has {served.vocab_size}"
         )
-    float32 = ReferenceLogprobs(ref_model)
+    float32 = reference_logprobs(ref_model)
     settings = Settings(concurrency=len(BATCH_FRACTIONS), steps=steps, top_k=top_k, seed=seed)
     report = ServingReport(str(model), str(reference if reference is not None else model), th, asdict(settings))
     # the engine is keyed by the source, so a later scan of the same checkpoint reuses it; the export goes when the
@@ -564,7 +564,7 @@ def verify_serving(
         floor = None
         if dt != "float32":
             say(f"recomputing the reference in {dt} too (the floor of that precision)")
-            floor = ReferenceLogprobs(load_model(ref_model.source or served.path, dtype=getattr(torch, dt)))
+            floor = reference_logprobs(load_model(ref_model.source or served.path, dtype=getattr(torch, dt)))
         judge = Judge(float32, th, top_k, floor, exact=dt == "float32")
         report.add(Run(backend, judge, work, settings, ref_model), backend.engine.describe())
     return report
