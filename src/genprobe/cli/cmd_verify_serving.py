@@ -84,10 +84,6 @@ def options(p: argparse.ArgumentParser) -> None:
     option(p, "--verbose", False, "let the engine's log lines reach the terminal instead of a log file")
 
 
-def _options(args: argparse.Namespace):
-    return engine_options(args, seed=args.seed)
-
-
 def _encode_prompts(args: argparse.Namespace) -> list[list[int]]:
     texts = read_prompts(args)
     if not texts:
@@ -168,7 +164,7 @@ def run_vllm(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     """vLLM serving MODEL once per ``--dtypes`` entry (``common``: the settings every engine takes)."""
     from ..serving.verify import verify_serving
 
-    options = _options(args)
+    options = engine_options(args, seed=args.seed)
     return verify_serving(args.model, args.reference, dtypes=args.dtypes, options=options, top_k=args.top_k, **common)
 
 

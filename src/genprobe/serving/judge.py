@@ -1,21 +1,13 @@
 """How a served response is judged against float32 recomputation: one rule for every engine and precision.
 
-For a request with prompt ids ``p`` and generated ids ``g``, the reference is ``log_softmax`` of one uncached float32
-forward over ``p + g`` (:func:`reference_logprobs`); row t predicts token t + 1. Every id a backend returned at a
-position (its top-k plus the actual token; the whole vocabulary where it returns every row) is compared; the served
-top-1 token agrees when the reference gives it a log-probability within float noise of its maximum.
-
-**Float32 arithmetic** is judged on verify-cache's absolute scale over max |Δ log p| (:func:`serving_verdict`), and a
-position whose top-1 token is not the reference's is at least "suspicious": greedy text would differ there.
-
-**Reduced precision is not a bug** (bfloat16, float16, a quantized GGUF cannot match float32 to float noise), so it
-is judged on a **gap ratio**: ``gap(served, float32) / floor`` with ``floor = gap(the same precision computed
-honestly, float32)``, the *gap* being the mean |Δ log p| over the ids the engine returned (the reference's top
-:data:`TOP_GAP` where it returned every row: what sampling reads, not the far tail). The floor is the model
-recomputed in the deployment's dtype (vLLM), llama.cpp's own one-call prefill (a GGUF file), or, for a live server
-of unknown precision, its lone greedy requests' gap. A phase's ratio is its worst request's: ≤ :data:`GAP_PASS`
-pass, ≤ :data:`GAP_BUG` suspicious, more a bug (docs/llamacpp.md, docs/live-serving.md). An engine error smaller
-than the precision's own noise shows only on a float32 deployment: that is the engine-correctness check.
+Every id a backend returned at a position (its top-k and the actual token; the whole vocabulary where it returns
+every row) is compared with ``log_softmax`` of one uncached float32 forward over prompt + generated ids
+(:func:`reference_logprobs`; row t predicts token t + 1). **Float32 arithmetic** is judged on verify-cache's absolute
+scale over max |Δ log p| (:func:`serving_verdict`; a differing top-1 token at least "suspicious"). **Reduced
+precision is not a bug**: it is judged on the **gap ratio**, the mean |Δ log p| over the ids returned (the reference's
+top :data:`TOP_GAP` where every row was) over the same gap of an honest computation in that precision (the model
+recomputed in the dtype, llama.cpp's own prefill, or a live server's lone requests), the worst request deciding
+(docs/live-serving.md, docs/llamacpp.md: why, with measurements).
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Loop scan through vLLM in-process: the same prompts, sampler and records as genprobe's own engine scan.
 
 vLLM contributes only a batch generator (:func:`vllm_batches`) to the one scan
-(:func:`genprobe.loops.scan.scan_batches`). It stays an in-process fast path beside the Backend route because a
-backend request cannot carry vLLM's penalties and min-p, which loop studies sweep. Greedy scans give our engine's
-tokens up to float noise (tested); sampled scans (seed ``seed + i`` for prompt ``i``) agree in distribution only.
-
-**Samplers** (:func:`to_sampling_params`): vLLM's V1 sampler applies bans → penalties → greedy argmax, or temperature
-→ min-p → top-k → top-p → draw. A :class:`~genprobe.engine.samplers.stages.SamplerConfig` maps when each active stage's
-``vllm`` method (:mod:`genprobe.engine.samplers.stages`) has its vLLM form (the rest is refused by name), when stages
-whose arithmetic differs between engines run with ``engine="vllm"``, and when the active stages run in an order
-equivalent to vLLM's fixed one. A field no stage maps is refused while it is not at its default, so a new setting is
-never dropped silently.
-
-:func:`compare_loop_rates` answers whether a served (repaired) model loops as often as our engine measured: both rates
-with Wilson 95% intervals, whether the served rate lies inside ours, and — because a rate alone can agree by
-accident — the per-prompt agreement of loop verdicts and of tokens (which greedy decoding should reproduce exactly).
+(:func:`genprobe.loops.scan.scan_batches`): an in-process fast path beside the Backend route, because a backend
+request cannot carry the penalties and min-p that loop studies sweep. Greedy scans give our engine's tokens up to
+float noise (tested); sampled ones (seed ``seed + i`` for prompt ``i``) agree in distribution only. A
+:class:`~genprobe.engine.samplers.stages.SamplerConfig` maps to ``SamplingParams`` exactly or is refused by name
+(:func:`sampling_kwargs`: each stage's ``vllm`` form, a field no stage maps refused while not at its default, and an
+order equivalent to vLLM's fixed temperature → min-p → top-k → top-p). :func:`compare_loop_rates` holds a served scan
+against ours: both loop rates with Wilson 95% intervals, and the per-prompt agreement of verdicts and tokens.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """verify-serving: does a deployment compute the model's log-probabilities? One verifier for every engine.
 
-A serving engine changes *how* the forward is computed — continuous batching, prefix caching, chunked prefill,
-reduced precision — and each can go wrong without the text looking wrong. Each phase below sends, through the
-:class:`~genprobe.engine.backend.Backend` protocol, a workload that exercises one of them and compares every
-log-probability the backend returned with float32 recomputation of the same tokens
-(:func:`~genprobe.serving.judge.reference_logprobs`): over the top-k ids where an API returns top-k, over the whole
-vocabulary where the backend returns every row (llama.cpp in process). Each engine is an adapter
-(``serving.engine.VllmBackend``, ``serving.llamacpp.engine.LlamaCppBackend``, ``serving.endpoint.EndpointBackend``,
-``engine.backend.EngineBackend``) whose :class:`~genprobe.engine.backend.Capabilities` say what it can do; a phase it
-cannot support is "not checked" with the reason, never "pass".
-
-The phases (:data:`PHASES`) are the ``*_phase`` functions below, in order; what each sends and how it is judged:
-docs/live-serving.md ("Phases and verdicts") and docs/vllm.md.
-
-Only the prefix-cache phases read a prefix cache (the others ask not to, where the backend can be told), so a cache
-fault is named where it is. How a phase is judged depends on the deployment's precision (``Capabilities.exact``):
-:mod:`genprobe.serving.judge`.
+Each phase (:data:`PHASES`, the ``*_phase`` functions below, in order) sends, through the
+:class:`~genprobe.engine.backend.Backend` protocol, a workload that exercises one thing a serving engine changes —
+continuous batching, prefix caching, chunked prefill, reduced precision — and compares every log-probability returned
+with float32 recomputation (:mod:`genprobe.serving.judge`). Each engine is an adapter whose
+:class:`~genprobe.engine.backend.Capabilities` say what it can do; a phase it cannot support is "not checked" with
+the reason, never "pass". Only the prefix-cache phases read a prefix cache, so a cache fault is named where it is.
+What each phase sends and how it is judged: docs/live-serving.md ("Phases and verdicts") and docs/vllm.md.
 """
 
 from __future__ import annotations
