@@ -28,8 +28,7 @@ from ..engine.samplers.stages import (
 )
 from ..loops.scan import Batch, GenerateBatch, ScanOptions, ScanResult, check_prompts
 from ..loops.scan_settings import ScanEngine
-from .engine import EngineOptions, ServingEngine, require_vllm, shared_engine, size_for_workload
-from .model_dir import served_model
+from .engine import EngineOptions, ServingEngine, require_vllm, served_model, shared_engine, size_for_workload
 
 # Stages that commute exactly with each other: top-k keeps a rank set, and dividing by τ > 0 keeps ranks.
 _COMMUTING = {TEMPERATURE, TOP_K}

@@ -525,9 +525,8 @@ def verify_serving(
     from dataclasses import replace
 
     from ..model.load import load_model
-    from .engine import EngineOptions, VllmBackend, shared_engine
+    from .engine import EngineOptions, VllmBackend, served_model, shared_engine
     from .judge import reference_logprobs
-    from .model_dir import served_model
 
     say = log or (lambda _: None)
     if steps < 1 or top_k < 1:
