@@ -12,7 +12,6 @@ vocabulary is never shipped: an engine with full log-probabilities returns as ma
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
@@ -141,14 +140,6 @@ class Backend(Protocol):
         """Empty the prefix cache; False when the backend cannot (a live server's holds what others sent). Default:
         True (no cache to empty)."""
         return True
-
-
-def complete_concurrently(backend: Backend, requests: Sequence[Request], concurrency: int) -> list[Response]:
-    """``backend.complete`` over ``requests`` from a pool of ``concurrency`` threads (results in request order)."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        return list(pool.map(backend.complete, requests))
 
 
 def stop_text(text: str, stops: Sequence[str]) -> str:
