@@ -167,23 +167,16 @@ def _human_line(study: QuantStudy) -> str:
     return f"Detectors calibrated on {src}; held-out human false-positive rate: {', '.join(parts) or 'n/a'}."
 
 
-def write_study(study: QuantStudy, out_dir: str | os.PathLike[str], stem: str) -> tuple[Path, Path]:
-    """``quant-<stem>.json`` (everything) and ``quant-<stem>.md`` (the table) in ``out_dir``, atomically."""
-    from ..._io import atomic_write_json, atomic_write_text
-
-    out = Path(out_dir)
-    js, md = out / f"quant-{stem}.json", out / f"quant-{stem}.md"
-    atomic_write_json(js, json_safe(study))
-    atomic_write_text(md, study_markdown(study))
-    return js, md
-
-
 def quant_compare(
     model_ref: str, out_dir: str | os.PathLike[str], cfg: QuantStudyConfig, *, log: Log | None = None
 ) -> tuple[QuantStudy, Path, Path]:
-    """``genprobe quant-compare`` as a library call: run the study, state its findings, write
-    ``quant-<model>.json`` and ``quant-<model>.md`` into ``out_dir``; returns the study and the two paths."""
+    """``genprobe quant-compare`` as a library call: run the study, state its findings, write ``quant-<model>.json``
+    (everything) and ``quant-<model>.md`` (the table) into ``out_dir``, atomically; returns the study and the paths."""
+    from ..._io import atomic_write_json, atomic_write_text
+
     study, stem = run_quant_study(model_ref, out_dir, cfg, log=log)
     study.findings = study_findings(study)
-    js, md = write_study(study, out_dir, stem)
+    js, md = Path(out_dir) / f"quant-{stem}.json", Path(out_dir) / f"quant-{stem}.md"
+    atomic_write_json(js, json_safe(study))
+    atomic_write_text(md, study_markdown(study))
     return study, js, md

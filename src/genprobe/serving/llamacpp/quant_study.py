@@ -397,18 +397,15 @@ def _agreement(refs: Iterable[np.ndarray], others: Iterable[np.ndarray], windows
     return acc.result()
 
 
-def decode_speed(engine: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> tuple[float, float]:
-    """Greedy decode at batch 1, one prompt after another: (tokens per wall-clock second, per CPU-second)."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    made = sum(len(engine.greedy(list(p), max_new_tokens, stop_at_eos=False)) for p in prompts)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return made / max(wall, 1e-9), made / max(cpu, 1e-9)
-
-
 def _timed_scan(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig):
-    """The scan and the batch-1 decode speed of the first ``SPEED_PROMPTS`` prompts."""
+    """The scan, and greedy decode at batch 1 of the first ``SPEED_PROMPTS`` prompts one after another: (tokens per
+    wall-clock second, per CPU-second)."""
     res = _scan_llama_cpp(engine, model, inputs, cfg)
-    return res, decode_speed(engine, inputs.prompt_ids[:SPEED_PROMPTS], cfg.max_new_tokens)
+    wall, cpu = time.perf_counter(), time.process_time()
+    prompts = inputs.prompt_ids[:SPEED_PROMPTS]
+    made = sum(len(engine.greedy(list(p), cfg.max_new_tokens, stop_at_eos=False)) for p in prompts)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return res, (made / max(wall, 1e-9), made / max(cpu, 1e-9))
 
 
 def _row(
@@ -448,7 +445,7 @@ def run_quant_study(
     """Convert ``model_ref`` (a transformers directory or catalog name) to an F32 GGUF, write each type of
     ``cfg.types`` beside it in ``out_dir``, and measure every type against F32 in llama.cpp (module doc). Returns
     the study (findings empty: :func:`.quant_report.study_findings` fills them) and the stem of its files in
-    ``out_dir`` (for :func:`.quant_report.write_study`)."""
+    ``out_dir``."""
     from ...model.load import load_model
     from .quantize import quantize_all
 
