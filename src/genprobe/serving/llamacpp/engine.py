@@ -1,19 +1,15 @@
 """llama.cpp as an engine: a GGUF file's logits at every position, greedy generation, KV-cache operations.
 
-:class:`LlamaCppModel` opens one GGUF file through ``llama-cpp-python`` and drives llama.cpp's own context with the
-low-level API (``llama_batch`` + ``llama_decode``; ``include/llama.h``), so every call says exactly what llama.cpp
-computed: which tokens at which positions in which sequence, which rows' logits were asked for. Each public call
-starts from a fresh KV cache unless it says otherwise. The file is the whole deployment (weights, hyper-parameters,
-tokenizer); every comparison runs on token ids, so a tokenizer difference never enters a logit comparison.
+:class:`LlamaCppModel` drives llama.cpp's own context through ``llama-cpp-python``'s low-level API (``llama_batch`` +
+``llama_decode``; ``include/llama.h``), so every call says exactly what llama.cpp computed: which tokens at which
+positions in which sequence, which rows' logits were asked for. Each public call starts from a fresh KV cache unless
+it says otherwise; every comparison runs on token ids. Only an F32 file with an F32 KV cache is float32 arithmetic
+throughout: the KV cache stores K/V in ``kv_type`` and a product with a quantized weight quantizes the activations to
+the weight type's ``vec_dot_type`` (docs/llamacpp.md).
 
-By design llama.cpp differs from float32 recomputation of the same weights: its KV cache stores K/V in ``kv_type``
-(f16 by default, read back in prefill too), and a product with a quantized weight quantizes the activations to the
-weight type's ``vec_dot_type``. Only an F32 file with an F32 KV cache is float32 arithmetic throughout
-(docs/llamacpp.md).
-
-The one place that imports llama.cpp's Python bindings (:func:`require_llama_cpp`, called by every entry point):
-``llama-cpp-python`` ships as source only, and a default build crashed in its quantized kernels on the test machines,
-so ``scripts/install_llamacpp.sh`` builds it with explicit instruction-set flags.
+The one place that imports the bindings (:func:`require_llama_cpp`, called by every entry point): they ship as source
+only, and ``scripts/install_llamacpp.sh`` builds them with explicit instruction-set flags (a default build crashed in
+its quantized kernels on the test machines).
 """
 
 from __future__ import annotations
