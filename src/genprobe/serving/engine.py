@@ -405,8 +405,18 @@ class ServingEngine:
     def shutdown(self) -> None:
         """Stop the engine (and its worker processes) and free its memory."""
         llm, self.llm = getattr(self, "llm", None), None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
         if llm is not None:
-            _stop_llm(llm)
+            del llm
+            try:  # an in-process engine leaves torch.distributed groups behind; the next engine needs them gone
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+                cleanup_dist_env_and_memory()
+            except (ImportError, RuntimeError, AssertionError):
+                pass
+            gc.collect()
         if self._owns_served:
             self.served.cleanup()
 
@@ -519,20 +529,6 @@ def _start_llm(path: Path, options: EngineOptions) -> Any:
         envs.disable_envs_cache()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.multiprocessing else "0"
     return LLM(model=str(path), **options.llm_kwargs())
-
-
-def _stop_llm(llm: Any) -> None:
-    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if core is not None:
-        core.shutdown()
-    del llm
-    try:  # an in-process engine leaves torch.distributed groups behind; the next engine needs them gone
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
-    except (ImportError, RuntimeError, AssertionError):
-        pass
-    gc.collect()
 
 
 # ---- the one engine of this process ---------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from ..engine.backend import Position, Response, full_logprobs
+from ..engine.backend import Response, full_logprobs
 from ..engine.runner import runner_for
 from ..verify.compare import VERDICTS, Thresholds
 
@@ -166,18 +166,12 @@ def served_positions(resp: Response, prompt: bool = False) -> list[Served]:
     )
     out: list[Served] = []
     for row, where, index, pos in placed:
-        entries = _entries(pos)
+        entries = dict(pos.top)  # its top-k and the token itself
+        if pos.logprob is not None:
+            entries.setdefault(pos.token, pos.logprob)
         if entries:
             top = max(pos.top, key=pos.top.__getitem__) if pos.top else pos.token
             out.append((row, where, index, list(entries), torch.tensor(list(entries.values())), top))
-    return out
-
-
-def _entries(pos: Position) -> dict[int, float]:
-    """Every (id, log p) a position returned: its top-k and the token itself."""
-    out = dict(pos.top)
-    if pos.logprob is not None:
-        out.setdefault(pos.token, pos.logprob)
     return out
 
 
