@@ -163,5 +163,3 @@ def _check_sizes(m: LlamaCppModel, ref_vocab: int, steps: int, n_keep: int) -> N
             f"{steps} steps do not fit after the context shift (n_ctx {m.n_ctx}, n_keep {n_keep}: {room} positions "
             "are freed): lower the steps or raise n_ctx"
         )
-    if m.n_ctx - steps < 4:
-        raise ValueError(f"n_ctx {m.n_ctx} leaves no room for prompts with {steps} steps")
