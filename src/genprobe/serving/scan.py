@@ -57,27 +57,15 @@ def sampling_kwargs(cfg: SamplerConfig, vocab_size: int) -> dict[str, Any]:
 
 
 def to_sampling_params(
-    cfg: SamplerConfig,
-    vocab_size: int,
-    max_new_tokens: int,
-    *,
-    seed: int | None = None,
-    eos_id: int | None = None,
-    **extra: Any,
+    cfg: SamplerConfig, vocab_size: int, max_new_tokens: int, *, seed: int | None = None, **extra: Any
 ) -> Any:
-    """A vLLM ``SamplingParams`` for ``cfg``: exactly ``max_new_tokens`` tokens unless ``eos_id`` is generated."""
+    """A vLLM ``SamplingParams`` for ``cfg`` (``extra``: more of its keywords): exactly ``max_new_tokens`` tokens."""
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    stop: dict[str, Any] = {"stop_token_ids": [int(eos_id)]} if eos_id is not None else {}
-    # ignore_eos: the model config's own end-of-text id must not stop a scan; only ``eos_id`` (if given) does.
+    # ignore_eos: the model config's own end-of-text id must not stop a scan
+    params = sampling_kwargs(cfg, vocab_size) | extra
     return require_vllm().SamplingParams(
-        max_tokens=int(max_new_tokens),
-        seed=seed,
-        ignore_eos=True,
-        detokenize=False,
-        **sampling_kwargs(cfg, vocab_size),
-        **stop,
-        **extra,
+        max_tokens=int(max_new_tokens), seed=seed, ignore_eos=True, detokenize=False, **params
     )
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -117,21 +118,12 @@ def divergence_summary(reference: Sequence[Sequence[int]], other: Sequence[Seque
     if len(reference) != len(other):
         raise ValueError(f"{len(reference)} reference generations but {len(other)} to compare")
     steps = [first_difference(a, b) for a, b in zip(reference, other, strict=True)]
-    hist: dict[str, int] = {}
-    for s in steps:
-        low = None if s is None else s // DIVERGENCE_BIN * DIVERGENCE_BIN
-        key = "never" if low is None else f"{low}-{low + DIVERGENCE_BIN - 1}"
-        hist[key] = hist.get(key, 0) + 1
-    ordered = sorted(steps, key=lambda s: math.inf if s is None else s)
+    ordered = sorted(steps, key=lambda s: math.inf if s is None else s)  # the histogram's bins come out in order
+    low = [None if s is None else s - s % DIVERGENCE_BIN for s in ordered]
+    hist = Counter("never" if b is None else f"{b}-{b + DIVERGENCE_BIN - 1}" for b in low)
     mid = ordered[(len(ordered) - 1) // 2] if ordered else None
-    order = sorted(hist, key=lambda k: math.inf if k == "never" else int(k.split("-")[0]))
-    return Divergence(
-        prompts=len(steps),
-        diverged=sum(s is not None for s in steps),
-        median_step=None if mid is None else float(mid),
-        histogram={k: hist[k] for k in order},
-        steps=steps,
-    )
+    median = None if mid is None else float(mid)
+    return Divergence(len(steps), sum(s is not None for s in steps), median, dict(hist), steps)
 
 
 # ---- loops ---------------------------------------------------------------------------------------------------
