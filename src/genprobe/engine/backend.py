@@ -29,18 +29,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do; a job adapts to it or reports "not checked" with the reason."""
+    """What a backend can do; a job adapts to it or reports "not checked" with the reason. An adapter states what
+    differs from the defaults (token-id prompts, one request at a time, no extras)."""
 
     server: str  # "genprobe" | "vllm" | "llama.cpp" | "llama-cpp-python" | "openai-compatible" | a fake's name
     logprobs: str  # "full" (any k up to the vocabulary) | "top-k" (at most max_top_k) | "none"
     max_top_k: int  # largest k per position (0 when no log-probs)
-    prompt_logprobs: bool  # log-probabilities of the prompt's own tokens
-    token_prompts: bool  # prompts given as token ids (else text, tokenized by the server)
-    prefix_cache: bool | None  # reuses a shared prompt prefix (None: not known)
-    concurrency: int  # requests served at once (1: one after another)
-    seed: bool  # a per-request seed is honoured
-    tokenize: bool  # text -> ids as the server tokenizes
-    chat_template: bool  # messages -> the prompt ids the server builds
+    prompt_logprobs: bool = False  # log-probabilities of the prompt's own tokens
+    token_prompts: bool = True  # prompts given as token ids (else text, tokenized by the server)
+    prefix_cache: bool | None = None  # reuses a shared prompt prefix (None: not known)
+    concurrency: int = 1  # requests served at once (1: one after another)
+    seed: bool = False  # a per-request seed is honoured
+    tokenize: bool = False  # text -> ids as the server tokenizes
+    chat_template: bool = False  # messages -> the prompt ids the server builds
     cache_block: int = 1  # a prefix cache reuses whole blocks of this many tokens
     step_budget: int | None = None  # tokens one engine step computes: longer prompts are prefilled in chunks
     cache_bypass: bool = False  # a request can skip reading the prefix cache (``Request.read_cache``)
@@ -184,12 +185,9 @@ class EngineBackend(Backend):
             logprobs="full",
             max_top_k=int(model.vocab_size),
             prompt_logprobs=True,
-            token_prompts=True,
             prefix_cache=False,
-            concurrency=1,
             seed=True,
             tokenize=True,
-            chat_template=False,
             exact=exact,
             label=str(next(model.module.parameters()).dtype).removeprefix("torch."),
         )

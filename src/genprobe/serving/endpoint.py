@@ -116,7 +116,6 @@ class EndpointBackend(Backend):
             max_top_k=VLLM_MAX_LOGPROBS if vllm else TEXT_MAX_LOGPROBS,
             prompt_logprobs=vllm,
             token_prompts=vllm,
-            prefix_cache=None,
             concurrency=64,
             seed=True,
             tokenize=self.server in ("vllm", "llama-cpp-python"),

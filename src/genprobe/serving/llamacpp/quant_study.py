@@ -250,9 +250,7 @@ def _windows(streams: Sequence[Sequence[int]], count: int, length: int) -> list[
             out.append(list(ids[start : start + length]))
             if len(out) == count:
                 return out
-    if len(out) < count:
-        raise ValueError(f"the text gives only {len(out)} windows of {length} tokens; {count} asked for")
-    return out
+    raise ValueError(f"the text gives only {len(out)} windows of {length} tokens; {count} asked for")
 
 
 def study_inputs(model: Any, cfg: QuantStudyConfig) -> StudyInputs:
