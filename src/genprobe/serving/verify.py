@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -522,8 +522,6 @@ def verify_serving(
     against float32 recomputation of ``reference`` (default: the served weights; another directory checks that the
     deployment serves the weights you expect). ``options`` are the engine settings, their ``dtype`` replaced by each
     of ``dtypes``. A reduced-precision deployment's floor is the reference recomputed in its dtype."""
-    from dataclasses import replace
-
     from ..model.load import load_model
     from .engine import EngineOptions, VllmBackend, served_model, shared_engine
     from .judge import reference_logprobs

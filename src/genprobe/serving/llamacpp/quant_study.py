@@ -17,6 +17,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -25,7 +26,7 @@ import numpy as np
 from ..._io import json_safe
 from ...metrics.stats import sign_test_p
 from ..verify import first_difference
-from .engine import llama_cpp_facts, log_softmax64
+from .engine import LlamaCppModel, llama_cpp_facts, log_softmax64
 from .quantize import DEFAULT_TYPES, QuantizedFile, check_types
 
 Log = Callable[[str], None]
@@ -307,12 +308,6 @@ def transformers_logits(model: Any, ids: Sequence[int]) -> np.ndarray:
 
 
 # ---- running it ------------------------------------------------------------------------------------------------
-def _open_llama_cpp(path: str, n_ctx: int, cfg: QuantStudyConfig) -> Any:
-    from .engine import LlamaCppModel
-
-    return LlamaCppModel(path, n_ctx=n_ctx, n_threads=cfg.threads, kv_type=cfg.kv_type)
-
-
 def _scan_llama_cpp(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig) -> Any:
     """Greedy loop scan through llama.cpp (:func:`~genprobe.serving.llamacpp.scan.llamacpp_batches`: ``<unk>``
     and the end token banned, fixed length — the loop scan's chanting setting) with the calibrated detectors."""
@@ -481,7 +476,8 @@ def _measure(
 ) -> tuple[LogitAgreement, list[TypeRow], list[SampleText]]:
     """F32 first (the reference logits and scan, and the engine check against transformers), then each type."""
     n_ctx = max(cfg.window_tokens, max(len(p) for p in inputs.prompt_ids) + cfg.max_new_tokens) + 8
-    with _open_llama_cpp(files["F32"].path, n_ctx, cfg) as ref_engine:
+    open_file = partial(LlamaCppModel, n_ctx=n_ctx, n_threads=cfg.threads, kv_type=cfg.kv_type)
+    with open_file(files["F32"].path) as ref_engine:
         reference = [np.asarray(ref_engine.logits(w), dtype=np.float32) for w in inputs.windows]
         ref_scan, speed = _timed_scan(ref_engine, model, inputs, cfg)
     # transformers float32 as the reference, llama.cpp's F32 file as the other: the engine on the same weights
@@ -493,7 +489,7 @@ def _measure(
     rows = [_row("F32", files["F32"], _agreement(reference, reference, inputs.windows), ref_scan, ref_scan, speed)]
     samples: list[SampleText] = []
     for name in types:
-        with _open_llama_cpp(files[name].path, n_ctx, cfg) as engine:
+        with open_file(files[name].path) as engine:
             logits = (np.asarray(engine.logits(w), dtype=np.float32) for w in inputs.windows)
             agreement = _agreement(reference, logits, inputs.windows)
             scan, speed = _timed_scan(engine, model, inputs, cfg)
