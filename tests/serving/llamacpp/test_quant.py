@@ -95,7 +95,7 @@ def test_sign_test_and_interval_overlap():
 def _loops(rate, ci, p=1.0):
     from types import SimpleNamespace
 
-    return SimpleNamespace(loops=SimpleNamespace(degenerate_rate=rate, degenerate_rate_ci95=ci, sign_test_p=p))
+    return SimpleNamespace(loops=SimpleNamespace(degenerate_rate=rate, degenerate_rate_ci95=ci), sign_test_p=p)
 
 
 def test_a_loop_change_needs_the_paired_test_or_apart_intervals():

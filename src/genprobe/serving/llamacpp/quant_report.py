@@ -33,7 +33,7 @@ def loop_change(row: TypeRow, ref: TypeRow) -> int:
     below :data:`SIGNIFICANCE`, or the unpaired 95% intervals apart — else 0 (the data does not show a change)."""
     a, b = row.loops, ref.loops
     apart = not intervals_overlap(a.degenerate_rate_ci95, b.degenerate_rate_ci95)
-    if a.sign_test_p >= SIGNIFICANCE and not apart:
+    if row.sign_test_p >= SIGNIFICANCE and not apart:
         return 0
     return 1 if a.degenerate_rate > b.degenerate_rate else -1
 
@@ -41,8 +41,8 @@ def loop_change(row: TypeRow, ref: TypeRow) -> int:
 def _loop_verdict(row: TypeRow, ref: TypeRow) -> str:
     a, b = row.loops, ref.loops
     paired = (
-        f"paired on the same prompts: {a.became_degenerate} became degenerate, {a.stopped_degenerate} stopped, "
-        f"sign test p = {a.sign_test_p:.2g}"
+        f"paired on the same prompts: {row.became_degenerate} became degenerate, {row.stopped_degenerate} stopped, "
+        f"sign test p = {row.sign_test_p:.2g}"
     )
     overlap = intervals_overlap(a.degenerate_rate_ci95, b.degenerate_rate_ci95)
     intervals = "the unpaired 95% intervals overlap" if overlap else "the unpaired 95% intervals are apart"
@@ -91,7 +91,7 @@ def study_findings(study: QuantStudy) -> list[str]:
             0: f"not shown at {low.type}, the lowest-bit type here ({delta:+.1f} points, not significant)",
             -1: f"no: at {low.type}, the lowest-bit type here, it degenerates less ({delta:+.1f} points)",
         }[change]
-        n = len(ref.loops.degenerate)
+        n = ref.loops.n
         out.append(f"Does low-bit quantization make the model loop more? {answer} ({n} prompts).")
     return out
 
@@ -127,7 +127,7 @@ def study_markdown(study: QuantStudy) -> str:
     ]
     for row in study.rows:
         lg, lo, div = row.logits, row.loops, row.divergence
-        paired = f"+{lo.became_degenerate}/−{lo.stopped_degenerate} ({lo.sign_test_p:.2g})"
+        paired = f"+{row.became_degenerate}/−{row.stopped_degenerate} ({row.sign_test_p:.2g})"
         paired = "—" if row.type == "F32" else paired
         lines.append(
             f"| {row.type} | {row.file.size_bytes / 2**20:.1f} | {row.file.bits_per_weight:.2f} | {lg.kl_mean:.3g} | "

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ..._io import json_safe
+from ...loops.scan import LoopRates
 from ...metrics.stats import sign_test_p
 from ..verify import first_difference
 from .engine import LlamaCppModel, llama_cpp_facts, log_softmax64
@@ -127,44 +128,6 @@ def divergence_summary(reference: Sequence[Sequence[int]], other: Sequence[Seque
     return Divergence(len(steps), sum(s is not None for s in steps), median, dict(hist), steps)
 
 
-# ---- loops ---------------------------------------------------------------------------------------------------
-@dataclass
-class LoopOutcome:
-    """Calibrated loop verdicts of one type's greedy generations, paired with F32's on the same prompts."""
-
-    n: int
-    loop_rate: float
-    loop_rate_ci95: list[float]
-    degenerate_rate: float
-    degenerate_rate_ci95: list[float]
-    human_fpr: dict[str, dict] | None  # the detectors' held-out human false-positive rates
-    became_degenerate: int = 0  # prompts degenerate under this type but not under F32
-    stopped_degenerate: int = 0
-    sign_test_p: float = 1.0
-    degenerate: list[bool] = field(default_factory=list)
-
-
-def loop_outcome(scan: Any, reference: Any | None = None) -> LoopOutcome:
-    """:class:`LoopOutcome` of a :class:`~genprobe.loops.scan.ScanResult`, paired with the F32 scan ``reference``."""
-    s = scan.summary
-    verdicts = [bool(r.degenerate) for r in scan.records]
-    out = LoopOutcome(
-        n=s.n,
-        loop_rate=s.loop_rate,
-        loop_rate_ci95=list(s.loop_rate_ci95),
-        degenerate_rate=s.degenerate_rate,
-        degenerate_rate_ci95=list(s.degenerate_rate_ci95),
-        human_fpr=s.human_fpr,
-        degenerate=verdicts,
-    )
-    if reference is not None:
-        ref = [bool(r.degenerate) for r in reference.records]
-        out.became_degenerate = sum(v and not r for v, r in zip(verdicts, ref, strict=True))
-        out.stopped_degenerate = sum(r and not v for v, r in zip(verdicts, ref, strict=True))
-        out.sign_test_p = sign_test_p(out.became_degenerate, out.stopped_degenerate)
-    return out
-
-
 def intervals_overlap(a: Sequence[float], b: Sequence[float]) -> bool:
     """Whether two closed intervals share a point."""
     return a[0] <= b[1] and b[0] <= a[1]
@@ -193,11 +156,15 @@ class TypeRow:
     file: QuantizedFile
     logits: LogitAgreement
     divergence: Divergence
-    loops: LoopOutcome
+    loops: LoopRates  # the calibrated scan's summary (human false-positive rates beside the rates)
     decode_tokens_per_s: float  # batch 1, greedy, SPEED_PROMPTS prompts (their short prefill included), wall clock
     # the same tokens per CPU-second of this process: at one thread, the speed on an idle core (a shared machine's
     # wall clock is not)
-    decode_tokens_per_cpu_s: float | None = None
+    decode_tokens_per_cpu_s: float | None
+    degenerate: list[bool]  # per prompt
+    became_degenerate: int = 0  # prompts degenerate under this type but not under F32 (paired on the same prompts)
+    stopped_degenerate: int = 0
+    sign_test_p: float = 1.0
 
 
 @dataclass
@@ -396,14 +363,12 @@ def _timed_scan(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyCon
 def _row(
     name: str, file: QuantizedFile, logits: LogitAgreement, scan: Any, ref_scan: Any, speed: tuple[float, float]
 ) -> TypeRow:
+    verdicts, ref = [bool(r.degenerate) for r in scan.records], [bool(r.degenerate) for r in ref_scan.records]
+    became = sum(v and not r for v, r in zip(verdicts, ref, strict=True))
+    stopped = sum(r and not v for v, r in zip(verdicts, ref, strict=True))
+    divergence = divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records])
     return TypeRow(
-        type=name,
-        file=file,
-        logits=logits,
-        divergence=divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records]),
-        loops=loop_outcome(scan, None if scan is ref_scan else ref_scan),
-        decode_tokens_per_s=speed[0],
-        decode_tokens_per_cpu_s=speed[1],
+        name, file, logits, divergence, scan.summary, *speed, verdicts, became, stopped, sign_test_p(became, stopped)
     )
 
 
