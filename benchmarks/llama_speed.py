@@ -400,7 +400,7 @@ def vllm_engine(setup: Setup) -> Engine:
     """vLLM's offline engine (CPU build): float32, greedy, ``ignore_eos``, prompts as token ids."""
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # no pinning: like every other engine here
     from genprobe.model.load import load_tokenizer
-    from genprobe.serving._vllm import vllm_import_problem
+    from genprobe.serving.engine import vllm_import_problem
 
     problem = vllm_import_problem()
     if problem is not None:

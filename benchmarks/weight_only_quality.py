@@ -33,8 +33,12 @@ def measure(model_ref: str, variants: list[str], windows: int, window_tokens: in
     import torch
 
     import genprobe
-    from genprobe.serving.llamacpp.quant_measures import AgreementAccumulator
-    from genprobe.serving.llamacpp.quant_study import QuantStudyConfig, study_inputs, transformers_logits
+    from genprobe.serving.llamacpp.quant_study import (
+        AgreementAccumulator,
+        QuantStudyConfig,
+        study_inputs,
+        transformers_logits,
+    )
 
     base = genprobe.load(model_ref)
     cfg = QuantStudyConfig(types=(), prompts=1, text_windows=windows, window_tokens=window_tokens)

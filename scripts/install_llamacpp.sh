@@ -194,7 +194,7 @@ extract_source
 echo "install_llamacpp: llama.cpp $VERSION source tree (convert_hf_to_gguf.py, gguf-py): $SOURCE_TREE"
 # Loading the library is the check: a wheel built for another CPU fails here, not in the middle of a run.
 "$PY" - <<'PYEOF' || die "llama_cpp is installed but not usable (above); rebuild with LLAMACPP_REBUILD=1"
-from genprobe.serving.llamacpp._bindings import llama_cpp_problem, require_llama_cpp
+from genprobe.serving.llamacpp.engine import llama_cpp_problem, require_llama_cpp
 
 problem = llama_cpp_problem()
 if problem:

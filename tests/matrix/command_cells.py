@@ -84,7 +84,7 @@ def fake_catalog_cache(root: Path, hf: Path, gguf: Path) -> Path:
     English corpus (``genprobe fetch english``, which scripts/test.sh runs) and llama.cpp source tree beside it."""
     from genprobe.model.catalog import SMOLLM2
     from genprobe.registry import cache_root
-    from genprobe.serving.llamacpp._bindings import LLAMA_CPP_PYTHON_VERSION
+    from genprobe.serving.llamacpp.engine import LLAMA_CPP_PYTHON_VERSION
 
     cache = root / "cache"
     models = SMOLLM2.directory(cache).parent

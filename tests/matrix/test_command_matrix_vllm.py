@@ -26,7 +26,7 @@ SCAN_NEW = {"checkpoint": "57"}  # 5 + 57 tokens round up to the checkpoint's wh
 
 
 def _vllm_problem() -> str | None:
-    from genprobe.serving._vllm import vllm_import_problem
+    from genprobe.serving.engine import vllm_import_problem
 
     return vllm_import_problem()
 

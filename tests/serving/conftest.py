@@ -26,7 +26,7 @@ PATCH_ALPHA = 0.5  # absolute strength of the random-direction test patch: moves
 @pytest.fixture(scope="session")
 def vllm_ready() -> None:
     """Skip the test (with the reason) when vLLM's engine API cannot be imported here."""
-    from genprobe.serving._vllm import vllm_import_problem
+    from genprobe.serving.engine import vllm_import_problem
 
     problem = vllm_import_problem()
     if problem:
@@ -38,10 +38,10 @@ def _engine_options(dtype: str = "float32"):
     from dataclasses import replace
 
     from genprobe.cli import build_parser
-    from genprobe.cli.cmd_verify_serving import _options
+    from genprobe.cli._vllm_args import engine_options
 
     args = build_parser().parse_args(["verify-serving", "MODEL", *ENGINE_FLAGS])
-    return replace(_options(args), dtype=dtype)
+    return replace(engine_options(args, seed=args.seed), dtype=dtype)
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from genprobe.engine.backend import Capabilities, Position, Request, Response, top_positions
+from genprobe.engine.backend import Backend, Capabilities, Position, Request, Response, top_positions
 
 VOCAB, TRAP, PERIOD = 64, 48, 3
 GATE = VOCAB - 1
@@ -40,7 +40,7 @@ def logprob_row(t: int, shift: float = 0.0) -> torch.Tensor:
     return torch.log_softmax(logits, -1)
 
 
-class FakeBackend:
+class FakeBackend(Backend):
     """The scripted chain as a :class:`~genprobe.engine.backend.Backend`; ``capabilities`` may be overridden."""
 
     model_name = "fake-chain"
@@ -90,7 +90,3 @@ class FakeBackend:
     def tokenize(self, text: str) -> list[int] | None:
         """Space-separated ids (None when the server cannot say)."""
         return [int(t) for t in text.split()] if self.capabilities.tokenize else None
-
-    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
-        """Not a chat server."""
-        return None

@@ -42,9 +42,10 @@ def _model_dir(tmp_path, cfg, name="m"):
 
 def _cli_options(*flags):
     from genprobe.cli import build_parser
-    from genprobe.cli.cmd_verify_serving import _options
+    from genprobe.cli._vllm_args import engine_options
 
-    return _options(build_parser().parse_args(["verify-serving", "MODEL", *flags]))
+    args = build_parser().parse_args(["verify-serving", "MODEL", *flags])
+    return engine_options(args, seed=args.seed)
 
 
 def test_geometry_of_llama_and_gpt2_configs(tmp_path):

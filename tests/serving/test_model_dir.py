@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from genprobe.model.errors import ModelLoadError
-from genprobe.serving.model_dir import served_model
+from genprobe.serving.engine import served_model
 
 
 def test_a_catalog_name_resolves_to_its_fetched_directory(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from genprobe.engine.samplers.stages import SamplerConfig
-from genprobe.serving._vllm import INSTALL_HINT, VLLMNotAvailableError, require_vllm, vllm_import_problem
+from genprobe.serving.engine import VLLM_INSTALL_HINT, VLLMNotAvailableError, require_vllm, vllm_import_problem
 from genprobe.serving.scan import to_sampling_params
 
 
@@ -28,7 +28,7 @@ def test_library_entry_points_name_the_extra(no_vllm, tmp_path):
     ):
         with pytest.raises(VLLMNotAvailableError, match=r"pip install 'genprobe\[vllm\]'"):
             call()
-    assert INSTALL_HINT in vllm_import_problem()
+    assert VLLM_INSTALL_HINT in vllm_import_problem()
 
 
 def test_cli_exits_2_with_the_install_line(no_vllm, tmp_path, capsys):

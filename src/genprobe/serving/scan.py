@@ -1,20 +1,13 @@
 """Loop scan through vLLM in-process: the same prompts, sampler and records as genprobe's own engine scan.
 
 vLLM contributes only a batch generator (:func:`vllm_batches`) to the one scan
-(:func:`genprobe.loops.scan.scan_batches`). It stays an in-process fast path beside the Backend route because a
-backend request cannot carry vLLM's penalties and min-p, which loop studies sweep. Greedy scans give our engine's
-tokens up to float noise (tested); sampled scans (seed ``seed + i`` for prompt ``i``) agree in distribution only.
-
-**Samplers** (:func:`to_sampling_params`): vLLM's V1 sampler applies bans → penalties → greedy argmax, or temperature
-→ min-p → top-k → top-p → draw. A :class:`~genprobe.engine.samplers.stages.SamplerConfig` maps when each active stage's
-``vllm`` method (:mod:`genprobe.engine.samplers.stages`) has its vLLM form (the rest is refused by name), when stages
-whose arithmetic differs between engines run with ``engine="vllm"``, and when the active stages run in an order
-equivalent to vLLM's fixed one. A field no stage maps is refused while it is not at its default, so a new setting is
-never dropped silently.
-
-:func:`compare_loop_rates` answers whether a served (repaired) model loops as often as our engine measured: both rates
-with Wilson 95% intervals, whether the served rate lies inside ours, and — because a rate alone can agree by
-accident — the per-prompt agreement of loop verdicts and of tokens (which greedy decoding should reproduce exactly).
+(:func:`genprobe.loops.scan.scan_batches`): an in-process fast path beside the Backend route, because a backend
+request cannot carry the penalties and min-p that loop studies sweep. Greedy scans give our engine's tokens up to
+float noise (tested); sampled ones (seed ``seed + i`` for prompt ``i``) agree in distribution only. A
+:class:`~genprobe.engine.samplers.stages.SamplerConfig` maps to ``SamplingParams`` exactly or is refused by name
+(:func:`sampling_kwargs`: each stage's ``vllm`` form, a field no stage maps refused while not at its default, and an
+order equivalent to vLLM's fixed temperature → min-p → top-k → top-p). :func:`compare_loop_rates` holds a served scan
+against ours: both loop rates with Wilson 95% intervals, and the per-prompt agreement of verdicts and tokens.
 """
 
 from __future__ import annotations
@@ -35,7 +28,7 @@ from ..engine.samplers.stages import (
 )
 from ..loops.scan import Batch, GenerateBatch, ScanOptions, ScanResult, check_prompts
 from ..loops.scan_settings import ScanEngine
-from .engine import ServingEngine
+from .engine import EngineOptions, ServingEngine, require_vllm, served_model, shared_engine, size_for_workload
 
 # Stages that commute exactly with each other: top-k keeps a rank set, and dividing by τ > 0 keeps ranks.
 _COMMUTING = {TEMPERATURE, TOP_K}
@@ -64,29 +57,15 @@ def sampling_kwargs(cfg: SamplerConfig, vocab_size: int) -> dict[str, Any]:
 
 
 def to_sampling_params(
-    cfg: SamplerConfig,
-    vocab_size: int,
-    max_new_tokens: int,
-    *,
-    seed: int | None = None,
-    eos_id: int | None = None,
-    **extra: Any,
+    cfg: SamplerConfig, vocab_size: int, max_new_tokens: int, *, seed: int | None = None, **extra: Any
 ) -> Any:
-    """A vLLM ``SamplingParams`` for ``cfg``: exactly ``max_new_tokens`` tokens unless ``eos_id`` is generated."""
-    from ._vllm import require_vllm
-
+    """A vLLM ``SamplingParams`` for ``cfg`` (``extra``: more of its keywords): exactly ``max_new_tokens`` tokens."""
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    stop: dict[str, Any] = {"stop_token_ids": [int(eos_id)]} if eos_id is not None else {}
-    # ignore_eos: the model config's own end-of-text id must not stop a scan; only ``eos_id`` (if given) does.
+    # ignore_eos: the model config's own end-of-text id must not stop a scan
+    params = sampling_kwargs(cfg, vocab_size) | extra
     return require_vllm().SamplingParams(
-        max_tokens=int(max_new_tokens),
-        seed=seed,
-        ignore_eos=True,
-        detokenize=False,
-        **sampling_kwargs(cfg, vocab_size),
-        **stop,
-        **extra,
+        max_tokens=int(max_new_tokens), seed=seed, ignore_eos=True, detokenize=False, **params
     )
 
 
@@ -114,8 +93,6 @@ def vllm_scan_backend(options: Any = None) -> ScanEngine:
     these :class:`~genprobe.serving.engine.EngineOptions` and sized to the scan as verify-serving sizes it to its
     checks: the context fits the longest prompt plus the new tokens, and the KV budget what the scan's sequences
     need (a CPU machine's default memory fraction often leaves none)."""
-    from .engine import EngineOptions, shared_engine, size_for_workload
-    from .model_dir import served_model
 
     def check(sampler: SamplerConfig, model: Any, n_ctx: int) -> None:
         sampling_kwargs(sampler, model.vocab_size)

@@ -1,28 +1,19 @@
 """verify-serving: does a deployment compute the model's log-probabilities? One verifier for every engine.
 
-A serving engine changes *how* the forward is computed — continuous batching, prefix caching, chunked prefill,
-reduced precision — and each can go wrong without the text looking wrong. Each phase below sends, through the
-:class:`~genprobe.engine.backend.Backend` protocol, a workload that exercises one of them and compares every
-log-probability the backend returned with float32 recomputation of the same tokens
-(:class:`~genprobe.serving.judge.ReferenceLogprobs`): over the top-k ids where an API returns top-k, over the whole
-vocabulary where the backend returns every row (llama.cpp in process). Each engine is an adapter
-(``serving.engine.VllmBackend``, ``serving.llamacpp.engine.LlamaCppBackend``, ``serving.endpoint.EndpointBackend``,
-``engine.backend.EngineBackend``) whose :class:`~genprobe.engine.backend.Capabilities` say what it can do; a phase it
-cannot support is "not checked" with the reason, never "pass".
-
-The phases (:data:`PHASES`) are the ``*_phase`` functions below, in order; what each sends and how it is judged:
-docs/live-serving.md ("Phases and verdicts") and docs/vllm.md.
-
-Only the prefix-cache phases read a prefix cache (the others ask not to, where the backend can be told), so a cache
-fault is named where it is. How a phase is judged depends on the deployment's precision (``Capabilities.exact``):
-:mod:`genprobe.serving.judge`.
+Each phase (:data:`PHASES`, the ``*_phase`` functions below, in order) sends, through the
+:class:`~genprobe.engine.backend.Backend` protocol, a workload that exercises one thing a serving engine changes —
+continuous batching, prefix caching, chunked prefill, reduced precision — and compares every log-probability returned
+with float32 recomputation (:mod:`genprobe.serving.judge`). Each engine is an adapter whose
+:class:`~genprobe.engine.backend.Capabilities` say what it can do; a phase it cannot support is "not checked" with
+the reason, never "pass". Only the prefix-cache phases read a prefix cache, so a cache fault is named where it is.
+What each phase sends and how it is judged: docs/live-serving.md ("Phases and verdicts") and docs/vllm.md.
 """
 
 from __future__ import annotations
 
 import os
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -485,13 +476,13 @@ def verify_backend(
 ) -> ServingReport:
     """Every phase on a live ``backend`` (a text workload) against float32 recomputation of ``reference`` (a loaded
     float32 ``Model``)."""
-    from .judge import ReferenceLogprobs
+    from .judge import reference_logprobs
 
     th, settings = thresholds or Thresholds(), settings or Settings()
     check_same_model(backend, reference, reference_name)
     texts = list(prompts) if prompts else random_prompts(max(settings.requests, PREFIX_PROMPTS + 2), settings.seed)
     work = text_workload(reference, texts, settings, backend.capabilities.token_prompts)
-    judge = Judge(ReferenceLogprobs(reference), th, settings.top_k, exact=backend.capabilities.exact)
+    judge = Judge(reference_logprobs(reference), th, settings.top_k, exact=backend.capabilities.exact)
     log(f"{len(work.alone)} prompts: every phase the {backend.capabilities.server} backend allows")
     report = ServingReport(url or backend.model_name, reference_name, th, asdict(settings), url=url)
     report.add(Run(backend, judge, work, settings, reference))
@@ -531,12 +522,9 @@ def verify_serving(
     against float32 recomputation of ``reference`` (default: the served weights; another directory checks that the
     deployment serves the weights you expect). ``options`` are the engine settings, their ``dtype`` replaced by each
     of ``dtypes``. A reduced-precision deployment's floor is the reference recomputed in its dtype."""
-    from dataclasses import replace
-
     from ..model.load import load_model
-    from .engine import EngineOptions, VllmBackend, shared_engine
-    from .judge import ReferenceLogprobs
-    from .model_dir import served_model
+    from .engine import EngineOptions, VllmBackend, served_model, shared_engine
+    from .judge import reference_logprobs
 
     say = log or (lambda _: None)
     if steps < 1 or top_k < 1:
@@ -551,7 +539,7 @@ def verify_serving(
         raise ValueError(
             f"the reference has {ref_model.vocab_size} output ids but the served model has {served.vocab_size}"
         )
-    float32 = ReferenceLogprobs(ref_model)
+    float32 = reference_logprobs(ref_model)
     settings = Settings(concurrency=len(BATCH_FRACTIONS), steps=steps, top_k=top_k, seed=seed)
     report = ServingReport(str(model), str(reference if reference is not None else model), th, asdict(settings))
     # the engine is keyed by the source, so a later scan of the same checkpoint reuses it; the export goes when the
@@ -564,7 +552,7 @@ def verify_serving(
         floor = None
         if dt != "float32":
             say(f"recomputing the reference in {dt} too (the floor of that precision)")
-            floor = ReferenceLogprobs(load_model(ref_model.source or served.path, dtype=getattr(torch, dt)))
+            floor = reference_logprobs(load_model(ref_model.source or served.path, dtype=getattr(torch, dt)))
         judge = Judge(float32, th, top_k, floor, exact=dt == "float32")
         report.add(Run(backend, judge, work, settings, ref_model), backend.engine.describe())
     return report

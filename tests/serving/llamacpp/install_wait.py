@@ -43,7 +43,7 @@ def wait_for_install(timeout: float = WAIT_S) -> None:
 
 def llama_cpp_or_skip() -> None:
     """Skip (outside the test command) or fail (inside it) when llama.cpp's bindings cannot be used here."""
-    from genprobe.serving.llamacpp._bindings import llama_cpp_problem
+    from genprobe.serving.llamacpp.engine import llama_cpp_problem
 
     wait_for_install()
     problem = llama_cpp_problem()

@@ -37,10 +37,10 @@ def engine(tiny):
 @pytest.fixture(scope="module")
 def reference(tiny):
     import genprobe
-    from genprobe.serving.judge import ReferenceLogprobs
+    from genprobe.serving.judge import reference_logprobs
 
     torch.set_num_threads(1)
-    return ReferenceLogprobs(genprobe.load(str(tiny[0])))
+    return reference_logprobs(genprobe.load(str(tiny[0])))
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

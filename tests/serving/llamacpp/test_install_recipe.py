@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from genprobe.registry import cache_root
-from genprobe.serving.llamacpp._bindings import LLAMA_CPP_PYTHON_VERSION
+from genprobe.serving.llamacpp.engine import LLAMA_CPP_PYTHON_VERSION
 
 sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).resolve().parents[3]
@@ -131,7 +131,7 @@ def test_in_the_test_command_a_failed_install_fails_the_llama_cpp_tests(tmp_path
 def test_in_the_test_command_a_missing_extra_fails_instead_of_skipping(tmp_path, monkeypatch):
     import install_wait
 
-    import genprobe.serving.llamacpp._bindings as pkg
+    import genprobe.serving.llamacpp.engine as pkg
 
     status = tmp_path / "llamacpp.status"
     status.write_text("0\n")

@@ -13,12 +13,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from genprobe.serving.llamacpp.quant_measures import (
+from genprobe.metrics.stats import sign_test_p
+from genprobe.serving.llamacpp.quant_study import (
     AgreementAccumulator,
     divergence_summary,
     intervals_overlap,
     kl_per_position,
-    sign_test_p,
 )
 from genprobe.serving.llamacpp.quantize import QUANT_TYPES, UnsupportedQuantTypeError, check_types
 from genprobe.serving.verify import first_difference
@@ -95,7 +95,7 @@ def test_sign_test_and_interval_overlap():
 def _loops(rate, ci, p=1.0):
     from types import SimpleNamespace
 
-    return SimpleNamespace(loops=SimpleNamespace(degenerate_rate=rate, degenerate_rate_ci95=ci, sign_test_p=p))
+    return SimpleNamespace(loops=SimpleNamespace(degenerate_rate=rate, degenerate_rate_ci95=ci), sign_test_p=p)
 
 
 def test_a_loop_change_needs_the_paired_test_or_apart_intervals():
@@ -231,30 +231,7 @@ def test_the_command_writes_the_table(tiny_dir, tmp_path, capsys):
     assert got["rows"][1]["loops"]["human_fpr"]["degenerate"]["n"] > 0  # calibrated: human FPR beside the rates
     table = (out / "quant-tiny-llama.md").read_text(encoding="utf-8")
     assert "| Q4_0 |" in table and "| F32 |" in table and "Findings:" in table
-    assert json.loads((out / "quant-tiny-llama.json").read_text(encoding="utf-8"))["rows"][1]["type"] == "Q8_0"
-    from genprobe.serving.llamacpp.quant_report import read_study, study_markdown
-
-    study = read_study(out / "quant-tiny-llama.json")
-    assert study_markdown(study) == table  # the JSON holds the whole study
-    _check_merge(study)
-
-
-def _check_merge(study):
-    """Two runs on disjoint types merge back into the one study; runs whose F32 references differ do not."""
-    from dataclasses import replace
-
-    from genprobe.serving.llamacpp.quant_report import merge_studies
-
-    f32, q8, q4, km = study.rows
-    a = replace(study, rows=[f32, km, q4], samples=[x for x in study.samples if x.type != "Q8_0"])
-    b = replace(study, rows=[f32, q8], samples=[x for x in study.samples if x.type == "Q8_0"])
-    merged = merge_studies([a, b])
-    assert [r.type for r in merged.rows] == ["F32", "Q8_0", "Q4_K_M", "Q4_0"]  # by bits per weight
-    assert merged.config.types == ("Q8_0", "Q4_K_M", "Q4_0")
-    with pytest.raises(ValueError, match="F32 references differ"):
-        merge_studies([a, replace(b, rows=[replace(f32, logits=replace(f32.logits, perplexity=1.0)), q8])])
-    with pytest.raises(ValueError, match="a type was measured twice"):
-        merge_studies([a, a])
+    assert json.loads((out / "quant-tiny-llama.json").read_text(encoding="utf-8")) == got  # the whole study
 
 
 def test_the_command_refuses_an_unknown_type(tiny_dir, tmp_path, capsys):
@@ -265,7 +242,7 @@ def test_the_command_refuses_an_unknown_type(tiny_dir, tmp_path, capsys):
 
 
 def test_the_command_says_how_to_install_when_the_bindings_are_missing(tiny_dir, tmp_path, capsys, monkeypatch):
-    import genprobe.serving.llamacpp._bindings as pkg
+    import genprobe.serving.llamacpp.engine as pkg
     from genprobe.cli import main
 
     monkeypatch.setattr(

@@ -22,15 +22,8 @@ import torch
 
 from genprobe.engine.samplers.chain import process_logits, sample_next
 from genprobe.engine.samplers.llama_cpp import expf, logf
-from genprobe.engine.samplers.stages import SamplerConfig
-from genprobe.serving.llamacpp.sampling import (
-    ChainStage,
-    KeptCandidates,
-    LlamaCppSampler,
-    UnsupportedLlamaCppSamplerError,
-    chain_candidates,
-    chain_stages,
-)
+from genprobe.engine.samplers.stages import ChainStage, SamplerConfig, UnsupportedSamplerError
+from genprobe.serving.llamacpp.sampling import KeptCandidates, LlamaCppSampler, chain_candidates, chain_stages
 
 F32 = np.float32
 NEG = -np.inf
@@ -251,9 +244,9 @@ def test_dry_breaker_inside_the_repeat_changes_the_penalty(smollm2_vocab):
 def test_dry_breaker_strings_must_match_the_config(smollm2_vocab):
     """Breakers as token ids in the config and as strings for llama.cpp: a mismatch is refused, named."""
     cfg = _dry_cfg(smollm2_vocab, ("\n",))
-    with pytest.raises(UnsupportedLlamaCppSamplerError, match="dry_sequence_breakers"):
+    with pytest.raises(UnsupportedSamplerError, match="dry_sequence_breakers"):
         chain_candidates(np.zeros(smollm2_vocab.n_tokens, dtype=F32), [1, 2], cfg, vocab=smollm2_vocab)
-    with pytest.raises(UnsupportedLlamaCppSamplerError, match="needs a vocabulary"):
+    with pytest.raises(UnsupportedSamplerError, match="needs a vocabulary"):
         chain_candidates(np.zeros(8, dtype=F32), [1, 2], LLAMA.replace(dry_multiplier=1.0))
 
 
@@ -338,7 +331,7 @@ def test_llama_cpp_temperature_zero_is_not_greedy():
     argmax here, so it picks another token; genprobe refuses τ = 0 and maps greedy=True to the argmax."""
     row = np.log(np.array([0.4, 0.2, 0.2, 0.2], dtype=F32))
     stages = [ChainStage("typical", (0.5, 0)), ChainStage("temp_ext", (0.0, 0.0, 1.0))]
-    from genprobe.serving.llamacpp._bindings import require_llama_cpp
+    from genprobe.serving.llamacpp.engine import require_llama_cpp
     from genprobe.serving.llamacpp.sampling import _CandidateArray, build_chain
 
     lc = require_llama_cpp()
@@ -383,7 +376,7 @@ def test_sampler_lifetime_and_input_checks():
         s.sample(np.zeros(4, dtype=F32))
     s.close()
     s.close()
-    with pytest.raises(UnsupportedLlamaCppSamplerError, match=r"ban_ids \[3\] are outside the vocabulary of 3"):
+    with pytest.raises(UnsupportedSamplerError, match=r"ban_ids \[3\] are outside the vocabulary of 3"):
         LlamaCppSampler(cfg.replace(ban_ids=(3,)), n_vocab=3, context_length=8)
     with pytest.raises(ValueError, match="closed"):
         s.sample(row)
@@ -400,7 +393,7 @@ def test_sampler_lifetime_and_input_checks():
 )
 def test_refused_settings_name_the_setting(cfg, match):
     """What llama.cpp has no sampler for (or computes differently) is refused with the setting's name."""
-    with pytest.raises(UnsupportedLlamaCppSamplerError, match=match):
+    with pytest.raises(UnsupportedSamplerError, match=match):
         chain_stages(cfg, context_length=64)
 
 

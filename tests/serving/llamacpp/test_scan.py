@@ -80,12 +80,11 @@ def test_sampled_scans_use_llama_cpp_chain_and_repeat_with_their_seed(engine, pr
 
 
 def test_a_setting_the_chain_cannot_express_is_refused_before_generating(engine, prompts):
-    from genprobe.engine.samplers.stages import SamplerConfig
+    from genprobe.engine.samplers.stages import SamplerConfig, UnsupportedSamplerError
     from genprobe.loops.scan import ScanOptions, scan_batches
-    from genprobe.serving.llamacpp.sampling import UnsupportedLlamaCppSamplerError
     from genprobe.serving.llamacpp.scan import llamacpp_batches
 
-    with pytest.raises(UnsupportedLlamaCppSamplerError):
+    with pytest.raises(UnsupportedSamplerError):
         scan_batches(llamacpp_batches(engine), prompts, ScanOptions(24, SamplerConfig(no_repeat_ngram=3), eos_id=EOS))
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         scan_batches(llamacpp_batches(engine), [[5], []], ScanOptions(24, eos_id=EOS))

@@ -114,14 +114,14 @@ def gguf_file(args: argparse.Namespace) -> Any:
 def llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> Any:
     """The llama.cpp scan backend on the GGUF file MODEL names; every setting its sampler chain cannot express
     exactly is refused first, naming the setting."""
-    from ...serving.llamacpp.sampling import UnsupportedLlamaCppSamplerError
+    from ...engine.samplers.stages import UnsupportedSamplerError
     from ...serving.llamacpp.scan import check_sampler_llamacpp, llamacpp_scan_backend
 
     gguf = gguf_file(args)
     for name, sampler in settings.items():
         try:
             check_sampler_llamacpp(sampler, model.max_positions or 2048, model.eos_id)
-        except UnsupportedLlamaCppSamplerError as exc:
+        except UnsupportedSamplerError as exc:
             raise ValueError(f"--backend llama.cpp cannot run the {name!r} setting exactly: {exc}") from None
     breakers = tuple(args.dry_breakers)
     return llamacpp_scan_backend(gguf, n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers)

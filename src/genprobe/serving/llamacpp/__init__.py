@@ -2,5 +2,5 @@
 
 The engine and its Backend adapter (:mod:`.engine`), verify-serving's llama.cpp run (:mod:`.verify`), the loop scan
 (:mod:`.scan`), the sampler chain (:mod:`.sampling`) and the quantization study (:mod:`.quantize`,
-:mod:`.quant_measures`, :mod:`.quant_study`, :mod:`.quant_report`).
+:mod:`.quant_study`, :mod:`.quant_report`).
 """

@@ -1,15 +1,15 @@
 """llama.cpp as an engine: a GGUF file's logits at every position, greedy generation, KV-cache operations.
 
-:class:`LlamaCppModel` opens one GGUF file through ``llama-cpp-python`` and drives llama.cpp's own context with the
-low-level API (``llama_batch`` + ``llama_decode``; ``include/llama.h``), so every call says exactly what llama.cpp
-computed: which tokens at which positions in which sequence, which rows' logits were asked for. Each public call
-starts from a fresh KV cache unless it says otherwise. The file is the whole deployment (weights, hyper-parameters,
-tokenizer); every comparison runs on token ids, so a tokenizer difference never enters a logit comparison.
+:class:`LlamaCppModel` drives llama.cpp's own context through ``llama-cpp-python``'s low-level API (``llama_batch`` +
+``llama_decode``; ``include/llama.h``), so every call says exactly what llama.cpp computed: which tokens at which
+positions in which sequence, which rows' logits were asked for. Each public call starts from a fresh KV cache unless
+it says otherwise; every comparison runs on token ids. Only an F32 file with an F32 KV cache is float32 arithmetic
+throughout: the KV cache stores K/V in ``kv_type`` and a product with a quantized weight quantizes the activations to
+the weight type's ``vec_dot_type`` (docs/llamacpp.md).
 
-By design llama.cpp differs from float32 recomputation of the same weights: its KV cache stores K/V in ``kv_type``
-(f16 by default, read back in prefill too), and a product with a quantized weight quantizes the activations to the
-weight type's ``vec_dot_type``. Only an F32 file with an F32 KV cache is float32 arithmetic throughout
-(docs/llamacpp.md).
+The one place that imports the bindings (:func:`require_llama_cpp`, called by every entry point): they ship as source
+only, and ``scripts/install_llamacpp.sh`` builds them with explicit instruction-set flags (a default build crashed in
+its quantized kernels on the test machines).
 """
 
 from __future__ import annotations
@@ -18,13 +18,68 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from types import ModuleType
+from typing import Any, Callable, Self, Sequence
 
 import numpy as np
+import torch
 
 from ..._io import json_safe
-from ...engine.backend import Capabilities, Position, Request, Response, stop_text
-from ._bindings import Closeable, llama_cpp_facts, require_llama_cpp
+from ...engine.backend import Backend, Capabilities, Position, Request, Response, stop_text
+
+#: The version genprobe is tested against (its low-level API changes between releases: e.g. the argument order
+#: of ``llama_sampler_init_penalties``).
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+INSTALL_HINT = "bash scripts/install_llamacpp.sh (builds llama-cpp-python from source, ~2 min on 2 cores)"
+
+
+class LlamaCppNotAvailableError(ImportError):
+    """llama-cpp-python is not installed (or cannot be imported) in this environment."""
+
+
+def llama_cpp_problem() -> str | None:
+    """Why ``llama_cpp`` cannot be used here, or None when it can (for test skips and doctor output)."""
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        return f"llama.cpp's Python bindings are not installed ({exc}); {INSTALL_HINT}"
+    except OSError as exc:  # the shared library failed to load (built for another CPU, missing libgomp, ...)
+        return f"llama-cpp-python is installed but its library cannot be loaded: {exc}; rebuild: {INSTALL_HINT}"
+    version = getattr(llama_cpp, "__version__", "?")
+    if version != LLAMA_CPP_PYTHON_VERSION:
+        return f"llama-cpp-python {version} is installed; genprobe needs {LLAMA_CPP_PYTHON_VERSION}: {INSTALL_HINT}"
+    return None
+
+
+def require_llama_cpp() -> ModuleType:
+    """Import and return ``llama_cpp``, or raise :class:`LlamaCppNotAvailableError` saying how to install it."""
+    problem = llama_cpp_problem()
+    if problem is not None:
+        raise LlamaCppNotAvailableError(problem)
+    import llama_cpp
+
+    return llama_cpp
+
+
+def llama_cpp_facts() -> dict[str, str]:
+    """The bindings' version and llama.cpp's build (``llama_print_system_info``: the instruction sets it uses)."""
+    lib = require_llama_cpp()
+    info = lib.llama_print_system_info().decode("utf-8", errors="replace").strip()
+    return {"llama_cpp_python": getattr(lib, "__version__", LLAMA_CPP_PYTHON_VERSION), "system_info": info}
+
+
+class Closeable:
+    """Owns llama.cpp objects that :meth:`close` frees (idempotently); as a context manager, closed on exit."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 #: KV-cache element types a context can be created with (ggml type ids of ``ggml.h``).
 KV_TYPES = {"f32": 0, "f16": 1}
@@ -440,7 +495,7 @@ class SequenceBatch(Closeable):
             self.ctx = None
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(Backend):
     """A :class:`LlamaCppModel` as a :class:`~genprobe.engine.backend.Backend`: token-id prompts, greedy, every
     position's whole distribution (``Response.rows``), the ``Llama`` object's prompt cache (one prompt deep, token by
     token; a request that does not read it starts from an empty KV cache), the requests of one call as sequences of
@@ -456,12 +511,8 @@ class LlamaCppBackend:
             logprobs="full",
             max_top_k=model.vocab_size,
             prompt_logprobs=True,
-            token_prompts=True,
             prefix_cache=True,
             concurrency=int(model._lib.llama_max_parallel_sequences()),
-            seed=False,
-            tokenize=False,
-            chat_template=False,
             cache_bypass=True,
             exact=exact,
             label=label,
@@ -471,7 +522,7 @@ class LlamaCppBackend:
         """llama.cpp's log-probabilities of ``ids`` from one fresh ``llama_decode`` call (memoised)."""
         key = tuple(int(t) for t in ids)
         if key not in self._prefill:
-            self._prefill[key] = _log_softmax(self.model.logits(key))
+            self._prefill[key] = torch.from_numpy(log_softmax64(self.model.logits(key)))
         return self._prefill[key]
 
     def complete(self, request: Request) -> Response:
@@ -504,20 +555,12 @@ class LlamaCppBackend:
 
     def response(self, g: Generation, stops: Sequence[str] = (), cached: int | None = None, at: int = 0) -> Response:
         """``g`` as a response whose ``logits`` rows start at row ``at`` of prompt + tokens (text cut at ``stops``)."""
-        rows, first = _log_softmax(g.logits), len(g.prompt) - 1 - at
+        rows, first = torch.from_numpy(log_softmax64(g.logits)), len(g.prompt) - 1 - at
         positions = [
             Position(t, float(rows[first + s, t])) for s, t in enumerate(g.tokens) if 0 <= first + s < len(rows)
         ]
         text = stop_text(self.model.detokenize(g.tokens), stops)
         return Response(g.prompt, g.tokens, positions, g.finish_reason, text, None, cached, rows=rows, rows_from=at)
-
-    def tokenize(self, text: str) -> list[int] | None:
-        """Not compared: the reference's tokenizer is built from the same GGUF metadata."""
-        return None
-
-    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int] | None:
-        """Not a chat server: None."""
-        return None
 
     def reset_cache(self) -> bool:
         """An empty KV cache and prompt cache."""
@@ -531,7 +574,8 @@ def _greedy_prompt(request: Request) -> list[int]:
     return [int(t) for t in request.prompt]
 
 
-def _log_softmax(logits: np.ndarray) -> Any:
-    import torch
-
-    return torch.log_softmax(torch.from_numpy(np.asarray(logits)).double(), dim=-1)
+def log_softmax64(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64 (``-inf`` logits stay ``-inf``; a row needs one finite logit)."""
+    x = np.asarray(logits, dtype=np.float64)
+    shifted = x - np.max(x, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))

@@ -2,20 +2,18 @@
 
 Findings (sentences that say what the table shows: the engine, each type, and whether low bits loop more), the
 results table, file recipes and sample texts as markdown, and the study's ``quant-<model>.json`` /
-``quant-<model>.md`` written, read back and merged.
+``quant-<model>.md`` written.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from ..._io import json_safe
 from ..._templates import pct
-from .quant_measures import Divergence, LogitAgreement, LoopOutcome, intervals_overlap
-from .quant_study import Log, QuantStudy, QuantStudyConfig, SampleText, TypeRow, run_quant_study
-from .quantize import QuantizedFile
+from .quant_study import Divergence, Log, QuantStudy, QuantStudyConfig, TypeRow, intervals_overlap, run_quant_study
 
 
 # ---- what the numbers show -------------------------------------------------------------------------------------
@@ -35,7 +33,7 @@ def loop_change(row: TypeRow, ref: TypeRow) -> int:
     below :data:`SIGNIFICANCE`, or the unpaired 95% intervals apart — else 0 (the data does not show a change)."""
     a, b = row.loops, ref.loops
     apart = not intervals_overlap(a.degenerate_rate_ci95, b.degenerate_rate_ci95)
-    if a.sign_test_p >= SIGNIFICANCE and not apart:
+    if row.sign_test_p >= SIGNIFICANCE and not apart:
         return 0
     return 1 if a.degenerate_rate > b.degenerate_rate else -1
 
@@ -43,8 +41,8 @@ def loop_change(row: TypeRow, ref: TypeRow) -> int:
 def _loop_verdict(row: TypeRow, ref: TypeRow) -> str:
     a, b = row.loops, ref.loops
     paired = (
-        f"paired on the same prompts: {a.became_degenerate} became degenerate, {a.stopped_degenerate} stopped, "
-        f"sign test p = {a.sign_test_p:.2g}"
+        f"paired on the same prompts: {row.became_degenerate} became degenerate, {row.stopped_degenerate} stopped, "
+        f"sign test p = {row.sign_test_p:.2g}"
     )
     overlap = intervals_overlap(a.degenerate_rate_ci95, b.degenerate_rate_ci95)
     intervals = "the unpaired 95% intervals overlap" if overlap else "the unpaired 95% intervals are apart"
@@ -93,7 +91,7 @@ def study_findings(study: QuantStudy) -> list[str]:
             0: f"not shown at {low.type}, the lowest-bit type here ({delta:+.1f} points, not significant)",
             -1: f"no: at {low.type}, the lowest-bit type here, it degenerates less ({delta:+.1f} points)",
         }[change]
-        n = len(ref.loops.degenerate)
+        n = ref.loops.n
         out.append(f"Does low-bit quantization make the model loop more? {answer} ({n} prompts).")
     return out
 
@@ -129,7 +127,7 @@ def study_markdown(study: QuantStudy) -> str:
     ]
     for row in study.rows:
         lg, lo, div = row.logits, row.loops, row.divergence
-        paired = f"+{lo.became_degenerate}/−{lo.stopped_degenerate} ({lo.sign_test_p:.2g})"
+        paired = f"+{row.became_degenerate}/−{row.stopped_degenerate} ({row.sign_test_p:.2g})"
         paired = "—" if row.type == "F32" else paired
         lines.append(
             f"| {row.type} | {row.file.size_bytes / 2**20:.1f} | {row.file.bits_per_weight:.2f} | {lg.kl_mean:.3g} | "
@@ -169,79 +167,16 @@ def _human_line(study: QuantStudy) -> str:
     return f"Detectors calibrated on {src}; held-out human false-positive rate: {', '.join(parts) or 'n/a'}."
 
 
-def read_study(path: str | os.PathLike[str]) -> QuantStudy:
-    """A study back from its ``quant-<model>.json`` (to re-render the table; findings recomputed from the numbers)."""
-    import json
-
-    d = json.loads(Path(path).read_text(encoding="utf-8"))
-    parts: dict[str, Any] = {
-        "file": QuantizedFile,
-        "logits": LogitAgreement,
-        "divergence": Divergence,
-        "loops": LoopOutcome,
-    }
-    rows = [TypeRow(**{**r, **{k: make(**r[k]) for k, make in parts.items()}}) for r in d["rows"]]
-    cfg = d["config"]
-    study = QuantStudy(
-        **{
-            **d,
-            "config": QuantStudyConfig(**{**cfg, "types": tuple(cfg["types"])}),
-            "engine_check": LogitAgreement(**d["engine_check"]),
-            "rows": rows,
-            "samples": [SampleText(**x) for x in d["samples"]],
-        }
-    )
-    study.findings = study_findings(study)
-    return study
-
-
-def write_study(study: QuantStudy, out_dir: str | os.PathLike[str], stem: str) -> tuple[Path, Path]:
-    """``quant-<stem>.json`` (everything) and ``quant-<stem>.md`` (the table) in ``out_dir``, atomically."""
-    from ..._io import atomic_write_json, atomic_write_text
-
-    out = Path(out_dir)
-    js, md = out / f"quant-{stem}.json", out / f"quant-{stem}.md"
-    atomic_write_json(js, json_safe(study))
-    atomic_write_text(md, study_markdown(study))
-    return js, md
-
-
-def merge_studies(studies: Sequence[QuantStudy]) -> QuantStudy:
-    """Studies of one model with the same settings, run in parallel on disjoint types, as one study: rows in
-    bits-per-weight order after F32. Refused when the settings differ or the F32 references do not agree exactly
-    (each run measured its own; llama.cpp is deterministic, so they must)."""
-    from dataclasses import replace
-
-    if not studies:
-        raise ValueError("no studies to merge")
-    first = studies[0]
-    for s in studies[1:]:
-        if s.model != first.model or replace(s.config, types=()) != replace(first.config, types=()):
-            raise ValueError(f"cannot merge studies of different models or settings: {first.model} / {s.model}")
-        same = s.rows[0].logits == first.rows[0].logits and s.rows[0].loops.degenerate == first.rows[0].loops.degenerate
-        if not same or s.engine_check != first.engine_check:
-            raise ValueError("the studies' F32 references differ: they did not run on the same file and inputs")
-    others = [r for s in studies for r in s.rows[1:]]
-    if len({r.type for r in others}) != len(others):
-        raise ValueError("the studies overlap: a type was measured twice")
-    rows = [first.rows[0], *sorted(others, key=lambda r: -r.file.bits_per_weight)]
-    merged = replace(
-        first,
-        config=replace(first.config, types=tuple(r.type for r in rows[1:])),
-        rows=rows,
-        samples=[x for r in rows[1:] for s in studies for x in s.samples if x.type == r.type],
-        seconds=max(s.seconds for s in studies),
-    )
-    merged.findings = study_findings(merged)
-    return merged
-
-
 def quant_compare(
     model_ref: str, out_dir: str | os.PathLike[str], cfg: QuantStudyConfig, *, log: Log | None = None
 ) -> tuple[QuantStudy, Path, Path]:
-    """``genprobe quant-compare`` as a library call: run the study, state its findings, write
-    ``quant-<model>.json`` and ``quant-<model>.md`` into ``out_dir``; returns the study and the two paths."""
+    """``genprobe quant-compare`` as a library call: run the study, state its findings, write ``quant-<model>.json``
+    (everything) and ``quant-<model>.md`` (the table) into ``out_dir``, atomically; returns the study and the paths."""
+    from ..._io import atomic_write_json, atomic_write_text
+
     study, stem = run_quant_study(model_ref, out_dir, cfg, log=log)
     study.findings = study_findings(study)
-    js, md = write_study(study, out_dir, stem)
+    js, md = Path(out_dir) / f"quant-{stem}.json", Path(out_dir) / f"quant-{stem}.md"
+    atomic_write_json(js, json_safe(study))
+    atomic_write_text(md, study_markdown(study))
     return study, js, md

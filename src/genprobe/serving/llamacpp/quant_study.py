@@ -4,36 +4,133 @@ From one float model (:mod:`.quantize`: an all-F32 GGUF, then each type), every 
 compared with **the F32 GGUF in llama.cpp**, so the engine is the same on both sides and the difference is the
 quantization (of the weights, and of the activations that meet them in llama.cpp's dot products). One more row puts
 the F32 file beside ``transformers`` float32 on the same weights: the engine itself. Per type, on human text the
-model was not tuned on (:func:`study_inputs`): logits (KL, top-1, perplexity: :mod:`.quant_measures`), the first
-step where greedy text leaves F32's, calibrated loop rates paired with F32's, and batch-1 decode speed
-(docs/quantization.md).
+model was not tuned on (:func:`study_inputs`): logits (KL(F32 ‖ type), top-1 agreement — first index on a tie, as
+llama.cpp's greedy sampler — and perplexity), the first step where greedy text leaves F32's, calibrated loop rates
+paired with F32's on the same prompts (sign test), and batch-1 decode speed (docs/quantization.md).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from ..._io import json_safe
-from ._bindings import llama_cpp_facts
-from .quant_measures import (
-    AgreementAccumulator,
-    Divergence,
-    LogitAgreement,
-    LoopOutcome,
-    divergence_summary,
-    loop_outcome,
-)
+from ...loops.scan import LoopRates
+from ...metrics.stats import sign_test_p
+from ..verify import first_difference
+from .engine import LlamaCppModel, llama_cpp_facts, log_softmax64
 from .quantize import DEFAULT_TYPES, QuantizedFile, check_types
 
 Log = Callable[[str], None]
 SPEED_PROMPTS = 8  # prompts generated one at a time (batch 1) to time decoding
+DIVERGENCE_BIN = 8
+
+
+# ---- logits ------------------------------------------------------------------------------------------------
+def kl_per_position(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """KL(ref ‖ other) in nats per row. A token impossible under ``ref`` (``-inf``) adds nothing; one impossible
+    under ``other`` but not ``ref`` makes the row ``inf``."""
+    lp, lq = log_softmax64(ref_logits), log_softmax64(logits)
+    p = np.exp(lp)
+    with np.errstate(invalid="ignore"):
+        terms = np.where(p > 0, p * (lp - lq), 0.0)
+    return np.sum(terms, axis=-1)
+
+
+@dataclass
+class LogitAgreement:
+    """A model's logits beside the reference's on the same text positions."""
+
+    positions: int
+    kl_mean: float  # KL(reference ‖ this), nats
+    kl_p99: float
+    kl_max: float
+    top1_agreement: float  # share of positions whose argmax (first index on a tie) is the reference's
+    perplexity: float  # this model's, on the text's next tokens
+    reference_perplexity: float
+
+
+@dataclass
+class AgreementAccumulator:
+    """Window by window (the reference's logits of one window are dropped after use): KL, top-1, perplexity."""
+
+    kl: list[np.ndarray] = field(default_factory=list)
+    same_top1: int = 0
+    nll: float = 0.0
+    ref_nll: float = 0.0
+    positions: int = 0
+
+    def add(self, ref_logits: np.ndarray, logits: np.ndarray, ids: Sequence[int]) -> None:
+        """One window: ``ids`` (n tokens), both models' logits at its n positions; positions 0..n-2 predict ids
+        1..n-1 and are the ones counted."""
+        n = len(ids) - 1
+        if n < 1 or ref_logits.shape[0] < n or logits.shape[0] < n:
+            raise ValueError(f"a window needs >= 2 tokens and logits for each; got {len(ids)} tokens")
+        if ref_logits.shape[1] != logits.shape[1]:
+            raise ValueError(f"vocabularies differ: reference {ref_logits.shape[1]}, other {logits.shape[1]}")
+        r, q = ref_logits[:n], logits[:n]
+        self.kl.append(kl_per_position(r, q))
+        self.same_top1 += int(np.sum(np.argmax(r, axis=-1) == np.argmax(q, axis=-1)))
+        nxt = np.asarray(ids[1:], dtype=np.int64)
+        rows = np.arange(n)
+        self.nll -= float(np.sum(log_softmax64(q)[rows, nxt]))
+        self.ref_nll -= float(np.sum(log_softmax64(r)[rows, nxt]))
+        self.positions += n
+
+    def result(self) -> LogitAgreement:
+        """The aggregate over every window added."""
+        if not self.positions:
+            raise ValueError("no text positions were compared")
+        kl = np.concatenate(self.kl)
+        return LogitAgreement(
+            positions=self.positions,
+            kl_mean=float(np.mean(kl)),
+            kl_p99=float(np.quantile(kl, 0.99)),
+            kl_max=float(np.max(kl)),
+            top1_agreement=self.same_top1 / self.positions,
+            perplexity=math.exp(self.nll / self.positions),
+            reference_perplexity=math.exp(self.ref_nll / self.positions),
+        )
+
+
+# ---- greedy text ---------------------------------------------------------------------------------------------
+@dataclass
+class Divergence:
+    """Where each prompt's greedy continuation under a type first leaves F32's."""
+
+    prompts: int
+    diverged: int
+    # the median over all prompts, a never-diverging one counted as beyond the budget (None: over half never do)
+    median_step: float | None
+    histogram: dict[str, int]  # "0-7", "8-15", ..., "never"
+    steps: list[int | None]
+
+
+def divergence_summary(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]]) -> Divergence:
+    """Per-prompt first divergence steps of ``other`` from ``reference`` (same prompts, same order)."""
+    if len(reference) != len(other):
+        raise ValueError(f"{len(reference)} reference generations but {len(other)} to compare")
+    steps = [first_difference(a, b) for a, b in zip(reference, other, strict=True)]
+    ordered = sorted(steps, key=lambda s: math.inf if s is None else s)  # the histogram's bins come out in order
+    low = [None if s is None else s - s % DIVERGENCE_BIN for s in ordered]
+    hist = Counter("never" if b is None else f"{b}-{b + DIVERGENCE_BIN - 1}" for b in low)
+    mid = ordered[(len(ordered) - 1) // 2] if ordered else None
+    median = None if mid is None else float(mid)
+    return Divergence(len(steps), sum(s is not None for s in steps), median, dict(hist), steps)
+
+
+def intervals_overlap(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two closed intervals share a point."""
+    return a[0] <= b[1] and b[0] <= a[1]
 
 
 @dataclass
@@ -59,11 +156,15 @@ class TypeRow:
     file: QuantizedFile
     logits: LogitAgreement
     divergence: Divergence
-    loops: LoopOutcome
+    loops: LoopRates  # the calibrated scan's summary (human false-positive rates beside the rates)
     decode_tokens_per_s: float  # batch 1, greedy, SPEED_PROMPTS prompts (their short prefill included), wall clock
     # the same tokens per CPU-second of this process: at one thread, the speed on an idle core (a shared machine's
     # wall clock is not)
-    decode_tokens_per_cpu_s: float | None = None
+    decode_tokens_per_cpu_s: float | None
+    degenerate: list[bool]  # per prompt
+    became_degenerate: int = 0  # prompts degenerate under this type but not under F32 (paired on the same prompts)
+    stopped_degenerate: int = 0
+    sign_test_p: float = 1.0
 
 
 @dataclass
@@ -117,9 +218,7 @@ def _windows(streams: Sequence[Sequence[int]], count: int, length: int) -> list[
             out.append(list(ids[start : start + length]))
             if len(out) == count:
                 return out
-    if len(out) < count:
-        raise ValueError(f"the text gives only {len(out)} windows of {length} tokens; {count} asked for")
-    return out
+    raise ValueError(f"the text gives only {len(out)} windows of {length} tokens; {count} asked for")
 
 
 def study_inputs(model: Any, cfg: QuantStudyConfig) -> StudyInputs:
@@ -176,12 +275,6 @@ def transformers_logits(model: Any, ids: Sequence[int]) -> np.ndarray:
 
 
 # ---- running it ------------------------------------------------------------------------------------------------
-def _open_llama_cpp(path: str, n_ctx: int, cfg: QuantStudyConfig) -> Any:
-    from .engine import LlamaCppModel
-
-    return LlamaCppModel(path, n_ctx=n_ctx, n_threads=cfg.threads, kv_type=cfg.kv_type)
-
-
 def _scan_llama_cpp(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig) -> Any:
     """Greedy loop scan through llama.cpp (:func:`~genprobe.serving.llamacpp.scan.llamacpp_batches`: ``<unk>``
     and the end token banned, fixed length — the loop scan's chanting setting) with the calibrated detectors."""
@@ -256,31 +349,26 @@ def _agreement(refs: Iterable[np.ndarray], others: Iterable[np.ndarray], windows
     return acc.result()
 
 
-def decode_speed(engine: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> tuple[float, float]:
-    """Greedy decode at batch 1, one prompt after another: (tokens per wall-clock second, per CPU-second)."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    made = sum(len(engine.greedy(list(p), max_new_tokens, stop_at_eos=False)) for p in prompts)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return made / max(wall, 1e-9), made / max(cpu, 1e-9)
-
-
 def _timed_scan(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig):
-    """The scan and the batch-1 decode speed of the first ``SPEED_PROMPTS`` prompts."""
+    """The scan, and greedy decode at batch 1 of the first ``SPEED_PROMPTS`` prompts one after another: (tokens per
+    wall-clock second, per CPU-second)."""
     res = _scan_llama_cpp(engine, model, inputs, cfg)
-    return res, decode_speed(engine, inputs.prompt_ids[:SPEED_PROMPTS], cfg.max_new_tokens)
+    wall, cpu = time.perf_counter(), time.process_time()
+    prompts = inputs.prompt_ids[:SPEED_PROMPTS]
+    made = sum(len(engine.greedy(list(p), cfg.max_new_tokens, stop_at_eos=False)) for p in prompts)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return res, (made / max(wall, 1e-9), made / max(cpu, 1e-9))
 
 
 def _row(
     name: str, file: QuantizedFile, logits: LogitAgreement, scan: Any, ref_scan: Any, speed: tuple[float, float]
 ) -> TypeRow:
+    verdicts, ref = [bool(r.degenerate) for r in scan.records], [bool(r.degenerate) for r in ref_scan.records]
+    became = sum(v and not r for v, r in zip(verdicts, ref, strict=True))
+    stopped = sum(r and not v for v, r in zip(verdicts, ref, strict=True))
+    divergence = divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records])
     return TypeRow(
-        type=name,
-        file=file,
-        logits=logits,
-        divergence=divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records]),
-        loops=loop_outcome(scan, None if scan is ref_scan else ref_scan),
-        decode_tokens_per_s=speed[0],
-        decode_tokens_per_cpu_s=speed[1],
+        name, file, logits, divergence, scan.summary, *speed, verdicts, became, stopped, sign_test_p(became, stopped)
     )
 
 
@@ -307,7 +395,7 @@ def run_quant_study(
     """Convert ``model_ref`` (a transformers directory or catalog name) to an F32 GGUF, write each type of
     ``cfg.types`` beside it in ``out_dir``, and measure every type against F32 in llama.cpp (module doc). Returns
     the study (findings empty: :func:`.quant_report.study_findings` fills them) and the stem of its files in
-    ``out_dir`` (for :func:`.quant_report.write_study`)."""
+    ``out_dir``."""
     from ...model.load import load_model
     from .quantize import quantize_all
 
@@ -353,7 +441,8 @@ def _measure(
 ) -> tuple[LogitAgreement, list[TypeRow], list[SampleText]]:
     """F32 first (the reference logits and scan, and the engine check against transformers), then each type."""
     n_ctx = max(cfg.window_tokens, max(len(p) for p in inputs.prompt_ids) + cfg.max_new_tokens) + 8
-    with _open_llama_cpp(files["F32"].path, n_ctx, cfg) as ref_engine:
+    open_file = partial(LlamaCppModel, n_ctx=n_ctx, n_threads=cfg.threads, kv_type=cfg.kv_type)
+    with open_file(files["F32"].path) as ref_engine:
         reference = [np.asarray(ref_engine.logits(w), dtype=np.float32) for w in inputs.windows]
         ref_scan, speed = _timed_scan(ref_engine, model, inputs, cfg)
     # transformers float32 as the reference, llama.cpp's F32 file as the other: the engine on the same weights
@@ -365,7 +454,7 @@ def _measure(
     rows = [_row("F32", files["F32"], _agreement(reference, reference, inputs.windows), ref_scan, ref_scan, speed)]
     samples: list[SampleText] = []
     for name in types:
-        with _open_llama_cpp(files[name].path, n_ctx, cfg) as engine:
+        with open_file(files[name].path) as engine:
             logits = (np.asarray(engine.logits(w), dtype=np.float32) for w in inputs.windows)
             agreement = _agreement(reference, logits, inputs.windows)
             scan, speed = _timed_scan(engine, model, inputs, cfg)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..._io import fault_point, output_to_file, replacing, write_once
-from ._bindings import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
+from .engine import LLAMA_CPP_PYTHON_VERSION, require_llama_cpp
 
 #: GGUF file type name -> (llama_ftype constant of llama.h, the ggml type of its quantized 2-D tensors, that
 #: type's block length). The types ``llama_model_quantize`` writes without an importance matrix.

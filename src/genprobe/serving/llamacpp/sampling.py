@@ -33,15 +33,11 @@ from ...engine.samplers.stages import (
     UnsupportedSamplerError,
     refuse_for,
 )
-from ._bindings import Closeable, require_llama_cpp
+from .engine import Closeable, require_llama_cpp
 
 #: The seed of ``llama_sampler_init_dist`` / ``_xtc`` when none is given (any fixed value: runs must repeat).
 DEFAULT_SEED = 1234
 _TOKEN_DTYPE = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
-
-
-#: A sampler setting that llama.cpp's sampler chain cannot express exactly (named in the message).
-UnsupportedLlamaCppSamplerError = UnsupportedSamplerError
 
 
 @dataclass(frozen=True)
@@ -164,14 +160,14 @@ def _check_breakers(cfg: SamplerConfig, strings: Sequence[str], vocab: LlamaVoca
     if not DRY.active(cfg):
         return
     if vocab is None:
-        raise UnsupportedLlamaCppSamplerError(
+        raise UnsupportedSamplerError(
             "DRY (dry_multiplier > 0) needs a vocabulary in llama.cpp (llama_sampler_init_dry): pass vocab="
             "LlamaVocab(<a .gguf file>)"
         )
     theirs = set(vocab.dry_breakers(strings)) if strings else set()
     ours = set(cfg.dry_sequence_breakers)
     if theirs != ours:
-        raise UnsupportedLlamaCppSamplerError(
+        raise UnsupportedSamplerError(
             f"dry_sequence_breakers: llama.cpp takes breakers as strings; dry_breaker_strings={list(strings)!r} "
             f"expand to {len(theirs)} token sequences with this vocabulary, the config holds {len(ours)} "
             f"(e.g. only ours: {sorted(ours - theirs)[:3]}, only theirs: {sorted(theirs - ours)[:3]}); build the "

@@ -40,7 +40,7 @@ def chain_picker(sampler: LlamaCppSampler) -> NextToken:
 
 
 def check_sampler_llamacpp(sampler: SamplerConfig, context_length: int, eos_id: int | None = None) -> None:
-    """Raise :class:`UnsupportedLlamaCppSamplerError` now (before llama.cpp starts) when its sampler chain cannot
+    """Raise :class:`UnsupportedSamplerError` now (before llama.cpp starts) when its sampler chain cannot
     express ``sampler`` exactly (with the end-token ban a scan adds)."""
     chain_stages(study_sampler(sampler, eos_id), context_length=context_length)
 

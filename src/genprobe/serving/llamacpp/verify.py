@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ...verify.compare import Thresholds
-from ..judge import Judge, PhaseReport, ReferenceLogprobs
+from ..judge import Judge, PhaseReport, reference_logprobs
 from ..verify import Run, ServingReport, Settings, build_workload
 from .engine import Generation, LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker
 
@@ -136,7 +136,7 @@ def verify_serving_llamacpp(
         (log or (lambda _: None))(f"llama.cpp on {m.path.name}: {label} ({'exact float32' if exact else 'quantized'})")
         backend = LlamaCppBackend(m, label, exact)
         settings = Settings(concurrency=8, steps=steps, seed=seed)
-        judge = Judge(ReferenceLogprobs(ref_model), th, settings.top_k, backend.own_prefill, exact)
+        judge = Judge(reference_logprobs(ref_model), th, settings.top_k, backend.own_prefill, exact)
         work = build_workload(m.n_ctx - steps, m.n_ctx, m.vocab_size, prompts, seed)
         fill = [int(t) for t in build_workload(m.n_ctx, m.n_ctx, m.vocab_size, prompts, seed + 1).prefix[0][: m.n_ctx]]
 
@@ -163,5 +163,3 @@ def _check_sizes(m: LlamaCppModel, ref_vocab: int, steps: int, n_keep: int) -> N
             f"{steps} steps do not fit after the context shift (n_ctx {m.n_ctx}, n_keep {n_keep}: {room} positions "
             "are freed): lower the steps or raise n_ctx"
         )
-    if m.n_ctx - steps < 4:
-        raise ValueError(f"n_ctx {m.n_ctx} leaves no room for prompts with {steps} steps")
