@@ -219,8 +219,7 @@ def test_patch_file_tamper_detected(tiny_model, tmp_path):
 def test_scan_and_contrast_through_hf_adapter(make):
     """The observatory runs on transformers models via the engine's HFCausalLM runner."""
     from genprobe.engine.hf_adapter import HFCausalLM
-    from genprobe.loops.contrast import collect_contrast
-    from genprobe.loops.direction import loop_direction
+    from genprobe.loops.contrast import collect_contrast, loop_direction
     from genprobe.loops.regress import RegressionProbe
     from genprobe.loops.scan import ScanOptions, engine_batches, scan_batches
 

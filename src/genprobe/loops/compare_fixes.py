@@ -17,18 +17,21 @@ from .._io import NOT_JSON, json_safe
 from ..engine.generate import generate
 from ..metrics.degeneracy import LoopMeasures, LoopSettings
 from ..metrics.legit import LegitRates, legit_counts, legit_rates
-from .compare_breakers import ClassRate, OwnLoops, class_rates, own_loops, unit_class
-from .compare_fluency import Fluency, fluency, score_continuations
-from .compare_human import HumanTexts, human_texts
+from .compare_human import Fluency, HumanTexts, fluency, human_texts, score_continuations
 from .compare_methods import (
     BASELINE,
     EDIT_BEST,
     POEM_BREAKERS,
     TEXT_BREAKERS,
+    ClassRate,
     Method,
+    OwnLoops,
     build_methods,
     check_methods,
+    class_rates,
     edit_with,
+    own_loops,
+    unit_class,
 )
 from .patch import Patch, patched
 from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, study_sampler

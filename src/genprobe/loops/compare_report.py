@@ -13,8 +13,8 @@ from typing import Any, Callable, Sequence
 
 from .._io import atomic_write_json, atomic_write_text, json_safe
 from .._templates import DASH, pct
-from .compare_breakers import CLASSES
 from .compare_fixes import CompareResult
+from .compare_methods import CLASSES
 from .repair_report import figure_png, write_page
 from .scan import LoopRates
 

@@ -1,4 +1,5 @@
-"""Contrastive activations: positions inside loops versus positions outside them (:func:`position_labels`).
+"""Contrastive activations: positions inside loops versus positions outside them (:func:`position_labels`), and
+the loop direction per layer they give (:func:`loop_direction`) with how well it separates them (:func:`separation`).
 
 Each scanned sequence is run once more, teacher-forced, with capture hooks on every layer; right padding keeps
 real positions from seeing padding. When the generations give too few reference positions, held-out text is added
@@ -68,18 +69,19 @@ def position_labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[
     return loop, ref
 
 
+MIN_REFERENCE = 256  # fewer generated reference positions than this: held-out text is added
 Captured = dict[str, dict[int, dict[str, list[torch.Tensor]]]]  # "loop"/"ref" → layer → site kind → row blocks
 
 
 @torch.no_grad()
 def _collect(
-    model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int
+    model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int
 ) -> Captured:
     n_layers = len(mlp_sites(model))
     acc: Captured = {name: {layer: {k: [] for k in KINDS} for layer in range(n_layers)} for name in ("loop", "ref")}
     for s in range(0, len(seqs), batch_size):
         chunk, lab = seqs[s : s + batch_size], labels[s : s + batch_size]
-        ids, valid = pad_right(chunk, pad_id)
+        ids, valid = pad_right(chunk, 0)  # right padding: real positions never see it
         sel: dict[str, tuple[list[int], list[int]]] = {"loop": ([], []), "ref": ([], [])}
         for i, (lp, rp) in enumerate(lab):
             for name, pos in (("loop", lp), ("ref", rp)):
@@ -102,9 +104,7 @@ def collect_contrast(
     records: Sequence[GenerationRecord],
     *,
     batch_size: int = 64,
-    pad_id: int = 0,
     reference_text_windows: Sequence[list[int]] | None = None,
-    min_reference: int = 256,
 ) -> Contrast:
     """Teacher-force every record (prompt + generated tokens) and split positions by its loop measures."""
     seqs, labels = [], []
@@ -112,16 +112,16 @@ def collect_contrast(
         seq = list(rec.prompt_ids) + list(rec.tokens)
         seqs.append(seq)
         labels.append(position_labels(len(rec.prompt_ids), len(seq), rec.measures))
-    acc = _collect(model, seqs, labels, batch_size, pad_id)
+    acc = _collect(model, seqs, labels, batch_size)
     n_layers = len(acc["loop"])
     n_loop = sum(len(loop) for loop, _ in labels)
     n_ref = sum(len(r) for _, r in labels)
     counts = ContrastCounts(n_loop, n_ref, 0, len(seqs), sum(1 for r in records if r.degenerate))
     if n_loop == 0:
         raise ValueError("no loop positions: none of the scanned generations loops, so there is nothing to contrast")
-    if n_ref < min_reference and reference_text_windows:
+    if n_ref < MIN_REFERENCE and reference_text_windows:
         text_labels: list[tuple[list[int], list[int]]] = [([], list(range(len(w) - 1))) for w in reference_text_windows]
-        extra = _collect(model, list(reference_text_windows), text_labels, batch_size, pad_id)
+        extra = _collect(model, list(reference_text_windows), text_labels, batch_size)
         for layer, kind in itertools.product(range(n_layers), KINDS):
             acc["ref"][layer][kind].extend(extra["ref"][layer][kind])
         counts.reference_positions_text = sum(len(w) - 1 for w in reference_text_windows)
@@ -141,3 +141,66 @@ def collect_contrast(
         resid_mean_reference={layer: cat("ref", layer, "resid").mean(0) for layer in range(n_layers)},
         counts=counts,
     )
+
+
+# ---- the loop direction ---------------------------------------------------------------------
+def mean_difference(loop: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """(mean(loop) − mean(reference)) / ‖·‖ — unit vector in d_model."""
+    if loop.numel() == 0 or reference.numel() == 0:
+        raise ValueError(f"need loop and reference vectors, got {loop.shape[0]} and {reference.shape[0]}")
+    diff = loop.float().mean(0) - reference.float().mean(0)
+    n = diff.norm()
+    if float(n) == 0.0:
+        raise ValueError("loop and reference means are identical: no direction")
+    return diff / n
+
+
+def pca_of_differences(
+    loop: torch.Tensor, reference: torch.Tensor, seed: int = 0, max_pairs: int = 4096
+) -> torch.Tensor:
+    """First right-singular vector of (loop_i − reference_j) over random pairs (repeng-style, uncentred),
+    signed to agree with the mean difference."""
+    g = torch.Generator().manual_seed(seed)
+    n = min(loop.shape[0], reference.shape[0], max_pairs)
+    if n == 0:
+        raise ValueError("need loop and reference vectors for PCA")
+    a = loop.float()[torch.randperm(loop.shape[0], generator=g)[:n]]
+    b = reference.float()[torch.randperm(reference.shape[0], generator=g)[:n]]
+    diffs = a - b
+    _, _, vh = torch.linalg.svd(diffs, full_matrices=False)
+    d = vh[0]
+    if float(d @ (loop.float().mean(0) - reference.float().mean(0))) < 0:
+        d = -d
+    return d / d.norm()
+
+
+def loop_direction(
+    loop: torch.Tensor, reference: torch.Tensor, method: str = "mean_diff", seed: int = 0
+) -> torch.Tensor:
+    """Unit loop direction by ``method`` ("mean_diff" or "pca")."""
+    if method not in ("mean_diff", "pca"):
+        raise ValueError(f"direction method must be one of ('mean_diff', 'pca'), got {method!r}")
+    return mean_difference(loop, reference) if method == "mean_diff" else pca_of_differences(loop, reference, seed)
+
+
+@dataclass(frozen=True)
+class Separation:
+    """Projections of loop and reference vectors on a direction: means, pooled-std effect size, AUC."""
+
+    mean_loop: float
+    mean_reference: float
+    effect_size: float
+    auc: float
+
+
+def separation(loop: torch.Tensor, reference: torch.Tensor, d: torch.Tensor) -> Separation:
+    """How well projections on ``d`` separate loop from reference: mean gap, pooled-std effect size, AUC."""
+    pl, pr = loop.float() @ d.float(), reference.float() @ d.float()
+    pooled = ((pl.var(unbiased=False) + pr.var(unbiased=False)) / 2).sqrt()
+    # AUC = P(proj_loop > proj_ref), by ranks (ties count half)
+    allv = torch.cat([pl, pr])
+    ranks = allv.argsort().argsort().float() + 1
+    r_loop = ranks[: pl.numel()].sum()
+    auc = (r_loop - pl.numel() * (pl.numel() + 1) / 2) / (pl.numel() * pr.numel())
+    effect = float((pl.mean() - pr.mean()) / pooled) if float(pooled) > 0 else 0.0
+    return Separation(float(pl.mean()), float(pr.mean()), effect, float(auc))

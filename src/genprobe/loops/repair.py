@@ -7,7 +7,7 @@ are described in docs/loop-repair.md ("How the pipeline works").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 import torch
@@ -15,10 +15,9 @@ import torch
 from .._io import json_safe
 from ..engine.samplers.stages import SamplerConfig
 from ..model.arch import state_sha256
-from .contrast import Contrast, ContrastCounts, collect_contrast
-from .direction import Separation, loop_direction, separation
+from .contrast import Contrast, ContrastCounts, Separation, collect_contrast, loop_direction, separation
 from .edit import EditSpec, make_patch
-from .locate import Located, locate_layers
+from .hooks import ablate
 from .patch import Patch, finalise, patched
 from .regress import Regression, RegressionProbe, text_windows, window_length
 from .scaled import (
@@ -84,6 +83,32 @@ class DirectionStage:
     def build(self, model: Any) -> Build:
         """``spec -> patch`` of these directions on ``model`` (not applied)."""
         return lambda spec: make_patch(model, spec, self.directions, self.contrast.unit_mean_loop, self.gaps)
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """Loop rates with one layer's (or all layers') direction removed; ``reduction`` is in the degenerate rate."""
+
+    layers: tuple[int, ...]
+    degenerate_rate: float
+    loop_rate: float
+    reduction: float
+
+
+@dataclass
+class Located:
+    """Baseline rates, one ablation per layer (and all together), layers ranked by the degenerate-rate reduction."""
+
+    base_degenerate_rate: float
+    base_loop_rate: float
+    per_layer: list[Ablation]
+    ranking: list[int]
+    all_layers: Ablation | None
+    n_prompts: int
+
+    def to_dict(self) -> dict:
+        """Plain JSON (each per-layer ablation names its layer)."""
+        return asdict(self) | {"per_layer": [dict(asdict(a), layer=a.layers[0]) for a in self.per_layer]}
 
 
 @dataclass
@@ -225,12 +250,22 @@ def _prone_and_control(study: LoopStudy, records: Sequence[GenerationRecord]) ->
 
 
 def locate_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord]) -> Located:
-    """Ablate each layer's direction on loop-prone + control prompts of the direction set; rank layers."""
+    """Ablate each layer's direction (then all together) from its MLP output while generating the loop-prone +
+    control prompts of the direction set; rank layers by the reduction of the degenerate rate (largest first)."""
     prone, control = _prone_and_control(study, records)
     ids = [r.prompt_ids for r in prone + control]
-    located = locate_layers(study.module, stage.directions, study.rates_of(ids))
-    located.n_prompts = len(ids)
-    return located
+    rates = study.rates_of(ids)
+    base_deg, base_exact = rates(study.module)
+
+    def ablated(directions: dict[int, torch.Tensor]) -> Ablation:
+        with ablate(study.module, directions):
+            deg, exact = rates(study.module)
+        return Ablation(tuple(sorted(directions)), deg, exact, base_deg - deg)
+
+    per_layer = [ablated({layer: d}) for layer, d in sorted(stage.directions.items())]
+    ranking = [a.layers[0] for a in sorted(per_layer, key=lambda a: (-a.reduction, a.layers[0]))]
+    together = ablated(stage.directions) if len(stage.directions) > 1 else None
+    return Located(base_deg, base_exact, per_layer, ranking, together, len(ids))
 
 
 def edit_grid(study: LoopStudy) -> list[EditSpec]:

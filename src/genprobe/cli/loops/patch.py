@@ -35,8 +35,7 @@ def _write_ckpt(args: argparse.Namespace, model: Any, note: dict) -> Path:
 def run_patch_action(args: argparse.Namespace, revert: bool) -> int:
     """Apply a patch (hash-checked) and write the patched model, or revert one (hash-checked both ways) and write
     the original model."""
-    from ...loops.hf_patch import apply_to_dir, revert_dir
-    from ...loops.patch import apply_patch, load_patch, revert_patch
+    from ...loops.patch import apply_patch, apply_to_dir, load_patch, revert_dir, revert_patch
     from ...model.checkpoint import is_checkpoint
     from ...model.load import load_model
 
