@@ -119,12 +119,10 @@ def repair_loops(
     the model's chat template. With ``out``, writes repair.json, the patch, repair.html and repair.png there. The
     model is left unchanged.
     """
-    from ._io import atomic_write_json
     from .corpus.inputs import default_prompts
     from .corpus.tang import load_corpus
-    from .loops.patch import save_patch
     from .loops.repair import repair
-    from .loops.repair_report import write_summary
+    from .loops.repair_report import write_repair
     from .loops.study import RepairConfig, RepairInputs
 
     cfg = config or RepairConfig()
@@ -142,16 +140,7 @@ def repair_loops(
         raise ValueError(f"chat=True: the model {model.source or ''} has no chat template")
     inputs.chat = chat
     report, patch = repair(model, inputs, cfg, progress=progress, log=log)
-    files: dict[str, str] = {}
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        if patch is not None:
-            st, js = save_patch(patch, out / "patch")
-            files.update(patch_tensors=str(st), patch=str(js))
-        data = json_safe(report)
-        files.update({k: str(v) for k, v in write_summary(data, out).items()})
-        atomic_write_json(out / "repair.json", data | {"files": files})
+    files = write_repair(out, report, patch)["files"] if out is not None else {}
     return LoopRepair(report, patch, files)
 
 

@@ -51,19 +51,14 @@ def edit_columns(cols: torch.Tensor, d: torch.Tensor, alpha: float, form: str) -
     raise ValueError(f"edit form must be one of {FORMS}, got {form!r}")
 
 
-def column_scores(model: Any, layer: int, d: torch.Tensor, unit_mean_in_loops: torch.Tensor) -> torch.Tensor:
-    """score_c = |dᵀW[:, c]| × (mean activation of unit c at loop positions), shape (d_ff,).
+def column_scores(W: torch.Tensor, d: torch.Tensor, unit_mean_in_loops: torch.Tensor) -> torch.Tensor:
+    """score_c = |dᵀW[:, c]| × (mean activation of unit c at loop positions), shape (d_ff,), for W's columns as rows
+    (:func:`~genprobe.model.arch.all_columns`) and a unit ``d``.
 
     The mean activation is signed: a unit that is on average negative in loops (GELU's small
     negative lobe, a gated unit) pushes the other way and scores low.
     """
-    site = mlp_sites(model)[layer]
-    W = all_columns(site)  # (d_ff, d_model)
-    if unit_mean_in_loops.shape != (W.shape[0],):
-        raise ValueError(
-            f"unit means have shape {tuple(unit_mean_in_loops.shape)}, layer {layer} has d_ff={W.shape[0]}"
-        )
-    return (W @ (d.float() / d.norm())).abs() * unit_mean_in_loops.float()
+    return (W @ d).abs() * unit_mean_in_loops.float()
 
 
 def select_columns(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -91,10 +86,9 @@ def make_patch(
     for layer in spec.layers:
         if not 0 <= layer < len(sites):
             raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
-        d = directions[layer].float()
-        d = d / d.norm()
-        cols = select_columns(column_scores(model, layer, d, unit_means[layer]), spec.k)
-        orig = get_columns(sites[layer], cols)
+        site, d = sites[layer], directions[layer].float() / directions[layer].float().norm()
+        cols = select_columns(column_scores(all_columns(site), d, unit_means[layer]), spec.k)
+        orig = get_columns(site, cols)
         alpha = spec.alpha
         if gaps is not None and spec.form == "subtract":
             act = float(unit_means[layer].float()[cols].sum())
@@ -104,6 +98,5 @@ def make_patch(
                 )
             alpha = spec.alpha * gaps[layer] / act
         new = edit_columns(orig.float(), d, alpha, spec.form).to(orig.dtype)
-        site = sites[layer]
         targets.append(PatchTarget(site.weight_name, layer, site.layout, cols, orig, new, d, float(alpha)))
     return Patch(targets=targets, meta={"edit": json_safe(spec)})

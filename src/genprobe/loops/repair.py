@@ -249,7 +249,7 @@ def _prone_and_control(study: LoopStudy, records: Sequence[GenerationRecord]) ->
     return prone, control
 
 
-def locate_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord]) -> Located:
+def locate_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord], clock: Clock) -> Located:
     """Ablate each layer's direction (then all together) from its MLP output while generating the loop-prone +
     control prompts of the direction set; rank layers by the reduction of the degenerate rate (largest first)."""
     prone, control = _prone_and_control(study, records)
@@ -265,6 +265,12 @@ def locate_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
     per_layer = [ablated({layer: d}) for layer, d in sorted(stage.directions.items())]
     ranking = [a.layers[0] for a in sorted(per_layer, key=lambda a: (-a.reduction, a.layers[0]))]
     together = ablated(stage.directions) if len(stage.directions) > 1 else None
+    clock.tick("locate")
+    study.log(
+        f"locate: base degenerate rate {base_deg:.3f}; ablated: "
+        + ", ".join(f"L{a.layers[0]} {a.degenerate_rate:.3f} (exact {a.loop_rate:.3f})" for a in per_layer)
+        + f"; ranking {ranking}"
+    )
     return Located(base_deg, base_exact, per_layer, ranking, together, len(ids))
 
 
@@ -502,7 +508,10 @@ def repair(
 ) -> tuple[RepairReport, Patch | None]:
     """Run the pipeline on a :class:`genprobe.model.load.Model`; the report and the patch (None if no edit passed)."""
     study, clock, base, stage = _directions(model, inputs, cfg, SET_NAMES, sampler, progress, log)
-    located = _locate_for_exhaustive(study, stage, base.scans["direction"].records, clock, log)
+    # the generation-based locate stage is reported beside the exhaustive search's grid; the scaled search ranks
+    # layers itself, teacher-forced, at a fraction of the cost
+    exhaustive = search_method(study.cfg, len(edit_grid(study))) == "exhaustive"
+    located = locate_stage(study, stage, base.scans["direction"].records, clock) if exhaustive else None
     search = search_stage(study, stage, base.scans["search"].records)
     clock.tick("search")
     report = RepairReport(
@@ -540,26 +549,6 @@ def repair(
     return report, patch
 
 
-def _locate_for_exhaustive(
-    study: LoopStudy,
-    stage: DirectionStage,
-    records: Sequence[GenerationRecord],
-    clock: Clock,
-    log: Callable[[str], None],
-) -> Located | None:
-    """The generation-based locate stage, which the exhaustive search reports beside its grid; the scaled search
-    ranks layers itself, teacher-forced, at a fraction of the cost (None)."""
-    if search_method(study.cfg, len(edit_grid(study))) != "exhaustive":
-        return None
-    located = locate_stage(study, stage, records)
-    clock.tick("locate")
-    log(
-        f"locate: base degenerate rate {located.base_degenerate_rate:.3f}, "
-        + ", ".join(f"L{a.layers[0]} ablated {a.degenerate_rate:.3f}" for a in located.per_layer)
-    )
-    return located
-
-
 def _verdict(search: SearchStage) -> str:
     if search.strata.prone == 0:
         return "no loop-prone prompt in the search set: nothing to repair"
@@ -591,8 +580,7 @@ def locate_only(model: Any, inputs: RepairInputs, cfg: RepairConfig | None = Non
     """Scan the direction set, estimate directions and rank layers by ablation (no edit); ``how``: :func:`repair`'s
     ``sampler``, ``progress`` and ``log``."""
     study, clock, base, stage = _directions(model, inputs, cfg, ("direction",), **how)
-    located = locate_stage(study, stage, base.scans["direction"].records)
-    clock.tick("locate")
+    located = locate_stage(study, stage, base.scans["direction"].records, clock)
     return LocateReport(
         json_safe(study.sampler),
         study.end_token,

@@ -1,4 +1,5 @@
-"""Short HTML + PNG summary of a repair run, rendered from ``repair.json``'s dict.
+"""What a repair run writes (:func:`write_repair`): the patch, ``repair.json`` and a short HTML + PNG summary
+rendered from ``repair.json``'s dict.
 
 The page comes from the Jinja2 template ``templates/repair.html.j2`` (package data), rendered in the
 shared environment of :mod:`genprobe._templates` (autoescaping on, strict undefined).
@@ -11,8 +12,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from .._io import atomic_write_bytes, atomic_write_text
+from .._io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
 from .._templates import environment, pct
+from .patch import Patch, save_patch
 
 ROWS = (  # (label, key of a LoopRates dict, format): the rates with their 95% CIs, then the means
     ("exact loop rate (periodic tail)", "loop_rate", "ci"),
@@ -187,3 +189,18 @@ def write_summary(report: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
         end_token=report.get("end_token"),
         search=report["search"],
     )
+
+
+def write_repair(out_dir: str | os.PathLike, report: Any, patch: Patch | None, **extra: Any) -> dict:
+    """Write the patch (when one passed), ``repair.html``, ``repair.png`` and ``repair.json`` (the report's JSON,
+    ``extra`` and the files written) into ``out_dir``; returns what ``repair.json`` holds."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = json_safe(report) | json_safe(extra)
+    files: dict[str, str] = {}
+    if patch is not None:
+        st, js = save_patch(patch, out / "patch")
+        files.update(patch_tensors=str(st), patch=str(js))
+    files.update({k: str(v) for k, v in write_summary(data, out).items()})
+    atomic_write_json(out / "repair.json", data | {"files": files})
+    return data | {"files": files}

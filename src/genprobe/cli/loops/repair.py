@@ -97,12 +97,6 @@ def run_locate(args: argparse.Namespace) -> int:
     inputs = repair_inputs(args, model, cfg, ("direction",))
     calibration = calibrate_config(args, model, cfg, inputs)
     rep = locate_only(model, inputs, cfg, progress=show_progress(args), log=info)
-    for a in rep.locate.per_layer:
-        info(
-            f"  layer {a.layers[0]}: degenerate rate {a.degenerate_rate:.3f} (exact loops {a.loop_rate:.3f}; "
-            f"reduction {a.reduction:+.3f})"
-        )
-    info(f"  ranking: {rep.locate.ranking}")
     data = json_safe(rep) | {"calibration": json_safe(calibration)}
     write_out(args, LOCATE_FILE, data)
     if args.json:
@@ -128,10 +122,8 @@ def _check_repair_args(args: argparse.Namespace) -> None:
 
 def run_repair(args: argparse.Namespace) -> int:
     """The whole pipeline; writes report, patch, HTML and PNG into --out."""
-    from ..._io import atomic_write_json
-    from ...loops.patch import save_patch
     from ...loops.repair import repair
-    from ...loops.repair_report import write_summary
+    from ...loops.repair_report import write_repair
 
     check_common(args)
     _check_repair_args(args)
@@ -141,15 +133,10 @@ def run_repair(args: argparse.Namespace) -> int:
     inputs = repair_inputs(args, model, cfg, ("direction", "search", "validate"))
     calibration = calibrate_config(args, model, cfg, inputs)
     report, patch = repair(model, inputs, cfg, progress=show_progress(args), log=info)
-    data = json_safe(report) | {"calibration": json_safe(calibration)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    files: dict[str, str] = {}
-    if patch is not None:
-        st, js = save_patch(patch, args.out / "patch")
-        files.update(patch_tensors=str(st), patch=str(js))
-    files.update({k: str(v) for k, v in write_summary(data, args.out).items()})
-    data.update(model_path=str(model.source), wall_seconds=round(time.perf_counter() - t0, 1), files=files)
-    atomic_write_json(args.out / "repair.json", data)
+    wall_seconds = round(time.perf_counter() - t0, 1)
+    data = write_repair(
+        args.out, report, patch, calibration=calibration, model_path=model.source, wall_seconds=wall_seconds
+    )
     info(f"verdict: {report.verdict} ({data['wall_seconds']} s); wrote {args.out}")
     _print_validation(report)
     if args.json:
