@@ -61,20 +61,12 @@ class Patch:
 
     def to_dict(self) -> dict:
         """The JSON side of the patch."""
-        d = dict(self.meta)
-        d["format"] = FORMAT
-        d["targets"] = [
-            {
-                "name": t.name,
-                "layer": t.layer,
-                "layout": t.layout,
-                "columns": t.columns.tolist(),
-                "changed": t.changed(),
-                "alpha": t.alpha,
-            }
+        targets = [
+            {k: getattr(t, k) for k in ("name", "layer", "layout", "alpha")}
+            | {"columns": t.columns.tolist(), "changed": t.changed()}
             for t in self.targets
         ]
-        return d
+        return self.meta | {"format": FORMAT, "targets": targets}
 
 
 def _site_for(model: Any, t: PatchTarget):
@@ -143,16 +135,22 @@ _SWITCH = {
 }
 
 
-def _switch(model: Any, patch: Patch, which: str) -> str:
-    """Write the ``which`` values of every target, refusing unless the model's state hash is the recorded one the
-    other way, and checking the hash it arrives at (written back when it is not). Returns the new hash."""
-    verb, start, end, what = _SWITCH[which]
+def _check_start(patch: Patch, which: str, have: str, weights: str) -> None:
+    """Refuse to write the ``which`` values into ``weights`` (hash ``have``) unless they are the ones the patch
+    records on the other side."""
+    verb, start, _, what = _SWITCH[which]
     want = patch.meta.get(start)
     if not want:
         raise PatchError(f"patch has no recorded {start}; call finalise() on the model it was made for")
-    have = state_sha256(model)
     if have != want:
-        raise PatchError(f"refusing to {verb}: the model's weights (sha256 {have}) are not {what} ({start} {want})")
+        raise PatchError(f"refusing to {verb}: {weights} (sha256 {have}) are not {what} ({start} {want})")
+
+
+def _switch(model: Any, patch: Patch, which: str) -> str:
+    """Write the ``which`` values of every target, refusing unless the model's state hash is the recorded one the
+    other way, and checking the hash it arrives at (written back when it is not). Returns the new hash."""
+    verb, _, end, _ = _SWITCH[which]
+    _check_start(patch, which, state_sha256(model), "the model's weights")
     for t in patch.targets:
         _site_for(model, t)
     write_values(model, patch, which)
@@ -299,14 +297,7 @@ def _patch_dir(src: Path, patch: Patch, out: Path, revert: bool) -> tuple[dict[s
     model = load_model(src)
     if model.kind != "hf":
         raise PatchError(f"{src} is a genprobe checkpoint, not a transformers directory")
-    want = patch.meta.get("sha256_after" if revert else "sha256_before")
-    have = model.state_sha256()
-    if have != want:
-        side = "patched" if revert else "original"
-        raise PatchError(
-            f"refusing to {'revert' if revert else 'apply'}: the weights in {src} (sha256 {have}) are not "
-            f"the {side} weights of this patch ({'sha256_after' if revert else 'sha256_before'} {want})"
-        )
+    _check_start(patch, "original" if revert else "new", model.state_sha256(), f"the weights in {src}")
     names = weight_map(src)
     base = getattr(model.module, "base_model_prefix", None)
     per_file: dict[str, list[tuple[str, PatchTarget]]] = {}
@@ -333,15 +324,10 @@ def apply_to_dir(src: str | os.PathLike, patch: Patch, out: str | os.PathLike) -
     """Write a patched copy of a transformers directory to ``out`` (``out == src``: in place)."""
     src, out = Path(src), Path(out)
     before, after = _patch_dir(src, patch, out, revert=False)
-    note = {
-        "format": NOTE_FORMAT,
-        "edit": patch.meta.get("edit"),
-        "sha256_before": patch.meta["sha256_before"],
-        "sha256_after": patch.meta["sha256_after"],
-        "original_weight_files": before,
-        "patched_weight_files": after,
-    }
-    atomic_write_json(out / NOTE_FILE, note)
+    note = {k: patch.meta.get(k) for k in ("edit", "sha256_before", "sha256_after")}
+    atomic_write_json(
+        out / NOTE_FILE, {"format": NOTE_FORMAT, **note, "original_weight_files": before, "patched_weight_files": after}
+    )
     sha = _check_state(out, patch.meta["sha256_after"], "sha256_after")
     return DirPatchResult("apply", str(src), str(out), sha, after)
 

@@ -173,22 +173,7 @@ def write_page(out_dir: str | os.PathLike, stem: str, png: bytes, template: str,
 
 def write_summary(report: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write ``repair.png`` and ``repair.html`` into ``out_dir`` atomically; returns their paths."""
-    v = report.get("validation") or {}
-    return write_page(
-        out_dir,
-        "repair",
-        sweep_figure(report),
-        "repair.html.j2",
-        report=report,
-        tables=_tables(report),
-        samples=v.get("samples", []),
-        patch=report.get("patch"),
-        regression=v.get("regression"),
-        new_loops=v.get("new_loops"),
-        new_exact_loops=v.get("new_exact_loops"),
-        end_token=report.get("end_token"),
-        search=report["search"],
-    )
+    return write_page(out_dir, "repair", sweep_figure(report), "repair.html.j2", report=report, tables=_tables(report))
 
 
 def write_repair(out_dir: str | os.PathLike, report: Any, patch: Patch | None, **extra: Any) -> dict:
