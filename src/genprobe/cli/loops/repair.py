@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
 
 from ..._io import json_safe
 from .._common import MODEL_KINDS, Command, emit_json, info, option, out_dir, show_progress, write_out
@@ -138,27 +137,23 @@ def run_repair(args: argparse.Namespace) -> int:
         args.out, report, patch, calibration=calibration, model_path=model.source, wall_seconds=wall_seconds
     )
     info(f"verdict: {report.verdict} ({data['wall_seconds']} s); wrote {args.out}")
-    _print_validation(report)
+    _print_validation(data)
     if args.json:
         emit_json({k: data[k] for k in REPAIR_JSON_KEYS} | {"chosen": data["search"]["chosen"]})
     return 0
 
 
-def _print_validation(report: Any) -> None:
-    v = report.validation
+def _print_validation(data: dict) -> None:
+    """The held-out rates before → after (the page's table), the regression and the patch's size."""
+    from ...loops.repair_report import rate_rows
+
+    v = data["validation"]
     if v is None:
         return
-    b, a = v.before, v.after
-    info(
-        f"  held-out exact loop rate {b.loop_rate:.3f} → {a.loop_rate:.3f}; near {b.near_loop_rate:.3f} → "
-        f"{a.near_loop_rate:.3f}; repetitive {b.repetitive_rate:.3f} → {a.repetitive_rate:.3f}; degenerate "
-        f"{b.degenerate_rate:.3f} → {a.degenerate_rate:.3f}"
-    )
-    info(
-        f"  tail compression {b.mean_tail_compression:.2f} → {a.mean_tail_compression:.2f}; seq-rep-4 "
-        f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}"
-        + (f"; {100 * report.patch.fraction_changed:.3f}% of weights" if report.patch is not None else "; no patch")
-    )
+    for r in rate_rows(v["before"], v["after"]):
+        info(f"  {r['label']}: {r['before']} → {r['after']}")
+    size = f"{100 * data['patch']['fraction_changed']:.3f}% of weights" if data["patch"] else "no patch"
+    info(f"  KL {v['regression']['kl']:.4f}, Δloss {v['regression']['dloss']:+.4f}; {size}")
 
 
 LOCATE_HELP = "loop direction per layer and the loop rate with each layer's direction ablated"
