@@ -7,7 +7,7 @@ inlined with ``{{ asset("report.css") }}`` so every page stays ONE offline file.
     html = environment("genprobe.loops").get_template("repair.html.j2").render(report=r)
 
 A leaf at the bottom layer, beside ``_io``: the case study's report (:mod:`genprobe.report.html`), the doctor's
-page and the loop pages (:mod:`genprobe.loops.repair_report`, one layer lower) all render with it.
+page and the loop pages (:mod:`genprobe.loops.pages`, one layer lower) all render with it.
 
 Everything interpolated is HTML-escaped unless it is ``Markup`` (macros, ``asset``, ``|tojson``);
 undefined names raise instead of rendering as empty text.

@@ -121,8 +121,8 @@ def repair_loops(
     """
     from .corpus.inputs import default_prompts
     from .corpus.tang import load_corpus
+    from .loops.pages import write_repair
     from .loops.repair import repair
-    from .loops.repair_report import write_repair
     from .loops.study import RepairConfig, RepairInputs
 
     cfg = config or RepairConfig()

@@ -121,8 +121,8 @@ def _check_repair_args(args: argparse.Namespace) -> None:
 
 def run_repair(args: argparse.Namespace) -> int:
     """The whole pipeline; writes report, patch, HTML and PNG into --out."""
+    from ...loops.pages import write_repair
     from ...loops.repair import repair
-    from ...loops.repair_report import write_repair
 
     check_common(args)
     _check_repair_args(args)
@@ -145,7 +145,7 @@ def run_repair(args: argparse.Namespace) -> int:
 
 def _print_validation(data: dict) -> None:
     """The held-out rates before → after (the page's table), the regression and the patch's size."""
-    from ...loops.repair_report import rate_rows
+    from ...loops.pages import rate_rows
 
     v = data["validation"]
     if v is None:
