@@ -19,8 +19,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .experiments.case import CaseStudy
     from .experiments.phenomena import PhenomenaConfig, PhenomenaResult
     from .loops.patch import Patch
-    from .loops.repair import RepairConfig, RepairReport
+    from .loops.repair import RepairReport
     from .loops.scan import ScanResult
+    from .loops.study import RepairConfig
     from .metrics.calibrate import LoopCalibration
     from .metrics.degeneracy import LoopSettings
     from .model.load import Model

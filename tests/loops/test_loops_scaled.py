@@ -11,10 +11,11 @@ from genprobe._io import json_safe
 from genprobe.loops.contrast import position_labels
 from genprobe.loops.edit import EditSpec
 from genprobe.loops.pages import write_summary
-from genprobe.loops.repair import RepairConfig, RepairInputs, repair
+from genprobe.loops.repair import repair
 from genprobe.loops.scaled import rung_sizes, scaled_layer_sets
 from genprobe.loops.scan import GenerationRecord
 from genprobe.loops.screen import LoopProbe
+from genprobe.loops.study import RepairConfig, RepairInputs
 from genprobe.metrics.degeneracy import LoopSettings, measure_loops
 from genprobe.model.load import load_model
 

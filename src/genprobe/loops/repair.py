@@ -35,8 +35,6 @@ from .screen import LoopProbe
 from .search import Build, Candidate, Limits, Objective, Strata, check_restored, choose, grid, run_search
 from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, LoopStudy, RepairConfig, RepairInputs, encode_quiet
 
-__all__ = ["RepairConfig", "RepairInputs", "RepairReport", "LocateReport", "LoopStudy", "repair", "locate_only"]
-
 
 # ---- stage results --------------------------------------------------------------------------
 @dataclass
