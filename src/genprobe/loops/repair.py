@@ -15,9 +15,8 @@ import torch
 from .._io import json_safe
 from ..engine.samplers.stages import SamplerConfig
 from ..model.arch import state_sha256
-from .contrast import Contrast, ContrastCounts, Separation, collect_contrast, loop_direction, separation
+from .contrast import Contrast, ContrastCounts, Separation, ablate, collect_contrast, loop_direction, separation
 from .edit import EditSpec, make_patch
-from .hooks import ablate
 from .patch import Patch, finalise, patched
 from .regress import Regression, RegressionProbe, text_windows, window_length
 from .scaled import (

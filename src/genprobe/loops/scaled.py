@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..metrics.degeneracy import LoopMeasures
+from .contrast import ablate
 from .edit import EditSpec
-from .hooks import ablate
 from .patch import written
 from .regress import Regression, RegressionProbe
 from .screen import LoopProbe, Pressure
