@@ -237,8 +237,6 @@ def collect_contrast(
 # ---- the loop direction ---------------------------------------------------------------------
 def mean_difference(loop: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """(mean(loop) − mean(reference)) / ‖·‖ — unit vector in d_model."""
-    if loop.numel() == 0 or reference.numel() == 0:
-        raise ValueError(f"need loop and reference vectors, got {loop.shape[0]} and {reference.shape[0]}")
     diff = loop.float().mean(0) - reference.float().mean(0)
     n = diff.norm()
     if float(n) == 0.0:
@@ -246,20 +244,14 @@ def mean_difference(loop: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
     return diff / n
 
 
-def pca_of_differences(
-    loop: torch.Tensor, reference: torch.Tensor, seed: int = 0, max_pairs: int = 4096
-) -> torch.Tensor:
-    """First right-singular vector of (loop_i − reference_j) over random pairs (repeng-style, uncentred),
-    signed to agree with the mean difference."""
+def pca_of_differences(loop: torch.Tensor, reference: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """First right-singular vector of (loop_i − reference_j) over at most 4096 random pairs (repeng-style,
+    uncentred), signed to agree with the mean difference."""
     g = torch.Generator().manual_seed(seed)
-    n = min(loop.shape[0], reference.shape[0], max_pairs)
-    if n == 0:
-        raise ValueError("need loop and reference vectors for PCA")
+    n = min(loop.shape[0], reference.shape[0], 4096)
     a = loop.float()[torch.randperm(loop.shape[0], generator=g)[:n]]
     b = reference.float()[torch.randperm(reference.shape[0], generator=g)[:n]]
-    diffs = a - b
-    _, _, vh = torch.linalg.svd(diffs, full_matrices=False)
-    d = vh[0]
+    d = torch.linalg.svd(a - b, full_matrices=False)[2][0]
     if float(d @ (loop.float().mean(0) - reference.float().mean(0))) < 0:
         d = -d
     return d / d.norm()

@@ -114,8 +114,6 @@ def finalise(model: Any, patch: Patch) -> Patch:
     before = state_sha256(model)
     with written(model, patch):
         after = state_sha256(model)
-    if state_sha256(model) != before:  # pragma: no cover - set_columns is an exact copy
-        raise PatchError("restoring the original columns did not reproduce the model's hash")
     changed = sum(t.changed() for t in patch.targets)
     total = count_parameters(model)
     patch.meta.update(
