@@ -14,6 +14,7 @@ import torch
 
 from .._io import json_safe
 from ..engine.samplers.stages import SamplerConfig
+from ..metrics.stats import ALPHA, sign_test_p
 from ..model.arch import state_sha256
 from .contrast import Contrast, ContrastCounts, Separation, ablate, collect_contrast, loop_direction, separation
 from .edit import EditSpec, make_patch
@@ -122,25 +123,14 @@ class SearchStage:
     scaled: ScaledTrace | None = None
 
     def to_dict(self) -> dict:
-        """JSON (``base_loop_rate`` is the baseline's degenerate rate: what the search minimises)."""
-        return {
-            "n_prompts": self.strata.prone + self.strata.control,
-            "prone": self.strata.prone,
-            "control": self.strata.control,
-            "prone_in_full_set": self.strata.prone_all,
-            "full_set": self.strata.prone_all + self.strata.control_all,
-            "objective": "degenerate_rate",
-            "baseline": json_safe(self.baseline),
-            "base_loop_rate": self.baseline.degenerate_rate,
-            "base_exact_loop_rate": self.baseline.loop_rate,
-            "limits": json_safe(self.limits),
-            "candidates": json_safe(self.candidates),
-            "admissible": sum(1 for c in self.candidates if self.limits.admits(c.regression)),
-            "chosen": json_safe(self.chosen),
-            "method": self.method,
-            "grid_size": self.grid_size,
-            "scaled": json_safe(self.scaled),
-        }
+        """The fields, the strata spelled out (``base_loop_rate`` is the baseline's degenerate rate: what the search
+        minimises) and how many candidates the limits admit."""
+        s, admissible = self.strata, sum(1 for c in self.candidates if self.limits.admits(c.regression))
+        sizes = {"n_prompts": s.prone + s.control, "prone": s.prone, "control": s.control}
+        sizes |= {"prone_in_full_set": s.prone_all, "full_set": s.prone_all + s.control_all}
+        base = {"base_loop_rate": self.baseline.degenerate_rate, "base_exact_loop_rate": self.baseline.loop_rate}
+        rest = {f.name: json_safe(getattr(self, f.name)) for f in fields(self) if f.name != "strata"}
+        return sizes | {"objective": "degenerate_rate"} | base | rest | {"admissible": admissible}
 
 
 @dataclass
@@ -177,8 +167,6 @@ class Validation:
     @property
     def significant(self) -> bool:
         """The edit ended significantly more degenerations than it started (α = metrics.stats.ALPHA)."""
-        from ..metrics.stats import ALPHA
-
         return self.fixed > self.new_loops and self.p_value < ALPHA
 
 
@@ -418,8 +406,6 @@ def validate_stage(
         )
         for b, a in prone[: study.cfg.samples]
     ]
-    from ..metrics.stats import sign_test_p
-
     fixed = sum(1 for b, a in pairs if b.degenerate and not a.degenerate)
     new = sum(1 for b, a in pairs if a.degenerate and not b.degenerate)
     return Validation(
