@@ -30,8 +30,7 @@ from genprobe.loops.compare_methods import (
     own_loops,
     unit_class,
 )
-from genprobe.loops.edit import EditSpec, make_patch
-from genprobe.loops.patch import finalise, patched, save_patch
+from genprobe.loops.patch import EditSpec, finalise, make_patch, patched, save_patch
 from genprobe.loops.prompts import heldout_openings
 from genprobe.metrics.degeneracy import measure_loops
 from genprobe.model.checkpoint import save_checkpoint

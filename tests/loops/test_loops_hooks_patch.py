@@ -8,8 +8,18 @@ import torch.nn.functional as F
 
 from genprobe.loops.arch import forward_logits
 from genprobe.loops.contrast import ablate, capture
-from genprobe.loops.edit import EditSpec, edit_columns, make_patch, select_columns
-from genprobe.loops.patch import PatchError, apply_patch, finalise, load_patch, revert_patch, save_patch
+from genprobe.loops.patch import (
+    EditSpec,
+    PatchError,
+    apply_patch,
+    edit_columns,
+    finalise,
+    load_patch,
+    make_patch,
+    revert_patch,
+    save_patch,
+    select_columns,
+)
 from genprobe.metrics.degeneracy import measure_loops
 from genprobe.model.arch import all_columns, get_columns, mlp_sites, state_sha256
 

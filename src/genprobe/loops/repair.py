@@ -17,8 +17,7 @@ from ..engine.samplers.stages import SamplerConfig
 from ..metrics.stats import ALPHA, sign_test_p
 from ..model.arch import state_sha256
 from .contrast import Contrast, ContrastCounts, Separation, ablate, collect_contrast, loop_direction, separation
-from .edit import EditSpec, make_patch
-from .patch import Patch, finalise, patched
+from .patch import EditSpec, Patch, finalise, make_patch, patched
 from .regress import Regression, RegressionProbe, text_windows, window_length
 from .scaled import (
     ScaledTrace,

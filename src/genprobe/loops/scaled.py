@@ -15,8 +15,7 @@ import torch
 
 from ..metrics.degeneracy import LoopMeasures
 from .contrast import ablate
-from .edit import EditSpec
-from .patch import written
+from .patch import EditSpec, written
 from .regress import Regression, RegressionProbe
 from .screen import LoopProbe, Pressure
 from .search import Build, Candidate, Limits, Strata, grid, progress_bar, rank_key
