@@ -371,14 +371,11 @@ def _rewrite_file(src: Path, dst: Path, edits: list[tuple[str, PatchTarget]], re
 def _copy_tree(src: Path, out: Path, skip: set[str]) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PatchError(f"{out} exists and is not an empty directory; refusing to write a model into it")
-    out.mkdir(parents=True, exist_ok=True)
-    for p in sorted(src.iterdir()):
-        if p.name in skip or p.name.startswith("."):
-            continue
-        if p.is_dir():
-            shutil.copytree(p, out / p.name)
-        else:
-            shutil.copy2(p, out / p.name)
+
+    def left_behind(d: str, names: list[str]) -> list[str]:  # at the top level: the skipped names, hidden files
+        return [n for n in names if d == os.fspath(src) and (n in skip or n.startswith("."))]
+
+    shutil.copytree(src, out, ignore=left_behind, dirs_exist_ok=True)
 
 
 def _patch_dir(src: Path, patch: Patch, out: Path, revert: bool) -> tuple[dict[str, str], dict[str, str]]:
