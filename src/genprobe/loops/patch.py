@@ -273,10 +273,7 @@ def save_patch(patch: Patch, path: str | os.PathLike) -> tuple[Path, Path]:
     st, js = _paths(path)
     tensors = {f"target{i}.{k}": getattr(t, k).contiguous() for i, t in enumerate(patch.targets) for k in TENSORS}
     atomic_write(st, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
-    d = json_safe(patch)
-    d["tensors_file"] = st.name
-    d["tensors_sha256"] = sha256_file(st)
-    atomic_write_json(js, d)
+    atomic_write_json(js, json_safe(patch) | {"tensors_file": st.name, "tensors_sha256": sha256_file(st)})
     return st, js
 
 
