@@ -332,10 +332,10 @@ def _scaled(
     grid = chains(sets, cfg.ks, cfg.forms, cfg.alphas())
     screened = screen(model, grid, build, quick, loops, limits, study.progress, cfg.screen_strengths)
     clock.tick("screen")
-    short = shortlist(screened, cfg.keep)
+    short, admitted = shortlist(screened, cfg.keep), sum(1 for s in screened if s.pressure is not None)
     study.log(
-        f"screen: {len(screened)} edits of layer sets {sets}, {sum(1 for s in screened if s.pressure)} within the "
-        f"limits on {len(windows)} windows; generating for {len(short)}"
+        f"screen: {len(screened)} edits of layer sets {sets}, {admitted} within the limits on {len(windows)} windows; "
+        f"generating for {len(short)}"
     )
     for s in screened:
         s.candidate.screen = {"windows": len(windows), **(json_safe(s.pressure) if s.pressure else {})}
@@ -353,12 +353,8 @@ def _scaled(
     clock.tick("halving")
     check_restored(model, before)
     study.log("halving: " + "; ".join(f"{r.prone}+{r.control} prompts, {r.kept} of {r.candidates} kept" for r in rungs))
-    admitted = sum(1 for s in screened if s.pressure is not None)
-    counts = (len(screened), admitted, len(short))
-    trace = ScaledTrace(
-        scores, sets, *counts, rungs, loops.n_sequences, loops.positions, len(windows), json_safe(clock)
-    )
-    return [s.candidate for s in screened], finalists, trace
+    screening = (len(screened), admitted, len(short), rungs, loops.n_sequences, loops.positions, len(windows))
+    return [s.candidate for s in screened], finalists, ScaledTrace(scores, sets, *screening, json_safe(clock))
 
 
 def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:
