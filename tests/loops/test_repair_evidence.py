@@ -42,8 +42,8 @@ def test_only_a_significant_held_out_change_writes_a_patch(trained_ckpt, monkeyp
 
     real = rp.validate_stage
 
-    def counted(study, patch, before, ids, texts, probe):
-        v = real(study, patch, before, ids, texts, probe)
+    def counted(study, patch, before, texts, probe):
+        v = real(study, patch, before, texts, probe)
         v.fixed, v.new_loops, v.p_value = fixed, new, p_value
         return v
 

@@ -37,14 +37,6 @@ from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, LoopStudy, RepairConfig, Re
 
 # ---- stage results --------------------------------------------------------------------------
 @dataclass
-class Baselines:
-    """Scans of the three prompt sets on the unedited model, with the encoded prompts."""
-
-    scans: dict[str, ScanResult]
-    ids: dict[str, list[list[int]]]
-
-
-@dataclass
 class LayerDirection:
     """One layer's loop direction: the loop gap along it and how it separates loop from reference."""
 
@@ -202,11 +194,10 @@ class RepairReport:
 
 
 # ---- stages ---------------------------------------------------------------------------------
-def baseline_scans(study: LoopStudy, inputs: RepairInputs, sets: Sequence[str] = SET_NAMES) -> Baselines:
-    """Scan each prompt set on the unedited model."""
-    ids = {k: study.encode(study.render(getattr(inputs, k), inputs.chat)) for k in sets}
-    scans = {k: study.scan(ids[k], getattr(inputs, k), desc=f"scan {k}") for k in sets}
-    return Baselines(scans, ids)
+def baseline_scans(study: LoopStudy, inputs: RepairInputs, sets: Sequence[str] = SET_NAMES) -> dict[str, ScanResult]:
+    """Scan each prompt set on the unedited model (each record keeps its encoded prompt)."""
+    encoded = {k: study.encode(study.render(getattr(inputs, k), inputs.chat)) for k in sets}
+    return {k: study.scan(encoded[k], getattr(inputs, k), desc=f"scan {k}") for k in sets}
 
 
 def direction_stage(study: LoopStudy, val_text: str, records: Sequence[GenerationRecord]) -> DirectionStage:
@@ -378,9 +369,10 @@ def _plain_greedy(study: LoopStudy, ids: list[list[int]]) -> LoopRates | None:
 
 
 def validate_stage(
-    study: LoopStudy, patch: Patch, before: ScanResult, ids: list[list[int]], texts: list[str], probe: RegressionProbe
+    study: LoopStudy, patch: Patch, before: ScanResult, texts: list[str], probe: RegressionProbe
 ) -> Validation:
     """Apply the patch, rescan the held-out set (and plain greedy), measure regression, revert exactly."""
+    ids = [r.prompt_ids for r in before.records]
     plain_ids = ids[: study.cfg.plain_greedy_check] if study.sampler != greedy_sampler(study.eos_id) else []
     plain_before = _plain_greedy(study, plain_ids)
     with patched(study.module, patch):
@@ -458,7 +450,7 @@ def _directions(
     sampler: SamplerConfig | None = None,
     progress: bool = False,
     log: Callable[[str], None] = lambda msg: None,
-) -> tuple[LoopStudy, Clock, Baselines, DirectionStage]:
+) -> tuple[LoopStudy, Clock, dict[str, ScanResult], DirectionStage]:
     """The stages repair and locate share: scan ``sets`` on the unedited model, then the direction stage."""
     study = LoopStudy(model, cfg or RepairConfig(), sampler, progress, log)
     clock = Clock()
@@ -468,9 +460,9 @@ def _directions(
     clock.tick("baseline_scans")
     log(
         "baseline degenerate (exact loop) rates: "
-        + ", ".join(f"{k} {v.summary.degenerate_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.scans.items())
+        + ", ".join(f"{k} {v.summary.degenerate_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.items())
     )
-    stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
+    stage = direction_stage(study, inputs.val_text, base["direction"].records)
     clock.tick("contrast_direction")
     return study, clock, base, stage
 
@@ -489,8 +481,8 @@ def repair(
     # the generation-based locate stage is reported beside the exhaustive search's grid; the scaled search ranks
     # layers itself, teacher-forced, at a fraction of the cost
     exhaustive = search_method(study.cfg, len(edit_grid(study))) == "exhaustive"
-    located = locate_stage(study, stage, base.scans["direction"].records, clock) if exhaustive else None
-    search = search_stage(study, stage, base.scans["search"].records)
+    located = locate_stage(study, stage, base["direction"].records, clock) if exhaustive else None
+    search = search_stage(study, stage, base["search"].records)
     clock.tick("search")
     report = RepairReport(
         study.cfg,
@@ -498,7 +490,7 @@ def repair(
         study.model.describe(),
         inputs.summary(),
         study.end_token,
-        {k: v.summary for k, v in base.scans.items()},
+        {k: v.summary for k, v in base.items()},
         stage.contrast.counts,
         stage.layers,
         located,
@@ -508,7 +500,7 @@ def repair(
     patch = None
     if search.chosen is not None:
         patch = build_patch(study, stage, search.chosen)
-        v = validate_stage(study, patch, base.scans["validate"], base.ids["validate"], inputs.validate, stage.probe)
+        v = validate_stage(study, patch, base["validate"], inputs.validate, stage.probe)
         report.validation = v
         clock.tick("validate")
         if v.significant:
@@ -558,12 +550,12 @@ def locate_only(model: Any, inputs: RepairInputs, cfg: RepairConfig | None = Non
     """Scan the direction set, estimate directions and rank layers by ablation (no edit); ``how``: :func:`repair`'s
     ``sampler``, ``progress`` and ``log``."""
     study, clock, base, stage = _directions(model, inputs, cfg, ("direction",), **how)
-    located = locate_stage(study, stage, base.scans["direction"].records, clock)
+    located = locate_stage(study, stage, base["direction"].records, clock)
     return LocateReport(
         json_safe(study.sampler),
         study.end_token,
         inputs.summary(),
-        base.scans["direction"].summary,
+        base["direction"].summary,
         stage.contrast.counts,
         stage.layers,
         located,
