@@ -17,8 +17,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .doctor.run import DoctorReport
     from .engine.samplers.stages import SamplerConfig
     from .loops.patch import Patch
-    from .loops.repair import RepairConfig, RepairReport
+    from .loops.repair import RepairReport
     from .loops.scan import ScanResult
+    from .loops.study import RepairConfig
     from .metrics.calibrate import LoopCalibration
     from .metrics.degeneracy import LoopSettings
     from .model.load import Model
@@ -117,12 +118,10 @@ def repair_loops(
     the model's chat template. With ``out``, writes repair.json, the patch, repair.html and repair.png there. The
     model is left unchanged.
     """
-    from ._io import atomic_write_json
     from .corpus.inputs import default_prompts
     from .corpus.tang import load_corpus
-    from .loops.patch import save_patch
+    from .loops.pages import write_repair
     from .loops.repair import repair
-    from .loops.repair_report import write_summary
     from .loops.study import RepairConfig, RepairInputs
 
     cfg = config or RepairConfig()
@@ -140,16 +139,7 @@ def repair_loops(
         raise ValueError(f"chat=True: the model {model.source or ''} has no chat template")
     inputs.chat = chat
     report, patch = repair(model, inputs, cfg, progress=progress, log=log)
-    files: dict[str, str] = {}
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        if patch is not None:
-            st, js = save_patch(patch, out / "patch")
-            files.update(patch_tensors=str(st), patch=str(js))
-        data = json_safe(report)
-        files.update({k: str(v) for k, v in write_summary(data, out).items()})
-        atomic_write_json(out / "repair.json", data | {"files": files})
+    files = write_repair(out, report, patch)["files"] if out is not None else {}
     return LoopRepair(report, patch, files)
 
 

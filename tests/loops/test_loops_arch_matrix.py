@@ -9,9 +9,7 @@ import torch
 
 from genprobe._io import sha256_file
 from genprobe.engine.loaded import load_model
-from genprobe.loops.edit import EditSpec, make_patch
-from genprobe.loops.hf_patch import NOTE_FILE, apply_to_dir, revert_dir
-from genprobe.loops.patch import PatchError, finalise
+from genprobe.loops.patch import NOTE_FILE, EditSpec, PatchError, apply_to_dir, finalise, make_patch, revert_dir
 from genprobe.loops.scan import ScanOptions, engine_batches, scan_batches
 from genprobe.model.arch import mlp_sites, state_sha256
 from genprobe.model.errors import UnsupportedArchitectureError

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from genprobe.cli import main
-from genprobe.loops.edit import EditSpec, make_patch
-from genprobe.loops.patch import finalise
-from genprobe.loops.repair import RepairConfig, RepairInputs, transfer_stage
-from genprobe.loops.study import LoopStudy
+from genprobe.loops.patch import EditSpec, finalise, make_patch
+from genprobe.loops.repair import transfer_stage
+from genprobe.loops.study import LoopStudy, RepairConfig, RepairInputs
 from genprobe.model.arch import state_sha256
 from genprobe.model.load import load_model
 

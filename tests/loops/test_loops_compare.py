@@ -15,13 +15,22 @@ import torch.nn.functional as F
 
 from genprobe.cli import main
 from genprobe.engine.samplers.stages import XTC
-from genprobe.loops.compare_breakers import NO_LOOP, SPANS, WITHIN, class_rates, own_loops, unit_class
 from genprobe.loops.compare_fixes import CompareConfig, choose_best, compare_fixes
-from genprobe.loops.compare_fluency import score_continuations
-from genprobe.loops.compare_human import NO_HUMAN, human_texts, read_continuations
-from genprobe.loops.compare_methods import EDIT, EDIT_BEST, METHODS, build_methods, check_methods
-from genprobe.loops.edit import EditSpec, make_patch
-from genprobe.loops.patch import finalise, patched, save_patch
+from genprobe.loops.compare_human import NO_HUMAN, human_texts, read_continuations, score_continuations
+from genprobe.loops.compare_methods import (
+    EDIT,
+    EDIT_BEST,
+    METHODS,
+    NO_LOOP,
+    SPANS,
+    WITHIN,
+    build_methods,
+    check_methods,
+    class_rates,
+    own_loops,
+    unit_class,
+)
+from genprobe.loops.patch import EditSpec, finalise, make_patch, patched, save_patch
 from genprobe.loops.prompts import heldout_openings
 from genprobe.metrics.degeneracy import measure_loops
 from genprobe.model.checkpoint import save_checkpoint

@@ -7,9 +7,19 @@ import torch
 import torch.nn.functional as F
 
 from genprobe.loops.arch import forward_logits
-from genprobe.loops.edit import EditSpec, edit_columns, make_patch, select_columns
-from genprobe.loops.hooks import ablate, capture
-from genprobe.loops.patch import PatchError, apply_patch, finalise, load_patch, revert_patch, save_patch
+from genprobe.loops.contrast import ablate, capture
+from genprobe.loops.patch import (
+    EditSpec,
+    PatchError,
+    apply_patch,
+    edit_columns,
+    finalise,
+    load_patch,
+    make_patch,
+    revert_patch,
+    save_patch,
+    select_columns,
+)
 from genprobe.metrics.degeneracy import measure_loops
 from genprobe.model.arch import all_columns, get_columns, mlp_sites, state_sha256
 
@@ -219,8 +229,7 @@ def test_patch_file_tamper_detected(tiny_model, tmp_path):
 def test_scan_and_contrast_through_hf_adapter(make):
     """The observatory runs on transformers models via the engine's HFCausalLM runner."""
     from genprobe.engine.hf_adapter import HFCausalLM
-    from genprobe.loops.contrast import collect_contrast
-    from genprobe.loops.direction import loop_direction
+    from genprobe.loops.contrast import collect_contrast, loop_direction
     from genprobe.loops.regress import RegressionProbe
     from genprobe.loops.scan import ScanOptions, engine_batches, scan_batches
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from genprobe._io import json_safe
+from genprobe.loops.pages import write_summary
 from genprobe.loops.patch import apply_patch, load_patch, revert_patch, save_patch
-from genprobe.loops.repair import RepairConfig, RepairInputs, repair
-from genprobe.loops.repair_report import write_summary
+from genprobe.loops.repair import repair
+from genprobe.loops.study import RepairConfig, RepairInputs
 from genprobe.model.arch import state_sha256
 from genprobe.model.load import load_model
 

@@ -1,7 +1,7 @@
 """The repair page: rendered from the package template with autoescaping, with and without an edit."""
 
 from genprobe._io import json_safe
-from genprobe.loops.repair_report import rate_rows, write_summary
+from genprobe.loops.pages import rate_rows, write_summary
 from genprobe.loops.scan import loop_rates
 from genprobe.metrics.degeneracy import measure_loops
 

@@ -9,12 +9,13 @@ import torch
 
 from genprobe._io import json_safe
 from genprobe.loops.contrast import position_labels
-from genprobe.loops.edit import EditSpec
-from genprobe.loops.repair import RepairConfig, RepairInputs, repair
-from genprobe.loops.repair_report import write_summary
+from genprobe.loops.pages import write_summary
+from genprobe.loops.patch import EditSpec
+from genprobe.loops.repair import repair
 from genprobe.loops.scaled import rung_sizes, scaled_layer_sets
 from genprobe.loops.scan import GenerationRecord
 from genprobe.loops.screen import LoopProbe
+from genprobe.loops.study import RepairConfig, RepairInputs
 from genprobe.metrics.degeneracy import LoopSettings, measure_loops
 from genprobe.model.load import load_model
 
@@ -176,8 +177,7 @@ def test_an_interrupted_search_leaves_the_model_and_the_out_dir_untouched(traine
 def test_replayed_lower_layers_give_exactly_the_full_forward(arch, tiny_model, tmp_path):
     """An edit of layer 1 measured with layer 0 replayed equals the full forward; replaying the edited layer
     itself would not (so the replay really skips work), and extra calls are refused."""
-    from genprobe.loops.edit import make_patch
-    from genprobe.loops.patch import write_values
+    from genprobe.loops.patch import make_patch, write_values
     from genprobe.loops.prefix import FrozenPrefix
     from genprobe.loops.regress import RegressionProbe
 

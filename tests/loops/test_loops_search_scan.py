@@ -8,7 +8,7 @@ import torch
 
 from genprobe._io import json_safe
 from genprobe.loops.contrast import position_labels
-from genprobe.loops.edit import EditSpec, make_patch
+from genprobe.loops.patch import EditSpec, make_patch
 from genprobe.loops.regress import Regression
 from genprobe.loops.scan import GenerationRecord, ScanOptions, engine_batches, scan_batches, summarise
 from genprobe.loops.search import Candidate, Limits, Objective, Strata, choose, grid, run_search

@@ -36,13 +36,14 @@ def test_only_a_significant_held_out_change_writes_a_patch(trained_ckpt, monkeyp
     """The issue's held-out rates 1.000 → 1.000: an edit that passed the limits but changed nothing held out (the
     search's choice and the validation's counts are forced, so that the gate is what is tested)."""
     import genprobe.loops.repair as rp
-    from genprobe.loops.repair import RepairConfig, RepairInputs, repair
+    from genprobe.loops.repair import repair
+    from genprobe.loops.study import RepairConfig, RepairInputs
     from genprobe.model.load import load_model
 
     real = rp.validate_stage
 
-    def counted(study, patch, before, ids, texts, probe):
-        v = real(study, patch, before, ids, texts, probe)
+    def counted(study, patch, before, texts, probe):
+        v = real(study, patch, before, texts, probe)
         v.fixed, v.new_loops, v.p_value = fixed, new, p_value
         return v
 

@@ -99,8 +99,7 @@ def fake_catalog_cache(root: Path, hf: Path, gguf: Path) -> Path:
 
 def random_patch(module: Any, path: Path) -> Path:
     """A loop patch of random directions on every layer of ``module`` (exact, hash-checked like a repair's)."""
-    from genprobe.loops.edit import EditSpec, make_patch
-    from genprobe.loops.patch import finalise, save_patch
+    from genprobe.loops.patch import EditSpec, finalise, make_patch, save_patch
     from genprobe.model.arch import mlp_sites
 
     sites = mlp_sites(module)

@@ -100,8 +100,7 @@ def test_attention_capture(arch, tiny_hf_dirs):
 def test_mlp_sites_and_patch(arch, tiny_hf_dirs):
     """The MLP down-projection of every layer is found; an edit applied in memory changes the output and its revert
     restores the weights bit for bit (sha256)."""
-    from genprobe.loops.edit import EditSpec, make_patch
-    from genprobe.loops.patch import apply_patch, finalise, revert_patch
+    from genprobe.loops.patch import EditSpec, apply_patch, finalise, make_patch, revert_patch
 
     model = load_model(tiny_hf_dirs[arch])
     sites = model.mlp_sites()

@@ -55,8 +55,7 @@ def served_dirs(trained_ckpt, tmp_path_factory) -> dict[str, Path]:
     """{"base": HF export of the trained checkpoint, "patched": the same with a loop-style column edit applied}."""
     from transformers import GPT2LMHeadModel
 
-    from genprobe.loops.edit import EditSpec, make_patch
-    from genprobe.loops.patch import apply_patch, finalise
+    from genprobe.loops.patch import EditSpec, apply_patch, finalise, make_patch
     from genprobe.model.hf_dir import export_hf_dir
 
     root = tmp_path_factory.mktemp("served")

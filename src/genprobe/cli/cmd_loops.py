@@ -10,8 +10,7 @@ import argparse
 
 from ._common import Command
 from .loops.compare import COMPARE
-from .loops.patch import APPLY, REVERT
-from .loops.repair import LOCATE, REPAIR
+from .loops.repair import APPLY, LOCATE, REPAIR, REVERT
 from .loops.scan import SCAN
 
 

@@ -17,18 +17,21 @@ from .._io import NOT_JSON, json_safe
 from ..engine.generate import generate
 from ..metrics.degeneracy import LoopMeasures, LoopSettings
 from ..metrics.legit import LegitRates, legit_counts, legit_rates
-from .compare_breakers import ClassRate, OwnLoops, class_rates, own_loops, unit_class
-from .compare_fluency import Fluency, fluency, score_continuations
-from .compare_human import HumanTexts, human_texts
+from .compare_human import Fluency, HumanTexts, fluency, human_texts, score_continuations
 from .compare_methods import (
     BASELINE,
     EDIT_BEST,
     POEM_BREAKERS,
     TEXT_BREAKERS,
+    ClassRate,
     Method,
+    OwnLoops,
     build_methods,
     check_methods,
+    class_rates,
     edit_with,
+    own_loops,
+    unit_class,
 )
 from .patch import Patch, patched
 from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, study_sampler
@@ -206,11 +209,6 @@ def _chars(r: GenerationRecord) -> LoopMeasures:
     return r.char_measures
 
 
-def _bans(model: Any) -> list[int]:
-    """The ids every method bans: ``<unk>`` (the chanting setting) and the end token."""
-    return [i for i in (model.unk_id, model.eos_id) if i is not None]
-
-
 def _legit(prompts: Sequence[str], texts: Sequence[str], keep: Sequence[bool] | None = None) -> LegitRates:
     counts = [
         legit_counts(p + t, t) for i, (p, t) in enumerate(zip(prompts, texts, strict=True)) if keep is None or keep[i]
@@ -234,8 +232,7 @@ class _Bench:
     classes: list[str] = field(default_factory=list)
 
     def edits(self, m: Method) -> AbstractContextManager[None]:
-        """``patched`` when the method edits the weights, else a no-op (check_methods: edit rows have a patch)."""
-        assert self.patch is not None or not m.patched, "an edit method needs a patch (check_methods enforces it)"
+        """``patched`` when the method edits the weights (check_methods: edit rows have a patch), else a no-op."""
         return patched(self.study.module, self.patch) if m.patched and self.patch is not None else nullcontext()
 
     def scan(self, m: Method) -> tuple[ScanResult, float]:
@@ -378,7 +375,8 @@ def compare_fixes(
     ids = study.encode(prompts)
     human = human_texts(prompts, continuations, cfg.genre)
     breakers = "".join(POEM_BREAKERS if human.genre == "tang" else TEXT_BREAKERS)
-    methods = build_methods(names, model.tokenizer, _bans(model), human.genre, cfg.engine)
+    bans = [i for i in (model.unk_id, model.eos_id) if i is not None]  # <unk> (the chanting setting), the end token
+    methods = build_methods(names, model.tokenizer, bans, human.genre, cfg.engine)
     sha0 = model.state_sha256()
     log(f"generating {len(prompts)} prompts x {cfg.max_new_tokens} tokens, {len(names)} methods ({human.genre} genre)")
     bench = _Bench(study, judge, prompts, ids, patch, cfg, breakers, log)
@@ -407,7 +405,7 @@ def compare_fixes(
         list(prompts),
         cfg,
         study.end_token,
-        _bans(model),
+        bans,
         breakers,
         results,
         ref,

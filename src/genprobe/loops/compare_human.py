@@ -1,5 +1,9 @@
 """Human texts to compare generations with and the genre that decides what legitimate repetition means: a JSONL
 prompts file's ``"continuation"`` fields, else (``tang`` genre) the bundled poem each prompt opens, else none.
+
+Fluency of continuations (generated or human): NLL per character of the text, encoded with the scoring model's own
+tokenizer, so a judge with another vocabulary scores the same text; a prompt + continuation past the context is cut
+and counted.
 """
 
 from __future__ import annotations
@@ -8,9 +12,14 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
 
 from ..corpus.tang import bundled_documents
+from .arch import forward_logits, pad_right
+from .study import encode_quiet
 
 TANG_SHARE = 0.8
 GENRES = ("auto", "tang", "text")
@@ -76,3 +85,85 @@ def human_texts(prompts: Sequence[str], continuations: Sequence[str | None] | No
     if genre == "tang" and any(p is not None for p in lookup):
         return HumanTexts(lookup, genre, "bundled Tang corpus: the poem each prompt opens")
     return HumanTexts([None] * len(prompts), genre, None, NO_HUMAN)
+
+
+# ---- fluency ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TextScore:
+    """Summed NLL (nats) of one continuation's scored tokens, its scored characters and tokens."""
+
+    nll: float
+    chars: int
+    tokens: int
+    unk: int
+    truncated: bool
+
+
+@dataclass
+class Fluency:
+    """Pooled NLL per character of a set of continuations under one model."""
+
+    model: str
+    nll_per_char: float | None
+    texts: int
+    chars: int
+    unk_share: float  # share of scored tokens that are the scoring tokenizer's unknown token
+    truncated: int
+
+
+def _encode_pair(model: Any, prompt: str, cont: str) -> tuple[list[int], list[int], int, bool] | None:
+    """(prompt ids, continuation ids, continuation characters, truncated), or None when nothing can be scored."""
+    tok = model.tokenizer
+    p, c = encode_quiet(tok, prompt), encode_quiet(tok, cont)
+    if not p or not c:
+        return None
+    limit = model.max_positions
+    if limit is None or len(p) + len(c) <= limit:
+        return p, c, len(cont), False
+    c = c[: max(0, limit - len(p))]
+    chars = len(c) if tok.kind == "char" else len(tok.decode(c))
+    return (p, c, chars, True) if c else None
+
+
+@torch.no_grad()
+def _score_batch(model: Any, rows: list[tuple[list[int], list[int]]]) -> list[float]:
+    ids, _ = pad_right([p + c for p, c in rows], model.pad_id)
+    logp = F.log_softmax(forward_logits(model.module, ids)[:, :-1].float(), dim=-1)
+    tok_logp = logp.gather(-1, ids[:, 1:, None])[..., 0]
+    return [-float(tok_logp[i, len(p) - 1 : len(p) + len(c) - 1].sum()) for i, (p, c) in enumerate(rows)]
+
+
+def score_continuations(
+    model: Any, prompts: Sequence[str], continuations: Sequence[str | None], batch_size: int = 64
+) -> list[TextScore | None]:
+    """NLL of each continuation given its prompt under ``model`` (a loaded Model, or a judge with its own
+    ``score``, e.g. :class:`genprobe.loops.ngram_judge.CharNgramJudge`); None where nothing is scored."""
+    if not hasattr(model, "module") and callable(getattr(model, "score", None)):
+        judged: list[TextScore | None] = model.score(prompts, continuations)
+        return judged
+    pairs = [None if c is None else _encode_pair(model, p, c) for p, c in zip(prompts, continuations, strict=True)]
+    scored = {i: x for i, x in enumerate(pairs) if x is not None}
+    order = sorted(scored, key=lambda i: len(scored[i][0]) + len(scored[i][1]))
+    out: list[TextScore | None] = [None] * len(pairs)
+    unk = model.unk_id
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        nll = _score_batch(model, [(scored[i][0], scored[i][1]) for i in idx])
+        for i, v in zip(idx, nll, strict=True):
+            p, c, chars, cut = scored[i]
+            out[i] = TextScore(v, chars, len(c), sum(1 for t in c if t == unk) if unk is not None else 0, cut)
+    return out
+
+
+def fluency(name: str, scores: Sequence[TextScore | None]) -> Fluency:
+    """Pool text scores: total NLL / total characters."""
+    got = [s for s in scores if s is not None]
+    chars, tokens = sum(s.chars for s in got), sum(s.tokens for s in got)
+    return Fluency(
+        name,
+        sum(s.nll for s in got) / chars if chars else None,
+        len(got),
+        chars,
+        sum(s.unk for s in got) / tokens if tokens else 0.0,
+        sum(s.truncated for s in got),
+    )

@@ -1,6 +1,10 @@
 """The fixes ``loops compare`` puts side by side (:data:`METHODS`): decode-time samplers, the weight edit, and the
 edit + best sampler. Deterministic knobs sit on top of greedy so each row differs from the baseline by that knob
 only; XTC only acts when sampling, so it sits on top of ``sample``. Every method bans the same ids.
+
+Does DRY miss loops whose period spans a sequence breaker? Every prompt gets a class by the loop greedy produced on
+it (:data:`CLASSES`: its unit holds a breaker, lies within a line, or there is no periodic tail); each method's
+degenerate rate is reported per class, and its own remaining loops split the same way (docs/which-fix.md).
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from typing import Any, Sequence
 
 from ..engine.samplers.llama_cpp import DEFAULT_BREAKERS, tokenizer_breakers
 from ..engine.samplers.stages import SamplerConfig
+from ..metrics.degeneracy import LoopMeasures
+from ..metrics.stats import wilson_interval
 
 EDIT, EDIT_BEST = "edit", "edit+best"
 BASELINE = "greedy"
@@ -93,3 +99,64 @@ def build_methods(
 def edit_with(best: Method) -> Method:
     """The weight edit combined with ``best``'s sampler."""
     return Method(EDIT_BEST, f"weight edit + {best.name}", best.sampler, patched=True)
+
+
+# ---- loops classified by sequence breaker ----------------------------------------------------
+SPANS, WITHIN, NO_LOOP = "spans a breaker", "within a line", "no baseline loop"
+CLASSES = (SPANS, WITHIN, NO_LOOP)
+
+
+def loop_unit(text: str, measures: LoopMeasures) -> str | None:
+    """One period of a periodic tail (characters; exact period first, else the near period), or None."""
+    p = measures.any_period
+    return text[-p:] if p else None
+
+
+def unit_class(text: str, measures: LoopMeasures, breakers: str) -> str:
+    """:data:`SPANS`, :data:`WITHIN` or :data:`NO_LOOP` for one generation measured on its characters."""
+    unit = loop_unit(text, measures)
+    if unit is None:
+        return NO_LOOP
+    return SPANS if any(ch in breakers for ch in unit) else WITHIN
+
+
+@dataclass
+class ClassRate:
+    """A method's degenerate rate on the prompts of one baseline-loop class."""
+
+    cls: str
+    n: int
+    degenerate: int
+    rate: float | None
+    ci95: list[float]
+
+
+def class_rates(classes: Sequence[str], degenerate: Sequence[bool]) -> list[ClassRate]:
+    """Degenerate counts and rates per class (every class listed, empty ones with rate None)."""
+    out = []
+    for c in CLASSES:
+        flags = [d for k, d in zip(classes, degenerate, strict=True) if k == c]
+        k = sum(flags)
+        out.append(ClassRate(c, len(flags), k, k / len(flags) if flags else None, list(wilson_interval(k, len(flags)))))
+    return out
+
+
+@dataclass
+class OwnLoops:
+    """A method's own periodic tails (characters), and how many of them have a unit that spans a breaker."""
+
+    JSON_PROPERTIES = ("spanning_share",)  # computed from the fields, kept in the JSON form
+
+    loops: int
+    spanning: int
+
+    @property
+    def spanning_share(self) -> float | None:
+        """Share of the loops whose unit holds a breaker."""
+        return self.spanning / self.loops if self.loops else None
+
+
+def own_loops(texts: Sequence[str], measures: Sequence[LoopMeasures], breakers: str) -> OwnLoops:
+    """Count periodic tails and those whose unit holds a breaker."""
+    classes = [unit_class(t, m, breakers) for t, m in zip(texts, measures, strict=True)]
+    return OwnLoops(sum(c != NO_LOOP for c in classes), sum(c == SPANS for c in classes))

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from .compare_fluency import TextScore
+from .compare_human import TextScore
 
 DEFAULT_ORDER = 5
 

@@ -1,25 +1,43 @@
 """Weight patches: what changed (tensor, columns, original and new values, direction) plus hashes.
 
+An edit (:class:`EditSpec`, built by :func:`make_patch`) changes selected columns of the MLP down-projection W
+(d_model × d_ff) in one of two forms:
+
+* ``subtract`` (the article's form): W[:, c] ← W[:, c] − α·d   (the loop-repair article cited in :mod:`genprobe.loops`)
+* ``project`` (projection removal): W[:, c] ← W[:, c] − α·d·(dᵀW[:, c])   (α = 1 removes it exactly)
+
+``d`` is a unit vector in d_model space — the loop direction measured at that layer's MLP output,
+which is exactly W's output space.
+
 On disk: ``<name>.safetensors`` (tensors) and ``<name>.json`` (edit, targets, model state sha256 before and after).
 :func:`apply_patch` and :func:`revert_patch` refuse a model whose hash is not the one recorded, and check the result.
+
+A ``transformers`` model directory is patched and reverted bit for bit by :func:`apply_to_dir` / :func:`revert_dir`:
+only the safetensors files holding an edited tensor are rewritten, after checking the loaded model's state hash and
+the edited columns' current values; the original files' sha256 are kept in :data:`NOTE_FILE` so a revert reports
+whether it restored them exactly.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .._io import atomic_write, atomic_write_json, json_safe, read_format_json, sha256_file
-from ..model.arch import count_parameters, mlp_sites, set_columns, state_sha256
+from ..model.arch import all_columns, count_parameters, get_columns, mlp_sites, set_columns, state_sha256
 
 FORMAT = "genprobe-loop-patch-v1"
 TENSORS = ("columns", "original", "new", "direction")  # each target's tensors in the .safetensors file
+FORMS = ("subtract", "project")
 
 
 class PatchError(ValueError):
@@ -53,22 +71,97 @@ class Patch:
 
     def to_dict(self) -> dict:
         """The JSON side of the patch."""
-        d = dict(self.meta)
-        d["format"] = FORMAT
-        d["targets"] = [
-            {
-                "name": t.name,
-                "layer": t.layer,
-                "layout": t.layout,
-                "columns": t.columns.tolist(),
-                "changed": t.changed(),
-                "alpha": t.alpha,
-            }
+        targets = [
+            {k: getattr(t, k) for k in ("name", "layer", "layout", "alpha")}
+            | {"columns": t.columns.tolist(), "changed": t.changed()}
             for t in self.targets
         ]
-        return d
+        return self.meta | {"format": FORMAT, "targets": targets}
 
 
+# ---- the edit ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EditSpec:
+    """One candidate edit: which layers, how many columns per layer, which form, what strength."""
+
+    layers: tuple[int, ...]
+    k: int
+    form: str
+    alpha: float
+
+    def __post_init__(self) -> None:
+        if self.form not in FORMS:
+            raise ValueError(f"edit form must be one of {FORMS}, got {self.form!r}")
+        if self.k < 1:
+            raise ValueError(f"k (columns per layer) must be >= 1, got {self.k}")
+        if not self.layers:
+            raise ValueError("an edit needs at least one layer")
+        if not (self.alpha == self.alpha) or self.alpha < 0:
+            raise ValueError(f"alpha must be a finite number >= 0, got {self.alpha}")
+
+
+def edit_columns(cols: torch.Tensor, d: torch.Tensor, alpha: float, form: str) -> torch.Tensor:
+    """New values of columns given as rows ``cols`` (k, d_model) for unit direction ``d``."""
+    d = (d / d.norm()).to(cols.dtype)
+    if form == "subtract":
+        return cols - alpha * d[None, :]
+    if form == "project":
+        return cols - alpha * (cols @ d)[:, None] * d[None, :]
+    raise ValueError(f"edit form must be one of {FORMS}, got {form!r}")
+
+
+def column_scores(W: torch.Tensor, d: torch.Tensor, unit_mean_in_loops: torch.Tensor) -> torch.Tensor:
+    """score_c = |dᵀW[:, c]| × (mean activation of unit c at loop positions), shape (d_ff,), for W's columns as rows
+    (:func:`~genprobe.model.arch.all_columns`) and a unit ``d``.
+
+    The mean activation is signed: a unit that is on average negative in loops (GELU's small
+    negative lobe, a gated unit) pushes the other way and scores low.
+    """
+    return (W @ d).abs() * unit_mean_in_loops.float()
+
+
+def select_columns(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` highest scores, ascending index order (stable, for reproducible patches)."""
+    if not 1 <= k <= scores.numel():
+        raise ValueError(f"k must be in [1, {scores.numel()}] (d_ff), got {k}")
+    return torch.topk(scores, k).indices.sort().values
+
+
+def make_patch(
+    model: Any,
+    spec: EditSpec,
+    directions: dict[int, torch.Tensor],
+    unit_means: dict[int, torch.Tensor],
+    gaps: dict[int, float] | None = None,
+) -> Patch:
+    """Build (do not apply) the patch for ``spec``: selected columns, their original and new values.
+
+    With ``gaps`` (layer -> loop-minus-reference gap of mean MLP output along d), the ``subtract``
+    strength is relative: α_abs = α · gap / Σ_{c∈C} mean loop activation of c, so α = 1 removes, at
+    an average loop position, the whole gap along d. ``project`` strengths are fractions already.
+    """
+    sites = mlp_sites(model)
+    targets = []
+    for layer in spec.layers:
+        if not 0 <= layer < len(sites):
+            raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
+        site, d = sites[layer], directions[layer].float() / directions[layer].float().norm()
+        cols = select_columns(column_scores(all_columns(site), d, unit_means[layer]), spec.k)
+        orig = get_columns(site, cols)
+        alpha = spec.alpha
+        if gaps is not None and spec.form == "subtract":
+            act = float(unit_means[layer].float()[cols].sum())
+            if act <= 0:
+                raise ValueError(
+                    f"layer {layer}: selected columns have non-positive mean activation {act:.3g}; cannot scale alpha"
+                )
+            alpha = spec.alpha * gaps[layer] / act
+        new = edit_columns(orig.float(), d, alpha, spec.form).to(orig.dtype)
+        targets.append(PatchTarget(site.weight_name, layer, site.layout, cols, orig, new, d, float(alpha)))
+    return Patch(targets=targets, meta={"edit": json_safe(spec)})
+
+
+# ---- applying, reverting, saving ----------------------------------------------------------
 def _site_for(model: Any, t: PatchTarget):
     sites = mlp_sites(model)
     if not 0 <= t.layer < len(sites) or sites[t.layer].weight_name != t.name:
@@ -114,8 +207,6 @@ def finalise(model: Any, patch: Patch) -> Patch:
     before = state_sha256(model)
     with written(model, patch):
         after = state_sha256(model)
-    if state_sha256(model) != before:  # pragma: no cover - set_columns is an exact copy
-        raise PatchError("restoring the original columns did not reproduce the model's hash")
     changed = sum(t.changed() for t in patch.targets)
     total = count_parameters(model)
     patch.meta.update(
@@ -135,16 +226,22 @@ _SWITCH = {
 }
 
 
-def _switch(model: Any, patch: Patch, which: str) -> str:
-    """Write the ``which`` values of every target, refusing unless the model's state hash is the recorded one the
-    other way, and checking the hash it arrives at (written back when it is not). Returns the new hash."""
-    verb, start, end, what = _SWITCH[which]
+def _check_start(patch: Patch, which: str, have: str, weights: str) -> None:
+    """Refuse to write the ``which`` values into ``weights`` (hash ``have``) unless they are the ones the patch
+    records on the other side."""
+    verb, start, _, what = _SWITCH[which]
     want = patch.meta.get(start)
     if not want:
         raise PatchError(f"patch has no recorded {start}; call finalise() on the model it was made for")
-    have = state_sha256(model)
     if have != want:
-        raise PatchError(f"refusing to {verb}: the model's weights (sha256 {have}) are not {what} ({start} {want})")
+        raise PatchError(f"refusing to {verb}: {weights} (sha256 {have}) are not {what} ({start} {want})")
+
+
+def _switch(model: Any, patch: Patch, which: str) -> str:
+    """Write the ``which`` values of every target, refusing unless the model's state hash is the recorded one the
+    other way, and checking the hash it arrives at (written back when it is not). Returns the new hash."""
+    verb, _, end, _ = _SWITCH[which]
+    _check_start(patch, which, state_sha256(model), "the model's weights")
     for t in patch.targets:
         _site_for(model, t)
     write_values(model, patch, which)
@@ -176,10 +273,7 @@ def save_patch(patch: Patch, path: str | os.PathLike) -> tuple[Path, Path]:
     st, js = _paths(path)
     tensors = {f"target{i}.{k}": getattr(t, k).contiguous() for i, t in enumerate(patch.targets) for k in TENSORS}
     atomic_write(st, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
-    d = json_safe(patch)
-    d["tensors_file"] = st.name
-    d["tensors_sha256"] = sha256_file(st)
-    atomic_write_json(js, d)
+    atomic_write_json(js, json_safe(patch) | {"tensors_file": st.name, "tensors_sha256": sha256_file(st)})
     return st, js
 
 
@@ -202,3 +296,141 @@ def load_patch(path: str | os.PathLike) -> Patch:
     targets = [target(i, td) for i, td in enumerate(meta["targets"])]
     rest = {k: v for k, v in meta.items() if k not in ("targets", "format", "tensors_file", "tensors_sha256")}
     return Patch(targets, rest)
+
+
+# ---- transformers model directories ----------------------------------------------------------
+NOTE_FILE = "genprobe_patch.json"
+NOTE_FORMAT = "genprobe-hf-patch-note-v1"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+@dataclass
+class DirPatchResult:
+    """What an apply or revert wrote: where, the resulting state hash, and the weight files' sha256."""
+
+    action: str  # "apply" | "revert"
+    source: str
+    out: str
+    state_sha256: str
+    weight_files: dict[str, str]  # weight file name -> sha256 after writing
+    matches_original: bool | None = None  # revert: rewritten files hash to the recorded originals
+    notes: list[str] = field(default_factory=list)
+
+
+def weight_map(model_dir: Path) -> dict[str, str]:
+    """Tensor name -> safetensors file name (single file or sharded with an index)."""
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        return dict(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+    single = model_dir / "model.safetensors"
+    if not single.is_file():
+        raise PatchError(f"{model_dir}: no model.safetensors and no {INDEX_FILE}")
+    with safe_open(str(single), "pt") as fh:
+        return {k: single.name for k in fh.keys()}
+
+
+def _file_key(names: dict[str, str], target: PatchTarget, base_prefix: str | None) -> str:
+    """The stored name of a target (a checkpoint may omit the base-model prefix, e.g. GPT-2's ``transformer.``)."""
+    for key in (target.name, target.name.removeprefix(f"{base_prefix}.") if base_prefix else target.name):
+        if key in names:
+            return key
+    raise PatchError(f"patch target {target.name} is not stored in the model directory's safetensors files")
+
+
+def _write_columns(w: torch.Tensor, t: PatchTarget, expect: torch.Tensor, values: torch.Tensor, where: str) -> None:
+    if w.dtype != expect.dtype:
+        raise PatchError(
+            f"{where}: stored as {w.dtype} but the patch holds {expect.dtype} values; a patch made on a model "
+            f"loaded in {expect.dtype} cannot be written into {w.dtype} weights exactly"
+        )
+    view = w[:, t.columns].T if t.layout == "linear" else w[t.columns, :]
+    if not torch.equal(view, expect):
+        raise PatchError(
+            f"{where}: the edited columns do not hold the values the patch expects (another edit, or a different model)"
+        )
+    if t.layout == "linear":
+        w[:, t.columns] = values.T
+    else:
+        w[t.columns, :] = values
+
+
+def _rewrite_file(src: Path, dst: Path, edits: list[tuple[str, PatchTarget]], revert: bool) -> str:
+    with safe_open(str(src), "pt") as fh:
+        meta = fh.metadata()
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    for key, t in edits:
+        expect, values = (t.new, t.original) if revert else (t.original, t.new)
+        _write_columns(tensors[key], t, expect, values, f"{src.name}:{key}")
+    atomic_write(dst, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    return sha256_file(dst)
+
+
+def _copy_tree(src: Path, out: Path, skip: set[str]) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PatchError(f"{out} exists and is not an empty directory; refusing to write a model into it")
+
+    def left_behind(d: str, names: list[str]) -> list[str]:  # at the top level: the skipped names, hidden files
+        return [n for n in names if d == os.fspath(src) and (n in skip or n.startswith("."))]
+
+    shutil.copytree(src, out, ignore=left_behind, dirs_exist_ok=True)
+
+
+def _patch_dir(src: Path, patch: Patch, out: Path, revert: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """Rewrite the weight files holding targets (into ``out``); returns (original sha256s, rewritten sha256s)."""
+    from ..model.load import load_model
+
+    model = load_model(src)
+    if model.kind != "hf":
+        raise PatchError(f"{src} is a genprobe checkpoint, not a transformers directory")
+    _check_start(patch, "original" if revert else "new", model.state_sha256(), f"the weights in {src}")
+    names = weight_map(src)
+    base = getattr(model.module, "base_model_prefix", None)
+    per_file: dict[str, list[tuple[str, PatchTarget]]] = {}
+    for t in patch.targets:
+        key = _file_key(names, t, base)
+        per_file.setdefault(names[key], []).append((key, t))
+    before = {f: sha256_file(src / f) for f in per_file}
+    if out.resolve() != src.resolve():
+        _copy_tree(src, out, skip=set(per_file) | {NOTE_FILE})
+    after = {f: _rewrite_file(src / f, out / f, edits, revert) for f, edits in per_file.items()}
+    return before, after
+
+
+def _check_state(out: Path, want: str, what: str) -> str:
+    from ..model.load import load_model
+
+    have = load_model(out).state_sha256()
+    if have != want:  # pragma: no cover - the column writes are exact
+        raise PatchError(f"{out}: the written model's state sha256 {have} is not the patch's {what} {want}")
+    return have
+
+
+def apply_to_dir(src: str | os.PathLike, patch: Patch, out: str | os.PathLike) -> DirPatchResult:
+    """Write a patched copy of a transformers directory to ``out`` (``out == src``: in place)."""
+    src, out = Path(src), Path(out)
+    before, after = _patch_dir(src, patch, out, revert=False)
+    note = {k: patch.meta.get(k) for k in ("edit", "sha256_before", "sha256_after")}
+    atomic_write_json(
+        out / NOTE_FILE, {"format": NOTE_FORMAT, **note, "original_weight_files": before, "patched_weight_files": after}
+    )
+    sha = _check_state(out, patch.meta["sha256_after"], "sha256_after")
+    return DirPatchResult("apply", str(src), str(out), sha, after)
+
+
+def revert_dir(src: str | os.PathLike, patch: Patch, out: str | os.PathLike) -> DirPatchResult:
+    """Write the original weights of a patched transformers directory to ``out`` (``out == src``: in place)."""
+    src, out = Path(src), Path(out)
+    note_path = src / NOTE_FILE
+    note = json.loads(note_path.read_text(encoding="utf-8")) if note_path.is_file() else None
+    _, after = _patch_dir(src, patch, out, revert=True)
+    if out.resolve() == src.resolve() and note_path.exists():
+        note_path.unlink()
+    sha = _check_state(out, patch.meta["sha256_before"], "sha256_before")
+    result = DirPatchResult("revert", str(src), str(out), sha, after)
+    if note is None or note.get("format") != NOTE_FORMAT:
+        result.notes.append(
+            f"{src} has no {NOTE_FILE}: the restored state hash is checked, the original file hashes are unknown"
+        )
+    else:
+        result.matches_original = all(note["original_weight_files"].get(f) == h for f, h in after.items())
+    return result

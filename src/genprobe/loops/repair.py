@@ -7,19 +7,17 @@ are described in docs/loop-repair.md ("How the pipeline works").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 import torch
 
 from .._io import json_safe
 from ..engine.samplers.stages import SamplerConfig
+from ..metrics.stats import ALPHA, sign_test_p
 from ..model.arch import state_sha256
-from .contrast import Contrast, ContrastCounts, collect_contrast
-from .direction import Separation, loop_direction, separation
-from .edit import EditSpec, make_patch
-from .locate import Located, locate_layers
-from .patch import Patch, finalise, patched
+from .contrast import Contrast, ContrastCounts, Separation, ablate, collect_contrast, loop_direction, separation
+from .patch import EditSpec, Patch, finalise, make_patch, patched
 from .regress import Regression, RegressionProbe, text_windows, window_length
 from .scaled import (
     ScaledTrace,
@@ -36,18 +34,8 @@ from .screen import LoopProbe
 from .search import Build, Candidate, Limits, Objective, Strata, check_restored, choose, grid, run_search
 from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, LoopStudy, RepairConfig, RepairInputs, encode_quiet
 
-__all__ = ["RepairConfig", "RepairInputs", "RepairReport", "LocateReport", "LoopStudy", "repair", "locate_only"]
-
 
 # ---- stage results --------------------------------------------------------------------------
-@dataclass
-class Baselines:
-    """Scans of the three prompt sets on the unedited model, with the encoded prompts."""
-
-    scans: dict[str, ScanResult]
-    ids: dict[str, list[list[int]]]
-
-
 @dataclass
 class LayerDirection:
     """One layer's loop direction: the loop gap along it and how it separates loop from reference."""
@@ -86,6 +74,32 @@ class DirectionStage:
         return lambda spec: make_patch(model, spec, self.directions, self.contrast.unit_mean_loop, self.gaps)
 
 
+@dataclass(frozen=True)
+class Ablation:
+    """Loop rates with one layer's (or all layers') direction removed; ``reduction`` is in the degenerate rate."""
+
+    layers: tuple[int, ...]
+    degenerate_rate: float
+    loop_rate: float
+    reduction: float
+
+
+@dataclass
+class Located:
+    """Baseline rates, one ablation per layer (and all together), layers ranked by the degenerate-rate reduction."""
+
+    base_degenerate_rate: float
+    base_loop_rate: float
+    per_layer: list[Ablation]
+    ranking: list[int]
+    all_layers: Ablation | None
+    n_prompts: int
+
+    def to_dict(self) -> dict:
+        """Plain JSON (each per-layer ablation names its layer)."""
+        return asdict(self) | {"per_layer": [dict(asdict(a), layer=a.layers[0]) for a in self.per_layer]}
+
+
 @dataclass
 class SearchStage:
     """The stratified search set, the baseline objective, every candidate and the chosen one."""
@@ -100,25 +114,14 @@ class SearchStage:
     scaled: ScaledTrace | None = None
 
     def to_dict(self) -> dict:
-        """JSON (``base_loop_rate`` is the baseline's degenerate rate: what the search minimises)."""
-        return {
-            "n_prompts": self.strata.prone + self.strata.control,
-            "prone": self.strata.prone,
-            "control": self.strata.control,
-            "prone_in_full_set": self.strata.prone_all,
-            "full_set": self.strata.prone_all + self.strata.control_all,
-            "objective": "degenerate_rate",
-            "baseline": json_safe(self.baseline),
-            "base_loop_rate": self.baseline.degenerate_rate,
-            "base_exact_loop_rate": self.baseline.loop_rate,
-            "limits": json_safe(self.limits),
-            "candidates": json_safe(self.candidates),
-            "admissible": sum(1 for c in self.candidates if self.limits.admits(c.regression)),
-            "chosen": json_safe(self.chosen),
-            "method": self.method,
-            "grid_size": self.grid_size,
-            "scaled": json_safe(self.scaled),
-        }
+        """The fields, the strata spelled out (``base_loop_rate`` is the baseline's degenerate rate: what the search
+        minimises) and how many candidates the limits admit."""
+        s, admissible = self.strata, sum(1 for c in self.candidates if self.limits.admits(c.regression))
+        sizes = {"n_prompts": s.prone + s.control, "prone": s.prone, "control": s.control}
+        sizes |= {"prone_in_full_set": s.prone_all, "full_set": s.prone_all + s.control_all}
+        base = {"base_loop_rate": self.baseline.degenerate_rate, "base_exact_loop_rate": self.baseline.loop_rate}
+        rest = {f.name: json_safe(getattr(self, f.name)) for f in fields(self) if f.name != "strata"}
+        return sizes | {"objective": "degenerate_rate"} | base | rest | {"admissible": admissible}
 
 
 @dataclass
@@ -155,8 +158,6 @@ class Validation:
     @property
     def significant(self) -> bool:
         """The edit ended significantly more degenerations than it started (α = metrics.stats.ALPHA)."""
-        from ..metrics.stats import ALPHA
-
         return self.fixed > self.new_loops and self.p_value < ALPHA
 
 
@@ -193,11 +194,10 @@ class RepairReport:
 
 
 # ---- stages ---------------------------------------------------------------------------------
-def baseline_scans(study: LoopStudy, inputs: RepairInputs, sets: Sequence[str] = SET_NAMES) -> Baselines:
-    """Scan each prompt set on the unedited model."""
-    ids = {k: study.encode(study.render(getattr(inputs, k), inputs.chat)) for k in sets}
-    scans = {k: study.scan(ids[k], getattr(inputs, k), desc=f"scan {k}") for k in sets}
-    return Baselines(scans, ids)
+def baseline_scans(study: LoopStudy, inputs: RepairInputs, sets: Sequence[str] = SET_NAMES) -> dict[str, ScanResult]:
+    """Scan each prompt set on the unedited model (each record keeps its encoded prompt)."""
+    encoded = {k: study.encode(study.render(getattr(inputs, k), inputs.chat)) for k in sets}
+    return {k: study.scan(encoded[k], getattr(inputs, k), desc=f"scan {k}") for k in sets}
 
 
 def direction_stage(study: LoopStudy, val_text: str, records: Sequence[GenerationRecord]) -> DirectionStage:
@@ -224,13 +224,29 @@ def _prone_and_control(study: LoopStudy, records: Sequence[GenerationRecord]) ->
     return prone, control
 
 
-def locate_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord]) -> Located:
-    """Ablate each layer's direction on loop-prone + control prompts of the direction set; rank layers."""
+def locate_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord], clock: Clock) -> Located:
+    """Ablate each layer's direction (then all together) from its MLP output while generating the loop-prone +
+    control prompts of the direction set; rank layers by the reduction of the degenerate rate (largest first)."""
     prone, control = _prone_and_control(study, records)
     ids = [r.prompt_ids for r in prone + control]
-    located = locate_layers(study.module, stage.directions, study.rates_of(ids))
-    located.n_prompts = len(ids)
-    return located
+    rates = study.rates_of(ids)
+    base_deg, base_exact = rates(study.module)
+
+    def ablated(directions: dict[int, torch.Tensor]) -> Ablation:
+        with ablate(study.module, directions):
+            deg, exact = rates(study.module)
+        return Ablation(tuple(sorted(directions)), deg, exact, base_deg - deg)
+
+    per_layer = [ablated({layer: d}) for layer, d in sorted(stage.directions.items())]
+    ranking = [a.layers[0] for a in sorted(per_layer, key=lambda a: (-a.reduction, a.layers[0]))]
+    together = ablated(stage.directions) if len(stage.directions) > 1 else None
+    clock.tick("locate")
+    study.log(
+        f"locate: base degenerate rate {base_deg:.3f}; ablated: "
+        + ", ".join(f"L{a.layers[0]} {a.degenerate_rate:.3f} (exact {a.loop_rate:.3f})" for a in per_layer)
+        + f"; ranking {ranking}"
+    )
+    return Located(base_deg, base_exact, per_layer, ranking, together, len(ids))
 
 
 def edit_grid(study: LoopStudy) -> list[EditSpec]:
@@ -307,10 +323,10 @@ def _scaled(
     grid = chains(sets, cfg.ks, cfg.forms, cfg.alphas())
     screened = screen(model, grid, build, quick, loops, limits, study.progress, cfg.screen_strengths)
     clock.tick("screen")
-    short = shortlist(screened, cfg.keep)
+    short, admitted = shortlist(screened, cfg.keep), sum(1 for s in screened if s.pressure is not None)
     study.log(
-        f"screen: {len(screened)} edits of layer sets {sets}, {sum(1 for s in screened if s.pressure)} within the "
-        f"limits on {len(windows)} windows; generating for {len(short)}"
+        f"screen: {len(screened)} edits of layer sets {sets}, {admitted} within the limits on {len(windows)} windows; "
+        f"generating for {len(short)}"
     )
     for s in screened:
         s.candidate.screen = {"windows": len(windows), **(json_safe(s.pressure) if s.pressure else {})}
@@ -328,12 +344,8 @@ def _scaled(
     clock.tick("halving")
     check_restored(model, before)
     study.log("halving: " + "; ".join(f"{r.prone}+{r.control} prompts, {r.kept} of {r.candidates} kept" for r in rungs))
-    admitted = sum(1 for s in screened if s.pressure is not None)
-    counts = (len(screened), admitted, len(short))
-    trace = ScaledTrace(
-        scores, sets, *counts, rungs, loops.n_sequences, loops.positions, len(windows), json_safe(clock)
-    )
-    return [s.candidate for s in screened], finalists, trace
+    screening = (len(screened), admitted, len(short), rungs, loops.n_sequences, loops.positions, len(windows))
+    return [s.candidate for s in screened], finalists, ScaledTrace(scores, sets, *screening, json_safe(clock))
 
 
 def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:
@@ -357,9 +369,10 @@ def _plain_greedy(study: LoopStudy, ids: list[list[int]]) -> LoopRates | None:
 
 
 def validate_stage(
-    study: LoopStudy, patch: Patch, before: ScanResult, ids: list[list[int]], texts: list[str], probe: RegressionProbe
+    study: LoopStudy, patch: Patch, before: ScanResult, texts: list[str], probe: RegressionProbe
 ) -> Validation:
     """Apply the patch, rescan the held-out set (and plain greedy), measure regression, revert exactly."""
+    ids = [r.prompt_ids for r in before.records]
     plain_ids = ids[: study.cfg.plain_greedy_check] if study.sampler != greedy_sampler(study.eos_id) else []
     plain_before = _plain_greedy(study, plain_ids)
     with patched(study.module, patch):
@@ -380,8 +393,6 @@ def validate_stage(
         )
         for b, a in prone[: study.cfg.samples]
     ]
-    from ..metrics.stats import sign_test_p
-
     fixed = sum(1 for b, a in pairs if b.degenerate and not a.degenerate)
     new = sum(1 for b, a in pairs if a.degenerate and not b.degenerate)
     return Validation(
@@ -439,7 +450,7 @@ def _directions(
     sampler: SamplerConfig | None = None,
     progress: bool = False,
     log: Callable[[str], None] = lambda msg: None,
-) -> tuple[LoopStudy, Clock, Baselines, DirectionStage]:
+) -> tuple[LoopStudy, Clock, dict[str, ScanResult], DirectionStage]:
     """The stages repair and locate share: scan ``sets`` on the unedited model, then the direction stage."""
     study = LoopStudy(model, cfg or RepairConfig(), sampler, progress, log)
     clock = Clock()
@@ -449,9 +460,9 @@ def _directions(
     clock.tick("baseline_scans")
     log(
         "baseline degenerate (exact loop) rates: "
-        + ", ".join(f"{k} {v.summary.degenerate_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.scans.items())
+        + ", ".join(f"{k} {v.summary.degenerate_rate:.3f} ({v.summary.loop_rate:.3f})" for k, v in base.items())
     )
-    stage = direction_stage(study, inputs.val_text, base.scans["direction"].records)
+    stage = direction_stage(study, inputs.val_text, base["direction"].records)
     clock.tick("contrast_direction")
     return study, clock, base, stage
 
@@ -467,8 +478,11 @@ def repair(
 ) -> tuple[RepairReport, Patch | None]:
     """Run the pipeline on a :class:`genprobe.model.load.Model`; the report and the patch (None if no edit passed)."""
     study, clock, base, stage = _directions(model, inputs, cfg, SET_NAMES, sampler, progress, log)
-    located = _locate_for_exhaustive(study, stage, base.scans["direction"].records, clock, log)
-    search = search_stage(study, stage, base.scans["search"].records)
+    # the generation-based locate stage is reported beside the exhaustive search's grid; the scaled search ranks
+    # layers itself, teacher-forced, at a fraction of the cost
+    exhaustive = search_method(study.cfg, len(edit_grid(study))) == "exhaustive"
+    located = locate_stage(study, stage, base["direction"].records, clock) if exhaustive else None
+    search = search_stage(study, stage, base["search"].records)
     clock.tick("search")
     report = RepairReport(
         study.cfg,
@@ -476,7 +490,7 @@ def repair(
         study.model.describe(),
         inputs.summary(),
         study.end_token,
-        {k: v.summary for k, v in base.scans.items()},
+        {k: v.summary for k, v in base.items()},
         stage.contrast.counts,
         stage.layers,
         located,
@@ -486,7 +500,7 @@ def repair(
     patch = None
     if search.chosen is not None:
         patch = build_patch(study, stage, search.chosen)
-        v = validate_stage(study, patch, base.scans["validate"], base.ids["validate"], inputs.validate, stage.probe)
+        v = validate_stage(study, patch, base["validate"], inputs.validate, stage.probe)
         report.validation = v
         clock.tick("validate")
         if v.significant:
@@ -503,26 +517,6 @@ def repair(
             patch = None
     report.timings_s = json_safe(clock)
     return report, patch
-
-
-def _locate_for_exhaustive(
-    study: LoopStudy,
-    stage: DirectionStage,
-    records: Sequence[GenerationRecord],
-    clock: Clock,
-    log: Callable[[str], None],
-) -> Located | None:
-    """The generation-based locate stage, which the exhaustive search reports beside its grid; the scaled search
-    ranks layers itself, teacher-forced, at a fraction of the cost (None)."""
-    if search_method(study.cfg, len(edit_grid(study))) != "exhaustive":
-        return None
-    located = locate_stage(study, stage, records)
-    clock.tick("locate")
-    log(
-        f"locate: base degenerate rate {located.base_degenerate_rate:.3f}, "
-        + ", ".join(f"L{a.layers[0]} ablated {a.degenerate_rate:.3f}" for a in located.per_layer)
-    )
-    return located
 
 
 def _verdict(search: SearchStage) -> str:
@@ -556,13 +550,12 @@ def locate_only(model: Any, inputs: RepairInputs, cfg: RepairConfig | None = Non
     """Scan the direction set, estimate directions and rank layers by ablation (no edit); ``how``: :func:`repair`'s
     ``sampler``, ``progress`` and ``log``."""
     study, clock, base, stage = _directions(model, inputs, cfg, ("direction",), **how)
-    located = locate_stage(study, stage, base.scans["direction"].records)
-    clock.tick("locate")
+    located = locate_stage(study, stage, base["direction"].records, clock)
     return LocateReport(
         json_safe(study.sampler),
         study.end_token,
         inputs.summary(),
-        base.scans["direction"].summary,
+        base["direction"].summary,
         stage.contrast.counts,
         stage.layers,
         located,

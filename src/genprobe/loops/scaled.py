@@ -14,9 +14,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..metrics.degeneracy import LoopMeasures
-from .edit import EditSpec
-from .hooks import ablate
-from .patch import written
+from .contrast import ablate
+from .patch import EditSpec, written
 from .regress import Regression, RegressionProbe
 from .screen import LoopProbe, Pressure
 from .search import Build, Candidate, Limits, Strata, grid, progress_bar, rank_key

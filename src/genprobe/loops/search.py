@@ -19,8 +19,7 @@ from tqdm import tqdm
 from .._io import json_safe
 from ..metrics.degeneracy import LoopMeasures
 from ..model.arch import state_sha256
-from .edit import EditSpec
-from .patch import Patch, written
+from .patch import EditSpec, Patch, written
 from .regress import Regression
 
 DEFAULT_MAX_KL = 0.1
@@ -167,7 +166,7 @@ Build = Callable[[EditSpec], Patch]  # spec -> its patch (not applied)
 def run_search(
     model: Any, specs: Sequence[EditSpec], build: Build, evaluate: Evaluate, progress: bool = False
 ) -> list[Candidate]:
-    """Evaluate every spec's patch (``build(spec)``, e.g. :func:`~genprobe.loops.edit.make_patch` of the directions)
+    """Evaluate every spec's patch (``build(spec)``, e.g. :func:`~genprobe.loops.patch.make_patch` of the directions)
     with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
     before = state_sha256(model)
     out = []

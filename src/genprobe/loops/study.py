@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.degeneracy import LoopSettings
 from ..model.arch import mlp_sites
-from .edit import FORMS
+from .patch import FORMS
 from .prompts import prompt_sets, split_prompts
 from .scan import (
     EndToken,

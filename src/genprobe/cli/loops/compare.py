@@ -100,7 +100,7 @@ def _json_summary(d: dict, files: dict) -> dict:
 def run_compare(args: argparse.Namespace) -> int:
     """Compare the fixes on one prompt set; write JSON, table, figure and page into --out."""
     from ...loops.compare_fixes import CompareConfig, compare_fixes
-    from ...loops.compare_report import breaker_table, markdown_table, write_outputs
+    from ...loops.pages import breaker_table, markdown_table, write_outputs
     from ...loops.patch import load_patch
 
     check_common(args)

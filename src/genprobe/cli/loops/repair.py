@@ -1,13 +1,15 @@
-"""``genprobe loops locate|repair MODEL``: the loop direction per layer, and the directional weight repair."""
+"""``genprobe loops locate|repair MODEL``: the loop direction per layer, and the directional weight repair;
+``genprobe loops apply|revert MODEL PATCH``: its exact, hash-checked patches."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..._io import json_safe
+from ..._io import check_target_dir, json_safe
 from .._common import MODEL_KINDS, Command, emit_json, info, option, out_dir, show_progress, write_out
 from ._shared import (
     LOOPS_MODEL,
@@ -97,12 +99,6 @@ def run_locate(args: argparse.Namespace) -> int:
     inputs = repair_inputs(args, model, cfg, ("direction",))
     calibration = calibrate_config(args, model, cfg, inputs)
     rep = locate_only(model, inputs, cfg, progress=show_progress(args), log=info)
-    for a in rep.locate.per_layer:
-        info(
-            f"  layer {a.layers[0]}: degenerate rate {a.degenerate_rate:.3f} (exact loops {a.loop_rate:.3f}; "
-            f"reduction {a.reduction:+.3f})"
-        )
-    info(f"  ranking: {rep.locate.ranking}")
     data = json_safe(rep) | {"calibration": json_safe(calibration)}
     write_out(args, LOCATE_FILE, data)
     if args.json:
@@ -128,10 +124,8 @@ def _check_repair_args(args: argparse.Namespace) -> None:
 
 def run_repair(args: argparse.Namespace) -> int:
     """The whole pipeline; writes report, patch, HTML and PNG into --out."""
-    from ..._io import atomic_write_json
-    from ...loops.patch import save_patch
+    from ...loops.pages import write_repair
     from ...loops.repair import repair
-    from ...loops.repair_report import write_summary
 
     check_common(args)
     _check_repair_args(args)
@@ -141,40 +135,97 @@ def run_repair(args: argparse.Namespace) -> int:
     inputs = repair_inputs(args, model, cfg, ("direction", "search", "validate"))
     calibration = calibrate_config(args, model, cfg, inputs)
     report, patch = repair(model, inputs, cfg, progress=show_progress(args), log=info)
-    data = json_safe(report) | {"calibration": json_safe(calibration)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    files: dict[str, str] = {}
-    if patch is not None:
-        st, js = save_patch(patch, args.out / "patch")
-        files.update(patch_tensors=str(st), patch=str(js))
-    files.update({k: str(v) for k, v in write_summary(data, args.out).items()})
-    data.update(model_path=str(model.source), wall_seconds=round(time.perf_counter() - t0, 1), files=files)
-    atomic_write_json(args.out / "repair.json", data)
+    wall_seconds = round(time.perf_counter() - t0, 1)
+    data = write_repair(
+        args.out, report, patch, calibration=calibration, model_path=model.source, wall_seconds=wall_seconds
+    )
     info(f"verdict: {report.verdict} ({data['wall_seconds']} s); wrote {args.out}")
-    _print_validation(report)
+    _print_validation(data)
     if args.json:
         emit_json({k: data[k] for k in REPAIR_JSON_KEYS} | {"chosen": data["search"]["chosen"]})
     return 0
 
 
-def _print_validation(report: Any) -> None:
-    v = report.validation
+def _print_validation(data: dict) -> None:
+    """The held-out rates before → after (the page's table), the regression and the patch's size."""
+    from ...loops.pages import rate_rows
+
+    v = data["validation"]
     if v is None:
         return
-    b, a = v.before, v.after
-    info(
-        f"  held-out exact loop rate {b.loop_rate:.3f} → {a.loop_rate:.3f}; near {b.near_loop_rate:.3f} → "
-        f"{a.near_loop_rate:.3f}; repetitive {b.repetitive_rate:.3f} → {a.repetitive_rate:.3f}; degenerate "
-        f"{b.degenerate_rate:.3f} → {a.degenerate_rate:.3f}"
-    )
-    info(
-        f"  tail compression {b.mean_tail_compression:.2f} → {a.mean_tail_compression:.2f}; seq-rep-4 "
-        f"{b.mean_seq_rep_4:.3f} → {a.mean_seq_rep_4:.3f}; KL {v.regression.kl:.4f}, Δloss {v.regression.dloss:+.4f}"
-        + (f"; {100 * report.patch.fraction_changed:.3f}% of weights" if report.patch is not None else "; no patch")
-    )
+    for r in rate_rows(v["before"], v["after"]):
+        info(f"  {r['label']}: {r['before']} → {r['after']}")
+    size = f"{100 * data['patch']['fraction_changed']:.3f}% of weights" if data["patch"] else "no patch"
+    info(f"  KL {v['regression']['kl']:.4f}, Δloss {v['regression']['dloss']:+.4f}; {size}")
 
 
 LOCATE_HELP = "loop direction per layer and the loop rate with each layer's direction ablated"
 LOCATE = Command("locate", LOCATE_HELP, run_locate, locate_options, model=MODEL_KINDS, **LOOPS_MODEL)
 REPAIR_HELP = "full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch"
 REPAIR = Command("repair", REPAIR_HELP, run_repair, repair_options, model=MODEL_KINDS, **LOOPS_MODEL)
+
+
+# ---- apply / revert a patch -------------------------------------------------------------------
+def patch_options(a: argparse.ArgumentParser) -> None:
+    a.add_argument("patch", type=Path, help="patch file (.json or .safetensors, the other is found beside it)")
+    g = a.add_mutually_exclusive_group(required=True)
+    g.add_argument("--out", type=Path, metavar="DIR", help="directory for the written model (new or empty)")
+    g.add_argument("--in-place", action="store_true", help="overwrite MODEL's weight files")
+
+
+def _write_ckpt(args: argparse.Namespace, model: Any, note: dict) -> Path:
+    from ...model.checkpoint import META, save_checkpoint
+
+    out = Path(args.model) if args.in_place else args.out
+    if not args.in_place:
+        check_target_dir(out, META, "a genprobe checkpoint")
+    summary = dict(model.meta.get("summary", {}))
+    summary.pop("loop_patch", None)
+    if note:
+        summary["loop_patch"] = note
+    save_checkpoint(out, model.module, model.tokenizer, summary)
+    return out
+
+
+def run_patch_action(args: argparse.Namespace, revert: bool) -> int:
+    """Apply a patch (hash-checked) and write the patched model, or revert one (hash-checked both ways) and write
+    the original model."""
+    from ...loops.patch import apply_patch, apply_to_dir, load_patch, revert_dir, revert_patch
+    from ...model.checkpoint import is_checkpoint
+    from ...model.load import load_model
+
+    patch = load_patch(args.patch)
+    src = Path(args.model)
+    action = "revert" if revert else "apply"
+    res: dict[str, Any] = {
+        "action": action,
+        "model": str(src),
+        "weights_changed": patch.meta.get("weights_changed"),
+        "fraction_changed": patch.meta.get("fraction_changed"),
+    }
+    if is_checkpoint(src):
+        model = load_model(src)
+        sha = (revert_patch if revert else apply_patch)(model.module, patch)
+        keep = ("sha256_before", "sha256_after", "edit")
+        note = {} if revert else {"patch": str(args.patch)} | {k: patch.meta.get(k) for k in keep}
+        res.update(out=str(_write_ckpt(args, model, note)), state_sha256=sha)
+    else:
+        out = src if args.in_place else args.out
+        r = (revert_dir if revert else apply_to_dir)(src, patch, out)
+        res.update(json_safe(r))
+        for n in r.notes:
+            info(f"note: {n}")
+    info(f"{action}: wrote {res['out']} (state sha256 {res['state_sha256'][:16]}…)")
+    if args.json:
+        emit_json(res)
+    return 0
+
+
+PATCHED: dict[str, Any] = {
+    "model": ("checkpoint", "transformers"),
+    "model_help": "a genprobe checkpoint or a transformers model directory",
+}
+APPLY_HELP = "apply a patch to a model directory (refused if its weights hash differs)"
+APPLY = Command("apply", APPLY_HELP, partial(run_patch_action, revert=False), patch_options, **PATCHED)
+REVERT_HELP = "restore the exact original weights of a patched model directory"
+REVERT = Command("revert", REVERT_HELP, partial(run_patch_action, revert=True), patch_options, **PATCHED)
