@@ -16,7 +16,6 @@ from .._io import json_safe
 from ..corpus.tokenizer import CharTokenizer
 from ..engine.samplers.chain import kept_set_size
 from ..engine.samplers.stages import SamplerConfig
-from ..engine.steps import entropy_nats
 from ..model.gpt import GPT
 from ._common import CASE_PROMPT, Rounded, encode_prompt, next_token_logits, r
 
@@ -74,7 +73,7 @@ class OrderTrapRow:
 def entropy_table(logits: torch.Tensor, temperatures=TEMPERATURES) -> list[TemperatureRow]:
     """Entropy, perplexity and max probability of softmax(logits/τ) for each τ (in float64)."""
     probs = [torch.softmax(logits.double() / tau, -1) for tau in temperatures]
-    return [TemperatureRow(tau, entropy_nats(p), float(p.max())) for tau, p in zip(temperatures, probs, strict=True)]
+    return [TemperatureRow(tau, float(torch.special.entr(p).sum()), float(p.max())) for tau, p in zip(temperatures, probs, strict=True)]
 
 
 def nucleus_curve(logits: torch.Tensor, ps=NUCLEUS_PS) -> list[NucleusRow]:
