@@ -56,12 +56,6 @@ def capture(model: Any) -> Iterator[Captured]:
             h.remove()
 
 
-def remove_direction(h: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """h − (h·d) d for a unit vector d, over the last dimension."""
-    d = d.to(dtype=h.dtype, device=h.device)
-    return h - (h @ d)[..., None] * d
-
-
 @contextlib.contextmanager
 def ablate(model: Any, directions: dict[int, torch.Tensor]) -> Iterator[None]:
     """While active, each listed layer's MLP output loses its component along that layer's direction."""
@@ -73,10 +67,10 @@ def ablate(model: Any, directions: dict[int, torch.Tensor]) -> Iterator[None]:
                 raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
             d = d / d.norm()
 
-            def hook(m, i, o, d=d):
-                if isinstance(o, (tuple, list)):
-                    return (remove_direction(o[0], d), *o[1:])
-                return remove_direction(o, d)
+            def hook(m, i, o, d=d):  # h − (h·d) d over the last dimension
+                h = _first(o)
+                h = h - (h @ d.to(h))[..., None] * d.to(h)
+                return (h, *o[1:]) if isinstance(o, (tuple, list)) else h
 
             handles.append(sites[layer].mlp.register_forward_hook(hook))
         yield

@@ -351,16 +351,6 @@ def _rewrite_file(src: Path, dst: Path, edits: list[tuple[str, PatchTarget]], re
     return sha256_file(dst)
 
 
-def _copy_tree(src: Path, out: Path, skip: set[str]) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise PatchError(f"{out} exists and is not an empty directory; refusing to write a model into it")
-
-    def left_behind(d: str, names: list[str]) -> list[str]:  # at the top level: the skipped names, hidden files
-        return [n for n in names if d == os.fspath(src) and (n in skip or n.startswith("."))]
-
-    shutil.copytree(src, out, ignore=left_behind, dirs_exist_ok=True)
-
-
 def _patch_dir(src: Path, patch: Patch, out: Path, revert: bool) -> tuple[dict[str, str], dict[str, str]]:
     """Rewrite the weight files holding targets (into ``out``); returns (original sha256s, rewritten sha256s)."""
     from ..model.load import load_model
@@ -376,8 +366,12 @@ def _patch_dir(src: Path, patch: Patch, out: Path, revert: bool) -> tuple[dict[s
         key = _file_key(names, t, base)
         per_file.setdefault(names[key], []).append((key, t))
     before = {f: sha256_file(src / f) for f in per_file}
-    if out.resolve() != src.resolve():
-        _copy_tree(src, out, skip=set(per_file) | {NOTE_FILE})
+    if out.resolve() != src.resolve():  # the rest copied, less (top level) the files rewritten below, note, dotfiles
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise PatchError(f"{out} exists and is not an empty directory; refusing to write a model into it")
+        skip = set(per_file) | {NOTE_FILE}
+        top = os.fspath(src)
+        shutil.copytree(src, out, ignore=lambda d, ns: [n for n in ns if d == top and (n in skip or n[0] == ".")])
     after = {f: _rewrite_file(src / f, out / f, edits, revert) for f, edits in per_file.items()}
     return before, after
 
