@@ -9,7 +9,7 @@ import torch
 
 from genprobe._io import sha256_file
 from genprobe.engine.loaded import load_model
-from genprobe.loops.patch import NOTE_FILE, EditSpec, PatchError, apply_to_dir, finalise, make_patch, revert_dir
+from genprobe.loops.patch import NOTE_FILE, EditSpec, PatchError, finalise, make_patch, patch_dir
 from genprobe.loops.scan import ScanOptions, engine_batches, scan_batches
 from genprobe.model.arch import mlp_sites, state_sha256
 from genprobe.model.errors import UnsupportedArchitectureError
@@ -94,14 +94,14 @@ def test_sites_patch_dir_roundtrip_and_scan(arch, tmp_path):
     patch = _patch(model.module)
     before = state_sha256(model.module)
     assert patch.meta["sha256_before"] == before
-    applied = apply_to_dir(src, patch, tmp_path / "patched")
+    applied = patch_dir(src, patch, tmp_path / "patched")
     patched = load_model(tmp_path / "patched")  # from_pretrained loads the written copy
     assert patched.state_sha256() == patch.meta["sha256_after"] == applied.state_sha256 != before
     assert (tmp_path / "patched" / "config.json").read_bytes() == (src / "config.json").read_bytes()
     note = json.loads((tmp_path / "patched" / NOTE_FILE).read_text(encoding="utf-8"))
     assert note["original_weight_files"]["model.safetensors"] == sha256_file(src / "model.safetensors")
 
-    reverted = revert_dir(tmp_path / "patched", patch, tmp_path / "back")
+    reverted = patch_dir(tmp_path / "patched", patch, tmp_path / "back", revert=True)
     assert reverted.matches_original is True
     assert load_model(tmp_path / "back").state_sha256() == before
     assert sha256_file(tmp_path / "back" / "model.safetensors") == sha256_file(src / "model.safetensors")
@@ -116,19 +116,19 @@ def test_patch_dir_refusals(tmp_path):
     model = load_model(src)
     patch = _patch(model.module)
     with pytest.raises(PatchError, match="refusing to revert"):
-        revert_dir(src, patch, tmp_path / "x")  # the source is not patched
-    apply_to_dir(src, patch, tmp_path / "p")
+        patch_dir(src, patch, tmp_path / "x", revert=True)  # the source is not patched
+    patch_dir(src, patch, tmp_path / "p")
     with pytest.raises(PatchError, match="refusing to apply"):
-        apply_to_dir(tmp_path / "p", patch, tmp_path / "y")  # already patched
+        patch_dir(tmp_path / "p", patch, tmp_path / "y")  # already patched
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "other.txt").write_text("keep me", encoding="utf-8")
     with pytest.raises(PatchError, match="not an empty directory"):
-        apply_to_dir(src, patch, tmp_path / "full")
+        patch_dir(src, patch, tmp_path / "full")
     # in place: apply then revert restores the very file
     orig = sha256_file(src / "model.safetensors")
-    apply_to_dir(src, patch, src)
+    patch_dir(src, patch, src)
     assert sha256_file(src / "model.safetensors") != orig and (src / NOTE_FILE).exists()
-    r = revert_dir(src, patch, src)
+    r = patch_dir(src, patch, src, revert=True)
     assert r.matches_original and sha256_file(src / "model.safetensors") == orig and not (src / NOTE_FILE).exists()
 
 
@@ -140,7 +140,7 @@ def test_patch_dir_refuses_a_lossy_dtype(tmp_path):
     AutoModelForCausalLM.from_config(_config("llama")).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     model = load_model(tmp_path / "bf16")  # loaded as float32
     with pytest.raises(PatchError, match="bfloat16.*float32"):
-        apply_to_dir(tmp_path / "bf16", _patch(model.module), tmp_path / "out")
+        patch_dir(tmp_path / "bf16", _patch(model.module), tmp_path / "out")
 
 
 def test_unsupported_architectures_are_named():

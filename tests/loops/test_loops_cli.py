@@ -325,7 +325,7 @@ def test_cli_locate_char_model(trained_ckpt, capsys):
     assert out["inputs"]["prompt_source"] == "tang-heldout-openings" and out["inputs"]["direction"]["n"] == 64
     assert {a["layer"] for a in out["locate"]["per_layer"]} == {0, 1}
     assert len(out["directions"]["0"]["vector"]) == 128  # d_model of the quick recipe
-    assert out["scan"]["degenerate_rate"] >= out["scan"]["loop_rate"]
+    assert out["baseline"]["direction"]["degenerate_rate"] >= out["baseline"]["direction"]["loop_rate"]
 
 
 def test_cli_scan_prompts_given_on_the_command_line_or_tang_explicitly(hf_dir, capsys):
@@ -439,4 +439,7 @@ def test_cli_locate_judges_prompts_with_calibrated_detectors(trained_ckpt, tmp_p
     assert raw["calibration"] is None
     c = cal["calibration"]
     assert c["source"] == f"file:{human}" and c["changed"], c  # the repeating human text moved the thresholds
-    assert cal["scan"]["degenerate_rate"] < raw["scan"]["degenerate_rate"], (cal["scan"], raw["scan"])
+    assert cal["baseline"]["direction"]["degenerate_rate"] < raw["baseline"]["direction"]["degenerate_rate"], (
+        cal["baseline"],
+        raw["baseline"],
+    )

@@ -93,7 +93,7 @@ def test_capture_matches_manual_computation_and_leaves_no_hook(any_model):
         for s in sites
     ]
     try:
-        with torch.no_grad(), capture(any_model, kinds=("mlp_out", "resid", "units")) as cap:
+        with torch.no_grad(), capture(any_model) as cap:
             logits = forward_logits(any_model, ids)
     finally:
         for h in pre:
@@ -101,12 +101,12 @@ def test_capture_matches_manual_computation_and_leaves_no_hook(any_model):
     assert _n_hooks(any_model) == 0
     for s in sites:
         units, out = _manual_mlp(s, mlp_in[s.layer])
-        torch.testing.assert_close(cap.get("units", s.layer)[0], units, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(cap.get("mlp_out", s.layer)[0], out, atol=1e-5, rtol=1e-5)
-        assert cap.get("resid", s.layer)[0].shape == (2, 7, s.d_model)
+        torch.testing.assert_close(cap["units"][s.layer][0], units, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cap["mlp_out"][s.layer][0], out, atol=1e-5, rtol=1e-5)
+        assert cap["resid"][s.layer][0].shape == (2, 7, s.d_model)
     # the last block's residual, through the final norm and head, gives the logits
     m = any_model
-    last = cap.get("resid", 1)[0]
+    last = cap["resid"][1][0]
     norm = m.ln_f if hasattr(m, "ln_f") else (m.transformer.ln_f if hasattr(m, "transformer") else m.model.norm)
     head = m.lm_head
     torch.testing.assert_close(head(norm(last)), logits, atol=1e-4, rtol=1e-4)
@@ -116,7 +116,7 @@ def test_hooks_removed_on_exception(any_model):
     ids = torch.randint(0, 50, (1, 5))
     d = {0: torch.randn(32), 1: torch.randn(32)}
     with pytest.raises(RuntimeError, match="boom"):
-        with capture(any_model, kinds=("mlp_out", "resid", "units")):
+        with capture(any_model):
             assert _n_hooks(any_model) == 6
             raise RuntimeError("boom")
     assert _n_hooks(any_model) == 0
@@ -132,13 +132,13 @@ def test_ablation_removes_the_component(any_model):
     ids = torch.randint(0, 50, (2, 6))
     d = torch.randn(32)
     d = d / d.norm()
-    with torch.no_grad(), ablate(any_model, {1: d}), capture(any_model, layers=[1]) as cap:
+    with torch.no_grad(), ablate(any_model, {1: d}), capture(any_model) as cap:
         forward_logits(any_model, ids)
     # hooks fire in registration order: ablation first, so the capture sees the ablated output
-    assert float((cap.get("mlp_out", 1)[0] @ d).abs().max()) < 1e-5
-    with torch.no_grad(), capture(any_model, layers=[1]) as cap:
+    assert float((cap["mlp_out"][1][0] @ d).abs().max()) < 1e-5
+    with torch.no_grad(), capture(any_model) as cap:
         forward_logits(any_model, ids)
-    assert float((cap.get("mlp_out", 1)[0] @ d).abs().max()) > 1e-3
+    assert float((cap["mlp_out"][1][0] @ d).abs().max()) > 1e-3
 
 
 def test_edit_formulas_on_small_matrix():

@@ -162,7 +162,7 @@ class PatchCheck:
 
 @dataclass
 class CompareResult:
-    """The whole comparison (JSON via :meth:`to_dict`; texts via :meth:`texts_dict`)."""
+    """The whole comparison (JSON via :meth:`to_dict`; the generated texts are written beside it)."""
 
     model: str | None
     judge: str | None
@@ -189,17 +189,13 @@ class CompareResult:
 
     def to_dict(self) -> dict:
         """Plain JSON-safe dict (no NaN: unmeasurable values are None); the prompts themselves are in
-        :meth:`texts_dict`, the sample prompts spelled out."""
+        ``compare-texts.json``, the sample prompts spelled out."""
         d = {f.name: json_safe(getattr(self, f.name)) for f in fields(self) if f.name != "prompts"}
         return d | {
             "n_prompts": len(self.prompts),
             "best_rule": self.best.rule if self.best else None,
             "sample_prompts": [self.prompts[i] for i in self.sample_prompts],
         }
-
-    def texts_dict(self) -> dict:
-        """Every prompt with every method's generated text (for audit)."""
-        return {"prompts": self.prompts, "texts": {m.method.name: m.texts for m in self.methods}}
 
 
 # ---- stages ---------------------------------------------------------------------------------

@@ -106,18 +106,13 @@ SPANS, WITHIN, NO_LOOP = "spans a breaker", "within a line", "no baseline loop"
 CLASSES = (SPANS, WITHIN, NO_LOOP)
 
 
-def loop_unit(text: str, measures: LoopMeasures) -> str | None:
-    """One period of a periodic tail (characters; exact period first, else the near period), or None."""
-    p = measures.any_period
-    return text[-p:] if p else None
-
-
 def unit_class(text: str, measures: LoopMeasures, breakers: str) -> str:
-    """:data:`SPANS`, :data:`WITHIN` or :data:`NO_LOOP` for one generation measured on its characters."""
-    unit = loop_unit(text, measures)
-    if unit is None:
+    """:data:`SPANS`, :data:`WITHIN` or :data:`NO_LOOP` for one generation measured on its characters, by one period
+    of its periodic tail (exact period first, else the near period)."""
+    p = measures.any_period
+    if not p:
         return NO_LOOP
-    return SPANS if any(ch in breakers for ch in unit) else WITHIN
+    return SPANS if any(ch in breakers for ch in text[-p:]) else WITHIN
 
 
 @dataclass

@@ -39,15 +39,18 @@ ROWS = (  # (label, key of a LoopRates dict, format): the rates with their 95% C
 )
 
 
-def figure_png(panels: Callable[[Any], None], ncols: int, figsize: tuple[float, float], dpi: int) -> bytes:
-    """PNG of one row of ``ncols`` panels, drawn by ``panels(axes)`` (matplotlib, Agg: no display needed)."""
+def figure_png(
+    panels: Sequence[Callable[[Any, Any], None]], data: Any, figsize: tuple[float, float], dpi: int
+) -> bytes:
+    """PNG of one row of panels, each drawn by ``panel(ax, data)`` (matplotlib, Agg: no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, ncols, figsize=figsize)
-    panels(axes)
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize)
+    for ax, panel in zip(axes, panels, strict=True):
+        panel(ax, data)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
@@ -56,19 +59,13 @@ def figure_png(panels: Callable[[Any], None], ncols: int, figsize: tuple[float, 
 
 
 def sweep_figure(report: dict) -> bytes:
-    """PNG: (left) degenerate rate with each layer's direction ablated; (right) search rates and limits against α."""
-
-    def panels(axes: Any) -> None:
-        if report.get("locate"):
-            _locate_panel(axes[0], report["locate"])
-        else:  # the scaled search ranked layers by teacher-forced loop pressure instead of generating per layer
-            _rank_panel(axes[0], report["search"]["scaled"])
-        _sweep_panel(axes[1], report["search"])
-
-    return figure_png(panels, 2, (11, 4), 110)
+    """PNG: (left) degenerate rate with each layer's direction ablated, or the layers' teacher-forced loop pressure
+    when the scaled search ranked them instead of generating per layer; (right) search rates and limits against α."""
+    return figure_png([_locate_panel if report.get("locate") else _rank_panel, _sweep_panel], report, (11, 4), 110)
 
 
-def _locate_panel(ax: Any, loc: dict) -> None:
+def _locate_panel(ax: Any, report: dict) -> None:
+    loc = report["locate"]
     rows = [("none", loc["base_degenerate_rate"], loc["base_loop_rate"])]
     rows += [(f"L{r['layer']}", r["degenerate_rate"], r["loop_rate"]) for r in loc["per_layer"]]
     if loc.get("all_layers"):
@@ -81,17 +78,18 @@ def _locate_panel(ax: Any, loc: dict) -> None:
     ax.legend(fontsize=7)
 
 
-def _rank_panel(ax: Any, scaled: dict | None) -> None:
-    scores = sorted((scaled or {}).get("layer_scores", []), key=lambda r: r["layer"])
+def _rank_panel(ax: Any, report: dict) -> None:
+    scores = sorted((report["search"]["scaled"] or {}).get("layer_scores", []), key=lambda r: r["layer"])
     ax.bar([r["layer"] for r in scores], [r["dlogp"] for r in scores], color="#4a7")
     ax.set(
         xlabel="layer", ylabel="Δ log p(loop token), nats", title="direction ablated: loop pressure (teacher-forced)"
     )
 
 
-def _sweep_panel(ax: Any, s: dict) -> None:
+def _sweep_panel(ax: Any, report: dict) -> None:
     import matplotlib.pyplot as plt
 
+    s = report["search"]
     groups: dict[tuple, list[dict]] = {}
     for r in s["candidates"]:
         groups.setdefault((r["form"], tuple(r["layers"]), r["k"]), []).append(r)
@@ -154,17 +152,13 @@ def _tables(report: dict) -> list[dict]:
     v = report.get("validation")
     if not v:
         return []
-    b, a, pg, prone = v["before"], v["after"], v.get("plain_greedy") or {}, v["loop_prone_before"]
+    b, a, prone = v["before"], v["after"], v["loop_prone_before"]
+    pb, pa = (v.get("plain_greedy") or {}).get("before"), (v.get("plain_greedy") or {}).get("after")
     tables = [  # (title, before, after, unit): the held-out set, its character view, its loop-prone part, plain greedy
         (f"all held-out prompts (n = {b['n']}), tokens", b, a, "token"),
         ("the same generations measured on characters", b.get("chars"), a.get("chars"), "character"),
         (f"loop-prone held-out prompts (n = {prone['n']})", prone, v["loop_prone_after"], "token"),
-        (
-            f"plain greedy, <unk> allowed (n = {(pg.get('before') or {}).get('n')})",
-            pg.get("before"),
-            pg.get("after"),
-            "token",
-        ),
+        (f"plain greedy, <unk> allowed (n = {(pb or {}).get('n')})", pb, pa, "token"),
     ]
     return [{"title": t, "rows": rate_rows(x, y, unit)} for t, x, y, unit in tables if x and y]
 
@@ -203,10 +197,6 @@ def _num(x: float | None, fmt: str = "{:.2f}") -> str:
     return DASH if x is None else fmt.format(x)
 
 
-def _ci(rate: float, ci: list[float] | None) -> str:
-    return f"{pct(rate)} [{100 * ci[0]:.1f}–{100 * ci[1]:.1f}]" if ci else pct(rate)
-
-
 def _legit_cols(genre: str, ascii_only: bool = False) -> list[tuple[str, str]]:
     if genre == "tang":  # the figure's font has no CJK glyphs
         return [
@@ -217,16 +207,8 @@ def _legit_cols(genre: str, ascii_only: bool = False) -> list[tuple[str, str]]:
     return [("repeated 4-grams", "repeated_ngram_rate")]
 
 
-def _legit_cells(legit: Any, genre: str) -> list[str]:
-    """The genre's legitimate-repetition cells of one row (dashes when there are no rates)."""
-    return [
-        _num(getattr(legit, k) if legit else None, "{:.2f}" if k.endswith("100") else "{:.3f}")
-        for _, k in _legit_cols(genre)
-    ]
-
-
 LOOP_COLUMNS: tuple[tuple[str, Callable[[LoopRates], str]], ...] = (  # (header, cell): token-level loop measures
-    ("degenerate [95% CI]", lambda s: _ci(s.degenerate_rate, s.degenerate_rate_ci95)),
+    ("degenerate [95% CI]", lambda s: f"{pct(s.degenerate_rate)} [{'–'.join(map(pct, s.degenerate_rate_ci95))}]"),
     ("exact (short / long)", lambda s: f"{pct(s.loop_rate)} ({pct(s.short_loop_rate)} / {pct(s.long_loop_rate)})"),
     ("near", lambda s: pct(s.near_loop_rate)),
     ("repetitive tail", lambda s: pct(s.repetitive_rate)),
@@ -246,7 +228,11 @@ def headers(result: CompareResult) -> list[str]:
 def _row(name: str, rates: LoopRates | None, legit: Any, own: Any, judge: Any, speed: float | None, genre: str) -> list:
     nll = [_num(f.nll_per_char if f else None, "{:.3f}") for f in (own, judge)]
     loops = [cell(rates) if rates else DASH for _, cell in LOOP_COLUMNS]
-    return [name, *loops, *_legit_cells(legit, genre), *nll, _num(speed, "{:.2f}×")]
+    kept = [
+        _num(getattr(legit, k) if legit else None, "{:.2f}" if k.endswith("100") else "{:.3f}")
+        for _, k in _legit_cols(genre)
+    ]
+    return [name, *loops, *kept, *nll, _num(speed, "{:.2f}×")]
 
 
 def rows(result: CompareResult) -> list[list[str]]:
@@ -285,13 +271,7 @@ def breaker_table(result: CompareResult) -> str:
 # ---- compare figure -------------------------------------------------------------------------
 def figure(result: CompareResult) -> bytes:
     """PNG: degenerate rate per method (CI bars, exact rate dots); degenerate vs judge NLL; legit repetition."""
-
-    def panels(axes: Any) -> None:
-        _rates_panel(axes[0], result)
-        _nll_panel(axes[1], result)
-        _legit_panel(axes[2], result)
-
-    return figure_png(panels, 3, (16, 4.8), 100)
+    return figure_png([_rates_panel, _nll_panel, _legit_panel], result, (16, 4.8), 100)
 
 
 def _rates_panel(ax: Any, result: CompareResult) -> None:
@@ -346,7 +326,8 @@ def write_outputs(result: CompareResult, out_dir: str | os.PathLike) -> dict[str
     out = Path(out_dir)
     files = {"json": out / "compare.json", "texts": out / "compare-texts.json", "table": out / "compare.md"}
     atomic_write_json(files["json"], json_safe(result))
-    atomic_write_json(files["texts"], result.texts_dict(), indent=None)
+    texts = {m.method.name: m.texts for m in result.methods}  # every prompt with every method's text, for audit
+    atomic_write_json(files["texts"], {"prompts": result.prompts, "texts": texts}, indent=None)
     atomic_write_text(files["table"], markdown_table(result) + "\n\n" + breaker_table(result) + "\n")
     return files | write_page(
         out,

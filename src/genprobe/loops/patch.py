@@ -12,10 +12,8 @@ which is exactly W's output space.
 On disk: ``<name>.safetensors`` (tensors) and ``<name>.json`` (edit, targets, model state sha256 before and after).
 :func:`apply_patch` and :func:`revert_patch` refuse a model whose hash is not the one recorded, and check the result.
 
-A ``transformers`` model directory is patched and reverted bit for bit by :func:`apply_to_dir` / :func:`revert_dir`:
-only the safetensors files holding an edited tensor are rewritten, after checking the loaded model's state hash and
-the edited columns' current values; the original files' sha256 are kept in :data:`NOTE_FILE` so a revert reports
-whether it restored them exactly.
+A ``transformers`` model directory is patched and reverted bit for bit by :func:`patch_dir` (docs/loop-repair.md,
+"Patches").
 """
 
 from __future__ import annotations
@@ -110,16 +108,6 @@ def edit_columns(cols: torch.Tensor, d: torch.Tensor, alpha: float, form: str) -
     raise ValueError(f"edit form must be one of {FORMS}, got {form!r}")
 
 
-def column_scores(W: torch.Tensor, d: torch.Tensor, unit_mean_in_loops: torch.Tensor) -> torch.Tensor:
-    """score_c = |dᵀW[:, c]| × (mean activation of unit c at loop positions), shape (d_ff,), for W's columns as rows
-    (:func:`~genprobe.model.arch.all_columns`) and a unit ``d``.
-
-    The mean activation is signed: a unit that is on average negative in loops (GELU's small
-    negative lobe, a gated unit) pushes the other way and scores low.
-    """
-    return (W @ d).abs() * unit_mean_in_loops.float()
-
-
 def select_columns(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` highest scores, ascending index order (stable, for reproducible patches)."""
     if not 1 <= k <= scores.numel():
@@ -146,7 +134,9 @@ def make_patch(
         if not 0 <= layer < len(sites):
             raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
         site, d = sites[layer], directions[layer].float() / directions[layer].float().norm()
-        cols = select_columns(column_scores(all_columns(site), d, unit_means[layer]), spec.k)
+        # score_c = |dᵀW[:, c]| × (mean activation of unit c at loop positions); the mean is signed: a unit that is
+        # on average negative in loops (GELU's small negative lobe, a gated unit) pushes the other way and scores low
+        cols = select_columns((all_columns(site) @ d).abs() * unit_means[layer].float(), spec.k)
         orig = get_columns(site, cols)
         alpha = spec.alpha
         if gaps is not None and spec.form == "subtract":
@@ -301,7 +291,6 @@ def load_patch(path: str | os.PathLike) -> Patch:
 # ---- transformers model directories ----------------------------------------------------------
 NOTE_FILE = "genprobe_patch.json"
 NOTE_FORMAT = "genprobe-hf-patch-note-v1"
-INDEX_FILE = "model.safetensors.index.json"
 
 
 @dataclass
@@ -317,16 +306,13 @@ class DirPatchResult:
     notes: list[str] = field(default_factory=list)
 
 
-def weight_map(model_dir: Path) -> dict[str, str]:
-    """Tensor name -> safetensors file name (single file or sharded with an index)."""
-    index = model_dir / INDEX_FILE
-    if index.is_file():
-        return dict(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
-    single = model_dir / "model.safetensors"
-    if not single.is_file():
-        raise PatchError(f"{model_dir}: no model.safetensors and no {INDEX_FILE}")
-    with safe_open(str(single), "pt") as fh:
-        return {k: single.name for k in fh.keys()}
+def _stored_names(model_dir: Path) -> dict[str, str]:
+    """Tensor name -> the safetensors file of ``model_dir`` that stores it (single file or shards)."""
+    names: dict[str, str] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            names |= dict.fromkeys(fh.keys(), f.name)
+    return names
 
 
 def _file_key(names: dict[str, str], target: PatchTarget, base_prefix: str | None) -> str:
@@ -365,16 +351,6 @@ def _rewrite_file(src: Path, dst: Path, edits: list[tuple[str, PatchTarget]], re
     return sha256_file(dst)
 
 
-def _copy_tree(src: Path, out: Path, skip: set[str]) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise PatchError(f"{out} exists and is not an empty directory; refusing to write a model into it")
-
-    def left_behind(d: str, names: list[str]) -> list[str]:  # at the top level: the skipped names, hidden files
-        return [n for n in names if d == os.fspath(src) and (n in skip or n.startswith("."))]
-
-    shutil.copytree(src, out, ignore=left_behind, dirs_exist_ok=True)
-
-
 def _patch_dir(src: Path, patch: Patch, out: Path, revert: bool) -> tuple[dict[str, str], dict[str, str]]:
     """Rewrite the weight files holding targets (into ``out``); returns (original sha256s, rewritten sha256s)."""
     from ..model.load import load_model
@@ -383,54 +359,48 @@ def _patch_dir(src: Path, patch: Patch, out: Path, revert: bool) -> tuple[dict[s
     if model.kind != "hf":
         raise PatchError(f"{src} is a genprobe checkpoint, not a transformers directory")
     _check_start(patch, "original" if revert else "new", model.state_sha256(), f"the weights in {src}")
-    names = weight_map(src)
+    names = _stored_names(src)
     base = getattr(model.module, "base_model_prefix", None)
     per_file: dict[str, list[tuple[str, PatchTarget]]] = {}
     for t in patch.targets:
         key = _file_key(names, t, base)
         per_file.setdefault(names[key], []).append((key, t))
     before = {f: sha256_file(src / f) for f in per_file}
-    if out.resolve() != src.resolve():
-        _copy_tree(src, out, skip=set(per_file) | {NOTE_FILE})
+    if out.resolve() != src.resolve():  # the rest copied, less (top level) the files rewritten below, note, dotfiles
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise PatchError(f"{out} exists and is not an empty directory; refusing to write a model into it")
+        skip = set(per_file) | {NOTE_FILE}
+        top = os.fspath(src)
+        shutil.copytree(src, out, ignore=lambda d, ns: [n for n in ns if d == top and (n in skip or n[0] == ".")])
     after = {f: _rewrite_file(src / f, out / f, edits, revert) for f, edits in per_file.items()}
     return before, after
 
 
-def _check_state(out: Path, want: str, what: str) -> str:
+def patch_dir(src: str | os.PathLike, patch: Patch, out: str | os.PathLike, revert: bool = False) -> DirPatchResult:
+    """Write a patched copy of a transformers directory to ``out`` or (``revert``) the original weights of a patched
+    one (``out == src``: in place); a revert says whether the files it rewrote hash to the originals that
+    :data:`NOTE_FILE` recorded."""
     from ..model.load import load_model
 
-    have = load_model(out).state_sha256()
-    if have != want:  # pragma: no cover - the column writes are exact
-        raise PatchError(f"{out}: the written model's state sha256 {have} is not the patch's {what} {want}")
-    return have
-
-
-def apply_to_dir(src: str | os.PathLike, patch: Patch, out: str | os.PathLike) -> DirPatchResult:
-    """Write a patched copy of a transformers directory to ``out`` (``out == src``: in place)."""
     src, out = Path(src), Path(out)
-    before, after = _patch_dir(src, patch, out, revert=False)
-    note = {k: patch.meta.get(k) for k in ("edit", "sha256_before", "sha256_after")}
-    atomic_write_json(
-        out / NOTE_FILE, {"format": NOTE_FORMAT, **note, "original_weight_files": before, "patched_weight_files": after}
-    )
-    sha = _check_state(out, patch.meta["sha256_after"], "sha256_after")
-    return DirPatchResult("apply", str(src), str(out), sha, after)
-
-
-def revert_dir(src: str | os.PathLike, patch: Patch, out: str | os.PathLike) -> DirPatchResult:
-    """Write the original weights of a patched transformers directory to ``out`` (``out == src``: in place)."""
-    src, out = Path(src), Path(out)
+    verb, _, end, _ = _SWITCH["original" if revert else "new"]
     note_path = src / NOTE_FILE
-    note = json.loads(note_path.read_text(encoding="utf-8")) if note_path.is_file() else None
-    _, after = _patch_dir(src, patch, out, revert=True)
-    if out.resolve() == src.resolve() and note_path.exists():
+    note = json.loads(note_path.read_text(encoding="utf-8")) if revert and note_path.is_file() else None
+    before, after = _patch_dir(src, patch, out, revert)
+    if not revert:
+        kept = {k: patch.meta.get(k) for k in ("edit", "sha256_before", "sha256_after")}
+        files = {"original_weight_files": before, "patched_weight_files": after}
+        atomic_write_json(out / NOTE_FILE, {"format": NOTE_FORMAT, **kept, **files})
+    elif out.resolve() == src.resolve() and note_path.exists():
         note_path.unlink()
-    sha = _check_state(out, patch.meta["sha256_before"], "sha256_before")
-    result = DirPatchResult("revert", str(src), str(out), sha, after)
-    if note is None or note.get("format") != NOTE_FORMAT:
+    sha = load_model(out).state_sha256()
+    if sha != patch.meta[end]:  # pragma: no cover - the column writes are exact
+        raise PatchError(f"{out}: the written model's state sha256 {sha} is not the patch's {end} {patch.meta[end]}")
+    result = DirPatchResult(verb, str(src), str(out), sha, after)
+    if revert and (note is None or note.get("format") != NOTE_FORMAT):
         result.notes.append(
             f"{src} has no {NOTE_FILE}: the restored state hash is checked, the original file hashes are unknown"
         )
-    else:
+    elif note is not None:
         result.matches_original = all(note["original_weight_files"].get(f) == h for f, h in after.items())
     return result

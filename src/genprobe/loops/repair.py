@@ -65,13 +65,10 @@ class DirectionStage:
     def directions(self) -> dict[int, torch.Tensor]:
         return {layer: d.vector for layer, d in self.layers.items()}
 
-    @property
-    def gaps(self) -> dict[int, float]:
-        return {layer: d.gap for layer, d in self.layers.items()}
-
     def build(self, model: Any) -> Build:
         """``spec -> patch`` of these directions on ``model`` (not applied)."""
-        return lambda spec: make_patch(model, spec, self.directions, self.contrast.unit_mean_loop, self.gaps)
+        gaps = {layer: d.gap for layer, d in self.layers.items()}
+        return lambda spec: make_patch(model, spec, self.directions, self.contrast.unit_mean_loop, gaps)
 
 
 @dataclass(frozen=True)
@@ -174,7 +171,8 @@ class Transfer:
 
 @dataclass
 class RepairReport:
-    """Everything a repair run measured (its JSON form is ``repair.json``)."""
+    """Everything a repair run measured (its JSON form is ``repair.json``); ``loops locate`` stops after the locate
+    stage: no search (None), and its JSON carries the direction vectors."""
 
     config: RepairConfig
     sampler: dict
@@ -185,21 +183,20 @@ class RepairReport:
     contrast: ContrastCounts
     directions: dict[int, LayerDirection]
     locate: Located | None  # None: the scaled search ranked the layers instead (search.scaled.layer_scores)
-    search: SearchStage
-    verdict: str
+    search: SearchStage | None = None
+    verdict: str = "located: no edit searched"
     validation: Validation | None = None
     patch: PatchSummary | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
     transfer: Transfer | None = None
 
+    def to_dict(self) -> dict:
+        """Plain JSON (direction vectors only when no search ran)."""
+        vectors = {str(layer): d.to_dict(with_vector=self.search is None) for layer, d in self.directions.items()}
+        return {f.name: json_safe(getattr(self, f.name)) for f in fields(self)} | {"directions": vectors}
+
 
 # ---- stages ---------------------------------------------------------------------------------
-def baseline_scans(study: LoopStudy, inputs: RepairInputs, sets: Sequence[str] = SET_NAMES) -> dict[str, ScanResult]:
-    """Scan each prompt set on the unedited model (each record keeps its encoded prompt)."""
-    encoded = {k: study.encode(study.render(getattr(inputs, k), inputs.chat)) for k in sets}
-    return {k: study.scan(encoded[k], getattr(inputs, k), desc=f"scan {k}") for k in sets}
-
-
 def direction_stage(study: LoopStudy, val_text: str, records: Sequence[GenerationRecord]) -> DirectionStage:
     """Contrast loop vs reference positions of ``records``; one unit direction per layer; the regression probe."""
     width = study.cfg.val_window or window_length(study.model.max_positions)
@@ -442,21 +439,24 @@ class PatchSummary:
 
 
 # ---- the pipeline ---------------------------------------------------------------------------
-def _directions(
+def repair(
     model: Any,
     inputs: RepairInputs,
-    cfg: RepairConfig | None,
-    sets: Sequence[str],
+    cfg: RepairConfig | None = None,
+    *,
+    locate_only: bool = False,
     sampler: SamplerConfig | None = None,
     progress: bool = False,
     log: Callable[[str], None] = lambda msg: None,
-) -> tuple[LoopStudy, Clock, dict[str, ScanResult], DirectionStage]:
-    """The stages repair and locate share: scan ``sets`` on the unedited model, then the direction stage."""
-    study = LoopStudy(model, cfg or RepairConfig(), sampler, progress, log)
-    clock = Clock()
+) -> tuple[RepairReport, Patch | None]:
+    """Run the pipeline on a :class:`genprobe.model.load.Model`; the report and the patch (None if no edit passed).
+    ``locate_only`` (``loops locate``): the direction set only, its directions and layer ablations, no edit."""
+    study, clock = LoopStudy(model, cfg or RepairConfig(), sampler, progress, log), Clock()
     if study.end_token.banned:
         log(f"note: {study.end_token.note}")
-    base = baseline_scans(study, inputs, sets)
+    sets = SET_NAMES[:1] if locate_only else SET_NAMES
+    encoded = {k: study.encode(study.render(getattr(inputs, k), inputs.chat)) for k in sets}
+    base = {k: study.scan(encoded[k], getattr(inputs, k), desc=f"scan {k}") for k in sets}
     clock.tick("baseline_scans")
     log(
         "baseline degenerate (exact loop) rates: "
@@ -464,100 +464,58 @@ def _directions(
     )
     stage = direction_stage(study, inputs.val_text, base["direction"].records)
     clock.tick("contrast_direction")
-    return study, clock, base, stage
-
-
-def repair(
-    model: Any,
-    inputs: RepairInputs,
-    cfg: RepairConfig | None = None,
-    *,
-    sampler: SamplerConfig | None = None,
-    progress: bool = False,
-    log: Callable[[str], None] = lambda msg: None,
-) -> tuple[RepairReport, Patch | None]:
-    """Run the pipeline on a :class:`genprobe.model.load.Model`; the report and the patch (None if no edit passed)."""
-    study, clock, base, stage = _directions(model, inputs, cfg, SET_NAMES, sampler, progress, log)
     # the generation-based locate stage is reported beside the exhaustive search's grid; the scaled search ranks
     # layers itself, teacher-forced, at a fraction of the cost
     exhaustive = search_method(study.cfg, len(edit_grid(study))) == "exhaustive"
-    located = locate_stage(study, stage, base["direction"].records, clock) if exhaustive else None
-    search = search_stage(study, stage, base["search"].records)
-    clock.tick("search")
+    located = locate_stage(study, stage, base["direction"].records, clock) if exhaustive or locate_only else None
+    sampled, summaries = json_safe(study.sampler), {k: v.summary for k, v in base.items()}
     report = RepairReport(
         study.cfg,
-        json_safe(study.sampler),
+        sampled,
         study.model.describe(),
         inputs.summary(),
         study.end_token,
-        {k: v.summary for k, v in base.items()},
+        summaries,
         stage.contrast.counts,
         stage.layers,
         located,
-        search,
-        verdict=_verdict(search),
     )
-    patch = None
-    if search.chosen is not None:
-        patch = build_patch(study, stage, search.chosen)
-        v = validate_stage(study, patch, base["validate"], inputs.validate, stage.probe)
-        report.validation = v
-        clock.tick("validate")
-        if v.significant:
-            report.patch = PatchSummary.of(patch)  # the JSON's "patch" describes a patch written
-            report.transfer = transfer_stage(study, patch, inputs.validate, inputs.chat)
-            if report.transfer is not None:
-                clock.tick("transfer")
-        else:  # a verdict no larger than its evidence: no patch written
-            report.verdict = (
-                f"no significant change on the {v.before.n} held-out prompts (degenerate {v.before.degenerate_rate:.3f}"
-                f" → {v.after.degenerate_rate:.3f}; {v.fixed} fixed, {v.new_loops} new; sign test p = {v.p_value:.3f})"
-                ": no patch"
-            )
-            patch = None
+    patch = None if locate_only else _search_and_validate(study, stage, base, inputs, report, clock)
     report.timings_s = json_safe(clock)
     return report, patch
 
 
-def _verdict(search: SearchStage) -> str:
-    if search.strata.prone == 0:
-        return "no loop-prone prompt in the search set: nothing to repair"
+def _search_and_validate(
+    study: LoopStudy,
+    stage: DirectionStage,
+    base: dict[str, ScanResult],
+    inputs: RepairInputs,
+    report: RepairReport,
+    clock: Clock,
+) -> Patch | None:
+    """Search, then validate the chosen edit on the held-out set; its patch when the change is significant."""
+    report.search = search = search_stage(study, stage, base["search"].records)
+    clock.tick("search")
     if search.chosen is None:
-        return "no edit passed the limits (or none lowered the degenerate rate within them)"
-    return "edit passed the limits"
-
-
-@dataclass
-class LocateReport:
-    """What ``loops locate`` measured: the direction-set scan, the directions and the layer ablations."""
-
-    sampler: dict
-    end_token: EndToken
-    inputs: dict
-    scan: LoopRates
-    contrast: ContrastCounts
-    directions: dict[int, LayerDirection]
-    locate: Located
-    timings_s: dict[str, float]
-
-    def to_dict(self) -> dict:
-        """Plain JSON (direction vectors included)."""
-        directions = {str(layer): d.to_dict(with_vector=True) for layer, d in self.directions.items()}
-        return {f.name: json_safe(getattr(self, f.name)) for f in fields(self)} | {"directions": directions}
-
-
-def locate_only(model: Any, inputs: RepairInputs, cfg: RepairConfig | None = None, **how: Any) -> LocateReport:
-    """Scan the direction set, estimate directions and rank layers by ablation (no edit); ``how``: :func:`repair`'s
-    ``sampler``, ``progress`` and ``log``."""
-    study, clock, base, stage = _directions(model, inputs, cfg, ("direction",), **how)
-    located = locate_stage(study, stage, base["direction"].records, clock)
-    return LocateReport(
-        json_safe(study.sampler),
-        study.end_token,
-        inputs.summary(),
-        base["direction"].summary,
-        stage.contrast.counts,
-        stage.layers,
-        located,
-        json_safe(clock),
-    )
+        report.verdict = (
+            "no loop-prone prompt in the search set: nothing to repair"
+            if search.strata.prone == 0
+            else "no edit passed the limits (or none lowered the degenerate rate within them)"
+        )
+        return None
+    report.verdict = "edit passed the limits"
+    patch = build_patch(study, stage, search.chosen)
+    report.validation = v = validate_stage(study, patch, base["validate"], inputs.validate, stage.probe)
+    clock.tick("validate")
+    if not v.significant:  # a verdict no larger than its evidence: no patch written
+        report.verdict = (
+            f"no significant change on the {v.before.n} held-out prompts (degenerate {v.before.degenerate_rate:.3f}"
+            f" → {v.after.degenerate_rate:.3f}; {v.fixed} fixed, {v.new_loops} new; sign test p = {v.p_value:.3f})"
+            ": no patch"
+        )
+        return None
+    report.patch = PatchSummary.of(patch)  # the JSON's "patch" describes a patch written
+    report.transfer = transfer_stage(study, patch, inputs.validate, inputs.chat)
+    if report.transfer is not None:
+        clock.tick("transfer")
+    return patch

@@ -33,41 +33,21 @@ def compare_options(c: argparse.ArgumentParser) -> None:
     add_data_args(c, with_val=False, chat=False)
     option(c, "--n", type=int, help="at most N prompts (default: 512 Tang openings; every prompt of a file)")
     option(c, "--skip", COMPARE_SKIP, "Tang openings skipped first (the sets a default `loops repair` uses)")
-    option(
-        c,
-        "--methods",
-        [],
-        f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}",
-        metavar="METHOD",
+    methods = f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}"
+    option(c, "--methods", [], methods, metavar="METHOD")
+    patch = "loop patch from `loops repair` for the edit rows (applied in memory, reverted)"
+    option(c, "--patch", type=Path, help=patch)
+    judge = (
+        "a second model that scores every method's text (NLL per character): a model directory or name, or "
+        "ngram:english / ngram:FILE (a character n-gram model of human text)"
     )
-    option(
-        c, "--patch", type=Path, help="loop patch from `loops repair` for the edit rows (applied in memory, reverted)"
-    )
-    option(
-        c,
-        "--judge",
-        metavar="MODEL",
-        help="a second model that scores every method's text (NLL per character): "
-        "a model directory or name, or ngram:english / ngram:FILE (a character n-gram model of human text)",
-    )
+    option(c, "--judge", metavar="MODEL", help=judge)
     option(c, "--genre", "auto", "tang: reduplication and couplet parallels; text: repeated n-grams", choices=GENRES)
-    option(
-        c,
-        "--engine",
-        choices=sorted(PRESETS),
-        help="run every method as this engine does: its defaults, sampler "
-        "order and arithmetic (default: genprobe's plain chain)",
-    )
+    engine = "run every method as this engine does: its defaults, sampler order, arithmetic (default: genprobe's chain)"
+    option(c, "--engine", choices=sorted(PRESETS), help=engine)
     option(c, "--timing-rounds", 3, "interleaved rounds of one batch per method for tokens/s")
     option(c, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {COMPARE_FILES}")
     add_calibration_args(c)
-
-
-def _judge(spec: str) -> Any:
-    from ...loops.ngram_judge import NGRAM_PREFIX, ngram_judge
-    from ...model.load import load_model
-
-    return ngram_judge(spec) if spec.startswith(NGRAM_PREFIX) else load_model(spec)
 
 
 def _compare_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str], list | None, str]:
@@ -90,18 +70,13 @@ COMPARE_JSON_KEYS = ("model", "judge", "n_prompts", "config", "best", "patch", "
 METHOD_JSON_KEYS = ("sampler", "rates", "legit", "nll_own", "nll_judge", "cost")
 
 
-def _json_summary(d: dict, files: dict) -> dict:
-    """What `loops compare --json` prints: the run and each method's measures (compare.json holds the texts too)."""
-    methods = {m["name"]: {k: m[k] for k in METHOD_JSON_KEYS} for m in d["methods"]}
-    files_out = {k: str(v) for k, v in files.items()}
-    return {k: d[k] for k in COMPARE_JSON_KEYS} | {"methods": methods, "human": d["human"], "files": files_out}
-
-
 def run_compare(args: argparse.Namespace) -> int:
     """Compare the fixes on one prompt set; write JSON, table, figure and page into --out."""
     from ...loops.compare_fixes import CompareConfig, compare_fixes
+    from ...loops.ngram_judge import NGRAM_PREFIX, ngram_judge
     from ...loops.pages import breaker_table, markdown_table, write_outputs
     from ...loops.patch import load_patch
+    from ...model.load import load_model
 
     check_common(args)
     out_dir(args.out, COMPARE_FILES)
@@ -111,7 +86,7 @@ def run_compare(args: argparse.Namespace) -> int:
     loop = calibration.settings if calibration is not None else loop_settings_from(args)
     cfg = fields_of(CompareConfig, args, loop=loop, methods=tuple(args.methods) or None)
     patch = load_patch(args.patch) if args.patch else None
-    judge = _judge(args.judge) if args.judge else None
+    judge = None if not args.judge else (ngram_judge if args.judge.startswith(NGRAM_PREFIX) else load_model)(args.judge)
     res = compare_fixes(
         model,
         texts,
@@ -134,7 +109,10 @@ def run_compare(args: argparse.Namespace) -> int:
         info(f"best decode-time method: {res.best.name} (acceptable: {res.best.acceptable})")
     info(f"wrote {args.out} ({res.timings_s['total']} s)")
     if args.json:
-        emit_json(_json_summary(json_safe(res), files))
+        d = json_safe(res)  # the run and each method's measures (compare.json holds the texts too)
+        methods = {m["name"]: {k: m[k] for k in METHOD_JSON_KEYS} for m in d["methods"]}
+        paths = {k: str(v) for k, v in files.items()}
+        emit_json({k: d[k] for k in COMPARE_JSON_KEYS} | {"methods": methods, "human": d["human"], "files": paths})
     return 0
 
 

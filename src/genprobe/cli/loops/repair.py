@@ -87,25 +87,6 @@ def repair_options(r: argparse.ArgumentParser) -> None:
     add_calibration_args(r)
 
 
-def run_locate(args: argparse.Namespace) -> int:
-    """Directions and per-layer ablation on the direction set only."""
-    from ...loops.repair import locate_only
-
-    check_common(args)
-    if args.out:
-        out_dir(args.out, LOCATE_FILE)
-    cfg = repair_config(args)
-    model = load_model_or_default(args)
-    inputs = repair_inputs(args, model, cfg, ("direction",))
-    calibration = calibrate_config(args, model, cfg, inputs)
-    rep = locate_only(model, inputs, cfg, progress=show_progress(args), log=info)
-    data = json_safe(rep) | {"calibration": json_safe(calibration)}
-    write_out(args, LOCATE_FILE, data)
-    if args.json:
-        emit_json(data)
-    return 0
-
-
 def _check_repair_args(args: argparse.Namespace) -> None:
     out_dir(args.out, REPAIR_FILES)
     from ...metrics.stats import MIN_PAIRS
@@ -122,19 +103,30 @@ def _check_repair_args(args: argparse.Namespace) -> None:
         )
 
 
-def run_repair(args: argparse.Namespace) -> int:
-    """The whole pipeline; writes report, patch, HTML and PNG into --out."""
+def run_repair(args: argparse.Namespace, locate_only: bool = False) -> int:
+    """The whole pipeline, writing report, patch, HTML and PNG into --out; or (``loops locate``) its directions and
+    per-layer ablations on the direction set only, written to --out/locate.json when given."""
     from ...loops.pages import write_repair
     from ...loops.repair import repair
+    from ...loops.study import SET_NAMES
 
     check_common(args)
-    _check_repair_args(args)
+    if not locate_only:
+        _check_repair_args(args)
+    elif args.out:
+        out_dir(args.out, LOCATE_FILE)
     t0 = time.perf_counter()
     cfg = repair_config(args)  # refuses bad settings before the model loads
     model = load_model_or_default(args)
-    inputs = repair_inputs(args, model, cfg, ("direction", "search", "validate"))
+    inputs = repair_inputs(args, model, cfg, SET_NAMES[:1] if locate_only else SET_NAMES)
     calibration = calibrate_config(args, model, cfg, inputs)
-    report, patch = repair(model, inputs, cfg, progress=show_progress(args), log=info)
+    report, patch = repair(model, inputs, cfg, locate_only=locate_only, progress=show_progress(args), log=info)
+    if locate_only:
+        data = json_safe(report) | {"calibration": json_safe(calibration)}
+        write_out(args, LOCATE_FILE, data)
+        if args.json:
+            emit_json(data)
+        return 0
     wall_seconds = round(time.perf_counter() - t0, 1)
     data = write_repair(
         args.out, report, patch, calibration=calibration, model_path=model.source, wall_seconds=wall_seconds
@@ -160,7 +152,9 @@ def _print_validation(data: dict) -> None:
 
 
 LOCATE_HELP = "loop direction per layer and the loop rate with each layer's direction ablated"
-LOCATE = Command("locate", LOCATE_HELP, run_locate, locate_options, model=MODEL_KINDS, **LOOPS_MODEL)
+LOCATE = Command(
+    "locate", LOCATE_HELP, partial(run_repair, locate_only=True), locate_options, model=MODEL_KINDS, **LOOPS_MODEL
+)
 REPAIR_HELP = "full pipeline: scan, direction, locate, α/layer/k/form search, validate, patch"
 REPAIR = Command("repair", REPAIR_HELP, run_repair, repair_options, model=MODEL_KINDS, **LOOPS_MODEL)
 
@@ -173,45 +167,30 @@ def patch_options(a: argparse.ArgumentParser) -> None:
     g.add_argument("--in-place", action="store_true", help="overwrite MODEL's weight files")
 
 
-def _write_ckpt(args: argparse.Namespace, model: Any, note: dict) -> Path:
-    from ...model.checkpoint import META, save_checkpoint
-
-    out = Path(args.model) if args.in_place else args.out
-    if not args.in_place:
-        check_target_dir(out, META, "a genprobe checkpoint")
-    summary = dict(model.meta.get("summary", {}))
-    summary.pop("loop_patch", None)
-    if note:
-        summary["loop_patch"] = note
-    save_checkpoint(out, model.module, model.tokenizer, summary)
-    return out
-
-
 def run_patch_action(args: argparse.Namespace, revert: bool) -> int:
     """Apply a patch (hash-checked) and write the patched model, or revert one (hash-checked both ways) and write
     the original model."""
-    from ...loops.patch import apply_patch, apply_to_dir, load_patch, revert_dir, revert_patch
-    from ...model.checkpoint import is_checkpoint
-    from ...model.load import load_model
+    from ...loops.patch import apply_patch, load_patch, patch_dir, revert_patch
+    from ...model.checkpoint import META, is_checkpoint, load_checkpoint, save_checkpoint
 
     patch = load_patch(args.patch)
     src = Path(args.model)
+    out = src if args.in_place else args.out
     action = "revert" if revert else "apply"
-    res: dict[str, Any] = {
-        "action": action,
-        "model": str(src),
-        "weights_changed": patch.meta.get("weights_changed"),
-        "fraction_changed": patch.meta.get("fraction_changed"),
-    }
+    changed = {k: patch.meta.get(k) for k in ("weights_changed", "fraction_changed")}
+    res: dict[str, Any] = {"action": action, "model": str(src), **changed, "out": str(out)}
     if is_checkpoint(src):
-        model = load_model(src)
-        sha = (revert_patch if revert else apply_patch)(model.module, patch)
-        keep = ("sha256_before", "sha256_after", "edit")
-        note = {} if revert else {"patch": str(args.patch)} | {k: patch.meta.get(k) for k in keep}
-        res.update(out=str(_write_ckpt(args, model, note)), state_sha256=sha)
+        module, tokenizer, meta = load_checkpoint(src)
+        res["state_sha256"] = (revert_patch if revert else apply_patch)(module, patch)
+        if not args.in_place:
+            check_target_dir(out, META, "a genprobe checkpoint")
+        summary = {k: v for k, v in meta.get("summary", {}).items() if k != "loop_patch"}
+        if not revert:
+            keep = ("sha256_before", "sha256_after", "edit")
+            summary["loop_patch"] = {"patch": str(args.patch)} | {k: patch.meta.get(k) for k in keep}
+        save_checkpoint(out, module, tokenizer, summary)
     else:
-        out = src if args.in_place else args.out
-        r = (revert_dir if revert else apply_to_dir)(src, patch, out)
+        r = patch_dir(src, patch, out, revert)
         res.update(json_safe(r))
         for n in r.notes:
             info(f"note: {n}")
