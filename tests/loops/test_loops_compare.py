@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from genprobe.cli import main
+from genprobe.corpus.inputs import heldout_openings
 from genprobe.engine.samplers.stages import XTC
 from genprobe.loops.compare_breakers import NO_LOOP, SPANS, WITHIN, class_rates, own_loops, unit_class
 from genprobe.loops.compare_fixes import CompareConfig, choose_best, compare_fixes
@@ -22,7 +23,6 @@ from genprobe.loops.compare_human import NO_HUMAN, human_texts, read_continuatio
 from genprobe.loops.compare_methods import EDIT, EDIT_BEST, METHODS, build_methods, check_methods
 from genprobe.loops.edit import EditSpec, make_patch
 from genprobe.loops.patch import finalise, patched, save_patch
-from genprobe.loops.prompts import heldout_openings
 from genprobe.metrics.degeneracy import measure_loops
 from genprobe.model.checkpoint import save_checkpoint
 from genprobe.model.config import GPTConfig

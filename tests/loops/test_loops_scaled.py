@@ -12,9 +12,8 @@ from genprobe.loops.contrast import position_labels
 from genprobe.loops.edit import EditSpec
 from genprobe.loops.repair import RepairConfig, RepairInputs, repair
 from genprobe.loops.repair_report import write_summary
-from genprobe.loops.scaled import rung_sizes, scaled_layer_sets
+from genprobe.loops.scaled import LoopProbe, rung_sizes, scaled_layer_sets
 from genprobe.loops.scan import GenerationRecord
-from genprobe.loops.screen import LoopProbe
 from genprobe.metrics.degeneracy import LoopSettings, measure_loops
 from genprobe.model.load import load_model
 
@@ -146,7 +145,6 @@ def test_screening_reads_the_strongest_admissible_strengths_of_each_chain(traine
 @pytest.mark.slow
 def test_an_interrupted_search_leaves_the_model_and_the_out_dir_untouched(trained_ckpt, tmp_path, monkeypatch):
     from genprobe.cli import main
-    from genprobe.loops.screen import LoopProbe
     from genprobe.model.arch import state_sha256
 
     calls = {"n": 0}
@@ -178,8 +176,7 @@ def test_replayed_lower_layers_give_exactly_the_full_forward(arch, tiny_model, t
     itself would not (so the replay really skips work), and extra calls are refused."""
     from genprobe.loops.edit import make_patch
     from genprobe.loops.patch import write_values
-    from genprobe.loops.prefix import FrozenPrefix
-    from genprobe.loops.regress import RegressionProbe
+    from genprobe.loops.regress import FrozenPrefix, RegressionProbe
 
     from .conftest import save_tiny_qwen2
 

@@ -20,7 +20,7 @@ def forward_logits(model: Any, ids: torch.Tensor, valid: torch.Tensor | None = N
     if hasattr(model, "full") and not isinstance(model, nn.Module):
         v = valid if valid is not None else torch.ones_like(ids, dtype=torch.bool)
         return model.full(ids, v)
-    # no cache: one full forward (and the layers below an edit may be skipped, see loops/prefix.py)
+    # no cache: one full forward (and the layers below an edit may be skipped, see regress.FrozenPrefix)
     out = model(input_ids=ids, attention_mask=None if valid is None else valid.long(), use_cache=False)
     return out.logits if hasattr(out, "logits") else out[0]
 

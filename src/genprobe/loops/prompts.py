@@ -12,30 +12,28 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..corpus.inputs import heldout_openings
 
-
-def _slices(pool: Sequence[str], sizes: dict[str, int]) -> dict[str, list[str]]:
+def slices(pool: Sequence[str], sizes: dict[str, int]) -> dict[str, list[str]]:
     """Consecutive, disjoint slices of ``pool``, one of each size, in order."""
     ends = itertools.accumulate(sizes.values())
     return {name: list(pool[end - n : end]) for (name, n), end in zip(sizes.items(), ends, strict=True)}
 
 
-def prompt_sets(tokenizer: Any, sizes: dict[str, int], prefix_chars: int = 5) -> dict[str, list[str]]:
-    """Disjoint consecutive slices of held-out openings, e.g. ``{"scan": 256, "search": 64, "validate": 256}``."""
-    return _slices(heldout_openings(tokenizer, sum(sizes.values()), prefix_chars), sizes)
-
-
-def _text_lines(path: str | os.PathLike, what: str) -> tuple[Path, list[tuple[int, str]]]:
-    """The path and its non-empty lines (stripped, numbered from 1); a missing or non-UTF-8 file is refused."""
+def read_text(path: str | os.PathLike, what: str) -> str:
+    """The UTF-8 text of ``path``; a missing or non-UTF-8 file is refused, naming ``what`` it is."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{what} not found: {p}")
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{what} {p} is not UTF-8 text ({exc.reason})") from None
-    return p, [(i, ln.strip()) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+
+
+def _text_lines(path: str | os.PathLike, what: str) -> tuple[Path, list[tuple[int, str]]]:
+    """The path and its non-empty lines (stripped, numbered from 1)."""
+    text = read_text(path, what)
+    return Path(path), [(i, ln.strip()) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
 
 
 def _jsonl_prompt(p: Path, lineno: int, line: str) -> str:
@@ -78,7 +76,7 @@ def split_prompts(prompts: Sequence[str], sizes: dict[str, int]) -> dict[str, li
     ordered = sorted(unique, key=lambda t: hashlib.sha256(t.encode("utf-8")).hexdigest())
     total = sum(sizes.values())
     scale = min(1.0, len(ordered) / total)
-    sets = _slices(ordered, {k: max(1, int(n * scale)) for k, n in sizes.items()})
+    sets = slices(ordered, {k: max(1, int(n * scale)) for k, n in sizes.items()})
     empty = [name for name, s in sets.items() if not s]
     if empty:
         raise ValueError(f"{len(ordered)} distinct prompts leave the {empty[0]!r} set empty; give more prompts")

@@ -1,16 +1,18 @@
-"""Regression checks for an edit: KL(base ‖ edited) of next-token distributions and loss on held-out text."""
+"""Regression checks for an edit: KL(base ‖ edited) of next-token distributions and loss on held-out text; and
+:class:`FrozenPrefix`, which lets a probe of an edit of layers ≥ L skip the blocks below L (they compute what they did
+before the edit)."""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from ..model.arch import mlp_sites
 from .arch import forward_logits
-from .prefix import FrozenPrefix
 
 DEFAULT_WINDOW = 64  # the char GPT's context; long-context models are measured on windows of this length
 
@@ -36,6 +38,58 @@ def window_length(max_positions: int | None, cap: int = DEFAULT_WINDOW) -> int:
     return cap if max_positions is None else max(2, min(int(max_positions), cap))
 
 
+class FrozenPrefix:
+    """Per block, its outputs over a fixed sequence of forward calls of the unedited model, replayed by call order
+    while an edit is measured: the measured calls must be the recorded ones, and a call past the record raises.
+    ``on=False``: records and replays nothing (every block computes)."""
+
+    def __init__(self, model: Any, on: bool = True):
+        self.blocks = [s.block for s in mlp_sites(model)] if on else []
+        self.outputs: list[list[Any]] = [[] for _ in self.blocks]
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Record every block's output of the forward calls made inside the block (the unedited model's)."""
+        self.outputs = [[] for _ in self.blocks]
+
+        def hook(i: int) -> Any:
+            return lambda module, inputs, output: self.outputs[i].append(output)
+
+        handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(self.blocks)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    @contextlib.contextmanager
+    def skipping(self, first: int) -> Iterator[None]:
+        """Blocks below ``first`` replay their recorded outputs instead of computing (the edit starts at ``first``)."""
+        saved = []
+        try:
+            for i, block in enumerate(self.blocks[:first]):
+                saved.append((block, block.__dict__.get("forward")))
+                block.forward = self._replay(i)
+            yield
+        finally:
+            for block, own in saved:
+                if own is None:
+                    del block.forward
+                else:  # pragma: no cover - a block that already had an instance-level forward (e.g. a wrapper)
+                    block.forward = own
+
+    def _replay(self, i: int) -> Any:
+        calls = iter(self.outputs[i])
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            out = next(calls, None)
+            if out is None:
+                raise RuntimeError(f"block {i} was called more often than recorded: the measured inputs changed")
+            return out
+
+        return forward
+
+
 class RegressionProbe:
     """Base log-probs on fixed held-out windows, kept once; :meth:`measure` compares an edited model."""
 
@@ -44,8 +98,8 @@ class RegressionProbe:
         if self.ids.dim() != 2 or self.ids.shape[1] < 2:
             raise ValueError("regression windows must be equal-length lists of >= 2 tokens")
         self.batch_size = batch_size
-        self.prefix = FrozenPrefix(model) if reuse_prefix else None
-        with self.prefix.recording() if self.prefix else contextlib.nullcontext():
+        self.prefix = FrozenPrefix(model, reuse_prefix)
+        with self.prefix.recording():
             self.base_logp = self._logp(model)
         self.base_loss = self._loss(self.base_logp)
 
@@ -64,7 +118,7 @@ class RegressionProbe:
     def measure(self, model: Any, first_layer: int = 0) -> "Regression":
         """Mean KL(base ‖ model) over positions and the loss change on the same windows (nats). ``first_layer``: the
         lowest layer the edit touches; with ``reuse_prefix`` the blocks below it are not computed again."""
-        with self.prefix.skipping(first_layer) if self.prefix else contextlib.nullcontext():
+        with self.prefix.skipping(first_layer):
             logp = self._logp(model)
         kl = (self.base_logp.exp() * (self.base_logp - logp)).sum(-1).mean()
         loss = self._loss(logp)

@@ -22,6 +22,7 @@ from .locate import Located, locate_layers
 from .patch import Patch, finalise, patched
 from .regress import Regression, RegressionProbe, text_windows, window_length
 from .scaled import (
+    LoopProbe,
     ScaledTrace,
     chains,
     full_regression_check,
@@ -32,7 +33,6 @@ from .scaled import (
     shortlist,
 )
 from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, greedy_sampler, summarise
-from .screen import LoopProbe
 from .search import Build, Candidate, Limits, Objective, Strata, check_restored, choose, grid, run_search
 from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, LoopStudy, RepairConfig, RepairInputs, encode_quiet
 

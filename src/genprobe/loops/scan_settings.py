@@ -154,7 +154,7 @@ def scan_loop_settings(
         raise ValueError("no decoding settings to scan")
     default = options.sampler or chanting_sampler(model.unk_id)
     samplers = {name: study_sampler(sampler or default, model.eos_id) for name, sampler in chosen.items()}
-    ids = encode_prompts(model.tokenizer, texts)
+    ids = encode_prompts(model, texts)
     end = end_token(options)
     if end.banned:
         log(f"note: {end.note}")

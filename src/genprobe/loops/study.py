@@ -10,11 +10,13 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from ..corpus.inputs import heldout_openings
+from ..engine import loaded
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.degeneracy import LoopSettings
 from ..model.arch import mlp_sites
 from .edit import FORMS
-from .prompts import prompt_sets, split_prompts
+from .prompts import slices, split_prompts
 from .scan import (
     EndToken,
     ScanOptions,
@@ -104,7 +106,8 @@ class RepairInputs:
         """Held-out Tang openings and the bundled corpus's validation text (the bundled char model's defaults)."""
         from ..corpus.tang import load_corpus
 
-        got = prompt_sets(tokenizer, {k: cfg.sizes()[k] for k in sets}, cfg.prefix_chars)
+        sizes = {k: cfg.sizes()[k] for k in sets}
+        got = slices(heldout_openings(tokenizer, sum(sizes.values()), cfg.prefix_chars), sizes)
         return cls(
             got.get("direction", []),
             got.get("search", []),
@@ -189,9 +192,10 @@ def study_options(model: Any, options: ScanOptions) -> ScanOptions:
     return replace(options, eos_id=model.eos_id, unk_id=model.unk_id, decode=_decoder(model.tokenizer))
 
 
-def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Prompts → ids; an empty encoding is refused (it cannot be continued)."""
-    ids = [encode_quiet(tokenizer, t) for t in texts]
+def encode_prompts(model: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Prompts → ids (:func:`genprobe.engine.loaded.encode_prompts`); an empty encoding is refused, naming the prompt
+    (it cannot be continued)."""
+    ids = loaded.encode_prompts(model, texts)[0]
     empty = [t for t, i in zip(texts, ids, strict=True) if not i]
     if empty:
         raise ValueError(f"prompt {empty[0]!r} encodes to no token")
@@ -210,16 +214,13 @@ class LoopStudy:
         sampler: SamplerConfig | None = None,
         progress: bool = False,
         log: Callable[[str], None] = lambda msg: None,
-        compile: bool = False,
     ):
-        self.unk_id, self.eos_id = model.unk_id, model.eos_id
-        self.sampler = study_sampler(sampler or chanting_sampler(self.unk_id), self.eos_id)
+        self.eos_id = model.eos_id
+        self.sampler = study_sampler(sampler or chanting_sampler(model.unk_id), self.eos_id)
         scan = ScanOptions(cfg.max_new_tokens, self.sampler, cfg.batch_size, cfg.seed, loop=cfg.loop, progress=progress)
         self.options = study_options(model, scan)
         self.model, self.cfg, self.progress, self.log = model, cfg, progress, log
-        self.compile = compile  # scans through the compiled fast path (weights edited in place are still seen)
-        self.module = model.module
-        self.tokenizer = model.tokenizer
+        self.module, self.tokenizer = model.module, model.tokenizer
         self.n_layers = len(mlp_sites(self.module))
 
     @property
@@ -233,7 +234,7 @@ class LoopStudy:
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Prompts → ids (:func:`encode_prompts`)."""
-        return encode_prompts(self.tokenizer, texts)
+        return encode_prompts(self.model, texts)
 
     def scan(
         self,
@@ -249,7 +250,7 @@ class LoopStudy:
         options = replace(self.options, sampler=sampler or self.sampler, desc=desc)
         if not decoded:
             options = replace(options, decode=None, progress=False)
-        return scan_batches(engine_batches(self.model, self.compile), ids, options, texts)
+        return scan_batches(engine_batches(self.model), ids, options, texts)
 
     def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:
         """A function model → (degenerate rate, exact rate) on ``ids`` (for :func:`locate_layers`)."""

@@ -18,7 +18,6 @@ from .._common import (
     option,
     read_prompts,
 )
-from .._vllm_args import add_kv_type
 
 DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
 #: MODEL of every loops action: optional (default :data:`DEFAULT_MODEL`)
@@ -44,7 +43,7 @@ def add_loop_args(q: argparse.ArgumentParser) -> None:
     add_config_flag(q, "batch_size", "prompts per generation batch")
     add_config_flag(q, "seed", "sampling seed")
     for flag, name, help in LOOP_FLAGS:
-        option(q, flag, getattr(d.loop, name), help)
+        option(q, flag, getattr(d.loop, name), help, dest=name)
     option(q, "--threads", 1, "torch CPU threads (1: a small model's decode steps are dominated by thread sync)")
     option(q, "--no-progress", False, "no progress bars")
 
@@ -97,41 +96,10 @@ def check_common(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
 
 
-def add_llamacpp_args(p: argparse.ArgumentParser) -> None:
-    """The llama.cpp backend's flags (``--threads`` is shared: llama.cpp's threads too)."""
-    g = p.add_argument_group("llama.cpp (with --backend llama.cpp; MODEL is the GGUF file)")
-    add_kv_type(g, "f16")
-    option(g, "--dry-breakers", [], "DRY's sequence breakers as strings for llama.cpp to tokenize", metavar="TEXT")
-
-
-def gguf_file(args: argparse.Namespace) -> Any:
-    """The GGUF file MODEL names (a ValueError when it names none)."""
-    from ...serving.llamacpp.scan import gguf_file_for
-
-    return gguf_file_for(args.model or str(DEFAULT_MODEL))
-
-
-def llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> Any:
-    """The llama.cpp scan backend on the GGUF file MODEL names; every setting its sampler chain cannot express
-    exactly is refused first, naming the setting."""
-    from ...serving.llamacpp.sampling import UnsupportedLlamaCppSamplerError
-    from ...serving.llamacpp.scan import check_sampler_llamacpp, llamacpp_scan_backend
-
-    gguf = gguf_file(args)
-    for name, sampler in settings.items():
-        try:
-            check_sampler_llamacpp(sampler, model.max_positions or 2048, model.eos_id)
-        except UnsupportedLlamaCppSamplerError as exc:
-            raise ValueError(f"--backend llama.cpp cannot run the {name!r} setting exactly: {exc}") from None
-    breakers = tuple(args.dry_breakers)
-    return llamacpp_scan_backend(gguf, n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers)
-
-
 def load_model_or_default(args: argparse.Namespace) -> Any:
     from ...model.load import load_model
 
-    path = args.model or str(DEFAULT_MODEL)
-    return load_model(path)
+    return load_model(args.model or str(DEFAULT_MODEL))
 
 
 def is_bundled_char_model(model: Any) -> bool:
@@ -156,13 +124,9 @@ def read_loop_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str] |
 
 def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
     if args.val_text is not None:
-        p = Path(args.val_text)
-        if not p.is_file():
-            raise FileNotFoundError(f"--val-text file not found: {p}")
-        try:
-            return p.read_text(encoding="utf-8"), f"file:{p}"
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"--val-text {p} is not UTF-8 text ({exc.reason})") from None
+        from ...loops.prompts import read_text
+
+        return read_text(args.val_text, "--val-text file"), f"file:{args.val_text}"
     if not args.tang_val and not is_bundled_char_model(model):
         raise ValueError(
             "this model is not the bundled character model, so there is no default validation text: give "
@@ -176,7 +140,7 @@ def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
 def loop_settings_from(args: argparse.Namespace) -> Any:
     from ...metrics.degeneracy import LoopSettings
 
-    return LoopSettings(**{name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _ in LOOP_FLAGS})
+    return fields_of(LoopSettings, args)
 
 
 def repair_config(args: argparse.Namespace) -> Any:

@@ -13,18 +13,23 @@ from typing import Any
 from ..._io import json_safe
 from .._common import MODEL_KINDS, Command, emit_json, info, option, out_dir, show_progress, write_out
 from .._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
-from .._vllm_args import add_engine_arguments, add_http_arguments, endpoint_backend, engine_options, require_engine
+from .._vllm_args import (
+    add_engine_arguments,
+    add_http_arguments,
+    add_kv_type,
+    endpoint_backend,
+    engine_options,
+    require_engine,
+)
 from ._shared import (
+    DEFAULT_MODEL,
     LOOPS_MODEL,
     add_calibration_args,
     add_data_args,
-    add_llamacpp_args,
     add_loop_args,
     chat_flag,
     check_common,
-    gguf_file,
     is_bundled_char_model,
-    llamacpp_backend,
     load_model_or_default,
     loop_settings_from,
     read_loop_prompts,
@@ -66,7 +71,9 @@ def scan_options(s: argparse.ArgumentParser) -> None:
     add_http_arguments(g)
     add_calibration_args(s)
     add_engine_arguments(s, title="with --backend vllm; passed to vllm.LLM")
-    add_llamacpp_args(s)
+    g = s.add_argument_group("llama.cpp (with --backend llama.cpp; MODEL is the GGUF file; --threads its threads too)")
+    add_kv_type(g, "f16")
+    option(g, "--dry-breakers", [], "DRY's sequence breakers as strings for llama.cpp to tokenize", metavar="TEXT")
 
 
 def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
@@ -91,11 +98,19 @@ def _check_backend(args: argparse.Namespace) -> None:
     if args.backend in ("vllm", "llama.cpp"):
         require_engine(args.backend)
     if args.backend == "llama.cpp":
-        gguf_file(args)
+        _gguf_file(args)
 
 
-def _scan_backend(args: argparse.Namespace, settings: Any, model: Any, server: Any) -> Any:
-    """The engine the scan decodes with: None for genprobe's own, else vLLM's or llama.cpp's."""
+def _gguf_file(args: argparse.Namespace) -> Any:
+    """The GGUF file MODEL names (a ValueError when it names none)."""
+    from ...serving.llamacpp.scan import gguf_file_for
+
+    return gguf_file_for(args.model or str(DEFAULT_MODEL))
+
+
+def _scan_backend(args: argparse.Namespace, server: Any) -> Any:
+    """The engine the scan decodes with: None for genprobe's own, else vLLM's, llama.cpp's or the endpoint's (every
+    setting it cannot run exactly is refused before it starts, naming the flag and the setting)."""
     if args.backend == "vllm":
         from ...serving.scan import vllm_scan_backend
 
@@ -110,7 +125,13 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any, server: A
 
         return replace(engine, name="--backend vllm", check=check)
     if args.backend == "llama.cpp":
-        return llamacpp_backend(args, settings, model)
+        from ...serving.llamacpp.scan import llamacpp_scan_backend
+
+        breakers = tuple(args.dry_breakers)
+        engine = llamacpp_scan_backend(
+            _gguf_file(args), n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers
+        )
+        return replace(engine, name="--backend llama.cpp")
     if args.backend == "endpoint":
         from ...loops.scan_settings import backend_engine
 
@@ -137,7 +158,7 @@ def run_scan(args: argparse.Namespace) -> int:
     if chat_flag(args, model):
         texts, source = [model.chat_prompt(t) for t in texts], f"{source} (chat template)"
     settings = _scan_settings(args, model)
-    backend = _scan_backend(args, settings, model, server)
+    backend = _scan_backend(args, server)
 
     def table(name: str, res: Any, seconds: float) -> None:
         info(scan_table(res.summary, f"{name} ({seconds:.1f} s)"))
