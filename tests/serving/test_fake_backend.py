@@ -14,8 +14,7 @@ from fake_backend import GATE, PERIOD, TRAP, FakeBackend, next_token  # noqa: E4
 
 from genprobe.engine.backend import Request
 from genprobe.engine.samplers.stages import SamplerConfig
-from genprobe.loops.scan import ScanOptions, backend_batches, scan_batches
-from genprobe.loops.scan_settings import backend_engine
+from genprobe.loops.scan import ScanOptions, backend_batches, backend_engine, scan_batches
 from genprobe.serving.monitor import monitor_backend, replay
 
 PROMPTS = [[5, 6, 7], [10, 20, GATE], [1, 2], [GATE], [30, 31, 32, 33]]

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ..corpus.inputs import heldout_openings
-from ..engine import loaded
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.degeneracy import LoopSettings
 from ..model.arch import mlp_sites
@@ -22,13 +21,14 @@ from .scan import (
     ScanOptions,
     ScanResult,
     chanting_sampler,
+    encode_prompts,
     end_token,
     engine_batches,
     scan_batches,
+    study_options,
     study_sampler,
 )
 
-UNK_SHOW = "▯"
 SET_NAMES = ("direction", "search", "validate")
 SEARCHES = ("auto", "exhaustive", "scaled")
 EXHAUSTIVE_MAX = 100  # grid sizes up to this are searched exhaustively under search="auto" (the 4-layer models)
@@ -156,16 +156,6 @@ class RepairInputs:
 
 
 # ---- how we generate and measure ------------------------------------------------------------
-def _decoder(tokenizer: Any) -> Callable[[list[int]], str]:
-    def dec(ids: list[int]) -> str:
-        try:
-            return tokenizer.decode(ids, show_unk=True, unk_text=UNK_SHOW)
-        except TypeError:  # subword tokenizers: no show_unk option
-            return tokenizer.decode(ids)
-
-    return dec
-
-
 def encode_quiet(tokenizer: Any, text: str) -> list[int]:
     """Encode without the char tokenizer's unknown-character warning (callers report coverage themselves) and
     without transformers' "longer than the maximum sequence length" notice (long texts are cut into windows)."""
@@ -179,27 +169,6 @@ def encode_quiet(tokenizer: Any, text: str) -> list[int]:
             return list(tokenizer.encode(text))
     finally:
         hf_logging.set_verbosity(level)
-
-
-def study_options(model: Any, options: ScanOptions) -> ScanOptions:
-    """``options`` for a loop study of ``model``: its end token (banned), its unknown token (the default chanting
-    ban, the ``<unk>`` share) and its decoder; refused without a tokenizer or under 16 new tokens (too few to see a
-    loop)."""
-    if model.tokenizer is None:
-        raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
-    if options.max_new_tokens < 16:
-        raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {options.max_new_tokens}")
-    return replace(options, eos_id=model.eos_id, unk_id=model.unk_id, decode=_decoder(model.tokenizer))
-
-
-def encode_prompts(model: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Prompts → ids (:func:`genprobe.engine.loaded.encode_prompts`); an empty encoding is refused, naming the prompt
-    (it cannot be continued)."""
-    ids = loaded.encode_prompts(model, texts)[0]
-    empty = [t for t, i in zip(texts, ids, strict=True) if not i]
-    if empty:
-        raise ValueError(f"prompt {empty[0]!r} encodes to no token")
-    return ids
 
 
 class LoopStudy:

@@ -18,6 +18,7 @@ from .._common import (
     option,
     read_prompts,
 )
+from .._vllm_args import add_kv_type
 
 DEFAULT_MODEL = Path("out/case/model")  # what `bash scripts/case.sh` trains
 #: MODEL of every loops action: optional (default :data:`DEFAULT_MODEL`)
@@ -94,6 +95,13 @@ def check_common(args: argparse.Namespace) -> None:
 
     check_min(args, threads=1, max_new_tokens=16, batch_size=1)  # fewer than 16 new tokens cannot show a loop
     torch.set_num_threads(args.threads)
+
+
+def add_llamacpp_args(p: argparse.ArgumentParser) -> None:
+    """The llama.cpp backend's flags (``--threads`` is shared: llama.cpp's threads too)."""
+    g = p.add_argument_group("llama.cpp (with --backend llama.cpp; MODEL is the GGUF file)")
+    add_kv_type(g, "f16")
+    option(g, "--dry-breakers", [], "DRY's sequence breakers as strings for llama.cpp to tokenize", metavar="TEXT")
 
 
 def load_model_or_default(args: argparse.Namespace) -> Any:

@@ -13,19 +13,13 @@ from typing import Any
 from ..._io import json_safe
 from .._common import MODEL_KINDS, Command, emit_json, info, option, out_dir, show_progress, write_out
 from .._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
-from .._vllm_args import (
-    add_engine_arguments,
-    add_http_arguments,
-    add_kv_type,
-    endpoint_backend,
-    engine_options,
-    require_engine,
-)
+from .._vllm_args import add_engine_arguments, add_http_arguments, endpoint_backend, engine_options, require_engine
 from ._shared import (
     DEFAULT_MODEL,
     LOOPS_MODEL,
     add_calibration_args,
     add_data_args,
+    add_llamacpp_args,
     add_loop_args,
     chat_flag,
     check_common,
@@ -71,13 +65,11 @@ def scan_options(s: argparse.ArgumentParser) -> None:
     add_http_arguments(g)
     add_calibration_args(s)
     add_engine_arguments(s, title="with --backend vllm; passed to vllm.LLM")
-    g = s.add_argument_group("llama.cpp (with --backend llama.cpp; MODEL is the GGUF file; --threads its threads too)")
-    add_kv_type(g, "f16")
-    option(g, "--dry-breakers", [], "DRY's sequence breakers as strings for llama.cpp to tokenize", metavar="TEXT")
+    add_llamacpp_args(s)
 
 
 def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
-    from ...loops.scan_settings import loop_study_settings
+    from ...loops.scan import loop_study_settings
 
     given = sampler_flags_given(args)
     setting = args.setting or ("sample" if given else "both")
@@ -133,7 +125,7 @@ def _scan_backend(args: argparse.Namespace, server: Any) -> Any:
         )
         return replace(engine, name="--backend llama.cpp")
     if args.backend == "endpoint":
-        from ...loops.scan_settings import backend_engine
+        from ...loops.scan import backend_engine
 
         return backend_engine(server, args.concurrency)
     return None
@@ -143,8 +135,7 @@ def run_scan(args: argparse.Namespace) -> int:
     """Scan one or two decoding settings (:func:`genprobe.scan_loop_settings`) and print the tables (tokens,
     characters where they are the unit, and the human false-positive rate of the calibrated detectors)."""
     from ...corpus.inputs import heldout_openings
-    from ...loops.scan import ScanOptions, scan_table
-    from ...loops.scan_settings import scan_loop_settings
+    from ...loops.scan import ScanOptions, scan_loop_settings, scan_table
 
     check_common(args)
     if args.out:
