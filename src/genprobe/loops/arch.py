@@ -10,8 +10,6 @@ import torch.nn as nn
 
 from ..model.gpt import GPT
 
-__all__ = ["forward_logits", "pad_right"]
-
 
 def forward_logits(model: Any, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Uncached logits (B, T, V) for our GPT, a runner (``.full``), or a ``transformers`` causal LM."""

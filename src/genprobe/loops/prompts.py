@@ -10,7 +10,7 @@ import itertools
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 
 def slices(pool: Sequence[str], sizes: dict[str, int]) -> dict[str, list[str]]:
@@ -129,30 +129,24 @@ def tang_human_sequences(
     ``from_end`` from the last poem backwards). Sequences holding ``unk_id`` are skipped (the scans ban it).
     """
     poems = _tang_human_poems()
-    out: list[list[int]] = []
-    for i, poem in enumerate(poems):
-        stream = poem[TANG_PREFIX:] + "".join(poems[i + 1 : i + 1 + max(1, 4 * length // 20)])
-        ids = _ids(tokenizer, stream)[:length]
-        if len(ids) == length and (unk_id is None or unk_id not in ids):
-            out.append(ids)
-        if len(out) == count:
-            break
-    return out
+    streams = (p[TANG_PREFIX:] + "".join(poems[i + 1 : i + 1 + max(1, 4 * length // 20)]) for i, p in enumerate(poems))
+    return _windows((_ids(tokenizer, s) for s in streams), length, count, unk_id, first_only=True)
 
 
-def file_human_sequences(
-    tokenizer: Any, path: str | os.PathLike, length: int, count: int = HUMAN_COUNT, unk_id: int | None = None
+def _windows(
+    docs: Iterable[list[int]], length: int, count: int, unk_id: int | None, first_only: bool = False
 ) -> list[list[int]]:
-    """Human text from a UTF-8 file, one document per line: consecutive ``length``-token windows of each."""
+    """Up to ``count`` consecutive ``length``-token windows of each document (its first only with ``first_only``);
+    a window holding ``unk_id`` is skipped (the scans ban it)."""
     out: list[list[int]] = []
-    for _, doc in _text_lines(path, "--human-text file")[1]:
-        ids = _ids(tokenizer, doc)
+    for ids in docs:
         for start in range(0, len(ids) - length + 1, length):
-            window = ids[start : start + length]
-            if unk_id is None or unk_id not in window:
-                out.append(window)
+            if unk_id is None or unk_id not in ids[start : start + length]:
+                out.append(ids[start : start + length])
             if len(out) == count:
                 return out
+            if first_only:
+                break
     return out
 
 
@@ -167,8 +161,9 @@ def human_sequences(
 ) -> tuple[list[list[int]], str]:
     """Human sequences of ``length`` tokens and their source name: ``human_text`` (a file) when given, else
     held-out Tang poems for Chinese prompts, else the English corpus (which must have been fetched)."""
-    if human_text is not None:
-        seqs, source = file_human_sequences(tokenizer, human_text, length, count, unk_id), f"file:{human_text}"
+    if human_text is not None:  # one document per line: consecutive windows of each
+        docs = (_ids(tokenizer, doc) for _, doc in _text_lines(human_text, "--human-text file")[1])
+        seqs, source = _windows(docs, length, count, unk_id), f"file:{human_text}"
     elif is_cjk(prompts):
         seqs, source = tang_human_sequences(tokenizer, length, count, unk_id), "tang:heldout-poems"
     else:

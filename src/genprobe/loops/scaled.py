@@ -23,8 +23,8 @@ from .edit import EditSpec
 from .hooks import ablate
 from .patch import written
 from .regress import FrozenPrefix, Regression, RegressionProbe
-from .scan import GenerationRecord
-from .search import Build, Candidate, Limits, Strata, grid, progress_bar, rank_key
+from .scan import GenerationRecord, progress_bar
+from .search import Build, Candidate, Limits, Strata, grid, rank_key
 
 
 @dataclass(frozen=True)

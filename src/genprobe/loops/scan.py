@@ -133,10 +133,9 @@ class LoopRates:
     chars_note: str | None = None
 
 
-def _onset_hist(onsets: Sequence[int]) -> dict[str, int]:
-    starts = [(o // ONSET_BIN) * ONSET_BIN for o in onsets]
-    hist: Counter = Counter(f"{lo}-{lo + ONSET_BIN - 1}" for lo in starts)
-    return dict(sorted(hist.items(), key=lambda kv: int(kv[0].split("-")[0])))
+def progress_bar(items: Any, desc: str, unit: str, progress: bool) -> Any:
+    """``items`` with a tqdm bar on stderr when ``progress`` and stderr is a terminal."""
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, disable=not progress or not sys.stderr.isatty())
 
 
 def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_PERIOD_MAX) -> LoopRates:
@@ -148,6 +147,7 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
     # A loop always has a period and an onset; the filters only tell the type checker so.
     short = sum(1 for m in exact if m.period is not None and m.period <= short_period_max)
     short_any = sum(1 for m in anyl if m.any_period is not None and m.any_period <= short_period_max)
+    onsets = [(m.onset // ONSET_BIN) * ONSET_BIN for m in exact if m.onset is not None]
 
     def share(k: float) -> float:
         return k / n if n else 0.0
@@ -174,7 +174,7 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
         long_any_rate=share(len(anyl) - short_any),
         period_hist={str(p): c for p, c in sorted(Counter(m.period for m in exact).items())},
         near_period_hist={str(p): c for p, c in sorted(Counter(m.near_period for m in near).items())},
-        onset_hist=_onset_hist([m.onset for m in exact if m.onset is not None]),
+        onset_hist={f"{lo}-{lo + ONSET_BIN - 1}": c for lo, c in sorted(Counter(onsets).items())},
     )
 
 
@@ -286,9 +286,9 @@ class EndToken:
 
 def end_token(options: ScanOptions) -> EndToken:
     """Whether the end token exists and is banned (with the note the CLI prints)."""
-    if options.eos_id is None:
-        return EndToken(None, False, None)
-    return EndToken(options.eos_id, True, END_TOKEN_NOTE.format(eos=options.eos_id, n=options.max_new_tokens))
+    eos = options.eos_id
+    note = None if eos is None else END_TOKEN_NOTE.format(eos=eos, n=options.max_new_tokens)
+    return EndToken(eos, eos is not None, note)
 
 
 #: One engine's generation of one batch: for each prompt its new token ids and whether it ran the whole budget.
@@ -314,18 +314,13 @@ def scan_batches(
     sampler = study_sampler(o.sampler or chanting_sampler(o.unk_id), o.eos_id)
     texts = list(prompt_texts) if prompt_texts is not None else None
     records: list[GenerationRecord] = []
-    interactive = o.progress and sys.stderr.isatty()
-    bar = tqdm(total=len(prompts), desc=o.desc, unit="prompt", file=sys.stderr, disable=not interactive, leave=False)
-    try:
-        for bi, start in enumerate(range(0, len(prompts), o.batch_size)):
-            chunk = [list(p) for p in prompts[start : start + o.batch_size]]
-            chunk_texts = texts[start : start + o.batch_size] if texts is not None else None
-            for j, (toks, full) in enumerate(generate_batch(Batch(chunk, chunk_texts, sampler, start, bi, o))):
-                text = chunk_texts[j] if chunk_texts is not None else None
-                records.append(generation_record(chunk[j], toks, full, o.unk_id, loop, o.decode, text))
-            bar.update(len(chunk))
-    finally:
-        bar.close()
+    starts = range(0, len(prompts), o.batch_size)
+    for bi, start in enumerate(progress_bar(starts, o.desc, f"batch of {o.batch_size}", o.progress)):
+        chunk = [list(p) for p in prompts[start : start + o.batch_size]]
+        chunk_texts = texts[start : start + o.batch_size] if texts is not None else None
+        for j, (toks, full) in enumerate(generate_batch(Batch(chunk, chunk_texts, sampler, start, bi, o))):
+            text = chunk_texts[j] if chunk_texts is not None else None
+            records.append(generation_record(chunk[j], toks, full, o.unk_id, loop, o.decode, text))
     end = end_token(o)  # study_sampler banned it above
     settings = ScanSettings(
         json_safe(sampler), o.max_new_tokens, o.seed, json_safe(loop), o.eos_id, end.banned, end.note
@@ -445,16 +440,6 @@ def calibrate_for_scan(
 UNK_SHOW = "▯"
 
 
-def _decoder(tokenizer: Any) -> Callable[[list[int]], str]:
-    def dec(ids: list[int]) -> str:
-        try:
-            return tokenizer.decode(ids, show_unk=True, unk_text=UNK_SHOW)
-        except TypeError:  # subword tokenizers: no show_unk option
-            return tokenizer.decode(ids)
-
-    return dec
-
-
 def study_options(model: Any, options: ScanOptions) -> ScanOptions:
     """``options`` for a loop study of ``model``: its end token (banned), its unknown token (the default chanting
     ban, the ``<unk>`` share) and its decoder; refused without a tokenizer or under 16 new tokens (too few to see a
@@ -463,7 +448,14 @@ def study_options(model: Any, options: ScanOptions) -> ScanOptions:
         raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
     if options.max_new_tokens < 16:
         raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {options.max_new_tokens}")
-    return replace(options, eos_id=model.eos_id, unk_id=model.unk_id, decode=_decoder(model.tokenizer))
+
+    def decode(ids: list[int]) -> str:
+        try:
+            return str(model.tokenizer.decode(ids, show_unk=True, unk_text=UNK_SHOW))
+        except TypeError:  # subword tokenizers: no show_unk option
+            return str(model.tokenizer.decode(ids))
+
+    return replace(options, eos_id=model.eos_id, unk_id=model.unk_id, decode=decode)
 
 
 def encode_prompts(model: Any, texts: Sequence[str]) -> list[list[int]]:
@@ -537,11 +529,8 @@ class LoopScans:
         """Plain JSON: ``loops scan --out``'s scan.json (every record); without records, ``loops scan --json``
         (each setting's settings, summary and its first generations as examples)."""
         scans = {name: res.to_dict(with_records) for name, res in self.scans.items()}
-        for name, res in self.scans.items():
-            if not with_records:
-                scans[name]["examples"] = [
-                    {k: json_safe(r)[k] for k in EXAMPLE_KEYS} for r in res.records[:LOOP_EXAMPLES]
-                ]
+        for name, res in self.scans.items() if not with_records else ():
+            scans[name]["examples"] = [{k: json_safe(r)[k] for k in EXAMPLE_KEYS} for r in res.records[:LOOP_EXAMPLES]]
         about = {k: getattr(self, k) for k in ("model", "prompts", "prompt_source", "max_new_tokens", "end_token")}
         return about | self.backend | {"calibration": json_safe(self.calibration), "scans": scans}
 

@@ -10,11 +10,8 @@ degenerate rate; ties go to the lower periodic rate, the lower exact rate, fewer
 from __future__ import annotations
 
 import itertools
-import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
-
-from tqdm import tqdm
 
 from .._io import json_safe
 from ..metrics.degeneracy import LoopMeasures
@@ -22,17 +19,15 @@ from ..model.arch import state_sha256
 from .edit import EditSpec
 from .patch import Patch, written
 from .regress import Regression
-
-DEFAULT_MAX_KL = 0.1
-DEFAULT_MAX_DLOSS = 0.02
+from .scan import progress_bar
 
 
 @dataclass(frozen=True)
 class Limits:
     """Regression limits an admissible edit must respect (nats)."""
 
-    max_kl: float = DEFAULT_MAX_KL
-    max_dloss: float = DEFAULT_MAX_DLOSS
+    max_kl: float = 0.1
+    max_dloss: float = 0.02
 
     def admits(self, reg: Regression | None) -> bool:
         """True when KL and Δloss are both within the limits."""
@@ -145,11 +140,6 @@ def rank_key(c: Candidate) -> tuple[float, float, float, int, float]:
     assert c.objective is not None and c.regression is not None  # only scanned, admitted candidates are ranked
     o = c.objective
     return (o.degenerate_rate, o.any_loop_rate, o.loop_rate, c.weights_changed, c.regression.kl)
-
-
-def progress_bar(items: Any, desc: str, unit: str, progress: bool) -> Any:
-    """``items`` with a tqdm bar on stderr when ``progress`` and stderr is a terminal."""
-    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, disable=not progress or not sys.stderr.isatty())
 
 
 def check_restored(model: Any, before: str) -> None:
