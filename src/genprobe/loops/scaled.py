@@ -45,7 +45,6 @@ class LoopProbe:
         records: Sequence[GenerationRecord],
         max_seqs: int = 8,
         batch_size: int = 8,
-        pad_id: int = 0,
         reuse_prefix: bool = False,
     ):
         rows: list[int] = []
@@ -66,7 +65,7 @@ class LoopProbe:
                 "the scaled search needs looping generations with an onset (exact or near loops) in the search set "
                 "and none has one (their tails are only repetitive): use the exhaustive search (--search exhaustive)"
             )
-        self.ids, self.valid = pad_right(seqs, pad_id)
+        self.ids, self.valid = pad_right(seqs)
         self.rows, self.cols = torch.tensor(rows), torch.tensor(cols)
         self.targets = self.ids[self.rows, self.cols + 1]
         self.batch_size = batch_size

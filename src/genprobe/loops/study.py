@@ -108,14 +108,8 @@ class RepairInputs:
 
         sizes = {k: cfg.sizes()[k] for k in sets}
         got = slices(heldout_openings(tokenizer, sum(sizes.values()), cfg.prefix_chars), sizes)
-        return cls(
-            got.get("direction", []),
-            got.get("search", []),
-            got.get("validate", []),
-            load_corpus().val,
-            "tang-heldout-openings",
-            "tang-validation-split",
-        )
+        direction, search, validate = (got.get(k, []) for k in SET_NAMES)
+        return cls(direction, search, validate, load_corpus().val, "tang-heldout-openings", "tang-validation-split")
 
     @classmethod
     def from_prompts(
@@ -131,18 +125,16 @@ class RepairInputs:
 
         ``validate``: the user's own held-out prompts (the first ``cfg.n_validate`` distinct ones); ``prompts`` then
         only feed the direction and search sets, and a prompt in both is refused (the search would see it)."""
-        if validate is None:
-            got = split_prompts(prompts, cfg.sizes())
-            return cls(got["direction"], got["search"], got["validate"], val_text, prompt_source, val_source)
-        held = list(dict.fromkeys(validate))[: cfg.n_validate]
-        shared = set(held) & set(prompts)
+        held = None if validate is None else list(dict.fromkeys(validate))[: cfg.n_validate]
+        shared = set(held or ()) & set(prompts)
         if shared:
             raise ValueError(
                 f"{len(shared)} validation prompt(s) are also search/direction prompts (e.g. {sorted(shared)[0]!r}): "
                 "held-out prompts must be unseen by the search"
             )
-        got = split_prompts(prompts, {k: n for k, n in cfg.sizes().items() if k != "validate"})
-        return cls(got["direction"], got["search"], held, val_text, prompt_source, val_source)
+        got = split_prompts(prompts, {k: n for k, n in cfg.sizes().items() if held is None or k != "validate"})
+        validation = got["validate"] if held is None else held
+        return cls(got["direction"], got["search"], validation, val_text, prompt_source, val_source)
 
     def summary(self) -> dict:
         """Sources, sizes and the first prompts of each set (JSON)."""
