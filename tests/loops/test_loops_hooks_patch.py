@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from genprobe.loops.arch import forward_logits
 from genprobe.loops.edit import EditSpec, edit_columns, make_patch, select_columns
 from genprobe.loops.hooks import ablate, capture
 from genprobe.loops.patch import PatchError, apply_patch, finalise, load_patch, revert_patch, save_patch
+from genprobe.loops.regress import forward_logits
 from genprobe.metrics.degeneracy import measure_loops
 from genprobe.model.arch import all_columns, get_columns, mlp_sites, state_sha256
 

@@ -201,7 +201,7 @@ def test_replayed_lower_layers_give_exactly_the_full_forward(arch, tiny_model, t
             write_values(module, patch, "original")
     prefix = FrozenPrefix(module)
     with prefix.recording():
-        from genprobe.loops.arch import forward_logits
+        from genprobe.loops.regress import forward_logits
 
         forward_logits(module, torch.tensor(windows[:2]))
     with prefix.skipping(1), pytest.raises(RuntimeError, match="called more often than recorded"):

@@ -62,7 +62,7 @@ def _chars(model: Model, ids: list[int]) -> int:
 @torch.no_grad()
 def _log_probs(model: Model, window: list[int]) -> torch.Tensor:
     """Log-probabilities (T, V) of each next token, fed the truth."""
-    from ..loops.arch import forward_logits
+    from ..loops.regress import forward_logits
 
     device = next(model.module.parameters()).device
     return torch.log_softmax(forward_logits(model.module, torch.tensor([window], device=device))[0].float(), dim=-1)

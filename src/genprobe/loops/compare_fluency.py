@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from .arch import forward_logits, pad_right
+from .regress import forward_logits, pad_right
 from .study import encode_quiet
 
 

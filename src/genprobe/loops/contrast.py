@@ -15,8 +15,8 @@ import torch
 
 from ..metrics.degeneracy import LoopMeasures
 from ..model.arch import mlp_sites
-from .arch import forward_logits, pad_right
 from .hooks import KINDS, capture
+from .regress import forward_logits, pad_right
 from .scan import GenerationRecord
 
 

@@ -1,6 +1,8 @@
-"""Regression checks for an edit: KL(base ‖ edited) of next-token distributions and loss on held-out text; and
-:class:`FrozenPrefix`, which lets a probe of an edit of layers ≥ L skip the blocks below L (they compute what they did
-before the edit)."""
+"""Reading a model teacher-forced, as the loop tools do: uncached logits of whatever they are handed
+(:func:`forward_logits`) over right-padded batches (:func:`pad_right`); the regression check of an edit (KL(base ‖
+edited) of next-token distributions and loss on held-out text); and :class:`FrozenPrefix`, which lets a probe of an
+edit of layers ≥ L skip the blocks below L (they compute what they did before the edit). Where the MLPs are is the
+model's (:mod:`genprobe.model.arch`)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,36 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from ..model.arch import mlp_sites
-from .arch import forward_logits
+from ..model.gpt import GPT
+
+
+def forward_logits(model: Any, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Uncached logits (B, T, V) for our GPT, a runner (``.full``), or a ``transformers`` causal LM."""
+    if isinstance(model, GPT):
+        return model(ids, attention_mask=valid)
+    if hasattr(model, "full") and not isinstance(model, nn.Module):
+        v = valid if valid is not None else torch.ones_like(ids, dtype=torch.bool)
+        return model.full(ids, v)
+    # no cache: one full forward (and the layers below an edit may be skipped, see FrozenPrefix)
+    out = model(input_ids=ids, attention_mask=None if valid is None else valid.long(), use_cache=False)
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
+def pad_right(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows right-padded to one width, and the mask of real tokens: a causal model's logits at real positions
+    never see the padding after them, so positions stay 0, 1, … as in training."""
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
+        valid[i, : len(s)] = True
+    return ids, valid
+
 
 DEFAULT_WINDOW = 64  # the char GPT's context; long-context models are measured on windows of this length
 

@@ -17,12 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from ..metrics.degeneracy import LoopMeasures
-from .arch import forward_logits, pad_right
 from .contrast import position_labels
 from .edit import EditSpec
 from .hooks import ablate
 from .patch import written
-from .regress import FrozenPrefix, Regression, RegressionProbe
+from .regress import FrozenPrefix, Regression, RegressionProbe, forward_logits, pad_right
 from .scan import GenerationRecord, progress_bar
 from .search import Build, Candidate, Limits, Strata, grid, rank_key
 
