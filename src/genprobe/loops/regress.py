@@ -61,9 +61,9 @@ def text_windows(ids: Sequence[int], width: int, max_windows: int | None = None)
     return [ids[i * width : (i + 1) * width] for i in range(n)]
 
 
-def window_length(max_positions: int | None, cap: int = DEFAULT_WINDOW) -> int:
-    """Regression window: the model's context length, capped at ``cap`` tokens (long-context models)."""
-    return cap if max_positions is None else max(2, min(int(max_positions), cap))
+def window_length(max_positions: int | None) -> int:
+    """Regression window: the model's context length, capped at :data:`DEFAULT_WINDOW` tokens (long-context models)."""
+    return DEFAULT_WINDOW if max_positions is None else max(2, min(int(max_positions), DEFAULT_WINDOW))
 
 
 class FrozenPrefix:

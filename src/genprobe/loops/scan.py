@@ -538,14 +538,10 @@ class LoopScans:
 def loop_study_settings(model: Any, setting: str = "both") -> dict[str, SamplerConfig]:
     """The named decoding settings of the loop studies: ``"both"`` (chanting — greedy, unknown token banned — and
     plain greedy), ``"chanting"`` or ``"greedy"``; the end token is banned by the scan itself."""
-    table = {
-        "both": {"chanting": chanting_sampler(model.unk_id), "greedy": greedy_sampler()},
-        "chanting": {"chanting": chanting_sampler(model.unk_id)},
-        "greedy": {"greedy": greedy_sampler()},
-    }
-    if setting not in table:
-        raise ValueError(f"setting must be one of {sorted(table)}, got {setting!r}")
-    return table[setting]
+    both = {"chanting": chanting_sampler(model.unk_id), "greedy": greedy_sampler()}
+    if setting not in ("both", *both):
+        raise ValueError(f"setting must be one of ['both', 'chanting', 'greedy'], got {setting!r}")
+    return both if setting == "both" else {setting: both[setting]}
 
 
 def scan_loop_settings(
@@ -579,8 +575,7 @@ def scan_loop_settings(
         raise ValueError("compile=True is for genprobe's own engine; the backend given decodes its own way")
     options = options or ScanOptions()
     options = study_options(model, replace(options, loop=detector_settings(calibration, options.loop)))
-    if prompt_source is None:
-        prompt_source = "tang-heldout-openings" if prompts is None else "prompts"
+    prompt_source = prompt_source or ("tang-heldout-openings" if prompts is None else "prompts")
     texts = list(prompts) if prompts is not None else default_prompts(model, 256)
     chosen = dict(settings) if settings is not None else loop_study_settings(model)
     if not chosen:

@@ -151,9 +151,6 @@ def run_scan(args: argparse.Namespace) -> int:
     settings = _scan_settings(args, model)
     backend = _scan_backend(args, server)
 
-    def table(name: str, res: Any, seconds: float) -> None:
-        info(scan_table(res.summary, f"{name} ({seconds:.1f} s)"))
-
     result = scan_loop_settings(
         model,
         texts,
@@ -170,7 +167,7 @@ def run_scan(args: argparse.Namespace) -> int:
         prompt_source=source,
         backend=backend,
         log=info,
-        on_scan=table,
+        on_scan=lambda name, res, seconds: info(scan_table(res.summary, f"{name} ({seconds:.1f} s)")),
         compile=args.compile and args.backend == "genprobe",
     )
     for note in result.backend.get("not_checked", []):
