@@ -208,9 +208,8 @@ class LoopStudy:
     ) -> ScanResult:
         """Scan ``ids`` on the model as it is now (edits applied in place are seen); ``decoded=False``: token
         measures only, no progress bar (the searches' many small scans)."""
-        options = replace(self.options, sampler=sampler or self.sampler, desc=desc)
-        if not decoded:
-            options = replace(options, decode=None, progress=False)
+        quiet: dict[str, Any] = {} if decoded else {"decode": None, "progress": False}
+        options = replace(self.options, sampler=sampler or self.sampler, desc=desc, **quiet)
         return scan_batches(engine_batches(self.model), ids, options, texts)
 
     def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:
