@@ -133,9 +133,10 @@ class LoopRates:
     chars_note: str | None = None
 
 
-def progress_bar(items: Any, desc: str, unit: str, progress: bool) -> Any:
+def progress_bar(items: Any, desc: str, unit: str, progress: bool, leave: bool = True) -> Any:
     """``items`` with a tqdm bar on stderr when ``progress`` and stderr is a terminal."""
-    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, disable=not progress or not sys.stderr.isatty())
+    off = not progress or not sys.stderr.isatty()
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, disable=off, leave=leave)
 
 
 def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_PERIOD_MAX) -> LoopRates:
@@ -315,7 +316,7 @@ def scan_batches(
     texts = list(prompt_texts) if prompt_texts is not None else None
     records: list[GenerationRecord] = []
     starts = range(0, len(prompts), o.batch_size)
-    for bi, start in enumerate(progress_bar(starts, o.desc, f"batch of {o.batch_size}", o.progress)):
+    for bi, start in enumerate(progress_bar(starts, o.desc, "batch", o.progress, leave=False)):
         chunk = [list(p) for p in prompts[start : start + o.batch_size]]
         chunk_texts = texts[start : start + o.batch_size] if texts is not None else None
         for j, (toks, full) in enumerate(generate_batch(Batch(chunk, chunk_texts, sampler, start, bi, o))):
@@ -558,18 +559,14 @@ def scan_loop_settings(
     on_scan: Callable[[str, ScanResult, float], None] | None = None,
     compile: bool = False,
 ) -> LoopScans:
-    """Scan the same prompts under each named decoding setting (what ``genprobe loops scan`` runs).
+    """Scan the same prompts under each named decoding setting (what ``genprobe loops scan`` runs; docs/API.md).
 
-    ``settings`` maps a name to a sampler (None: the loop studies' default; default: :func:`loop_study_settings`'s
-    chanting and greedy); the end token is banned in every one. ``prompts`` defaults to 256 held-out Tang
-    openings for the bundled char model; ``prompt_source`` says where they came from (JSON). ``options`` sets the
-    length, batch, seed, progress and detector settings (the model fills in its end and unknown tokens and decoder);
-    ``calibration`` fixes the detector settings and puts its human rates beside every rate; ``chars_unit`` says
-    whether the per-character view is a verdict (default: the calibration's). ``backend`` is who generates: a
-    :class:`ScanEngine` or any :class:`~genprobe.engine.backend.Backend` (default our engine); every setting is
-    checked before it starts (one it cannot run exactly is refused, never approximated). ``log`` gets the end-token
-    note (and the engine's start-up); ``on_scan(name, result, seconds)`` each scan as it finishes.
-    ``compile=True``: our engine decodes through the compiled fast path (no other backend).
+    ``settings``: name -> sampler (None: ``options.sampler`` or chanting; default :func:`loop_study_settings`), the
+    end token banned in each; ``prompts``: default 256 held-out Tang openings (bundled char model only); ``options``:
+    length, batch, seed, progress, detectors (the model fills in its end and unknown tokens and decoder);
+    ``chars_unit``: default the calibration's; ``backend``: a :class:`ScanEngine` or any
+    :class:`~genprobe.engine.backend.Backend` (default our engine; ``compile=True`` its compiled fast path), every
+    setting checked before any starts; ``log`` gets the end-token note and the engine's start-up.
     """
     if compile and backend is not None:
         raise ValueError("compile=True is for genprobe's own engine; the backend given decodes its own way")
