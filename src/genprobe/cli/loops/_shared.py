@@ -37,7 +37,7 @@ LOOP_FLAGS = (  # (flag, LoopSettings field, help): the detectors' settings ever
 
 def add_loop_args(q: argparse.ArgumentParser) -> None:
     """The flags every loops action takes (after MODEL: :data:`LOOPS_MODEL`)."""
-    from ...loops.repair import RepairConfig
+    from ...loops.study import RepairConfig
 
     d = RepairConfig()
     add_max_new_tokens(q, d.max_new_tokens)
@@ -52,8 +52,7 @@ def add_loop_args(q: argparse.ArgumentParser) -> None:
 def add_config_flag(p: argparse.ArgumentParser, name: str, help: str = "", flag: str | None = None, **kw: Any) -> None:
     """``--name`` (or ``flag``) for the :class:`~genprobe.loops.study.RepairConfig` field ``name``: its type and
     default come from the field (a tuple field takes one or more values), its choices from the ones named here."""
-    from ...loops.repair import RepairConfig
-    from ...loops.study import SEARCHES
+    from ...loops.study import SEARCHES, RepairConfig
 
     choices = {"method": ("mean_diff", "pca"), "forms": ("subtract", "project"), "search": SEARCHES}
     kw = {"choices": choices[name]} | kw if name in choices else kw
@@ -153,14 +152,14 @@ def loop_settings_from(args: argparse.Namespace) -> Any:
 
 def repair_config(args: argparse.Namespace) -> Any:
     """The :class:`~genprobe.loops.study.RepairConfig` of the flags (named like its fields: :func:`add_config_flag`)."""
-    from ...loops.repair import RepairConfig
+    from ...loops.study import RepairConfig
 
     return fields_of(RepairConfig, args, prefix_chars=args.prefix, loop=loop_settings_from(args))
 
 
 def repair_inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:
     from ...loops.prompts import read_prompt_file
-    from ...loops.repair import RepairInputs
+    from ...loops.study import RepairInputs
 
     prompts, source = read_loop_prompts(args, model)
     val, val_source = _val_text(args, model)
