@@ -8,9 +8,9 @@ import torch
 
 from genprobe._io import sha256_file
 from genprobe.cli import main
+from genprobe.corpus.inputs import read_prompt_file, split_prompts
 from genprobe.loops.edit import EditSpec, make_patch
 from genprobe.loops.patch import finalise, load_patch, save_patch
-from genprobe.loops.prompts import read_prompt_file, split_prompts
 from genprobe.model.arch import state_sha256
 from genprobe.model.load import load_model
 

@@ -55,8 +55,7 @@ def options(p: argparse.ArgumentParser) -> None:
 
 def _inputs(args: argparse.Namespace, model) -> "Inputs":
     """Prompts and texts from the files, else the defaults of ``--corpus`` (each side independently)."""
-    from ..corpus.inputs import choose_inputs
-    from ..loops.prompts import read_prompt_file
+    from ..corpus.inputs import choose_inputs, read_prompt_file
 
     prompts = read_prompt_file(args.prompts)[: args.count] if args.prompts else None
     texts = read_prompt_file(args.val_text) if args.val_text else None

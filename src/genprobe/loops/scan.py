@@ -430,7 +430,7 @@ def calibrate_for_scan(
     """Detector settings calibrated on human text of ``tokenizer`` and ``length`` tokens: the file ``human_text``
     (one document per line), else the corpus matching the prompts' script (CJK: held-out Tang poems; other:
     the English corpus)."""
-    from .prompts import human_sequences
+    from ..corpus.inputs import human_sequences
 
     seqs, source = human_sequences(tokenizer, length, prompts, human_text=human_text, unk_id=unk_id)
     chars_unit = getattr(tokenizer, "kind", None) == "char"

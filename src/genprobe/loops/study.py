@@ -10,12 +10,11 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from ..corpus.inputs import heldout_openings
+from ..corpus.inputs import heldout_openings, slices, split_prompts
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.degeneracy import LoopSettings
 from ..model.arch import mlp_sites
 from .edit import FORMS
-from .prompts import slices, split_prompts
 from .scan import (
     EndToken,
     ScanOptions,

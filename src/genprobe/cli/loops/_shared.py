@@ -131,7 +131,7 @@ def read_loop_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str] |
 
 def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
     if args.val_text is not None:
-        from ...loops.prompts import read_text
+        from ...corpus.inputs import read_text
 
         return read_text(args.val_text, "--val-text file"), f"file:{args.val_text}"
     if not args.tang_val and not is_bundled_char_model(model):
@@ -158,7 +158,7 @@ def repair_config(args: argparse.Namespace) -> Any:
 
 
 def repair_inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:
-    from ...loops.prompts import read_prompt_file
+    from ...corpus.inputs import read_prompt_file
     from ...loops.study import RepairInputs
 
     prompts, source = read_loop_prompts(args, model)
