@@ -12,8 +12,8 @@ from genprobe.loops.contrast import position_labels
 from genprobe.loops.edit import EditSpec
 from genprobe.loops.repair import RepairConfig, RepairInputs, repair
 from genprobe.loops.repair_report import write_summary
-from genprobe.loops.scaled import LoopProbe, rung_sizes, scaled_layer_sets
 from genprobe.loops.scan import GenerationRecord
+from genprobe.loops.search import LoopProbe, rung_sizes, scaled_layer_sets
 from genprobe.metrics.degeneracy import LoopSettings, measure_loops
 from genprobe.model.load import load_model
 
@@ -214,8 +214,7 @@ def test_halving_never_carries_an_edit_the_full_regression_check_refuses():
     """Edit A loops least on the search set but fails the full check: B and C go on, A is never kept."""
     from genprobe.loops.patch import Patch
     from genprobe.loops.regress import Regression
-    from genprobe.loops.scaled import full_regression_check, halve
-    from genprobe.loops.search import Candidate, Limits, Strata
+    from genprobe.loops.search import Candidate, Limits, Strata, full_regression_check, halve
 
     loop, clean = measure_loops([1, 2] * 20), measure_loops(list(range(40)))
     fixes = {1.0: 1.0, 2.0: 0.5, 3.0: 0.0}  # alpha -> share of loop-prone prompts the edit fixes

@@ -21,19 +21,27 @@ from .edit import EditSpec, make_patch
 from .locate import Located, locate_layers
 from .patch import Patch, finalise, patched
 from .regress import Regression, RegressionProbe, text_windows, window_length
-from .scaled import (
+from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, greedy_sampler, summarise
+from .search import (
+    Build,
+    Candidate,
+    Limits,
     LoopProbe,
+    Objective,
     ScaledTrace,
+    Strata,
     chains,
+    check_restored,
+    choose,
     full_regression_check,
+    grid,
     halve,
     rank_layers,
+    run_search,
     scaled_layer_sets,
     screen,
     shortlist,
 )
-from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, greedy_sampler, summarise
-from .search import Build, Candidate, Limits, Objective, Strata, check_restored, choose, grid, run_search
 from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, LoopStudy, RepairConfig, RepairInputs, encode_quiet
 
 __all__ = ["RepairConfig", "RepairInputs", "RepairReport", "LocateReport", "LoopStudy", "repair", "locate_only"]
@@ -251,7 +259,7 @@ def search_method(cfg: RepairConfig, grid_size: int) -> str:
 
 def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord]) -> SearchStage:
     """Choose an edit on a stratified search set by the degenerate rate: every edit of the grid (exhaustive), or
-    ranked, screened and halved (:mod:`genprobe.loops.scaled`) when the grid is large or ``cfg.search`` says so."""
+    ranked, screened and halved (:mod:`genprobe.loops.search`) when the grid is large or ``cfg.search`` says so."""
     cfg = study.cfg
     prone, control = _prone_and_control(study, records)
     n_prone_all = sum(1 for r in records if r.degenerate)
@@ -288,7 +296,7 @@ def _scaled(
     strata: Strata,
     limits: Limits,
 ) -> tuple[list[Candidate], list[Candidate], ScaledTrace]:
-    """Rank → layer sets → screen → halving (see :mod:`genprobe.loops.scaled`); every candidate, the last rung's."""
+    """Rank → layer sets → screen → halving (see :mod:`genprobe.loops.search`); every candidate, the last rung's."""
     cfg, model, clock = study.cfg, study.module, Clock()
     before = state_sha256(model)
     prone, control = _prone_and_control(study, records)

@@ -1,25 +1,38 @@
-"""Strength / layer-set / k / form search under regression limits, optimising a loop rate that cannot be gamed.
+"""The edit search under regression limits, optimising a loop rate that cannot be gamed: exhaustive over the grid
+(:func:`run_search`), or scaled with depth (rank layers, screen strengths without generating, then halve).
 
 Every candidate is applied in place, evaluated and reverted exactly. The search minimises the **degenerate rate**
 (exact loop, near loop or repetitive tail) on a stratified search set; the exact rate is reported but never decides,
 so an edit that turns exact loops into near ones does not win. The choice rule (:func:`choose`): among candidates
 with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss`` and a degenerate rate strictly below the baseline's, the lowest
 degenerate rate; ties go to the lower periodic rate, the lower exact rate, fewer weights changed, then lower KL.
+
+The scaled search's four steps (rank, layer sets, screen, halving) are described in docs/loop-repair-at-scale.md.
+Screening reads a :class:`LoopProbe`: a few looping generations teacher-forced, log p(loop token) one period past
+the onset; its change (``dlogp``) and the share of loop tokens no longer the top choice (``broken``) are a proxy,
+only used to choose whom to generate for.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import operator
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
 
 from .._io import json_safe
 from ..metrics.degeneracy import LoopMeasures
 from ..model.arch import state_sha256
+from .contrast import position_labels
 from .edit import EditSpec
+from .hooks import ablate
 from .patch import Patch, written
-from .regress import Regression
-from .scan import progress_bar
+from .regress import FrozenPrefix, Regression, RegressionProbe, forward_logits, pad_right
+from .scan import GenerationRecord, progress_bar
 
 
 @dataclass(frozen=True)
@@ -93,7 +106,7 @@ class Candidate:
     alpha_abs: dict[int, float] = field(default_factory=dict)
     columns: dict[int, list[int]] = field(default_factory=dict)
     error: str | None = None
-    screen: dict | None = None  # the scaled search's teacher-forced measures (see genprobe.loops.scaled)
+    screen: dict | None = None  # the scaled search's teacher-forced measures (see :func:`screen`)
 
     @classmethod
     def of(
@@ -172,3 +185,293 @@ def run_search(
         out.append(Candidate.of(spec, patch, reg, obj))
     check_restored(model, before)
     return out
+
+
+# ---- the scaled search: loop probe, then 1. rank, 2. layer sets, 3. screen, 4. halve ------------
+@dataclass(frozen=True)
+class Pressure:
+    """An edited model's pull toward the loops of the probe's sequences, against the unedited model's."""
+
+    dlogp: float  # mean change of log p(loop token) at loop positions, nats (negative: the loop is less likely)
+    broken: float  # share of loop positions whose loop token was the top choice and no longer is
+    positions: int
+
+
+class LoopProbe:
+    """Teacher-forced loop continuations of up to ``max_seqs`` looping records; the base log-probs kept once."""
+
+    def __init__(
+        self,
+        model: Any,
+        records: Sequence[GenerationRecord],
+        max_seqs: int = 8,
+        batch_size: int = 8,
+        reuse_prefix: bool = False,
+    ):
+        rows: list[int] = []
+        cols: list[int] = []
+        seqs: list[list[int]] = []
+        for rec in records:
+            seq = list(rec.prompt_ids) + list(rec.tokens)
+            loop, _ = position_labels(len(rec.prompt_ids), len(seq), rec.measures)
+            if not loop:
+                continue  # a repetitive tail without a period: no position is "inside the loop"
+            rows.extend([len(seqs)] * len(loop))
+            cols.extend(loop)
+            seqs.append(seq)
+            if len(seqs) == max_seqs:
+                break
+        if not seqs:
+            raise ValueError(
+                "the scaled search needs looping generations with an onset (exact or near loops) in the search set "
+                "and none has one (their tails are only repetitive): use the exhaustive search (--search exhaustive)"
+            )
+        self.ids, self.valid = pad_right(seqs)
+        self.rows, self.cols = torch.tensor(rows), torch.tensor(cols)
+        self.targets = self.ids[self.rows, self.cols + 1]
+        self.batch_size = batch_size
+        self.prefix = FrozenPrefix(model, reuse_prefix)
+        with self.prefix.recording():
+            self.base_logp, self.base_top = self._read(model)
+
+    @property
+    def n_sequences(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def positions(self) -> int:
+        """Loop positions read per measurement."""
+        return int(self.targets.numel())
+
+    @torch.no_grad()
+    def _read(self, model: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p(loop token) and whether it is the argmax, at every loop position."""
+        logp, top = [], []
+        for s in range(0, self.ids.shape[0], self.batch_size):
+            valid = self.valid[s : s + self.batch_size]
+            logits = forward_logits(model, self.ids[s : s + self.batch_size], None if bool(valid.all()) else valid)
+            pick = (self.rows >= s) & (self.rows < s + self.batch_size)
+            at = logits[self.rows[pick] - s, self.cols[pick]].float()
+            tgt = self.targets[pick]
+            logp.append(F.log_softmax(at, dim=-1).gather(-1, tgt[:, None])[:, 0])
+            top.append(at.argmax(-1) == tgt)
+        return torch.cat(logp), torch.cat(top)
+
+    def measure(self, model: Any, first_layer: int = 0) -> Pressure:
+        """The edited (or hooked) model's :class:`Pressure` on the probe's loop positions. ``first_layer``: the lowest
+        layer the edit touches; with ``reuse_prefix`` the blocks below it are not computed again."""
+        with self.prefix.skipping(first_layer):
+            logp, top = self._read(model)
+        was_top = self.base_top
+        broken = float((was_top & ~top).sum()) / max(1, int(was_top.sum()))
+        return Pressure(float((logp - self.base_logp).mean()), broken, int(logp.numel()))
+
+
+Scan = Callable[[Sequence[list[int]]], list[LoopMeasures]]  # prompt ids -> loop measures on the model as it is now
+
+
+@dataclass(frozen=True)
+class LayerScore:
+    """One layer's loop pressure with its direction ablated (rank 1 = the largest drop)."""
+
+    layer: int
+    dlogp: float
+    broken: float
+
+
+@dataclass
+class Rung:
+    """One halving round: how many search prompts each candidate had generated for, and who went on."""
+
+    prone: int
+    control: int
+    candidates: int
+    kept: int
+
+
+@dataclass
+class ScaledTrace:
+    """What the scaled search did at each step (``repair.json`` under ``search.scaled``)."""
+
+    layer_scores: list[LayerScore]
+    layer_sets: list[tuple[int, ...]]
+    screened: int
+    admissible_screened: int
+    shortlisted: int
+    rungs: list[Rung]
+    probe_sequences: int
+    probe_positions: int
+    screen_windows: int
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    JSON_PROPERTIES = ("ranking",)
+
+    @property
+    def ranking(self) -> list[int]:
+        """Layers, best first."""
+        return [s.layer for s in self.layer_scores]
+
+
+# ---- 1. rank ----------------------------------------------------------------------------------
+def rank_layers(
+    model: Any, directions: dict[int, torch.Tensor], probe: LoopProbe, progress: bool = False
+) -> list[LayerScore]:
+    """Each layer's direction ablated alone; layers sorted by loop-pressure drop (largest first, then index)."""
+    scores = []
+    for layer in progress_bar(sorted(directions), "rank layers", "layer", progress):
+        with ablate(model, {layer: directions[layer]}):
+            p = probe.measure(model, first_layer=layer)
+        scores.append(LayerScore(layer, p.dlogp, p.broken))
+    return sorted(scores, key=lambda s: (s.dlogp, s.layer))
+
+
+def scaled_layer_sets(ranking: Sequence[int], n_layers: int, top: int) -> list[tuple[int, ...]]:
+    """The ``top`` best layers alone, the best 2 and the best ``top`` together, and all layers (no duplicates)."""
+    if top < 1:
+        raise ValueError(f"top layers must be >= 1, got {top}")
+    best = list(ranking[:top])
+    sets: list[tuple[int, ...]] = [(layer,) for layer in best]
+    sets += [tuple(sorted(best[:j])) for j in sorted({2, len(best)}) if 1 < j <= len(best)]
+    if n_layers > 1:
+        sets.append(tuple(range(n_layers)))
+    return list(dict.fromkeys(sets))
+
+
+# ---- 3. screen --------------------------------------------------------------------------------
+@dataclass
+class Screened:
+    """A candidate measured without generation: the patch's cost on a few windows and its loop pressure."""
+
+    candidate: Candidate
+    pressure: Pressure | None  # None: over the limits, or not buildable
+
+
+def chains(
+    layer_sets: Sequence[tuple[int, ...]],
+    ks: Sequence[int],
+    forms: Sequence[str],
+    alphas: Mapping[str, Sequence[float]],
+) -> list[list[EditSpec]]:
+    """The grid's edits per (layer set, form, k), strengths ascending: the chains :func:`screen` walks down."""
+    by_alpha = operator.attrgetter("alpha")
+    return [sorted(grid([ls], [k], [f], alphas), key=by_alpha) for ls in layer_sets for f in forms for k in ks]
+
+
+def screen(
+    model: Any,
+    chains: Sequence[Sequence[EditSpec]],
+    build: Build,
+    regression: RegressionProbe,
+    loops: LoopProbe,
+    limits: Limits,
+    progress: bool = False,
+    per_chain: int = 2,
+) -> list[Screened]:
+    """Each chain's strengths from the strongest down: the regression check until one is within the limits, then
+    the loop pressure of it and the next ``per_chain - 1`` weaker ones (see module doc)."""
+    out: list[Screened] = []
+    for chain in progress_bar(chains, "screen", "chain", progress):
+        admitted = 0
+        for spec in sorted(chain, key=lambda s: -s.alpha):
+            try:
+                patch = build(spec)
+            except ValueError as exc:  # e.g. the selected units are never active in loops: no strength builds
+                out.append(Screened(Candidate(spec, error=str(exc)), None))
+                break
+            first = min(spec.layers)
+            with written(model, patch):
+                cand = Candidate.of(spec, patch, regression.measure(model, first_layer=first))
+                pressure = loops.measure(model, first_layer=first) if limits.admits(cand.regression) else None
+            out.append(Screened(cand, pressure))
+            admitted += pressure is not None
+            if admitted == per_chain:
+                break
+    return out
+
+
+def shortlist(screened: Sequence[Screened], keep: int) -> list[Screened]:
+    """The ``keep`` admissible candidates whose loop pressure dropped most (ties: lower KL, fewer weights)."""
+    ok = [s for s in screened if s.pressure is not None and s.pressure.dlogp < 0]
+    assert all(s.candidate.regression is not None for s in ok)  # screened and admitted: measured
+    ok.sort(key=lambda s: (s.pressure.dlogp, s.candidate.regression.kl, s.candidate.weights_changed))  # type: ignore
+    return ok[:keep]
+
+
+# ---- 4. successive halving --------------------------------------------------------------------
+MIN_RUNG_PRONE = 8  # loop-prone prompts a first rung needs: with fewer, one lucky prompt decides who goes on
+
+
+def rung_sizes(n_prone: int, n_control: int, candidates: int, min_prone: int = MIN_RUNG_PRONE) -> list[tuple[int, int]]:
+    """Prompts per rung, ending on the whole set: each earlier rung has half the prompts of the next (and half as
+    many candidates go on), as long as it keeps ``min_prone`` loop-prone prompts and there are candidates to halve."""
+    sizes = [(n_prone, n_control)]
+    alive = candidates
+    while alive > 2 and sizes[0][0] // 2 >= min_prone:  # the last rung decides between two or more
+        sizes.insert(0, (sizes[0][0] // 2, sizes[0][1] // 2))
+        alive = math.ceil(alive / 2)
+    return sizes
+
+
+@dataclass
+class _Generated:
+    """Loop measures a candidate has generated so far, per stratum, in prompt order."""
+
+    prone: list[LoopMeasures] = field(default_factory=list)
+    control: list[LoopMeasures] = field(default_factory=list)
+
+
+def halve(
+    model: Any,
+    survivors: Sequence[Candidate],
+    build: Build,
+    scan: Scan,
+    prone_ids: Sequence[list[int]],
+    control_ids: Sequence[list[int]],
+    strata: Strata,
+    full_check: Callable[[Candidate], bool],
+    progress: bool = False,
+) -> tuple[list[Candidate], list[Rung]]:
+    """Successive halving on the search set; returns the last rung's candidates and the rungs.
+
+    Only candidates that pass ``full_check`` (the exhaustive search's regression check on every validation window,
+    which replaces the screening one) go on to the next rung or generate at the last: the screening check on a few
+    windows admits edits the full one refuses, and a rung must not be won by an edit that can never be chosen."""
+    alive = list(survivors)
+    done = {id(c): _Generated() for c in alive}
+    rungs: list[Rung] = []
+    sizes = rung_sizes(len(prone_ids), len(control_ids), len(alive))
+    for r, (n_p, n_c) in enumerate(sizes):
+        last = r == len(sizes) - 1
+        if last:  # only edits that can be chosen generate for the whole set (checked once, when they were kept)
+            alive = [c for c in alive if full_check(c)]
+        for c in progress_bar(alive, f"halving {r + 1}/{len(sizes)}", "edit", progress):
+            g = done[id(c)]
+            need_p, need_c = list(prone_ids[len(g.prone) : n_p]), list(control_ids[len(g.control) : n_c])
+            with written(model, build(c.spec)):
+                new = scan(need_p + need_c) if need_p or need_c else []
+            g.prone += new[: len(need_p)]
+            g.control += new[len(need_p) :]
+            c.objective = Strata(n_p, n_c, strata.prone_all, strata.control_all).objective(
+                g.prone[:n_p], g.control[:n_c]
+            )
+        n_keep = len(alive) if last else max(1, math.ceil(len(alive) / 2))
+        kept = [c for c in sorted(alive, key=rank_key) if full_check(c)][:n_keep]
+        rungs.append(Rung(n_p, n_c, len(alive), len(kept)))
+        alive = kept
+    return alive, rungs
+
+
+def full_regression_check(
+    model: Any, build: Build, measure: Callable[[Any], Regression], limits: Limits
+) -> Callable[[Candidate], bool]:
+    """``candidate -> within the limits`` on the full regression check, measured once per candidate (its
+    ``regression`` is replaced by the full one, and ``screen["full_check"]`` records that it was measured)."""
+
+    def check(c: Candidate) -> bool:
+        if c.screen is None or "full_check" not in c.screen:
+            with written(model, build(c.spec)):
+                c.regression = measure(model)
+            c.screen = {**(c.screen or {}), "full_check": limits.admits(c.regression)}
+        return bool(c.screen["full_check"])
+
+    return check
