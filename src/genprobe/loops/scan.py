@@ -23,6 +23,7 @@ from ..corpus.inputs import default_prompts
 from ..engine import loaded
 from ..engine.backend import Backend, Request, check_api_sampler
 from ..engine.generate import generate
+from ..engine.runner import check_prompt_ids
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.calibrate import DEFAULT_TARGET, LoopCalibration, calibrate_loop_settings
 from ..metrics.degeneracy import LoopMeasures, LoopSettings, measure_loops
@@ -339,22 +340,10 @@ def detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | 
 
 
 def check_prompts(batch: Batch, vocab_size: int, max_len: int | None = None) -> None:
-    """Refuse, before an engine generates the batch, an empty prompt, an id outside ``[0, vocab_size)`` and (with
-    ``max_len``) a prompt whose generation would overflow the context, naming the prompt and the limit."""
-    n_new = batch.options.max_new_tokens
-    if n_new < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {n_new}")
-    for i, p in enumerate(batch.prompts, batch.first):
-        if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
-        if min(p) < 0 or max(p) >= vocab_size:
-            raise ValueError(f"prompt {i} holds a token id outside [0, {vocab_size})")
-    longest = max(len(p) for p in batch.prompts)
-    if max_len is not None and longest + n_new > max_len:
-        raise ValueError(
-            f"context overflow: longest prompt ({longest} tokens) + max_new_tokens ({n_new}) exceeds "
-            f"the engine's max_model_len {max_len}"
-        )
+    """Refuse, before an engine generates the batch, a prompt it cannot run (:func:`check_prompt_ids`: empty, an id
+    outside ``[0, vocab_size)``, past ``max_len`` positions), naming the prompt and the limit."""
+    n_new, limit = batch.options.max_new_tokens, f"the engine's max_model_len {max_len}"
+    check_prompt_ids(batch.prompts, n_new, vocab_size, max_len, limit, batch.first)
 
 
 def engine_batches(model: Any, compile: bool = False) -> GenerateBatch:
