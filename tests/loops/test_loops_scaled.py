@@ -58,7 +58,7 @@ def test_the_loop_probe_reads_the_loop_token_at_loop_positions_only():
     looping = _record([9, 8], [7, 6] + [1, 2, 3] * 5)  # onset 2, period 3
     shorter = _record([9], [5] + [4, 4] * 5)  # a shorter sequence: padded in the batch
     no_loop = _record([9], list(range(10, 30)))
-    probe = LoopProbe(_Teacher(32, 5.0), [no_loop, looping, shorter], max_seqs=8, batch_size=2)
+    probe = LoopProbe(_Teacher(32, 5.0), [no_loop, looping, shorter], max_seqs=8)
     assert probe.n_sequences == 2  # the non-looping record has no loop position and is left out
     expected = len(position_labels(2, 19, looping.measures)[0]) + len(position_labels(1, 12, shorter.measures)[0])
     assert probe.targets.numel() == expected > 0

@@ -302,7 +302,7 @@ def _scaled(
     prone, control = _prone_and_control(study, records)
     # the search set's loops with an onset (exact or near), the evaluated prone prompts first
     looping = sorted((r for r in records if r.any_loop), key=lambda r: not any(r is p for p in prone))
-    loops = LoopProbe(model, looping, cfg.screen_sequences, batch_size=cfg.screen_sequences, reuse_prefix=True)
+    loops = LoopProbe(model, looping, cfg.screen_sequences, reuse_prefix=True)
     scores = rank_layers(model, stage.directions, loops, study.progress)
     clock.tick("rank")
     study.log(

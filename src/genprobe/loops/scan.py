@@ -140,15 +140,15 @@ def progress_bar(items: Any, desc: str, unit: str, progress: bool, leave: bool =
     return tqdm(items, desc=desc, unit=unit, file=sys.stderr, disable=off, leave=leave)
 
 
-def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_PERIOD_MAX) -> LoopRates:
+def loop_rates(measures: Sequence[LoopMeasures]) -> LoopRates:
     """Exact, near, any-loop, repetitive and degenerate rates (+ Wilson 95% CIs), short/long, histograms, means."""
     n = len(measures)
     exact = [m for m in measures if m.looping]
     near = [m for m in measures if m.near_looping]
     anyl = [m for m in measures if m.any_loop]
     # A loop always has a period and an onset; the filters only tell the type checker so.
-    short = sum(1 for m in exact if m.period is not None and m.period <= short_period_max)
-    short_any = sum(1 for m in anyl if m.any_period is not None and m.any_period <= short_period_max)
+    short = sum(1 for m in exact if m.period is not None and m.period <= SHORT_PERIOD_MAX)
+    short_any = sum(1 for m in anyl if m.any_period is not None and m.any_period <= SHORT_PERIOD_MAX)
     onsets = [(m.onset // ONSET_BIN) * ONSET_BIN for m in exact if m.onset is not None]
 
     def share(k: float) -> float:
@@ -169,7 +169,7 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
     return LoopRates(
         n=n,
         **rates,
-        short_period_max=short_period_max,
+        short_period_max=SHORT_PERIOD_MAX,
         short_loop_rate=share(short),
         long_loop_rate=share(len(exact) - short),
         short_any_rate=share(short_any),
@@ -180,13 +180,13 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
     )
 
 
-def summarise(records: Sequence[GenerationRecord], short_period_max: int = SHORT_PERIOD_MAX) -> LoopRates:
+def summarise(records: Sequence[GenerationRecord]) -> LoopRates:
     """Token-level rates of ``records`` with the length-capped share and, when decoded, character-level rates."""
-    rates = loop_rates([r.measures for r in records], short_period_max)
+    rates = loop_rates([r.measures for r in records])
     rates.length_capped_rate = sum(1 for r in records if r.hit_limit) / len(records) if records else 0.0
     chars = [r.char_measures for r in records if r.char_measures is not None]
     if records and len(chars) == len(records):
-        rates.chars = loop_rates(chars, short_period_max)
+        rates.chars = loop_rates(chars)
     return rates
 
 
@@ -259,7 +259,6 @@ class ScanOptions:
     unk_id: int | None = 1
     loop: LoopSettings | None = None
     decode: Callable[[list[int]], str] | None = None
-    short_period_max: int = SHORT_PERIOD_MAX
     progress: bool = False
     desc: str = "scan"
 
@@ -327,7 +326,7 @@ def scan_batches(
     settings = ScanSettings(
         json_safe(sampler), o.max_new_tokens, o.seed, json_safe(loop), o.eos_id, end.banned, end.note
     )
-    return ScanResult(records, summarise(records, o.short_period_max), settings)
+    return ScanResult(records, summarise(records), settings)
 
 
 def detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | None) -> LoopSettings | None:

@@ -7,10 +7,8 @@ so an edit that turns exact loops into near ones does not win. The choice rule (
 with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss`` and a degenerate rate strictly below the baseline's, the lowest
 degenerate rate; ties go to the lower periodic rate, the lower exact rate, fewer weights changed, then lower KL.
 
-The scaled search's four steps (rank, layer sets, screen, halving) are described in docs/loop-repair-at-scale.md.
-Screening reads a :class:`LoopProbe`: a few looping generations teacher-forced, log p(loop token) one period past
-the onset; its change (``dlogp``) and the share of loop tokens no longer the top choice (``broken``) are a proxy,
-only used to choose whom to generate for.
+The scaled search's four steps (rank, layer sets, screen by a :class:`LoopProbe`'s teacher-forced proxy, halving)
+are described in docs/loop-repair-at-scale.md.
 """
 
 from __future__ import annotations
@@ -198,16 +196,10 @@ class Pressure:
 
 
 class LoopProbe:
-    """Teacher-forced loop continuations of up to ``max_seqs`` looping records; the base log-probs kept once."""
+    """Teacher-forced loop continuations of up to ``max_seqs`` looping records, read as one batch; the base
+    log-probs kept once."""
 
-    def __init__(
-        self,
-        model: Any,
-        records: Sequence[GenerationRecord],
-        max_seqs: int = 8,
-        batch_size: int = 8,
-        reuse_prefix: bool = False,
-    ):
+    def __init__(self, model: Any, records: Sequence[GenerationRecord], max_seqs: int = 8, reuse_prefix: bool = False):
         rows: list[int] = []
         cols: list[int] = []
         seqs: list[list[int]] = []
@@ -229,7 +221,6 @@ class LoopProbe:
         self.ids, self.valid = pad_right(seqs)
         self.rows, self.cols = torch.tensor(rows), torch.tensor(cols)
         self.targets = self.ids[self.rows, self.cols + 1]
-        self.batch_size = batch_size
         self.prefix = FrozenPrefix(model, reuse_prefix)
         with self.prefix.recording():
             self.base_logp, self.base_top = self._read(model)
@@ -246,16 +237,9 @@ class LoopProbe:
     @torch.no_grad()
     def _read(self, model: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """log p(loop token) and whether it is the argmax, at every loop position."""
-        logp, top = [], []
-        for s in range(0, self.ids.shape[0], self.batch_size):
-            valid = self.valid[s : s + self.batch_size]
-            logits = forward_logits(model, self.ids[s : s + self.batch_size], None if bool(valid.all()) else valid)
-            pick = (self.rows >= s) & (self.rows < s + self.batch_size)
-            at = logits[self.rows[pick] - s, self.cols[pick]].float()
-            tgt = self.targets[pick]
-            logp.append(F.log_softmax(at, dim=-1).gather(-1, tgt[:, None])[:, 0])
-            top.append(at.argmax(-1) == tgt)
-        return torch.cat(logp), torch.cat(top)
+        logits = forward_logits(model, self.ids, None if bool(self.valid.all()) else self.valid)
+        at = logits[self.rows, self.cols].float()
+        return F.log_softmax(at, dim=-1).gather(-1, self.targets[:, None])[:, 0], at.argmax(-1) == self.targets
 
     def measure(self, model: Any, first_layer: int = 0) -> Pressure:
         """The edited (or hooked) model's :class:`Pressure` on the probe's loop positions. ``first_layer``: the lowest
@@ -412,14 +396,6 @@ def rung_sizes(n_prone: int, n_control: int, candidates: int, min_prone: int = M
     return sizes
 
 
-@dataclass
-class _Generated:
-    """Loop measures a candidate has generated so far, per stratum, in prompt order."""
-
-    prone: list[LoopMeasures] = field(default_factory=list)
-    control: list[LoopMeasures] = field(default_factory=list)
-
-
 def halve(
     model: Any,
     survivors: Sequence[Candidate],
@@ -437,7 +413,8 @@ def halve(
     which replaces the screening one) go on to the next rung or generate at the last: the screening check on a few
     windows admits edits the full one refuses, and a rung must not be won by an edit that can never be chosen."""
     alive = list(survivors)
-    done = {id(c): _Generated() for c in alive}
+    # loop measures each candidate has generated so far, per stratum (prone, control), in prompt order
+    done: dict[int, tuple[list[LoopMeasures], list[LoopMeasures]]] = {id(c): ([], []) for c in alive}
     rungs: list[Rung] = []
     sizes = rung_sizes(len(prone_ids), len(control_ids), len(alive))
     for r, (n_p, n_c) in enumerate(sizes):
@@ -445,15 +422,13 @@ def halve(
         if last:  # only edits that can be chosen generate for the whole set (checked once, when they were kept)
             alive = [c for c in alive if full_check(c)]
         for c in progress_bar(alive, f"halving {r + 1}/{len(sizes)}", "edit", progress):
-            g = done[id(c)]
-            need_p, need_c = list(prone_ids[len(g.prone) : n_p]), list(control_ids[len(g.control) : n_c])
+            prone, control = done[id(c)]
+            need_p, need_c = list(prone_ids[len(prone) : n_p]), list(control_ids[len(control) : n_c])
             with written(model, build(c.spec)):
                 new = scan(need_p + need_c) if need_p or need_c else []
-            g.prone += new[: len(need_p)]
-            g.control += new[len(need_p) :]
-            c.objective = Strata(n_p, n_c, strata.prone_all, strata.control_all).objective(
-                g.prone[:n_p], g.control[:n_c]
-            )
+            prone += new[: len(need_p)]
+            control += new[len(need_p) :]
+            c.objective = Strata(n_p, n_c, strata.prone_all, strata.control_all).objective(prone[:n_p], control[:n_c])
         n_keep = len(alive) if last else max(1, math.ceil(len(alive) / 2))
         kept = [c for c in sorted(alive, key=rank_key) if full_check(c)][:n_keep]
         rungs.append(Rung(n_p, n_c, len(alive), len(kept)))

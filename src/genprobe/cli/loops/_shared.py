@@ -5,6 +5,7 @@ defaults for the bundled character model only and explicit choices for every oth
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -163,22 +164,18 @@ def repair_inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[st
 
     prompts, source = read_loop_prompts(args, model)
     val, val_source = _val_text(args, model)
+    validate = getattr(args, "validate_prompts", None)
     if prompts is None:
-        if getattr(args, "validate_prompts", None):
+        if validate:
             raise ValueError("--validate-prompts needs --prompts/--prompt for the direction and search sets")
-        inputs = RepairInputs.tang(model.tokenizer, cfg, sets)
-        inputs.val_text, inputs.val_source = val, val_source
-        return inputs
+        return replace(RepairInputs.tang(model.tokenizer, cfg, sets), val_text=val, val_source=val_source)
     if len(sets) == 1:  # locate: every prompt goes to the direction set
         inputs = RepairInputs(list(dict.fromkeys(prompts)), [], [], val, source, val_source)
     else:
-        validate = getattr(args, "validate_prompts", None)
         held = read_prompt_file(validate) if validate else None
+        source += f"; held-out validation: file:{validate}" if validate else ""
         inputs = RepairInputs.from_prompts(prompts, val, cfg, source, val_source, validate=held)
-        if validate:
-            inputs.prompt_source += f"; held-out validation: file:{validate}"
-    inputs.chat = chat_flag(args, model)
-    return inputs
+    return replace(inputs, chat=chat_flag(args, model))
 
 
 def chat_flag(args: argparse.Namespace, model: Any) -> bool:
