@@ -45,14 +45,12 @@ def pad_right(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Ten
 DEFAULT_WINDOW = 64  # the char GPT's context; long-context models are measured on windows of this length
 
 
-def text_windows(ids: Sequence[int], width: int, max_windows: int | None = None) -> list[list[int]]:
-    """Non-overlapping windows of ``width`` tokens (the last partial one dropped)."""
+def text_windows(ids: Sequence[int], width: int, max_windows: int) -> list[list[int]]:
+    """The first ``max_windows`` non-overlapping windows of ``width`` tokens (the last partial one dropped)."""
     if width < 2:
         raise ValueError(f"window width must be >= 2, got {width}")
     ids = list(ids)
-    n = len(ids) // width
-    if max_windows is not None:
-        n = min(n, max_windows)
+    n = min(len(ids) // width, max_windows)
     if n < 1:
         raise ValueError(
             f"the validation text is {len(ids)} tokens long, shorter than one regression window of {width} tokens "

@@ -474,7 +474,7 @@ class ScanEngine:
 SEEDS_NOTE = "reproducibility: the server ignores per-request seeds, so a sampled setting differs run to run"
 
 
-def backend_engine(backend: Backend, concurrency: int | None = None, kind: str = "endpoint") -> ScanEngine:
+def backend_engine(backend: Backend, concurrency: int | None = None) -> ScanEngine:
     """Any :class:`~genprobe.engine.backend.Backend` as a scan engine, ``concurrency`` requests in flight (default:
     as many as it serves at once). The sampler is passed through as the backend's own (temperature, top-p, top-k,
     a seed per prompt, banned ids); the JSON names the server and lists what its capabilities left unchecked."""
@@ -490,7 +490,7 @@ def backend_engine(backend: Backend, concurrency: int | None = None, kind: str =
 
     def start(model: Any, options: ScanOptions, ids: Any, log: Callable[[str], None]) -> tuple:
         generate = backend_batches(backend, concurrency or caps.concurrency)
-        about = {"backend": kind, "server": caps.server, "model": backend.model_name, "not_checked": not_checked}
+        about = {"backend": "endpoint", "server": caps.server, "model": backend.model_name, "not_checked": not_checked}
         return generate, about
 
     return ScanEngine(f"the {caps.server} server", check, start)
