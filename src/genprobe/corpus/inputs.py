@@ -270,7 +270,9 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
 
 @functools.lru_cache(maxsize=1)
 def _tang_human_poems() -> tuple[str, ...]:
-    """The first half of the held-out poems (read once per process: the whole file is decompressed)."""
+    """The first half of ``reference_split().heldout`` (poems 50,000 on): outside the training and validation text of
+    both reference models and of the default prompt sets (poems after 4,003, or ``from_end`` from the last poem
+    backwards). Read once per process: the whole file is decompressed."""
     from .tang import DEFAULT_SUBWORD_POEMS, bundled_documents, corpus_split
 
     docs = bundled_documents()
@@ -278,32 +280,15 @@ def _tang_human_poems() -> tuple[str, ...]:
     return tuple(docs[held.start : held.start + len(held) // 2])
 
 
-def tang_human_sequences(
-    tokenizer: Any, length: int, count: int = HUMAN_COUNT, unk_id: int | None = None
-) -> list[list[int]]:
-    """Human Tang text: from each held-out poem's start + 5 characters (where a prompt would end), the next
-    ``length`` tokens of the held-out stream (poems back to back, as the models read them).
-
-    The poems are the first half of ``reference_split().heldout`` (poems 50,000 on): outside the training and
-    validation text of both reference models and of the default prompt sets (poems after 4,003, or
-    ``from_end`` from the last poem backwards). Sequences holding ``unk_id`` are skipped (the scans ban it).
-    """
-    poems = _tang_human_poems()
-    streams = (p[TANG_PREFIX:] + "".join(poems[i + 1 : i + 1 + max(1, 4 * length // 20)]) for i, p in enumerate(poems))
-    return _windows((_ids(tokenizer, s) for s in streams), length, count, unk_id, first_only=True)
-
-
-def _windows(
-    docs: Iterable[list[int]], length: int, count: int, unk_id: int | None, first_only: bool = False
-) -> list[list[int]]:
-    """Up to ``count`` consecutive ``length``-token windows of each document (its first only with ``first_only``);
-    a window holding ``unk_id`` is skipped (the scans ban it)."""
+def _windows(docs: Iterable[list[int]], length: int, unk_id: int | None, first_only: bool = False) -> list[list[int]]:
+    """Up to :data:`HUMAN_COUNT` consecutive ``length``-token windows of each document (its first only with
+    ``first_only``); a window holding ``unk_id`` is skipped (the scans ban it)."""
     out: list[list[int]] = []
     for ids in docs:
         for start in range(0, len(ids) - length + 1, length):
             if unk_id is None or unk_id not in ids[start : start + length]:
                 out.append(ids[start : start + length])
-            if len(out) == count:
+            if len(out) == HUMAN_COUNT:
                 return out
             if first_only:
                 break
@@ -316,20 +301,25 @@ def human_sequences(
     prompts: Sequence[str],
     *,
     human_text: str | os.PathLike | None = None,
-    count: int = HUMAN_COUNT,
     unk_id: int | None = None,
 ) -> tuple[list[list[int]], str]:
     """Human sequences of ``length`` tokens and their source name: ``human_text`` (a file) when given, else
     held-out Tang poems for Chinese prompts, else the English corpus (which must have been fetched)."""
     if human_text is not None:  # one document per line: consecutive windows of each
         docs = (_ids(tokenizer, doc) for _, doc in _text_lines(human_text, "--human-text file")[1])
-        seqs, source = _windows(docs, length, count, unk_id), f"file:{human_text}"
-    elif is_cjk(prompts):
-        seqs, source = tang_human_sequences(tokenizer, length, count, unk_id), "tang:heldout-poems"
+        seqs, source = _windows(docs, length, unk_id), f"file:{human_text}"
+    elif is_cjk(prompts):  # from each poem's start + 5 characters (where a prompt would end), the next ``length``
+        # tokens of the held-out stream (poems back to back, as the models read them)
+        poems = _tang_human_poems()
+        streams = (
+            p[TANG_PREFIX:] + "".join(poems[i + 1 : i + 1 + max(1, 4 * length // 20)]) for i, p in enumerate(poems)
+        )
+        seqs = _windows((_ids(tokenizer, s) for s in streams), length, unk_id, first_only=True)
+        source = "tang:heldout-poems"
     else:
         from .english import SOURCE_NAME, human_continuations
 
-        got = human_continuations(tokenizer, length, count)
+        got = human_continuations(tokenizer, length, HUMAN_COUNT)
         seqs, source = [c.ids for c in got if unk_id is None or unk_id not in c.ids], SOURCE_NAME
     if len(seqs) < 20:
         raise ValueError(
