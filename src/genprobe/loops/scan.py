@@ -625,12 +625,9 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
     cols = [("tokens", summary)] + ([("chars", summary.chars)] if show_chars and summary.chars is not None else [])
     human = summary.human_fpr or {}
     rows: list[tuple[str, Callable[[LoopRates], str], str]] = [(label, _ci_of(key), h) for label, key, h in CI_ROWS]
+    short = f"  short (≤{summary.short_period_max}) exact/any"
     rows += [
-        (
-            f"  short (≤{summary.short_period_max}) exact/any",
-            lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}",
-            "",
-        ),
+        (short, lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}", ""),
         ("  long exact/any", lambda s: f"{_pct(s.long_loop_rate)} / {_pct(s.long_any_rate)}", ""),
         ("mean distinct-2", lambda s: f"{s.mean_distinct_2:.3f}", ""),
         ("mean seq-rep-4", lambda s: f"{s.mean_seq_rep_4:.3f}", ""),
@@ -639,10 +636,8 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
     ]
     lines = [title] if title else []
     lines.append(f"  generations {summary.n}; hit the length limit {_pct(summary.length_capped_rate or 0.0)}")
-    head = "".join(f"{name:<28}" for name, _ in cols) + (
-        "human text (held out)" if summary.human_fpr is not None else ""
-    )
-    lines.append("  " + " " * 30 + head)
+    head = "human text (held out)" if summary.human_fpr is not None else ""
+    lines.append("  " + " " * 30 + "".join(f"{name:<28}" for name, _ in cols) + head)
     for label, fmt, key in rows:
         h = human.get(key)
         lines.append(
