@@ -190,10 +190,9 @@ def read_text(path: str | os.PathLike, what: str) -> str:
         raise ValueError(f"{what} {p} is not UTF-8 text ({exc.reason})") from None
 
 
-def _text_lines(path: str | os.PathLike, what: str) -> tuple[Path, list[tuple[int, str]]]:
-    """The path and its non-empty lines (stripped, numbered from 1)."""
-    text = read_text(path, what)
-    return Path(path), [(i, ln.strip()) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+def _text_lines(path: str | os.PathLike, what: str) -> list[tuple[int, str]]:
+    """The non-empty lines of ``path`` (stripped, numbered from 1)."""
+    return [(i, ln.strip()) for i, ln in enumerate(read_text(path, what).splitlines(), 1) if ln.strip()]
 
 
 def _jsonl_prompt(p: Path, lineno: int, line: str) -> str:
@@ -212,7 +211,7 @@ def _jsonl_prompt(p: Path, lineno: int, line: str) -> str:
 def read_prompt_file(path: str | os.PathLike) -> list[str]:
     """Prompts from a UTF-8 file: one per non-empty line, or JSONL (``.jsonl``, or every line a JSON object)
     with a "prompt" or "text" field. Empty prompts are refused."""
-    p, lines = _text_lines(path, "prompt file")
+    p, lines = Path(path), _text_lines(path, "prompt file")
     if not lines:
         raise ValueError(f"prompt file {p} is empty: it has no non-empty line")
     jsonl = p.suffix == ".jsonl" or all(ln.startswith("{") for _, ln in lines)
@@ -262,10 +261,7 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
         # Characters outside the vocabulary keep their identity (a negative id of their own) instead of all
         # becoming <unk>: human text is measured on what it says, and one <unk> id would fake repetition.
         return [stoi.get(c, -1 - ord(c)) for c in text]
-    try:
-        return list(tokenizer.encode(text, warn=False))  # the char tokenizer: no OOV warning for reference text
-    except TypeError:
-        return list(tokenizer.encode(text))
+    return list(tokenizer.encode(text))
 
 
 @functools.lru_cache(maxsize=1)
@@ -306,7 +302,7 @@ def human_sequences(
     """Human sequences of ``length`` tokens and their source name: ``human_text`` (a file) when given, else
     held-out Tang poems for Chinese prompts, else the English corpus (which must have been fetched)."""
     if human_text is not None:  # one document per line: consecutive windows of each
-        docs = (_ids(tokenizer, doc) for _, doc in _text_lines(human_text, "--human-text file")[1])
+        docs = (_ids(tokenizer, doc) for _, doc in _text_lines(human_text, "--human-text file"))
         seqs, source = _windows(docs, length, unk_id), f"file:{human_text}"
     elif is_cjk(prompts):  # from each poem's start + 5 characters (where a prompt would end), the next ``length``
         # tokens of the held-out stream (poems back to back, as the models read them)
