@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
@@ -336,9 +335,9 @@ def chains(
     forms: Sequence[str],
     alphas: Mapping[str, Sequence[float]],
 ) -> list[list[EditSpec]]:
-    """The grid's edits per (layer set, form, k), strengths ascending: the chains :func:`screen` walks down."""
-    by_alpha = operator.attrgetter("alpha")
-    return [sorted(grid([ls], [k], [f], alphas), key=by_alpha) for ls in layer_sets for f in forms for k in ks]
+    """The grid's edits per (layer set, form, k), strongest first: the chains :func:`screen` walks down."""
+    combos = itertools.product(layer_sets, forms, ks)
+    return [sorted(grid([ls], [k], [f], alphas), key=lambda s: -s.alpha) for ls, f, k in combos]
 
 
 def screen(
@@ -351,12 +350,12 @@ def screen(
     progress: bool = False,
     per_chain: int = 2,
 ) -> list[Screened]:
-    """Each chain's strengths from the strongest down: the regression check until one is within the limits, then
+    """Each chain (strongest first, :func:`chains`): the regression check until one is within the limits, then
     the loop pressure of it and the next ``per_chain - 1`` weaker ones (see module doc)."""
     out: list[Screened] = []
     for chain in progress_bar(chains, "screen", "chain", progress):
         admitted = 0
-        for spec in sorted(chain, key=lambda s: -s.alpha):
+        for spec in chain:
             try:
                 patch = build(spec)
             except ValueError as exc:  # e.g. the selected units are never active in loops: no strength builds
