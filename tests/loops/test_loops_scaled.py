@@ -23,8 +23,8 @@ def test_layer_sets_are_the_best_alone_then_together_then_all():
     assert scaled_layer_sets([1, 0], 2, 3) == [(1,), (0,), (0, 1)]  # "best two" is "all": listed once
     assert scaled_layer_sets([4, 2], 8, 1) == [(4,), tuple(range(8))]
     assert scaled_layer_sets([0], 1, 3) == [(0,)]
-    with pytest.raises(ValueError, match="top layers must be >= 1"):
-        scaled_layer_sets([0, 1], 2, 0)
+    with pytest.raises(ValueError, match="top_layers must be >= 1"):
+        RepairConfig(top_layers=0)
 
 
 def test_rungs_double_the_prompts_and_end_on_the_whole_set():

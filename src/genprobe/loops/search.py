@@ -310,9 +310,7 @@ def rank_layers(
 
 def scaled_layer_sets(ranking: Sequence[int], n_layers: int, top: int) -> list[tuple[int, ...]]:
     """The ``top`` best layers alone, the best 2 and the best ``top`` together, and all layers (no duplicates)."""
-    if top < 1:
-        raise ValueError(f"top layers must be >= 1, got {top}")
-    best = list(ranking[:top])
+    best = list(ranking[:top])  # top >= 1: RepairConfig refuses fewer
     sets: list[tuple[int, ...]] = [(layer,) for layer in best]
     sets += [tuple(sorted(best[:j])) for j in sorted({2, len(best)}) if 1 < j <= len(best)]
     if n_layers > 1:
