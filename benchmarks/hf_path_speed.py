@@ -29,8 +29,8 @@ def _prompts(model, path: Path | None, n: int) -> list[list[int]]:
     if path is not None:
         texts = [t for t in path.read_text(encoding="utf-8").splitlines() if t.strip()]
     else:
+        from genprobe.corpus.inputs import heldout_openings
         from genprobe.corpus.tang import reference_split
-        from genprobe.loops.prompts import heldout_openings
 
         # openings of poems neither reference model trained on (the held-out part of the corpus split)
         texts = heldout_openings(model.tokenizer, n, skip_poems=reference_split().heldout_start)

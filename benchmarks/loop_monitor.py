@@ -156,7 +156,7 @@ def _main(argv: list[str] | None, json_out: IO[str]) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    from genprobe.loops.prompts import heldout_openings
+    from genprobe.corpus.inputs import heldout_openings
     from genprobe.loops.scan import chanting_sampler
     from genprobe.model.load import load_model
     from genprobe.serving.engine import EngineOptions, shared_engine

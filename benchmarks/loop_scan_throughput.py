@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _prompts(model, n: int) -> list[list[int]]:
-    from genprobe.loops.prompts import heldout_openings
+    from genprobe.corpus.inputs import heldout_openings
 
     return [model.encode(t) for t in heldout_openings(model.tokenizer, n)]
 

@@ -27,7 +27,7 @@ MEASURES = ("loop_rate", "degenerate_rate", "near_loop_rate", "repetitive_rate")
 
 
 def _inputs(report: dict, tokenizer, cfg):
-    from genprobe.loops.prompts import read_prompt_file
+    from genprobe.corpus.inputs import read_prompt_file
     from genprobe.loops.study import RepairInputs
 
     source = report["inputs"]["prompt_source"]

@@ -45,6 +45,7 @@ PEERS = {
     ("corpus", "_io"),  # JSON Lines files are read by the one reader, _io.read_jsonl (#45)
     ("registry", "_io"),  # every cache writer takes the cache lock of _io (#52)
     ("metrics", "_io"),  # results serialise through the one JSON form, _io.json_safe (#45)
+    ("corpus", "metrics"),  # human text follows the prompts' script: Han characters as metrics.legit counts them
     ("serving", "loops"),  # a loop scan through vLLM reuses the scan's prompts, measures and tables
     ("serving", "verify"),  # verify-serving judges with verify's thresholds and verdicts
     ("experiments", "report"),  # the case study writes its report

@@ -46,8 +46,7 @@ def scan_loops(
     rates beside the scan's, else ``loop`` (default: the raw defaults); ``compile=True`` decodes through the
     compiled fast path (our GPT, Llama-family models; ``loops scan --compile``).
     """
-    from .loops.scan import ScanOptions
-    from .loops.scan_settings import scan_loop_settings
+    from .loops.scan import ScanOptions, scan_loop_settings
 
     scans = scan_loop_settings(
         model, prompts, {"scan": sampling}, ScanOptions(**options), calibration=calibration, compile=compile

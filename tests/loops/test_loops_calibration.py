@@ -13,7 +13,7 @@ import torch
 from genprobe import registry
 from genprobe._io import json_safe
 from genprobe.cli import main
-from genprobe.loops.prompts import human_sequences, is_cjk
+from genprobe.corpus.inputs import human_sequences, is_cjk
 from genprobe.loops.scan import ScanOptions, annotate_scan, detector_settings, engine_batches, scan_batches, scan_table
 from genprobe.metrics.calibrate import calibrate_loop_settings
 from genprobe.metrics.degeneracy import LoopSettings
@@ -156,8 +156,8 @@ def test_cli_scan_calibrates_on_the_given_human_text_or_not_at_all(tmp_path, cap
 
 
 def test_char_tokenizer_human_text_keeps_unknown_characters_apart():
+    from genprobe.corpus.inputs import _ids
     from genprobe.corpus.tokenizer import CharTokenizer
-    from genprobe.loops.prompts import _ids
 
     tok = CharTokenizer.from_text("床前明月光", 10)
     ids = _ids(tok, "床甲乙甲")  # 甲 and 乙 are outside the vocabulary

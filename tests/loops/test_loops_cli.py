@@ -8,8 +8,8 @@ import torch
 
 from genprobe._io import sha256_file
 from genprobe.cli import main
+from genprobe.corpus.inputs import read_prompt_file, split_prompts
 from genprobe.loops.patch import EditSpec, finalise, load_patch, make_patch, save_patch
-from genprobe.loops.prompts import read_prompt_file, split_prompts
 from genprobe.model.arch import state_sha256
 from genprobe.model.load import load_model
 

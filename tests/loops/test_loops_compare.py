@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from genprobe.cli import main
+from genprobe.corpus.inputs import heldout_openings
 from genprobe.engine.samplers.stages import XTC
 from genprobe.loops.compare_fixes import CompareConfig, choose_best, compare_fixes
 from genprobe.loops.compare_human import NO_HUMAN, human_texts, read_continuations, score_continuations
@@ -31,7 +32,6 @@ from genprobe.loops.compare_methods import (
     unit_class,
 )
 from genprobe.loops.patch import EditSpec, finalise, make_patch, patched, save_patch
-from genprobe.loops.prompts import heldout_openings
 from genprobe.metrics.degeneracy import measure_loops
 from genprobe.model.checkpoint import save_checkpoint
 from genprobe.model.config import GPTConfig

@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from genprobe.loops.arch import forward_logits
 from genprobe.loops.contrast import ablate, capture
 from genprobe.loops.patch import (
     EditSpec,
@@ -20,6 +19,7 @@ from genprobe.loops.patch import (
     save_patch,
     select_columns,
 )
+from genprobe.loops.regress import forward_logits
 from genprobe.metrics.degeneracy import measure_loops
 from genprobe.model.arch import all_columns, get_columns, mlp_sites, state_sha256
 

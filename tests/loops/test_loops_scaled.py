@@ -12,9 +12,8 @@ from genprobe.loops.contrast import position_labels
 from genprobe.loops.pages import write_summary
 from genprobe.loops.patch import EditSpec
 from genprobe.loops.repair import repair
-from genprobe.loops.scaled import rung_sizes, scaled_layer_sets
 from genprobe.loops.scan import GenerationRecord
-from genprobe.loops.screen import LoopProbe
+from genprobe.loops.search import LoopProbe, rung_sizes, scaled_layer_sets
 from genprobe.loops.study import RepairConfig, RepairInputs
 from genprobe.metrics.degeneracy import LoopSettings, measure_loops
 from genprobe.model.load import load_model
@@ -25,8 +24,8 @@ def test_layer_sets_are_the_best_alone_then_together_then_all():
     assert scaled_layer_sets([1, 0], 2, 3) == [(1,), (0,), (0, 1)]  # "best two" is "all": listed once
     assert scaled_layer_sets([4, 2], 8, 1) == [(4,), tuple(range(8))]
     assert scaled_layer_sets([0], 1, 3) == [(0,)]
-    with pytest.raises(ValueError, match="top layers must be >= 1"):
-        scaled_layer_sets([0, 1], 2, 0)
+    with pytest.raises(ValueError, match="top_layers must be >= 1"):
+        RepairConfig(top_layers=0)
 
 
 def test_rungs_double_the_prompts_and_end_on_the_whole_set():
@@ -60,7 +59,7 @@ def test_the_loop_probe_reads_the_loop_token_at_loop_positions_only():
     looping = _record([9, 8], [7, 6] + [1, 2, 3] * 5)  # onset 2, period 3
     shorter = _record([9], [5] + [4, 4] * 5)  # a shorter sequence: padded in the batch
     no_loop = _record([9], list(range(10, 30)))
-    probe = LoopProbe(_Teacher(32, 5.0), [no_loop, looping, shorter], max_seqs=8, batch_size=2)
+    probe = LoopProbe(_Teacher(32, 5.0), [no_loop, looping, shorter], max_seqs=8)
     assert probe.n_sequences == 2  # the non-looping record has no loop position and is left out
     expected = len(position_labels(2, 19, looping.measures)[0]) + len(position_labels(1, 12, shorter.measures)[0])
     assert probe.targets.numel() == expected > 0
@@ -147,7 +146,6 @@ def test_screening_reads_the_strongest_admissible_strengths_of_each_chain(traine
 @pytest.mark.slow
 def test_an_interrupted_search_leaves_the_model_and_the_out_dir_untouched(trained_ckpt, tmp_path, monkeypatch):
     from genprobe.cli import main
-    from genprobe.loops.screen import LoopProbe
     from genprobe.model.arch import state_sha256
 
     calls = {"n": 0}
@@ -178,8 +176,7 @@ def test_replayed_lower_layers_give_exactly_the_full_forward(arch, tiny_model, t
     """An edit of layer 1 measured with layer 0 replayed equals the full forward; replaying the edited layer
     itself would not (so the replay really skips work), and extra calls are refused."""
     from genprobe.loops.patch import make_patch, write_values
-    from genprobe.loops.prefix import FrozenPrefix
-    from genprobe.loops.regress import RegressionProbe
+    from genprobe.loops.regress import FrozenPrefix, RegressionProbe
 
     from .conftest import save_tiny_qwen2
 
@@ -204,7 +201,7 @@ def test_replayed_lower_layers_give_exactly_the_full_forward(arch, tiny_model, t
             write_values(module, patch, "original")
     prefix = FrozenPrefix(module)
     with prefix.recording():
-        from genprobe.loops.arch import forward_logits
+        from genprobe.loops.regress import forward_logits
 
         forward_logits(module, torch.tensor(windows[:2]))
     with prefix.skipping(1), pytest.raises(RuntimeError, match="called more often than recorded"):
@@ -217,8 +214,7 @@ def test_halving_never_carries_an_edit_the_full_regression_check_refuses():
     """Edit A loops least on the search set but fails the full check: B and C go on, A is never kept."""
     from genprobe.loops.patch import Patch
     from genprobe.loops.regress import Regression
-    from genprobe.loops.scaled import full_regression_check, halve
-    from genprobe.loops.search import Candidate, Limits, Strata
+    from genprobe.loops.search import Candidate, Limits, Strata, full_regression_check, halve
 
     loop, clean = measure_loops([1, 2] * 20), measure_loops(list(range(40)))
     fixes = {1.0: 1.0, 2.0: 0.5, 3.0: 0.0}  # alpha -> share of loop-prone prompts the edit fixes

@@ -13,7 +13,7 @@ def test_scan_loop_settings_gives_what_loops_scan_prints(trained_ckpt, capsys):
     assert main(argv) == 0
     cli = json.loads(capsys.readouterr().out)
     model = genprobe.load(trained_ckpt)
-    from genprobe.loops.prompts import heldout_openings
+    from genprobe.corpus.inputs import heldout_openings
     from genprobe.loops.scan import ScanOptions
 
     seen = []

@@ -117,7 +117,7 @@ def scan_engine_flags() -> list[str]:
 @pytest.fixture(scope="session")
 def heldout(trained):
     """(texts, token ids) of 32 held-out Tang openings."""
-    from genprobe.loops.prompts import heldout_openings
+    from genprobe.corpus.inputs import heldout_openings
 
     _, tok, _ = trained
     texts = heldout_openings(tok, 32)

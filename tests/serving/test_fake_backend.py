@@ -14,8 +14,7 @@ from fake_backend import GATE, PERIOD, TRAP, FakeBackend, next_token  # noqa: E4
 
 from genprobe.engine.backend import Request
 from genprobe.engine.samplers.stages import SamplerConfig
-from genprobe.loops.scan import ScanOptions, backend_batches, scan_batches
-from genprobe.loops.scan_settings import backend_engine
+from genprobe.loops.scan import ScanOptions, backend_batches, backend_engine, scan_batches
 from genprobe.serving.monitor import monitor_backend, replay
 
 PROMPTS = [[5, 6, 7], [10, 20, GATE], [1, 2], [GATE], [30, 31, 32, 33]]
@@ -61,12 +60,12 @@ def test_a_text_only_server_is_scanned_through_its_texts_and_says_what_it_did_no
     assert [r.measures.looping for r in res.records] == LOOPING
     with pytest.raises(ValueError, match="text prompts"):
         scan_batches(backend_batches(fake), PROMPTS, ScanOptions(NEW, SamplerConfig(greedy=True), unk_id=None))
-    engine = backend_engine(fake, 2, kind="fake")
+    engine = backend_engine(fake, 2)
     engine.check(SamplerConfig(temperature=0.8), None, 64)
     with pytest.raises(ValueError, match="min_p"):
         engine.check(SamplerConfig(temperature=0.8, min_p=0.1), None, 64)  # refused, never approximated
     _, about = engine.start(None, ScanOptions(NEW), PROMPTS, print)
-    assert about["backend"] == "fake" and about["server"] == "fake"
+    assert about["backend"] == "endpoint" and about["server"] == "fake"
     assert [note.split(":")[0] for note in about["not_checked"]] == ["prompt ids", "reproducibility"]
 
 

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .._io import atomic_write  # noqa: E402
+from .._io import atomic_write_bytes, figure_bytes  # noqa: E402
 from .longrange import N_CONTENT  # noqa: E402
 from .metrics import GRID_METRICS, head_matrix, title  # noqa: E402
 
@@ -18,9 +18,7 @@ from .metrics import GRID_METRICS, head_matrix, title  # noqa: E402
 def save_figure(fig, path: str | Path) -> Path:
     """Save ``fig`` atomically (format from the suffix) and close it."""
     path = Path(path)
-    fmt = path.suffix.lstrip(".") or "png"
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight"))
-    plt.close(fig)
+    atomic_write_bytes(path, figure_bytes(fig, path.suffix.lstrip(".") or "png", dpi=110, bbox_inches="tight"))
     return path
 
 

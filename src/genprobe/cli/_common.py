@@ -281,7 +281,7 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
             raise ValueError("--prompt: an empty prompt; every prompt needs at least one character")
         return list(args.prompt)
     if getattr(args, "prompts", None):
-        from ..loops.prompts import read_prompt_file
+        from ..corpus.inputs import read_prompt_file
 
         return read_prompt_file(args.prompts)
     return None

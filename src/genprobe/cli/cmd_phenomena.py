@@ -51,8 +51,8 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler: :func:`genprobe.chapter_phenomena` (prompts and texts from the files, else ``--corpus``), then
     phenomena.json and a summary."""
+    from ..corpus.inputs import read_prompt_file
     from ..experiments.phenomena import PhenomenaConfig, chapter_phenomena
-    from ..loops.prompts import read_prompt_file
     from ..report.claims import summary_lines
 
     check_min(args, count=1)

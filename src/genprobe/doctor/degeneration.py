@@ -1,4 +1,4 @@
-"""Degeneration under the user's own settings (:func:`genprobe.loops.scan_settings.scan_loop_settings`, calibrated,
+"""Degeneration under the user's own settings (:func:`genprobe.loops.scan.scan_loop_settings`, calibrated,
 greedy and the user's sampler) and how often a generation ends when the end token is allowed (the scans ban it)."""
 
 from __future__ import annotations
@@ -8,12 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._io import NOT_JSON, json_safe
-from ..corpus.inputs import vocab_key
+from ..corpus.inputs import is_cjk, vocab_key
 from ..engine.loaded import complete
 from ..engine.samplers.stages import SamplerConfig
-from ..loops.prompts import is_cjk
-from ..loops.scan import ScanOptions, calibrate_for_scan, greedy_sampler
-from ..loops.scan_settings import LoopScans, scan_loop_settings
+from ..loops.scan import LoopScans, ScanOptions, calibrate_for_scan, greedy_sampler, scan_loop_settings
 from ..metrics.calibrate import LoopCalibration
 from ..metrics.stats import wilson_interval
 from ..model.load import Model

@@ -56,7 +56,7 @@ def _windows(model: Model, texts: list[str]) -> tuple[list[str], list[list[int]]
 @torch.no_grad()
 def _log_probs(model: Model, window: list[int]) -> torch.Tensor:
     """Log-probabilities (T, V) of each next token, fed the truth."""
-    from ..loops.arch import forward_logits
+    from ..loops.regress import forward_logits
 
     device = next(model.module.parameters()).device
     return torch.log_softmax(forward_logits(model.module, torch.tensor([window], device=device))[0].float(), dim=-1)

@@ -253,21 +253,29 @@ def check_inputs(runner: Runner, prompts: Sequence[Sequence[int]], max_new_token
         raise ValueError(f"mode must be 'cached' or 'naive', got {mode!r}")
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt")
+    limit, name = runner.max_positions, f"the model's context length {runner.max_positions} (block_size)"
+    return check_prompt_ids(prompts, max_new_tokens, runner.vocab_size, limit, name)
+
+
+def check_prompt_ids(
+    prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab_size: int, limit: int | None, name: str, first: int = 0
+) -> int:
+    """The longest prompt's length, after refusing (ValueError) a token budget under 1, an empty prompt (numbered
+    from ``first``), an id outside ``[0, vocab_size)`` and a generation past ``limit`` positions (``name`` says
+    whose limit it is: every engine checks its prompts here)."""
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    for i, p in enumerate(prompts):
+    for i, p in enumerate(prompts, first):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
         lo, hi = min(p), max(p)
-        if lo < 0 or hi >= runner.vocab_size:
-            raise ValueError(f"prompt {i} holds token id outside [0, {runner.vocab_size}): min {lo}, max {hi}")
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"prompt {i} holds token id outside [0, {vocab_size}): min {lo}, max {hi}")
     P = max(len(p) for p in prompts)
-    limit = runner.max_positions
     if limit is not None and P + max_new_tokens > limit:
         raise ValueError(
             f"context overflow: longest prompt ({P} tokens) + max_new_tokens ({max_new_tokens}) = "
-            f"{P + max_new_tokens} exceeds the model's context length {limit} (block_size); "
-            f"ask for at most {max(limit - P, 0)} new tokens"
+            f"{P + max_new_tokens} exceeds {name}; ask for at most {max(limit - P, 0)} new tokens"
         )
     return P
 

@@ -73,7 +73,10 @@ class OrderTrapRow:
 def entropy_table(logits: torch.Tensor, temperatures=TEMPERATURES) -> list[TemperatureRow]:
     """Entropy, perplexity and max probability of softmax(logits/τ) for each τ (in float64)."""
     probs = [torch.softmax(logits.double() / tau, -1) for tau in temperatures]
-    return [TemperatureRow(tau, float(torch.special.entr(p).sum()), float(p.max())) for tau, p in zip(temperatures, probs, strict=True)]
+    return [
+        TemperatureRow(tau, float(torch.special.entr(p).sum()), float(p.max()))
+        for tau, p in zip(temperatures, probs, strict=True)
+    ]
 
 
 def nucleus_curve(logits: torch.Tensor, ps=NUCLEUS_PS) -> list[NucleusRow]:

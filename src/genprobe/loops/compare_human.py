@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..corpus.tang import bundled_documents
-from .arch import forward_logits, pad_right
+from .regress import forward_logits, pad_right
 from .study import encode_quiet
 
 TANG_SHARE = 0.8

@@ -21,7 +21,7 @@ import torch
 
 from ..metrics.degeneracy import LoopMeasures
 from ..model.arch import mlp_sites
-from .arch import forward_logits, pad_right
+from .regress import forward_logits, pad_right
 from .scan import GenerationRecord
 
 # ---- hooks ---------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Sequence
 
+from ..corpus.inputs import read_text
 from .compare_human import TextScore
 
 DEFAULT_ORDER = 5
@@ -73,8 +73,5 @@ def ngram_judge(spec: str, order: int = DEFAULT_ORDER) -> CharNgramJudge:
         from ..corpus.english import english_split
 
         return CharNgramJudge(english_split().search, order, "english:lee-corpus search documents")
-    path = Path(what)
-    if not path.is_file():
-        raise FileNotFoundError(f"--judge {spec}: no such file {path} (or use ngram:english)")
-    docs = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    return CharNgramJudge(docs, order, f"file:{path}")
+    lines = read_text(what, "--judge ngram:FILE (or ngram:english): file").splitlines()
+    return CharNgramJudge([ln for ln in lines if ln.strip()], order, f"file:{what}")

@@ -11,12 +11,11 @@ Each page is a Jinja2 template under ``templates/`` (package data) rendered in t
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .._io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
+from .._io import atomic_write_bytes, atomic_write_json, atomic_write_text, figure_bytes, json_safe
 from .._templates import DASH, environment, pct
 from .compare_fixes import CompareResult
 from .compare_methods import CLASSES
@@ -48,14 +47,11 @@ def figure_png(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=figsize)
-    for ax, panel in zip(axes, panels, strict=True):
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize, squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
         panel(ax, data)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_bytes(fig, dpi=dpi)
 
 
 def sweep_figure(report: dict) -> bytes:

@@ -1,28 +1,56 @@
-"""Regression checks for an edit: KL(base ‖ edited) of next-token distributions and loss on held-out text."""
+"""Reading a model teacher-forced, as the loop tools do: uncached logits of whatever they are handed
+(:func:`forward_logits`) over right-padded batches (:func:`pad_right`); the regression check of an edit (KL(base ‖
+edited) of next-token distributions and loss on held-out text); and :class:`FrozenPrefix`, which lets a probe of an
+edit of layers ≥ L skip the blocks below L (they compute what they did before the edit). Where the MLPs are is the
+model's (:mod:`genprobe.model.arch`)."""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from .arch import forward_logits
-from .prefix import FrozenPrefix
+from ..model.arch import mlp_sites
+from ..model.gpt import GPT
+
+
+def forward_logits(model: Any, ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Uncached logits (B, T, V) for our GPT, a runner (``.full``), or a ``transformers`` causal LM."""
+    if isinstance(model, GPT):
+        return model(ids, attention_mask=valid)
+    if hasattr(model, "full") and not isinstance(model, nn.Module):
+        v = valid if valid is not None else torch.ones_like(ids, dtype=torch.bool)
+        return model.full(ids, v)
+    # no cache: one full forward (and the layers below an edit may be skipped, see FrozenPrefix)
+    out = model(input_ids=ids, attention_mask=None if valid is None else valid.long(), use_cache=False)
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
+def pad_right(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows right-padded to one width, and the mask of real tokens: a causal model's logits at real positions
+    never see the padding after them, so positions stay 0, 1, … as in training."""
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
+        valid[i, : len(s)] = True
+    return ids, valid
+
 
 DEFAULT_WINDOW = 64  # the char GPT's context; long-context models are measured on windows of this length
 
 
-def text_windows(ids: Sequence[int], width: int, max_windows: int | None = None) -> list[list[int]]:
-    """Non-overlapping windows of ``width`` tokens (the last partial one dropped)."""
+def text_windows(ids: Sequence[int], width: int, max_windows: int) -> list[list[int]]:
+    """The first ``max_windows`` non-overlapping windows of ``width`` tokens (the last partial one dropped)."""
     if width < 2:
         raise ValueError(f"window width must be >= 2, got {width}")
     ids = list(ids)
-    n = len(ids) // width
-    if max_windows is not None:
-        n = min(n, max_windows)
+    n = min(len(ids) // width, max_windows)
     if n < 1:
         raise ValueError(
             f"the validation text is {len(ids)} tokens long, shorter than one regression window of {width} tokens "
@@ -31,9 +59,61 @@ def text_windows(ids: Sequence[int], width: int, max_windows: int | None = None)
     return [ids[i * width : (i + 1) * width] for i in range(n)]
 
 
-def window_length(max_positions: int | None, cap: int = DEFAULT_WINDOW) -> int:
-    """Regression window: the model's context length, capped at ``cap`` tokens (long-context models)."""
-    return cap if max_positions is None else max(2, min(int(max_positions), cap))
+def window_length(max_positions: int | None) -> int:
+    """Regression window: the model's context length, capped at :data:`DEFAULT_WINDOW` tokens (long-context models)."""
+    return DEFAULT_WINDOW if max_positions is None else max(2, min(int(max_positions), DEFAULT_WINDOW))
+
+
+class FrozenPrefix:
+    """Per block, its outputs over a fixed sequence of forward calls of the unedited model, replayed by call order
+    while an edit is measured: the measured calls must be the recorded ones, and a call past the record raises.
+    ``on=False``: records and replays nothing (every block computes)."""
+
+    def __init__(self, model: Any, on: bool = True):
+        self.blocks = [s.block for s in mlp_sites(model)] if on else []
+        self.outputs: list[list[Any]] = [[] for _ in self.blocks]
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Record every block's output of the forward calls made inside the block (the unedited model's)."""
+        self.outputs = [[] for _ in self.blocks]
+
+        def hook(i: int) -> Any:
+            return lambda module, inputs, output: self.outputs[i].append(output)
+
+        handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(self.blocks)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    @contextlib.contextmanager
+    def skipping(self, first: int) -> Iterator[None]:
+        """Blocks below ``first`` replay their recorded outputs instead of computing (the edit starts at ``first``)."""
+        saved = []
+        try:
+            for i, block in enumerate(self.blocks[:first]):
+                saved.append((block, block.__dict__.get("forward")))
+                block.forward = self._replay(i)
+            yield
+        finally:
+            for block, own in saved:
+                if own is None:
+                    del block.forward
+                else:  # pragma: no cover - a block that already had an instance-level forward (e.g. a wrapper)
+                    block.forward = own
+
+    def _replay(self, i: int) -> Any:
+        calls = iter(self.outputs[i])
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            out = next(calls, None)
+            if out is None:
+                raise RuntimeError(f"block {i} was called more often than recorded: the measured inputs changed")
+            return out
+
+        return forward
 
 
 class RegressionProbe:
@@ -44,8 +124,8 @@ class RegressionProbe:
         if self.ids.dim() != 2 or self.ids.shape[1] < 2:
             raise ValueError("regression windows must be equal-length lists of >= 2 tokens")
         self.batch_size = batch_size
-        self.prefix = FrozenPrefix(model) if reuse_prefix else None
-        with self.prefix.recording() if self.prefix else contextlib.nullcontext():
+        self.prefix = FrozenPrefix(model, reuse_prefix)
+        with self.prefix.recording():
             self.base_logp = self._logp(model)
         self.base_loss = self._loss(self.base_logp)
 
@@ -64,7 +144,7 @@ class RegressionProbe:
     def measure(self, model: Any, first_layer: int = 0) -> "Regression":
         """Mean KL(base ‖ model) over positions and the loss change on the same windows (nats). ``first_layer``: the
         lowest layer the edit touches; with ``reuse_prefix`` the blocks below it are not computed again."""
-        with self.prefix.skipping(first_layer) if self.prefix else contextlib.nullcontext():
+        with self.prefix.skipping(first_layer):
             logp = self._logp(model)
         kl = (self.base_logp.exp() * (self.base_logp - logp)).sum(-1).mean()
         loss = self._loss(logp)

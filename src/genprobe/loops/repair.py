@@ -19,19 +19,27 @@ from ..model.arch import state_sha256
 from .contrast import Contrast, ContrastCounts, Separation, ablate, collect_contrast, loop_direction, separation
 from .patch import EditSpec, Patch, finalise, make_patch, patched
 from .regress import Regression, RegressionProbe, text_windows, window_length
-from .scaled import (
+from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, greedy_sampler, summarise
+from .search import (
+    Build,
+    Candidate,
+    Limits,
+    LoopProbe,
+    Objective,
     ScaledTrace,
+    Strata,
     chains,
+    check_restored,
+    choose,
     full_regression_check,
+    grid,
     halve,
     rank_layers,
+    run_search,
     scaled_layer_sets,
     screen,
     shortlist,
 )
-from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, greedy_sampler, summarise
-from .screen import LoopProbe
-from .search import Build, Candidate, Limits, Objective, Strata, check_restored, choose, grid, run_search
 from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, LoopStudy, RepairConfig, RepairInputs, encode_quiet
 
 
@@ -264,7 +272,7 @@ def search_method(cfg: RepairConfig, grid_size: int) -> str:
 
 def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[GenerationRecord]) -> SearchStage:
     """Choose an edit on a stratified search set by the degenerate rate: every edit of the grid (exhaustive), or
-    ranked, screened and halved (:mod:`genprobe.loops.scaled`) when the grid is large or ``cfg.search`` says so."""
+    ranked, screened and halved (:mod:`genprobe.loops.search`) when the grid is large or ``cfg.search`` says so."""
     cfg = study.cfg
     prone, control = _prone_and_control(study, records)
     n_prone_all = sum(1 for r in records if r.degenerate)
@@ -301,13 +309,13 @@ def _scaled(
     strata: Strata,
     limits: Limits,
 ) -> tuple[list[Candidate], list[Candidate], ScaledTrace]:
-    """Rank → layer sets → screen → halving (see :mod:`genprobe.loops.scaled`); every candidate, the last rung's."""
+    """Rank → layer sets → screen → halving (see :mod:`genprobe.loops.search`); every candidate, the last rung's."""
     cfg, model, clock = study.cfg, study.module, Clock()
     before = state_sha256(model)
     prone, control = _prone_and_control(study, records)
     # the search set's loops with an onset (exact or near), the evaluated prone prompts first
     looping = sorted((r for r in records if r.any_loop), key=lambda r: not any(r is p for p in prone))
-    loops = LoopProbe(model, looping, cfg.screen_sequences, batch_size=cfg.screen_sequences, reuse_prefix=True)
+    loops = LoopProbe(model, looping, cfg.screen_sequences, reuse_prefix=True)
     scores = rank_layers(model, stage.directions, loops, study.progress)
     clock.tick("rank")
     study.log(

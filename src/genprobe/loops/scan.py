@@ -2,21 +2,28 @@
 
 Every generation is measured on its tokens and, when decoded, on its characters; the exact, near, any-loop,
 repetitive-tail and degenerate rates are reported side by side, with the end token banned so a loop cannot hide
-behind an early stop. Calibration against human text: docs/calibration.md.
+behind an early stop. Calibration against human text: docs/calibration.md. :func:`scan_batches` is the scan written
+once for every engine; :func:`scan_loop_settings` (``genprobe loops scan``) runs it under several decoding settings,
+through genprobe's engine or a :class:`ScanEngine`: any :class:`~genprobe.engine.backend.Backend`
+(:func:`backend_engine`) or an engine's in-process fast path (``serving/scan.py``, ``serving/llamacpp/scan.py``).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections import Counter
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
 
 from tqdm import tqdm
 
 from .._io import json_safe
-from ..engine.backend import Backend, Request
+from ..corpus.inputs import default_prompts
+from ..engine import loaded
+from ..engine.backend import Backend, Request, check_api_sampler
 from ..engine.generate import generate
+from ..engine.runner import check_prompt_ids
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.calibrate import DEFAULT_TARGET, LoopCalibration, calibrate_loop_settings
 from ..metrics.degeneracy import LoopMeasures, LoopSettings, measure_loops
@@ -127,21 +134,22 @@ class LoopRates:
     chars_note: str | None = None
 
 
-def _onset_hist(onsets: Sequence[int]) -> dict[str, int]:
-    starts = [(o // ONSET_BIN) * ONSET_BIN for o in onsets]
-    hist: Counter = Counter(f"{lo}-{lo + ONSET_BIN - 1}" for lo in starts)
-    return dict(sorted(hist.items(), key=lambda kv: int(kv[0].split("-")[0])))
+def progress_bar(items: Any, desc: str, unit: str, progress: bool, leave: bool = True) -> Any:
+    """``items`` with a tqdm bar on stderr when ``progress`` and stderr is a terminal."""
+    off = not progress or not sys.stderr.isatty()
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, disable=off, leave=leave)
 
 
-def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_PERIOD_MAX) -> LoopRates:
+def loop_rates(measures: Sequence[LoopMeasures]) -> LoopRates:
     """Exact, near, any-loop, repetitive and degenerate rates (+ Wilson 95% CIs), short/long, histograms, means."""
     n = len(measures)
     exact = [m for m in measures if m.looping]
     near = [m for m in measures if m.near_looping]
     anyl = [m for m in measures if m.any_loop]
     # A loop always has a period and an onset; the filters only tell the type checker so.
-    short = sum(1 for m in exact if m.period is not None and m.period <= short_period_max)
-    short_any = sum(1 for m in anyl if m.any_period is not None and m.any_period <= short_period_max)
+    short = sum(1 for m in exact if m.period is not None and m.period <= SHORT_PERIOD_MAX)
+    short_any = sum(1 for m in anyl if m.any_period is not None and m.any_period <= SHORT_PERIOD_MAX)
+    onsets = [(m.onset // ONSET_BIN) * ONSET_BIN for m in exact if m.onset is not None]
 
     def share(k: float) -> float:
         return k / n if n else 0.0
@@ -161,24 +169,24 @@ def loop_rates(measures: Sequence[LoopMeasures], short_period_max: int = SHORT_P
     return LoopRates(
         n=n,
         **rates,
-        short_period_max=short_period_max,
+        short_period_max=SHORT_PERIOD_MAX,
         short_loop_rate=share(short),
         long_loop_rate=share(len(exact) - short),
         short_any_rate=share(short_any),
         long_any_rate=share(len(anyl) - short_any),
         period_hist={str(p): c for p, c in sorted(Counter(m.period for m in exact).items())},
         near_period_hist={str(p): c for p, c in sorted(Counter(m.near_period for m in near).items())},
-        onset_hist=_onset_hist([m.onset for m in exact if m.onset is not None]),
+        onset_hist={f"{lo}-{lo + ONSET_BIN - 1}": c for lo, c in sorted(Counter(onsets).items())},
     )
 
 
-def summarise(records: Sequence[GenerationRecord], short_period_max: int = SHORT_PERIOD_MAX) -> LoopRates:
+def summarise(records: Sequence[GenerationRecord]) -> LoopRates:
     """Token-level rates of ``records`` with the length-capped share and, when decoded, character-level rates."""
-    rates = loop_rates([r.measures for r in records], short_period_max)
+    rates = loop_rates([r.measures for r in records])
     rates.length_capped_rate = sum(1 for r in records if r.hit_limit) / len(records) if records else 0.0
     chars = [r.char_measures for r in records if r.char_measures is not None]
     if records and len(chars) == len(records):
-        rates.chars = loop_rates(chars, short_period_max)
+        rates.chars = loop_rates(chars)
     return rates
 
 
@@ -251,7 +259,6 @@ class ScanOptions:
     unk_id: int | None = 1
     loop: LoopSettings | None = None
     decode: Callable[[list[int]], str] | None = None
-    short_period_max: int = SHORT_PERIOD_MAX
     progress: bool = False
     desc: str = "scan"
 
@@ -280,9 +287,9 @@ class EndToken:
 
 def end_token(options: ScanOptions) -> EndToken:
     """Whether the end token exists and is banned (with the note the CLI prints)."""
-    if options.eos_id is None:
-        return EndToken(None, False, None)
-    return EndToken(options.eos_id, True, END_TOKEN_NOTE.format(eos=options.eos_id, n=options.max_new_tokens))
+    eos = options.eos_id
+    note = None if eos is None else END_TOKEN_NOTE.format(eos=eos, n=options.max_new_tokens)
+    return EndToken(eos, eos is not None, note)
 
 
 #: One engine's generation of one batch: for each prompt its new token ids and whether it ran the whole budget.
@@ -308,23 +315,18 @@ def scan_batches(
     sampler = study_sampler(o.sampler or chanting_sampler(o.unk_id), o.eos_id)
     texts = list(prompt_texts) if prompt_texts is not None else None
     records: list[GenerationRecord] = []
-    interactive = o.progress and sys.stderr.isatty()
-    bar = tqdm(total=len(prompts), desc=o.desc, unit="prompt", file=sys.stderr, disable=not interactive, leave=False)
-    try:
-        for bi, start in enumerate(range(0, len(prompts), o.batch_size)):
-            chunk = [list(p) for p in prompts[start : start + o.batch_size]]
-            chunk_texts = texts[start : start + o.batch_size] if texts is not None else None
-            for j, (toks, full) in enumerate(generate_batch(Batch(chunk, chunk_texts, sampler, start, bi, o))):
-                text = chunk_texts[j] if chunk_texts is not None else None
-                records.append(generation_record(chunk[j], toks, full, o.unk_id, loop, o.decode, text))
-            bar.update(len(chunk))
-    finally:
-        bar.close()
+    starts = range(0, len(prompts), o.batch_size)
+    for bi, start in enumerate(progress_bar(starts, o.desc, "batch", o.progress, leave=False)):
+        chunk = [list(p) for p in prompts[start : start + o.batch_size]]
+        chunk_texts = texts[start : start + o.batch_size] if texts is not None else None
+        for j, (toks, full) in enumerate(generate_batch(Batch(chunk, chunk_texts, sampler, start, bi, o))):
+            text = chunk_texts[j] if chunk_texts is not None else None
+            records.append(generation_record(chunk[j], toks, full, o.unk_id, loop, o.decode, text))
     end = end_token(o)  # study_sampler banned it above
     settings = ScanSettings(
         json_safe(sampler), o.max_new_tokens, o.seed, json_safe(loop), o.eos_id, end.banned, end.note
     )
-    return ScanResult(records, summarise(records, o.short_period_max), settings)
+    return ScanResult(records, summarise(records), settings)
 
 
 def detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | None) -> LoopSettings | None:
@@ -337,22 +339,10 @@ def detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | 
 
 
 def check_prompts(batch: Batch, vocab_size: int, max_len: int | None = None) -> None:
-    """Refuse, before an engine generates the batch, an empty prompt, an id outside ``[0, vocab_size)`` and (with
-    ``max_len``) a prompt whose generation would overflow the context, naming the prompt and the limit."""
-    n_new = batch.options.max_new_tokens
-    if n_new < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {n_new}")
-    for i, p in enumerate(batch.prompts, batch.first):
-        if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
-        if min(p) < 0 or max(p) >= vocab_size:
-            raise ValueError(f"prompt {i} holds a token id outside [0, {vocab_size})")
-    longest = max(len(p) for p in batch.prompts)
-    if max_len is not None and longest + n_new > max_len:
-        raise ValueError(
-            f"context overflow: longest prompt ({longest} tokens) + max_new_tokens ({n_new}) exceeds "
-            f"the engine's max_model_len {max_len}"
-        )
+    """Refuse, before an engine generates the batch, a prompt it cannot run (:func:`check_prompt_ids`: empty, an id
+    outside ``[0, vocab_size)``, past ``max_len`` positions), naming the prompt and the limit."""
+    n_new, limit = batch.options.max_new_tokens, f"the engine's max_model_len {max_len}"
+    check_prompt_ids(batch.prompts, n_new, vocab_size, max_len, limit, batch.first)
 
 
 def engine_batches(model: Any, compile: bool = False) -> GenerateBatch:
@@ -428,11 +418,183 @@ def calibrate_for_scan(
     """Detector settings calibrated on human text of ``tokenizer`` and ``length`` tokens: the file ``human_text``
     (one document per line), else the corpus matching the prompts' script (CJK: held-out Tang poems; other:
     the English corpus)."""
-    from .prompts import human_sequences
+    from ..corpus.inputs import human_sequences
 
     seqs, source = human_sequences(tokenizer, length, prompts, human_text=human_text, unk_id=unk_id)
     chars_unit = getattr(tokenizer, "kind", None) == "char"
     return calibrate_loop_settings(seqs, source=source, chars_unit=chars_unit, base=base, target=target)
+
+
+# ---- several decoding settings of one scan (``genprobe loops scan``) ----------------------------
+UNK_SHOW = "▯"
+
+
+def study_options(model: Any, options: ScanOptions) -> ScanOptions:
+    """``options`` for a loop study of ``model``: its end token (banned), its unknown token (the default chanting
+    ban, the ``<unk>`` share) and its decoder; refused without a tokenizer or under 16 new tokens (too few to see a
+    loop)."""
+    if model.tokenizer is None:
+        raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
+    if options.max_new_tokens < 16:
+        raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {options.max_new_tokens}")
+
+    def decode(ids: list[int]) -> str:
+        try:
+            return str(model.tokenizer.decode(ids, show_unk=True, unk_text=UNK_SHOW))
+        except TypeError:  # subword tokenizers: no show_unk option
+            return str(model.tokenizer.decode(ids))
+
+    return replace(options, eos_id=model.eos_id, unk_id=model.unk_id, decode=decode)
+
+
+def encode_prompts(model: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Prompts → ids (:func:`genprobe.engine.loaded.encode_prompts`); an empty encoding is refused, naming the prompt
+    (it cannot be continued)."""
+    ids = loaded.encode_prompts(model, texts)[0]
+    empty = [t for t, i in zip(texts, ids, strict=True) if not i]
+    if empty:
+        raise ValueError(f"prompt {empty[0]!r} encodes to no token")
+    return ids
+
+
+@dataclass(frozen=True)
+class ScanEngine:
+    """Who generates a scan other than genprobe's engine; an engine contributes just these two functions.
+
+    ``check(sampler, model, n_ctx)`` raises a ``ValueError`` for a setting it cannot run exactly (the sampler with
+    the end-token ban, the context the scan needs): called for every setting before anything starts, so a setting is
+    refused, never approximated. ``start(model, options, ids, log)`` starts the engine for the scan's prompt ids and
+    returns the batch generator of :func:`~genprobe.loops.scan.scan_batches` and what the JSON says about it."""
+
+    name: str  # as messages name it: "vLLM", "llama.cpp", "the vllm server"
+    check: Callable[[SamplerConfig, Any, int], None]
+    start: Callable[[Any, ScanOptions, Sequence[Sequence[int]], Callable[[str], None]], tuple[GenerateBatch, dict]]
+
+
+SEEDS_NOTE = "reproducibility: the server ignores per-request seeds, so a sampled setting differs run to run"
+
+
+def backend_engine(backend: Backend, concurrency: int | None = None) -> ScanEngine:
+    """Any :class:`~genprobe.engine.backend.Backend` as a scan engine, ``concurrency`` requests in flight (default:
+    as many as it serves at once). The sampler is passed through as the backend's own (temperature, top-p, top-k,
+    a seed per prompt, banned ids); the JSON names the server and lists what its capabilities left unchecked."""
+    caps = backend.capabilities
+    not_checked = []
+    if not caps.token_prompts:
+        not_checked.append(f"prompt ids: the {caps.server} server tokenizes the prompt texts itself")
+
+    def check(sampler: SamplerConfig, model: Any, n_ctx: int) -> None:
+        check_api_sampler(sampler)
+        if not sampler.greedy and not caps.seed and SEEDS_NOTE not in not_checked:
+            not_checked.append(SEEDS_NOTE)
+
+    def start(model: Any, options: ScanOptions, ids: Any, log: Callable[[str], None]) -> tuple:
+        generate = backend_batches(backend, concurrency or caps.concurrency)
+        about = {"backend": "endpoint", "server": caps.server, "model": backend.model_name, "not_checked": not_checked}
+        return generate, about
+
+    return ScanEngine(f"the {caps.server} server", check, start)
+
+
+LOOP_EXAMPLES = 5  # generations per setting in LoopScans.to_dict(with_records=False)
+EXAMPLE_KEYS = ("prompt", "text", "period", "near_period", "near_match", "degenerate", "unit_text")
+
+
+@dataclass
+class LoopScans:
+    """One scan per decoding setting of the same prompts (``genprobe loops scan``), with how they were run."""
+
+    model: str
+    prompts: int
+    prompt_source: str
+    max_new_tokens: int
+    end_token: dict[str, Any]
+    backend: dict[str, Any]  # {"backend": "genprobe"} or {"backend": "vllm", "vllm": engine description}
+    calibration: LoopCalibration | None
+    scans: dict[str, ScanResult] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # wall-clock seconds per setting
+
+    def to_dict(self, with_records: bool = True) -> dict[str, Any]:
+        """Plain JSON: ``loops scan --out``'s scan.json (every record); without records, ``loops scan --json``
+        (each setting's settings, summary and its first generations as examples)."""
+        scans = {name: res.to_dict(with_records) for name, res in self.scans.items()}
+        for name, res in self.scans.items() if not with_records else ():
+            scans[name]["examples"] = [{k: json_safe(r)[k] for k in EXAMPLE_KEYS} for r in res.records[:LOOP_EXAMPLES]]
+        about = {k: getattr(self, k) for k in ("model", "prompts", "prompt_source", "max_new_tokens", "end_token")}
+        return about | self.backend | {"calibration": json_safe(self.calibration), "scans": scans}
+
+
+def loop_study_settings(model: Any, setting: str = "both") -> dict[str, SamplerConfig]:
+    """The named decoding settings of the loop studies: ``"both"`` (chanting — greedy, unknown token banned — and
+    plain greedy), ``"chanting"`` or ``"greedy"``; the end token is banned by the scan itself."""
+    both = {"chanting": chanting_sampler(model.unk_id), "greedy": greedy_sampler()}
+    if setting not in ("both", *both):
+        raise ValueError(f"setting must be one of ['both', 'chanting', 'greedy'], got {setting!r}")
+    return both if setting == "both" else {setting: both[setting]}
+
+
+def scan_loop_settings(
+    model: Any,
+    prompts: Sequence[str] | None = None,
+    settings: Mapping[str, SamplerConfig | None] | None = None,
+    options: ScanOptions | None = None,
+    *,
+    calibration: LoopCalibration | None = None,
+    chars_unit: bool | None = None,
+    prompt_source: str | None = None,
+    backend: ScanEngine | Backend | None = None,
+    log: Callable[[str], None] = lambda msg: None,
+    on_scan: Callable[[str, ScanResult, float], None] | None = None,
+    compile: bool = False,
+) -> LoopScans:
+    """Scan the same prompts under each named decoding setting (what ``genprobe loops scan`` runs; docs/API.md).
+
+    ``settings``: name -> sampler (None: ``options.sampler`` or chanting; default :func:`loop_study_settings`), the
+    end token banned in each; ``prompts``: default 256 held-out Tang openings (bundled char model only); ``options``:
+    length, batch, seed, progress, detectors (the model fills in its end and unknown tokens and decoder);
+    ``chars_unit``: default the calibration's; ``backend``: a :class:`ScanEngine` or any
+    :class:`~genprobe.engine.backend.Backend` (default our engine; ``compile=True`` its compiled fast path), every
+    setting checked before any starts; ``log`` gets the end-token note and the engine's start-up.
+    """
+    if compile and backend is not None:
+        raise ValueError("compile=True is for genprobe's own engine; the backend given decodes its own way")
+    options = options or ScanOptions()
+    options = study_options(model, replace(options, loop=detector_settings(calibration, options.loop)))
+    prompt_source = prompt_source or ("tang-heldout-openings" if prompts is None else "prompts")
+    texts = list(prompts) if prompts is not None else default_prompts(model, 256)
+    chosen = dict(settings) if settings is not None else loop_study_settings(model)
+    if not chosen:
+        raise ValueError("no decoding settings to scan")
+    default = options.sampler or chanting_sampler(model.unk_id)
+    samplers = {name: study_sampler(sampler or default, model.eos_id) for name, sampler in chosen.items()}
+    ids = encode_prompts(model, texts)
+    end = end_token(options)
+    if end.banned:
+        log(f"note: {end.note}")
+    if backend is None:
+        # "compile" only when asked: the JSON of an eager scan is the one every backend writes
+        generate = engine_batches(model, compile)
+        about: dict[str, Any] = {"backend": "genprobe"} | ({"compile": True} if compile else {})
+    else:
+        engine = backend if isinstance(backend, ScanEngine) else backend_engine(backend)
+        n_ctx = max(len(p) for p in ids) + options.max_new_tokens
+        for name, sampler in samplers.items():
+            try:
+                engine.check(sampler, model, n_ctx)
+            except ValueError as exc:
+                raise type(exc)(f"{engine.name} cannot run the {name!r} setting exactly: {exc}") from None
+        generate, about = engine.start(model, options, ids, log)
+    n_new, source = options.max_new_tokens, str(model.source)
+    result = LoopScans(source, len(texts), prompt_source, n_new, json_safe(end), about, calibration)
+
+    for name, sampler in samplers.items():
+        t0 = time.perf_counter()
+        res = scan_batches(generate, ids, replace(options, sampler=sampler, desc=name), texts)
+        res = annotate_scan(res, calibration, chars_unit)
+        result.scans[name], result.seconds[name] = res, time.perf_counter() - t0
+        if on_scan is not None:
+            on_scan(name, res, result.seconds[name])
+    return result
 
 
 def _pct(x: float) -> str:
@@ -463,12 +625,9 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
     cols = [("tokens", summary)] + ([("chars", summary.chars)] if show_chars and summary.chars is not None else [])
     human = summary.human_fpr or {}
     rows: list[tuple[str, Callable[[LoopRates], str], str]] = [(label, _ci_of(key), h) for label, key, h in CI_ROWS]
+    short = f"  short (≤{summary.short_period_max}) exact/any"
     rows += [
-        (
-            f"  short (≤{summary.short_period_max}) exact/any",
-            lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}",
-            "",
-        ),
+        (short, lambda s: f"{_pct(s.short_loop_rate)} / {_pct(s.short_any_rate)}", ""),
         ("  long exact/any", lambda s: f"{_pct(s.long_loop_rate)} / {_pct(s.long_any_rate)}", ""),
         ("mean distinct-2", lambda s: f"{s.mean_distinct_2:.3f}", ""),
         ("mean seq-rep-4", lambda s: f"{s.mean_seq_rep_4:.3f}", ""),
@@ -477,10 +636,8 @@ def scan_table(summary: LoopRates, title: str = "") -> str:
     ]
     lines = [title] if title else []
     lines.append(f"  generations {summary.n}; hit the length limit {_pct(summary.length_capped_rate or 0.0)}")
-    head = "".join(f"{name:<28}" for name, _ in cols) + (
-        "human text (held out)" if summary.human_fpr is not None else ""
-    )
-    lines.append("  " + " " * 30 + head)
+    head = "human text (held out)" if summary.human_fpr is not None else ""
+    lines.append("  " + " " * 30 + "".join(f"{name:<28}" for name, _ in cols) + head)
     for label, fmt, key in rows:
         h = human.get(key)
         lines.append(

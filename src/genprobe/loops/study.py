@@ -10,23 +10,24 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from ..corpus.inputs import heldout_openings, slices, split_prompts
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.degeneracy import LoopSettings
 from ..model.arch import mlp_sites
 from .patch import FORMS
-from .prompts import prompt_sets, split_prompts
 from .scan import (
     EndToken,
     ScanOptions,
     ScanResult,
     chanting_sampler,
+    encode_prompts,
     end_token,
     engine_batches,
     scan_batches,
+    study_options,
     study_sampler,
 )
 
-UNK_SHOW = "▯"
 SET_NAMES = ("direction", "search", "validate")
 SEARCHES = ("auto", "exhaustive", "scaled")
 EXHAUSTIVE_MAX = 100  # grid sizes up to this are searched exhaustively under search="auto" (the 4-layer models)
@@ -104,15 +105,10 @@ class RepairInputs:
         """Held-out Tang openings and the bundled corpus's validation text (the bundled char model's defaults)."""
         from ..corpus.tang import load_corpus
 
-        got = prompt_sets(tokenizer, {k: cfg.sizes()[k] for k in sets}, cfg.prefix_chars)
-        return cls(
-            got.get("direction", []),
-            got.get("search", []),
-            got.get("validate", []),
-            load_corpus().val,
-            "tang-heldout-openings",
-            "tang-validation-split",
-        )
+        sizes = {k: cfg.sizes()[k] for k in sets}
+        got = slices(heldout_openings(tokenizer, sum(sizes.values()), cfg.prefix_chars), sizes)
+        direction, search, validate = (got.get(k, []) for k in SET_NAMES)
+        return cls(direction, search, validate, load_corpus().val, "tang-heldout-openings", "tang-validation-split")
 
     @classmethod
     def from_prompts(
@@ -128,18 +124,16 @@ class RepairInputs:
 
         ``validate``: the user's own held-out prompts (the first ``cfg.n_validate`` distinct ones); ``prompts`` then
         only feed the direction and search sets, and a prompt in both is refused (the search would see it)."""
-        if validate is None:
-            got = split_prompts(prompts, cfg.sizes())
-            return cls(got["direction"], got["search"], got["validate"], val_text, prompt_source, val_source)
-        held = list(dict.fromkeys(validate))[: cfg.n_validate]
-        shared = set(held) & set(prompts)
+        held = None if validate is None else list(dict.fromkeys(validate))[: cfg.n_validate]
+        shared = set(held or ()) & set(prompts)
         if shared:
             raise ValueError(
                 f"{len(shared)} validation prompt(s) are also search/direction prompts (e.g. {sorted(shared)[0]!r}): "
                 "held-out prompts must be unseen by the search"
             )
-        got = split_prompts(prompts, {k: n for k, n in cfg.sizes().items() if k != "validate"})
-        return cls(got["direction"], got["search"], held, val_text, prompt_source, val_source)
+        got = split_prompts(prompts, {k: n for k, n in cfg.sizes().items() if held is None or k != "validate"})
+        validation = got["validate"] if held is None else held
+        return cls(got["direction"], got["search"], validation, val_text, prompt_source, val_source)
 
     def summary(self) -> dict:
         """Sources, sizes and the first prompts of each set (JSON)."""
@@ -153,16 +147,6 @@ class RepairInputs:
 
 
 # ---- how we generate and measure ------------------------------------------------------------
-def _decoder(tokenizer: Any) -> Callable[[list[int]], str]:
-    def dec(ids: list[int]) -> str:
-        try:
-            return tokenizer.decode(ids, show_unk=True, unk_text=UNK_SHOW)
-        except TypeError:  # subword tokenizers: no show_unk option
-            return tokenizer.decode(ids)
-
-    return dec
-
-
 def encode_quiet(tokenizer: Any, text: str) -> list[int]:
     """Encode without the char tokenizer's unknown-character warning (callers report coverage themselves) and
     without transformers' "longer than the maximum sequence length" notice (long texts are cut into windows)."""
@@ -178,26 +162,6 @@ def encode_quiet(tokenizer: Any, text: str) -> list[int]:
         hf_logging.set_verbosity(level)
 
 
-def study_options(model: Any, options: ScanOptions) -> ScanOptions:
-    """``options`` for a loop study of ``model``: its end token (banned), its unknown token (the default chanting
-    ban, the ``<unk>`` share) and its decoder; refused without a tokenizer or under 16 new tokens (too few to see a
-    loop)."""
-    if model.tokenizer is None:
-        raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
-    if options.max_new_tokens < 16:
-        raise ValueError(f"max_new_tokens must be >= 16 to see loops, got {options.max_new_tokens}")
-    return replace(options, eos_id=model.eos_id, unk_id=model.unk_id, decode=_decoder(model.tokenizer))
-
-
-def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Prompts → ids; an empty encoding is refused (it cannot be continued)."""
-    ids = [encode_quiet(tokenizer, t) for t in texts]
-    empty = [t for t, i in zip(texts, ids, strict=True) if not i]
-    if empty:
-        raise ValueError(f"prompt {empty[0]!r} encodes to no token")
-    return ids
-
-
 class LoopStudy:
     """One model under study: its engine, tokenizer and scan options (``options``: the sampler with the end token
     banned, the study's batch, seed, detector settings and decoder, so a scan through another engine measures what
@@ -210,16 +174,13 @@ class LoopStudy:
         sampler: SamplerConfig | None = None,
         progress: bool = False,
         log: Callable[[str], None] = lambda msg: None,
-        compile: bool = False,
     ):
-        self.unk_id, self.eos_id = model.unk_id, model.eos_id
-        self.sampler = study_sampler(sampler or chanting_sampler(self.unk_id), self.eos_id)
+        self.eos_id = model.eos_id
+        self.sampler = study_sampler(sampler or chanting_sampler(model.unk_id), self.eos_id)
         scan = ScanOptions(cfg.max_new_tokens, self.sampler, cfg.batch_size, cfg.seed, loop=cfg.loop, progress=progress)
         self.options = study_options(model, scan)
         self.model, self.cfg, self.progress, self.log = model, cfg, progress, log
-        self.compile = compile  # scans through the compiled fast path (weights edited in place are still seen)
-        self.module = model.module
-        self.tokenizer = model.tokenizer
+        self.module, self.tokenizer = model.module, model.tokenizer
         self.n_layers = len(mlp_sites(self.module))
 
     @property
@@ -233,7 +194,7 @@ class LoopStudy:
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Prompts → ids (:func:`encode_prompts`)."""
-        return encode_prompts(self.tokenizer, texts)
+        return encode_prompts(self.model, texts)
 
     def scan(
         self,
@@ -246,10 +207,9 @@ class LoopStudy:
     ) -> ScanResult:
         """Scan ``ids`` on the model as it is now (edits applied in place are seen); ``decoded=False``: token
         measures only, no progress bar (the searches' many small scans)."""
-        options = replace(self.options, sampler=sampler or self.sampler, desc=desc)
-        if not decoded:
-            options = replace(options, decode=None, progress=False)
-        return scan_batches(engine_batches(self.model, self.compile), ids, options, texts)
+        quiet: dict[str, Any] = {} if decoded else {"decode": None, "progress": False}
+        options = replace(self.options, sampler=sampler or self.sampler, desc=desc, **quiet)
+        return scan_batches(engine_batches(self.model), ids, options, texts)
 
     def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:
         """A function model → (degenerate rate, exact rate) on ``ids`` (for :func:`locate_layers`)."""

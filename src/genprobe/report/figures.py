@@ -6,18 +6,17 @@ HTML report shows every Chinese text next to the figures.
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_bytes
-from ..loops.repair_report import figure_png
+from ..loops.pages import figure_png
 from .headline import seed_tables
 
 GREEN, RED, TEAL, ORANGE, GREY = "#2e7d32", "#c62828", "#00838f", "#ef6c00", "#9e9e9e"
 
 
-def decoding_bars(case: dict, ax: Any) -> None:
+def decoding_bars(ax: Any, case: dict) -> None:
     """Fig. 3.1: distinct-2 per decoding strategy (red = deterministic, green = sampled), ours beside the chapter's."""
     rows = case["decoding"]["rows"]
     seed = {r["strategy"]: r for r in case.get("seed", {}).get("decoding", {}).get("rows", [])}
@@ -40,7 +39,7 @@ def decoding_bars(case: dict, ax: Any) -> None:
     ax.set_title("Decoding strategies on the case prompt (50 new tokens)")
 
 
-def entropy_vs_temperature(case: dict, ax: Any) -> None:
+def entropy_vs_temperature(ax: Any, case: dict) -> None:
     """Fig. 3.5: entropy (left axis) and max probability (right axis) against τ."""
     s = case["sampling"]
     rows = s["entropy_vs_temperature"]
@@ -73,7 +72,7 @@ def _timing_rows(case: dict) -> list[tuple[str, dict]]:
     return [(f"small, batch {r['batch']}", r) for r in small] + [(f"8-layer, {r['new_tokens']} new", r) for r in scaled]
 
 
-def compute_vs_speedup(case: dict, ax: Any) -> None:
+def compute_vs_speedup(ax: Any, case: dict) -> None:
     """Fig. 3.4: compute saved by the KV cache (counted token forwards) vs measured wall-clock speed-up."""
     labels, rows = zip(*_timing_rows(case), strict=True)
     compute, speed = [r["compute_ratio"] for r in rows], [r["speedup"] for r in rows]
@@ -92,7 +91,7 @@ def compute_vs_speedup(case: dict, ax: Any) -> None:
     ax.set_title("KV cache: arithmetic saved vs time saved")
 
 
-def perturbation_curves(case: dict, ax: Any) -> None:
+def perturbation_curves(ax: Any, case: dict) -> None:
     """Δloss per step after one wrong token, for each perturbed position k (the chapter's k = 8 curve dashed)."""
     # one colour per curve: fewer curves (PERTURB_POSITIONS, 4) than colours, so the colours are cut short
     for p, c in zip(case["exposure"]["perturbation"], (TEAL, ORANGE, RED, GREEN, GREY), strict=False):
@@ -108,7 +107,7 @@ def perturbation_curves(case: dict, ax: Any) -> None:
     ax.set_title("The shadow of one wrong token (real text fed afterwards)")
 
 
-FIGURES = {  # name: (draw(case, ax), the case key it needs, size in inches)
+FIGURES = {  # name: (draw(ax, case), the case key it needs, size in inches)
     "fig_decoding_distinct2.png": (decoding_bars, "decoding", lambda case: (6.4, 3.2)),
     "fig_entropy_temperature.png": (entropy_vs_temperature, "sampling", lambda case: (6.0, 3.0)),
     "fig_cache_compute_vs_speed.png": (
@@ -128,7 +127,7 @@ def render_figures(case: dict, seed: dict | None = None) -> dict[str, bytes]:
     style = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "savefig.bbox": "tight"}
     with matplotlib.rc_context(style):  # type: ignore[arg-type]  # its stubs want each key spelled as a Literal
         return {
-            name: figure_png(partial(draw, full), 1, size(case), 110)
+            name: figure_png([draw], full, size(case), 110)
             for name, (draw, needs, size) in FIGURES.items()
             if needs in case
         }

@@ -26,8 +26,7 @@ from ..engine.samplers.stages import (
     active_truncations,
     refuse_for,
 )
-from ..loops.scan import Batch, GenerateBatch, ScanOptions, ScanResult, check_prompts
-from ..loops.scan_settings import ScanEngine
+from ..loops.scan import Batch, GenerateBatch, ScanEngine, ScanOptions, ScanResult, check_prompts
 from .engine import EngineOptions, ServingEngine, require_vllm, served_model, shared_engine, size_for_workload
 
 # Stages that commute exactly with each other: top-k keeps a rank set, and dividing by τ > 0 keeps ranks.
@@ -89,7 +88,7 @@ def vllm_batches(engine: ServingEngine) -> GenerateBatch:
 
 
 def vllm_scan_backend(options: Any = None) -> ScanEngine:
-    """vLLM as the engine of :func:`genprobe.loops.scan_settings.scan_loop_settings` (``backend=``), started with
+    """vLLM as the engine of :func:`genprobe.loops.scan.scan_loop_settings` (``backend=``), started with
     these :class:`~genprobe.serving.engine.EngineOptions` and sized to the scan as verify-serving sizes it to its
     checks: the context fits the longest prompt plus the new tokens, and the KV budget what the scan's sequences
     need (a CPU machine's default memory fraction often leaves none)."""

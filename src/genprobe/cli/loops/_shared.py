@@ -5,6 +5,7 @@ defaults for the bundled character model only and explicit choices for every oth
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def add_loop_args(q: argparse.ArgumentParser) -> None:
     add_config_flag(q, "batch_size", "prompts per generation batch")
     add_config_flag(q, "seed", "sampling seed")
     for flag, name, help in LOOP_FLAGS:
-        option(q, flag, getattr(d.loop, name), help)
+        option(q, flag, getattr(d.loop, name), help, dest=name)
     option(q, "--threads", 1, "torch CPU threads (1: a small model's decode steps are dominated by thread sync)")
     option(q, "--no-progress", False, "no progress bars")
 
@@ -103,34 +104,10 @@ def add_llamacpp_args(p: argparse.ArgumentParser) -> None:
     option(g, "--dry-breakers", [], "DRY's sequence breakers as strings for llama.cpp to tokenize", metavar="TEXT")
 
 
-def gguf_file(args: argparse.Namespace) -> Any:
-    """The GGUF file MODEL names (a ValueError when it names none)."""
-    from ...serving.llamacpp.scan import gguf_file_for
-
-    return gguf_file_for(args.model or str(DEFAULT_MODEL))
-
-
-def llamacpp_backend(args: argparse.Namespace, settings: dict, model: Any) -> Any:
-    """The llama.cpp scan backend on the GGUF file MODEL names; every setting its sampler chain cannot express
-    exactly is refused first, naming the setting."""
-    from ...engine.samplers.stages import UnsupportedSamplerError
-    from ...serving.llamacpp.scan import check_sampler_llamacpp, llamacpp_scan_backend
-
-    gguf = gguf_file(args)
-    for name, sampler in settings.items():
-        try:
-            check_sampler_llamacpp(sampler, model.max_positions or 2048, model.eos_id)
-        except UnsupportedSamplerError as exc:
-            raise ValueError(f"--backend llama.cpp cannot run the {name!r} setting exactly: {exc}") from None
-    breakers = tuple(args.dry_breakers)
-    return llamacpp_scan_backend(gguf, n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers)
-
-
 def load_model_or_default(args: argparse.Namespace) -> Any:
     from ...model.load import load_model
 
-    path = args.model or str(DEFAULT_MODEL)
-    return load_model(path)
+    return load_model(args.model or str(DEFAULT_MODEL))
 
 
 def is_bundled_char_model(model: Any) -> bool:
@@ -155,13 +132,9 @@ def read_loop_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str] |
 
 def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
     if args.val_text is not None:
-        p = Path(args.val_text)
-        if not p.is_file():
-            raise FileNotFoundError(f"--val-text file not found: {p}")
-        try:
-            return p.read_text(encoding="utf-8"), f"file:{p}"
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"--val-text {p} is not UTF-8 text ({exc.reason})") from None
+        from ...corpus.inputs import read_text
+
+        return read_text(args.val_text, "--val-text file"), f"file:{args.val_text}"
     if not args.tang_val and not is_bundled_char_model(model):
         raise ValueError(
             "this model is not the bundled character model, so there is no default validation text: give "
@@ -175,7 +148,7 @@ def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
 def loop_settings_from(args: argparse.Namespace) -> Any:
     from ...metrics.degeneracy import LoopSettings
 
-    return LoopSettings(**{name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _ in LOOP_FLAGS})
+    return fields_of(LoopSettings, args)
 
 
 def repair_config(args: argparse.Namespace) -> Any:
@@ -186,27 +159,23 @@ def repair_config(args: argparse.Namespace) -> Any:
 
 
 def repair_inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:
-    from ...loops.prompts import read_prompt_file
+    from ...corpus.inputs import read_prompt_file
     from ...loops.study import RepairInputs
 
     prompts, source = read_loop_prompts(args, model)
     val, val_source = _val_text(args, model)
+    validate = getattr(args, "validate_prompts", None)
     if prompts is None:
-        if getattr(args, "validate_prompts", None):
+        if validate:
             raise ValueError("--validate-prompts needs --prompts/--prompt for the direction and search sets")
-        inputs = RepairInputs.tang(model.tokenizer, cfg, sets)
-        inputs.val_text, inputs.val_source = val, val_source
-        return inputs
+        return replace(RepairInputs.tang(model.tokenizer, cfg, sets), val_text=val, val_source=val_source)
     if len(sets) == 1:  # locate: every prompt goes to the direction set
         inputs = RepairInputs(list(dict.fromkeys(prompts)), [], [], val, source, val_source)
     else:
-        validate = getattr(args, "validate_prompts", None)
         held = read_prompt_file(validate) if validate else None
+        source += f"; held-out validation: file:{validate}" if validate else ""
         inputs = RepairInputs.from_prompts(prompts, val, cfg, source, val_source, validate=held)
-        if validate:
-            inputs.prompt_source += f"; held-out validation: file:{validate}"
-    inputs.chat = chat_flag(args, model)
-    return inputs
+    return replace(inputs, chat=chat_flag(args, model))
 
 
 def chat_flag(args: argparse.Namespace, model: Any) -> bool:

@@ -15,6 +15,7 @@ from .._common import MODEL_KINDS, Command, emit_json, info, option, out_dir, sh
 from .._sampler_args import add_sampler_arguments, sampler_flags_given, sampler_from_args
 from .._vllm_args import add_engine_arguments, add_http_arguments, endpoint_backend, engine_options, require_engine
 from ._shared import (
+    DEFAULT_MODEL,
     LOOPS_MODEL,
     add_calibration_args,
     add_data_args,
@@ -22,9 +23,7 @@ from ._shared import (
     add_loop_args,
     chat_flag,
     check_common,
-    gguf_file,
     is_bundled_char_model,
-    llamacpp_backend,
     load_model_or_default,
     loop_settings_from,
     read_loop_prompts,
@@ -70,7 +69,7 @@ def scan_options(s: argparse.ArgumentParser) -> None:
 
 
 def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
-    from ...loops.scan_settings import loop_study_settings
+    from ...loops.scan import loop_study_settings
 
     given = sampler_flags_given(args)
     setting = args.setting or ("sample" if given else "both")
@@ -91,11 +90,19 @@ def _check_backend(args: argparse.Namespace) -> None:
     if args.backend in ("vllm", "llama.cpp"):
         require_engine(args.backend)
     if args.backend == "llama.cpp":
-        gguf_file(args)
+        _gguf_file(args)
 
 
-def _scan_backend(args: argparse.Namespace, settings: Any, model: Any, server: Any) -> Any:
-    """The engine the scan decodes with: None for genprobe's own, else vLLM's or llama.cpp's."""
+def _gguf_file(args: argparse.Namespace) -> Any:
+    """The GGUF file MODEL names (a ValueError when it names none)."""
+    from ...serving.llamacpp.scan import gguf_file_for
+
+    return gguf_file_for(args.model or str(DEFAULT_MODEL))
+
+
+def _scan_backend(args: argparse.Namespace, server: Any) -> Any:
+    """The engine the scan decodes with: None for genprobe's own, else vLLM's, llama.cpp's or the endpoint's (every
+    setting it cannot run exactly is refused before it starts, naming the flag and the setting)."""
     if args.backend == "vllm":
         from ...serving.scan import vllm_scan_backend
 
@@ -110,9 +117,15 @@ def _scan_backend(args: argparse.Namespace, settings: Any, model: Any, server: A
 
         return replace(engine, name="--backend vllm", check=check)
     if args.backend == "llama.cpp":
-        return llamacpp_backend(args, settings, model)
+        from ...serving.llamacpp.scan import llamacpp_scan_backend
+
+        breakers = tuple(args.dry_breakers)
+        engine = llamacpp_scan_backend(
+            _gguf_file(args), n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers
+        )
+        return replace(engine, name="--backend llama.cpp")
     if args.backend == "endpoint":
-        from ...loops.scan_settings import backend_engine
+        from ...loops.scan import backend_engine
 
         return backend_engine(server, args.concurrency)
     return None
@@ -122,8 +135,7 @@ def run_scan(args: argparse.Namespace) -> int:
     """Scan one or two decoding settings (:func:`genprobe.scan_loop_settings`) and print the tables (tokens,
     characters where they are the unit, and the human false-positive rate of the calibrated detectors)."""
     from ...corpus.inputs import heldout_openings
-    from ...loops.scan import ScanOptions, scan_table
-    from ...loops.scan_settings import scan_loop_settings
+    from ...loops.scan import ScanOptions, scan_loop_settings, scan_table
 
     check_common(args)
     if args.out:
@@ -137,10 +149,7 @@ def run_scan(args: argparse.Namespace) -> int:
     if chat_flag(args, model):
         texts, source = [model.chat_prompt(t) for t in texts], f"{source} (chat template)"
     settings = _scan_settings(args, model)
-    backend = _scan_backend(args, settings, model, server)
-
-    def table(name: str, res: Any, seconds: float) -> None:
-        info(scan_table(res.summary, f"{name} ({seconds:.1f} s)"))
+    backend = _scan_backend(args, server)
 
     result = scan_loop_settings(
         model,
@@ -158,7 +167,7 @@ def run_scan(args: argparse.Namespace) -> int:
         prompt_source=source,
         backend=backend,
         log=info,
-        on_scan=table,
+        on_scan=lambda name, res, seconds: info(scan_table(res.summary, f"{name} ({seconds:.1f} s)")),
         compile=args.compile and args.backend == "genprobe",
     )
     for note in result.backend.get("not_checked", []):

@@ -267,7 +267,7 @@ def transformers_logits(model: Any, ids: Sequence[int]) -> np.ndarray:
     """float32 logits of every position from the ``transformers`` (or genprobe) module of ``model``."""
     import torch
 
-    from ...loops.arch import forward_logits
+    from ...loops.regress import forward_logits
 
     with torch.no_grad():
         out = forward_logits(model.module, torch.tensor([list(ids)], dtype=torch.long))

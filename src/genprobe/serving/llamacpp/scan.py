@@ -17,8 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...engine.samplers.stages import DRY, SamplerConfig
-from ...loops.scan import Batch, GenerateBatch, ScanOptions, check_prompts, study_sampler
-from ...loops.scan_settings import ScanEngine
+from ...loops.scan import Batch, GenerateBatch, ScanEngine, ScanOptions, check_prompts
 from .engine import LlamaCppModel, NextToken
 from .sampling import LlamaCppSampler, LlamaVocab, chain_stages
 
@@ -37,12 +36,6 @@ def chain_picker(sampler: LlamaCppSampler) -> NextToken:
         return sampler.sample(row)
 
     return pick
-
-
-def check_sampler_llamacpp(sampler: SamplerConfig, context_length: int, eos_id: int | None = None) -> None:
-    """Raise :class:`UnsupportedSamplerError` now (before llama.cpp starts) when its sampler chain cannot
-    express ``sampler`` exactly (with the end-token ban a scan adds)."""
-    chain_stages(study_sampler(sampler, eos_id), context_length=context_length)
 
 
 def llamacpp_batches(model: LlamaCppModel, dry_breaker_strings: Sequence[str] = ()) -> GenerateBatch:
@@ -96,7 +89,7 @@ def gguf_file_for(model_arg: str | os.PathLike[str]) -> Path:
 def llamacpp_scan_backend(
     gguf: str | os.PathLike[str], *, n_threads: int = 1, kv_type: str = "f16", dry_breaker_strings: Sequence[str] = ()
 ) -> ScanEngine:
-    """llama.cpp as the engine of :func:`genprobe.loops.scan_settings.scan_loop_settings` (``backend=``) on the GGUF
+    """llama.cpp as the engine of :func:`genprobe.loops.scan.scan_loop_settings` (``backend=``) on the GGUF
     file ``gguf``, its context sized to the longest prompt plus the new tokens. The genprobe model passed in
     (``genprobe.load`` of the same file) supplies the tokenizer; its vocabulary must be the file's."""
 
