@@ -17,8 +17,8 @@ import torch
 
 from .._io import json_safe
 from ..engine.runner import left_padded
-from .compare import Thresholds, max_abs_diff
-from .report import PhaseError, PhaseTracker, VerifyReport, overall_verdict
+from .compare import Thresholds
+from .report import PhaseError, PhaseTracker, VerifyReport, max_abs_diff, overall_verdict
 from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_extension, reuse_cases, situations
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,16 +78,10 @@ class ReferenceRun:
         return self._seqs[key]
 
     def noise_floor(self, prompts: list[list[int]], pad_id: int = 0) -> "NoiseFloor":
-        """The reference's own float noise on these prompts: the same logits computed twice in another order.
-
-        * ``prefix_vs_whole`` — each greedy step's logits from a forward over the sequence so far vs the
-          same position in one forward over the whole sequence (free: the trajectories hold both);
-        * ``batched_vs_solo`` — every sequence as a row of one left-padded batch vs the row alone (one
-          batched forward; skipped when the reference takes no attention mask).
-
-        Both are exact identities of a causal model, so whatever they differ by is summation order: the
-        floor below which no cache can be asked to agree (see :meth:`Thresholds.pass_line`).
-        """
+        """The reference's own float noise on these prompts: the same logits computed twice in another order
+        (``prefix_vs_whole``, and ``batched_vs_solo`` unless the reference takes no attention mask; docs/verify-cache.md
+        section 2). Both are exact identities of a causal model, so whatever they differ by is summation order: the
+        floor below which no cache can be asked to agree (see :meth:`Thresholds.pass_line`)."""
         key = tuple(tuple(p) for p in prompts)
         if key not in self._floors:
             trajs = [self.trajectory(p) for p in prompts]
