@@ -94,9 +94,7 @@ class ReferenceRun:
 
     @torch.no_grad()
     def _batched_vs_solo(self, trajs: list[ReferenceTrajectory], pad_id: int) -> float | None:
-        seqs = [t.prompt + t.tokens[:-1] for t in trajs]
-        if len(seqs) < 2 or len({len(q) for q in seqs}) < 2:  # equal lengths: add a shorter suffix as a row
-            seqs = seqs + [seqs[0][len(seqs[0]) // 2 :]] if len(seqs[0]) > 1 else seqs
+        seqs = padded_prompts([t.prompt + t.tokens[:-1] for t in trajs])  # equal lengths: a shorter row added
         if len(seqs) < 2:
             return None
         ids, mask = _left_pad(seqs, pad_id)

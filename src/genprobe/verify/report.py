@@ -223,18 +223,13 @@ def overall_verdict(phases: list[PhaseResult], exact_prefill: bool) -> str:
     return v
 
 
-def _abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|a - b| where equal entries (including equal infinities) count 0 and NaN counts +inf."""
-    d = torch.where(a == b, torch.zeros_like(a), (a - b).abs())
-    return torch.nan_to_num(d, nan=math.inf, posinf=math.inf)
-
-
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| where equal entries (including equal infinities) count 0 and NaN counts +inf."""
     a, b = a.float(), b.float()
     if a.shape != b.shape:
         raise ValueError(f"cannot compare logits of shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    return float(_abs_diff(a, b).max()) if a.numel() else 0.0
+    d = torch.nan_to_num(torch.where(a == b, torch.zeros_like(a), (a - b).abs()), nan=math.inf, posinf=math.inf)
+    return float(d.max()) if a.numel() else 0.0
 
 
 def row_std(ref: torch.Tensor, finite: torch.Tensor | None = None) -> torch.Tensor:
