@@ -168,19 +168,6 @@ class CompiledEngineAdapter(EngineAdapter):
 
 
 # ---- transformers causal LMs -----------------------------------------------------------------------
-def _cache_kwarg(hf_model: torch.nn.Module) -> str:
-    """transformers v5 renamed ``past_key_values`` to ``cache``; use whichever forward accepts."""
-    params = inspect.signature(hf_model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _returned_cache(out: Any) -> Any:  # a transformers ModelOutput -> its Cache
-    for key in ("cache", "past_key_values"):
-        if key in out and out[key] is not None:
-            return out[key]
-    raise RuntimeError("the model returned no cache although use_cache=True")
-
-
 class HFAdapter:
     """A ``transformers`` causal LM driven through its own cache: a fresh one of class ``cache``
     (:mod:`genprobe.verify.hf_caches`; ``max_cache_len`` sizes a static one) per sequence, or the model's default.
@@ -211,7 +198,8 @@ class HFAdapter:
         self.max_cache_len = max_cache_len or self.max_positions or 2048
         arch = getattr(hf_model.config, "model_type", "model")
         self.name = f"hf:{arch}" + (f"[{cache}]" if cache else "") + ("" if pass_position_ids else "-no-position-ids")
-        self._kw = _cache_kwarg(hf_model)
+        # transformers v5 renamed ``past_key_values`` to ``cache``: whichever forward accepts
+        self._kw = "cache" if "cache" in inspect.signature(hf_model.forward).parameters else "past_key_values"
         self.reset()
 
     def reset(self) -> None:
@@ -231,7 +219,9 @@ class HFAdapter:
             B, T = ids.shape
             kwargs["position_ids"] = self.next_pos[:, None] + default_positions(B, T, None, new_mask, ids.device)
         out = self.hf(**kwargs)
-        self.cache = _returned_cache(out)
+        self.cache = next((out[k] for k in ("cache", "past_key_values") if out.get(k) is not None), None)
+        if self.cache is None:
+            raise RuntimeError("the model returned no cache although use_cache=True")
         self.next_pos = self.next_pos + new_mask.long().sum(1)
         logits: torch.Tensor = out.logits.float()
         return logits

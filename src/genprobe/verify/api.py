@@ -8,13 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict, Unpack, cast
 
-import torch
-
 from .._io import json_safe
 from .compare import Thresholds, at_least
 from .harness import DEFAULTS, VerifyOptions
 from .mutants import DEFAULT_PROMPT, teaching_view
 from .report import VerifyReport
+from .reuse import random_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.gpt import GPT
@@ -34,9 +33,7 @@ def random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int 
     """Up to three seeded random prompts of distinct lengths (≤ 8) that leave room for ``steps`` new tokens."""
     room = 8 if max_positions is None else max(1, min(8, max_positions - steps))
     lengths = sorted({room, max(1, room * 5 // 8), max(1, room * 3 // 8)}, reverse=True)
-    g = torch.Generator().manual_seed(seed)
-    lo = 1 if vocab > 2 else 0
-    return [torch.randint(lo, vocab, (n,), generator=g).tolist() for n in lengths]
+    return random_ids(vocab, lengths, seed)
 
 
 class CacheOptions(TypedDict, total=False):

@@ -19,7 +19,7 @@ from .._io import json_safe
 from ..engine.runner import left_padded
 from .compare import Thresholds
 from .report import PhaseError, PhaseTracker, VerifyReport, max_abs_diff, overall_verdict
-from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_extension, reuse_cases, situations
+from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_ids, reuse_cases, situations
 
 if TYPE_CHECKING:  # pragma: no cover
     from .adapters import CacheImpl, Reference
@@ -501,7 +501,7 @@ def _reuse_phases(
     length = min([REUSE_LENGTH, *limits])
     tr = run.trajectory(prompt)  # sequence A: the prompt, its greedy continuation, then random ids to ``length``
     a = (tr.prompt + tr.tokens)[:length]
-    cases = reuse_cases(a + random_extension(vocab, length - len(a)), vocab, length)
+    cases = reuse_cases(a + random_ids(vocab, [length - len(a)])[0], vocab, length)
     if not cases:
         return [], []
     back_to_back = bool(getattr(impl, "prefill_starts_sequence", False))

@@ -1,4 +1,5 @@
-"""Typed results of the cache verifier: :class:`PhaseResult` per comparison, :class:`VerifyReport` per implementation.
+"""Typed results of the cache verifier (:class:`PhaseResult` per comparison, :class:`VerifyReport` per implementation)
+and the tensor measures they are read from (:func:`max_abs_diff`, :func:`row_std`).
 
 Outcomes of an implementation: a verdict on the scale of :mod:`genprobe.verify.compare`
 (``pass`` < ``small`` < ``suspicious`` < ``bug``), or ``error`` when the implementation raised (the

@@ -25,6 +25,7 @@ from ..engine.runner import runner_for
 from ..engine.samplers.chain import process_logits
 from ..engine.samplers.stages import SamplerConfig
 from ..engine.speculative import SeededDraws, SpeculativeDecoder, SpeculativeStats, check_k, make_draft
+from .reuse import random_ids
 
 EXACT_TOLERANCE = 1e-4
 EXACT_SAMPLER = SamplerConfig(temperature=1.0, top_k=3)
@@ -429,10 +430,8 @@ class SpeculativeVerification:
 
 def default_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
     """A loop-prone prompt (a random 6-token pattern, three times and a half) and an ordinary one (16 random ids)."""
-    gen = torch.Generator().manual_seed(seed)
-    hi = min(vocab_size, 256)  # low ids: byte-level vocabularies put their commonest pieces there
-    pattern = torch.randint(3, hi, (6,), generator=gen).tolist()
-    ordinary = torch.randint(3, hi, (16,), generator=gen).tolist()
+    # low ids (3 to 255): byte-level vocabularies put their commonest pieces there
+    pattern, ordinary = random_ids(min(vocab_size, 256), [6, 16], seed, lo=3)
     return [pattern * 3 + pattern[:3], ordinary]
 
 
