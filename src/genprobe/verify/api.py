@@ -6,7 +6,7 @@ path, transformers' cache classes, a user factory, the planted-bug mutants), one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict, Unpack, cast
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, TypedDict, Unpack, cast
 
 from .._io import json_safe
 from .compare import Thresholds, at_least
@@ -91,17 +91,11 @@ class VerifyTarget:
     report: VerifyReport | None = None  # not built: unavailable here, or its factory raised
 
 
-@dataclass
-class VerifyTargets:
+class VerifyTargets(NamedTuple):
     """The reference (full recomputation, or a model-less implementation's own ``full``) and the targets."""
 
     reference: Any
     targets: list[VerifyTarget]
-
-    @property
-    def runnable(self) -> list[Any]:
-        """The implementations that were built (the others already have their report)."""
-        return [t.impl for t in self.targets if t.report is None]
 
 
 def verify_targets(
@@ -330,10 +324,10 @@ def _prompt_ids(
         return encode_prompts(model, prompts)
     if model is not None:
         return default_prompts(model, steps)
-    runnable = targets.runnable
-    if not runnable:  # a model-less factory that raised leaves nothing to take prompts from
+    built = [t.impl for t in targets.targets if t.report is None]
+    if not built:  # a model-less factory that raised leaves nothing to take prompts from
         return []
-    vocab = getattr(runnable[0], "vocab_size", None)
+    vocab = getattr(built[0], "vocab_size", None)
     if vocab is None:
         raise ValueError("cannot tell the vocabulary size for random prompts: pass prompts, or a model")
     return random_prompts(int(vocab), getattr(targets.reference, "max_positions", None), steps)
@@ -366,7 +360,7 @@ def verify_caches(
     gpt = mutant_model(model, opts.window) if mutants else None
     targets = verify_targets(model, impl, opts, hf_caches)
     ids, steps = _prompt_ids(model, prompts, targets, opts.max_new_tokens), opts.max_new_tokens
-    run = ReferenceRun(targets.reference, steps) if targets.runnable else None
+    run = ReferenceRun(targets.reference, steps) if any(t.report is None for t in targets.targets) else None
     reports = []
     for t in targets.targets:
         if t.report is not None:  # could not be built: the report says why
@@ -381,6 +375,6 @@ def verify_caches(
     table = None
     if gpt is not None:  # on the reference's own model, the reference run's trajectories serve
         log(f"running {len(MUTANTS)} mutants …")
-        same = getattr(targets.reference, "model", getattr(targets.reference, "hf", None)) is gpt
+        same = getattr(targets.reference, "model", None) is gpt
         table = mutant_table(gpt, ids, opts, run=run if same else None)
     return CacheVerification(reports, ids, run.name if run is not None else None, opts.thresholds, table)
