@@ -1,5 +1,5 @@
 """verify-speculative: the exact distribution check passes the correct decoder (TV ~1e-7) and catches every mutant
-of genprobe.verify.spec_mutants; greedy identity catches the four that change greedy output; the two-sample test
+of genprobe.verify.speculative.MUTANTS; greedy identity catches the four that change greedy output; the two-sample test
 passes the correct decoder and catches deterministic acceptance; the command's exit statuses."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from genprobe.engine.speculative import make_draft
 from genprobe.model.config import GPTConfig
 from genprobe.model.gpt import GPT
 from genprobe.model.load import load_model
-from genprobe.verify.spec_mutants import MUTANTS
 from genprobe.verify.speculative import (
     EXACT_SAMPLER,
+    MUTANTS,
     continued,
     default_prompts,
     exact_check,

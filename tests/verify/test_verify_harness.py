@@ -18,8 +18,9 @@ import torch
 
 from genprobe._io import json_safe
 from genprobe.verify.adapters import EngineAdapter, FullRecompute
-from genprobe.verify.compare import Thresholds, max_abs_diff
+from genprobe.verify.compare import Thresholds
 from genprobe.verify.harness import ReferenceRun, VerifyOptions, verify_implementation
+from genprobe.verify.report import max_abs_diff
 
 STEPS = 6
 

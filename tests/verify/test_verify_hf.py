@@ -11,7 +11,7 @@ from genprobe._io import json_safe
 
 transformers = pytest.importorskip("transformers")
 
-from genprobe.verify.adapters import HFAdapter, HFReference  # noqa: E402
+from genprobe.verify.adapters import FullRecompute, HFAdapter  # noqa: E402
 from genprobe.verify.harness import VerifyOptions, verify_implementation  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 8, 91, 23, 64, 30], [12, 77, 3, 56, 9], [40, 2, 88]]
@@ -52,7 +52,7 @@ def tiny_hf(kind: str, init: float = 0.02):
 def test_hf_models_pass(kind):
     hf = tiny_hf(kind, init=0.2)
     r = verify_implementation(
-        HFAdapter(hf), HFReference(hf), PROMPTS, VerifyOptions(max_new_tokens=STEPS, chunk_sizes=(1, 4))
+        HFAdapter(hf), FullRecompute(hf), PROMPTS, VerifyOptions(max_new_tokens=STEPS, chunk_sizes=(1, 4))
     )
     assert r.verdict == "pass", r.max_abs_dlogit_by_phase
     assert r.phase("padded_batch").skipped is None
@@ -63,7 +63,7 @@ def test_gpt2_left_padding_without_position_ids_is_flagged():
     hf = tiny_hf("gpt2", init=0.2)
     bad = verify_implementation(
         HFAdapter(hf, pass_position_ids=False),
-        HFReference(hf),
+        FullRecompute(hf),
         PROMPTS,
         VerifyOptions(max_new_tokens=STEPS, chunk_sizes=(4,)),
     )
@@ -73,7 +73,7 @@ def test_gpt2_left_padding_without_position_ids_is_flagged():
     assert all(p.max_abs_dlogit < 1e-4 for p in bad.phases if p.phase != "padded_batch")
     good = verify_implementation(
         HFAdapter(hf, pass_position_ids=True),
-        HFReference(hf),
+        FullRecompute(hf),
         PROMPTS,
         VerifyOptions(max_new_tokens=STEPS, chunk_sizes=()),
     )
@@ -85,7 +85,7 @@ def test_llama_rope_is_immune_to_the_position_shift():
     hf = tiny_hf("llama", init=0.2)
     r = verify_implementation(
         HFAdapter(hf, pass_position_ids=False),
-        HFReference(hf),
+        FullRecompute(hf),
         PROMPTS,
         VerifyOptions(max_new_tokens=STEPS, chunk_sizes=()),
     )
@@ -94,7 +94,6 @@ def test_llama_rope_is_immune_to_the_position_shift():
 
 def test_converted_genprobe_model_agrees_through_hf(sharp_model, prompt):
     from genprobe.model.hf import to_hf_gpt2
-    from genprobe.verify.adapters import FullRecompute
 
     hf = to_hf_gpt2(sharp_model)
     r = verify_implementation(
@@ -138,7 +137,7 @@ def test_cli_hf_cache_static_passes(capsys, tmp_path, arch):
 def test_the_named_cache_class_is_the_one_driven(arch, kind, cls):
     hf = tiny_hf(arch, init=0.2)
     a = HFAdapter(hf, cache=kind, max_cache_len=64)  # the prefix-reuse sequences have 48 tokens
-    r = verify_implementation(a, HFReference(hf), PROMPTS, VerifyOptions(max_new_tokens=4, chunk_sizes=(4,)))
+    r = verify_implementation(a, FullRecompute(hf), PROMPTS, VerifyOptions(max_new_tokens=4, chunk_sizes=(4,)))
     assert r.verdict == "pass", r.max_abs_dlogit_by_phase
     assert type(a.cache).__name__ == cls  # the cache the model filled and returned is of that class
 
@@ -174,7 +173,7 @@ def test_mistral_sliding_window_caches_pass():
         assert unavailable_reason(hf, kind) is None
         r = verify_implementation(
             HFAdapter(hf, cache=kind, max_cache_len=64),
-            HFReference(hf),
+            FullRecompute(hf),
             PROMPTS,
             VerifyOptions(max_new_tokens=8, chunk_sizes=(4,)),
         )
@@ -183,15 +182,17 @@ def test_mistral_sliding_window_caches_pass():
     # the reference really is windowed: it differs from the same weights without the window
     hf.config.sliding_window = None
     ids = torch.tensor([PROMPTS[0] + PROMPTS[1]])
-    windowed = HFReference(tiny_model("mistral", init=0.2, window=6)).full(ids)
-    assert (HFReference(hf).full(ids) - windowed).abs().max() > 1e-3
+    windowed = FullRecompute(tiny_model("mistral", init=0.2, window=6)).full(ids)
+    assert (FullRecompute(hf).full(ids) - windowed).abs().max() > 1e-3
 
 
-def test_cli_offers_exactly_the_library_cache_kinds():
-    from genprobe.cli.cmd_verify import HF_CACHE_KINDS
+def test_cli_offers_exactly_the_library_cache_kinds(capsys):
+    from genprobe.cli import main
     from genprobe.verify.hf_caches import CACHE_KINDS
 
-    assert HF_CACHE_KINDS == CACHE_KINDS
+    with pytest.raises(SystemExit):
+        main(["verify-cache", "--help"])
+    assert "verify these cache classes: " + " ".join([*CACHE_KINDS, "all"]) in " ".join(capsys.readouterr().out.split())
 
 
 def test_unavailable_cache_is_refused_by_the_adapter():
@@ -208,8 +209,8 @@ def test_cache_matrix_small(capsys):
 
     m = cache_matrix(archs=("gpt2", "mistral"), kinds=("dynamic", "static", "sliding"), steps=4)
     at = {(c.arch, c.cache): c for c in m.cells}
-    assert at[("gpt2", "static")].verdict == "pass" and at[("mistral", "sliding")].verdict == "pass"
-    assert at[("gpt2", "sliding")].verdict == "unavailable"
+    assert at[("gpt2", "static")].report.verdict == "pass" and at[("mistral", "sliding")].report.verdict == "pass"
+    assert at[("gpt2", "sliding")].report.verdict == "unavailable"
     md = m.markdown()
     assert md.splitlines()[0] == "| cache class | gpt2 | mistral |" and "unavailable" in md
     json.dumps(json_safe(m), allow_nan=False)

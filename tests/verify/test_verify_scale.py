@@ -22,7 +22,7 @@ from genprobe.verify.harness import VerifyOptions, verify_implementation
 
 transformers = pytest.importorskip("transformers")
 
-from genprobe.verify.adapters import HFAdapter, HFReference  # noqa: E402
+from genprobe.verify.adapters import HFAdapter  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 8, 91, 23, 64, 30], [12, 77, 3, 56, 9], [40, 2, 88]]
 
@@ -49,7 +49,7 @@ def test_padding_leak_is_a_bug_on_small_and_large_logits(init, spread):
     hf = gpt2(init)
     bad = verify_implementation(
         HFAdapter(hf, pass_position_ids=False),
-        HFReference(hf),
+        FullRecompute(hf),
         PROMPTS,
         VerifyOptions(max_new_tokens=4, chunk_sizes=(4,)),
     )
@@ -61,7 +61,7 @@ def test_padding_leak_is_a_bug_on_small_and_large_logits(init, spread):
         assert p.max_abs_dlogit < 1.0 and Thresholds().absolute_verdict(p.max_abs_dlogit) == "suspicious"
     # and a correct implementation passes on both: float noise is not scaled up into a verdict
     good = verify_implementation(
-        HFAdapter(hf), HFReference(hf), PROMPTS, VerifyOptions(max_new_tokens=4, chunk_sizes=(1, 4))
+        HFAdapter(hf), FullRecompute(hf), PROMPTS, VerifyOptions(max_new_tokens=4, chunk_sizes=(1, 4))
     )
     assert good.verdict == "pass", {q.phase: (q.max_abs_dlogit, q.rel_dlogit) for q in good.phases}
 

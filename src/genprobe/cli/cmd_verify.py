@@ -15,6 +15,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..verify.compare import VERDICTS  # these two import no torch: building the parser does not
+from ..verify.hf_caches import CACHE_KINDS
 from ._common import (
     MODEL_KINDS,
     Column,
@@ -37,11 +39,7 @@ from ._common import (
 if TYPE_CHECKING:  # pragma: no cover
     from ..verify.api import CacheVerification
 
-# genprobe.verify.api.FAIL_ON's keys, spelled out so that building the parser does not import torch
-FAIL_ON = ("bug", "small", "suspicious")
 EXIT_PASS, EXIT_BUG, EXIT_USAGE, EXIT_IMPL_ERROR = 0, 1, 2, 3
-# genprobe.verify.hf_caches.CACHE_KINDS, spelled out so that building the parser does not import torch
-HF_CACHE_KINDS = ("dynamic", "static", "sliding", "quantized", "offloaded")
 
 EPILOG = """\
 exit status: 0 every implementation within --fail-on; 1 one judged a bug (or a mutant not caught, or cat_order
@@ -70,7 +68,7 @@ def options(p: argparse.ArgumentParser) -> None:
     option(p, "--chunk-sizes", ["1", "4"], "chunk sizes of the chunked-prefill phases", metavar="C")
     option(p, "--window", type=int, metavar="W", help="sliding window of the reference (and of our engine's cache)")
     option(p, "--sinks", 0, "attention sinks kept with --window", metavar="S")
-    kinds = (*HF_CACHE_KINDS, "all")
+    kinds = (*CACHE_KINDS, "all")
     option(p, "--hf-cache", [], "transformers MODEL: verify these cache classes: " + " ".join(kinds), choices=kinds)
     option(p, "--no-padded-batch", False, "skip the left-padded batch comparison")
     option(p, "--no-isolation", False, "skip the isolation (state surviving reset) comparison")
@@ -80,7 +78,8 @@ def options(p: argparse.ArgumentParser) -> None:
     option(p, "--floor-multiple", 4.0, "a difference below this many times the reference's noise floor passes (0: off)")
     option(p, "--bug", 1.0, "bug threshold on max |Δlogit|")
     option(p, "--rel-bug", 1.0, "bug threshold in standard deviations of the reference logits")
-    option(p, "--fail-on", "bug", "lowest verdict of an implementation that makes the exit status 1", choices=FAIL_ON)
+    fail_on = "lowest verdict of an implementation that makes the exit status 1"
+    option(p, "--fail-on", "bug", fail_on, choices=VERDICTS[1:])
 
 
 def run(args: argparse.Namespace) -> int:

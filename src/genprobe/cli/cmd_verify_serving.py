@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .._io import json_safe
+from ..verify.compare import VERDICTS, at_least
 from ._common import (
     Column,
     Command,
@@ -45,7 +46,6 @@ from ._vllm_args import (
     engine_options,
     require_engine,
 )
-from .cmd_verify import FAIL_ON
 
 KINDS = {"vllm": ("checkpoint", "transformers", "name"), "llama.cpp": ("gguf", "name"), "endpoint": ("url",)}
 
@@ -79,7 +79,7 @@ def options(p: argparse.ArgumentParser) -> None:
     option(g, "--retries", 2, "retries after a refused connection, a timeout or a 5xx")
     option(p, "--noise", 1e-4, "float-noise threshold on |Δ log p|")
     option(p, "--bug", 1.0, "bug threshold on max |Δ log p|")
-    option(p, "--fail-on", "bug", "lowest phase verdict that makes the exit status 1", choices=FAIL_ON)
+    option(p, "--fail-on", "bug", "lowest phase verdict that makes the exit status 1", choices=VERDICTS[1:])
     option(p, "--out", type=Path, metavar="DIR", help="write verify-serving.json and the engine's log (engine.log)")
     option(p, "--verbose", False, "let the engine's log lines reach the terminal instead of a log file")
 
@@ -130,9 +130,7 @@ def engine_log(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
 
 def _finish(args: argparse.Namespace, report: Any) -> int:
     """The table, the failing phases, --json and --out; the exit status."""
-    from ..verify.api import FAIL_ON as FAILING
-
-    bad = [p for p in report.phases if p.verdict in FAILING[args.fail_on]]
+    bad = [p for p in report.phases if at_least(p.verdict, args.fail_on)]
     failing = [f"{p.dtype}/{p.phase}" if p.dtype else p.phase for p in bad]
     rc = 1 if failing else 0
     print_table(report, file=sys.stderr if args.json else sys.stdout)

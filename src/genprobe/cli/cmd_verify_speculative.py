@@ -18,6 +18,7 @@ from ._common import (
     add_max_new_tokens,
     add_prompt_arguments,
     emit_json,
+    fmt,
     info,
     option,
     read_prompts,
@@ -71,16 +72,12 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _num(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
 MUTANTS: tuple[Column, ...] = (
     ("  mutant", -26, lambda m: f"  {m.name}"),
     ("greedy", -11, lambda m: m.greedy),
     ("exact", -11, lambda m: m.exact),
-    ("TV", 9, lambda m: _num(m.total_variation, ".2e")),
-    ("margin", 8, lambda m: "-" if m.margin is None else f"{m.margin:.3g}x"),
+    ("TV", 9, lambda m: fmt(m.total_variation, ".2e")),
+    ("margin", 8, lambda m: "—" if m.margin is None else f"{m.margin:.3g}x"),
     ("", -6, lambda m: "ok" if m.ok else "MISSED" if m.expected == "caught" else "FAILED"),
 )
 
@@ -90,7 +87,7 @@ def _print(r) -> None:
     print(f"speculative decoding of {r.model}: draft {r.draft}, k {r.k}")
     print(
         f"  greedy      {g.verdict:11s} {g.identical_prompts}/{g.prompts} prompts token-identical ({g.tokens} tokens); "
-        f"acceptance {_num(s['acceptance_rate'], '.2f')}, tokens/target forward {_num(s['tokens_per_forward'], '.2f')}"
+        f"acceptance {fmt(s['acceptance_rate'], '.2f')}, tokens/target forward {fmt(s['tokens_per_forward'], '.2f')}"
     )
     if g.first_divergence:
         info(f"  first divergence: {g.first_divergence}")
@@ -98,7 +95,7 @@ def _print(r) -> None:
         print(f"  greedy error: {g.error}")
     if e is not None:
         print(
-            f"  exact       {e.verdict:11s} TV {_num(e.total_variation, '.2e')} (tolerance {e.tolerance:g}) over the "
+            f"  exact       {e.verdict:11s} TV {fmt(e.total_variation, '.2e')} (tolerance {e.tolerance:g}) over the "
             f"first {e.tokens} tokens, k {e.k}: {e.sequences} sequences, {e.runs} replays, {e.drafted} drafts"
         )
         if e.error:

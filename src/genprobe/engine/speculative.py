@@ -4,8 +4,8 @@ Greedy keeps each draft while it is the target's argmax (the output is plain gre
 runs keep ``d_j`` with probability ``min(1, p_j(d_j) / q_j(d_j))`` and draw a rejected position from
 ``norm(max(0, p_j - q_j))`` (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2), ``p`` and ``q`` being the
 *processed* distributions of the sampler chain, so the output is distributed as plain sampling's. Each rule is one
-method of :class:`SpeculativeDecoder`, so that the verifier's mutants (:mod:`genprobe.verify.spec_mutants`) override
-one each. docs/speculative.md has the round step by step.
+method of :class:`SpeculativeDecoder`, so that the verifier's mutants (``genprobe.verify.speculative.MUTANTS``)
+override one each. docs/speculative.md has the round step by step.
 
 A draft (:class:`PromptLookupDraft`, :class:`ModelDraft` — a smaller model or the target's own first layers,
 :func:`first_layers`) returns from ``propose(context, k, decoder)`` up to ``k`` tokens (a model's chosen by the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, cast, runtime_checkable
 
 import torch
 
@@ -53,18 +53,20 @@ class ImplFactoryError(Exception):
         self.spec, self.exc = spec, exc
 
 
-# ---- genprobe GPT ----------------------------------------------------------------------------------
+# ---- the reference and our engine ------------------------------------------------------------------
 class FullRecompute:
-    """Reference for a genprobe ``GPT``: one uncached forward over the whole sequence — under a sliding window of
+    """Reference: one uncached forward over the whole sequence through the model's runner (``runner_for``: our GPT,
+    or a ``transformers`` causal LM with positions counted from the mask) — for our GPT under a sliding window of
     ``window`` positions and ``sinks`` sinks when ``window`` is given (:mod:`genprobe.verify.window`)."""
 
     name = "reference"
 
-    def __init__(self, model: GPT, window: int | None = None, sinks: int = 0):
+    def __init__(self, model: torch.nn.Module, window: int | None = None, sinks: int = 0):
         if window is not None and (window < 1 or sinks < 0):
             raise ValueError(f"window must be >= 1 and sinks >= 0, got {window} and {sinks}")
         self.model, self.window, self.sinks = model.eval(), window, sinks
-        self.max_positions = model.cfg.max_positions
+        self.runner = runner_for(model)
+        self.max_positions = self.runner.max_positions
         if window is not None:
             self.description = f"windowed recomputation (window {window}, sinks {sinks})"
 
@@ -72,9 +74,10 @@ class FullRecompute:
     def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of every position, recomputed from scratch (under the window)."""
         if self.window is not None:
-            return windowed_forward(self.model, ids, self.window, self.sinks, attention_mask)
-        logits: torch.Tensor = self.model(ids, attention_mask=attention_mask)
-        return logits
+            return windowed_forward(cast(GPT, self.model), ids, self.window, self.sinks, attention_mask)
+        if attention_mask is None and not isinstance(self.model, GPT):  # our GPT's unmasked forward is its own path
+            attention_mask = torch.ones_like(ids)
+        return self.runner.full(ids, cast(torch.Tensor, attention_mask)).float()
 
 
 class EngineAdapter:
@@ -86,7 +89,7 @@ class EngineAdapter:
     """
 
     def __init__(self, model: GPT, max_len: int | None = None, window: int | None = None, sinks: int = 0):
-        self.model = model.eval()
+        self.model: PositionDrivenLM = model.eval()
         self.window, self.sinks = window, sinks
         self.capacity = None if window is None else sinks + window
         self.max_len = self.capacity or max_len or model.cfg.block_size
@@ -96,7 +99,7 @@ class EngineAdapter:
         self.max_positions = learned if self.capacity is not None else min(self.max_len, learned or self.max_len)
         self.name = "engine" if window is None else f"engine (window {window}, sinks {sinks})"
         self.prefill_starts_sequence = True  # prefill() allocates a fresh cache
-        self.cache: KVCache | None = None
+        self.cache: Any = None  # KVCache (StaticKVCache for the compiled path)
         self.fed = 0  # tokens written into the cache (padding included)
 
     def reset(self) -> None:
@@ -107,9 +110,7 @@ class EngineAdapter:
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Fill a fresh cache with the prompt."""
-        kw = {} if self.window is None else {"window": self.window, "sinks": self.sinks}
-        self.cache = KVCache.for_model(self.model.cfg, ids.shape[0], max_len=self.max_len, **kw)
-        self.fed = 0
+        self.cache, self.fed = self._new_cache(ids.shape[0]), 0
         return self._feed(ids, attention_mask)
 
     @torch.no_grad()
@@ -119,6 +120,10 @@ class EngineAdapter:
             raise RuntimeError("step() before prefill()")
         return self._feed(ids, None)
 
+    def _new_cache(self, batch_size: int) -> Any:
+        kw = {} if self.window is None else {"window": self.window, "sinks": self.sinks}
+        return KVCache.for_model(self.model.cfg, batch_size, max_len=self.max_len, **kw)
+
     def _feed(self, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         outs, start, T = [], 0, ids.shape[1]
         while start < T:
@@ -126,7 +131,7 @@ class EngineAdapter:
             n = T - start if self.capacity is None else max(1, min(T - start, self.capacity - self.fed))
             piece_mask = None if mask is None else mask[:, start : start + n]
             piece = ids[:, start : start + n]
-            outs.append(forward_step(self.model, piece, cache=self.cache, attention_mask=piece_mask))
+            outs.append(forward_step(cast(GPT, self.model), piece, cache=self.cache, attention_mask=piece_mask))
             self.fed += n
             start += n
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
@@ -136,86 +141,40 @@ class EngineAdapter:
 DEFAULT_COMPILED_CAPACITY = 1024
 
 
-class CompiledEngineAdapter:
-    """genprobe's compiled decode path: ``StaticKVCache``, single-token steps through ``torch.compile`` — of our GPT
-    or of a Llama-family ``transformers`` model (:class:`~genprobe.model.llama_family.LlamaFamily` over its weights)."""
-
-    name = "engine-compiled"
-    prefill_starts_sequence = True  # prefill() allocates a fresh static cache
+class CompiledEngineAdapter(EngineAdapter):
+    """genprobe's compiled decode path: ``StaticKVCache``, single-token steps through ``torch.compile`` (a chunk eagerly
+    through the same cache) — of our GPT or of a Llama-family ``transformers`` model
+    (:class:`~genprobe.model.llama_family.LlamaFamily` over its weights)."""
 
     def __init__(self, model: PositionDrivenLM, max_len: int | None = None):
         from ..engine.fast.compiled import CompiledGPTRunner
 
-        self.model = model
         model.training = False  # its own flag only (a Llama-family view's submodules are the user's model's)
-        self.runner = CompiledGPTRunner(self.model)
+        self.model, self.runner, self.name = model, CompiledGPTRunner(model), "engine-compiled"
         # A static cache holds its capacity in every step's attention: a long-context model's whole context
         # (SmolLM2: 8,192) would make each step read 8k slots. The verifier's sequences are short.
         self.max_len = max_len or min(model.cfg.block_size, DEFAULT_COMPILED_CAPACITY)
-        self.max_positions = model.cfg.max_positions
-        self.cache: StaticKVCache | None = None
-
-    def reset(self) -> None:
-        """Drop the cache; the next ``prefill`` allocates one for its batch size."""
-        self.cache = None
+        self.max_positions, self.capacity, self.prefill_starts_sequence = model.cfg.max_positions, None, True
+        self.reset()
 
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Fill a fresh static cache with the prompt (eager, as in generation)."""
-        self.cache = cache = self.runner.new_state(ids.shape[0], self.max_len)
-        valid = None if attention_mask is None else attention_mask.to(torch.bool)
-        return self.runner.step(ids, valid, cache).clone()
+    def _new_cache(self, batch_size: int) -> StaticKVCache:
+        return self.runner.new_state(batch_size, self.max_len)
 
     @torch.inference_mode()
-    def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Continue: one token through the compiled graph, a chunk eagerly through the same cache."""
-        if self.cache is None:
-            raise RuntimeError("step() before prefill()")
-        return self.runner.step(ids, None, self.cache).clone()
+    def _feed(self, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        valid = None if mask is None else mask.to(torch.bool)
+        return self.runner.step(ids, valid, self.cache).clone()
 
 
 # ---- transformers causal LMs -----------------------------------------------------------------------
-def _cache_kwarg(hf_model: torch.nn.Module) -> str:
-    """transformers v5 renamed ``past_key_values`` to ``cache``; use whichever forward accepts."""
-    params = inspect.signature(hf_model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _returned_cache(out: Any) -> Any:  # a transformers ModelOutput -> its Cache
-    for key in ("cache", "past_key_values"):
-        if key in out and out[key] is not None:
-            return out[key]
-    raise RuntimeError("the model returned no cache although use_cache=True")
-
-
-class HFReference:
-    """Reference for a ``transformers`` causal LM: its runner's uncached forward (``use_cache=False``, positions counted
-    from the mask: :meth:`~genprobe.engine.hf_adapter.HFCausalLM.full`)."""
-
-    name = "hf-reference"
-
-    def __init__(self, hf_model: torch.nn.Module):
-        self.hf, self.runner = hf_model.eval(), runner_for(hf_model)
-        self.max_positions = self.runner.max_positions
-
-    @torch.no_grad()
-    def full(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of every position without a cache."""
-        return self.runner.full(ids, torch.ones_like(ids) if attention_mask is None else attention_mask).float()
-
-
 class HFAdapter:
-    """A ``transformers`` causal LM driven through its own cache.
+    """A ``transformers`` causal LM driven through its own cache: a fresh one of class ``cache``
+    (:mod:`genprobe.verify.hf_caches`; ``max_cache_len`` sizes a static one) per sequence, or the model's default.
 
-    ``cache`` names one of ``transformers``' cache classes (:mod:`genprobe.verify.hf_caches`): a fresh one
-    is built for every sequence; ``None`` lets the model build its default (``DynamicCache(config)``).
-    ``max_cache_len`` sizes a static cache (default: the model's context length).
-
-    With ``pass_position_ids=True`` each call passes per-row positions counted from the attention
-    mask, which is what ``generate()`` does. With ``False`` only the mask is passed and the model
-    falls back to ``cache length + arange(T)``: under left padding the shorter rows get shifted
-    absolute positions — the classic GPT-2 batched-generation bug. (Relative encodings such as RoPE
-    are immune to a constant shift, so Llama/Qwen pass either way up to float noise.)
+    ``pass_position_ids=True`` passes per-row positions counted from the attention mask, as ``generate()`` does;
+    with ``False`` the model falls back to ``cache length + arange(T)``, shifting the shorter rows of a left-padded
+    batch — the classic GPT-2 batched-generation bug (RoPE is immune to a constant shift).
     """
 
     def __init__(
@@ -239,7 +198,8 @@ class HFAdapter:
         self.max_cache_len = max_cache_len or self.max_positions or 2048
         arch = getattr(hf_model.config, "model_type", "model")
         self.name = f"hf:{arch}" + (f"[{cache}]" if cache else "") + ("" if pass_position_ids else "-no-position-ids")
-        self._kw = _cache_kwarg(hf_model)
+        # transformers v5 renamed ``past_key_values`` to ``cache``: whichever forward accepts
+        self._kw = "cache" if "cache" in inspect.signature(hf_model.forward).parameters else "past_key_values"
         self.reset()
 
     def reset(self) -> None:
@@ -259,7 +219,9 @@ class HFAdapter:
             B, T = ids.shape
             kwargs["position_ids"] = self.next_pos[:, None] + default_positions(B, T, None, new_mask, ids.device)
         out = self.hf(**kwargs)
-        self.cache = _returned_cache(out)
+        self.cache = next((out[k] for k in ("cache", "past_key_values") if out.get(k) is not None), None)
+        if self.cache is None:
+            raise RuntimeError("the model returned no cache although use_cache=True")
         self.next_pos = self.next_pos + new_mask.long().sum(1)
         logits: torch.Tensor = out.logits.float()
         return logits
@@ -280,11 +242,6 @@ class HFAdapter:
         if self.next_pos is None:
             raise RuntimeError("step() before prefill()")
         return self._call(ids, torch.ones_like(ids))
-
-
-def reference_for(module: Any, window: int | None = None, sinks: int = 0) -> Any:
-    """Full recomputation of a genprobe GPT (windowed when ``window`` is given) or a transformers causal LM."""
-    return FullRecompute(module, window, sinks) if isinstance(module, GPT) else HFReference(module)
 
 
 class CacheUnavailableError(ValueError):

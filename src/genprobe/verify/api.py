@@ -6,15 +6,14 @@ path, transformers' cache classes, a user factory, the planted-bug mutants), one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict, Unpack, cast
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, TypedDict, Unpack, cast
 
 from .._io import json_safe
-from .compare import Thresholds
+from .compare import Thresholds, at_least
 from .harness import DEFAULTS, VerifyOptions
 from .mutants import DEFAULT_PROMPT, teaching_view
 from .report import VerifyReport
+from .reuse import random_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.gpt import GPT
@@ -34,9 +33,7 @@ def random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int 
     """Up to three seeded random prompts of distinct lengths (≤ 8) that leave room for ``steps`` new tokens."""
     room = 8 if max_positions is None else max(1, min(8, max_positions - steps))
     lengths = sorted({room, max(1, room * 5 // 8), max(1, room * 3 // 8)}, reverse=True)
-    g = torch.Generator().manual_seed(seed)
-    lo = 1 if vocab > 2 else 0
-    return [torch.randint(lo, vocab, (n,), generator=g).tolist() for n in lengths]
+    return random_ids(vocab, lengths, seed)
 
 
 class CacheOptions(TypedDict, total=False):
@@ -81,13 +78,6 @@ def verify_cache(
     return report
 
 
-def cache_len(prompts: Sequence[Sequence[int]], steps: int) -> int:
-    """Slots a static cache needs for the harness: the longest prompt + steps, or a prefix-reuse sequence."""
-    from .reuse import REUSE_LENGTH
-
-    return max(max(len(p) for p in prompts) + steps, REUSE_LENGTH) + 1
-
-
 # ---- several implementations at once: what `genprobe verify-cache` runs ---------------------------------
 HF_CACHE_ALL = "all"  # hf_caches=("all",): every kind of genprobe.verify.hf_caches.CACHE_KINDS
 
@@ -101,17 +91,11 @@ class VerifyTarget:
     report: VerifyReport | None = None  # not built: unavailable here, or its factory raised
 
 
-@dataclass
-class VerifyTargets:
+class VerifyTargets(NamedTuple):
     """The reference (full recomputation, or a model-less implementation's own ``full``) and the targets."""
 
     reference: Any
     targets: list[VerifyTarget]
-
-    @property
-    def runnable(self) -> list[Any]:
-        """The implementations that were built (the others already have their report)."""
-        return [t.impl for t in self.targets if t.report is None]
 
 
 def verify_targets(
@@ -128,10 +112,10 @@ def verify_targets(
     ``opts.hf_position_ids=False`` drives a transformers model without ``position_ids``. Without ``model``, ``impl``
     must have ``full(ids, attention_mask=None)``, which is then the reference.
     """
-    from .adapters import CompiledEngineAdapter, EngineAdapter, reference_for
+    from .adapters import CompiledEngineAdapter, EngineAdapter, FullRecompute
 
     _check_target_args(model, impl, opts, hf_caches)
-    reference = None if model is None else reference_for(model.module, opts.window, opts.sinks)
+    reference = None if model is None else FullRecompute(model.module, opts.window, opts.sinks)
     if impl is not None:
         return _impl_targets(model, impl, reference, opts)
     assert model is not None
@@ -152,7 +136,6 @@ def verify_targets(
 def _check_target_args(model: "Model | None", impl: Any, opts: VerifyOptions, hf_caches: Sequence[str]) -> None:
     """Refuse combinations :func:`verify_targets` cannot honour, before anything is built."""
     from ..model.llama_family import unsupported_reason
-    from .hf_caches import CACHE_KINDS
 
     kind = None if model is None else model.kind
     if model is None and impl is None:
@@ -174,9 +157,6 @@ def _check_target_args(model: "Model | None", impl: Any, opts: VerifyOptions, hf
             "a window applies to a genprobe model's reference; a transformers model's window comes from its config "
             "(sliding_window)"
         )
-    unknown = sorted(set(hf_caches) - {*CACHE_KINDS, HF_CACHE_ALL})
-    if unknown:
-        raise ValueError(f"unknown cache kind(s) {unknown}: choose from {', '.join(CACHE_KINDS)} or {HF_CACHE_ALL}")
 
 
 def _impl_targets(model: "Model | None", impl: Any, reference: Any, opts: VerifyOptions) -> VerifyTargets:
@@ -274,9 +254,6 @@ def mutant_table(
     return MutantTable(reports, rows, noop)
 
 
-FAIL_ON = {"bug": ("bug",), "suspicious": ("suspicious", "bug"), "small": ("small", "suspicious", "bug")}
-
-
 @dataclass
 class CacheVerification:
     """Every report of one verification: the implementations', the mutants' (when run), prompts and reference."""
@@ -309,9 +286,7 @@ class CacheVerification:
 
     def failing(self, fail_on: str = "bug") -> list[str]:
         """Implementations whose verdict is ``fail_on`` or worse, then mutants not as expected."""
-        if fail_on not in FAIL_ON:
-            raise ValueError(f"fail_on must be one of {sorted(FAIL_ON)}, got {fail_on!r}")
-        bad = [r.impl for r in self.reports if r.verdict in FAIL_ON[fail_on]]
+        bad = [r.impl for r in self.reports if at_least(r.verdict, fail_on)]
         return bad + (self.mutants.failing if self.mutants is not None else [])
 
     def to_dict(self, fail_on: str = "bug") -> dict[str, Any]:
@@ -349,10 +324,10 @@ def _prompt_ids(
         return encode_prompts(model, prompts)
     if model is not None:
         return default_prompts(model, steps)
-    runnable = targets.runnable
-    if not runnable:  # a model-less factory that raised leaves nothing to take prompts from
+    built = [t.impl for t in targets.targets if t.report is None]
+    if not built:  # a model-less factory that raised leaves nothing to take prompts from
         return []
-    vocab = getattr(runnable[0], "vocab_size", None)
+    vocab = getattr(built[0], "vocab_size", None)
     if vocab is None:
         raise ValueError("cannot tell the vocabulary size for random prompts: pass prompts, or a model")
     return random_prompts(int(vocab), getattr(targets.reference, "max_positions", None), steps)
@@ -379,12 +354,13 @@ def verify_caches(
     """
     from .harness import ReferenceRun, verify_implementation
     from .mutants import MUTANTS
+    from .reuse import REUSE_LENGTH
 
     opts = VerifyOptions(**options, pad_id=model.pad_id if model is not None else 0)
     gpt = mutant_model(model, opts.window) if mutants else None
     targets = verify_targets(model, impl, opts, hf_caches)
     ids, steps = _prompt_ids(model, prompts, targets, opts.max_new_tokens), opts.max_new_tokens
-    run = ReferenceRun(targets.reference, steps) if targets.runnable else None
+    run = ReferenceRun(targets.reference, steps) if any(t.report is None for t in targets.targets) else None
     reports = []
     for t in targets.targets:
         if t.report is not None:  # could not be built: the report says why
@@ -392,13 +368,13 @@ def verify_caches(
             continue
         assert run is not None  # there is a reference run whenever a target was built
         if getattr(t.impl, "cache_kind", None) == "static":  # it attends over all its slots: size it to the run
-            t.impl.max_cache_len = cache_len(ids, steps)
+            t.impl.max_cache_len = max(max(len(p) for p in ids) + steps, REUSE_LENGTH) + 1  # or a reuse sequence
         label = t.name or getattr(t.impl, "name", type(t.impl).__name__)
         log(f"verifying {label} on {len(ids)} prompt(s), {steps} steps …")
         reports.append(verify_implementation(t.impl, run, ids, opts, name=t.name))
     table = None
     if gpt is not None:  # on the reference's own model, the reference run's trajectories serve
         log(f"running {len(MUTANTS)} mutants …")
-        same = getattr(targets.reference, "model", getattr(targets.reference, "hf", None)) is gpt
+        same = getattr(targets.reference, "model", None) is gpt
         table = mutant_table(gpt, ids, opts, run=run if same else None)
     return CacheVerification(reports, ids, run.name if run is not None else None, opts.thresholds, table)

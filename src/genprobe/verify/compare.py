@@ -1,4 +1,4 @@
-"""Comparing an implementation's logits with the reference's, and judging the difference on two scales.
+"""Judging the difference between an implementation's logits and the reference's on two scales (imports no torch).
 
 The chapter's absolute scale (§3.4.3: max |Δlogit| < 1e-4 float noise, 1e-3…1 suspicious, > 1 a bug) and Δ in standard
 deviations of the reference logits, which only ever raises a verdict, so that a model with small logits cannot hide a
@@ -14,15 +14,19 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import torch
-
 VERDICTS = ("pass", "small", "suspicious", "bug")  # ordered by severity
-TOPK = 10  # tokens of the reference's top-k over which |Δ log p| is measured
 
 
 def worst(verdicts: Iterable[str]) -> str:
     """The most severe of ``verdicts`` (``"pass"`` when there are none)."""
     return max(verdicts, key=VERDICTS.index, default="pass")
+
+
+def at_least(verdict: str, lowest: str) -> bool:
+    """``verdict`` is ``lowest`` (one of :data:`VERDICTS` but pass) or more severe: ``--fail-on``'s test."""
+    if lowest not in VERDICTS[1:]:
+        raise ValueError(f"fail_on must be one of {list(VERDICTS[1:])}, got {lowest!r}")
+    return verdict in VERDICTS and VERDICTS.index(verdict) >= VERDICTS.index(lowest)
 
 
 @dataclass(frozen=True)
@@ -97,29 +101,3 @@ class Thresholds:
         rel = 0.0 if ref_std is None else (d / ref_std if ref_std > 0 else (math.inf if d > 0 else 0.0))
         absolute = d / self.bug if self.bug > 0 else (math.inf if d > 0 else 0.0)
         return max(absolute, rel / self.rel_bug)
-
-
-def _abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|a - b| where equal entries (including equal infinities) count 0 and NaN counts +inf."""
-    d = torch.where(a == b, torch.zeros_like(a), (a - b).abs())
-    return torch.nan_to_num(d, nan=math.inf, posinf=math.inf)
-
-
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| where equal entries (including equal infinities) count 0 and NaN counts +inf."""
-    a, b = a.float(), b.float()
-    if a.shape != b.shape:
-        raise ValueError(f"cannot compare logits of shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    return float(_abs_diff(a, b).max()) if a.numel() else 0.0
-
-
-def row_std(ref: torch.Tensor, finite: torch.Tensor | None = None) -> torch.Tensor:
-    """Standard deviation of each row of reference logits over its finite entries (a masked vocabulary is -inf)."""
-    finite = torch.isfinite(ref) if finite is None else finite
-    if bool(finite.all()):
-        return ref.std(dim=-1)
-    n = finite.sum(-1).clamp(min=2)
-    x = torch.where(finite, ref, torch.zeros_like(ref))
-    mean = x.sum(-1, keepdim=True) / n[:, None]
-    var = torch.where(finite, (x - mean) ** 2, torch.zeros_like(ref)).sum(-1) / (n - 1)
-    return var.sqrt()

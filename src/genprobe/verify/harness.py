@@ -17,9 +17,9 @@ import torch
 
 from .._io import json_safe
 from ..engine.runner import left_padded
-from .compare import Thresholds, max_abs_diff
-from .report import PhaseError, PhaseTracker, VerifyReport, overall_verdict
-from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_extension, reuse_cases, situations
+from .compare import Thresholds
+from .report import PhaseError, PhaseTracker, VerifyReport, max_abs_diff, overall_verdict
+from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_ids, reuse_cases, situations
 
 if TYPE_CHECKING:  # pragma: no cover
     from .adapters import CacheImpl, Reference
@@ -78,16 +78,10 @@ class ReferenceRun:
         return self._seqs[key]
 
     def noise_floor(self, prompts: list[list[int]], pad_id: int = 0) -> "NoiseFloor":
-        """The reference's own float noise on these prompts: the same logits computed twice in another order.
-
-        * ``prefix_vs_whole`` — each greedy step's logits from a forward over the sequence so far vs the
-          same position in one forward over the whole sequence (free: the trajectories hold both);
-        * ``batched_vs_solo`` — every sequence as a row of one left-padded batch vs the row alone (one
-          batched forward; skipped when the reference takes no attention mask).
-
-        Both are exact identities of a causal model, so whatever they differ by is summation order: the
-        floor below which no cache can be asked to agree (see :meth:`Thresholds.pass_line`).
-        """
+        """The reference's own float noise on these prompts: the same logits computed twice in another order
+        (``prefix_vs_whole``, and ``batched_vs_solo`` unless the reference takes no attention mask; docs/verify-cache.md
+        section 2). Both are exact identities of a causal model, so whatever they differ by is summation order: the
+        floor below which no cache can be asked to agree (see :meth:`Thresholds.pass_line`)."""
         key = tuple(tuple(p) for p in prompts)
         if key not in self._floors:
             trajs = [self.trajectory(p) for p in prompts]
@@ -100,9 +94,7 @@ class ReferenceRun:
 
     @torch.no_grad()
     def _batched_vs_solo(self, trajs: list[ReferenceTrajectory], pad_id: int) -> float | None:
-        seqs = [t.prompt + t.tokens[:-1] for t in trajs]
-        if len(seqs) < 2 or len({len(q) for q in seqs}) < 2:  # equal lengths: add a shorter suffix as a row
-            seqs = seqs + [seqs[0][len(seqs[0]) // 2 :]] if len(seqs[0]) > 1 else seqs
+        seqs = padded_prompts([t.prompt + t.tokens[:-1] for t in trajs])  # equal lengths: a shorter row added
         if len(seqs) < 2:
             return None
         ids, mask = _left_pad(seqs, pad_id)
@@ -509,7 +501,7 @@ def _reuse_phases(
     length = min([REUSE_LENGTH, *limits])
     tr = run.trajectory(prompt)  # sequence A: the prompt, its greedy continuation, then random ids to ``length``
     a = (tr.prompt + tr.tokens)[:length]
-    cases = reuse_cases(a + random_extension(vocab, length - len(a)), vocab, length)
+    cases = reuse_cases(a + random_ids(vocab, [length - len(a)])[0], vocab, length)
     if not cases:
         return [], []
     back_to_back = bool(getattr(impl, "prefill_starts_sequence", False))

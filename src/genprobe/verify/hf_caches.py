@@ -1,16 +1,18 @@
 """``transformers``' own cache classes, probed at run time: which exist in the installed version, and how to build one.
 
 Kinds (``--hf-cache``): :data:`CACHE_KINDS`, tabled in docs/verify-cache.md ("transformers' cache classes"). The API
-moved between versions, so every kind is probed, never assumed.
+moved between versions, so every kind is probed, never assumed. Importing this module imports no torch: the CLI's
+parser offers :data:`CACHE_KINDS`.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 CACHE_KINDS = ("dynamic", "static", "sliding", "quantized", "offloaded")
 
@@ -52,6 +54,7 @@ def quantized_backend() -> str | None:
 
 def unavailable_reason(hf_model: torch.nn.Module, kind: str) -> str | None:
     """Why cache ``kind`` cannot be used with ``hf_model`` here (None when it can)."""
+    import torch
     import transformers
 
     if kind not in CACHE_KINDS:

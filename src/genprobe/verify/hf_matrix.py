@@ -72,11 +72,6 @@ class MatrixCell:
     cache: str
     report: VerifyReport
 
-    @property
-    def verdict(self) -> str:
-        """The report's verdict (``unavailable``: this version or machine lacks the class)."""
-        return self.report.verdict
-
     def text(self) -> str:
         """Short markdown cell."""
         r = self.report

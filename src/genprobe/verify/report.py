@@ -1,4 +1,5 @@
-"""Typed results of the cache verifier: :class:`PhaseResult` per comparison, :class:`VerifyReport` per implementation.
+"""Typed results of the cache verifier (:class:`PhaseResult` per comparison, :class:`VerifyReport` per implementation)
+and the tensor measures they are read from (:func:`max_abs_diff`, :func:`row_std`).
 
 Outcomes of an implementation: a verdict on the scale of :mod:`genprobe.verify.compare`
 (``pass`` < ``small`` < ``suspicious`` < ``bug``), or ``error`` when the implementation raised (the
@@ -8,13 +9,16 @@ it could not be built here (e.g. a ``transformers`` cache class this version lac
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .compare import TOPK, Thresholds, max_abs_diff, row_std, worst
+from .compare import Thresholds, worst
+
+TOPK = 10  # tokens of the reference's top-k over which |Δ log p| is measured
 
 OUTCOMES = ("pass", "small", "suspicious", "bug", "error", "unavailable")
 # a phase's verdict is one of VERDICTS, "error" (the implementation raised in it) or "skipped"
@@ -218,3 +222,24 @@ def overall_verdict(phases: list[PhaseResult], exact_prefill: bool) -> str:
     if exact_prefill and prefill and not prefill[0].bit_identical and v == "pass":
         v = "small"
     return v
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| where equal entries (including equal infinities) count 0 and NaN counts +inf."""
+    a, b = a.float(), b.float()
+    if a.shape != b.shape:
+        raise ValueError(f"cannot compare logits of shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    d = torch.nan_to_num(torch.where(a == b, torch.zeros_like(a), (a - b).abs()), nan=math.inf, posinf=math.inf)
+    return float(d.max()) if a.numel() else 0.0
+
+
+def row_std(ref: torch.Tensor, finite: torch.Tensor | None = None) -> torch.Tensor:
+    """Standard deviation of each row of reference logits over its finite entries (a masked vocabulary is -inf)."""
+    finite = torch.isfinite(ref) if finite is None else finite
+    if bool(finite.all()):
+        return ref.std(dim=-1)
+    n = finite.sum(-1).clamp(min=2)
+    x = torch.where(finite, ref, torch.zeros_like(ref))
+    mean = x.sum(-1, keepdim=True) / n[:, None]
+    var = torch.where(finite, (x - mean) ** 2, torch.zeros_like(ref)).sum(-1) / (n - 1)
+    return var.sqrt()

@@ -46,8 +46,7 @@ def reuse_cases(base: Sequence[int], vocab: int, length: int, seed: int = 0) -> 
     if length < DECODE + 2 or vocab - lo < 2:
         return []
     a = [int(t) for t in base[:length]]
-    g = torch.Generator().manual_seed(seed + 1)
-    other = torch.randint(lo, vocab, (length,), generator=g).tolist()
+    (other,) = random_ids(vocab, [length], seed + 1)
     cases = [ReuseCase("A", "base", length, tuple(a))]
     last = length - DECODE  # a divergence must lie in the prefilled part, so that decode steps follow it
     for s in SHARED_CONTINUATIONS:
@@ -77,11 +76,12 @@ def reuse_cases(base: Sequence[int], vocab: int, length: int, seed: int = 0) -> 
     return cases
 
 
-def random_extension(vocab: int, n: int, seed: int = 0) -> list[int]:
-    """``n`` seeded random token ids of the vocabulary (0 left out when the vocabulary allows: often padding)."""
-    lo = 1 if vocab > 2 else 0
+def random_ids(vocab: int, lengths: Sequence[int], seed: int = 0, lo: int | None = None) -> list[list[int]]:
+    """Seeded random token ids in [lo, vocab), one list per length, from one generator (``lo`` default: 1 when the
+    vocabulary allows, leaving out 0, often padding): the verifiers' random prompts and extensions."""
+    lo = (1 if vocab > 2 else 0) if lo is None else lo
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(lo, vocab, (n,), generator=g).tolist() if n > 0 else []
+    return [torch.randint(lo, vocab, (max(n, 0),), generator=g).tolist() for n in lengths]
 
 
 def situations(cases: list[ReuseCase], back_to_back: str | None) -> list[str]:

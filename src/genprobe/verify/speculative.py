@@ -4,7 +4,8 @@ Three checks, each a typed result with its own verdict (``pass``, ``bug``, ``err
 nothing to look at): :func:`greedy_check` (speculative greedy vs plain greedy), :func:`exact_check` (the exact
 distribution of the first tokens, every random choice of the real decoder enumerated, vs the target's, on total
 variation) and :func:`two_sample_check` (χ² and z-tests on samples, for models too slow to enumerate). With
-``mutants``, :func:`verify_speculative` runs the broken decoders of :mod:`genprobe.verify.spec_mutants` through the
+``mutants``, :func:`verify_speculative` runs the broken decoders (:data:`MUTANTS`, each overriding one rule of
+:class:`~genprobe.engine.speculative.SpeculativeDecoder`: production code carries no bug switches) through the
 greedy and exact checks. docs/speculative.md describes each check and its tolerances.
 """
 
@@ -24,7 +25,7 @@ from ..engine.runner import runner_for
 from ..engine.samplers.chain import process_logits
 from ..engine.samplers.stages import SamplerConfig
 from ..engine.speculative import SeededDraws, SpeculativeDecoder, SpeculativeStats, check_k, make_draft
-from .spec_mutants import MUTANTS
+from .reuse import random_ids
 
 EXACT_TOLERANCE = 1e-4
 EXACT_SAMPLER = SamplerConfig(temperature=1.0, top_k=3)
@@ -307,7 +308,66 @@ def _z_top(a: Counter[int], b: Counter[int]) -> dict[str, float]:
     return {"token": top, "plain": pa, "speculative": pb, "z": z, "p_value": math.erfc(abs(z) / math.sqrt(2))}
 
 
-# ---- mutants -------------------------------------------------------------------------------------------------
+# ---- mutants: docs/speculative.md tables them with the check that catches each ---------------------------------
+class AcceptIfPGeQ(SpeculativeDecoder):
+    """Deterministic acceptance: a draft is kept iff the target gives it at least the draft's probability."""
+
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor, x: int) -> float:
+        return 1.0 if float(p[x]) >= float(q[x]) else 0.0
+
+
+class ResidualFromP(SpeculativeDecoder):
+    """After a rejection the replacement is drawn from p itself (the rejected token can come back)."""
+
+    def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return p
+
+
+class DroppedBonus(SpeculativeDecoder):
+    """The bonus token after k acceptances is fed to the models but never emitted."""
+
+    def commit(self, context: list[int], out: list[int], kept: list[int], token: int, bonus: bool) -> None:
+        context.extend([*kept, token])
+        out.extend(kept if bonus else [*kept, token])
+
+
+class DoubledBonus(SpeculativeDecoder):
+    """The bonus token is appended twice (emitted once per bookkeeping path)."""
+
+    def commit(self, context: list[int], out: list[int], kept: list[int], token: int, bonus: bool) -> None:
+        new = [*kept, token, token] if bonus else [*kept, token]
+        context.extend(new)
+        out.extend(new)
+
+
+class NoRollback(SpeculativeDecoder):
+    """The bookkeeping forgets the rejected drafts, the caches keep them (their keys stay visible, positions run on)."""
+
+    def rollback(self, context: Sequence[int]) -> None:
+        for cached in (self.target, getattr(self.draft, "cached", None)):
+            if cached is not None:
+                del cached.tokens[cached.keep_for(context) :]
+
+
+class VerifyOffByOne(SpeculativeDecoder):
+    """The verification rows are read one position late: ``d_j`` is judged by the row at ``d_j`` itself."""
+
+    def verify_rows(self, context: Sequence[int], drafted: Sequence[int]) -> torch.Tensor:
+        rows = super().verify_rows(context, drafted)
+        return torch.cat([rows[1:], rows[-1:]]) if len(drafted) else rows
+
+
+MUTANTS: dict[str, type[SpeculativeDecoder]] = {
+    "correct": SpeculativeDecoder,
+    "accept_if_p_ge_q": AcceptIfPGeQ,
+    "residual_from_p": ResidualFromP,
+    "dropped_bonus": DroppedBonus,
+    "doubled_bonus": DoubledBonus,
+    "no_rollback": NoRollback,
+    "verify_off_by_one": VerifyOffByOne,
+}
+
+
 @dataclass
 class MutantRow:
     """One decoder (correct or broken) through the greedy and exact checks."""
@@ -370,10 +430,8 @@ class SpeculativeVerification:
 
 def default_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
     """A loop-prone prompt (a random 6-token pattern, three times and a half) and an ordinary one (16 random ids)."""
-    gen = torch.Generator().manual_seed(seed)
-    hi = min(vocab_size, 256)  # low ids: byte-level vocabularies put their commonest pieces there
-    pattern = torch.randint(3, hi, (6,), generator=gen).tolist()
-    ordinary = torch.randint(3, hi, (16,), generator=gen).tolist()
+    # low ids (3 to 255): byte-level vocabularies put their commonest pieces there
+    pattern, ordinary = random_ids(min(vocab_size, 256), [6, 16], seed, lo=3)
     return [pattern * 3 + pattern[:3], ordinary]
 
 
