@@ -9,21 +9,7 @@ only real tokens) and its keys are masked, so a padded row yields the same logit
 loaded ``Model``, our GPT, a ``transformers`` causal LM (driven with its own cache by
 :class:`genprobe.engine.hf_adapter.HFCausalLM`) or a runner.
 
-**Contrastive search** (Su et al. 2022, :class:`ContrastiveRun`) with HF's semantics, over our KV cache or a
-transformers model's. Each step keeps the ``top_k`` most probable next tokens (after the adjustments: bans, penalties,
-no-repeat-n-gram, DRY — HF's logits processors), runs all of them through the model in one batch of B·k rows, and picks
-per row the candidate maximising
-
-    (1 − α) · p(candidate) − α · max_j cos(h_candidate, h_j)
-
-where ``h`` is the model's last hidden state (after the final norm, what HF's ``hidden_states[-1]`` holds) and ``j``
-runs over every earlier real position, prompt included (transformers 4.x ``GenerationMixin._contrastive_search`` /
-``_ranking_fast``; transformers 5 moved it to a Hub repository). The chosen candidate's forward already produced the
-next step's logits and cache entry, so a step costs one batched forward of k tokens per row.
-
-The cache holds B·k rows for the whole generation. HF copies the whole cache twice per step (repeat, then select); for
-our :class:`~genprobe.engine.cache.KVCache` only the newest slot is copied from the chosen row to the others of its
-group. A transformers cache is handled as HF does (``batch_select_indices``).
+**Contrastive search** (:class:`ContrastiveRun`) runs through the same loop.
 """
 
 from __future__ import annotations
@@ -148,9 +134,24 @@ def rank_candidates(
 
 
 class ContrastiveRun(Run):
-    """One contrastive search over a left-padded batch: :func:`~genprobe.engine.generate.generate`'s loop with the
-    prompts prefilled once (B rows, then the cache repeated k times) and each step one batched forward of the k
-    candidates per row. ``step_probs`` are the candidate distributions: softmax of the adjusted logits."""
+    """Contrastive search (Su et al. 2022) with HF's semantics, over our KV cache or a transformers model's. Each step
+    keeps the ``top_k`` most probable next tokens (after the adjustments: bans, penalties, no-repeat-n-gram, DRY —
+    HF's logits processors), runs all of them through the model in one batch of B·k rows, and picks per row the
+    candidate maximising
+
+        (1 − α) · p(candidate) − α · max_j cos(h_candidate, h_j)
+
+    where ``h`` is the model's last hidden state (after the final norm, what HF's ``hidden_states[-1]`` holds) and
+    ``j`` runs over every earlier real position, prompt included (transformers 4.x
+    ``GenerationMixin._contrastive_search`` / ``_ranking_fast``; transformers 5 moved it to a Hub repository). The
+    chosen candidate's forward already produced the next step's logits and cache entry, so a step costs one batched
+    forward of k tokens per row.
+
+    The cache holds B·k rows for the whole generation. HF copies the whole cache twice per step (repeat, then
+    select); for our :class:`~genprobe.engine.cache.KVCache` only the newest slot is copied from the chosen row to
+    the others of its group. A transformers cache is handled as HF does (``batch_select_indices``). ``step_probs``
+    are the candidate distributions: softmax of the adjusted logits.
+    """
 
     history: torch.Tensor  # what the penalties read, always kept: the candidates are ranked after the adjustments
 

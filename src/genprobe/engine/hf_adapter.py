@@ -107,8 +107,7 @@ class HFCausalLM:
 
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Uncached forward of the whole (left-padded) sequence → logits (B, T, V)."""
-        v = valid.to(torch.long)
-        positions = (v.cumsum(1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=v, position_ids=positions, use_cache=False)
+        positions = padded_positions(torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device), valid)
+        out = self.model(input_ids=ids, attention_mask=valid.to(torch.long), position_ids=positions, use_cache=False)
         logits: torch.Tensor = out.logits
         return logits

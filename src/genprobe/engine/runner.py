@@ -1,9 +1,7 @@
 """What the generation loops drive and return: the :class:`Runner` protocol, our GPT behind it (its one forward,
 :func:`forward_step`), :func:`runner_for` (the one place a model's runner is chosen), the checks every loop makes on
 its inputs, the loop's buffers (:class:`Run`) and :class:`GenerationResult` with what each step chose and how sure it
-was (:func:`step_stats`).
-
-Its own module, below ``generate``, whose loop drives a ``Run`` or contrastive search's ``ContrastiveRun``.
+was (:func:`step_stats`). ``generate``'s loop, one module up, drives a ``Run`` (or ``ContrastiveRun``).
 """
 
 from __future__ import annotations

@@ -7,12 +7,8 @@ runs keep ``d_j`` with probability ``min(1, p_j(d_j) / q_j(d_j))`` and draw a re
 method of :class:`SpeculativeDecoder`, so that the verifier's mutants (:mod:`genprobe.verify.spec_mutants`) override
 one each. docs/speculative.md has the round step by step.
 
-A draft (:class:`PromptLookupDraft`, :class:`ModelDraft` — a smaller model or the target's own first layers,
-:func:`first_layers`) returns from ``propose(context, k, decoder)`` up to ``k`` tokens (a model's chosen by the
-decoder's ``pick``) and, for a model, the distribution ``q`` each was drawn from (the processed distribution of the
-same sampler chain as the target's); prompt lookup proposes deterministically (``q`` a point mass, None).
-``rollback(context)`` forgets cached tokens that are no longer the context's (a rejected proposal).
-:class:`CachedModel` is a runner with its one-row cache and the tokens it holds.
+Drafts (:class:`Draft`): :class:`PromptLookupDraft` (deterministic: ``q`` a point mass) and :class:`ModelDraft` (a
+smaller model or the target's first layers, :func:`first_layers`; its ``q`` is the target's sampler chain's).
 """
 
 from __future__ import annotations
