@@ -51,14 +51,17 @@ class Draft(Protocol):
 
 
 class CachedModel:
-    """A runner driving one row of tokens through its own cache; ``tokens`` = what the cache holds."""
+    """A model driving one row of tokens through its own cache; ``tokens`` = what the cache holds."""
 
-    def __init__(self, runner: Runner, capacity: int):
-        self.runner = runner
-        self.state = runner.new_state(1, capacity)
+    def __init__(self, model: ModelLike, name: str = "model"):
+        self.runner, self.name = runner_for(model), name
+        self.device = device_of(self.runner)
+
+    def start(self, capacity: int) -> None:
+        """A fresh cache for one generation of up to ``capacity`` tokens."""
+        self.state = self.runner.new_state(1, capacity)
         self.tokens: list[int] = []
         self.forwards = 0  # forward calls
-        self.device = device_of(runner)
 
     def feed(self, new: Sequence[int]) -> torch.Tensor:
         """Logits (T, V) of ``new`` appended to the cached tokens, in one forward."""
@@ -111,39 +114,21 @@ class PromptLookupDraft:
         """Nothing cached."""
 
 
-class ModelDraft:
+class ModelDraft(CachedModel):
     """A smaller model with the target's vocabulary proposes ``k`` tokens, one cached forward each."""
 
-    def __init__(self, model: ModelLike, name: str = "model"):
-        self.runner = runner_for(model)
-        self.name = name
-        self.cached: CachedModel | None = None
-
-    @property
-    def forwards(self) -> int:
-        return 0 if self.cached is None else self.cached.forwards
-
-    def start(self, capacity: int) -> None:
-        """A fresh cache for one generation."""
-        self.cached = CachedModel(self.runner, capacity)
-
     def propose(self, context: Sequence[int], k: int, chooser: SpeculativeDecoder) -> Proposal:
-        assert self.cached is not None, "start() first"
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
-        logits = self.cached.catch_up(context)[-1]
+        logits = self.catch_up(context)[-1]
         for j in range(k):
             x, q = chooser.pick(logits, [*context, *tokens])
             tokens.append(x)
             if q is not None:
                 qs.append(q)
             if j < k - 1:
-                logits = self.cached.feed([x])[-1]
+                logits = self.feed([x])[-1]
         return tokens, (qs if qs else None)
-
-    def rollback(self, context: Sequence[int]) -> None:
-        if self.cached is not None:
-            self.cached.rollback(context)
 
 
 def first_layers(model: ModelLike, n_layer: int) -> Runner:
@@ -305,7 +290,8 @@ class SpeculativeDecoder:
         N = int(max_new_tokens)
         # Room for every token a round could leave behind (a broken rollback's too); the model checks positions.
         capacity = self.P + (N + 1) * (self.k + 1) + 1
-        self.target = CachedModel(self.runner, capacity)
+        self.target = CachedModel(self.runner, "target")
+        self.target.start(capacity)
         self.draft.start(capacity)
         context, out = [int(t) for t in prompt], list[int]()
         stats, finished = SpeculativeStats(), "length"

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from ..engine.speculative import SpeculativeDecoder
+from ..engine.speculative import CachedModel, SpeculativeDecoder
 
 
 class AcceptIfPGeQ(SpeculativeDecoder):
@@ -50,8 +50,8 @@ class NoRollback(SpeculativeDecoder):
     """The bookkeeping forgets the rejected drafts, the caches keep them (their keys stay visible, positions run on)."""
 
     def rollback(self, context: Sequence[int]) -> None:
-        for cached in (self.target, getattr(self.draft, "cached", None)):
-            if cached is not None:
+        for cached in (self.target, self.draft):
+            if isinstance(cached, CachedModel):
                 del cached.tokens[cached.keep_for(context) :]
 
 
