@@ -45,11 +45,9 @@ def generate(
 
     ``on_token(step, token_ids)`` is called after every step with one new id per row (rows that
     already finished get ``-1``). Rows stop at ``eos_id`` (the eos token is kept in ``tokens``).
-    ``compile=True`` drives a genprobe GPT, or a Llama-family ``transformers`` model (Llama, Qwen2/3,
-    Mistral, Phi-3, run by :class:`~genprobe.model.llama_family.LlamaFamily` over its own weights), through the fast
-    runner (:mod:`genprobe.engine.fast`: ``torch.compile``, ahead-of-time programs, C++ kernels), chosen once by
-    :func:`~genprobe.engine.runner.runner_for`; the first call per model and batch size pays the compilation
-    (SmolLM2-135M: ~2 min per batch size, then cached on disk). Everything else is the same loop.
+    ``compile=True`` drives our GPT or a Llama-family ``transformers`` model through the fast runner
+    (:mod:`genprobe.engine.fast`, :func:`~genprobe.engine.runner.fast_module`); the first call per model and batch
+    size compiles (SmolLM2-135M: ~2 min per batch size, then cached on disk). Everything else is the same loop.
     A sampler with ``penalty_alpha`` > 0 runs contrastive search (:class:`ContrastiveRun`).
     """
     cfg = sampler or GREEDY

@@ -136,32 +136,29 @@ def first_layers(model: ModelLike, n_layer: int) -> Runner:
     and its final norm and head, as a runner: the self-speculative draft (an early exit)."""
     runner = runner_for(model)
     hf = getattr(runner, "model", None)  # GPTRunner and HFCausalLM hold the module they drive
+    inner: Any = getattr(hf, "model", None)
     if isinstance(hf, GPT):
         total = hf.cfg.n_layer
-        _check_layers(n_layer, total)
-        out = copy.deepcopy(hf)
-        out.h = out.h[:n_layer]
-        out.cfg = replace(out.cfg, n_layer=n_layer)
-        return runner_for(out.eval())
-    inner = getattr(hf, "model", None)
-    if hf is None or inner is None or not hasattr(inner, "layers"):
+    elif hf is not None and hasattr(inner, "layers"):
+        total = len(inner.layers)
+    else:
         raise ValueError(
             f"a first-layers draft needs a genprobe GPT or a Llama-family model, got {type(runner).__name__}"
         )
-    _check_layers(n_layer, len(inner.layers))
+    if not 1 <= n_layer < total:
+        raise ValueError(f"a first-layers draft keeps 1 .. {total - 1} of the target's {total} layers, got {n_layer}")
+    small = copy.deepcopy(hf)
+    if isinstance(small, GPT):
+        small.h = small.h[:n_layer]
+        small.cfg = replace(small.cfg, n_layer=n_layer)
+        return runner_for(small.eval())
     from .hf_adapter import HFCausalLM
 
-    small = copy.deepcopy(hf)
     small.model.layers = small.model.layers[:n_layer]
     small.config.num_hidden_layers = n_layer
     if getattr(small.config, "layer_types", None):
         small.config.layer_types = small.config.layer_types[:n_layer]
     return HFCausalLM(small)
-
-
-def _check_layers(n_layer: int, total: int) -> None:
-    if not 1 <= n_layer < total:
-        raise ValueError(f"a first-layers draft keeps 1 .. {total - 1} of the target's {total} layers, got {n_layer}")
 
 
 class Draws(Protocol):
