@@ -35,10 +35,7 @@ class Draft(Protocol):
     """What proposes tokens (:class:`PromptLookupDraft`, :class:`ModelDraft`, a verifier's mutant)."""
 
     name: str
-
-    @property
-    def forwards(self) -> int:
-        """Forward calls so far."""
+    forwards: int  # forward calls so far
 
     def start(self, capacity: int) -> None:
         """Get ready for one generation of up to ``capacity`` tokens."""
