@@ -9,21 +9,7 @@ only real tokens) and its keys are masked, so a padded row yields the same logit
 loaded ``Model``, our GPT, a ``transformers`` causal LM (driven with its own cache by
 :class:`genprobe.engine.hf_adapter.HFCausalLM`) or a runner.
 
-**Contrastive search** (Su et al. 2022, :class:`ContrastiveRun`) with HF's semantics, over our KV cache or a
-transformers model's. Each step keeps the ``top_k`` most probable next tokens (after the adjustments: bans, penalties,
-no-repeat-n-gram, DRY — HF's logits processors), runs all of them through the model in one batch of B·k rows, and picks
-per row the candidate maximising
-
-    (1 − α) · p(candidate) − α · max_j cos(h_candidate, h_j)
-
-where ``h`` is the model's last hidden state (after the final norm, what HF's ``hidden_states[-1]`` holds) and ``j``
-runs over every earlier real position, prompt included (transformers 4.x ``GenerationMixin._contrastive_search`` /
-``_ranking_fast``; transformers 5 moved it to a Hub repository). The chosen candidate's forward already produced the
-next step's logits and cache entry, so a step costs one batched forward of k tokens per row.
-
-The cache holds B·k rows for the whole generation. HF copies the whole cache twice per step (repeat, then select); for
-our :class:`~genprobe.engine.cache.KVCache` only the newest slot is copied from the chosen row to the others of its
-group. A transformers cache is handled as HF does (``batch_select_indices``).
+**Contrastive search** (:class:`ContrastiveRun`) runs through the same loop.
 """
 
 from __future__ import annotations
@@ -59,11 +45,9 @@ def generate(
 
     ``on_token(step, token_ids)`` is called after every step with one new id per row (rows that
     already finished get ``-1``). Rows stop at ``eos_id`` (the eos token is kept in ``tokens``).
-    ``compile=True`` drives a genprobe GPT, or a Llama-family ``transformers`` model (Llama, Qwen2/3,
-    Mistral, Phi-3, run by :class:`~genprobe.model.llama_family.LlamaFamily` over its own weights), through the fast
-    runner (:mod:`genprobe.engine.fast`: ``torch.compile``, ahead-of-time programs, C++ kernels), chosen once by
-    :func:`~genprobe.engine.runner.runner_for`; the first call per model and batch size pays the compilation
-    (SmolLM2-135M: ~2 min per batch size, then cached on disk). Everything else is the same loop.
+    ``compile=True`` drives our GPT or a Llama-family ``transformers`` model through the fast runner
+    (:mod:`genprobe.engine.fast`, :func:`~genprobe.engine.runner.fast_module`); the first call per model and batch
+    size compiles (SmolLM2-135M: ~2 min per batch size, then cached on disk). Everything else is the same loop.
     A sampler with ``penalty_alpha`` > 0 runs contrastive search (:class:`ContrastiveRun`).
     """
     cfg = sampler or GREEDY
@@ -148,9 +132,24 @@ def rank_candidates(
 
 
 class ContrastiveRun(Run):
-    """One contrastive search over a left-padded batch: :func:`~genprobe.engine.generate.generate`'s loop with the
-    prompts prefilled once (B rows, then the cache repeated k times) and each step one batched forward of the k
-    candidates per row. ``step_probs`` are the candidate distributions: softmax of the adjusted logits."""
+    """Contrastive search (Su et al. 2022) with HF's semantics, over our KV cache or a transformers model's. Each step
+    keeps the ``top_k`` most probable next tokens (after the adjustments: bans, penalties, no-repeat-n-gram, DRY —
+    HF's logits processors), runs all of them through the model in one batch of B·k rows, and picks per row the
+    candidate maximising
+
+        (1 − α) · p(candidate) − α · max_j cos(h_candidate, h_j)
+
+    where ``h`` is the model's last hidden state (after the final norm, what HF's ``hidden_states[-1]`` holds) and
+    ``j`` runs over every earlier real position, prompt included (transformers 4.x
+    ``GenerationMixin._contrastive_search`` / ``_ranking_fast``; transformers 5 moved it to a Hub repository). The
+    chosen candidate's forward already produced the next step's logits and cache entry, so a step costs one batched
+    forward of k tokens per row.
+
+    The cache holds B·k rows for the whole generation. HF copies the whole cache twice per step (repeat, then
+    select); for our :class:`~genprobe.engine.cache.KVCache` only the newest slot is copied from the chosen row to
+    the others of its group. A transformers cache is handled as HF does (``batch_select_indices``). ``step_probs``
+    are the candidate distributions: softmax of the adjusted logits.
+    """
 
     history: torch.Tensor  # what the penalties read, always kept: the candidates are ranked after the adjustments
 

@@ -9,7 +9,7 @@ GPT uses, and what HF's ``generate`` does). :func:`genprobe.engine.runner.runner
 from __future__ import annotations
 
 import inspect
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -42,30 +42,19 @@ class _HFCacheState:
 
 
 class HFCausalLM:
-    """A ``transformers`` causal LM behind the runner protocol.
-
-    It exposes ``vocab_size``, ``max_positions``, ``step`` and ``full``.
-    """
+    """A ``transformers`` causal LM behind the runner protocol (``step_with_hidden`` too, for contrastive search)."""
 
     def __init__(self, hf_model: nn.Module):
         if not hasattr(hf_model, "config") or not callable(hf_model):
             raise TypeError(f"HFCausalLM needs a transformers model, got {type(hf_model).__name__}")
         self.model = hf_model.eval()
+        self.config: Any = hf_model.config
         self.vocab_size = vocab_size(hf_model)
         self.max_positions = max_positions(hf_model)
         self.pad_id = pad_id(hf_model)
         params = inspect.signature(hf_model.forward).parameters
         # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; support both.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-
-    @property
-    def config(self) -> Any:
-        """The wrapped model's config."""
-        return self.model.config
-
-    def parameters(self) -> Iterator[torch.nn.Parameter]:
-        """The wrapped model's parameters (device/dtype discovery)."""
-        return self.model.parameters()
 
     def new_state(self, batch_size: int, max_len: int) -> _HFCacheState:
         """A fresh ``DynamicCache`` plus a preallocated attention-mask buffer."""
@@ -86,10 +75,7 @@ class HFCausalLM:
     def step_with_hidden(
         self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`step` plus the last hidden state, for contrastive search.
-
-        The hidden state is taken after the final norm (``hidden_states[-1]``).
-        """
+        """:meth:`step` plus the last hidden state after the final norm (``hidden_states[-1]``)."""
         out = self._cached_forward(ids, valid, state, hidden=True)
         return out.logits, out.hidden_states[-1]
 
@@ -121,8 +107,7 @@ class HFCausalLM:
 
     def full(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Uncached forward of the whole (left-padded) sequence → logits (B, T, V)."""
-        v = valid.to(torch.long)
-        positions = (v.cumsum(1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=v, position_ids=positions, use_cache=False)
+        positions = padded_positions(torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device), valid)
+        out = self.model(input_ids=ids, attention_mask=valid.to(torch.long), position_ids=positions, use_cache=False)
         logits: torch.Tensor = out.logits
         return logits

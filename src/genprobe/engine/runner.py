@@ -1,9 +1,7 @@
 """What the generation loops drive and return: the :class:`Runner` protocol, our GPT behind it (its one forward,
 :func:`forward_step`), :func:`runner_for` (the one place a model's runner is chosen), the checks every loop makes on
 its inputs, the loop's buffers (:class:`Run`) and :class:`GenerationResult` with what each step chose and how sure it
-was (:func:`step_stats`).
-
-Its own module, below ``generate``, whose loop drives a ``Run`` or contrastive search's ``ContrastiveRun``.
+was (:func:`step_stats`). ``generate``'s loop, one module up, drives a ``Run`` (or ``ContrastiveRun``).
 """
 
 from __future__ import annotations
@@ -344,25 +342,21 @@ class Run:
     def logits(self, i: int, state: Any) -> torch.Tensor:
         """Next-token logits at step ``i``: the whole prefix (naive, or the prompt's prefill), else one token."""
         cur, runner = self.P + i, self.runner
-        out: torch.Tensor
         self.calls += 1
         if self.mode == "naive":
             self.forwards += cur
-            out = runner.full(self.buf[:, :cur], self.valid[:, :cur])[:, -1]
-            return out
-        if i == 0:
-            self.forwards += cur
-            prompt_valid = self.valid[:, :cur] if self.padded else None
-            # A runner that can skip the head for all but the last position (compiled) says so.
-            last = getattr(runner, "last_logits", None)
-            if last is not None:
-                out = last(self.buf[:, :cur], prompt_valid, state)
-            else:
-                out = runner.step(self.buf[:, :cur], prompt_valid, state)[:, -1]
-            return out
-        self.forwards += 1
-        col = self.valid[:, cur - 1 : cur] if self.eos_id is not None else None
-        out = runner.step(self.buf[:, cur - 1 : cur], col, state)[:, -1]
+            return runner.full(self.buf[:, :cur], self.valid[:, :cur])[:, -1]
+        if i > 0:
+            self.forwards += 1
+            col = self.valid[:, cur - 1 : cur] if self.eos_id is not None else None
+            return runner.step(self.buf[:, cur - 1 : cur], col, state)[:, -1]
+        self.forwards += cur
+        prompt_valid = self.valid[:, :cur] if self.padded else None
+        # A runner that can skip the head for all but the last position (compiled) says so.
+        last = getattr(runner, "last_logits", None)
+        if last is None:
+            return runner.step(self.buf[:, :cur], prompt_valid, state)[:, -1]
+        out: torch.Tensor = last(self.buf[:, :cur], prompt_valid, state)
         return out
 
     def choose(self, logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:

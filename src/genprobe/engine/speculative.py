@@ -7,12 +7,8 @@ runs keep ``d_j`` with probability ``min(1, p_j(d_j) / q_j(d_j))`` and draw a re
 method of :class:`SpeculativeDecoder`, so that the verifier's mutants (``genprobe.verify.speculative.MUTANTS``)
 override one each. docs/speculative.md has the round step by step.
 
-A draft (:class:`PromptLookupDraft`, :class:`ModelDraft` — a smaller model or the target's own first layers,
-:func:`first_layers`) returns from ``propose(context, k, decoder)`` up to ``k`` tokens (a model's chosen by the
-decoder's ``pick``) and, for a model, the distribution ``q`` each was drawn from (the processed distribution of the
-same sampler chain as the target's); prompt lookup proposes deterministically (``q`` a point mass, None).
-``rollback(context)`` forgets cached tokens that are no longer the context's (a rejected proposal).
-:class:`CachedModel` is a runner with its one-row cache and the tokens it holds.
+Drafts (:class:`Draft`): :class:`PromptLookupDraft` (deterministic: ``q`` a point mass) and :class:`ModelDraft` (a
+smaller model or the target's first layers, :func:`first_layers`; its ``q`` is the target's sampler chain's).
 """
 
 from __future__ import annotations
@@ -39,10 +35,7 @@ class Draft(Protocol):
     """What proposes tokens (:class:`PromptLookupDraft`, :class:`ModelDraft`, a verifier's mutant)."""
 
     name: str
-
-    @property
-    def forwards(self) -> int:
-        """Forward calls so far."""
+    forwards: int  # forward calls so far
 
     def start(self, capacity: int) -> None:
         """Get ready for one generation of up to ``capacity`` tokens."""
@@ -55,14 +48,17 @@ class Draft(Protocol):
 
 
 class CachedModel:
-    """A runner driving one row of tokens through its own cache; ``tokens`` = what the cache holds."""
+    """A model driving one row of tokens through its own cache; ``tokens`` = what the cache holds."""
 
-    def __init__(self, runner: Runner, capacity: int):
-        self.runner = runner
-        self.state = runner.new_state(1, capacity)
+    def __init__(self, model: ModelLike, name: str = "model"):
+        self.runner, self.name = runner_for(model), name
+        self.device = device_of(self.runner)
+
+    def start(self, capacity: int) -> None:
+        """A fresh cache for one generation of up to ``capacity`` tokens."""
+        self.state = self.runner.new_state(1, capacity)
         self.tokens: list[int] = []
         self.forwards = 0  # forward calls
-        self.device = device_of(runner)
 
     def feed(self, new: Sequence[int]) -> torch.Tensor:
         """Logits (T, V) of ``new`` appended to the cached tokens, in one forward."""
@@ -115,39 +111,21 @@ class PromptLookupDraft:
         """Nothing cached."""
 
 
-class ModelDraft:
+class ModelDraft(CachedModel):
     """A smaller model with the target's vocabulary proposes ``k`` tokens, one cached forward each."""
 
-    def __init__(self, model: ModelLike, name: str = "model"):
-        self.runner = runner_for(model)
-        self.name = name
-        self.cached: CachedModel | None = None
-
-    @property
-    def forwards(self) -> int:
-        return 0 if self.cached is None else self.cached.forwards
-
-    def start(self, capacity: int) -> None:
-        """A fresh cache for one generation."""
-        self.cached = CachedModel(self.runner, capacity)
-
     def propose(self, context: Sequence[int], k: int, chooser: SpeculativeDecoder) -> Proposal:
-        assert self.cached is not None, "start() first"
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
-        logits = self.cached.catch_up(context)[-1]
+        logits = self.catch_up(context)[-1]
         for j in range(k):
             x, q = chooser.pick(logits, [*context, *tokens])
             tokens.append(x)
             if q is not None:
                 qs.append(q)
             if j < k - 1:
-                logits = self.cached.feed([x])[-1]
+                logits = self.feed([x])[-1]
         return tokens, (qs if qs else None)
-
-    def rollback(self, context: Sequence[int]) -> None:
-        if self.cached is not None:
-            self.cached.rollback(context)
 
 
 def first_layers(model: ModelLike, n_layer: int) -> Runner:
@@ -155,32 +133,29 @@ def first_layers(model: ModelLike, n_layer: int) -> Runner:
     and its final norm and head, as a runner: the self-speculative draft (an early exit)."""
     runner = runner_for(model)
     hf = getattr(runner, "model", None)  # GPTRunner and HFCausalLM hold the module they drive
+    inner: Any = getattr(hf, "model", None)
     if isinstance(hf, GPT):
         total = hf.cfg.n_layer
-        _check_layers(n_layer, total)
-        out = copy.deepcopy(hf)
-        out.h = out.h[:n_layer]
-        out.cfg = replace(out.cfg, n_layer=n_layer)
-        return runner_for(out.eval())
-    inner = getattr(hf, "model", None)
-    if hf is None or inner is None or not hasattr(inner, "layers"):
+    elif hf is not None and hasattr(inner, "layers"):
+        total = len(inner.layers)
+    else:
         raise ValueError(
             f"a first-layers draft needs a genprobe GPT or a Llama-family model, got {type(runner).__name__}"
         )
-    _check_layers(n_layer, len(inner.layers))
+    if not 1 <= n_layer < total:
+        raise ValueError(f"a first-layers draft keeps 1 .. {total - 1} of the target's {total} layers, got {n_layer}")
+    small = copy.deepcopy(hf)
+    if isinstance(small, GPT):
+        small.h = small.h[:n_layer]
+        small.cfg = replace(small.cfg, n_layer=n_layer)
+        return runner_for(small.eval())
     from .hf_adapter import HFCausalLM
 
-    small = copy.deepcopy(hf)
     small.model.layers = small.model.layers[:n_layer]
     small.config.num_hidden_layers = n_layer
     if getattr(small.config, "layer_types", None):
         small.config.layer_types = small.config.layer_types[:n_layer]
     return HFCausalLM(small)
-
-
-def _check_layers(n_layer: int, total: int) -> None:
-    if not 1 <= n_layer < total:
-        raise ValueError(f"a first-layers draft keeps 1 .. {total - 1} of the target's {total} layers, got {n_layer}")
 
 
 class Draws(Protocol):
@@ -309,7 +284,8 @@ class SpeculativeDecoder:
         N = int(max_new_tokens)
         # Room for every token a round could leave behind (a broken rollback's too); the model checks positions.
         capacity = self.P + (N + 1) * (self.k + 1) + 1
-        self.target = CachedModel(self.runner, capacity)
+        self.target = CachedModel(self.runner, "target")
+        self.target.start(capacity)
         self.draft.start(capacity)
         context, out = [int(t) for t in prompt], list[int]()
         stats, finished = SpeculativeStats(), "length"

@@ -24,7 +24,7 @@ from ..engine.generate import generate
 from ..engine.runner import runner_for
 from ..engine.samplers.chain import process_logits
 from ..engine.samplers.stages import SamplerConfig
-from ..engine.speculative import SeededDraws, SpeculativeDecoder, SpeculativeStats, check_k, make_draft
+from ..engine.speculative import CachedModel, SeededDraws, SpeculativeDecoder, SpeculativeStats, check_k, make_draft
 from .reuse import random_ids
 
 EXACT_TOLERANCE = 1e-4
@@ -344,8 +344,8 @@ class NoRollback(SpeculativeDecoder):
     """The bookkeeping forgets the rejected drafts, the caches keep them (their keys stay visible, positions run on)."""
 
     def rollback(self, context: Sequence[int]) -> None:
-        for cached in (self.target, getattr(self.draft, "cached", None)):
-            if cached is not None:
+        for cached in (self.target, self.draft):
+            if isinstance(cached, CachedModel):
                 del cached.tokens[cached.keep_for(context) :]
 
 

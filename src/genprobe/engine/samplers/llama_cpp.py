@@ -1,14 +1,12 @@
 """llama.cpp's sampler arithmetic replayed in float32 (src/llama-sampling.cpp): C's ``expf``/``logf``, the
 candidate array (``llama_token_data_array``) and DRY's matching.
 
-**expf / logf.** llama.cpp's samplers call the C library's scalar ``expf`` / ``logf``. numpy's float32 ``exp`` /
-``log`` are its own SIMD approximations: measured against glibc's on 200,000 normal inputs they differed by one ulp
-on 39% (exp) and 15% (log) of them — enough to move an exactly-hit top-p, min-p or XTC threshold to the other side
-(tests/serving/llamacpp/test_sampler_chain.py found it against the real chain). So :func:`expf` takes the float64
-exponential rounded to float32 (correctly rounded) and asks the C library itself for the inputs near a float32
-rounding midpoint, where glibc's ``expf`` (error <= 0.502 ulp) may round the other way; :func:`logf` asks the C
-library for every element (its 0.818 ulp bound leaves no cheap shortcut; it runs on scalars and typical-p's
-candidates only). Without a loadable C math library (not expected on Linux/macOS) both take the float64 route.
+**expf / logf.** llama.cpp's samplers call the C library's scalar ``expf`` / ``logf``; numpy's float32 SIMD versions
+differ by one ulp often enough to move an exactly-hit threshold (measured in docs/llamacpp.md). :func:`expf` takes
+the float64 exponential rounded to float32 and asks the C library itself for the inputs near a rounding midpoint
+(glibc's ``expf`` is within 0.502 ulp); :func:`logf` asks the C library for every element (its 0.818 ulp bound leaves
+no cheap shortcut; it runs on scalars and typical-p's candidates only). Without a loadable C math library (not
+expected on Linux/macOS) both take the float64 route.
 
 **Candidates.** llama.cpp does not mask logits: each sampler shrinks or reorders an array of (id, logit, p)
 candidates, and softmaxes, cumulative sums and entropies are float32 loops over that array in its current order.
