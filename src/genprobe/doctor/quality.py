@@ -119,14 +119,14 @@ def quality_findings(q: Quality, command: str) -> list[Finding]:
         "give --reference to compare with the original"
     )
     said = f"{q.bits_per_char:.3f} bits per character (perplexity {q.perplexity:,.1f}) on held-out {q.corpus} text"
-    if q.bits_per_char > limit:
+    high = q.bits_per_char > limit
+    title = f"{said}, within the known-good range (≤ {limit:g})"
+    if high:
         title = (
             f"{said}, above the {limit:g} known-good models stay under: a corrupted weight, a config that disagrees "
             "with the weights or a wrong tokenizer"
         )
-        return [Finding("quality", "quality.perplexity", "warning", title, ev, crit, command)]
-    title = f"{said}, within the known-good range (≤ {limit:g})"
-    return [Finding("quality", "quality.perplexity", "ok", title, ev, crit, command)]
+    return [Finding("quality", "quality.perplexity", "warning" if high else "ok", title, ev, crit, command)]
 
 
 def _reference_finding(q: Quality, ev: dict[str, Any], command: str) -> Finding:
