@@ -196,4 +196,4 @@ def test_which_fix_runs_the_fixes_as_the_users_engine_does(trained_ckpt, tmp_pat
     extra = ("--preset", preset) if preset else ()
     run_cli("doctor", trained_ckpt, "--only", "fixes", *extra, "--out", tmp_path / "doc")
     assert seen and seen[0].engine == engine
-    assert set(seen[0].methods) == {"greedy", *fixes.ENGINE_METHODS[preset]}
+    assert set(seen[0].methods) == {"greedy", *fixes.ENGINE_METHODS[preset or "genprobe"]}

@@ -18,8 +18,6 @@ one norm per projection: ``sqrt(|dW|² + |db|²)``.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,12 +83,9 @@ class QKVGradTracker:
         if not self.rows:
             raise ValueError("no gradients recorded: pass the tracker as on_backward to train() first")
         out = Path(out_dir)
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=["step", "layer", "q", "k", "v"], lineterminator="\n")
-        w.writeheader()
-        w.writerows(self.rows)
         paths = {ext: out / f"qkv_grad_norms.{ext}" for ext in ("csv", "json", "png")}
-        atomic_write_text(paths["csv"], buf.getvalue())
+        cells = [",".join("" if v is None else str(v) for v in r.values()) for r in self.rows]  # step, layer, q, k, v
+        atomic_write_text(paths["csv"], "\n".join(["step,layer,q,k,v", *cells]) + "\n")
         atomic_write_json(paths["json"], json_safe(self))
         self.plot(paths["png"])
         counts = {k + "s": len({r[k] for r in self.rows}) for k in ("step", "layer")}

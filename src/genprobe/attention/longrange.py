@@ -257,14 +257,9 @@ class SyntheticResult:
     passkey: dict[str, TaskResult]
     lag: dict[str, TaskResult]
 
-    @property
-    def context(self) -> int:
-        """The training context L."""
-        return self.config.context
-
     def to_dict(self) -> dict:
         """JSON form: the config, then per task its settings and per-encoding results."""
-        L = self.context
+        L = self.config.context
         return {
             "config": json_safe(self.config),
             "context": L,
@@ -428,7 +423,7 @@ def _whole(reduce, values: list[float | None]) -> float | None:
 
 def summarize_encoding(pe: str, syn: SyntheticResult, corpus: CorpusResult | None) -> EncodingSummary:
     """In-/beyond-context passkey accuracy, mean lag accuracy per length, corpus loss and its growth past L."""
-    L = syn.context
+    L = syn.config.context
     pk = syn.passkey[pe].accuracy
     s = EncodingSummary(
         passkey_min_inside=_whole(min, [a for d, a in pk.items() if d <= L - 2]),

@@ -1,6 +1,6 @@
 """Validate ``input_ids`` / ``attention_mask`` (/ ``position_ids``) batches before they reach a model.
 
-Rules (each :class:`MaskViolation` names the row, the position — ``None`` for a whole-row finding — and the rule):
+Rules (each :class:`Violation` names the row, the position — ``None`` for a whole-row finding — and the rule):
 
 =====================  =======================================================================
 ``length_mismatch``    a row's ``attention_mask`` / ``position_ids`` length differs from ``input_ids``
@@ -29,7 +29,7 @@ from typing import Sequence
 
 
 @dataclass(frozen=True)
-class MaskViolation:
+class Violation:
     """One violated rule at (row, position); position is None for whole-row findings."""
 
     row: int
@@ -63,7 +63,7 @@ def _side(mask: list[int]) -> tuple[str | None, int | None]:
     return ("hole", hole) if hole is not None else ("left" if first > 0 else "right", None)
 
 
-def check_masks(input_ids, attention_mask, position_ids=None, pad_token_id: int | None = None) -> list[MaskViolation]:
+def check_masks(input_ids, attention_mask, position_ids=None, pad_token_id: int | None = None) -> list[Violation]:
     """All rule violations of a batch (empty list = valid). Accepts lists of rows or 2-D tensors."""
     ids = _as_rows(input_ids, "input_ids")
     masks = _as_rows(attention_mask, "attention_mask")
@@ -80,11 +80,11 @@ def check_masks(input_ids, attention_mask, position_ids=None, pad_token_id: int 
     return findings + _mixed_side_findings(sides)
 
 
-def _batch_findings(ids: list[list], masks: list[list], pos: list[list] | None) -> list[MaskViolation]:
+def _batch_findings(ids: list[list], masks: list[list], pos: list[list] | None) -> list[Violation]:
     """Row counts that differ between the tensors, and rows whose length differs from most rows."""
     n = len(ids)
     findings = [
-        MaskViolation(min(n, len(rows)), None, "length_mismatch", f"input_ids has {n} rows but {name} has {len(rows)}")
+        Violation(min(n, len(rows)), None, "length_mismatch", f"input_ids has {n} rows but {name} has {len(rows)}")
         for name, rows in (("attention_mask", masks), ("position_ids", pos))
         if rows is not None and len(rows) != n
     ]
@@ -92,7 +92,7 @@ def _batch_findings(ids: list[list], masks: list[list], pos: list[list] | None) 
     if len(lengths) > 1:
         common = max(lengths, key=lambda n: sum(len(r) == n for r in ids))
         findings += [
-            MaskViolation(i, None, "ragged_batch", f"row has {len(r)} tokens, most rows have {common}")
+            Violation(i, None, "ragged_batch", f"row has {len(r)} tokens, most rows have {common}")
             for i, r in enumerate(ids)
             if len(r) != common
         ]
@@ -101,46 +101,42 @@ def _batch_findings(ids: list[list], masks: list[list], pos: list[list] | None) 
 
 def _row_findings(
     i: int, row_ids: list, row_mask: list, row_pos: list | None, pad: int | None
-) -> tuple[list[MaskViolation], str | None]:
+) -> tuple[list[Violation], str | None]:
     """Findings of row ``i`` and its padding side ('left'/'right'; None when unpadded or unusable)."""
     if len(row_mask) != len(row_ids):
         return [_length_mismatch(i, "attention_mask", len(row_mask), len(row_ids))], None
     if bad := [(t, v) for t, v in enumerate(row_mask) if not (isinstance(v, (bool, int, float)) and v in (0, 1))]:
         msg = f"attention_mask value {bad[0][1]!r} is not 0/1 ({len(bad)} such value(s) in the row)"
-        return [MaskViolation(i, bad[0][0], "non_binary", msg)], None
+        return [Violation(i, bad[0][0], "non_binary", msg)], None
     m = [int(v) for v in row_mask]
     if not any(m):
-        return [MaskViolation(i, None, "empty_row", "attention_mask is all zeros: no query has a visible key")], None
+        return [Violation(i, None, "empty_row", "attention_mask is all zeros: no query has a visible key")], None
     if _inverted(row_ids, m, pad):
         msg = "mask is 1 on the padding and 0 on the content — inverted (e.g. built as input_ids == pad, not != pad)"
-        return [MaskViolation(i, m.index(1), "inverted_mask", msg)], None
-    findings: list[MaskViolation] = []
+        return [Violation(i, m.index(1), "inverted_mask", msg)], None
+    findings: list[Violation] = []
     if leaks := [t for t, (tok, v) in enumerate(zip(row_ids, m, strict=True)) if pad is not None and tok == pad and v]:
         msg = f"pad token {pad} has mask 1 at {len(leaks)} position(s) {leaks[:8]} — padding would be attended to"
-        findings.append(MaskViolation(i, leaks[0], "pad_unmasked", msg))
+        findings.append(Violation(i, leaks[0], "pad_unmasked", msg))
     side, hole = _side(m)
     if side == "hole":
-        findings.append(
-            MaskViolation(i, hole, "mask_hole", "mask has zeros between real tokens (or padding on both ends)")
-        )
+        findings.append(Violation(i, hole, "mask_hole", "mask has zeros between real tokens (or padding on both ends)"))
     if row_pos is not None:
         findings += _check_positions(i, row_pos, m, side)
     return findings, (side if side != "hole" else None)
 
 
-def _length_mismatch(i: int, name: str, n: int, expected: int) -> MaskViolation:
-    return MaskViolation(i, min(n, expected), "length_mismatch", f"{name} has {n} entries, input_ids {expected}")
+def _length_mismatch(i: int, name: str, n: int, expected: int) -> Violation:
+    return Violation(i, min(n, expected), "length_mismatch", f"{name} has {n} entries, input_ids {expected}")
 
 
-def _mixed_side_findings(sides: dict[int, str]) -> list[MaskViolation]:
+def _mixed_side_findings(sides: dict[int, str]) -> list[Violation]:
     """Rows padded on the minority side when padded rows disagree."""
     if len(set(sides.values())) <= 1:
         return []
     majority = max(("left", "right"), key=lambda s: sum(v == s for v in sides.values()))
     return [
-        MaskViolation(
-            i, None, "mixed_padding_side", f"row is {s}-padded while the other padded rows are {majority}-padded"
-        )
+        Violation(i, None, "mixed_padding_side", f"row is {s}-padded while the other padded rows are {majority}-padded")
         for i, s in sides.items()
         if s != majority
     ]
@@ -157,7 +153,7 @@ def _inverted(row_ids: Sequence[int], m: list[int], pad: int | None) -> bool:
     return len(on) >= 2 and len(set(on)) == 1 and len(set(off)) >= 2
 
 
-def _check_positions(i: int, p: list, m: list[int], side: str | None) -> list[MaskViolation]:
+def _check_positions(i: int, p: list, m: list[int], side: str | None) -> list[Violation]:
     if len(p) != len(m):
         return [_length_mismatch(i, "position_ids", len(p), len(m))]
     real = [t for t, v in enumerate(m) if v == 1]
@@ -169,8 +165,8 @@ def _check_positions(i: int, p: list, m: list[int], side: str | None) -> list[Ma
             f"first real token after left padding has position {p[t]}, expected 0 — positions count padding "
             "(use attention_mask.cumsum(-1) - 1)"
         )
-        return [MaskViolation(i, t, "positions_not_restarting", msg)]
-    return [MaskViolation(i, t, "positions", f"real token #{k} has position {p[t]}, expected {k}")]
+        return [Violation(i, t, "positions_not_restarting", msg)]
+    return [Violation(i, t, "positions", f"real token #{k} has position {p[t]}, expected {k}")]
 
 
 def load_batch_jsonl(path: str | Path) -> dict:

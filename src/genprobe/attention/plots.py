@@ -124,7 +124,7 @@ def _curve(ax, points: list[tuple[int, float]], pe: str, style: str, **kw) -> No
 
 
 def _passkey_panel(ax, syn) -> None:
-    L = syn.context
+    L = syn.config.context
     for pe, r in syn.passkey.items():
         # Encodings often tie at 1.0: distinct markers/sizes keep every line visible.
         marker, ms = {"learned": ("o", 7), "rope": ("s", 5), "alibi": ("^", 3)}.get(pe, ("x", 4))
@@ -141,7 +141,7 @@ def _lag_panel(ax, syn) -> None:
             _curve(ax, _present(accs), pe, styles[i % 3], marker="o", ms=3, label=f"{pe}, len {n}")
     ax.axhline(1 / N_CONTENT, color="gray", lw=0.8)
     ax.set(xlabel="lag k", ylabel="accuracy", ylim=(-0.03, 1.03))
-    ax.set_title(f"token k back (position only), trained at len {syn.context}")
+    ax.set_title(f"token k back (position only), trained at len {syn.config.context}")
 
 
 def _corpus_panel(ax, corpus) -> None:

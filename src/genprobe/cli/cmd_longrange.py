@@ -46,7 +46,7 @@ def _accuracy(key: Any) -> Column:
 def _synthetic_lines(syn) -> list[str]:
     from ..attention.longrange import N_CONTENT, N_VALUE
 
-    L, lags = syn.context, syn.config.lags
+    L, lags = syn.config.context, syn.config.lags
     passkey = [(pe, r.accuracy) for pe, r in syn.passkey.items()]
     lag = [(pe, n, accs) for pe, r in syn.lag.items() for n, accs in r.accuracy.items()]
     encoding: Column = ("encoding", 9, lambda row: row[0])

@@ -16,9 +16,8 @@ from typing import Any
 from ..model.load import Model
 from .options import DoctorRun, Finding
 
-_LAYER_INDEX = re.compile(r"\.\d+\.")
+_LAYER_INDEX = re.compile(r"\.\d+\.")  # h.3.mlp / model.layers.3.mlp / GGUF's blk.3.ffn_down: the layer as *
 GGUF_SUMMARY = ("path", "architecture", "name", "context_length", "type_counts", "sha256")
-_GGUF_BLOCK = re.compile(r"^blk\.\d+\.")
 GENERATION_KEYS = tuple(
     "do_sample temperature top_k top_p min_p repetition_penalty no_repeat_ngram_size max_new_tokens max_length "
     "bos_token_id eos_token_id pad_token_id".split()
@@ -241,11 +240,6 @@ class ModelCard:
     findings: list[Finding] = field(default_factory=list)
 
 
-def gguf_role(name: str) -> str:
-    """A GGUF tensor name with its block index as ``*`` (``blk.3.attn_q.weight`` → ``blk.*.attn_q.weight``)."""
-    return _GGUF_BLOCK.sub("blk.*.", name)
-
-
 def tensor_groups(model: Model) -> list[TensorGroup]:
     """The module's parameters grouped by tensor type, with the GGUF file's quantization types when it had one."""
     groups: dict[tuple[str, str], list[int]] = {}
@@ -257,7 +251,7 @@ def tensor_groups(model: Model) -> list[TensorGroup]:
     if gguf:
         by_role: dict[str, Counter[str]] = {}
         for tname, qtype in dict(gguf.get("tensor_types", {})).items():
-            by_role.setdefault(gguf_role(tname), Counter())[qtype] += 1
+            by_role.setdefault(_LAYER_INDEX.sub(".*.", tname), Counter())[qtype] += 1
         out += [TensorGroup(f"gguf:{r}", "gguf", sum(c.values()), 0, dict(c)) for r, c in by_role.items()]
     return out
 

@@ -58,10 +58,6 @@ class Degeneration:
     end_of_text: EndOfText | None
     findings: list[Finding] = field(default_factory=list)
 
-    def rates(self, name: str) -> Any:
-        """The :class:`~genprobe.loops.scan.LoopRates` of one setting."""
-        return self.scans.scans[name].summary
-
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON: the scans without their records (settings, summary, first generations as examples)."""
         keys = ("prompts", "prompt_source", "chat", "settings", "calibration_error", "end_of_text", "findings")
@@ -130,7 +126,7 @@ def degeneration(run: DoctorRun) -> Degeneration:
 
 
 def _rate_finding(res: Degeneration, name: str, opts: DoctorOptions, command: str) -> Finding:
-    r = res.rates(name)
+    r = res.scans.scans[name].summary
     fpr = (r.human_fpr or {}).get("degenerate", {})
     ev = {"setting": name, **{k: getattr(r, k) for k in RATE_EVIDENCE}, "max_loop_rate": opts.max_loop_rate}
     ev |= {"human_fpr": fpr.get("rate"), "human_fpr_ci95": fpr.get("ci95")}

@@ -16,9 +16,8 @@ from ..loops.study import RepairConfig, RepairInputs
 from ..metrics.calibrate import LoopCalibration
 from .options import QUICK_SKIP, DoctorRun, Finding, StageSkipped
 
-# The decode-time fixes each engine offers (loops compare's method names); None: genprobe's engine (all of them).
-ENGINE_METHODS: dict[str | None, tuple[str, ...]] = {
-    None: ("sample", "rep-1.2", "no-repeat-3", "pres-freq", "dry"),
+# The decode-time fixes each engine offers (loops compare's method names); genprobe's engine has all of them.
+ENGINE_METHODS: dict[str, tuple[str, ...]] = {
     "genprobe": ("sample", "rep-1.2", "no-repeat-3", "pres-freq", "dry"),
     "hf": ("sample", "rep-1.2", "no-repeat-3", "contrastive"),
     "vllm": ("sample", "rep-1.2", "pres-freq"),
@@ -99,7 +98,7 @@ def compare(run: DoctorRun) -> FixComparison:
     prompts = run.prompts()[: b.fix_prompts]
     deg = run.report.degeneration
     calibration: LoopCalibration | None = deg.calibration if deg is not None else None
-    methods = list(ENGINE_METHODS.get(opts.engine, ENGINE_METHODS[None]))
+    methods = list(ENGINE_METHODS.get(opts.engine or "genprobe", ENGINE_METHODS["genprobe"]))
     patch, repair_summary = _edit(run, calibration) if opts.with_edit else (None, None)
     methods += [EDIT] if patch is not None else []
     loop = calibration.settings if calibration is not None else CompareConfig().loop

@@ -19,12 +19,11 @@ from .options import DoctorRun, Finding, StageSkipped
 WINDOWS, WINDOW_TOKENS = 8, 128  # held-out texts read, tokens of each (fewer when the context is shorter)
 KL_WARN, KL_BUG = 0.1, 1.0  # mean KL(reference ‖ model), nats per token
 TOP1_WARN, TOP1_BUG = 0.9, 0.5  # top-1 agreement with the reference
-BPC_SMOLLM2 = 1.03  # SmolLM2-135M-Instruct Q4_1 on the english windows (perplexity 33.2 per token)
 BPC_FACTOR = 1.5  # × the worst known-good model (a family's smallest scores worst, so it calibrates the family)
 UNK_MAX = 0.5
 # bits per character of known-good models on the doctor's held-out windows of each corpus (measured with this
-# module: `genprobe doctor MODEL --only quality`, docs/doctor.md)
-KNOWN_GOOD: dict[str, dict[str, float]] = {"english": {"SmolLM2-135M-Instruct (Q4_1 GGUF)": BPC_SMOLLM2}}
+# module: `genprobe doctor MODEL --only quality`, docs/doctor.md; SmolLM2's perplexity is 33.2 per token)
+KNOWN_GOOD: dict[str, dict[str, float]] = {"english": {"SmolLM2-135M-Instruct (Q4_1 GGUF)": 1.03}}
 
 
 @dataclass
@@ -119,14 +118,14 @@ def quality_findings(q: Quality, command: str) -> list[Finding]:
         "give --reference to compare with the original"
     )
     said = f"{q.bits_per_char:.3f} bits per character (perplexity {q.perplexity:,.1f}) on held-out {q.corpus} text"
-    if q.bits_per_char > limit:
+    high = q.bits_per_char > limit
+    title = f"{said}, within the known-good range (≤ {limit:g})"
+    if high:
         title = (
             f"{said}, above the {limit:g} known-good models stay under: a corrupted weight, a config that disagrees "
             "with the weights or a wrong tokenizer"
         )
-        return [Finding("quality", "quality.perplexity", "warning", title, ev, crit, command)]
-    title = f"{said}, within the known-good range (≤ {limit:g})"
-    return [Finding("quality", "quality.perplexity", "ok", title, ev, crit, command)]
+    return [Finding("quality", "quality.perplexity", "warning" if high else "ok", title, ev, crit, command)]
 
 
 def _reference_finding(q: Quality, ev: dict[str, Any], command: str) -> Finding:
