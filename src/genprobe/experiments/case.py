@@ -261,9 +261,9 @@ def run_case(
 ) -> CaseStudy:
     """The chapter's case study into ``out``: train (or reuse) the default model unless ``model`` (a genprobe
     checkpoint) is given, run every experiment (``only`` / ``skip``), write ch3_case.json, figures and report.html."""
-    from .._io import atomic_write_json
+    from .._io import atomic_write_bytes, atomic_write_json
     from ..corpus.tang import load_corpus
-    from ..report.figures import write_figures
+    from ..report.figures import render_figures
     from ..report.headline import headline_rows, seed_tables
     from ..report.html import write_report
 
@@ -280,10 +280,11 @@ def run_case(
     result.meta.checkpoint = str(m.source)
     result.meta.model_seconds = round(t_model, 1)
     case, seed = json_safe(result), seed_tables()
-    json_path = out / "ch3_case.json"
-    figs = write_figures(case, out, seed)
-    report = write_report(case, out, seed, figs)
+    json_path, figs = out / "ch3_case.json", render_figures(case, seed)
+    for name, png in figs.items():
+        atomic_write_bytes(out / name, png)
+    report = write_report(case, out, seed, figs)  # the figures inlined
     result.meta.total_seconds = round(time.perf_counter() - t0, 1)
     atomic_write_json(json_path, json_safe(result))
     rows = [(a, b, c) for a, b, c, _ in headline_rows(case, seed)]
-    return CaseStudy(result, out, json_path, Path(report), [out / n for n in figs], time.perf_counter() - t0, rows)
+    return CaseStudy(result, out, json_path, report, [out / n for n in figs], time.perf_counter() - t0, rows)
