@@ -171,7 +171,7 @@ def run_experiments(
     """Run every experiment (or those named in ``only``, as :func:`select_experiments` leaves them) on ``model``."""
     model = model.eval()
     # timing context: a busy machine skews wall clock
-    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     prompt_ids, _ = encode_prompt(tok, CASE_PROMPT)
     short = min(NEW_TOKENS, model.cfg.block_size - len(prompt_ids))
     # the mutant table recomputes every step: cheaper when quick
@@ -188,10 +188,7 @@ def run_experiments(
         seconds[name] = round(time.perf_counter() - t0, 2)  # finite: r() would only round it
         log(f"  {name}: {seconds[name]:.1f}s")
     summary = model_summary(model, meta, results.get("decoding"))
-    case_meta = CaseMeta(
-        quick=quick, steps=steps, seconds=seconds, load_average=[round(x, 2) for x in load] if load else None
-    )
-    return CaseResult(case_meta, summary, results)
+    return CaseResult(CaseMeta(quick, steps, seconds, load), summary, results)
 
 
 @dataclass
