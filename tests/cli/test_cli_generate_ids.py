@@ -35,7 +35,7 @@ def notok_dir(tmp_path_factory):
 
 def test_each_ids_flag_is_one_prompt():
     args = build_parser().parse_args(["generate", "M", "--ids", "1", "2", "--ids", "3"])
-    assert args.ids == [[1, 2], [3]] and args.prompt is None
+    assert args.ids == [[1, 2], [3]] and not args.prompt
 
 
 def test_text_on_a_model_without_tokenizer_names_the_ids_flag(notok_dir, capsys):

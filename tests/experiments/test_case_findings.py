@@ -16,7 +16,7 @@ from genprobe.cli import main
 from genprobe.engine.generate import generate
 from genprobe.engine.samplers.chain import kept_set_size
 from genprobe.engine.samplers.stages import SamplerConfig
-from genprobe.experiments._common import CASE_PROMPT, encode_prompt, next_token_logits
+from genprobe.experiments._common import CASE_PROMPT, encode_prompt
 from genprobe.experiments.exposure import PERTURB_POSITIONS, SHADOW_WINDOW, find_snippet, perturbation
 from genprobe.experiments.timing import naive_token_forwards
 from genprobe.report.claims import case_claims
@@ -159,7 +159,9 @@ def test_sampling_distribution_is_the_real_one(case, trained):
     dist = case["sampling"]["distribution"]
     assert len(dist["tokens"]) == len(dist["logits"]) == tok.vocab_size
     ids, _ = encode_prompt(tok, CASE_PROMPT)
-    assert torch.allclose(torch.tensor(dist["logits"]), next_token_logits(model, ids), atol=1e-5)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0, -1]  # the model's own next-token logits after the case prompt
+    assert torch.allclose(torch.tensor(dist["logits"]), logits, atol=1e-5)
     n9 = next(r for r in case["sampling"]["nucleus_curve_tau_1"] if r["p"] == 0.9)["kept"]
     assert kept_set_size(torch.tensor(dist["logits"]), SamplerConfig(top_p=0.9)) == n9
 

@@ -16,6 +16,7 @@ from genprobe._io import json_safe
 from genprobe.engine.samplers.chain import kept_set_size, process_logits
 from genprobe.engine.samplers.stages import SamplerConfig
 from genprobe.experiments.sampling import run_sampling
+from genprobe.report.headline import seed_tables
 from genprobe.report.html import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -38,7 +39,7 @@ def report(trained, tmp_path_factory):
     model, tok, _ = trained
     case = {"meta": {"genprobe": "test", "quick": True}, "sampling": json_safe(run_sampling(model, tok))}
     out = tmp_path_factory.mktemp("report")
-    return write_report(case, out, figures={}), case
+    return write_report(case, out, seed_tables(), figures={}), case
 
 
 def _set(page, sel: str, value) -> None:

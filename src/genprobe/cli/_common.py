@@ -262,14 +262,7 @@ def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = False, hel
     """``--prompt TEXT [TEXT ...]`` or ``--prompts FILE`` (one per line, or JSONL with a prompt/text field); returns
     their mutually exclusive group (a command may add another prompt source to it)."""
     g = p.add_mutually_exclusive_group(required=required)
-    option(
-        g,
-        "--prompt",
-        nargs="+",
-        action=Accumulate,
-        metavar="TEXT",
-        help="prompt text(s); repeat the flag or list several" + help_default,
-    )
+    option(g, "--prompt", [], "prompt text(s); repeat the flag or list several" + help_default, metavar="TEXT")
     option(g, "--prompts", metavar="FILE", help="one prompt per line, or JSONL with a 'prompt' or 'text' field")
     return g
 

@@ -56,18 +56,6 @@ def options(p: argparse.ArgumentParser) -> None:
     option(p, "--mode", "cached", "cached: KV cache; naive: recompute every step (the reference)", choices=MODES)
 
 
-def check_ids(prompts: list[list[int]], vocab_size: int) -> list[list[int]]:
-    """``--ids`` prompts, each id inside the vocabulary ``[0, vocab_size)``; the error names the limit."""
-    for i, ids in enumerate(prompts):
-        if bad := [t for t in ids if not 0 <= t < vocab_size]:
-            which = f" (prompt {i + 1})" if len(prompts) > 1 else ""
-            raise ValueError(
-                f"--ids{which}: token id {bad[0]} is outside the model's vocabulary: ids must be in [0, {vocab_size}), "
-                f"i.e. at most {vocab_size - 1}"
-            )
-    return [list(ids) for ids in prompts]
-
-
 def run(args: argparse.Namespace) -> int:
     """Handler of ``genprobe generate``."""
     from ..engine.generate import generate
@@ -158,9 +146,16 @@ def _rows(
 def _prompts(args: argparse.Namespace, model: "Model") -> tuple[list[str | None], list[list[int]], list[list[str]]]:
     """Each prompt's text (None for ``--ids``), its token ids and the characters of it the vocabulary lacks: ``--ids``
     checked against the vocabulary, or the texts (rendered through the chat template with ``--chat``) encoded."""
-    if args.ids:
-        prompts = check_ids(args.ids, model.vocab_size)
-        return [None] * len(prompts), prompts, [[] for _ in prompts]
+    if args.ids:  # each id inside the vocabulary [0, V): the error names the limit
+        V = model.vocab_size
+        for i, ids in enumerate(args.ids):
+            if bad := [t for t in ids if not 0 <= t < V]:
+                which = f" (prompt {i + 1})" if len(args.ids) > 1 else ""
+                raise ValueError(
+                    f"--ids{which}: token id {bad[0]} is outside the model's vocabulary: ids must be in [0, {V}), "
+                    f"i.e. at most {V - 1}"
+                )
+        return [None] * len(args.ids), args.ids, [[] for _ in args.ids]
     from ..engine.loaded import encode_prompts
 
     given = read_prompts(args)

@@ -112,7 +112,7 @@ def _run_gpt(args: argparse.Namespace, progress: bool) -> dict:
     check_min(args, vocab=1)
     vocab = 1200 if args.vocab is None else args.vocab
     base = quick_train_config(args.seed) if args.quick else TrainConfig(seed=args.seed)
-    tc = _override(base, steps=args.steps, batch_size=args.batch_size, lr=args.lr, dropout=args.dropout, pack=args.pack)
+    tc = _override(base, args)
     pe = args.pe or "learned"
     corpus = load_corpus(args.corpus, poems=DEFAULT_POEMS if args.poems is None else args.poems)
     tok = CharTokenizer.from_text(corpus.text, vocab)
@@ -135,11 +135,12 @@ def _run_gpt(args: argparse.Namespace, progress: bool) -> dict:
     return s
 
 
-def _override(base, **values):
-    """``base`` with the given fields replaced where the value is not None (validated by the dataclass)."""
-    from dataclasses import replace
+def _override(base, args: argparse.Namespace, **values):
+    """``base`` with each field replaced by the option named like it (or ``values``) where not None."""
+    from dataclasses import fields, replace
 
-    return replace(base, **{k: v for k, v in values.items() if v is not None})
+    given = {f.name: getattr(args, f.name, None) for f in fields(base)} | values
+    return replace(base, **{k: v for k, v in given.items() if v is not None})
 
 
 def _run_subword(args: argparse.Namespace, progress: bool) -> dict:
@@ -163,10 +164,9 @@ def _run_subword(args: argparse.Namespace, progress: bool) -> dict:
             f"and some must stay held out), got {poems}"
         )
     base_cfg = hf_train.quick_model_config(args.arch) if args.quick else hf_train.SubwordModelConfig(arch=args.arch)
-    shape = {name: getattr(args, name) for _, name, _ in SUBWORD_SHAPE}
-    cfg = _override(base_cfg, arch=args.arch, vocab_size=args.vocab, **shape)
+    cfg = _override(base_cfg, args, vocab_size=args.vocab)  # --arch and the shape flags are named like its fields
     base_tc = hf_train.quick_train_config(args.seed) if args.quick else hf_train.default_train_config(args.seed)
-    tc = _override(base_tc, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup)
+    tc = _override(base_tc, args)
     split = corpus_split(docs, poems)
     texts = split_texts(docs, split)
     info(

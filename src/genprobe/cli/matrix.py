@@ -33,14 +33,9 @@ class Row:
     kinds: tuple[str, ...]
 
     @property
-    def argv(self) -> list[str]:
-        """The command words and the backend flag, as typed before MODEL's options."""
-        return [*self.command, *(["--backend", self.backend] if self.backend else [])]
-
-    @property
     def label(self) -> str:
-        """``loops scan --backend vllm``."""
-        return " ".join(self.argv)
+        """The command words and the backend flag, as typed before MODEL's options: ``loops scan --backend vllm``."""
+        return " ".join([*self.command, *(["--backend", self.backend] if self.backend else [])])
 
 
 def _subcommands(

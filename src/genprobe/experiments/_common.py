@@ -1,4 +1,4 @@
-"""Small helpers shared by the experiments: prompt encoding, next-token logits, rounding."""
+"""Small helpers shared by the experiments: prompt encoding, rounding."""
 
 from __future__ import annotations
 
@@ -6,28 +6,16 @@ import math
 from dataclasses import fields
 from typing import ClassVar
 
-import torch
-
 from .._io import json_safe
 from ..corpus.tokenizer import CharTokenizer
-from ..model.gpt import GPT
 
 CASE_PROMPT = "春江潮水连海平"
 
 
 def encode_prompt(tok: CharTokenizer, text: str) -> tuple[list[int], list[str]]:
     """Ids of ``text`` and the characters that became ``<unk>`` (reported, not warned: the case expects them)."""
-    if not text:
-        raise ValueError("prompt must not be empty")
     res = tok.encode_with_report(text)
     return res.ids, res.unknown_chars
-
-
-@torch.no_grad()
-def next_token_logits(model: GPT, ids: list[int]) -> torch.Tensor:
-    """Raw logits (V,) of the next token after ``ids`` (last ``block_size`` tokens)."""
-    ids = ids[-model.cfg.block_size :]
-    return model(torch.tensor([ids], dtype=torch.long))[0, -1].float()
 
 
 def r(x: float | None, nd: int = 4) -> float | None:

@@ -171,7 +171,7 @@ def run_experiments(
     """Run every experiment (or those named in ``only``, as :func:`select_experiments` leaves them) on ``model``."""
     model = model.eval()
     # timing context: a busy machine skews wall clock
-    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     prompt_ids, _ = encode_prompt(tok, CASE_PROMPT)
     short = min(NEW_TOKENS, model.cfg.block_size - len(prompt_ids))
     # the mutant table recomputes every step: cheaper when quick
@@ -188,10 +188,7 @@ def run_experiments(
         seconds[name] = round(time.perf_counter() - t0, 2)  # finite: r() would only round it
         log(f"  {name}: {seconds[name]:.1f}s")
     summary = model_summary(model, meta, results.get("decoding"))
-    case_meta = CaseMeta(
-        quick=quick, steps=steps, seconds=seconds, load_average=[round(x, 2) for x in load] if load else None
-    )
-    return CaseResult(case_meta, summary, results)
+    return CaseResult(CaseMeta(quick, steps, seconds, load), summary, results)
 
 
 @dataclass
@@ -261,9 +258,9 @@ def run_case(
 ) -> CaseStudy:
     """The chapter's case study into ``out``: train (or reuse) the default model unless ``model`` (a genprobe
     checkpoint) is given, run every experiment (``only`` / ``skip``), write ch3_case.json, figures and report.html."""
-    from .._io import atomic_write_json
+    from .._io import atomic_write_bytes, atomic_write_json
     from ..corpus.tang import load_corpus
-    from ..report.figures import write_figures
+    from ..report.figures import render_figures
     from ..report.headline import headline_rows, seed_tables
     from ..report.html import write_report
 
@@ -280,10 +277,11 @@ def run_case(
     result.meta.checkpoint = str(m.source)
     result.meta.model_seconds = round(t_model, 1)
     case, seed = json_safe(result), seed_tables()
-    json_path = out / "ch3_case.json"
-    figs = write_figures(case, out, seed)
-    report = write_report(case, out, seed, figs)
+    json_path, figs = out / "ch3_case.json", render_figures(case, seed)
+    for name, png in figs.items():
+        atomic_write_bytes(out / name, png)
+    report = write_report(case, out, seed, figs)  # the figures inlined
     result.meta.total_seconds = round(time.perf_counter() - t0, 1)
     atomic_write_json(json_path, json_safe(result))
     rows = [(a, b, c) for a, b, c, _ in headline_rows(case, seed)]
-    return CaseStudy(result, out, json_path, Path(report), [out / n for n in figs], time.perf_counter() - t0, rows)
+    return CaseStudy(result, out, json_path, report, [out / n for n in figs], time.perf_counter() - t0, rows)

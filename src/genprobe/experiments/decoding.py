@@ -59,11 +59,6 @@ class Decoded:
     new_ids: list[int]
     metrics: dict  # the keys of _metrics(): distinct-n, longest repeat, <unk> share, loop fields
 
-    @property
-    def distinct_2(self) -> float:
-        """Distinct bigrams / bigrams of the new tokens (rounded)."""
-        return self.metrics["distinct_2"]
-
     def to_dict(self, keys: tuple[str, ...] | None = None) -> dict:
         """JSON form; ``keys`` keeps only those fields."""
         d = {"text": self.text, "text_with_unk": self.text_with_unk, "new_ids": self.new_ids, **self.metrics}
@@ -72,17 +67,13 @@ class Decoded:
 
 def _metrics(tok: CharTokenizer, ids: list[int]) -> dict:
     m = degeneracy_metrics(ids, UNK_ID)
-    return {
-        "distinct_1": r(m["distinct_1"]),
-        "distinct_2": r(m["distinct_2"]),
-        "distinct_3": r(m["distinct_3"]),
+    distinct = {f"distinct_{n}": r(m[f"distinct_{n}"]) for n in (1, 2, 3)}
+    return distinct | {
         "longest_repeat": m["longest_repeat"] or None,
         "longest_repeat_text": tok.decode(m["longest_repeat_ngram"], show_unk=True) or None,
         "unk_share": r(m["unk_share"]),
         "seq_rep_4": r(m["seq_rep_4"]),
-        "looping": m["looping"],
-        "loop_period": m["loop_period"],
-        "loop_onset": m["loop_onset"],
+        **{k: m[k] for k in ("looping", "loop_period", "loop_onset")},
         "loop_unit": tok.decode(m["loop_unit"], show_unk=True) if m["looping"] else None,
     }
 
@@ -115,12 +106,6 @@ class OtherPrompt:
     prompt_unknown_chars: list[str]
     greedy: Decoded
     greedy_ban_unk: Decoded
-
-    @property
-    def loop_unit(self) -> str | None:
-        """What greedy repeats once ``<unk>`` is out of the way (the chapter's units are real characters)."""
-        b = self.greedy_ban_unk.metrics
-        return b["loop_unit"] or b["longest_repeat_text"]
 
     def to_dict(self) -> dict:
         """JSON form."""
@@ -162,39 +147,35 @@ class DecodingResult:
     rows: list[StrategyRow]
     rows_sampling_with_unk: list[StrategyRow]
     other_prompts: list[OtherPrompt]
-    teacher_forcing: TeacherForcingCheck | None = None
+    teacher_forcing: TeacherForcingCheck
 
     def to_dict(self) -> dict:
         """JSON form (the ``decoding`` key of ``ch3_case.json``)."""
-        out = {
+        unk = [{"strategy": u.strategy, "seed": u.seed, **u.decoded.to_dict()} for u in self.rows_sampling_with_unk]
+        return {
             "prompt": self.prompt,
             "prompt_ids": self.prompt_ids,
             "prompt_unknown_chars": self.prompt_unknown_chars,
             "new_tokens": self.new_tokens,
             "rows": [json_safe(row) for row in self.rows],
             "sampling_bans_unk": True,
-            "rows_sampling_with_unk": [
-                {
-                    "strategy": w.strategy,
-                    "seed": w.seed,
-                    **{k: v for k, v in json_safe(w.decoded).items() if k != "new_ids"},
-                }
-                for w in self.rows_sampling_with_unk
-            ],
+            "rows_sampling_with_unk": [{k: v for k, v in d.items() if k != "new_ids"} for d in unk],
             "greedy_text": self.rows[0].decoded.text,
             "greedy_ban_unk_text": self.rows[1].decoded.text,
             "other_prompts": [json_safe(o) for o in self.other_prompts],
-            "other_prompts_loop_units": {o.prompt: o.loop_unit for o in self.other_prompts},
+            # what greedy repeats once <unk> is out of the way (the chapter's units are real characters)
+            "other_prompts_loop_units": {
+                o.prompt: (b := o.greedy_ban_unk.metrics)["loop_unit"] or b["longest_repeat_text"]
+                for o in self.other_prompts
+            },
+            "teacher_forcing": json_safe(self.teacher_forcing),
         }
-        if self.teacher_forcing is not None:
-            out["teacher_forcing"] = json_safe(self.teacher_forcing)
-        return out
 
 
 def run_decoding(
     model: GPT,
     tok: CharTokenizer,
-    corpus: Corpus | None = None,
+    corpus: Corpus,
     seed: int = 0,
     tf_tokens: int | None = None,
     spread_seeds: tuple[int, ...] = SPREAD_SEEDS,
@@ -210,7 +191,7 @@ def run_decoding(
         row = decode(ids, sampler)
         if sampler.greedy:
             return StrategyRow(name, sampler, seed, row)
-        spread = {s: row.distinct_2 if s == seed else decode(ids, sampler, s).distinct_2 for s in spread_seeds}
+        spread = {s: (row if s == seed else decode(ids, sampler, s)).metrics["distinct_2"] for s in spread_seeds}
         return StrategyRow(name, sampler, seed, row, spread)
 
     def other(text: str) -> OtherPrompt:
@@ -222,5 +203,5 @@ def run_decoding(
     unbanned = [(name, SamplerConfig(**kw)) for name, kw in SAMPLING]
     with_unk = [StrategyRow(name, sampler, seed, decode(ids, sampler)) for name, sampler in unbanned]
     others = [other(p) for p in OTHER_PROMPTS]
-    tf = teacher_forcing_check(model, tok, corpus, tf_tokens) if corpus is not None else None
+    tf = teacher_forcing_check(model, tok, corpus, tf_tokens)
     return DecodingResult(CASE_PROMPT, ids, unknown, NEW_TOKENS, rows, with_unk, others, tf)

@@ -134,11 +134,11 @@ class FreeGenerationConfidence(Rounded):
 
 
 def confidence_free_generation(
-    model: GPT, prompts: list[list[int]], new_tokens: int, sampler: SamplerConfig, name: str, seed: int = 0
+    model: GPT, prompts: list[list[int]], new_tokens: int, sampler: SamplerConfig, name: str
 ) -> FreeGenerationConfidence:
     """Mean probability / NLL the model gives its own choices while generating freely (``name``: the sampler's
     label)."""
-    res = generate(model, prompts, new_tokens, sampler=sampler, seed=seed, return_logits=True)
+    res = generate(model, prompts, new_tokens, sampler=sampler, return_logits=True)  # seed 0
     assert res.step_logits is not None  # return_logits=True
     chosen = torch.tensor(res.tokens, dtype=torch.long)  # (B, N)
     logits = torch.stack(res.step_logits, 1).double()  # (B, N, V)
@@ -252,7 +252,7 @@ class ExposureResult:
         }
 
 
-def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = False, seed: int = 0) -> ExposureResult:
+def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = False) -> ExposureResult:
     """Teacher forcing on the chapter's snippet, confidence on real vs generated text, and the one-wrong-token
     shadows."""
     split, at = find_snippet(corpus)
@@ -266,10 +266,8 @@ def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = F
     n = 4 if quick else 16
     stride = max(1, (len(val_ids) - 16) // n)
     prompts = [val_ids[i * stride : i * stride + 8] for i in range(n)]  # 8-token prompts spread over the text
-    free = confidence_free_generation(
-        model, prompts, T - 8, SamplerConfig(temperature=1.0), "temperature 1.0", seed=seed
-    )
-    greedy = confidence_free_generation(model, prompts, T - 8, SamplerConfig(greedy=True), "greedy", seed=seed)
+    free = confidence_free_generation(model, prompts, T - 8, SamplerConfig(temperature=1.0), "temperature 1.0")
+    greedy = confidence_free_generation(model, prompts, T - 8, SamplerConfig(greedy=True), "greedy")
     shadows = [perturbation(model, tok, passage, k) for k in PERTURB_POSITIONS if k + 2 + SHADOW_WINDOW <= len(passage)]
     return ExposureResult(
         SNIPPET, split, at, tf, tf_lead, real, free, greedy, tok.decode(passage, show_unk=True), shadows

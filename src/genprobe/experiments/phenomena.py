@@ -8,6 +8,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -19,6 +20,7 @@ from ..engine.generate import generate
 from ..engine.runner import left_padded, runner_for
 from ..engine.samplers.stages import SamplerConfig
 from ..loops.scan import ScanOptions, engine_batches, scan_batches
+from ..loops.study import encode_quiet
 from ..model.load import Model
 from ._common import Rounded, r
 from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, perturbation, wanted_instead
@@ -83,12 +85,8 @@ class Subject:
         self.runner = runner_for(model)
         self.bans = tuple(int(i) for i in (model.unk_id, model.eos_id) if i is not None)
         self.limit: int | None = model.max_positions
-
-    def encode(self, text: str) -> list[int]:
-        """Text → ids without warnings (the char tokenizer's unknown characters are expected in real text)."""
-        from ..loops.study import encode_quiet
-
-        return encode_quiet(self.model.tokenizer, text)
+        # text → ids without warnings (the char tokenizer's unknown characters are expected in real text)
+        self.encode: Callable[[str], list[int]] = partial(encode_quiet, model.tokenizer)
 
     def fit(self, new_tokens: int, prompt_len: int) -> int:
         """``new_tokens``, shortened to what the context leaves after ``prompt_len`` tokens."""

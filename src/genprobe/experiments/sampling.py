@@ -17,7 +17,7 @@ from ..corpus.tokenizer import CharTokenizer
 from ..engine.samplers.chain import kept_set_size
 from ..engine.samplers.stages import SamplerConfig
 from ..model.gpt import GPT
-from ._common import CASE_PROMPT, Rounded, encode_prompt, next_token_logits, r
+from ._common import CASE_PROMPT, Rounded, encode_prompt, r
 
 TEMPERATURES = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0)
 NUCLEUS_PS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999)
@@ -134,12 +134,14 @@ class SamplingResult:
         }
 
 
-def run_sampling(model: GPT, tok: CharTokenizer, prompt: str = CASE_PROMPT) -> SamplingResult:
-    """Temperature, nucleus and order-trap tables on the distribution after ``prompt``, plus that distribution."""
-    ids, unknown = encode_prompt(tok, prompt)
-    logits = next_token_logits(model, ids)
+@torch.no_grad()
+def run_sampling(model: GPT, tok: CharTokenizer) -> SamplingResult:
+    """Temperature, nucleus and order-trap tables on the raw next-token logits (V,) after the case prompt, plus that
+    distribution."""
+    ids, unknown = encode_prompt(tok, CASE_PROMPT)
+    logits = model(torch.tensor([ids[-model.cfg.block_size :]], dtype=torch.long))[0, -1].float()
     return SamplingResult(
-        prompt,
+        CASE_PROMPT,
         unknown,
         logits,
         [tok.token_str(i) for i in range(logits.numel())],

@@ -6,12 +6,9 @@ HTML report shows every Chinese text next to the figures.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_bytes
 from ..loops.pages import figure_png
-from .headline import seed_tables
 
 GREEN, RED, TEAL, ORANGE, GREY = "#2e7d32", "#c62828", "#00838f", "#ef6c00", "#9e9e9e"
 
@@ -119,11 +116,11 @@ FIGURES = {  # name: (draw(ax, case), the case key it needs, size in inches)
 }
 
 
-def render_figures(case: dict, seed: dict | None = None) -> dict[str, bytes]:
-    """Name → PNG bytes for every figure whose data is present in ``case`` (seed figures drawn beside)."""
+def render_figures(case: dict, seed: dict) -> dict[str, bytes]:
+    """Name → PNG bytes for every figure whose data is present in ``case`` (``seed``'s figures drawn beside)."""
     import matplotlib
 
-    full = {**case, "seed": seed_tables() if seed is None else seed}
+    full = {**case, "seed": seed}
     style = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "savefig.bbox": "tight"}
     with matplotlib.rc_context(style):  # type: ignore[arg-type]  # its stubs want each key spelled as a Literal
         return {
@@ -131,11 +128,3 @@ def render_figures(case: dict, seed: dict | None = None) -> dict[str, bytes]:
             for name, (draw, needs, size) in FIGURES.items()
             if needs in case
         }
-
-
-def write_figures(case: dict, out_dir: str | Path, seed: dict | None = None) -> dict[str, bytes]:
-    """Write the PNG figures into ``out_dir`` (atomically); returns name → PNG bytes (for inlining)."""
-    out = render_figures(case, seed)
-    for name, data in out.items():
-        atomic_write_bytes(Path(out_dir) / name, data)
-    return out

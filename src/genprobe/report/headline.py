@@ -50,13 +50,11 @@ def _decoding_rows(d: dict, seed: dict) -> list[Row]:
 
 
 def _sampling_rows(s: dict, seed: dict) -> list[Row]:
-    ss = seed.get("sampling", {})
-    e1 = _first(s["entropy_vs_temperature"], "tau", 1.0)
-    se1 = _first(ss.get("entropy_vs_temperature", []), "tau", 1.0)
-    n9 = _first(s["nucleus_curve_tau_1"], "p", 0.9)
-    sn9 = _first(ss.get("nucleus_curve_tau_1", []), "p", 0.9)
-    t2 = _first(s["order_trap_top_p_0_9"], "tau", 2.0)
-    st2 = _first(ss.get("order_trap_top_p_0_9", []), "tau", 2.0)
+    def both(table: str, key: str, value: float) -> tuple[dict, dict]:  # our row and the chapter's
+        return _first(s[table], key, value), _first(seed.get("sampling", {}).get(table, []), key, value)
+
+    (e1, se1), (n9, sn9) = both("entropy_vs_temperature", "tau", 1.0), both("nucleus_curve_tau_1", "p", 0.9)
+    t2, st2 = both("order_trap_top_p_0_9", "tau", 2.0)
     return [
         ("entropy after the prompt at τ = 1 (nats)", e1.get("entropy"), se1.get("entropy"), "f3"),
         ("top-p 0.9 kept set at τ = 1", n9.get("kept"), sn9.get("kept"), "int"),

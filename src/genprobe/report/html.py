@@ -13,17 +13,14 @@ from pathlib import Path
 from .._io import atomic_write_text
 from .._templates import environment
 from .claims import case_claims
-from .figures import render_figures
-from .headline import headline_rows, seed_tables
+from .headline import headline_rows
 
 #: The case keys the page's JavaScript reads (sampling lab, order trap, workload grid).
 SCRIPT_DATA_KEYS = ("sampling", "cache_timing")
 
 
-def render_report(case: dict, seed: dict | None = None, figures: dict[str, bytes] | None = None) -> str:
-    """The report as one HTML string (figures rendered from ``case`` unless given)."""
-    seed = seed_tables() if seed is None else seed
-    figs = render_figures(case, seed) if figures is None else figures
+def render_report(case: dict, seed: dict, figures: dict[str, bytes]) -> str:
+    """The report as one HTML string (``figures``: name → PNG bytes, inlined)."""
     meta = case.get("meta", {})
     return (
         environment("genprobe.report")
@@ -31,7 +28,7 @@ def render_report(case: dict, seed: dict | None = None, figures: dict[str, bytes
         .render(
             case=case,
             seed=seed,
-            figs=figs,
+            figs=figures,
             meta=meta,
             seconds=meta.get("seconds", {}),
             headline=headline_rows(case, seed),
@@ -41,10 +38,7 @@ def render_report(case: dict, seed: dict | None = None, figures: dict[str, bytes
     )
 
 
-def write_report(
-    case: dict, out_dir: str | Path, seed: dict | None = None, figures: dict[str, bytes] | None = None
-) -> Path:
+def write_report(case: dict, out_dir: Path, seed: dict, figures: dict[str, bytes]) -> Path:
     """Write ``report.html`` into ``out_dir`` atomically and return its path."""
-    path = Path(out_dir) / "report.html"
-    atomic_write_text(path, render_report(case, seed, figures))
-    return path
+    atomic_write_text(out_dir / "report.html", render_report(case, seed, figures))
+    return out_dir / "report.html"
