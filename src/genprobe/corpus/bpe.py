@@ -29,10 +29,13 @@ def check_vocab_size(vocab_size: int) -> None:
         )
 
 
-def _pipeline(tok, style: str) -> None:
-    """Set normaliser, pre-tokeniser and decoder of ``tok`` for ``style`` (see module doc)."""
-    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+def train_bpe(texts: Iterable[str], vocab_size: int, style: str = "gpt2"):
+    """Train a byte-level BPE ``tokenizers.Tokenizer`` on ``texts`` (deterministic: no seed involved) with the
+    normaliser, pre-tokeniser and decoder of ``style`` (see module doc)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+    check_vocab_size(vocab_size)
+    tok = Tokenizer(models.BPE())
     if style not in STYLES:
         raise ValueError(f"tokenizer style must be one of {STYLES}, got {style!r}")
     if style == "gpt2":
@@ -47,15 +50,6 @@ def _pipeline(tok, style: str) -> None:
             ]
         )
     tok.decoder = decoders.ByteLevel()
-
-
-def train_bpe(texts: Iterable[str], vocab_size: int, style: str = "gpt2"):
-    """Train a byte-level BPE ``tokenizers.Tokenizer`` on ``texts`` (deterministic: no seed involved)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    check_vocab_size(vocab_size)
-    tok = Tokenizer(models.BPE())
-    _pipeline(tok, style)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,  # a merge needs a pair seen twice

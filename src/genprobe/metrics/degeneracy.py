@@ -297,10 +297,10 @@ def measure_loops(tokens: Sequence[Hashable], settings: LoopSettings | None = No
     )
 
 
-def degeneracy_metrics(tokens: Sequence[Hashable], unk_id: int = 1, *, min_tail: int = DEFAULT_MIN_TAIL) -> dict:
+def degeneracy_metrics(tokens: Sequence[Hashable], unk_id: int = 1) -> dict:
     """distinct-1/2/3, longest n-gram seen >= 3 times, ``<unk>`` share, seq-rep-4, exact and near loop fields."""
     seq = list(tokens)
-    m = measure_loops(seq, LoopSettings(min_tail=min_tail))
+    m = measure_loops(seq)
     return {
         "length": m.length,
         "distinct_1": distinct_n(seq, 1),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any, cast
 
 import torch
@@ -70,20 +71,11 @@ def unwrap(model: Any) -> nn.Module:
     raise TypeError(f"cannot find an nn.Module inside {type(model).__name__}")
 
 
-def _get(m: nn.Module, path: str) -> Any:
-    obj: Any = m
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
 def _blocks(m: nn.Module) -> tuple[nn.ModuleList, str]:
     if isinstance(m, GPT):
         return m.h, "h"
     for path in LAYER_PATHS:
-        layers = _get(m, path)
+        layers = reduce(lambda obj, part: getattr(obj, part, None), path.split("."), cast(Any, m))
         if isinstance(layers, nn.ModuleList) and len(layers) > 0:
             return layers, path
     raise UnsupportedArchitectureError(

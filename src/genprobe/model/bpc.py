@@ -94,15 +94,13 @@ def _score(nll: torch.Tensor, chars: int, window: int, stride: int, extra: float
     return BitsPerChar(total, len(nll), chars, window, stride, per_token, total / math.log(2) / chars, **char_gpt)
 
 
-def subword_bits_per_char(
-    model: torch.nn.Module, tok: Tokenizer, documents: list[str], window: int, stride: int | None = None
-) -> BitsPerChar:
-    """Score a transformers causal LM on ``<eos> d0 <eos> d1 ... <eos>``: every text token and every
-    document end is a target (so it also pays for knowing where poems end); chars = sum of len(d)."""
+def subword_bits_per_char(model: torch.nn.Module, tok: Tokenizer, documents: list[str], window: int) -> BitsPerChar:
+    """Score a transformers causal LM on ``<eos> d0 <eos> d1 ... <eos>`` (stride ``window // 2``): every text token
+    and every document end is a target (so it also pays for knowing where poems end); chars = sum of len(d)."""
     from ..corpus.bpe import stream_ids
 
     ids = torch.tensor(stream_ids(tok, documents), dtype=torch.long)
-    stride = max(1, window // 2) if stride is None else stride
+    stride = max(1, window // 2)
     with eval_mode(model):
         nll = sliding_nll(lambda x: model(input_ids=x).logits, ids, window, stride)
     return _score(nll, sum(len(d) for d in documents), window, stride)
@@ -140,9 +138,7 @@ def char_gpt_bits_per_char(
     return _score(nll, len(text) - 1, window, stride, extra, unk_targets=len(unk), bits_per_char_unk_as_symbol=raw)
 
 
-def char_gpt_reference(
-    model: GPT, tokenizer: CharTokenizer, window: int | None = None, stride: int | None = None
-) -> BitsPerChar:
+def char_gpt_reference(model: GPT, tokenizer: CharTokenizer) -> BitsPerChar:
     """The char GPT on its own validation text (default corpus), ``<unk>`` priced by the bundled corpus's
     out-of-vocabulary characters — the figure to set beside a subword model's ``val_bits_per_char``."""
     from ..corpus.tang import bundled_documents, load_corpus
@@ -150,4 +146,4 @@ def char_gpt_reference(
     corpus = load_corpus()
     alphabet = set("".join(bundled_documents()))
     cost = oov_unigram_cost(tokenizer, corpus.train, alphabet)
-    return char_gpt_bits_per_char(model, tokenizer, corpus.val, cost, window, stride)
+    return char_gpt_bits_per_char(model, tokenizer, corpus.val, cost)

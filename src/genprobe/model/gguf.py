@@ -152,8 +152,18 @@ def read_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
     with one_header_read():
         summary = inspect_gguf(path)
         check_supported(summary)
-        with _without_special_ids(summary.bad_special_ids):
-            loaded, hf_tok = _load_with_transformers(Path(summary.path), dtype)
+        import transformers.modeling_gguf_pytorch_utils as hf_gguf
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        p, what = Path(summary.path), f"the GGUF file {Path(summary.path).name}"
+        # transformers' dequantization loop draws its own tqdm bar, which its logging switch does not reach
+        bar, hf_gguf.tqdm = hf_gguf.tqdm, functools.partial(hf_gguf.tqdm, disable=True)
+        try:
+            with _without_special_ids(summary.bad_special_ids):
+                loaded = from_pretrained(AutoModelForCausalLM, p.parent, what, gguf_file=p.name, dtype=dtype)
+                hf_tok = from_pretrained(AutoTokenizer, p.parent, what, gguf_file=p.name)
+        finally:
+            hf_gguf.tqdm = bar
     return _plain_float_model(loaded), hf_tok, summary
 
 
@@ -184,21 +194,6 @@ def _without_special_ids(bad: dict[str, int]) -> Iterator[None]:
         yield
     finally:
         hf_reader.read_gguf_metadata = read
-
-
-def _load_with_transformers(p: Path, dtype: torch.dtype) -> tuple[Any, Any]:
-    import transformers.modeling_gguf_pytorch_utils as hf_gguf
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    # transformers' dequantization loop draws its own tqdm bar, which its logging switch does not reach
-    bar = hf_gguf.tqdm
-    hf_gguf.tqdm = functools.partial(bar, disable=True)
-    try:
-        what = f"the GGUF file {p.name}"
-        loaded = from_pretrained(AutoModelForCausalLM, p.parent, what, gguf_file=p.name, dtype=dtype)
-        return loaded, from_pretrained(AutoTokenizer, p.parent, what, gguf_file=p.name)
-    finally:
-        hf_gguf.tqdm = bar
 
 
 @contextlib.contextmanager

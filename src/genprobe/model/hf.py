@@ -15,7 +15,7 @@ from .errors import ModelLoadError
 from .gpt import GPT
 
 if TYPE_CHECKING:  # transformers is imported lazily at run time (optional, slow to import)
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel
 
 # Our nn.Linear stores (out, in); GPT-2's Conv1D stores (in, out): these weights are transposed.
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -70,13 +70,14 @@ def _converted(state: dict[str, torch.Tensor], rename: Callable[[str], str | Non
     return out
 
 
-def hf_gpt2_config(cfg: GPTConfig) -> GPT2Config:
-    """The ``GPT2Config`` that describes ``cfg`` exactly (learned positions only)."""
-    from transformers import GPT2Config
+def to_hf_gpt2(model: GPT, attn_implementation: str = "eager") -> GPT2LMHeadModel:
+    """A ``GPT2LMHeadModel`` (eval mode) holding exactly ``model``'s weights (learned positions only)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
 
+    cfg = model.cfg
     if cfg.pos_encoding != "learned":
         raise ValueError(f"only pos_encoding='learned' maps onto GPT2LMHeadModel; this model uses {cfg.pos_encoding!r}")
-    return GPT2Config(
+    config = GPT2Config(
         vocab_size=cfg.vocab_size,
         n_positions=cfg.block_size,
         n_embd=cfg.d_model,
@@ -93,14 +94,8 @@ def hf_gpt2_config(cfg: GPTConfig) -> GPT2Config:
         eos_token_id=None,
         pad_token_id=0,
     )
-
-
-def to_hf_gpt2(model: GPT, attn_implementation: str = "eager") -> GPT2LMHeadModel:
-    """A ``GPT2LMHeadModel`` (eval mode) holding exactly ``model``'s weights."""
-    from transformers import GPT2LMHeadModel
-
     # transformers overrides Module.eval() without annotations: a stub gap, not an untyped call of ours.
-    hf: GPT2LMHeadModel = GPT2LMHeadModel(hf_gpt2_config(model.cfg)).eval()  # type: ignore[no-untyped-call]
+    hf: GPT2LMHeadModel = GPT2LMHeadModel(config).eval()  # type: ignore[no-untyped-call]
     set_attn_implementation(hf, attn_implementation)
     sd = _converted(model.state_dict(), lambda k: None if k == "lm_head.weight" else f"transformer.{k}")
     missing, unexpected = hf.load_state_dict(sd, strict=False)

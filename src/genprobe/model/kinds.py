@@ -26,16 +26,14 @@ class ModelKind(str, Enum):
     @property
     def phrase(self) -> str:
         """The kind with an article, as a sentence uses it."""
-        return _PHRASES[self]
+        return {
+            "checkpoint": "a genprobe checkpoint",
+            "transformers": "a transformers directory",
+            "gguf": "a GGUF file",
+            "name": "a fetched model's name",
+            "url": "a URL",
+        }[self.value]
 
-
-_PHRASES = {
-    ModelKind.CHECKPOINT: "a genprobe checkpoint",
-    ModelKind.TRANSFORMERS: "a transformers directory",
-    ModelKind.GGUF: "a GGUF file",
-    ModelKind.NAME: "a fetched model's name",
-    ModelKind.URL: "a URL",
-}
 
 #: The kinds a model loaded from disk can be (every command's default).
 FILE_KINDS = (ModelKind.CHECKPOINT, ModelKind.TRANSFORMERS, ModelKind.GGUF, ModelKind.NAME)

@@ -414,9 +414,13 @@ def check_weights_files(d: Path) -> None:
     raise ModelLoadError(f"{d} has a config.json but no weights (*.safetensors)")
 
 
-def _check_architecture(d: Path, cfg: dict[str, Any]) -> str:
-    from transformers import CONFIG_MAPPING
+def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
+    from .hf import from_pretrained
+
+    cfg = read_json_object(d / "config.json", ModelLoadError)
+    check_weights_files(d)
     model_type = cfg.get("model_type")
     if not model_type:
         raise ModelLoadError(f"{d / 'config.json'} has no model_type")
@@ -426,17 +430,6 @@ def _check_architecture(d: Path, cfg: dict[str, Any]) -> str:
             f"{d}: model_type {model_type!r} is not an architecture of the installed transformers{remote}; "
             "genprobe never runs trust_remote_code"
         )
-    return str(model_type)
-
-
-def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
-    from transformers import AutoModelForCausalLM
-
-    from .hf import from_pretrained
-
-    cfg = read_json_object(d / "config.json", ModelLoadError)
-    check_weights_files(d)
-    arch = _check_architecture(d, cfg)
     loaded = from_pretrained(
         AutoModelForCausalLM, d, "the model", use_safetensors=True, dtype=dtype, output_loading_info=True
     )
@@ -453,10 +446,9 @@ def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) 
 
     tok = load_tokenizer(d)
     meta: dict[str, Any] = {"config": cfg}
-    gguf = read_sidecar(d)  # a directory converted from GGUF records the file's tensor types
-    if gguf is not None:
+    if (gguf := read_sidecar(d)) is not None:  # a directory converted from GGUF records the file's tensor types
         meta["gguf"] = gguf
-    model = Model(module.to(device).eval(), tok, "hf", arch, d, meta)
+    model = Model(module.to(device).eval(), tok, "hf", str(model_type), d, meta)
     if tok is not None and tok.vocab_size > model.vocab_size:
         raise ModelLoadError(
             f"{d}: the tokenizer has {tok.vocab_size} tokens but the model's output embedding has only "

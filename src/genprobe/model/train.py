@@ -122,17 +122,6 @@ def _packed_rows(
     return x, y, doc, mask
 
 
-def build_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (biases, norms and gains are not decayed)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tc.lr,
-        betas=tc.betas,
-    )
-
-
 @dataclass
 class Fitted:
     """What :func:`fit` did: every step's loss, their exponential moving average (0.95: the smoothed train loss the
@@ -155,12 +144,15 @@ def fit(
     validate_last: bool = True,
 ) -> Fitted:
     """The one training loop: ``tc.steps`` updates, each on a fresh ``batch_loss()``, gradients clipped at
-    ``tc.grad_clip``, by AdamW of :func:`build_optimizer` at the learning rate ``lr_of(step)`` (default :func:`lr_at`).
+    ``tc.grad_clip``, by AdamW at the learning rate ``lr_of(step)`` (default :func:`lr_at`).
 
     ``on_backward(step, model)`` sees the gradients before they are clipped and applied; ``val_loss()`` runs every
     ``tc.eval_every`` updates and after the last one (unless not ``validate_last``: the caller scores the end itself).
     """
-    opt = build_optimizer(model, tc)
+    # AdamW with weight decay on matrices only (biases, norms and gains are not decayed)
+    decay = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": tc.weight_decay}]
+    no_decay = [{"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(decay + no_decay, lr=tc.lr, betas=tc.betas)
     lr_of = lr_of or (lambda step: lr_at(step, tc))
     model.train()
     fitted, t0 = Fitted([], 0.0, []), time.time()
