@@ -306,20 +306,13 @@ def _pre_tokenizer(model: Any) -> str | None:
         return None
     if _is_tang_model(model):
         return {"llama": "gpt-2", "qwen2": "qwen2"}.get(model.arch)
-    return "gpt-2" if _gpt2_byte_level(Path(model.source) / "tokenizer.json") else None
-
-
-def _gpt2_byte_level(tokenizer_json: Path) -> bool:
+    tokenizer_json = Path(model.source) / "tokenizer.json"
     if not tokenizer_json.is_file():
-        return False
+        return None
     spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
     pre = spec.get("pre_tokenizer") or {}
-    return (
-        spec.get("normalizer") is None
-        and pre.get("type") == "ByteLevel"
-        and pre.get("use_regex", True) is True
-        and pre.get("add_prefix_space") is False
-    )
+    byte_level = pre.get("type") == "ByteLevel" and pre.get("use_regex", True) is True
+    return "gpt-2" if spec.get("normalizer") is None and byte_level and pre.get("add_prefix_space") is False else None
 
 
 def _f32_gguf(model: Any, out: Path, stem: str, log: Log) -> Path:

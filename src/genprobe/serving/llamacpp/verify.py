@@ -131,7 +131,14 @@ def verify_serving_llamacpp(
     ref_model = load_model(reference if reference is not None else model)
     m = engine if engine is not None else LlamaCppModel(model, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
     try:
-        _check_sizes(m, ref_model.vocab_size, steps, n_keep)
+        if ref_model.vocab_size != m.vocab_size:
+            vocabs = f"{ref_model.vocab_size} output ids but the GGUF file has {m.vocab_size}"
+            raise ValueError(f"the reference has {vocabs}")
+        if steps > (room := (m.n_ctx - n_keep) // 2):
+            raise ValueError(
+                f"{steps} steps do not fit after the context shift (n_ctx {m.n_ctx}, n_keep {n_keep}: {room} "
+                "positions are freed): lower the steps or raise n_ctx"
+            )
         label, exact = file_label(inspect_gguf(m.path).type_counts, m.settings.kv_type)
         (log or (lambda _: None))(f"llama.cpp on {m.path.name}: {label} ({'exact float32' if exact else 'quantized'})")
         backend = LlamaCppBackend(m, label, exact)
@@ -152,14 +159,3 @@ def verify_serving_llamacpp(
         if engine is None:
             m.close()
     return report
-
-
-def _check_sizes(m: LlamaCppModel, ref_vocab: int, steps: int, n_keep: int) -> None:
-    if ref_vocab != m.vocab_size:
-        raise ValueError(f"the reference has {ref_vocab} output ids but the GGUF file has {m.vocab_size}")
-    room = (m.n_ctx - n_keep) // 2
-    if steps > room:
-        raise ValueError(
-            f"{steps} steps do not fit after the context shift (n_ctx {m.n_ctx}, n_keep {n_keep}: {room} positions "
-            "are freed): lower the steps or raise n_ctx"
-        )
