@@ -160,7 +160,7 @@ class TypeRow:
     decode_tokens_per_s: float  # batch 1, greedy, SPEED_PROMPTS prompts (their short prefill included), wall clock
     # the same tokens per CPU-second of this process: at one thread, the speed on an idle core (a shared machine's
     # wall clock is not)
-    decode_tokens_per_cpu_s: float | None
+    decode_tokens_per_cpu_s: float
     degenerate: list[bool]  # per prompt
     became_degenerate: int = 0  # prompts degenerate under this type but not under F32 (paired on the same prompts)
     stopped_degenerate: int = 0

@@ -25,8 +25,6 @@ from ..judge import Judge, PhaseReport, reference_logprobs
 from ..verify import Run, ServingReport, Settings, build_workload
 from .engine import Generation, LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker
 
-EXACT_TYPES = {"F32"}  # tensor types whose products llama.cpp computes in float32 (no activation quantization)
-
 
 def shifted_cache_logprobs(module: Any, fill: list[int], n_keep: int, n_discard: int, steps: list[int]) -> np.ndarray:
     """float32 log-probabilities of ``steps`` decoded after llama.cpp's context shift, computed with ``transformers``:
@@ -94,14 +92,6 @@ def context_shift_phase(run: Run, fill: list[int], n_keep: int, module: Any) -> 
     return run.judge.phase("context_shift", [response], reference=lambda _: padded, judge_self=False, note=note)
 
 
-def file_label(types: dict[str, int], kv_type: str) -> tuple[str, bool]:
-    """``("Q4_K/kv-f16", False)``: the file's main tensor type (the most common one other than F32, which norms
-    keep in every file) with the KV-cache type, and whether llama.cpp's arithmetic on it is exact float32."""
-    main = next((t for t in types if t != "F32"), "F32")
-    exact = set(types) <= EXACT_TYPES and kv_type == "f32"
-    return f"{main}/kv-{kv_type}", exact
-
-
 def verify_serving_llamacpp(
     model: str | os.PathLike[str],
     reference: str | os.PathLike[str] | None = None,
@@ -139,7 +129,11 @@ def verify_serving_llamacpp(
                 f"{steps} steps do not fit after the context shift (n_ctx {m.n_ctx}, n_keep {n_keep}: {room} "
                 "positions are freed): lower the steps or raise n_ctx"
             )
-        label, exact = file_label(inspect_gguf(m.path).type_counts, m.settings.kv_type)
+        types, kv = inspect_gguf(m.path).type_counts, m.settings.kv_type
+        # "Q4_K/kv-f16": the most common tensor type but F32 (which norms keep in every file) and the KV-cache type;
+        # exact float32 arithmetic only with F32 tensors alone (no activation quantization) and an F32 KV cache
+        label = f"{next((t for t in types if t != 'F32'), 'F32')}/kv-{kv}"
+        exact = set(types) == {"F32"} and kv == "f32"
         (log or (lambda _: None))(f"llama.cpp on {m.path.name}: {label} ({'exact float32' if exact else 'quantized'})")
         backend = LlamaCppBackend(m, label, exact)
         settings = Settings(concurrency=8, steps=steps, seed=seed)
