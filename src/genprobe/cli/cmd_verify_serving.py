@@ -185,7 +185,7 @@ def run_endpoint(args: argparse.Namespace, th: Any) -> Any:
 
     from ..serving.verify import Settings, verify_backend
 
-    check_min(args, requests=8, max_new_tokens=1)
+    check_min(args, requests=8, max_new_tokens=1, retries=0)
     if not 1 <= args.top_k <= 20:
         raise ValueError(f"--top-k must be in [1, 20] (the OpenAI API's limit), got {args.top_k}")
     if args.out is not None:

@@ -45,8 +45,6 @@ class Http:
     """JSON over HTTP with bounded retries."""
 
     def __init__(self, url: str, settings: HttpSettings = HttpSettings()):
-        if settings.timeout_s <= 0 or settings.retries < 0:
-            raise ValueError(f"timeout must be > 0 and retries >= 0, got {settings.timeout_s}, {settings.retries}")
         root = url.rstrip("/")  # http://host:8000/v1 or http://host:8000/ -> http://host:8000
         self.root = root.removesuffix("/v1")
         self.settings = settings

@@ -3,7 +3,7 @@
 Every id a backend returned at a position (its top-k and the actual token; the whole vocabulary where it returns
 every row) is compared with ``log_softmax`` of one uncached float32 forward over prompt + generated ids
 (:func:`reference_logprobs`; row t predicts token t + 1). **Float32 arithmetic** is judged on verify-cache's absolute
-scale over max |Δ log p| (:func:`serving_verdict`; a differing top-1 token at least "suspicious"). **Reduced
+scale over max |Δ log p| (:meth:`Judge.phase`; a differing top-1 token at least "suspicious"). **Reduced
 precision is not a bug**: it is judged on the **gap ratio**, the mean |Δ log p| over the ids returned (the reference's
 top :data:`TOP_GAP` where every row was) over the same gap of an honest computation in that precision (the model
 recomputed in the dtype, llama.cpp's own prefill, or a live server's lone requests), the worst request deciding
@@ -34,15 +34,6 @@ Rows = Callable[[Sequence[int]], torch.Tensor]  # ids -> (len(ids), V) log-proba
 def worst_verdict(verdicts: list[str]) -> str:
     """The most severe of ``verdicts`` ("pass" for none)."""
     return max(verdicts, key=VERDICTS.index, default="pass")
-
-
-def serving_verdict(max_abs_dlogp: float, top1_disagreements: int, thresholds: Thresholds | None = None) -> str:
-    """Verdict for one phase: the Δ log p scale, raised to "suspicious" when any top-1 token differs."""
-    th = thresholds or Thresholds()
-    v = th.verdict(max_abs_dlogp)
-    if top1_disagreements > 0:
-        v = worst_verdict([v, "suspicious"])
-    return v
 
 
 def gap_verdict(gap: float, floor: float, noise: float) -> tuple[str, float]:
@@ -265,7 +256,9 @@ class Judge:
         rep.self_top1_agreement = own.top1_agreement
         if self.exact or (self.floor is None and self.lone_gap is None):
             judged = [st, own] if judge_self and own.positions else [st]
-            verdicts = [serving_verdict(s.max_abs_dlogp, s.top1_disagreements, self.th) for s in judged]
+            # the Δ log p scale, raised to "suspicious" where any top-1 token differs
+            verdicts = [self.th.verdict(s.max_abs_dlogp) for s in judged]
+            verdicts += ["suspicious" for s in judged if s.top1_disagreements > 0]
             rep.verdict, rep.judged_on = worst_verdict(verdicts), "reference"
         else:
             rep.verdict, rep.gap_ratio = gap_verdict(t.worst[0], t.worst[1], self.th.noise)

@@ -97,14 +97,6 @@ class LlamaCppDecodeError(RuntimeError):
     """``llama_decode`` refused a batch (no room in the KV cache, a batch over n_batch, ...)."""
 
 
-def _check_gguf_file(path: Path) -> None:
-    if not path.is_file():
-        raise FileNotFoundError(f"no such GGUF file: {path}")
-    with path.open("rb") as fh:
-        if fh.read(4) != GGUF_MAGIC:
-            raise ValueError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF')")
-
-
 @dataclass(frozen=True)
 class EngineSettings:
     """How the llama.cpp context was created (what :meth:`LlamaCppModel.describe` reports)."""
@@ -145,7 +137,11 @@ class LlamaCppModel(Closeable):
         batch = n_ctx if n_batch is None else n_batch
         if not 1 <= batch <= n_ctx:
             raise ValueError(f"n_batch must be in [1, n_ctx={n_ctx}], got {batch}")
-        _check_gguf_file(self.path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no such GGUF file: {self.path}")
+        with self.path.open("rb") as fh:
+            if fh.read(4) != GGUF_MAGIC:
+                raise ValueError(f"{self.path} is not a GGUF file (it does not start with the bytes 'GGUF')")
         self._lib = require_llama_cpp()
         self.llama = self._lib.Llama(
             model_path=str(self.path),

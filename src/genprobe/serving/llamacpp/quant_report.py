@@ -133,7 +133,8 @@ def study_markdown(study: QuantStudy) -> str:
             f"| {row.type} | {row.file.size_bytes / 2**20:.1f} | {row.file.bits_per_weight:.2f} | {lg.kl_mean:.3g} | "
             f"{lg.kl_p99:.3g} | {pct(lg.top1_agreement)} | {lg.perplexity:.3f} | {div.diverged}/{div.prompts} | "
             f"{_median(div, budget)} | {_rate_ci(lo.loop_rate, lo.loop_rate_ci95)} | "
-            f"{_rate_ci(lo.degenerate_rate, lo.degenerate_rate_ci95)} | {paired} | {_speed(row)} |"
+            f"{_rate_ci(lo.degenerate_rate, lo.degenerate_rate_ci95)} | {paired} | "
+            f"{row.decode_tokens_per_s:.1f} ({row.decode_tokens_per_cpu_s:.1f}) |"
         )
     lines += ["", _human_line(study), "", "What llama.cpp wrote (2-D tensors not at the recipe's main type):", ""]
     for row in study.rows:
@@ -149,11 +150,6 @@ def study_markdown(study: QuantStudy) -> str:
                 f"  - {s.type}: `{_one_line(s.text)}`",
             ]
     return "\n".join(lines) + "\n"
-
-
-def _speed(row: TypeRow) -> str:
-    cpu = row.decode_tokens_per_cpu_s
-    return f"{row.decode_tokens_per_s:.1f}" + ("" if cpu is None else f" ({cpu:.1f})")
 
 
 def _one_line(text: str) -> str:

@@ -160,7 +160,7 @@ class TypeRow:
     decode_tokens_per_s: float  # batch 1, greedy, SPEED_PROMPTS prompts (their short prefill included), wall clock
     # the same tokens per CPU-second of this process: at one thread, the speed on an idle core (a shared machine's
     # wall clock is not)
-    decode_tokens_per_cpu_s: float | None
+    decode_tokens_per_cpu_s: float
     degenerate: list[bool]  # per prompt
     became_degenerate: int = 0  # prompts degenerate under this type but not under F32 (paired on the same prompts)
     stopped_degenerate: int = 0
@@ -275,29 +275,6 @@ def transformers_logits(model: Any, ids: Sequence[int]) -> np.ndarray:
 
 
 # ---- running it ------------------------------------------------------------------------------------------------
-def _scan_llama_cpp(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig) -> Any:
-    """Greedy loop scan through llama.cpp (:func:`~genprobe.serving.llamacpp.scan.llamacpp_batches`: ``<unk>``
-    and the end token banned, fixed length — the loop scan's chanting setting) with the calibrated detectors."""
-    from ...loops.scan import ScanOptions, annotate_scan, chanting_sampler, scan_batches
-    from .scan import llamacpp_batches
-
-    res = scan_batches(
-        llamacpp_batches(engine),
-        inputs.prompt_ids,
-        ScanOptions(
-            cfg.max_new_tokens,
-            chanting_sampler(model.unk_id, model.eos_id),
-            seed=cfg.seed,
-            eos_id=model.eos_id,
-            unk_id=model.unk_id,
-            loop=inputs.calibration.settings,
-            decode=model.decode,
-        ),
-        inputs.prompt_texts,
-    )
-    return annotate_scan(res, inputs.calibration)
-
-
 def _pre_tokenizer(model: Any) -> str | None:
     """The converter's pre-tokenizer name for a BPE its hash table cannot know (used only then): our own BPE models,
     and a ``tokenizer.json`` whose whole pre-tokenization is ``ByteLevel`` with GPT-2's split regex and no prefix
@@ -306,20 +283,13 @@ def _pre_tokenizer(model: Any) -> str | None:
         return None
     if _is_tang_model(model):
         return {"llama": "gpt-2", "qwen2": "qwen2"}.get(model.arch)
-    return "gpt-2" if _gpt2_byte_level(Path(model.source) / "tokenizer.json") else None
-
-
-def _gpt2_byte_level(tokenizer_json: Path) -> bool:
+    tokenizer_json = Path(model.source) / "tokenizer.json"
     if not tokenizer_json.is_file():
-        return False
+        return None
     spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
     pre = spec.get("pre_tokenizer") or {}
-    return (
-        spec.get("normalizer") is None
-        and pre.get("type") == "ByteLevel"
-        and pre.get("use_regex", True) is True
-        and pre.get("add_prefix_space") is False
-    )
+    byte_level = pre.get("type") == "ByteLevel" and pre.get("use_regex", True) is True
+    return "gpt-2" if spec.get("normalizer") is None and byte_level and pre.get("add_prefix_space") is False else None
 
 
 def _f32_gguf(model: Any, out: Path, stem: str, log: Log) -> Path:
@@ -349,15 +319,29 @@ def _agreement(refs: Iterable[np.ndarray], others: Iterable[np.ndarray], windows
     return acc.result()
 
 
-def _timed_scan(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig):
-    """The scan, and greedy decode at batch 1 of the first ``SPEED_PROMPTS`` prompts one after another: (tokens per
-    wall-clock second, per CPU-second)."""
-    res = _scan_llama_cpp(engine, model, inputs, cfg)
+def _timed_scan(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig) -> tuple[Any, tuple[float, float]]:
+    """The greedy loop scan through llama.cpp (:func:`~genprobe.serving.llamacpp.scan.llamacpp_batches`: ``<unk>``
+    and the end token banned, fixed length — the loop scan's chanting setting) with the calibrated detectors; then
+    greedy decode at batch 1 of the first ``SPEED_PROMPTS`` prompts one after another: (tokens per wall-clock second,
+    per CPU-second)."""
+    from ...loops.scan import ScanOptions, annotate_scan, chanting_sampler, scan_batches
+    from .scan import llamacpp_batches
+
+    options = ScanOptions(
+        cfg.max_new_tokens,
+        chanting_sampler(model.unk_id, model.eos_id),
+        seed=cfg.seed,
+        eos_id=model.eos_id,
+        unk_id=model.unk_id,
+        loop=inputs.calibration.settings,
+        decode=model.decode,
+    )
+    res = scan_batches(llamacpp_batches(engine), inputs.prompt_ids, options, inputs.prompt_texts)
     wall, cpu = time.perf_counter(), time.process_time()
     prompts = inputs.prompt_ids[:SPEED_PROMPTS]
     made = sum(len(engine.greedy(list(p), cfg.max_new_tokens, stop_at_eos=False)) for p in prompts)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return res, (made / max(wall, 1e-9), made / max(cpu, 1e-9))
+    return annotate_scan(res, inputs.calibration), (made / max(wall, 1e-9), made / max(cpu, 1e-9))
 
 
 def _row(

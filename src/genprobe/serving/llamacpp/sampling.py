@@ -220,12 +220,6 @@ class _CandidateArray:
         first = start // _TOKEN_DTYPE.itemsize
         return view[first : first + int(self.cur.size)].copy()
 
-    def selected_id(self) -> int:
-        """The id at ``selected`` (set by dist / greedy)."""
-        if self.cur.selected < 0:
-            raise ValueError("llama.cpp's chain selected no token (empty candidate array)")
-        return int(self.cur.data[int(self.cur.selected)].id)  # ``data`` as the chain left it (XTC moves it)
-
 
 def _history(history: Sequence[int] | np.ndarray | None) -> list[int]:
     if history is None:
@@ -320,7 +314,10 @@ class LlamaCppSampler(Closeable):
 
     def sample(self, logits: np.ndarray | Sequence[float]) -> int:
         """One token from a row of ``n_vocab`` logits: the whole chain, its draw (or argmax) included."""
-        return self.apply(logits).selected_id()
+        cur = self.apply(logits).cur
+        if cur.selected < 0:
+            raise ValueError("llama.cpp's chain selected no token (empty candidate array)")
+        return int(cur.data[int(cur.selected)].id)  # ``data`` as the chain left it (XTC moves it)
 
     def reset(self) -> None:
         """Forget the accepted tokens and reseed (``llama_sampler_reset``): a new sequence."""

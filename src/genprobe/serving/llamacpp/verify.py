@@ -25,8 +25,6 @@ from ..judge import Judge, PhaseReport, reference_logprobs
 from ..verify import Run, ServingReport, Settings, build_workload
 from .engine import Generation, LlamaCppBackend, LlamaCppDecodeError, LlamaCppModel, greedy_picker
 
-EXACT_TYPES = {"F32"}  # tensor types whose products llama.cpp computes in float32 (no activation quantization)
-
 
 def shifted_cache_logprobs(module: Any, fill: list[int], n_keep: int, n_discard: int, steps: list[int]) -> np.ndarray:
     """float32 log-probabilities of ``steps`` decoded after llama.cpp's context shift, computed with ``transformers``:
@@ -94,14 +92,6 @@ def context_shift_phase(run: Run, fill: list[int], n_keep: int, module: Any) -> 
     return run.judge.phase("context_shift", [response], reference=lambda _: padded, judge_self=False, note=note)
 
 
-def file_label(types: dict[str, int], kv_type: str) -> tuple[str, bool]:
-    """``("Q4_K/kv-f16", False)``: the file's main tensor type (the most common one other than F32, which norms
-    keep in every file) with the KV-cache type, and whether llama.cpp's arithmetic on it is exact float32."""
-    main = next((t for t in types if t != "F32"), "F32")
-    exact = set(types) <= EXACT_TYPES and kv_type == "f32"
-    return f"{main}/kv-{kv_type}", exact
-
-
 def verify_serving_llamacpp(
     model: str | os.PathLike[str],
     reference: str | os.PathLike[str] | None = None,
@@ -131,8 +121,19 @@ def verify_serving_llamacpp(
     ref_model = load_model(reference if reference is not None else model)
     m = engine if engine is not None else LlamaCppModel(model, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
     try:
-        _check_sizes(m, ref_model.vocab_size, steps, n_keep)
-        label, exact = file_label(inspect_gguf(m.path).type_counts, m.settings.kv_type)
+        if ref_model.vocab_size != m.vocab_size:
+            vocabs = f"{ref_model.vocab_size} output ids but the GGUF file has {m.vocab_size}"
+            raise ValueError(f"the reference has {vocabs}")
+        if steps > (room := (m.n_ctx - n_keep) // 2):
+            raise ValueError(
+                f"{steps} steps do not fit after the context shift (n_ctx {m.n_ctx}, n_keep {n_keep}: {room} "
+                "positions are freed): lower the steps or raise n_ctx"
+            )
+        types, kv = inspect_gguf(m.path).type_counts, m.settings.kv_type
+        # "Q4_K/kv-f16": the most common tensor type but F32 (which norms keep in every file) and the KV-cache type;
+        # exact float32 arithmetic only with F32 tensors alone (no activation quantization) and an F32 KV cache
+        label = f"{next((t for t in types if t != 'F32'), 'F32')}/kv-{kv}"
+        exact = set(types) == {"F32"} and kv == "f32"
         (log or (lambda _: None))(f"llama.cpp on {m.path.name}: {label} ({'exact float32' if exact else 'quantized'})")
         backend = LlamaCppBackend(m, label, exact)
         settings = Settings(concurrency=8, steps=steps, seed=seed)
@@ -152,14 +153,3 @@ def verify_serving_llamacpp(
         if engine is None:
             m.close()
     return report
-
-
-def _check_sizes(m: LlamaCppModel, ref_vocab: int, steps: int, n_keep: int) -> None:
-    if ref_vocab != m.vocab_size:
-        raise ValueError(f"the reference has {ref_vocab} output ids but the GGUF file has {m.vocab_size}")
-    room = (m.n_ctx - n_keep) // 2
-    if steps > room:
-        raise ValueError(
-            f"{steps} steps do not fit after the context shift (n_ctx {m.n_ctx}, n_keep {n_keep}: {room} positions "
-            "are freed): lower the steps or raise n_ctx"
-        )
