@@ -15,16 +15,17 @@ its quantized kernels on the test machines).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Self, Sequence
+from typing import Any, Callable, Iterator, Self, Sequence
 
 import numpy as np
 import torch
 
-from ..._io import json_safe
 from ...engine.backend import Backend, Capabilities, Position, Request, Response, stop_text
 
 #: The version genprobe is tested against (its low-level API changes between releases: e.g. the argument order
@@ -97,26 +98,14 @@ class LlamaCppDecodeError(RuntimeError):
     """``llama_decode`` refused a batch (no room in the KV cache, a batch over n_batch, ...)."""
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """How the llama.cpp context was created (what :meth:`LlamaCppModel.describe` reports)."""
-
-    n_ctx: int
-    n_batch: int
-    n_threads: int
-    kv_type: str
-    seed: int
-
-
 class LlamaCppModel(Closeable):
     """One GGUF file in llama.cpp: ``logits(ids)`` at every position, ``greedy``, ``generate`` and the KV-cache
     primitives the verification phases drive (``decode``, ``remove``, ``shift``).
 
-    ``n_ctx`` is rounded up to a multiple of 256, as llama.cpp does. ``n_batch`` (default ``n_ctx``) is both
-    llama.cpp's logical and physical batch (``n_ubatch``): a prompt up to that length is prefilled by one
-    ``llama_decode`` call in one graph. ``kv_type`` is the KV cache's element type (``"f16"``, llama.cpp's default,
-    or ``"f32"``). ``n_threads`` is llama.cpp's thread count for both prompt and generation (default 1: the test
-    machines are shared)."""
+    ``n_ctx`` is rounded up to a multiple of 256, as llama.cpp does, and is also llama.cpp's logical and physical
+    batch (``n_batch``, ``n_ubatch``): a prompt up to that length is prefilled by one ``llama_decode`` call in one
+    graph. ``kv_type`` is the KV cache's element type (``"f16"``, llama.cpp's default, or ``"f32"``). ``n_threads``
+    is llama.cpp's thread count for both prompt and generation (default 1: the test machines are shared)."""
 
     def __init__(
         self,
@@ -124,7 +113,6 @@ class LlamaCppModel(Closeable):
         *,
         n_ctx: int = DEFAULT_N_CTX,
         n_threads: int = 1,
-        n_batch: int | None = None,
         seed: int = 0,
         kv_type: str = "f16",
     ):
@@ -134,9 +122,6 @@ class LlamaCppModel(Closeable):
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         n_ctx = -(-n_ctx // CTX_PAD) * CTX_PAD  # what llama.cpp would make of it anyway: every size below agrees
-        batch = n_ctx if n_batch is None else n_batch
-        if not 1 <= batch <= n_ctx:
-            raise ValueError(f"n_batch must be in [1, n_ctx={n_ctx}], got {batch}")
         if not self.path.is_file():
             raise FileNotFoundError(f"no such GGUF file: {self.path}")
         with self.path.open("rb") as fh:
@@ -146,8 +131,8 @@ class LlamaCppModel(Closeable):
         self.llama = self._lib.Llama(
             model_path=str(self.path),
             n_ctx=n_ctx,
-            n_batch=batch,
-            n_ubatch=batch,
+            n_batch=n_ctx,
+            n_ubatch=n_ctx,
             n_threads=n_threads,
             n_threads_batch=n_threads,
             seed=seed,
@@ -157,15 +142,15 @@ class LlamaCppModel(Closeable):
             flash_attn=False,
             verbose=False,
         )
-        self.settings = EngineSettings(int(self.llama.n_ctx()), batch, n_threads, kv_type, seed)
+        # how the context was created (what describe() reports)
+        self.n_ctx, self.n_batch = int(self.llama.n_ctx()), n_ctx
+        self.n_threads, self.kv_type, self.seed = n_threads, kv_type, seed
         self.vocab_size = int(self.llama.n_vocab())
-        self.n_ctx = self.settings.n_ctx
-        self.n_batch = batch
         eos = int(self.llama.token_eos())
         self.eos_id: int | None = eos if 0 <= eos < self.vocab_size else None
         bos = int(self.llama.token_bos())
         self.bos_id: int | None = bos if 0 <= bos < self.vocab_size else None
-        self._batch = self._lib.llama_batch_init(batch, 0, 1)
+        self._batch = self._lib.llama_batch_init(n_ctx, 0, 1)
 
     # ---- tokenizer (llama.cpp's, from the GGUF metadata) ----------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
@@ -177,13 +162,8 @@ class LlamaCppModel(Closeable):
         return self.llama.detokenize([int(t) for t in ids]).decode("utf-8", errors="replace")
 
     # ---- KV-cache primitives -----------------------------------------------------------------------------------
-    @property
-    def ctx(self) -> Any:
-        """The ``llama_context *`` of this model's one context (sequence 0)."""
-        return self.llama.ctx
-
     def _memory(self) -> Any:
-        mem = self._lib.llama_get_memory(self.ctx)
+        mem = self._lib.llama_get_memory(self.llama.ctx)
         if mem is None:
             raise RuntimeError(f"{self.path.name}: this llama.cpp context has no KV cache (an embedding-only model?)")
         return mem
@@ -207,7 +187,7 @@ class LlamaCppModel(Closeable):
         return self._step([(t, start + i, seq_id, w) for i, (t, w) in enumerate(zip(ids, want, strict=True))])
 
     def _step(self, entries: list[Entry]) -> np.ndarray:
-        return _decode(self._lib, self.ctx, self._batch, entries, self.vocab_size)
+        return _decode(self._lib, self.llama.ctx, self._batch, entries, self.vocab_size)
 
     def remove(self, p0: int, p1: int, seq_id: int = 0) -> None:
         """Drop the cached positions ``[p0, p1)`` of ``seq_id`` (``llama_memory_seq_rm``)."""
@@ -234,11 +214,6 @@ class LlamaCppModel(Closeable):
         one ``llama_decode`` call (``len(ids) <= n_batch``); row t predicts token t + 1."""
         self.reset()
         return self.decode(ids, 0, logits="all")
-
-    def stepwise_logits(self, ids: Sequence[int]) -> np.ndarray:
-        """The same rows as :meth:`logits`, computed one token per ``llama_decode`` call through the KV cache."""
-        self.reset()
-        return np.concatenate([self.decode([t], i, logits="all") for i, t in enumerate(ids)])
 
     def extend(
         self,
@@ -311,21 +286,22 @@ class LlamaCppModel(Closeable):
         keep_logits: bool = False,
         stop: Stop | Sequence[Stop | None] | None = None,
     ) -> list[Generation]:
-        """Several sequences in one llama.cpp context, one ``seq_id`` each (:class:`SequenceBatch`): every prompt
+        """Several sequences in one llama.cpp context, one ``seq_id`` each (:func:`sequence_batch`): every prompt
         prefilled in ONE ``llama_decode`` call, then each step decodes one token of every running sequence in one call
         (what a server's batch does). ``max_new_tokens``, ``next_token`` (a sampler with per-sequence state) and
         ``stop``: one for all, or one per sequence; without a stop, exactly ``max_new_tokens`` each. ``keep_logits``:
         every row, prompt positions included; else only the rows that picked a token."""
         seqs = [[int(t) for t in p] for p in prompts]
-        budgets, pickers, stops = (_per_sequence(x, len(seqs)) for x in (max_new_tokens, next_token, stop))
-        with SequenceBatch(self, seqs, budgets) as sb:
+        given: tuple[Any, ...] = (max_new_tokens, next_token, stop)  # each one per sequence, or one for all
+        budgets, pickers, stops = (list(x) if isinstance(x, Sequence) else [x] * len(seqs) for x in given)
+        with sequence_batch(self, seqs, budgets) as decode:
             entries = [(t, i, s, keep_logits or i == len(p) - 1) for s, p in enumerate(seqs) for i, t in enumerate(p)]
-            rows, at, first = sb.decode(entries), 0, []
+            rows, at, first = decode(entries), 0, []
             for p in seqs:
                 n = len(p) if keep_logits else 1
                 first.append(list(rows[at : at + n]))
                 at += n
-            return decode_loop(sb.decode, seqs, first, budgets, pickers, stops)
+            return decode_loop(decode, seqs, first, budgets, pickers, stops)
 
     # ---- facts ------------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -343,7 +319,7 @@ class LlamaCppModel(Closeable):
             "tensor_types": types,
             **llama_cpp_facts(),
             "vocab_size": self.vocab_size,
-            **json_safe(self.settings),
+            **{k: getattr(self, k) for k in ("n_ctx", "n_batch", "n_threads", "kv_type", "seed")},
         }
 
     def close(self) -> None:
@@ -415,25 +391,6 @@ def decode_loop(
     ]
 
 
-def _per_sequence(x: Any, n: int) -> list[Any]:
-    """``x`` for each of ``n`` sequences: a sequence (one per sequence) as is, anything else repeated."""
-    return list(x) if isinstance(x, Sequence) else [x] * n
-
-
-def _quietly(make: Callable[[], Any]) -> Any:
-    """``make()`` with llama-cpp-python's log forwarding silenced (a sized-to-the-batch context exceeds the model's
-    training context by design, and llama.cpp warns about it on stderr)."""
-    import logging
-
-    log = logging.getLogger("llama-cpp-python")
-    level = log.level
-    log.setLevel(logging.CRITICAL + 1)
-    try:
-        return make()
-    finally:
-        log.setLevel(level)
-
-
 def greedy_picker(ban_ids: Sequence[int] = ()) -> NextToken:
     """``next_token`` of greedy decoding: argmax over the ids not banned (ties: the lowest id)."""
     banned = np.array(sorted({int(b) for b in ban_ids}), dtype=np.int64)
@@ -447,55 +404,58 @@ def greedy_picker(ban_ids: Sequence[int] = ()) -> NextToken:
     return pick
 
 
-class SequenceBatch(Closeable):
+@contextmanager
+def sequence_batch(
+    model: LlamaCppModel, prompts: list[list[int]], budgets: Sequence[int]
+) -> Iterator[Callable[[list[Entry]], np.ndarray]]:
     """A second llama.cpp context on the same loaded weights, with ``n_seq_max`` = the number of sequences and a
     unified KV cache (``kv_unified``: one cache shared by every sequence, separated by the attention mask), sized to
-    the batch: ``n_ctx`` = all prompts + every sequence's new tokens (``budgets``). Freed on exit."""
-
-    def __init__(self, model: LlamaCppModel, prompts: list[list[int]], budgets: Sequence[int]):
-        lib = model._lib
-        self.model, self.lib = model, lib
-        if min(budgets, default=0) < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {min(budgets, default=0)}")
-        if not prompts or any(not p for p in prompts):
-            raise ValueError("give at least one prompt, each with at least one token")
-        limit = int(lib.llama_max_parallel_sequences())
-        if len(prompts) > limit:
-            raise ValueError(f"{len(prompts)} sequences exceed llama.cpp's limit of {limit} per context")
-        for p in prompts:
-            model._check_ids(p)
-        prompt_tokens = sum(len(p) for p in prompts)
-        params = lib.llama_context_default_params()
-        params.n_ctx = prompt_tokens + sum(budgets)
-        params.n_batch = params.n_ubatch = max(prompt_tokens, len(prompts))
-        params.n_seq_max = len(prompts)
-        params.kv_unified = True
-        params.type_k = params.type_v = KV_TYPES[model.settings.kv_type]
-        params.n_threads = params.n_threads_batch = model.settings.n_threads
-        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        params.no_perf = True
-        self.ctx = _quietly(lambda: lib.llama_init_from_model(model.llama.model, params))
-        if self.ctx is None:
-            raise RuntimeError(f"llama.cpp could not create a context for {len(prompts)} sequences")
-        self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
-
-    def decode(self, entries: list[Entry]) -> np.ndarray:
-        """One ``llama_decode`` call in this context (:func:`_decode`)."""
-        return _decode(self.lib, self.ctx, self.batch, entries, self.model.vocab_size)
-
-    def close(self) -> None:
-        """Free the batch and the context (idempotent)."""
-        if self.ctx is not None:
-            self.lib.llama_batch_free(self.batch)
-            self.lib.llama_free(self.ctx)
-            self.ctx = None
+    the batch: ``n_ctx`` = all prompts + every sequence's new tokens (``budgets``). Yields its one-call decode
+    (:func:`_decode`); freed on exit."""
+    lib = model._lib
+    if min(budgets, default=0) < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {min(budgets, default=0)}")
+    if not prompts or any(not p for p in prompts):
+        raise ValueError("give at least one prompt, each with at least one token")
+    limit = int(lib.llama_max_parallel_sequences())
+    if len(prompts) > limit:
+        raise ValueError(f"{len(prompts)} sequences exceed llama.cpp's limit of {limit} per context")
+    for p in prompts:
+        model._check_ids(p)
+    prompt_tokens = sum(len(p) for p in prompts)
+    params = lib.llama_context_default_params()
+    params.n_ctx = prompt_tokens + sum(budgets)
+    params.n_batch = params.n_ubatch = max(prompt_tokens, len(prompts))
+    params.n_seq_max = len(prompts)
+    params.kv_unified = True
+    params.type_k = params.type_v = KV_TYPES[model.kv_type]
+    params.n_threads = params.n_threads_batch = model.n_threads
+    params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    params.no_perf = True
+    # llama-cpp-python's log forwarding silenced: a context sized to the batch exceeds the model's training context
+    # by design, and llama.cpp warns about it on stderr
+    log = logging.getLogger("llama-cpp-python")
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)
+    try:
+        ctx = lib.llama_init_from_model(model.llama.model, params)
+    finally:
+        log.setLevel(level)
+    if ctx is None:
+        raise RuntimeError(f"llama.cpp could not create a context for {len(prompts)} sequences")
+    batch = lib.llama_batch_init(params.n_batch, 0, 1)
+    try:
+        yield lambda entries: _decode(lib, ctx, batch, entries, model.vocab_size)
+    finally:
+        lib.llama_batch_free(batch)
+        lib.llama_free(ctx)
 
 
 class LlamaCppBackend(Backend):
     """A :class:`LlamaCppModel` as a :class:`~genprobe.engine.backend.Backend`: token-id prompts, greedy, every
     position's whole distribution (``Response.rows``), the ``Llama`` object's prompt cache (one prompt deep, token by
     token; a request that does not read it starts from an empty KV cache), the requests of one call as sequences of
-    one context (:class:`SequenceBatch`). ``own_prefill`` is the floor of a quantized file: llama.cpp's one-call
+    one context (:func:`sequence_batch`). ``own_prefill`` is the floor of a quantized file: llama.cpp's one-call
     prefill of the same tokens."""
 
     def __init__(self, model: LlamaCppModel, label: str = "", exact: bool | None = None):
@@ -528,8 +488,7 @@ class LlamaCppBackend(Backend):
         if request.read_cache:
             first, cached = m.cached_prompt_logits(prompt)
         else:
-            m.reset()
-            first, cached = m.decode(prompt, 0, logits="all"), None
+            first, cached = m.logits(prompt), None
         g = m.extend(prompt, first, request.max_tokens, greedy_picker(request.sampler.ban_ids), self._stop(request))
         return self.response(g, request.stop, cached)
 

@@ -1,9 +1,4 @@
-"""The quantization study's (:mod:`.quant_study`) report and files: what the numbers show.
-
-Findings (sentences that say what the table shows: the engine, each type, and whether low bits loop more), the
-results table, file recipes and sample texts as markdown, and the study's ``quant-<model>.json`` /
-``quant-<model>.md`` written.
-"""
+"""The quantization study's (:mod:`.quant_study`) report and files: its findings, its markdown, both written."""
 
 from __future__ import annotations
 

@@ -304,9 +304,6 @@ def _f32_gguf(model: Any, out: Path, stem: str, log: Log) -> Path:
     def current(p: Path) -> bool:
         return p.is_file() and p.stat().st_mtime >= newest
 
-    if current(path):
-        log(f"reusing {path}")
-        return path
     return convert_to_gguf(model.source, path, pre_tokenizer=_pre_tokenizer(model), log=log, current=current)
 
 

@@ -139,7 +139,7 @@ def convert_to_gguf(
         out, current or (lambda _: False), lambda: _run_converter(tree, src, out, pre_tokenizer), out.name
     )
     if log and not wrote:
-        log(f"reusing {out} (converted by another process)")
+        log(f"reusing {out}")
     elif log:
         log(
             f"converted {src} -> {out} (F32 GGUF, {out.stat().st_size / 2**20:.1f} MiB, "
@@ -252,11 +252,6 @@ def _quantize(lib: Any, source: Path, out: Path, name: str, threads: int) -> flo
     return seconds
 
 
-def _newer(path: Path, than: str | os.PathLike[str]) -> bool:
-    """``path`` exists and is at least as new as ``than`` (written from it)."""
-    return path.is_file() and path.stat().st_mtime >= Path(than).stat().st_mtime
-
-
 def quantize_all(
     f32_gguf: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -267,13 +262,17 @@ def quantize_all(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, QuantizedFile]:
     """Every type of ``types`` (F32 is the input itself) as ``<out_dir>/<stem>-<TYPE>.gguf``, reused when present."""
+
+    def current(p: Path) -> bool:  # at least as new as the F32 file it was written from
+        return p.is_file() and p.stat().st_mtime >= Path(f32_gguf).stat().st_mtime
+
     files: dict[str, QuantizedFile] = {}
     for name in check_types(types):
         if name == "F32":
             files[name] = describe_gguf(f32_gguf, "F32")
             continue
         dst = Path(out_dir) / f"{stem}-{name}.gguf"
-        files[name] = quantize_gguf(f32_gguf, dst, name, threads=threads, current=lambda p: _newer(p, f32_gguf))
+        files[name] = quantize_gguf(f32_gguf, dst, name, threads=threads, current=current)
         if log:
             log(f"quantized {files[name].describe()}")
     return files

@@ -1,12 +1,11 @@
 """genprobe's :class:`~genprobe.engine.samplers.stages.SamplerConfig` as llama.cpp's sampler chain: exact or refused.
 
-``common_sampler_init`` (common/sampling.cpp) builds the chain as logit bias, then the samplers in order (penalties,
-DRY, top-n-σ, top-k, typical, top-p, min-p, XTC, temperature) and ``dist(seed)`` last. Here the *real* chain is
-built from a config through the C API of llama-cpp-python 0.3.36, so genprobe's ``engine="llama.cpp"`` replay can be
-held against it (tests/serving/llamacpp/test_sampler_chain.py) and the scan backend can sample with llama.cpp itself.
-Each stage's ``llama_cpp`` method (:mod:`genprobe.engine.samplers.stages`) gives its sampler and arguments or refuses
-by name. DRY's breakers are *strings* there, tokenized with the file's vocabulary (:class:`LlamaVocab`). The draw is a
-``std::mt19937``: same distribution as genprobe's torch generator, different samples (docs/llamacpp.md).
+The *real* chain of ``common_sampler_init`` (docs/llamacpp.md: its order) built from a config through the C API of
+llama-cpp-python 0.3.36, so genprobe's ``engine="llama.cpp"`` replay can be held against it and the scan backend can
+sample with llama.cpp itself. Each stage's ``llama_cpp`` method (:mod:`genprobe.engine.samplers.stages`) gives its
+sampler and arguments or refuses by name. DRY's breakers are *strings* there, tokenized with the file's vocabulary
+(:class:`LlamaVocab`). The draw is a ``std::mt19937``: same distribution as genprobe's torch generator, different
+samples.
 """
 
 from __future__ import annotations
@@ -259,8 +258,7 @@ def chain_candidates(
         chain.lc.llama_sampler_free(dist)
     kept = arr.rows()
     live = kept["logit"] != -np.inf
-    ids, lg, p = kept["id"][live], kept["logit"][live], kept["p"][live]
-    return KeptCandidates(ids=ids, logits=lg, probs=p, sorted=is_sorted)
+    return KeptCandidates(kept["id"][live], kept["logit"][live], kept["p"][live], is_sorted)
 
 
 class LlamaCppSampler(Closeable):
@@ -283,14 +281,14 @@ class LlamaCppSampler(Closeable):
         final: str | None = "dist",
     ):
         self.lc = require_llama_cpp()
-        strings = dry_breaker_strings
         self.stages = chain_stages(
-            cfg, context_length=context_length, dry_breaker_strings=strings, seed=seed, final=final
+            cfg, context_length=context_length, dry_breaker_strings=dry_breaker_strings, seed=seed, final=final
         )
         _check_breakers(cfg, dry_breaker_strings, vocab)
         BANS.check_vocab(cfg, n_vocab, UnsupportedSamplerError)  # llama.cpp's logit_bias would skip them silently
         self.n_vocab = n_vocab
         self._chain = build_chain(self.lc, self.stages, vocab, n_vocab)
+        self._seen = 0  # history tokens :meth:`pick` has accepted
 
     def accept(self, token: int) -> None:
         """Tell the chain the sequence continues with ``token`` (penalty and DRY windows, RNG-free)."""
@@ -319,10 +317,19 @@ class LlamaCppSampler(Closeable):
             raise ValueError("llama.cpp's chain selected no token (empty candidate array)")
         return int(cur.data[int(cur.selected)].id)  # ``data`` as the chain left it (XTC moves it)
 
+    def pick(self, row: np.ndarray, history: list[int]) -> int:
+        """``next_token`` of one sequence: :meth:`accept` each token of ``history`` not seen yet (the prompt on the
+        first call, then each generated token), then :meth:`sample` the row."""
+        for t in history[self._seen :]:
+            self.accept(t)
+        self._seen = len(history)
+        return self.sample(row)
+
     def reset(self) -> None:
         """Forget the accepted tokens and reseed (``llama_sampler_reset``): a new sequence."""
         self._require_open()
         self.lc.llama_sampler_reset(self._chain)
+        self._seen = 0
 
     def _require_open(self) -> None:
         if self._chain is None:

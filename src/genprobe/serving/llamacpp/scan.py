@@ -14,35 +14,17 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
 from ...engine.samplers.stages import DRY, SamplerConfig
 from ...loops.scan import Batch, GenerateBatch, ScanEngine, ScanOptions, check_prompts
-from .engine import LlamaCppModel, NextToken
+from .engine import LlamaCppModel
 from .sampling import LlamaCppSampler, LlamaVocab, chain_stages
 
 GGUF_HINT = "give MODEL as the GGUF file llama.cpp should run (e.g. ~/.cache/genprobe/models/<name>.gguf)"
 
 
-def chain_picker(sampler: LlamaCppSampler) -> NextToken:
-    """``next_token`` for one sequence: the chain accepts every token of the history it has not seen yet (the prompt
-    on the first call, then each generated token), then samples the row."""
-    seen = [0]
-
-    def pick(row: np.ndarray, history: list[int]) -> int:
-        for t in history[seen[0] :]:
-            sampler.accept(t)
-        seen[0] = len(history)
-        return sampler.sample(row)
-
-    return pick
-
-
 def llamacpp_batches(model: LlamaCppModel, dry_breaker_strings: Sequence[str] = ()) -> GenerateBatch:
-    """The scan's batch generator in llama.cpp (for :func:`genprobe.loops.scan.scan_batches`): the batch's prompts as
-    sequences of one context, each token chosen by its own sampler chain (prompt ``i`` seeded ``seed + i``; a setting
-    the chain cannot express is refused before the batch runs); DRY's breakers as strings (llama.cpp tokenizes them
-    with the file's vocabulary)."""
+    """The scan's batch generator in llama.cpp (for :func:`genprobe.loops.scan.scan_batches`; module doc); DRY's
+    breakers as strings (llama.cpp tokenizes them with the file's vocabulary)."""
 
     def generate_batch(b: Batch) -> list[tuple]:
         check_prompts(b, model.vocab_size)
@@ -59,7 +41,7 @@ def llamacpp_batches(model: LlamaCppModel, dry_breaker_strings: Sequence[str] = 
             for i in range(b.first, b.first + len(b.prompts))
         ]
         try:
-            outs = model.generate_batch(b.prompts, b.options.max_new_tokens, [chain_picker(c) for c in chains])
+            outs = model.generate_batch(b.prompts, b.options.max_new_tokens, [c.pick for c in chains])
         finally:
             for c in chains:
                 c.close()

@@ -6,9 +6,7 @@ of the file, or ``reference=`` a float directory) and with llama.cpp's own one-c
 ("self", the floor of a quantized file: :mod:`genprobe.serving.judge`). Only an F32 file with an F32 KV cache is
 judged on the absolute scale; anything else on its gap ratio (docs/llamacpp.md: why, with measurements).
 
-``context_shift``: the context filled, then llama.cpp's context shift (``tools/completion/completion.cpp``: keep
-``n_keep`` tokens, discard half of the rest, move the remainder back) and greedy steps after it; the reference is the
-float32 cache shifted the same way (:func:`shifted_cache_logprobs`), not recomputation.
+``context_shift`` (:func:`context_shift_phase`) is judged against the float32 cache shifted the same way.
 """
 
 from __future__ import annotations
@@ -30,11 +28,8 @@ def shifted_cache_logprobs(module: Any, fill: list[int], n_keep: int, n_discard:
     """float32 log-probabilities of ``steps`` decoded after llama.cpp's context shift, computed with ``transformers``:
     ``fill`` prefilled into a ``DynamicCache``; the entries of positions ``[n_keep, n_keep + n_discard)`` dropped;
     the later keys rotated back by ``n_discard`` positions (RoPE composes: R(p − d) = R(−d) R(p)), values kept
-    as computed; then ``steps`` decoded at positions ``len(kept), ...``. Row s predicts ``steps[s + 1]``.
-
-    This, not recomputation of the kept tokens, is what a context shift computes: a kept token's cached K/V in
-    layers above the first were computed while it attended to the tokens now discarded, and the shift does not
-    recompute them (``llama_kv_cache::build_graph_shift`` only re-rotates K)."""
+    as computed; then ``steps`` decoded at positions ``len(kept), ...``. Row s predicts ``steps[s + 1]``. This, not
+    recomputation, is what a shift computes: the kept K/V still hold the discarded context (docs/llamacpp.md)."""
     from transformers import DynamicCache
 
     rotary = getattr(getattr(module, "model", None), "rotary_emb", None)
@@ -122,14 +117,13 @@ def verify_serving_llamacpp(
     m = engine if engine is not None else LlamaCppModel(model, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
     try:
         if ref_model.vocab_size != m.vocab_size:
-            vocabs = f"{ref_model.vocab_size} output ids but the GGUF file has {m.vocab_size}"
-            raise ValueError(f"the reference has {vocabs}")
+            raise ValueError(f"the reference has {ref_model.vocab_size} output ids but the GGUF file {m.vocab_size}")
         if steps > (room := (m.n_ctx - n_keep) // 2):
             raise ValueError(
                 f"{steps} steps do not fit after the context shift (n_ctx {m.n_ctx}, n_keep {n_keep}: {room} "
                 "positions are freed): lower the steps or raise n_ctx"
             )
-        types, kv = inspect_gguf(m.path).type_counts, m.settings.kv_type
+        types, kv = inspect_gguf(m.path).type_counts, m.kv_type
         # "Q4_K/kv-f16": the most common tensor type but F32 (which norms keep in every file) and the KV-cache type;
         # exact float32 arithmetic only with F32 tensors alone (no activation quantization) and an F32 KV cache
         label = f"{next((t for t in types if t != 'F32'), 'F32')}/kv-{kv}"
