@@ -42,8 +42,7 @@ def test_head_matrix_puts_each_head_in_its_cell():
 
 
 def test_format_grid_one_line_per_layer():
-    text = format_grid(_fake_report(30, 9), ("far_mass", "norm_entropy"))
-    far, ent = text.split("\n\n")
+    ent, far, sink = format_grid(_fake_report(30, 9)).split("\n\n")  # GRID_METRICS, in order
     rows = far.splitlines()
     assert len(rows) == 2 + 30 and rows[1].split() == ["layer", *map(str, range(9))]
     assert rows[2 + 29].split() == ["29", *(f"{(261 + h) / 270:.2f}" for h in range(9))]

@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .._io import json_safe
 from ..model.config import POS_ENCODINGS, GPTConfig
 from ..model.gpt import GPT
 from ..model.train import TrainConfig, fit, position_losses
@@ -140,12 +139,12 @@ class EvalError:
     message: str
 
 
-def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig, steps: int | None = None) -> tuple[GPT, TrainSummary]:
+def train_synthetic(task, pos_encoding: str, sc: SyntheticConfig) -> tuple[GPT, TrainSummary]:
     """Train a tiny GPT on ``task`` with rows of ``sc.context`` tokens (passkey: distance uniform in [1, L-2])."""
     torch.manual_seed(sc.seed)
     gen = torch.Generator().manual_seed(sc.seed)
     L = sc.context
-    steps = steps or (sc.lag_steps if isinstance(task, LagTask) else sc.passkey_steps)
+    steps = sc.lag_steps if isinstance(task, LagTask) else sc.passkey_steps
     model = GPT(GPTConfig(**{**sc.model, "vocab_size": task.vocab_size, "block_size": L, "pos_encoding": pos_encoding}))
 
     def batch_loss() -> torch.Tensor:
@@ -261,7 +260,7 @@ class SyntheticResult:
         """JSON form: the config, then per task its settings and per-encoding results."""
         L = self.config.context
         return {
-            "config": json_safe(self.config),
+            "config": self.config,
             "context": L,
             "tasks": {
                 "passkey": {
@@ -269,7 +268,7 @@ class SyntheticResult:
                     "distances": passkey_grid(L),
                     "row_length": "max(context, distance + 2)",
                     "chance": 1 / N_VALUE,
-                    "encodings": {pe: json_safe(r) for pe, r in self.passkey.items()},
+                    "encodings": self.passkey,
                 },
                 "lag": {
                     "vocab_size": LagTask.vocab_size,
@@ -277,7 +276,7 @@ class SyntheticResult:
                     "eval_lengths": lag_eval_lengths(L),
                     "chance": 1 / N_CONTENT,
                     "measure": f"length {L}: positions k..{L - 1}; longer rows: positions >= {L} only",
-                    "encodings": {pe: json_safe(r) for pe, r in self.lag.items()},
+                    "encodings": self.lag,
                 },
             },
         }
@@ -460,13 +459,11 @@ class LongRangeResult:
     @property
     def errors(self) -> dict[str, list[EvalError]]:
         """Every refused measurement, per encoding (synthetic tasks first, then the corpus)."""
-        out: dict[str, list[EvalError]] = {}
-        for pe in self.pos_encodings:
-            errs = self.synthetic.passkey[pe].errors + self.synthetic.lag[pe].errors
-            if self.corpus is not None:
-                errs = errs + self.corpus.encodings[pe].errors
-            out[pe] = errs
-        return out
+        syn, corpus = self.synthetic, self.corpus.encodings if self.corpus is not None else {}
+        return {
+            pe: syn.passkey[pe].errors + syn.lag[pe].errors + (corpus[pe].errors if corpus else [])
+            for pe in self.pos_encodings
+        }
 
 
 def run_longrange(lc: LongRangeConfig, progress: bool = False) -> LongRangeResult:

@@ -62,8 +62,8 @@ def _tick_step(n: int, most: int) -> int:
     return max(1, math.ceil(n / most))
 
 
-def heads_grid_plot(rep: dict, path: str | Path, metrics: tuple[str, ...] = GRID_METRICS) -> Path:
-    """Every head of every layer in one figure: one layers × heads heatmap per metric (each in [0, 1]).
+def heads_grid_plot(rep: dict, path: str | Path) -> Path:
+    """Every head of every layer in one figure: one layers × heads heatmap per grid metric (each in [0, 1]).
 
     The figure grows with depth and width up to a cap (a 96-layer model stays one page); values are written
     in the cells when there are few of them.
@@ -73,13 +73,12 @@ def heads_grid_plot(rep: dict, path: str | Path, metrics: tuple[str, ...] = GRID
     n_layer, n_head = rep["n_layer"], rep["n_head"]
     panel_w = min(8.0, max(2.4, 0.32 * n_head + 1.0))
     height = min(14.0, max(2.4, 0.2 * n_layer + 1.3))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(panel_w * len(metrics), height), squeeze=False)
+    fig, axes = plt.subplots(1, len(GRID_METRICS), figsize=(panel_w * len(GRID_METRICS), height), squeeze=False)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgray")
     annotate = n_layer * n_head <= 64
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    for ax, metric in zip(axes[0], GRID_METRICS, strict=True):
         grid = np.array([[np.nan if v is None else v for v in row] for row in head_matrix(rep, metric)], dtype=float)
-        vmax = float(np.nanmax(grid)) if metric == "entropy" and not np.isnan(grid).all() else 1.0
-        im = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=vmax or 1.0, aspect="auto", interpolation="nearest")
+        im = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
         ax.set_title(title(rep, metric), fontsize=9)
         ax.set(xlabel="head", ylabel="layer")
         xs, ys = range(0, n_head, _tick_step(n_head, 24)), range(0, n_layer, _tick_step(n_layer, 40))
@@ -87,7 +86,7 @@ def heads_grid_plot(rep: dict, path: str | Path, metrics: tuple[str, ...] = GRID
         ax.set_yticks(list(ys), [str(ly) for ly in ys], fontsize=7)
         cells = [(ly, h, v) for (ly, h), v in np.ndenumerate(grid) if annotate and not np.isnan(v)]
         for ly, h, v in cells:
-            ax.text(h, ly, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 * vmax else "k")
+            ax.text(h, ly, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 else "k")
         fig.colorbar(im, ax=ax, fraction=0.08, pad=0.03).ax.tick_params(labelsize=7)
     fig.suptitle(f"{n_layer} layers × {n_head} heads, T={rep['seq_len']}", fontsize=10)
     fig.tight_layout()
@@ -113,13 +112,9 @@ def entropy_plot(report: dict, path: str | Path) -> Path:
 _PE_COLORS = {"learned": "tab:blue", "rope": "tab:orange", "alibi": "tab:green", "none": "tab:gray"}
 
 
-def _present(points: dict[int, float | None]) -> list[tuple[int, float]]:
-    return [(x, y) for x, y in points.items() if y is not None]
-
-
-def _curve(ax, points: list[tuple[int, float]], pe: str, style: str, **kw) -> None:
-    """One encoding's curve through ``points`` (x, y), in that encoding's colour."""
-    if points:
+def _curve(ax, ys: dict[int, float | None], pe: str, style: str, **kw) -> None:
+    """One encoding's curve through the points ``x -> y`` measured (y None: refused), in that encoding's colour."""
+    if points := [(x, y) for x, y in ys.items() if y is not None]:
         ax.plot(*zip(*points, strict=True), style, color=_PE_COLORS.get(pe), **kw)
 
 
@@ -128,7 +123,7 @@ def _passkey_panel(ax, syn) -> None:
     for pe, r in syn.passkey.items():
         # Encodings often tie at 1.0: distinct markers/sizes keep every line visible.
         marker, ms = {"learned": ("o", 7), "rope": ("s", 5), "alibi": ("^", 3)}.get(pe, ("x", 4))
-        _curve(ax, _present(r.accuracy), pe, "-", marker=marker, ms=ms, label=pe, alpha=0.8)
+        _curve(ax, r.accuracy, pe, "-", marker=marker, ms=ms, label=pe, alpha=0.8)
     ax.axvline(L - 1.5, color="k", ls=":", lw=1)
     ax.text(L - 1.5, 0.02, " training context", fontsize=7)
     ax.set(title="passkey (content suffices)", xlabel="distance value→query", ylabel="accuracy", ylim=(-0.03, 1.03))
@@ -138,7 +133,7 @@ def _lag_panel(ax, syn) -> None:
     styles = ["-", "--", ":"]
     for pe, r in syn.lag.items():
         for i, (n, accs) in enumerate(r.accuracy.items()):
-            _curve(ax, _present(accs), pe, styles[i % 3], marker="o", ms=3, label=f"{pe}, len {n}")
+            _curve(ax, accs, pe, styles[i % 3], marker="o", ms=3, label=f"{pe}, len {n}")
     ax.axhline(1 / N_CONTENT, color="gray", lw=0.8)
     ax.set(xlabel="lag k", ylabel="accuracy", ylim=(-0.03, 1.03))
     ax.set_title(f"token k back (position only), trained at len {syn.config.context}")
@@ -147,10 +142,11 @@ def _lag_panel(ax, syn) -> None:
 def _corpus_panel(ax, corpus) -> None:
     ctx = corpus.config.context
     for pe, r in corpus.encodings.items():
-        pts = [(n, w.loss) for n, w in r.by_length.items() if w is not None]
-        _curve(ax, pts, pe, "-o", ms=3, label=pe)
-        for n in (n for n, w in r.by_length.items() if w is None):
-            ax.annotate("✗", (n, pts[-1][1]), color=_PE_COLORS.get(pe), ha="center")
+        losses = {n: None if w is None else w.loss for n, w in r.by_length.items()}
+        _curve(ax, losses, pe, "-o", ms=3, label=pe)
+        last = [y for y in losses.values() if y is not None][-1]
+        for n in (n for n, y in losses.items() if y is None):
+            ax.annotate("✗", (n, last), color=_PE_COLORS.get(pe), ha="center")
     ax.axvline(ctx, color="k", ls=":", lw=1)
     ax.set(title=f"Tang validation loss, trained at L={ctx}", xlabel="evaluation length", ylabel="loss (nats)")
 

@@ -134,12 +134,12 @@ def format_table(rep: dict) -> str:
     return table(cols, rows, rule=True)
 
 
-def format_grid(rep: dict, metrics: tuple[str, ...] = ("norm_entropy", "far_mass", "sink_mass")) -> str:
-    """Compact text form for deep models: per metric, one line per layer and one column per head."""
-    from ..attention.metrics import head_matrix, title
+def format_grid(rep: dict) -> str:
+    """Compact text form for deep models: per grid metric, one line per layer and one column per head."""
+    from ..attention.metrics import GRID_METRICS, head_matrix, title
 
     blocks = []
-    for metric in metrics:
+    for metric in GRID_METRICS:
         cell = lambda h: lambda row: _value(row[1][h], 2)  # noqa: E731
         cols: list[Column] = [("layer", 5, lambda row: row[0]), *((str(h), 5, cell(h)) for h in range(rep["n_head"]))]
         grid = table(cols, enumerate(head_matrix(rep, metric)))

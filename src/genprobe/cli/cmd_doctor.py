@@ -79,22 +79,6 @@ def _options(args: argparse.Namespace, model):
     )
 
 
-def _check_impl_spec(spec: str) -> None:
-    """``--impl MOD:FACTORY`` names an importable callable (bad input otherwise); the factory itself runs later, where
-    an exception in it is a finding, not a traceback."""
-    import importlib
-
-    mod, _, attr = spec.partition(":")
-    if not mod or not attr or ":" in attr:
-        raise ValueError(f"--impl expects package.module:factory, got {spec!r}")
-    try:
-        module = importlib.import_module(mod)
-    except Exception as exc:  # noqa: BLE001 — the user's module failing on import is bad input, reported
-        raise ValueError(f"--impl {spec}: cannot import {mod!r} ({type(exc).__name__}: {exc})") from None
-    if not callable(getattr(module, attr, None)):
-        raise ValueError(f"--impl {spec}: {mod!r} has no callable {attr!r}")
-
-
 def run(args: argparse.Namespace) -> int:
     """Check the arguments (exit 2 on bad input), run every stage, write the files, print the verdict."""
     from ..doctor.run import run_doctor
@@ -105,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     if args.impl:
+        from ..verify.adapters import import_factory
+
         user_project_importable()
-        _check_impl_spec(args.impl)
+        import_factory(args.impl)  # bad input now; the factory runs later, where an exception in it is a finding
     from ..doctor.audit import model_files
 
     audit_only = set(args.only) == {"audit"}  # read as data, not loaded: the audit takes seconds

@@ -29,18 +29,14 @@ def options(p: argparse.ArgumentParser) -> None:
     option(p, "--no-progress", False, "no progress bars")
 
 
-def _cell(v: float | None) -> str:
-    return "err" if v is None else f"{v:.2f}"
-
-
 def _corpus_cell(w) -> str:
     beyond = "" if w is None or w.loss_beyond_context is None else f" [{w.loss_beyond_context:.3f}]"
     return "error" if w is None else f"{w.loss:.3f}{beyond}"
 
 
 def _accuracy(key: Any) -> Column:
-    """The column of one distance or lag, over rows whose last element maps it to an accuracy."""
-    return (str(key), 5, lambda row: _cell(row[-1][key]))
+    """The column of one distance or lag, over rows whose last element maps it to an accuracy (err: refused)."""
+    return (str(key), 5, lambda row: "err" if row[-1][key] is None else f"{row[-1][key]:.2f}")
 
 
 def _synthetic_lines(syn) -> list[str]:

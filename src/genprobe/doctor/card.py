@@ -90,8 +90,7 @@ def _round_trip(model: Model, prompts: list[str]) -> tuple[list[list[int]], list
     failures: list[dict[str, Any]] = []
     unknown = 0
     for p in prompts:
-        with warnings.catch_warnings():  # the char tokenizer warns about unknown characters: counted here
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # the char tokenizer warns of unknown characters: counted here
             got = model.encode(p)
         ids.append(got)
         back = model.decode(got)

@@ -1,9 +1,6 @@
-"""What a doctor run is asked to do (:class:`DoctorOptions`), the budget of each mode (:class:`Budget`: ``quick`` for
-a CI gate, the full run for a release), the prompts it uses (:func:`doctor_inputs`: the user's, else held-out ones
-of the model's language), the one :class:`DoctorRun` every stage job takes and the :class:`Finding` each returns:
-one check's outcome, its evidence, the criterion it was judged by and the command that reproduces it alone. The
-worst severity found (``ok`` < ``info`` < ``warning`` < ``bug``) is the run's verdict and its exit status, which
-gates a release in CI (docs/doctor.md: the exit statuses and what raises each)."""
+"""What a doctor run is asked to do (:class:`DoctorOptions`) and its budget (:class:`Budget`: ``quick`` for a CI gate,
+the full run for a release), its prompts (:func:`doctor_inputs`), the :class:`DoctorRun` every stage job takes and
+the :class:`Finding` each returns. The worst severity found is the :class:`Verdict` and exit status (docs/doctor.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +9,6 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
-from .._io import json_safe
 from ..corpus.inputs import held_out
 from ..engine.samplers.stages import SamplerConfig
 from ..model.kinds import is_url
@@ -96,21 +92,17 @@ FULL = Budget(24, True, (1, 4), True, 128, 48, 64, 48, 64)
 
 @dataclass
 class DoctorOptions:
-    """A doctor run's settings (``genprobe doctor``'s flags): the user's prompts (None: held-out prompts of the
-    model's language), their sampling settings (None: the model's generation defaults when it samples, else
-    greedy only), chat rendering, the serving engine to check, quick mode, the loop-rate threshold that warns,
-    whether to try the weight edit, a cache implementation of theirs (``"module:factory"``), whether their code
-    passes ``position_ids`` to a transformers model, the stages to run, the seed."""
+    """A doctor run's settings, ``genprobe doctor``'s flags (docs/doctor.md)."""
 
-    prompts: Sequence[str] | None = None
-    sampling: SamplerConfig | None = None
+    prompts: Sequence[str] | None = None  # None: held-out prompts of the model's language
+    sampling: SamplerConfig | None = None  # None: the model's generation defaults when they sample, else greedy only
     chat: bool = False
     serving: str | None = None
     quick: bool = False
     max_loop_rate: float | None = None
     with_edit: bool = False
-    impl: str | None = None
-    hf_position_ids: bool = True
+    impl: str | None = None  # the user's cache implementation, "module:factory"
+    hf_position_ids: bool = True  # the user's code passes position_ids to a transformers model
     only: Sequence[str] = STAGES
     seed: int = 0
     sampling_flags: Sequence[str] = ()  # the sampler flags as typed, for the reproducing commands
@@ -147,8 +139,8 @@ class DoctorOptions:
         return f"--prompts {shlex.quote(self.prompts_file) if self.prompts_file else 'PROMPTS'}"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON (the prompts themselves are in the degeneration stage; the file they were written to is not)."""
-        d = {f.name: json_safe(getattr(self, f.name)) for f in fields(self) if f.name not in ("only", "prompts_file")}
+        """JSON form (the prompts themselves are in the degeneration stage; the file they were written to is not)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("only", "prompts_file")}
         return d | {"prompts": "user" if self.prompts is not None else "built-in held-out", "stages": list(self.only)}
 
 
@@ -171,8 +163,7 @@ def check_fits(model: Model, prompts: list[str], tokens: int, chat: bool) -> Non
     """Refuse (ValueError: bad input) prompts that leave no room for the ``tokens`` a scan generates."""
     if model.max_positions is None or model.tokenizer is None:
         return
-    with warnings.catch_warnings():  # unknown characters are the model card's finding
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):  # unknown characters are the model card's finding
         longest = max(len(model.encode(model.chat_prompt(p) if chat else p)) for p in prompts)
     if longest + tokens > model.max_positions:
         raise ValueError(

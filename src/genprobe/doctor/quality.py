@@ -45,13 +45,6 @@ class Quality:
     findings: list[Finding] = field(default_factory=list, metadata=NOT_JSON)
 
 
-def _windows(model: Model, texts: list[str]) -> tuple[list[str], list[list[int]]]:
-    """The first :data:`WINDOWS` texts at least a window long, and their first window of ids."""
-    n = WINDOW_TOKENS if model.max_positions is None else min(WINDOW_TOKENS, model.max_positions)
-    found = token_windows(model.encode, texts, n, WINDOWS)
-    return [t for t, _ in found], [w for _, w in found]
-
-
 @torch.no_grad()
 def _log_probs(model: Model, window: list[int]) -> torch.Tensor:
     """Log-probabilities (T, V) of each next token, fed the truth."""
@@ -63,7 +56,8 @@ def _log_probs(model: Model, window: list[int]) -> torch.Tensor:
 
 def measure_quality(model: Model, texts: list[str], corpus: str, reference: Model | None = None) -> Quality:
     """Perplexity of ``model`` on ``texts``; with ``reference`` (a loaded model), KL and top-1 per position."""
-    used, windows = _windows(model, texts)
+    found = token_windows(model.encode, texts, min(WINDOW_TOKENS, model.max_positions or WINDOW_TOKENS), WINDOWS)
+    used, windows = [t for t, _ in found], [w for _, w in found]  # the first texts a window long, their first window
     if not windows:
         raise ValueError(f"no held-out text of {WINDOW_TOKENS} tokens to read")
     nll, ref_nll, kl, agree = 0.0, 0.0, torch.zeros(len(windows[0]) - 1), 0

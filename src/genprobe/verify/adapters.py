@@ -259,20 +259,26 @@ def check_impl(obj: Any, what: str = "implementation") -> None:
         )
 
 
-def load_impl(spec: str, model: Any = None) -> Any:
-    """Import ``"pkg.module:factory"`` and return ``factory(model)`` (or ``factory()``), checked."""
+def import_factory(spec: str) -> Callable[..., Any]:
+    """The callable ``"pkg.module:factory"`` names, imported (ImplSpecError otherwise); not called."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise ImplSpecError(f"an implementation spec is 'package.module:factory', got {spec!r}")
     mod_name, attr = spec.split(":")
     try:
         module = importlib.import_module(mod_name)
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 — the user's module failing on import is bad input, reported
         raise ImplSpecError(f"cannot import module {mod_name!r} of implementation {spec!r}: {exc}") from None
     factory: Callable[..., Any] | None = getattr(module, attr, None)
     if factory is None:
         raise ImplSpecError(f"module {mod_name!r} has no attribute {attr!r} (implementation {spec!r})")
     if not callable(factory):
         raise ImplSpecError(f"{spec!r} is not callable")
+    return factory
+
+
+def load_impl(spec: str, model: Any = None) -> Any:
+    """Import ``"pkg.module:factory"`` and return ``factory(model)`` (or ``factory()``), checked."""
+    factory = import_factory(spec)
     try:
         params = [
             p
