@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from .._io import read_text
+from ..metrics.calibrate import MIN_SEQUENCES
 from ..metrics.legit import is_cjk
 from .tang import DEFAULT_POEMS, bundled_corpus_path, bundled_documents, read_documents
 
@@ -294,9 +295,9 @@ def human_sequences(
 
         got = human_continuations(tokenizer, length, HUMAN_COUNT)
         seqs, source = [c.ids for c in got if unk_id is None or unk_id not in c.ids], SOURCE_NAME
-    if len(seqs) < 20:
+    if len(seqs) < MIN_SEQUENCES:
         raise ValueError(
-            f"{source} gives only {len(seqs)} human sequences of {length} tokens; calibration needs at least 20 "
-            "(use a shorter --max-new-tokens, a longer --human-text, or --no-calibrate)"
+            f"{source} gives only {len(seqs)} human sequences of {length} tokens; calibration needs at least "
+            f"{MIN_SEQUENCES} (use a shorter --max-new-tokens, a longer --human-text, or --no-calibrate)"
         )
     return seqs, source
