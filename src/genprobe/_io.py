@@ -132,6 +132,17 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def read_text(path: str | os.PathLike, what: str) -> str:
+    """The UTF-8 text of ``path``; a missing or non-UTF-8 file is refused, naming ``what`` it is."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} not found: {p}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {p} is not UTF-8 text ({exc.reason})") from None
+
+
 def read_json_object(path: str | os.PathLike, error: type[Exception] = ValueError) -> dict:
     """The JSON object a file holds; ``error`` naming the file when it is not valid JSON or not an object."""
     path = Path(path)

@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from genprobe._io import json_safe
+from genprobe._io import json_safe, read_format_json
 from genprobe.corpus import bpe
 from genprobe.corpus.tang import bundled_documents, corpus_split, split_texts
 from genprobe.model import hf_train
-from genprobe.model.hf_train import SUMMARY_FILE, read_summary, save_subword_dir
+from genprobe.model.hf_train import SUMMARY_FILE, SUMMARY_FORMAT, save_subword_dir
 from genprobe.model.load import load_model
 
 pytestmark = pytest.mark.slow  # trains small models (≈ 30 s of CPU in all)
@@ -123,7 +123,7 @@ def test_directory_loads_offline_with_identical_logits(run, saved, data):
     x = torch.tensor([bpe.stream_ids(run.tokenizer, poems[:2])])
     with torch.no_grad():
         assert torch.equal(model(input_ids=x).logits, run.model.eval()(input_ids=x).logits)
-    assert read_summary(saved)["val_loss"] == run.summary["val_loss"]
+    assert read_format_json(saved / SUMMARY_FILE, SUMMARY_FORMAT)["val_loss"] == run.summary["val_loss"]
     assert json.loads((saved / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
     cfg = json.loads((saved / "config.json").read_text())
     assert cfg["max_position_embeddings"] == 64 and cfg["tie_word_embeddings"] is True

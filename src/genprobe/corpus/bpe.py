@@ -75,13 +75,6 @@ def encode_batch(tok, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
 
 
-def lossless_failures(tok, texts: Sequence[str]) -> list[int]:
-    """Indices of the texts for which ``decode(encode(t)) != t`` (empty list = lossless)."""
-    ids = encode_batch(tok, texts)
-    back = tok.decode_batch(ids, skip_special_tokens=False)
-    return [i for i, (t, b) in enumerate(zip(texts, back, strict=True)) if t != b]
-
-
 def stream_ids(tok, texts: Sequence[str]) -> list[int]:
     """``<eos> t0 <eos> t1 ... <eos>``: the documents joined by end-of-text, which also opens the first."""
     eos = eos_id(tok)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..registry import PinnedWheel, cache_root, extract_member, fetch_wheel
+from .tokenizer import encode_quiet
 
 _GENSIM = dict(
     project="gensim",
@@ -175,13 +176,6 @@ class HumanContinuation:
     text: str
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    try:
-        return list(tokenizer.encode(text, warn=False))  # the char tokenizer's OOV warning is not wanted here
-    except TypeError:
-        return list(tokenizer.encode(text))
-
-
 def human_continuations(
     tokenizer: Any, length: int, count: int, *, prompt_words: int = DEFAULT_PROMPT_WORDS
 ) -> list[HumanContinuation]:
@@ -204,7 +198,7 @@ def human_continuations(
                 continue
             prompt = " ".join(words[:prompt_words])
             rest = doc[at:].split(None, prompt_words)[-1]  # the document after the opening's words
-            ids = _encode(tokenizer, " " + rest)[:length]
+            ids = encode_quiet(tokenizer, " " + rest)[:length]
             if len(ids) == length:
                 out.append(HumanContinuation(prompt, ids, tokenizer.decode(ids)))
             if len(out) == count:

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from .._io import read_text
+from ..metrics.calibrate import MIN_SEQUENCES
+from ..metrics.legit import is_cjk
 from .tang import DEFAULT_POEMS, bundled_corpus_path, bundled_documents, read_documents
 
 PUNCT = set("，。、；：？！「」『』（）《》□")
@@ -173,17 +176,6 @@ def slices(pool: Sequence[str], sizes: dict[str, int]) -> dict[str, list[str]]:
     return {name: list(pool[end - n : end]) for (name, n), end in zip(sizes.items(), ends, strict=True)}
 
 
-def read_text(path: str | os.PathLike, what: str) -> str:
-    """The UTF-8 text of ``path``; a missing or non-UTF-8 file is refused, naming ``what`` it is."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{what} not found: {p}")
-    try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{what} {p} is not UTF-8 text ({exc.reason})") from None
-
-
 def _text_lines(path: str | os.PathLike, what: str) -> list[tuple[int, str]]:
     """The non-empty lines of ``path`` (stripped, numbered from 1)."""
     return [(i, ln.strip()) for i, ln in enumerate(read_text(path, what).splitlines(), 1) if ln.strip()]
@@ -239,14 +231,6 @@ def split_prompts(prompts: Sequence[str], sizes: dict[str, int]) -> dict[str, li
 # ---- human text for calibrating the loop detectors ------------------------------------------
 HUMAN_COUNT = 1000  # human sequences to calibrate on (fewer when the source holds fewer)
 TANG_PREFIX = 5
-
-
-def is_cjk(texts: Sequence[str]) -> bool:
-    """Whether the texts are Chinese: half or more of their non-space characters are Han."""
-    from ..metrics.legit import is_han
-
-    chars = [c for t in texts for c in t if not c.isspace()]
-    return bool(chars) and 2 * sum(is_han(c) for c in chars) >= len(chars)
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:
@@ -311,9 +295,9 @@ def human_sequences(
 
         got = human_continuations(tokenizer, length, HUMAN_COUNT)
         seqs, source = [c.ids for c in got if unk_id is None or unk_id not in c.ids], SOURCE_NAME
-    if len(seqs) < 20:
+    if len(seqs) < MIN_SEQUENCES:
         raise ValueError(
-            f"{source} gives only {len(seqs)} human sequences of {length} tokens; calibration needs at least 20 "
-            "(use a shorter --max-new-tokens, a longer --human-text, or --no-calibrate)"
+            f"{source} gives only {len(seqs)} human sequences of {length} tokens; calibration needs at least "
+            f"{MIN_SEQUENCES} (use a shorter --max-new-tokens, a longer --human-text, or --no-calibrate)"
         )
     return seqs, source

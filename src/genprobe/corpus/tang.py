@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from .._io import read_jsonl
+from .._io import read_jsonl, read_text
 
 DEFAULT_POEMS = 4003
 VAL_FRACTION = 0.1
@@ -64,13 +64,8 @@ def load_corpus(path: str | Path | None = None, poems: int | None = DEFAULT_POEM
     p = bundled_corpus_path() if path is None else Path(path)
     if not p.exists():
         raise FileNotFoundError(f"corpus file not found: {p}")
-    if p.name.endswith((".jsonl", ".jsonl.xz", ".json.xz")):
-        docs = read_documents(p, poems)
-    else:
-        try:
-            docs = [p.read_text(encoding="utf-8")]
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    jsonl = p.name.endswith((".jsonl", ".jsonl.xz", ".json.xz"))
+    docs = read_documents(p, poems) if jsonl else [read_text(p, "corpus")]
     text = "".join(docs)
     if len(text) < 20:
         raise ValueError(f"corpus {p} has only {len(text)} characters; need at least 20")

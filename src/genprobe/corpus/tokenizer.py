@@ -1,5 +1,5 @@
 """Character-level tokenizer: ``<pad>`` = 0, ``<unk>`` = 1 (as in the chapter's model), then the V most frequent
-characters."""
+characters; :func:`encode_quiet` encodes with any tokenizer without its warnings."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import hashlib
 import warnings
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 PAD_ID = 0
 UNK_ID = 1
@@ -123,3 +124,18 @@ class CharTokenizer:
         if d.get("type") != "char" or "itos" not in d:
             raise ValueError("not a genprobe char tokenizer description")
         return cls.from_itos(d["itos"])
+
+
+def encode_quiet(tokenizer: Any, text: str) -> list[int]:
+    """Encode without the char tokenizer's unknown-character warning (callers report coverage themselves) and
+    without transformers' "longer than the maximum sequence length" notice (long texts are cut into windows)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return list(tokenizer.encode(text))
+    finally:
+        hf_logging.set_verbosity(level)

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._io import NOT_JSON, json_safe
-from ..corpus.inputs import is_cjk, vocab_key
+from ..corpus.inputs import vocab_key
 from ..engine.loaded import complete
 from ..engine.samplers.stages import SamplerConfig
 from ..loops.scan import LoopScans, ScanOptions, calibrate_for_scan, greedy_sampler, scan_loop_settings
 from ..metrics.calibrate import LoopCalibration
+from ..metrics.legit import is_cjk
 from ..metrics.stats import wilson_interval
 from ..model.load import Model
 from .options import DoctorOptions, DoctorRun, Finding

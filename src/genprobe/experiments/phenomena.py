@@ -16,11 +16,11 @@ import torch
 
 from .._io import atomic_write_json, json_safe
 from ..corpus.inputs import choose_inputs, token_windows
+from ..corpus.tokenizer import encode_quiet
 from ..engine.generate import generate
 from ..engine.runner import left_padded, runner_for
 from ..engine.samplers.stages import SamplerConfig
 from ..loops.scan import ScanOptions, engine_batches, scan_batches
-from ..loops.study import encode_quiet
 from ..model.load import Model
 from ._common import Rounded, r
 from .exposure import PERTURB_POSITIONS, SHADOW_WINDOW, TAIL_FROM, Shadow, perturbation, wanted_instead

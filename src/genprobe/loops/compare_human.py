@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from ..corpus.tang import bundled_documents
+from ..corpus.tokenizer import encode_quiet
 from .regress import forward_logits, pad_right
-from .study import encode_quiet
 
 TANG_SHARE = 0.8
 GENRES = ("auto", "tang", "text")

@@ -11,7 +11,7 @@ import math
 from collections import Counter, defaultdict
 from typing import Sequence
 
-from ..corpus.inputs import read_text
+from .._io import read_text
 from .compare_human import TextScore
 
 DEFAULT_ORDER = 5

@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .._io import json_safe
+from ..corpus.tokenizer import encode_quiet
 from ..engine.samplers.stages import SamplerConfig
 from ..metrics.stats import ALPHA, sign_test_p
 from ..model.arch import state_sha256
@@ -40,7 +41,7 @@ from .search import (
     screen,
     shortlist,
 )
-from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, LoopStudy, RepairConfig, RepairInputs, encode_quiet
+from .study import EXHAUSTIVE_MAX, SET_NAMES, Clock, LoopStudy, RepairConfig, RepairInputs
 
 
 # ---- stage results --------------------------------------------------------------------------

@@ -6,7 +6,6 @@ the validation text) and :class:`LoopStudy` (a loaded model with its sampler, en
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -147,21 +146,6 @@ class RepairInputs:
 
 
 # ---- how we generate and measure ------------------------------------------------------------
-def encode_quiet(tokenizer: Any, text: str) -> list[int]:
-    """Encode without the char tokenizer's unknown-character warning (callers report coverage themselves) and
-    without transformers' "longer than the maximum sequence length" notice (long texts are cut into windows)."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return list(tokenizer.encode(text))
-    finally:
-        hf_logging.set_verbosity(level)
-
-
 class LoopStudy:
     """One model under study: its engine, tokenizer and scan options (``options``: the sampler with the end token
     banned, the study's batch, seed, detector settings and decoder, so a scan through another engine measures what

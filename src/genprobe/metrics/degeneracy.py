@@ -298,25 +298,18 @@ def measure_loops(tokens: Sequence[Hashable], settings: LoopSettings | None = No
 
 
 def degeneracy_metrics(tokens: Sequence[Hashable], unk_id: int = 1) -> dict:
-    """distinct-1/2/3, longest n-gram seen >= 3 times, ``<unk>`` share, seq-rep-4, exact and near loop fields."""
+    """distinct-1/2/3, longest n-gram seen >= 3 times, ``<unk>`` share, seq-rep-4 and the exact loop's fields."""
     seq = list(tokens)
-    m = measure_loops(seq)
+    loop = detect_loop(seq)
+    longest, ngram = longest_repeated_ngram(seq, 3)
     return {
-        "length": m.length,
-        "distinct_1": distinct_n(seq, 1),
-        "distinct_2": m.distinct_2,
-        "distinct_3": distinct_n(seq, 3),
-        "longest_repeat": m.longest_repeat,
-        "longest_repeat_ngram": list(longest_repeated_ngram(seq, 3)[1]),
+        **{f"distinct_{n}": distinct_n(seq, n) for n in (1, 2, 3)},
+        "longest_repeat": longest,
+        "longest_repeat_ngram": list(ngram),
         "unk_share": unk_share(seq, unk_id),
-        "seq_rep_4": m.seq_rep_4,
-        "looping": m.looping,
-        "loop_period": m.period,
-        "loop_onset": m.onset,
-        "loop_unit": list(m.unit),
-        "loop_repeats": m.repeats,
-        "near_looping": m.near_looping,
-        "near_period": m.near_period,
-        "near_match": m.near_match,
-        "tail_compression": m.tail_compression,
+        "seq_rep_4": seq_rep_n(seq, 4),
+        "looping": loop.looping,
+        "loop_period": loop.period,
+        "loop_onset": loop.onset,
+        "loop_unit": list(loop.unit),
     }

@@ -55,12 +55,15 @@ def couplet_parallels(text: str) -> tuple[int, int, int]:
     return parallel, copied, couplets
 
 
+def is_cjk(texts: Sequence[str]) -> bool:
+    """Whether the texts are Chinese: half or more of their non-space characters are Han."""
+    chars = [c for t in texts for c in t if not c.isspace()]
+    return bool(chars) and 2 * sum(is_han(c) for c in chars) >= len(chars)
+
+
 def ngram_units(text: str) -> list[str]:
-    """Characters (spaces dropped) for Chinese text — half or more of them Han — else whitespace-separated words."""
-    chars = [c for c in text if not c.isspace()]
-    if chars and 2 * sum(is_han(c) for c in chars) >= len(chars):
-        return chars
-    return text.split()
+    """Characters (spaces dropped) for Chinese text (:func:`is_cjk`), else whitespace-separated words."""
+    return [c for c in text if not c.isspace()] if is_cjk([text]) else text.split()
 
 
 @dataclass(frozen=True)

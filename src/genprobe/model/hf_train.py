@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from .._io import atomic_write_json, check_target_dir, json_safe, read_format_json, read_json_object, replacing
+from .._io import atomic_write_json, check_target_dir, json_safe, read_json_object, replacing
 from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
 from .bpc import subword_bits_per_char
@@ -271,8 +271,3 @@ def save_subword_dir(
         atomic_write_json(tok_cfg, {**read_json_object(tok_cfg), "tokenizer_class": "PreTrainedTokenizerFast"})
         atomic_write_json(tmp / SUMMARY_FILE, {"format": SUMMARY_FORMAT, **summary})
     return out
-
-
-def read_summary(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The training summary of a directory written by :func:`save_subword_dir`."""
-    return read_format_json(Path(directory) / SUMMARY_FILE, SUMMARY_FORMAT)

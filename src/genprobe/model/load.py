@@ -111,7 +111,7 @@ def vocab_size(module: Any) -> int:
 def max_positions(module: Any) -> int | None:
     """Hard context length (learned positions, or the config's), None when positions are unbounded."""
     if isinstance(module, GPT):
-        return module.cfg.block_size if module.cfg.pos_encoding == "learned" else None
+        return module.cfg.max_positions
     c = module.config
     positions = getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None)
     return None if positions is None else int(positions)

@@ -82,9 +82,9 @@ def position_losses(model: GPT, ids: torch.Tensor, length: int | None = None, ba
     return total / n
 
 
-def evaluate_loss(model: GPT, ids: torch.Tensor, block_size: int | None = None, batch_size: int = 64) -> float:
+def evaluate_loss(model: GPT, ids: torch.Tensor) -> float:
     """Mean next-token loss over ``ids`` cut into non-overlapping windows (:func:`position_losses`, averaged)."""
-    return float(position_losses(model, ids, block_size, batch_size).mean())
+    return float(position_losses(model, ids).mean())
 
 
 def window_loss(

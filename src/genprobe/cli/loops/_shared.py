@@ -132,7 +132,7 @@ def read_loop_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str] |
 
 def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
     if args.val_text is not None:
-        from ...corpus.inputs import read_text
+        from ..._io import read_text
 
         return read_text(args.val_text, "--val-text file"), f"file:{args.val_text}"
     if not args.tang_val and not is_bundled_char_model(model):

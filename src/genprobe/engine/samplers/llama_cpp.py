@@ -31,10 +31,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, AnyStr, Callable, Iterable, Sequence
 
 import numpy as np
+
+from ...corpus.tokenizer import encode_quiet
 
 F32 = np.float32
 # |fraction of an ulp| beyond which a correctly rounded value might be rounded the other way by glibc's expf
@@ -259,11 +261,4 @@ def tokenizer_breakers(tokenizer: Any, strings: Iterable[str] = DEFAULT_BREAKERS
     E.g. ``tokenizer_breakers(tok, ["，", "。"])`` for Tang poems; llama.cpp's defaults otherwise.
     """
     text = getattr(tokenizer, "token_str", None) or (lambda i: tokenizer.decode([i]))
-
-    def encode(s: str) -> list[int]:
-        try:
-            return list(tokenizer.encode(s, warn=False))
-        except TypeError:  # tokenizers without a warn flag
-            return list(tokenizer.encode(s))
-
-    return breakers_from_strings(strings, tokenizer.vocab_size, text, encode)
+    return breakers_from_strings(strings, tokenizer.vocab_size, text, partial(encode_quiet, tokenizer))
