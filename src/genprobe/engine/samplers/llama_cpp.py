@@ -258,7 +258,6 @@ def tokenizer_breakers(tokenizer: Any, strings: Iterable[str] = DEFAULT_BREAKERS
 
     E.g. ``tokenizer_breakers(tok, ["，", "。"])`` for Tang poems; llama.cpp's defaults otherwise.
     """
-    text = getattr(tokenizer, "token_str", None) or (lambda i: tokenizer.decode([i]))
 
     def encode(s: str) -> list[int]:
         try:
@@ -266,4 +265,4 @@ def tokenizer_breakers(tokenizer: Any, strings: Iterable[str] = DEFAULT_BREAKERS
         except TypeError:  # tokenizers without a warn flag
             return list(tokenizer.encode(s))
 
-    return breakers_from_strings(strings, tokenizer.vocab_size, text, encode)
+    return breakers_from_strings(strings, tokenizer.vocab_size, tokenizer.token_str, encode)
