@@ -120,11 +120,11 @@ def _rows(
 ) -> list[dict[str, Any]]:
     """Each row's result (what ``--json`` reports), its steps printed with ``--top`` and, when not streamed and
     not ``--json``, its text (or ids without a tokenizer) printed as the row is done."""
-    from ..engine.runner import format_steps, step_stats
+    from ..engine.runner import format_steps
 
     results: list[dict[str, Any]] = []
     for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens, strict=True)):
-        steps = step_stats(new, res.step_probs, tok.token_str if tok is not None else str, row=row, top=args.top)
+        steps = res.step_stats(tok.token_str if tok is not None else str, row=row, top=args.top)
         results.append(
             {
                 "prompt": text if text is not None or tok is None else show(ids),

@@ -3,13 +3,7 @@
 Prompts of different lengths are left-padded into one batch. Padding is invisible: it gets no position (positions count
 only real tokens) and its keys are masked, so a padded row yields the same logits as the same prompt alone (seed
 §3.4.10). The loop writes into a preallocated token buffer (no per-step ``torch.cat``, seed §3.10.7) and runs under
-``torch.inference_mode()``.
-
-``model`` is anything :func:`~genprobe.engine.runner.runner_for` turns into a :class:`~genprobe.engine.runner.Runner`: a
-loaded ``Model``, our GPT, a ``transformers`` causal LM (driven with its own cache by
-:class:`genprobe.engine.hf_adapter.HFCausalLM`) or a runner.
-
-**Contrastive search** (:class:`ContrastiveRun`) runs through the same loop.
+``torch.inference_mode()``. Contrastive search (:class:`ContrastiveRun`) runs through the same loop.
 """
 
 from __future__ import annotations
@@ -160,10 +154,8 @@ class ContrastiveRun(Run):
         self.k = int(cfg.top_k)
         if self.k > runner.vocab_size:
             raise ValueError(f"top_k={self.k} candidates exceed the vocabulary of {runner.vocab_size} tokens")
-        self.history = torch.where(self.valid, self.buf, -1)  # what the penalties read; -1 = padding
+        self.history = torch.where(self.valid, self.buf, -1)  # -1 = padding
         self.groups = torch.arange(self.buf.shape[0], device=self.buf.device) * self.k
-        # Cached forward -> (logits (B, T, V), last hidden state after the final norm (B, T, d)): the runner's
-        # optional hook (the eager runners of our GPT and of transformers models have it).
         forward = getattr(runner, "step_with_hidden", None)
         if forward is None:
             raise TypeError(f"contrastive search needs a runner with step_with_hidden, got {type(runner).__name__}")

@@ -1,15 +1,12 @@
-"""Drive any ``transformers`` causal LM with genprobe's generation loop (and every sampler).
-
-:class:`HFCausalLM` follows the :class:`genprobe.engine.runner.Runner` protocol: the HF model
-keeps its *own* cache (``DynamicCache``), we only supply the attention mask over everything seen so
-far and ``position_ids`` that count real tokens (left padding gets no position — the same rule our
-GPT uses, and what HF's ``generate`` does). :func:`genprobe.engine.runner.runner_for` wraps a transformers model in it.
+"""Drive any ``transformers`` causal LM with genprobe's generation loop (and every sampler): the HF model keeps its
+*own* cache (``DynamicCache``), we only supply the attention mask over everything seen so far and ``position_ids``
+that count real tokens (left padding gets no position — the same rule our GPT uses, and what HF's ``generate`` does).
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -69,8 +66,7 @@ class HFCausalLM:
 
     def step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState) -> torch.Tensor:
         """Cached forward of new tokens (B, T) → logits (B, T, V); positions continue each row's real count."""
-        logits: torch.Tensor = self._cached_forward(ids, valid, state, hidden=False).logits
-        return logits
+        return cast(torch.Tensor, self._cached_forward(ids, valid, state, hidden=False).logits)
 
     def step_with_hidden(
         self, ids: torch.Tensor, valid: torch.Tensor | None, state: _HFCacheState
@@ -109,5 +105,4 @@ class HFCausalLM:
         """Uncached forward of the whole (left-padded) sequence → logits (B, T, V)."""
         positions = padded_positions(torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device), valid)
         out = self.model(input_ids=ids, attention_mask=valid.to(torch.long), position_ids=positions, use_cache=False)
-        logits: torch.Tensor = out.logits
-        return logits
+        return cast(torch.Tensor, out.logits)

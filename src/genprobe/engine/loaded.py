@@ -55,9 +55,7 @@ def complete(
 ) -> list[Completion]:
     """Continuations of one prompt or a batch (greedy when ``sampling`` is None), stopping at the end-of-text token
     if any."""
-    texts = [prompts] if isinstance(prompts, str) else list(prompts)
-    if not texts or any(not t for t in texts):
-        raise ValueError("prompts must be non-empty strings")
+    texts = [prompts] if isinstance(prompts, str) else list(prompts)  # generate() refuses none and empty ones
     ids, unknown = encode_prompts(model, texts)
     eos_id = model.eos_id if stop_at_eos else None
     res = generate(model, ids, max_new_tokens, sampler=sampling, seed=seed, eos_id=eos_id, compile=compile)

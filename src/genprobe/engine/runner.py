@@ -1,7 +1,7 @@
 """What the generation loops drive and return: the :class:`Runner` protocol, our GPT behind it (its one forward,
 :func:`forward_step`), :func:`runner_for` (the one place a model's runner is chosen), the checks every loop makes on
 its inputs, the loop's buffers (:class:`Run`) and :class:`GenerationResult` with what each step chose and how sure it
-was (:func:`step_stats`). ``generate``'s loop, one module up, drives a ``Run`` (or ``ContrastiveRun``).
+was (``step_stats``). ``generate``'s loop, one module up, drives a ``Run`` (or ``ContrastiveRun``).
 """
 
 from __future__ import annotations
@@ -63,12 +63,9 @@ def forward_step(
     attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run ``ids`` (B, T) through our GPT's one forward (prefill, decode, chunked prefill, verification); logits
-    (B, T, V).
-
-    Positions default to the cache's per-row count + ``arange(T)``. ``attention_mask`` may cover just
-    the new tokens (B, T) or, HF style, the whole sequence so far (B, past + T); only the last T
-    columns are new information. Overflowing the position table raises ``ValueError`` before any
-    embedding lookup.
+    (B, T, V). Positions default to the cache's per-row count + ``arange(T)``. ``attention_mask`` may cover just the
+    new tokens (B, T) or, HF style, the whole sequence so far (B, past + T); only the last T columns are new
+    information. Overflowing the position table raises ``ValueError`` before any embedding lookup.
     """
     if ids.dim() == 1:
         ids = ids[None, :]
@@ -187,6 +184,23 @@ class GenerationResult:
     step_logits: list[torch.Tensor] | None = field(default=None, metadata=NOT_JSON)
     step_probs: list[torch.Tensor] | None = field(default=None, metadata=NOT_JSON)
 
+    def step_stats(self, token_str: Callable[[int], str], row: int = 0, top: int = 0) -> list[StepStat]:
+        """Each step of row ``row``: its token and, with ``step_probs``, its probability, the entropy and kept count
+        of the distribution it was drawn from and the ``top`` likeliest candidates."""
+        out = []
+        for i, t in enumerate(self.tokens[row]):
+            stat = StepStat(step=i, token=int(t), text=token_str(int(t)))
+            if self.step_probs is not None:
+                p = self.step_probs[i][row]
+                nz = p[p > 0]  # exact zeros contribute nothing to the entropy
+                stat.prob, stat.entropy_nats, stat.kept = float(p[t]), float(-(nz * nz.log()).sum()), len(nz)
+                if top:
+                    vals, idx = torch.topk(p, min(top, p.numel()))
+                    pairs = zip(vals.tolist(), idx.tolist(), strict=True)
+                    stat.top = [Candidate(j, token_str(j), v) for v, j in pairs if v > 0]
+            out.append(stat)
+        return out
+
 
 @dataclass
 class Candidate:
@@ -210,29 +224,6 @@ class StepStat:
     top: list[Candidate] = field(default_factory=list)
 
 
-def step_stats(
-    tokens: Sequence[int],
-    step_probs: Sequence[torch.Tensor] | None,
-    token_str: Callable[[int], str],
-    row: int = 0,
-    top: int = 0,
-) -> list[StepStat]:
-    """Per-step statistics of row ``row`` from ``GenerationResult.step_probs`` (each (B, V))."""
-    out = []
-    for i, t in enumerate(tokens):
-        stat = StepStat(step=i, token=int(t), text=token_str(int(t)))
-        if step_probs is not None:
-            p = step_probs[i][row]
-            nz = p[p > 0]  # exact zeros contribute nothing to the entropy
-            stat.prob, stat.entropy_nats, stat.kept = float(p[t]), float(-(nz * nz.log()).sum()), len(nz)
-            if top:
-                vals, idx = torch.topk(p, min(top, p.numel()))
-                pairs = zip(vals.tolist(), idx.tolist(), strict=True)
-                stat.top = [Candidate(j, token_str(j), v) for v, j in pairs if v > 0]
-        out.append(stat)
-    return out
-
-
 def format_steps(steps: Sequence[StepStat]) -> str:
     """The ``--top`` table: one line per step with its candidates."""
     lines = []
@@ -251,8 +242,8 @@ def check_inputs(runner: Runner, prompts: Sequence[Sequence[int]], max_new_token
         raise ValueError(f"mode must be 'cached' or 'naive', got {mode!r}")
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt")
-    limit, name = runner.max_positions, f"the model's context length {runner.max_positions} (block_size)"
-    return check_prompt_ids(prompts, max_new_tokens, runner.vocab_size, limit, name)
+    name = f"the model's context length {runner.max_positions} (block_size)"
+    return check_prompt_ids(prompts, max_new_tokens, runner.vocab_size, runner.max_positions, name)
 
 
 def check_prompt_ids(
@@ -354,10 +345,9 @@ class Run:
         prompt_valid = self.valid[:, :cur] if self.padded else None
         # A runner that can skip the head for all but the last position (compiled) says so.
         last = getattr(runner, "last_logits", None)
-        if last is None:
-            return runner.step(self.buf[:, :cur], prompt_valid, state)[:, -1]
-        out: torch.Tensor = last(self.buf[:, :cur], prompt_valid, state)
-        return out
+        if last is not None:
+            return cast(torch.Tensor, last(self.buf[:, :cur], prompt_valid, state))
+        return runner.step(self.buf[:, :cur], prompt_valid, state)[:, -1]
 
     def choose(self, logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
         """The next token per row (sampler chain, or the raw argmax for plain greedy), recording what was asked."""

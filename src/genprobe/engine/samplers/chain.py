@@ -2,11 +2,11 @@
 order and engine.
 
 :func:`process_logits` maps raw logits (B, V) to the logits whose softmax is the sampling distribution; a removed
-token gets ``-inf``, never 0. The **adjustments** (bans, repetition/presence/frequency penalties, no-repeat-n-gram,
-DRY) come first in every order and also apply when greedy; ``order`` places the **truncations** (top-n-σ, top-k,
-typical-p, top-p, min-p, XTC) and **temperature** (:data:`~.stages.ORDERS`: genprobe's default ``trunc_then_temp``
-keeps a set that does not depend on τ, as llama.cpp's order does; ``temp_then_trunc``; and the ``hf``, ``vllm`` and
-``llama.cpp`` engines' own orders).
+token gets ``-inf``, never 0 (a 0 is a legal logit whose probability is not 0). The **adjustments** (bans,
+repetition/presence/frequency penalties, no-repeat-n-gram, DRY) come first in every order and also apply when greedy;
+``order`` places the **truncations** (top-n-σ, top-k, typical-p, top-p, min-p, XTC) and **temperature**
+(:data:`~.stages.ORDERS`: genprobe's default ``trunc_then_temp`` keeps a set that does not depend on τ, as
+llama.cpp's order does; ``temp_then_trunc``; and the ``hf``, ``vllm`` and ``llama.cpp`` engines' own orders).
 
 ``engine`` decides each stage's arithmetic and each penalty's scope (each stage's docstring in :mod:`.stages` says
 how): ``hf`` (transformers' processors and warpers, op for op), ``vllm`` (its PyTorch sampler), ``llama.cpp`` (its

@@ -260,5 +260,4 @@ def tokenizer_breakers(tokenizer: Any, strings: Iterable[str] = DEFAULT_BREAKERS
 
     E.g. ``tokenizer_breakers(tok, ["，", "。"])`` for Tang poems; llama.cpp's defaults otherwise.
     """
-    text = getattr(tokenizer, "token_str", None) or (lambda i: tokenizer.decode([i]))
-    return breakers_from_strings(strings, tokenizer.vocab_size, text, partial(encode_quiet, tokenizer))
+    return breakers_from_strings(strings, tokenizer.vocab_size, tokenizer.token_str, partial(encode_quiet, tokenizer))

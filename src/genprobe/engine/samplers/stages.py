@@ -6,14 +6,9 @@ names, what "off" is, the CLI flag's help), the checks across fields, its logits
 arithmetic (``genprobe``, ``hf``, ``vllm`` on (B, V) tensors; ``llama.cpp`` on its float32 candidate array) and
 its form in vLLM's ``SamplingParams`` and in llama.cpp's sampler chain, or the refusal naming it. Adding a sampler
 is a class here and its fields in :class:`SamplerConfig`, plus its tests; the chain, the CLI and both mappings
-pick it up from :data:`STAGES` and :data:`ORDERS`.
-
-* :class:`Adjustment` — bans, penalties, no-repeat-n-gram, DRY: read the history, run first, also when greedy.
-* :class:`Truncation` — top-n-σ, top-k, typical-p, top-p, min-p, XTC, temperature: placed by :data:`ORDERS`.
-
-A removed token gets ``-inf``, never 0 (a 0 is a legal logit whose probability is not 0). The ``hf`` and ``vllm``
-arithmetic repeats those engines' tensor operations in the same order and dtype, so ties and exactly-hit
-thresholds fall the same way.
+pick it up from :data:`STAGES` and :data:`ORDERS`. :class:`Adjustment` and :class:`Truncation` are the two kinds
+(:mod:`.chain` says where each runs). The ``hf`` and ``vllm`` arithmetic repeats those engines' tensor operations in
+the same order and dtype, so ties and exactly-hit thresholds fall the same way.
 """
 
 from __future__ import annotations
@@ -684,9 +679,7 @@ def refuse_for(c: SamplerConfig, engine: str, label: str, stages: tuple[Stage, .
         raise UnsupportedSamplerError(
             f"no exact {label} form is known for {', '.join(unmapped)}; genprobe refuses to approximate it"
         )
-    arithmetic = [s.name for s in ADJUSTMENTS if s.active(c) and not s.exact_anywhere] + [
-        s.name for s in active_truncations(c)
-    ]
+    arithmetic = [s.name for s in (*c.adjustments, *c.truncations) if not s.exact_anywhere]
     if arithmetic and c.engine != engine:
         raise UnsupportedSamplerError(
             f"engine={c.engine!r} computes {', '.join(arithmetic)} with its own arithmetic (rounding, ties, windows); "
