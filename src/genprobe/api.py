@@ -185,6 +185,4 @@ def diagnose(
 
     if options.get("only") is None:
         options.pop("only", None)  # every stage
-    else:
-        options["only"] = tuple(options["only"])
     return run_doctor(model, DoctorOptions(**options), out=out, log=log)

@@ -16,7 +16,7 @@ from genprobe.cli import main
 from genprobe.engine.generate import generate
 from genprobe.engine.samplers.chain import kept_set_size
 from genprobe.engine.samplers.stages import SamplerConfig
-from genprobe.experiments._common import CASE_PROMPT, encode_prompt
+from genprobe.experiments._common import CASE_PROMPT
 from genprobe.experiments.exposure import PERTURB_POSITIONS, SHADOW_WINDOW, find_snippet, perturbation
 from genprobe.experiments.timing import naive_token_forwards
 from genprobe.report.claims import case_claims
@@ -158,7 +158,7 @@ def test_sampling_distribution_is_the_real_one(case, trained):
     model, tok, _ = trained
     dist = case["sampling"]["distribution"]
     assert len(dist["tokens"]) == len(dist["logits"]) == tok.vocab_size
-    ids, _ = encode_prompt(tok, CASE_PROMPT)
+    ids = tok.encode(CASE_PROMPT, warn=False)
     with torch.no_grad():
         logits = model(torch.tensor([ids]))[0, -1]  # the model's own next-token logits after the case prompt
     assert torch.allclose(torch.tensor(dist["logits"]), logits, atol=1e-5)

@@ -217,21 +217,16 @@ URL_BACKEND = "endpoint"
 MODEL_KINDS = ("checkpoint", "transformers", "gguf", "name")
 
 
-def add_model_argument(
-    p: argparse.ArgumentParser,
-    required: bool = True,
-    help: str = MODEL_HELP,
-    kinds: tuple[str, ...] | dict[str, tuple[str, ...]] | None = None,
-) -> None:
+def add_model_argument(p: argparse.ArgumentParser, required: bool, help: str, kinds: Kinds) -> None:
     """MODEL, always the first positional of a command that studies a model.
 
-    ``kinds``: the :class:`~genprobe.model.kinds.ModelKind` values the command takes (default :data:`MODEL_KINDS`),
+    ``kinds``: the :class:`~genprobe.model.kinds.ModelKind` values the command takes (some of :data:`MODEL_KINDS`),
     or ``{--backend value: kinds}`` when they depend on the backend (``--backend`` defaulting to None: then
     :data:`URL_BACKEND` for a URL where declared, else the first key); strings, so that building the parser imports
     no torch. ``genprobe.cli.main`` refuses any other kind (and a URL) with one line before the command runs, and
     docs/commands.md's matrix is written from these declarations (:mod:`genprobe.cli.matrix`)."""
     p.add_argument("model", metavar="MODEL", nargs=None if required else "?", default=None, help=help)
-    p.set_defaults(model_kinds=MODEL_KINDS if kinds is None else kinds)
+    p.set_defaults(model_kinds=kinds)
 
 
 def check_model_kind(args: argparse.Namespace, command: str) -> None:

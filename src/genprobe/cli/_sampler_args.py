@@ -18,28 +18,15 @@ from ._common import Accumulate
 def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the sampler flags: each stage's parameters (:mod:`genprobe.engine.samplers.stages`), plus the modes."""
     g = parser.add_argument_group("sampling (default: plain τ=1 sampling; every value is validated)")
-    g.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        help="an engine's defaults, order and arithmetic "
-        "(llama.cpp: τ 0.8, top-k 40, top-p 0.95, min-p 0.05; hf: top-k 50); other flags override",
-    )
+    h = "an engine's defaults, order and arithmetic (llama.cpp: τ 0.8, top-k 40, top-p 0.95, min-p 0.05; hf: top-k 50)"
+    g.add_argument("--preset", choices=sorted(PRESETS), help=h + "; other flags override")
     g.add_argument("--greedy", action="store_true", help="argmax decoding (bans, penalties and DRY still apply)")
     for p in PARAMS:
         g.add_argument(p.flag, type=int if p.integer else float, help=f"{p.help} ({p.note})")
-    g.add_argument(
-        "--dry-sequence-breakers",
-        nargs="+",
-        action=Accumulate,
-        metavar="S",
-        help="strings that cut DRY matches (escapes like \\n work; 'none' = no breakers; "
-        "default: llama.cpp's \\n : \" *)",
-    )
-    g.add_argument(
-        "--order",
-        choices=sorted(ORDERS),
-        help="where temperature sits relative to truncation (default trunc_then_temp, or the preset's)",
-    )
+    breakers = "strings that cut DRY matches (escapes like \\n work; 'none' = no breakers; default: llama.cpp's "
+    g.add_argument("--dry-sequence-breakers", nargs="+", action=Accumulate, metavar="S", help=breakers + '\\n : " *)')
+    order = "where temperature sits relative to truncation (default trunc_then_temp, or the preset's)"
+    g.add_argument("--order", choices=sorted(ORDERS), help=order)
     g.add_argument("--engine", choices=list(ENGINES), help="whose arithmetic each stage uses (default: the order's)")
     g.add_argument("--ban-unk", action="store_true", help="never generate <unk>")
 

@@ -33,16 +33,8 @@ MODES = ("cached", "naive")
 
 def options(p: argparse.ArgumentParser) -> None:
     prompts = add_prompt_arguments(p, required=True)
-    option(
-        prompts,
-        "--ids",
-        nargs="+",
-        action="append",
-        type=int,
-        metavar="ID",
-        help="a prompt as token ids "
-        "(a model without a tokenizer); repeat the flag for several prompts; prints the ids generated",
-    )
+    ids = "a prompt as token ids (a model without a tokenizer); repeat the flag for several prompts; prints new ids"
+    option(prompts, "--ids", nargs="+", action="append", type=int, metavar="ID", help=ids)
     add_sampler_arguments(p)
     add_max_new_tokens(p, 50)
     option(p, "--seed", 0, "sampling seed")

@@ -1,10 +1,9 @@
 """The chapter's training-free phenomena on any model (diversity, entropy, order trap, exposure, cache).
 
-The chapter's phenomena that need no training, on any model → phenomena.json: greedy vs sampled distinct-2 and loop
-share, next-token entropy vs τ, the sampler-order trap, teacher forcing vs free running, one changed token (shadow and
-divergence), naive vs cached generation. Without --prompts / --val-text the inputs are held out from the model's corpus:
-Tang openings and poems, or English sentence openings and news documents (the Lee corpus: run `genprobe fetch english`
-once).
+Writes phenomena.json: greedy vs sampled distinct-2 and loop share, next-token entropy vs τ, the sampler-order trap,
+teacher forcing vs free running, one changed token (shadow and divergence), naive vs cached generation. Without
+--prompts / --val-text the inputs are held out from the model's corpus: Tang openings and poems, or English sentence
+openings and news documents (the Lee corpus: run `genprobe fetch english` once).
 """
 
 from __future__ import annotations
@@ -31,13 +30,8 @@ from ._common import (
 def options(p: argparse.ArgumentParser) -> None:
     option(p, "--prompts", metavar="FILE", help="prompts to continue: one per line, or JSONL (prompt/text)")
     option(p, "--val-text", metavar="FILE", help="real texts to read and continue: one per line, or JSONL (text)")
-    option(
-        p,
-        "--corpus",
-        "auto",
-        "default inputs (auto: tang for a tokenizer of at most one token per Chinese character, else english)",
-        choices=("auto", "tang", "english"),
-    )
+    corpus = "default inputs (auto: tang for a tokenizer of at most one token per Chinese character, else english)"
+    option(p, "--corpus", "auto", corpus, choices=("auto", "tang", "english"))
     add_max_new_tokens(p, 48)
     option(p, "--count", 64, "prompts and texts used", metavar="N")
     option(p, "--prefix-tokens", 16, "tokens of each text fed first", metavar="N")

@@ -32,29 +32,15 @@ def options(p: argparse.ArgumentParser) -> None:
 
     # the defaults the help texts quote: the char GPT's, the subword recipe's, the subword model's shape
     d, q, m = TrainConfig(), default_train_config(), SubwordModelConfig()
-    option(
-        p,
-        "--arch",
-        "gpt",
-        "gpt: character GPT; llama / qwen2: transformers model with a BPE tokenizer",
-        choices=("gpt", *ARCHS),
-    )
+    option(p, "--arch", "gpt", "gpt: character GPT; llama/qwen2: transformers model + BPE", choices=("gpt", *ARCHS))
     option(p, "--out", required=True, type=Path, metavar="DIR", help="directory to write")
-    option(
-        p,
-        "--poems",
-        type=int,
-        help=f"gpt: first N poems / JSONL lines (default {DEFAULT_POEMS}); llama/qwen2: "
-        f"train on poems before N except the char GPT's validation poems, hold out the rest "
-        f"(default {DEFAULT_SUBWORD_POEMS:,})",
+    poems = (
+        f"gpt: first N poems / JSONL lines (default {DEFAULT_POEMS}); llama/qwen2: train on poems before N except the "
+        f"char GPT's validation poems, hold out the rest (default {DEFAULT_SUBWORD_POEMS:,})"
     )
-    option(
-        p,
-        "--vocab",
-        type=int,
-        help=f"gpt: characters in the vocabulary (default 1200); llama/qwen2: BPE "
-        f"vocabulary size (default {m.vocab_size})",
-    )
+    option(p, "--poems", type=int, help=poems)
+    vocab = f"gpt: characters in the vocabulary (default 1200); llama/qwen2: BPE vocabulary (default {m.vocab_size})"
+    option(p, "--vocab", type=int, help=vocab)
     option(p, "--steps", type=int, help=f"optimizer steps (default gpt {d.steps}, llama/qwen2 {q.steps})")
     option(p, "--batch-size", type=int, help=f"rows per step (default gpt {d.batch_size}, llama/qwen2 {q.batch_size})")
     option(p, "--lr", type=float, help=f"peak learning rate (default gpt {d.lr}, llama/qwen2 {q.lr})")

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Iterator
 
 from . import build_parser
+from ._common import MODEL_KINDS
 
 BEGIN = "<!-- command-matrix:begin (written by `python -m genprobe.cli.matrix --write docs/commands.md`) -->"
 END = "<!-- command-matrix:end -->"
-#: The kinds, in the table's column order (``genprobe.model.kinds.ModelKind`` values).
-COLUMNS = ("checkpoint", "transformers", "gguf", "name")
+COLUMNS = MODEL_KINDS  # the kinds of MODEL on disk, in the table's column order
 HEADINGS = ("genprobe checkpoint", "transformers directory", "GGUF file", "fetched name (`smollm2`)")
 #: The table's columns: the model kinds, and a live endpoint's URL (its cells: tests/matrix's URL test)
 TABLE_COLUMNS = (*COLUMNS, "url")
@@ -65,10 +65,7 @@ def model_kinds_of(parser: argparse.ArgumentParser | None = None) -> list[Row]:
 
 def matrix_markdown(rows: list[Row] | None = None) -> str:
     """The table: a row per command, a column per kind, ✓ where it runs and "refused" where it says which it takes."""
-    lines = [
-        "| command | " + " | ".join(TABLE_HEADINGS) + " |",
-        "|---|" + "---|" * len(TABLE_COLUMNS),
-    ]
+    lines = ["| command | " + " | ".join(TABLE_HEADINGS) + " |", "|---|" + "---|" * len(TABLE_COLUMNS)]
     for row in rows if rows is not None else model_kinds_of():
         cells = ["✓" if kind in row.kinds else "refused" for kind in TABLE_COLUMNS]
         lines.append(f"| `{row.label}` | " + " | ".join(cells) + " |")

@@ -1,4 +1,4 @@
-"""Small helpers shared by the experiments: prompt encoding, rounding."""
+"""What the experiments share: the case prompt, rounding."""
 
 from __future__ import annotations
 
@@ -7,15 +7,8 @@ from dataclasses import fields
 from typing import ClassVar
 
 from .._io import json_safe
-from ..corpus.tokenizer import CharTokenizer
 
-CASE_PROMPT = "春江潮水连海平"
-
-
-def encode_prompt(tok: CharTokenizer, text: str) -> tuple[list[int], list[str]]:
-    """Ids of ``text`` and the characters that became ``<unk>`` (reported, not warned: the case expects them)."""
-    res = tok.encode_with_report(text)
-    return res.ids, res.unknown_chars
+CASE_PROMPT = "春江潮水连海平"  # its unknown characters are reported (encode_with_report), not warned: expected
 
 
 def r(x: float | None, nd: int = 4) -> float | None:

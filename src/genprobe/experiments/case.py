@@ -1,9 +1,7 @@
 """The whole case study: every experiment of the chapter on one checkpoint → ``ch3_case.json`` (its keys follow the
 chapter's own file, :data:`CASE_KEYS`, plus ``meta``). ``quick`` shrinks only what costs time (timing reps, the
-scaling model's lengths, confidence sample counts): the correctness numbers are the same.
-
-:func:`run_case` is the whole study as one library call — train (or reuse) the model, run every experiment, write
-``ch3_case.json``, the figures and the report; it is ``genprobe.run_case``, and ``genprobe case`` calls it.
+scaling model's lengths, confidence sample counts): the correctness numbers are the same. :func:`run_case`
+(``genprobe.run_case``, ``genprobe case``) is the whole study as one call.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from .._version import __version__
 from ..corpus.tang import Corpus
 from ..corpus.tokenizer import CharTokenizer
 from ..model.gpt import GPT
-from ._common import CASE_PROMPT, encode_prompt, r
+from ._common import CASE_PROMPT, r
 from .decoding import NEW_TOKENS, DecodingResult, run_decoding
 from .exposure import run_exposure
 from .sampling import run_sampling
@@ -55,10 +53,7 @@ class ModelSummary:
 
     def to_dict(self) -> dict:
         """JSON form (the teacher-forcing loss only when measured)."""
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        if self.teacher_forcing_loss_on_real_poems is None:
-            del d["teacher_forcing_loss_on_real_poems"]
-        return d
+        return {k: v for k, v in vars(self).items() if v is not None or k != "teacher_forcing_loss_on_real_poems"}
 
 
 def model_summary(model: GPT, meta: dict | None, decoding: DecodingResult | None = None) -> ModelSummary:
@@ -82,38 +77,31 @@ def model_summary(model: GPT, meta: dict | None, decoding: DecodingResult | None
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CaseMeta:
     """The ``meta`` key: versions and machine, settings, seconds per experiment (the CLI adds its totals)."""
 
+    genprobe: str = __version__
+    torch: str = torch.__version__
+    python: str = field(default_factory=platform.python_version)
+    machine: str = field(default_factory=platform.machine)
+    threads: int = field(default_factory=lambda: torch.get_num_threads())  # the lambda reads the module, not the field
+    cpu_count: int | None = field(default_factory=os.cpu_count)
+    load_average: list[float] | None
+    device: str = "cpu"
     quick: bool
+    created_utc: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    prompt: str = CASE_PROMPT
     steps: dict[str, int]
     seconds: dict[str, float]
-    load_average: list[float] | None
-    created_utc: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     checkpoint: str | None = None
     model_seconds: float | None = None
     total_seconds: float | None = None
 
     def to_dict(self) -> dict:
         """JSON form: environment first, then settings and timings; CLI totals only once set."""
-        d = {
-            "genprobe": __version__,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
-            "load_average": self.load_average,
-            "device": "cpu",
-            "quick": self.quick,
-            "created_utc": self.created_utc,
-            "prompt": CASE_PROMPT,
-            "steps": self.steps,
-            "seconds": self.seconds,
-        }
-        extra = ("checkpoint", "model_seconds", "total_seconds")
-        return d | {k: getattr(self, k) for k in extra if getattr(self, k) is not None}
+        later = ("checkpoint", "model_seconds", "total_seconds")
+        return {k: v for k, v in vars(self).items() if v is not None or k not in later}
 
 
 @dataclass
@@ -172,7 +160,7 @@ def run_experiments(
     model = model.eval()
     # timing context: a busy machine skews wall clock
     load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    prompt_ids, _ = encode_prompt(tok, CASE_PROMPT)
+    prompt_ids = tok.encode(CASE_PROMPT, warn=False)
     short = min(NEW_TOKENS, model.cfg.block_size - len(prompt_ids))
     # the mutant table recomputes every step: cheaper when quick
     steps = {"decode": NEW_TOKENS, "cache_exact": short, "mutants": min(short, 24) if quick else short}
@@ -188,7 +176,7 @@ def run_experiments(
         seconds[name] = round(time.perf_counter() - t0, 2)  # finite: r() would only round it
         log(f"  {name}: {seconds[name]:.1f}s")
     summary = model_summary(model, meta, results.get("decoding"))
-    return CaseResult(CaseMeta(quick, steps, seconds, load), summary, results)
+    return CaseResult(CaseMeta(quick=quick, steps=steps, seconds=seconds, load_average=load), summary, results)
 
 
 @dataclass

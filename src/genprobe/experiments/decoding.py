@@ -19,7 +19,7 @@ from ..engine.samplers.stages import SamplerConfig
 from ..metrics.degeneracy import degeneracy_metrics
 from ..model.gpt import GPT
 from ..model.train import evaluate_loss, unigram_cross_entropy
-from ._common import CASE_PROMPT, Rounded, encode_prompt, r
+from ._common import CASE_PROMPT, Rounded, r
 
 #: (name as in the chapter's table, sampler) — sampling strategies all use the same fixed seed.
 #: The chapter's table gives 0% ``<unk>`` for every sampling row, which cannot happen by chance when
@@ -195,10 +195,11 @@ def run_decoding(
         return StrategyRow(name, sampler, seed, row, spread)
 
     def other(text: str) -> OtherPrompt:
-        other_ids, unknown = encode_prompt(tok, text)
-        return OtherPrompt(text, unknown, decode(other_ids, STRATEGIES[0][1]), decode(other_ids, STRATEGIES[1][1]))
+        p = tok.encode_with_report(text)
+        return OtherPrompt(text, p.unknown_chars, decode(p.ids, STRATEGIES[0][1]), decode(p.ids, STRATEGIES[1][1]))
 
-    ids, unknown = encode_prompt(tok, CASE_PROMPT)
+    prompt = tok.encode_with_report(CASE_PROMPT)
+    ids, unknown = prompt.ids, prompt.unknown_chars
     rows = [strategy(name, sampler) for name, sampler in STRATEGIES]
     unbanned = [(name, SamplerConfig(**kw)) for name, kw in SAMPLING]
     with_unk = [StrategyRow(name, sampler, seed, decode(ids, sampler)) for name, sampler in unbanned]

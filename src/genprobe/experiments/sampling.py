@@ -17,7 +17,7 @@ from ..corpus.tokenizer import CharTokenizer
 from ..engine.samplers.chain import kept_set_size
 from ..engine.samplers.stages import SamplerConfig
 from ..model.gpt import GPT
-from ._common import CASE_PROMPT, Rounded, encode_prompt, r
+from ._common import CASE_PROMPT, Rounded, r
 
 TEMPERATURES = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0)
 NUCLEUS_PS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999)
@@ -138,11 +138,11 @@ class SamplingResult:
 def run_sampling(model: GPT, tok: CharTokenizer) -> SamplingResult:
     """Temperature, nucleus and order-trap tables on the raw next-token logits (V,) after the case prompt, plus that
     distribution."""
-    ids, unknown = encode_prompt(tok, CASE_PROMPT)
-    logits = model(torch.tensor([ids[-model.cfg.block_size :]], dtype=torch.long))[0, -1].float()
+    prompt = tok.encode_with_report(CASE_PROMPT)
+    logits = model(torch.tensor([prompt.ids[-model.cfg.block_size :]], dtype=torch.long))[0, -1].float()
     return SamplingResult(
         CASE_PROMPT,
-        unknown,
+        prompt.unknown_chars,
         logits,
         [tok.token_str(i) for i in range(logits.numel())],
         entropy_table(logits),

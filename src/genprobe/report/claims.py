@@ -22,12 +22,6 @@ class Claim:
     evidence: str
 
 
-def entropy_rises(entropies: list[float], log_vocab: float) -> bool:
-    """Entropy rises with τ (two ~0 entropies at a tiny τ may tie) and stays <= ln V."""
-    rising = all(b > a for a, b in pairwise(entropies) if a > 1e-6 or b > 1e-6)
-    return rising and max(entropies) <= log_vocab + 1e-9
-
-
 # ---- the claims both data forms judge ---------------------------------------------------------------
 def _diversity_claims(greedy: float, sampled: dict[str, float]) -> list[Claim]:
     """§3.3 / §3.5: greedy distinct-2 against every sampling strategy's (name -> distinct-2)."""
@@ -47,7 +41,9 @@ def _diversity_claims(greedy: float, sampled: dict[str, float]) -> list[Claim]:
 
 
 def _entropy_claim(entropies: list[float], log_vocab: float) -> Claim:
-    ok = entropy_rises(entropies, log_vocab)
+    """Entropy rises with τ (two ~0 entropies at a tiny τ may tie) and stays <= ln V."""
+    rising = all(b > a for a, b in pairwise(entropies) if a > 1e-6 or b > 1e-6)
+    ok = rising and max(entropies) <= log_vocab + 1e-9
     return Claim("§3.5 entropy rises with τ and stays <= ln V", ok, f"entropies {entropies}, ln V = {log_vocab}")
 
 
