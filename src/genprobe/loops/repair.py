@@ -448,11 +448,6 @@ class PatchSummary:
     sha256_before: str
     sha256_after: str
 
-    @classmethod
-    def of(cls, patch: Patch) -> "PatchSummary":
-        """From a finalised patch's metadata."""
-        return cls(**{f.name: patch.meta[f.name] for f in fields(cls)})
-
 
 # ---- the pipeline ---------------------------------------------------------------------------
 def repair(
@@ -530,7 +525,8 @@ def _search_and_validate(
             ": no patch"
         )
         return None
-    report.patch = PatchSummary.of(patch)  # the JSON's "patch" describes a patch written
+    # the JSON's "patch" describes a patch written, from the finalised patch's metadata
+    report.patch = PatchSummary(**{f.name: patch.meta[f.name] for f in fields(PatchSummary)})
     report.transfer = transfer_stage(study, patch, inputs.validate, inputs.chat)
     if report.transfer is not None:
         clock.tick("transfer")
