@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+import genprobe.loops.study as study_module
 from genprobe.cli import main
 from genprobe.loops.patch import EditSpec, finalise, make_patch
 from genprobe.loops.repair import transfer_stage
@@ -41,12 +42,12 @@ def test_scan_renders_each_prompt_through_the_chat_template(chat_dir, tmp_path, 
     assert "has no chat template" in capsys.readouterr().err
 
 
-def test_the_transfer_check_measures_the_edit_in_the_other_setting_and_restores_the_model(chat_dir):
+def test_the_transfer_check_measures_the_edit_in_the_other_setting_and_restores_the_model(chat_dir, monkeypatch):
     model = load_model(chat_dir)
     study = LoopStudy(model, RepairConfig(max_new_tokens=16, transfer=3, batch_size=4))
     rendered = []
-    real = study.encode
-    study.encode = lambda texts: rendered.extend(texts) or real(texts)
+    real = study_module.encode_prompts  # what the model is given to encode: rendered by the template or not
+    monkeypatch.setattr(study_module, "encode_prompts", lambda m, texts: rendered.extend(texts) or real(m, texts))
     torch.manual_seed(0)
     d = {layer: torch.randn(32) for layer in range(2)}
     units = {layer: torch.rand(64) + 0.1 for layer in range(2)}

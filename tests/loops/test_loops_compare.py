@@ -254,7 +254,7 @@ def test_build_methods_use_the_genres_breakers(tokenizer):
 # ---- human texts ----------------------------------------------------------------------------
 def test_human_texts_from_the_corpus_a_jsonl_file_or_none(tmp_path, openings):
     h = human_texts(openings, None)
-    assert h.genre == "tang" and h.available == len(openings)
+    assert h.genre == "tang" and None not in h.poems
     assert all(p.startswith(o) and len(p) > len(o) for p, o in zip(h.poems, openings, strict=True))
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "Once upon", "continuation": " a time"}\n\n{"prompt": "The end"}\n', encoding="utf-8")
@@ -263,7 +263,7 @@ def test_human_texts_from_the_corpus_a_jsonl_file_or_none(tmp_path, openings):
     t = human_texts(["Once upon", "The end"], conts)
     assert t.genre == "text" and t.poems == ["Once upon a time", None] and "continuation" in t.source
     none = human_texts(["Once upon", "The end"], None)
-    assert none.available == 0 and none.reason == NO_HUMAN
+    assert none.poems == [None, None] and none.reason == NO_HUMAN
     (tmp_path / "plain.txt").write_text("a\nb\n", encoding="utf-8")
     assert read_continuations(tmp_path / "plain.txt") is None
     with pytest.raises(ValueError, match="genre must be one of"):

@@ -264,7 +264,7 @@ def test_scan_on_tiny_model_batches_consistently(tiny_model):
     assert [r.tokens for r in a.records] == [r.tokens for r in b.records]
     assert a.summary.n == 4 and all(len(r.tokens) == 20 for r in a.records)
     for r in a.records:
-        assert r.looping == detect_loop(r.tokens).looping
+        assert r.measures.looping == detect_loop(r.tokens).looping
         assert r.measures == measure_loops(r.tokens)
     assert not a.settings.eos_banned and a.settings.note is None
 

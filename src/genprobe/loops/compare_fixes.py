@@ -68,8 +68,6 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if self.timing_rounds < 1:
             raise ValueError(f"timing_rounds must be >= 1, got {self.timing_rounds}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
 @dataclass
@@ -251,7 +249,7 @@ class _Bench:
 
     def human_reference(self, human: HumanTexts, cap: int) -> HumanReference:
         """Legit rates and NLL of the human texts, each cut to its prompt + ``cap`` characters."""
-        if human.available == 0:
+        if all(p is None for p in human.poems):
             return HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
         pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(self.prompts, human.poems, strict=True) if h is not None]
         ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
@@ -262,7 +260,7 @@ class _Bench:
         """Loop rates, legit repetition, fluency (unmodified model + judge), breaker classes; cost filled later."""
         recs, prompts = scan.records, self.prompts
         texts = [r.text or "" for r in recs]
-        degenerate = [r.degenerate for r in recs]
+        degenerate = [r.measures.degenerate for r in recs]
         cost = Cost(round(seconds, 2), sum(len(r.tokens) for r in recs), 0, [], None, None)
         return MethodResult(
             m,
@@ -378,8 +376,9 @@ def compare_fixes(
     bench = _Bench(study, judge, prompts, ids, patch, cfg, breakers, log)
     scans = {m.name: bench.scan(m) for m in methods}
     clock.tick("generate")
-    bench.classes, cap = _baseline_classes(scans[BASELINE][0].records, breakers)
-    ref = bench.human_reference(human, cap)
+    greedy = scans[BASELINE][0].records  # each prompt's class by its greedy loop; its median length caps the human's
+    bench.classes = [unit_class(r.text or "", _chars(r), breakers) for r in greedy]
+    ref = bench.human_reference(human, int(statistics.median(len(r.text or "") for r in greedy)))
     results = [bench.score(m, *scans[m.name]) for m in methods]
     clock.tick("score")
     bench.time(methods, results)
@@ -412,12 +411,6 @@ def compare_fixes(
         clock.to_dict(),
         _notes(study, human, judge, ref),
     )
-
-
-def _baseline_classes(greedy_records: Sequence[Any], breakers: str) -> tuple[list[str], int]:
-    """Each prompt's class by its greedy loop unit, and the median greedy text length (the human texts' cap)."""
-    classes = [unit_class(r.text or "", _chars(r), breakers) for r in greedy_records]
-    return classes, int(statistics.median(len(r.text or "") for r in greedy_records))
 
 
 def _is_sampler(m: Method) -> bool:

@@ -63,11 +63,6 @@ class HumanTexts:
     source: str | None
     reason: str | None = None
 
-    @property
-    def available(self) -> int:
-        """How many prompts have a human text."""
-        return sum(p is not None for p in self.poems)
-
 
 def human_texts(prompts: Sequence[str], continuations: Sequence[str | None] | None, genre: str = "auto") -> HumanTexts:
     """Resolve the genre and the human texts (see the module doc)."""

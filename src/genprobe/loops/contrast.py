@@ -162,7 +162,9 @@ def collect_contrast(
     if n_loop == 0:
         raise ValueError("no loop positions: none of the scanned generations loops, so there is nothing to contrast")
     text = list(reference_text_windows or []) if n_ref < MIN_REFERENCE else []  # every position a reference
-    counts = ContrastCounts(n_loop, n_ref, sum(len(w) - 1 for w in text), len(seqs), sum(r.degenerate for r in records))
+    counts = ContrastCounts(
+        n_loop, n_ref, sum(len(w) - 1 for w in text), len(seqs), sum(r.measures.degenerate for r in records)
+    )
     if n_ref + counts.reference_positions_text == 0:
         raise ValueError(
             "no reference positions: every generated position is inside a loop and no reference text was given"

@@ -54,12 +54,6 @@ def figure_png(
     return figure_bytes(fig, dpi=dpi)
 
 
-def sweep_figure(report: dict) -> bytes:
-    """PNG: (left) degenerate rate with each layer's direction ablated, or the layers' teacher-forced loop pressure
-    when the scaled search ranked them instead of generating per layer; (right) search rates and limits against α."""
-    return figure_png([_locate_panel if report.get("locate") else _rank_panel, _sweep_panel], report, (11, 4), 110)
-
-
 def _locate_panel(ax: Any, report: dict) -> None:
     loc = report["locate"]
     rows = [("none", loc["base_degenerate_rate"], loc["base_loop_rate"])]
@@ -169,8 +163,11 @@ def write_page(out_dir: str | os.PathLike, stem: str, png: bytes, template: str,
 
 
 def write_summary(report: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``repair.png`` and ``repair.html`` into ``out_dir`` atomically; returns their paths."""
-    return write_page(out_dir, "repair", sweep_figure(report), "repair.html.j2", report=report, tables=_tables(report))
+    """Write ``repair.png`` and ``repair.html`` into ``out_dir`` atomically; returns their paths. The figure: (left)
+    degenerate rate with each layer's direction ablated, or the layers' teacher-forced loop pressure when the scaled
+    search ranked them instead of generating per layer; (right) search rates and limits against α."""
+    png = figure_png([_locate_panel if report.get("locate") else _rank_panel, _sweep_panel], report, (11, 4), 110)
+    return write_page(out_dir, "repair", png, "repair.html.j2", report=report, tables=_tables(report))
 
 
 def write_repair(out_dir: str | os.PathLike, report: Any, patch: Patch | None, **extra: Any) -> dict:
@@ -264,12 +261,7 @@ def breaker_table(result: CompareResult) -> str:
     return _markdown(hs, breaker_rows(result))
 
 
-# ---- compare figure -------------------------------------------------------------------------
-def figure(result: CompareResult) -> bytes:
-    """PNG: degenerate rate per method (CI bars, exact rate dots); degenerate vs judge NLL; legit repetition."""
-    return figure_png([_rates_panel, _nll_panel, _legit_panel], result, (16, 4.8), 100)
-
-
+# ---- compare figure: degenerate rate per method (CI bars, exact dots), degenerate vs NLL, legit repetition
 def _rates_panel(ax: Any, result: CompareResult) -> None:
     names = [r.method.name for r in result.methods]
     deg = [r.rates.degenerate_rate for r in result.methods]
@@ -328,7 +320,7 @@ def write_outputs(result: CompareResult, out_dir: str | os.PathLike) -> dict[str
     return files | write_page(
         out,
         "compare",
-        figure(result),
+        figure_png([_rates_panel, _nll_panel, _legit_panel], result, (16, 4.8), 100),
         "compare.html.j2",
         r=result,
         headers=headers(result),

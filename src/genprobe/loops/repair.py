@@ -225,8 +225,8 @@ def direction_stage(study: LoopStudy, val_text: str, records: Sequence[Generatio
 
 
 def _prone_and_control(study: LoopStudy, records: Sequence[GenerationRecord]) -> tuple[list, list]:
-    prone = [r for r in records if r.degenerate][: study.cfg.search_prone]
-    control = [r for r in records if not r.degenerate][: study.cfg.search_control]
+    prone = [r for r in records if r.measures.degenerate][: study.cfg.search_prone]
+    control = [r for r in records if not r.measures.degenerate][: study.cfg.search_control]
     return prone, control
 
 
@@ -235,12 +235,16 @@ def locate_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
     control prompts of the direction set; rank layers by the reduction of the degenerate rate (largest first)."""
     prone, control = _prone_and_control(study, records)
     ids = [r.prompt_ids for r in prone + control]
-    rates = study.rates_of(ids)
-    base_deg, base_exact = rates(study.module)
+
+    def rates() -> tuple[float, float]:
+        s = study.scan(ids, decoded=False).summary
+        return s.degenerate_rate, s.loop_rate
+
+    base_deg, base_exact = rates()
 
     def ablated(directions: dict[int, torch.Tensor]) -> Ablation:
         with ablate(study.module, directions):
-            deg, exact = rates(study.module)
+            deg, exact = rates()
         return Ablation(tuple(sorted(directions)), deg, exact, base_deg - deg)
 
     per_layer = [ablated({layer: d}) for layer, d in sorted(stage.directions.items())]
@@ -276,7 +280,7 @@ def search_stage(study: LoopStudy, stage: DirectionStage, records: Sequence[Gene
     ranked, screened and halved (:mod:`genprobe.loops.search`) when the grid is large or ``cfg.search`` says so."""
     cfg = study.cfg
     prone, control = _prone_and_control(study, records)
-    n_prone_all = sum(1 for r in records if r.degenerate)
+    n_prone_all = sum(1 for r in records if r.measures.degenerate)
     strata = Strata(len(prone), len(control), n_prone_all, len(records) - n_prone_all)
     baseline = strata.objective([r.measures for r in prone], [r.measures for r in control])
     limits = Limits(cfg.max_kl, cfg.max_dloss)
@@ -315,7 +319,7 @@ def _scaled(
     before = state_sha256(model)
     prone, control = _prone_and_control(study, records)
     # the search set's loops with an onset (exact or near), the evaluated prone prompts first
-    looping = sorted((r for r in records if r.any_loop), key=lambda r: not any(r is p for p in prone))
+    looping = sorted((r for r in records if r.measures.any_loop), key=lambda r: not any(r is p for p in prone))
     loops = LoopProbe(model, looping, cfg.screen_sequences, reuse_prefix=True)
     scores = rank_layers(model, stage.directions, loops, study.progress)
     clock.tick("rank")
@@ -370,6 +374,12 @@ def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> P
     return patch
 
 
+def _new(before: ScanResult, after: ScanResult, verdict: str = "degenerate") -> int:
+    """Prompts whose generation has ``verdict`` (a :class:`LoopMeasures` flag) in ``after`` and not in ``before``."""
+    pairs = zip(before.records, after.records, strict=True)
+    return sum(1 for b, a in pairs if getattr(a.measures, verdict) and not getattr(b.measures, verdict))
+
+
 def _plain_greedy(study: LoopStudy, ids: list[list[int]]) -> LoopRates | None:
     return study.scan(ids, sampler=greedy_sampler(study.eos_id), decoded=False).summary if ids else None
 
@@ -386,7 +396,7 @@ def validate_stage(
         regression = probe.measure(study.module)
         plain_after = _plain_greedy(study, plain_ids)
     pairs = list(zip(before.records, after.records, strict=True))
-    prone = [(b, a) for b, a in pairs if b.degenerate]
+    prone = [(b, a) for b, a in pairs if b.measures.degenerate]
     samples = [
         Sample(
             b.prompt or "",
@@ -399,15 +409,14 @@ def validate_stage(
         )
         for b, a in prone[: study.cfg.samples]
     ]
-    fixed = sum(1 for b, a in pairs if b.degenerate and not a.degenerate)
-    new = sum(1 for b, a in pairs if a.degenerate and not b.degenerate)
+    fixed, new = _new(after, before), _new(before, after)
     return Validation(
         before.summary,
         after.summary,
         summarise([b for b, _ in prone]),
         summarise([a for _, a in prone]),
         new,
-        sum(1 for b, a in pairs if a.looping and not b.looping),
+        _new(before, after, "looping"),
         regression,
         samples,
         None if plain_before is None or plain_after is None else {"before": plain_before, "after": plain_after},
@@ -421,13 +430,12 @@ def transfer_stage(study: LoopStudy, patch: Patch, texts: Sequence[str], searche
     no chat template or ``cfg.transfer`` is 0)."""
     if study.model.chat_template is None or study.cfg.transfer == 0 or not texts:
         return None
-    ids = study.encode(study.render(texts[: study.cfg.transfer], not searched_chat))
+    ids = study.encode(texts[: study.cfg.transfer], not searched_chat)
     before = study.scan(ids, decoded=False, desc="transfer")
     with patched(study.module, patch):
         after = study.scan(ids, decoded=False, desc="transfer")
-    new = sum(1 for b, a in zip(before.records, after.records, strict=True) if a.degenerate and not b.degenerate)
     names = ("plain", "chat")
-    return Transfer(names[not searched_chat], names[searched_chat], before.summary, after.summary, new)
+    return Transfer(names[not searched_chat], names[searched_chat], before.summary, after.summary, _new(before, after))
 
 
 @dataclass(frozen=True)
@@ -440,11 +448,6 @@ class PatchSummary:
     fraction_changed: float
     sha256_before: str
     sha256_after: str
-
-    @classmethod
-    def of(cls, patch: Patch) -> "PatchSummary":
-        """From a finalised patch's metadata."""
-        return cls(**{f.name: patch.meta[f.name] for f in fields(cls)})
 
 
 # ---- the pipeline ---------------------------------------------------------------------------
@@ -464,7 +467,7 @@ def repair(
     if study.end_token.banned:
         log(f"note: {study.end_token.note}")
     sets = SET_NAMES[:1] if locate_only else SET_NAMES
-    encoded = {k: study.encode(study.render(getattr(inputs, k), inputs.chat)) for k in sets}
+    encoded = {k: study.encode(getattr(inputs, k), inputs.chat) for k in sets}
     base = {k: study.scan(encoded[k], getattr(inputs, k), desc=f"scan {k}") for k in sets}
     clock.tick("baseline_scans")
     log(
@@ -523,7 +526,8 @@ def _search_and_validate(
             ": no patch"
         )
         return None
-    report.patch = PatchSummary.of(patch)  # the JSON's "patch" describes a patch written
+    # the JSON's "patch" describes a patch written, from the finalised patch's metadata
+    report.patch = PatchSummary(**{f.name: patch.meta[f.name] for f in fields(PatchSummary)})
     report.transfer = transfer_stage(study, patch, inputs.validate, inputs.chat)
     if report.transfer is not None:
         clock.tick("transfer")

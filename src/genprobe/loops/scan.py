@@ -73,21 +73,6 @@ class GenerationRecord:
     text: str | None = None
     unit_text: str = ""
 
-    @property
-    def looping(self) -> bool:
-        """Exactly periodic tail (tokens)."""
-        return self.measures.looping
-
-    @property
-    def any_loop(self) -> bool:
-        """Exact or near loop (tokens): the tail has a period."""
-        return self.measures.any_loop
-
-    @property
-    def degenerate(self) -> bool:
-        """Exact loop, near loop or repetitive tail (tokens): the robust per-generation verdict."""
-        return self.measures.degenerate
-
     def to_dict(self) -> dict:
         """Token measures at the top level (as before), character measures under ``chars``."""
         keys = ("prompt", "text", "prompt_ids", "tokens", "hit_limit", "unk_share", "unit_text")

@@ -163,22 +163,14 @@ class LoopStudy:
         self.sampler = study_sampler(sampler or chanting_sampler(model.unk_id), self.eos_id)
         scan = ScanOptions(cfg.max_new_tokens, self.sampler, cfg.batch_size, cfg.seed, loop=cfg.loop, progress=progress)
         self.options = study_options(model, scan)
+        self.end_token: EndToken = end_token(self.options)
         self.model, self.cfg, self.progress, self.log = model, cfg, progress, log
         self.module, self.tokenizer = model.module, model.tokenizer
         self.n_layers = len(mlp_sites(self.module))
 
-    @property
-    def end_token(self) -> EndToken:
-        """Whether the end token exists and is banned (with the note the CLI prints)."""
-        return end_token(self.options)
-
-    def render(self, texts: Sequence[str], chat: bool) -> list[str]:
-        """``texts`` as they are given to the model: each a user turn of the chat template when ``chat``."""
-        return [self.model.chat_prompt(t) for t in texts] if chat else list(texts)
-
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Prompts → ids (:func:`encode_prompts`)."""
-        return encode_prompts(self.model, texts)
+    def encode(self, texts: Sequence[str], chat: bool = False) -> list[list[int]]:
+        """Prompts → ids (:func:`encode_prompts`), each a user turn of the chat template when ``chat``."""
+        return encode_prompts(self.model, [self.model.chat_prompt(t) for t in texts] if chat else texts)
 
     def scan(
         self,
@@ -194,15 +186,6 @@ class LoopStudy:
         quiet: dict[str, Any] = {} if decoded else {"decode": None, "progress": False}
         options = replace(self.options, sampler=sampler or self.sampler, desc=desc, **quiet)
         return scan_batches(engine_batches(self.model), ids, options, texts)
-
-    def rates_of(self, ids: Sequence[list[int]]) -> Callable[[Any], tuple[float, float]]:
-        """A function model → (degenerate rate, exact rate) on ``ids`` (for :func:`locate_layers`)."""
-
-        def rates(_model: Any) -> tuple[float, float]:
-            s = self.scan(ids, decoded=False).summary
-            return s.degenerate_rate, s.loop_rate
-
-        return rates
 
 
 class Clock:

@@ -158,6 +158,6 @@ def compare_loop_rates(ours: ScanResult, served: ScanResult) -> RateComparison:
         served_within_ours_ci=lo <= sb.loop_rate <= hi,
         ours_degenerate_rate=sa.degenerate_rate,
         served_degenerate_rate=sb.degenerate_rate,
-        verdict_agreement=sum(x.looping == y.looping for x, y in zip(a, b, strict=True)) / len(a),
+        verdict_agreement=sum(x.measures.looping == y.measures.looping for x, y in zip(a, b, strict=True)) / len(a),
         token_agreement=sum(x.tokens == y.tokens for x, y in zip(a, b, strict=True)) / len(a),
     )

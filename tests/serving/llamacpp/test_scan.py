@@ -57,7 +57,7 @@ def test_per_prompt_verdicts_equal_our_engine_on_f32(tiny, engine, prompts, sett
     )
     theirs = scan_batches(llamacpp_batches(engine), prompts, ScanOptions(32, sampler, 7, eos_id=EOS, unk_id=UNK))
     assert [r.tokens for r in theirs.records] == [r.tokens for r in ours.records]
-    assert [r.degenerate for r in theirs.records] == [r.degenerate for r in ours.records]
+    assert [r.measures.degenerate for r in theirs.records] == [r.measures.degenerate for r in ours.records]
     assert [r.measures.period for r in theirs.records] == [r.measures.period for r in ours.records]
     assert 0 < ours.summary.degenerate < len(prompts)  # both verdicts occur: the comparison can fail
     assert json_safe(theirs.summary) == json_safe(ours.summary)

@@ -205,12 +205,3 @@ def scan_calibration(args: argparse.Namespace, model: Any, texts: list[str]) -> 
     )
     info(f"detectors: {cal.describe()}")
     return cal
-
-
-def calibrate_config(args: argparse.Namespace, model: Any, cfg: Any, inputs: Any) -> Any:
-    """Calibrate the detectors on human text of the direction prompts' language and put them in ``cfg`` (what
-    counts as degenerate decides which prompts are loop-prone); None with --no-calibrate."""
-    calibration = scan_calibration(args, model, inputs.direction)
-    if calibration is not None:
-        cfg.loop = calibration.settings
-    return calibration

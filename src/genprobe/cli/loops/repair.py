@@ -17,11 +17,11 @@ from ._shared import (
     add_config_flag,
     add_data_args,
     add_loop_args,
-    calibrate_config,
     check_common,
     load_model_or_default,
     repair_config,
     repair_inputs,
+    scan_calibration,
 )
 
 LOCATE_FILE = "locate.json"  # what locate --out DIR holds
@@ -119,7 +119,11 @@ def run_repair(args: argparse.Namespace, locate_only: bool = False) -> int:
     cfg = repair_config(args)  # refuses bad settings before the model loads
     model = load_model_or_default(args)
     inputs = repair_inputs(args, model, cfg, SET_NAMES[:1] if locate_only else SET_NAMES)
-    calibration = calibrate_config(args, model, cfg, inputs)
+    # the detectors calibrated on human text of the direction prompts' language: what counts as degenerate decides
+    # which prompts are loop-prone
+    calibration = scan_calibration(args, model, inputs.direction)
+    if calibration is not None:
+        cfg.loop = calibration.settings
     report, patch = repair(model, inputs, cfg, locate_only=locate_only, progress=show_progress(args), log=info)
     if locate_only:
         data = json_safe(report) | {"calibration": json_safe(calibration)}

@@ -344,7 +344,7 @@ def _timed_scan(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyCon
 def _row(
     name: str, file: QuantizedFile, logits: LogitAgreement, scan: Any, ref_scan: Any, speed: tuple[float, float]
 ) -> TypeRow:
-    verdicts, ref = [bool(r.degenerate) for r in scan.records], [bool(r.degenerate) for r in ref_scan.records]
+    verdicts, ref = [r.measures.degenerate for r in scan.records], [r.measures.degenerate for r in ref_scan.records]
     became = sum(v and not r for v, r in zip(verdicts, ref, strict=True))
     stopped = sum(r and not v for v, r in zip(verdicts, ref, strict=True))
     divergence = divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records])
@@ -356,13 +356,19 @@ def _row(
 def _samples(name: str, scan: Any, ref_scan: Any, div: Divergence, k: int) -> list[SampleText]:
     """Up to ``k`` prompts where the type's greedy text leaves F32's: verdict changes first, then earliest."""
     idx = [i for i, s in enumerate(div.steps) if s is not None]
-    idx.sort(key=lambda i: (ref_scan.records[i].degenerate == scan.records[i].degenerate, div.steps[i], i))
+    idx.sort(
+        key=lambda i: (ref_scan.records[i].measures.degenerate == scan.records[i].measures.degenerate, div.steps[i], i)
+    )
     out = []
     for i in idx[:k]:
         r, q = ref_scan.records[i], scan.records[i]
         step = div.steps[i]
         assert step is not None
-        out.append(SampleText(name, r.prompt or "", step, r.text or "", q.text or "", r.degenerate, q.degenerate))
+        out.append(
+            SampleText(
+                name, r.prompt or "", step, r.text or "", q.text or "", r.measures.degenerate, q.measures.degenerate
+            )
+        )
     return out
 
 
