@@ -177,7 +177,7 @@ class EngineBackend(Backend):
         self.model = model
         self.model_name = name
         self.runner = runner_for(model)
-        exact = next(model.module.parameters()).dtype == torch.float32
+        dtype = next(model.module.parameters()).dtype
         self.capabilities = Capabilities(
             server="genprobe",
             logprobs="full",
@@ -185,8 +185,8 @@ class EngineBackend(Backend):
             prompt_logprobs=True,
             prefix_cache=False,
             seed=True,
-            exact=exact,
-            label=str(next(model.module.parameters()).dtype).removeprefix("torch."),
+            exact=dtype == torch.float32,
+            label=str(dtype).removeprefix("torch."),
         )
 
     def complete(self, request: Request) -> Response:

@@ -73,12 +73,8 @@ def vllm_batches(engine: ServingEngine) -> GenerateBatch:
     def generate_batch(b: Batch) -> list[tuple]:
         check_prompts(b, engine.vocab_size, engine.max_model_len)
         o = b.options
-        params = [
-            to_sampling_params(
-                b.sampler, engine.vocab_size, o.max_new_tokens, seed=None if b.sampler.greedy else o.seed + i
-            )
-            for i in range(b.first, b.first + len(b.prompts))
-        ]
+        seeds = [None if b.sampler.greedy else o.seed + i for i in range(b.first, b.first + len(b.prompts))]
+        params = [to_sampling_params(b.sampler, engine.vocab_size, o.max_new_tokens, seed=s) for s in seeds]
         outs = engine.generate(b.prompts, params, use_tqdm=o.progress)
         return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason == "length") for o in outs]
 
