@@ -20,7 +20,7 @@ from genprobe.engine.backend import Backend, Capabilities, Position, Request, Re
 
 VOCAB, TRAP, PERIOD = 64, 48, 3
 GATE = VOCAB - 1
-CAPABILITIES = Capabilities("fake", "full", VOCAB, True, True, False, 4, True, True, False)
+CAPABILITIES = Capabilities("fake", "full", VOCAB, True, True, False, 4, True)
 
 
 def next_token(t: int) -> int:
@@ -88,5 +88,5 @@ class FakeBackend(Backend):
         return [self._generate(r, self.batch_shift * (len(requests) - 1)) for r in requests]
 
     def tokenize(self, text: str) -> list[int] | None:
-        """Space-separated ids (None when the server cannot say)."""
-        return [int(t) for t in text.split()] if self.capabilities.tokenize else None
+        """Space-separated ids."""
+        return [int(t) for t in text.split()]

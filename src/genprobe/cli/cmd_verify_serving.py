@@ -51,7 +51,6 @@ KINDS = {"vllm": ("checkpoint", "transformers", "name"), "llama.cpp": ("gguf", "
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    option(p, "--engine", "vllm", "serving engine", choices=("vllm",))
     option(
         p,
         "--backend",
@@ -133,7 +132,7 @@ def _finish(args: argparse.Namespace, report: Any) -> int:
     bad = [p for p in report.phases if at_least(p.verdict, args.fail_on)]
     failing = [f"{p.dtype}/{p.phase}" if p.dtype else p.phase for p in bad]
     rc = 1 if failing else 0
-    print_table(report, file=sys.stderr if args.json else sys.stdout)
+    print_table(report, sys.stderr if args.json else sys.stdout)
     if failing:
         info(f"FAIL: {', '.join(failing)}")
     summary = {**json_safe(report), "failing": failing, "exit_status": rc}
@@ -196,12 +195,6 @@ def run_endpoint(args: argparse.Namespace, th: Any) -> Any:
     return verify_backend(backend, reference, args.reference, settings, read_prompts(args), th, say, args.model)
 
 
-def _cached(p: Any) -> str:
-    """Prompt tokens served from the prefix cache, over the tokens shared with the cached request when known."""
-    c = fmt(p.cached_tokens, "d")
-    return c if p.shared_tokens is None else f"{c}/{p.shared_tokens}"
-
-
 def _judged(p: Any) -> str:
     """What decided the verdict: float32 recomputation, the gap ratio over a floor, tokens or the template."""
     if p.judged_on == "gap":
@@ -218,16 +211,15 @@ PHASES: tuple[Column, ...] = (
     ("top-1 f32", 9, lambda p: fmt(p.top1_agreement, ".4f")),
     ("Δlogp self", 10, lambda p: fmt(p.self_max_abs_dlogp)),
     ("top-k", 6, lambda p: fmt(p.topk_agreement, ".3f")),
-    ("cached", 9, _cached),
+    ("cached", 9, lambda p: fmt(p.cached_tokens, "d") + ("" if p.shared_tokens is None else f"/{p.shared_tokens}")),
     ("judged on", 10, _judged),
     ("verdict", 11, lambda p: p.verdict),
 )
 
 
-def print_table(report: Any, file: Any = None) -> None:
+def print_table(report: Any, out: Any) -> None:
     """One row per (deployment, phase): max |Δ log p| and top-1 agreement against float32 recomputation and against
     the deployment's own honest computation, top-k overlap, prefix-cache use, what judged it and the verdict."""
-    out = file or sys.stdout
     name = f", model {report.model_name!r}" if report.model_name else ""
     print(f"{report.model}: {report.server} server{name}, reference {report.reference}", file=out)
     lines = table(PHASES, report.phases, rule=True).splitlines()

@@ -40,8 +40,6 @@ class Capabilities:
     prefix_cache: bool | None = None  # reuses a shared prompt prefix (None: not known)
     concurrency: int = 1  # requests served at once (1: one after another)
     seed: bool = False  # a per-request seed is honoured
-    tokenize: bool = False  # text -> ids as the server tokenizes
-    chat_template: bool = False  # messages -> the prompt ids the server builds
     cache_block: int = 1  # a prefix cache reuses whole blocks of this many tokens
     step_budget: int | None = None  # tokens one engine step computes: longer prompts are prefilled in chunks
     cache_bypass: bool = False  # a request can skip reading the prefix cache (``Request.read_cache``)
@@ -179,7 +177,7 @@ class EngineBackend(Backend):
         self.model = model
         self.model_name = name
         self.runner = runner_for(model)
-        exact = next(model.module.parameters()).dtype == torch.float32
+        dtype = next(model.module.parameters()).dtype
         self.capabilities = Capabilities(
             server="genprobe",
             logprobs="full",
@@ -187,9 +185,8 @@ class EngineBackend(Backend):
             prompt_logprobs=True,
             prefix_cache=False,
             seed=True,
-            tokenize=True,
-            exact=exact,
-            label=str(next(model.module.parameters()).dtype).removeprefix("torch."),
+            exact=dtype == torch.float32,
+            label=str(dtype).removeprefix("torch."),
         )
 
     def complete(self, request: Request) -> Response:

@@ -24,8 +24,7 @@ from ..engine.backend import Backend, Capabilities, Position, Request, Response
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
 
-VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-TEXT_MAX_LOGPROBS = 20  # the OpenAI API's legacy completions limit
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs, and the OpenAI API's legacy completions limit
 
 
 class EndpointError(ValueError):
@@ -111,13 +110,11 @@ class EndpointBackend(Backend):
         self.capabilities = Capabilities(
             server=self.server,
             logprobs="top-k",
-            max_top_k=VLLM_MAX_LOGPROBS if vllm else TEXT_MAX_LOGPROBS,
+            max_top_k=MAX_LOGPROBS,
             prompt_logprobs=vllm,
             token_prompts=vllm,
             concurrency=64,
             seed=True,
-            tokenize=self.server in ("vllm", "llama-cpp-python"),
-            chat_template=vllm,
         )
         self.pieces = dict(pieces or {})
 
@@ -139,7 +136,7 @@ class EndpointBackend(Backend):
             choice = answer["choices"][0]
         except (KeyError, IndexError, TypeError):
             raise EndpointError(f"{self.http.root}/v1/completions answered without choices") from None
-        prompt_ids = self._prompt_ids(request)
+        prompt_ids = (self.tokenize(request.prompt) or []) if isinstance(request.prompt, str) else list(request.prompt)
         ids, positions = self._positions(choice.get("logprobs"), choice.get("text", ""))
         cached = ((answer.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
         prompt_positions = None
@@ -151,16 +148,8 @@ class EndpointBackend(Backend):
 
     def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
         """``requests`` from a pool of ``concurrency`` threads (results in request order)."""
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(pool.map(self.complete, requests))
-
-    def _prompt_ids(self, request: Request) -> list[int]:
-        if not isinstance(request.prompt, str):
-            return list(request.prompt)
-        ids = self.tokenize(request.prompt)
-        return [] if ids is None else ids
 
     def _token_id(self, key: str) -> int | None:
         if key.startswith("token_id:"):

@@ -93,7 +93,6 @@ class ServedModel:
     source: Path  # what the user named (checkpoint or HF dir)
     kind: str  # "genprobe" (exported) | "hf"
     vocab_size: int
-    max_positions: int | None
     _tmp: Path | None = field(default=None, repr=False)
     _removal: weakref.finalize | None = field(default=None, repr=False, compare=False)
 
@@ -116,15 +115,6 @@ def read_config(d: str | os.PathLike) -> Any:
         raise ValueError(f"{path} cannot be read as JSON ({exc})") from None
 
 
-def _hf_limits(d: Path) -> tuple[int, int | None]:
-    cfg = read_config(d)
-    vocab = cfg.get("vocab_size")
-    if not isinstance(vocab, int) or vocab < 1:
-        raise ValueError(f"{d / 'config.json'} has no usable vocab_size")
-    pos = cfg.get("n_positions") or cfg.get("max_position_embeddings")
-    return vocab, (int(pos) if pos else None)
-
-
 def _model_path(model: str | os.PathLike) -> Path:
     """The directory behind ``model``: a path, or a fetched catalog model's name (``smollm2``). A GGUF file is
     refused with the conversion command: vLLM is given the float directory genprobe compares against."""
@@ -144,30 +134,32 @@ def _model_path(model: str | os.PathLike) -> Path:
     return src
 
 
-def served_model(model: str | os.PathLike, tmp_root: str | os.PathLike | None = None) -> ServedModel:
+def served_model(model: str | os.PathLike) -> ServedModel:
     """A transformers directory for ``model`` (an HF dir as is; a genprobe checkpoint exported to a temp dir)."""
     from ..model.checkpoint import is_checkpoint
 
-    src = _model_path(model)
+    src, tmp = _model_path(model), None
     if is_checkpoint(src):
         from ..model.hf_dir import export_hf_dir
 
-        tmp = Path(tempfile.mkdtemp(prefix="genprobe-serve-", dir=tmp_root))
+        tmp = Path(tempfile.mkdtemp(prefix="genprobe-serve-"))
         try:
             export_hf_dir(src, tmp / "hf", overwrite=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        vocab, pos = _hf_limits(tmp / "hf")
-        return ServedModel(tmp / "hf", src, "genprobe", vocab, pos, tmp)
-    if not (src / "config.json").is_file():
+    elif not (src / "config.json").is_file():
         raise ValueError(
             f"{src} is neither a genprobe checkpoint (genprobe.json + model.safetensors) nor a transformers model "
             "directory (config.json + *.safetensors)"
         )
-    check_weights_files(src)
-    vocab, pos = _hf_limits(src)
-    return ServedModel(src, src, "hf", vocab, pos)
+    else:
+        check_weights_files(src)
+    path = src if tmp is None else tmp / "hf"
+    vocab = read_config(path).get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"{path / 'config.json'} has no usable vocab_size")
+    return ServedModel(path, src, "hf" if tmp is None else "genprobe", vocab, tmp)
 
 
 class EngineStartError(ValueError):
@@ -293,12 +285,7 @@ def context_length(longest_prompt: int, new_tokens: int, block_size: int, max_po
 
 
 def size_for_workload(
-    model_dir: str | os.PathLike,
-    options: EngineOptions,
-    *,
-    longest_prompt: int,
-    new_tokens: int,
-    sequences: int,
+    model_dir: str | os.PathLike, options: EngineOptions, *, longest_prompt: int, new_tokens: int, sequences: int
 ) -> EngineOptions:
     """``options`` with what the caller left unset sized to a workload, so that vLLM starts on a CPU machine
     and does not serve (and warm up) a context the workload never uses.
@@ -321,16 +308,27 @@ def size_for_workload(
     return options
 
 
-def check_kv_fits(model_dir: str | os.PathLike, options: EngineOptions, max_len: int | None = None) -> None:
+def check_kv_fits(model_dir: str | os.PathLike, options: EngineOptions) -> None:
     """Refuse before starting vLLM (``EngineStartError``) an explicit KV cache that cannot hold one sequence of
     the engine's context or that exceeds the memory available now, and a memory fraction that leaves nothing
     for a KV cache: vLLM's own refusal is a traceback from its worker process."""
-    budget = options.kv_cache_memory_bytes
+    budget, total = options.kv_cache_memory_bytes, _memory("total")
     if budget is None:
-        _check_fraction_leaves_room(model_dir, options)
+        if total is None or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            return
+        # on CPU the KV cache gets the memory fraction of RAM minus what the worker holds, which is at least its
+        # weights plus torch itself: when that is already negative, say so now instead of a vLLM traceback
+        fraction = options.gpu_memory_utilization or DEFAULT_MEMORY_FRACTION
+        weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+        if fraction * total <= weights + WORKER_OVERHEAD:
+            raise EngineStartError(
+                f"--gpu-memory-utilization {fraction:g} reserves {fraction * total / 2**30:.2f} GiB of "
+                f"{total / 2**30:.1f} GiB RAM, no more than the worker's weights ({weights / 2**30:.2f} GiB) and "
+                "runtime need before any KV cache; give --kv-cache-memory-bytes instead (or a larger fraction)"
+            )
         return
     geo = kv_geometry(model_dir)
-    positions = options.max_model_len or max_len or geo.max_positions
+    positions = options.max_model_len or geo.max_positions
     if positions:
         one = geo.bytes_per_token(options.dtype) * int(positions)
         if budget < one:
@@ -343,23 +341,6 @@ def check_kv_fits(model_dir: str | os.PathLike, options: EngineOptions, max_len:
         raise EngineStartError(
             f"--kv-cache-memory-bytes {budget} exceeds the {available} bytes of memory available now; lower it "
             "(or --max-model-len / --max-num-seqs)"
-        )
-
-
-def _check_fraction_leaves_room(model_dir: str | os.PathLike, options: EngineOptions) -> None:
-    """On CPU the KV cache gets the memory fraction of RAM minus what the worker holds, which is at least its
-    weights plus torch itself: when that is already negative, say so now instead of a vLLM traceback."""
-    total = _memory("total")
-    if total is None or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        return
-    fraction = options.gpu_memory_utilization or DEFAULT_MEMORY_FRACTION
-    weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
-    floor = weights + WORKER_OVERHEAD
-    if fraction * total <= floor:
-        raise EngineStartError(
-            f"--gpu-memory-utilization {fraction:g} reserves {fraction * total / 2**30:.2f} GiB of "
-            f"{total / 2**30:.1f} GiB RAM, no more than the worker's weights ({weights / 2**30:.2f} GiB) and runtime "
-            "need before any KV cache; give --kv-cache-memory-bytes instead (or a larger fraction)"
         )
 
 
@@ -381,7 +362,7 @@ class ServingEngine:
         self._owns_served = not isinstance(model, ServedModel)
         self.served = model if isinstance(model, ServedModel) else served_model(model)
         self.options = options or EngineOptions()
-        check_kv_fits(self.served.path, self.options, self.served.max_positions)
+        check_kv_fits(self.served.path, self.options)
         t0 = time.perf_counter()
         try:
             self.llm = _start_llm(self.served.path, self.options)
@@ -389,11 +370,9 @@ class ServingEngine:
             raise EngineStartError(start_failure_message(exc, self.options)) from None
         self.startup_seconds = time.perf_counter() - t0
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
-
-    @property
-    def vocab_size(self) -> int:
-        """Rows of the served model's output embedding."""
-        return self.served.vocab_size
+        self.vocab_size = self.served.vocab_size  # rows of the served model's output embedding
+        # the KV block size vLLM resolved (its prefix cache reuses whole blocks of this many tokens)
+        self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Any, use_tqdm: bool = False) -> list[Any]:
         """``LLM.generate`` on token-id prompts (one SamplingParams, or one per prompt); outputs in prompt order."""
@@ -429,11 +408,6 @@ class ServingEngine:
             "max_model_len": self.max_model_len,
             "block_size": self.block_size,
         }
-
-    @property
-    def block_size(self) -> int:
-        """The KV block size vLLM resolved (its prefix cache reuses whole blocks of this many tokens)."""
-        return int(self.llm.llm_engine.vllm_config.cache_config.block_size)
 
 
 class VllmBackend(Backend):

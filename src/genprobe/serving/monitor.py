@@ -99,24 +99,18 @@ class RecomputeDetector:
         self.tokens.append(int(token))
         if len(self.tokens) % self.every:
             return None
-        return as_loop_info(self.fn(self.tokens), self.tokens)
-
-
-def as_loop_info(result: Any, tokens: Sequence[int]) -> LoopInfo | None:
-    """A detector's result as a ``LoopInfo`` (None when it reports no loop)."""
-    if isinstance(result, LoopInfo):
-        return result if result.looping else None
-    flag = getattr(result, "looping", None)
-    if flag is None:
-        flag = getattr(result, "near_looping", None)
-    if flag is None:
-        raise TypeError(
-            f"a loop detector must return a result with .looping or .near_looping, got {type(result).__name__}"
-        )
-    if not flag:
-        return None
-    period, onset = int(result.period), int(result.onset)
-    return LoopInfo(True, period, onset, tuple(tokens[onset : onset + period]), (len(tokens) - onset) / period)
+        result: Any = self.fn(self.tokens)
+        if isinstance(result, LoopInfo):
+            return result if result.looping else None
+        flag = getattr(result, "looping", getattr(result, "near_looping", None))
+        if flag is None:
+            raise TypeError(
+                f"a loop detector must return a result with .looping or .near_looping, got {type(result).__name__}"
+            )
+        if not flag:
+            return None
+        period, onset, toks = int(result.period), int(result.onset), self.tokens
+        return LoopInfo(True, period, onset, tuple(toks[onset : onset + period]), (len(toks) - onset) / period)
 
 
 @dataclass
@@ -191,17 +185,15 @@ def replay(
 class LoopHook:
     """What every engine's generation hook shares: one :class:`LoopWatch` per row of ids that hold the prompt and
     then the tokens generated so far (only those are watched: a prompt that repeats itself is the user's business).
-    ``prompt_length`` None: the row length at the first call less ``generated_at_first_call``."""
+    The prompt's length is the row length at the first call less ``generated_at_first_call``."""
 
-    def __init__(
-        self, make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector, prompt_length: int | None = None
-    ):
-        self.make_detector, self.given_prompt_length = make_detector, prompt_length
+    def __init__(self, make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector):
+        self.make_detector = make_detector
         self.reset()
 
     def reset(self) -> None:
         """Forget the generation (reuse the hook for the next one)."""
-        self.prompt_length = self.given_prompt_length
+        self.prompt_length: int | None = None
         self.watches: list[LoopWatch] = []
         self.interventions = 0
 

@@ -59,8 +59,6 @@ def to_sampling_params(
     cfg: SamplerConfig, vocab_size: int, max_new_tokens: int, *, seed: int | None = None, **extra: Any
 ) -> Any:
     """A vLLM ``SamplingParams`` for ``cfg`` (``extra``: more of its keywords): exactly ``max_new_tokens`` tokens."""
-    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     # ignore_eos: the model config's own end-of-text id must not stop a scan
     params = sampling_kwargs(cfg, vocab_size) | extra
     return require_vllm().SamplingParams(
@@ -75,19 +73,15 @@ def vllm_batches(engine: ServingEngine) -> GenerateBatch:
     def generate_batch(b: Batch) -> list[tuple]:
         check_prompts(b, engine.vocab_size, engine.max_model_len)
         o = b.options
-        params = [
-            to_sampling_params(
-                b.sampler, engine.vocab_size, o.max_new_tokens, seed=None if b.sampler.greedy else o.seed + i
-            )
-            for i in range(b.first, b.first + len(b.prompts))
-        ]
+        seeds = [None if b.sampler.greedy else o.seed + i for i in range(b.first, b.first + len(b.prompts))]
+        params = [to_sampling_params(b.sampler, engine.vocab_size, o.max_new_tokens, seed=s) for s in seeds]
         outs = engine.generate(b.prompts, params, use_tqdm=o.progress)
         return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason == "length") for o in outs]
 
     return generate_batch
 
 
-def vllm_scan_backend(options: Any = None) -> ScanEngine:
+def vllm_scan_backend(options: EngineOptions) -> ScanEngine:
     """vLLM as the engine of :func:`genprobe.loops.scan.scan_loop_settings` (``backend=``), started with
     these :class:`~genprobe.serving.engine.EngineOptions` and sized to the scan as verify-serving sizes it to its
     checks: the context fits the longest prompt plus the new tokens, and the KV budget what the scan's sequences
@@ -102,14 +96,8 @@ def vllm_scan_backend(options: Any = None) -> ScanEngine:
         # vLLM is sized on the directory it serves: a genprobe checkpoint has no config.json until it is exported
         served = served_model(model.source)
         sequences = max(1, min(len(ids), scan.batch_size))
-        longest = max(len(p) for p in ids)
-        sized = size_for_workload(
-            served.path,
-            options or EngineOptions(),
-            longest_prompt=longest,
-            new_tokens=scan.max_new_tokens,
-            sequences=sequences,
-        )
+        longest, new = max(len(p) for p in ids), scan.max_new_tokens
+        sized = size_for_workload(served.path, options, longest_prompt=longest, new_tokens=new, sequences=sequences)
         engine = shared_engine(served, sized)
         log(f"vLLM engine ready ({engine.startup_seconds:.1f} s)")
         return vllm_batches(engine), {"backend": "vllm", "vllm": engine.describe()}
@@ -128,7 +116,6 @@ class RateComparison:
     ours_ci95: tuple[float, float]
     served_rate: float
     served_ci95: tuple[float, float]
-    served_within_ours_ci: bool
     ours_degenerate_rate: float  # exact loop, near loop or repetitive tail (the repair objective)
     served_degenerate_rate: float
     verdict_agreement: float  # fraction of prompts with the same looping yes/no
@@ -137,7 +124,7 @@ class RateComparison:
     @property
     def consistent(self) -> bool:
         """The served loop rate lies inside our engine's 95% interval."""
-        return self.served_within_ours_ci
+        return self.ours_ci95[0] <= self.served_rate <= self.ours_ci95[1]
 
 
 def compare_loop_rates(ours: ScanResult, served: ScanResult) -> RateComparison:
@@ -148,14 +135,12 @@ def compare_loop_rates(ours: ScanResult, served: ScanResult) -> RateComparison:
     if not a:
         raise ValueError("the scans hold no records")
     sa, sb = ours.summary, served.summary
-    lo, hi = sa.loop_rate_ci95
     return RateComparison(
         n=len(a),
         ours_rate=sa.loop_rate,
-        ours_ci95=(lo, hi),
+        ours_ci95=(sa.loop_rate_ci95[0], sa.loop_rate_ci95[1]),
         served_rate=sb.loop_rate,
         served_ci95=(sb.loop_rate_ci95[0], sb.loop_rate_ci95[1]),
-        served_within_ours_ci=lo <= sb.loop_rate <= hi,
         ours_degenerate_rate=sa.degenerate_rate,
         served_degenerate_rate=sb.degenerate_rate,
         verdict_agreement=sum(x.measures.looping == y.measures.looping for x, y in zip(a, b, strict=True)) / len(a),

@@ -21,7 +21,7 @@ import torch
 from ..engine.backend import Backend, Request, Response
 from ..engine.samplers.stages import SamplerConfig
 from ..verify.compare import Thresholds
-from .judge import NOT_CHECKED, Judge, PhaseReport, worst_verdict
+from .judge import NOT_CHECKED, Judge, PhaseReport, reference_logprobs, worst_verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.load import Model
@@ -476,8 +476,6 @@ def verify_backend(
 ) -> ServingReport:
     """Every phase on a live ``backend`` (a text workload) against float32 recomputation of ``reference`` (a loaded
     float32 ``Model``)."""
-    from .judge import reference_logprobs
-
     th, settings = thresholds or Thresholds(), settings or Settings()
     check_same_model(backend, reference, reference_name)
     texts = list(prompts) if prompts else random_prompts(max(settings.requests, PREFIX_PROMPTS + 2), settings.seed)
@@ -516,7 +514,7 @@ def verify_serving(
     top_k: int = 5,
     thresholds: Thresholds | None = None,
     seed: int = 0,
-    log: Callable[[str], None] | None = None,
+    log: Callable[[str], None] = lambda _: None,
 ) -> ServingReport:
     """Serve ``model`` with vLLM once per dtype (:class:`~genprobe.serving.engine.VllmBackend`) and run every phase
     against float32 recomputation of ``reference`` (default: the served weights; another directory checks that the
@@ -524,9 +522,7 @@ def verify_serving(
     of ``dtypes``. A reduced-precision deployment's floor is the reference recomputed in its dtype."""
     from ..model.load import load_model
     from .engine import EngineOptions, VllmBackend, served_model, shared_engine
-    from .judge import reference_logprobs
 
-    say = log or (lambda _: None)
     if steps < 1 or top_k < 1:
         raise ValueError(f"steps and top_k must be >= 1, got steps={steps}, top_k={top_k}")
     if not dtypes:
@@ -545,13 +541,13 @@ def verify_serving(
     # the engine is keyed by the source, so a later scan of the same checkpoint reuses it; the export goes when the
     # last engine holding it stops
     for dt in dtypes:
-        say(f"starting vLLM ({dt}) on {served.path} …")
+        log(f"starting vLLM ({dt}) on {served.path} …")
         backend = VllmBackend(shared_engine(served, replace(opts, dtype=dt)))
         room = backend.engine.max_model_len - steps
         work = build_workload(room, backend.capabilities.step_budget or room, served.vocab_size, prompts, seed)
         floor = None
         if dt != "float32":
-            say(f"recomputing the reference in {dt} too (the floor of that precision)")
+            log(f"recomputing the reference in {dt} too (the floor of that precision)")
             floor = reference_logprobs(load_model(ref_model.source or served.path, dtype=getattr(torch, dt)))
         judge = Judge(float32, th, top_k, floor, exact=dt == "float32")
         report.add(Run(backend, judge, work, settings, ref_model), backend.engine.describe())

@@ -11,35 +11,20 @@ the same (deterministic) detector over the returned tokens. Interface: ``vllm/v1
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from ..metrics.degeneracy import DEFAULT_MIN_TAIL
-from .monitor import DEFAULT_MAX_PERIOD, Detection, ExactPeriodDetector, IncrementalDetector, LoopWatch, replay
+from .monitor import Detection, ExactPeriodDetector, LoopWatch, replay
 
 EXTRA_KEY = "genprobe_loop_monitor"
 ACTIONS = ("stop", "break")
 
 
-def _detector_factory(cfg: dict) -> Callable[[], IncrementalDetector]:
-    """``cfg["detector"]`` ("module:Class"; default the exact-period detector) built with ``cfg["detector_kwargs"]``."""
-    spec = cfg.get("detector")
-    kwargs = dict(cfg.get("detector_kwargs") or {})
-    if spec is None:
-        return lambda: ExactPeriodDetector(**kwargs)
-    mod, _, name = str(spec).partition(":")
-    if not mod or not name:
-        raise ValueError(f"{EXTRA_KEY}.detector must be 'module:Class', got {spec!r}")
-    cls = getattr(importlib.import_module(mod), name)
-    return lambda: cls(**kwargs)
-
-
-def _check(cfg: Any, stop_ids: Sequence[int] | None) -> dict:
+def _check(cfg: Any, stop_ids: Sequence[int] | None) -> None:
     if not isinstance(cfg, dict):
         raise ValueError(f"extra_args[{EXTRA_KEY!r}] must be a dict, got {type(cfg).__name__}")
     action = cfg.get("action", "stop")
@@ -49,8 +34,7 @@ def _check(cfg: Any, stop_ids: Sequence[int] | None) -> dict:
         sid = cfg.get("stop_token_id")
         if not isinstance(sid, int) or sid not in (stop_ids or ()):
             raise ValueError(f"{EXTRA_KEY}: action 'stop' needs an int stop_token_id that is also in stop_token_ids")
-    _detector_factory(cfg)()  # fail at validation, not mid-generation
-    return cfg
+    ExactPeriodDetector(**(cfg.get("detector_kwargs") or {}))  # fail at validation, not mid-generation
 
 
 @dataclass
@@ -86,7 +70,7 @@ class LoopMonitorProcessor(LogitsProcessor):
         cfg = (params.extra_args or {}).get(EXTRA_KEY) if params is not None else None
         if cfg is None:
             return None
-        watch = LoopWatch(_detector_factory(cfg))
+        watch = LoopWatch(lambda: ExactPeriodDetector(**(cfg.get("detector_kwargs") or {})))
         return _Watched(watch, output, cfg.get("action", "stop"), cfg.get("stop_token_id"))
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
@@ -110,21 +94,11 @@ class LoopMonitorProcessor(LogitsProcessor):
 
 
 def monitor_request_kwargs(
-    stop_token_id: int | None,
-    action: str = "stop",
-    *,
-    max_period: int = DEFAULT_MAX_PERIOD,
-    min_tail: int = DEFAULT_MIN_TAIL,
-    min_repeats: float = 2,
-    stop_token_ids: Sequence[int] = (),
-    detector: str | None = None,
+    stop_token_id: int | None, action: str = "stop", *, stop_token_ids: Sequence[int] = (), **detector: Any
 ) -> dict:
-    """``SamplingParams`` keyword arguments that turn the monitor on for one request."""
-    cfg: dict[str, Any] = {"action": action}
-    if detector is None:
-        cfg["detector_kwargs"] = {"max_period": max_period, "min_tail": min_tail, "min_repeats": min_repeats}
-    else:
-        cfg["detector"] = detector
+    """``SamplingParams`` keyword arguments that turn the monitor on for one request (``detector``: the
+    :class:`~genprobe.serving.monitor.ExactPeriodDetector`'s settings, its defaults where not given)."""
+    cfg: dict[str, Any] = {"action": action, "detector_kwargs": detector}
     stops = list(stop_token_ids)
     if action == "stop":
         if stop_token_id is None:
@@ -135,13 +109,11 @@ def monitor_request_kwargs(
     return {"extra_args": {EXTRA_KEY: cfg}, "stop_token_ids": stops or None}
 
 
-def monitor_result(
-    output: Any, stop_token_id: int, make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector
-) -> Detection | None:
+def monitor_result(output: Any, stop_token_id: int) -> Detection | None:
     """The monitor's detection for a finished request (None when the monitor did not stop it)."""
     comp = output.outputs[0]
     toks = list(comp.token_ids)
     if comp.finish_reason != "stop" or comp.stop_reason != stop_token_id or not toks or toks[-1] != stop_token_id:
         return None
-    det = replay(toks[:-1], make_detector)
+    det = replay(toks[:-1])
     return det if det is not None and det.step == len(toks) - 2 else None
