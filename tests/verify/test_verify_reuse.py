@@ -140,7 +140,7 @@ def test_without_the_reuse_phases_every_prefix_flaw_passes(long_model):
 
 
 def test_unknown_prefix_flaw_is_refused(long_model):
-    with pytest.raises(ValueError, match="unknown prefix-cache mutant"):
+    with pytest.raises(ValueError, match="unknown mutant .prefix_off_by_two. of PrefixCache"):
         PrefixCache(long_model, "prefix_off_by_two")
 
 

@@ -55,14 +55,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--samples must be 0 (off) or >= 20 per side, got {args.samples}")
     from ..verify.speculative import verify_speculative
 
-    model = load_model(args.model)
     draft = args.draft
     if draft is not None and draft != "lookup" and not draft.startswith("layers:"):
         draft = load_model(draft)
     given = ("k", "max_new_tokens", "exact_tokens", "exact_k", "samples", "seed", "mutants")
     sampler = SamplerConfig(temperature=1.0, top_k=args.top_k)
     result = verify_speculative(
-        model, draft, prompts=read_prompts(args), sampler=sampler, **{k: getattr(args, k) for k in given}
+        args.model, draft, prompts=read_prompts(args), sampler=sampler, **{k: getattr(args, k) for k in given}
     )
     if args.json:
         emit_json(json_safe(result))

@@ -88,11 +88,11 @@ class EngineAdapter:
     adapter feeds a chunk token by token, as any decode loop over a windowed cache must.
     """
 
-    def __init__(self, model: GPT, max_len: int | None = None, window: int | None = None, sinks: int = 0):
+    def __init__(self, model: GPT, window: int | None = None, sinks: int = 0):
         self.model: PositionDrivenLM = model.eval()
         self.window, self.sinks = window, sinks
         self.capacity = None if window is None else sinks + window
-        self.max_len = self.capacity or max_len or model.cfg.block_size
+        self.max_len = self.capacity or model.cfg.block_size
         learned = model.cfg.max_positions
         # Without a window the cache holds max_len tokens: a longer sequence is the adapter's limit too
         # (a ring buffer takes any length, bounded only by a learned position table).
@@ -137,7 +137,7 @@ class EngineAdapter:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
-#: The compiled path's cache capacity when none is given (capped by the model's context length).
+#: The compiled path's cache capacity (capped by the model's context length).
 DEFAULT_COMPILED_CAPACITY = 1024
 
 
@@ -146,14 +146,14 @@ class CompiledEngineAdapter(EngineAdapter):
     through the same cache) — of our GPT or of a Llama-family ``transformers`` model
     (:class:`~genprobe.model.llama_family.LlamaFamily` over its weights)."""
 
-    def __init__(self, model: PositionDrivenLM, max_len: int | None = None):
+    def __init__(self, model: PositionDrivenLM):
         from ..engine.fast.compiled import CompiledGPTRunner
 
         model.training = False  # its own flag only (a Llama-family view's submodules are the user's model's)
         self.model, self.runner, self.name = model, CompiledGPTRunner(model), "engine-compiled"
         # A static cache holds its capacity in every step's attention: a long-context model's whole context
         # (SmolLM2: 8,192) would make each step read 8k slots. The verifier's sequences are short.
-        self.max_len = max_len or min(model.cfg.block_size, DEFAULT_COMPILED_CAPACITY)
+        self.max_len = min(model.cfg.block_size, DEFAULT_COMPILED_CAPACITY)
         self.max_positions, self.capacity, self.prefill_starts_sequence = model.cfg.max_positions, None, True
         self.reset()
 
@@ -280,13 +280,10 @@ def load_impl(spec: str, model: Any = None) -> Any:
     """Import ``"pkg.module:factory"`` and return ``factory(model)`` (or ``factory()``), checked."""
     factory = import_factory(spec)
     try:
-        params = [
-            p
-            for p in inspect.signature(factory).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):  # builtins without a signature: assume it takes the model
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # builtins without a signature: called with no argument
         params = []
+    params = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     n_required = sum(1 for p in params if p.default is inspect.Parameter.empty)
     if n_required > 1:
         raise ImplSpecError(f"factory {spec!r} must take at most one argument (the model), it requires {n_required}")

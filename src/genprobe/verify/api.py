@@ -6,7 +6,7 @@ path, transformers' cache classes, a user factory, the planted-bug mutants), one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, TypedDict, Unpack, cast
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, cast
 
 from .._io import json_safe
 from .compare import Thresholds, at_least
@@ -22,37 +22,6 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_PROMPTS = (DEFAULT_PROMPT, "白日依山盡")  # the chapter's prompt (§3.9.1) and a second of another length
 
 
-def default_prompts(model: "Model", max_new_tokens: int) -> list[list[int]]:
-    """Two Tang openings for a character-level genprobe model; else three random id prompts of different lengths."""
-    if model.kind == "genprobe" and model.tokenizer is not None:
-        return [model.encode(t) for t in DEFAULT_PROMPTS]
-    return random_prompts(model.vocab_size, model.max_positions, max_new_tokens)
-
-
-def random_prompts(vocab: int, max_positions: int | None, steps: int, seed: int = 0) -> list[list[int]]:
-    """Up to three seeded random prompts of distinct lengths (≤ 8) that leave room for ``steps`` new tokens."""
-    room = 8 if max_positions is None else max(1, min(8, max_positions - steps))
-    lengths = sorted({room, max(1, room * 5 // 8), max(1, room * 3 // 8)}, reverse=True)
-    return random_ids(vocab, lengths, seed)
-
-
-class CacheOptions(TypedDict, total=False):
-    """The options :func:`verify_cache` and :func:`verify_caches` take as keywords: the fields of
-    :class:`~genprobe.verify.harness.VerifyOptions` that a caller sets (their defaults and meaning are there)."""
-
-    compiled: bool
-    max_new_tokens: int
-    chunk_sizes: Sequence[int]
-    window: int | None
-    sinks: int
-    hf_position_ids: bool
-    padded_batch: bool
-    isolation: bool
-    prefix_reuse: bool
-    noise_floor: bool
-    thresholds: Thresholds
-
-
 def verify_cache(
     model: "Model",
     impl: Any = None,
@@ -60,14 +29,14 @@ def verify_cache(
     hf_cache: str | None = None,
     prompts: Sequence[str] | Sequence[Sequence[int]] | None = None,
     log: Callable[[str], None] = lambda msg: None,
-    **options: Unpack[CacheOptions],
+    **options: Any,
 ) -> VerifyReport:
     """Verify ``impl`` (default: the model's own cache) against full recomputation of ``model``: one report.
 
     ``impl`` is any object with ``reset()``, ``prefill(ids, attention_mask=None)`` and ``step(ids)``.
     ``hf_cache`` picks a ``transformers`` cache class (see ``genprobe.verify.hf_caches``; one unavailable here raises
-    :class:`~genprobe.verify.adapters.CacheUnavailableError`). ``prompts``: texts or token-id lists (default: two of
-    different lengths); ``options``: :class:`~genprobe.verify.harness.VerifyOptions`' fields.
+    :class:`~genprobe.verify.adapters.CacheUnavailableError`). ``prompts`` and ``options`` (the fields of
+    :class:`~genprobe.verify.harness.VerifyOptions` but ``pad_id``, the model's) as in :func:`verify_caches`.
     """
     from .adapters import CacheUnavailableError
 
@@ -112,6 +81,7 @@ def verify_targets(
     ``opts.hf_position_ids=False`` drives a transformers model without ``position_ids``. Without ``model``, ``impl``
     must have ``full(ids, attention_mask=None)``, which is then the reference.
     """
+    from ..model.llama_family import llama_family_of
     from .adapters import CompiledEngineAdapter, EngineAdapter, FullRecompute
 
     _check_target_args(model, impl, opts, hf_caches)
@@ -119,17 +89,14 @@ def verify_targets(
     if impl is not None:
         return _impl_targets(model, impl, reference, opts)
     assert model is not None
-    if model.kind == "genprobe":  # Model gives that kind for a GPT only
-        gpt = cast("GPT", model.module)
-        targets = [VerifyTarget(EngineAdapter(gpt, window=opts.window, sinks=opts.sinks))]
-        if opts.compiled:
-            targets.append(VerifyTarget(CompiledEngineAdapter(gpt)))
-        return VerifyTargets(reference, targets)
-    targets = _hf_targets(model, hf_caches, opts)
+    ours = model.kind == "genprobe"  # Model gives that kind for a GPT only
+    if ours:
+        targets = [VerifyTarget(EngineAdapter(cast("GPT", model.module), window=opts.window, sinks=opts.sinks))]
+    else:
+        targets = _hf_targets(model, hf_caches, opts)
     if opts.compiled:
-        from ..model.llama_family import llama_family_of
-
-        targets.append(VerifyTarget(CompiledEngineAdapter(llama_family_of(model.module))))
+        lm = cast("GPT", model.module) if ours else llama_family_of(model.module)
+        targets.append(VerifyTarget(CompiledEngineAdapter(lm)))
     return VerifyTargets(reference, targets)
 
 
@@ -160,8 +127,7 @@ def _check_target_args(model: "Model | None", impl: Any, opts: VerifyOptions, hf
 
 
 def _impl_targets(model: "Model | None", impl: Any, reference: Any, opts: VerifyOptions) -> VerifyTargets:
-    """The one target of a user implementation (built from its ``"module:factory"`` spec when a string); without a
-    model the implementation's own ``full`` is the reference."""
+    """The one target of a user implementation, and the reference (see :func:`verify_targets`)."""
     from .adapters import ImplFactoryError, load_impl
     from .report import PhaseError
 
@@ -184,8 +150,7 @@ def _impl_targets(model: "Model | None", impl: Any, reference: Any, opts: Verify
 
 
 def _hf_targets(model: "Model", hf_caches: Sequence[str], opts: VerifyOptions) -> list[VerifyTarget]:
-    """A transformers model's cache classes to verify: its default one, or each kind asked for (``"all"``: every
-    kind); a kind unavailable here is a target already reported ``unavailable`` with the reason."""
+    """A transformers model's cache classes to verify (see :func:`verify_targets`)."""
     from .adapters import HFAdapter
     from .hf_caches import CACHE_KINDS, unavailable_reason
 
@@ -322,15 +287,19 @@ def _prompt_ids(
 ) -> list[list[int]]:
     if prompts is not None:
         return encode_prompts(model, prompts)
-    if model is not None:
-        return default_prompts(model, steps)
-    built = [t.impl for t in targets.targets if t.report is None]
-    if not built:  # a model-less factory that raised leaves nothing to take prompts from
-        return []
-    vocab = getattr(built[0], "vocab_size", None)
-    if vocab is None:
-        raise ValueError("cannot tell the vocabulary size for random prompts: pass prompts, or a model")
-    return random_prompts(int(vocab), getattr(targets.reference, "max_positions", None), steps)
+    if model is not None and model.kind == "genprobe" and model.tokenizer is not None:
+        return [model.encode(t) for t in DEFAULT_PROMPTS]
+    if model is None:
+        built = [t.impl for t in targets.targets if t.report is None]
+        if not built:  # a model-less factory that raised leaves nothing to take prompts from
+            return []
+        vocab, max_positions = getattr(built[0], "vocab_size", None), getattr(targets.reference, "max_positions", None)
+        if vocab is None:
+            raise ValueError("cannot tell the vocabulary size for random prompts: pass prompts, or a model")
+    else:
+        vocab, max_positions = model.vocab_size, model.max_positions
+    room = 8 if max_positions is None else max(1, min(8, max_positions - steps))
+    return random_ids(int(vocab), sorted({room, max(1, room * 5 // 8), max(1, room * 3 // 8)}, reverse=True))
 
 
 def verify_caches(
@@ -341,16 +310,17 @@ def verify_caches(
     mutants: bool = False,
     prompts: Sequence[str] | Sequence[Sequence[int]] | None = None,
     log: Callable[[str], None] = lambda msg: None,
-    **options: Unpack[CacheOptions],
+    **options: Any,
 ) -> CacheVerification:
     """Verify every target of :func:`verify_targets` against one shared reference run (what ``genprobe
     verify-cache`` does), and with ``mutants`` the planted-bug mutants on the model (:func:`mutant_table`).
 
     ``impl``: an implementation object or a ``"module:factory"`` spec; ``hf_caches`` as in :func:`verify_targets`.
-    ``prompts``: texts or token-id lists (default: :func:`default_prompts`; without a model, random ids in the
+    ``prompts``: texts or token-id lists (default: two Tang openings for a character-level genprobe model, else up to
+    three seeded random-id prompts of distinct lengths ≤ 8 that leave room for the new tokens; without a model, in the
     implementation's ``vocab_size``). ``log`` gets one progress line per implementation; ``options`` are
-    :class:`~genprobe.verify.harness.VerifyOptions`' fields. ``result.failing(fail_on)`` and ``result.errors`` are
-    what ``verify-cache`` turns into its exit status.
+    :class:`~genprobe.verify.harness.VerifyOptions`' fields but ``pad_id`` (the model's). ``result.failing(fail_on)``
+    and ``result.errors`` are what ``verify-cache`` turns into its exit status.
     """
     from .harness import ReferenceRun, verify_implementation
     from .mutants import MUTANTS

@@ -74,21 +74,15 @@ class Thresholds:
             return "small"
         return "pass"
 
-    def relative_verdict(self, max_abs_dlogit: float, ref_std: float | None, floor: float | None = None) -> str:
-        """Classify Δ in standard deviations of the reference logits; below the pass line: pass."""
-        d = float(max_abs_dlogit)
-        if ref_std is None or not (d >= self.pass_line(floor)):  # also False for NaN (the absolute scale's case)
-            return "pass"
-        sigmas = d / ref_std if ref_std > 0 else math.inf
-        if sigmas > self.rel_bug:
-            return "bug"
-        return "suspicious" if sigmas >= self.rel_suspicious else "pass"
-
     def verdict(self, max_abs_dlogit: float, ref_std: float | None = None, floor: float | None = None) -> str:
-        """The more severe of the absolute and the relative verdict, with the pass line raised by ``floor``."""
-        return worst(
-            [self.absolute_verdict(max_abs_dlogit, floor), self.relative_verdict(max_abs_dlogit, ref_std, floor)]
-        )
+        """The more severe of the absolute verdict and Δ in standard deviations of the reference logits (judged only
+        from the pass line up, which ``floor`` raises)."""
+        absolute, d = self.absolute_verdict(max_abs_dlogit, floor), float(max_abs_dlogit)
+        if ref_std is None or not (d >= self.pass_line(floor)):  # also False for NaN (the absolute scale's case)
+            return absolute
+        sigmas = d / ref_std if ref_std > 0 else math.inf
+        relative = "bug" if sigmas > self.rel_bug else "suspicious" if sigmas >= self.rel_suspicious else "pass"
+        return worst([absolute, relative])
 
     def bug_margin(self, max_abs_dlogit: float, ref_std: float | None = None) -> float:
         """How far past the bug line a difference is: the larger of |Δ| / ``bug`` and (|Δ|/σ) / ``rel_bug``.

@@ -18,7 +18,7 @@ import torch
 from .._io import json_safe
 from ..engine.runner import left_padded
 from .compare import Thresholds
-from .report import PhaseError, PhaseTracker, VerifyReport, max_abs_diff, overall_verdict
+from .report import PhaseTracker, VerifyReport, max_abs_diff, overall_verdict
 from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_ids, reuse_cases, situations
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,8 +111,6 @@ class ReferenceRun:
         key = tuple(int(t) for t in prompt)
         if key in self._runs:
             return self._runs[key]
-        if not key:
-            raise ValueError("empty prompt: the harness needs at least one token per prompt")
         need = len(key) + self.steps
         if self.max_positions is not None and need > self.max_positions:
             raise ValueError(
@@ -361,7 +359,7 @@ def _greedy_phases(
             own[i] = _teacher_forced(impl, tr, pre, inc)
     except ImplCrash as crash:  # a crash in reset() or prefill belongs to the prefill phase
         target = pre if crash.call in (0, None) else inc
-        target.fail(PhaseError.from_exception(target.r.phase, crash.exc, crash.call))
+        target.fail(crash.exc, crash.call)
         if target is pre and inc.r.calls == 0:
             inc.skip("not reached: the prefill call raised")
     return own
@@ -378,7 +376,7 @@ def _phase(
         if skip_not_implemented and isinstance(crash.exc, NotImplementedError) and crash.call == 0:
             tracker.skip(f"{skip_not_implemented} ({crash.exc or 'NotImplementedError'})")
         else:
-            tracker.fail(PhaseError.from_exception(name, crash.exc, crash.call))
+            tracker.fail(crash.exc, crash.call)
     return tracker
 
 
@@ -505,12 +503,10 @@ def _reuse_phases(
     if not cases:
         return [], []
     back_to_back = bool(getattr(impl, "prefill_starts_sequence", False))
-    trackers = [_phase("prefix_reuse", line, lambda t: _reuse_phase(impl, run, cases, t, True))]
-    if back_to_back:
-        trackers.append(_phase("prefix_reuse_no_reset", line, lambda t: _reuse_phase(impl, run, cases, t, False)))
-    else:
-        trackers.append(PhaseTracker("prefix_reuse_no_reset", line))
-        trackers[-1].skip(NO_BACK_TO_BACK)
+    reuse = functools.partial(_reuse_phase, impl, run, cases)
+    no_reset = functools.partial(reuse, reset=False) if back_to_back else lambda t: t.skip(NO_BACK_TO_BACK)
+    trackers = [_phase("prefix_reuse", line, functools.partial(reuse, reset=True))]
+    trackers.append(_phase("prefix_reuse_no_reset", line, no_reset))
     return trackers, situations(cases, None if back_to_back else NO_BACK_TO_BACK)
 
 
@@ -530,6 +526,6 @@ def _texts(
                 with torch.no_grad():
                     ids = [int(out[-1].argmax()) for _, out in decode_calls(impl, tr.prompt, tr.vocab, tr.steps)]
             except ImplCrash as crash:
-                tracker.fail(PhaseError.from_exception("greedy_text", crash.exc, crash.call))
+                tracker.fail(crash.exc, crash.call)
         texts.append({"prompt": tr.prompt, "reference": tr.tokens, "implementation": ids or []})
     return texts

@@ -17,11 +17,9 @@ if TYPE_CHECKING:  # pragma: no cover
 CACHE_KINDS = ("dynamic", "static", "sliding", "quantized", "offloaded")
 
 
-def _cache_utils() -> Any:  # transformers.cache_utils (probed by hasattr across versions), or None
-    try:
-        from transformers import cache_utils
-    except ImportError:  # pragma: no cover — transformers is a dependency of the HF paths only
-        return None
+def _cache_utils() -> Any:  # transformers.cache_utils, probed by hasattr across versions (>= 4.40: DynamicCache)
+    from transformers import cache_utils
+
     return cache_utils
 
 
@@ -41,7 +39,7 @@ def model_window(hf_model: torch.nn.Module) -> int | None:
 def quantized_backend() -> str | None:
     """The first quantized-cache backend usable here: ``fp8`` (no extra package), ``quanto``, ``hqq``."""
     cu = _cache_utils()
-    if cu is None or not hasattr(cu, "QuantizedCache"):
+    if not hasattr(cu, "QuantizedCache"):
         return None
     if hasattr(cu, "Fp8QuantizedLayer") and "backend" in _params(cu.QuantizedCache):
         return "fp8"
@@ -61,8 +59,6 @@ def unavailable_reason(hf_model: torch.nn.Module, kind: str) -> str | None:
         raise ValueError(f"unknown cache kind {kind!r}; choose from {list(CACHE_KINDS)}")
     cu = _cache_utils()
     version = f"transformers {transformers.__version__}"
-    if cu is None or not hasattr(cu, "DynamicCache"):
-        return f"{version} has no transformers.cache_utils.DynamicCache"
     if kind == "static" and not hasattr(cu, "StaticCache"):
         return f"{version} has no StaticCache"
     if kind == "sliding" and model_window(hf_model) is None:

@@ -18,7 +18,6 @@ from ..model.gpt import GPT
 from ..model.llama_family import llama_family_of
 from ..model.position_lm import PositionDrivenLM
 from .adapters import EngineAdapter, FullRecompute
-from .compare import Thresholds
 from .harness import DEFAULTS, ReferenceRun, VerifyOptions, chunk_calls, verify_implementation
 from .report import VerifyReport, max_abs_diff
 
@@ -48,19 +47,21 @@ def teaching_view(model: Any) -> PositionDrivenLM:
 
 
 class TeachingCache:
-    """The §3.10 list-and-cat cache over ``model``'s weights, with an optional planted ``bug``.
+    """The §3.10 list-and-cat cache over ``model``'s weights, with a planted bug ``flaw`` (one of :data:`TEACHING`).
 
     It is the cache (:class:`~genprobe.model.cache_protocol.CacheLike`) of the model's own forward, which calls
     :meth:`reserve` (the key positions its mask is built from) and :meth:`write` per layer: the bugs live there.
     """
 
+    FLAWS: tuple[str, ...] = TEACHING
     prefill_starts_sequence = True  # prefill() resets
     decode_mask_free = False  # every call's mask is built from reserve()'s key positions (no_mask's bug)
 
-    def __init__(self, model: Any, bug: str = "correct"):
-        if bug not in TEACHING:
-            raise ValueError(f"unknown mutant {bug!r}; choose from {list(MUTANTS)}")
-        self.lm, self.model, self.bug, self.name = teaching_view(model), model, bug, bug
+    def __init__(self, model: Any, flaw: str = "correct"):
+        if flaw not in self.FLAWS:
+            raise ValueError(f"unknown mutant {flaw!r} of {type(self).__name__}; choose from {list(self.FLAWS)}")
+        self.lm, self.model, self.name, self.flaw = teaching_view(model), model, flaw, flaw
+        self.bug = flaw if flaw in TEACHING else "correct"  # a prefix/slot cache's flaw lies in its reuse, not here
         self.max_positions = self.lm.cfg.max_positions
         self.reset()
 
@@ -143,13 +144,11 @@ class PrefixCache(TeachingCache):
     FLAWS = ("prefix_correct", "prefix_half_key", "prefix_stale_tail", "prefix_no_parent")
 
     def __init__(self, model: Any, flaw: str = "prefix_correct", block: int | None = None):
-        if flaw not in self.FLAWS:
-            raise ValueError(f"unknown prefix-cache mutant {flaw!r}; choose from {list(self.FLAWS)}")
-        super().__init__(model, "correct")
+        super().__init__(model, flaw)
         if block is None:  # 16, or 8 where the context holds fewer than 3 blocks of 16 (a later block must exist)
             short = self.max_positions is not None and self.max_positions < 3 * PREFIX_BLOCK
             block = PREFIX_BLOCK // 2 if short else PREFIX_BLOCK
-        self.flaw, self.name, self.block = flaw, flaw, block
+        self.block = block
         self.reused = 0  # blocks taken from the store, over all sequences
         self.store: dict[tuple[Any, ...], tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]] = {}
 
@@ -205,13 +204,10 @@ class SlotCache(TeachingCache):
     FLAWS = ("slot_correct", "slot_no_truncate")
 
     def __init__(self, model: Any, flaw: str = "slot_correct"):
-        if flaw not in self.FLAWS:
-            raise ValueError(f"unknown slot-cache mutant {flaw!r}; choose from {list(self.FLAWS)}")
         self.slot: tuple[list[int], list[Any], list[Any], torch.Tensor] | None = None
         self.tokens: list[int] = []
         self.logits: list[torch.Tensor] = []
-        super().__init__(model, "correct")
-        self.flaw, self.name = flaw, flaw
+        super().__init__(model, flaw)
         self.reused = 0  # prompt tokens answered from the slot, over all sequences
 
     def reset(self) -> None:
@@ -351,15 +347,13 @@ def report_row(r: VerifyReport, expected: str | None = None, detailed: bool = Fa
     return json_safe_dict(row)
 
 
-def run_mutants(
-    model: GPT, prompt_ids: list[int], steps: int = 50, thresholds: Thresholds | None = None
-) -> list[dict[str, Any]]:
+def run_mutants(model: GPT, prompt_ids: list[int], steps: int = 50) -> list[dict[str, Any]]:
     """The chapter §3.9.1 table: one row per teaching mutant (``cache_bugs`` in the case study).
 
     The chapter's experiment: prefill, decode steps and chunks of one prompt — no prefix-reuse phases
     and no prefix-cache mutants, so that the case study's figures stay comparable with the chapter's.
     """
-    opts = VerifyOptions(steps, thresholds=thresholds or Thresholds(), prefix_reuse=False)
+    opts = VerifyOptions(steps, prefix_reuse=False)
     reports = run_mutant_reports(model, [list(prompt_ids)], opts, names=TEACHING)
     return [report_row(r, MUTANTS[r.impl]) for r in reports]
 

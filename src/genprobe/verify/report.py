@@ -105,15 +105,13 @@ class PhaseTracker:
         if d >= self.noise and r.first_diff_step is None:
             r.first_diff_step = call
 
-    def skip(self, reason: str) -> PhaseResult:
+    def skip(self, reason: str) -> None:
         """Mark the phase as not run."""
-        self.r.skipped = reason
-        self.r.verdict = "skipped"
-        return self.r
+        self.r.skipped, self.r.verdict = reason, "skipped"
 
-    def fail(self, error: PhaseError) -> None:
-        """Record the implementation's exception (the phase's verdict becomes ``error``)."""
-        self.r.error = error
+    def fail(self, exc: BaseException, call: int | None) -> None:
+        """Record the implementation's exception at ``call`` (the phase's verdict becomes ``error``)."""
+        self.r.error = PhaseError.from_exception(self.r.phase, exc, call)
 
     def finish(self, th: Thresholds, floor: float | None = None) -> PhaseResult:
         """Summary measures and the phase verdict (the pass line raised by the reference's noise ``floor``)."""
@@ -233,9 +231,8 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(d.max()) if a.numel() else 0.0
 
 
-def row_std(ref: torch.Tensor, finite: torch.Tensor | None = None) -> torch.Tensor:
-    """Standard deviation of each row of reference logits over its finite entries (a masked vocabulary is -inf)."""
-    finite = torch.isfinite(ref) if finite is None else finite
+def row_std(ref: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """Standard deviation of each row of reference logits over its ``finite`` entries (a masked vocabulary is -inf)."""
     if bool(finite.all()):
         return ref.std(dim=-1)
     n = finite.sum(-1).clamp(min=2)

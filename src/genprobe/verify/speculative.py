@@ -56,6 +56,7 @@ def greedy_check(
 ) -> GreedyCheck:
     """Every prompt decoded greedily both ways; ``pass`` when every token agrees."""
     total, same, first, stats = 0, 0, None, SpeculativeStats()
+    error: str | None = None
     try:
         for i, prompt in enumerate(prompts):
             plain = generate(target, [list(prompt)], max_new_tokens).tokens[0]
@@ -68,9 +69,9 @@ def greedy_check(
             elif first is None:
                 first = {"prompt": i, "position": pos, "plain": _at(plain, pos), "speculative": _at(spec.tokens, pos)}
     except (ValueError, RuntimeError, IndexError) as exc:
-        return GreedyCheck("error", len(prompts), total, same, first, json_safe(stats), f"{type(exc).__name__}: {exc}")
-    verdict = "pass" if first is None else "bug"
-    return GreedyCheck(verdict, len(prompts), total, same, first, json_safe(stats))
+        error = f"{type(exc).__name__}: {exc}"
+    verdict = "error" if error else "pass" if first is None else "bug"
+    return GreedyCheck(verdict, len(prompts), total, same, first, json_safe(stats), error)
 
 
 def _at(seq: Sequence[int], pos: int) -> int:
@@ -457,14 +458,14 @@ def verify_speculative(
     from ..model.load import load_model
     from .api import encode_prompts
 
-    m = target = load_model(model) if isinstance(model, str) else model
+    target = load_model(model) if isinstance(model, str) else model
     k = check_k(k)
     check_k(exact_k)
     if exact_tokens < 1:
         raise ValueError(f"exact_tokens must be >= 1, got {exact_tokens}")
-    d = make_draft(target, draft if draft is not None else f"layers:{max(1, _layers(m) // 2)}")
+    d = make_draft(target, draft if draft is not None else f"layers:{max(1, _layers(target) // 2)}")
     cfg = sampler or EXACT_SAMPLER
-    ids = default_prompts(runner_for(target).vocab_size, seed) if prompts is None else encode_prompts(m, prompts)
+    ids = default_prompts(runner_for(target).vocab_size, seed) if prompts is None else encode_prompts(target, prompts)
     sampled_prompt = continued(target, ids[0], exact_tokens)
     decoders = MUTANTS if mutants else {"correct": MUTANTS["correct"]}  # the correct decoder's checks are the verdict
     checks = {
@@ -479,7 +480,7 @@ def verify_speculative(
         two = two_sample_check(target, d, sampled_prompt, max(exact_tokens, 4), k, cfg, samples, seed)
     rows = [MutantRow.of(name, *c) for name, c in checks.items()] if mutants else None
     name = getattr(d, "name", "model")
-    return SpeculativeVerification(str(getattr(m, "source", model)), name, k, *checks["correct"], two, rows)
+    return SpeculativeVerification(str(getattr(target, "source", model)), name, k, *checks["correct"], two, rows)
 
 
 def continued(target: Any, prompt: Sequence[int], n: int, extra: int = 16) -> list[int]:
