@@ -6,7 +6,7 @@ path, transformers' cache classes, a user factory, the planted-bug mutants), one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, TypedDict, Unpack, cast
 
 from .._io import json_safe
 from .compare import Thresholds, at_least
@@ -22,6 +22,23 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_PROMPTS = (DEFAULT_PROMPT, "白日依山盡")  # the chapter's prompt (§3.9.1) and a second of another length
 
 
+class CacheOptions(TypedDict, total=False):
+    """The options :func:`verify_cache` and :func:`verify_caches` take as keywords: the fields of
+    :class:`~genprobe.verify.harness.VerifyOptions` that a caller sets (their defaults and meaning are there)."""
+
+    compiled: bool
+    max_new_tokens: int
+    chunk_sizes: Sequence[int]
+    window: int | None
+    sinks: int
+    hf_position_ids: bool
+    padded_batch: bool
+    isolation: bool
+    prefix_reuse: bool
+    noise_floor: bool
+    thresholds: Thresholds
+
+
 def verify_cache(
     model: "Model",
     impl: Any = None,
@@ -29,7 +46,7 @@ def verify_cache(
     hf_cache: str | None = None,
     prompts: Sequence[str] | Sequence[Sequence[int]] | None = None,
     log: Callable[[str], None] = lambda msg: None,
-    **options: Any,
+    **options: Unpack[CacheOptions],
 ) -> VerifyReport:
     """Verify ``impl`` (default: the model's own cache) against full recomputation of ``model``: one report.
 
@@ -310,7 +327,7 @@ def verify_caches(
     mutants: bool = False,
     prompts: Sequence[str] | Sequence[Sequence[int]] | None = None,
     log: Callable[[str], None] = lambda msg: None,
-    **options: Any,
+    **options: Unpack[CacheOptions],
 ) -> CacheVerification:
     """Verify every target of :func:`verify_targets` against one shared reference run (what ``genprobe
     verify-cache`` does), and with ``mutants`` the planted-bug mutants on the model (:func:`mutant_table`).
