@@ -38,7 +38,11 @@ def test_greedy_loop_verdicts_and_records_equal_our_engine(scans):
     ours, theirs = scans
     assert json_safe(ours) == json_safe(theirs)  # same JSON: settings, summary, every record and its loop measures
     for a, b in zip(ours.records, theirs.records, strict=True):
-        assert (a.looping, a.measures.period, a.measures.onset) == (b.looping, b.measures.period, b.measures.onset)
+        assert (a.measures.looping, a.measures.period, a.measures.onset) == (
+            b.measures.looping,
+            b.measures.period,
+            b.measures.onset,
+        )
     assert 0 < ours.summary.loops < len(ours.records)  # both outcomes occur: the check is not vacuous
 
 
