@@ -30,19 +30,6 @@ def capture_bytes(n_layer: int, n_head: int, seq_len: int) -> int:
     return n_layer * n_head * seq_len * seq_len * 4
 
 
-def _check_capture_size(model, seq_len: int, max_bytes: int) -> None:
-    cfg = model.cfg if isinstance(model, GPT) else model.config
-    n_layer = int(getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", 0) or 0)
-    n_head = int(getattr(cfg, "n_head", None) or getattr(cfg, "num_attention_heads", 0) or 0)
-    need = capture_bytes(n_layer, n_head, seq_len)
-    if need > max_bytes:
-        raise ValueError(
-            f"capturing attention over {seq_len} tokens needs {need / 2**30:.1f} GiB "
-            f"({n_layer} layers × {n_head} heads × {seq_len}² float32), over the {max_bytes / 2**30:.1f} GiB limit; "
-            "use a shorter prompt"
-        )
-
-
 @dataclass
 class AttentionCapture:
     """Attention of one unpadded sequence, ``probs`` (L, H, T, T): every query sees the keys up to itself, at
@@ -117,7 +104,15 @@ def capture_attention(
         raise ValueError("need at least one token to capture attention")
     if not (isinstance(model, GPT) or is_hf_model(model)):
         raise ValueError(f"cannot capture attention from {type(model).__name__}: not a GPT nor a transformers model")
-    _check_capture_size(model, T, max_bytes)
+    cfg = model.cfg if isinstance(model, GPT) else model.config
+    n_layer = int(getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", 0) or 0)
+    n_head = int(getattr(cfg, "n_head", None) or getattr(cfg, "num_attention_heads", 0) or 0)
+    if (need := capture_bytes(n_layer, n_head, T)) > max_bytes:
+        raise ValueError(
+            f"capturing attention over {T} tokens needs {need / 2**30:.1f} GiB "
+            f"({n_layer} layers × {n_head} heads × {T}² float32), over the {max_bytes / 2**30:.1f} GiB limit; "
+            "use a shorter prompt"
+        )
     x = x.to(next(model.parameters()).device)
     if isinstance(model, GPT):
         store: list = []

@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from statistics import fmean
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -213,39 +213,9 @@ class TaskResult:
     errors: list[EvalError] = field(default_factory=list)
 
 
-def run_passkey(pos_encoding: str, sc: SyntheticConfig, on_model: Callable[[], object] = lambda: None) -> TaskResult:
-    """Train on passkey at ``sc.context``; accuracy at every :func:`passkey_grid` distance (rows ``max(L, d+2)``)."""
-    task = PasskeyTask()
-    model, summary = train_synthetic(task, pos_encoding, sc)
-    res = TaskResult(summary, {})
-    for d in passkey_grid(sc.context):
-        n = max(sc.context, d + 2)
-        res.accuracy[d] = _measured(
-            res.errors, f"distance {d} (rows of {n})", passkey_accuracy, model, task, d, n, sc.eval_samples
-        )
-    on_model()
-    return res
-
-
 def lag_eval_lengths(context: int) -> list[int]:
     """Row lengths the lag task is evaluated at: the training context, 2× and 4×."""
     return [context, 2 * context, 4 * context]
-
-
-def run_lag(pos_encoding: str, sc: SyntheticConfig, on_model: Callable[[], object] = lambda: None) -> TaskResult:
-    """One model per lag in ``sc.lags``; accuracy at each :func:`lag_eval_lengths` length."""
-    L = sc.context
-    train: dict[int, TrainSummary] = {}
-    res = TaskResult(train, {n: {} for n in lag_eval_lengths(L)})
-    for k in sc.lags:
-        task = LagTask(k)
-        model, train[k] = train_synthetic(task, pos_encoding, sc)
-        for n in res.accuracy:
-            res.accuracy[n][k] = _measured(
-                res.errors, f"lag {k}, rows of {n}", lag_accuracy, model, task, n, L, max(8, sc.eval_samples // 4)
-            )
-        on_model()
-    return res
 
 
 @dataclass
@@ -283,11 +253,30 @@ class SyntheticResult:
 
 
 def run_synthetic(pos_encodings: list[str], sc: SyntheticConfig, progress: bool = False) -> SyntheticResult:
-    """Both tasks × each encoding: training summaries and accuracy inside/beyond the training context."""
+    """Both tasks × each encoding, trained at ``sc.context``: passkey (one model, accuracy at every
+    :func:`passkey_grid` distance, rows ``max(L, d+2)``), then lag (one model per lag in ``sc.lags``, accuracy at each
+    :func:`lag_eval_lengths` length)."""
+    L, res = sc.context, SyntheticResult(sc, {}, {})
     with tqdm(total=(1 + len(sc.lags)) * len(pos_encodings), desc="synthetic", disable=not progress) as bar:
-        passkey = {pe: run_passkey(pe, sc, on_model=bar.update) for pe in pos_encodings}
-        lag = {pe: run_lag(pe, sc, on_model=bar.update) for pe in pos_encodings}
-    return SyntheticResult(sc, passkey, lag)
+        for pe in pos_encodings:
+            model, summary = train_synthetic(passkey := PasskeyTask(), pe, sc)
+            r = res.passkey[pe] = TaskResult(summary, {})
+            for d in passkey_grid(L):
+                n = max(L, d + 2)
+                at = f"distance {d} (rows of {n})"
+                r.accuracy[d] = _measured(r.errors, at, passkey_accuracy, model, passkey, d, n, sc.eval_samples)
+            bar.update()
+        for pe in pos_encodings:
+            train: dict[int, TrainSummary] = {}
+            r = res.lag[pe] = TaskResult(train, {n: {} for n in lag_eval_lengths(L)})
+            for k in sc.lags:
+                model, train[k] = train_synthetic(lag := LagTask(k), pe, sc)
+                for n in r.accuracy:
+                    r.accuracy[n][k] = _measured(
+                        r.errors, f"lag {k}, rows of {n}", lag_accuracy, model, lag, n, L, max(8, sc.eval_samples // 4)
+                    )
+                bar.update()
+    return res
 
 
 # ---- the real corpus: validation loss vs evaluation length ----------------------------------------

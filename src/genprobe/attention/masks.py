@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from .._io import read_jsonl
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -175,14 +177,10 @@ def load_batch_jsonl(path: str | Path) -> dict:
 
     Returns ``{"input_ids": rows, "attention_mask": rows, "position_ids": rows | None, "pad_token_id": int | None}``.
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"batch file not found: {path}")
-    text = path.read_text(encoding="utf-8")
     try:  # one JSON object, perhaps pretty-printed over several lines
-        objs = [json.loads(text)]
+        objs = [json.loads(Path(path).read_text(encoding="utf-8"))]
     except json.JSONDecodeError:
-        objs = [_json_line(path, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        objs = [o for _, o in read_jsonl(path)]
     if not objs:
         raise ValueError(f"{path}: no rows")
     for n, o in enumerate(objs, 1):
@@ -196,10 +194,3 @@ def load_batch_jsonl(path: str | Path) -> dict:
         raise ValueError(f"{path}: position_ids given for some rows but not all")
     rows = {k: [o[k] for o in objs] for k in ("input_ids", "attention_mask")}
     return rows | {"position_ids": [o["position_ids"] for o in objs] if all(has_pos) else None, "pad_token_id": pad}
-
-
-def _json_line(path: Path, n: int, line: str):
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None

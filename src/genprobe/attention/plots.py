@@ -22,22 +22,17 @@ def save_figure(fig, path: str | Path) -> Path:
     return path
 
 
-def _cjk_font() -> None:
-    # Tang characters as tick labels: use a CJK-capable font when one is installed, else boxes (harmless).
-    from matplotlib import font_manager
-
-    for name in ("Noto Sans CJK SC", "Noto Sans CJK JP", "WenQuanYi Zen Hei", "AR PL UMing CN", "SimHei"):
-        if any(f.name == name for f in font_manager.fontManager.ttflist):
-            plt.rcParams["font.family"] = [name, "DejaVu Sans"]
-            return
-
-
 def head_heatmaps(
     capture, out_dir: str | Path, labels: list[str] | None = None, layers: list[int] | None = None
 ) -> list[Path]:
     """One PNG per (layer, head) of ``layers`` (default: all): ``attn_L{l}_H{h}.png``, queries as rows, keys as
     columns. A deep model has hundreds of heads: :func:`heads_grid_plot` is the overview, these the close-ups."""
-    _cjk_font()
+    from matplotlib import font_manager
+
+    for name in ("Noto Sans CJK SC", "Noto Sans CJK JP", "WenQuanYi Zen Hei", "AR PL UMing CN", "SimHei"):
+        if any(f.name == name for f in font_manager.fontManager.ttflist):  # Tang characters as tick labels, else boxes
+            plt.rcParams["font.family"] = [name, "DejaVu Sans"]
+            break
     out_dir = Path(out_dir)
     paths = []
     T = capture.probs.shape[-1]
@@ -118,48 +113,37 @@ def _curve(ax, ys: dict[int, float | None], pe: str, style: str, **kw) -> None:
         ax.plot(*zip(*points, strict=True), style, color=_PE_COLORS.get(pe), **kw)
 
 
-def _passkey_panel(ax, syn) -> None:
-    L = syn.config.context
-    for pe, r in syn.passkey.items():
-        # Encodings often tie at 1.0: distinct markers/sizes keep every line visible.
-        marker, ms = {"learned": ("o", 7), "rope": ("s", 5), "alibi": ("^", 3)}.get(pe, ("x", 4))
-        _curve(ax, r.accuracy, pe, "-", marker=marker, ms=ms, label=pe, alpha=0.8)
-    ax.axvline(L - 1.5, color="k", ls=":", lw=1)
-    ax.text(L - 1.5, 0.02, " training context", fontsize=7)
-    ax.set(title="passkey (content suffices)", xlabel="distance value→query", ylabel="accuracy", ylim=(-0.03, 1.03))
-
-
-def _lag_panel(ax, syn) -> None:
-    styles = ["-", "--", ":"]
-    for pe, r in syn.lag.items():
-        for i, (n, accs) in enumerate(r.accuracy.items()):
-            _curve(ax, accs, pe, styles[i % 3], marker="o", ms=3, label=f"{pe}, len {n}")
-    ax.axhline(1 / N_CONTENT, color="gray", lw=0.8)
-    ax.set(xlabel="lag k", ylabel="accuracy", ylim=(-0.03, 1.03))
-    ax.set_title(f"token k back (position only), trained at len {syn.config.context}")
-
-
-def _corpus_panel(ax, corpus) -> None:
-    ctx = corpus.config.context
-    for pe, r in corpus.encodings.items():
-        losses = {n: None if w is None else w.loss for n, w in r.by_length.items()}
-        _curve(ax, losses, pe, "-o", ms=3, label=pe)
-        last = [y for y in losses.values() if y is not None][-1]
-        for n in (n for n, y in losses.items() if y is None):
-            ax.annotate("✗", (n, last), color=_PE_COLORS.get(pe), ha="center")
-    ax.axvline(ctx, color="k", ls=":", lw=1)
-    ax.set(title=f"Tang validation loss, trained at L={ctx}", xlabel="evaluation length", ylabel="loss (nats)")
-
-
 def longrange_plot(res, path: str | Path) -> Path:
     """Three panels of a :class:`~genprobe.attention.longrange.LongRangeResult`: passkey accuracy vs distance,
     lag accuracy vs lag (per evaluation length), validation loss vs length (refused lengths marked ✗)."""
-    has_corpus = res.corpus is not None
-    fig, axes = plt.subplots(1, 3 if has_corpus else 2, figsize=(15 if has_corpus else 10, 3.8))
-    _passkey_panel(axes[0], res.synthetic)
-    _lag_panel(axes[1], res.synthetic)
-    if has_corpus:
-        _corpus_panel(axes[2], res.corpus)
+    syn, corpus = res.synthetic, res.corpus
+    fig, axes = plt.subplots(1, 2 if corpus is None else 3, figsize=(10 if corpus is None else 15, 3.8))
+    for pe, r in syn.passkey.items():
+        # Encodings often tie at 1.0: distinct markers/sizes keep every line visible.
+        marker, ms = {"learned": ("o", 7), "rope": ("s", 5), "alibi": ("^", 3)}.get(pe, ("x", 4))
+        _curve(axes[0], r.accuracy, pe, "-", marker=marker, ms=ms, label=pe, alpha=0.8)
+    L = syn.config.context
+    axes[0].axvline(L - 1.5, color="k", ls=":", lw=1)
+    axes[0].text(L - 1.5, 0.02, " training context", fontsize=7)
+    axes[0].set(
+        title="passkey (content suffices)", xlabel="distance value→query", ylabel="accuracy", ylim=(-0.03, 1.03)
+    )
+    for pe, r in syn.lag.items():
+        for i, (n, accs) in enumerate(r.accuracy.items()):
+            _curve(axes[1], accs, pe, ("-", "--", ":")[i % 3], marker="o", ms=3, label=f"{pe}, len {n}")
+    axes[1].axhline(1 / N_CONTENT, color="gray", lw=0.8)
+    axes[1].set(xlabel="lag k", ylabel="accuracy", ylim=(-0.03, 1.03))
+    axes[1].set_title(f"token k back (position only), trained at len {L}")
+    if corpus is not None:
+        ctx = corpus.config.context
+        for pe, r in corpus.encodings.items():
+            losses = {n: None if w is None else w.loss for n, w in r.by_length.items()}
+            _curve(axes[2], losses, pe, "-o", ms=3, label=pe)
+            last = [y for y in losses.values() if y is not None][-1]
+            for n in (n for n, y in losses.items() if y is None):
+                axes[2].annotate("✗", (n, last), color=_PE_COLORS.get(pe), ha="center")
+        axes[2].axvline(ctx, color="k", ls=":", lw=1)
+        axes[2].set(title=f"Tang validation loss, trained at L={ctx}", xlabel="evaluation length", ylabel="loss (nats)")
     for i, ax in enumerate(axes):  # every panel's x axis doubles: distances, lags, lengths
         ax.set_xscale("log", base=2)
         ax.legend(fontsize=6 if i == 1 else 7, ncol=2 if i == 1 else 1)
