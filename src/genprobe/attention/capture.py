@@ -93,10 +93,8 @@ def hf_attentions(model, ids: torch.Tensor) -> tuple[list, str | None]:
 def capture_attention(
     model_like, ids: list[int] | torch.Tensor, max_bytes: int = MAX_CAPTURE_BYTES
 ) -> AttentionCapture:
-    """Attention probabilities of one unpadded sequence ``ids`` through every layer and head.
-
-    Refuses (``ValueError``) a sequence whose maps would exceed ``max_bytes`` (layers × heads × T² × 4 bytes).
-    """
+    """Attention probabilities of one unpadded sequence ``ids`` through every layer and head; ``ValueError`` when the
+    maps would exceed ``max_bytes`` (layers × heads × T² × 4 bytes)."""
     model = unwrap(model_like)
     x = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1)
     T = x.shape[1]

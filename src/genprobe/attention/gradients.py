@@ -1,19 +1,11 @@
-"""Per-step L2 norms of the Q, K and V projection gradients of every layer.
+"""Per-step L2 norms of the Q, K and V projection gradients of every layer: gradient dilution, a cause of attention
+failures with long-range dependencies, shows as one projection's gradient vanishing or exploding while the others train.
 
-The article on attention failures with long-range dependencies names gradient dilution as a cause;
-these norms show whether one projection's gradient vanishes or explodes while the others train.
-
-Use as the ``on_backward`` hook of :func:`genprobe.model.train.train` (called after ``backward``, before
-clipping, so the norms are the raw gradients)::
-
-    tracker = QKVGradTracker()
-    train(corpus, tok, tc=tc, on_backward=tracker)
-    tracker.save("runs/grads")   # qkv_grad_norms.csv / .json / .png
-
-Supported layouts: a fused ``c_attn`` — ours (``nn.Linear``, weight (3C, C): Q/K/V are row thirds) or
-HF GPT-2's ``Conv1D`` (weight (C, 3C): column thirds) — and Llama-style separate ``q_proj``/``k_proj``/
-``v_proj`` (any sizes, so grouped-query attention works). Weight and bias gradients are combined into
-one norm per projection: ``sqrt(|dW|² + |db|²)``.
+:class:`QKVGradTracker` is :func:`genprobe.model.train.train`'s ``on_backward`` hook (after ``backward``, before
+clipping: the raw gradients); its ``save(dir)`` writes ``qkv_grad_norms.csv`` / ``.json`` / ``.png``. Layouts: a fused
+``c_attn`` — ours (``nn.Linear``, weight (3C, C): row thirds) or GPT-2's ``Conv1D`` (weight (C, 3C): column thirds) —
+and separate ``q_proj``/``k_proj``/``v_proj`` (any sizes: grouped-query attention works). One norm per projection:
+``sqrt(|dW|² + |db|²)``.
 """
 
 from __future__ import annotations
@@ -38,14 +30,6 @@ def _grads(m: torch.nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None
     """The weight's and the bias's gradient of a Linear or Conv1D (None where absent)."""
     bias = getattr(m, "bias", None)
     return cast(torch.Tensor, m.weight).grad, None if bias is None else bias.grad
-
-
-def _fused_norms(m: torch.nn.Module) -> tuple[float | None, ...]:
-    gw, gb = _grads(m)
-    dim = 1 if hasattr(m, "nf") or type(m).__name__ == "Conv1D" else 0  # Conv1D is (in, 3C): split columns
-    return tuple(
-        _norm(None if gw is None else gw.chunk(3, dim=dim)[i], None if gb is None else gb.chunk(3)[i]) for i in range(3)
-    )
 
 
 @dataclass
@@ -73,7 +57,11 @@ class QKVGradTracker:
         self.layers = [n for n, _ in mods]
         for layer, (_, m) in enumerate(mods):
             if hasattr(m, "c_attn"):
-                q, k, v = _fused_norms(m.get_submodule("c_attn"))
+                gw, gb = _grads(fused := m.get_submodule("c_attn"))
+                dim = 1 if hasattr(fused, "nf") or type(fused).__name__ == "Conv1D" else 0  # Conv1D's (in, 3C): columns
+                w3 = (None,) * 3 if gw is None else gw.chunk(3, dim=dim)
+                b3 = (None,) * 3 if gb is None else gb.chunk(3)
+                q, k, v = (_norm(w, b) for w, b in zip(w3, b3, strict=True))
             else:
                 q, k, v = (_norm(*_grads(getattr(m, p))) for p in projections)
             self.rows.append({"step": int(step), "layer": layer, "q": q, "k": k, "v": v})

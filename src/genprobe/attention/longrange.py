@@ -409,25 +409,6 @@ def _whole(reduce, values: list[float | None]) -> float | None:
     return None if not values or None in values else reduce(values)
 
 
-def summarize_encoding(pe: str, syn: SyntheticResult, corpus: CorpusResult | None) -> EncodingSummary:
-    """In-/beyond-context passkey accuracy, mean lag accuracy per length, corpus loss and its growth past L."""
-    L = syn.config.context
-    pk = syn.passkey[pe].accuracy
-    s = EncodingSummary(
-        passkey_min_inside=_whole(min, [a for d, a in pk.items() if d <= L - 2]),
-        passkey_mean_beyond=_whole(fmean, [a for d, a in pk.items() if d > L - 2]),
-        lag_mean={n: _whole(fmean, list(accs.values())) for n, accs in syn.lag[pe].accuracy.items()},
-    )
-    if corpus is not None:
-        by = corpus.encodings[pe].by_length
-        s.val_loss = {n: None if w is None else w.loss for n, w in by.items()}
-        base, longest = by.get(corpus.config.context), max(by)
-        last = by[longest]
-        if base is not None and last is not None and longest > corpus.config.context:
-            s.val_loss_increase_at_longest = round(last.loss - base.loss, 4)
-    return s
-
-
 @dataclass
 class LongRangeResult:
     """What ``genprobe longrange`` measures: synthetic tasks, corpus extrapolation (None: not run), and a summary
@@ -442,8 +423,23 @@ class LongRangeResult:
 
     @property
     def summary(self) -> dict[str, EncodingSummary]:
-        """Headline numbers per encoding."""
-        return {pe: summarize_encoding(pe, self.synthetic, self.corpus) for pe in self.pos_encodings}
+        """Headline numbers per encoding: in-/beyond-context passkey accuracy, mean lag accuracy per length, corpus
+        loss and its growth past L."""
+        syn, corpus, out = self.synthetic, self.corpus, {}
+        for pe in self.pos_encodings:
+            L, pk = syn.config.context, syn.passkey[pe].accuracy
+            s = out[pe] = EncodingSummary(
+                passkey_min_inside=_whole(min, [a for d, a in pk.items() if d <= L - 2]),
+                passkey_mean_beyond=_whole(fmean, [a for d, a in pk.items() if d > L - 2]),
+                lag_mean={n: _whole(fmean, list(accs.values())) for n, accs in syn.lag[pe].accuracy.items()},
+            )
+            if corpus is not None:
+                by = corpus.encodings[pe].by_length
+                s.val_loss = {n: None if w is None else w.loss for n, w in by.items()}
+                base, last = by.get(corpus.config.context), by[max(by)]
+                if base is not None and last is not None and max(by) > corpus.config.context:
+                    s.val_loss_increase_at_longest = round(last.loss - base.loss, 4)
+        return out
 
     @property
     def errors(self) -> dict[str, list[EvalError]]:

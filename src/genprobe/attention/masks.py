@@ -70,35 +70,34 @@ def check_masks(input_ids, attention_mask, position_ids=None, pad_token_id: int 
     ids = _as_rows(input_ids, "input_ids")
     masks = _as_rows(attention_mask, "attention_mask")
     pos = None if position_ids is None else _as_rows(position_ids, "position_ids")
-    findings = _batch_findings(ids, masks, pos)
-    sides: dict[int, str] = {}
-    # a row-count mismatch is one of _batch_findings; the rows both have are still checked
-    for i, (row_ids, row_mask) in enumerate(zip(ids, masks, strict=False)):
-        row_pos = pos[i] if pos is not None and i < len(pos) else None
-        row, side = _row_findings(i, row_ids, row_mask, row_pos, pad_token_id)
-        findings += row
-        if side is not None:
-            sides[i] = side
-    return findings + _mixed_side_findings(sides)
-
-
-def _batch_findings(ids: list[list], masks: list[list], pos: list[list] | None) -> list[Violation]:
-    """Row counts that differ between the tensors, and rows whose length differs from most rows."""
-    n = len(ids)
+    n = len(ids)  # row counts that differ between the tensors, and rows whose length differs from most rows
     findings = [
         Violation(min(n, len(rows)), None, "length_mismatch", f"input_ids has {n} rows but {name} has {len(rows)}")
         for name, rows in (("attention_mask", masks), ("position_ids", pos))
         if rows is not None and len(rows) != n
     ]
-    lengths = {len(r) for r in ids}
-    if len(lengths) > 1:
+    if len(lengths := {len(r) for r in ids}) > 1:
         common = max(lengths, key=lambda n: sum(len(r) == n for r in ids))
         findings += [
             Violation(i, None, "ragged_batch", f"row has {len(r)} tokens, most rows have {common}")
             for i, r in enumerate(ids)
             if len(r) != common
         ]
-    return findings
+    sides: dict[int, str] = {}
+    for i, (row_ids, row_mask) in enumerate(zip(ids, masks, strict=False)):  # the rows both have, whatever the counts
+        row_pos = pos[i] if pos is not None and i < len(pos) else None
+        row, side = _row_findings(i, row_ids, row_mask, row_pos, pad_token_id)
+        findings += row
+        if side is not None:
+            sides[i] = side
+    if len(set(sides.values())) <= 1:
+        return findings
+    majority = max(("left", "right"), key=lambda s: sum(v == s for v in sides.values()))  # rows on the minority side
+    return findings + [
+        Violation(i, None, "mixed_padding_side", f"row is {s}-padded while the other padded rows are {majority}-padded")
+        for i, s in sides.items()
+        if s != majority
+    ]
 
 
 def _row_findings(
@@ -132,18 +131,6 @@ def _length_mismatch(i: int, name: str, n: int, expected: int) -> Violation:
     return Violation(i, min(n, expected), "length_mismatch", f"{name} has {n} entries, input_ids {expected}")
 
 
-def _mixed_side_findings(sides: dict[int, str]) -> list[Violation]:
-    """Rows padded on the minority side when padded rows disagree."""
-    if len(set(sides.values())) <= 1:
-        return []
-    majority = max(("left", "right"), key=lambda s: sum(v == s for v in sides.values()))
-    return [
-        Violation(i, None, "mixed_padding_side", f"row is {s}-padded while the other padded rows are {majority}-padded")
-        for i, s in sides.items()
-        if s != majority
-    ]
-
-
 def _inverted(row_ids: Sequence[int], m: list[int], pad: int | None) -> bool:
     on = [t for t, v in zip(row_ids, m, strict=True) if v == 1]
     off = [t for t, v in zip(row_ids, m, strict=True) if v == 0]
@@ -172,11 +159,9 @@ def _check_positions(i: int, p: list, m: list[int], side: str | None) -> list[Vi
 
 
 def load_batch_jsonl(path: str | Path) -> dict:
-    """Read a batch file: JSONL, one object per row ``{"input_ids": [...], "attention_mask": [...],
-    "position_ids": [...]?}``; or a single JSON object whose values are lists of rows.
-
-    Returns ``{"input_ids": rows, "attention_mask": rows, "position_ids": rows | None, "pad_token_id": int | None}``.
-    """
+    """A batch file — JSONL, one object per row ``{"input_ids": [...], "attention_mask": [...], "position_ids":
+    [...]?}``, or one JSON object whose values are lists of rows — as ``{"input_ids": rows, "attention_mask": rows,
+    "position_ids": rows | None, "pad_token_id": int | None}``."""
     try:  # one JSON object, perhaps pretty-printed over several lines
         objs = [json.loads(Path(path).read_text(encoding="utf-8"))]
     except json.JSONDecodeError:

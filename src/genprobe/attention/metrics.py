@@ -72,23 +72,16 @@ def per_position(probs: torch.Tensor, distance: int = 8, local_window: int = 2) 
         "diag_mass": (dist == 0).double(),
         "local_mass": (vis & (dist <= local_window)).double(),
     }
-    # One layer at a time in double: a (L, H, T, T) copy in double would be twice the captured maps again.
-    per_layer = [_layer_rows(layer, vis, n_vis, log_n, masks) for layer in p]
+    per_layer = []
+    for layer in p:  # one layer at a time in double: a (L, H, T, T) copy in double would be twice the maps again
+        q = layer.double() * vis  # mass on invisible keys would be a masking bug: the validator reports it, not this
+        ent = -torch.where(q > 0, q * q.clamp_min(1e-300).log(), torch.zeros_like(q)).sum(-1)
+        norm = torch.where(n_vis > 1, ent / log_n.clamp_min(1e-12), torch.full_like(ent, float("nan")))
+        per_layer.append({"entropy": ent, "norm_entropy": norm} | {k: (q * m).sum(-1) for k, m in masks.items()})
     out = {k: torch.stack([row[k] for row in per_layer]) for k in per_layer[0]}
     out["max_entropy"] = log_n.expand_as(out["entropy"])
     out["n_visible"] = n_vis
     return out
-
-
-def _layer_rows(
-    probs: torch.Tensor, vis: torch.Tensor, n_vis: torch.Tensor, log_n: torch.Tensor, masks: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """Per-query statistics of one layer's (H, Tq, Tk) probabilities, each (H, Tq) in double."""
-    p = probs.double() * vis  # mass on invisible keys would be a masking bug; the validator, not the metric, reports it
-    plogp = torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))
-    ent = -plogp.sum(-1)
-    norm = torch.where(n_vis > 1, ent / log_n.clamp_min(1e-12), torch.full_like(ent, float("nan")))
-    return {"entropy": ent, "norm_entropy": norm} | {k: (p * m).sum(-1) for k, m in masks.items()}
 
 
 def head_stats(probs: torch.Tensor, **options: Any) -> list[HeadStats]:

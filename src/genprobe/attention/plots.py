@@ -58,11 +58,8 @@ def _tick_step(n: int, most: int) -> int:
 
 
 def heads_grid_plot(rep: dict, path: str | Path) -> Path:
-    """Every head of every layer in one figure: one layers × heads heatmap per grid metric (each in [0, 1]).
-
-    The figure grows with depth and width up to a cap (a 96-layer model stays one page); values are written
-    in the cells when there are few of them.
-    """
+    """Every head of every layer in one figure: one layers × heads heatmap per grid metric (each in [0, 1]), growing
+    with depth and width up to a cap (a 96-layer model stays one page); values written in the cells when few."""
     import numpy as np
 
     n_layer, n_head = rep["n_layer"], rep["n_head"]

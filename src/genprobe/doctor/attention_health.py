@@ -11,7 +11,6 @@ import torch
 
 from ..attention.capture import capture_attention
 from ..attention.metrics import per_position
-from ..model.load import Model
 from .options import DoctorRun, Finding
 
 MIN_KEYS = 8  # rows with fewer visible keys are left out of every head mean (a short row is near-uniform anyway)
@@ -66,24 +65,6 @@ class AttentionHealth:
         return [[h for h in self.heads if h.layer == layer] for layer in range(self.n_layer)]
 
 
-def probe_ids(model: Model, prompts: list[str] | None, length: int) -> list[int]:
-    """``length`` tokens of held-out text (the prompts, joined), or seeded random ids for a model without text."""
-    length = min(length, (model.max_positions or length))
-    ids: list[int] = []
-    if model.tokenizer is not None and prompts:
-        sep = "" if model.tokenizer.kind == "char" else " "
-        text = ""
-        for p in prompts:  # only as many prompts as fill ``length`` tokens (a tokenizer may warn past its limit)
-            text = text + sep + p if text else p
-            if len(text) >= 4 * length:
-                break
-        ids = model.encode(text)[:length]
-    if len(ids) < 2 * MIN_KEYS:
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(2 if model.vocab_size > 3 else 0, model.vocab_size, (length,), generator=g).tolist()
-    return ids
-
-
 def _content_tv(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """(L, H) mean total variation between two captures' attention rows."""
     return 0.5 * (a[:, :, rows] - b[:, :, rows]).abs().sum(-1).mean(-1)
@@ -100,7 +81,18 @@ def _flag(ent: float, sink: float, tv: float) -> str | None:
 def attention_health(run: DoctorRun) -> AttentionHealth:
     """Capture attention on held-out text and on its tokens shuffled; per-head means, flags, findings."""
     model, prompts = run.model, run.inputs.prompts
-    ids = probe_ids(model, prompts, run.opts.plan.attention_tokens)
+    length = min(run.opts.plan.attention_tokens, (model.max_positions or run.opts.plan.attention_tokens))
+    ids: list[int] = []
+    if model.tokenizer is not None and prompts:  # held-out text: the prompts joined, as many as fill ``length`` tokens
+        sep, joined = "" if model.tokenizer.kind == "char" else " ", ""
+        for p in prompts:  # (a tokenizer may warn past its limit)
+            joined = joined + sep + p if joined else p
+            if len(joined) >= 4 * length:
+                break
+        ids = model.encode(joined)[:length]
+    if len(ids) < 2 * MIN_KEYS:  # a model without text: seeded random ids
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(2 if model.vocab_size > 3 else 0, model.vocab_size, (length,), generator=g).tolist()
     shuffled = [ids[i] for i in torch.randperm(len(ids), generator=torch.Generator().manual_seed(1)).tolist()]
     cap, other = capture_attention(model.module, ids), capture_attention(model.module, shuffled)
     pp = per_position(cap.probs, distance=DISTANCE)
@@ -115,19 +107,15 @@ def attention_health(run: DoctorRun) -> AttentionHealth:
     text = model.decode(ids) if model.tokenizer is not None and prompts else None
     res = AttentionHealth(len(ids), text, cap.n_layer, cap.n_head, cap.implementation, heads, dict(CRITERIA))
     what = f"--prompt {shlex.quote(text)}" if text is not None else "--ids " + " ".join(map(str, ids))
-    res.findings = _findings(res, f"genprobe attention heads {run.arg} {what} --distance {DISTANCE}")
-    return res
-
-
-def _findings(res: AttentionHealth, command: str) -> list[Finding]:
-    total = len(res.heads)
-    out = []
-    for flag, what in (("dead", "near-uniform (dead)"), ("sink", "sink-only"), ("position", "position-only")):
-        heads = res.flagged[flag]
-        many = flag == "dead" and total and len(heads) / total >= DEAD_SHARE_WARN
-        sev = "warning" if many else "info" if heads else "ok"
-        where = ", ".join(f"L{layer}H{head}" for layer, head in heads[:12]) + (" …" if len(heads) > 12 else "")
-        title = f"{len(heads)} of {total} heads {what}" + (f": {where}" if heads else "")
+    command = f"genprobe attention heads {run.arg} {what} --distance {DISTANCE}"
+    for flag, said in (("dead", "near-uniform (dead)"), ("sink", "sink-only"), ("position", "position-only")):
+        hit, total = res.flagged[flag], len(heads)
+        many = flag == "dead" and total and len(hit) / total >= DEAD_SHARE_WARN
+        sev = "warning" if many else "info" if hit else "ok"
+        where = ", ".join(f"L{layer}H{head}" for layer, head in hit[:12]) + (" …" if len(hit) > 12 else "")
+        title = f"{len(hit)} of {total} heads {said}" + (f": {where}" if hit else "")
         crit = CRITERIA[flag] + (f"; {DEAD_SHARE_WARN:.0%} of heads or more dead warns" if flag == "dead" else "")
-        out.append(Finding("attention", f"heads.{flag}", sev, title, {"heads": heads, "of": total}, crit, command))
-    return out
+        res.findings.append(
+            Finding("attention", f"heads.{flag}", sev, title, {"heads": hit, "of": total}, crit, command)
+        )
+    return res

@@ -15,7 +15,6 @@ from ..loops.scan import LoopScans, ScanOptions, calibrate_for_scan, greedy_samp
 from ..metrics.calibrate import LoopCalibration
 from ..metrics.legit import is_cjk
 from ..metrics.stats import wilson_interval
-from ..model.load import Model
 from .options import DoctorOptions, DoctorRun, Finding
 
 GREEDY, YOURS, DEFAULTS = "greedy", "your sampler", "generation_config"
@@ -65,41 +64,7 @@ class Degeneration:
         return json_safe({k: getattr(self, k) for k in keys}) | {"scans": self.scans.to_dict(with_records=False)}
 
 
-def decoding_settings(opts: DoctorOptions, gen: dict[str, Any] | None) -> dict[str, tuple[SamplerConfig, list[str]]]:
-    """Greedy, and the user's sampler (else the model's generation defaults, transformers' semantics, when they
-    sample), with their flags."""
-    out = {GREEDY: (greedy_sampler(), ["--setting", "greedy"])}
-    if opts.sampling is not None:
-        out[YOURS] = (opts.sampling, ["--setting", "sample", *opts.sampling_flags])
-    elif gen and gen.get("do_sample"):
-        keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")  # each the sampler flag --top-k, ...
-        given = {k: gen[k] for k in keys if gen.get(k) is not None}
-        flags = [w for k, v in given.items() for w in ("--" + k.replace("_", "-"), str(v))]
-        out[DEFAULTS] = (SamplerConfig.preset("hf", **given), ["--setting", "sample", "--preset", "hf", *flags])
-    return out
-
-
 _CALIBRATIONS: dict[tuple[Any, ...], LoopCalibration] = {}  # (tokenizer, length, script) -> calibration, per process
-
-
-def _calibrate(model: Model, prompts: list[str], tokens: int) -> tuple[LoopCalibration | None, str | None]:
-    """Detectors calibrated on human text of the prompts' language; the reason when that text is unavailable."""
-    key = (vocab_key(model), model.unk_id, tokens, is_cjk(prompts))
-    try:
-        if key not in _CALIBRATIONS:
-            _CALIBRATIONS[key] = calibrate_for_scan(model.tokenizer, tokens, prompts, unk_id=model.unk_id)
-        return _CALIBRATIONS[key], None
-    except (ValueError, FileNotFoundError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-def end_of_text(model: Model, texts: list[str], settings: dict[str, SamplerConfig], tokens: int, seed: int) -> Any:
-    """How many generations end before ``tokens`` when the end token is allowed (None: the model has none)."""
-    if model.eos_id is None or not texts:
-        return None
-    runs = {name: complete(model, texts, s, tokens, seed, stop_at_eos=True) for name, s in settings.items()}
-    ended = {name: sum(1 for c in outs if c.finished == "eos") for name, outs in runs.items()}
-    return EndOfText(int(model.eos_id), tokens, ended, len(texts))
 
 
 def degeneration(run: DoctorRun) -> Degeneration:
@@ -107,22 +72,48 @@ def degeneration(run: DoctorRun) -> Degeneration:
     sample), calibrated; the end-of-text behaviour; findings."""
     model, prompts, source, opts, log = run.model, run.prompts(), run.inputs.source, run.opts, run.note
     gen = run.report.card.generation_defaults if run.report.card is not None else None
-    b = opts.plan
-    named = decoding_settings(opts, gen)
+    b, chat = opts.plan, " --chat" if opts.chat else ""
+    # greedy, and the user's sampler (else the model's generation defaults, transformers' semantics, when they sample)
+    named = {GREEDY: (greedy_sampler(), ["--setting", "greedy"])}
+    if opts.sampling is not None:
+        named[YOURS] = (opts.sampling, ["--setting", "sample", *opts.sampling_flags])
+    elif gen and gen.get("do_sample"):
+        keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")  # each the sampler flag --top-k, ...
+        given = {k: gen[k] for k in keys if gen.get(k) is not None}
+        flags = [w for k, v in given.items() for w in ("--" + k.replace("_", "-"), str(v))]
+        named[DEFAULTS] = (SamplerConfig.preset("hf", **given), ["--setting", "sample", "--preset", "hf", *flags])
     settings = {k: v[0] for k, v in named.items()}
-    calibration, cal_error = _calibrate(model, prompts, b.scan_tokens)
-    if cal_error:
+    calibration: LoopCalibration | None = None
+    cal_error: str | None = None
+    key = (vocab_key(model), model.unk_id, b.scan_tokens, is_cjk(prompts))
+    try:  # detectors calibrated on human text of the prompts' language
+        if key not in _CALIBRATIONS:
+            _CALIBRATIONS[key] = calibrate_for_scan(model.tokenizer, b.scan_tokens, prompts, unk_id=model.unk_id)
+        calibration = _CALIBRATIONS[key]
+    except (ValueError, FileNotFoundError) as exc:  # that text is unavailable: the reason
+        cal_error = f"{type(exc).__name__}: {exc}"
         log(f"  detectors not calibrated: {cal_error}")
     texts = [model.chat_prompt(p) for p in prompts] if opts.chat else list(prompts)
     where, scan = source + (" (chat template)" if opts.chat else ""), ScanOptions(b.scan_tokens, seed=opts.seed)
     scans = scan_loop_settings(model, texts, settings, scan, calibration=calibration, prompt_source=where, log=log)
-    eot = end_of_text(model, texts[: b.eos_prompts], settings, b.scan_tokens, opts.seed)
+    eot: EndOfText | None = None
+    found: list[Finding] = []
+    if model.eos_id is not None and (few := texts[: b.eos_prompts]):  # how many end before the limit when allowed to
+        runs = {k: complete(model, few, s, b.scan_tokens, opts.seed, stop_at_eos=True) for k, s in settings.items()}
+        ended = {k: sum(c.finished == "eos" for c in v) for k, v in runs.items()}
+        eot = EndOfText(int(model.eos_id), b.scan_tokens, ended, len(few))
+        d = json_safe(eot)
+        rates = ", ".join(f"{k} {v['rate']:.0%}" for k, v in d["settings"].items())
+        title = f"with the end token allowed, generations end within {b.scan_tokens} tokens: {rates}"
+        crit = "share of generations that emit the end-of-text token before the limit (reported; never ending is info)"
+        cmd = f"genprobe generate {run.arg} --greedy --max-new-tokens {b.scan_tokens}{chat} --prompt "
+        cmd += shlex.quote(prompts[0])
+        sev = "ok" if any(eot.ended.values()) else "info"
+        found.append(Finding("degeneration", "end_of_text", sev, title, d, crit, cmd))
     res = Degeneration(list(prompts), source, opts.chat, settings, scans, calibration, cal_error, eot)
-    base = f"genprobe loops scan {run.arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens}"
-    base += " --chat" if opts.chat else ""
+    base = f"genprobe loops scan {run.arg} {opts.prompts_arg()} --max-new-tokens {b.scan_tokens}{chat}"
     base += " --no-calibrate" if calibration is None else ""
-    res.findings = [_rate_finding(res, k, opts, base + " " + shlex.join(named[k][1])) for k in named]
-    res.findings += _eot_findings(res, run.arg, opts.chat)
+    res.findings = [_rate_finding(res, k, opts, base + " " + shlex.join(named[k][1])) for k in named] + found
     return res
 
 
@@ -146,17 +137,3 @@ def _rate_finding(res: Degeneration, name: str, opts: DoctorOptions, command: st
     if r.n and r.degenerate == r.n:
         sev, title = "warning", f"{name}: every generation degenerates ({r.n} of {r.n}); " + title.split(": ", 1)[1]
     return Finding("degeneration", f"loops.{name}", sev, title, ev, crit, command)
-
-
-def _eot_findings(res: Degeneration, model_arg: str, chat: bool) -> list[Finding]:
-    e = res.end_of_text
-    if e is None:
-        return []
-    d = json_safe(e)
-    parts = [f"{k} {v['rate']:.0%}" for k, v in d["settings"].items()]
-    never = all(v == 0 for v in e.ended.values())
-    title = f"with the end token allowed, generations end within {e.max_new_tokens} tokens: " + ", ".join(parts)
-    crit = "share of generations that emit the end-of-text token before the limit (reported; never ending is info)"
-    cmd = f"genprobe generate {model_arg} --greedy --max-new-tokens {e.max_new_tokens}" + (" --chat" if chat else "")
-    cmd += " --prompt " + shlex.quote(res.prompts[0])
-    return [Finding("degeneration", "end_of_text", "info" if never else "ok", title, d, crit, cmd)]

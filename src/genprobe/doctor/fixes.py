@@ -72,23 +72,6 @@ class FixComparison:
         return own | best | {"rows": self.rows(), "max_new_tokens": c["config"]["max_new_tokens"]}
 
 
-def _edit(run: DoctorRun, calibration: LoopCalibration | None) -> tuple[Any, dict[str, Any]]:
-    """The repair's patch (None when no edit passed its limits), searched on the edit prompts, and its summary."""
-    from ..loops.repair import repair
-
-    val_text, opts = run.inputs.val_text, run.opts
-    if val_text is None:
-        raise ValueError("the weight edit needs held-out text of the model's language for its regression limits")
-    cfg = RepairConfig(max_new_tokens=opts.plan.scan_tokens, seed=opts.seed, **EDIT_CONFIG)  # type: ignore[arg-type]
-    cfg.loop = calibration.settings if calibration is not None else cfg.loop
-    inputs = RepairInputs.from_prompts(
-        run.inputs.edit_prompts, val_text, cfg, "doctor prompts", "doctor validation text"
-    )
-    report, patch = repair(run.model, inputs, cfg, log=run.note)
-    d = json_safe(report)
-    return patch, {k: d.get(k) for k in ("verdict", "patch", "timings_s")}
-
-
 def compare(run: DoctorRun) -> FixComparison:
     """Compare the engine's fixes on the run's first prompts (and the edit searched on the edit prompts when asked),
     with the degeneration stage's calibrated detectors when it ran."""
@@ -99,7 +82,19 @@ def compare(run: DoctorRun) -> FixComparison:
     deg = run.report.degeneration
     calibration: LoopCalibration | None = deg.calibration if deg is not None else None
     methods = list(ENGINE_METHODS.get(opts.engine or "genprobe", ENGINE_METHODS["genprobe"]))
-    patch, repair_summary = _edit(run, calibration) if opts.with_edit else (None, None)
+    patch, repair_summary = None, None
+    if opts.with_edit:  # the repair's patch (None when no edit passed its limits), searched on the edit prompts
+        from ..loops.repair import repair
+
+        if run.inputs.val_text is None:
+            raise ValueError("the weight edit needs held-out text of the model's language for its regression limits")
+        cfg = RepairConfig(max_new_tokens=b.scan_tokens, seed=opts.seed, **EDIT_CONFIG)  # type: ignore[arg-type]
+        cfg.loop = calibration.settings if calibration is not None else cfg.loop
+        edit_prompts, val_text = run.inputs.edit_prompts, run.inputs.val_text
+        inputs = RepairInputs.from_prompts(edit_prompts, val_text, cfg, "doctor prompts", "doctor validation text")
+        report, patch = repair(model, inputs, cfg, log=log)
+        d = json_safe(report)
+        repair_summary = {k: d.get(k) for k in ("verdict", "patch", "timings_s")}
     methods += [EDIT] if patch is not None else []
     loop = calibration.settings if calibration is not None else CompareConfig().loop
     cc = CompareConfig(

@@ -56,20 +56,6 @@ def cache_kinds(model: Model, opts: DoctorOptions) -> tuple[str, ...]:
     return ("dynamic", "static") + (("sliding",) if model.window is not None else ())
 
 
-def verify_prompts(model: Model, prompts: list[str] | None, steps: int) -> list[list[int]] | None:
-    """Two of the prompts (distinct lengths where possible, cut to leave room for ``steps``) as ids; None: the
-    verifier's defaults (random ids for a model without a tokenizer)."""
-    room = max(1, min(24, (model.max_positions or 64) - steps - 1))
-    seqs = _encoded(model, prompts, 8, room)
-    by_len = {len(s): s for s in seqs}
-    if len(by_len) >= 2:
-        return [by_len[n] for n in sorted(by_len, reverse=True)][:2]
-    if len(seqs) < 2:
-        return seqs or None
-    # prompts of one length (Tang openings): two joined make the longer one, so the padded batch has padding
-    return [(seqs[0] + seqs[1])[:room], seqs[-1][: max(1, room - 1)]]
-
-
 def _encoded(model: Model, prompts: list[str] | None, n: int, room: int) -> list[list[int]]:
     """The first ``n`` prompts' ids, each cut to ``room`` tokens (none without a tokenizer or prompts)."""
     if model.tokenizer is None or not prompts:
@@ -77,35 +63,52 @@ def _encoded(model: Model, prompts: list[str] | None, n: int, room: int) -> list
     return [ids[:room] for ids in (model.encode(p) for p in prompts[:n]) if ids]
 
 
-def leak_sequences(model: Model, prompts: list[str] | None) -> list[list[int]]:
-    """Up to three sequences of different lengths: the prompts' ids (cut to fit the context), else fixed ids."""
-    room = min(48, (model.max_positions or 64) - 4)
-    seqs = _encoded(model, prompts, 4 * LEAK_TEXTS, room)
-    if len({len(s) for s in seqs}) < 2:  # no text, or all of one length: fixed ids of three lengths
-        lo = 2 if model.vocab_size > 3 else 0
-        seqs = [[lo + (7 * i + j) % (model.vocab_size - lo) for j in range(n)] for i, n in enumerate((5, 9, 16))]
-        seqs = [s[:room] for s in seqs]
-    by_len = {len(s): s for s in seqs}
-    return [by_len[n] for n in sorted(by_len)][:LEAK_TEXTS]
-
-
 def check_inference(run: DoctorRun) -> InferenceCheck:
     """Verify the model's caches and the user's, padding, and the serving engine when asked."""
     model, opts, prompts, log = run.model, run.opts, run.inputs.prompts, run.note
-    ids = verify_prompts(model, prompts, opts.plan.verify_steps)
+    # two of the prompts, of distinct lengths where possible, cut to leave room for the steps (None: the verifier's
+    # defaults, random ids for a model without a tokenizer)
+    room = max(1, min(24, (model.max_positions or 64) - opts.plan.verify_steps - 1))
+    seqs = _encoded(model, prompts, 8, room)
+    by_len = {len(s): s for s in seqs}
+    ids = [by_len[n] for n in sorted(by_len, reverse=True)][:2] if len(by_len) >= 2 else seqs or None
+    if len(by_len) < 2 and len(seqs) >= 2:  # prompts of one length (Tang openings): two joined make the longer one
+        ids = [(seqs[0] + seqs[1])[:room], seqs[-1][: max(1, room - 1)]]
     decoded = [model.decode(p) for p in ids] if ids else None
     texts = decoded if decoded and all(decoded) else None
     caches, found = _verify(run, None, ids, texts)
     impl, more = _verify(run, opts.impl, ids, texts) if opts.impl else (None, [])
     found += more
-    seqs = leak_sequences(model, prompts)
+    room = min(48, (model.max_positions or 64) - 4)  # up to three sequences of different lengths: the prompts' ids
+    seqs = _encoded(model, prompts, 4 * LEAK_TEXTS, room)
+    if len({len(s) for s in seqs}) < 2:  # no text, or all of one length: fixed ids of three lengths
+        lo = 2 if model.vocab_size > 3 else 0
+        seqs = [[lo + (7 * i + j) % (model.vocab_size - lo) for j in range(n)][:room] for i, n in enumerate((5, 9, 16))]
+    by_len = {len(s): s for s in seqs}
+    seqs = [by_len[n] for n in sorted(by_len)][:LEAK_TEXTS]
     line = max(LEAK_THRESHOLD, caches.pass_line or 0.0)  # a deep model's own float noise is not a leak
     m, pad = model.module, model.pad_id
     leak = padding_leak(m, seqs, pad, position_ids=True, threshold=line)
     bare = padding_leak(m, seqs, pad, position_ids=False, threshold=line) if model.kind == "hf" else None
     serving = _serving(model, opts, log) if opts.serving else None
+    base = f"genprobe attention padding-leak {run.arg} --threshold {leak.threshold:.3g}"
+    changes = f"{'changes' if leak.leak else 'leaves'} a sequence's logits (max |Δlogit| {leak.max_delta:.2e}"
+    title, sev = f"padding {changes}, position ids from the mask)", "bug" if leak.leak else "ok"
+    found.append(Finding("inference", "padding.leak", sev, title, json_safe(leak), LEAK_CRITERION, base))
+    if bare is not None:  # a bug only when the user's code passes no position_ids
+        sev = "ok" if not bare.leak else "bug" if not opts.hf_position_ids else "info"
+        how = (
+            "your inference code passes no position_ids (--hf-no-position-ids)"
+            if not opts.hf_position_ids
+            else "code that calls the model without position_ids"
+        )
+        delta = f"(max |Δlogit| {bare.max_delta:.2e})"
+        title = f"without position_ids left padding changes the logits {delta}: {how} gets wrong results"
+        title = title if bare.leak else f"without position_ids padding leaves the logits {delta}"
+        crit, cmd = LEAK_CRITERION + "; a bug when the user's code passes no position_ids", base + " --no-position-ids"
+        found.append(Finding("inference", "padding.no_position_ids", sev, title, json_safe(bare), crit, cmd))
     check = InferenceCheck(caches, impl, leak, bare, serving)
-    check.findings = found + _leak_findings(check, opts, run.arg) + _serving_findings(serving, run.arg)
+    check.findings = found + _serving_findings(serving, run.arg)
     return check
 
 
@@ -136,7 +139,19 @@ def _verify(
         *([] if b.verify_prefix_reuse else ["--no-prefix-reuse"]),
         *([] if opts.hf_position_ids else ["--hf-no-position-ids"]),
     ]
-    return result, _cache_findings(result, " ".join([f"genprobe verify-cache {run.arg}", *flags]))
+    command, found = " ".join([f"genprobe verify-cache {run.arg}", *flags]), []
+    for r in result.reports:
+        ev = {k: getattr(r, k) for k in CACHE_EVIDENCE} | {"errors": json_safe(r.errors)}
+        if r.verdict == "error":
+            title = f"{r.impl} raised: " + "; ".join(f"{e.type} in {e.phase}: {e.message}" for e in r.errors)
+        elif r.verdict == "unavailable":
+            title = f"{r.impl} not verified here: {r.unavailable}"
+        else:
+            worst = f" in {r.worst_phase}" if r.worst_phase else ""
+            title = f"{r.impl}: {r.verdict} (max |Δlogit| {r.max_abs_dlogit:.2e}{worst})"
+        sev = VERDICT_SEVERITY.get(r.verdict, "warning")
+        found.append(Finding("inference", f"cache.{r.impl}", sev, title, ev, VERIFY_CRITERION, command))
+    return result, found
 
 
 def vllm_installed() -> bool:
@@ -165,45 +180,6 @@ def _serving(model: Model, opts: DoctorOptions, log: Callable[[str], None]) -> d
     if model.source is None:
         return {"verdict": "unavailable", "reason": "the model has no directory on disk to serve"}
     return json_safe(sv.verify_serving(str(model.source), dtypes=("float32",), steps=opts.plan.verify_steps, log=log))
-
-
-def _cache_findings(result: CacheVerification, command: str) -> list[Finding]:
-    out = []
-    for r in result.reports:
-        sev = VERDICT_SEVERITY.get(r.verdict, "warning")
-        worst = r.worst_phase
-        ev = {k: getattr(r, k) for k in CACHE_EVIDENCE} | {"errors": json_safe(r.errors)}
-        if r.verdict == "error":
-            title = f"{r.impl} raised: " + "; ".join(f"{e.type} in {e.phase}: {e.message}" for e in r.errors)
-        elif r.verdict == "unavailable":
-            title = f"{r.impl} not verified here: {r.unavailable}"
-        else:
-            title = f"{r.impl}: {r.verdict} (max |Δlogit| {r.max_abs_dlogit:.2e}{f' in {worst}' if worst else ''})"
-        out.append(Finding("inference", f"cache.{r.impl}", sev, title, ev, VERIFY_CRITERION, command))
-    return out
-
-
-def _leak_findings(check: InferenceCheck, opts: DoctorOptions, model_arg: str) -> list[Finding]:
-    leak, bare = check.padding_leak, check.padding_leak_no_position_ids
-    base = f"genprobe attention padding-leak {model_arg} --threshold {leak.threshold:.3g}"
-    changes = f"{'changes' if leak.leak else 'leaves'} a sequence's logits (max |Δlogit| {leak.max_delta:.2e}"
-    title = f"padding {changes}, position ids from the mask)"
-    out = [
-        Finding("inference", "padding.leak", "bug" if leak.leak else "ok", title, json_safe(leak), LEAK_CRITERION, base)
-    ]
-    if bare is None:
-        return out
-    sev = "ok" if not bare.leak else "bug" if not opts.hf_position_ids else "info"
-    how = (
-        "your inference code passes no position_ids (--hf-no-position-ids)"
-        if not opts.hf_position_ids
-        else "code that calls the model without position_ids"
-    )
-    delta = f"(max |Δlogit| {bare.max_delta:.2e})"
-    title = f"without position_ids left padding changes the logits {delta}: {how} gets wrong results"
-    title = title if bare.leak else f"without position_ids padding leaves the logits {delta}"
-    crit, cmd = LEAK_CRITERION + "; a bug when the user's code passes no position_ids", base + " --no-position-ids"
-    return out + [Finding("inference", "padding.no_position_ids", sev, title, json_safe(bare), crit, cmd)]
 
 
 def _serving_findings(serving: dict[str, Any] | None, model_arg: str) -> list[Finding]:

@@ -96,10 +96,6 @@ def _chain(node: Any) -> list[str]:
     return _chain(inner) + [key if key is not None else "[…]"]
 
 
-def _unsafe(segments: list[str]) -> bool:
-    return any(_DUNDER.match(s) or s in SYSTEM for s in segments)
-
-
 def _within(node: Any, types: Any) -> list[Any]:
     """``node`` itself and its descendants of ``types`` (Jinja's ``find_all`` leaves the node out)."""
     return ([node] if isinstance(node, types) else []) + list(node.find_all(types))
@@ -109,21 +105,6 @@ def _mentions_content(node: Any) -> bool:
     from jinja2 import nodes
 
     return any(_key(n) == "content" for n in _within(node, (nodes.Getattr, nodes.Getitem)))
-
-
-def _content_branches(tree: Any, audit: TemplateAudit) -> None:
-    """If-tests that compare a message's content with a string literal (a trigger) or call a method on it."""
-    from jinja2 import nodes
-
-    for test in [n.test for n in tree.find_all((nodes.If, nodes.CondExpr))]:
-        if not _mentions_content(test):
-            continue
-        literals = [c.value for c in _within(test, nodes.Const) if isinstance(c.value, str) and c.value]
-        compares = [c for c in _within(test, nodes.Compare) if _mentions_content(c)]
-        if compares and literals:
-            audit.content_triggers.append(f"line {test.lineno}: content compared with {literals[0]!r}")
-        elif any(_mentions_content(c) for c in _within(test, nodes.Call)):
-            audit.content_tests.append(f"line {test.lineno}: a method of the content decides a branch")
 
 
 def analyse_template(text: str, source: str) -> TemplateAudit:
@@ -139,7 +120,7 @@ def analyse_template(text: str, source: str) -> TemplateAudit:
     chains = {
         ".".join(_chain(n))
         for n in tree.find_all((nodes.Getattr, nodes.Getitem, nodes.Filter))
-        if _key(n) is not None and _unsafe(_chain(n))
+        if _key(n) is not None and any(_DUNDER.match(s) or s in SYSTEM for s in _chain(n))
     }
     chains |= {n.name for n in tree.find_all(nodes.Name) if n.name in SYSTEM | GLOBALS}
     audit.chains = sorted(c for c in chains if not any(o != c and o.startswith(c + ".") for o in chains))
@@ -152,7 +133,14 @@ def analyse_template(text: str, source: str) -> TemplateAudit:
     audit.dunder_strings = sorted(
         {c.value for c in tree.find_all(nodes.Const) if isinstance(c.value, str) and "__" in c.value} - keys
     )
-    _content_branches(tree, audit)
+    for test in [n.test for n in tree.find_all((nodes.If, nodes.CondExpr))]:  # if-tests on a message's content
+        if not _mentions_content(test):
+            continue
+        literals = [c.value for c in _within(test, nodes.Const) if isinstance(c.value, str) and c.value]
+        if literals and any(_mentions_content(c) for c in _within(test, nodes.Compare)):  # compared with a string
+            audit.content_triggers.append(f"line {test.lineno}: content compared with {literals[0]!r}")
+        elif any(_mentions_content(c) for c in _within(test, nodes.Call)):  # a method called on it
+            audit.content_tests.append(f"line {test.lineno}: a method of the content decides a branch")
     return audit
 
 

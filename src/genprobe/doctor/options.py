@@ -159,20 +159,6 @@ class DoctorInputs:
     error: str | None = None
 
 
-def check_fits(model: Model, prompts: list[str], tokens: int, chat: bool) -> None:
-    """Refuse (ValueError: bad input) prompts that leave no room for the ``tokens`` a scan generates."""
-    if model.max_positions is None or model.tokenizer is None:
-        return
-    with warnings.catch_warnings(action="ignore"):  # unknown characters are the model card's finding
-        longest = max(len(model.encode(model.chat_prompt(p) if chat else p)) for p in prompts)
-    if longest + tokens > model.max_positions:
-        raise ValueError(
-            f"prompts: the longest has {longest} tokens, and with the {tokens} new tokens a scan generates it exceeds "
-            f"the model's context length {model.max_positions}; give prompts of at most "
-            f"{max(0, model.max_positions - tokens)} tokens"
-        )
-
-
 def doctor_inputs(model: Model, opts: DoctorOptions) -> DoctorInputs:
     """The user's prompts, else the built-in held-out ones (the reason when there are none)."""
     b = opts.plan
@@ -188,8 +174,15 @@ def doctor_inputs(model: Model, opts: DoctorOptions) -> DoctorInputs:
     val = "\n".join(d.texts) if d is not None else None
     if opts.prompts is not None:
         user = list(opts.prompts)
-        if {"degeneration", "fixes"} & set(opts.only):  # the stages that generate after the prompts
-            check_fits(model, user, b.scan_tokens, opts.chat)
+        if {"degeneration", "fixes"} & set(opts.only) and model.max_positions is not None:  # they generate after
+            with warnings.catch_warnings(action="ignore"):  # unknown characters are the model card's finding
+                longest = max(len(model.encode(model.chat_prompt(p) if opts.chat else p)) for p in user)
+            if longest + b.scan_tokens > model.max_positions:  # bad input: no room for the tokens a scan generates
+                raise ValueError(
+                    f"prompts: the longest has {longest} tokens, and with the {b.scan_tokens} new tokens a scan "
+                    f"generates it exceeds the model's context length {model.max_positions}; give prompts of at most "
+                    f"{max(0, model.max_positions - b.scan_tokens)} tokens"
+                )
         rest = user[b.fix_prompts :]  # the edit searches on the prompts the comparison does not use, when enough
         return DoctorInputs(user, rest if len(rest) >= EDIT_MIN else user, val, "prompts (user)")
     assert d is not None

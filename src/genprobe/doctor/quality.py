@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -98,7 +97,25 @@ def quality_findings(q: Quality, command: str) -> list[Finding]:
         )
         return [Finding("quality", "quality.skipped", "info", title, ev, None, command)]
     if q.reference is not None:
-        return [_reference_finding(q, ev, command)]
+        if not q.same_ids:
+            title = f"the tokenizer differs from the reference's ({q.reference}): the same text gives other ids"
+            return [Finding("quality", "quality.reference", "bug", title, ev, "same text, same ids", command)]
+        assert q.kl_mean is not None and q.top1_agreement is not None
+        crit = (
+            f"mean KL(reference ‖ model) ≤ {KL_WARN} nats and top-1 agreement ≥ {TOP1_WARN:.0%} (a bug beyond "
+            f"{KL_BUG} nats or below {TOP1_BUG:.0%}), teacher-forced on {q.tokens} held-out tokens"
+        )
+        worst = max(range(len(q.kl_by_position)), key=q.kl_by_position.__getitem__, default=0)
+        said = (
+            f"KL {q.kl_mean:.3f} nats/token, top-1 agreement {q.top1_agreement:.1%}, perplexity "
+            f"{q.perplexity:.1f} vs the reference's {q.reference_perplexity:.1f} (worst position {worst})"
+        )
+        sev, how = "ok", "matches"
+        if q.kl_mean > KL_BUG or q.top1_agreement < TOP1_BUG:
+            sev, how = "bug", "diverges from"
+        elif q.kl_mean > KL_WARN or q.top1_agreement < TOP1_WARN:
+            sev, how = "warning", "drifts from"
+        return [Finding("quality", "quality.reference", sev, f"output {how} the reference: {said}", ev, crit, command)]
     known = KNOWN_GOOD.get(q.corpus)
     if not known:
         title = (
@@ -120,28 +137,6 @@ def quality_findings(q: Quality, command: str) -> list[Finding]:
             "with the weights or a wrong tokenizer"
         )
     return [Finding("quality", "quality.perplexity", "warning" if high else "ok", title, ev, crit, command)]
-
-
-def _reference_finding(q: Quality, ev: dict[str, Any], command: str) -> Finding:
-    if not q.same_ids:
-        title = f"the tokenizer differs from the reference's ({q.reference}): the same text gives other ids"
-        return Finding("quality", "quality.reference", "bug", title, ev, "same text, same ids", command)
-    assert q.kl_mean is not None and q.top1_agreement is not None
-    crit = (
-        f"mean KL(reference ‖ model) ≤ {KL_WARN} nats and top-1 agreement ≥ {TOP1_WARN:.0%} (a bug beyond {KL_BUG} "
-        f"nats or below {TOP1_BUG:.0%}), teacher-forced on {q.tokens} held-out tokens"
-    )
-    worst = max(range(len(q.kl_by_position)), key=q.kl_by_position.__getitem__, default=0)
-    said = (
-        f"KL {q.kl_mean:.3f} nats/token, top-1 agreement {q.top1_agreement:.1%}, perplexity "
-        f"{q.perplexity:.1f} vs the reference's {q.reference_perplexity:.1f} (worst position {worst})"
-    )
-    sev, how = "ok", "matches"
-    if q.kl_mean > KL_BUG or q.top1_agreement < TOP1_BUG:
-        sev, how = "bug", "diverges from"
-    elif q.kl_mean > KL_WARN or q.top1_agreement < TOP1_WARN:
-        sev, how = "warning", "drifts from"
-    return Finding("quality", "quality.reference", sev, f"output {how} the reference: {said}", ev, crit, command)
 
 
 def quality_stage(run: DoctorRun) -> Quality:

@@ -86,32 +86,6 @@ STAGE_JOBS: dict[str, Callable[[DoctorRun], Any]] = dict(
 )
 
 
-def _run_stage(name: str, run: DoctorRun, i: int, n: int) -> None:
-    rep, log = run.report, run.log
-    log(f"[{i}/{n}] {TITLES[name]} …")
-    t0 = time.perf_counter()
-    try:
-        setattr(rep, name, STAGE_JOBS[name](run))
-        status, note = "ran", None
-    except StageSkipped as why:
-        status, note = "skipped", str(why)
-        if note != QUICK_SKIP:  # not checked for want of inputs: said among the findings
-            rep.errors.append(Finding(name, f"{name}.skipped", "info", f"the {TITLES[name]} stage did not run: {note}"))
-    except Exception as exc:  # noqa: BLE001 — one stage failing (user code, a missing corpus) must not hide the others
-        status, note = "error", f"{type(exc).__name__}: {exc}"
-        ev = {"exception": type(exc).__name__, "message": str(exc)}
-        cmd = f"genprobe doctor {shlex.quote(rep.model)} --only {name} --out DIR"
-        rep.errors.append(
-            Finding(name, f"{name}.error", "warning", f"the {TITLES[name]} stage failed: {note}", ev, None, cmd)
-        )
-    seconds = time.perf_counter() - t0
-    rep.stages.append(StageRun(name, status, round(seconds, 2), note))
-    found = getattr(rep, name, None)
-    got = Counter(f.severity for f in found.findings) if found is not None else {}
-    counts = ", ".join(f"{got[k]} {k}" for k in ("bug", "warning", "info", "ok") if got.get(k)) or note
-    log(f"[{i}/{n}] {TITLES[name]}: {status} in {seconds:.1f} s" + (f" — {counts}" if counts else ""))
-
-
 def run_doctor(
     model: Model | ModelFiles,
     opts: DoctorOptions,
@@ -136,7 +110,28 @@ def run_doctor(
     run = DoctorRun(model, opts, inp, shlex.quote(arg), log, rep)
     chosen = [s for s in TITLES if s in opts.only]
     for i, name in enumerate(chosen, 1):
-        _run_stage(name, run, i, len(chosen))
+        log(f"[{i}/{len(chosen)}] {TITLES[name]} …")
+        t0 = time.perf_counter()
+        try:
+            setattr(rep, name, STAGE_JOBS[name](run))
+            status, note = "ran", None
+        except StageSkipped as why:
+            status, note = "skipped", str(why)
+            if note != QUICK_SKIP:  # not checked for want of inputs: said among the findings
+                title = f"the {TITLES[name]} stage did not run: {note}"
+                rep.errors.append(Finding(name, f"{name}.skipped", "info", title))
+        except Exception as exc:  # noqa: BLE001 — one stage failing (user code, a missing corpus) hides no other
+            status, note = "error", f"{type(exc).__name__}: {exc}"
+            ev = {"exception": type(exc).__name__, "message": str(exc)}
+            cmd = f"genprobe doctor {shlex.quote(rep.model)} --only {name} --out DIR"
+            title = f"the {TITLES[name]} stage failed: {note}"
+            rep.errors.append(Finding(name, f"{name}.error", "warning", title, ev, None, cmd))
+        seconds = time.perf_counter() - t0
+        rep.stages.append(StageRun(name, status, round(seconds, 2), note))
+        found = getattr(rep, name, None)
+        got = Counter(f.severity for f in found.findings) if found is not None else {}
+        counts = ", ".join(f"{got[k]} {k}" for k in ("bug", "warning", "info", "ok") if got.get(k)) or note
+        log(f"[{i}/{len(chosen)}] {TITLES[name]}: {status} in {seconds:.1f} s" + (f" — {counts}" if counts else ""))
     if out is not None:  # the page: templates/doctor.html.j2 in the Jinja environment every genprobe page uses
         rep.files.update(json=str(out / JSON_FILE), html=str(out / HTML_FILE))
         atomic_write_json(out / JSON_FILE, json_safe(rep))
