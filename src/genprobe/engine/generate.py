@@ -99,16 +99,6 @@ def expand_state(state: Any, k: int) -> Any:
     return state
 
 
-def keep_rows(state: Any, rows: torch.Tensor) -> None:
-    """Make row i of the state hold row ``rows[i]``'s newest entry (our cache) or whole history (HF)."""
-    if isinstance(state, KVCache):
-        slot = state.seen - 1  # every row of a group differs only in the slot just written
-        for buf in (state.k[:, :, :, slot], state.v[:, :, :, slot]):
-            buf.copy_(buf.index_select(1, rows))
-        return
-    state.cache.batch_select_indices(rows.to(state.mask.device))
-
-
 def rank_candidates(
     context: torch.Tensor, context_mask: torch.Tensor, cand_hidden: torch.Tensor, cand_probs: torch.Tensor, alpha: float
 ) -> torch.Tensor:
@@ -185,7 +175,12 @@ class ContrastiveRun(Run):
         alpha = self.cfg.penalty_alpha
         sel = rank_candidates(self.context[:, :cur], self.valid[:, :cur], cand_hidden, cand_probs, alpha)
         chosen = self.groups + sel
-        keep_rows(self.state, chosen.repeat_interleave(self.k))
+        rows = chosen.repeat_interleave(self.k)  # row i of the state now holds row rows[i]'s newest entry or history
+        if isinstance(self.state, KVCache):  # every row of a group differs only in the slot just written
+            for buf in (self.state.k[:, :, :, self.state.seen - 1], self.state.v[:, :, :, self.state.seen - 1]):
+                buf.copy_(buf.index_select(1, rows))
+        else:  # a transformers cache, as HF does
+            self.state.cache.batch_select_indices(rows.to(self.state.mask.device))
         self.context[:, cur] = cand_hidden[chosen, -1]
         self.next_logits = out[chosen, -1].float()
         self.forwards, self.calls = self.forwards + self.k, self.calls + 1

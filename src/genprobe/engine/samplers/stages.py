@@ -106,10 +106,6 @@ class Stage:
     #: True where every engine computes it the same way (bans, n-gram bans): any ``engine`` may map it.
     exact_anywhere: ClassVar[bool] = False
 
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return (*(p.name for p in self.params), *self.other_fields)
-
     def value(self, c: SamplerConfig) -> float:
         """The switch parameter, ``off`` for None (the form vLLM and llama.cpp take)."""
         v = getattr(c, self.params[0].name)
@@ -201,13 +197,6 @@ def history_counts(history: torch.Tensor, V: int) -> torch.Tensor:
     return counts[:, :V]
 
 
-def last_real_tokens(history: torch.Tensor, n: int) -> torch.Tensor:
-    """``history`` with everything but each row's last ``n`` real (>= 0) tokens turned into padding (-1)."""
-    real = history >= 0
-    from_end = real.flip(1).cumsum(1).flip(1)  # 1 for the newest real token, 2 for the one before, ...
-    return torch.where(real & (from_end <= n), history, torch.full_like(history, -1))
-
-
 class Penalties(Adjustment):
     """Repetition, presence and frequency penalties with the engine's scope and arithmetic (history entries < 0
     are left padding and never count):
@@ -249,18 +238,16 @@ class Penalties(Adjustment):
                 "see the whole prompt and output); use engine='llama.cpp' or 'genprobe' for a window"
             )
 
-    @staticmethod
-    def window(c: SamplerConfig) -> int:
-        """How many recent tokens the penalties count: -1 = all, 0 = none (llama.cpp's default is 64)."""
-        if c.penalty_last_n is not None:
-            return c.penalty_last_n
-        return LLAMA_CPP_PENALTY_LAST_N if c.engine == "llama.cpp" else -1
-
     def adjust(self, z: torch.Tensor, history: torch.Tensor, c: SamplerConfig, prompt_len: int) -> torch.Tensor:
-        V, n = z.shape[1], self.window(c)
+        V, n = z.shape[1], c.penalty_last_n  # how many recent tokens count: -1 = all, 0 = none
+        if n is None:
+            n = LLAMA_CPP_PENALTY_LAST_N if c.engine == "llama.cpp" else -1
         if n == 0:
             return z
-        scoped = history if n < 0 else last_real_tokens(history, n)
+        scoped = history  # a window: each row's last n real (>= 0) tokens, the others turned into padding (-1)
+        if n > 0:
+            from_end = (history >= 0).flip(1).cumsum(1).flip(1)  # 1 for the newest real token, 2 for the one before
+            scoped = torch.where((history >= 0) & (from_end <= n), history, torch.full_like(history, -1))
         if c.engine == "llama.cpp":  # x <= 0 ? x·p : x/p, then x -= count·f + 1[count>0]·r, on the window's tokens
             counts = history_counts(scoped, V)
             seen = counts > 0
@@ -671,7 +658,7 @@ def active_truncations(c: SamplerConfig, order: str | None = None) -> list[Trunc
 def refuse_for(c: SamplerConfig, engine: str, label: str, stages: tuple[Stage, ...] = STAGES) -> None:
     """Refuse, naming the setting, what ``label`` (vLLM, llama.cpp) cannot run exactly: a field no stage maps
     (a sampler added later is never dropped silently) or an active stage in another engine's arithmetic."""
-    owned = {"greedy", "order", "engine", *(f for s in stages for f in s.fields)}
+    owned = {"greedy", "order", "engine", *(f for s in stages for f in (*(p.name for p in s.params), *s.other_fields))}
     unmapped = [
         f"{f.name}={getattr(c, f.name)!r}" for f in fields(c) if f.name not in owned and getattr(c, f.name) != f.default
     ]
@@ -788,9 +775,7 @@ class SamplerConfig:
         return tuple(getattr(self, f.name) for f in fields(self))
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SamplerConfig):
-            return NotImplemented
-        return self._key() == other._key()
+        return self._key() == other._key() if isinstance(other, SamplerConfig) else NotImplemented
 
     def __hash__(self) -> int:
         return hash(self._key())
