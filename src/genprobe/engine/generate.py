@@ -82,23 +82,6 @@ def generate(
     return run.result(prompts, time.perf_counter() - t0)
 
 
-def expand_state(state: Any, k: int) -> Any:
-    """The per-generation cache state with every row repeated ``k`` times (row b → rows b·k … b·k+k−1)."""
-    if isinstance(state, KVCache):
-        if state.window is not None:
-            raise ValueError("contrastive search does not support a sliding-window KVCache")
-        big = copy.copy(state)  # the counters and flags as they are; the tensors repeated (fresh, written in place)
-        big.batch_size = state.batch_size * k
-        big.k, big.v = state.k.repeat_interleave(k, dim=1), state.v.repeat_interleave(k, dim=1)
-        big.pos, big.valid = state.pos.repeat_interleave(k, dim=0), state.valid.repeat_interleave(k, dim=0)
-        big.next_pos = state.next_pos.repeat_interleave(k)
-        return big
-    state.cache.batch_repeat_interleave(k)
-    state.mask = state.mask.repeat_interleave(k, dim=0)
-    state.next_pos = state.next_pos.repeat_interleave(k)
-    return state
-
-
 def rank_candidates(
     context: torch.Tensor, context_mask: torch.Tensor, cand_hidden: torch.Tensor, cand_probs: torch.Tensor, alpha: float
 ) -> torch.Tensor:
@@ -160,7 +143,18 @@ class ContrastiveRun(Run):
             self.context = hidden.new_zeros(*self.buf.shape, hidden.shape[-1])
             self.context[:, :P] = hidden
             self.next_logits = logits[:, -1].float()
-            self.state = expand_state(state, self.k)
+            self.state = state  # every row repeated k times (row b → rows b·k … b·k+k−1)
+            if isinstance(state, KVCache):
+                if state.window is not None:
+                    raise ValueError("contrastive search does not support a sliding-window KVCache")
+                self.state = big = copy.copy(state)  # the counters as they are; the tensors repeated (fresh)
+                big.batch_size = state.batch_size * self.k
+                big.k, big.v = state.k.repeat_interleave(self.k, dim=1), state.v.repeat_interleave(self.k, dim=1)
+                big.pos, big.valid = state.pos.repeat_interleave(self.k, 0), state.valid.repeat_interleave(self.k, 0)
+            else:  # a transformers cache
+                state.cache.batch_repeat_interleave(self.k)
+                state.mask = state.mask.repeat_interleave(self.k, dim=0)
+            self.state.next_pos = state.next_pos.repeat_interleave(self.k)
             self.forwards, self.calls = P, 1
         return self.next_logits
 

@@ -131,8 +131,7 @@ def sample_next(
     z = process_logits(logits, history, cfg, prompt_len, generator) if processed is None else processed
     if cfg.greedy:
         return z.argmax(dim=-1)
-    probs = torch.softmax(z, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return torch.multinomial(torch.softmax(z, dim=-1), 1, generator=generator).squeeze(1)
 
 
 def kept_set_size(logits: torch.Tensor, cfg: SamplerConfig, history: torch.Tensor | None = None) -> int:
@@ -141,6 +140,4 @@ def kept_set_size(logits: torch.Tensor, cfg: SamplerConfig, history: torch.Tenso
         raise ValueError(f"kept_set_size takes one row of logits (V,), got shape {tuple(logits.shape)}")
     gen = torch.Generator().manual_seed(0) if XTC.active(cfg) else None
     z = process_logits(logits[None, :], None if history is None else history.reshape(1, -1), cfg, generator=gen)
-    if cfg.greedy:
-        return 1
-    return int(torch.isfinite(z).sum())
+    return 1 if cfg.greedy else int(torch.isfinite(z).sum())

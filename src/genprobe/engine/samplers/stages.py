@@ -253,27 +253,21 @@ class Penalties(Adjustment):
             seen = counts > 0
             rep = torch.where(z <= 0, z * c.repetition_penalty, z / c.repetition_penalty)
             return torch.where(seen, rep - (counts * c.frequency_penalty + seen.to(z.dtype) * c.presence_penalty), z)
-        if c.repetition_penalty != 1.0:
-            z = self.repetition(z, scoped, c.repetition_penalty, c.engine == "vllm")
+        if c.repetition_penalty != 1.0:  # each id in the history penalised once, gathering only those columns (as HF)
+            penalty, idx = c.repetition_penalty, torch.where(scoped >= 0, scoped, torch.full_like(scoped, V))  # pad → V
+            ext = torch.cat([z, z.new_zeros(z.shape[0], 1)], dim=1)
+            x = ext.gather(1, idx)
+            if c.engine == "vllm":
+                p = torch.tensor(penalty, dtype=torch.float32, device=z.device)
+                x = x * torch.where(x > 0, 1.0 / p, p)
+            else:
+                x = torch.where(x < 0, x * penalty, x / penalty)
+            z = ext.scatter(1, idx, x)[:, :V]
         if c.presence_penalty or c.frequency_penalty:  # OpenAI/vLLM: output tokens only
             counts = history_counts(scoped[:, prompt_len:], V)
             z = z - c.frequency_penalty * counts.to(z.dtype)
             z = z - c.presence_penalty * (counts > 0).to(z.dtype)
         return z
-
-    @staticmethod
-    def repetition(z: torch.Tensor, history: torch.Tensor, penalty: float, vllm: bool) -> torch.Tensor:
-        """Penalise the ids in ``history`` once each, gathering only those columns (as HF does)."""
-        B, V = z.shape
-        idx = torch.where(history >= 0, history, torch.full_like(history, V))  # padding → a spare column
-        ext = torch.cat([z, z.new_zeros(B, 1)], dim=1)
-        x = ext.gather(1, idx)
-        if vllm:
-            p = torch.tensor(penalty, dtype=torch.float32, device=z.device)
-            x = x * torch.where(x > 0, 1.0 / p, p)
-        else:
-            x = torch.where(x < 0, x * penalty, x / penalty)
-        return ext.scatter(1, idx, x)[:, :V]
 
     def vllm(self, c: SamplerConfig, vocab: int) -> dict[str, Any]:
         if c.penalty_last_n not in (None, -1):
@@ -765,9 +759,7 @@ class SamplerConfig:
     @cached_property
     def is_identity(self) -> bool:
         """True when processing cannot change the outcome (plain greedy / plain τ=1 sampling)."""
-        if self.uses_history or self.ban_ids:
-            return False
-        return self.greedy or not self.truncations
+        return not (self.uses_history or self.ban_ids) and (self.greedy or not self.truncations)
 
     # A SamplingParams and a SamplerConfig with the same parameters are the same sampler (dataclass equality
     # would compare the classes too).
