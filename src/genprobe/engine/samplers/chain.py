@@ -97,7 +97,11 @@ def process_logits(
     if cfg.greedy:
         return z
     stages = cfg.truncations  # the order's active truncation/temperature stages, with the engine's arithmetic
-    draws = XTC.draws(z.shape[0], generator) if XTC in stages else None
+    draws = None  # XTC's uniform [0, 1) draw per row, from the generation's generator: it must be reproducible
+    if XTC in stages:
+        if generator is None:
+            raise ValueError("XTC draws a random number per step: pass the generation's torch.Generator")
+        draws = torch.rand(z.shape[0], generator=generator, device=generator.device)
     if cfg.engine == "llama.cpp":  # each row's candidate array through the stages; removed tokens come back -inf
         out = torch.full_like(z, float("-inf"))
         for b, row in enumerate(z.detach().float().cpu().numpy()):

@@ -595,13 +595,6 @@ class Xtc(Truncation):
     def active(self, c: SamplerConfig) -> bool:
         return not c.greedy and c.xtc_probability > 0 and c.xtc_threshold <= 0.5
 
-    @staticmethod
-    def draws(batch: int, generator: torch.Generator | None) -> torch.Tensor:
-        """One uniform [0, 1) draw per row (raises without a generator: XTC must be reproducible)."""
-        if generator is None:
-            raise ValueError("XTC draws a random number per step: pass the generation's torch.Generator")
-        return torch.rand(batch, generator=generator, device=generator.device)
-
     def logits(self, z: torch.Tensor, c: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
         assert draws is not None  # process_logits draws while XTC is active
         sp, idx = torch.sort(torch.softmax(z, dim=-1), dim=-1, descending=True, stable=True)
