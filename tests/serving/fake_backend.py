@@ -20,7 +20,7 @@ from genprobe.engine.backend import Backend, Capabilities, Position, Request, Re
 
 VOCAB, TRAP, PERIOD = 64, 48, 3
 GATE = VOCAB - 1
-CAPABILITIES = Capabilities("fake", "full", VOCAB, True, True, False, 4, True)
+CAPABILITIES = Capabilities("fake", VOCAB, True, True, 4, True)
 
 
 def next_token(t: int) -> int:

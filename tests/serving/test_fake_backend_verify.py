@@ -26,7 +26,7 @@ class FakeBackend(EngineBackend):
     def __init__(self, model, fault: str = ""):
         super().__init__(model, "fake")
         caps = self.capabilities
-        self.capabilities = replace(caps, server="fake", concurrency=4, prefix_cache=True, seed=False)
+        self.capabilities = replace(caps, server="fake", concurrency=4, seed=False)
         self.fault, self.last = fault, None
 
     def complete(self, request: Request, batch: int = 1) -> Response:

@@ -33,11 +33,9 @@ class Capabilities:
     differs from the defaults (token-id prompts, one request at a time, no extras)."""
 
     server: str  # "genprobe" | "vllm" | "llama.cpp" | "llama-cpp-python" | "openai-compatible" | a fake's name
-    logprobs: str  # "full" (any k up to the vocabulary) | "top-k" (at most max_top_k) | "none"
-    max_top_k: int  # largest k per position (0 when no log-probs)
+    max_top_k: int  # largest k of log-probabilities per position (0 when none)
     prompt_logprobs: bool = False  # log-probabilities of the prompt's own tokens
     token_prompts: bool = True  # prompts given as token ids (else text, tokenized by the server)
-    prefix_cache: bool | None = None  # reuses a shared prompt prefix (None: not known)
     concurrency: int = 1  # requests served at once (1: one after another)
     seed: bool = False  # a per-request seed is honoured
     cache_block: int = 1  # a prefix cache reuses whole blocks of this many tokens
@@ -180,10 +178,8 @@ class EngineBackend(Backend):
         dtype = next(model.module.parameters()).dtype
         self.capabilities = Capabilities(
             server="genprobe",
-            logprobs="full",
             max_top_k=int(model.vocab_size),
             prompt_logprobs=True,
-            prefix_cache=False,
             seed=True,
             exact=dtype == torch.float32,
             label=str(dtype).removeprefix("torch."),

@@ -82,33 +82,6 @@ def generate(
     return run.result(prompts, time.perf_counter() - t0)
 
 
-def expand_state(state: Any, k: int) -> Any:
-    """The per-generation cache state with every row repeated ``k`` times (row b → rows b·k … b·k+k−1)."""
-    if isinstance(state, KVCache):
-        if state.window is not None:
-            raise ValueError("contrastive search does not support a sliding-window KVCache")
-        big = copy.copy(state)  # the counters and flags as they are; the tensors repeated (fresh, written in place)
-        big.batch_size = state.batch_size * k
-        big.k, big.v = state.k.repeat_interleave(k, dim=1), state.v.repeat_interleave(k, dim=1)
-        big.pos, big.valid = state.pos.repeat_interleave(k, dim=0), state.valid.repeat_interleave(k, dim=0)
-        big.next_pos = state.next_pos.repeat_interleave(k)
-        return big
-    state.cache.batch_repeat_interleave(k)
-    state.mask = state.mask.repeat_interleave(k, dim=0)
-    state.next_pos = state.next_pos.repeat_interleave(k)
-    return state
-
-
-def keep_rows(state: Any, rows: torch.Tensor) -> None:
-    """Make row i of the state hold row ``rows[i]``'s newest entry (our cache) or whole history (HF)."""
-    if isinstance(state, KVCache):
-        slot = state.seen - 1  # every row of a group differs only in the slot just written
-        for buf in (state.k[:, :, :, slot], state.v[:, :, :, slot]):
-            buf.copy_(buf.index_select(1, rows))
-        return
-    state.cache.batch_select_indices(rows.to(state.mask.device))
-
-
 def rank_candidates(
     context: torch.Tensor, context_mask: torch.Tensor, cand_hidden: torch.Tensor, cand_probs: torch.Tensor, alpha: float
 ) -> torch.Tensor:
@@ -170,7 +143,18 @@ class ContrastiveRun(Run):
             self.context = hidden.new_zeros(*self.buf.shape, hidden.shape[-1])
             self.context[:, :P] = hidden
             self.next_logits = logits[:, -1].float()
-            self.state = expand_state(state, self.k)
+            self.state = state  # every row repeated k times (row b → rows b·k … b·k+k−1)
+            if isinstance(state, KVCache):
+                if state.window is not None:
+                    raise ValueError("contrastive search does not support a sliding-window KVCache")
+                self.state = big = copy.copy(state)  # the counters as they are; the tensors repeated (fresh)
+                big.batch_size = state.batch_size * self.k
+                big.k, big.v = state.k.repeat_interleave(self.k, dim=1), state.v.repeat_interleave(self.k, dim=1)
+                big.pos, big.valid = state.pos.repeat_interleave(self.k, 0), state.valid.repeat_interleave(self.k, 0)
+            else:  # a transformers cache
+                state.cache.batch_repeat_interleave(self.k)
+                state.mask = state.mask.repeat_interleave(self.k, dim=0)
+            self.state.next_pos = state.next_pos.repeat_interleave(self.k)
             self.forwards, self.calls = P, 1
         return self.next_logits
 
@@ -185,7 +169,12 @@ class ContrastiveRun(Run):
         alpha = self.cfg.penalty_alpha
         sel = rank_candidates(self.context[:, :cur], self.valid[:, :cur], cand_hidden, cand_probs, alpha)
         chosen = self.groups + sel
-        keep_rows(self.state, chosen.repeat_interleave(self.k))
+        rows = chosen.repeat_interleave(self.k)  # row i of the state now holds row rows[i]'s newest entry or history
+        if isinstance(self.state, KVCache):  # every row of a group differs only in the slot just written
+            for buf in (self.state.k[:, :, :, self.state.seen - 1], self.state.v[:, :, :, self.state.seen - 1]):
+                buf.copy_(buf.index_select(1, rows))
+        else:  # a transformers cache, as HF does
+            self.state.cache.batch_select_indices(rows.to(self.state.mask.device))
         self.context[:, cur] = cand_hidden[chosen, -1]
         self.next_logits = out[chosen, -1].float()
         self.forwards, self.calls = self.forwards + self.k, self.calls + 1

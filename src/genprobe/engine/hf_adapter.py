@@ -42,8 +42,6 @@ class HFCausalLM:
     """A ``transformers`` causal LM behind the runner protocol (``step_with_hidden`` too, for contrastive search)."""
 
     def __init__(self, hf_model: nn.Module):
-        if not hasattr(hf_model, "config") or not callable(hf_model):
-            raise TypeError(f"HFCausalLM needs a transformers model, got {type(hf_model).__name__}")
         self.model = hf_model.eval()
         self.config: Any = hf_model.config
         self.vocab_size = vocab_size(hf_model)

@@ -146,26 +146,19 @@ def fast_module(model: ModelLike) -> PositionDrivenLM:
         raise ValueError(
             f"compile=True is for genprobe GPT and Llama-family transformers models, got {type(module).__name__}"
         )
-    reason = unsupported_reason(hf) or _unseen_hooks(hf)
+    reason = unsupported_reason(hf)
+    if reason is None:  # hooks on modules the view does not call (the model, its layers, attention, MLPs) would not run
+        called = {id(m) for m in llama_family_of(hf).modules()}
+        unseen = [(n or "the model", m) for n, m in hf.named_modules() if id(m) not in called]
+        hooked = [n for n, m in unseen if m._forward_hooks or m._forward_pre_hooks]
+        if hooked:
+            more = " ..." if len(hooked) > 3 else ""
+            reason = f"forward hooks on {', '.join(hooked[:3])}{more} would not run on its fast path"
     if reason is not None:
         raise ValueError(f"compile=True cannot run this transformers model: {reason}; use compile=False")
     view = llama_family_of(hf)
     view.training = hf.training  # the view's own flag (its submodules are the model's): the fast path reads it
     return view
-
-
-def _unseen_hooks(hf: nn.Module) -> str | None:
-    """Forward hooks on modules the fast forward does not call (the model, its layers, attention, MLP blocks): they
-    would silently not run there. Hooks on the projections, norms and embedding it calls do run."""
-    called = {id(m) for m in llama_family_of(hf).modules()}
-    hooked = [
-        name or "the model"
-        for name, m in hf.named_modules()
-        if (m._forward_hooks or m._forward_pre_hooks) and id(m) not in called
-    ]
-    if not hooked:
-        return None
-    return f"forward hooks on {', '.join(hooked[:3])}{' ...' if len(hooked) > 3 else ''} would not run on its fast path"
 
 
 @dataclass

@@ -109,7 +109,6 @@ class EndpointBackend(Backend):
         vllm = self.server == "vllm"
         self.capabilities = Capabilities(
             server=self.server,
-            logprobs="top-k",
             max_top_k=MAX_LOGPROBS,
             prompt_logprobs=vllm,
             token_prompts=vllm,

@@ -422,10 +422,8 @@ class VllmBackend(Backend):
         dtype = engine.options.dtype
         self.capabilities = Capabilities(
             server="vllm",
-            logprobs="top-k",
             max_top_k=int(getattr(config.model_config, "max_logprobs", 20)),
             prompt_logprobs=True,
-            prefix_cache=engine.options.enable_prefix_caching,
             concurrency=int(config.scheduler_config.max_num_seqs),
             seed=True,
             cache_block=engine.block_size,

@@ -44,8 +44,7 @@ from .static_cache import StaticKVCache
 Fingerprint = tuple[Hashable, ...]
 _T = TypeVar("_T")
 
-# Read by Inductor when a graph is compiled, so they are switched on only around first steps (a patch
-# around every replay would cost more than the guards it sits beside).
+# Read by Inductor when a graph is compiled: switched on only around first steps.
 RECOMPILE_LIMIT = 64
 COMPILE_CONFIG = {
     "cpp_wrapper": True,
@@ -56,20 +55,12 @@ COMPILE_CONFIG = {
 }
 
 
-# Measured on the 2-core machines (see compile_config): up to this many parameter-rows per step
-# (parameters x batch) a step's kernels are too small to split across threads. On the Intel Xeon of the
-# README, ahead of time, the 427k model at batch 4 and 8 ran 1.2x and 1.4x faster on two threads than on one
-# (19.8k -> 23.7k, 24.3k -> 34.6k tok/s) and batch 2 the same; 4M, the AMD machine's while_loop figure, kept
-# batch 8 on one core.
+# The thresholds below are measured; docs/speed.md, "The compiled path's thresholds", has the figures.
+# Up to this many parameter-rows per step (parameters x batch) a step's kernels are too small to split across threads.
 SINGLE_THREAD_MAX_WORK = 1_000_000
-
-# Measured on the 2-core machine (benchmarks/generate_speed.py, README "Decoding speed"): from this many
-# parameter-rows per step, with at least two rows, a step is dominated by its matrix products and runs
-# faster as one compiled step per Python iteration (weights frozen as graph constants, packed once for
-# oneDNN: 2-3x the GFLOP/s of an unpacked addmm here) than inside the compiled loop, whose body receives
-# the weights as loop operands that cannot be packed. Below it, the per-step overhead of a Python loop
-# dominates and the whole loop stays in one call. (427k parameters: loop at batch 16, stepwise at 64;
-# 57.8M: loop at batch 1, stepwise at 16 and 64.)
+# From this many parameter-rows per step, with at least two rows, a step is dominated by its matrix products and runs
+# faster as one compiled step per Python iteration (weights frozen, packed once for oneDNN) than inside the compiled
+# loop, whose body receives the weights as loop operands that cannot be packed.
 STEPWISE_MIN_WORK = 16_000_000
 # Prompts of models that large are prefilled by a compiled graph up to this many tokens (batch x length).
 COMPILED_PREFILL_MAX_ROWS = 256
@@ -83,14 +74,9 @@ def uses_kernels(model: GPT, batch_size: int) -> bool:
 
 
 def compile_config(model: GPT, batch_size: int) -> dict[str, Any]:
-    """Inductor settings for the decode loop of ``batch_size`` rows of ``model``.
-
-    A tiny step (``SINGLE_THREAD_MAX_WORK``) runs single-threaded: an OpenMP region would cost more than it saves.
-    The products, one row per sequence and bound by reading the weights, go to :mod:`.kernels` up to
-    ``KERNEL_MAX_ROWS`` rows (1.6-2x the weight bandwidth of Inductor's own code); without them, at batch 1,
-    ``decompose_mm_pass`` fuses them as multiply-and-sum loops (an ATen ``addmm`` call per product costs more than a
-    small model's product). Either way the same float32 maths, summed in another order.
-    """
+    """Inductor settings for the decode loop of ``batch_size`` rows of ``model``: single-threaded for a tiny step,
+    the products on :mod:`.kernels` up to ``KERNEL_MAX_ROWS`` rows, else at batch 1 fused by ``decompose_mm_pass``
+    (the same float32 maths, summed in another order)."""
     cfg: dict[str, Any] = {**COMPILE_CONFIG, "cpp.threads": _threads(model, batch_size)}
     if uses_kernels(model, batch_size):
         cfg.update(kernels.inductor_config(KERNEL_MAX_ROWS))
@@ -111,26 +97,16 @@ def decode_strategy(model: GPT, batch_size: int) -> str:
 
 
 def _reads_narrow_weights(model: GPT, batch_size: int) -> bool:
-    """Whether ``model`` stores weight-only narrow weights (bfloat16, int8) that the kernels read at this batch.
-
-    The stepwise path freezes the weights for oneDNN, which widens them to float32 once: its steps read
-    as many bytes as the float32 model's. The kernels read them narrow, and win where a step is bound by
-    those bytes (57.8M int8, 57-token generations: 867 vs 689-713 tok/s at batch 16, 1,235-1,262 vs
-    1,157-1,209 at 64).
-    """
+    """Whether ``model`` stores weight-only narrow weights (bfloat16, int8) that the kernels read at this batch (the
+    stepwise path's oneDNN packing would widen them to float32)."""
     if batch_size > KERNEL_MAX_ROWS:
         return False
     return any(p.dtype in NARROW_WEIGHT_DTYPES or p.dtype == torch.uint8 for p in model.parameters())
 
 
 def prefill_config(model: GPT) -> dict[str, Any]:
-    """Inductor settings for the compiled prompt forward (:func:`_prefill`) of ``model``.
-
-    A model below ``STEPWISE_MIN_WORK`` parameters runs the prompt's products on genprobe's kernels, single-threaded
-    (a few rows: oneDNN's per-call primitive setup, measured ~0.1 ms per product here, would cost more than the
-    products); a large model keeps :func:`stepwise_config` (frozen weights packed for oneDNN, whose GEMMs are
-    several times faster than the kernels once the rows are many).
-    """
+    """Inductor settings for the compiled prompt forward (:func:`_prefill`) of ``model``: below ``STEPWISE_MIN_WORK``
+    parameters its products on genprobe's kernels, single-threaded; a large model keeps :func:`stepwise_config`."""
     blocks = any(p.dtype == torch.uint8 for p in model.parameters())  # a GGUF file's blocks: only the kernels read them
     if (blocks or model.num_parameters() < STEPWISE_MIN_WORK) and uses_kernels(model, 1):
         # Not frozen: freezing would pack the weights for oneDNN before the kernels' pass sees the products. (Nor
@@ -285,9 +261,7 @@ def _decode_step(
 
     Compiled with the batch dimension as a symbol: one graph serves every batch size from 2 up. ``span`` is
     one longer than the cache slots written after this step (its length only; a symbol too, at least 2 even after
-    a one-token prompt, so that Dynamo does not specialise it): attention reads those slots, not the whole
-    capacity. Measured on SmolLM2-135M at batch 64 (2 threads, AMD EPYC), 72 tokens in a 128-slot cache: the
-    reads of every slot were a third of a step.
+    a one-token prompt, so that Dynamo does not specialise it): attention reads those slots, not the whole capacity.
     """
     if version == -1:  # a branch on the value is what makes Dynamo guard on it (see _decode_loop)
         raise ValueError("version -1 is reserved")
@@ -407,28 +381,6 @@ def _modules_of(model: torch.nn.Module) -> list[torch.nn.Module]:
     return _cached("modules", model, lambda: list(model.modules()))
 
 
-def _tensor_slots(model: torch.nn.Module) -> list[tuple[dict[str, Any], str]]:
-    """(dict, key) of every parameter and buffer of ``model``."""
-
-    def slots() -> list[tuple[dict[str, Any], str]]:
-        dicts = [d for m in _modules_of(model) for d in (m._parameters, m._buffers)]
-        return [(d, k) for d in dicts for k, t in d.items() if t is not None]
-
-    return _cached("slots", model, slots)
-
-
-def _hook_dicts(model: torch.nn.Module) -> list[dict[Any, Any]]:
-    """Every module's forward and forward-pre hook dicts (the modules' own dicts, so a hook added later shows), plus
-    the global ones."""
-    glob = torch.nn.modules.module
-    hooks = [glob._global_forward_hooks, glob._global_forward_pre_hooks]
-    return _cached(
-        "hooks",
-        model,
-        lambda: [d for m in _modules_of(model) for d in (m._forward_hooks, m._forward_pre_hooks)] + hooks,
-    )
-
-
 def parameter_count(model: GPT) -> int:
     """``model.num_parameters()``, cached (a sum over every parameter)."""
     return _cached("parameters", model, model.num_parameters)
@@ -445,10 +397,10 @@ def weights_version(model: torch.nn.Module) -> int:
     allocator handing out the same blocks) can show the same ids, addresses and version counters, and would
     then be given the frozen graph of the freed model's weights. The model's serial rules that out.
     """
-    # The tensors are read from each module's own dicts every time: a replaced parameter or buffer shows
-    # (assignments that register a new name bump the epoch, so the slot list itself is rebuilt then).
-    tensors = [d.get(k) for d, k in _tensor_slots(model)]  # None where one was deleted since: a new version
-    state = tuple([(id(t), t.data_ptr(), t._version) if t is not None else None for t in tensors])
+    # The tensors are read from each module's own parameter and buffer dicts every time: a replaced or deleted one
+    # shows (a module registered since bumps the epoch, so the list of dicts is rebuilt then).
+    dicts = _cached("dicts", model, lambda: [d for m in _modules_of(model) for d in (m._parameters, m._buffers)])
+    state = tuple([(id(t), t.data_ptr(), t._version) for d in dicts for t in d.values() if t is not None])
     serial = _model_serials.setdefault(model, next(_next_serial))  # unlike ``id``, never reused by another model
     return hash((serial, state)) & (2**62 - 1)
 
@@ -459,7 +411,12 @@ def fingerprint(model: torch.nn.Module) -> Fingerprint:
     Dynamo's own guards check all of it and more, but evaluating them costs ~1.5 ms per call; they
     run on the first call in each new fingerprint (see :meth:`CompiledGPTRunner._call`).
     """
-    hooks = sum(map(len, _hook_dicts(model)))
+    # The modules' own hook dicts (a hook added later shows), and the global ones.
+    own = _cached(
+        "hooks", model, lambda: [d for m in _modules_of(model) for d in (m._forward_hooks, m._forward_pre_hooks)]
+    )
+    glob = torch.nn.modules.module
+    hooks = sum(map(len, own)) + len(glob._global_forward_hooks) + len(glob._global_forward_pre_hooks)
     cfg = getattr(model, "cfg", None)
     modes = (model.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_num_threads())
     return (weights_version(model), hooks, id(cfg), cfg, *modes)
@@ -482,11 +439,8 @@ _compile_error: str | None = None  # set once per process when compilation fails
 _FUNCTIONS: dict[str, Callable[..., Any]] = {"loop": _decode_loop, "stepwise": _decode_step, "prefill": _prefill}
 
 
-#: Set to ``aot_eager`` (or ``eager``) to run the compiled path's own logic — static cache, graphs per situation,
-#: fingerprints, the decode loop — traced by Dynamo but executed by PyTorch's eager kernels, without Inductor. What
-#: PyTorch's documentation advises for telling a bug of one's own code from one of the compiler; the tests use it
-#: where they check that logic and not Inductor's code (each of Inductor's paths keeps tests of its own), since a
-#: trace costs ~1 s where an Inductor build costs 10-15 s of a core.
+#: Set to ``aot_eager`` (or ``eager``) to run the compiled path's own logic traced by Dynamo but executed by PyTorch's
+#: eager kernels, without Inductor (the tests use it where they check that logic and not Inductor's code).
 BACKEND_ENV = "GENPROBE_COMPILE_BACKEND"
 _BACKENDS = ("inductor", "aot_eager", "eager")
 
@@ -516,15 +470,9 @@ def compiled_fn(kind: str) -> Any:
 
 
 def static_capacity(max_len: int, max_positions: int | None) -> int:
-    """Cache capacity for a generation of ``max_len`` tokens, rounded up so that lengths share a graph.
-
-    The capacity is part of the compiled graph's shape: sized to each prompt + new tokens, every new
-    length would recompile. So it is the next power of two (at least 64), and never more than the model's
-    context length when it has one (learned positions). Not the context length itself: a decode step of the
-    compiled loop and of the AOT programs reads every slot of the capacity (the unfilled ones masked), and at
-    batch 64 of a 57.8M model with a 160-position context those reads made a 57-token generation 1.3x slower
-    than with 64 slots. (The stepwise step reads the filled slots only, see :func:`_decode_step`.)
-    """
+    """Cache capacity for a generation of ``max_len`` tokens, rounded up so that lengths share a graph: the next power
+    of two (at least 64), never more than the model's context length when it has one. Not the context length
+    itself: a step of the compiled loop and of the AOT programs reads every slot of the capacity."""
     bucket = max(64, 1 << (max_len - 1).bit_length())
     if max_positions is not None and max_len <= max_positions:
         return min(bucket, max_positions)
@@ -648,9 +596,8 @@ class CompiledGPTRunner:
         # The compiled graphs skip the host-side range checks of GPT.forward; the same limits, checked here.
         self.model.check_ids(ids)
         if ids.shape[1] > 1:
-            # Measured (time to first token, 7-token prompts): a compiled prefill pays off up to a few hundred
-            # rows (57.8M parameters: 23 -> 10 ms at batch 1, 82 -> 48 ms at 16, but 285 -> 329 ms at 64). For a
-            # small model it pays off once its products run on genprobe's kernels (see prefill_config).
+            # A compiled prefill pays off up to a few hundred rows, for a small model once its products run on the
+            # kernels (docs/speed.md, "The compiled path's thresholds").
             if ids.numel() <= COMPILED_PREFILL_MAX_ROWS and (
                 self.model.num_parameters() >= STEPWISE_MIN_WORK or uses_kernels(self.model, 1)
             ):
@@ -673,7 +620,9 @@ class CompiledGPTRunner:
         self.model.check_ids(ids)  # the compiled programs skip GPT.forward's host-side checks
         self._check_room(state, ids.shape[1] if room is None else room)
         ids = ids.contiguous()
-        return ids, self._all_valid(ids) if valid is None else valid.to(torch.bool).contiguous()
+        if valid is None:  # an all-true mask, made once per shape
+            return ids, self._constant(ids.shape, lambda: torch.ones(ids.shape, dtype=torch.bool, device=ids.device))
+        return ids, valid.to(torch.bool).contiguous()
 
     def _aot_last(self, aot: Any, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         """Logits (B, V) of the last position, through the step program (T == 1) or the prompt program (T > 1)."""
@@ -704,8 +653,7 @@ class CompiledGPTRunner:
         Two shapes, tried in order: the whole generation in one call (:meth:`generate_greedy`, the AOT programs' C++
         loop), else the prompt's forward and every later step in one call (:meth:`decode_greedy`). None, with nothing
         reported through ``on_token``, where compilation is unavailable or while this shape's programs build in the
-        background (:func:`aot_building`): ``generate`` then runs its loop. No token buffers here: at a few hundred
-        microseconds per generation of a small model, the Python around the calls is a fair share of the time.
+        background (:func:`aot_building`): ``generate`` then runs its loop.
         """
         (B, P), N = prompt.shape, int(max_new_tokens)
         if _compile_error is None and aot_building(self.model, B, static_capacity(P + N, self.max_positions)):
@@ -793,10 +741,6 @@ class CompiledGPTRunner:
         if made is None:
             made = self._constants[key] = make()
         return made
-
-    def _all_valid(self, ids: torch.Tensor) -> torch.Tensor:
-        """An all-true validity mask shaped like ``ids``."""
-        return self._constant(ids.shape, lambda: torch.ones(ids.shape, dtype=torch.bool, device=ids.device))
 
     def _eager_step(self, ids: torch.Tensor, valid: torch.Tensor | None, state: StaticKVCache) -> torch.Tensor:
         # A GGUF file's block layers multiply on the kernels once they are loaded, not by dequantizing every weight

@@ -28,7 +28,7 @@ import math
 import torch
 
 from .llama_cpp import Candidates
-from .stages import DRY, XTC, SamplerConfig, Truncation
+from .stages import DRY, XTC, SamplerConfig
 
 
 def check_logits(logits: torch.Tensor, sampling: bool = True) -> bool:
@@ -51,19 +51,6 @@ def check_logits(logits: torch.Tensor, sampling: bool = True) -> bool:
     return False
 
 
-def _as_history(history: torch.Tensor | None, B: int, V: int) -> torch.Tensor | None:
-    if history is None or not history.numel():
-        return None
-    history = history.to(torch.long)
-    if history.dim() == 1:
-        history = history[None, :].expand(B, -1)
-    if history.shape[0] != B:
-        raise ValueError(f"history has {history.shape[0]} rows but logits have {B}")
-    if int(history.max()) >= V:
-        raise ValueError(f"history holds token id {int(history.max())} outside the vocabulary of {V}")
-    return history
-
-
 def adjust_logits(
     logits: torch.Tensor, history: torch.Tensor | None, cfg: SamplerConfig, prompt_len: int = 0
 ) -> torch.Tensor:
@@ -71,25 +58,17 @@ def adjust_logits(
     B, V = logits.shape
     out = logits.float()
     if cfg.adjustments:
-        hist = _as_history(history, B, V) if cfg.uses_history else None
-        if hist is None:  # no stage will read it
-            hist = torch.empty(B, 0, dtype=torch.long, device=logits.device)
+        hist = torch.empty(B, 0, dtype=torch.long, device=logits.device)  # what stages read (none: no history)
+        if cfg.uses_history and history is not None and history.numel():
+            hist = history.to(torch.long)
+            hist = hist[None, :].expand(B, -1) if hist.dim() == 1 else hist
+            if hist.shape[0] != B:
+                raise ValueError(f"history has {hist.shape[0]} rows but logits have {B}")
+            if int(hist.max()) >= V:
+                raise ValueError(f"history holds token id {int(hist.max())} outside the vocabulary of {V}")
         for stage in cfg.adjustments:  # every stage is out of place
             out = stage.adjust(out, hist, cfg, prompt_len)
     return out.clone() if out is logits else out
-
-
-def _on_candidates(
-    logits: torch.Tensor, stages: tuple[Truncation, ...], cfg: SamplerConfig, draws: torch.Tensor | None
-) -> torch.Tensor:
-    """llama.cpp's arithmetic: each row's candidate array through ``stages``; removed tokens come back ``-inf``."""
-    out = torch.full_like(logits, float("-inf"))
-    for b, row in enumerate(logits.detach().float().cpu().numpy()):
-        c = Candidates(row)
-        for stage in stages:
-            stage.candidates(c, cfg, float(draws[b]) if draws is not None else 0.0)
-        out[b, torch.from_numpy(c.ids).to(out.device)] = torch.from_numpy(c.logit).to(out)
-    return out
 
 
 def process_logits(
@@ -118,9 +97,19 @@ def process_logits(
     if cfg.greedy:
         return z
     stages = cfg.truncations  # the order's active truncation/temperature stages, with the engine's arithmetic
-    draws = XTC.draws(z.shape[0], generator) if XTC in stages else None
-    if cfg.engine == "llama.cpp":
-        return _on_candidates(z, stages, cfg, draws)
+    draws = None  # XTC's uniform [0, 1) draw per row, from the generation's generator: it must be reproducible
+    if XTC in stages:
+        if generator is None:
+            raise ValueError("XTC draws a random number per step: pass the generation's torch.Generator")
+        draws = torch.rand(z.shape[0], generator=generator, device=generator.device)
+    if cfg.engine == "llama.cpp":  # each row's candidate array through the stages; removed tokens come back -inf
+        out = torch.full_like(z, float("-inf"))
+        for b, row in enumerate(z.detach().float().cpu().numpy()):
+            c = Candidates(row)
+            for stage in stages:
+                stage.candidates(c, cfg, float(draws[b]) if draws is not None else 0.0)
+            out[b, torch.from_numpy(c.ids).to(out.device)] = torch.from_numpy(c.logit).to(out)
+        return out
     for stage in stages:
         z = stage.logits(z, cfg, draws)
     return z
@@ -146,8 +135,7 @@ def sample_next(
     z = process_logits(logits, history, cfg, prompt_len, generator) if processed is None else processed
     if cfg.greedy:
         return z.argmax(dim=-1)
-    probs = torch.softmax(z, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return torch.multinomial(torch.softmax(z, dim=-1), 1, generator=generator).squeeze(1)
 
 
 def kept_set_size(logits: torch.Tensor, cfg: SamplerConfig, history: torch.Tensor | None = None) -> int:
@@ -156,6 +144,4 @@ def kept_set_size(logits: torch.Tensor, cfg: SamplerConfig, history: torch.Tenso
         raise ValueError(f"kept_set_size takes one row of logits (V,), got shape {tuple(logits.shape)}")
     gen = torch.Generator().manual_seed(0) if XTC.active(cfg) else None
     z = process_logits(logits[None, :], None if history is None else history.reshape(1, -1), cfg, generator=gen)
-    if cfg.greedy:
-        return 1
-    return int(torch.isfinite(z).sum())
+    return 1 if cfg.greedy else int(torch.isfinite(z).sum())

@@ -163,39 +163,6 @@ def breaker_table(sequences: Iterable[Sequence[int]]) -> Breakers:
     return table
 
 
-def _rep_limit(window: list[int], breakers: Breakers) -> int:
-    """Tokens after the most recent complete breaker (all of them if none): the longest repeat allowed."""
-    N = len(window)
-    for i in range(N):  # i tokens from the end
-        tails = breakers.get(window[N - 1 - i])
-        if not tails:
-            continue
-        longest = -1
-        for tail in tails:  # the tail follows the head in time order
-            L = len(tail)
-            if longest < L <= i and all(tail[o] == window[N - i + o] for o in range(L)):
-                longest = L
-        if longest >= 0:
-            return i - longest
-    return N
-
-
-def _suffix_matches(window: list[int]) -> list[int]:
-    """z[k] = length of the longest common suffix of ``window`` and ``window[:-k]`` (Z-algorithm, reversed)."""
-    rev = window[::-1]
-    N = len(rev)
-    z = [0] * N
-    lt = rt = 0
-    for k in range(1, N):
-        n = min(rt - k + 1, z[k - lt]) if k <= rt else 0
-        while k + n < N and rev[n] == rev[k + n]:
-            n += 1
-        z[k] = n
-        if k + n - 1 > rt:
-            lt, rt = k, k + n - 1
-    return z
-
-
 def dry_penalties(
     tokens: Sequence[int], multiplier: float, base: float, allowed_length: int, last_n: int, breakers: Breakers
 ) -> dict[int, np.float32]:
@@ -206,10 +173,26 @@ def dry_penalties(
     N = len(window)
     if N <= allowed_length:
         return {}
-    rep_limit = _rep_limit(window, breakers)
+    rep_limit = N  # tokens after the most recent complete breaker (all if none): the longest repeat allowed
+    for i in range(N):  # i tokens from the end
+        cut = -1  # the longest breaker ending here
+        for tail in breakers.get(window[N - 1 - i], ()):  # the tail follows the head in time order
+            if cut < len(tail) <= i and all(tail[o] == window[N - i + o] for o in range(len(tail))):
+                cut = len(tail)
+        if cut >= 0:
+            rep_limit = i - cut
+            break
     if rep_limit < allowed_length:
         return {}
-    z = _suffix_matches(window)
+    rev, z = window[::-1], [0] * N  # z[k]: longest common suffix of window and window[:-k] (Z-algorithm, reversed)
+    lt = rt = 0
+    for k in range(1, N):
+        n = min(rt - k + 1, z[k - lt]) if k <= rt else 0
+        while k + n < N and rev[n] == rev[k + n]:
+            n += 1
+        z[k] = n
+        if k + n - 1 > rt:
+            lt, rt = k, k + n - 1
     longest: dict[int, int] = {}
     for k in range(1, N):  # the earlier copy ends k tokens before the end; the token after it would repeat
         L = min(z[k], rep_limit)

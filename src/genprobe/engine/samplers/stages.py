@@ -106,10 +106,6 @@ class Stage:
     #: True where every engine computes it the same way (bans, n-gram bans): any ``engine`` may map it.
     exact_anywhere: ClassVar[bool] = False
 
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return (*(p.name for p in self.params), *self.other_fields)
-
     def value(self, c: SamplerConfig) -> float:
         """The switch parameter, ``off`` for None (the form vLLM and llama.cpp take)."""
         v = getattr(c, self.params[0].name)
@@ -201,13 +197,6 @@ def history_counts(history: torch.Tensor, V: int) -> torch.Tensor:
     return counts[:, :V]
 
 
-def last_real_tokens(history: torch.Tensor, n: int) -> torch.Tensor:
-    """``history`` with everything but each row's last ``n`` real (>= 0) tokens turned into padding (-1)."""
-    real = history >= 0
-    from_end = real.flip(1).cumsum(1).flip(1)  # 1 for the newest real token, 2 for the one before, ...
-    return torch.where(real & (from_end <= n), history, torch.full_like(history, -1))
-
-
 class Penalties(Adjustment):
     """Repetition, presence and frequency penalties with the engine's scope and arithmetic (history entries < 0
     are left padding and never count):
@@ -249,44 +238,36 @@ class Penalties(Adjustment):
                 "see the whole prompt and output); use engine='llama.cpp' or 'genprobe' for a window"
             )
 
-    @staticmethod
-    def window(c: SamplerConfig) -> int:
-        """How many recent tokens the penalties count: -1 = all, 0 = none (llama.cpp's default is 64)."""
-        if c.penalty_last_n is not None:
-            return c.penalty_last_n
-        return LLAMA_CPP_PENALTY_LAST_N if c.engine == "llama.cpp" else -1
-
     def adjust(self, z: torch.Tensor, history: torch.Tensor, c: SamplerConfig, prompt_len: int) -> torch.Tensor:
-        V, n = z.shape[1], self.window(c)
+        V, n = z.shape[1], c.penalty_last_n  # how many recent tokens count: -1 = all, 0 = none
+        if n is None:
+            n = LLAMA_CPP_PENALTY_LAST_N if c.engine == "llama.cpp" else -1
         if n == 0:
             return z
-        scoped = history if n < 0 else last_real_tokens(history, n)
+        scoped = history  # a window: each row's last n real (>= 0) tokens, the others turned into padding (-1)
+        if n > 0:
+            from_end = (history >= 0).flip(1).cumsum(1).flip(1)  # 1 for the newest real token, 2 for the one before
+            scoped = torch.where((history >= 0) & (from_end <= n), history, torch.full_like(history, -1))
         if c.engine == "llama.cpp":  # x <= 0 ? x·p : x/p, then x -= count·f + 1[count>0]·r, on the window's tokens
             counts = history_counts(scoped, V)
             seen = counts > 0
             rep = torch.where(z <= 0, z * c.repetition_penalty, z / c.repetition_penalty)
             return torch.where(seen, rep - (counts * c.frequency_penalty + seen.to(z.dtype) * c.presence_penalty), z)
-        if c.repetition_penalty != 1.0:
-            z = self.repetition(z, scoped, c.repetition_penalty, c.engine == "vllm")
+        if c.repetition_penalty != 1.0:  # each id in the history penalised once, gathering only those columns (as HF)
+            penalty, idx = c.repetition_penalty, torch.where(scoped >= 0, scoped, torch.full_like(scoped, V))  # pad → V
+            ext = torch.cat([z, z.new_zeros(z.shape[0], 1)], dim=1)
+            x = ext.gather(1, idx)
+            if c.engine == "vllm":
+                p = torch.tensor(penalty, dtype=torch.float32, device=z.device)
+                x = x * torch.where(x > 0, 1.0 / p, p)
+            else:
+                x = torch.where(x < 0, x * penalty, x / penalty)
+            z = ext.scatter(1, idx, x)[:, :V]
         if c.presence_penalty or c.frequency_penalty:  # OpenAI/vLLM: output tokens only
             counts = history_counts(scoped[:, prompt_len:], V)
             z = z - c.frequency_penalty * counts.to(z.dtype)
             z = z - c.presence_penalty * (counts > 0).to(z.dtype)
         return z
-
-    @staticmethod
-    def repetition(z: torch.Tensor, history: torch.Tensor, penalty: float, vllm: bool) -> torch.Tensor:
-        """Penalise the ids in ``history`` once each, gathering only those columns (as HF does)."""
-        B, V = z.shape
-        idx = torch.where(history >= 0, history, torch.full_like(history, V))  # padding → a spare column
-        ext = torch.cat([z, z.new_zeros(B, 1)], dim=1)
-        x = ext.gather(1, idx)
-        if vllm:
-            p = torch.tensor(penalty, dtype=torch.float32, device=z.device)
-            x = x * torch.where(x > 0, 1.0 / p, p)
-        else:
-            x = torch.where(x < 0, x * penalty, x / penalty)
-        return ext.scatter(1, idx, x)[:, :V]
 
     def vllm(self, c: SamplerConfig, vocab: int) -> dict[str, Any]:
         if c.penalty_last_n not in (None, -1):
@@ -614,13 +595,6 @@ class Xtc(Truncation):
     def active(self, c: SamplerConfig) -> bool:
         return not c.greedy and c.xtc_probability > 0 and c.xtc_threshold <= 0.5
 
-    @staticmethod
-    def draws(batch: int, generator: torch.Generator | None) -> torch.Tensor:
-        """One uniform [0, 1) draw per row (raises without a generator: XTC must be reproducible)."""
-        if generator is None:
-            raise ValueError("XTC draws a random number per step: pass the generation's torch.Generator")
-        return torch.rand(batch, generator=generator, device=generator.device)
-
     def logits(self, z: torch.Tensor, c: SamplerConfig, draws: torch.Tensor | None) -> torch.Tensor:
         assert draws is not None  # process_logits draws while XTC is active
         sp, idx = torch.sort(torch.softmax(z, dim=-1), dim=-1, descending=True, stable=True)
@@ -671,7 +645,7 @@ def active_truncations(c: SamplerConfig, order: str | None = None) -> list[Trunc
 def refuse_for(c: SamplerConfig, engine: str, label: str, stages: tuple[Stage, ...] = STAGES) -> None:
     """Refuse, naming the setting, what ``label`` (vLLM, llama.cpp) cannot run exactly: a field no stage maps
     (a sampler added later is never dropped silently) or an active stage in another engine's arithmetic."""
-    owned = {"greedy", "order", "engine", *(f for s in stages for f in s.fields)}
+    owned = {"greedy", "order", "engine", *(f for s in stages for f in (*(p.name for p in s.params), *s.other_fields))}
     unmapped = [
         f"{f.name}={getattr(c, f.name)!r}" for f in fields(c) if f.name not in owned and getattr(c, f.name) != f.default
     ]
@@ -778,9 +752,7 @@ class SamplerConfig:
     @cached_property
     def is_identity(self) -> bool:
         """True when processing cannot change the outcome (plain greedy / plain τ=1 sampling)."""
-        if self.uses_history or self.ban_ids:
-            return False
-        return self.greedy or not self.truncations
+        return not (self.uses_history or self.ban_ids) and (self.greedy or not self.truncations)
 
     # A SamplingParams and a SamplerConfig with the same parameters are the same sampler (dataclass equality
     # would compare the classes too).
@@ -788,9 +760,7 @@ class SamplerConfig:
         return tuple(getattr(self, f.name) for f in fields(self))
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SamplerConfig):
-            return NotImplemented
-        return self._key() == other._key()
+        return self._key() == other._key() if isinstance(other, SamplerConfig) else NotImplemented
 
     def __hash__(self) -> int:
         return hash(self._key())

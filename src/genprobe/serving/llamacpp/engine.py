@@ -464,10 +464,8 @@ class LlamaCppBackend(Backend):
         self._prefill: dict[tuple[int, ...], Any] = {}
         self.capabilities = Capabilities(
             server="llama.cpp",
-            logprobs="full",
             max_top_k=model.vocab_size,
             prompt_logprobs=True,
-            prefix_cache=True,
             concurrency=int(model._lib.llama_max_parallel_sequences()),
             cache_bypass=True,
             exact=exact,
