@@ -1,9 +1,6 @@
-"""Human texts to compare generations with and the genre that decides what legitimate repetition means: a JSONL
-prompts file's ``"continuation"`` fields, else (``tang`` genre) the bundled poem each prompt opens, else none.
-
-Fluency of continuations (generated or human): NLL per character of the text, encoded with the scoring model's own
-tokenizer, so a judge with another vocabulary scores the same text; a prompt + continuation past the context is cut
-and counted.
+"""Human texts to compare generations with (a JSONL prompts file's ``"continuation"`` fields, else the bundled
+Tang poem each prompt opens) and their genre; fluency as NLL per character, each text encoded by the scoring model's
+own tokenizer (a prompt + continuation past the context is cut and counted).
 """
 
 from __future__ import annotations

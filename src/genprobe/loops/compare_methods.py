@@ -1,10 +1,6 @@
-"""The fixes ``loops compare`` puts side by side (:data:`METHODS`): decode-time samplers, the weight edit, and the
-edit + best sampler. Deterministic knobs sit on top of greedy so each row differs from the baseline by that knob
-only; XTC only acts when sampling, so it sits on top of ``sample``. Every method bans the same ids.
-
-Does DRY miss loops whose period spans a sequence breaker? Every prompt gets a class by the loop greedy produced on
-it (:data:`CLASSES`: its unit holds a breaker, lies within a line, or there is no periodic tail); each method's
-degenerate rate is reported per class, and its own remaining loops split the same way (docs/which-fix.md).
+"""The fixes ``loops compare`` puts side by side (:data:`METHODS`): decode-time samplers, each differing from its
+base (greedy, or ``sample`` for XTC) by one knob, the weight edit, and the edit + best sampler; every method bans the
+same ids. Loops are classified by sequence breaker (:data:`CLASSES`) to see what DRY misses (docs/which-fix.md).
 """
 
 from __future__ import annotations

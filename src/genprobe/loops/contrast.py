@@ -1,13 +1,7 @@
-"""Contrastive activations: positions inside loops versus positions outside them (:func:`position_labels`), and
-the loop direction per layer they give (:func:`loop_direction`) with how well it separates them (:func:`separation`).
-
-The forward hooks that read activations (:func:`capture`) and remove a direction (:func:`ablate`) are context
-managers: registered on entry and removed in ``finally`` — also when the body raises — so a model never keeps a
-stale hook (checked by the tests).
-
-Each scanned sequence is run once more, teacher-forced, with capture hooks on every layer; right padding keeps
-real positions from seeing padding. When the generations give too few reference positions, held-out text is added
-as reference and reported (docs/loop-repair.md, "How the pipeline works").
+"""Contrastive activations: positions inside loops versus before them (:func:`position_labels`), the loop direction
+per layer (:func:`loop_direction`) and how well it separates them (:func:`separation`). The hooks (:func:`capture`,
+:func:`ablate`) are context managers, removed in ``finally`` even when the body raises (docs/loop-repair.md, "How
+the pipeline works").
 """
 
 from __future__ import annotations

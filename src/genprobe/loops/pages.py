@@ -1,12 +1,6 @@
-"""The loop pages, read from typed results or their JSON; nothing here is measured.
-
-* ``loops repair`` (:func:`write_repair`): the patch, ``repair.json`` and a short HTML + PNG summary rendered from
-  ``repair.json``'s dict;
-* ``loops compare`` (:func:`write_outputs`): the comparison as one table (Markdown, also printed), one figure (PNG)
-  and one HTML page, from the typed :class:`~genprobe.loops.compare_fixes.CompareResult`.
-
-Each page is a Jinja2 template under ``templates/`` (package data) rendered in the shared environment of
-:mod:`genprobe._templates` (autoescaping on, strict undefined).
+"""The loop pages, from typed results or their JSON (nothing here is measured): ``loops repair``'s patch,
+``repair.json`` and HTML + PNG summary (:func:`write_repair`), ``loops compare``'s table, figure and HTML page
+(:func:`write_outputs`); Jinja2 templates under ``templates/`` rendered in :mod:`genprobe._templates`' environment.
 """
 
 from __future__ import annotations

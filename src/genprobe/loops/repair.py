@@ -333,16 +333,14 @@ def _scaled(
     grid = chains(sets, cfg.ks, cfg.forms, cfg.alphas())
     screened = screen(model, grid, build, quick, loops, limits, study.progress, cfg.screen_strengths)
     clock.tick("screen")
-    short, admitted = shortlist(screened, cfg.keep), sum(1 for s in screened if s.pressure is not None)
+    short, admitted = shortlist(screened, cfg.keep), sum(1 for c in screened if "dlogp" in (c.screen or {}))
     study.log(
         f"screen: {len(screened)} edits of layer sets {sets}, {admitted} within the limits on {len(windows)} windows; "
         f"generating for {len(short)}"
     )
-    for s in screened:
-        s.candidate.screen = {"windows": len(windows), **(json_safe(s.pressure) if s.pressure else {})}
     finalists, rungs = halve(
         model,
-        [s.candidate for s in short],
+        short,
         build,
         lambda ids: [r.measures for r in study.scan(ids, decoded=False).records],
         [r.prompt_ids for r in prone],
@@ -355,7 +353,7 @@ def _scaled(
     check_restored(model, before)
     study.log("halving: " + "; ".join(f"{r.prone}+{r.control} prompts, {r.kept} of {r.candidates} kept" for r in rungs))
     screening = (len(screened), admitted, len(short), rungs, loops.n_sequences, loops.positions, len(windows))
-    return [s.candidate for s in screened], finalists, ScaledTrace(scores, sets, *screening, json_safe(clock))
+    return screened, finalists, ScaledTrace(scores, sets, *screening, json_safe(clock))
 
 
 def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:

@@ -1,11 +1,7 @@
-"""Loop scan: generate after every prompt (batched), measure loops, aggregate rates and histograms.
-
-Every generation is measured on its tokens and, when decoded, on its characters; the exact, near, any-loop,
-repetitive-tail and degenerate rates are reported side by side, with the end token banned so a loop cannot hide
-behind an early stop. Calibration against human text: docs/calibration.md. :func:`scan_batches` is the scan written
-once for every engine; :func:`scan_loop_settings` (``genprobe loops scan``) runs it under several decoding settings,
-through genprobe's engine or a :class:`ScanEngine`: any :class:`~genprobe.engine.backend.Backend`
-(:func:`backend_engine`) or an engine's in-process fast path (``serving/scan.py``, ``serving/llamacpp/scan.py``).
+"""Loop scan: generate after every prompt (batched, end token banned), measure loops on tokens and decoded
+characters, aggregate rates and histograms. :func:`scan_batches` is the scan written once for every engine;
+:func:`scan_loop_settings` (``genprobe loops scan``) runs it under several decoding settings through genprobe's engine
+or a :class:`ScanEngine` (docs/loop-repair.md, docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from tqdm import tqdm
@@ -201,10 +197,8 @@ class ScanResult:
 
     def to_dict(self, with_records: bool = True) -> dict:
         """Plain JSON."""
-        d: dict[str, Any] = {"settings": json_safe(self.settings), "summary": json_safe(self.summary)}
-        if with_records:
-            d["records"] = [json_safe(r) for r in self.records]
-        return d
+        d = {"settings": json_safe(self.settings), "summary": json_safe(self.summary)}
+        return d | ({"records": json_safe(self.records)} if with_records else {})
 
 
 def generation_record(
@@ -229,12 +223,9 @@ def generation_record(
 
 @dataclass(frozen=True)
 class ScanOptions:
-    """How a scan runs beside its prompts: the one listing of them, built once by its caller (:class:`LoopStudy`,
-    ``loops scan``, a benchmark) and passed whole to every engine's scan (:func:`scan_batches`).
-
-    ``eos_id`` (the model's end token) is banned, never used to stop (see module doc); ``sampler`` defaults to the
-    chapter's chanting setting (``unk_id`` banned); ``decode`` (ids -> str) adds texts and character-level measures;
-    ``loop`` the detector settings (default: the raw defaults)."""
+    """How a scan runs beside its prompts, built once by its caller and passed whole to every engine's scan.
+    ``eos_id`` is banned, never used to stop; ``sampler`` defaults to chanting (``unk_id`` banned); ``decode``
+    (ids -> str) adds texts and character-level measures; ``loop``: the detector settings (default: raw defaults)."""
 
     max_new_tokens: int = 57
     sampler: SamplerConfig | None = None
@@ -307,10 +298,7 @@ def scan_batches(
         for j, (toks, full) in enumerate(generate_batch(Batch(chunk, chunk_texts, sampler, start, bi, o))):
             text = chunk_texts[j] if chunk_texts is not None else None
             records.append(generation_record(chunk[j], toks, full, o.unk_id, loop, o.decode, text))
-    end = end_token(o)  # study_sampler banned it above
-    settings = ScanSettings(
-        json_safe(sampler), o.max_new_tokens, o.seed, json_safe(loop), o.eos_id, end.banned, end.note
-    )
+    settings = ScanSettings(json_safe(sampler), o.max_new_tokens, o.seed, json_safe(loop), *astuple(end_token(o)))
     return ScanResult(records, summarise(records), settings)
 
 
@@ -444,12 +432,9 @@ def encode_prompts(model: Any, texts: Sequence[str]) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class ScanEngine:
-    """Who generates a scan other than genprobe's engine; an engine contributes just these two functions.
-
-    ``check(sampler, model, n_ctx)`` raises a ``ValueError`` for a setting it cannot run exactly (the sampler with
-    the end-token ban, the context the scan needs): called for every setting before anything starts, so a setting is
-    refused, never approximated. ``start(model, options, ids, log)`` starts the engine for the scan's prompt ids and
-    returns the batch generator of :func:`~genprobe.loops.scan.scan_batches` and what the JSON says about it."""
+    """Who generates a scan other than genprobe's engine. ``check(sampler, model, n_ctx)`` raises a ``ValueError``
+    for a setting it cannot run exactly (called for every setting before any starts: refused, never approximated);
+    ``start(model, options, ids, log)`` returns the batch generator and what the JSON says about the engine."""
 
     name: str  # as messages name it: "vLLM", "llama.cpp", "the vllm server"
     check: Callable[[SamplerConfig, Any, int], None]
@@ -532,15 +517,9 @@ def scan_loop_settings(
     on_scan: Callable[[str, ScanResult, float], None] | None = None,
     compile: bool = False,
 ) -> LoopScans:
-    """Scan the same prompts under each named decoding setting (what ``genprobe loops scan`` runs; docs/API.md).
-
-    ``settings``: name -> sampler (None: ``options.sampler`` or chanting; default :func:`loop_study_settings`), the
-    end token banned in each; ``prompts``: default 256 held-out Tang openings (bundled char model only); ``options``:
-    length, batch, seed, progress, detectors (the model fills in its end and unknown tokens and decoder);
-    ``chars_unit``: default the calibration's; ``backend``: a :class:`ScanEngine` or any
-    :class:`~genprobe.engine.backend.Backend` (default our engine; ``compile=True`` its compiled fast path), every
-    setting checked before any starts; ``log`` gets the end-token note and the engine's start-up.
-    """
+    """Scan the same prompts under each named decoding setting (``genprobe loops scan``; the arguments: docs/API.md).
+    ``settings``: name -> sampler (None: ``options.sampler`` or chanting; default :func:`loop_study_settings`);
+    ``backend``: a :class:`ScanEngine` or any :class:`~genprobe.engine.backend.Backend` (default our engine)."""
     if compile and backend is not None:
         raise ValueError("compile=True is for genprobe's own engine; the backend given decodes its own way")
     options = options or ScanOptions()

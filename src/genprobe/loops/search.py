@@ -1,14 +1,12 @@
-"""The edit search under regression limits, optimising a loop rate that cannot be gamed: exhaustive over the grid
-(:func:`run_search`), or scaled with depth (rank layers, screen strengths without generating, then halve).
+"""The edit search under regression limits: exhaustive over the grid (:func:`run_search`), or scaled with depth
+(rank layers, screen strengths by a :class:`LoopProbe`'s teacher-forced proxy, then halve:
+docs/loop-repair-at-scale.md).
 
 Every candidate is applied in place, evaluated and reverted exactly. The search minimises the **degenerate rate**
-(exact loop, near loop or repetitive tail) on a stratified search set; the exact rate is reported but never decides,
-so an edit that turns exact loops into near ones does not win. The choice rule (:func:`choose`): among candidates
-with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss`` and a degenerate rate strictly below the baseline's, the lowest
-degenerate rate; ties go to the lower periodic rate, the lower exact rate, fewer weights changed, then lower KL.
-
-The scaled search's four steps (rank, layer sets, screen by a :class:`LoopProbe`'s teacher-forced proxy, halving)
-are described in docs/loop-repair-at-scale.md.
+(exact loop, near loop or repetitive tail), so an edit that turns exact loops into near ones does not win. The
+choice rule (:func:`choose`): among candidates with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss`` and a degenerate rate
+strictly below the baseline's, the lowest; ties go to the lower periodic rate, the lower exact rate, fewer weights
+changed, then lower KL.
 """
 
 from __future__ import annotations
@@ -317,14 +315,6 @@ def scaled_layer_sets(ranking: Sequence[int], n_layers: int, top: int) -> list[t
 
 
 # ---- 3. screen --------------------------------------------------------------------------------
-@dataclass
-class Screened:
-    """A candidate measured without generation: the patch's cost on a few windows and its loop pressure."""
-
-    candidate: Candidate
-    pressure: Pressure | None  # None: over the limits, or not buildable
-
-
 def chains(
     layer_sets: Sequence[tuple[int, ...]],
     ks: Sequence[int],
@@ -345,34 +335,37 @@ def screen(
     limits: Limits,
     progress: bool = False,
     per_chain: int = 2,
-) -> list[Screened]:
+) -> list[Candidate]:
     """Each chain (strongest first, :func:`chains`): the regression check until one is within the limits, then
-    the loop pressure of it and the next ``per_chain - 1`` weaker ones (see module doc)."""
-    out: list[Screened] = []
+    the loop pressure of it and the next ``per_chain - 1`` weaker ones (see module doc). Each candidate's ``screen``
+    holds the number of windows and, when admitted, its :class:`Pressure`."""
+    out: list[Candidate] = []
+    windows = {"windows": int(regression.ids.shape[0])}
     for chain in progress_bar(chains, "screen", "chain", progress):
         admitted = 0
         for spec in chain:
             try:
                 patch = build(spec)
             except ValueError as exc:  # e.g. the selected units are never active in loops: no strength builds
-                out.append(Screened(Candidate(spec, error=str(exc)), None))
+                out.append(Candidate(spec, error=str(exc), screen=dict(windows)))
                 break
             first = min(spec.layers)
             with written(model, patch):
                 cand = Candidate.of(spec, patch, regression.measure(model, first_layer=first))
-                pressure = loops.measure(model, first_layer=first) if limits.admits(cand.regression) else None
-            out.append(Screened(cand, pressure))
-            admitted += pressure is not None
+                ok = limits.admits(cand.regression)
+                cand.screen = windows | (json_safe(loops.measure(model, first_layer=first)) if ok else {})
+            out.append(cand)
+            admitted += ok
             if admitted == per_chain:
                 break
     return out
 
 
-def shortlist(screened: Sequence[Screened], keep: int) -> list[Screened]:
+def shortlist(screened: Sequence[Candidate], keep: int) -> list[Candidate]:
     """The ``keep`` admissible candidates whose loop pressure dropped most (ties: lower KL, fewer weights)."""
-    ok = [s for s in screened if s.pressure is not None and s.pressure.dlogp < 0]
-    assert all(s.candidate.regression is not None for s in ok)  # screened and admitted: measured
-    ok.sort(key=lambda s: (s.pressure.dlogp, s.candidate.regression.kl, s.candidate.weights_changed))  # type: ignore
+    ok = [c for c in screened if c.screen and c.screen.get("dlogp", 0.0) < 0]
+    assert all(c.regression is not None for c in ok)  # screened and admitted: measured
+    ok.sort(key=lambda c: (c.screen["dlogp"], c.regression.kl, c.weights_changed))  # type: ignore
     return ok[:keep]
 
 
