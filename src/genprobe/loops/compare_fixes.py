@@ -334,15 +334,6 @@ def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: Com
     return BestChoice(best.name, best.acceptable, rule, nll_model, limit, skipped, cands)
 
 
-def _sample_prompts(greedy: MethodResult, k: int) -> list[int]:
-    """Up to ``k`` prompts: the first loop-prone ones (greedy degenerate), and one clean prompt when there is one."""
-    bad = [i for i, d in enumerate(greedy.degenerate) if d]
-    good = [i for i, d in enumerate(greedy.degenerate) if not d]
-    pick = bad[: max(k - 1, 0)] + good[:1] if good else bad[:k]
-    rest = [i for i in range(len(greedy.degenerate)) if i not in pick]
-    return sorted((pick + rest)[:k])
-
-
 def compare_fixes(
     model: Any,
     prompts: Sequence[str],
@@ -389,9 +380,18 @@ def compare_fixes(
         results.append(bench.score(m, *bench.scan(m)))
         bench.time([results[0].method, m], results[-1:])
         clock.tick("edit+best")
-    picks = _sample_prompts(results[0], cfg.samples)
+    # the sample prompts: the first loop-prone ones (greedy degenerate), and one clean prompt when there is one
+    deg, k = results[0].degenerate, cfg.samples
+    bad, good = [i for i, d in enumerate(deg) if d], [i for i, d in enumerate(deg) if not d]
+    pick = bad[: max(k - 1, 0)] + good[:1] if good else bad[:k]
+    picks = sorted((pick + [i for i in range(len(deg)) if i not in pick])[:k])
     for r in results:
         r.samples = [r.texts[i] for i in picks]
+    check, sha1 = None, model.state_sha256() if patch is not None else ""
+    if patch is not None:
+        check = PatchCheck(
+            patch_path, patch.meta.get("edit"), sha0, patch.meta.get("sha256_after", ""), sha1, sha1 == sha0
+        )
     return CompareResult(
         str(model.source) if model.source else None,
         str(judge.source) if judge is not None else None,
@@ -405,7 +405,7 @@ def compare_fixes(
         results,
         ref,
         best,
-        _patch_check(model, patch, patch_path, sha0),
+        check,
         picks,
         {c: bench.classes.count(c) for c in dict.fromkeys(bench.classes)},
         clock.to_dict(),
@@ -416,13 +416,6 @@ def compare_fixes(
 def _is_sampler(m: Method) -> bool:
     """A decode-time method (not the greedy baseline, not an edit row)."""
     return m.name != BASELINE and not m.patched
-
-
-def _patch_check(model: Any, patch: Patch | None, path: str | None, sha0: str) -> PatchCheck | None:
-    if patch is None:
-        return None
-    after = model.state_sha256()
-    return PatchCheck(path, patch.meta.get("edit"), sha0, patch.meta.get("sha256_after", ""), after, after == sha0)
 
 
 def _notes(study: LoopStudy, human: HumanTexts, judge: Any, ref: HumanReference) -> list[str]:

@@ -40,17 +40,6 @@ def read_continuations(path: str | os.PathLike) -> list[str | None] | None:
     return conts if any(c is not None for c in conts) else None
 
 
-def bundled_poems_for(prompts: Sequence[str]) -> list[str | None]:
-    """The first bundled Tang poem that starts with each prompt (None when none does)."""
-    poems = bundled_documents()
-    wanted = {len(p) for p in prompts}
-    first: dict[str, str] = {}
-    for poem in poems:
-        for n in wanted:
-            first.setdefault(poem[:n], poem)
-    return [first.get(p) for p in prompts]
-
-
 @dataclass
 class HumanTexts:
     """Human texts aligned with the prompts (prompt included; None where there is none), their source and genre."""
@@ -67,7 +56,12 @@ def human_texts(prompts: Sequence[str], continuations: Sequence[str | None] | No
         raise ValueError(f"genre must be one of {GENRES}, got {genre!r}")
     if continuations is not None and len(continuations) != len(prompts):
         raise ValueError(f"{len(continuations)} continuations for {len(prompts)} prompts; give one per prompt")
-    lookup: list[str | None] = bundled_poems_for(prompts) if genre != "text" else [None] * len(prompts)
+    first: dict[str, str] = {}  # each prompt's first bundled Tang poem (that starts with it)
+    wanted = {len(p) for p in prompts}
+    for poem in bundled_documents() if genre != "text" else ():
+        for n in wanted:
+            first.setdefault(poem[:n], poem)
+    lookup = [first.get(p) for p in prompts]
     if genre == "auto":
         found = sum(p is not None for p in lookup)
         genre = "tang" if prompts and found >= TANG_SHARE * len(prompts) else "text"
@@ -103,28 +97,6 @@ class Fluency:
     truncated: int
 
 
-def _encode_pair(model: Any, prompt: str, cont: str) -> tuple[list[int], list[int], int, bool] | None:
-    """(prompt ids, continuation ids, continuation characters, truncated), or None when nothing can be scored."""
-    tok = model.tokenizer
-    p, c = encode_quiet(tok, prompt), encode_quiet(tok, cont)
-    if not p or not c:
-        return None
-    limit = model.max_positions
-    if limit is None or len(p) + len(c) <= limit:
-        return p, c, len(cont), False
-    c = c[: max(0, limit - len(p))]
-    chars = len(c) if tok.kind == "char" else len(tok.decode(c))
-    return (p, c, chars, True) if c else None
-
-
-@torch.no_grad()
-def _score_batch(model: Any, rows: list[tuple[list[int], list[int]]]) -> list[float]:
-    ids, _ = pad_right([p + c for p, c in rows], model.pad_id)
-    logp = F.log_softmax(forward_logits(model.module, ids)[:, :-1].float(), dim=-1)
-    tok_logp = logp.gather(-1, ids[:, 1:, None])[..., 0]
-    return [-float(tok_logp[i, len(p) - 1 : len(p) + len(c) - 1].sum()) for i, (p, c) in enumerate(rows)]
-
-
 def score_continuations(
     model: Any, prompts: Sequence[str], continuations: Sequence[str | None], batch_size: int = 64
 ) -> list[TextScore | None]:
@@ -133,17 +105,26 @@ def score_continuations(
     if not hasattr(model, "module") and callable(getattr(model, "score", None)):
         judged: list[TextScore | None] = model.score(prompts, continuations)
         return judged
-    pairs = [None if c is None else _encode_pair(model, p, c) for p, c in zip(prompts, continuations, strict=True)]
-    scored = {i: x for i, x in enumerate(pairs) if x is not None}
+    tok, limit, unk = model.tokenizer, model.max_positions, model.unk_id
+    scored: dict[int, tuple[list[int], list[int], int, bool]] = {}  # prompt ids, continuation ids, chars, truncated
+    for i, (prompt, cont) in enumerate(zip(prompts, continuations, strict=True)):
+        p, c, cut = encode_quiet(tok, prompt), encode_quiet(tok, cont) if cont is not None else [], False
+        if limit is not None and len(p) + len(c) > limit:
+            c, cut = c[: max(0, limit - len(p))], True
+        if p and c and cont is not None:
+            scored[i] = (p, c, (len(c) if tok.kind == "char" else len(tok.decode(c))) if cut else len(cont), cut)
     order = sorted(scored, key=lambda i: len(scored[i][0]) + len(scored[i][1]))
-    out: list[TextScore | None] = [None] * len(pairs)
-    unk = model.unk_id
+    out: list[TextScore | None] = [None] * len(prompts)
     for s in range(0, len(order), batch_size):
         idx = order[s : s + batch_size]
-        nll = _score_batch(model, [(scored[i][0], scored[i][1]) for i in idx])
-        for i, v in zip(idx, nll, strict=True):
+        ids, _ = pad_right([scored[i][0] + scored[i][1] for i in idx], model.pad_id)
+        with torch.no_grad():
+            logp = F.log_softmax(forward_logits(model.module, ids)[:, :-1].float(), dim=-1)
+        tok_logp = logp.gather(-1, ids[:, 1:, None])[..., 0]
+        for row, i in enumerate(idx):
             p, c, chars, cut = scored[i]
-            out[i] = TextScore(v, chars, len(c), sum(1 for t in c if t == unk) if unk is not None else 0, cut)
+            nll = -float(tok_logp[row, len(p) - 1 : len(p) + len(c) - 1].sum())
+            out[i] = TextScore(nll, chars, len(c), sum(1 for t in c if t == unk) if unk is not None else 0, cut)
     return out
 
 

@@ -114,32 +114,6 @@ Rows = dict[str, dict[int, dict[str, list[torch.Tensor]]]]  # "loop"/"ref" → l
 
 
 @torch.no_grad()
-def _collect(
-    model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int
-) -> dict[str, dict[int, dict[str, torch.Tensor]]]:
-    """Teacher-force ``seqs`` in batches: per class ("loop", "ref"), layer and kind, the rows at the labelled
-    positions, stacked."""
-    n_layers = len(mlp_sites(model))
-    dev = next(iter(mlp_sites(model)[0].down.parameters())).device
-    acc: Rows = {name: {layer: {k: [] for k in KINDS} for layer in range(n_layers)} for name in ("loop", "ref")}
-    for s in range(0, len(seqs), batch_size):
-        ids, valid = pad_right(seqs[s : s + batch_size], 0)  # right padding: real positions never see it
-        with capture(model) as cap:
-            forward_logits(model, ids.to(dev), None if bool(valid.all()) else valid.to(dev))
-        for side, name in enumerate(("loop", "ref")):
-            at = [(i, t) for i, lab in enumerate(labels[s : s + batch_size]) for t in lab[side]]
-            if at:
-                r, c = torch.tensor(at).T
-                for layer, kind in itertools.product(range(n_layers), KINDS):
-                    acc[name][layer][kind].append(cap[kind][layer][0][r, c].float().cpu())
-    return {
-        name: {
-            layer: {k: torch.cat(v) if v else torch.empty(0) for k, v in kinds.items()} for layer, kinds in x.items()
-        }
-        for name, x in acc.items()
-    }
-
-
 def collect_contrast(
     model: Any,
     records: Sequence[GenerationRecord],
@@ -147,7 +121,8 @@ def collect_contrast(
     batch_size: int = 64,
     reference_text_windows: Sequence[list[int]] | None = None,
 ) -> Contrast:
-    """Teacher-force every record (prompt + generated tokens) and split positions by its loop measures."""
+    """Teacher-force every record (prompt + generated tokens), right-padded in batches, and keep each layer's
+    activations at its loop and reference positions (split by its loop measures)."""
     seqs = [list(rec.prompt_ids) + list(rec.tokens) for rec in records]
     labels = [
         position_labels(len(rec.prompt_ids), len(seq), rec.measures) for rec, seq in zip(records, seqs, strict=True)
@@ -163,8 +138,24 @@ def collect_contrast(
         raise ValueError(
             "no reference positions: every generated position is inside a loop and no reference text was given"
         )
-    acc = _collect(model, seqs + text, labels + [([], list(range(len(w) - 1))) for w in text], batch_size)
-    loop, ref = acc["loop"], acc["ref"]
+    seqs, labels = seqs + text, labels + [([], list(range(len(w) - 1))) for w in text]
+    n_layers = len(mlp_sites(model))
+    dev = next(iter(mlp_sites(model)[0].down.parameters())).device
+    acc: Rows = {name: {layer: {k: [] for k in KINDS} for layer in range(n_layers)} for name in ("loop", "ref")}
+    for s in range(0, len(seqs), batch_size):
+        ids, valid = pad_right(seqs[s : s + batch_size], 0)  # right padding: real positions never see it
+        with capture(model) as cap:
+            forward_logits(model, ids.to(dev), None if bool(valid.all()) else valid.to(dev))
+        for side, name in enumerate(("loop", "ref")):
+            at = [(i, t) for i, lab in enumerate(labels[s : s + batch_size]) for t in lab[side]]
+            if at:
+                r, c = torch.tensor(at).T
+                for layer, kind in itertools.product(range(n_layers), KINDS):
+                    acc[name][layer][kind].append(cap[kind][layer][0][r, c].float().cpu())
+    loop, ref = (
+        {layer: {k: torch.cat(v) if v else torch.empty(0) for k, v in x.items()} for layer, x in acc[n].items()}
+        for n in ("loop", "ref")
+    )
     return Contrast(
         loop={layer: x["mlp_out"] for layer, x in loop.items()},
         reference={layer: x["mlp_out"] for layer, x in ref.items()},

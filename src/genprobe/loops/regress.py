@@ -7,6 +7,7 @@ model's (:mod:`genprobe.model.arch`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -59,11 +60,6 @@ def text_windows(ids: Sequence[int], width: int, max_windows: int) -> list[list[
     return [ids[i * width : (i + 1) * width] for i in range(n)]
 
 
-def window_length(max_positions: int | None) -> int:
-    """Regression window: the model's context length, capped at :data:`DEFAULT_WINDOW` tokens (long-context models)."""
-    return DEFAULT_WINDOW if max_positions is None else max(2, min(int(max_positions), DEFAULT_WINDOW))
-
-
 class FrozenPrefix:
     """Per block, its outputs over a fixed sequence of forward calls of the unedited model, replayed by call order
     while an edit is measured: the measured calls must be the recorded ones, and a call past the record raises.
@@ -95,7 +91,7 @@ class FrozenPrefix:
         try:
             for i, block in enumerate(self.blocks[:first]):
                 saved.append((block, block.__dict__.get("forward")))
-                block.forward = self._replay(i)
+                block.forward = functools.partial(self._replay, i, iter(self.outputs[i]))
             yield
         finally:
             for block, own in saved:
@@ -104,16 +100,13 @@ class FrozenPrefix:
                 else:  # pragma: no cover - a block that already had an instance-level forward (e.g. a wrapper)
                     block.forward = own
 
-    def _replay(self, i: int) -> Any:
-        calls = iter(self.outputs[i])
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            out = next(calls, None)
-            if out is None:
-                raise RuntimeError(f"block {i} was called more often than recorded: the measured inputs changed")
-            return out
-
-        return forward
+    @staticmethod
+    def _replay(i: int, calls: Iterator[Any], *args: Any, **kwargs: Any) -> Any:
+        """Block ``i``'s next recorded output (its ``forward`` while skipped)."""
+        out = next(calls, None)
+        if out is None:
+            raise RuntimeError(f"block {i} was called more often than recorded: the measured inputs changed")
+        return out
 
 
 class RegressionProbe:

@@ -19,7 +19,7 @@ from ..metrics.stats import ALPHA, sign_test_p
 from ..model.arch import state_sha256
 from .contrast import Contrast, ContrastCounts, Separation, ablate, collect_contrast, loop_direction, separation
 from .patch import EditSpec, Patch, finalise, make_patch, patched
-from .regress import Regression, RegressionProbe, text_windows, window_length
+from .regress import DEFAULT_WINDOW, Regression, RegressionProbe, text_windows
 from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, greedy_sampler, summarise
 from .search import (
     Build,
@@ -208,7 +208,8 @@ class RepairReport:
 # ---- stages ---------------------------------------------------------------------------------
 def direction_stage(study: LoopStudy, val_text: str, records: Sequence[GenerationRecord]) -> DirectionStage:
     """Contrast loop vs reference positions of ``records``; one unit direction per layer; the regression probe."""
-    width = study.cfg.val_window or window_length(study.model.max_positions)
+    # the model's context length, at most DEFAULT_WINDOW tokens (long-context models)
+    width = study.cfg.val_window or max(2, min(study.model.max_positions or DEFAULT_WINDOW, DEFAULT_WINDOW))
     windows = text_windows(encode_quiet(study.tokenizer, val_text), width, study.cfg.regression_windows)
     con = collect_contrast(study.module, records, batch_size=study.cfg.batch_size, reference_text_windows=windows[:32])
     layers = {}
@@ -352,7 +353,7 @@ def _scaled(
     clock.tick("halving")
     check_restored(model, before)
     study.log("halving: " + "; ".join(f"{r.prone}+{r.control} prompts, {r.kept} of {r.candidates} kept" for r in rungs))
-    screening = (len(screened), admitted, len(short), rungs, loops.n_sequences, loops.positions, len(windows))
+    screening = (len(screened), admitted, len(short), rungs, loops.n_sequences, loops.targets.numel(), len(windows))
     return screened, finalists, ScaledTrace(scores, sets, *screening, json_safe(clock))
 
 

@@ -224,11 +224,6 @@ class LoopProbe:
     def n_sequences(self) -> int:
         return int(self.ids.shape[0])
 
-    @property
-    def positions(self) -> int:
-        """Loop positions read per measurement."""
-        return int(self.targets.numel())
-
     @torch.no_grad()
     def _read(self, model: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """log p(loop token) and whether it is the argmax, at every loop position."""
