@@ -49,10 +49,7 @@ class Method:
 
 
 def check_methods(names: Sequence[str] | None, have_patch: bool) -> list[str]:
-    """Validated method names, the greedy baseline first; the edit rows need a patch.
-
-    ``None`` = every method (the two edit rows only when there is a patch).
-    """
+    """Validated method names, the greedy baseline first; ``None``: every method (the edit rows need a patch)."""
     if names is None:
         names = [n for n in METHODS if have_patch or n not in (EDIT, EDIT_BEST)]
     unknown = [n for n in names if n not in METHODS]
@@ -74,12 +71,9 @@ def check_methods(names: Sequence[str] | None, have_patch: bool) -> list[str]:
 def build_methods(
     names: Sequence[str], tokenizer: Any, ban_ids: Sequence[int], genre: str, engine: str | None = None
 ) -> list[Method]:
-    """The :class:`Method` of every name except ``edit+best`` (built by :func:`edit_with`).
-
-    ``engine`` (a :data:`~genprobe.engine.samplers.stages.PRESETS` name): each method as that engine runs it — its
-    defaults under the method's own parameters (llama.cpp's top-k 40 / top-p 0.95 / min-p 0.05 / temperature 0.8
-    and 64-token penalty window, ``transformers``' top-k 50), its sampler order and its arithmetic
-    (:meth:`SamplerConfig.preset`); None: genprobe's plain chain."""
+    """The :class:`Method` of every name except ``edit+best`` (built by :func:`edit_with`); ``engine`` (a
+    :data:`~genprobe.engine.samplers.stages.PRESETS` name): each method as that engine runs it, its defaults under
+    the method's own parameters (:meth:`SamplerConfig.preset`); None: genprobe's plain chain."""
     breakers = {"dry": DEFAULT_BREAKERS, "dry-lines": POEM_BREAKERS if genre == "tang" else TEXT_BREAKERS}
     out = []
     for n in (n for n in names if n != EDIT_BEST):

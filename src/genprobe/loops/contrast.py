@@ -35,27 +35,23 @@ def capture(model: Any) -> Iterator[Captured]:
     ``resid`` (block output) and ``units`` (input of the down-projection: post-activation unit values)."""
     sites = mlp_sites(model)
     cap: Captured = {k: {layer: [] for layer in range(len(sites))} for k in KINDS}
-    handles = []
-    try:
+    with contextlib.ExitStack() as hooks:
         for (layer, s), kind in itertools.product(enumerate(sites), KINDS):
             keep = cap[kind][layer].append
             if kind == "units":  # the down-projection's input: a pre-hook
-                handles.append(s.down.register_forward_pre_hook(lambda m, i, keep=keep: keep(i[0].detach().clone())))
+                h = s.down.register_forward_pre_hook(lambda m, i, keep=keep: keep(i[0].detach().clone()))
             else:
                 module = s.mlp if kind == "mlp_out" else s.block
-                handles.append(module.register_forward_hook(lambda m, i, o, k=keep: k(_first(o).detach().clone())))
+                h = module.register_forward_hook(lambda m, i, o, k=keep: k(_first(o).detach().clone()))
+            hooks.callback(h.remove)
         yield cap
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextlib.contextmanager
 def ablate(model: Any, directions: dict[int, torch.Tensor]) -> Iterator[None]:
     """While active, each listed layer's MLP output loses its component along that layer's direction."""
     sites = mlp_sites(model)
-    handles = []
-    try:
+    with contextlib.ExitStack() as hooks:
         for layer, d in directions.items():
             if not 0 <= layer < len(sites):
                 raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
@@ -66,11 +62,8 @@ def ablate(model: Any, directions: dict[int, torch.Tensor]) -> Iterator[None]:
                 h = h - (h @ d.to(h))[..., None] * d.to(h)
                 return (h, *o[1:]) if isinstance(o, (tuple, list)) else h
 
-            handles.append(sites[layer].mlp.register_forward_hook(hook))
+            hooks.callback(sites[layer].mlp.register_forward_hook(hook).remove)
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 # ---- contrast ------------------------------------------------------------------------------

@@ -73,32 +73,20 @@ class FrozenPrefix:
     def recording(self) -> Iterator[None]:
         """Record every block's output of the forward calls made inside the block (the unedited model's)."""
         self.outputs = [[] for _ in self.blocks]
-
-        def hook(i: int) -> Any:
-            return lambda module, inputs, output: self.outputs[i].append(output)
-
-        handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(self.blocks)]
-        try:
+        with contextlib.ExitStack() as hooks:
+            for out, b in zip(self.outputs, self.blocks, strict=True):
+                hooks.callback(b.register_forward_hook(lambda m, i, o, out=out: out.append(o)).remove)
             yield
-        finally:
-            for h in handles:
-                h.remove()
 
     @contextlib.contextmanager
     def skipping(self, first: int) -> Iterator[None]:
         """Blocks below ``first`` replay their recorded outputs instead of computing (the edit starts at ``first``)."""
-        saved = []
-        try:
+        with contextlib.ExitStack() as restore:
             for i, block in enumerate(self.blocks[:first]):
-                saved.append((block, block.__dict__.get("forward")))
+                own = block.__dict__.get("forward")  # an instance-level forward (e.g. a wrapper) is put back
+                restore.callback(*(delattr, block, "forward") if own is None else (setattr, block, "forward", own))
                 block.forward = functools.partial(self._replay, i, iter(self.outputs[i]))
             yield
-        finally:
-            for block, own in saved:
-                if own is None:
-                    del block.forward
-                else:  # pragma: no cover - a block that already had an instance-level forward (e.g. a wrapper)
-                    block.forward = own
 
     @staticmethod
     def _replay(i: int, calls: Iterator[Any], *args: Any, **kwargs: Any) -> Any:

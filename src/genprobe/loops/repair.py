@@ -357,22 +357,6 @@ def _scaled(
     return screened, finalists, ScaledTrace(scores, sets, *screening, json_safe(clock))
 
 
-def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:
-    """The chosen edit as a finalised patch (hashes before/after recorded; model left unchanged)."""
-    assert chosen.objective is not None and chosen.regression is not None  # choose() returns scanned, admitted ones
-    patch = finalise(study.module, stage.build(study.module)(chosen.spec))
-    patch.meta.update(
-        edit=json_safe(chosen.spec),
-        sampler=json_safe(study.sampler),
-        objective="degenerate_rate",
-        search_degenerate_rate=chosen.objective.degenerate_rate,
-        search_loop_rate=chosen.objective.loop_rate,
-        kl=chosen.regression.kl,
-        dloss=chosen.regression.dloss,
-    )
-    return patch
-
-
 def _new(before: ScanResult, after: ScanResult, verdict: str = "degenerate") -> int:
     """Prompts whose generation has ``verdict`` (a :class:`LoopMeasures` flag) in ``after`` and not in ``before``."""
     pairs = zip(before.records, after.records, strict=True)
@@ -515,7 +499,18 @@ def _search_and_validate(
         )
         return None
     report.verdict = "edit passed the limits"
-    patch = build_patch(study, stage, search.chosen)
+    chosen = search.chosen
+    assert chosen.objective is not None and chosen.regression is not None  # choose() returns scanned, admitted ones
+    patch = finalise(study.module, stage.build(study.module)(chosen.spec))  # hashes recorded, model left unchanged
+    patch.meta.update(
+        edit=json_safe(chosen.spec),
+        sampler=json_safe(study.sampler),
+        objective="degenerate_rate",
+        search_degenerate_rate=chosen.objective.degenerate_rate,
+        search_loop_rate=chosen.objective.loop_rate,
+        kl=chosen.regression.kl,
+        dloss=chosen.regression.dloss,
+    )
     report.validation = v = validate_stage(study, patch, base["validate"], inputs.validate, stage.probe)
     clock.tick("validate")
     if not v.significant:  # a verdict no larger than its evidence: no patch written

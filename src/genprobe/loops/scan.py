@@ -238,6 +238,13 @@ class ScanOptions:
     progress: bool = False
     desc: str = "scan"
 
+    @property
+    def end_token(self) -> EndToken:
+        """Whether the end token exists and is banned (with the note the CLI prints)."""
+        eos = self.eos_id
+        note = None if eos is None else END_TOKEN_NOTE.format(eos=eos, n=self.max_new_tokens)
+        return EndToken(eos, eos is not None, note)
+
 
 @dataclass
 class Batch:
@@ -261,13 +268,6 @@ class EndToken:
     note: str | None
 
 
-def end_token(options: ScanOptions) -> EndToken:
-    """Whether the end token exists and is banned (with the note the CLI prints)."""
-    eos = options.eos_id
-    note = None if eos is None else END_TOKEN_NOTE.format(eos=eos, n=options.max_new_tokens)
-    return EndToken(eos, eos is not None, note)
-
-
 #: One engine's generation of one batch: for each prompt its new token ids and whether it ran the whole budget.
 GenerateBatch = Callable[[Batch], list[tuple[list[int], bool]]]
 
@@ -278,10 +278,9 @@ def scan_batches(
     options: ScanOptions = ScanOptions(),
     prompt_texts: Sequence[str] | None = None,
 ) -> ScanResult:
-    """The scan, written once for every engine: ``options.batch_size`` prompts at a time through ``generate_batch``
-    (genprobe's :func:`engine_batches`, any backend's :func:`backend_batches`, vLLM's or llama.cpp's in-process
-    one), each generation measured (:func:`generation_record`), the records summarised with the settings that made
-    them. With a calibration, :func:`annotate_scan` adds its human rates (:func:`genprobe.scan_loops` does both)."""
+    """The scan, written once for every engine: ``options.batch_size`` prompts at a time through ``generate_batch``,
+    each generation measured, the records summarised with the settings that made them (:func:`annotate_scan` adds a
+    calibration's human rates)."""
     if not prompts:
         raise ValueError("no prompts to scan")
     o = options
@@ -298,7 +297,7 @@ def scan_batches(
         for j, (toks, full) in enumerate(generate_batch(Batch(chunk, chunk_texts, sampler, start, bi, o))):
             text = chunk_texts[j] if chunk_texts is not None else None
             records.append(generation_record(chunk[j], toks, full, o.unk_id, loop, o.decode, text))
-    settings = ScanSettings(json_safe(sampler), o.max_new_tokens, o.seed, json_safe(loop), *astuple(end_token(o)))
+    settings = ScanSettings(json_safe(sampler), o.max_new_tokens, o.seed, json_safe(loop), *astuple(o.end_token))
     return ScanResult(records, summarise(records), settings)
 
 
@@ -319,10 +318,8 @@ def check_prompts(batch: Batch, vocab_size: int, max_len: int | None = None) -> 
 
 
 def engine_batches(model: Any, compile: bool = False) -> GenerateBatch:
-    """The scan's batch generator in genprobe's engine: batch ``i`` decoded together with seed ``seed + i``.
-
-    ``compile=True`` decodes through the compiled fast path (``generate(..., compile=True)``: our GPT and
-    Llama-family models; the same tokens as the eager loop, minutes of compiling per batch size, cached on disk)."""
+    """The scan's batch generator in genprobe's engine: batch ``i`` decoded together with seed ``seed + i``;
+    ``compile=True``: through the compiled fast path (the same tokens as the eager loop; docs/llama-fast.md)."""
 
     def generate_batch(b: Batch) -> list[tuple]:
         o = b.options
@@ -389,8 +386,7 @@ def calibrate_for_scan(
     unk_id: int | None = None,
 ) -> LoopCalibration:
     """Detector settings calibrated on human text of ``tokenizer`` and ``length`` tokens: the file ``human_text``
-    (one document per line), else the corpus matching the prompts' script (CJK: held-out Tang poems; other:
-    the English corpus)."""
+    (one document per line), else the corpus matching the prompts' script (docs/calibration.md)."""
     from ..corpus.inputs import human_sequences
 
     seqs, source = human_sequences(tokenizer, length, prompts, human_text=human_text, unk_id=unk_id)
@@ -403,9 +399,8 @@ UNK_SHOW = "▯"
 
 
 def study_options(model: Any, options: ScanOptions) -> ScanOptions:
-    """``options`` for a loop study of ``model``: its end token (banned), its unknown token (the default chanting
-    ban, the ``<unk>`` share) and its decoder; refused without a tokenizer or under 16 new tokens (too few to see a
-    loop)."""
+    """``options`` with ``model``'s end token (banned), unknown token and decoder; refused without a tokenizer or
+    under 16 new tokens (too few to see a loop)."""
     if model.tokenizer is None:
         raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
     if options.max_new_tokens < 16:
@@ -446,8 +441,7 @@ SEEDS_NOTE = "reproducibility: the server ignores per-request seeds, so a sample
 
 def backend_engine(backend: Backend, concurrency: int | None = None) -> ScanEngine:
     """Any :class:`~genprobe.engine.backend.Backend` as a scan engine, ``concurrency`` requests in flight (default:
-    as many as it serves at once). The sampler is passed through as the backend's own (temperature, top-p, top-k,
-    a seed per prompt, banned ids); the JSON names the server and lists what its capabilities left unchecked."""
+    as many as it serves at once); the JSON names the server and lists what its capabilities left unchecked."""
     caps = backend.capabilities
     not_checked = []
     if not caps.token_prompts:
@@ -459,9 +453,8 @@ def backend_engine(backend: Backend, concurrency: int | None = None) -> ScanEngi
             not_checked.append(SEEDS_NOTE)
 
     def start(model: Any, options: ScanOptions, ids: Any, log: Callable[[str], None]) -> tuple:
-        generate = backend_batches(backend, concurrency or caps.concurrency)
         about = {"backend": "endpoint", "server": caps.server, "model": backend.model_name, "not_checked": not_checked}
-        return generate, about
+        return backend_batches(backend, concurrency or caps.concurrency), about
 
     return ScanEngine(f"the {caps.server} server", check, start)
 
@@ -532,7 +525,7 @@ def scan_loop_settings(
     default = options.sampler or chanting_sampler(model.unk_id)
     samplers = {name: study_sampler(sampler or default, model.eos_id) for name, sampler in chosen.items()}
     ids = encode_prompts(model, texts)
-    end = end_token(options)
+    end = options.end_token
     if end.banned:
         log(f"note: {end.note}")
     if backend is None:

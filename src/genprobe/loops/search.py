@@ -62,10 +62,8 @@ class Strata:
     control_all: int
 
     def objective(self, prone: Sequence[LoopMeasures], control: Sequence[LoopMeasures]) -> Objective:
-        """Loop rates on the full set estimated from the two strata, each weighted by its share of the full set.
-
-        A new loop among the controls counts as much as it would in the natural mix of prompts.
-        """
+        """Loop rates on the full set estimated from the two strata, each weighted by its share of the full set (a
+        new loop among the controls counts as much as it would in the natural mix of prompts)."""
         if len(prone) != self.prone or len(control) != self.control:
             raise ValueError(
                 f"expected {self.prone} loop-prone and {self.control} control measures, "
@@ -390,11 +388,9 @@ def halve(
     full_check: Callable[[Candidate], bool],
     progress: bool = False,
 ) -> tuple[list[Candidate], list[Rung]]:
-    """Successive halving on the search set; returns the last rung's candidates and the rungs.
-
-    Only candidates that pass ``full_check`` (the exhaustive search's regression check on every validation window,
-    which replaces the screening one) go on to the next rung or generate at the last: the screening check on a few
-    windows admits edits the full one refuses, and a rung must not be won by an edit that can never be chosen."""
+    """Successive halving on the search set; returns the last rung's candidates and the rungs. Only candidates that
+    pass ``full_check`` (the regression check on every validation window) go on or generate at the last rung: a
+    rung must not be won by an edit that can never be chosen."""
     alive = list(survivors)
     # loop measures each candidate has generated so far, per stratum (prone, control), in prompt order
     done: dict[int, tuple[list[LoopMeasures], list[LoopMeasures]]] = {id(c): ([], []) for c in alive}
