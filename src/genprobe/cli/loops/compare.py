@@ -73,7 +73,7 @@ METHOD_JSON_KEYS = ("sampler", "rates", "legit", "nll_own", "nll_judge", "cost")
 def run_compare(args: argparse.Namespace) -> int:
     """Compare the fixes on one prompt set; write JSON, table, figure and page into --out."""
     from ...loops.compare_fixes import CompareConfig, compare_fixes
-    from ...loops.ngram_judge import NGRAM_PREFIX, ngram_judge
+    from ...loops.compare_human import NGRAM_PREFIX, ngram_judge
     from ...loops.pages import breaker_table, markdown_table, write_outputs
     from ...loops.patch import load_patch
     from ...model.load import load_model
