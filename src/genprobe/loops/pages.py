@@ -11,8 +11,7 @@ from typing import Any, Callable, Sequence
 
 from .._io import atomic_write_bytes, atomic_write_json, atomic_write_text, figure_bytes, json_safe
 from .._templates import DASH, environment, pct
-from .compare_fixes import CompareResult
-from .compare_methods import CLASSES
+from .compare_fixes import CLASSES, CompareResult
 from .patch import Patch, save_patch
 from .scan import LoopRates
 

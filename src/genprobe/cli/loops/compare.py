@@ -26,8 +26,8 @@ COMPARE_SKIP = 2816  # direction + search + validation sets of a default `loops 
 
 
 def compare_options(c: argparse.ArgumentParser) -> None:
+    from ...loops.compare_fixes import METHODS
     from ...loops.compare_human import GENRES
-    from ...loops.compare_methods import METHODS
 
     add_loop_args(c)
     add_data_args(c, with_val=False, chat=False)
