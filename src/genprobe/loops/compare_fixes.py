@@ -312,8 +312,7 @@ class CompareResult:
         return next(m for m in self.methods if m.method.name == name)
 
     def to_dict(self) -> dict:
-        """Plain JSON-safe dict (no NaN: unmeasurable values are None); the prompts themselves are in
-        ``compare-texts.json``, the sample prompts spelled out."""
+        """Plain JSON, the sample prompts spelled out (all the prompts are in ``compare-texts.json``)."""
         d = {f.name: json_safe(getattr(self, f.name)) for f in fields(self) if f.name != "prompts"}
         return d | {
             "n_prompts": len(self.prompts),
@@ -338,8 +337,7 @@ def _legit(prompts: Sequence[str], texts: Sequence[str], keep: Sequence[bool] | 
 
 @dataclass
 class _Bench:
-    """What every method of one comparison runs on: the study, the prompts, the patch, the judge, the genre's
-    sequence breakers, and (once greedy has run) each prompt's class by its greedy loop."""
+    """What every method of one comparison runs on (``classes``: each prompt's class by its greedy loop)."""
 
     study: LoopStudy
     judge: Any
@@ -366,8 +364,7 @@ class _Bench:
         return scan, seconds
 
     def fluencies(self, prompts: Sequence[str], texts: Sequence[str]) -> tuple[Fluency, Fluency | None]:
-        """NLL per character of ``texts`` after ``prompts`` under the model itself and under the judge (None
-        without one)."""
+        """NLL per character of ``texts`` after ``prompts`` under the model itself and the judge (None without)."""
         model, judge, batch = self.study.model, self.judge, self.cfg.batch_size
         own = fluency(str(model.source), score_continuations(model, prompts, texts, batch))
         jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, batch)) if judge else None
@@ -518,6 +515,14 @@ def compare_fixes(
         check = PatchCheck(
             patch_path, patch.meta.get("edit"), sha0, patch.meta.get("sha256_after", ""), sha1, sha1 == sha0
         )
+    notes = [n for n in (study.end_token.note, human.reason) if n]
+    if judge is None:
+        notes.append("no judge model: fluency is measured under the model itself only, which a method can game")
+    elif ref.nll_judge is not None and ref.nll_judge.unk_share > 0:
+        notes.append(
+            f"the judge's tokenizer maps {ref.nll_judge.unk_share:.1%} of the human texts' tokens to <unk>; "
+            "its NLL counts them as one class"
+        )
     return CompareResult(
         str(model.source) if model.source else None,
         str(judge.source) if judge is not None else None,
@@ -535,24 +540,10 @@ def compare_fixes(
         picks,
         {c: bench.classes.count(c) for c in dict.fromkeys(bench.classes)},
         clock.to_dict(),
-        _notes(study, human, judge, ref),
+        notes,
     )
 
 
 def _is_sampler(m: Method) -> bool:
     """A decode-time method (not the greedy baseline, not an edit row)."""
     return m.name != BASELINE and not m.patched
-
-
-def _notes(study: LoopStudy, human: HumanTexts, judge: Any, ref: HumanReference) -> list[str]:
-    notes = [study.end_token.note] if study.end_token.note else []
-    if human.reason:
-        notes.append(human.reason)
-    if judge is None:
-        notes.append("no judge model: fluency is measured under the model itself only, which a method can game")
-    elif ref.nll_judge is not None and ref.nll_judge.unk_share > 0:
-        notes.append(
-            f"the judge's tokenizer maps {ref.nll_judge.unk_share:.1%} of the human texts' tokens to <unk>; "
-            "its NLL counts them as one class"
-        )
-    return notes

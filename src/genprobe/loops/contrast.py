@@ -92,8 +92,7 @@ class Contrast:
 
 def position_labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:
     """Positions ``t`` of a sequence (prompt + generation, ``total`` tokens) whose next token continues the loop
-    (one full period past its onset) and those before the onset (reference); a repetitive tail without a period
-    gives neither."""
+    (one full period past its onset) and those before the onset (reference); a tail without a period gives neither."""
     first = max(prompt_len - 1, 0)  # t predicts generated token j = t + 1 - prompt_len: the first with j >= 0
     if not m.any_loop:  # every generated position is reference
         return [], [] if m.degenerate else list(range(first, total - 1))

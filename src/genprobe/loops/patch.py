@@ -115,12 +115,9 @@ def make_patch(
     unit_means: dict[int, torch.Tensor],
     gaps: dict[int, float] | None = None,
 ) -> Patch:
-    """Build (do not apply) the patch for ``spec``: selected columns, their original and new values.
-
-    With ``gaps`` (layer -> loop-minus-reference gap of mean MLP output along d), the ``subtract``
-    strength is relative: α_abs = α · gap / Σ_{c∈C} mean loop activation of c, so α = 1 removes, at
-    an average loop position, the whole gap along d. ``project`` strengths are fractions already.
-    """
+    """Build (do not apply) the patch for ``spec``: selected columns, their original and new values. With ``gaps``
+    (layer -> loop-minus-reference gap of mean MLP output along d), ``subtract`` strengths are relative: α_abs = α ·
+    gap / Σ_{c∈C} mean loop activation of c, so α = 1 removes the whole gap at an average loop position."""
     sites = mlp_sites(model)
     targets = []
     for layer in spec.layers:
@@ -210,8 +207,7 @@ _SWITCH = {
 
 
 def _check_start(patch: Patch, which: str, have: str, weights: str) -> None:
-    """Refuse to write the ``which`` values into ``weights`` (hash ``have``) unless they are the ones the patch
-    records on the other side."""
+    """Refuse to write the ``which`` values into ``weights`` (hash ``have``) unless the patch records that hash."""
     verb, start, _, what = _SWITCH[which]
     want = patch.meta.get(start)
     if not want:
@@ -221,8 +217,8 @@ def _check_start(patch: Patch, which: str, have: str, weights: str) -> None:
 
 
 def _switch(model: Any, patch: Patch, which: str) -> str:
-    """Write the ``which`` values of every target, refusing unless the model's state hash is the recorded one the
-    other way, and checking the hash it arrives at (written back when it is not). Returns the new hash."""
+    """Write the ``which`` values of every target, checking the state hash before and after (rolled back when it
+    is not the recorded one). Returns the new hash."""
     verb, _, end, _ = _SWITCH[which]
     _check_start(patch, which, state_sha256(model), "the model's weights")
     for t in patch.targets:

@@ -248,8 +248,7 @@ class ScanOptions:
 
 @dataclass
 class Batch:
-    """One batch of a scan, as every engine's batch generator receives it. Each engine seeds from
-    ``options.seed`` as it does (ours: seed + batch; the others seed + prompt)."""
+    """One batch of a scan, as every engine's batch generator receives it (seeded from ``options.seed``)."""
 
     prompts: list[list[int]]
     texts: list[str] | None  # the prompts as text, when given (a server that takes only text prompts needs them)
@@ -416,8 +415,7 @@ def study_options(model: Any, options: ScanOptions) -> ScanOptions:
 
 
 def encode_prompts(model: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Prompts → ids (:func:`genprobe.engine.loaded.encode_prompts`); an empty encoding is refused, naming the prompt
-    (it cannot be continued)."""
+    """Prompts → ids (:func:`genprobe.engine.loaded.encode_prompts`); an empty encoding is refused."""
     ids = loaded.encode_prompts(model, texts)[0]
     empty = [t for t, i in zip(texts, ids, strict=True) if not i]
     if empty:

@@ -161,8 +161,7 @@ Build = Callable[[EditSpec], Patch]  # spec -> its patch (not applied)
 def run_search(
     model: Any, specs: Sequence[EditSpec], build: Build, evaluate: Evaluate, progress: bool = False
 ) -> list[Candidate]:
-    """Evaluate every spec's patch (``build(spec)``, e.g. :func:`~genprobe.loops.patch.make_patch` of the directions)
-    with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
+    """Evaluate every spec's patch with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
     before = state_sha256(model)
     out = []
     for spec in progress_bar(specs, "search", "edit", progress):
@@ -189,8 +188,7 @@ class Pressure:
 
 
 class LoopProbe:
-    """Teacher-forced loop continuations of up to ``max_seqs`` looping records, read as one batch; the base
-    log-probs kept once."""
+    """Teacher-forced loop continuations of up to ``max_seqs`` looping records, read as one batch."""
 
     def __init__(self, model: Any, records: Sequence[GenerationRecord], max_seqs: int = 8, reuse_prefix: bool = False):
         rows: list[int] = []
