@@ -22,7 +22,7 @@ from ..engine.samplers.stages import SamplerConfig
 from ..metrics.degeneracy import LoopMeasures, LoopSettings
 from ..metrics.legit import LegitRates, legit_counts, legit_rates
 from ..metrics.stats import wilson_interval
-from .compare_human import Fluency, HumanTexts, fluency, human_texts, score_continuations
+from .compare_human import Fluency, fluency, human_texts, score_continuations
 from .patch import Patch, patched
 from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, study_sampler
 from .study import Clock, LoopStudy, RepairConfig
@@ -61,7 +61,7 @@ METHODS: dict[str, tuple[str, dict]] = {  # name -> (label, sampler parameters);
     "xtc": ("sampling + XTC 0.5/0.1", {**SAMPLE, "xtc_probability": 0.5, "xtc_threshold": 0.1}),
     "contrastive": ("contrastive search α 0.6, k 4", {"penalty_alpha": 0.6, "top_k": 4}),
     EDIT: ("weight edit (greedy)", GREEDY),
-    EDIT_BEST: ("weight edit + best sampler", {}),  # the best method's sampler (edit_with)
+    EDIT_BEST: ("weight edit + best sampler", {}),  # the best method's sampler (compare_fixes)
 }
 
 
@@ -98,7 +98,7 @@ def check_methods(names: Sequence[str] | None, have_patch: bool) -> list[str]:
 def build_methods(
     names: Sequence[str], tokenizer: Any, ban_ids: Sequence[int], genre: str, engine: str | None = None
 ) -> list[Method]:
-    """The :class:`Method` of every name except ``edit+best`` (built by :func:`edit_with`); ``engine`` (a
+    """The :class:`Method` of every name except ``edit+best`` (built by :func:`compare_fixes`); ``engine`` (a
     :data:`~genprobe.engine.samplers.stages.PRESETS` name): each method as that engine runs it, its defaults under
     the method's own parameters (:meth:`SamplerConfig.preset`); None: genprobe's plain chain."""
     breakers = {"dry": DEFAULT_BREAKERS, "dry-lines": POEM_BREAKERS if genre == "tang" else TEXT_BREAKERS}
@@ -113,19 +113,13 @@ def build_methods(
     return out
 
 
-def edit_with(best: Method) -> Method:
-    """The weight edit combined with ``best``'s sampler."""
-    return Method(EDIT_BEST, f"weight edit + {best.name}", best.sampler, patched=True)
-
-
 # ---- loops classified by sequence breaker ----------------------------------------------------
 SPANS, WITHIN, NO_LOOP = "spans a breaker", "within a line", "no baseline loop"
 CLASSES = (SPANS, WITHIN, NO_LOOP)
 
 
 def unit_class(text: str, measures: LoopMeasures, breakers: str) -> str:
-    """:data:`SPANS`, :data:`WITHIN` or :data:`NO_LOOP` for one generation measured on its characters, by one period
-    of its periodic tail (exact period first, else the near period)."""
+    """:data:`SPANS`, :data:`WITHIN` or :data:`NO_LOOP` for one generation, by one period of its periodic tail."""
     p = measures.any_period
     if not p:
         return NO_LOOP
@@ -370,15 +364,6 @@ class _Bench:
         jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, batch)) if judge else None
         return own, jud
 
-    def human_reference(self, human: HumanTexts, cap: int) -> HumanReference:
-        """Legit rates and NLL of the human texts, each cut to its prompt + ``cap`` characters."""
-        if all(p is None for p in human.poems):
-            return HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
-        pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(self.prompts, human.poems, strict=True) if h is not None]
-        ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
-        legit = _legit(ps, conts)
-        return HumanReference(human.genre, human.source, None, len(pairs), cap, legit, *self.fluencies(ps, conts))
-
     def score(self, m: Method, scan: ScanResult, seconds: float) -> MethodResult:
         """Loop rates, legit repetition, fluency (unmodified model + judge), breaker classes; cost filled later."""
         recs, prompts = scan.records, self.prompts
@@ -492,14 +477,22 @@ def compare_fixes(
     clock.tick("generate")
     greedy = scans[BASELINE][0].records  # each prompt's class by its greedy loop; its median length caps the human's
     bench.classes = [unit_class(r.text or "", _chars(r), breakers) for r in greedy]
-    ref = bench.human_reference(human, int(statistics.median(len(r.text or "") for r in greedy)))
+    cap = int(statistics.median(len(r.text or "") for r in greedy))  # the human texts, cut to prompt + cap chars
+    pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(prompts, human.poems, strict=True) if h is not None]
+    ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
+    ref = HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
+    if pairs:  # their legit rates and NLL
+        ref = HumanReference(
+            human.genre, human.source, None, len(pairs), cap, _legit(ps, conts), *bench.fluencies(ps, conts)
+        )
     results = [bench.score(m, *scans[m.name]) for m in methods]
     clock.tick("score")
     bench.time(methods, results)
     clock.tick("timing")
     best = choose_best(results, ref, cfg) if any(_is_sampler(r.method) for r in results) else None
     if EDIT_BEST in names and best is not None:  # the edit with the best decode-time method, timed in its own rounds
-        m = edit_with(next(r.method for r in results if r.method.name == best.name))
+        chosen = next(r.method for r in results if r.method.name == best.name)
+        m = Method(EDIT_BEST, f"weight edit + {chosen.name}", chosen.sampler, patched=True)
         results.append(bench.score(m, *bench.scan(m)))
         bench.time([results[0].method, m], results[-1:])
         clock.tick("edit+best")

@@ -30,8 +30,7 @@ NO_HUMAN = (
 
 
 def read_continuations(path: str | os.PathLike) -> list[str | None] | None:
-    """The ``"continuation"`` of every prompt line of a JSONL prompts file (None where a line has none);
-    None when the file is not JSONL or no line has one. Lines align with ``read_prompt_file``."""
+    """The ``"continuation"`` of every line of a JSONL prompts file (None where a line has none); None if none has."""
     p = Path(path)
     lines = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
     if not (p.suffix == ".jsonl" or all(ln.startswith("{") for ln in lines)):

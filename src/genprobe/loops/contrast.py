@@ -113,8 +113,8 @@ def collect_contrast(
     batch_size: int = 64,
     reference_text_windows: Sequence[list[int]] | None = None,
 ) -> Contrast:
-    """Teacher-force every record (prompt + generated tokens), right-padded in batches, and keep each layer's
-    activations at its loop and reference positions (split by its loop measures)."""
+    """Teacher-force every record (prompt + generation) and keep each layer's activations at its loop and reference
+    positions."""
     seqs = [list(rec.prompt_ids) + list(rec.tokens) for rec in records]
     labels = [
         position_labels(len(rec.prompt_ids), len(seq), rec.measures) for rec, seq in zip(records, seqs, strict=True)

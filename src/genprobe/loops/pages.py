@@ -159,8 +159,8 @@ def write_summary(report: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
 
 
 def write_repair(out_dir: str | os.PathLike, report: Any, patch: Patch | None, **extra: Any) -> dict:
-    """Write the patch (when one passed), ``repair.html``, ``repair.png`` and ``repair.json`` (the report's JSON,
-    ``extra`` and the files written) into ``out_dir``; returns what ``repair.json`` holds."""
+    """Write the patch (when one passed), ``repair.html``, ``repair.png`` and ``repair.json`` into ``out_dir``;
+    returns what ``repair.json`` holds (the report's JSON, ``extra`` and the files written)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = json_safe(report) | json_safe(extra)

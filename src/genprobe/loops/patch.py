@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from .._io import atomic_write, atomic_write_json, json_safe, read_format_json, sha256_file
+from .._io import NOT_JSON, atomic_write, atomic_write_json, json_safe, read_format_json, sha256_file
 from ..model.arch import all_columns, count_parameters, get_columns, mlp_sites, set_columns, state_sha256
 
 FORMAT = "genprobe-loop-patch-v1"
@@ -43,11 +43,14 @@ class PatchTarget:
     layer: int
     layout: str
     columns: torch.Tensor  # (k,) int64 (select_columns' indices)
-    original: torch.Tensor  # (k, d_model)
-    new: torch.Tensor  # (k, d_model)
-    direction: torch.Tensor  # (d_model,) float32 (make_patch normalises it in float32)
+    original: torch.Tensor = field(metadata=NOT_JSON)  # (k, d_model)
+    new: torch.Tensor = field(metadata=NOT_JSON)  # (k, d_model)
+    direction: torch.Tensor = field(metadata=NOT_JSON)  # (d_model,) float32 (make_patch normalises it in float32)
     alpha: float = 0.0  # the absolute strength used in this tensor
 
+    JSON_PROPERTIES = ("changed",)
+
+    @property
     def changed(self) -> int:
         """Number of weights whose value actually changes."""
         return int((self.original != self.new).sum())
@@ -62,12 +65,7 @@ class Patch:
 
     def to_dict(self) -> dict:
         """The JSON side of the patch."""
-        targets = [
-            {k: getattr(t, k) for k in ("name", "layer", "layout", "alpha")}
-            | {"columns": t.columns.tolist(), "changed": t.changed()}
-            for t in self.targets
-        ]
-        return self.meta | {"format": FORMAT, "targets": targets}
+        return self.meta | {"format": FORMAT, "targets": json_safe(self.targets)}
 
 
 # ---- the edit ------------------------------------------------------------------------------
@@ -163,8 +161,8 @@ def write_values(model: Any, patch: Patch, which: str) -> None:
 
 @contextmanager
 def written(model: Any, patch: Patch) -> Iterator[None]:
-    """The patch's new values written for the block, the original ones always written back (unchecked: the
-    searches try thousands of edits; :func:`patched` is the hash-checked form)."""
+    """The patch's new values written for the block, the original ones always written back (unchecked, for the
+    searches; :func:`patched` is the hash-checked form)."""
     write_values(model, patch, "new")
     try:
         yield
@@ -187,7 +185,7 @@ def finalise(model: Any, patch: Patch) -> Patch:
     before = state_sha256(model)
     with written(model, patch):
         after = state_sha256(model)
-    changed = sum(t.changed() for t in patch.targets)
+    changed = sum(t.changed for t in patch.targets)
     total = count_parameters(model)
     patch.meta.update(
         sha256_before=before,
@@ -324,8 +322,7 @@ def _rewrite_file(src: Path, dst: Path, edits: list[tuple[str, PatchTarget]], re
 
 def patch_dir(src: str | os.PathLike, patch: Patch, out: str | os.PathLike, revert: bool = False) -> DirPatchResult:
     """Write a patched copy of a transformers directory to ``out`` or (``revert``) the original weights of a patched
-    one (``out == src``: in place); a revert says whether the files it rewrote hash to the originals that
-    :data:`NOTE_FILE` recorded."""
+    one (``out == src``: in place), checked against the hashes :data:`NOTE_FILE` recorded."""
     from ..model.load import load_model
 
     src, out = Path(src), Path(out)

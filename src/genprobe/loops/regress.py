@@ -32,8 +32,7 @@ def forward_logits(model: Any, ids: torch.Tensor, valid: torch.Tensor | None = N
 
 
 def pad_right(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows right-padded to one width, and the mask of real tokens: a causal model's logits at real positions
-    never see the padding after them, so positions stay 0, 1, … as in training."""
+    """Token rows right-padded to one width (real positions never see the padding), and the mask of real tokens."""
     width = max(map(len, seqs))
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     valid = torch.zeros((len(seqs), width), dtype=torch.bool)
@@ -123,8 +122,8 @@ class RegressionProbe:
         return float(-logp.gather(-1, tgt[..., None]).mean())
 
     def measure(self, model: Any, first_layer: int = 0) -> "Regression":
-        """Mean KL(base ‖ model) over positions and the loss change on the same windows (nats). ``first_layer``: the
-        lowest layer the edit touches; with ``reuse_prefix`` the blocks below it are not computed again."""
+        """Mean KL(base ‖ model) over positions and the loss change on the same windows (nats); ``first_layer``: the
+        lowest layer the edit touches (with ``reuse_prefix`` the blocks below it replay their outputs)."""
         with self.prefix.skipping(first_layer):
             logp = self._logp(model)
         kl = (self.base_logp.exp() * (self.base_logp - logp)).sum(-1).mean()

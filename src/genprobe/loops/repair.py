@@ -409,8 +409,8 @@ def validate_stage(
 
 
 def transfer_stage(study: LoopStudy, patch: Patch, texts: Sequence[str], searched_chat: bool) -> Transfer | None:
-    """Held-out prompts in the setting the search did not use, before and after the edit (None when the model has
-    no chat template or ``cfg.transfer`` is 0)."""
+    """Held-out prompts in the setting the search did not use, before and after the edit (None: no chat template,
+    or ``cfg.transfer`` is 0)."""
     if study.model.chat_template is None or study.cfg.transfer == 0 or not texts:
         return None
     ids = study.encode(texts[: study.cfg.transfer], not searched_chat)

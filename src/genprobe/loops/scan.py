@@ -310,8 +310,7 @@ def detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | 
 
 
 def check_prompts(batch: Batch, vocab_size: int, max_len: int | None = None) -> None:
-    """Refuse, before an engine generates the batch, a prompt it cannot run (:func:`check_prompt_ids`: empty, an id
-    outside ``[0, vocab_size)``, past ``max_len`` positions), naming the prompt and the limit."""
+    """Refuse, before an engine generates the batch, a prompt it cannot run (:func:`check_prompt_ids`)."""
     n_new, limit = batch.options.max_new_tokens, f"the engine's max_model_len {max_len}"
     check_prompt_ids(batch.prompts, n_new, vocab_size, max_len, limit, batch.first)
 
@@ -353,8 +352,8 @@ def backend_batches(backend: Backend, concurrency: int = 1) -> GenerateBatch:
 def annotate_scan(
     result: ScanResult, calibration: LoopCalibration | None, chars_unit: bool | None = None
 ) -> ScanResult:
-    """``result`` with the calibration its detector settings came from (human rates beside every rate) and
-    whether characters are the unit; refused when the scan's length or settings are not the calibration's."""
+    """``result`` with its calibration's human rates beside every rate and whether characters are the unit (refused
+    when the scan's length or settings are not the calibration's)."""
     if calibration is not None:
         if calibration.length != result.settings.max_new_tokens:
             raise ValueError(
@@ -486,8 +485,7 @@ class LoopScans:
 
 
 def loop_study_settings(model: Any, setting: str = "both") -> dict[str, SamplerConfig]:
-    """The named decoding settings of the loop studies: ``"both"`` (chanting — greedy, unknown token banned — and
-    plain greedy), ``"chanting"`` or ``"greedy"``; the end token is banned by the scan itself."""
+    """The named decoding settings of the loop studies: ``"both"`` (chanting and plain greedy), or one of them."""
     both = {"chanting": chanting_sampler(model.unk_id), "greedy": greedy_sampler()}
     if setting not in ("both", *both):
         raise ValueError(f"setting must be one of ['both', 'chanting', 'greedy'], got {setting!r}")
@@ -574,8 +572,7 @@ CI_ROWS = (  # (label, a LoopRates rate with a 95% CI, its human_fpr key)
 
 
 def scan_table(summary: LoopRates, title: str = "") -> str:
-    """A short human-readable table: tokens, beside characters only where characters are the unit, and the
-    held-out human false-positive rate of each detector when the scan was calibrated."""
+    """A short human-readable table: tokens, characters where they are the unit, and calibrated human rates."""
     show_chars = summary.chars is not None and summary.chars_unit is not False
     cols = [("tokens", summary)] + ([("chars", summary.chars)] if show_chars and summary.chars is not None else [])
     human = summary.human_fpr or {}

@@ -106,7 +106,7 @@ class Candidate:
         """An evaluated edit with what its patch touches."""
         ts = patch.targets
         alphas, columns = {t.layer: t.alpha for t in ts}, {t.layer: t.columns.tolist() for t in ts}
-        return cls(spec, regression, objective, sum(t.changed() for t in ts), alphas, columns)
+        return cls(spec, regression, objective, sum(t.changed for t in ts), alphas, columns)
 
     def to_dict(self) -> dict:
         """Flat JSON row (spec, regression, objective, columns)."""
@@ -228,16 +228,13 @@ class LoopProbe:
         return F.log_softmax(at, dim=-1).gather(-1, self.targets[:, None])[:, 0], at.argmax(-1) == self.targets
 
     def measure(self, model: Any, first_layer: int = 0) -> Pressure:
-        """The edited (or hooked) model's :class:`Pressure` on the probe's loop positions. ``first_layer``: the lowest
-        layer the edit touches; with ``reuse_prefix`` the blocks below it are not computed again."""
+        """The edited (or hooked) model's :class:`Pressure`; ``first_layer``: the lowest layer the edit touches (with
+        ``reuse_prefix`` the blocks below it are not computed again)."""
         with self.prefix.skipping(first_layer):
             logp, top = self._read(model)
         was_top = self.base_top
         broken = float((was_top & ~top).sum()) / max(1, int(was_top.sum()))
         return Pressure(float((logp - self.base_logp).mean()), broken, int(logp.numel()))
-
-
-Scan = Callable[[Sequence[list[int]]], list[LoopMeasures]]  # prompt ids -> loop measures on the model as it is now
 
 
 @dataclass(frozen=True)
@@ -365,8 +362,8 @@ MIN_RUNG_PRONE = 8  # loop-prone prompts a first rung needs: with fewer, one luc
 
 
 def rung_sizes(n_prone: int, n_control: int, candidates: int, min_prone: int = MIN_RUNG_PRONE) -> list[tuple[int, int]]:
-    """Prompts per rung, ending on the whole set: each earlier rung has half the prompts of the next (and half as
-    many candidates go on), as long as it keeps ``min_prone`` loop-prone prompts and there are candidates to halve."""
+    """Prompts per rung, ending on the whole set, each earlier rung half the next while it keeps ``min_prone``
+    loop-prone prompts and there are candidates to halve."""
     sizes = [(n_prone, n_control)]
     alive = candidates
     while alive > 2 and sizes[0][0] // 2 >= min_prone:  # the last rung decides between two or more
@@ -379,7 +376,7 @@ def halve(
     model: Any,
     survivors: Sequence[Candidate],
     build: Build,
-    scan: Scan,
+    scan: Callable[[Sequence[list[int]]], list[LoopMeasures]],  # prompt ids -> measures on the model as it is now
     prone_ids: Sequence[list[int]],
     control_ids: Sequence[list[int]],
     strata: Strata,
