@@ -61,8 +61,7 @@ def text_windows(ids: Sequence[int], width: int, max_windows: int) -> list[list[
 
 class FrozenPrefix:
     """Per block, its outputs over a fixed sequence of forward calls of the unedited model, replayed by call order
-    while an edit is measured: the measured calls must be the recorded ones, and a call past the record raises.
-    ``on=False``: records and replays nothing (every block computes)."""
+    while an edit is measured (a call past the record raises); ``on=False``: nothing recorded or replayed."""
 
     def __init__(self, model: Any, on: bool = True):
         self.blocks = [s.block for s in mlp_sites(model)] if on else []

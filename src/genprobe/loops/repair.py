@@ -120,8 +120,7 @@ class SearchStage:
     scaled: ScaledTrace | None = None
 
     def to_dict(self) -> dict:
-        """The fields, the strata spelled out (``base_loop_rate`` is the baseline's degenerate rate: what the search
-        minimises) and how many candidates the limits admit."""
+        """The fields, the strata spelled out (``base_loop_rate``: the baseline degenerate rate), the admitted count."""
         s, admissible = self.strata, sum(1 for c in self.candidates if self.limits.admits(c.regression))
         sizes = {"n_prompts": s.prone + s.control, "prone": s.prone, "control": s.control}
         sizes |= {"prone_in_full_set": s.prone_all, "full_set": s.prone_all + s.control_all}
@@ -180,8 +179,7 @@ class Transfer:
 
 @dataclass
 class RepairReport:
-    """Everything a repair run measured (its JSON form is ``repair.json``); ``loops locate`` stops after the locate
-    stage: no search (None), and its JSON carries the direction vectors."""
+    """Everything a repair run measured (``repair.json``); ``loops locate``'s has no search and the vectors."""
 
     config: RepairConfig
     sampler: dict

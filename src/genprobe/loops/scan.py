@@ -328,9 +328,8 @@ def engine_batches(model: Any, compile: bool = False) -> GenerateBatch:
 
 
 def backend_batches(backend: Backend, concurrency: int = 1) -> GenerateBatch:
-    """The scan's batch generator over any :class:`~genprobe.engine.backend.Backend`: each batch sent with
-    ``concurrency`` requests in flight (as users load a server), prompt ``i`` sampled with seed ``seed + i``; a
-    backend that takes only text prompts gets the prompts' texts (it tokenizes them itself)."""
+    """The scan's batch generator over any :class:`~genprobe.engine.backend.Backend`: ``concurrency`` requests in
+    flight, prompt ``i`` sampled with seed ``seed + i``, texts to a backend that takes only text prompts."""
     caps = backend.capabilities
 
     def generate_batch(b: Batch) -> list[tuple]:
@@ -424,9 +423,8 @@ def encode_prompts(model: Any, texts: Sequence[str]) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class ScanEngine:
-    """Who generates a scan other than genprobe's engine. ``check(sampler, model, n_ctx)`` raises a ``ValueError``
-    for a setting it cannot run exactly (called for every setting before any starts: refused, never approximated);
-    ``start(model, options, ids, log)`` returns the batch generator and what the JSON says about the engine."""
+    """Who generates a scan other than genprobe's engine: ``check(sampler, model, n_ctx)`` refuses (``ValueError``)
+    a setting it cannot run exactly; ``start(model, options, ids, log)`` returns the batch generator and its JSON."""
 
     name: str  # as messages name it: "vLLM", "llama.cpp", "the vllm server"
     check: Callable[[SamplerConfig, Any, int], None]
@@ -475,8 +473,7 @@ class LoopScans:
     seconds: dict[str, float] = field(default_factory=dict)  # wall-clock seconds per setting
 
     def to_dict(self, with_records: bool = True) -> dict[str, Any]:
-        """Plain JSON: ``loops scan --out``'s scan.json (every record); without records, ``loops scan --json``
-        (each setting's settings, summary and its first generations as examples)."""
+        """``loops scan --out``'s scan.json; without records, ``loops scan --json`` (with the first generations)."""
         scans = {name: res.to_dict(with_records) for name, res in self.scans.items()}
         for name, res in self.scans.items() if not with_records else ():
             scans[name]["examples"] = [{k: json_safe(r)[k] for k in EXAMPLE_KEYS} for r in res.records[:LOOP_EXAMPLES]]

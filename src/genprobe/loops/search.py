@@ -324,9 +324,8 @@ def screen(
     progress: bool = False,
     per_chain: int = 2,
 ) -> list[Candidate]:
-    """Each chain (strongest first, :func:`chains`): the regression check until one is within the limits, then
-    the loop pressure of it and the next ``per_chain - 1`` weaker ones (see module doc). Each candidate's ``screen``
-    holds the number of windows and, when admitted, its :class:`Pressure`."""
+    """Each chain (strongest first): the regression check until one is within the limits, then the loop pressure
+    (in ``Candidate.screen``) of it and the next ``per_chain - 1`` weaker ones."""
     out: list[Candidate] = []
     windows = {"windows": int(regression.ids.shape[0])}
     for chain in progress_bar(chains, "screen", "chain", progress):
@@ -413,8 +412,7 @@ def halve(
 def full_regression_check(
     model: Any, build: Build, measure: Callable[[Any], Regression], limits: Limits
 ) -> Callable[[Candidate], bool]:
-    """``candidate -> within the limits`` on the full regression check, measured once per candidate (its
-    ``regression`` is replaced by the full one, and ``screen["full_check"]`` records that it was measured)."""
+    """``candidate -> within the limits`` on the full regression check, measured once (``screen["full_check"]``)."""
 
     def check(c: Candidate) -> bool:
         if c.screen is None or "full_check" not in c.screen:

@@ -178,8 +178,7 @@ class LoopStudy:
         desc: str = "scan",
         decoded: bool = True,
     ) -> ScanResult:
-        """Scan ``ids`` on the model as it is now (edits applied in place are seen); ``decoded=False``: token
-        measures only, no progress bar (the searches' many small scans)."""
+        """Scan ``ids`` on the model as it is now; ``decoded=False``: token measures only, no progress bar."""
         quiet: dict[str, Any] = {} if decoded else {"decode": None, "progress": False}
         options = replace(self.options, sampler=sampler or self.sampler, desc=desc, **quiet)
         return scan_batches(engine_batches(self.model), ids, options, texts)
