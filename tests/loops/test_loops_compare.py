@@ -16,21 +16,23 @@ import torch.nn.functional as F
 from genprobe.cli import main
 from genprobe.corpus.inputs import heldout_openings
 from genprobe.engine.samplers.stages import XTC
-from genprobe.loops.compare_fixes import CompareConfig, choose_best, compare_fixes
-from genprobe.loops.compare_human import NO_HUMAN, human_texts, read_continuations, score_continuations
-from genprobe.loops.compare_methods import (
+from genprobe.loops.compare_fixes import (
     EDIT,
     EDIT_BEST,
     METHODS,
     NO_LOOP,
     SPANS,
     WITHIN,
+    CompareConfig,
     build_methods,
     check_methods,
+    choose_best,
     class_rates,
+    compare_fixes,
     own_loops,
     unit_class,
 )
+from genprobe.loops.compare_human import NO_HUMAN, human_texts, read_continuations, score_continuations
 from genprobe.loops.patch import EditSpec, finalise, make_patch, patched, save_patch
 from genprobe.metrics.degeneracy import measure_loops
 from genprobe.model.checkpoint import save_checkpoint

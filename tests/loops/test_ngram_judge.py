@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from genprobe.loops.compare_human import fluency, score_continuations
-from genprobe.loops.ngram_judge import CharNgramJudge, ngram_judge
+from genprobe.loops.compare_human import CharNgramJudge, fluency, ngram_judge, score_continuations
 
 DOCS = [ln for ln in (Path(__file__).resolve().parents[2] / "docs" / "which-fix.md").read_text().splitlines() if ln]
 

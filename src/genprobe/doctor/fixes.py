@@ -10,8 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .._io import json_safe
-from ..loops.compare_fixes import CompareConfig, CompareResult, compare_fixes
-from ..loops.compare_methods import EDIT
+from ..loops.compare_fixes import EDIT, CompareConfig, CompareResult, compare_fixes
 from ..loops.study import RepairConfig, RepairInputs
 from ..metrics.calibrate import LoopCalibration
 from .options import QUICK_SKIP, DoctorRun, Finding, StageSkipped

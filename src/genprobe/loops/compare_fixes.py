@@ -1,8 +1,10 @@
 """``loops compare``: which fix for loops? Decode-time samplers beside the directional weight edit, with numbers.
 
-:func:`compare_fixes` reads top to bottom as its stages: generate every method, score loops, legitimate
-repetition and fluency, choose the best decode-time method (:data:`BEST_RULE`), time them, classify by sequence
-breaker (docs/which-fix.md, "How the comparison works").
+The methods (:data:`METHODS`): decode-time samplers, each differing from its base (greedy, or ``sample`` for XTC) by
+one knob, the weight edit, and the edit + best sampler; every method bans the same ids. :func:`compare_fixes` reads
+top to bottom as its stages: generate every method, score loops, legitimate repetition and fluency, choose the best
+decode-time method (:data:`BEST_RULE`), time them, classify by sequence breaker (:data:`CLASSES`: what DRY misses;
+docs/which-fix.md, "How the comparison works").
 """
 
 from __future__ import annotations
@@ -15,24 +17,12 @@ from typing import Any, Callable, Sequence
 
 from .._io import NOT_JSON, json_safe
 from ..engine.generate import generate
+from ..engine.samplers.llama_cpp import DEFAULT_BREAKERS, tokenizer_breakers
+from ..engine.samplers.stages import SamplerConfig
 from ..metrics.degeneracy import LoopMeasures, LoopSettings
 from ..metrics.legit import LegitRates, legit_counts, legit_rates
-from .compare_human import Fluency, HumanTexts, fluency, human_texts, score_continuations
-from .compare_methods import (
-    BASELINE,
-    EDIT_BEST,
-    POEM_BREAKERS,
-    TEXT_BREAKERS,
-    ClassRate,
-    Method,
-    OwnLoops,
-    build_methods,
-    check_methods,
-    class_rates,
-    edit_with,
-    own_loops,
-    unit_class,
-)
+from ..metrics.stats import wilson_interval
+from .compare_human import Fluency, fluency, human_texts, score_continuations
 from .patch import Patch, patched
 from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, study_sampler
 from .study import Clock, LoopStudy, RepairConfig
@@ -49,6 +39,136 @@ BEST_RULE = (
 )
 
 
+# ---- the methods ------------------------------------------------------------------------------
+EDIT, EDIT_BEST = "edit", "edit+best"
+BASELINE = "greedy"
+POEM_BREAKERS = ("，", "。")
+TEXT_BREAKERS = ("\n", ".", "!", "?")
+DRY = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2, "dry_last_n": -1}
+SAMPLE = {"temperature": 0.8, "top_p": 0.95}
+
+GREEDY = {"greedy": True}
+METHODS: dict[str, tuple[str, dict]] = {  # name -> (label, sampler parameters); the default order
+    "greedy": ("greedy (baseline)", GREEDY),
+    "sample": ("sampling τ 0.8, top-p 0.95", SAMPLE),
+    "rep-1.1": ("repetition penalty 1.1", {**GREEDY, "repetition_penalty": 1.1}),
+    "rep-1.2": ("repetition penalty 1.2", {**GREEDY, "repetition_penalty": 1.2}),
+    "rep-1.3": ("repetition penalty 1.3", {**GREEDY, "repetition_penalty": 1.3}),
+    "no-repeat-3": ("no-repeat 3-gram", {**GREEDY, "no_repeat_ngram": 3}),
+    "pres-freq": ("presence 0.5 + frequency 0.5", {**GREEDY, "presence_penalty": 0.5, "frequency_penalty": 0.5}),
+    "dry": ("DRY 0.8, default breakers", {**GREEDY, **DRY}),  # + the breakers, tokenized (build_methods)
+    "dry-lines": ("DRY 0.8, line breakers", {**GREEDY, **DRY}),
+    "xtc": ("sampling + XTC 0.5/0.1", {**SAMPLE, "xtc_probability": 0.5, "xtc_threshold": 0.1}),
+    "contrastive": ("contrastive search α 0.6, k 4", {"penalty_alpha": 0.6, "top_k": 4}),
+    EDIT: ("weight edit (greedy)", GREEDY),
+    EDIT_BEST: ("weight edit + best sampler", {}),  # the best method's sampler (compare_fixes)
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of the comparison: a name, its exact sampler (bans included) and whether the patch is applied."""
+
+    name: str
+    label: str
+    sampler: SamplerConfig
+    patched: bool = False
+
+
+def check_methods(names: Sequence[str] | None, have_patch: bool) -> list[str]:
+    """Validated method names, the greedy baseline first; ``None``: every method (the edit rows need a patch)."""
+    if names is None:
+        names = [n for n in METHODS if have_patch or n not in (EDIT, EDIT_BEST)]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    dupes = sorted({n for n in names if list(names).count(n) > 1})
+    if dupes:
+        raise ValueError(f"method(s) listed twice: {dupes}")
+    if not have_patch and (EDIT in names or EDIT_BEST in names):
+        raise ValueError(f"methods {EDIT!r} and {EDIT_BEST!r} need a loop patch (from `loops repair`); none was given")
+    if EDIT_BEST in names and not [n for n in names if n not in (BASELINE, EDIT, EDIT_BEST)]:
+        raise ValueError(
+            f"{EDIT_BEST!r} needs at least one decode-time method to choose the best from "
+            f"(e.g. {', '.join(n for n in METHODS if n not in (BASELINE, EDIT, EDIT_BEST))})"
+        )
+    return [BASELINE] + [n for n in names if n != BASELINE]
+
+
+def build_methods(
+    names: Sequence[str], tokenizer: Any, ban_ids: Sequence[int], genre: str, engine: str | None = None
+) -> list[Method]:
+    """The :class:`Method` of every name except ``edit+best`` (built by :func:`compare_fixes`); ``engine`` (a
+    :data:`~genprobe.engine.samplers.stages.PRESETS` name): each method as that engine runs it, its defaults under
+    the method's own parameters (:meth:`SamplerConfig.preset`); None: genprobe's plain chain."""
+    breakers = {"dry": DEFAULT_BREAKERS, "dry-lines": POEM_BREAKERS if genre == "tang" else TEXT_BREAKERS}
+    out = []
+    for n in (n for n in names if n != EDIT_BEST):
+        label, params = METHODS[n]
+        if n in breakers:
+            params = {**params, "dry_sequence_breakers": tokenizer_breakers(tokenizer, list(breakers[n]))}
+        params = {**params, "ban_ids": tuple(ban_ids)}  # a copy: METHODS stays as declared
+        sampler = SamplerConfig.preset(engine, **params) if engine else SamplerConfig(**params)
+        out.append(Method(n, label, sampler, patched=n == EDIT))
+    return out
+
+
+# ---- loops classified by sequence breaker ----------------------------------------------------
+SPANS, WITHIN, NO_LOOP = "spans a breaker", "within a line", "no baseline loop"
+CLASSES = (SPANS, WITHIN, NO_LOOP)
+
+
+def unit_class(text: str, measures: LoopMeasures, breakers: str) -> str:
+    """:data:`SPANS`, :data:`WITHIN` or :data:`NO_LOOP` for one generation, by one period of its periodic tail."""
+    p = measures.any_period
+    if not p:
+        return NO_LOOP
+    return SPANS if any(ch in breakers for ch in text[-p:]) else WITHIN
+
+
+@dataclass
+class ClassRate:
+    """A method's degenerate rate on the prompts of one baseline-loop class."""
+
+    cls: str
+    n: int
+    degenerate: int
+    rate: float | None
+    ci95: list[float]
+
+
+def class_rates(classes: Sequence[str], degenerate: Sequence[bool]) -> list[ClassRate]:
+    """Degenerate counts and rates per class (every class listed, empty ones with rate None)."""
+    out = []
+    for c in CLASSES:
+        flags = [d for k, d in zip(classes, degenerate, strict=True) if k == c]
+        k = sum(flags)
+        out.append(ClassRate(c, len(flags), k, k / len(flags) if flags else None, list(wilson_interval(k, len(flags)))))
+    return out
+
+
+@dataclass
+class OwnLoops:
+    """A method's own periodic tails (characters), and how many of them have a unit that spans a breaker."""
+
+    JSON_PROPERTIES = ("spanning_share",)  # computed from the fields, kept in the JSON form
+
+    loops: int
+    spanning: int
+
+    @property
+    def spanning_share(self) -> float | None:
+        """Share of the loops whose unit holds a breaker."""
+        return self.spanning / self.loops if self.loops else None
+
+
+def own_loops(texts: Sequence[str], measures: Sequence[LoopMeasures], breakers: str) -> OwnLoops:
+    """Count periodic tails and those whose unit holds a breaker."""
+    classes = [unit_class(t, m, breakers) for t, m in zip(texts, measures, strict=True)]
+    return OwnLoops(sum(c != NO_LOOP for c in classes), sum(c == SPANS for c in classes))
+
+
+# ---- the comparison -------------------------------------------------------------------------
 @dataclass
 class CompareConfig:
     """Budget, batch, seed, detector settings, methods and the best-method limits of one comparison."""
@@ -186,8 +306,7 @@ class CompareResult:
         return next(m for m in self.methods if m.method.name == name)
 
     def to_dict(self) -> dict:
-        """Plain JSON-safe dict (no NaN: unmeasurable values are None); the prompts themselves are in
-        ``compare-texts.json``, the sample prompts spelled out."""
+        """Plain JSON, the sample prompts spelled out (all the prompts are in ``compare-texts.json``)."""
         d = {f.name: json_safe(getattr(self, f.name)) for f in fields(self) if f.name != "prompts"}
         return d | {
             "n_prompts": len(self.prompts),
@@ -212,8 +331,7 @@ def _legit(prompts: Sequence[str], texts: Sequence[str], keep: Sequence[bool] | 
 
 @dataclass
 class _Bench:
-    """What every method of one comparison runs on: the study, the prompts, the patch, the judge, the genre's
-    sequence breakers, and (once greedy has run) each prompt's class by its greedy loop."""
+    """What every method of one comparison runs on (``classes``: each prompt's class by its greedy loop)."""
 
     study: LoopStudy
     judge: Any
@@ -240,21 +358,11 @@ class _Bench:
         return scan, seconds
 
     def fluencies(self, prompts: Sequence[str], texts: Sequence[str]) -> tuple[Fluency, Fluency | None]:
-        """NLL per character of ``texts`` after ``prompts`` under the model itself and under the judge (None
-        without one)."""
+        """NLL per character of ``texts`` after ``prompts`` under the model itself and the judge (None without)."""
         model, judge, batch = self.study.model, self.judge, self.cfg.batch_size
         own = fluency(str(model.source), score_continuations(model, prompts, texts, batch))
         jud = fluency(str(judge.source), score_continuations(judge, prompts, texts, batch)) if judge else None
         return own, jud
-
-    def human_reference(self, human: HumanTexts, cap: int) -> HumanReference:
-        """Legit rates and NLL of the human texts, each cut to its prompt + ``cap`` characters."""
-        if all(p is None for p in human.poems):
-            return HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
-        pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(self.prompts, human.poems, strict=True) if h is not None]
-        ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
-        legit = _legit(ps, conts)
-        return HumanReference(human.genre, human.source, None, len(pairs), cap, legit, *self.fluencies(ps, conts))
 
     def score(self, m: Method, scan: ScanResult, seconds: float) -> MethodResult:
         """Loop rates, legit repetition, fluency (unmodified model + judge), breaker classes; cost filled later."""
@@ -334,15 +442,6 @@ def choose_best(results: Sequence[MethodResult], human: HumanReference, cfg: Com
     return BestChoice(best.name, best.acceptable, rule, nll_model, limit, skipped, cands)
 
 
-def _sample_prompts(greedy: MethodResult, k: int) -> list[int]:
-    """Up to ``k`` prompts: the first loop-prone ones (greedy degenerate), and one clean prompt when there is one."""
-    bad = [i for i, d in enumerate(greedy.degenerate) if d]
-    good = [i for i, d in enumerate(greedy.degenerate) if not d]
-    pick = bad[: max(k - 1, 0)] + good[:1] if good else bad[:k]
-    rest = [i for i in range(len(greedy.degenerate)) if i not in pick]
-    return sorted((pick + rest)[:k])
-
-
 def compare_fixes(
     model: Any,
     prompts: Sequence[str],
@@ -378,20 +477,45 @@ def compare_fixes(
     clock.tick("generate")
     greedy = scans[BASELINE][0].records  # each prompt's class by its greedy loop; its median length caps the human's
     bench.classes = [unit_class(r.text or "", _chars(r), breakers) for r in greedy]
-    ref = bench.human_reference(human, int(statistics.median(len(r.text or "") for r in greedy)))
+    cap = int(statistics.median(len(r.text or "") for r in greedy))  # the human texts, cut to prompt + cap chars
+    pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(prompts, human.poems, strict=True) if h is not None]
+    ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
+    ref = HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
+    if pairs:  # their legit rates and NLL
+        ref = HumanReference(
+            human.genre, human.source, None, len(pairs), cap, _legit(ps, conts), *bench.fluencies(ps, conts)
+        )
     results = [bench.score(m, *scans[m.name]) for m in methods]
     clock.tick("score")
     bench.time(methods, results)
     clock.tick("timing")
     best = choose_best(results, ref, cfg) if any(_is_sampler(r.method) for r in results) else None
     if EDIT_BEST in names and best is not None:  # the edit with the best decode-time method, timed in its own rounds
-        m = edit_with(next(r.method for r in results if r.method.name == best.name))
+        chosen = next(r.method for r in results if r.method.name == best.name)
+        m = Method(EDIT_BEST, f"weight edit + {chosen.name}", chosen.sampler, patched=True)
         results.append(bench.score(m, *bench.scan(m)))
         bench.time([results[0].method, m], results[-1:])
         clock.tick("edit+best")
-    picks = _sample_prompts(results[0], cfg.samples)
+    # the sample prompts: the first loop-prone ones (greedy degenerate), and one clean prompt when there is one
+    deg, k = results[0].degenerate, cfg.samples
+    bad, good = [i for i, d in enumerate(deg) if d], [i for i, d in enumerate(deg) if not d]
+    pick = bad[: max(k - 1, 0)] + good[:1] if good else bad[:k]
+    picks = sorted((pick + [i for i in range(len(deg)) if i not in pick])[:k])
     for r in results:
         r.samples = [r.texts[i] for i in picks]
+    check, sha1 = None, model.state_sha256() if patch is not None else ""
+    if patch is not None:
+        check = PatchCheck(
+            patch_path, patch.meta.get("edit"), sha0, patch.meta.get("sha256_after", ""), sha1, sha1 == sha0
+        )
+    notes = [n for n in (study.end_token.note, human.reason) if n]
+    if judge is None:
+        notes.append("no judge model: fluency is measured under the model itself only, which a method can game")
+    elif ref.nll_judge is not None and ref.nll_judge.unk_share > 0:
+        notes.append(
+            f"the judge's tokenizer maps {ref.nll_judge.unk_share:.1%} of the human texts' tokens to <unk>; "
+            "its NLL counts them as one class"
+        )
     return CompareResult(
         str(model.source) if model.source else None,
         str(judge.source) if judge is not None else None,
@@ -405,35 +529,14 @@ def compare_fixes(
         results,
         ref,
         best,
-        _patch_check(model, patch, patch_path, sha0),
+        check,
         picks,
         {c: bench.classes.count(c) for c in dict.fromkeys(bench.classes)},
         clock.to_dict(),
-        _notes(study, human, judge, ref),
+        notes,
     )
 
 
 def _is_sampler(m: Method) -> bool:
     """A decode-time method (not the greedy baseline, not an edit row)."""
     return m.name != BASELINE and not m.patched
-
-
-def _patch_check(model: Any, patch: Patch | None, path: str | None, sha0: str) -> PatchCheck | None:
-    if patch is None:
-        return None
-    after = model.state_sha256()
-    return PatchCheck(path, patch.meta.get("edit"), sha0, patch.meta.get("sha256_after", ""), after, after == sha0)
-
-
-def _notes(study: LoopStudy, human: HumanTexts, judge: Any, ref: HumanReference) -> list[str]:
-    notes = [study.end_token.note] if study.end_token.note else []
-    if human.reason:
-        notes.append(human.reason)
-    if judge is None:
-        notes.append("no judge model: fluency is measured under the model itself only, which a method can game")
-    elif ref.nll_judge is not None and ref.nll_judge.unk_share > 0:
-        notes.append(
-            f"the judge's tokenizer maps {ref.nll_judge.unk_share:.1%} of the human texts' tokens to <unk>; "
-            "its NLL counts them as one class"
-        )
-    return notes

@@ -1,15 +1,14 @@
-"""Human texts to compare generations with and the genre that decides what legitimate repetition means: a JSONL
-prompts file's ``"continuation"`` fields, else (``tang`` genre) the bundled poem each prompt opens, else none.
-
-Fluency of continuations (generated or human): NLL per character of the text, encoded with the scoring model's own
-tokenizer, so a judge with another vocabulary scores the same text; a prompt + continuation past the context is cut
-and counted.
+"""Human texts to compare generations with (a JSONL prompts file's ``"continuation"`` fields, else the bundled
+Tang poem each prompt opens) and their genre; fluency as NLL per character, each text encoded by the scoring model's
+own tokenizer (a prompt + continuation past the context is cut and counted), or under :class:`CharNgramJudge`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -17,6 +16,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from .._io import read_text
 from ..corpus.tang import bundled_documents
 from ..corpus.tokenizer import encode_quiet
 from .regress import forward_logits, pad_right
@@ -30,8 +30,7 @@ NO_HUMAN = (
 
 
 def read_continuations(path: str | os.PathLike) -> list[str | None] | None:
-    """The ``"continuation"`` of every prompt line of a JSONL prompts file (None where a line has none);
-    None when the file is not JSONL or no line has one. Lines align with ``read_prompt_file``."""
+    """The ``"continuation"`` of every line of a JSONL prompts file (None where a line has none); None if none has."""
     p = Path(path)
     lines = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
     if not (p.suffix == ".jsonl" or all(ln.startswith("{") for ln in lines)):
@@ -41,17 +40,6 @@ def read_continuations(path: str | os.PathLike) -> list[str | None] | None:
         o.get("continuation") if isinstance(o, dict) and isinstance(o.get("continuation"), str) else None for o in objs
     ]
     return conts if any(c is not None for c in conts) else None
-
-
-def bundled_poems_for(prompts: Sequence[str]) -> list[str | None]:
-    """The first bundled Tang poem that starts with each prompt (None when none does)."""
-    poems = bundled_documents()
-    wanted = {len(p) for p in prompts}
-    first: dict[str, str] = {}
-    for poem in poems:
-        for n in wanted:
-            first.setdefault(poem[:n], poem)
-    return [first.get(p) for p in prompts]
 
 
 @dataclass
@@ -70,7 +58,12 @@ def human_texts(prompts: Sequence[str], continuations: Sequence[str | None] | No
         raise ValueError(f"genre must be one of {GENRES}, got {genre!r}")
     if continuations is not None and len(continuations) != len(prompts):
         raise ValueError(f"{len(continuations)} continuations for {len(prompts)} prompts; give one per prompt")
-    lookup: list[str | None] = bundled_poems_for(prompts) if genre != "text" else [None] * len(prompts)
+    first: dict[str, str] = {}  # each prompt's first bundled Tang poem (that starts with it)
+    wanted = {len(p) for p in prompts}
+    for poem in bundled_documents() if genre != "text" else ():
+        for n in wanted:
+            first.setdefault(poem[:n], poem)
+    lookup = [first.get(p) for p in prompts]
     if genre == "auto":
         found = sum(p is not None for p in lookup)
         genre = "tang" if prompts and found >= TANG_SHARE * len(prompts) else "text"
@@ -106,47 +99,34 @@ class Fluency:
     truncated: int
 
 
-def _encode_pair(model: Any, prompt: str, cont: str) -> tuple[list[int], list[int], int, bool] | None:
-    """(prompt ids, continuation ids, continuation characters, truncated), or None when nothing can be scored."""
-    tok = model.tokenizer
-    p, c = encode_quiet(tok, prompt), encode_quiet(tok, cont)
-    if not p or not c:
-        return None
-    limit = model.max_positions
-    if limit is None or len(p) + len(c) <= limit:
-        return p, c, len(cont), False
-    c = c[: max(0, limit - len(p))]
-    chars = len(c) if tok.kind == "char" else len(tok.decode(c))
-    return (p, c, chars, True) if c else None
-
-
-@torch.no_grad()
-def _score_batch(model: Any, rows: list[tuple[list[int], list[int]]]) -> list[float]:
-    ids, _ = pad_right([p + c for p, c in rows], model.pad_id)
-    logp = F.log_softmax(forward_logits(model.module, ids)[:, :-1].float(), dim=-1)
-    tok_logp = logp.gather(-1, ids[:, 1:, None])[..., 0]
-    return [-float(tok_logp[i, len(p) - 1 : len(p) + len(c) - 1].sum()) for i, (p, c) in enumerate(rows)]
-
-
 def score_continuations(
     model: Any, prompts: Sequence[str], continuations: Sequence[str | None], batch_size: int = 64
 ) -> list[TextScore | None]:
     """NLL of each continuation given its prompt under ``model`` (a loaded Model, or a judge with its own
-    ``score``, e.g. :class:`genprobe.loops.ngram_judge.CharNgramJudge`); None where nothing is scored."""
+    ``score``, e.g. :class:`CharNgramJudge`); None where nothing is scored."""
     if not hasattr(model, "module") and callable(getattr(model, "score", None)):
         judged: list[TextScore | None] = model.score(prompts, continuations)
         return judged
-    pairs = [None if c is None else _encode_pair(model, p, c) for p, c in zip(prompts, continuations, strict=True)]
-    scored = {i: x for i, x in enumerate(pairs) if x is not None}
+    tok, limit, unk = model.tokenizer, model.max_positions, model.unk_id
+    scored: dict[int, tuple[list[int], list[int], int, bool]] = {}  # prompt ids, continuation ids, chars, truncated
+    for i, (prompt, cont) in enumerate(zip(prompts, continuations, strict=True)):
+        p, c, cut = encode_quiet(tok, prompt), encode_quiet(tok, cont) if cont is not None else [], False
+        if limit is not None and len(p) + len(c) > limit:
+            c, cut = c[: max(0, limit - len(p))], True
+        if p and c and cont is not None:
+            scored[i] = (p, c, (len(c) if tok.kind == "char" else len(tok.decode(c))) if cut else len(cont), cut)
     order = sorted(scored, key=lambda i: len(scored[i][0]) + len(scored[i][1]))
-    out: list[TextScore | None] = [None] * len(pairs)
-    unk = model.unk_id
+    out: list[TextScore | None] = [None] * len(prompts)
     for s in range(0, len(order), batch_size):
         idx = order[s : s + batch_size]
-        nll = _score_batch(model, [(scored[i][0], scored[i][1]) for i in idx])
-        for i, v in zip(idx, nll, strict=True):
+        ids, _ = pad_right([scored[i][0] + scored[i][1] for i in idx], model.pad_id)
+        with torch.no_grad():
+            logp = F.log_softmax(forward_logits(model.module, ids)[:, :-1].float(), dim=-1)
+        tok_logp = logp.gather(-1, ids[:, 1:, None])[..., 0]
+        for row, i in enumerate(idx):
             p, c, chars, cut = scored[i]
-            out[i] = TextScore(v, chars, len(c), sum(1 for t in c if t == unk) if unk is not None else 0, cut)
+            nll = -float(tok_logp[row, len(p) - 1 : len(p) + len(c) - 1].sum())
+            out[i] = TextScore(nll, chars, len(c), sum(1 for t in c if t == unk) if unk is not None else 0, cut)
     return out
 
 
@@ -162,3 +142,69 @@ def fluency(name: str, scores: Sequence[TextScore | None]) -> Fluency:
         sum(s.unk for s in got) / tokens if tokens else 0.0,
         sum(s.truncated for s in got),
     )
+
+
+# ---- the n-gram judge: it did not write the text and cannot be flattered by repetition ----------
+DEFAULT_ORDER = 5
+
+
+class CharNgramJudge:
+    """Character n-gram model of human text (``loops compare --judge ngram:FILE``): no memory beyond ``order - 1``
+    characters, so a repeating continuation earns no credit; interpolated Witten–Bell smoothing (Chen & Goodman 1998,
+    §2.4) down to a uniform distribution over the alphabet plus one unseen slot."""
+
+    def __init__(self, documents: Sequence[str], order: int = DEFAULT_ORDER, source: str = "ngram"):
+        if order < 1:
+            raise ValueError(f"n-gram order must be >= 1, got {order}")
+        text = "\n".join(d for d in documents if d)
+        if len(text) < 1000:
+            raise ValueError(f"the n-gram judge needs at least 1,000 characters of human text, got {len(text)}")
+        self.order, self.source = order, f"{source} (char {order}-gram, Witten-Bell)"
+        self.alphabet = set(text)
+        self.counts: dict[str, Counter[str]] = defaultdict(Counter)  # history (0..order-1 chars) -> next char
+        for i, ch in enumerate(text):
+            for n in range(order):
+                if i - n < 0:
+                    break
+                self.counts[text[i - n : i]][ch] += 1
+        self.totals = {h: sum(c.values()) for h, c in self.counts.items()}
+
+    def prob(self, history: str, ch: str) -> float:
+        """P(ch | the last order-1 characters of history), interpolated down to the uniform distribution."""
+        p = 1.0 / (len(self.alphabet) + 1)
+        for n in range(min(len(history), self.order - 1) + 1):
+            h = history[len(history) - n :] if n else ""
+            seen = self.counts.get(h)
+            if not seen:
+                break  # a longer history was never seen either
+            types, total = len(seen), self.totals[h]
+            p = (seen.get(ch, 0) + types * p) / (total + types)
+        return p
+
+    def nll(self, prompt: str, continuation: str) -> float:
+        """Summed NLL (nats) of ``continuation`` given ``prompt``."""
+        text = prompt + continuation
+        start = len(prompt)
+        return -sum(math.log(self.prob(text[max(0, i - self.order + 1) : i], text[i])) for i in range(start, len(text)))
+
+    def score(self, prompts: Sequence[str], continuations: Sequence[str | None]) -> list[TextScore | None]:
+        """One :class:`TextScore` per continuation (None where there is none), as a model judge gives."""
+        return [
+            TextScore(self.nll(p, c), len(c), len(c), sum(ch not in self.alphabet for ch in c), False) if c else None
+            for p, c in zip(prompts, continuations, strict=True)
+        ]
+
+
+NGRAM_PREFIX = "ngram:"
+
+
+def ngram_judge(spec: str, order: int = DEFAULT_ORDER) -> CharNgramJudge:
+    """``ngram:english`` (the English corpus's search documents, fetched by ``genprobe fetch english``) or
+    ``ngram:FILE`` (UTF-8 human text, one document per line)."""
+    what = spec[len(NGRAM_PREFIX) :]
+    if what == "english":
+        from ..corpus.english import english_split
+
+        return CharNgramJudge(english_split().search, order, "english:lee-corpus search documents")
+    lines = read_text(what, "--judge ngram:FILE (or ngram:english): file").splitlines()
+    return CharNgramJudge([ln for ln in lines if ln.strip()], order, f"file:{what}")

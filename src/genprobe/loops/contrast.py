@@ -1,13 +1,7 @@
-"""Contrastive activations: positions inside loops versus positions outside them (:func:`position_labels`), and
-the loop direction per layer they give (:func:`loop_direction`) with how well it separates them (:func:`separation`).
-
-The forward hooks that read activations (:func:`capture`) and remove a direction (:func:`ablate`) are context
-managers: registered on entry and removed in ``finally`` — also when the body raises — so a model never keeps a
-stale hook (checked by the tests).
-
-Each scanned sequence is run once more, teacher-forced, with capture hooks on every layer; right padding keeps
-real positions from seeing padding. When the generations give too few reference positions, held-out text is added
-as reference and reported (docs/loop-repair.md, "How the pipeline works").
+"""Contrastive activations: positions inside loops versus before them (:func:`position_labels`), the loop direction
+per layer (:func:`loop_direction`) and how well it separates them (:func:`separation`). The hooks (:func:`capture`,
+:func:`ablate`) are context managers, removed in ``finally`` even when the body raises (docs/loop-repair.md, "How
+the pipeline works").
 """
 
 from __future__ import annotations
@@ -41,27 +35,23 @@ def capture(model: Any) -> Iterator[Captured]:
     ``resid`` (block output) and ``units`` (input of the down-projection: post-activation unit values)."""
     sites = mlp_sites(model)
     cap: Captured = {k: {layer: [] for layer in range(len(sites))} for k in KINDS}
-    handles = []
-    try:
+    with contextlib.ExitStack() as hooks:
         for (layer, s), kind in itertools.product(enumerate(sites), KINDS):
             keep = cap[kind][layer].append
             if kind == "units":  # the down-projection's input: a pre-hook
-                handles.append(s.down.register_forward_pre_hook(lambda m, i, keep=keep: keep(i[0].detach().clone())))
+                h = s.down.register_forward_pre_hook(lambda m, i, keep=keep: keep(i[0].detach().clone()))
             else:
                 module = s.mlp if kind == "mlp_out" else s.block
-                handles.append(module.register_forward_hook(lambda m, i, o, k=keep: k(_first(o).detach().clone())))
+                h = module.register_forward_hook(lambda m, i, o, k=keep: k(_first(o).detach().clone()))
+            hooks.callback(h.remove)
         yield cap
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextlib.contextmanager
 def ablate(model: Any, directions: dict[int, torch.Tensor]) -> Iterator[None]:
     """While active, each listed layer's MLP output loses its component along that layer's direction."""
     sites = mlp_sites(model)
-    handles = []
-    try:
+    with contextlib.ExitStack() as hooks:
         for layer, d in directions.items():
             if not 0 <= layer < len(sites):
                 raise ValueError(f"layer {layer} out of range: the model has {len(sites)} layers")
@@ -72,11 +62,8 @@ def ablate(model: Any, directions: dict[int, torch.Tensor]) -> Iterator[None]:
                 h = h - (h @ d.to(h))[..., None] * d.to(h)
                 return (h, *o[1:]) if isinstance(o, (tuple, list)) else h
 
-            handles.append(sites[layer].mlp.register_forward_hook(hook))
+            hooks.callback(sites[layer].mlp.register_forward_hook(hook).remove)
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 # ---- contrast ------------------------------------------------------------------------------
@@ -105,8 +92,7 @@ class Contrast:
 
 def position_labels(prompt_len: int, total: int, m: LoopMeasures) -> tuple[list[int], list[int]]:
     """Positions ``t`` of a sequence (prompt + generation, ``total`` tokens) whose next token continues the loop
-    (one full period past its onset) and those before the onset (reference); a repetitive tail without a period
-    gives neither."""
+    (one full period past its onset) and those before the onset (reference); a tail without a period gives neither."""
     first = max(prompt_len - 1, 0)  # t predicts generated token j = t + 1 - prompt_len: the first with j >= 0
     if not m.any_loop:  # every generated position is reference
         return [], [] if m.degenerate else list(range(first, total - 1))
@@ -120,32 +106,6 @@ Rows = dict[str, dict[int, dict[str, list[torch.Tensor]]]]  # "loop"/"ref" → l
 
 
 @torch.no_grad()
-def _collect(
-    model: Any, seqs: Sequence[list[int]], labels: Sequence[tuple[list[int], list[int]]], batch_size: int
-) -> dict[str, dict[int, dict[str, torch.Tensor]]]:
-    """Teacher-force ``seqs`` in batches: per class ("loop", "ref"), layer and kind, the rows at the labelled
-    positions, stacked."""
-    n_layers = len(mlp_sites(model))
-    dev = next(iter(mlp_sites(model)[0].down.parameters())).device
-    acc: Rows = {name: {layer: {k: [] for k in KINDS} for layer in range(n_layers)} for name in ("loop", "ref")}
-    for s in range(0, len(seqs), batch_size):
-        ids, valid = pad_right(seqs[s : s + batch_size], 0)  # right padding: real positions never see it
-        with capture(model) as cap:
-            forward_logits(model, ids.to(dev), None if bool(valid.all()) else valid.to(dev))
-        for side, name in enumerate(("loop", "ref")):
-            at = [(i, t) for i, lab in enumerate(labels[s : s + batch_size]) for t in lab[side]]
-            if at:
-                r, c = torch.tensor(at).T
-                for layer, kind in itertools.product(range(n_layers), KINDS):
-                    acc[name][layer][kind].append(cap[kind][layer][0][r, c].float().cpu())
-    return {
-        name: {
-            layer: {k: torch.cat(v) if v else torch.empty(0) for k, v in kinds.items()} for layer, kinds in x.items()
-        }
-        for name, x in acc.items()
-    }
-
-
 def collect_contrast(
     model: Any,
     records: Sequence[GenerationRecord],
@@ -153,7 +113,8 @@ def collect_contrast(
     batch_size: int = 64,
     reference_text_windows: Sequence[list[int]] | None = None,
 ) -> Contrast:
-    """Teacher-force every record (prompt + generated tokens) and split positions by its loop measures."""
+    """Teacher-force every record (prompt + generation) and keep each layer's activations at its loop and reference
+    positions."""
     seqs = [list(rec.prompt_ids) + list(rec.tokens) for rec in records]
     labels = [
         position_labels(len(rec.prompt_ids), len(seq), rec.measures) for rec, seq in zip(records, seqs, strict=True)
@@ -169,8 +130,24 @@ def collect_contrast(
         raise ValueError(
             "no reference positions: every generated position is inside a loop and no reference text was given"
         )
-    acc = _collect(model, seqs + text, labels + [([], list(range(len(w) - 1))) for w in text], batch_size)
-    loop, ref = acc["loop"], acc["ref"]
+    seqs, labels = seqs + text, labels + [([], list(range(len(w) - 1))) for w in text]
+    n_layers = len(mlp_sites(model))
+    dev = next(iter(mlp_sites(model)[0].down.parameters())).device
+    acc: Rows = {name: {layer: {k: [] for k in KINDS} for layer in range(n_layers)} for name in ("loop", "ref")}
+    for s in range(0, len(seqs), batch_size):
+        ids, valid = pad_right(seqs[s : s + batch_size], 0)  # right padding: real positions never see it
+        with capture(model) as cap:
+            forward_logits(model, ids.to(dev), None if bool(valid.all()) else valid.to(dev))
+        for side, name in enumerate(("loop", "ref")):
+            at = [(i, t) for i, lab in enumerate(labels[s : s + batch_size]) for t in lab[side]]
+            if at:
+                r, c = torch.tensor(at).T
+                for layer, kind in itertools.product(range(n_layers), KINDS):
+                    acc[name][layer][kind].append(cap[kind][layer][0][r, c].float().cpu())
+    loop, ref = (
+        {layer: {k: torch.cat(v) if v else torch.empty(0) for k, v in x.items()} for layer, x in acc[n].items()}
+        for n in ("loop", "ref")
+    )
     return Contrast(
         loop={layer: x["mlp_out"] for layer, x in loop.items()},
         reference={layer: x["mlp_out"] for layer, x in ref.items()},

@@ -1,12 +1,6 @@
-"""The loop pages, read from typed results or their JSON; nothing here is measured.
-
-* ``loops repair`` (:func:`write_repair`): the patch, ``repair.json`` and a short HTML + PNG summary rendered from
-  ``repair.json``'s dict;
-* ``loops compare`` (:func:`write_outputs`): the comparison as one table (Markdown, also printed), one figure (PNG)
-  and one HTML page, from the typed :class:`~genprobe.loops.compare_fixes.CompareResult`.
-
-Each page is a Jinja2 template under ``templates/`` (package data) rendered in the shared environment of
-:mod:`genprobe._templates` (autoescaping on, strict undefined).
+"""The loop pages, from typed results or their JSON (nothing here is measured): ``loops repair``'s patch,
+``repair.json`` and HTML + PNG summary (:func:`write_repair`), ``loops compare``'s table, figure and HTML page
+(:func:`write_outputs`); Jinja2 templates under ``templates/`` rendered in :mod:`genprobe._templates`' environment.
 """
 
 from __future__ import annotations
@@ -17,8 +11,7 @@ from typing import Any, Callable, Sequence
 
 from .._io import atomic_write_bytes, atomic_write_json, atomic_write_text, figure_bytes, json_safe
 from .._templates import DASH, environment, pct
-from .compare_fixes import CompareResult
-from .compare_methods import CLASSES
+from .compare_fixes import CLASSES, CompareResult
 from .patch import Patch, save_patch
 from .scan import LoopRates
 
@@ -138,21 +131,6 @@ def rate_rows(before: dict, after: dict, unit: str = "token") -> list[dict]:
     ]
 
 
-def _tables(report: dict) -> list[dict]:
-    v = report.get("validation")
-    if not v:
-        return []
-    b, a, prone = v["before"], v["after"], v["loop_prone_before"]
-    pb, pa = (v.get("plain_greedy") or {}).get("before"), (v.get("plain_greedy") or {}).get("after")
-    tables = [  # (title, before, after, unit): the held-out set, its character view, its loop-prone part, plain greedy
-        (f"all held-out prompts (n = {b['n']}), tokens", b, a, "token"),
-        ("the same generations measured on characters", b.get("chars"), a.get("chars"), "character"),
-        (f"loop-prone held-out prompts (n = {prone['n']})", prone, v["loop_prone_after"], "token"),
-        (f"plain greedy, <unk> allowed (n = {(pb or {}).get('n')})", pb, pa, "token"),
-    ]
-    return [{"title": t, "rows": rate_rows(x, y, unit)} for t, x, y, unit in tables if x and y]
-
-
 def write_page(out_dir: str | os.PathLike, stem: str, png: bytes, template: str, **context: Any) -> dict[str, Path]:
     """Write ``<stem>.png`` and ``<stem>.html`` (``template`` rendered with the figure inlined) atomically."""
     out = Path(out_dir)
@@ -163,16 +141,26 @@ def write_page(out_dir: str | os.PathLike, stem: str, png: bytes, template: str,
 
 
 def write_summary(report: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``repair.png`` and ``repair.html`` into ``out_dir`` atomically; returns their paths. The figure: (left)
-    degenerate rate with each layer's direction ablated, or the layers' teacher-forced loop pressure when the scaled
-    search ranked them instead of generating per layer; (right) search rates and limits against α."""
+    """Write ``repair.png`` (layer ablations or the scaled search's layer ranking; the strength sweep) and
+    ``repair.html`` into ``out_dir`` atomically; returns their paths."""
+    v, tables = report.get("validation"), []
+    if v:  # (title, before, after, unit): the held-out set, its character view, its loop-prone part, plain greedy
+        b, a, prone = v["before"], v["after"], v["loop_prone_before"]
+        pb, pa = (v.get("plain_greedy") or {}).get("before"), (v.get("plain_greedy") or {}).get("after")
+        tables = [
+            (f"all held-out prompts (n = {b['n']}), tokens", b, a, "token"),
+            ("the same generations measured on characters", b.get("chars"), a.get("chars"), "character"),
+            (f"loop-prone held-out prompts (n = {prone['n']})", prone, v["loop_prone_after"], "token"),
+            (f"plain greedy, <unk> allowed (n = {(pb or {}).get('n')})", pb, pa, "token"),
+        ]
+    rows = [{"title": t, "rows": rate_rows(x, y, unit)} for t, x, y, unit in tables if x and y]
     png = figure_png([_locate_panel if report.get("locate") else _rank_panel, _sweep_panel], report, (11, 4), 110)
-    return write_page(out_dir, "repair", png, "repair.html.j2", report=report, tables=_tables(report))
+    return write_page(out_dir, "repair", png, "repair.html.j2", report=report, tables=rows)
 
 
 def write_repair(out_dir: str | os.PathLike, report: Any, patch: Patch | None, **extra: Any) -> dict:
-    """Write the patch (when one passed), ``repair.html``, ``repair.png`` and ``repair.json`` (the report's JSON,
-    ``extra`` and the files written) into ``out_dir``; returns what ``repair.json`` holds."""
+    """Write the patch (when one passed), ``repair.html``, ``repair.png`` and ``repair.json`` into ``out_dir``;
+    returns what ``repair.json`` holds (the report's JSON, ``extra`` and the files written)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = json_safe(report) | json_safe(extra)

@@ -1,19 +1,12 @@
-"""Weight patches: what changed (tensor, columns, original and new values, direction) plus hashes.
+"""Weight patches: selected columns of an MLP down-projection W (d_model × d_ff) edited along the unit loop
+direction d of that layer's MLP output (:class:`EditSpec`, :func:`make_patch`), in one of two forms:
 
-An edit (:class:`EditSpec`, built by :func:`make_patch`) changes selected columns of the MLP down-projection W
-(d_model × d_ff) in one of two forms:
-
-* ``subtract`` (the article's form): W[:, c] ← W[:, c] − α·d   (the loop-repair article cited in :mod:`genprobe.loops`)
+* ``subtract`` (the article's form): W[:, c] ← W[:, c] − α·d
 * ``project`` (projection removal): W[:, c] ← W[:, c] − α·d·(dᵀW[:, c])   (α = 1 removes it exactly)
 
-``d`` is a unit vector in d_model space — the loop direction measured at that layer's MLP output,
-which is exactly W's output space.
-
-On disk: ``<name>.safetensors`` (tensors) and ``<name>.json`` (edit, targets, model state sha256 before and after).
-:func:`apply_patch` and :func:`revert_patch` refuse a model whose hash is not the one recorded, and check the result.
-
-A ``transformers`` model directory is patched and reverted bit for bit by :func:`patch_dir` (docs/loop-repair.md,
-"Patches").
+Saved as ``<name>.safetensors`` + ``<name>.json`` (with the model's state sha256 before and after, which
+:func:`apply_patch` / :func:`revert_patch` check); :func:`patch_dir` patches a ``transformers`` directory
+(docs/loop-repair.md, "Patches").
 """
 
 from __future__ import annotations
@@ -30,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from .._io import atomic_write, atomic_write_json, json_safe, read_format_json, sha256_file
+from .._io import NOT_JSON, atomic_write, atomic_write_json, json_safe, read_format_json, sha256_file
 from ..model.arch import all_columns, count_parameters, get_columns, mlp_sites, set_columns, state_sha256
 
 FORMAT = "genprobe-loop-patch-v1"
@@ -50,11 +43,14 @@ class PatchTarget:
     layer: int
     layout: str
     columns: torch.Tensor  # (k,) int64 (select_columns' indices)
-    original: torch.Tensor  # (k, d_model)
-    new: torch.Tensor  # (k, d_model)
-    direction: torch.Tensor  # (d_model,) float32 (make_patch normalises it in float32)
+    original: torch.Tensor = field(metadata=NOT_JSON)  # (k, d_model)
+    new: torch.Tensor = field(metadata=NOT_JSON)  # (k, d_model)
+    direction: torch.Tensor = field(metadata=NOT_JSON)  # (d_model,) float32 (make_patch normalises it in float32)
     alpha: float = 0.0  # the absolute strength used in this tensor
 
+    JSON_PROPERTIES = ("changed",)
+
+    @property
     def changed(self) -> int:
         """Number of weights whose value actually changes."""
         return int((self.original != self.new).sum())
@@ -69,12 +65,7 @@ class Patch:
 
     def to_dict(self) -> dict:
         """The JSON side of the patch."""
-        targets = [
-            {k: getattr(t, k) for k in ("name", "layer", "layout", "alpha")}
-            | {"columns": t.columns.tolist(), "changed": t.changed()}
-            for t in self.targets
-        ]
-        return self.meta | {"format": FORMAT, "targets": targets}
+        return self.meta | {"format": FORMAT, "targets": json_safe(self.targets)}
 
 
 # ---- the edit ------------------------------------------------------------------------------
@@ -122,12 +113,9 @@ def make_patch(
     unit_means: dict[int, torch.Tensor],
     gaps: dict[int, float] | None = None,
 ) -> Patch:
-    """Build (do not apply) the patch for ``spec``: selected columns, their original and new values.
-
-    With ``gaps`` (layer -> loop-minus-reference gap of mean MLP output along d), the ``subtract``
-    strength is relative: α_abs = α · gap / Σ_{c∈C} mean loop activation of c, so α = 1 removes, at
-    an average loop position, the whole gap along d. ``project`` strengths are fractions already.
-    """
+    """Build (do not apply) the patch for ``spec``: selected columns, their original and new values. With ``gaps``
+    (layer -> loop-minus-reference gap of mean MLP output along d), ``subtract`` strengths are relative: α_abs = α ·
+    gap / Σ_{c∈C} mean loop activation of c, so α = 1 removes the whole gap at an average loop position."""
     sites = mlp_sites(model)
     targets = []
     for layer in spec.layers:
@@ -173,8 +161,8 @@ def write_values(model: Any, patch: Patch, which: str) -> None:
 
 @contextmanager
 def written(model: Any, patch: Patch) -> Iterator[None]:
-    """The patch's new values written for the block, the original ones always written back (unchecked: the
-    searches try thousands of edits; :func:`patched` is the hash-checked form)."""
+    """The patch's new values written for the block, the original ones always written back (unchecked, for the
+    searches; :func:`patched` is the hash-checked form)."""
     write_values(model, patch, "new")
     try:
         yield
@@ -197,7 +185,7 @@ def finalise(model: Any, patch: Patch) -> Patch:
     before = state_sha256(model)
     with written(model, patch):
         after = state_sha256(model)
-    changed = sum(t.changed() for t in patch.targets)
+    changed = sum(t.changed for t in patch.targets)
     total = count_parameters(model)
     patch.meta.update(
         sha256_before=before,
@@ -217,8 +205,7 @@ _SWITCH = {
 
 
 def _check_start(patch: Patch, which: str, have: str, weights: str) -> None:
-    """Refuse to write the ``which`` values into ``weights`` (hash ``have``) unless they are the ones the patch
-    records on the other side."""
+    """Refuse to write the ``which`` values into ``weights`` (hash ``have``) unless the patch records that hash."""
     verb, start, _, what = _SWITCH[which]
     want = patch.meta.get(start)
     if not want:
@@ -228,8 +215,8 @@ def _check_start(patch: Patch, which: str, have: str, weights: str) -> None:
 
 
 def _switch(model: Any, patch: Patch, which: str) -> str:
-    """Write the ``which`` values of every target, refusing unless the model's state hash is the recorded one the
-    other way, and checking the hash it arrives at (written back when it is not). Returns the new hash."""
+    """Write the ``which`` values of every target, checking the state hash before and after (rolled back when it
+    is not the recorded one). Returns the new hash."""
     verb, _, end, _ = _SWITCH[which]
     _check_start(patch, which, state_sha256(model), "the model's weights")
     for t in patch.targets:
@@ -306,87 +293,65 @@ class DirPatchResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _stored_names(model_dir: Path) -> dict[str, str]:
-    """Tensor name -> the safetensors file of ``model_dir`` that stores it (single file or shards)."""
-    names: dict[str, str] = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as fh:
-            names |= dict.fromkeys(fh.keys(), f.name)
-    return names
-
-
-def _file_key(names: dict[str, str], target: PatchTarget, base_prefix: str | None) -> str:
-    """The stored name of a target (a checkpoint may omit the base-model prefix, e.g. GPT-2's ``transformer.``)."""
-    for key in (target.name, target.name.removeprefix(f"{base_prefix}.") if base_prefix else target.name):
-        if key in names:
-            return key
-    raise PatchError(f"patch target {target.name} is not stored in the model directory's safetensors files")
-
-
-def _write_columns(w: torch.Tensor, t: PatchTarget, expect: torch.Tensor, values: torch.Tensor, where: str) -> None:
-    if w.dtype != expect.dtype:
-        raise PatchError(
-            f"{where}: stored as {w.dtype} but the patch holds {expect.dtype} values; a patch made on a model "
-            f"loaded in {expect.dtype} cannot be written into {w.dtype} weights exactly"
-        )
-    view = w[:, t.columns].T if t.layout == "linear" else w[t.columns, :]
-    if not torch.equal(view, expect):
-        raise PatchError(
-            f"{where}: the edited columns do not hold the values the patch expects (another edit, or a different model)"
-        )
-    if t.layout == "linear":
-        w[:, t.columns] = values.T
-    else:
-        w[t.columns, :] = values
-
-
 def _rewrite_file(src: Path, dst: Path, edits: list[tuple[str, PatchTarget]], revert: bool) -> str:
+    """Write ``src`` into ``dst`` with each target's columns replaced, checking they hold what the patch expects."""
     with safe_open(str(src), "pt") as fh:
         meta = fh.metadata()
         tensors = {k: fh.get_tensor(k) for k in fh.keys()}
     for key, t in edits:
+        w, where = tensors[key], f"{src.name}:{key}"
         expect, values = (t.new, t.original) if revert else (t.original, t.new)
-        _write_columns(tensors[key], t, expect, values, f"{src.name}:{key}")
+        if w.dtype != expect.dtype:
+            raise PatchError(
+                f"{where}: stored as {w.dtype} but the patch holds {expect.dtype} values; a patch made on a model "
+                f"loaded in {expect.dtype} cannot be written into {w.dtype} weights exactly"
+            )
+        view = w[:, t.columns].T if t.layout == "linear" else w[t.columns, :]
+        if not torch.equal(view, expect):
+            raise PatchError(
+                f"{where}: the edited columns do not hold the values the patch expects (another edit, or a different "
+                "model)"
+            )
+        if t.layout == "linear":
+            w[:, t.columns] = values.T
+        else:
+            w[t.columns, :] = values
     atomic_write(dst, lambda tmp: save_file(tensors, tmp, metadata=meta))
     return sha256_file(dst)
 
 
-def _patch_dir(src: Path, patch: Patch, out: Path, revert: bool) -> tuple[dict[str, str], dict[str, str]]:
-    """Rewrite the weight files holding targets (into ``out``); returns (original sha256s, rewritten sha256s)."""
-    from ..model.load import load_model
-
-    model = load_model(src)
-    if model.kind != "hf":
-        raise PatchError(f"{src} is a genprobe checkpoint, not a transformers directory")
-    _check_start(patch, "original" if revert else "new", model.state_sha256(), f"the weights in {src}")
-    names = _stored_names(src)
-    base = getattr(model.module, "base_model_prefix", None)
-    per_file: dict[str, list[tuple[str, PatchTarget]]] = {}
-    for t in patch.targets:
-        key = _file_key(names, t, base)
-        per_file.setdefault(names[key], []).append((key, t))
-    before = {f: sha256_file(src / f) for f in per_file}
-    if out.resolve() != src.resolve():  # the rest copied, less (top level) the files rewritten below, note, dotfiles
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise PatchError(f"{out} exists and is not an empty directory; refusing to write a model into it")
-        skip = set(per_file) | {NOTE_FILE}
-        top = os.fspath(src)
-        shutil.copytree(src, out, ignore=lambda d, ns: [n for n in ns if d == top and (n in skip or n[0] == ".")])
-    after = {f: _rewrite_file(src / f, out / f, edits, revert) for f, edits in per_file.items()}
-    return before, after
-
-
 def patch_dir(src: str | os.PathLike, patch: Patch, out: str | os.PathLike, revert: bool = False) -> DirPatchResult:
     """Write a patched copy of a transformers directory to ``out`` or (``revert``) the original weights of a patched
-    one (``out == src``: in place); a revert says whether the files it rewrote hash to the originals that
-    :data:`NOTE_FILE` recorded."""
+    one (``out == src``: in place), checked against the hashes :data:`NOTE_FILE` recorded."""
     from ..model.load import load_model
 
     src, out = Path(src), Path(out)
     verb, _, end, _ = _SWITCH["original" if revert else "new"]
     note_path = src / NOTE_FILE
     note = json.loads(note_path.read_text(encoding="utf-8")) if revert and note_path.is_file() else None
-    before, after = _patch_dir(src, patch, out, revert)
+    model = load_model(src)
+    if model.kind != "hf":
+        raise PatchError(f"{src} is a genprobe checkpoint, not a transformers directory")
+    _check_start(patch, "original" if revert else "new", model.state_sha256(), f"the weights in {src}")
+    names: dict[str, str] = {}  # tensor name -> the safetensors file (single file or shards) that stores it
+    for f in sorted(src.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            names |= dict.fromkeys(fh.keys(), f.name)
+    base = getattr(model.module, "base_model_prefix", None)
+    del model  # the written directory is loaded below
+    per_file: dict[str, list[tuple[str, PatchTarget]]] = {}
+    for t in patch.targets:  # a checkpoint may omit the base-model prefix (e.g. GPT-2's ``transformer.``)
+        key = next((k for k in (t.name, t.name.removeprefix(f"{base}.") if base else t.name) if k in names), None)
+        if key is None:
+            raise PatchError(f"patch target {t.name} is not stored in the model directory's safetensors files")
+        per_file.setdefault(names[key], []).append((key, t))
+    before = {f: sha256_file(src / f) for f in per_file}
+    if out.resolve() != src.resolve():  # the rest copied, less (top level) the files rewritten below, note, dotfiles
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise PatchError(f"{out} exists and is not an empty directory; refusing to write a model into it")
+        skip, top = set(per_file) | {NOTE_FILE}, os.fspath(src)
+        shutil.copytree(src, out, ignore=lambda d, ns: [n for n in ns if d == top and (n in skip or n[0] == ".")])
+    after = {f: _rewrite_file(src / f, out / f, edits, revert) for f, edits in per_file.items()}
     if not revert:
         kept = {k: patch.meta.get(k) for k in ("edit", "sha256_before", "sha256_after")}
         files = {"original_weight_files": before, "patched_weight_files": after}

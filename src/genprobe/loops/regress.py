@@ -7,6 +7,7 @@ model's (:mod:`genprobe.model.arch`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -31,8 +32,7 @@ def forward_logits(model: Any, ids: torch.Tensor, valid: torch.Tensor | None = N
 
 
 def pad_right(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows right-padded to one width, and the mask of real tokens: a causal model's logits at real positions
-    never see the padding after them, so positions stay 0, 1, … as in training."""
+    """Token rows right-padded to one width (real positions never see the padding), and the mask of real tokens."""
     width = max(map(len, seqs))
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     valid = torch.zeros((len(seqs), width), dtype=torch.bool)
@@ -59,15 +59,9 @@ def text_windows(ids: Sequence[int], width: int, max_windows: int) -> list[list[
     return [ids[i * width : (i + 1) * width] for i in range(n)]
 
 
-def window_length(max_positions: int | None) -> int:
-    """Regression window: the model's context length, capped at :data:`DEFAULT_WINDOW` tokens (long-context models)."""
-    return DEFAULT_WINDOW if max_positions is None else max(2, min(int(max_positions), DEFAULT_WINDOW))
-
-
 class FrozenPrefix:
     """Per block, its outputs over a fixed sequence of forward calls of the unedited model, replayed by call order
-    while an edit is measured: the measured calls must be the recorded ones, and a call past the record raises.
-    ``on=False``: records and replays nothing (every block computes)."""
+    while an edit is measured (a call past the record raises); ``on=False``: nothing recorded or replayed."""
 
     def __init__(self, model: Any, on: bool = True):
         self.blocks = [s.block for s in mlp_sites(model)] if on else []
@@ -77,43 +71,28 @@ class FrozenPrefix:
     def recording(self) -> Iterator[None]:
         """Record every block's output of the forward calls made inside the block (the unedited model's)."""
         self.outputs = [[] for _ in self.blocks]
-
-        def hook(i: int) -> Any:
-            return lambda module, inputs, output: self.outputs[i].append(output)
-
-        handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(self.blocks)]
-        try:
+        with contextlib.ExitStack() as hooks:
+            for out, b in zip(self.outputs, self.blocks, strict=True):
+                hooks.callback(b.register_forward_hook(lambda m, i, o, out=out: out.append(o)).remove)
             yield
-        finally:
-            for h in handles:
-                h.remove()
 
     @contextlib.contextmanager
     def skipping(self, first: int) -> Iterator[None]:
         """Blocks below ``first`` replay their recorded outputs instead of computing (the edit starts at ``first``)."""
-        saved = []
-        try:
+        with contextlib.ExitStack() as restore:
             for i, block in enumerate(self.blocks[:first]):
-                saved.append((block, block.__dict__.get("forward")))
-                block.forward = self._replay(i)
+                own = block.__dict__.get("forward")  # an instance-level forward (e.g. a wrapper) is put back
+                restore.callback(*(delattr, block, "forward") if own is None else (setattr, block, "forward", own))
+                block.forward = functools.partial(self._replay, i, iter(self.outputs[i]))
             yield
-        finally:
-            for block, own in saved:
-                if own is None:
-                    del block.forward
-                else:  # pragma: no cover - a block that already had an instance-level forward (e.g. a wrapper)
-                    block.forward = own
 
-    def _replay(self, i: int) -> Any:
-        calls = iter(self.outputs[i])
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            out = next(calls, None)
-            if out is None:
-                raise RuntimeError(f"block {i} was called more often than recorded: the measured inputs changed")
-            return out
-
-        return forward
+    @staticmethod
+    def _replay(i: int, calls: Iterator[Any], *args: Any, **kwargs: Any) -> Any:
+        """Block ``i``'s next recorded output (its ``forward`` while skipped)."""
+        out = next(calls, None)
+        if out is None:
+            raise RuntimeError(f"block {i} was called more often than recorded: the measured inputs changed")
+        return out
 
 
 class RegressionProbe:
@@ -142,8 +121,8 @@ class RegressionProbe:
         return float(-logp.gather(-1, tgt[..., None]).mean())
 
     def measure(self, model: Any, first_layer: int = 0) -> "Regression":
-        """Mean KL(base ‖ model) over positions and the loss change on the same windows (nats). ``first_layer``: the
-        lowest layer the edit touches; with ``reuse_prefix`` the blocks below it are not computed again."""
+        """Mean KL(base ‖ model) over positions and the loss change on the same windows (nats); ``first_layer``: the
+        lowest layer the edit touches (with ``reuse_prefix`` the blocks below it replay their outputs)."""
         with self.prefix.skipping(first_layer):
             logp = self._logp(model)
         kl = (self.base_logp.exp() * (self.base_logp - logp)).sum(-1).mean()

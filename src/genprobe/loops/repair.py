@@ -19,7 +19,7 @@ from ..metrics.stats import ALPHA, sign_test_p
 from ..model.arch import state_sha256
 from .contrast import Contrast, ContrastCounts, Separation, ablate, collect_contrast, loop_direction, separation
 from .patch import EditSpec, Patch, finalise, make_patch, patched
-from .regress import Regression, RegressionProbe, text_windows, window_length
+from .regress import DEFAULT_WINDOW, Regression, RegressionProbe, text_windows
 from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, greedy_sampler, summarise
 from .search import (
     Build,
@@ -120,8 +120,7 @@ class SearchStage:
     scaled: ScaledTrace | None = None
 
     def to_dict(self) -> dict:
-        """The fields, the strata spelled out (``base_loop_rate`` is the baseline's degenerate rate: what the search
-        minimises) and how many candidates the limits admit."""
+        """The fields, the strata spelled out (``base_loop_rate``: the baseline degenerate rate), the admitted count."""
         s, admissible = self.strata, sum(1 for c in self.candidates if self.limits.admits(c.regression))
         sizes = {"n_prompts": s.prone + s.control, "prone": s.prone, "control": s.control}
         sizes |= {"prone_in_full_set": s.prone_all, "full_set": s.prone_all + s.control_all}
@@ -180,8 +179,7 @@ class Transfer:
 
 @dataclass
 class RepairReport:
-    """Everything a repair run measured (its JSON form is ``repair.json``); ``loops locate`` stops after the locate
-    stage: no search (None), and its JSON carries the direction vectors."""
+    """Everything a repair run measured (``repair.json``); ``loops locate``'s has no search and the vectors."""
 
     config: RepairConfig
     sampler: dict
@@ -208,7 +206,8 @@ class RepairReport:
 # ---- stages ---------------------------------------------------------------------------------
 def direction_stage(study: LoopStudy, val_text: str, records: Sequence[GenerationRecord]) -> DirectionStage:
     """Contrast loop vs reference positions of ``records``; one unit direction per layer; the regression probe."""
-    width = study.cfg.val_window or window_length(study.model.max_positions)
+    # the model's context length, at most DEFAULT_WINDOW tokens (long-context models)
+    width = study.cfg.val_window or max(2, min(study.model.max_positions or DEFAULT_WINDOW, DEFAULT_WINDOW))
     windows = text_windows(encode_quiet(study.tokenizer, val_text), width, study.cfg.regression_windows)
     con = collect_contrast(study.module, records, batch_size=study.cfg.batch_size, reference_text_windows=windows[:32])
     layers = {}
@@ -333,16 +332,14 @@ def _scaled(
     grid = chains(sets, cfg.ks, cfg.forms, cfg.alphas())
     screened = screen(model, grid, build, quick, loops, limits, study.progress, cfg.screen_strengths)
     clock.tick("screen")
-    short, admitted = shortlist(screened, cfg.keep), sum(1 for s in screened if s.pressure is not None)
+    short, admitted = shortlist(screened, cfg.keep), sum(1 for c in screened if "dlogp" in (c.screen or {}))
     study.log(
         f"screen: {len(screened)} edits of layer sets {sets}, {admitted} within the limits on {len(windows)} windows; "
         f"generating for {len(short)}"
     )
-    for s in screened:
-        s.candidate.screen = {"windows": len(windows), **(json_safe(s.pressure) if s.pressure else {})}
     finalists, rungs = halve(
         model,
-        [s.candidate for s in short],
+        short,
         build,
         lambda ids: [r.measures for r in study.scan(ids, decoded=False).records],
         [r.prompt_ids for r in prone],
@@ -354,24 +351,8 @@ def _scaled(
     clock.tick("halving")
     check_restored(model, before)
     study.log("halving: " + "; ".join(f"{r.prone}+{r.control} prompts, {r.kept} of {r.candidates} kept" for r in rungs))
-    screening = (len(screened), admitted, len(short), rungs, loops.n_sequences, loops.positions, len(windows))
-    return [s.candidate for s in screened], finalists, ScaledTrace(scores, sets, *screening, json_safe(clock))
-
-
-def build_patch(study: LoopStudy, stage: DirectionStage, chosen: Candidate) -> Patch:
-    """The chosen edit as a finalised patch (hashes before/after recorded; model left unchanged)."""
-    assert chosen.objective is not None and chosen.regression is not None  # choose() returns scanned, admitted ones
-    patch = finalise(study.module, stage.build(study.module)(chosen.spec))
-    patch.meta.update(
-        edit=json_safe(chosen.spec),
-        sampler=json_safe(study.sampler),
-        objective="degenerate_rate",
-        search_degenerate_rate=chosen.objective.degenerate_rate,
-        search_loop_rate=chosen.objective.loop_rate,
-        kl=chosen.regression.kl,
-        dloss=chosen.regression.dloss,
-    )
-    return patch
+    screening = (len(screened), admitted, len(short), rungs, loops.n_sequences, loops.targets.numel(), len(windows))
+    return screened, finalists, ScaledTrace(scores, sets, *screening, json_safe(clock))
 
 
 def _new(before: ScanResult, after: ScanResult, verdict: str = "degenerate") -> int:
@@ -426,8 +407,8 @@ def validate_stage(
 
 
 def transfer_stage(study: LoopStudy, patch: Patch, texts: Sequence[str], searched_chat: bool) -> Transfer | None:
-    """Held-out prompts in the setting the search did not use, before and after the edit (None when the model has
-    no chat template or ``cfg.transfer`` is 0)."""
+    """Held-out prompts in the setting the search did not use, before and after the edit (None: no chat template,
+    or ``cfg.transfer`` is 0)."""
     if study.model.chat_template is None or study.cfg.transfer == 0 or not texts:
         return None
     ids = study.encode(texts[: study.cfg.transfer], not searched_chat)
@@ -516,7 +497,18 @@ def _search_and_validate(
         )
         return None
     report.verdict = "edit passed the limits"
-    patch = build_patch(study, stage, search.chosen)
+    chosen = search.chosen
+    assert chosen.objective is not None and chosen.regression is not None  # choose() returns scanned, admitted ones
+    patch = finalise(study.module, stage.build(study.module)(chosen.spec))  # hashes recorded, model left unchanged
+    patch.meta.update(
+        edit=json_safe(chosen.spec),
+        sampler=json_safe(study.sampler),
+        objective="degenerate_rate",
+        search_degenerate_rate=chosen.objective.degenerate_rate,
+        search_loop_rate=chosen.objective.loop_rate,
+        kl=chosen.regression.kl,
+        dloss=chosen.regression.dloss,
+    )
     report.validation = v = validate_stage(study, patch, base["validate"], inputs.validate, stage.probe)
     clock.tick("validate")
     if not v.significant:  # a verdict no larger than its evidence: no patch written

@@ -1,11 +1,7 @@
-"""Loop scan: generate after every prompt (batched), measure loops, aggregate rates and histograms.
-
-Every generation is measured on its tokens and, when decoded, on its characters; the exact, near, any-loop,
-repetitive-tail and degenerate rates are reported side by side, with the end token banned so a loop cannot hide
-behind an early stop. Calibration against human text: docs/calibration.md. :func:`scan_batches` is the scan written
-once for every engine; :func:`scan_loop_settings` (``genprobe loops scan``) runs it under several decoding settings,
-through genprobe's engine or a :class:`ScanEngine`: any :class:`~genprobe.engine.backend.Backend`
-(:func:`backend_engine`) or an engine's in-process fast path (``serving/scan.py``, ``serving/llamacpp/scan.py``).
+"""Loop scan: generate after every prompt (batched, end token banned), measure loops on tokens and decoded
+characters, aggregate rates and histograms. :func:`scan_batches` is the scan written once for every engine;
+:func:`scan_loop_settings` (``genprobe loops scan``) runs it under several decoding settings through genprobe's engine
+or a :class:`ScanEngine` (docs/loop-repair.md, docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from tqdm import tqdm
@@ -201,10 +197,8 @@ class ScanResult:
 
     def to_dict(self, with_records: bool = True) -> dict:
         """Plain JSON."""
-        d: dict[str, Any] = {"settings": json_safe(self.settings), "summary": json_safe(self.summary)}
-        if with_records:
-            d["records"] = [json_safe(r) for r in self.records]
-        return d
+        d = {"settings": json_safe(self.settings), "summary": json_safe(self.summary)}
+        return d | ({"records": json_safe(self.records)} if with_records else {})
 
 
 def generation_record(
@@ -229,12 +223,9 @@ def generation_record(
 
 @dataclass(frozen=True)
 class ScanOptions:
-    """How a scan runs beside its prompts: the one listing of them, built once by its caller (:class:`LoopStudy`,
-    ``loops scan``, a benchmark) and passed whole to every engine's scan (:func:`scan_batches`).
-
-    ``eos_id`` (the model's end token) is banned, never used to stop (see module doc); ``sampler`` defaults to the
-    chapter's chanting setting (``unk_id`` banned); ``decode`` (ids -> str) adds texts and character-level measures;
-    ``loop`` the detector settings (default: the raw defaults)."""
+    """How a scan runs beside its prompts, built once by its caller and passed whole to every engine's scan.
+    ``eos_id`` is banned, never used to stop; ``sampler`` defaults to chanting (``unk_id`` banned); ``decode``
+    (ids -> str) adds texts and character-level measures; ``loop``: the detector settings (default: raw defaults)."""
 
     max_new_tokens: int = 57
     sampler: SamplerConfig | None = None
@@ -247,11 +238,17 @@ class ScanOptions:
     progress: bool = False
     desc: str = "scan"
 
+    @property
+    def end_token(self) -> EndToken:
+        """Whether the end token exists and is banned (with the note the CLI prints)."""
+        eos = self.eos_id
+        note = None if eos is None else END_TOKEN_NOTE.format(eos=eos, n=self.max_new_tokens)
+        return EndToken(eos, eos is not None, note)
+
 
 @dataclass
 class Batch:
-    """One batch of a scan, as every engine's batch generator receives it. Each engine seeds from
-    ``options.seed`` as it does (ours: seed + batch; the others seed + prompt)."""
+    """One batch of a scan, as every engine's batch generator receives it (seeded from ``options.seed``)."""
 
     prompts: list[list[int]]
     texts: list[str] | None  # the prompts as text, when given (a server that takes only text prompts needs them)
@@ -270,13 +267,6 @@ class EndToken:
     note: str | None
 
 
-def end_token(options: ScanOptions) -> EndToken:
-    """Whether the end token exists and is banned (with the note the CLI prints)."""
-    eos = options.eos_id
-    note = None if eos is None else END_TOKEN_NOTE.format(eos=eos, n=options.max_new_tokens)
-    return EndToken(eos, eos is not None, note)
-
-
 #: One engine's generation of one batch: for each prompt its new token ids and whether it ran the whole budget.
 GenerateBatch = Callable[[Batch], list[tuple[list[int], bool]]]
 
@@ -287,10 +277,9 @@ def scan_batches(
     options: ScanOptions = ScanOptions(),
     prompt_texts: Sequence[str] | None = None,
 ) -> ScanResult:
-    """The scan, written once for every engine: ``options.batch_size`` prompts at a time through ``generate_batch``
-    (genprobe's :func:`engine_batches`, any backend's :func:`backend_batches`, vLLM's or llama.cpp's in-process
-    one), each generation measured (:func:`generation_record`), the records summarised with the settings that made
-    them. With a calibration, :func:`annotate_scan` adds its human rates (:func:`genprobe.scan_loops` does both)."""
+    """The scan, written once for every engine: ``options.batch_size`` prompts at a time through ``generate_batch``,
+    each generation measured, the records summarised with the settings that made them (:func:`annotate_scan` adds a
+    calibration's human rates)."""
     if not prompts:
         raise ValueError("no prompts to scan")
     o = options
@@ -307,10 +296,7 @@ def scan_batches(
         for j, (toks, full) in enumerate(generate_batch(Batch(chunk, chunk_texts, sampler, start, bi, o))):
             text = chunk_texts[j] if chunk_texts is not None else None
             records.append(generation_record(chunk[j], toks, full, o.unk_id, loop, o.decode, text))
-    end = end_token(o)  # study_sampler banned it above
-    settings = ScanSettings(
-        json_safe(sampler), o.max_new_tokens, o.seed, json_safe(loop), o.eos_id, end.banned, end.note
-    )
+    settings = ScanSettings(json_safe(sampler), o.max_new_tokens, o.seed, json_safe(loop), *astuple(o.end_token))
     return ScanResult(records, summarise(records), settings)
 
 
@@ -324,17 +310,14 @@ def detector_settings(calibration: LoopCalibration | None, loop: LoopSettings | 
 
 
 def check_prompts(batch: Batch, vocab_size: int, max_len: int | None = None) -> None:
-    """Refuse, before an engine generates the batch, a prompt it cannot run (:func:`check_prompt_ids`: empty, an id
-    outside ``[0, vocab_size)``, past ``max_len`` positions), naming the prompt and the limit."""
+    """Refuse, before an engine generates the batch, a prompt it cannot run (:func:`check_prompt_ids`)."""
     n_new, limit = batch.options.max_new_tokens, f"the engine's max_model_len {max_len}"
     check_prompt_ids(batch.prompts, n_new, vocab_size, max_len, limit, batch.first)
 
 
 def engine_batches(model: Any, compile: bool = False) -> GenerateBatch:
-    """The scan's batch generator in genprobe's engine: batch ``i`` decoded together with seed ``seed + i``.
-
-    ``compile=True`` decodes through the compiled fast path (``generate(..., compile=True)``: our GPT and
-    Llama-family models; the same tokens as the eager loop, minutes of compiling per batch size, cached on disk)."""
+    """The scan's batch generator in genprobe's engine: batch ``i`` decoded together with seed ``seed + i``;
+    ``compile=True``: through the compiled fast path (the same tokens as the eager loop; docs/llama-fast.md)."""
 
     def generate_batch(b: Batch) -> list[tuple]:
         o = b.options
@@ -345,9 +328,8 @@ def engine_batches(model: Any, compile: bool = False) -> GenerateBatch:
 
 
 def backend_batches(backend: Backend, concurrency: int = 1) -> GenerateBatch:
-    """The scan's batch generator over any :class:`~genprobe.engine.backend.Backend`: each batch sent with
-    ``concurrency`` requests in flight (as users load a server), prompt ``i`` sampled with seed ``seed + i``; a
-    backend that takes only text prompts gets the prompts' texts (it tokenizes them itself)."""
+    """The scan's batch generator over any :class:`~genprobe.engine.backend.Backend`: ``concurrency`` requests in
+    flight, prompt ``i`` sampled with seed ``seed + i``, texts to a backend that takes only text prompts."""
     caps = backend.capabilities
 
     def generate_batch(b: Batch) -> list[tuple]:
@@ -369,8 +351,8 @@ def backend_batches(backend: Backend, concurrency: int = 1) -> GenerateBatch:
 def annotate_scan(
     result: ScanResult, calibration: LoopCalibration | None, chars_unit: bool | None = None
 ) -> ScanResult:
-    """``result`` with the calibration its detector settings came from (human rates beside every rate) and
-    whether characters are the unit; refused when the scan's length or settings are not the calibration's."""
+    """``result`` with its calibration's human rates beside every rate and whether characters are the unit (refused
+    when the scan's length or settings are not the calibration's)."""
     if calibration is not None:
         if calibration.length != result.settings.max_new_tokens:
             raise ValueError(
@@ -401,8 +383,7 @@ def calibrate_for_scan(
     unk_id: int | None = None,
 ) -> LoopCalibration:
     """Detector settings calibrated on human text of ``tokenizer`` and ``length`` tokens: the file ``human_text``
-    (one document per line), else the corpus matching the prompts' script (CJK: held-out Tang poems; other:
-    the English corpus)."""
+    (one document per line), else the corpus matching the prompts' script (docs/calibration.md)."""
     from ..corpus.inputs import human_sequences
 
     seqs, source = human_sequences(tokenizer, length, prompts, human_text=human_text, unk_id=unk_id)
@@ -415,9 +396,8 @@ UNK_SHOW = "▯"
 
 
 def study_options(model: Any, options: ScanOptions) -> ScanOptions:
-    """``options`` for a loop study of ``model``: its end token (banned), its unknown token (the default chanting
-    ban, the ``<unk>`` share) and its decoder; refused without a tokenizer or under 16 new tokens (too few to see a
-    loop)."""
+    """``options`` with ``model``'s end token (banned), unknown token and decoder; refused without a tokenizer or
+    under 16 new tokens (too few to see a loop)."""
     if model.tokenizer is None:
         raise ValueError("loop studies need the model's tokenizer (to encode prompts and decode generations)")
     if options.max_new_tokens < 16:
@@ -433,8 +413,7 @@ def study_options(model: Any, options: ScanOptions) -> ScanOptions:
 
 
 def encode_prompts(model: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Prompts → ids (:func:`genprobe.engine.loaded.encode_prompts`); an empty encoding is refused, naming the prompt
-    (it cannot be continued)."""
+    """Prompts → ids (:func:`genprobe.engine.loaded.encode_prompts`); an empty encoding is refused."""
     ids = loaded.encode_prompts(model, texts)[0]
     empty = [t for t, i in zip(texts, ids, strict=True) if not i]
     if empty:
@@ -444,12 +423,8 @@ def encode_prompts(model: Any, texts: Sequence[str]) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class ScanEngine:
-    """Who generates a scan other than genprobe's engine; an engine contributes just these two functions.
-
-    ``check(sampler, model, n_ctx)`` raises a ``ValueError`` for a setting it cannot run exactly (the sampler with
-    the end-token ban, the context the scan needs): called for every setting before anything starts, so a setting is
-    refused, never approximated. ``start(model, options, ids, log)`` starts the engine for the scan's prompt ids and
-    returns the batch generator of :func:`~genprobe.loops.scan.scan_batches` and what the JSON says about it."""
+    """Who generates a scan other than genprobe's engine: ``check(sampler, model, n_ctx)`` refuses (``ValueError``)
+    a setting it cannot run exactly; ``start(model, options, ids, log)`` returns the batch generator and its JSON."""
 
     name: str  # as messages name it: "vLLM", "llama.cpp", "the vllm server"
     check: Callable[[SamplerConfig, Any, int], None]
@@ -461,8 +436,7 @@ SEEDS_NOTE = "reproducibility: the server ignores per-request seeds, so a sample
 
 def backend_engine(backend: Backend, concurrency: int | None = None) -> ScanEngine:
     """Any :class:`~genprobe.engine.backend.Backend` as a scan engine, ``concurrency`` requests in flight (default:
-    as many as it serves at once). The sampler is passed through as the backend's own (temperature, top-p, top-k,
-    a seed per prompt, banned ids); the JSON names the server and lists what its capabilities left unchecked."""
+    as many as it serves at once); the JSON names the server and lists what its capabilities left unchecked."""
     caps = backend.capabilities
     not_checked = []
     if not caps.token_prompts:
@@ -474,9 +448,8 @@ def backend_engine(backend: Backend, concurrency: int | None = None) -> ScanEngi
             not_checked.append(SEEDS_NOTE)
 
     def start(model: Any, options: ScanOptions, ids: Any, log: Callable[[str], None]) -> tuple:
-        generate = backend_batches(backend, concurrency or caps.concurrency)
         about = {"backend": "endpoint", "server": caps.server, "model": backend.model_name, "not_checked": not_checked}
-        return generate, about
+        return backend_batches(backend, concurrency or caps.concurrency), about
 
     return ScanEngine(f"the {caps.server} server", check, start)
 
@@ -500,8 +473,7 @@ class LoopScans:
     seconds: dict[str, float] = field(default_factory=dict)  # wall-clock seconds per setting
 
     def to_dict(self, with_records: bool = True) -> dict[str, Any]:
-        """Plain JSON: ``loops scan --out``'s scan.json (every record); without records, ``loops scan --json``
-        (each setting's settings, summary and its first generations as examples)."""
+        """``loops scan --out``'s scan.json; without records, ``loops scan --json`` (with the first generations)."""
         scans = {name: res.to_dict(with_records) for name, res in self.scans.items()}
         for name, res in self.scans.items() if not with_records else ():
             scans[name]["examples"] = [{k: json_safe(r)[k] for k in EXAMPLE_KEYS} for r in res.records[:LOOP_EXAMPLES]]
@@ -510,8 +482,7 @@ class LoopScans:
 
 
 def loop_study_settings(model: Any, setting: str = "both") -> dict[str, SamplerConfig]:
-    """The named decoding settings of the loop studies: ``"both"`` (chanting — greedy, unknown token banned — and
-    plain greedy), ``"chanting"`` or ``"greedy"``; the end token is banned by the scan itself."""
+    """The named decoding settings of the loop studies: ``"both"`` (chanting and plain greedy), or one of them."""
     both = {"chanting": chanting_sampler(model.unk_id), "greedy": greedy_sampler()}
     if setting not in ("both", *both):
         raise ValueError(f"setting must be one of ['both', 'chanting', 'greedy'], got {setting!r}")
@@ -532,15 +503,9 @@ def scan_loop_settings(
     on_scan: Callable[[str, ScanResult, float], None] | None = None,
     compile: bool = False,
 ) -> LoopScans:
-    """Scan the same prompts under each named decoding setting (what ``genprobe loops scan`` runs; docs/API.md).
-
-    ``settings``: name -> sampler (None: ``options.sampler`` or chanting; default :func:`loop_study_settings`), the
-    end token banned in each; ``prompts``: default 256 held-out Tang openings (bundled char model only); ``options``:
-    length, batch, seed, progress, detectors (the model fills in its end and unknown tokens and decoder);
-    ``chars_unit``: default the calibration's; ``backend``: a :class:`ScanEngine` or any
-    :class:`~genprobe.engine.backend.Backend` (default our engine; ``compile=True`` its compiled fast path), every
-    setting checked before any starts; ``log`` gets the end-token note and the engine's start-up.
-    """
+    """Scan the same prompts under each named decoding setting (``genprobe loops scan``; the arguments: docs/API.md).
+    ``settings``: name -> sampler (None: ``options.sampler`` or chanting; default :func:`loop_study_settings`);
+    ``backend``: a :class:`ScanEngine` or any :class:`~genprobe.engine.backend.Backend` (default our engine)."""
     if compile and backend is not None:
         raise ValueError("compile=True is for genprobe's own engine; the backend given decodes its own way")
     options = options or ScanOptions()
@@ -553,7 +518,7 @@ def scan_loop_settings(
     default = options.sampler or chanting_sampler(model.unk_id)
     samplers = {name: study_sampler(sampler or default, model.eos_id) for name, sampler in chosen.items()}
     ids = encode_prompts(model, texts)
-    end = end_token(options)
+    end = options.end_token
     if end.banned:
         log(f"note: {end.note}")
     if backend is None:
@@ -604,8 +569,7 @@ CI_ROWS = (  # (label, a LoopRates rate with a 95% CI, its human_fpr key)
 
 
 def scan_table(summary: LoopRates, title: str = "") -> str:
-    """A short human-readable table: tokens, beside characters only where characters are the unit, and the
-    held-out human false-positive rate of each detector when the scan was calibrated."""
+    """A short human-readable table: tokens, characters where they are the unit, and calibrated human rates."""
     show_chars = summary.chars is not None and summary.chars_unit is not False
     cols = [("tokens", summary)] + ([("chars", summary.chars)] if show_chars and summary.chars is not None else [])
     human = summary.human_fpr or {}

@@ -1,14 +1,12 @@
-"""The edit search under regression limits, optimising a loop rate that cannot be gamed: exhaustive over the grid
-(:func:`run_search`), or scaled with depth (rank layers, screen strengths without generating, then halve).
+"""The edit search under regression limits: exhaustive over the grid (:func:`run_search`), or scaled with depth
+(rank layers, screen strengths by a :class:`LoopProbe`'s teacher-forced proxy, then halve:
+docs/loop-repair-at-scale.md).
 
 Every candidate is applied in place, evaluated and reverted exactly. The search minimises the **degenerate rate**
-(exact loop, near loop or repetitive tail) on a stratified search set; the exact rate is reported but never decides,
-so an edit that turns exact loops into near ones does not win. The choice rule (:func:`choose`): among candidates
-with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss`` and a degenerate rate strictly below the baseline's, the lowest
-degenerate rate; ties go to the lower periodic rate, the lower exact rate, fewer weights changed, then lower KL.
-
-The scaled search's four steps (rank, layer sets, screen by a :class:`LoopProbe`'s teacher-forced proxy, halving)
-are described in docs/loop-repair-at-scale.md.
+(exact loop, near loop or repetitive tail), so an edit that turns exact loops into near ones does not win. The
+choice rule (:func:`choose`): among candidates with KL ≤ ``max_kl``, Δloss ≤ ``max_dloss`` and a degenerate rate
+strictly below the baseline's, the lowest; ties go to the lower periodic rate, the lower exact rate, fewer weights
+changed, then lower KL.
 """
 
 from __future__ import annotations
@@ -64,10 +62,8 @@ class Strata:
     control_all: int
 
     def objective(self, prone: Sequence[LoopMeasures], control: Sequence[LoopMeasures]) -> Objective:
-        """Loop rates on the full set estimated from the two strata, each weighted by its share of the full set.
-
-        A new loop among the controls counts as much as it would in the natural mix of prompts.
-        """
+        """Loop rates on the full set estimated from the two strata, each weighted by its share of the full set (a
+        new loop among the controls counts as much as it would in the natural mix of prompts)."""
         if len(prone) != self.prone or len(control) != self.control:
             raise ValueError(
                 f"expected {self.prone} loop-prone and {self.control} control measures, "
@@ -110,7 +106,7 @@ class Candidate:
         """An evaluated edit with what its patch touches."""
         ts = patch.targets
         alphas, columns = {t.layer: t.alpha for t in ts}, {t.layer: t.columns.tolist() for t in ts}
-        return cls(spec, regression, objective, sum(t.changed() for t in ts), alphas, columns)
+        return cls(spec, regression, objective, sum(t.changed for t in ts), alphas, columns)
 
     def to_dict(self) -> dict:
         """Flat JSON row (spec, regression, objective, columns)."""
@@ -165,8 +161,7 @@ Build = Callable[[EditSpec], Patch]  # spec -> its patch (not applied)
 def run_search(
     model: Any, specs: Sequence[EditSpec], build: Build, evaluate: Evaluate, progress: bool = False
 ) -> list[Candidate]:
-    """Evaluate every spec's patch (``build(spec)``, e.g. :func:`~genprobe.loops.patch.make_patch` of the directions)
-    with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
+    """Evaluate every spec's patch with ``evaluate(model) -> (regression, objective or None)`` on the edited model."""
     before = state_sha256(model)
     out = []
     for spec in progress_bar(specs, "search", "edit", progress):
@@ -193,8 +188,7 @@ class Pressure:
 
 
 class LoopProbe:
-    """Teacher-forced loop continuations of up to ``max_seqs`` looping records, read as one batch; the base
-    log-probs kept once."""
+    """Teacher-forced loop continuations of up to ``max_seqs`` looping records, read as one batch."""
 
     def __init__(self, model: Any, records: Sequence[GenerationRecord], max_seqs: int = 8, reuse_prefix: bool = False):
         rows: list[int] = []
@@ -226,11 +220,6 @@ class LoopProbe:
     def n_sequences(self) -> int:
         return int(self.ids.shape[0])
 
-    @property
-    def positions(self) -> int:
-        """Loop positions read per measurement."""
-        return int(self.targets.numel())
-
     @torch.no_grad()
     def _read(self, model: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """log p(loop token) and whether it is the argmax, at every loop position."""
@@ -239,16 +228,13 @@ class LoopProbe:
         return F.log_softmax(at, dim=-1).gather(-1, self.targets[:, None])[:, 0], at.argmax(-1) == self.targets
 
     def measure(self, model: Any, first_layer: int = 0) -> Pressure:
-        """The edited (or hooked) model's :class:`Pressure` on the probe's loop positions. ``first_layer``: the lowest
-        layer the edit touches; with ``reuse_prefix`` the blocks below it are not computed again."""
+        """The edited (or hooked) model's :class:`Pressure`; ``first_layer``: the lowest layer the edit touches (with
+        ``reuse_prefix`` the blocks below it are not computed again)."""
         with self.prefix.skipping(first_layer):
             logp, top = self._read(model)
         was_top = self.base_top
         broken = float((was_top & ~top).sum()) / max(1, int(was_top.sum()))
         return Pressure(float((logp - self.base_logp).mean()), broken, int(logp.numel()))
-
-
-Scan = Callable[[Sequence[list[int]]], list[LoopMeasures]]  # prompt ids -> loop measures on the model as it is now
 
 
 @dataclass(frozen=True)
@@ -317,14 +303,6 @@ def scaled_layer_sets(ranking: Sequence[int], n_layers: int, top: int) -> list[t
 
 
 # ---- 3. screen --------------------------------------------------------------------------------
-@dataclass
-class Screened:
-    """A candidate measured without generation: the patch's cost on a few windows and its loop pressure."""
-
-    candidate: Candidate
-    pressure: Pressure | None  # None: over the limits, or not buildable
-
-
 def chains(
     layer_sets: Sequence[tuple[int, ...]],
     ks: Sequence[int],
@@ -345,34 +323,36 @@ def screen(
     limits: Limits,
     progress: bool = False,
     per_chain: int = 2,
-) -> list[Screened]:
-    """Each chain (strongest first, :func:`chains`): the regression check until one is within the limits, then
-    the loop pressure of it and the next ``per_chain - 1`` weaker ones (see module doc)."""
-    out: list[Screened] = []
+) -> list[Candidate]:
+    """Each chain (strongest first): the regression check until one is within the limits, then the loop pressure
+    (in ``Candidate.screen``) of it and the next ``per_chain - 1`` weaker ones."""
+    out: list[Candidate] = []
+    windows = {"windows": int(regression.ids.shape[0])}
     for chain in progress_bar(chains, "screen", "chain", progress):
         admitted = 0
         for spec in chain:
             try:
                 patch = build(spec)
             except ValueError as exc:  # e.g. the selected units are never active in loops: no strength builds
-                out.append(Screened(Candidate(spec, error=str(exc)), None))
+                out.append(Candidate(spec, error=str(exc), screen=dict(windows)))
                 break
             first = min(spec.layers)
             with written(model, patch):
                 cand = Candidate.of(spec, patch, regression.measure(model, first_layer=first))
-                pressure = loops.measure(model, first_layer=first) if limits.admits(cand.regression) else None
-            out.append(Screened(cand, pressure))
-            admitted += pressure is not None
+                ok = limits.admits(cand.regression)
+                cand.screen = windows | (json_safe(loops.measure(model, first_layer=first)) if ok else {})
+            out.append(cand)
+            admitted += ok
             if admitted == per_chain:
                 break
     return out
 
 
-def shortlist(screened: Sequence[Screened], keep: int) -> list[Screened]:
+def shortlist(screened: Sequence[Candidate], keep: int) -> list[Candidate]:
     """The ``keep`` admissible candidates whose loop pressure dropped most (ties: lower KL, fewer weights)."""
-    ok = [s for s in screened if s.pressure is not None and s.pressure.dlogp < 0]
-    assert all(s.candidate.regression is not None for s in ok)  # screened and admitted: measured
-    ok.sort(key=lambda s: (s.pressure.dlogp, s.candidate.regression.kl, s.candidate.weights_changed))  # type: ignore
+    ok = [c for c in screened if c.screen and c.screen.get("dlogp", 0.0) < 0]
+    assert all(c.regression is not None for c in ok)  # screened and admitted: measured
+    ok.sort(key=lambda c: (c.screen["dlogp"], c.regression.kl, c.weights_changed))  # type: ignore
     return ok[:keep]
 
 
@@ -381,8 +361,8 @@ MIN_RUNG_PRONE = 8  # loop-prone prompts a first rung needs: with fewer, one luc
 
 
 def rung_sizes(n_prone: int, n_control: int, candidates: int, min_prone: int = MIN_RUNG_PRONE) -> list[tuple[int, int]]:
-    """Prompts per rung, ending on the whole set: each earlier rung has half the prompts of the next (and half as
-    many candidates go on), as long as it keeps ``min_prone`` loop-prone prompts and there are candidates to halve."""
+    """Prompts per rung, ending on the whole set, each earlier rung half the next while it keeps ``min_prone``
+    loop-prone prompts and there are candidates to halve."""
     sizes = [(n_prone, n_control)]
     alive = candidates
     while alive > 2 and sizes[0][0] // 2 >= min_prone:  # the last rung decides between two or more
@@ -395,18 +375,16 @@ def halve(
     model: Any,
     survivors: Sequence[Candidate],
     build: Build,
-    scan: Scan,
+    scan: Callable[[Sequence[list[int]]], list[LoopMeasures]],  # prompt ids -> measures on the model as it is now
     prone_ids: Sequence[list[int]],
     control_ids: Sequence[list[int]],
     strata: Strata,
     full_check: Callable[[Candidate], bool],
     progress: bool = False,
 ) -> tuple[list[Candidate], list[Rung]]:
-    """Successive halving on the search set; returns the last rung's candidates and the rungs.
-
-    Only candidates that pass ``full_check`` (the exhaustive search's regression check on every validation window,
-    which replaces the screening one) go on to the next rung or generate at the last: the screening check on a few
-    windows admits edits the full one refuses, and a rung must not be won by an edit that can never be chosen."""
+    """Successive halving on the search set; returns the last rung's candidates and the rungs. Only candidates that
+    pass ``full_check`` (the regression check on every validation window) go on or generate at the last rung: a
+    rung must not be won by an edit that can never be chosen."""
     alive = list(survivors)
     # loop measures each candidate has generated so far, per stratum (prone, control), in prompt order
     done: dict[int, tuple[list[LoopMeasures], list[LoopMeasures]]] = {id(c): ([], []) for c in alive}
@@ -434,8 +412,7 @@ def halve(
 def full_regression_check(
     model: Any, build: Build, measure: Callable[[Any], Regression], limits: Limits
 ) -> Callable[[Candidate], bool]:
-    """``candidate -> within the limits`` on the full regression check, measured once per candidate (its
-    ``regression`` is replaced by the full one, and ``screen["full_check"]`` records that it was measured)."""
+    """``candidate -> within the limits`` on the full regression check, measured once (``screen["full_check"]``)."""
 
     def check(c: Candidate) -> bool:
         if c.screen is None or "full_check" not in c.screen:

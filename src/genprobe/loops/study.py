@@ -20,7 +20,6 @@ from .scan import (
     ScanResult,
     chanting_sampler,
     encode_prompts,
-    end_token,
     engine_batches,
     scan_batches,
     study_options,
@@ -119,10 +118,9 @@ class RepairInputs:
         val_source: str = "text",
         validate: Sequence[str] | None = None,
     ) -> "RepairInputs":
-        """The user's prompts, split disjointly and deterministically (see :func:`split_prompts`), and their text.
-
-        ``validate``: the user's own held-out prompts (the first ``cfg.n_validate`` distinct ones); ``prompts`` then
-        only feed the direction and search sets, and a prompt in both is refused (the search would see it)."""
+        """The user's prompts, split disjointly and deterministically (see :func:`split_prompts`), and their text;
+        ``validate``: the user's own held-out prompts (the first ``cfg.n_validate`` distinct ones; none may be in
+        ``prompts``, which then feed only the direction and search sets)."""
         held = None if validate is None else list(dict.fromkeys(validate))[: cfg.n_validate]
         shared = set(held or ()) & set(prompts)
         if shared:
@@ -147,9 +145,8 @@ class RepairInputs:
 
 # ---- how we generate and measure ------------------------------------------------------------
 class LoopStudy:
-    """One model under study: its engine, tokenizer and scan options (``options``: the sampler with the end token
-    banned, the study's batch, seed, detector settings and decoder, so a scan through another engine measures what
-    ours would)."""
+    """One model under study: its engine, tokenizer and scan options (``options``: sampler with the end token
+    banned, batch, seed, detector settings and decoder, so another engine's scan measures what ours would)."""
 
     def __init__(
         self,
@@ -163,7 +160,7 @@ class LoopStudy:
         self.sampler = study_sampler(sampler or chanting_sampler(model.unk_id), self.eos_id)
         scan = ScanOptions(cfg.max_new_tokens, self.sampler, cfg.batch_size, cfg.seed, loop=cfg.loop, progress=progress)
         self.options = study_options(model, scan)
-        self.end_token: EndToken = end_token(self.options)
+        self.end_token: EndToken = self.options.end_token
         self.model, self.cfg, self.progress, self.log = model, cfg, progress, log
         self.module, self.tokenizer = model.module, model.tokenizer
         self.n_layers = len(mlp_sites(self.module))
@@ -181,8 +178,7 @@ class LoopStudy:
         desc: str = "scan",
         decoded: bool = True,
     ) -> ScanResult:
-        """Scan ``ids`` on the model as it is now (edits applied in place are seen); ``decoded=False``: token
-        measures only, no progress bar (the searches' many small scans)."""
+        """Scan ``ids`` on the model as it is now; ``decoded=False``: token measures only, no progress bar."""
         quiet: dict[str, Any] = {} if decoded else {"decode": None, "progress": False}
         options = replace(self.options, sampler=sampler or self.sampler, desc=desc, **quiet)
         return scan_batches(engine_batches(self.model), ids, options, texts)

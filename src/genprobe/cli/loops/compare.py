@@ -26,8 +26,8 @@ COMPARE_SKIP = 2816  # direction + search + validation sets of a default `loops 
 
 
 def compare_options(c: argparse.ArgumentParser) -> None:
+    from ...loops.compare_fixes import METHODS
     from ...loops.compare_human import GENRES
-    from ...loops.compare_methods import METHODS
 
     add_loop_args(c)
     add_data_args(c, with_val=False, chat=False)
@@ -73,7 +73,7 @@ METHOD_JSON_KEYS = ("sampler", "rates", "legit", "nll_own", "nll_judge", "cost")
 def run_compare(args: argparse.Namespace) -> int:
     """Compare the fixes on one prompt set; write JSON, table, figure and page into --out."""
     from ...loops.compare_fixes import CompareConfig, compare_fixes
-    from ...loops.ngram_judge import NGRAM_PREFIX, ngram_judge
+    from ...loops.compare_human import NGRAM_PREFIX, ngram_judge
     from ...loops.pages import breaker_table, markdown_table, write_outputs
     from ...loops.patch import load_patch
     from ...model.load import load_model
