@@ -21,12 +21,11 @@ class Command:
     """A sub-command, declared: ``genprobe NAME [MODEL] [options]``. ``doc``: its help (the first paragraph) and
     description (all of it, shown as written: a command module's docstring); ``options(parser)`` adds its flags,
     ``run(args)`` returns the exit status; ``model``: the kinds of MODEL it takes (:func:`add_model_argument`; None:
-    no MODEL). A command with ``actions`` is their parent (``genprobe attention heads``): ``run`` then answers the
-    command given without an action."""
+    no MODEL). A command with ``actions`` is their parent (``genprobe attention heads``), without ``run``."""
 
     name: str
     doc: str
-    run: Callable[[argparse.Namespace], int]
+    run: Callable[[argparse.Namespace], int] | None = None
     options: Callable[[argparse.ArgumentParser], Any] = lambda p: None
     epilog: str | None = None
     model: Kinds | None = None
@@ -40,7 +39,7 @@ class Command:
         help = help[:1].lower() + help[1:] if help[1:2].islower() else help  # "Train a model" -> "train a model"
         fmt = argparse.RawDescriptionHelpFormatter
         p = sub.add_parser(self.name, help=help, description=self.doc, epilog=self.epilog, formatter_class=fmt)
-        p.set_defaults(func=self.run)
+        p.set_defaults(func=self.run or self.choose)
         if self.actions:
             actions = p.add_subparsers(dest="action", metavar="ACTION")
             for action in self.actions:
@@ -51,6 +50,11 @@ class Command:
         self.options(p)
         p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary on stdout")
         return p
+
+    def choose(self, args: argparse.Namespace) -> int:
+        """The command given without an action: says which there are."""
+        names = ", ".join(a.name + (" MODEL" if a.model else "") for a in self.actions)
+        raise ValueError(f"choose an action: {names} (genprobe {self.name} -h; MODEL: {MODEL_HELP})")
 
 
 Column = tuple[str, int, Callable[[Any], Any]]  # header ("\n" splits it over two lines), width (< 0: left), cell
