@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._io import json_safe
 from ._common import Command, emit_json, info, option, show_progress, table
 
 
@@ -30,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     bars = show_progress(args)
     study = run_case(args.out, args.model, quick=args.quick, only=args.only, skip=args.skip, progress=bars, log=info)
     if args.json:
-        emit_json(json_safe(study))
+        emit_json(study)
         return 0
     w = max(len(a) for a, *_ in study.headline)
     print(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._io import json_safe
 from ._common import (
     MODEL_KINDS,
     Command,
@@ -105,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             info(f"{f.severity.upper()}: [{f.stage}] {f.title}")
     info(f"verdict: {v.verdict} (exit status {v.exit_status}); wrote {args.out / 'report.html'} and doctor.json")
     if args.json:
-        emit_json(json_safe(rep))
+        emit_json(rep)
     return v.exit_status
 
 

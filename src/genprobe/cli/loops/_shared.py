@@ -130,40 +130,28 @@ def read_loop_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str] |
     return None, "tang-heldout-openings"
 
 
-def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
-    if args.val_text is not None:
-        from ..._io import read_text
-
-        return read_text(args.val_text, "--val-text file"), f"file:{args.val_text}"
-    if not args.tang_val and not is_bundled_char_model(model):
-        raise ValueError(
-            "this model is not the bundled character model, so there is no default validation text: give "
-            "--val-text FILE (held-out text in the model's domain) or choose --tang-val explicitly"
-        )
-    from ...corpus.tang import load_corpus
-
-    return load_corpus().val, "tang-validation-split"
-
-
 def loop_settings_from(args: argparse.Namespace) -> Any:
     from ...metrics.degeneracy import LoopSettings
 
     return fields_of(LoopSettings, args)
 
 
-def repair_config(args: argparse.Namespace) -> Any:
-    """The :class:`~genprobe.loops.study.RepairConfig` of the flags (named like its fields: :func:`add_config_flag`)."""
-    from ...loops.study import RepairConfig
-
-    return fields_of(RepairConfig, args, prefix_chars=args.prefix, loop=loop_settings_from(args))
-
-
 def repair_inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:
+    from ..._io import read_text
     from ...corpus.inputs import read_prompt_file
+    from ...corpus.tang import load_corpus
     from ...loops.study import RepairInputs
 
     prompts, source = read_loop_prompts(args, model)
-    val, val_source = _val_text(args, model)
+    if args.val_text is not None:
+        val, val_source = read_text(args.val_text, "--val-text file"), f"file:{args.val_text}"
+    elif not args.tang_val and not is_bundled_char_model(model):
+        raise ValueError(
+            "this model is not the bundled character model, so there is no default validation text: give "
+            "--val-text FILE (held-out text in the model's domain) or choose --tang-val explicitly"
+        )
+    else:
+        val, val_source = load_corpus().val, "tang-validation-split"
     validate = getattr(args, "validate_prompts", None)
     if prompts is None:
         if validate:

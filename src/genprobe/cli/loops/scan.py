@@ -68,31 +68,6 @@ def scan_options(s: argparse.ArgumentParser) -> None:
     add_llamacpp_args(s)
 
 
-def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
-    from ...loops.scan import loop_study_settings
-
-    given = sampler_flags_given(args)
-    setting = args.setting or ("sample" if given else "both")
-    if given and setting != "sample":  # never ignore a sampler flag silently
-        raise ValueError(f"{' '.join(given)} set the sampler of --setting sample, not of --setting {setting}")
-    if setting == "sample":
-        return {"sample": sampler_from_args(args, model.tokenizer)}
-    return loop_study_settings(model, setting)
-
-
-def _check_backend(args: argparse.Namespace) -> None:
-    """Refuse --compile with llama.cpp, an engine not installed here, and a llama.cpp MODEL that is no GGUF file (before
-    anything loads)."""
-    if args.compile and args.backend == "llama.cpp":  # genprobe: its compiled fast path; vllm: vLLM compiles
-        raise ValueError(
-            "--compile is for genprobe's engine (its compiled fast path) and vLLM, not --backend llama.cpp"
-        )
-    if args.backend in ("vllm", "llama.cpp"):
-        require_engine(args.backend)
-    if args.backend == "llama.cpp":
-        _gguf_file(args)
-
-
 def _gguf_file(args: argparse.Namespace) -> Any:
     """The GGUF file MODEL names (a ValueError when it names none)."""
     from ...serving.llamacpp.scan import gguf_file_for
@@ -135,12 +110,19 @@ def run_scan(args: argparse.Namespace) -> int:
     """Scan one or two decoding settings (:func:`genprobe.scan_loop_settings`) and print the tables (tokens,
     characters where they are the unit, and the human false-positive rate of the calibrated detectors)."""
     from ...corpus.inputs import heldout_openings
-    from ...loops.scan import ScanOptions, scan_loop_settings, scan_table
+    from ...loops.scan import ScanOptions, loop_study_settings, scan_loop_settings, scan_table
 
     check_common(args)
     if args.out:
         out_dir(args.out, SCAN_FILE)
-    _check_backend(args)
+    if args.compile and args.backend == "llama.cpp":  # genprobe: its compiled fast path; vllm: vLLM compiles
+        raise ValueError(
+            "--compile is for genprobe's engine (its compiled fast path) and vLLM, not --backend llama.cpp"
+        )
+    if args.backend in ("vllm", "llama.cpp"):  # an engine not installed here, a llama.cpp MODEL that is no GGUF file
+        require_engine(args.backend)
+    if args.backend == "llama.cpp":
+        _gguf_file(args)
     server, model = endpoint_backend(args) if args.backend == "endpoint" else (None, load_model_or_default(args))
     texts, source = read_loop_prompts(args, model)
     if texts is None:
@@ -148,7 +130,12 @@ def run_scan(args: argparse.Namespace) -> int:
     calibration = scan_calibration(args, model, texts)  # on the user's text: its language, not the template's
     if chat_flag(args, model):
         texts, source = [model.chat_prompt(t) for t in texts], f"{source} (chat template)"
-    settings = _scan_settings(args, model)
+    given = sampler_flags_given(args)
+    setting = args.setting or ("sample" if given else "both")
+    if given and setting != "sample":  # never ignore a sampler flag silently
+        raise ValueError(f"{' '.join(given)} set the sampler of --setting sample, not of --setting {setting}")
+    sample = setting == "sample"
+    settings = {"sample": sampler_from_args(args, model.tokenizer)} if sample else loop_study_settings(model, setting)
     backend = _scan_backend(args, server)
 
     result = scan_loop_settings(
