@@ -32,12 +32,8 @@ def run(args: argparse.Namespace) -> int:
         emit_json(study)
         return 0
     w = max(len(a) for a, *_ in study.headline)
-    print(
-        table(
-            [("", -w, lambda r: r[0]), ("ours", 15, lambda r: _short(r[1])), ("seed", 15, lambda r: _short(r[2]))],
-            study.headline,
-        )
-    )
+    short = lambda i: lambda r: _short(r[i])  # noqa: E731
+    print(table([("", -w, lambda r: r[0]), ("ours", 15, short(1)), ("seed", 15, short(2))], study.headline))
     print(f"\nwrote {study.json_path}, {len(study.figures)} figures and {study.report} in {study.seconds:.0f} s")
     return 0
 

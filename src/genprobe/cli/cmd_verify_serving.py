@@ -51,14 +51,12 @@ KINDS = {"vllm": ("checkpoint", "transformers", "name"), "llama.cpp": ("gguf", "
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    option(
-        p,
-        "--backend",
-        choices=tuple(KINDS),
-        help="vllm (default for a model on disk: served by vLLM once per "
-        "--dtypes entry), llama.cpp (MODEL a GGUF file or a fetched name) or endpoint (default for a URL: a live "
-        "OpenAI-compatible server checked against --reference; docs/live-serving.md)",
+    backend = (
+        "vllm (default for a model on disk: served by vLLM once per --dtypes entry), llama.cpp (MODEL a GGUF file or "
+        "a fetched name) or endpoint (default for a URL: a live OpenAI-compatible server checked against --reference; "
+        "docs/live-serving.md)"
     )
+    option(p, "--backend", choices=tuple(KINDS), help=backend)
     option(p, "--reference", metavar="MODEL", help="the weights the deployment should serve (default: MODEL itself)")
     dtypes = ("float32", "bfloat16", "float16")
     option(p, "--dtypes", ["float32", "bfloat16"], "deployment dtypes, one engine each", choices=dtypes)
@@ -120,9 +118,21 @@ def engine_log(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
 def run(args: argparse.Namespace) -> int:
     """Every phase on the chosen backend, the table, --json and --out; exit 1 when a phase reaches --fail-on, 2 when
     the engine is not installed."""
+    import torch
+
     th = thresholds_of(args)
-    if args.backend == "endpoint":
-        report = run_endpoint(args, th)
+    if args.backend == "endpoint":  # every phase on the server at URL against --reference
+        from ..serving.verify import Settings, verify_backend
+
+        check_min(args, requests=8, max_new_tokens=1, retries=0)
+        if not 1 <= args.top_k <= 20:
+            raise ValueError(f"--top-k must be in [1, 20] (the OpenAI API's limit), got {args.top_k}")
+        if args.out is not None:
+            out_dir(args.out, "verify-serving.json")  # checked now, made once there is a result
+        backend, reference = endpoint_backend(args, dtype=torch.float32)
+        settings = Settings(args.requests, args.concurrency, args.max_new_tokens, args.top_k, args.seed)
+        say = lambda m: info(m, args.json)  # noqa: E731
+        report = verify_backend(backend, reference, args.reference, settings, read_prompts(args), th, say, args.model)
     else:
         from ..model.load import load_model
 
@@ -136,8 +146,6 @@ def run(args: argparse.Namespace) -> int:
             require_engine(args.backend)
             common = {"prompts": prompts, "steps": args.max_new_tokens, "thresholds": th, "seed": args.seed, "log": say}
             if args.backend == "llama.cpp":  # llama.cpp serving the GGUF file
-                import torch
-
                 from ..serving.llamacpp.scan import gguf_file_for
                 from ..serving.llamacpp.verify import verify_serving_llamacpp
 
@@ -162,23 +170,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(summary)
     return rc
-
-
-def run_endpoint(args: argparse.Namespace, th: Any) -> Any:
-    """``--backend endpoint``: every phase on the server at URL against ``--reference``."""
-    import torch
-
-    from ..serving.verify import Settings, verify_backend
-
-    check_min(args, requests=8, max_new_tokens=1, retries=0)
-    if not 1 <= args.top_k <= 20:
-        raise ValueError(f"--top-k must be in [1, 20] (the OpenAI API's limit), got {args.top_k}")
-    if args.out is not None:
-        out_dir(args.out, "verify-serving.json")  # checked now, made once there is a result
-    backend, reference = endpoint_backend(args, dtype=torch.float32)
-    settings = Settings(args.requests, args.concurrency, args.max_new_tokens, args.top_k, args.seed)
-    say = lambda m: info(m, args.json)  # noqa: E731
-    return verify_backend(backend, reference, args.reference, settings, read_prompts(args), th, say, args.model)
 
 
 def _judged(p: Any) -> str:

@@ -10,8 +10,6 @@ from ...engine.samplers.stages import PRESETS
 from .._common import MODEL_KINDS, Command, check_min, emit_json, fields_of, info, option, out_dir, show_progress
 from ._shared import (
     LOOPS_MODEL,
-    add_calibration_args,
-    add_data_args,
     add_loop_args,
     check_common,
     load_model_or_default,
@@ -28,8 +26,7 @@ def compare_options(c: argparse.ArgumentParser) -> None:
     from ...loops.compare_human import GENRES
     from ...loops.compare_methods import METHODS
 
-    add_loop_args(c)
-    add_data_args(c, with_val=False, chat=False)
+    add_loop_args(c, with_val=False, chat=False)
     option(c, "--n", type=int, help="at most N prompts (default: 512 Tang openings; every prompt of a file)")
     option(c, "--skip", COMPARE_SKIP, "Tang openings skipped first (the sets a default `loops repair` uses)")
     methods = f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}"
@@ -46,7 +43,6 @@ def compare_options(c: argparse.ArgumentParser) -> None:
     option(c, "--engine", choices=sorted(PRESETS), help=engine)
     option(c, "--timing-rounds", 3, "interleaved rounds of one batch per method for tokens/s")
     option(c, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {COMPARE_FILES}")
-    add_calibration_args(c)
 
 
 COMPARE_JSON_KEYS = ("model", "judge", "n_prompts", "config", "best", "patch", "timings_s", "notes", "calibration")

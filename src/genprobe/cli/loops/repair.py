@@ -13,9 +13,7 @@ from ..._io import check_target_dir, json_safe
 from .._common import MODEL_KINDS, Command, emit_json, fields_of, info, option, out_dir, show_progress, write_out
 from ._shared import (
     LOOPS_MODEL,
-    add_calibration_args,
     add_config_flag,
-    add_data_args,
     add_loop_args,
     check_common,
     load_model_or_default,
@@ -33,13 +31,11 @@ REPAIR_JSON_KEYS = tuple(
 
 
 def locate_options(lo: argparse.ArgumentParser) -> None:
-    add_loop_args(lo)
-    add_data_args(lo, with_val=True)
+    add_loop_args(lo, with_val=True)
     add_config_flag(lo, "n_direction", "direction-set prompts", flag="--n")
     add_config_flag(lo, "method")
     add_config_flag(lo, "search_prone", "loop-prone prompts per ablation scan")
     add_config_flag(lo, "search_control", "non-looping control prompts per ablation scan")
-    add_calibration_args(lo)
     option(lo, "--out", type=Path, metavar="DIR", help=f"directory for {LOCATE_FILE}: the locate report")
 
 
@@ -71,8 +67,7 @@ REPAIR_FLAGS = {  # RepairConfig field -> help of its flag, in --help order (aft
 def repair_options(r: argparse.ArgumentParser) -> None:
     from ...loops.study import EXHAUSTIVE_MAX
 
-    add_loop_args(r)
-    add_data_args(r, with_val=True)
+    add_loop_args(r, with_val=True)
     option(r, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {REPAIR_FILES}")
     validate = "held-out validation prompts of your own; --prompts then feeds only the direction and search sets"
     option(r, "--validate-prompts", metavar="FILE", help=f"{validate} (a prompt in both files is refused)")
@@ -84,7 +79,6 @@ def repair_options(r: argparse.ArgumentParser) -> None:
     add_config_flag(r, "search", search)
     for name, help in REPAIR_FLAGS.items():
         add_config_flag(r, name, help, metavar="N" if name == "transfer" else None)
-    add_calibration_args(r)
 
 
 def run_repair(args: argparse.Namespace, locate_only: bool = False) -> int:
