@@ -1,8 +1,7 @@
 """Every sampler flag in one place: ``add_sampler_arguments`` and ``sampler_from_args``.
 
-Flags default to "not given" so that ``--preset`` (an engine's defaults) is only overridden by
-what the user typed. Names follow transformers (``--top-k``, ``--penalty-alpha``,
-``--repetition-penalty``) and llama.cpp for its samplers (``--dry-*``, ``--xtc-*``).
+Flags default to "not given" so that ``--preset`` (an engine's defaults) is only overridden by what the user typed.
+Names follow transformers (``--top-k``, ``--penalty-alpha``) and llama.cpp for its samplers (``--dry-*``, ``--xtc-*``).
 """
 
 from __future__ import annotations

@@ -58,13 +58,6 @@ def scan_options(s: argparse.ArgumentParser) -> None:
     add_llamacpp_args(s)
 
 
-def _gguf_file(args: argparse.Namespace) -> Any:
-    """The GGUF file MODEL names (a ValueError when it names none)."""
-    from ...serving.llamacpp.scan import gguf_file_for
-
-    return gguf_file_for(args.model or str(DEFAULT_MODEL))
-
-
 def run_scan(args: argparse.Namespace) -> int:
     """Scan one or two decoding settings (:func:`genprobe.scan_loop_settings`) and print the tables (tokens,
     characters where they are the unit, and the human false-positive rate of the calibrated detectors)."""
@@ -81,7 +74,9 @@ def run_scan(args: argparse.Namespace) -> int:
     if args.backend in ("vllm", "llama.cpp"):  # an engine not installed here, a llama.cpp MODEL that is no GGUF file
         require_engine(args.backend)
     if args.backend == "llama.cpp":
-        _gguf_file(args)
+        from ...serving.llamacpp.scan import gguf_file_for, llamacpp_scan_backend
+
+        gguf = gguf_file_for(args.model or str(DEFAULT_MODEL))  # a ValueError when MODEL names no GGUF file
     server, model = endpoint_backend(args) if args.backend == "endpoint" else (None, load_model_or_default(args))
     texts, source = read_loop_prompts(args, model)
     if texts is None:
@@ -110,12 +105,8 @@ def run_scan(args: argparse.Namespace) -> int:
 
         backend = replace(vllm, name="--backend vllm", check=check)
     elif args.backend == "llama.cpp":
-        from ...serving.llamacpp.scan import llamacpp_scan_backend
-
         breakers = tuple(args.dry_breakers)
-        llama = llamacpp_scan_backend(
-            _gguf_file(args), n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers
-        )
+        llama = llamacpp_scan_backend(gguf, n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers)
         backend = replace(llama, name="--backend llama.cpp")
     elif server is not None:  # --backend endpoint
         from ...loops.scan import backend_engine
