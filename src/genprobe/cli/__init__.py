@@ -11,8 +11,6 @@ import importlib
 import pkgutil
 import sys
 import warnings
-from contextlib import contextmanager
-from typing import Iterator
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,56 +32,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
-    shown = warnings.formatwarning
-    warnings.formatwarning = _format_warning
-    try:
-        return _run(argv)
-    finally:
-        warnings.formatwarning = shown
-
-
-def _run(argv: list[str] | None) -> int:
-    from .._io import CacheBusyError
+    from .._io import CacheBusyError, json_stdout
     from ..registry import FetchError
-    from ._common import check_model_kind
+    from ._common import JSON_STREAM, check_model_kind
 
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    shown = warnings.formatwarning
+    warnings.formatwarning = _format_warning
     try:
         check_model_kind(args, command_name(args))
-        with warnings.catch_warnings(), _stdout_for_json(args):
+        # with --json, stdout holds the JSON alone: fd 1 points at stderr while the command runs (vLLM and native
+        # libraries print there) and emit_json writes to the real stdout (genprobe._io.json_stdout)
+        with warnings.catch_warnings(), json_stdout(bool(getattr(args, "json", False))) as stream:
             warnings.simplefilter("default")
-            rc = args.func(args)
+            JSON_STREAM.append(stream)
+            try:
+                rc = args.func(args)
+            finally:
+                JSON_STREAM.pop()
     except (ValueError, FileNotFoundError, FetchError, CacheBusyError) as exc:  # bad input 2, a fetch or busy cache 1
         print(f"genprobe {command_name(args)}: error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, (FetchError, CacheBusyError)) else 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = shown
     return int(rc or 0)
 
 
 def command_name(args: argparse.Namespace) -> str:
     """``loops scan``, ``attention heads``, ``generate``: the command and its action, as a user typed them."""
     return " ".join(filter(None, (args.command, getattr(args, "action", None))))
-
-
-@contextmanager
-def _stdout_for_json(args: argparse.Namespace) -> Iterator[None]:
-    """With ``--json``, stdout holds the JSON alone: fd 1 points at stderr while the command runs (vLLM and native
-    libraries print there) and ``emit_json`` writes to the real stdout (``genprobe._io.json_stdout``)."""
-    from .._io import json_stdout
-    from ._common import JSON_STREAM
-
-    with json_stdout(bool(getattr(args, "json", False))) as stream:
-        JSON_STREAM.append(stream)
-        try:
-            yield
-        finally:
-            JSON_STREAM.pop()
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001

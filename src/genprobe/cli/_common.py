@@ -19,14 +19,12 @@ Kinds = tuple[str, ...] | dict[str, tuple[str, ...]]
 @dataclass(frozen=True)
 class Command:
     """A sub-command, declared: ``genprobe NAME [MODEL] [options]``. ``doc``: its help (the first paragraph) and
-    description (all of it, shown as written: a command module's docstring); ``options(parser)`` adds its flags,
-    ``run(args)`` returns the exit status; ``model``: the kinds of MODEL it takes (:func:`add_model_argument`; None:
-    no MODEL). A command with ``actions`` is their parent (``genprobe attention heads``): ``run`` then answers the
-    command given without an action."""
+    description; ``model``: the kinds of MODEL it takes (:func:`add_model_argument`; None: no MODEL). A command with
+    ``actions`` is their parent (``genprobe attention heads``), without ``run``."""
 
     name: str
     doc: str
-    run: Callable[[argparse.Namespace], int]
+    run: Callable[[argparse.Namespace], int] | None = None
     options: Callable[[argparse.ArgumentParser], Any] = lambda p: None
     epilog: str | None = None
     model: Kinds | None = None
@@ -40,7 +38,7 @@ class Command:
         help = help[:1].lower() + help[1:] if help[1:2].islower() else help  # "Train a model" -> "train a model"
         fmt = argparse.RawDescriptionHelpFormatter
         p = sub.add_parser(self.name, help=help, description=self.doc, epilog=self.epilog, formatter_class=fmt)
-        p.set_defaults(func=self.run)
+        p.set_defaults(func=self.run or self.choose)
         if self.actions:
             actions = p.add_subparsers(dest="action", metavar="ACTION")
             for action in self.actions:
@@ -51,6 +49,11 @@ class Command:
         self.options(p)
         p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary on stdout")
         return p
+
+    def choose(self, args: argparse.Namespace) -> int:
+        """The command given without an action: says which there are."""
+        names = ", ".join(a.name + (" MODEL" if a.model else "") for a in self.actions)
+        raise ValueError(f"choose an action: {names} (genprobe {self.name} -h; MODEL: {MODEL_HELP})")
 
 
 Column = tuple[str, int, Callable[[Any], Any]]  # header ("\n" splits it over two lines), width (< 0: left), cell
@@ -72,8 +75,8 @@ def table(columns: Sequence[Column], rows: Any, rule: bool = False) -> str:
 
 
 def option(p: Any, flag: str, default: Any = None, help: str = "", **kw: Any) -> None:
-    """``p.add_argument(flag, ...)`` with the type of ``default`` (False: a switch; a list or tuple: one or more values
-    of its first element's type, repeatable: :class:`Accumulate`) and " (default X)" added to a help that has none."""
+    """``p.add_argument(flag, ...)`` typed by ``default`` (False: a switch; a list or tuple: :class:`Accumulate`) and
+    " (default X)" added to a help that has none."""
     if default is False:
         kw.setdefault("action", "store_true")
     else:
@@ -90,8 +93,7 @@ def option(p: Any, flag: str, default: Any = None, help: str = "", **kw: Any) ->
 
 
 def integers(flag: str, values: list[str]) -> list[int]:
-    """``values`` of ``flag`` as integers: a ValueError (exit 2 with one line naming the flag) otherwise, not argparse's
-    usage exit."""
+    """``values`` of ``flag`` as integers, else a ValueError naming the flag (exit 2, not argparse's usage exit)."""
     try:
         return [int(v) for v in values]
     except ValueError:
@@ -109,8 +111,7 @@ def thresholds_of(args: argparse.Namespace) -> Any:
 
 
 def check_min(args: argparse.Namespace, **least: float) -> None:
-    """Refuse (``ValueError``) an option below its least value: ``check_min(args, threads=1)`` -> "--threads must be
-    >= 1, got 0"; an option not given (None) passes."""
+    """Refuse an option below its least value: ``check_min(args, threads=1)`` -> "--threads must be >= 1, got 0"."""
     for name, low in least.items():
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {low:g}, got {getattr(args, name)}")
@@ -124,8 +125,7 @@ def fields_of(cls: Any, args: argparse.Namespace, **values: Any) -> Any:
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()} | values)
 
 
-#: Where ``emit_json`` writes (the last entry): the real stdout while ``genprobe.cli.main`` holds it for JSON
-#: (``--json``: fd 1 points at stderr meanwhile, so nothing a library prints reaches stdout); empty: ``sys.stdout``.
+#: Where ``emit_json`` writes (the last entry): the real stdout while ``main`` holds it for ``--json``; else stdout.
 JSON_STREAM: list[IO[str]] = []
 
 
@@ -218,13 +218,9 @@ MODEL_KINDS = ("checkpoint", "transformers", "gguf", "name")
 
 
 def add_model_argument(p: argparse.ArgumentParser, required: bool, help: str, kinds: Kinds) -> None:
-    """MODEL, always the first positional of a command that studies a model.
-
-    ``kinds``: the :class:`~genprobe.model.kinds.ModelKind` values the command takes (some of :data:`MODEL_KINDS`),
-    or ``{--backend value: kinds}`` when they depend on the backend (``--backend`` defaulting to None: then
-    :data:`URL_BACKEND` for a URL where declared, else the first key); strings, so that building the parser imports
-    no torch. ``genprobe.cli.main`` refuses any other kind (and a URL) with one line before the command runs, and
-    docs/commands.md's matrix is written from these declarations (:mod:`genprobe.cli.matrix`)."""
+    """MODEL, always the first positional of a command that studies a model. ``kinds``: the kinds of MODEL the command
+    takes (some of :data:`MODEL_KINDS`), or ``{--backend value: kinds}`` (``--backend`` not given: :data:`URL_BACKEND`
+    for a URL where declared, else the first key); ``main`` refuses any other kind, :mod:`.matrix` reads them."""
     p.add_argument("model", metavar="MODEL", nargs=None if required else "?", default=None, help=help)
     p.set_defaults(model_kinds=kinds)
 
@@ -285,16 +281,13 @@ WEIGHT_DTYPE_NAMES = ("float32", "bfloat16", "int8")
 
 
 def add_weight_dtype(p: argparse.ArgumentParser) -> None:
-    """``--weight-dtype`` and ``--narrow-output``: how a genprobe or Llama-family model's linear-layer weights are
-    stored, computing in float32 (bfloat16 halves the bytes a decode step reads, int8 with one scale per output row
-    quarters them: either approximates the model; a GGUF file's Q8_0 tensors stay as they are under int8)."""
+    """``--weight-dtype`` and ``--narrow-output``: how a model's linear-layer weights are stored (weight-only)."""
     option(p, "--weight-dtype", "float32", "store the linear layers' weights in this dtype", choices=WEIGHT_DTYPE_NAMES)
     option(p, "--narrow-output", False, "with --weight-dtype bfloat16/int8: the output layer narrow too (as Q8_0)")
 
 
 def load_model_arg(args: argparse.Namespace, path: str | None = None) -> "LoadedModel":
-    """Load ``path`` (default: MODEL) through the one loader, ``genprobe.load``, with the options of ``args`` that
-    concern loading (``--weight-dtype``, ``--narrow-output``)."""
+    """Load ``path`` (default: MODEL) through ``genprobe.load``, with ``--weight-dtype`` and ``--narrow-output``."""
     from ..engine.loaded import load_model
     from ..model.weight_only import weight_dtype_of
 

@@ -1,8 +1,7 @@
 """Every sampler flag in one place: ``add_sampler_arguments`` and ``sampler_from_args``.
 
-Flags default to "not given" so that ``--preset`` (an engine's defaults) is only overridden by
-what the user typed. Names follow transformers (``--top-k``, ``--penalty-alpha``,
-``--repetition-penalty``) and llama.cpp for its samplers (``--dry-*``, ``--xtc-*``).
+Flags default to "not given" so that ``--preset`` (an engine's defaults) is only overridden by what the user typed.
+Names follow transformers (``--top-k``, ``--penalty-alpha``) and llama.cpp for its samplers (``--dry-*``, ``--xtc-*``).
 """
 
 from __future__ import annotations
@@ -56,17 +55,6 @@ def unescape(s: str) -> str:
     return s.encode("latin-1", "backslashreplace").decode("unicode_escape")  # non-Latin-1 text passes as \uXXXX
 
 
-def _breakers(strings: list[str] | None, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
-    if strings == ["none"]:
-        return ()
-    if tokenizer is None:
-        raise ValueError(
-            "--dry-sequence-breakers are strings and need the model's tokenizer; this model has none "
-            "(pass --dry-sequence-breakers none)"
-        )
-    return tokenizer_breakers(tokenizer, [unescape(s) for s in strings] if strings else DEFAULT_BREAKERS)
-
-
 def sampler_from_args(args: argparse.Namespace, tokenizer: Any = None) -> SamplerConfig:
     """The validated :class:`SamplerConfig` the flags describe (``tokenizer`` for <unk> and DRY breakers)."""
     given = {f: getattr(args, f) for f in _FIELDS if getattr(args, f, None) is not None}
@@ -79,5 +67,12 @@ def sampler_from_args(args: argparse.Namespace, tokenizer: Any = None) -> Sample
         given["ban_ids"] = (int(unk),)
     cfg = SamplerConfig.preset(args.preset, **given) if getattr(args, "preset", None) else SamplerConfig(**given)
     if DRY.active(cfg):
-        cfg = cfg.replace(dry_sequence_breakers=_breakers(getattr(args, "dry_sequence_breakers", None), tokenizer))
+        strings = getattr(args, "dry_sequence_breakers", None)
+        if tokenizer is None and strings != ["none"]:
+            raise ValueError(
+                "--dry-sequence-breakers are strings and need the model's tokenizer; this model has none "
+                "(pass --dry-sequence-breakers none)"
+            )
+        breakers = [unescape(s) for s in strings] if strings else DEFAULT_BREAKERS
+        cfg = cfg.replace(dry_sequence_breakers=() if strings == ["none"] else tokenizer_breakers(tokenizer, breakers))
     return cfg

@@ -27,6 +27,7 @@ from ._common import (
     Once,
     add_prompt_arguments,
     emit_json,
+    fmt,
     info,
     integers,
     load_model_arg,
@@ -78,14 +79,6 @@ def _sequences(args, model, default: tuple[str, ...]) -> list[list[int]]:
     return seqs
 
 
-def _no_subcommand(args) -> int:
-    """``genprobe attention`` without a sub-command: says which there are."""
-    raise ValueError(
-        "choose a sub-command: heads MODEL, check-masks BATCH.jsonl, or padding-leak MODEL "
-        "(MODEL: a genprobe checkpoint or a transformers model directory)"
-    )
-
-
 def run_heads(args) -> int:
     """Per-head attention statistics of one sequence; optional JSON, heads grid, entropy plot and per-head maps."""
     from ..attention.capture import capture_attention
@@ -103,7 +96,21 @@ def run_heads(args) -> int:
     labels = [model.tokenizer.token_str(i) if model.tokenizer else str(i) for i in cap.tokens]
     rep = json_safe(attention_report(cap, distance=args.distance, local_window=args.local_window, tokens_text=labels))
     if args.out:
-        rep["files"] = _write_heads_files(rep, cap, labels, Path(args.out), args.maps)
+        from .._io import atomic_write_json
+        from ..attention.plots import entropy_plot, head_heatmaps, heads_grid_plot
+
+        out = Path(args.out)
+        atomic_write_json(out / "attention.json", rep)
+        heads_grid_plot(rep, out / "heads.png")
+        entropy_plot(rep, out / "entropy.png")
+        names = {"json": "attention.json", "heads_plot": "heads.png", "entropy_plot": "entropy.png"}
+        files: dict[str, Any] = {k: str(out / name) for k, name in names.items()}
+        maps = ""
+        if args.maps is not None:
+            files["heatmaps"] = [str(m) for m in head_heatmaps(cap, out, labels, layers=args.maps or None)]
+            maps = f" and {len(files['heatmaps'])} per-head maps"
+        info(f"wrote {out}/attention.json, heads.png, entropy.png{maps}")
+        rep["files"] = files
     if args.json:
         emit_json({k: v for k, v in rep.items() if k != "per_position"} | {"per_position": "see attention.json"})
         return 0
@@ -115,15 +122,11 @@ def run_heads(args) -> int:
     return 0
 
 
-def _value(v: float | None, digits: int = 3) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
-
-
 def format_table(rep: dict) -> str:
     """One line per (layer, head) of an attention report's JSON form, then the layer's mean line."""
     from ..attention.metrics import METRICS
 
-    metric = lambda k: lambda h: _value(h[k])  # noqa: E731
+    metric = lambda k: lambda h: fmt(h[k], ".3f")  # noqa: E731
     cols: list[Column] = [
         ("layer", 5, lambda h: h["layer"]),
         ("head", 4, lambda h: "mean" if h["head"] is None else h["head"]),
@@ -140,27 +143,11 @@ def format_grid(rep: dict) -> str:
 
     blocks = []
     for metric in GRID_METRICS:
-        cell = lambda h: lambda row: _value(row[1][h], 2)  # noqa: E731
+        cell = lambda h: lambda row: fmt(row[1][h], ".2f")  # noqa: E731
         cols: list[Column] = [("layer", 5, lambda row: row[0]), *((str(h), 5, cell(h)) for h in range(rep["n_head"]))]
         grid = table(cols, enumerate(head_matrix(rep, metric)))
         blocks.append(f"{title(rep, metric)} — rows: layers, columns: heads\n{grid}")
     return "\n\n".join(blocks)
-
-
-def _write_heads_files(rep: dict, cap, labels: list[str], out: Path, maps: list[int] | None) -> dict:
-    from .._io import atomic_write_json
-    from ..attention.plots import entropy_plot, head_heatmaps, heads_grid_plot
-
-    atomic_write_json(out / "attention.json", rep)
-    heads_grid_plot(rep, out / "heads.png")
-    entropy_plot(rep, out / "entropy.png")
-    names = {"json": "attention.json", "heads_plot": "heads.png", "entropy_plot": "entropy.png"}
-    files: dict[str, str | list[str]] = {k: str(out / name) for k, name in names.items()}
-    if maps is not None:
-        files["heatmaps"] = [str(m) for m in head_heatmaps(cap, out, labels, layers=maps or None)]
-    maps_written = f" and {len(files['heatmaps'])} per-head maps" if maps is not None else ""
-    info(f"wrote {out}/attention.json, heads.png, entropy.png{maps_written}")
-    return files
 
 
 def run_check_masks(args) -> int:
@@ -189,7 +176,7 @@ def run_padding_leak(args) -> int:
     seqs = _sequences(args, model, LEAK_TEXTS)
     rep = padding_leak(model.module, seqs, pad, position_ids=not args.no_position_ids, threshold=args.threshold)
     if args.json:
-        emit_json(json_safe(rep))
+        emit_json(rep)
         return 1 if rep.leak else 0
     ids = "yes" if rep.position_ids else "no"
     print(f"padding leak — {rep.model}, position_ids={ids}, threshold {rep.threshold:g}")
@@ -210,4 +197,4 @@ ACTIONS = (
     Command("check-masks", CHECK_MASKS, run_check_masks, check_masks_options),
     Command("padding-leak", PADDING_LEAK, run_padding_leak, padding_leak_options, **ANY),
 )
-COMMANDS = (Command("attention", __doc__, _no_subcommand, actions=ACTIONS),)
+COMMANDS = (Command("attention", __doc__, actions=ACTIONS),)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._io import json_safe
 from ._common import Command, emit_json, info, option, show_progress, table
 
 
@@ -30,15 +29,11 @@ def run(args: argparse.Namespace) -> int:
     bars = show_progress(args)
     study = run_case(args.out, args.model, quick=args.quick, only=args.only, skip=args.skip, progress=bars, log=info)
     if args.json:
-        emit_json(json_safe(study))
+        emit_json(study)
         return 0
     w = max(len(a) for a, *_ in study.headline)
-    print(
-        table(
-            [("", -w, lambda r: r[0]), ("ours", 15, lambda r: _short(r[1])), ("seed", 15, lambda r: _short(r[2]))],
-            study.headline,
-        )
-    )
+    short = lambda i: lambda r: _short(r[i])  # noqa: E731
+    print(table([("", -w, lambda r: r[0]), ("ours", 15, short(1)), ("seed", 15, short(2))], study.headline))
     print(f"\nwrote {study.json_path}, {len(study.figures)} figures and {study.report} in {study.seconds:.0f} s")
     return 0
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._io import json_safe
 from ._common import (
     MODEL_KINDS,
     Command,
@@ -60,15 +59,29 @@ def options(p: argparse.ArgumentParser) -> None:
     option(p, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {FILES}")
 
 
-def _options(args: argparse.Namespace, model):
-    from ..doctor.audit import ModelFiles
-    from ..doctor.options import DoctorOptions
+def run(args: argparse.Namespace) -> int:
+    """Check the arguments (exit 2 on bad input), run every stage, write the files, print the verdict."""
+    import torch
 
+    from ..doctor.audit import ModelFiles, model_files
+    from ..doctor.options import DoctorOptions
+    from ..doctor.run import run_doctor
+
+    out_dir(args.out, FILES)
+    check_min(args, threads=1)
+    torch.set_num_threads(args.threads)
+    if args.impl:
+        from ..verify.adapters import import_factory
+
+        user_project_importable()
+        import_factory(args.impl)  # bad input now; the factory runs later, where an exception in it is a finding
+    audit_only = set(args.only) == {"audit"}  # read as data, not loaded: the audit takes seconds
+    model = model_files(model_path(args)) if audit_only else load_model_arg(args)
     if args.chat and not isinstance(model, ModelFiles) and model.chat_template is None:
         raise ValueError(f"--chat: the model {model_path(args)} has no chat template")
     typed = tuple(sampler_flags_given(args, values=True))  # for the reproducing commands
     sampling = sampler_from_args(args, model.tokenizer) if typed else None
-    return fields_of(
+    opts = fields_of(
         DoctorOptions,
         args,
         prompts=read_prompts(args),
@@ -77,27 +90,6 @@ def _options(args: argparse.Namespace, model):
         hf_position_ids=not args.hf_no_position_ids,
         sampling_flags=typed,
     )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Check the arguments (exit 2 on bad input), run every stage, write the files, print the verdict."""
-    from ..doctor.run import run_doctor
-
-    out_dir(args.out, FILES)
-    check_min(args, threads=1)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    if args.impl:
-        from ..verify.adapters import import_factory
-
-        user_project_importable()
-        import_factory(args.impl)  # bad input now; the factory runs later, where an exception in it is a finding
-    from ..doctor.audit import model_files
-
-    audit_only = set(args.only) == {"audit"}  # read as data, not loaded: the audit takes seconds
-    model = model_files(model_path(args)) if audit_only else load_model_arg(args)
-    opts = _options(args, model)
     rep = run_doctor(model, opts, model_arg=model_path(args), out=args.out, log=info)
     v = rep.verdict
     for f in rep.findings:
@@ -105,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             info(f"{f.severity.upper()}: [{f.stage}] {f.title}")
     info(f"verdict: {v.verdict} (exit status {v.exit_status}); wrote {args.out / 'report.html'} and doctor.json")
     if args.json:
-        emit_json(json_safe(rep))
+        emit_json(rep)
     return v.exit_status
 
 

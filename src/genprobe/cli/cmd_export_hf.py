@@ -48,6 +48,10 @@ def export_options(p: argparse.ArgumentParser) -> None:
     option(p, "--force", False, "replace an existing non-empty OUT")
 
 
+def import_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out_ckpt", type=Path, help="genprobe checkpoint directory to write")
+
+
 EXPORT = """Write a checkpoint as a directory GPT2LMHeadModel.from_pretrained loads offline.
 
 Export a genprobe checkpoint (learned positions only) to a Hugging Face GPT-2 directory: config.json +
@@ -58,21 +62,9 @@ IMPORT = """Turn a GPT-2 directory (safetensors) back into a genprobe checkpoint
 Load a Hugging Face GPT-2 directory (offline, safetensors only, never pickle) with its character vocabulary and
 save it as a genprobe checkpoint.
 """
+CHECKPOINT = "genprobe checkpoint directory"
+TRANSFORMERS = "transformers directory written by export-hf (or any char-level GPT-2 dir)"
 COMMANDS = (
-    Command(
-        "export-hf",
-        EXPORT,
-        run_export,
-        export_options,
-        model=("checkpoint",),
-        model_help="genprobe checkpoint directory",
-    ),
-    Command(
-        "import-hf",
-        IMPORT,
-        run_import,
-        lambda p: p.add_argument("out_ckpt", type=Path, help="genprobe checkpoint directory to write"),
-        model=("transformers",),
-        model_help="transformers directory written by export-hf (or any char-level GPT-2 dir)",
-    ),
+    Command("export-hf", EXPORT, run_export, export_options, model=("checkpoint",), model_help=CHECKPOINT),
+    Command("import-hf", IMPORT, run_import, import_options, model=("transformers",), model_help=TRANSFORMERS),
 )

@@ -7,7 +7,7 @@ parameters are validated; greedy is an explicit argmax (bans and penalties still
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 from ._common import (
     MODEL_KINDS,
@@ -23,10 +23,6 @@ from ._common import (
     read_prompts,
 )
 from ._sampler_args import add_sampler_arguments, sampler_from_args
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.runner import GenerationResult
-    from ..model.load import Model, Tokenizer
 
 MODES = ("cached", "naive")
 
@@ -51,13 +47,34 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler of ``genprobe generate``."""
     from ..engine.generate import generate
+    from ..engine.loaded import encode_prompts
+    from ..engine.runner import format_steps
 
     check_min(args, top=0)
     if args.ids and args.chat:
         raise ValueError("--chat renders text through the chat template: give --prompt, not --ids")
     model = load_model_arg(args)
     tok = model.tokenizer
-    texts, prompts, unknown = _prompts(args, model)
+    texts: list[Any]
+    if not args.ids:  # the texts (rendered through the chat template with --chat) encoded
+        given = read_prompts(args) or []  # one prompt source is required
+        texts = [model.chat_prompt(t) for t in given] if args.chat else list(given)
+        prompts, unknown = encode_prompts(model, texts)  # names --ids when the model has no tokenizer
+        for chars in filter(None, unknown):
+            info(
+                f"warning: {len(chars)} prompt character(s) are not in the vocabulary and become <unk>: "
+                f"{''.join(chars)!r} (a different script, e.g. simplified vs traditional?)"
+            )
+    else:  # each id inside the vocabulary [0, V): the error names the limit
+        V = model.vocab_size
+        for i, ids in enumerate(args.ids):
+            if bad := [t for t in ids if not 0 <= t < V]:
+                which = f" (prompt {i + 1})" if len(args.ids) > 1 else ""
+                raise ValueError(
+                    f"--ids{which}: token id {bad[0]} is outside the model's vocabulary: ids must be in [0, {V}), "
+                    f"i.e. at most {V - 1}"
+                )
+        texts, prompts, unknown = [None] * len(args.ids), args.ids, [[] for _ in args.ids]
     sampler = sampler_from_args(args, tok)
 
     def show(ids: list[int]) -> str:
@@ -90,30 +107,6 @@ def run(args: argparse.Namespace) -> int:
 
         if compile_error() is not None:
             info(f"warning: torch.compile failed, decoded eagerly instead ({compile_error()})")
-    results = _rows(args, tok, texts, prompts, unknown, res, show, stream)
-    if stream:
-        print()
-    if args.json:
-        echoed = {k: getattr(args, k) for k in ("seed", "chat", "weight_dtype", "narrow_output")}
-        common = {"model": str(model.source), "sampler": sampler, **echoed, "token_forwards": res.token_forwards}
-        emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
-    return 0
-
-
-def _rows(
-    args: argparse.Namespace,
-    tok: "Tokenizer | None",
-    texts: list[str | None],
-    prompts: list[list[int]],
-    unknown: list[list[str]],
-    res: "GenerationResult",
-    show: Callable[[list[int]], str],
-    stream: bool,
-) -> list[dict[str, Any]]:
-    """Each row's result (what ``--json`` reports), its steps printed with ``--top`` and, when not streamed and
-    not ``--json``, its text (or ids without a tokenizer) printed as the row is done."""
-    from ..engine.runner import format_steps
-
     results: list[dict[str, Any]] = []
     for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens, strict=True)):
         steps = res.step_stats(tok.token_str if tok is not None else str, row=row, top=args.top)
@@ -132,34 +125,13 @@ def _rows(
             print(format_steps(steps))
         if not stream and not args.json:  # without a tokenizer the ids are the output
             print(" ".join(map(str, new)) if tok is None else ("" if args.chat else show(ids)) + show(new))
-    return results
-
-
-def _prompts(args: argparse.Namespace, model: "Model") -> tuple[list[str | None], list[list[int]], list[list[str]]]:
-    """Each prompt's text (None for ``--ids``), its token ids and the characters of it the vocabulary lacks: ``--ids``
-    checked against the vocabulary, or the texts (rendered through the chat template with ``--chat``) encoded."""
-    if args.ids:  # each id inside the vocabulary [0, V): the error names the limit
-        V = model.vocab_size
-        for i, ids in enumerate(args.ids):
-            if bad := [t for t in ids if not 0 <= t < V]:
-                which = f" (prompt {i + 1})" if len(args.ids) > 1 else ""
-                raise ValueError(
-                    f"--ids{which}: token id {bad[0]} is outside the model's vocabulary: ids must be in [0, {V}), "
-                    f"i.e. at most {V - 1}"
-                )
-        return [None] * len(args.ids), args.ids, [[] for _ in args.ids]
-    from ..engine.loaded import encode_prompts
-
-    given = read_prompts(args)
-    assert given is not None  # one prompt source is required (add_prompt_arguments(required=True))
-    texts = [model.chat_prompt(t) for t in given] if args.chat else list(given)
-    ids, unknown = encode_prompts(model, texts)  # names --ids when the model has no tokenizer
-    for chars in filter(None, unknown):
-        info(
-            f"warning: {len(chars)} prompt character(s) are not in the vocabulary and become <unk>: "
-            f"{''.join(chars)!r} (a different script, e.g. simplified vs traditional?)"
-        )
-    return list(texts), ids, unknown
+    if stream:
+        print()
+    if args.json:
+        echoed = {k: getattr(args, k) for k in ("seed", "chat", "weight_dtype", "narrow_output")}
+        common = {"model": str(model.source), "sampler": sampler, **echoed, "token_forwards": res.token_forwards}
+        emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
+    return 0
 
 
 COMMANDS = (Command("generate", __doc__, run, options, model=MODEL_KINDS),)

@@ -39,14 +39,16 @@ def _accuracy(key: Any) -> Column:
     return (str(key), 5, lambda row: "err" if row[-1][key] is None else f"{row[-1][key]:.2f}")
 
 
-def _synthetic_lines(syn) -> list[str]:
+def format_results(res) -> str:
+    """Text tables of a :class:`~genprobe.attention.longrange.LongRangeResult`, then each encoding's first refusal."""
     from ..attention.longrange import N_CONTENT, N_VALUE
 
+    syn = res.synthetic
     L, lags = syn.config.context, syn.config.lags
     passkey = [(pe, r.accuracy) for pe, r in syn.passkey.items()]
     lag = [(pe, n, accs) for pe, r in syn.lag.items() for n, accs in r.accuracy.items()]
     encoding: Column = ("encoding", 9, lambda row: row[0])
-    return [
+    lines = [
         f"passkey accuracy vs distance (trained at length {L}; distances > {L - 2} need longer rows; "
         f"chance {1 / N_VALUE:.2f})",
         table([encoding, BAR, *map(_accuracy, passkey[0][1])], passkey),
@@ -54,24 +56,15 @@ def _synthetic_lines(syn) -> list[str]:
         f"'token k places back' accuracy vs lag k (position only; chance {1 / N_CONTENT:.2f})",
         table([encoding, ("len", 4, lambda row: row[1]), BAR, *map(_accuracy, lags)], lag),
     ]
-
-
-def _corpus_lines(c) -> list[str]:
-    loss_at = lambda n: lambda row: _corpus_cell(row[1].by_length[n])  # noqa: E731
-    lengths: list[Column] = [(str(n), 15, loss_at(n)) for n in c.config.eval_lengths]
-    return [
-        "",
-        f"Tang validation loss vs evaluation length (trained at L={c.config.context}, "
-        f"{c.config.steps} steps; non-overlapping windows, all positions; [positions >= L])",
-        table([("encoding", 9, lambda r: r[0]), BAR, *lengths], c.encodings.items()),
-    ]
-
-
-def format_results(res) -> str:
-    """Text tables of a :class:`~genprobe.attention.longrange.LongRangeResult`, then each encoding's first refusal."""
-    lines = _synthetic_lines(res.synthetic)
-    if res.corpus is not None:
-        lines += _corpus_lines(res.corpus)
+    if (c := res.corpus) is not None:
+        loss_at = lambda n: lambda row: _corpus_cell(row[1].by_length[n])  # noqa: E731
+        lengths: list[Column] = [(str(n), 15, loss_at(n)) for n in c.config.eval_lengths]
+        lines += [
+            "",
+            f"Tang validation loss vs evaluation length (trained at L={c.config.context}, "
+            f"{c.config.steps} steps; non-overlapping windows, all positions; [positions >= L])",
+            table([encoding, BAR, *lengths], c.encodings.items()),
+        ]
     first = {pe: errs[0] for pe, errs in res.errors.items() if errs}
     if first:
         lines.append("")

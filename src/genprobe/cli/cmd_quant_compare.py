@@ -13,7 +13,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from .._io import json_safe
 from ._common import Command, add_max_new_tokens, check_min, emit_json, fields_of, info, option, out_dir
 from ._vllm_args import add_kv_type, require_engine
 
@@ -46,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     study, _, _ = quant_compare(args.model, out, cfg, log=info)
     print(study_markdown(study), file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        emit_json(json_safe(study))
+        emit_json(study)
     return 0
 
 

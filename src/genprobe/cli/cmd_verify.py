@@ -158,7 +158,21 @@ def print_tables(result: "CacheVerification", file=None) -> None:
     mutants: list[Any] = result.mutants.rows if result.mutants is not None else []
     rows = list(zip(result.all_reports, [None] * len(result.reports) + mutants, strict=True))
     print(table(SUMMARY + (MUTANT if mutants else ()), rows, rule=True), file=out)
-    _print_floor_and_reuse(result, out)
+    if (floor := result.noise_floor) is not None:
+        how = ", ".join(f"{k} {v:.3g}" for k, v in floor["sources"].items())
+        print(
+            f"\nnoise floor of the reference on this model: {floor['value']:.3g} ({how}); pass line "
+            f"max({th.noise:g}, {th.floor_multiple:g} x floor) = {result.pass_line:.3g}",
+            file=out,
+        )
+    if reuse := next((r.reuse for r in result.all_reports if r.reuse), None):
+        print("prefix reuse exercised: " + "; ".join(reuse), file=out)
+    for r in result.all_reports:
+        for p in r.phases:
+            bad = [row for row in p.per_row or [] if row["top1_disagreement"] > 0]
+            if bad:
+                rows_ = ", ".join(f"row of {x['prompt_length']} tokens {x['top1_disagreement']:.0%}" for x in bad)
+                print(f"{r.impl}: padded rows whose top-1 differs from the prompt run alone: {rows_}", file=out)
     phases = list(dict.fromkeys(p.phase for r in result.all_reports for p in r.phases))
     if phases:
         print(
@@ -187,27 +201,6 @@ def print_tables(result: "CacheVerification", file=None) -> None:
     if result.mutants is not None:
         parts = ", ".join(f"{k} = {v:.4g}" for k, v in result.mutants.mask_noop.items())
         print(f"mask no-op (no_mask vs correct on the same cached path): {parts}", file=out)
-
-
-def _print_floor_and_reuse(result: "CacheVerification", out) -> None:
-    """The reference's noise floor and the pass line it sets; the reuse situations; padded rows that disagree."""
-    floor, th = result.noise_floor, result.thresholds
-    if floor is not None:
-        how = ", ".join(f"{k} {v:.3g}" for k, v in floor["sources"].items())
-        print(
-            f"\nnoise floor of the reference on this model: {floor['value']:.3g} ({how}); pass line "
-            f"max({th.noise:g}, {th.floor_multiple:g} x floor) = {result.pass_line:.3g}",
-            file=out,
-        )
-    reuse = next((r.reuse for r in result.all_reports if r.reuse), None)
-    if reuse:
-        print("prefix reuse exercised: " + "; ".join(reuse), file=out)
-    for r in result.all_reports:
-        for p in r.phases:
-            bad = [row for row in p.per_row or [] if row["top1_disagreement"] > 0]
-            if bad:
-                cells = ", ".join(f"row of {x['prompt_length']} tokens {x['top1_disagreement']:.0%}" for x in bad)
-                print(f"{r.impl}: padded rows whose top-1 differs from the prompt run alone: {cells}", file=out)
 
 
 COMMANDS = (Command("verify-cache", __doc__, run, options, EPILOG, model=MODEL_KINDS, optional_model=True),)

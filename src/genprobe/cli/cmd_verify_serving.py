@@ -51,14 +51,12 @@ KINDS = {"vllm": ("checkpoint", "transformers", "name"), "llama.cpp": ("gguf", "
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    option(
-        p,
-        "--backend",
-        choices=tuple(KINDS),
-        help="vllm (default for a model on disk: served by vLLM once per "
-        "--dtypes entry), llama.cpp (MODEL a GGUF file or a fetched name) or endpoint (default for a URL: a live "
-        "OpenAI-compatible server checked against --reference; docs/live-serving.md)",
+    backend = (
+        "vllm (default for a model on disk: served by vLLM once per --dtypes entry), llama.cpp (MODEL a GGUF file or "
+        "a fetched name) or endpoint (default for a URL: a live OpenAI-compatible server checked against --reference; "
+        "docs/live-serving.md)"
     )
+    option(p, "--backend", choices=tuple(KINDS), help=backend)
     option(p, "--reference", metavar="MODEL", help="the weights the deployment should serve (default: MODEL itself)")
     dtypes = ("float32", "bfloat16", "float16")
     option(p, "--dtypes", ["float32", "bfloat16"], "deployment dtypes, one engine each", choices=dtypes)
@@ -81,16 +79,6 @@ def options(p: argparse.ArgumentParser) -> None:
     option(p, "--fail-on", "bug", "lowest phase verdict that makes the exit status 1", choices=VERDICTS[1:])
     option(p, "--out", type=Path, metavar="DIR", help="write verify-serving.json and the engine's log (engine.log)")
     option(p, "--verbose", False, "let the engine's log lines reach the terminal instead of a log file")
-
-
-def _encode_prompts(args: argparse.Namespace) -> list[list[int]]:
-    texts = read_prompts(args)
-    if not texts:
-        return []
-    from ..model.load import load_model
-
-    m = load_model(args.reference or args.model)
-    return [m.encode(t) for t in texts]
 
 
 def _to_log(path: Path) -> None:
@@ -127,8 +115,50 @@ def engine_log(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
         info(f"the engine's own log: {path} ({lines} lines; --verbose prints them here)")
 
 
-def _finish(args: argparse.Namespace, report: Any) -> int:
-    """The table, the failing phases, --json and --out; the exit status."""
+def run(args: argparse.Namespace) -> int:
+    """Every phase on the chosen backend, the table, --json and --out; exit 1 when a phase reaches --fail-on, 2 when
+    the engine is not installed."""
+    import torch
+
+    th = thresholds_of(args)
+    if args.backend == "endpoint":  # every phase on the server at URL against --reference
+        from ..serving.verify import Settings, verify_backend
+
+        check_min(args, requests=8, max_new_tokens=1, retries=0)
+        if not 1 <= args.top_k <= 20:
+            raise ValueError(f"--top-k must be in [1, 20] (the OpenAI API's limit), got {args.top_k}")
+        if args.out is not None:
+            out_dir(args.out, "verify-serving.json")  # checked now, made once there is a result
+        backend, reference = endpoint_backend(args, dtype=torch.float32)
+        settings = Settings(args.requests, args.concurrency, args.max_new_tokens, args.top_k, args.seed)
+        say = lambda m: info(m, args.json)  # noqa: E731
+        report = verify_backend(backend, reference, args.reference, settings, read_prompts(args), th, say, args.model)
+    else:
+        from ..model.load import load_model
+
+        if args.backend == "llama.cpp":
+            check_min(args, threads=1)
+        prompts: list[list[int]] = []
+        if texts := read_prompts(args):
+            m = load_model(args.reference or args.model)
+            prompts = [m.encode(t) for t in texts]
+        with engine_log(args) as say:  # importing an engine prints too (vLLM: Triton, deprecations): into the log
+            require_engine(args.backend)
+            common = {"prompts": prompts, "steps": args.max_new_tokens, "thresholds": th, "seed": args.seed, "log": say}
+            if args.backend == "llama.cpp":  # llama.cpp serving the GGUF file
+                from ..serving.llamacpp.scan import gguf_file_for
+                from ..serving.llamacpp.verify import verify_serving_llamacpp
+
+                torch.set_num_threads(args.threads)
+                file, reference = gguf_file_for(args.model), args.reference or args.model
+                engine = {k: getattr(args, k) for k in ("n_ctx", "kv_type", "n_keep")} | {"n_threads": args.threads}
+                report = verify_serving_llamacpp(file, reference, **engine, **common)
+            else:  # vLLM serving MODEL once per --dtypes entry
+                from ..serving.verify import verify_serving
+
+                options = engine_options(args, seed=args.seed)
+                common |= {"dtypes": args.dtypes, "options": options, "top_k": args.top_k}
+                report = verify_serving(args.model, args.reference, **common)
     bad = [p for p in report.phases if at_least(p.verdict, args.fail_on)]
     failing = [f"{p.dtype}/{p.phase}" if p.dtype else p.phase for p in bad]
     rc = 1 if failing else 0
@@ -140,59 +170,6 @@ def _finish(args: argparse.Namespace, report: Any) -> int:
     if args.json:
         emit_json(summary)
     return rc
-
-
-def run(args: argparse.Namespace) -> int:
-    """Every phase on the chosen backend, the table; exit 1 when a phase reaches --fail-on, 2 when the engine is not
-    installed."""
-    th = thresholds_of(args)
-    if args.backend == "endpoint":
-        return _finish(args, run_endpoint(args, th))
-    if args.backend == "llama.cpp":
-        check_min(args, threads=1)
-    common = {"prompts": _encode_prompts(args), "steps": args.max_new_tokens, "thresholds": th, "seed": args.seed}
-    with engine_log(args) as say:  # importing an engine prints too (vLLM: Triton, deprecations): into the log
-        require_engine(args.backend)
-        report = (run_llamacpp if args.backend == "llama.cpp" else run_vllm)(args, {**common, "log": say})
-    return _finish(args, report)
-
-
-def run_vllm(args: argparse.Namespace, common: dict[str, Any]) -> Any:
-    """vLLM serving MODEL once per ``--dtypes`` entry (``common``: the settings every engine takes)."""
-    from ..serving.verify import verify_serving
-
-    options = engine_options(args, seed=args.seed)
-    return verify_serving(args.model, args.reference, dtypes=args.dtypes, options=options, top_k=args.top_k, **common)
-
-
-def run_llamacpp(args: argparse.Namespace, common: dict[str, Any]) -> Any:
-    """llama.cpp serving the GGUF file."""
-    import torch
-
-    from ..serving.llamacpp.scan import gguf_file_for
-    from ..serving.llamacpp.verify import verify_serving_llamacpp
-
-    torch.set_num_threads(args.threads)
-    file, reference = gguf_file_for(args.model), args.reference or args.model
-    engine = {"n_ctx": args.n_ctx, "n_threads": args.threads, "kv_type": args.kv_type, "n_keep": args.n_keep}
-    return verify_serving_llamacpp(file, reference, **engine, **common)
-
-
-def run_endpoint(args: argparse.Namespace, th: Any) -> Any:
-    """``--backend endpoint``: every phase on the server at URL against ``--reference``."""
-    import torch
-
-    from ..serving.verify import Settings, verify_backend
-
-    check_min(args, requests=8, max_new_tokens=1, retries=0)
-    if not 1 <= args.top_k <= 20:
-        raise ValueError(f"--top-k must be in [1, 20] (the OpenAI API's limit), got {args.top_k}")
-    if args.out is not None:
-        out_dir(args.out, "verify-serving.json")  # checked now, made once there is a result
-    backend, reference = endpoint_backend(args, dtype=torch.float32)
-    settings = Settings(args.requests, args.concurrency, args.max_new_tokens, args.top_k, args.seed)
-    say = lambda m: info(m, args.json)  # noqa: E731
-    return verify_backend(backend, reference, args.reference, settings, read_prompts(args), th, say, args.model)
 
 
 def _judged(p: Any) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 
-from .._io import json_safe
 from ._common import (
     Column,
     Command,
@@ -60,28 +59,13 @@ def run(args: argparse.Namespace) -> int:
         draft = load_model(draft)
     given = ("k", "max_new_tokens", "exact_tokens", "exact_k", "samples", "seed", "mutants")
     sampler = SamplerConfig(temperature=1.0, top_k=args.top_k)
-    result = verify_speculative(
+    r = verify_speculative(
         args.model, draft, prompts=read_prompts(args), sampler=sampler, **{k: getattr(args, k) for k in given}
     )
+    rc = 0 if r.verdict == "pass" and r.mutants_ok else 1
     if args.json:
-        emit_json(json_safe(result))
-    else:
-        _print(result)
-    ok = result.verdict == "pass" and result.mutants_ok
-    return 0 if ok else 1
-
-
-MUTANTS: tuple[Column, ...] = (
-    ("  mutant", -26, lambda m: f"  {m.name}"),
-    ("greedy", -11, lambda m: m.greedy),
-    ("exact", -11, lambda m: m.exact),
-    ("TV", 9, lambda m: fmt(m.total_variation, ".2e")),
-    ("margin", 8, lambda m: "—" if m.margin is None else f"{m.margin:.3g}x"),
-    ("", -6, lambda m: "ok" if m.ok else "MISSED" if m.expected == "caught" else "FAILED"),
-)
-
-
-def _print(r) -> None:
+        emit_json(r)
+        return rc
     g, e, t, s = r.greedy, r.exact, r.two_sample, r.greedy.stats
     print(f"speculative decoding of {r.model}: draft {r.draft}, k {r.k}")
     print(
@@ -108,6 +92,17 @@ def _print(r) -> None:
     if r.mutants:
         print(table(MUTANTS, r.mutants))
     print(f"verdict: {r.verdict}" + ("" if r.mutants is None else f"; mutants {'ok' if r.mutants_ok else 'NOT ok'}"))
+    return rc
+
+
+MUTANTS: tuple[Column, ...] = (
+    ("  mutant", -26, lambda m: f"  {m.name}"),
+    ("greedy", -11, lambda m: m.greedy),
+    ("exact", -11, lambda m: m.exact),
+    ("TV", 9, lambda m: fmt(m.total_variation, ".2e")),
+    ("margin", 8, lambda m: "—" if m.margin is None else f"{m.margin:.3g}x"),
+    ("", -6, lambda m: "ok" if m.ok else "MISSED" if m.expected == "caught" else "FAILED"),
+)
 
 
 COMMANDS = (Command("verify-speculative", __doc__, run, options, model=("checkpoint", "transformers", "name")),)

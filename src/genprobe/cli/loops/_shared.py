@@ -36,8 +36,10 @@ LOOP_FLAGS = (  # (flag, LoopSettings field, help): the detectors' settings ever
 )
 
 
-def add_loop_args(q: argparse.ArgumentParser) -> None:
-    """The flags every loops action takes (after MODEL: :data:`LOOPS_MODEL`)."""
+def add_loop_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True) -> None:
+    """The flags every loops action takes (after MODEL: :data:`LOOPS_MODEL`): generation, the detectors and their
+    calibration on human text (scan, locate and repair judge "degenerate" the same way), the prompts; ``with_val``:
+    the validation text of the regression check."""
     from ...loops.study import RepairConfig
 
     d = RepairConfig()
@@ -48,19 +50,12 @@ def add_loop_args(q: argparse.ArgumentParser) -> None:
         option(q, flag, getattr(d.loop, name), help, dest=name)
     option(q, "--threads", 1, "torch CPU threads (1: a small model's decode steps are dominated by thread sync)")
     option(q, "--no-progress", False, "no progress bars")
-
-
-def add_config_flag(p: argparse.ArgumentParser, name: str, help: str = "", flag: str | None = None, **kw: Any) -> None:
-    """``--name`` (or ``flag``) for the :class:`~genprobe.loops.study.RepairConfig` field ``name``: its type and
-    default come from the field (a tuple field takes one or more values), its choices from the ones named here."""
-    from ...loops.study import SEARCHES, RepairConfig
-
-    choices = {"method": ("mean_diff", "pca"), "forms": ("subtract", "project"), "search": SEARCHES}
-    kw = {"choices": choices[name]} | kw if name in choices else kw
-    option(p, flag or "--" + name.replace("_", "-"), getattr(RepairConfig(), name), help, dest=name, **kw)
-
-
-def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True) -> None:
+    c = q.add_mutually_exclusive_group()
+    human = "calibrate the detectors on this human text (UTF-8, one document per line; default: held-out Tang poems "
+    human += "for Chinese prompts, else `genprobe fetch english`)"
+    option(c, "--human-text", type=Path, metavar="FILE", help=human)
+    option(c, "--no-calibrate", False, "use the detector flags as given instead of thresholds calibrated on human text")
+    option(q, "--human-fpr", 0.01, "calibration target: largest share of human text flagged degenerate", metavar="RATE")
     add_prompt_arguments(q, help_default=" (default for the bundled char model: held-out Tang openings)")
     if chat:
         option(q, "--chat", False, "give each prompt to the model as a user turn rendered by its chat template")
@@ -73,20 +68,14 @@ def add_data_args(q: argparse.ArgumentParser, with_val: bool, chat: bool = True)
         option(q, "--val-window", type=int, metavar="N", help="tokens per regression window (default: context, ≤ 64)")
 
 
-def add_calibration_args(p: Any) -> None:
-    """--human-text / --no-calibrate / --human-fpr: the detectors' thresholds, calibrated on human text by default
-    (scan, locate and repair judge "degenerate" the same way)."""
-    c = p.add_mutually_exclusive_group()
-    option(
-        c,
-        "--human-text",
-        type=Path,
-        metavar="FILE",
-        help="calibrate the detectors on this human text (UTF-8, one "
-        "document per line; default: held-out Tang poems for Chinese prompts, else `genprobe fetch english`)",
-    )
-    option(c, "--no-calibrate", False, "use the detector flags as given instead of thresholds calibrated on human text")
-    option(p, "--human-fpr", 0.01, "calibration target: largest share of human text flagged degenerate", metavar="RATE")
+def add_config_flag(p: argparse.ArgumentParser, name: str, help: str = "", flag: str | None = None, **kw: Any) -> None:
+    """``--name`` (or ``flag``) for the :class:`~genprobe.loops.study.RepairConfig` field ``name``: its type and
+    default come from the field (a tuple field takes one or more values), its choices from the ones named here."""
+    from ...loops.study import SEARCHES, RepairConfig
+
+    choices = {"method": ("mean_diff", "pca"), "forms": ("subtract", "project"), "search": SEARCHES}
+    kw = {"choices": choices[name]} | kw if name in choices else kw
+    option(p, flag or "--" + name.replace("_", "-"), getattr(RepairConfig(), name), help, dest=name, **kw)
 
 
 # ---- common checks and loading --------------------------------------------------------------
@@ -130,40 +119,28 @@ def read_loop_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str] |
     return None, "tang-heldout-openings"
 
 
-def _val_text(args: argparse.Namespace, model: Any) -> tuple[str, str]:
-    if args.val_text is not None:
-        from ..._io import read_text
-
-        return read_text(args.val_text, "--val-text file"), f"file:{args.val_text}"
-    if not args.tang_val and not is_bundled_char_model(model):
-        raise ValueError(
-            "this model is not the bundled character model, so there is no default validation text: give "
-            "--val-text FILE (held-out text in the model's domain) or choose --tang-val explicitly"
-        )
-    from ...corpus.tang import load_corpus
-
-    return load_corpus().val, "tang-validation-split"
-
-
 def loop_settings_from(args: argparse.Namespace) -> Any:
     from ...metrics.degeneracy import LoopSettings
 
     return fields_of(LoopSettings, args)
 
 
-def repair_config(args: argparse.Namespace) -> Any:
-    """The :class:`~genprobe.loops.study.RepairConfig` of the flags (named like its fields: :func:`add_config_flag`)."""
-    from ...loops.study import RepairConfig
-
-    return fields_of(RepairConfig, args, prefix_chars=args.prefix, loop=loop_settings_from(args))
-
-
 def repair_inputs(args: argparse.Namespace, model: Any, cfg: Any, sets: tuple[str, ...]) -> Any:
+    from ..._io import read_text
     from ...corpus.inputs import read_prompt_file
+    from ...corpus.tang import load_corpus
     from ...loops.study import RepairInputs
 
     prompts, source = read_loop_prompts(args, model)
-    val, val_source = _val_text(args, model)
+    if args.val_text is not None:
+        val, val_source = read_text(args.val_text, "--val-text file"), f"file:{args.val_text}"
+    elif not args.tang_val and not is_bundled_char_model(model):
+        raise ValueError(
+            "this model is not the bundled character model, so there is no default validation text: give "
+            "--val-text FILE (held-out text in the model's domain) or choose --tang-val explicitly"
+        )
+    else:
+        val, val_source = load_corpus().val, "tang-validation-split"
     validate = getattr(args, "validate_prompts", None)
     if prompts is None:
         if validate:

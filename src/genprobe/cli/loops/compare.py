@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from ..._io import json_safe
 from ...engine.samplers.stages import PRESETS
 from .._common import MODEL_KINDS, Command, check_min, emit_json, fields_of, info, option, out_dir, show_progress
 from ._shared import (
     LOOPS_MODEL,
-    add_calibration_args,
-    add_data_args,
     add_loop_args,
     check_common,
     load_model_or_default,
@@ -29,8 +26,7 @@ def compare_options(c: argparse.ArgumentParser) -> None:
     from ...loops.compare_fixes import METHODS
     from ...loops.compare_human import GENRES
 
-    add_loop_args(c)
-    add_data_args(c, with_val=False, chat=False)
+    add_loop_args(c, with_val=False, chat=False)
     option(c, "--n", type=int, help="at most N prompts (default: 512 Tang openings; every prompt of a file)")
     option(c, "--skip", COMPARE_SKIP, "Tang openings skipped first (the sets a default `loops repair` uses)")
     methods = f"methods to compare (default: all; greedy is always the baseline): {' '.join(METHODS)}"
@@ -47,23 +43,6 @@ def compare_options(c: argparse.ArgumentParser) -> None:
     option(c, "--engine", choices=sorted(PRESETS), help=engine)
     option(c, "--timing-rounds", 3, "interleaved rounds of one batch per method for tokens/s")
     option(c, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {COMPARE_FILES}")
-    add_calibration_args(c)
-
-
-def _compare_prompts(args: argparse.Namespace, model: Any) -> tuple[list[str], list | None, str]:
-    """Prompts, human continuations from a JSONL file (or None) and the prompt source."""
-    from ...corpus.inputs import heldout_openings
-    from ...loops.compare_human import read_continuations
-
-    check_min(args, n=1, skip=0)
-    texts, source = read_loop_prompts(args, model)
-    conts = read_continuations(args.prompts) if texts is not None and getattr(args, "prompts", None) else None
-    if texts is None:
-        n = args.n or 512
-        texts = heldout_openings(model.tokenizer, args.skip + n, args.prefix)[args.skip :]
-        source = f"tang-heldout-openings (after the first {args.skip})"
-    n = args.n or len(texts)
-    return texts[:n], (conts[:n] if conts is not None else None), source
 
 
 COMPARE_JSON_KEYS = ("model", "judge", "n_prompts", "config", "best", "patch", "timings_s", "notes", "calibration")
@@ -72,16 +51,24 @@ METHOD_JSON_KEYS = ("sampler", "rates", "legit", "nll_own", "nll_judge", "cost")
 
 def run_compare(args: argparse.Namespace) -> int:
     """Compare the fixes on one prompt set; write JSON, table, figure and page into --out."""
+    from ...corpus.inputs import heldout_openings
     from ...loops.compare_fixes import CompareConfig, compare_fixes
-    from ...loops.compare_human import NGRAM_PREFIX, ngram_judge
+    from ...loops.compare_human import NGRAM_PREFIX, ngram_judge, read_continuations
     from ...loops.pages import breaker_table, markdown_table, write_outputs
     from ...loops.patch import load_patch
     from ...model.load import load_model
 
     check_common(args)
+    check_min(args, n=1, skip=0)
     out_dir(args.out, COMPARE_FILES)
     model = load_model_or_default(args)
-    texts, conts, source = _compare_prompts(args, model)
+    texts, source = read_loop_prompts(args, model)  # and human continuations from a JSONL file, or None
+    conts = read_continuations(args.prompts) if texts is not None and getattr(args, "prompts", None) else None
+    if texts is None:
+        texts = heldout_openings(model.tokenizer, args.skip + (args.n or 512), args.prefix)[args.skip :]
+        source = f"tang-heldout-openings (after the first {args.skip})"
+    n = args.n or len(texts)
+    texts, conts = texts[:n], None if conts is None else conts[:n]
     calibration = scan_calibration(args, model, texts)
     loop = calibration.settings if calibration is not None else loop_settings_from(args)
     cfg = fields_of(CompareConfig, args, loop=loop, methods=tuple(args.methods) or None)

@@ -10,16 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from ..._io import check_target_dir, json_safe
-from .._common import MODEL_KINDS, Command, emit_json, info, option, out_dir, show_progress, write_out
+from .._common import MODEL_KINDS, Command, emit_json, fields_of, info, option, out_dir, show_progress, write_out
 from ._shared import (
     LOOPS_MODEL,
-    add_calibration_args,
     add_config_flag,
-    add_data_args,
     add_loop_args,
     check_common,
     load_model_or_default,
-    repair_config,
+    loop_settings_from,
     repair_inputs,
     scan_calibration,
 )
@@ -33,13 +31,11 @@ REPAIR_JSON_KEYS = tuple(
 
 
 def locate_options(lo: argparse.ArgumentParser) -> None:
-    add_loop_args(lo)
-    add_data_args(lo, with_val=True)
+    add_loop_args(lo, with_val=True)
     add_config_flag(lo, "n_direction", "direction-set prompts", flag="--n")
     add_config_flag(lo, "method")
     add_config_flag(lo, "search_prone", "loop-prone prompts per ablation scan")
     add_config_flag(lo, "search_control", "non-looping control prompts per ablation scan")
-    add_calibration_args(lo)
     option(lo, "--out", type=Path, metavar="DIR", help=f"directory for {LOCATE_FILE}: the locate report")
 
 
@@ -71,8 +67,7 @@ REPAIR_FLAGS = {  # RepairConfig field -> help of its flag, in --help order (aft
 def repair_options(r: argparse.ArgumentParser) -> None:
     from ...loops.study import EXHAUSTIVE_MAX
 
-    add_loop_args(r)
-    add_data_args(r, with_val=True)
+    add_loop_args(r, with_val=True)
     option(r, "--out", type=Path, required=True, metavar="DIR", help=f"directory for {REPAIR_FILES}")
     validate = "held-out validation prompts of your own; --prompts then feeds only the direction and search sets"
     option(r, "--validate-prompts", metavar="FILE", help=f"{validate} (a prompt in both files is refused)")
@@ -84,39 +79,33 @@ def repair_options(r: argparse.ArgumentParser) -> None:
     add_config_flag(r, "search", search)
     for name, help in REPAIR_FLAGS.items():
         add_config_flag(r, name, help, metavar="N" if name == "transfer" else None)
-    add_calibration_args(r)
-
-
-def _check_repair_args(args: argparse.Namespace) -> None:
-    out_dir(args.out, REPAIR_FILES)
-    from ...metrics.stats import MIN_PAIRS
-
-    minimum = {"--n-direction": 2, "--n-search": MIN_PAIRS, "--n-validate": MIN_PAIRS}
-    given = {"--n-direction": args.n_direction, "--n-search": args.n_search, "--n-validate": args.n_validate}
-    small = [f"{flag} {given[flag]}" for flag, least in minimum.items() if given[flag] < least]
-    if small:
-        raise ValueError(
-            f"{', '.join(small)}: too small for a verdict; the minimum sizes are "
-            f"{', '.join(f'{k} {v}' for k, v in minimum.items())} (below {MIN_PAIRS} paired prompts no change can be "
-            f"significant — two-sided sign test, α = 0.05: {MIN_PAIRS} that all change the same way give p = 0.031; "
-            "the direction contrasts at least one loop-prone and one control prompt)"
-        )
 
 
 def run_repair(args: argparse.Namespace, locate_only: bool = False) -> int:
     """The whole pipeline, writing report, patch, HTML and PNG into --out; or (``loops locate``) its directions and
     per-layer ablations on the direction set only, written to --out/locate.json when given."""
-    from ...loops.pages import write_repair
+    from ...loops.pages import rate_rows, write_repair
     from ...loops.repair import repair
-    from ...loops.study import SET_NAMES
+    from ...loops.study import SET_NAMES, RepairConfig
+    from ...metrics.stats import MIN_PAIRS
 
     check_common(args)
     if not locate_only:
-        _check_repair_args(args)
+        out_dir(args.out, REPAIR_FILES)
+        minimum = {"--n-direction": 2, "--n-search": MIN_PAIRS, "--n-validate": MIN_PAIRS}
+        given = dict(zip(minimum, (args.n_direction, args.n_search, args.n_validate), strict=True))
+        if small := [f"{flag} {given[flag]}" for flag, least in minimum.items() if given[flag] < least]:
+            raise ValueError(
+                f"{', '.join(small)}: too small for a verdict; the minimum sizes are "
+                f"{', '.join(f'{k} {v}' for k, v in minimum.items())} (below {MIN_PAIRS} paired prompts no change can "
+                f"be significant — two-sided sign test, α = 0.05: {MIN_PAIRS} that all change the same way give p = "
+                "0.031; the direction contrasts at least one loop-prone and one control prompt)"
+            )
     elif args.out:
         out_dir(args.out, LOCATE_FILE)
     t0 = time.perf_counter()
-    cfg = repair_config(args)  # refuses bad settings before the model loads
+    # refuses bad settings before the model loads
+    cfg = fields_of(RepairConfig, args, prefix_chars=args.prefix, loop=loop_settings_from(args))
     model = load_model_or_default(args)
     inputs = repair_inputs(args, model, cfg, SET_NAMES[:1] if locate_only else SET_NAMES)
     # the detectors calibrated on human text of the direction prompts' language: what counts as degenerate decides
@@ -136,23 +125,14 @@ def run_repair(args: argparse.Namespace, locate_only: bool = False) -> int:
         args.out, report, patch, calibration=calibration, model_path=model.source, wall_seconds=wall_seconds
     )
     info(f"verdict: {report.verdict} ({data['wall_seconds']} s); wrote {args.out}")
-    _print_validation(data)
+    if (v := data["validation"]) is not None:  # the held-out rates before → after, the regression, the patch's size
+        for r in rate_rows(v["before"], v["after"]):
+            info(f"  {r['label']}: {r['before']} → {r['after']}")
+        size = f"{100 * data['patch']['fraction_changed']:.3f}% of weights" if data["patch"] else "no patch"
+        info(f"  KL {v['regression']['kl']:.4f}, Δloss {v['regression']['dloss']:+.4f}; {size}")
     if args.json:
         emit_json({k: data[k] for k in REPAIR_JSON_KEYS} | {"chosen": data["search"]["chosen"]})
     return 0
-
-
-def _print_validation(data: dict) -> None:
-    """The held-out rates before → after (the page's table), the regression and the patch's size."""
-    from ...loops.pages import rate_rows
-
-    v = data["validation"]
-    if v is None:
-        return
-    for r in rate_rows(v["before"], v["after"]):
-        info(f"  {r['label']}: {r['before']} → {r['after']}")
-    size = f"{100 * data['patch']['fraction_changed']:.3f}% of weights" if data["patch"] else "no patch"
-    info(f"  KL {v['regression']['kl']:.4f}, Δloss {v['regression']['dloss']:+.4f}; {size}")
 
 
 LOCATE_HELP = "loop direction per layer and the loop rate with each layer's direction ablated"

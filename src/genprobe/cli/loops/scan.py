@@ -17,8 +17,6 @@ from .._vllm_args import add_engine_arguments, add_http_arguments, endpoint_back
 from ._shared import (
     DEFAULT_MODEL,
     LOOPS_MODEL,
-    add_calibration_args,
-    add_data_args,
     add_llamacpp_args,
     add_loop_args,
     chat_flag,
@@ -40,107 +38,45 @@ BACKEND_KINDS = {  # llama.cpp runs GGUF files (a fetched name: the GGUF `genpro
 
 
 def scan_options(s: argparse.ArgumentParser) -> None:
-    add_loop_args(s)
-    add_data_args(s, with_val=False)
+    add_loop_args(s, with_val=False)
     option(s, "--n", 256, "number of Tang openings with --tang-prompts")
-    option(
-        s,
-        "--setting",
-        choices=("both", "chanting", "greedy", "sample"),
-        help="both = chanting (greedy, <unk> "
-        "banned) and plain greedy (the default); sample = the sampler flags below (the default when any is given)",
-    )
+    setting = "both = chanting (greedy, <unk> banned) and plain greedy (the default); sample = the sampler flags "
+    setting += "below (the default when any is given)"
+    option(s, "--setting", choices=("both", "chanting", "greedy", "sample"), help=setting)
     add_sampler_arguments(s)
     option(s, "--out", type=Path, metavar="DIR", help=f"directory for {SCAN_FILE}, with per-generation records")
-    option(
-        s,
-        "--backend",
-        choices=tuple(BACKEND_KINDS),
-        help="who generates: genprobe's engine (default for a model "
-        "on disk), vLLM, llama.cpp (MODEL a GGUF file: its own sampler chain) or endpoint (default for a URL: a "
-        "live OpenAI-compatible server); same JSON; a sampler the engine cannot express exactly is refused",
+    backend = (
+        "who generates: genprobe's engine (default for a model on disk), vLLM, llama.cpp (MODEL a GGUF file: its own "
+        "sampler chain) or endpoint (default for a URL: a live OpenAI-compatible server); same JSON; a sampler the "
+        "engine cannot express exactly is refused"
     )
+    option(s, "--backend", choices=tuple(BACKEND_KINDS), help=backend)
     g = s.add_argument_group("a live endpoint (MODEL is a URL: --backend endpoint)")
     option(g, "--reference", metavar="MODEL", help="the served model on disk, whose tokenizer the scan reads with")
     add_http_arguments(g)
-    add_calibration_args(s)
     add_engine_arguments(s, title="with --backend vllm; passed to vllm.LLM")
     add_llamacpp_args(s)
-
-
-def _scan_settings(args: argparse.Namespace, model: Any) -> dict:
-    from ...loops.scan import loop_study_settings
-
-    given = sampler_flags_given(args)
-    setting = args.setting or ("sample" if given else "both")
-    if given and setting != "sample":  # never ignore a sampler flag silently
-        raise ValueError(f"{' '.join(given)} set the sampler of --setting sample, not of --setting {setting}")
-    if setting == "sample":
-        return {"sample": sampler_from_args(args, model.tokenizer)}
-    return loop_study_settings(model, setting)
-
-
-def _check_backend(args: argparse.Namespace) -> None:
-    """Refuse --compile with llama.cpp, an engine not installed here, and a llama.cpp MODEL that is no GGUF file (before
-    anything loads)."""
-    if args.compile and args.backend == "llama.cpp":  # genprobe: its compiled fast path; vllm: vLLM compiles
-        raise ValueError(
-            "--compile is for genprobe's engine (its compiled fast path) and vLLM, not --backend llama.cpp"
-        )
-    if args.backend in ("vllm", "llama.cpp"):
-        require_engine(args.backend)
-    if args.backend == "llama.cpp":
-        _gguf_file(args)
-
-
-def _gguf_file(args: argparse.Namespace) -> Any:
-    """The GGUF file MODEL names (a ValueError when it names none)."""
-    from ...serving.llamacpp.scan import gguf_file_for
-
-    return gguf_file_for(args.model or str(DEFAULT_MODEL))
-
-
-def _scan_backend(args: argparse.Namespace, server: Any) -> Any:
-    """The engine the scan decodes with: None for genprobe's own, else vLLM's, llama.cpp's or the endpoint's (every
-    setting it cannot run exactly is refused before it starts, naming the flag and the setting)."""
-    if args.backend == "vllm":
-        from ...serving.scan import vllm_scan_backend
-
-        engine = vllm_scan_backend(engine_options(args, seed=args.seed))
-
-        def check(sampler: Any, model: Any, n_ctx: int) -> None:
-            try:
-                engine.check(sampler, model, n_ctx)
-            except ValueError as exc:  # name the flags that fix it
-                hint = " (on the command line: --preset vllm or --order vllm)" if "engine=" in str(exc) else ""
-                raise ValueError(f"{exc}{hint}") from None
-
-        return replace(engine, name="--backend vllm", check=check)
-    if args.backend == "llama.cpp":
-        from ...serving.llamacpp.scan import llamacpp_scan_backend
-
-        breakers = tuple(args.dry_breakers)
-        engine = llamacpp_scan_backend(
-            _gguf_file(args), n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers
-        )
-        return replace(engine, name="--backend llama.cpp")
-    if args.backend == "endpoint":
-        from ...loops.scan import backend_engine
-
-        return backend_engine(server, args.concurrency)
-    return None
 
 
 def run_scan(args: argparse.Namespace) -> int:
     """Scan one or two decoding settings (:func:`genprobe.scan_loop_settings`) and print the tables (tokens,
     characters where they are the unit, and the human false-positive rate of the calibrated detectors)."""
     from ...corpus.inputs import heldout_openings
-    from ...loops.scan import ScanOptions, scan_loop_settings, scan_table
+    from ...loops.scan import ScanOptions, loop_study_settings, scan_loop_settings, scan_table
 
     check_common(args)
     if args.out:
         out_dir(args.out, SCAN_FILE)
-    _check_backend(args)
+    if args.compile and args.backend == "llama.cpp":  # genprobe: its compiled fast path; vllm: vLLM compiles
+        raise ValueError(
+            "--compile is for genprobe's engine (its compiled fast path) and vLLM, not --backend llama.cpp"
+        )
+    if args.backend in ("vllm", "llama.cpp"):  # an engine not installed here, a llama.cpp MODEL that is no GGUF file
+        require_engine(args.backend)
+    if args.backend == "llama.cpp":
+        from ...serving.llamacpp.scan import gguf_file_for, llamacpp_scan_backend
+
+        gguf = gguf_file_for(args.model or str(DEFAULT_MODEL))  # a ValueError when MODEL names no GGUF file
     server, model = endpoint_backend(args) if args.backend == "endpoint" else (None, load_model_or_default(args))
     texts, source = read_loop_prompts(args, model)
     if texts is None:
@@ -148,8 +84,34 @@ def run_scan(args: argparse.Namespace) -> int:
     calibration = scan_calibration(args, model, texts)  # on the user's text: its language, not the template's
     if chat_flag(args, model):
         texts, source = [model.chat_prompt(t) for t in texts], f"{source} (chat template)"
-    settings = _scan_settings(args, model)
-    backend = _scan_backend(args, server)
+    given = sampler_flags_given(args)
+    setting = args.setting or ("sample" if given else "both")
+    if given and setting != "sample":  # never ignore a sampler flag silently
+        raise ValueError(f"{' '.join(given)} set the sampler of --setting sample, not of --setting {setting}")
+    sample = setting == "sample"
+    settings = {"sample": sampler_from_args(args, model.tokenizer)} if sample else loop_study_settings(model, setting)
+    backend: Any = None  # genprobe's own engine; the others refuse every setting they cannot run exactly, by flag
+    if args.backend == "vllm":
+        from ...serving.scan import vllm_scan_backend
+
+        vllm = vllm_scan_backend(engine_options(args, seed=args.seed))
+
+        def check(sampler: Any, model: Any, n_ctx: int) -> None:
+            try:
+                vllm.check(sampler, model, n_ctx)
+            except ValueError as exc:  # name the flags that fix it
+                hint = " (on the command line: --preset vllm or --order vllm)" if "engine=" in str(exc) else ""
+                raise ValueError(f"{exc}{hint}") from None
+
+        backend = replace(vllm, name="--backend vllm", check=check)
+    elif args.backend == "llama.cpp":
+        breakers = tuple(args.dry_breakers)
+        llama = llamacpp_scan_backend(gguf, n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers)
+        backend = replace(llama, name="--backend llama.cpp")
+    elif server is not None:  # --backend endpoint
+        from ...loops.scan import backend_engine
+
+        backend = backend_engine(server, args.concurrency)
 
     result = scan_loop_settings(
         model,
