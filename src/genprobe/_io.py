@@ -25,11 +25,6 @@ from typing import IO, Any, Callable, Iterator
 NOT_JSON = {"json": False}
 
 
-def json_safe_dict(d: dict[str, Any]) -> dict[str, Any]:
-    """:func:`json_safe` of a dict (same keys), typed as one."""
-    return {k: json_safe(v) for k, v in d.items()}
-
-
 def json_safe(obj: Any) -> Any:
     """The JSON form of a result: genprobe's one serialiser (strict JSON, nothing lost; the rules: docs/API.md).
 

@@ -70,15 +70,6 @@ def fetch_english_corpus(cache: Path | None = None, quiet: bool = False) -> list
     return paths
 
 
-def _read_documents(path: Path) -> list[str]:
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:  # lee.cor is ISO-8859-1 (one pound sign)
-        text = raw.decode("latin-1")
-    return [" ".join(line.split()) for line in text.splitlines() if line.strip()]
-
-
 def english_documents(cache: Path | None = None) -> list[str]:
     """The 350 documents (background first, then the rated 50), whitespace normalised; never downloads."""
     paths = _member_paths(cache)
@@ -87,7 +78,14 @@ def english_documents(cache: Path | None = None) -> list[str]:
             f"the English corpus is not fetched ({missing[0]} is missing): run `{FETCH_COMMAND}` once "
             "(it downloads the pinned gensim wheel from the package registry)"
         )
-    return [doc for p in paths for doc in _read_documents(p)]
+    docs = []
+    for p in paths:
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:  # lee.cor is ISO-8859-1 (one pound sign)
+            text = p.read_text(encoding="latin-1")
+        docs += [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+    return docs
 
 
 def _sha(text: str) -> str:

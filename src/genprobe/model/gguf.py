@@ -164,7 +164,16 @@ def read_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
                 hf_tok = from_pretrained(AutoTokenizer, p.parent, what, gguf_file=p.name)
         finally:
             hf_gguf.tqdm = bar
-    return _plain_float_model(loaded), hf_tok, summary
+    # transformers keeps ``quantization_config`` (quant_method "gguf") on a model it dequantized, then refuses to
+    # ``save_pretrained`` it; the tensors are plain floats: a fresh model of that config holds them as an ordinary one
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=loaded.dtype)  # type: ignore[no-untyped-call]
+    fresh.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    fresh.tie_weights()
+    module: nn.Module = fresh.eval()
+    return module, hf_tok, summary
 
 
 @contextlib.contextmanager
@@ -202,8 +211,7 @@ def one_header_read() -> Iterator[None]:
     (architecture, layer count): read-only lookups, so one serves all.
 
     Without it, a load parses the header four or five times (our check; transformers' config, tokenizer and weights;
-    :func:`gguf_blocks`), ~5 s each for SmolLM2's 49k-string vocabulary, and transformers rebuilds the name map for
-    every submodule it walks (1,191 times, 19 of a 4-bit SmolLM2 load's 40 s).
+    :func:`gguf_blocks`) and transformers rebuilds the name map for every submodule it walks (docs/llama-fast.md).
     """
     gguf = require_gguf_package()
     reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
@@ -230,25 +238,6 @@ def one_header_read() -> Iterator[None]:
         gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
 
 
-def _plain_float_model(loaded: Any) -> nn.Module:
-    """The same weights in a model built from the config without its GGUF quantization entry.
-
-    transformers keeps ``quantization_config`` (quant_method "gguf") on a model it dequantized, and then
-    refuses to ``save_pretrained`` it; the tensors are plain floats, so a fresh model of that config
-    holds them as an ordinary one.
-    """
-    from transformers import AutoModelForCausalLM
-
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    fresh = AutoModelForCausalLM.from_config(config, dtype=loaded.dtype)  # type: ignore[no-untyped-call]
-    fresh.load_state_dict(loaded.state_dict(), strict=True, assign=True)
-    fresh.tie_weights()
-    module: nn.Module = fresh.eval()
-    return module
-
-
 def convert_gguf(
     path: str | os.PathLike[str], out_dir: str | os.PathLike[str], log: Callable[[str], None] | None = None
 ) -> Path:
@@ -273,24 +262,19 @@ def convert_gguf(
             return True
         raise ModelLoadError(f"{d} already exists and is not a conversion of {src}; choose another --out")
 
-    def write() -> None:
+    def write() -> None:  # into a temporary directory beside ``out``, then renamed to ``out``
         if log:
             log(f"converting {src.name} to a float32 transformers directory")
-        _write_converted(src, out, digest)
+        module, hf_tok, summary = read_gguf(src)  # refuses a truncated or unsupported file before anything is written
+        with replacing(out, directory=True) as tmp, quiet_transformers():
+            module.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a transformers model
+            fault_point("convert_gguf:weights")
+            hf_tok.save_pretrained(tmp)
+            atomic_write_json(tmp / GGUF_SIDECAR, {**json_safe(summary), "sha256": digest}, indent=1)
+            fault_point("convert_gguf:written")
 
     write_once(out, converted, write, f"the conversion of {src.name}")
     return out
-
-
-def _write_converted(src: Path, out: Path, digest: str) -> None:
-    """Convert ``src`` into a temporary directory beside ``out``, then rename it to ``out``."""
-    module, hf_tok, summary = read_gguf(src)  # refuses a truncated or unsupported file before anything is written
-    with replacing(out, directory=True) as tmp, quiet_transformers():
-        module.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a transformers model
-        fault_point("convert_gguf:weights")
-        hf_tok.save_pretrained(tmp)
-        atomic_write_json(tmp / GGUF_SIDECAR, {**json_safe(summary), "sha256": digest}, indent=1)
-        fault_point("convert_gguf:written")
 
 
 def read_sidecar(d: Path) -> dict[str, Any] | None:

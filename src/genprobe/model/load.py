@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence, cast, runtime_checkable
@@ -313,27 +314,22 @@ def load_model(
             f"{d} is a {'file' if d.is_file() else 'directory'} but neither a genprobe checkpoint (genprobe.json + "
             "model.safetensors), a transformers model directory (config.json + *.safetensors) nor a GGUF file"
         )
+    # weight-only narrow linear layers (a transformers model: Llama-family only, whose fast path reads them narrow)
     if weight_dtype != dtype:
-        model.module = _narrowed(model, weight_dtype, narrow_output)
+        from .llama_family import unsupported_reason
+        from .weight_only import with_weight_dtype
+
+        reason = None if model.kind == "genprobe" else unsupported_reason(model.module)
+        if reason is not None:
+            raise ModelLoadError(
+                f"weight-only {weight_dtype} storage is for genprobe checkpoints and Llama-family transformers "
+                f"models; {model.source}: {reason} (load it in another dtype with dtype=...)"
+            )
+        try:
+            model.module = with_weight_dtype(model.module, weight_dtype, narrow_output)
+        except ValueError as exc:
+            raise ModelLoadError(f"{model.source}: {exc}") from None
     return model
-
-
-def _narrowed(model: Model, weight_dtype: torch.dtype, narrow_output: bool) -> nn.Module:
-    """The model's module with weight-only narrow linear layers (a transformers model: Llama-family only, whose fast
-    path reads them narrow)."""
-    from .llama_family import unsupported_reason
-    from .weight_only import with_weight_dtype
-
-    reason = None if model.kind == "genprobe" else unsupported_reason(model.module)
-    if reason is not None:
-        raise ModelLoadError(
-            f"weight-only {weight_dtype} storage is for genprobe checkpoints and Llama-family transformers models; "
-            f"{model.source}: {reason} (load it in another dtype with dtype=...)"
-        )
-    try:
-        return with_weight_dtype(model.module, weight_dtype, narrow_output)
-    except ValueError as exc:
-        raise ModelLoadError(f"{model.source}: {exc}") from None
 
 
 def _load_gguf(
@@ -341,63 +337,46 @@ def _load_gguf(
 ) -> Model:
     """A GGUF file (or the one in a directory), dequantized by transformers (see :mod:`genprobe.model.gguf`).
 
-    ``int8_blocks``: the linear layers whose tensors are Q8_0 keep the file's int8 blocks instead (the same values).
+    ``int8_blocks``: the linear layers of a float32 Llama-family model keep the file's quantized matrices as their
+    blocks instead (:func:`~genprobe.model.gguf_blocks.with_gguf_blocks`); every other matrix stays float32
+    (``meta["weight_blocks"]`` says which).
     """
-    from .gguf import gguf_file_of, one_header_read, read_gguf
+    from .gguf import gguf_blocks, gguf_file_of, one_header_read, read_gguf
+    from .gguf_blocks import BLOCK_TYPES, BlockLinear, with_gguf_blocks
+    from .llama_family import unsupported_reason
+    from .weight_only import WeightOnlyLinear
 
     file = gguf_file_of(path)
     with one_header_read():  # the int8 blocks come from the same parse of the file as the model
         module, hf_tok, summary = read_gguf(file, dtype)
         if int8_blocks:
-            module = _int8_blocks_of(module, file, dtype, narrow_output)
+            reason = unsupported_reason(module)
+            if dtype != torch.float32 or reason is not None:
+                why = reason or f"the model's dtype is {dtype}, int8 blocks widen to float32"
+                raise ModelLoadError(
+                    f"keeping a GGUF file's quantized blocks is for float32 Llama-family models; {file}: {why}"
+                )
+            blocks = gguf_blocks(file, module, set(BLOCK_TYPES))
+            if not blocks:
+                raise ModelLoadError(
+                    f"{file} holds no matrices in blocks genprobe keeps ({', '.join(BLOCK_TYPES)}); load it without "
+                    "weight_dtype, or make a quantized file with `genprobe quant-compare MODEL --types Q8_0 Q4_0`"
+                )
+            try:  # the loader's model is its own (read_gguf made it): its layers are replaced in place, no copy
+                module = with_gguf_blocks(module, blocks, narrow_output, copy_model=False)
+            except ValueError as exc:
+                raise ModelLoadError(f"{file}: {exc}") from None
     config: Any = module.config  # a transformers model
     meta = {"config": config.to_dict(), "gguf": json_safe(summary)}
-    if int8_blocks:
-        meta["weight_blocks"] = block_summary(module)
+    if int8_blocks:  # which linear layers hold the file's blocks (count per ggml type) and which stayed float32
+        kept = Counter(
+            m.type_name if isinstance(m, BlockLinear) else "Q8_0"
+            for m in module.modules()
+            if isinstance(m, BlockLinear) or (isinstance(m, WeightOnlyLinear) and m.blocked)
+        )
+        float32 = [name for name, m in module.named_modules() if type(m) is torch.nn.Linear]
+        meta["weight_blocks"] = {"blocks": dict(kept), "float32_linear_layers": float32}
     return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", str(config.model_type), file, meta)
-
-
-def _int8_blocks_of(module: nn.Module, file: Path, dtype: torch.dtype, narrow_output: bool) -> nn.Module:
-    """``module`` (a float32 Llama-family model read from ``file``) with the file's quantized matrices held as their
-    blocks (:func:`~genprobe.model.gguf_blocks.with_gguf_blocks`); every other matrix stays float32 (``block_summary``
-    says which)."""
-    from .gguf import gguf_blocks
-    from .gguf_blocks import BLOCK_TYPES, with_gguf_blocks
-    from .llama_family import unsupported_reason
-
-    reason = unsupported_reason(module)
-    if dtype != torch.float32 or reason is not None:
-        why = reason or f"the model's dtype is {dtype}, int8 blocks widen to float32"
-        raise ModelLoadError(
-            f"keeping a GGUF file's quantized blocks is for float32 Llama-family models; {file}: {why}"
-        )
-    blocks = gguf_blocks(file, module, set(BLOCK_TYPES))
-    if not blocks:
-        raise ModelLoadError(
-            f"{file} holds no matrices in blocks genprobe keeps ({', '.join(BLOCK_TYPES)}); load it without "
-            "weight_dtype, or make a quantized file with `genprobe quant-compare MODEL --types Q8_0 Q4_0`"
-        )
-    try:  # the loader's model is its own (read_gguf made it): its layers are replaced in place, no second copy
-        return with_gguf_blocks(module, blocks, narrow_output, copy_model=False)
-    except ValueError as exc:
-        raise ModelLoadError(f"{file}: {exc}") from None
-
-
-def block_summary(module: nn.Module) -> dict[str, Any]:
-    """Which linear layers of ``module`` hold a GGUF file's blocks (count per ggml type) and which stayed float32."""
-    from .gguf_blocks import BlockLinear
-    from .weight_only import WeightOnlyLinear
-
-    kept: dict[str, int] = {}
-    float32: list[str] = []
-    for name, m in module.named_modules():
-        if isinstance(m, BlockLinear):
-            kept[m.type_name] = kept.get(m.type_name, 0) + 1
-        elif isinstance(m, WeightOnlyLinear) and m.blocked:
-            kept["Q8_0"] = kept.get("Q8_0", 0) + 1
-        elif type(m) is torch.nn.Linear:
-            float32.append(name)
-    return {"blocks": kept, "float32_linear_layers": float32}
 
 
 def check_weights_files(d: Path) -> None:
