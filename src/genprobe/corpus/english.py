@@ -9,6 +9,7 @@ set; a prompt is a sentence opening. Sources, sizes and the rules: docs/calibrat
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,20 +149,17 @@ def english_prompt_sets(sizes: dict[str, int], *, prompt_words: int = DEFAULT_PR
         raise ValueError(f"every prompt set needs a size >= 1, got {sizes}")
     if prompt_words < 1:
         raise ValueError(f"prompt_words must be >= 1, got {prompt_words}")
-    split = english_split()
-    pools = {"validation": _openings(split.validation, prompt_words), "search": _openings(split.search, prompt_words)}
-    used = {"validation": 0, "search": 0}
-    sets: dict[str, list[str]] = {}
-    for name, n in sizes.items():
-        pool = "validation" if name in VALIDATION_SET_NAMES else "search"
-        i = used[pool]
-        if i + n > len(pools[pool]):
+    split, sets = english_split(), dict.fromkeys(sizes, list[str]())
+    for pool, docs in (("validation", split.validation), ("search", split.search)):
+        wanted = {k: n for k, n in sizes.items() if (k in VALIDATION_SET_NAMES) == (pool == "validation")}
+        openings = _openings(docs, prompt_words)
+        if sum(wanted.values()) > len(openings):
             raise ValueError(
-                f"the English {pool} pool has {len(pools[pool])} distinct {prompt_words}-word openings; "
-                f"set {name!r} asks for {n} after {i} already taken"
+                f"the English {pool} pool has {len(openings)} distinct {prompt_words}-word openings; "
+                f"sets {wanted} ask for {sum(wanted.values())}"
             )
-        sets[name] = pools[pool][i : i + n]
-        used[pool] = i + n
+        for (name, n), end in zip(wanted.items(), itertools.accumulate(wanted.values()), strict=True):
+            sets[name] = openings[end - n : end]
     return sets
 
 

@@ -66,7 +66,20 @@ def save_checkpoint(
             "summary": summary or {},
         }
         json.dumps(meta, allow_nan=False)  # fail on a bad summary before anything on disk changes
-        _keep_previous(weights, prev)
+        # Keep the committed weights reachable as ``prev`` (hard link, copy where links are unsupported), unless an
+        # earlier save crashed mid-way and ``prev`` already holds them.
+        try:
+            committed: str | None = json.loads((d / META).read_text(encoding="utf-8"))["weights_sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            committed = None
+        held = prev.exists() and committed is not None and sha256_file(prev) == committed
+        if not held or (weights.exists() and sha256_file(weights) == committed):
+            prev.unlink(missing_ok=True)
+            if weights.exists():
+                try:
+                    os.link(weights, prev)
+                except OSError:
+                    shutil.copy2(weights, prev)
         try:
             os.replace(w_tmp, weights)
             atomic_write_json(d / META, meta)  # commit point
@@ -82,25 +95,6 @@ def save_checkpoint(
     if prev.exists():
         prev.unlink()
     return d
-
-
-def _keep_previous(weights: Path, prev: Path) -> None:
-    """Keep the committed weights reachable as ``prev`` (hard link, copy where links are unsupported)."""
-    if prev.exists():
-        try:
-            committed: str | None = json.loads((weights.parent / META).read_text(encoding="utf-8"))["weights_sha256"]
-        except (OSError, ValueError, KeyError, TypeError):
-            committed = None
-        weights_ok = weights.exists() and sha256_file(weights) == committed
-        if committed is not None and not weights_ok and sha256_file(prev) == committed:
-            return  # an earlier save crashed mid-way: ``prev`` already holds the committed weights
-        prev.unlink()
-    if not weights.exists():
-        return
-    try:
-        os.link(weights, prev)
-    except OSError:
-        shutil.copy2(weights, prev)
 
 
 def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -158,12 +159,30 @@ def read_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
         p, what = Path(summary.path), f"the GGUF file {Path(summary.path).name}"
         # transformers' dequantization loop draws its own tqdm bar, which its logging switch does not reach
         bar, hf_gguf.tqdm = hf_gguf.tqdm, functools.partial(hf_gguf.tqdm, disable=True)
+        # Special-token ids outside the vocabulary: transformers indexes the vocabulary with each and raises IndexError
+        # on one past its end; llama.cpp (``llama_vocab::impl::load``, src/llama-vocab.cpp: "bad special token: …
+        # using default id") warns and keeps its default. genprobe reads the metadata as if they were absent, with a
+        # warning (``genprobe doctor`` reports it as a bug).
+        if bad := summary.bad_special_ids:
+            from transformers.integrations.gguf import reader as hf_reader
+
+            read, names = hf_reader.read_gguf_metadata, ", ".join(f"{k} = {v}" for k, v in bad.items())
+            warnings.warn(
+                f"special token id(s) outside the vocabulary, ignored as llama.cpp does: {names}", stacklevel=2
+            )
+
+            def filtered(*args: Any, **kwargs: Any) -> Any:
+                metadata, names = read(*args, **kwargs)
+                return {k: v for k, v in metadata.items() if k not in bad}, names
+
+            hf_reader.read_gguf_metadata = filtered
         try:
-            with _without_special_ids(summary.bad_special_ids):
-                loaded = from_pretrained(AutoModelForCausalLM, p.parent, what, gguf_file=p.name, dtype=dtype)
-                hf_tok = from_pretrained(AutoTokenizer, p.parent, what, gguf_file=p.name)
+            loaded = from_pretrained(AutoModelForCausalLM, p.parent, what, gguf_file=p.name, dtype=dtype)
+            hf_tok = from_pretrained(AutoTokenizer, p.parent, what, gguf_file=p.name)
         finally:
             hf_gguf.tqdm = bar
+            if bad:
+                hf_reader.read_gguf_metadata = read
     # transformers keeps ``quantization_config`` (quant_method "gguf") on a model it dequantized, then refuses to
     # ``save_pretrained`` it; the tensors are plain floats: a fresh model of that config holds them as an ordinary one
     config = loaded.config
@@ -174,35 +193,6 @@ def read_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
     fresh.tie_weights()
     module: nn.Module = fresh.eval()
     return module, hf_tok, summary
-
-
-@contextlib.contextmanager
-def _without_special_ids(bad: dict[str, int]) -> Iterator[None]:
-    """transformers reading the file's metadata as if ``bad`` (special-token ids outside the vocabulary) were absent.
-
-    transformers indexes the vocabulary with each special id and raises IndexError on one past its end; llama.cpp
-    (``llama_vocab::impl::load``, src/llama-vocab.cpp: "bad special token: … using default id") warns and keeps its
-    default. genprobe does the same: the id is dropped with a warning (``genprobe doctor`` reports it as a bug)."""
-    if not bad:
-        yield
-        return
-    import warnings
-
-    from transformers.integrations.gguf import reader as hf_reader
-
-    names = ", ".join(f"{k} = {v}" for k, v in bad.items())
-    warnings.warn(f"special token id(s) outside the vocabulary, ignored as llama.cpp does: {names}", stacklevel=3)
-    read = hf_reader.read_gguf_metadata
-
-    def filtered(*args: Any, **kwargs: Any) -> Any:
-        metadata, names = read(*args, **kwargs)
-        return {k: v for k, v in metadata.items() if k not in bad}, names
-
-    hf_reader.read_gguf_metadata = filtered
-    try:
-        yield
-    finally:
-        hf_reader.read_gguf_metadata = read
 
 
 @contextlib.contextmanager

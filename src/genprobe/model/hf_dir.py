@@ -1,10 +1,8 @@
 """Hugging Face *directory* form of a checkpoint: what ``GPT2LMHeadModel.from_pretrained(DIR)`` loads offline.
 
-The directory holds ``config.json`` + ``model.safetensors`` (``save_pretrained``), our vocabulary as
-``genprobe_tokenizer.json`` and a character-level ``tokenizer.json`` (WordLevel vocabulary, one token per
-character, ``<pad>``=0, ``<unk>``=1) so ``AutoTokenizer.from_pretrained(DIR)`` works too. It is assembled in
-a temporary sibling directory and renamed into place, so a crash never leaves a half-written export.
-Import goes through the one loader (:func:`genprobe.model.load.load_model`): a ``pytorch_model.bin`` is never unpickled.
+The directory holds ``config.json`` + ``model.safetensors``, our vocabulary as ``genprobe_tokenizer.json`` and a
+character-level ``tokenizer.json`` (WordLevel, ``<pad>``=0, ``<unk>``=1) so ``AutoTokenizer.from_pretrained(DIR)``
+works too; it is assembled beside its place and renamed into it. Import goes through the one loader.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Trainer of the subword reference model: a small ``LlamaForCausalLM`` (or ``Qwen2ForCausalLM``) + byte-level BPE.
-
-The transformers class is the model; this module trains it with the char trainer's pieces (:func:`fit`,
-:func:`window_loss`) on the training poems joined by ``<|endoftext|>`` (so the model learns where a poem ends), from
-the one corpus split (``genprobe.corpus.tang``: never the char GPT's validation poems nor the held-out loop prompts).
-``--arch qwen2`` trains its BPE with Qwen2's own pipeline, since transformers tokenises a Qwen2 directory with
-``Qwen2Tokenizer`` whatever ``tokenizer.json`` says (see ``corpus.bpe``). :func:`save_subword_dir` writes the result
-as a standard transformers directory, atomically, with ``genprobe_training.json`` (recipe, split, losses, bits/char;
-*not* ``genprobe.json``, which marks a genprobe char checkpoint).
+"""Trainer of the subword reference model: a small ``LlamaForCausalLM`` (or ``Qwen2ForCausalLM``) + byte-level BPE
+(``corpus.bpe``: Qwen2's own pipeline for ``--arch qwen2``), trained with the char trainer's :func:`fit` and
+:func:`window_loss` on the poems of the one corpus split (``genprobe.corpus.tang``: never the char GPT's validation
+poems nor the held-out loop prompts) joined by ``<|endoftext|>``, so the model learns where a poem ends.
 """
 
 from __future__ import annotations

@@ -2,9 +2,7 @@
 
 A :class:`Model` carries the module (in eval mode), its tokenizer (behind one :class:`Tokenizer` protocol), its limits
 and where its MLPs are; generating from it is the engine's job (``genprobe.load`` wraps this loader and adds a runner).
-The rules, the same for every caller: the kind is read off the directory; weights come from safetensors only (pickled
-files are refused with how to convert them); offline and never ``trust_remote_code``; weights that leave parameters
-uninitialised, and a tokenizer with more tokens than the model has rows, are errors (both give silently wrong numbers).
+The rules, the same for every caller: docs/ARCHITECTURE.md, "The one loader".
 """
 
 from __future__ import annotations
@@ -74,11 +72,9 @@ class SubwordTokenizer:
         self.pad_id = int(pad if pad is not None else self.eos_id if self.eos_id is not None else 0)
 
     def encode(self, text: str) -> list[int]:
-        """Text → ids, no special tokens added (a prompt is continued, not wrapped)."""
-        return list(self.hf.encode(text, add_special_tokens=False))
+        return list(self.hf.encode(text, add_special_tokens=False))  # a prompt is continued, not wrapped
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Ids → text, special tokens (end of text, padding) dropped."""
         text: str = self.hf.decode([int(i) for i in ids], skip_special_tokens=True)
         return text
 
@@ -201,11 +197,9 @@ class Model:
         return self.tokenizer
 
     def encode(self, text: str) -> list[int]:
-        """Text → ids (no special tokens added)."""
         return self.require_tokenizer().encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Ids → text."""
         return self.require_tokenizer().decode(ids)
 
     # ---- structure ---------------------------------------------------------------------------
@@ -305,10 +299,47 @@ def load_model(
     if kind is ModelKind.CHECKPOINT:
         from .checkpoint import load_checkpoint
 
-        module, tok, meta = load_checkpoint(d, device=str(device))
-        model = Model(module.to(dtype), tok, "genprobe", "gpt", d, meta)
-    elif kind is ModelKind.TRANSFORMERS:
-        model = _load_transformers(d, dtype, device)
+        gpt, char_tok, meta = load_checkpoint(d, device=str(device))
+        model = Model(gpt.to(dtype), char_tok, "genprobe", "gpt", d, meta)
+    elif kind is ModelKind.TRANSFORMERS:  # offline, safetensors only, never remote code
+        from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+        from .gguf import read_sidecar
+        from .hf import from_pretrained
+
+        cfg = read_json_object(d / "config.json", ModelLoadError)
+        check_weights_files(d)
+        model_type = cfg.get("model_type")
+        if not model_type:
+            raise ModelLoadError(f"{d / 'config.json'} has no model_type")
+        if model_type not in CONFIG_MAPPING:
+            remote = " and needs remote code (auto_map)" if "auto_map" in cfg else ""
+            raise UnsupportedArchitectureError(
+                f"{d}: model_type {model_type!r} is not an architecture of the installed transformers{remote}; "
+                "genprobe never runs trust_remote_code"
+            )
+        loaded = from_pretrained(
+            AutoModelForCausalLM, d, "the model", use_safetensors=True, dtype=dtype, output_loading_info=True
+        )
+        module, info = cast(tuple[nn.Module, dict[str, Any]], loaded)  # output_loading_info: (model, info)
+        # tied parameters are not stored in safetensors, so legitimately "missing" (a dict of them, or a list)
+        tied = set(getattr(module, "_tied_weights_keys", None) or ())
+        missing = [k for k in info.get("missing_keys", ()) if k not in tied]
+        if missing:
+            raise ModelLoadError(
+                f"{d}: the weights leave {len(missing)} parameter(s) uninitialised (e.g. {missing[:3]}); "
+                "the safetensors file does not belong to this config"
+            )
+        tok = load_tokenizer(d)
+        meta = {"config": cfg}
+        if (gguf := read_sidecar(d)) is not None:  # a directory converted from GGUF records the file's tensor types
+            meta["gguf"] = gguf
+        model = Model(module.to(device).eval(), tok, "hf", str(model_type), d, meta)
+        if tok is not None and tok.vocab_size > model.vocab_size:
+            raise ModelLoadError(
+                f"{d}: the tokenizer has {tok.vocab_size} tokens but the model's output embedding has only "
+                f"{model.vocab_size} rows; the tokenizer does not belong to this model"
+            )
     else:
         raise ModelLoadError(
             f"{d} is a {'file' if d.is_file() else 'directory'} but neither a genprobe checkpoint (genprobe.json + "
@@ -391,49 +422,6 @@ def check_weights_files(d: Path) -> None:
             "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)"
         )
     raise ModelLoadError(f"{d} has a config.json but no weights (*.safetensors)")
-
-
-def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
-    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
-
-    from .hf import from_pretrained
-
-    cfg = read_json_object(d / "config.json", ModelLoadError)
-    check_weights_files(d)
-    model_type = cfg.get("model_type")
-    if not model_type:
-        raise ModelLoadError(f"{d / 'config.json'} has no model_type")
-    if model_type not in CONFIG_MAPPING:
-        remote = " and needs remote code (auto_map)" if "auto_map" in cfg else ""
-        raise UnsupportedArchitectureError(
-            f"{d}: model_type {model_type!r} is not an architecture of the installed transformers{remote}; "
-            "genprobe never runs trust_remote_code"
-        )
-    loaded = from_pretrained(
-        AutoModelForCausalLM, d, "the model", use_safetensors=True, dtype=dtype, output_loading_info=True
-    )
-    module, info = cast(tuple[nn.Module, dict[str, Any]], loaded)  # output_loading_info: (model, info)
-    # tied parameters are not stored in safetensors, so legitimately "missing" (a dict of them, or a list)
-    tied = set(getattr(module, "_tied_weights_keys", None) or ())
-    missing = [k for k in info.get("missing_keys", ()) if k not in tied]
-    if missing:
-        raise ModelLoadError(
-            f"{d}: the weights leave {len(missing)} parameter(s) uninitialised (e.g. {missing[:3]}); "
-            "the safetensors file does not belong to this config"
-        )
-    from .gguf import read_sidecar
-
-    tok = load_tokenizer(d)
-    meta: dict[str, Any] = {"config": cfg}
-    if (gguf := read_sidecar(d)) is not None:  # a directory converted from GGUF records the file's tensor types
-        meta["gguf"] = gguf
-    model = Model(module.to(device).eval(), tok, "hf", str(model_type), d, meta)
-    if tok is not None and tok.vocab_size > model.vocab_size:
-        raise ModelLoadError(
-            f"{d}: the tokenizer has {tok.vocab_size} tokens but the model's output embedding has only "
-            f"{model.vocab_size} rows; the tokenizer does not belong to this model"
-        )
-    return model
 
 
 def load_tokenizer(d: Path) -> Tokenizer | None:
