@@ -25,11 +25,6 @@ from typing import IO, Any, Callable, Iterator
 NOT_JSON = {"json": False}
 
 
-def json_safe_dict(d: dict[str, Any]) -> dict[str, Any]:
-    """:func:`json_safe` of a dict (same keys), typed as one."""
-    return {k: json_safe(v) for k, v in d.items()}
-
-
 def json_safe(obj: Any) -> Any:
     """The JSON form of a result: genprobe's one serialiser (strict JSON, nothing lost; the rules: docs/API.md).
 
@@ -109,12 +104,10 @@ def check_target_dir(out: Path, marker: str, what: str, name: str = "--out") -> 
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
     atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write UTF-8 ``text`` to ``path`` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
@@ -124,7 +117,6 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2)
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -356,7 +348,7 @@ def _flock_by(fd: int, deadline: float, lock: Path, what: str, wait: float) -> N
 def temp_beside(target: str | os.PathLike, directory: bool = False, suffix: str = "") -> Path:
     """A new temporary file (or directory) ``.<name>.tmp-<random><suffix>`` beside ``target``, with the permissions
     a plain ``open()`` / ``mkdir()`` would give (``mkstemp`` / ``mkdtemp`` make them private); renamed over ``target``
-    when complete, removed by :func:`remove_leftovers` when its writer was killed first."""
+    when complete, removed by :func:`write_once` when its writer was killed first."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{target.name}{TEMP_MARK}"
@@ -372,22 +364,6 @@ def temp_beside(target: str | os.PathLike, directory: bool = False, suffix: str 
     return Path(tmp)
 
 
-def remove_leftovers(target: str | os.PathLike) -> list[Path]:
-    """Remove the temporaries (:func:`temp_beside`) a killed writer of ``target`` left; returns them. Call it only
-    while holding ``target``'s :func:`cache_lock`: every live writer of ``target`` holds it while its temporary
-    exists."""
-    target = Path(target)
-    if not target.parent.is_dir():
-        return []
-    gone = sorted(target.parent.glob(f".{glob.escape(target.name)}{TEMP_MARK}*"))
-    for p in gone:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-    return gone
-
-
 def write_once(
     target: str | os.PathLike, is_complete: Callable[[Path], bool], write: Callable[[], None], what: str | None = None
 ) -> bool:
@@ -400,7 +376,12 @@ def write_once(
     with cache_lock(target, what):
         if is_complete(target):  # written by another process while this one waited
             return False
-        remove_leftovers(target)
+        # the temporaries a killed writer left (every live writer holds the lock while its temporary exists)
+        for p in target.parent.glob(f".{glob.escape(target.name)}{TEMP_MARK}*"):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
         write()
     return True
 

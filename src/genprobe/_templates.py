@@ -71,15 +71,6 @@ def check_inlinable(name: str, text: str) -> str:
     return text
 
 
-def _asset_reader(package: str):
-    def asset(name: str) -> Markup:
-        """The text of ``<package>/assets/<name>``, inlined verbatim (it is trusted package data)."""
-        text = (resources.files(package) / "assets" / name).read_text(encoding="utf-8")
-        return Markup(check_inlinable(name, text))
-
-    return asset
-
-
 @lru_cache(maxsize=None)
 def environment(package: str) -> jinja2.Environment:
     """The Jinja2 environment over ``<package>/templates`` (autoescaping, strict undefined, shared filters)."""
@@ -92,7 +83,13 @@ def environment(package: str) -> jinja2.Environment:
         keep_trailing_newline=False,
     )
     env.filters.update(num=num, pct=pct, sci=sci, dash=dash, index_by=index_by, png_data_uri=png_data_uri)
-    env.globals["asset"] = _asset_reader(package)
+
+    def asset(name: str) -> Markup:
+        """The text of ``<package>/assets/<name>``, inlined verbatim (it is trusted package data)."""
+        text = (resources.files(package) / "assets" / name).read_text(encoding="utf-8")
+        return Markup(check_inlinable(name, text))
+
+    env.globals["asset"] = asset
     # |tojson output sits inside script elements: Jinja escapes <, >, & and ' as \u00XX; keep it compact,
     # readable (no \u escapes for CJK text) and strict (NaN is not JSON).
     env.policies["json.dumps_kwargs"] = {"ensure_ascii": False, "separators": (",", ":"), "allow_nan": False}

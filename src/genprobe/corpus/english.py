@@ -9,6 +9,7 @@ set; a prompt is a sentence opening. Sources, sizes and the rules: docs/calibrat
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,15 +71,6 @@ def fetch_english_corpus(cache: Path | None = None, quiet: bool = False) -> list
     return paths
 
 
-def _read_documents(path: Path) -> list[str]:
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:  # lee.cor is ISO-8859-1 (one pound sign)
-        text = raw.decode("latin-1")
-    return [" ".join(line.split()) for line in text.splitlines() if line.strip()]
-
-
 def english_documents(cache: Path | None = None) -> list[str]:
     """The 350 documents (background first, then the rated 50), whitespace normalised; never downloads."""
     paths = _member_paths(cache)
@@ -87,7 +79,14 @@ def english_documents(cache: Path | None = None) -> list[str]:
             f"the English corpus is not fetched ({missing[0]} is missing): run `{FETCH_COMMAND}` once "
             "(it downloads the pinned gensim wheel from the package registry)"
         )
-    return [doc for p in paths for doc in _read_documents(p)]
+    docs = []
+    for p in paths:
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:  # lee.cor is ISO-8859-1 (one pound sign)
+            text = p.read_text(encoding="latin-1")
+        docs += [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+    return docs
 
 
 def _sha(text: str) -> str:
@@ -150,20 +149,17 @@ def english_prompt_sets(sizes: dict[str, int], *, prompt_words: int = DEFAULT_PR
         raise ValueError(f"every prompt set needs a size >= 1, got {sizes}")
     if prompt_words < 1:
         raise ValueError(f"prompt_words must be >= 1, got {prompt_words}")
-    split = english_split()
-    pools = {"validation": _openings(split.validation, prompt_words), "search": _openings(split.search, prompt_words)}
-    used = {"validation": 0, "search": 0}
-    sets: dict[str, list[str]] = {}
-    for name, n in sizes.items():
-        pool = "validation" if name in VALIDATION_SET_NAMES else "search"
-        i = used[pool]
-        if i + n > len(pools[pool]):
+    split, sets = english_split(), dict.fromkeys(sizes, list[str]())
+    for pool, docs in (("validation", split.validation), ("search", split.search)):
+        wanted = {k: n for k, n in sizes.items() if (k in VALIDATION_SET_NAMES) == (pool == "validation")}
+        openings = _openings(docs, prompt_words)
+        if sum(wanted.values()) > len(openings):
             raise ValueError(
-                f"the English {pool} pool has {len(pools[pool])} distinct {prompt_words}-word openings; "
-                f"set {name!r} asks for {n} after {i} already taken"
+                f"the English {pool} pool has {len(openings)} distinct {prompt_words}-word openings; "
+                f"sets {wanted} ask for {sum(wanted.values())}"
             )
-        sets[name] = pools[pool][i : i + n]
-        used[pool] = i + n
+        for (name, n), end in zip(wanted.items(), itertools.accumulate(wanted.values()), strict=True):
+            sets[name] = openings[end - n : end]
     return sets
 
 

@@ -28,7 +28,6 @@ class Corpus:
     documents: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
-        """Plain-data description for reports."""
         return {
             "source": self.source,
             "documents": len(self.documents),

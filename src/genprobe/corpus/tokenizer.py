@@ -64,7 +64,6 @@ class CharTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """Number of ids including specials."""
         return len(self.itos)
 
     @property
@@ -115,12 +114,10 @@ class CharTokenizer:
         return self.itos[int(t)]
 
     def to_dict(self) -> dict:
-        """JSON-serialisable form."""
         return {"type": "char", "itos": self.itos, "pad_id": PAD_ID, "unk_id": UNK_ID}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CharTokenizer":
-        """Inverse of :meth:`to_dict`."""
         if d.get("type") != "char" or "itos" not in d:
             raise ValueError("not a genprobe char tokenizer description")
         return cls.from_itos(d["itos"])

@@ -111,18 +111,14 @@ def _caps(s: LoopSettings) -> dict[str, float]:
 _SCORE_OF = {"min_tail": "exact", "min_match": "near", "min_compression": "compression"}
 
 
-def _threshold(name: str, scores: Sequence[HumanScores], k: int, base: LoopSettings) -> float:
-    """The (k+1)-th highest human score plus the margin, never below the default, never above the cap."""
-    values = sorted((getattr(sc, _SCORE_OF[name]) for sc in scores), reverse=True)
-    default = getattr(base, name)
-    if k >= len(values):
-        return default
-    t = max(default, values[k] + MARGINS[name])
-    return min(t, max(_caps(base)[name], default))
-
-
 def _settings(ks: dict[str, int], scores: Sequence[HumanScores], base: LoopSettings) -> LoopSettings:
-    t = {name: _threshold(name, scores, ks[name], base) for name in _SCORE_OF}
+    """Thresholds: for each, the (k+1)-th highest human score plus the margin, never below the default nor above
+    the cap."""
+    t = {}
+    for name, k in ks.items():
+        values, default = sorted((getattr(sc, _SCORE_OF[name]) for sc in scores), reverse=True), getattr(base, name)
+        top = values[k] + MARGINS[name] if k < len(values) else default
+        t[name] = min(max(default, top), max(_caps(base)[name], default))
     return replace(base, min_tail=int(t["min_tail"]), min_match=t["min_match"], min_compression=t["min_compression"])
 
 

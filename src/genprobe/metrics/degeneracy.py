@@ -125,20 +125,6 @@ def match_share(
     return sum(compared) / len(compared) if compared else 0.0
 
 
-def _onset(m: list[bool], p: int, window: int, min_match: float) -> int:
-    T = len(m)
-    start = max(T - window, p)
-    while start - 1 >= p:  # slide the window back one token at a time while it still qualifies
-        s = start - 1
-        w = m[s : s + window]
-        if sum(w) / len(w) < min_match - _EPS:
-            break
-        start = s
-    while start < T and not m[start]:  # trim leading mismatches of the earliest qualifying window
-        start += 1
-    return max(0, start - p)
-
-
 def detect_near_loop(
     tokens: Sequence[Hashable],
     *,
@@ -168,19 +154,15 @@ def detect_near_loop(
     best_share = best_key[0]
     if best_p is None or best_share < min_match - _EPS:
         return NearLoopInfo(False, best_p, best_share, None)
-    return NearLoopInfo(True, best_p, best_share, _onset(_matches(seq, best_p), best_p, window, min_match))
-
-
-def _longest_earlier_copy(seq: tuple, i: int, starts: list[int]) -> int:
-    best = 0
-    for j in starts:  # earlier positions holding the same token as position i
-        if j >= i:
+    m, start = _matches(seq, best_p), max(T - window, best_p)
+    while start - 1 >= best_p:  # slide the window back one token at a time while it still qualifies
+        w = m[start - 1 : start - 1 + window]
+        if sum(w) / len(w) < min_match - _EPS:
             break
-        n = 1
-        while i + n < len(seq) and seq[j + n] == seq[i + n]:
-            n += 1
-        best = max(best, n)
-    return best
+        start -= 1
+    while start < T and not m[start]:  # trim leading mismatches of the earliest qualifying window
+        start += 1
+    return NearLoopInfo(True, best_p, best_share, max(0, start - best_p))
 
 
 def lz_pieces(tokens: Sequence[Hashable], start: int = 0) -> int:
@@ -193,7 +175,15 @@ def lz_pieces(tokens: Sequence[Hashable], start: int = 0) -> int:
         where.setdefault(t, []).append(j)
     i, pieces = start, 0
     while i < len(seq):
-        i += max(_longest_earlier_copy(seq, i, where[seq[i]]), 1)
+        best = 1  # the longest copy from an earlier position holding the same token, else one new token
+        for j in where[seq[i]]:
+            if j >= i:
+                break
+            n = 1
+            while i + n < len(seq) and seq[j + n] == seq[i + n]:
+                n += 1
+            best = max(best, n)
+        i += best
         pieces += 1
     return pieces
 

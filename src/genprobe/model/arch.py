@@ -71,20 +71,6 @@ def unwrap(model: Any) -> nn.Module:
     raise TypeError(f"cannot find an nn.Module inside {type(model).__name__}")
 
 
-def _blocks(m: nn.Module) -> tuple[nn.ModuleList, str]:
-    if isinstance(m, GPT):
-        return m.h, "h"
-    for path in LAYER_PATHS:
-        layers = reduce(lambda obj, part: getattr(obj, part, None), path.split("."), cast(Any, m))
-        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
-            return layers, path
-    raise UnsupportedArchitectureError(
-        f"unsupported architecture {type(m).__name__}: no decoder layer list found (looked for "
-        f"{', '.join(LAYER_PATHS)}); loop repair supports our GPT, GPT-2, Llama, Qwen2, Mistral, Gemma 2/3, Phi-3 "
-        "and GPT-NeoX"
-    )
-
-
 def _down_projection(i: int, block: nn.Module, arch: str) -> tuple[nn.Module, nn.Module, str, str]:
     mlp = getattr(block, "mlp", None)
     if mlp is None:
@@ -115,7 +101,18 @@ def _down_projection(i: int, block: nn.Module, arch: str) -> tuple[nn.Module, nn
 def mlp_sites(model: Any) -> list[MLPSite]:
     """One site per layer, in order; :class:`UnsupportedArchitectureError` names what is missing."""
     m = unwrap(model)
-    blocks, prefix = _blocks(m)
+    found = [(m.h, "h")] if isinstance(m, GPT) else []
+    for path in LAYER_PATHS:
+        layers = reduce(lambda obj, part: getattr(obj, part, None), path.split("."), cast(Any, m))
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            found.append((layers, path))
+    if not found:
+        raise UnsupportedArchitectureError(
+            f"unsupported architecture {type(m).__name__}: no decoder layer list found (looked for "
+            f"{', '.join(LAYER_PATHS)}); loop repair supports our GPT, GPT-2, Llama, Qwen2, Mistral, Gemma 2/3, "
+            "Phi-3 and GPT-NeoX"
+        )
+    blocks, prefix = found[0]
     sites = []
     for i, block in enumerate(blocks):
         mlp, down, dname, layout = _down_projection(i, block, type(m).__name__)

@@ -66,7 +66,20 @@ def save_checkpoint(
             "summary": summary or {},
         }
         json.dumps(meta, allow_nan=False)  # fail on a bad summary before anything on disk changes
-        _keep_previous(weights, prev)
+        # Keep the committed weights reachable as ``prev`` (hard link, copy where links are unsupported), unless an
+        # earlier save crashed mid-way and ``prev`` already holds them.
+        try:
+            committed: str | None = json.loads((d / META).read_text(encoding="utf-8"))["weights_sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            committed = None
+        held = prev.exists() and committed is not None and sha256_file(prev) == committed
+        if not held or (weights.exists() and sha256_file(weights) == committed):
+            prev.unlink(missing_ok=True)
+            if weights.exists():
+                try:
+                    os.link(weights, prev)
+                except OSError:
+                    shutil.copy2(weights, prev)
         try:
             os.replace(w_tmp, weights)
             atomic_write_json(d / META, meta)  # commit point
@@ -84,30 +97,6 @@ def save_checkpoint(
     return d
 
 
-def _keep_previous(weights: Path, prev: Path) -> None:
-    """Keep the committed weights reachable as ``prev`` (hard link, copy where links are unsupported)."""
-    if prev.exists():
-        committed = _committed_sha(weights.parent)
-        weights_ok = weights.exists() and sha256_file(weights) == committed
-        if committed is not None and not weights_ok and sha256_file(prev) == committed:
-            return  # an earlier save crashed mid-way: ``prev`` already holds the committed weights
-        prev.unlink()
-    if not weights.exists():
-        return
-    try:
-        os.link(weights, prev)
-    except OSError:
-        shutil.copy2(weights, prev)
-
-
-def _committed_sha(d: Path) -> str | None:
-    try:
-        sha: str | None = json.loads((d / META).read_text(encoding="utf-8")).get("weights_sha256")
-        return sha
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and sanity-check ``genprobe.json`` of a checkpoint directory."""
     d = Path(directory)
@@ -116,40 +105,6 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not (d / META).is_file():
         raise CheckpointError(f"{d} is not a genprobe checkpoint: {META} is missing")
     return read_format_json(d / META, FORMAT, CheckpointError)
-
-
-def load_weights_into(model: GPT, directory: str | os.PathLike[str], expected_sha256: str | None = None) -> None:
-    """Load safetensors weights into ``model``, refusing truncated files and any shape/key mismatch."""
-    wp = Path(directory) / WEIGHTS
-    if not wp.exists():
-        raise CheckpointError(f"weights file missing: {wp}")
-    if expected_sha256 is not None:
-        actual = sha256_file(wp)
-        prev = Path(directory) / PREV_WEIGHTS
-        if actual != expected_sha256 and prev.is_file() and sha256_file(prev) == expected_sha256:
-            # A save crashed between its two renames: the JSON still describes the previous weights.
-            wp, actual = prev, expected_sha256
-        if actual != expected_sha256:
-            raise CheckpointError(
-                f"{wp}: sha256 {actual[:12]}… does not match the recorded {expected_sha256[:12]}… "
-                "(truncated or replaced weights file)"
-            )
-    try:
-        state = load_file(str(wp))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{wp} is not a readable safetensors file ({exc})") from None
-    own = _state_for_save(model)
-    missing = sorted(set(own) - set(state))
-    extra = sorted(set(state) - set(own))
-    if missing or extra:
-        raise CheckpointError(f"{wp}: weights do not fit this model (missing {missing[:5]}, unexpected {extra[:5]})")
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(own[k].shape):
-            raise CheckpointError(
-                f"{wp}: tensor {k} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)} "
-                "(mismatched vocabulary or config)"
-            )
-    model.load_state_dict(state, strict=False)
 
 
 def load_checkpoint(
@@ -172,8 +127,36 @@ def load_checkpoint(
             f"the expected {expect_tokenizer.vocab_size}-id one (fingerprints {tok.fingerprint[:12]}… vs "
             f"{expect_tokenizer.fingerprint[:12]}…)"
         )
-    model = GPT(cfg)
-    load_weights_into(model, directory, meta.get("weights_sha256"))
+    model, wp, expected_sha256 = GPT(cfg), Path(directory) / WEIGHTS, meta.get("weights_sha256")
+    if not wp.exists():
+        raise CheckpointError(f"weights file missing: {wp}")
+    if expected_sha256 is not None:
+        actual = sha256_file(wp)
+        prev = Path(directory) / PREV_WEIGHTS
+        if actual != expected_sha256 and prev.is_file() and sha256_file(prev) == expected_sha256:
+            # A save crashed between its two renames: the JSON still describes the previous weights.
+            wp, actual = prev, expected_sha256
+        if actual != expected_sha256:
+            raise CheckpointError(
+                f"{wp}: sha256 {actual[:12]}… does not match the recorded {expected_sha256[:12]}… "
+                "(truncated or replaced weights file)"
+            )
+    try:  # safetensors only, refusing truncated files and any shape/key mismatch
+        state = load_file(str(wp))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{wp} is not a readable safetensors file ({exc})") from None
+    own = _state_for_save(model)
+    missing = sorted(set(own) - set(state))
+    extra = sorted(set(state) - set(own))
+    if missing or extra:
+        raise CheckpointError(f"{wp}: weights do not fit this model (missing {missing[:5]}, unexpected {extra[:5]})")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise CheckpointError(
+                f"{wp}: tensor {k} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)} "
+                "(mismatched vocabulary or config)"
+            )
+    model.load_state_dict(state, strict=False)
     return model.to(device).eval(), tok, meta
 
 

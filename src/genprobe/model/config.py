@@ -42,7 +42,6 @@ class GPTConfig:
 
     @property
     def d_head(self) -> int:
-        """Per-head dimension."""
         return self.d_model // self.n_head
 
     @property
@@ -58,8 +57,6 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
         """Build from a dict, refusing unknown keys (a config for another model family)."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
+        if unknown := set(d) - {f.name for f in fields(cls)}:
             raise ValueError(f"unknown GPTConfig keys: {sorted(unknown)}")
         return cls(**d)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -158,42 +159,40 @@ def read_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
         p, what = Path(summary.path), f"the GGUF file {Path(summary.path).name}"
         # transformers' dequantization loop draws its own tqdm bar, which its logging switch does not reach
         bar, hf_gguf.tqdm = hf_gguf.tqdm, functools.partial(hf_gguf.tqdm, disable=True)
+        # Special-token ids outside the vocabulary: transformers indexes the vocabulary with each and raises IndexError
+        # on one past its end; llama.cpp (``llama_vocab::impl::load``, src/llama-vocab.cpp: "bad special token: …
+        # using default id") warns and keeps its default. genprobe reads the metadata as if they were absent, with a
+        # warning (``genprobe doctor`` reports it as a bug).
+        if bad := summary.bad_special_ids:
+            from transformers.integrations.gguf import reader as hf_reader
+
+            read, names = hf_reader.read_gguf_metadata, ", ".join(f"{k} = {v}" for k, v in bad.items())
+            warnings.warn(
+                f"special token id(s) outside the vocabulary, ignored as llama.cpp does: {names}", stacklevel=2
+            )
+
+            def filtered(*args: Any, **kwargs: Any) -> Any:
+                metadata, names = read(*args, **kwargs)
+                return {k: v for k, v in metadata.items() if k not in bad}, names
+
+            hf_reader.read_gguf_metadata = filtered
         try:
-            with _without_special_ids(summary.bad_special_ids):
-                loaded = from_pretrained(AutoModelForCausalLM, p.parent, what, gguf_file=p.name, dtype=dtype)
-                hf_tok = from_pretrained(AutoTokenizer, p.parent, what, gguf_file=p.name)
+            loaded = from_pretrained(AutoModelForCausalLM, p.parent, what, gguf_file=p.name, dtype=dtype)
+            hf_tok = from_pretrained(AutoTokenizer, p.parent, what, gguf_file=p.name)
         finally:
             hf_gguf.tqdm = bar
-    return _plain_float_model(loaded), hf_tok, summary
-
-
-@contextlib.contextmanager
-def _without_special_ids(bad: dict[str, int]) -> Iterator[None]:
-    """transformers reading the file's metadata as if ``bad`` (special-token ids outside the vocabulary) were absent.
-
-    transformers indexes the vocabulary with each special id and raises IndexError on one past its end; llama.cpp
-    (``llama_vocab::impl::load``, src/llama-vocab.cpp: "bad special token: … using default id") warns and keeps its
-    default. genprobe does the same: the id is dropped with a warning (``genprobe doctor`` reports it as a bug)."""
-    if not bad:
-        yield
-        return
-    import warnings
-
-    from transformers.integrations.gguf import reader as hf_reader
-
-    names = ", ".join(f"{k} = {v}" for k, v in bad.items())
-    warnings.warn(f"special token id(s) outside the vocabulary, ignored as llama.cpp does: {names}", stacklevel=3)
-    read = hf_reader.read_gguf_metadata
-
-    def filtered(*args: Any, **kwargs: Any) -> Any:
-        metadata, names = read(*args, **kwargs)
-        return {k: v for k, v in metadata.items() if k not in bad}, names
-
-    hf_reader.read_gguf_metadata = filtered
-    try:
-        yield
-    finally:
-        hf_reader.read_gguf_metadata = read
+            if bad:
+                hf_reader.read_gguf_metadata = read
+    # transformers keeps ``quantization_config`` (quant_method "gguf") on a model it dequantized, then refuses to
+    # ``save_pretrained`` it; the tensors are plain floats: a fresh model of that config holds them as an ordinary one
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=loaded.dtype)  # type: ignore[no-untyped-call]
+    fresh.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    fresh.tie_weights()
+    module: nn.Module = fresh.eval()
+    return module, hf_tok, summary
 
 
 @contextlib.contextmanager
@@ -202,8 +201,7 @@ def one_header_read() -> Iterator[None]:
     (architecture, layer count): read-only lookups, so one serves all.
 
     Without it, a load parses the header four or five times (our check; transformers' config, tokenizer and weights;
-    :func:`gguf_blocks`), ~5 s each for SmolLM2's 49k-string vocabulary, and transformers rebuilds the name map for
-    every submodule it walks (1,191 times, 19 of a 4-bit SmolLM2 load's 40 s).
+    :func:`gguf_blocks`) and transformers rebuilds the name map for every submodule it walks (docs/llama-fast.md).
     """
     gguf = require_gguf_package()
     reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
@@ -230,25 +228,6 @@ def one_header_read() -> Iterator[None]:
         gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
 
 
-def _plain_float_model(loaded: Any) -> nn.Module:
-    """The same weights in a model built from the config without its GGUF quantization entry.
-
-    transformers keeps ``quantization_config`` (quant_method "gguf") on a model it dequantized, and then
-    refuses to ``save_pretrained`` it; the tensors are plain floats, so a fresh model of that config
-    holds them as an ordinary one.
-    """
-    from transformers import AutoModelForCausalLM
-
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    fresh = AutoModelForCausalLM.from_config(config, dtype=loaded.dtype)  # type: ignore[no-untyped-call]
-    fresh.load_state_dict(loaded.state_dict(), strict=True, assign=True)
-    fresh.tie_weights()
-    module: nn.Module = fresh.eval()
-    return module
-
-
 def convert_gguf(
     path: str | os.PathLike[str], out_dir: str | os.PathLike[str], log: Callable[[str], None] | None = None
 ) -> Path:
@@ -273,24 +252,19 @@ def convert_gguf(
             return True
         raise ModelLoadError(f"{d} already exists and is not a conversion of {src}; choose another --out")
 
-    def write() -> None:
+    def write() -> None:  # into a temporary directory beside ``out``, then renamed to ``out``
         if log:
             log(f"converting {src.name} to a float32 transformers directory")
-        _write_converted(src, out, digest)
+        module, hf_tok, summary = read_gguf(src)  # refuses a truncated or unsupported file before anything is written
+        with replacing(out, directory=True) as tmp, quiet_transformers():
+            module.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a transformers model
+            fault_point("convert_gguf:weights")
+            hf_tok.save_pretrained(tmp)
+            atomic_write_json(tmp / GGUF_SIDECAR, {**json_safe(summary), "sha256": digest}, indent=1)
+            fault_point("convert_gguf:written")
 
     write_once(out, converted, write, f"the conversion of {src.name}")
     return out
-
-
-def _write_converted(src: Path, out: Path, digest: str) -> None:
-    """Convert ``src`` into a temporary directory beside ``out``, then rename it to ``out``."""
-    module, hf_tok, summary = read_gguf(src)  # refuses a truncated or unsupported file before anything is written
-    with replacing(out, directory=True) as tmp, quiet_transformers():
-        module.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a transformers model
-        fault_point("convert_gguf:weights")
-        hf_tok.save_pretrained(tmp)
-        atomic_write_json(tmp / GGUF_SIDECAR, {**json_safe(summary), "sha256": digest}, indent=1)
-        fault_point("convert_gguf:written")
 
 
 def read_sidecar(d: Path) -> dict[str, Any] | None:

@@ -1,17 +1,15 @@
 """Hugging Face *directory* form of a checkpoint: what ``GPT2LMHeadModel.from_pretrained(DIR)`` loads offline.
 
-The directory holds ``config.json`` + ``model.safetensors`` (``save_pretrained``), our vocabulary as
-``genprobe_tokenizer.json`` and a character-level ``tokenizer.json`` (WordLevel vocabulary, one token per
-character, ``<pad>``=0, ``<unk>``=1) so ``AutoTokenizer.from_pretrained(DIR)`` works too. It is assembled in
-a temporary sibling directory and renamed into place, so a crash never leaves a half-written export.
-Import goes through the one loader (:func:`genprobe.model.load.load_model`): a ``pytorch_model.bin`` is never unpickled.
+The directory holds ``config.json`` + ``model.safetensors``, our vocabulary as ``genprobe_tokenizer.json`` and a
+character-level ``tokenizer.json`` (WordLevel, ``<pad>``=0, ``<unk>``=1) so ``AutoTokenizer.from_pretrained(DIR)``
+works too; it is assembled beside its place and renamed into it. Import goes through the one loader.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from .._io import atomic_write_json, json_safe, replacing
 from ..corpus.tokenizer import PAD_TOKEN, UNK_TOKEN, CharTokenizer
@@ -19,25 +17,6 @@ from .checkpoint import load_checkpoint
 from .gpt import GPT
 from .hf import from_hf_gpt2, quiet_transformers, to_hf_gpt2
 from .load import TOKENIZER_FILE, load_model, read_char_tokenizer
-
-if TYPE_CHECKING:  # transformers is imported lazily at run time
-    from transformers import PreTrainedTokenizerFast
-
-
-def _hf_char_tokenizer(tokenizer: CharTokenizer) -> PreTrainedTokenizerFast:
-    """A ``PreTrainedTokenizerFast`` that maps every character to our id (unknown → ``<unk>``)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(tokenizer.itos)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
-    # One pre-token per character, newlines and spaces included ([\s\S], not '.', which skips '\n').
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()  # join characters without the default space separator
-    # transformers' tokenizer __init__ takes **kwargs unannotated: a stub gap.
-    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=core, unk_token=UNK_TOKEN, pad_token=PAD_TOKEN, clean_up_tokenization_spaces=False
-    )
 
 
 def export_hf_dir(
@@ -47,6 +26,9 @@ def export_hf_dir(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Write a ``from_pretrained``-loadable GPT-2 directory from a checkpoint dir (or a GPT + tokenizer)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     model, tok = (source, tokenizer) if isinstance(source, GPT) else load_checkpoint(source)[:2]
     if tok is not None and tok.vocab_size != model.cfg.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model's vocab_size is {model.cfg.vocab_size}")
@@ -59,9 +41,16 @@ def export_hf_dir(
     with replacing(out, directory=True) as tmp:
         with quiet_transformers():
             hf.save_pretrained(tmp)
-        if tok is not None:
+        if tok is not None:  # ours, and a PreTrainedTokenizerFast mapping every character to our id (unknown: <unk>)
             atomic_write_json(tmp / TOKENIZER_FILE, json_safe(tok))
-            _hf_char_tokenizer(tok).save_pretrained(tmp)
+            core = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(tok.itos)}, unk_token=UNK_TOKEN))
+            # One pre-token per character, newlines and spaces included ([\s\S], not '.', which skips '\n').
+            core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+            core.decoder = decoders.Fuse()  # join characters without the default space separator
+            # transformers' tokenizer __init__ takes **kwargs unannotated: a stub gap.
+            PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+                tokenizer_object=core, unk_token=UNK_TOKEN, pad_token=PAD_TOKEN, clean_up_tokenization_spaces=False
+            ).save_pretrained(tmp)
     return {
         "out": str(out),
         "files": sorted(p.name for p in out.iterdir()),

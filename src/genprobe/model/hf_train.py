@@ -1,12 +1,7 @@
-"""Trainer of the subword reference model: a small ``LlamaForCausalLM`` (or ``Qwen2ForCausalLM``) + byte-level BPE.
-
-The transformers class is the model; this module trains it with the char trainer's pieces (:func:`fit`,
-:func:`window_loss`) on the training poems joined by ``<|endoftext|>`` (so the model learns where a poem ends), from
-the one corpus split (``genprobe.corpus.tang``: never the char GPT's validation poems nor the held-out loop prompts).
-``--arch qwen2`` trains its BPE with Qwen2's own pipeline, since transformers tokenises a Qwen2 directory with
-``Qwen2Tokenizer`` whatever ``tokenizer.json`` says (see ``corpus.bpe``). :func:`save_subword_dir` writes the result
-as a standard transformers directory, atomically, with ``genprobe_training.json`` (recipe, split, losses, bits/char;
-*not* ``genprobe.json``, which marks a genprobe char checkpoint).
+"""Trainer of the subword reference model: a small ``LlamaForCausalLM`` (or ``Qwen2ForCausalLM``) + byte-level BPE
+(``corpus.bpe``: Qwen2's own pipeline for ``--arch qwen2``), trained with the char trainer's :func:`fit` and
+:func:`window_loss` on the poems of the one corpus split (``genprobe.corpus.tang``: never the char GPT's validation
+poems nor the held-out loop prompts) joined by ``<|endoftext|>``, so the model learns where a poem ends.
 """
 
 from __future__ import annotations
@@ -24,15 +19,11 @@ from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
 from .bpc import subword_bits_per_char
 from .hf import quiet_transformers
-from .train import Fitted, TrainConfig, TrainResult, fit, window_loss
+from .train import TrainConfig, TrainResult, fit, window_loss
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
     from tokenizers import Tokenizer
-    from transformers import GenerationMixin, PreTrainedModel
-
-    # PreTrainedModel.__init_subclass__ is unannotated in transformers: a stub gap.
-    class CausalLM(PreTrainedModel, GenerationMixin):  # type: ignore[no-untyped-call]
-        """What ``AutoModelForCausalLM`` builds: a pretrained model that can ``generate`` (typing only)."""
+    from transformers import PreTrainedModel
 
 
 ARCHS = ("llama", "qwen2")
@@ -44,12 +35,7 @@ SUMMARY_FORMAT = "genprobe-subword-training-v1"
 
 @dataclass(frozen=True)
 class SubwordModelConfig:
-    """Shape of the subword model; defaults = the calibrated reference (1.26M parameters).
-
-    Calibration at equal compute (≈ 8 min on 2 cores): d_model 192 / 6 heads / d_ff 512 (2.36M parameters,
-    1,200 steps) reached 7.81 bits/char on the char GPT's validation text; this shape (1,900 steps) 7.23.
-    At this budget a smaller model that sees more tokens wins.
-    """
+    """Shape of the subword model; defaults = the calibrated reference (1.26M parameters; docs/own-model.md)."""
 
     arch: str = "llama"
     vocab_size: int = 4096  # BPE vocabulary: 256 bytes + <|endoftext|> + 3,839 merges
@@ -78,9 +64,8 @@ class SubwordModelConfig:
 
 
 def default_train_config(seed: int = 0) -> TrainConfig:
-    """The calibrated recipe of ``genprobe train --arch llama|qwen2``: 1,900 steps × 8 × 256 tokens ≈ 3.9M
-    tokens (≈ 1.3 epochs of the 3M-token stream), estimated ≈ 8 min on 2 quiet cores (under 10).
-    (lr 6e-3 trained worse than 3e-3 on the 2.36M shape: train loss 6.19 vs 5.80 at mid-run.)"""
+    """The calibrated recipe of ``genprobe train --arch llama|qwen2`` (docs/own-model.md): 1,900 steps × 8 × 256
+    tokens ≈ 3.9M tokens (≈ 1.3 epochs of the 3M-token stream)."""
     return TrainConfig(steps=1900, batch_size=8, lr=3e-3, warmup=150, dropout=0.0, seed=seed, eval_every=300)
 
 
@@ -96,35 +81,6 @@ def quick_train_config(seed: int = 0) -> TrainConfig:
     return TrainConfig(steps=60, batch_size=8, lr=3e-3, warmup=10, dropout=0.0, seed=seed, eval_every=0)
 
 
-def build_model(cfg: SubwordModelConfig, eos_id: int, seed: int = 0) -> CausalLM:
-    """A freshly initialised transformers causal LM of ``cfg`` (float32, SDPA attention, tied embeddings)."""
-    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
-
-    hf_cfg = {"llama": LlamaConfig, "qwen2": Qwen2Config}[cfg.arch](
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layer,
-        num_attention_heads=cfg.n_head,
-        num_key_value_heads=cfg.n_kv_head,
-        max_position_embeddings=cfg.block_size,
-        rope_theta=cfg.rope_theta,
-        tie_word_embeddings=True,  # as Qwen2-0.5B / Llama-3.2-1B: at this size the embedding is a third of the weights
-        bos_token_id=eos_id,  # every training document is preceded by <|endoftext|>
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
-    )
-    torch.manual_seed(seed)
-    # from_config and GenerationConfig take unannotated **kwargs in transformers: stub gaps.
-    model: CausalLM = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-        hf_cfg, attn_implementation="sdpa", dtype=torch.float32
-    )
-    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
-        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id
-    )
-    return model
-
-
 def train_subword(
     texts: SplitTexts,
     split: CorpusSplit,
@@ -133,9 +89,15 @@ def train_subword(
     progress: bool = True,
     heldout_docs: int = HELDOUT_EVAL_DOCS,
     samples: int = 4,
-) -> TrainResult[CausalLM, Tokenizer]:  # the tokenizer: wrap with bpe.to_hf_tokenizer to save
-    """Train BPE on ``texts.train``, then the model on its ``<|endoftext|>``-joined stream (validated on the
-    char GPT's validation text)."""
+) -> TrainResult[PreTrainedModel, Tokenizer]:  # the tokenizer: wrap with bpe.to_hf_tokenizer to save
+    """Train BPE on ``texts.train``, then a freshly initialised transformers causal LM of ``cfg`` (float32, SDPA
+    attention, tied embeddings) on its ``<|endoftext|>``-joined stream (validated on the char GPT's validation text).
+
+    The summary: losses in nats/token, bits/char on the char GPT's validation text, chars/token, and greedy samples
+    of ``<|endoftext|>`` + the opening of ``samples`` held-out poems by ``transformers.generate``: as trained (stops at
+    end-of-text) and with end-of-text suppressed for exactly 60 new tokens (how loop studies run it)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
+
     cfg, tc = cfg or SubwordModelConfig(), tc or default_train_config()
     t0, c0 = time.time(), time.process_time()
     tok: Tokenizer = bpe.train_bpe(texts.train, cfg.vocab_size, TOKENIZER_STYLE[cfg.arch])
@@ -146,7 +108,29 @@ def train_subword(
         )
     t_bpe = time.time() - t0
     train_ids = torch.tensor(bpe.stream_ids(tok, texts.train), dtype=torch.long)  # documents joined by <|endoftext|>
-    model = build_model(cfg, bpe.eos_id(tok), tc.seed)
+    eos = bpe.eos_id(tok)
+    hf_cfg = {"llama": LlamaConfig, "qwen2": Qwen2Config}[cfg.arch](
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_kv_head,
+        max_position_embeddings=cfg.block_size,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=True,  # as Qwen2-0.5B / Llama-3.2-1B: at this size the embedding is a third of the weights
+        bos_token_id=eos,  # every training document is preceded by <|endoftext|>
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
+    torch.manual_seed(tc.seed)
+    # from_config and GenerationConfig take unannotated **kwargs in transformers: stub gaps.
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        hf_cfg, attn_implementation="sdpa", dtype=torch.float32
+    )
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos
+    )
     gen, t_loop = torch.Generator().manual_seed(tc.seed), time.time()
     fitted = fit(
         model,
@@ -154,44 +138,29 @@ def train_subword(
         tc,
         progress=progress,
         val_loss=lambda: subword_bits_per_char(model, tok, texts.char_val_documents, cfg.block_size).nats_per_token,
-        validate_last=False,  # _summary scores the end on the same text
+        validate_last=False,  # the summary scores the end on the same text
     )
     loop_seconds = time.time() - t_loop
     model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() override is unannotated
-    summary = _summary(model, tok, texts, split, cfg, tc, fitted, len(train_ids), heldout_docs)
-    summary["samples"] = greedy_samples(model, tok, [d[:5] for d in texts.heldout[:samples]])
-    summary.update(
-        initial_loss=round(fitted.losses[0], 4),
-        seconds=round(time.time() - t0, 1),
-        cpu_seconds=round(time.process_time() - c0, 1),
-        threads=torch.get_num_threads(),
-        bpe_seconds=round(t_bpe, 1),
-        train_loop_seconds=round(loop_seconds, 1),
-        steps_per_second=round(tc.steps / loop_seconds, 3),
-    )
-    return TrainResult(model=model, tokenizer=tok, summary=summary)
-
-
-def _summary(
-    model: PreTrainedModel,
-    tok: Tokenizer,
-    texts: SplitTexts,
-    split: CorpusSplit,
-    cfg: SubwordModelConfig,
-    tc: TrainConfig,
-    fitted: Fitted,
-    stream_tokens: int,
-    heldout_docs: int,
-) -> dict[str, Any]:
-    """Final figures: losses in nats/token, bits/char on the char GPT's validation text, chars/token."""
     val = subword_bits_per_char(model, tok, texts.char_val_documents, cfg.block_size)
     # the char GPT's context length (block_size 64): how much of the gap is context, not modelling
     val_short = val if cfg.block_size == 64 else subword_bits_per_char(model, tok, texts.char_val_documents, 64)
     heldout = subword_bits_per_char(model, tok, texts.heldout[:heldout_docs], cfg.block_size)
     train_loss = round(fitted.ema, 4)  # EMA of the last steps' batch losses (nats/token)
     history = [*fitted.history, {"step": tc.steps, "train_loss": train_loss, "val_loss": round(val.nats_per_token, 4)}]
+    greedy: list[dict[str, Any]] = []
+    kw: dict[str, Any] = dict(max_new_tokens=60, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    # transformers' own annotation of generate's ``self`` differs between 5.19 and 5.24: call it untyped
+    generate = cast(Any, model).generate
+    with torch.no_grad():
+        for text in [d[:5] for d in texts.heldout[:samples]]:
+            x = torch.tensor([[eos, *tok.encode(text).ids]])
+            stop = generate(x, **kw)[0, x.shape[1] :].tolist()
+            full = generate(x, suppress_tokens=[eos], min_new_tokens=60, **kw)[0, x.shape[1] :].tolist()
+            stopped = tok.decode([t for t in stop if t != eos])
+            greedy.append({"prompt": text, "greedy": stopped, "greedy_no_eos": tok.decode(full)})
     tokens_seen = tc.steps * tc.batch_size * cfg.block_size
-    return {
+    summary = {
         "arch": cfg.arch,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_loss": train_loss,
@@ -204,11 +173,11 @@ def _summary(
         "val_chars_per_token": _chars_per_token(tok, texts.char_val_documents),
         "heldout_chars_per_token": _chars_per_token(tok, texts.heldout[:heldout_docs]),
         "tokenizer_style": TOKENIZER_STYLE[cfg.arch],
-        "eos_token_id": bpe.eos_id(tok),
+        "eos_token_id": eos,
         "train_documents": len(texts.train),
-        "train_tokens": stream_tokens,  # the training documents joined by <|endoftext|>
+        "train_tokens": len(train_ids),  # the training documents joined by <|endoftext|>
         "tokens_seen": tokens_seen,
-        "epochs": round(tokens_seen / stream_tokens, 3),
+        "epochs": round(tokens_seen / len(train_ids), 3),
         "duplicates_dropped": texts.duplicates_dropped,
         "split": json_safe(split),
         "val": json_safe(val),
@@ -220,33 +189,23 @@ def _summary(
         "torch": torch.__version__,
         "bits_per_char_definition": "-log2 P(text)/chars over <eos>-joined poems, each target once, "
         "sliding window of block_size tokens with stride block_size/2 (document ends are scored too)",
+        "samples": greedy,
     }
+    summary.update(
+        initial_loss=round(fitted.losses[0], 4),
+        seconds=round(time.time() - t0, 1),
+        cpu_seconds=round(time.process_time() - c0, 1),
+        threads=torch.get_num_threads(),
+        bpe_seconds=round(t_bpe, 1),
+        train_loop_seconds=round(loop_seconds, 1),
+        steps_per_second=round(tc.steps / loop_seconds, 3),
+    )
+    return TrainResult(model=model, tokenizer=tok, summary=summary)
 
 
 def _chars_per_token(tok: Tokenizer, docs: list[str]) -> float:
     n = sum(len(i) for i in bpe.encode_batch(tok, docs))
     return round(sum(len(d) for d in docs) / max(1, n), 4)
-
-
-@torch.no_grad()
-def greedy_samples(
-    model: CausalLM, tok: Tokenizer, openings: list[str], max_new_tokens: int = 60
-) -> list[dict[str, Any]]:
-    """Greedy continuations of ``<|endoftext|>`` + opening by ``transformers.generate``: as trained (stops at
-    end-of-text) and with end-of-text suppressed for exactly ``max_new_tokens`` (how loop studies run it)."""
-    eos = bpe.eos_id(tok)
-    out: list[dict[str, Any]] = []
-    for text in openings:
-        x = torch.tensor([[eos, *tok.encode(text).ids]])
-        kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)
-        # transformers' own annotation of generate's ``self`` differs between 5.19 and 5.24: call it untyped
-        generate = cast(Any, model).generate
-        stop = generate(x, **kw)[0, x.shape[1] :].tolist()
-        full = generate(x, suppress_tokens=[eos], min_new_tokens=max_new_tokens, **kw)[0, x.shape[1] :].tolist()
-        out.append(
-            {"prompt": text, "greedy": tok.decode([t for t in stop if t != eos]), "greedy_no_eos": tok.decode(full)}
-        )
-    return out
 
 
 def save_subword_dir(

@@ -2,15 +2,14 @@
 
 A :class:`Model` carries the module (in eval mode), its tokenizer (behind one :class:`Tokenizer` protocol), its limits
 and where its MLPs are; generating from it is the engine's job (``genprobe.load`` wraps this loader and adds a runner).
-The rules, the same for every caller: the kind is read off the directory; weights come from safetensors only (pickled
-files are refused with how to convert them); offline and never ``trust_remote_code``; weights that leave parameters
-uninitialised, and a tokenizer with more tokens than the model has rows, are errors (both give silently wrong numbers).
+The rules, the same for every caller: docs/ARCHITECTURE.md, "The one loader".
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence, cast, runtime_checkable
@@ -73,11 +72,9 @@ class SubwordTokenizer:
         self.pad_id = int(pad if pad is not None else self.eos_id if self.eos_id is not None else 0)
 
     def encode(self, text: str) -> list[int]:
-        """Text → ids, no special tokens added (a prompt is continued, not wrapped)."""
-        return list(self.hf.encode(text, add_special_tokens=False))
+        return list(self.hf.encode(text, add_special_tokens=False))  # a prompt is continued, not wrapped
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Ids → text, special tokens (end of text, padding) dropped."""
         text: str = self.hf.decode([int(i) for i in ids], skip_special_tokens=True)
         return text
 
@@ -200,11 +197,9 @@ class Model:
         return self.tokenizer
 
     def encode(self, text: str) -> list[int]:
-        """Text → ids (no special tokens added)."""
         return self.require_tokenizer().encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Ids → text."""
         return self.require_tokenizer().decode(ids)
 
     # ---- structure ---------------------------------------------------------------------------
@@ -304,36 +299,68 @@ def load_model(
     if kind is ModelKind.CHECKPOINT:
         from .checkpoint import load_checkpoint
 
-        module, tok, meta = load_checkpoint(d, device=str(device))
-        model = Model(module.to(dtype), tok, "genprobe", "gpt", d, meta)
-    elif kind is ModelKind.TRANSFORMERS:
-        model = _load_transformers(d, dtype, device)
+        gpt, char_tok, meta = load_checkpoint(d, device=str(device))
+        model = Model(gpt.to(dtype), char_tok, "genprobe", "gpt", d, meta)
+    elif kind is ModelKind.TRANSFORMERS:  # offline, safetensors only, never remote code
+        from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+        from .gguf import read_sidecar
+        from .hf import from_pretrained
+
+        cfg = read_json_object(d / "config.json", ModelLoadError)
+        check_weights_files(d)
+        model_type = cfg.get("model_type")
+        if not model_type:
+            raise ModelLoadError(f"{d / 'config.json'} has no model_type")
+        if model_type not in CONFIG_MAPPING:
+            remote = " and needs remote code (auto_map)" if "auto_map" in cfg else ""
+            raise UnsupportedArchitectureError(
+                f"{d}: model_type {model_type!r} is not an architecture of the installed transformers{remote}; "
+                "genprobe never runs trust_remote_code"
+            )
+        loaded = from_pretrained(
+            AutoModelForCausalLM, d, "the model", use_safetensors=True, dtype=dtype, output_loading_info=True
+        )
+        module, info = cast(tuple[nn.Module, dict[str, Any]], loaded)  # output_loading_info: (model, info)
+        # tied parameters are not stored in safetensors, so legitimately "missing" (a dict of them, or a list)
+        tied = set(getattr(module, "_tied_weights_keys", None) or ())
+        missing = [k for k in info.get("missing_keys", ()) if k not in tied]
+        if missing:
+            raise ModelLoadError(
+                f"{d}: the weights leave {len(missing)} parameter(s) uninitialised (e.g. {missing[:3]}); "
+                "the safetensors file does not belong to this config"
+            )
+        tok = load_tokenizer(d)
+        meta = {"config": cfg}
+        if (gguf := read_sidecar(d)) is not None:  # a directory converted from GGUF records the file's tensor types
+            meta["gguf"] = gguf
+        model = Model(module.to(device).eval(), tok, "hf", str(model_type), d, meta)
+        if tok is not None and tok.vocab_size > model.vocab_size:
+            raise ModelLoadError(
+                f"{d}: the tokenizer has {tok.vocab_size} tokens but the model's output embedding has only "
+                f"{model.vocab_size} rows; the tokenizer does not belong to this model"
+            )
     else:
         raise ModelLoadError(
             f"{d} is a {'file' if d.is_file() else 'directory'} but neither a genprobe checkpoint (genprobe.json + "
             "model.safetensors), a transformers model directory (config.json + *.safetensors) nor a GGUF file"
         )
+    # weight-only narrow linear layers (a transformers model: Llama-family only, whose fast path reads them narrow)
     if weight_dtype != dtype:
-        model.module = _narrowed(model, weight_dtype, narrow_output)
+        from .llama_family import unsupported_reason
+        from .weight_only import with_weight_dtype
+
+        reason = None if model.kind == "genprobe" else unsupported_reason(model.module)
+        if reason is not None:
+            raise ModelLoadError(
+                f"weight-only {weight_dtype} storage is for genprobe checkpoints and Llama-family transformers "
+                f"models; {model.source}: {reason} (load it in another dtype with dtype=...)"
+            )
+        try:
+            model.module = with_weight_dtype(model.module, weight_dtype, narrow_output)
+        except ValueError as exc:
+            raise ModelLoadError(f"{model.source}: {exc}") from None
     return model
-
-
-def _narrowed(model: Model, weight_dtype: torch.dtype, narrow_output: bool) -> nn.Module:
-    """The model's module with weight-only narrow linear layers (a transformers model: Llama-family only, whose fast
-    path reads them narrow)."""
-    from .llama_family import unsupported_reason
-    from .weight_only import with_weight_dtype
-
-    reason = None if model.kind == "genprobe" else unsupported_reason(model.module)
-    if reason is not None:
-        raise ModelLoadError(
-            f"weight-only {weight_dtype} storage is for genprobe checkpoints and Llama-family transformers models; "
-            f"{model.source}: {reason} (load it in another dtype with dtype=...)"
-        )
-    try:
-        return with_weight_dtype(model.module, weight_dtype, narrow_output)
-    except ValueError as exc:
-        raise ModelLoadError(f"{model.source}: {exc}") from None
 
 
 def _load_gguf(
@@ -341,63 +368,46 @@ def _load_gguf(
 ) -> Model:
     """A GGUF file (or the one in a directory), dequantized by transformers (see :mod:`genprobe.model.gguf`).
 
-    ``int8_blocks``: the linear layers whose tensors are Q8_0 keep the file's int8 blocks instead (the same values).
+    ``int8_blocks``: the linear layers of a float32 Llama-family model keep the file's quantized matrices as their
+    blocks instead (:func:`~genprobe.model.gguf_blocks.with_gguf_blocks`); every other matrix stays float32
+    (``meta["weight_blocks"]`` says which).
     """
-    from .gguf import gguf_file_of, one_header_read, read_gguf
+    from .gguf import gguf_blocks, gguf_file_of, one_header_read, read_gguf
+    from .gguf_blocks import BLOCK_TYPES, BlockLinear, with_gguf_blocks
+    from .llama_family import unsupported_reason
+    from .weight_only import WeightOnlyLinear
 
     file = gguf_file_of(path)
     with one_header_read():  # the int8 blocks come from the same parse of the file as the model
         module, hf_tok, summary = read_gguf(file, dtype)
         if int8_blocks:
-            module = _int8_blocks_of(module, file, dtype, narrow_output)
+            reason = unsupported_reason(module)
+            if dtype != torch.float32 or reason is not None:
+                why = reason or f"the model's dtype is {dtype}, int8 blocks widen to float32"
+                raise ModelLoadError(
+                    f"keeping a GGUF file's quantized blocks is for float32 Llama-family models; {file}: {why}"
+                )
+            blocks = gguf_blocks(file, module, set(BLOCK_TYPES))
+            if not blocks:
+                raise ModelLoadError(
+                    f"{file} holds no matrices in blocks genprobe keeps ({', '.join(BLOCK_TYPES)}); load it without "
+                    "weight_dtype, or make a quantized file with `genprobe quant-compare MODEL --types Q8_0 Q4_0`"
+                )
+            try:  # the loader's model is its own (read_gguf made it): its layers are replaced in place, no copy
+                module = with_gguf_blocks(module, blocks, narrow_output, copy_model=False)
+            except ValueError as exc:
+                raise ModelLoadError(f"{file}: {exc}") from None
     config: Any = module.config  # a transformers model
     meta = {"config": config.to_dict(), "gguf": json_safe(summary)}
-    if int8_blocks:
-        meta["weight_blocks"] = block_summary(module)
+    if int8_blocks:  # which linear layers hold the file's blocks (count per ggml type) and which stayed float32
+        kept = Counter(
+            m.type_name if isinstance(m, BlockLinear) else "Q8_0"
+            for m in module.modules()
+            if isinstance(m, BlockLinear) or (isinstance(m, WeightOnlyLinear) and m.blocked)
+        )
+        float32 = [name for name, m in module.named_modules() if type(m) is torch.nn.Linear]
+        meta["weight_blocks"] = {"blocks": dict(kept), "float32_linear_layers": float32}
     return Model(module.to(device).eval(), SubwordTokenizer(hf_tok), "hf", str(config.model_type), file, meta)
-
-
-def _int8_blocks_of(module: nn.Module, file: Path, dtype: torch.dtype, narrow_output: bool) -> nn.Module:
-    """``module`` (a float32 Llama-family model read from ``file``) with the file's quantized matrices held as their
-    blocks (:func:`~genprobe.model.gguf_blocks.with_gguf_blocks`); every other matrix stays float32 (``block_summary``
-    says which)."""
-    from .gguf import gguf_blocks
-    from .gguf_blocks import BLOCK_TYPES, with_gguf_blocks
-    from .llama_family import unsupported_reason
-
-    reason = unsupported_reason(module)
-    if dtype != torch.float32 or reason is not None:
-        why = reason or f"the model's dtype is {dtype}, int8 blocks widen to float32"
-        raise ModelLoadError(
-            f"keeping a GGUF file's quantized blocks is for float32 Llama-family models; {file}: {why}"
-        )
-    blocks = gguf_blocks(file, module, set(BLOCK_TYPES))
-    if not blocks:
-        raise ModelLoadError(
-            f"{file} holds no matrices in blocks genprobe keeps ({', '.join(BLOCK_TYPES)}); load it without "
-            "weight_dtype, or make a quantized file with `genprobe quant-compare MODEL --types Q8_0 Q4_0`"
-        )
-    try:  # the loader's model is its own (read_gguf made it): its layers are replaced in place, no second copy
-        return with_gguf_blocks(module, blocks, narrow_output, copy_model=False)
-    except ValueError as exc:
-        raise ModelLoadError(f"{file}: {exc}") from None
-
-
-def block_summary(module: nn.Module) -> dict[str, Any]:
-    """Which linear layers of ``module`` hold a GGUF file's blocks (count per ggml type) and which stayed float32."""
-    from .gguf_blocks import BlockLinear
-    from .weight_only import WeightOnlyLinear
-
-    kept: dict[str, int] = {}
-    float32: list[str] = []
-    for name, m in module.named_modules():
-        if isinstance(m, BlockLinear):
-            kept[m.type_name] = kept.get(m.type_name, 0) + 1
-        elif isinstance(m, WeightOnlyLinear) and m.blocked:
-            kept["Q8_0"] = kept.get("Q8_0", 0) + 1
-        elif type(m) is torch.nn.Linear:
-            float32.append(name)
-    return {"blocks": kept, "float32_linear_layers": float32}
 
 
 def check_weights_files(d: Path) -> None:
@@ -412,49 +422,6 @@ def check_weights_files(d: Path) -> None:
             "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)"
         )
     raise ModelLoadError(f"{d} has a config.json but no weights (*.safetensors)")
-
-
-def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
-    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
-
-    from .hf import from_pretrained
-
-    cfg = read_json_object(d / "config.json", ModelLoadError)
-    check_weights_files(d)
-    model_type = cfg.get("model_type")
-    if not model_type:
-        raise ModelLoadError(f"{d / 'config.json'} has no model_type")
-    if model_type not in CONFIG_MAPPING:
-        remote = " and needs remote code (auto_map)" if "auto_map" in cfg else ""
-        raise UnsupportedArchitectureError(
-            f"{d}: model_type {model_type!r} is not an architecture of the installed transformers{remote}; "
-            "genprobe never runs trust_remote_code"
-        )
-    loaded = from_pretrained(
-        AutoModelForCausalLM, d, "the model", use_safetensors=True, dtype=dtype, output_loading_info=True
-    )
-    module, info = cast(tuple[nn.Module, dict[str, Any]], loaded)  # output_loading_info: (model, info)
-    # tied parameters are not stored in safetensors, so legitimately "missing" (a dict of them, or a list)
-    tied = set(getattr(module, "_tied_weights_keys", None) or ())
-    missing = [k for k in info.get("missing_keys", ()) if k not in tied]
-    if missing:
-        raise ModelLoadError(
-            f"{d}: the weights leave {len(missing)} parameter(s) uninitialised (e.g. {missing[:3]}); "
-            "the safetensors file does not belong to this config"
-        )
-    from .gguf import read_sidecar
-
-    tok = load_tokenizer(d)
-    meta: dict[str, Any] = {"config": cfg}
-    if (gguf := read_sidecar(d)) is not None:  # a directory converted from GGUF records the file's tensor types
-        meta["gguf"] = gguf
-    model = Model(module.to(device).eval(), tok, "hf", str(model_type), d, meta)
-    if tok is not None and tok.vocab_size > model.vocab_size:
-        raise ModelLoadError(
-            f"{d}: the tokenizer has {tok.vocab_size} tokens but the model's output embedding has only "
-            f"{model.vocab_size} rows; the tokenizer does not belong to this model"
-        )
-    return model
 
 
 def load_tokenizer(d: Path) -> Tokenizer | None:

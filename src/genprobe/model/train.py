@@ -24,10 +24,7 @@ class TrainConfig:
     """Optimisation settings; defaults are the chapter's (lr 3e-3, warmup 100, cosine, 2,000 steps)."""
 
     steps: int = 2000
-    # 64 rows × 64 tokens with dropout 0.1 is the setting that reached the chapter's side of val ≤ 4.40 on
-    # this 214k-character corpus in ≈5 min on 2 cores (batch 32: 4.46; batch 64 without dropout
-    # overfits: train 3.70, val 4.43).
-    batch_size: int = 64
+    batch_size: int = 64  # 64 × 64 tokens with dropout 0.1: how it was calibrated, docs/own-model.md
     dropout: float = 0.1  # used when train() builds the model itself (cfg=None)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -96,30 +93,6 @@ def window_loss(
     ix = torch.randint(0, len(ids) - T - 1, (B,), generator=gen).tolist()
     x, y = torch.stack([ids[i : i + T] for i in ix]), torch.stack([ids[i + 1 : i + T + 1] for i in ix])
     return masked_cross_entropy(logits_of(x), y)
-
-
-def _packed_rows(
-    docs: list[torch.Tensor], T: int, B: int, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows of whole documents (greedy fill), with document ids, targets and a loss mask for padding."""
-    x = torch.full((B, T), PAD_ID, dtype=torch.long)
-    y = torch.full((B, T), PAD_ID, dtype=torch.long)
-    doc = torch.full((B, T), -1, dtype=torch.long)
-    mask = torch.zeros(B, T, dtype=torch.bool)
-    for b in range(B):
-        t, d = 0, 0
-        while t < T - 1:
-            seq = docs[int(torch.randint(0, len(docs), (1,), generator=gen))][: T + 1]
-            n = min(len(seq) - 1, T - t)
-            if n < 1:
-                break
-            x[b, t : t + n] = seq[:n]
-            y[b, t : t + n] = seq[1 : n + 1]
-            doc[b, t : t + n] = d
-            mask[b, t : t + n] = True
-            t, d = t + n, d + 1
-        doc[b, t:] = d  # padding tail is its own "document"
-    return x, y, doc, mask
 
 
 @dataclass
@@ -203,7 +176,8 @@ def train(
     progress: bool = True,
     on_backward: Callable[[int, GPT], None] | None = None,
 ) -> TrainResult[GPT, CharTokenizer]:
-    """Train a GPT on ``corpus``; ``on_backward(step, model)`` sees gradients before each update."""
+    """Train a GPT on ``corpus``; ``on_backward(step, model)`` sees gradients before each update. Each batch is
+    random windows of the text, or (``tc.pack``) rows packed with whole documents (block-diagonal mask)."""
     tc = tc or TrainConfig()
     cfg = cfg or GPTConfig(vocab_size=tokenizer.vocab_size, dropout=tc.dropout)
     if cfg.vocab_size != tokenizer.vocab_size:
@@ -211,64 +185,64 @@ def train(
     torch.manual_seed(tc.seed)
     gen = torch.Generator().manual_seed(tc.seed)
     t0 = time.time()
-    train_ids = torch.tensor(tokenizer.encode(corpus.train, warn=False), dtype=torch.long)
-    val_ids = torch.tensor(tokenizer.encode(corpus.val, warn=False), dtype=torch.long)
-    docs = _packed_documents(corpus, tokenizer, train_ids) if tc.pack else None
+
+    def encode(text: str) -> torch.Tensor:
+        return torch.tensor(tokenizer.encode(text, warn=False), dtype=torch.long)
+
+    train_ids, val_ids = encode(corpus.train), encode(corpus.val)
+    docs: list[torch.Tensor] = []
+    pos = 0  # tc.pack: the training text cut at document boundaries (documents under 2 tokens dropped)
+    for d in corpus.documents if tc.pack else ():
+        if pos >= len(corpus.train):
+            break
+        docs.append(encode(d[: len(corpus.train) - pos]))
+        pos += len(d)
+    docs = [d for d in docs if len(d) >= 2] or [train_ids]
     model = GPT(cfg)
-    batch = lambda: _batch_loss(model, train_ids, docs, tc.batch_size, gen)  # noqa: E731
+    T, B = cfg.block_size, tc.batch_size
+
+    def batch() -> torch.Tensor:
+        if not tc.pack:
+            return window_loss(model, train_ids, T, B, gen)
+        # rows of whole documents (greedy fill), with document ids, targets and a loss mask for padding
+        x = torch.full((B, T), PAD_ID, dtype=torch.long)
+        y = torch.full((B, T), PAD_ID, dtype=torch.long)
+        doc = torch.full((B, T), -1, dtype=torch.long)
+        mask = torch.zeros(B, T, dtype=torch.bool)
+        for b in range(B):
+            t, d = 0, 0
+            while t < T - 1:
+                seq = docs[int(torch.randint(0, len(docs), (1,), generator=gen))][: T + 1]
+                n = min(len(seq) - 1, T - t)
+                if n < 1:
+                    break
+                x[b, t : t + n] = seq[:n]
+                y[b, t : t + n] = seq[1 : n + 1]
+                doc[b, t : t + n] = d
+                mask[b, t : t + n] = True
+                t, d = t + n, d + 1
+            doc[b, t:] = d  # padding tail is its own "document"
+        return masked_cross_entropy(model(x, positions=packed_positions(doc), document_ids=doc), y, mask)
+
     fitted = fit(
         model, batch, tc, progress=progress, on_backward=on_backward, val_loss=lambda: evaluate_loss(model, val_ids)
     )
     model.eval()
-    summary = _summary(model, corpus, tokenizer, train_ids, val_ids, tc)
-    summary.update(history=fitted.history, seconds=round(time.time() - t0, 1), torch=torch.__version__)
-    return TrainResult(model=model, tokenizer=tokenizer, summary=summary)
-
-
-def _packed_documents(corpus: Corpus, tokenizer: CharTokenizer, train_ids: torch.Tensor) -> list[torch.Tensor]:
-    """The training text cut at document boundaries (documents of fewer than 2 tokens dropped)."""
-    cut = len(corpus.train)
-    docs, pos = [], 0
-    for d in corpus.documents:
-        if pos >= cut:
-            break
-        docs.append(torch.tensor(tokenizer.encode(d[: cut - pos], warn=False), dtype=torch.long))
-        pos += len(d)
-    return [d for d in docs if len(d) >= 2] or [train_ids]
-
-
-def _batch_loss(
-    model: GPT, train_ids: torch.Tensor, docs: list[torch.Tensor] | None, batch_size: int, gen: torch.Generator
-) -> torch.Tensor:
-    """Loss of one random batch: windows of the text, or rows packed with whole documents (block-diagonal mask)."""
-    block = model.cfg.block_size
-    if docs is not None:
-        x, y, doc, mask = _packed_rows(docs, block, batch_size, gen)
-        logits = model(x, positions=packed_positions(doc), document_ids=doc)
-        return masked_cross_entropy(logits, y, mask)
-    return window_loss(model, train_ids, block, batch_size, gen)
-
-
-def _summary(
-    model: GPT,
-    corpus: Corpus,
-    tokenizer: CharTokenizer,
-    train_ids: torch.Tensor,
-    val_ids: torch.Tensor,
-    tc: TrainConfig,
-) -> dict[str, Any]:
-    """The trained model's figures beside the unigram baseline and the vocabulary's coverage."""
-    cov = tokenizer.coverage(corpus.text)
-    return {
+    cov = tokenizer.coverage(corpus.text)  # the trained model's figures beside the unigram baseline and coverage
+    summary = {
         "parameters": model.num_parameters(),
         "train_loss": round(evaluate_loss(model, train_ids), 4),
         "val_loss": round(evaluate_loss(model, val_ids), 4),
-        "unigram_ce": round(unigram_cross_entropy(train_ids, val_ids, model.cfg.vocab_size), 4),
+        "unigram_ce": round(unigram_cross_entropy(train_ids, val_ids, cfg.vocab_size), 4),
         "coverage": round(cov["coverage"], 4),
         "unk_share": round(cov["unk_share"], 4),
         "corpus": corpus.summary(),
         "train_config": json_safe(tc),
+        "history": fitted.history,
+        "seconds": round(time.time() - t0, 1),
+        "torch": torch.__version__,
     }
+    return TrainResult(model=model, tokenizer=tokenizer, summary=summary)
 
 
 def quick_train_config(seed: int = 0) -> TrainConfig:

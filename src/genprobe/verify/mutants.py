@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .._io import json_safe_dict
+from .._io import json_safe
 from ..model.gpt import GPT
 from ..model.llama_family import llama_family_of
 from ..model.position_lm import PositionDrivenLM
@@ -344,7 +344,7 @@ def report_row(r: VerifyReport, expected: str | None = None, detailed: bool = Fa
         row["as_expected"] = (r.verdict == "pass") == (expected == "pass")
     if detailed:
         row["verdict_by_phase"] = {p.phase: p.verdict for p in r.phases}
-    return json_safe_dict(row)
+    return {k: json_safe(v) for k, v in row.items()}
 
 
 def run_mutants(model: GPT, prompt_ids: list[int], steps: int = 50) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..._io import json_safe_dict
+from ..._io import json_safe
 from .llama_cpp import F32, Candidates, breaker_table, dry_penalties, logf, std_sort_equivalent
 
 NEG_INF = float("-inf")
@@ -767,7 +767,7 @@ class SamplerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (every parameter, the resolved engine included)."""
-        return json_safe_dict({f.name: getattr(self, f.name) for f in fields(self)})  # asdict() deep-copies: slow
+        return {f.name: json_safe(getattr(self, f.name)) for f in fields(self)}  # asdict() deep-copies: slow
 
 
 @dataclass(frozen=True, eq=False)
