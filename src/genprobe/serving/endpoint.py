@@ -61,7 +61,10 @@ class Http:
             except urllib.error.HTTPError as exc:
                 if optional and exc.code in (400, 404, 405, 422):
                     return None
-                detail = _error_detail(exc)
+                try:
+                    detail = " ".join(exc.read().decode("utf-8", "replace").split())[:200] or str(exc.reason)
+                except OSError:
+                    detail = exc.reason
                 if exc.code < 500:
                     raise EndpointError(f"{self.root}{path} answered {exc.code}: {detail}") from None
                 problem = f"answered {exc.code}: {detail}"
@@ -77,36 +80,20 @@ class Http:
         raise EndpointError(f"{self.root}{path} {problem} ({tries} tries)")
 
 
-def _error_detail(exc: urllib.error.HTTPError) -> str:
-    try:
-        text = exc.read().decode("utf-8", "replace")
-    except OSError:
-        return exc.reason
-    return " ".join(text.split())[:200] or str(exc.reason)
-
-
-def detect_server(http: Http) -> tuple[str, str]:
-    """(server kind, served model name) from ``/v1/models`` and the extras the server answers."""
-    models = http.call("/v1/models")
-    data = models.get("data") if isinstance(models, dict) else None
-    if not data:
-        raise EndpointError(f"{http.root}/v1/models lists no model: is this an OpenAI-compatible server?")
-    name, owner = str(data[0].get("id", "")), str(data[0].get("owned_by", ""))
-    if owner == "vllm":
-        return "vllm", name
-    if http.call("/extras/tokenize", {"input": "a"}, optional=True) is not None:
-        return "llama-cpp-python", name
-    return "openai-compatible", name
-
-
 class EndpointBackend(Backend):
     """A live server behind the :class:`~genprobe.engine.backend.Backend` protocol. ``pieces``: each token's text
     → its id in the reference tokenizer (only pieces one id has), what text-keyed log-probs are mapped back with."""
 
     def __init__(self, url: str, settings: HttpSettings = HttpSettings(), pieces: Mapping[str, int] | None = None):
-        self.http = Http(url, settings)
-        self.server, self.model_name = detect_server(self.http)
-        vllm = self.server == "vllm"
+        self.http = http = Http(url, settings)
+        # the server kind and served model from /v1/models and the extras the server answers
+        models = http.call("/v1/models")
+        data = models.get("data") if isinstance(models, dict) else None
+        if not data:
+            raise EndpointError(f"{http.root}/v1/models lists no model: is this an OpenAI-compatible server?")
+        self.model_name, vllm = str(data[0].get("id", "")), str(data[0].get("owned_by", "")) == "vllm"
+        llama_cpp_python = not vllm and http.call("/extras/tokenize", {"input": "a"}, optional=True) is not None
+        self.server = "vllm" if vllm else "llama-cpp-python" if llama_cpp_python else "openai-compatible"
         self.capabilities = Capabilities(
             server=self.server,
             logprobs="top-k",
@@ -119,19 +106,16 @@ class EndpointBackend(Backend):
         self.pieces = dict(pieces or {})
 
     # ---- requests ---------------------------------------------------------------------------------------
-    def _body(self, request: Request) -> dict[str, Any]:
+    def complete(self, request: Request) -> Response:
+        """One ``/v1/completions`` call (token ids where the server takes them, else text)."""
+        if not isinstance(request.prompt, str) and not self.capabilities.token_prompts:
+            raise ValueError(f"the {self.server} server takes text prompts, not token ids")
         body = {"model": self.model_name, "prompt": request.prompt, "stream": False, **completion_fields(request)}
         if self.server == "vllm":
             body["return_tokens_as_token_ids"] = True
         else:
             body.pop("prompt_logprobs", None)  # vLLM's extension
-        return body
-
-    def complete(self, request: Request) -> Response:
-        """One ``/v1/completions`` call (token ids where the server takes them, else text)."""
-        if not isinstance(request.prompt, str) and not self.capabilities.token_prompts:
-            raise ValueError(f"the {self.server} server takes text prompts, not token ids")
-        answer = self.http.call("/v1/completions", self._body(request))
+        answer = self.http.call("/v1/completions", body)
         try:
             choice = answer["choices"][0]
         except (KeyError, IndexError, TypeError):

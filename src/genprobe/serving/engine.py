@@ -115,30 +115,24 @@ def read_config(d: str | os.PathLike) -> Any:
         raise ValueError(f"{path} cannot be read as JSON ({exc})") from None
 
 
-def _model_path(model: str | os.PathLike) -> Path:
-    """The directory behind ``model``: a path, or a fetched catalog model's name (``smollm2``). A GGUF file is
-    refused with the conversion command: vLLM is given the float directory genprobe compares against."""
+def served_model(model: str | os.PathLike) -> ServedModel:
+    """A transformers directory for ``model``: an HF dir as is, a genprobe checkpoint exported to a temp dir, or a
+    fetched catalog model's name (``smollm2``). A GGUF file is refused with the conversion command: vLLM is given
+    the float directory genprobe compares against."""
     from ..model.catalog import CATALOG, resolve_name
+    from ..model.checkpoint import is_checkpoint
 
-    src = Path(model)
+    src, tmp = Path(model), None
     if not src.exists():
-        if str(model) in CATALOG:
-            return resolve_name(str(model))
-        raise FileNotFoundError(f"no such model directory: {src}")
+        if str(model) not in CATALOG:
+            raise FileNotFoundError(f"no such model directory: {src}")
+        src = resolve_name(str(model))
     ggufs = [src] if src.is_file() else sorted(src.glob("*.gguf"))
     if src.suffix == ".gguf" or (ggufs and not (src / "config.json").is_file()):
         raise ValueError(
             f"{src} is a GGUF model: convert it once with `genprobe convert-gguf {ggufs[0]} --out DIR` and serve DIR "
             "(the float directory is what the served logits are compared with)"
         )
-    return src
-
-
-def served_model(model: str | os.PathLike) -> ServedModel:
-    """A transformers directory for ``model`` (an HF dir as is; a genprobe checkpoint exported to a temp dir)."""
-    from ..model.checkpoint import is_checkpoint
-
-    src, tmp = _model_path(model), None
     if is_checkpoint(src):
         from ..model.hf_dir import export_hf_dir
 
@@ -435,24 +429,24 @@ class VllmBackend(Backend):
             label=dtype,
         )
 
-    def _params(self, r: Request) -> Any:
-        from vllm import SamplingParams
-
-        if r.stop:
-            raise ValueError("the in-process vLLM backend returns ids, not text: it takes no stop strings")
-        kw: dict[str, Any] = {**completion_fields(r), "detokenize": False, "ignore_eos": True}
-        if not r.read_cache:
-            kw["skip_reading_prefix_cache"] = True
-        return SamplingParams(**kw)
-
     def complete(self, request: Request) -> Response:
         """One request in its own ``LLM.generate`` call."""
         return self.complete_many([request], 1)[0]
 
     def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
         """Every request in one ``LLM.generate`` call (vLLM batches up to ``max_num_seqs`` at once)."""
+        from vllm import SamplingParams
+
+        if any(r.stop for r in requests):
+            raise ValueError("the in-process vLLM backend returns ids, not text: it takes no stop strings")
+        params = []
+        for r in requests:
+            kw: dict[str, Any] = {**completion_fields(r), "detokenize": False, "ignore_eos": True}
+            if not r.read_cache:
+                kw["skip_reading_prefix_cache"] = True
+            params.append(SamplingParams(**kw))
         prompts = [[int(t) for t in r.prompt] for r in requests]
-        return [_response(o) for o in self.engine.generate(prompts, [self._params(r) for r in requests])]
+        return [_response(o) for o in self.engine.generate(prompts, params)]
 
     def reset_cache(self) -> bool:
         """``LLM.reset_prefix_cache`` (the engine is shared: an earlier job's requests may be cached)."""

@@ -10,7 +10,7 @@ The monitor's logic is written once (:class:`LoopWatch`); each engine's hook is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import numpy as np
@@ -331,12 +331,29 @@ def monitor_backend(
         chunk = max_tokens
     if not sampler.greedy and not caps.seed:
         not_checked.append(f"reproducibility: the {caps.server} server does not honour per-request seeds")
-    starts, each = [_prompt_for(backend, p) for p in prompts], Request((), chunk, sampler, seed)
+    starts: list[tuple[int, ...] | str] = []  # each prompt as the backend takes it
+    for p in prompts:
+        if not isinstance(p, str) and not caps.token_prompts:
+            raise ValueError(f"the {caps.server} server takes text prompts: give the prompts as text")
+        if isinstance(p, str) and caps.token_prompts:  # tokenized by the backend
+            if (ids := backend.tokenize(p)) is None:
+                raise ValueError(f"the {caps.server} server cannot say how it tokenizes: give token ids")
+            p = ids
+        starts.append(p if isinstance(p, str) else tuple(p))
     runs = [MonitoredCompletion([]) for _ in prompts]
     watches = [LoopWatch(make_detector) for _ in prompts]
     live = list(range(len(prompts)))
     while live:
-        requests = [_next_request(starts[i], runs[i], max_tokens, each) for i in live]
+        # each completion's next chunk: its prompt then the tokens so far (request k seeded seed + k)
+        requests = [
+            Request(
+                starts[i] if isinstance(starts[i], str) else (*starts[i], *runs[i].tokens),
+                min(chunk, max_tokens - runs[i].generated),
+                sampler,
+                None if seed is None else seed + runs[i].requests,
+            )
+            for i in live
+        ]
         going = []
         for i, out in zip(live, backend.complete_many(requests, concurrency), strict=True):
             run = runs[i]
@@ -351,22 +368,3 @@ def monitor_backend(
                 going.append(i)
         live = going
     return MonitorReport(caps.server, max_tokens, chunk, runs, not_checked)
-
-
-def _prompt_for(backend: Backend, prompt: Sequence[int] | str) -> tuple[int, ...] | str:
-    """A prompt as the backend takes it (text tokenized by the backend where it takes ids)."""
-    if isinstance(prompt, str) and backend.capabilities.token_prompts:
-        ids = backend.tokenize(prompt)
-        if ids is None:
-            raise ValueError(f"the {backend.capabilities.server} server cannot say how it tokenizes: give token ids")
-        return tuple(ids)
-    if not isinstance(prompt, str) and not backend.capabilities.token_prompts:
-        raise ValueError(f"the {backend.capabilities.server} server takes text prompts: give the prompts as text")
-    return prompt if isinstance(prompt, str) else tuple(prompt)
-
-
-def _next_request(start: tuple[int, ...] | str, run: MonitoredCompletion, max_tokens: int, chunk: Request) -> Request:
-    """The next ``chunk`` of a completion: its prompt followed by the tokens so far (request k seeded ``seed + k``)."""
-    prompt = start if isinstance(start, str) else (*start, *run.tokens)
-    seed = None if chunk.seed is None else chunk.seed + run.requests
-    return replace(chunk, prompt=prompt, max_tokens=min(chunk.max_tokens, max_tokens - run.generated), seed=seed)

@@ -390,28 +390,22 @@ def chat_phase(run: Run) -> PhaseReport:
         return not_checked("chat", why)
     text = hf.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
     ours = list(hf.encode(text, add_special_tokens=False))
+    rep = PhaseReport("chat", judged_on="template", requests=1, positions=len(ours))
     if served == ours:
-        return PhaseReport("chat", judged_on="template", requests=1, positions=len(ours))
-    note = template_difference(served, ours, hf)
-    return PhaseReport("chat", verdict="bug", judged_on="template", note=note, requests=1, positions=len(ours))
-
-
-def template_difference(served: Sequence[int], ours: Sequence[int], hf: Any) -> str:
-    """What differs (``hf``: the reference's ``transformers`` tokenizer): BOS added or omitted, the system turn
-    missing, else the first differing token."""
-    bos = getattr(hf, "bos_token_id", None)
-    if bos is not None and list(served) == [bos, *ours]:
-        return "the server adds a BOS token the template does not"
-    if bos is not None and [bos, *served] == list(ours):
-        return "the server omits the template's BOS token"
-    notes = []
-    if CHAT[0]["content"] not in hf.decode(served):
-        notes.append("the system turn is missing")
-    i = common_prefix(served, ours)
+        return rep
+    # what differs: BOS added or omitted, the system turn missing, else the first differing token
+    rep.verdict, bos, i = "bug", getattr(hf, "bos_token_id", None), common_prefix(served, ours)
+    if bos is not None and served == [bos, *ours]:
+        rep.note = "the server adds a BOS token the template does not"
+        return rep
+    if bos is not None and [bos, *served] == ours:
+        rep.note = "the server omits the template's BOS token"
+        return rep
     s = repr(hf.decode(served[i : i + 1])) if i < len(served) else "end"
     o = repr(hf.decode(ours[i : i + 1])) if i < len(ours) else "end"
-    notes.append(f"first differing token {i}: server {s}, template {o}")
-    return "; ".join(notes)
+    missing = "" if CHAT[0]["content"] in hf.decode(served) else "the system turn is missing; "
+    rep.note = f"{missing}first differing token {i}: server {s}, template {o}"
+    return rep
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
