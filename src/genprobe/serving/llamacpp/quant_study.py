@@ -326,18 +326,6 @@ def _timed_scan(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyCon
     return annotate_scan(res, inputs.calibration), (made / max(wall, 1e-9), made / max(cpu, 1e-9))
 
 
-def _row(
-    name: str, file: QuantizedFile, logits: LogitAgreement, scan: Any, ref_scan: Any, speed: tuple[float, float]
-) -> TypeRow:
-    verdicts, ref = [r.measures.degenerate for r in scan.records], [r.measures.degenerate for r in ref_scan.records]
-    became = sum(v and not r for v, r in zip(verdicts, ref, strict=True))
-    stopped = sum(r and not v for v, r in zip(verdicts, ref, strict=True))
-    divergence = divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records])
-    return TypeRow(
-        name, file, logits, divergence, scan.summary, *speed, verdicts, became, stopped, sign_test_p(became, stopped)
-    )
-
-
 def run_quant_study(
     model_ref: str,
     out_dir: str | os.PathLike[str],
@@ -391,7 +379,12 @@ def run_quant_study(
             scan, speed = _timed_scan(engine, model, inputs, cfg)
         if name == "F32":
             ref_scan = scan
-        row = _row(name, files[name], agreement, scan, ref_scan, speed)
+        verdicts, ref = [r.measures.degenerate for r in scan.records], [r.measures.degenerate for r in ref_scan.records]
+        became = sum(v and not r for v, r in zip(verdicts, ref, strict=True))
+        stopped = sum(r and not v for v, r in zip(verdicts, ref, strict=True))
+        div = divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records])
+        sign_p = sign_test_p(became, stopped)
+        row = TypeRow(name, files[name], agreement, div, scan.summary, *speed, verdicts, became, stopped, sign_p)
         rows.append(row)
         if name == "F32":
             # transformers float32 as the reference, llama.cpp's F32 file as the other: the engine on the same weights
