@@ -213,7 +213,6 @@ class EngineOptions:
         return {**kw, **dict(self.extra)}
 
     def to_dict(self) -> dict:
-        """JSON form."""
         return {**asdict(self), "extra": {k: repr(v) for k, v in self.extra}}
 
 

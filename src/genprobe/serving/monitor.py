@@ -48,7 +48,6 @@ class ExactPeriodDetector:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every token."""
         self.tokens: list[int] = []
         self._ring = np.full(self.max_period, -1, dtype=np.int64)  # the last max_period tokens, newest at n-1 mod P
         self._run = np.zeros(self.max_period, dtype=np.int64)  # run[p-1]: positions i ending now with t[i] == t[i-p]
@@ -91,7 +90,6 @@ class RecomputeDetector:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every token."""
         self.tokens: list[int] = []
 
     def push(self, token: int) -> LoopInfo | None:
@@ -176,9 +174,7 @@ def replay(
 ) -> Detection | None:
     """Run a detector over a finished sequence token by token: where would the online monitor have fired?"""
     watch = LoopWatch(make_detector)
-    for t in tokens:
-        if watch.push(t) is not None:
-            break
+    watch.catch_up(tokens)  # the detection is the first time it fired
     return watch.detection
 
 
