@@ -289,11 +289,8 @@ class LlamaCppModel(Closeable):
         ``llama_decode`` call, then each step decodes one token of every running sequence in one call (what a server's
         batch does). ``max_new_tokens``, ``next_token`` (a sampler with per-sequence state) and ``stop``: one for all,
         or one per sequence; without a stop, exactly ``max_new_tokens`` each. ``keep_logits``: every row, prompt
-        positions included; else only the rows that picked a token.
-
-        The context is a second one on the same loaded weights, with ``n_seq_max`` = the number of sequences and a
-        unified KV cache (``kv_unified``: one cache shared by every sequence, separated by the attention mask), sized
-        to the batch: ``n_ctx`` = all prompts + every sequence's new tokens; freed on return."""
+        positions included; else only the rows that picked a token. The context is a second one on the same weights,
+        sized to the batch, with one KV cache shared by every sequence (``kv_unified``); freed on return."""
         seqs, lib = [[int(t) for t in p] for p in prompts], self._lib
         given: tuple[Any, ...] = (max_new_tokens, next_token, stop)  # each one per sequence, or one for all
         budgets, pickers, stops = (list(x) if isinstance(x, Sequence) else [x] * len(seqs) for x in given)
