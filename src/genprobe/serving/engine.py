@@ -256,11 +256,8 @@ def kv_cache_budget(
     block_size: int = CPU_BLOCK_SIZE,
     headroom: float = KV_HEADROOM,
 ) -> int:
-    """Bytes of a KV cache that holds ``sequences`` sequences of ``positions`` tokens at once.
-
-    Each sequence is counted in whole blocks plus one spare block (vLLM allocates by block), the total is
-    multiplied by ``headroom`` and rounded up to a whole MiB.
-    """
+    """Bytes of a KV cache that holds ``sequences`` sequences of ``positions`` tokens at once: each in whole blocks
+    plus one spare block (vLLM allocates by block), times ``headroom``, rounded up to a whole MiB."""
     if positions < 1 or sequences < 1 or block_size < 1 or headroom < 1.0:
         raise ValueError(
             f"positions, sequences and block_size must be >= 1 and headroom >= 1; got {positions}, {sequences}, "
@@ -280,14 +277,9 @@ def context_length(longest_prompt: int, new_tokens: int, block_size: int, max_po
 def size_for_workload(
     model_dir: str | os.PathLike, options: EngineOptions, *, longest_prompt: int, new_tokens: int, sequences: int
 ) -> EngineOptions:
-    """``options`` with what the caller left unset sized to a workload, so that vLLM starts on a CPU machine
-    and does not serve (and warm up) a context the workload never uses.
-
-    * ``max_model_len`` (when None): :func:`context_length`; left None when that reaches the model's own
-      context anyway (the same engine, and the same options, as before).
-    * ``kv_cache_memory_bytes`` (when None and no memory fraction was chosen): :func:`kv_cache_budget` for
-      ``min(sequences, max_num_seqs)`` sequences of ``max_model_len`` positions in the widest dtype.
-    """
+    """``options`` with what the caller left unset sized to a workload, so that vLLM starts on a CPU machine and
+    does not serve (and warm up) a context the workload never uses: ``max_model_len`` (left None when the workload
+    reaches the model's own context anyway) and an explicit KV budget where no memory fraction was chosen."""
     geo = kv_geometry(model_dir)
     block = options.block_size or CPU_BLOCK_SIZE
     max_len = options.max_model_len
@@ -502,10 +494,8 @@ _KEY: tuple | None = None
 
 def shared_engine(model: str | os.PathLike | ServedModel, options: EngineOptions | None = None) -> ServingEngine:
     """The process's engine for (``model``, ``options``): reused when both match, else the old one stops first.
-
-    ``model`` may be a :class:`ServedModel` (a genprobe checkpoint already exported, as the caller sized the engine on
-    its directory): engines are keyed by its source, so a second export of the same checkpoint reuses the running
-    engine (each export is removed when its last holder lets go of it)."""
+    Engines are keyed by a :class:`ServedModel`'s source, so a second export of the same checkpoint reuses the
+    running engine (each export is removed when its last holder lets go of it)."""
     global _CURRENT, _KEY
     options = options or EngineOptions()
     source = model.source if isinstance(model, ServedModel) else Path(model)

@@ -76,12 +76,9 @@ class ExactPeriodDetector:
 
 
 class RecomputeDetector:
-    """Any offline detector ``fn(tokens)`` run on the whole sequence every ``every`` tokens.
-
-    ``fn`` may return a :class:`~genprobe.metrics.degeneracy.LoopInfo` or anything with ``period`` and
-    ``onset`` and a ``looping`` / ``near_looping`` flag (e.g. :func:`genprobe.metrics.degeneracy.detect_near_loop`'s
-    result); it is reported as a ``LoopInfo`` over the tail from ``onset``.
-    """
+    """Any offline detector ``fn(tokens)`` run on the whole sequence every ``every`` tokens: a
+    :class:`~genprobe.metrics.degeneracy.LoopInfo`, or anything with ``period``, ``onset`` and a ``looping`` /
+    ``near_looping`` flag (e.g. ``detect_near_loop``'s result), reported as a ``LoopInfo`` over the tail from onset."""
 
     def __init__(self, fn: Callable[[Sequence[Hashable]], object] = detect_loop, every: int = 1):
         if every < 1:
@@ -129,12 +126,9 @@ class Detection:
 
 
 class LoopWatch:
-    """One sequence watched while it grows: the monitor's logic, written once for every engine.
-
-    Its detector is fed each generated token once; ``loop`` is the detector's answer after the newest token (what the
-    break action acts on) and ``detection`` the first time it fired (what the stop action stops at). An engine's hook
-    is an adapter that hands it the sequence's generated tokens so far (:meth:`catch_up`).
-    """
+    """One sequence watched while it grows, the monitor's logic written once for every engine: ``loop`` is the
+    detector's answer after the newest token (what the break action acts on), ``detection`` the first time it fired
+    (what the stop action stops at); an engine's hook hands it the generated tokens so far (:meth:`catch_up`)."""
 
     def __init__(self, make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector):
         self.detector = make_detector()
