@@ -301,31 +301,6 @@ def _agreement(refs: Iterable[np.ndarray], others: Iterable[np.ndarray], windows
     return acc.result()
 
 
-def _timed_scan(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig) -> tuple[Any, tuple[float, float]]:
-    """The greedy loop scan through llama.cpp (:func:`~genprobe.serving.llamacpp.scan.llamacpp_batches`: ``<unk>``
-    and the end token banned, fixed length — the loop scan's chanting setting) with the calibrated detectors; then
-    greedy decode at batch 1 of the first ``SPEED_PROMPTS`` prompts one after another: (tokens per wall-clock second,
-    per CPU-second)."""
-    from ...loops.scan import ScanOptions, annotate_scan, chanting_sampler, scan_batches
-    from .scan import llamacpp_batches
-
-    options = ScanOptions(
-        cfg.max_new_tokens,
-        chanting_sampler(model.unk_id, model.eos_id),
-        seed=cfg.seed,
-        eos_id=model.eos_id,
-        unk_id=model.unk_id,
-        loop=inputs.calibration.settings,
-        decode=model.decode,
-    )
-    res = scan_batches(llamacpp_batches(engine), inputs.prompt_ids, options, inputs.prompt_texts)
-    wall, cpu = time.perf_counter(), time.process_time()
-    prompts = inputs.prompt_ids[:SPEED_PROMPTS]
-    made = sum(len(engine.greedy(list(p), cfg.max_new_tokens, stop_at_eos=False)) for p in prompts)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return annotate_scan(res, inputs.calibration), (made / max(wall, 1e-9), made / max(cpu, 1e-9))
-
-
 def run_quant_study(
     model_ref: str,
     out_dir: str | os.PathLike[str],
@@ -337,9 +312,11 @@ def run_quant_study(
     ``cfg.types`` beside it in ``out_dir``, and measure every type against F32 in llama.cpp (module doc). Returns
     the study (findings empty: :func:`.quant_report.study_findings` fills them) and the stem of its files in
     ``out_dir``."""
+    from ...loops.scan import ScanOptions, annotate_scan, chanting_sampler, scan_batches
     from ...model.catalog import CATALOG
     from ...model.load import load_model
     from .quantize import convert_to_gguf, quantize_all
+    from .scan import llamacpp_batches
 
     cfg, log = cfg or QuantStudyConfig(), log or (lambda _: None)
     types = [t for t in check_types(cfg.types) if t != "F32"]
@@ -367,6 +344,16 @@ def run_quant_study(
     # F32 first (the reference logits and scan, and the engine check against transformers), then each type
     n_ctx = max(cfg.window_tokens, max(len(p) for p in inputs.prompt_ids) + cfg.max_new_tokens) + 8
     open_file = partial(LlamaCppModel, n_ctx=n_ctx, n_threads=cfg.threads, kv_type=cfg.kv_type)
+    # the greedy loop scan with <unk> and the end token banned, fixed length (the scan's chanting setting)
+    options = ScanOptions(
+        cfg.max_new_tokens,
+        chanting_sampler(model.unk_id, model.eos_id),
+        seed=cfg.seed,
+        eos_id=model.eos_id,
+        unk_id=model.unk_id,
+        loop=inputs.calibration.settings,
+        decode=model.decode,
+    )
     rows: list[TypeRow] = []
     samples: list[SampleText] = []
     for name in ["F32", *types]:
@@ -376,7 +363,12 @@ def run_quant_study(
                 reference = list(logits)
                 logits = iter(reference)
             agreement = _agreement(reference, logits, inputs.windows)
-            scan, speed = _timed_scan(engine, model, inputs, cfg)
+            scan = scan_batches(llamacpp_batches(engine), inputs.prompt_ids, options, inputs.prompt_texts)
+            # then greedy decode at batch 1 of the first prompts: tokens per wall-clock second, per CPU-second
+            wall, cpu, speed_prompts = time.perf_counter(), time.process_time(), inputs.prompt_ids[:SPEED_PROMPTS]
+            made = sum(len(engine.greedy(list(p), cfg.max_new_tokens, stop_at_eos=False)) for p in speed_prompts)
+            speed = made / max(time.perf_counter() - wall, 1e-9), made / max(time.process_time() - cpu, 1e-9)
+        scan = annotate_scan(scan, inputs.calibration)
         if name == "F32":
             ref_scan = scan
         verdicts, ref = [r.measures.degenerate for r in scan.records], [r.measures.degenerate for r in ref_scan.records]
