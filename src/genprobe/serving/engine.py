@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import math
 import os
 import shutil
@@ -28,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
 
-from .._io import json_safe
+from .._io import json_safe, read_json_object
 from ..engine.backend import Backend, Capabilities, Request, Response
 from ..model.load import check_weights_files
 from .endpoint import completion_fields, position
@@ -106,15 +105,6 @@ class ServedModel:
             self._removal()
 
 
-def read_config(d: str | os.PathLike) -> Any:
-    """A transformers directory's ``config.json``; a ``ValueError`` naming the file when it cannot be read."""
-    path = Path(d) / "config.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} cannot be read as JSON ({exc})") from None
-
-
 def served_model(model: str | os.PathLike) -> ServedModel:
     """A transformers directory for ``model``: an HF dir as is, a genprobe checkpoint exported to a temp dir, or a
     fetched catalog model's name (``smollm2``). A GGUF file is refused with the conversion command: vLLM is given
@@ -150,7 +140,7 @@ def served_model(model: str | os.PathLike) -> ServedModel:
     else:
         check_weights_files(src)
     path = src if tmp is None else tmp / "hf"
-    vocab = read_config(path).get("vocab_size")
+    vocab = read_json_object(path / "config.json").get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise ValueError(f"{path / 'config.json'} has no usable vocab_size")
     return ServedModel(path, src, "hf" if tmp is None else "genprobe", vocab, tmp)
@@ -233,7 +223,7 @@ class KVGeometry:
 
 def kv_geometry(model_dir: str | os.PathLike) -> KVGeometry:
     """The KV geometry of a transformers directory, from its ``config.json`` (Llama/Qwen or GPT-2 key names)."""
-    cfg = read_config(model_dir)
+    cfg = read_json_object(Path(model_dir) / "config.json")
     n_layer = cfg.get("num_hidden_layers") or cfg.get("n_layer")
     n_head = cfg.get("num_attention_heads") or cfg.get("n_head")
     width = cfg.get("hidden_size") or cfg.get("n_embd")

@@ -245,14 +245,9 @@ def study_inputs(model: Any, cfg: QuantStudyConfig) -> StudyInputs:
         prompts = english_prompt_sets({"validate": cfg.prompts})["validate"]
         prompt_source = "english: sentence openings of the validation documents"
     calibration = calibrate_for_scan(model.tokenizer, cfg.max_new_tokens, prompts, unk_id=model.unk_id)
-    return StudyInputs(
-        text_source=text_source,
-        windows=_windows(streams, cfg.text_windows, cfg.window_tokens),
-        prompt_source=prompt_source,
-        prompt_texts=list(prompts),
-        prompt_ids=[model.encode(p) for p in prompts],
-        calibration=calibration,
-    )
+    windows = _windows(streams, cfg.text_windows, cfg.window_tokens)
+    ids = [model.encode(p) for p in prompts]
+    return StudyInputs(text_source, windows, prompt_source, list(prompts), ids, calibration)
 
 
 def _is_tang_model(model: Any) -> bool:
