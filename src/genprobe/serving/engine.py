@@ -223,12 +223,12 @@ class KVGeometry:
 
 def kv_geometry(model_dir: str | os.PathLike) -> KVGeometry:
     """The KV geometry of a transformers directory, from its ``config.json`` (Llama/Qwen or GPT-2 key names)."""
-    cfg = read_json_object(Path(model_dir) / "config.json")
+    where = Path(model_dir) / "config.json"
+    cfg: Any = read_json_object(where)
     n_layer = cfg.get("num_hidden_layers") or cfg.get("n_layer")
     n_head = cfg.get("num_attention_heads") or cfg.get("n_head")
     width = cfg.get("hidden_size") or cfg.get("n_embd")
     if not (n_layer and n_head and (width or cfg.get("head_dim"))):
-        where = Path(model_dir) / "config.json"
         raise ValueError(f"{where} does not give the layers, heads and width needed to size the KV cache")
     return KVGeometry(
         n_layer=int(n_layer),
