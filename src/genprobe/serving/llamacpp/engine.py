@@ -18,6 +18,7 @@ import ctypes
 import logging
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Self, Sequence
@@ -303,8 +304,8 @@ class LlamaCppModel(Closeable):
         for p in seqs:
             self._check_ids(p)
         params = lib.llama_context_default_params()
-        params.n_ctx = sum(len(p) for p in seqs) + sum(budgets)
-        params.n_batch = params.n_ubatch = max(sum(len(p) for p in seqs), len(seqs))
+        params.n_ctx = (tokens := sum(len(p) for p in seqs)) + sum(budgets)
+        params.n_batch = params.n_ubatch = max(tokens, len(seqs))
         params.n_seq_max, params.kv_unified, params.no_perf = len(seqs), True, True
         params.type_k = params.type_v = KV_TYPES[self.kv_type]
         params.n_threads = params.n_threads_batch = self.n_threads
@@ -322,10 +323,7 @@ class LlamaCppModel(Closeable):
             raise RuntimeError(f"llama.cpp could not create a context for {len(seqs)} sequences")
         batch = lib.llama_batch_init(params.n_batch, 0, 1)
         try:
-
-            def decode(entries: Sequence[Entry]) -> np.ndarray:
-                return _decode(lib, ctx, batch, entries, self.vocab_size)
-
+            decode = partial(_decode, lib, ctx, batch, vocab=self.vocab_size)
             entries = [(t, i, s, keep_logits or i == len(p) - 1) for s, p in enumerate(seqs) for i, t in enumerate(p)]
             rows, at, first = decode(entries), 0, []
             for p in seqs:
