@@ -210,17 +210,6 @@ class QuantStudy:
     seconds: float
 
 
-def _windows(streams: Sequence[Sequence[int]], count: int, length: int) -> list[list[int]]:
-    """Consecutive ``length``-token windows, stream by stream, until ``count``."""
-    out: list[list[int]] = []
-    for ids in streams:
-        for start in range(0, len(ids) - length + 1, length):
-            out.append(list(ids[start : start + length]))
-            if len(out) == count:
-                return out
-    raise ValueError(f"the text gives only {len(out)} windows of {length} tokens; {count} asked for")
-
-
 def study_inputs(model: Any, cfg: QuantStudyConfig) -> StudyInputs:
     """Real text and prompts the model was not tuned on: English (the English corpus's validation documents and
     their sentence openings) for an English model, else the Tang corpus (the char GPT's validation poems of
@@ -245,7 +234,11 @@ def study_inputs(model: Any, cfg: QuantStudyConfig) -> StudyInputs:
         prompts = english_prompt_sets({"validate": cfg.prompts})["validate"]
         prompt_source = "english: sentence openings of the validation documents"
     calibration = calibrate_for_scan(model.tokenizer, cfg.max_new_tokens, prompts, unk_id=model.unk_id)
-    windows = _windows(streams, cfg.text_windows, cfg.window_tokens)
+    n, count = cfg.window_tokens, cfg.text_windows  # consecutive n-token windows, stream by stream, until count
+    windows = [list(ids[start : start + n]) for ids in streams for start in range(0, len(ids) - n + 1, n)]
+    if len(windows) < count:
+        raise ValueError(f"the text gives only {len(windows)} windows of {n} tokens; {count} asked for")
+    windows = windows[:count]
     ids = [model.encode(p) for p in prompts]
     return StudyInputs(text_source, windows, prompt_source, list(prompts), ids, calibration)
 

@@ -149,25 +149,6 @@ class LlamaVocab(Closeable):
             self._model = None
 
 
-def _check_breakers(cfg: SamplerConfig, strings: Sequence[str], vocab: LlamaVocab | None) -> None:
-    if not DRY.active(cfg):
-        return
-    if vocab is None:
-        raise UnsupportedSamplerError(
-            "DRY (dry_multiplier > 0) needs a vocabulary in llama.cpp (llama_sampler_init_dry): pass vocab="
-            "LlamaVocab(<a .gguf file>)"
-        )
-    theirs = set(vocab.dry_breakers(strings)) if strings else set()
-    ours = set(cfg.dry_sequence_breakers)
-    if theirs != ours:
-        raise UnsupportedSamplerError(
-            f"dry_sequence_breakers: llama.cpp takes breakers as strings; dry_breaker_strings={list(strings)!r} "
-            f"expand to {len(theirs)} token sequences with this vocabulary, the config holds {len(ours)} "
-            f"(e.g. only ours: {sorted(ours - theirs)[:3]}, only theirs: {sorted(theirs - ours)[:3]}); build the "
-            "config's breakers with LlamaVocab.dry_breakers(strings)"
-        )
-
-
 # ---- the chain as C objects --------------------------------------------------------------------------------
 def build_chain(lc: ModuleType, stages: Sequence[ChainStage], vocab: LlamaVocab | None, n_vocab: int) -> Any:
     """A ``llama_sampler`` chain owning one sampler per stage (free it with ``llama_sampler_free``)."""
@@ -182,7 +163,7 @@ def build_chain(lc: ModuleType, stages: Sequence[ChainStage], vocab: LlamaVocab 
         elif stage.name == "penalties":
             sampler = lc.llama_sampler_init_penalties(n_vocab, *a)
         elif stage.name == "dry":
-            assert vocab is not None  # _check_breakers refused it
+            assert vocab is not None  # LlamaCppSampler refused it
             strings = [s.encode() for s in a[4]]
             arr = (ctypes.c_char_p * max(len(strings), 1))(*strings)
             sampler = lc.llama_sampler_init_dry(vocab.vocab, a[0], a[1], a[2], a[3], arr, len(strings))
@@ -281,7 +262,21 @@ class LlamaCppSampler(Closeable):
         self.stages = chain_stages(
             cfg, context_length=context_length, dry_breaker_strings=dry_breaker_strings, seed=seed, final=final
         )
-        _check_breakers(cfg, dry_breaker_strings, vocab)
+        if DRY.active(cfg) and vocab is None:
+            raise UnsupportedSamplerError(
+                "DRY (dry_multiplier > 0) needs a vocabulary in llama.cpp (llama_sampler_init_dry): pass vocab="
+                "LlamaVocab(<a .gguf file>)"
+            )
+        if DRY.active(cfg) and vocab is not None:
+            strings = dry_breaker_strings
+            theirs, ours = set(vocab.dry_breakers(strings)) if strings else set(), set(cfg.dry_sequence_breakers)
+            if theirs != ours:
+                raise UnsupportedSamplerError(
+                    f"dry_sequence_breakers: llama.cpp takes breakers as strings; dry_breaker_strings={list(strings)!r}"
+                    f" expand to {len(theirs)} token sequences with this vocabulary, the config holds {len(ours)} "
+                    f"(e.g. only ours: {sorted(ours - theirs)[:3]}, only theirs: {sorted(theirs - ours)[:3]}); build "
+                    "the config's breakers with LlamaVocab.dry_breakers(strings)"
+                )
         BANS.check_vocab(cfg, n_vocab, UnsupportedSamplerError)  # llama.cpp's logit_bias would skip them silently
         self.n_vocab = n_vocab
         self._chain = build_chain(self.lc, self.stages, vocab, n_vocab)
