@@ -40,13 +40,31 @@ class HttpSettings:
     backoff_s: float = 0.5
 
 
-class Http:
-    """JSON over HTTP with bounded retries."""
+class EndpointBackend(Backend):
+    """A live server behind the :class:`~genprobe.engine.backend.Backend` protocol, JSON over HTTP with bounded
+    retries. ``pieces``: each token's text → its id in the reference tokenizer (only pieces one id has), what
+    text-keyed log-probs are mapped back with."""
 
-    def __init__(self, url: str, settings: HttpSettings = HttpSettings()):
-        root = url.rstrip("/")  # http://host:8000/v1 or http://host:8000/ -> http://host:8000
-        self.root = root.removesuffix("/v1")
+    def __init__(self, url: str, settings: HttpSettings = HttpSettings(), pieces: Mapping[str, int] | None = None):
+        self.root = url.rstrip("/").removesuffix("/v1")  # http://host:8000/v1 or http://host:8000/ -> http://host:8000
         self.settings = settings
+        # the server kind and served model from /v1/models and the extras the server answers
+        models = self.call("/v1/models")
+        data = models.get("data") if isinstance(models, dict) else None
+        if not data:
+            raise EndpointError(f"{self.root}/v1/models lists no model: is this an OpenAI-compatible server?")
+        self.model_name, vllm = str(data[0].get("id", "")), str(data[0].get("owned_by", "")) == "vllm"
+        llama_cpp_python = not vllm and self.call("/extras/tokenize", {"input": "a"}, optional=True) is not None
+        self.server = "vllm" if vllm else "llama-cpp-python" if llama_cpp_python else "openai-compatible"
+        self.capabilities = Capabilities(
+            server=self.server,
+            max_top_k=MAX_LOGPROBS,
+            prompt_logprobs=vllm,
+            token_prompts=vllm,
+            concurrency=64,
+            seed=True,
+        )
+        self.pieces = dict(pieces or {})
 
     def call(self, path: str, body: Mapping[str, Any] | None = None, optional: bool = False) -> Any:
         """GET (``body`` None) or POST ``path``; the JSON answer. ``optional``: None when the server has no such
@@ -61,7 +79,10 @@ class Http:
             except urllib.error.HTTPError as exc:
                 if optional and exc.code in (400, 404, 405, 422):
                     return None
-                detail = _error_detail(exc)
+                try:
+                    detail = " ".join(exc.read().decode("utf-8", "replace").split())[:200] or str(exc.reason)
+                except OSError:
+                    detail = exc.reason
                 if exc.code < 500:
                     raise EndpointError(f"{self.root}{path} answered {exc.code}: {detail}") from None
                 problem = f"answered {exc.code}: {detail}"
@@ -76,65 +97,21 @@ class Http:
                 time.sleep(self.settings.backoff_s * (attempt + 1))
         raise EndpointError(f"{self.root}{path} {problem} ({tries} tries)")
 
-
-def _error_detail(exc: urllib.error.HTTPError) -> str:
-    try:
-        text = exc.read().decode("utf-8", "replace")
-    except OSError:
-        return exc.reason
-    return " ".join(text.split())[:200] or str(exc.reason)
-
-
-def detect_server(http: Http) -> tuple[str, str]:
-    """(server kind, served model name) from ``/v1/models`` and the extras the server answers."""
-    models = http.call("/v1/models")
-    data = models.get("data") if isinstance(models, dict) else None
-    if not data:
-        raise EndpointError(f"{http.root}/v1/models lists no model: is this an OpenAI-compatible server?")
-    name, owner = str(data[0].get("id", "")), str(data[0].get("owned_by", ""))
-    if owner == "vllm":
-        return "vllm", name
-    if http.call("/extras/tokenize", {"input": "a"}, optional=True) is not None:
-        return "llama-cpp-python", name
-    return "openai-compatible", name
-
-
-class EndpointBackend(Backend):
-    """A live server behind the :class:`~genprobe.engine.backend.Backend` protocol. ``pieces``: each token's text
-    → its id in the reference tokenizer (only pieces one id has), what text-keyed log-probs are mapped back with."""
-
-    def __init__(self, url: str, settings: HttpSettings = HttpSettings(), pieces: Mapping[str, int] | None = None):
-        self.http = Http(url, settings)
-        self.server, self.model_name = detect_server(self.http)
-        vllm = self.server == "vllm"
-        self.capabilities = Capabilities(
-            server=self.server,
-            max_top_k=MAX_LOGPROBS,
-            prompt_logprobs=vllm,
-            token_prompts=vllm,
-            concurrency=64,
-            seed=True,
-        )
-        self.pieces = dict(pieces or {})
-
     # ---- requests ---------------------------------------------------------------------------------------
-    def _body(self, request: Request) -> dict[str, Any]:
+    def complete(self, request: Request) -> Response:
+        """One ``/v1/completions`` call (token ids where the server takes them, else text)."""
+        if not isinstance(request.prompt, str) and not self.capabilities.token_prompts:
+            raise ValueError(f"the {self.server} server takes text prompts, not token ids")
         body = {"model": self.model_name, "prompt": request.prompt, "stream": False, **completion_fields(request)}
         if self.server == "vllm":
             body["return_tokens_as_token_ids"] = True
         else:
             body.pop("prompt_logprobs", None)  # vLLM's extension
-        return body
-
-    def complete(self, request: Request) -> Response:
-        """One ``/v1/completions`` call (token ids where the server takes them, else text)."""
-        if not isinstance(request.prompt, str) and not self.capabilities.token_prompts:
-            raise ValueError(f"the {self.server} server takes text prompts, not token ids")
-        answer = self.http.call("/v1/completions", self._body(request))
+        answer = self.call("/v1/completions", body)
         try:
             choice = answer["choices"][0]
         except (KeyError, IndexError, TypeError):
-            raise EndpointError(f"{self.http.root}/v1/completions answered without choices") from None
+            raise EndpointError(f"{self.root}/v1/completions answered without choices") from None
         prompt_ids = (self.tokenize(request.prompt) or []) if isinstance(request.prompt, str) else list(request.prompt)
         ids, positions = self._positions(choice.get("logprobs"), choice.get("text", ""))
         cached = ((answer.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
@@ -189,7 +166,7 @@ class EndpointBackend(Backend):
         return self._ids("/tokenize", body) if self.server == "vllm" else None
 
     def _ids(self, path: str, body: dict[str, Any]) -> list[int] | None:
-        answer = self.http.call(path, body, optional=True)
+        answer = self.call(path, body, optional=True)
         return None if answer is None else [int(t) for t in answer["tokens"]]
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import math
 import os
 import shutil
@@ -28,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
 
-from .._io import json_safe
+from .._io import json_safe, read_json_object
 from ..engine.backend import Backend, Capabilities, Request, Response
 from ..model.load import check_weights_files
 from .endpoint import completion_fields, position
@@ -106,39 +105,24 @@ class ServedModel:
             self._removal()
 
 
-def read_config(d: str | os.PathLike) -> Any:
-    """A transformers directory's ``config.json``; a ``ValueError`` naming the file when it cannot be read."""
-    path = Path(d) / "config.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} cannot be read as JSON ({exc})") from None
-
-
-def _model_path(model: str | os.PathLike) -> Path:
-    """The directory behind ``model``: a path, or a fetched catalog model's name (``smollm2``). A GGUF file is
-    refused with the conversion command: vLLM is given the float directory genprobe compares against."""
+def served_model(model: str | os.PathLike) -> ServedModel:
+    """A transformers directory for ``model``: an HF dir as is, a genprobe checkpoint exported to a temp dir, or a
+    fetched catalog model's name (``smollm2``). A GGUF file is refused with the conversion command: vLLM is given
+    the float directory genprobe compares against."""
     from ..model.catalog import CATALOG, resolve_name
+    from ..model.checkpoint import is_checkpoint
 
-    src = Path(model)
+    src, tmp = Path(model), None
     if not src.exists():
-        if str(model) in CATALOG:
-            return resolve_name(str(model))
-        raise FileNotFoundError(f"no such model directory: {src}")
+        if str(model) not in CATALOG:
+            raise FileNotFoundError(f"no such model directory: {src}")
+        src = resolve_name(str(model))
     ggufs = [src] if src.is_file() else sorted(src.glob("*.gguf"))
     if src.suffix == ".gguf" or (ggufs and not (src / "config.json").is_file()):
         raise ValueError(
             f"{src} is a GGUF model: convert it once with `genprobe convert-gguf {ggufs[0]} --out DIR` and serve DIR "
             "(the float directory is what the served logits are compared with)"
         )
-    return src
-
-
-def served_model(model: str | os.PathLike) -> ServedModel:
-    """A transformers directory for ``model`` (an HF dir as is; a genprobe checkpoint exported to a temp dir)."""
-    from ..model.checkpoint import is_checkpoint
-
-    src, tmp = _model_path(model), None
     if is_checkpoint(src):
         from ..model.hf_dir import export_hf_dir
 
@@ -156,7 +140,7 @@ def served_model(model: str | os.PathLike) -> ServedModel:
     else:
         check_weights_files(src)
     path = src if tmp is None else tmp / "hf"
-    vocab = read_config(path).get("vocab_size")
+    vocab = read_json_object(path / "config.json").get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise ValueError(f"{path / 'config.json'} has no usable vocab_size")
     return ServedModel(path, src, "hf" if tmp is None else "genprobe", vocab, tmp)
@@ -219,7 +203,6 @@ class EngineOptions:
         return {**kw, **dict(self.extra)}
 
     def to_dict(self) -> dict:
-        """JSON form."""
         return {**asdict(self), "extra": {k: repr(v) for k, v in self.extra}}
 
 
@@ -240,12 +223,12 @@ class KVGeometry:
 
 def kv_geometry(model_dir: str | os.PathLike) -> KVGeometry:
     """The KV geometry of a transformers directory, from its ``config.json`` (Llama/Qwen or GPT-2 key names)."""
-    cfg = read_config(model_dir)
+    where = Path(model_dir) / "config.json"
+    cfg: Any = read_json_object(where)
     n_layer = cfg.get("num_hidden_layers") or cfg.get("n_layer")
     n_head = cfg.get("num_attention_heads") or cfg.get("n_head")
     width = cfg.get("hidden_size") or cfg.get("n_embd")
     if not (n_layer and n_head and (width or cfg.get("head_dim"))):
-        where = Path(model_dir) / "config.json"
         raise ValueError(f"{where} does not give the layers, heads and width needed to size the KV cache")
     return KVGeometry(
         n_layer=int(n_layer),
@@ -263,11 +246,8 @@ def kv_cache_budget(
     block_size: int = CPU_BLOCK_SIZE,
     headroom: float = KV_HEADROOM,
 ) -> int:
-    """Bytes of a KV cache that holds ``sequences`` sequences of ``positions`` tokens at once.
-
-    Each sequence is counted in whole blocks plus one spare block (vLLM allocates by block), the total is
-    multiplied by ``headroom`` and rounded up to a whole MiB.
-    """
+    """Bytes of a KV cache that holds ``sequences`` sequences of ``positions`` tokens at once: each in whole blocks
+    plus one spare block (vLLM allocates by block), times ``headroom``, rounded up to a whole MiB."""
     if positions < 1 or sequences < 1 or block_size < 1 or headroom < 1.0:
         raise ValueError(
             f"positions, sequences and block_size must be >= 1 and headroom >= 1; got {positions}, {sequences}, "
@@ -287,14 +267,9 @@ def context_length(longest_prompt: int, new_tokens: int, block_size: int, max_po
 def size_for_workload(
     model_dir: str | os.PathLike, options: EngineOptions, *, longest_prompt: int, new_tokens: int, sequences: int
 ) -> EngineOptions:
-    """``options`` with what the caller left unset sized to a workload, so that vLLM starts on a CPU machine
-    and does not serve (and warm up) a context the workload never uses.
-
-    * ``max_model_len`` (when None): :func:`context_length`; left None when that reaches the model's own
-      context anyway (the same engine, and the same options, as before).
-    * ``kv_cache_memory_bytes`` (when None and no memory fraction was chosen): :func:`kv_cache_budget` for
-      ``min(sequences, max_num_seqs)`` sequences of ``max_model_len`` positions in the widest dtype.
-    """
+    """``options`` with what the caller left unset sized to a workload, so that vLLM starts on a CPU machine and
+    does not serve (and warm up) a context the workload never uses: ``max_model_len`` (left None when the workload
+    reaches the model's own context anyway) and an explicit KV budget where no memory fraction was chosen."""
     geo = kv_geometry(model_dir)
     block = options.block_size or CPU_BLOCK_SIZE
     max_len = options.max_model_len
@@ -433,24 +408,24 @@ class VllmBackend(Backend):
             label=dtype,
         )
 
-    def _params(self, r: Request) -> Any:
-        from vllm import SamplingParams
-
-        if r.stop:
-            raise ValueError("the in-process vLLM backend returns ids, not text: it takes no stop strings")
-        kw: dict[str, Any] = {**completion_fields(r), "detokenize": False, "ignore_eos": True}
-        if not r.read_cache:
-            kw["skip_reading_prefix_cache"] = True
-        return SamplingParams(**kw)
-
     def complete(self, request: Request) -> Response:
         """One request in its own ``LLM.generate`` call."""
         return self.complete_many([request], 1)[0]
 
     def complete_many(self, requests: Sequence[Request], concurrency: int) -> list[Response]:
         """Every request in one ``LLM.generate`` call (vLLM batches up to ``max_num_seqs`` at once)."""
+        from vllm import SamplingParams
+
+        if any(r.stop for r in requests):
+            raise ValueError("the in-process vLLM backend returns ids, not text: it takes no stop strings")
+        params = []
+        for r in requests:
+            kw: dict[str, Any] = {**completion_fields(r), "detokenize": False, "ignore_eos": True}
+            if not r.read_cache:
+                kw["skip_reading_prefix_cache"] = True
+            params.append(SamplingParams(**kw))
         prompts = [[int(t) for t in r.prompt] for r in requests]
-        return [_response(o) for o in self.engine.generate(prompts, [self._params(r) for r in requests])]
+        return [_response(o) for o in self.engine.generate(prompts, params)]
 
     def reset_cache(self) -> bool:
         """``LLM.reset_prefix_cache`` (the engine is shared: an earlier job's requests may be cached)."""
@@ -507,10 +482,8 @@ _KEY: tuple | None = None
 
 def shared_engine(model: str | os.PathLike | ServedModel, options: EngineOptions | None = None) -> ServingEngine:
     """The process's engine for (``model``, ``options``): reused when both match, else the old one stops first.
-
-    ``model`` may be a :class:`ServedModel` (a genprobe checkpoint already exported, as the caller sized the engine on
-    its directory): engines are keyed by its source, so a second export of the same checkpoint reuses the running
-    engine (each export is removed when its last holder lets go of it)."""
+    Engines are keyed by a :class:`ServedModel`'s source, so a second export of the same checkpoint reuses the
+    running engine (each export is removed when its last holder lets go of it)."""
     global _CURRENT, _KEY
     options = options or EngineOptions()
     source = model.source if isinstance(model, ServedModel) else Path(model)

@@ -13,7 +13,7 @@ recomputed in the dtype, llama.cpp's own prefill, or a live server's lone reques
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -44,17 +44,6 @@ def gap_verdict(gap: float, floor: float, noise: float) -> tuple[str, float]:
 
 
 @dataclass
-class FirstDivergence:
-    """The first position where the backend and the reference differ beyond float noise (or in their top-1 token)."""
-
-    request: int  # index of the request within its phase
-    where: str  # "prompt" (predicting prompt token ``index``) | "step" (generation step ``index``)
-    index: int
-    abs_dlogp: float
-    top1_mismatch: bool
-
-
-@dataclass
 class LogprobStats:
     """Accumulated differences over the positions of one or more requests."""
 
@@ -63,7 +52,9 @@ class LogprobStats:
     max_abs_dlogp: float = 0.0
     sum_abs_dlogp: float = 0.0
     top1_disagreements: int = 0
-    first: FirstDivergence | None = None
+    # the first position beyond float noise (or with another top-1): its request's index in the phase, "prompt"
+    # (predicting prompt token ``index``) or "step" (generation step ``index``), its |Δ log p| and top-1 mismatch
+    first: dict | None = None
 
     @property
     def top1_agreement(self) -> float | None:
@@ -88,7 +79,7 @@ class LogprobStats:
         self.max_abs_dlogp = max(self.max_abs_dlogp, mx)
         self.top1_disagreements += int(mismatch)
         if self.first is None and (mx >= noise or mismatch):
-            self.first = FirstDivergence(request, where, index, mx, mismatch)
+            self.first = dict(request=request, where=where, index=index, abs_dlogp=mx, top1_mismatch=mismatch)
 
 
 def abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -181,18 +172,6 @@ def request_gap(served: Sequence[Served], reference: torch.Tensor, honest: torch
     return total / count if count else 0.0
 
 
-@dataclass
-class Tally:
-    """What a phase's responses add up to: the comparison with recomputation, the one with the floor computation,
-    the top-k overlap and the worst request's (gap, floor, ratio)."""
-
-    stats: LogprobStats
-    own: LogprobStats
-    overlap: float = 0.0
-    overlaps: int = 0
-    worst: tuple[float, float, float] = (0.0, 0.0, -1.0)
-
-
 class Judge:
     """Compares responses with float32 recomputation (``reference``) and, where given, with an honest computation at
     the deployment's precision (``floor``: the same model recomputed in that dtype, or the engine's own one-call
@@ -204,29 +183,6 @@ class Judge:
     ):
         self.reference, self.th, self.k, self.floor, self.exact = reference, thresholds, k, floor, exact
         self.lone_gap: float | None = None
-
-    def add(self, tally: Tally, r: int, resp: Response, prompt: bool, reference: Rows | None) -> None:
-        """Request ``r``'s positions into ``tally``."""
-        noise, ids = self.th.noise, list(resp.prompt_ids) + list(resp.token_ids)
-        recomputed = self.reference(ids)
-        rows = recomputed if reference is None else reference(ids)
-        honest = self.floor(ids) if self.floor is not None else None
-        served = served_positions(resp, prompt)
-        for position in served:
-            row, _, _, pick, lps, _ = position
-            tally.stats.add(position, rows[row], r, noise)
-            if honest is not None:
-                tally.own.add(position, honest[row], r, noise)
-            if pick is not None and len(pick) > 1:
-                k = min(self.k, len(pick))  # vLLM adds the sampled / prompt token beside its top k
-                served_top = [pick[i] for i in torch.argsort(lps, descending=True)[:k].tolist()]
-                tally.overlap += len(set(torch.topk(rows[row], k).indices.tolist()) & set(served_top)) / k
-                tally.overlaps += 1
-        if served:
-            gap = request_gap(served, rows)
-            floor = request_gap(served, recomputed, honest) if honest is not None else self.lone_gap or 0.0
-            ratio = gap / max(floor, noise)
-            tally.worst = max(tally.worst, (gap, floor, ratio), key=lambda w: w[2])
 
     def phase(
         self,
@@ -240,18 +196,36 @@ class Judge:
         """The figures and verdict of ``responses`` (``prompt``: their prompt positions only; ``reference``: another
         float32 reference for this phase, the floor's gap still read against recomputation; ``judge_self``: the
         floor comparison may decide)."""
-        t = Tally(LogprobStats(), LogprobStats())
+        st, own, noise = LogprobStats(), LogprobStats(), self.th.noise
+        overlap, overlaps, worst = 0.0, 0, (0.0, 0.0, -1.0)  # top-k overlap; the worst request's (gap, floor, ratio)
         for r, resp in enumerate(responses):
-            self.add(t, r, resp, prompt, reference)
-        st, own = t.stats, t.own
+            ids = list(resp.prompt_ids) + list(resp.token_ids)
+            recomputed = self.reference(ids)
+            rows = recomputed if reference is None else reference(ids)
+            honest = self.floor(ids) if self.floor is not None else None
+            served = served_positions(resp, prompt)
+            for position in served:
+                row, _, _, pick, lps, _ = position
+                st.add(position, rows[row], r, noise)
+                if honest is not None:
+                    own.add(position, honest[row], r, noise)
+                if pick is not None and len(pick) > 1:
+                    k = min(self.k, len(pick))  # vLLM adds the sampled / prompt token beside its top k
+                    served_top = [pick[i] for i in torch.argsort(lps, descending=True)[:k].tolist()]
+                    overlap += len(set(torch.topk(rows[row], k).indices.tolist()) & set(served_top)) / k
+                    overlaps += 1
+            if served:
+                gap = request_gap(served, rows)
+                floor = request_gap(served, recomputed, honest) if honest is not None else self.lone_gap or 0.0
+                worst = max(worst, (gap, floor, gap / max(floor, noise)), key=lambda w: w[2])
         if not st.positions:
             return PhaseReport(name, note="the backend returned no log-probabilities to compare", verdict=NOT_CHECKED)
         cached = max((c for c in (x.cached_tokens for x in responses) if c is not None), default=None)
         rep = PhaseReport(name, requests=len(responses), positions=st.positions, cached_tokens=cached, **extra)
-        rep.max_abs_dlogp, rep.mean_abs_dlogp, rep.gap = st.max_abs_dlogp, st.mean_abs_dlogp, t.worst[0]
+        rep.max_abs_dlogp, rep.mean_abs_dlogp, rep.gap = st.max_abs_dlogp, st.mean_abs_dlogp, worst[0]
         rep.top1_agreement, rep.top1_disagreements = st.top1_agreement, st.top1_disagreements
-        rep.topk_agreement = t.overlap / t.overlaps if t.overlaps else None
-        rep.first_divergence = asdict(st.first) if st.first else None
+        rep.topk_agreement = overlap / overlaps if overlaps else None
+        rep.first_divergence = st.first
         rep.self_max_abs_dlogp = own.max_abs_dlogp if own.positions else None
         rep.self_top1_agreement = own.top1_agreement
         if self.exact or (self.floor is None and self.lone_gap is None):
@@ -261,6 +235,6 @@ class Judge:
             verdicts += ["suspicious" for s in judged if s.top1_disagreements > 0]
             rep.verdict, rep.judged_on = worst_verdict(verdicts), "reference"
         else:
-            rep.verdict, rep.gap_ratio = gap_verdict(t.worst[0], t.worst[1], self.th.noise)
-            rep.judged_on, rep.floor = "gap", t.worst[1]
+            rep.verdict, rep.gap_ratio = gap_verdict(worst[0], worst[1], self.th.noise)
+            rep.judged_on, rep.floor = "gap", worst[1]
         return rep

@@ -10,7 +10,7 @@ The monitor's logic is written once (:class:`LoopWatch`); each engine's hook is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import numpy as np
@@ -48,7 +48,6 @@ class ExactPeriodDetector:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every token."""
         self.tokens: list[int] = []
         self._ring = np.full(self.max_period, -1, dtype=np.int64)  # the last max_period tokens, newest at n-1 mod P
         self._run = np.zeros(self.max_period, dtype=np.int64)  # run[p-1]: positions i ending now with t[i] == t[i-p]
@@ -77,12 +76,9 @@ class ExactPeriodDetector:
 
 
 class RecomputeDetector:
-    """Any offline detector ``fn(tokens)`` run on the whole sequence every ``every`` tokens.
-
-    ``fn`` may return a :class:`~genprobe.metrics.degeneracy.LoopInfo` or anything with ``period`` and
-    ``onset`` and a ``looping`` / ``near_looping`` flag (e.g. :func:`genprobe.metrics.degeneracy.detect_near_loop`'s
-    result); it is reported as a ``LoopInfo`` over the tail from ``onset``.
-    """
+    """Any offline detector ``fn(tokens)`` run on the whole sequence every ``every`` tokens: a
+    :class:`~genprobe.metrics.degeneracy.LoopInfo`, or anything with ``period``, ``onset`` and a ``looping`` /
+    ``near_looping`` flag (e.g. ``detect_near_loop``'s result), reported as a ``LoopInfo`` over the tail from onset."""
 
     def __init__(self, fn: Callable[[Sequence[Hashable]], object] = detect_loop, every: int = 1):
         if every < 1:
@@ -91,7 +87,6 @@ class RecomputeDetector:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every token."""
         self.tokens: list[int] = []
 
     def push(self, token: int) -> LoopInfo | None:
@@ -131,12 +126,9 @@ class Detection:
 
 
 class LoopWatch:
-    """One sequence watched while it grows: the monitor's logic, written once for every engine.
-
-    Its detector is fed each generated token once; ``loop`` is the detector's answer after the newest token (what the
-    break action acts on) and ``detection`` the first time it fired (what the stop action stops at). An engine's hook
-    is an adapter that hands it the sequence's generated tokens so far (:meth:`catch_up`).
-    """
+    """One sequence watched while it grows, the monitor's logic written once for every engine: ``loop`` is the
+    detector's answer after the newest token (what the break action acts on), ``detection`` the first time it fired
+    (what the stop action stops at); an engine's hook hands it the generated tokens so far (:meth:`catch_up`)."""
 
     def __init__(self, make_detector: Callable[[], IncrementalDetector] = ExactPeriodDetector):
         self.detector = make_detector()
@@ -176,9 +168,7 @@ def replay(
 ) -> Detection | None:
     """Run a detector over a finished sequence token by token: where would the online monitor have fired?"""
     watch = LoopWatch(make_detector)
-    for t in tokens:
-        if watch.push(t) is not None:
-            break
+    watch.catch_up(tokens)  # the detection is the first time it fired
     return watch.detection
 
 
@@ -331,12 +321,29 @@ def monitor_backend(
         chunk = max_tokens
     if not sampler.greedy and not caps.seed:
         not_checked.append(f"reproducibility: the {caps.server} server does not honour per-request seeds")
-    starts, each = [_prompt_for(backend, p) for p in prompts], Request((), chunk, sampler, seed)
+    starts: list[tuple[int, ...] | str] = []  # each prompt as the backend takes it
+    for p in prompts:
+        if not isinstance(p, str) and not caps.token_prompts:
+            raise ValueError(f"the {caps.server} server takes text prompts: give the prompts as text")
+        if isinstance(p, str) and caps.token_prompts:  # tokenized by the backend
+            if (ids := backend.tokenize(p)) is None:
+                raise ValueError(f"the {caps.server} server cannot say how it tokenizes: give token ids")
+            p = ids
+        starts.append(p if isinstance(p, str) else tuple(p))
     runs = [MonitoredCompletion([]) for _ in prompts]
     watches = [LoopWatch(make_detector) for _ in prompts]
     live = list(range(len(prompts)))
     while live:
-        requests = [_next_request(starts[i], runs[i], max_tokens, each) for i in live]
+        # each completion's next chunk: its prompt then the tokens so far (request k seeded seed + k)
+        requests = [
+            Request(
+                starts[i] if isinstance(starts[i], str) else (*starts[i], *runs[i].tokens),
+                min(chunk, max_tokens - runs[i].generated),
+                sampler,
+                None if seed is None else seed + runs[i].requests,
+            )
+            for i in live
+        ]
         going = []
         for i, out in zip(live, backend.complete_many(requests, concurrency), strict=True):
             run = runs[i]
@@ -351,22 +358,3 @@ def monitor_backend(
                 going.append(i)
         live = going
     return MonitorReport(caps.server, max_tokens, chunk, runs, not_checked)
-
-
-def _prompt_for(backend: Backend, prompt: Sequence[int] | str) -> tuple[int, ...] | str:
-    """A prompt as the backend takes it (text tokenized by the backend where it takes ids)."""
-    if isinstance(prompt, str) and backend.capabilities.token_prompts:
-        ids = backend.tokenize(prompt)
-        if ids is None:
-            raise ValueError(f"the {backend.capabilities.server} server cannot say how it tokenizes: give token ids")
-        return tuple(ids)
-    if not isinstance(prompt, str) and not backend.capabilities.token_prompts:
-        raise ValueError(f"the {backend.capabilities.server} server takes text prompts: give the prompts as text")
-    return prompt if isinstance(prompt, str) else tuple(prompt)
-
-
-def _next_request(start: tuple[int, ...] | str, run: MonitoredCompletion, max_tokens: int, chunk: Request) -> Request:
-    """The next ``chunk`` of a completion: its prompt followed by the tokens so far (request k seeded ``seed + k``)."""
-    prompt = start if isinstance(start, str) else (*start, *run.tokens)
-    seed = None if chunk.seed is None else chunk.seed + run.requests
-    return replace(chunk, prompt=prompt, max_tokens=min(chunk.max_tokens, max_tokens - run.generated), seed=seed)

@@ -33,12 +33,6 @@ from .engine import EngineOptions, ServingEngine, require_vllm, served_model, sh
 _COMMUTING = {TEMPERATURE, TOP_K}
 
 
-def _canonical(stages: list[Truncation]) -> list[Truncation]:
-    """``stages`` with each run of mutually commuting stages in one fixed order: equal for equivalent orders."""
-    runs = groupby(stages, key=lambda s: s in _COMMUTING)
-    return [s for commuting, run in runs for s in (sorted(run, key=str) if commuting else run)]
-
-
 def sampling_kwargs(cfg: SamplerConfig, vocab_size: int) -> dict[str, Any]:
     """``SamplingParams`` keyword arguments equal to ``cfg`` for a model of ``vocab_size`` ids; raises if inexact."""
     kw: dict[str, Any] = {}
@@ -46,7 +40,12 @@ def sampling_kwargs(cfg: SamplerConfig, vocab_size: int) -> dict[str, Any]:
         kw.update(stage.vllm(cfg, vocab_size))
     refuse_for(cfg, "vllm", "vLLM", STAGES)
     stages = active_truncations(cfg)
-    if _canonical(stages) != _canonical(active_truncations(cfg, "vllm")):
+
+    def canonical(stages: list[Truncation]) -> list[Truncation]:  # each run of commuting stages in one fixed order
+        runs = groupby(stages, key=lambda s: s in _COMMUTING)
+        return [s for commuting, run in runs for s in (sorted(run, key=str) if commuting else run)]
+
+    if canonical(stages) != canonical(active_truncations(cfg, "vllm")):
         raise UnsupportedSamplerError(
             f"sampler order {cfg.order!r} applies {' → '.join(map(str, stages))}; vLLM always applies temperature → "
             "min_p → top_k → top_p, which gives a different distribution for these settings. Use order='vllm' "

@@ -77,12 +77,26 @@ class ServingReport:
         return {k: worst_verdict(v) for k, v in out.items()}
 
     def add(self, run: Run, engine: dict | None = None, extra: Sequence[Callable[[Run], PhaseReport]] = ()) -> None:
-        """Every phase on one deployment (``run``'s backend; ``extra``: its engine's own), with its capabilities and
-        its ``engine``'s description."""
-        self.server, self.model_name = run.backend.capabilities.server, run.backend.model_name
-        self.capabilities.append(asdict(run.backend.capabilities))
+        """Every phase of :data:`PHASES` (then ``extra``, its engine's own) on one deployment (``run``'s backend),
+        labelled with its precision, with its capabilities and its ``engine``'s description."""
+        caps, vocab = run.backend.capabilities, int(run.reference.vocab_size)
+        self.server, self.model_name = caps.server, run.backend.model_name
+        self.capabilities.append(asdict(caps))
         self.engines += [engine] if engine is not None else []
-        self.phases += run_phases(run, extra)
+        prompt = prompt_phase(run)
+        alone = [run.backend.complete(run.request(p)) for p in run.work.alone]
+        bad = [t for r in alone for t in r.token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"the backend returned token id {bad[0]}, outside the reference's vocabulary ({vocab})")
+        if not any(r.positions or r.rows is not None for r in alone):
+            where = f"the {caps.server} backend {run.backend.model_name}"
+            raise ValueError(f"{where} returned no log-probabilities: nothing to compare")
+        phases = [prompt, greedy_phase(run, alone), batch_phase(run, alone), prefix_phase(run)]
+        phases += [prefix_uncached_phase(run), *divergence_phases(run), chunked_phase(run), seed_phase(run)]
+        phases += [limits_phase(run, alone), chat_phase(run), *(phase(run) for phase in extra)]
+        for p in phases:
+            p.dtype = caps.label
+        self.phases += phases
 
 
 @dataclass(frozen=True)
@@ -390,28 +404,22 @@ def chat_phase(run: Run) -> PhaseReport:
         return not_checked("chat", why)
     text = hf.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
     ours = list(hf.encode(text, add_special_tokens=False))
+    rep = PhaseReport("chat", judged_on="template", requests=1, positions=len(ours))
     if served == ours:
-        return PhaseReport("chat", judged_on="template", requests=1, positions=len(ours))
-    note = template_difference(served, ours, hf)
-    return PhaseReport("chat", verdict="bug", judged_on="template", note=note, requests=1, positions=len(ours))
-
-
-def template_difference(served: Sequence[int], ours: Sequence[int], hf: Any) -> str:
-    """What differs (``hf``: the reference's ``transformers`` tokenizer): BOS added or omitted, the system turn
-    missing, else the first differing token."""
-    bos = getattr(hf, "bos_token_id", None)
-    if bos is not None and list(served) == [bos, *ours]:
-        return "the server adds a BOS token the template does not"
-    if bos is not None and [bos, *served] == list(ours):
-        return "the server omits the template's BOS token"
-    notes = []
-    if CHAT[0]["content"] not in hf.decode(served):
-        notes.append("the system turn is missing")
-    i = common_prefix(served, ours)
+        return rep
+    # what differs: BOS added or omitted, the system turn missing, else the first differing token
+    rep.verdict, bos, i = "bug", getattr(hf, "bos_token_id", None), common_prefix(served, ours)
+    if bos is not None and served == [bos, *ours]:
+        rep.note = "the server adds a BOS token the template does not"
+        return rep
+    if bos is not None and [bos, *served] == ours:
+        rep.note = "the server omits the template's BOS token"
+        return rep
     s = repr(hf.decode(served[i : i + 1])) if i < len(served) else "end"
     o = repr(hf.decode(ours[i : i + 1])) if i < len(ours) else "end"
-    notes.append(f"first differing token {i}: server {s}, template {o}")
-    return "; ".join(notes)
+    missing = "" if CHAT[0]["content"] in hf.decode(served) else "the system turn is missing; "
+    rep.note = f"{missing}first differing token {i}: server {s}, template {o}"
+    return rep
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -427,43 +435,6 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 # ---- the whole check ---------------------------------------------------------------------------------------------
-def check_same_model(backend: Backend, reference: Model, reference_name: str) -> None:
-    """A ``ValueError`` (one line) when the backend tokenizes a probe string differently from ``reference``: it
-    serves another model. A leading BOS on either side is not a difference (servers add it to prompts)."""
-    served = backend.tokenize(PROBE)
-    if served is None:
-        return
-    ours = reference.encode(PROBE)
-    bos = getattr(getattr(reference.tokenizer, "hf", None), "bos_token_id", None)
-    if served and bos is not None and served[0] == bos and (not ours or ours[0] != bos):
-        served = served[1:]
-    if served != ours:
-        i = common_prefix(served, ours)
-        raise ValueError(
-            f"the server's model {backend.model_name!r} tokenizes a probe string differently from --reference "
-            f"{reference_name} (token {i}: {served[i : i + 1]} vs {ours[i : i + 1]}): it serves another model"
-        )
-
-
-def run_phases(run: Run, extra: Sequence[Callable[[Run], PhaseReport]] = ()) -> list[PhaseReport]:
-    """Every phase of :data:`PHASES` (then ``extra``, an engine's own) on one backend, labelled with its precision."""
-    caps, vocab = run.backend.capabilities, int(run.reference.vocab_size)
-    prompt = prompt_phase(run)
-    alone = [run.backend.complete(run.request(p)) for p in run.work.alone]
-    bad = [t for r in alone for t in r.token_ids if not 0 <= t < vocab]
-    if bad:
-        raise ValueError(f"the backend returned token id {bad[0]}, outside the reference's vocabulary ({vocab})")
-    if not any(r.positions or r.rows is not None for r in alone):
-        where = f"the {caps.server} backend {run.backend.model_name}"
-        raise ValueError(f"{where} returned no log-probabilities: nothing to compare")
-    phases = [prompt, greedy_phase(run, alone), batch_phase(run, alone), prefix_phase(run), prefix_uncached_phase(run)]
-    phases += [*divergence_phases(run), chunked_phase(run), seed_phase(run), limits_phase(run, alone), chat_phase(run)]
-    phases += [phase(run) for phase in extra]
-    for p in phases:
-        p.dtype = caps.label
-    return phases
-
-
 def verify_backend(
     backend: Backend,
     reference: Model,
@@ -477,7 +448,19 @@ def verify_backend(
     """Every phase on a live ``backend`` (a text workload) against float32 recomputation of ``reference`` (a loaded
     float32 ``Model``)."""
     th, settings = thresholds or Thresholds(), settings or Settings()
-    check_same_model(backend, reference, reference_name)
+    # the same model: the backend tokenizes a probe string as ``reference`` does (a leading BOS on either side is no
+    # difference: servers add it to prompts)
+    if (served := backend.tokenize(PROBE)) is not None:
+        ours = reference.encode(PROBE)
+        bos = getattr(getattr(reference.tokenizer, "hf", None), "bos_token_id", None)
+        if served and bos is not None and served[0] == bos and (not ours or ours[0] != bos):
+            served = served[1:]
+        if served != ours:
+            i = common_prefix(served, ours)
+            raise ValueError(
+                f"the server's model {backend.model_name!r} tokenizes a probe string differently from --reference "
+                f"{reference_name} (token {i}: {served[i : i + 1]} vs {ours[i : i + 1]}): it serves another model"
+            )
     texts = list(prompts) if prompts else random_prompts(max(settings.requests, PREFIX_PROMPTS + 2), settings.seed)
     work = text_workload(reference, texts, settings, backend.capabilities.token_prompts)
     judge = Judge(reference_logprobs(reference), th, settings.top_k, exact=backend.capabilities.exact)

@@ -100,9 +100,7 @@ def monitor_request_kwargs(
     :class:`~genprobe.serving.monitor.ExactPeriodDetector`'s settings, its defaults where not given)."""
     cfg: dict[str, Any] = {"action": action, "detector_kwargs": detector}
     stops = list(stop_token_ids)
-    if action == "stop":
-        if stop_token_id is None:
-            raise ValueError("action 'stop' needs a stop_token_id (a token the request may end with)")
+    if action == "stop" and stop_token_id is not None:  # a token the request may end with
         cfg["stop_token_id"] = int(stop_token_id)
         stops.append(int(stop_token_id))
     _check(cfg, stops)

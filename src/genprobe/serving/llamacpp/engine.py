@@ -17,11 +17,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Self, Sequence
+from typing import Any, Callable, Self, Sequence
 
 import numpy as np
 import torch
@@ -173,10 +173,10 @@ class LlamaCppModel(Closeable):
         self._lib.llama_memory_clear(self._memory(), True)
         self.llama.n_tokens = 0
 
-    def decode(self, tokens: Sequence[int], start: int, *, logits: str = "all", seq_id: int = 0) -> np.ndarray:
-        """Append ``tokens`` at positions ``start, start + 1, ...`` of sequence ``seq_id`` in ONE ``llama_decode``
-        call and return their logits rows, float32 ``(rows, vocab)``: every row (``logits="all"``), the last one
-        (``"last"``) or none (``"none"``; an empty array). Longer than ``n_batch`` is refused, not split."""
+    def decode(self, tokens: Sequence[int], start: int, *, logits: str = "all") -> np.ndarray:
+        """Append ``tokens`` at positions ``start, start + 1, ...`` in ONE ``llama_decode`` call and return their
+        logits rows, float32 ``(rows, vocab)``: every row (``logits="all"``) or the last one (``"last"``). Longer
+        than ``n_batch`` is refused, not split."""
         ids = [int(t) for t in tokens]
         self._check_ids(ids)
         if len(ids) > self.n_batch:
@@ -184,7 +184,7 @@ class LlamaCppModel(Closeable):
         if start < 0:
             raise ValueError(f"positions start at 0, got {start}")
         want = [logits == "all" or (logits == "last" and i == len(ids) - 1) for i in range(len(ids))]
-        return self._step([(t, start + i, seq_id, w) for i, (t, w) in enumerate(zip(ids, want, strict=True))])
+        return self._step([(t, start + i, 0, w) for i, (t, w) in enumerate(zip(ids, want, strict=True))])
 
     def _step(self, entries: list[Entry]) -> np.ndarray:
         return _decode(self._lib, self.llama.ctx, self._batch, entries, self.vocab_size)
@@ -286,15 +286,44 @@ class LlamaCppModel(Closeable):
         keep_logits: bool = False,
         stop: Stop | Sequence[Stop | None] | None = None,
     ) -> list[Generation]:
-        """Several sequences in one llama.cpp context, one ``seq_id`` each (:func:`sequence_batch`): every prompt
-        prefilled in ONE ``llama_decode`` call, then each step decodes one token of every running sequence in one call
-        (what a server's batch does). ``max_new_tokens``, ``next_token`` (a sampler with per-sequence state) and
-        ``stop``: one for all, or one per sequence; without a stop, exactly ``max_new_tokens`` each. ``keep_logits``:
-        every row, prompt positions included; else only the rows that picked a token."""
-        seqs = [[int(t) for t in p] for p in prompts]
+        """Several sequences in one llama.cpp context, one ``seq_id`` each: every prompt prefilled in ONE
+        ``llama_decode`` call, then each step decodes one token of every running sequence in one call (what a server's
+        batch does). ``max_new_tokens``, ``next_token`` (a sampler with per-sequence state) and ``stop``: one for all,
+        or one per sequence; without a stop, exactly ``max_new_tokens`` each. ``keep_logits``: every row, prompt
+        positions included; else only the rows that picked a token. The context is a second one on the same weights,
+        sized to the batch, with one KV cache shared by every sequence (``kv_unified``); freed on return."""
+        seqs, lib = [[int(t) for t in p] for p in prompts], self._lib
         given: tuple[Any, ...] = (max_new_tokens, next_token, stop)  # each one per sequence, or one for all
         budgets, pickers, stops = (list(x) if isinstance(x, Sequence) else [x] * len(seqs) for x in given)
-        with sequence_batch(self, seqs, budgets) as decode:
+        if min(budgets, default=0) < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {min(budgets, default=0)}")
+        if not seqs or any(not p for p in seqs):
+            raise ValueError("give at least one prompt, each with at least one token")
+        if len(seqs) > (limit := int(lib.llama_max_parallel_sequences())):
+            raise ValueError(f"{len(seqs)} sequences exceed llama.cpp's limit of {limit} per context")
+        for p in seqs:
+            self._check_ids(p)
+        params = lib.llama_context_default_params()
+        params.n_ctx = (tokens := sum(len(p) for p in seqs)) + sum(budgets)
+        params.n_batch = params.n_ubatch = max(tokens, len(seqs))
+        params.n_seq_max, params.kv_unified, params.no_perf = len(seqs), True, True
+        params.type_k = params.type_v = KV_TYPES[self.kv_type]
+        params.n_threads = params.n_threads_batch = self.n_threads
+        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        # llama-cpp-python's log forwarding silenced: a context sized to the batch exceeds the model's training
+        # context by design, and llama.cpp warns about it on stderr
+        log = logging.getLogger("llama-cpp-python")
+        level = log.level
+        log.setLevel(logging.CRITICAL + 1)
+        try:
+            ctx = lib.llama_init_from_model(self.llama.model, params)
+        finally:
+            log.setLevel(level)
+        if ctx is None:
+            raise RuntimeError(f"llama.cpp could not create a context for {len(seqs)} sequences")
+        batch = lib.llama_batch_init(params.n_batch, 0, 1)
+        try:
+            decode = partial(_decode, lib, ctx, batch, vocab=self.vocab_size)
             entries = [(t, i, s, keep_logits or i == len(p) - 1) for s, p in enumerate(seqs) for i, t in enumerate(p)]
             rows, at, first = decode(entries), 0, []
             for p in seqs:
@@ -302,6 +331,9 @@ class LlamaCppModel(Closeable):
                 first.append(list(rows[at : at + n]))
                 at += n
             return decode_loop(decode, seqs, first, budgets, pickers, stops)
+        finally:
+            lib.llama_batch_free(batch)
+            lib.llama_free(ctx)
 
     # ---- facts ------------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -404,59 +436,12 @@ def greedy_picker(ban_ids: Sequence[int] = ()) -> NextToken:
     return pick
 
 
-@contextmanager
-def sequence_batch(
-    model: LlamaCppModel, prompts: list[list[int]], budgets: Sequence[int]
-) -> Iterator[Callable[[list[Entry]], np.ndarray]]:
-    """A second llama.cpp context on the same loaded weights, with ``n_seq_max`` = the number of sequences and a
-    unified KV cache (``kv_unified``: one cache shared by every sequence, separated by the attention mask), sized to
-    the batch: ``n_ctx`` = all prompts + every sequence's new tokens (``budgets``). Yields its one-call decode
-    (:func:`_decode`); freed on exit."""
-    lib = model._lib
-    if min(budgets, default=0) < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {min(budgets, default=0)}")
-    if not prompts or any(not p for p in prompts):
-        raise ValueError("give at least one prompt, each with at least one token")
-    limit = int(lib.llama_max_parallel_sequences())
-    if len(prompts) > limit:
-        raise ValueError(f"{len(prompts)} sequences exceed llama.cpp's limit of {limit} per context")
-    for p in prompts:
-        model._check_ids(p)
-    prompt_tokens = sum(len(p) for p in prompts)
-    params = lib.llama_context_default_params()
-    params.n_ctx = prompt_tokens + sum(budgets)
-    params.n_batch = params.n_ubatch = max(prompt_tokens, len(prompts))
-    params.n_seq_max = len(prompts)
-    params.kv_unified = True
-    params.type_k = params.type_v = KV_TYPES[model.kv_type]
-    params.n_threads = params.n_threads_batch = model.n_threads
-    params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    params.no_perf = True
-    # llama-cpp-python's log forwarding silenced: a context sized to the batch exceeds the model's training context
-    # by design, and llama.cpp warns about it on stderr
-    log = logging.getLogger("llama-cpp-python")
-    level = log.level
-    log.setLevel(logging.CRITICAL + 1)
-    try:
-        ctx = lib.llama_init_from_model(model.llama.model, params)
-    finally:
-        log.setLevel(level)
-    if ctx is None:
-        raise RuntimeError(f"llama.cpp could not create a context for {len(prompts)} sequences")
-    batch = lib.llama_batch_init(params.n_batch, 0, 1)
-    try:
-        yield lambda entries: _decode(lib, ctx, batch, entries, model.vocab_size)
-    finally:
-        lib.llama_batch_free(batch)
-        lib.llama_free(ctx)
-
-
 class LlamaCppBackend(Backend):
     """A :class:`LlamaCppModel` as a :class:`~genprobe.engine.backend.Backend`: token-id prompts, greedy, every
     position's whole distribution (``Response.rows``), the ``Llama`` object's prompt cache (one prompt deep, token by
     token; a request that does not read it starts from an empty KV cache), the requests of one call as sequences of
-    one context (:func:`sequence_batch`). ``own_prefill`` is the floor of a quantized file: llama.cpp's one-call
-    prefill of the same tokens."""
+    one context (:meth:`LlamaCppModel.generate_batch`). ``own_prefill`` is the floor of a quantized file: llama.cpp's
+    one-call prefill of the same tokens."""
 
     def __init__(self, model: LlamaCppModel, label: str = "", exact: bool | None = None):
         self.model = model

@@ -33,24 +33,6 @@ def loop_change(row: TypeRow, ref: TypeRow) -> int:
     return 1 if a.degenerate_rate > b.degenerate_rate else -1
 
 
-def _loop_verdict(row: TypeRow, ref: TypeRow) -> str:
-    a, b = row.loops, ref.loops
-    paired = (
-        f"paired on the same prompts: {row.became_degenerate} became degenerate, {row.stopped_degenerate} stopped, "
-        f"sign test p = {row.sign_test_p:.2g}"
-    )
-    overlap = intervals_overlap(a.degenerate_rate_ci95, b.degenerate_rate_ci95)
-    intervals = "the unpaired 95% intervals overlap" if overlap else "the unpaired 95% intervals are apart"
-    change = loop_change(row, ref)
-    if change == 0:
-        return (
-            f"{intervals} and the paired test is not significant: the data does not show a change in looping ({paired})"
-        )
-    way = "more" if change > 0 else "less"
-    delta = 100 * (a.degenerate_rate - b.degenerate_rate)
-    return f"this type degenerates {way} often than F32 ({delta:+.1f} points; {intervals}; {paired})"
-
-
 def study_findings(study: QuantStudy) -> list[str]:
     """Sentences that say what the table shows: the engine, each type, and whether low bits loop more."""
     ec, ref = study.engine_check, study.rows[0]
@@ -66,17 +48,37 @@ def study_findings(study: QuantStudy) -> list[str]:
         )
     ]
     for row in study.rows[1:]:
-        lg, div = row.logits, row.divergence
+        lg, div, a, b = row.logits, row.divergence, row.loops, ref.loops
         kind = "keeps every greedy text" if div.diverged == 0 else "changes greedy text"
+        paired = (
+            f"paired on the same prompts: {row.became_degenerate} became degenerate, {row.stopped_degenerate} "
+            f"stopped, sign test p = {row.sign_test_p:.2g}"
+        )
+        apart = not intervals_overlap(a.degenerate_rate_ci95, b.degenerate_rate_ci95)
+        intervals = f"the unpaired 95% intervals {'are apart' if apart else 'overlap'}"
+        verdict = (
+            f"{intervals} and the paired test is not significant: the data does not show a change in looping ({paired})"
+            if (change := loop_change(row, ref)) == 0
+            else f"this type degenerates {'more' if change > 0 else 'less'} often than F32 "
+            f"({100 * (a.degenerate_rate - b.degenerate_rate):+.1f} points; {intervals}; {paired})"
+        )
         out.append(
             f"{row.type} ({row.file.bits_per_weight:.2f} bits/weight, {row.file.size_bytes / 2**20:.1f} MiB) {kind}: "
             f"KL mean {lg.kl_mean:.3g} nats (p99 {lg.kl_p99:.3g}), top-1 {pct(lg.top1_agreement)}, perplexity "
             f"{lg.perplexity:.3f} vs F32 {lg.reference_perplexity:.3f}; {div.diverged}/{div.prompts} greedy "
             f"continuations leave F32's (median step {_median(div, budget)}); degenerate "
             f"{_rate_ci(row.loops.degenerate_rate, row.loops.degenerate_rate_ci95)} vs F32 "
-            f"{_rate_ci(ref.loops.degenerate_rate, ref.loops.degenerate_rate_ci95)}: {_loop_verdict(row, ref)}."
+            f"{_rate_ci(ref.loops.degenerate_rate, ref.loops.degenerate_rate_ci95)}: {verdict}."
         )
-    out += [_fallback_note(row) for row in study.rows[1:] if row.file.shape_fallbacks]
+    for f in [row.file for row in study.rows[1:] if row.file.shape_fallbacks]:
+        # what a K-quant recipe became where the rows are not a multiple of 256 (llama.cpp's shape fallback)
+        quantized = {k: v for k, v in f.type_counts.items() if k not in ("F32", "F16", "BF16")}
+        out.append(
+            f"{f.type} is mostly {max(quantized, key=quantized.__getitem__) if quantized else f.main_type}, not "
+            f"{f.main_type}: {len(f.shape_fallbacks)} 2-D tensors have rows that are not a multiple of {f.main_type}'s"
+            f" 256-value block, and llama.cpp's tensor_type_fallback (src/llama-quant.cpp) wrote them in another "
+            f"type ({', '.join(f'{k} ×{v}' for k, v in quantized.items())})."
+        )
     if len(study.rows) > 1:
         low = min(study.rows[1:], key=lambda r: r.file.bits_per_weight)
         change = loop_change(low, ref)
@@ -89,18 +91,6 @@ def study_findings(study: QuantStudy) -> list[str]:
         n = ref.loops.n
         out.append(f"Does low-bit quantization make the model loop more? {answer} ({n} prompts).")
     return out
-
-
-def _fallback_note(row: TypeRow) -> str:
-    """What a K-quant recipe became where the rows are not a multiple of 256 (llama.cpp's shape fallback)."""
-    f = row.file
-    quantized = {k: v for k, v in f.type_counts.items() if k not in ("F32", "F16", "BF16")}
-    most = max(quantized, key=lambda k: quantized[k]) if quantized else f.main_type
-    return (
-        f"{row.type} is mostly {most}, not {f.main_type}: {len(f.shape_fallbacks)} 2-D tensors have rows that are "
-        f"not a multiple of {f.main_type}'s 256-value block, and llama.cpp's tensor_type_fallback "
-        f"(src/llama-quant.cpp) wrote them in another type ({', '.join(f'{k} ×{v}' for k, v in quantized.items())})."
-    )
 
 
 def study_markdown(study: QuantStudy) -> str:
@@ -131,7 +121,11 @@ def study_markdown(study: QuantStudy) -> str:
             f"{_rate_ci(lo.degenerate_rate, lo.degenerate_rate_ci95)} | {paired} | "
             f"{row.decode_tokens_per_s:.1f} ({row.decode_tokens_per_cpu_s:.1f}) |"
         )
-    lines += ["", _human_line(study), "", "What llama.cpp wrote (2-D tensors not at the recipe's main type):", ""]
+    fpr = study.rows[0].loops.human_fpr or {}
+    fprs = ", ".join(f"{k} {_rate_ci(v['rate'], v['ci95'])}" for k, v in fpr.items() if k in ("exact", "degenerate"))
+    src = study.calibration.get("source", "human text")
+    human = f"Detectors calibrated on {src}; held-out human false-positive rate: {fprs or 'n/a'}."
+    lines += ["", human, "", "What llama.cpp wrote (2-D tensors not at the recipe's main type):", ""]
     for row in study.rows:
         lines.append(f"- {row.file.describe()}")
     lines += ["", "Findings:", ""] + [f"- {f}" for f in study.findings]
@@ -149,13 +143,6 @@ def study_markdown(study: QuantStudy) -> str:
 
 def _one_line(text: str) -> str:
     return text.replace("\n", "⏎").replace("`", "'")
-
-
-def _human_line(study: QuantStudy) -> str:
-    fpr = study.rows[0].loops.human_fpr or {}
-    parts = [f"{k} {_rate_ci(v['rate'], v['ci95'])}" for k, v in fpr.items() if k in ("exact", "degenerate")]
-    src = study.calibration.get("source", "human text")
-    return f"Detectors calibrated on {src}; held-out human false-positive rate: {', '.join(parts) or 'n/a'}."
 
 
 def quant_compare(

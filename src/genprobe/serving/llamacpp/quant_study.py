@@ -210,17 +210,6 @@ class QuantStudy:
     seconds: float
 
 
-def _windows(streams: Sequence[Sequence[int]], count: int, length: int) -> list[list[int]]:
-    """Consecutive ``length``-token windows, stream by stream, until ``count``."""
-    out: list[list[int]] = []
-    for ids in streams:
-        for start in range(0, len(ids) - length + 1, length):
-            out.append(list(ids[start : start + length]))
-            if len(out) == count:
-                return out
-    raise ValueError(f"the text gives only {len(out)} windows of {length} tokens; {count} asked for")
-
-
 def study_inputs(model: Any, cfg: QuantStudyConfig) -> StudyInputs:
     """Real text and prompts the model was not tuned on: English (the English corpus's validation documents and
     their sentence openings) for an English model, else the Tang corpus (the char GPT's validation poems of
@@ -245,14 +234,13 @@ def study_inputs(model: Any, cfg: QuantStudyConfig) -> StudyInputs:
         prompts = english_prompt_sets({"validate": cfg.prompts})["validate"]
         prompt_source = "english: sentence openings of the validation documents"
     calibration = calibrate_for_scan(model.tokenizer, cfg.max_new_tokens, prompts, unk_id=model.unk_id)
-    return StudyInputs(
-        text_source=text_source,
-        windows=_windows(streams, cfg.text_windows, cfg.window_tokens),
-        prompt_source=prompt_source,
-        prompt_texts=list(prompts),
-        prompt_ids=[model.encode(p) for p in prompts],
-        calibration=calibration,
-    )
+    n, count = cfg.window_tokens, cfg.text_windows  # consecutive n-token windows, stream by stream, until count
+    windows = [list(ids[start : start + n]) for ids in streams for start in range(0, len(ids) - n + 1, n)]
+    if len(windows) < count:
+        raise ValueError(f"the text gives only {len(windows)} windows of {n} tokens; {count} asked for")
+    windows = windows[:count]
+    ids = [model.encode(p) for p in prompts]
+    return StudyInputs(text_source, windows, prompt_source, list(prompts), ids, calibration)
 
 
 def _is_tang_model(model: Any) -> bool:
@@ -292,21 +280,6 @@ def _pre_tokenizer(model: Any) -> str | None:
     return "gpt-2" if spec.get("normalizer") is None and byte_level and pre.get("add_prefix_space") is False else None
 
 
-def _f32_gguf(model: Any, out: Path, stem: str, log: Log) -> Path:
-    """The model's F32 GGUF in ``out``, converted unless a file newer than the model's weights is there."""
-    from .quantize import convert_to_gguf
-
-    if model.source is None or not (Path(model.source) / "config.json").is_file():
-        raise ValueError("the quantization study converts a transformers directory; this model was not loaded from one")
-    path = out / f"{stem}-F32.gguf"
-    newest = max(p.stat().st_mtime for p in Path(model.source).iterdir() if p.is_file())
-
-    def current(p: Path) -> bool:
-        return p.is_file() and p.stat().st_mtime >= newest
-
-    return convert_to_gguf(model.source, path, pre_tokenizer=_pre_tokenizer(model), log=log, current=current)
-
-
 def _agreement(refs: Iterable[np.ndarray], others: Iterable[np.ndarray], windows: list[list[int]]) -> LogitAgreement:
     """How the logits ``others`` agree with the reference logits ``refs``, window by window (read lazily: a window's
     logits over a large vocabulary are megabytes)."""
@@ -314,62 +287,6 @@ def _agreement(refs: Iterable[np.ndarray], others: Iterable[np.ndarray], windows
     for ref, other, ids in zip(refs, others, windows, strict=True):
         acc.add(ref, other, ids)
     return acc.result()
-
-
-def _timed_scan(engine: Any, model: Any, inputs: StudyInputs, cfg: QuantStudyConfig) -> tuple[Any, tuple[float, float]]:
-    """The greedy loop scan through llama.cpp (:func:`~genprobe.serving.llamacpp.scan.llamacpp_batches`: ``<unk>``
-    and the end token banned, fixed length — the loop scan's chanting setting) with the calibrated detectors; then
-    greedy decode at batch 1 of the first ``SPEED_PROMPTS`` prompts one after another: (tokens per wall-clock second,
-    per CPU-second)."""
-    from ...loops.scan import ScanOptions, annotate_scan, chanting_sampler, scan_batches
-    from .scan import llamacpp_batches
-
-    options = ScanOptions(
-        cfg.max_new_tokens,
-        chanting_sampler(model.unk_id, model.eos_id),
-        seed=cfg.seed,
-        eos_id=model.eos_id,
-        unk_id=model.unk_id,
-        loop=inputs.calibration.settings,
-        decode=model.decode,
-    )
-    res = scan_batches(llamacpp_batches(engine), inputs.prompt_ids, options, inputs.prompt_texts)
-    wall, cpu = time.perf_counter(), time.process_time()
-    prompts = inputs.prompt_ids[:SPEED_PROMPTS]
-    made = sum(len(engine.greedy(list(p), cfg.max_new_tokens, stop_at_eos=False)) for p in prompts)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return annotate_scan(res, inputs.calibration), (made / max(wall, 1e-9), made / max(cpu, 1e-9))
-
-
-def _row(
-    name: str, file: QuantizedFile, logits: LogitAgreement, scan: Any, ref_scan: Any, speed: tuple[float, float]
-) -> TypeRow:
-    verdicts, ref = [r.measures.degenerate for r in scan.records], [r.measures.degenerate for r in ref_scan.records]
-    became = sum(v and not r for v, r in zip(verdicts, ref, strict=True))
-    stopped = sum(r and not v for v, r in zip(verdicts, ref, strict=True))
-    divergence = divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records])
-    return TypeRow(
-        name, file, logits, divergence, scan.summary, *speed, verdicts, became, stopped, sign_test_p(became, stopped)
-    )
-
-
-def _samples(name: str, scan: Any, ref_scan: Any, div: Divergence, k: int) -> list[SampleText]:
-    """Up to ``k`` prompts where the type's greedy text leaves F32's: verdict changes first, then earliest."""
-    idx = [i for i, s in enumerate(div.steps) if s is not None]
-    idx.sort(
-        key=lambda i: (ref_scan.records[i].measures.degenerate == scan.records[i].measures.degenerate, div.steps[i], i)
-    )
-    out = []
-    for i in idx[:k]:
-        r, q = ref_scan.records[i], scan.records[i]
-        step = div.steps[i]
-        assert step is not None
-        out.append(
-            SampleText(
-                name, r.prompt or "", step, r.text or "", q.text or "", r.measures.degenerate, q.measures.degenerate
-            )
-        )
-    return out
 
 
 def run_quant_study(
@@ -383,8 +300,11 @@ def run_quant_study(
     ``cfg.types`` beside it in ``out_dir``, and measure every type against F32 in llama.cpp (module doc). Returns
     the study (findings empty: :func:`.quant_report.study_findings` fills them) and the stem of its files in
     ``out_dir``."""
+    from ...loops.scan import ScanOptions, annotate_scan, chanting_sampler, scan_batches
+    from ...model.catalog import CATALOG
     from ...model.load import load_model
-    from .quantize import quantize_all
+    from .quantize import convert_to_gguf, quantize_all
+    from .scan import llamacpp_batches
 
     cfg, log = cfg or QuantStudyConfig(), log or (lambda _: None)
     types = [t for t in check_types(cfg.types) if t != "F32"]
@@ -392,18 +312,93 @@ def run_quant_study(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(model_ref)
-    stem = Path(str(model.source)).name if model.source is not None else "model"
-    f32 = _f32_gguf(model, out, stem, log)
+    if model.source is None or not (Path(model.source) / "config.json").is_file():
+        raise ValueError("the quantization study converts a transformers directory; this model was not loaded from one")
+    stem = Path(model.source).name
+    newest = max(p.stat().st_mtime for p in Path(model.source).iterdir() if p.is_file())
+    f32 = convert_to_gguf(  # reused when a file newer than the model's weights is there
+        model.source,
+        out / f"{stem}-F32.gguf",
+        pre_tokenizer=_pre_tokenizer(model),
+        log=log,
+        current=lambda p: p.is_file() and p.stat().st_mtime >= newest,
+    )
     files = quantize_all(f32, out, ["F32", *types], threads=cfg.threads, stem=stem, log=log)
     inputs = study_inputs(model, cfg)
     log(
         f"{len(inputs.windows)} text windows ({inputs.text_source}); {len(inputs.prompt_ids)} prompts; "
         f"detectors: {inputs.calibration.describe()}"
     )
-    engine_check, rows, samples = _measure(model, files, types, inputs, cfg, log)
+    # F32 first (the reference logits and scan, and the engine check against transformers), then each type
+    n_ctx = max(cfg.window_tokens, max(len(p) for p in inputs.prompt_ids) + cfg.max_new_tokens) + 8
+    open_file = partial(LlamaCppModel, n_ctx=n_ctx, n_threads=cfg.threads, kv_type=cfg.kv_type)
+    # the greedy loop scan with <unk> and the end token banned, fixed length (the scan's chanting setting)
+    options = ScanOptions(
+        cfg.max_new_tokens,
+        chanting_sampler(model.unk_id, model.eos_id),
+        seed=cfg.seed,
+        eos_id=model.eos_id,
+        unk_id=model.unk_id,
+        loop=inputs.calibration.settings,
+        decode=model.decode,
+    )
+    rows: list[TypeRow] = []
+    samples: list[SampleText] = []
+    for name in ["F32", *types]:
+        with open_file(files[name].path) as engine:
+            logits: Iterable[np.ndarray] = (np.asarray(engine.logits(w), dtype=np.float32) for w in inputs.windows)
+            if name == "F32":
+                reference = list(logits)
+                logits = iter(reference)
+            agreement = _agreement(reference, logits, inputs.windows)
+            scan = scan_batches(llamacpp_batches(engine), inputs.prompt_ids, options, inputs.prompt_texts)
+            # then greedy decode at batch 1 of the first prompts: tokens per wall-clock second, per CPU-second
+            wall, cpu, speed_prompts = time.perf_counter(), time.process_time(), inputs.prompt_ids[:SPEED_PROMPTS]
+            made = sum(len(engine.greedy(list(p), cfg.max_new_tokens, stop_at_eos=False)) for p in speed_prompts)
+            speed = made / max(time.perf_counter() - wall, 1e-9), made / max(time.process_time() - cpu, 1e-9)
+        scan = annotate_scan(scan, inputs.calibration)
+        if name == "F32":
+            ref_scan = scan
+        verdicts, ref = [r.measures.degenerate for r in scan.records], [r.measures.degenerate for r in ref_scan.records]
+        became = sum(v and not r for v, r in zip(verdicts, ref, strict=True))
+        stopped = sum(r and not v for v, r in zip(verdicts, ref, strict=True))
+        div = divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records])
+        sign_p = sign_test_p(became, stopped)
+        row = TypeRow(name, files[name], agreement, div, scan.summary, *speed, verdicts, became, stopped, sign_p)
+        rows.append(row)
+        if name == "F32":
+            # transformers float32 as the reference, llama.cpp's F32 file as the other: the engine on the same weights
+            tf = (transformers_logits(model, w) for w in inputs.windows)
+            engine_check = _agreement(tf, reference, inputs.windows)
+            log(
+                f"F32 in llama.cpp vs transformers float32: KL mean {engine_check.kl_mean:.3g}, top-1 "
+                f"{engine_check.top1_agreement:.4f}; F32 {speed[0]:.1f} tok/s ({speed[1]:.1f} per CPU-s)"
+            )
+            continue
+        # up to cfg.samples prompts where the type's greedy text leaves F32's: verdict changes first, then earliest
+        steps, records = row.divergence.steps, list(zip(ref_scan.records, scan.records, strict=True))
+        idx = sorted(
+            (i for i, st in enumerate(steps) if st is not None),
+            key=lambda i: (records[i][0].measures.degenerate == records[i][1].measures.degenerate, steps[i], i),
+        )
+        for i in idx[: cfg.samples]:
+            r, q, step = *records[i], steps[i] or 0
+            was, now = r.measures.degenerate, q.measures.degenerate
+            samples.append(SampleText(name, r.prompt or "", step, r.text or "", q.text or "", was, now))
+        log(
+            f"{name}: KL mean {agreement.kl_mean:.3g}, top-1 {agreement.top1_agreement:.4f}, "
+            f"{row.divergence.diverged}/{len(inputs.prompt_ids)} greedy texts diverge, "
+            f"degenerate {row.loops.degenerate_rate:.3f}, {row.decode_tokens_per_s:.1f} tok/s"
+        )
+    note = f"{model_ref}: float32 weights ({model.num_parameters():,} parameters)"
+    if model_ref in CATALOG:
+        note = (
+            f"{model_ref}: the package ships it as a Q4_1 GGUF, so its 'F32' is the Q4_1 weights dequantized: every "
+            "type here re-quantizes weights that already lie on a 4-bit grid (16 levels per 32-value block)"
+        )
     study = QuantStudy(
         model=str(model_ref),
-        model_note=_model_note(model_ref, model),
+        model_note=note,
         config=cfg,
         text_source=inputs.text_source,
         prompt_source=inputs.prompt_source,
@@ -416,52 +411,3 @@ def run_quant_study(
         seconds=time.perf_counter() - started,
     )
     return study, stem
-
-
-def _measure(
-    model: Any,
-    files: dict[str, QuantizedFile],
-    types: list[str],
-    inputs: StudyInputs,
-    cfg: QuantStudyConfig,
-    log: Log,
-) -> tuple[LogitAgreement, list[TypeRow], list[SampleText]]:
-    """F32 first (the reference logits and scan, and the engine check against transformers), then each type."""
-    n_ctx = max(cfg.window_tokens, max(len(p) for p in inputs.prompt_ids) + cfg.max_new_tokens) + 8
-    open_file = partial(LlamaCppModel, n_ctx=n_ctx, n_threads=cfg.threads, kv_type=cfg.kv_type)
-    with open_file(files["F32"].path) as ref_engine:
-        reference = [np.asarray(ref_engine.logits(w), dtype=np.float32) for w in inputs.windows]
-        ref_scan, speed = _timed_scan(ref_engine, model, inputs, cfg)
-    # transformers float32 as the reference, llama.cpp's F32 file as the other: the engine on the same weights
-    engine_check = _agreement((transformers_logits(model, w) for w in inputs.windows), reference, inputs.windows)
-    log(
-        f"F32 in llama.cpp vs transformers float32: KL mean {engine_check.kl_mean:.3g}, top-1 "
-        f"{engine_check.top1_agreement:.4f}; F32 {speed[0]:.1f} tok/s ({speed[1]:.1f} per CPU-s)"
-    )
-    rows = [_row("F32", files["F32"], _agreement(reference, reference, inputs.windows), ref_scan, ref_scan, speed)]
-    samples: list[SampleText] = []
-    for name in types:
-        with open_file(files[name].path) as engine:
-            logits = (np.asarray(engine.logits(w), dtype=np.float32) for w in inputs.windows)
-            agreement = _agreement(reference, logits, inputs.windows)
-            scan, speed = _timed_scan(engine, model, inputs, cfg)
-        row = _row(name, files[name], agreement, scan, ref_scan, speed)
-        rows.append(row)
-        samples += _samples(name, scan, ref_scan, row.divergence, cfg.samples)
-        log(
-            f"{name}: KL mean {agreement.kl_mean:.3g}, top-1 {agreement.top1_agreement:.4f}, "
-            f"{row.divergence.diverged}/{len(inputs.prompt_ids)} greedy texts diverge, "
-            f"degenerate {row.loops.degenerate_rate:.3f}, {row.decode_tokens_per_s:.1f} tok/s"
-        )
-    return engine_check, rows, samples
-
-
-def _model_note(model_ref: str, model: Any) -> str:
-    from ...model.catalog import CATALOG
-
-    if model_ref in CATALOG:
-        return (
-            f"{model_ref}: the package ships it as a Q4_1 GGUF, so its 'F32' is the Q4_1 weights dequantized: every "
-            "type here re-quantizes weights that already lie on a 4-bit grid (16 levels per 32-value block)"
-        )
-    return f"{model_ref}: float32 weights ({model.num_parameters():,} parameters)"

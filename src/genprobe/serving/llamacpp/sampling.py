@@ -85,15 +85,7 @@ def chain_stages(
 
 
 # ---- the vocabulary DRY needs ------------------------------------------------------------------------------
-_QUIET_LOG: Any = None  # the ctypes callback must outlive every call that may log
-
-
-def _quiet(lc: ModuleType) -> None:
-    """Route llama.cpp's log lines (model loading prints dozens) to nowhere, once per process."""
-    global _QUIET_LOG
-    if _QUIET_LOG is None:
-        _QUIET_LOG = lc.llama_log_callback(lambda level, text, user_data: None)
-        lc.llama_log_set(_QUIET_LOG, ctypes.c_void_p(0))
+_QUIET_LOG: Any = None  # llama.cpp's log lines routed to nowhere; the ctypes callback must outlive every call
 
 
 class LlamaVocab(Closeable):
@@ -104,8 +96,11 @@ class LlamaVocab(Closeable):
     """
 
     def __init__(self, gguf_path: str | Path):
+        global _QUIET_LOG
         self.lc = require_llama_cpp()
-        _quiet(self.lc)
+        if _QUIET_LOG is None:  # model loading prints dozens of lines
+            _QUIET_LOG = self.lc.llama_log_callback(lambda level, text, user_data: None)
+            self.lc.llama_log_set(_QUIET_LOG, ctypes.c_void_p(0))
         self.lc.llama_backend_init()
         params = self.lc.llama_model_default_params()
         params.vocab_only = True
@@ -118,16 +113,6 @@ class LlamaVocab(Closeable):
         self.vocab = self.lc.llama_model_get_vocab(self._model)
         self.n_tokens = int(self.lc.llama_vocab_n_tokens(self.vocab))
         self._breakers: dict[tuple[str, ...], tuple[tuple[int, ...], ...]] = {}
-
-    def token_bytes(self, token: int) -> bytes:
-        """``vocab.detokenize({token}, special=true)`` — the text DRY matches breakers against."""
-        ids = (self.lc.llama_token * 1)(token)
-        buf = ctypes.create_string_buffer(256)
-        n = self.lc.llama_detokenize(self.vocab, ids, 1, buf, 256, False, True)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = self.lc.llama_detokenize(self.vocab, ids, 1, buf, -n, False, True)
-        return buf.raw[:n]
 
     def tokenize(self, text: bytes) -> list[int]:
         """``vocab.tokenize(text, add_special=false, parse_special=false)``."""
@@ -146,7 +131,16 @@ class LlamaVocab(Closeable):
 
     @cached_property
     def _texts(self) -> list[bytes]:
-        return [self.token_bytes(i) for i in range(self.n_tokens)]
+        """Each token's ``vocab.detokenize({token}, special=true)``: the text DRY matches breakers against."""
+        out = []
+        for token in range(self.n_tokens):
+            ids, buf = (self.lc.llama_token * 1)(token), ctypes.create_string_buffer(256)
+            n = self.lc.llama_detokenize(self.vocab, ids, 1, buf, 256, False, True)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self.lc.llama_detokenize(self.vocab, ids, 1, buf, -n, False, True)
+            out.append(buf.raw[:n])
+        return out
 
     def close(self) -> None:
         """Free the model (idempotent)."""
@@ -155,48 +149,27 @@ class LlamaVocab(Closeable):
             self._model = None
 
 
-def _check_breakers(cfg: SamplerConfig, strings: Sequence[str], vocab: LlamaVocab | None) -> None:
-    if not DRY.active(cfg):
-        return
-    if vocab is None:
-        raise UnsupportedSamplerError(
-            "DRY (dry_multiplier > 0) needs a vocabulary in llama.cpp (llama_sampler_init_dry): pass vocab="
-            "LlamaVocab(<a .gguf file>)"
-        )
-    theirs = set(vocab.dry_breakers(strings)) if strings else set()
-    ours = set(cfg.dry_sequence_breakers)
-    if theirs != ours:
-        raise UnsupportedSamplerError(
-            f"dry_sequence_breakers: llama.cpp takes breakers as strings; dry_breaker_strings={list(strings)!r} "
-            f"expand to {len(theirs)} token sequences with this vocabulary, the config holds {len(ours)} "
-            f"(e.g. only ours: {sorted(ours - theirs)[:3]}, only theirs: {sorted(theirs - ours)[:3]}); build the "
-            "config's breakers with LlamaVocab.dry_breakers(strings)"
-        )
-
-
 # ---- the chain as C objects --------------------------------------------------------------------------------
-def _init(lc: ModuleType, stage: ChainStage, vocab: LlamaVocab | None, n_vocab: int) -> Any:
-    a = stage.args
-    if stage.name == "logit_bias":
-        biases = (lc.llama_logit_bias * len(a[0]))(*[lc.llama_logit_bias(t, float("-inf")) for t in a[0]])
-        return lc.llama_sampler_init_logit_bias(n_vocab, len(a[0]), biases)  # copies the biases
-    if stage.name == "penalties":
-        return lc.llama_sampler_init_penalties(n_vocab, *a)
-    if stage.name == "dry":
-        assert vocab is not None  # _check_breakers refused it
-        strings = [s.encode() for s in a[4]]
-        arr = (ctypes.c_char_p * max(len(strings), 1))(*strings)
-        return lc.llama_sampler_init_dry(vocab.vocab, a[0], a[1], a[2], a[3], arr, len(strings))
-    return getattr(lc, f"llama_sampler_init_{stage.name}")(*a)
-
-
 def build_chain(lc: ModuleType, stages: Sequence[ChainStage], vocab: LlamaVocab | None, n_vocab: int) -> Any:
     """A ``llama_sampler`` chain owning one sampler per stage (free it with ``llama_sampler_free``)."""
     params = lc.llama_sampler_chain_default_params()
     params.no_perf = True
     chain = lc.llama_sampler_chain_init(params)
     for stage in stages:
-        lc.llama_sampler_chain_add(chain, _init(lc, stage, vocab, n_vocab))  # the chain takes ownership
+        a = stage.args
+        if stage.name == "logit_bias":
+            biases = (lc.llama_logit_bias * len(a[0]))(*[lc.llama_logit_bias(t, float("-inf")) for t in a[0]])
+            sampler = lc.llama_sampler_init_logit_bias(n_vocab, len(a[0]), biases)  # copies the biases
+        elif stage.name == "penalties":
+            sampler = lc.llama_sampler_init_penalties(n_vocab, *a)
+        elif stage.name == "dry":
+            assert vocab is not None  # LlamaCppSampler refused it
+            strings = [s.encode() for s in a[4]]
+            arr = (ctypes.c_char_p * max(len(strings), 1))(*strings)
+            sampler = lc.llama_sampler_init_dry(vocab.vocab, a[0], a[1], a[2], a[3], arr, len(strings))
+        else:
+            sampler = getattr(lc, f"llama_sampler_init_{stage.name}")(*a)
+        lc.llama_sampler_chain_add(chain, sampler)  # the chain takes ownership
     return chain
 
 
@@ -244,9 +217,14 @@ def chain_candidates(
     row = np.asarray(logits, dtype=np.float32).reshape(-1)
     hist = _history(history)
     ctx = context_length if context_length is not None else max(len(hist), 1)
-    strings = dry_breaker_strings
     with LlamaCppSampler(
-        cfg, n_vocab=len(row), context_length=ctx, vocab=vocab, dry_breaker_strings=strings, seed=seed, final=None
+        cfg,
+        n_vocab=len(row),
+        context_length=ctx,
+        vocab=vocab,
+        dry_breaker_strings=dry_breaker_strings,
+        seed=seed,
+        final=None,
     ) as chain:
         chain.accept_all(hist)
         arr = chain.apply(row)
@@ -284,7 +262,21 @@ class LlamaCppSampler(Closeable):
         self.stages = chain_stages(
             cfg, context_length=context_length, dry_breaker_strings=dry_breaker_strings, seed=seed, final=final
         )
-        _check_breakers(cfg, dry_breaker_strings, vocab)
+        if DRY.active(cfg) and vocab is None:
+            raise UnsupportedSamplerError(
+                "DRY (dry_multiplier > 0) needs a vocabulary in llama.cpp (llama_sampler_init_dry): pass vocab="
+                "LlamaVocab(<a .gguf file>)"
+            )
+        if DRY.active(cfg) and vocab is not None:
+            strings = dry_breaker_strings
+            theirs, ours = set(vocab.dry_breakers(strings)) if strings else set(), set(cfg.dry_sequence_breakers)
+            if theirs != ours:
+                raise UnsupportedSamplerError(
+                    f"dry_sequence_breakers: llama.cpp takes breakers as strings; dry_breaker_strings={list(strings)!r}"
+                    f" expand to {len(theirs)} token sequences with this vocabulary, the config holds {len(ours)} "
+                    f"(e.g. only ours: {sorted(ours - theirs)[:3]}, only theirs: {sorted(theirs - ours)[:3]}); build "
+                    "the config's breakers with LlamaVocab.dry_breakers(strings)"
+                )
         BANS.check_vocab(cfg, n_vocab, UnsupportedSamplerError)  # llama.cpp's logit_bias would skip them silently
         self.n_vocab = n_vocab
         self._chain = build_chain(self.lc, self.stages, vocab, n_vocab)

@@ -11,6 +11,8 @@ ones agree in distribution, not token by token.
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,25 +30,15 @@ def llamacpp_batches(model: LlamaCppModel, dry_breaker_strings: Sequence[str] = 
 
     def generate_batch(b: Batch) -> list[tuple]:
         check_prompts(b, model.vocab_size)
-        vocab = LlamaVocab(model.path) if DRY.active(b.sampler) else None
-        chains = [
-            LlamaCppSampler(
-                b.sampler,
-                n_vocab=model.vocab_size,
-                context_length=model.n_ctx,
-                vocab=vocab,
-                dry_breaker_strings=dry_breaker_strings,
-                seed=b.options.seed + i,
-            )
-            for i in range(b.first, b.first + len(b.prompts))
-        ]
-        try:
+        with ExitStack() as owned:  # the vocabulary and the chains freed however the batch ends
+            vocab = owned.enter_context(LlamaVocab(model.path)) if DRY.active(b.sampler) else None
+            sampler = partial(LlamaCppSampler, b.sampler, n_vocab=model.vocab_size, context_length=model.n_ctx)
+            seeds = range(b.options.seed + b.first, b.options.seed + b.first + len(b.prompts))
+            chains = [
+                owned.enter_context(sampler(vocab=vocab, dry_breaker_strings=dry_breaker_strings, seed=s))
+                for s in seeds
+            ]
             outs = model.generate_batch(b.prompts, b.options.max_new_tokens, [c.pick for c in chains])
-        finally:
-            for c in chains:
-                c.close()
-            if vocab is not None:
-                vocab.close()
         return [(out.tokens, len(out.tokens) == b.options.max_new_tokens) for out in outs]
 
     return generate_batch

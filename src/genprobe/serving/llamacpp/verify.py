@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -67,15 +68,18 @@ def context_shift_phase(run: Run, fill: list[int], n_keep: int, module: Any) -> 
     m, steps = run.backend.model, run.settings.steps
     if not 0 <= n_keep < len(fill) - 1:
         raise ValueError(f"n_keep must be in [0, {len(fill) - 1}) for a fill of {len(fill)} tokens, got {n_keep}")
-    m.reset()
-    last = m.decode(fill, 0, logits="last")
     n_discard = (len(fill) - n_keep) // 2
-    m.remove(n_keep, n_keep + n_discard)
-    m.shift(n_keep + n_discard, len(fill), -n_discard)
     kept = fill[:n_keep] + fill[n_keep + n_discard :]
-    # one token more than compared, so that the last compared one is decoded too: rows[t + 1] (after the shift)
-    # predicts the token after step t; the kept prompt's rows were computed before the shift
-    g = m.extend(kept, last, steps + 1, greedy_picker())
+    try:
+        m.reset()
+        last = m.decode(fill, 0, logits="last")
+        m.remove(n_keep, n_keep + n_discard)
+        m.shift(n_keep + n_discard, len(fill), -n_discard)
+        # one token more than compared, so that the last compared one is decoded too: rows[t + 1] (after the shift)
+        # predicts the token after step t; the kept prompt's rows were computed before the shift
+        g = m.extend(kept, last, steps + 1, greedy_picker())
+    except LlamaCppDecodeError as exc:  # the engine refused its own workload: a failure of this phase
+        return PhaseReport("context_shift", verdict="bug", note=f"llama.cpp failed: {exc}")
     response = run.backend.response(Generation(kept, g.tokens[:steps], g.logits[1:]), at=len(kept))
     shifted = torch.from_numpy(shifted_cache_logprobs(module, fill, n_keep, n_discard, response.token_ids))
     padded = torch.cat([torch.zeros(len(kept), shifted.shape[1], dtype=shifted.dtype), shifted])
@@ -134,13 +138,7 @@ def verify_serving_llamacpp(
         judge = Judge(reference_logprobs(ref_model), th, settings.top_k, backend.own_prefill, exact)
         work = build_workload(m.n_ctx - steps, m.n_ctx, m.vocab_size, prompts, seed)
         fill = [int(t) for t in build_workload(m.n_ctx, m.n_ctx, m.vocab_size, prompts, seed + 1).prefix[0][: m.n_ctx]]
-
-        def shift(run: Run) -> PhaseReport:
-            try:
-                return context_shift_phase(run, fill, n_keep, ref_model.module)
-            except LlamaCppDecodeError as exc:  # the engine refused its own workload: a failure of this phase
-                return PhaseReport("context_shift", verdict="bug", note=f"llama.cpp failed: {exc}")
-
+        shift = partial(context_shift_phase, fill=fill, n_keep=n_keep, module=ref_model.module)
         report = ServingReport(str(model), str(reference if reference is not None else model), th, asdict(settings))
         report.add(Run(backend, judge, work, settings, ref_model), {**m.describe(), "exact_arithmetic": exact}, [shift])
     finally:
