@@ -4,12 +4,12 @@ one wrong token (exposure bias, as the chapter measures it; the protocols: docs/
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
-from .._io import json_safe
 from ..corpus.tang import Corpus
 from ..corpus.tokenizer import UNK_ID, CharTokenizer
 from ..engine.generate import generate
@@ -147,8 +147,10 @@ def confidence_free_generation(
 
 
 @dataclass(frozen=True)
-class Shadow:
+class Shadow(Rounded):
     """Δloss after one true token (``k + 1``) is replaced by what the model wanted there."""
+
+    JSON_KEYS = "k truth model_wanted argmax_was_truth next_dloss peak tail_mean peak_step half_life_steps curve"
 
     k: int
     truth: str
@@ -157,30 +159,29 @@ class Shadow:
     curve: list[float]  # Δloss at steps 1..window
 
     @property
+    def next_dloss(self) -> float:
+        """Δloss at the first step."""
+        return self.curve[0]
+
+    @property
     def peak(self) -> float:
         """Largest Δloss."""
         return max(self.curve)
 
     @property
+    def tail_mean(self) -> float:
+        """Mean Δloss from step :data:`TAIL_FROM` on."""
+        return statistics.fmean(self.curve[TAIL_FROM - 1 :])
+
+    @property
+    def peak_step(self) -> int:
+        """The step of the largest Δloss."""
+        return self.curve.index(self.peak) + 1
+
+    @property
     def half_life_steps(self) -> int | None:
         """First step whose Δloss is at most half the peak."""
         return next((s + 1 for s, d in enumerate(self.curve) if d <= self.peak / 2), None)
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        tail = self.curve[TAIL_FROM - 1 :]
-        return {
-            "k": self.k,
-            "truth": self.truth,
-            "model_wanted": self.model_wanted,
-            "argmax_was_truth": self.argmax_was_truth,
-            "next_dloss": r(self.curve[0]),
-            "peak": r(self.peak),
-            "tail_mean": r(sum(tail) / len(tail)),
-            "peak_step": self.curve.index(self.peak) + 1,
-            "half_life_steps": self.half_life_steps,
-            "curve": [r(d) for d in self.curve],
-        }
 
 
 def wanted_instead(logp_row: torch.Tensor, truth: int, banned: Sequence[int] = (UNK_ID,)) -> tuple[int, bool]:
@@ -238,17 +239,17 @@ class ExposureResult:
             "teacher_forcing_snippet": self.snippet,
             "snippet_found_in": self.snippet_found_in,
             "snippet_offset": self.snippet_offset,
-            "teacher_forcing_rows": [json_safe(row) for row in tf.rows],
+            "teacher_forcing_rows": tf.rows,
             "teacher_forcing_mean_loss": r(tf.mean_loss),
             "teacher_forcing_perplexity": r(tf.perplexity, 2),
-            "teacher_forcing_with_lead_in": json_safe(lead),
-            "confidence_real_text": json_safe(self.confidence_real_text),
-            "confidence_free_generation": json_safe(self.confidence_free_generation),
-            "confidence_free_generation_greedy": json_safe(self.confidence_free_generation_greedy),
+            "teacher_forcing_with_lead_in": lead,
+            "confidence_real_text": self.confidence_real_text,
+            "confidence_free_generation": self.confidence_free_generation,
+            "confidence_free_generation_greedy": self.confidence_free_generation_greedy,
             "perturbation_passage": self.perturbation_passage,
             "perturbation_window": SHADOW_WINDOW,
             "perturbation_tail_from": TAIL_FROM,
-            "perturbation": [json_safe(p) for p in self.perturbation],
+            "perturbation": self.perturbation,
         }
 
 

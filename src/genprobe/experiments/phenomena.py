@@ -189,8 +189,8 @@ def distribution(logits: torch.Tensor, taus=TEMPERATURES, trap_taus=ORDER_TAUS, 
     kept = [
         KeptSetRow(
             tau,
-            {o: statistics.median(t[i].kept[o] for t in traps) for o in TRAP_ORDERS},
-            {o: statistics.fmean(t[i].kept[o] for t in traps) for o in TRAP_ORDERS},
+            {o: statistics.median(t[i][o] for t in traps) for o in TRAP_ORDERS},
+            {o: statistics.fmean(t[i][o] for t in traps) for o in TRAP_ORDERS},
         )
         for i, tau in enumerate(trap_taus)
     ]
@@ -296,7 +296,6 @@ class ShadowSummary:
     def to_dict(self) -> dict:
         """Means over the shadows; the half-life as a median (steps); the mean Δloss curve."""
         sh = self.shadows
-        tails = [statistics.fmean(s.curve[TAIL_FROM - 1 :]) for s in sh]
         halves = [s.half_life_steps for s in sh if s.half_life_steps is not None]
         curve = [statistics.fmean(s.curve[i] for s in sh) for i in range(self.window)]
         return {
@@ -305,9 +304,9 @@ class ShadowSummary:
             "positions": sorted({s.k for s in sh}),
             "window": self.window,
             "tail_from": TAIL_FROM,
-            "mean_next_dloss": r(statistics.fmean(s.curve[0] for s in sh)),
+            "mean_next_dloss": r(statistics.fmean(s.next_dloss for s in sh)),
             "mean_peak": r(statistics.fmean(s.peak for s in sh)),
-            "mean_tail": r(statistics.fmean(tails)),
+            "mean_tail": r(statistics.fmean(s.tail_mean for s in sh)),
             "median_half_life_steps": statistics.median(halves) if halves else None,
             "mean_curve": [r(x) for x in curve],
         }

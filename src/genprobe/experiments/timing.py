@@ -116,7 +116,7 @@ class CacheTiming:
                 "naive_counted": first.naive_token_forwards // first.batch,
                 "cached_counted": first.cached_token_forwards // first.batch,
             },
-            "rows": [json_safe(row) for row in self.rows],
+            "rows": self.rows,
         }
 
 
@@ -139,17 +139,6 @@ def scaling_config(
 
 
 @dataclass(frozen=True)
-class SkippedLength(Rounded):
-    """A generation length not timed: the naive loop was predicted to exceed the budget."""
-
-    DIGITS = 1
-
-    new_tokens: int
-    predicted_naive_s: float
-    budget_s: float
-
-
-@dataclass(frozen=True)
 class CacheScaling:
     """The ``cache_scaling`` key: the naive / cached comparison on a larger random model over lengths."""
 
@@ -158,19 +147,19 @@ class CacheScaling:
     shrunk_for_quick: bool
     reps: int
     rows: list[ModeTiming]
-    skipped: list[SkippedLength]
+    skipped: list[dict]  # lengths not timed: the naive loop was predicted to exceed the budget
 
     def to_dict(self) -> dict:
         """JSON form (rows without the batch size: always 1 here)."""
         cfg = self.config
         return {
             "model": f"{cfg.n_layer} layers, d_model {cfg.d_model}, {self.parameters:,} parameters, random weights",
-            "config": json_safe(cfg),
+            "config": cfg,
             "parameters": self.parameters,
             "shrunk_for_quick": self.shrunk_for_quick,
             "reps": self.reps,
             "rows": [{k: v for k, v in json_safe(row).items() if k != "batch"} for row in self.rows],
-            "skipped": [json_safe(s) for s in self.skipped],
+            "skipped": self.skipped,
         }
 
 
@@ -191,14 +180,14 @@ def run_cache_scaling(
     torch.manual_seed(0)
     model = GPT(cfg).eval()
     rows: list[ModeTiming] = []
-    skipped: list[SkippedLength] = []
+    skipped: list[dict] = []
     P = len(prompt_ids)
     for n in new_tokens:
         if rows:
             prev = rows[-1]
             predicted = prev.naive_s * naive_token_forwards(P, n) / naive_token_forwards(P, prev.new_tokens)
             if predicted > MAX_NAIVE_S:
-                skipped.append(SkippedLength(n, predicted, MAX_NAIVE_S))
+                skipped.append({"new_tokens": n, "predicted_naive_s": r(predicted, 1), "budget_s": MAX_NAIVE_S})
                 continue
         rows.append(time_modes(model, prompt_ids, 1, n, reps))
     return CacheScaling(cfg, model.num_parameters(), small, reps, rows, skipped)

@@ -66,13 +66,30 @@ def _compute_claim(timing: dict) -> Claim:
 
 # ---- the case study (ch3_case.json) -------------------------------------------------------------------
 def case_claims(case: dict) -> list[Claim]:
-    """Evaluate every finding whose data is present in ``case``."""
+    """Evaluate every finding whose data is present in ``case``: decoding, sampling, then the cache (exact, the
+    mutants caught, no_mask hidden at one token a step, compute ≠ time)."""
     out: list[Claim] = []
     if case.get("decoding"):
         out += _case_decoding_claims(case["decoding"])
     if case.get("sampling"):
         out += _case_sampling_claims(case["sampling"])
-    return out + _cache_claims(case)
+    if c := case.get("cache_exact"):
+        exact = c["prefill_max_abs_dlogit"] == 0.0 and c["incremental_max_abs_dlogit"] < 1e-4
+        ev = f"prefill {c['prefill_max_abs_dlogit']}, incremental {c['incremental_max_abs_dlogit']:.2e}"
+        out.append(Claim("KV cache: prefill Δ = 0.0, incremental < 1e-4", exact, ev))
+    if bugs := case.get("cache_bugs"):
+        claim = "the harness flags pos_zero, no_cat, no_mask, kv_mismatch and passes cat_order"
+        ev = ", ".join(f"{r['impl']}: {r['verdict']}" for r in bugs)
+        out.append(Claim(claim, all(r.get("as_expected", False) for r in bugs), ev))
+    if m := case.get("mask_noop"):
+        chunk = next((v for k, v in m.items() if k.startswith("no_mask_chunk")), None)
+        chunk_txt = "none measured" if chunk is None else f"{chunk:.3g}"
+        hidden = m.get("no_mask_t_new_1") == 0.0 and (chunk or 0) > 1e-3
+        ev = f"T_new=1: {m.get('no_mask_t_new_1')}, chunks: {chunk_txt}"
+        out.append(Claim("no_mask is invisible at T_new = 1 and visible in chunks", hidden, ev))
+    if t := case.get("cache_timing"):
+        out.append(_compute_claim(t))
+    return out
 
 
 def _case_decoding_claims(d: dict) -> list[Claim]:
@@ -121,28 +138,6 @@ def _case_sampling_claims(s: dict) -> list[Claim]:
     ]
 
 
-def _cache_claims(case: dict) -> list[Claim]:
-    """The cache is exact, the mutants are caught, no_mask hides at one token a step, compute ≠ time."""
-    out: list[Claim] = []
-    if c := case.get("cache_exact"):
-        exact = c["prefill_max_abs_dlogit"] == 0.0 and c["incremental_max_abs_dlogit"] < 1e-4
-        ev = f"prefill {c['prefill_max_abs_dlogit']}, incremental {c['incremental_max_abs_dlogit']:.2e}"
-        out.append(Claim("KV cache: prefill Δ = 0.0, incremental < 1e-4", exact, ev))
-    if bugs := case.get("cache_bugs"):
-        claim = "the harness flags pos_zero, no_cat, no_mask, kv_mismatch and passes cat_order"
-        ev = ", ".join(f"{r['impl']}: {r['verdict']}" for r in bugs)
-        out.append(Claim(claim, all(r.get("as_expected", False) for r in bugs), ev))
-    if m := case.get("mask_noop"):
-        chunk = next((v for k, v in m.items() if k.startswith("no_mask_chunk")), None)
-        chunk_txt = "none measured" if chunk is None else f"{chunk:.3g}"
-        hidden = m.get("no_mask_t_new_1") == 0.0 and (chunk or 0) > 1e-3
-        ev = f"T_new=1: {m.get('no_mask_t_new_1')}, chunks: {chunk_txt}"
-        out.append(Claim("no_mask is invisible at T_new = 1 and visible in chunks", hidden, ev))
-    if t := case.get("cache_timing"):
-        out.append(_compute_claim(t))
-    return out
-
-
 # ---- any model's phenomena.json ------------------------------------------------------------------------
 def _row(d: dict, strategy: str) -> dict:
     return next(x for x in d["diversity"] if x["strategy"] == strategy)
@@ -161,8 +156,29 @@ def _entropy(d: dict, tau: float) -> dict:
 
 
 def phenomena_claims(d: dict) -> list[Claim]:
-    """The chapter's claims about the measured phenomena, judged on one model's ``phenomena.json``."""
-    return _decoding_claims(d) + _free_running_claims(d) + ([_compute_claim(d["timing"])] if d.get("timing") else [])
+    """The chapter's claims about the measured phenomena, judged on one model's ``phenomena.json``: decoding, then
+    §3.7 (the model on its own tokens, one wrong token's shadow, loops as fixed points) and the cache's compute."""
+    tf, free = _reading(d, "teacher forcing"), _reading(d, "free running, τ = 1")
+    sh, dv = d["shadow"], d["divergence"]
+    free_running = [
+        Claim(
+            "§3.7.3 the model is surer (lower NLL) of its own τ = 1 tokens than of its argmax on real text",
+            free["own_nll"] < tf["own_nll"],
+            f"own-token NLL free running {free['own_nll']} vs argmax on real text {tf['own_nll']}",
+        ),
+        Claim(
+            "§3.7.2 one wrong token's shadow is short: median half-life <= 3 steps, tail near zero",
+            (sh["median_half_life_steps"] or 99) <= 3 and sh["mean_tail"] <= TAIL_SHARE * sh["mean_peak"],
+            f"half-life {sh['median_half_life_steps']}, peak {sh['mean_peak']}, tail {sh['mean_tail']}",
+        ),
+        Claim(
+            "§3.7.2 a loop is a stable fixed point: greedy continuations of a prefix with one token changed agree "
+            "again at the end (>= half the positions of the last quarter)",
+            dv["tail_agreement"] >= 0.5,
+            f"tail agreement {dv['tail_agreement']}, never diverged {dv['never_diverged']}",
+        ),
+    ]
+    return _decoding_claims(d) + free_running + ([_compute_claim(d["timing"])] if d.get("timing") else [])
 
 
 def _decoding_claims(d: dict) -> list[Claim]:
@@ -185,30 +201,6 @@ def _decoding_claims(d: dict) -> list[Claim]:
             f"§3.5.5 temperature then top-p lets several times (>= 2x) more tokens in at τ = {HEADLINE_TAU:g}",
             hot["temp_then_trunc"] >= 2 * hot["trunc_then_temp"],
             f"median kept {hot['temp_then_trunc']} vs {hot['trunc_then_temp']}",
-        ),
-    ]
-
-
-def _free_running_claims(d: dict) -> list[Claim]:
-    """§3.7: the model on its own tokens, one wrong token's shadow, and loops as fixed points."""
-    tf, free = _reading(d, "teacher forcing"), _reading(d, "free running, τ = 1")
-    sh, dv = d["shadow"], d["divergence"]
-    return [
-        Claim(
-            "§3.7.3 the model is surer (lower NLL) of its own τ = 1 tokens than of its argmax on real text",
-            free["own_nll"] < tf["own_nll"],
-            f"own-token NLL free running {free['own_nll']} vs argmax on real text {tf['own_nll']}",
-        ),
-        Claim(
-            "§3.7.2 one wrong token's shadow is short: median half-life <= 3 steps, tail near zero",
-            (sh["median_half_life_steps"] or 99) <= 3 and sh["mean_tail"] <= TAIL_SHARE * sh["mean_peak"],
-            f"half-life {sh['median_half_life_steps']}, peak {sh['mean_peak']}, tail {sh['mean_tail']}",
-        ),
-        Claim(
-            "§3.7.2 a loop is a stable fixed point: greedy continuations of a prefix with one token changed agree "
-            "again at the end (>= half the positions of the last quarter)",
-            dv["tail_agreement"] >= 0.5,
-            f"tail agreement {dv['tail_agreement']}, never diverged {dv['never_diverged']}",
         ),
     ]
 

@@ -20,17 +20,6 @@ def _first(rows: list[dict], key: str, value: Any) -> dict:
     return next((r for r in rows if r[key] == value), {})
 
 
-def _model_rows(case: dict, seed: dict) -> list[Row]:
-    m, sm = case.get("model", {}), seed.get("model", {})
-    return [
-        ("parameters", m.get("params"), sm.get("params"), "int"),
-        ("validation loss (nats)", m.get("val_loss"), sm.get("val_loss"), "f3"),
-        ("unigram baseline CE (nats)", m.get("unigram_ce"), sm.get("unigram_ce"), "f3"),
-        ("vocabulary coverage (1,200 chars)", m.get("coverage_1200"), sm.get("coverage_1200"), "pct"),
-        ("<unk> share of corpus positions", m.get("unk_share"), sm.get("unk_share_claimed"), "pct"),
-    ]
-
-
 def _decoding_rows(d: dict, seed: dict) -> list[Row]:
     seed_rows = seed.get("decoding", {}).get("rows", [])
     sd = {r["strategy"]: r for r in seed_rows}
@@ -67,8 +56,25 @@ def _sampling_rows(s: dict, seed: dict) -> list[Row]:
     ]
 
 
-def _cache_rows(case: dict, seed: dict) -> list[Row]:
-    rows: list[Row] = []
+def headline_rows(case: dict, seed: dict) -> list[Row]:
+    """(label, ours, seed, kind) rows of the headline table (also used by the CLI and README)."""
+    m, sm = case.get("model", {}), seed.get("model", {})
+    rows: list[Row] = [
+        ("parameters", m.get("params"), sm.get("params"), "int"),
+        ("validation loss (nats)", m.get("val_loss"), sm.get("val_loss"), "f3"),
+        ("unigram baseline CE (nats)", m.get("unigram_ce"), sm.get("unigram_ce"), "f3"),
+        ("vocabulary coverage (1,200 chars)", m.get("coverage_1200"), sm.get("coverage_1200"), "pct"),
+        ("<unk> share of corpus positions", m.get("unk_share"), sm.get("unk_share_claimed"), "pct"),
+    ]
+    if case.get("decoding"):
+        rows += _decoding_rows(case["decoding"], seed)
+    if case.get("sampling"):
+        rows += _sampling_rows(case["sampling"], seed)
+    if e := case.get("exposure"):
+        seed_loss = seed.get("exposure", {}).get("teacher_forcing_mean_loss")
+        rows.append(
+            ("teacher forcing on 已驚飛。方從列子御: mean loss", e["teacher_forcing_mean_loss"], seed_loss, "f3")
+        )
     if c := case.get("cache_exact"):
         sc = seed.get("cache_exact", {})
         rows += [
@@ -91,18 +97,3 @@ def _cache_rows(case: dict, seed: dict) -> list[Row]:
             ("CPU wall-clock speed-up, batch 1", t["rows"][0]["speedup"], seed_cpu1.get("speedup"), "f2"),
         ]
     return rows
-
-
-def headline_rows(case: dict, seed: dict) -> list[Row]:
-    """(label, ours, seed, kind) rows of the headline table (also used by the CLI and README)."""
-    rows = _model_rows(case, seed)
-    if case.get("decoding"):
-        rows += _decoding_rows(case["decoding"], seed)
-    if case.get("sampling"):
-        rows += _sampling_rows(case["sampling"], seed)
-    if e := case.get("exposure"):
-        seed_loss = seed.get("exposure", {}).get("teacher_forcing_mean_loss")
-        rows.append(
-            ("teacher forcing on 已驚飛。方從列子御: mean loss", e["teacher_forcing_mean_loss"], seed_loss, "f3")
-        )
-    return rows + _cache_rows(case, seed)
