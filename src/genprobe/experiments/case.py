@@ -98,14 +98,6 @@ class CaseResult:
         }
 
 
-def select_experiments(only: Sequence[str] | None, skip: Sequence[str] = ()) -> tuple[str, ...]:
-    """The experiments ``only`` / ``skip`` leave, in the case study's order; unknown names are an error."""
-    bad = [x for x in list(only or []) + list(skip) if x not in EXPERIMENTS]
-    if bad:
-        raise ValueError(f"unknown experiment(s) {bad}; choose from {list(EXPERIMENTS)}")
-    return tuple(x for x in (only or EXPERIMENTS) if x not in set(skip))
-
-
 def run_experiments(
     model: GPT,
     tok: CharTokenizer,
@@ -116,7 +108,7 @@ def run_experiments(
     only: Sequence[str] = EXPERIMENTS,
     log: Callable[[str], None] = lambda msg: None,
 ) -> CaseResult:
-    """Run every experiment (or those named in ``only``, as :func:`select_experiments` leaves them) on ``model``."""
+    """Run every experiment (or those named in ``only``) on ``model``."""
     from ..verify.mutants import cache_exact, mask_noop, run_mutants
 
     model = model.eval()
@@ -219,14 +211,17 @@ def run_case(
     log: Callable[[str], None] = lambda msg: None,
 ) -> CaseStudy:
     """The chapter's case study into ``out``: train (or reuse) the default model unless ``model`` (a genprobe
-    checkpoint) is given, run every experiment (``only`` / ``skip``), write ch3_case.json, figures and report.html."""
+    checkpoint) is given, run every experiment (``only`` / ``skip``: unknown names are an error), write ch3_case.json,
+    figures and report.html."""
     from .._io import atomic_write_bytes, atomic_write_json
     from ..corpus.tang import load_corpus
     from ..report.figures import render_figures
     from ..report.headline import headline_rows, seed_tables
     from ..report.html import write_report
 
-    names = select_experiments(only, skip)
+    if bad := [x for x in [*(only or []), *skip] if x not in EXPERIMENTS]:
+        raise ValueError(f"unknown experiment(s) {bad}; choose from {list(EXPERIMENTS)}")
+    names = tuple(x for x in (only or EXPERIMENTS) if x not in set(skip))
     t0 = time.perf_counter()
     out = Path(out)
     if out.exists() and not out.is_dir():

@@ -1,9 +1,6 @@
-"""The chapter's opening experiment: seven decoding strategies on one prompt, greedy on three more prompts,
-and the check that rules out "the model is not trained" (validation loss against the unigram baseline).
-
-Metrics are computed on the generated tokens only (the chapter's 50, not prompt + 50), with
-``<unk>`` kept as a token: decode() hides it, so the texts are given both ways.
-"""
+"""The chapter's opening experiment: seven decoding strategies on one prompt, greedy on three more prompts, and the
+check that rules out "the model is not trained" (validation loss against the unigram baseline). Metrics are over the
+generated tokens only (the chapter's 50), ``<unk>`` kept as a token: decode() hides it, so texts come both ways."""
 
 from __future__ import annotations
 

@@ -29,12 +29,9 @@ LogitsFn = Callable[[torch.Tensor], torch.Tensor]
 
 def find_snippet(corpus: Corpus, snippet: str = SNIPPET) -> tuple[str, int]:
     """(split name, offset) of ``snippet`` in the validation split (else anywhere in the text)."""
-    i = corpus.val.find(snippet)
-    if i >= 0:
-        return "val", i
-    i = corpus.text.find(snippet)
-    if i >= 0:
-        return "text", i
+    for split in ("val", "text"):
+        if (i := getattr(corpus, split).find(snippet)) >= 0:
+            return split, i
     raise ValueError(f"snippet {snippet!r} not found in the corpus ({corpus.source})")
 
 
@@ -257,7 +254,7 @@ def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = F
     """Teacher forcing on the chapter's snippet, confidence on real vs generated text, and the one-wrong-token
     shadows."""
     split, at = find_snippet(corpus)
-    source = corpus.val if split == "val" else corpus.text
+    source = getattr(corpus, split)
     T = model.cfg.block_size
     tf = teacher_forcing_table(model, tok, SNIPPET)
     tf_lead = teacher_forcing_table(model, tok, SNIPPET, lead_in=source[max(0, at - (T - len(SNIPPET))) : at])

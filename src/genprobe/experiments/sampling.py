@@ -1,9 +1,5 @@
-"""How temperature, top-k/top-p and their order reshape ONE real next-token distribution.
-
-Everything here is computed on the distribution after the case prompt, so the numbers are
-directly comparable with the chapter's tables (entropy vs τ, nucleus curve, order trap) and the
-exported distribution drives the report's sampling lab.
-"""
+"""How temperature, top-k/top-p and their order reshape ONE real next-token distribution, the one after the case
+prompt: the chapter's tables (entropy vs τ, nucleus curve, order trap), and the distribution the report's lab reads."""
 
 from __future__ import annotations
 

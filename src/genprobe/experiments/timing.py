@@ -1,9 +1,5 @@
-"""Compute saved vs time saved: the KV cache saves ~28× token forwards, yet wall-clock barely moves.
-
-Both paths go through the engine's ``generate`` (same sampler, same seed); only ``mode`` differs.
-Wall time is the median of ``reps`` runs after one warm-up; the counted compute ratio comes from
-the engine's own ``token_forwards`` counter, and the closed-form ratio from the sum below.
-"""
+"""Compute saved vs time saved by the KV cache: the engine's ``generate`` naive and cached (only ``mode`` differs),
+the median wall time of ``reps`` runs after a warm-up, beside its ``token_forwards`` count and the closed form."""
 
 from __future__ import annotations
 
@@ -98,9 +94,10 @@ class CacheTiming:
     threads: int
     reps: int
     rows: list[ModeTiming]
+    tokens_match: dict | None = None  # {"rows", "identical"}: rows generated both ways, and how many agree
 
     def to_dict(self) -> dict:
-        """JSON form (the ``cache_timing`` key of ``ch3_case.json``)."""
+        """JSON form (the ``cache_timing`` key of ``ch3_case.json``; ``tokens_match`` once measured)."""
         P, N, first = self.prompt_len, self.new_tokens, self.rows[0]
         formula = naive_token_forwards(P, N)
         return {
@@ -117,7 +114,7 @@ class CacheTiming:
                 "cached_counted": first.cached_token_forwards // first.batch,
             },
             "rows": self.rows,
-        }
+        } | ({"tokens_match": self.tokens_match} if self.tokens_match else {})
 
 
 def run_cache_timing(
@@ -171,11 +168,8 @@ def run_cache_scaling(
     cfg: GPTConfig | None = None,
     small: bool = False,
 ) -> CacheScaling:
-    """The same comparison on a random 8×768 model (seeded) over generation lengths.
-
-    The naive loop grows quadratically; a length whose naive run is predicted (from the previous
-    length, scaled by the token-forward count) to exceed :data:`MAX_NAIVE_S` is listed in ``skipped``.
-    """
+    """The same comparison on a random 8×768 model (seeded) over generation lengths; a length whose naive run is
+    predicted (the previous one's, scaled by token forwards) to exceed :data:`MAX_NAIVE_S` is listed in ``skipped``."""
     cfg = cfg or scaling_config(vocab_size, max(new_tokens), len(prompt_ids), small=small)
     torch.manual_seed(0)
     model = GPT(cfg).eval()

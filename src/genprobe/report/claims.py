@@ -22,7 +22,6 @@ class Claim:
     evidence: str
 
 
-# ---- the claims both data forms judge ---------------------------------------------------------------
 def _diversity_claims(greedy: float, sampled: dict[str, float]) -> list[Claim]:
     """§3.3 / §3.5: greedy distinct-2 against every sampling strategy's (name -> distinct-2)."""
     low = min(sampled.values())
@@ -64,15 +63,50 @@ def _compute_claim(timing: dict) -> Claim:
     )
 
 
-# ---- the case study (ch3_case.json) -------------------------------------------------------------------
 def case_claims(case: dict) -> list[Claim]:
     """Evaluate every finding whose data is present in ``case``: decoding, sampling, then the cache (exact, the
     mutants caught, no_mask hidden at one token a step, compute ≠ time)."""
     out: list[Claim] = []
-    if case.get("decoding"):
-        out += _case_decoding_claims(case["decoding"])
-    if case.get("sampling"):
-        out += _case_sampling_claims(case["sampling"])
+    if d := case.get("decoding"):  # greedy loops, sampling does not; banning <unk> only moves the loop
+        g, b = d["rows"][0], d["rows"][1]
+        sampled = {r["strategy"]: r["distinct_2"] for r in d["rows"] if not r["sampler"]["greedy"]}
+        ban_repeats = b["looping"] or (b["longest_repeat"] or 0) >= 3
+        ban_loop = f"period {b['loop_period']}" if b["looping"] else "none within 50 tokens"
+        out += [
+            Claim(
+                "§3.3 greedy decoding loops (a repeated unit)",
+                g["looping"],
+                f"period {g['loop_period']}, onset {g['loop_onset']}, distinct-2 {g['distinct_2']}",
+            ),
+            Claim(
+                "banning <unk> changes the loop unit but output still repeats",
+                b["loop_unit"] != g["loop_unit"] and ban_repeats and b["distinct_2"] < 0.9,
+                f"exact loop: {ban_loop}; longest n-gram seen ≥3×: {b['longest_repeat']} ({b['longest_repeat_text']}); "
+                f"distinct-2 {b['distinct_2']}",
+            ),
+            *_diversity_claims(g["distinct_2"], sampled),
+        ]
+    if s := case.get("sampling"):  # entropy grows with τ, the kept set with p; truncating first freezes the kept set
+        kept = [r["kept"] for r in s["nucleus_curve_tau_1"]]
+        trap = s["order_trap_top_p_0_9"]
+        bb = [r["temp_then_trunc"] for r in trap]
+        at1 = [r for r in trap if r["tau"] == 1.0]
+        out += [
+            _entropy_claim([r["entropy"] for r in s["entropy_vs_temperature"]], s["log_vocab"]),
+            Claim(
+                "kept-set size grows with p",
+                all(b_ >= a_ for a_, b_ in pairwise(kept)) and kept[-1] > kept[0],
+                f"kept {kept} for p {[r['p'] for r in s['nucleus_curve_tau_1']]}",
+            ),
+            _order_claim(trap),
+            Claim(
+                "temp_then_trunc: kept set grows with τ, equal to trunc_then_temp at τ = 1",
+                all(y >= x for x, y in pairwise(bb))
+                and bb[-1] > bb[0]
+                and all(r["trunc_then_temp"] == r["temp_then_trunc"] for r in at1),
+                f"{bb} for τ {[r['tau'] for r in trap]}",
+            ),
+        ]
     if c := case.get("cache_exact"):
         exact = c["prefill_max_abs_dlogit"] == 0.0 and c["incremental_max_abs_dlogit"] < 1e-4
         ev = f"prefill {c['prefill_max_abs_dlogit']}, incremental {c['incremental_max_abs_dlogit']:.2e}"
@@ -92,53 +126,6 @@ def case_claims(case: dict) -> list[Claim]:
     return out
 
 
-def _case_decoding_claims(d: dict) -> list[Claim]:
-    """Greedy loops, sampling does not; banning <unk> only moves the loop."""
-    g, b = d["rows"][0], d["rows"][1]
-    sampled = {r["strategy"]: r["distinct_2"] for r in d["rows"] if not r["sampler"]["greedy"]}
-    ban_repeats = b["looping"] or (b["longest_repeat"] or 0) >= 3
-    ban_loop = f"period {b['loop_period']}" if b["looping"] else "none within 50 tokens"
-    return [
-        Claim(
-            "§3.3 greedy decoding loops (a repeated unit)",
-            g["looping"],
-            f"period {g['loop_period']}, onset {g['loop_onset']}, distinct-2 {g['distinct_2']}",
-        ),
-        Claim(
-            "banning <unk> changes the loop unit but output still repeats",
-            b["loop_unit"] != g["loop_unit"] and ban_repeats and b["distinct_2"] < 0.9,
-            f"exact loop: {ban_loop}; longest n-gram seen ≥3×: {b['longest_repeat']} ({b['longest_repeat_text']}); "
-            f"distinct-2 {b['distinct_2']}",
-        ),
-        *_diversity_claims(g["distinct_2"], sampled),
-    ]
-
-
-def _case_sampling_claims(s: dict) -> list[Claim]:
-    """Entropy grows with τ, the kept set with p; truncating before the temperature freezes the kept set."""
-    kept = [r["kept"] for r in s["nucleus_curve_tau_1"]]
-    trap = s["order_trap_top_p_0_9"]
-    bb = [r["temp_then_trunc"] for r in trap]
-    at1 = [r for r in trap if r["tau"] == 1.0]
-    return [
-        _entropy_claim([r["entropy"] for r in s["entropy_vs_temperature"]], s["log_vocab"]),
-        Claim(
-            "kept-set size grows with p",
-            all(b_ >= a_ for a_, b_ in pairwise(kept)) and kept[-1] > kept[0],
-            f"kept {kept} for p {[r['p'] for r in s['nucleus_curve_tau_1']]}",
-        ),
-        _order_claim(trap),
-        Claim(
-            "temp_then_trunc: kept set grows with τ, equal to trunc_then_temp at τ = 1",
-            all(y >= x for x, y in pairwise(bb))
-            and bb[-1] > bb[0]
-            and all(r["trunc_then_temp"] == r["temp_then_trunc"] for r in at1),
-            f"{bb} for τ {[r['tau'] for r in trap]}",
-        ),
-    ]
-
-
-# ---- any model's phenomena.json ------------------------------------------------------------------------
 def _row(d: dict, strategy: str) -> dict:
     return next(x for x in d["diversity"] if x["strategy"] == strategy)
 
