@@ -170,8 +170,7 @@ class CaseStudy:
 
 
 def study_model(model_path: str | Path | None, out: Path, quick: bool, progress: bool, log: Callable[[str], None]):
-    """The model to study (the one loader's Model): ``model_path``, else the default trained (or reused) in
-    OUT/model."""
+    """The model to study (a loaded Model): ``model_path``, else the default model trained (or reused) in OUT/model."""
     from ..corpus.tang import load_corpus
     from ..model.checkpoint import is_checkpoint, read_meta, save_checkpoint
     from ..model.load import load_model

@@ -59,8 +59,7 @@ class TeacherForcingRow(Rounded):
 
 @dataclass(frozen=True)
 class TeacherForcing(Rounded):
-    """Per-position loss of a text read under teacher forcing, and its mean over the scored rows (the JSON form: the
-    summary)."""
+    """Per-position loss of a text read under teacher forcing and its mean over the scored rows (JSON: the summary)."""
 
     JSON_KEYS = "lead_in_chars mean_loss perplexity"
     DIGITS_OF = {"perplexity": 2}
@@ -133,8 +132,7 @@ class FreeGenerationConfidence(Rounded):
 def confidence_free_generation(
     model: GPT, prompts: list[list[int]], new_tokens: int, sampler: SamplerConfig, name: str
 ) -> FreeGenerationConfidence:
-    """Mean probability / NLL the model gives its own choices while generating freely (``name``: the sampler's
-    label)."""
+    """Mean probability / NLL the model gives its own choices while generating freely (``name``: the sampler)."""
     res = generate(model, prompts, new_tokens, sampler=sampler, return_logits=True)  # seed 0
     assert res.step_logits is not None  # return_logits=True
     chosen = torch.tensor(res.tokens, dtype=torch.long)  # (B, N)
@@ -200,8 +198,7 @@ def perturbation(
     window: int = SHADOW_WINDOW,
     banned: Sequence[int] = (UNK_ID,),
 ) -> Shadow:
-    """Replace token ``k+1`` by the model's argmax (not a ``banned`` id) and measure Δloss on the next ``window``
-    rows."""
+    """Replace token ``k+1`` by the model's argmax (never a ``banned`` id); Δloss on the next ``window`` rows."""
     if not 0 <= k or k + 2 + window > len(ids):
         raise ValueError(f"perturbation at k={k} with window {window} needs {k + 2 + window} tokens, got {len(ids)}")
     ids = ids[: k + 2 + window]
@@ -251,8 +248,7 @@ class ExposureResult:
 
 
 def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = False) -> ExposureResult:
-    """Teacher forcing on the chapter's snippet, confidence on real vs generated text, and the one-wrong-token
-    shadows."""
+    """Teacher forcing on the chapter's snippet, confidence on real vs generated text, one wrong token's shadows."""
     split, at = find_snippet(corpus)
     source = getattr(corpus, split)
     T = model.cfg.block_size

@@ -211,8 +211,7 @@ class _Scores:
     mask: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, logits: torch.Tensor, truth: torch.Tensor, own: torch.Tensor | None = None) -> None:
-        """Score one batch: logits (b, N, V) at the positions of ``truth`` and of the model's ``own`` tokens (b, N;
-        None: its argmax)."""
+        """Score one batch: logits (b, N, V) at ``truth`` and at the model's ``own`` tokens (b, N; None: its argmax)."""
         z = logits.double()
         z[..., list(self.bans)] = -math.inf
         logp = torch.log_softmax(z, -1)

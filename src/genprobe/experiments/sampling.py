@@ -69,8 +69,7 @@ def nucleus_curve(logits: torch.Tensor, ps=NUCLEUS_PS) -> list[NucleusRow]:
 
 
 def order_trap(logits: torch.Tensor, top_p: float = 0.9, taus=ORDER_TAUS, orders=ORDERS) -> list[dict]:
-    """Kept-set size at top-p ``top_p`` under each sampler order / engine preset for each τ: ``{"tau": τ, order:
-    kept, ...}``."""
+    """Kept-set size at top-p ``top_p`` under each order / engine preset per τ: ``{"tau": τ, order: kept, ...}``."""
     return [
         {"tau": tau} | {o: kept_set_size(logits, SamplerConfig(temperature=tau, top_p=top_p, order=o)) for o in orders}
         for tau in taus
@@ -111,8 +110,7 @@ class SamplingResult:
 
 @torch.no_grad()
 def run_sampling(model: GPT, tok: CharTokenizer) -> SamplingResult:
-    """Temperature, nucleus and order-trap tables on the raw next-token logits (V,) after the case prompt, plus that
-    distribution."""
+    """Entropy, nucleus and order-trap tables of the raw next-token logits (V,) after the case prompt, and those."""
     prompt = tok.encode_with_report(CASE_PROMPT)
     logits = model(torch.tensor([prompt.ids[-model.cfg.block_size :]], dtype=torch.long))[0, -1].float()
     return SamplingResult(

@@ -74,10 +74,8 @@ class ModeTiming(Rounded):
 def time_modes(
     model: ModelLike, prompt_ids: list[int], batch: int, new_tokens: int, reps: int = 3, budget_s: float = 5.0
 ) -> ModeTiming:
-    """Naive vs cached wall time (median of up to ``reps`` runs, fewer past ``budget_s``) and token forwards.
-
-    ``model``: a genprobe GPT or any engine runner (``Model.runner``: a ``transformers`` model too).
-    """
+    """Naive vs cached wall time (median of up to ``reps`` runs, fewer past ``budget_s``) and token forwards of
+    ``model``: a genprobe GPT or any engine runner (``Model.runner``: a ``transformers`` model too)."""
     prompts = [list(prompt_ids)] * batch
     with torch.inference_mode():
         naive_s, naive_f, naive_n = _time(model, prompts, new_tokens, "naive", reps, budget_s)
@@ -128,8 +126,7 @@ def run_cache_timing(
 def scaling_config(
     vocab_size: int = 1202, max_new: int = max(SCALING_TOKENS), prompt_len: int = 7, small: bool = False
 ) -> GPTConfig:
-    """The chapter's larger random model: 8 layers, d_model 768, 12 heads, d_ff 3072 (``small``: d_model 256, for
-    --quick)."""
+    """The chapter's larger random model: 8 layers, d_model 768, 12 heads, d_ff 3072 (``small``, --quick: 256 wide)."""
     block = max(160, prompt_len + max_new + 1)
     heads, width, ff = (4, 256, 1024) if small else (12, 768, 3072)
     return GPTConfig(vocab_size=vocab_size, n_layer=8, n_head=heads, d_model=width, d_ff=ff, block_size=block)
