@@ -260,8 +260,8 @@ def test_orders_differ_where_the_seed_says():
     """
     logits = torch.log(torch.softmax(torch.linspace(4, -4, 200), 0))  # a smooth, long-tailed distribution
     rows = order_trap(logits, 0.9, [0.5, 1.0, 1.5, 2.0], ("trunc_then_temp", "temp_then_trunc"))
-    a = [r.kept["trunc_then_temp"] for r in rows]
-    b = [r.kept["temp_then_trunc"] for r in rows]
+    a = [r["trunc_then_temp"] for r in rows]
+    b = [r["temp_then_trunc"] for r in rows]
     assert len(set(a)) == 1
     assert b[1] == a[1]  # τ = 1: identical
     assert b[0] < a[0] and b[2] > a[2] and b[3] > b[2]  # strictly different where τ ≠ 1

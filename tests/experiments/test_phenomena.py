@@ -144,15 +144,15 @@ def test_the_copy_models_greedy_loops_and_the_claims_say_so(copy_result):
 
 def test_cached_and_naive_tokens_agree(copy_result):
     _, res = copy_result
-    assert res.timing is not None and res.timing.matching_rows == res.timing.match_rows == 2
+    assert res.timing is not None and res.timing.tokens_match == {"rows": 2, "identical": 2}
 
 
 def test_order_trap_kept_sets_on_a_distribution_with_ties():
     # 0.28 ×3, 0.08 ×2. top-p 0.9 keeps the crossing token, and only ONE of the two tied 0.08s at τ = 1.
     logits = torch.tensor([0.28, 0.28, 0.28, 0.08, 0.08]).log()
     res = distribution(torch.stack([logits, logits]), taus=(0.5, 1.0, 2.0), trap_taus=(0.5, 1.0, 1.5, 2.0))
-    trunc = [row.median["trunc_then_temp"] for row in res.order_trap]
-    temp = [row.median["temp_then_trunc"] for row in res.order_trap]
+    trunc = [row["trunc_then_temp"] for row in res.order_trap]
+    temp = [row["temp_then_trunc"] for row in res.order_trap]
     assert trunc == [4, 4, 4, 4]  # truncating first freezes the kept set
     assert temp == [3, 4, 5, 5]  # p² crosses 0.9 after 3 tokens; √p never reaches 0.9 before the last
     ent = [row.entropy for row in res.entropy_vs_temperature]

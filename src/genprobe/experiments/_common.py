@@ -29,13 +29,12 @@ def rounded(x: object, nd: int = 4) -> object:
 
 class Rounded:
     """A dataclass of measurements whose JSON form is its fields in order (or the names ``JSON_KEYS`` lists, spaced,
-    properties included), each float rounded to ``DIGITS`` decimals (``DIGITS_OF[name]`` where given)."""
+    properties included), each float rounded to 4 decimals (``DIGITS_OF[name]`` where given)."""
 
-    DIGITS: ClassVar[int] = 4
     DIGITS_OF: ClassVar[dict[str, int]] = {}
     JSON_KEYS: ClassVar[str] = ""
 
     def to_dict(self) -> dict:
         """JSON form (rounded)."""
         keys = self.JSON_KEYS.split() or [f.name for f in fields(self)]  # type: ignore[arg-type]  # subclasses are dataclasses
-        return {k: rounded(getattr(self, k), self.DIGITS_OF.get(k, self.DIGITS)) for k in keys}
+        return {k: rounded(getattr(self, k), self.DIGITS_OF.get(k, 4)) for k in keys}

@@ -34,47 +34,26 @@ CASE_KEYS = tuple(
 EXPERIMENTS = CASE_KEYS[1:]  # every key but the model summary
 
 
-@dataclass(frozen=True)
-class ModelSummary:
-    """The ``model`` key: parameters and config, then what the checkpoint's training summary recorded."""
-
-    params: int
-    config: dict
-    train_loss: float | None = None
-    val_loss: float | None = None
-    unigram_ce: float | None = None
-    coverage_1200: float | None = None
-    unk_share: float | None = None
-    corpus_poems: int | None = None
-    corpus_chars: int | None = None
-    train_steps: int | None = None
-    train_seconds: float | None = None
-    teacher_forcing_loss_on_real_poems: float | None = None  # from the decoding experiment, when it ran
-
-    def to_dict(self) -> dict:
-        """JSON form (the teacher-forcing loss only when measured)."""
-        return {k: v for k, v in vars(self).items() if v is not None or k != "teacher_forcing_loss_on_real_poems"}
-
-
-def model_summary(model: GPT, meta: dict | None, decoding: DecodingResult | None = None) -> ModelSummary:
-    """Parameters, losses, unigram baseline, coverage (from checkpoint meta)."""
+def model_summary(model: GPT, meta: dict | None, decoding: DecodingResult | None = None) -> dict:
+    """The ``model`` key: parameters and config, what the checkpoint's training summary recorded, and the decoding
+    experiment's teacher-forcing loss when it ran."""
     s = (meta or {}).get("summary", {})
     corpus = s.get("corpus", {})
-    tf = decoding.teacher_forcing if decoding is not None else None
-    return ModelSummary(
-        params=model.num_parameters(),
-        config=json_safe(model.cfg),
-        train_loss=s.get("train_loss"),
-        val_loss=s.get("val_loss"),
-        unigram_ce=s.get("unigram_ce"),
-        coverage_1200=s.get("coverage"),
-        unk_share=s.get("unk_share"),
-        corpus_poems=corpus.get("documents"),
-        corpus_chars=corpus.get("chars"),
-        train_steps=s.get("train_config", {}).get("steps"),
-        train_seconds=s.get("seconds"),
-        teacher_forcing_loss_on_real_poems=None if tf is None else r(tf.val_loss),
-    )
+    out = {
+        "params": model.num_parameters(),
+        "config": json_safe(model.cfg),
+        "train_loss": s.get("train_loss"),
+        "val_loss": s.get("val_loss"),
+        "unigram_ce": s.get("unigram_ce"),
+        "coverage_1200": s.get("coverage"),
+        "unk_share": s.get("unk_share"),
+        "corpus_poems": corpus.get("documents"),
+        "corpus_chars": corpus.get("chars"),
+        "train_steps": s.get("train_config", {}).get("steps"),
+        "train_seconds": s.get("seconds"),
+    }
+    tf = None if decoding is None else r(decoding.teacher_forcing.val_loss)
+    return out if tf is None else out | {"teacher_forcing_loss_on_real_poems": tf}
 
 
 @dataclass(kw_only=True)
@@ -109,41 +88,14 @@ class CaseResult:
     """Every experiment's typed result (verify's still plain data) with the model summary and run metadata."""
 
     meta: CaseMeta
-    model: ModelSummary
+    model: dict
     experiments: dict[str, Any]
 
     def to_dict(self) -> dict:
         """The ``ch3_case.json`` dict: meta, model, then the experiments in :data:`CASE_KEYS` order."""
-        out = {"meta": json_safe(self.meta), "model": json_safe(self.model)}
-        return out | {k: json_safe(self.experiments[k]) for k in CASE_KEYS if k in self.experiments}
-
-
-def case_stages(
-    model: GPT, tok: CharTokenizer, corpus: Corpus, prompt_ids: list[int], quick: bool, steps: dict[str, int]
-) -> list[tuple[str, Callable[[], object]]]:
-    """(name, run) of every experiment, in order; ``quick`` shrinks only what costs time."""
-    from ..verify.mutants import cache_exact, mask_noop, run_mutants
-
-    tf_tokens, spread, reps = (4096, (0, 1, 2), 1) if quick else (None, (0, 1, 2, 3, 4), 3)
-    batches, lengths = ((1, 8), (16, 32)) if quick else ((1, 16, 64), (32, 64, 128))
-    return [
-        ("decoding", lambda: run_decoding(model, tok, corpus, tf_tokens=tf_tokens, spread_seeds=spread)),
-        ("sampling", lambda: run_sampling(model, tok)),
-        ("exposure", lambda: run_exposure(model, tok, corpus, quick=quick)),
-        ("cache_exact", lambda: cache_exact(model, prompt_ids, steps=steps["cache_exact"])),
-        ("cache_bugs", lambda: run_mutants(model, prompt_ids, steps=steps["mutants"])),
-        ("mask_noop", lambda: mask_noop(model, prompt_ids, steps=steps["mutants"])),
-        ("cache_timing", lambda: run_cache_timing(model, prompt_ids, steps["decode"], batches, reps)),
-        ("cache_scaling", lambda: run_cache_scaling(prompt_ids, tok.vocab_size, lengths, reps=1, small=quick)),
-    ]
-
-
-def select_experiments(only: Sequence[str] | None, skip: Sequence[str] = ()) -> tuple[str, ...]:
-    """The experiments ``only`` / ``skip`` leave, in the case study's order; unknown names are an error."""
-    bad = [x for x in list(only or []) + list(skip) if x not in EXPERIMENTS]
-    if bad:
-        raise ValueError(f"unknown experiment(s) {bad}; choose from {list(EXPERIMENTS)}")
-    return tuple(x for x in (only or EXPERIMENTS) if x not in set(skip))
+        return {"meta": self.meta, "model": self.model} | {
+            k: self.experiments[k] for k in CASE_KEYS if k in self.experiments
+        }
 
 
 def run_experiments(
@@ -156,7 +108,9 @@ def run_experiments(
     only: Sequence[str] = EXPERIMENTS,
     log: Callable[[str], None] = lambda msg: None,
 ) -> CaseResult:
-    """Run every experiment (or those named in ``only``, as :func:`select_experiments` leaves them) on ``model``."""
+    """Run every experiment (or those named in ``only``) on ``model``."""
+    from ..verify.mutants import cache_exact, mask_noop, run_mutants
+
     model = model.eval()
     # timing context: a busy machine skews wall clock
     load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
@@ -164,10 +118,22 @@ def run_experiments(
     short = min(NEW_TOKENS, model.cfg.block_size - len(prompt_ids))
     # the mutant table recomputes every step: cheaper when quick
     steps = {"decode": NEW_TOKENS, "cache_exact": short, "mutants": min(short, 24) if quick else short}
-    stages = [s for s in case_stages(model, tok, corpus, prompt_ids, quick, steps) if s[0] in only]
+    # quick shrinks only what costs time
+    tf_tokens, spread, reps = (4096, (0, 1, 2), 1) if quick else (None, (0, 1, 2, 3, 4), 3)
+    batches, lengths = ((1, 8), (16, 32)) if quick else ((1, 16, 64), (32, 64, 128))
+    stages: list[tuple[str, Callable[[], object]]] = [
+        ("decoding", lambda: run_decoding(model, tok, corpus, tf_tokens=tf_tokens, spread_seeds=spread)),
+        ("sampling", lambda: run_sampling(model, tok)),
+        ("exposure", lambda: run_exposure(model, tok, corpus, quick=quick)),
+        ("cache_exact", lambda: cache_exact(model, prompt_ids, steps=steps["cache_exact"])),
+        ("cache_bugs", lambda: run_mutants(model, prompt_ids, steps=steps["mutants"])),
+        ("mask_noop", lambda: mask_noop(model, prompt_ids, steps=steps["mutants"])),
+        ("cache_timing", lambda: run_cache_timing(model, prompt_ids, steps["decode"], batches, reps)),
+        ("cache_scaling", lambda: run_cache_scaling(prompt_ids, tok.vocab_size, lengths, reps=1, small=quick)),
+    ]
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
-    bar = tqdm(stages, desc="case", unit="exp", disable=not progress, dynamic_ncols=True)
+    bar = tqdm([s for s in stages if s[0] in only], desc="case", unit="exp", disable=not progress, dynamic_ncols=True)
     for name, run in bar:
         bar.set_postfix_str(name)
         t0 = time.perf_counter()
@@ -204,8 +170,7 @@ class CaseStudy:
 
 
 def study_model(model_path: str | Path | None, out: Path, quick: bool, progress: bool, log: Callable[[str], None]):
-    """The model to study (the one loader's Model): ``model_path``, else the default trained (or reused) in
-    OUT/model."""
+    """The model to study (a loaded Model): ``model_path``, else the default model trained (or reused) in OUT/model."""
     from ..corpus.tang import load_corpus
     from ..model.checkpoint import is_checkpoint, read_meta, save_checkpoint
     from ..model.load import load_model
@@ -245,14 +210,17 @@ def run_case(
     log: Callable[[str], None] = lambda msg: None,
 ) -> CaseStudy:
     """The chapter's case study into ``out``: train (or reuse) the default model unless ``model`` (a genprobe
-    checkpoint) is given, run every experiment (``only`` / ``skip``), write ch3_case.json, figures and report.html."""
+    checkpoint) is given, run every experiment (``only`` / ``skip``: unknown names are an error), write ch3_case.json,
+    figures and report.html."""
     from .._io import atomic_write_bytes, atomic_write_json
     from ..corpus.tang import load_corpus
     from ..report.figures import render_figures
     from ..report.headline import headline_rows, seed_tables
     from ..report.html import write_report
 
-    names = select_experiments(only, skip)
+    if bad := [x for x in [*(only or []), *skip] if x not in EXPERIMENTS]:
+        raise ValueError(f"unknown experiment(s) {bad}; choose from {list(EXPERIMENTS)}")
+    names = tuple(x for x in (only or EXPERIMENTS) if x not in set(skip))
     t0 = time.perf_counter()
     out = Path(out)
     if out.exists() and not out.is_dir():

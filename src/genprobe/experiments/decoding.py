@@ -1,9 +1,6 @@
-"""The chapter's opening experiment: seven decoding strategies on one prompt, greedy on three more prompts,
-and the check that rules out "the model is not trained" (validation loss against the unigram baseline).
-
-Metrics are computed on the generated tokens only (the chapter's 50, not prompt + 50), with
-``<unk>`` kept as a token: decode() hides it, so the texts are given both ways.
-"""
+"""The chapter's opening experiment: seven decoding strategies on one prompt, greedy on three more prompts, and the
+check that rules out "the model is not trained" (validation loss against the unigram baseline). Metrics are over the
+generated tokens only (the chapter's 50), ``<unk>`` kept as a token: decode() hides it, so texts come both ways."""
 
 from __future__ import annotations
 
@@ -11,7 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .._io import json_safe
 from ..corpus.tang import Corpus
 from ..corpus.tokenizer import UNK_ID, CharTokenizer
 from ..engine.generate import generate
@@ -95,7 +91,7 @@ class StrategyRow:
             vals = list(self.spread.values())
             mean = r(sum(vals) / len(vals))
             d["distinct_2_over_seeds"] = {"seeds": list(self.spread), "values": vals, "mean": mean, "min": min(vals)}
-        return json_safe(d)
+        return d
 
 
 @dataclass(frozen=True)
@@ -126,16 +122,6 @@ class TeacherForcingCheck(Rounded):
     unigram_ce: float
 
 
-def teacher_forcing_check(model: GPT, tok: CharTokenizer, corpus: Corpus, tf_tokens: int | None) -> TeacherForcingCheck:
-    """Validation loss (the first ``tf_tokens`` tokens, None = all) and the unigram baseline's cross-entropy."""
-    tr = torch.tensor(tok.encode(corpus.train, warn=False), dtype=torch.long)
-    va = torch.tensor(tok.encode(corpus.val, warn=False), dtype=torch.long)
-    scored = va if tf_tokens is None else va[: tf_tokens + 1]
-    return TeacherForcingCheck(
-        evaluate_loss(model, scored), len(scored) - 1, unigram_cross_entropy(tr, va, tok.vocab_size)
-    )
-
-
 @dataclass(frozen=True)
 class DecodingResult:
     """The ``decoding`` key: seven strategies on the case prompt, sampling without the ``<unk>`` ban, other prompts."""
@@ -157,18 +143,18 @@ class DecodingResult:
             "prompt_ids": self.prompt_ids,
             "prompt_unknown_chars": self.prompt_unknown_chars,
             "new_tokens": self.new_tokens,
-            "rows": [json_safe(row) for row in self.rows],
+            "rows": self.rows,
             "sampling_bans_unk": True,
             "rows_sampling_with_unk": [{k: v for k, v in d.items() if k != "new_ids"} for d in unk],
             "greedy_text": self.rows[0].decoded.text,
             "greedy_ban_unk_text": self.rows[1].decoded.text,
-            "other_prompts": [json_safe(o) for o in self.other_prompts],
+            "other_prompts": self.other_prompts,
             # what greedy repeats once <unk> is out of the way (the chapter's units are real characters)
             "other_prompts_loop_units": {
                 o.prompt: (b := o.greedy_ban_unk.metrics)["loop_unit"] or b["longest_repeat_text"]
                 for o in self.other_prompts
             },
-            "teacher_forcing": json_safe(self.teacher_forcing),
+            "teacher_forcing": self.teacher_forcing,
         }
 
 
@@ -181,7 +167,8 @@ def run_decoding(
     spread_seeds: tuple[int, ...] = SPREAD_SEEDS,
 ) -> DecodingResult:
     """Every strategy on the case prompt (a sampled one also at every seed of ``spread_seeds``, distinct-2 only),
-    sampling without the ban, greedy with and without the ban on other prompts, the teacher-forcing check."""
+    sampling without the ban, greedy with and without the ban on other prompts, the teacher-forcing check (validation
+    loss of the first ``tf_tokens`` tokens, None = all)."""
 
     def decode(ids: list[int], sampler: SamplerConfig, at: int = seed) -> Decoded:
         new = list(generate(model, [ids], NEW_TOKENS, sampler=sampler, seed=at).tokens[0])
@@ -204,5 +191,10 @@ def run_decoding(
     unbanned = [(name, SamplerConfig(**kw)) for name, kw in SAMPLING]
     with_unk = [StrategyRow(name, sampler, seed, decode(ids, sampler)) for name, sampler in unbanned]
     others = [other(p) for p in OTHER_PROMPTS]
-    tf = teacher_forcing_check(model, tok, corpus, tf_tokens)
+    tr = torch.tensor(tok.encode(corpus.train, warn=False), dtype=torch.long)
+    va = torch.tensor(tok.encode(corpus.val, warn=False), dtype=torch.long)
+    scored = va if tf_tokens is None else va[: tf_tokens + 1]
+    tf = TeacherForcingCheck(
+        evaluate_loss(model, scored), len(scored) - 1, unigram_cross_entropy(tr, va, tok.vocab_size)
+    )
     return DecodingResult(CASE_PROMPT, ids, unknown, NEW_TOKENS, rows, with_unk, others, tf)

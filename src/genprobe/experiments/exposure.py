@@ -4,12 +4,12 @@ one wrong token (exposure bias, as the chapter measures it; the protocols: docs/
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
-from .._io import json_safe
 from ..corpus.tang import Corpus
 from ..corpus.tokenizer import UNK_ID, CharTokenizer
 from ..engine.generate import generate
@@ -29,12 +29,9 @@ LogitsFn = Callable[[torch.Tensor], torch.Tensor]
 
 def find_snippet(corpus: Corpus, snippet: str = SNIPPET) -> tuple[str, int]:
     """(split name, offset) of ``snippet`` in the validation split (else anywhere in the text)."""
-    i = corpus.val.find(snippet)
-    if i >= 0:
-        return "val", i
-    i = corpus.text.find(snippet)
-    if i >= 0:
-        return "text", i
+    for split in ("val", "text"):
+        if (i := getattr(corpus, split).find(snippet)) >= 0:
+            return split, i
     raise ValueError(f"snippet {snippet!r} not found in the corpus ({corpus.source})")
 
 
@@ -62,8 +59,7 @@ class TeacherForcingRow(Rounded):
 
 @dataclass(frozen=True)
 class TeacherForcing(Rounded):
-    """Per-position loss of a text read under teacher forcing, and its mean over the scored rows (the JSON form: the
-    summary)."""
+    """Per-position loss of a text read under teacher forcing and its mean over the scored rows (JSON: the summary)."""
 
     JSON_KEYS = "lead_in_chars mean_loss perplexity"
     DIGITS_OF = {"perplexity": 2}
@@ -136,8 +132,7 @@ class FreeGenerationConfidence(Rounded):
 def confidence_free_generation(
     model: GPT, prompts: list[list[int]], new_tokens: int, sampler: SamplerConfig, name: str
 ) -> FreeGenerationConfidence:
-    """Mean probability / NLL the model gives its own choices while generating freely (``name``: the sampler's
-    label)."""
+    """Mean probability / NLL the model gives its own choices while generating freely (``name``: the sampler)."""
     res = generate(model, prompts, new_tokens, sampler=sampler, return_logits=True)  # seed 0
     assert res.step_logits is not None  # return_logits=True
     chosen = torch.tensor(res.tokens, dtype=torch.long)  # (B, N)
@@ -147,8 +142,10 @@ def confidence_free_generation(
 
 
 @dataclass(frozen=True)
-class Shadow:
+class Shadow(Rounded):
     """Δloss after one true token (``k + 1``) is replaced by what the model wanted there."""
+
+    JSON_KEYS = "k truth model_wanted argmax_was_truth next_dloss peak tail_mean peak_step half_life_steps curve"
 
     k: int
     truth: str
@@ -157,30 +154,29 @@ class Shadow:
     curve: list[float]  # Δloss at steps 1..window
 
     @property
+    def next_dloss(self) -> float:
+        """Δloss at the first step."""
+        return self.curve[0]
+
+    @property
     def peak(self) -> float:
         """Largest Δloss."""
         return max(self.curve)
 
     @property
+    def tail_mean(self) -> float:
+        """Mean Δloss from step :data:`TAIL_FROM` on."""
+        return statistics.fmean(self.curve[TAIL_FROM - 1 :])
+
+    @property
+    def peak_step(self) -> int:
+        """The step of the largest Δloss."""
+        return self.curve.index(self.peak) + 1
+
+    @property
     def half_life_steps(self) -> int | None:
         """First step whose Δloss is at most half the peak."""
         return next((s + 1 for s, d in enumerate(self.curve) if d <= self.peak / 2), None)
-
-    def to_dict(self) -> dict:
-        """JSON form (rounded)."""
-        tail = self.curve[TAIL_FROM - 1 :]
-        return {
-            "k": self.k,
-            "truth": self.truth,
-            "model_wanted": self.model_wanted,
-            "argmax_was_truth": self.argmax_was_truth,
-            "next_dloss": r(self.curve[0]),
-            "peak": r(self.peak),
-            "tail_mean": r(sum(tail) / len(tail)),
-            "peak_step": self.curve.index(self.peak) + 1,
-            "half_life_steps": self.half_life_steps,
-            "curve": [r(d) for d in self.curve],
-        }
 
 
 def wanted_instead(logp_row: torch.Tensor, truth: int, banned: Sequence[int] = (UNK_ID,)) -> tuple[int, bool]:
@@ -202,8 +198,7 @@ def perturbation(
     window: int = SHADOW_WINDOW,
     banned: Sequence[int] = (UNK_ID,),
 ) -> Shadow:
-    """Replace token ``k+1`` by the model's argmax (not a ``banned`` id) and measure Δloss on the next ``window``
-    rows."""
+    """Replace token ``k+1`` by the model's argmax (never a ``banned`` id); Δloss on the next ``window`` rows."""
     if not 0 <= k or k + 2 + window > len(ids):
         raise ValueError(f"perturbation at k={k} with window {window} needs {k + 2 + window} tokens, got {len(ids)}")
     ids = ids[: k + 2 + window]
@@ -238,25 +233,24 @@ class ExposureResult:
             "teacher_forcing_snippet": self.snippet,
             "snippet_found_in": self.snippet_found_in,
             "snippet_offset": self.snippet_offset,
-            "teacher_forcing_rows": [json_safe(row) for row in tf.rows],
+            "teacher_forcing_rows": tf.rows,
             "teacher_forcing_mean_loss": r(tf.mean_loss),
             "teacher_forcing_perplexity": r(tf.perplexity, 2),
-            "teacher_forcing_with_lead_in": json_safe(lead),
-            "confidence_real_text": json_safe(self.confidence_real_text),
-            "confidence_free_generation": json_safe(self.confidence_free_generation),
-            "confidence_free_generation_greedy": json_safe(self.confidence_free_generation_greedy),
+            "teacher_forcing_with_lead_in": lead,
+            "confidence_real_text": self.confidence_real_text,
+            "confidence_free_generation": self.confidence_free_generation,
+            "confidence_free_generation_greedy": self.confidence_free_generation_greedy,
             "perturbation_passage": self.perturbation_passage,
             "perturbation_window": SHADOW_WINDOW,
             "perturbation_tail_from": TAIL_FROM,
-            "perturbation": [json_safe(p) for p in self.perturbation],
+            "perturbation": self.perturbation,
         }
 
 
 def run_exposure(model: GPT, tok: CharTokenizer, corpus: Corpus, quick: bool = False) -> ExposureResult:
-    """Teacher forcing on the chapter's snippet, confidence on real vs generated text, and the one-wrong-token
-    shadows."""
+    """Teacher forcing on the chapter's snippet, confidence on real vs generated text, one wrong token's shadows."""
     split, at = find_snippet(corpus)
-    source = corpus.val if split == "val" else corpus.text
+    source = getattr(corpus, split)
     T = model.cfg.block_size
     tf = teacher_forcing_table(model, tok, SNIPPET)
     tf_lead = teacher_forcing_table(model, tok, SNIPPET, lead_in=source[max(0, at - (T - len(SNIPPET))) : at])

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -74,7 +74,6 @@ class PhenomenaConfig:
             )
 
 
-# ---- the model under study ------------------------------------------------------------------
 class Subject:
     """A loaded model as the phenomena need it: ids, batched logits and batched generation with bans."""
 
@@ -84,15 +83,15 @@ class Subject:
         self.model, self.cfg = model, cfg
         self.runner = runner_for(model)
         self.bans = tuple(int(i) for i in (model.unk_id, model.eos_id) if i is not None)
-        self.limit: int | None = model.max_positions
         # text → ids without warnings (the char tokenizer's unknown characters are expected in real text)
         self.encode: Callable[[str], list[int]] = partial(encode_quiet, model.tokenizer)
 
     def fit(self, new_tokens: int, prompt_len: int) -> int:
         """``new_tokens``, shortened to what the context leaves after ``prompt_len`` tokens."""
-        room = new_tokens if self.limit is None else min(new_tokens, self.limit - prompt_len)
+        limit = self.model.max_positions
+        room = new_tokens if limit is None else min(new_tokens, limit - prompt_len)
         if room < 8:
-            raise ValueError(f"a {prompt_len}-token prompt leaves {room} new tokens in the context {self.limit}")
+            raise ValueError(f"a {prompt_len}-token prompt leaves {room} new tokens in the context {limit}")
         return room
 
     @torch.inference_mode()
@@ -121,7 +120,6 @@ class Subject:
         return SamplerConfig(ban_ids=self.bans, **kw)
 
 
-# ---- diversity --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DiversityRow(Rounded):
     """One decoding strategy over every prompt (its sampler as the fields that differ from the defaults): mean
@@ -150,20 +148,6 @@ def diversity(subject: Subject, prompt_ids: list[list[int]], n: int) -> list[Div
     return rows
 
 
-# ---- entropy and the order trap ------------------------------------------------------------------
-@dataclass(frozen=True)
-class KeptSetRow:
-    """Tokens kept by top-p at one τ under each order: median and mean over prompts."""
-
-    tau: float
-    median: dict[str, float]
-    mean: dict[str, float]
-
-    def to_dict(self) -> dict:
-        """JSON form: ``{"tau": τ, order: median, ..., "mean": {order: mean}}``."""
-        return {"tau": self.tau, **self.median, "mean": {k: r(v, 1) for k, v in self.mean.items()}}
-
-
 @dataclass(frozen=True)
 class DistributionResult(Rounded):
     """The next-token distribution right after each prompt: entropy vs τ (means over prompts) and the order trap."""
@@ -173,7 +157,7 @@ class DistributionResult(Rounded):
     log_vocab: float  # ln V, the most entropy a distribution over the vocabulary can have
     entropy_vs_temperature: list[TemperatureRow]
     top_p: float
-    order_trap: list[KeptSetRow]
+    order_trap: list[dict]  # per τ: {"tau": τ, order: median kept over prompts, ..., "mean": {order: mean kept}}
 
 
 def distribution(logits: torch.Tensor, taus=TEMPERATURES, trap_taus=ORDER_TAUS, top_p=TRAP_TOP_P) -> DistributionResult:
@@ -187,18 +171,15 @@ def distribution(logits: torch.Tensor, taus=TEMPERATURES, trap_taus=ORDER_TAUS, 
     ]
     traps = [order_trap(row, top_p, trap_taus, TRAP_ORDERS) for row in logits]
     kept = [
-        KeptSetRow(
-            tau,
-            {o: statistics.median(t[i].kept[o] for t in traps) for o in TRAP_ORDERS},
-            {o: statistics.fmean(t[i].kept[o] for t in traps) for o in TRAP_ORDERS},
-        )
+        {"tau": tau}
+        | {o: statistics.median(t[i][o] for t in traps) for o in TRAP_ORDERS}
+        | {"mean": {o: r(statistics.fmean(t[i][o] for t in traps), 1) for o in TRAP_ORDERS}}
         for i, tau in enumerate(trap_taus)
     ]
     B, V = logits.shape
     return DistributionResult(B, V, math.log(V), entropy, top_p, kept)
 
 
-# ---- teacher forcing vs free running -----------------------------------------------------------
 @dataclass(frozen=True)
 class Reading(Rounded):
     """One way of reading a text's continuation, scored against the true tokens."""
@@ -230,8 +211,7 @@ class _Scores:
     mask: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, logits: torch.Tensor, truth: torch.Tensor, own: torch.Tensor | None = None) -> None:
-        """Score one batch: logits (b, N, V) at the positions of ``truth`` and of the model's ``own`` tokens (b, N;
-        None: its argmax)."""
+        """Score one batch: logits (b, N, V) at ``truth`` and at the model's ``own`` tokens (b, N; None: its argmax)."""
         z = logits.double()
         z[..., list(self.bans)] = -math.inf
         logp = torch.log_softmax(z, -1)
@@ -258,33 +238,25 @@ class _Scores:
         )
 
 
-def teacher_forcing(subject: Subject, texts: list[list[int]], P: int, N: int) -> Reading:
-    """Read ``texts`` (each ``P + N`` tokens) fed the truth; the model's own token is its argmax (bans excluded)."""
-    s, bs = _Scores(subject.bans), subject.cfg.batch_size
-    for i in range(0, len(texts), bs):
-        rows = texts[i : i + bs]
-        logits = subject.logits(rows)[:, P - 1 : P + N - 1]
-        truth = torch.tensor([x[P : P + N] for x in rows], dtype=torch.long)
-        s.add(logits, truth)
-    return s.reading("teacher forcing")
-
-
-def free_running(
-    subject: Subject, texts: list[list[int]], P: int, N: int, sampler: SamplerConfig, mode: str
+def read_texts(
+    subject: Subject, texts: list[list[int]], P: int, N: int, sampler: SamplerConfig | None, mode: str
 ) -> tuple[Reading, list[list[int]]]:
-    """Generate ``N`` tokens after each text's first ``P`` and score them against the text (and the generations)."""
-    s, out = _Scores(subject.bans), []
-    prefixes = [x[:P] for x in texts]
-    for b, (tokens, logits) in enumerate(subject.generate(prefixes, N, sampler, logits=True)):
-        rows = texts[b * subject.cfg.batch_size :][: len(tokens)]
-        truth = torch.tensor([x[P : P + N] for x in rows], dtype=torch.long)
+    """Score the ``N`` tokens after each text's first ``P`` against the text: fed the truth (``sampler`` None: the
+    model's own token is its argmax, bans excluded) or generated with ``sampler`` (the generations returned too)."""
+    s, out, bs = _Scores(subject.bans), [], subject.cfg.batch_size
+    batches: Iterable[tuple[torch.Tensor | None, torch.Tensor | None]] = (
+        ((None, subject.logits(texts[i : i + bs])[:, P - 1 : P + N - 1]) for i in range(0, len(texts), bs))
+        if sampler is None
+        else subject.generate([x[:P] for x in texts], N, sampler, logits=True)
+    )
+    for b, (tokens, logits) in enumerate(batches):
+        truth = torch.tensor([x[P : P + N] for x in texts[b * bs : (b + 1) * bs]], dtype=torch.long)
         assert logits is not None  # asked for
         s.add(logits, truth, tokens)
-        out += tokens.tolist()
+        out += [] if tokens is None else tokens.tolist()
     return s.reading(mode), out
 
 
-# ---- one changed token -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ShadowSummary:
     """The §3.7.2 shadows (Δloss after one true token is replaced) over several texts and positions."""
@@ -296,7 +268,6 @@ class ShadowSummary:
     def to_dict(self) -> dict:
         """Means over the shadows; the half-life as a median (steps); the mean Δloss curve."""
         sh = self.shadows
-        tails = [statistics.fmean(s.curve[TAIL_FROM - 1 :]) for s in sh]
         halves = [s.half_life_steps for s in sh if s.half_life_steps is not None]
         curve = [statistics.fmean(s.curve[i] for s in sh) for i in range(self.window)]
         return {
@@ -305,9 +276,9 @@ class ShadowSummary:
             "positions": sorted({s.k for s in sh}),
             "window": self.window,
             "tail_from": TAIL_FROM,
-            "mean_next_dloss": r(statistics.fmean(s.curve[0] for s in sh)),
+            "mean_next_dloss": r(statistics.fmean(s.next_dloss for s in sh)),
             "mean_peak": r(statistics.fmean(s.peak for s in sh)),
-            "mean_tail": r(statistics.fmean(tails)),
+            "mean_tail": r(statistics.fmean(s.tail_mean for s in sh)),
             "median_half_life_steps": statistics.median(halves) if halves else None,
             "mean_curve": [r(x) for x in curve],
         }
@@ -372,31 +343,18 @@ def divergence(subject: Subject, texts: list[list[int]], clean: list[list[int]],
     return Divergence(len(texts), c, N, agree)
 
 
-# ---- naive vs cached ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Timing:
-    """Naive vs cached wall time (the case study's :class:`CacheTiming`) and whether their greedy tokens agree."""
-
-    cache: CacheTiming
-    match_rows: int
-    matching_rows: int
-
-    def to_dict(self) -> dict:
-        """The case study's ``cache_timing`` form, and how many rows' tokens agree."""
-        return json_safe(self.cache) | {"tokens_match": {"rows": self.match_rows, "identical": self.matching_rows}}
-
-
-def naive_vs_cached(subject: Subject, prompt_ids: list[list[int]], N: int) -> Timing:
-    """Time both modes on the first prompt at each batch size; generate ``match_rows`` prompts both ways."""
+def naive_vs_cached(subject: Subject, prompt_ids: list[list[int]], N: int) -> CacheTiming:
+    """Time both modes on the first prompt at each batch size (the case study's :class:`CacheTiming`); generate
+    ``match_rows`` prompts both ways and count the rows whose greedy tokens agree."""
     cfg, engine = subject.cfg, subject.runner
     cache = run_cache_timing(engine, prompt_ids[0], N, cfg.timing_batches, cfg.timing_reps, cfg.timing_budget_s)
     few = prompt_ids[: cfg.match_rows]
     naive = generate(engine, few, N, sampler=subject.sampler(greedy=True), mode="naive").tokens
     cached = generate(engine, few, N, sampler=subject.sampler(greedy=True), mode="cached").tokens
-    return Timing(cache, len(few), sum(a == b for a, b in zip(naive, cached, strict=True)))
+    same = sum(a == b for a, b in zip(naive, cached, strict=True))
+    return replace(cache, tokens_match={"rows": len(few), "identical": same})
 
 
-# ---- the whole run -------------------------------------------------------------------------------
 @dataclass
 class PhenomenaResult:
     """Every phenomenon on one model (``phenomena.json``)."""
@@ -411,7 +369,7 @@ class PhenomenaResult:
     readings: list[Reading]
     shadow: ShadowSummary
     divergence: Divergence
-    timing: Timing | None
+    timing: CacheTiming | None
     seconds: dict[str, float]
 
     def reading(self, mode: str) -> Reading:
@@ -468,10 +426,10 @@ def chapter_phenomena(
     tick("diversity")
     dist = distribution(subject.last_logits(prompt_ids))
     tick("distribution")
-    tf = teacher_forcing(subject, text_ids, P, n_cont)
-    greedy, clean = free_running(subject, text_ids, P, n_cont, subject.sampler(greedy=True), "free running, greedy")
+    tf, _ = read_texts(subject, text_ids, P, n_cont, None, "teacher forcing")
+    greedy, clean = read_texts(subject, text_ids, P, n_cont, subject.sampler(greedy=True), "free running, greedy")
     tau_1 = subject.sampler(temperature=FREE_TAU)
-    sampled, _ = free_running(subject, text_ids, P, n_cont, tau_1, "free running, τ = 1")
+    sampled, _ = read_texts(subject, text_ids, P, n_cont, tau_1, "free running, τ = 1")
     tick("free_running")
     shadow = shadows(subject, text_ids)
     div = divergence(subject, text_ids, clean, P, n_cont)
@@ -480,9 +438,8 @@ def chapter_phenomena(
     tick("timing")
     given = {"prompts": len(prompt_ids), "first_prompts": inp.prompts[:3], "texts": len(text_ids)}
     inputs = given | {"texts_given": len(inp.texts), **(sources or {}), **inp.sources}
-    readings = [tf, greedy, sampled]
     result = PhenomenaResult(
-        model.describe(), inputs, cfg, n_gen, n_cont, div_rows, dist, readings, shadow, div, times, seconds
+        model.describe(), inputs, cfg, n_gen, n_cont, div_rows, dist, [tf, greedy, sampled], shadow, div, times, seconds
     )
     if out is not None:  # the atomic write creates the directory
         atomic_write_json(Path(out) / "phenomena.json", json_safe(result))

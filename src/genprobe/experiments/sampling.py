@@ -1,9 +1,5 @@
-"""How temperature, top-k/top-p and their order reshape ONE real next-token distribution.
-
-Everything here is computed on the distribution after the case prompt, so the numbers are
-directly comparable with the chapter's tables (entropy vs τ, nucleus curve, order trap) and the
-exported distribution drives the report's sampling lab.
-"""
+"""How temperature, top-k/top-p and their order reshape ONE real next-token distribution, the one after the case
+prompt: the chapter's tables (entropy vs τ, nucleus curve, order trap), and the distribution the report's lab reads."""
 
 from __future__ import annotations
 
@@ -12,7 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .._io import json_safe
 from ..corpus.tokenizer import CharTokenizer
 from ..engine.samplers.chain import kept_set_size
 from ..engine.samplers.stages import SamplerConfig
@@ -58,18 +53,6 @@ class NucleusRow(Rounded):
         return self.kept / self.vocab_size
 
 
-@dataclass(frozen=True)
-class OrderTrapRow:
-    """Kept-set size at one τ under each sampler order / engine preset."""
-
-    tau: float
-    kept: dict[str, int]
-
-    def to_dict(self) -> dict:
-        """JSON form: ``{"tau": τ, order: kept, ...}``."""
-        return {"tau": self.tau, **self.kept}
-
-
 def entropy_table(logits: torch.Tensor, temperatures=TEMPERATURES) -> list[TemperatureRow]:
     """Entropy, perplexity and max probability of softmax(logits/τ) for each τ (in float64)."""
     probs = [torch.softmax(logits.double() / tau, -1) for tau in temperatures]
@@ -85,12 +68,10 @@ def nucleus_curve(logits: torch.Tensor, ps=NUCLEUS_PS) -> list[NucleusRow]:
     return [NucleusRow(p, kept_set_size(logits, SamplerConfig(top_p=p)), V) for p in ps]
 
 
-def order_trap(logits: torch.Tensor, top_p: float = 0.9, taus=ORDER_TAUS, orders=ORDERS) -> list[OrderTrapRow]:
-    """Kept-set size at top-p ``top_p`` under each sampler order / engine preset for each τ."""
+def order_trap(logits: torch.Tensor, top_p: float = 0.9, taus=ORDER_TAUS, orders=ORDERS) -> list[dict]:
+    """Kept-set size at top-p ``top_p`` under each order / engine preset per τ: ``{"tau": τ, order: kept, ...}``."""
     return [
-        OrderTrapRow(
-            tau, {o: kept_set_size(logits, SamplerConfig(temperature=tau, top_p=top_p, order=o)) for o in orders}
-        )
+        {"tau": tau} | {o: kept_set_size(logits, SamplerConfig(temperature=tau, top_p=top_p, order=o)) for o in orders}
         for tau in taus
     ]
 
@@ -105,28 +86,21 @@ class SamplingResult:
     token_strs: list[str]  # the vocabulary as text, for the report's sampling lab
     entropy_vs_temperature: list[TemperatureRow]
     nucleus_curve_tau_1: list[NucleusRow]
-    order_trap_top_p_0_9: list[OrderTrapRow]
-
-    def top(self, n: int = 10) -> list[dict]:
-        """The ``n`` most likely next tokens (token, id, probability)."""
-        probs = torch.softmax(self.logits.double(), -1)
-        return [
-            {"token": self.token_strs[int(t)], "id": int(t), "prob": r(float(probs[t]))}
-            for t in torch.argsort(probs, descending=True)[:n]
-        ]
+    order_trap_top_p_0_9: list[dict]
 
     def to_dict(self) -> dict:
-        """JSON form (the ``sampling`` key of ``ch3_case.json``)."""
-        V = int(self.logits.numel())
+        """JSON form (the ``sampling`` key of ``ch3_case.json``), with the 10 most likely next tokens."""
+        V, probs = int(self.logits.numel()), torch.softmax(self.logits.double(), -1)
+        top10 = torch.argsort(probs, descending=True)[:10]
         return {
             "prompt": self.prompt,
             "prompt_unknown_chars": self.prompt_unknown_chars,
             "vocab_size": V,
             "log_vocab": r(math.log(V)),
-            "entropy_vs_temperature": [json_safe(row) for row in self.entropy_vs_temperature],
-            "nucleus_curve_tau_1": [json_safe(row) for row in self.nucleus_curve_tau_1],
-            "order_trap_top_p_0_9": [json_safe(row) for row in self.order_trap_top_p_0_9],
-            "top10": self.top(10),
+            "entropy_vs_temperature": self.entropy_vs_temperature,
+            "nucleus_curve_tau_1": self.nucleus_curve_tau_1,
+            "order_trap_top_p_0_9": self.order_trap_top_p_0_9,
+            "top10": [{"token": self.token_strs[int(t)], "id": int(t), "prob": r(float(probs[t]))} for t in top10],
             # The whole distribution, so the report's sampling lab re-computes everything in the browser.
             # float32 logits as exact decimal strings would be wasteful; 6 decimals is far below any
             # kept-set boundary effect the lab can show (the browser test compares on these same values).
@@ -136,8 +110,7 @@ class SamplingResult:
 
 @torch.no_grad()
 def run_sampling(model: GPT, tok: CharTokenizer) -> SamplingResult:
-    """Temperature, nucleus and order-trap tables on the raw next-token logits (V,) after the case prompt, plus that
-    distribution."""
+    """Entropy, nucleus and order-trap tables of the raw next-token logits (V,) after the case prompt, and those."""
     prompt = tok.encode_with_report(CASE_PROMPT)
     logits = model(torch.tensor([prompt.ids[-model.cfg.block_size :]], dtype=torch.long))[0, -1].float()
     return SamplingResult(

@@ -1,9 +1,5 @@
-"""Compute saved vs time saved: the KV cache saves ~28× token forwards, yet wall-clock barely moves.
-
-Both paths go through the engine's ``generate`` (same sampler, same seed); only ``mode`` differs.
-Wall time is the median of ``reps`` runs after one warm-up; the counted compute ratio comes from
-the engine's own ``token_forwards`` counter, and the closed-form ratio from the sum below.
-"""
+"""Compute saved vs time saved by the KV cache: the engine's ``generate`` naive and cached (only ``mode`` differs),
+the median wall time of ``reps`` runs after a warm-up, beside its ``token_forwards`` count and the closed form."""
 
 from __future__ import annotations
 
@@ -78,10 +74,8 @@ class ModeTiming(Rounded):
 def time_modes(
     model: ModelLike, prompt_ids: list[int], batch: int, new_tokens: int, reps: int = 3, budget_s: float = 5.0
 ) -> ModeTiming:
-    """Naive vs cached wall time (median of up to ``reps`` runs, fewer past ``budget_s``) and token forwards.
-
-    ``model``: a genprobe GPT or any engine runner (``Model.runner``: a ``transformers`` model too).
-    """
+    """Naive vs cached wall time (median of up to ``reps`` runs, fewer past ``budget_s``) and token forwards of
+    ``model``: a genprobe GPT or any engine runner (``Model.runner``: a ``transformers`` model too)."""
     prompts = [list(prompt_ids)] * batch
     with torch.inference_mode():
         naive_s, naive_f, naive_n = _time(model, prompts, new_tokens, "naive", reps, budget_s)
@@ -98,9 +92,10 @@ class CacheTiming:
     threads: int
     reps: int
     rows: list[ModeTiming]
+    tokens_match: dict | None = None  # {"rows", "identical"}: rows generated both ways, and how many agree
 
     def to_dict(self) -> dict:
-        """JSON form (the ``cache_timing`` key of ``ch3_case.json``)."""
+        """JSON form (the ``cache_timing`` key of ``ch3_case.json``; ``tokens_match`` once measured)."""
         P, N, first = self.prompt_len, self.new_tokens, self.rows[0]
         formula = naive_token_forwards(P, N)
         return {
@@ -116,8 +111,8 @@ class CacheTiming:
                 "naive_counted": first.naive_token_forwards // first.batch,
                 "cached_counted": first.cached_token_forwards // first.batch,
             },
-            "rows": [json_safe(row) for row in self.rows],
-        }
+            "rows": self.rows,
+        } | ({"tokens_match": self.tokens_match} if self.tokens_match else {})
 
 
 def run_cache_timing(
@@ -131,22 +126,10 @@ def run_cache_timing(
 def scaling_config(
     vocab_size: int = 1202, max_new: int = max(SCALING_TOKENS), prompt_len: int = 7, small: bool = False
 ) -> GPTConfig:
-    """The chapter's larger random model: 8 layers, d_model 768, 12 heads, d_ff 3072 (``small``: d_model 256, for
-    --quick)."""
+    """The chapter's larger random model: 8 layers, d_model 768, 12 heads, d_ff 3072 (``small``, --quick: 256 wide)."""
     block = max(160, prompt_len + max_new + 1)
     heads, width, ff = (4, 256, 1024) if small else (12, 768, 3072)
     return GPTConfig(vocab_size=vocab_size, n_layer=8, n_head=heads, d_model=width, d_ff=ff, block_size=block)
-
-
-@dataclass(frozen=True)
-class SkippedLength(Rounded):
-    """A generation length not timed: the naive loop was predicted to exceed the budget."""
-
-    DIGITS = 1
-
-    new_tokens: int
-    predicted_naive_s: float
-    budget_s: float
 
 
 @dataclass(frozen=True)
@@ -158,19 +141,19 @@ class CacheScaling:
     shrunk_for_quick: bool
     reps: int
     rows: list[ModeTiming]
-    skipped: list[SkippedLength]
+    skipped: list[dict]  # lengths not timed: the naive loop was predicted to exceed the budget
 
     def to_dict(self) -> dict:
         """JSON form (rows without the batch size: always 1 here)."""
         cfg = self.config
         return {
             "model": f"{cfg.n_layer} layers, d_model {cfg.d_model}, {self.parameters:,} parameters, random weights",
-            "config": json_safe(cfg),
+            "config": cfg,
             "parameters": self.parameters,
             "shrunk_for_quick": self.shrunk_for_quick,
             "reps": self.reps,
             "rows": [{k: v for k, v in json_safe(row).items() if k != "batch"} for row in self.rows],
-            "skipped": [json_safe(s) for s in self.skipped],
+            "skipped": self.skipped,
         }
 
 
@@ -182,23 +165,20 @@ def run_cache_scaling(
     cfg: GPTConfig | None = None,
     small: bool = False,
 ) -> CacheScaling:
-    """The same comparison on a random 8×768 model (seeded) over generation lengths.
-
-    The naive loop grows quadratically; a length whose naive run is predicted (from the previous
-    length, scaled by the token-forward count) to exceed :data:`MAX_NAIVE_S` is listed in ``skipped``.
-    """
+    """The same comparison on a random 8×768 model (seeded) over generation lengths; a length whose naive run is
+    predicted (the previous one's, scaled by token forwards) to exceed :data:`MAX_NAIVE_S` is listed in ``skipped``."""
     cfg = cfg or scaling_config(vocab_size, max(new_tokens), len(prompt_ids), small=small)
     torch.manual_seed(0)
     model = GPT(cfg).eval()
     rows: list[ModeTiming] = []
-    skipped: list[SkippedLength] = []
+    skipped: list[dict] = []
     P = len(prompt_ids)
     for n in new_tokens:
         if rows:
             prev = rows[-1]
             predicted = prev.naive_s * naive_token_forwards(P, n) / naive_token_forwards(P, prev.new_tokens)
             if predicted > MAX_NAIVE_S:
-                skipped.append(SkippedLength(n, predicted, MAX_NAIVE_S))
+                skipped.append({"new_tokens": n, "predicted_naive_s": r(predicted, 1), "budget_s": MAX_NAIVE_S})
                 continue
         rows.append(time_modes(model, prompt_ids, 1, n, reps))
     return CacheScaling(cfg, model.num_parameters(), small, reps, rows, skipped)

@@ -22,7 +22,6 @@ class Claim:
     evidence: str
 
 
-# ---- the claims both data forms judge ---------------------------------------------------------------
 def _diversity_claims(greedy: float, sampled: dict[str, float]) -> list[Claim]:
     """§3.3 / §3.5: greedy distinct-2 against every sampling strategy's (name -> distinct-2)."""
     low = min(sampled.values())
@@ -64,66 +63,50 @@ def _compute_claim(timing: dict) -> Claim:
     )
 
 
-# ---- the case study (ch3_case.json) -------------------------------------------------------------------
 def case_claims(case: dict) -> list[Claim]:
-    """Evaluate every finding whose data is present in ``case``."""
+    """Evaluate every finding whose data is present in ``case``: decoding, sampling, then the cache (exact, the
+    mutants caught, no_mask hidden at one token a step, compute ≠ time)."""
     out: list[Claim] = []
-    if case.get("decoding"):
-        out += _case_decoding_claims(case["decoding"])
-    if case.get("sampling"):
-        out += _case_sampling_claims(case["sampling"])
-    return out + _cache_claims(case)
-
-
-def _case_decoding_claims(d: dict) -> list[Claim]:
-    """Greedy loops, sampling does not; banning <unk> only moves the loop."""
-    g, b = d["rows"][0], d["rows"][1]
-    sampled = {r["strategy"]: r["distinct_2"] for r in d["rows"] if not r["sampler"]["greedy"]}
-    ban_repeats = b["looping"] or (b["longest_repeat"] or 0) >= 3
-    ban_loop = f"period {b['loop_period']}" if b["looping"] else "none within 50 tokens"
-    return [
-        Claim(
-            "§3.3 greedy decoding loops (a repeated unit)",
-            g["looping"],
-            f"period {g['loop_period']}, onset {g['loop_onset']}, distinct-2 {g['distinct_2']}",
-        ),
-        Claim(
-            "banning <unk> changes the loop unit but output still repeats",
-            b["loop_unit"] != g["loop_unit"] and ban_repeats and b["distinct_2"] < 0.9,
-            f"exact loop: {ban_loop}; longest n-gram seen ≥3×: {b['longest_repeat']} ({b['longest_repeat_text']}); "
-            f"distinct-2 {b['distinct_2']}",
-        ),
-        *_diversity_claims(g["distinct_2"], sampled),
-    ]
-
-
-def _case_sampling_claims(s: dict) -> list[Claim]:
-    """Entropy grows with τ, the kept set with p; truncating before the temperature freezes the kept set."""
-    kept = [r["kept"] for r in s["nucleus_curve_tau_1"]]
-    trap = s["order_trap_top_p_0_9"]
-    bb = [r["temp_then_trunc"] for r in trap]
-    at1 = [r for r in trap if r["tau"] == 1.0]
-    return [
-        _entropy_claim([r["entropy"] for r in s["entropy_vs_temperature"]], s["log_vocab"]),
-        Claim(
-            "kept-set size grows with p",
-            all(b_ >= a_ for a_, b_ in pairwise(kept)) and kept[-1] > kept[0],
-            f"kept {kept} for p {[r['p'] for r in s['nucleus_curve_tau_1']]}",
-        ),
-        _order_claim(trap),
-        Claim(
-            "temp_then_trunc: kept set grows with τ, equal to trunc_then_temp at τ = 1",
-            all(y >= x for x, y in pairwise(bb))
-            and bb[-1] > bb[0]
-            and all(r["trunc_then_temp"] == r["temp_then_trunc"] for r in at1),
-            f"{bb} for τ {[r['tau'] for r in trap]}",
-        ),
-    ]
-
-
-def _cache_claims(case: dict) -> list[Claim]:
-    """The cache is exact, the mutants are caught, no_mask hides at one token a step, compute ≠ time."""
-    out: list[Claim] = []
+    if d := case.get("decoding"):  # greedy loops, sampling does not; banning <unk> only moves the loop
+        g, b = d["rows"][0], d["rows"][1]
+        sampled = {r["strategy"]: r["distinct_2"] for r in d["rows"] if not r["sampler"]["greedy"]}
+        ban_repeats = b["looping"] or (b["longest_repeat"] or 0) >= 3
+        ban_loop = f"period {b['loop_period']}" if b["looping"] else "none within 50 tokens"
+        out += [
+            Claim(
+                "§3.3 greedy decoding loops (a repeated unit)",
+                g["looping"],
+                f"period {g['loop_period']}, onset {g['loop_onset']}, distinct-2 {g['distinct_2']}",
+            ),
+            Claim(
+                "banning <unk> changes the loop unit but output still repeats",
+                b["loop_unit"] != g["loop_unit"] and ban_repeats and b["distinct_2"] < 0.9,
+                f"exact loop: {ban_loop}; longest n-gram seen ≥3×: {b['longest_repeat']} ({b['longest_repeat_text']}); "
+                f"distinct-2 {b['distinct_2']}",
+            ),
+            *_diversity_claims(g["distinct_2"], sampled),
+        ]
+    if s := case.get("sampling"):  # entropy grows with τ, the kept set with p; truncating first freezes the kept set
+        kept = [r["kept"] for r in s["nucleus_curve_tau_1"]]
+        trap = s["order_trap_top_p_0_9"]
+        bb = [r["temp_then_trunc"] for r in trap]
+        at1 = [r for r in trap if r["tau"] == 1.0]
+        out += [
+            _entropy_claim([r["entropy"] for r in s["entropy_vs_temperature"]], s["log_vocab"]),
+            Claim(
+                "kept-set size grows with p",
+                all(b_ >= a_ for a_, b_ in pairwise(kept)) and kept[-1] > kept[0],
+                f"kept {kept} for p {[r['p'] for r in s['nucleus_curve_tau_1']]}",
+            ),
+            _order_claim(trap),
+            Claim(
+                "temp_then_trunc: kept set grows with τ, equal to trunc_then_temp at τ = 1",
+                all(y >= x for x, y in pairwise(bb))
+                and bb[-1] > bb[0]
+                and all(r["trunc_then_temp"] == r["temp_then_trunc"] for r in at1),
+                f"{bb} for τ {[r['tau'] for r in trap]}",
+            ),
+        ]
     if c := case.get("cache_exact"):
         exact = c["prefill_max_abs_dlogit"] == 0.0 and c["incremental_max_abs_dlogit"] < 1e-4
         ev = f"prefill {c['prefill_max_abs_dlogit']}, incremental {c['incremental_max_abs_dlogit']:.2e}"
@@ -143,7 +126,6 @@ def _cache_claims(case: dict) -> list[Claim]:
     return out
 
 
-# ---- any model's phenomena.json ------------------------------------------------------------------------
 def _row(d: dict, strategy: str) -> dict:
     return next(x for x in d["diversity"] if x["strategy"] == strategy)
 
@@ -161,8 +143,29 @@ def _entropy(d: dict, tau: float) -> dict:
 
 
 def phenomena_claims(d: dict) -> list[Claim]:
-    """The chapter's claims about the measured phenomena, judged on one model's ``phenomena.json``."""
-    return _decoding_claims(d) + _free_running_claims(d) + ([_compute_claim(d["timing"])] if d.get("timing") else [])
+    """The chapter's claims about the measured phenomena, judged on one model's ``phenomena.json``: decoding, then
+    §3.7 (the model on its own tokens, one wrong token's shadow, loops as fixed points) and the cache's compute."""
+    tf, free = _reading(d, "teacher forcing"), _reading(d, "free running, τ = 1")
+    sh, dv = d["shadow"], d["divergence"]
+    free_running = [
+        Claim(
+            "§3.7.3 the model is surer (lower NLL) of its own τ = 1 tokens than of its argmax on real text",
+            free["own_nll"] < tf["own_nll"],
+            f"own-token NLL free running {free['own_nll']} vs argmax on real text {tf['own_nll']}",
+        ),
+        Claim(
+            "§3.7.2 one wrong token's shadow is short: median half-life <= 3 steps, tail near zero",
+            (sh["median_half_life_steps"] or 99) <= 3 and sh["mean_tail"] <= TAIL_SHARE * sh["mean_peak"],
+            f"half-life {sh['median_half_life_steps']}, peak {sh['mean_peak']}, tail {sh['mean_tail']}",
+        ),
+        Claim(
+            "§3.7.2 a loop is a stable fixed point: greedy continuations of a prefix with one token changed agree "
+            "again at the end (>= half the positions of the last quarter)",
+            dv["tail_agreement"] >= 0.5,
+            f"tail agreement {dv['tail_agreement']}, never diverged {dv['never_diverged']}",
+        ),
+    ]
+    return _decoding_claims(d) + free_running + ([_compute_claim(d["timing"])] if d.get("timing") else [])
 
 
 def _decoding_claims(d: dict) -> list[Claim]:
@@ -185,30 +188,6 @@ def _decoding_claims(d: dict) -> list[Claim]:
             f"§3.5.5 temperature then top-p lets several times (>= 2x) more tokens in at τ = {HEADLINE_TAU:g}",
             hot["temp_then_trunc"] >= 2 * hot["trunc_then_temp"],
             f"median kept {hot['temp_then_trunc']} vs {hot['trunc_then_temp']}",
-        ),
-    ]
-
-
-def _free_running_claims(d: dict) -> list[Claim]:
-    """§3.7: the model on its own tokens, one wrong token's shadow, and loops as fixed points."""
-    tf, free = _reading(d, "teacher forcing"), _reading(d, "free running, τ = 1")
-    sh, dv = d["shadow"], d["divergence"]
-    return [
-        Claim(
-            "§3.7.3 the model is surer (lower NLL) of its own τ = 1 tokens than of its argmax on real text",
-            free["own_nll"] < tf["own_nll"],
-            f"own-token NLL free running {free['own_nll']} vs argmax on real text {tf['own_nll']}",
-        ),
-        Claim(
-            "§3.7.2 one wrong token's shadow is short: median half-life <= 3 steps, tail near zero",
-            (sh["median_half_life_steps"] or 99) <= 3 and sh["mean_tail"] <= TAIL_SHARE * sh["mean_peak"],
-            f"half-life {sh['median_half_life_steps']}, peak {sh['mean_peak']}, tail {sh['mean_tail']}",
-        ),
-        Claim(
-            "§3.7.2 a loop is a stable fixed point: greedy continuations of a prefix with one token changed agree "
-            "again at the end (>= half the positions of the last quarter)",
-            dv["tail_agreement"] >= 0.5,
-            f"tail agreement {dv['tail_agreement']}, never diverged {dv['never_diverged']}",
         ),
     ]
 

@@ -1,8 +1,5 @@
 """PNG figures of the case study (the chapter's Fig. 3.1, 3.4, 3.5 and the perturbation shadow), via matplotlib (Agg).
-
-Labels are ASCII on purpose: CJK fonts may be absent on a CI machine and boxes help no one; the
-HTML report shows every Chinese text next to the figures.
-"""
+Labels are ASCII: CJK fonts may be absent on a CI machine; the HTML report shows the Chinese texts beside them."""
 
 from __future__ import annotations
 

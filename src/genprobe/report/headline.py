@@ -20,55 +20,52 @@ def _first(rows: list[dict], key: str, value: Any) -> dict:
     return next((r for r in rows if r[key] == value), {})
 
 
-def _model_rows(case: dict, seed: dict) -> list[Row]:
+def headline_rows(case: dict, seed: dict) -> list[Row]:
+    """(label, ours, seed, kind) rows of the headline table (also used by the CLI and README)."""
     m, sm = case.get("model", {}), seed.get("model", {})
-    return [
+    rows: list[Row] = [
         ("parameters", m.get("params"), sm.get("params"), "int"),
         ("validation loss (nats)", m.get("val_loss"), sm.get("val_loss"), "f3"),
         ("unigram baseline CE (nats)", m.get("unigram_ce"), sm.get("unigram_ce"), "f3"),
         ("vocabulary coverage (1,200 chars)", m.get("coverage_1200"), sm.get("coverage_1200"), "pct"),
         ("<unk> share of corpus positions", m.get("unk_share"), sm.get("unk_share_claimed"), "pct"),
     ]
-
-
-def _decoding_rows(d: dict, seed: dict) -> list[Row]:
-    seed_rows = seed.get("decoding", {}).get("rows", [])
-    sd = {r["strategy"]: r for r in seed_rows}
-    g, b = d["rows"][0], d["rows"][1]
-    sampled = [r for r in d["rows"] if not r["sampler"]["greedy"]]
-    return [
-        ("greedy distinct-2", g["distinct_2"], sd.get("greedy", {}).get("distinct_2"), "f3"),
-        ("greedy <unk> share", g["unk_share"], sd.get("greedy", {}).get("unk_share"), "pct"),
-        ("greedy + ban <unk> distinct-2", b["distinct_2"], sd.get("greedy + ban <unk>", {}).get("distinct_2"), "f3"),
-        (
-            "lowest distinct-2 among sampling strategies",
-            min(r["distinct_2"] for r in sampled),
-            min((r["distinct_2"] for r in seed_rows[2:]), default=None),
-            "f3",
-        ),
-    ]
-
-
-def _sampling_rows(s: dict, seed: dict) -> list[Row]:
-    def both(table: str, key: str, value: float) -> tuple[dict, dict]:  # our row and the chapter's
-        return _first(s[table], key, value), _first(seed.get("sampling", {}).get(table, []), key, value)
-
-    (e1, se1), (n9, sn9) = both("entropy_vs_temperature", "tau", 1.0), both("nucleus_curve_tau_1", "p", 0.9)
-    t2, st2 = both("order_trap_top_p_0_9", "tau", 2.0)
-    return [
-        ("entropy after the prompt at τ = 1 (nats)", e1.get("entropy"), se1.get("entropy"), "f3"),
-        ("top-p 0.9 kept set at τ = 1", n9.get("kept"), sn9.get("kept"), "int"),
-        (
-            "order trap τ = 2: trunc→temp / temp→trunc",
-            f"{t2.get('trunc_then_temp')} / {t2.get('temp_then_trunc')}",
-            f"{st2.get('trunc_then_temp')} / {st2.get('temp_then_trunc')}",
-            "str",
-        ),
-    ]
-
-
-def _cache_rows(case: dict, seed: dict) -> list[Row]:
-    rows: list[Row] = []
+    if d := case.get("decoding"):
+        seed_rows = seed.get("decoding", {}).get("rows", [])
+        sg, sb = (_first(seed_rows, "strategy", name) for name in ("greedy", "greedy + ban <unk>"))
+        g, b = d["rows"][0], d["rows"][1]
+        sampled = [r for r in d["rows"] if not r["sampler"]["greedy"]]
+        rows += [
+            ("greedy distinct-2", g["distinct_2"], sg.get("distinct_2"), "f3"),
+            ("greedy <unk> share", g["unk_share"], sg.get("unk_share"), "pct"),
+            ("greedy + ban <unk> distinct-2", b["distinct_2"], sb.get("distinct_2"), "f3"),
+            (
+                "lowest distinct-2 among sampling strategies",
+                min(r["distinct_2"] for r in sampled),
+                min((r["distinct_2"] for r in seed_rows[2:]), default=None),
+                "f3",
+            ),
+        ]
+    if s := case.get("sampling"):  # our row and the chapter's
+        ss = seed.get("sampling", {})
+        e1, se1 = (_first(x.get("entropy_vs_temperature", []), "tau", 1.0) for x in (s, ss))
+        n9, sn9 = (_first(x.get("nucleus_curve_tau_1", []), "p", 0.9) for x in (s, ss))
+        t2, st2 = (_first(x.get("order_trap_top_p_0_9", []), "tau", 2.0) for x in (s, ss))
+        rows += [
+            ("entropy after the prompt at τ = 1 (nats)", e1.get("entropy"), se1.get("entropy"), "f3"),
+            ("top-p 0.9 kept set at τ = 1", n9.get("kept"), sn9.get("kept"), "int"),
+            (
+                "order trap τ = 2: trunc→temp / temp→trunc",
+                f"{t2.get('trunc_then_temp')} / {t2.get('temp_then_trunc')}",
+                f"{st2.get('trunc_then_temp')} / {st2.get('temp_then_trunc')}",
+                "str",
+            ),
+        ]
+    if e := case.get("exposure"):
+        seed_loss = seed.get("exposure", {}).get("teacher_forcing_mean_loss")
+        rows.append(
+            ("teacher forcing on 已驚飛。方從列子御: mean loss", e["teacher_forcing_mean_loss"], seed_loss, "f3")
+        )
     if c := case.get("cache_exact"):
         sc = seed.get("cache_exact", {})
         rows += [
@@ -91,18 +88,3 @@ def _cache_rows(case: dict, seed: dict) -> list[Row]:
             ("CPU wall-clock speed-up, batch 1", t["rows"][0]["speedup"], seed_cpu1.get("speedup"), "f2"),
         ]
     return rows
-
-
-def headline_rows(case: dict, seed: dict) -> list[Row]:
-    """(label, ours, seed, kind) rows of the headline table (also used by the CLI and README)."""
-    rows = _model_rows(case, seed)
-    if case.get("decoding"):
-        rows += _decoding_rows(case["decoding"], seed)
-    if case.get("sampling"):
-        rows += _sampling_rows(case["sampling"], seed)
-    if e := case.get("exposure"):
-        seed_loss = seed.get("exposure", {}).get("teacher_forcing_mean_loss")
-        rows.append(
-            ("teacher forcing on 已驚飛。方從列子御: mean loss", e["teacher_forcing_mean_loss"], seed_loss, "f3")
-        )
-    return rows + _cache_rows(case, seed)

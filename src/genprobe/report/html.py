@@ -1,10 +1,5 @@
-"""One self-contained, offline ``report.html``: our numbers beside those published in the chapter
-《训练与推理的两副面孔》 ("The two faces of training and inference"), figures, interactive pages.
-
-The page is rendered from the Jinja2 templates in ``templates/`` (autoescaped); CSS, JS, the case data
-(a JSON script block) and the figures (base64 PNG) are all inlined, so the file opens from disk with no
-network at all.
-"""
+"""One self-contained, offline ``report.html``: our numbers beside the chapter's, figures, interactive pages, from
+``templates/`` with CSS, JS, the case data (a JSON script block) and the figures (base64 PNG) inlined."""
 
 from __future__ import annotations
 
@@ -14,9 +9,6 @@ from .._io import atomic_write_text
 from .._templates import environment
 from .claims import case_claims
 from .headline import headline_rows
-
-#: The case keys the page's JavaScript reads (sampling lab, order trap, workload grid).
-SCRIPT_DATA_KEYS = ("sampling", "cache_timing")
 
 
 def render_report(case: dict, seed: dict, figures: dict[str, bytes]) -> str:
@@ -33,7 +25,7 @@ def render_report(case: dict, seed: dict, figures: dict[str, bytes]) -> str:
             seconds=meta.get("seconds", {}),
             headline=headline_rows(case, seed),
             findings=case_claims(case),
-            data={k: case[k] for k in SCRIPT_DATA_KEYS if k in case},
+            data={k: case[k] for k in ("sampling", "cache_timing") if k in case},  # what the page's JavaScript reads
         )
     )
 
