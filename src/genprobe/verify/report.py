@@ -20,8 +20,7 @@ from .compare import Thresholds, worst
 
 TOPK = 10  # tokens of the reference's top-k over which |Δ log p| is measured
 
-OUTCOMES = ("pass", "small", "suspicious", "bug", "error", "unavailable")
-# a phase's verdict is one of VERDICTS, "error" (the implementation raised in it) or "skipped"
+# a report's verdict is one of VERDICTS, "error" or "unavailable"; a phase's one of VERDICTS, "error" or "skipped"
 
 
 @dataclass
@@ -138,7 +137,7 @@ class PhaseTracker:
 
 @dataclass
 class VerifyReport:
-    """Everything the harness measured for one implementation (``verdict`` is one of :data:`OUTCOMES`).
+    """Everything the harness measured for one implementation (``verdict``: see the module docstring).
 
     A report without phases is that of an implementation that never ran: its factory raised (``errors``) or it is
     unavailable here (``unavailable``). The summaries after the fields one gives are read off ``phases`` and

@@ -9,7 +9,7 @@ Cases that do not fit the context are left out (the report lists what ran).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -29,10 +29,6 @@ class ReuseCase:
     kind: str  # base | continuation | token_changed | block_replaced | block_replaced_again | repeat | shorter
     shared: int  # leading tokens shared with A (len(A) for the repeat)
     seq: tuple[int, ...]
-
-    def describe(self) -> dict[str, Any]:
-        """JSON form without the token ids."""
-        return {"case": self.name, "kind": self.kind, "shared_prefix": self.shared, "length": len(self.seq)}
 
 
 def _other(t: int, lo: int, vocab: int, k: int = 1) -> int:

@@ -25,6 +25,8 @@ from ..engine.runner import runner_for
 from ..engine.samplers.chain import process_logits
 from ..engine.samplers.stages import SamplerConfig
 from ..engine.speculative import CachedModel, SeededDraws, SpeculativeDecoder, SpeculativeStats, check_k, make_draft
+from ..model.load import load_model
+from .api import encode_prompts
 from .reuse import random_ids
 
 EXACT_TOLERANCE = 1e-4
@@ -67,15 +69,12 @@ def greedy_check(
             if pos is None:
                 same += 1
             elif first is None:
-                first = {"prompt": i, "position": pos, "plain": _at(plain, pos), "speculative": _at(spec.tokens, pos)}
+                at = [[*seq, -1][pos] for seq in (plain, spec.tokens)]  # -1: the run ended before
+                first = {"prompt": i, "position": pos, "plain": at[0], "speculative": at[1]}
     except (ValueError, RuntimeError, IndexError) as exc:
         error = f"{type(exc).__name__}: {exc}"
     verdict = "error" if error else "pass" if first is None else "bug"
     return GreedyCheck(verdict, len(prompts), total, same, first, json_safe(stats), error)
-
-
-def _at(seq: Sequence[int], pos: int) -> int:
-    return seq[pos] if pos < len(seq) else -1  # -1: the run ended before
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -376,18 +375,15 @@ class MutantRow:
     JSON_PROPERTIES = ("caught", "ok")  # computed from the fields, kept in the JSON form
 
     name: str
-    expected: str  # "pass" | "caught"
+    expected: str = field(init=False)  # "pass" (the correct decoder) | "caught"
     greedy: str
     exact: str
     total_variation: float | None
     margin: float | None  # exact check: tolerance/TV for the correct decoder, TV/tolerance for a mutant
     first_divergence: dict[str, int] | None
 
-    @classmethod
-    def of(cls, name: str, greedy: GreedyCheck, exact: ExactCheck) -> "MutantRow":
-        """Decoder ``name``'s row from its greedy and exact checks (``correct`` must pass, the others be caught)."""
-        e, expected = exact, "pass" if name == "correct" else "caught"
-        return cls(name, expected, greedy.verdict, e.verdict, e.total_variation, e.margin, greedy.first_divergence)
+    def __post_init__(self) -> None:
+        self.expected = "pass" if self.name == "correct" else "caught"
 
     @property
     def caught(self) -> bool:
@@ -455,9 +451,6 @@ def verify_speculative(
     drafts per round), and with ``samples`` > 0 a two-sample test on ``max(exact_tokens, 4)`` tokens; with
     ``mutants`` the broken decoders too. ``draft``: ``"lookup"``, ``"layers:N"``, a model, or None (the target's
     first half of its layers)."""
-    from ..model.load import load_model
-    from .api import encode_prompts
-
     target = load_model(model) if isinstance(model, str) else model
     k = check_k(k)
     check_k(exact_k)
@@ -478,9 +471,13 @@ def verify_speculative(
     two = None
     if samples:
         two = two_sample_check(target, d, sampled_prompt, max(exact_tokens, 4), k, cfg, samples, seed)
-    rows = [MutantRow.of(name, *c) for name, c in checks.items()] if mutants else None
+    rows = [
+        MutantRow(n, g.verdict, e.verdict, e.total_variation, e.margin, g.first_divergence)
+        for n, (g, e) in checks.items()
+    ]
     name = getattr(d, "name", "model")
-    return SpeculativeVerification(str(getattr(target, "source", model)), name, k, *checks["correct"], two, rows)
+    source = str(getattr(target, "source", model))
+    return SpeculativeVerification(source, name, k, *checks["correct"], two, rows if mutants else None)
 
 
 def continued(target: Any, prompt: Sequence[int], n: int, extra: int = 16) -> list[int]:
