@@ -151,13 +151,11 @@ class EngineAdapter:
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Fill a fresh cache with the prompt."""
         self.cache, self.fed = self._new_cache(ids.shape[0]), 0
         return self._feed(ids, attention_mask)
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Continue the cached sequence."""
         if self.cache is None:
             raise RuntimeError("step() before prefill()")
         return self._feed(ids, None)
@@ -226,10 +224,9 @@ class HFAdapter:
         self.pass_position_ids = pass_position_ids
         self.prefill_starts_sequence = True  # prefill() resets and builds a fresh cache
         self.cache_kind = cache
-        if cache is not None:
-            why = unavailable_reason(hf_model, cache)
-            if why is not None:
-                raise CacheUnavailableError(f"cache {cache!r} is unavailable: {why}")
+        why = None if cache is None else unavailable_reason(hf_model, cache)
+        if why is not None:
+            raise CacheUnavailableError(f"cache {cache!r} is unavailable: {why}")
         self.max_positions = max_positions(hf_model)
         self.max_cache_len = max_cache_len or self.max_positions or 2048
         arch = getattr(hf_model.config, "model_type", "model")
@@ -239,7 +236,6 @@ class HFAdapter:
         self.reset()
 
     def reset(self) -> None:
-        """Forget the cache, mask and per-row positions."""
         self.cache: Any = None  # a transformers Cache, whichever class the kind builds
         self.mask: torch.Tensor | None = None
         self.next_pos: torch.Tensor | None = None
@@ -272,7 +268,6 @@ class HFAdapter:
         return self._call(ids, mask)
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Feed new real tokens through the kept cache."""
         if self.next_pos is None:
             raise RuntimeError("step() before prefill()")
         return self._call(ids, torch.ones_like(ids))

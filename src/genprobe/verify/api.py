@@ -224,7 +224,6 @@ class CacheVerification:
 
     @property
     def all_reports(self) -> list[VerifyReport]:
-        """The implementations' reports, then the mutants'."""
         return self.reports + (self.mutants.reports if self.mutants is not None else [])
 
     @property
@@ -239,7 +238,6 @@ class CacheVerification:
 
     @property
     def errors(self) -> list[str]:
-        """Implementations that raised (verdict ``error``)."""
         return [r.impl for r in self.reports if r.verdict == "error"]
 
     def failing(self, fail_on: str = "bug") -> list[str]:

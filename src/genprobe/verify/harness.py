@@ -238,13 +238,10 @@ def padded_prompts(prompts: list[list[int]]) -> list[list[int]]:
     A prefix, not a suffix: the rows then end in different tokens, so the last cached entries that a row
     mix-up exchanges (right-aligned under left padding, they share a slot) hold different keys; a suffix
     ends in the same token and would hide the mix-up almost entirely."""
-    if len({len(p) for p in prompts}) > 1:
-        return prompts
     p = prompts[0]
-    if len(p) < 2:  # nothing shorter to pad: the batch is just the prompts
+    if len({len(q) for q in prompts}) > 1 or len(p) < 2:  # lengths differ already, or nothing shorter to pad
         return prompts
-    shorter = p[: (len(p) + 1) // 2]
-    return prompts + [shorter]
+    return prompts + [p[: (len(p) + 1) // 2]]
 
 
 @torch.no_grad()

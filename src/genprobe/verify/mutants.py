@@ -66,7 +66,6 @@ class TeachingCache:
         self.reset()
 
     def reset(self) -> None:
-        """Empty per-layer K/V lists and the position counter."""
         n = self.lm.cfg.n_layer
         self.k: list[torch.Tensor | None] = [None] * n
         self.v: list[torch.Tensor | None] = [None] * n
@@ -86,7 +85,6 @@ class TeachingCache:
         return self._forward(ids)
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Continue the sequence with T_new tokens."""
         return self._forward(ids)
 
     def _cat(self, old: torch.Tensor | None, new: torch.Tensor, prepend: bool) -> torch.Tensor:
@@ -248,7 +246,6 @@ class SlotCache(TeachingCache):
         return self._keep(toks, torch.cat([logits[:, :keep], out], dim=1) if keep else out)
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Continue the sequence (kept for the slot)."""
         return self._keep([int(t) for t in ids[0]], self._forward(ids))
 
     def _keep(self, toks: list[int], out: torch.Tensor) -> torch.Tensor:

@@ -105,7 +105,6 @@ class PhaseTracker:
             r.first_diff_step = call
 
     def skip(self, reason: str) -> None:
-        """Mark the phase as not run."""
         self.r.skipped, self.r.verdict = reason, "skipped"
 
     def fail(self, exc: BaseException, call: int | None) -> None:

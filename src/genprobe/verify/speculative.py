@@ -1,12 +1,9 @@
 """Is speculative decoding the target model's decoding? Greedy: token for token; sampled: in distribution.
 
-Three checks, each a typed result with its own verdict (``pass``, ``bug``, ``error`` or ``not checked`` when it had
-nothing to look at): :func:`greedy_check` (speculative greedy vs plain greedy), :func:`exact_check` (the exact
-distribution of the first tokens, every random choice of the real decoder enumerated, vs the target's, on total
-variation) and :func:`two_sample_check` (χ² and z-tests on samples, for models too slow to enumerate). With
-``mutants``, :func:`verify_speculative` runs the broken decoders (:data:`MUTANTS`, each overriding one rule of
-:class:`~genprobe.engine.speculative.SpeculativeDecoder`: production code carries no bug switches) through the
-greedy and exact checks. docs/speculative.md describes each check and its tolerances.
+Three checks, each a typed result with a verdict (``pass``, ``bug``, ``error`` or ``not checked``):
+:func:`greedy_check`, :func:`exact_check` (every random choice of the real decoder enumerated; total variation) and
+:func:`two_sample_check` (χ² and z-tests on samples); :data:`MUTANTS`: broken decoders, each overriding one rule of
+:class:`~genprobe.engine.speculative.SpeculativeDecoder`. docs/speculative.md describes each check and its tolerances.
 """
 
 from __future__ import annotations
@@ -65,7 +62,8 @@ def greedy_check(
             spec = decoder(target, draft, k).run(prompt, max_new_tokens)
             _add(stats, spec.stats)
             total += len(plain)
-            pos = _first_difference(plain, spec.tokens)
+            diffs = (j for j, (a, b) in enumerate(zip(plain, spec.tokens, strict=False)) if a != b)
+            pos = next(diffs, None if len(plain) == len(spec.tokens) else min(len(plain), len(spec.tokens)))
             if pos is None:
                 same += 1
             elif first is None:
@@ -75,13 +73,6 @@ def greedy_check(
         error = f"{type(exc).__name__}: {exc}"
     verdict = "error" if error else "pass" if first is None else "bug"
     return GreedyCheck(verdict, len(prompts), total, same, first, json_safe(stats), error)
-
-
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _add(total: SpeculativeStats, one: SpeculativeStats) -> None:
@@ -415,10 +406,7 @@ class SpeculativeVerification:
     def verdict(self) -> str:
         """``bug`` if a check failed, ``error`` if one raised, ``pass`` when at least one passed, else not checked."""
         checks = [c.verdict for c in (self.greedy, self.exact, self.two_sample) if c is not None]
-        for bad in ("bug", "error"):
-            if bad in checks:
-                return bad
-        return "pass" if "pass" in checks else NOT_CHECKED
+        return next((bad for bad in ("bug", "error") if bad in checks), "pass" if "pass" in checks else NOT_CHECKED)
 
     @property
     def mutants_ok(self) -> bool:
