@@ -273,26 +273,6 @@ def encode_prompts(model: "Model | None", prompts: Sequence[str] | Sequence[Sequ
     return ids
 
 
-def _prompt_ids(
-    model: "Model | None", prompts: Sequence[str] | Sequence[Sequence[int]] | None, targets: VerifyTargets, steps: int
-) -> list[list[int]]:
-    if prompts is not None:
-        return encode_prompts(model, prompts)
-    if model is not None and model.kind == "genprobe" and model.tokenizer is not None:
-        return [model.encode(t) for t in DEFAULT_PROMPTS]
-    if model is None:
-        built = [t.impl for t in targets.targets if t.report is None]
-        if not built:  # a model-less factory that raised leaves nothing to take prompts from
-            return []
-        vocab, max_positions = getattr(built[0], "vocab_size", None), getattr(targets.reference, "max_positions", None)
-        if vocab is None:
-            raise ValueError("cannot tell the vocabulary size for random prompts: pass prompts, or a model")
-    else:
-        vocab, max_positions = model.vocab_size, model.max_positions
-    room = 8 if max_positions is None else max(1, min(8, max_positions - steps))
-    return random_ids(int(vocab), sorted({room, max(1, room * 5 // 8), max(1, room * 3 // 8)}, reverse=True))
-
-
 def verify_caches(
     model: "Model | None",
     impl: Any = None,
@@ -316,8 +296,21 @@ def verify_caches(
     opts = VerifyOptions(**options, pad_id=model.pad_id if model is not None else 0)
     gpt = mutant_model(model, opts.window) if mutants else None
     targets = verify_targets(model, impl, opts, hf_caches)
-    ids, steps = _prompt_ids(model, prompts, targets, opts.max_new_tokens), opts.max_new_tokens
-    run = ReferenceRun(targets.reference, steps) if any(t.report is None for t in targets.targets) else None
+    steps, built = opts.max_new_tokens, [t.impl for t in targets.targets if t.report is None]
+    if prompts is not None:
+        ids = encode_prompts(model, prompts)
+    elif model is not None and model.kind == "genprobe" and model.tokenizer is not None:
+        ids = [model.encode(t) for t in DEFAULT_PROMPTS]
+    elif model is None and not built:  # a model-less factory that raised leaves nothing to take prompts from
+        ids = []
+    else:  # random ids: up to three distinct lengths <= 8 that leave room for the new tokens
+        vocab = model.vocab_size if model is not None else getattr(built[0], "vocab_size", None)
+        limit = model.max_positions if model is not None else getattr(targets.reference, "max_positions", None)
+        if vocab is None:
+            raise ValueError("cannot tell the vocabulary size for random prompts: pass prompts, or a model")
+        room = 8 if limit is None else max(1, min(8, limit - steps))
+        ids = random_ids(int(vocab), sorted({room, max(1, room * 5 // 8), max(1, room * 3 // 8)}, reverse=True))
+    run = ReferenceRun(targets.reference, steps) if built else None
     reports = []
     for t in targets.targets:
         if t.report is not None:  # could not be built: the report says why

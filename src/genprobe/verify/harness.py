@@ -1,10 +1,6 @@
-"""Cache-equivalence harness: an implementation's logits vs full recomputation, phase by phase.
-
-Logits, not text: a KV cache is a mathematical identity (chapter §3.4.2), and a missing mask can move logits by 2.10
-and the greedy text by 0 characters (§3.9.1). The phases (prefill, incremental, chunk_c, padded_batch, isolation,
-prefix reuse) and the class of bug each can see: docs/verify-cache.md ("Reference"). Verdicts:
-:mod:`genprobe.verify.compare`. An exception inside the implementation makes its phase ``error`` and the harness moves
-on to the next phase.
+"""Cache-equivalence harness: an implementation's logits (not text: chapter §3.9.1) vs full recomputation, phase by
+phase. The phases and the class of bug each can see: docs/verify-cache.md ("Reference"). An exception inside the
+implementation makes its phase ``error`` and the harness moves on to the next phase.
 """
 
 from __future__ import annotations

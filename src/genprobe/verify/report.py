@@ -1,10 +1,8 @@
 """Typed results of the cache verifier (:class:`PhaseResult` per comparison, :class:`VerifyReport` per implementation)
 and the tensor measures they are read from (:func:`max_abs_diff`, :func:`row_std`).
 
-Outcomes of an implementation: a verdict on the scale of :mod:`genprobe.verify.compare`
-(``pass`` < ``small`` < ``suspicious`` < ``bug``), or ``error`` when the implementation raised (the
-phase, exception type and message are kept; the other phases still ran), or ``unavailable`` when
-it could not be built here (e.g. a ``transformers`` cache class this version lacks).
+An implementation's verdict is one of :data:`~genprobe.verify.compare.VERDICTS`, ``error`` when it raised (phase,
+exception type and message kept; the other phases still ran) or ``unavailable`` when it could not be built here.
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ import torch
 from .compare import Thresholds, worst
 
 TOPK = 10  # tokens of the reference's top-k over which |Δ log p| is measured
-
-# a report's verdict is one of VERDICTS, "error" or "unavailable"; a phase's one of VERDICTS, "error" or "skipped"
 
 
 @dataclass
@@ -50,7 +46,7 @@ class PhaseResult:
     """
 
     phase: str
-    verdict: str = "pass"
+    verdict: str = "pass"  # one of VERDICTS, "error" (the implementation raised in it) or "skipped"
     max_abs_dlogit: float = 0.0
     rel_dlogit: float | None = None
     ref_logit_std: float | None = None

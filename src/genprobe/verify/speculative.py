@@ -444,7 +444,9 @@ def verify_speculative(
     check_k(exact_k)
     if exact_tokens < 1:
         raise ValueError(f"exact_tokens must be >= 1, got {exact_tokens}")
-    d = make_draft(target, draft if draft is not None else f"layers:{max(1, _layers(target) // 2)}")
+    cfg = getattr(target.module, "cfg", None) or getattr(target.module, "config", None)
+    layers = getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", None) or 2  # default: the first half
+    d = make_draft(target, draft if draft is not None else f"layers:{max(1, int(layers) // 2)}")
     cfg = sampler or EXACT_SAMPLER
     ids = default_prompts(runner_for(target).vocab_size, seed) if prompts is None else encode_prompts(target, prompts)
     sampled_prompt = continued(target, ids[0], exact_tokens)
@@ -476,9 +478,3 @@ def continued(target: Any, prompt: Sequence[int], n: int, extra: int = 16) -> li
     if room < 1:
         return list(prompt)
     return [*prompt, *generate(target, [list(prompt)], room).tokens[0]]
-
-
-def _layers(m: Any) -> int:
-    cfg = getattr(m.module, "cfg", None) or getattr(m.module, "config", None)
-    layers = getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", None)
-    return int(layers) if layers else 2
