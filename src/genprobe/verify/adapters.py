@@ -123,12 +123,9 @@ class FullRecompute:
 
 
 class EngineAdapter:
-    """genprobe's own engine: preallocated ``KVCache`` + ``forward_step``, optionally a sliding window + sinks.
-
-    A windowed ``KVCache`` is a ring buffer of ``sinks + window`` slots that accepts one token per call
-    once full (a chunk would overwrite keys its own first queries still need). Past that point the
-    adapter feeds a chunk token by token, as any decode loop over a windowed cache must.
-    """
+    """genprobe's own engine: preallocated ``KVCache`` + ``forward_step``, optionally a sliding window + sinks (a ring
+    buffer of ``sinks + window`` slots that, once full, takes one token per call: the adapter then feeds a chunk
+    token by token, since a chunk would overwrite keys its own first queries still need)."""
 
     def __init__(self, model: GPT, window: int | None = None, sinks: int = 0):
         self.model: PositionDrivenLM = model.eval()
@@ -298,10 +295,9 @@ def import_factory(spec: str) -> Callable[..., Any]:
     except Exception as exc:  # noqa: BLE001 — the user's module failing on import is bad input, reported
         raise ImplSpecError(f"cannot import module {mod_name!r} of implementation {spec!r}: {exc}") from None
     factory: Callable[..., Any] | None = getattr(module, attr, None)
-    if factory is None:
-        raise ImplSpecError(f"module {mod_name!r} has no attribute {attr!r} (implementation {spec!r})")
     if not callable(factory):
-        raise ImplSpecError(f"{spec!r} is not callable")
+        missing = f"module {mod_name!r} has no attribute {attr!r} (implementation {spec!r})"
+        raise ImplSpecError(missing if factory is None else f"{spec!r} is not callable")
     return factory
 
 

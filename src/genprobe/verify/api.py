@@ -1,7 +1,5 @@
 """``genprobe.verify_cache``: the verifier on a loaded :class:`~genprobe.model.load.Model`, one call, one report;
-``genprobe.verify_caches``: everything ``genprobe verify-cache`` runs (several implementations, the compiled decode
-path, transformers' cache classes, a user factory, the planted-bug mutants), one call, one :class:`CacheVerification`.
-"""
+``genprobe.verify_caches``: everything ``genprobe verify-cache`` runs, one call, one :class:`CacheVerification`."""
 
 from __future__ import annotations
 
@@ -110,16 +108,15 @@ def verify_targets(
     kind = None if model is None else model.kind
     if model is None and impl is None:
         raise ValueError("give a model (the reference, and its own cache) and/or an implementation")
-    why = None
     if opts.compiled:
         why = "an impl was given" if impl is not None else "no model" if model is None else None
         if why is None and model is not None and model.kind != "genprobe":
             why = unsupported_reason(model.module)
-    if why:
-        raise ValueError(
-            "compiled verifies genprobe's own compiled decode path: give a genprobe model or a Llama-family "
-            f"transformers model, no impl ({why})"
-        )
+        if why:
+            raise ValueError(
+                "compiled verifies genprobe's own compiled decode path: give a genprobe model or a Llama-family "
+                f"transformers model, no impl ({why})"
+            )
     if hf_caches and (kind != "hf" or impl is not None):
         raise ValueError("hf_caches verifies a transformers model's own cache classes: give one, no impl")
     if opts.window is not None and kind != "genprobe":

@@ -1,8 +1,7 @@
 """``transformers``' cache classes × architectures: the verifier's verdict for each pair, on tiny random models.
 
-Run ``python -m genprobe.verify.hf_matrix [--init 0.02] [--max-new-tokens 8]`` for the markdown table. The models
-are built from small configs (no download): GPT-2, Llama, Qwen2, Phi-3, GPT-NeoX, and Mistral / Gemma 2 /
-Gemma 3 with a sliding window (6) shorter than the sequences, so their sliding layers must evict.
+No download; Mistral / Gemma 2 / Gemma 3 have a sliding window shorter than the sequences, so their sliding layers must
+evict. ``python -m genprobe.verify.hf_matrix [--init 0.02] [--max-new-tokens 8]`` prints the markdown table.
 """
 
 from __future__ import annotations

@@ -330,11 +330,8 @@ def report_row(r: VerifyReport, expected: str | None = None, detailed: bool = Fa
 
 
 def run_mutants(model: GPT, prompt_ids: list[int], steps: int = 50) -> list[dict[str, Any]]:
-    """The chapter §3.9.1 table: one row per teaching mutant (``cache_bugs`` in the case study).
-
-    The chapter's experiment: prefill, decode steps and chunks of one prompt — no prefix-reuse phases
-    and no prefix-cache mutants, so that the case study's figures stay comparable with the chapter's.
-    """
+    """The chapter §3.9.1 table: one row per teaching mutant (``cache_bugs`` in the case study), on the chapter's
+    experiment (no prefix-reuse phases, no prefix-cache mutants: the figures stay comparable with the chapter's)."""
     opts = VerifyOptions(steps, prefix_reuse=False)
     reports = run_mutant_reports(model, [list(prompt_ids)], opts, names=TEACHING)
     return [report_row(r, MUTANTS[r.impl]) for r in reports]

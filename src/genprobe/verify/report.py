@@ -71,12 +71,8 @@ class PhaseResult:
 
 
 class PhaseTracker:
-    """Accumulates one phase call by call, then judges it.
-
-    Each call's max |Δ| is taken at once (it dates the first difference); the measures over the
-    whole phase (reference spread, top-k |Δ log p|, top-1 agreement) are computed once at the end
-    over all compared rows — one batch of tensor ops instead of one per call.
-    """
+    """Accumulates one phase call by call (each call's max |Δ| at once: it dates the first difference), then judges
+    it: the measures over the whole phase are computed once at the end, over all compared rows."""
 
     def __init__(self, phase: str, noise: float):
         self.r = PhaseResult(phase)

@@ -383,9 +383,7 @@ class MutantRow:
     @property
     def ok(self) -> bool:
         """The correct decoder passes both checks; a mutant is caught."""
-        if self.expected == "pass":
-            return self.greedy == "pass" and self.exact == "pass"
-        return self.caught
+        return self.greedy == self.exact == "pass" if self.expected == "pass" else self.caught
 
 
 # ---- the whole verification -------------------------------------------------------------------------------
