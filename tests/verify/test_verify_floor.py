@@ -47,10 +47,10 @@ def run(model, delta, **kw):
 
 def test_the_floor_is_measured_from_the_reference_alone(long_model):
     floor = ReferenceRun(WobblyReference(long_model), 6).noise_floor(PROMPTS)
-    assert floor.value == pytest.approx(EPS, rel=1e-3)
-    assert set(floor.sources) == {"prefix_vs_whole", "batched_vs_solo"}
+    assert floor["value"] == pytest.approx(EPS, rel=1e-3)
+    assert set(floor["sources"]) == {"prefix_vs_whole", "batched_vs_solo"}
     exact = ReferenceRun(FullRecompute(long_model), 6).noise_floor(PROMPTS)
-    assert exact.value < 1e-5  # our 2-layer reference: reproducible to a few ulps
+    assert exact["value"] < 1e-5  # our 2-layer reference: reproducible to a few ulps
 
 
 def test_twice_the_floor_passes_far_above_it_does_not(long_model):

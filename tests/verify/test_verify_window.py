@@ -15,9 +15,8 @@ import torch
 
 from genprobe._io import json_safe
 from genprobe.cli import main
-from genprobe.verify.adapters import EngineAdapter, FullRecompute
+from genprobe.verify.adapters import EngineAdapter, FullRecompute, window_visibility, windowed_forward
 from genprobe.verify.harness import VerifyOptions, verify_implementation
-from genprobe.verify.window import window_visibility, windowed_forward
 
 PROMPTS = [[3, 7, 11, 5, 9, 2, 8], [4, 1, 2, 6]]
 STEPS = 16  # 7 + 16 = 23 positions: far past sinks + window = 10, so the cache wraps many times

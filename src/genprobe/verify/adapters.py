@@ -20,7 +20,7 @@ from ..engine.runner import forward_step, runner_for
 from ..model.gpt import GPT
 from ..model.load import max_positions
 from ..model.position_lm import PositionDrivenLM, default_positions
-from .window import windowed_forward
+from .hf_caches import make_cache, unavailable_reason
 
 
 @runtime_checkable
@@ -54,10 +54,52 @@ class ImplFactoryError(Exception):
 
 
 # ---- the reference and our engine ------------------------------------------------------------------
+def window_visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
+    """(B, Tq, Tk) bool: causal, within the last ``window`` positions, or one of the first ``sinks``."""
+    dist = q_pos[:, :, None] - k_pos[:, None, :]
+    return (dist >= 0) & ((dist < window) | (k_pos[:, None, :] < sinks))
+
+
+@torch.no_grad()
+def windowed_forward(
+    model: GPT, ids: torch.Tensor, window: int, sinks: int = 0, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Logits (B, T, V) of ``model`` under a sliding window (+ sinks) in every layer, no cache: the windowed reference.
+
+    A query at position q sees a key at position k iff k ≤ q and (q − k < W or k < S) (Mistral's sliding window,
+    transformers ``masking_utils.sliding_window_overlay``; sinks as in StreamingLLM, Xiao et al. 2023). Positions count
+    real tokens: under left padding the sinks are a row's first S real tokens. The mask applies in every layer, so a
+    key's hidden state is the one computed with its own window, as a cache holds it (recomputing the visible tokens
+    alone would be another, wrong reference for a model of more than one layer)."""
+    B, T = ids.shape
+    valid = None if attention_mask is None else attention_mask.to(torch.bool)
+    positions = default_positions(B, T, None, attention_mask, ids.device)
+    model.check_positions(positions)
+    model.check_ids(ids)
+    vis = window_visibility(positions, positions, window, sinks)
+    if valid is not None:
+        vis = vis & valid[:, None, :]
+        vis = vis | ~vis.any(-1, keepdim=True)  # a padding query that sees nothing: any output, never compared
+    mask = vis[:, None]
+    if model.alibi_slopes is not None:
+        dist = (positions[:, None, :, None] - positions[:, None, None, :]).to(torch.float32)
+        bias = -model.alibi_slopes.view(1, -1, 1, 1) * dist.clamp(min=0)
+        dtype = model.wte.weight.dtype
+        blocked = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, float("-inf"))
+        mask = blocked + bias.to(dtype)
+    x = model.wte(ids)
+    if model.wpe is not None:
+        x = x + model.wpe(positions)
+    for block in model.h:
+        x = block(x, positions, mask, None, None)
+    logits: torch.Tensor = model.lm_head(model.ln_f(x))
+    return logits
+
+
 class FullRecompute:
     """Reference: one uncached forward over the whole sequence through the model's runner (``runner_for``: our GPT,
     or a ``transformers`` causal LM with positions counted from the mask) — for our GPT under a sliding window of
-    ``window`` positions and ``sinks`` sinks when ``window`` is given (:mod:`genprobe.verify.window`)."""
+    ``window`` positions and ``sinks`` sinks when ``window`` is given (:func:`windowed_forward`)."""
 
     name = "reference"
 
@@ -81,12 +123,9 @@ class FullRecompute:
 
 
 class EngineAdapter:
-    """genprobe's own engine: preallocated ``KVCache`` + ``forward_step``, optionally a sliding window + sinks.
-
-    A windowed ``KVCache`` is a ring buffer of ``sinks + window`` slots that accepts one token per call
-    once full (a chunk would overwrite keys its own first queries still need). Past that point the
-    adapter feeds a chunk token by token, as any decode loop over a windowed cache must.
-    """
+    """genprobe's own engine: preallocated ``KVCache`` + ``forward_step``, optionally a sliding window + sinks (a ring
+    buffer of ``sinks + window`` slots that, once full, takes one token per call: the adapter then feeds a chunk
+    token by token, since a chunk would overwrite keys its own first queries still need)."""
 
     def __init__(self, model: GPT, window: int | None = None, sinks: int = 0):
         self.model: PositionDrivenLM = model.eval()
@@ -109,13 +148,11 @@ class EngineAdapter:
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Fill a fresh cache with the prompt."""
         self.cache, self.fed = self._new_cache(ids.shape[0]), 0
         return self._feed(ids, attention_mask)
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Continue the cached sequence."""
         if self.cache is None:
             raise RuntimeError("step() before prefill()")
         return self._feed(ids, None)
@@ -137,10 +174,6 @@ class EngineAdapter:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
-#: The compiled path's cache capacity (capped by the model's context length).
-DEFAULT_COMPILED_CAPACITY = 1024
-
-
 class CompiledEngineAdapter(EngineAdapter):
     """genprobe's compiled decode path: ``StaticKVCache``, single-token steps through ``torch.compile`` (a chunk eagerly
     through the same cache) — of our GPT or of a Llama-family ``transformers`` model
@@ -152,8 +185,8 @@ class CompiledEngineAdapter(EngineAdapter):
         model.training = False  # its own flag only (a Llama-family view's submodules are the user's model's)
         self.model, self.runner, self.name = model, CompiledGPTRunner(model), "engine-compiled"
         # A static cache holds its capacity in every step's attention: a long-context model's whole context
-        # (SmolLM2: 8,192) would make each step read 8k slots. The verifier's sequences are short.
-        self.max_len = min(model.cfg.block_size, DEFAULT_COMPILED_CAPACITY)
+        # (SmolLM2: 8,192) would make each step read 8k slots. The verifier's sequences are short: 1,024 at most.
+        self.max_len = min(model.cfg.block_size, 1024)
         self.max_positions, self.capacity, self.prefill_starts_sequence = model.cfg.max_positions, None, True
         self.reset()
 
@@ -184,16 +217,13 @@ class HFAdapter:
         cache: str | None = None,
         max_cache_len: int | None = None,
     ):
-        from .hf_caches import unavailable_reason
-
         self.hf = hf_model.eval()
         self.pass_position_ids = pass_position_ids
         self.prefill_starts_sequence = True  # prefill() resets and builds a fresh cache
         self.cache_kind = cache
-        if cache is not None:
-            why = unavailable_reason(hf_model, cache)
-            if why is not None:
-                raise CacheUnavailableError(f"cache {cache!r} is unavailable: {why}")
+        why = None if cache is None else unavailable_reason(hf_model, cache)
+        if why is not None:
+            raise CacheUnavailableError(f"cache {cache!r} is unavailable: {why}")
         self.max_positions = max_positions(hf_model)
         self.max_cache_len = max_cache_len or self.max_positions or 2048
         arch = getattr(hf_model.config, "model_type", "model")
@@ -203,7 +233,6 @@ class HFAdapter:
         self.reset()
 
     def reset(self) -> None:
-        """Forget the cache, mask and per-row positions."""
         self.cache: Any = None  # a transformers Cache, whichever class the kind builds
         self.mask: torch.Tensor | None = None
         self.next_pos: torch.Tensor | None = None
@@ -228,8 +257,6 @@ class HFAdapter:
 
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run the prompt with ``use_cache=True`` into a fresh cache and keep it."""
-        from .hf_caches import make_cache
-
         self.reset()
         if self.cache_kind is not None:
             self.cache = make_cache(self.hf, self.cache_kind, ids.shape[0], self.max_cache_len)
@@ -238,7 +265,6 @@ class HFAdapter:
         return self._call(ids, mask)
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Feed new real tokens through the kept cache."""
         if self.next_pos is None:
             raise RuntimeError("step() before prefill()")
         return self._call(ids, torch.ones_like(ids))
@@ -269,10 +295,9 @@ def import_factory(spec: str) -> Callable[..., Any]:
     except Exception as exc:  # noqa: BLE001 — the user's module failing on import is bad input, reported
         raise ImplSpecError(f"cannot import module {mod_name!r} of implementation {spec!r}: {exc}") from None
     factory: Callable[..., Any] | None = getattr(module, attr, None)
-    if factory is None:
-        raise ImplSpecError(f"module {mod_name!r} has no attribute {attr!r} (implementation {spec!r})")
     if not callable(factory):
-        raise ImplSpecError(f"{spec!r} is not callable")
+        missing = f"module {mod_name!r} has no attribute {attr!r} (implementation {spec!r})"
+        raise ImplSpecError(missing if factory is None else f"{spec!r} is not callable")
     return factory
 
 

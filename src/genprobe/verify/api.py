@@ -1,7 +1,5 @@
 """``genprobe.verify_cache``: the verifier on a loaded :class:`~genprobe.model.load.Model`, one call, one report;
-``genprobe.verify_caches``: everything ``genprobe verify-cache`` runs (several implementations, the compiled decode
-path, transformers' cache classes, a user factory, the planted-bug mutants), one call, one :class:`CacheVerification`.
-"""
+``genprobe.verify_caches``: everything ``genprobe verify-cache`` runs, one call, one :class:`CacheVerification`."""
 
 from __future__ import annotations
 
@@ -9,11 +7,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, TypedDict, Unpack, cast
 
 from .._io import json_safe
+from ..model.llama_family import llama_family_of, unsupported_reason
+from .adapters import (
+    CacheUnavailableError,
+    CompiledEngineAdapter,
+    EngineAdapter,
+    FullRecompute,
+    HFAdapter,
+    ImplFactoryError,
+    load_impl,
+)
 from .compare import Thresholds, at_least
-from .harness import DEFAULTS, VerifyOptions
-from .mutants import DEFAULT_PROMPT, teaching_view
-from .report import VerifyReport
-from .reuse import random_ids
+from .harness import DEFAULTS, ReferenceRun, VerifyOptions, verify_implementation
+from .hf_caches import CACHE_KINDS, unavailable_reason
+from .mutants import DEFAULT_PROMPT, MUTANTS, mask_noop, report_row, run_mutant_reports, teaching_view
+from .report import PhaseError, VerifyReport
+from .reuse import REUSE_LENGTH, random_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.gpt import GPT
@@ -55,8 +64,6 @@ def verify_cache(
     :class:`~genprobe.verify.adapters.CacheUnavailableError`). ``prompts`` and ``options`` (the fields of
     :class:`~genprobe.verify.harness.VerifyOptions` but ``pad_id``, the model's) as in :func:`verify_caches`.
     """
-    from .adapters import CacheUnavailableError
-
     hf_caches = () if hf_cache is None else (hf_cache,)
     (report,) = verify_caches(model, impl, hf_caches=hf_caches, prompts=prompts, log=log, **options).reports
     if report.unavailable is not None:
@@ -98,42 +105,18 @@ def verify_targets(
     ``opts.hf_position_ids=False`` drives a transformers model without ``position_ids``. Without ``model``, ``impl``
     must have ``full(ids, attention_mask=None)``, which is then the reference.
     """
-    from ..model.llama_family import llama_family_of
-    from .adapters import CompiledEngineAdapter, EngineAdapter, FullRecompute
-
-    _check_target_args(model, impl, opts, hf_caches)
-    reference = None if model is None else FullRecompute(model.module, opts.window, opts.sinks)
-    if impl is not None:
-        return _impl_targets(model, impl, reference, opts)
-    assert model is not None
-    ours = model.kind == "genprobe"  # Model gives that kind for a GPT only
-    if ours:
-        targets = [VerifyTarget(EngineAdapter(cast("GPT", model.module), window=opts.window, sinks=opts.sinks))]
-    else:
-        targets = _hf_targets(model, hf_caches, opts)
-    if opts.compiled:
-        lm = cast("GPT", model.module) if ours else llama_family_of(model.module)
-        targets.append(VerifyTarget(CompiledEngineAdapter(lm)))
-    return VerifyTargets(reference, targets)
-
-
-def _check_target_args(model: "Model | None", impl: Any, opts: VerifyOptions, hf_caches: Sequence[str]) -> None:
-    """Refuse combinations :func:`verify_targets` cannot honour, before anything is built."""
-    from ..model.llama_family import unsupported_reason
-
     kind = None if model is None else model.kind
     if model is None and impl is None:
         raise ValueError("give a model (the reference, and its own cache) and/or an implementation")
-    why = None
     if opts.compiled:
         why = "an impl was given" if impl is not None else "no model" if model is None else None
         if why is None and model is not None and model.kind != "genprobe":
             why = unsupported_reason(model.module)
-    if why:
-        raise ValueError(
-            "compiled verifies genprobe's own compiled decode path: give a genprobe model or a Llama-family "
-            f"transformers model, no impl ({why})"
-        )
+        if why:
+            raise ValueError(
+                "compiled verifies genprobe's own compiled decode path: give a genprobe model or a Llama-family "
+                f"transformers model, no impl ({why})"
+            )
     if hf_caches and (kind != "hf" or impl is not None):
         raise ValueError("hf_caches verifies a transformers model's own cache classes: give one, no impl")
     if opts.window is not None and kind != "genprobe":
@@ -141,40 +124,29 @@ def _check_target_args(model: "Model | None", impl: Any, opts: VerifyOptions, hf
             "a window applies to a genprobe model's reference; a transformers model's window comes from its config "
             "(sliding_window)"
         )
-
-
-def _impl_targets(model: "Model | None", impl: Any, reference: Any, opts: VerifyOptions) -> VerifyTargets:
-    """The one target of a user implementation, and the reference (see :func:`verify_targets`)."""
-    from .adapters import ImplFactoryError, load_impl
-    from .report import PhaseError
-
-    name = impl if isinstance(impl, str) else None
-    if isinstance(impl, str):
-        try:
-            impl = load_impl(impl, None if model is None else model.module)
-        except ImplFactoryError as exc:  # a factory that raises is a report (phase "factory"), not a crash
-            err = PhaseError.from_exception("factory", exc.exc)
-            report = VerifyReport(cast(str, name), "error", opts.thresholds, opts.max_new_tokens, errors=[err])
-            return VerifyTargets(reference, [VerifyTarget(None, name, report)])
-    if reference is None:
-        if not callable(getattr(impl, "full", None)):
+    reference = None if model is None else FullRecompute(model.module, opts.window, opts.sinks)
+    if impl is not None:  # the one target of a user implementation
+        name = impl if isinstance(impl, str) else None
+        if isinstance(impl, str):
+            try:
+                impl = load_impl(impl, None if model is None else model.module)
+            except ImplFactoryError as exc:  # a factory that raises is a report (phase "factory"), not a crash
+                err = PhaseError.from_exception("factory", exc.exc)
+                report = VerifyReport(impl, "error", opts.thresholds, opts.max_new_tokens, errors=[err])
+                return VerifyTargets(reference, [VerifyTarget(None, name, report)])
+        if reference is None and not callable(getattr(impl, "full", None)):
             raise ValueError(
                 f"{name or type(impl).__name__} was built without a model: give MODEL as the reference, or "
                 "give the adapter a full(ids, attention_mask=None) method that recomputes without a cache"
             )
-        reference = impl
-    return VerifyTargets(reference, [VerifyTarget(impl, name)])
-
-
-def _hf_targets(model: "Model", hf_caches: Sequence[str], opts: VerifyOptions) -> list[VerifyTarget]:
-    """A transformers model's cache classes to verify (see :func:`verify_targets`)."""
-    from .adapters import HFAdapter
-    from .hf_caches import CACHE_KINDS, unavailable_reason
-
-    asked: list[str | None] = list(hf_caches) or [None]  # None: the model's own default cache
-    kinds = list(CACHE_KINDS) if HF_CACHE_ALL in asked else list(dict.fromkeys(asked))
+        return VerifyTargets(reference or impl, [VerifyTarget(impl, name)])
+    assert model is not None
+    ours = model.kind == "genprobe"  # Model gives that kind for a GPT only
     targets = []
-    for k in kinds:
+    if ours:
+        targets.append(VerifyTarget(EngineAdapter(cast("GPT", model.module), window=opts.window, sinks=opts.sinks)))
+    asked: list[str | None] = [] if ours else list(hf_caches) or [None]  # None: the model's own default cache
+    for k in list(CACHE_KINDS) if HF_CACHE_ALL in asked else list(dict.fromkeys(asked)):
         why = None if k is None else unavailable_reason(model.module, k)
         if why is None:
             targets.append(VerifyTarget(HFAdapter(model.module, pass_position_ids=opts.hf_position_ids, cache=k)))
@@ -182,7 +154,10 @@ def _hf_targets(model: "Model", hf_caches: Sequence[str], opts: VerifyOptions) -
         name = f"hf:{model.arch}[{k}]"
         report = VerifyReport(name, "unavailable", opts.thresholds, opts.max_new_tokens, unavailable=why)
         targets.append(VerifyTarget(None, name, report))
-    return targets
+    if opts.compiled:
+        lm = cast("GPT", model.module) if ours else llama_family_of(model.module)
+        targets.append(VerifyTarget(CompiledEngineAdapter(lm)))
+    return VerifyTargets(reference, targets)
 
 
 def mutant_model(model: "Model | None", window: int | None = None) -> Any:
@@ -226,8 +201,6 @@ def mutant_table(
     isolation; plus no_mask's one-token no-op (§3.9.4). ``model`` is a GPT or a Llama-family transformers model
     (:func:`mutant_model`); ``run``, a :class:`~genprobe.verify.harness.ReferenceRun` of that same model, reuses its
     trajectories."""
-    from .mutants import MUTANTS, mask_noop, report_row, run_mutant_reports
-
     first = [list(prompts[0])]
     reports = run_mutant_reports(model, first, opts, run=run)
     rows = [report_row(r, MUTANTS[r.impl], detailed=True) for r in reports]
@@ -248,7 +221,6 @@ class CacheVerification:
 
     @property
     def all_reports(self) -> list[VerifyReport]:
-        """The implementations' reports, then the mutants'."""
         return self.reports + (self.mutants.reports if self.mutants is not None else [])
 
     @property
@@ -263,7 +235,6 @@ class CacheVerification:
 
     @property
     def errors(self) -> list[str]:
-        """Implementations that raised (verdict ``error``)."""
         return [r.impl for r in self.reports if r.verdict == "error"]
 
     def failing(self, fail_on: str = "bug") -> list[str]:
@@ -299,26 +270,6 @@ def encode_prompts(model: "Model | None", prompts: Sequence[str] | Sequence[Sequ
     return ids
 
 
-def _prompt_ids(
-    model: "Model | None", prompts: Sequence[str] | Sequence[Sequence[int]] | None, targets: VerifyTargets, steps: int
-) -> list[list[int]]:
-    if prompts is not None:
-        return encode_prompts(model, prompts)
-    if model is not None and model.kind == "genprobe" and model.tokenizer is not None:
-        return [model.encode(t) for t in DEFAULT_PROMPTS]
-    if model is None:
-        built = [t.impl for t in targets.targets if t.report is None]
-        if not built:  # a model-less factory that raised leaves nothing to take prompts from
-            return []
-        vocab, max_positions = getattr(built[0], "vocab_size", None), getattr(targets.reference, "max_positions", None)
-        if vocab is None:
-            raise ValueError("cannot tell the vocabulary size for random prompts: pass prompts, or a model")
-    else:
-        vocab, max_positions = model.vocab_size, model.max_positions
-    room = 8 if max_positions is None else max(1, min(8, max_positions - steps))
-    return random_ids(int(vocab), sorted({room, max(1, room * 5 // 8), max(1, room * 3 // 8)}, reverse=True))
-
-
 def verify_caches(
     model: "Model | None",
     impl: Any = None,
@@ -339,15 +290,24 @@ def verify_caches(
     :class:`~genprobe.verify.harness.VerifyOptions`' fields but ``pad_id`` (the model's). ``result.failing(fail_on)``
     and ``result.errors`` are what ``verify-cache`` turns into its exit status.
     """
-    from .harness import ReferenceRun, verify_implementation
-    from .mutants import MUTANTS
-    from .reuse import REUSE_LENGTH
-
     opts = VerifyOptions(**options, pad_id=model.pad_id if model is not None else 0)
     gpt = mutant_model(model, opts.window) if mutants else None
     targets = verify_targets(model, impl, opts, hf_caches)
-    ids, steps = _prompt_ids(model, prompts, targets, opts.max_new_tokens), opts.max_new_tokens
-    run = ReferenceRun(targets.reference, steps) if any(t.report is None for t in targets.targets) else None
+    steps, built = opts.max_new_tokens, [t.impl for t in targets.targets if t.report is None]
+    if prompts is not None:
+        ids = encode_prompts(model, prompts)
+    elif model is not None and model.kind == "genprobe" and model.tokenizer is not None:
+        ids = [model.encode(t) for t in DEFAULT_PROMPTS]
+    elif model is None and not built:  # a model-less factory that raised leaves nothing to take prompts from
+        ids = []
+    else:  # random ids: up to three distinct lengths <= 8 that leave room for the new tokens
+        vocab = model.vocab_size if model is not None else getattr(built[0], "vocab_size", None)
+        limit = model.max_positions if model is not None else getattr(targets.reference, "max_positions", None)
+        if vocab is None:
+            raise ValueError("cannot tell the vocabulary size for random prompts: pass prompts, or a model")
+        room = 8 if limit is None else max(1, min(8, limit - steps))
+        ids = random_ids(int(vocab), sorted({room, max(1, room * 5 // 8), max(1, room * 3 // 8)}, reverse=True))
+    run = ReferenceRun(targets.reference, steps) if built else None
     reports = []
     for t in targets.targets:
         if t.report is not None:  # could not be built: the report says why

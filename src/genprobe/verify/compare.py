@@ -1,11 +1,8 @@
 """Judging the difference between an implementation's logits and the reference's on two scales (imports no torch).
 
-The chapter's absolute scale (§3.4.3: max |Δlogit| < 1e-4 float noise, 1e-3…1 suspicious, > 1 a bug) and Δ in standard
-deviations of the reference logits, which only ever raises a verdict, so that a model with small logits cannot hide a
-bug; the pass line is raised by the reference's own measured noise floor
-(:meth:`genprobe.verify.harness.ReferenceRun.noise_floor`), capped at ``floor_cap`` × ``bug`` so that a hopelessly
-noisy reference can never hide a bug. Why both, and the floors measured: docs/verify-cache.md (section 2, "Two
-scales").
+The chapter's absolute scale (§3.4.3) and Δ in standard deviations of the reference logits, which only ever raises a
+verdict; the pass line is raised by the reference's own noise floor, capped at ``floor_cap`` × ``bug``. Why both, and
+the floors measured: docs/verify-cache.md (section 2, "Two scales").
 """
 
 from __future__ import annotations

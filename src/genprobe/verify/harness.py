@@ -1,10 +1,6 @@
-"""Cache-equivalence harness: an implementation's logits vs full recomputation, phase by phase.
-
-Logits, not text: a KV cache is a mathematical identity (chapter §3.4.2), and a missing mask can move logits by 2.10
-and the greedy text by 0 characters (§3.9.1). The phases (prefill, incremental, chunk_c, padded_batch, isolation,
-prefix reuse) and the class of bug each can see: docs/verify-cache.md ("Reference"). Verdicts:
-:mod:`genprobe.verify.compare`. An exception inside the implementation makes its phase ``error`` and the harness moves
-on to the next phase.
+"""Cache-equivalence harness: an implementation's logits (not text: chapter §3.9.1) vs full recomputation, phase by
+phase. The phases and the class of bug each can see: docs/verify-cache.md ("Reference"). An exception inside the
+implementation makes its phase ``error`` and the harness moves on to the next phase.
 """
 
 from __future__ import annotations
@@ -15,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
-from .._io import json_safe
 from ..engine.runner import left_padded
+from .adapters import check_impl
 from .compare import Thresholds
 from .report import PhaseTracker, VerifyReport, max_abs_diff, overall_verdict
 from .reuse import DECODE, REUSE_LENGTH, ReuseCase, random_ids, reuse_cases, situations
@@ -35,16 +31,8 @@ class ReferenceTrajectory:
     step_logits: list[torch.Tensor]  # N+1 vectors (V,): step 0 = last prompt position, step k after k tokens
     tokens: list[int]  # N+1 greedy tokens chosen from step_logits
     seq_logits: torch.Tensor  # (P+N, V): one uncached forward over prompt + tokens[:N]
-
-    @property
-    def steps(self) -> int:
-        """N, the greedy steps after the prefill."""
-        return len(self.tokens) - 1
-
-    @property
-    def vocab(self) -> int:
-        """V, the size of the logit vectors."""
-        return int(self.prefill_logits.shape[-1])
+    steps: int  # N
+    vocab: int  # V
 
 
 class ReferenceRun:
@@ -61,7 +49,7 @@ class ReferenceRun:
         self.name = getattr(reference, "description", None) or "full recomputation"
         self._runs: dict[tuple[int, ...], ReferenceTrajectory] = {}
         self._seqs: dict[tuple[int, ...], torch.Tensor] = {}
-        self._floors: dict[tuple[tuple[int, ...], ...], NoiseFloor] = {}
+        self._floors: dict[tuple[tuple[int, ...], ...], dict[str, Any]] = {}
 
     @torch.no_grad()
     def _full(self, ids: list[int]) -> torch.Tensor:
@@ -77,11 +65,11 @@ class ReferenceRun:
             self._seqs[key] = self._full(list(key))
         return self._seqs[key]
 
-    def noise_floor(self, prompts: list[list[int]], pad_id: int = 0) -> "NoiseFloor":
-        """The reference's own float noise on these prompts: the same logits computed twice in another order
-        (``prefix_vs_whole``, and ``batched_vs_solo`` unless the reference takes no attention mask; docs/verify-cache.md
-        section 2). Both are exact identities of a causal model, so whatever they differ by is summation order: the
-        floor below which no cache can be asked to agree (see :meth:`Thresholds.pass_line`)."""
+    def noise_floor(self, prompts: list[list[int]], pad_id: int = 0) -> dict[str, Any]:
+        """The reference's own float noise on these prompts, ``{"value", "sources": {how: max |Δlogit|}}``: the same
+        logits computed twice in another order (``prefix_vs_whole``, and ``batched_vs_solo`` unless the reference takes
+        no attention mask; docs/verify-cache.md section 2). Both are exact identities of a causal model, so whatever
+        they differ by is summation order: the floor below which no cache can be asked to agree."""
         key = tuple(tuple(p) for p in prompts)
         if key not in self._floors:
             trajs = [self.trajectory(p) for p in prompts]
@@ -89,7 +77,7 @@ class ReferenceRun:
             batched = self._batched_vs_solo(trajs, pad_id)
             if batched is not None:
                 sources["batched_vs_solo"] = batched
-            self._floors[key] = NoiseFloor(max(sources.values()), sources)
+            self._floors[key] = {"value": max(sources.values()), "sources": sources}
         return self._floors[key]
 
     @torch.no_grad()
@@ -127,17 +115,9 @@ class ReferenceRun:
             step_logits.append(last)
             tokens.append(int(last.argmax()))
         seq_logits = self.logits(seq) if self.steps else prefill
-        traj = ReferenceTrajectory(list(key), prefill, step_logits, tokens, seq_logits)
+        traj = ReferenceTrajectory(list(key), prefill, step_logits, tokens, seq_logits, self.steps, prefill.shape[-1])
         self._runs[key] = traj
         return traj
-
-
-@dataclass
-class NoiseFloor:
-    """The reference's own float noise: max |Δlogit| between two orders of one computation, per source."""
-
-    value: float
-    sources: dict[str, float]
 
 
 def _prefix_vs_whole(tr: ReferenceTrajectory) -> float:
@@ -254,13 +234,10 @@ def padded_prompts(prompts: list[list[int]]) -> list[list[int]]:
     A prefix, not a suffix: the rows then end in different tokens, so the last cached entries that a row
     mix-up exchanges (right-aligned under left padding, they share a slot) hold different keys; a suffix
     ends in the same token and would hide the mix-up almost entirely."""
-    if len({len(p) for p in prompts}) > 1:
-        return prompts
     p = prompts[0]
-    if len(p) < 2:  # nothing shorter to pad: the batch is just the prompts
+    if len({len(q) for q in prompts}) > 1 or len(p) < 2:  # lengths differ already, or nothing shorter to pad
         return prompts
-    shorter = p[: (len(p) + 1) // 2]
-    return prompts + [shorter]
+    return prompts + [p[: (len(p) + 1) // 2]]
 
 
 @torch.no_grad()
@@ -279,19 +256,12 @@ def _padded_phase(impl: Any, run: ReferenceRun, prompts: list[list[int]], tr_: P
         out = _call(k, impl.step, step_ids, (B, 1, V), "padded step")
         tr_.add(k, out[:, -1], torch.stack([t.step_logits[k] for t in trajs]))
         got = [torch.cat([g, out[b, -1:].detach().float()]) for b, g in enumerate(got)]
-    refs = [torch.cat([t.prefill_logits, *(s[None] for s in t.step_logits[1:])]) for t in trajs]
-    tr_.r.per_row = [_row_summary(len(p), g, r) for p, g, r in zip(prompts, got, refs, strict=True)]
-
-
-def _row_summary(prompt_length: int, got: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
-    """One padded row vs the same prompt run alone: max |Δ| and the share of positions whose top-1 differs."""
-    disagree = int((got.argmax(-1) != ref.argmax(-1)).sum())
-    return {
-        "prompt_length": prompt_length,
-        "max_abs_dlogit": max_abs_diff(got, ref),
-        "top1_disagreement": disagree / got.shape[0],
-        "positions": int(got.shape[0]),
-    }
+    tr_.r.per_row = []  # each row vs the same prompt run alone: max |Δ| and the share of positions whose top-1 differs
+    for p, g, t in zip(prompts, got, trajs, strict=True):
+        ref = torch.cat([t.prefill_logits, *(s[None] for s in t.step_logits[1:])])
+        d, n = max_abs_diff(g, ref), int(g.shape[0])
+        top1 = int((g.argmax(-1) != ref.argmax(-1)).sum()) / n
+        tr_.r.per_row.append({"prompt_length": len(p), "max_abs_dlogit": d, "top1_disagreement": top1, "positions": n})
 
 
 def isolation_partner(b: list[int], others: Sequence[Sequence[int]], vocab_size: int, max_len: int | None) -> list[int]:
@@ -340,29 +310,14 @@ def _reuse_phase(impl: Any, run: ReferenceRun, cases: list[ReuseCase], tr_: Phas
         except ImplCrash as crash:
             raise ImplCrash(i, crash.exc) from crash.exc
         tr_.add(i, got, ref)
-        rec: dict[str, Any] = {**case.describe(), "max_abs_dlogit": max_abs_diff(got, ref)}
+        rec: dict[str, Any] = {"case": case.name, "kind": case.kind, "shared_prefix": case.shared, "length": len(seq)}
+        rec["max_abs_dlogit"] = max_abs_diff(got, ref)
         if case.kind == "base":
             first = got
         elif case.kind == "repeat" and first is not None:
             rec["bit_identical_to_first_run"] = bool(torch.equal(got, first))
             rec["max_abs_dlogit_vs_first_run"] = max_abs_diff(got, first)
         tr_.r.cases.append(rec)
-
-
-def _greedy_phases(
-    impl: Any, trajs: list[ReferenceTrajectory], pre: PhaseTracker, inc: PhaseTracker
-) -> list[list[int] | None]:
-    """Prefill and teacher-forced decoding of every prompt; the implementation's argmaxes (None where it raised)."""
-    own: list[list[int] | None] = [None] * len(trajs)
-    try:
-        for i, tr in enumerate(trajs):
-            own[i] = _teacher_forced(impl, tr, pre, inc)
-    except ImplCrash as crash:  # a crash in reset() or prefill belongs to the prefill phase
-        target = pre if crash.call in (0, None) else inc
-        target.fail(crash.exc, crash.call)
-        if target is pre and inc.r.calls == 0:
-            inc.skip("not reached: the prefill call raised")
-    return own
 
 
 def _phase(
@@ -420,23 +375,6 @@ class VerifyOptions:
 DEFAULTS = VerifyOptions()
 
 
-def _check_inputs(impl: Any, run: ReferenceRun, prompts: list[list[int]], steps: int) -> None:
-    from .adapters import check_impl
-
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-    check_impl(impl)
-    if run.steps != steps:
-        raise ValueError(f"the shared ReferenceRun was computed for {run.steps} steps, not {steps}")
-    impl_max = getattr(impl, "max_positions", None)
-    need = max(len(p) for p in prompts) + steps
-    if impl_max is not None and need > impl_max:
-        raise ValueError(
-            f"{need} positions needed but the implementation's context length is {impl_max}: "
-            "shorten the prompts or lower the number of new tokens"
-        )
-
-
 def verify_implementation(
     impl: "CacheImpl",
     reference: "Reference | ReferenceRun",
@@ -447,15 +385,33 @@ def verify_implementation(
     """Compare ``impl`` with full recomputation (a reference or a shared :class:`ReferenceRun`), phase by phase."""
     steps, th = opts.max_new_tokens, opts.thresholds
     run = reference if isinstance(reference, ReferenceRun) else ReferenceRun(reference, steps)
-    _check_inputs(impl, run, prompts, steps)
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
+    check_impl(impl)
+    if run.steps != steps:
+        raise ValueError(f"the shared ReferenceRun was computed for {run.steps} steps, not {steps}")
+    impl_max, need = getattr(impl, "max_positions", None), max(len(p) for p in prompts) + steps
+    if impl_max is not None and need > impl_max:
+        raise ValueError(
+            f"{need} positions needed but the implementation's context length is {impl_max}: "
+            "shorten the prompts or lower the number of new tokens"
+        )
     prompts = [[int(t) for t in p] for p in prompts]
     trajs = [run.trajectory(p) for p in prompts]
     floor = run.noise_floor(prompts, opts.pad_id) if opts.noise_floor else None
-    fv = None if floor is None else floor.value
+    fv = None if floor is None else floor["value"]
     line = th.pass_line(fv)
 
     pre, inc = PhaseTracker("prefill", line), PhaseTracker("incremental", line)
-    own = _greedy_phases(impl, trajs, pre, inc)
+    own: list[list[int] | None] = [None] * len(trajs)  # the implementation's argmaxes (None where it raised)
+    try:
+        for i, tr in enumerate(trajs):
+            own[i] = _teacher_forced(impl, tr, pre, inc)
+    except ImplCrash as crash:  # a crash in reset() or prefill belongs to the prefill phase
+        target = pre if crash.call in (0, None) else inc
+        target.fail(crash.exc, crash.call)
+        if target is pre and inc.r.calls == 0:
+            inc.skip("not reached: the prefill call raised")
     trackers = [pre, inc]
     for c in opts.chunk_sizes:
         trackers.append(_phase(f"chunk_{c}", line, functools.partial(_chunk_phase, impl, trajs, c)))
@@ -463,14 +419,22 @@ def verify_implementation(
         padded, pad = padded_prompts(prompts), opts.pad_id
         no_padding = "implementation does not support padding"
         trackers.append(_phase("padded_batch", line, lambda t: _padded_phase(impl, run, padded, t, pad), no_padding))
-    limits = [m for m in (run.max_positions, getattr(impl, "max_positions", None)) if m is not None]
+    limits = [m for m in (run.max_positions, impl_max) if m is not None]
     if opts.isolation:  # a partner sequence A that, with the steps, fits the tighter context
         a = isolation_partner(prompts[0], prompts[1:], trajs[0].vocab, min(limits) - steps if limits else None)
         trackers.append(_phase("isolation", line, lambda t: _isolation_phase(impl, run, trajs[0], a, t)))
     reuse: list[str] = []
-    if opts.prefix_reuse:
-        reuse_trackers, reuse = _reuse_phases(impl, run, prompts[0], trajs[0].vocab, limits, line)
-        trackers += reuse_trackers
+    if opts.prefix_reuse:  # with reset() between the cases, and back to back where the protocol allows
+        length, tr = min([REUSE_LENGTH, *limits]), trajs[0]
+        a = (tr.prompt + tr.tokens)[:length]  # sequence A: the prompt, its greedy continuation, then random ids
+        cases = reuse_cases(a + random_ids(tr.vocab, [length - len(a)])[0], tr.vocab, length)
+        if cases:
+            b2b = bool(getattr(impl, "prefill_starts_sequence", False))
+            body = functools.partial(_reuse_phase, impl, run, cases)
+            no_reset = functools.partial(body, reset=False) if b2b else lambda t: t.skip(NO_BACK_TO_BACK)
+            trackers.append(_phase("prefix_reuse", line, functools.partial(body, reset=True)))
+            trackers.append(_phase("prefix_reuse_no_reset", line, no_reset))
+            reuse = situations(cases, None if b2b else NO_BACK_TO_BACK)
     texts_tracker = PhaseTracker("greedy_text", line)
     texts = _texts(impl, trajs, own, texts_tracker)
     phases = [t.finish(th, fv) for t in trackers]
@@ -486,28 +450,10 @@ def verify_implementation(
         reference=run.name,
         errors=[p.error for p in phases if p.error is not None],
         texts=texts,
-        noise_floor=json_safe(floor),
+        noise_floor=floor,
         pass_line=line,
         reuse=reuse,
     )
-
-
-def _reuse_phases(
-    impl: Any, run: ReferenceRun, prompt: list[int], vocab: int, limits: list[int], line: float
-) -> tuple[list[PhaseTracker], list[str]]:
-    """The prefix-reuse phases: with reset() between the cases, and back to back where the protocol allows."""
-    length = min([REUSE_LENGTH, *limits])
-    tr = run.trajectory(prompt)  # sequence A: the prompt, its greedy continuation, then random ids to ``length``
-    a = (tr.prompt + tr.tokens)[:length]
-    cases = reuse_cases(a + random_ids(vocab, [length - len(a)])[0], vocab, length)
-    if not cases:
-        return [], []
-    back_to_back = bool(getattr(impl, "prefill_starts_sequence", False))
-    reuse = functools.partial(_reuse_phase, impl, run, cases)
-    no_reset = functools.partial(reuse, reset=False) if back_to_back else lambda t: t.skip(NO_BACK_TO_BACK)
-    trackers = [_phase("prefix_reuse", line, functools.partial(reuse, reset=True))]
-    trackers.append(_phase("prefix_reuse_no_reset", line, no_reset))
-    return trackers, situations(cases, None if back_to_back else NO_BACK_TO_BACK)
 
 
 def _texts(

@@ -1,8 +1,7 @@
 """``transformers``' cache classes × architectures: the verifier's verdict for each pair, on tiny random models.
 
-Run ``python -m genprobe.verify.hf_matrix [--init 0.02] [--max-new-tokens 8]`` for the markdown table. The models
-are built from small configs (no download): GPT-2, Llama, Qwen2, Phi-3, GPT-NeoX, and Mistral / Gemma 2 /
-Gemma 3 with a sliding window (6) shorter than the sequences, so their sliding layers must evict.
+No download; Mistral / Gemma 2 / Gemma 3 have a sliding window shorter than the sequences, so their sliding layers must
+evict. ``python -m genprobe.verify.hf_matrix [--init 0.02] [--max-new-tokens 8]`` prints the markdown table.
 """
 
 from __future__ import annotations
@@ -64,27 +63,18 @@ def tiny_model(arch: str, init: float = 0.02, window: int = 6) -> PreTrainedMode
     return model
 
 
-@dataclass
-class MatrixCell:
-    """One cache class on one architecture: the verifier's report."""
-
-    arch: str
-    cache: str
-    report: VerifyReport
-
-    def text(self) -> str:
-        """Short markdown cell."""
-        r = self.report
-        if r.verdict == "error":
-            return "error (" + "; ".join(f"{e.phase}: {e.type}: {e.message}" for e in r.errors) + ")"
-        return r.verdict if r.unavailable else f"{r.verdict} ({r.max_abs_dlogit:.2g}; {r.max_rel_dlogit:.2g} σ)"
+def cell_text(r: VerifyReport) -> str:
+    """One report as a short markdown cell."""
+    if r.verdict == "error":
+        return "error (" + "; ".join(f"{e.phase}: {e.type}: {e.message}" for e in r.errors) + ")"
+    return r.verdict if r.unavailable else f"{r.verdict} ({r.max_abs_dlogit:.2g}; {r.max_rel_dlogit:.2g} σ)"
 
 
 @dataclass
 class CacheMatrix:
-    """Verdicts of every (architecture, cache class) pair, plus the environment they were measured in."""
+    """The report of every (architecture, cache class) pair, plus the environment they were measured in."""
 
-    cells: list[MatrixCell]
+    cells: dict[tuple[str, str], VerifyReport]  # (architecture, cache class) -> report
     transformers: str
     torch: str
     init: float
@@ -93,12 +83,10 @@ class CacheMatrix:
 
     def markdown(self) -> str:
         """Rows: cache classes; columns: architectures."""
-        archs = list(dict.fromkeys(c.arch for c in self.cells))
-        kinds = list(dict.fromkeys(c.cache for c in self.cells))
-        at = {(c.arch, c.cache): c for c in self.cells}
+        archs, kinds = (list(dict.fromkeys(key[i] for key in self.cells)) for i in (0, 1))
         lines = ["| cache class | " + " | ".join(archs) + " |", "|---|" + "---|" * len(archs)]
         for k in kinds:
-            lines.append(f"| `{k}` {describe(k)} | " + " | ".join(at[(a, k)].text() for a in archs) + " |")
+            lines.append(f"| `{k}` {describe(k)} | " + " | ".join(cell_text(self.cells[a, k]) for a in archs) + " |")
         return "\n".join(lines)
 
 
@@ -109,7 +97,7 @@ def cache_matrix(
     prefix reuse)."""
     import transformers
 
-    cells: list[MatrixCell] = []
+    cells: dict[tuple[str, str], VerifyReport] = {}
     notes: dict[str, list[str]] = {}
     for arch in archs:
         model = Model.from_module(tiny_model(arch, init))
@@ -117,7 +105,7 @@ def cache_matrix(
         for kind, r in zip(kinds, result.reports, strict=True):  # a kind unavailable here: a report that says why
             if r.unavailable is not None:
                 notes.setdefault(r.unavailable, []).append(f"{kind} on {arch}")
-            cells.append(MatrixCell(arch, kind, r))
+            cells[arch, kind] = r
     return CacheMatrix(cells, transformers.__version__, torch.__version__, init, steps, notes)
 
 

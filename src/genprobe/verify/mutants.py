@@ -17,7 +17,7 @@ from .._io import json_safe
 from ..model.gpt import GPT
 from ..model.llama_family import llama_family_of
 from ..model.position_lm import PositionDrivenLM
-from .adapters import EngineAdapter, FullRecompute
+from .adapters import EngineAdapter, FullRecompute, HFAdapter
 from .harness import DEFAULTS, ReferenceRun, VerifyOptions, chunk_calls, verify_implementation
 from .report import VerifyReport, max_abs_diff
 
@@ -66,7 +66,6 @@ class TeachingCache:
         self.reset()
 
     def reset(self) -> None:
-        """Empty per-layer K/V lists and the position counter."""
         n = self.lm.cfg.n_layer
         self.k: list[torch.Tensor | None] = [None] * n
         self.v: list[torch.Tensor | None] = [None] * n
@@ -86,7 +85,6 @@ class TeachingCache:
         return self._forward(ids)
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Continue the sequence with T_new tokens."""
         return self._forward(ids)
 
     def _cat(self, old: torch.Tensor | None, new: torch.Tensor, prepend: bool) -> torch.Tensor:
@@ -248,7 +246,6 @@ class SlotCache(TeachingCache):
         return self._keep(toks, torch.cat([logits[:, :keep], out], dim=1) if keep else out)
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Continue the sequence (kept for the slot)."""
         return self._keep([int(t) for t in ids[0]], self._forward(ids))
 
     def _keep(self, toks: list[int], out: torch.Tensor) -> torch.Tensor:
@@ -263,34 +260,23 @@ MUTANTS = {
 }
 
 
-def _swapping(write: Any) -> Any:
-    """A cache write (``write(layer, k, v, ...)`` / transformers' ``update(k, v, layer, ...)``) that stores rows 0
-    and 1 of a batched write in each other's place."""
-
-    def swap(a: Any) -> Any:
-        if not (isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[0] > 1):
-            return a
-        order = torch.arange(a.shape[0])
-        order[0], order[1] = 1, 0
-        return a[order]
-
-    return lambda *args, **kw: write(*map(swap, args), **kw)
-
-
 def row_swap(model: Any) -> Any:
     """``batch_row_swap``: the model's own cache (our engine's ``KVCache``, or the transformers model's default cache)
     whose every batched write after the prefill stores rows 0 and 1's new keys/values in each other's row (a batch
     reordered without reordering its cache, as a forgotten ``reorder_cache`` in beam search); a single sequence is
     untouched."""
-    from .adapters import HFAdapter
-
     ours = isinstance(model, GPT)
     impl, write = (EngineAdapter(model), "write") if ours else (HFAdapter(model), "update")
     prefill = impl.prefill
 
+    def swap(a: Any) -> Any:  # a batched write's (write(layer, k, v), update(k, v, layer)) rows 0 and 1 exchanged
+        if not (isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[0] > 1):
+            return a
+        return a[torch.tensor([1, 0, *range(2, a.shape[0])])]
+
     def swapping_prefill(ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = prefill(ids, attention_mask)
-        setattr(impl.cache, write, _swapping(getattr(impl.cache, write)))
+        out, original = prefill(ids, attention_mask), getattr(impl.cache, write)
+        setattr(impl.cache, write, lambda *args, **kw: original(*map(swap, args), **kw))
         return out
 
     impl.prefill = swapping_prefill  # type: ignore[method-assign]
@@ -302,11 +288,7 @@ def mutant(model: Any, name: str) -> Any:
     """The named mutant adapter over ``model``'s weights (a genprobe GPT or a transformers Llama-family model)."""
     if name == "batch_row_swap":
         return row_swap(model)
-    if name in PrefixCache.FLAWS:
-        return PrefixCache(model, name)
-    if name in SlotCache.FLAWS:
-        return SlotCache(model, name)
-    return TeachingCache(model, name)
+    return next((c for c in (PrefixCache, SlotCache) if name in c.FLAWS), TeachingCache)(model, name)
 
 
 def run_mutant_reports(
@@ -348,11 +330,8 @@ def report_row(r: VerifyReport, expected: str | None = None, detailed: bool = Fa
 
 
 def run_mutants(model: GPT, prompt_ids: list[int], steps: int = 50) -> list[dict[str, Any]]:
-    """The chapter §3.9.1 table: one row per teaching mutant (``cache_bugs`` in the case study).
-
-    The chapter's experiment: prefill, decode steps and chunks of one prompt — no prefix-reuse phases
-    and no prefix-cache mutants, so that the case study's figures stay comparable with the chapter's.
-    """
+    """The chapter §3.9.1 table: one row per teaching mutant (``cache_bugs`` in the case study), on the chapter's
+    experiment (no prefix-reuse phases, no prefix-cache mutants: the figures stay comparable with the chapter's)."""
     opts = VerifyOptions(steps, prefix_reuse=False)
     reports = run_mutant_reports(model, [list(prompt_ids)], opts, names=TEACHING)
     return [report_row(r, MUTANTS[r.impl]) for r in reports]

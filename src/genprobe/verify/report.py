@@ -1,10 +1,8 @@
 """Typed results of the cache verifier (:class:`PhaseResult` per comparison, :class:`VerifyReport` per implementation)
 and the tensor measures they are read from (:func:`max_abs_diff`, :func:`row_std`).
 
-Outcomes of an implementation: a verdict on the scale of :mod:`genprobe.verify.compare`
-(``pass`` < ``small`` < ``suspicious`` < ``bug``), or ``error`` when the implementation raised (the
-phase, exception type and message are kept; the other phases still ran), or ``unavailable`` when
-it could not be built here (e.g. a ``transformers`` cache class this version lacks).
+An implementation's verdict is one of :data:`~genprobe.verify.compare.VERDICTS`, ``error`` when it raised (phase,
+exception type and message kept; the other phases still ran) or ``unavailable`` when it could not be built here.
 """
 
 from __future__ import annotations
@@ -19,9 +17,6 @@ import torch
 from .compare import Thresholds, worst
 
 TOPK = 10  # tokens of the reference's top-k over which |Δ log p| is measured
-
-OUTCOMES = ("pass", "small", "suspicious", "bug", "error", "unavailable")
-# a phase's verdict is one of VERDICTS, "error" (the implementation raised in it) or "skipped"
 
 
 @dataclass
@@ -51,7 +46,7 @@ class PhaseResult:
     """
 
     phase: str
-    verdict: str = "pass"
+    verdict: str = "pass"  # one of VERDICTS, "error" (the implementation raised in it) or "skipped"
     max_abs_dlogit: float = 0.0
     rel_dlogit: float | None = None
     ref_logit_std: float | None = None
@@ -76,12 +71,8 @@ class PhaseResult:
 
 
 class PhaseTracker:
-    """Accumulates one phase call by call, then judges it.
-
-    Each call's max |Δ| is taken at once (it dates the first difference); the measures over the
-    whole phase (reference spread, top-k |Δ log p|, top-1 agreement) are computed once at the end
-    over all compared rows — one batch of tensor ops instead of one per call.
-    """
+    """Accumulates one phase call by call (each call's max |Δ| at once: it dates the first difference), then judges
+    it: the measures over the whole phase are computed once at the end, over all compared rows."""
 
     def __init__(self, phase: str, noise: float):
         self.r = PhaseResult(phase)
@@ -106,7 +97,6 @@ class PhaseTracker:
             r.first_diff_step = call
 
     def skip(self, reason: str) -> None:
-        """Mark the phase as not run."""
         self.r.skipped, self.r.verdict = reason, "skipped"
 
     def fail(self, exc: BaseException, call: int | None) -> None:
@@ -138,7 +128,7 @@ class PhaseTracker:
 
 @dataclass
 class VerifyReport:
-    """Everything the harness measured for one implementation (``verdict`` is one of :data:`OUTCOMES`).
+    """Everything the harness measured for one implementation (``verdict``: see the module docstring).
 
     A report without phases is that of an implementation that never ran: its factory raised (``errors``) or it is
     unavailable here (``unavailable``). The summaries after the fields one gives are read off ``phases`` and

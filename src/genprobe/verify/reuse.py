@@ -1,15 +1,12 @@
-"""The sequences of the prefix-reuse phases: what a cache that reuses blocks across sequences must get right.
-
-Serving engines reuse cached keys/values across requests that share a prefix; the classic bug is a lookup that
-matches too little, which shows only when two sequences share *some* tokens and differ *somewhere specific*. The plan
-(:func:`reuse_cases`) is built around common block sizes (8, 16, 32); docs/verify-cache.md (section 1) tables it.
-Cases that do not fit the context are left out (the report lists what ran).
+"""The sequences of the prefix-reuse phases: what a cache that reuses blocks across sequences must get right (the
+classic bug, a lookup that matches too little, shows only when two sequences share *some* tokens and differ *somewhere
+specific*). The plan (:func:`reuse_cases`), built around block sizes 8, 16 and 32, is tabled in docs/verify-cache.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -29,10 +26,6 @@ class ReuseCase:
     kind: str  # base | continuation | token_changed | block_replaced | block_replaced_again | repeat | shorter
     shared: int  # leading tokens shared with A (len(A) for the repeat)
     seq: tuple[int, ...]
-
-    def describe(self) -> dict[str, Any]:
-        """JSON form without the token ids."""
-        return {"case": self.name, "kind": self.kind, "shared_prefix": self.shared, "length": len(self.seq)}
 
 
 def _other(t: int, lo: int, vocab: int, k: int = 1) -> int:
@@ -99,8 +92,7 @@ def situations(cases: list[ReuseCase], back_to_back: str | None) -> list[str]:
         "shorter": "prefixes of {at} tokens of a cached sequence, then other tokens",
     }
     out = [p.format(at=", ".join(map(str, by_kind[k]))) for k, p in phrases.items() if k in by_kind]
-    out.append("with reset() between sequences")
-    out.append(
+    b2b = (
         "back to back without reset()" if back_to_back is None else f"not back to back without reset(): {back_to_back}"
     )
-    return out
+    return [*out, "with reset() between sequences", b2b]

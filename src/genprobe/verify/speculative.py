@@ -1,12 +1,9 @@
 """Is speculative decoding the target model's decoding? Greedy: token for token; sampled: in distribution.
 
-Three checks, each a typed result with its own verdict (``pass``, ``bug``, ``error`` or ``not checked`` when it had
-nothing to look at): :func:`greedy_check` (speculative greedy vs plain greedy), :func:`exact_check` (the exact
-distribution of the first tokens, every random choice of the real decoder enumerated, vs the target's, on total
-variation) and :func:`two_sample_check` (χ² and z-tests on samples, for models too slow to enumerate). With
-``mutants``, :func:`verify_speculative` runs the broken decoders (:data:`MUTANTS`, each overriding one rule of
-:class:`~genprobe.engine.speculative.SpeculativeDecoder`: production code carries no bug switches) through the
-greedy and exact checks. docs/speculative.md describes each check and its tolerances.
+Three checks, each a typed result with a verdict (``pass``, ``bug``, ``error`` or ``not checked``):
+:func:`greedy_check`, :func:`exact_check` (every random choice of the real decoder enumerated; total variation) and
+:func:`two_sample_check` (χ² and z-tests on samples); :data:`MUTANTS`: broken decoders, each overriding one rule of
+:class:`~genprobe.engine.speculative.SpeculativeDecoder`. docs/speculative.md describes each check and its tolerances.
 """
 
 from __future__ import annotations
@@ -25,6 +22,8 @@ from ..engine.runner import runner_for
 from ..engine.samplers.chain import process_logits
 from ..engine.samplers.stages import SamplerConfig
 from ..engine.speculative import CachedModel, SeededDraws, SpeculativeDecoder, SpeculativeStats, check_k, make_draft
+from ..model.load import load_model
+from .api import encode_prompts
 from .reuse import random_ids
 
 EXACT_TOLERANCE = 1e-4
@@ -63,26 +62,17 @@ def greedy_check(
             spec = decoder(target, draft, k).run(prompt, max_new_tokens)
             _add(stats, spec.stats)
             total += len(plain)
-            pos = _first_difference(plain, spec.tokens)
+            diffs = (j for j, (a, b) in enumerate(zip(plain, spec.tokens, strict=False)) if a != b)
+            pos = next(diffs, None if len(plain) == len(spec.tokens) else min(len(plain), len(spec.tokens)))
             if pos is None:
                 same += 1
             elif first is None:
-                first = {"prompt": i, "position": pos, "plain": _at(plain, pos), "speculative": _at(spec.tokens, pos)}
+                at = [[*seq, -1][pos] for seq in (plain, spec.tokens)]  # -1: the run ended before
+                first = {"prompt": i, "position": pos, "plain": at[0], "speculative": at[1]}
     except (ValueError, RuntimeError, IndexError) as exc:
         error = f"{type(exc).__name__}: {exc}"
     verdict = "error" if error else "pass" if first is None else "bug"
     return GreedyCheck(verdict, len(prompts), total, same, first, json_safe(stats), error)
-
-
-def _at(seq: Sequence[int], pos: int) -> int:
-    return seq[pos] if pos < len(seq) else -1  # -1: the run ended before
-
-
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _add(total: SpeculativeStats, one: SpeculativeStats) -> None:
@@ -376,18 +366,15 @@ class MutantRow:
     JSON_PROPERTIES = ("caught", "ok")  # computed from the fields, kept in the JSON form
 
     name: str
-    expected: str  # "pass" | "caught"
+    expected: str = field(init=False)  # "pass" (the correct decoder) | "caught"
     greedy: str
     exact: str
     total_variation: float | None
     margin: float | None  # exact check: tolerance/TV for the correct decoder, TV/tolerance for a mutant
     first_divergence: dict[str, int] | None
 
-    @classmethod
-    def of(cls, name: str, greedy: GreedyCheck, exact: ExactCheck) -> "MutantRow":
-        """Decoder ``name``'s row from its greedy and exact checks (``correct`` must pass, the others be caught)."""
-        e, expected = exact, "pass" if name == "correct" else "caught"
-        return cls(name, expected, greedy.verdict, e.verdict, e.total_variation, e.margin, greedy.first_divergence)
+    def __post_init__(self) -> None:
+        self.expected = "pass" if self.name == "correct" else "caught"
 
     @property
     def caught(self) -> bool:
@@ -396,9 +383,7 @@ class MutantRow:
     @property
     def ok(self) -> bool:
         """The correct decoder passes both checks; a mutant is caught."""
-        if self.expected == "pass":
-            return self.greedy == "pass" and self.exact == "pass"
-        return self.caught
+        return self.greedy == self.exact == "pass" if self.expected == "pass" else self.caught
 
 
 # ---- the whole verification -------------------------------------------------------------------------------
@@ -419,10 +404,7 @@ class SpeculativeVerification:
     def verdict(self) -> str:
         """``bug`` if a check failed, ``error`` if one raised, ``pass`` when at least one passed, else not checked."""
         checks = [c.verdict for c in (self.greedy, self.exact, self.two_sample) if c is not None]
-        for bad in ("bug", "error"):
-            if bad in checks:
-                return bad
-        return "pass" if "pass" in checks else NOT_CHECKED
+        return next((bad for bad in ("bug", "error") if bad in checks), "pass" if "pass" in checks else NOT_CHECKED)
 
     @property
     def mutants_ok(self) -> bool:
@@ -455,15 +437,14 @@ def verify_speculative(
     drafts per round), and with ``samples`` > 0 a two-sample test on ``max(exact_tokens, 4)`` tokens; with
     ``mutants`` the broken decoders too. ``draft``: ``"lookup"``, ``"layers:N"``, a model, or None (the target's
     first half of its layers)."""
-    from ..model.load import load_model
-    from .api import encode_prompts
-
     target = load_model(model) if isinstance(model, str) else model
     k = check_k(k)
     check_k(exact_k)
     if exact_tokens < 1:
         raise ValueError(f"exact_tokens must be >= 1, got {exact_tokens}")
-    d = make_draft(target, draft if draft is not None else f"layers:{max(1, _layers(target) // 2)}")
+    cfg = getattr(target.module, "cfg", None) or getattr(target.module, "config", None)
+    layers = getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", None) or 2  # default: the first half
+    d = make_draft(target, draft if draft is not None else f"layers:{max(1, int(layers) // 2)}")
     cfg = sampler or EXACT_SAMPLER
     ids = default_prompts(runner_for(target).vocab_size, seed) if prompts is None else encode_prompts(target, prompts)
     sampled_prompt = continued(target, ids[0], exact_tokens)
@@ -478,9 +459,13 @@ def verify_speculative(
     two = None
     if samples:
         two = two_sample_check(target, d, sampled_prompt, max(exact_tokens, 4), k, cfg, samples, seed)
-    rows = [MutantRow.of(name, *c) for name, c in checks.items()] if mutants else None
+    rows = [
+        MutantRow(n, g.verdict, e.verdict, e.total_variation, e.margin, g.first_divergence)
+        for n, (g, e) in checks.items()
+    ]
     name = getattr(d, "name", "model")
-    return SpeculativeVerification(str(getattr(target, "source", model)), name, k, *checks["correct"], two, rows)
+    source = str(getattr(target, "source", model))
+    return SpeculativeVerification(source, name, k, *checks["correct"], two, rows if mutants else None)
 
 
 def continued(target: Any, prompt: Sequence[int], n: int, extra: int = 16) -> list[int]:
@@ -491,9 +476,3 @@ def continued(target: Any, prompt: Sequence[int], n: int, extra: int = 16) -> li
     if room < 1:
         return list(prompt)
     return [*prompt, *generate(target, [list(prompt)], room).tokens[0]]
-
-
-def _layers(m: Any) -> int:
-    cfg = getattr(m.module, "cfg", None) or getattr(m.module, "config", None)
-    layers = getattr(cfg, "n_layer", None) or getattr(cfg, "num_hidden_layers", None)
-    return int(layers) if layers else 2
