@@ -19,7 +19,7 @@ from ..corpus import bpe
 from ..corpus.tang import CorpusSplit, SplitTexts
 from .bpc import subword_bits_per_char
 from .hf import quiet_transformers
-from .train import TrainConfig, TrainResult, fit, window_loss
+from .train import Fitted, TrainConfig, TrainResult, fit, window_loss
 
 if TYPE_CHECKING:  # tokenizers and transformers are imported lazily at run time
     from tokenizers import Tokenizer
@@ -96,8 +96,6 @@ def train_subword(
     The summary: losses in nats/token, bits/char on the char GPT's validation text, chars/token, and greedy samples
     of ``<|endoftext|>`` + the opening of ``samples`` held-out poems by ``transformers.generate``: as trained (stops at
     end-of-text) and with end-of-text suppressed for exactly 60 new tokens (how loop studies run it)."""
-    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
-
     cfg, tc = cfg or SubwordModelConfig(), tc or default_train_config()
     t0, c0 = time.time(), time.process_time()
     tok: Tokenizer = bpe.train_bpe(texts.train, cfg.vocab_size, TOKENIZER_STYLE[cfg.arch])
@@ -108,7 +106,35 @@ def train_subword(
         )
     t_bpe = time.time() - t0
     train_ids = torch.tensor(bpe.stream_ids(tok, texts.train), dtype=torch.long)  # documents joined by <|endoftext|>
-    eos = bpe.eos_id(tok)
+    model = _fresh_model(cfg, bpe.eos_id(tok), tc.seed)
+    gen, t_loop = torch.Generator().manual_seed(tc.seed), time.time()
+    fitted = fit(
+        model,
+        lambda: window_loss(lambda x: model(input_ids=x).logits, train_ids, cfg.block_size, tc.batch_size, gen),
+        tc,
+        progress=progress,
+        val_loss=lambda: subword_bits_per_char(model, tok, texts.char_val_documents, cfg.block_size).nats_per_token,
+        validate_last=False,  # the summary scores the end on the same text
+    )
+    loop_seconds = time.time() - t_loop
+    model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() override is unannotated
+    summary = _summary(model, tok, texts, split, cfg, tc, fitted, len(train_ids), heldout_docs, samples)
+    summary.update(
+        initial_loss=round(fitted.losses[0], 4),
+        seconds=round(time.time() - t0, 1),
+        cpu_seconds=round(time.process_time() - c0, 1),
+        threads=torch.get_num_threads(),
+        bpe_seconds=round(t_bpe, 1),
+        train_loop_seconds=round(loop_seconds, 1),
+        steps_per_second=round(tc.steps / loop_seconds, 3),
+    )
+    return TrainResult(model=model, tokenizer=tok, summary=summary)
+
+
+def _fresh_model(cfg: SubwordModelConfig, eos: int, seed: int) -> PreTrainedModel:
+    """A seeded, untrained float32 SDPA causal LM of ``cfg`` whose begin, end and pad token are all ``eos``."""
+    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
+
     hf_cfg = {"llama": LlamaConfig, "qwen2": Qwen2Config}[cfg.arch](
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.d_model,
@@ -123,7 +149,7 @@ def train_subword(
         eos_token_id=eos,
         pad_token_id=eos,
     )
-    torch.manual_seed(tc.seed)
+    torch.manual_seed(seed)
     # from_config and GenerationConfig take unannotated **kwargs in transformers: stub gaps.
     model: PreTrainedModel = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
         hf_cfg, attn_implementation="sdpa", dtype=torch.float32
@@ -131,36 +157,30 @@ def train_subword(
     model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=eos, eos_token_id=eos, pad_token_id=eos
     )
-    gen, t_loop = torch.Generator().manual_seed(tc.seed), time.time()
-    fitted = fit(
-        model,
-        lambda: window_loss(lambda x: model(input_ids=x).logits, train_ids, cfg.block_size, tc.batch_size, gen),
-        tc,
-        progress=progress,
-        val_loss=lambda: subword_bits_per_char(model, tok, texts.char_val_documents, cfg.block_size).nats_per_token,
-        validate_last=False,  # the summary scores the end on the same text
-    )
-    loop_seconds = time.time() - t_loop
-    model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() override is unannotated
+    return model
+
+
+def _summary(
+    model: PreTrainedModel,
+    tok: Tokenizer,
+    texts: SplitTexts,
+    split: CorpusSplit,
+    cfg: SubwordModelConfig,
+    tc: TrainConfig,
+    fitted: Fitted,
+    train_tokens: int,
+    heldout_docs: int,
+    samples: int,
+) -> dict[str, Any]:
+    """The trained model's scores on the validation and held-out poems, its greedy samples and the run's settings."""
     val = subword_bits_per_char(model, tok, texts.char_val_documents, cfg.block_size)
     # the char GPT's context length (block_size 64): how much of the gap is context, not modelling
     val_short = val if cfg.block_size == 64 else subword_bits_per_char(model, tok, texts.char_val_documents, 64)
     heldout = subword_bits_per_char(model, tok, texts.heldout[:heldout_docs], cfg.block_size)
     train_loss = round(fitted.ema, 4)  # EMA of the last steps' batch losses (nats/token)
     history = [*fitted.history, {"step": tc.steps, "train_loss": train_loss, "val_loss": round(val.nats_per_token, 4)}]
-    greedy: list[dict[str, Any]] = []
-    kw: dict[str, Any] = dict(max_new_tokens=60, do_sample=False, eos_token_id=eos, pad_token_id=eos)
-    # transformers' own annotation of generate's ``self`` differs between 5.19 and 5.24: call it untyped
-    generate = cast(Any, model).generate
-    with torch.no_grad():
-        for text in [d[:5] for d in texts.heldout[:samples]]:
-            x = torch.tensor([[eos, *tok.encode(text).ids]])
-            stop = generate(x, **kw)[0, x.shape[1] :].tolist()
-            full = generate(x, suppress_tokens=[eos], min_new_tokens=60, **kw)[0, x.shape[1] :].tolist()
-            stopped = tok.decode([t for t in stop if t != eos])
-            greedy.append({"prompt": text, "greedy": stopped, "greedy_no_eos": tok.decode(full)})
     tokens_seen = tc.steps * tc.batch_size * cfg.block_size
-    summary = {
+    return {
         "arch": cfg.arch,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_loss": train_loss,
@@ -173,11 +193,11 @@ def train_subword(
         "val_chars_per_token": _chars_per_token(tok, texts.char_val_documents),
         "heldout_chars_per_token": _chars_per_token(tok, texts.heldout[:heldout_docs]),
         "tokenizer_style": TOKENIZER_STYLE[cfg.arch],
-        "eos_token_id": eos,
+        "eos_token_id": bpe.eos_id(tok),
         "train_documents": len(texts.train),
-        "train_tokens": len(train_ids),  # the training documents joined by <|endoftext|>
+        "train_tokens": train_tokens,  # the training documents joined by <|endoftext|>
         "tokens_seen": tokens_seen,
-        "epochs": round(tokens_seen / len(train_ids), 3),
+        "epochs": round(tokens_seen / train_tokens, 3),
         "duplicates_dropped": texts.duplicates_dropped,
         "split": json_safe(split),
         "val": json_safe(val),
@@ -189,18 +209,24 @@ def train_subword(
         "torch": torch.__version__,
         "bits_per_char_definition": "-log2 P(text)/chars over <eos>-joined poems, each target once, "
         "sliding window of block_size tokens with stride block_size/2 (document ends are scored too)",
-        "samples": greedy,
+        "samples": _greedy_samples(model, tok, [d[:5] for d in texts.heldout[:samples]]),
     }
-    summary.update(
-        initial_loss=round(fitted.losses[0], 4),
-        seconds=round(time.time() - t0, 1),
-        cpu_seconds=round(time.process_time() - c0, 1),
-        threads=torch.get_num_threads(),
-        bpe_seconds=round(t_bpe, 1),
-        train_loop_seconds=round(loop_seconds, 1),
-        steps_per_second=round(tc.steps / loop_seconds, 3),
-    )
-    return TrainResult(model=model, tokenizer=tok, summary=summary)
+
+
+def _greedy_samples(model: PreTrainedModel, tok: Tokenizer, prompts: list[str]) -> list[dict[str, Any]]:
+    """Greedy continuations of ``<|endoftext|>`` + each prompt, as trained and with end-of-text suppressed."""
+    eos, greedy = bpe.eos_id(tok), []
+    kw: dict[str, Any] = dict(max_new_tokens=60, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    # transformers' own annotation of generate's ``self`` differs between 5.19 and 5.24: call it untyped
+    generate = cast(Any, model).generate
+    with torch.no_grad():
+        for text in prompts:
+            x = torch.tensor([[eos, *tok.encode(text).ids]])
+            stop = generate(x, **kw)[0, x.shape[1] :].tolist()
+            full = generate(x, suppress_tokens=[eos], min_new_tokens=60, **kw)[0, x.shape[1] :].tolist()
+            stopped = tok.decode([t for t in stop if t != eos])
+            greedy.append({"prompt": text, "greedy": stopped, "greedy_no_eos": tok.decode(full)})
+    return greedy
 
 
 def _chars_per_token(tok: Tokenizer, docs: list[str]) -> float:

@@ -168,6 +168,28 @@ class TrainResult(Generic[ModelT, TokenizerT]):
     summary: dict[str, Any] = field(default_factory=dict)
 
 
+def _packed_loss(model: GPT, docs: list[torch.Tensor], T: int, B: int, gen: torch.Generator) -> torch.Tensor:
+    """Loss on ``B`` rows of ``T`` tokens greedily packed with whole random ``docs`` (block-diagonal, pads unscored)."""
+    x = torch.full((B, T), PAD_ID, dtype=torch.long)
+    y = torch.full((B, T), PAD_ID, dtype=torch.long)
+    doc = torch.full((B, T), -1, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    for b in range(B):
+        t, d = 0, 0
+        while t < T - 1:
+            seq = docs[int(torch.randint(0, len(docs), (1,), generator=gen))][: T + 1]
+            n = min(len(seq) - 1, T - t)
+            if n < 1:
+                break
+            x[b, t : t + n] = seq[:n]
+            y[b, t : t + n] = seq[1 : n + 1]
+            doc[b, t : t + n] = d
+            mask[b, t : t + n] = True
+            t, d = t + n, d + 1
+        doc[b, t:] = d  # padding tail is its own "document"
+    return masked_cross_entropy(model(x, positions=packed_positions(doc), document_ids=doc), y, mask)
+
+
 def train(
     corpus: Corpus,
     tokenizer: CharTokenizer,
@@ -202,27 +224,7 @@ def train(
     T, B = cfg.block_size, tc.batch_size
 
     def batch() -> torch.Tensor:
-        if not tc.pack:
-            return window_loss(model, train_ids, T, B, gen)
-        # rows of whole documents (greedy fill), with document ids, targets and a loss mask for padding
-        x = torch.full((B, T), PAD_ID, dtype=torch.long)
-        y = torch.full((B, T), PAD_ID, dtype=torch.long)
-        doc = torch.full((B, T), -1, dtype=torch.long)
-        mask = torch.zeros(B, T, dtype=torch.bool)
-        for b in range(B):
-            t, d = 0, 0
-            while t < T - 1:
-                seq = docs[int(torch.randint(0, len(docs), (1,), generator=gen))][: T + 1]
-                n = min(len(seq) - 1, T - t)
-                if n < 1:
-                    break
-                x[b, t : t + n] = seq[:n]
-                y[b, t : t + n] = seq[1 : n + 1]
-                doc[b, t : t + n] = d
-                mask[b, t : t + n] = True
-                t, d = t + n, d + 1
-            doc[b, t:] = d  # padding tail is its own "document"
-        return masked_cross_entropy(model(x, positions=packed_positions(doc), document_ids=doc), y, mask)
+        return _packed_loss(model, docs, T, B, gen) if tc.pack else window_loss(model, train_ids, T, B, gen)
 
     fitted = fit(
         model, batch, tc, progress=progress, on_backward=on_backward, val_loss=lambda: evaluate_loss(model, val_ids)
