@@ -301,66 +301,76 @@ def load_model(
 
         gpt, char_tok, meta = load_checkpoint(d, device=str(device))
         model = Model(gpt.to(dtype), char_tok, "genprobe", "gpt", d, meta)
-    elif kind is ModelKind.TRANSFORMERS:  # offline, safetensors only, never remote code
-        from transformers import CONFIG_MAPPING, AutoModelForCausalLM
-
-        from .gguf import read_sidecar
-        from .hf import from_pretrained
-
-        cfg = read_json_object(d / "config.json", ModelLoadError)
-        check_weights_files(d)
-        model_type = cfg.get("model_type")
-        if not model_type:
-            raise ModelLoadError(f"{d / 'config.json'} has no model_type")
-        if model_type not in CONFIG_MAPPING:
-            remote = " and needs remote code (auto_map)" if "auto_map" in cfg else ""
-            raise UnsupportedArchitectureError(
-                f"{d}: model_type {model_type!r} is not an architecture of the installed transformers{remote}; "
-                "genprobe never runs trust_remote_code"
-            )
-        loaded = from_pretrained(
-            AutoModelForCausalLM, d, "the model", use_safetensors=True, dtype=dtype, output_loading_info=True
-        )
-        module, info = cast(tuple[nn.Module, dict[str, Any]], loaded)  # output_loading_info: (model, info)
-        # tied parameters are not stored in safetensors, so legitimately "missing" (a dict of them, or a list)
-        tied = set(getattr(module, "_tied_weights_keys", None) or ())
-        missing = [k for k in info.get("missing_keys", ()) if k not in tied]
-        if missing:
-            raise ModelLoadError(
-                f"{d}: the weights leave {len(missing)} parameter(s) uninitialised (e.g. {missing[:3]}); "
-                "the safetensors file does not belong to this config"
-            )
-        tok = load_tokenizer(d)
-        meta = {"config": cfg}
-        if (gguf := read_sidecar(d)) is not None:  # a directory converted from GGUF records the file's tensor types
-            meta["gguf"] = gguf
-        model = Model(module.to(device).eval(), tok, "hf", str(model_type), d, meta)
-        if tok is not None and tok.vocab_size > model.vocab_size:
-            raise ModelLoadError(
-                f"{d}: the tokenizer has {tok.vocab_size} tokens but the model's output embedding has only "
-                f"{model.vocab_size} rows; the tokenizer does not belong to this model"
-            )
+    elif kind is ModelKind.TRANSFORMERS:
+        model = _load_transformers(d, dtype, device)
     else:
         raise ModelLoadError(
             f"{d} is a {'file' if d.is_file() else 'directory'} but neither a genprobe checkpoint (genprobe.json + "
             "model.safetensors), a transformers model directory (config.json + *.safetensors) nor a GGUF file"
         )
-    # weight-only narrow linear layers (a transformers model: Llama-family only, whose fast path reads them narrow)
     if weight_dtype != dtype:
-        from .llama_family import unsupported_reason
-        from .weight_only import with_weight_dtype
-
-        reason = None if model.kind == "genprobe" else unsupported_reason(model.module)
-        if reason is not None:
-            raise ModelLoadError(
-                f"weight-only {weight_dtype} storage is for genprobe checkpoints and Llama-family transformers "
-                f"models; {model.source}: {reason} (load it in another dtype with dtype=...)"
-            )
-        try:
-            model.module = with_weight_dtype(model.module, weight_dtype, narrow_output)
-        except ValueError as exc:
-            raise ModelLoadError(f"{model.source}: {exc}") from None
+        _narrow_linear_layers(model, weight_dtype, narrow_output)
     return model
+
+
+def _load_transformers(d: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
+    """A transformers model directory, offline, safetensors only, never remote code: checked against its config."""
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    from .gguf import read_sidecar
+    from .hf import from_pretrained
+
+    cfg = read_json_object(d / "config.json", ModelLoadError)
+    check_weights_files(d)
+    model_type = cfg.get("model_type")
+    if not model_type:
+        raise ModelLoadError(f"{d / 'config.json'} has no model_type")
+    if model_type not in CONFIG_MAPPING:
+        remote = " and needs remote code (auto_map)" if "auto_map" in cfg else ""
+        raise UnsupportedArchitectureError(
+            f"{d}: model_type {model_type!r} is not an architecture of the installed transformers{remote}; "
+            "genprobe never runs trust_remote_code"
+        )
+    loaded = from_pretrained(
+        AutoModelForCausalLM, d, "the model", use_safetensors=True, dtype=dtype, output_loading_info=True
+    )
+    module, info = cast(tuple[nn.Module, dict[str, Any]], loaded)  # output_loading_info: (model, info)
+    # tied parameters are not stored in safetensors, so legitimately "missing" (a dict of them, or a list)
+    tied = set(getattr(module, "_tied_weights_keys", None) or ())
+    missing = [k for k in info.get("missing_keys", ()) if k not in tied]
+    if missing:
+        raise ModelLoadError(
+            f"{d}: the weights leave {len(missing)} parameter(s) uninitialised (e.g. {missing[:3]}); "
+            "the safetensors file does not belong to this config"
+        )
+    tok = load_tokenizer(d)
+    meta = {"config": cfg}
+    if (gguf := read_sidecar(d)) is not None:  # a directory converted from GGUF records the file's tensor types
+        meta["gguf"] = gguf
+    model = Model(module.to(device).eval(), tok, "hf", str(model_type), d, meta)
+    if tok is not None and tok.vocab_size > model.vocab_size:
+        raise ModelLoadError(
+            f"{d}: the tokenizer has {tok.vocab_size} tokens but the model's output embedding has only "
+            f"{model.vocab_size} rows; the tokenizer does not belong to this model"
+        )
+    return model
+
+
+def _narrow_linear_layers(model: Model, weight_dtype: torch.dtype, narrow_output: bool) -> None:
+    """Linear layers stored in ``weight_dtype`` (transformers: Llama-family only, whose fast path reads them narrow)."""
+    from .llama_family import unsupported_reason
+    from .weight_only import with_weight_dtype
+
+    reason = None if model.kind == "genprobe" else unsupported_reason(model.module)
+    if reason is not None:
+        raise ModelLoadError(
+            f"weight-only {weight_dtype} storage is for genprobe checkpoints and Llama-family transformers "
+            f"models; {model.source}: {reason} (load it in another dtype with dtype=...)"
+        )
+    try:
+        model.module = with_weight_dtype(model.module, weight_dtype, narrow_output)
+    except ValueError as exc:
+        raise ModelLoadError(f"{model.source}: {exc}") from None
 
 
 def _load_gguf(

@@ -321,15 +321,7 @@ def monitor_backend(
         chunk = max_tokens
     if not sampler.greedy and not caps.seed:
         not_checked.append(f"reproducibility: the {caps.server} server does not honour per-request seeds")
-    starts: list[tuple[int, ...] | str] = []  # each prompt as the backend takes it
-    for p in prompts:
-        if not isinstance(p, str) and not caps.token_prompts:
-            raise ValueError(f"the {caps.server} server takes text prompts: give the prompts as text")
-        if isinstance(p, str) and caps.token_prompts:  # tokenized by the backend
-            if (ids := backend.tokenize(p)) is None:
-                raise ValueError(f"the {caps.server} server cannot say how it tokenizes: give token ids")
-            p = ids
-        starts.append(p if isinstance(p, str) else tuple(p))
+    starts = _backend_prompts(backend, prompts)
     runs = [MonitoredCompletion([]) for _ in prompts]
     watches = [LoopWatch(make_detector) for _ in prompts]
     live = list(range(len(prompts)))
@@ -358,3 +350,18 @@ def monitor_backend(
                 going.append(i)
         live = going
     return MonitorReport(caps.server, max_tokens, chunk, runs, not_checked)
+
+
+def _backend_prompts(backend: Backend, prompts: Sequence[Sequence[int] | str]) -> list[tuple[int, ...] | str]:
+    """Each prompt as the backend takes it: token ids (text tokenized by the backend) where it takes ids, else text."""
+    caps = backend.capabilities
+    starts: list[tuple[int, ...] | str] = []
+    for p in prompts:
+        if not isinstance(p, str) and not caps.token_prompts:
+            raise ValueError(f"the {caps.server} server takes text prompts: give the prompts as text")
+        if isinstance(p, str) and caps.token_prompts:  # tokenized by the backend
+            if (ids := backend.tokenize(p)) is None:
+                raise ValueError(f"the {caps.server} server cannot say how it tokenizes: give token ids")
+            p = ids
+        starts.append(p if isinstance(p, str) else tuple(p))
+    return starts

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ..._io import json_safe
-from ...loops.scan import LoopRates
+from ...loops.scan import LoopRates, ScanOptions, ScanResult
 from ...metrics.stats import sign_test_p
 from ..verify import first_difference
 from .engine import LlamaCppModel, llama_cpp_facts, log_softmax64
@@ -300,11 +300,8 @@ def run_quant_study(
     ``cfg.types`` beside it in ``out_dir``, and measure every type against F32 in llama.cpp (module doc). Returns
     the study (findings empty: :func:`.quant_report.study_findings` fills them) and the stem of its files in
     ``out_dir``."""
-    from ...loops.scan import ScanOptions, annotate_scan, chanting_sampler, scan_batches
     from ...model.catalog import CATALOG
     from ...model.load import load_model
-    from .quantize import convert_to_gguf, quantize_all
-    from .scan import llamacpp_batches
 
     cfg, log = cfg or QuantStudyConfig(), log or (lambda _: None)
     types = [t for t in check_types(cfg.types) if t != "F32"]
@@ -312,84 +309,13 @@ def run_quant_study(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(model_ref)
-    if model.source is None or not (Path(model.source) / "config.json").is_file():
-        raise ValueError("the quantization study converts a transformers directory; this model was not loaded from one")
-    stem = Path(model.source).name
-    newest = max(p.stat().st_mtime for p in Path(model.source).iterdir() if p.is_file())
-    f32 = convert_to_gguf(  # reused when a file newer than the model's weights is there
-        model.source,
-        out / f"{stem}-F32.gguf",
-        pre_tokenizer=_pre_tokenizer(model),
-        log=log,
-        current=lambda p: p.is_file() and p.stat().st_mtime >= newest,
-    )
-    files = quantize_all(f32, out, ["F32", *types], threads=cfg.threads, stem=stem, log=log)
+    stem, files = _gguf_files(model, out, types, cfg.threads, log)
     inputs = study_inputs(model, cfg)
     log(
         f"{len(inputs.windows)} text windows ({inputs.text_source}); {len(inputs.prompt_ids)} prompts; "
         f"detectors: {inputs.calibration.describe()}"
     )
-    # F32 first (the reference logits and scan, and the engine check against transformers), then each type
-    n_ctx = max(cfg.window_tokens, max(len(p) for p in inputs.prompt_ids) + cfg.max_new_tokens) + 8
-    open_file = partial(LlamaCppModel, n_ctx=n_ctx, n_threads=cfg.threads, kv_type=cfg.kv_type)
-    # the greedy loop scan with <unk> and the end token banned, fixed length (the scan's chanting setting)
-    options = ScanOptions(
-        cfg.max_new_tokens,
-        chanting_sampler(model.unk_id, model.eos_id),
-        seed=cfg.seed,
-        eos_id=model.eos_id,
-        unk_id=model.unk_id,
-        loop=inputs.calibration.settings,
-        decode=model.decode,
-    )
-    rows: list[TypeRow] = []
-    samples: list[SampleText] = []
-    for name in ["F32", *types]:
-        with open_file(files[name].path) as engine:
-            logits: Iterable[np.ndarray] = (np.asarray(engine.logits(w), dtype=np.float32) for w in inputs.windows)
-            if name == "F32":
-                reference = list(logits)
-                logits = iter(reference)
-            agreement = _agreement(reference, logits, inputs.windows)
-            scan = scan_batches(llamacpp_batches(engine), inputs.prompt_ids, options, inputs.prompt_texts)
-            # then greedy decode at batch 1 of the first prompts: tokens per wall-clock second, per CPU-second
-            wall, cpu, speed_prompts = time.perf_counter(), time.process_time(), inputs.prompt_ids[:SPEED_PROMPTS]
-            made = sum(len(engine.greedy(list(p), cfg.max_new_tokens, stop_at_eos=False)) for p in speed_prompts)
-            speed = made / max(time.perf_counter() - wall, 1e-9), made / max(time.process_time() - cpu, 1e-9)
-        scan = annotate_scan(scan, inputs.calibration)
-        if name == "F32":
-            ref_scan = scan
-        verdicts, ref = [r.measures.degenerate for r in scan.records], [r.measures.degenerate for r in ref_scan.records]
-        became = sum(v and not r for v, r in zip(verdicts, ref, strict=True))
-        stopped = sum(r and not v for v, r in zip(verdicts, ref, strict=True))
-        div = divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records])
-        sign_p = sign_test_p(became, stopped)
-        row = TypeRow(name, files[name], agreement, div, scan.summary, *speed, verdicts, became, stopped, sign_p)
-        rows.append(row)
-        if name == "F32":
-            # transformers float32 as the reference, llama.cpp's F32 file as the other: the engine on the same weights
-            tf = (transformers_logits(model, w) for w in inputs.windows)
-            engine_check = _agreement(tf, reference, inputs.windows)
-            log(
-                f"F32 in llama.cpp vs transformers float32: KL mean {engine_check.kl_mean:.3g}, top-1 "
-                f"{engine_check.top1_agreement:.4f}; F32 {speed[0]:.1f} tok/s ({speed[1]:.1f} per CPU-s)"
-            )
-            continue
-        # up to cfg.samples prompts where the type's greedy text leaves F32's: verdict changes first, then earliest
-        steps, records = row.divergence.steps, list(zip(ref_scan.records, scan.records, strict=True))
-        idx = sorted(
-            (i for i, st in enumerate(steps) if st is not None),
-            key=lambda i: (records[i][0].measures.degenerate == records[i][1].measures.degenerate, steps[i], i),
-        )
-        for i in idx[: cfg.samples]:
-            r, q, step = *records[i], steps[i] or 0
-            was, now = r.measures.degenerate, q.measures.degenerate
-            samples.append(SampleText(name, r.prompt or "", step, r.text or "", q.text or "", was, now))
-        log(
-            f"{name}: KL mean {agreement.kl_mean:.3g}, top-1 {agreement.top1_agreement:.4f}, "
-            f"{row.divergence.diverged}/{len(inputs.prompt_ids)} greedy texts diverge, "
-            f"degenerate {row.loops.degenerate_rate:.3f}, {row.decode_tokens_per_s:.1f} tok/s"
-        )
+    rows, samples, engine_check = _measure_types(model, files, inputs, cfg, log)
     note = f"{model_ref}: float32 weights ({model.num_parameters():,} parameters)"
     if model_ref in CATALOG:
         note = (
@@ -411,3 +337,99 @@ def run_quant_study(
         seconds=time.perf_counter() - started,
     )
     return study, stem
+
+
+def _gguf_files(
+    model: Any, out: Path, types: list[str], threads: int, log: Log
+) -> tuple[str, dict[str, QuantizedFile]]:
+    """The F32 GGUF of the model's transformers directory and each type quantized from it: (stem, files by type)."""
+    from .quantize import convert_to_gguf, quantize_all
+
+    if model.source is None or not (Path(model.source) / "config.json").is_file():
+        raise ValueError("the quantization study converts a transformers directory; this model was not loaded from one")
+    stem = Path(model.source).name
+    newest = max(p.stat().st_mtime for p in Path(model.source).iterdir() if p.is_file())
+    f32 = convert_to_gguf(  # reused when a file newer than the model's weights is there
+        model.source,
+        out / f"{stem}-F32.gguf",
+        pre_tokenizer=_pre_tokenizer(model),
+        log=log,
+        current=lambda p: p.is_file() and p.stat().st_mtime >= newest,
+    )
+    return stem, quantize_all(f32, out, ["F32", *types], threads=threads, stem=stem, log=log)
+
+
+def _measure_types(
+    model: Any, files: dict[str, QuantizedFile], inputs: StudyInputs, cfg: QuantStudyConfig, log: Log
+) -> tuple[list[TypeRow], list[SampleText], LogitAgreement]:
+    """Each file in llama.cpp, F32 (the reference) first: the rows, the samples, and F32 beside transformers."""
+    from ...loops.scan import annotate_scan, chanting_sampler, scan_batches
+    from .scan import llamacpp_batches
+
+    n_ctx = max(cfg.window_tokens, max(len(p) for p in inputs.prompt_ids) + cfg.max_new_tokens) + 8
+    open_file = partial(LlamaCppModel, n_ctx=n_ctx, n_threads=cfg.threads, kv_type=cfg.kv_type)
+    # the greedy loop scan with <unk> and the end token banned, fixed length (the scan's chanting setting)
+    options = ScanOptions(
+        cfg.max_new_tokens,
+        chanting_sampler(model.unk_id, model.eos_id),
+        seed=cfg.seed,
+        eos_id=model.eos_id,
+        unk_id=model.unk_id,
+        loop=inputs.calibration.settings,
+        decode=model.decode,
+    )
+    rows: list[TypeRow] = []
+    samples: list[SampleText] = []
+    for name, file in files.items():  # F32 first: quantize_all keeps the order asked for
+        with open_file(file.path) as engine:
+            logits: Iterable[np.ndarray] = (np.asarray(engine.logits(w), dtype=np.float32) for w in inputs.windows)
+            if name == "F32":
+                reference = list(logits)
+                logits = iter(reference)
+            agreement = _agreement(reference, logits, inputs.windows)
+            scan = scan_batches(llamacpp_batches(engine), inputs.prompt_ids, options, inputs.prompt_texts)
+            # then greedy decode at batch 1 of the first prompts: tokens per wall-clock second, per CPU-second
+            wall, cpu, speed_prompts = time.perf_counter(), time.process_time(), inputs.prompt_ids[:SPEED_PROMPTS]
+            made = sum(len(engine.greedy(list(p), cfg.max_new_tokens, stop_at_eos=False)) for p in speed_prompts)
+            speed = made / max(time.perf_counter() - wall, 1e-9), made / max(time.process_time() - cpu, 1e-9)
+        scan = annotate_scan(scan, inputs.calibration)
+        if name == "F32":
+            ref_scan = scan
+        verdicts, ref = [r.measures.degenerate for r in scan.records], [r.measures.degenerate for r in ref_scan.records]
+        became = sum(v and not r for v, r in zip(verdicts, ref, strict=True))
+        stopped = sum(r and not v for v, r in zip(verdicts, ref, strict=True))
+        div = divergence_summary([r.tokens for r in ref_scan.records], [r.tokens for r in scan.records])
+        sign_p = sign_test_p(became, stopped)
+        row = TypeRow(name, file, agreement, div, scan.summary, *speed, verdicts, became, stopped, sign_p)
+        rows.append(row)
+        if name == "F32":
+            # transformers float32 as the reference, llama.cpp's F32 file as the other: the engine on the same weights
+            tf = (transformers_logits(model, w) for w in inputs.windows)
+            engine_check = _agreement(tf, reference, inputs.windows)
+            log(
+                f"F32 in llama.cpp vs transformers float32: KL mean {engine_check.kl_mean:.3g}, top-1 "
+                f"{engine_check.top1_agreement:.4f}; F32 {speed[0]:.1f} tok/s ({speed[1]:.1f} per CPU-s)"
+            )
+            continue
+        samples += _changed_samples(row, ref_scan, scan, cfg.samples)
+        log(
+            f"{name}: KL mean {agreement.kl_mean:.3g}, top-1 {agreement.top1_agreement:.4f}, "
+            f"{row.divergence.diverged}/{len(inputs.prompt_ids)} greedy texts diverge, "
+            f"degenerate {row.loops.degenerate_rate:.3f}, {row.decode_tokens_per_s:.1f} tok/s"
+        )
+    return rows, samples, engine_check
+
+
+def _changed_samples(row: TypeRow, ref_scan: ScanResult, scan: ScanResult, limit: int) -> list[SampleText]:
+    """Up to ``limit`` prompts where the type's greedy text leaves F32's: verdict changes first, then earliest."""
+    steps, records = row.divergence.steps, list(zip(ref_scan.records, scan.records, strict=True))
+    idx = sorted(
+        (i for i, st in enumerate(steps) if st is not None),
+        key=lambda i: (records[i][0].measures.degenerate == records[i][1].measures.degenerate, steps[i], i),
+    )
+    samples = []
+    for i in idx[:limit]:
+        r, q, step = *records[i], steps[i] or 0
+        was, now = r.measures.degenerate, q.measures.degenerate
+        samples.append(SampleText(row.type, r.prompt or "", step, r.text or "", q.text or "", was, now))
+    return samples
