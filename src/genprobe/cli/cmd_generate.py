@@ -47,7 +47,6 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler of ``genprobe generate``."""
     from ..engine.generate import generate
-    from ..engine.loaded import encode_prompts
     from ..engine.runner import format_steps
 
     check_min(args, top=0)
@@ -55,26 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--chat renders text through the chat template: give --prompt, not --ids")
     model = load_model_arg(args)
     tok = model.tokenizer
-    texts: list[Any]
-    if not args.ids:  # the texts (rendered through the chat template with --chat) encoded
-        given = read_prompts(args) or []  # one prompt source is required
-        texts = [model.chat_prompt(t) for t in given] if args.chat else list(given)
-        prompts, unknown = encode_prompts(model, texts)  # names --ids when the model has no tokenizer
-        for chars in filter(None, unknown):
-            info(
-                f"warning: {len(chars)} prompt character(s) are not in the vocabulary and become <unk>: "
-                f"{''.join(chars)!r} (a different script, e.g. simplified vs traditional?)"
-            )
-    else:  # each id inside the vocabulary [0, V): the error names the limit
-        V = model.vocab_size
-        for i, ids in enumerate(args.ids):
-            if bad := [t for t in ids if not 0 <= t < V]:
-                which = f" (prompt {i + 1})" if len(args.ids) > 1 else ""
-                raise ValueError(
-                    f"--ids{which}: token id {bad[0]} is outside the model's vocabulary: ids must be in [0, {V}), "
-                    f"i.e. at most {V - 1}"
-                )
-        texts, prompts, unknown = [None] * len(args.ids), args.ids, [[] for _ in args.ids]
+    texts, prompts, unknown = _encode(args, model)
     sampler = sampler_from_args(args, tok)
 
     def show(ids: list[int]) -> str:
@@ -107,22 +87,10 @@ def run(args: argparse.Namespace) -> int:
 
         if compile_error() is not None:
             info(f"warning: torch.compile failed, decoded eagerly instead ({compile_error()})")
-    results: list[dict[str, Any]] = []
-    for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens, strict=True)):
-        steps = res.step_stats(tok.token_str if tok is not None else str, row=row, top=args.top)
-        results.append(
-            {
-                "prompt": text if text is not None or tok is None else show(ids),
-                "prompt_tokens": ids,
-                "unknown_prompt_chars": unknown[row],
-                "text": show(new) if tok is not None else None,
-                "tokens": new,
-                "finished": res.finished[row],
-                "steps": steps,  # emit_json writes their JSON form
-            }
-        )
+    results = _results(res, texts, prompts, unknown, tok, show, args.top)
+    for r, ids, new in zip(results, prompts, res.tokens, strict=True):
         if args.top and not args.json:
-            print(format_steps(steps))
+            print(format_steps(r["steps"]))
         if not stream and not args.json:  # without a tokenizer the ids are the output
             print(" ".join(map(str, new)) if tok is None else ("" if args.chat else show(ids)) + show(new))
     if stream:
@@ -132,6 +100,50 @@ def run(args: argparse.Namespace) -> int:
         common = {"model": str(model.source), "sampler": sampler, **echoed, "token_forwards": res.token_forwards}
         emit_json(common | results[0] if len(results) == 1 else common | {"results": results})
     return 0
+
+
+def _encode(args: argparse.Namespace, model: Any) -> tuple[list[Any], list[list[int]], list[list[str]]]:
+    """The prompts as (texts, None with --ids; token ids; each prompt's characters outside the vocabulary)."""
+    from ..engine.loaded import encode_prompts
+
+    if not args.ids:  # the texts (rendered through the chat template with --chat) encoded
+        given = read_prompts(args) or []  # one prompt source is required
+        texts: list[Any] = [model.chat_prompt(t) for t in given] if args.chat else list(given)
+        prompts, unknown = encode_prompts(model, texts)  # names --ids when the model has no tokenizer
+        for chars in filter(None, unknown):
+            info(
+                f"warning: {len(chars)} prompt character(s) are not in the vocabulary and become <unk>: "
+                f"{''.join(chars)!r} (a different script, e.g. simplified vs traditional?)"
+            )
+        return texts, prompts, unknown
+    V = model.vocab_size  # each id inside the vocabulary [0, V): the error names the limit
+    for i, ids in enumerate(args.ids):
+        if bad := [t for t in ids if not 0 <= t < V]:
+            which = f" (prompt {i + 1})" if len(args.ids) > 1 else ""
+            raise ValueError(
+                f"--ids{which}: token id {bad[0]} is outside the model's vocabulary: ids must be in [0, {V}), "
+                f"i.e. at most {V - 1}"
+            )
+    return [None] * len(args.ids), args.ids, [[] for _ in args.ids]
+
+
+def _results(
+    res: Any, texts: list[Any], prompts: list[list[int]], unknown: list[list[str]], tok: Any, show: Any, top: int
+) -> list[dict[str, Any]]:
+    """One JSON row per prompt (``show`` decodes ids to text when there is a tokenizer)."""
+    token_str = tok.token_str if tok is not None else str
+    return [
+        {
+            "prompt": text if text is not None or tok is None else show(ids),
+            "prompt_tokens": ids,
+            "unknown_prompt_chars": unknown[row],
+            "text": show(new) if tok is not None else None,
+            "tokens": new,
+            "finished": res.finished[row],
+            "steps": res.step_stats(token_str, row=row, top=top),  # emit_json writes their JSON form
+        }
+        for row, (text, ids, new) in enumerate(zip(texts, prompts, res.tokens, strict=True))
+    ]
 
 
 COMMANDS = (Command("generate", __doc__, run, options, model=MODEL_KINDS),)

@@ -1,10 +1,10 @@
 """``loops compare``: which fix for loops? Decode-time samplers beside the directional weight edit, with numbers.
 
 The methods (:data:`METHODS`): decode-time samplers, each differing from its base (greedy, or ``sample`` for XTC) by
-one knob, the weight edit, and the edit + best sampler; every method bans the same ids. :func:`compare_fixes` reads
-top to bottom as its stages: generate every method, score loops, legitimate repetition and fluency, choose the best
-decode-time method (:data:`BEST_RULE`), time them, classify by sequence breaker (:data:`CLASSES`: what DRY misses;
-docs/which-fix.md, "How the comparison works").
+one knob, the weight edit, and the edit + best sampler; every method bans the same ids. :func:`compare_fixes` (its
+bench's ``run``) reads top to bottom as the stages: generate every method, score loops, legitimate repetition and
+fluency, choose the best decode-time method (:data:`BEST_RULE`), time them, classify by sequence breaker
+(:data:`CLASSES`: what DRY misses; docs/which-fix.md, "How the comparison works").
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..engine.samplers.stages import SamplerConfig
 from ..metrics.degeneracy import LoopMeasures, LoopSettings
 from ..metrics.legit import LegitRates, legit_counts, legit_rates
 from ..metrics.stats import wilson_interval
-from .compare_human import Fluency, fluency, human_texts, score_continuations
+from .compare_human import Fluency, HumanTexts, fluency, human_texts, score_continuations
 from .patch import Patch, patched
 from .scan import EndToken, GenerationRecord, LoopRates, ScanResult, study_sampler
 from .study import Clock, LoopStudy, RepairConfig
@@ -404,6 +404,36 @@ class _Bench:
             c.tokens_per_s = tps[r.method.name]
             c.speed_vs_greedy = tps[r.method.name] / tps[BASELINE] if tps.get(BASELINE) else None
 
+    def run(
+        self, methods: Sequence[Method], human: HumanTexts, edit_best: bool, clock: Clock
+    ) -> tuple[list[MethodResult], HumanReference, BestChoice | None]:
+        """Generate, score and time every method, then choose the best decode-time one (and run the edit with it)."""
+        scans = {m.name: self.scan(m) for m in methods}
+        clock.tick("generate")
+        # each prompt's class by its greedy loop; its median length caps the human texts (cut to prompt + cap chars)
+        greedy = scans[BASELINE][0].records
+        self.classes = [unit_class(r.text or "", _chars(r), self.breakers) for r in greedy]
+        cap = int(statistics.median(len(r.text or "") for r in greedy))
+        pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(self.prompts, human.poems, strict=True) if h is not None]
+        ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
+        ref = HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
+        if pairs:  # their legit rates and NLL
+            ref = HumanReference(
+                human.genre, human.source, None, len(pairs), cap, _legit(ps, conts), *self.fluencies(ps, conts)
+            )
+        results = [self.score(m, *scans[m.name]) for m in methods]
+        clock.tick("score")
+        self.time(methods, results)
+        clock.tick("timing")
+        best = choose_best(results, ref, self.cfg) if any(_is_sampler(r.method) for r in results) else None
+        if edit_best and best is not None:  # the edit with the best decode-time method, timed in its own rounds
+            chosen = next(r.method for r in results if r.method.name == best.name)
+            m = Method(EDIT_BEST, f"weight edit + {chosen.name}", chosen.sampler, patched=True)
+            results.append(self.score(m, *self.scan(m)))
+            self.time([results[0].method, m], results[-1:])
+            clock.tick("edit+best")
+        return results, ref, best
+
 
 def _kept(r: MethodResult, human: HumanReference) -> float | None:
     """The method's legitimate repetition relative to human (see :data:`BEST_RULE`), None when not measurable."""
@@ -473,49 +503,14 @@ def compare_fixes(
     sha0 = model.state_sha256()
     log(f"generating {len(prompts)} prompts x {cfg.max_new_tokens} tokens, {len(names)} methods ({human.genre} genre)")
     bench = _Bench(study, judge, prompts, ids, patch, cfg, breakers, log)
-    scans = {m.name: bench.scan(m) for m in methods}
-    clock.tick("generate")
-    greedy = scans[BASELINE][0].records  # each prompt's class by its greedy loop; its median length caps the human's
-    bench.classes = [unit_class(r.text or "", _chars(r), breakers) for r in greedy]
-    cap = int(statistics.median(len(r.text or "") for r in greedy))  # the human texts, cut to prompt + cap chars
-    pairs = [(p, h[len(p) : len(p) + cap]) for p, h in zip(prompts, human.poems, strict=True) if h is not None]
-    ps, conts = [p for p, _ in pairs], [c for _, c in pairs]
-    ref = HumanReference(human.genre, None, human.reason, 0, cap, None, None, None)
-    if pairs:  # their legit rates and NLL
-        ref = HumanReference(
-            human.genre, human.source, None, len(pairs), cap, _legit(ps, conts), *bench.fluencies(ps, conts)
-        )
-    results = [bench.score(m, *scans[m.name]) for m in methods]
-    clock.tick("score")
-    bench.time(methods, results)
-    clock.tick("timing")
-    best = choose_best(results, ref, cfg) if any(_is_sampler(r.method) for r in results) else None
-    if EDIT_BEST in names and best is not None:  # the edit with the best decode-time method, timed in its own rounds
-        chosen = next(r.method for r in results if r.method.name == best.name)
-        m = Method(EDIT_BEST, f"weight edit + {chosen.name}", chosen.sampler, patched=True)
-        results.append(bench.score(m, *bench.scan(m)))
-        bench.time([results[0].method, m], results[-1:])
-        clock.tick("edit+best")
-    # the sample prompts: the first loop-prone ones (greedy degenerate), and one clean prompt when there is one
-    deg, k = results[0].degenerate, cfg.samples
-    bad, good = [i for i, d in enumerate(deg) if d], [i for i, d in enumerate(deg) if not d]
-    pick = bad[: max(k - 1, 0)] + good[:1] if good else bad[:k]
-    picks = sorted((pick + [i for i in range(len(deg)) if i not in pick])[:k])
-    for r in results:
-        r.samples = [r.texts[i] for i in picks]
+    results, ref, best = bench.run(methods, human, EDIT_BEST in names, clock)
+    picks = _pick_samples(results, cfg.samples)
     check, sha1 = None, model.state_sha256() if patch is not None else ""
     if patch is not None:
         check = PatchCheck(
             patch_path, patch.meta.get("edit"), sha0, patch.meta.get("sha256_after", ""), sha1, sha1 == sha0
         )
-    notes = [n for n in (study.end_token.note, human.reason) if n]
-    if judge is None:
-        notes.append("no judge model: fluency is measured under the model itself only, which a method can game")
-    elif ref.nll_judge is not None and ref.nll_judge.unk_share > 0:
-        notes.append(
-            f"the judge's tokenizer maps {ref.nll_judge.unk_share:.1%} of the human texts' tokens to <unk>; "
-            "its NLL counts them as one class"
-        )
+    notes = [n for n in (study.end_token.note, human.reason) if n] + _judge_notes(judge, ref)
     return CompareResult(
         str(model.source) if model.source else None,
         str(judge.source) if judge is not None else None,
@@ -535,6 +530,29 @@ def compare_fixes(
         clock.to_dict(),
         notes,
     )
+
+
+def _pick_samples(results: Sequence[MethodResult], k: int) -> list[int]:
+    """The sample prompts (filling each result's ``samples``): the first loop-prone ones and one clean one if any."""
+    deg = results[0].degenerate
+    bad, good = [i for i, d in enumerate(deg) if d], [i for i, d in enumerate(deg) if not d]
+    pick = bad[: max(k - 1, 0)] + good[:1] if good else bad[:k]
+    picks = sorted((pick + [i for i in range(len(deg)) if i not in pick])[:k])
+    for r in results:
+        r.samples = [r.texts[i] for i in picks]
+    return picks
+
+
+def _judge_notes(judge: Any, ref: HumanReference) -> list[str]:
+    """Why the fluency numbers may mislead: no judge (a method can game its own NLL), or a judge mapping to <unk>."""
+    if judge is None:
+        return ["no judge model: fluency is measured under the model itself only, which a method can game"]
+    if ref.nll_judge is not None and ref.nll_judge.unk_share > 0:
+        return [
+            f"the judge's tokenizer maps {ref.nll_judge.unk_share:.1%} of the human texts' tokens to <unk>; "
+            "its NLL counts them as one class"
+        ]
+    return []
 
 
 def _is_sampler(m: Method) -> bool:

@@ -73,8 +73,9 @@ def run_scan(args: argparse.Namespace) -> int:
         )
     if args.backend in ("vllm", "llama.cpp"):  # an engine not installed here, a llama.cpp MODEL that is no GGUF file
         require_engine(args.backend)
+    gguf: Path | None = None
     if args.backend == "llama.cpp":
-        from ...serving.llamacpp.scan import gguf_file_for, llamacpp_scan_backend
+        from ...serving.llamacpp.scan import gguf_file_for
 
         gguf = gguf_file_for(args.model or str(DEFAULT_MODEL))  # a ValueError when MODEL names no GGUF file
     server, model = endpoint_backend(args) if args.backend == "endpoint" else (None, load_model_or_default(args))
@@ -90,29 +91,7 @@ def run_scan(args: argparse.Namespace) -> int:
         raise ValueError(f"{' '.join(given)} set the sampler of --setting sample, not of --setting {setting}")
     sample = setting == "sample"
     settings = {"sample": sampler_from_args(args, model.tokenizer)} if sample else loop_study_settings(model, setting)
-    backend: Any = None  # genprobe's own engine; the others refuse every setting they cannot run exactly, by flag
-    if args.backend == "vllm":
-        from ...serving.scan import vllm_scan_backend
-
-        vllm = vllm_scan_backend(engine_options(args, seed=args.seed))
-
-        def check(sampler: Any, model: Any, n_ctx: int) -> None:
-            try:
-                vllm.check(sampler, model, n_ctx)
-            except ValueError as exc:  # name the flags that fix it
-                hint = " (on the command line: --preset vllm or --order vllm)" if "engine=" in str(exc) else ""
-                raise ValueError(f"{exc}{hint}") from None
-
-        backend = replace(vllm, name="--backend vllm", check=check)
-    elif args.backend == "llama.cpp":
-        breakers = tuple(args.dry_breakers)
-        llama = llamacpp_scan_backend(gguf, n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers)
-        backend = replace(llama, name="--backend llama.cpp")
-    elif server is not None:  # --backend endpoint
-        from ...loops.scan import backend_engine
-
-        backend = backend_engine(server, args.concurrency)
-
+    backend = _scan_backend(args, server, gguf)
     result = scan_loop_settings(
         model,
         texts,
@@ -138,6 +117,35 @@ def run_scan(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result.to_dict(with_records=False))
     return 0
+
+
+def _scan_backend(args: argparse.Namespace, server: Any, gguf: Path | None) -> Any:
+    """Who generates (None: genprobe's engine); the others refuse every setting they cannot run exactly, by flag."""
+    if args.backend == "vllm":
+        from ...serving.scan import vllm_scan_backend
+
+        vllm = vllm_scan_backend(engine_options(args, seed=args.seed))
+
+        def check(sampler: Any, model: Any, n_ctx: int) -> None:
+            try:
+                vllm.check(sampler, model, n_ctx)
+            except ValueError as exc:  # name the flags that fix it
+                hint = " (on the command line: --preset vllm or --order vllm)" if "engine=" in str(exc) else ""
+                raise ValueError(f"{exc}{hint}") from None
+
+        return replace(vllm, name="--backend vllm", check=check)
+    if args.backend == "llama.cpp":
+        from ...serving.llamacpp.scan import llamacpp_scan_backend
+
+        assert gguf is not None  # run_scan found it before loading the model
+        breakers = tuple(args.dry_breakers)
+        llama = llamacpp_scan_backend(gguf, n_threads=args.threads, kv_type=args.kv_type, dry_breaker_strings=breakers)
+        return replace(llama, name="--backend llama.cpp")
+    if server is not None:  # --backend endpoint
+        from ...loops.scan import backend_engine
+
+        return backend_engine(server, args.concurrency)
+    return None
 
 
 SCAN = Command("scan", __doc__ or "", run_scan, scan_options, model=BACKEND_KINDS, **LOOPS_MODEL)
