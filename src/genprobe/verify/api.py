@@ -91,20 +91,8 @@ class VerifyTargets(NamedTuple):
     targets: list[VerifyTarget]
 
 
-def verify_targets(
-    model: "Model | None", impl: Any = None, opts: VerifyOptions = DEFAULTS, hf_caches: Sequence[str] = ()
-) -> VerifyTargets:
-    """What to verify against what: the reference of ``model`` and the implementations under test.
-
-    ``impl`` is an implementation object or a ``"module:factory"`` spec (built by ``factory(model.module)`` or
-    ``factory()``; a factory that raises gives a target whose report has verdict ``error``, phase ``factory``).
-    Without ``impl``: the model's own cache — our engine (windowed with ``opts.window``/``sinks``) plus, with
-    ``opts.compiled``, the torch.compile'd decode path (:class:`~genprobe.verify.adapters.CompiledEngineAdapter`) for
-    a genprobe model; for a transformers model its default cache, or each class named in ``hf_caches`` (``"all"``:
-    every kind), a kind unavailable here being a target whose report has verdict ``unavailable`` and the reason.
-    ``opts.hf_position_ids=False`` drives a transformers model without ``position_ids``. Without ``model``, ``impl``
-    must have ``full(ids, attention_mask=None)``, which is then the reference.
-    """
+def _refuse_mismatches(model: "Model | None", impl: Any, opts: VerifyOptions, hf_caches: Sequence[str]) -> None:
+    """Refuse, before anything is built, options that do not apply to the model and implementation given."""
     kind = None if model is None else model.kind
     if model is None and impl is None:
         raise ValueError("give a model (the reference, and its own cache) and/or an implementation")
@@ -124,6 +112,23 @@ def verify_targets(
             "a window applies to a genprobe model's reference; a transformers model's window comes from its config "
             "(sliding_window)"
         )
+
+
+def verify_targets(
+    model: "Model | None", impl: Any = None, opts: VerifyOptions = DEFAULTS, hf_caches: Sequence[str] = ()
+) -> VerifyTargets:
+    """What to verify against what: the reference of ``model`` and the implementations under test.
+
+    ``impl`` is an implementation object or a ``"module:factory"`` spec (built by ``factory(model.module)`` or
+    ``factory()``; a factory that raises gives a target whose report has verdict ``error``, phase ``factory``).
+    Without ``impl``: the model's own cache — our engine (windowed with ``opts.window``/``sinks``) plus, with
+    ``opts.compiled``, the torch.compile'd decode path (:class:`~genprobe.verify.adapters.CompiledEngineAdapter`) for
+    a genprobe model; for a transformers model its default cache, or each class named in ``hf_caches`` (``"all"``:
+    every kind), a kind unavailable here being a target whose report has verdict ``unavailable`` and the reason.
+    ``opts.hf_position_ids=False`` drives a transformers model without ``position_ids``. Without ``model``, ``impl``
+    must have ``full(ids, attention_mask=None)``, which is then the reference.
+    """
+    _refuse_mismatches(model, impl, opts, hf_caches)
     reference = None if model is None else FullRecompute(model.module, opts.window, opts.sinks)
     if impl is not None:  # the one target of a user implementation
         name = impl if isinstance(impl, str) else None

@@ -412,32 +412,10 @@ def verify_implementation(
         target.fail(crash.exc, crash.call)
         if target is pre and inc.r.calls == 0:
             inc.skip("not reached: the prefill call raised")
-    trackers = [pre, inc]
-    for c in opts.chunk_sizes:
-        trackers.append(_phase(f"chunk_{c}", line, functools.partial(_chunk_phase, impl, trajs, c)))
-    if opts.padded_batch:
-        padded, pad = padded_prompts(prompts), opts.pad_id
-        no_padding = "implementation does not support padding"
-        trackers.append(_phase("padded_batch", line, lambda t: _padded_phase(impl, run, padded, t, pad), no_padding))
-    limits = [m for m in (run.max_positions, impl_max) if m is not None]
-    if opts.isolation:  # a partner sequence A that, with the steps, fits the tighter context
-        a = isolation_partner(prompts[0], prompts[1:], trajs[0].vocab, min(limits) - steps if limits else None)
-        trackers.append(_phase("isolation", line, lambda t: _isolation_phase(impl, run, trajs[0], a, t)))
-    reuse: list[str] = []
-    if opts.prefix_reuse:  # with reset() between the cases, and back to back where the protocol allows
-        length, tr = min([REUSE_LENGTH, *limits]), trajs[0]
-        a = (tr.prompt + tr.tokens)[:length]  # sequence A: the prompt, its greedy continuation, then random ids
-        cases = reuse_cases(a + random_ids(tr.vocab, [length - len(a)])[0], tr.vocab, length)
-        if cases:
-            b2b = bool(getattr(impl, "prefill_starts_sequence", False))
-            body = functools.partial(_reuse_phase, impl, run, cases)
-            no_reset = functools.partial(body, reset=False) if b2b else lambda t: t.skip(NO_BACK_TO_BACK)
-            trackers.append(_phase("prefix_reuse", line, functools.partial(body, reset=True)))
-            trackers.append(_phase("prefix_reuse_no_reset", line, no_reset))
-            reuse = situations(cases, None if b2b else NO_BACK_TO_BACK)
+    extra, reuse = _optional_phases(impl, run, trajs, opts, line)
     texts_tracker = PhaseTracker("greedy_text", line)
     texts = _texts(impl, trajs, own, texts_tracker)
-    phases = [t.finish(th, fv) for t in trackers]
+    phases = [t.finish(th, fv) for t in (pre, inc, *extra)]
     if texts_tracker.r.error is not None:
         phases.append(texts_tracker.finish(th, fv))
     return VerifyReport(
@@ -454,6 +432,35 @@ def verify_implementation(
         pass_line=line,
         reuse=reuse,
     )
+
+
+def _optional_phases(
+    impl: Any, run: ReferenceRun, trajs: list[ReferenceTrajectory], opts: VerifyOptions, line: float
+) -> tuple[list[PhaseTracker], list[str]]:
+    """The phases ``opts`` turns on (chunked, padded batch, isolation, prefix reuse), and the reuse situations run."""
+    trackers = [_phase(f"chunk_{c}", line, functools.partial(_chunk_phase, impl, trajs, c)) for c in opts.chunk_sizes]
+    prompts = [tr.prompt for tr in trajs]
+    if opts.padded_batch:
+        padded, pad = padded_prompts(prompts), opts.pad_id
+        no_padding = "implementation does not support padding"
+        trackers.append(_phase("padded_batch", line, lambda t: _padded_phase(impl, run, padded, t, pad), no_padding))
+    limits = [m for m in (run.max_positions, getattr(impl, "max_positions", None)) if m is not None]
+    if opts.isolation:  # a partner sequence A that, with the steps, fits the tighter context
+        a = isolation_partner(prompts[0], prompts[1:], trajs[0].vocab, min(limits) - run.steps if limits else None)
+        trackers.append(_phase("isolation", line, lambda t: _isolation_phase(impl, run, trajs[0], a, t)))
+    reuse: list[str] = []
+    if opts.prefix_reuse:  # with reset() between the cases, and back to back where the protocol allows
+        length, tr = min([REUSE_LENGTH, *limits]), trajs[0]
+        a = (tr.prompt + tr.tokens)[:length]  # sequence A: the prompt, its greedy continuation, then random ids
+        cases = reuse_cases(a + random_ids(tr.vocab, [length - len(a)])[0], tr.vocab, length)
+        if cases:
+            b2b = bool(getattr(impl, "prefill_starts_sequence", False))
+            body = functools.partial(_reuse_phase, impl, run, cases)
+            no_reset = functools.partial(body, reset=False) if b2b else lambda t: t.skip(NO_BACK_TO_BACK)
+            trackers.append(_phase("prefix_reuse", line, functools.partial(body, reset=True)))
+            trackers.append(_phase("prefix_reuse_no_reset", line, no_reset))
+            reuse = situations(cases, None if b2b else NO_BACK_TO_BACK)
+    return trackers, reuse
 
 
 def _texts(
